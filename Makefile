@@ -1,0 +1,159 @@
+# kvcd — top-level, non-recursive build.
+#
+#   make            build daemon, libkvc, kvcctl, demo (CUDA sources too when nvcc exists)
+#   make check      install missing deps, build with -Werror, run every suite, then again
+#                   under ASan+UBSan
+#   make demo       start kvcd with defaults and run two engine processes sharing a prefix
+#   make bench      every benchmark; make bench-NAME runs tests/bench/bench_NAME.c
+#   make CUDA=0     build without nvcc;  make SAN=1  sanitizer build into build/asan
+#
+# Each folder's sources are picked up by wildcard: a new module is a new file.
+
+SAN ?= 0
+NVCC ?= $(firstword $(shell command -v nvcc 2>/dev/null) $(wildcard /usr/local/cuda/bin/nvcc))
+CUDA ?= $(if $(NVCC),1,0)
+ifeq ($(CUDA),1)
+ifeq ($(NVCC),)
+$(error CUDA=1 but no nvcc found)
+endif
+endif
+
+ifeq ($(SAN),1)
+BUILD ?= build/asan
+else
+BUILD ?= build
+endif
+TOP := $(abspath .)
+B := $(abspath $(BUILD))
+
+CC ?= cc
+PKGS := liburing inih libxxhash libzstd libsystemd
+PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+CHECK_LIBS = $(shell pkg-config --libs check 2>/dev/null)
+
+WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
+	-Wformat=2 -Wformat-security -Wpointer-arith -Wvla -Wundef
+CFLAGS ?= -O2 -g
+ifeq ($(SAN),1)
+CFLAGS += -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+LDFLAGS += -fsanitize=address,undefined
+endif
+ALL_CFLAGS = -std=gnu11 $(WARN) $(CFLAGS) -D_GNU_SOURCE -pthread -fPIC -I$(TOP) \
+	-DKVC_BUILD_BIN='"$(B)/bin"' -DKVC_SRC_DIR='"$(TOP)"' -DKVC_CUDA=$(CUDA) $(PKG_CFLAGS)
+DEPFLAGS = -MMD -MP
+
+NVCCFLAGS ?= -O3 -std=c++17 -Xcompiler -fPIC \
+	-gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
+	-gencode arch=compute_80,code=sm_80
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+ifeq ($(CUDA),1)
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt
+endif
+
+# ---- sources -------------------------------------------------------------
+LIBKVCD_SRCS := $(filter-out daemon/main.c,$(wildcard daemon/*.c)) \
+	$(wildcard tiers/*.c) $(wildcard policies/*.c) $(wildcard kernels/*.c)
+CU_SRCS := $(if $(filter 1,$(CUDA)),$(wildcard kernels/*.cu) $(wildcard tiers/*.cu))
+LIBKVC_SRCS := $(filter-out client/kvcctl.c,$(wildcard client/*.c))
+CHECK_SRCS := $(wildcard tests/check_*.c) $(wildcard tests/e2e/check_*.c)
+BENCH_SRCS := $(wildcard tests/bench/bench_*.c)
+TESTLIB_SRCS := $(wildcard tests/lib/*.c)
+
+obj = $(patsubst %.c,$(B)/obj/%.o,$(1))
+LIBKVCD_OBJS := $(call obj,$(LIBKVCD_SRCS)) $(patsubst %.cu,$(B)/obj/%.cu.o,$(CU_SRCS))
+LIBKVC_OBJS := $(call obj,$(LIBKVC_SRCS))
+TESTLIB_OBJS := $(call obj,$(TESTLIB_SRCS))
+CHECK_BINS := $(patsubst %.c,$(B)/tests/%,$(notdir $(CHECK_SRCS)))
+BENCH_BINS := $(patsubst tests/bench/%.c,$(B)/bench/%,$(BENCH_SRCS))
+
+BINS := $(B)/bin/kvcd $(B)/bin/kvcctl $(B)/bin/kvc-demo
+LIBS := $(B)/lib/libkvcd.a $(B)/lib/libkvc.a $(B)/lib/libkvc.so
+
+.PHONY: all check check-run check-gpu deps demo bench clean tests config-ini
+all: $(BINS) $(LIBS)
+tests: $(CHECK_BINS)
+
+$(B)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(DEPFLAGS) -c $< -o $@
+
+$(B)/obj/%.cu.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -I$(TOP) -c $< -o $@
+
+$(B)/lib/libkvcd.a: $(LIBKVCD_OBJS)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(B)/lib/libkvc.a: $(LIBKVC_OBJS)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(B)/lib/libkvc.so: $(LIBKVC_OBJS) client/libkvc.map
+	@mkdir -p $(dir $@)
+	$(CC) -shared -Wl,-soname,libkvc.so.1 -Wl,--version-script=client/libkvc.map \
+		$(LDFLAGS) -o $@.1 $(LIBKVC_OBJS) $(shell pkg-config --libs libxxhash) -pthread
+	ln -sf libkvc.so.1 $@
+
+$(B)/bin/kvcd: $(B)/obj/daemon/main.o $(B)/lib/libkvcd.a $(B)/lib/libkvc.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) $(CUDA_LIBS) -pthread -lm
+
+$(B)/bin/kvcctl: $(B)/obj/client/kvcctl.o $(B)/lib/libkvc.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) -pthread -lm
+
+$(B)/bin/kvc-demo: $(B)/obj/tests/demo/kvc-demo.o $(B)/lib/libkvc.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) -pthread -lm
+
+# Check suites link the daemon as a library plus libkvc and the shared test helpers.
+$(B)/tests/%: $(B)/obj/tests/%.o $(TESTLIB_OBJS) $(B)/lib/libkvcd.a $(B)/lib/libkvc.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(PKG_LIBS) $(CUDA_LIBS) -pthread -lm
+$(B)/tests/check_e2e_%: $(B)/obj/tests/e2e/check_e2e_%.o $(TESTLIB_OBJS) $(B)/lib/libkvcd.a $(B)/lib/libkvc.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(PKG_LIBS) $(CUDA_LIBS) -pthread -lm
+
+$(B)/bench/%: $(B)/obj/tests/bench/%.o $(TESTLIB_OBJS) $(B)/lib/libkvcd.a $(B)/lib/libkvc.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) $(CUDA_LIBS) -pthread -lm
+
+# ---- the README's commands -----------------------------------------------
+deps:
+	@sh etc/install-deps.sh
+
+# `make check`: deps, the normal build and suites, then the sanitizer build and suites.
+check: deps
+	$(MAKE) all tests
+	sh tests/run-checks.sh $(B) normal
+	$(MAKE) SAN=1 all tests
+	sh tests/run-checks.sh $(abspath build/asan) asan
+
+check-run: all tests
+	sh tests/run-checks.sh $(B) $(if $(filter 1,$(SAN)),asan,normal)
+
+# GPU suites: the same binaries; CUDA cases skip where no device is found.
+check-gpu: all tests
+	KVC_REQUIRE_GPU=$(KVC_REQUIRE_GPU) sh tests/run-checks.sh $(B) gpu
+
+demo: deps
+	$(MAKE) all
+	sh tests/demo/demo.sh $(B)
+
+bench: all $(BENCH_BINS)
+	@set -e; for b in $(BENCH_BINS); do n=$$(basename $$b); $(MAKE) --no-print-directory bench-$${n#bench_}; done
+
+bench-%: all $(B)/bench/bench_%
+	@mkdir -p build/bench
+	$(B)/bench/bench_$* $(TOP)/build/bench/$*.json
+
+# etc/kvcd.ini is generated from the option table; a check suite verifies it never drifts.
+config-ini: $(B)/bin/kvcd
+	$(B)/bin/kvcd --print-config > etc/kvcd.ini
+
+clean:
+	rm -rf build
+
+-include $(shell find $(B)/obj -name '*.d' 2>/dev/null)

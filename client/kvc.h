@@ -1,0 +1,247 @@
+/*
+ * kvc.h — libkvc, the client library of kvcd (stable C API, version 1).
+ *
+ * An inference process attaches to the kvcd daemon through a Unix socket, opens the
+ * namespace of its model, and then shares KV blocks of common prompt prefixes with every
+ * other process on the host. Block bytes never travel through the socket: the daemon
+ * hands out its shared-memory arena once, and a hit is one memcpy out of it, a put one
+ * memcpy into it.
+ *
+ * Typical use:
+ *
+ *     kvc_client *c;  kvc_ns *ns;  kvc_lease *l;
+ *     kvc_connect(NULL, &c);                          // $KVCD_SOCKET or the default path
+ *     kvc_ns_open(c, &layout, &ns);
+ *     int n = kvc_keys_from_tokens(ns, NULL, tokens, ntok, NULL, 0, keys, maxkeys);
+ *     int hit = kvc_lookup(ns, keys, n, 0, &l);       // longest cached prefix, pinned
+ *     for (i = 0; i < hit; i++) kvc_lease_copy(l, i, dst[i], block_bytes);
+ *     kvc_release(l);
+ *     ... compute blocks hit..n-1, then kvc_put_prefix(ns, &keys[hit-1], keys+hit, ...) ...
+ *
+ * Errors: every function returning int returns 0 (or a count) on success and a negative
+ * errno on failure; kvc_strerror() turns it into text. Common values:
+ *   -ECONNREFUSED / -ENOENT  no daemon at the socket path
+ *   -EPIPE / -ECONNRESET     the daemon went away (reconnect with a new kvc_client)
+ *   -EPROTO                  protocol mismatch or malformed reply
+ *   -EINVAL                  a bad argument (checked locally or by the daemon)
+ *   -EEXIST                  kvc_ns_open: the model id exists with a different layout
+ *   -EACCES                  not permitted for this user
+ *   -ENOSPC                  the cache has no room that can be freed (everything pinned)
+ *   -ENOMEM                  out of memory in this process
+ *
+ * Thread safety: a kvc_client and everything obtained from it (namespaces, leases,
+ * reservations) may be used from several threads; calls on one client are serialised by
+ * a mutex inside it. Use one client per thread for parallel round trips. Pointers into
+ * the arena stay valid until the lease or reservation they came from is released, and
+ * the mapping itself until kvc_disconnect().
+ *
+ * Keys: 128-bit chained hashes, XXH3-128 of (namespace salt, parent key, the block's token
+ * ids, optional extra bytes). They are the same in every process, run and machine for the
+ * same model id, layout and tokens. Engines with their own 128-bit block hashes may pass
+ * those instead; equal keys must mean equal KV.
+ */
+#ifndef KVC_H
+#define KVC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVC_API __attribute__((visibility("default")))
+
+typedef struct kvc_client kvc_client; /* one connection to kvcd */
+typedef struct kvc_ns kvc_ns;         /* an open namespace; owned by its client */
+typedef struct kvc_lease kvc_lease;   /* pinned hits of one lookup */
+typedef struct kvc_resv kvc_resv;     /* slots of one reservation */
+
+/* A block key: 128 bits. All-zero is "no parent" (the root of a prefix). */
+struct kvc_key {
+    uint64_t lo, hi;
+};
+
+enum kvc_dtype {
+    KVC_DTYPE_FP16 = 1,
+    KVC_DTYPE_BF16 = 2,
+    KVC_DTYPE_FP32 = 3,
+    KVC_DTYPE_FP8_E4M3 = 4,
+    KVC_DTYPE_INT8 = 5,
+};
+
+enum kvc_kv_kind {
+    KVC_KV_KIND_KV = 1,     /* keys and values, [layer][k/v][token][head][dim] */
+    KVC_KV_KIND_K_ONLY = 2, /* one latent per token (MLA), [layer][token][head][dim] */
+};
+
+/* One model's KV layout. Everything that changes the KV bytes belongs here or in the key. */
+struct kvc_layout {
+    const char *model_id; /* model and revision, at most 127 bytes */
+    uint32_t layers;
+    uint32_t kv_heads;
+    uint32_t head_dim;
+    uint32_t block_tokens; /* tokens per block */
+    enum kvc_dtype dtype;
+    enum kvc_kv_kind kv_kind;
+};
+
+/* Status of one key after kvc_reserve(). */
+enum kvc_slot {
+    KVC_SLOT_PRESENT = 1,  /* already cached: nothing to write */
+    KVC_SLOT_RESERVED = 2, /* a slot is yours: write it, then commit */
+    KVC_SLOT_BUSY = 3,     /* another client is writing this block now */
+    KVC_SLOT_SKIPPED = 4,  /* follows a busy key; try again after that one is committed */
+    KVC_SLOT_NOSPACE = 5,  /* no room could be made (everything else pinned) */
+};
+
+/* One counter, as returned by kvc_stats(). */
+struct kvc_stat {
+    char name[40];
+    uint64_t value;
+};
+
+/* One namespace, as returned by kvc_ns_list(). */
+struct kvc_ns_info {
+    uint32_t ns_id;
+    uint32_t arena_id;
+    char model_id[128];
+    uint32_t layers, kv_heads, head_dim, block_tokens;
+    enum kvc_dtype dtype;
+    enum kvc_kv_kind kv_kind;
+    uint64_t block_bytes;
+    uint64_t blocks; /* committed blocks cached now */
+    uint64_t bytes;  /* bytes they hold */
+};
+
+/* One block, as returned by kvc_block_list(). */
+struct kvc_block_info {
+    struct kvc_key key;
+    struct kvc_key parent;
+    uint64_t bytes;
+    uint64_t last_access_ms; /* since the daemon started */
+    uint32_t hits, pins, children, depth;
+    uint8_t tier, format, state;
+};
+
+/* ---- connection --------------------------------------------------------------------- */
+
+/* Connects to kvcd at `path`; NULL means $KVCD_SOCKET, else $XDG_RUNTIME_DIR/kvcd.sock, else
+ * /run/kvcd/kvcd.sock. On success *out is owned by the caller until kvc_disconnect().
+ * Errors: -ENOENT, -ECONNREFUSED, -EACCES, -EPROTO (version), -ENOMEM, -ENAMETOOLONG. */
+KVC_API int kvc_connect(const char *path, kvc_client **out);
+
+/* Closes the connection: every lease and reservation of this client is dropped by the
+ * daemon, every namespace handle and arena mapping freed. NULL is a no-op. */
+KVC_API void kvc_disconnect(kvc_client *c);
+
+/* The socket path kvc_connect(NULL, ...) would use. Static storage. */
+KVC_API const char *kvc_default_socket(void);
+
+/* Text for a negative errno returned by this library. Static storage. */
+KVC_API const char *kvc_strerror(int err);
+
+/* ---- namespaces --------------------------------------------------------------------- */
+
+/* Opens (creating if new) the namespace of `layout->model_id` and maps its arena.
+ * *out is owned by the client and freed with it. Errors: -EINVAL (layout), -EEXIST (model
+ * id known with another layout), -EACCES, -ENOSPC (namespace table full), -EPIPE. */
+KVC_API int kvc_ns_open(kvc_client *c, const struct kvc_layout *layout, kvc_ns **out);
+
+/* Bytes of one block of this namespace. */
+KVC_API size_t kvc_ns_block_bytes(const kvc_ns *ns);
+
+/* Tokens per block of this namespace. */
+KVC_API uint32_t kvc_ns_block_tokens(const kvc_ns *ns);
+
+/* Chained keys for the full blocks of `tokens`: key i covers tokens
+ * [i*block_tokens, (i+1)*block_tokens). `parent` NULL starts a prefix; pass the last key of
+ * an earlier call to continue one. `extra` (adapter id, image hashes, tenant salt) is mixed
+ * into every key. Writes at most `max_keys` keys and returns how many it wrote. The tail of
+ * fewer than block_tokens tokens gets no key. Pure computation: no round trip. */
+KVC_API int kvc_keys_from_tokens(const kvc_ns *ns, const struct kvc_key *parent,
+                                 const uint32_t *tokens, size_t ntokens, const void *extra,
+                                 size_t extra_len, struct kvc_key *keys, size_t max_keys);
+
+/* ---- reading ------------------------------------------------------------------------ */
+
+/* Finds the longest cached prefix of keys[0..n) and pins those blocks for this client.
+ * Returns the number of hits (0..n). When it is above zero, *out is a lease that must be
+ * released with kvc_release(); when zero, *out is NULL. Errors: -EINVAL, -EPIPE. */
+KVC_API int kvc_lookup(kvc_ns *ns, const struct kvc_key *keys, size_t n, unsigned flags,
+                       kvc_lease **out);
+
+/* Number of blocks in a lease. */
+KVC_API size_t kvc_lease_count(const kvc_lease *l);
+
+/* Read-only pointer to hit i inside the shared arena, valid until kvc_release(). NULL if i is
+ * out of range. Its length is kvc_ns_block_bytes(). */
+KVC_API const void *kvc_lease_data(const kvc_lease *l, size_t i);
+
+/* Copies hit i into dst (len must be at least the block size). Errors: -EINVAL, -ERANGE. */
+KVC_API int kvc_lease_copy(const kvc_lease *l, size_t i, void *dst, size_t len);
+
+/* Unpins and frees the lease. NULL is a no-op that returns 0. */
+KVC_API int kvc_release(kvc_lease *l);
+
+/* ---- writing ------------------------------------------------------------------------ */
+
+/* Reserves slots for the keys of the chain parent → keys[0] → ... → keys[n-1] that are not
+ * cached yet. Returns the number of slots reserved; *out is always set (even at zero) and
+ * tells the status of every key; finish it with kvc_commit() or kvc_abort().
+ * Errors: -EINVAL, -EACCES, -EPIPE. */
+KVC_API int kvc_reserve(kvc_ns *ns, const struct kvc_key *parent, const struct kvc_key *keys,
+                        size_t n, kvc_resv **out);
+
+/* Status of key i of a reservation (enum kvc_slot), or -ERANGE. */
+KVC_API int kvc_resv_status(const kvc_resv *r, size_t i);
+
+/* Writable pointer to the slot of key i (status RESERVED), else NULL. Valid until commit or
+ * abort. */
+KVC_API void *kvc_resv_data(kvc_resv *r, size_t i);
+
+/* Copies len bytes (the block size) into the slot of key i. Errors: -EINVAL, -ERANGE. */
+KVC_API int kvc_resv_write(kvc_resv *r, size_t i, const void *src, size_t len);
+
+/* Makes the first `n` reserved slots visible (SIZE_MAX: all) and frees the rest; frees r.
+ * Returns the number of blocks committed. */
+KVC_API int kvc_commit(kvc_resv *r, size_t n);
+
+/* Frees every slot of r unseen, and r itself. NULL is a no-op. */
+KVC_API int kvc_abort(kvc_resv *r);
+
+/* ---- whole prefixes ----------------------------------------------------------------- */
+
+/* Loads the longest cached prefix of keys into dst[0..hit) (each dst[i] block-sized) with
+ * one lookup and one release. Returns the number of blocks loaded. */
+KVC_API int kvc_get_prefix(kvc_ns *ns, const struct kvc_key *keys, size_t n, void *const *dst);
+
+/* Stores blocks[i] under keys[i] for every key not cached yet (chain as in kvc_reserve).
+ * Returns the number of blocks written; keys busy in another client are left to it. */
+KVC_API int kvc_put_prefix(kvc_ns *ns, const struct kvc_key *parent, const struct kvc_key *keys,
+                           size_t n, const void *const *blocks);
+
+/* ---- inspection --------------------------------------------------------------------- */
+
+/* Counters: scope 0 the whole daemon, else a namespace id. *out is malloc'd (free() it). */
+KVC_API int kvc_stats(kvc_client *c, uint32_t scope, struct kvc_stat **out, size_t *n);
+
+/* Every namespace. *out is malloc'd (free() it). */
+KVC_API int kvc_ns_list(kvc_client *c, struct kvc_ns_info **out, size_t *n);
+
+/* Id of an open namespace. */
+KVC_API uint32_t kvc_ns_id(const kvc_ns *ns);
+
+/* Up to `max` blocks of namespace `ns_id` from *cursor (0 to start); sets *cursor to the next
+ * position, 0 at the end. *out is malloc'd (free() it). */
+KVC_API int kvc_block_list(kvc_client *c, uint32_t ns_id, uint64_t *cursor, uint32_t max,
+                           struct kvc_block_info **out, size_t *n);
+
+/* Pid of the daemon and this connection's credentials as the daemon saw them. */
+KVC_API int kvc_peer_info(const kvc_client *c, uint32_t *daemon_pid, uint32_t *uid,
+                          uint32_t *gid);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,290 @@
+/*
+ * kvc_proto.h — kvcd wire protocol, version 1. Internal: shared by the daemon and libkvc,
+ * nothing else.
+ *
+ * DESIGN
+ * Control messages travel over a SOCK_SEQPACKET Unix socket, one request or reply per
+ * datagram, so message boundaries are kept and descriptors ride along (SCM_RIGHTS).
+ * Every message is a fixed header followed by `len` payload bytes. Integers are in host
+ * byte order (both ends share the host) and naturally aligned; every payload struct has an
+ * explicit layout with no implicit padding so that the decoder can compare sizes exactly.
+ * Block bytes never cross the socket: replies carry locations inside shared arenas.
+ *
+ * Validation rule for the daemon: a message whose header is unreadable (short, bad magic)
+ * closes the connection; a readable header with a bad payload gets an error reply
+ * (status = -errno) with the same opcode and request id.
+ */
+#ifndef KVC_PROTO_H
+#define KVC_PROTO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define KVC_PROTO_MAGIC 0x4443564bu /* "KVCD" read as little-endian bytes */
+#define KVC_PROTO_VERSION 1u
+/* Largest datagram either side sends; sized to fit a default unix socket buffer. */
+#define KVC_PROTO_MAX_MSG (96u * 1024u)
+/* Most keys in one LOOKUP or RESERVE; libkvc splits longer prefixes. */
+#define KVC_PROTO_MAX_KEYS 2048u
+#define KVC_PROTO_MODEL_ID_MAX 128u
+#define KVC_PROTO_NAME_MAX 40u
+#define KVC_PROTO_MAX_LEASES 1024u
+
+/*
+ * The opcode list. One table feeds the daemon's dispatcher, libkvc and `kvcctl help`:
+ * X(NAME, number, admin-only, summary)
+ */
+#define KVC_OPCODES(X)                                                                          \
+    X(HELLO, 1, 0, "negotiate the protocol version; learn the peer credentials")              \
+    X(NS_OPEN, 2, 0, "open or create a namespace (model id + KV layout); receive its arena")  \
+    X(LOOKUP, 3, 0, "longest cached prefix of a key chain; hits are pinned under a lease")    \
+    X(RELEASE, 4, 0, "drop leases taken by LOOKUP")                                           \
+    X(RESERVE, 5, 0, "slots for the keys of a chain not yet cached")                          \
+    X(COMMIT, 6, 0, "make reserved blocks visible")                                           \
+    X(ABORT, 7, 0, "free a reservation")                                                      \
+    X(STATS, 8, 0, "counters, global or per namespace")                                       \
+    X(NS_LIST, 9, 0, "namespaces and their layouts")                                          \
+    X(BLOCK_LIST, 10, 0, "blocks of a namespace with their metadata")
+
+enum kvc_op {
+#define KVC_OP_ENUM(name, num, admin, help) KVC_OP_##name = num,
+    KVC_OPCODES(KVC_OP_ENUM)
+#undef KVC_OP_ENUM
+    KVC_OP_MAX
+};
+
+/* Fixed header of every request and reply: 24 bytes. */
+struct kvc_msg_hdr {
+    uint32_t magic;   /* KVC_PROTO_MAGIC */
+    uint16_t version; /* KVC_PROTO_VERSION */
+    uint16_t opcode;  /* enum kvc_op; a reply repeats the request's */
+    uint32_t req_id;  /* chosen by the client, echoed in the reply */
+    uint32_t len;     /* payload bytes following the header */
+    int32_t status;   /* replies: 0 or -errno; requests: 0 */
+    uint32_t flags;   /* KVC_MSG_F_* */
+};
+#define KVC_MSG_F_FD 0x1u /* reply: a descriptor is attached (SCM_RIGHTS) */
+
+struct kvc_wire_key {
+    uint64_t lo, hi;
+};
+
+/* HELLO */
+struct kvc_hello_req {
+    uint16_t min_version, max_version;
+    uint32_t flags;
+    char client_name[32]; /* NUL-padded, informational */
+};
+struct kvc_hello_rep {
+    uint16_t version;
+    uint16_t pad;
+    uint32_t daemon_pid;
+    uint32_t peer_pid, peer_uid, peer_gid; /* as the daemon sees them (SO_PEERCRED) */
+    uint32_t max_keys;
+    uint32_t max_msg;
+    uint32_t conn_id;
+};
+
+/* NS_OPEN */
+enum kvc_wire_dtype {
+    KVC_WIRE_DTYPE_FP16 = 1,
+    KVC_WIRE_DTYPE_BF16 = 2,
+    KVC_WIRE_DTYPE_FP32 = 3,
+    KVC_WIRE_DTYPE_FP8_E4M3 = 4,
+    KVC_WIRE_DTYPE_INT8 = 5,
+};
+enum kvc_wire_kv_kind {
+    KVC_WIRE_KV_KIND_KV = 1,     /* keys and values */
+    KVC_WIRE_KV_KIND_K_ONLY = 2, /* one latent (MLA) */
+};
+struct kvc_wire_layout {
+    char model_id[KVC_PROTO_MODEL_ID_MAX]; /* NUL-terminated within the array */
+    uint32_t layers;
+    uint32_t kv_heads;
+    uint32_t head_dim;
+    uint32_t block_tokens;
+    uint8_t dtype;   /* enum kvc_wire_dtype */
+    uint8_t kv_kind; /* enum kvc_wire_kv_kind */
+    uint16_t pad;
+    uint32_t flags;
+};
+struct kvc_ns_open_req {
+    struct kvc_wire_layout layout;
+};
+struct kvc_ns_open_rep {
+    uint32_t ns_id;
+    uint32_t arena_id;
+    uint64_t block_bytes;
+    uint64_t arena_bytes;
+    uint32_t access; /* KVC_ACCESS_* granted to this peer */
+    uint32_t created;
+};
+#define KVC_ACCESS_READ 0x1u
+#define KVC_ACCESS_WRITE 0x2u
+
+/* A block location inside an arena. */
+struct kvc_wire_loc {
+    uint32_t arena_id;
+    uint8_t tier;   /* KVC_WIRE_TIER_* */
+    uint8_t format; /* KVC_WIRE_FORMAT_* */
+    uint16_t flags; /* KVC_LOC_F_* */
+    uint64_t offset;
+    uint64_t length;
+};
+#define KVC_WIRE_TIER_HOST 1
+#define KVC_WIRE_FORMAT_RAW 0
+#define KVC_LOC_F_READY 0x1u
+
+/* LOOKUP: the hits are the longest run of committed blocks from keys[0]. */
+struct kvc_lookup_req {
+    uint32_t ns_id;
+    uint32_t flags;
+    uint32_t nkeys;
+    uint32_t pad;
+    /* struct kvc_wire_key keys[nkeys]; */
+};
+struct kvc_lookup_rep {
+    uint32_t nhit;
+    uint32_t pad;
+    uint64_t lease_id; /* 0 when nhit == 0 */
+    /* struct kvc_wire_loc locs[nhit]; */
+};
+
+/* RELEASE */
+struct kvc_release_req {
+    uint32_t nleases;
+    uint32_t pad;
+    /* uint64_t lease_ids[nleases]; */
+};
+struct kvc_release_rep {
+    uint32_t released;
+    uint32_t pad;
+};
+
+/*
+ * RESERVE: keys[0] is the child of `parent` (all-zero for a root), keys[i] of keys[i-1].
+ * Per key the reply says present (already cached), reserved (a slot to write), busy
+ * (another client is writing it) or skipped (after a busy key: its parent is not cached yet).
+ */
+struct kvc_reserve_req {
+    uint32_t ns_id;
+    uint32_t flags;
+    uint32_t nkeys;
+    uint32_t pad;
+    struct kvc_wire_key parent;
+    /* struct kvc_wire_key keys[nkeys]; */
+};
+enum kvc_wire_slot {
+    KVC_WIRE_SLOT_PRESENT = 1,
+    KVC_WIRE_SLOT_RESERVED = 2,
+    KVC_WIRE_SLOT_BUSY = 3,
+    KVC_WIRE_SLOT_SKIPPED = 4,
+    KVC_WIRE_SLOT_NOSPACE = 5,
+};
+struct kvc_reserve_rep {
+    uint64_t resv_id; /* 0 when nothing was reserved */
+    uint32_t nkeys;
+    uint32_t nreserved;
+    /* struct kvc_wire_slot_rep slots[nkeys]; */
+};
+struct kvc_wire_slot_rep {
+    uint8_t status; /* enum kvc_wire_slot */
+    uint8_t pad[7];
+    struct kvc_wire_loc loc; /* valid when status == RESERVED */
+};
+
+/* COMMIT: the first `ncommit` reserved slots (in key order) become visible; the rest
+ * are freed. ncommit = UINT32_MAX commits all. */
+struct kvc_commit_req {
+    uint64_t resv_id;
+    uint32_t ncommit;
+    uint32_t pad;
+};
+struct kvc_commit_rep {
+    uint32_t committed;
+    uint32_t dropped;
+};
+struct kvc_abort_req {
+    uint64_t resv_id;
+};
+
+/* STATS: scope 0 is the whole daemon, scope n is namespace n. */
+struct kvc_stats_req {
+    uint32_t scope;
+    uint32_t pad;
+};
+struct kvc_wire_stat {
+    char name[KVC_PROTO_NAME_MAX];
+    uint64_t value;
+};
+struct kvc_stats_rep {
+    uint32_t nstats;
+    uint32_t pad;
+    /* struct kvc_wire_stat stats[nstats]; */
+};
+
+/* NS_LIST: paged by namespace id. */
+struct kvc_ns_list_req {
+    uint32_t cursor; /* first namespace id to return */
+    uint32_t pad;
+};
+struct kvc_wire_ns {
+    uint32_t ns_id;
+    uint32_t arena_id;
+    struct kvc_wire_layout layout;
+    uint32_t pad;
+    uint64_t block_bytes;
+    uint64_t blocks;
+    uint64_t bytes;
+};
+struct kvc_ns_list_rep {
+    uint32_t nns;
+    uint32_t next_cursor; /* 0: no more */
+    /* struct kvc_wire_ns ns[nns]; */
+};
+
+/* BLOCK_LIST: paged by an opaque cursor. */
+struct kvc_block_list_req {
+    uint32_t ns_id;
+    uint32_t max;
+    uint64_t cursor; /* 0 to start */
+};
+struct kvc_wire_block {
+    struct kvc_wire_key key;
+    struct kvc_wire_key parent;
+    uint64_t bytes;
+    uint64_t last_access_ms; /* milliseconds since the daemon started */
+    uint32_t hits;
+    uint32_t pins;
+    uint32_t children;
+    uint32_t depth;
+    uint8_t tier;
+    uint8_t format;
+    uint8_t state; /* 1 committed */
+    uint8_t pad[5];
+};
+struct kvc_block_list_rep {
+    uint32_t nblocks;
+    uint32_t pad;
+    uint64_t next_cursor; /* 0: no more */
+    /* struct kvc_wire_block blocks[nblocks]; */
+};
+
+/* Layout checks: both ends compile these. */
+_Static_assert(sizeof(struct kvc_msg_hdr) == 24, "header layout");
+_Static_assert(sizeof(struct kvc_wire_loc) == 24, "loc layout");
+_Static_assert(sizeof(struct kvc_wire_slot_rep) == 32, "slot layout");
+_Static_assert(sizeof(struct kvc_wire_layout) == 148, "layout layout");
+_Static_assert(sizeof(struct kvc_wire_stat) == 48, "stat layout");
+_Static_assert(sizeof(struct kvc_wire_block) == 80, "block layout");
+_Static_assert(sizeof(struct kvc_wire_ns) == 184, "ns layout");
+_Static_assert(sizeof(struct kvc_lookup_req) + KVC_PROTO_MAX_KEYS * sizeof(struct kvc_wire_key) +
+                       sizeof(struct kvc_msg_hdr) <=
+                   KVC_PROTO_MAX_MSG,
+               "lookup fits");
+_Static_assert(sizeof(struct kvc_reserve_rep) + KVC_PROTO_MAX_KEYS * sizeof(struct kvc_wire_slot_rep) +
+                       sizeof(struct kvc_msg_hdr) <=
+                   KVC_PROTO_MAX_MSG,
+               "reserve reply fits");
+
+#endif

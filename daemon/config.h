@@ -1,0 +1,142 @@
+/*
+ * config.h — kvcd's configuration: one table of options drives everything.
+ *
+ * DESIGN
+ * CONFIG_OPTIONS below is the only place an option is declared. It expands into the fields
+ * of struct config, the parser (inih, with file and line in every error), validation
+ * against bounds, `-o section.key=value` overrides, `kvcd --check-config`,
+ * `kvcd --print-config` (which generates the shipped etc/kvcd.ini) and reload, which is
+ * all-or-nothing: a new configuration is built and validated whole, then swapped in,
+ * or refused with the old one left untouched. Owned by the loop thread.
+ *
+ * X(section, name, type, default, min, max, reloadable, choices, help)
+ *   type     BOOL, INT, SIZE (512m, 4g), DURATION (500ms, 10s, 1m), DOUBLE, STRING, MODE
+ *            (octal), ENUM (one of `choices`, "a|b|c")
+ *   default  as a string, parsed by the same code as a file value
+ *   min/max  bounds for numeric types (bytes for SIZE, milliseconds for DURATION)
+ */
+#ifndef KVC_CONFIG_H
+#define KVC_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define CONFIG_OPTIONS(X)                                                                      \
+    X(server, socket, STRING, "", 0, 0, 0, NULL,                                              \
+      "Unix socket path. Empty: $XDG_RUNTIME_DIR/kvcd.sock for a user, /run/kvcd/kvcd.sock "  \
+      "for root.")                                                                            \
+    X(server, socket_mode, MODE, "0660", 0, 0777, 0, NULL,                                    \
+      "Permission bits of the socket file.")                                                  \
+    X(server, socket_group, STRING, "", 0, 0, 0, NULL,                                        \
+      "Group owning the socket file. Empty: the daemon's group.")                             \
+    X(server, max_clients, INT, "1024", 1, 65536, 1, NULL,                                    \
+      "Connections accepted at once; more are refused with a log line.")                      \
+    X(server, max_leases, INT, "4096", 1, 1048576, 1, NULL,                                   \
+      "Open leases and reservations per client.")                                             \
+    X(server, max_namespaces, INT, "256", 1, 65535, 0, NULL, "Namespaces the daemon holds.")  \
+    X(log, level, ENUM, "info", 0, 0, 1, "error|warning|info|debug",                          \
+      "Least severe level written to stderr (the journal under systemd).")                    \
+    X(log, rate_limit, INT, "20", 1, 100000, 1, NULL,                                         \
+      "Lines per second a client can trigger; the rest are counted and summarised.")          \
+    X(host, size, SIZE, "1g", 16 << 20, 1ull << 42, 0, NULL,                                  \
+      "Bytes of the host-tier arena (shared memory, pre-faulted at start).")                  \
+    X(host, page_size, SIZE, "2m", 64 << 10, 1 << 30, 0, NULL,                                \
+      "Allocator page: a power of two; 2m matches huge pages.")                               \
+    X(host, hugepages, ENUM, "auto", 0, 0, 0, "auto|on|off",                                  \
+      "Back the arena with hugetlb pages: auto uses them when enough are free.")              \
+    X(host, prefault, BOOL, "yes", 0, 0, 0, NULL,                                             \
+      "Touch every arena page at start so that the first copies run at full speed.")          \
+    X(host, high_watermark, DOUBLE, "0.95", 0.05, 1.0, 1, NULL,                               \
+      "Fraction of the arena in use above which unpinned blocks are evicted...")              \
+    X(host, low_watermark, DOUBLE, "0.90", 0.0, 1.0, 1, NULL,                                 \
+      "...down to this fraction. Must be below high_watermark.")                              \
+    X(cache, policy, ENUM, "lru", 0, 0, 1, "lru",                                             \
+      "Eviction order among unpinned leaves of the prefix tree.")
+
+#define CONFIG_CTYPE_BOOL bool
+#define CONFIG_CTYPE_INT int64_t
+#define CONFIG_CTYPE_SIZE uint64_t
+#define CONFIG_CTYPE_DURATION uint64_t /* milliseconds */
+#define CONFIG_CTYPE_DOUBLE double
+#define CONFIG_CTYPE_STRING char *     /* owned, never NULL */
+#define CONFIG_CTYPE_MODE uint32_t
+#define CONFIG_CTYPE_ENUM int /* index into choices */
+
+enum config_type {
+    CONFIG_TYPE_BOOL,
+    CONFIG_TYPE_INT,
+    CONFIG_TYPE_SIZE,
+    CONFIG_TYPE_DURATION,
+    CONFIG_TYPE_DOUBLE,
+    CONFIG_TYPE_STRING,
+    CONFIG_TYPE_MODE,
+    CONFIG_TYPE_ENUM,
+};
+
+/* The values. Field names are section_name. */
+struct config {
+#define CONFIG_FIELD(sec, name, type, def, min, max, reload, choices, help)                    \
+    CONFIG_CTYPE_##type sec##_##name;
+    CONFIG_OPTIONS(CONFIG_FIELD)
+#undef CONFIG_FIELD
+};
+
+/* Row of the option table, for code that walks options generically. */
+struct config_option {
+    const char *section;
+    const char *name;
+    enum config_type type;
+    const char *def;
+    double min, max;
+    bool reloadable;
+    const char *choices;
+    const char *help;
+    size_t offset; /* of the field in struct config */
+};
+
+extern const struct config_option config_options[];
+extern const size_t config_noptions;
+
+/* Values of the enum options, in their `choices` order. */
+enum config_log_level { CONFIG_LOG_ERROR, CONFIG_LOG_WARNING, CONFIG_LOG_INFO, CONFIG_LOG_DEBUG };
+enum config_hugepages { CONFIG_HUGEPAGES_AUTO, CONFIG_HUGEPAGES_ON, CONFIG_HUGEPAGES_OFF };
+
+/* A configuration holding every default. NULL when out of memory. */
+struct config *config_new(void);
+void config_free(struct config *c); /* NULL is a no-op */
+/* Deep copy. NULL when out of memory. */
+struct config *config_dup(const struct config *c);
+
+/* Applies the file over c. Errors name the file and line ("kvcd.ini:12: unknown key 'szie'
+ * in [host] (did you mean 'size'?)"). Returns 0 or -EINVAL/-ENOENT/-EACCES; err is always
+ * NUL-terminated. On failure c may be partly changed: parse into a copy (config_dup). */
+int config_load_file(struct config *c, const char *path, char *err, size_t errlen);
+
+/* Sets one option from "section.name" and a value string, as -o does. 0 or -EINVAL. */
+int config_set(struct config *c, const char *key, const char *value, char *err, size_t errlen);
+
+/* Cross-option checks (low_watermark < high_watermark, page_size a power of two, ...). */
+int config_validate(const struct config *c, char *err, size_t errlen);
+
+/* Writes an ini file of every option with its help as comments and c's values.
+ * Used by --print-config to generate etc/kvcd.ini. */
+int config_print(const struct config *c, FILE *f);
+
+/* The value of "section.name" as text (what a config file would hold). 0 or -ENOENT. */
+int config_get(const struct config *c, const char *key, char *buf, size_t len);
+
+/* Reload check: 0 if every option that differs between cur and next is reloadable; else
+ * -EPERM with the first offender named in err. */
+int config_check_reload(const struct config *cur, const struct config *next, char *err,
+                        size_t errlen);
+
+/* Option row for "section.name", or NULL. */
+const struct config_option *config_option_find(const char *key);
+
+/* Parsers shared with kvcctl-facing code: "512m", "4g", "1048576" / "500ms", "10s", "2m". */
+int config_parse_size(const char *s, uint64_t *out);
+int config_parse_duration_ms(const char *s, uint64_t *out);
+
+#endif
