@@ -1,0 +1,797 @@
+/*
+ * libkvc.c — the client library (see kvc.h for the API contract).
+ *
+ * DESIGN
+ * One kvc_client is one SOCK_SEQPACKET connection. Calls take the client's mutex for the
+ * whole round trip, so replies arrive in request order and are matched by request id.
+ * Arenas arrive as descriptors on the NS_OPEN reply and are mapped once (MAP_POPULATE, so
+ * the first copies do not fault page by page); every location the daemon sends is checked
+ * against the mapping before it is turned into a pointer. Lookups and reservations longer
+ * than one message are split into chunks.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "client/kvc.h"
+#include "client/kvc_proto.h"
+#include "client/libkvc_internal.h"
+
+#define KVC_LEASE_MAX_CHUNKS 8
+
+/* ---- transport ------------------------------------------------------------------------ */
+
+/* Sends tx (header + len payload) and waits for the matching reply in rx. Returns the reply
+ * status (0 or -errno from the daemon) or a transport error; *fd receives an attached
+ * descriptor (or -1) when fd is not NULL. Caller holds c->mu. */
+static int kvc_call(kvc_client *c, uint16_t op, uint32_t len, int *fd)
+{
+    struct kvc_msg_hdr *h = (struct kvc_msg_hdr *)c->tx;
+    struct kvc_msg_hdr *r = (struct kvc_msg_hdr *)c->rx;
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } ctl;
+    struct iovec iov;
+    struct msghdr msg;
+    ssize_t n;
+    if (fd)
+        *fd = -1;
+    if (c->dead)
+        return -EPIPE;
+    *h = (struct kvc_msg_hdr){.magic = KVC_PROTO_MAGIC,
+                              .version = KVC_PROTO_VERSION,
+                              .opcode = op,
+                              .req_id = ++c->next_req,
+                              .len = len};
+    do
+        n = send(c->fd, c->tx, sizeof(*h) + len, MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    if (n < 0)
+        goto dead;
+    for (;;) {
+        iov = (struct iovec){.iov_base = c->rx, .iov_len = KVC_PROTO_MAX_MSG};
+        msg = (struct msghdr){.msg_iov = &iov,
+                              .msg_iovlen = 1,
+                              .msg_control = ctl.buf,
+                              .msg_controllen = sizeof(ctl.buf)};
+        n = recvmsg(c->fd, &msg, MSG_CMSG_CLOEXEC);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            if (n == 0)
+                errno = ECONNRESET;
+            goto dead;
+        }
+        for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
+            if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS &&
+                cm->cmsg_len == CMSG_LEN(sizeof(int))) {
+                int got;
+                memcpy(&got, CMSG_DATA(cm), sizeof(int));
+                if (fd && *fd < 0)
+                    *fd = got;
+                else
+                    close(got);
+            }
+        }
+        if ((size_t)n < sizeof(*r) || r->magic != KVC_PROTO_MAGIC ||
+            r->len != (size_t)n - sizeof(*r) || (msg.msg_flags & MSG_TRUNC)) {
+            errno = EPROTO;
+            goto dead;
+        }
+        if (r->req_id != h->req_id || r->opcode != op)
+            continue; /* a reply to an earlier, abandoned request */
+        return r->status;
+    }
+dead:
+    {
+        int e = errno ? errno : EPIPE;
+        c->dead = true;
+        if (fd && *fd >= 0) {
+            close(*fd);
+            *fd = -1;
+        }
+        return e == ECONNRESET || e == EPIPE || e == EPROTO ? -e : -EPIPE;
+    }
+}
+
+static void *kvc_req(kvc_client *c)
+{
+    return (struct kvc_msg_hdr *)c->tx + 1;
+}
+
+static const void *kvc_rep(const kvc_client *c, uint32_t *len)
+{
+    const struct kvc_msg_hdr *r = (const struct kvc_msg_hdr *)c->rx;
+    *len = r->len;
+    return r + 1;
+}
+
+/* ---- connection ----------------------------------------------------------------------- */
+
+KVC_API const char *kvc_default_socket(void)
+{
+    static __thread char path[108];
+    const char *env = getenv("KVCD_SOCKET");
+    const char *xdg = getenv("XDG_RUNTIME_DIR");
+    if (env && *env)
+        snprintf(path, sizeof(path), "%s", env);
+    else if (geteuid() != 0 && xdg && *xdg)
+        snprintf(path, sizeof(path), "%s/kvcd.sock", xdg);
+    else
+        snprintf(path, sizeof(path), "/run/kvcd/kvcd.sock");
+    return path;
+}
+
+KVC_API int kvc_connect(const char *path, kvc_client **out)
+{
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    kvc_client *c;
+    int rc;
+    if (!out)
+        return -EINVAL;
+    *out = NULL;
+    if (!path)
+        path = kvc_default_socket();
+    if (strlen(path) >= sizeof(a.sun_path))
+        return -ENAMETOOLONG;
+    memcpy(a.sun_path, path, strlen(path) + 1);
+    c = calloc(1, sizeof(*c));
+    if (!c)
+        return -ENOMEM;
+    c->tx = malloc(KVC_PROTO_MAX_MSG);
+    c->rx = malloc(KVC_PROTO_MAX_MSG);
+    pthread_mutex_init(&c->mu, NULL);
+    c->fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (!c->tx || !c->rx || c->fd < 0) {
+        rc = c->fd < 0 ? -errno : -ENOMEM;
+        goto fail;
+    }
+    if (connect(c->fd, (struct sockaddr *)&a, sizeof(a)) < 0) {
+        rc = -errno;
+        goto fail;
+    }
+    struct kvc_hello_req *q = kvc_req(c);
+    memset(q, 0, sizeof(*q));
+    q->min_version = KVC_PROTO_VERSION;
+    q->max_version = KVC_PROTO_VERSION;
+    snprintf(q->client_name, sizeof(q->client_name), "libkvc");
+    rc = kvc_call(c, KVC_OP_HELLO, sizeof(*q), NULL);
+    if (rc)
+        goto fail;
+    uint32_t len;
+    const struct kvc_hello_rep *p = kvc_rep(c, &len);
+    if (len != sizeof(*p) || p->version != KVC_PROTO_VERSION) {
+        rc = -EPROTO;
+        goto fail;
+    }
+    c->daemon_pid = p->daemon_pid;
+    c->uid = p->peer_uid;
+    c->gid = p->peer_gid;
+    c->conn_id = p->conn_id;
+    *out = c;
+    return 0;
+fail:
+    kvc_disconnect(c);
+    return rc;
+}
+
+KVC_API void kvc_disconnect(kvc_client *c)
+{
+    if (!c)
+        return;
+    if (c->fd >= 0)
+        close(c->fd);
+    for (int i = 0; i < KVC_MAX_ARENAS; i++)
+        if (c->arenas[i].base)
+            munmap(c->arenas[i].base, c->arenas[i].size);
+    while (c->ns) {
+        kvc_ns *n = c->ns;
+        c->ns = n->next;
+        free(n);
+    }
+    pthread_mutex_destroy(&c->mu);
+    free(c->tx);
+    free(c->rx);
+    free(c);
+}
+
+KVC_API int kvc_peer_info(const kvc_client *c, uint32_t *daemon_pid, uint32_t *uid,
+                          uint32_t *gid)
+{
+    if (!c)
+        return -EINVAL;
+    if (daemon_pid)
+        *daemon_pid = c->daemon_pid;
+    if (uid)
+        *uid = c->uid;
+    if (gid)
+        *gid = c->gid;
+    return 0;
+}
+
+KVC_API const char *kvc_strerror(int err)
+{
+    switch (err) {
+    case 0:
+        return "success";
+    case -ENOENT:
+        return "not found (no daemon at the socket path, or unknown namespace)";
+    case -ECONNREFUSED:
+        return "no daemon listening at the socket path";
+    case -EPIPE:
+    case -ECONNRESET:
+        return "connection to kvcd lost";
+    case -EPROTO:
+        return "protocol error (version mismatch or malformed message)";
+    case -EEXIST:
+        return "model id exists with a different layout";
+    case -ENOSPC:
+        return "no room in the cache (everything pinned) or table full";
+    case -EMFILE:
+        return "too many open leases or reservations on this connection";
+    case -E2BIG:
+        return "too many keys in one request";
+    default:
+        return err < 0 ? strerror(-err) : "unknown error";
+    }
+}
+
+/* ---- namespaces ----------------------------------------------------------------------- */
+
+static const uint32_t kvc_dtype_ok[] = {KVC_DTYPE_FP16, KVC_DTYPE_BF16, KVC_DTYPE_FP32,
+                                        KVC_DTYPE_FP8_E4M3, KVC_DTYPE_INT8};
+
+KVC_API int kvc_ns_open(kvc_client *c, const struct kvc_layout *layout, kvc_ns **out)
+{
+    struct kvc_ns_open_req *q;
+    struct kvc_wire_layout wl;
+    kvc_ns *ns = NULL;
+    int fd = -1, rc;
+    bool dtype_ok = false;
+    if (!c || !layout || !out || !layout->model_id)
+        return -EINVAL;
+    *out = NULL;
+    if (strlen(layout->model_id) == 0 || strlen(layout->model_id) >= KVC_PROTO_MODEL_ID_MAX)
+        return -EINVAL;
+    for (size_t i = 0; i < sizeof(kvc_dtype_ok) / sizeof(kvc_dtype_ok[0]); i++)
+        dtype_ok |= layout->dtype == kvc_dtype_ok[i];
+    if (!dtype_ok || (layout->kv_kind != KVC_KV_KIND_KV && layout->kv_kind != KVC_KV_KIND_K_ONLY))
+        return -EINVAL;
+    memset(&wl, 0, sizeof(wl));
+    memcpy(wl.model_id, layout->model_id, strlen(layout->model_id));
+    wl.layers = layout->layers;
+    wl.kv_heads = layout->kv_heads;
+    wl.head_dim = layout->head_dim;
+    wl.block_tokens = layout->block_tokens;
+    wl.dtype = (uint8_t)layout->dtype;
+    wl.kv_kind = (uint8_t)layout->kv_kind;
+
+    pthread_mutex_lock(&c->mu);
+    q = kvc_req(c);
+    q->layout = wl;
+    rc = kvc_call(c, KVC_OP_NS_OPEN, sizeof(*q), &fd);
+    if (rc)
+        goto out;
+    uint32_t len;
+    const struct kvc_ns_open_rep *p = kvc_rep(c, &len);
+    if (len != sizeof(*p) || p->arena_id >= KVC_MAX_ARENAS || p->block_bytes == 0 ||
+        p->block_bytes > p->arena_bytes || p->arena_bytes > SIZE_MAX) {
+        rc = -EPROTO;
+        goto out;
+    }
+    struct kvc_arena *a = &c->arenas[p->arena_id];
+    if (fd >= 0 && !a->base) {
+        bool w = p->access & KVC_ACCESS_WRITE;
+        void *m = mmap(NULL, p->arena_bytes, PROT_READ | (w ? PROT_WRITE : 0),
+                       MAP_SHARED | MAP_POPULATE, fd, 0);
+        if (m == MAP_FAILED) {
+            rc = -errno;
+            goto out;
+        }
+        a->base = m;
+        a->size = p->arena_bytes;
+        a->writable = w;
+    }
+    if (!a->base || a->size != p->arena_bytes) {
+        rc = -EPROTO; /* the daemon owes us this arena's descriptor */
+        goto out;
+    }
+    for (ns = c->ns; ns && ns->id != p->ns_id; ns = ns->next)
+        ;
+    if (!ns) {
+        ns = calloc(1, sizeof(*ns));
+        if (!ns) {
+            rc = -ENOMEM;
+            goto out;
+        }
+        ns->c = c;
+        ns->id = p->ns_id;
+        ns->arena = p->arena_id;
+        ns->block_bytes = p->block_bytes;
+        ns->block_tokens = wl.block_tokens;
+        ns->layout = wl;
+        ns->salt = kvc_layout_salt(&wl);
+        ns->next = c->ns;
+        c->ns = ns;
+    }
+    *out = ns;
+out:
+    if (fd >= 0)
+        close(fd); /* the mapping keeps the arena */
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+KVC_API size_t kvc_ns_block_bytes(const kvc_ns *ns)
+{
+    return ns ? (size_t)ns->block_bytes : 0;
+}
+
+KVC_API uint32_t kvc_ns_block_tokens(const kvc_ns *ns)
+{
+    return ns ? ns->block_tokens : 0;
+}
+
+KVC_API uint32_t kvc_ns_id(const kvc_ns *ns)
+{
+    return ns ? ns->id : 0;
+}
+
+/* Turns a daemon location into a pointer after checking it lies inside the mapping. */
+static uint8_t *kvc_loc_ptr(const kvc_ns *ns, const struct kvc_wire_loc *l)
+{
+    const struct kvc_arena *a;
+    if (l->arena_id >= KVC_MAX_ARENAS)
+        return NULL;
+    a = &ns->c->arenas[l->arena_id];
+    if (!a->base || l->length < ns->block_bytes || l->offset > a->size ||
+        ns->block_bytes > a->size - l->offset)
+        return NULL;
+    return a->base + l->offset;
+}
+
+/* ---- reading -------------------------------------------------------------------------- */
+
+static int kvc_release_ids(kvc_client *c, const uint64_t *ids, size_t n)
+{
+    struct kvc_release_req *q = kvc_req(c);
+    memset(q, 0, sizeof(*q));
+    q->nleases = (uint32_t)n;
+    memcpy(q + 1, ids, n * sizeof(uint64_t));
+    return kvc_call(c, KVC_OP_RELEASE, (uint32_t)(sizeof(*q) + n * sizeof(uint64_t)), NULL);
+}
+
+KVC_API int kvc_lookup(kvc_ns *ns, const struct kvc_key *keys, size_t n, unsigned flags,
+                       kvc_lease **out)
+{
+    kvc_client *c;
+    kvc_lease *l;
+    int rc = 0;
+    if (!ns || !out || (!keys && n) || flags)
+        return -EINVAL;
+    *out = NULL;
+    if (n == 0)
+        return 0;
+    if (n > (size_t)KVC_LEASE_MAX_CHUNKS * KVC_PROTO_MAX_KEYS)
+        return -E2BIG;
+    c = ns->c;
+    l = calloc(1, sizeof(*l) + n * sizeof(l->hits[0]));
+    if (!l)
+        return -ENOMEM;
+    l->ns = ns;
+    pthread_mutex_lock(&c->mu);
+    for (size_t done = 0; done < n;) {
+        uint32_t chunk = n - done > KVC_PROTO_MAX_KEYS ? KVC_PROTO_MAX_KEYS : (uint32_t)(n - done);
+        struct kvc_lookup_req *q = kvc_req(c);
+        uint32_t len;
+        memset(q, 0, sizeof(*q));
+        q->ns_id = ns->id;
+        q->nkeys = chunk;
+        memcpy(q + 1, keys + done, chunk * sizeof(struct kvc_key));
+        rc = kvc_call(c, KVC_OP_LOOKUP, (uint32_t)(sizeof(*q) + chunk * sizeof(struct kvc_key)),
+                      NULL);
+        if (rc)
+            break;
+        const struct kvc_lookup_rep *p = kvc_rep(c, &len);
+        if (len < sizeof(*p) || p->nhit > chunk ||
+            len != sizeof(*p) + (size_t)p->nhit * sizeof(struct kvc_wire_loc) ||
+            (p->nhit > 0) != (p->lease_id != 0)) {
+            rc = -EPROTO;
+            break;
+        }
+        if (p->lease_id)
+            l->ids[l->nids++] = p->lease_id;
+        const struct kvc_wire_loc *locs = (const struct kvc_wire_loc *)(p + 1);
+        for (uint32_t i = 0; i < p->nhit; i++) {
+            uint8_t *ptr = kvc_loc_ptr(ns, &locs[i]);
+            if (!ptr) {
+                rc = -EPROTO;
+                break;
+            }
+            l->hits[l->n++] = (struct kvc_hit){.data = ptr, .len = ns->block_bytes};
+        }
+        if (rc || p->nhit < chunk)
+            break;
+        done += chunk;
+    }
+    if (rc && l->nids && !c->dead)
+        kvc_release_ids(c, l->ids, l->nids);
+    pthread_mutex_unlock(&c->mu);
+    if (rc || l->n == 0) {
+        free(l);
+        return rc;
+    }
+    *out = l;
+    return (int)l->n;
+}
+
+KVC_API size_t kvc_lease_count(const kvc_lease *l)
+{
+    return l ? l->n : 0;
+}
+
+KVC_API const void *kvc_lease_data(const kvc_lease *l, size_t i)
+{
+    return l && i < l->n ? l->hits[i].data : NULL;
+}
+
+KVC_API int kvc_lease_copy(const kvc_lease *l, size_t i, void *dst, size_t len)
+{
+    if (!l || !dst)
+        return -EINVAL;
+    if (i >= l->n)
+        return -ERANGE;
+    if (len < l->hits[i].len)
+        return -EINVAL;
+    memcpy(dst, l->hits[i].data, l->hits[i].len);
+    return 0;
+}
+
+KVC_API int kvc_release(kvc_lease *l)
+{
+    kvc_client *c;
+    int rc;
+    if (!l)
+        return 0;
+    c = l->ns->c;
+    pthread_mutex_lock(&c->mu);
+    rc = l->nids ? kvc_release_ids(c, l->ids, l->nids) : 0;
+    pthread_mutex_unlock(&c->mu);
+    free(l);
+    return rc;
+}
+
+/* ---- writing -------------------------------------------------------------------------- */
+
+KVC_API int kvc_reserve(kvc_ns *ns, const struct kvc_key *parent, const struct kvc_key *keys,
+                        size_t n, kvc_resv **out)
+{
+    kvc_client *c;
+    kvc_resv *r;
+    uint32_t len;
+    int rc;
+    if (!ns || !out || !keys || n == 0)
+        return -EINVAL;
+    *out = NULL;
+    if (n > KVC_PROTO_MAX_KEYS)
+        return -E2BIG;
+    c = ns->c;
+    r = calloc(1, sizeof(*r) + n * sizeof(r->slots[0]));
+    if (!r)
+        return -ENOMEM;
+    r->ns = ns;
+    r->n = n;
+    pthread_mutex_lock(&c->mu);
+    struct kvc_reserve_req *q = kvc_req(c);
+    memset(q, 0, sizeof(*q));
+    q->ns_id = ns->id;
+    q->nkeys = (uint32_t)n;
+    if (parent) {
+        q->parent.lo = parent->lo;
+        q->parent.hi = parent->hi;
+    }
+    memcpy(q + 1, keys, n * sizeof(struct kvc_key));
+    rc = kvc_call(c, KVC_OP_RESERVE, (uint32_t)(sizeof(*q) + n * sizeof(struct kvc_key)), NULL);
+    if (rc)
+        goto out;
+    const struct kvc_reserve_rep *p = kvc_rep(c, &len);
+    const struct kvc_wire_slot_rep *slots = (const struct kvc_wire_slot_rep *)(p + 1);
+    if (len < sizeof(*p) || p->nkeys != n ||
+        len != sizeof(*p) + n * sizeof(struct kvc_wire_slot_rep) || p->nreserved > n ||
+        (p->nreserved > 0) != (p->resv_id != 0)) {
+        rc = -EPROTO;
+        goto out;
+    }
+    r->id = p->resv_id;
+    for (size_t i = 0; i < n; i++) {
+        r->slots[i].status = slots[i].status;
+        if (slots[i].status < KVC_SLOT_PRESENT || slots[i].status > KVC_SLOT_NOSPACE) {
+            rc = -EPROTO;
+            break;
+        }
+        if (slots[i].status == KVC_SLOT_RESERVED) {
+            if (!c->arenas[ns->arena].writable || !(r->slots[i].data = kvc_loc_ptr(ns, &slots[i].loc))) {
+                rc = -EPROTO;
+                break;
+            }
+            r->nreserved++;
+        }
+    }
+    if (rc == 0 && r->nreserved != p->nreserved)
+        rc = -EPROTO;
+    if (rc && r->id && !c->dead) {
+        struct kvc_abort_req *a = kvc_req(c);
+        a->resv_id = r->id;
+        kvc_call(c, KVC_OP_ABORT, sizeof(*a), NULL);
+    }
+out:
+    pthread_mutex_unlock(&c->mu);
+    if (rc) {
+        free(r);
+        return rc;
+    }
+    *out = r;
+    return (int)r->nreserved;
+}
+
+KVC_API int kvc_resv_status(const kvc_resv *r, size_t i)
+{
+    if (!r)
+        return -EINVAL;
+    return i < r->n ? r->slots[i].status : -ERANGE;
+}
+
+KVC_API void *kvc_resv_data(kvc_resv *r, size_t i)
+{
+    return r && i < r->n ? r->slots[i].data : NULL;
+}
+
+KVC_API int kvc_resv_write(kvc_resv *r, size_t i, const void *src, size_t len)
+{
+    if (!r || !src)
+        return -EINVAL;
+    if (i >= r->n)
+        return -ERANGE;
+    if (!r->slots[i].data || len != r->ns->block_bytes)
+        return -EINVAL;
+    memcpy(r->slots[i].data, src, len);
+    return 0;
+}
+
+KVC_API int kvc_commit(kvc_resv *r, size_t n)
+{
+    kvc_client *c;
+    uint32_t len;
+    int rc;
+    if (!r)
+        return -EINVAL;
+    if (!r->id) {
+        free(r);
+        return 0;
+    }
+    c = r->ns->c;
+    pthread_mutex_lock(&c->mu);
+    struct kvc_commit_req *q = kvc_req(c);
+    memset(q, 0, sizeof(*q));
+    q->resv_id = r->id;
+    q->ncommit = n >= UINT32_MAX ? UINT32_MAX : (uint32_t)n;
+    rc = kvc_call(c, KVC_OP_COMMIT, sizeof(*q), NULL);
+    if (rc == 0) {
+        const struct kvc_commit_rep *p = kvc_rep(c, &len);
+        rc = len == sizeof(*p) ? (int)p->committed : -EPROTO;
+    }
+    pthread_mutex_unlock(&c->mu);
+    free(r);
+    return rc;
+}
+
+KVC_API int kvc_abort(kvc_resv *r)
+{
+    kvc_client *c;
+    int rc = 0;
+    if (!r)
+        return 0;
+    if (r->id) {
+        c = r->ns->c;
+        pthread_mutex_lock(&c->mu);
+        struct kvc_abort_req *q = kvc_req(c);
+        q->resv_id = r->id;
+        rc = kvc_call(c, KVC_OP_ABORT, sizeof(*q), NULL);
+        pthread_mutex_unlock(&c->mu);
+    }
+    free(r);
+    return rc;
+}
+
+/* ---- whole prefixes ------------------------------------------------------------------- */
+
+KVC_API int kvc_get_prefix(kvc_ns *ns, const struct kvc_key *keys, size_t n, void *const *dst)
+{
+    kvc_lease *l;
+    int hits;
+    if (!dst && n)
+        return -EINVAL;
+    hits = kvc_lookup(ns, keys, n, 0, &l);
+    if (hits <= 0)
+        return hits;
+    for (int i = 0; i < hits; i++)
+        memcpy(dst[i], l->hits[i].data, l->hits[i].len);
+    kvc_release(l);
+    return hits;
+}
+
+KVC_API int kvc_put_prefix(kvc_ns *ns, const struct kvc_key *parent, const struct kvc_key *keys,
+                           size_t n, const void *const *blocks)
+{
+    int written = 0;
+    if (!ns || (!keys && n) || (!blocks && n))
+        return -EINVAL;
+    /* One reservation per chunk; a chunk is committed before the next one hangs from it. */
+    for (size_t done = 0; done < n;) {
+        size_t chunk = n - done > KVC_PROTO_MAX_KEYS ? KVC_PROTO_MAX_KEYS : n - done;
+        const struct kvc_key *par = done ? &keys[done - 1] : parent;
+        kvc_resv *r;
+        int rc = kvc_reserve(ns, par, keys + done, chunk, &r);
+        if (rc < 0)
+            return written ? written : rc;
+        for (size_t i = 0; i < chunk; i++) {
+            if (r->slots[i].status == KVC_SLOT_RESERVED) {
+                memcpy(r->slots[i].data, blocks[done + i], ns->block_bytes);
+            }
+        }
+        bool complete = r->slots[chunk - 1].status == KVC_SLOT_PRESENT ||
+                        r->slots[chunk - 1].status == KVC_SLOT_RESERVED;
+        rc = kvc_commit(r, SIZE_MAX);
+        if (rc < 0)
+            return written ? written : rc;
+        written += rc;
+        if (!complete)
+            break; /* busy elsewhere or no room: the rest has no cached parent */
+        done += chunk;
+    }
+    return written;
+}
+
+/* ---- inspection ----------------------------------------------------------------------- */
+
+KVC_API int kvc_stats(kvc_client *c, uint32_t scope, struct kvc_stat **out, size_t *n)
+{
+    uint32_t len;
+    int rc;
+    if (!c || !out || !n)
+        return -EINVAL;
+    *out = NULL;
+    *n = 0;
+    pthread_mutex_lock(&c->mu);
+    struct kvc_stats_req *q = kvc_req(c);
+    memset(q, 0, sizeof(*q));
+    q->scope = scope;
+    rc = kvc_call(c, KVC_OP_STATS, sizeof(*q), NULL);
+    if (rc == 0) {
+        const struct kvc_stats_rep *p = kvc_rep(c, &len);
+        const struct kvc_wire_stat *w = (const struct kvc_wire_stat *)(p + 1);
+        if (len < sizeof(*p) || len != sizeof(*p) + (size_t)p->nstats * sizeof(*w)) {
+            rc = -EPROTO;
+        } else if (p->nstats && !(*out = calloc(p->nstats, sizeof(**out)))) {
+            rc = -ENOMEM;
+        } else {
+            for (uint32_t i = 0; i < p->nstats; i++) {
+                memcpy((*out)[i].name, w[i].name, sizeof((*out)[i].name) - 1);
+                (*out)[i].value = w[i].value;
+            }
+            *n = p->nstats;
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+KVC_API int kvc_ns_list(kvc_client *c, struct kvc_ns_info **out, size_t *n)
+{
+    uint32_t cursor = 0, len;
+    int rc = 0;
+    if (!c || !out || !n)
+        return -EINVAL;
+    *out = NULL;
+    *n = 0;
+    pthread_mutex_lock(&c->mu);
+    do {
+        struct kvc_ns_list_req *q = kvc_req(c);
+        memset(q, 0, sizeof(*q));
+        q->cursor = cursor;
+        rc = kvc_call(c, KVC_OP_NS_LIST, sizeof(*q), NULL);
+        if (rc)
+            break;
+        const struct kvc_ns_list_rep *p = kvc_rep(c, &len);
+        const struct kvc_wire_ns *w = (const struct kvc_wire_ns *)(p + 1);
+        if (len < sizeof(*p) || len != sizeof(*p) + (size_t)p->nns * sizeof(*w) ||
+            (p->next_cursor && p->next_cursor <= cursor)) {
+            rc = -EPROTO;
+            break;
+        }
+        struct kvc_ns_info *grown = realloc(*out, (*n + p->nns + 1) * sizeof(**out));
+        if (!grown) {
+            rc = -ENOMEM;
+            break;
+        }
+        *out = grown;
+        for (uint32_t i = 0; i < p->nns; i++) {
+            struct kvc_ns_info *o = &(*out)[(*n)++];
+            memset(o, 0, sizeof(*o));
+            o->ns_id = w[i].ns_id;
+            o->arena_id = w[i].arena_id;
+            memcpy(o->model_id, w[i].layout.model_id, sizeof(o->model_id) - 1);
+            o->layers = w[i].layout.layers;
+            o->kv_heads = w[i].layout.kv_heads;
+            o->head_dim = w[i].layout.head_dim;
+            o->block_tokens = w[i].layout.block_tokens;
+            o->dtype = (enum kvc_dtype)w[i].layout.dtype;
+            o->kv_kind = (enum kvc_kv_kind)w[i].layout.kv_kind;
+            o->block_bytes = w[i].block_bytes;
+            o->blocks = w[i].blocks;
+            o->bytes = w[i].bytes;
+        }
+        cursor = p->next_cursor;
+    } while (cursor);
+    pthread_mutex_unlock(&c->mu);
+    if (rc) {
+        free(*out);
+        *out = NULL;
+        *n = 0;
+    }
+    return rc;
+}
+
+KVC_API int kvc_block_list(kvc_client *c, uint32_t ns_id, uint64_t *cursor, uint32_t max,
+                           struct kvc_block_info **out, size_t *n)
+{
+    uint32_t len;
+    int rc;
+    if (!c || !cursor || !out || !n || max == 0)
+        return -EINVAL;
+    *out = NULL;
+    *n = 0;
+    pthread_mutex_lock(&c->mu);
+    struct kvc_block_list_req *q = kvc_req(c);
+    memset(q, 0, sizeof(*q));
+    q->ns_id = ns_id;
+    q->max = max;
+    q->cursor = *cursor;
+    rc = kvc_call(c, KVC_OP_BLOCK_LIST, sizeof(*q), NULL);
+    if (rc == 0) {
+        const struct kvc_block_list_rep *p = kvc_rep(c, &len);
+        const struct kvc_wire_block *w = (const struct kvc_wire_block *)(p + 1);
+        if (len < sizeof(*p) || len != sizeof(*p) + (size_t)p->nblocks * sizeof(*w) ||
+            p->nblocks > max || (p->next_cursor && p->next_cursor <= *cursor)) {
+            rc = -EPROTO;
+        } else if (p->nblocks && !(*out = calloc(p->nblocks, sizeof(**out)))) {
+            rc = -ENOMEM;
+        } else {
+            for (uint32_t i = 0; i < p->nblocks; i++) {
+                struct kvc_block_info *o = &(*out)[i];
+                o->key = (struct kvc_key){w[i].key.lo, w[i].key.hi};
+                o->parent = (struct kvc_key){w[i].parent.lo, w[i].parent.hi};
+                o->bytes = w[i].bytes;
+                o->last_access_ms = w[i].last_access_ms;
+                o->hits = w[i].hits;
+                o->pins = w[i].pins;
+                o->children = w[i].children;
+                o->depth = w[i].depth;
+                o->tier = w[i].tier;
+                o->format = w[i].format;
+                o->state = w[i].state;
+            }
+            *n = p->nblocks;
+            *cursor = p->next_cursor;
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}

@@ -1,0 +1,76 @@
+/*
+ * libkvc_internal.h — libkvc's private structures. Not installed.
+ */
+#ifndef KVC_LIBKVC_INTERNAL_H
+#define KVC_LIBKVC_INTERNAL_H
+
+#include <endian.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "client/kvc.h"
+#include "client/kvc_proto.h"
+
+#define KVC_MAX_ARENAS 16
+
+struct kvc_arena {
+    uint8_t *base; /* mapping, or NULL */
+    uint64_t size;
+    bool writable;
+};
+
+struct kvc_client {
+    int fd;
+    pthread_mutex_t mu; /* serialises round trips and the structures below */
+    uint32_t next_req;
+    bool dead;
+    uint32_t daemon_pid, uid, gid, conn_id;
+    struct kvc_arena arenas[KVC_MAX_ARENAS];
+    struct kvc_ns *ns; /* list of open namespaces, owned */
+    uint64_t *tx;      /* request buffer, KVC_PROTO_MAX_MSG bytes */
+    uint64_t *rx;      /* reply buffer */
+};
+
+struct kvc_ns {
+    kvc_client *c;
+    uint32_t id;
+    uint32_t arena;
+    uint64_t block_bytes;
+    uint32_t block_tokens;
+    uint64_t salt;
+    struct kvc_wire_layout layout;
+    struct kvc_ns *next;
+};
+
+struct kvc_hit {
+    const uint8_t *data;
+    uint64_t len;
+};
+
+struct kvc_lease {
+    kvc_ns *ns;
+    size_t n;
+    size_t nids;
+    uint64_t ids[8];       /* one per chunk of KVC_PROTO_MAX_KEYS */
+    struct kvc_hit hits[]; /* n */
+};
+
+struct kvc_resv {
+    kvc_ns *ns;
+    uint64_t id; /* 0: nothing reserved */
+    size_t n;
+    size_t nreserved;
+    struct {
+        uint8_t status;
+        uint8_t *data;
+    } slots[]; /* n */
+};
+
+uint64_t kvc_layout_salt(const struct kvc_wire_layout *l);
+void kvc_key_chain(uint64_t salt, const struct kvc_key *parent, const uint32_t *tokens,
+                   size_t ntokens, uint32_t block_tokens, const void *extra, size_t extra_len,
+                   struct kvc_key *keys, size_t nkeys);
+
+#endif

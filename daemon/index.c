@@ -1,0 +1,168 @@
+/*
+ * index.c — see index.h for the design.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/index.h"
+
+_Static_assert(sizeof(struct block) <= 96, "per-block metadata budget");
+
+static uint32_t index_hash(uint16_t ns, const struct kvc_wire_key *k)
+{
+    uint64_t h = k->lo ^ (k->hi * 0x9e3779b97f4a7c15ull) ^ ((uint64_t)ns << 48);
+    h ^= h >> 29;
+    h *= 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 32;
+    return (uint32_t)h;
+}
+
+static bool index_match(const struct block *b, uint16_t ns, const struct kvc_wire_key *k)
+{
+    return b->ns == ns && b->key.lo == k->lo && b->key.hi == k->hi;
+}
+
+int index_init(struct index *ix, uint32_t initial)
+{
+    memset(ix, 0, sizeof(*ix));
+    ix->cap = initial < 64 ? 64 : initial;
+    ix->blocks = calloc(ix->cap, sizeof(*ix->blocks));
+    ix->nslots = 128;
+    while (ix->nslots < ix->cap * 2)
+        ix->nslots <<= 1;
+    ix->slots = calloc(ix->nslots, sizeof(*ix->slots));
+    ix->free_head = INDEX_NONE;
+    if (!ix->blocks || !ix->slots) {
+        index_fini(ix);
+        return -ENOMEM;
+    }
+    return 0;
+}
+
+void index_fini(struct index *ix)
+{
+    free(ix->blocks);
+    free(ix->slots);
+    memset(ix, 0, sizeof(*ix));
+}
+
+int index_block_new(struct index *ix, uint32_t *idx)
+{
+    uint32_t i;
+    if (ix->free_head != INDEX_NONE) {
+        i = ix->free_head;
+        ix->free_head = ix->blocks[i].owner_slot;
+    } else {
+        if (ix->nblocks == ix->cap) {
+            uint32_t ncap = ix->cap * 2;
+            struct block *nb;
+            if (ncap <= ix->cap || ncap >= INDEX_NONE)
+                return -ENOMEM;
+            nb = realloc(ix->blocks, (size_t)ncap * sizeof(*nb));
+            if (!nb)
+                return -ENOMEM;
+            ix->blocks = nb;
+            ix->cap = ncap;
+        }
+        i = ix->nblocks++;
+    }
+    memset(&ix->blocks[i], 0, sizeof(ix->blocks[i]));
+    ix->blocks[i].lru_prev = ix->blocks[i].lru_next = INDEX_NONE;
+    ix->blocks[i].owner_slot = INDEX_NONE;
+    ix->live++;
+    *idx = i;
+    return 0;
+}
+
+void index_block_delete(struct index *ix, uint32_t idx)
+{
+    struct block *b = &ix->blocks[idx];
+    memset(b, 0, sizeof(*b));
+    b->state = BLOCK_STATE_FREE;
+    b->owner_slot = ix->free_head;
+    ix->free_head = idx;
+    ix->live--;
+}
+
+uint32_t index_find(const struct index *ix, uint16_t ns, const struct kvc_wire_key *key)
+{
+    uint32_t mask = ix->nslots - 1;
+    for (uint32_t s = index_hash(ns, key) & mask;; s = (s + 1) & mask) {
+        uint32_t v = ix->slots[s];
+        if (v == 0)
+            return INDEX_NONE;
+        if (index_match(&ix->blocks[v - 1], ns, key))
+            return v - 1;
+    }
+}
+
+static void index_place(uint32_t *slots, uint32_t nslots, uint32_t h, uint32_t v)
+{
+    uint32_t mask = nslots - 1;
+    uint32_t s = h & mask;
+    while (slots[s])
+        s = (s + 1) & mask;
+    slots[s] = v;
+}
+
+static int index_grow(struct index *ix)
+{
+    uint32_t n = ix->nslots * 2;
+    uint32_t *ns = calloc(n, sizeof(*ns));
+    if (!ns)
+        return -ENOMEM;
+    for (uint32_t s = 0; s < ix->nslots; s++) {
+        uint32_t v = ix->slots[s];
+        if (v) {
+            const struct block *b = &ix->blocks[v - 1];
+            index_place(ns, n, index_hash(b->ns, &b->key), v);
+        }
+    }
+    free(ix->slots);
+    ix->slots = ns;
+    ix->nslots = n;
+    return 0;
+}
+
+int index_insert(struct index *ix, uint32_t idx)
+{
+    const struct block *b = &ix->blocks[idx];
+    if (index_find(ix, b->ns, &b->key) != INDEX_NONE)
+        return -EEXIST;
+    if ((uint64_t)(ix->used + 1) * 10 > (uint64_t)ix->nslots * 7) {
+        int rc = index_grow(ix);
+        if (rc)
+            return rc;
+    }
+    index_place(ix->slots, ix->nslots, index_hash(b->ns, &b->key), idx + 1);
+    ix->used++;
+    return 0;
+}
+
+int index_remove(struct index *ix, uint32_t idx)
+{
+    const struct block *b = &ix->blocks[idx];
+    uint32_t mask = ix->nslots - 1;
+    uint32_t s = index_hash(b->ns, &b->key) & mask;
+    while (ix->slots[s] != idx + 1) {
+        if (ix->slots[s] == 0)
+            return -ENOENT;
+        s = (s + 1) & mask;
+    }
+    /* Backward shift: pull later entries of the run into the hole when their home slot
+     * does not lie cyclically in (hole, current]. */
+    uint32_t hole = s;
+    for (uint32_t j = (s + 1) & mask; ix->slots[j]; j = (j + 1) & mask) {
+        const struct block *o = &ix->blocks[ix->slots[j] - 1];
+        uint32_t home = index_hash(o->ns, &o->key) & mask;
+        bool in_range = hole <= j ? (home > hole && home <= j) : (home > hole || home <= j);
+        if (!in_range) {
+            ix->slots[hole] = ix->slots[j];
+            hole = j;
+        }
+    }
+    ix->slots[hole] = 0;
+    ix->used--;
+    return 0;
+}

@@ -1,0 +1,28 @@
+/*
+ * loop.h — the daemon's one event loop (epoll; level-triggered).
+ *
+ * Every descriptor the daemon watches is registered with a callback; callbacks run on the
+ * loop thread, one at a time, and must not block. Signals arrive as a readable signalfd.
+ */
+#ifndef KVC_LOOP_H
+#define KVC_LOOP_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/epoll.h>
+
+struct loop;
+typedef void (*loop_fn)(struct loop *l, int fd, uint32_t events, void *arg);
+
+struct loop *loop_new(int *err);
+void loop_free(struct loop *l);
+/* Watches fd for events (EPOLLIN, ...). The same fd is registered once. 0 or -errno. */
+int loop_add(struct loop *l, int fd, uint32_t events, loop_fn fn, void *arg);
+int loop_del(struct loop *l, int fd);
+/* Runs until loop_stop(); wakes at least every tick_ms to call tick(arg). */
+int loop_run(struct loop *l, int tick_ms, void (*tick)(void *arg), void *arg);
+void loop_stop(struct loop *l);
+/* Monotonic milliseconds since the loop was created. */
+uint64_t loop_now_ms(const struct loop *l);
+
+#endif

@@ -1,0 +1,283 @@
+/*
+ * main.c — kvcd: arguments, configuration, start, signals, reload, stop.
+ *
+ * DESIGN
+ * One thread runs the loop. Signals are blocked and read from a signalfd, so handlers never
+ * run: SIGTERM/SIGINT stop the loop (a second one exits at once), SIGHUP reloads. Reload
+ * builds a complete new configuration (file + the same -o overrides), validates it and
+ * checks that only reloadable options changed; then it is applied whole, or refused with
+ * one log line and the running configuration untouched.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include "daemon/config.h"
+#include "daemon/log.h"
+#include "daemon/loop.h"
+#include "daemon/server.h"
+#include "daemon/store.h"
+#include "tiers/host.h"
+
+#define KVCD_VERSION "0.1.0"
+
+struct kvcd {
+    const char *config_path;
+    char **overrides; /* "section.key=value", borrowed from argv */
+    int noverrides;
+    struct config *cfg;
+    struct loop *loop;
+    struct store *store;
+    struct server *server;
+    int sigfd;
+    int stopping;
+};
+
+static void kvcd_usage(FILE *f)
+{
+    fprintf(f, "usage: kvcd [-c FILE] [-o SECTION.KEY=VALUE]... [--check-config | --print-config]\n"
+               "\n"
+               "  -c, --config FILE    read FILE (default: built-in defaults only)\n"
+               "  -o SECTION.KEY=VAL   override one option (repeatable)\n"
+               "      --check-config   validate the configuration and exit\n"
+               "      --print-config   print the effective configuration as an ini file\n"
+               "  -V, --version        print the version\n"
+               "  -h, --help           this text\n");
+}
+
+/* Builds a configuration from the file and the overrides. NULL with a message on stderr. */
+static struct config *kvcd_config_build(const struct kvcd *d, char *err, size_t errlen)
+{
+    struct config *c = config_new();
+    if (!c) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    if (d->config_path && config_load_file(c, d->config_path, err, errlen))
+        goto fail;
+    for (int i = 0; i < d->noverrides; i++) {
+        char key[128];
+        const char *eq = strchr(d->overrides[i], '=');
+        if (!eq || (size_t)(eq - d->overrides[i]) >= sizeof(key)) {
+            snprintf(err, errlen, "-o %s: expected SECTION.KEY=VALUE", d->overrides[i]);
+            goto fail;
+        }
+        memcpy(key, d->overrides[i], (size_t)(eq - d->overrides[i]));
+        key[eq - d->overrides[i]] = 0;
+        if (config_set(c, key, eq + 1, err, errlen))
+            goto fail;
+    }
+    if (config_validate(c, err, errlen))
+        goto fail;
+    return c;
+fail:
+    config_free(c);
+    return NULL;
+}
+
+static void kvcd_store_params(const struct config *c, struct store_params *p)
+{
+    static const int huge[] = {[CONFIG_HUGEPAGES_AUTO] = TIER_HOST_HUGE_AUTO,
+                               [CONFIG_HUGEPAGES_ON] = TIER_HOST_HUGE_ON,
+                               [CONFIG_HUGEPAGES_OFF] = TIER_HOST_HUGE_OFF};
+    *p = (struct store_params){.host_size = c->host_size,
+                               .host_page_size = c->host_page_size,
+                               .host_huge = huge[c->host_hugepages],
+                               .host_prefault = c->host_prefault,
+                               .high_watermark = c->host_high_watermark,
+                               .low_watermark = c->host_low_watermark,
+                               .max_namespaces = (uint32_t)c->server_max_namespaces,
+                               .max_handles = (uint32_t)c->server_max_leases,
+                               .policy = (enum policy_kind)c->cache_policy};
+}
+
+static void kvcd_server_params(const struct config *c, struct server_params *p)
+{
+    *p = (struct server_params){.socket_path = c->server_socket,
+                                .socket_mode = c->server_socket_mode,
+                                .socket_group = c->server_socket_group,
+                                .max_clients = (uint32_t)c->server_max_clients};
+}
+
+static void kvcd_reload(struct kvcd *d)
+{
+    char err[512];
+    struct config *next = kvcd_config_build(d, err, sizeof(err));
+    struct store_params sp;
+    struct server_params vp;
+    if (!next) {
+        log_err("config: reload refused (%s); the running configuration is unchanged", err);
+        return;
+    }
+    if (config_check_reload(d->cfg, next, err, sizeof(err))) {
+        log_err("config: reload refused (%s); the running configuration is unchanged", err);
+        config_free(next);
+        return;
+    }
+    config_free(d->cfg);
+    d->cfg = next;
+    log_setup((enum log_level)d->cfg->log_level, (uint32_t)d->cfg->log_rate_limit);
+    kvcd_store_params(d->cfg, &sp);
+    store_reload(d->store, &sp);
+    kvcd_server_params(d->cfg, &vp);
+    server_reload(d->server, &vp);
+    log_info("config: reloaded");
+}
+
+static void kvcd_on_signal(struct loop *l, int fd, uint32_t events, void *arg)
+{
+    struct kvcd *d = arg;
+    struct signalfd_siginfo si;
+    (void)events;
+    while (read(fd, &si, sizeof(si)) == sizeof(si)) {
+        switch (si.ssi_signo) {
+        case SIGTERM:
+        case SIGINT:
+            if (d->stopping++) {
+                log_warn("kvcd: second stop signal, exiting at once");
+                _exit(1);
+            }
+            log_info("kvcd: stopping (signal %u from pid %u)", si.ssi_signo, si.ssi_pid);
+            loop_stop(l);
+            break;
+        case SIGHUP:
+            kvcd_reload(d);
+            break;
+        default:
+            break;
+        }
+    }
+}
+
+static void kvcd_tick(void *arg)
+{
+    struct kvcd *d = arg;
+    store_trim(d->store, loop_now_ms(d->loop));
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"config", required_argument, NULL, 'c'}, {"check-config", no_argument, NULL, 'C'},
+        {"print-config", no_argument, NULL, 'P'}, {"version", no_argument, NULL, 'V'},
+        {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0}};
+    struct kvcd d = {.sigfd = -1};
+    struct store_params sp;
+    struct server_params vp;
+    char err[512];
+    int check = 0, print = 0, opt, rc = 1;
+    sigset_t mask;
+
+    d.overrides = calloc((size_t)argc, sizeof(char *));
+    if (!d.overrides)
+        return 1;
+    while ((opt = getopt_long(argc, argv, "c:o:Vh", opts, NULL)) != -1) {
+        switch (opt) {
+        case 'c':
+            d.config_path = optarg;
+            break;
+        case 'o':
+            d.overrides[d.noverrides++] = optarg;
+            break;
+        case 'C':
+            check = 1;
+            break;
+        case 'P':
+            print = 1;
+            break;
+        case 'V':
+            printf("kvcd %s\n", KVCD_VERSION);
+            free(d.overrides);
+            return 0;
+        case 'h':
+            kvcd_usage(stdout);
+            free(d.overrides);
+            return 0;
+        default:
+            kvcd_usage(stderr);
+            free(d.overrides);
+            return 2;
+        }
+    }
+    if (optind != argc) {
+        kvcd_usage(stderr);
+        free(d.overrides);
+        return 2;
+    }
+    d.cfg = kvcd_config_build(&d, err, sizeof(err));
+    if (!d.cfg) {
+        fprintf(stderr, "kvcd: %s\n", err);
+        goto out;
+    }
+    if (check) {
+        printf("kvcd: configuration OK\n");
+        rc = 0;
+        goto out;
+    }
+    if (print) {
+        rc = config_print(d.cfg, stdout) ? 1 : 0;
+        goto out;
+    }
+    log_setup((enum log_level)d.cfg->log_level, (uint32_t)d.cfg->log_rate_limit);
+
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGTERM);
+    sigaddset(&mask, SIGINT);
+    sigaddset(&mask, SIGHUP);
+    sigprocmask(SIG_BLOCK, &mask, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    d.sigfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
+    d.loop = loop_new(&rc);
+    if (d.sigfd < 0 || !d.loop) {
+        log_err("kvcd: cannot set up the event loop (%s)", strerror(errno));
+        rc = 1;
+        goto out;
+    }
+    loop_add(d.loop, d.sigfd, EPOLLIN, kvcd_on_signal, &d);
+
+    kvcd_store_params(d.cfg, &sp);
+    d.store = store_new(&sp, &rc);
+    if (!d.store) {
+        log_err("host: cannot create the arena of %llu bytes (%s)",
+                (unsigned long long)sp.host_size, strerror(-rc));
+        rc = 1;
+        goto out;
+    }
+    log_info("host: arena of %llu MiB ready (%s pages, page size %llu KiB)",
+             (unsigned long long)(store_host_capacity(d.store) >> 20),
+             tier_host_hugetlb(d.store->arenas[0].tier) ? "huge" : "normal",
+             (unsigned long long)(sp.host_page_size >> 10));
+
+    kvcd_server_params(d.cfg, &vp);
+    d.server = server_new(d.loop, d.store, &vp, &rc);
+    if (!d.server) {
+        char path[108];
+        server_socket_path(vp.socket_path, path, sizeof(path));
+        if (rc == -EADDRINUSE)
+            log_err("server: another kvcd is serving %s; not starting", path);
+        else
+            log_err("server: cannot listen on %s (%s)", path, strerror(-rc));
+        rc = 1;
+        goto out;
+    }
+    log_info("kvcd %s: ready on %s (pid %d)", KVCD_VERSION, server_path(d.server), (int)getpid());
+    rc = loop_run(d.loop, 1000, kvcd_tick, &d);
+    if (rc)
+        log_err("kvcd: event loop failed (%s)", strerror(-rc));
+    rc = rc ? 1 : 0;
+    log_info("kvcd: stopped");
+out:
+    server_free(d.server);
+    store_free(d.store);
+    loop_free(d.loop);
+    if (d.sigfd >= 0)
+        close(d.sigfd);
+    config_free(d.cfg);
+    free(d.overrides);
+    return rc;
+}

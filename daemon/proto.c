@@ -1,0 +1,156 @@
+/*
+ * proto.c — see proto.h.
+ *
+ * DESIGN
+ * Each opcode has a fixed body and, for the batched ones, a trailing array whose count sits
+ * in the body; the payload length must equal body + count * entry exactly, so nothing is
+ * read past the datagram and nothing trailing is ignored.
+ */
+#include <errno.h>
+#include <string.h>
+
+#include "daemon/proto.h"
+
+struct proto_shape {
+    uint32_t body;       /* bytes of the fixed part */
+    uint32_t entry;      /* bytes per tail entry, 0 if none */
+    uint32_t count_off;  /* offset of the uint32 count inside the body */
+    uint32_t max;        /* most tail entries */
+};
+
+static const struct proto_shape proto_shapes[KVC_OP_MAX] = {
+    [KVC_OP_HELLO] = {sizeof(struct kvc_hello_req), 0, 0, 0},
+    [KVC_OP_NS_OPEN] = {sizeof(struct kvc_ns_open_req), 0, 0, 0},
+    [KVC_OP_LOOKUP] = {sizeof(struct kvc_lookup_req), sizeof(struct kvc_wire_key),
+                       offsetof(struct kvc_lookup_req, nkeys), KVC_PROTO_MAX_KEYS},
+    [KVC_OP_RELEASE] = {sizeof(struct kvc_release_req), sizeof(uint64_t),
+                        offsetof(struct kvc_release_req, nleases), KVC_PROTO_MAX_LEASES},
+    [KVC_OP_RESERVE] = {sizeof(struct kvc_reserve_req), sizeof(struct kvc_wire_key),
+                        offsetof(struct kvc_reserve_req, nkeys), KVC_PROTO_MAX_KEYS},
+    [KVC_OP_COMMIT] = {sizeof(struct kvc_commit_req), 0, 0, 0},
+    [KVC_OP_ABORT] = {sizeof(struct kvc_abort_req), 0, 0, 0},
+    [KVC_OP_STATS] = {sizeof(struct kvc_stats_req), 0, 0, 0},
+    [KVC_OP_NS_LIST] = {sizeof(struct kvc_ns_list_req), 0, 0, 0},
+    [KVC_OP_BLOCK_LIST] = {sizeof(struct kvc_block_list_req), 0, 0, 0},
+};
+
+const char *proto_op_name(uint32_t op)
+{
+    switch (op) {
+#define PROTO_OP_NAME(name, num, admin, help)                                                  \
+    case num:                                                                                  \
+        return #name;
+        KVC_OPCODES(PROTO_OP_NAME)
+#undef PROTO_OP_NAME
+    default:
+        return "?";
+    }
+}
+
+/* Fields every request must leave zero, and other per-opcode rules. */
+static int proto_check_body(uint32_t op, const void *body, const char **why)
+{
+    switch (op) {
+    case KVC_OP_LOOKUP: {
+        const struct kvc_lookup_req *q = body;
+        if (q->flags || q->pad)
+            goto reserved;
+        break;
+    }
+    case KVC_OP_RESERVE: {
+        const struct kvc_reserve_req *q = body;
+        if (q->flags || q->pad)
+            goto reserved;
+        break;
+    }
+    case KVC_OP_RELEASE:
+        if (((const struct kvc_release_req *)body)->pad)
+            goto reserved;
+        break;
+    case KVC_OP_COMMIT:
+        if (((const struct kvc_commit_req *)body)->pad)
+            goto reserved;
+        break;
+    case KVC_OP_STATS:
+        if (((const struct kvc_stats_req *)body)->pad)
+            goto reserved;
+        break;
+    case KVC_OP_NS_LIST:
+        if (((const struct kvc_ns_list_req *)body)->pad)
+            goto reserved;
+        break;
+    case KVC_OP_BLOCK_LIST:
+        if (((const struct kvc_block_list_req *)body)->max == 0) {
+            *why = "max is 0";
+            return -EINVAL;
+        }
+        break;
+    default:
+        break;
+    }
+    return 0;
+reserved:
+    *why = "reserved field not zero";
+    return -EINVAL;
+}
+
+int proto_decode(const void *buf, size_t n, struct proto_req *r, const char **why)
+{
+    const struct kvc_msg_hdr *h = buf;
+    const struct proto_shape *sh;
+    uint32_t count = 0;
+    memset(r, 0, sizeof(*r));
+    *why = NULL;
+    if (n < sizeof(*h)) {
+        *why = "shorter than a header";
+        return -EPROTO;
+    }
+    if (h->magic != KVC_PROTO_MAGIC) {
+        *why = "bad magic";
+        return -EPROTO;
+    }
+    if (h->version != KVC_PROTO_VERSION) {
+        *why = "unsupported protocol version";
+        return -EPROTO;
+    }
+    r->hdr = h;
+    if (h->len != n - sizeof(*h)) {
+        *why = "payload length does not match the datagram";
+        return -EBADMSG;
+    }
+    if (h->status || h->flags) {
+        *why = "request header status/flags not zero";
+        return -EINVAL;
+    }
+    if (h->opcode == 0 || h->opcode >= KVC_OP_MAX || proto_shapes[h->opcode].body == 0) {
+        *why = "unknown opcode";
+        return -EOPNOTSUPP;
+    }
+    sh = &proto_shapes[h->opcode];
+    if (h->len < sh->body) {
+        *why = "payload shorter than the request body";
+        return -EBADMSG;
+    }
+    r->body = (const char *)buf + sizeof(*h);
+    if (sh->entry) {
+        memcpy(&count, (const char *)r->body + sh->count_off, sizeof(count));
+        if (count == 0) {
+            *why = "empty batch";
+            return -EINVAL;
+        }
+        if (count > sh->max) {
+            *why = "batch larger than the protocol allows";
+            return -E2BIG;
+        }
+        if ((uint64_t)h->len != sh->body + (uint64_t)count * sh->entry) {
+            *why = "payload length does not match the batch count";
+            return -EBADMSG;
+        }
+        r->tail = (const char *)r->body + sh->body;
+        r->ntail = count;
+    } else if (h->len != sh->body) {
+        *why = "payload length does not match the request";
+        return -EBADMSG;
+    }
+    return proto_check_body(h->opcode, r->body, why);
+}

@@ -1,0 +1,34 @@
+/*
+ * proto.h — the daemon's decoder of client requests: every length, count and reserved
+ * field is checked here, before any other code sees the message.
+ */
+#ifndef KVC_DAEMON_PROTO_H
+#define KVC_DAEMON_PROTO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "client/kvc_proto.h"
+
+struct proto_req {
+    const struct kvc_msg_hdr *hdr;
+    const void *body; /* the fixed part of the payload */
+    const void *tail; /* the array after it (keys, lease ids) */
+    uint32_t ntail;   /* entries in tail */
+};
+
+/*
+ * Decodes one datagram of n bytes (8-byte aligned). Returns 0 and fills r, or:
+ *   -EPROTO     unreadable: too short for a header, bad magic, bad version. Close.
+ *   -EBADMSG    header readable, payload length or layout wrong. Reply with the error.
+ *   -EOPNOTSUPP unknown opcode. Reply.
+ *   -EINVAL     a field out of range (reserved field not zero, count 0). Reply.
+ *   -E2BIG      more keys or leases than one message may carry. Reply.
+ * *why names what was wrong.
+ */
+int proto_decode(const void *buf, size_t n, struct proto_req *r, const char **why);
+
+/* Name of an opcode ("LOOKUP"), "?" if unknown. */
+const char *proto_op_name(uint32_t op);
+
+#endif

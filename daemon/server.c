@@ -1,0 +1,655 @@
+/*
+ * server.c — see server.h.
+ *
+ * DESIGN
+ * One SOCK_SEQPACKET socket; every datagram is one request and gets one reply, in order.
+ * The loop thread owns everything here. A connection carries its peer credentials
+ * (SO_PEERCRED, taken at accept) and a store_owner holding its leases and reservations,
+ * so closing the connection — for any reason — gives all of them back.
+ * Replies never block the loop: they are sent with MSG_DONTWAIT, and a client whose socket
+ * buffer is full (it sends without reading) is disconnected.
+ * Garbage (no readable header) closes the connection with one rate-limited log line; a bad
+ * field gets an error reply. Requests before HELLO are refused.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "daemon/log.h"
+#include "daemon/loop.h"
+#include "daemon/proto.h"
+#include "daemon/server.h"
+#include "daemon/store.h"
+#include "tiers/host.h"
+
+#define SERVER_BUF (KVC_PROTO_MAX_MSG + 64)
+
+struct conn {
+    int fd;
+    uint32_t id;
+    struct ucred cred;
+    bool hello;
+    uint32_t arenas_sent; /* bit a: arena a's descriptor was handed over */
+    struct store_owner owner;
+    struct server *sv;
+    struct conn *prev, *next;
+};
+
+struct server {
+    struct loop *loop;
+    struct store *store;
+    int fd;
+    char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    uint32_t max_clients;
+    uint32_t nclients;
+    uint32_t next_id;
+    struct conn *conns;
+    uint64_t rx[SERVER_BUF / 8]; /* aligned receive buffer */
+    uint64_t tx[SERVER_BUF / 8]; /* reply buffer */
+    uint8_t st[KVC_PROTO_MAX_KEYS];
+    struct kvc_wire_loc locs[KVC_PROTO_MAX_KEYS];
+};
+
+int server_socket_path(const char *configured, char *out, size_t len)
+{
+    const char *xdg = getenv("XDG_RUNTIME_DIR");
+    int n;
+    if (configured && *configured)
+        n = snprintf(out, len, "%s", configured);
+    else if (geteuid() != 0 && xdg && *xdg)
+        n = snprintf(out, len, "%s/kvcd.sock", xdg);
+    else
+        n = snprintf(out, len, "/run/kvcd/kvcd.sock");
+    return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
+}
+
+/* ---- connections ----------------------------------------------------------------------- */
+
+static void server_conn_close(struct server *sv, struct conn *c, const char *why)
+{
+    if (why)
+        log_limited(LOG_LEVEL_WARNING, "server: closing client %u (pid %d, uid %u): %s", c->id,
+                    (int)c->cred.pid, (unsigned)c->cred.uid, why);
+    else
+        log_debug("server: client %u (pid %d) disconnected", c->id, (int)c->cred.pid);
+    loop_del(sv->loop, c->fd);
+    close(c->fd);
+    store_owner_fini(sv->store, &c->owner);
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        sv->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    sv->nclients--;
+    free(c);
+}
+
+/* Sends the reply in sv->tx (header filled by the caller), with an optional descriptor. */
+static int server_send(struct server *sv, struct conn *c, int fd)
+{
+    struct kvc_msg_hdr *h = (struct kvc_msg_hdr *)sv->tx;
+    struct iovec iov = {.iov_base = sv->tx, .iov_len = sizeof(*h) + h->len};
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } ctl;
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (fd >= 0) {
+        struct cmsghdr *cm;
+        memset(&ctl, 0, sizeof(ctl));
+        msg.msg_control = ctl.buf;
+        msg.msg_controllen = sizeof(ctl.buf);
+        cm = CMSG_FIRSTHDR(&msg);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+        h->flags |= KVC_MSG_F_FD;
+    }
+    if (sendmsg(c->fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
+        return -errno;
+    return 0;
+}
+
+static void *server_reply_init(struct server *sv, const struct kvc_msg_hdr *req, int status,
+                               uint32_t len)
+{
+    struct kvc_msg_hdr *h = (struct kvc_msg_hdr *)sv->tx;
+    *h = (struct kvc_msg_hdr){.magic = KVC_PROTO_MAGIC,
+                              .version = KVC_PROTO_VERSION,
+                              .opcode = req->opcode,
+                              .req_id = req->req_id,
+                              .len = len,
+                              .status = status};
+    return h + 1;
+}
+
+/* ---- handlers: each fills the reply payload and returns its length, or -errno ---------- */
+
+static int server_on_hello(struct server *sv, struct conn *c, const struct proto_req *r)
+{
+    const struct kvc_hello_req *q = r->body;
+    struct kvc_hello_rep *p = (struct kvc_hello_rep *)((struct kvc_msg_hdr *)sv->tx + 1);
+    if (q->min_version > KVC_PROTO_VERSION || q->max_version < KVC_PROTO_VERSION ||
+        q->min_version > q->max_version)
+        return -EPROTO;
+    c->hello = true;
+    *p = (struct kvc_hello_rep){.version = KVC_PROTO_VERSION,
+                                .daemon_pid = (uint32_t)getpid(),
+                                .peer_pid = (uint32_t)c->cred.pid,
+                                .peer_uid = c->cred.uid,
+                                .peer_gid = c->cred.gid,
+                                .max_keys = KVC_PROTO_MAX_KEYS,
+                                .max_msg = KVC_PROTO_MAX_MSG,
+                                .conn_id = c->id};
+    return sizeof(*p);
+}
+
+static int server_on_ns_open(struct server *sv, struct conn *c, const struct proto_req *r,
+                             int *send_fd)
+{
+    const struct kvc_ns_open_req *q = r->body;
+    struct kvc_ns_open_rep *p = (struct kvc_ns_open_rep *)((struct kvc_msg_hdr *)sv->tx + 1);
+    uint32_t id;
+    bool created;
+    int rc = store_ns_open(sv->store, &q->layout, &id, &created);
+    if (rc) {
+        if (rc == -EINVAL) {
+            const char *why;
+            uint64_t bb;
+            store_layout_check(&q->layout, store_host_capacity(sv->store), &bb, &why);
+            log_limited(LOG_LEVEL_WARNING, "server: client %u: NS_OPEN refused (%s)", c->id,
+                        why ? why : "invalid layout");
+        } else if (rc == -EEXIST) {
+            log_limited(LOG_LEVEL_WARNING,
+                        "server: client %u: NS_OPEN '%.*s' refused (exists with another layout)",
+                        c->id, (int)sizeof(q->layout.model_id), q->layout.model_id);
+        }
+        return rc;
+    }
+    const struct store_ns *ns = store_ns_get(sv->store, id);
+    struct tier *t = store_ns_tier(sv->store, ns);
+    if (created)
+        log_info("store: namespace %u '%s' created (%llu bytes per block)", id,
+                 ns->layout.model_id, (unsigned long long)ns->block_bytes);
+    *p = (struct kvc_ns_open_rep){.ns_id = id,
+                                  .arena_id = ns->arena,
+                                  .block_bytes = ns->block_bytes,
+                                  .arena_bytes = tier_host_size(t),
+                                  .access = KVC_ACCESS_READ | KVC_ACCESS_WRITE,
+                                  .created = created};
+    if (!(c->arenas_sent & (1u << ns->arena)))
+        *send_fd = tier_host_fd(t);
+    return sizeof(*p);
+}
+
+static int server_on_lookup(struct server *sv, struct conn *c, const struct proto_req *r,
+                            uint64_t now)
+{
+    const struct kvc_lookup_req *q = r->body;
+    struct kvc_lookup_rep *p = (struct kvc_lookup_rep *)((struct kvc_msg_hdr *)sv->tx + 1);
+    uint64_t lease;
+    int hits = store_lookup(sv->store, &c->owner, q->ns_id, r->tail, r->ntail, now, &lease,
+                            (struct kvc_wire_loc *)(p + 1));
+    if (hits < 0)
+        return hits;
+    *p = (struct kvc_lookup_rep){.nhit = (uint32_t)hits, .lease_id = lease};
+    return (int)(sizeof(*p) + (size_t)hits * sizeof(struct kvc_wire_loc));
+}
+
+static int server_on_release(struct server *sv, struct conn *c, const struct proto_req *r)
+{
+    struct kvc_release_rep *p = (struct kvc_release_rep *)((struct kvc_msg_hdr *)sv->tx + 1);
+    const uint64_t *ids = r->tail;
+    uint32_t done = 0;
+    int rc = 0;
+    for (uint32_t i = 0; i < r->ntail; i++) {
+        if (store_release(sv->store, &c->owner, ids[i]) == 0)
+            done++;
+        else
+            rc = -ENOENT;
+    }
+    if (rc)
+        return rc; /* the known ones were released; the reply says some were not */
+    *p = (struct kvc_release_rep){.released = done};
+    return sizeof(*p);
+}
+
+static int server_on_reserve(struct server *sv, struct conn *c, const struct proto_req *r,
+                             uint64_t now)
+{
+    const struct kvc_reserve_req *q = r->body;
+    struct kvc_reserve_rep *p = (struct kvc_reserve_rep *)((struct kvc_msg_hdr *)sv->tx + 1);
+    struct kvc_wire_slot_rep *slots = (struct kvc_wire_slot_rep *)(p + 1);
+    uint64_t resv;
+    int n = store_reserve(sv->store, &c->owner, q->ns_id, &q->parent, r->tail, r->ntail, now,
+                          &resv, sv->st, sv->locs);
+    if (n < 0)
+        return n;
+    *p = (struct kvc_reserve_rep){.resv_id = resv, .nkeys = r->ntail, .nreserved = (uint32_t)n};
+    for (uint32_t i = 0; i < r->ntail; i++) {
+        memset(&slots[i], 0, sizeof(slots[i]));
+        slots[i].status = sv->st[i];
+        if (sv->st[i] == KVC_WIRE_SLOT_RESERVED)
+            slots[i].loc = sv->locs[i];
+    }
+    return (int)(sizeof(*p) + (size_t)r->ntail * sizeof(*slots));
+}
+
+static int server_on_commit(struct server *sv, struct conn *c, const struct proto_req *r,
+                            uint64_t now)
+{
+    const struct kvc_commit_req *q = r->body;
+    struct kvc_commit_rep *p = (struct kvc_commit_rep *)((struct kvc_msg_hdr *)sv->tx + 1);
+    uint32_t dropped = 0;
+    int n = store_commit(sv->store, &c->owner, q->resv_id, q->ncommit, now, &dropped);
+    if (n < 0)
+        return n;
+    *p = (struct kvc_commit_rep){.committed = (uint32_t)n, .dropped = dropped};
+    return sizeof(*p);
+}
+
+static int server_stat_put(struct kvc_wire_stat *out, uint32_t *n, const char *name, uint64_t v)
+{
+    memset(&out[*n], 0, sizeof(out[*n]));
+    snprintf(out[*n].name, sizeof(out[*n].name), "%s", name);
+    out[*n].value = v;
+    (*n)++;
+    return 0;
+}
+
+static int server_on_stats(struct server *sv, const struct proto_req *r, uint64_t now)
+{
+    const struct kvc_stats_req *q = r->body;
+    struct kvc_stats_rep *p = (struct kvc_stats_rep *)((struct kvc_msg_hdr *)sv->tx + 1);
+    struct kvc_wire_stat *out = (struct kvc_wire_stat *)(p + 1);
+    struct store *s = sv->store;
+    const struct stats *st = &s->total;
+    uint32_t n = 0;
+    uint64_t blocks = 0, bytes = 0, nns = 0;
+    if (q->scope) {
+        const struct store_ns *ns = store_ns_get(s, q->scope);
+        if (!ns)
+            return -ENOENT;
+        st = &ns->stats;
+        blocks = ns->blocks;
+        bytes = ns->bytes;
+    } else {
+        for (uint32_t i = 1; i < s->nns; i++)
+            if (s->ns[i]) {
+                blocks += s->ns[i]->blocks;
+                bytes += s->ns[i]->bytes;
+                nns++;
+            }
+    }
+#define SERVER_STAT_COUNTER(name, help) server_stat_put(out, &n, #name, st->name);
+    STATS_COUNTERS(SERVER_STAT_COUNTER)
+#undef SERVER_STAT_COUNTER
+    server_stat_put(out, &n, "blocks_now", blocks);
+    server_stat_put(out, &n, "bytes_now", bytes);
+    if (!q->scope) {
+        server_stat_put(out, &n, "pins_now", s->pins_now);
+        server_stat_put(out, &n, "reserved_now", s->reserved_now);
+        server_stat_put(out, &n, "reserved_bytes_now", s->reserved_bytes_now);
+        server_stat_put(out, &n, "clients_now", sv->nclients);
+        server_stat_put(out, &n, "namespaces_now", nns);
+        server_stat_put(out, &n, "host_capacity", store_host_capacity(s));
+        server_stat_put(out, &n, "host_used", store_host_used(s));
+        server_stat_put(out, &n, "uptime_s", now / 1000);
+        server_stat_put(out, &n, "log_suppressed", log_suppressed());
+    }
+    *p = (struct kvc_stats_rep){.nstats = n};
+    return (int)(sizeof(*p) + n * sizeof(*out));
+}
+
+static int server_on_ns_list(struct server *sv, const struct proto_req *r)
+{
+    const struct kvc_ns_list_req *q = r->body;
+    struct kvc_ns_list_rep *p = (struct kvc_ns_list_rep *)((struct kvc_msg_hdr *)sv->tx + 1);
+    struct kvc_wire_ns *out = (struct kvc_wire_ns *)(p + 1);
+    const uint32_t max = (KVC_PROTO_MAX_MSG - sizeof(struct kvc_msg_hdr) - sizeof(*p)) /
+                         sizeof(*out);
+    struct store *s = sv->store;
+    uint32_t n = 0, i = q->cursor ? q->cursor : 1;
+    for (; i < s->nns && n < max; i++) {
+        const struct store_ns *ns = s->ns[i];
+        if (!ns)
+            continue;
+        out[n] = (struct kvc_wire_ns){.ns_id = ns->id,
+                                      .arena_id = ns->arena,
+                                      .layout = ns->layout,
+                                      .block_bytes = ns->block_bytes,
+                                      .blocks = ns->blocks,
+                                      .bytes = ns->bytes};
+        n++;
+    }
+    *p = (struct kvc_ns_list_rep){.nns = n, .next_cursor = i < s->nns ? i : 0};
+    return (int)(sizeof(*p) + n * sizeof(*out));
+}
+
+static int server_on_block_list(struct server *sv, const struct proto_req *r)
+{
+    const struct kvc_block_list_req *q = r->body;
+    struct kvc_block_list_rep *p =
+        (struct kvc_block_list_rep *)((struct kvc_msg_hdr *)sv->tx + 1);
+    struct kvc_wire_block *out = (struct kvc_wire_block *)(p + 1);
+    const uint32_t fit = (KVC_PROTO_MAX_MSG - sizeof(struct kvc_msg_hdr) - sizeof(*p)) /
+                         sizeof(*out);
+    uint32_t max = q->max < fit ? q->max : fit;
+    const struct index *ix = &sv->store->ix;
+    uint64_t i = q->cursor;
+    uint32_t n = 0;
+    if (!store_ns_get(sv->store, q->ns_id))
+        return -ENOENT;
+    for (; i < ix->nblocks && n < max; i++) {
+        const struct block *b = &ix->blocks[i];
+        if (b->state != BLOCK_STATE_COMMITTED || b->ns != q->ns_id)
+            continue;
+        out[n++] = (struct kvc_wire_block){.key = b->key,
+                                           .parent = b->parent,
+                                           .bytes = b->len,
+                                           .last_access_ms = b->last_access,
+                                           .hits = b->hits,
+                                           .pins = b->pins,
+                                           .children = b->children,
+                                           .depth = b->depth,
+                                           .tier = b->tier,
+                                           .format = b->format,
+                                           .state = 1};
+    }
+    *p = (struct kvc_block_list_rep){.nblocks = n, .next_cursor = i < ix->nblocks ? i : 0};
+    return (int)(sizeof(*p) + n * sizeof(*out));
+}
+
+/* ---- dispatch -------------------------------------------------------------------------- */
+
+/* Handles one request; returns true if the connection was closed (c is gone). */
+static bool server_handle(struct server *sv, struct conn *c, size_t n)
+{
+    struct proto_req r;
+    const char *why;
+    uint64_t now = loop_now_ms(sv->loop);
+    int send_fd = -1;
+    int rc = proto_decode(sv->rx, n, &r, &why);
+    if (rc == -EPROTO) {
+        server_conn_close(sv, c, why);
+        return true;
+    }
+    if (rc == 0 && !c->hello && r.hdr->opcode != KVC_OP_HELLO) {
+        rc = -EPROTO;
+        why = "request before HELLO";
+    }
+    if (rc == 0) {
+        switch (r.hdr->opcode) {
+        case KVC_OP_HELLO:
+            rc = server_on_hello(sv, c, &r);
+            break;
+        case KVC_OP_NS_OPEN:
+            rc = server_on_ns_open(sv, c, &r, &send_fd);
+            break;
+        case KVC_OP_LOOKUP:
+            rc = server_on_lookup(sv, c, &r, now);
+            break;
+        case KVC_OP_RELEASE:
+            rc = server_on_release(sv, c, &r);
+            break;
+        case KVC_OP_RESERVE:
+            rc = server_on_reserve(sv, c, &r, now);
+            break;
+        case KVC_OP_COMMIT:
+            rc = server_on_commit(sv, c, &r, now);
+            break;
+        case KVC_OP_ABORT:
+            rc = store_abort(sv->store, &c->owner, ((const struct kvc_abort_req *)r.body)->resv_id);
+            break;
+        case KVC_OP_STATS:
+            rc = server_on_stats(sv, &r, now);
+            break;
+        case KVC_OP_NS_LIST:
+            rc = server_on_ns_list(sv, &r);
+            break;
+        case KVC_OP_BLOCK_LIST:
+            rc = server_on_block_list(sv, &r);
+            break;
+        default:
+            rc = -EOPNOTSUPP;
+            break;
+        }
+    } else {
+        log_limited(LOG_LEVEL_WARNING, "server: client %u: %s refused (%s)", c->id,
+                    proto_op_name(r.hdr->opcode), why ? why : strerror(-rc));
+    }
+    if (rc < 0) {
+        sv->store->total.errors++;
+        server_reply_init(sv, r.hdr, rc, 0);
+    } else {
+        server_reply_init(sv, r.hdr, 0, (uint32_t)rc);
+    }
+    rc = server_send(sv, c, send_fd);
+    if (rc == 0 && send_fd >= 0) {
+        const struct kvc_ns_open_rep *p =
+            (const struct kvc_ns_open_rep *)((struct kvc_msg_hdr *)sv->tx + 1);
+        c->arenas_sent |= 1u << p->arena_id;
+    }
+    if (rc == -EAGAIN || rc == -EWOULDBLOCK)
+        server_conn_close(sv, c, "client does not read its replies");
+    else if (rc)
+        server_conn_close(sv, c, NULL);
+    return rc != 0;
+}
+
+static void server_on_conn(struct loop *l, int fd, uint32_t events, void *arg)
+{
+    struct conn *c = arg;
+    struct server *sv = c->sv;
+    (void)l;
+    (void)fd;
+    if (events & EPOLLIN) {
+        /* A few requests per wakeup, so one busy client cannot starve the others. */
+        for (int k = 0; k < 8; k++) {
+            union {
+                char buf[CMSG_SPACE(sizeof(int) * 8)];
+                struct cmsghdr align;
+            } ctl;
+            struct iovec iov = {.iov_base = sv->rx, .iov_len = KVC_PROTO_MAX_MSG};
+            struct msghdr msg = {.msg_iov = &iov,
+                                 .msg_iovlen = 1,
+                                 .msg_control = ctl.buf,
+                                 .msg_controllen = sizeof(ctl.buf)};
+            ssize_t n = recvmsg(c->fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+            if (n < 0 && (errno == EAGAIN || errno == EINTR))
+                return;
+            if (n <= 0) {
+                server_conn_close(sv, c, n < 0 ? strerror(errno) : NULL);
+                return;
+            }
+            if (msg.msg_controllen) {
+                /* Clients send no descriptors: close whatever came and drop the client. */
+                for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm))
+                    if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS)
+                        for (size_t i = 0; i < (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++) {
+                            int pfd;
+                            memcpy(&pfd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+                            close(pfd);
+                        }
+                server_conn_close(sv, c, "client sent a descriptor");
+                return;
+            }
+            if (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
+                server_conn_close(sv, c, "message larger than the protocol allows");
+                return;
+            }
+            if (server_handle(sv, c, (size_t)n))
+                return;
+        }
+        return;
+    }
+    if (events & (EPOLLHUP | EPOLLERR))
+        server_conn_close(sv, c, NULL);
+}
+
+static void server_on_accept(struct loop *l, int fd, uint32_t events, void *arg)
+{
+    struct server *sv = arg;
+    (void)events;
+    for (;;) {
+        int cfd = accept4(fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        socklen_t cl = sizeof(struct ucred);
+        struct conn *c;
+        if (cfd < 0) {
+            if (errno != EAGAIN && errno != EINTR)
+                log_limited(LOG_LEVEL_WARNING, "server: accept failed (%s)", strerror(errno));
+            return;
+        }
+        if (sv->nclients >= sv->max_clients) {
+            log_limited(LOG_LEVEL_WARNING, "server: refusing a client (max_clients %u reached)",
+                        sv->max_clients);
+            close(cfd);
+            continue;
+        }
+        c = calloc(1, sizeof(*c));
+        if (!c) {
+            close(cfd);
+            continue;
+        }
+        c->fd = cfd;
+        c->sv = sv;
+        c->id = ++sv->next_id;
+        getsockopt(cfd, SOL_SOCKET, SO_PEERCRED, &c->cred, &cl);
+        store_owner_init(&c->owner);
+        if (loop_add(l, cfd, EPOLLIN, server_on_conn, c)) {
+            close(cfd);
+            free(c);
+            continue;
+        }
+        c->next = sv->conns;
+        if (sv->conns)
+            sv->conns->prev = c;
+        sv->conns = c;
+        sv->nclients++;
+        log_debug("server: client %u connected (pid %d, uid %u)", c->id, (int)c->cred.pid,
+                  (unsigned)c->cred.uid);
+    }
+}
+
+/* ---- socket ---------------------------------------------------------------------------- */
+
+/* -EADDRINUSE if a live daemon answers at path; else removes a stale socket file. */
+static int server_claim_path(const char *path)
+{
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    struct stat st;
+    int fd, rc = 0;
+    if (lstat(path, &st) < 0)
+        return errno == ENOENT ? 0 : -errno;
+    if (!S_ISSOCK(st.st_mode))
+        return -EEXIST;
+    snprintf(a.sun_path, sizeof(a.sun_path), "%s", path);
+    fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -errno;
+    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0)
+        rc = -EADDRINUSE;
+    else if (errno == ECONNREFUSED || errno == ENOENT)
+        rc = unlink(path) < 0 && errno != ENOENT ? -errno : 0;
+    else
+        rc = -errno;
+    close(fd);
+    return rc;
+}
+
+struct server *server_new(struct loop *l, struct store *s, const struct server_params *p,
+                          int *err)
+{
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    struct server *sv = calloc(1, sizeof(*sv));
+    int rc = -ENOMEM;
+    if (!sv)
+        goto fail;
+    sv->fd = -1;
+    sv->loop = l;
+    sv->store = s;
+    sv->max_clients = p->max_clients;
+    rc = server_socket_path(p->socket_path, sv->path, sizeof(sv->path));
+    if (rc)
+        goto fail;
+    if (strncmp(sv->path, "/run/kvcd/", 10) == 0)
+        mkdir("/run/kvcd", 0755);
+    rc = server_claim_path(sv->path);
+    if (rc)
+        goto fail;
+    sv->fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (sv->fd < 0) {
+        rc = -errno;
+        goto fail;
+    }
+    memcpy(a.sun_path, sv->path, strlen(sv->path) + 1);
+    if (bind(sv->fd, (struct sockaddr *)&a, sizeof(a)) < 0 || listen(sv->fd, 128) < 0) {
+        rc = -errno;
+        goto fail;
+    }
+    if (chmod(sv->path, p->socket_mode) < 0) {
+        rc = -errno;
+        goto fail_unlink;
+    }
+    if (p->socket_group && *p->socket_group) {
+        struct group *g = getgrnam(p->socket_group);
+        if (!g) {
+            log_err("server: socket group '%s' not found", p->socket_group);
+            rc = -ENOENT;
+            goto fail_unlink;
+        }
+        if (chown(sv->path, (uid_t)-1, g->gr_gid) < 0) {
+            rc = -errno;
+            goto fail_unlink;
+        }
+    }
+    rc = loop_add(l, sv->fd, EPOLLIN, server_on_accept, sv);
+    if (rc)
+        goto fail_unlink;
+    return sv;
+fail_unlink:
+    unlink(sv->path);
+fail:
+    if (sv && sv->fd >= 0)
+        close(sv->fd);
+    free(sv);
+    *err = rc;
+    return NULL;
+}
+
+void server_free(struct server *sv)
+{
+    if (!sv)
+        return;
+    while (sv->conns)
+        server_conn_close(sv, sv->conns, NULL);
+    loop_del(sv->loop, sv->fd);
+    close(sv->fd);
+    unlink(sv->path);
+    free(sv);
+}
+
+void server_reload(struct server *sv, const struct server_params *p)
+{
+    sv->max_clients = p->max_clients;
+}
+
+uint32_t server_clients(const struct server *sv)
+{
+    return sv->nclients;
+}
+
+const char *server_path(const struct server *sv)
+{
+    return sv->path;
+}

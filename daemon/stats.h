@@ -1,0 +1,57 @@
+/*
+ * stats.h — the daemon's counters, declared once.
+ *
+ * STATS_COUNTERS expands into the counter struct (kept per namespace and in total), the
+ * aggregation and the names sent to STATS. Gauges (values computed when asked: clients,
+ * blocks, bytes in use) are listed apart in STATS_GAUGES and filled by the store/server.
+ */
+#ifndef KVC_STATS_H
+#define KVC_STATS_H
+
+#include <stdint.h>
+
+/* X(name, help) — monotonic counters. */
+#define STATS_COUNTERS(X)                                                                      \
+    X(lookups, "LOOKUP requests")                                                             \
+    X(lookup_blocks, "blocks asked for by lookups")                                           \
+    X(lookup_tokens, "tokens asked for by lookups")                                           \
+    X(hit_blocks, "blocks found (longest cached prefix)")                                     \
+    X(hit_tokens, "tokens found")                                                             \
+    X(miss_blocks, "blocks asked for and not found")                                          \
+    X(miss_tokens, "tokens asked for and not found")                                          \
+    X(bytes_out, "bytes handed out as hits")                                                  \
+    X(bytes_in, "bytes committed by clients")                                                 \
+    X(reserves, "RESERVE requests")                                                           \
+    X(reserve_keys, "keys in RESERVE requests")                                               \
+    X(reserved_blocks, "slots handed out")                                                    \
+    X(dedup_blocks, "keys already cached at RESERVE (no write needed)")                       \
+    X(busy_blocks, "keys being written by another client at RESERVE")                         \
+    X(nospace_blocks, "keys refused for lack of room")                                        \
+    X(committed_blocks, "blocks made visible")                                                \
+    X(aborted_blocks, "reserved slots freed unwritten (abort, partial commit, client exit)")  \
+    X(evicted_blocks, "blocks evicted to make room")                                          \
+    X(evicted_bytes, "bytes evicted")                                                         \
+    X(pins, "block pins taken by lookups")                                                    \
+    X(unpins, "block pins dropped (release or client exit)")                                  \
+    X(errors, "requests answered with an error")
+
+/* X(name, help) — values computed when asked. */
+#define STATS_GAUGES(X)                                                                        \
+    X(blocks_now, "committed blocks cached")                                                  \
+    X(bytes_now, "bytes held by committed blocks")                                            \
+    X(pins_now, "block pins held now")                                                        \
+    X(reserved_now, "slots reserved and not yet committed")                                   \
+    X(reserved_bytes_now, "bytes of those slots")                                             \
+    X(clients_now, "connected clients")                                                       \
+    X(namespaces_now, "namespaces")                                                           \
+    X(host_capacity, "bytes of the host arena")                                               \
+    X(host_used, "bytes of the host arena in slots")                                          \
+    X(uptime_s, "seconds since start")
+
+struct stats {
+#define STATS_FIELD(name, help) uint64_t name;
+    STATS_COUNTERS(STATS_FIELD)
+#undef STATS_FIELD
+};
+
+#endif

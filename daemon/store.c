@@ -1,0 +1,664 @@
+/*
+ * store.c — see store.h for the design and invariants.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/log.h"
+#include "daemon/store.h"
+#include "tiers/host.h"
+#include "tiers/slab.h"
+#include "tiers/tier.h"
+
+/* Candidates handed to the policy per eviction, and the longest walk to find them. */
+#define STORE_EVICT_SAMPLE 16
+#define STORE_EVICT_WALK 65536
+
+#define STORE_STAT_ADD(s, nsp, field, v)                                                       \
+    do {                                                                                       \
+        (s)->total.field += (v);                                                               \
+        (nsp)->stats.field += (v);                                                             \
+    } while (0)
+
+static const uint32_t store_dtype_bytes[] = {
+    [KVC_WIRE_DTYPE_FP16] = 2, [KVC_WIRE_DTYPE_BF16] = 2,     [KVC_WIRE_DTYPE_FP32] = 4,
+    [KVC_WIRE_DTYPE_FP8_E4M3] = 1, [KVC_WIRE_DTYPE_INT8] = 1,
+};
+
+/* ---- LRU list (per arena, committed blocks) ------------------------------------------ */
+
+static void store_lru_unlink(struct store *s, uint32_t idx)
+{
+    struct block *b = &s->ix.blocks[idx];
+    struct store_arena *a = &s->arenas[b->arena];
+    if (b->lru_prev != INDEX_NONE)
+        s->ix.blocks[b->lru_prev].lru_next = b->lru_next;
+    else
+        a->lru_head = b->lru_next;
+    if (b->lru_next != INDEX_NONE)
+        s->ix.blocks[b->lru_next].lru_prev = b->lru_prev;
+    else
+        a->lru_tail = b->lru_prev;
+    b->lru_prev = b->lru_next = INDEX_NONE;
+}
+
+static void store_lru_push_head(struct store *s, uint32_t idx)
+{
+    struct block *b = &s->ix.blocks[idx];
+    struct store_arena *a = &s->arenas[b->arena];
+    b->lru_prev = INDEX_NONE;
+    b->lru_next = a->lru_head;
+    if (a->lru_head != INDEX_NONE)
+        s->ix.blocks[a->lru_head].lru_prev = idx;
+    else
+        a->lru_tail = idx;
+    a->lru_head = idx;
+}
+
+static void store_touch(struct store *s, uint32_t idx, uint64_t now)
+{
+    store_lru_unlink(s, idx);
+    store_lru_push_head(s, idx);
+    s->ix.blocks[idx].last_access = now;
+}
+
+/* ---- creation ------------------------------------------------------------------------ */
+
+struct store *store_new(const struct store_params *p, int *err)
+{
+    struct tier_host_config hc = {
+        .name = "kvcd-host-0",
+        .arena_id = 0,
+        .size = p->host_size,
+        .page_size = p->host_page_size,
+        .huge = (enum tier_host_huge)p->host_huge,
+        .prefault = p->host_prefault,
+    };
+    struct store *s = calloc(1, sizeof(*s));
+    int rc = -ENOMEM;
+    if (!s)
+        goto fail;
+    s->p = *p;
+    s->nns = p->max_namespaces + 1;
+    s->ns = calloc(s->nns, sizeof(*s->ns));
+    if (!s->ns)
+        goto fail;
+    rc = index_init(&s->ix, 4096);
+    if (rc)
+        goto fail;
+    s->arenas[0].tier = tier_host_new(&hc, &rc);
+    if (!s->arenas[0].tier)
+        goto fail;
+    s->arenas[0].lru_head = s->arenas[0].lru_tail = INDEX_NONE;
+    s->narenas = 1;
+    return s;
+fail:
+    store_free(s);
+    *err = rc;
+    return NULL;
+}
+
+void store_free(struct store *s)
+{
+    if (!s)
+        return;
+    for (uint32_t a = 0; a < s->narenas; a++)
+        tier_destroy(s->arenas[a].tier);
+    if (s->ns)
+        for (uint32_t i = 0; i < s->nns; i++)
+            free(s->ns[i]);
+    free(s->ns);
+    if (s->ix.blocks)
+        index_fini(&s->ix);
+    free(s);
+}
+
+void store_reload(struct store *s, const struct store_params *p)
+{
+    s->p.high_watermark = p->high_watermark;
+    s->p.low_watermark = p->low_watermark;
+    s->p.policy = p->policy;
+    s->p.max_handles = p->max_handles;
+}
+
+/* ---- namespaces ---------------------------------------------------------------------- */
+
+int store_layout_check(const struct kvc_wire_layout *l, uint64_t arena_bytes,
+                       uint64_t *block_bytes, const char **why)
+{
+    size_t idlen = strnlen(l->model_id, sizeof(l->model_id));
+    unsigned __int128 bytes;
+    *why = NULL;
+    if (idlen == 0 || idlen == sizeof(l->model_id))
+        *why = "model id empty or not NUL-terminated";
+    else if (l->dtype == 0 || l->dtype >= sizeof(store_dtype_bytes) / sizeof(store_dtype_bytes[0]))
+        *why = "unknown dtype";
+    else if (l->kv_kind != KVC_WIRE_KV_KIND_KV && l->kv_kind != KVC_WIRE_KV_KIND_K_ONLY)
+        *why = "unknown kv kind";
+    else if (l->layers == 0 || l->layers > 4096)
+        *why = "layers out of range 1..4096";
+    else if (l->kv_heads == 0 || l->kv_heads > 4096)
+        *why = "kv_heads out of range 1..4096";
+    else if (l->head_dim == 0 || l->head_dim > 65536)
+        *why = "head_dim out of range 1..65536";
+    else if (l->block_tokens == 0 || l->block_tokens > 65536)
+        *why = "block_tokens out of range 1..65536";
+    else if (l->pad || l->flags)
+        *why = "reserved fields not zero";
+    if (*why)
+        return -EINVAL;
+    bytes = (unsigned __int128)l->layers * (l->kv_kind == KVC_WIRE_KV_KIND_KV ? 2 : 1) *
+            l->block_tokens * l->kv_heads * l->head_dim * store_dtype_bytes[l->dtype];
+    if (bytes > arena_bytes) {
+        *why = "block larger than the host arena";
+        return -EINVAL;
+    }
+    *block_bytes = (uint64_t)bytes;
+    return 0;
+}
+
+static bool store_layout_equal(const struct kvc_wire_layout *a, const struct kvc_wire_layout *b)
+{
+    return a->layers == b->layers && a->kv_heads == b->kv_heads && a->head_dim == b->head_dim &&
+           a->block_tokens == b->block_tokens && a->dtype == b->dtype && a->kv_kind == b->kv_kind;
+}
+
+int store_ns_open(struct store *s, const struct kvc_wire_layout *l, uint32_t *ns_id,
+                  bool *created)
+{
+    const char *why;
+    uint64_t bb;
+    uint32_t free_id = 0;
+    int rc = store_layout_check(l, tier_host_size(s->arenas[0].tier), &bb, &why);
+    if (rc)
+        return rc;
+    for (uint32_t i = 1; i < s->nns; i++) {
+        struct store_ns *n = s->ns[i];
+        if (!n) {
+            if (!free_id)
+                free_id = i;
+            continue;
+        }
+        if (strcmp(n->layout.model_id, l->model_id) == 0) {
+            if (!store_layout_equal(&n->layout, l))
+                return -EEXIST;
+            *ns_id = i;
+            *created = false;
+            return 0;
+        }
+    }
+    if (!free_id)
+        return -ENOSPC;
+    struct store_ns *n = calloc(1, sizeof(*n));
+    if (!n)
+        return -ENOMEM;
+    n->id = free_id;
+    n->arena = 0;
+    n->layout = *l;
+    n->block_bytes = bb;
+    s->ns[free_id] = n;
+    *ns_id = free_id;
+    *created = true;
+    return 0;
+}
+
+struct store_ns *store_ns_get(const struct store *s, uint32_t ns_id)
+{
+    return ns_id > 0 && ns_id < s->nns ? s->ns[ns_id] : NULL;
+}
+
+struct tier *store_ns_tier(const struct store *s, const struct store_ns *ns)
+{
+    return s->arenas[ns->arena].tier;
+}
+
+/* ---- handles (leases and reservations) ----------------------------------------------- */
+
+void store_owner_init(struct store_owner *o)
+{
+    memset(o, 0, sizeof(*o));
+}
+
+static struct store_handle *store_handle_get(struct store_owner *o, uint64_t id, uint8_t kind)
+{
+    uint32_t slot = (uint32_t)id;
+    struct store_handle *h;
+    if (slot >= o->nhandles)
+        return NULL;
+    h = o->handles[slot];
+    return h && h->id == id && h->kind == kind ? h : NULL;
+}
+
+static int store_handle_new(struct store *s, struct store_owner *o, uint8_t kind, uint16_t ns,
+                            uint32_t n, struct store_handle **out)
+{
+    uint32_t slot;
+    struct store_handle *h;
+    if (o->live >= s->p.max_handles)
+        return -EMFILE;
+    if (o->live == o->nhandles) {
+        uint32_t ncap = o->nhandles ? o->nhandles * 2 : 16;
+        struct store_handle **nh = realloc(o->handles, ncap * sizeof(*nh));
+        if (!nh)
+            return -ENOMEM;
+        memset(nh + o->nhandles, 0, (ncap - o->nhandles) * sizeof(*nh));
+        o->handles = nh;
+        o->nhandles = ncap;
+    }
+    for (slot = 0; o->handles[slot]; slot++)
+        ;
+    h = calloc(1, sizeof(*h) + (size_t)n * sizeof(h->blocks[0]));
+    if (!h)
+        return -ENOMEM;
+    /* Generation in the high half: a stale id naming a reused slot fails the check. */
+    h->id = ((uint64_t)(++o->gen | 1u) << 32) | slot;
+    h->kind = kind;
+    h->ns = ns;
+    h->parent_pin = INDEX_NONE;
+    o->handles[slot] = h;
+    o->live++;
+    *out = h;
+    return 0;
+}
+
+static void store_handle_delete(struct store_owner *o, struct store_handle *h)
+{
+    o->handles[(uint32_t)h->id] = NULL;
+    o->live--;
+    free(h);
+}
+
+/* ---- blocks ---------------------------------------------------------------------------- */
+
+static void store_unpin(struct store *s, struct store_owner *o, struct store_ns *ns,
+                        uint32_t idx)
+{
+    struct block *b = &s->ix.blocks[idx];
+    b->pins--;
+    s->pins_now--;
+    if (o)
+        o->pins--;
+    STORE_STAT_ADD(s, ns, unpins, 1);
+}
+
+/* Removes a block from map, LRU and pool, and returns its room. */
+static void store_block_drop(struct store *s, uint32_t idx)
+{
+    struct block *b = &s->ix.blocks[idx];
+    struct store_ns *ns = s->ns[b->ns];
+    struct tier *t = s->arenas[b->arena].tier;
+    struct tier_loc loc = {.arena = b->arena, .cls = b->cls, .off = b->off, .len = b->len};
+    if (b->state == BLOCK_STATE_COMMITTED) {
+        store_lru_unlink(s, idx);
+        if (!index_key_is_zero(&b->parent)) {
+            uint32_t p = index_find(&s->ix, b->ns, &b->parent);
+            if (p != INDEX_NONE && s->ix.blocks[p].children)
+                s->ix.blocks[p].children--;
+        }
+        ns->blocks--;
+        ns->bytes -= b->len;
+    } else if (b->state == BLOCK_STATE_RESERVED) {
+        s->reserved_now--;
+        s->reserved_bytes_now -= b->len;
+    }
+    index_remove(&s->ix, idx);
+    t->ops->free(t, &loc);
+    index_block_delete(&s->ix, idx);
+}
+
+/* Picks the block to evict from an arena: the policy's first among a sample of unpinned
+ * committed leaves from the cold end, preferring one of size class `cls` (its slot serves
+ * the pending allocation directly). INDEX_NONE if nothing can be evicted. */
+static uint32_t store_victim(struct store *s, uint32_t arena, int cls, uint64_t now)
+{
+    struct policy_block cand[STORE_EVICT_SAMPLE];
+    size_t n = 0;
+    uint32_t walked = 0;
+    for (uint32_t i = s->arenas[arena].lru_tail; i != INDEX_NONE && n < STORE_EVICT_SAMPLE &&
+                                                  walked < STORE_EVICT_WALK;
+         i = s->ix.blocks[i].lru_prev, walked++) {
+        const struct block *b = &s->ix.blocks[i];
+        if (b->pins || b->children)
+            continue;
+        cand[n++] = (struct policy_block){.id = i,
+                                          .hits = b->hits,
+                                          .last_access = b->last_access,
+                                          .bytes = b->len,
+                                          .depth = b->depth,
+                                          .children = b->children};
+    }
+    if (n == 0)
+        return INDEX_NONE;
+    policy_rank(s->p.policy, cand, n, now);
+    for (size_t k = 0; cls >= 0 && k < n; k++)
+        if (s->ix.blocks[cand[k].id].cls == cls)
+            return cand[k].id;
+    return cand[0].id;
+}
+
+static void store_evict(struct store *s, uint32_t idx)
+{
+    struct block *b = &s->ix.blocks[idx];
+    struct store_ns *ns = s->ns[b->ns];
+    STORE_STAT_ADD(s, ns, evicted_blocks, 1);
+    STORE_STAT_ADD(s, ns, evicted_bytes, b->len);
+    store_block_drop(s, idx);
+}
+
+/* Allocates a slot, evicting as needed. -ENOSPC when nothing more can be evicted. */
+static int store_alloc(struct store *s, struct store_ns *ns, uint64_t now, struct tier_loc *loc)
+{
+    struct tier *t = s->arenas[ns->arena].tier;
+    int cls = tier_host_class(t, ns->block_bytes);
+    for (;;) {
+        int rc = t->ops->alloc(t, ns->block_bytes, loc);
+        if (rc != -ENOSPC)
+            return rc;
+        uint32_t v = store_victim(s, ns->arena, cls, now);
+        if (v == INDEX_NONE)
+            return -ENOSPC;
+        store_evict(s, v);
+    }
+}
+
+int store_trim(struct store *s, uint64_t now)
+{
+    int n = 0;
+    for (uint32_t a = 0; a < s->narenas; a++) {
+        struct tier *t = s->arenas[a].tier;
+        double cap = (double)t->ops->capacity(t);
+        if ((double)t->ops->usage(t) <= s->p.high_watermark * cap)
+            continue;
+        while ((double)t->ops->usage(t) > s->p.low_watermark * cap) {
+            uint32_t v = store_victim(s, a, -1, now);
+            if (v == INDEX_NONE)
+                break;
+            store_evict(s, v);
+            n++;
+        }
+    }
+    return n;
+}
+
+static void store_loc_fill(const struct block *b, struct kvc_wire_loc *loc)
+{
+    loc->arena_id = b->arena;
+    loc->tier = KVC_WIRE_TIER_HOST;
+    loc->format = b->format;
+    loc->flags = KVC_LOC_F_READY;
+    loc->offset = b->off;
+    loc->length = b->len;
+}
+
+/* ---- lookup / release ---------------------------------------------------------------- */
+
+int store_lookup(struct store *s, struct store_owner *o, uint32_t ns_id,
+                 const struct kvc_wire_key *keys, uint32_t n, uint64_t now,
+                 uint64_t *lease_id, struct kvc_wire_loc *locs)
+{
+    struct store_ns *ns = store_ns_get(s, ns_id);
+    struct store_handle *h = NULL;
+    uint32_t hits = 0;
+    uint64_t bytes = 0;
+    *lease_id = 0;
+    if (!ns)
+        return -ENOENT;
+    while (hits < n) {
+        uint32_t idx = index_find(&s->ix, (uint16_t)ns_id, &keys[hits]);
+        if (idx == INDEX_NONE || s->ix.blocks[idx].state != BLOCK_STATE_COMMITTED)
+            break;
+        hits++;
+    }
+    if (hits) {
+        int rc = store_handle_new(s, o, STORE_HANDLE_LEASE, (uint16_t)ns_id, hits, &h);
+        if (rc)
+            return rc;
+        h->n = hits;
+        /* Last hit first, so every parent ends up more recent than its children. */
+        for (uint32_t i = hits; i-- > 0;) {
+            uint32_t idx = index_find(&s->ix, (uint16_t)ns_id, &keys[i]);
+            struct block *b = &s->ix.blocks[idx];
+            h->blocks[i] = idx;
+            b->pins++;
+            b->hits++;
+            store_touch(s, idx, now);
+            store_loc_fill(b, &locs[i]);
+            bytes += b->len;
+        }
+        o->pins += hits;
+        s->pins_now += hits;
+        *lease_id = h->id;
+    }
+    STORE_STAT_ADD(s, ns, lookups, 1);
+    STORE_STAT_ADD(s, ns, lookup_blocks, n);
+    STORE_STAT_ADD(s, ns, lookup_tokens, (uint64_t)n * ns->layout.block_tokens);
+    STORE_STAT_ADD(s, ns, hit_blocks, hits);
+    STORE_STAT_ADD(s, ns, hit_tokens, (uint64_t)hits * ns->layout.block_tokens);
+    STORE_STAT_ADD(s, ns, miss_blocks, n - hits);
+    STORE_STAT_ADD(s, ns, miss_tokens, (uint64_t)(n - hits) * ns->layout.block_tokens);
+    STORE_STAT_ADD(s, ns, pins, hits);
+    STORE_STAT_ADD(s, ns, bytes_out, bytes);
+    return (int)hits;
+}
+
+static void store_lease_drop(struct store *s, struct store_owner *o, struct store_handle *h)
+{
+    struct store_ns *ns = s->ns[h->ns];
+    for (uint32_t i = 0; i < h->n; i++)
+        store_unpin(s, o, ns, h->blocks[i]);
+    store_handle_delete(o, h);
+}
+
+int store_release(struct store *s, struct store_owner *o, uint64_t lease_id)
+{
+    struct store_handle *h = store_handle_get(o, lease_id, STORE_HANDLE_LEASE);
+    if (!h)
+        return -ENOENT;
+    store_lease_drop(s, o, h);
+    return 0;
+}
+
+/* ---- reserve / commit / abort -------------------------------------------------------- */
+
+int store_reserve(struct store *s, struct store_owner *o, uint32_t ns_id,
+                  const struct kvc_wire_key *parent, const struct kvc_wire_key *keys, uint32_t n,
+                  uint64_t now, uint64_t *resv_id, uint8_t *st, struct kvc_wire_loc *locs)
+{
+    struct store_ns *ns = store_ns_get(s, ns_id);
+    struct store_handle *h = NULL;
+    uint32_t prev = INDEX_NONE; /* committed block the next key hangs from */
+    uint32_t depth = 0, i = 0;
+    int rc;
+    *resv_id = 0;
+    if (!ns)
+        return -ENOENT;
+    STORE_STAT_ADD(s, ns, reserves, 1);
+    STORE_STAT_ADD(s, ns, reserve_keys, n);
+    if (!index_key_is_zero(parent)) {
+        prev = index_find(&s->ix, (uint16_t)ns_id, parent);
+        if (prev == INDEX_NONE || s->ix.blocks[prev].state != BLOCK_STATE_COMMITTED) {
+            /* The chain would hang from nothing: an orphan is never cached. */
+            for (; i < n; i++)
+                st[i] = KVC_WIRE_SLOT_SKIPPED;
+            return 0;
+        }
+        depth = s->ix.blocks[prev].depth + 1;
+    }
+    /* Cached prefix first. */
+    for (; i < n; i++) {
+        uint32_t idx = index_find(&s->ix, (uint16_t)ns_id, &keys[i]);
+        if (idx == INDEX_NONE || s->ix.blocks[idx].state != BLOCK_STATE_COMMITTED)
+            break;
+        st[i] = KVC_WIRE_SLOT_PRESENT;
+        prev = idx;
+        depth = s->ix.blocks[idx].depth + 1;
+        STORE_STAT_ADD(s, ns, dedup_blocks, 1);
+    }
+    if (i < n && index_find(&s->ix, (uint16_t)ns_id, &keys[i]) == INDEX_NONE) {
+        rc = store_handle_new(s, o, STORE_HANDLE_RESV, (uint16_t)ns_id, n - i, &h);
+        if (rc)
+            return rc;
+        /* Pin the parent so that making room for the slots cannot evict it. */
+        if (prev != INDEX_NONE) {
+            s->ix.blocks[prev].pins++;
+            s->pins_now++;
+            h->parent_pin = prev;
+        }
+    }
+    /* Then a slot per absent key, until a key is taken or room runs out. */
+    for (; h && i < n; i++) {
+        struct tier *t = s->arenas[ns->arena].tier;
+        struct tier_loc loc;
+        uint32_t idx;
+        if (index_find(&s->ix, (uint16_t)ns_id, &keys[i]) != INDEX_NONE)
+            break;
+        rc = store_alloc(s, ns, now, &loc);
+        if (rc == -ENOSPC) {
+            st[i++] = KVC_WIRE_SLOT_NOSPACE;
+            STORE_STAT_ADD(s, ns, nospace_blocks, 1);
+            break;
+        }
+        if (rc)
+            break;
+        if (index_block_new(&s->ix, &idx)) {
+            t->ops->free(t, &loc);
+            break;
+        }
+        struct block *b = &s->ix.blocks[idx];
+        b->key = keys[i];
+        b->parent = i ? keys[i - 1] : *parent;
+        b->off = loc.off;
+        b->len = loc.len;
+        b->depth = depth++;
+        b->ns = (uint16_t)ns_id;
+        b->arena = (uint8_t)ns->arena;
+        b->cls = (uint8_t)loc.cls;
+        b->tier = KVC_WIRE_TIER_HOST;
+        b->format = KVC_WIRE_FORMAT_RAW;
+        b->state = BLOCK_STATE_RESERVED;
+        b->owner_slot = (uint32_t)h->id;
+        if (index_insert(&s->ix, idx)) {
+            t->ops->free(t, &loc);
+            index_block_delete(&s->ix, idx);
+            break;
+        }
+        h->blocks[h->n++] = idx;
+        s->reserved_now++;
+        s->reserved_bytes_now += loc.len;
+        st[i] = KVC_WIRE_SLOT_RESERVED;
+        store_loc_fill(b, &locs[i]);
+        locs[i].length = ns->block_bytes;
+        STORE_STAT_ADD(s, ns, reserved_blocks, 1);
+    }
+    /* A key in the map but not committed is being written by another reservation (or is
+     * repeated in this request); the keys after it have no cached parent yet. */
+    if (i < n && index_find(&s->ix, (uint16_t)ns_id, &keys[i]) != INDEX_NONE) {
+        st[i++] = KVC_WIRE_SLOT_BUSY;
+        STORE_STAT_ADD(s, ns, busy_blocks, 1);
+    }
+    for (; i < n; i++)
+        st[i] = KVC_WIRE_SLOT_SKIPPED;
+    if (h && h->n == 0) {
+        if (h->parent_pin != INDEX_NONE) {
+            s->ix.blocks[h->parent_pin].pins--;
+            s->pins_now--;
+        }
+        store_handle_delete(o, h);
+        h = NULL;
+    }
+    if (!h)
+        return 0;
+    *resv_id = h->id;
+    return (int)h->n;
+}
+
+/* Ends a reservation: commits its first ncommit slots, frees the rest. */
+static uint32_t store_resv_end(struct store *s, struct store_owner *o, struct store_handle *h,
+                               uint32_t ncommit, uint64_t now)
+{
+    struct store_ns *ns = s->ns[h->ns];
+    uint32_t committed = 0;
+    uint32_t parent = h->parent_pin;
+    for (uint32_t i = 0; i < h->n; i++) {
+        uint32_t idx = h->blocks[i];
+        struct block *b = &s->ix.blocks[idx];
+        if (i < ncommit) {
+            b->state = BLOCK_STATE_COMMITTED;
+            b->owner_slot = INDEX_NONE;
+            b->last_access = now;
+            s->reserved_now--;
+            s->reserved_bytes_now -= b->len;
+            ns->blocks++;
+            ns->bytes += b->len;
+            if (parent != INDEX_NONE)
+                s->ix.blocks[parent].children++;
+            committed++;
+            STORE_STAT_ADD(s, ns, bytes_in, ns->block_bytes);
+            parent = idx;
+        } else {
+            store_block_drop(s, idx);
+            STORE_STAT_ADD(s, ns, aborted_blocks, 1);
+        }
+    }
+    /* Into the LRU list deepest first, so the parents end up more recent. */
+    for (uint32_t i = committed; i-- > 0;)
+        store_lru_push_head(s, h->blocks[i]);
+    STORE_STAT_ADD(s, ns, committed_blocks, committed);
+    if (h->parent_pin != INDEX_NONE) {
+        s->ix.blocks[h->parent_pin].pins--;
+        s->pins_now--;
+    }
+    store_handle_delete(o, h);
+    return committed;
+}
+
+int store_commit(struct store *s, struct store_owner *o, uint64_t resv_id, uint32_t ncommit,
+                 uint64_t now, uint32_t *dropped)
+{
+    struct store_handle *h = store_handle_get(o, resv_id, STORE_HANDLE_RESV);
+    uint32_t n, c;
+    if (!h)
+        return -ENOENT;
+    n = h->n;
+    c = store_resv_end(s, o, h, ncommit, now);
+    *dropped = n - c;
+    store_trim(s, now);
+    return (int)c;
+}
+
+int store_abort(struct store *s, struct store_owner *o, uint64_t resv_id)
+{
+    struct store_handle *h = store_handle_get(o, resv_id, STORE_HANDLE_RESV);
+    if (!h)
+        return -ENOENT;
+    store_resv_end(s, o, h, 0, 0);
+    return 0;
+}
+
+void store_owner_fini(struct store *s, struct store_owner *o)
+{
+    for (uint32_t slot = 0; slot < o->nhandles; slot++) {
+        struct store_handle *h = o->handles[slot];
+        if (!h)
+            continue;
+        if (h->kind == STORE_HANDLE_LEASE)
+            store_lease_drop(s, o, h);
+        else
+            store_resv_end(s, o, h, 0, 0);
+    }
+    free(o->handles);
+    memset(o, 0, sizeof(*o));
+}
+
+uint64_t store_host_used(const struct store *s)
+{
+    const struct tier *t = s->arenas[0].tier;
+    return t->ops->usage(t);
+}
+
+uint64_t store_host_capacity(const struct store *s)
+{
+    const struct tier *t = s->arenas[0].tier;
+    return t->ops->capacity(t);
+}

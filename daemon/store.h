@@ -1,0 +1,150 @@
+/*
+ * store.h — the cache proper: namespaces, blocks, leases, reservations and eviction.
+ *
+ * DESIGN
+ * The store knows nothing of sockets: the server decodes a request and calls one store
+ * function with an owner (one per connection) and the time. That keeps every rule of the
+ * cache testable without a daemon.
+ *
+ * Invariants (checked by tests/check_store.c):
+ * - A committed block's parent is committed (or it is a root): the cached blocks form a
+ *   prefix tree. Eviction takes only leaves (children == 0), unpinned.
+ * - Reserved blocks are in the map (so a second writer sees "busy") but never visible to
+ *   lookups, never in the LRU list, and belong to exactly one reservation of one owner.
+ *   A reservation pins the committed parent of its first slot, so the chain it will
+ *   attach to cannot be evicted before it commits.
+ * - Everything an owner holds (leases with their pins, reservations with their slots) is
+ *   reachable from the owner and given back by store_owner_fini(): a client that dies
+ *   leaks nothing and its uncommitted blocks are never seen.
+ * - Lookups touch the hits from the last to the first, so a parent is always more recent
+ *   than its children and the cold end of the LRU list holds leaves.
+ * Owned by the loop thread.
+ */
+#ifndef KVC_STORE_H
+#define KVC_STORE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "client/kvc_proto.h"
+#include "daemon/index.h"
+#include "daemon/stats.h"
+#include "policies/policy.h"
+
+struct tier;
+
+#define STORE_MAX_ARENAS 16
+
+struct store_params {
+    uint64_t host_size;
+    uint64_t host_page_size;
+    int host_huge; /* enum tier_host_huge */
+    bool host_prefault;
+    double high_watermark;
+    double low_watermark;
+    uint32_t max_namespaces;
+    uint32_t max_handles; /* leases + reservations per owner */
+    enum policy_kind policy;
+};
+
+struct store_ns {
+    uint32_t id;
+    uint32_t arena;
+    struct kvc_wire_layout layout;
+    uint64_t block_bytes;
+    uint64_t blocks; /* committed now */
+    uint64_t bytes;
+    struct stats stats;
+};
+
+/* A lease or a reservation: what an owner holds by id. */
+enum store_handle_kind { STORE_HANDLE_LEASE = 1, STORE_HANDLE_RESV = 2 };
+struct store_handle {
+    uint64_t id; /* generation << 32 | slot */
+    uint8_t kind;
+    uint16_t ns;
+    uint32_t parent_pin; /* RESV: the pinned parent block, or INDEX_NONE */
+    uint32_t n;          /* blocks[] entries */
+    uint32_t blocks[];   /* LEASE: pinned hits in order; RESV: reserved slots in order */
+};
+
+/* One per connection. */
+struct store_owner {
+    struct store_handle **handles; /* by slot; NULL free */
+    uint32_t nhandles;             /* capacity of handles[] */
+    uint32_t live;
+    uint32_t gen;
+    uint64_t pins; /* block pins held through leases */
+};
+
+struct store_arena {
+    struct tier *tier;
+    uint32_t lru_head, lru_tail; /* committed blocks, most recent first */
+};
+
+struct store {
+    struct store_params p;
+    struct index ix;
+    struct store_arena arenas[STORE_MAX_ARENAS];
+    uint32_t narenas;
+    struct store_ns **ns; /* by id; [0] unused */
+    uint32_t nns;
+    struct stats total;
+    uint64_t pins_now;
+    uint64_t reserved_now, reserved_bytes_now;
+};
+
+/* Creates the store and its host arena. On failure NULL and *err = -errno. */
+struct store *store_new(const struct store_params *p, int *err);
+void store_free(struct store *s); /* NULL is a no-op */
+
+/* Applies the reloadable parameters (watermarks, policy, max_handles). */
+void store_reload(struct store *s, const struct store_params *p);
+
+/* Checks a layout and computes its block size. 0 or -EINVAL (with a reason in *why). */
+int store_layout_check(const struct kvc_wire_layout *l, uint64_t arena_bytes,
+                       uint64_t *block_bytes, const char **why);
+
+/* Opens or creates the namespace of l->model_id. -EEXIST when it exists with another layout,
+ * -ENOSPC when the namespace table is full, -EINVAL for a bad layout. */
+int store_ns_open(struct store *s, const struct kvc_wire_layout *l, uint32_t *ns_id,
+                  bool *created);
+struct store_ns *store_ns_get(const struct store *s, uint32_t ns_id);
+struct tier *store_ns_tier(const struct store *s, const struct store_ns *ns);
+
+void store_owner_init(struct store_owner *o);
+/* Releases every lease and aborts every reservation of o. */
+void store_owner_fini(struct store *s, struct store_owner *o);
+
+/* Longest committed prefix of keys[0..n): pins it under a new lease (*lease_id, 0 if no hit)
+ * and fills locs[0..hits). Returns hits, or -ENOENT (ns), -EMFILE (too many handles),
+ * -ENOMEM. */
+int store_lookup(struct store *s, struct store_owner *o, uint32_t ns_id,
+                 const struct kvc_wire_key *keys, uint32_t n, uint64_t now,
+                 uint64_t *lease_id, struct kvc_wire_loc *locs);
+
+/* Drops a lease. 0 or -ENOENT. */
+int store_release(struct store *s, struct store_owner *o, uint64_t lease_id);
+
+/* Reserves slots for the absent keys of the chain parent → keys[0..n). Fills st[i] (enum
+ * kvc_wire_slot) and locs[i] (for RESERVED), *resv_id (0 if none). Returns the number
+ * reserved, or -ENOENT (ns), -EMFILE, -ENOMEM. */
+int store_reserve(struct store *s, struct store_owner *o, uint32_t ns_id,
+                  const struct kvc_wire_key *parent, const struct kvc_wire_key *keys, uint32_t n,
+                  uint64_t now, uint64_t *resv_id, uint8_t *st, struct kvc_wire_loc *locs);
+
+/* Commits the first ncommit slots of a reservation and frees the rest. Returns the number
+ * committed (and *dropped), or -ENOENT. */
+int store_commit(struct store *s, struct store_owner *o, uint64_t resv_id, uint32_t ncommit,
+                 uint64_t now, uint32_t *dropped);
+int store_abort(struct store *s, struct store_owner *o, uint64_t resv_id);
+
+/* Evicts unpinned leaves while the host tier is above its high watermark, down to the low
+ * one. Returns the number evicted. */
+int store_trim(struct store *s, uint64_t now);
+
+/* Gauges for STATS (see STATS_GAUGES). */
+uint64_t store_host_used(const struct store *s);
+uint64_t store_host_capacity(const struct store *s);
+
+#endif
