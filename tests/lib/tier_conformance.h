@@ -26,7 +26,9 @@
 
 struct tier_conformance {
     const char *name;  /* shown in the TCase name */
-    uint64_t capacity; /* what the cases ask the factory for (a few MiB) */
+    /* What the cases ask the factory for (a few MiB). A case keeps at most 7 blocks of
+     * distinct sizes (1 B to 64 KiB, and `block`) live at once: room for that much. */
+    uint64_t capacity;
     uint64_t block;    /* a typical block size for fill tests; capacity/block >= 4 */
     bool whole_slot;   /* one location may span the whole capacity */
     /* A fresh, empty tier of at least `capacity` bytes, or NULL. */
