@@ -120,6 +120,11 @@ $(B)/bench/%: $(B)/obj/tests/bench/%.o $(TESTLIB_OBJS) $(B)/lib/libkvcd.a $(B)/l
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) $(CUDA_LIBS) -pthread -lm
 
+# `make build/tests/check_NAME` (a relative path) builds the same file as $(B)/tests/check_NAME.
+ifneq ($(abspath $(BUILD)),$(BUILD))
+$(BUILD)/%: $(B)/% ;
+endif
+
 # ---- the README's commands -----------------------------------------------
 deps:
 	@sh etc/install-deps.sh

@@ -49,9 +49,10 @@
     X(host, prefault, BOOL, "yes", 0, 0, 0, NULL,                                             \
       "Touch every arena page at start so that the first copies run at full speed.")          \
     X(host, high_watermark, DOUBLE, "0.95", 0.05, 1.0, 1, NULL,                               \
-      "Fraction of the arena in use above which unpinned blocks are evicted...")              \
+      "Fraction of the arena in use above which unpinned blocks are evicted, down to "        \
+      "low_watermark.")                                                                       \
     X(host, low_watermark, DOUBLE, "0.90", 0.0, 1.0, 1, NULL,                                 \
-      "...down to this fraction. Must be below high_watermark.")                              \
+      "Fraction of the arena in use at which eviction stops. Must be below high_watermark.") \
     X(cache, policy, ENUM, "lru", 0, 0, 1, "lru",                                             \
       "Eviction order among unpinned leaves of the prefix tree.")
 
@@ -103,28 +104,51 @@ extern const size_t config_noptions;
 enum config_log_level { CONFIG_LOG_ERROR, CONFIG_LOG_WARNING, CONFIG_LOG_INFO, CONFIG_LOG_DEBUG };
 enum config_hugepages { CONFIG_HUGEPAGES_AUTO, CONFIG_HUGEPAGES_ON, CONFIG_HUGEPAGES_OFF };
 
-/* A configuration holding every default. NULL when out of memory. */
+/* A configuration holding every default. NULL when out of memory. A default that does not
+ * parse is a bug in the table: config_new asserts. */
 struct config *config_new(void);
-void config_free(struct config *c); /* NULL is a no-op */
+void config_free(struct config *c); /* NULL is a no-op; frees the strings too */
 /* Deep copy. NULL when out of memory. */
 struct config *config_dup(const struct config *c);
 
 /* Applies the file over c. Errors name the file and line ("kvcd.ini:12: unknown key 'szie'
- * in [host] (did you mean 'size'?)"). Returns 0 or -EINVAL/-ENOENT/-EACCES; err is always
- * NUL-terminated. On failure c may be partly changed: parse into a copy (config_dup). */
+ * in [host] (did you mean 'size'?)"); the first error is reported. Each value is parsed and
+ * checked against its bounds; combinations are config_validate's job, to be called once
+ * every source (file, then -o overrides) has been applied.
+ * Rules: '#' or ';' starts a comment line, " ;" an inline comment; leading whitespace is
+ * ignored (there are no continuation lines); a key set twice in one file is an error (it is
+ * almost always an edit gone wrong), while a [section] may be opened more than once; a key
+ * outside any section, an unknown section (even an empty one) or key, a line that is not
+ * "[section]" or "key = value", a NUL byte and a line too long for inih are errors.
+ * Returns 0; -EINVAL for any error in the text; -errno of opening or reading the file
+ * (-ENOENT, -EACCES, -EISDIR, ...); -EFBIG past 1 MiB; -ENOMEM. err is always NUL-terminated.
+ * On failure c may be partly changed: parse into a copy (config_dup). */
 int config_load_file(struct config *c, const char *path, char *err, size_t errlen);
 
-/* Sets one option from "section.name" and a value string, as -o does. 0 or -EINVAL. */
+/* Same as config_load_file on len bytes of text in memory (need not be NUL-terminated);
+ * name stands for the file in messages. The fuzzing entry point; tests use it too. */
+int config_load_buffer(struct config *c, const char *name, const char *buf, size_t len,
+                       char *err, size_t errlen);
+
+/* Sets one option from "section.name" and a value string, as -o does, with the checks a file
+ * value gets. A string value must be writable back to an ini file: no control characters,
+ * no leading or trailing whitespace, no " ;". 0, -EINVAL or -ENOMEM. */
 int config_set(struct config *c, const char *key, const char *value, char *err, size_t errlen);
 
-/* Cross-option checks (low_watermark < high_watermark, page_size a power of two, ...). */
+/* Every value within its bounds, then the cross-option checks: low_watermark <
+ * high_watermark, page_size a power of two, size >= page_size, a socket path that fits in
+ * sockaddr_un. 0 or -EINVAL naming the first failure. */
 int config_validate(const struct config *c, char *err, size_t errlen);
 
-/* Writes an ini file of every option with its help as comments and c's values.
- * Used by --print-config to generate etc/kvcd.ini. */
+/* Writes an ini file of every option, grouped by section, each with its help wrapped as
+ * comments, its type, bounds or choices, default and whether a reload applies it, then
+ * "name = value" with c's value. Used by --print-config to generate etc/kvcd.ini; loading
+ * the output gives back c. 0 or -EIO. */
 int config_print(const struct config *c, FILE *f);
 
-/* The value of "section.name" as text (what a config file would hold). 0 or -ENOENT. */
+/* The value of "section.name" as text (what a config file would hold: sizes with the largest
+ * exact suffix, 1g; durations likewise, 90s; modes 0660; enums by name). 0, -ENOENT for an
+ * unknown key, -ENOSPC when len is too small (buf then holds a truncated, terminated text). */
 int config_get(const struct config *c, const char *key, char *buf, size_t len);
 
 /* Reload check: 0 if every option that differs between cur and next is reloadable; else
@@ -135,7 +159,12 @@ int config_check_reload(const struct config *cur, const struct config *next, cha
 /* Option row for "section.name", or NULL. */
 const struct config_option *config_option_find(const char *key);
 
-/* Parsers shared with kvcctl-facing code: "512m", "4g", "1048576" / "500ms", "10s", "2m". */
+/* Parsers shared with kvcctl-facing code. Sizes: digits with an optional suffix k, m, g or t
+ * (case-insensitive, binary: 1k = 1024), optionally followed by "b" or "ib" ("4g", "4GiB",
+ * "64kb"), or "b" alone for bytes; "1048576" is bytes. Durations: digits with ms, s, m
+ * (minutes) or h; a plain number is milliseconds. Neither takes a sign, whitespace or a
+ * fraction ("1.5g" is refused: write 1536m). 0, -EINVAL for text that is not one, -ERANGE
+ * past 2^64 - 1. *out is written only on success. */
 int config_parse_size(const char *s, uint64_t *out);
 int config_parse_duration_ms(const char *s, uint64_t *out);
 

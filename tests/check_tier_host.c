@@ -1,0 +1,385 @@
+/*
+ * check_tier_host.c — the host tier: the conformance cases, then what only a memfd arena
+ * promises (read-only descriptors, residency, seals, hugetlb choice).
+ */
+#include <check.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "tests/lib/tier_conformance.h"
+#include "tiers/host.h"
+#include "tiers/slab.h"
+
+#define KiB (1024ull)
+#define MiB (1024ull * 1024)
+
+static struct tier *host_new(uint64_t size, uint64_t page, enum tier_host_huge huge,
+                             bool prefault)
+{
+    struct tier_host_config cfg = {
+        .name = "kvcd-test",
+        .arena_id = 7,
+        .size = size,
+        .page_size = page,
+        .huge = huge,
+        .prefault = prefault,
+    };
+    int err = 1;
+    struct tier *t = tier_host_new(&cfg, &err);
+    ck_assert_msg(t != NULL, "tier_host_new: %s", strerror(-err));
+    ck_assert_int_eq(err, 0);
+    return t;
+}
+
+static struct tier *factory_small_pages(uint64_t capacity, void *arg)
+{
+    (void)arg;
+    return host_new(capacity, 64 * KiB, TIER_HOST_HUGE_OFF, true);
+}
+
+static struct tier *factory_huge_pages(uint64_t capacity, void *arg)
+{
+    (void)arg;
+    return host_new(capacity, 2 * MiB, TIER_HOST_HUGE_AUTO, false);
+}
+
+static int fd_count(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    int n = 0;
+    ck_assert_ptr_nonnull(d);
+    while (readdir(d))
+        n++;
+    closedir(d);
+    return n;
+}
+
+/* Free huge pages (bytes) and the huge page size, from /proc/meminfo. */
+static uint64_t huge_free_bytes(uint64_t *page)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    unsigned long long nfree = 0, kb = 0;
+    char line[128];
+    while (f && fgets(line, sizeof(line), f)) {
+        sscanf(line, "HugePages_Free: %llu", &nfree);
+        sscanf(line, "Hugepagesize: %llu kB", &kb);
+    }
+    if (f)
+        fclose(f);
+    *page = kb * 1024;
+    return nfree * kb * 1024;
+}
+
+START_TEST(test_bad_config)
+{
+    struct tier_host_config cfg = {.size = 4 * MiB, .page_size = 64 * KiB};
+    int err = 0;
+    ck_assert_ptr_null(tier_host_new(NULL, &err));
+    ck_assert_int_eq(err, -EINVAL);
+    cfg.page_size = 3 * 4096;
+    ck_assert_ptr_null(tier_host_new(&cfg, &err));
+    ck_assert_int_eq(err, -EINVAL);
+    cfg.page_size = 2048;
+    ck_assert_ptr_null(tier_host_new(&cfg, &err));
+    ck_assert_int_eq(err, -EINVAL);
+    cfg.page_size = 64 * KiB;
+    cfg.size = 0;
+    ck_assert_ptr_null(tier_host_new(&cfg, &err));
+    ck_assert_int_eq(err, -EINVAL);
+    cfg.size = UINT64_MAX - 10;
+    ck_assert_ptr_null(tier_host_new(&cfg, &err));
+    ck_assert_int_lt(err, 0);
+    cfg.size = 4 * MiB;
+    cfg.huge = (enum tier_host_huge)9;
+    ck_assert_ptr_null(tier_host_new(&cfg, &err));
+    ck_assert_int_eq(err, -EINVAL);
+}
+END_TEST
+
+START_TEST(test_accessors)
+{
+    int fds = fd_count();
+    struct tier *t = host_new(5 * MiB + 1, 2 * MiB, TIER_HOST_HUGE_OFF, false);
+    ck_assert_str_eq(t->ops->name, "host");
+    ck_assert_uint_eq(tier_host_size(t), 6 * MiB);
+    ck_assert_uint_eq(t->ops->capacity(t), 6 * MiB);
+    ck_assert_uint_eq(tier_host_arena_id(t), 7);
+    ck_assert(!tier_host_hugetlb(t));
+    ck_assert_ptr_nonnull(tier_host_base(t));
+    int fd = tier_host_fd(t);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(fcntl(fd, F_GETFD) & FD_CLOEXEC, FD_CLOEXEC);
+    ck_assert_int_eq(fcntl(fd, F_GETFL) & O_ACCMODE, O_RDWR);
+    struct stat st;
+    ck_assert_int_eq(fstat(fd, &st), 0);
+    ck_assert_int_eq((long long)st.st_size, (long long)(6 * MiB));
+    /* readers of other users must not reopen their read-only fd read-write */
+    ck_assert_int_eq(st.st_mode & 07777, 0600);
+    char path[64], target[256];
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(path, target, sizeof(target) - 1);
+    ck_assert_int_gt(n, 0);
+    target[n] = 0;
+    ck_assert_ptr_nonnull(strstr(target, "memfd:kvcd-test"));
+
+    int cls = tier_host_class(t, 3 * MiB);
+    ck_assert_int_ge(cls, 0);
+    ck_assert_int_eq(tier_host_class(t, 0), -EINVAL);
+    ck_assert_int_eq(tier_host_class(t, 7 * MiB), -EINVAL);
+    struct slab *s = tier_host_slab(t);
+    ck_assert_ptr_nonnull(s);
+    ck_assert_uint_eq(slab_class_slot(s, cls), 3 * MiB);
+    struct tier_loc loc;
+    ck_assert_int_eq(t->ops->alloc(t, 3 * MiB - 5, &loc), 0);
+    ck_assert_uint_eq(loc.arena, 7);
+    ck_assert_uint_eq(loc.cls, (uint32_t)cls);
+    ck_assert_uint_eq(loc.len, 3 * MiB);
+    /* a write lands in the daemon's mapping at loc.off */
+    ck_assert_int_eq(t->ops->write(t, &loc, 10, "kvcd", 4, NULL, NULL), 0);
+    ck_assert_mem_eq((char *)tier_host_base(t) + loc.off + 10, "kvcd", 4);
+    struct slab_stats ss;
+    slab_stats_get(s, &ss);
+    ck_assert_uint_eq(ss.used, 3 * MiB);
+    ck_assert_uint_eq(t->ops->usage(t), 3 * MiB);
+
+    /* a location of another arena, or freed twice, changes nothing */
+    struct tier_loc other = loc;
+    other.arena = 8;
+    t->ops->free(t, &other);
+    ck_assert_uint_eq(t->ops->usage(t), 3 * MiB);
+    ck_assert_int_eq(t->ops->read(t, &other, 0, path, 1, NULL, NULL), -EINVAL);
+    t->ops->free(t, &loc);
+    ck_assert_uint_eq(t->ops->usage(t), 0);
+    t->ops->free(t, &loc);
+    ck_assert_uint_eq(t->ops->usage(t), 0);
+    tier_destroy(t);
+    ck_assert_int_eq(fd_count(), fds);
+}
+END_TEST
+
+START_TEST(test_read_only_fd)
+{
+    struct tier *t = host_new(4 * MiB, 64 * KiB, TIER_HOST_HUGE_OFF, true);
+    uint64_t size = tier_host_size(t);
+    struct tier_loc loc;
+    ck_assert_int_eq(t->ops->alloc(t, 100 * KiB, &loc), 0);
+    ck_assert_int_eq(t->ops->write(t, &loc, 0, "first", 5, NULL, NULL), 0);
+
+    int ro = tier_host_fd_ro(t);
+    ck_assert_int_ge(ro, 0);
+    ck_assert_int_ne(ro, tier_host_fd(t));
+    ck_assert_int_eq(fcntl(ro, F_GETFL) & O_ACCMODE, O_RDONLY);
+    ck_assert_int_eq(fcntl(ro, F_GETFD) & FD_CLOEXEC, FD_CLOEXEC);
+
+    /* the kernel refuses a writable shared mapping of it */
+    errno = 0;
+    void *w = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, ro, 0);
+    ck_assert_ptr_eq(w, MAP_FAILED);
+    ck_assert_int_eq(errno, EACCES);
+    /* nor can the descriptor write or resize */
+    ck_assert_int_eq((int)write(ro, "x", 1), -1);
+    ck_assert_int_eq(errno, EBADF);
+    ck_assert_int_eq(ftruncate(ro, 0), -1);
+
+    /* a read-only mapping sees the daemon's writes, now and later */
+    const char *r = mmap(NULL, size, PROT_READ, MAP_SHARED, ro, 0);
+    ck_assert_ptr_ne(r, MAP_FAILED);
+    ck_assert_mem_eq(r + loc.off, "first", 5);
+    ck_assert_int_eq(t->ops->write(t, &loc, loc.len - 6, "second", 6, NULL, NULL), 0);
+    ck_assert_mem_eq(r + loc.off + loc.len - 6, "second", 6);
+    /* and cannot be upgraded to writable */
+    errno = 0;
+    ck_assert_int_eq(mprotect((void *)r, size, PROT_READ | PROT_WRITE), -1);
+    ck_assert_int_eq(errno, EACCES);
+    ck_assert_int_eq(munmap((void *)r, size), 0);
+    close(ro);
+    t->ops->free(t, &loc);
+    tier_destroy(t);
+}
+END_TEST
+
+static uint64_t resident_pages(void *base, uint64_t size)
+{
+    long ps = sysconf(_SC_PAGESIZE);
+    uint64_t n = (size + (uint64_t)ps - 1) / (uint64_t)ps, in = 0;
+    unsigned char *vec = malloc(n);
+    ck_assert_ptr_nonnull(vec);
+    ck_assert_int_eq(mincore(base, size, vec), 0);
+    for (uint64_t i = 0; i < n; i++)
+        in += vec[i] & 1;
+    free(vec);
+    return in;
+}
+
+START_TEST(test_prefault_resident)
+{
+    long ps = sysconf(_SC_PAGESIZE);
+    struct tier *t = host_new(16 * MiB, 2 * MiB, TIER_HOST_HUGE_OFF, true);
+    uint64_t size = tier_host_size(t);
+    ck_assert_uint_eq(resident_pages(tier_host_base(t), size), size / (uint64_t)ps);
+    tier_destroy(t);
+
+    /* the contrast: without prefault a fresh arena has no page yet */
+    t = host_new(16 * MiB, 2 * MiB, TIER_HOST_HUGE_OFF, false);
+    ck_assert_uint_eq(resident_pages(tier_host_base(t), size), 0);
+    tier_destroy(t);
+}
+END_TEST
+
+START_TEST(test_seals)
+{
+    struct tier *t = host_new(4 * MiB, 64 * KiB, TIER_HOST_HUGE_OFF, false);
+    int fd = tier_host_fd(t);
+    int seals = fcntl(fd, F_GET_SEALS);
+    ck_assert_int_ge(seals, 0);
+    ck_assert_int_eq(seals & (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL),
+                     F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+    ck_assert_int_eq(seals & F_SEAL_WRITE, 0);
+    /* a client holding the read-write fd can neither shrink nor grow the arena */
+    errno = 0;
+    ck_assert_int_eq(ftruncate(fd, 0), -1);
+    ck_assert_int_eq(errno, EPERM);
+    ck_assert_int_eq(ftruncate(fd, (off_t)(8 * MiB)), -1);
+    ck_assert_int_eq(errno, EPERM);
+    ck_assert_int_eq(fallocate(fd, 0, 0, (off_t)(8 * MiB)), -1);
+    ck_assert_int_eq(errno, EPERM);
+    /* nor lock other writers out with a write seal */
+    ck_assert_int_eq(fcntl(fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE), -1);
+    ck_assert_int_eq(errno, EPERM);
+    struct stat st;
+    ck_assert_int_eq(fstat(fd, &st), 0);
+    ck_assert_int_eq((long long)st.st_size, (long long)(4 * MiB));
+    /* a client may still map it read-write, as a writer should */
+    void *m = mmap(NULL, 4 * MiB, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ck_assert_ptr_ne(m, MAP_FAILED);
+    memcpy(m, "client", 6);
+    ck_assert_mem_eq(tier_host_base(t), "client", 6);
+    munmap(m, 4 * MiB);
+    tier_destroy(t);
+}
+END_TEST
+
+START_TEST(test_huge_auto)
+{
+    uint64_t hp;
+    uint64_t free_bytes = huge_free_bytes(&hp);
+    int fds = fd_count();
+    struct tier *t = host_new(8 * MiB, 2 * MiB, TIER_HOST_HUGE_AUTO, true);
+    /* hugetlb exactly when the kernel has the pages free */
+    ck_assert_int_eq(tier_host_hugetlb(t), hp && free_bytes >= 8 * MiB);
+    struct tier_loc loc;
+    char buf[8] = {0};
+    ck_assert_int_eq(t->ops->alloc(t, 2 * MiB, &loc), 0);
+    ck_assert_int_eq(t->ops->write(t, &loc, 2 * MiB - 7, "kvcdkvc", 7, NULL, NULL), 0);
+    ck_assert_int_eq(t->ops->read(t, &loc, 2 * MiB - 7, buf, 7, NULL, NULL), 0);
+    ck_assert_str_eq(buf, "kvcdkvc");
+    t->ops->free(t, &loc);
+    tier_destroy(t);
+    ck_assert_int_eq(fd_count(), fds);
+}
+END_TEST
+
+/* Registered only when the kernel has fewer free huge pages than the arena needs. */
+START_TEST(test_huge_on_fails)
+{
+    int fds = fd_count();
+    struct tier_host_config cfg = {
+        .name = "kvcd-test-huge",
+        .size = 8 * MiB,
+        .page_size = 2 * MiB,
+        .huge = TIER_HOST_HUGE_ON,
+        .prefault = true,
+    };
+    int err = 0;
+    struct tier *t = tier_host_new(&cfg, &err);
+    ck_assert_ptr_null(t);
+    ck_assert_int_lt(err, 0);
+    ck_assert_msg(err == -ENOMEM || err == -EINVAL || err == -ENOSYS || err == -ENOENT,
+                  "unexpected errno %d (%s)", -err, strerror(-err));
+    ck_assert_int_eq(fd_count(), fds);
+}
+END_TEST
+
+/* Registered only when the kernel has the huge pages free. */
+START_TEST(test_huge_on_works)
+{
+    struct tier *t = host_new(4 * MiB, 2 * MiB, TIER_HOST_HUGE_ON, true);
+    ck_assert(tier_host_hugetlb(t));
+    struct tier_loc loc;
+    ck_assert_int_eq(t->ops->alloc(t, 4 * MiB, &loc), 0);
+    ck_assert_int_eq(t->ops->write(t, &loc, 0, "kvcd", 4, NULL, NULL), 0);
+    int ro = tier_host_fd_ro(t);
+    ck_assert_int_ge(ro, 0);
+    const char *r = mmap(NULL, 4 * MiB, PROT_READ, MAP_SHARED, ro, 0);
+    ck_assert_ptr_ne(r, MAP_FAILED);
+    ck_assert_mem_eq(r, "kvcd", 4);
+    munmap((void *)r, 4 * MiB);
+    close(ro);
+    t->ops->free(t, &loc);
+    tier_destroy(t);
+}
+END_TEST
+
+static Suite *tier_host_suite(void)
+{
+    Suite *s = suite_create("tier_host");
+
+    static const struct tier_conformance small = {
+        .name = "host-64k-pages",
+        .capacity = 8 * MiB,
+        .block = 256 * KiB,
+        .whole_slot = true,
+        .create = factory_small_pages,
+    };
+    static const struct tier_conformance big = {
+        .name = "host-2m-pages",
+        .capacity = 32 * MiB,
+        .block = 3 * MiB,
+        .whole_slot = true,
+        .create = factory_huge_pages,
+    };
+    suite_add_tcase(s, tier_conformance_tcase(&small));
+    suite_add_tcase(s, tier_conformance_tcase(&big));
+
+    TCase *tc = tcase_create("host");
+    tcase_add_test(tc, test_bad_config);
+    tcase_add_test(tc, test_accessors);
+    tcase_add_test(tc, test_read_only_fd);
+    tcase_add_test(tc, test_prefault_resident);
+    tcase_add_test(tc, test_seals);
+    tcase_add_test(tc, test_huge_auto);
+    uint64_t hp;
+    uint64_t free_bytes = huge_free_bytes(&hp);
+    if (hp && free_bytes >= 8 * MiB) {
+        printf("SKIP: tier_host: test_huge_on_fails: %llu MiB of huge pages are free here\n",
+               (unsigned long long)(free_bytes / MiB));
+    } else {
+        tcase_add_test(tc, test_huge_on_fails);
+    }
+    if (hp == 2 * MiB && free_bytes >= 4 * MiB) {
+        tcase_add_test(tc, test_huge_on_works);
+    } else {
+        printf("SKIP: tier_host: test_huge_on_works: no free 2 MiB huge pages reserved "
+               "(HugePages_Free * Hugepagesize = %llu bytes)\n",
+               (unsigned long long)free_bytes);
+    }
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(tier_host_suite());
+    fflush(stdout); /* SKIP lines once, not again from every forked case */
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
