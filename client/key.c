@@ -10,6 +10,7 @@
  */
 #include <errno.h>
 #include <string.h>
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
 #include <xxhash.h>
 
 #include "client/kvc.h"

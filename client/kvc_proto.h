@@ -232,7 +232,6 @@ struct kvc_wire_ns {
     uint32_t ns_id;
     uint32_t arena_id;
     struct kvc_wire_layout layout;
-    uint32_t pad;
     uint64_t block_bytes;
     uint64_t blocks;
     uint64_t bytes;
@@ -274,9 +273,9 @@ struct kvc_block_list_rep {
 _Static_assert(sizeof(struct kvc_msg_hdr) == 24, "header layout");
 _Static_assert(sizeof(struct kvc_wire_loc) == 24, "loc layout");
 _Static_assert(sizeof(struct kvc_wire_slot_rep) == 32, "slot layout");
-_Static_assert(sizeof(struct kvc_wire_layout) == 148, "layout layout");
+_Static_assert(sizeof(struct kvc_wire_layout) == 152, "layout layout");
 _Static_assert(sizeof(struct kvc_wire_stat) == 48, "stat layout");
-_Static_assert(sizeof(struct kvc_wire_block) == 80, "block layout");
+_Static_assert(sizeof(struct kvc_wire_block) == 72, "block layout");
 _Static_assert(sizeof(struct kvc_wire_ns) == 184, "ns layout");
 _Static_assert(sizeof(struct kvc_lookup_req) + KVC_PROTO_MAX_KEYS * sizeof(struct kvc_wire_key) +
                        sizeof(struct kvc_msg_hdr) <=
