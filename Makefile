@@ -116,9 +116,10 @@ $(B)/tests/check_e2e_%: $(B)/obj/tests/e2e/check_e2e_%.o $(TESTLIB_OBJS) $(B)/li
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(PKG_LIBS) $(CUDA_LIBS) -pthread -lm
 
+# tests/lib holds Check-based helpers too (the tier conformance cases), hence CHECK_LIBS.
 $(B)/bench/%: $(B)/obj/tests/bench/%.o $(TESTLIB_OBJS) $(B)/lib/libkvcd.a $(B)/lib/libkvc.a
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) $(CUDA_LIBS) -pthread -lm
+	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(PKG_LIBS) $(CUDA_LIBS) -pthread -lm
 
 # `make build/tests/check_NAME` (a relative path) builds the same file as $(B)/tests/check_NAME.
 ifneq ($(abspath $(BUILD)),$(BUILD))
