@@ -4,18 +4,22 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <xxhash.h>
 
 #include "daemon/index.h"
 
 _Static_assert(sizeof(struct block) <= 96, "per-block metadata budget");
 
-static uint32_t index_hash(uint16_t ns, const struct kvc_wire_key *k)
+/* Keys may come from engines that hash blocks themselves, or from a hostile client: the
+ * slot is a seeded hash with a seed drawn at start, so nobody can aim keys at one run. */
+static uint32_t index_hash(const struct index *ix, uint16_t ns, const struct kvc_wire_key *k)
 {
-    uint64_t h = k->lo ^ (k->hi * 0x9e3779b97f4a7c15ull) ^ ((uint64_t)ns << 48);
-    h ^= h >> 29;
-    h *= 0xbf58476d1ce4e5b9ull;
-    h ^= h >> 32;
-    return (uint32_t)h;
+    struct {
+        uint64_t lo, hi;
+        uint64_t ns;
+    } in = {k->lo, k->hi, ns};
+    return (uint32_t)XXH3_64bits_withSeed(&in, sizeof(in), ix->seed);
 }
 
 static bool index_match(const struct block *b, uint16_t ns, const struct kvc_wire_key *k)
@@ -33,6 +37,8 @@ int index_init(struct index *ix, uint32_t initial)
         ix->nslots <<= 1;
     ix->slots = calloc(ix->nslots, sizeof(*ix->slots));
     ix->free_head = INDEX_NONE;
+    if (getrandom(&ix->seed, sizeof(ix->seed), 0) != sizeof(ix->seed))
+        ix->seed = (uint64_t)(uintptr_t)ix ^ 0x2545f4914f6cdd1dull;
     if (!ix->blocks || !ix->slots) {
         index_fini(ix);
         return -ENOMEM;
@@ -88,7 +94,7 @@ void index_block_delete(struct index *ix, uint32_t idx)
 uint32_t index_find(const struct index *ix, uint16_t ns, const struct kvc_wire_key *key)
 {
     uint32_t mask = ix->nslots - 1;
-    for (uint32_t s = index_hash(ns, key) & mask;; s = (s + 1) & mask) {
+    for (uint32_t s = index_hash(ix, ns, key) & mask;; s = (s + 1) & mask) {
         uint32_t v = ix->slots[s];
         if (v == 0)
             return INDEX_NONE;
@@ -116,7 +122,7 @@ static int index_grow(struct index *ix)
         uint32_t v = ix->slots[s];
         if (v) {
             const struct block *b = &ix->blocks[v - 1];
-            index_place(ns, n, index_hash(b->ns, &b->key), v);
+            index_place(ns, n, index_hash(ix, b->ns, &b->key), v);
         }
     }
     free(ix->slots);
@@ -135,7 +141,7 @@ int index_insert(struct index *ix, uint32_t idx)
         if (rc)
             return rc;
     }
-    index_place(ix->slots, ix->nslots, index_hash(b->ns, &b->key), idx + 1);
+    index_place(ix->slots, ix->nslots, index_hash(ix, b->ns, &b->key), idx + 1);
     ix->used++;
     return 0;
 }
@@ -144,7 +150,7 @@ int index_remove(struct index *ix, uint32_t idx)
 {
     const struct block *b = &ix->blocks[idx];
     uint32_t mask = ix->nslots - 1;
-    uint32_t s = index_hash(b->ns, &b->key) & mask;
+    uint32_t s = index_hash(ix, b->ns, &b->key) & mask;
     while (ix->slots[s] != idx + 1) {
         if (ix->slots[s] == 0)
             return -ENOENT;
@@ -155,7 +161,7 @@ int index_remove(struct index *ix, uint32_t idx)
     uint32_t hole = s;
     for (uint32_t j = (s + 1) & mask; ix->slots[j]; j = (j + 1) & mask) {
         const struct block *o = &ix->blocks[ix->slots[j] - 1];
-        uint32_t home = index_hash(o->ns, &o->key) & mask;
+        uint32_t home = index_hash(ix, o->ns, &o->key) & mask;
         bool in_range = hole <= j ? (home > hole && home <= j) : (home > hole || home <= j);
         if (!in_range) {
             ix->slots[hole] = ix->slots[j];

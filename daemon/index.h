@@ -6,8 +6,8 @@
  * never by pointer, so links (LRU, hash) are 4 bytes and survive the pool's growth. The map
  * is open addressing with linear probing over 32-bit slots (index + 1, 0 empty) and
  * backward-shift deletion, so a lookup touches one or two cache lines whatever the number
- * of blocks. Keys are already uniform 128-bit hashes: the slot is taken from their bits
- * mixed with the namespace id. Metadata per block: the struct below (96 bytes) plus about
+ * of blocks. The slot comes from a seeded XXH3 of (key, namespace) with a seed drawn at
+ * start, since keys may be chosen by clients. Metadata per block: the struct below (96 bytes) plus about
  * 6 bytes of map at the maximum load of 0.7. Owned by the loop thread.
  */
 #ifndef KVC_INDEX_H
@@ -56,6 +56,7 @@ struct index {
     uint32_t *slots;    /* map: block index + 1, 0 empty */
     uint32_t nslots;    /* power of two */
     uint32_t used;      /* map entries */
+    uint64_t seed;      /* of the slot hash, random per start */
 };
 
 int index_init(struct index *ix, uint32_t initial);

@@ -1,0 +1,112 @@
+/* check_index — the block pool and the (namespace, key) map. */
+#include <check.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "daemon/index.h"
+
+static struct kvc_wire_key key_of(uint64_t i)
+{
+    return (struct kvc_wire_key){.lo = i * 0x9e3779b97f4a7c15ull + 1, .hi = i};
+}
+
+static uint32_t add(struct index *ix, uint16_t ns, uint64_t k)
+{
+    uint32_t idx;
+    ck_assert_int_eq(index_block_new(ix, &idx), 0);
+    ix->blocks[idx].ns = ns;
+    ix->blocks[idx].key = key_of(k);
+    ix->blocks[idx].state = BLOCK_STATE_COMMITTED;
+    ck_assert_int_eq(index_insert(ix, idx), 0);
+    return idx;
+}
+
+START_TEST(test_insert_find_remove)
+{
+    struct index ix;
+    ck_assert_int_eq(index_init(&ix, 16), 0);
+    uint32_t a = add(&ix, 1, 7), b = add(&ix, 2, 7);
+    struct kvc_wire_key k7 = key_of(7), k8 = key_of(8);
+    ck_assert_uint_eq(index_find(&ix, 1, &k7), a);
+    ck_assert_uint_eq(index_find(&ix, 2, &k7), b); /* namespaces never mix */
+    ck_assert_uint_eq(index_find(&ix, 3, &k7), INDEX_NONE);
+    ck_assert_uint_eq(index_find(&ix, 1, &k8), INDEX_NONE);
+    ck_assert_int_eq(index_insert(&ix, a), -EEXIST);
+    ck_assert_int_eq(index_remove(&ix, a), 0);
+    ck_assert_int_eq(index_remove(&ix, a), -ENOENT);
+    ck_assert_uint_eq(index_find(&ix, 1, &k7), INDEX_NONE);
+    ck_assert_uint_eq(index_find(&ix, 2, &k7), b);
+    index_fini(&ix);
+}
+END_TEST
+
+/* Many entries with growth of pool and map, random removals (backward-shift deletion must
+ * keep every remaining key findable), pool reuse. */
+START_TEST(test_random_against_model)
+{
+    enum { N = 50000 };
+    struct index ix;
+    uint32_t *where = malloc(N * sizeof(*where));
+    unsigned seed = 12345;
+    ck_assert_int_eq(index_init(&ix, 8), 0);
+    for (uint32_t i = 0; i < N; i++)
+        where[i] = INDEX_NONE;
+    for (int step = 0; step < 200000; step++) {
+        uint32_t k = (uint32_t)rand_r(&seed) % N;
+        if (where[k] == INDEX_NONE) {
+            where[k] = add(&ix, (uint16_t)(k % 3 + 1), k);
+        } else if (rand_r(&seed) % 2) {
+            ck_assert_int_eq(index_remove(&ix, where[k]), 0);
+            index_block_delete(&ix, where[k]);
+            where[k] = INDEX_NONE;
+        }
+        if (step % 20000 == 0)
+            for (uint32_t j = 0; j < N; j++) {
+                struct kvc_wire_key kj = key_of(j);
+                ck_assert_uint_eq(index_find(&ix, (uint16_t)(j % 3 + 1), &kj), where[j]);
+            }
+    }
+    uint32_t live = 0;
+    for (uint32_t j = 0; j < N; j++)
+        live += where[j] != INDEX_NONE;
+    ck_assert_uint_eq(ix.live, live);
+    ck_assert_uint_eq(ix.used, live);
+    ck_assert_uint_le(ix.nblocks, N); /* freed entries were reused */
+    index_fini(&ix);
+    free(where);
+}
+END_TEST
+
+/* The budget in the design: at most 128 bytes of metadata per block at a million blocks. */
+START_TEST(test_metadata_per_block)
+{
+    enum { N = 1000000 };
+    struct index ix;
+    ck_assert_int_eq(index_init(&ix, 1024), 0);
+    for (uint32_t i = 0; i < N; i++)
+        add(&ix, 1, i);
+    double per = ((double)ix.cap * sizeof(struct block) + (double)ix.nslots * sizeof(uint32_t)) / N;
+    /* The pool doubles, so allow its slack: what is used per block stays within budget. */
+    double used = ((double)ix.nblocks * sizeof(struct block) + (double)ix.nslots * sizeof(uint32_t)) / N;
+    printf("index: %.1f bytes per block used, %.1f allocated, at %d blocks\n", used, per, N);
+    ck_assert(used <= 128.0);
+    index_fini(&ix);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("index");
+    TCase *tc = tcase_create("index");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_insert_find_remove);
+    tcase_add_test(tc, test_random_against_model);
+    tcase_add_test(tc, test_metadata_per_block);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,101 @@
+/* check_key — chained keys: fixed vectors (the same on every machine and run), chaining,
+ * namespace salt, extra bytes. */
+#include <check.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "client/kvc.h"
+#include "client/libkvc_internal.h"
+
+static struct kvc_wire_layout layout(const char *model, uint32_t block_tokens)
+{
+    struct kvc_wire_layout l;
+    memset(&l, 0, sizeof(l));
+    snprintf(l.model_id, sizeof(l.model_id), "%s", model);
+    l.layers = 32;
+    l.kv_heads = 8;
+    l.head_dim = 128;
+    l.block_tokens = block_tokens;
+    l.dtype = KVC_WIRE_DTYPE_FP16;
+    l.kv_kind = KVC_WIRE_KV_KIND_KV;
+    return l;
+}
+
+/* Vectors computed once by this implementation and frozen: a change here breaks every
+ * engine's cache hits across versions, so it must be deliberate (and bump the salt tag). */
+START_TEST(test_fixed_vectors)
+{
+    struct kvc_wire_layout l = layout("meta-llama/Llama-3-8B@main", 4);
+    uint32_t tok[8] = {128000, 9906, 11, 1917, 0, 1, 2, 3};
+    struct kvc_key k[2];
+    uint64_t salt = kvc_layout_salt(&l);
+    kvc_key_chain(salt, NULL, tok, 8, 4, NULL, 0, k, 2);
+    printf("salt %016llx k0 %016llx%016llx k1 %016llx%016llx\n", (unsigned long long)salt,
+           (unsigned long long)k[0].hi, (unsigned long long)k[0].lo, (unsigned long long)k[1].hi,
+           (unsigned long long)k[1].lo);
+    ck_assert_uint_eq(salt, 0xb6c3811ff1954c84ull);
+    ck_assert_uint_eq(k[0].hi, 0x1bf68cb7e0cfd64aull);
+    ck_assert_uint_eq(k[0].lo, 0x68d877458d24aeacull);
+    ck_assert_uint_eq(k[1].hi, 0x3aedc6d23ec1b168ull);
+    ck_assert_uint_eq(k[1].lo, 0x08f2cdc3e4df3370ull);
+}
+END_TEST
+
+START_TEST(test_chaining_and_salt)
+{
+    struct kvc_wire_layout a = layout("m", 4), b = layout("m", 4), c = layout("m2", 4);
+    uint32_t tok[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+    struct kvc_key k[3], k2[3], part[1], cont[2];
+    b.dtype = KVC_WIRE_DTYPE_BF16;
+    kvc_key_chain(kvc_layout_salt(&a), NULL, tok, 12, 4, NULL, 0, k, 3);
+    /* Continuing from the first key gives the same chain. */
+    kvc_key_chain(kvc_layout_salt(&a), NULL, tok, 4, 4, NULL, 0, part, 1);
+    kvc_key_chain(kvc_layout_salt(&a), &part[0], tok + 4, 8, 4, NULL, 0, cont, 2);
+    ck_assert(memcmp(&k[1], &cont[0], sizeof(k[1])) == 0);
+    ck_assert(memcmp(&k[2], &cont[1], sizeof(k[2])) == 0);
+    /* Same tokens at a different position (another parent) give another key. */
+    kvc_key_chain(kvc_layout_salt(&a), NULL, tok + 4, 4, 4, NULL, 0, k2, 1);
+    ck_assert(memcmp(&k[1], &k2[0], sizeof(k2[0])) != 0);
+    /* Another dtype or model: other keys. */
+    kvc_key_chain(kvc_layout_salt(&b), NULL, tok, 4, 4, NULL, 0, k2, 1);
+    ck_assert(memcmp(&k[0], &k2[0], sizeof(k2[0])) != 0);
+    kvc_key_chain(kvc_layout_salt(&c), NULL, tok, 4, 4, NULL, 0, k2, 1);
+    ck_assert(memcmp(&k[0], &k2[0], sizeof(k2[0])) != 0);
+    /* Extra bytes (adapter, tenant) change the key. */
+    kvc_key_chain(kvc_layout_salt(&a), NULL, tok, 4, 4, "lora-7", 6, k2, 1);
+    ck_assert(memcmp(&k[0], &k2[0], sizeof(k2[0])) != 0);
+    /* Never all-zero (that means "no parent"). */
+    for (int i = 0; i < 3; i++)
+        ck_assert((k[i].lo | k[i].hi) != 0);
+}
+END_TEST
+
+/* Blocks longer than the internal buffer (256 tokens) hash all their tokens. */
+START_TEST(test_long_blocks)
+{
+    struct kvc_wire_layout l = layout("m", 512);
+    static uint32_t tok[512];
+    struct kvc_key a, b;
+    for (int i = 0; i < 512; i++)
+        tok[i] = (uint32_t)i;
+    kvc_key_chain(kvc_layout_salt(&l), NULL, tok, 512, 512, NULL, 0, &a, 1);
+    tok[511] = 7;
+    kvc_key_chain(kvc_layout_salt(&l), NULL, tok, 512, 512, NULL, 0, &b, 1);
+    ck_assert(memcmp(&a, &b, sizeof(a)) != 0);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("key");
+    TCase *tc = tcase_create("key");
+    tcase_add_test(tc, test_fixed_vectors);
+    tcase_add_test(tc, test_chaining_and_salt);
+    tcase_add_test(tc, test_long_blocks);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
