@@ -1,0 +1,389 @@
+/* check_store — the cache rules without a socket: visibility, dedup, pins, reservations,
+ * eviction order and the prefix-tree invariant. */
+#include <check.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/store.h"
+#include "tiers/host.h"
+#include "tiers/tier.h"
+
+#define BLOCK (64 * 1024)
+
+static struct store *s;
+static uint32_t ns;
+
+static struct kvc_wire_layout layout_of(const char *model, uint32_t layers)
+{
+    struct kvc_wire_layout l;
+    memset(&l, 0, sizeof(l));
+    snprintf(l.model_id, sizeof(l.model_id), "%s", model);
+    l.layers = layers; /* 2 * tokens 16 * heads 4 * dim 128 * fp16 = 32 KiB per layer */
+    l.kv_heads = 4;
+    l.head_dim = 128;
+    l.block_tokens = 16;
+    l.dtype = KVC_WIRE_DTYPE_FP16;
+    l.kv_kind = KVC_WIRE_KV_KIND_KV;
+    return l;
+}
+
+static void setup(void)
+{
+    struct store_params p = {.host_size = 4 << 20,
+                             .host_page_size = 64 << 10,
+                             .host_huge = TIER_HOST_HUGE_OFF,
+                             .host_prefault = false,
+                             .high_watermark = 1.0,
+                             .low_watermark = 0.9,
+                             .max_namespaces = 8,
+                             .max_handles = 64,
+                             .policy = POLICY_LRU};
+    struct kvc_wire_layout l = layout_of("m", 2);
+    bool created;
+    int err = 0;
+    s = store_new(&p, &err);
+    ck_assert_msg(s, "store_new: %d", err);
+    ck_assert_int_eq(store_ns_open(s, &l, &ns, &created), 0);
+    ck_assert(created);
+    ck_assert_uint_eq(store_ns_get(s, ns)->block_bytes, BLOCK);
+}
+
+static void teardown(void)
+{
+    store_free(s);
+    s = NULL;
+}
+
+/* Keys of chain `c`: block i of chain c; chains share their first `shared` blocks. */
+static struct kvc_wire_key key(uint32_t chain, uint32_t i, uint32_t shared)
+{
+    uint32_t c = i < shared ? 0 : chain;
+    return (struct kvc_wire_key){.lo = ((uint64_t)c << 32) | (i + 1), .hi = 0xabcdull + c};
+}
+
+static void chain(struct kvc_wire_key *k, uint32_t c, uint32_t n, uint32_t shared)
+{
+    for (uint32_t i = 0; i < n; i++)
+        k[i] = key(c, i, shared);
+}
+
+/* Every committed block's parent is committed; children counts and pins add up. */
+static void check_invariants(void)
+{
+    const struct index *ix = &s->ix;
+    uint64_t pins = 0;
+    for (uint32_t i = 0; i < ix->nblocks; i++) {
+        const struct block *b = &ix->blocks[i];
+        uint32_t children = 0;
+        if (b->state != BLOCK_STATE_COMMITTED)
+            continue;
+        pins += b->pins;
+        if (!index_key_is_zero(&b->parent)) {
+            uint32_t p = index_find(ix, b->ns, &b->parent);
+            ck_assert_msg(p != INDEX_NONE && ix->blocks[p].state == BLOCK_STATE_COMMITTED,
+                          "block %u has no cached parent", i);
+        }
+        for (uint32_t j = 0; j < ix->nblocks; j++) {
+            const struct block *c = &ix->blocks[j];
+            if (c->state == BLOCK_STATE_COMMITTED && c->ns == b->ns &&
+                c->parent.lo == b->key.lo && c->parent.hi == b->key.hi)
+                children++;
+        }
+        ck_assert_uint_eq(b->children, children);
+    }
+    ck_assert_uint_le(pins, s->pins_now);
+}
+
+/* Writes each reserved slot: the key's low word at the start of the block. */
+static void fill(const struct kvc_wire_key *k, const uint8_t *st, const struct kvc_wire_loc *locs,
+                 uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (st[i] == KVC_WIRE_SLOT_RESERVED)
+            memcpy((uint8_t *)tier_host_base(s->arenas[0].tier) + locs[i].offset, &k[i].lo, 8);
+}
+
+static int put(struct store_owner *o, uint32_t c, uint32_t n, uint32_t shared, uint64_t now)
+{
+    struct kvc_wire_key k[64], zero = {0, 0};
+    uint8_t st[64];
+    struct kvc_wire_loc locs[64];
+    uint64_t resv;
+    uint32_t dropped;
+    chain(k, c, n, shared);
+    int r = store_reserve(s, o, ns, &zero, k, n, now, &resv, st, locs);
+    if (r <= 0)
+        return r;
+    fill(k, st, locs, n);
+    return store_commit(s, o, resv, UINT32_MAX, now, &dropped);
+}
+
+static int lookup(struct store_owner *o, uint32_t c, uint32_t n, uint32_t shared, uint64_t now,
+                  uint64_t *lease)
+{
+    struct kvc_wire_key k[64];
+    struct kvc_wire_loc locs[64];
+    chain(k, c, n, shared);
+    int hits = store_lookup(s, o, ns, k, n, now, lease, locs);
+    for (int i = 0; i < hits; i++) {
+        uint64_t v;
+        memcpy(&v, (uint8_t *)tier_host_base(s->arenas[0].tier) + locs[i].offset, 8);
+        ck_assert_uint_eq(v, k[i].lo); /* never wrong data */
+    }
+    return hits;
+}
+
+START_TEST(test_put_lookup_release)
+{
+    struct store_owner o;
+    uint64_t lease;
+    store_owner_init(&o);
+    ck_assert_int_eq(lookup(&o, 1, 4, 2, 1, &lease), 0);
+    ck_assert_uint_eq(lease, 0);
+    ck_assert_int_eq(put(&o, 1, 4, 2, 2), 4);
+    ck_assert_int_eq(lookup(&o, 1, 4, 2, 3, &lease), 4);
+    ck_assert_uint_ne(lease, 0);
+    ck_assert_uint_eq(s->pins_now, 4);
+    /* A chain diverging after 2 blocks hits exactly the shared 2. */
+    uint64_t lease2;
+    ck_assert_int_eq(lookup(&o, 2, 4, 2, 4, &lease2), 2);
+    ck_assert_int_eq(store_release(s, &o, lease), 0);
+    ck_assert_int_eq(store_release(s, &o, lease), -ENOENT);
+    ck_assert_int_eq(store_release(s, &o, lease2), 0);
+    ck_assert_uint_eq(s->pins_now, 0);
+    ck_assert_uint_eq(s->total.hit_blocks, 6);
+    ck_assert_uint_eq(s->total.lookup_tokens, 12 * 16);
+    check_invariants();
+    store_owner_fini(s, &o);
+}
+END_TEST
+
+START_TEST(test_reserved_invisible_busy_and_dedup)
+{
+    struct store_owner a, b;
+    struct kvc_wire_key k[4], zero = {0, 0};
+    uint8_t st[4];
+    struct kvc_wire_loc locs[4];
+    uint64_t ra, rb, lease;
+    uint32_t dropped;
+    store_owner_init(&a);
+    store_owner_init(&b);
+    chain(k, 1, 4, 0);
+    ck_assert_int_eq(store_reserve(s, &a, ns, &zero, k, 4, 1, &ra, st, locs), 4);
+    fill(k, st, locs, 4);
+    ck_assert_int_eq(lookup(&b, 1, 4, 0, 2, &lease), 0); /* uncommitted: invisible */
+    ck_assert_int_eq(store_reserve(s, &b, ns, &zero, k, 4, 3, &rb, st, locs), 0);
+    ck_assert_uint_eq(rb, 0);
+    ck_assert_int_eq(st[0], KVC_WIRE_SLOT_BUSY);
+    ck_assert_int_eq(st[1], KVC_WIRE_SLOT_SKIPPED);
+    ck_assert_int_eq(store_commit(s, &a, ra, 2, 4, &dropped), 2); /* first 2 only */
+    ck_assert_uint_eq(dropped, 2);
+    ck_assert_int_eq(lookup(&b, 1, 4, 0, 5, &lease), 2);
+    ck_assert_int_eq(store_release(s, &b, lease), 0);
+    /* Now b writes the rest: 2 present (dedup), 2 reserved. */
+    ck_assert_int_eq(store_reserve(s, &b, ns, &zero, k, 4, 6, &rb, st, locs), 2);
+    ck_assert_int_eq(st[0], KVC_WIRE_SLOT_PRESENT);
+    ck_assert_int_eq(st[2], KVC_WIRE_SLOT_RESERVED);
+    fill(k, st, locs, 4);
+    ck_assert_int_eq(store_commit(s, &b, rb, UINT32_MAX, 7, &dropped), 2);
+    ck_assert_int_eq(lookup(&a, 1, 4, 0, 8, &lease), 4);
+    ck_assert_uint_eq(s->total.dedup_blocks, 2);
+    check_invariants();
+    store_owner_fini(s, &a);
+    store_owner_fini(s, &b);
+    ck_assert_uint_eq(s->pins_now, 0);
+}
+END_TEST
+
+START_TEST(test_orphan_parent_and_abort)
+{
+    struct store_owner o;
+    struct kvc_wire_key k[2], parent = {.lo = 42, .hi = 42};
+    uint8_t st[2];
+    struct kvc_wire_loc locs[2];
+    uint64_t r;
+    store_owner_init(&o);
+    chain(k, 1, 2, 0);
+    /* The parent is not cached: nothing is reserved, so no orphan can appear. */
+    ck_assert_int_eq(store_reserve(s, &o, ns, &parent, k, 2, 1, &r, st, locs), 0);
+    ck_assert_int_eq(st[0], KVC_WIRE_SLOT_SKIPPED);
+    ck_assert_int_eq(st[1], KVC_WIRE_SLOT_SKIPPED);
+    /* Abort gives the room back. */
+    uint64_t before = store_host_used(s);
+    struct kvc_wire_key zero = {0, 0};
+    ck_assert_int_eq(store_reserve(s, &o, ns, &zero, k, 2, 2, &r, st, locs), 2);
+    ck_assert_uint_gt(store_host_used(s), before);
+    ck_assert_int_eq(store_abort(s, &o, r), 0);
+    ck_assert_int_eq(store_abort(s, &o, r), -ENOENT);
+    ck_assert_uint_eq(store_host_used(s), before);
+    ck_assert_uint_eq(s->reserved_now, 0);
+    /* A reservation id is not a lease id. */
+    ck_assert_int_eq(store_reserve(s, &o, ns, &zero, k, 2, 3, &r, st, locs), 2);
+    ck_assert_int_eq(store_release(s, &o, r), -ENOENT);
+    store_owner_fini(s, &o); /* the client dies holding it */
+    ck_assert_uint_eq(s->reserved_now, 0);
+    ck_assert_uint_eq(store_host_used(s), before);
+    store_owner_init(&o);
+    uint64_t lease;
+    ck_assert_int_eq(lookup(&o, 1, 2, 0, 4, &lease), 0);
+    store_owner_fini(s, &o);
+}
+END_TEST
+
+/* 4 MiB / 64 KiB = 64 slots. Many chains sharing a prefix: eviction keeps the tree whole,
+ * never takes pinned blocks, and hits stay byte-exact. */
+START_TEST(test_eviction_keeps_prefix_tree)
+{
+    struct store_owner o, pinner;
+    uint64_t lease, pinned;
+    uint64_t now = 10;
+    store_owner_init(&o);
+    store_owner_init(&pinner);
+    ck_assert_int_eq(put(&o, 1, 8, 4, now++), 8);
+    ck_assert_int_eq(lookup(&pinner, 1, 8, 4, now++, &pinned), 8);
+    for (uint32_t c = 2; c < 60; c++) {
+        int r = put(&o, c, 8, 4, now++);
+        ck_assert_int_ge(r, 0);
+        check_invariants();
+    }
+    ck_assert_uint_gt(s->total.evicted_blocks, 0);
+    /* The pinned chain is intact. */
+    ck_assert_int_eq(lookup(&o, 1, 8, 4, now++, &lease), 8);
+    ck_assert_int_eq(store_release(s, &o, lease), 0);
+    /* The most recent chain is there. */
+    ck_assert_int_eq(lookup(&o, 59, 8, 4, now++, &lease), 8);
+    ck_assert_int_eq(store_release(s, &o, lease), 0);
+    /* An early, unpinned chain lost its tail first, keeping the shared prefix. */
+    ck_assert_int_eq(lookup(&o, 2, 8, 4, now++, &lease), 4);
+    ck_assert_int_eq(store_release(s, &o, lease), 0);
+    store_owner_fini(s, &pinner);
+    store_owner_fini(s, &o);
+    check_invariants();
+}
+END_TEST
+
+/* Everything pinned: a reservation reports NOSPACE instead of evicting pinned blocks. */
+START_TEST(test_nospace_when_all_pinned)
+{
+    struct store_owner o;
+    uint64_t leases[8];
+    struct kvc_wire_key k[4], zero = {0, 0};
+    uint8_t st[4];
+    struct kvc_wire_loc locs[4];
+    uint64_t r;
+    store_owner_init(&o);
+    for (uint32_t c = 0; c < 8; c++) {
+        ck_assert_int_eq(put(&o, 100 + c, 8, 0, c + 1), 8);
+        ck_assert_int_eq(lookup(&o, 100 + c, 8, 0, c + 1, &leases[c]), 8);
+    }
+    chain(k, 500, 4, 0);
+    ck_assert_int_eq(store_reserve(s, &o, ns, &zero, k, 4, 50, &r, st, locs), 0);
+    ck_assert_int_eq(st[0], KVC_WIRE_SLOT_NOSPACE);
+    ck_assert_int_eq(st[1], KVC_WIRE_SLOT_SKIPPED);
+    ck_assert_uint_eq(s->total.evicted_blocks, 0);
+    ck_assert_int_eq(store_release(s, &o, leases[0]), 0);
+    ck_assert_int_eq(store_reserve(s, &o, ns, &zero, k, 4, 51, &r, st, locs), 4);
+    ck_assert_uint_eq(s->total.evicted_blocks, 4);
+    store_owner_fini(s, &o);
+    check_invariants();
+}
+END_TEST
+
+START_TEST(test_watermarks_trim)
+{
+    struct store_owner o;
+    struct store_params p = s->p;
+    store_owner_init(&o);
+    for (uint32_t c = 0; c < 8; c++)
+        ck_assert_int_eq(put(&o, 200 + c, 8, 0, c + 1), 8); /* 64 slots: full */
+    p.high_watermark = 0.5;
+    p.low_watermark = 0.25;
+    store_reload(s, &p);
+    ck_assert_int_gt(store_trim(s, 100), 0);
+    ck_assert_uint_le(store_host_used(s), store_host_capacity(s) / 4);
+    check_invariants();
+    store_owner_fini(s, &o);
+}
+END_TEST
+
+START_TEST(test_namespaces_and_layouts)
+{
+    struct kvc_wire_layout l = layout_of("m", 2), other = layout_of("m", 3), bad;
+    uint32_t id;
+    bool created;
+    const char *why;
+    uint64_t bb;
+    ck_assert_int_eq(store_ns_open(s, &l, &id, &created), 0);
+    ck_assert_uint_eq(id, ns);
+    ck_assert(!created);
+    ck_assert_int_eq(store_ns_open(s, &other, &id, &created), -EEXIST);
+    bad = l;
+    bad.layers = 0;
+    ck_assert_int_eq(store_layout_check(&bad, 1 << 30, &bb, &why), -EINVAL);
+    bad = l;
+    bad.dtype = 99;
+    ck_assert_int_eq(store_layout_check(&bad, 1 << 30, &bb, &why), -EINVAL);
+    bad = l;
+    memset(bad.model_id, 'x', sizeof(bad.model_id)); /* no NUL */
+    ck_assert_int_eq(store_layout_check(&bad, 1 << 30, &bb, &why), -EINVAL);
+    bad = layout_of("huge", 4096);
+    bad.kv_heads = 4096;
+    bad.head_dim = 65536;
+    bad.block_tokens = 65536; /* overflows 64 bits without care */
+    ck_assert_int_eq(store_layout_check(&bad, 1 << 30, &bb, &why), -EINVAL);
+    for (int i = 0; i < 7; i++) {
+        char name[16];
+        snprintf(name, sizeof(name), "n%d", i);
+        struct kvc_wire_layout li = layout_of(name, 1);
+        ck_assert_int_eq(store_ns_open(s, &li, &id, &created), 0);
+    }
+    struct kvc_wire_layout full = layout_of("one-too-many", 1);
+    ck_assert_int_eq(store_ns_open(s, &full, &id, &created), -ENOSPC);
+    ck_assert_ptr_null(store_ns_get(s, 0));
+    ck_assert_ptr_null(store_ns_get(s, 999));
+}
+END_TEST
+
+START_TEST(test_handle_limits)
+{
+    struct store_owner o;
+    uint64_t lease;
+    int got = 0;
+    store_owner_init(&o);
+    ck_assert_int_eq(put(&o, 1, 1, 0, 1), 1);
+    for (int i = 0; i < 100; i++) {
+        int r = lookup(&o, 1, 1, 0, 2, &lease);
+        if (r < 0) {
+            ck_assert_int_eq(r, -EMFILE);
+            break;
+        }
+        got++;
+    }
+    ck_assert_int_eq(got, 64);
+    store_owner_fini(s, &o);
+    ck_assert_uint_eq(s->pins_now, 0);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *su = suite_create("store");
+    TCase *tc = tcase_create("store");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_put_lookup_release);
+    tcase_add_test(tc, test_reserved_invisible_busy_and_dedup);
+    tcase_add_test(tc, test_orphan_parent_and_abort);
+    tcase_add_test(tc, test_eviction_keeps_prefix_tree);
+    tcase_add_test(tc, test_nospace_when_all_pinned);
+    tcase_add_test(tc, test_watermarks_trim);
+    tcase_add_test(tc, test_namespaces_and_layouts);
+    tcase_add_test(tc, test_handle_limits);
+    suite_add_tcase(su, tc);
+    SRunner *sr = srunner_create(su);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
