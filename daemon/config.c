@@ -239,7 +239,7 @@ static void config_suggest_option(const char *key, char *out, size_t len)
 {
     const struct config_option *best = NULL;
     unsigned best_dist = UINT16_MAX;
-    char full[CONFIG_TEXT_MAX];
+    char full[128]; /* section and name are identifiers of the table: short */
 
     out[0] = '\0';
     for (size_t i = 0; i < config_noptions; i++) {
