@@ -120,6 +120,13 @@ $(B)/bench/%: $(B)/obj/tests/bench/%.o $(TESTLIB_OBJS) $(B)/lib/libkvcd.a $(B)/l
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) $(CUDA_LIBS) -pthread -lm
 
+# The trace simulator (docs/policies.md): the policies of libkvcd over tests/lib/sim.c.
+.PHONY: kvcsim
+kvcsim: $(B)/bin/kvcsim
+$(B)/bin/kvcsim: $(B)/obj/tests/bench/kvcsim.o $(B)/obj/tests/lib/sim.o $(B)/lib/libkvcd.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ -lm
+
 # ---- the README's commands -----------------------------------------------
 deps:
 	@sh etc/install-deps.sh

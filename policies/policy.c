@@ -8,9 +8,11 @@
  * Under LRU that is "least recently accessed first" as before.
  *
  * The decay half-life adapts when asked: every hit and every miss on a recently evicted key
- * is a reuse interval, and the half-life becomes the geometric mean of those intervals
- * (an exponentially weighted mean of their log2). A count then loses half its weight over
- * one typical reuse interval of this workload, whatever the clock unit or the trace.
+ * is a reuse interval, and the half-life becomes the mean of those intervals (a running
+ * mean over the last ~4096). A count then loses half its weight over one mean reuse
+ * interval of this workload, whatever the clock unit or the trace. The arithmetic mean, not
+ * the geometric one: the intervals a cache can observe are cut off by its own size, and the
+ * long tail is what frequency has to bridge.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -50,13 +52,13 @@ void policy_params_init(struct policy_params *p)
 
 void policy_params_observe_reuse(struct policy_params *p, uint64_t interval)
 {
-    double l = log2((double)interval + 1.0);
+    double l = (double)interval;
     /* A plain mean for the first samples, then a window of about 4096 intervals. */
     double w = p->reuse_n < 4096 ? 1.0 / (double)(p->reuse_n + 1) : 1.0 / 4096.0;
     p->reuse_ewma += w * (l - p->reuse_ewma);
     p->reuse_n++;
     if (p->adapt && p->reuse_n >= 16)
-        p->half_life = fmax(1.0, exp2(p->reuse_ewma));
+        p->half_life = fmax(1.0, p->reuse_ewma);
 }
 
 double policy_decayed_log(double count, uint64_t at, const struct policy_params *p)

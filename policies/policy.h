@@ -71,14 +71,14 @@ struct policy_params {
     uint32_t sinks;     /* leading blocks treated as attention sinks */
     uint32_t recent;    /* trailing blocks of a prefix always kept by policy_select() */
     double depth_cost;  /* extra recompute cost per block of depth, relative to block 0 */
-    double reuse_ewma;  /* running mean of log2(reuse interval); 0 = no sample yet */
+    double reuse_ewma;  /* running mean of the reuse interval; 0 = no sample yet */
     uint64_t reuse_n;   /* samples behind reuse_ewma */
     int adapt;          /* 1: half_life follows observed reuse intervals */
 };
 
 void policy_params_init(struct policy_params *p);
 /* Feeds one observed reuse interval (a hit, or a miss on a recently evicted key); with
- * p->adapt the half-life becomes the geometric mean of the intervals seen. */
+ * p->adapt the half-life becomes the mean of the intervals seen. */
 void policy_params_observe_reuse(struct policy_params *p, uint64_t interval);
 
 /* Policy by name ("lru"); -1 if unknown. */
