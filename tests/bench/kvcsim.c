@@ -49,31 +49,32 @@ static void kvcsim_usage(void)
                     "              [--csv FILE] [--plot FILE.png] TRACE\n");
 }
 
-static int kvcsim_plot(const char *csv, const char *png)
+static int kvcsim_plot(const char *csv, const char *png, char **pols, int npol)
 {
-    char cmd[4096];
+    char gp[4096], cmd[4200];
+    FILE *f;
+    int rc;
+
     if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
         fprintf(stderr, "kvcsim: gnuplot not found, no plot\n");
         return 0;
     }
-    snprintf(cmd, sizeof(cmd),
-             "gnuplot -e \"set terminal pngcairo size 900,600 noenhanced; set output '%s';"
-             "set datafile separator ','; set logscale x; set key left top;"
-             "set xlabel 'capacity (blocks)'; set ylabel 'block hit ratio';"
-             "set title 'kvcsim: hit ratio vs capacity'; set grid;"
-             "stats '%s' using 1 nooutput;"
-             "plot for [p in system(\\\"tail -n +2 %s | cut -d, -f1 | awk '!s[\\\\$0]++'\\\")] "
-             "'%s' using (strcol(1) eq p ? \\$2 : 1/0):(strcol(1) eq p ? \\$3 : 1/0) "
-             "with linespoints title p\" 2>&1",
-             png, csv, csv, csv);
-    int rc = system(cmd);
-    if (rc != 0) {
-        /* pngcairo may be missing from gnuplot-nox builds: try the gd png terminal. */
-        char *pos = strstr(cmd, "pngcairo");
-        if (pos)
-            memcpy(pos, "png     ", 8);
-        rc = system(cmd);
-    }
+    snprintf(gp, sizeof(gp), "%s.gp", csv);
+    if (!(f = fopen(gp, "w")))
+        return -errno;
+    fprintf(f, "set terminal png size 900,600\nset output '%s'\n"
+               "set datafile separator ','\nset logscale x\nset key left top\n"
+               "set xlabel 'capacity (blocks)'\nset ylabel 'block hit ratio'\n"
+               "set title 'kvcsim: block hit ratio vs capacity'\nset grid\nplot ",
+            png);
+    for (int i = 0; i < npol; i++)
+        fprintf(f, "%s'%s' using (strcol(1) eq '%s' ? $2 : 1/0):3 with linespoints title '%s'",
+                i ? ", " : "", csv, pols[i], pols[i]);
+    fprintf(f, "\n");
+    fclose(f);
+    snprintf(cmd, sizeof(cmd), "gnuplot '%s'", gp);
+    rc = system(cmd);
+    remove(gp);
     if (rc != 0)
         fprintf(stderr, "kvcsim: gnuplot failed (%d)\n", rc);
     return rc == 0 ? 0 : -EIO;
@@ -185,7 +186,7 @@ int main(int argc, char **argv)
         fclose(csv);
         csv = NULL;
     }
-    if (plot_path && kvcsim_plot(csv_path, plot_path) < 0)
+    if (plot_path && kvcsim_plot(csv_path, plot_path, pols, npol) < 0)
         goto out;
     rc = 0;
 out:
