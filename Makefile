@@ -126,6 +126,13 @@ ifneq ($(abspath $(BUILD)),$(BUILD))
 $(BUILD)/%: $(B)/% ;
 endif
 
+# The trace simulator (docs/policies.md): the policies of libkvcd over tests/lib/sim.c.
+.PHONY: kvcsim
+kvcsim: $(B)/bin/kvcsim
+$(B)/bin/kvcsim: $(B)/obj/tests/bench/kvcsim.o $(B)/obj/tests/lib/sim.o $(B)/lib/libkvcd.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ -lm
+
 # ---- the README's commands -----------------------------------------------
 deps:
 	@sh etc/install-deps.sh

@@ -33,6 +33,12 @@
 #define CONFIG_FILE_MAX (1u << 20) /* a config file is a few KiB; this catches a wrong path */
 #define CONFIG_TEXT_MAX 256        /* value texts and messages built here */
 #define CONFIG_WRAP 80             /* columns of the help comments in config_print */
+/* Longest string value: "name = value" must fit in inih's line buffer, or a printed
+ * configuration would not load back. Paths for the socket stop at 107 bytes anyway. */
+#define CONFIG_STRING_MAX 128
+#define CONFIG_STRINGIFY_(x) #x
+#define CONFIG_STRINGIFY(x) CONFIG_STRINGIFY_(x)
+#define CONFIG_NAME_MAX (INI_MAX_LINE - 3 - 3 - CONFIG_STRING_MAX) /* "\r\n\0", " = " */
 
 const struct config_option config_options[] = {
 #define CONFIG_ROW(sec, nm, type, def, lo, hi, reload, choices, help)                          \
@@ -292,8 +298,11 @@ int config_parse_size(const char *s, uint64_t *out)
     case 'g': shift = 30; break;
     case 't': shift = 40; break;
     case '\0': break;
-    case 'b':
-        return p[1] == '\0' ? (*out = v, 0) : -EINVAL;
+    case 'b': /* bytes: "512b" */
+        if (p[1])
+            return -EINVAL;
+        *out = v;
+        return 0;
     default: return -EINVAL;
     }
     if (shift) {
@@ -426,6 +435,10 @@ static const char *config_string_problem(const char *s)
     }
     if (n && (s[0] == ' ' || s[n - 1] == ' '))
         return "leading or trailing spaces";
+    if (s[0] == ';') /* after "name = " it would start a comment */
+        return "a leading ';'";
+    if (n > CONFIG_STRING_MAX)
+        return "more than " CONFIG_STRINGIFY(CONFIG_STRING_MAX) " bytes";
     return NULL;
 }
 
@@ -710,6 +723,7 @@ struct config *config_new(void)
         const struct config_option *o = &config_options[i];
         int rc;
         assert(o->type != CONFIG_TYPE_ENUM || o->choices);
+        assert(strlen(o->name) <= CONFIG_NAME_MAX);
         rc = config_option_set(c, o, o->def, why, sizeof(why));
         if (rc == -ENOMEM) {
             config_free(c);
@@ -878,33 +892,23 @@ out:
 int config_load_buffer(struct config *c, const char *name, const char *buf, size_t len,
                        char *err, size_t errlen)
 {
-    struct config_parse *p = calloc(1, sizeof(*p));
-    int rc, line;
+    struct config_parse p = {
+        .c = c, .name = name, .buf = buf, .len = len, .err = err, .errlen = errlen,
+    };
+    int line;
 
     if (err && errlen)
         err[0] = '\0';
-    if (!p) {
+    line = ini_parse_stream(config_parse_reader, &p, config_parse_handler, &p);
+    if (line == -2 && !p.err_line) {
         config_err(err, errlen, "%s: out of memory", name);
-        return -ENOMEM;
-    }
-    p->c = c;
-    p->name = name;
-    p->buf = buf;
-    p->len = len;
-    p->err = err;
-    p->errlen = errlen;
-    line = ini_parse_stream(config_parse_reader, p, config_parse_handler, p);
-    rc = p->rc;
-    if (line == -2 && !p->err_line) {
-        config_err(err, errlen, "%s: out of memory", name);
-        rc = -ENOMEM;
-    } else if (line > 0 && (!p->err_line || line < p->err_line)) {
+        p.rc = -ENOMEM;
+    } else if (line > 0 && (!p.err_line || line < p.err_line)) {
         config_err(err, errlen, "%s:%d: syntax error (expected [section] or key = value)",
                    name, line);
-        rc = -EINVAL;
+        p.rc = -EINVAL;
     }
-    free(p);
-    return rc;
+    return p.rc;
 }
 
 int config_load_file(struct config *c, const char *path, char *err, size_t errlen)

@@ -131,8 +131,9 @@ int config_load_buffer(struct config *c, const char *name, const char *buf, size
                        char *err, size_t errlen);
 
 /* Sets one option from "section.name" and a value string, as -o does, with the checks a file
- * value gets. A string value must be writable back to an ini file: no control characters,
- * no leading or trailing whitespace, no " ;". 0, -EINVAL or -ENOMEM. */
+ * value gets. A string value must be writable back to an ini file: at most 128 bytes, no
+ * control characters, no leading or trailing spaces, no leading ';' and no " ;" (both start
+ * a comment). 0, -EINVAL or -ENOMEM. */
 int config_set(struct config *c, const char *key, const char *value, char *err, size_t errlen);
 
 /* Every value within its bounds, then the cross-option checks: low_watermark <

@@ -523,7 +523,7 @@ END_TEST
 START_TEST(test_set)
 {
     struct config *c = config_new();
-    char err[256];
+    char err[256], path[200];
 
     ck_assert_int_eq(config_set(c, "host.size", "4g", err, sizeof(err)), 0);
     ck_assert_str_eq(err, "");
@@ -563,6 +563,15 @@ START_TEST(test_set)
     ck_assert_int_eq(config_set(c, "server.socket", "a ;b", err, sizeof(err)), -EINVAL);
     ck_assert_int_eq(config_set(c, "server.socket", "a\nb", err, sizeof(err)), -EINVAL);
     ck_assert_int_eq(config_set(c, "server.socket", "a\tb", err, sizeof(err)), -EINVAL);
+    ck_assert_int_eq(config_set(c, "server.socket", ";b", err, sizeof(err)), -EINVAL);
+    ck_assert_str_eq(err, "server.socket: value has a leading ';'");
+    memset(path, 'a', sizeof(path) - 1);
+    path[sizeof(path) - 1] = '\0';
+    ck_assert_int_eq(config_set(c, "server.socket_group", path, err, sizeof(err)), -EINVAL);
+    ck_assert_str_eq(err, "server.socket_group: value has more than 128 bytes");
+    path[128] = '\0';
+    ck_assert_int_eq(config_set(c, "server.socket_group", path, err, sizeof(err)), 0);
+    ck_assert_int_eq(config_set(c, "server.socket_group", "", err, sizeof(err)), 0);
     assert_get(c, "server.socket", "/tmp/with space.sock");
     ck_assert_int_eq(config_set(c, "server.socket", "", err, sizeof(err)), 0);
     assert_get(c, "server.socket", "");
@@ -628,7 +637,7 @@ START_TEST(test_validate)
 
     memset(path, 'a', sizeof(path) - 1);
     path[0] = '/';
-    path[sizeof(path) - 1] = '\0';
+    path[108] = '\0';
     ck_assert_int_eq(config_set(c, "server.socket", path, NULL, 0), 0);
     ck_assert_int_eq(config_validate(c, err, sizeof(err)), -EINVAL);
     ck_assert_str_eq(err, "server.socket: path longer than 107 bytes");

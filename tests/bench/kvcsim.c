@@ -1,0 +1,197 @@
+/*
+ * kvcsim — replays a Mooncake-format JSONL trace against kvcd's policies.
+ *
+ *   kvcsim [-c CAPS] [-p POLICIES] [--block-bytes N] [--quant CODEC] [--disk BLOCKS]
+ *          [--ghost F] [--fixed-half-life] [--csv FILE] [--plot FILE.png] TRACE
+ *
+ * CAPS: comma list of capacities in blocks, or in bytes (suffix k/m/g/t) with --block-bytes.
+ * POLICIES: comma list of policy names (lru, lfu, prefix, streaming, h2o, snapkv, keynorm,
+ * quest, default) plus min (Belady, offline) and inf (infinite cache).
+ * Prints one CSV row per (policy, capacity); --plot draws hit ratio vs capacity with gnuplot.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "policies/policy.h"
+#include "tests/lib/sim.h"
+
+#define KVCSIM_MAX 64
+
+static double kvcsim_size(const char *s)
+{
+    char *end;
+    double v = strtod(s, &end);
+    switch (*end) {
+    case 't': case 'T': v *= 1024.0; /* fall through */
+    case 'g': case 'G': v *= 1024.0; /* fall through */
+    case 'm': case 'M': v *= 1024.0; /* fall through */
+    case 'k': case 'K': v *= 1024.0; break;
+    default: break;
+    }
+    return v;
+}
+
+static int kvcsim_split(char *s, char **out, int max)
+{
+    int n = 0;
+    for (char *tok = strtok(s, ","); tok && n < max; tok = strtok(NULL, ","))
+        out[n++] = tok;
+    return n;
+}
+
+static void kvcsim_usage(void)
+{
+    fprintf(stderr, "usage: kvcsim [-c CAPS] [-p POLICIES] [--block-bytes N] [--quant CODEC]\n"
+                    "              [--disk BLOCKS] [--ghost F] [--fixed-half-life]\n"
+                    "              [--csv FILE] [--plot FILE.png] TRACE\n");
+}
+
+static int kvcsim_plot(const char *csv, const char *png, char **pols, int npol)
+{
+    char gp[4096], cmd[4200];
+    FILE *f;
+    int rc;
+
+    if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
+        fprintf(stderr, "kvcsim: gnuplot not found, no plot\n");
+        return 0;
+    }
+    snprintf(gp, sizeof(gp), "%s.gp", csv);
+    if (!(f = fopen(gp, "w")))
+        return -errno;
+    fprintf(f, "set terminal png size 900,600\nset output '%s'\n"
+               "set datafile separator ','\nset logscale x\nset key left top\n"
+               "set xlabel 'capacity (blocks)'\nset ylabel 'block hit ratio'\n"
+               "set title 'kvcsim: block hit ratio vs capacity'\nset grid\nplot ",
+            png);
+    for (int i = 0; i < npol; i++)
+        fprintf(f, "%s'%s' using (strcol(1) eq '%s' ? $2 : 1/0):3 with linespoints title '%s'",
+                i ? ", " : "", csv, pols[i], pols[i]);
+    fprintf(f, "\n");
+    fclose(f);
+    snprintf(cmd, sizeof(cmd), "gnuplot '%s'", gp);
+    rc = system(cmd);
+    remove(gp);
+    if (rc != 0)
+        fprintf(stderr, "kvcsim: gnuplot failed (%d)\n", rc);
+    return rc == 0 ? 0 : -EIO;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        { "capacities", required_argument, 0, 'c' },
+        { "policies", required_argument, 0, 'p' },
+        { "block-bytes", required_argument, 0, 'b' },
+        { "quant", required_argument, 0, 'q' },
+        { "disk", required_argument, 0, 'd' },
+        { "ghost", required_argument, 0, 'g' },
+        { "fixed-half-life", no_argument, 0, 'f' },
+        { "csv", required_argument, 0, 'o' },
+        { "plot", required_argument, 0, 'P' },
+        { 0, 0, 0, 0 },
+    };
+    char capbuf[1024] = "1000,10000,50000,100000", polbuf[1024] = "lru,lfu,prefix,default,min,inf";
+    char *caps[KVCSIM_MAX], *pols[KVCSIM_MAX];
+    const char *csv_path = NULL, *plot_path = NULL;
+    double block_bytes = 0;
+    struct sim_config base;
+    struct sim_trace t;
+    FILE *csv = NULL;
+    int rc = 1, o;
+
+    sim_config_init(&base);
+    while ((o = getopt_long(argc, argv, "c:p:h", opts, NULL)) != -1) {
+        switch (o) {
+        case 'c': snprintf(capbuf, sizeof(capbuf), "%s", optarg); break;
+        case 'p': snprintf(polbuf, sizeof(polbuf), "%s", optarg); break;
+        case 'b': block_bytes = kvcsim_size(optarg); break;
+        case 'q':
+            base.codec = -1;
+            for (int c = 1; c < POLICY_CODEC_COUNT; c++)
+                if (strcmp(optarg, policy_codec_name((enum policy_codec)c)) == 0)
+                    base.codec = c;
+            if (base.codec < 0) {
+                fprintf(stderr, "kvcsim: unknown codec %s\n", optarg);
+                return 2;
+            }
+            break;
+        case 'd': base.disk_blocks = strtoull(optarg, NULL, 0); break;
+        case 'g': base.ghost_factor = strtod(optarg, NULL); break;
+        case 'f': base.adapt = 0; break;
+        case 'o': csv_path = optarg; break;
+        case 'P': plot_path = optarg; break;
+        default: kvcsim_usage(); return 2;
+        }
+    }
+    if (optind != argc - 1) {
+        kvcsim_usage();
+        return 2;
+    }
+    int r = sim_trace_load(&t, argv[optind]);
+    if (r < 0) {
+        fprintf(stderr, "kvcsim: %s: cannot load trace (%s)\n", argv[optind], strerror(-r));
+        return 1;
+    }
+    int ncap = kvcsim_split(capbuf, caps, KVCSIM_MAX);
+    int npol = kvcsim_split(polbuf, pols, KVCSIM_MAX);
+    if (plot_path && !csv_path)
+        csv_path = "kvcsim.csv";
+    if (csv_path && !(csv = fopen(csv_path, "w"))) {
+        fprintf(stderr, "kvcsim: %s: %s\n", csv_path, strerror(errno));
+        goto out;
+    }
+    const char *head = "policy,capacity,block_hit,prefix_hit,token_hit,full_hit,lossy_hit,"
+                       "disk_hit,disk_bytes,half_life\n";
+    printf("# %s: %zu requests, %zu block references, %u distinct blocks\n", argv[optind],
+           t.nreq, t.nref, t.nblocks);
+    fputs(head, stdout);
+    if (csv)
+        fputs(head, csv);
+    for (int pi = 0; pi < npol; pi++) {
+        int pol = sim_policy_from_name(pols[pi]);
+        if (pol < 0) {
+            fprintf(stderr, "kvcsim: unknown policy %s\n", pols[pi]);
+            goto out;
+        }
+        for (int ci = 0; ci < ncap; ci++) {
+            struct sim_config c = base;
+            struct sim_result res;
+            double cap = kvcsim_size(caps[ci]);
+            c.policy = pol;
+            c.capacity = block_bytes > 0 ? cap / block_bytes : cap;
+            if (sim_run(&t, &c, &res) < 0) {
+                fprintf(stderr, "kvcsim: %s@%s failed\n", pols[pi], caps[ci]);
+                goto out;
+            }
+            uint64_t hits = res.hits_full + res.hits_lossy + res.hits_disk;
+            char line[512];
+            snprintf(line, sizeof(line), "%s,%.0f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.0f,%.1f\n",
+                     pols[pi], c.capacity, sim_ratio(hits, res.refs),
+                     sim_ratio(res.prefix_hits, res.refs), sim_ratio(res.token_hits, res.tokens),
+                     sim_ratio(res.hits_full, res.refs), sim_ratio(res.hits_lossy, res.refs),
+                     sim_ratio(res.hits_disk, res.refs),
+                     (double)res.disk_writes * (block_bytes > 0 ? block_bytes : 1.0),
+                     res.half_life);
+            fputs(line, stdout);
+            fflush(stdout);
+            if (csv)
+                fputs(line, csv);
+        }
+    }
+    if (csv) {
+        fclose(csv);
+        csv = NULL;
+    }
+    if (plot_path && kvcsim_plot(csv_path, plot_path, pols, npol) < 0)
+        goto out;
+    rc = 0;
+out:
+    if (csv)
+        fclose(csv);
+    sim_trace_free(&t);
+    return rc;
+}

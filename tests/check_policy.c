@@ -1,0 +1,252 @@
+/*
+ * check_policy — policies/: per-policy ranking tables, budgeted selection, Quest's bound and
+ * the action properties every policy must keep.
+ */
+#include <check.h>
+#include <stdlib.h>
+
+#include "policies/policy.h"
+
+static struct policy_block blk(uint32_t id, uint64_t t, uint32_t depth)
+{
+    struct policy_block b = { .id = id, .last_access = t, .depth = depth, .bytes = 100,
+                              .freq = 1.0f };
+    return b;
+}
+
+START_TEST(test_names)
+{
+    for (int k = 0; k < POLICY_KIND_COUNT; k++)
+        ck_assert_int_eq(policy_from_name(policy_name((enum policy_kind)k)), k);
+    ck_assert_int_eq(policy_from_name("nope"), -1);
+    ck_assert_int_eq(policy_from_name(NULL), -1);
+}
+END_TEST
+
+START_TEST(test_lru_order)
+{
+    struct policy_block b[4] = { blk(1, 30, 0), blk(2, 10, 1), blk(3, 10, 4), blk(4, 20, 0) };
+    policy_rank(POLICY_LRU, b, 4, 100);
+    ck_assert_uint_eq(b[0].id, 3); /* oldest; deeper wins the tie */
+    ck_assert_uint_eq(b[1].id, 2);
+    ck_assert_uint_eq(b[2].id, 4);
+    ck_assert_uint_eq(b[3].id, 1);
+}
+END_TEST
+
+START_TEST(test_blocked_last_every_policy)
+{
+    for (int k = 0; k < POLICY_KIND_COUNT; k++) {
+        struct policy_block b[3] = { blk(1, 1, 5), blk(2, 2, 5), blk(3, 90, 5) };
+        b[0].flags = POLICY_BLOCK_PINNED;
+        b[1].children = 2;
+        policy_rank((enum policy_kind)k, b, 3, 100);
+        ck_assert_msg(b[0].id == 3, "%s", policy_name((enum policy_kind)k));
+    }
+}
+END_TEST
+
+START_TEST(test_lfu_frequency_and_decay)
+{
+    struct policy_params p;
+    policy_params_init(&p);
+    p.half_life = 10;
+    struct policy_block a = blk(1, 0, 1), b = blk(2, 0, 1);
+    policy_commit(&a, 0);
+    policy_commit(&b, 0);
+    for (int i = 1; i <= 3; i++)
+        policy_touch(&a, (uint64_t)i, &p);
+    policy_touch(&b, 3, &p);
+    ck_assert_double_lt(policy_key(POLICY_LFU, &b, &p), policy_key(POLICY_LFU, &a, &p));
+    ck_assert_uint_eq(a.hits, 3);
+    /* Much later, a single recent access outweighs an old count. */
+    struct policy_block c = blk(3, 0, 1);
+    policy_commit(&c, 200);
+    ck_assert_double_lt(policy_key(POLICY_LFU, &a, &p), policy_key(POLICY_LFU, &c, &p));
+    /* Ghost restore carries the count over. */
+    struct policy_block g = blk(4, 0, 1);
+    policy_commit(&g, 5);
+    policy_ghost_restore(&g, 3.0f, 5, 5, &p);
+    ck_assert_double_eq_tol(g.freq, 4.0, 1e-6);
+}
+END_TEST
+
+START_TEST(test_prefix_and_default)
+{
+    struct policy_params p;
+    policy_params_init(&p);
+    p.half_life = 100;
+    p.depth_cost = 0.1;
+    struct policy_block a = blk(1, 50, 1), b = blk(2, 50, 30);
+    ck_assert_double_lt(policy_key(POLICY_PREFIX, &a, &p), policy_key(POLICY_PREFIX, &b, &p));
+    struct policy_block c = blk(3, 50, 1);
+    c.children = 3;
+    ck_assert_double_lt(policy_key(POLICY_PREFIX, &a, &p), policy_key(POLICY_PREFIX, &c, &p));
+    struct policy_block d = blk(4, 50, 1);
+    d.flags = POLICY_BLOCK_PARTIAL;
+    ck_assert_double_lt(policy_key(POLICY_DEFAULT, &d, &p), policy_key(POLICY_DEFAULT, &a, &p));
+    struct policy_block e = blk(5, 50, 1);
+    e.hint = 10;
+    ck_assert_double_lt(policy_key(POLICY_DEFAULT, &a, &p), policy_key(POLICY_DEFAULT, &e, &p));
+}
+END_TEST
+
+START_TEST(test_signal_policies)
+{
+    struct policy_params p;
+    policy_params_init(&p);
+    p.half_life = 1000;
+    struct policy_block s = blk(1, 0, 0), m = blk(2, 90, 5), h = blk(3, 10, 6);
+    /* StreamingLLM: the sink outlives a more recent middle block. */
+    ck_assert_double_lt(policy_key(POLICY_STREAMING, &m, &p),
+                        policy_key(POLICY_STREAMING, &s, &p));
+    /* H2O: a heavy hitter outlives a recent block with no attention. */
+    policy_hint(&h, 5.0f, 10, &p);
+    ck_assert_double_lt(policy_key(POLICY_H2O, &m, &p), policy_key(POLICY_H2O, &h, &p));
+    /* SnapKV: higher window score kept. */
+    m.snap = 0.1f;
+    h.snap = 0.7f;
+    ck_assert_double_lt(policy_key(POLICY_SNAPKV, &m, &p), policy_key(POLICY_SNAPKV, &h, &p));
+    /* Key-norm: the high-norm block goes first. */
+    m.key_norm = 9.0f;
+    h.key_norm = 2.0f;
+    ck_assert_double_lt(policy_key(POLICY_KEYNORM, &m, &p), policy_key(POLICY_KEYNORM, &h, &p));
+}
+END_TEST
+
+START_TEST(test_quest_bound)
+{
+    const float q[2] = { 1, -1 }, kmin[2] = { 0, -2 }, kmax[2] = { 1, 3 };
+    ck_assert_double_eq_tol(policy_quest_bound(q, kmin, kmax, 2), 3.0, 1e-9);
+    /* The bound is >= q·k for any k inside the box. */
+    const float k[2] = { 0.5f, -1.5f };
+    ck_assert_double_ge(policy_quest_bound(q, kmin, kmax, 2), q[0] * k[0] + q[1] * k[1]);
+}
+END_TEST
+
+START_TEST(test_select)
+{
+    struct policy_params p;
+    policy_params_init(&p);
+    p.sinks = 1;
+    p.recent = 2;
+    struct policy_block b[10];
+    float kmin[10], kmax[10], q[1] = { 1 };
+    for (int i = 0; i < 10; i++) {
+        b[i] = blk((uint32_t)i, 0, (uint32_t)i);
+        kmin[i] = 0;
+        kmax[i] = (float)i == 3 ? 10.0f : 1.0f;
+    }
+    struct policy_query qq = { .q = q, .kmin = kmin, .kmax = kmax, .dim = 1 };
+    uint32_t pos[10];
+    size_t m = policy_select(POLICY_QUEST, b, 10, 4, 0, &p, &qq, pos);
+    ck_assert_uint_eq(m, 4);
+    ck_assert_uint_eq(pos[0], 0);
+    ck_assert_uint_eq(pos[1], 3);
+    ck_assert_uint_eq(pos[2], 8);
+    ck_assert_uint_eq(pos[3], 9);
+    /* Budget below sinks + window: sinks first, then the newest. */
+    m = policy_select(POLICY_STREAMING, b, 10, 2, 0, &p, NULL, pos);
+    ck_assert_uint_eq(m, 2);
+    ck_assert_uint_eq(pos[0], 0);
+    ck_assert_uint_eq(pos[1], 9);
+    /* Every policy keeps sinks and window and respects the budget. */
+    for (int k = 0; k < POLICY_KIND_COUNT; k++) {
+        m = policy_select((enum policy_kind)k, b, 10, 5, 0, &p, NULL, pos);
+        ck_assert_uint_eq(m, 5);
+        ck_assert_uint_eq(pos[0], 0);
+        ck_assert_uint_eq(pos[3], 8);
+        ck_assert_uint_eq(pos[4], 9);
+    }
+}
+END_TEST
+
+/* The properties, for every policy, over random metadata and pressures. */
+START_TEST(test_decide_properties)
+{
+    static const uint8_t bad_plan[4] = { POLICY_CODEC_RAW, POLICY_CODEC_RAW, POLICY_CODEC_Q4,
+                                         POLICY_CODEC_Q8 };
+    static const uint8_t good_plan[4] = { POLICY_CODEC_RAW, POLICY_CODEC_RAW, POLICY_CODEC_Q8,
+                                          POLICY_CODEC_Q8 };
+    struct policy_params p;
+    policy_params_init(&p);
+    srand(7);
+    for (int round = 0; round < 300; round++) {
+        for (int k = 0; k < POLICY_KIND_COUNT; k++) {
+            struct policy_block b[32], orig[32];
+            struct policy_action a[32];
+            for (int i = 0; i < 32; i++) {
+                b[i] = blk((uint32_t)i, (uint64_t)(rand() % 1000), (uint32_t)(rand() % 8));
+                b[i].hits = (uint32_t)(rand() % 3);
+                b[i].children = rand() % 3 == 0 ? 1 : 0;
+                b[i].flags = (rand() % 4 == 0 ? POLICY_BLOCK_PINNED : 0) |
+                             (rand() % 5 == 0 ? POLICY_BLOCK_SINK : 0) |
+                             (rand() % 6 == 0 ? POLICY_BLOCK_QUANTIZED : 0);
+                b[i].hint = (float)(rand() % 10);
+                b[i].key_norm = (float)(rand() % 10);
+                orig[i] = b[i];
+            }
+            struct policy_pressure pr = {
+                .bytes_to_free = (uint64_t)(rand() % 4000),
+                .actions = (uint32_t)(rand() % 16) & ~1u,
+                .codecs = round % 3 == 0 ? 0 : 1u << POLICY_CODEC_Q8,
+                .miss_cost = 1, .disk_cost = 0.5,
+            };
+            if (round % 5 == 1) {
+                pr.layers = 4;
+                pr.layer_codec = round % 2 ? bad_plan : good_plan;
+            }
+            size_t m = policy_decide((enum policy_kind)k, b, 32, 1000, &p, &pr, a);
+            ck_assert_uint_le(m, 32);
+            for (size_t i = 0; i < m; i++) {
+                const struct policy_block *o = &orig[a[i].id];
+                ck_assert(!(o->flags & POLICY_BLOCK_PINNED));
+                ck_assert(pr.actions & (1u << a[i].action));
+                if (a[i].action == POLICY_ACTION_DROP)
+                    ck_assert_uint_eq(o->children, 0);
+                if (a[i].action == POLICY_ACTION_QUANTIZE) {
+                    ck_assert_uint_ne(pr.codecs, 0);
+                    ck_assert(pr.layer_codec != bad_plan || pr.layers == 0);
+                    ck_assert(!(o->flags & POLICY_BLOCK_SINK));
+                    ck_assert(pr.codecs & (1u << a[i].codec));
+                }
+            }
+        }
+    }
+}
+END_TEST
+
+START_TEST(test_quantized_bytes)
+{
+    static const uint8_t plan[2] = { POLICY_CODEC_RAW, POLICY_CODEC_Q8 };
+    struct policy_pressure pr = { .codecs = 1u << POLICY_CODEC_Q8 };
+    ck_assert_uint_eq(policy_quantized_bytes(&pr, 6400), 3400);
+    pr.layers = 2;
+    pr.layer_codec = plan;
+    ck_assert_uint_eq(policy_quantized_bytes(&pr, 6400), 4900);
+    pr.codecs = 0;
+    ck_assert_uint_eq(policy_quantized_bytes(&pr, 6400), 0);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("policy");
+    TCase *tc = tcase_create("core");
+    tcase_add_test(tc, test_names);
+    tcase_add_test(tc, test_lru_order);
+    tcase_add_test(tc, test_blocked_last_every_policy);
+    tcase_add_test(tc, test_lfu_frequency_and_decay);
+    tcase_add_test(tc, test_prefix_and_default);
+    tcase_add_test(tc, test_signal_policies);
+    tcase_add_test(tc, test_quest_bound);
+    tcase_add_test(tc, test_select);
+    tcase_add_test(tc, test_decide_properties);
+    tcase_add_test(tc, test_quantized_bytes);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,770 @@
+/*
+ * sim.c — trace-driven cache simulator.
+ *
+ * DESIGN
+ * A trace is a list of requests, each a path of block ids from the root of the prefix tree.
+ * The simulated clock ticks once per request (timestamps only order the requests), so ties
+ * within a request are broken by policy_rank's rule: the deeper block first.
+ *
+ * Cache model, exact ordering: every unpinned fast-tier block sits in a binary heap ordered
+ * by policy_key() (ties: deeper, then lower id — policy_rank's order), so the block acted on
+ * is the one policy_rank() would put first among all blocks, not a sample. policy_decide()
+ * on that block chooses the action: quantize (takes codec ratio of the room, stays in the
+ * heap), offload (to a disk tier with its own capacity and heap), drop (leaves only), or
+ * keep (an inner block: parked until its last child goes). A block is only cached while its
+ * parent is (inserting walks the path, and eviction takes leaves), as in the daemon. Blocks
+ * of the request being served are pinned. A key that was evicted recently (within
+ * ghost_factor × capacity evictions) gets its decayed count back (policy_ghost_restore), and
+ * every hit and ghost hit feeds the half-life (policy_params_observe_reuse). Keys depend on
+ * the half-life, so when it moves by more than 5 % the heaps are rebuilt.
+ *
+ * Belady MIN: references flattened in order; each cached block keyed by its next use in a
+ * max-heap; on a miss the block is inserted and the farthest next use evicted (the block
+ * itself when its own next use is farthest: MIN bypasses). O(n log n). It ignores the prefix
+ * invariant, but a parent's next use never comes after its child's, so it keeps it anyway.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "policies/policy.h"
+#include "tests/lib/sim.h"
+
+/* ---- trace ------------------------------------------------------------------------- */
+
+struct sim_map {
+    uint64_t *key;
+    uint32_t *val;
+    size_t cap, n;
+};
+
+static uint64_t sim_hash(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    return x;
+}
+
+static int sim_map_grow(struct sim_map *m)
+{
+    size_t cap = m->cap ? m->cap * 2 : 1024;
+    uint64_t *k = malloc(cap * sizeof(*k));
+    uint32_t *v = malloc(cap * sizeof(*v));
+    if (!k || !v) {
+        free(k);
+        free(v);
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < cap; i++)
+        v[i] = UINT32_MAX;
+    for (size_t i = 0; i < m->cap; i++) {
+        if (m->val[i] == UINT32_MAX)
+            continue;
+        size_t h = sim_hash(m->key[i]) & (cap - 1);
+        while (v[h] != UINT32_MAX)
+            h = (h + 1) & (cap - 1);
+        k[h] = m->key[i];
+        v[h] = m->val[i];
+    }
+    free(m->key);
+    free(m->val);
+    m->key = k;
+    m->val = v;
+    m->cap = cap;
+    return 0;
+}
+
+/* Dense id of `key`, assigning the next one when new; UINT32_MAX on -ENOMEM. */
+static uint32_t sim_map_get(struct sim_map *m, uint64_t key)
+{
+    if ((m->n + 1) * 2 > m->cap && sim_map_grow(m) < 0)
+        return UINT32_MAX;
+    size_t h = sim_hash(key) & (m->cap - 1);
+    while (m->val[h] != UINT32_MAX) {
+        if (m->key[h] == key)
+            return m->val[h];
+        h = (h + 1) & (m->cap - 1);
+    }
+    m->key[h] = key;
+    m->val[h] = (uint32_t)m->n++;
+    return m->val[h];
+}
+
+static const char *sim_field(const char *s, const char *end, const char *name)
+{
+    size_t nl = strlen(name);
+    for (const char *p = s; p + nl + 2 <= end; p++)
+        if (*p == '"' && memcmp(p + 1, name, nl) == 0 && p[nl + 1] == '"') {
+            p += nl + 2;
+            while (p < end && (*p == ' ' || *p == ':'))
+                p++;
+            return p;
+        }
+    return NULL;
+}
+
+static int sim_num(const char **pp, const char *end, uint64_t *out)
+{
+    const char *p = *pp;
+    uint64_t v = 0;
+    int digits = 0;
+    while (p < end && *p == ' ')
+        p++;
+    while (p < end && *p >= '0' && *p <= '9') {
+        v = v * 10 + (uint64_t)(*p - '0');
+        p++;
+        digits++;
+    }
+    if (p < end && *p == '.') /* fractional timestamps: keep the integer part */
+        for (p++; p < end && *p >= '0' && *p <= '9'; p++)
+            ;
+    *pp = p;
+    *out = v;
+    return digits ? 0 : -EINVAL;
+}
+
+int sim_trace_parse(struct sim_trace *t, const char *text, size_t len)
+{
+    struct sim_map map = { 0 };
+    size_t rcap = 0, icap = 0;
+    int rc = 0;
+    const char *p = text, *end = text + len;
+
+    memset(t, 0, sizeof(*t));
+    while (p < end) {
+        const char *eol = memchr(p, '\n', (size_t)(end - p));
+        if (!eol)
+            eol = end;
+        const char *q = p;
+        while (q < eol && (*q == ' ' || *q == '\r' || *q == '\t'))
+            q++;
+        if (q == eol) {
+            p = eol + 1;
+            continue;
+        }
+        if (t->nreq == rcap) {
+            rcap = rcap ? rcap * 2 : 1024;
+            struct sim_req *nr = realloc(t->req, rcap * sizeof(*nr));
+            if (!nr) {
+                rc = -ENOMEM;
+                goto out;
+            }
+            t->req = nr;
+        }
+        struct sim_req *r = &t->req[t->nreq];
+        uint64_t v = 0;
+        const char *f = sim_field(p, eol, "timestamp");
+        r->ts = f && sim_num(&f, eol, &v) == 0 ? v : 0;
+        f = sim_field(p, eol, "input_length");
+        r->input_len = f && sim_num(&f, eol, &v) == 0 ? (uint32_t)v : 0;
+        f = sim_field(p, eol, "hash_ids");
+        if (!f || *f != '[') {
+            rc = -EINVAL;
+            goto out;
+        }
+        f++;
+        r->off = (uint32_t)t->nref;
+        r->len = 0;
+        for (;;) {
+            while (f < eol && (*f == ' ' || *f == ','))
+                f++;
+            if (f < eol && *f == ']')
+                break;
+            if (sim_num(&f, eol, &v) < 0) {
+                rc = -EINVAL;
+                goto out;
+            }
+            if (t->nref == icap) {
+                icap = icap ? icap * 2 : 65536;
+                uint32_t *ni = realloc(t->ids, icap * sizeof(*ni));
+                if (!ni) {
+                    rc = -ENOMEM;
+                    goto out;
+                }
+                t->ids = ni;
+            }
+            uint32_t id = sim_map_get(&map, v);
+            if (id == UINT32_MAX) {
+                rc = -ENOMEM;
+                goto out;
+            }
+            t->ids[t->nref++] = id;
+            r->len++;
+        }
+        if (r->input_len == 0)
+            r->input_len = r->len * SIM_BLOCK_TOKENS;
+        t->nreq++;
+        p = eol + 1;
+    }
+    t->nblocks = (uint32_t)map.n;
+out:
+    free(map.key);
+    free(map.val);
+    if (rc < 0)
+        sim_trace_free(t);
+    return rc;
+}
+
+int sim_trace_load(struct sim_trace *t, const char *path)
+{
+    int rc = 0;
+    char *buf = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return -errno;
+    if (fseek(f, 0, SEEK_END) < 0) {
+        rc = -errno;
+        goto out;
+    }
+    long n = ftell(f);
+    if (n < 0) {
+        rc = -errno;
+        goto out;
+    }
+    rewind(f);
+    buf = malloc((size_t)n + 1);
+    if (!buf) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        rc = -EIO;
+        goto out;
+    }
+    rc = sim_trace_parse(t, buf, (size_t)n);
+out:
+    free(buf);
+    fclose(f);
+    return rc;
+}
+
+void sim_trace_free(struct sim_trace *t)
+{
+    free(t->req);
+    free(t->ids);
+    memset(t, 0, sizeof(*t));
+}
+
+int sim_policy_from_name(const char *name)
+{
+    if (!name)
+        return -1;
+    if (strcmp(name, "min") == 0)
+        return SIM_POLICY_MIN;
+    if (strcmp(name, "inf") == 0 || strcmp(name, "infinite") == 0)
+        return SIM_POLICY_INFINITE;
+    return policy_from_name(name);
+}
+
+const char *sim_policy_name(int policy)
+{
+    if (policy == SIM_POLICY_MIN)
+        return "min";
+    if (policy == SIM_POLICY_INFINITE)
+        return "inf";
+    return policy_name((enum policy_kind)policy);
+}
+
+void sim_config_init(struct sim_config *c)
+{
+    memset(c, 0, sizeof(*c));
+    c->policy = POLICY_LRU;
+    c->capacity = 1000;
+    c->ghost_factor = 8.0;
+    c->adapt = 1;
+}
+
+static uint32_t sim_block_tokens(const struct sim_req *r, uint32_t j)
+{
+    uint64_t start = (uint64_t)j * SIM_BLOCK_TOKENS;
+    if (r->input_len <= start)
+        return SIM_BLOCK_TOKENS; /* inconsistent length: count the block as full */
+    uint64_t left = r->input_len - start;
+    return left < SIM_BLOCK_TOKENS ? (uint32_t)left : SIM_BLOCK_TOKENS;
+}
+
+/* ---- heaps ------------------------------------------------------------------------- */
+
+/* Indexed min-heap over dense ids by (key, deeper first, lower id). */
+struct sim_heap {
+    uint32_t *a;
+    uint32_t n;
+    uint32_t *pos; /* UINT32_MAX = not in this heap */
+    const double *key;
+    const struct policy_block *blk;
+};
+
+static int sim_heap_less(const struct sim_heap *h, uint32_t x, uint32_t y)
+{
+    if (h->key[x] != h->key[y])
+        return h->key[x] < h->key[y];
+    if (h->blk[x].depth != h->blk[y].depth)
+        return h->blk[x].depth > h->blk[y].depth;
+    return x < y;
+}
+
+static void sim_heap_set(struct sim_heap *h, uint32_t i, uint32_t x)
+{
+    h->a[i] = x;
+    h->pos[x] = i;
+}
+
+static void sim_heap_up(struct sim_heap *h, uint32_t i)
+{
+    uint32_t x = h->a[i];
+    while (i > 0) {
+        uint32_t p = (i - 1) / 2;
+        if (!sim_heap_less(h, x, h->a[p]))
+            break;
+        sim_heap_set(h, i, h->a[p]);
+        i = p;
+    }
+    sim_heap_set(h, i, x);
+}
+
+static void sim_heap_down(struct sim_heap *h, uint32_t i)
+{
+    uint32_t x = h->a[i];
+    for (;;) {
+        uint32_t c = 2 * i + 1;
+        if (c >= h->n)
+            break;
+        if (c + 1 < h->n && sim_heap_less(h, h->a[c + 1], h->a[c]))
+            c++;
+        if (!sim_heap_less(h, h->a[c], x))
+            break;
+        sim_heap_set(h, i, h->a[c]);
+        i = c;
+    }
+    sim_heap_set(h, i, x);
+}
+
+static void sim_heap_push(struct sim_heap *h, uint32_t x)
+{
+    if (h->pos[x] != UINT32_MAX) {
+        sim_heap_up(h, h->pos[x]);
+        sim_heap_down(h, h->pos[x]);
+        return;
+    }
+    h->a[h->n] = x;
+    h->pos[x] = h->n;
+    sim_heap_up(h, h->n++);
+}
+
+static void sim_heap_remove(struct sim_heap *h, uint32_t x)
+{
+    uint32_t i = h->pos[x];
+    if (i == UINT32_MAX)
+        return;
+    h->pos[x] = UINT32_MAX;
+    h->n--;
+    if (i == h->n)
+        return;
+    uint32_t y = h->a[h->n];
+    sim_heap_set(h, i, y);
+    sim_heap_up(h, i);
+    sim_heap_down(h, h->pos[y]);
+}
+
+static void sim_heap_rebuild(struct sim_heap *h)
+{
+    for (uint32_t i = h->n / 2; i-- > 0;)
+        sim_heap_down(h, i);
+}
+
+/* ---- policy-driven cache ------------------------------------------------------------ */
+
+enum sim_where { SIM_NONE = 0, SIM_FULL, SIM_QUANT, SIM_DISK };
+
+struct sim_state {
+    const struct sim_trace *t;
+    const struct sim_config *c;
+    struct sim_result *r;
+    struct policy_params p;
+    struct policy_block *blk;
+    double *key;
+    uint32_t *parent;
+    uint8_t *where;
+    uint8_t *pinned;
+    uint64_t *ghost_seq; /* eviction sequence + 1 when last evicted; 0 = never */
+    float *ghost_freq;
+    uint64_t *ghost_time;
+    struct sim_heap host, disk;
+    double used;          /* fast-tier room in use, in blocks */
+    uint64_t disk_used;
+    uint64_t evictions;
+    double keyed_half_life; /* the half-life the heap keys were computed with */
+    double qratio;
+};
+
+#define SIM_BLOCK_BYTES (1u << 20)
+
+static double sim_room(const struct sim_state *s, uint32_t x)
+{
+    return s->where[x] == SIM_QUANT ? s->qratio : 1.0;
+}
+
+static void sim_rekey(struct sim_state *s, uint32_t x)
+{
+    s->key[x] = policy_key((enum policy_kind)s->c->policy, &s->blk[x], &s->p);
+}
+
+static void sim_maybe_rebuild(struct sim_state *s)
+{
+    if (fabs(s->p.half_life - s->keyed_half_life) <= 0.05 * s->keyed_half_life)
+        return;
+    s->keyed_half_life = s->p.half_life;
+    for (uint32_t i = 0; i < s->host.n; i++)
+        sim_rekey(s, s->host.a[i]);
+    for (uint32_t i = 0; i < s->disk.n; i++)
+        sim_rekey(s, s->disk.a[i]);
+    sim_heap_rebuild(&s->host);
+    sim_heap_rebuild(&s->disk);
+}
+
+/* A block left the cache altogether. */
+static void sim_forget(struct sim_state *s, uint32_t x)
+{
+    s->where[x] = SIM_NONE;
+    s->evictions++;
+    s->ghost_seq[x] = s->evictions;
+    s->ghost_freq[x] = s->blk[x].freq;
+    s->ghost_time[x] = s->blk[x].last_access;
+    uint32_t par = s->parent[x];
+    if (par != UINT32_MAX && s->where[par] != SIM_NONE) {
+        s->blk[par].children--;
+        sim_rekey(s, par);
+        if (s->pinned[par])
+            return;
+        if (s->where[par] == SIM_DISK)
+            sim_heap_push(&s->disk, par);
+        else
+            sim_heap_push(&s->host, par);
+    }
+}
+
+/* Makes room for one block on disk; 0 when there is room, -ENOSPC if none can be made. */
+static int sim_disk_room(struct sim_state *s)
+{
+    while (s->disk_used >= s->c->disk_blocks) {
+        if (s->disk.n == 0)
+            return -ENOSPC;
+        uint32_t x = s->disk.a[0];
+        sim_heap_remove(&s->disk, x);
+        if (s->blk[x].children > 0)
+            continue; /* parked until its last child goes (sim_forget pushes it back) */
+        s->disk_used--;
+        sim_forget(s, x);
+    }
+    return 0;
+}
+
+/* Frees fast-tier room until `need` more fits; -ENOSPC when only pinned blocks remain. */
+static int sim_host_room(struct sim_state *s, double need, uint64_t now)
+{
+    struct policy_pressure pr = {
+        .bytes_to_free = 1,
+        .codecs = s->c->codec ? 1u << s->c->codec : 0,
+        .miss_cost = 1.0,
+        .disk_cost = 0.1,
+    };
+    while (s->used + need > s->c->capacity + 1e-9) {
+        if (s->host.n == 0)
+            return -ENOSPC;
+        uint32_t x = s->host.a[0];
+        struct policy_block b = s->blk[x];
+        struct policy_action a;
+        b.bytes = s->where[x] == SIM_QUANT ? (uint64_t)(SIM_BLOCK_BYTES * s->qratio)
+                                           : SIM_BLOCK_BYTES;
+        b.flags &= ~(POLICY_BLOCK_QUANTIZED | POLICY_BLOCK_ON_DISK);
+        if (s->where[x] == SIM_QUANT)
+            b.flags |= POLICY_BLOCK_QUANTIZED;
+        pr.actions = 1u << POLICY_ACTION_DROP;
+        if (s->c->codec)
+            pr.actions |= 1u << POLICY_ACTION_QUANTIZE;
+        if (s->c->disk_blocks && sim_disk_room(s) == 0)
+            pr.actions |= 1u << POLICY_ACTION_OFFLOAD;
+        size_t m = policy_decide((enum policy_kind)s->c->policy, &b, 1, now, &s->p, &pr, &a);
+        sim_heap_remove(&s->host, x);
+        if (m == 0)
+            continue; /* an inner block nothing applies to: parked until a leaf */
+        switch (a.action) {
+        case POLICY_ACTION_QUANTIZE:
+            s->used -= 1.0 - s->qratio;
+            s->where[x] = SIM_QUANT;
+            s->blk[x].flags |= POLICY_BLOCK_QUANTIZED;
+            sim_heap_push(&s->host, x);
+            break;
+        case POLICY_ACTION_OFFLOAD:
+            s->used -= sim_room(s, x);
+            s->where[x] = SIM_DISK;
+            s->disk_used++;
+            s->r->disk_writes++;
+            sim_heap_push(&s->disk, x);
+            break;
+        default:
+            s->used -= sim_room(s, x);
+            sim_forget(s, x);
+            break;
+        }
+    }
+    return 0;
+}
+
+static int sim_policy_run(struct sim_state *s)
+{
+    const struct sim_trace *t = s->t;
+    uint64_t ghost_window = (uint64_t)(s->c->ghost_factor * s->c->capacity);
+
+    for (size_t qi = 0; qi < t->nreq; qi++) {
+        const struct sim_req *rq = &t->req[qi];
+        const uint32_t *ids = t->ids + rq->off;
+        uint64_t now = qi + 1;
+        uint32_t j = 0, parent = UINT32_MAX;
+        int prefix = 1;
+
+        for (j = 0; j < rq->len; j++) {
+            uint32_t x = ids[j], tok = sim_block_tokens(rq, j);
+            s->r->refs++;
+            s->r->tokens += tok;
+            if (s->where[x] == SIM_NONE) {
+                prefix = 0;
+                /* Cached only below a cached parent (the request's previous block). */
+                if (j > 0 && (parent == UINT32_MAX || s->where[parent] == SIM_NONE)) {
+                    parent = UINT32_MAX;
+                    continue;
+                }
+                if (sim_host_room(s, 1.0, now) < 0 ||
+                    (j > 0 && s->where[parent] == SIM_NONE)) {
+                    parent = UINT32_MAX;
+                    continue;
+                }
+                memset(&s->blk[x], 0, sizeof(s->blk[x]));
+                s->blk[x].id = x;
+                s->blk[x].depth = j;
+                s->blk[x].bytes = SIM_BLOCK_BYTES;
+                policy_commit(&s->blk[x], now);
+                if (tok < SIM_BLOCK_TOKENS)
+                    s->blk[x].flags |= POLICY_BLOCK_PARTIAL;
+                if (j == 0)
+                    s->blk[x].flags |= POLICY_BLOCK_SINK;
+                if (s->ghost_seq[x] && s->evictions - s->ghost_seq[x] < ghost_window) {
+                    policy_params_observe_reuse(&s->p, now - s->ghost_time[x]);
+                    policy_ghost_restore(&s->blk[x], s->ghost_freq[x], s->ghost_time[x], now,
+                                         &s->p);
+                }
+                s->where[x] = SIM_FULL;
+                s->used += 1.0;
+                s->parent[x] = j > 0 ? parent : UINT32_MAX;
+                if (j > 0) {
+                    s->blk[parent].children++;
+                    sim_rekey(s, parent);
+                }
+            } else {
+                if (s->where[x] == SIM_FULL)
+                    s->r->hits_full++;
+                else if (s->where[x] == SIM_QUANT)
+                    s->r->hits_lossy++;
+                else
+                    s->r->hits_disk++;
+                s->r->token_hits += tok;
+                if (prefix)
+                    s->r->prefix_hits++;
+                policy_params_observe_reuse(&s->p, now - s->blk[x].last_access);
+                policy_touch(&s->blk[x], now, &s->p);
+                if (s->where[x] == SIM_DISK) {
+                    /* Promoted into the fast tier before it is served. */
+                    sim_heap_remove(&s->disk, x);
+                    s->disk_used--;
+                    s->pinned[x] = 1;
+                    if (sim_host_room(s, 1.0, now) == 0) {
+                        s->where[x] = SIM_FULL;
+                        s->used += 1.0;
+                    } else {
+                        s->disk_used++;
+                    }
+                }
+                sim_heap_remove(&s->host, x);
+                sim_heap_remove(&s->disk, x);
+            }
+            s->pinned[x] = 1;
+            sim_rekey(s, x);
+            parent = x;
+        }
+        /* Unpin: the request's blocks become candidates again. */
+        for (j = 0; j < rq->len; j++) {
+            uint32_t x = ids[j];
+            if (!s->pinned[x])
+                continue;
+            s->pinned[x] = 0;
+            if (s->where[x] == SIM_NONE)
+                continue;
+            sim_rekey(s, x);
+            if (s->where[x] == SIM_DISK)
+                sim_heap_push(&s->disk, x);
+            else
+                sim_heap_push(&s->host, x);
+        }
+        sim_maybe_rebuild(s);
+    }
+    s->r->half_life = s->p.half_life;
+    return 0;
+}
+
+/* ---- oracle and infinite cache ------------------------------------------------------- */
+
+struct sim_min_ent {
+    uint64_t next;
+    uint32_t id;
+};
+
+static void sim_min_push(struct sim_min_ent *h, size_t *n, struct sim_min_ent e)
+{
+    size_t i = (*n)++;
+    while (i > 0 && h[(i - 1) / 2].next < e.next) {
+        h[i] = h[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    h[i] = e;
+}
+
+static struct sim_min_ent sim_min_pop(struct sim_min_ent *h, size_t *n)
+{
+    struct sim_min_ent top = h[0], x = h[--(*n)];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= *n)
+            break;
+        if (c + 1 < *n && h[c + 1].next > h[c].next)
+            c++;
+        if (h[c].next <= x.next)
+            break;
+        h[i] = h[c];
+        i = c;
+    }
+    if (*n)
+        h[i] = x;
+    return top;
+}
+
+static int sim_oracle_run(const struct sim_trace *t, const struct sim_config *c,
+                          struct sim_result *r)
+{
+    int rc = 0;
+    int inf = c->policy == SIM_POLICY_INFINITE;
+    uint64_t cap = inf ? UINT64_MAX : (uint64_t)c->capacity;
+    uint64_t *next = malloc(t->nref * sizeof(*next));
+    uint64_t *last = malloc((size_t)t->nblocks * sizeof(*last));
+    uint64_t *cur = calloc(t->nblocks ? t->nblocks : 1, sizeof(*cur)); /* 0 = not cached */
+    struct sim_min_ent *h = malloc((t->nref + 1) * sizeof(*h));
+    size_t hn = 0, cached = 0;
+
+    if (!next || !last || !cur || !h) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    for (uint32_t b = 0; b < t->nblocks; b++)
+        last[b] = UINT64_MAX;
+    for (size_t i = t->nref; i-- > 0;) {
+        next[i] = last[t->ids[i]];
+        last[t->ids[i]] = i;
+    }
+    for (size_t qi = 0, i = 0; qi < t->nreq; qi++) {
+        const struct sim_req *rq = &t->req[qi];
+        int prefix = 1;
+        for (uint32_t j = 0; j < rq->len; j++, i++) {
+            uint32_t x = t->ids[i], tok = sim_block_tokens(rq, j);
+            r->refs++;
+            r->tokens += tok;
+            if (cur[x]) {
+                r->hits_full++;
+                r->token_hits += tok;
+                if (prefix)
+                    r->prefix_hits++;
+            } else {
+                prefix = 0;
+                cached++;
+            }
+            /* next use + 1 so that 0 stays "not cached"; UINT64_MAX = never again */
+            cur[x] = next[i] == UINT64_MAX ? UINT64_MAX : next[i] + 1;
+            if (inf)
+                continue;
+            sim_min_push(h, &hn, (struct sim_min_ent){ cur[x], x });
+            while (cached > cap) {
+                struct sim_min_ent e = sim_min_pop(h, &hn);
+                if (cur[e.id] != e.next)
+                    continue; /* stale entry */
+                cur[e.id] = 0;
+                cached--;
+            }
+        }
+    }
+out:
+    free(next);
+    free(last);
+    free(cur);
+    free(h);
+    return rc;
+}
+
+int sim_run(const struct sim_trace *t, const struct sim_config *c, struct sim_result *r)
+{
+    int rc = 0;
+    struct sim_state s = { .t = t, .c = c, .r = r };
+    size_t nb = t->nblocks ? t->nblocks : 1;
+
+    memset(r, 0, sizeof(*r));
+    if (c->policy == SIM_POLICY_MIN || c->policy == SIM_POLICY_INFINITE)
+        return sim_oracle_run(t, c, r);
+    if (c->policy < 0 || c->policy >= POLICY_KIND_COUNT || !(c->capacity >= 1.0))
+        return -EINVAL;
+    policy_params_init(&s.p);
+    s.p.adapt = c->adapt;
+    s.p.half_life = 64.0; /* requests, until reuse intervals are observed */
+    s.keyed_half_life = s.p.half_life;
+    s.qratio = c->codec ? policy_codec_ratio((enum policy_codec)c->codec) : 1.0;
+    s.blk = calloc(nb, sizeof(*s.blk));
+    s.key = calloc(nb, sizeof(*s.key));
+    s.parent = malloc(nb * sizeof(*s.parent));
+    s.where = calloc(nb, 1);
+    s.pinned = calloc(nb, 1);
+    s.ghost_seq = calloc(nb, sizeof(*s.ghost_seq));
+    s.ghost_freq = calloc(nb, sizeof(*s.ghost_freq));
+    s.ghost_time = calloc(nb, sizeof(*s.ghost_time));
+    s.host.a = malloc(nb * sizeof(uint32_t));
+    s.host.pos = malloc(nb * sizeof(uint32_t));
+    s.disk.a = malloc(nb * sizeof(uint32_t));
+    s.disk.pos = malloc(nb * sizeof(uint32_t));
+    if (!s.blk || !s.key || !s.parent || !s.where || !s.pinned || !s.ghost_seq ||
+        !s.ghost_freq || !s.ghost_time || !s.host.a || !s.host.pos || !s.disk.a ||
+        !s.disk.pos) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    for (size_t i = 0; i < nb; i++) {
+        s.host.pos[i] = UINT32_MAX;
+        s.disk.pos[i] = UINT32_MAX;
+        s.parent[i] = UINT32_MAX;
+    }
+    s.host.key = s.disk.key = s.key;
+    s.host.blk = s.disk.blk = s.blk;
+    rc = sim_policy_run(&s);
+out:
+    free(s.blk);
+    free(s.key);
+    free(s.parent);
+    free(s.where);
+    free(s.pinned);
+    free(s.ghost_seq);
+    free(s.ghost_freq);
+    free(s.ghost_time);
+    free(s.host.a);
+    free(s.host.pos);
+    free(s.disk.a);
+    free(s.disk.pos);
+    return rc;
+}

@@ -1,0 +1,72 @@
+/*
+ * sim.h — trace-driven cache simulator over the policies/ library (kvcsim, bench_sim and
+ * check_sim share it).
+ */
+#ifndef KVC_SIM_H
+#define KVC_SIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define SIM_BLOCK_TOKENS 512
+
+struct sim_req {
+    uint64_t ts;        /* ms from the trace start */
+    uint32_t input_len; /* prompt tokens */
+    uint32_t off, len;  /* its blocks: sim_trace.ids[off .. off+len) */
+};
+
+struct sim_trace {
+    struct sim_req *req;
+    size_t nreq;
+    uint32_t *ids; /* dense block ids, 0 .. nblocks-1, in reference order */
+    size_t nref;
+    uint32_t nblocks;
+};
+
+/* Parses Mooncake JSONL text (timestamp, input_length, hash_ids per line). 0 or -errno:
+ * -EINVAL on a malformed line, -ENOMEM. */
+int sim_trace_parse(struct sim_trace *t, const char *text, size_t len);
+int sim_trace_load(struct sim_trace *t, const char *path);
+void sim_trace_free(struct sim_trace *t);
+
+/* Not policies: the offline oracle and the unbounded cache. */
+#define SIM_POLICY_MIN 1000
+#define SIM_POLICY_INFINITE 1001
+
+/* Name -> policy_kind, SIM_POLICY_MIN ("min"), SIM_POLICY_INFINITE ("inf"); -1 unknown. */
+int sim_policy_from_name(const char *name);
+const char *sim_policy_name(int policy);
+
+struct sim_config {
+    int policy;           /* enum policy_kind, SIM_POLICY_MIN or SIM_POLICY_INFINITE */
+    double capacity;      /* fast-tier room, in full-precision blocks */
+    int codec;            /* enum policy_codec allowed for quantizing; 0 = none */
+    uint64_t disk_blocks; /* disk-tier capacity in blocks; 0 = no disk tier */
+    double ghost_factor;  /* ghost entries kept, as a multiple of capacity */
+    int adapt;            /* 1: the decay half-life follows observed reuse intervals */
+};
+
+void sim_config_init(struct sim_config *c);
+
+struct sim_result {
+    uint64_t refs;        /* block references */
+    uint64_t hits_full;   /* hits at full precision in the fast tier */
+    uint64_t hits_lossy;  /* hits on a quantized block */
+    uint64_t hits_disk;   /* hits served from the disk tier */
+    uint64_t prefix_hits; /* hits before each request's first miss */
+    uint64_t tokens;      /* tokens referenced */
+    uint64_t token_hits;  /* tokens of blocks hit */
+    uint64_t disk_writes; /* blocks written to disk */
+    double half_life;     /* final decay half-life (requests) */
+};
+
+static inline double sim_ratio(uint64_t a, uint64_t b)
+{
+    return b ? (double)a / (double)b : 0.0;
+}
+
+/* Replays t under c. 0 or -ENOMEM / -EINVAL. */
+int sim_run(const struct sim_trace *t, const struct sim_config *c, struct sim_result *r);
+
+#endif
