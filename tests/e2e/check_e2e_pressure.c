@@ -178,6 +178,24 @@ START_TEST(test_pressure_single_client)
     char out[65536];
     ck_assert_int_eq(daemon_start(&d, pr_args), 0);
     ck_assert_int_eq(pr_open(&d, &x), 0);
+    /* First halves of every chain, then the second halves hung from them with no lookup in
+     * between: the parents end up older than their children, at the cold end of the LRU
+     * list, where only the tree rule keeps them from eviction. */
+    for (int half = 0; half < 2; half++) {
+        for (int i = 0; i < PR_CHAINS; i++) {
+            const struct kvc_key *k = &x.keys[i][half * PR_BLOCKS / 2];
+            kvc_resv *r;
+            int n = kvc_reserve(x.ns, half ? k - 1 : NULL, k, PR_BLOCKS / 2, &r);
+            ck_assert_int_ge(n, 0);
+            for (int b = 0; b < PR_BLOCKS / 2; b++)
+                if (kvc_resv_status(r, (size_t)b) == KVC_SLOT_RESERVED) {
+                    daemon_block_fill(&k[b], x.buf, x.bb);
+                    ck_assert_int_eq(kvc_resv_write(r, (size_t)b, x.buf, x.bb), 0);
+                }
+            ck_assert_int_eq(kvc_commit(r, SIZE_MAX), n);
+        }
+        pr_check_tree(x.c, kvc_ns_id(x.ns));
+    }
     for (int round = 0; round < 2; round++)
         for (int i = 0; i < PR_CHAINS; i++) {
             int h = pr_lookup(&x, i), present = -1;
