@@ -262,7 +262,7 @@ static void config_suggest_option(const char *key, char *out, size_t len)
         return;
     snprintf(full, sizeof(full), "%s.%s", best->section, best->name);
     if (config_close(best_dist, full))
-        snprintf(out, len, " (did you mean '%s'?)", full);
+        snprintf(out, len, " (did you mean '%.*s'?)", (int)(len > 24 ? len - 24 : 0), full);
 }
 
 /* ---- values: parse and format, one pair per type ---------------------------------------- */

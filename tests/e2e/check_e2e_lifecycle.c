@@ -1,0 +1,185 @@
+/*
+ * check_e2e_lifecycle.c — start, refuse, replace, stop, reload and check-config of kvcd.
+ */
+#include <check.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "tests/lib/daemon.h"
+
+static const char *const lc_args[] = {"-o", "host.size=32m", "-o", "host.page_size=64k", NULL};
+
+/* Whether the log holds `text` within timeout_ms. */
+static bool lc_log_wait(const struct daemon *d, const char *text, int timeout_ms)
+{
+    static char buf[1 << 16];
+    uint64_t end = daemon_now_ms() + (uint64_t)timeout_ms;
+    do {
+        FILE *f = fopen(d->log, "r");
+        size_t n = 0;
+        if (f) {
+            n = fread(buf, 1, sizeof(buf) - 1, f);
+            fclose(f);
+        }
+        buf[n] = 0;
+        if (strstr(buf, text))
+            return true;
+        usleep(10000);
+    } while (daemon_now_ms() < end);
+    return false;
+}
+
+START_TEST(test_lifecycle_refuses_second_daemon)
+{
+    struct daemon d = {0};
+    pid_t second;
+    struct stat st;
+    ck_assert_int_eq(daemon_start(&d, lc_args), 0);
+    ck_assert_int_eq(daemon_spawn(&d, lc_args, &second), 0);
+    ck_assert_int_gt(daemon_child_wait(second, 20000, NULL), 0);
+    ck_assert(lc_log_wait(&d, "another kvcd is serving", 1000));
+    ck_assert(daemon_alive(&d));
+    ck_assert_int_eq(stat(d.sock, &st), 0); /* the loser did not remove the winner's socket */
+    ck_assert_int_eq(daemon_roundtrip(&d), 0);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_cleanup(&d);
+}
+END_TEST
+
+START_TEST(test_lifecycle_replaces_stale_socket)
+{
+    struct daemon d = {0};
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    struct stat st;
+    int fd;
+    ck_assert_int_eq(daemon_dir_init(&d), 0);
+    fd = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+    strcpy(a.sun_path, d.sock);
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    close(fd); /* the file stays, nobody listens */
+    ck_assert_int_eq(stat(d.sock, &st), 0);
+    ck_assert(S_ISSOCK(st.st_mode));
+    ck_assert_int_eq(daemon_start(&d, lc_args), 0);
+    ck_assert_int_eq(daemon_roundtrip(&d), 0);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_cleanup(&d);
+}
+END_TEST
+
+START_TEST(test_lifecycle_refuses_non_socket_path)
+{
+    struct daemon d = {0};
+    char path[DAEMON_PATH_MAX];
+    pid_t pid;
+    ck_assert_int_eq(daemon_dir_init(&d), 0);
+    ck_assert_int_eq(daemon_file_write(&d, "kvcd.sock", "precious\n", path), 0);
+    ck_assert_int_eq(daemon_spawn(&d, lc_args, &pid), 0);
+    ck_assert_int_gt(daemon_child_wait(pid, 20000, NULL), 0);
+    ck_assert_int_eq(access(path, F_OK), 0); /* a regular file is never unlinked */
+    daemon_cleanup(&d);
+}
+END_TEST
+
+START_TEST(test_lifecycle_sigterm_removes_socket)
+{
+    struct daemon d = {0};
+    struct stat st;
+    ck_assert_int_eq(daemon_start(&d, lc_args), 0);
+    ck_assert_int_eq(daemon_roundtrip(&d), 0);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    ck_assert_int_eq(stat(d.sock, &st), -1);
+    ck_assert_int_eq(errno, ENOENT);
+    ck_assert(lc_log_wait(&d, "kvcd: stopped", 1000));
+    daemon_cleanup(&d);
+}
+END_TEST
+
+START_TEST(test_lifecycle_sighup_reload)
+{
+    static const char *good = "[host]\nsize = 32m\npage_size = 64k\n[log]\nlevel = info\n";
+    static const char *loud = "[host]\nsize = 32m\npage_size = 64k\n[log]\nlevel = debug\n";
+    static const char *big = "[host]\nsize = 64m\npage_size = 64k\n[log]\nlevel = debug\n";
+    struct daemon d = {0};
+    char path[DAEMON_PATH_MAX];
+    const char *args[] = {"-c", path, NULL};
+    uint64_t cap0, cap1;
+    ck_assert_int_eq(daemon_dir_init(&d), 0);
+    ck_assert_int_eq(daemon_file_write(&d, "kvcd.ini", good, path), 0);
+    ck_assert_int_eq(daemon_start(&d, args), 0);
+    ck_assert_int_eq(daemon_stat(&d, "host_capacity", &cap0), 0);
+
+    /* A reloadable change is applied. */
+    ck_assert_int_eq(daemon_file_write(&d, "kvcd.ini", loud, path), 0);
+    ck_assert_int_eq(kill(d.pid, SIGHUP), 0);
+    ck_assert_msg(lc_log_wait(&d, "config: reloaded", 10000), "reload not applied");
+    ck_assert_int_eq(daemon_roundtrip(&d), 0);
+    /* log.level=debug is in force: a client's connection is logged now. */
+    ck_assert(lc_log_wait(&d, "connected", 10000));
+
+    /* A change of host.size needs a restart: refused, the daemon serves on unchanged. */
+    ck_assert_int_eq(daemon_file_write(&d, "kvcd.ini", big, path), 0);
+    ck_assert_int_eq(kill(d.pid, SIGHUP), 0);
+    ck_assert_msg(lc_log_wait(&d, "reload refused (host.size", 10000), "reload not refused");
+    ck_assert(daemon_alive(&d));
+    ck_assert_int_eq(daemon_roundtrip(&d), 0);
+    ck_assert_int_eq(daemon_stat(&d, "host_capacity", &cap1), 0);
+    ck_assert_uint_eq(cap1, cap0);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_cleanup(&d);
+}
+END_TEST
+
+START_TEST(test_lifecycle_check_config)
+{
+    struct daemon d = {0};
+    char good[DAEMON_PATH_MAX], bad[DAEMON_PATH_MAX], out[4096], err[4096], want[300];
+    const char *argv_good[] = {DAEMON_KVCD, "--check-config", "-c", good, NULL};
+    const char *argv_bad[] = {DAEMON_KVCD, "--check-config", "-c", bad, NULL};
+    ck_assert_int_eq(daemon_dir_init(&d), 0);
+    ck_assert_int_eq(daemon_file_write(&d, "good.ini",
+                                       "[host]\nsize = 32m\npage_size = 64k\n[log]\nlevel = debug\n",
+                                       good),
+                     0);
+    ck_assert_int_eq(daemon_file_write(&d, "bad.ini",
+                                       "[host]\nsize = 32m\npage_size = banana\n[log]\nlevel = info\n",
+                                       bad),
+                     0);
+    ck_assert_int_eq(daemon_run(argv_good, out, sizeof(out), err, sizeof(err), 20000), 0);
+    ck_assert_int_gt(daemon_run(argv_bad, out, sizeof(out), err, sizeof(err), 20000), 0);
+    snprintf(want, sizeof(want), "%s:3", bad);
+    ck_assert_msg(strstr(err, want), "no '%s' in: %s", want, err);
+    ck_assert_int_eq(access(d.sock, F_OK), -1); /* checking starts nothing */
+    daemon_cleanup(&d);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("e2e_lifecycle");
+    TCase *tc = tcase_create("lifecycle");
+    SRunner *sr;
+    int failed;
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_lifecycle_refuses_second_daemon);
+    tcase_add_test(tc, test_lifecycle_replaces_stale_socket);
+    tcase_add_test(tc, test_lifecycle_refuses_non_socket_path);
+    tcase_add_test(tc, test_lifecycle_sigterm_removes_socket);
+    tcase_add_test(tc, test_lifecycle_sighup_reload);
+    tcase_add_test(tc, test_lifecycle_check_config);
+    suite_add_tcase(s, tc);
+    if (daemon_suite_init("e2e-lifecycle"))
+        return 1;
+    sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    daemon_suite_fini();
+    return failed ? 1 : 0;
+}
