@@ -348,6 +348,9 @@ static int64_t encode_with(const struct kern_cpu_ops *ops, const struct kern_lay
             if (s.codec == KERN_CODEC_RAW && !stats_here)
                 continue;
             for (uint32_t h = 0; h < H; h++) {
+                if (!stats_here && ops->enc_raw &&
+                    ops->enc_raw(s.codec, k == 1, raw + 2ull * h * D, lay, h, sect))
+                    continue;
                 ops->load(raw + 2ull * h * D, lay->dtype, stride, lay->tokens, D, x);
                 if (stats_here) {
                     uint64_t lh = (uint64_t)l * H + h;
@@ -414,6 +417,9 @@ static int64_t decode_with(const struct kern_cpu_ops *ops, const struct kern_lay
                     kern_store(raw, out_dtype, i, kern_load(sect, lay->dtype, i));
             } else {
                 for (uint32_t h = 0; h < H; h++) {
+                    if (ops->dec_raw &&
+                        ops->dec_raw(s.codec, k == 1, sect, lay, h, raw + 2ull * h * D, out_dtype))
+                        continue;
                     ops->dec(s.codec, k == 1, sect, lay, h, y);
                     ops->store(y, lay->tokens, D, raw + 2ull * h * D, out_dtype, stride);
                 }

@@ -68,7 +68,7 @@ KT static inline __m256i v_pack_bytes(__m256i a, __m256i b, __m256i c, __m256i d
 }
 
 /* Eight int32 in [0, 255] -> 8 bytes. */
-KT static inline void v_store8(uint8_t *dst, __m256i c)
+KT static inline void v_store8b(uint8_t *dst, __m256i c)
 {
     __m256i p = _mm256_packus_epi32(c, c);
     p = _mm256_packus_epi16(p, p);
@@ -78,6 +78,34 @@ KT static inline void v_store8(uint8_t *dst, __m256i c)
 
 /* ---- load, store, statistics --------------------------------------------------------- */
 
+KT static inline __m256 v_load8(const uint16_t *r, uint32_t dtype)
+{
+    __m128i v = _mm_loadu_si128((const __m128i *)r);
+    __m256 f = dtype == KERN_DTYPE_BF16
+                   ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16))
+                   : _mm256_cvtph_ps(v);
+    return v_sanitize(f);
+}
+
+KT static inline void v_store8(uint16_t *r, __m256 v, uint32_t dtype)
+{
+    __m128i h;
+    if (dtype == KERN_DTYPE_BF16) {
+        __m256i u = _mm256_castps_si256(v);
+        __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+        __m256i rn = _mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff)));
+        rn = _mm256_srli_epi32(rn, 16);
+        __m256i nan = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+        __m256i isnan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        rn = _mm256_blendv_epi8(rn, nan, isnan);
+        __m256i p = _mm256_packus_epi32(rn, rn);
+        h = _mm256_castsi256_si128(_mm256_permute4x64_epi64(p, 0x08));
+    } else {
+        h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    }
+    _mm_storeu_si128((__m128i *)r, h);
+}
+
 KT static void avx_load(const void *src, uint32_t dtype, uint64_t stride, uint32_t tokens,
                         uint32_t dim, float *x)
 {
@@ -85,13 +113,8 @@ KT static void avx_load(const void *src, uint32_t dtype, uint64_t stride, uint32
         const uint16_t *r = (const uint16_t *)src + t * stride;
         float *o = x + (uint64_t)t * dim;
         uint32_t d = 0;
-        for (; d + 8 <= dim; d += 8) {
-            __m128i v = _mm_loadu_si128((const __m128i *)(r + d));
-            __m256 f = dtype == KERN_DTYPE_BF16
-                           ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16))
-                           : _mm256_cvtph_ps(v);
-            _mm256_storeu_ps(o + d, v_sanitize(f));
-        }
+        for (; d + 8 <= dim; d += 8)
+            _mm256_storeu_ps(o + d, v_load8(r + d, dtype));
         for (; d < dim; d++)
             o[d] = kern_sanitize(kern_load(r, dtype, d));
     }
@@ -104,24 +127,8 @@ KT static void avx_store(const float *y, uint32_t tokens, uint32_t dim, void *ds
         uint16_t *r = (uint16_t *)dst + t * stride;
         const float *in = y + (uint64_t)t * dim;
         uint32_t d = 0;
-        for (; d + 8 <= dim; d += 8) {
-            __m256 v = _mm256_loadu_ps(in + d);
-            __m128i h;
-            if (dtype == KERN_DTYPE_BF16) {
-                __m256i u = _mm256_castps_si256(v);
-                __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-                __m256i rn = _mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff)));
-                rn = _mm256_srli_epi32(rn, 16);
-                __m256i nan = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
-                __m256i isnan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-                rn = _mm256_blendv_epi8(rn, nan, isnan);
-                __m256i p = _mm256_packus_epi32(rn, rn);
-                h = _mm256_castsi256_si128(_mm256_permute4x64_epi64(p, 0x08));
-            } else {
-                h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-            }
-            _mm_storeu_si128((__m128i *)(r + d), h);
-        }
+        for (; d + 8 <= dim; d += 8)
+            v_store8(r + d, _mm256_loadu_ps(in + d), dtype);
         for (; d < dim; d++)
             kern_store(r, dtype, d, in[d]);
     }
@@ -268,7 +275,7 @@ KT static inline void v_kivi_pack32(__m256i p, int bits, uint8_t *dst)
         w = _mm256_or_si256(w, _mm256_and_si256(_mm256_srli_epi32(p, 6), _mm256_slli_epi32(m3, 2)));
         w = _mm256_or_si256(w, _mm256_and_si256(_mm256_srli_epi32(p, 12), _mm256_slli_epi32(m3, 4)));
         w = _mm256_or_si256(w, _mm256_and_si256(_mm256_srli_epi32(p, 18), _mm256_slli_epi32(m3, 6)));
-        v_store8(dst, w);
+        v_store8b(dst, w);
     }
 }
 
@@ -453,7 +460,7 @@ KT static void fp8_enc(const float *x, const struct kern_layout *lay, uint32_t h
         uint8_t *q = sect + 4 * H + ((uint64_t)t * H + h) * dim;
         uint32_t d = 0;
         for (; d + 8 <= dim; d += 8)
-            v_store8(q + d, v_e4m3_enc(_mm256_div_ps(_mm256_loadu_ps(xr + d), vs)));
+            v_store8b(q + d, v_e4m3_enc(_mm256_div_ps(_mm256_loadu_ps(xr + d), vs)));
         for (; d < dim; d++)
             q[d] = kern_e4m3_enc(xr[d] / scale);
     }
@@ -573,12 +580,82 @@ KT static void avx_dec(uint32_t codec, int is_v, const uint8_t *sect,
     }
 }
 
+/* Row-wise codecs straight from the raw rows: each 32-value group is converted into a
+ * 32-float buffer that stays in L1, instead of a pass through the slice scratch. */
+KT static int avx_enc_raw(uint32_t codec, int is_v, const void *raw,
+                          const struct kern_layout *lay, uint32_t h, uint8_t *sect)
+{
+    uint32_t dim = lay->head_dim, H = lay->heads, G = kern_ngroups(dim), full = dim / 32;
+    int bits = kern_codec_bits(codec);
+    uint64_t stride = (uint64_t)H * dim;
+    float x[32];
+    if (codec == KERN_CODEC_FP8 || (bits && !is_v))
+        return 0;
+    uint32_t gb = block_bytes(codec, bits);
+    for (uint32_t t = 0; t < lay->tokens; t++) {
+        const uint16_t *r = (const uint16_t *)raw + t * stride;
+        uint8_t *blk = sect + ((uint64_t)t * H + h) * G * gb;
+        for (uint32_t g = 0; g < full; g++, blk += gb) {
+            for (int i = 0; i < 4; i++)
+                _mm256_storeu_ps(x + 8 * i, v_load8(r + g * 32 + 8 * i, lay->dtype));
+            if (bits)
+                kivi_v_enc32(x, blk, bits);
+            else if (codec == KERN_CODEC_Q8_0)
+                q8_0_enc32(x, blk);
+            else
+                qx_1_enc32(x, blk, codec == KERN_CODEC_Q5_1 ? 5 : 4);
+        }
+        if (full < G) {
+            int n = (int)(dim - full * 32);
+            for (int j = 0; j < n; j++)
+                x[j] = kern_sanitize(kern_load(r, lay->dtype, full * 32 + (uint32_t)j));
+            group_enc(codec, bits, x, n, blk);
+        }
+    }
+    return 1;
+}
+
+KT static int avx_dec_raw(uint32_t codec, int is_v, const uint8_t *sect,
+                          const struct kern_layout *lay, uint32_t h, void *raw, uint32_t out)
+{
+    uint32_t dim = lay->head_dim, H = lay->heads, G = kern_ngroups(dim), full = dim / 32;
+    int bits = kern_codec_bits(codec);
+    uint64_t stride = (uint64_t)H * dim;
+    float y[32];
+    if (codec == KERN_CODEC_FP8 || (bits && !is_v))
+        return 0;
+    uint32_t gb = block_bytes(codec, bits);
+    for (uint32_t t = 0; t < lay->tokens; t++) {
+        uint16_t *r = (uint16_t *)raw + t * stride;
+        const uint8_t *blk = sect + ((uint64_t)t * H + h) * G * gb;
+        for (uint32_t g = 0; g < full; g++, blk += gb) {
+            if (bits)
+                kivi_v_dec32(blk, y, bits);
+            else if (codec == KERN_CODEC_Q8_0)
+                q8_0_dec32(blk, y);
+            else
+                qx_1_dec32(blk, y, codec == KERN_CODEC_Q5_1 ? 5 : 4);
+            for (int i = 0; i < 4; i++)
+                v_store8(r + g * 32 + 8 * i, _mm256_loadu_ps(y + 8 * i), out);
+        }
+        if (full < G) {
+            int n = (int)(dim - full * 32);
+            group_dec(codec, bits, blk, n, y);
+            for (int j = 0; j < n; j++)
+                kern_store(r, out, full * 32 + (uint32_t)j, y[j]);
+        }
+    }
+    return 1;
+}
+
 static const struct kern_cpu_ops avx2_ops = {
     .load = avx_load,
     .store = avx_store,
     .stats = avx_stats,
     .enc = avx_enc,
     .dec = avx_dec,
+    .enc_raw = avx_enc_raw,
+    .dec_raw = avx_dec_raw,
 };
 
 const struct kern_cpu_ops *kern_avx2_ops(void)

@@ -29,6 +29,13 @@ struct kern_cpu_ops {
                 uint32_t h, uint8_t *sect);
     void (*dec)(uint32_t codec, int is_v, const uint8_t *sect, const struct kern_layout *lay,
                 uint32_t h, float *y);
+    /* Optional fused forms that read (write) the raw rows of head h directly, skipping the
+     * float scratch; they return 0 for a codec they do not fuse, which then takes the path
+     * above. Results are the same bytes either way. */
+    int (*enc_raw)(uint32_t codec, int is_v, const void *raw, const struct kern_layout *lay,
+                   uint32_t h, uint8_t *sect);
+    int (*dec_raw)(uint32_t codec, int is_v, const uint8_t *sect, const struct kern_layout *lay,
+                   uint32_t h, void *raw, uint32_t out_dtype);
 };
 
 extern const struct kern_cpu_ops kern_ref_ops;
