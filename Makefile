@@ -48,7 +48,7 @@ NVCCFLAGS ?= -O3 -std=c++17 -Xcompiler -fPIC \
 	-gencode arch=compute_80,code=sm_80
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 ifeq ($(CUDA),1)
-CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -lstdc++ -ldl -lrt
 endif
 
 # ---- sources -------------------------------------------------------------

@@ -1,0 +1,474 @@
+/*
+ * kern.c — block codec driver and the scalar reference.
+ *
+ * DESIGN
+ * The driver validates, writes the header (kern_fmt.h builds it, the same code the CUDA
+ * twin runs) and walks the sections; per (layer, kind, head) slice it loads the values into
+ * a float scratch, folds them into the key statistics when it is a K slice, and hands them
+ * to the codec. The reference codecs here are the definition of the format: straight loops
+ * over the per-group functions of kern_fmt.h, in the order the format states.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/kern.h"
+#include "kernels/kern_cpu.h"
+#include "kernels/kern_fmt.h"
+
+static const char *const kern_codec_names[KERN_CODEC_COUNT] = {
+    [KERN_CODEC_RAW] = "raw",     [KERN_CODEC_Q8_0] = "q8_0",   [KERN_CODEC_Q4_1] = "q4_1",
+    [KERN_CODEC_Q5_1] = "q5_1",   [KERN_CODEC_KIVI2] = "kivi2", [KERN_CODEC_KIVI4] = "kivi4",
+    [KERN_CODEC_FP8] = "fp8",
+};
+
+const char *kern_codec_name(enum kern_codec c)
+{
+    return (unsigned)c < KERN_CODEC_COUNT ? kern_codec_names[c] : "?";
+}
+
+int kern_codec_from_name(const char *name)
+{
+    for (int i = 0; name && i < KERN_CODEC_COUNT; i++)
+        if (strcmp(name, kern_codec_names[i]) == 0)
+            return i;
+    return -EINVAL;
+}
+
+int kern_layout_check(const struct kern_layout *lay)
+{
+    if (!lay || lay->layers < 1 || lay->layers > KERN_MAX_LAYERS || lay->heads < 1 ||
+        lay->heads > KERN_MAX_HEADS || lay->head_dim < 1 || lay->head_dim > KERN_MAX_HEAD_DIM ||
+        lay->tokens < 1 || lay->tokens > KERN_MAX_TOKENS || lay->k_only > 1 ||
+        (lay->dtype != KERN_DTYPE_FP16 && lay->dtype != KERN_DTYPE_BF16))
+        return -EINVAL;
+    return 0;
+}
+
+uint64_t kern_raw_size(const struct kern_layout *lay)
+{
+    if (kern_layout_check(lay) < 0)
+        return 0;
+    return (uint64_t)lay->layers * kern_kinds(lay) * lay->tokens * lay->heads * lay->head_dim *
+           2;
+}
+
+void kern_recipe_fill(struct kern_recipe *rec, enum kern_codec k, enum kern_codec v,
+                      uint32_t raw_layers)
+{
+    for (uint32_t l = 0; l < KERN_MAX_LAYERS; l++) {
+        rec->codec[l][0] = (uint8_t)(l < raw_layers ? KERN_CODEC_RAW : k);
+        rec->codec[l][1] = (uint8_t)(l < raw_layers ? KERN_CODEC_RAW : v);
+    }
+}
+
+int64_t kern_encoded_size(const struct kern_layout *lay, const struct kern_recipe *rec)
+{
+    if (kern_layout_check(lay) < 0 || !rec)
+        return -EINVAL;
+    uint64_t n = kern_hdr_build(lay, rec, NULL);
+    return n ? (int64_t)n : -EINVAL;
+}
+
+int64_t kern_block_info(const void *src, size_t src_len, struct kern_layout *lay,
+                        struct kern_recipe *rec)
+{
+    struct kern_block_hdr h;
+    struct kern_layout l;
+    struct kern_recipe r;
+    uint8_t *expect = NULL;
+    int64_t ret = -EBADMSG;
+
+    if (!src)
+        return -EINVAL;
+    if (src_len < sizeof(h))
+        goto out;
+    memcpy(&h, src, sizeof(h));
+    if (h.magic != KERN_BLOCK_MAGIC || h.version != KERN_BLOCK_VERSION ||
+        (h.kinds != 1 && h.kinds != 2))
+        goto out;
+    memset(&l, 0, sizeof(l));
+    l.layers = h.layers;
+    l.heads = h.heads;
+    l.head_dim = h.head_dim;
+    l.tokens = h.tokens;
+    l.dtype = h.dtype;
+    l.k_only = h.kinds == 1;
+    if (kern_layout_check(&l) < 0 || h.nsect != l.layers * h.kinds ||
+        h.hdr_bytes != kern_hdr_bytes(&l) || src_len < h.hdr_bytes)
+        goto out;
+    memset(&r, 0, sizeof(r));
+    for (uint32_t i = 0; i < h.nsect; i++) {
+        struct kern_block_sect s;
+        memcpy(&s, (const uint8_t *)src + sizeof(h) + i * sizeof(s), sizeof(s));
+        r.codec[i / h.kinds][i % h.kinds] = s.codec;
+    }
+    /* the table must be exactly the one the recipe gives: nothing else is ever written */
+    expect = malloc(h.hdr_bytes);
+    if (!expect) {
+        ret = -ENOMEM;
+        goto out;
+    }
+    if (kern_hdr_build(&l, &r, NULL) == 0)
+        goto out;
+    uint64_t total = kern_hdr_build(&l, &r, expect);
+    if (memcmp(expect, src, h.hdr_bytes) != 0 || total > src_len)
+        goto out;
+    if (lay)
+        *lay = l;
+    if (rec)
+        *rec = r;
+    ret = (int64_t)total;
+out:
+    free(expect);
+    return ret;
+}
+
+/* ---- reference operations ------------------------------------------------------------ */
+
+static void ref_load(const void *src, uint32_t dtype, uint64_t stride, uint32_t tokens,
+                     uint32_t dim, float *x)
+{
+    for (uint32_t t = 0; t < tokens; t++)
+        for (uint32_t d = 0; d < dim; d++)
+            x[(uint64_t)t * dim + d] = kern_sanitize(kern_load(src, dtype, t * stride + d));
+}
+
+static void ref_store(const float *y, uint32_t tokens, uint32_t dim, void *dst, uint32_t dtype,
+                      uint64_t stride)
+{
+    for (uint32_t t = 0; t < tokens; t++)
+        for (uint32_t d = 0; d < dim; d++)
+            kern_store(dst, dtype, t * stride + d, y[(uint64_t)t * dim + d]);
+}
+
+static void ref_stats(const float *x, uint32_t tokens, uint32_t dim, float *kmin, float *kmax,
+                      float *knorm)
+{
+    float norm = 0.0f;
+    for (uint32_t d = 0; d < dim; d++) {
+        kmin[d] = x[d];
+        kmax[d] = x[d];
+    }
+    for (uint32_t t = 0; t < tokens; t++) {
+        const float *r = x + (uint64_t)t * dim;
+        float ss = 0.0f;
+        for (uint32_t d = 0; d < dim; d++) {
+            kmin[d] = r[d] < kmin[d] ? r[d] : kmin[d];
+            kmax[d] = r[d] > kmax[d] ? r[d] : kmax[d];
+            ss += r[d] * r[d];
+        }
+        norm += sqrtf(ss);
+    }
+    *knorm = norm / (float)tokens;
+}
+
+static uint32_t ggml_block_bytes(uint32_t codec)
+{
+    return codec == KERN_CODEC_Q8_0 ? 34 : codec == KERN_CODEC_Q4_1 ? 20 : 24;
+}
+
+static void ref_kivi_k_enc(const float *x, const struct kern_layout *lay, uint32_t h,
+                           uint8_t *sect, int bits)
+{
+    uint32_t dim = lay->head_dim, rb = kern_kivi_row_bytes(dim, bits);
+    uint8_t *g = sect + (uint64_t)h * kern_kivi_k_head_bytes(dim, lay->tokens, bits);
+    for (uint32_t t0 = 0; t0 < lay->tokens; t0 += KERN_GROUP) {
+        uint32_t rows = lay->tokens - t0 < KERN_GROUP ? lay->tokens - t0 : KERN_GROUP;
+        uint32_t gb = kern_kivi_k_group_bytes(dim, rows, bits);
+        uint8_t *codes = g + 4 * dim;
+        memset(codes, 0, gb - 4 * dim);
+        for (uint32_t c = 0; c < dim; c++) {
+            float mn = x[(uint64_t)t0 * dim + c], mx = mn;
+            for (uint32_t r = 1; r < rows; r++) {
+                float v = x[(uint64_t)(t0 + r) * dim + c];
+                mn = v < mn ? v : mn;
+                mx = v > mx ? v : mx;
+            }
+            uint16_t mn_h, sc_h;
+            float mnf, id;
+            kern_kivi_params(mn, mx, bits, &mn_h, &sc_h, &mnf, &id);
+            memcpy(g + 2 * c, &sc_h, 2);
+            memcpy(g + 2 * dim + 2 * c, &mn_h, 2);
+            for (uint32_t r = 0; r < rows; r++) {
+                uint32_t q = kern_kivi_code(x[(uint64_t)(t0 + r) * dim + c], mnf, id, bits);
+                uint8_t *row = codes + (uint64_t)r * rb;
+                if (bits == 4)
+                    row[c >> 1] = (uint8_t)(row[c >> 1] | (q << ((c & 1) * 4)));
+                else
+                    row[c >> 2] = (uint8_t)(row[c >> 2] | (q << ((c & 3) * 2)));
+            }
+        }
+        g += gb;
+    }
+}
+
+static void ref_kivi_k_dec(const uint8_t *sect, const struct kern_layout *lay, uint32_t h,
+                           float *y, int bits)
+{
+    uint32_t dim = lay->head_dim, rb = kern_kivi_row_bytes(dim, bits);
+    const uint8_t *g = sect + (uint64_t)h * kern_kivi_k_head_bytes(dim, lay->tokens, bits);
+    for (uint32_t t0 = 0; t0 < lay->tokens; t0 += KERN_GROUP) {
+        uint32_t rows = lay->tokens - t0 < KERN_GROUP ? lay->tokens - t0 : KERN_GROUP;
+        for (uint32_t c = 0; c < dim; c++) {
+            float sc = kern_get_h(g + 2 * c), mnf = kern_get_h(g + 2 * dim + 2 * c);
+            for (uint32_t r = 0; r < rows; r++) {
+                uint32_t q = kern_kivi_get(g + 4 * dim + (uint64_t)r * rb, c, bits);
+                y[(uint64_t)(t0 + r) * dim + c] = kern_kivi_val(q, sc, mnf);
+            }
+        }
+        g += kern_kivi_k_group_bytes(dim, rows, bits);
+    }
+}
+
+void kern_ref_enc(uint32_t codec, int is_v, const float *x, const struct kern_layout *lay,
+                  uint32_t h, uint8_t *sect)
+{
+    uint32_t dim = lay->head_dim, H = lay->heads, G = kern_ngroups(dim);
+    int bits = kern_codec_bits(codec);
+
+    if (codec == KERN_CODEC_FP8) {
+        float amax = 0.0f;
+        for (uint64_t i = 0; i < (uint64_t)lay->tokens * dim; i++)
+            amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+        float scale = kern_fp8_scale(amax);
+        memcpy(sect + 4 * h, &scale, 4);
+        uint8_t *q = sect + 4 * H;
+        for (uint32_t t = 0; t < lay->tokens; t++)
+            for (uint32_t d = 0; d < dim; d++)
+                q[((uint64_t)t * H + h) * dim + d] =
+                    kern_e4m3_enc(KERN_DIV(x[(uint64_t)t * dim + d], scale));
+        return;
+    }
+    if (bits && !is_v) {
+        ref_kivi_k_enc(x, lay, h, sect, bits);
+        return;
+    }
+    uint32_t gb = bits ? kern_kivi_v_group_bytes(bits) : ggml_block_bytes(codec);
+    for (uint32_t t = 0; t < lay->tokens; t++) {
+        for (uint32_t g = 0; g < G; g++) {
+            const float *xg = x + (uint64_t)t * dim + g * KERN_GROUP;
+            int n = (int)(dim - g * KERN_GROUP < KERN_GROUP ? dim - g * KERN_GROUP : KERN_GROUP);
+            uint8_t *blk = sect + (((uint64_t)t * H + h) * G + g) * gb;
+            if (bits)
+                kern_kivi_v_enc(xg, n, blk, bits);
+            else if (codec == KERN_CODEC_Q8_0)
+                kern_q8_0_enc(xg, n, blk);
+            else
+                kern_qx_1_enc(xg, n, blk, codec == KERN_CODEC_Q5_1 ? 5 : 4);
+        }
+    }
+}
+
+void kern_ref_dec(uint32_t codec, int is_v, const uint8_t *sect, const struct kern_layout *lay,
+                  uint32_t h, float *y)
+{
+    uint32_t dim = lay->head_dim, H = lay->heads, G = kern_ngroups(dim);
+    int bits = kern_codec_bits(codec);
+
+    if (codec == KERN_CODEC_FP8) {
+        float scale;
+        memcpy(&scale, sect + 4 * h, 4);
+        const uint8_t *q = sect + 4 * H;
+        for (uint32_t t = 0; t < lay->tokens; t++)
+            for (uint32_t d = 0; d < dim; d++)
+                y[(uint64_t)t * dim + d] =
+                    KERN_MUL(kern_e4m3_dec(q[((uint64_t)t * H + h) * dim + d]), scale);
+        return;
+    }
+    if (bits && !is_v) {
+        ref_kivi_k_dec(sect, lay, h, y, bits);
+        return;
+    }
+    uint32_t gb = bits ? kern_kivi_v_group_bytes(bits) : ggml_block_bytes(codec);
+    for (uint32_t t = 0; t < lay->tokens; t++) {
+        for (uint32_t g = 0; g < G; g++) {
+            float *yg = y + (uint64_t)t * dim + g * KERN_GROUP;
+            int n = (int)(dim - g * KERN_GROUP < KERN_GROUP ? dim - g * KERN_GROUP : KERN_GROUP);
+            const uint8_t *blk = sect + (((uint64_t)t * H + h) * G + g) * gb;
+            if (bits)
+                kern_kivi_v_dec(blk, n, yg, bits);
+            else if (codec == KERN_CODEC_Q8_0)
+                kern_q8_0_dec(blk, n, yg);
+            else
+                kern_qx_1_dec(blk, n, yg, codec == KERN_CODEC_Q5_1 ? 5 : 4);
+        }
+    }
+}
+
+const struct kern_cpu_ops kern_ref_ops = {
+    .load = ref_load,
+    .store = ref_store,
+    .stats = ref_stats,
+    .enc = kern_ref_enc,
+    .dec = kern_ref_dec,
+};
+
+/* ---- driver -------------------------------------------------------------------------- */
+
+static int64_t encode_with(const struct kern_cpu_ops *ops, const struct kern_layout *lay,
+                           const struct kern_recipe *rec, const void *src, void *dst,
+                           size_t dst_cap, const struct kern_key_stats *st)
+{
+    float *x = NULL;
+    int64_t ret = kern_encoded_size(lay, rec);
+    int want_stats = st && (st->kmin || st->kmax || st->knorm);
+
+    if (ret < 0)
+        goto out;
+    if (!src || !dst || (want_stats && !(st->kmin && st->kmax && st->knorm))) {
+        ret = -EINVAL;
+        goto out;
+    }
+    if ((uint64_t)ret > dst_cap) {
+        ret = -ENOSPC;
+        goto out;
+    }
+    x = malloc((size_t)lay->tokens * lay->head_dim * sizeof(float));
+    if (!x) {
+        ret = -ENOMEM;
+        goto out;
+    }
+    uint8_t *out = dst;
+    uint32_t kinds = kern_kinds(lay), H = lay->heads, D = lay->head_dim;
+    uint64_t stride = (uint64_t)H * D;
+    kern_hdr_build(lay, rec, out);
+    for (uint32_t l = 0; l < lay->layers; l++) {
+        for (uint32_t k = 0; k < kinds; k++) {
+            struct kern_block_sect s;
+            memcpy(&s, out + sizeof(struct kern_block_hdr) + (l * kinds + k) * sizeof(s),
+                   sizeof(s));
+            uint8_t *sect = out + s.offset;
+            uint32_t end = (s.offset + s.bytes + KERN_ALIGN - 1) & ~(KERN_ALIGN - 1);
+            memset(sect + s.bytes, 0, end - s.offset - s.bytes);
+            const uint8_t *raw = (const uint8_t *)src + 2 * kern_raw_index(lay, l, k, 0, 0);
+            int stats_here = want_stats && k == 0;
+            if (s.codec == KERN_CODEC_RAW)
+                memcpy(sect, raw, s.bytes);
+            if (s.codec == KERN_CODEC_RAW && !stats_here)
+                continue;
+            for (uint32_t h = 0; h < H; h++) {
+                if (!stats_here && ops->enc_raw &&
+                    ops->enc_raw(s.codec, k == 1, raw + 2ull * h * D, lay, h, sect))
+                    continue;
+                ops->load(raw + 2ull * h * D, lay->dtype, stride, lay->tokens, D, x);
+                if (stats_here) {
+                    uint64_t lh = (uint64_t)l * H + h;
+                    ops->stats(x, lay->tokens, D, st->kmin + lh * D, st->kmax + lh * D,
+                               st->knorm + lh);
+                }
+                if (s.codec != KERN_CODEC_RAW)
+                    ops->enc(s.codec, k == 1, x, lay, h, sect);
+            }
+        }
+    }
+out:
+    free(x);
+    return ret;
+}
+
+static int64_t decode_with(const struct kern_cpu_ops *ops, const struct kern_layout *lay,
+                           const void *src, size_t src_len, void *dst, size_t dst_cap,
+                           enum kern_dtype out_dtype)
+{
+    struct kern_layout bl;
+    float *y = NULL;
+    int64_t ret;
+
+    if (kern_layout_check(lay) < 0 || !src || !dst ||
+        (out_dtype != KERN_DTYPE_FP16 && out_dtype != KERN_DTYPE_BF16)) {
+        ret = -EINVAL;
+        goto out;
+    }
+    ret = kern_block_info(src, src_len, &bl, NULL);
+    if (ret < 0)
+        goto out;
+    if (bl.layers != lay->layers || bl.heads != lay->heads || bl.head_dim != lay->head_dim ||
+        bl.tokens != lay->tokens || bl.k_only != lay->k_only || bl.dtype != lay->dtype) {
+        ret = -EBADMSG;
+        goto out;
+    }
+    ret = (int64_t)kern_raw_size(lay);
+    if ((uint64_t)ret > dst_cap) {
+        ret = -ENOSPC;
+        goto out;
+    }
+    y = malloc((size_t)lay->tokens * lay->head_dim * sizeof(float));
+    if (!y) {
+        ret = -ENOMEM;
+        goto out;
+    }
+    const uint8_t *in = src;
+    uint32_t kinds = kern_kinds(lay), H = lay->heads, D = lay->head_dim;
+    uint64_t stride = (uint64_t)H * D;
+    for (uint32_t l = 0; l < lay->layers; l++) {
+        for (uint32_t k = 0; k < kinds; k++) {
+            struct kern_block_sect s;
+            memcpy(&s, in + sizeof(struct kern_block_hdr) + (l * kinds + k) * sizeof(s),
+                   sizeof(s));
+            const uint8_t *sect = in + s.offset;
+            uint64_t base = kern_raw_index(lay, l, k, 0, 0);
+            uint8_t *raw = (uint8_t *)dst + 2 * base;
+            if (s.codec == KERN_CODEC_RAW && lay->dtype == out_dtype) {
+                memcpy(raw, sect, s.bytes);
+            } else if (s.codec == KERN_CODEC_RAW) {
+                /* a dtype change keeps NaN and Inf: raw sections are never sanitised */
+                for (uint64_t i = 0; i < (uint64_t)lay->tokens * stride; i++)
+                    kern_store(raw, out_dtype, i, kern_load(sect, lay->dtype, i));
+            } else {
+                for (uint32_t h = 0; h < H; h++) {
+                    if (ops->dec_raw &&
+                        ops->dec_raw(s.codec, k == 1, sect, lay, h, raw + 2ull * h * D, out_dtype))
+                        continue;
+                    ops->dec(s.codec, k == 1, sect, lay, h, y);
+                    ops->store(y, lay->tokens, D, raw + 2ull * h * D, out_dtype, stride);
+                }
+            }
+        }
+    }
+out:
+    free(y);
+    return ret;
+}
+
+int64_t kern_encode_ref(const struct kern_layout *lay, const struct kern_recipe *rec,
+                        const void *src, void *dst, size_t dst_cap,
+                        const struct kern_key_stats *stats)
+{
+    return encode_with(&kern_ref_ops, lay, rec, src, dst, dst_cap, stats);
+}
+
+int64_t kern_decode_ref(const struct kern_layout *lay, const void *src, size_t src_len,
+                        void *dst, size_t dst_cap, enum kern_dtype out_dtype)
+{
+    return decode_with(&kern_ref_ops, lay, src, src_len, dst, dst_cap, out_dtype);
+}
+
+static const struct kern_cpu_ops *cpu_ops(void)
+{
+    const struct kern_cpu_ops *o = kern_avx2_ops();
+    return o ? o : &kern_ref_ops;
+}
+
+int64_t kern_encode_cpu(const struct kern_layout *lay, const struct kern_recipe *rec,
+                        const void *src, void *dst, size_t dst_cap,
+                        const struct kern_key_stats *stats)
+{
+    return encode_with(cpu_ops(), lay, rec, src, dst, dst_cap, stats);
+}
+
+int64_t kern_decode_cpu(const struct kern_layout *lay, const void *src, size_t src_len,
+                        void *dst, size_t dst_cap, enum kern_dtype out_dtype)
+{
+    return decode_with(cpu_ops(), lay, src, src_len, dst, dst_cap, out_dtype);
+}
+
+unsigned kern_supports(void)
+{
+    unsigned s = 0;
+    if (kern_avx2_ops())
+        s |= KERN_SUPPORT_CPU_AVX2;
+    if (KVC_CUDA)
+        s |= KERN_SUPPORT_CUDA_BUILT;
+    return s;
+}

@@ -1,0 +1,51 @@
+/*
+ * kern_cpu.h — the CPU codec operations behind kern_encode_*() / kern_decode_*() (internal).
+ *
+ * DESIGN
+ * One driver (kern.c) walks the sections of a block; per (layer, kind, head) slice it calls
+ * these operations, which exist as the scalar reference (kern.c) and as AVX2+F16C (kern_avx2.c).
+ * A slice is loaded into a float scratch of [tokens][head_dim] (sanitised), so the codecs see
+ * contiguous rows whatever the raw dtype, and the slice stays in L1/L2 while it is encoded.
+ */
+#ifndef KVC_KERN_CPU_H
+#define KVC_KERN_CPU_H
+
+#include <stdint.h>
+
+#include "kernels/kern.h"
+
+struct kern_cpu_ops {
+    /* raw rows (stride `stride` elements) -> x[tokens][dim], sanitised */
+    void (*load)(const void *src, uint32_t dtype, uint64_t stride, uint32_t tokens,
+                 uint32_t dim, float *x);
+    /* y[tokens][dim] -> raw rows of dtype */
+    void (*store)(const float *y, uint32_t tokens, uint32_t dim, void *dst, uint32_t dtype,
+                  uint64_t stride);
+    /* per-channel min/max into kmin/kmax[dim], mean row L2 norm into *knorm */
+    void (*stats)(const float *x, uint32_t tokens, uint32_t dim, float *kmin, float *kmax,
+                  float *knorm);
+    /* slice of head h into its section; codec is not RAW */
+    void (*enc)(uint32_t codec, int is_v, const float *x, const struct kern_layout *lay,
+                uint32_t h, uint8_t *sect);
+    void (*dec)(uint32_t codec, int is_v, const uint8_t *sect, const struct kern_layout *lay,
+                uint32_t h, float *y);
+    /* Optional fused forms that read (write) the raw rows of head h directly, skipping the
+     * float scratch; they return 0 for a codec they do not fuse, which then takes the path
+     * above. Results are the same bytes either way. */
+    int (*enc_raw)(uint32_t codec, int is_v, const void *raw, const struct kern_layout *lay,
+                   uint32_t h, uint8_t *sect);
+    int (*dec_raw)(uint32_t codec, int is_v, const uint8_t *sect, const struct kern_layout *lay,
+                   uint32_t h, void *raw, uint32_t out_dtype);
+};
+
+extern const struct kern_cpu_ops kern_ref_ops;
+/* NULL when the CPU lacks AVX2 or F16C. */
+const struct kern_cpu_ops *kern_avx2_ops(void);
+
+/* Reference pieces the AVX2 version reuses for tails. */
+void kern_ref_enc(uint32_t codec, int is_v, const float *x, const struct kern_layout *lay,
+                  uint32_t h, uint8_t *sect);
+void kern_ref_dec(uint32_t codec, int is_v, const uint8_t *sect, const struct kern_layout *lay,
+                  uint32_t h, float *y);
+
+#endif

@@ -1,0 +1,378 @@
+/*
+ * bench_kernels.c — codec throughput beside memcpy (and device-to-device copy on a GPU), and
+ * the error each codec costs on synthetic KV.
+ *
+ * Throughput: one block of a typical model (32 layers x 8 kv heads x 128 dim x 32 tokens,
+ * fp16, K and V: 4 MiB), a set of 8 different blocks cycled so the data is not cache
+ * resident, GB/s of fp16 input (encode) or fp16 output (decode), ratio to memcpy of the same
+ * bytes measured in the same run (target >= 0.5 for the vectorised versions). On a GPU the
+ * CUDA twins beside cudaMemcpy device-to-device of the same bytes (target >= 0.7).
+ *
+ * Error: keys with a few large outlier channels, values without, fixed seeds; per codec
+ * (K and V both in it) the RMSE and max error of K and V, and the relative error of the
+ * attention output softmax(q K^T / sqrt(d)) V over 256 tokens (8 blocks of 32) for random
+ * queries, dequantized against raw.
+ *
+ * Usage: bench_kernels OUT.json
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels/kern.h"
+#include "kernels/kern_fmt.h"
+
+#define NBLOCKS 8
+#define MIN_SECONDS 0.4
+
+struct row {
+    char name[64];
+    double value;
+    const char *unit;
+    const char *baseline;
+    double base;
+};
+
+static struct row rows[256];
+static int nrows;
+
+static void add_row(const char *name, double value, const char *unit, const char *baseline,
+                    double base)
+{
+    if (nrows >= (int)(sizeof(rows) / sizeof(rows[0])))
+        return;
+    struct row *r = &rows[nrows++];
+    snprintf(r->name, sizeof(r->name), "%s", name);
+    r->value = value;
+    r->unit = unit;
+    r->baseline = baseline;
+    r->base = base;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static uint64_t rng_next(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+static float rng_gauss(uint64_t *s)
+{
+    double u1 = ((rng_next(s) >> 11) + 1.0) / 9007199254740993.0;
+    double u2 = (rng_next(s) >> 11) / 9007199254740992.0;
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+/* Keys: N(0,1) plus, on 4 outlier channels per head, a large per-channel offset and spread;
+ * values: N(0,1). */
+static void fill_block(const struct kern_layout *lay, uint16_t *b, uint64_t seed)
+{
+    uint64_t s = seed * 0x9e3779b97f4a7c15ull + 12345;
+    for (uint32_t l = 0; l < lay->layers; l++)
+        for (uint32_t k = 0; k < 2; k++)
+            for (uint32_t t = 0; t < lay->tokens; t++)
+                for (uint32_t h = 0; h < lay->heads; h++)
+                    for (uint32_t d = 0; d < lay->head_dim; d++) {
+                        float v = rng_gauss(&s);
+                        if (k == 0 && (d * 13 + h * 5 + l) % 32 == 0)
+                            v = v * 3.0f + ((d + h) % 2 ? 15.0f : -10.0f);
+                        b[kern_raw_index(lay, l, k, t, h) + d] = kern_f2h(v);
+                    }
+}
+
+typedef int64_t (*enc_fn)(const struct kern_layout *, const struct kern_recipe *, const void *,
+                          void *, size_t, const struct kern_key_stats *);
+typedef int64_t (*dec_fn)(const struct kern_layout *, const void *, size_t, void *, size_t,
+                          enum kern_dtype);
+
+/* Seconds per call of one of: memcpy (op 0), encode (1), decode (2), cycling over blocks. */
+static double time_op(int op, enc_fn enc, dec_fn dec, const struct kern_layout *lay,
+                      const struct kern_recipe *rec, uint8_t **raw, uint8_t **encb,
+                      uint8_t **out, uint64_t rs, uint64_t es)
+{
+    long n = 0;
+    double t0 = now_s(), t;
+    do {
+        int i = (int)(n % NBLOCKS);
+        if (op == 0)
+            memcpy(out[i], raw[i], rs);
+        else if (op == 1)
+            enc(lay, rec, raw[i], encb[i], es, NULL);
+        else
+            dec(lay, encb[i], es, out[i], rs, KERN_DTYPE_FP16);
+        n++;
+        t = now_s() - t0;
+    } while (t < MIN_SECONDS || n < NBLOCKS);
+    return t / (double)n;
+}
+
+struct gpu_arg {
+    int op;
+    const struct kern_layout *lay;
+    const struct kern_recipe *rec;
+    void *raw, *enc, *out;
+    uint64_t rs, es;
+};
+
+static void gpu_op(void *p)
+{
+    struct gpu_arg *a = p;
+    if (a->op == 0)
+        kern_cuda_copy(a->out, a->raw, a->rs, KERN_CUDA_D2D, NULL);
+    else if (a->op == 1)
+        kern_encode_cuda(a->lay, a->rec, a->raw, a->enc, a->es, NULL, NULL);
+    else
+        kern_decode_cuda(a->lay, a->enc, a->es, a->out, a->rs, KERN_DTYPE_FP16, NULL);
+}
+
+static void bench_gpu(const struct kern_layout *lay, uint8_t **raw, uint64_t rs)
+{
+    void *g_raw = NULL, *g_enc = NULL, *g_out = NULL;
+    if (kern_cuda_alloc(&g_raw, rs) || kern_cuda_alloc(&g_enc, rs + 65536) ||
+        kern_cuda_alloc(&g_out, rs))
+        goto out;
+    kern_cuda_copy(g_raw, raw[0], rs, KERN_CUDA_H2D, NULL);
+    struct gpu_arg a = {0, lay, NULL, g_raw, g_enc, g_out, rs, 0};
+    gpu_op(&a);
+    double ms = kern_cuda_time_ms(gpu_op, &a, 50);
+    double d2d = 2.0 * rs / (ms / 50 * 1e-3) / 1e9; /* read + write, as cudaMemcpy counts */
+    double d2d_in = rs / (ms / 50 * 1e-3) / 1e9;
+    printf("%-28s %10.2f GB/s (read+write %.1f)\n", "gpu d2d copy", d2d_in, d2d);
+    add_row("gpu/d2d_copy", d2d_in, "GB/s", "cudaMemcpy d2d", d2d_in);
+    for (int c = KERN_CODEC_Q8_0; c < KERN_CODEC_COUNT; c++) {
+        struct kern_recipe rec;
+        kern_recipe_fill(&rec, c, c, 0);
+        a.rec = &rec;
+        a.es = (uint64_t)kern_encoded_size(lay, &rec);
+        for (int op = 1; op <= 2; op++) {
+            char name[64];
+            a.op = op;
+            gpu_op(&a);
+            ms = kern_cuda_time_ms(gpu_op, &a, 50);
+            double gbs = rs / (ms / 50 * 1e-3) / 1e9;
+            snprintf(name, sizeof(name), "gpu/%s/%s", kern_codec_name(c), op == 1 ? "encode" : "decode");
+            printf("%-28s %10.2f GB/s  %.2f x d2d\n", name, gbs, gbs / d2d_in);
+            add_row(name, gbs, "GB/s", "cudaMemcpy d2d", d2d_in);
+        }
+    }
+out:
+    kern_cuda_free(g_raw);
+    kern_cuda_free(g_enc);
+    kern_cuda_free(g_out);
+}
+
+static void bench_throughput(void)
+{
+    struct kern_layout lay = {32, 8, 128, 32, KERN_DTYPE_FP16, 0};
+    uint64_t rs = kern_raw_size(&lay), es = rs + 65536;
+    uint8_t *raw[NBLOCKS], *encb[NBLOCKS], *out[NBLOCKS];
+    for (int i = 0; i < NBLOCKS; i++) {
+        raw[i] = malloc(rs);
+        encb[i] = malloc(es);
+        out[i] = malloc(rs);
+        if (!raw[i] || !encb[i] || !out[i]) {
+            fprintf(stderr, "bench_kernels: out of memory\n");
+            exit(1);
+        }
+        fill_block(&lay, (uint16_t *)raw[i], (uint64_t)i + 1);
+        memset(encb[i], 0, es);
+        memset(out[i], 0, rs);
+    }
+    printf("block: 32 layers x 8 kv heads x 128 dim x 32 tokens fp16 K+V = %.1f MiB, "
+           "%d blocks cycled; AVX2: %s\n",
+           rs / 1048576.0, NBLOCKS, kern_supports() & KERN_SUPPORT_CPU_AVX2 ? "yes" : "no");
+    double mc = rs / time_op(0, NULL, NULL, &lay, NULL, raw, encb, out, rs, es) / 1e9;
+    printf("%-28s %10.2f GB/s\n", "memcpy", mc);
+    add_row("cpu/memcpy", mc, "GB/s", "memcpy", mc);
+    for (int c = KERN_CODEC_Q8_0; c < KERN_CODEC_COUNT; c++) {
+        struct kern_recipe rec;
+        kern_recipe_fill(&rec, c, c, 0);
+        for (int v = 0; v < 2; v++) {
+            enc_fn enc = v ? kern_encode_cpu : kern_encode_ref;
+            dec_fn dec = v ? kern_decode_cpu : kern_decode_ref;
+            for (int op = 1; op <= 2; op++) {
+                char name[64];
+                double s = time_op(op, enc, dec, &lay, &rec, raw, encb, out, rs, es);
+                double gbs = rs / s / 1e9;
+                snprintf(name, sizeof(name), "cpu/%s/%s/%s", kern_codec_name(c),
+                         op == 1 ? "encode" : "decode", v ? "avx2" : "ref");
+                printf("%-28s %10.2f GB/s  %.2f x memcpy\n", name, gbs, gbs / mc);
+                add_row(name, gbs, "GB/s", "memcpy", mc);
+            }
+        }
+    }
+    if (kern_cuda_device_count() > 0)
+        bench_gpu(&lay, raw, rs);
+    else
+        printf("SKIP: bench_kernels: gpu rows: no device\n");
+    for (int i = 0; i < NBLOCKS; i++) {
+        free(raw[i]);
+        free(encb[i]);
+        free(out[i]);
+    }
+}
+
+/* ---- error table ----------------------------------------------------------------------- */
+
+#define ERR_LAYERS 4
+#define ERR_HEADS 8
+#define ERR_DIM 128
+#define ERR_BT 32
+#define ERR_BLOCKS 8
+#define ERR_CTX (ERR_BT * ERR_BLOCKS)
+#define ERR_QUERIES 4
+
+/* Attention of one query over ctx tokens of one (layer, head): out[dim]. */
+static void attend(const float *q, const float *K, const float *V, float *o)
+{
+    double s[ERR_CTX], mx = -1e300, sum = 0;
+    for (int t = 0; t < ERR_CTX; t++) {
+        double dot = 0;
+        for (int d = 0; d < ERR_DIM; d++)
+            dot += (double)q[d] * K[t * ERR_DIM + d];
+        s[t] = dot / sqrt((double)ERR_DIM);
+        mx = s[t] > mx ? s[t] : mx;
+    }
+    for (int t = 0; t < ERR_CTX; t++)
+        sum += (s[t] = exp(s[t] - mx));
+    for (int d = 0; d < ERR_DIM; d++) {
+        double acc = 0;
+        for (int t = 0; t < ERR_CTX; t++)
+            acc += s[t] * V[t * ERR_DIM + d];
+        o[d] = (float)(acc / sum);
+    }
+}
+
+static void error_table(void)
+{
+    struct kern_layout lay = {ERR_LAYERS, ERR_HEADS, ERR_DIM, ERR_BT, KERN_DTYPE_FP16, 0};
+    uint64_t rs = kern_raw_size(&lay), n = rs / 2;
+    uint16_t *raw = malloc(rs * ERR_BLOCKS), *dec = malloc(rs * ERR_BLOCKS);
+    uint8_t *enc = malloc(rs + 65536);
+    /* [layer][kind][head][ctx][dim] floats, raw and dequantized */
+    size_t nf = (size_t)ERR_LAYERS * 2 * ERR_HEADS * ERR_CTX * ERR_DIM;
+    float *x = malloc(nf * 4), *y = malloc(nf * 4);
+    if (!raw || !dec || !enc || !x || !y) {
+        fprintf(stderr, "bench_kernels: out of memory\n");
+        exit(1);
+    }
+    printf("\nerror on synthetic KV (keys with outlier channels), %d layers x %d heads x %d dim, "
+           "%d-token context in %d blocks; seeds 1-3\n",
+           ERR_LAYERS, ERR_HEADS, ERR_DIM, ERR_CTX, ERR_BLOCKS);
+    printf("%-6s %9s %9s %9s %9s %9s %12s\n", "codec", "bits/val", "K rmse", "K max", "V rmse",
+           "V max", "attn rel err");
+    for (int c = KERN_CODEC_Q8_0; c < KERN_CODEC_COUNT; c++) {
+        struct kern_recipe rec;
+        kern_recipe_fill(&rec, c, c, 0);
+        int64_t es = kern_encoded_size(&lay, &rec);
+        double se[2] = {0, 0}, mx[2] = {0, 0}, attn = 0;
+        long cnt[2] = {0, 0}, na = 0;
+        for (uint64_t seed = 1; seed <= 3; seed++) {
+            for (int b = 0; b < ERR_BLOCKS; b++) {
+                fill_block(&lay, raw + b * n, seed * 100 + (uint64_t)b);
+                kern_encode_cpu(&lay, &rec, raw + b * n, enc, (size_t)es, NULL);
+                kern_decode_cpu(&lay, enc, (size_t)es, dec + b * n, rs, KERN_DTYPE_FP16);
+                for (uint32_t l = 0; l < ERR_LAYERS; l++)
+                    for (uint32_t k = 0; k < 2; k++)
+                        for (uint32_t t = 0; t < ERR_BT; t++)
+                            for (uint32_t h = 0; h < ERR_HEADS; h++)
+                                for (uint32_t d = 0; d < ERR_DIM; d++) {
+                                    uint64_t i = kern_raw_index(&lay, l, k, t, h) + d;
+                                    size_t j = ((((size_t)l * 2 + k) * ERR_HEADS + h) * ERR_CTX +
+                                                (size_t)b * ERR_BT + t) * ERR_DIM + d;
+                                    x[j] = kern_h2f(raw[b * n + i]);
+                                    y[j] = kern_h2f(dec[b * n + i]);
+                                    double e = fabs((double)x[j] - y[j]);
+                                    se[k] += e * e;
+                                    mx[k] = e > mx[k] ? e : mx[k];
+                                    cnt[k]++;
+                                }
+            }
+            uint64_t s = seed * 7919;
+            for (uint32_t l = 0; l < ERR_LAYERS; l++)
+                for (uint32_t h = 0; h < ERR_HEADS; h++)
+                    for (int qi = 0; qi < ERR_QUERIES; qi++) {
+                        float q[ERR_DIM], o1[ERR_DIM], o2[ERR_DIM];
+                        for (int d = 0; d < ERR_DIM; d++)
+                            q[d] = rng_gauss(&s);
+                        size_t kb = (((size_t)l * 2 + 0) * ERR_HEADS + h) * ERR_CTX * ERR_DIM;
+                        size_t vb = (((size_t)l * 2 + 1) * ERR_HEADS + h) * ERR_CTX * ERR_DIM;
+                        attend(q, x + kb, x + vb, o1);
+                        attend(q, y + kb, y + vb, o2);
+                        double num = 0, den = 0;
+                        for (int d = 0; d < ERR_DIM; d++) {
+                            num += (double)(o1[d] - o2[d]) * (o1[d] - o2[d]);
+                            den += (double)o1[d] * o1[d];
+                        }
+                        attn += sqrt(num / den);
+                        na++;
+                    }
+        }
+        double kr = sqrt(se[0] / cnt[0]), vr = sqrt(se[1] / cnt[1]), ar = attn / na;
+        double bpv = 8.0 * (double)es / (double)n;
+        printf("%-6s %9.2f %9.4f %9.3f %9.4f %9.3f %12.5f\n", kern_codec_name(c), bpv, kr, mx[0],
+               vr, mx[1], ar);
+        char name[64];
+        const char *nm = kern_codec_name(c);
+        snprintf(name, sizeof(name), "err/%s/k_rmse", nm);
+        add_row(name, kr, "abs", "raw", 0);
+        snprintf(name, sizeof(name), "err/%s/k_max", nm);
+        add_row(name, mx[0], "abs", "raw", 0);
+        snprintf(name, sizeof(name), "err/%s/v_rmse", nm);
+        add_row(name, vr, "abs", "raw", 0);
+        snprintf(name, sizeof(name), "err/%s/v_max", nm);
+        add_row(name, mx[1], "abs", "raw", 0);
+        snprintf(name, sizeof(name), "err/%s/attn_rel", nm);
+        add_row(name, ar, "rel", "raw", 0);
+        snprintf(name, sizeof(name), "size/%s/bits_per_value", nm);
+        add_row(name, bpv, "bits", "raw fp16", 16);
+    }
+    free(raw);
+    free(dec);
+    free(enc);
+    free(x);
+    free(y);
+}
+
+static int write_json(const char *path)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        perror(path);
+        return -1;
+    }
+    fprintf(f, "[\n");
+    for (int i = 0; i < nrows; i++) {
+        struct row *r = &rows[i];
+        fprintf(f, "  {\"case\": \"%s\", \"value\": %.6g, \"unit\": \"%s\", \"baseline\": \"%s\", "
+                   "\"baseline_value\": %.6g, \"ratio\": ",
+                r->name, r->value, r->unit, r->baseline, r->base);
+        if (r->base > 0)
+            fprintf(f, "%.4f}%s\n", r->value / r->base, i + 1 < nrows ? "," : "");
+        else
+            fprintf(f, "null}%s\n", i + 1 < nrows ? "," : "");
+    }
+    fprintf(f, "]\n");
+    return fclose(f);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: bench_kernels OUT.json\n");
+        return 2;
+    }
+    bench_throughput();
+    error_table();
+    return write_json(argv[1]) ? 1 : 0;
+}

@@ -1,0 +1,639 @@
+/*
+ * check_kernels.c — the block codecs: every fast version against the reference.
+ *
+ * The reference is checked against hand-computed ggml blocks and an independent transcription
+ * of ggml's quantize formulas; the AVX2 and CUDA versions must then give the reference's bytes
+ * exactly (codes, scales, decoded values), and every codec must reconstruct within its
+ * normalised error bound. CUDA cases are registered only when a device is found.
+ */
+#include <check.h>
+#include <errno.h>
+#include <immintrin.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/kern.h"
+#include "kernels/kern_fmt.h"
+
+/* ---- data ---------------------------------------------------------------------------- */
+
+static uint64_t rng_next(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+static float rng_gauss(uint64_t *s)
+{
+    double u1 = ((rng_next(s) >> 11) + 1.0) / 9007199254740993.0;
+    double u2 = (rng_next(s) >> 11) / 9007199254740992.0;
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+/* A raw block with KV-like structure: keys have a few large outlier channels. */
+static void *make_block(const struct kern_layout *lay, uint64_t seed)
+{
+    uint64_t n = kern_raw_size(lay) / 2, s = seed * 0x9e3779b97f4a7c15ull + 1;
+    uint16_t *b = malloc(n * 2);
+    ck_assert_ptr_nonnull(b);
+    uint32_t kinds = lay->k_only ? 1 : 2;
+    for (uint32_t l = 0; l < lay->layers; l++)
+        for (uint32_t k = 0; k < kinds; k++)
+            for (uint32_t t = 0; t < lay->tokens; t++)
+                for (uint32_t h = 0; h < lay->heads; h++)
+                    for (uint32_t d = 0; d < lay->head_dim; d++) {
+                        float v = rng_gauss(&s);
+                        if (k == 0 && (d * 7 + h) % 29 == 3)
+                            v = v * 0.5f + 12.0f; /* outlier channel */
+                        uint64_t i = kern_raw_index(lay, l, k, t, h) + d;
+                        b[i] = lay->dtype == KERN_DTYPE_BF16 ? kern_f2bf(v) : kern_f2h(v);
+                    }
+    return b;
+}
+
+static struct kern_layout layout(uint32_t layers, uint32_t heads, uint32_t dim, uint32_t tokens,
+                                 uint32_t dtype, uint32_t k_only)
+{
+    struct kern_layout l = {layers, heads, dim, tokens, dtype, k_only};
+    return l;
+}
+
+/* ---- ggml vectors -------------------------------------------------------------------- */
+
+START_TEST(test_ggml_hand_vectors)
+{
+    float x[32];
+    uint8_t b[34];
+
+    /* q8_0, roundf ties away from zero: d = 1, q = round(x) */
+    memset(x, 0, sizeof(x));
+    x[0] = 127.0f, x[1] = 2.5f, x[2] = -2.5f, x[3] = 0.5f, x[4] = -0.5f, x[5] = -127.0f;
+    kern_q8_0_enc(x, 32, b);
+    ck_assert_uint_eq(b[0] | b[1] << 8, 0x3c00);
+    ck_assert_int_eq((int8_t)b[2], 127);
+    ck_assert_int_eq((int8_t)b[3], 3);
+    ck_assert_int_eq((int8_t)b[4], -3);
+    ck_assert_int_eq((int8_t)b[5], 1);
+    ck_assert_int_eq((int8_t)b[6], -1);
+    ck_assert_int_eq((int8_t)b[7], -127);
+    ck_assert_int_eq(b[8], 0);
+
+    /* q8_0: x = (j - 16) / 2: amax 8, d = 8/127 -> half 0x2c08, q = round(x * 15.875) */
+    for (int j = 0; j < 32; j++)
+        x[j] = (float)(j - 16) * 0.5f;
+    kern_q8_0_enc(x, 32, b);
+    ck_assert_uint_eq(b[0] | b[1] << 8, 0x2c08);
+    ck_assert_int_eq((int8_t)b[2 + 0], -127);
+    ck_assert_int_eq((int8_t)b[2 + 1], -119);
+    ck_assert_int_eq((int8_t)b[2 + 16], 0);
+    ck_assert_int_eq((int8_t)b[2 + 17], 8);
+    ck_assert_int_eq((int8_t)b[2 + 18], 16);
+    ck_assert_int_eq((int8_t)b[2 + 31], 119);
+
+    /* q4_1: x = j: d = 31/15 -> half 0x4022, m = 0, q = min(15, (int)(j * 15/31 + 0.5)) */
+    for (int j = 0; j < 32; j++)
+        x[j] = (float)j;
+    kern_qx_1_enc(x, 32, b, 4);
+    ck_assert_uint_eq(b[0] | b[1] << 8, 0x4022);
+    ck_assert_uint_eq(b[2] | b[3] << 8, 0x0000);
+    ck_assert_uint_eq(b[4 + 0], 0x80);  /* q0 = 0, q16 = 8 */
+    ck_assert_uint_eq(b[4 + 1], 0x80);  /* q1 = 0 (0.98), q17 = 8 (8.73) */
+    ck_assert_uint_eq(b[4 + 2], 0x91);  /* q2 = 1, q18 = 9 */
+    ck_assert_uint_eq(b[4 + 15], 0xf7); /* q15 = 7, q31 = 15 */
+
+    /* q5_1: x = j: d = 1, m = 0, q = j: qs[j] = j | j << 4, bit 4 set for j >= 16 */
+    kern_qx_1_enc(x, 32, b, 5);
+    ck_assert_uint_eq(b[0] | b[1] << 8, 0x3c00);
+    ck_assert_uint_eq(b[2] | b[3] << 8, 0x0000);
+    uint32_t qh;
+    memcpy(&qh, b + 4, 4);
+    ck_assert_uint_eq(qh, 0xffff0000u);
+    for (int j = 0; j < 16; j++)
+        ck_assert_uint_eq(b[8 + j], (uint8_t)(j | j << 4));
+}
+END_TEST
+
+/* ggml's quantize_row_*_ref formulas, written out independently, fp16 through F16C. */
+__attribute__((target("f16c"))) static uint16_t f16c(float f)
+{
+    return (uint16_t)_cvtss_sh(f, 0);
+}
+
+static void indep_q8_0(const float *x, uint8_t *b)
+{
+    float amax = 0.0f;
+    for (int j = 0; j < 32; j++)
+        amax = fmaxf(amax, fabsf(x[j]));
+    const float d = amax / 127;
+    const float id = d ? 1.0f / d : 0.0f;
+    uint16_t dh = f16c(d);
+    memcpy(b, &dh, 2);
+    for (int j = 0; j < 32; j++)
+        b[2 + j] = (uint8_t)(int8_t)roundf(x[j] * id);
+}
+
+static void indep_qx_1(const float *x, uint8_t *b, int bits)
+{
+    float min = 3.402823466e38f, max = -3.402823466e38f;
+    for (int j = 0; j < 32; j++) {
+        min = x[j] < min ? x[j] : min;
+        max = x[j] > max ? x[j] : max;
+    }
+    const float d = (max - min) / ((1 << bits) - 1);
+    const float id = d ? 1.0f / d : 0.0f;
+    uint16_t dh = f16c(d), mh = f16c(min);
+    memcpy(b, &dh, 2);
+    memcpy(b + 2, &mh, 2);
+    uint32_t qh = 0;
+    uint8_t *qs = b + (bits == 5 ? 8 : 4);
+    for (int j = 0; j < 16; j++) {
+        const float x0 = (x[j] - min) * id;
+        const float x1 = (x[16 + j] - min) * id;
+        int q0 = (int8_t)(x0 + 0.5f), q1 = (int8_t)(x1 + 0.5f);
+        if (bits == 4) {
+            q0 = q0 < 15 ? q0 : 15;
+            q1 = q1 < 15 ? q1 : 15;
+        }
+        qs[j] = (uint8_t)((q0 & 0x0f) | ((q1 & 0x0f) << 4));
+        qh |= ((q0 & 0x10u) >> 4) << j;
+        qh |= ((q1 & 0x10u) >> 4) << (j + 16);
+    }
+    if (bits == 5)
+        memcpy(b + 4, &qh, 4);
+}
+
+START_TEST(test_ggml_independent)
+{
+    uint64_t s = 7;
+    float x[32];
+    uint8_t a[34], b[34];
+    for (int it = 0; it < 2000; it++) {
+        float scale = (float)ldexp(1.0, (int)(rng_next(&s) % 24) - 12);
+        for (int j = 0; j < 32; j++)
+            x[j] = kern_h2f(kern_f2h(rng_gauss(&s) * scale));
+        kern_q8_0_enc(x, 32, a);
+        indep_q8_0(x, b);
+        ck_assert_mem_eq(a, b, 34);
+        kern_qx_1_enc(x, 32, a, 4);
+        indep_qx_1(x, b, 4);
+        ck_assert_mem_eq(a, b, 20);
+        kern_qx_1_enc(x, 32, a, 5);
+        indep_qx_1(x, b, 5);
+        ck_assert_mem_eq(a, b, 24);
+    }
+}
+END_TEST
+
+/* The scalar fp16 conversion is F16C's, for every float class we feed it. */
+START_TEST(test_f16_conversion)
+{
+    uint64_t s = 11;
+    for (int it = 0; it < 200000; it++) {
+        uint32_t u = (uint32_t)rng_next(&s);
+        if (it % 3 == 0) /* concentrate on the half range and its edges */
+            u = (u & 0x81ffffffu) | (0x33000000u + ((u >> 8) % 0x14800000u));
+        float f = kern_u2f(u);
+        ck_assert_uint_eq(kern_f2h(f), f16c(f));
+    }
+    for (uint32_t h = 0; h < 0x10000; h++) {
+        float f = kern_h2f((uint16_t)h);
+        if (f == f)
+            ck_assert_uint_eq(kern_f2h(f), h);
+    }
+    ck_assert_uint_eq(kern_f2h(65519.0f), 0x7bff);
+    ck_assert_uint_eq(kern_f2h(65520.0f), 0x7c00);
+}
+END_TEST
+
+START_TEST(test_e4m3)
+{
+    /* every finite code decodes and re-encodes to itself (0x80 = -0) */
+    for (int c = 0; c < 256; c++) {
+        if ((c & 0x7f) == 0x7f)
+            continue;
+        ck_assert_uint_eq(kern_e4m3_enc(kern_e4m3_dec((uint8_t)c)), (uint8_t)c);
+    }
+    ck_assert_float_eq(kern_e4m3_dec(0x7e), 448.0f);
+    ck_assert_float_eq(kern_e4m3_dec(0x01), 0.001953125f);
+    ck_assert_float_eq(kern_e4m3_dec(0x08), 0.015625f);
+    ck_assert_uint_eq(kern_e4m3_enc(1000.0f), 0x7e);
+    ck_assert_uint_eq(kern_e4m3_enc(-1000.0f), 0xfe);
+    ck_assert_uint_eq(kern_e4m3_enc(17.0f), 0x58); /* tie between 16 and 18: even -> 16 */
+    ck_assert_uint_eq(kern_e4m3_enc(19.0f), 0x5a); /* tie between 18 and 20: even -> 20 */
+    ck_assert_uint_eq(kern_e4m3_enc(0.0009765625f), 0x00); /* half the smallest: even -> 0 */
+}
+END_TEST
+
+/* ---- block round trips --------------------------------------------------------------- */
+
+struct shape {
+    uint32_t layers, heads, dim, tokens, dtype, k_only;
+};
+
+static const struct shape shapes[] = {
+    {2, 2, 128, 32, KERN_DTYPE_FP16, 0}, {2, 2, 128, 16, KERN_DTYPE_BF16, 0},
+    {1, 3, 80, 33, KERN_DTYPE_FP16, 0},  {1, 2, 7, 5, KERN_DTYPE_BF16, 0},
+    {2, 1, 576, 16, KERN_DTYPE_FP16, 1}, {1, 2, 100, 40, KERN_DTYPE_BF16, 1},
+    {1, 1, 33, 64, KERN_DTYPE_FP16, 0},
+};
+#define NSHAPES (sizeof(shapes) / sizeof(shapes[0]))
+
+/* Normalised RMS reconstruction error bound per codec on Gaussian-like data. */
+static const double err_bound[KERN_CODEC_COUNT] = {
+    [KERN_CODEC_RAW] = 0.0,     [KERN_CODEC_Q8_0] = 0.02, [KERN_CODEC_Q4_1] = 0.12,
+    [KERN_CODEC_Q5_1] = 0.06,   [KERN_CODEC_KIVI2] = 0.5,  [KERN_CODEC_KIVI4] = 0.12,
+    [KERN_CODEC_FP8] = 0.05,
+};
+
+static float raw_get(const struct kern_layout *lay, const void *b, uint32_t dtype, uint64_t i)
+{
+    (void)lay;
+    return kern_load(b, dtype, i);
+}
+
+/* sqrt(sum (x - y)^2 / sum x^2) over one (layer, kind) section, on sanitised input. */
+static double sect_err(const struct kern_layout *lay, const void *a, const void *b,
+                       uint32_t bdtype, uint32_t l, uint32_t k)
+{
+    double num = 0, den = 0;
+    uint64_t base = kern_raw_index(lay, l, k, 0, 0);
+    uint64_t n = (uint64_t)lay->tokens * lay->heads * lay->head_dim;
+    for (uint64_t i = 0; i < n; i++) {
+        double x = kern_sanitize(raw_get(lay, a, lay->dtype, base + i));
+        double y = raw_get(lay, b, bdtype, base + i);
+        num += (x - y) * (x - y);
+        den += x * x;
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* Encodes with both CPU versions (identical bytes), decodes with both (identical values) and
+ * checks each section's error; returns the encoded block (ref) for more checks. */
+static uint8_t *roundtrip(const struct kern_layout *lay, const struct kern_recipe *rec,
+                          const void *raw, uint32_t out_dtype, int check_err)
+{
+    int64_t sz = kern_encoded_size(lay, rec);
+    ck_assert_int_gt(sz, 0);
+    uint64_t rs = kern_raw_size(lay);
+    uint8_t *e1 = malloc((size_t)sz), *e2 = malloc((size_t)sz);
+    uint8_t *d1 = malloc(rs), *d2 = malloc(rs);
+    ck_assert(e1 && e2 && d1 && d2);
+    memset(e1, 0xa5, (size_t)sz);
+    memset(e2, 0x5a, (size_t)sz);
+    ck_assert_int_eq(kern_encode_ref(lay, rec, raw, e1, (size_t)sz, NULL), sz);
+    ck_assert_int_eq(kern_encode_cpu(lay, rec, raw, e2, (size_t)sz, NULL), sz);
+    ck_assert_mem_eq(e1, e2, (size_t)sz);
+    ck_assert_int_eq(kern_block_info(e1, (size_t)sz, NULL, NULL), sz);
+    memset(d1, 0xa5, rs);
+    memset(d2, 0x5a, rs);
+    ck_assert_int_eq(kern_decode_ref(lay, e1, (size_t)sz, d1, rs, out_dtype), (int64_t)rs);
+    ck_assert_int_eq(kern_decode_cpu(lay, e1, (size_t)sz, d2, rs, out_dtype), (int64_t)rs);
+    ck_assert_mem_eq(d1, d2, rs);
+    uint32_t kinds = lay->k_only ? 1 : 2;
+    for (uint32_t l = 0; check_err && l < lay->layers; l++)
+        for (uint32_t k = 0; k < kinds; k++) {
+            uint32_t c = rec->codec[l][k];
+            double e = sect_err(lay, raw, d1, out_dtype, l, k);
+            double bound = c == KERN_CODEC_RAW ? (out_dtype == lay->dtype ? 0.0 : 0.004)
+                                               : err_bound[c];
+            ck_assert_msg(e <= bound, "%s layer %u kind %u dim %u: error %g > %g",
+                          kern_codec_name(c), l, k, lay->head_dim, e, bound);
+        }
+    free(e2);
+    free(d1);
+    free(d2);
+    return e1;
+}
+
+START_TEST(test_codec_roundtrip)
+{
+    uint32_t codec = (uint32_t)_i % KERN_CODEC_COUNT;
+    const struct shape *sh = &shapes[(uint32_t)_i / KERN_CODEC_COUNT];
+    struct kern_layout lay =
+        layout(sh->layers, sh->heads, sh->dim, sh->tokens, sh->dtype, sh->k_only);
+    struct kern_recipe rec;
+    kern_recipe_fill(&rec, codec, codec, 0);
+    void *raw = make_block(&lay, 100 + (uint64_t)_i);
+    free(roundtrip(&lay, &rec, raw, lay.dtype, 1));
+    /* the other output dtype decodes the same values, rounded once more */
+    free(roundtrip(&lay, &rec, raw, lay.dtype == KERN_DTYPE_FP16 ? KERN_DTYPE_BF16
+                                                                 : KERN_DTYPE_FP16, 0));
+    free(raw);
+}
+END_TEST
+
+START_TEST(test_encoded_sizes)
+{
+    struct kern_layout lay = layout(32, 8, 128, 32, KERN_DTYPE_FP16, 0);
+    struct kern_recipe rec;
+    uint64_t raw = kern_raw_size(&lay);
+    ck_assert_uint_eq(raw, 32ull * 2 * 32 * 8 * 128 * 2);
+    uint64_t hdr = kern_hdr_bytes(&lay);
+    ck_assert_uint_eq(hdr, 48 + 64 * 12);
+    kern_recipe_fill(&rec, KERN_CODEC_RAW, KERN_CODEC_RAW, 0);
+    ck_assert_int_eq(kern_encoded_size(&lay, &rec), (int64_t)(hdr + raw));
+    kern_recipe_fill(&rec, KERN_CODEC_Q8_0, KERN_CODEC_Q8_0, 0);
+    ck_assert_int_eq(kern_encoded_size(&lay, &rec), (int64_t)(hdr + raw / 64 * 34));
+    kern_recipe_fill(&rec, KERN_CODEC_Q4_1, KERN_CODEC_Q5_1, 0);
+    ck_assert_int_eq(kern_encoded_size(&lay, &rec), (int64_t)(hdr + raw / 128 * 20 + raw / 128 * 24));
+    /* KIVI 2-bit keys at d = 128, 32 tokens: 1,024 B codes + 512 B scale/min per head */
+    kern_recipe_fill(&rec, KERN_CODEC_KIVI2, KERN_CODEC_KIVI2, 0);
+    ck_assert_uint_eq(kern_sect_bytes(&lay, KERN_CODEC_KIVI2, 0), 8 * (1024 + 512));
+    ck_assert_uint_eq(kern_sect_bytes(&lay, KERN_CODEC_KIVI2, 1), 32 * 8 * 4 * 12);
+    kern_recipe_fill(&rec, KERN_CODEC_FP8, KERN_CODEC_FP8, 0);
+    ck_assert_int_eq(kern_encoded_size(&lay, &rec), (int64_t)(hdr + raw / 2 + 64 * 32));
+    rec.codec[3][1] = KERN_CODEC_COUNT;
+    ck_assert_int_eq(kern_encoded_size(&lay, &rec), -EINVAL);
+    lay.head_dim = 0;
+    ck_assert_int_eq(kern_encoded_size(&lay, &rec), -EINVAL);
+    ck_assert_int_eq(kern_codec_from_name("kivi2"), KERN_CODEC_KIVI2);
+    ck_assert_int_eq(kern_codec_from_name("q9"), -EINVAL);
+    ck_assert_str_eq(kern_codec_name(KERN_CODEC_Q5_1), "q5_1");
+}
+END_TEST
+
+/* Per-layer recipe: raw layers 0-1 bit-exact, every codec on some layer, K != V. */
+START_TEST(test_recipe_mixed)
+{
+    struct kern_layout lay = layout(8, 2, 96, 32, KERN_DTYPE_FP16, 0);
+    struct kern_recipe rec, got;
+    struct kern_layout gl;
+    kern_recipe_fill(&rec, KERN_CODEC_Q8_0, KERN_CODEC_Q8_0, 2);
+    for (uint32_t l = 2; l < 8; l++) {
+        rec.codec[l][0] = (uint8_t)(1 + (l - 2) % 6);
+        rec.codec[l][1] = (uint8_t)(1 + (l + 1) % 6);
+    }
+    uint16_t *raw = make_block(&lay, 5);
+    /* non-finite values in a raw layer survive bit for bit */
+    raw[3] = 0x7e01;
+    raw[4] = 0xfc00;
+    int64_t sz = kern_encoded_size(&lay, &rec);
+    uint8_t *enc = roundtrip(&lay, &rec, raw, KERN_DTYPE_FP16, 0);
+    ck_assert_int_eq(kern_block_info(enc, (size_t)sz, &gl, &got), sz);
+    ck_assert_uint_eq(gl.layers, 8);
+    ck_assert_uint_eq(gl.head_dim, 96);
+    for (uint32_t l = 0; l < 8; l++)
+        ck_assert_mem_eq(got.codec[l], rec.codec[l], 2);
+    uint8_t *dec = malloc(kern_raw_size(&lay));
+    ck_assert_int_eq(kern_decode_cpu(&lay, enc, (size_t)sz, dec, kern_raw_size(&lay),
+                                     KERN_DTYPE_FP16),
+                     (int64_t)kern_raw_size(&lay));
+    uint64_t l2 = kern_raw_index(&lay, 2, 0, 0, 0) * 2;
+    ck_assert_mem_eq(dec, raw, l2); /* layers 0-1 */
+    for (uint32_t l = 2; l < 8; l++)
+        for (uint32_t k = 0; k < 2; k++)
+            ck_assert_double_le(sect_err(&lay, raw, dec, KERN_DTYPE_FP16, l, k),
+                                err_bound[rec.codec[l][k]]);
+
+    /* errors: short buffers, a wrong layout, a damaged header */
+    ck_assert_int_eq(kern_encode_cpu(&lay, &rec, raw, enc, (size_t)sz - 1, NULL), -ENOSPC);
+    ck_assert_int_eq(kern_decode_cpu(&lay, enc, (size_t)sz, dec, kern_raw_size(&lay) - 1,
+                                     KERN_DTYPE_FP16),
+                     -ENOSPC);
+    ck_assert_int_eq(kern_decode_ref(&lay, enc, (size_t)sz - 1, dec, kern_raw_size(&lay),
+                                     KERN_DTYPE_FP16),
+                     -EBADMSG);
+    struct kern_layout other = lay;
+    other.heads = 4;
+    ck_assert_int_eq(kern_decode_cpu(&other, enc, (size_t)sz, dec, 1 << 30, KERN_DTYPE_FP16),
+                     -EBADMSG);
+    ck_assert_int_eq(kern_decode_cpu(&lay, enc, (size_t)sz, dec, kern_raw_size(&lay), 3),
+                     -EINVAL);
+    struct kern_key_stats partial = {.kmin = (float *)dec};
+    ck_assert_int_eq(kern_encode_ref(&lay, &rec, raw, enc, (size_t)sz, &partial), -EINVAL);
+    enc[sizeof(struct kern_block_hdr) + 5 * sizeof(struct kern_block_sect)] ^= 0x10;
+    ck_assert_int_eq(kern_block_info(enc, (size_t)sz, NULL, NULL), -EBADMSG);
+    ck_assert_int_eq(kern_decode_cpu(&lay, enc, (size_t)sz, dec, kern_raw_size(&lay),
+                                     KERN_DTYPE_FP16),
+                     -EBADMSG);
+    enc[0] ^= 1;
+    ck_assert_int_eq(kern_block_info(enc, (size_t)sz, NULL, NULL), -EBADMSG);
+    free(dec);
+    free(enc);
+    free(raw);
+}
+END_TEST
+
+/* NaN -> 0, +-Inf and huge -> +-65504 before a lossy codec; decoded output stays finite. */
+START_TEST(test_nonfinite)
+{
+    uint32_t codec = 1 + (uint32_t)_i % (KERN_CODEC_COUNT - 1);
+    uint32_t dtype = _i < KERN_CODEC_COUNT - 1 ? KERN_DTYPE_FP16 : KERN_DTYPE_BF16;
+    struct kern_layout lay = layout(1, 2, 64, 32, dtype, 0);
+    struct kern_recipe rec;
+    kern_recipe_fill(&rec, codec, codec, 0);
+    uint16_t *raw = make_block(&lay, 9);
+    uint16_t nan = dtype == KERN_DTYPE_FP16 ? 0x7e00 : 0x7fc0;
+    uint16_t pinf = dtype == KERN_DTYPE_FP16 ? 0x7c00 : 0x7f80;
+    uint64_t n = kern_raw_size(&lay) / 2;
+    for (uint64_t i = 0; i < n; i += 37)
+        raw[i] = i % 3 == 0 ? nan : i % 3 == 1 ? pinf : (uint16_t)(pinf | 0x8000);
+    if (dtype == KERN_DTYPE_BF16)
+        raw[5] = kern_f2bf(1e30f); /* finite but past the fp16 range */
+    uint8_t *enc = roundtrip(&lay, &rec, raw, dtype, 0);
+    int64_t sz = kern_encoded_size(&lay, &rec);
+    uint16_t *dec = malloc(n * 2);
+    ck_assert_int_eq(kern_decode_ref(&lay, enc, (size_t)sz, dec, n * 2, KERN_DTYPE_BF16),
+                     (int64_t)n * 2);
+    for (uint64_t i = 0; i < n; i++) {
+        float y = kern_bf2f(dec[i]);
+        ck_assert_msg(isfinite(y), "%s: element %llu decodes to %g", kern_codec_name(codec),
+                      (unsigned long long)i, y);
+        ck_assert_float_le(fabsf(y), 65600.0f);
+    }
+    /* per element: NaN near 0 relative to its group, Inf near +-65504 */
+    for (uint64_t i = 0; i < n; i += 37) {
+        float y = kern_bf2f(dec[i]);
+        if (i % 3 == 1)
+            ck_assert_float_gt(y, codec == KERN_CODEC_KIVI2 ? 40000.0f : 60000.0f);
+        else if (i % 3 == 2)
+            ck_assert_float_lt(y, codec == KERN_CODEC_KIVI2 ? -40000.0f : -60000.0f);
+    }
+    free(dec);
+    free(enc);
+    free(raw);
+}
+END_TEST
+
+START_TEST(test_key_stats)
+{
+    const struct shape *sh = &shapes[_i];
+    struct kern_layout lay =
+        layout(sh->layers, sh->heads, sh->dim, sh->tokens, sh->dtype, sh->k_only);
+    struct kern_recipe rec;
+    kern_recipe_fill(&rec, KERN_CODEC_Q4_1, KERN_CODEC_KIVI2, 1); /* layer 0 raw */
+    uint16_t *raw = make_block(&lay, 77);
+    raw[1] = lay.dtype == KERN_DTYPE_FP16 ? 0x7e00 : 0x7fc0; /* NaN counts as 0 */
+    uint64_t nlh = (uint64_t)lay.layers * lay.heads, nc = nlh * lay.head_dim;
+    float *st[2][3];
+    int64_t sz = kern_encoded_size(&lay, &rec);
+    uint8_t *enc = malloc((size_t)sz);
+    for (int v = 0; v < 2; v++) {
+        st[v][0] = malloc(nc * 4);
+        st[v][1] = malloc(nc * 4);
+        st[v][2] = malloc(nlh * 4);
+        struct kern_key_stats ks = {st[v][0], st[v][1], st[v][2]};
+        int64_t r = v ? kern_encode_cpu(&lay, &rec, raw, enc, (size_t)sz, &ks)
+                      : kern_encode_ref(&lay, &rec, raw, enc, (size_t)sz, &ks);
+        ck_assert_int_eq(r, sz);
+    }
+    for (uint32_t l = 0; l < lay.layers; l++)
+        for (uint32_t h = 0; h < lay.heads; h++) {
+            double norm = 0;
+            for (uint32_t t = 0; t < lay.tokens; t++) {
+                double ss = 0;
+                for (uint32_t d = 0; d < lay.head_dim; d++) {
+                    double x = kern_sanitize(
+                        kern_load(raw, lay.dtype, kern_raw_index(&lay, l, 0, t, h) + d));
+                    ss += x * x;
+                }
+                norm += sqrt(ss);
+            }
+            norm /= lay.tokens;
+            for (int v = 0; v < 2; v++)
+                ck_assert_double_eq_tol(st[v][2][l * lay.heads + h], norm, 1e-4 * norm + 1e-6);
+            for (uint32_t d = 0; d < lay.head_dim; d++) {
+                float mn = INFINITY, mx = -INFINITY;
+                for (uint32_t t = 0; t < lay.tokens; t++) {
+                    float x = kern_sanitize(
+                        kern_load(raw, lay.dtype, kern_raw_index(&lay, l, 0, t, h) + d));
+                    mn = fminf(mn, x);
+                    mx = fmaxf(mx, x);
+                }
+                uint64_t i = ((uint64_t)l * lay.heads + h) * lay.head_dim + d;
+                for (int v = 0; v < 2; v++) {
+                    ck_assert_float_eq(st[v][0][i], mn);
+                    ck_assert_float_eq(st[v][1][i], mx);
+                }
+            }
+        }
+    for (int v = 0; v < 2; v++)
+        for (int j = 0; j < 3; j++)
+            free(st[v][j]);
+    free(enc);
+    free(raw);
+}
+END_TEST
+
+START_TEST(test_supports)
+{
+    unsigned s = kern_supports();
+    ck_assert_uint_eq(!!(s & KERN_SUPPORT_CUDA_BUILT), KVC_CUDA);
+    ck_assert_uint_eq(!!(s & KERN_SUPPORT_CPU_AVX2),
+                      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c"));
+    if (!KVC_CUDA) {
+        struct kern_layout lay = layout(1, 1, 32, 32, KERN_DTYPE_FP16, 0);
+        struct kern_recipe rec;
+        kern_recipe_fill(&rec, KERN_CODEC_Q8_0, KERN_CODEC_Q8_0, 0);
+        ck_assert_int_eq(kern_encode_cuda(&lay, &rec, NULL, NULL, 0, NULL, NULL), -ENOTSUP);
+        ck_assert_int_eq(kern_decode_cuda(&lay, NULL, 0, NULL, 0, KERN_DTYPE_FP16, NULL),
+                         -ENOTSUP);
+        ck_assert_int_eq(kern_cuda_device_count(), 0);
+    }
+}
+END_TEST
+
+/* ---- CUDA: the same bytes as the reference ------------------------------------------- */
+
+START_TEST(test_cuda_matches_ref)
+{
+    uint32_t codec = (uint32_t)_i % KERN_CODEC_COUNT;
+    const struct shape *sh = &shapes[(uint32_t)_i / KERN_CODEC_COUNT];
+    struct kern_layout lay =
+        layout(sh->layers, sh->heads, sh->dim, sh->tokens, sh->dtype, sh->k_only);
+    struct kern_recipe rec;
+    kern_recipe_fill(&rec, codec, codec == KERN_CODEC_RAW ? KERN_CODEC_Q8_0 : codec, 0);
+    if (lay.layers > 1)
+        rec.codec[0][0] = KERN_CODEC_RAW;
+    uint16_t *raw = make_block(&lay, 300 + (uint64_t)_i);
+    raw[2] = lay.dtype == KERN_DTYPE_FP16 ? 0x7c00 : 0x7f80;
+    raw[9] = lay.dtype == KERN_DTYPE_FP16 ? 0x7e00 : 0x7fc0;
+    int64_t sz = kern_encoded_size(&lay, &rec);
+    uint64_t rs = kern_raw_size(&lay), nlh = (uint64_t)lay.layers * lay.heads;
+    uint64_t nc = nlh * lay.head_dim;
+    uint8_t *e_ref = malloc((size_t)sz), *e_gpu = malloc((size_t)sz);
+    uint8_t *d_ref = malloc(rs), *d_gpu = malloc(rs);
+    float *st_ref = malloc((2 * nc + nlh) * 4), *st_gpu = malloc((2 * nc + nlh) * 4);
+    struct kern_key_stats ks = {st_ref, st_ref + nc, st_ref + 2 * nc};
+    ck_assert_int_eq(kern_encode_ref(&lay, &rec, raw, e_ref, (size_t)sz, &ks), sz);
+    for (int out = KERN_DTYPE_FP16; out <= KERN_DTYPE_BF16; out++) {
+        void *g_raw, *g_enc, *g_dec, *g_st;
+        ck_assert_int_eq(kern_cuda_alloc(&g_raw, rs), 0);
+        ck_assert_int_eq(kern_cuda_alloc(&g_enc, (size_t)sz), 0);
+        ck_assert_int_eq(kern_cuda_alloc(&g_dec, rs), 0);
+        ck_assert_int_eq(kern_cuda_alloc(&g_st, (2 * nc + nlh) * 4), 0);
+        struct kern_key_stats gs = {g_st, (float *)g_st + nc, (float *)g_st + 2 * nc};
+        ck_assert_int_eq(kern_cuda_copy(g_raw, raw, rs, KERN_CUDA_H2D, NULL), 0);
+        ck_assert_int_eq(kern_encode_cuda(&lay, &rec, g_raw, g_enc, (size_t)sz, &gs, NULL), sz);
+        ck_assert_int_eq(kern_decode_cuda(&lay, g_enc, (size_t)sz, g_dec, rs, out, NULL),
+                         (int64_t)rs);
+        ck_assert_int_eq(kern_cuda_copy(e_gpu, g_enc, (size_t)sz, KERN_CUDA_D2H, NULL), 0);
+        ck_assert_int_eq(kern_cuda_copy(d_gpu, g_dec, rs, KERN_CUDA_D2H, NULL), 0);
+        ck_assert_int_eq(kern_cuda_copy(st_gpu, g_st, (2 * nc + nlh) * 4, KERN_CUDA_D2H, NULL),
+                         0);
+        ck_assert_int_eq(kern_cuda_stream_sync(NULL), 0);
+        kern_cuda_free(g_raw);
+        kern_cuda_free(g_enc);
+        kern_cuda_free(g_dec);
+        kern_cuda_free(g_st);
+        ck_assert_mem_eq(e_gpu, e_ref, (size_t)sz);
+        ck_assert_int_eq(kern_decode_ref(&lay, e_ref, (size_t)sz, d_ref, rs, out), (int64_t)rs);
+        ck_assert_mem_eq(d_gpu, d_ref, rs);
+        ck_assert_mem_eq(st_gpu, st_ref, 2 * nc * 4);
+        for (uint64_t i = 0; i < nlh; i++)
+            ck_assert_double_eq_tol(st_gpu[2 * nc + i], st_ref[2 * nc + i],
+                                    1e-4 * fabs(st_ref[2 * nc + i]) + 1e-6);
+    }
+    free(e_ref);
+    free(e_gpu);
+    free(d_ref);
+    free(d_gpu);
+    free(st_ref);
+    free(st_gpu);
+    free(raw);
+}
+END_TEST
+
+static Suite *kernels_suite(void)
+{
+    Suite *s = suite_create("kernels");
+    TCase *tc = tcase_create("ggml");
+    tcase_add_test(tc, test_ggml_hand_vectors);
+    tcase_add_test(tc, test_ggml_independent);
+    tcase_add_test(tc, test_f16_conversion);
+    tcase_add_test(tc, test_e4m3);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("cpu");
+    tcase_set_timeout(tc, 120);
+    tcase_add_loop_test(tc, test_codec_roundtrip, 0, (int)(KERN_CODEC_COUNT * NSHAPES));
+    tcase_add_test(tc, test_encoded_sizes);
+    tcase_add_test(tc, test_recipe_mixed);
+    tcase_add_loop_test(tc, test_nonfinite, 0, 2 * (KERN_CODEC_COUNT - 1));
+    tcase_add_loop_test(tc, test_key_stats, 0, (int)NSHAPES);
+    tcase_add_test(tc, test_supports);
+    suite_add_tcase(s, tc);
+
+    if (kern_cuda_device_count() > 0) {
+        tc = tcase_create("cuda");
+        tcase_set_timeout(tc, 120);
+        tcase_add_loop_test(tc, test_cuda_matches_ref, 0, (int)(KERN_CODEC_COUNT * NSHAPES));
+        suite_add_tcase(s, tc);
+    } else {
+        printf("SKIP: check_kernels: cuda: no device\n");
+    }
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(kernels_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
