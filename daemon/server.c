@@ -440,6 +440,11 @@ static bool server_handle(struct server *sv, struct conn *c, size_t n)
             (const struct kvc_ns_open_rep *)((struct kvc_msg_hdr *)sv->tx + 1);
         c->arenas_sent |= 1u << p->arena_id;
     }
+    /* A commit can take the arena over its high watermark. Evicting down to the low one
+     * frees hundreds of blocks at once (every 5% of the arena): done after the reply, it
+     * runs while the client copies its next blocks instead of inside its commit. */
+    if (r.hdr && r.hdr->opcode == KVC_OP_COMMIT)
+        store_trim(sv->store, now);
     if (rc == -EAGAIN || rc == -EWOULDBLOCK)
         server_conn_close(sv, c, "client does not read its replies");
     else if (rc)

@@ -623,7 +623,6 @@ int store_commit(struct store *s, struct store_owner *o, uint64_t resv_id, uint3
     n = h->n;
     c = store_resv_end(s, o, h, ncommit, now);
     *dropped = n - c;
-    store_trim(s, now);
     return (int)c;
 }
 

@@ -134,7 +134,8 @@ int store_reserve(struct store *s, struct store_owner *o, uint32_t ns_id,
                   uint64_t now, uint64_t *resv_id, uint8_t *st, struct kvc_wire_loc *locs);
 
 /* Commits the first ncommit slots of a reservation and frees the rest. Returns the number
- * committed (and *dropped), or -ENOENT. */
+ * committed (and *dropped), or -ENOENT. Evicts nothing: the caller runs store_trim() once
+ * the client has its reply, so eviction is not on the client's path. */
 int store_commit(struct store *s, struct store_owner *o, uint64_t resv_id, uint32_t ncommit,
                  uint64_t now, uint32_t *dropped);
 int store_abort(struct store *s, struct store_owner *o, uint64_t resv_id);

@@ -1,0 +1,586 @@
+/*
+ * bench_host.c — host-tier put and get bandwidth through libkvc against memcpy.
+ *
+ * DESIGN
+ * The benchmark starts the real kvcd (built beside it) on a private socket in a fresh
+ * temporary directory and measures through the public API, as an engine would:
+ *  - put: kvc_reserve of a chain of fresh keys, memcpy of each block into its slot,
+ *    kvc_commit; and the same bytes through kvc_put_prefix;
+ *  - get: kvc_lookup of a cached chain, kvc_lease_copy of every hit into the caller's
+ *    buffer, kvc_release;
+ * for blocks of 256 KiB, 2 MiB and 16 MiB (three namespaces whose layouts give exactly
+ * those sizes), with 1 and 2 client processes started together at a process-shared
+ * barrier, each with its own connection, keys and buffers.
+ * One operation covers BENCH_OP_BYTES of blocks (a prompt prefix chunk), so a 256 KiB
+ * case is 64 blocks per round trip and a 16 MiB case one.
+ * The baseline is memcpy in the same run: the same number of processes each copying,
+ * block by block, between two pre-faulted buffers of its own with the same footprint as
+ * its kvcd case (the caller buffer plus the arena blocks it touches). Each process's
+ * working set (BENCH_WS_BYTES of blocks plus the same again of caller buffer) is well above
+ * the last-level cache this machine reports, so both sides run from DRAM.
+ * Every figure is the best of BENCH_REPS timed repetitions after one untimed warm-up (the
+ * machine is shared, and interference only ever slows a repetition down); the median is
+ * printed beside it. A repetition's time runs from the first process's start to the last
+ * one's end. Page faults taken inside timed operations are counted and printed: there
+ * should be none, since the arena and the caller buffers are pre-faulted.
+ * Bytes are checked outside the timings: every get's buffer is compared with the source
+ * the blocks were put from. Exit status: 0 with figures (a missed target is reported, not
+ * failed), 1 when something broke (no daemon, an API error, a short hit, a mismatch).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client/kvc.h"
+
+#define BENCH_ARENA "2g"
+#define BENCH_WS_BYTES (256ull << 20) /* blocks per process per case */
+#define BENCH_OP_BYTES (16ull << 20)  /* block bytes per round trip */
+#define BENCH_REPS 11
+#define BENCH_MAX_PROCS 2
+#define BENCH_RTT_OPS 20000
+#define BENCH_RTT_REPS 5
+
+enum bench_step {
+    BENCH_STEP_MEMCPY_PUT, /* memcpy baseline interleaved with the put repetitions */
+    BENCH_STEP_PUT,
+    BENCH_STEP_PUT_PREFIX,
+    BENCH_STEP_MEMCPY_GET, /* memcpy baseline interleaved with the get repetitions */
+    BENCH_STEP_GET,
+    BENCH_STEP_COUNT,
+};
+
+/* Timings of one case, shared between the parent and its client processes. */
+struct bench_shared {
+    pthread_barrier_t barrier;
+    double t0[BENCH_STEP_COUNT][BENCH_REPS][BENCH_MAX_PROCS];
+    double t1[BENCH_STEP_COUNT][BENCH_REPS][BENCH_MAX_PROCS];
+    long faults[BENCH_STEP_COUNT][BENCH_MAX_PROCS]; /* minor+major, timed repetitions */
+    double rtt_us[BENCH_RTT_REPS];
+};
+
+struct bench_size {
+    const char *name;
+    struct kvc_layout layout;
+};
+
+/* Layouts of fp16 K+V: bytes = layers * 2 * block_tokens * kv_heads * head_dim * 2. */
+static const struct bench_size bench_sizes[] = {
+    {"256KiB", {"bench/host-8l-4h-128d", 8, 4, 128, 16, KVC_DTYPE_FP16, KVC_KV_KIND_KV}},
+    {"2MiB", {"bench/host-32l-8h-128d", 32, 8, 128, 16, KVC_DTYPE_FP16, KVC_KV_KIND_KV}},
+    {"16MiB", {"bench/host-32l-8h-128d-t128", 32, 8, 128, 128, KVC_DTYPE_FP16,
+               KVC_KV_KIND_KV}},
+};
+
+static const char *bench_sock;
+
+static double bench_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int bench_cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double bench_median(double *v, size_t n)
+{
+    qsort(v, n, sizeof(*v), bench_cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* A buffer of len bytes with every page written, so no timed copy takes a first-touch
+ * fault. */
+static uint8_t *bench_buf(size_t len)
+{
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return NULL;
+    memset(p, 0x5a, len);
+    return p;
+}
+
+/* Distinct content per process and block, so a block handed back under the wrong key
+ * shows up in the comparison. */
+static void bench_fill(uint8_t *buf, size_t len, uint64_t seed)
+{
+    uint64_t *w = (uint64_t *)buf, s = seed * 0x9e3779b97f4a7c15ull + 1;
+    for (size_t i = 0; i < len / 8; i++) {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        w[i] = s;
+    }
+}
+
+/* Keys unique per (process, size, step, repetition, block). */
+static void bench_keys(struct kvc_key *k, size_t n, unsigned proc, unsigned size, unsigned step,
+                       unsigned rep)
+{
+    uint64_t hi = (uint64_t)(proc + 1) << 48 | (uint64_t)size << 40 | (uint64_t)step << 32 |
+                  (uint64_t)rep << 16 | 0xbe;
+    for (size_t i = 0; i < n; i++)
+        k[i] = (struct kvc_key){.lo = (uint64_t)i * 0x100000001b3ull + 1, .hi = hi};
+}
+
+struct bench_client {
+    kvc_ns *ns;
+    size_t bb;       /* block bytes */
+    size_t nblocks;  /* blocks per repetition */
+    size_t per_op;   /* blocks per round trip */
+    uint8_t *src;    /* what puts copy from */
+    uint8_t *dst;    /* what gets copy into */
+    struct kvc_key *keys;
+    const void **blocks;
+};
+
+static int bench_do_memcpy(struct bench_client *b)
+{
+    for (size_t i = 0; i < b->nblocks; i++)
+        memcpy(b->dst + i * b->bb, b->src + i * b->bb, b->bb);
+    return 0;
+}
+
+static int bench_do_put(struct bench_client *b)
+{
+    for (size_t done = 0; done < b->nblocks; done += b->per_op) {
+        kvc_resv *r;
+        int rc = kvc_reserve(b->ns, NULL, b->keys + done, b->per_op, &r);
+        if (rc < 0)
+            return rc;
+        if ((size_t)rc != b->per_op) {
+            kvc_abort(r);
+            return -ENOSPC;
+        }
+        for (size_t i = 0; i < b->per_op; i++)
+            memcpy(kvc_resv_data(r, i), b->src + (done + i) * b->bb, b->bb);
+        rc = kvc_commit(r, SIZE_MAX);
+        if (rc < 0)
+            return rc;
+        if ((size_t)rc != b->per_op)
+            return -EIO;
+    }
+    return 0;
+}
+
+static int bench_do_put_prefix(struct bench_client *b)
+{
+    for (size_t done = 0; done < b->nblocks; done += b->per_op) {
+        for (size_t i = 0; i < b->per_op; i++)
+            b->blocks[i] = b->src + (done + i) * b->bb;
+        int rc = kvc_put_prefix(b->ns, NULL, b->keys + done, b->per_op, b->blocks);
+        if (rc < 0)
+            return rc;
+        if ((size_t)rc != b->per_op)
+            return -ENOSPC;
+    }
+    return 0;
+}
+
+static int bench_do_get(struct bench_client *b)
+{
+    for (size_t done = 0; done < b->nblocks; done += b->per_op) {
+        kvc_lease *l;
+        int rc = kvc_lookup(b->ns, b->keys + done, b->per_op, 0, &l);
+        if (rc < 0)
+            return rc;
+        if ((size_t)rc != b->per_op) {
+            kvc_release(l);
+            return -ENODATA;
+        }
+        for (size_t i = 0; i < b->per_op && rc >= 0; i++)
+            rc = kvc_lease_copy(l, i, b->dst + (done + i) * b->bb, b->bb);
+        int rr = kvc_release(l);
+        if (rc < 0 || rr < 0)
+            return rc < 0 ? rc : rr;
+    }
+    return 0;
+}
+
+/* One timed step of one process: wait for the others, run, record. */
+static int bench_step(struct bench_shared *sh, unsigned proc, int step, int rep,
+                      int (*fn)(struct bench_client *), struct bench_client *b)
+{
+    struct rusage u0, u1;
+    pthread_barrier_wait(&sh->barrier);
+    getrusage(RUSAGE_SELF, &u0);
+    double t0 = bench_now();
+    int rc = fn(b);
+    double t1 = bench_now();
+    getrusage(RUSAGE_SELF, &u1);
+    if (rep >= 0) {
+        sh->t0[step][rep][proc] = t0;
+        sh->t1[step][rep][proc] = t1;
+        sh->faults[step][proc] += u1.ru_minflt - u0.ru_minflt + u1.ru_majflt - u0.ru_majflt;
+    }
+    return rc;
+}
+
+/* A client process of one case. Returns its exit status. */
+static int bench_client_run(struct bench_shared *sh, unsigned proc, unsigned size_idx)
+{
+    const struct bench_size *sz = &bench_sizes[size_idx];
+    struct bench_client b = {0};
+    kvc_client *c = NULL;
+    int rc;
+    const char *what = "connect";
+    if ((rc = kvc_connect(bench_sock, &c)) < 0)
+        goto out;
+    what = "ns_open";
+    if ((rc = kvc_ns_open(c, &sz->layout, &b.ns)) < 0)
+        goto out;
+    b.bb = kvc_ns_block_bytes(b.ns);
+    b.nblocks = BENCH_WS_BYTES / b.bb;
+    b.per_op = BENCH_OP_BYTES > b.bb ? BENCH_OP_BYTES / b.bb : 1;
+    b.src = bench_buf(BENCH_WS_BYTES);
+    b.dst = bench_buf(BENCH_WS_BYTES);
+    b.keys = calloc(b.nblocks, sizeof(*b.keys));
+    b.blocks = calloc(b.per_op, sizeof(*b.blocks));
+    what = "buffers";
+    rc = -ENOMEM;
+    if (!b.src || !b.dst || !b.keys || !b.blocks)
+        goto out;
+    bench_fill(b.src, BENCH_WS_BYTES, proc * 16 + size_idx + 1);
+
+    /* Warm-up (untimed): one pass of each kind, so code, page tables and the daemon's
+     * first allocations are out of the way. */
+    what = "warm-up";
+    bench_keys(b.keys, b.nblocks, proc, size_idx, BENCH_STEP_PUT, 0xffff);
+    if ((rc = bench_step(sh, proc, 0, -1, bench_do_memcpy, &b)) < 0 ||
+        (rc = bench_step(sh, proc, 0, -1, bench_do_put, &b)) < 0 ||
+        (rc = bench_step(sh, proc, 0, -1, bench_do_get, &b)) < 0)
+        goto out;
+
+    for (int r = 0; r < BENCH_REPS; r++) {
+        what = "memcpy";
+        if ((rc = bench_step(sh, proc, BENCH_STEP_MEMCPY_PUT, r, bench_do_memcpy, &b)) < 0)
+            goto out;
+        what = "put";
+        bench_keys(b.keys, b.nblocks, proc, size_idx, BENCH_STEP_PUT, (unsigned)r);
+        if ((rc = bench_step(sh, proc, BENCH_STEP_PUT, r, bench_do_put, &b)) < 0)
+            goto out;
+        what = "put_prefix";
+        bench_keys(b.keys, b.nblocks, proc, size_idx, BENCH_STEP_PUT_PREFIX, (unsigned)r);
+        if ((rc = bench_step(sh, proc, BENCH_STEP_PUT_PREFIX, r, bench_do_put_prefix, &b)) < 0)
+            goto out;
+    }
+    /* The keys of the last put_prefix repetition stay cached: they are the get set. */
+    for (int r = 0; r < BENCH_REPS; r++) {
+        what = "memcpy";
+        if ((rc = bench_step(sh, proc, BENCH_STEP_MEMCPY_GET, r, bench_do_memcpy, &b)) < 0)
+            goto out;
+        what = "get";
+        /* Spoil one byte per block: a get that skipped a block cannot pass the check. */
+        for (size_t i = 0; i < b.nblocks; i++)
+            b.dst[i * b.bb] ^= 0xff;
+        if ((rc = bench_step(sh, proc, BENCH_STEP_GET, r, bench_do_get, &b)) < 0)
+            goto out;
+        what = "get data check";
+        if (memcmp(b.dst, b.src, BENCH_WS_BYTES) != 0) {
+            rc = -EILSEQ;
+            goto out;
+        }
+    }
+    rc = 0;
+out:
+    if (rc < 0)
+        fprintf(stderr, "bench_host: %s, process %u: %s: %s\n", sz->name, proc, what,
+                kvc_strerror(rc));
+    kvc_disconnect(c);
+    /* The barrier must not wait for a process that gave up: the parent kills the rest. */
+    return rc < 0 ? 1 : 0;
+}
+
+/* Lookup+release round trips of a one-block prefix, in microseconds per pair. */
+static int bench_rtt_run(struct bench_shared *sh)
+{
+    const struct bench_size *sz = &bench_sizes[0];
+    kvc_client *c = NULL;
+    kvc_ns *ns;
+    kvc_resv *r = NULL;
+    struct kvc_key k = {.lo = 0x7777, .hi = 0x7777};
+    int rc;
+    if ((rc = kvc_connect(bench_sock, &c)) < 0 || (rc = kvc_ns_open(c, &sz->layout, &ns)) < 0)
+        goto out;
+    if ((rc = kvc_reserve(ns, NULL, &k, 1, &r)) < 0)
+        goto out;
+    if (rc == 1)
+        memset(kvc_resv_data(r, 0), 1, kvc_ns_block_bytes(ns));
+    if ((rc = kvc_commit(r, SIZE_MAX)) < 0)
+        goto out;
+    for (int rep = -1; rep < BENCH_RTT_REPS; rep++) {
+        double t0 = bench_now();
+        for (int i = 0; i < BENCH_RTT_OPS; i++) {
+            kvc_lease *l;
+            rc = kvc_lookup(ns, &k, 1, 0, &l);
+            if (rc != 1) {
+                rc = rc < 0 ? rc : -ENODATA;
+                goto out;
+            }
+            if ((rc = kvc_release(l)) < 0)
+                goto out;
+        }
+        if (rep >= 0)
+            sh->rtt_us[rep] = (bench_now() - t0) * 1e6 / BENCH_RTT_OPS;
+    }
+    rc = 0;
+out:
+    if (rc < 0)
+        fprintf(stderr, "bench_host: round trip: %s\n", kvc_strerror(rc));
+    kvc_disconnect(c);
+    return rc < 0 ? 1 : 0;
+}
+
+/* Forks nprocs clients of one case (or the round-trip client when size_idx < 0) and waits
+ * for them. Returns 0 when all succeeded. */
+static int bench_case_run(struct bench_shared *sh, unsigned nprocs, int size_idx)
+{
+    pthread_barrierattr_t ba;
+    pid_t pids[BENCH_MAX_PROCS];
+    int ret = 0;
+    memset(sh, 0, sizeof(*sh));
+    pthread_barrierattr_init(&ba);
+    pthread_barrierattr_setpshared(&ba, PTHREAD_PROCESS_SHARED);
+    pthread_barrier_init(&sh->barrier, &ba, nprocs);
+    pthread_barrierattr_destroy(&ba);
+    fflush(NULL);
+    for (unsigned p = 0; p < nprocs; p++) {
+        pids[p] = fork();
+        if (pids[p] < 0) {
+            perror("bench_host: fork");
+            nprocs = p;
+            ret = -1;
+            break;
+        }
+        if (pids[p] == 0)
+            _exit(size_idx < 0 ? bench_rtt_run(sh) : bench_client_run(sh, p, (unsigned)size_idx));
+    }
+    for (unsigned p = 0; p < nprocs; p++) {
+        int st;
+        pid_t w;
+        while ((w = waitpid(-1, &st, 0)) < 0 && errno == EINTR)
+            ;
+        if (w < 0)
+            break;
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+            /* One failed: the others may wait at the barrier forever. */
+            for (unsigned q = 0; q < nprocs; q++)
+                if (pids[q] != w)
+                    kill(pids[q], SIGKILL);
+            ret = -1;
+        }
+    }
+    pthread_barrier_destroy(&sh->barrier);
+    return ret;
+}
+
+/* Best (and, in *median, the median) over repetitions of the aggregate bandwidth of a
+ * step, in GB/s. */
+static double bench_gbps(const struct bench_shared *sh, int step, unsigned nprocs,
+                         double *median)
+{
+    double v[BENCH_REPS];
+    for (int r = 0; r < BENCH_REPS; r++) {
+        double t0 = sh->t0[step][r][0], t1 = sh->t1[step][r][0];
+        for (unsigned p = 1; p < nprocs; p++) {
+            t0 = sh->t0[step][r][p] < t0 ? sh->t0[step][r][p] : t0;
+            t1 = sh->t1[step][r][p] > t1 ? sh->t1[step][r][p] : t1;
+        }
+        v[r] = (double)BENCH_WS_BYTES * nprocs / (t1 - t0) / 1e9;
+    }
+    *median = bench_median(v, BENCH_REPS);
+    return v[BENCH_REPS - 1];
+}
+
+struct bench_result {
+    char name[48];
+    double value;
+    const char *unit;
+    const char *baseline;
+    double baseline_value;
+};
+
+static int bench_json_write(const char *path, const struct bench_result *res, size_t n)
+{
+    FILE *f = fopen(path, "we");
+    if (!f) {
+        fprintf(stderr, "bench_host: %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    fprintf(f, "[\n");
+    for (size_t i = 0; i < n; i++) {
+        const struct bench_result *r = &res[i];
+        fprintf(f, "  {\"case\": \"%s\", \"value\": %.4f, \"unit\": \"%s\", ", r->name, r->value,
+                r->unit);
+        if (r->baseline)
+            fprintf(f, "\"baseline\": \"%s\", \"baseline_value\": %.4f, \"ratio\": %.4f}",
+                    r->baseline, r->baseline_value, r->value / r->baseline_value);
+        else
+            fprintf(f, "\"baseline\": null, \"baseline_value\": null, \"ratio\": null}");
+        fprintf(f, "%s\n", i + 1 < n ? "," : "");
+    }
+    fprintf(f, "]\n");
+    return fclose(f) == 0 ? 0 : -1;
+}
+
+/* Starts kvcd on dir/kvcd.sock; returns its pid, or -1 when it did not come up. */
+static pid_t bench_daemon_start(const char *dir, const char *sock)
+{
+    char opt_sock[200], log[160];
+    snprintf(opt_sock, sizeof(opt_sock), "server.socket=%s", sock);
+    snprintf(log, sizeof(log), "%s/kvcd.log", dir);
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        if (fd >= 0)
+            dup2(fd, 2);
+        execl(KVC_BUILD_BIN "/kvcd", "kvcd", "-o", opt_sock, "-o", "host.size=" BENCH_ARENA,
+              "-o", "log.level=warning", (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; i < 600; i++) {
+        kvc_client *c;
+        int st;
+        if (waitpid(pid, &st, WNOHANG) == pid)
+            break;
+        if (kvc_connect(sock, &c) == 0) {
+            kvc_disconnect(c);
+            return pid;
+        }
+        usleep(50000);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    fprintf(stderr, "bench_host: kvcd did not start (%s); its log:\n", KVC_BUILD_BIN "/kvcd");
+    FILE *f = fopen(log, "re");
+    if (f) {
+        char line[256];
+        while (fgets(line, sizeof(line), f))
+            fputs(line, stderr);
+        fclose(f);
+    }
+    return -1;
+}
+
+int main(int argc, char **argv)
+{
+    const char *json = argc > 1 ? argv[1] : "build/bench/host.json";
+    const char *only = argc > 2 ? argv[2] : NULL; /* one case, e.g. 2MiB_x1, for profiling */
+    char dir[] = "/tmp/kvcd-bench.XXXXXX", sock[160], log[160];
+    struct bench_result res[64];
+    size_t nres = 0;
+    struct bench_shared *sh;
+    pid_t daemon = -1;
+    int status = 1;
+    if (!mkdtemp(dir)) {
+        perror("bench_host: mkdtemp");
+        return 1;
+    }
+    snprintf(sock, sizeof(sock), "%s/kvcd.sock", dir);
+    snprintf(log, sizeof(log), "%s/kvcd.log", dir);
+    bench_sock = sock;
+    sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (sh == MAP_FAILED) {
+        perror("bench_host: mmap");
+        goto out;
+    }
+    daemon = bench_daemon_start(dir, sock);
+    if (daemon < 0)
+        goto out;
+
+    printf("kvcd host tier through libkvc: arena %s, %llu MiB of blocks per process per case, "
+           "%llu MiB per round trip;\nGB/s (1e9 bytes/s of block bytes, all processes together) "
+           "over %d repetitions after a warm-up;\nratio = best kvcd / best memcpy, memcpy "
+           "copying the same bytes between two pre-faulted buffers per process.\n\n",
+           BENCH_ARENA, BENCH_WS_BYTES >> 20, BENCH_OP_BYTES >> 20, BENCH_REPS);
+    printf("%-22s %8s %8s %8s %8s %6s %9s\n", "", "kvcd", "", "memcpy", "", "", "faults in");
+    printf("%-22s %8s %8s %8s %8s %6s %9s\n", "case", "best", "median", "best", "median",
+           "ratio", "timed ops");
+    for (unsigned np = 1; np <= BENCH_MAX_PROCS; np++) {
+        for (unsigned s = 0; s < sizeof(bench_sizes) / sizeof(bench_sizes[0]); s++) {
+            char tag[32];
+            snprintf(tag, sizeof(tag), "%s_x%u", bench_sizes[s].name, np);
+            if (only && strcmp(only, tag) != 0)
+                continue;
+            if (bench_case_run(sh, np, (int)s) < 0) {
+                fprintf(stderr, "bench_host: case %s x%u failed\n", bench_sizes[s].name, np);
+                goto out;
+            }
+            static const struct {
+                const char *op;
+                int step, base;
+            } rows[] = {
+                {"put", BENCH_STEP_PUT, BENCH_STEP_MEMCPY_PUT},
+                {"put_prefix", BENCH_STEP_PUT_PREFIX, BENCH_STEP_MEMCPY_PUT},
+                {"get", BENCH_STEP_GET, BENCH_STEP_MEMCPY_GET},
+            };
+            for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+                struct bench_result *r = &res[nres++];
+                snprintf(r->name, sizeof(r->name), "%s_%s_x%u", rows[i].op, bench_sizes[s].name,
+                         np);
+                double med, base_med;
+                long faults = 0;
+                r->value = bench_gbps(sh, rows[i].step, np, &med);
+                r->unit = "GB/s";
+                r->baseline = "memcpy";
+                r->baseline_value = bench_gbps(sh, rows[i].base, np, &base_med);
+                for (unsigned p = 0; p < np; p++)
+                    faults += sh->faults[rows[i].step][p];
+                printf("%-22s %8.2f %8.2f %8.2f %8.2f %6.2f %9ld%s\n", r->name, r->value, med,
+                       r->baseline_value, base_med, r->value / r->baseline_value, faults,
+                       r->value < 0.9 * r->baseline_value ? "  below 0.9 target" : "");
+            }
+            fflush(stdout);
+        }
+    }
+    if (bench_case_run(sh, 1, -1) < 0)
+        goto out;
+    struct bench_result *r = &res[nres++];
+    snprintf(r->name, sizeof(r->name), "rtt_lookup_release_1block");
+    r->value = bench_median(sh->rtt_us, BENCH_RTT_REPS);
+    r->unit = "us";
+    r->baseline = NULL;
+    printf("%-22s %10.2f us per lookup+release pair (1-block prefix, one client)\n", r->name,
+           r->value);
+    if (bench_json_write(json, res, nres) < 0)
+        goto out;
+    printf("\nwrote %s\n", json);
+    status = 0;
+out:
+    if (daemon > 0) {
+        kill(daemon, SIGTERM);
+        waitpid(daemon, NULL, 0);
+    }
+    if (status != 0) {
+        FILE *f = fopen(log, "re");
+        char line[256];
+        while (f && fgets(line, sizeof(line), f))
+            fputs(line, stderr);
+        if (f)
+            fclose(f);
+    }
+    unlink(log);
+    unlink(sock);
+    rmdir(dir);
+    return status;
+}
