@@ -61,6 +61,12 @@ BENCH_SRCS := $(wildcard tests/bench/bench_*.c)
 TESTLIB_SRCS := $(wildcard tests/lib/*.c)
 
 obj = $(patsubst %.c,$(B)/obj/%.o,$(1))
+
+# Objects depend on the flags they were built with: switching CUDA=0/1 (or CFLAGS) in one
+# build directory rebuilds instead of linking stale objects.
+FLAGS_SIG := CUDA=$(CUDA) $(CFLAGS) $(NVCCFLAGS)
+FLAGS_STAMP := $(B)/flags.stamp
+$(shell mkdir -p $(B); echo '$(FLAGS_SIG)' | cmp -s - $(FLAGS_STAMP) || echo '$(FLAGS_SIG)' > $(FLAGS_STAMP))
 LIBKVCD_OBJS := $(call obj,$(LIBKVCD_SRCS)) $(patsubst %.cu,$(B)/obj/%.cu.o,$(CU_SRCS))
 LIBKVC_OBJS := $(call obj,$(LIBKVC_SRCS))
 TESTLIB_OBJS := $(call obj,$(TESTLIB_SRCS))
@@ -74,11 +80,11 @@ LIBS := $(B)/lib/libkvcd.a $(B)/lib/libkvc.a $(B)/lib/libkvc.so
 all: $(BINS) $(LIBS)
 tests: $(CHECK_BINS)
 
-$(B)/obj/%.o: %.c
+$(B)/obj/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(DEPFLAGS) -c $< -o $@
 
-$(B)/obj/%.cu.o: %.cu
+$(B)/obj/%.cu.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -I$(TOP) -c $< -o $@
 
