@@ -44,7 +44,8 @@
     X(ABORT, 7, 0, "free a reservation")                                                      \
     X(STATS, 8, 0, "counters, global or per namespace")                                       \
     X(NS_LIST, 9, 0, "namespaces and their layouts")                                          \
-    X(BLOCK_LIST, 10, 0, "blocks of a namespace with their metadata")
+    X(BLOCK_LIST, 10, 0, "blocks of a namespace with their metadata")                        \
+    X(GPU_ATTACH, 11, 0, "the GPU pool: export handle (descriptor attached) and device")
 
 enum kvc_op {
 #define KVC_OP_ENUM(name, num, admin, help) KVC_OP_##name = num,
@@ -132,6 +133,7 @@ struct kvc_wire_loc {
     uint64_t length;
 };
 #define KVC_WIRE_TIER_HOST 1
+#define KVC_WIRE_TIER_GPU 2 /* offset into the GPU pool (GPU_ATTACH); arena_id is the pool's */
 #define KVC_WIRE_FORMAT_RAW 0
 #define KVC_LOC_F_READY 0x1u
 
@@ -149,6 +151,10 @@ struct kvc_lookup_rep {
     uint64_t lease_id; /* 0 when nhit == 0 */
     /* struct kvc_wire_loc locs[nhit]; */
 };
+
+/* LOOKUP and RESERVE flags. */
+#define KVC_LOOKUP_F_GPU 0x1u  /* hits may be GPU locations (the client mapped the pool) */
+#define KVC_RESERVE_F_GPU 0x1u /* slots may be GPU locations */
 
 /* RELEASE */
 struct kvc_release_req {
@@ -269,6 +275,29 @@ struct kvc_block_list_rep {
     /* struct kvc_wire_block blocks[nblocks]; */
 };
 
+/*
+ * GPU_ATTACH: the first request (flags 0) returns the pool's handle: with handle
+ * KVC_GPU_HANDLE_FD the descriptor rides along (SCM_RIGHTS), with KVC_GPU_HANDLE_LEGACY the
+ * 64 bytes in `legacy` are a cudaIpcMemHandle_t. -ENODEV when the daemon has no GPU tier.
+ * Once the client mapped the pool on the device with that uuid it sends GPU_ATTACH again
+ * with KVC_GPU_ATTACH_F_MAPPED; only then may LOOKUP/RESERVE with the GPU flags return GPU
+ * locations to it (a client on another device never sends it and gets host locations).
+ */
+#define KVC_GPU_ATTACH_F_MAPPED 0x1u
+#define KVC_GPU_HANDLE_FD 1u
+#define KVC_GPU_HANDLE_LEGACY 2u
+struct kvc_gpu_attach_req {
+    uint32_t flags;
+    uint32_t pad;
+};
+struct kvc_gpu_attach_rep {
+    uint32_t arena_id; /* carried by GPU locations */
+    uint32_t handle;   /* KVC_GPU_HANDLE_* */
+    uint64_t pool_bytes;
+    uint8_t uuid[16]; /* the device's UUID */
+    uint8_t legacy[64];
+};
+
 /* Layout checks: both ends compile these. */
 _Static_assert(sizeof(struct kvc_msg_hdr) == 24, "header layout");
 _Static_assert(sizeof(struct kvc_wire_loc) == 24, "loc layout");
@@ -277,6 +306,7 @@ _Static_assert(sizeof(struct kvc_wire_layout) == 152, "layout layout");
 _Static_assert(sizeof(struct kvc_wire_stat) == 48, "stat layout");
 _Static_assert(sizeof(struct kvc_wire_block) == 72, "block layout");
 _Static_assert(sizeof(struct kvc_wire_ns) == 184, "ns layout");
+_Static_assert(sizeof(struct kvc_gpu_attach_rep) == 96, "gpu attach layout");
 _Static_assert(sizeof(struct kvc_lookup_req) + KVC_PROTO_MAX_KEYS * sizeof(struct kvc_wire_key) +
                        sizeof(struct kvc_msg_hdr) <=
                    KVC_PROTO_MAX_MSG,

@@ -54,7 +54,13 @@
     X(host, low_watermark, DOUBLE, "0.90", 0.0, 1.0, 1, NULL,                                 \
       "Fraction of the arena in use at which eviction stops. Must be below high_watermark.") \
     X(cache, policy, ENUM, "lru", 0, 0, 1, "lru",                                             \
-      "Eviction order among unpinned leaves of the prefix tree.")
+      "Eviction order among unpinned leaves of the prefix tree.")                            \
+    X(gpu, pool_size, SIZE, "0", 0, 1ull << 44, 0, NULL,                                           \
+      "Bytes of the GPU tier's device pool, shared with engines on that GPU. 0: no GPU "      \
+      "tier. Without a device or driver the tier is disabled with one log line.")             \
+    X(gpu, device, INT, "0", 0, 1023, 0, NULL, "CUDA ordinal of the GPU holding the pool.")   \
+    X(gpu, pool_page_size, SIZE, "2m", 64 << 10, 1 << 30, 0, NULL,                                 \
+      "Allocator page of the pool: a power of two.")
 
 #define CONFIG_CTYPE_BOOL bool
 #define CONFIG_CTYPE_INT int64_t

@@ -93,7 +93,10 @@ static void kvcd_store_params(const struct config *c, struct store_params *p)
                                .low_watermark = c->host_low_watermark,
                                .max_namespaces = (uint32_t)c->server_max_namespaces,
                                .max_handles = (uint32_t)c->server_max_leases,
-                               .policy = (enum policy_kind)c->cache_policy};
+                               .policy = (enum policy_kind)c->cache_policy,
+                               .gpu_size = c->gpu_pool_size,
+                               .gpu_device = (int)c->gpu_device,
+                               .gpu_page_size = c->gpu_pool_page_size};
 }
 
 static void kvcd_server_params(const struct config *c, struct server_params *p)

@@ -32,6 +32,7 @@ static const struct proto_shape proto_shapes[KVC_OP_MAX] = {
     [KVC_OP_STATS] = {sizeof(struct kvc_stats_req), 0, 0, 0},
     [KVC_OP_NS_LIST] = {sizeof(struct kvc_ns_list_req), 0, 0, 0},
     [KVC_OP_BLOCK_LIST] = {sizeof(struct kvc_block_list_req), 0, 0, 0},
+    [KVC_OP_GPU_ATTACH] = {sizeof(struct kvc_gpu_attach_req), 0, 0, 0},
 };
 
 const char *proto_op_name(uint32_t op)
@@ -53,13 +54,13 @@ static int proto_check_body(uint32_t op, const void *body, const char **why)
     switch (op) {
     case KVC_OP_LOOKUP: {
         const struct kvc_lookup_req *q = body;
-        if (q->flags || q->pad)
+        if ((q->flags & ~KVC_LOOKUP_F_GPU) || q->pad)
             goto reserved;
         break;
     }
     case KVC_OP_RESERVE: {
         const struct kvc_reserve_req *q = body;
-        if (q->flags || q->pad)
+        if ((q->flags & ~KVC_RESERVE_F_GPU) || q->pad)
             goto reserved;
         break;
     }
@@ -79,6 +80,12 @@ static int proto_check_body(uint32_t op, const void *body, const char **why)
         if (((const struct kvc_ns_list_req *)body)->pad)
             goto reserved;
         break;
+    case KVC_OP_GPU_ATTACH: {
+        const struct kvc_gpu_attach_req *q = body;
+        if ((q->flags & ~KVC_GPU_ATTACH_F_MAPPED) || q->pad)
+            goto reserved;
+        break;
+    }
     case KVC_OP_BLOCK_LIST:
         if (((const struct kvc_block_list_req *)body)->max == 0) {
             *why = "max is 0";

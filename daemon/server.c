@@ -28,6 +28,7 @@
 #include "daemon/proto.h"
 #include "daemon/server.h"
 #include "daemon/store.h"
+#include "tiers/gpu.h"
 #include "tiers/host.h"
 
 #define SERVER_BUF (KVC_PROTO_MAX_MSG + 64)
@@ -38,6 +39,7 @@ struct conn {
     struct ucred cred;
     bool hello;
     uint32_t arenas_sent; /* bit a: arena a's descriptor was handed over */
+    bool gpu_mapped;      /* GPU_ATTACH with F_MAPPED: may be given GPU locations */
     struct store_owner owner;
     struct server *sv;
     struct conn *prev, *next;
@@ -304,6 +306,8 @@ static int server_on_stats(struct server *sv, const struct proto_req *r, uint64_
         server_stat_put(out, &n, "namespaces_now", nns);
         server_stat_put(out, &n, "host_capacity", store_host_capacity(s));
         server_stat_put(out, &n, "host_used", store_host_used(s));
+        server_stat_put(out, &n, "gpu_capacity", store_gpu_capacity(s));
+        server_stat_put(out, &n, "gpu_used", store_gpu_used(s));
         server_stat_put(out, &n, "uptime_s", now / 1000);
         server_stat_put(out, &n, "log_suppressed", log_suppressed());
     }
@@ -370,6 +374,29 @@ static int server_on_block_list(struct server *sv, const struct proto_req *r)
     return (int)(sizeof(*p) + n * sizeof(*out));
 }
 
+/* The GPU pool's handle (first call), or the client's word that it mapped it. */
+static int server_on_gpu_attach(struct server *sv, struct conn *c, const struct proto_req *r,
+                                int *send_fd)
+{
+    const struct kvc_gpu_attach_req *q = r->body;
+    struct kvc_gpu_attach_rep *p = (struct kvc_gpu_attach_rep *)((struct kvc_msg_hdr *)sv->tx + 1);
+    const struct kern_dev_pool *pool;
+    if (!sv->store->gpu)
+        return -ENODEV;
+    pool = tier_gpu_pool(sv->store->gpu);
+    memset(p, 0, sizeof(*p));
+    p->arena_id = sv->store->gpu_arena;
+    p->handle = pool->handle;
+    p->pool_bytes = sv->store->gpu->ops->capacity(sv->store->gpu);
+    memcpy(p->uuid, pool->uuid, sizeof(p->uuid));
+    memcpy(p->legacy, pool->legacy, sizeof(p->legacy));
+    if (q->flags & KVC_GPU_ATTACH_F_MAPPED)
+        c->gpu_mapped = true;
+    else if (pool->handle == KVC_GPU_HANDLE_FD)
+        *send_fd = pool->fd;
+    return sizeof(*p);
+}
+
 /* ---- dispatch -------------------------------------------------------------------------- */
 
 /* Handles one request; returns true if the connection was closed (c is gone). */
@@ -397,12 +424,16 @@ static bool server_handle(struct server *sv, struct conn *c, size_t n)
             rc = server_on_ns_open(sv, c, &r, &send_fd);
             break;
         case KVC_OP_LOOKUP:
+            c->owner.gpu = c->gpu_mapped &&
+                           (((const struct kvc_lookup_req *)r.body)->flags & KVC_LOOKUP_F_GPU);
             rc = server_on_lookup(sv, c, &r, now);
             break;
         case KVC_OP_RELEASE:
             rc = server_on_release(sv, c, &r);
             break;
         case KVC_OP_RESERVE:
+            c->owner.gpu = c->gpu_mapped &&
+                           (((const struct kvc_reserve_req *)r.body)->flags & KVC_RESERVE_F_GPU);
             rc = server_on_reserve(sv, c, &r, now);
             break;
         case KVC_OP_COMMIT:
@@ -420,6 +451,9 @@ static bool server_handle(struct server *sv, struct conn *c, size_t n)
         case KVC_OP_BLOCK_LIST:
             rc = server_on_block_list(sv, &r);
             break;
+        case KVC_OP_GPU_ATTACH:
+            rc = server_on_gpu_attach(sv, c, &r, &send_fd);
+            break;
         default:
             rc = -EOPNOTSUPP;
             break;
@@ -435,7 +469,7 @@ static bool server_handle(struct server *sv, struct conn *c, size_t n)
         server_reply_init(sv, r.hdr, 0, (uint32_t)rc);
     }
     rc = server_send(sv, c, send_fd);
-    if (rc == 0 && send_fd >= 0) {
+    if (rc == 0 && send_fd >= 0 && r.hdr->opcode == KVC_OP_NS_OPEN) {
         const struct kvc_ns_open_rep *p =
             (const struct kvc_ns_open_rep *)((struct kvc_msg_hdr *)sv->tx + 1);
         c->arenas_sent |= 1u << p->arena_id;

@@ -31,6 +31,8 @@
     X(aborted_blocks, "reserved slots freed unwritten (abort, partial commit, client exit)")  \
     X(evicted_blocks, "blocks evicted to make room")                                          \
     X(evicted_bytes, "bytes evicted")                                                         \
+    X(promoted_blocks, "blocks moved from the host tier into the GPU pool")                  \
+    X(demoted_blocks, "blocks moved from the GPU pool to the host tier")                      \
     X(pins, "block pins taken by lookups")                                                    \
     X(unpins, "block pins dropped (release or client exit)")                                  \
     X(errors, "requests answered with an error")
@@ -46,6 +48,8 @@
     X(namespaces_now, "namespaces")                                                           \
     X(host_capacity, "bytes of the host arena")                                               \
     X(host_used, "bytes of the host arena in slots")                                          \
+    X(gpu_capacity, "bytes of the GPU pool (0: no GPU tier)")                                 \
+    X(gpu_used, "bytes of the GPU pool in slots")                                          \
     X(uptime_s, "seconds since start")
 
 struct stats {

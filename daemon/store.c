@@ -7,6 +7,8 @@
 
 #include "daemon/log.h"
 #include "daemon/store.h"
+#include "kernels/kern_dev.h"
+#include "tiers/gpu.h"
 #include "tiers/host.h"
 #include "tiers/slab.h"
 #include "tiers/tier.h"
@@ -65,6 +67,38 @@ static void store_touch(struct store *s, uint32_t idx, uint64_t now)
 
 /* ---- creation ------------------------------------------------------------------------ */
 
+/* The GPU tier, when configured. A missing device or driver is not an error: the daemon
+ * runs without the tier and says so in one line. */
+static void store_gpu_open(struct store *s)
+{
+    const struct kern_dev_ops *ops = s->p.gpu_ops ? s->p.gpu_ops : kern_dev_cuda();
+    struct tier_gpu_config gc = {
+        .ops = ops,
+        .device = s->p.gpu_device,
+        .arena_id = s->narenas,
+        .size = s->p.gpu_size,
+        .page_size = s->p.gpu_page_size ? s->p.gpu_page_size : 2u << 20,
+    };
+    int rc;
+    if (!s->p.gpu_size)
+        return;
+    struct tier *g = tier_gpu_new(&gc, &rc);
+    if (!g) {
+        log_warn("gpu: tier disabled (%s)",
+                 rc != -ENODEV ? strerror(-rc)
+                 : ops         ? "no CUDA device or driver found"
+                               : "kvcd built without CUDA");
+        return;
+    }
+    s->gpu_arena = s->narenas++;
+    s->arenas[s->gpu_arena].tier = g;
+    s->arenas[s->gpu_arena].lru_head = s->arenas[s->gpu_arena].lru_tail = INDEX_NONE;
+    s->gpu = g;
+    log_info("gpu: pool of %llu MiB on device %d (%s handles)",
+             (unsigned long long)(g->ops->capacity(g) >> 20), s->p.gpu_device,
+             kern_dev_handle_name(tier_gpu_pool(g)->handle));
+}
+
 struct store *store_new(const struct store_params *p, int *err)
 {
     struct tier_host_config hc = {
@@ -92,6 +126,7 @@ struct store *store_new(const struct store_params *p, int *err)
         goto fail;
     s->arenas[0].lru_head = s->arenas[0].lru_tail = INDEX_NONE;
     s->narenas = 1;
+    store_gpu_open(s);
     return s;
 fail:
     store_free(s);
@@ -362,6 +397,77 @@ static int store_alloc(struct store *s, struct store_ns *ns, uint64_t now, struc
     }
 }
 
+/* ---- gpu tier moves ------------------------------------------------------------------- */
+
+/* A slot in the GPU pool if it stays at or below the high watermark; the pool never evicts
+ * to make room, it demotes in store_trim(). */
+static int store_gpu_alloc(struct store *s, uint64_t len, struct tier_loc *loc)
+{
+    struct tier *g = s->gpu;
+    if (!g)
+        return -ENODEV;
+    if ((double)(g->ops->usage(g) + len) > s->p.high_watermark * (double)g->ops->capacity(g))
+        return -ENOSPC;
+    return g->ops->alloc(g, len, loc);
+}
+
+static void store_copy_done(void *arg, int status)
+{
+    *(int *)arg = status;
+}
+
+/* Moves an unpinned committed block between the host arena of its namespace and the GPU
+ * pool, keeping its place in the prefix tree. 0, or -errno with the block unchanged. */
+static int store_block_move(struct store *s, uint32_t idx, bool to_gpu, uint64_t now)
+{
+    struct block *b = &s->ix.blocks[idx];
+    struct store_ns *ns = s->ns[b->ns];
+    uint32_t to = to_gpu ? s->gpu_arena : ns->arena;
+    struct tier *src = s->arenas[b->arena].tier, *dst = s->arenas[to].tier;
+    struct tier_loc from = {.arena = b->arena, .cls = b->cls, .off = b->off, .len = b->len};
+    struct tier_loc loc;
+    int rc, st = -EIO;
+    if (b->pins || b->state != BLOCK_STATE_COMMITTED || !s->gpu || b->arena == to)
+        return -EBUSY;
+    if (to_gpu) {
+        rc = store_gpu_alloc(s, ns->block_bytes, &loc);
+    } else {
+        b->pins++; /* making host room must not evict the block being moved */
+        rc = store_alloc(s, ns, now, &loc);
+        b->pins--;
+    }
+    if (rc)
+        return rc;
+    if (to_gpu)
+        rc = dst->ops->write(dst, &loc, 0, (char *)tier_host_base(src) + b->off,
+                             ns->block_bytes, store_copy_done, &st);
+    else
+        rc = src->ops->read(src, &from, 0, (char *)tier_host_base(dst) + loc.off,
+                            ns->block_bytes, store_copy_done, &st);
+    if (rc == 0)
+        rc = st;
+    if (rc) {
+        dst->ops->free(dst, &loc);
+        log_limited(LOG_LEVEL_WARNING, "gpu: moving a block %s failed (%s)",
+                    to_gpu ? "into the pool" : "out of the pool", strerror(-rc));
+        return rc;
+    }
+    store_lru_unlink(s, idx);
+    src->ops->free(src, &from);
+    ns->bytes = ns->bytes - b->len + loc.len;
+    b->arena = (uint8_t)loc.arena;
+    b->cls = (uint8_t)loc.cls;
+    b->off = loc.off;
+    b->len = loc.len;
+    b->tier = to_gpu ? KVC_WIRE_TIER_GPU : KVC_WIRE_TIER_HOST;
+    store_lru_push_head(s, idx);
+    if (to_gpu)
+        STORE_STAT_ADD(s, ns, promoted_blocks, 1);
+    else
+        STORE_STAT_ADD(s, ns, demoted_blocks, 1);
+    return 0;
+}
+
 int store_trim(struct store *s, uint64_t now)
 {
     int n = 0;
@@ -374,7 +480,9 @@ int store_trim(struct store *s, uint64_t now)
             uint32_t v = store_victim(s, a, -1, now);
             if (v == INDEX_NONE)
                 break;
-            store_evict(s, v);
+            /* The GPU pool demotes to the host arena; what cannot move is dropped. */
+            if (a != s->gpu_arena || !s->gpu || store_block_move(s, v, false, now))
+                store_evict(s, v);
             n++;
         }
     }
@@ -384,7 +492,7 @@ int store_trim(struct store *s, uint64_t now)
 static void store_loc_fill(const struct block *b, struct kvc_wire_loc *loc)
 {
     loc->arena_id = b->arena;
-    loc->tier = KVC_WIRE_TIER_HOST;
+    loc->tier = b->tier ? b->tier : KVC_WIRE_TIER_HOST;
     loc->format = b->format;
     loc->flags = KVC_LOC_F_READY;
     loc->offset = b->off;
@@ -408,6 +516,13 @@ int store_lookup(struct store *s, struct store_owner *o, uint32_t ns_id,
         uint32_t idx = index_find(&s->ix, (uint16_t)ns_id, &keys[hits]);
         if (idx == INDEX_NONE || s->ix.blocks[idx].state != BLOCK_STATE_COMMITTED)
             break;
+        /* A client that cannot read the pool gets the block in the host arena, or a miss
+         * if it is pinned there; one that can gets it promoted while the pool has room. */
+        if (s->gpu && s->ix.blocks[idx].arena == s->gpu_arena && !o->gpu &&
+            store_block_move(s, idx, false, now))
+            break;
+        if (s->gpu && s->ix.blocks[idx].arena != s->gpu_arena && o->gpu)
+            store_block_move(s, idx, true, now);
         hits++;
     }
     if (hits) {
@@ -513,7 +628,10 @@ int store_reserve(struct store *s, struct store_owner *o, uint32_t ns_id,
         uint32_t idx;
         if (index_find(&s->ix, (uint16_t)ns_id, &keys[i]) != INDEX_NONE)
             break;
-        rc = store_alloc(s, ns, now, &loc);
+        rc = o->gpu && store_gpu_alloc(s, ns->block_bytes, &loc) == 0
+                 ? 0
+                 : store_alloc(s, ns, now, &loc);
+        t = s->arenas[rc ? ns->arena : loc.arena].tier;
         if (rc == -ENOSPC) {
             st[i++] = KVC_WIRE_SLOT_NOSPACE;
             STORE_STAT_ADD(s, ns, nospace_blocks, 1);
@@ -532,9 +650,9 @@ int store_reserve(struct store *s, struct store_owner *o, uint32_t ns_id,
         b->len = loc.len;
         b->depth = depth++;
         b->ns = (uint16_t)ns_id;
-        b->arena = (uint8_t)ns->arena;
+        b->arena = (uint8_t)loc.arena;
         b->cls = (uint8_t)loc.cls;
-        b->tier = KVC_WIRE_TIER_HOST;
+        b->tier = s->gpu && loc.arena == s->gpu_arena ? KVC_WIRE_TIER_GPU : KVC_WIRE_TIER_HOST;
         b->format = KVC_WIRE_FORMAT_RAW;
         b->state = BLOCK_STATE_RESERVED;
         b->owner_slot = (uint32_t)h->id;
@@ -660,4 +778,14 @@ uint64_t store_host_capacity(const struct store *s)
 {
     const struct tier *t = s->arenas[0].tier;
     return t->ops->capacity(t);
+}
+
+uint64_t store_gpu_used(const struct store *s)
+{
+    return s->gpu ? s->gpu->ops->usage(s->gpu) : 0;
+}
+
+uint64_t store_gpu_capacity(const struct store *s)
+{
+    return s->gpu ? s->gpu->ops->capacity(s->gpu) : 0;
 }

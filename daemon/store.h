@@ -32,6 +32,7 @@
 #include "policies/policy.h"
 
 struct tier;
+struct kern_dev_ops;
 
 #define STORE_MAX_ARENAS 16
 
@@ -45,6 +46,14 @@ struct store_params {
     uint32_t max_namespaces;
     uint32_t max_handles; /* leases + reservations per owner */
     enum policy_kind policy;
+    /* The GPU tier (tiers/gpu.c): off when gpu_size is 0. Blocks go to the pool when a
+     * client that mapped it puts them, or is served them while the pool is below the high
+     * watermark; they come back to the host arena above it (the same watermarks), or when
+     * a client that cannot read the pool looks them up. */
+    uint64_t gpu_size;
+    int gpu_device;
+    uint64_t gpu_page_size;               /* 0: 2 MiB */
+    const struct kern_dev_ops *gpu_ops; /* NULL: kern_dev_cuda(); tests pass a fake */
 };
 
 struct store_ns {
@@ -75,6 +84,7 @@ struct store_owner {
     uint32_t live;
     uint32_t gen;
     uint64_t pins; /* block pins held through leases */
+    bool gpu;      /* this request may get GPU locations (set by the server per request) */
 };
 
 struct store_arena {
@@ -92,6 +102,8 @@ struct store {
     struct stats total;
     uint64_t pins_now;
     uint64_t reserved_now, reserved_bytes_now;
+    struct tier *gpu;    /* the GPU tier (also arenas[gpu_arena].tier), or NULL */
+    uint32_t gpu_arena;  /* its index in arenas[], 0 when there is none */
 };
 
 /* Creates the store and its host arena. On failure NULL and *err = -errno. */
@@ -147,5 +159,7 @@ int store_trim(struct store *s, uint64_t now);
 /* Gauges for STATS (see STATS_GAUGES). */
 uint64_t store_host_used(const struct store *s);
 uint64_t store_host_capacity(const struct store *s);
+uint64_t store_gpu_used(const struct store *s);     /* 0 without a GPU tier */
+uint64_t store_gpu_capacity(const struct store *s); /* 0 without a GPU tier */
 
 #endif
