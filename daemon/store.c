@@ -94,8 +94,8 @@ static void store_gpu_open(struct store *s)
     s->arenas[s->gpu_arena].tier = g;
     s->arenas[s->gpu_arena].lru_head = s->arenas[s->gpu_arena].lru_tail = INDEX_NONE;
     s->gpu = g;
-    log_info("gpu: pool of %llu MiB on device %d (%s handles)",
-             (unsigned long long)(g->ops->capacity(g) >> 20), s->p.gpu_device,
+    log_info("gpu: pool of %.1f MiB on device %d (%s handles)",
+             (double)g->ops->capacity(g) / 1048576.0, s->p.gpu_device,
              kern_dev_handle_name(tier_gpu_pool(g)->handle));
 }
 
@@ -468,6 +468,45 @@ static int store_block_move(struct store *s, uint32_t idx, bool to_gpu, uint64_t
     return 0;
 }
 
+/* Demotes the pool's blocks to the host arena in policy order, down to the low watermark.
+ * Unlike eviction any unpinned block may go, leaf or not: it stays cached. A block that
+ * cannot move (the host arena is full of pinned blocks) is evicted if it is a leaf. */
+static int store_gpu_demote(struct store *s, uint64_t now)
+{
+    struct tier *g = s->gpu;
+    double low = s->p.low_watermark * (double)g->ops->capacity(g);
+    int n = 0;
+    while ((double)g->ops->usage(g) > low) {
+        struct policy_block cand[STORE_EVICT_SAMPLE];
+        size_t nc = 0;
+        uint32_t walked = 0;
+        for (uint32_t i = s->arenas[s->gpu_arena].lru_tail;
+             i != INDEX_NONE && nc < STORE_EVICT_SAMPLE && walked < STORE_EVICT_WALK;
+             i = s->ix.blocks[i].lru_prev, walked++) {
+            const struct block *b = &s->ix.blocks[i];
+            if (b->pins)
+                continue;
+            cand[nc++] = (struct policy_block){.id = i,
+                                               .hits = b->hits,
+                                               .last_access = b->last_access,
+                                               .bytes = b->len,
+                                               .depth = b->depth,
+                                               .children = b->children};
+        }
+        if (nc == 0)
+            break;
+        policy_rank(s->p.policy, cand, nc, now);
+        uint32_t v = (uint32_t)cand[0].id;
+        if (store_block_move(s, v, false, now)) {
+            if (s->ix.blocks[v].children)
+                break;
+            store_evict(s, v);
+        }
+        n++;
+    }
+    return n;
+}
+
 int store_trim(struct store *s, uint64_t now)
 {
     int n = 0;
@@ -476,13 +515,15 @@ int store_trim(struct store *s, uint64_t now)
         double cap = (double)t->ops->capacity(t);
         if ((double)t->ops->usage(t) <= s->p.high_watermark * cap)
             continue;
+        if (s->gpu && a == s->gpu_arena) {
+            n += store_gpu_demote(s, now);
+            continue;
+        }
         while ((double)t->ops->usage(t) > s->p.low_watermark * cap) {
             uint32_t v = store_victim(s, a, -1, now);
             if (v == INDEX_NONE)
                 break;
-            /* The GPU pool demotes to the host arena; what cannot move is dropped. */
-            if (a != s->gpu_arena || !s->gpu || store_block_move(s, v, false, now))
-                store_evict(s, v);
+            store_evict(s, v);
             n++;
         }
     }
