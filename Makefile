@@ -55,7 +55,10 @@ endif
 LIBKVCD_SRCS := $(filter-out daemon/main.c,$(wildcard daemon/*.c)) \
 	$(wildcard tiers/*.c) $(wildcard policies/*.c) $(wildcard kernels/*.c)
 CU_SRCS := $(if $(filter 1,$(CUDA)),$(wildcard kernels/*.cu) $(wildcard tiers/*.cu))
-LIBKVC_SRCS := $(filter-out client/kvcctl.c,$(wildcard client/*.c))
+# libkvc carries the device layer and the gather/scatter kernels its GPU calls use.
+LIBKVC_SRCS := $(filter-out client/kvcctl.c,$(wildcard client/*.c)) kernels/kern_dev.c \
+	kernels/kern_pack.c
+LIBKVC_CU := $(if $(filter 1,$(CUDA)),kernels/kern_dev.cu kernels/kern_pack.cu)
 CHECK_SRCS := $(wildcard tests/check_*.c) $(wildcard tests/e2e/check_*.c)
 BENCH_SRCS := $(wildcard tests/bench/bench_*.c)
 TESTLIB_SRCS := $(wildcard tests/lib/*.c)
@@ -68,7 +71,7 @@ FLAGS_SIG := CUDA=$(CUDA) $(CFLAGS) $(NVCCFLAGS)
 FLAGS_STAMP := $(B)/flags.stamp
 $(shell mkdir -p $(B); echo '$(FLAGS_SIG)' | cmp -s - $(FLAGS_STAMP) || echo '$(FLAGS_SIG)' > $(FLAGS_STAMP))
 LIBKVCD_OBJS := $(call obj,$(LIBKVCD_SRCS)) $(patsubst %.cu,$(B)/obj/%.cu.o,$(CU_SRCS))
-LIBKVC_OBJS := $(call obj,$(LIBKVC_SRCS))
+LIBKVC_OBJS := $(call obj,$(LIBKVC_SRCS)) $(patsubst %.cu,$(B)/obj/%.cu.o,$(LIBKVC_CU))
 TESTLIB_OBJS := $(call obj,$(TESTLIB_SRCS))
 CHECK_BINS := $(patsubst %.c,$(B)/tests/%,$(notdir $(CHECK_SRCS)))
 BENCH_BINS := $(patsubst tests/bench/%.c,$(B)/bench/%,$(BENCH_SRCS))
@@ -99,7 +102,7 @@ $(B)/lib/libkvc.a: $(LIBKVC_OBJS)
 $(B)/lib/libkvc.so: $(LIBKVC_OBJS) client/libkvc.map
 	@mkdir -p $(dir $@)
 	$(CC) -shared -Wl,-soname,libkvc.so.1 -Wl,--version-script=client/libkvc.map \
-		$(LDFLAGS) -o $@.1 $(LIBKVC_OBJS) $(shell pkg-config --libs libxxhash) -pthread
+		$(LDFLAGS) -o $@.1 $(LIBKVC_OBJS) $(shell pkg-config --libs libxxhash) $(CUDA_LIBS) -pthread
 	ln -sf libkvc.so.1 $@
 
 $(B)/bin/kvcd: $(B)/obj/daemon/main.o $(B)/lib/libkvcd.a $(B)/lib/libkvc.a

@@ -30,7 +30,7 @@
 /* Sends tx (header + len payload) and waits for the matching reply in rx. Returns the reply
  * status (0 or -errno from the daemon) or a transport error; *fd receives an attached
  * descriptor (or -1) when fd is not NULL. Caller holds c->mu. */
-static int kvc_call(kvc_client *c, uint16_t op, uint32_t len, int *fd)
+int kvc_call(kvc_client *c, uint16_t op, uint32_t len, int *fd)
 {
     struct kvc_msg_hdr *h = (struct kvc_msg_hdr *)c->tx;
     struct kvc_msg_hdr *r = (struct kvc_msg_hdr *)c->rx;
@@ -101,12 +101,12 @@ dead:
     }
 }
 
-static void *kvc_req(kvc_client *c)
+void *kvc_req(kvc_client *c)
 {
     return (struct kvc_msg_hdr *)c->tx + 1;
 }
 
-static const void *kvc_rep(const kvc_client *c, uint32_t *len)
+const void *kvc_rep(const kvc_client *c, uint32_t *len)
 {
     const struct kvc_msg_hdr *r = (const struct kvc_msg_hdr *)c->rx;
     *len = r->len;
@@ -186,6 +186,8 @@ KVC_API void kvc_disconnect(kvc_client *c)
 {
     if (!c)
         return;
+    if (c->gpu_hooks)
+        c->gpu_hooks->fini(c); /* before the arenas it registered are unmapped */
     if (c->fd >= 0)
         close(c->fd);
     for (int i = 0; i < KVC_MAX_ARENAS; i++)
@@ -348,7 +350,14 @@ KVC_API uint32_t kvc_ns_id(const kvc_ns *ns)
 static uint8_t *kvc_loc_ptr(const kvc_ns *ns, const struct kvc_wire_loc *l)
 {
     const struct kvc_arena *a;
-    if (l->arena_id >= KVC_MAX_ARENAS)
+    const kvc_client *c = ns->c;
+    if (l->tier == KVC_WIRE_TIER_GPU) {
+        if (!c->gpu_base || l->arena_id != c->gpu_arena || l->length < ns->block_bytes ||
+            l->offset > c->gpu_size || ns->block_bytes > c->gpu_size - l->offset)
+            return NULL;
+        return c->gpu_base + l->offset;
+    }
+    if (l->tier != KVC_WIRE_TIER_HOST || l->arena_id >= KVC_MAX_ARENAS)
         return NULL;
     a = &ns->c->arenas[l->arena_id];
     if (!a->base || l->length < ns->block_bytes || l->offset > a->size ||
@@ -374,8 +383,10 @@ KVC_API int kvc_lookup(kvc_ns *ns, const struct kvc_key *keys, size_t n, unsigne
     kvc_client *c;
     kvc_lease *l;
     int rc = 0;
-    if (!ns || !out || (!keys && n) || flags)
+    if (!ns || !out || (!keys && n) || (flags & ~KVC_LOOKUP_GPU))
         return -EINVAL;
+    if ((flags & KVC_LOOKUP_GPU) && !ns->c->gpu_base)
+        flags &= ~KVC_LOOKUP_GPU; /* not mapped here: host locations only */
     *out = NULL;
     if (n == 0)
         return 0;
@@ -393,6 +404,7 @@ KVC_API int kvc_lookup(kvc_ns *ns, const struct kvc_key *keys, size_t n, unsigne
         uint32_t len;
         memset(q, 0, sizeof(*q));
         q->ns_id = ns->id;
+        q->flags = flags & KVC_LOOKUP_GPU ? KVC_LOOKUP_F_GPU : 0;
         q->nkeys = chunk;
         memcpy(q + 1, keys + done, chunk * sizeof(struct kvc_key));
         rc = kvc_call(c, KVC_OP_LOOKUP, (uint32_t)(sizeof(*q) + chunk * sizeof(struct kvc_key)),
@@ -415,7 +427,8 @@ KVC_API int kvc_lookup(kvc_ns *ns, const struct kvc_key *keys, size_t n, unsigne
                 rc = -EPROTO;
                 break;
             }
-            l->hits[l->n++] = (struct kvc_hit){.data = ptr, .len = ns->block_bytes};
+            l->hits[l->n++] = (struct kvc_hit){
+                .data = ptr, .len = ns->block_bytes, .tier = locs[i].tier, .format = locs[i].format};
         }
         if (rc || p->nhit < chunk)
             break;
@@ -450,6 +463,8 @@ KVC_API int kvc_lease_copy(const kvc_lease *l, size_t i, void *dst, size_t len)
         return -ERANGE;
     if (len < l->hits[i].len)
         return -EINVAL;
+    if (l->hits[i].tier == KVC_WIRE_TIER_GPU)
+        return l->ns->c->gpu_hooks->copy_sync(dst, l->hits[i].data, l->hits[i].len);
     memcpy(dst, l->hits[i].data, l->hits[i].len);
     return 0;
 }
@@ -461,6 +476,8 @@ KVC_API int kvc_release(kvc_lease *l)
     if (!l)
         return 0;
     c = l->ns->c;
+    if (l->gpu_ev || l->gpu_scratch)
+        c->gpu_hooks->wait(c, &l->gpu_ev, &l->gpu_scratch); /* copies out of the pins first */
     pthread_mutex_lock(&c->mu);
     rc = l->nids ? kvc_release_ids(c, l->ids, l->nids) : 0;
     pthread_mutex_unlock(&c->mu);
@@ -472,6 +489,12 @@ KVC_API int kvc_release(kvc_lease *l)
 
 KVC_API int kvc_reserve(kvc_ns *ns, const struct kvc_key *parent, const struct kvc_key *keys,
                         size_t n, kvc_resv **out)
+{
+    return kvc_reserve_flags(ns, parent, keys, n, 0, out);
+}
+
+int kvc_reserve_flags(kvc_ns *ns, const struct kvc_key *parent, const struct kvc_key *keys,
+                      size_t n, uint32_t flags, kvc_resv **out)
 {
     kvc_client *c;
     kvc_resv *r;
@@ -492,6 +515,7 @@ KVC_API int kvc_reserve(kvc_ns *ns, const struct kvc_key *parent, const struct k
     struct kvc_reserve_req *q = kvc_req(c);
     memset(q, 0, sizeof(*q));
     q->ns_id = ns->id;
+    q->flags = c->gpu_base ? flags & KVC_RESERVE_F_GPU : 0;
     q->nkeys = (uint32_t)n;
     if (parent) {
         q->parent.lo = parent->lo;
@@ -517,7 +541,10 @@ KVC_API int kvc_reserve(kvc_ns *ns, const struct kvc_key *parent, const struct k
             break;
         }
         if (slots[i].status == KVC_SLOT_RESERVED) {
-            if (!c->arenas[ns->arena].writable || !(r->slots[i].data = kvc_loc_ptr(ns, &slots[i].loc))) {
+            r->slots[i].tier = slots[i].loc.tier;
+            if ((slots[i].loc.tier == KVC_WIRE_TIER_HOST && !c->arenas[ns->arena].writable) ||
+                (slots[i].loc.tier == KVC_WIRE_TIER_GPU && !(q->flags & KVC_RESERVE_F_GPU)) ||
+                !(r->slots[i].data = kvc_loc_ptr(ns, &slots[i].loc))) {
                 rc = -EPROTO;
                 break;
             }
@@ -561,6 +588,8 @@ KVC_API int kvc_resv_write(kvc_resv *r, size_t i, const void *src, size_t len)
         return -ERANGE;
     if (!r->slots[i].data || len != r->ns->block_bytes)
         return -EINVAL;
+    if (r->slots[i].tier == KVC_WIRE_TIER_GPU)
+        return r->ns->c->gpu_hooks->copy_sync(r->slots[i].data, src, len);
     memcpy(r->slots[i].data, src, len);
     return 0;
 }
@@ -572,11 +601,13 @@ KVC_API int kvc_commit(kvc_resv *r, size_t n)
     int rc;
     if (!r)
         return -EINVAL;
+    c = r->ns->c;
+    if (r->gpu_ev || r->gpu_scratch)
+        c->gpu_hooks->wait(c, &r->gpu_ev, &r->gpu_scratch); /* the bytes land before commit */
     if (!r->id) {
         free(r);
         return 0;
     }
-    c = r->ns->c;
     pthread_mutex_lock(&c->mu);
     struct kvc_commit_req *q = kvc_req(c);
     memset(q, 0, sizeof(*q));
@@ -598,6 +629,8 @@ KVC_API int kvc_abort(kvc_resv *r)
     int rc = 0;
     if (!r)
         return 0;
+    if (r->gpu_ev || r->gpu_scratch)
+        r->ns->c->gpu_hooks->wait(r->ns->c, &r->gpu_ev, &r->gpu_scratch);
     if (r->id) {
         c = r->ns->c;
         pthread_mutex_lock(&c->mu);

@@ -14,6 +14,18 @@
 #include "client/kvc_proto.h"
 
 #define KVC_MAX_ARENAS 16
+#define KVC_INTERNAL __attribute__((visibility("hidden")))
+
+/* Set by kvc_gpu_attach() (libkvc_gpu.c) so that a program that never calls the GPU API
+ * links no CUDA code: libkvc.c reaches it only through these. */
+struct kvc_gpu_hooks {
+    /* Waits for a lease's or reservation's queued device work and frees its scratch. */
+    void (*wait)(kvc_client *c, void **ev, void **scratch);
+    /* Copies len bytes and waits (any pair of host/device pointers). */
+    int (*copy_sync)(void *dst, const void *src, uint64_t len);
+    /* Unmaps the pool and unregisters the arenas (kvc_disconnect). */
+    void (*fini)(kvc_client *c);
+};
 
 struct kvc_arena {
     uint8_t *base; /* mapping, or NULL */
@@ -31,6 +43,12 @@ struct kvc_client {
     struct kvc_ns *ns; /* list of open namespaces, owned */
     uint64_t *tx;      /* request buffer, KVC_PROTO_MAX_MSG bytes */
     uint64_t *rx;      /* reply buffer */
+    /* GPU state (libkvc_gpu.c), all zero until kvc_gpu_attach() */
+    const struct kvc_gpu_hooks *gpu_hooks;
+    void *gpu; /* struct kvc_gpu, owned */
+    uint32_t gpu_arena;
+    uint8_t *gpu_base; /* this process's mapping of the pool (a device address) */
+    uint64_t gpu_size;
 };
 
 struct kvc_ns {
@@ -45,8 +63,10 @@ struct kvc_ns {
 };
 
 struct kvc_hit {
-    const uint8_t *data;
+    const uint8_t *data; /* host pointer, or a device pointer when tier is GPU */
     uint64_t len;
+    uint8_t tier;   /* KVC_WIRE_TIER_* */
+    uint8_t format; /* KVC_WIRE_FORMAT_* */
 };
 
 struct kvc_lease {
@@ -54,6 +74,8 @@ struct kvc_lease {
     size_t n;
     size_t nids;
     uint64_t ids[8];       /* one per chunk of KVC_PROTO_MAX_KEYS */
+    void *gpu_ev;          /* device work queued on this lease; waited for before release */
+    void *gpu_scratch;     /* device scratch that work uses */
     struct kvc_hit hits[]; /* n */
 };
 
@@ -62,13 +84,24 @@ struct kvc_resv {
     uint64_t id; /* 0: nothing reserved */
     size_t n;
     size_t nreserved;
+    void *gpu_ev; /* device work queued on this reservation; waited for before commit/abort */
+    void *gpu_scratch;
     struct {
         uint8_t status;
+        uint8_t tier; /* KVC_WIRE_TIER_* of data */
         uint8_t *data;
     } slots[]; /* n */
 };
 
 uint64_t kvc_layout_salt(const struct kvc_wire_layout *l);
+/* Transport for libkvc_gpu.c (see libkvc.c). Caller holds c->mu. */
+KVC_INTERNAL int kvc_call(kvc_client *c, uint16_t op, uint32_t len, int *fd);
+KVC_INTERNAL void *kvc_req(kvc_client *c);
+KVC_INTERNAL const void *kvc_rep(const kvc_client *c, uint32_t *len);
+/* kvc_reserve with RESERVE flags (KVC_RESERVE_F_GPU). */
+KVC_INTERNAL int kvc_reserve_flags(kvc_ns *ns, const struct kvc_key *parent,
+                                   const struct kvc_key *keys, size_t n, uint32_t flags,
+                                   kvc_resv **out);
 void kvc_key_chain(uint64_t salt, const struct kvc_key *parent, const uint32_t *tokens,
                    size_t ntokens, uint32_t block_tokens, const void *extra, size_t extra_len,
                    struct kvc_key *keys, size_t nkeys);
