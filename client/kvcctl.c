@@ -137,6 +137,46 @@ static int ctl_status(struct ctl *x, int argc, char **argv)
     return 0;
 }
 
+/* One line per tier: capacity, use, and whether it is on (the gpu tier is off without a
+ * pool or a device; its capacity is 0 then). */
+static int ctl_tiers(struct ctl *x, int argc, char **argv)
+{
+    static const char *const tiers[] = {"host", "gpu"};
+    struct kvc_stat *s;
+    size_t n;
+    int rc;
+    (void)argc;
+    (void)argv;
+    if (ctl_connect(x))
+        return 1;
+    rc = kvc_stats(x->c, 0, &s, &n);
+    if (rc) {
+        fprintf(stderr, "kvcctl: stats: %s\n", kvc_strerror(rc));
+        return 1;
+    }
+    if (x->json)
+        printf("[");
+    for (size_t i = 0; i < sizeof(tiers) / sizeof(tiers[0]); i++) {
+        char cap[64], used[64];
+        snprintf(cap, sizeof(cap), "%s_capacity", tiers[i]);
+        snprintf(used, sizeof(used), "%s_used", tiers[i]);
+        uint64_t c = ctl_stat(s, n, cap), u = ctl_stat(s, n, used);
+        if (x->json)
+            printf("%s{\"tier\": \"%s\", \"enabled\": %s, \"capacity\": %" PRIu64
+                   ", \"used\": %" PRIu64 "}",
+                   i ? ", " : "", tiers[i], c ? "true" : "false", c, u);
+        else if (c)
+            printf("%-5s %10.1f / %10.1f MiB (%.1f%%)\n", tiers[i], (double)u / 1048576.0,
+                   (double)c / 1048576.0, 100.0 * ctl_ratio(u, c));
+        else
+            printf("%-5s disabled\n", tiers[i]);
+    }
+    if (x->json)
+        printf("]\n");
+    free(s);
+    return 0;
+}
+
 static void ctl_stats_print(const struct kvc_stat *s, size_t n, bool json)
 {
     for (size_t i = 0; i < n; i++) {
@@ -332,6 +372,7 @@ static int ctl_help(struct ctl *x, int argc, char **argv);
 static const struct ctl_cmd ctl_cmds[] = {
     {"status", "", "daemon pid, uptime, clients, tier usage, token hit ratio", ctl_status},
     {"stats", "", "every counter, in total and per namespace", ctl_stats},
+    {"tiers", "", "each tier: capacity and use, or disabled", ctl_tiers},
     {"ns", "", "namespaces: model, layout, block size, blocks cached", ctl_ns},
     {"ls", "[--ns ID] [--limit N]", "cached blocks with their metadata", ctl_ls},
     {"help", "", "this text", ctl_help},

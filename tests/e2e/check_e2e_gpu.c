@@ -293,6 +293,9 @@ START_TEST(test_configured_without_device)
     ck_assert_uint_eq(ge_stat(c, "gpu_capacity"), 0);
     ck_assert_uint_eq(ge_stat(c, "gpu_used"), 0);
     kvc_disconnect(c);
+    char out[4096], err[4096];
+    ck_assert_int_eq(daemon_kvcctl(&ge_d, out, sizeof(out), err, sizeof(err), "tiers", NULL), 0);
+    ck_assert_msg(strstr(out, "gpu   disabled") && strstr(out, "host "), "%s", out);
     pid_t a = daemon_child_spawn(ge_put_host, NULL);
     ck_assert_int_eq(daemon_child_wait(a, 20000, NULL), 0);
     pid_t b = daemon_child_spawn(ge_load_host, NULL);
