@@ -11,9 +11,13 @@
 #include "tiers/slab.h"
 #include "tiers/tier.h"
 
-/* Candidates handed to the policy per eviction, and the longest walk to find them. */
+/* Candidates handed to the policy per eviction; the longest walk to find the first one
+ * (everything colder may be pinned or a parent); and how much further the walk looks for
+ * more once it has one. Long prefix chains put one leaf per chain at the cold end, so an
+ * unbounded sample would walk the whole chain of every candidate on every eviction. */
 #define STORE_EVICT_SAMPLE 16
 #define STORE_EVICT_WALK 65536
+#define STORE_EVICT_WINDOW 64
 
 #define STORE_STAT_ADD(s, nsp, field, v)                                                       \
     do {                                                                                       \
@@ -314,13 +318,15 @@ static uint32_t store_victim(struct store *s, uint32_t arena, int cls, uint64_t 
 {
     struct policy_block cand[STORE_EVICT_SAMPLE];
     size_t n = 0;
-    uint32_t walked = 0;
+    uint32_t walked = 0, limit = STORE_EVICT_WALK;
     for (uint32_t i = s->arenas[arena].lru_tail; i != INDEX_NONE && n < STORE_EVICT_SAMPLE &&
-                                                  walked < STORE_EVICT_WALK;
+                                                  walked < limit;
          i = s->ix.blocks[i].lru_prev, walked++) {
         const struct block *b = &s->ix.blocks[i];
         if (b->pins || b->children)
             continue;
+        if (n == 0)
+            limit = walked + STORE_EVICT_WINDOW;
         cand[n++] = (struct policy_block){.id = i,
                                           .hits = b->hits,
                                           .last_access = b->last_access,
