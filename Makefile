@@ -76,7 +76,7 @@ BENCH_BINS := $(patsubst tests/bench/%.c,$(B)/bench/%,$(BENCH_SRCS))
 BINS := $(B)/bin/kvcd $(B)/bin/kvcctl $(B)/bin/kvc-demo
 LIBS := $(B)/lib/libkvcd.a $(B)/lib/libkvc.a $(B)/lib/libkvc.so
 
-.PHONY: all check check-run check-gpu deps demo bench clean tests config-ini
+.PHONY: all check check-run check-gpu deps demo bench clean tests config-ini fuzz
 all: $(BINS) $(LIBS)
 tests: $(CHECK_BINS)
 
@@ -167,6 +167,19 @@ bench: all $(BENCH_BINS)
 bench-%: all $(B)/bench/bench_%
 	@mkdir -p build/bench
 	$(B)/bench/bench_$* $(TOP)/build/bench/$*.json
+
+# Fuzz targets (libFuzzer, clang): the protocol decoder and the config parser.
+# make fuzz FUZZ_SECONDS=60 runs each for that long; findings stop the run.
+FUZZ_SECONDS ?= 30
+FUZZ_FLAGS := -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -I$(TOP) \
+	$(PKG_CFLAGS)
+fuzz:
+	@mkdir -p build/fuzz
+	clang $(FUZZ_FLAGS) tests/fuzz/fuzz_proto.c daemon/proto.c -o build/fuzz/fuzz_proto
+	clang $(FUZZ_FLAGS) tests/fuzz/fuzz_config.c daemon/config.c -o build/fuzz/fuzz_config \
+		$(shell pkg-config --libs inih)
+	build/fuzz/fuzz_proto -max_total_time=$(FUZZ_SECONDS) -max_len=4096
+	build/fuzz/fuzz_config -max_total_time=$(FUZZ_SECONDS) -max_len=4096
 
 # etc/kvcd.ini is generated from the option table; a check suite verifies it never drifts.
 config-ini: $(B)/bin/kvcd
