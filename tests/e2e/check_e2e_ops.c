@@ -576,12 +576,14 @@ END_TEST
 
 int main(int argc, char **argv)
 {
-    Suite *s = suite_create("e2e_ops");
-    TCase *tc = tcase_create("ops");
+    Suite *s;
+    TCase *tc;
     SRunner *sr;
     int failed;
     if (argc == 3 && strcmp(argv[1], "--acl-child") == 0)
         return ops_acl_child(argv[2]);
+    s = suite_create("e2e_ops");
+    tc = tcase_create("ops");
     signal(SIGPIPE, SIG_IGN);
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_kvcctl_commands);
