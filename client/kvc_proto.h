@@ -162,7 +162,8 @@ struct kvc_lookup_rep {
 /* RELEASE */
 struct kvc_release_req {
     uint32_t nleases;
-    uint32_t pad;
+    uint32_t load_us; /* microseconds the client spent copying these leases' hits out of the
+                       * arena (informational: feeds the load-vs-recompute counters) */
     /* uint64_t lease_ids[nleases]; */
 };
 struct kvc_release_rep {

@@ -17,6 +17,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "client/kvc.h"
@@ -364,11 +365,27 @@ static uint8_t *kvc_loc_ptr(const kvc_ns *ns, const struct kvc_wire_loc *l)
 
 /* ---- reading -------------------------------------------------------------------------- */
 
-static int kvc_release_ids(kvc_client *c, const uint64_t *ids, size_t n)
+static uint64_t kvc_mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Adds the time of one copy out of the arena to the lease (several threads may copy from
+ * one lease; the lease is otherwise read-only to them, hence the cast and the atomic). */
+static void kvc_lease_account(const kvc_lease *l, uint64_t t0)
+{
+    __atomic_fetch_add(&((kvc_lease *)l)->load_ns, kvc_mono_ns() - t0, __ATOMIC_RELAXED);
+}
+
+static int kvc_release_ids(kvc_client *c, const uint64_t *ids, size_t n, uint64_t load_ns)
 {
     struct kvc_release_req *q = kvc_req(c);
+    uint64_t us = load_ns / 1000;
     memset(q, 0, sizeof(*q));
     q->nleases = (uint32_t)n;
+    q->load_us = us > UINT32_MAX ? UINT32_MAX : (uint32_t)us;
     memcpy(q + 1, ids, n * sizeof(uint64_t));
     return kvc_call(c, KVC_OP_RELEASE, (uint32_t)(sizeof(*q) + n * sizeof(uint64_t)), NULL);
 }
@@ -427,7 +444,7 @@ KVC_API int kvc_lookup(kvc_ns *ns, const struct kvc_key *keys, size_t n, unsigne
         done += chunk;
     }
     if (rc && l->nids && !c->dead)
-        kvc_release_ids(c, l->ids, l->nids);
+        kvc_release_ids(c, l->ids, l->nids, 0);
     pthread_mutex_unlock(&c->mu);
     if (rc || l->n == 0) {
         free(l);
@@ -455,7 +472,9 @@ KVC_API int kvc_lease_copy(const kvc_lease *l, size_t i, void *dst, size_t len)
         return -ERANGE;
     if (len < l->hits[i].len)
         return -EINVAL;
+    uint64_t t0 = kvc_mono_ns();
     memcpy(dst, l->hits[i].data, l->hits[i].len);
+    kvc_lease_account(l, t0);
     return 0;
 }
 
@@ -467,7 +486,9 @@ KVC_API int kvc_release(kvc_lease *l)
         return 0;
     c = l->ns->c;
     pthread_mutex_lock(&c->mu);
-    rc = l->nids ? kvc_release_ids(c, l->ids, l->nids) : 0;
+    rc = l->nids ? kvc_release_ids(c, l->ids, l->nids,
+                                   __atomic_load_n(&l->load_ns, __ATOMIC_RELAXED))
+                 : 0;
     pthread_mutex_unlock(&c->mu);
     free(l);
     return rc;
@@ -626,8 +647,10 @@ KVC_API int kvc_get_prefix(kvc_ns *ns, const struct kvc_key *keys, size_t n, voi
     hits = kvc_lookup(ns, keys, n, 0, &l);
     if (hits <= 0)
         return hits;
+    uint64_t t0 = kvc_mono_ns();
     for (int i = 0; i < hits; i++)
         memcpy(dst[i], l->hits[i].data, l->hits[i].len);
+    kvc_lease_account(l, t0);
     kvc_release(l);
     return hits;
 }

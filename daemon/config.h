@@ -58,6 +58,9 @@
       "Fraction of the arena in use at which eviction stops. Must be below high_watermark.") \
     X(cache, policy, ENUM, "lru", 0, 0, 1, "lru",                                             \
       "Eviction order among unpinned leaves of the prefix tree.")                             \
+    X(cache, recompute_tokens_per_s, INT, "8000", 1, 100000000, 1, NULL,                      \
+      "Prefill throughput of the engines, in tokens per second: kvcd reports the time its "   \
+      "hits saved as hit tokens divided by this, beside the load time clients report.")       \
     X(quota, client_pins, INT, "0", 0, 1ll << 40, 1, NULL,                                    \
       "Blocks one client may hold pinned through lookups at once. 0: no limit.")              \
     X(quota, client_reservations, INT, "0", 0, 1048576, 1, NULL,                              \

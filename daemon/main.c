@@ -104,7 +104,8 @@ static void kvcd_store_params(const struct config *c, struct store_params *p)
                                .low_watermark = c->host_low_watermark,
                                .max_namespaces = (uint32_t)c->server_max_namespaces,
                                .max_handles = (uint32_t)c->server_max_leases,
-                               .policy = (enum policy_kind)c->cache_policy};
+                               .policy = (enum policy_kind)c->cache_policy,
+                               .recompute_tokens_per_s = (uint64_t)c->cache_recompute_tokens_per_s};
 }
 
 static void kvcd_server_params(const struct kvcd *d, const struct config *c,

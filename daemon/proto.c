@@ -81,10 +81,6 @@ static int proto_check_body(uint32_t op, const void *body, const char **why)
             goto reserved;
         break;
     }
-    case KVC_OP_RELEASE:
-        if (((const struct kvc_release_req *)body)->pad)
-            goto reserved;
-        break;
     case KVC_OP_COMMIT:
         if (((const struct kvc_commit_req *)body)->pad)
             goto reserved;

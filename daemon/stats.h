@@ -31,6 +31,7 @@
     X(aborted_blocks, "reserved slots freed unwritten (abort, partial commit, client exit)")  \
     X(evicted_blocks, "blocks evicted to make room")                                          \
     X(evicted_bytes, "bytes evicted")                                                         \
+    X(load_us, "microseconds clients reported copying hits out of the cache")                \
     X(pins, "block pins taken by lookups")                                                    \
     X(unpins, "block pins dropped (release or client exit)")                                  \
     X(errors, "requests answered with an error")                                             \

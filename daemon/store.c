@@ -125,6 +125,7 @@ void store_reload(struct store *s, const struct store_params *p)
     s->p.low_watermark = p->low_watermark;
     s->p.policy = p->policy;
     s->p.max_handles = p->max_handles;
+    s->p.recompute_tokens_per_s = p->recompute_tokens_per_s;
 }
 
 /* ---- namespaces ---------------------------------------------------------------------- */
@@ -455,6 +456,12 @@ static void store_lease_drop(struct store *s, struct store_owner *o, struct stor
     for (uint32_t i = 0; i < h->n; i++)
         store_unpin(s, o, ns, h->blocks[i]);
     store_handle_delete(o, h);
+}
+
+uint32_t store_lease_ns(struct store_owner *o, uint64_t lease_id)
+{
+    struct store_handle *h = store_handle_get(o, lease_id, STORE_HANDLE_LEASE);
+    return h ? h->ns : 0;
 }
 
 int store_release(struct store *s, struct store_owner *o, uint64_t lease_id)

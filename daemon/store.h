@@ -45,6 +45,7 @@ struct store_params {
     uint32_t max_namespaces;
     uint32_t max_handles; /* leases + reservations per owner */
     enum policy_kind policy;
+    uint64_t recompute_tokens_per_s; /* to estimate the recompute time hits save */
 };
 
 struct store_ns {
@@ -122,6 +123,9 @@ void store_owner_fini(struct store *s, struct store_owner *o);
 int store_lookup(struct store *s, struct store_owner *o, uint32_t ns_id,
                  const struct kvc_wire_key *keys, uint32_t n, uint64_t now,
                  uint64_t *lease_id, struct kvc_wire_loc *locs);
+
+/* Namespace of a lease of o, or 0 if o holds no such lease. */
+uint32_t store_lease_ns(struct store_owner *o, uint64_t lease_id);
 
 /* Drops a lease. 0 or -ENOENT. */
 int store_release(struct store *s, struct store_owner *o, uint64_t lease_id);
