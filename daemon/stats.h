@@ -33,7 +33,13 @@
     X(evicted_bytes, "bytes evicted")                                                         \
     X(pins, "block pins taken by lookups")                                                    \
     X(unpins, "block pins dropped (release or client exit)")                                  \
-    X(errors, "requests answered with an error")
+    X(errors, "requests answered with an error")                                              \
+    X(demoted_blocks, "blocks written to disk and freed from memory")                        \
+    X(demote_dropped, "blocks dropped from memory without a disk write (admission, disk down)") \
+    X(promoted_blocks, "blocks read back from disk into memory")                             \
+    X(disk_evicted_blocks, "blocks evicted from disk to make room")                           \
+    X(checksum_failures, "disk blocks that failed verification (dropped, served as misses)") \
+    X(disk_io_errors, "disk reads or writes that failed")
 
 /* X(name, help) — values computed when asked. */
 #define STATS_GAUGES(X)                                                                        \

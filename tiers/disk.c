@@ -781,7 +781,7 @@ static int tier_disk_scan(struct tier_disk *d)
         uint32_t ver = 0;
         struct tier_disk_page *pg = &d->pages[p];
         if (d->cfg.progress && p % 64 == 0)
-            d->cfg.progress(d->cfg.scan_arg, p, d->npages);
+            d->cfg.progress(d->cfg.progress_arg, p, d->npages);
         while (at + TIER_DISK_HDR <= d->cfg.page_size) {
             if (pread(d->fds[path], h, TIER_DISK_HDR, (off_t)(base + at)) != TIER_DISK_HDR)
                 break;

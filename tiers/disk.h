@@ -63,6 +63,7 @@ struct tier_disk_config {
     tier_disk_scan_fn scan; /* NULL: start empty (records found are dropped) */
     void *scan_arg;
     void (*progress)(void *arg, uint64_t pages_done, uint64_t pages); /* during the scan */
+    void *progress_arg;
 };
 
 struct tier_disk_stats {
