@@ -355,7 +355,8 @@ static void tier_disk_op_free(struct tier_disk_op *op)
  * have no -EAGAIN in their contract). */
 static void tier_disk_wait_room(struct tier_disk *d)
 {
-    while (d->inflight >= d->cfg.queue_depth) {
+    while (d->st.reads_inflight >= d->cfg.queue_depth ||
+           d->st.writes_inflight >= d->cfg.queue_depth) {
         struct io_uring_cqe *cqe;
         if (io_uring_wait_cqe(&d->ring, &cqe) == 0)
             tier_disk_poll(&d->base);
@@ -514,7 +515,7 @@ int tier_disk_put(struct tier *t, const struct tier_loc *loc, const struct tier_
         return -EINVAL;
     if (d->failed[tier_disk_page_path(d, p)])
         return -EIO;
-    if (d->inflight >= d->cfg.queue_depth) {
+    if (d->st.writes_inflight >= d->cfg.queue_depth) {
         d->st.queue_full++;
         return -EAGAIN;
     }
@@ -588,7 +589,7 @@ int tier_disk_get(struct tier *t, const struct tier_loc *loc, const struct tier_
     int rc;
     if (p == UINT32_MAX || dst_len == 0 || (expect && tier_disk_round(expect->len) > loc->len))
         return -EINVAL;
-    if (d->inflight >= d->cfg.queue_depth) {
+    if (d->st.reads_inflight >= d->cfg.queue_depth) {
         d->st.queue_full++;
         return -EAGAIN;
     }
@@ -949,7 +950,9 @@ struct tier *tier_disk_new(const struct tier_disk_config *cfg, int *err)
     rc = -ENOMEM;
     if (!d->pages)
         goto fail;
-    rc = io_uring_queue_init(cfg->queue_depth * 2, &d->ring, 0);
+    /* Reads and writes have queue_depth requests each, so a burst of demotions never keeps
+     * a lookup's reads waiting; two entries per request (header and data). */
+    rc = io_uring_queue_init(cfg->queue_depth * 4, &d->ring, 0);
     if (rc < 0)
         goto fail;
     d->ring_ok = true;

@@ -58,7 +58,7 @@ struct tier_disk_config {
     uint32_t npaths;
     uint64_t size;        /* bytes per path, rounded down to whole pages */
     uint64_t page_size;   /* multiple of 4 KiB, at least 64 KiB */
-    uint32_t queue_depth; /* requests in flight, 1..4096 */
+    uint32_t queue_depth; /* reads in flight, and writes in flight, 1..4096 each */
     uint64_t write_rate;  /* bytes per second written at most; 0: unbounded */
     tier_disk_scan_fn scan; /* NULL: start empty (records found are dropped) */
     void *scan_arg;
