@@ -470,7 +470,8 @@ int tiering_attach(struct store *s, const struct tiering_params *p)
     s->arenas[STORE_ARENA_DISK].tier = tg->disk;
     s->arenas[STORE_ARENA_DISK].lru_head = s->arenas[STORE_ARENA_DISK].lru_tail = INDEX_NONE;
     /* Parents first, so every block finds its parent already back. */
-    qsort(sc.v, sc.n, sizeof(*sc.v), tiering_found_cmp);
+    if (sc.n)
+        qsort(sc.v, sc.n, sizeof(*sc.v), tiering_found_cmp);
     for (size_t i = 0; i < sc.n; i++) {
         if (tiering_adopt(s, &sc.v[i]) == 0)
             adopted++;
