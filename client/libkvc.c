@@ -25,6 +25,8 @@
 #include "client/libkvc_internal.h"
 
 #define KVC_LEASE_MAX_CHUNKS 8
+/* How long kvc_lookup waits for reads from disk before giving up on them. */
+#define KVC_LOOKUP_WAIT_MS 60000u
 
 /* ---- transport ------------------------------------------------------------------------ */
 
@@ -390,13 +392,62 @@ static int kvc_release_ids(kvc_client *c, const uint64_t *ids, size_t n, uint64_
     return kvc_call(c, KVC_OP_RELEASE, (uint32_t)(sizeof(*q) + n * sizeof(uint64_t)), NULL);
 }
 
+/* WAIT on one lease; fills *rep. Caller holds c->mu. */
+static int kvc_wait_id(kvc_client *c, uint64_t id, uint32_t timeout_ms, struct kvc_wait_rep *rep)
+{
+    struct kvc_wait_req *q = kvc_req(c);
+    uint32_t len;
+    int rc;
+    *q = (struct kvc_wait_req){.lease_id = id, .timeout_ms = timeout_ms};
+    rc = kvc_call(c, KVC_OP_WAIT, sizeof(*q), NULL);
+    if (rc)
+        return rc;
+    const struct kvc_wait_rep *p = kvc_rep(c, &len);
+    if (len != sizeof(*p) || p->nready > p->nhit)
+        return -EPROTO;
+    *rep = *p;
+    return 0;
+}
+
+/* Waits for the hits of l still being read; trims l to the leading ready hits once no read
+ * is left. Returns the leading ready hits. Caller holds c->mu. */
+static int kvc_lease_wait_locked(kvc_lease *l, uint32_t timeout_ms)
+{
+    kvc_client *c = l->ns->c;
+    size_t ready = 0, first = 0;
+    bool pending = false;
+    for (size_t k = 0; k < l->nids; k++) {
+        struct kvc_wait_rep rep;
+        size_t nk = 0;
+        bool any = false;
+        for (size_t i = first; i < l->n && l->hits[i].chunk == k; i++, nk++)
+            any |= !l->hits[i].ready;
+        if (any) {
+            int rc = kvc_wait_id(c, l->ids[k], timeout_ms, &rep);
+            if (rc)
+                return rc;
+            for (size_t i = 0; i < nk; i++)
+                l->hits[first + i].ready = i < rep.nready;
+            if (rep.pending)
+                pending = true;
+        }
+        first += nk;
+    }
+    while (ready < l->n && l->hits[ready].ready)
+        ready++;
+    /* A read that failed (checksum, I/O) ends the prefix: what follows is a miss. */
+    if (!pending)
+        l->n = ready;
+    return (int)ready;
+}
+
 KVC_API int kvc_lookup(kvc_ns *ns, const struct kvc_key *keys, size_t n, unsigned flags,
                        kvc_lease **out)
 {
     kvc_client *c;
     kvc_lease *l;
     int rc = 0;
-    if (!ns || !out || (!keys && n) || flags)
+    if (!ns || !out || (!keys && n) || (flags & ~(KVC_LOOKUP_READY_ONLY | KVC_LOOKUP_NOWAIT)))
         return -EINVAL;
     *out = NULL;
     if (n == 0)
@@ -416,6 +467,7 @@ KVC_API int kvc_lookup(kvc_ns *ns, const struct kvc_key *keys, size_t n, unsigne
         memset(q, 0, sizeof(*q));
         q->ns_id = ns->id;
         q->nkeys = chunk;
+        q->flags = (flags & KVC_LOOKUP_READY_ONLY) ? KVC_LOOKUP_F_READY_ONLY : 0;
         memcpy(q + 1, keys + done, chunk * sizeof(struct kvc_key));
         rc = kvc_call(c, KVC_OP_LOOKUP, (uint32_t)(sizeof(*q) + chunk * sizeof(struct kvc_key)),
                       NULL);
@@ -437,13 +489,23 @@ KVC_API int kvc_lookup(kvc_ns *ns, const struct kvc_key *keys, size_t n, unsigne
                 rc = -EPROTO;
                 break;
             }
-            l->hits[l->n++] = (struct kvc_hit){.data = ptr, .len = ns->block_bytes};
+            l->hits[l->n++] = (struct kvc_hit){.data = ptr,
+                                               .len = ns->block_bytes,
+                                               .chunk = (uint32_t)(l->nids - 1),
+                                               .ready = (locs[i].flags & KVC_LOC_F_READY) != 0};
         }
         if (rc || p->nhit < chunk)
             break;
         done += chunk;
     }
-    if (rc && l->nids && !c->dead)
+    /* Unless asked not to, hits read from disk are waited for here, so that every hit
+     * handed out is readable. */
+    if (rc == 0 && !(flags & KVC_LOOKUP_NOWAIT) && l->n) {
+        int r = kvc_lease_wait_locked(l, KVC_LOOKUP_WAIT_MS);
+        if (r < 0)
+            rc = r;
+    }
+    if ((rc || l->n == 0) && l->nids && !c->dead)
         kvc_release_ids(c, l->ids, l->nids, 0);
     pthread_mutex_unlock(&c->mu);
     if (rc || l->n == 0) {
@@ -452,6 +514,29 @@ KVC_API int kvc_lookup(kvc_ns *ns, const struct kvc_key *keys, size_t n, unsigne
     }
     *out = l;
     return (int)l->n;
+}
+
+KVC_API int kvc_lease_ready(const kvc_lease *l)
+{
+    size_t i = 0;
+    if (!l)
+        return -EINVAL;
+    while (i < l->n && l->hits[i].ready)
+        i++;
+    return (int)i;
+}
+
+KVC_API int kvc_lease_wait(kvc_lease *l, unsigned timeout_ms)
+{
+    kvc_client *c;
+    int rc;
+    if (!l)
+        return -EINVAL;
+    c = l->ns->c;
+    pthread_mutex_lock(&c->mu);
+    rc = kvc_lease_wait_locked(l, timeout_ms);
+    pthread_mutex_unlock(&c->mu);
+    return rc;
 }
 
 KVC_API size_t kvc_lease_count(const kvc_lease *l)

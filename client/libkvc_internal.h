@@ -47,6 +47,8 @@ struct kvc_ns {
 struct kvc_hit {
     const uint8_t *data;
     uint64_t len;
+    uint32_t chunk; /* index into kvc_lease.ids of the lease holding it */
+    bool ready;     /* in memory now (else being read from disk: WAIT) */
 };
 
 struct kvc_lease {
