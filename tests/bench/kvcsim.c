@@ -90,6 +90,8 @@ int main(int argc, char **argv)
         { "disk", required_argument, 0, 'd' },
         { "ghost", required_argument, 0, 'g' },
         { "fixed-half-life", no_argument, 0, 'f' },
+        { "half-life", required_argument, 0, 'H' },
+        { "tune", required_argument, 0, 'T' },
         { "csv", required_argument, 0, 'o' },
         { "plot", required_argument, 0, 'P' },
         { 0, 0, 0, 0 },
@@ -122,6 +124,8 @@ int main(int argc, char **argv)
         case 'd': base.disk_blocks = strtoull(optarg, NULL, 0); break;
         case 'g': base.ghost_factor = strtod(optarg, NULL); break;
         case 'f': base.adapt = 0; break;
+        case 'H': base.half_life = strtod(optarg, NULL); break;
+        case 'T': base.tune = atoi(optarg); break;
         case 'o': csv_path = optarg; break;
         case 'P': plot_path = optarg; break;
         default: kvcsim_usage(); return 2;
