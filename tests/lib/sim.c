@@ -16,7 +16,9 @@
  * of the request being served are pinned. A key that was evicted recently (within
  * ghost_factor × capacity evictions) gets its decayed count back (policy_ghost_restore), and
  * every hit and ghost hit feeds the half-life (policy_params_observe_reuse). Keys depend on
- * the half-life, so when it moves by more than 5 % the heaps are rebuilt.
+ * the half-life, so when it moves by more than 5 % the heaps are rebuilt. Under `default`
+ * (or with tune = 1) the half-life comes from policy_tune, fed every block reference, and
+ * is set after each request.
  *
  * Belady MIN: references flattened in order; each cached block keyed by its next use in a
  * max-heap; on a miss the block is inserted and the farthest next use evicted (the block
