@@ -17,6 +17,8 @@
     X(lookup_tokens, "tokens asked for by lookups")                                           \
     X(hit_blocks, "blocks found (longest cached prefix)")                                     \
     X(hit_tokens, "tokens found")                                                             \
+    X(hit_tokens_host, "tokens found in the host tier")                                       \
+    X(hit_tokens_disk, "tokens found on disk (read back into memory for the lookup)")         \
     X(miss_blocks, "blocks asked for and not found")                                          \
     X(miss_tokens, "tokens asked for and not found")                                          \
     X(bytes_out, "bytes handed out as hits")                                                  \

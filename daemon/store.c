@@ -432,18 +432,22 @@ int store_lookup_flags(struct store *s, struct store_owner *o, uint32_t ns_id,
     struct store_handle *h = NULL;
     uint32_t hits = 0;
     uint64_t bytes = 0;
+    uint8_t tier[KVC_PROTO_MAX_KEYS]; /* where each hit was found, before any promotion */
+    uint64_t per_tier[4] = {0};
     *lease_id = 0;
     if (!ns)
         return -ENOENT;
-    while (hits < n) {
+    while (hits < n && hits < KVC_PROTO_MAX_KEYS) {
         uint32_t idx = index_find(&s->ix, (uint16_t)ns_id, &keys[hits]);
         if (idx == INDEX_NONE || s->ix.blocks[idx].state != BLOCK_STATE_COMMITTED ||
             (s->ix.blocks[idx].flags & BLOCK_F_LOST))
             break;
-        hits++;
+        tier[hits++] = s->ix.blocks[idx].tier;
     }
     if (hits && s->tiering)
         hits = tiering_lookup_prepare(s, (uint16_t)ns_id, keys, hits, flags, now);
+    for (uint32_t i = 0; i < hits; i++)
+        per_tier[tier[i] & 3]++;
     if (hits) {
         int rc = store_handle_new(s, o, STORE_HANDLE_LEASE, (uint16_t)ns_id, hits, &h);
         if (rc)
@@ -469,6 +473,10 @@ int store_lookup_flags(struct store *s, struct store_owner *o, uint32_t ns_id,
     STORE_STAT_ADD(s, ns, lookup_tokens, (uint64_t)n * ns->layout.block_tokens);
     STORE_STAT_ADD(s, ns, hit_blocks, hits);
     STORE_STAT_ADD(s, ns, hit_tokens, (uint64_t)hits * ns->layout.block_tokens);
+    STORE_STAT_ADD(s, ns, hit_tokens_host,
+                   per_tier[KVC_WIRE_TIER_HOST] * ns->layout.block_tokens);
+    STORE_STAT_ADD(s, ns, hit_tokens_disk,
+                   per_tier[KVC_WIRE_TIER_DISK] * ns->layout.block_tokens);
     STORE_STAT_ADD(s, ns, miss_blocks, n - hits);
     STORE_STAT_ADD(s, ns, miss_tokens, (uint64_t)(n - hits) * ns->layout.block_tokens);
     STORE_STAT_ADD(s, ns, pins, hits);
