@@ -165,11 +165,27 @@ KVC_API int kvc_keys_from_tokens(const kvc_ns *ns, const struct kvc_key *parent,
 
 /* ---- reading ------------------------------------------------------------------------ */
 
+/* kvc_lookup flags. Blocks on disk are read back into memory by the daemon; by default
+ * kvc_lookup waits for those reads, so every hit it returns is readable. */
+#define KVC_LOOKUP_READY_ONLY 0x1u /* hits stop at the first block not in memory now (the
+                                      reads of the blocks after it still start) */
+#define KVC_LOOKUP_NOWAIT 0x2u     /* return hits still being read: see kvc_lease_ready() */
+
 /* Finds the longest cached prefix of keys[0..n) and pins those blocks for this client.
  * Returns the number of hits (0..n). When it is above zero, *out is a lease that must be
  * released with kvc_release(); when zero, *out is NULL. Errors: -EINVAL, -EPIPE. */
 KVC_API int kvc_lookup(kvc_ns *ns, const struct kvc_key *keys, size_t n, unsigned flags,
                        kvc_lease **out);
+
+/* Hits of the lease, from the first, whose bytes are in memory now (kvc_lookup with
+ * KVC_LOOKUP_NOWAIT may return hits still being read from disk; do not read those).
+ * Errors: -EINVAL. */
+KVC_API int kvc_lease_ready(const kvc_lease *l);
+
+/* Waits up to timeout_ms (0: do not wait) for the hits being read from disk. Returns the
+ * hits ready from the first. Once no read is left, hits after one that failed verification
+ * are dropped from the lease (kvc_lease_count shrinks). Errors: -EINVAL, -EPIPE, -EPROTO. */
+KVC_API int kvc_lease_wait(kvc_lease *l, unsigned timeout_ms);
 
 /* Number of blocks in a lease. */
 KVC_API size_t kvc_lease_count(const kvc_lease *l);
@@ -241,6 +257,60 @@ KVC_API int kvc_block_list(kvc_client *c, uint32_t ns_id, uint64_t *cursor, uint
 KVC_API int kvc_peer_info(const kvc_client *c, uint32_t *daemon_pid, uint32_t *uid,
                           uint32_t *gid);
 
+/* ---- operating kvcd ------------------------------------------------------------------ */
+/*
+ * What kvcctl uses. Calls marked (admin) are refused with -EPERM unless the caller is root,
+ * the daemon's user or a member of its server.admin_group.
+ */
+
+/* One connected client, as returned by kvc_clients(). */
+struct kvc_client_info {
+    uint32_t conn_id, pid, uid, gid;
+    uint32_t leases, reservations;
+    int admin; /* may run admin calls */
+    int self;  /* the connection that asked */
+    uint64_t pins, reserved_bytes;
+    uint64_t requests, lookup_tokens, hit_tokens, bytes_in, bytes_out, errors, refusals;
+    uint64_t connected_ms; /* since the daemon started */
+    char name[32];
+};
+
+/* Every connected client. *out is malloc'd (free() it). */
+KVC_API int kvc_clients(kvc_client *c, struct kvc_client_info **out, size_t *n);
+
+/* Every counter in the Prometheus text exposition format (version 0.0.4). *text is
+ * malloc'd and NUL-terminated (free() it). */
+KVC_API int kvc_metrics(kvc_client *c, char **text);
+
+/* The value of option "section.name" as a config file would hold it; key NULL or "" gives
+ * every option, one "section.name = value" a line. Errors: -ENOENT (no such option),
+ * -ENOSPC (buf too small; it holds a truncated text). */
+KVC_API int kvc_config_get(kvc_client *c, const char *key, char *buf, size_t len);
+
+/* (admin) Sets a reloadable option in the running daemon, checked like a reload; it holds
+ * until the next reload rereads the file. 0, or the refusal (-EINVAL bad value, -EPERM not
+ * reloadable or not an admin) with the daemon's reason in msg. */
+KVC_API int kvc_config_set(kvc_client *c, const char *key, const char *value, char *msg,
+                           size_t len);
+
+/* (admin) Reloads the configuration file, all or nothing, and waits for the verdict:
+ * 0 applied; -EINVAL (the file does not parse or validate) or -EPERM (an option that needs
+ * a restart changed) with the daemon's reason in msg. */
+KVC_API int kvc_reload(kvc_client *c, char *msg, size_t len);
+
+/* The eviction policy in use (a policy name such as "lru"); scope 0 (per-namespace
+ * policies are not kept yet: -EOPNOTSUPP). (admin for set) Set: -EINVAL unknown name. */
+KVC_API int kvc_policy_get(kvc_client *c, uint32_t scope, char *buf, size_t len);
+KVC_API int kvc_policy_set(kvc_client *c, uint32_t scope, const char *name);
+
+/* (admin) Evicts every unpinned block of namespace ns_id (0: all) in tier `tier` (0: all,
+ * 1: host). *evicted (may be NULL) gets the count. -ENOENT unknown namespace, -EOPNOTSUPP
+ * unknown tier. */
+KVC_API int kvc_evict(kvc_client *c, uint32_t ns_id, uint32_t tier, uint64_t *evicted);
+
+/* (admin) Stops the daemon after the reply. */
+KVC_API int kvc_shutdown(kvc_client *c);
+
 /* ---- GPU (CUDA) ----------------------------------------------------------------------- */
 /*
  * With a GPU tier the daemon owns a device pool shared with engines on the same GPU. After
@@ -258,7 +328,7 @@ KVC_API int kvc_peer_info(const kvc_client *c, uint32_t *daemon_pid, uint32_t *u
  */
 
 /* Lookup flag: hits may be locations in the GPU pool (kvc_lease_tier() says which). */
-#define KVC_LOOKUP_GPU 0x1u
+#define KVC_LOOKUP_GPU 0x4u
 
 /* Where a hit or slot lives. */
 enum kvc_tier {

@@ -45,7 +45,17 @@
     X(STATS, 8, 0, "counters, global or per namespace")                                       \
     X(NS_LIST, 9, 0, "namespaces and their layouts")                                          \
     X(BLOCK_LIST, 10, 0, "blocks of a namespace with their metadata")                        \
-    X(GPU_ATTACH, 11, 0, "the GPU pool: export handle (descriptor attached) and device")
+    X(WAIT, 11, 0, "wait until the hits of a lease that were on disk are in memory")               \
+    X(GPU_ATTACH, 12, 0, "the GPU pool: export handle (descriptor attached) and device")          \
+    X(CLIENTS, 32, 0, "connected clients: pid, uid, pins, reservations, counters")                 \
+    X(METRICS, 33, 0, "every counter in the Prometheus text format, paged")                        \
+    X(CONFIG_GET, 34, 0, "the value of one option")                                                \
+    X(CONFIG_SET, 35, 1, "set a reloadable option, all-or-nothing like a reload")                  \
+    X(RELOAD, 36, 1, "reload the configuration file; the reply carries the verdict")               \
+    X(POLICY_GET, 37, 0, "the eviction policy in use")                                             \
+    X(POLICY_SET, 38, 1, "change the eviction policy")                                             \
+    X(EVICT, 39, 1, "evict unpinned blocks of a namespace, a tier or everything")                  \
+    X(SHUTDOWN, 40, 1, "stop the daemon")
 
 enum kvc_op {
 #define KVC_OP_ENUM(name, num, admin, help) KVC_OP_##name = num,
@@ -133,11 +143,18 @@ struct kvc_wire_loc {
     uint64_t length;
 };
 #define KVC_WIRE_TIER_HOST 1
-#define KVC_WIRE_TIER_GPU 2 /* offset into the GPU pool (GPU_ATTACH); arena_id is the pool's */
+#define KVC_WIRE_TIER_DISK 2 /* BLOCK_LIST only: a LOOKUP hands out host locations */
+#define KVC_WIRE_TIER_GPU 3  /* offset into the GPU pool (GPU_ATTACH); arena_id is the pool's */
 #define KVC_WIRE_FORMAT_RAW 0
-#define KVC_LOC_F_READY 0x1u
+#define KVC_LOC_F_READY 0x1u /* the bytes are in place now; else after WAIT says so */
 
-/* LOOKUP: the hits are the longest run of committed blocks from keys[0]. */
+/* LOOKUP: the hits are the longest run of committed blocks from keys[0]. A hit on disk is
+ * being read into the host slot its location names (flags without READY): WAIT for it. With
+ * KVC_LOOKUP_F_READY_ONLY the hits stop at the first block not in memory now (reads of the
+ * blocks after it still start, so a later lookup finds them ready). */
+#define KVC_LOOKUP_F_READY_ONLY 0x1u
+#define KVC_LOOKUP_F_GPU 0x2u  /* hits may be GPU locations (the client mapped the pool) */
+#define KVC_RESERVE_F_GPU 0x1u /* RESERVE: slots may be GPU locations */
 struct kvc_lookup_req {
     uint32_t ns_id;
     uint32_t flags;
@@ -152,14 +169,27 @@ struct kvc_lookup_rep {
     /* struct kvc_wire_loc locs[nhit]; */
 };
 
-/* LOOKUP and RESERVE flags. */
-#define KVC_LOOKUP_F_GPU 0x1u  /* hits may be GPU locations (the client mapped the pool) */
-#define KVC_RESERVE_F_GPU 0x1u /* slots may be GPU locations */
+/* WAIT: replies once no hit of the lease is still being read from disk, or after
+ * timeout_ms (0: at once), so its reply may come after the replies to later requests.
+ * nready counts the hits from the first that are in memory; hits after a failed read
+ * (checksum, I/O error) are misses: release the lease. -ENOENT for an unknown lease. */
+struct kvc_wait_req {
+    uint64_t lease_id;
+    uint32_t timeout_ms;
+    uint32_t pad;
+};
+struct kvc_wait_rep {
+    uint32_t nhit;
+    uint32_t nready;
+    uint32_t pending; /* hits still being read (after a timeout) */
+    uint32_t pad;
+};
 
 /* RELEASE */
 struct kvc_release_req {
     uint32_t nleases;
-    uint32_t pad;
+    uint32_t load_us; /* microseconds the client spent copying these leases' hits out of the
+                       * arena (informational: feeds the load-vs-recompute counters) */
     /* uint64_t lease_ids[nleases]; */
 };
 struct kvc_release_rep {
@@ -276,6 +306,58 @@ struct kvc_block_list_rep {
 };
 
 /*
+ * Operator requests (CLIENTS .. SHUTDOWN) share one request body; each uses the fields it
+ * names and the others must be zero. Admin-only opcodes (the third column of KVC_OPCODES)
+ * are refused with -EPERM unless the peer is root, the daemon's user or in its admin group.
+ *   CLIENTS     cursor = first connection id to return
+ *   METRICS     cursor = byte offset into the text
+ *   CONFIG_GET  key = "section.name"
+ *   CONFIG_SET  key, value
+ *   POLICY_GET/SET  scope = 0 (the default policy), value = policy name for SET
+ *   EVICT       scope = namespace id (0: every namespace), tier = KVC_WIRE_TIER_* (0: all)
+ */
+struct kvc_admin_req {
+    uint32_t scope;
+    uint32_t tier;
+    uint64_t cursor;
+    char key[64];    /* NUL-terminated within the array */
+    char value[192]; /* NUL-terminated within the array */
+};
+/* Reply of METRICS, CONFIG_*, RELOAD, POLICY_*, EVICT, SHUTDOWN: a verdict, a number and a
+ * text (a value, a refusal's reason, a page of metrics). */
+struct kvc_text_rep {
+    int32_t result;       /* RELOAD, CONFIG_SET: 0 applied, -errno refused (reason in text) */
+    uint32_t len;         /* text bytes following, no NUL */
+    uint64_t value;       /* EVICT: blocks evicted */
+    uint64_t next_cursor; /* METRICS: offset of the next page, 0 at the end */
+    /* char text[len]; */
+};
+#define KVC_PROTO_TEXT_MAX (KVC_PROTO_MAX_MSG - 1024u)
+
+struct kvc_wire_client {
+    uint32_t conn_id;
+    uint32_t pid, uid, gid;
+    uint32_t leases, reservations;
+    uint32_t flags; /* KVC_CLIENT_F_* */
+    uint32_t pad;
+    uint64_t pins;
+    uint64_t reserved_bytes;
+    uint64_t requests;
+    uint64_t lookup_tokens, hit_tokens;
+    uint64_t bytes_in, bytes_out;
+    uint64_t errors, refusals;
+    uint64_t connected_ms; /* since the daemon started */
+    char name[32];         /* from HELLO */
+};
+#define KVC_CLIENT_F_ADMIN 0x1u
+#define KVC_CLIENT_F_SELF 0x2u
+struct kvc_clients_rep {
+    uint32_t nclients;
+    uint32_t next_cursor; /* 0: no more */
+    /* struct kvc_wire_client clients[nclients]; */
+};
+
+/*
  * GPU_ATTACH: the first request (flags 0) returns the pool's handle: with handle
  * KVC_GPU_HANDLE_FD the descriptor rides along (SCM_RIGHTS), with KVC_GPU_HANDLE_LEGACY the
  * 64 bytes in `legacy` are a cudaIpcMemHandle_t. -ENODEV when the daemon has no GPU tier.
@@ -299,6 +381,9 @@ struct kvc_gpu_attach_rep {
 };
 
 /* Layout checks: both ends compile these. */
+_Static_assert(sizeof(struct kvc_admin_req) == 272, "admin layout");
+_Static_assert(sizeof(struct kvc_text_rep) == 24, "text layout");
+_Static_assert(sizeof(struct kvc_wire_client) == 144, "client layout");
 _Static_assert(sizeof(struct kvc_msg_hdr) == 24, "header layout");
 _Static_assert(sizeof(struct kvc_wire_loc) == 24, "loc layout");
 _Static_assert(sizeof(struct kvc_wire_slot_rep) == 32, "slot layout");

@@ -40,9 +40,7 @@ struct kvc_gpu {
 
 static const struct kern_dev_ops *kvc_gpu_ops_override;
 
-/* Tests install a fake device table here before kvc_gpu_attach(). */
-KVC_INTERNAL void kvc_gpu_ops_set(const struct kern_dev_ops *ops);
-void kvc_gpu_ops_set(const struct kern_dev_ops *ops)
+void kvci_gpu_ops_set(const struct kern_dev_ops *ops)
 {
     kvc_gpu_ops_override = ops;
 }
@@ -135,9 +133,9 @@ KVC_API int kvc_gpu_attach(kvc_client *c)
     kvc_gpu_ops_live = g->ops;
     kvc_gpu_register(c, g);
 
-    struct kvc_gpu_attach_req *q = kvc_req(c);
+    struct kvc_gpu_attach_req *q = kvci_req(c);
     memset(q, 0, sizeof(*q));
-    rc = kvc_call(c, KVC_OP_GPU_ATTACH, sizeof(*q), &fd);
+    rc = kvci_call(c, KVC_OP_GPU_ATTACH, sizeof(*q), &fd);
     if (rc == -ENODEV || rc == -EOPNOTSUPP) {
         rc = 0; /* the daemon has no GPU tier: host copies (pinned) */
         goto out;
@@ -145,7 +143,7 @@ KVC_API int kvc_gpu_attach(kvc_client *c)
     if (rc)
         goto out;
     uint32_t len;
-    const struct kvc_gpu_attach_rep *p = kvc_rep(c, &len);
+    const struct kvc_gpu_attach_rep *p = kvci_rep(c, &len);
     if (len != sizeof(*p) || p->pool_bytes == 0 ||
         (p->handle != KVC_GPU_HANDLE_FD && p->handle != KVC_GPU_HANDLE_LEGACY) ||
         (p->handle == KVC_GPU_HANDLE_FD && fd < 0)) {
@@ -165,10 +163,10 @@ KVC_API int kvc_gpu_attach(kvc_client *c)
     }
     fd = -1; /* owned by the pool now */
     g->pool_live = 1;
-    q = kvc_req(c);
+    q = kvci_req(c);
     memset(q, 0, sizeof(*q));
     q->flags = KVC_GPU_ATTACH_F_MAPPED;
-    rc = kvc_call(c, KVC_OP_GPU_ATTACH, sizeof(*q), NULL);
+    rc = kvci_call(c, KVC_OP_GPU_ATTACH, sizeof(*q), NULL);
     if (rc)
         goto out;
     c->gpu_arena = arena;
@@ -249,7 +247,7 @@ KVC_API int kvc_resv_write_async(kvc_resv *r, size_t i, const void *src, size_t 
 KVC_API int kvc_reserve_gpu(kvc_ns *ns, const struct kvc_key *parent, const struct kvc_key *keys,
                             size_t n, kvc_resv **out)
 {
-    return kvc_reserve_flags(ns, parent, keys, n, KVC_RESERVE_F_GPU, out);
+    return kvci_reserve_flags(ns, parent, keys, n, KVC_RESERVE_F_GPU, out);
 }
 
 /* ---- gather / scatter ------------------------------------------------------------------ */

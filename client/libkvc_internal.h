@@ -14,7 +14,6 @@
 #include "client/kvc_proto.h"
 
 #define KVC_MAX_ARENAS 16
-#define KVC_INTERNAL __attribute__((visibility("hidden")))
 
 /* Set by kvc_gpu_attach() (libkvc_gpu.c) so that a program that never calls the GPU API
  * links no CUDA code: libkvc.c reaches it only through these. */
@@ -63,14 +62,17 @@ struct kvc_ns {
 };
 
 struct kvc_hit {
-    const uint8_t *data; /* host pointer, or a device pointer when tier is GPU */
+    const uint8_t *data;
     uint64_t len;
-    uint8_t tier;   /* KVC_WIRE_TIER_* */
+    uint32_t chunk; /* index into kvc_lease.ids of the lease holding it */
+    bool ready;     /* in memory now (else being read from disk: WAIT) */
+    uint8_t tier;   /* KVC_WIRE_TIER_*: data is a device pointer for GPU */
     uint8_t format; /* KVC_WIRE_FORMAT_* */
 };
 
 struct kvc_lease {
     kvc_ns *ns;
+    uint64_t load_ns; /* time spent copying hits out, reported at release */
     size_t n;
     size_t nids;
     uint64_t ids[8];       /* one per chunk of KVC_PROTO_MAX_KEYS */
@@ -93,15 +95,20 @@ struct kvc_resv {
     } slots[]; /* n */
 };
 
-uint64_t kvc_layout_salt(const struct kvc_wire_layout *l);
-/* Transport for libkvc_gpu.c (see libkvc.c). Caller holds c->mu. */
-KVC_INTERNAL int kvc_call(kvc_client *c, uint16_t op, uint32_t len, int *fd);
-KVC_INTERNAL void *kvc_req(kvc_client *c);
-KVC_INTERNAL const void *kvc_rep(const kvc_client *c, uint32_t *len);
+/* One round trip: request in c->tx (payload of len bytes), reply in c->rx. The reply status
+ * or a transport error. Caller holds c->mu. (kvci_: kept out of the kvc_* exports.) */
+int kvci_call(kvc_client *c, uint16_t op, uint32_t len, int *fd);
+/* The request payload buffer, and the reply payload with its length (libkvc_gpu.c). */
+void *kvci_req(kvc_client *c);
+const void *kvci_rep(const kvc_client *c, uint32_t *len);
 /* kvc_reserve with RESERVE flags (KVC_RESERVE_F_GPU). */
-KVC_INTERNAL int kvc_reserve_flags(kvc_ns *ns, const struct kvc_key *parent,
-                                   const struct kvc_key *keys, size_t n, uint32_t flags,
-                                   kvc_resv **out);
+int kvci_reserve_flags(kvc_ns *ns, const struct kvc_key *parent, const struct kvc_key *keys,
+                       size_t n, uint32_t flags, kvc_resv **out);
+/* Tests install a fake device table here before kvc_gpu_attach(). */
+struct kern_dev_ops;
+void kvci_gpu_ops_set(const struct kern_dev_ops *ops);
+
+uint64_t kvc_layout_salt(const struct kvc_wire_layout *l);
 void kvc_key_chain(uint64_t salt, const struct kvc_key *parent, const uint32_t *tokens,
                    size_t ntokens, uint32_t block_tokens, const void *extra, size_t extra_len,
                    struct kvc_key *keys, size_t nkeys);

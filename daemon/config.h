@@ -36,6 +36,9 @@
     X(server, max_leases, INT, "4096", 1, 1048576, 1, NULL,                                   \
       "Open leases and reservations per client.")                                             \
     X(server, max_namespaces, INT, "256", 1, 65535, 0, NULL, "Namespaces the daemon holds.")  \
+    X(server, admin_group, STRING, "", 0, 0, 1, NULL,                                         \
+      "Group whose members may run admin requests (reload, config set, policy set, evict, "   \
+      "shutdown) besides root and the daemon's user. Empty: none.")                           \
     X(log, level, ENUM, "info", 0, 0, 1, "error|warning|info|debug",                          \
       "Least severe level written to stderr (the journal under systemd).")                    \
     X(log, rate_limit, INT, "20", 1, 100000, 1, NULL,                                         \
@@ -54,11 +57,34 @@
     X(host, low_watermark, DOUBLE, "0.90", 0.0, 1.0, 1, NULL,                                 \
       "Fraction of the arena in use at which eviction stops. Must be below high_watermark.") \
     X(cache, policy, ENUM, "lru", 0, 0, 1, "lru",                                             \
-      "Eviction order among unpinned leaves of the prefix tree.")                            \
+      "Eviction order among unpinned leaves of the prefix tree.")                                  \
+    X(cache, recompute_tokens_per_s, INT, "8000", 1, 100000000, 1, NULL,                           \
+      "Prefill throughput of the engines, in tokens per second: kvcd reports the time its "        \
+      "hits saved as hit tokens divided by this, beside the load time clients report.")            \
+    X(quota, client_pins, INT, "0", 0, 1ll << 40, 1, NULL,                                         \
+      "Blocks one client may hold pinned through lookups at once. 0: no limit.")                   \
+    X(quota, client_reservations, INT, "0", 0, 1048576, 1, NULL,                                   \
+      "Reservations one client may hold open at once. 0: no limit.")                               \
+    X(quota, client_reserved_bytes, SIZE, "0", 0, 1ull << 42, 1, NULL,                             \
+      "Bytes of reserved, uncommitted slots one client may hold at once. 0: no limit.")            \
+    X(disk, path, STRING, "", 0, 0, 0, NULL,                                                       \
+      "Files or block devices of the disk tier, separated by commas (at most 8); files are "       \
+      "created and sized at start. Empty: no disk tier, blocks leaving memory are dropped.")       \
+    X(disk, capacity, SIZE, "16g", 1 << 20, 1ull << 50, 0, NULL,                                   \
+      "Bytes used on each path (whole pages; a block device gives at most its size).")             \
+    X(disk, page, SIZE, "16m", 64 << 10, 1 << 30, 0, NULL,                                         \
+      "Append unit of the disk tier, a multiple of 4k: a page is reused once all its blocks "      \
+      "are gone (docs/disk.md).")                                                                  \
+    X(disk, queue_depth, INT, "32", 1, 4096, 0, NULL, "Disk reads and writes in flight.")          \
+    X(disk, write_rate, SIZE, "1g", 0, 1ull << 40, 0, NULL,                                        \
+      "Bytes per second written to disk at most (spares the drive); 0: unbounded.")                \
+    X(disk, admit_hits, INT, "1", 0, 1000000, 1, NULL,                                             \
+      "Hits a block needs before leaving memory for disk instead of being dropped "                \
+      "(docs/disk.md).")                                                                          \
     X(gpu, pool_size, SIZE, "0", 0, 1ull << 44, 0, NULL,                                           \
-      "Bytes of the GPU tier's device pool, shared with engines on that GPU. 0: no GPU "      \
-      "tier. Without a device or driver the tier is disabled with one log line.")             \
-    X(gpu, device, INT, "0", 0, 1023, 0, NULL, "CUDA ordinal of the GPU holding the pool.")   \
+      "Bytes of the GPU tier's device pool, shared with engines on that GPU. 0: no GPU "           \
+      "tier. Without a device or driver the tier is disabled with one log line.")                  \
+    X(gpu, device, INT, "0", 0, 1023, 0, NULL, "CUDA ordinal of the GPU holding the pool.")        \
     X(gpu, pool_page_size, SIZE, "2m", 64 << 10, 1 << 30, 0, NULL,                                 \
       "Allocator page of the pool: a power of two.")
 
@@ -88,6 +114,9 @@ struct config {
     CONFIG_CTYPE_##type sec##_##name;
     CONFIG_OPTIONS(CONFIG_FIELD)
 #undef CONFIG_FIELD
+    /* [namespace.PATTERN] sections, in file order (daemon/config_ns.h); owned. */
+    struct config_ns *ns;
+    size_t nns;
 };
 
 /* Row of the option table, for code that walks options generically. */

@@ -32,6 +32,12 @@ static const struct proto_shape proto_shapes[KVC_OP_MAX] = {
     [KVC_OP_STATS] = {sizeof(struct kvc_stats_req), 0, 0, 0},
     [KVC_OP_NS_LIST] = {sizeof(struct kvc_ns_list_req), 0, 0, 0},
     [KVC_OP_BLOCK_LIST] = {sizeof(struct kvc_block_list_req), 0, 0, 0},
+#define PROTO_ADMIN_SHAPE(name) [KVC_OP_##name] = {sizeof(struct kvc_admin_req), 0, 0, 0},
+    PROTO_ADMIN_SHAPE(CLIENTS) PROTO_ADMIN_SHAPE(METRICS) PROTO_ADMIN_SHAPE(CONFIG_GET)
+    PROTO_ADMIN_SHAPE(CONFIG_SET) PROTO_ADMIN_SHAPE(RELOAD) PROTO_ADMIN_SHAPE(POLICY_GET)
+    PROTO_ADMIN_SHAPE(POLICY_SET) PROTO_ADMIN_SHAPE(EVICT) PROTO_ADMIN_SHAPE(SHUTDOWN)
+#undef PROTO_ADMIN_SHAPE
+    [KVC_OP_WAIT] = {sizeof(struct kvc_wait_req), 0, 0, 0},
     [KVC_OP_GPU_ATTACH] = {sizeof(struct kvc_gpu_attach_req), 0, 0, 0},
 };
 
@@ -48,13 +54,26 @@ const char *proto_op_name(uint32_t op)
     }
 }
 
+int proto_op_admin(uint32_t op)
+{
+    switch (op) {
+#define PROTO_OP_ADMIN(name, num, admin, help)                                                 \
+    case num:                                                                                  \
+        return admin;
+        KVC_OPCODES(PROTO_OP_ADMIN)
+#undef PROTO_OP_ADMIN
+    default:
+        return 0;
+    }
+}
+
 /* Fields every request must leave zero, and other per-opcode rules. */
 static int proto_check_body(uint32_t op, const void *body, const char **why)
 {
     switch (op) {
     case KVC_OP_LOOKUP: {
         const struct kvc_lookup_req *q = body;
-        if ((q->flags & ~KVC_LOOKUP_F_GPU) || q->pad)
+        if ((q->flags & ~(KVC_LOOKUP_F_READY_ONLY | KVC_LOOKUP_F_GPU)) || q->pad)
             goto reserved;
         break;
     }
@@ -64,10 +83,6 @@ static int proto_check_body(uint32_t op, const void *body, const char **why)
             goto reserved;
         break;
     }
-    case KVC_OP_RELEASE:
-        if (((const struct kvc_release_req *)body)->pad)
-            goto reserved;
-        break;
     case KVC_OP_COMMIT:
         if (((const struct kvc_commit_req *)body)->pad)
             goto reserved;
@@ -78,6 +93,10 @@ static int proto_check_body(uint32_t op, const void *body, const char **why)
         break;
     case KVC_OP_NS_LIST:
         if (((const struct kvc_ns_list_req *)body)->pad)
+            goto reserved;
+        break;
+    case KVC_OP_WAIT:
+        if (((const struct kvc_wait_req *)body)->pad)
             goto reserved;
         break;
     case KVC_OP_GPU_ATTACH: {
@@ -92,6 +111,14 @@ static int proto_check_body(uint32_t op, const void *body, const char **why)
             return -EINVAL;
         }
         break;
+    case KVC_OP_CLIENTS ... KVC_OP_SHUTDOWN: {
+        const struct kvc_admin_req *q = body;
+        if (!memchr(q->key, 0, sizeof(q->key)) || !memchr(q->value, 0, sizeof(q->value))) {
+            *why = "key or value not NUL-terminated";
+            return -EINVAL;
+        }
+        break;
+    }
     default:
         break;
     }

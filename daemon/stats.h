@@ -17,6 +17,8 @@
     X(lookup_tokens, "tokens asked for by lookups")                                           \
     X(hit_blocks, "blocks found (longest cached prefix)")                                     \
     X(hit_tokens, "tokens found")                                                             \
+    X(hit_tokens_host, "tokens found in the host tier")                                       \
+    X(hit_tokens_disk, "tokens found on disk (read back into memory for the lookup)")         \
     X(miss_blocks, "blocks asked for and not found")                                          \
     X(miss_tokens, "tokens asked for and not found")                                          \
     X(bytes_out, "bytes handed out as hits")                                                  \
@@ -31,11 +33,28 @@
     X(aborted_blocks, "reserved slots freed unwritten (abort, partial commit, client exit)")  \
     X(evicted_blocks, "blocks evicted to make room")                                          \
     X(evicted_bytes, "bytes evicted")                                                         \
-    X(promoted_blocks, "blocks moved from the host tier into the GPU pool")                  \
-    X(demoted_blocks, "blocks moved from the GPU pool to the host tier")                      \
+    X(load_us, "microseconds clients reported copying hits out of the cache")                \
     X(pins, "block pins taken by lookups")                                                    \
     X(unpins, "block pins dropped (release or client exit)")                                  \
-    X(errors, "requests answered with an error")
+    X(errors, "requests answered with an error")                                                   \
+    X(requests, "requests handled")                                                                \
+    X(refused_access, "requests refused by a namespace access list (EACCES)")                      \
+    X(refused_admin, "admin requests refused to a peer that is not an admin (EPERM)")              \
+    X(refused_quota, "requests refused or cut short by a quota (EDQUOT)")                          \
+    X(errors_proto, "malformed requests (bad length, field, opcode)")                              \
+    X(errors_nospace, "requests that found no room (ENOSPC)")                                      \
+    X(errors_other, "requests failed for another reason")                                          \
+    X(evicted_quota_blocks, "blocks evicted to keep a namespace under its max_bytes")              \
+    X(flushed_blocks, "blocks evicted by an operator (kvcctl evict/flush)")                        \
+    X(flushed_bytes, "bytes evicted by an operator")                                               \
+    X(demoted_blocks, "blocks written to disk and freed from memory")                              \
+    X(demote_dropped, "blocks dropped from memory without a disk write (admission, disk down)")    \
+    X(promoted_blocks, "blocks read back from disk into memory")                                   \
+    X(disk_evicted_blocks, "blocks evicted from disk to make room")                                \
+    X(checksum_failures, "disk blocks that failed verification (dropped, served as misses)")       \
+    X(disk_io_errors, "disk reads or writes that failed")                                          \
+    X(gpu_promoted_blocks, "blocks moved from a host arena into the GPU pool")                     \
+    X(gpu_demoted_blocks, "blocks moved from the GPU pool to a host arena")
 
 /* X(name, help) — values computed when asked. */
 #define STATS_GAUGES(X)                                                                        \
@@ -49,7 +68,7 @@
     X(host_capacity, "bytes of the host arena")                                               \
     X(host_used, "bytes of the host arena in slots")                                          \
     X(gpu_capacity, "bytes of the GPU pool (0: no GPU tier)")                                 \
-    X(gpu_used, "bytes of the GPU pool in slots")                                          \
+    X(gpu_used, "bytes of the GPU pool in slots")                                             \
     X(uptime_s, "seconds since start")
 
 struct stats {

@@ -2,20 +2,26 @@
  * store.c — see store.h for the design and invariants.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "daemon/log.h"
 #include "daemon/store.h"
+#include "daemon/tiering.h"
 #include "kernels/kern_dev.h"
 #include "tiers/gpu.h"
 #include "tiers/host.h"
 #include "tiers/slab.h"
 #include "tiers/tier.h"
 
-/* Candidates handed to the policy per eviction, and the longest walk to find them. */
+/* Candidates handed to the policy per eviction; the longest walk to find the first one
+ * (everything colder may be pinned or a parent); and how much further the walk looks for
+ * more once it has one. Long prefix chains put one leaf per chain at the cold end, so an
+ * unbounded sample would walk the whole chain of every candidate on every eviction. */
 #define STORE_EVICT_SAMPLE 16
 #define STORE_EVICT_WALK 65536
+#define STORE_EVICT_WINDOW 64
 
 #define STORE_STAT_ADD(s, nsp, field, v)                                                       \
     do {                                                                                       \
@@ -30,7 +36,7 @@ static const uint32_t store_dtype_bytes[] = {
 
 /* ---- LRU list (per arena, committed blocks) ------------------------------------------ */
 
-static void store_lru_unlink(struct store *s, uint32_t idx)
+void store_lru_unlink(struct store *s, uint32_t idx)
 {
     struct block *b = &s->ix.blocks[idx];
     struct store_arena *a = &s->arenas[b->arena];
@@ -45,7 +51,7 @@ static void store_lru_unlink(struct store *s, uint32_t idx)
     b->lru_prev = b->lru_next = INDEX_NONE;
 }
 
-static void store_lru_push_head(struct store *s, uint32_t idx)
+void store_lru_push_head(struct store *s, uint32_t idx)
 {
     struct block *b = &s->ix.blocks[idx];
     struct store_arena *a = &s->arenas[b->arena];
@@ -75,7 +81,7 @@ static void store_gpu_open(struct store *s)
     struct tier_gpu_config gc = {
         .ops = ops,
         .device = s->p.gpu_device,
-        .arena_id = s->narenas,
+        .arena_id = STORE_ARENA_GPU,
         .size = s->p.gpu_size,
         .page_size = s->p.gpu_page_size ? s->p.gpu_page_size : 2u << 20,
     };
@@ -90,9 +96,7 @@ static void store_gpu_open(struct store *s)
                                : "kvcd built without CUDA");
         return;
     }
-    s->gpu_arena = s->narenas++;
-    s->arenas[s->gpu_arena].tier = g;
-    s->arenas[s->gpu_arena].lru_head = s->arenas[s->gpu_arena].lru_tail = INDEX_NONE;
+    s->arenas[STORE_ARENA_GPU].tier = g;
     s->gpu = g;
     log_info("gpu: pool of %.1f MiB on device %d (%s handles)",
              (double)g->ops->capacity(g) / 1048576.0, s->p.gpu_device,
@@ -125,6 +129,7 @@ struct store *store_new(const struct store_params *p, int *err)
     if (!s->arenas[0].tier)
         goto fail;
     s->arenas[0].lru_head = s->arenas[0].lru_tail = INDEX_NONE;
+    s->arenas[STORE_ARENA_GPU].lru_head = s->arenas[STORE_ARENA_GPU].lru_tail = INDEX_NONE;
     s->narenas = 1;
     store_gpu_open(s);
     return s;
@@ -138,8 +143,10 @@ void store_free(struct store *s)
 {
     if (!s)
         return;
+    tiering_free(s);
     for (uint32_t a = 0; a < s->narenas; a++)
         tier_destroy(s->arenas[a].tier);
+    tier_destroy(s->gpu);
     if (s->ns)
         for (uint32_t i = 0; i < s->nns; i++)
             free(s->ns[i]);
@@ -155,6 +162,7 @@ void store_reload(struct store *s, const struct store_params *p)
     s->p.low_watermark = p->low_watermark;
     s->p.policy = p->policy;
     s->p.max_handles = p->max_handles;
+    s->p.recompute_tokens_per_s = p->recompute_tokens_per_s;
 }
 
 /* ---- namespaces ---------------------------------------------------------------------- */
@@ -255,7 +263,7 @@ void store_owner_init(struct store_owner *o)
     memset(o, 0, sizeof(*o));
 }
 
-static struct store_handle *store_handle_get(struct store_owner *o, uint64_t id, uint8_t kind)
+struct store_handle *store_handle_get(struct store_owner *o, uint64_t id, uint8_t kind)
 {
     uint32_t slot = (uint32_t)id;
     struct store_handle *h;
@@ -315,21 +323,28 @@ static void store_unpin(struct store *s, struct store_owner *o, struct store_ns 
     if (o)
         o->pins--;
     STORE_STAT_ADD(s, ns, unpins, 1);
+    if ((b->flags & BLOCK_F_LOST) && !b->pins && !b->children)
+        store_block_drop(s, idx);
 }
 
 /* Removes a block from map, LRU and pool, and returns its room. */
-static void store_block_drop(struct store *s, uint32_t idx)
+void store_block_drop(struct store *s, uint32_t idx)
 {
     struct block *b = &s->ix.blocks[idx];
     struct store_ns *ns = s->ns[b->ns];
     struct tier *t = s->arenas[b->arena].tier;
     struct tier_loc loc = {.arena = b->arena, .cls = b->cls, .off = b->off, .len = b->len};
+    uint32_t lost_parent = INDEX_NONE;
+    if (b->tier == KVC_WIRE_TIER_DISK)
+        loc.cls = b->ver;
     if (b->state == BLOCK_STATE_COMMITTED) {
         store_lru_unlink(s, idx);
         if (!index_key_is_zero(&b->parent)) {
             uint32_t p = index_find(&s->ix, b->ns, &b->parent);
             if (p != INDEX_NONE && s->ix.blocks[p].children)
                 s->ix.blocks[p].children--;
+            if (p != INDEX_NONE && (s->ix.blocks[p].flags & BLOCK_F_LOST))
+                lost_parent = p;
         }
         ns->blocks--;
         ns->bytes -= b->len;
@@ -338,24 +353,31 @@ static void store_block_drop(struct store *s, uint32_t idx)
         s->reserved_bytes_now -= b->len;
     }
     index_remove(&s->ix, idx);
-    t->ops->free(t, &loc);
+    if (!(b->flags & BLOCK_F_LOST))
+        t->ops->free(t, &loc);
     index_block_delete(&s->ix, idx);
+    /* A lost block goes once nothing hangs from it and nobody holds it. */
+    if (lost_parent != INDEX_NONE && !s->ix.blocks[lost_parent].children &&
+        !s->ix.blocks[lost_parent].pins)
+        store_block_drop(s, lost_parent);
 }
 
 /* Picks the block to evict from an arena: the policy's first among a sample of unpinned
  * committed leaves from the cold end, preferring one of size class `cls` (its slot serves
  * the pending allocation directly). INDEX_NONE if nothing can be evicted. */
-static uint32_t store_victim(struct store *s, uint32_t arena, int cls, uint64_t now)
+uint32_t store_victim(struct store *s, uint32_t arena, int cls, uint64_t now)
 {
     struct policy_block cand[STORE_EVICT_SAMPLE];
     size_t n = 0;
-    uint32_t walked = 0;
+    uint32_t walked = 0, limit = STORE_EVICT_WALK;
     for (uint32_t i = s->arenas[arena].lru_tail; i != INDEX_NONE && n < STORE_EVICT_SAMPLE &&
-                                                  walked < STORE_EVICT_WALK;
+                                                  walked < limit;
          i = s->ix.blocks[i].lru_prev, walked++) {
         const struct block *b = &s->ix.blocks[i];
-        if (b->pins || b->children)
+        if (b->pins || b->children || (b->flags & BLOCK_F_MOVING))
             continue;
+        if (n == 0)
+            limit = walked + STORE_EVICT_WINDOW;
         cand[n++] = (struct policy_block){.id = i,
                                           .hits = b->hits,
                                           .last_access = b->last_access,
@@ -372,7 +394,7 @@ static uint32_t store_victim(struct store *s, uint32_t arena, int cls, uint64_t 
     return cand[0].id;
 }
 
-static void store_evict(struct store *s, uint32_t idx)
+void store_evict(struct store *s, uint32_t idx)
 {
     struct block *b = &s->ix.blocks[idx];
     struct store_ns *ns = s->ns[b->ns];
@@ -382,7 +404,7 @@ static void store_evict(struct store *s, uint32_t idx)
 }
 
 /* Allocates a slot, evicting as needed. -ENOSPC when nothing more can be evicted. */
-static int store_alloc(struct store *s, struct store_ns *ns, uint64_t now, struct tier_loc *loc)
+int store_alloc(struct store *s, struct store_ns *ns, uint64_t now, struct tier_loc *loc)
 {
     struct tier *t = s->arenas[ns->arena].tier;
     int cls = tier_host_class(t, ns->block_bytes);
@@ -422,12 +444,14 @@ static int store_block_move(struct store *s, uint32_t idx, bool to_gpu, uint64_t
 {
     struct block *b = &s->ix.blocks[idx];
     struct store_ns *ns = s->ns[b->ns];
-    uint32_t to = to_gpu ? s->gpu_arena : ns->arena;
+    uint32_t to = to_gpu ? STORE_ARENA_GPU : ns->arena;
     struct tier *src = s->arenas[b->arena].tier, *dst = s->arenas[to].tier;
     struct tier_loc from = {.arena = b->arena, .cls = b->cls, .off = b->off, .len = b->len};
     struct tier_loc loc;
     int rc, st = -EIO;
-    if (b->pins || b->state != BLOCK_STATE_COMMITTED || !s->gpu || b->arena == to)
+    if (b->pins || b->state != BLOCK_STATE_COMMITTED || !s->gpu || b->arena == to ||
+        (b->flags & (BLOCK_F_MOVING | BLOCK_F_LOST)) ||
+        (b->tier != KVC_WIRE_TIER_HOST && b->tier != KVC_WIRE_TIER_GPU))
         return -EBUSY;
     if (to_gpu) {
         rc = store_gpu_alloc(s, ns->block_bytes, &loc);
@@ -462,9 +486,9 @@ static int store_block_move(struct store *s, uint32_t idx, bool to_gpu, uint64_t
     b->tier = to_gpu ? KVC_WIRE_TIER_GPU : KVC_WIRE_TIER_HOST;
     store_lru_push_head(s, idx);
     if (to_gpu)
-        STORE_STAT_ADD(s, ns, promoted_blocks, 1);
+        STORE_STAT_ADD(s, ns, gpu_promoted_blocks, 1);
     else
-        STORE_STAT_ADD(s, ns, demoted_blocks, 1);
+        STORE_STAT_ADD(s, ns, gpu_demoted_blocks, 1);
     return 0;
 }
 
@@ -480,11 +504,11 @@ static int store_gpu_demote(struct store *s, uint64_t now)
         struct policy_block cand[STORE_EVICT_SAMPLE];
         size_t nc = 0;
         uint32_t walked = 0;
-        for (uint32_t i = s->arenas[s->gpu_arena].lru_tail;
+        for (uint32_t i = s->arenas[STORE_ARENA_GPU].lru_tail;
              i != INDEX_NONE && nc < STORE_EVICT_SAMPLE && walked < STORE_EVICT_WALK;
              i = s->ix.blocks[i].lru_prev, walked++) {
             const struct block *b = &s->ix.blocks[i];
-            if (b->pins)
+            if (b->pins || (b->flags & BLOCK_F_MOVING))
                 continue;
             cand[nc++] = (struct policy_block){.id = i,
                                                .hits = b->hits,
@@ -510,15 +534,17 @@ static int store_gpu_demote(struct store *s, uint64_t now)
 int store_trim(struct store *s, uint64_t now)
 {
     int n = 0;
+    /* The pool first: what it demotes lands in the host arenas checked next. */
+    if (s->gpu && (double)s->gpu->ops->usage(s->gpu) >
+                      s->p.high_watermark * (double)s->gpu->ops->capacity(s->gpu))
+        n += store_gpu_demote(s, now);
+    if (s->tiering)
+        return n + tiering_demote(s, now);
     for (uint32_t a = 0; a < s->narenas; a++) {
         struct tier *t = s->arenas[a].tier;
         double cap = (double)t->ops->capacity(t);
         if ((double)t->ops->usage(t) <= s->p.high_watermark * cap)
             continue;
-        if (s->gpu && a == s->gpu_arena) {
-            n += store_gpu_demote(s, now);
-            continue;
-        }
         while ((double)t->ops->usage(t) > s->p.low_watermark * cap) {
             uint32_t v = store_victim(s, a, -1, now);
             if (v == INDEX_NONE)
@@ -533,9 +559,9 @@ int store_trim(struct store *s, uint64_t now)
 static void store_loc_fill(const struct block *b, struct kvc_wire_loc *loc)
 {
     loc->arena_id = b->arena;
-    loc->tier = b->tier ? b->tier : KVC_WIRE_TIER_HOST;
+    loc->tier = b->tier == KVC_WIRE_TIER_GPU ? KVC_WIRE_TIER_GPU : KVC_WIRE_TIER_HOST;
     loc->format = b->format;
-    loc->flags = KVC_LOC_F_READY;
+    loc->flags = (b->flags & BLOCK_F_PROMOTING) ? 0 : KVC_LOC_F_READY;
     loc->offset = b->off;
     loc->length = b->len;
 }
@@ -546,26 +572,41 @@ int store_lookup(struct store *s, struct store_owner *o, uint32_t ns_id,
                  const struct kvc_wire_key *keys, uint32_t n, uint64_t now,
                  uint64_t *lease_id, struct kvc_wire_loc *locs)
 {
+    return store_lookup_flags(s, o, ns_id, keys, n, 0, now, lease_id, locs);
+}
+
+int store_lookup_flags(struct store *s, struct store_owner *o, uint32_t ns_id,
+                       const struct kvc_wire_key *keys, uint32_t n, uint32_t flags,
+                       uint64_t now, uint64_t *lease_id, struct kvc_wire_loc *locs)
+{
     struct store_ns *ns = store_ns_get(s, ns_id);
     struct store_handle *h = NULL;
     uint32_t hits = 0;
     uint64_t bytes = 0;
+    uint8_t tier[KVC_PROTO_MAX_KEYS]; /* where each hit was found, before any promotion */
+    uint64_t per_tier[4] = {0};
     *lease_id = 0;
     if (!ns)
         return -ENOENT;
-    while (hits < n) {
+    while (hits < n && hits < KVC_PROTO_MAX_KEYS) {
         uint32_t idx = index_find(&s->ix, (uint16_t)ns_id, &keys[hits]);
-        if (idx == INDEX_NONE || s->ix.blocks[idx].state != BLOCK_STATE_COMMITTED)
+        if (idx == INDEX_NONE || s->ix.blocks[idx].state != BLOCK_STATE_COMMITTED ||
+            (s->ix.blocks[idx].flags & BLOCK_F_LOST))
             break;
-        /* A client that cannot read the pool gets the block in the host arena, or a miss
+        /* A client that cannot read the pool gets the block in its host arena, or a miss
          * if it is pinned there; one that can gets it promoted while the pool has room. */
-        if (s->gpu && s->ix.blocks[idx].arena == s->gpu_arena && !o->gpu &&
+        if (s->gpu && s->ix.blocks[idx].tier == KVC_WIRE_TIER_GPU && !o->gpu &&
             store_block_move(s, idx, false, now))
             break;
-        if (s->gpu && s->ix.blocks[idx].arena != s->gpu_arena && o->gpu)
+        tier[hits] = s->ix.blocks[idx].tier;
+        if (s->gpu && s->ix.blocks[idx].tier == KVC_WIRE_TIER_HOST && o->gpu)
             store_block_move(s, idx, true, now);
         hits++;
     }
+    if (hits && s->tiering)
+        hits = tiering_lookup_prepare(s, (uint16_t)ns_id, keys, hits, flags, now);
+    for (uint32_t i = 0; i < hits; i++)
+        per_tier[tier[i] & 3]++;
     if (hits) {
         int rc = store_handle_new(s, o, STORE_HANDLE_LEASE, (uint16_t)ns_id, hits, &h);
         if (rc)
@@ -591,6 +632,10 @@ int store_lookup(struct store *s, struct store_owner *o, uint32_t ns_id,
     STORE_STAT_ADD(s, ns, lookup_tokens, (uint64_t)n * ns->layout.block_tokens);
     STORE_STAT_ADD(s, ns, hit_blocks, hits);
     STORE_STAT_ADD(s, ns, hit_tokens, (uint64_t)hits * ns->layout.block_tokens);
+    STORE_STAT_ADD(s, ns, hit_tokens_host,
+                   per_tier[KVC_WIRE_TIER_HOST] * ns->layout.block_tokens);
+    STORE_STAT_ADD(s, ns, hit_tokens_disk,
+                   per_tier[KVC_WIRE_TIER_DISK] * ns->layout.block_tokens);
     STORE_STAT_ADD(s, ns, miss_blocks, n - hits);
     STORE_STAT_ADD(s, ns, miss_tokens, (uint64_t)(n - hits) * ns->layout.block_tokens);
     STORE_STAT_ADD(s, ns, pins, hits);
@@ -604,6 +649,12 @@ static void store_lease_drop(struct store *s, struct store_owner *o, struct stor
     for (uint32_t i = 0; i < h->n; i++)
         store_unpin(s, o, ns, h->blocks[i]);
     store_handle_delete(o, h);
+}
+
+uint32_t store_lease_ns(struct store_owner *o, uint64_t lease_id)
+{
+    struct store_handle *h = store_handle_get(o, lease_id, STORE_HANDLE_LEASE);
+    return h ? h->ns : 0;
 }
 
 int store_release(struct store *s, struct store_owner *o, uint64_t lease_id)
@@ -644,7 +695,8 @@ int store_reserve(struct store *s, struct store_owner *o, uint32_t ns_id,
     /* Cached prefix first. */
     for (; i < n; i++) {
         uint32_t idx = index_find(&s->ix, (uint16_t)ns_id, &keys[i]);
-        if (idx == INDEX_NONE || s->ix.blocks[idx].state != BLOCK_STATE_COMMITTED)
+        if (idx == INDEX_NONE || s->ix.blocks[idx].state != BLOCK_STATE_COMMITTED ||
+            (s->ix.blocks[idx].flags & BLOCK_F_LOST))
             break;
         st[i] = KVC_WIRE_SLOT_PRESENT;
         prev = idx;
@@ -693,7 +745,7 @@ int store_reserve(struct store *s, struct store_owner *o, uint32_t ns_id,
         b->ns = (uint16_t)ns_id;
         b->arena = (uint8_t)loc.arena;
         b->cls = (uint8_t)loc.cls;
-        b->tier = s->gpu && loc.arena == s->gpu_arena ? KVC_WIRE_TIER_GPU : KVC_WIRE_TIER_HOST;
+        b->tier = s->gpu && loc.arena == STORE_ARENA_GPU ? KVC_WIRE_TIER_GPU : KVC_WIRE_TIER_HOST;
         b->format = KVC_WIRE_FORMAT_RAW;
         b->state = BLOCK_STATE_RESERVED;
         b->owner_slot = (uint32_t)h->id;
@@ -819,6 +871,89 @@ uint64_t store_host_capacity(const struct store *s)
 {
     const struct tier *t = s->arenas[0].tier;
     return t->ops->capacity(t);
+}
+
+/* ---- operator and access-list support (issue 6) -------------------------------------- */
+
+int store_arena_add(struct store *s, uint64_t size, uint32_t *id)
+{
+    char name[32];
+    struct tier_host_config hc = {
+        .name = name,
+        .arena_id = s->narenas,
+        .size = size,
+        .page_size = s->p.host_page_size,
+        .huge = (enum tier_host_huge)s->p.host_huge,
+        .prefault = s->p.host_prefault,
+    };
+    int rc = 0;
+    if (s->narenas == STORE_MAX_ARENAS)
+        return -ENOSPC;
+    snprintf(name, sizeof(name), "kvcd-host-%u", s->narenas);
+    s->arenas[s->narenas].tier = tier_host_new(&hc, &rc);
+    if (!s->arenas[s->narenas].tier)
+        return rc;
+    s->arenas[s->narenas].lru_head = s->arenas[s->narenas].lru_tail = INDEX_NONE;
+    *id = s->narenas++;
+    return 0;
+}
+
+int store_ns_set_arena(struct store *s, uint32_t ns_id, uint32_t arena)
+{
+    struct store_ns *ns = store_ns_get(s, ns_id);
+    if (!ns || arena >= s->narenas)
+        return -ENOENT;
+    if (ns->arena == arena)
+        return 0;
+    if (ns->blocks || s->reserved_now)
+        return -EBUSY;
+    if (ns->block_bytes > tier_host_size(s->arenas[arena].tier))
+        return -EINVAL;
+    ns->arena = arena;
+    return 0;
+}
+
+int store_evict_where(struct store *s, uint32_t ns_id, uint32_t arena, uint64_t keep_bytes,
+                      bool flush, uint64_t now)
+{
+    int n = 0;
+    (void)now;
+    for (uint32_t a = 0; a < s->narenas; a++) {
+        uint32_t i;
+        if (arena != UINT32_MAX && a != arena)
+            continue;
+        /* Leaves from the cold end; evicting one may make its parent a leaf, so walk again
+         * until a pass frees nothing. */
+        do {
+            uint32_t freed = 0;
+            for (i = s->arenas[a].lru_tail; i != INDEX_NONE;) {
+                struct block *b = &s->ix.blocks[i];
+                uint32_t prev = b->lru_prev;
+                struct store_ns *ns = s->ns[b->ns];
+                if (ns_id && b->ns != ns_id) {
+                    i = prev;
+                    continue;
+                }
+                if (ns_id && ns->bytes <= keep_bytes)
+                    return n;
+                if (!b->pins && !b->children) {
+                    if (flush) {
+                        STORE_STAT_ADD(s, ns, flushed_blocks, 1);
+                        STORE_STAT_ADD(s, ns, flushed_bytes, b->len);
+                    } else {
+                        STORE_STAT_ADD(s, ns, evicted_quota_blocks, 1);
+                    }
+                    store_block_drop(s, i);
+                    freed++;
+                    n++;
+                }
+                i = prev;
+            }
+            if (!freed)
+                break;
+        } while (1);
+    }
+    return n;
 }
 
 uint64_t store_gpu_used(const struct store *s)

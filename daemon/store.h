@@ -32,9 +32,15 @@
 #include "policies/policy.h"
 
 struct tier;
+struct tier_loc;
+struct tiering;
 struct kern_dev_ops;
 
 #define STORE_MAX_ARENAS 16
+/* arenas[STORE_ARENA_DISK] holds the disk tier and the LRU list of blocks on it. */
+#define STORE_ARENA_DISK STORE_MAX_ARENAS
+/* arenas[STORE_ARENA_GPU] holds the GPU tier (when there is one) and its LRU list. */
+#define STORE_ARENA_GPU (STORE_MAX_ARENAS + 1)
 
 struct store_params {
     uint64_t host_size;
@@ -46,13 +52,14 @@ struct store_params {
     uint32_t max_namespaces;
     uint32_t max_handles; /* leases + reservations per owner */
     enum policy_kind policy;
+    uint64_t recompute_tokens_per_s; /* to estimate the recompute time hits save */
     /* The GPU tier (tiers/gpu.c): off when gpu_size is 0. Blocks go to the pool when a
      * client that mapped it puts them, or is served them while the pool is below the high
-     * watermark; they come back to the host arena above it (the same watermarks), or when
-     * a client that cannot read the pool looks them up. */
+     * watermark; they come back to their host arena above it (the same watermarks), or
+     * when a client that cannot read the pool looks them up. */
     uint64_t gpu_size;
     int gpu_device;
-    uint64_t gpu_page_size;               /* 0: 2 MiB */
+    uint64_t gpu_page_size;             /* 0: 2 MiB */
     const struct kern_dev_ops *gpu_ops; /* NULL: kern_dev_cuda(); tests pass a fake */
 };
 
@@ -95,15 +102,17 @@ struct store_arena {
 struct store {
     struct store_params p;
     struct index ix;
-    struct store_arena arenas[STORE_MAX_ARENAS];
-    uint32_t narenas;
+    struct store_arena arenas[STORE_MAX_ARENAS + 2];
+    uint32_t narenas; /* host arenas */
+    struct tiering *tiering; /* the disk tier engine (daemon/tiering.h); NULL: none */
+    void (*on_ready)(void *arg); /* a read from disk completed (set by the server) */
+    void *on_ready_arg;
     struct store_ns **ns; /* by id; [0] unused */
     uint32_t nns;
     struct stats total;
     uint64_t pins_now;
     uint64_t reserved_now, reserved_bytes_now;
-    struct tier *gpu;    /* the GPU tier (also arenas[gpu_arena].tier), or NULL */
-    uint32_t gpu_arena;  /* its index in arenas[], 0 when there is none */
+    struct tier *gpu; /* arenas[STORE_ARENA_GPU].tier, or NULL: no GPU tier */
 };
 
 /* Creates the store and its host arena. On failure NULL and *err = -errno. */
@@ -135,6 +144,14 @@ int store_lookup(struct store *s, struct store_owner *o, uint32_t ns_id,
                  const struct kvc_wire_key *keys, uint32_t n, uint64_t now,
                  uint64_t *lease_id, struct kvc_wire_loc *locs);
 
+/* Namespace of a lease of o, or 0 if o holds no such lease. */
+uint32_t store_lease_ns(struct store_owner *o, uint64_t lease_id);
+/* store_lookup with KVC_LOOKUP_F_* flags. Hits on disk start a read into a fresh host slot
+ * (their locs lack KVC_LOC_F_READY); READY_ONLY stops the hits at the first such block. */
+int store_lookup_flags(struct store *s, struct store_owner *o, uint32_t ns_id,
+                       const struct kvc_wire_key *keys, uint32_t n, uint32_t flags,
+                       uint64_t now, uint64_t *lease_id, struct kvc_wire_loc *locs);
+
 /* Drops a lease. 0 or -ENOENT. */
 int store_release(struct store *s, struct store_owner *o, uint64_t lease_id);
 
@@ -156,10 +173,32 @@ int store_abort(struct store *s, struct store_owner *o, uint64_t resv_id);
  * one. Returns the number evicted. */
 int store_trim(struct store *s, uint64_t now);
 
+/* For the tier engine (daemon/tiering.c), which moves blocks between the store's tiers. */
+void store_lru_unlink(struct store *s, uint32_t idx);
+void store_lru_push_head(struct store *s, uint32_t idx);
+int store_alloc(struct store *s, struct store_ns *ns, uint64_t now, struct tier_loc *loc);
+void store_block_drop(struct store *s, uint32_t idx);
+uint32_t store_victim(struct store *s, uint32_t arena, int cls, uint64_t now);
+void store_evict(struct store *s, uint32_t idx);
+struct store_handle *store_handle_get(struct store_owner *o, uint64_t id, uint8_t kind);
+
 /* Gauges for STATS (see STATS_GAUGES). */
 uint64_t store_host_used(const struct store *s);
 uint64_t store_host_capacity(const struct store *s);
 uint64_t store_gpu_used(const struct store *s);     /* 0 without a GPU tier */
 uint64_t store_gpu_capacity(const struct store *s); /* 0 without a GPU tier */
+
+/* Adds a host arena of `size` bytes (same page size and huge-page choice as arena 0) for
+ * the namespaces of one access list. *id its number. 0, -ENOSPC (STORE_MAX_ARENAS), -errno. */
+int store_arena_add(struct store *s, uint64_t size, uint32_t *id);
+/* Moves a namespace that holds nothing yet to another arena. 0, -ENOENT, -EBUSY (it holds
+ * blocks, or slots are reserved), -EINVAL (its block does not fit the arena). */
+int store_ns_set_arena(struct store *s, uint32_t ns_id, uint32_t arena);
+/* Evicts unpinned leaves, coldest first: of namespace ns_id (0: every one) in arena `arena`
+ * (UINT32_MAX: every one), until that namespace holds at most keep_bytes (ignored for
+ * ns_id 0) or nothing more can go. Counted as flushed (an operator's) or as quota
+ * evictions. Returns the number evicted. */
+int store_evict_where(struct store *s, uint32_t ns_id, uint32_t arena, uint64_t keep_bytes,
+                      bool flush, uint64_t now);
 
 #endif

@@ -74,7 +74,7 @@ static struct kvc_wire_key key(uint32_t i)
 static uint8_t *loc_ptr(const struct kvc_wire_loc *l)
 {
     if (l->tier == KVC_WIRE_TIER_GPU) {
-        ck_assert_uint_eq(l->arena_id, s->gpu_arena);
+        ck_assert_uint_eq(l->arena_id, STORE_ARENA_GPU);
         return (uint8_t *)tier_gpu_pool(s->gpu)->base + l->offset;
     }
     ck_assert_uint_eq(l->tier, KVC_WIRE_TIER_HOST);
@@ -146,7 +146,7 @@ START_TEST(test_put_gpu_load_host)
         ck_assert_uint_eq(locs[i].tier, KVC_WIRE_TIER_HOST);
     check_bytes(locs, 8);
     ck_assert_uint_eq(store_gpu_used(s), 0);
-    ck_assert_uint_eq(s->total.demoted_blocks, 6);
+    ck_assert_uint_eq(s->total.gpu_demoted_blocks, 6);
     ck_assert_int_eq(store_release(s, &h, lease), 0);
     store_owner_fini(s, &g);
     store_owner_fini(s, &h);
@@ -172,7 +172,7 @@ START_TEST(test_promote_on_gpu_lookup)
     for (uint32_t i = 0; i < 8; i++)
         on_gpu += locs[i].tier == KVC_WIRE_TIER_GPU;
     ck_assert_uint_eq(on_gpu, 6);
-    ck_assert_uint_eq(s->total.promoted_blocks, 6);
+    ck_assert_uint_eq(s->total.gpu_promoted_blocks, 6);
     check_bytes(locs, 8);
     /* While g holds them, a host-only client cannot have the pinned pool blocks moved:
      * its hit run ends at the first one. */
@@ -203,7 +203,7 @@ START_TEST(test_trim_demotes)
     store_reload(s, &p);
     ck_assert_int_eq(store_trim(s, 10), 4);
     ck_assert_uint_eq(store_gpu_used(s), 2 * BLOCK);
-    ck_assert_uint_eq(s->total.demoted_blocks, 4);
+    ck_assert_uint_eq(s->total.gpu_demoted_blocks, 4);
     ck_assert_uint_eq(s->total.evicted_blocks, 0);
     ck_assert_uint_eq(store_ns_get(s, ns)->blocks, 6);
     struct kvc_wire_key keys[6];

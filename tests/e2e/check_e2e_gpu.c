@@ -25,7 +25,7 @@
 #include "tests/lib/daemon.h"
 #include "tests/lib/fake_dev.h"
 
-void kvc_gpu_ops_set(const struct kern_dev_ops *ops); /* libkvc's test hook */
+void kvci_gpu_ops_set(const struct kern_dev_ops *ops); /* libkvc's test hook */
 
 #define GE_LAYERS 2
 #define GE_HEADS 2
@@ -219,7 +219,7 @@ START_TEST(test_attach_without_tier)
     struct kvc_key keys[GE_BLOCKS];
     ck_assert_int_eq(ge_open(&c, &ns, keys), 0);
     fake_dev_reset(1);
-    kvc_gpu_ops_set(&fake_dev_ops);
+    kvci_gpu_ops_set(&fake_dev_ops);
     ck_assert_int_eq(kvc_gpu_attach(c), 0);
     ck_assert_int_eq(fake_dev.registered, 1); /* a 32 MiB arena: one chunk */
     ck_assert_int_eq(kvc_gpu_attach(c), 0);
@@ -238,7 +238,7 @@ START_TEST(test_attach_without_tier)
     free(dst);
     kvc_disconnect(c);
     ck_assert_int_eq(fake_dev.registered, 0);
-    kvc_gpu_ops_set(NULL);
+    kvci_gpu_ops_set(NULL);
     /* This build's own table: no device here, so host copies and nothing registered. */
     ck_assert_int_eq(ge_open(&c, &ns, keys), 0);
     const struct kern_dev_ops *real = kern_dev_cuda();
