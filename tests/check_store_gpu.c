@@ -85,7 +85,7 @@ static uint8_t *loc_ptr(const struct kvc_wire_loc *l)
  * slots landed in the pool. */
 static uint32_t put_chain(struct store_owner *o, uint32_t n)
 {
-    struct kvc_wire_key keys[32], root = {0};
+    struct kvc_wire_key keys[32] = {{0}}, root = {0};
     struct kvc_wire_loc locs[32];
     uint8_t st[32];
     uint64_t resv;
