@@ -732,16 +732,21 @@ KT static inline void v_load32(const uint16_t *r, uint32_t dtype, __m256 v[4], f
 
 /* Whether any of the 256 raw values at r needs sanitising: NaN or Inf (fp16), or a
  * magnitude past the fp16 range (bf16). Integer compares on the raw halves, 16 at a time. */
-KT static inline int v_needs_sanitize256(const uint16_t *r, uint32_t dtype)
+KT static inline int v_needs_sanitize(const uint16_t *r, uint32_t n, uint32_t dtype)
 {
     const __m256i abs = _mm256_set1_epi16(0x7fff);
     const __m256i lim = _mm256_set1_epi16(dtype == KERN_DTYPE_BF16 ? 0x477f : 0x7bff);
     __m256i acc = _mm256_setzero_si256();
-    for (int i = 0; i < 16; i++) {
+    for (uint32_t i = 0; i < n / 16; i++) {
         __m256i v = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(r + 16 * i)), abs);
         acc = _mm256_or_si256(acc, _mm256_cmpgt_epi16(v, lim));
     }
     return !_mm256_testz_si256(acc, acc);
+}
+
+KT static inline int v_needs_sanitize256(const uint16_t *r, uint32_t dtype)
+{
+    return v_needs_sanitize(r, 256, dtype);
 }
 
 KT static inline __m256 v_load8_fast(const uint16_t *r, uint32_t dtype)
@@ -900,8 +905,9 @@ KT static int avx_enc_sect(uint32_t codec, int is_v, const void *raw,
                 __m256 ss = _mm256_setzero_ps(), m = _mm256_setzero_ps();
                 float *mn = kmin ? kmin + (uint64_t)h * D : NULL;
                 float *mx = kmin ? kmax + (uint64_t)h * D : NULL;
+                int san = v_needs_sanitize(r, D, lay->dtype);
                 for (uint32_t c = 0; c < D; c += 8) {
-                    __m256 v = v_load8(r + c, lay->dtype);
+                    __m256 v = san ? v_load8(r + c, lay->dtype) : v_load8_fast(r + c, lay->dtype);
                     if (mn)
                         v_stat8(v, mn + c, mx + c, &ss);
                     m = _mm256_max_ps(m, _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v));
@@ -924,8 +930,16 @@ KT static int avx_enc_sect(uint32_t codec, int is_v, const void *raw,
         for (uint32_t t = 0; t < T; t++) {
             for (uint32_t h = 0; h < H; h++, r += D, q += D) {
                 __m256 vs = _mm256_set1_ps(scratch[h]);
-                for (uint32_t c = 0; c < D; c += 8)
-                    v_store8b(q + c, v_e4m3_enc(_mm256_div_ps(v_load8(r + c, lay->dtype), vs)));
+                int san = v_needs_sanitize(r, D, lay->dtype);
+                for (uint32_t c = 0; c < D; c += 32) {
+                    __m256i e[4];
+                    for (int i = 0; i < 4; i++) {
+                        const uint16_t *ri = r + c + 8 * i;
+                        __m256 v = san ? v_load8(ri, lay->dtype) : v_load8_fast(ri, lay->dtype);
+                        e[i] = v_e4m3_enc(_mm256_div_ps(v, vs));
+                    }
+                    _mm256_storeu_si256((__m256i *)(q + c), v_pack_bytes(e[0], e[1], e[2], e[3], 0));
+                }
             }
         }
         goto done;
@@ -946,8 +960,9 @@ KT static int avx_enc_sect(uint32_t codec, int is_v, const void *raw,
                 for (uint32_t h = 0; h < H; h++) {
                     const uint16_t *rr = rg + ((uint64_t)row * H + h) * D;
                     __m256 ss = _mm256_setzero_ps();
+                    int san = v_needs_sanitize(rr, D, lay->dtype);
                     for (uint32_t c = 0; c < D; c += 8) {
-                        __m256 v = v_load8(rr + c, lay->dtype);
+                        __m256 v = san ? v_load8(rr + c, lay->dtype) : v_load8_fast(rr + c, lay->dtype);
                         uint64_t i = (uint64_t)h * D + c;
                         if (kmin)
                             v_stat8(v, kmin + i, kmax + i, &ss);
@@ -987,10 +1002,12 @@ KT static int avx_enc_sect(uint32_t codec, int is_v, const void *raw,
                     const uint16_t *rr = rg + ((uint64_t)row * H + h) * D;
                     uint8_t *out = sect + h * hb + goff + 4 * D + (uint64_t)row * rb;
                     const float *fm = mnf + (uint64_t)h * D, *fi = id + (uint64_t)h * D;
+                    int san = v_needs_sanitize(rr, D, lay->dtype);
                     for (uint32_t c = 0; c < D; c += 32) {
                         __m256i q[4];
                         for (int i = 0; i < 4; i++)
-                            q[i] = v_kivi_code(v_load8(rr + c + 8 * i, lay->dtype),
+                            q[i] = v_kivi_code(san ? v_load8(rr + c + 8 * i, lay->dtype)
+                                                   : v_load8_fast(rr + c + 8 * i, lay->dtype),
                                                _mm256_loadu_ps(fm + c + 8 * i),
                                                _mm256_loadu_ps(fi + c + 8 * i), qmax);
                         v_kivi_pack32(v_pack_bytes(q[0], q[1], q[2], q[3], 0), bits,
