@@ -76,7 +76,7 @@ BENCH_BINS := $(patsubst tests/bench/%.c,$(B)/bench/%,$(BENCH_SRCS))
 BINS := $(B)/bin/kvcd $(B)/bin/kvcctl $(B)/bin/kvc-demo
 LIBS := $(B)/lib/libkvcd.a $(B)/lib/libkvc.a $(B)/lib/libkvc.so
 
-.PHONY: all check check-run check-gpu deps demo bench clean tests config-ini
+.PHONY: all check check-run check-gpu deps demo bench clean tests config-ini fuzz
 all: $(BINS) $(LIBS)
 tests: $(CHECK_BINS)
 
@@ -168,6 +168,19 @@ bench-%: all $(B)/bench/bench_%
 	@mkdir -p build/bench
 	$(B)/bench/bench_$* $(TOP)/build/bench/$*.json
 
+# Fuzz targets (libFuzzer, clang): the protocol decoder and the config parser.
+# make fuzz FUZZ_SECONDS=60 runs each for that long; findings stop the run.
+FUZZ_SECONDS ?= 30
+FUZZ_FLAGS := -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -I$(TOP) \
+	$(PKG_CFLAGS)
+fuzz:
+	@mkdir -p build/fuzz
+	clang $(FUZZ_FLAGS) tests/fuzz/fuzz_proto.c daemon/proto.c -o build/fuzz/fuzz_proto
+	clang $(FUZZ_FLAGS) tests/fuzz/fuzz_config.c daemon/config.c -o build/fuzz/fuzz_config \
+		$(shell pkg-config --libs inih)
+	build/fuzz/fuzz_proto -max_total_time=$(FUZZ_SECONDS) -max_len=4096
+	build/fuzz/fuzz_config -max_total_time=$(FUZZ_SECONDS) -max_len=4096
+
 # etc/kvcd.ini is generated from the option table; a check suite verifies it never drifts.
 config-ini: $(B)/bin/kvcd
 	$(B)/bin/kvcd --print-config > etc/kvcd.ini
@@ -176,3 +189,57 @@ clean:
 	rm -rf build
 
 -include $(shell find $(B)/obj -name '*.d' 2>/dev/null)
+
+# ---- install (issue 6) ---------------------------------------------------------------------
+# make install [PREFIX=/usr/local] [DESTDIR=/tmp/stage]; paths inside the installed units and
+# the pkg-config file are the final ones (PREFIX), files land under DESTDIR.
+PREFIX ?= /usr/local
+BINDIR ?= $(PREFIX)/bin
+LIBDIR ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+MANDIR ?= $(PREFIX)/share/man
+SYSCONFDIR ?= $(if $(filter /usr,$(PREFIX)),/etc,$(PREFIX)/etc)
+UNITDIR ?= $(PREFIX)/lib/systemd/system
+SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
+TMPFILESDIR ?= $(PREFIX)/lib/tmpfiles.d
+KVC_VERSION := 0.1.0
+INSTALL ?= install
+SUBST = sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' \
+	-e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' \
+	-e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' -e 's|@VERSION@|$(KVC_VERSION)|g'
+MAN8 := docs/man/kvcd.8 docs/man/kvcctl.8
+MAN5 := docs/man/kvcd.ini.5
+MAN3 := docs/man/libkvc.3
+
+.PHONY: install uninstall
+install: all
+	$(INSTALL) -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCLUDEDIR) \
+		$(DESTDIR)$(MANDIR)/man3 $(DESTDIR)$(MANDIR)/man5 $(DESTDIR)$(MANDIR)/man8 \
+		$(DESTDIR)$(SYSCONFDIR)/kvcd $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSUSERSDIR) \
+		$(DESTDIR)$(TMPFILESDIR)
+	$(INSTALL) -m 0755 $(B)/bin/kvcd $(B)/bin/kvcctl $(DESTDIR)$(BINDIR)/
+	$(INSTALL) -m 0755 $(B)/lib/libkvc.so.1 $(DESTDIR)$(LIBDIR)/libkvc.so.1
+	ln -sf libkvc.so.1 $(DESTDIR)$(LIBDIR)/libkvc.so
+	$(INSTALL) -m 0644 $(B)/lib/libkvc.a $(DESTDIR)$(LIBDIR)/libkvc.a
+	$(INSTALL) -m 0644 client/kvc.h $(DESTDIR)$(INCLUDEDIR)/kvc.h
+	$(SUBST) etc/systemd/libkvc.pc.in > $(DESTDIR)$(LIBDIR)/pkgconfig/libkvc.pc
+	test -e $(DESTDIR)$(SYSCONFDIR)/kvcd/kvcd.ini || \
+		$(INSTALL) -m 0644 etc/kvcd.ini $(DESTDIR)$(SYSCONFDIR)/kvcd/kvcd.ini
+	$(SUBST) etc/systemd/kvcd.service.in > $(DESTDIR)$(UNITDIR)/kvcd.service
+	$(INSTALL) -m 0644 etc/systemd/kvcd.socket $(DESTDIR)$(UNITDIR)/kvcd.socket
+	$(INSTALL) -m 0644 etc/systemd/kvcd.sysusers $(DESTDIR)$(SYSUSERSDIR)/kvcd.conf
+	$(INSTALL) -m 0644 etc/systemd/kvcd.tmpfiles $(DESTDIR)$(TMPFILESDIR)/kvcd.conf
+	$(INSTALL) -m 0644 $(MAN3) $(DESTDIR)$(MANDIR)/man3/
+	$(INSTALL) -m 0644 $(MAN5) $(DESTDIR)$(MANDIR)/man5/
+	$(INSTALL) -m 0644 $(MAN8) $(DESTDIR)$(MANDIR)/man8/
+
+# The configuration file stays: it may hold the operator's edits.
+uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/kvcd $(DESTDIR)$(BINDIR)/kvcctl \
+		$(DESTDIR)$(LIBDIR)/libkvc.so.1 $(DESTDIR)$(LIBDIR)/libkvc.so $(DESTDIR)$(LIBDIR)/libkvc.a \
+		$(DESTDIR)$(LIBDIR)/pkgconfig/libkvc.pc $(DESTDIR)$(INCLUDEDIR)/kvc.h \
+		$(DESTDIR)$(UNITDIR)/kvcd.service $(DESTDIR)$(UNITDIR)/kvcd.socket \
+		$(DESTDIR)$(SYSUSERSDIR)/kvcd.conf $(DESTDIR)$(TMPFILESDIR)/kvcd.conf \
+		$(addprefix $(DESTDIR)$(MANDIR)/man3/,$(notdir $(MAN3))) \
+		$(addprefix $(DESTDIR)$(MANDIR)/man5/,$(notdir $(MAN5))) \
+		$(addprefix $(DESTDIR)$(MANDIR)/man8/,$(notdir $(MAN8)))

@@ -241,6 +241,60 @@ KVC_API int kvc_block_list(kvc_client *c, uint32_t ns_id, uint64_t *cursor, uint
 KVC_API int kvc_peer_info(const kvc_client *c, uint32_t *daemon_pid, uint32_t *uid,
                           uint32_t *gid);
 
+/* ---- operating kvcd ------------------------------------------------------------------ */
+/*
+ * What kvcctl uses. Calls marked (admin) are refused with -EPERM unless the caller is root,
+ * the daemon's user or a member of its server.admin_group.
+ */
+
+/* One connected client, as returned by kvc_clients(). */
+struct kvc_client_info {
+    uint32_t conn_id, pid, uid, gid;
+    uint32_t leases, reservations;
+    int admin; /* may run admin calls */
+    int self;  /* the connection that asked */
+    uint64_t pins, reserved_bytes;
+    uint64_t requests, lookup_tokens, hit_tokens, bytes_in, bytes_out, errors, refusals;
+    uint64_t connected_ms; /* since the daemon started */
+    char name[32];
+};
+
+/* Every connected client. *out is malloc'd (free() it). */
+KVC_API int kvc_clients(kvc_client *c, struct kvc_client_info **out, size_t *n);
+
+/* Every counter in the Prometheus text exposition format (version 0.0.4). *text is
+ * malloc'd and NUL-terminated (free() it). */
+KVC_API int kvc_metrics(kvc_client *c, char **text);
+
+/* The value of option "section.name" as a config file would hold it; key NULL or "" gives
+ * every option, one "section.name = value" a line. Errors: -ENOENT (no such option),
+ * -ENOSPC (buf too small; it holds a truncated text). */
+KVC_API int kvc_config_get(kvc_client *c, const char *key, char *buf, size_t len);
+
+/* (admin) Sets a reloadable option in the running daemon, checked like a reload; it holds
+ * until the next reload rereads the file. 0, or the refusal (-EINVAL bad value, -EPERM not
+ * reloadable or not an admin) with the daemon's reason in msg. */
+KVC_API int kvc_config_set(kvc_client *c, const char *key, const char *value, char *msg,
+                           size_t len);
+
+/* (admin) Reloads the configuration file, all or nothing, and waits for the verdict:
+ * 0 applied; -EINVAL (the file does not parse or validate) or -EPERM (an option that needs
+ * a restart changed) with the daemon's reason in msg. */
+KVC_API int kvc_reload(kvc_client *c, char *msg, size_t len);
+
+/* The eviction policy in use (a policy name such as "lru"); scope 0 (per-namespace
+ * policies are not kept yet: -EOPNOTSUPP). (admin for set) Set: -EINVAL unknown name. */
+KVC_API int kvc_policy_get(kvc_client *c, uint32_t scope, char *buf, size_t len);
+KVC_API int kvc_policy_set(kvc_client *c, uint32_t scope, const char *name);
+
+/* (admin) Evicts every unpinned block of namespace ns_id (0: all) in tier `tier` (0: all,
+ * 1: host). *evicted (may be NULL) gets the count. -ENOENT unknown namespace, -EOPNOTSUPP
+ * unknown tier. */
+KVC_API int kvc_evict(kvc_client *c, uint32_t ns_id, uint32_t tier, uint64_t *evicted);
+
+/* (admin) Stops the daemon after the reply. */
+KVC_API int kvc_shutdown(kvc_client *c);
+
 #ifdef __cplusplus
 }
 #endif

@@ -44,7 +44,16 @@
     X(ABORT, 7, 0, "free a reservation")                                                      \
     X(STATS, 8, 0, "counters, global or per namespace")                                       \
     X(NS_LIST, 9, 0, "namespaces and their layouts")                                          \
-    X(BLOCK_LIST, 10, 0, "blocks of a namespace with their metadata")
+    X(BLOCK_LIST, 10, 0, "blocks of a namespace with their metadata")                        \
+    X(CLIENTS, 32, 0, "connected clients: pid, uid, pins, reservations, counters")           \
+    X(METRICS, 33, 0, "every counter in the Prometheus text format, paged")                  \
+    X(CONFIG_GET, 34, 0, "the value of one option")                                          \
+    X(CONFIG_SET, 35, 1, "set a reloadable option, all-or-nothing like a reload")            \
+    X(RELOAD, 36, 1, "reload the configuration file; the reply carries the verdict")         \
+    X(POLICY_GET, 37, 0, "the eviction policy in use")                                       \
+    X(POLICY_SET, 38, 1, "change the eviction policy")                                       \
+    X(EVICT, 39, 1, "evict unpinned blocks of a namespace, a tier or everything")            \
+    X(SHUTDOWN, 40, 1, "stop the daemon")
 
 enum kvc_op {
 #define KVC_OP_ENUM(name, num, admin, help) KVC_OP_##name = num,
@@ -269,7 +278,62 @@ struct kvc_block_list_rep {
     /* struct kvc_wire_block blocks[nblocks]; */
 };
 
+/*
+ * Operator requests (CLIENTS .. SHUTDOWN) share one request body; each uses the fields it
+ * names and the others must be zero. Admin-only opcodes (the third column of KVC_OPCODES)
+ * are refused with -EPERM unless the peer is root, the daemon's user or in its admin group.
+ *   CLIENTS     cursor = first connection id to return
+ *   METRICS     cursor = byte offset into the text
+ *   CONFIG_GET  key = "section.name"
+ *   CONFIG_SET  key, value
+ *   POLICY_GET/SET  scope = 0 (the default policy), value = policy name for SET
+ *   EVICT       scope = namespace id (0: every namespace), tier = KVC_WIRE_TIER_* (0: all)
+ */
+struct kvc_admin_req {
+    uint32_t scope;
+    uint32_t tier;
+    uint64_t cursor;
+    char key[64];    /* NUL-terminated within the array */
+    char value[192]; /* NUL-terminated within the array */
+};
+/* Reply of METRICS, CONFIG_*, RELOAD, POLICY_*, EVICT, SHUTDOWN: a verdict, a number and a
+ * text (a value, a refusal's reason, a page of metrics). */
+struct kvc_text_rep {
+    int32_t result;       /* RELOAD, CONFIG_SET: 0 applied, -errno refused (reason in text) */
+    uint32_t len;         /* text bytes following, no NUL */
+    uint64_t value;       /* EVICT: blocks evicted */
+    uint64_t next_cursor; /* METRICS: offset of the next page, 0 at the end */
+    /* char text[len]; */
+};
+#define KVC_PROTO_TEXT_MAX (KVC_PROTO_MAX_MSG - 1024u)
+
+struct kvc_wire_client {
+    uint32_t conn_id;
+    uint32_t pid, uid, gid;
+    uint32_t leases, reservations;
+    uint32_t flags; /* KVC_CLIENT_F_* */
+    uint32_t pad;
+    uint64_t pins;
+    uint64_t reserved_bytes;
+    uint64_t requests;
+    uint64_t lookup_tokens, hit_tokens;
+    uint64_t bytes_in, bytes_out;
+    uint64_t errors, refusals;
+    uint64_t connected_ms; /* since the daemon started */
+    char name[32];         /* from HELLO */
+};
+#define KVC_CLIENT_F_ADMIN 0x1u
+#define KVC_CLIENT_F_SELF 0x2u
+struct kvc_clients_rep {
+    uint32_t nclients;
+    uint32_t next_cursor; /* 0: no more */
+    /* struct kvc_wire_client clients[nclients]; */
+};
+
 /* Layout checks: both ends compile these. */
+_Static_assert(sizeof(struct kvc_admin_req) == 272, "admin layout");
+_Static_assert(sizeof(struct kvc_text_rep) == 24, "text layout");
+_Static_assert(sizeof(struct kvc_wire_client) == 144, "client layout");
 _Static_assert(sizeof(struct kvc_msg_hdr) == 24, "header layout");
 _Static_assert(sizeof(struct kvc_wire_loc) == 24, "loc layout");
 _Static_assert(sizeof(struct kvc_wire_slot_rep) == 32, "slot layout");

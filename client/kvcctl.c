@@ -13,6 +13,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "client/kvc.h"
 
@@ -56,6 +59,17 @@ static const char *ctl_dtype_name(enum kvc_dtype d)
     default:
         return "?";
     }
+}
+
+/* Names of the wire tier and format numbers (kvc_proto.h KVC_WIRE_TIER_*, *_FORMAT_*). */
+static const char *ctl_tier_name(uint8_t t)
+{
+    return t == 1 ? "host" : t == 2 ? "disk" : t == 3 ? "gpu" : "?";
+}
+
+static const char *ctl_codec_name(uint8_t f)
+{
+    return f == 0 ? "raw" : "?";
 }
 
 static uint64_t ctl_stat(const struct kvc_stat *s, size_t n, const char *name)
@@ -249,16 +263,29 @@ static int ctl_ls(struct ctl *x, int argc, char **argv)
 {
     static const struct option opts[] = {{"ns", required_argument, NULL, 'n'},
                                          {"limit", required_argument, NULL, 'l'},
+                                         {"tier", required_argument, NULL, 't'},
+                                         {"codec", required_argument, NULL, 'c'},
+                                         {"prefix", required_argument, NULL, 'p'},
                                          {NULL, 0, NULL, 0}};
     struct kvc_ns_info *ns = NULL;
     size_t nns = 0, shown = 0;
     long want_ns = 0, limit = 1000;
+    const char *want_tier = NULL, *want_codec = NULL, *want_prefix = NULL;
     int opt, rc;
     bool first = true;
     optind = 1;
-    while ((opt = getopt_long(argc, argv, "n:l:", opts, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, "n:l:t:c:p:", opts, NULL)) != -1) {
         char *end;
         switch (opt) {
+        case 't':
+            want_tier = optarg;
+            break;
+        case 'c':
+            want_codec = optarg;
+            break;
+        case 'p':
+            want_prefix = optarg;
+            break;
         case 'n':
             want_ns = strtol(optarg, &end, 10);
             if (*end || want_ns <= 0) {
@@ -302,16 +329,22 @@ static int ctl_ls(struct ctl *x, int argc, char **argv)
                 free(ns);
                 return 1;
             }
-            for (size_t i = 0; i < n && shown < (size_t)limit; i++, shown++) {
+            for (size_t i = 0; i < n && shown < (size_t)limit; i++) {
                 char key[33], parent[33];
                 ctl_key(&b[i].key, key);
                 ctl_key(&b[i].parent, parent);
+                if ((want_tier && strcmp(want_tier, ctl_tier_name(b[i].tier)) != 0) ||
+                    (want_codec && strcmp(want_codec, ctl_codec_name(b[i].format)) != 0) ||
+                    (want_prefix && strncasecmp(key, want_prefix, strlen(want_prefix)) != 0))
+                    continue;
+                shown++;
                 if (x->json)
                     printf("%s{\"ns\": %u, \"key\": \"%s\", \"parent\": \"%s\", \"depth\": %u, "
                            "\"bytes\": %" PRIu64 ", \"hits\": %u, \"pins\": %u, \"children\": %u, "
-                           "\"last_access_ms\": %" PRIu64 ", \"tier\": \"host\"}",
+                           "\"last_access_ms\": %" PRIu64 ", \"tier\": \"%s\", \"codec\": \"%s\"}",
                            first ? "" : ", ", ns[k].ns_id, key, parent, b[i].depth, b[i].bytes,
-                           b[i].hits, b[i].pins, b[i].children, b[i].last_access_ms);
+                           b[i].hits, b[i].pins, b[i].children, b[i].last_access_ms,
+                           ctl_tier_name(b[i].tier), ctl_codec_name(b[i].format));
                 else
                     printf("%-4u %-32s %-32s %5u %10" PRIu64 " %6u %5u %5u %10" PRIu64 "\n",
                            ns[k].ns_id, key, parent, b[i].depth, b[i].bytes, b[i].hits,
@@ -327,13 +360,517 @@ static int ctl_ls(struct ctl *x, int argc, char **argv)
     return 0;
 }
 
+/* Prints the daemon's refusal and returns the exit status. */
+static int ctl_fail(const char *what, int rc, const char *msg)
+{
+    if (rc == -EPERM && (!msg || !*msg))
+        fprintf(stderr, "kvcctl: %s: not permitted (admin requests need root, kvcd's user or "
+                        "its server.admin_group)\n", what);
+    else
+        fprintf(stderr, "kvcctl: %s: %s%s%s\n", what, kvc_strerror(rc), msg && *msg ? ": " : "",
+                msg ? msg : "");
+    return 1;
+}
+
+static uint32_t ctl_parse_ns(const char *s)
+{
+    char *end;
+    long v = strtol(s, &end, 10);
+    return *end || v <= 0 || v > 65535 ? 0 : (uint32_t)v;
+}
+
+static int ctl_show(struct ctl *x, int argc, char **argv)
+{
+    struct kvc_ns_info *ns = NULL;
+    size_t nns = 0;
+    int rc, found = 0;
+    if (argc != 2 || strlen(argv[1]) == 0 || strlen(argv[1]) > 32) {
+        fprintf(stderr, "kvcctl show: takes one KEY (32 hex digits, or a unique prefix)\n");
+        return 2;
+    }
+    if (ctl_connect(x))
+        return 1;
+    rc = kvc_ns_list(x->c, &ns, &nns);
+    if (rc)
+        return ctl_fail("show", rc, NULL);
+    if (x->json)
+        printf("[");
+    for (size_t k = 0; k < nns; k++) {
+        uint64_t cursor = 0;
+        do {
+            struct kvc_block_info *b;
+            size_t n;
+            rc = kvc_block_list(x->c, ns[k].ns_id, &cursor, 512, &b, &n);
+            if (rc) {
+                free(ns);
+                return ctl_fail("show", rc, NULL);
+            }
+            for (size_t i = 0; i < n; i++) {
+                char key[33], parent[33];
+                ctl_key(&b[i].key, key);
+                ctl_key(&b[i].parent, parent);
+                if (strncasecmp(key, argv[1], strlen(argv[1])) != 0)
+                    continue;
+                if (x->json) {
+                    printf("%s{\"ns\": %u, \"model\": ", found ? ", " : "", ns[k].ns_id);
+                    ctl_json_str(ns[k].model_id);
+                    printf(", \"key\": \"%s\", \"parent\": \"%s\", \"depth\": %u, \"bytes\": %" PRIu64
+                           ", \"tokens\": %u, \"hits\": %u, \"pins\": %u, \"children\": %u, "
+                           "\"last_access_ms\": %" PRIu64 ", \"tier\": \"%s\", \"arena\": %u, "
+                           "\"codec\": \"%s\"}",
+                           key, parent, b[i].depth, b[i].bytes, ns[k].block_tokens, b[i].hits,
+                           b[i].pins, b[i].children, b[i].last_access_ms,
+                           ctl_tier_name(b[i].tier), ns[k].arena_id, ctl_codec_name(b[i].format));
+                } else {
+                    printf("key          %s\nparent       %s\nnamespace    %u (%s)\n"
+                           "depth        %u (tokens %u..%u of its prefix)\nbytes        %" PRIu64
+                           "\nhits         %u\npins         %u\nchildren     %u\n"
+                           "last access  %" PRIu64 " ms after start\nlives in     %s tier, "
+                           "arena %u, codec %s\n\n",
+                           key, parent, ns[k].ns_id, ns[k].model_id, b[i].depth,
+                           b[i].depth * ns[k].block_tokens,
+                           (b[i].depth + 1) * ns[k].block_tokens - 1, b[i].bytes, b[i].hits,
+                           b[i].pins, b[i].children, b[i].last_access_ms,
+                           ctl_tier_name(b[i].tier), ns[k].arena_id, ctl_codec_name(b[i].format));
+                }
+                found++;
+            }
+            free(b);
+        } while (cursor);
+    }
+    if (x->json)
+        printf("]\n");
+    free(ns);
+    if (!found) {
+        fprintf(stderr, "kvcctl show: no cached block has key %s\n", argv[1]);
+        return 1;
+    }
+    return 0;
+}
+
+static int ctl_clients(struct ctl *x, int argc, char **argv)
+{
+    struct kvc_client_info *cl;
+    size_t n;
+    int rc;
+    (void)argc;
+    (void)argv;
+    if (ctl_connect(x))
+        return 1;
+    rc = kvc_clients(x->c, &cl, &n);
+    if (rc)
+        return ctl_fail("clients", rc, NULL);
+    if (x->json)
+        printf("[");
+    else
+        printf("%-5s %-8s %-6s %-6s %-16s %6s %5s %8s %12s %8s %7s %6s %7s %s\n", "ID", "PID",
+               "UID", "GID", "NAME", "LEASES", "RESV", "PINS", "RESV_BYTES", "REQS", "HIT%",
+               "ERRS", "REFUSED", "FLAGS");
+    for (size_t i = 0; i < n; i++) {
+        const struct kvc_client_info *o = &cl[i];
+        if (x->json) {
+            printf("%s{\"id\": %u, \"pid\": %u, \"uid\": %u, \"gid\": %u, \"name\": ", i ? ", " : "",
+                   o->conn_id, o->pid, o->uid, o->gid);
+            ctl_json_str(o->name);
+            printf(", \"leases\": %u, \"reservations\": %u, \"pins\": %" PRIu64
+                   ", \"reserved_bytes\": %" PRIu64 ", \"requests\": %" PRIu64
+                   ", \"lookup_tokens\": %" PRIu64 ", \"hit_tokens\": %" PRIu64
+                   ", \"bytes_in\": %" PRIu64 ", \"bytes_out\": %" PRIu64 ", \"errors\": %" PRIu64
+                   ", \"refusals\": %" PRIu64 ", \"admin\": %s, \"self\": %s}",
+                   o->leases, o->reservations, o->pins, o->reserved_bytes, o->requests,
+                   o->lookup_tokens, o->hit_tokens, o->bytes_in, o->bytes_out, o->errors,
+                   o->refusals, o->admin ? "true" : "false", o->self ? "true" : "false");
+        } else {
+            printf("%-5u %-8u %-6u %-6u %-16.16s %6u %5u %8" PRIu64 " %12" PRIu64 " %8" PRIu64
+                   " %6.1f%% %6" PRIu64 " %7" PRIu64 " %s%s\n",
+                   o->conn_id, o->pid, o->uid, o->gid, o->name, o->leases, o->reservations,
+                   o->pins, o->reserved_bytes, o->requests,
+                   100.0 * ctl_ratio(o->hit_tokens, o->lookup_tokens), o->errors, o->refusals,
+                   o->admin ? "admin" : "-", o->self ? ",self" : "");
+        }
+    }
+    if (x->json)
+        printf("]\n");
+    free(cl);
+    return 0;
+}
+
+static int ctl_policy(struct ctl *x, int argc, char **argv)
+{
+    char name[64];
+    int rc;
+    bool set = argc == 3 && strcmp(argv[1], "set") == 0;
+    if (!set && !(argc == 1 || (argc == 2 && strcmp(argv[1], "get") == 0))) {
+        fprintf(stderr, "kvcctl policy: get | set NAME\n");
+        return 2;
+    }
+    if (ctl_connect(x))
+        return 1;
+    if (set && (rc = kvc_policy_set(x->c, 0, argv[2])))
+        return ctl_fail("policy set", rc, rc == -EINVAL ? "unknown policy name" : NULL);
+    rc = kvc_policy_get(x->c, 0, name, sizeof(name));
+    if (rc)
+        return ctl_fail("policy", rc, NULL);
+    if (x->json)
+        printf("{\"policy\": \"%s\"}\n", name);
+    else
+        printf("%s\n", name);
+    return 0;
+}
+
+static int ctl_config(struct ctl *x, int argc, char **argv)
+{
+    char buf[16384], msg[512];
+    int rc;
+    bool get = argc >= 2 && argc <= 3 && strcmp(argv[1], "get") == 0;
+    bool set = argc == 4 && strcmp(argv[1], "set") == 0;
+    if (!get && !set) {
+        fprintf(stderr, "kvcctl config: get [SECTION.KEY] | set SECTION.KEY VALUE\n");
+        return 2;
+    }
+    if (ctl_connect(x))
+        return 1;
+    if (set) {
+        rc = kvc_config_set(x->c, argv[2], argv[3], msg, sizeof(msg));
+        if (rc)
+            return ctl_fail("config set", rc, msg);
+        if (x->json) {
+            printf("{\"applied\": true, \"key\": ");
+            ctl_json_str(argv[2]);
+            printf(", \"value\": ");
+            ctl_json_str(argv[3]);
+            printf("}\n");
+        } else {
+            printf("%s\n", msg);
+        }
+        return 0;
+    }
+    rc = kvc_config_get(x->c, argc == 3 ? argv[2] : NULL, buf, sizeof(buf));
+    if (rc)
+        return ctl_fail("config get", rc, rc == -ENOENT ? "no such option" : NULL);
+    if (!x->json) {
+        printf("%s%s", buf, argc == 3 ? "\n" : "");
+        return 0;
+    }
+    if (argc == 3) {
+        printf("{");
+        ctl_json_str(argv[2]);
+        printf(": ");
+        ctl_json_str(buf);
+        printf("}\n");
+        return 0;
+    }
+    /* "section.name = value[\t(restart)]" lines into one object. */
+    printf("{");
+    bool first = true;
+    for (char *save = NULL, *line = strtok_r(buf, "\n", &save); line;
+         line = strtok_r(NULL, "\n", &save)) {
+        char *eq = strstr(line, " = ");
+        char *tab;
+        if (!eq)
+            continue;
+        *eq = 0;
+        if ((tab = strchr(eq + 3, '\t')))
+            *tab = 0;
+        printf("%s", first ? "" : ", ");
+        ctl_json_str(line);
+        printf(": ");
+        ctl_json_str(eq + 3);
+        first = false;
+    }
+    printf("}\n");
+    return 0;
+}
+
+static int ctl_reload(struct ctl *x, int argc, char **argv)
+{
+    char msg[512];
+    int rc;
+    (void)argc;
+    (void)argv;
+    if (ctl_connect(x))
+        return 1;
+    rc = kvc_reload(x->c, msg, sizeof(msg));
+    if (x->json) {
+        printf("{\"applied\": %s, \"message\": ", rc ? "false" : "true");
+        ctl_json_str(msg);
+        printf("}\n");
+    }
+    if (rc)
+        return ctl_fail("reload refused", rc, msg);
+    if (!x->json)
+        printf("%s\n", msg);
+    return 0;
+}
+
+/* evict --ns ID | --tier T | --all; flush = evict --all. */
+static int ctl_evict_run(struct ctl *x, const char *what, uint32_t ns, uint32_t tier)
+{
+    uint64_t n = 0;
+    int rc;
+    if (ctl_connect(x))
+        return 1;
+    rc = kvc_evict(x->c, ns, tier, &n);
+    if (rc)
+        return ctl_fail(what, rc, rc == -ENOENT ? "no such namespace" : NULL);
+    if (x->json)
+        printf("{\"evicted_blocks\": %" PRIu64 "}\n", n);
+    else
+        printf("evicted %" PRIu64 " blocks (pinned blocks and their parents stay)\n", n);
+    return 0;
+}
+
+static int ctl_parse_tier(const char *s, uint32_t *tier)
+{
+    if (strcmp(s, "all") == 0)
+        *tier = 0;
+    else if (strcmp(s, "host") == 0)
+        *tier = 1;
+    else if (strcmp(s, "disk") == 0)
+        *tier = 2;
+    else
+        return -1;
+    return 0;
+}
+
+static int ctl_evict(struct ctl *x, int argc, char **argv)
+{
+    static const struct option opts[] = {{"ns", required_argument, NULL, 'n'},
+                                         {"tier", required_argument, NULL, 't'},
+                                         {"all", no_argument, NULL, 'a'},
+                                         {NULL, 0, NULL, 0}};
+    uint32_t ns = 0, tier = 0;
+    bool any = false;
+    int opt;
+    optind = 1;
+    while ((opt = getopt_long(argc, argv, "n:t:a", opts, NULL)) != -1) {
+        any = true;
+        if (opt == 'n' && !(ns = ctl_parse_ns(optarg))) {
+            fprintf(stderr, "kvcctl evict: --ns takes a namespace id\n");
+            return 2;
+        }
+        if (opt == 't' && ctl_parse_tier(optarg, &tier)) {
+            fprintf(stderr, "kvcctl evict: --tier takes host, disk or all\n");
+            return 2;
+        }
+        if (opt == '?')
+            return 2;
+    }
+    if (!any || optind != argc) {
+        fprintf(stderr, "kvcctl evict: say what: --ns ID, --tier T or --all\n");
+        return 2;
+    }
+    return ctl_evict_run(x, "evict", ns, tier);
+}
+
+static int ctl_flush(struct ctl *x, int argc, char **argv)
+{
+    if (argc != 1) {
+        fprintf(stderr, "kvcctl flush: takes no arguments (see evict)\n");
+        return 2;
+    }
+    (void)argv;
+    return ctl_evict_run(x, "flush", 0, 0);
+}
+
+static int ctl_shutdown(struct ctl *x, int argc, char **argv)
+{
+    int rc;
+    (void)argc;
+    (void)argv;
+    if (ctl_connect(x))
+        return 1;
+    rc = kvc_shutdown(x->c);
+    if (rc)
+        return ctl_fail("shutdown", rc, NULL);
+    if (x->json)
+        printf("{\"stopping\": true}\n");
+    else
+        printf("kvcd is stopping\n");
+    return 0;
+}
+
+static int ctl_metrics(struct ctl *x, int argc, char **argv)
+{
+    char *text;
+    int rc;
+    bool first = true;
+    (void)argc;
+    (void)argv;
+    if (ctl_connect(x))
+        return 1;
+    rc = kvc_metrics(x->c, &text);
+    if (rc)
+        return ctl_fail("metrics", rc, NULL);
+    if (!x->json) {
+        fputs(text, stdout);
+        free(text);
+        return 0;
+    }
+    /* Samples as {"name", "labels", "value"}; labels kept as the exposition writes them. */
+    printf("[");
+    for (char *save = NULL, *line = strtok_r(text, "\n", &save); line;
+         line = strtok_r(NULL, "\n", &save)) {
+        char *sp, *brace;
+        if (line[0] == '#' || !(sp = strrchr(line, ' ')))
+            continue;
+        *sp = 0;
+        brace = strchr(line, '{');
+        if (brace)
+            *brace = 0;
+        printf("%s{\"name\": \"%s\", \"labels\": ", first ? "" : ", ", line);
+        if (brace) {
+            brace[strlen(brace + 1)] = 0; /* drop the closing brace */
+            ctl_json_str(brace + 1);
+        } else {
+            printf("\"\"");
+        }
+        printf(", \"value\": %s}", sp + 1);
+        first = false;
+    }
+    printf("]\n");
+    free(text);
+    return 0;
+}
+
+/* ---- top ---------------------------------------------------------------------------------- */
+
+struct ctl_sample {
+    struct kvc_stat *s;
+    size_t n;
+    double t;
+};
+
+static double ctl_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static double ctl_rate(const struct ctl_sample *a, const struct ctl_sample *b, const char *name)
+{
+    double dt = b->t - a->t;
+    return dt > 0 ? (double)(ctl_stat(b->s, b->n, name) - ctl_stat(a->s, a->n, name)) / dt : 0;
+}
+
+static int ctl_top_frame(struct ctl *x, const struct ctl_sample *a, const struct ctl_sample *b,
+                         bool tty)
+{
+    struct kvc_client_info *cl = NULL;
+    size_t ncl = 0;
+    uint64_t lt = ctl_stat(b->s, b->n, "lookup_tokens"), ht = ctl_stat(b->s, b->n, "hit_tokens");
+    double dl = ctl_rate(a, b, "lookup_tokens"), dh = ctl_rate(a, b, "hit_tokens");
+    if (kvc_clients(x->c, &cl, &ncl))
+        ncl = 0;
+    if (x->json) {
+        printf("{\"token_hit_ratio\": %.4f, \"tokens_requested\": %" PRIu64 ", \"tokens_hit\": %" PRIu64
+               ", \"tokens_requested_per_s\": %.1f, \"tokens_hit_per_s\": %.1f, \"lookups_per_s\": %.1f"
+               ", \"bytes_in_per_s\": %.0f, \"bytes_out_per_s\": %.0f, \"evicted_per_s\": %.1f"
+               ", \"host_used\": %" PRIu64 ", \"host_capacity\": %" PRIu64 ", \"clients\": %zu}\n",
+               ctl_ratio(ht, lt), lt, ht, dl, dh, ctl_rate(a, b, "lookups"),
+               ctl_rate(a, b, "bytes_in"), ctl_rate(a, b, "bytes_out"),
+               ctl_rate(a, b, "evicted_blocks"), ctl_stat(b->s, b->n, "host_used"),
+               ctl_stat(b->s, b->n, "host_capacity"), ncl);
+        free(cl);
+        return 0;
+    }
+    if (tty)
+        printf("\033[H\033[2J");
+    printf("kvcd  up %" PRIu64 " s   clients %zu   namespaces %" PRIu64 "   blocks %" PRIu64 "\n",
+           ctl_stat(b->s, b->n, "uptime_s"), ncl, ctl_stat(b->s, b->n, "namespaces_now"),
+           ctl_stat(b->s, b->n, "blocks_now"));
+    printf("hit ratio  %.1f%% of %" PRIu64 " tokens requested (now %.1f%% of %.0f tokens/s)\n",
+           100.0 * ctl_ratio(ht, lt), lt, 100.0 * (dl > 0 ? dh / dl : 0.0), dl);
+    printf("lookups/s  %.1f   reserves/s %.1f   committed blocks/s %.1f   evicted blocks/s %.1f\n",
+           ctl_rate(a, b, "lookups"), ctl_rate(a, b, "reserves"),
+           ctl_rate(a, b, "committed_blocks"), ctl_rate(a, b, "evicted_blocks"));
+    printf("MiB/s in   %.1f   MiB/s out %.1f\n", ctl_rate(a, b, "bytes_in") / 1048576.0,
+           ctl_rate(a, b, "bytes_out") / 1048576.0);
+    printf("host tier  %.1f / %.1f MiB (%.1f%%)   pins %" PRIu64 "   reserved %" PRIu64 "\n\n",
+           (double)ctl_stat(b->s, b->n, "host_used") / 1048576.0,
+           (double)ctl_stat(b->s, b->n, "host_capacity") / 1048576.0,
+           100.0 * ctl_ratio(ctl_stat(b->s, b->n, "host_used"),
+                             ctl_stat(b->s, b->n, "host_capacity")),
+           ctl_stat(b->s, b->n, "pins_now"), ctl_stat(b->s, b->n, "reserved_now"));
+    printf("%-5s %-8s %-6s %-16s %8s %5s %8s %7s\n", "ID", "PID", "UID", "NAME", "PINS", "RESV",
+           "REQS", "HIT%");
+    for (size_t i = 0; i < ncl; i++)
+        printf("%-5u %-8u %-6u %-16.16s %8" PRIu64 " %5u %8" PRIu64 " %6.1f%%\n", cl[i].conn_id,
+               cl[i].pid, cl[i].uid, cl[i].name, cl[i].pins, cl[i].reservations, cl[i].requests,
+               100.0 * ctl_ratio(cl[i].hit_tokens, cl[i].lookup_tokens));
+    fflush(stdout);
+    free(cl);
+    return 0;
+}
+
+static int ctl_top(struct ctl *x, int argc, char **argv)
+{
+    static const struct option opts[] = {{"count", required_argument, NULL, 'n'},
+                                         {"interval", required_argument, NULL, 'i'},
+                                         {NULL, 0, NULL, 0}};
+    struct ctl_sample a = {0}, b = {0};
+    bool tty = isatty(STDOUT_FILENO) && !x->json;
+    long count = tty ? 0 : 1;
+    double interval = 1.0;
+    int opt, rc = 0;
+    optind = 1;
+    while ((opt = getopt_long(argc, argv, "n:i:", opts, NULL)) != -1) {
+        char *end;
+        if (opt == 'n') {
+            count = strtol(optarg, &end, 10);
+            if (*end || count < 0)
+                return 2;
+        } else if (opt == 'i') {
+            interval = strtod(optarg, &end);
+            if (*end || interval < 0.05 || interval > 3600)
+                return 2;
+        } else {
+            return 2;
+        }
+    }
+    if (ctl_connect(x))
+        return 1;
+    if ((rc = kvc_stats(x->c, 0, &a.s, &a.n)))
+        return ctl_fail("top", rc, NULL);
+    a.t = ctl_now();
+    /* count 0: until interrupted (a terminal); otherwise that many frames, one per interval. */
+    for (long i = 0; count == 0 || i < count; i++) {
+        usleep((useconds_t)(interval * 1e6));
+        rc = kvc_stats(x->c, 0, &b.s, &b.n);
+        if (rc) {
+            free(a.s);
+            return ctl_fail("top", rc, NULL);
+        }
+        b.t = ctl_now();
+        ctl_top_frame(x, &a, &b, tty);
+        free(a.s);
+        a = b;
+    }
+    free(a.s);
+    return 0;
+}
+
 static int ctl_help(struct ctl *x, int argc, char **argv);
 
 static const struct ctl_cmd ctl_cmds[] = {
     {"status", "", "daemon pid, uptime, clients, tier usage, token hit ratio", ctl_status},
     {"stats", "", "every counter, in total and per namespace", ctl_stats},
     {"ns", "", "namespaces: model, layout, block size, blocks cached", ctl_ns},
-    {"ls", "[--ns ID] [--limit N]", "cached blocks with their metadata", ctl_ls},
+    {"ls", "[--ns ID] [--tier T] [--codec C] [--prefix HEX] [--limit N]",
+     "cached blocks with their metadata", ctl_ls},
+    {"show", "KEY", "one block: metadata and where it lives (KEY or a unique prefix)", ctl_show},
+    {"top", "[--interval S] [--count N]",
+     "live view each second: hit ratio, throughput, tier usage, clients", ctl_top},
+    {"clients", "", "connected clients: pid, uid, pins, reservations, counters", ctl_clients},
+    {"policy", "get | set NAME", "the eviction policy (set: admin)", ctl_policy},
+    {"config", "get [KEY] | set KEY VALUE",
+     "options of the running daemon (set: admin, reloadable options)", ctl_config},
+    {"reload", "", "reload the config file and wait for the verdict (admin)", ctl_reload},
+    {"evict", "--ns ID | --tier T | --all", "evict unpinned blocks (admin)", ctl_evict},
+    {"flush", "", "evict every unpinned block (admin)", ctl_flush},
+    {"metrics", "", "counters in the Prometheus text format", ctl_metrics},
+    {"shutdown", "", "stop the daemon (admin)", ctl_shutdown},
     {"help", "", "this text", ctl_help},
 };
 
@@ -349,7 +886,10 @@ static int ctl_help(struct ctl *x, int argc, char **argv)
     for (size_t i = 0; i < sizeof(ctl_cmds) / sizeof(ctl_cmds[0]); i++) {
         char head[64];
         snprintf(head, sizeof(head), "%s %s", ctl_cmds[i].name, ctl_cmds[i].args);
-        printf("  %-28s %s\n", head, ctl_cmds[i].help);
+        if (strlen(head) > 28)
+            printf("  %s\n  %-28s %s\n", head, "", ctl_cmds[i].help);
+        else
+            printf("  %-28s %s\n", head, ctl_cmds[i].help);
     }
     printf("\nexit status: 0 ok, 1 daemon error or unreachable, 2 usage\n");
     return 0;

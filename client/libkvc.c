@@ -32,6 +32,11 @@
  * descriptor (or -1) when fd is not NULL. Caller holds c->mu. */
 static int kvc_call(kvc_client *c, uint16_t op, uint32_t len, int *fd)
 {
+    return kvci_call(c, op, len, fd);
+}
+
+int kvci_call(kvc_client *c, uint16_t op, uint32_t len, int *fd)
+{
     struct kvc_msg_hdr *h = (struct kvc_msg_hdr *)c->tx;
     struct kvc_msg_hdr *r = (struct kvc_msg_hdr *)c->rx;
     union {

@@ -68,6 +68,10 @@ struct kvc_resv {
     } slots[]; /* n */
 };
 
+/* One round trip: request in c->tx (payload of len bytes), reply in c->rx. The reply status
+ * or a transport error. Caller holds c->mu. (kvci_: kept out of the kvc_* exports.) */
+int kvci_call(kvc_client *c, uint16_t op, uint32_t len, int *fd);
+
 uint64_t kvc_layout_salt(const struct kvc_wire_layout *l);
 void kvc_key_chain(uint64_t salt, const struct kvc_key *parent, const uint32_t *tokens,
                    size_t ntokens, uint32_t block_tokens, const void *extra, size_t extra_len,

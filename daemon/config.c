@@ -29,6 +29,7 @@
 #include <ini.h>
 
 #include "daemon/config.h"
+#include "daemon/config_ns.h"
 
 #define CONFIG_FILE_MAX (1u << 20) /* a config file is a few KiB; this catches a wrong path */
 #define CONFIG_TEXT_MAX 256        /* value texts and messages built here */
@@ -147,6 +148,8 @@ static bool config_close(unsigned dist, const char *candidate)
 
 static bool config_section_known(const char *section)
 {
+    if (strncmp(section, "namespace.", 10) == 0)
+        return true; /* the second table, config_ns.h */
     for (size_t i = 0; i < config_noptions; i++)
         if (strcmp(config_options[i].section, section) == 0)
             return true;
@@ -709,6 +712,7 @@ void config_free(struct config *c)
     for (size_t i = 0; i < config_noptions; i++)
         if (config_options[i].type == CONFIG_TYPE_STRING)
             free(*(char **)config_field(c, &config_options[i]));
+    config_ns_clear(c);
     free(c);
 }
 
@@ -746,6 +750,10 @@ struct config *config_dup(const struct config *c)
     for (size_t i = 0; i < config_noptions; i++)
         if (config_options[i].type == CONFIG_TYPE_STRING)
             *(char **)config_field(d, &config_options[i]) = NULL;
+    if (config_ns_copy(d, c)) {
+        config_free(d);
+        return NULL;
+    }
     for (size_t i = 0; i < config_noptions; i++) {
         const struct config_option *o = &config_options[i];
         char **s;
@@ -866,6 +874,12 @@ static int config_parse_handler(void *user, const char *section, const char *nam
     if (!config_section_known(section)) {
         config_suggest_section(section, why, sizeof(why));
         config_parse_fail(p, -EINVAL, "unknown section [%s]%s", section, why);
+        goto out;
+    }
+    if (strncmp(section, "namespace.", 10) == 0) {
+        rc = config_ns_set(p->c, section + 10, name, value, why, sizeof(why));
+        if (rc < 0)
+            config_parse_fail(p, rc, "%s", why);
         goto out;
     }
     o = config_option_lookup(section, name);
@@ -1065,7 +1079,7 @@ int config_check_reload(const struct config *cur, const struct config *next, cha
                    o->section, o->name, ta, tb);
         return -EPERM;
     }
-    return 0;
+    return config_ns_check_reload(cur, next, err, errlen);
 }
 
 /* ---- printing -------------------------------------------------------------------------- */
@@ -1165,5 +1179,6 @@ int config_print(const struct config *c, FILE *f)
             config_print_option(f, c, &config_options[j]);
         }
     }
+    config_ns_print(c, f);
     return ferror(f) ? -EIO : 0;
 }

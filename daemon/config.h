@@ -36,6 +36,9 @@
     X(server, max_leases, INT, "4096", 1, 1048576, 1, NULL,                                   \
       "Open leases and reservations per client.")                                             \
     X(server, max_namespaces, INT, "256", 1, 65535, 0, NULL, "Namespaces the daemon holds.")  \
+    X(server, admin_group, STRING, "", 0, 0, 1, NULL,                                         \
+      "Group whose members may run admin requests (reload, config set, policy set, evict, "   \
+      "shutdown) besides root and the daemon's user. Empty: none.")                           \
     X(log, level, ENUM, "info", 0, 0, 1, "error|warning|info|debug",                          \
       "Least severe level written to stderr (the journal under systemd).")                    \
     X(log, rate_limit, INT, "20", 1, 100000, 1, NULL,                                         \
@@ -54,7 +57,13 @@
     X(host, low_watermark, DOUBLE, "0.90", 0.0, 1.0, 1, NULL,                                 \
       "Fraction of the arena in use at which eviction stops. Must be below high_watermark.") \
     X(cache, policy, ENUM, "lru", 0, 0, 1, "lru",                                             \
-      "Eviction order among unpinned leaves of the prefix tree.")
+      "Eviction order among unpinned leaves of the prefix tree.")                             \
+    X(quota, client_pins, INT, "0", 0, 1ll << 40, 1, NULL,                                    \
+      "Blocks one client may hold pinned through lookups at once. 0: no limit.")              \
+    X(quota, client_reservations, INT, "0", 0, 1048576, 1, NULL,                              \
+      "Reservations one client may hold open at once. 0: no limit.")                          \
+    X(quota, client_reserved_bytes, SIZE, "0", 0, 1ull << 42, 1, NULL,                        \
+      "Bytes of reserved, uncommitted slots one client may hold at once. 0: no limit.")
 
 #define CONFIG_CTYPE_BOOL bool
 #define CONFIG_CTYPE_INT int64_t
@@ -82,6 +91,9 @@ struct config {
     CONFIG_CTYPE_##type sec##_##name;
     CONFIG_OPTIONS(CONFIG_FIELD)
 #undef CONFIG_FIELD
+    /* [namespace.PATTERN] sections, in file order (daemon/config_ns.h); owned. */
+    struct config_ns *ns;
+    size_t nns;
 };
 
 /* Row of the option table, for code that walks options generically. */

@@ -10,6 +10,7 @@
  */
 #include <errno.h>
 #include <getopt.h>
+#include <grp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,9 +18,11 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
+#include "daemon/acl.h"
 #include "daemon/config.h"
 #include "daemon/log.h"
 #include "daemon/loop.h"
+#include "daemon/notify.h"
 #include "daemon/server.h"
 #include "daemon/store.h"
 #include "tiers/host.h"
@@ -36,6 +39,9 @@ struct kvcd {
     struct server *server;
     int sigfd;
     int stopping;
+    struct acl *acl;
+    bool adopt; /* socket activation: serve adopt_fd */
+    int adopt_fd;
 };
 
 static void kvcd_usage(FILE *f)
@@ -74,6 +80,11 @@ static struct config *kvcd_config_build(const struct kvcd *d, char *err, size_t 
     }
     if (config_validate(c, err, errlen))
         goto fail;
+    if (*c->server_admin_group && !getgrnam(c->server_admin_group)) {
+        snprintf(err, errlen, "server.admin_group: no group '%s' on this host",
+                 c->server_admin_group);
+        goto fail;
+    }
     return c;
 fail:
     config_free(c);
@@ -96,37 +107,105 @@ static void kvcd_store_params(const struct config *c, struct store_params *p)
                                .policy = (enum policy_kind)c->cache_policy};
 }
 
-static void kvcd_server_params(const struct config *c, struct server_params *p)
+static void kvcd_server_params(const struct kvcd *d, const struct config *c,
+                               struct server_params *p)
 {
+    struct group *g = *c->server_admin_group ? getgrnam(c->server_admin_group) : NULL;
     *p = (struct server_params){.socket_path = c->server_socket,
                                 .socket_mode = c->server_socket_mode,
                                 .socket_group = c->server_socket_group,
-                                .max_clients = (uint32_t)c->server_max_clients};
+                                .max_clients = (uint32_t)c->server_max_clients,
+                                .adopt = d->adopt,
+                                .adopt_fd = d->adopt_fd,
+                                .has_admin_gid = g != NULL,
+                                .admin_gid = g ? g->gr_gid : 0,
+                                .cfg = c,
+                                .acl = d->acl};
 }
 
-static void kvcd_reload(struct kvcd *d)
+/* Applies a complete, validated configuration whose changes are all reloadable, or refuses
+ * it (-EPERM, reason in msg) leaving everything as it was. Takes next either way. */
+static int kvcd_apply(struct kvcd *d, struct config *next, char *msg, size_t len)
 {
-    char err[512];
-    struct config *next = kvcd_config_build(d, err, sizeof(err));
+    struct config *old = d->cfg;
     struct store_params sp;
     struct server_params vp;
-    if (!next) {
-        log_err("config: reload refused (%s); the running configuration is unchanged", err);
-        return;
-    }
-    if (config_check_reload(d->cfg, next, err, sizeof(err))) {
-        log_err("config: reload refused (%s); the running configuration is unchanged", err);
+    int rc = config_check_reload(d->cfg, next, msg, len);
+    if (rc) {
         config_free(next);
-        return;
+        return rc;
     }
-    config_free(d->cfg);
     d->cfg = next;
     log_setup((enum log_level)d->cfg->log_level, (uint32_t)d->cfg->log_rate_limit);
     kvcd_store_params(d->cfg, &sp);
     store_reload(d->store, &sp);
-    kvcd_server_params(d->cfg, &vp);
+    if (d->acl)
+        acl_reload(d->acl, d->cfg);
+    kvcd_server_params(d, d->cfg, &vp);
     server_reload(d->server, &vp);
-    log_info("config: reloaded");
+    config_free(old);
+    return 0;
+}
+
+/* The reload of SIGHUP and RELOAD: file and -o overrides again, all or nothing. */
+static int kvcd_reload_verdict(void *arg, char *msg, size_t len)
+{
+    struct kvcd *d = arg;
+    char err[512];
+    struct config *next;
+    int rc;
+    notify_reloading();
+    next = kvcd_config_build(d, err, sizeof(err));
+    rc = next ? kvcd_apply(d, next, err, sizeof(err)) : -EINVAL;
+    if (rc) {
+        log_err("config: reload refused (%s); the running configuration is unchanged", err);
+        snprintf(msg, len, "%s", err);
+        notify_ready("serving; the last reload was refused (see the log)");
+    } else {
+        log_info("config: reloaded");
+        snprintf(msg, len, "configuration reloaded");
+        notify_ready("serving; configuration reloaded");
+    }
+    return rc;
+}
+
+static void kvcd_reload(struct kvcd *d)
+{
+    char msg[512];
+    kvcd_reload_verdict(d, msg, sizeof(msg));
+}
+
+/* CONFIG_SET: the running configuration with one option changed, checked like a reload.
+ * Holds until the next reload, which rereads the file. */
+static int kvcd_config_set_hook(void *arg, const char *key, const char *value, char *msg,
+                                size_t len)
+{
+    struct kvcd *d = arg;
+    struct config *next = config_dup(d->cfg);
+    int rc;
+    if (!next)
+        return -ENOMEM;
+    rc = config_set(next, key, value, msg, len);
+    if (rc == 0)
+        rc = config_validate(next, msg, len);
+    if (rc) {
+        config_free(next);
+        return rc;
+    }
+    rc = kvcd_apply(d, next, msg, len);
+    if (rc == 0) {
+        log_info("config: %s set to '%s' by an admin (until the next reload)", key, value);
+        snprintf(msg, len, "%s = %s", key, value);
+    }
+    return rc;
+}
+
+static void kvcd_shutdown_hook(void *arg)
+{
+    struct kvcd *d = arg;
+    d->stopping++;
+    notify_stopping();
+    loop_stop(d->loop);
 }
 
 static void kvcd_on_signal(struct loop *l, int fd, uint32_t events, void *arg)
@@ -143,6 +222,7 @@ static void kvcd_on_signal(struct loop *l, int fd, uint32_t events, void *arg)
                 _exit(1);
             }
             log_info("kvcd: stopping (signal %u from pid %u)", si.ssi_signo, si.ssi_pid);
+            notify_stopping();
             loop_stop(l);
             break;
         case SIGHUP:
@@ -158,6 +238,7 @@ static void kvcd_tick(void *arg)
 {
     struct kvcd *d = arg;
     store_trim(d->store, loop_now_ms(d->loop));
+    notify_watchdog(loop_now_ms(d->loop));
 }
 
 int main(int argc, char **argv)
@@ -241,6 +322,9 @@ int main(int argc, char **argv)
     loop_add(d.loop, d.sigfd, EPOLLIN, kvcd_on_signal, &d);
 
     kvcd_store_params(d.cfg, &sp);
+    /* Pre-faulting a large arena takes a while: ask systemd for the time (1 s per GiB
+     * is ample), so a big host tier does not trip the start timeout. */
+    notify_extend_timeout(((sp.host_size >> 30) + 30) * 1000000ull);
     d.store = store_new(&sp, &rc);
     if (!d.store) {
         log_err("host: cannot create the arena of %llu bytes (%s)",
@@ -253,7 +337,18 @@ int main(int argc, char **argv)
              tier_host_hugetlb(d.store->arenas[0].tier) ? "huge" : "normal",
              (unsigned long long)(sp.host_page_size >> 10));
 
-    kvcd_server_params(d.cfg, &vp);
+    d.acl = acl_new(d.store, d.cfg, &rc);
+    if (!d.acl) {
+        rc = 1;
+        goto out;
+    }
+    rc = notify_listen_fd(&d.adopt_fd);
+    if (rc < 0) {
+        rc = 1;
+        goto out;
+    }
+    d.adopt = rc == 1;
+    kvcd_server_params(&d, d.cfg, &vp);
     d.server = server_new(d.loop, d.store, &vp, &rc);
     if (!d.server) {
         char path[108];
@@ -265,14 +360,28 @@ int main(int argc, char **argv)
         rc = 1;
         goto out;
     }
-    log_info("kvcd %s: ready on %s (pid %d)", KVCD_VERSION, server_path(d.server), (int)getpid());
-    rc = loop_run(d.loop, 1000, kvcd_tick, &d);
+    server_set_hooks(d.server, &(struct server_hooks){.arg = &d,
+                                                      .reload = kvcd_reload_verdict,
+                                                      .config_set = kvcd_config_set_hook,
+                                                      .shutdown = kvcd_shutdown_hook});
+    log_info("kvcd %s: ready on %s (pid %d%s)", KVCD_VERSION, server_path(d.server),
+             (int)getpid(), d.adopt ? ", socket from systemd" : "");
+    {
+        char status[160];
+        uint64_t wd = notify_watchdog_period_ms();
+        snprintf(status, sizeof(status), "serving %s, host tier %llu MiB", server_path(d.server),
+                 (unsigned long long)(store_host_capacity(d.store) >> 20));
+        notify_ready(status);
+        notify_watchdog(loop_now_ms(d.loop));
+        rc = loop_run(d.loop, wd && wd < 1000 ? (int)wd : 1000, kvcd_tick, &d);
+    }
     if (rc)
         log_err("kvcd: event loop failed (%s)", strerror(-rc));
     rc = rc ? 1 : 0;
     log_info("kvcd: stopped");
 out:
     server_free(d.server);
+    acl_free(d.acl);
     store_free(d.store);
     loop_free(d.loop);
     if (d.sigfd >= 0)

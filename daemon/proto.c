@@ -32,6 +32,11 @@ static const struct proto_shape proto_shapes[KVC_OP_MAX] = {
     [KVC_OP_STATS] = {sizeof(struct kvc_stats_req), 0, 0, 0},
     [KVC_OP_NS_LIST] = {sizeof(struct kvc_ns_list_req), 0, 0, 0},
     [KVC_OP_BLOCK_LIST] = {sizeof(struct kvc_block_list_req), 0, 0, 0},
+#define PROTO_ADMIN_SHAPE(name) [KVC_OP_##name] = {sizeof(struct kvc_admin_req), 0, 0, 0},
+    PROTO_ADMIN_SHAPE(CLIENTS) PROTO_ADMIN_SHAPE(METRICS) PROTO_ADMIN_SHAPE(CONFIG_GET)
+    PROTO_ADMIN_SHAPE(CONFIG_SET) PROTO_ADMIN_SHAPE(RELOAD) PROTO_ADMIN_SHAPE(POLICY_GET)
+    PROTO_ADMIN_SHAPE(POLICY_SET) PROTO_ADMIN_SHAPE(EVICT) PROTO_ADMIN_SHAPE(SHUTDOWN)
+#undef PROTO_ADMIN_SHAPE
 };
 
 const char *proto_op_name(uint32_t op)
@@ -44,6 +49,19 @@ const char *proto_op_name(uint32_t op)
 #undef PROTO_OP_NAME
     default:
         return "?";
+    }
+}
+
+int proto_op_admin(uint32_t op)
+{
+    switch (op) {
+#define PROTO_OP_ADMIN(name, num, admin, help)                                                 \
+    case num:                                                                                  \
+        return admin;
+        KVC_OPCODES(PROTO_OP_ADMIN)
+#undef PROTO_OP_ADMIN
+    default:
+        return 0;
     }
 }
 
@@ -85,6 +103,14 @@ static int proto_check_body(uint32_t op, const void *body, const char **why)
             return -EINVAL;
         }
         break;
+    case KVC_OP_CLIENTS ... KVC_OP_SHUTDOWN: {
+        const struct kvc_admin_req *q = body;
+        if (!memchr(q->key, 0, sizeof(q->key)) || !memchr(q->value, 0, sizeof(q->value))) {
+            *why = "key or value not NUL-terminated";
+            return -EINVAL;
+        }
+        break;
+    }
     default:
         break;
     }

@@ -28,6 +28,9 @@ struct proto_req {
  */
 int proto_decode(const void *buf, size_t n, struct proto_req *r, const char **why);
 
+/* Whether an opcode is admin-only (the third column of KVC_OPCODES). */
+int proto_op_admin(uint32_t op);
+
 /* Name of an opcode ("LOOKUP"), "?" if unknown. */
 const char *proto_op_name(uint32_t op);
 

@@ -23,6 +23,9 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "daemon/acl.h"
+#include "daemon/admin.h"
+#include "daemon/config.h"
 #include "daemon/log.h"
 #include "daemon/loop.h"
 #include "daemon/proto.h"
@@ -41,6 +44,11 @@ struct conn {
     struct store_owner owner;
     struct server *sv;
     struct conn *prev, *next;
+    /* Operators (issue 6): what the access rules see, and this client's own counters. */
+    struct acl_peer peer;
+    struct stats st;
+    char name[32];
+    uint64_t t_connect;
 };
 
 struct server {
@@ -56,6 +64,12 @@ struct server {
     uint64_t tx[SERVER_BUF / 8]; /* reply buffer */
     uint8_t st[KVC_PROTO_MAX_KEYS];
     struct kvc_wire_loc locs[KVC_PROTO_MAX_KEYS];
+    bool adopted; /* the socket came from systemd: it owns the file */
+    bool has_admin_gid;
+    uint32_t admin_gid;
+    const struct config *cfg;
+    struct acl *acl;
+    struct server_hooks hooks;
 };
 
 int server_socket_path(const char *configured, char *out, size_t len)
@@ -143,6 +157,8 @@ static int server_on_hello(struct server *sv, struct conn *c, const struct proto
         q->min_version > q->max_version)
         return -EPROTO;
     c->hello = true;
+    memcpy(c->name, q->client_name, sizeof(c->name));
+    c->name[sizeof(c->name) - 1] = 0;
     *p = (struct kvc_hello_rep){.version = KVC_PROTO_VERSION,
                                 .daemon_pid = (uint32_t)getpid(),
                                 .peer_pid = (uint32_t)c->cred.pid,
@@ -155,13 +171,34 @@ static int server_on_hello(struct server *sv, struct conn *c, const struct proto
 }
 
 static int server_on_ns_open(struct server *sv, struct conn *c, const struct proto_req *r,
-                             int *send_fd)
+                             int *send_fd, bool *fd_owned)
 {
     const struct kvc_ns_open_req *q = r->body;
     struct kvc_ns_open_rep *p = (struct kvc_ns_open_rep *)((struct kvc_msg_hdr *)sv->tx + 1);
-    uint32_t id;
+    uint32_t id, acc = KVC_ACCESS_READ | KVC_ACCESS_WRITE;
     bool created;
-    int rc = store_ns_open(sv->store, &q->layout, &id, &created);
+    int rc;
+    if (sv->acl && memchr(q->layout.model_id, 0, sizeof(q->layout.model_id))) {
+        bool exists = false;
+        acc = acl_access_model(sv->acl, &c->peer, q->layout.model_id);
+        for (uint32_t i = 1; i < sv->store->nns && !exists; i++)
+            exists = sv->store->ns[i] &&
+                     strcmp(sv->store->ns[i]->layout.model_id, q->layout.model_id) == 0;
+        if (!acc || (!exists && !(acc & KVC_ACCESS_WRITE))) {
+            log_limited(LOG_LEVEL_WARNING,
+                        "server: client %u (uid %u): NS_OPEN '%s' refused (%s)", c->id,
+                        (unsigned)c->cred.uid, q->layout.model_id,
+                        acc ? "creating a namespace needs write access" : "not in its access list");
+            return -EACCES;
+        }
+    }
+    rc = store_ns_open(sv->store, &q->layout, &id, &created);
+    if (rc == 0 && created && sv->acl) {
+        rc = acl_ns_bind(sv->acl, id);
+        if (rc)
+            log_err("acl: namespace %u cannot move to its arena (%s)", id, strerror(-rc));
+        rc = 0;
+    }
     if (rc) {
         if (rc == -EINVAL) {
             const char *why;
@@ -185,10 +222,16 @@ static int server_on_ns_open(struct server *sv, struct conn *c, const struct pro
                                   .arena_id = ns->arena,
                                   .block_bytes = ns->block_bytes,
                                   .arena_bytes = tier_host_size(t),
-                                  .access = KVC_ACCESS_READ | KVC_ACCESS_WRITE,
+                                  .access = acc,
                                   .created = created};
-    if (!(c->arenas_sent & (1u << ns->arena)))
-        *send_fd = tier_host_fd(t);
+    if (!(c->arenas_sent & (1u << ns->arena))) {
+        /* Readers get a read-only descriptor of their own: the kernel enforces the list. */
+        int fd = acc & KVC_ACCESS_WRITE ? tier_host_fd(t) : tier_host_fd_ro(t);
+        if (fd < 0)
+            return fd;
+        *send_fd = fd;
+        *fd_owned = !(acc & KVC_ACCESS_WRITE);
+    }
     return sizeof(*p);
 }
 
@@ -198,7 +241,17 @@ static int server_on_lookup(struct server *sv, struct conn *c, const struct prot
     const struct kvc_lookup_req *q = r->body;
     struct kvc_lookup_rep *p = (struct kvc_lookup_rep *)((struct kvc_msg_hdr *)sv->tx + 1);
     uint64_t lease;
-    int hits = store_lookup(sv->store, &c->owner, q->ns_id, r->tail, r->ntail, now, &lease,
+    uint32_t n = r->ntail;
+    if (sv->acl && store_ns_get(sv->store, q->ns_id)) {
+        if (!(acl_access(sv->acl, &c->peer, q->ns_id) & KVC_ACCESS_READ))
+            return -EACCES;
+        int qrc = acl_quota_lookup(sv->acl, &c->owner, q->ns_id, &n);
+        if (qrc)
+            return qrc;
+        if (n < r->ntail)
+            sv->store->total.refused_quota++;
+    }
+    int hits = store_lookup(sv->store, &c->owner, q->ns_id, r->tail, n, now, &lease,
                             (struct kvc_wire_loc *)(p + 1));
     if (hits < 0)
         return hits;
@@ -231,10 +284,22 @@ static int server_on_reserve(struct server *sv, struct conn *c, const struct pro
     struct kvc_reserve_rep *p = (struct kvc_reserve_rep *)((struct kvc_msg_hdr *)sv->tx + 1);
     struct kvc_wire_slot_rep *slots = (struct kvc_wire_slot_rep *)(p + 1);
     uint64_t resv;
-    int n = store_reserve(sv->store, &c->owner, q->ns_id, &q->parent, r->tail, r->ntail, now,
+    uint32_t want = r->ntail;
+    if (sv->acl && store_ns_get(sv->store, q->ns_id)) {
+        if (!(acl_access(sv->acl, &c->peer, q->ns_id) & KVC_ACCESS_WRITE))
+            return -EACCES;
+        int qrc = acl_quota_reserve(sv->acl, &c->owner, q->ns_id, &want, now);
+        if (qrc)
+            return qrc;
+        if (want < r->ntail)
+            sv->store->total.refused_quota++;
+    }
+    int n = store_reserve(sv->store, &c->owner, q->ns_id, &q->parent, r->tail, want, now,
                           &resv, sv->st, sv->locs);
     if (n < 0)
         return n;
+    for (uint32_t i = want; i < r->ntail; i++)
+        sv->st[i] = KVC_WIRE_SLOT_NOSPACE; /* cut by a quota */
     *p = (struct kvc_reserve_rep){.resv_id = resv, .nkeys = r->ntail, .nreserved = (uint32_t)n};
     for (uint32_t i = 0; i < r->ntail; i++) {
         memset(&slots[i], 0, sizeof(slots[i]));
@@ -267,7 +332,8 @@ static int server_stat_put(struct kvc_wire_stat *out, uint32_t *n, const char *n
     return 0;
 }
 
-static int server_on_stats(struct server *sv, const struct proto_req *r, uint64_t now)
+static int server_on_stats(struct server *sv, struct conn *c, const struct proto_req *r,
+                           uint64_t now)
 {
     const struct kvc_stats_req *q = r->body;
     struct kvc_stats_rep *p = (struct kvc_stats_rep *)((struct kvc_msg_hdr *)sv->tx + 1);
@@ -280,6 +346,8 @@ static int server_on_stats(struct server *sv, const struct proto_req *r, uint64_
         const struct store_ns *ns = store_ns_get(s, q->scope);
         if (!ns)
             return -ENOENT;
+        if (!(acl_access(sv->acl, &c->peer, q->scope) & KVC_ACCESS_READ))
+            return -EACCES;
         st = &ns->stats;
         blocks = ns->blocks;
         bytes = ns->bytes;
@@ -311,7 +379,7 @@ static int server_on_stats(struct server *sv, const struct proto_req *r, uint64_
     return (int)(sizeof(*p) + n * sizeof(*out));
 }
 
-static int server_on_ns_list(struct server *sv, const struct proto_req *r)
+static int server_on_ns_list(struct server *sv, struct conn *c, const struct proto_req *r)
 {
     const struct kvc_ns_list_req *q = r->body;
     struct kvc_ns_list_rep *p = (struct kvc_ns_list_rep *)((struct kvc_msg_hdr *)sv->tx + 1);
@@ -322,7 +390,7 @@ static int server_on_ns_list(struct server *sv, const struct proto_req *r)
     uint32_t n = 0, i = q->cursor ? q->cursor : 1;
     for (; i < s->nns && n < max; i++) {
         const struct store_ns *ns = s->ns[i];
-        if (!ns)
+        if (!ns || !acl_access(sv->acl, &c->peer, i))
             continue;
         out[n] = (struct kvc_wire_ns){.ns_id = ns->id,
                                       .arena_id = ns->arena,
@@ -336,7 +404,7 @@ static int server_on_ns_list(struct server *sv, const struct proto_req *r)
     return (int)(sizeof(*p) + n * sizeof(*out));
 }
 
-static int server_on_block_list(struct server *sv, const struct proto_req *r)
+static int server_on_block_list(struct server *sv, struct conn *c, const struct proto_req *r)
 {
     const struct kvc_block_list_req *q = r->body;
     struct kvc_block_list_rep *p =
@@ -350,6 +418,8 @@ static int server_on_block_list(struct server *sv, const struct proto_req *r)
     uint32_t n = 0;
     if (!store_ns_get(sv->store, q->ns_id))
         return -ENOENT;
+    if (!(acl_access(sv->acl, &c->peer, q->ns_id) & KVC_ACCESS_READ))
+        return -EACCES;
     for (; i < ix->nblocks && n < max; i++) {
         const struct block *b = &ix->blocks[i];
         if (b->state != BLOCK_STATE_COMMITTED || b->ns != q->ns_id)
@@ -372,6 +442,47 @@ static int server_on_block_list(struct server *sv, const struct proto_req *r)
 
 /* ---- dispatch -------------------------------------------------------------------------- */
 
+/* Errors by kind, in the totals (the per-client delta picks them up too). */
+static void server_count(struct server *sv, int rc)
+{
+    struct stats *t = &sv->store->total;
+    t->requests++;
+    switch (rc) {
+    case -EACCES:
+        t->refused_access++;
+        break;
+    case -EPERM:
+        t->refused_admin++;
+        break;
+    case -EDQUOT:
+        t->refused_quota++;
+        break;
+    case -ENOSPC:
+        t->errors_nospace++;
+        break;
+    case -EPROTO:
+    case -EBADMSG:
+    case -EOPNOTSUPP:
+    case -EINVAL:
+    case -E2BIG:
+        t->errors_proto++;
+        break;
+    default:
+        if (rc < 0)
+            t->errors_other++;
+        break;
+    }
+}
+
+/* Adds what one request changed in the totals to the client's own counters. */
+static void server_stats_delta(struct stats *st, const struct stats *before,
+                               const struct stats *after)
+{
+#define SERVER_STAT_DELTA(name, help) st->name += after->name - before->name;
+    STATS_COUNTERS(SERVER_STAT_DELTA)
+#undef SERVER_STAT_DELTA
+}
+
 /* Handles one request; returns true if the connection was closed (c is gone). */
 static bool server_handle(struct server *sv, struct conn *c, size_t n)
 {
@@ -379,6 +490,8 @@ static bool server_handle(struct server *sv, struct conn *c, size_t n)
     const char *why;
     uint64_t now = loop_now_ms(sv->loop);
     int send_fd = -1;
+    bool send_fd_owned = false;
+    struct stats before = sv->store->total;
     int rc = proto_decode(sv->rx, n, &r, &why);
     if (rc == -EPROTO) {
         server_conn_close(sv, c, why);
@@ -388,13 +501,18 @@ static bool server_handle(struct server *sv, struct conn *c, size_t n)
         rc = -EPROTO;
         why = "request before HELLO";
     }
+    if (rc == 0 && proto_op_admin(r.hdr->opcode) && !c->peer.admin) {
+        rc = -EPERM;
+        why = "admin request from a peer that is not root, the daemon's user or in its "
+              "admin group";
+    }
     if (rc == 0) {
         switch (r.hdr->opcode) {
         case KVC_OP_HELLO:
             rc = server_on_hello(sv, c, &r);
             break;
         case KVC_OP_NS_OPEN:
-            rc = server_on_ns_open(sv, c, &r, &send_fd);
+            rc = server_on_ns_open(sv, c, &r, &send_fd, &send_fd_owned);
             break;
         case KVC_OP_LOOKUP:
             rc = server_on_lookup(sv, c, &r, now);
@@ -412,14 +530,25 @@ static bool server_handle(struct server *sv, struct conn *c, size_t n)
             rc = store_abort(sv->store, &c->owner, ((const struct kvc_abort_req *)r.body)->resv_id);
             break;
         case KVC_OP_STATS:
-            rc = server_on_stats(sv, &r, now);
+            rc = server_on_stats(sv, c, &r, now);
             break;
         case KVC_OP_NS_LIST:
-            rc = server_on_ns_list(sv, &r);
+            rc = server_on_ns_list(sv, c, &r);
             break;
         case KVC_OP_BLOCK_LIST:
-            rc = server_on_block_list(sv, &r);
+            rc = server_on_block_list(sv, c, &r);
             break;
+        case KVC_OP_CLIENTS ... KVC_OP_SHUTDOWN: {
+            struct admin_ctx ax = {.sv = sv,
+                                   .store = sv->store,
+                                   .cfg = sv->cfg,
+                                   .hooks = &sv->hooks,
+                                   .conn_id = c->id,
+                                   .now = now};
+            rc = admin_handle(&ax, &r, (struct kvc_msg_hdr *)sv->tx + 1,
+                              KVC_PROTO_MAX_MSG - sizeof(struct kvc_msg_hdr));
+            break;
+        }
         default:
             rc = -EOPNOTSUPP;
             break;
@@ -428,13 +557,18 @@ static bool server_handle(struct server *sv, struct conn *c, size_t n)
         log_limited(LOG_LEVEL_WARNING, "server: client %u: %s refused (%s)", c->id,
                     proto_op_name(r.hdr->opcode), why ? why : strerror(-rc));
     }
+    server_count(sv, rc);
+    server_stats_delta(&c->st, &before, &sv->store->total);
     if (rc < 0) {
         sv->store->total.errors++;
+        c->st.errors++;
         server_reply_init(sv, r.hdr, rc, 0);
     } else {
         server_reply_init(sv, r.hdr, 0, (uint32_t)rc);
     }
     rc = server_send(sv, c, send_fd);
+    if (send_fd_owned)
+        close(send_fd);
     if (rc == 0 && send_fd >= 0) {
         const struct kvc_ns_open_rep *p =
             (const struct kvc_ns_open_rep *)((struct kvc_msg_hdr *)sv->tx + 1);
@@ -502,6 +636,22 @@ static void server_on_conn(struct loop *l, int fd, uint32_t events, void *arg)
         server_conn_close(sv, c, NULL);
 }
 
+/* Credentials the access rules use: uid, gid and the supplementary groups (SO_PEERGROUPS,
+ * Linux 4.13; without it only the primary group counts). */
+static void server_peer_init(const struct server *sv, int cfd, struct conn *c)
+{
+    gid_t groups[ACL_GROUPS_MAX];
+    socklen_t gl = sizeof(groups);
+    c->peer.uid = c->cred.uid;
+    c->peer.gid = c->cred.gid;
+    c->peer.ngroups = 0;
+    if (getsockopt(cfd, SOL_SOCKET, SO_PEERGROUPS, groups, &gl) == 0)
+        for (size_t i = 0; i < gl / sizeof(gid_t) && i < ACL_GROUPS_MAX; i++)
+            c->peer.groups[c->peer.ngroups++] = groups[i];
+    c->peer.admin = acl_is_admin(c->peer.uid, c->peer.gid, c->peer.groups, c->peer.ngroups,
+                                 sv->has_admin_gid, sv->admin_gid);
+}
+
 static void server_on_accept(struct loop *l, int fd, uint32_t events, void *arg)
 {
     struct server *sv = arg;
@@ -530,6 +680,8 @@ static void server_on_accept(struct loop *l, int fd, uint32_t events, void *arg)
         c->sv = sv;
         c->id = ++sv->next_id;
         getsockopt(cfd, SOL_SOCKET, SO_PEERCRED, &c->cred, &cl);
+        server_peer_init(sv, cfd, c);
+        c->t_connect = loop_now_ms(l);
         store_owner_init(&c->owner);
         if (loop_add(l, cfd, EPOLLIN, server_on_conn, c)) {
             close(cfd);
@@ -584,6 +736,23 @@ struct server *server_new(struct loop *l, struct store *s, const struct server_p
     sv->loop = l;
     sv->store = s;
     sv->max_clients = p->max_clients;
+    sv->has_admin_gid = p->has_admin_gid;
+    sv->admin_gid = p->admin_gid;
+    sv->cfg = p->cfg;
+    sv->acl = p->acl;
+    if (p->adopt) {
+        struct sockaddr_un got = {0};
+        socklen_t gl = sizeof(got);
+        sv->adopted = true;
+        sv->fd = p->adopt_fd;
+        if (getsockname(sv->fd, (struct sockaddr *)&got, &gl) == 0 && got.sun_path[0])
+            snprintf(sv->path, sizeof(sv->path), "%s", got.sun_path);
+        fcntl(sv->fd, F_SETFL, fcntl(sv->fd, F_GETFL) | O_NONBLOCK);
+        rc = loop_add(l, sv->fd, EPOLLIN, server_on_accept, sv);
+        if (rc)
+            goto fail;
+        return sv;
+    }
     rc = server_socket_path(p->socket_path, sv->path, sizeof(sv->path));
     if (rc)
         goto fail;
@@ -640,13 +809,72 @@ void server_free(struct server *sv)
         server_conn_close(sv, sv->conns, NULL);
     loop_del(sv->loop, sv->fd);
     close(sv->fd);
-    unlink(sv->path);
+    if (!sv->adopted)
+        unlink(sv->path);
     free(sv);
 }
 
 void server_reload(struct server *sv, const struct server_params *p)
 {
     sv->max_clients = p->max_clients;
+    sv->has_admin_gid = p->has_admin_gid;
+    sv->admin_gid = p->admin_gid;
+    sv->cfg = p->cfg;
+    /* Who is an admin follows the new admin_group from the next request on. */
+    for (struct conn *c = sv->conns; c; c = c->next)
+        c->peer.admin = acl_is_admin(c->peer.uid, c->peer.gid, c->peer.groups,
+                                     c->peer.ngroups, sv->has_admin_gid, sv->admin_gid);
+}
+
+void server_set_hooks(struct server *sv, const struct server_hooks *h)
+{
+    sv->hooks = *h;
+}
+
+uint32_t server_clients_fill(const struct server *sv, uint32_t cursor, uint32_t self,
+                             struct kvc_wire_client *out, uint32_t max, uint32_t *next)
+{
+    uint32_t n = 0;
+    *next = 0;
+    /* The list is newest first; ids grow, so walk it whole and keep ids >= cursor in order. */
+    for (uint32_t want = cursor ? cursor : 1;;) {
+        const struct conn *best = NULL;
+        for (const struct conn *c = sv->conns; c; c = c->next)
+            if (c->id >= want && (!best || c->id < best->id))
+                best = c;
+        if (!best)
+            break;
+        if (n == max) {
+            *next = best->id;
+            break;
+        }
+        struct kvc_wire_client *w = &out[n++];
+        uint32_t nresv;
+        uint64_t rbytes;
+        acl_owner_reserved(sv->store, &best->owner, &nresv, &rbytes);
+        memset(w, 0, sizeof(*w));
+        w->conn_id = best->id;
+        w->pid = (uint32_t)best->cred.pid;
+        w->uid = best->cred.uid;
+        w->gid = best->cred.gid;
+        w->leases = best->owner.live - nresv;
+        w->reservations = nresv;
+        w->flags = (best->peer.admin ? KVC_CLIENT_F_ADMIN : 0) |
+                   (best->id == self ? KVC_CLIENT_F_SELF : 0);
+        w->pins = best->owner.pins;
+        w->reserved_bytes = rbytes;
+        w->requests = best->st.requests;
+        w->lookup_tokens = best->st.lookup_tokens;
+        w->hit_tokens = best->st.hit_tokens;
+        w->bytes_in = best->st.bytes_in;
+        w->bytes_out = best->st.bytes_out;
+        w->errors = best->st.errors;
+        w->refusals = best->st.refused_access + best->st.refused_admin + best->st.refused_quota;
+        w->connected_ms = best->t_connect;
+        memcpy(w->name, best->name, sizeof(w->name));
+        want = best->id + 1;
+    }
+    return n;
 }
 
 uint32_t server_clients(const struct server *sv)

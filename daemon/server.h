@@ -8,6 +8,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <stdbool.h>
+
+#include "client/kvc_proto.h"
+
+struct acl;
+struct config;
 struct loop;
 struct store;
 struct server;
@@ -17,6 +23,24 @@ struct server_params {
     uint32_t socket_mode;
     const char *socket_group; /* "" or NULL: the daemon's group */
     uint32_t max_clients;
+    /* Operators (issue 6). */
+    bool adopt;                 /* serve adopt_fd (socket activation) instead of binding */
+    int adopt_fd;               /* a listening SOCK_SEQPACKET socket, owned from now on */
+    bool has_admin_gid;         /* server.admin_group names a group */
+    uint32_t admin_gid;
+    const struct config *cfg;   /* borrowed; CONFIG_GET and the quotas read it */
+    struct acl *acl;            /* borrowed; NULL: no access lists or quotas */
+};
+
+/* What the admin requests call back into the daemon for (main.c). */
+struct server_hooks {
+    void *arg;
+    /* RELOAD: the same all-or-nothing reload as SIGHUP. 0 applied, or -errno and a reason. */
+    int (*reload)(void *arg, char *msg, size_t len);
+    /* CONFIG_SET: the running configuration with one option changed, checked like a reload. */
+    int (*config_set)(void *arg, const char *key, const char *value, char *msg, size_t len);
+    /* SHUTDOWN: stop the loop after this reply. */
+    void (*shutdown)(void *arg);
 };
 
 /* The path a configured value resolves to: the value itself, else $XDG_RUNTIME_DIR/kvcd.sock
@@ -33,5 +57,11 @@ void server_free(struct server *sv);
 void server_reload(struct server *sv, const struct server_params *p);
 uint32_t server_clients(const struct server *sv);
 const char *server_path(const struct server *sv);
+
+void server_set_hooks(struct server *sv, const struct server_hooks *h);
+/* Connections from id `cursor` on, at most max of them, as CLIENTS sends them; *next the id to
+ * continue from, 0 at the end. self marks the asking connection. Returns the count. */
+uint32_t server_clients_fill(const struct server *sv, uint32_t cursor, uint32_t self,
+                             struct kvc_wire_client *out, uint32_t max, uint32_t *next);
 
 #endif

@@ -33,7 +33,17 @@
     X(evicted_bytes, "bytes evicted")                                                         \
     X(pins, "block pins taken by lookups")                                                    \
     X(unpins, "block pins dropped (release or client exit)")                                  \
-    X(errors, "requests answered with an error")
+    X(errors, "requests answered with an error")                                             \
+    X(requests, "requests handled")                                                           \
+    X(refused_access, "requests refused by a namespace access list (EACCES)")                 \
+    X(refused_admin, "admin requests refused to a peer that is not an admin (EPERM)")         \
+    X(refused_quota, "requests refused or cut short by a quota (EDQUOT)")                     \
+    X(errors_proto, "malformed requests (bad length, field, opcode)")                         \
+    X(errors_nospace, "requests that found no room (ENOSPC)")                                 \
+    X(errors_other, "requests failed for another reason")                                     \
+    X(evicted_quota_blocks, "blocks evicted to keep a namespace under its max_bytes")         \
+    X(flushed_blocks, "blocks evicted by an operator (kvcctl evict/flush)")                   \
+    X(flushed_bytes, "bytes evicted by an operator")
 
 /* X(name, help) — values computed when asked. */
 #define STATS_GAUGES(X)                                                                        \

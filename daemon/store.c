@@ -2,6 +2,7 @@
  * store.c — see store.h for the design and invariants.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,9 +12,13 @@
 #include "tiers/slab.h"
 #include "tiers/tier.h"
 
-/* Candidates handed to the policy per eviction, and the longest walk to find them. */
+/* Candidates handed to the policy per eviction; the longest walk to find the first one
+ * (everything colder may be pinned or a parent); and how much further the walk looks for
+ * more once it has one. Long prefix chains put one leaf per chain at the cold end, so an
+ * unbounded sample would walk the whole chain of every candidate on every eviction. */
 #define STORE_EVICT_SAMPLE 16
 #define STORE_EVICT_WALK 65536
+#define STORE_EVICT_WINDOW 64
 
 #define STORE_STAT_ADD(s, nsp, field, v)                                                       \
     do {                                                                                       \
@@ -314,13 +319,15 @@ static uint32_t store_victim(struct store *s, uint32_t arena, int cls, uint64_t 
 {
     struct policy_block cand[STORE_EVICT_SAMPLE];
     size_t n = 0;
-    uint32_t walked = 0;
+    uint32_t walked = 0, limit = STORE_EVICT_WALK;
     for (uint32_t i = s->arenas[arena].lru_tail; i != INDEX_NONE && n < STORE_EVICT_SAMPLE &&
-                                                  walked < STORE_EVICT_WALK;
+                                                  walked < limit;
          i = s->ix.blocks[i].lru_prev, walked++) {
         const struct block *b = &s->ix.blocks[i];
         if (b->pins || b->children)
             continue;
+        if (n == 0)
+            limit = walked + STORE_EVICT_WINDOW;
         cand[n++] = (struct policy_block){.id = i,
                                           .hits = b->hits,
                                           .last_access = b->last_access,
@@ -660,4 +667,87 @@ uint64_t store_host_capacity(const struct store *s)
 {
     const struct tier *t = s->arenas[0].tier;
     return t->ops->capacity(t);
+}
+
+/* ---- operator and access-list support (issue 6) -------------------------------------- */
+
+int store_arena_add(struct store *s, uint64_t size, uint32_t *id)
+{
+    char name[32];
+    struct tier_host_config hc = {
+        .name = name,
+        .arena_id = s->narenas,
+        .size = size,
+        .page_size = s->p.host_page_size,
+        .huge = (enum tier_host_huge)s->p.host_huge,
+        .prefault = s->p.host_prefault,
+    };
+    int rc = 0;
+    if (s->narenas == STORE_MAX_ARENAS)
+        return -ENOSPC;
+    snprintf(name, sizeof(name), "kvcd-host-%u", s->narenas);
+    s->arenas[s->narenas].tier = tier_host_new(&hc, &rc);
+    if (!s->arenas[s->narenas].tier)
+        return rc;
+    s->arenas[s->narenas].lru_head = s->arenas[s->narenas].lru_tail = INDEX_NONE;
+    *id = s->narenas++;
+    return 0;
+}
+
+int store_ns_set_arena(struct store *s, uint32_t ns_id, uint32_t arena)
+{
+    struct store_ns *ns = store_ns_get(s, ns_id);
+    if (!ns || arena >= s->narenas)
+        return -ENOENT;
+    if (ns->arena == arena)
+        return 0;
+    if (ns->blocks || s->reserved_now)
+        return -EBUSY;
+    if (ns->block_bytes > tier_host_size(s->arenas[arena].tier))
+        return -EINVAL;
+    ns->arena = arena;
+    return 0;
+}
+
+int store_evict_where(struct store *s, uint32_t ns_id, uint32_t arena, uint64_t keep_bytes,
+                      bool flush, uint64_t now)
+{
+    int n = 0;
+    (void)now;
+    for (uint32_t a = 0; a < s->narenas; a++) {
+        uint32_t i;
+        if (arena != UINT32_MAX && a != arena)
+            continue;
+        /* Leaves from the cold end; evicting one may make its parent a leaf, so walk again
+         * until a pass frees nothing. */
+        do {
+            uint32_t freed = 0;
+            for (i = s->arenas[a].lru_tail; i != INDEX_NONE;) {
+                struct block *b = &s->ix.blocks[i];
+                uint32_t prev = b->lru_prev;
+                struct store_ns *ns = s->ns[b->ns];
+                if (ns_id && b->ns != ns_id) {
+                    i = prev;
+                    continue;
+                }
+                if (ns_id && ns->bytes <= keep_bytes)
+                    return n;
+                if (!b->pins && !b->children) {
+                    if (flush) {
+                        STORE_STAT_ADD(s, ns, flushed_blocks, 1);
+                        STORE_STAT_ADD(s, ns, flushed_bytes, b->len);
+                    } else {
+                        STORE_STAT_ADD(s, ns, evicted_quota_blocks, 1);
+                    }
+                    store_block_drop(s, i);
+                    freed++;
+                    n++;
+                }
+                i = prev;
+            }
+            if (!freed)
+                break;
+        } while (1);
+    }
+    return n;
 }

@@ -148,4 +148,17 @@ int store_trim(struct store *s, uint64_t now);
 uint64_t store_host_used(const struct store *s);
 uint64_t store_host_capacity(const struct store *s);
 
+/* Adds a host arena of `size` bytes (same page size and huge-page choice as arena 0) for
+ * the namespaces of one access list. *id its number. 0, -ENOSPC (STORE_MAX_ARENAS), -errno. */
+int store_arena_add(struct store *s, uint64_t size, uint32_t *id);
+/* Moves a namespace that holds nothing yet to another arena. 0, -ENOENT, -EBUSY (it holds
+ * blocks, or slots are reserved), -EINVAL (its block does not fit the arena). */
+int store_ns_set_arena(struct store *s, uint32_t ns_id, uint32_t arena);
+/* Evicts unpinned leaves, coldest first: of namespace ns_id (0: every one) in arena `arena`
+ * (UINT32_MAX: every one), until that namespace holds at most keep_bytes (ignored for
+ * ns_id 0) or nothing more can go. Counted as flushed (an operator's) or as quota
+ * evictions. Returns the number evicted. */
+int store_evict_where(struct store *s, uint32_t ns_id, uint32_t arena, uint64_t keep_bytes,
+                      bool flush, uint64_t now);
+
 #endif

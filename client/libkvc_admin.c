@@ -1,0 +1,232 @@
+/*
+ * libkvc_admin.c — the operator calls of libkvc (kvc.h, "operating kvcd"): one request
+ * body for all of them (struct kvc_admin_req) and, except CLIENTS, one reply shape
+ * (struct kvc_text_rep).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client/kvc.h"
+#include "client/kvc_proto.h"
+#include "client/libkvc_internal.h"
+
+/* Sends one admin request and checks the text reply. Caller holds c->mu. */
+static int kvc_admin_call(kvc_client *c, uint16_t op, uint32_t scope, uint32_t tier,
+                          uint64_t cursor, const char *key, const char *value,
+                          const struct kvc_text_rep **rep)
+{
+    struct kvc_admin_req *q = (struct kvc_admin_req *)((struct kvc_msg_hdr *)c->tx + 1);
+    const struct kvc_msg_hdr *h = (const struct kvc_msg_hdr *)c->rx;
+    int rc;
+    if ((key && strlen(key) >= sizeof(q->key)) || (value && strlen(value) >= sizeof(q->value)))
+        return -EINVAL;
+    memset(q, 0, sizeof(*q));
+    q->scope = scope;
+    q->tier = tier;
+    q->cursor = cursor;
+    if (key)
+        memcpy(q->key, key, strlen(key));
+    if (value)
+        memcpy(q->value, value, strlen(value));
+    rc = kvci_call(c, op, sizeof(*q), NULL);
+    if (rc || !rep)
+        return rc;
+    *rep = (const struct kvc_text_rep *)(h + 1);
+    if (h->len < sizeof(**rep) || h->len != sizeof(**rep) + (*rep)->len)
+        return -EPROTO;
+    return 0;
+}
+
+static void kvc_text_copy(const struct kvc_text_rep *p, char *buf, size_t len)
+{
+    size_t n;
+    if (!buf || !len)
+        return;
+    n = p->len < len - 1 ? p->len : len - 1;
+    memcpy(buf, p + 1, n);
+    buf[n] = 0;
+}
+
+KVC_API int kvc_clients(kvc_client *c, struct kvc_client_info **out, size_t *n)
+{
+    uint32_t cursor = 0;
+    int rc = 0;
+    if (!c || !out || !n)
+        return -EINVAL;
+    *out = NULL;
+    *n = 0;
+    pthread_mutex_lock(&c->mu);
+    do {
+        const struct kvc_msg_hdr *h = (const struct kvc_msg_hdr *)c->rx;
+        rc = kvc_admin_call(c, KVC_OP_CLIENTS, 0, 0, cursor, NULL, NULL, NULL);
+        if (rc)
+            break;
+        const struct kvc_clients_rep *p = (const struct kvc_clients_rep *)(h + 1);
+        const struct kvc_wire_client *w = (const struct kvc_wire_client *)(p + 1);
+        if (h->len < sizeof(*p) || h->len != sizeof(*p) + (size_t)p->nclients * sizeof(*w) ||
+            (p->next_cursor && p->next_cursor <= cursor)) {
+            rc = -EPROTO;
+            break;
+        }
+        struct kvc_client_info *grown = realloc(*out, (*n + p->nclients + 1) * sizeof(**out));
+        if (!grown) {
+            rc = -ENOMEM;
+            break;
+        }
+        *out = grown;
+        for (uint32_t i = 0; i < p->nclients; i++) {
+            struct kvc_client_info *o = &(*out)[(*n)++];
+            memset(o, 0, sizeof(*o));
+            o->conn_id = w[i].conn_id;
+            o->pid = w[i].pid;
+            o->uid = w[i].uid;
+            o->gid = w[i].gid;
+            o->leases = w[i].leases;
+            o->reservations = w[i].reservations;
+            o->admin = !!(w[i].flags & KVC_CLIENT_F_ADMIN);
+            o->self = !!(w[i].flags & KVC_CLIENT_F_SELF);
+            o->pins = w[i].pins;
+            o->reserved_bytes = w[i].reserved_bytes;
+            o->requests = w[i].requests;
+            o->lookup_tokens = w[i].lookup_tokens;
+            o->hit_tokens = w[i].hit_tokens;
+            o->bytes_in = w[i].bytes_in;
+            o->bytes_out = w[i].bytes_out;
+            o->errors = w[i].errors;
+            o->refusals = w[i].refusals;
+            o->connected_ms = w[i].connected_ms;
+            memcpy(o->name, w[i].name, sizeof(o->name) - 1);
+        }
+        cursor = p->next_cursor;
+    } while (cursor);
+    pthread_mutex_unlock(&c->mu);
+    if (rc) {
+        free(*out);
+        *out = NULL;
+        *n = 0;
+    }
+    return rc;
+}
+
+KVC_API int kvc_metrics(kvc_client *c, char **text)
+{
+    uint64_t cursor = 0;
+    size_t len = 0;
+    char *buf = NULL;
+    int rc = 0;
+    if (!c || !text)
+        return -EINVAL;
+    *text = NULL;
+    pthread_mutex_lock(&c->mu);
+    do {
+        const struct kvc_text_rep *p;
+        rc = kvc_admin_call(c, KVC_OP_METRICS, 0, 0, cursor, NULL, NULL, &p);
+        if (rc)
+            break;
+        if (p->next_cursor && p->next_cursor <= cursor) {
+            rc = -EPROTO;
+            break;
+        }
+        char *grown = realloc(buf, len + p->len + 1);
+        if (!grown) {
+            rc = -ENOMEM;
+            break;
+        }
+        buf = grown;
+        memcpy(buf + len, p + 1, p->len);
+        len += p->len;
+        buf[len] = 0;
+        cursor = p->next_cursor;
+    } while (cursor);
+    pthread_mutex_unlock(&c->mu);
+    if (rc)
+        free(buf);
+    else
+        *text = buf ? buf : strdup("");
+    return rc ? rc : (*text ? 0 : -ENOMEM);
+}
+
+KVC_API int kvc_config_get(kvc_client *c, const char *key, char *buf, size_t len)
+{
+    const struct kvc_text_rep *p;
+    int rc;
+    if (!c || !buf || !len)
+        return -EINVAL;
+    pthread_mutex_lock(&c->mu);
+    rc = kvc_admin_call(c, KVC_OP_CONFIG_GET, 0, 0, 0, key ? key : "", NULL, &p);
+    if (rc == 0) {
+        kvc_text_copy(p, buf, len);
+        if (p->len >= len)
+            rc = -ENOSPC;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+/* Requests whose reply carries a verdict and a reason. */
+static int kvc_verdict(kvc_client *c, uint16_t op, uint32_t scope, const char *key,
+                       const char *value, char *msg, size_t len, uint64_t *value_out)
+{
+    const struct kvc_text_rep *p;
+    int rc;
+    if (!c)
+        return -EINVAL;
+    if (msg && len)
+        msg[0] = 0;
+    pthread_mutex_lock(&c->mu);
+    rc = kvc_admin_call(c, op, scope, 0, 0, key, value, &p);
+    if (rc == 0) {
+        kvc_text_copy(p, msg, len);
+        rc = p->result > 0 ? -EPROTO : p->result;
+        if (value_out)
+            *value_out = p->value;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+KVC_API int kvc_config_set(kvc_client *c, const char *key, const char *value, char *msg,
+                           size_t len)
+{
+    if (!key || !value)
+        return -EINVAL;
+    return kvc_verdict(c, KVC_OP_CONFIG_SET, 0, key, value, msg, len, NULL);
+}
+
+KVC_API int kvc_reload(kvc_client *c, char *msg, size_t len)
+{
+    return kvc_verdict(c, KVC_OP_RELOAD, 0, NULL, NULL, msg, len, NULL);
+}
+
+KVC_API int kvc_policy_get(kvc_client *c, uint32_t scope, char *buf, size_t len)
+{
+    return kvc_verdict(c, KVC_OP_POLICY_GET, scope, NULL, NULL, buf, len, NULL);
+}
+
+KVC_API int kvc_policy_set(kvc_client *c, uint32_t scope, const char *name)
+{
+    if (!name)
+        return -EINVAL;
+    return kvc_verdict(c, KVC_OP_POLICY_SET, scope, NULL, name, NULL, 0, NULL);
+}
+
+KVC_API int kvc_evict(kvc_client *c, uint32_t ns_id, uint32_t tier, uint64_t *evicted)
+{
+    const struct kvc_text_rep *p;
+    int rc;
+    if (!c)
+        return -EINVAL;
+    pthread_mutex_lock(&c->mu);
+    rc = kvc_admin_call(c, KVC_OP_EVICT, ns_id, tier, 0, NULL, NULL, &p);
+    if (rc == 0 && evicted)
+        *evicted = p->value;
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+KVC_API int kvc_shutdown(kvc_client *c)
+{
+    return kvc_verdict(c, KVC_OP_SHUTDOWN, 0, NULL, NULL, NULL, 0, NULL);
+}

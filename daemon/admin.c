@@ -1,0 +1,264 @@
+/*
+ * admin.c — see admin.h.
+ *
+ * DESIGN
+ * Runs on the loop thread like every handler. Nothing here blocks: a reload parses one
+ * small file; METRICS renders the whole text for every page it serves (a few KiB per
+ * namespace and client; scrapes are rare) so that no state is kept between pages.
+ * Metric names follow the Prometheus conventions: counters end in _total, bytes in _bytes,
+ * the daemon totals have no labels, per-namespace and per-client families carry them.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/admin.h"
+#include "daemon/config.h"
+#include "daemon/log.h"
+#include "daemon/proto.h"
+#include "daemon/server.h"
+#include "daemon/stats.h"
+#include "daemon/store.h"
+#include "tiers/host.h"
+#include "tiers/tier.h"
+
+static int admin_text(void *out, size_t cap, int32_t result, uint64_t value, uint64_t next,
+                      const char *text, size_t len)
+{
+    struct kvc_text_rep *p = out;
+    if (len > KVC_PROTO_TEXT_MAX || sizeof(*p) + len > cap)
+        len = cap - sizeof(*p) < KVC_PROTO_TEXT_MAX ? cap - sizeof(*p) : KVC_PROTO_TEXT_MAX;
+    *p = (struct kvc_text_rep){
+        .result = result, .len = (uint32_t)len, .value = value, .next_cursor = next};
+    if (text && len)
+        memcpy(p + 1, text, len);
+    return (int)(sizeof(*p) + len);
+}
+
+/* A label value: backslash, quote and newline escaped. */
+static void admin_label(FILE *f, const char *s)
+{
+    for (; *s; s++) {
+        if (*s == '\\' || *s == '"')
+            fprintf(f, "\\%c", *s);
+        else if (*s == '\n')
+            fputs("\\n", f);
+        else
+            fputc(*s, f);
+    }
+}
+
+int admin_metrics_render(const struct admin_ctx *x, char **text, size_t *len)
+{
+    const struct store *s = x->store;
+    const struct stats *t = &s->total;
+    struct kvc_wire_client *cl = NULL;
+    uint32_t ncl = 0, next = 0;
+    uint64_t blocks = 0, bytes = 0, nns = 0;
+    FILE *f = open_memstream(text, len);
+    if (!f)
+        return -ENOMEM;
+    cl = calloc(4096, sizeof(*cl));
+    if (cl)
+        ncl = server_clients_fill(x->sv, 0, x->conn_id, cl, 4096, &next);
+    for (uint32_t i = 1; i < s->nns; i++)
+        if (s->ns[i]) {
+            blocks += s->ns[i]->blocks;
+            bytes += s->ns[i]->bytes;
+            nns++;
+        }
+    /* Daemon totals, then the same family per namespace. */
+#define ADMIN_COUNTER(name, help)                                                              \
+    fprintf(f, "# HELP kvcd_" #name "_total " help "\n# TYPE kvcd_" #name "_total counter\n"   \
+               "kvcd_" #name "_total %" PRIu64 "\n",                                           \
+            t->name);                                                                          \
+    fprintf(f, "# HELP kvcd_namespace_" #name "_total " help ", per namespace\n"               \
+               "# TYPE kvcd_namespace_" #name "_total counter\n");                             \
+    for (uint32_t i = 1; i < s->nns; i++)                                                      \
+        if (s->ns[i]) {                                                                        \
+            fputs("kvcd_namespace_" #name "_total{namespace=\"", f);                           \
+            admin_label(f, s->ns[i]->layout.model_id);                                         \
+            fprintf(f, "\"} %" PRIu64 "\n", s->ns[i]->stats.name);                             \
+        }
+    STATS_COUNTERS(ADMIN_COUNTER)
+#undef ADMIN_COUNTER
+#define ADMIN_GAUGE(name, help, v)                                                             \
+    fprintf(f, "# HELP kvcd_" name " " help "\n# TYPE kvcd_" name " gauge\nkvcd_" name          \
+               " %" PRIu64 "\n",                                                               \
+            (uint64_t)(v))
+    ADMIN_GAUGE("blocks", "committed blocks cached", blocks);
+    ADMIN_GAUGE("cached_bytes", "bytes held by committed blocks", bytes);
+    ADMIN_GAUGE("pins", "block pins held now", s->pins_now);
+    ADMIN_GAUGE("reserved_blocks", "slots reserved and not yet committed", s->reserved_now);
+    ADMIN_GAUGE("reserved_bytes", "bytes of those slots", s->reserved_bytes_now);
+    ADMIN_GAUGE("clients", "connected clients", ncl);
+    ADMIN_GAUGE("namespaces", "namespaces", nns);
+    ADMIN_GAUGE("uptime_seconds", "seconds since start", x->now / 1000);
+    ADMIN_GAUGE("log_suppressed_lines", "log lines dropped by the rate limit", log_suppressed());
+#undef ADMIN_GAUGE
+    fprintf(f, "# HELP kvcd_token_hit_ratio tokens hit / tokens requested by lookups "
+               "(kvcd_hit_tokens_total / kvcd_lookup_tokens_total)\n"
+               "# TYPE kvcd_token_hit_ratio gauge\nkvcd_token_hit_ratio %.6f\n",
+            t->lookup_tokens ? (double)t->hit_tokens / (double)t->lookup_tokens : 0.0);
+    fputs("# HELP kvcd_tier_capacity_bytes bytes of each tier arena\n"
+          "# TYPE kvcd_tier_capacity_bytes gauge\n",
+          f);
+    for (uint32_t a = 0; a < s->narenas; a++) {
+        const struct tier *tt = s->arenas[a].tier;
+        fprintf(f, "kvcd_tier_capacity_bytes{tier=\"host\",arena=\"%u\"} %" PRIu64 "\n", a,
+                (uint64_t)tt->ops->capacity(tt));
+    }
+    fputs("# HELP kvcd_tier_used_bytes bytes of each tier arena in slots\n"
+          "# TYPE kvcd_tier_used_bytes gauge\n",
+          f);
+    for (uint32_t a = 0; a < s->narenas; a++) {
+        const struct tier *tt = s->arenas[a].tier;
+        fprintf(f, "kvcd_tier_used_bytes{tier=\"host\",arena=\"%u\"} %" PRIu64 "\n", a,
+                (uint64_t)tt->ops->usage(tt));
+    }
+    /* Per client: labelled by connection id, pid, uid and the name it gave. */
+#define ADMIN_CLIENT(field, type, help)                                                        \
+    fprintf(f, "# HELP kvcd_client_" #field " " help "\n# TYPE kvcd_client_" #field " " type   \
+               "\n");                                                                          \
+    for (uint32_t i = 0; i < ncl; i++) {                                                       \
+        fprintf(f, "kvcd_client_" #field "{conn=\"%u\",pid=\"%u\",uid=\"%u\",name=\"",          \
+                cl[i].conn_id, cl[i].pid, cl[i].uid);                                          \
+        admin_label(f, cl[i].name);                                                            \
+        fprintf(f, "\"} %" PRIu64 "\n", (uint64_t)cl[i].field);                                \
+    }
+    ADMIN_CLIENT(pins, "gauge", "block pins this client holds")
+    ADMIN_CLIENT(reservations, "gauge", "reservations this client holds open")
+    ADMIN_CLIENT(reserved_bytes, "gauge", "bytes of its reserved slots")
+    ADMIN_CLIENT(requests, "counter", "requests from this client")
+    ADMIN_CLIENT(lookup_tokens, "counter", "tokens this client asked for")
+    ADMIN_CLIENT(hit_tokens, "counter", "tokens this client found cached")
+    ADMIN_CLIENT(bytes_in, "counter", "bytes this client committed")
+    ADMIN_CLIENT(bytes_out, "counter", "bytes handed to this client as hits")
+    ADMIN_CLIENT(errors, "counter", "requests of this client answered with an error")
+    ADMIN_CLIENT(refusals, "counter", "requests of this client refused (access, admin, quota)")
+#undef ADMIN_CLIENT
+    free(cl);
+    return fclose(f) ? -ENOMEM : 0;
+}
+
+static int admin_metrics(const struct admin_ctx *x, const struct kvc_admin_req *q, void *out,
+                         size_t cap)
+{
+    char *text;
+    size_t len, page = cap - sizeof(struct kvc_text_rep);
+    int rc = admin_metrics_render(x, &text, &len);
+    if (rc)
+        return rc;
+    if (page > KVC_PROTO_TEXT_MAX)
+        page = KVC_PROTO_TEXT_MAX;
+    if (q->cursor >= len) {
+        rc = admin_text(out, cap, 0, len, 0, NULL, 0);
+    } else {
+        /* Pages end at a newline so that each is whole lines. */
+        size_t n = len - q->cursor;
+        if (n > page) {
+            n = page;
+            while (n > 0 && text[q->cursor + n - 1] != '\n')
+                n--;
+        }
+        rc = admin_text(out, cap, 0, len, q->cursor + n < len ? q->cursor + n : 0,
+                        text + q->cursor, n);
+    }
+    free(text);
+    return rc;
+}
+
+static int admin_config_get(const struct admin_ctx *x, const struct kvc_admin_req *q, void *out,
+                            size_t cap)
+{
+    char buf[512];
+    if (q->key[0]) {
+        int rc = config_get(x->cfg, q->key, buf, sizeof(buf));
+        if (rc)
+            return rc;
+        return admin_text(out, cap, 0, 0, 0, buf, strlen(buf));
+    }
+    /* No key: every option, "section.name = value" a line, with its reloadability. */
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f)
+        return -ENOMEM;
+    for (size_t i = 0; i < config_noptions; i++) {
+        char key[128];
+        snprintf(key, sizeof(key), "%s.%s", config_options[i].section, config_options[i].name);
+        if (config_get(x->cfg, key, buf, sizeof(buf)) == 0)
+            fprintf(f, "%s = %s%s\n", key, buf, config_options[i].reloadable ? "" : "\t(restart)");
+    }
+    fclose(f);
+    int rc = text ? admin_text(out, cap, 0, 0, 0, text, len) : -ENOMEM;
+    free(text);
+    return rc;
+}
+
+int admin_handle(const struct admin_ctx *x, const struct proto_req *r, void *out, size_t cap)
+{
+    const struct kvc_admin_req *q = r->body;
+    char msg[512] = "";
+    int rc;
+    switch (r->hdr->opcode) {
+    case KVC_OP_CLIENTS: {
+        struct kvc_clients_rep *p = out;
+        uint32_t max = (uint32_t)((cap - sizeof(*p)) / sizeof(struct kvc_wire_client)), next;
+        uint32_t n = server_clients_fill(x->sv, (uint32_t)q->cursor, x->conn_id,
+                                         (struct kvc_wire_client *)(p + 1), max, &next);
+        *p = (struct kvc_clients_rep){.nclients = n, .next_cursor = next};
+        return (int)(sizeof(*p) + n * sizeof(struct kvc_wire_client));
+    }
+    case KVC_OP_METRICS:
+        return admin_metrics(x, q, out, cap);
+    case KVC_OP_CONFIG_GET:
+        return admin_config_get(x, q, out, cap);
+    case KVC_OP_CONFIG_SET:
+        if (!x->hooks->config_set)
+            return -EOPNOTSUPP;
+        rc = x->hooks->config_set(x->hooks->arg, q->key, q->value, msg, sizeof(msg));
+        return admin_text(out, cap, rc, 0, 0, msg, strlen(msg));
+    case KVC_OP_RELOAD:
+        if (!x->hooks->reload)
+            return -EOPNOTSUPP;
+        rc = x->hooks->reload(x->hooks->arg, msg, sizeof(msg));
+        return admin_text(out, cap, rc, 0, 0, msg, strlen(msg));
+    case KVC_OP_POLICY_GET:
+    case KVC_OP_POLICY_SET: {
+        const char *name;
+        if (q->scope)
+            return -EOPNOTSUPP; /* one policy for every namespace so far */
+        if (r->hdr->opcode == KVC_OP_POLICY_SET) {
+            int k = policy_from_name(q->value);
+            if (k < 0)
+                return -EINVAL;
+            x->store->p.policy = (enum policy_kind)k;
+            log_info("admin: eviction policy set to %s (until the next reload)", q->value);
+        }
+        name = policy_name(x->store->p.policy);
+        return admin_text(out, cap, 0, 0, 0, name, strlen(name));
+    }
+    case KVC_OP_EVICT: {
+        int n;
+        if (q->tier && q->tier != KVC_WIRE_TIER_HOST)
+            return -EOPNOTSUPP;
+        if (q->scope && !store_ns_get(x->store, q->scope))
+            return -ENOENT;
+        n = store_evict_where(x->store, q->scope, UINT32_MAX, 0, true, x->now);
+        log_info("admin: evicted %d blocks (namespace %u, tier %s)", n, q->scope,
+                 q->tier ? "host" : "all");
+        return admin_text(out, cap, 0, (uint64_t)n, 0, NULL, 0);
+    }
+    case KVC_OP_SHUTDOWN:
+        if (!x->hooks->shutdown)
+            return -EOPNOTSUPP;
+        log_info("admin: shutdown requested by client %u", x->conn_id);
+        x->hooks->shutdown(x->hooks->arg);
+        return admin_text(out, cap, 0, 0, 0, NULL, 0);
+    default:
+        return -EOPNOTSUPP;
+    }
+}

@@ -1,0 +1,88 @@
+/*
+ * config_ns.h — per-namespace sections of the configuration: access lists and quotas.
+ *
+ * DESIGN
+ * The main option table (config.h) has one row per option; namespaces are open-ended, so
+ * they get a second, small table, CONFIG_NS_KEYS, that holds for every section
+ * [namespace.PATTERN]. PATTERN is a shell glob (fnmatch) on the model id; a namespace takes
+ * the first section, in file order, whose pattern matches, and none if no pattern does
+ * (then anyone who can open the socket may read and write it, with the global quotas).
+ *
+ *   [namespace.llama-3-70b*]
+ *   read = @inference 1001        ; users (name or uid) and @groups (name or gid); * anyone
+ *   write = vllm @trainers        ; writers may read too
+ *   host_size = 4g                ; the private arena of this access list
+ *   max_bytes = 3g                ; committed bytes; past it the namespace evicts its own
+ *   max_pins = 100000             ; blocks pinned at once, all clients together
+ *   max_reservations = 4096       ; reserved slots at once, all clients together
+ *
+ * A section with a read or write list gets a private host arena: namespaces whose sections
+ * have the same two lists share it, and a client receives only the arenas of namespaces it
+ * may use (read-only descriptors where it may only read), so the kernel enforces the lists.
+ * Names resolve when the file is read, so --check-config catches an unknown user. Access
+ * lists and host_size are fixed at start (the arenas are); quotas are reloadable.
+ * Owned by the loop thread, like the rest of struct config.
+ */
+#ifndef KVC_CONFIG_NS_H
+#define KVC_CONFIG_NS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+struct config;
+
+/* X(key, reloadable, help) */
+#define CONFIG_NS_KEYS(X)                                                                      \
+    X(read, 0, "users and @groups that may read (names or ids; * anyone)")                     \
+    X(write, 0, "users and @groups that may write, and read")                                 \
+    X(host_size, 0, "bytes of the private arena of these lists (64m)")                        \
+    X(max_bytes, 1, "committed bytes; past it the namespace evicts its own")                  \
+    X(max_pins, 1, "blocks pinned at once, all clients together")                             \
+    X(max_reservations, 1, "slots reserved at once, all clients together")
+
+#define CONFIG_NS_PATTERN_MAX 40 /* inih keeps section names under 50 bytes */
+#define CONFIG_NS_IDS_MAX 16
+#define CONFIG_NS_HOST_SIZE_DEFAULT (64ull << 20)
+
+struct config_ns_ids {
+    bool anyone;
+    uint32_t nuids, ngids;
+    uint32_t uids[CONFIG_NS_IDS_MAX];
+    uint32_t gids[CONFIG_NS_IDS_MAX];
+    char text[192]; /* as written, for printing */
+};
+
+struct config_ns {
+    char pattern[CONFIG_NS_PATTERN_MAX + 1];
+    uint32_t set_mask; /* keys set in the file, to refuse duplicates */
+    bool has_read, has_write;
+    struct config_ns_ids read, write;
+    uint64_t host_size;
+    uint64_t max_bytes, max_pins, max_reservations;
+};
+
+/* Sets one key of section [namespace.PATTERN] (created on first use). 0, -EINVAL with a
+ * reason in why (unknown key, unknown user, bad size, duplicate), -ENOMEM. */
+int config_ns_set(struct config *c, const char *pattern, const char *key, const char *value,
+                  char *why, size_t whylen);
+/* Deep copy of src's sections into dst (whose own are not freed). 0 or -ENOMEM. */
+int config_ns_copy(struct config *dst, const struct config *src);
+void config_ns_clear(struct config *c);
+/* The sections as ini text, preceded by a commented description of the section. */
+void config_ns_print(const struct config *c, FILE *f);
+/* 0 when next differs from cur only in reloadable keys; else -EPERM naming the first. */
+int config_ns_check_reload(const struct config *cur, const struct config *next, char *err,
+                           size_t errlen);
+
+/* The first section matching model_id, or NULL; *idx its index when not NULL. */
+const struct config_ns *config_ns_match(const struct config *c, const char *model_id,
+                                        size_t *idx);
+/* Whether a peer (uid, primary gid, supplementary groups) is in a list. */
+bool config_ns_ids_has(const struct config_ns_ids *l, uint32_t uid, uint32_t gid,
+                       const uint32_t *groups, size_t ngroups);
+/* Whether two sections have the same two access lists (then they share an arena). */
+bool config_ns_same_lists(const struct config_ns *a, const struct config_ns *b);
+
+#endif
