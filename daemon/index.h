@@ -44,8 +44,12 @@ struct block {
     uint8_t format;
     uint8_t cls;
     uint8_t arena;
-    uint8_t flags;
+    uint8_t flags;    /* BLOCK_F_* */
+    /* Quantized blocks, from the encode pass (daemon/quant.c), as bf16 (the float's upper
+     * half): the mean key L2 norm over layers and heads, and the largest |key|. */
+    uint16_t key_norm_bf, key_absmax_bf;
 };
+#define BLOCK_F_QUANTIZING 0x1u /* a quantize-in-place job holds it */
 
 struct index {
     struct block *blocks; /* pool; entries [0, nblocks) are allocated */

@@ -45,6 +45,7 @@ struct store_params {
     uint32_t max_namespaces;
     uint32_t max_handles; /* leases + reservations per owner */
     enum policy_kind policy;
+    uint32_t quantize_inflight; /* quantize-in-place jobs the trim may queue (0: none) */
 };
 
 struct store_ns {
@@ -92,6 +93,7 @@ struct store {
     struct stats total;
     uint64_t pins_now;
     uint64_t reserved_now, reserved_bytes_now;
+    struct quant *quant; /* quantize-in-place worker (daemon/quant.h), or NULL */
 };
 
 /* Creates the store and its host arena. On failure NULL and *err = -errno. */
