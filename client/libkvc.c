@@ -379,8 +379,10 @@ static uint8_t *kvc_loc_ptr(const kvc_ns *ns, const struct kvc_wire_loc *l)
     if (l->arena_id >= KVC_MAX_ARENAS)
         return NULL;
     a = &ns->c->arenas[l->arena_id];
-    if (!a->base || l->length < ns->block_bytes || l->offset > a->size ||
-        ns->block_bytes > a->size - l->offset)
+    /* a raw block fills block_bytes; a quantized one is its (smaller) stored length */
+    uint64_t need = l->format == KVC_WIRE_FORMAT_RAW ? ns->block_bytes : l->length;
+    if (!a->base || l->length < need || need == 0 || l->offset > a->size ||
+        need > a->size - l->offset)
         return NULL;
     return a->base + l->offset;
 }
