@@ -196,11 +196,27 @@ KVC_API int kvc_keys_from_tokens(const kvc_ns *ns, const struct kvc_key *parent,
 
 /* ---- reading ------------------------------------------------------------------------ */
 
+/* kvc_lookup flags. Blocks on disk are read back into memory by the daemon; by default
+ * kvc_lookup waits for those reads, so every hit it returns is readable. */
+#define KVC_LOOKUP_READY_ONLY 0x1u /* hits stop at the first block not in memory now (the
+                                      reads of the blocks after it still start) */
+#define KVC_LOOKUP_NOWAIT 0x2u     /* return hits still being read: see kvc_lease_ready() */
+
 /* Finds the longest cached prefix of keys[0..n) and pins those blocks for this client.
  * Returns the number of hits (0..n). When it is above zero, *out is a lease that must be
  * released with kvc_release(); when zero, *out is NULL. Errors: -EINVAL, -EPIPE. */
 KVC_API int kvc_lookup(kvc_ns *ns, const struct kvc_key *keys, size_t n, unsigned flags,
                        kvc_lease **out);
+
+/* Hits of the lease, from the first, whose bytes are in memory now (kvc_lookup with
+ * KVC_LOOKUP_NOWAIT may return hits still being read from disk; do not read those).
+ * Errors: -EINVAL. */
+KVC_API int kvc_lease_ready(const kvc_lease *l);
+
+/* Waits up to timeout_ms (0: do not wait) for the hits being read from disk. Returns the
+ * hits ready from the first. Once no read is left, hits after one that failed verification
+ * are dropped from the lease (kvc_lease_count shrinks). Errors: -EINVAL, -EPIPE, -EPROTO. */
+KVC_API int kvc_lease_wait(kvc_lease *l, unsigned timeout_ms);
 
 /* Number of blocks in a lease. */
 KVC_API size_t kvc_lease_count(const kvc_lease *l);

@@ -45,14 +45,15 @@
     X(STATS, 8, 0, "counters, global or per namespace")                                       \
     X(NS_LIST, 9, 0, "namespaces and their layouts")                                          \
     X(BLOCK_LIST, 10, 0, "blocks of a namespace with their metadata")                        \
-    X(CLIENTS, 32, 0, "connected clients: pid, uid, pins, reservations, counters")           \
-    X(METRICS, 33, 0, "every counter in the Prometheus text format, paged")                  \
-    X(CONFIG_GET, 34, 0, "the value of one option")                                          \
-    X(CONFIG_SET, 35, 1, "set a reloadable option, all-or-nothing like a reload")            \
-    X(RELOAD, 36, 1, "reload the configuration file; the reply carries the verdict")         \
-    X(POLICY_GET, 37, 0, "the eviction policy in use")                                       \
-    X(POLICY_SET, 38, 1, "change the eviction policy")                                       \
-    X(EVICT, 39, 1, "evict unpinned blocks of a namespace, a tier or everything")            \
+    X(WAIT, 11, 0, "wait until the hits of a lease that were on disk are in memory")               \
+    X(CLIENTS, 32, 0, "connected clients: pid, uid, pins, reservations, counters")                 \
+    X(METRICS, 33, 0, "every counter in the Prometheus text format, paged")                        \
+    X(CONFIG_GET, 34, 0, "the value of one option")                                                \
+    X(CONFIG_SET, 35, 1, "set a reloadable option, all-or-nothing like a reload")                  \
+    X(RELOAD, 36, 1, "reload the configuration file; the reply carries the verdict")               \
+    X(POLICY_GET, 37, 0, "the eviction policy in use")                                             \
+    X(POLICY_SET, 38, 1, "change the eviction policy")                                             \
+    X(EVICT, 39, 1, "evict unpinned blocks of a namespace, a tier or everything")                  \
     X(SHUTDOWN, 40, 1, "stop the daemon")
 
 enum kvc_op {
@@ -154,6 +155,7 @@ struct kvc_wire_loc {
     uint64_t length;
 };
 #define KVC_WIRE_TIER_HOST 1
+#define KVC_WIRE_TIER_DISK 2 /* BLOCK_LIST only: a LOOKUP hands out host locations */
 #define KVC_WIRE_FORMAT_RAW 0
 /* A quantized block: an encoded block of kernels/kern.h (self-describing header and per
  * (layer, K/V) section table; the number is the codec of its K sections, the same as
@@ -165,9 +167,13 @@ struct kvc_wire_loc {
 #define KVC_WIRE_FORMAT_KIVI4 5
 #define KVC_WIRE_FORMAT_FP8 6
 #define KVC_WIRE_FORMAT_COUNT 7
-#define KVC_LOC_F_READY 0x1u
+#define KVC_LOC_F_READY 0x1u /* the bytes are in place now; else after WAIT says so */
 
-/* LOOKUP: the hits are the longest run of committed blocks from keys[0]. */
+/* LOOKUP: the hits are the longest run of committed blocks from keys[0]. A hit on disk is
+ * being read into the host slot its location names (flags without READY): WAIT for it. With
+ * KVC_LOOKUP_F_READY_ONLY the hits stop at the first block not in memory now (reads of the
+ * blocks after it still start, so a later lookup finds them ready). */
+#define KVC_LOOKUP_F_READY_ONLY 0x1u
 struct kvc_lookup_req {
     uint32_t ns_id;
     uint32_t flags;
@@ -182,10 +188,27 @@ struct kvc_lookup_rep {
     /* struct kvc_wire_loc locs[nhit]; */
 };
 
+/* WAIT: replies once no hit of the lease is still being read from disk, or after
+ * timeout_ms (0: at once), so its reply may come after the replies to later requests.
+ * nready counts the hits from the first that are in memory; hits after a failed read
+ * (checksum, I/O error) are misses: release the lease. -ENOENT for an unknown lease. */
+struct kvc_wait_req {
+    uint64_t lease_id;
+    uint32_t timeout_ms;
+    uint32_t pad;
+};
+struct kvc_wait_rep {
+    uint32_t nhit;
+    uint32_t nready;
+    uint32_t pending; /* hits still being read (after a timeout) */
+    uint32_t pad;
+};
+
 /* RELEASE */
 struct kvc_release_req {
     uint32_t nleases;
-    uint32_t pad;
+    uint32_t load_us; /* microseconds the client spent copying these leases' hits out of the
+                       * arena (informational: feeds the load-vs-recompute counters) */
     /* uint64_t lease_ids[nleases]; */
 };
 struct kvc_release_rep {

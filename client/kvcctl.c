@@ -130,11 +130,13 @@ static int ctl_status(struct ctl *x, int argc, char **argv)
         printf(", \"uptime_s\": %" PRIu64 ", \"clients\": %" PRIu64 ", \"namespaces\": %" PRIu64
                ", \"blocks\": %" PRIu64 ", \"host_used\": %" PRIu64 ", \"host_capacity\": %" PRIu64
                ", \"tokens_requested\": %" PRIu64 ", \"tokens_hit\": %" PRIu64
-               ", \"token_hit_ratio\": %.4f}\n",
+               ", \"token_hit_ratio\": %.4f, \"load_us\": %" PRIu64
+               ", \"recompute_saved_est_us\": %" PRIu64 "}\n",
                ctl_stat(s, n, "uptime_s"), ctl_stat(s, n, "clients_now"),
                ctl_stat(s, n, "namespaces_now"), ctl_stat(s, n, "blocks_now"),
                ctl_stat(s, n, "host_used"), ctl_stat(s, n, "host_capacity"), lt, ht,
-               ctl_ratio(ht, lt));
+               ctl_ratio(ht, lt), ctl_stat(s, n, "load_us"),
+               ctl_stat(s, n, "recompute_saved_est_us"));
     } else {
         printf("kvcd pid %u on %s, up %" PRIu64 " s\n", pid,
                x->socket ? x->socket : kvc_default_socket(), ctl_stat(s, n, "uptime_s"));
@@ -147,6 +149,10 @@ static int ctl_status(struct ctl *x, int argc, char **argv)
                100.0 * ctl_ratio(ctl_stat(s, n, "host_used"), ctl_stat(s, n, "host_capacity")));
         printf("tokens hit %" PRIu64 " of %" PRIu64 " requested (%.1f%%)\n", ht, lt,
                100.0 * ctl_ratio(ht, lt));
+        printf("hits loaded in %.1f ms (as clients report) vs ~%.1f ms to recompute them "
+               "(cache.recompute_tokens_per_s)\n",
+               (double)ctl_stat(s, n, "load_us") / 1000.0,
+               (double)ctl_stat(s, n, "recompute_saved_est_us") / 1000.0);
     }
     free(s);
     return 0;

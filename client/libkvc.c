@@ -17,6 +17,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "client/kvc.h"
@@ -25,6 +26,8 @@
 #include "kernels/kern.h"
 
 #define KVC_LEASE_MAX_CHUNKS 8
+/* How long kvc_lookup waits for reads from disk before giving up on them. */
+#define KVC_LOOKUP_WAIT_MS 60000u
 
 /* ---- transport ------------------------------------------------------------------------ */
 
@@ -399,13 +402,78 @@ static void kvc_kern_layout(const kvc_ns *ns, struct kern_layout *kl)
                                .k_only = ns->layout.kv_kind == KVC_WIRE_KV_KIND_K_ONLY};
 }
 
-static int kvc_release_ids(kvc_client *c, const uint64_t *ids, size_t n)
+static uint64_t kvc_mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Adds the time of one copy out of the arena to the lease (several threads may copy from
+ * one lease; the lease is otherwise read-only to them, hence the cast and the atomic). */
+static void kvc_lease_account(const kvc_lease *l, uint64_t t0)
+{
+    __atomic_fetch_add(&((kvc_lease *)l)->load_ns, kvc_mono_ns() - t0, __ATOMIC_RELAXED);
+}
+
+static int kvc_release_ids(kvc_client *c, const uint64_t *ids, size_t n, uint64_t load_ns)
 {
     struct kvc_release_req *q = kvc_req(c);
+    uint64_t us = load_ns / 1000;
     memset(q, 0, sizeof(*q));
     q->nleases = (uint32_t)n;
+    q->load_us = us > UINT32_MAX ? UINT32_MAX : (uint32_t)us;
     memcpy(q + 1, ids, n * sizeof(uint64_t));
     return kvc_call(c, KVC_OP_RELEASE, (uint32_t)(sizeof(*q) + n * sizeof(uint64_t)), NULL);
+}
+
+/* WAIT on one lease; fills *rep. Caller holds c->mu. */
+static int kvc_wait_id(kvc_client *c, uint64_t id, uint32_t timeout_ms, struct kvc_wait_rep *rep)
+{
+    struct kvc_wait_req *q = kvc_req(c);
+    uint32_t len;
+    int rc;
+    *q = (struct kvc_wait_req){.lease_id = id, .timeout_ms = timeout_ms};
+    rc = kvc_call(c, KVC_OP_WAIT, sizeof(*q), NULL);
+    if (rc)
+        return rc;
+    const struct kvc_wait_rep *p = kvc_rep(c, &len);
+    if (len != sizeof(*p) || p->nready > p->nhit)
+        return -EPROTO;
+    *rep = *p;
+    return 0;
+}
+
+/* Waits for the hits of l still being read; trims l to the leading ready hits once no read
+ * is left. Returns the leading ready hits. Caller holds c->mu. */
+static int kvc_lease_wait_locked(kvc_lease *l, uint32_t timeout_ms)
+{
+    kvc_client *c = l->ns->c;
+    size_t ready = 0, first = 0;
+    bool pending = false;
+    for (size_t k = 0; k < l->nids; k++) {
+        struct kvc_wait_rep rep;
+        size_t nk = 0;
+        bool any = false;
+        for (size_t i = first; i < l->n && l->hits[i].chunk == k; i++, nk++)
+            any |= !l->hits[i].ready;
+        if (any) {
+            int rc = kvc_wait_id(c, l->ids[k], timeout_ms, &rep);
+            if (rc)
+                return rc;
+            for (size_t i = 0; i < nk; i++)
+                l->hits[first + i].ready = i < rep.nready;
+            if (rep.pending)
+                pending = true;
+        }
+        first += nk;
+    }
+    while (ready < l->n && l->hits[ready].ready)
+        ready++;
+    /* A read that failed (checksum, I/O) ends the prefix: what follows is a miss. */
+    if (!pending)
+        l->n = ready;
+    return (int)ready;
 }
 
 KVC_API int kvc_lookup(kvc_ns *ns, const struct kvc_key *keys, size_t n, unsigned flags,
@@ -414,7 +482,7 @@ KVC_API int kvc_lookup(kvc_ns *ns, const struct kvc_key *keys, size_t n, unsigne
     kvc_client *c;
     kvc_lease *l;
     int rc = 0;
-    if (!ns || !out || (!keys && n) || flags)
+    if (!ns || !out || (!keys && n) || (flags & ~(KVC_LOOKUP_READY_ONLY | KVC_LOOKUP_NOWAIT)))
         return -EINVAL;
     *out = NULL;
     if (n == 0)
@@ -434,6 +502,7 @@ KVC_API int kvc_lookup(kvc_ns *ns, const struct kvc_key *keys, size_t n, unsigne
         memset(q, 0, sizeof(*q));
         q->ns_id = ns->id;
         q->nkeys = chunk;
+        q->flags = (flags & KVC_LOOKUP_READY_ONLY) ? KVC_LOOKUP_F_READY_ONLY : 0;
         memcpy(q + 1, keys + done, chunk * sizeof(struct kvc_key));
         rc = kvc_call(c, KVC_OP_LOOKUP, (uint32_t)(sizeof(*q) + chunk * sizeof(struct kvc_key)),
                       NULL);
@@ -462,14 +531,23 @@ KVC_API int kvc_lookup(kvc_ns *ns, const struct kvc_key *keys, size_t n, unsigne
             l->hits[l->n++] = (struct kvc_hit){
                 .data = ptr,
                 .len = locs[i].format == KVC_WIRE_FORMAT_RAW ? ns->block_bytes : locs[i].length,
-                .format = locs[i].format};
+                .format = locs[i].format,
+                .chunk = (uint32_t)(l->nids - 1),
+                .ready = (locs[i].flags & KVC_LOC_F_READY) != 0};
         }
         if (rc || p->nhit < chunk)
             break;
         done += chunk;
     }
-    if (rc && l->nids && !c->dead)
-        kvc_release_ids(c, l->ids, l->nids);
+    /* Unless asked not to, hits read from disk are waited for here, so that every hit
+     * handed out is readable. */
+    if (rc == 0 && !(flags & KVC_LOOKUP_NOWAIT) && l->n) {
+        int r = kvc_lease_wait_locked(l, KVC_LOOKUP_WAIT_MS);
+        if (r < 0)
+            rc = r;
+    }
+    if ((rc || l->n == 0) && l->nids && !c->dead)
+        kvc_release_ids(c, l->ids, l->nids, 0);
     pthread_mutex_unlock(&c->mu);
     if (rc || l->n == 0) {
         free(l);
@@ -477,6 +555,29 @@ KVC_API int kvc_lookup(kvc_ns *ns, const struct kvc_key *keys, size_t n, unsigne
     }
     *out = l;
     return (int)l->n;
+}
+
+KVC_API int kvc_lease_ready(const kvc_lease *l)
+{
+    size_t i = 0;
+    if (!l)
+        return -EINVAL;
+    while (i < l->n && l->hits[i].ready)
+        i++;
+    return (int)i;
+}
+
+KVC_API int kvc_lease_wait(kvc_lease *l, unsigned timeout_ms)
+{
+    kvc_client *c;
+    int rc;
+    if (!l)
+        return -EINVAL;
+    c = l->ns->c;
+    pthread_mutex_lock(&c->mu);
+    rc = kvc_lease_wait_locked(l, timeout_ms);
+    pthread_mutex_unlock(&c->mu);
+    return rc;
 }
 
 KVC_API size_t kvc_lease_count(const kvc_lease *l)
@@ -497,14 +598,17 @@ KVC_API int kvc_lease_copy(const kvc_lease *l, size_t i, void *dst, size_t len)
         return -ERANGE;
     if (len < l->ns->block_bytes)
         return -EINVAL;
+    uint64_t t0 = kvc_mono_ns();
     if (l->hits[i].format == KVC_WIRE_FORMAT_RAW) {
         memcpy(dst, l->hits[i].data, l->ns->block_bytes);
+        kvc_lease_account(l, t0);
         return 0;
     }
     struct kern_layout kl;
     kvc_kern_layout(l->ns, &kl);
     int64_t rc = kern_decode_cpu(&kl, l->hits[i].data, l->hits[i].len, dst, len,
                                  (enum kern_dtype)kl.dtype);
+    kvc_lease_account(l, t0);
     return rc < 0 ? (int)rc : 0;
 }
 
@@ -565,7 +669,9 @@ KVC_API int kvc_release(kvc_lease *l)
         return 0;
     c = l->ns->c;
     pthread_mutex_lock(&c->mu);
-    rc = l->nids ? kvc_release_ids(c, l->ids, l->nids) : 0;
+    rc = l->nids ? kvc_release_ids(c, l->ids, l->nids,
+                                   __atomic_load_n(&l->load_ns, __ATOMIC_RELAXED))
+                 : 0;
     pthread_mutex_unlock(&c->mu);
     free(l);
     return rc;
@@ -724,7 +830,7 @@ KVC_API int kvc_get_prefix(kvc_ns *ns, const struct kvc_key *keys, size_t n, voi
     hits = kvc_lookup(ns, keys, n, 0, &l);
     if (hits <= 0)
         return hits;
-    for (int i = 0; i < hits; i++)
+    for (int i = 0; i < hits; i++) /* each copy adds its time to the lease */
         if (kvc_lease_copy(l, (size_t)i, dst[i], l->ns->block_bytes) < 0) {
             hits = i; /* what could not be decoded is a miss */
             break;

@@ -48,10 +48,13 @@ struct kvc_hit {
     const uint8_t *data;
     uint64_t len;   /* raw: the block size; quantized: the slot (>= the encoded size) */
     uint8_t format; /* KVC_WIRE_FORMAT_* */
+    uint32_t chunk; /* index into kvc_lease.ids of the lease holding it */
+    bool ready;     /* in memory now (else being read from disk: WAIT) */
 };
 
 struct kvc_lease {
     kvc_ns *ns;
+    uint64_t load_ns; /* time spent copying hits out, reported at release */
     size_t n;
     size_t nids;
     uint64_t ids[8];       /* one per chunk of KVC_PROTO_MAX_KEYS */

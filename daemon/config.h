@@ -60,13 +60,30 @@
       "Blocks quantized in place at once above high_watermark, before evicting, in "          \
       "namespaces whose creator allowed a codec (0: never quantize, evict).")                 \
     X(cache, policy, ENUM, "lru", 0, 0, 1, "lru",                                             \
-      "Eviction order among unpinned leaves of the prefix tree.")                             \
-    X(quota, client_pins, INT, "0", 0, 1ll << 40, 1, NULL,                                    \
-      "Blocks one client may hold pinned through lookups at once. 0: no limit.")              \
-    X(quota, client_reservations, INT, "0", 0, 1048576, 1, NULL,                              \
-      "Reservations one client may hold open at once. 0: no limit.")                          \
-    X(quota, client_reserved_bytes, SIZE, "0", 0, 1ull << 42, 1, NULL,                        \
-      "Bytes of reserved, uncommitted slots one client may hold at once. 0: no limit.")
+      "Eviction order among unpinned leaves of the prefix tree.")                                  \
+    X(cache, recompute_tokens_per_s, INT, "8000", 1, 100000000, 1, NULL,                           \
+      "Prefill throughput of the engines, in tokens per second: kvcd reports the time its "        \
+      "hits saved as hit tokens divided by this, beside the load time clients report.")            \
+    X(quota, client_pins, INT, "0", 0, 1ll << 40, 1, NULL,                                         \
+      "Blocks one client may hold pinned through lookups at once. 0: no limit.")                   \
+    X(quota, client_reservations, INT, "0", 0, 1048576, 1, NULL,                                   \
+      "Reservations one client may hold open at once. 0: no limit.")                               \
+    X(quota, client_reserved_bytes, SIZE, "0", 0, 1ull << 42, 1, NULL,                             \
+      "Bytes of reserved, uncommitted slots one client may hold at once. 0: no limit.")            \
+    X(disk, path, STRING, "", 0, 0, 0, NULL,                                                       \
+      "Files or block devices of the disk tier, separated by commas (at most 8); files are "       \
+      "created and sized at start. Empty: no disk tier, blocks leaving memory are dropped.")       \
+    X(disk, capacity, SIZE, "16g", 1 << 20, 1ull << 50, 0, NULL,                                   \
+      "Bytes used on each path (whole pages; a block device gives at most its size).")             \
+    X(disk, page, SIZE, "16m", 64 << 10, 1 << 30, 0, NULL,                                         \
+      "Append unit of the disk tier, a multiple of 4k: a page is reused once all its blocks "      \
+      "are gone (docs/disk.md).")                                                                  \
+    X(disk, queue_depth, INT, "32", 1, 4096, 0, NULL, "Disk reads and writes in flight.")          \
+    X(disk, write_rate, SIZE, "1g", 0, 1ull << 40, 0, NULL,                                        \
+      "Bytes per second written to disk at most (spares the drive); 0: unbounded.")                \
+    X(disk, admit_hits, INT, "1", 0, 1000000, 1, NULL,                                             \
+      "Hits a block needs before leaving memory for disk instead of being dropped "                \
+      "(docs/disk.md).")
 
 #define CONFIG_CTYPE_BOOL bool
 #define CONFIG_CTYPE_INT int64_t

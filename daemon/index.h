@@ -38,18 +38,23 @@ struct block {
     uint32_t children; /* committed blocks whose parent this is */
     uint32_t depth;
     uint32_t owner_slot; /* RESERVED: the reservation's handle slot; FREE: next free entry */
+    uint32_t ver;        /* disk tier: page version of the location (tier_loc.cls) */
     uint16_t ns;
     uint8_t state; /* enum block_state */
     uint8_t tier;
     uint8_t format;
     uint8_t cls;
     uint8_t arena;
-    uint8_t flags;    /* BLOCK_F_* */
-    /* Quantized blocks, from the encode pass (daemon/quant.c), as bf16 (the float's upper
-     * half): the mean key L2 norm over layers and heads, and the largest |key|. */
-    uint16_t key_norm_bf, key_absmax_bf;
+    uint8_t flags; /* BLOCK_F_* */
 };
 #define BLOCK_F_QUANTIZING 0x1u /* a quantize-in-place job holds it */
+
+/* A block moving between tiers stays where it was until the copy completed (see
+ * daemon/tiering.h); LOST: its only copy failed verification, it is a miss until dropped. */
+#define BLOCK_F_DEMOTING 0x1u
+#define BLOCK_F_PROMOTING 0x2u
+#define BLOCK_F_LOST 0x4u
+#define BLOCK_F_MOVING (BLOCK_F_DEMOTING | BLOCK_F_PROMOTING)
 
 struct index {
     struct block *blocks; /* pool; entries [0, nblocks) are allocated */

@@ -26,6 +26,7 @@
 #include "daemon/notify.h"
 #include "daemon/server.h"
 #include "daemon/store.h"
+#include "daemon/tiering.h"
 #include "tiers/host.h"
 
 #define KVCD_VERSION "0.1.0"
@@ -106,6 +107,7 @@ static void kvcd_store_params(const struct config *c, struct store_params *p)
                                .max_namespaces = (uint32_t)c->server_max_namespaces,
                                .max_handles = (uint32_t)c->server_max_leases,
                                .policy = (enum policy_kind)c->cache_policy,
+                               .recompute_tokens_per_s = (uint64_t)c->cache_recompute_tokens_per_s,
                                .quantize_inflight = (uint32_t)c->host_quantize_inflight};
 }
 
@@ -143,6 +145,7 @@ static int kvcd_apply(struct kvcd *d, struct config *next, char *msg, size_t len
     store_reload(d->store, &sp);
     if (d->acl)
         acl_reload(d->acl, d->cfg);
+    tiering_reload(d->store, (uint32_t)d->cfg->disk_admit_hits);
     kvcd_server_params(d, d->cfg, &vp);
     server_reload(d->server, &vp);
     config_free(old);
@@ -241,6 +244,59 @@ static void kvcd_tick(void *arg)
     struct kvcd *d = arg;
     store_trim(d->store, loop_now_ms(d->loop));
     notify_watchdog(loop_now_ms(d->loop));
+    server_tick(d->server);
+}
+
+/* While the disk index loads, systemd is asked for more start time (no-op without it). */
+static void kvcd_disk_progress(void *arg, uint64_t done, uint64_t pages)
+{
+    char status[96];
+    (void)arg;
+    snprintf(status, sizeof(status), "loading the disk index (%llu/%llu pages)",
+             (unsigned long long)done, (unsigned long long)pages);
+    notify_extend_timeout(30000000);
+    notify_status(status);
+}
+
+static void kvcd_on_disk(struct loop *l, int fd, uint32_t events, void *arg)
+{
+    struct kvcd *d = arg;
+    (void)fd;
+    (void)events;
+    tiering_poll(d->store, loop_now_ms(l));
+}
+
+/* Opens the disk tier of disk.path (comma-separated). 0 or -errno, logged. */
+static int kvcd_disk_attach(struct kvcd *d)
+{
+    const struct config *c = d->cfg;
+    struct tiering_params tp = {.size = c->disk_capacity,
+                                .page_size = c->disk_page,
+                                .queue_depth = (uint32_t)c->disk_queue_depth,
+                                .write_rate = c->disk_write_rate,
+                                .admit_hits = (uint32_t)c->disk_admit_hits,
+                                .progress = kvcd_disk_progress};
+    char *list = strdup(c->disk_path), *save = NULL;
+    int rc = -ENOMEM;
+    if (!list)
+        goto out;
+    for (char *p = strtok_r(list, ",", &save); p; p = strtok_r(NULL, ",", &save)) {
+        if (tp.npaths == sizeof(tp.paths) / sizeof(tp.paths[0])) {
+            rc = -E2BIG;
+            log_err("disk: more than %u paths in disk.path", tp.npaths);
+            goto out;
+        }
+        tp.paths[tp.npaths++] = p;
+    }
+    rc = tiering_attach(d->store, &tp);
+    if (rc) {
+        log_err("disk: cannot open the disk tier on %s (%s)", c->disk_path, strerror(-rc));
+        goto out;
+    }
+    rc = loop_add(d->loop, tiering_fd(d->store), EPOLLIN, kvcd_on_disk, d);
+out:
+    free(list);
+    return rc;
 }
 
 int main(int argc, char **argv)
@@ -355,6 +411,10 @@ int main(int argc, char **argv)
         goto out;
     }
     d.adopt = rc == 1;
+    if (d.cfg->disk_path[0] && kvcd_disk_attach(&d)) {
+        rc = 1;
+        goto out;
+    }
     kvcd_server_params(&d, d.cfg, &vp);
     d.server = server_new(d.loop, d.store, &vp, &rc);
     if (!d.server) {

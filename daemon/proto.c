@@ -37,6 +37,7 @@ static const struct proto_shape proto_shapes[KVC_OP_MAX] = {
     PROTO_ADMIN_SHAPE(CONFIG_SET) PROTO_ADMIN_SHAPE(RELOAD) PROTO_ADMIN_SHAPE(POLICY_GET)
     PROTO_ADMIN_SHAPE(POLICY_SET) PROTO_ADMIN_SHAPE(EVICT) PROTO_ADMIN_SHAPE(SHUTDOWN)
 #undef PROTO_ADMIN_SHAPE
+    [KVC_OP_WAIT] = {sizeof(struct kvc_wait_req), 0, 0, 0},
 };
 
 const char *proto_op_name(uint32_t op)
@@ -71,7 +72,7 @@ static int proto_check_body(uint32_t op, const void *body, const char **why)
     switch (op) {
     case KVC_OP_LOOKUP: {
         const struct kvc_lookup_req *q = body;
-        if (q->flags || q->pad)
+        if ((q->flags & ~KVC_LOOKUP_F_READY_ONLY) || q->pad)
             goto reserved;
         break;
     }
@@ -81,10 +82,6 @@ static int proto_check_body(uint32_t op, const void *body, const char **why)
             goto reserved;
         break;
     }
-    case KVC_OP_RELEASE:
-        if (((const struct kvc_release_req *)body)->pad)
-            goto reserved;
-        break;
     case KVC_OP_COMMIT:
         if (((const struct kvc_commit_req *)body)->pad)
             goto reserved;
@@ -95,6 +92,10 @@ static int proto_check_body(uint32_t op, const void *body, const char **why)
         break;
     case KVC_OP_NS_LIST:
         if (((const struct kvc_ns_list_req *)body)->pad)
+            goto reserved;
+        break;
+    case KVC_OP_WAIT:
+        if (((const struct kvc_wait_req *)body)->pad)
             goto reserved;
         break;
     case KVC_OP_BLOCK_LIST:

@@ -24,8 +24,9 @@
  * ever lossy.
  *
  * Key statistics: the encode pass computes per-(layer, head) key min/max per channel and
- * mean key norm; the block keeps a summary (mean key norm over layers and heads, largest
- * |key|) in struct block for the policies.
+ * mean key norm; a summary per quantized block (mean key norm over layers and heads,
+ * largest |key|, bf16 each) is kept in a side table by block index (struct block is at its
+ * size budget), read with quant_key_summary() by the policies.
  */
 #include <errno.h>
 #include <math.h>
@@ -77,6 +78,8 @@ struct quant {
     bool stop;
     uint32_t inflight; /* loop thread only */
     uint64_t pending[STORE_MAX_ARENAS];
+    uint32_t *sum; /* by block index: bf16 key norm << 16 | bf16 key absmax */
+    uint32_t nsum;
 };
 
 /* ---- worker -------------------------------------------------------------------------- */
@@ -164,8 +167,19 @@ static void quant_apply(struct quant *q, struct quant_job *j)
     b->len = j->enc.len;
     b->cls = (uint8_t)j->enc.cls;
     b->format = j->format;
-    b->key_norm_bf = quant_bf16(j->key_norm);
-    b->key_absmax_bf = quant_bf16(j->key_absmax);
+    if (j->idx >= q->nsum) { /* struct block has no room left: a side table by index */
+        uint32_t n = q->nsum ? q->nsum : 1024;
+        while (n <= j->idx)
+            n *= 2;
+        uint32_t *ns_ = realloc(q->sum, (size_t)n * sizeof(*ns_));
+        if (ns_) {
+            memset(ns_ + q->nsum, 0, (size_t)(n - q->nsum) * sizeof(*ns_));
+            q->sum = ns_;
+            q->nsum = n;
+        }
+    }
+    if (j->idx < q->nsum)
+        q->sum[j->idx] = (uint32_t)quant_bf16(j->key_norm) << 16 | quant_bf16(j->key_absmax);
     ns->bytes = ns->bytes - j->raw.len + j->enc.len;
     t->ops->free(t, &j->raw);
     s->total.quantized_blocks++;
@@ -216,6 +230,27 @@ static void quant_on_event(struct loop *l, int fd, uint32_t events, void *arg)
     quant_poll(arg);
 }
 
+static float quant_f32(uint16_t bf)
+{
+    uint32_t u = (uint32_t)bf << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+int quant_key_summary(const struct quant *q, uint32_t idx, float *norm, float *absmax)
+{
+    const struct block *b;
+    if (!q || idx >= q->s->ix.nblocks || idx >= q->nsum)
+        return -ENOENT;
+    b = &q->s->ix.blocks[idx];
+    if (b->state != BLOCK_STATE_COMMITTED || b->format == KVC_WIRE_FORMAT_RAW)
+        return -ENOENT;
+    *norm = quant_f32((uint16_t)(q->sum[idx] >> 16));
+    *absmax = quant_f32((uint16_t)q->sum[idx]);
+    return 0;
+}
+
 uint32_t quant_inflight(const struct quant *q)
 {
     return q ? q->inflight : 0;
@@ -244,6 +279,8 @@ int store_quantize(struct store *s, uint32_t idx)
         return -EBUSY;
     if (!KVC_WIRE_QUANT_ALLOWED(f))
         return -EPERM;
+    if (s->tiering) /* the disk tier records raw blocks only (its metadata has no codec yet) */
+        return -EOPNOTSUPP;
     j = calloc(1, sizeof(*j));
     if (!j)
         return -ENOMEM;
@@ -381,5 +418,6 @@ void quant_free(struct quant *q)
     pthread_mutex_destroy(&q->mu);
     pthread_cond_destroy(&q->cv);
     pthread_cond_destroy(&q->done_cv);
+    free(q->sum);
     free(q);
 }

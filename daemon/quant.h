@@ -26,7 +26,8 @@ void quant_free(struct quant *q);
  * pinned until the result is applied; the encoded slot is allocated now.
  * 0 queued; -ENOENT no such committed block; -EALREADY not raw, or queued already;
  * -EBUSY pinned (a client may be reading it); -EPERM its namespace allows no codec;
- * -ENOSPC no room for the encoded slot; -ENODEV no worker (quant_new not called).
+ * -ENOSPC no room for the encoded slot; -ENODEV no worker (quant_new not called);
+ * -EOPNOTSUPP a disk tier is configured (demotion writes raw blocks only, for now).
  */
 int store_quantize(struct store *s, uint32_t idx);
 
@@ -44,6 +45,10 @@ uint64_t quant_pending_bytes(const struct quant *q, uint32_t arena);
 int quant_poll(struct quant *q);
 /* Waits until no job is in flight, applying results. Returns the number applied. */
 int quant_drain(struct quant *q);
+
+/* Key summary of quantized block idx from its encode pass: mean key L2 norm over layers and
+ * heads, largest |key| (bf16 precision). 0, or -ENOENT (no such quantized block). */
+int quant_key_summary(const struct quant *q, uint32_t idx, float *norm, float *absmax);
 
 /* Jobs queued and not yet applied. */
 uint32_t quant_inflight(const struct quant *q);

@@ -31,9 +31,12 @@
 #include "daemon/proto.h"
 #include "daemon/server.h"
 #include "daemon/store.h"
+#include "daemon/tiering.h"
 #include "tiers/host.h"
 
 #define SERVER_BUF (KVC_PROTO_MAX_MSG + 64)
+/* A handler's answer that there is no reply yet (WAIT on reads in flight). */
+#define SERVER_DEFERRED (-EINPROGRESS)
 
 struct conn {
     int fd;
@@ -51,8 +54,18 @@ struct conn {
     uint64_t t_connect;
 };
 
+/* A WAIT answered when its lease's reads from disk end or its time runs out. */
+struct server_wait {
+    struct conn *c;
+    uint32_t req_id;
+    uint64_t lease_id;
+    uint64_t deadline_ms;
+    struct server_wait *next;
+};
+
 struct server {
     struct loop *loop;
+    struct server_wait *waits;
     struct store *store;
     int fd;
     char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
@@ -96,6 +109,15 @@ static void server_conn_close(struct server *sv, struct conn *c, const char *why
         log_debug("server: client %u (pid %d) disconnected", c->id, (int)c->cred.pid);
     loop_del(sv->loop, c->fd);
     close(c->fd);
+    for (struct server_wait **w = &sv->waits; *w;) {
+        struct server_wait *x = *w;
+        if (x->c == c) {
+            *w = x->next;
+            free(x);
+        } else {
+            w = &x->next;
+        }
+    }
     store_owner_fini(sv->store, &c->owner);
     if (c->prev)
         c->prev->next = c->next;
@@ -251,20 +273,95 @@ static int server_on_lookup(struct server *sv, struct conn *c, const struct prot
         if (n < r->ntail)
             sv->store->total.refused_quota++;
     }
-    int hits = store_lookup(sv->store, &c->owner, q->ns_id, r->tail, n, now, &lease,
-                            (struct kvc_wire_loc *)(p + 1));
+    int hits = store_lookup_flags(sv->store, &c->owner, q->ns_id, r->tail, n, q->flags, now,
+                                  &lease, (struct kvc_wire_loc *)(p + 1));
     if (hits < 0)
         return hits;
     *p = (struct kvc_lookup_rep){.nhit = (uint32_t)hits, .lease_id = lease};
     return (int)(sizeof(*p) + (size_t)hits * sizeof(struct kvc_wire_loc));
 }
 
+/* Fills a WAIT reply for lease_id; SERVER_DEFERRED if reads are in flight and wait is set. */
+static int server_wait_fill(struct server *sv, struct conn *c, uint64_t lease_id, bool wait)
+{
+    struct kvc_wait_rep *p = (struct kvc_wait_rep *)((struct kvc_msg_hdr *)sv->tx + 1);
+    uint32_t nhit, nready, pending;
+    int rc = tiering_lease_state(sv->store, &c->owner, lease_id, &nhit, &nready, &pending);
+    if (rc)
+        return rc;
+    if (pending && wait)
+        return SERVER_DEFERRED;
+    *p = (struct kvc_wait_rep){.nhit = nhit, .nready = nready, .pending = pending};
+    return sizeof(*p);
+}
+
+static int server_on_wait(struct server *sv, struct conn *c, const struct proto_req *r,
+                          uint64_t now)
+{
+    const struct kvc_wait_req *q = r->body;
+    struct server_wait *w;
+    int rc = server_wait_fill(sv, c, q->lease_id, q->timeout_ms != 0);
+    if (rc != SERVER_DEFERRED)
+        return rc;
+    w = calloc(1, sizeof(*w));
+    if (!w)
+        return -ENOMEM;
+    *w = (struct server_wait){.c = c,
+                              .req_id = r->hdr->req_id,
+                              .lease_id = q->lease_id,
+                              .deadline_ms = now + q->timeout_ms,
+                              .next = sv->waits};
+    sv->waits = w;
+    return SERVER_DEFERRED;
+}
+
+static int server_send(struct server *sv, struct conn *c, int fd);
+static void *server_reply_init(struct server *sv, const struct kvc_msg_hdr *req, int status,
+                               uint32_t len);
+
+/* Answers the WAITs whose reads ended or whose time ran out. */
+static void server_waits_check(struct server *sv, uint64_t now)
+{
+    for (struct server_wait **w = &sv->waits; *w;) {
+        struct server_wait *x = *w;
+        struct kvc_msg_hdr req = {.opcode = KVC_OP_WAIT, .req_id = x->req_id};
+        int rc = server_wait_fill(sv, x->c, x->lease_id, now < x->deadline_ms);
+        if (rc == SERVER_DEFERRED) {
+            w = &x->next;
+            continue;
+        }
+        server_reply_init(sv, &req, rc < 0 ? rc : 0, rc < 0 ? 0 : (uint32_t)rc);
+        /* A client that does not read is dropped at its next request. */
+        server_send(sv, x->c, -1);
+        *w = x->next;
+        free(x);
+    }
+}
+
+static void server_on_ready(void *arg)
+{
+    struct server *sv = arg;
+    server_waits_check(sv, loop_now_ms(sv->loop));
+}
+
+void server_tick(struct server *sv)
+{
+    if (sv && sv->waits)
+        server_waits_check(sv, loop_now_ms(sv->loop));
+}
+
 static int server_on_release(struct server *sv, struct conn *c, const struct proto_req *r)
 {
     struct kvc_release_rep *p = (struct kvc_release_rep *)((struct kvc_msg_hdr *)sv->tx + 1);
+    const struct kvc_release_req *q = r->body;
     const uint64_t *ids = r->tail;
     uint32_t done = 0;
     int rc = 0;
+    struct store_ns *ns = store_ns_get(sv->store, store_lease_ns(&c->owner, ids[0]));
+    if (ns && q->load_us) {
+        ns->stats.load_us += q->load_us;
+        sv->store->total.load_us += q->load_us;
+    }
     for (uint32_t i = 0; i < r->ntail; i++) {
         if (store_release(sv->store, &c->owner, ids[i]) == 0)
             done++;
@@ -332,6 +429,17 @@ static int server_stat_put(struct kvc_wire_stat *out, uint32_t *n, const char *n
     return 0;
 }
 
+struct server_stat_ctx {
+    struct kvc_wire_stat *out;
+    uint32_t *n;
+};
+
+static void server_stat_cb(void *arg, const char *name, uint64_t v)
+{
+    struct server_stat_ctx *x = arg;
+    server_stat_put(x->out, x->n, name, v);
+}
+
 static int server_on_stats(struct server *sv, struct conn *c, const struct proto_req *r,
                            uint64_t now)
 {
@@ -364,6 +472,12 @@ static int server_on_stats(struct server *sv, struct conn *c, const struct proto
 #undef SERVER_STAT_COUNTER
     server_stat_put(out, &n, "blocks_now", blocks);
     server_stat_put(out, &n, "bytes_now", bytes);
+    /* What the hits saved: their tokens at the engines' prefill rate, beside the time the
+     * clients reported copying them (load_us). */
+    server_stat_put(out, &n, "recompute_saved_est_us",
+                    (uint64_t)((double)st->hit_tokens * 1e6 /
+                               (double)(s->p.recompute_tokens_per_s ? s->p.recompute_tokens_per_s
+                                                                    : 1)));
     if (!q->scope) {
         server_stat_put(out, &n, "pins_now", s->pins_now);
         server_stat_put(out, &n, "reserved_now", s->reserved_now);
@@ -374,6 +488,7 @@ static int server_on_stats(struct server *sv, struct conn *c, const struct proto
         server_stat_put(out, &n, "host_used", store_host_used(s));
         server_stat_put(out, &n, "uptime_s", now / 1000);
         server_stat_put(out, &n, "log_suppressed", log_suppressed());
+        tiering_stats(s, server_stat_cb, &(struct server_stat_ctx){out, &n});
     }
     *p = (struct kvc_stats_rep){.nstats = n};
     return (int)(sizeof(*p) + n * sizeof(*out));
@@ -549,6 +664,11 @@ static bool server_handle(struct server *sv, struct conn *c, size_t n)
                               KVC_PROTO_MAX_MSG - sizeof(struct kvc_msg_hdr));
             break;
         }
+        case KVC_OP_WAIT:
+            rc = server_on_wait(sv, c, &r, now);
+            if (rc == SERVER_DEFERRED)
+                return false;
+            break;
         default:
             rc = -EOPNOTSUPP;
             break;
@@ -790,6 +910,8 @@ struct server *server_new(struct loop *l, struct store *s, const struct server_p
     rc = loop_add(l, sv->fd, EPOLLIN, server_on_accept, sv);
     if (rc)
         goto fail_unlink;
+    s->on_ready = server_on_ready;
+    s->on_ready_arg = sv;
     return sv;
 fail_unlink:
     unlink(sv->path);
@@ -807,6 +929,7 @@ void server_free(struct server *sv)
         return;
     while (sv->conns)
         server_conn_close(sv, sv->conns, NULL);
+    sv->store->on_ready = NULL;
     loop_del(sv->loop, sv->fd);
     close(sv->fd);
     if (!sv->adopted)

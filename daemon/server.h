@@ -56,6 +56,8 @@ struct server *server_new(struct loop *l, struct store *s, const struct server_p
 void server_free(struct server *sv);
 void server_reload(struct server *sv, const struct server_params *p);
 uint32_t server_clients(const struct server *sv);
+/* Answers WAITs whose time ran out; called from the loop's tick. NULL is a no-op. */
+void server_tick(struct server *sv);
 const char *server_path(const struct server *sv);
 
 void server_set_hooks(struct server *sv, const struct server_hooks *h);

@@ -31,21 +31,28 @@
     X(aborted_blocks, "reserved slots freed unwritten (abort, partial commit, client exit)")  \
     X(evicted_blocks, "blocks evicted to make room")                                          \
     X(evicted_bytes, "bytes evicted")                                                         \
+    X(load_us, "microseconds clients reported copying hits out of the cache")                \
     X(pins, "block pins taken by lookups")                                                    \
     X(unpins, "block pins dropped (release or client exit)")                                  \
-    X(quantized_blocks, "raw blocks quantized in place")                                      \
-    X(quant_bytes_saved, "bytes freed by quantizing in place")                                \
-    X(errors, "requests answered with an error")                                             \
-    X(requests, "requests handled")                                                           \
-    X(refused_access, "requests refused by a namespace access list (EACCES)")                 \
-    X(refused_admin, "admin requests refused to a peer that is not an admin (EPERM)")         \
-    X(refused_quota, "requests refused or cut short by a quota (EDQUOT)")                     \
-    X(errors_proto, "malformed requests (bad length, field, opcode)")                         \
-    X(errors_nospace, "requests that found no room (ENOSPC)")                                 \
-    X(errors_other, "requests failed for another reason")                                     \
-    X(evicted_quota_blocks, "blocks evicted to keep a namespace under its max_bytes")         \
-    X(flushed_blocks, "blocks evicted by an operator (kvcctl evict/flush)")                   \
-    X(flushed_bytes, "bytes evicted by an operator")
+    X(quantized_blocks, "raw blocks quantized in place")                                           \
+    X(quant_bytes_saved, "bytes freed by quantizing in place")                                     \
+    X(errors, "requests answered with an error")                                                   \
+    X(requests, "requests handled")                                                                \
+    X(refused_access, "requests refused by a namespace access list (EACCES)")                      \
+    X(refused_admin, "admin requests refused to a peer that is not an admin (EPERM)")              \
+    X(refused_quota, "requests refused or cut short by a quota (EDQUOT)")                          \
+    X(errors_proto, "malformed requests (bad length, field, opcode)")                              \
+    X(errors_nospace, "requests that found no room (ENOSPC)")                                      \
+    X(errors_other, "requests failed for another reason")                                          \
+    X(evicted_quota_blocks, "blocks evicted to keep a namespace under its max_bytes")              \
+    X(flushed_blocks, "blocks evicted by an operator (kvcctl evict/flush)")                        \
+    X(flushed_bytes, "bytes evicted by an operator")                                               \
+    X(demoted_blocks, "blocks written to disk and freed from memory")                              \
+    X(demote_dropped, "blocks dropped from memory without a disk write (admission, disk down)")    \
+    X(promoted_blocks, "blocks read back from disk into memory")                                   \
+    X(disk_evicted_blocks, "blocks evicted from disk to make room")                                \
+    X(checksum_failures, "disk blocks that failed verification (dropped, served as misses)")       \
+    X(disk_io_errors, "disk reads or writes that failed")
 
 /* X(name, help) — values computed when asked. */
 #define STATS_GAUGES(X)                                                                        \

@@ -9,6 +9,7 @@
 #include "daemon/log.h"
 #include "daemon/quant.h"
 #include "daemon/store.h"
+#include "daemon/tiering.h"
 #include "kernels/kern.h"
 #include "tiers/host.h"
 #include "tiers/slab.h"
@@ -35,7 +36,7 @@ static const uint32_t store_dtype_bytes[] = {
 
 /* ---- LRU list (per arena, committed blocks) ------------------------------------------ */
 
-static void store_lru_unlink(struct store *s, uint32_t idx)
+void store_lru_unlink(struct store *s, uint32_t idx)
 {
     struct block *b = &s->ix.blocks[idx];
     struct store_arena *a = &s->arenas[b->arena];
@@ -50,7 +51,7 @@ static void store_lru_unlink(struct store *s, uint32_t idx)
     b->lru_prev = b->lru_next = INDEX_NONE;
 }
 
-static void store_lru_push_head(struct store *s, uint32_t idx)
+void store_lru_push_head(struct store *s, uint32_t idx)
 {
     struct block *b = &s->ix.blocks[idx];
     struct store_arena *a = &s->arenas[b->arena];
@@ -111,6 +112,7 @@ void store_free(struct store *s)
     if (!s)
         return;
     quant_free(s->quant); /* its jobs hold slots of the arenas */
+    tiering_free(s);
     for (uint32_t a = 0; a < s->narenas; a++)
         tier_destroy(s->arenas[a].tier);
     if (s->ns)
@@ -128,6 +130,7 @@ void store_reload(struct store *s, const struct store_params *p)
     s->p.low_watermark = p->low_watermark;
     s->p.policy = p->policy;
     s->p.max_handles = p->max_handles;
+    s->p.recompute_tokens_per_s = p->recompute_tokens_per_s;
     s->p.quantize_inflight = p->quantize_inflight;
 }
 
@@ -258,7 +261,7 @@ void store_owner_init(struct store_owner *o)
     memset(o, 0, sizeof(*o));
 }
 
-static struct store_handle *store_handle_get(struct store_owner *o, uint64_t id, uint8_t kind)
+struct store_handle *store_handle_get(struct store_owner *o, uint64_t id, uint8_t kind)
 {
     uint32_t slot = (uint32_t)id;
     struct store_handle *h;
@@ -318,21 +321,28 @@ static void store_unpin(struct store *s, struct store_owner *o, struct store_ns 
     if (o)
         o->pins--;
     STORE_STAT_ADD(s, ns, unpins, 1);
+    if ((b->flags & BLOCK_F_LOST) && !b->pins && !b->children)
+        store_block_drop(s, idx);
 }
 
 /* Removes a block from map, LRU and pool, and returns its room. */
-static void store_block_drop(struct store *s, uint32_t idx)
+void store_block_drop(struct store *s, uint32_t idx)
 {
     struct block *b = &s->ix.blocks[idx];
     struct store_ns *ns = s->ns[b->ns];
     struct tier *t = s->arenas[b->arena].tier;
     struct tier_loc loc = {.arena = b->arena, .cls = b->cls, .off = b->off, .len = b->len};
+    uint32_t lost_parent = INDEX_NONE;
+    if (b->tier == KVC_WIRE_TIER_DISK)
+        loc.cls = b->ver;
     if (b->state == BLOCK_STATE_COMMITTED) {
         store_lru_unlink(s, idx);
         if (!index_key_is_zero(&b->parent)) {
             uint32_t p = index_find(&s->ix, b->ns, &b->parent);
             if (p != INDEX_NONE && s->ix.blocks[p].children)
                 s->ix.blocks[p].children--;
+            if (p != INDEX_NONE && (s->ix.blocks[p].flags & BLOCK_F_LOST))
+                lost_parent = p;
         }
         ns->blocks--;
         ns->bytes -= b->len;
@@ -341,14 +351,19 @@ static void store_block_drop(struct store *s, uint32_t idx)
         s->reserved_bytes_now -= b->len;
     }
     index_remove(&s->ix, idx);
-    t->ops->free(t, &loc);
+    if (!(b->flags & BLOCK_F_LOST))
+        t->ops->free(t, &loc);
     index_block_delete(&s->ix, idx);
+    /* A lost block goes once nothing hangs from it and nobody holds it. */
+    if (lost_parent != INDEX_NONE && !s->ix.blocks[lost_parent].children &&
+        !s->ix.blocks[lost_parent].pins)
+        store_block_drop(s, lost_parent);
 }
 
 /* Picks the block to evict from an arena: the policy's first among a sample of unpinned
  * committed leaves from the cold end, preferring one of size class `cls` (its slot serves
  * the pending allocation directly). INDEX_NONE if nothing can be evicted. */
-static uint32_t store_victim(struct store *s, uint32_t arena, int cls, uint64_t now)
+uint32_t store_victim(struct store *s, uint32_t arena, int cls, uint64_t now)
 {
     struct policy_block cand[STORE_EVICT_SAMPLE];
     size_t n = 0;
@@ -357,7 +372,7 @@ static uint32_t store_victim(struct store *s, uint32_t arena, int cls, uint64_t 
                                                   walked < limit;
          i = s->ix.blocks[i].lru_prev, walked++) {
         const struct block *b = &s->ix.blocks[i];
-        if (b->pins || b->children)
+        if (b->pins || b->children || (b->flags & BLOCK_F_MOVING))
             continue;
         if (n == 0)
             limit = walked + STORE_EVICT_WINDOW;
@@ -377,7 +392,7 @@ static uint32_t store_victim(struct store *s, uint32_t arena, int cls, uint64_t 
     return cand[0].id;
 }
 
-static void store_evict(struct store *s, uint32_t idx)
+void store_evict(struct store *s, uint32_t idx)
 {
     struct block *b = &s->ix.blocks[idx];
     struct store_ns *ns = s->ns[b->ns];
@@ -387,7 +402,7 @@ static void store_evict(struct store *s, uint32_t idx)
 }
 
 /* Allocates a slot, evicting as needed. -ENOSPC when nothing more can be evicted. */
-static int store_alloc(struct store *s, struct store_ns *ns, uint64_t now, struct tier_loc *loc)
+int store_alloc(struct store *s, struct store_ns *ns, uint64_t now, struct tier_loc *loc)
 {
     struct tier *t = s->arenas[ns->arena].tier;
     int cls = tier_host_class(t, ns->block_bytes);
@@ -408,6 +423,8 @@ int store_trim(struct store *s, uint64_t now)
     /* Quantize first where a namespace allows it; the raw slots its jobs will free count
      * as free already, so eviction takes only the rest. */
     quant_pressure(s->quant, now);
+    if (s->tiering)
+        return tiering_demote(s, now);
     for (uint32_t a = 0; a < s->narenas; a++) {
         struct tier *t = s->arenas[a].tier;
         double cap = (double)t->ops->capacity(t);
@@ -430,7 +447,7 @@ static void store_loc_fill(const struct block *b, struct kvc_wire_loc *loc)
     loc->arena_id = b->arena;
     loc->tier = KVC_WIRE_TIER_HOST;
     loc->format = b->format;
-    loc->flags = KVC_LOC_F_READY;
+    loc->flags = (b->flags & BLOCK_F_PROMOTING) ? 0 : KVC_LOC_F_READY;
     loc->offset = b->off;
     loc->length = b->len;
 }
@@ -441,6 +458,13 @@ int store_lookup(struct store *s, struct store_owner *o, uint32_t ns_id,
                  const struct kvc_wire_key *keys, uint32_t n, uint64_t now,
                  uint64_t *lease_id, struct kvc_wire_loc *locs)
 {
+    return store_lookup_flags(s, o, ns_id, keys, n, 0, now, lease_id, locs);
+}
+
+int store_lookup_flags(struct store *s, struct store_owner *o, uint32_t ns_id,
+                       const struct kvc_wire_key *keys, uint32_t n, uint32_t flags,
+                       uint64_t now, uint64_t *lease_id, struct kvc_wire_loc *locs)
+{
     struct store_ns *ns = store_ns_get(s, ns_id);
     struct store_handle *h = NULL;
     uint32_t hits = 0;
@@ -450,10 +474,13 @@ int store_lookup(struct store *s, struct store_owner *o, uint32_t ns_id,
         return -ENOENT;
     while (hits < n) {
         uint32_t idx = index_find(&s->ix, (uint16_t)ns_id, &keys[hits]);
-        if (idx == INDEX_NONE || s->ix.blocks[idx].state != BLOCK_STATE_COMMITTED)
+        if (idx == INDEX_NONE || s->ix.blocks[idx].state != BLOCK_STATE_COMMITTED ||
+            (s->ix.blocks[idx].flags & BLOCK_F_LOST))
             break;
         hits++;
     }
+    if (hits && s->tiering)
+        hits = tiering_lookup_prepare(s, (uint16_t)ns_id, keys, hits, flags, now);
     if (hits) {
         int rc = store_handle_new(s, o, STORE_HANDLE_LEASE, (uint16_t)ns_id, hits, &h);
         if (rc)
@@ -494,6 +521,12 @@ static void store_lease_drop(struct store *s, struct store_owner *o, struct stor
     store_handle_delete(o, h);
 }
 
+uint32_t store_lease_ns(struct store_owner *o, uint64_t lease_id)
+{
+    struct store_handle *h = store_handle_get(o, lease_id, STORE_HANDLE_LEASE);
+    return h ? h->ns : 0;
+}
+
 int store_release(struct store *s, struct store_owner *o, uint64_t lease_id)
 {
     struct store_handle *h = store_handle_get(o, lease_id, STORE_HANDLE_LEASE);
@@ -532,7 +565,8 @@ int store_reserve(struct store *s, struct store_owner *o, uint32_t ns_id,
     /* Cached prefix first. */
     for (; i < n; i++) {
         uint32_t idx = index_find(&s->ix, (uint16_t)ns_id, &keys[i]);
-        if (idx == INDEX_NONE || s->ix.blocks[idx].state != BLOCK_STATE_COMMITTED)
+        if (idx == INDEX_NONE || s->ix.blocks[idx].state != BLOCK_STATE_COMMITTED ||
+            (s->ix.blocks[idx].flags & BLOCK_F_LOST))
             break;
         st[i] = KVC_WIRE_SLOT_PRESENT;
         prev = idx;

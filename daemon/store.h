@@ -32,8 +32,12 @@
 #include "policies/policy.h"
 
 struct tier;
+struct tier_loc;
+struct tiering;
 
 #define STORE_MAX_ARENAS 16
+/* arenas[STORE_ARENA_DISK] holds the disk tier and the LRU list of blocks on it. */
+#define STORE_ARENA_DISK STORE_MAX_ARENAS
 
 struct store_params {
     uint64_t host_size;
@@ -45,6 +49,7 @@ struct store_params {
     uint32_t max_namespaces;
     uint32_t max_handles; /* leases + reservations per owner */
     enum policy_kind policy;
+    uint64_t recompute_tokens_per_s; /* to estimate the recompute time hits save */
     uint32_t quantize_inflight; /* quantize-in-place jobs the trim may queue (0: none) */
 };
 
@@ -86,8 +91,11 @@ struct store_arena {
 struct store {
     struct store_params p;
     struct index ix;
-    struct store_arena arenas[STORE_MAX_ARENAS];
-    uint32_t narenas;
+    struct store_arena arenas[STORE_MAX_ARENAS + 1];
+    uint32_t narenas; /* host arenas */
+    struct tiering *tiering; /* the disk tier engine (daemon/tiering.h); NULL: none */
+    void (*on_ready)(void *arg); /* a read from disk completed (set by the server) */
+    void *on_ready_arg;
     struct store_ns **ns; /* by id; [0] unused */
     uint32_t nns;
     struct stats total;
@@ -125,6 +133,14 @@ int store_lookup(struct store *s, struct store_owner *o, uint32_t ns_id,
                  const struct kvc_wire_key *keys, uint32_t n, uint64_t now,
                  uint64_t *lease_id, struct kvc_wire_loc *locs);
 
+/* Namespace of a lease of o, or 0 if o holds no such lease. */
+uint32_t store_lease_ns(struct store_owner *o, uint64_t lease_id);
+/* store_lookup with KVC_LOOKUP_F_* flags. Hits on disk start a read into a fresh host slot
+ * (their locs lack KVC_LOC_F_READY); READY_ONLY stops the hits at the first such block. */
+int store_lookup_flags(struct store *s, struct store_owner *o, uint32_t ns_id,
+                       const struct kvc_wire_key *keys, uint32_t n, uint32_t flags,
+                       uint64_t now, uint64_t *lease_id, struct kvc_wire_loc *locs);
+
 /* Drops a lease. 0 or -ENOENT. */
 int store_release(struct store *s, struct store_owner *o, uint64_t lease_id);
 
@@ -145,6 +161,15 @@ int store_abort(struct store *s, struct store_owner *o, uint64_t resv_id);
 /* Evicts unpinned leaves while the host tier is above its high watermark, down to the low
  * one. Returns the number evicted. */
 int store_trim(struct store *s, uint64_t now);
+
+/* For the tier engine (daemon/tiering.c), which moves blocks between the store's tiers. */
+void store_lru_unlink(struct store *s, uint32_t idx);
+void store_lru_push_head(struct store *s, uint32_t idx);
+int store_alloc(struct store *s, struct store_ns *ns, uint64_t now, struct tier_loc *loc);
+void store_block_drop(struct store *s, uint32_t idx);
+uint32_t store_victim(struct store *s, uint32_t arena, int cls, uint64_t now);
+void store_evict(struct store *s, uint32_t idx);
+struct store_handle *store_handle_get(struct store_owner *o, uint64_t id, uint8_t kind);
 
 /* Gauges for STATS (see STATS_GAUGES). */
 uint64_t store_host_used(const struct store *s);

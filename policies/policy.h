@@ -109,6 +109,41 @@ void policy_hint(struct policy_block *b, float mass, uint64_t now,
 void policy_ghost_restore(struct policy_block *b, float freq, uint64_t evicted_at, uint64_t now,
                           const struct policy_params *p);
 
+/* ---- half-life tuning (policy_tune.c) ------------------------------------------------ */
+
+/* Miniature LRFU caches, one per candidate half-life, over a hash-sampled key stream; the
+ * half-life of the one with the most hits is the recommendation. Keys only, pure state
+ * (the caller owns it, one per cache/namespace). */
+#define POLICY_TUNE_CANDIDATES 6
+#define POLICY_TUNE_MINI 4096  /* mini cache capacity at most (sampling rate = mini / cap) */
+#define POLICY_TUNE_HISTORY 16 /* key history kept, as a multiple of the mini capacity */
+
+struct policy_tune_rec;
+struct policy_tune {
+    uint64_t capacity;  /* the real cache's capacity, in blocks */
+    uint32_t m;         /* mini cache capacity */
+    double rate;        /* key sampling rate m / capacity */
+    double tc;          /* characteristic time: `now` units per `capacity` references */
+    uint64_t t0, refs, sampled;
+    double h[POLICY_TUNE_CANDIDATES];    /* candidate half-lives */
+    double hits[POLICY_TUNE_CANDIDATES]; /* decayed hit counts of each mini cache */
+    int best;
+    struct policy_tune_rec *rec;         /* key history */
+    uint32_t rcap, nrec, hand;
+    uint32_t *idx, icap;                 /* key -> record, open addressing */
+    uint32_t *heap[POLICY_TUNE_CANDIDATES];
+    uint32_t n[POLICY_TUNE_CANDIDATES];
+    double *hkey[POLICY_TUNE_CANDIDATES];
+};
+
+/* 0, -EINVAL (capacity 0) or -ENOMEM. */
+int policy_tune_init(struct policy_tune *t, uint64_t capacity);
+void policy_tune_free(struct policy_tune *t);
+/* One block reference (a lookup hit or miss, or a commit), in prefix order. */
+void policy_tune_access(struct policy_tune *t, uint64_t key, uint32_t depth, uint64_t now);
+/* The half-life to rank with (policy_params.half_life, adapt off); 0 = no advice yet. */
+double policy_tune_half_life(const struct policy_tune *t);
+
 /* ---- actions ------------------------------------------------------------------------ */
 
 enum policy_action_kind {

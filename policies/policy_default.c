@@ -6,8 +6,9 @@
  * times what a miss would cost.
  *   - reuse: the decayed access count (LRFU, see policy_baseline.c): recency and frequency
  *     in one number, with ghost entries restoring the count of recently evicted keys, and
- *     the half-life set to the observed reuse interval (policy_params adapts it), so no
- *     time constant is fitted to a workload;
+ *     the half-life chosen by measurement: policy_tune runs miniature caches with half-lives
+ *     from LRU to LFU and the caller ranks with the winner's (the observed-interval rule of
+ *     policy_params is the fallback), so no time constant is fitted to a workload;
  *   - prefix value: log2(1 + children) and log2(recompute cost by depth), as in
  *     policy_prefix.c; eviction itself only ever takes leaves;
  *   - hints: when a client reported attention mass (H2O) or an observation-window score

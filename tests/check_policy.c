@@ -3,6 +3,7 @@
  * the action properties every policy must keep.
  */
 #include <check.h>
+#include <errno.h>
 #include <stdlib.h>
 
 #include "policies/policy.h"
@@ -229,6 +230,41 @@ START_TEST(test_quantized_bytes)
 }
 END_TEST
 
+/* policy_tune: a hot set that recency cannot hold (its reuse distance is 2.5 capacities,
+ * between unique scan keys) makes a frequency-leaning half-life win; a pure one-reuse
+ * stream gives every candidate the same hits, and the tie goes to the LRU end. */
+START_TEST(test_tune)
+{
+    struct policy_tune t;
+    uint64_t now = 0, scan = 1000000;
+    ck_assert_int_eq(policy_tune_init(&t, 0), -EINVAL);
+    ck_assert_int_eq(policy_tune_init(&t, 100), 0);
+    ck_assert(policy_tune_half_life(&t) == 0);
+    for (int round = 0; round < 200; round++)
+        for (uint64_t h = 0; h < 50; h++) {
+            policy_tune_access(&t, h, 0, ++now);
+            for (int k = 0; k < 4; k++)
+                policy_tune_access(&t, scan++, 0, ++now);
+        }
+    ck_assert(t.tc > 0);
+    ck_assert(policy_tune_half_life(&t) >= t.tc);
+    ck_assert(t.hits[t.best] > 2.0 * t.hits[0]);
+    policy_tune_free(&t);
+
+    ck_assert_int_eq(policy_tune_init(&t, 100), 0);
+    now = 0;
+    for (uint64_t k = 0; k < 20000; k++) {
+        policy_tune_access(&t, 2 * k, 0, ++now);
+        if (k >= 30)
+            policy_tune_access(&t, 2 * (k - 30), 0, ++now);
+    }
+    ck_assert(policy_tune_half_life(&t) > 0);
+    ck_assert(policy_tune_half_life(&t) < t.tc);
+    ck_assert(t.hits[0] > 0);
+    policy_tune_free(&t);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("policy");
@@ -243,6 +279,7 @@ int main(void)
     tcase_add_test(tc, test_select);
     tcase_add_test(tc, test_decide_properties);
     tcase_add_test(tc, test_quantized_bytes);
+    tcase_add_test(tc, test_tune);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

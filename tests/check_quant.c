@@ -145,8 +145,11 @@ START_TEST(test_quantize_block)
     ck_assert_uint_eq(s->total.quantized_blocks, 1);
     ck_assert_uint_eq(s->total.quant_bytes_saved, raw_len - b->len);
     ck_assert_uint_eq(store_ns_get(s, ns)->bytes, b->len);
-    ck_assert_uint_ne(b->key_norm_bf, 0);
-    ck_assert_uint_ne(b->key_absmax_bf, 0);
+    float norm, amax;
+    ck_assert_int_eq(quant_key_summary(q, idx, &norm, &amax), 0);
+    ck_assert_float_gt(norm, 1.0f);
+    ck_assert_float_le(amax, 3.01f);
+    ck_assert_float_gt(amax, 2.9f);
     /* a lookup now gets the quantized location, which decodes within q8_0's bound */
     struct kvc_wire_key k = key(ns, 0);
     struct kvc_wire_loc loc;

@@ -1,7 +1,7 @@
 /*
  * bench_sim — block hit ratio of each policy against Belady MIN at the same capacity, on the
- * Mooncake conversation trace (or the trace given as argv[2] or $KVC_TRACE). Case POLICY@CAPACITY, value
- * the hit ratio, baseline "min" with MIN's hit ratio, ratio = value / MIN.
+ * Mooncake conversation trace (or the trace given as argv[2] or $KVC_TRACE). Every policy
+ * and the infinite cache; case POLICY@CAPACITY, value the hit ratio, baseline "min" with MIN's hit ratio, ratio = value / MIN.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,7 +13,10 @@
 int main(int argc, char **argv)
 {
     static const double caps[] = { 1000, 10000, 50000, 100000 };
-    static const int pols[] = { POLICY_LRU, POLICY_LFU, POLICY_PREFIX, POLICY_DEFAULT };
+    static const int pols[] = { POLICY_LRU,     POLICY_LFU,    POLICY_PREFIX,
+                                POLICY_STREAMING, POLICY_H2O,  POLICY_SNAPKV,
+                                POLICY_KEYNORM, POLICY_QUEST,  POLICY_DEFAULT,
+                                SIM_POLICY_INFINITE };
     const char *out = argc > 1 ? argv[1] : "build/bench/sim.json";
     const char *path = argc > 2 ? argv[2] : getenv("KVC_TRACE");
     if (!path)
@@ -48,8 +51,7 @@ int main(int argc, char **argv)
                 goto out;
             double v = sim_ratio(res.hits_full + res.hits_lossy + res.hits_disk, res.refs);
             char name[64];
-            snprintf(name, sizeof(name), "%s@%.0f", policy_name((enum policy_kind)pols[pi]),
-                     caps[ci]);
+            snprintf(name, sizeof(name), "%s@%.0f", sim_policy_name(pols[pi]), caps[ci]);
             printf("%-18s %8.4f %8.4f %8.3f\n", name, v, minv, minv > 0 ? v / minv : 0);
             fprintf(f,
                     "%s  {\"case\": \"%s\", \"value\": %.6f, \"unit\": \"hit_ratio\", "

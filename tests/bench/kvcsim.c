@@ -2,11 +2,14 @@
  * kvcsim — replays a Mooncake-format JSONL trace against kvcd's policies.
  *
  *   kvcsim [-c CAPS] [-p POLICIES] [--block-bytes N] [--quant CODEC] [--disk BLOCKS]
- *          [--ghost F] [--fixed-half-life] [--csv FILE] [--plot FILE.png] TRACE
+ *          [--ghost F] [--fixed-half-life] [--half-life H] [--tune 0|1] [--csv FILE]
+ *          [--plot FILE.png] TRACE
  *
  * CAPS: comma list of capacities in blocks, or in bytes (suffix k/m/g/t) with --block-bytes.
  * POLICIES: comma list of policy names (lru, lfu, prefix, streaming, h2o, snapkv, keynorm,
  * quest, default) plus min (Belady, offline) and inf (infinite cache).
+ * --half-life: the initial (with --fixed-half-life, the fixed) half-life in requests;
+ * --tune 0|1: policy_tune's half-life off/on (default: on for `default` only).
  * Prints one CSV row per (policy, capacity); --plot draws hit ratio vs capacity with gnuplot.
  */
 #include <errno.h>
@@ -45,7 +48,8 @@ static int kvcsim_split(char *s, char **out, int max)
 static void kvcsim_usage(void)
 {
     fprintf(stderr, "usage: kvcsim [-c CAPS] [-p POLICIES] [--block-bytes N] [--quant CODEC]\n"
-                    "              [--disk BLOCKS] [--ghost F] [--fixed-half-life]\n"
+                    "              [--disk BLOCKS] [--ghost F] [--fixed-half-life] [--half-life H]\n"
+                    "              [--tune 0|1]\n"
                     "              [--csv FILE] [--plot FILE.png] TRACE\n");
 }
 
@@ -90,6 +94,8 @@ int main(int argc, char **argv)
         { "disk", required_argument, 0, 'd' },
         { "ghost", required_argument, 0, 'g' },
         { "fixed-half-life", no_argument, 0, 'f' },
+        { "half-life", required_argument, 0, 'H' },
+        { "tune", required_argument, 0, 'T' },
         { "csv", required_argument, 0, 'o' },
         { "plot", required_argument, 0, 'P' },
         { 0, 0, 0, 0 },
@@ -122,6 +128,8 @@ int main(int argc, char **argv)
         case 'd': base.disk_blocks = strtoull(optarg, NULL, 0); break;
         case 'g': base.ghost_factor = strtod(optarg, NULL); break;
         case 'f': base.adapt = 0; break;
+        case 'H': base.half_life = strtod(optarg, NULL); break;
+        case 'T': base.tune = atoi(optarg); break;
         case 'o': csv_path = optarg; break;
         case 'P': plot_path = optarg; break;
         default: kvcsim_usage(); return 2;

@@ -134,6 +134,24 @@ START_TEST(test_kvcctl_ls)
 }
 END_TEST
 
+/* kvc_get_prefix reports its copy time at release; the daemon adds it up beside the
+ * recompute time the hits saved at cache.recompute_tokens_per_s (default 8000). */
+START_TEST(test_load_vs_recompute_counters)
+{
+    uint64_t load0, load1, hit0, hit1, saved;
+    ck_assert_int_eq(daemon_stat(&ct_d, "load_us", &load0), 0);
+    ck_assert_int_eq(daemon_stat(&ct_d, "hit_tokens", &hit0), 0);
+    for (int i = 0; i < 20; i++) /* 20 gets of 48 KiB: well over a microsecond of copying */
+        ck_assert_int_eq(daemon_roundtrip(&ct_d), 0);
+    ck_assert_int_eq(daemon_stat(&ct_d, "load_us", &load1), 0);
+    ck_assert_int_eq(daemon_stat(&ct_d, "hit_tokens", &hit1), 0);
+    ck_assert_int_eq(daemon_stat(&ct_d, "recompute_saved_est_us", &saved), 0);
+    ck_assert_uint_eq(hit1 - hit0, 20 * 3 * 16);
+    ck_assert_uint_gt(load1, load0);
+    ck_assert_uint_eq(saved, hit1 * 1000000 / 8000);
+}
+END_TEST
+
 START_TEST(test_kvcctl_exit_codes)
 {
     struct daemon none = {0};
@@ -177,6 +195,7 @@ int main(void)
     tcase_add_test(tc, test_kvcctl_ns);
     tcase_add_test(tc, test_kvcctl_ls);
     tcase_add_test(tc, test_kvcctl_exit_codes);
+    tcase_add_test(tc, test_load_vs_recompute_counters);
     suite_add_tcase(s, tc);
     if (daemon_suite_init("e2e-kvcctl"))
         return 1;

@@ -16,7 +16,9 @@
  * of the request being served are pinned. A key that was evicted recently (within
  * ghost_factor × capacity evictions) gets its decayed count back (policy_ghost_restore), and
  * every hit and ghost hit feeds the half-life (policy_params_observe_reuse). Keys depend on
- * the half-life, so when it moves by more than 5 % the heaps are rebuilt.
+ * the half-life, so when it moves by more than 5 % the heaps are rebuilt. Under `default`
+ * (or with tune = 1) the half-life comes from policy_tune, fed every block reference, and
+ * is set after each request.
  *
  * Belady MIN: references flattened in order; each cached block keyed by its next use in a
  * max-heap; on a miss the block is inserted and the farthest next use evicted (the block
@@ -275,6 +277,8 @@ void sim_config_init(struct sim_config *c)
     c->capacity = 1000;
     c->ghost_factor = 8.0;
     c->adapt = 1;
+    c->half_life = 64.0;
+    c->tune = -1;
 }
 
 static uint32_t sim_block_tokens(const struct sim_req *r, uint32_t j)
@@ -398,6 +402,8 @@ struct sim_state {
     uint64_t evictions;
     double keyed_half_life; /* the half-life the heap keys were computed with */
     double qratio;
+    struct policy_tune tune;
+    int tuning;
 };
 
 #define SIM_BLOCK_BYTES (1u << 20)
@@ -530,6 +536,8 @@ static int sim_policy_run(struct sim_state *s)
             uint32_t x = ids[j], tok = sim_block_tokens(rq, j);
             s->r->refs++;
             s->r->tokens += tok;
+            if (s->tuning)
+                policy_tune_access(&s->tune, x, j, now);
             if (s->where[x] == SIM_NONE) {
                 prefix = 0;
                 /* Cached only below a cached parent (the request's previous block). */
@@ -608,6 +616,8 @@ static int sim_policy_run(struct sim_state *s)
             else
                 sim_heap_push(&s->host, x);
         }
+        if (s->tuning && policy_tune_half_life(&s->tune) > 0)
+            s->p.half_life = policy_tune_half_life(&s->tune);
         sim_maybe_rebuild(s);
     }
     s->r->half_life = s->p.half_life;
@@ -724,7 +734,14 @@ int sim_run(const struct sim_trace *t, const struct sim_config *c, struct sim_re
         return -EINVAL;
     policy_params_init(&s.p);
     s.p.adapt = c->adapt;
-    s.p.half_life = 64.0; /* requests, until reuse intervals are observed */
+    s.tuning = c->tune > 0 || (c->tune < 0 && c->policy == POLICY_DEFAULT);
+    if (s.tuning) {
+        s.p.adapt = 0;
+        rc = policy_tune_init(&s.tune, (uint64_t)c->capacity);
+        if (rc < 0)
+            return rc;
+    }
+    s.p.half_life = c->half_life; /* requests, until reuse intervals are observed */
     s.keyed_half_life = s.p.half_life;
     s.qratio = c->codec ? policy_codec_ratio((enum policy_codec)c->codec) : 1.0;
     s.blk = calloc(nb, sizeof(*s.blk));
@@ -754,6 +771,8 @@ int sim_run(const struct sim_trace *t, const struct sim_config *c, struct sim_re
     s.host.blk = s.disk.blk = s.blk;
     rc = sim_policy_run(&s);
 out:
+    if (s.tuning)
+        policy_tune_free(&s.tune);
     free(s.blk);
     free(s.key);
     free(s.parent);

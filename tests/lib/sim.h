@@ -45,6 +45,9 @@ struct sim_config {
     uint64_t disk_blocks; /* disk-tier capacity in blocks; 0 = no disk tier */
     double ghost_factor;  /* ghost entries kept, as a multiple of capacity */
     int adapt;            /* 1: the decay half-life follows observed reuse intervals */
+    double half_life;     /* initial (or, without adapt, fixed) half-life in requests */
+    int tune;             /* 1: half-life from policy_tune (miniature simulations); the
+                             default policy's setting, sim_config_init leaves it -1 = auto */
 };
 
 void sim_config_init(struct sim_config *c);

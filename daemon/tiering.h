@@ -1,0 +1,71 @@
+/*
+ * tiering.h — the tier engine: moves blocks between the host arena and the disk tier.
+ *
+ * DESIGN
+ * A block keeps its place in the prefix tree whatever tier holds it; only its location
+ * changes. Demotion: when a host arena crosses its high watermark, the coldest unpinned
+ * blocks (LRU tail) are written to disk — a block hit at least `admit_hits` times, or one
+ * with children (a parent must stay cached somewhere) — and their host slots are freed
+ * only once the write completed; a leaf that is not admitted is dropped as before. A block
+ * pinned while its write runs stays in memory and the disk copy is given back. Promotion:
+ * a lookup hit on disk gets a fresh host slot at once and the block switches to it with
+ * BLOCK_F_PROMOTING; the lease names that slot without KVC_LOC_F_READY, and WAIT answers
+ * when the read completed. A read that fails verification marks the block LOST: a miss for
+ * every lookup, dropped once nothing hangs from it and nobody holds it. When the disk is
+ * full, unpinned leaves on disk are evicted (LRU) until a record fits. At start the disk's
+ * records are taken back into the index parents first (by depth); a record whose parent is
+ * missing or whose namespace conflicts is freed. Owned by the loop thread.
+ */
+#ifndef KVC_TIERING_H
+#define KVC_TIERING_H
+
+#include <stdint.h>
+
+#include "client/kvc_proto.h"
+
+struct store;
+struct store_owner;
+
+struct tiering_params {
+    const char *paths[8];
+    uint32_t npaths;
+    uint64_t size;
+    uint64_t page_size;
+    uint32_t queue_depth;
+    uint64_t write_rate;
+    uint32_t admit_hits;
+    void (*progress)(void *arg, uint64_t pages_done, uint64_t pages);
+    void *progress_arg;
+};
+
+/* Opens the disk tier, registers the host arena with it and takes its blocks back into the
+ * index. 0 or -errno (the store is unchanged then). */
+int tiering_attach(struct store *s, const struct tiering_params *p);
+/* Waits for the I/O in flight and closes the disk tier. NULL tiering is a no-op. */
+void tiering_free(struct store *s);
+/* Reloadable: admission and write rate are read from here. */
+void tiering_reload(struct store *s, uint32_t admit_hits);
+
+/* The descriptor the loop watches, and what it calls when it is readable. */
+int tiering_fd(const struct store *s);
+void tiering_poll(struct store *s, uint64_t now);
+
+/* Called by store_lookup_flags with the run of committed hits: starts the reads of hits on
+ * disk and returns how many hits to hand out (fewer when a read cannot start, or with
+ * KVC_LOOKUP_F_READY_ONLY). */
+uint32_t tiering_lookup_prepare(struct store *s, uint16_t ns, const struct kvc_wire_key *keys,
+                                uint32_t hits, uint32_t flags, uint64_t now);
+
+/* Starts demotions (or drops) while a host arena is above its high watermark. Returns the
+ * number of blocks acted on. */
+int tiering_demote(struct store *s, uint64_t now);
+
+/* State of a lease: hits, hits ready from the first, hits still being read. -ENOENT. */
+int tiering_lease_state(struct store *s, struct store_owner *owner, uint64_t lease_id, uint32_t *nhit,
+                        uint32_t *nready, uint32_t *pending);
+
+/* Calls put(name, value) for every disk gauge (disk_capacity, disk_used, ...). */
+void tiering_stats(const struct store *s, void (*put)(void *arg, const char *name, uint64_t v),
+                   void *arg);
+
+#endif

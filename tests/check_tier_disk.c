@@ -1,0 +1,405 @@
+/*
+ * check_tier_disk.c — the disk tier: the conformance cases (as the host tier runs them),
+ * then what only the disk promises: records survive a reopen, a flipped byte or a stale
+ * location is refused, a torn record is never reported intact, the write rate is bounded.
+ */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "tests/lib/tier_conformance.h"
+#include "tiers/disk.h"
+
+#define KiB (1024ull)
+#define MiB (1024ull * 1024)
+
+static char disk_dir[256];
+static int disk_seq;
+
+/* A directory on a file system that takes O_DIRECT (tmpfs does not). */
+static void disk_dir_pick(void)
+{
+    const char *cands[] = {getenv("KVC_TEST_DISK_DIR"), "/var/tmp", KVC_SRC_DIR "/build", "/tmp"};
+    for (size_t i = 0; i < sizeof(cands) / sizeof(cands[0]); i++) {
+        char probe[300];
+        int fd;
+        if (!cands[i])
+            continue;
+        snprintf(disk_dir, sizeof(disk_dir), "%s/kvcd-disk-test-%d", cands[i], (int)getpid());
+        if (mkdir(disk_dir, 0700) < 0)
+            continue;
+        snprintf(probe, sizeof(probe), "%s/probe", disk_dir);
+        fd = open(probe, O_RDWR | O_CREAT | O_DIRECT, 0600);
+        if (fd >= 0) {
+            close(fd);
+            unlink(probe);
+            return;
+        }
+        rmdir(disk_dir);
+    }
+    disk_dir[0] = 0;
+}
+
+static void disk_path(char *buf, size_t len)
+{
+    snprintf(buf, len, "%s/t%d.kvc", disk_dir, disk_seq++);
+}
+
+struct found {
+    int n;
+    struct tier_disk_meta m[64];
+    struct tier_loc loc[64];
+};
+
+static int found_cb(void *arg, const struct tier_disk_meta *m, const struct tier_loc *loc)
+{
+    struct found *f = arg;
+    if (f->n >= 64)
+        return 1;
+    f->m[f->n] = *m;
+    f->loc[f->n] = *loc;
+    f->n++;
+    return 0;
+}
+
+static struct tier *disk_open(const char *path, uint64_t size, uint64_t page, struct found *f)
+{
+    struct tier_disk_config cfg = {.paths = {path},
+                                   .npaths = 1,
+                                   .size = size,
+                                   .page_size = page,
+                                   .queue_depth = 32,
+                                   .scan = f ? found_cb : NULL,
+                                   .scan_arg = f};
+    int err = 0;
+    struct tier *t = tier_disk_new(&cfg, &err);
+    ck_assert_msg(t != NULL, "tier_disk_new(%s): %s", path, strerror(-err));
+    return t;
+}
+
+/* One record per 128 KiB page at `block` bytes, so freeing any block frees its page. */
+static struct tier *factory(uint64_t capacity, void *arg)
+{
+    char path[300];
+    (void)arg;
+    disk_path(path, sizeof(path));
+    struct tier *t = disk_open(path, capacity, 128 * KiB, NULL);
+    unlink(path); /* the descriptor keeps it */
+    return t;
+}
+
+static void drain(struct tier *t, void *arg)
+{
+    (void)arg;
+    tier_disk_drain(t);
+}
+
+struct done {
+    int calls, status;
+};
+
+static void done_cb(void *arg, int status)
+{
+    struct done *d = arg;
+    d->calls++;
+    d->status = status;
+}
+
+static void fill(uint8_t *p, size_t n, unsigned seed)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = (uint8_t)(seed * 131 + i * 7 + (i >> 9));
+}
+
+static struct tier_disk_meta meta(uint64_t k, uint64_t len)
+{
+    struct tier_disk_meta m = {.key = {k, ~k}, .parent = {k - 1, ~(k - 1)}, .depth = (uint32_t)k,
+                               .len = len};
+    snprintf((char *)m.ns, sizeof(m.ns), "model-%u", 7u);
+    return m;
+}
+
+static int put(struct tier *t, const struct tier_loc *loc, const struct tier_disk_meta *m,
+               const void *src)
+{
+    struct done d = {0, -1};
+    int rc = tier_disk_put(t, loc, m, src, done_cb, &d);
+    if (rc)
+        return rc;
+    tier_disk_drain(t);
+    ck_assert_int_eq(d.calls, 1);
+    return d.status;
+}
+
+static int get(struct tier *t, const struct tier_loc *loc, const struct tier_disk_meta *m,
+               void *dst, uint64_t len)
+{
+    struct done d = {0, -1};
+    int rc = tier_disk_get(t, loc, m, dst, len, done_cb, &d);
+    if (rc)
+        return rc;
+    tier_disk_drain(t);
+    ck_assert_int_eq(d.calls, 1);
+    return d.status;
+}
+
+START_TEST(test_record_roundtrip_and_reopen)
+{
+    char path[300];
+    const uint64_t len = 200 * KiB + 3;
+    uint8_t *src = aligned_alloc(4096, 256 * KiB), *dst = aligned_alloc(4096, 256 * KiB);
+    struct tier_loc loc[5];
+    struct found f = {0};
+    struct tier *t;
+    disk_path(path, sizeof(path));
+    t = disk_open(path, 4 * MiB, 1 * MiB, NULL);
+    for (int i = 0; i < 5; i++) {
+        struct tier_disk_meta m = meta((uint64_t)i + 1, len);
+        fill(src, len, (unsigned)i);
+        ck_assert_int_eq(t->ops->alloc(t, len, &loc[i]), 0);
+        ck_assert_int_eq(put(t, &loc[i], &m, src), 0);
+        memset(dst, 0, 256 * KiB);
+        ck_assert_int_eq(get(t, &loc[i], &m, dst, 256 * KiB), 0);
+        ck_assert_int_eq(memcmp(src, dst, len), 0);
+    }
+    /* One dead record: not found again. */
+    t->ops->free(t, &loc[2]);
+    tier_destroy(t);
+    t = disk_open(path, 4 * MiB, 1 * MiB, &f);
+    ck_assert_int_eq(f.n, 5); /* the freed record is still intact on the device */
+    for (int i = 0; i < f.n; i++) {
+        uint64_t k = f.m[i].key[0];
+        struct tier_disk_meta m = meta(k, len);
+        ck_assert_int_eq(memcmp(&f.m[i], &m, sizeof(m)), 0);
+        ck_assert_int_eq(get(t, &f.loc[i], &m, dst, 256 * KiB), 0);
+        fill(src, len, (unsigned)(k - 1));
+        ck_assert_int_eq(memcmp(src, dst, len), 0);
+    }
+    /* New records get newer page versions than anything found. */
+    struct tier_loc nl;
+    ck_assert_int_eq(t->ops->alloc(t, len, &nl), 0);
+    for (int i = 0; i < f.n; i++)
+        ck_assert_uint_gt(nl.cls, f.loc[i].cls);
+    tier_destroy(t);
+    unlink(path);
+    free(src);
+    free(dst);
+}
+END_TEST
+
+START_TEST(test_checksum_flip)
+{
+    char path[300];
+    const uint64_t len = 64 * KiB;
+    uint8_t *src = aligned_alloc(4096, len), *dst = aligned_alloc(4096, len);
+    struct tier_disk_meta m = meta(9, len), other = meta(10, len);
+    struct tier_disk_stats st;
+    struct tier_loc loc;
+    struct tier *t;
+    int fd;
+    disk_path(path, sizeof(path));
+    t = disk_open(path, 2 * MiB, 1 * MiB, NULL);
+    fill(src, len, 3);
+    ck_assert_int_eq(t->ops->alloc(t, len, &loc), 0);
+    ck_assert_int_eq(put(t, &loc, &m, src), 0);
+    /* the wrong key is refused */
+    ck_assert_int_eq(get(t, &loc, &other, dst, len), -EBADMSG);
+    /* flip one byte in the data behind the tier's back */
+    fd = open(path, O_RDWR);
+    ck_assert_int_ge(fd, 0);
+    uint8_t b;
+    ck_assert_int_eq(pread(fd, &b, 1, (off_t)loc.off + 1000), 1);
+    b ^= 0x40;
+    ck_assert_int_eq(pwrite(fd, &b, 1, (off_t)loc.off + 1000), 1);
+    fsync(fd);
+    close(fd);
+    ck_assert_int_eq(get(t, &loc, &m, dst, len), -EBADMSG);
+    tier_disk_stats_get(t, &st);
+    ck_assert_uint_eq(st.checksum_failures, 2);
+    /* a stale location (the page reused under a new version) fails the cheap check */
+    struct tier_loc stale = loc;
+    stale.cls++;
+    ck_assert_int_eq(get(t, &stale, &m, dst, len), -EINVAL);
+    tier_destroy(t);
+    unlink(path);
+    free(src);
+    free(dst);
+}
+END_TEST
+
+START_TEST(test_torn_record_not_found)
+{
+    char path[300];
+    const uint64_t len = 64 * KiB;
+    uint8_t *src = aligned_alloc(4096, len), *dst = aligned_alloc(4096, len);
+    struct tier_disk_meta m1 = meta(1, len), m2 = meta(2, len);
+    struct tier_loc l1, l2;
+    struct found f = {0};
+    struct tier *t;
+    int fd;
+    disk_path(path, sizeof(path));
+    t = disk_open(path, 2 * MiB, 1 * MiB, NULL);
+    fill(src, len, 1);
+    ck_assert_int_eq(t->ops->alloc(t, len, &l1), 0);
+    ck_assert_int_eq(put(t, &l1, &m1, src), 0);
+    ck_assert_int_eq(t->ops->alloc(t, len, &l2), 0);
+    ck_assert_int_eq(put(t, &l2, &m2, src), 0);
+    tier_destroy(t);
+    /* the second record's data cut off half way: its header is intact, its data is not */
+    fd = open(path, O_RDWR);
+    uint8_t *zero = calloc(1, len / 2);
+    ck_assert_int_eq(pwrite(fd, zero, len / 2, (off_t)l2.off + len / 2), (ssize_t)(len / 2));
+    close(fd);
+    free(zero);
+    t = disk_open(path, 2 * MiB, 1 * MiB, &f);
+    ck_assert_int_eq(f.n, 2);
+    /* found by the scan, refused by the read: never served */
+    ck_assert_int_eq(get(t, &f.loc[0], &f.m[0], dst, len), f.m[0].key[0] == 1 ? 0 : -EBADMSG);
+    ck_assert_int_eq(get(t, &f.loc[1], &f.m[1], dst, len), f.m[1].key[0] == 1 ? 0 : -EBADMSG);
+    tier_destroy(t);
+    /* a torn header ends the page's chain */
+    fd = open(path, O_RDWR);
+    uint8_t junk[64];
+    memset(junk, 0xa5, sizeof(junk));
+    ck_assert_int_eq(pwrite(fd, junk, sizeof(junk), (off_t)(l2.off - TIER_DISK_HDR + 40)), 64);
+    close(fd);
+    f.n = 0;
+    t = disk_open(path, 2 * MiB, 1 * MiB, &f);
+    ck_assert_int_eq(f.n, 1);
+    ck_assert_uint_eq(f.m[0].key[0], 1);
+    tier_destroy(t);
+    unlink(path);
+    free(src);
+    free(dst);
+}
+END_TEST
+
+START_TEST(test_fixed_buffers_and_rate)
+{
+    char path[300];
+    const uint64_t len = 256 * KiB;
+    uint8_t *arena = aligned_alloc(4096, 4 * MiB);
+    struct tier_disk_config cfg = {.paths = {path},
+                                   .npaths = 1,
+                                   .size = 8 * MiB,
+                                   .page_size = 1 * MiB,
+                                   .queue_depth = 4,
+                                   .write_rate = 1 * MiB};
+    struct tier_disk_stats st;
+    struct tier_loc loc[8];
+    struct done d[8];
+    int err, accepted = 0, refused = 0;
+    struct tier *t;
+    disk_path(path, sizeof(path));
+    t = tier_disk_new(&cfg, &err);
+    ck_assert_ptr_nonnull(t);
+    ck_assert_int_eq(tier_disk_buffers_register(t, arena, 4 * MiB), 0);
+    fill(arena, 4 * MiB, 5);
+    /* the bucket holds one page (1 MiB) at start: about 3 records of 260 KiB, then -EAGAIN */
+    for (int i = 0; i < 8; i++) {
+        struct tier_disk_meta m = meta((uint64_t)i + 1, len);
+        d[i] = (struct done){0, -1};
+        ck_assert_int_eq(t->ops->alloc(t, len, &loc[i]), 0);
+        int rc = tier_disk_put(t, &loc[i], &m, arena + (uint64_t)i * len, done_cb, &d[i]);
+        if (rc == 0)
+            accepted++;
+        else {
+            ck_assert_int_eq(rc, -EAGAIN);
+            refused++;
+        }
+    }
+    tier_disk_drain(t);
+    ck_assert_int_ge(accepted, 1);
+    ck_assert_int_ge(refused, 1);
+    tier_disk_stats_get(t, &st);
+    ck_assert(st.fixed_buffers);
+    ck_assert_uint_eq(st.writes, (uint64_t)accepted);
+    ck_assert_uint_ge(st.throttled + st.queue_full, (uint64_t)refused);
+    /* read back into the arena (fixed buffers) */
+    struct tier_disk_meta m0 = meta(1, len);
+    ck_assert_int_eq(get(t, &loc[0], &m0, arena + 3 * MiB, len), 0);
+    ck_assert_int_eq(memcmp(arena, arena + 3 * MiB, len), 0);
+    tier_destroy(t);
+    unlink(path);
+    free(arena);
+}
+END_TEST
+
+START_TEST(test_pages_reclaimed)
+{
+    char path[300];
+    const uint64_t len = 100 * KiB;
+    struct tier_disk_stats st;
+    struct tier_loc loc[64];
+    struct tier *t;
+    int n = 0;
+    disk_path(path, sizeof(path));
+    t = disk_open(path, 2 * MiB, 512 * KiB, NULL);
+    while (n < 64 && t->ops->alloc(t, len, &loc[n]) == 0)
+        n++;
+    ck_assert_int_eq(n, 4 * 4); /* 4 pages of 4 records of 104 KiB */
+    tier_disk_stats_get(t, &st);
+    ck_assert_uint_eq(st.pages_free, 0);
+    /* half of every page dead: nothing comes back, the dead bytes are counted */
+    for (int i = 0; i < n; i += 2)
+        t->ops->free(t, &loc[i]);
+    struct tier_loc x;
+    ck_assert_int_eq(t->ops->alloc(t, len, &x), -ENOSPC);
+    tier_disk_stats_get(t, &st);
+    ck_assert_uint_ge(st.dead_bytes, 3 * 2 * (len + 4 * KiB) - 8 * KiB);
+    /* the rest of page 0 dies: it is free again */
+    t->ops->free(t, &loc[1]);
+    t->ops->free(t, &loc[3]);
+    tier_disk_stats_get(t, &st);
+    ck_assert_uint_eq(st.pages_free, 1);
+    ck_assert_int_eq(t->ops->alloc(t, len, &x), 0);
+    tier_destroy(t);
+    unlink(path);
+}
+END_TEST
+
+static Suite *disk_suite(void)
+{
+    Suite *s = suite_create("tier_disk");
+    static const struct tier_conformance conf = {
+        .name = "disk",
+        .capacity = 4 * MiB,
+        .block = 124 * KiB,
+        .whole_slot = false,
+        .create = factory,
+        .drain = drain,
+    };
+    TCase *tc = tier_conformance_tcase(&conf);
+    tcase_set_timeout(tc, 30);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("disk");
+    tcase_set_timeout(tc, 30);
+    tcase_add_test(tc, test_record_roundtrip_and_reopen);
+    tcase_add_test(tc, test_checksum_flip);
+    tcase_add_test(tc, test_torn_record_not_found);
+    tcase_add_test(tc, test_fixed_buffers_and_rate);
+    tcase_add_test(tc, test_pages_reclaimed);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    int failed;
+    disk_dir_pick();
+    if (!disk_dir[0]) {
+        printf("SKIP: tier_disk: all: no directory here takes O_DIRECT\n");
+        return 0;
+    }
+    SRunner *sr = srunner_create(disk_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    rmdir(disk_dir);
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,389 @@
+/*
+ * check_e2e_disk.c — the real kvcd with a host arena much smaller than the working set and a
+ * disk tier in a temp dir, driven through libkvc: blocks go to disk and come back byte for
+ * byte; after SIGTERM and after SIGKILL the blocks on disk are hits again; a byte flipped
+ * on disk makes its block a miss, never wrong data; a tiny disk fills up without a crash or
+ * a wrong byte, and says so in its counters.
+ */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client/kvc.h"
+
+#define NPREFIX 10
+#define PLEN 20
+#define BLOCK (256u * 1024)
+#define XOR 0x5bd1e995u
+
+static char dir[256], sock[300], dpath[300];
+static pid_t kvcd_pid = -1;
+
+static const struct kvc_layout layout = {.model_id = "e2e/disk",
+                                         .layers = 4,
+                                         .kv_heads = 4,
+                                         .head_dim = 128,
+                                         .block_tokens = 32,
+                                         .dtype = KVC_DTYPE_FP16,
+                                         .kv_kind = KVC_KV_KIND_KV};
+
+static void msleep(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static void kvcd_start(const char *capacity)
+{
+    char o_sock[400], o_path[400], o_cap[64];
+    snprintf(o_sock, sizeof(o_sock), "server.socket=%s", sock);
+    snprintf(o_path, sizeof(o_path), "disk.path=%s", dpath);
+    snprintf(o_cap, sizeof(o_cap), "disk.capacity=%s", capacity);
+    kvcd_pid = fork();
+    ck_assert_int_ge(kvcd_pid, 0);
+    if (kvcd_pid == 0) {
+        char logp[400];
+        snprintf(logp, sizeof(logp), "%s/kvcd.log", dir);
+        int fd = open(logp, O_WRONLY | O_CREAT | O_APPEND, 0600);
+        if (fd >= 0)
+            dup2(fd, 2);
+        execl(KVC_BUILD_BIN "/kvcd", "kvcd", "-o", o_sock, "-o", "host.size=16m", "-o",
+              "host.page_size=256k", "-o", "host.hugepages=off", "-o", "host.prefault=no", "-o",
+              o_path, "-o", o_cap, "-o", "disk.page=1m", "-o", "disk.admit_hits=0", "-o",
+              "disk.write_rate=0", "-o", "host.high_watermark=0.6", "-o",
+              "host.low_watermark=0.4", "-o", "log.level=info", (char *)NULL);
+        _exit(127);
+    }
+}
+
+static kvc_client *kvcd_connect(void)
+{
+    kvc_client *c = NULL;
+    for (int i = 0; i < 200; i++) {
+        if (kvc_connect(sock, &c) == 0)
+            return c;
+        msleep(25);
+    }
+    ck_abort_msg("kvcd did not start (see %s/kvcd.log)", dir);
+    return NULL;
+}
+
+static void kvcd_stop(int sig)
+{
+    int st;
+    kill(kvcd_pid, sig);
+    ck_assert_int_eq(waitpid(kvcd_pid, &st, 0), kvcd_pid);
+    if (sig == SIGTERM)
+        ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "kvcd exit status %d", st);
+    kvcd_pid = -1;
+}
+
+static uint64_t stat_get(kvc_client *c, const char *name)
+{
+    struct kvc_stat *s;
+    size_t n;
+    uint64_t v = UINT64_MAX;
+    ck_assert_int_eq(kvc_stats(c, 0, &s, &n), 0);
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(s[i].name, name) == 0)
+            v = s[i].value;
+    free(s);
+    ck_assert_msg(v != UINT64_MAX, "no stat %s", name);
+    return v;
+}
+
+/* Block bytes are a function of the key, so any wrong byte is caught. */
+static void block_fill(uint8_t *p, const struct kvc_key *k)
+{
+    uint64_t x = k->lo ^ (k->hi * 0x9e3779b97f4a7c15ull) ^ XOR;
+    for (size_t i = 0; i < BLOCK; i += 8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        memcpy(p + i, &x, 8);
+    }
+}
+
+static void keys_of(kvc_ns *ns, int prefix, struct kvc_key *keys)
+{
+    uint32_t tokens[PLEN * 32];
+    for (size_t i = 0; i < PLEN * 32; i++)
+        tokens[i] = (uint32_t)(prefix * 100000 + (int)i);
+    ck_assert_int_eq(kvc_keys_from_tokens(ns, NULL, tokens, PLEN * 32, NULL, 0, keys, PLEN),
+                     PLEN);
+}
+
+static void settle(kvc_client *c);
+
+/* Puts every prefix, pacing itself on the disk (an engine's prefill is slower than NVMe). */
+static void put_all(kvc_client *c, kvc_ns *ns)
+{
+    uint8_t *bufs = malloc((size_t)PLEN * BLOCK);
+    const void *ptrs[PLEN];
+    struct kvc_key keys[PLEN];
+    for (int p = 0; p < NPREFIX; p++) {
+        keys_of(ns, p, keys);
+        for (int i = 0; i < PLEN; i++) {
+            block_fill(bufs + (size_t)i * BLOCK, &keys[i]);
+            ptrs[i] = bufs + (size_t)i * BLOCK;
+        }
+        ck_assert_int_ge(kvc_put_prefix(ns, NULL, keys, PLEN, ptrs), 0);
+        settle(c);
+    }
+    free(bufs);
+}
+
+/* Looks every prefix up and checks every byte of every hit; returns the hits per prefix. */
+static int get_all(kvc_ns *ns, int *hits)
+{
+    uint8_t *want = malloc(BLOCK);
+    struct kvc_key keys[PLEN];
+    int total = 0;
+    for (int p = 0; p < NPREFIX; p++) {
+        kvc_lease *l = NULL;
+        keys_of(ns, p, keys);
+        int n = kvc_lookup(ns, keys, PLEN, 0, &l);
+        ck_assert_int_ge(n, 0);
+        if (n)
+            ck_assert_int_eq(kvc_lease_ready(l), n);
+        for (int i = 0; i < n; i++) {
+            block_fill(want, &keys[i]);
+            ck_assert_msg(memcmp(kvc_lease_data(l, (size_t)i), want, BLOCK) == 0,
+                          "prefix %d block %d: wrong bytes", p, i);
+        }
+        kvc_release(l);
+        hits[p] = n;
+        total += n;
+    }
+    free(want);
+    return total;
+}
+
+/* Waits until no write to disk is in flight. */
+static void settle(kvc_client *c)
+{
+    for (int i = 0; i < 200; i++) {
+        if (stat_get(c, "disk_writes_inflight") == 0 && stat_get(c, "disk_moves_inflight") == 0 &&
+            stat_get(c, "host_used") <= stat_get(c, "host_capacity") * 6 / 10)
+            return;
+        msleep(10);
+    }
+}
+
+/* Leading run of blocks that are on disk, per prefix. */
+static void on_disk_runs(kvc_client *c, kvc_ns *ns, int *runs)
+{
+    struct kvc_key keys[PLEN];
+    struct kvc_block_info *all = NULL;
+    size_t nall = 0;
+    uint64_t cursor = 0;
+    do {
+        struct kvc_block_info *b;
+        size_t n;
+        ck_assert_int_eq(kvc_block_list(c, kvc_ns_id(ns), &cursor, 256, &b, &n), 0);
+        all = realloc(all, (nall + n) * sizeof(*all));
+        memcpy(all + nall, b, n * sizeof(*b));
+        nall += n;
+        free(b);
+    } while (cursor);
+    for (int p = 0; p < NPREFIX; p++) {
+        keys_of(ns, p, keys);
+        runs[p] = 0;
+        for (int i = 0; i < PLEN; i++) {
+            bool disk = false;
+            for (size_t j = 0; j < nall; j++)
+                if (all[j].key.lo == keys[i].lo && all[j].key.hi == keys[i].hi)
+                    disk = all[j].tier == 2;
+            if (!disk)
+                break;
+            runs[p]++;
+        }
+    }
+    free(all);
+}
+
+static void setup(void)
+{
+    const char *bases[] = {getenv("KVC_TEST_DISK_DIR"), "/var/tmp", KVC_SRC_DIR "/build"};
+    dir[0] = 0;
+    for (size_t i = 0; i < 3 && !dir[0]; i++) {
+        if (!bases[i])
+            continue;
+        snprintf(dir, sizeof(dir), "%s/kvcd-e2e-disk-XXXXXX", bases[i]);
+        if (!mkdtemp(dir))
+            dir[0] = 0;
+    }
+    ck_assert(dir[0]);
+    snprintf(sock, sizeof(sock), "%s/kvcd.sock", dir);
+    snprintf(dpath, sizeof(dpath), "%s/disk0.kvc", dir);
+}
+
+static void teardown(void)
+{
+    char cmd[400];
+    if (kvcd_pid > 0) {
+        kill(kvcd_pid, SIGKILL);
+        waitpid(kvcd_pid, NULL, 0);
+        kvcd_pid = -1;
+    }
+    snprintf(cmd, sizeof(cmd), getenv("KVC_KEEP") ? "cat %s/kvcd.log >&2" : "rm -rf %s", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", dir);
+}
+
+static void restart_case(int sig)
+{
+    int hits[NPREFIX], runs[NPREFIX], total, ondisk = 0;
+    kvc_client *c;
+    kvc_ns *ns;
+    kvcd_start("128m");
+    c = kvcd_connect();
+    ck_assert_int_eq(kvc_ns_open(c, &layout, &ns), 0);
+    ck_assert_uint_eq(kvc_ns_block_bytes(ns), BLOCK);
+    put_all(c, ns);
+    settle(c);
+    /* 50 MiB written, 16 MiB of memory: most of it went to disk */
+    ck_assert_uint_gt(stat_get(c, "demoted_blocks"), 100);
+    total = get_all(ns, hits);
+    ck_assert_int_eq(total, NPREFIX * PLEN); /* everything, through promotion */
+    ck_assert_uint_gt(stat_get(c, "promoted_blocks"), 0);
+    settle(c);
+    on_disk_runs(c, ns, runs);
+    for (int p = 0; p < NPREFIX; p++)
+        ondisk += runs[p];
+    ck_assert_int_gt(ondisk, 0);
+    kvc_disconnect(c);
+    kvcd_stop(sig);
+    kvcd_start("128m");
+    c = kvcd_connect();
+    ck_assert_int_eq(kvc_ns_open(c, &layout, &ns), 0);
+    ck_assert_uint_ge(stat_get(c, "disk_records_found"), (uint64_t)ondisk);
+    get_all(ns, hits);
+    for (int p = 0; p < NPREFIX; p++)
+        ck_assert_msg(hits[p] >= runs[p], "prefix %d: %d hits after restart, %d were on disk",
+                      p, hits[p], runs[p]);
+    kvc_disconnect(c);
+    kvcd_stop(SIGTERM);
+}
+
+START_TEST(test_offload_restart_sigterm)
+{
+    restart_case(SIGTERM);
+}
+END_TEST
+
+START_TEST(test_offload_restart_sigkill)
+{
+    restart_case(SIGKILL);
+}
+END_TEST
+
+/* Flips a byte in the data of the first record found on disk; returns its key. */
+static struct kvc_key corrupt_one(void)
+{
+    int fd = open(dpath, O_RDWR);
+    uint8_t h[64];
+    struct kvc_key k = {0, 0};
+    ck_assert_int_ge(fd, 0);
+    for (off_t off = 0;; off += 4096) {
+        uint64_t magic;
+        if (pread(fd, h, sizeof(h), off) != (ssize_t)sizeof(h))
+            break;
+        memcpy(&magic, h, 8);
+        if (magic != 0x4b564344424c4b31ull)
+            continue;
+        memcpy(&k.lo, h + 32, 8);
+        memcpy(&k.hi, h + 40, 8);
+        uint8_t b;
+        ck_assert_int_eq(pread(fd, &b, 1, off + 4096 + 12345), 1);
+        b ^= 0x01;
+        ck_assert_int_eq(pwrite(fd, &b, 1, off + 4096 + 12345), 1);
+        break;
+    }
+    close(fd);
+    ck_assert(k.lo || k.hi);
+    return k;
+}
+
+START_TEST(test_corrupt_block_is_a_miss)
+{
+    int hits[NPREFIX];
+    kvc_client *c;
+    kvc_ns *ns;
+    struct kvc_key bad, keys[PLEN];
+    kvcd_start("128m");
+    c = kvcd_connect();
+    ck_assert_int_eq(kvc_ns_open(c, &layout, &ns), 0);
+    put_all(c, ns);
+    settle(c);
+    kvc_disconnect(c);
+    kvcd_stop(SIGTERM);
+    bad = corrupt_one();
+    kvcd_start("128m");
+    c = kvcd_connect();
+    ck_assert_int_eq(kvc_ns_open(c, &layout, &ns), 0);
+    get_all(ns, hits); /* every byte handed out is right */
+    ck_assert_uint_eq(stat_get(c, "checksum_failures"), 1);
+    /* the corrupt block is a miss: its prefix stops before it */
+    for (int p = 0; p < NPREFIX; p++) {
+        keys_of(ns, p, keys);
+        for (int i = 0; i < PLEN; i++)
+            if (keys[i].lo == bad.lo && keys[i].hi == bad.hi)
+                ck_assert_int_le(hits[p], i);
+    }
+    kvc_disconnect(c);
+    kvcd_stop(SIGTERM);
+}
+END_TEST
+
+START_TEST(test_tiny_disk_fills_up)
+{
+    int hits[NPREFIX], total;
+    kvc_client *c;
+    kvc_ns *ns;
+    kvcd_start("2m"); /* two pages: six blocks */
+    c = kvcd_connect();
+    ck_assert_int_eq(kvc_ns_open(c, &layout, &ns), 0);
+    put_all(c, ns);
+    settle(c);
+    total = get_all(ns, hits);
+    ck_assert_int_gt(total, 0);
+    ck_assert_uint_le(stat_get(c, "disk_used"), 2u << 20);
+    ck_assert_uint_gt(stat_get(c, "disk_evicted_blocks") + stat_get(c, "demote_dropped") +
+                          stat_get(c, "disk_full"),
+                      0);
+    /* the daemon still serves: a new prefix goes in and comes back */
+    put_all(c, ns);
+    get_all(ns, hits);
+    kvc_disconnect(c);
+    kvcd_stop(SIGTERM);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("e2e_disk");
+    TCase *tc = tcase_create("disk");
+    int failed;
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_offload_restart_sigterm);
+    tcase_add_test(tc, test_offload_restart_sigkill);
+    tcase_add_test(tc, test_corrupt_block_is_a_miss);
+    tcase_add_test(tc, test_tiny_disk_fills_up);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}

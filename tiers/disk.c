@@ -1,0 +1,990 @@
+/*
+ * disk.c — the disk tier; see disk.h for the design.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/fs.h>
+#include <liburing.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "tiers/disk.h"
+
+#define TIER_DISK_MAGIC 0x4b564344424c4b31ull /* "1KLBDCVK": kvcd block record */
+#define TIER_DISK_FORMAT 1u
+#define TIER_DISK_MAX_BUFS 64u
+
+enum tier_disk_page_state {
+    TIER_DISK_PAGE_FREE = 0,
+    TIER_DISK_PAGE_OPEN = 1, /* records are appended here */
+    TIER_DISK_PAGE_FULL = 2, /* closed; freed when its last record dies */
+};
+
+struct tier_disk_page {
+    uint32_t version;
+    uint8_t state;
+    uint32_t live;      /* records */
+    uint32_t inflight;  /* requests touching the page */
+    uint64_t used;      /* append point, bytes from the page start */
+    uint64_t live_bytes;
+};
+
+/* The on-device header, at the start of its 4 KiB. */
+struct tier_disk_hdr {
+    uint64_t magic;
+    uint32_t format;
+    uint32_t page_version;
+    uint64_t len;
+    uint64_t data_csum; /* XXH3-64 of len data bytes */
+    uint64_t key[2];
+    uint64_t parent[2];
+    uint32_t depth;
+    uint32_t codec;
+    uint8_t ns[TIER_DISK_NS_BYTES];
+    uint64_t hdr_csum; /* XXH3-64 of everything above */
+};
+
+enum tier_disk_op_kind {
+    TIER_DISK_OP_READ = 1,  /* raw bytes (generic op) */
+    TIER_DISK_OP_WRITE = 2, /* raw bytes (generic op) */
+    TIER_DISK_OP_PUT = 3,   /* header + data */
+    TIER_DISK_OP_GET = 4,   /* header + data, verified */
+};
+
+struct tier_disk_op {
+    tier_done_fn done;
+    void *arg;
+    uint8_t kind;
+    uint8_t pending; /* requests not completed */
+    int status;
+    uint32_t page;
+    uint32_t path;
+    uint64_t bytes;   /* counted when done */
+    void *buf;        /* aligned: the header (PUT/GET) or a bounce buffer */
+    uint64_t buf_len;
+    void *dst;        /* READ via bounce / GET: where the data goes */
+    uint64_t skip;    /* READ via bounce: offset of the wanted bytes inside buf */
+    uint64_t len;     /* READ: wanted bytes; GET: dst bytes */
+    void *data_bounce; /* GET/PUT: the data passed through buf_len-sized bounce */
+    bool has_expect;
+    struct tier_disk_meta expect;
+};
+
+struct tier_disk_buf {
+    uint8_t *base;
+    uint64_t len;
+};
+
+struct tier_disk {
+    struct tier base;
+    struct tier_disk_config cfg;
+    int fds[TIER_DISK_MAX_PATHS];
+    bool failed[TIER_DISK_MAX_PATHS];
+    uint32_t npaths;
+    uint64_t path_size;      /* bytes per path, whole pages */
+    uint64_t pages_per_path;
+    uint64_t npages;
+    struct tier_disk_page *pages;
+    uint32_t open_page;      /* UINT32_MAX: none */
+    uint32_t next_version;
+    uint32_t rr;             /* next path to open a page on */
+    struct io_uring ring;
+    bool ring_ok;
+    bool fixed_files;
+    int efd;
+    uint32_t inflight;       /* ops */
+    struct tier_disk_buf bufs[TIER_DISK_MAX_BUFS];
+    uint32_t nbufs;
+    double tokens;           /* write budget, bytes */
+    uint64_t last_refill_ns;
+    struct tier_disk_stats st;
+};
+
+static struct tier_disk *tier_disk_of(const struct tier *t)
+{
+    return (struct tier_disk *)t;
+}
+
+static uint64_t tier_disk_round(uint64_t len)
+{
+    return (len + TIER_DISK_ALIGN - 1) & ~(uint64_t)(TIER_DISK_ALIGN - 1);
+}
+
+uint64_t tier_disk_record_bytes(uint64_t len)
+{
+    return TIER_DISK_HDR + tier_disk_round(len);
+}
+
+static uint64_t tier_disk_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void *tier_disk_aligned(uint64_t len)
+{
+    void *p = NULL;
+    if (posix_memalign(&p, TIER_DISK_ALIGN, len ? len : TIER_DISK_ALIGN))
+        return NULL;
+    return p;
+}
+
+static uint64_t tier_disk_hdr_csum(const struct tier_disk_hdr *h)
+{
+    return XXH3_64bits(h, offsetof(struct tier_disk_hdr, hdr_csum));
+}
+
+/* ---- pages ----------------------------------------------------------------------------- */
+
+static uint64_t tier_disk_page_base(const struct tier_disk *d, uint32_t page)
+{
+    return (uint64_t)page * d->cfg.page_size;
+}
+
+static uint32_t tier_disk_page_path(const struct tier_disk *d, uint32_t page)
+{
+    return (uint32_t)(page / d->pages_per_path);
+}
+
+/* Byte offset inside its path of a global offset. */
+static uint64_t tier_disk_path_off(const struct tier_disk *d, uint64_t off)
+{
+    return off % d->path_size;
+}
+
+static void tier_disk_page_maybe_free(struct tier_disk *d, uint32_t p)
+{
+    struct tier_disk_page *pg = &d->pages[p];
+    if (pg->state == TIER_DISK_PAGE_FULL && pg->live == 0 && pg->inflight == 0) {
+        pg->state = TIER_DISK_PAGE_FREE;
+        pg->used = 0;
+        d->st.pages_free++;
+    }
+}
+
+/* Opens a free page on a healthy path, round robin over paths. */
+static int tier_disk_page_open(struct tier_disk *d)
+{
+    for (uint32_t k = 0; k < d->npaths; k++) {
+        uint32_t path = (d->rr + k) % d->npaths;
+        if (d->failed[path])
+            continue;
+        for (uint64_t i = 0; i < d->pages_per_path; i++) {
+            uint32_t p = (uint32_t)(path * d->pages_per_path + i);
+            struct tier_disk_page *pg = &d->pages[p];
+            if (pg->state != TIER_DISK_PAGE_FREE || pg->inflight)
+                continue;
+            pg->state = TIER_DISK_PAGE_OPEN;
+            pg->version = ++d->next_version;
+            pg->used = 0;
+            pg->live = 0;
+            pg->live_bytes = 0;
+            d->st.pages_free--;
+            d->open_page = p;
+            d->rr = path + 1;
+            return 0;
+        }
+    }
+    return -ENOSPC;
+}
+
+static void tier_disk_page_close(struct tier_disk *d)
+{
+    if (d->open_page == UINT32_MAX)
+        return;
+    d->pages[d->open_page].state = TIER_DISK_PAGE_FULL;
+    tier_disk_page_maybe_free(d, d->open_page);
+    d->open_page = UINT32_MAX;
+}
+
+static int tier_disk_alloc(struct tier *t, uint64_t len, struct tier_loc *loc)
+{
+    struct tier_disk *d = tier_disk_of(t);
+    uint64_t rec;
+    struct tier_disk_page *pg;
+    int rc;
+    if (len == 0 || len > d->cfg.page_size - TIER_DISK_HDR)
+        return -EINVAL;
+    rec = tier_disk_record_bytes(len);
+    if (d->open_page != UINT32_MAX &&
+        (d->failed[tier_disk_page_path(d, d->open_page)] ||
+         d->pages[d->open_page].used + rec > d->cfg.page_size))
+        tier_disk_page_close(d);
+    if (d->open_page == UINT32_MAX) {
+        rc = tier_disk_page_open(d);
+        if (rc)
+            return rc;
+    }
+    pg = &d->pages[d->open_page];
+    *loc = (struct tier_loc){.arena = tier_disk_page_path(d, d->open_page),
+                             .cls = pg->version,
+                             .off = tier_disk_page_base(d, d->open_page) + pg->used +
+                                    TIER_DISK_HDR,
+                             .len = rec - TIER_DISK_HDR};
+    pg->used += rec;
+    pg->live++;
+    pg->live_bytes += loc->len;
+    d->st.used += loc->len;
+    return 0;
+}
+
+/* The page of a location the tier handed out and has not seen freed (live page, same
+ * version, inside the page), or UINT32_MAX. */
+static uint32_t tier_disk_loc_page(const struct tier_disk *d, const struct tier_loc *loc)
+{
+    uint64_t p;
+    if (loc->off < TIER_DISK_HDR || loc->len == 0 || loc->len % TIER_DISK_ALIGN ||
+        loc->off % TIER_DISK_ALIGN)
+        return UINT32_MAX;
+    p = (loc->off - TIER_DISK_HDR) / d->cfg.page_size;
+    if (p >= d->npages || d->pages[p].state == TIER_DISK_PAGE_FREE ||
+        d->pages[p].version != loc->cls)
+        return UINT32_MAX;
+    if (loc->len > d->cfg.page_size ||
+        loc->off + loc->len > tier_disk_page_base(d, (uint32_t)p) + d->cfg.page_size)
+        return UINT32_MAX;
+    return (uint32_t)p;
+}
+
+static void tier_disk_free(struct tier *t, const struct tier_loc *loc)
+{
+    struct tier_disk *d = tier_disk_of(t);
+    uint32_t p = tier_disk_loc_page(d, loc);
+    struct tier_disk_page *pg;
+    if (p == UINT32_MAX)
+        return;
+    pg = &d->pages[p];
+    if (pg->live == 0)
+        return;
+    pg->live--;
+    pg->live_bytes -= loc->len < pg->live_bytes ? loc->len : pg->live_bytes;
+    d->st.used -= loc->len < d->st.used ? loc->len : d->st.used;
+    tier_disk_page_maybe_free(d, p);
+}
+
+/* ---- submission ------------------------------------------------------------------------ */
+
+/* Index of the registered buffer holding [p, p+len), or -1. */
+static int tier_disk_buf_index(const struct tier_disk *d, const void *p, uint64_t len)
+{
+    const uint8_t *a = p;
+    for (uint32_t i = 0; i < d->nbufs; i++)
+        if (a >= d->bufs[i].base && len <= d->bufs[i].len &&
+            (uint64_t)(a - d->bufs[i].base) <= d->bufs[i].len - len)
+            return (int)i;
+    return -1;
+}
+
+static struct io_uring_sqe *tier_disk_sqe(struct tier_disk *d)
+{
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&d->ring);
+    if (!sqe) {
+        io_uring_submit(&d->ring);
+        sqe = io_uring_get_sqe(&d->ring);
+    }
+    return sqe;
+}
+
+/* Prepares one read or write of len bytes at global offset off from/to buf. */
+static int tier_disk_prep(struct tier_disk *d, struct tier_disk_op *op, bool write, void *buf,
+                          uint64_t len, uint64_t off)
+{
+    struct io_uring_sqe *sqe = tier_disk_sqe(d);
+    uint32_t path = (uint32_t)(off / d->path_size);
+    int fd = d->fixed_files ? (int)path : d->fds[path];
+    int bi = tier_disk_buf_index(d, buf, len);
+    uint64_t poff = tier_disk_path_off(d, off);
+    if (!sqe)
+        return -EAGAIN;
+    if (bi >= 0 && write)
+        io_uring_prep_write_fixed(sqe, fd, buf, (unsigned)len, poff, bi);
+    else if (bi >= 0)
+        io_uring_prep_read_fixed(sqe, fd, buf, (unsigned)len, poff, bi);
+    else if (write)
+        io_uring_prep_write(sqe, fd, buf, (unsigned)len, poff);
+    else
+        io_uring_prep_read(sqe, fd, buf, (unsigned)len, poff);
+    if (d->fixed_files)
+        sqe->flags |= IOSQE_FIXED_FILE;
+    io_uring_sqe_set_data(sqe, op);
+    op->pending++;
+    return 0;
+}
+
+static struct tier_disk_op *tier_disk_op_new(struct tier_disk *d, uint8_t kind, uint32_t page,
+                                             tier_done_fn done, void *arg)
+{
+    struct tier_disk_op *op = calloc(1, sizeof(*op));
+    if (!op)
+        return NULL;
+    op->kind = kind;
+    op->page = page;
+    op->path = tier_disk_page_path(d, page);
+    op->done = done;
+    op->arg = arg;
+    return op;
+}
+
+static void tier_disk_op_start(struct tier_disk *d, struct tier_disk_op *op)
+{
+    d->inflight++;
+    d->pages[op->page].inflight++;
+    if (op->kind == TIER_DISK_OP_READ || op->kind == TIER_DISK_OP_GET)
+        d->st.reads_inflight++;
+    else
+        d->st.writes_inflight++;
+    io_uring_submit(&d->ring);
+}
+
+static void tier_disk_op_free(struct tier_disk_op *op)
+{
+    free(op->buf);
+    free(op->data_bounce);
+    free(op);
+}
+
+/* Room for one more op, reaping completions when the ring is full (generic ops only: they
+ * have no -EAGAIN in their contract). */
+static void tier_disk_wait_room(struct tier_disk *d)
+{
+    while (d->st.reads_inflight >= d->cfg.queue_depth ||
+           d->st.writes_inflight >= d->cfg.queue_depth) {
+        struct io_uring_cqe *cqe;
+        if (io_uring_wait_cqe(&d->ring, &cqe) == 0)
+            tier_disk_poll(&d->base);
+    }
+}
+
+static bool tier_disk_range_ok(const struct tier_loc *loc, uint64_t off, uint64_t len)
+{
+    return len != 0 && off < loc->len && len <= loc->len - off;
+}
+
+/* Synchronous read-modify-write of an unaligned range through a bounce buffer. */
+static int tier_disk_rmw(struct tier_disk *d, uint32_t path, uint64_t off, const void *src,
+                         uint64_t len)
+{
+    uint64_t a0 = off & ~(uint64_t)(TIER_DISK_ALIGN - 1);
+    uint64_t a1 = tier_disk_round(off + len);
+    uint8_t *b = tier_disk_aligned(a1 - a0);
+    int rc = 0;
+    if (!b)
+        return -ENOMEM;
+    if (pread(d->fds[path], b, a1 - a0, (off_t)tier_disk_path_off(d, a0)) != (ssize_t)(a1 - a0)) {
+        rc = -EIO;
+        goto out;
+    }
+    memcpy(b + (off - a0), src, len);
+    if (pwrite(d->fds[path], b, a1 - a0, (off_t)tier_disk_path_off(d, a0)) !=
+        (ssize_t)(a1 - a0))
+        rc = -EIO;
+out:
+    free(b);
+    return rc;
+}
+
+static int tier_disk_write(struct tier *t, const struct tier_loc *loc, uint64_t off,
+                           const void *src, uint64_t len, tier_done_fn done, void *arg)
+{
+    struct tier_disk *d = tier_disk_of(t);
+    uint32_t p = tier_disk_loc_page(d, loc);
+    uint64_t at = loc->off + off;
+    struct tier_disk_op *op;
+    int rc;
+    if (p == UINT32_MAX || !tier_disk_range_ok(loc, off, len))
+        return -EINVAL;
+    if (at % TIER_DISK_ALIGN || len % TIER_DISK_ALIGN) {
+        rc = tier_disk_rmw(d, tier_disk_page_path(d, p), at, src, len);
+        if (rc == 0) {
+            d->st.bytes_written += len;
+            d->st.writes++;
+        } else {
+            d->st.write_errors++;
+        }
+        done(arg, rc);
+        return 0;
+    }
+    tier_disk_wait_room(d);
+    op = tier_disk_op_new(d, TIER_DISK_OP_WRITE, p, done, arg);
+    if (!op)
+        return -ENOMEM;
+    op->bytes = len;
+    if ((uintptr_t)src % TIER_DISK_ALIGN && tier_disk_buf_index(d, src, len) < 0) {
+        op->buf = tier_disk_aligned(len);
+        if (!op->buf) {
+            tier_disk_op_free(op);
+            return -ENOMEM;
+        }
+        memcpy(op->buf, src, len);
+        src = op->buf;
+    }
+    rc = tier_disk_prep(d, op, true, (void *)src, len, at);
+    if (rc) {
+        tier_disk_op_free(op);
+        return rc;
+    }
+    tier_disk_op_start(d, op);
+    return 0;
+}
+
+static int tier_disk_read(struct tier *t, const struct tier_loc *loc, uint64_t off, void *dst,
+                          uint64_t len, tier_done_fn done, void *arg)
+{
+    struct tier_disk *d = tier_disk_of(t);
+    uint32_t p = tier_disk_loc_page(d, loc);
+    uint64_t at = loc->off + off, a0, a1;
+    struct tier_disk_op *op;
+    int rc;
+    if (p == UINT32_MAX || !tier_disk_range_ok(loc, off, len))
+        return -EINVAL;
+    tier_disk_wait_room(d);
+    op = tier_disk_op_new(d, TIER_DISK_OP_READ, p, done, arg);
+    if (!op)
+        return -ENOMEM;
+    op->bytes = len;
+    a0 = at & ~(uint64_t)(TIER_DISK_ALIGN - 1);
+    a1 = tier_disk_round(at + len);
+    if (a0 != at || a1 != at + len ||
+        ((uintptr_t)dst % TIER_DISK_ALIGN && tier_disk_buf_index(d, dst, len) < 0)) {
+        op->buf = tier_disk_aligned(a1 - a0);
+        if (!op->buf) {
+            tier_disk_op_free(op);
+            return -ENOMEM;
+        }
+        op->dst = dst;
+        op->skip = at - a0;
+        op->len = len;
+        rc = tier_disk_prep(d, op, false, op->buf, a1 - a0, a0);
+    } else {
+        rc = tier_disk_prep(d, op, false, dst, len, at);
+    }
+    if (rc) {
+        tier_disk_op_free(op);
+        return rc;
+    }
+    tier_disk_op_start(d, op);
+    return 0;
+}
+
+/* ---- records --------------------------------------------------------------------------- */
+
+/* The bucket holds a quarter second of writes, and at least one page. */
+static double tier_disk_burst(const struct tier_disk *d)
+{
+    return (double)d->cfg.write_rate / 4 > (double)d->cfg.page_size
+               ? (double)d->cfg.write_rate / 4
+               : (double)d->cfg.page_size;
+}
+
+static bool tier_disk_write_budget(struct tier_disk *d, uint64_t bytes)
+{
+    uint64_t now;
+    double burst = tier_disk_burst(d);
+    if (!d->cfg.write_rate)
+        return true;
+    now = tier_disk_now_ns();
+    d->tokens += (double)(now - d->last_refill_ns) * 1e-9 * (double)d->cfg.write_rate;
+    if (d->tokens > burst)
+        d->tokens = burst;
+    d->last_refill_ns = now;
+    if (d->tokens < (double)bytes)
+        return false;
+    d->tokens -= (double)bytes;
+    return true;
+}
+
+int tier_disk_put(struct tier *t, const struct tier_loc *loc, const struct tier_disk_meta *m,
+                  const void *src, tier_done_fn done, void *arg)
+{
+    struct tier_disk *d = tier_disk_of(t);
+    uint32_t p = tier_disk_loc_page(d, loc);
+    uint64_t dlen = tier_disk_round(m->len);
+    struct tier_disk_op *op = NULL;
+    struct tier_disk_hdr *h;
+    const void *data = src;
+    int rc;
+    if (p == UINT32_MAX || m->len == 0 || dlen > loc->len)
+        return -EINVAL;
+    if (d->failed[tier_disk_page_path(d, p)])
+        return -EIO;
+    if (d->st.writes_inflight >= d->cfg.queue_depth) {
+        d->st.queue_full++;
+        return -EAGAIN;
+    }
+    if (!tier_disk_write_budget(d, dlen + TIER_DISK_HDR)) {
+        d->st.throttled++;
+        return -EAGAIN;
+    }
+    op = tier_disk_op_new(d, TIER_DISK_OP_PUT, p, done, arg);
+    if (!op)
+        return -ENOMEM;
+    op->bytes = dlen + TIER_DISK_HDR;
+    op->buf = tier_disk_aligned(TIER_DISK_HDR);
+    if (!op->buf) {
+        rc = -ENOMEM;
+        goto fail;
+    }
+    memset(op->buf, 0, TIER_DISK_HDR);
+    h = op->buf;
+    *h = (struct tier_disk_hdr){.magic = TIER_DISK_MAGIC,
+                                .format = TIER_DISK_FORMAT,
+                                .page_version = (uint32_t)loc->cls,
+                                .len = m->len,
+                                .data_csum = XXH3_64bits(src, m->len),
+                                .key = {m->key[0], m->key[1]},
+                                .parent = {m->parent[0], m->parent[1]},
+                                .depth = m->depth,
+                                .codec = m->codec};
+    memcpy(h->ns, m->ns, sizeof(h->ns));
+    h->hdr_csum = tier_disk_hdr_csum(h);
+    /* The data leaves from the arena itself unless it is unaligned or its last 4 KiB would
+     * reach past a registered buffer. */
+    if ((uintptr_t)src % TIER_DISK_ALIGN ||
+        (d->nbufs && tier_disk_buf_index(d, src, dlen) < 0 && tier_disk_buf_index(d, src, 1) >= 0)) {
+        op->data_bounce = tier_disk_aligned(dlen);
+        if (!op->data_bounce) {
+            rc = -ENOMEM;
+            goto fail;
+        }
+        memset((uint8_t *)op->data_bounce + m->len, 0, dlen - m->len);
+        memcpy(op->data_bounce, src, m->len);
+        data = op->data_bounce;
+    }
+    rc = tier_disk_prep(d, op, true, op->buf, TIER_DISK_HDR, loc->off - TIER_DISK_HDR);
+    if (rc == 0)
+        rc = tier_disk_prep(d, op, true, (void *)data, dlen, loc->off);
+    if (rc) {
+        /* Nothing was submitted yet: take back prepared entries by submitting none. */
+        goto fail;
+    }
+    tier_disk_op_start(d, op);
+    return 0;
+fail:
+    if (op && op->pending) {
+        /* A prepared header write without its data: let it run, report the failure. */
+        op->status = rc;
+        tier_disk_op_start(d, op);
+        return 0;
+    }
+    if (op)
+        tier_disk_op_free(op);
+    return rc;
+}
+
+int tier_disk_get(struct tier *t, const struct tier_loc *loc, const struct tier_disk_meta *expect,
+                  void *dst, uint64_t dst_len, tier_done_fn done, void *arg)
+{
+    struct tier_disk *d = tier_disk_of(t);
+    uint32_t p = tier_disk_loc_page(d, loc);
+    struct tier_disk_op *op;
+    void *into = dst;
+    int rc;
+    if (p == UINT32_MAX || dst_len == 0 || (expect && tier_disk_round(expect->len) > loc->len))
+        return -EINVAL;
+    if (d->st.reads_inflight >= d->cfg.queue_depth) {
+        d->st.queue_full++;
+        return -EAGAIN;
+    }
+    op = tier_disk_op_new(d, TIER_DISK_OP_GET, p, done, arg);
+    if (!op)
+        return -ENOMEM;
+    op->bytes = loc->len + TIER_DISK_HDR;
+    op->buf_len = loc->len;
+    op->dst = dst;
+    op->len = dst_len;
+    if (expect) {
+        op->has_expect = true;
+        op->expect = *expect;
+    }
+    op->buf = tier_disk_aligned(TIER_DISK_HDR);
+    if (!op->buf) {
+        rc = -ENOMEM;
+        goto fail;
+    }
+    if ((uintptr_t)dst % TIER_DISK_ALIGN || dst_len < loc->len ||
+        (tier_disk_buf_index(d, dst, 1) >= 0 && tier_disk_buf_index(d, dst, loc->len) < 0)) {
+        op->data_bounce = tier_disk_aligned(loc->len);
+        if (!op->data_bounce) {
+            rc = -ENOMEM;
+            goto fail;
+        }
+        into = op->data_bounce;
+    }
+    rc = tier_disk_prep(d, op, false, op->buf, TIER_DISK_HDR, loc->off - TIER_DISK_HDR);
+    if (rc)
+        goto fail;
+    rc = tier_disk_prep(d, op, false, into, loc->len, loc->off);
+    if (rc) {
+        op->status = rc;
+        tier_disk_op_start(d, op);
+        return 0;
+    }
+    tier_disk_op_start(d, op);
+    return 0;
+fail:
+    tier_disk_op_free(op);
+    return rc;
+}
+
+/* Header checks of a GET; 0 or -EBADMSG. */
+static int tier_disk_get_verify(struct tier_disk *d, struct tier_disk_op *op)
+{
+    const struct tier_disk_hdr *h = op->buf;
+    const uint8_t *data = op->data_bounce ? op->data_bounce : op->dst;
+    const struct tier_disk_page *pg = &d->pages[op->page];
+    if (h->magic != TIER_DISK_MAGIC || h->format != TIER_DISK_FORMAT ||
+        h->hdr_csum != tier_disk_hdr_csum(h) || h->page_version != pg->version)
+        return -EBADMSG;
+    if (h->len > op->len || tier_disk_round(h->len) > op->buf_len)
+        return -EBADMSG;
+    if (op->has_expect &&
+        (h->len != op->expect.len || h->key[0] != op->expect.key[0] ||
+         h->key[1] != op->expect.key[1] || h->codec != op->expect.codec ||
+         memcmp(h->ns, op->expect.ns, sizeof(h->ns)) != 0))
+        return -EBADMSG;
+    if (XXH3_64bits(data, h->len) != h->data_csum)
+        return -EBADMSG;
+    if (op->data_bounce)
+        memcpy(op->dst, op->data_bounce, h->len);
+    return 0;
+}
+
+static void tier_disk_op_end(struct tier_disk *d, struct tier_disk_op *op)
+{
+    struct tier_disk_page *pg = &d->pages[op->page];
+    bool reading = op->kind == TIER_DISK_OP_READ || op->kind == TIER_DISK_OP_GET;
+    d->inflight--;
+    pg->inflight--;
+    if (reading)
+        d->st.reads_inflight--;
+    else
+        d->st.writes_inflight--;
+    if (op->status == 0 && op->kind == TIER_DISK_OP_GET)
+        op->status = tier_disk_get_verify(d, op);
+    if (op->status == 0 && op->kind == TIER_DISK_OP_READ && op->dst)
+        memcpy(op->dst, (uint8_t *)op->buf + op->skip, op->len);
+    if (op->status == 0) {
+        if (reading) {
+            d->st.reads++;
+            d->st.bytes_read += op->bytes;
+        } else {
+            d->st.writes++;
+            d->st.bytes_written += op->bytes;
+        }
+    } else if (op->status == -EBADMSG) {
+        d->st.checksum_failures++;
+    } else if (reading) {
+        d->st.read_errors++;
+    } else {
+        d->st.write_errors++;
+        /* A write that fails leaves the path suspect: stop placing records there. */
+        if (op->status == -EIO || op->status == -ENOSPC) {
+            if (!d->failed[op->path])
+                d->st.failed_paths++;
+            d->failed[op->path] = true;
+        }
+    }
+    tier_disk_page_maybe_free(d, op->page);
+    op->done(op->arg, op->status);
+    tier_disk_op_free(op);
+}
+
+int tier_disk_poll(struct tier *t)
+{
+    struct tier_disk *d = tier_disk_of(t);
+    struct io_uring_cqe *cqe;
+    uint64_t v;
+    int n = 0;
+    if (read(d->efd, &v, sizeof(v)) < 0) {
+        /* Nothing signalled: completions may still be there (the eventfd is a hint). */
+    }
+    while (io_uring_peek_cqe(&d->ring, &cqe) == 0) {
+        struct tier_disk_op *op = io_uring_cqe_get_data(cqe);
+        int res = cqe->res;
+        io_uring_cqe_seen(&d->ring, cqe);
+        if (!op)
+            continue;
+        if (res < 0 && op->status == 0)
+            op->status = res == -ENOSPC ? -ENOSPC : -EIO;
+        else if (res >= 0 && op->status == 0 && (res % TIER_DISK_ALIGN))
+            op->status = -EIO; /* short transfer */
+        if (--op->pending == 0) {
+            tier_disk_op_end(d, op);
+            n++;
+        }
+    }
+    return n;
+}
+
+void tier_disk_drain(struct tier *t)
+{
+    struct tier_disk *d = tier_disk_of(t);
+    while (d->inflight) {
+        struct io_uring_cqe *cqe;
+        if (io_uring_wait_cqe(&d->ring, &cqe) < 0)
+            break;
+        tier_disk_poll(t);
+    }
+}
+
+int tier_disk_fd(const struct tier *t)
+{
+    return tier_disk_of(t)->efd;
+}
+
+int tier_disk_buffers_register(struct tier *t, void *base, uint64_t len)
+{
+    struct tier_disk *d = tier_disk_of(t);
+    struct iovec iov[TIER_DISK_MAX_BUFS] = {{0}};
+    const uint64_t chunk = 1ull << 30; /* the kernel's limit per fixed buffer */
+    uint32_t n = 0;
+    int rc;
+    if (d->nbufs)
+        return -EBUSY;
+    for (uint64_t o = 0; o < len && n < TIER_DISK_MAX_BUFS; o += chunk, n++)
+        iov[n] = (struct iovec){.iov_base = (uint8_t *)base + o,
+                                .iov_len = len - o < chunk ? len - o : chunk};
+    if (n * chunk < len)
+        return -E2BIG;
+    rc = io_uring_register_buffers(&d->ring, iov, n);
+    if (rc < 0)
+        return rc;
+    for (uint32_t i = 0; i < n; i++)
+        d->bufs[i] = (struct tier_disk_buf){.base = iov[i].iov_base, .len = iov[i].iov_len};
+    d->nbufs = n;
+    d->st.fixed_buffers = true;
+    return 0;
+}
+
+/* ---- start ----------------------------------------------------------------------------- */
+
+/* Walks the record chain of every page with synchronous header reads. */
+static int tier_disk_scan(struct tier_disk *d)
+{
+    struct tier_disk_hdr *h = tier_disk_aligned(TIER_DISK_HDR);
+    uint32_t maxv = 0;
+    if (!h)
+        return -ENOMEM;
+    /* First pass: the highest version on the device, so every page opened later gets a
+     * newer one than any record left anywhere. */
+    for (uint32_t p = 0; p < d->npages; p++) {
+        uint32_t path = tier_disk_page_path(d, p);
+        uint64_t base = tier_disk_path_off(d, tier_disk_page_base(d, p));
+        uint64_t at = 0;
+        uint32_t ver = 0;
+        struct tier_disk_page *pg = &d->pages[p];
+        if (d->cfg.progress && p % 64 == 0)
+            d->cfg.progress(d->cfg.progress_arg, p, d->npages);
+        while (at + TIER_DISK_HDR <= d->cfg.page_size) {
+            if (pread(d->fds[path], h, TIER_DISK_HDR, (off_t)(base + at)) != TIER_DISK_HDR)
+                break;
+            if (h->magic != TIER_DISK_MAGIC || h->format != TIER_DISK_FORMAT ||
+                h->hdr_csum != tier_disk_hdr_csum(h) || h->len == 0 ||
+                h->len > d->cfg.page_size - TIER_DISK_HDR ||
+                at + tier_disk_record_bytes(h->len) > d->cfg.page_size)
+                break;
+            if (at == 0)
+                ver = h->page_version;
+            else if (h->page_version != ver)
+                break;
+            if (ver > maxv)
+                maxv = ver;
+            if (d->cfg.scan) {
+                struct tier_disk_meta m = {.key = {h->key[0], h->key[1]},
+                                           .parent = {h->parent[0], h->parent[1]},
+                                           .depth = h->depth,
+                                           .codec = h->codec,
+                                           .len = h->len};
+                struct tier_loc loc = {.arena = path,
+                                       .cls = ver,
+                                       .off = tier_disk_page_base(d, p) + at + TIER_DISK_HDR,
+                                       .len = tier_disk_round(h->len)};
+                memcpy(m.ns, h->ns, sizeof(m.ns));
+                /* The page must look live while the callback decides. */
+                pg->state = TIER_DISK_PAGE_FULL;
+                pg->version = ver;
+                if (d->cfg.scan(d->cfg.scan_arg, &m, &loc) == 0) {
+                    pg->live++;
+                    pg->live_bytes += loc.len;
+                    d->st.used += loc.len;
+                    d->st.records_found++;
+                }
+            }
+            at += tier_disk_record_bytes(h->len);
+        }
+        if (pg->live) {
+            pg->state = TIER_DISK_PAGE_FULL;
+            pg->version = ver;
+            pg->used = at;
+        } else {
+            pg->state = TIER_DISK_PAGE_FREE;
+            pg->version = 0;
+            d->st.pages_free++;
+        }
+    }
+    d->next_version = maxv;
+    free(h);
+    return 0;
+}
+
+static int tier_disk_open_path(struct tier_disk *d, uint32_t i, uint64_t *size)
+{
+    const char *path = d->cfg.paths[i];
+    struct stat st;
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_DIRECT, 0600);
+    if (fd < 0 && errno == EINVAL) {
+        fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+        if (fd >= 0) {
+            fprintf(stderr, "kvcd: disk: %s: O_DIRECT refused by the file system; using BUFFERED "
+                            "I/O (slower, and the page cache holds a second copy)\n",
+                    path);
+            d->st.buffered = true;
+        }
+    }
+    if (fd < 0)
+        return -errno;
+    d->fds[i] = fd;
+    if (fstat(fd, &st) < 0)
+        return -errno;
+    if (S_ISBLK(st.st_mode)) {
+        uint64_t bytes = 0;
+        if (ioctl(fd, BLKGETSIZE64, &bytes) < 0)
+            return -errno;
+        *size = d->cfg.size && d->cfg.size < bytes ? d->cfg.size : bytes;
+        return 0;
+    }
+    if (!S_ISREG(st.st_mode))
+        return -EINVAL;
+    *size = d->cfg.size;
+    if ((uint64_t)st.st_size < d->cfg.size) {
+        int rc = posix_fallocate(fd, 0, (off_t)d->cfg.size);
+        if (rc == EOPNOTSUPP || rc == EINVAL)
+            rc = ftruncate(fd, (off_t)d->cfg.size) < 0 ? errno : 0;
+        if (rc)
+            return -rc;
+    }
+    return 0;
+}
+
+static void tier_disk_destroy(struct tier *t)
+{
+    struct tier_disk *d = tier_disk_of(t);
+    if (d->ring_ok) {
+        tier_disk_drain(t);
+        io_uring_queue_exit(&d->ring);
+    }
+    if (d->efd >= 0)
+        close(d->efd);
+    for (uint32_t i = 0; i < TIER_DISK_MAX_PATHS; i++)
+        if (d->fds[i] >= 0)
+            close(d->fds[i]);
+    free(d->pages);
+    free(d);
+}
+
+static uint64_t tier_disk_capacity(const struct tier *t)
+{
+    return tier_disk_of(t)->st.capacity;
+}
+
+static uint64_t tier_disk_usage(const struct tier *t)
+{
+    return tier_disk_of(t)->st.used;
+}
+
+static const struct tier_ops tier_disk_ops = {
+    .name = "disk",
+    .alloc = tier_disk_alloc,
+    .free = tier_disk_free,
+    .read = tier_disk_read,
+    .write = tier_disk_write,
+    .capacity = tier_disk_capacity,
+    .usage = tier_disk_usage,
+    .destroy = tier_disk_destroy,
+};
+
+struct tier *tier_disk_new(const struct tier_disk_config *cfg, int *err)
+{
+    struct tier_disk *d = calloc(1, sizeof(*d));
+    uint64_t size = UINT64_MAX;
+    int rc = -ENOMEM;
+    if (!d)
+        goto fail;
+    d->base.ops = &tier_disk_ops;
+    d->efd = -1;
+    for (uint32_t i = 0; i < TIER_DISK_MAX_PATHS; i++)
+        d->fds[i] = -1;
+    d->cfg = *cfg;
+    d->open_page = UINT32_MAX;
+    rc = -EINVAL;
+    if (cfg->npaths == 0 || cfg->npaths > TIER_DISK_MAX_PATHS || cfg->page_size < (64u << 10) ||
+        cfg->page_size % TIER_DISK_ALIGN || cfg->queue_depth == 0 || cfg->queue_depth > 4096)
+        goto fail;
+    d->npaths = cfg->npaths;
+    for (uint32_t i = 0; i < d->npaths; i++) {
+        uint64_t s = 0;
+        rc = tier_disk_open_path(d, i, &s);
+        if (rc)
+            goto fail;
+        if (s < size)
+            size = s;
+    }
+    /* Every path gets the same number of pages, so page p lives on path p / pages_per_path. */
+    d->pages_per_path = size / cfg->page_size;
+    rc = -ENOSPC;
+    if (d->pages_per_path == 0 || d->pages_per_path * d->npaths > UINT32_MAX / 2)
+        goto fail;
+    d->path_size = d->pages_per_path * cfg->page_size;
+    d->npages = d->pages_per_path * d->npaths;
+    d->st.capacity = d->path_size * d->npaths;
+    d->st.pages = d->npages;
+    d->pages = calloc(d->npages, sizeof(*d->pages));
+    rc = -ENOMEM;
+    if (!d->pages)
+        goto fail;
+    /* Reads and writes have queue_depth requests each, so a burst of demotions never keeps
+     * a lookup's reads waiting; two entries per request (header and data). */
+    rc = io_uring_queue_init(cfg->queue_depth * 4, &d->ring, 0);
+    if (rc < 0)
+        goto fail;
+    d->ring_ok = true;
+    d->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (d->efd < 0) {
+        rc = -errno;
+        goto fail;
+    }
+    rc = io_uring_register_eventfd(&d->ring, d->efd);
+    if (rc < 0)
+        goto fail;
+    d->fixed_files = io_uring_register_files(&d->ring, d->fds, d->npaths) == 0;
+    d->last_refill_ns = tier_disk_now_ns();
+    d->tokens = tier_disk_burst(d);
+    rc = tier_disk_scan(d);
+    if (rc)
+        goto fail;
+    return &d->base;
+fail:
+    if (d)
+        tier_disk_destroy(&d->base);
+    *err = rc;
+    return NULL;
+}
+
+void tier_disk_stats_get(const struct tier *t, struct tier_disk_stats *st)
+{
+    const struct tier_disk *d = tier_disk_of(t);
+    *st = d->st;
+    st->dead_bytes = 0;
+    for (uint64_t p = 0; p < d->npages; p++)
+        if (d->pages[p].state == TIER_DISK_PAGE_FULL)
+            st->dead_bytes += d->pages[p].used - d->pages[p].live_bytes -
+                              (uint64_t)d->pages[p].live * TIER_DISK_HDR;
+}

@@ -1,0 +1,122 @@
+/*
+ * disk.h — the disk tier: O_DIRECT files or block devices driven through io_uring.
+ *
+ * DESIGN
+ * Follows memcached's extstore. Every path is cut into pages of page_size bytes; records
+ * are appended to one open page at a time and a page is reused only once every record on it
+ * is dead, with a new version drawn from one counter that only grows (persisted in the
+ * record headers). A location is (page, version, offset): tier_loc.off is the global byte
+ * offset of the record's data (path i owns [i*size, (i+1)*size)), tier_loc.cls the page
+ * version, so a stale location fails one comparison.
+ * A record is a 4 KiB self-describing header (magic, format version, page version,
+ * namespace descriptor, key, parent key, depth, length, codec, XXH3 of the data, XXH3 of the
+ * header) followed by the data rounded up to 4 KiB. Header and data are written by two
+ * independent requests; since the header checksums the data, a record cut off anywhere
+ * fails verification and is never served. At start the page chains are walked header by
+ * header (no manifest to keep in step), and every reported record is verified again when
+ * read.
+ * The daemon's host arena is registered as fixed buffers, so tier_disk_put/get move bytes
+ * between arena slots and the device with no copy; the files are registered too. Completions
+ * are signalled on an eventfd (tier_disk_fd) that the daemon's epoll loop watches; the loop
+ * calls tier_disk_poll, which runs the callbacks. Writes are bounded by a token bucket and
+ * refused with -EAGAIN when the queue is full, never stalled.
+ * The generic ops (tier.h) read and write raw bytes of a record's data area; offsets and
+ * lengths that are not 4 KiB multiples use a bounce buffer (read-modify-write for writes,
+ * done synchronously). They exist for the conformance suite and tools; the daemon uses
+ * tier_disk_put and tier_disk_get. Owned by the daemon's loop thread.
+ */
+#ifndef KVC_TIER_DISK_H
+#define KVC_TIER_DISK_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "tiers/tier.h"
+
+#define TIER_DISK_ALIGN 4096u
+#define TIER_DISK_HDR 4096u /* header bytes in front of every record */
+#define TIER_DISK_NS_BYTES 160u
+#define TIER_DISK_MAX_PATHS 8u
+
+/* What a record says about itself (the daemon's view of a block). */
+struct tier_disk_meta {
+    uint64_t key[2];
+    uint64_t parent[2];
+    uint32_t depth;
+    uint32_t codec;                  /* 0: raw */
+    uint64_t len;                    /* data bytes */
+    uint8_t ns[TIER_DISK_NS_BYTES];  /* opaque namespace descriptor, compared bytewise */
+};
+
+/* Called for every intact record found at start. Return 0 to keep it (the caller then owns
+ * the location and frees it with ops->free), anything else to let the tier drop it. */
+typedef int (*tier_disk_scan_fn)(void *arg, const struct tier_disk_meta *m,
+                                 const struct tier_loc *loc);
+
+struct tier_disk_config {
+    const char *paths[TIER_DISK_MAX_PATHS]; /* files (created and sized) or block devices */
+    uint32_t npaths;
+    uint64_t size;        /* bytes per path, rounded down to whole pages */
+    uint64_t page_size;   /* multiple of 4 KiB, at least 64 KiB */
+    uint32_t queue_depth; /* reads in flight, and writes in flight, 1..4096 each */
+    uint64_t write_rate;  /* bytes per second written at most; 0: unbounded */
+    tier_disk_scan_fn scan; /* NULL: start empty (records found are dropped) */
+    void *scan_arg;
+    void (*progress)(void *arg, uint64_t pages_done, uint64_t pages); /* during the scan */
+    void *progress_arg;
+};
+
+struct tier_disk_stats {
+    uint64_t capacity, used;        /* bytes; used = live record data */
+    uint64_t pages, pages_free;
+    uint64_t dead_bytes;            /* in closed pages: what compaction could reclaim */
+    uint64_t reads_inflight, writes_inflight;
+    uint64_t bytes_read, bytes_written;
+    uint64_t reads, writes;
+    uint64_t read_errors, write_errors, checksum_failures;
+    uint64_t throttled, queue_full;
+    uint64_t failed_paths;
+    uint64_t records_found;         /* at start */
+    bool buffered;                  /* O_DIRECT refused by the file system */
+    bool fixed_buffers;             /* the arena is registered */
+};
+
+/* Opens (creating and sizing files as needed) every path, sets up the ring and walks the
+ * pages. NULL on failure with *err: -EINVAL (config), -ENOSPC (a path smaller than one
+ * page), -errno of open/fallocate/io_uring_queue_init. */
+struct tier *tier_disk_new(const struct tier_disk_config *cfg, int *err);
+
+/* Registers [base, base+len) (the host arena) as fixed buffers: transfers from or to it use
+ * no bounce copy and no per-request page pinning. 0 or -errno (then plain requests are used;
+ * still zero-copy with O_DIRECT). */
+int tier_disk_buffers_register(struct tier *t, void *base, uint64_t len);
+
+/* The eventfd that becomes readable when completions are ready. Owned by the tier. */
+int tier_disk_fd(const struct tier *t);
+/* Reaps completions and runs their callbacks. Returns how many ran. */
+int tier_disk_poll(struct tier *t);
+/* Waits until nothing is in flight, running callbacks. */
+void tier_disk_drain(struct tier *t);
+
+/* Writes a whole record: the header from m and m->len bytes from src into loc (from alloc
+ * with at least m->len bytes). done(arg, 0) once both are on the device; -EIO on an I/O
+ * error (the path is then marked failed). Returns 0, -EINVAL (bad location or length),
+ * -EAGAIN (write rate or queue depth reached: nothing was submitted, try later), -EIO (the
+ * path failed earlier). */
+int tier_disk_put(struct tier *t, const struct tier_loc *loc, const struct tier_disk_meta *m,
+                  const void *src, tier_done_fn done, void *arg);
+
+/* Reads the record at loc into dst (dst_len >= the data rounded up to 4 KiB for the
+ * zero-copy path; otherwise a bounce buffer is used) and verifies it: header checksum,
+ * version, and when `expect` is given its key, namespace and length, then the data's XXH3.
+ * done(arg, 0), or -EBADMSG for any mismatch (counted), -EIO. Returns 0, -EINVAL, -EAGAIN.
+ * `expect` is copied. */
+int tier_disk_get(struct tier *t, const struct tier_loc *loc, const struct tier_disk_meta *expect,
+                  void *dst, uint64_t dst_len, tier_done_fn done, void *arg);
+
+void tier_disk_stats_get(const struct tier *t, struct tier_disk_stats *st);
+
+/* Bytes a record of len data bytes takes on the device. */
+uint64_t tier_disk_record_bytes(uint64_t len);
+
+#endif
