@@ -50,6 +50,7 @@ struct store_params {
     uint32_t max_handles; /* leases + reservations per owner */
     enum policy_kind policy;
     uint64_t recompute_tokens_per_s; /* to estimate the recompute time hits save */
+    uint32_t quantize_inflight; /* quantize-in-place jobs the trim may queue (0: none) */
 };
 
 struct store_ns {
@@ -100,6 +101,7 @@ struct store {
     struct stats total;
     uint64_t pins_now;
     uint64_t reserved_now, reserved_bytes_now;
+    struct quant *quant; /* quantize-in-place worker (daemon/quant.h), or NULL */
 };
 
 /* Creates the store and its host arena. On failure NULL and *err = -errno. */
