@@ -55,10 +55,7 @@ endif
 LIBKVCD_SRCS := $(filter-out daemon/main.c,$(wildcard daemon/*.c)) \
 	$(wildcard tiers/*.c) $(wildcard policies/*.c) $(wildcard kernels/*.c)
 CU_SRCS := $(if $(filter 1,$(CUDA)),$(wildcard kernels/*.cu) $(wildcard tiers/*.cu))
-# libkvc carries the device layer and the gather/scatter kernels its GPU calls use.
-LIBKVC_SRCS := $(filter-out client/kvcctl.c,$(wildcard client/*.c)) kernels/kern_dev.c \
-	kernels/kern_pack.c
-LIBKVC_CU := $(if $(filter 1,$(CUDA)),kernels/kern_dev.cu kernels/kern_pack.cu)
+LIBKVC_SRCS := $(filter-out client/kvcctl.c,$(wildcard client/*.c))
 CHECK_SRCS := $(wildcard tests/check_*.c) $(wildcard tests/e2e/check_*.c)
 BENCH_SRCS := $(wildcard tests/bench/bench_*.c)
 TESTLIB_SRCS := $(wildcard tests/lib/*.c)
@@ -71,7 +68,9 @@ FLAGS_SIG := CUDA=$(CUDA) $(CFLAGS) $(NVCCFLAGS)
 FLAGS_STAMP := $(B)/flags.stamp
 $(shell mkdir -p $(B); echo '$(FLAGS_SIG)' | cmp -s - $(FLAGS_STAMP) || echo '$(FLAGS_SIG)' > $(FLAGS_STAMP))
 LIBKVCD_OBJS := $(call obj,$(LIBKVCD_SRCS)) $(patsubst %.cu,$(B)/obj/%.cu.o,$(CU_SRCS))
-LIBKVC_OBJS := $(call obj,$(LIBKVC_SRCS)) $(patsubst %.cu,$(B)/obj/%.cu.o,$(LIBKVC_CU))
+# libkvc dequantizes hits (kvc_lease_copy, kvc_lease_copy_cuda): it carries the kernels.
+LIBKVC_OBJS := $(call obj,$(LIBKVC_SRCS) $(wildcard kernels/*.c)) \
+	$(patsubst %.cu,$(B)/obj/%.cu.o,$(filter kernels/%,$(CU_SRCS)))
 TESTLIB_OBJS := $(call obj,$(TESTLIB_SRCS))
 CHECK_BINS := $(patsubst %.c,$(B)/tests/%,$(notdir $(CHECK_SRCS)))
 BENCH_BINS := $(patsubst tests/bench/%.c,$(B)/bench/%,$(BENCH_SRCS))
@@ -102,7 +101,7 @@ $(B)/lib/libkvc.a: $(LIBKVC_OBJS)
 $(B)/lib/libkvc.so: $(LIBKVC_OBJS) client/libkvc.map
 	@mkdir -p $(dir $@)
 	$(CC) -shared -Wl,-soname,libkvc.so.1 -Wl,--version-script=client/libkvc.map \
-		$(LDFLAGS) -o $@.1 $(LIBKVC_OBJS) $(shell pkg-config --libs libxxhash) $(CUDA_LIBS) -pthread
+		$(LDFLAGS) -o $@.1 $(LIBKVC_OBJS) $(shell pkg-config --libs libxxhash) $(CUDA_LIBS) -pthread -lm
 	ln -sf libkvc.so.1 $@
 
 $(B)/bin/kvcd: $(B)/obj/daemon/main.o $(B)/lib/libkvcd.a $(B)/lib/libkvc.a
@@ -111,11 +110,11 @@ $(B)/bin/kvcd: $(B)/obj/daemon/main.o $(B)/lib/libkvcd.a $(B)/lib/libkvc.a
 
 $(B)/bin/kvcctl: $(B)/obj/client/kvcctl.o $(B)/lib/libkvc.a
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) -pthread -lm
+	$(CC) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) $(CUDA_LIBS) -pthread -lm
 
 $(B)/bin/kvc-demo: $(B)/obj/tests/demo/kvc-demo.o $(B)/lib/libkvc.a
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) -pthread -lm
+	$(CC) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) $(CUDA_LIBS) -pthread -lm
 
 # Check suites link the daemon as a library plus libkvc and the shared test helpers.
 $(B)/tests/%: $(B)/obj/tests/%.o $(TESTLIB_OBJS) $(B)/lib/libkvcd.a $(B)/lib/libkvc.a
@@ -216,7 +215,8 @@ KVC_VERSION := 0.1.0
 INSTALL ?= install
 SUBST = sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' \
 	-e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' \
-	-e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' -e 's|@VERSION@|$(KVC_VERSION)|g'
+	-e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' -e 's|@VERSION@|$(KVC_VERSION)|g' \
+	-e 's|@LIBS_PRIVATE@|$(strip $(CUDA_LIBS))|g'
 MAN8 := docs/man/kvcd.8 docs/man/kvcctl.8
 MAN5 := docs/man/kvcd.ini.5
 MAN3 := docs/man/libkvc.3

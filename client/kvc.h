@@ -86,6 +86,30 @@ struct kvc_layout {
     enum kvc_kv_kind kv_kind;
 };
 
+/* Stored formats of a block (kvc_lease_stored) and the codecs a namespace may allow.
+ * RAW is the namespace's layout and dtype; the others are encoded blocks of the kvcd
+ * kernels (docs/kernels.md: header, per (layer, K/V) sections), named by their K codec. */
+enum kvc_codec {
+    KVC_CODEC_RAW = 0,
+    KVC_CODEC_Q8_0 = 1,  /* ggml q8_0, 8.5 bits/value */
+    KVC_CODEC_Q4_1 = 2,  /* ggml q4_1, 5 bits/value */
+    KVC_CODEC_Q5_1 = 3,  /* ggml q5_1, 6 bits/value */
+    KVC_CODEC_KIVI2 = 4, /* KIVI 2-bit: keys per channel, values per token */
+    KVC_CODEC_KIVI4 = 5, /* KIVI 4-bit */
+    KVC_CODEC_FP8 = 6,   /* E4M3 with a scale per (block, layer, K/V, head) */
+};
+
+/* What a namespace allows to be stored lossy (kvc_ns_open_quant). Default (kvc_ns_open):
+ * nothing, every block stays raw. Under memory pressure the daemon may quantize a cold
+ * block in place to k_codec for keys and v_codec for values (KVC_CODEC_RAW keeps that
+ * kind raw), layers [0, raw_layers) kept raw. fp16 and bf16 namespaces only. */
+struct kvc_quant {
+    uint32_t allowed; /* bits 1u << KVC_CODEC_* (RAW excluded) */
+    enum kvc_codec k_codec;
+    enum kvc_codec v_codec;
+    uint32_t raw_layers;
+};
+
 /* Status of one key after kvc_reserve(). */
 enum kvc_slot {
     KVC_SLOT_PRESENT = 1,  /* already cached: nothing to write */
@@ -148,6 +172,13 @@ KVC_API const char *kvc_strerror(int err);
  * id known with another layout), -EACCES, -ENOSPC (namespace table full), -EPIPE. */
 KVC_API int kvc_ns_open(kvc_client *c, const struct kvc_layout *layout, kvc_ns **out);
 
+/* kvc_ns_open() for a namespace that allows lossy storage (struct kvc_quant). The creator's
+ * setting stays with the namespace: opening it later with another one fails with -EEXIST
+ * (kvc_ns_open, which passes none, always matches). -EINVAL: codecs outside `allowed`, on a
+ * dtype other than fp16/bf16, or a recipe that quantizes nothing. */
+KVC_API int kvc_ns_open_quant(kvc_client *c, const struct kvc_layout *layout,
+                              const struct kvc_quant *q, kvc_ns **out);
+
 /* Bytes of one block of this namespace. */
 KVC_API size_t kvc_ns_block_bytes(const kvc_ns *ns);
 
@@ -194,8 +225,24 @@ KVC_API size_t kvc_lease_count(const kvc_lease *l);
  * out of range. Its length is kvc_ns_block_bytes(). */
 KVC_API const void *kvc_lease_data(const kvc_lease *l, size_t i);
 
-/* Copies hit i into dst (len must be at least the block size). Errors: -EINVAL, -ERANGE. */
+/* Copies hit i into dst (len must be at least the block size) as raw data in the namespace's
+ * layout and dtype: a quantized block is dequantized on the CPU. Errors: -EINVAL, -ERANGE,
+ * -EBADMSG (a quantized block that does not decode), -ENOMEM. */
 KVC_API int kvc_lease_copy(const kvc_lease *l, size_t i, void *dst, size_t len);
+
+/* Hit i as stored: *data (inside the shared arena, valid until kvc_release) and *len (bytes
+ * of the stored block: the block size when raw, else the encoded block's size). Returns its
+ * format (enum kvc_codec) or -EINVAL, -ERANGE. kvc_lease_data() points at the same bytes. */
+KVC_API int kvc_lease_stored(const kvc_lease *l, size_t i, const void **data, size_t *len);
+
+/* GPU form of kvc_lease_copy: writes hit i as raw data (namespace layout and dtype) to device
+ * memory dst_dev (len bytes, at least the block size), queued on `stream` (a cudaStream_t,
+ * NULL: the legacy default stream). A quantized block crosses PCIe in its stored size and is
+ * dequantized on the device (a device scratch buffer is allocated and freed per call);
+ * returns after the work is queued and the stream synchronised for the scratch. -ENOTSUP:
+ * libkvc built without CUDA; -EIO: a CUDA error; -EINVAL, -ERANGE as above. */
+KVC_API int kvc_lease_copy_cuda(const kvc_lease *l, size_t i, void *dst_dev, size_t len,
+                                void *stream);
 
 /* Unpins and frees the lease. NULL is a no-op that returns 0. */
 KVC_API int kvc_release(kvc_lease *l);

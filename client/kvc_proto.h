@@ -117,8 +117,21 @@ struct kvc_wire_layout {
     uint8_t dtype;   /* enum kvc_wire_dtype */
     uint8_t kv_kind; /* enum kvc_wire_kv_kind */
     uint16_t pad;
-    uint32_t flags;
+    uint32_t flags; /* KVC_WIRE_QUANT_*: 0 keeps every block raw */
 };
+/* layout.flags at NS_OPEN: which codecs the namespace allows and the recipe quantize-in-place
+ * uses (codec of the K and of the V sections, the first raw_layers layers kept raw). The
+ * creator's value stays with the namespace; a later NS_OPEN may pass 0 or the same value. The
+ * daemon refuses (EINVAL) unknown bits, a recipe codec outside the allowed set, and codecs on
+ * a dtype or shape the kernels do not take (fp16/bf16 only). */
+#define KVC_WIRE_QUANT_ALLOWED(f) ((f) & 0xffu) /* bit c: format c may be stored */
+#define KVC_WIRE_QUANT_K(f) (((f) >> 8) & 0xfu)
+#define KVC_WIRE_QUANT_V(f) (((f) >> 12) & 0xfu)
+#define KVC_WIRE_QUANT_RAW_LAYERS(f) (((f) >> 16) & 0xffu)
+#define KVC_WIRE_QUANT_MASK 0x00ffffffu
+#define KVC_WIRE_QUANT_FLAGS(allowed, k, v, raw_layers)                                        \
+    (((uint32_t)(allowed) & 0xffu) | (((uint32_t)(k) & 0xfu) << 8) |                            \
+     (((uint32_t)(v) & 0xfu) << 12) | (((uint32_t)(raw_layers) & 0xffu) << 16))
 struct kvc_ns_open_req {
     struct kvc_wire_layout layout;
 };
@@ -146,6 +159,16 @@ struct kvc_wire_loc {
 #define KVC_WIRE_TIER_DISK 2 /* BLOCK_LIST only: a LOOKUP hands out host locations */
 #define KVC_WIRE_TIER_GPU 3  /* offset into the GPU pool (GPU_ATTACH); arena_id is the pool's */
 #define KVC_WIRE_FORMAT_RAW 0
+/* A quantized block: an encoded block of kernels/kern.h (self-describing header and per
+ * (layer, K/V) section table; the number is the codec of its K sections, the same as
+ * enum kern_codec). loc.length is then the slot, at least the encoded size. */
+#define KVC_WIRE_FORMAT_Q8_0 1
+#define KVC_WIRE_FORMAT_Q4_1 2
+#define KVC_WIRE_FORMAT_Q5_1 3
+#define KVC_WIRE_FORMAT_KIVI2 4
+#define KVC_WIRE_FORMAT_KIVI4 5
+#define KVC_WIRE_FORMAT_FP8 6
+#define KVC_WIRE_FORMAT_COUNT 7
 #define KVC_LOC_F_READY 0x1u /* the bytes are in place now; else after WAIT says so */
 
 /* LOOKUP: the hits are the longest run of committed blocks from keys[0]. A hit on disk is

@@ -69,7 +69,8 @@ static const char *ctl_tier_name(uint8_t t)
 
 static const char *ctl_codec_name(uint8_t f)
 {
-    return f == 0 ? "raw" : "?";
+    static const char *const names[] = {"raw", "q8_0", "q4_1", "q5_1", "kivi2", "kivi4", "fp8"};
+    return f < sizeof(names) / sizeof(names[0]) ? names[f] : "?";
 }
 
 static uint64_t ctl_stat(const struct kvc_stat *s, size_t n, const char *name)

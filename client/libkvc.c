@@ -23,6 +23,7 @@
 #include "client/kvc.h"
 #include "client/kvc_proto.h"
 #include "client/libkvc_internal.h"
+#include "kernels/kern.h"
 
 #define KVC_LEASE_MAX_CHUNKS 8
 /* How long kvc_lookup waits for reads from disk before giving up on them. */
@@ -268,7 +269,28 @@ KVC_API const char *kvc_strerror(int err)
 static const uint32_t kvc_dtype_ok[] = {KVC_DTYPE_FP16, KVC_DTYPE_BF16, KVC_DTYPE_FP32,
                                         KVC_DTYPE_FP8_E4M3, KVC_DTYPE_INT8};
 
+static int kvc_ns_open_flags(kvc_client *c, const struct kvc_layout *layout, uint32_t flags,
+                             kvc_ns **out);
+
 KVC_API int kvc_ns_open(kvc_client *c, const struct kvc_layout *layout, kvc_ns **out)
+{
+    return kvc_ns_open_flags(c, layout, 0, out);
+}
+
+KVC_API int kvc_ns_open_quant(kvc_client *c, const struct kvc_layout *layout,
+                              const struct kvc_quant *q, kvc_ns **out)
+{
+    if (!q || q->allowed > 0xffu || (unsigned)q->k_codec > 15 || (unsigned)q->v_codec > 15 ||
+        q->raw_layers > 0xffu)
+        return -EINVAL;
+    return kvc_ns_open_flags(c, layout,
+                             KVC_WIRE_QUANT_FLAGS(q->allowed, q->k_codec, q->v_codec,
+                                                  q->raw_layers),
+                             out);
+}
+
+static int kvc_ns_open_flags(kvc_client *c, const struct kvc_layout *layout, uint32_t flags,
+                             kvc_ns **out)
 {
     struct kvc_ns_open_req *q;
     struct kvc_wire_layout wl;
@@ -292,6 +314,7 @@ KVC_API int kvc_ns_open(kvc_client *c, const struct kvc_layout *layout, kvc_ns *
     wl.block_tokens = layout->block_tokens;
     wl.dtype = (uint8_t)layout->dtype;
     wl.kv_kind = (uint8_t)layout->kv_kind;
+    wl.flags = flags;
 
     pthread_mutex_lock(&c->mu);
     q = kvc_req(c);
@@ -378,13 +401,25 @@ static uint8_t *kvc_loc_ptr(const kvc_ns *ns, const struct kvc_wire_loc *l)
     if (l->tier != KVC_WIRE_TIER_HOST || l->arena_id >= KVC_MAX_ARENAS)
         return NULL;
     a = &ns->c->arenas[l->arena_id];
-    if (!a->base || l->length < ns->block_bytes || l->offset > a->size ||
-        ns->block_bytes > a->size - l->offset)
+    /* a raw block fills block_bytes; a quantized one is its (smaller) stored length */
+    uint64_t need = l->format == KVC_WIRE_FORMAT_RAW ? ns->block_bytes : l->length;
+    if (!a->base || l->length < need || need == 0 || l->offset > a->size ||
+        need > a->size - l->offset)
         return NULL;
     return a->base + l->offset;
 }
 
 /* ---- reading -------------------------------------------------------------------------- */
+
+static void kvc_kern_layout(const kvc_ns *ns, struct kern_layout *kl)
+{
+    *kl = (struct kern_layout){.layers = ns->layout.layers,
+                               .heads = ns->layout.kv_heads,
+                               .head_dim = ns->layout.head_dim,
+                               .tokens = ns->layout.block_tokens,
+                               .dtype = ns->layout.dtype,
+                               .k_only = ns->layout.kv_kind == KVC_WIRE_KV_KIND_K_ONLY};
+}
 
 static uint64_t kvc_mono_ns(void)
 {
@@ -511,12 +546,17 @@ KVC_API int kvc_lookup(kvc_ns *ns, const struct kvc_key *keys, size_t n, unsigne
                 rc = -EPROTO;
                 break;
             }
-            l->hits[l->n++] = (struct kvc_hit){.data = ptr,
-                                               .len = ns->block_bytes,
-                                               .chunk = (uint32_t)(l->nids - 1),
-                                               .ready = (locs[i].flags & KVC_LOC_F_READY) != 0,
-                                               .tier = locs[i].tier,
-                                               .format = locs[i].format};
+            if (locs[i].format >= KVC_WIRE_FORMAT_COUNT) {
+                rc = -EPROTO;
+                break;
+            }
+            l->hits[l->n++] = (struct kvc_hit){
+                .data = ptr,
+                .len = locs[i].format == KVC_WIRE_FORMAT_RAW ? ns->block_bytes : locs[i].length,
+                .format = locs[i].format,
+                .tier = locs[i].tier,
+                .chunk = (uint32_t)(l->nids - 1),
+                .ready = (locs[i].flags & KVC_LOC_F_READY) != 0};
         }
         if (rc || p->nhit < chunk)
             break;
@@ -579,17 +619,74 @@ KVC_API int kvc_lease_copy(const kvc_lease *l, size_t i, void *dst, size_t len)
         return -EINVAL;
     if (i >= l->n)
         return -ERANGE;
-    if (len < l->hits[i].len)
+    if (len < l->ns->block_bytes)
         return -EINVAL;
     uint64_t t0 = kvc_mono_ns();
-    if (l->hits[i].tier == KVC_WIRE_TIER_GPU) {
-        int rc = l->ns->c->gpu_hooks->copy_sync(dst, l->hits[i].data, l->hits[i].len);
+    if (l->hits[i].tier == KVC_WIRE_TIER_GPU && l->hits[i].format == KVC_WIRE_FORMAT_RAW) {
+        int grc = l->ns->c->gpu_hooks->copy_sync(dst, l->hits[i].data, l->ns->block_bytes);
         kvc_lease_account(l, t0);
-        return rc;
+        return grc;
     }
-    memcpy(dst, l->hits[i].data, l->hits[i].len);
+    if (l->hits[i].format == KVC_WIRE_FORMAT_RAW) {
+        memcpy(dst, l->hits[i].data, l->ns->block_bytes);
+        kvc_lease_account(l, t0);
+        return 0;
+    }
+    struct kern_layout kl;
+    kvc_kern_layout(l->ns, &kl);
+    int64_t rc = kern_decode_cpu(&kl, l->hits[i].data, l->hits[i].len, dst, len,
+                                 (enum kern_dtype)kl.dtype);
     kvc_lease_account(l, t0);
-    return 0;
+    return rc < 0 ? (int)rc : 0;
+}
+
+KVC_API int kvc_lease_stored(const kvc_lease *l, size_t i, const void **data, size_t *len)
+{
+    if (!l || !data || !len)
+        return -EINVAL;
+    if (i >= l->n)
+        return -ERANGE;
+    *data = l->hits[i].data;
+    *len = l->hits[i].len;
+    if (l->hits[i].format != KVC_WIRE_FORMAT_RAW) {
+        int64_t n = kern_block_info(l->hits[i].data, l->hits[i].len, NULL, NULL);
+        if (n > 0)
+            *len = (size_t)n;
+    }
+    return l->hits[i].format;
+}
+
+KVC_API int kvc_lease_copy_cuda(const kvc_lease *l, size_t i, void *dst_dev, size_t len,
+                                void *stream)
+{
+    struct kern_layout kl;
+    void *scratch = NULL;
+    int rc;
+    if (!l || !dst_dev)
+        return -EINVAL;
+    if (i >= l->n)
+        return -ERANGE;
+    if (len < l->ns->block_bytes)
+        return -EINVAL;
+    if (!(kern_supports() & KERN_SUPPORT_CUDA_BUILT))
+        return -ENOTSUP;
+    if (l->hits[i].format == KVC_WIRE_FORMAT_RAW)
+        return kern_cuda_copy(dst_dev, l->hits[i].data, l->ns->block_bytes, KERN_CUDA_H2D,
+                              stream);
+    /* the stored (2-4x smaller) block crosses PCIe, the GPU dequantizes it */
+    size_t n = l->hits[i].len;
+    kvc_kern_layout(l->ns, &kl);
+    rc = kern_cuda_alloc(&scratch, n);
+    if (rc)
+        goto out;
+    rc = kern_cuda_copy(scratch, l->hits[i].data, n, KERN_CUDA_H2D, stream);
+    if (rc)
+        goto out;
+    int64_t d = kern_decode_cuda(&kl, scratch, n, dst_dev, len, (enum kern_dtype)kl.dtype, stream);
+    rc = d < 0 ? (int)d : kern_cuda_stream_sync(stream);
+out:
+    kern_cuda_free(scratch);
+    return rc;
 }
 
 KVC_API int kvc_release(kvc_lease *l)
@@ -779,10 +876,11 @@ KVC_API int kvc_get_prefix(kvc_ns *ns, const struct kvc_key *keys, size_t n, voi
     hits = kvc_lookup(ns, keys, n, 0, &l);
     if (hits <= 0)
         return hits;
-    uint64_t t0 = kvc_mono_ns();
-    for (int i = 0; i < hits; i++)
-        memcpy(dst[i], l->hits[i].data, l->hits[i].len);
-    kvc_lease_account(l, t0);
+    for (int i = 0; i < hits; i++) /* each copy adds its time to the lease */
+        if (kvc_lease_copy(l, (size_t)i, dst[i], l->ns->block_bytes) < 0) {
+            hits = i; /* what could not be decoded is a miss */
+            break;
+        }
     kvc_release(l);
     return hits;
 }

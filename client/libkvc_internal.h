@@ -63,11 +63,11 @@ struct kvc_ns {
 
 struct kvc_hit {
     const uint8_t *data;
-    uint64_t len;
+    uint64_t len;   /* raw: the block size; quantized: the slot (>= the encoded size) */
+    uint8_t format; /* KVC_WIRE_FORMAT_* */
     uint32_t chunk; /* index into kvc_lease.ids of the lease holding it */
     bool ready;     /* in memory now (else being read from disk: WAIT) */
     uint8_t tier;   /* KVC_WIRE_TIER_*: data is a device pointer for GPU */
-    uint8_t format; /* KVC_WIRE_FORMAT_* */
 };
 
 struct kvc_lease {

@@ -56,6 +56,9 @@
       "low_watermark.")                                                                       \
     X(host, low_watermark, DOUBLE, "0.90", 0.0, 1.0, 1, NULL,                                 \
       "Fraction of the arena in use at which eviction stops. Must be below high_watermark.") \
+    X(host, quantize_inflight, INT, "8", 0, 1024, 1, NULL,                                    \
+      "Blocks quantized in place at once above high_watermark, before evicting, in "          \
+      "namespaces whose creator allowed a codec (0: never quantize, evict).")                 \
     X(cache, policy, ENUM, "lru", 0, 0, 1, "lru",                                             \
       "Eviction order among unpinned leaves of the prefix tree.")                                  \
     X(cache, recompute_tokens_per_s, INT, "8000", 1, 100000000, 1, NULL,                           \

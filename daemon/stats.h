@@ -36,6 +36,8 @@
     X(load_us, "microseconds clients reported copying hits out of the cache")                \
     X(pins, "block pins taken by lookups")                                                    \
     X(unpins, "block pins dropped (release or client exit)")                                  \
+    X(quantized_blocks, "raw blocks quantized in place")                                           \
+    X(quant_bytes_saved, "bytes freed by quantizing in place")                                     \
     X(errors, "requests answered with an error")                                                   \
     X(requests, "requests handled")                                                                \
     X(refused_access, "requests refused by a namespace access list (EACCES)")                      \

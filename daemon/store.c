@@ -7,10 +7,12 @@
 #include <string.h>
 
 #include "daemon/log.h"
+#include "daemon/quant.h"
 #include "daemon/store.h"
 #include "daemon/tiering.h"
 #include "kernels/kern_dev.h"
 #include "tiers/gpu.h"
+#include "kernels/kern.h"
 #include "tiers/host.h"
 #include "tiers/slab.h"
 #include "tiers/tier.h"
@@ -143,6 +145,7 @@ void store_free(struct store *s)
 {
     if (!s)
         return;
+    quant_free(s->quant); /* its jobs hold slots of the arenas */
     tiering_free(s);
     for (uint32_t a = 0; a < s->narenas; a++)
         tier_destroy(s->arenas[a].tier);
@@ -163,9 +166,36 @@ void store_reload(struct store *s, const struct store_params *p)
     s->p.policy = p->policy;
     s->p.max_handles = p->max_handles;
     s->p.recompute_tokens_per_s = p->recompute_tokens_per_s;
+    s->p.quantize_inflight = p->quantize_inflight;
 }
 
 /* ---- namespaces ---------------------------------------------------------------------- */
+
+/* The namespace's quantization (layout.flags, kvc_proto.h): NULL if valid, else why not. */
+static const char *store_quant_check(const struct kvc_wire_layout *l)
+{
+    uint32_t f = l->flags, allowed = KVC_WIRE_QUANT_ALLOWED(f);
+    uint32_t k = KVC_WIRE_QUANT_K(f), v = KVC_WIRE_QUANT_V(f);
+    struct kern_layout kl = {.layers = l->layers,
+                             .heads = l->kv_heads,
+                             .head_dim = l->head_dim,
+                             .tokens = l->block_tokens,
+                             .dtype = l->dtype,
+                             .k_only = l->kv_kind == KVC_WIRE_KV_KIND_K_ONLY};
+    if (allowed & ~((1u << KVC_WIRE_FORMAT_COUNT) - 2))
+        return "unknown codec in the allowed set";
+    if (!allowed)
+        return "a quantization recipe without allowed codecs";
+    if ((k && !(allowed & (1u << k))) || (v && !(allowed & (1u << v))))
+        return "recipe codec not in the allowed set";
+    if (!k && (!v || l->kv_kind == KVC_WIRE_KV_KIND_K_ONLY))
+        return "recipe quantizes nothing";
+    if (KVC_WIRE_QUANT_RAW_LAYERS(f) >= l->layers)
+        return "recipe keeps every layer raw";
+    if (kern_layout_check(&kl) < 0)
+        return "codecs need fp16 or bf16 and a shape the kernels take";
+    return NULL;
+}
 
 int store_layout_check(const struct kvc_wire_layout *l, uint64_t arena_bytes,
                        uint64_t *block_bytes, const char **why)
@@ -187,8 +217,10 @@ int store_layout_check(const struct kvc_wire_layout *l, uint64_t arena_bytes,
         *why = "head_dim out of range 1..65536";
     else if (l->block_tokens == 0 || l->block_tokens > 65536)
         *why = "block_tokens out of range 1..65536";
-    else if (l->pad || l->flags)
+    else if (l->pad || (l->flags & ~KVC_WIRE_QUANT_MASK))
         *why = "reserved fields not zero";
+    else if (l->flags)
+        *why = store_quant_check(l);
     if (*why)
         return -EINVAL;
     bytes = (unsigned __int128)l->layers * (l->kv_kind == KVC_WIRE_KV_KIND_KV ? 2 : 1) *
@@ -224,7 +256,8 @@ int store_ns_open(struct store *s, const struct kvc_wire_layout *l, uint32_t *ns
             continue;
         }
         if (strcmp(n->layout.model_id, l->model_id) == 0) {
-            if (!store_layout_equal(&n->layout, l))
+            /* quantization: the creator's stays; a later opener passes 0 or the same */
+            if (!store_layout_equal(&n->layout, l) || (l->flags && l->flags != n->layout.flags))
                 return -EEXIST;
             *ns_id = i;
             *created = false;
@@ -450,7 +483,7 @@ static int store_block_move(struct store *s, uint32_t idx, bool to_gpu, uint64_t
     struct tier_loc loc;
     int rc, st = -EIO;
     if (b->pins || b->state != BLOCK_STATE_COMMITTED || !s->gpu || b->arena == to ||
-        (b->flags & (BLOCK_F_MOVING | BLOCK_F_LOST)) ||
+        (b->flags & (BLOCK_F_MOVING | BLOCK_F_LOST)) || b->format != KVC_WIRE_FORMAT_RAW ||
         (b->tier != KVC_WIRE_TIER_HOST && b->tier != KVC_WIRE_TIER_GPU))
         return -EBUSY;
     if (to_gpu) {
@@ -538,14 +571,18 @@ int store_trim(struct store *s, uint64_t now)
     if (s->gpu && (double)s->gpu->ops->usage(s->gpu) >
                       s->p.high_watermark * (double)s->gpu->ops->capacity(s->gpu))
         n += store_gpu_demote(s, now);
+    /* Quantize first where a namespace allows it; the raw slots its jobs will free count
+     * as free already, so eviction takes only the rest. */
+    quant_pressure(s->quant, now);
     if (s->tiering)
         return n + tiering_demote(s, now);
     for (uint32_t a = 0; a < s->narenas; a++) {
         struct tier *t = s->arenas[a].tier;
         double cap = (double)t->ops->capacity(t);
-        if ((double)t->ops->usage(t) <= s->p.high_watermark * cap)
+        uint64_t pend = quant_pending_bytes(s->quant, a);
+        if ((double)(t->ops->usage(t) - pend) <= s->p.high_watermark * cap)
             continue;
-        while ((double)t->ops->usage(t) > s->p.low_watermark * cap) {
+        while ((double)(t->ops->usage(t) - pend) > s->p.low_watermark * cap) {
             uint32_t v = store_victim(s, a, -1, now);
             if (v == INDEX_NONE)
                 break;

@@ -61,6 +61,7 @@ struct store_params {
     int gpu_device;
     uint64_t gpu_page_size;             /* 0: 2 MiB */
     const struct kern_dev_ops *gpu_ops; /* NULL: kern_dev_cuda(); tests pass a fake */
+    uint32_t quantize_inflight; /* quantize-in-place jobs the trim may queue (0: none) */
 };
 
 struct store_ns {
@@ -113,6 +114,7 @@ struct store {
     uint64_t pins_now;
     uint64_t reserved_now, reserved_bytes_now;
     struct tier *gpu; /* arenas[STORE_ARENA_GPU].tier, or NULL: no GPU tier */
+    struct quant *quant; /* quantize-in-place worker (daemon/quant.h), or NULL */
 };
 
 /* Creates the store and its host arena. On failure NULL and *err = -errno. */
