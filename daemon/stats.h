@@ -19,6 +19,7 @@
     X(hit_tokens, "tokens found")                                                             \
     X(hit_tokens_host, "tokens found in the host tier")                                       \
     X(hit_tokens_disk, "tokens found on disk (read back into memory for the lookup)")         \
+    X(hit_tokens_gpu, "tokens found in the GPU pool")                                         \
     X(miss_blocks, "blocks asked for and not found")                                          \
     X(miss_tokens, "tokens asked for and not found")                                          \
     X(bytes_out, "bytes handed out as hits")                                                  \

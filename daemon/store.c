@@ -673,6 +673,7 @@ int store_lookup_flags(struct store *s, struct store_owner *o, uint32_t ns_id,
                    per_tier[KVC_WIRE_TIER_HOST] * ns->layout.block_tokens);
     STORE_STAT_ADD(s, ns, hit_tokens_disk,
                    per_tier[KVC_WIRE_TIER_DISK] * ns->layout.block_tokens);
+    STORE_STAT_ADD(s, ns, hit_tokens_gpu, per_tier[KVC_WIRE_TIER_GPU] * ns->layout.block_tokens);
     STORE_STAT_ADD(s, ns, miss_blocks, n - hits);
     STORE_STAT_ADD(s, ns, miss_tokens, (uint64_t)(n - hits) * ns->layout.block_tokens);
     STORE_STAT_ADD(s, ns, pins, hits);
