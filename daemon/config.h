@@ -78,7 +78,7 @@
     X(disk, queue_depth, INT, "32", 1, 4096, 0, NULL, "Disk reads and writes in flight.")          \
     X(disk, write_rate, SIZE, "1g", 0, 1ull << 40, 0, NULL,                                        \
       "Bytes per second written to disk at most (spares the drive); 0: unbounded.")                \
-    X(disk, admit_hits, INT, "1", 0, 1000000, 1, NULL,                                             \
+    X(disk, admit_hits, INT, "0", 0, 1000000, 1, NULL,                                             \
       "Hits a block needs before leaving memory for disk instead of being dropped "                \
       "(docs/disk.md).")
 

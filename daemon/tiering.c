@@ -148,6 +148,9 @@ static int tiering_demote_one(struct store *s, uint32_t idx, uint64_t now)
     struct tiering_move *mv;
     int rc;
     tiering_meta(s, b, &m);
+    rc = tier_disk_put_ready(tg->disk, m.len);
+    if (rc)
+        return rc;
     mv = calloc(1, sizeof(*mv));
     if (!mv)
         return -ENOMEM;
