@@ -80,7 +80,10 @@
       "Bytes per second written to disk at most (spares the drive); 0: unbounded.")                \
     X(disk, admit_hits, INT, "0", 0, 1000000, 1, NULL,                                             \
       "Hits a block needs before leaving memory for disk instead of being dropped "                \
-      "(docs/disk.md).")
+      "(docs/disk.md).")                                                                           \
+    X(disk, compact_below, INT, "50", 0, 100, 0, NULL,                                             \
+      "Percent of a disk page still live under which the compactor moves its blocks to free "     \
+      "it, once fewer than a quarter of the pages are free; 0: never.")
 
 #define CONFIG_CTYPE_BOOL bool
 #define CONFIG_CTYPE_INT int64_t

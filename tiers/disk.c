@@ -1070,6 +1070,50 @@ fail:
     return NULL;
 }
 
+bool tier_disk_can_alloc(const struct tier *t, uint64_t len)
+{
+    const struct tier_disk *d = tier_disk_of(t);
+    uint64_t rec = tier_disk_record_bytes(len);
+    if (d->open_page != UINT32_MAX && !d->failed[tier_disk_page_path(d, d->open_page)] &&
+        d->pages[d->open_page].used + rec <= d->cfg.page_size)
+        return true;
+    for (uint32_t p = 0; p < d->npages; p++)
+        if (d->pages[p].state == TIER_DISK_PAGE_FREE && !d->pages[p].inflight &&
+            !d->failed[tier_disk_page_path(d, p)])
+            return true;
+    return false;
+}
+
+int tier_disk_page_of(const struct tier *t, const struct tier_loc *loc)
+{
+    uint32_t p = tier_disk_loc_page(tier_disk_of(t), loc);
+    return p == UINT32_MAX ? -1 : (int)p;
+}
+
+int tier_disk_compact_pick(const struct tier *t, uint32_t below_pct, uint32_t *page)
+{
+    const struct tier_disk *d = tier_disk_of(t);
+    uint64_t best_num = 1, best_den = 0;
+    for (uint32_t p = 0; p < d->npages; p++) {
+        const struct tier_disk_page *pg = &d->pages[p];
+        uint64_t live;
+        if (pg->state != TIER_DISK_PAGE_FULL || pg->live == 0 || pg->used == 0 ||
+            d->failed[tier_disk_page_path(d, p)])
+            continue;
+        live = pg->live_bytes + (uint64_t)pg->live * TIER_DISK_HDR;
+        /* live/used below the threshold (of the whole page, so a page closed early by a
+         * record that did not fit still counts its tail as reclaimable) */
+        if (live * 100 >= (uint64_t)below_pct * d->cfg.page_size)
+            continue;
+        if (best_den == 0 || live * best_den < best_num * d->cfg.page_size) {
+            best_num = live;
+            best_den = d->cfg.page_size;
+            *page = p;
+        }
+    }
+    return best_den ? 0 : -ENOENT;
+}
+
 void tier_disk_stats_get(const struct tier *t, struct tier_disk_stats *st)
 {
     const struct tier_disk *d = tier_disk_of(t);

@@ -125,6 +125,15 @@ int tier_disk_get(struct tier *t, const struct tier_loc *loc, const struct tier_
 
 void tier_disk_stats_get(const struct tier *t, struct tier_disk_stats *st);
 
+/* Whether an alloc of len bytes would succeed now (room on the open page or a free page). */
+bool tier_disk_can_alloc(const struct tier *t, uint64_t len);
+/* The page a live location lies on, or -1. */
+int tier_disk_page_of(const struct tier *t, const struct tier_loc *loc);
+/* The closed page with the smallest live fraction (live record bytes, headers included, over
+ * the page size), if below below_pct percent: 0 and *page, or -ENOENT. For the compactor,
+ * which moves the page's live records to the open page so the page can be reused. */
+int tier_disk_compact_pick(const struct tier *t, uint32_t below_pct, uint32_t *page);
+
 /* Bytes a record of len data bytes takes on the device. */
 uint64_t tier_disk_record_bytes(uint64_t len);
 
