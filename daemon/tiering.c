@@ -704,11 +704,15 @@ void tiering_stats(const struct store *s, void (*put)(void *arg, const char *nam
 {
     struct tier_disk_stats st;
     const struct tiering *tg = s->tiering;
-    uint64_t closed;
+    uint64_t closed, blocks = 0;
     if (!tg)
         return;
     tier_disk_stats_get(tg->disk, &st);
     closed = st.used + st.dead_bytes;
+    for (uint32_t i = s->arenas[STORE_ARENA_DISK].lru_head; i != INDEX_NONE;
+         i = s->ix.blocks[i].lru_next)
+        blocks += s->ix.blocks[i].tier == KVC_WIRE_TIER_DISK;
+    put(arg, "disk_blocks", blocks);
     put(arg, "disk_capacity", st.capacity);
     put(arg, "disk_used", st.used);
     put(arg, "disk_pages", st.pages);
