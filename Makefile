@@ -68,7 +68,9 @@ FLAGS_SIG := CUDA=$(CUDA) $(CFLAGS) $(NVCCFLAGS)
 FLAGS_STAMP := $(B)/flags.stamp
 $(shell mkdir -p $(B); echo '$(FLAGS_SIG)' | cmp -s - $(FLAGS_STAMP) || echo '$(FLAGS_SIG)' > $(FLAGS_STAMP))
 LIBKVCD_OBJS := $(call obj,$(LIBKVCD_SRCS)) $(patsubst %.cu,$(B)/obj/%.cu.o,$(CU_SRCS))
-LIBKVC_OBJS := $(call obj,$(LIBKVC_SRCS))
+# libkvc dequantizes hits (kvc_lease_copy, kvc_lease_copy_cuda): it carries the kernels.
+LIBKVC_OBJS := $(call obj,$(LIBKVC_SRCS) $(wildcard kernels/*.c)) \
+	$(patsubst %.cu,$(B)/obj/%.cu.o,$(filter kernels/%,$(CU_SRCS)))
 TESTLIB_OBJS := $(call obj,$(TESTLIB_SRCS))
 CHECK_BINS := $(patsubst %.c,$(B)/tests/%,$(notdir $(CHECK_SRCS)))
 BENCH_BINS := $(patsubst tests/bench/%.c,$(B)/bench/%,$(BENCH_SRCS))
@@ -99,7 +101,7 @@ $(B)/lib/libkvc.a: $(LIBKVC_OBJS)
 $(B)/lib/libkvc.so: $(LIBKVC_OBJS) client/libkvc.map
 	@mkdir -p $(dir $@)
 	$(CC) -shared -Wl,-soname,libkvc.so.1 -Wl,--version-script=client/libkvc.map \
-		$(LDFLAGS) -o $@.1 $(LIBKVC_OBJS) $(shell pkg-config --libs libxxhash) -pthread
+		$(LDFLAGS) -o $@.1 $(LIBKVC_OBJS) $(shell pkg-config --libs libxxhash) $(CUDA_LIBS) -pthread -lm
 	ln -sf libkvc.so.1 $@
 
 $(B)/bin/kvcd: $(B)/obj/daemon/main.o $(B)/lib/libkvcd.a $(B)/lib/libkvc.a
@@ -108,11 +110,11 @@ $(B)/bin/kvcd: $(B)/obj/daemon/main.o $(B)/lib/libkvcd.a $(B)/lib/libkvc.a
 
 $(B)/bin/kvcctl: $(B)/obj/client/kvcctl.o $(B)/lib/libkvc.a
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) -pthread -lm
+	$(CC) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) $(CUDA_LIBS) -pthread -lm
 
 $(B)/bin/kvc-demo: $(B)/obj/tests/demo/kvc-demo.o $(B)/lib/libkvc.a
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) -pthread -lm
+	$(CC) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) $(CUDA_LIBS) -pthread -lm
 
 # Check suites link the daemon as a library plus libkvc and the shared test helpers.
 $(B)/tests/%: $(B)/obj/tests/%.o $(TESTLIB_OBJS) $(B)/lib/libkvcd.a $(B)/lib/libkvc.a
@@ -154,8 +156,15 @@ check-run: all tests
 	sh tests/run-checks.sh $(B) $(if $(filter 1,$(SAN)),asan,normal)
 
 # GPU suites: the same binaries; CUDA cases skip where no device is found.
+# compute-sanitizer (where installed) runs the suites that launch kernels and copy through
+# the pool.
+SANITIZER ?= $(firstword $(shell command -v compute-sanitizer 2>/dev/null) \
+	$(wildcard $(CUDA_HOME)/bin/compute-sanitizer))
 check-gpu: all tests
 	KVC_REQUIRE_GPU=$(KVC_REQUIRE_GPU) sh tests/run-checks.sh $(B) gpu
+	@if [ -n "$(SANITIZER)" ]; then for t in check_pack check_tier_gpu check_e2e_gpu; do \
+		CK_FORK=no $(SANITIZER) --error-exitcode 1 --target-processes all $(B)/tests/$$t \
+		|| exit 1; done; else echo "SKIP: check-gpu: compute-sanitizer: not installed"; fi
 
 demo: deps
 	$(MAKE) all
@@ -206,7 +215,8 @@ KVC_VERSION := 0.1.0
 INSTALL ?= install
 SUBST = sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' \
 	-e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' \
-	-e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' -e 's|@VERSION@|$(KVC_VERSION)|g'
+	-e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' -e 's|@VERSION@|$(KVC_VERSION)|g' \
+	-e 's|@LIBS_PRIVATE@|$(strip $(CUDA_LIBS))|g'
 MAN8 := docs/man/kvcd.8 docs/man/kvcctl.8
 MAN5 := docs/man/kvcd.ini.5
 MAN3 := docs/man/libkvc.3

@@ -86,6 +86,30 @@ struct kvc_layout {
     enum kvc_kv_kind kv_kind;
 };
 
+/* Stored formats of a block (kvc_lease_stored) and the codecs a namespace may allow.
+ * RAW is the namespace's layout and dtype; the others are encoded blocks of the kvcd
+ * kernels (docs/kernels.md: header, per (layer, K/V) sections), named by their K codec. */
+enum kvc_codec {
+    KVC_CODEC_RAW = 0,
+    KVC_CODEC_Q8_0 = 1,  /* ggml q8_0, 8.5 bits/value */
+    KVC_CODEC_Q4_1 = 2,  /* ggml q4_1, 5 bits/value */
+    KVC_CODEC_Q5_1 = 3,  /* ggml q5_1, 6 bits/value */
+    KVC_CODEC_KIVI2 = 4, /* KIVI 2-bit: keys per channel, values per token */
+    KVC_CODEC_KIVI4 = 5, /* KIVI 4-bit */
+    KVC_CODEC_FP8 = 6,   /* E4M3 with a scale per (block, layer, K/V, head) */
+};
+
+/* What a namespace allows to be stored lossy (kvc_ns_open_quant). Default (kvc_ns_open):
+ * nothing, every block stays raw. Under memory pressure the daemon may quantize a cold
+ * block in place to k_codec for keys and v_codec for values (KVC_CODEC_RAW keeps that
+ * kind raw), layers [0, raw_layers) kept raw. fp16 and bf16 namespaces only. */
+struct kvc_quant {
+    uint32_t allowed; /* bits 1u << KVC_CODEC_* (RAW excluded) */
+    enum kvc_codec k_codec;
+    enum kvc_codec v_codec;
+    uint32_t raw_layers;
+};
+
 /* Status of one key after kvc_reserve(). */
 enum kvc_slot {
     KVC_SLOT_PRESENT = 1,  /* already cached: nothing to write */
@@ -148,6 +172,13 @@ KVC_API const char *kvc_strerror(int err);
  * id known with another layout), -EACCES, -ENOSPC (namespace table full), -EPIPE. */
 KVC_API int kvc_ns_open(kvc_client *c, const struct kvc_layout *layout, kvc_ns **out);
 
+/* kvc_ns_open() for a namespace that allows lossy storage (struct kvc_quant). The creator's
+ * setting stays with the namespace: opening it later with another one fails with -EEXIST
+ * (kvc_ns_open, which passes none, always matches). -EINVAL: codecs outside `allowed`, on a
+ * dtype other than fp16/bf16, or a recipe that quantizes nothing. */
+KVC_API int kvc_ns_open_quant(kvc_client *c, const struct kvc_layout *layout,
+                              const struct kvc_quant *q, kvc_ns **out);
+
 /* Bytes of one block of this namespace. */
 KVC_API size_t kvc_ns_block_bytes(const kvc_ns *ns);
 
@@ -194,8 +225,24 @@ KVC_API size_t kvc_lease_count(const kvc_lease *l);
  * out of range. Its length is kvc_ns_block_bytes(). */
 KVC_API const void *kvc_lease_data(const kvc_lease *l, size_t i);
 
-/* Copies hit i into dst (len must be at least the block size). Errors: -EINVAL, -ERANGE. */
+/* Copies hit i into dst (len must be at least the block size) as raw data in the namespace's
+ * layout and dtype: a quantized block is dequantized on the CPU. Errors: -EINVAL, -ERANGE,
+ * -EBADMSG (a quantized block that does not decode), -ENOMEM. */
 KVC_API int kvc_lease_copy(const kvc_lease *l, size_t i, void *dst, size_t len);
+
+/* Hit i as stored: *data (inside the shared arena, valid until kvc_release) and *len (bytes
+ * of the stored block: the block size when raw, else the encoded block's size). Returns its
+ * format (enum kvc_codec) or -EINVAL, -ERANGE. kvc_lease_data() points at the same bytes. */
+KVC_API int kvc_lease_stored(const kvc_lease *l, size_t i, const void **data, size_t *len);
+
+/* GPU form of kvc_lease_copy: writes hit i as raw data (namespace layout and dtype) to device
+ * memory dst_dev (len bytes, at least the block size), queued on `stream` (a cudaStream_t,
+ * NULL: the legacy default stream). A quantized block crosses PCIe in its stored size and is
+ * dequantized on the device (a device scratch buffer is allocated and freed per call);
+ * returns after the work is queued and the stream synchronised for the scratch. -ENOTSUP:
+ * libkvc built without CUDA; -EIO: a CUDA error; -EINVAL, -ERANGE as above. */
+KVC_API int kvc_lease_copy_cuda(const kvc_lease *l, size_t i, void *dst_dev, size_t len,
+                                void *stream);
 
 /* Unpins and frees the lease. NULL is a no-op that returns 0. */
 KVC_API int kvc_release(kvc_lease *l);
@@ -310,6 +357,92 @@ KVC_API int kvc_evict(kvc_client *c, uint32_t ns_id, uint32_t tier, uint64_t *ev
 
 /* (admin) Stops the daemon after the reply. */
 KVC_API int kvc_shutdown(kvc_client *c);
+
+/* ---- GPU (CUDA) ----------------------------------------------------------------------- */
+/*
+ * With a GPU tier the daemon owns a device pool shared with engines on the same GPU. After
+ * kvc_gpu_attach() a lookup with KVC_LOOKUP_GPU may return hits inside the pool, which
+ * libkvc copies device-to-device into the engine's memory; hits in the host arena are DMA
+ * copies (the arena is registered as pinned memory). CUDA objects travel as void *:
+ * `stream` is a cudaStream_t (NULL: the legacy default stream), `event` a cudaEvent_t the
+ * caller created and owns (NULL: none). Copies are queued on the stream and return at
+ * once; kvc_release(), kvc_commit() and kvc_abort() wait for the work queued on their lease
+ * or reservation before they unpin or publish anything, so a lease can never be reused
+ * under a copy still in flight. Device work runs on the device current in the calling
+ * thread, which must be the pool's for device-to-device copies.
+ * Errors of this section: -ENOTSUP (libkvc built without CUDA, or a device path asked of
+ * host memory), -ENODEV (no device), -EIO (a CUDA error; one line on stderr).
+ */
+
+/* Lookup flag: hits may be locations in the GPU pool (kvc_lease_tier() says which). */
+#define KVC_LOOKUP_GPU 0x4u
+
+/* Where a hit or slot lives. */
+enum kvc_tier {
+    KVC_TIER_HOST = 1, /* host arena: kvc_lease_data() is a host pointer */
+    KVC_TIER_GPU = 2,  /* the GPU pool: kvc_lease_data() is a device pointer */
+};
+
+/* Attaches to the daemon's GPU pool and registers the mapped host arenas as pinned memory
+ * (in chunks, once; call it after kvc_ns_open() of the namespaces you use). Returns 1 when
+ * the pool is mapped here (device-to-device loads and puts), 0 when this client works
+ * from host memory (no GPU tier in the daemon, no device or CUDA here, or the pool on a
+ * device this process does not see: host copies then), or -EPIPE, -EPROTO, -ENOMEM.
+ * Calling it again returns the first answer. */
+KVC_API int kvc_gpu_attach(kvc_client *c);
+
+/* Tier of hit i (enum kvc_tier), or -ERANGE. */
+KVC_API int kvc_lease_tier(const kvc_lease *l, size_t i);
+
+/* Queues the copy of hit i into dst (device or host memory, len at least the block size)
+ * on stream. Errors: -EINVAL, -ERANGE, -EIO. */
+KVC_API int kvc_lease_copy_async(kvc_lease *l, size_t i, void *dst, size_t len, void *stream);
+
+/* Queues the copy of src into the slot of key i (status RESERVED; src device or host
+ * memory) on stream; kvc_commit() waits for it. Errors: -EINVAL, -ERANGE, -EIO. */
+KVC_API int kvc_resv_write_async(kvc_resv *r, size_t i, const void *src, size_t len,
+                                 void *stream);
+
+/* An engine's paged KV: per-layer K and V tensors with a block table. Token p of the
+ * sequence is at  k[layer] + block_table[p / page_tokens] * page_stride
+ *                 + (p % page_tokens) * token_stride + head * head_stride
+ * (head_dim elements contiguous). vLLM: tensors [num_pages][page_tokens][heads][dim] with
+ * its block table; a contiguous [tokens][heads][dim] tensor: one entry {0} and
+ * page_tokens = its token count. k, v and block_table are host arrays (borrowed for the
+ * call); the tensors they point at are device memory when on_device, else host memory. */
+struct kvc_paged_kv {
+    void *const *k;             /* [layers] */
+    void *const *v;             /* [layers]; NULL for K-only namespaces */
+    const int32_t *block_table; /* [table_len] */
+    uint32_t table_len;
+    uint32_t page_tokens;
+    uint64_t page_stride, token_stride, head_stride; /* bytes */
+    int on_device;
+};
+
+/* Loads hits [first, first+n) of a lease into the engine's paged KV, hit j covering
+ * sequence tokens [first_token + j*block_tokens, ...). With on_device: pool hits are
+ * scattered by a kernel straight from the pool, host hits are DMA-copied to the device and
+ * scattered there; `event` is recorded after the last of it. Without on_device: a CPU copy
+ * from host hits (pool hits are -ENOTSUP: look up without KVC_LOOKUP_GPU). Returns n.
+ * Errors: -EINVAL (shape, strides, table), -ERANGE, -ENOTSUP, -EIO. */
+KVC_API int kvc_lease_scatter(kvc_lease *l, size_t first, size_t n,
+                              const struct kvc_paged_kv *kv, uint64_t first_token,
+                              void *stream, void *event);
+
+/* kvc_reserve() that may hand out slots in the GPU pool (after kvc_gpu_attach() returned
+ * 1); the daemon puts them in host memory when the pool is full. */
+KVC_API int kvc_reserve_gpu(kvc_ns *ns, const struct kvc_key *parent, const struct kvc_key *keys,
+                            size_t n, kvc_resv **out);
+
+/* Stores the engine's KV of sequence tokens [first_token, first_token + n*block_tokens)
+ * into the reserved slots of keys [first, first+n) (keys whose status is not RESERVED are
+ * skipped). Device tensors: a kernel gathers into pool slots, or into device scratch that
+ * is then DMA-copied to host slots; `event` is recorded after it; kvc_commit() waits.
+ * Host tensors: a CPU copy into host slots. Returns the number of slots written.
+ * Errors as kvc_lease_scatter(). */
+KVC_API int kvc_resv_gather(kvc_resv *r, size_t first, size_t n, const struct kvc_paged_kv *kv,
+                            uint64_t first_token, void *stream, void *event);
 
 #ifdef __cplusplus
 }

@@ -46,6 +46,7 @@
     X(NS_LIST, 9, 0, "namespaces and their layouts")                                          \
     X(BLOCK_LIST, 10, 0, "blocks of a namespace with their metadata")                        \
     X(WAIT, 11, 0, "wait until the hits of a lease that were on disk are in memory")               \
+    X(GPU_ATTACH, 12, 0, "the GPU pool: export handle (descriptor attached) and device")          \
     X(CLIENTS, 32, 0, "connected clients: pid, uid, pins, reservations, counters")                 \
     X(METRICS, 33, 0, "every counter in the Prometheus text format, paged")                        \
     X(CONFIG_GET, 34, 0, "the value of one option")                                                \
@@ -116,8 +117,21 @@ struct kvc_wire_layout {
     uint8_t dtype;   /* enum kvc_wire_dtype */
     uint8_t kv_kind; /* enum kvc_wire_kv_kind */
     uint16_t pad;
-    uint32_t flags;
+    uint32_t flags; /* KVC_WIRE_QUANT_*: 0 keeps every block raw */
 };
+/* layout.flags at NS_OPEN: which codecs the namespace allows and the recipe quantize-in-place
+ * uses (codec of the K and of the V sections, the first raw_layers layers kept raw). The
+ * creator's value stays with the namespace; a later NS_OPEN may pass 0 or the same value. The
+ * daemon refuses (EINVAL) unknown bits, a recipe codec outside the allowed set, and codecs on
+ * a dtype or shape the kernels do not take (fp16/bf16 only). */
+#define KVC_WIRE_QUANT_ALLOWED(f) ((f) & 0xffu) /* bit c: format c may be stored */
+#define KVC_WIRE_QUANT_K(f) (((f) >> 8) & 0xfu)
+#define KVC_WIRE_QUANT_V(f) (((f) >> 12) & 0xfu)
+#define KVC_WIRE_QUANT_RAW_LAYERS(f) (((f) >> 16) & 0xffu)
+#define KVC_WIRE_QUANT_MASK 0x00ffffffu
+#define KVC_WIRE_QUANT_FLAGS(allowed, k, v, raw_layers)                                        \
+    (((uint32_t)(allowed) & 0xffu) | (((uint32_t)(k) & 0xfu) << 8) |                            \
+     (((uint32_t)(v) & 0xfu) << 12) | (((uint32_t)(raw_layers) & 0xffu) << 16))
 struct kvc_ns_open_req {
     struct kvc_wire_layout layout;
 };
@@ -143,7 +157,18 @@ struct kvc_wire_loc {
 };
 #define KVC_WIRE_TIER_HOST 1
 #define KVC_WIRE_TIER_DISK 2 /* BLOCK_LIST only: a LOOKUP hands out host locations */
+#define KVC_WIRE_TIER_GPU 3  /* offset into the GPU pool (GPU_ATTACH); arena_id is the pool's */
 #define KVC_WIRE_FORMAT_RAW 0
+/* A quantized block: an encoded block of kernels/kern.h (self-describing header and per
+ * (layer, K/V) section table; the number is the codec of its K sections, the same as
+ * enum kern_codec). loc.length is then the slot, at least the encoded size. */
+#define KVC_WIRE_FORMAT_Q8_0 1
+#define KVC_WIRE_FORMAT_Q4_1 2
+#define KVC_WIRE_FORMAT_Q5_1 3
+#define KVC_WIRE_FORMAT_KIVI2 4
+#define KVC_WIRE_FORMAT_KIVI4 5
+#define KVC_WIRE_FORMAT_FP8 6
+#define KVC_WIRE_FORMAT_COUNT 7
 #define KVC_LOC_F_READY 0x1u /* the bytes are in place now; else after WAIT says so */
 
 /* LOOKUP: the hits are the longest run of committed blocks from keys[0]. A hit on disk is
@@ -151,6 +176,8 @@ struct kvc_wire_loc {
  * KVC_LOOKUP_F_READY_ONLY the hits stop at the first block not in memory now (reads of the
  * blocks after it still start, so a later lookup finds them ready). */
 #define KVC_LOOKUP_F_READY_ONLY 0x1u
+#define KVC_LOOKUP_F_GPU 0x2u  /* hits may be GPU locations (the client mapped the pool) */
+#define KVC_RESERVE_F_GPU 0x1u /* RESERVE: slots may be GPU locations */
 struct kvc_lookup_req {
     uint32_t ns_id;
     uint32_t flags;
@@ -353,6 +380,29 @@ struct kvc_clients_rep {
     /* struct kvc_wire_client clients[nclients]; */
 };
 
+/*
+ * GPU_ATTACH: the first request (flags 0) returns the pool's handle: with handle
+ * KVC_GPU_HANDLE_FD the descriptor rides along (SCM_RIGHTS), with KVC_GPU_HANDLE_LEGACY the
+ * 64 bytes in `legacy` are a cudaIpcMemHandle_t. -ENODEV when the daemon has no GPU tier.
+ * Once the client mapped the pool on the device with that uuid it sends GPU_ATTACH again
+ * with KVC_GPU_ATTACH_F_MAPPED; only then may LOOKUP/RESERVE with the GPU flags return GPU
+ * locations to it (a client on another device never sends it and gets host locations).
+ */
+#define KVC_GPU_ATTACH_F_MAPPED 0x1u
+#define KVC_GPU_HANDLE_FD 1u
+#define KVC_GPU_HANDLE_LEGACY 2u
+struct kvc_gpu_attach_req {
+    uint32_t flags;
+    uint32_t pad;
+};
+struct kvc_gpu_attach_rep {
+    uint32_t arena_id; /* carried by GPU locations */
+    uint32_t handle;   /* KVC_GPU_HANDLE_* */
+    uint64_t pool_bytes;
+    uint8_t uuid[16]; /* the device's UUID */
+    uint8_t legacy[64];
+};
+
 /* Layout checks: both ends compile these. */
 _Static_assert(sizeof(struct kvc_admin_req) == 272, "admin layout");
 _Static_assert(sizeof(struct kvc_text_rep) == 24, "text layout");
@@ -364,6 +414,7 @@ _Static_assert(sizeof(struct kvc_wire_layout) == 152, "layout layout");
 _Static_assert(sizeof(struct kvc_wire_stat) == 48, "stat layout");
 _Static_assert(sizeof(struct kvc_wire_block) == 72, "block layout");
 _Static_assert(sizeof(struct kvc_wire_ns) == 184, "ns layout");
+_Static_assert(sizeof(struct kvc_gpu_attach_rep) == 96, "gpu attach layout");
 _Static_assert(sizeof(struct kvc_lookup_req) + KVC_PROTO_MAX_KEYS * sizeof(struct kvc_wire_key) +
                        sizeof(struct kvc_msg_hdr) <=
                    KVC_PROTO_MAX_MSG,

@@ -69,7 +69,8 @@ static const char *ctl_tier_name(uint8_t t)
 
 static const char *ctl_codec_name(uint8_t f)
 {
-    return f == 0 ? "raw" : "?";
+    static const char *const names[] = {"raw", "q8_0", "q4_1", "q5_1", "kivi2", "kivi4", "fp8"};
+    return f < sizeof(names) / sizeof(names[0]) ? names[f] : "?";
 }
 
 static uint64_t ctl_stat(const struct kvc_stat *s, size_t n, const char *name)
@@ -157,6 +158,8 @@ static int ctl_status(struct ctl *x, int argc, char **argv)
     return 0;
 }
 
+/* One line per tier: capacity, use, and whether it is on (the gpu tier is off without a
+ * pool or a device; its capacity is 0 then). */
 static void ctl_stats_print(const struct kvc_stat *s, size_t n, bool json)
 {
     for (size_t i = 0; i < n; i++) {
@@ -859,15 +862,6 @@ static int ctl_top(struct ctl *x, int argc, char **argv)
 
 /* ---- tiers ------------------------------------------------------------------------------- */
 
-/* Whether any counter starts with prefix. */
-static bool ctl_has_prefix(const struct ctl_sample *a, const char *prefix)
-{
-    for (size_t i = 0; i < a->n; i++)
-        if (strncmp(a->s[i].name, prefix, strlen(prefix)) == 0)
-            return true;
-    return false;
-}
-
 static void ctl_human(char *out, size_t len, double v, const char *suffix)
 {
     static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -1005,7 +999,7 @@ static int ctl_tiers(struct ctl *x, int argc, char **argv)
         a.t = b.t - (double)(ctl_stat(b.s, b.n, "uptime_s") ? ctl_stat(b.s, b.n, "uptime_s") : 1);
     }
     ctl_tiers_host_blocks(&b);
-    has_gpu = ctl_has_prefix(&b, "gpu_");
+    has_gpu = ctl_stat(b.s, b.n, "gpu_capacity") > 0;
     has_disk = ctl_stat(b.s, b.n, "disk_capacity") > 0;
     if (x->json) {
         printf("{\"interval_s\": %.3f, \"tiers\": [", interval);
@@ -1027,12 +1021,12 @@ static int ctl_tiers(struct ctl *x, int argc, char **argv)
         if (has_gpu)
             ctl_tier_print(x, &a, &b, &gpu, true);
         else
-            printf("gpu: disabled\n");
+            printf("%-5s disabled\n", "gpu");
         ctl_tier_print(x, &a, &b, &host, true);
         if (has_disk)
             ctl_tier_print(x, &a, &b, &disk, false);
         else
-            printf("disk: disabled\n");
+            printf("%-5s disabled\n", "disk");
         printf("(rates %s)\n", interval > 0 ? "over the sampling interval"
                                              : "averaged since the daemon started");
     }

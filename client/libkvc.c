@@ -23,6 +23,7 @@
 #include "client/kvc.h"
 #include "client/kvc_proto.h"
 #include "client/libkvc_internal.h"
+#include "kernels/kern.h"
 
 #define KVC_LEASE_MAX_CHUNKS 8
 /* How long kvc_lookup waits for reads from disk before giving up on them. */
@@ -121,6 +122,16 @@ static const void *kvc_rep(const kvc_client *c, uint32_t *len)
     return r + 1;
 }
 
+void *kvci_req(kvc_client *c)
+{
+    return kvc_req(c);
+}
+
+const void *kvci_rep(const kvc_client *c, uint32_t *len)
+{
+    return kvc_rep(c, len);
+}
+
 /* ---- connection ----------------------------------------------------------------------- */
 
 KVC_API const char *kvc_default_socket(void)
@@ -194,6 +205,8 @@ KVC_API void kvc_disconnect(kvc_client *c)
 {
     if (!c)
         return;
+    if (c->gpu_hooks)
+        c->gpu_hooks->fini(c); /* before the arenas it registered are unmapped */
     if (c->fd >= 0)
         close(c->fd);
     for (int i = 0; i < KVC_MAX_ARENAS; i++)
@@ -256,7 +269,28 @@ KVC_API const char *kvc_strerror(int err)
 static const uint32_t kvc_dtype_ok[] = {KVC_DTYPE_FP16, KVC_DTYPE_BF16, KVC_DTYPE_FP32,
                                         KVC_DTYPE_FP8_E4M3, KVC_DTYPE_INT8};
 
+static int kvc_ns_open_flags(kvc_client *c, const struct kvc_layout *layout, uint32_t flags,
+                             kvc_ns **out);
+
 KVC_API int kvc_ns_open(kvc_client *c, const struct kvc_layout *layout, kvc_ns **out)
+{
+    return kvc_ns_open_flags(c, layout, 0, out);
+}
+
+KVC_API int kvc_ns_open_quant(kvc_client *c, const struct kvc_layout *layout,
+                              const struct kvc_quant *q, kvc_ns **out)
+{
+    if (!q || q->allowed > 0xffu || (unsigned)q->k_codec > 15 || (unsigned)q->v_codec > 15 ||
+        q->raw_layers > 0xffu)
+        return -EINVAL;
+    return kvc_ns_open_flags(c, layout,
+                             KVC_WIRE_QUANT_FLAGS(q->allowed, q->k_codec, q->v_codec,
+                                                  q->raw_layers),
+                             out);
+}
+
+static int kvc_ns_open_flags(kvc_client *c, const struct kvc_layout *layout, uint32_t flags,
+                             kvc_ns **out)
 {
     struct kvc_ns_open_req *q;
     struct kvc_wire_layout wl;
@@ -280,6 +314,7 @@ KVC_API int kvc_ns_open(kvc_client *c, const struct kvc_layout *layout, kvc_ns *
     wl.block_tokens = layout->block_tokens;
     wl.dtype = (uint8_t)layout->dtype;
     wl.kv_kind = (uint8_t)layout->kv_kind;
+    wl.flags = flags;
 
     pthread_mutex_lock(&c->mu);
     q = kvc_req(c);
@@ -356,16 +391,35 @@ KVC_API uint32_t kvc_ns_id(const kvc_ns *ns)
 static uint8_t *kvc_loc_ptr(const kvc_ns *ns, const struct kvc_wire_loc *l)
 {
     const struct kvc_arena *a;
-    if (l->arena_id >= KVC_MAX_ARENAS)
+    const kvc_client *c = ns->c;
+    if (l->tier == KVC_WIRE_TIER_GPU) {
+        if (!c->gpu_base || l->arena_id != c->gpu_arena || l->length < ns->block_bytes ||
+            l->offset > c->gpu_size || ns->block_bytes > c->gpu_size - l->offset)
+            return NULL;
+        return c->gpu_base + l->offset;
+    }
+    if (l->tier != KVC_WIRE_TIER_HOST || l->arena_id >= KVC_MAX_ARENAS)
         return NULL;
     a = &ns->c->arenas[l->arena_id];
-    if (!a->base || l->length < ns->block_bytes || l->offset > a->size ||
-        ns->block_bytes > a->size - l->offset)
+    /* a raw block fills block_bytes; a quantized one is its (smaller) stored length */
+    uint64_t need = l->format == KVC_WIRE_FORMAT_RAW ? ns->block_bytes : l->length;
+    if (!a->base || l->length < need || need == 0 || l->offset > a->size ||
+        need > a->size - l->offset)
         return NULL;
     return a->base + l->offset;
 }
 
 /* ---- reading -------------------------------------------------------------------------- */
+
+static void kvc_kern_layout(const kvc_ns *ns, struct kern_layout *kl)
+{
+    *kl = (struct kern_layout){.layers = ns->layout.layers,
+                               .heads = ns->layout.kv_heads,
+                               .head_dim = ns->layout.head_dim,
+                               .tokens = ns->layout.block_tokens,
+                               .dtype = ns->layout.dtype,
+                               .k_only = ns->layout.kv_kind == KVC_WIRE_KV_KIND_K_ONLY};
+}
 
 static uint64_t kvc_mono_ns(void)
 {
@@ -447,7 +501,8 @@ KVC_API int kvc_lookup(kvc_ns *ns, const struct kvc_key *keys, size_t n, unsigne
     kvc_client *c;
     kvc_lease *l;
     int rc = 0;
-    if (!ns || !out || (!keys && n) || (flags & ~(KVC_LOOKUP_READY_ONLY | KVC_LOOKUP_NOWAIT)))
+    if (!ns || !out || (!keys && n) ||
+        (flags & ~(KVC_LOOKUP_READY_ONLY | KVC_LOOKUP_NOWAIT | KVC_LOOKUP_GPU)))
         return -EINVAL;
     *out = NULL;
     if (n == 0)
@@ -468,6 +523,8 @@ KVC_API int kvc_lookup(kvc_ns *ns, const struct kvc_key *keys, size_t n, unsigne
         q->ns_id = ns->id;
         q->nkeys = chunk;
         q->flags = (flags & KVC_LOOKUP_READY_ONLY) ? KVC_LOOKUP_F_READY_ONLY : 0;
+        if ((flags & KVC_LOOKUP_GPU) && c->gpu_base) /* else host locations only */
+            q->flags |= KVC_LOOKUP_F_GPU;
         memcpy(q + 1, keys + done, chunk * sizeof(struct kvc_key));
         rc = kvc_call(c, KVC_OP_LOOKUP, (uint32_t)(sizeof(*q) + chunk * sizeof(struct kvc_key)),
                       NULL);
@@ -489,10 +546,17 @@ KVC_API int kvc_lookup(kvc_ns *ns, const struct kvc_key *keys, size_t n, unsigne
                 rc = -EPROTO;
                 break;
             }
-            l->hits[l->n++] = (struct kvc_hit){.data = ptr,
-                                               .len = ns->block_bytes,
-                                               .chunk = (uint32_t)(l->nids - 1),
-                                               .ready = (locs[i].flags & KVC_LOC_F_READY) != 0};
+            if (locs[i].format >= KVC_WIRE_FORMAT_COUNT) {
+                rc = -EPROTO;
+                break;
+            }
+            l->hits[l->n++] = (struct kvc_hit){
+                .data = ptr,
+                .len = locs[i].format == KVC_WIRE_FORMAT_RAW ? ns->block_bytes : locs[i].length,
+                .format = locs[i].format,
+                .tier = locs[i].tier,
+                .chunk = (uint32_t)(l->nids - 1),
+                .ready = (locs[i].flags & KVC_LOC_F_READY) != 0};
         }
         if (rc || p->nhit < chunk)
             break;
@@ -555,12 +619,74 @@ KVC_API int kvc_lease_copy(const kvc_lease *l, size_t i, void *dst, size_t len)
         return -EINVAL;
     if (i >= l->n)
         return -ERANGE;
-    if (len < l->hits[i].len)
+    if (len < l->ns->block_bytes)
         return -EINVAL;
     uint64_t t0 = kvc_mono_ns();
-    memcpy(dst, l->hits[i].data, l->hits[i].len);
+    if (l->hits[i].tier == KVC_WIRE_TIER_GPU && l->hits[i].format == KVC_WIRE_FORMAT_RAW) {
+        int grc = l->ns->c->gpu_hooks->copy_sync(dst, l->hits[i].data, l->ns->block_bytes);
+        kvc_lease_account(l, t0);
+        return grc;
+    }
+    if (l->hits[i].format == KVC_WIRE_FORMAT_RAW) {
+        memcpy(dst, l->hits[i].data, l->ns->block_bytes);
+        kvc_lease_account(l, t0);
+        return 0;
+    }
+    struct kern_layout kl;
+    kvc_kern_layout(l->ns, &kl);
+    int64_t rc = kern_decode_cpu(&kl, l->hits[i].data, l->hits[i].len, dst, len,
+                                 (enum kern_dtype)kl.dtype);
     kvc_lease_account(l, t0);
-    return 0;
+    return rc < 0 ? (int)rc : 0;
+}
+
+KVC_API int kvc_lease_stored(const kvc_lease *l, size_t i, const void **data, size_t *len)
+{
+    if (!l || !data || !len)
+        return -EINVAL;
+    if (i >= l->n)
+        return -ERANGE;
+    *data = l->hits[i].data;
+    *len = l->hits[i].len;
+    if (l->hits[i].format != KVC_WIRE_FORMAT_RAW) {
+        int64_t n = kern_block_info(l->hits[i].data, l->hits[i].len, NULL, NULL);
+        if (n > 0)
+            *len = (size_t)n;
+    }
+    return l->hits[i].format;
+}
+
+KVC_API int kvc_lease_copy_cuda(const kvc_lease *l, size_t i, void *dst_dev, size_t len,
+                                void *stream)
+{
+    struct kern_layout kl;
+    void *scratch = NULL;
+    int rc;
+    if (!l || !dst_dev)
+        return -EINVAL;
+    if (i >= l->n)
+        return -ERANGE;
+    if (len < l->ns->block_bytes)
+        return -EINVAL;
+    if (!(kern_supports() & KERN_SUPPORT_CUDA_BUILT))
+        return -ENOTSUP;
+    if (l->hits[i].format == KVC_WIRE_FORMAT_RAW)
+        return kern_cuda_copy(dst_dev, l->hits[i].data, l->ns->block_bytes, KERN_CUDA_H2D,
+                              stream);
+    /* the stored (2-4x smaller) block crosses PCIe, the GPU dequantizes it */
+    size_t n = l->hits[i].len;
+    kvc_kern_layout(l->ns, &kl);
+    rc = kern_cuda_alloc(&scratch, n);
+    if (rc)
+        goto out;
+    rc = kern_cuda_copy(scratch, l->hits[i].data, n, KERN_CUDA_H2D, stream);
+    if (rc)
+        goto out;
+    int64_t d = kern_decode_cuda(&kl, scratch, n, dst_dev, len, (enum kern_dtype)kl.dtype, stream);
+    rc = d < 0 ? (int)d : kern_cuda_stream_sync(stream);
+out:
+    kern_cuda_free(scratch);
+    return rc;
 }
 
 KVC_API int kvc_release(kvc_lease *l)
@@ -570,6 +696,8 @@ KVC_API int kvc_release(kvc_lease *l)
     if (!l)
         return 0;
     c = l->ns->c;
+    if (l->gpu_ev || l->gpu_scratch)
+        c->gpu_hooks->wait(c, &l->gpu_ev, &l->gpu_scratch); /* copies out of the pins first */
     pthread_mutex_lock(&c->mu);
     rc = l->nids ? kvc_release_ids(c, l->ids, l->nids,
                                    __atomic_load_n(&l->load_ns, __ATOMIC_RELAXED))
@@ -583,6 +711,12 @@ KVC_API int kvc_release(kvc_lease *l)
 
 KVC_API int kvc_reserve(kvc_ns *ns, const struct kvc_key *parent, const struct kvc_key *keys,
                         size_t n, kvc_resv **out)
+{
+    return kvci_reserve_flags(ns, parent, keys, n, 0, out);
+}
+
+int kvci_reserve_flags(kvc_ns *ns, const struct kvc_key *parent, const struct kvc_key *keys,
+                       size_t n, uint32_t flags, kvc_resv **out)
 {
     kvc_client *c;
     kvc_resv *r;
@@ -603,6 +737,7 @@ KVC_API int kvc_reserve(kvc_ns *ns, const struct kvc_key *parent, const struct k
     struct kvc_reserve_req *q = kvc_req(c);
     memset(q, 0, sizeof(*q));
     q->ns_id = ns->id;
+    q->flags = c->gpu_base ? flags & KVC_RESERVE_F_GPU : 0;
     q->nkeys = (uint32_t)n;
     if (parent) {
         q->parent.lo = parent->lo;
@@ -628,7 +763,10 @@ KVC_API int kvc_reserve(kvc_ns *ns, const struct kvc_key *parent, const struct k
             break;
         }
         if (slots[i].status == KVC_SLOT_RESERVED) {
-            if (!c->arenas[ns->arena].writable || !(r->slots[i].data = kvc_loc_ptr(ns, &slots[i].loc))) {
+            r->slots[i].tier = slots[i].loc.tier;
+            if ((slots[i].loc.tier == KVC_WIRE_TIER_HOST && !c->arenas[ns->arena].writable) ||
+                (slots[i].loc.tier == KVC_WIRE_TIER_GPU && !(q->flags & KVC_RESERVE_F_GPU)) ||
+                !(r->slots[i].data = kvc_loc_ptr(ns, &slots[i].loc))) {
                 rc = -EPROTO;
                 break;
             }
@@ -672,6 +810,8 @@ KVC_API int kvc_resv_write(kvc_resv *r, size_t i, const void *src, size_t len)
         return -ERANGE;
     if (!r->slots[i].data || len != r->ns->block_bytes)
         return -EINVAL;
+    if (r->slots[i].tier == KVC_WIRE_TIER_GPU)
+        return r->ns->c->gpu_hooks->copy_sync(r->slots[i].data, src, len);
     memcpy(r->slots[i].data, src, len);
     return 0;
 }
@@ -683,11 +823,13 @@ KVC_API int kvc_commit(kvc_resv *r, size_t n)
     int rc;
     if (!r)
         return -EINVAL;
+    c = r->ns->c;
+    if (r->gpu_ev || r->gpu_scratch)
+        c->gpu_hooks->wait(c, &r->gpu_ev, &r->gpu_scratch); /* the bytes land before commit */
     if (!r->id) {
         free(r);
         return 0;
     }
-    c = r->ns->c;
     pthread_mutex_lock(&c->mu);
     struct kvc_commit_req *q = kvc_req(c);
     memset(q, 0, sizeof(*q));
@@ -709,6 +851,8 @@ KVC_API int kvc_abort(kvc_resv *r)
     int rc = 0;
     if (!r)
         return 0;
+    if (r->gpu_ev || r->gpu_scratch)
+        r->ns->c->gpu_hooks->wait(r->ns->c, &r->gpu_ev, &r->gpu_scratch);
     if (r->id) {
         c = r->ns->c;
         pthread_mutex_lock(&c->mu);
@@ -732,10 +876,11 @@ KVC_API int kvc_get_prefix(kvc_ns *ns, const struct kvc_key *keys, size_t n, voi
     hits = kvc_lookup(ns, keys, n, 0, &l);
     if (hits <= 0)
         return hits;
-    uint64_t t0 = kvc_mono_ns();
-    for (int i = 0; i < hits; i++)
-        memcpy(dst[i], l->hits[i].data, l->hits[i].len);
-    kvc_lease_account(l, t0);
+    for (int i = 0; i < hits; i++) /* each copy adds its time to the lease */
+        if (kvc_lease_copy(l, (size_t)i, dst[i], l->ns->block_bytes) < 0) {
+            hits = i; /* what could not be decoded is a miss */
+            break;
+        }
     kvc_release(l);
     return hits;
 }

@@ -15,6 +15,17 @@
 
 #define KVC_MAX_ARENAS 16
 
+/* Set by kvc_gpu_attach() (libkvc_gpu.c) so that a program that never calls the GPU API
+ * links no CUDA code: libkvc.c reaches it only through these. */
+struct kvc_gpu_hooks {
+    /* Waits for a lease's or reservation's queued device work and frees its scratch. */
+    void (*wait)(kvc_client *c, void **ev, void **scratch);
+    /* Copies len bytes and waits (any pair of host/device pointers). */
+    int (*copy_sync)(void *dst, const void *src, uint64_t len);
+    /* Unmaps the pool and unregisters the arenas (kvc_disconnect). */
+    void (*fini)(kvc_client *c);
+};
+
 struct kvc_arena {
     uint8_t *base; /* mapping, or NULL */
     uint64_t size;
@@ -31,6 +42,12 @@ struct kvc_client {
     struct kvc_ns *ns; /* list of open namespaces, owned */
     uint64_t *tx;      /* request buffer, KVC_PROTO_MAX_MSG bytes */
     uint64_t *rx;      /* reply buffer */
+    /* GPU state (libkvc_gpu.c), all zero until kvc_gpu_attach() */
+    const struct kvc_gpu_hooks *gpu_hooks;
+    void *gpu; /* struct kvc_gpu, owned */
+    uint32_t gpu_arena;
+    uint8_t *gpu_base; /* this process's mapping of the pool (a device address) */
+    uint64_t gpu_size;
 };
 
 struct kvc_ns {
@@ -46,9 +63,11 @@ struct kvc_ns {
 
 struct kvc_hit {
     const uint8_t *data;
-    uint64_t len;
+    uint64_t len;   /* raw: the block size; quantized: the slot (>= the encoded size) */
+    uint8_t format; /* KVC_WIRE_FORMAT_* */
     uint32_t chunk; /* index into kvc_lease.ids of the lease holding it */
     bool ready;     /* in memory now (else being read from disk: WAIT) */
+    uint8_t tier;   /* KVC_WIRE_TIER_*: data is a device pointer for GPU */
 };
 
 struct kvc_lease {
@@ -57,6 +76,8 @@ struct kvc_lease {
     size_t n;
     size_t nids;
     uint64_t ids[8];       /* one per chunk of KVC_PROTO_MAX_KEYS */
+    void *gpu_ev;          /* device work queued on this lease; waited for before release */
+    void *gpu_scratch;     /* device scratch that work uses */
     struct kvc_hit hits[]; /* n */
 };
 
@@ -65,8 +86,11 @@ struct kvc_resv {
     uint64_t id; /* 0: nothing reserved */
     size_t n;
     size_t nreserved;
+    void *gpu_ev; /* device work queued on this reservation; waited for before commit/abort */
+    void *gpu_scratch;
     struct {
         uint8_t status;
+        uint8_t tier; /* KVC_WIRE_TIER_* of data */
         uint8_t *data;
     } slots[]; /* n */
 };
@@ -74,6 +98,15 @@ struct kvc_resv {
 /* One round trip: request in c->tx (payload of len bytes), reply in c->rx. The reply status
  * or a transport error. Caller holds c->mu. (kvci_: kept out of the kvc_* exports.) */
 int kvci_call(kvc_client *c, uint16_t op, uint32_t len, int *fd);
+/* The request payload buffer, and the reply payload with its length (libkvc_gpu.c). */
+void *kvci_req(kvc_client *c);
+const void *kvci_rep(const kvc_client *c, uint32_t *len);
+/* kvc_reserve with RESERVE flags (KVC_RESERVE_F_GPU). */
+int kvci_reserve_flags(kvc_ns *ns, const struct kvc_key *parent, const struct kvc_key *keys,
+                       size_t n, uint32_t flags, kvc_resv **out);
+/* Tests install a fake device table here before kvc_gpu_attach(). */
+struct kern_dev_ops;
+void kvci_gpu_ops_set(const struct kern_dev_ops *ops);
 
 uint64_t kvc_layout_salt(const struct kvc_wire_layout *l);
 void kvc_key_chain(uint64_t salt, const struct kvc_key *parent, const uint32_t *tokens,

@@ -1049,6 +1049,10 @@ int config_validate(const struct config *c, char *err, size_t errlen)
         config_err(err, errlen, "host.size (%s) must be at least host.page_size (%s)", why,
                    page);
         rc = -EINVAL;
+    } else if (c->gpu_pool_page_size & (c->gpu_pool_page_size - 1)) {
+        config_format_size(c->gpu_pool_page_size, why, sizeof(why));
+        config_err(err, errlen, "gpu.pool_page_size (%s) must be a power of two", why);
+        rc = -EINVAL;
     } else if (strlen(c->server_socket) >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
         config_err(err, errlen, "server.socket: path longer than %zu bytes",
                    sizeof(((struct sockaddr_un *)0)->sun_path) - 1);

@@ -56,6 +56,9 @@
       "low_watermark.")                                                                       \
     X(host, low_watermark, DOUBLE, "0.90", 0.0, 1.0, 1, NULL,                                 \
       "Fraction of the arena in use at which eviction stops. Must be below high_watermark.") \
+    X(host, quantize_inflight, INT, "8", 0, 1024, 1, NULL,                                    \
+      "Blocks quantized in place at once above high_watermark, before evicting, in "          \
+      "namespaces whose creator allowed a codec (0: never quantize, evict).")                 \
     X(cache, policy, ENUM, "lru", 0, 0, 1, "lru",                                             \
       "Eviction order among unpinned leaves of the prefix tree.")                                  \
     X(cache, recompute_tokens_per_s, INT, "8000", 1, 100000000, 1, NULL,                           \
@@ -83,7 +86,13 @@
       "(docs/disk.md).")                                                                           \
     X(disk, compact_below, INT, "50", 0, 100, 0, NULL,                                             \
       "Percent of a disk page still live under which the compactor moves its blocks to free "     \
-      "it, once fewer than a quarter of the pages are free; 0: never.")
+      "it, once fewer than a quarter of the pages are free; 0: never.")                             \
+    X(gpu, pool_size, SIZE, "0", 0, 1ull << 44, 0, NULL,                                           \
+      "Bytes of the GPU tier's device pool, shared with engines on that GPU. 0: no GPU "           \
+      "tier. Without a device or driver the tier is disabled with one log line.")                  \
+    X(gpu, device, INT, "0", 0, 1023, 0, NULL, "CUDA ordinal of the GPU holding the pool.")        \
+    X(gpu, pool_page_size, SIZE, "2m", 64 << 10, 1 << 30, 0, NULL,                                 \
+      "Allocator page of the pool: a power of two.")
 
 #define CONFIG_CTYPE_BOOL bool
 #define CONFIG_CTYPE_INT int64_t

@@ -21,6 +21,7 @@
 #include "daemon/acl.h"
 #include "daemon/config.h"
 #include "daemon/log.h"
+#include "daemon/quant.h"
 #include "daemon/loop.h"
 #include "daemon/notify.h"
 #include "daemon/server.h"
@@ -106,7 +107,11 @@ static void kvcd_store_params(const struct config *c, struct store_params *p)
                                .max_namespaces = (uint32_t)c->server_max_namespaces,
                                .max_handles = (uint32_t)c->server_max_leases,
                                .policy = (enum policy_kind)c->cache_policy,
-                               .recompute_tokens_per_s = (uint64_t)c->cache_recompute_tokens_per_s};
+                               .recompute_tokens_per_s = (uint64_t)c->cache_recompute_tokens_per_s,
+                               .quantize_inflight = (uint32_t)c->host_quantize_inflight,
+                               .gpu_size = c->gpu_pool_size,
+                               .gpu_device = (int)c->gpu_device,
+                               .gpu_page_size = c->gpu_pool_page_size};
 }
 
 static void kvcd_server_params(const struct kvcd *d, const struct config *c,
@@ -393,6 +398,11 @@ int main(int argc, char **argv)
              (unsigned long long)(store_host_capacity(d.store) >> 20),
              tier_host_hugetlb(d.store->arenas[0].tier) ? "huge" : "normal",
              (unsigned long long)(sp.host_page_size >> 10));
+    if (!quant_new(d.loop, d.store, &rc)) {
+        log_err("quant: cannot start the quantize-in-place worker (%s)", strerror(-rc));
+        rc = 1;
+        goto out;
+    }
 
     d.acl = acl_new(d.store, d.cfg, &rc);
     if (!d.acl) {
@@ -443,6 +453,8 @@ int main(int argc, char **argv)
 out:
     server_free(d.server);
     acl_free(d.acl);
+    if (d.store)
+        quant_free(d.store->quant); /* before the loop it watches goes */
     store_free(d.store);
     loop_free(d.loop);
     if (d.sigfd >= 0)

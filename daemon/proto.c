@@ -38,6 +38,7 @@ static const struct proto_shape proto_shapes[KVC_OP_MAX] = {
     PROTO_ADMIN_SHAPE(POLICY_SET) PROTO_ADMIN_SHAPE(EVICT) PROTO_ADMIN_SHAPE(SHUTDOWN)
 #undef PROTO_ADMIN_SHAPE
     [KVC_OP_WAIT] = {sizeof(struct kvc_wait_req), 0, 0, 0},
+    [KVC_OP_GPU_ATTACH] = {sizeof(struct kvc_gpu_attach_req), 0, 0, 0},
 };
 
 const char *proto_op_name(uint32_t op)
@@ -72,13 +73,13 @@ static int proto_check_body(uint32_t op, const void *body, const char **why)
     switch (op) {
     case KVC_OP_LOOKUP: {
         const struct kvc_lookup_req *q = body;
-        if ((q->flags & ~KVC_LOOKUP_F_READY_ONLY) || q->pad)
+        if ((q->flags & ~(KVC_LOOKUP_F_READY_ONLY | KVC_LOOKUP_F_GPU)) || q->pad)
             goto reserved;
         break;
     }
     case KVC_OP_RESERVE: {
         const struct kvc_reserve_req *q = body;
-        if (q->flags || q->pad)
+        if ((q->flags & ~KVC_RESERVE_F_GPU) || q->pad)
             goto reserved;
         break;
     }
@@ -98,6 +99,12 @@ static int proto_check_body(uint32_t op, const void *body, const char **why)
         if (((const struct kvc_wait_req *)body)->pad)
             goto reserved;
         break;
+    case KVC_OP_GPU_ATTACH: {
+        const struct kvc_gpu_attach_req *q = body;
+        if ((q->flags & ~KVC_GPU_ATTACH_F_MAPPED) || q->pad)
+            goto reserved;
+        break;
+    }
     case KVC_OP_BLOCK_LIST:
         if (((const struct kvc_block_list_req *)body)->max == 0) {
             *why = "max is 0";

@@ -32,6 +32,7 @@
 #include "daemon/server.h"
 #include "daemon/store.h"
 #include "daemon/tiering.h"
+#include "tiers/gpu.h"
 #include "tiers/host.h"
 
 #define SERVER_BUF (KVC_PROTO_MAX_MSG + 64)
@@ -44,6 +45,7 @@ struct conn {
     struct ucred cred;
     bool hello;
     uint32_t arenas_sent; /* bit a: arena a's descriptor was handed over */
+    bool gpu_mapped;      /* GPU_ATTACH with F_MAPPED: may be given GPU locations */
     struct store_owner owner;
     struct server *sv;
     struct conn *prev, *next;
@@ -486,6 +488,8 @@ static int server_on_stats(struct server *sv, struct conn *c, const struct proto
         server_stat_put(out, &n, "namespaces_now", nns);
         server_stat_put(out, &n, "host_capacity", store_host_capacity(s));
         server_stat_put(out, &n, "host_used", store_host_used(s));
+        server_stat_put(out, &n, "gpu_capacity", store_gpu_capacity(s));
+        server_stat_put(out, &n, "gpu_used", store_gpu_used(s));
         server_stat_put(out, &n, "uptime_s", now / 1000);
         server_stat_put(out, &n, "log_suppressed", log_suppressed());
         tiering_stats(s, server_stat_cb, &(struct server_stat_ctx){out, &n});
@@ -553,6 +557,29 @@ static int server_on_block_list(struct server *sv, struct conn *c, const struct 
     }
     *p = (struct kvc_block_list_rep){.nblocks = n, .next_cursor = i < ix->nblocks ? i : 0};
     return (int)(sizeof(*p) + n * sizeof(*out));
+}
+
+/* The GPU pool's handle (first call), or the client's word that it mapped it. */
+static int server_on_gpu_attach(struct server *sv, struct conn *c, const struct proto_req *r,
+                                int *send_fd)
+{
+    const struct kvc_gpu_attach_req *q = r->body;
+    struct kvc_gpu_attach_rep *p = (struct kvc_gpu_attach_rep *)((struct kvc_msg_hdr *)sv->tx + 1);
+    const struct kern_dev_pool *pool;
+    if (!sv->store->gpu)
+        return -ENODEV;
+    pool = tier_gpu_pool(sv->store->gpu);
+    memset(p, 0, sizeof(*p));
+    p->arena_id = STORE_ARENA_GPU;
+    p->handle = pool->handle;
+    p->pool_bytes = pool->size; /* the whole allocation: an importer maps all of it */
+    memcpy(p->uuid, pool->uuid, sizeof(p->uuid));
+    memcpy(p->legacy, pool->legacy, sizeof(p->legacy));
+    if (q->flags & KVC_GPU_ATTACH_F_MAPPED)
+        c->gpu_mapped = true;
+    else if (pool->handle == KVC_GPU_HANDLE_FD)
+        *send_fd = pool->fd;
+    return sizeof(*p);
 }
 
 /* ---- dispatch -------------------------------------------------------------------------- */
@@ -630,12 +657,16 @@ static bool server_handle(struct server *sv, struct conn *c, size_t n)
             rc = server_on_ns_open(sv, c, &r, &send_fd, &send_fd_owned);
             break;
         case KVC_OP_LOOKUP:
+            c->owner.gpu = c->gpu_mapped &&
+                           (((const struct kvc_lookup_req *)r.body)->flags & KVC_LOOKUP_F_GPU);
             rc = server_on_lookup(sv, c, &r, now);
             break;
         case KVC_OP_RELEASE:
             rc = server_on_release(sv, c, &r);
             break;
         case KVC_OP_RESERVE:
+            c->owner.gpu = c->gpu_mapped &&
+                           (((const struct kvc_reserve_req *)r.body)->flags & KVC_RESERVE_F_GPU);
             rc = server_on_reserve(sv, c, &r, now);
             break;
         case KVC_OP_COMMIT:
@@ -664,6 +695,9 @@ static bool server_handle(struct server *sv, struct conn *c, size_t n)
                               KVC_PROTO_MAX_MSG - sizeof(struct kvc_msg_hdr));
             break;
         }
+        case KVC_OP_GPU_ATTACH:
+            rc = server_on_gpu_attach(sv, c, &r, &send_fd);
+            break;
         case KVC_OP_WAIT:
             rc = server_on_wait(sv, c, &r, now);
             if (rc == SERVER_DEFERRED)
@@ -689,7 +723,7 @@ static bool server_handle(struct server *sv, struct conn *c, size_t n)
     rc = server_send(sv, c, send_fd);
     if (send_fd_owned)
         close(send_fd);
-    if (rc == 0 && send_fd >= 0) {
+    if (rc == 0 && send_fd >= 0 && r.hdr->opcode == KVC_OP_NS_OPEN) {
         const struct kvc_ns_open_rep *p =
             (const struct kvc_ns_open_rep *)((struct kvc_msg_hdr *)sv->tx + 1);
         c->arenas_sent |= 1u << p->arena_id;

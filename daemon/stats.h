@@ -17,6 +17,9 @@
     X(lookup_tokens, "tokens asked for by lookups")                                           \
     X(hit_blocks, "blocks found (longest cached prefix)")                                     \
     X(hit_tokens, "tokens found")                                                             \
+    X(hit_tokens_host, "tokens found in the host tier")                                       \
+    X(hit_tokens_disk, "tokens found on disk (read back into memory for the lookup)")         \
+    X(hit_tokens_gpu, "tokens found in the GPU pool")                                         \
     X(miss_blocks, "blocks asked for and not found")                                          \
     X(miss_tokens, "tokens asked for and not found")                                          \
     X(bytes_out, "bytes handed out as hits")                                                  \
@@ -34,6 +37,8 @@
     X(load_us, "microseconds clients reported copying hits out of the cache")                \
     X(pins, "block pins taken by lookups")                                                    \
     X(unpins, "block pins dropped (release or client exit)")                                  \
+    X(quantized_blocks, "raw blocks quantized in place")                                           \
+    X(quant_bytes_saved, "bytes freed by quantizing in place")                                     \
     X(errors, "requests answered with an error")                                                   \
     X(requests, "requests handled")                                                                \
     X(refused_access, "requests refused by a namespace access list (EACCES)")                      \
@@ -50,7 +55,9 @@
     X(promoted_blocks, "blocks read back from disk into memory")                                   \
     X(disk_evicted_blocks, "blocks evicted from disk to make room")                                \
     X(checksum_failures, "disk blocks that failed verification (dropped, served as misses)")       \
-    X(disk_io_errors, "disk reads or writes that failed")
+    X(disk_io_errors, "disk reads or writes that failed")                                          \
+    X(gpu_promoted_blocks, "blocks moved from a host arena into the GPU pool")                     \
+    X(gpu_demoted_blocks, "blocks moved from the GPU pool to a host arena")
 
 /* X(name, help) — values computed when asked. */
 #define STATS_GAUGES(X)                                                                        \
@@ -63,6 +70,8 @@
     X(namespaces_now, "namespaces")                                                           \
     X(host_capacity, "bytes of the host arena")                                               \
     X(host_used, "bytes of the host arena in slots")                                          \
+    X(gpu_capacity, "bytes of the GPU pool (0: no GPU tier)")                                 \
+    X(gpu_used, "bytes of the GPU pool in slots")                                             \
     X(uptime_s, "seconds since start")
 
 struct stats {

@@ -7,8 +7,12 @@
 #include <string.h>
 
 #include "daemon/log.h"
+#include "daemon/quant.h"
 #include "daemon/store.h"
 #include "daemon/tiering.h"
+#include "kernels/kern_dev.h"
+#include "tiers/gpu.h"
+#include "kernels/kern.h"
 #include "tiers/host.h"
 #include "tiers/slab.h"
 #include "tiers/tier.h"
@@ -71,6 +75,36 @@ static void store_touch(struct store *s, uint32_t idx, uint64_t now)
 
 /* ---- creation ------------------------------------------------------------------------ */
 
+/* The GPU tier, when configured. A missing device or driver is not an error: the daemon
+ * runs without the tier and says so in one line. */
+static void store_gpu_open(struct store *s)
+{
+    const struct kern_dev_ops *ops = s->p.gpu_ops ? s->p.gpu_ops : kern_dev_cuda();
+    struct tier_gpu_config gc = {
+        .ops = ops,
+        .device = s->p.gpu_device,
+        .arena_id = STORE_ARENA_GPU,
+        .size = s->p.gpu_size,
+        .page_size = s->p.gpu_page_size ? s->p.gpu_page_size : 2u << 20,
+    };
+    int rc;
+    if (!s->p.gpu_size)
+        return;
+    struct tier *g = tier_gpu_new(&gc, &rc);
+    if (!g) {
+        log_warn("gpu: tier disabled (%s)",
+                 rc != -ENODEV ? strerror(-rc)
+                 : ops         ? "no CUDA device or driver found"
+                               : "kvcd built without CUDA");
+        return;
+    }
+    s->arenas[STORE_ARENA_GPU].tier = g;
+    s->gpu = g;
+    log_info("gpu: pool of %.1f MiB on device %d (%s handles)",
+             (double)g->ops->capacity(g) / 1048576.0, s->p.gpu_device,
+             kern_dev_handle_name(tier_gpu_pool(g)->handle));
+}
+
 struct store *store_new(const struct store_params *p, int *err)
 {
     struct tier_host_config hc = {
@@ -97,7 +131,9 @@ struct store *store_new(const struct store_params *p, int *err)
     if (!s->arenas[0].tier)
         goto fail;
     s->arenas[0].lru_head = s->arenas[0].lru_tail = INDEX_NONE;
+    s->arenas[STORE_ARENA_GPU].lru_head = s->arenas[STORE_ARENA_GPU].lru_tail = INDEX_NONE;
     s->narenas = 1;
+    store_gpu_open(s);
     return s;
 fail:
     store_free(s);
@@ -109,9 +145,11 @@ void store_free(struct store *s)
 {
     if (!s)
         return;
+    quant_free(s->quant); /* its jobs hold slots of the arenas */
     tiering_free(s);
     for (uint32_t a = 0; a < s->narenas; a++)
         tier_destroy(s->arenas[a].tier);
+    tier_destroy(s->gpu);
     if (s->ns)
         for (uint32_t i = 0; i < s->nns; i++)
             free(s->ns[i]);
@@ -128,9 +166,36 @@ void store_reload(struct store *s, const struct store_params *p)
     s->p.policy = p->policy;
     s->p.max_handles = p->max_handles;
     s->p.recompute_tokens_per_s = p->recompute_tokens_per_s;
+    s->p.quantize_inflight = p->quantize_inflight;
 }
 
 /* ---- namespaces ---------------------------------------------------------------------- */
+
+/* The namespace's quantization (layout.flags, kvc_proto.h): NULL if valid, else why not. */
+static const char *store_quant_check(const struct kvc_wire_layout *l)
+{
+    uint32_t f = l->flags, allowed = KVC_WIRE_QUANT_ALLOWED(f);
+    uint32_t k = KVC_WIRE_QUANT_K(f), v = KVC_WIRE_QUANT_V(f);
+    struct kern_layout kl = {.layers = l->layers,
+                             .heads = l->kv_heads,
+                             .head_dim = l->head_dim,
+                             .tokens = l->block_tokens,
+                             .dtype = l->dtype,
+                             .k_only = l->kv_kind == KVC_WIRE_KV_KIND_K_ONLY};
+    if (allowed & ~((1u << KVC_WIRE_FORMAT_COUNT) - 2))
+        return "unknown codec in the allowed set";
+    if (!allowed)
+        return "a quantization recipe without allowed codecs";
+    if ((k && !(allowed & (1u << k))) || (v && !(allowed & (1u << v))))
+        return "recipe codec not in the allowed set";
+    if (!k && (!v || l->kv_kind == KVC_WIRE_KV_KIND_K_ONLY))
+        return "recipe quantizes nothing";
+    if (KVC_WIRE_QUANT_RAW_LAYERS(f) >= l->layers)
+        return "recipe keeps every layer raw";
+    if (kern_layout_check(&kl) < 0)
+        return "codecs need fp16 or bf16 and a shape the kernels take";
+    return NULL;
+}
 
 int store_layout_check(const struct kvc_wire_layout *l, uint64_t arena_bytes,
                        uint64_t *block_bytes, const char **why)
@@ -152,8 +217,10 @@ int store_layout_check(const struct kvc_wire_layout *l, uint64_t arena_bytes,
         *why = "head_dim out of range 1..65536";
     else if (l->block_tokens == 0 || l->block_tokens > 65536)
         *why = "block_tokens out of range 1..65536";
-    else if (l->pad || l->flags)
+    else if (l->pad || (l->flags & ~KVC_WIRE_QUANT_MASK))
         *why = "reserved fields not zero";
+    else if (l->flags)
+        *why = store_quant_check(l);
     if (*why)
         return -EINVAL;
     bytes = (unsigned __int128)l->layers * (l->kv_kind == KVC_WIRE_KV_KIND_KV ? 2 : 1) *
@@ -189,7 +256,8 @@ int store_ns_open(struct store *s, const struct kvc_wire_layout *l, uint32_t *ns
             continue;
         }
         if (strcmp(n->layout.model_id, l->model_id) == 0) {
-            if (!store_layout_equal(&n->layout, l))
+            /* quantization: the creator's stays; a later opener passes 0 or the same */
+            if (!store_layout_equal(&n->layout, l) || (l->flags && l->flags != n->layout.flags))
                 return -EEXIST;
             *ns_id = i;
             *created = false;
@@ -384,17 +452,137 @@ int store_alloc(struct store *s, struct store_ns *ns, uint64_t now, struct tier_
     }
 }
 
+/* ---- gpu tier moves ------------------------------------------------------------------- */
+
+/* A slot in the GPU pool if it stays at or below the high watermark; the pool never evicts
+ * to make room, it demotes in store_trim(). */
+static int store_gpu_alloc(struct store *s, uint64_t len, struct tier_loc *loc)
+{
+    struct tier *g = s->gpu;
+    if (!g)
+        return -ENODEV;
+    if ((double)(g->ops->usage(g) + len) > s->p.high_watermark * (double)g->ops->capacity(g))
+        return -ENOSPC;
+    return g->ops->alloc(g, len, loc);
+}
+
+static void store_copy_done(void *arg, int status)
+{
+    *(int *)arg = status;
+}
+
+/* Moves an unpinned committed block between the host arena of its namespace and the GPU
+ * pool, keeping its place in the prefix tree. 0, or -errno with the block unchanged. */
+static int store_block_move(struct store *s, uint32_t idx, bool to_gpu, uint64_t now)
+{
+    struct block *b = &s->ix.blocks[idx];
+    struct store_ns *ns = s->ns[b->ns];
+    uint32_t to = to_gpu ? STORE_ARENA_GPU : ns->arena;
+    struct tier *src = s->arenas[b->arena].tier, *dst = s->arenas[to].tier;
+    struct tier_loc from = {.arena = b->arena, .cls = b->cls, .off = b->off, .len = b->len};
+    struct tier_loc loc;
+    int rc, st = -EIO;
+    if (b->pins || b->state != BLOCK_STATE_COMMITTED || !s->gpu || b->arena == to ||
+        (b->flags & (BLOCK_F_MOVING | BLOCK_F_LOST)) || b->format != KVC_WIRE_FORMAT_RAW ||
+        (b->tier != KVC_WIRE_TIER_HOST && b->tier != KVC_WIRE_TIER_GPU))
+        return -EBUSY;
+    if (to_gpu) {
+        rc = store_gpu_alloc(s, ns->block_bytes, &loc);
+    } else {
+        b->pins++; /* making host room must not evict the block being moved */
+        rc = store_alloc(s, ns, now, &loc);
+        b->pins--;
+    }
+    if (rc)
+        return rc;
+    if (to_gpu)
+        rc = dst->ops->write(dst, &loc, 0, (char *)tier_host_base(src) + b->off,
+                             ns->block_bytes, store_copy_done, &st);
+    else
+        rc = src->ops->read(src, &from, 0, (char *)tier_host_base(dst) + loc.off,
+                            ns->block_bytes, store_copy_done, &st);
+    if (rc == 0)
+        rc = st;
+    if (rc) {
+        dst->ops->free(dst, &loc);
+        log_limited(LOG_LEVEL_WARNING, "gpu: moving a block %s failed (%s)",
+                    to_gpu ? "into the pool" : "out of the pool", strerror(-rc));
+        return rc;
+    }
+    store_lru_unlink(s, idx);
+    src->ops->free(src, &from);
+    ns->bytes = ns->bytes - b->len + loc.len;
+    b->arena = (uint8_t)loc.arena;
+    b->cls = (uint8_t)loc.cls;
+    b->off = loc.off;
+    b->len = loc.len;
+    b->tier = to_gpu ? KVC_WIRE_TIER_GPU : KVC_WIRE_TIER_HOST;
+    store_lru_push_head(s, idx);
+    if (to_gpu)
+        STORE_STAT_ADD(s, ns, gpu_promoted_blocks, 1);
+    else
+        STORE_STAT_ADD(s, ns, gpu_demoted_blocks, 1);
+    return 0;
+}
+
+/* Demotes the pool's blocks to the host arena in policy order, down to the low watermark.
+ * Unlike eviction any unpinned block may go, leaf or not: it stays cached. A block that
+ * cannot move (the host arena is full of pinned blocks) is evicted if it is a leaf. */
+static int store_gpu_demote(struct store *s, uint64_t now)
+{
+    struct tier *g = s->gpu;
+    double low = s->p.low_watermark * (double)g->ops->capacity(g);
+    int n = 0;
+    while ((double)g->ops->usage(g) > low) {
+        struct policy_block cand[STORE_EVICT_SAMPLE];
+        size_t nc = 0;
+        uint32_t walked = 0;
+        for (uint32_t i = s->arenas[STORE_ARENA_GPU].lru_tail;
+             i != INDEX_NONE && nc < STORE_EVICT_SAMPLE && walked < STORE_EVICT_WALK;
+             i = s->ix.blocks[i].lru_prev, walked++) {
+            const struct block *b = &s->ix.blocks[i];
+            if (b->pins || (b->flags & BLOCK_F_MOVING))
+                continue;
+            cand[nc++] = (struct policy_block){.id = i,
+                                               .hits = b->hits,
+                                               .last_access = b->last_access,
+                                               .bytes = b->len,
+                                               .depth = b->depth,
+                                               .children = b->children};
+        }
+        if (nc == 0)
+            break;
+        policy_rank(s->p.policy, cand, nc, now);
+        uint32_t v = (uint32_t)cand[0].id;
+        if (store_block_move(s, v, false, now)) {
+            if (s->ix.blocks[v].children)
+                break;
+            store_evict(s, v);
+        }
+        n++;
+    }
+    return n;
+}
+
 int store_trim(struct store *s, uint64_t now)
 {
     int n = 0;
+    /* The pool first: what it demotes lands in the host arenas checked next. */
+    if (s->gpu && (double)s->gpu->ops->usage(s->gpu) >
+                      s->p.high_watermark * (double)s->gpu->ops->capacity(s->gpu))
+        n += store_gpu_demote(s, now);
+    /* Quantize first where a namespace allows it; the raw slots its jobs will free count
+     * as free already, so eviction takes only the rest. */
+    quant_pressure(s->quant, now);
     if (s->tiering)
-        return tiering_demote(s, now);
+        return n + tiering_demote(s, now);
     for (uint32_t a = 0; a < s->narenas; a++) {
         struct tier *t = s->arenas[a].tier;
         double cap = (double)t->ops->capacity(t);
-        if ((double)t->ops->usage(t) <= s->p.high_watermark * cap)
+        uint64_t pend = quant_pending_bytes(s->quant, a);
+        if ((double)(t->ops->usage(t) - pend) <= s->p.high_watermark * cap)
             continue;
-        while ((double)t->ops->usage(t) > s->p.low_watermark * cap) {
+        while ((double)(t->ops->usage(t) - pend) > s->p.low_watermark * cap) {
             uint32_t v = store_victim(s, a, -1, now);
             if (v == INDEX_NONE)
                 break;
@@ -408,7 +596,7 @@ int store_trim(struct store *s, uint64_t now)
 static void store_loc_fill(const struct block *b, struct kvc_wire_loc *loc)
 {
     loc->arena_id = b->arena;
-    loc->tier = KVC_WIRE_TIER_HOST;
+    loc->tier = b->tier == KVC_WIRE_TIER_GPU ? KVC_WIRE_TIER_GPU : KVC_WIRE_TIER_HOST;
     loc->format = b->format;
     loc->flags = (b->flags & BLOCK_F_PROMOTING) ? 0 : KVC_LOC_F_READY;
     loc->offset = b->off;
@@ -432,18 +620,30 @@ int store_lookup_flags(struct store *s, struct store_owner *o, uint32_t ns_id,
     struct store_handle *h = NULL;
     uint32_t hits = 0;
     uint64_t bytes = 0;
+    uint8_t tier[KVC_PROTO_MAX_KEYS]; /* where each hit was found, before any promotion */
+    uint64_t per_tier[4] = {0};
     *lease_id = 0;
     if (!ns)
         return -ENOENT;
-    while (hits < n) {
+    while (hits < n && hits < KVC_PROTO_MAX_KEYS) {
         uint32_t idx = index_find(&s->ix, (uint16_t)ns_id, &keys[hits]);
         if (idx == INDEX_NONE || s->ix.blocks[idx].state != BLOCK_STATE_COMMITTED ||
             (s->ix.blocks[idx].flags & BLOCK_F_LOST))
             break;
+        /* A client that cannot read the pool gets the block in its host arena, or a miss
+         * if it is pinned there; one that can gets it promoted while the pool has room. */
+        if (s->gpu && s->ix.blocks[idx].tier == KVC_WIRE_TIER_GPU && !o->gpu &&
+            store_block_move(s, idx, false, now))
+            break;
+        tier[hits] = s->ix.blocks[idx].tier;
+        if (s->gpu && s->ix.blocks[idx].tier == KVC_WIRE_TIER_HOST && o->gpu)
+            store_block_move(s, idx, true, now);
         hits++;
     }
     if (hits && s->tiering)
         hits = tiering_lookup_prepare(s, (uint16_t)ns_id, keys, hits, flags, now);
+    for (uint32_t i = 0; i < hits; i++)
+        per_tier[tier[i] & 3]++;
     if (hits) {
         int rc = store_handle_new(s, o, STORE_HANDLE_LEASE, (uint16_t)ns_id, hits, &h);
         if (rc)
@@ -469,6 +669,11 @@ int store_lookup_flags(struct store *s, struct store_owner *o, uint32_t ns_id,
     STORE_STAT_ADD(s, ns, lookup_tokens, (uint64_t)n * ns->layout.block_tokens);
     STORE_STAT_ADD(s, ns, hit_blocks, hits);
     STORE_STAT_ADD(s, ns, hit_tokens, (uint64_t)hits * ns->layout.block_tokens);
+    STORE_STAT_ADD(s, ns, hit_tokens_host,
+                   per_tier[KVC_WIRE_TIER_HOST] * ns->layout.block_tokens);
+    STORE_STAT_ADD(s, ns, hit_tokens_disk,
+                   per_tier[KVC_WIRE_TIER_DISK] * ns->layout.block_tokens);
+    STORE_STAT_ADD(s, ns, hit_tokens_gpu, per_tier[KVC_WIRE_TIER_GPU] * ns->layout.block_tokens);
     STORE_STAT_ADD(s, ns, miss_blocks, n - hits);
     STORE_STAT_ADD(s, ns, miss_tokens, (uint64_t)(n - hits) * ns->layout.block_tokens);
     STORE_STAT_ADD(s, ns, pins, hits);
@@ -554,7 +759,10 @@ int store_reserve(struct store *s, struct store_owner *o, uint32_t ns_id,
         uint32_t idx;
         if (index_find(&s->ix, (uint16_t)ns_id, &keys[i]) != INDEX_NONE)
             break;
-        rc = store_alloc(s, ns, now, &loc);
+        rc = o->gpu && store_gpu_alloc(s, ns->block_bytes, &loc) == 0
+                 ? 0
+                 : store_alloc(s, ns, now, &loc);
+        t = s->arenas[rc ? ns->arena : loc.arena].tier;
         if (rc == -ENOSPC) {
             st[i++] = KVC_WIRE_SLOT_NOSPACE;
             STORE_STAT_ADD(s, ns, nospace_blocks, 1);
@@ -573,9 +781,9 @@ int store_reserve(struct store *s, struct store_owner *o, uint32_t ns_id,
         b->len = loc.len;
         b->depth = depth++;
         b->ns = (uint16_t)ns_id;
-        b->arena = (uint8_t)ns->arena;
+        b->arena = (uint8_t)loc.arena;
         b->cls = (uint8_t)loc.cls;
-        b->tier = KVC_WIRE_TIER_HOST;
+        b->tier = s->gpu && loc.arena == STORE_ARENA_GPU ? KVC_WIRE_TIER_GPU : KVC_WIRE_TIER_HOST;
         b->format = KVC_WIRE_FORMAT_RAW;
         b->state = BLOCK_STATE_RESERVED;
         b->owner_slot = (uint32_t)h->id;
@@ -784,4 +992,14 @@ int store_evict_where(struct store *s, uint32_t ns_id, uint32_t arena, uint64_t 
         } while (1);
     }
     return n;
+}
+
+uint64_t store_gpu_used(const struct store *s)
+{
+    return s->gpu ? s->gpu->ops->usage(s->gpu) : 0;
+}
+
+uint64_t store_gpu_capacity(const struct store *s)
+{
+    return s->gpu ? s->gpu->ops->capacity(s->gpu) : 0;
 }

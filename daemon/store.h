@@ -34,10 +34,13 @@
 struct tier;
 struct tier_loc;
 struct tiering;
+struct kern_dev_ops;
 
 #define STORE_MAX_ARENAS 16
 /* arenas[STORE_ARENA_DISK] holds the disk tier and the LRU list of blocks on it. */
 #define STORE_ARENA_DISK STORE_MAX_ARENAS
+/* arenas[STORE_ARENA_GPU] holds the GPU tier (when there is one) and its LRU list. */
+#define STORE_ARENA_GPU (STORE_MAX_ARENAS + 1)
 
 struct store_params {
     uint64_t host_size;
@@ -50,6 +53,15 @@ struct store_params {
     uint32_t max_handles; /* leases + reservations per owner */
     enum policy_kind policy;
     uint64_t recompute_tokens_per_s; /* to estimate the recompute time hits save */
+    /* The GPU tier (tiers/gpu.c): off when gpu_size is 0. Blocks go to the pool when a
+     * client that mapped it puts them, or is served them while the pool is below the high
+     * watermark; they come back to their host arena above it (the same watermarks), or
+     * when a client that cannot read the pool looks them up. */
+    uint64_t gpu_size;
+    int gpu_device;
+    uint64_t gpu_page_size;             /* 0: 2 MiB */
+    const struct kern_dev_ops *gpu_ops; /* NULL: kern_dev_cuda(); tests pass a fake */
+    uint32_t quantize_inflight; /* quantize-in-place jobs the trim may queue (0: none) */
 };
 
 struct store_ns {
@@ -80,6 +92,7 @@ struct store_owner {
     uint32_t live;
     uint32_t gen;
     uint64_t pins; /* block pins held through leases */
+    bool gpu;      /* this request may get GPU locations (set by the server per request) */
 };
 
 struct store_arena {
@@ -90,7 +103,7 @@ struct store_arena {
 struct store {
     struct store_params p;
     struct index ix;
-    struct store_arena arenas[STORE_MAX_ARENAS + 1];
+    struct store_arena arenas[STORE_MAX_ARENAS + 2];
     uint32_t narenas; /* host arenas */
     struct tiering *tiering; /* the disk tier engine (daemon/tiering.h); NULL: none */
     void (*on_ready)(void *arg); /* a read from disk completed (set by the server) */
@@ -100,6 +113,8 @@ struct store {
     struct stats total;
     uint64_t pins_now;
     uint64_t reserved_now, reserved_bytes_now;
+    struct tier *gpu; /* arenas[STORE_ARENA_GPU].tier, or NULL: no GPU tier */
+    struct quant *quant; /* quantize-in-place worker (daemon/quant.h), or NULL */
 };
 
 /* Creates the store and its host arena. On failure NULL and *err = -errno. */
@@ -172,6 +187,8 @@ struct store_handle *store_handle_get(struct store_owner *o, uint64_t id, uint8_
 /* Gauges for STATS (see STATS_GAUGES). */
 uint64_t store_host_used(const struct store *s);
 uint64_t store_host_capacity(const struct store *s);
+uint64_t store_gpu_used(const struct store *s);     /* 0 without a GPU tier */
+uint64_t store_gpu_capacity(const struct store *s); /* 0 without a GPU tier */
 
 /* Adds a host arena of `size` bytes (same page size and huge-page choice as arena 0) for
  * the namespaces of one access list. *id its number. 0, -ENOSPC (STORE_MAX_ARENAS), -errno. */

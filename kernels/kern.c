@@ -324,7 +324,10 @@ static int64_t encode_with(const struct kern_cpu_ops *ops, const struct kern_lay
         ret = -ENOSPC;
         goto out;
     }
-    x = malloc((size_t)lay->tokens * lay->head_dim * sizeof(float));
+    size_t nx = (size_t)lay->tokens * lay->head_dim;
+    if (nx < 4 * (size_t)lay->heads * lay->head_dim)
+        nx = 4 * (size_t)lay->heads * lay->head_dim;
+    x = malloc(nx * sizeof(float));
     if (!x) {
         ret = -ENOMEM;
         goto out;
@@ -346,6 +349,12 @@ static int64_t encode_with(const struct kern_cpu_ops *ops, const struct kern_lay
             if (s.codec == KERN_CODEC_RAW)
                 memcpy(sect, raw, s.bytes);
             if (s.codec == KERN_CODEC_RAW && !stats_here)
+                continue;
+            uint64_t lhd = (uint64_t)l * H * D;
+            if (ops->enc_sect &&
+                ops->enc_sect(s.codec, k == 1, raw, lay, sect, x, stats_here ? st->kmin + lhd : NULL,
+                              stats_here ? st->kmax + lhd : NULL,
+                              stats_here ? st->knorm + (uint64_t)l * H : NULL))
                 continue;
             for (uint32_t h = 0; h < H; h++) {
                 if (!stats_here && ops->enc_raw &&
@@ -415,7 +424,8 @@ static int64_t decode_with(const struct kern_cpu_ops *ops, const struct kern_lay
                 /* a dtype change keeps NaN and Inf: raw sections are never sanitised */
                 for (uint64_t i = 0; i < (uint64_t)lay->tokens * stride; i++)
                     kern_store(raw, out_dtype, i, kern_load(sect, lay->dtype, i));
-            } else {
+            } else if (!ops->dec_sect ||
+                       !ops->dec_sect(s.codec, k == 1, sect, lay, raw, out_dtype)) {
                 for (uint32_t h = 0; h < H; h++) {
                     if (ops->dec_raw &&
                         ops->dec_raw(s.codec, k == 1, sect, lay, h, raw + 2ull * h * D, out_dtype))

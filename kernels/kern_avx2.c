@@ -48,15 +48,15 @@ KT static inline float v_hsum(__m256 v)
     return _mm_cvtss_f32(m);
 }
 
-/* roundf(): half away from zero, exactly. */
-KT static inline __m256 v_roundf(__m256 x)
+/* roundf(): half away from zero, exactly, for every finite x, as trunc(x + copysign(c, x))
+ * with c = 0.5 - 2^-25, the largest float below 0.5: when frac(|x|) >= 0.5 the sum reaches
+ * the next integer (at |x| < 1 the sum 1 - 2^-25 is a tie that rounds to the even 1.0), and
+ * when frac(|x|) < 0.5 it stays at least one ulp of x below it, which no rounding of the
+ * sum crosses. The truncation is the caller's cvttps. */
+KT static inline __m256 v_roundf_pre(__m256 x)
 {
-    const __m256 sm = _mm256_set1_ps(-0.0f);
-    __m256 t = _mm256_round_ps(x, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-    __m256 frac = _mm256_andnot_ps(sm, _mm256_sub_ps(x, t));
-    __m256 ge = _mm256_cmp_ps(frac, _mm256_set1_ps(0.5f), _CMP_GE_OQ);
-    __m256 step = _mm256_or_ps(_mm256_set1_ps(1.0f), _mm256_and_ps(x, sm));
-    return _mm256_add_ps(t, _mm256_and_ps(ge, step));
+    const __m256 c = _mm256_set1_ps(0.49999997f);
+    return _mm256_add_ps(x, _mm256_or_ps(c, _mm256_and_ps(x, _mm256_set1_ps(-0.0f))));
 }
 
 /* Four vectors of int32 in [-128, 255] -> 32 bytes in element order. */
@@ -163,22 +163,35 @@ KT static void avx_stats(const float *x, uint32_t tokens, uint32_t dim, float *k
 
 /* ---- ggml groups --------------------------------------------------------------------- */
 
-KT static void q8_0_enc32(const float *x, uint8_t *blk)
+/* F16C's scalar conversion: the same rounding as kern_put_h, without its branches. */
+KT static inline void v_put_h(uint8_t *p, float x)
+{
+    uint16_t h = (uint16_t)_mm_extract_epi16(
+        _mm_cvtps_ph(_mm_set_ss(x), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), 0);
+    memcpy(p, &h, 2);
+}
+
+KT static inline void q8_0_enc32v(const __m256 v[4], uint8_t *blk)
 {
     const __m256 sm = _mm256_set1_ps(-0.0f);
-    __m256 v[4], m = _mm256_setzero_ps();
-    for (int i = 0; i < 4; i++) {
-        v[i] = _mm256_loadu_ps(x + 8 * i);
-        m = _mm256_max_ps(m, _mm256_andnot_ps(sm, v[i]));
-    }
+    __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sm, v[0]), _mm256_andnot_ps(sm, v[1])),
+                             _mm256_max_ps(_mm256_andnot_ps(sm, v[2]), _mm256_andnot_ps(sm, v[3])));
     float d = v_hmax(m) / 127.0f;
     float id = d != 0.0f ? 1.0f / d : 0.0f;
-    kern_put_h(blk, d);
+    v_put_h(blk, d);
     __m256 vid = _mm256_set1_ps(id);
     __m256i q[4];
     for (int i = 0; i < 4; i++)
-        q[i] = _mm256_cvttps_epi32(v_roundf(_mm256_mul_ps(v[i], vid)));
+        q[i] = _mm256_cvttps_epi32(v_roundf_pre(_mm256_mul_ps(v[i], vid)));
     _mm256_storeu_si256((__m256i *)(blk + 2), v_pack_bytes(q[0], q[1], q[2], q[3], 1));
+}
+
+KT static void q8_0_enc32(const float *x, uint8_t *blk)
+{
+    __m256 v[4];
+    for (int i = 0; i < 4; i++)
+        v[i] = _mm256_loadu_ps(x + 8 * i);
+    q8_0_enc32v(v, blk);
 }
 
 KT static void q8_0_dec32(const uint8_t *blk, float *y)
@@ -190,19 +203,17 @@ KT static void q8_0_dec32(const uint8_t *blk, float *y)
     }
 }
 
-KT static void qx_1_enc32(const float *x, uint8_t *blk, int bits)
+KT static inline void qx_1_enc32v(const __m256 v[4], uint8_t *blk, int bits)
 {
-    __m256 v[4], mn, mx;
-    for (int i = 0; i < 4; i++)
-        v[i] = _mm256_loadu_ps(x + 8 * i);
+    __m256 mn, mx;
     mn = _mm256_min_ps(_mm256_min_ps(v[0], v[1]), _mm256_min_ps(v[2], v[3]));
     mx = _mm256_max_ps(_mm256_max_ps(v[0], v[1]), _mm256_max_ps(v[2], v[3]));
     float fmn = v_hmin(mn), fmx = v_hmax(mx);
     int qmax = (1 << bits) - 1;
     float d = (fmx - fmn) / (float)qmax;
     float id = d != 0.0f ? 1.0f / d : 0.0f;
-    kern_put_h(blk, d);
-    kern_put_h(blk + 2, fmn);
+    v_put_h(blk, d);
+    v_put_h(blk + 2, fmn);
     __m256 vmn = _mm256_set1_ps(fmn), vid = _mm256_set1_ps(id), half = _mm256_set1_ps(0.5f);
     __m256i q[4];
     for (int i = 0; i < 4; i++) {
@@ -221,6 +232,14 @@ KT static void qx_1_enc32(const float *x, uint8_t *blk, int bits)
     } else {
         _mm_storeu_si128((__m128i *)(blk + 4), qs);
     }
+}
+
+KT static void qx_1_enc32(const float *x, uint8_t *blk, int bits)
+{
+    __m256 v[4];
+    for (int i = 0; i < 4; i++)
+        v[i] = _mm256_loadu_ps(x + 8 * i);
+    qx_1_enc32v(v, blk, bits);
 }
 
 KT static void qx_1_dec32(const uint8_t *blk, float *y, int bits)
@@ -298,11 +317,8 @@ KT static inline __m256 v_kivi_unpack8(const uint8_t *row, uint32_t e, int bits)
     return _mm256_cvtepi32_ps(v);
 }
 
-KT static void kivi_v_enc32(const float *x, uint8_t *blk, int bits)
+KT static inline void kivi_v_enc32v(const __m256 v[4], uint8_t *blk, int bits)
 {
-    __m256 v[4];
-    for (int i = 0; i < 4; i++)
-        v[i] = _mm256_loadu_ps(x + 8 * i);
     float mn = v_hmin(_mm256_min_ps(_mm256_min_ps(v[0], v[1]), _mm256_min_ps(v[2], v[3])));
     float mx = v_hmax(_mm256_max_ps(_mm256_max_ps(v[0], v[1]), _mm256_max_ps(v[2], v[3])));
     uint16_t mn_h, sc_h;
@@ -315,6 +331,14 @@ KT static void kivi_v_enc32(const float *x, uint8_t *blk, int bits)
     for (int i = 0; i < 4; i++)
         q[i] = v_kivi_code(v[i], vm, vid, qmax);
     v_kivi_pack32(v_pack_bytes(q[0], q[1], q[2], q[3], 0), bits, blk + 4);
+}
+
+KT static void kivi_v_enc32(const float *x, uint8_t *blk, int bits)
+{
+    __m256 v[4];
+    for (int i = 0; i < 4; i++)
+        v[i] = _mm256_loadu_ps(x + 8 * i);
+    kivi_v_enc32v(v, blk, bits);
 }
 
 KT static void kivi_v_dec32(const uint8_t *blk, float *y, int bits)
@@ -648,6 +672,448 @@ KT static int avx_dec_raw(uint32_t codec, int is_v, const uint8_t *sect,
     return 1;
 }
 
+/* ---- whole sections in memory order ------------------------------------------------- */
+
+/* A section's raw rows [T][H][D] and, for row-wise codecs, its encoded groups [T][H][G] are
+ * both in (token, head) order, so walking the section once front to back streams both; the
+ * per-head walks above jump by H * D elements per token, which the hardware prefetcher
+ * follows badly (the profile showed most of the encode time stalled on those loads). These
+ * take D % 32 == 0 (every head size in use: 64, 96, 128, 256, 576); other shapes return 0
+ * and go per head. */
+
+/* Key statistics of one sanitised row of head h: min/max per channel, the row's L2 norm
+ * added to knorm[h]. */
+KT static inline void v_stat8(__m256 v, float *kmin, float *kmax, __m256 *ss)
+{
+    _mm256_storeu_ps(kmin, _mm256_min_ps(v, _mm256_loadu_ps(kmin)));
+    _mm256_storeu_ps(kmax, _mm256_max_ps(v, _mm256_loadu_ps(kmax)));
+    *ss = _mm256_add_ps(*ss, _mm256_mul_ps(v, v));
+}
+
+KT static void stats_init(const struct kern_layout *lay, float *kmin, float *kmax, float *knorm)
+{
+    uint64_t n = (uint64_t)lay->heads * lay->head_dim;
+    for (uint64_t i = 0; i < n; i++) {
+        kmin[i] = 3.402823466e38f;
+        kmax[i] = -3.402823466e38f;
+    }
+    for (uint32_t h = 0; h < lay->heads; h++)
+        knorm[h] = 0.0f;
+}
+
+KT static void stats_done(const struct kern_layout *lay, float *knorm)
+{
+    for (uint32_t h = 0; h < lay->heads; h++)
+        knorm[h] = knorm[h] / (float)lay->tokens;
+}
+
+/* Loads 32 values of a row; returns them sanitised and feeds the statistics when asked. */
+KT static inline void v_load32(const uint16_t *r, uint32_t dtype, __m256 v[4], float *kmin,
+                               float *kmax, __m256 *ss)
+{
+    for (int i = 0; i < 4; i++) {
+        v[i] = v_load8(r + 8 * i, dtype);
+        if (kmin)
+            v_stat8(v[i], kmin + 8 * i, kmax + 8 * i, ss);
+    }
+}
+
+/* Lane i of the result is the max (min) over the eight lanes of m[i]. */
+#define V_REDUCE8(OP, m, out)                                                                  \
+    do {                                                                                       \
+        __m256 t0_ = OP(_mm256_unpacklo_ps(m[0], m[1]), _mm256_unpackhi_ps(m[0], m[1]));      \
+        __m256 t1_ = OP(_mm256_unpacklo_ps(m[2], m[3]), _mm256_unpackhi_ps(m[2], m[3]));      \
+        __m256 t2_ = OP(_mm256_unpacklo_ps(m[4], m[5]), _mm256_unpackhi_ps(m[4], m[5]));      \
+        __m256 t3_ = OP(_mm256_unpacklo_ps(m[6], m[7]), _mm256_unpackhi_ps(m[6], m[7]));      \
+        __m256 u0_ = OP(_mm256_shuffle_ps(t0_, t1_, 0x44), _mm256_shuffle_ps(t0_, t1_, 0xee)); \
+        __m256 u1_ = OP(_mm256_shuffle_ps(t2_, t3_, 0x44), _mm256_shuffle_ps(t2_, t3_, 0xee)); \
+        out = OP(_mm256_permute2f128_ps(u0_, u1_, 0x20), _mm256_permute2f128_ps(u0_, u1_, 0x31)); \
+    } while (0)
+
+/* Whether any of the 256 raw values at r needs sanitising: NaN or Inf (fp16), or a
+ * magnitude past the fp16 range (bf16). Integer compares on the raw halves, 16 at a time. */
+KT static inline int v_needs_sanitize(const uint16_t *r, uint32_t n, uint32_t dtype)
+{
+    const __m256i abs = _mm256_set1_epi16(0x7fff);
+    const __m256i lim = _mm256_set1_epi16(dtype == KERN_DTYPE_BF16 ? 0x477f : 0x7bff);
+    __m256i acc = _mm256_setzero_si256();
+    for (uint32_t i = 0; i < n / 16; i++) {
+        __m256i v = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(r + 16 * i)), abs);
+        acc = _mm256_or_si256(acc, _mm256_cmpgt_epi16(v, lim));
+    }
+    return !_mm256_testz_si256(acc, acc);
+}
+
+KT static inline int v_needs_sanitize256(const uint16_t *r, uint32_t dtype)
+{
+    return v_needs_sanitize(r, 256, dtype);
+}
+
+KT static inline __m256 v_load8_fast(const uint16_t *r, uint32_t dtype)
+{
+    __m128i v = _mm_loadu_si128((const __m128i *)r);
+    return dtype == KERN_DTYPE_BF16
+               ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16))
+               : _mm256_cvtph_ps(v);
+}
+
+/* Eight consecutive 32-value groups (256 raw values) of a row-wise codec: the group scalars
+ * (amax or min/max, then d, 1/d and their fp16 forms) are computed for the eight groups in
+ * one vector, so each division is done once per eight groups and no horizontal reduction
+ * stands between a group's load and its codes. The arithmetic per lane is the reference's. */
+KT static inline void enc8_groups(uint32_t codec, int bits, const uint16_t *r, uint32_t dtype,
+                                  uint8_t *blk, uint32_t gb)
+{
+    const int rne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    const __m256 sm = _mm256_set1_ps(-0.0f);
+    __attribute__((aligned(32))) float buf[256], idv[8], mnv[8];
+    __m256 ma[8], mi[8], vmx, vmn;
+    int san = v_needs_sanitize256(r, dtype);
+    for (int g = 0; g < 8; g++) {
+        __m256 v[4];
+        for (int i = 0; i < 4; i++) {
+            v[i] = san ? v_load8(r + 32 * g + 8 * i, dtype) : v_load8_fast(r + 32 * g + 8 * i, dtype);
+            _mm256_store_ps(buf + 32 * g + 8 * i, v[i]);
+        }
+        if (codec == KERN_CODEC_Q8_0) {
+            ma[g] = _mm256_max_ps(
+                _mm256_max_ps(_mm256_andnot_ps(sm, v[0]), _mm256_andnot_ps(sm, v[1])),
+                _mm256_max_ps(_mm256_andnot_ps(sm, v[2]), _mm256_andnot_ps(sm, v[3])));
+        } else {
+            ma[g] = _mm256_max_ps(_mm256_max_ps(v[0], v[1]), _mm256_max_ps(v[2], v[3]));
+            mi[g] = _mm256_min_ps(_mm256_min_ps(v[0], v[1]), _mm256_min_ps(v[2], v[3]));
+        }
+    }
+    V_REDUCE8(_mm256_max_ps, ma, vmx);
+    __m256 d, id, zero = _mm256_setzero_ps();
+    __m128i dh, mh = _mm_setzero_si128();
+    if (codec == KERN_CODEC_Q8_0) {
+        d = _mm256_div_ps(vmx, _mm256_set1_ps(127.0f));
+        dh = _mm256_cvtps_ph(d, rne);
+    } else {
+        V_REDUCE8(_mm256_min_ps, mi, vmn);
+        float qmax = (float)((1 << (bits ? bits : codec == KERN_CODEC_Q5_1 ? 5 : 4)) - 1);
+        d = _mm256_div_ps(_mm256_sub_ps(vmx, vmn), _mm256_set1_ps(qmax));
+        dh = _mm256_cvtps_ph(d, rne);
+        mh = _mm256_cvtps_ph(vmn, rne);
+        if (bits) { /* KIVI: codes use the fp16-rounded scale and min */
+            d = _mm256_cvtph_ps(dh);
+            vmn = _mm256_cvtph_ps(mh);
+        }
+        _mm256_store_ps(mnv, vmn);
+    }
+    id = _mm256_div_ps(_mm256_set1_ps(1.0f), d);
+    id = _mm256_andnot_ps(_mm256_cmp_ps(d, zero, _CMP_EQ_OQ), id);
+    _mm256_store_ps(idv, id);
+    __attribute__((aligned(16))) uint16_t dhs[8], mhs[8];
+    _mm_store_si128((__m128i *)dhs, dh);
+    _mm_store_si128((__m128i *)mhs, mh);
+    for (int g = 0; g < 8; g++, blk += gb) {
+        __m256 vid = _mm256_broadcast_ss(idv + g);
+        const float *x = buf + 32 * g;
+        __m256i q[4];
+        if (codec == KERN_CODEC_Q8_0) {
+            memcpy(blk, dhs + g, 2);
+            for (int i = 0; i < 4; i++)
+                q[i] = _mm256_cvttps_epi32(
+                    v_roundf_pre(_mm256_mul_ps(_mm256_load_ps(x + 8 * i), vid)));
+            _mm256_storeu_si256((__m256i *)(blk + 2), v_pack_bytes(q[0], q[1], q[2], q[3], 1));
+            continue;
+        }
+        __m256 vm = _mm256_broadcast_ss(mnv + g);
+        if (bits) {
+            memcpy(blk, dhs + g, 2);
+            memcpy(blk + 2, mhs + g, 2);
+            for (int i = 0; i < 4; i++)
+                q[i] = v_kivi_code(_mm256_load_ps(x + 8 * i), vm, vid, (float)((1 << bits) - 1));
+            v_kivi_pack32(v_pack_bytes(q[0], q[1], q[2], q[3], 0), bits, blk + 4);
+            continue;
+        }
+        int b = codec == KERN_CODEC_Q5_1 ? 5 : 4, qmax = (1 << b) - 1;
+        memcpy(blk, dhs + g, 2);
+        memcpy(blk + 2, mhs + g, 2);
+        for (int i = 0; i < 4; i++) {
+            __m256 t = _mm256_add_ps(
+                _mm256_mul_ps(_mm256_sub_ps(_mm256_load_ps(x + 8 * i), vm), vid),
+                _mm256_set1_ps(0.5f));
+            q[i] = _mm256_min_epi32(_mm256_cvttps_epi32(t), _mm256_set1_epi32(qmax));
+        }
+        __m256i p = v_pack_bytes(q[0], q[1], q[2], q[3], 0);
+        const __m128i lo4 = _mm_set1_epi8(0x0f);
+        __m128i lo = _mm_and_si128(_mm256_castsi256_si128(p), lo4);
+        __m128i hi = _mm_and_si128(_mm256_extracti128_si256(p, 1), lo4);
+        __m128i qs = _mm_or_si128(lo, _mm_slli_epi16(hi, 4));
+        if (b == 5) {
+            uint32_t qh = (uint32_t)_mm256_movemask_epi8(_mm256_slli_epi16(p, 3));
+            memcpy(blk + 4, &qh, 4);
+            _mm_storeu_si128((__m128i *)(blk + 8), qs);
+        } else {
+            _mm_storeu_si128((__m128i *)(blk + 4), qs);
+        }
+    }
+}
+
+/* n consecutive full groups of one row-wise codec, eight at a time. */
+KT static void enc_groups(uint32_t codec, int bits, const uint16_t *r, uint32_t dtype,
+                          uint64_t n, uint8_t *blk)
+{
+    uint32_t gb = block_bytes(codec, bits);
+    uint64_t i = 0;
+    for (; i + 8 <= n; i += 8, r += 256, blk += 8 * gb) {
+        if (codec == KERN_CODEC_Q8_0)
+            enc8_groups(KERN_CODEC_Q8_0, 0, r, dtype, blk, gb);
+        else if (codec == KERN_CODEC_Q4_1)
+            enc8_groups(KERN_CODEC_Q4_1, 0, r, dtype, blk, gb);
+        else if (codec == KERN_CODEC_Q5_1)
+            enc8_groups(KERN_CODEC_Q5_1, 0, r, dtype, blk, gb);
+        else if (bits == 4)
+            enc8_groups(codec, 4, r, dtype, blk, gb);
+        else
+            enc8_groups(codec, 2, r, dtype, blk, gb);
+    }
+    for (; i < n; i++, r += 32, blk += gb) {
+        __m256 v[4];
+        for (int j = 0; j < 4; j++)
+            v[j] = v_load8(r + 8 * j, dtype);
+        if (bits)
+            kivi_v_enc32v(v, blk, bits);
+        else if (codec == KERN_CODEC_Q8_0)
+            q8_0_enc32v(v, blk);
+        else
+            qx_1_enc32v(v, blk, codec == KERN_CODEC_Q5_1 ? 5 : 4);
+    }
+}
+
+KT static int avx_enc_sect(uint32_t codec, int is_v, const void *raw,
+                           const struct kern_layout *lay, uint8_t *sect, float *scratch,
+                           float *kmin, float *kmax, float *knorm)
+{
+    uint32_t D = lay->head_dim, H = lay->heads, T = lay->tokens, G = D / 32;
+    int bits = kern_codec_bits(codec);
+    const uint16_t *r = raw;
+    if (D % 32)
+        return 0;
+    if (kmin)
+        stats_init(lay, kmin, kmax, knorm);
+    if (codec == KERN_CODEC_RAW || codec == KERN_CODEC_FP8) {
+        /* raw: statistics only (the driver copied the bytes); fp8: the head amax first */
+        float *amax = scratch;
+        for (uint32_t h = 0; h < H; h++)
+            amax[h] = 0.0f;
+        for (uint32_t t = 0; t < T; t++) {
+            for (uint32_t h = 0; h < H; h++, r += D) {
+                __m256 ss = _mm256_setzero_ps(), m = _mm256_setzero_ps();
+                float *mn = kmin ? kmin + (uint64_t)h * D : NULL;
+                float *mx = kmin ? kmax + (uint64_t)h * D : NULL;
+                int san = v_needs_sanitize(r, D, lay->dtype);
+                for (uint32_t c = 0; c < D; c += 8) {
+                    __m256 v = san ? v_load8(r + c, lay->dtype) : v_load8_fast(r + c, lay->dtype);
+                    if (mn)
+                        v_stat8(v, mn + c, mx + c, &ss);
+                    m = _mm256_max_ps(m, _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v));
+                }
+                if (mn)
+                    knorm[h] += sqrtf(v_hsum(ss));
+                float a = v_hmax(m);
+                amax[h] = a > amax[h] ? a : amax[h];
+            }
+        }
+        if (codec == KERN_CODEC_RAW)
+            goto done;
+        for (uint32_t h = 0; h < H; h++) {
+            float sc = kern_fp8_scale(amax[h]);
+            memcpy(sect + 4 * h, &sc, 4);
+            scratch[h] = sc;
+        }
+        r = raw;
+        uint8_t *q = sect + 4 * H;
+        for (uint32_t t = 0; t < T; t++) {
+            for (uint32_t h = 0; h < H; h++, r += D, q += D) {
+                __m256 vs = _mm256_set1_ps(scratch[h]);
+                int san = v_needs_sanitize(r, D, lay->dtype);
+                for (uint32_t c = 0; c < D; c += 32) {
+                    __m256i e[4];
+                    for (int i = 0; i < 4; i++) {
+                        const uint16_t *ri = r + c + 8 * i;
+                        __m256 v = san ? v_load8(ri, lay->dtype) : v_load8_fast(ri, lay->dtype);
+                        e[i] = v_e4m3_enc(_mm256_div_ps(v, vs));
+                    }
+                    _mm256_storeu_si256((__m256i *)(q + c), v_pack_bytes(e[0], e[1], e[2], e[3], 0));
+                }
+            }
+        }
+        goto done;
+    }
+    if (bits && !is_v) {
+        /* KIVI keys, per group of 32 tokens: pass 1 takes the channel ranges of all heads,
+         * pass 2 writes each row's codes into its head's group */
+        uint32_t rb = kern_kivi_row_bytes(D, bits);
+        uint64_t hb = kern_kivi_k_head_bytes(D, T, bits), HD = (uint64_t)H * D;
+        float *mn = scratch, *mx = scratch + HD, *mnf = scratch + 2 * HD, *id = scratch + 3 * HD;
+        float qmax = (float)((1 << bits) - 1);
+        for (uint32_t t0 = 0; t0 < T; t0 += KERN_GROUP) {
+            uint32_t rows = T - t0 < KERN_GROUP ? T - t0 : KERN_GROUP;
+            uint32_t gb = kern_kivi_k_group_bytes(D, rows, bits);
+            uint64_t goff = (uint64_t)(t0 / KERN_GROUP) * kern_kivi_k_group_bytes(D, KERN_GROUP, bits);
+            const uint16_t *rg = (const uint16_t *)raw + (uint64_t)t0 * HD;
+            for (uint32_t row = 0; row < rows; row++) {
+                for (uint32_t h = 0; h < H; h++) {
+                    const uint16_t *rr = rg + ((uint64_t)row * H + h) * D;
+                    __m256 ss = _mm256_setzero_ps();
+                    int san = v_needs_sanitize(rr, D, lay->dtype);
+                    for (uint32_t c = 0; c < D; c += 8) {
+                        __m256 v = san ? v_load8(rr + c, lay->dtype) : v_load8_fast(rr + c, lay->dtype);
+                        uint64_t i = (uint64_t)h * D + c;
+                        if (kmin)
+                            v_stat8(v, kmin + i, kmax + i, &ss);
+                        if (row == 0) {
+                            _mm256_storeu_ps(mn + i, v);
+                            _mm256_storeu_ps(mx + i, v);
+                        } else {
+                            _mm256_storeu_ps(mn + i, _mm256_min_ps(_mm256_loadu_ps(mn + i), v));
+                            _mm256_storeu_ps(mx + i, _mm256_max_ps(_mm256_loadu_ps(mx + i), v));
+                        }
+                    }
+                    if (kmin)
+                        knorm[h] += sqrtf(v_hsum(ss));
+                }
+            }
+            for (uint32_t h = 0; h < H; h++) {
+                uint8_t *g = sect + h * hb + goff;
+                for (uint32_t c = 0; c < D; c += 8) {
+                    const int rne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+                    uint64_t i = (uint64_t)h * D + c;
+                    __m256 vmn = _mm256_loadu_ps(mn + i), vmx = _mm256_loadu_ps(mx + i);
+                    __m128i mn_h = _mm256_cvtps_ph(vmn, rne);
+                    __m128i sc_h = _mm256_cvtps_ph(
+                        _mm256_div_ps(_mm256_sub_ps(vmx, vmn), _mm256_set1_ps(qmax)), rne);
+                    _mm_storeu_si128((__m128i *)(g + 2 * c), sc_h);
+                    _mm_storeu_si128((__m128i *)(g + 2 * D + 2 * c), mn_h);
+                    __m256 sc = _mm256_cvtph_ps(sc_h);
+                    __m256 vid = _mm256_div_ps(_mm256_set1_ps(1.0f), sc);
+                    vid = _mm256_andnot_ps(_mm256_cmp_ps(sc, _mm256_setzero_ps(), _CMP_EQ_OQ), vid);
+                    _mm256_storeu_ps(mnf + i, _mm256_cvtph_ps(mn_h));
+                    _mm256_storeu_ps(id + i, vid);
+                }
+                memset(g + 4 * D + (uint64_t)rows * rb, 0, gb - 4 * D - rows * rb);
+            }
+            for (uint32_t row = 0; row < rows; row++) {
+                for (uint32_t h = 0; h < H; h++) {
+                    const uint16_t *rr = rg + ((uint64_t)row * H + h) * D;
+                    uint8_t *out = sect + h * hb + goff + 4 * D + (uint64_t)row * rb;
+                    const float *fm = mnf + (uint64_t)h * D, *fi = id + (uint64_t)h * D;
+                    int san = v_needs_sanitize(rr, D, lay->dtype);
+                    for (uint32_t c = 0; c < D; c += 32) {
+                        __m256i q[4];
+                        for (int i = 0; i < 4; i++)
+                            q[i] = v_kivi_code(san ? v_load8(rr + c + 8 * i, lay->dtype)
+                                                   : v_load8_fast(rr + c + 8 * i, lay->dtype),
+                                               _mm256_loadu_ps(fm + c + 8 * i),
+                                               _mm256_loadu_ps(fi + c + 8 * i), qmax);
+                        v_kivi_pack32(v_pack_bytes(q[0], q[1], q[2], q[3], 0), bits,
+                                      out + c * bits / 8);
+                    }
+                }
+            }
+        }
+        goto done;
+    }
+    /* row-wise codecs: groups in the same order as the rows */
+    uint32_t gb = block_bytes(codec, bits);
+    if (!kmin) {
+        enc_groups(codec, bits, r, lay->dtype, (uint64_t)T * H * G, sect);
+        goto done;
+    }
+    uint8_t *blk = sect;
+    for (uint32_t t = 0; t < T; t++) {
+        for (uint32_t h = 0; h < H; h++, r += D) {
+            __m256 ss = _mm256_setzero_ps();
+            for (uint32_t g = 0; g < G; g++, blk += gb) {
+                __m256 v[4];
+                uint64_t i = (uint64_t)h * D + 32 * g;
+                v_load32(r + 32 * g, lay->dtype, v, kmin ? kmin + i : NULL,
+                         kmin ? kmax + i : NULL, &ss);
+                if (bits)
+                    kivi_v_enc32v(v, blk, bits);
+                else if (codec == KERN_CODEC_Q8_0)
+                    q8_0_enc32v(v, blk);
+                else
+                    qx_1_enc32v(v, blk, codec == KERN_CODEC_Q5_1 ? 5 : 4);
+            }
+            if (kmin)
+                knorm[h] += sqrtf(v_hsum(ss));
+        }
+    }
+done:
+    if (kmin)
+        stats_done(lay, knorm);
+    return 1;
+}
+
+KT static int avx_dec_sect(uint32_t codec, int is_v, const uint8_t *sect,
+                           const struct kern_layout *lay, void *raw, uint32_t out)
+{
+    uint32_t D = lay->head_dim, H = lay->heads, T = lay->tokens, G = D / 32;
+    int bits = kern_codec_bits(codec);
+    uint16_t *r = raw;
+    if (D % 32)
+        return 0;
+    if (codec == KERN_CODEC_FP8) {
+        const __m256 p120 = _mm256_set1_ps(1.329227995784916e36f);
+        const uint8_t *q = sect + 4 * H;
+        for (uint32_t t = 0; t < T; t++) {
+            for (uint32_t h = 0; h < H; h++, r += D, q += D) {
+                float scale;
+                memcpy(&scale, sect + 4 * h, 4);
+                __m256 vs = _mm256_set1_ps(scale);
+                for (uint32_t c = 0; c < D; c += 8) {
+                    __m256i w = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + c)));
+                    __m256i u = _mm256_or_si256(
+                        _mm256_slli_epi32(_mm256_and_si256(w, _mm256_set1_epi32(0x7f)), 20),
+                        _mm256_slli_epi32(_mm256_and_si256(w, _mm256_set1_epi32(0x80)), 24));
+                    __m256 f = _mm256_mul_ps(_mm256_castsi256_ps(u), p120);
+                    v_store8(r + c, _mm256_mul_ps(f, vs), out);
+                }
+            }
+        }
+        return 1;
+    }
+    if (bits && !is_v) {
+        uint32_t rb = kern_kivi_row_bytes(D, bits);
+        uint64_t hb = kern_kivi_k_head_bytes(D, T, bits);
+        uint32_t fgb = kern_kivi_k_group_bytes(D, KERN_GROUP, bits);
+        for (uint32_t t = 0; t < T; t++) {
+            for (uint32_t h = 0; h < H; h++, r += D) {
+                const uint8_t *g = sect + h * hb + (uint64_t)(t / KERN_GROUP) * fgb;
+                const uint8_t *row = g + 4 * D + (uint64_t)(t % KERN_GROUP) * rb;
+                for (uint32_t c = 0; c < D; c += 8) {
+                    __m256 sc = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 2 * c)));
+                    __m256 mn =
+                        _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 2 * D + 2 * c)));
+                    __m256 f = v_kivi_unpack8(row, c, bits);
+                    v_store8(r + c, _mm256_add_ps(_mm256_mul_ps(f, sc), mn), out);
+                }
+            }
+        }
+        return 1;
+    }
+    uint32_t gb = block_bytes(codec, bits);
+    const uint8_t *blk = sect;
+    uint64_t n = (uint64_t)T * H * G;
+    float y[32];
+    for (uint64_t i = 0; i < n; i++, blk += gb, r += 32) {
+        if (bits)
+            kivi_v_dec32(blk, y, bits);
+        else if (codec == KERN_CODEC_Q8_0)
+            q8_0_dec32(blk, y);
+        else
+            qx_1_dec32(blk, y, codec == KERN_CODEC_Q5_1 ? 5 : 4);
+        for (int j = 0; j < 4; j++)
+            v_store8(r + 8 * j, _mm256_loadu_ps(y + 8 * j), out);
+    }
+    return 1;
+}
+
 static const struct kern_cpu_ops avx2_ops = {
     .load = avx_load,
     .store = avx_store,
@@ -656,6 +1122,8 @@ static const struct kern_cpu_ops avx2_ops = {
     .dec = avx_dec,
     .enc_raw = avx_enc_raw,
     .dec_raw = avx_dec_raw,
+    .enc_sect = avx_enc_sect,
+    .dec_sect = avx_dec_sect,
 };
 
 const struct kern_cpu_ops *kern_avx2_ops(void)

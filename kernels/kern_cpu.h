@@ -36,6 +36,14 @@ struct kern_cpu_ops {
                    uint32_t h, uint8_t *sect);
     int (*dec_raw)(uint32_t codec, int is_v, const uint8_t *sect, const struct kern_layout *lay,
                    uint32_t h, void *raw, uint32_t out_dtype);
+    /* Optional whole-section forms, walking section (l, k) in memory order: `raw` is its
+     * [T][H][D] rows, `scratch` 4 * H * D floats, kmin/kmax/knorm the layer's statistics
+     * ([H][D], [H]) or NULL; enc_sect also takes codec RAW (statistics only, the driver
+     * copies the bytes). They return 0 for a shape or codec they do not handle. */
+    int (*enc_sect)(uint32_t codec, int is_v, const void *raw, const struct kern_layout *lay,
+                    uint8_t *sect, float *scratch, float *kmin, float *kmax, float *knorm);
+    int (*dec_sect)(uint32_t codec, int is_v, const uint8_t *sect,
+                    const struct kern_layout *lay, void *raw, uint32_t out_dtype);
 };
 
 extern const struct kern_cpu_ops kern_ref_ops;

@@ -155,6 +155,8 @@ START_TEST(test_put_lookup_release)
     ck_assert_uint_eq(s->pins_now, 0);
     ck_assert_uint_eq(s->total.hit_blocks, 6);
     ck_assert_uint_eq(s->total.lookup_tokens, 12 * 16);
+    ck_assert_uint_eq(s->total.hit_tokens_host, s->total.hit_tokens);
+    ck_assert_uint_eq(s->total.hit_tokens_disk, 0);
     check_invariants();
     store_owner_fini(s, &o);
 }

@@ -257,6 +257,10 @@ static void restart_case(int sig)
     total = get_all(ns, hits);
     ck_assert_int_eq(total, NPREFIX * PLEN); /* everything, through promotion */
     ck_assert_uint_gt(stat_get(c, "promoted_blocks"), 0);
+    /* Hits are counted where they were found: disk hits appear as such. */
+    ck_assert_uint_gt(stat_get(c, "hit_tokens_disk"), 0);
+    ck_assert_uint_eq(stat_get(c, "hit_tokens_host") + stat_get(c, "hit_tokens_disk"),
+                      stat_get(c, "hit_tokens"));
     settle(c);
     on_disk_runs(c, ns, runs);
     for (int p = 0; p < NPREFIX; p++)

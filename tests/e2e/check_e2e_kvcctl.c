@@ -161,8 +161,8 @@ START_TEST(test_kvcctl_tiers)
     ck_assert_int_eq(daemon_kvcctl(&ct_d, ct_out, CT_OUT, ct_err, CT_OUT, "tiers", "--interval",
                                    "0.2", NULL),
                      0);
-    ck_assert_msg(strstr(ct_out, "TIER") && strstr(ct_out, "gpu: disabled") &&
-                      strstr(ct_out, "\nhost ") && strstr(ct_out, "disk: disabled"),
+    ck_assert_msg(strstr(ct_out, "TIER") && strstr(ct_out, "gpu   disabled") &&
+                      strstr(ct_out, "\nhost ") && strstr(ct_out, "disk  disabled"),
                   "%s", ct_out);
     ck_assert_int_eq(daemon_kvcctl(&ct_d, ct_out, CT_OUT, ct_err, CT_OUT, "--json", "tiers",
                                    "--interval", "0", NULL),
@@ -184,7 +184,7 @@ START_TEST(test_kvcctl_tiers)
                                    "0.1", NULL),
                      0);
     ck_assert_msg(strstr(ct_out, "\ndisk ") && strstr(ct_out, "8.0 MiB") &&
-                      !strstr(ct_out, "disk: disabled"),
+                      !strstr(ct_out, "disk  disabled"),
                   "%s", ct_out);
     ck_assert_int_eq(daemon_kvcctl(&dd, ct_out, CT_OUT, ct_err, CT_OUT, "tiers", "--json", NULL),
                      0);

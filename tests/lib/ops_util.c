@@ -75,10 +75,16 @@ int ops_daemon_start(struct ops_daemon *d, const char *const *args, const char *
 
 int ops_daemon_stop(struct ops_daemon *d)
 {
+    if (d->pid > 0)
+        kill(d->pid, SIGTERM);
+    return ops_daemon_wait(d);
+}
+
+int ops_daemon_wait(struct ops_daemon *d)
+{
     int status = -1;
     char cmd[128];
     if (d->pid > 0) {
-        kill(d->pid, SIGTERM);
         if (waitpid(d->pid, &status, 0) == d->pid)
             status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
         d->pid = 0;

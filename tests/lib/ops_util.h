@@ -21,6 +21,9 @@ struct ops_daemon {
 int ops_daemon_start(struct ops_daemon *d, const char *const *args, const char *const *env);
 /* SIGTERM and wait; returns the exit status (or -1). Removes the temp dir. */
 int ops_daemon_stop(struct ops_daemon *d);
+/* Waits for a daemon already told to stop (a second SIGTERM would make it exit at once,
+ * with status 1), then removes its directory. Its exit status. */
+int ops_daemon_wait(struct ops_daemon *d);
 
 /* Runs kvcctl -s SOCK with the arguments (NULL-terminated) under /bin/sh-free exec; fills
  * out (NUL-terminated, stdout then stderr) and returns the exit status. */

@@ -1,0 +1,478 @@
+/*
+ * libkvc_gpu.c — libkvc's GPU calls (see the GPU section of kvc.h).
+ *
+ * DESIGN
+ * Every device call goes through a struct kern_dev_ops table (kernels/kern_dev.h): the CUDA
+ * one, or none in a build without CUDA, so this file holds no CUDA types and its checks and
+ * host fallbacks run everywhere. libkvc.c reaches this file only through the hooks it
+ * installs at kvc_gpu_attach(), so a program that never calls the GPU API links no CUDA.
+ * Device work is queued on the caller's stream; each lease or reservation keeps one event
+ * and one device scratch (pointer tables, staging for host blocks) that kvc_release(),
+ * kvc_commit() and kvc_abort() wait for and free, which is what keeps pins alive under
+ * copies in flight. A second queued call on the same lease waits for the first one's
+ * scratch before it allocates its own. State changes happen under the client's mutex.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "client/kvc.h"
+#include "client/libkvc_internal.h"
+#include "kernels/kern_dev.h"
+#include "kernels/kern_pack.h"
+
+/* Host arenas are registered in chunks: one cudaHostRegister of many GiB can fail where
+ * smaller ones succeed, and chunks keep each call's pinning time short. */
+#define KVC_GPU_REG_CHUNK (1ull << 30)
+#define KVC_GPU_MAX_REG 256
+
+enum kvc_gpu_state { KVC_GPU_HOST_ONLY = 0, KVC_GPU_MAPPED = 1 };
+
+struct kvc_gpu {
+    const struct kern_dev_ops *ops; /* NULL: no CUDA in this libkvc */
+    int state;                      /* enum kvc_gpu_state */
+    int pool_live;
+    struct kern_dev_pool pool;
+    void *reg[KVC_GPU_MAX_REG]; /* registered chunks */
+    uint32_t nreg;
+};
+
+static const struct kern_dev_ops *kvc_gpu_ops_override;
+
+void kvci_gpu_ops_set(const struct kern_dev_ops *ops)
+{
+    kvc_gpu_ops_override = ops;
+}
+
+static struct kvc_gpu *kvc_gpu_of(const kvc_client *c)
+{
+    return (struct kvc_gpu *)c->gpu;
+}
+
+static void kvc_gpu_wait(kvc_client *c, void **ev, void **scratch)
+{
+    struct kvc_gpu *g = kvc_gpu_of(c);
+    if (*ev)
+        g->ops->event_wait_free(*ev);
+    if (*scratch)
+        g->ops->mem_free(*scratch);
+    *ev = NULL;
+    *scratch = NULL;
+}
+
+static int kvc_gpu_copy_sync(void *dst, const void *src, uint64_t len);
+
+static void kvc_gpu_fini(kvc_client *c)
+{
+    struct kvc_gpu *g = kvc_gpu_of(c);
+    if (!g)
+        return;
+    for (uint32_t i = 0; i < g->nreg; i++)
+        g->ops->host_unregister(g->reg[i]);
+    if (g->pool_live)
+        g->ops->pool_destroy(&g->pool);
+    free(g);
+    c->gpu = NULL;
+    c->gpu_base = NULL;
+}
+
+static const struct kvc_gpu_hooks kvc_gpu_hooks = {
+    .wait = kvc_gpu_wait,
+    .copy_sync = kvc_gpu_copy_sync,
+    .fini = kvc_gpu_fini,
+};
+
+/* The table in use by the attached client whose copy_sync runs (one libkvc, one table). */
+static const struct kern_dev_ops *kvc_gpu_ops_live;
+
+static int kvc_gpu_copy_sync(void *dst, const void *src, uint64_t len)
+{
+    return kvc_gpu_ops_live ? kvc_gpu_ops_live->copy(dst, src, len, KERN_DEV_COPY_DEFAULT)
+                            : -ENOTSUP;
+}
+
+/* Pins every mapped arena for DMA; a failure only costs speed (pageable copies). */
+static void kvc_gpu_register(kvc_client *c, struct kvc_gpu *g)
+{
+    for (int a = 0; a < KVC_MAX_ARENAS; a++) {
+        struct kvc_arena *ar = &c->arenas[a];
+        for (uint64_t off = 0; ar->base && off < ar->size && g->nreg < KVC_GPU_MAX_REG;
+             off += KVC_GPU_REG_CHUNK) {
+            uint64_t len = ar->size - off < KVC_GPU_REG_CHUNK ? ar->size - off : KVC_GPU_REG_CHUNK;
+            if (g->ops->host_register(ar->base + off, len, !ar->writable) == 0)
+                g->reg[g->nreg++] = ar->base + off;
+        }
+    }
+}
+
+KVC_API int kvc_gpu_attach(kvc_client *c)
+{
+    struct kvc_gpu *g;
+    int rc = 0, fd = -1;
+    if (!c)
+        return -EINVAL;
+    pthread_mutex_lock(&c->mu);
+    if (c->gpu) {
+        rc = kvc_gpu_of(c)->state;
+        goto out;
+    }
+    g = calloc(1, sizeof(*g));
+    if (!g) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    g->ops = kvc_gpu_ops_override ? kvc_gpu_ops_override : kern_dev_cuda();
+    g->pool.fd = -1;
+    if (!g->ops || g->ops->device_count() <= 0) {
+        free(g); /* nothing to undo: host copies, and later calls ask again */
+        goto out;
+    }
+    c->gpu = g;
+    c->gpu_hooks = &kvc_gpu_hooks;
+    kvc_gpu_ops_live = g->ops;
+    kvc_gpu_register(c, g);
+
+    struct kvc_gpu_attach_req *q = kvci_req(c);
+    memset(q, 0, sizeof(*q));
+    rc = kvci_call(c, KVC_OP_GPU_ATTACH, sizeof(*q), &fd);
+    if (rc == -ENODEV || rc == -EOPNOTSUPP) {
+        rc = 0; /* the daemon has no GPU tier: host copies (pinned) */
+        goto out;
+    }
+    if (rc)
+        goto out;
+    uint32_t len;
+    const struct kvc_gpu_attach_rep *p = kvci_rep(c, &len);
+    if (len != sizeof(*p) || p->pool_bytes == 0 ||
+        (p->handle != KVC_GPU_HANDLE_FD && p->handle != KVC_GPU_HANDLE_LEGACY) ||
+        (p->handle == KVC_GPU_HANDLE_FD && fd < 0)) {
+        rc = -EPROTO;
+        goto out;
+    }
+    g->pool.handle = p->handle;
+    g->pool.fd = fd;
+    g->pool.size = p->pool_bytes;
+    memcpy(g->pool.uuid, p->uuid, sizeof(g->pool.uuid));
+    memcpy(g->pool.legacy, p->legacy, sizeof(g->pool.legacy));
+    uint32_t arena = p->arena_id;
+    if (g->ops->pool_import(&g->pool) != 0) {
+        /* Another device than the pool's, or a driver that cannot map it: host copies. */
+        rc = 0;
+        goto out;
+    }
+    fd = -1; /* owned by the pool now */
+    g->pool_live = 1;
+    q = kvci_req(c);
+    memset(q, 0, sizeof(*q));
+    q->flags = KVC_GPU_ATTACH_F_MAPPED;
+    rc = kvci_call(c, KVC_OP_GPU_ATTACH, sizeof(*q), NULL);
+    if (rc)
+        goto out;
+    c->gpu_arena = arena;
+    c->gpu_base = g->pool.base;
+    c->gpu_size = g->pool.size;
+    g->state = KVC_GPU_MAPPED;
+    rc = KVC_GPU_MAPPED;
+out:
+    if (fd >= 0)
+        close(fd); /* not imported: the pool never owned it */
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+KVC_API int kvc_lease_tier(const kvc_lease *l, size_t i)
+{
+    if (!l)
+        return -EINVAL;
+    return i < l->n ? (l->hits[i].tier == KVC_WIRE_TIER_GPU ? KVC_TIER_GPU : KVC_TIER_HOST)
+                    : -ERANGE;
+}
+
+/* Replaces a lease's or reservation's pending work with the work just queued on stream. */
+static int kvc_gpu_track(kvc_client *c, void **ev, void **scratch, void *new_scratch,
+                         void *stream)
+{
+    struct kvc_gpu *g = kvc_gpu_of(c);
+    int rc;
+    kvc_gpu_wait(c, ev, scratch);
+    *scratch = new_scratch;
+    rc = g->ops->event_new_record(ev, stream);
+    if (rc) /* without an event, wait now: nothing may outlive the pins unseen */
+        g->ops->stream_sync(stream);
+    return rc;
+}
+
+KVC_API int kvc_lease_copy_async(kvc_lease *l, size_t i, void *dst, size_t len, void *stream)
+{
+    kvc_client *c;
+    int rc;
+    if (!l || !dst)
+        return -EINVAL;
+    if (i >= l->n)
+        return -ERANGE;
+    if (len < l->hits[i].len)
+        return -EINVAL;
+    c = l->ns->c;
+    if (!c->gpu)
+        return -ENOTSUP;
+    rc = kvc_gpu_of(c)->ops->copy_async(dst, l->hits[i].data, l->hits[i].len,
+                                        KERN_DEV_COPY_DEFAULT, stream);
+    if (rc == 0)
+        kvc_gpu_track(c, &l->gpu_ev, &l->gpu_scratch, NULL, stream);
+    return rc;
+}
+
+KVC_API int kvc_resv_write_async(kvc_resv *r, size_t i, const void *src, size_t len,
+                                 void *stream)
+{
+    kvc_client *c;
+    int rc;
+    if (!r || !src)
+        return -EINVAL;
+    if (i >= r->n)
+        return -ERANGE;
+    if (!r->slots[i].data || len != r->ns->block_bytes)
+        return -EINVAL;
+    c = r->ns->c;
+    if (!c->gpu)
+        return -ENOTSUP;
+    rc = kvc_gpu_of(c)->ops->copy_async(r->slots[i].data, src, len, KERN_DEV_COPY_DEFAULT,
+                                        stream);
+    if (rc == 0)
+        kvc_gpu_track(c, &r->gpu_ev, &r->gpu_scratch, NULL, stream);
+    return rc;
+}
+
+KVC_API int kvc_reserve_gpu(kvc_ns *ns, const struct kvc_key *parent, const struct kvc_key *keys,
+                            size_t n, kvc_resv **out)
+{
+    return kvci_reserve_flags(ns, parent, keys, n, KVC_RESERVE_F_GPU, out);
+}
+
+/* ---- gather / scatter ------------------------------------------------------------------ */
+
+static int kvc_gpu_layout(const kvc_ns *ns, struct kern_pack_layout *lay)
+{
+    static const uint32_t elem[] = {[KVC_DTYPE_FP16] = 2, [KVC_DTYPE_BF16] = 2,
+                                    [KVC_DTYPE_FP32] = 4, [KVC_DTYPE_FP8_E4M3] = 1,
+                                    [KVC_DTYPE_INT8] = 1};
+    const struct kvc_wire_layout *w = &ns->layout;
+    if (w->dtype == 0 || w->dtype >= sizeof(elem) / sizeof(elem[0]))
+        return -EINVAL;
+    *lay = (struct kern_pack_layout){.layers = w->layers,
+                                     .kinds = w->kv_kind == KVC_WIRE_KV_KIND_KV ? 2 : 1,
+                                     .block_tokens = w->block_tokens,
+                                     .heads = w->kv_heads,
+                                     .head_dim = w->head_dim,
+                                     .elem_bytes = elem[w->dtype]};
+    return kern_pack_block_bytes(lay) == ns->block_bytes ? 0 : -EINVAL;
+}
+
+static void kvc_gpu_engine(const struct kvc_paged_kv *kv, struct kern_pack_engine *e)
+{
+    *e = (struct kern_pack_engine){.k = kv->k,
+                                   .v = kv->v,
+                                   .block_table = kv->block_table,
+                                   .table_len = kv->table_len,
+                                   .page_tokens = kv->page_tokens,
+                                   .page_stride = kv->page_stride,
+                                   .token_stride = kv->token_stride,
+                                   .head_stride = kv->head_stride};
+}
+
+/*
+ * The device side of one gather or scatter over blocks[0..n) (each a host or pool
+ * pointer, host ones flagged in is_host): one device scratch holds the pointer tables, the
+ * block table and a staging block per host block. Scatter: host blocks are DMA-copied to
+ * staging, then one kernel. Gather: one kernel, then staging is DMA-copied to host blocks.
+ * *scratch_out receives the scratch to free after the stream passes this work.
+ */
+static int kvc_gpu_pack(kvc_client *c, const struct kern_pack_layout *lay,
+                        const struct kvc_paged_kv *kv, uint64_t first_token, uint8_t **blocks,
+                        const uint8_t *is_host, uint32_t n, int dir, void *stream,
+                        void **scratch_out)
+{
+    const struct kern_dev_ops *ops = kvc_gpu_of(c)->ops;
+    const uint64_t bb = kern_pack_block_bytes(lay);
+    uint32_t nhost = 0;
+    for (uint32_t j = 0; j < n; j++)
+        nhost += is_host[j];
+    /* [k ptrs][v ptrs][block ptrs][table][pad to 256][staging] */
+    uint64_t ptrs = ((uint64_t)lay->layers * 2 + n) * sizeof(void *);
+    uint64_t table = (uint64_t)kv->table_len * sizeof(int32_t);
+    uint64_t meta = (ptrs + table + 255) & ~255ull;
+    uint64_t total = meta + nhost * bb;
+    uint8_t *host = calloc(1, ptrs + table), *dev = NULL;
+    int rc;
+    *scratch_out = NULL;
+    if (!host)
+        return -ENOMEM;
+    rc = ops->mem_alloc((void **)&dev, total);
+    if (rc)
+        goto out;
+    void **hk = (void **)host, **hv = hk + lay->layers, **hb = hv + lay->layers;
+    memcpy(hk, kv->k, lay->layers * sizeof(void *));
+    if (kv->v)
+        memcpy(hv, kv->v, lay->layers * sizeof(void *));
+    memcpy(host + ptrs, kv->block_table, table);
+    for (uint32_t j = 0, s = 0; j < n; j++)
+        hb[j] = is_host[j] ? dev + meta + (uint64_t)s++ * bb : blocks[j];
+    /* From pageable memory: returns once the bytes are staged, so `host` may go. */
+    rc = ops->copy_async(dev, host, ptrs + table, KERN_DEV_COPY_H2D, stream);
+    for (uint32_t j = 0; rc == 0 && dir == KERN_PACK_SCATTER && j < n; j++)
+        if (is_host[j])
+            rc = ops->copy_async(hb[j], blocks[j], bb, KERN_DEV_COPY_H2D, stream);
+    struct kern_pack_engine de;
+    kvc_gpu_engine(kv, &de);
+    de.k = (void *const *)dev;
+    de.v = kv->v ? (void *const *)(dev + lay->layers * sizeof(void *)) : NULL;
+    de.block_table = (const int32_t *)(dev + ptrs);
+    if (rc == 0)
+        rc = kern_pack_cuda(lay, &de, first_token, n,
+                            (void *const *)(dev + 2 * lay->layers * sizeof(void *)), dir, stream);
+    for (uint32_t j = 0; rc == 0 && dir == KERN_PACK_GATHER && j < n; j++)
+        if (is_host[j])
+            rc = ops->copy_async(blocks[j], hb[j], bb, KERN_DEV_COPY_D2H, stream);
+out:
+    free(host);
+    if (rc && dev) {
+        ops->stream_sync(stream);
+        ops->mem_free(dev);
+        dev = NULL;
+    }
+    *scratch_out = dev;
+    return rc;
+}
+
+KVC_API int kvc_lease_scatter(kvc_lease *l, size_t first, size_t n,
+                              const struct kvc_paged_kv *kv, uint64_t first_token,
+                              void *stream, void *event)
+{
+    struct kern_pack_layout lay;
+    struct kern_pack_engine e;
+    uint8_t **blocks = NULL, *is_host = NULL;
+    kvc_client *c;
+    void *scratch = NULL;
+    int rc;
+    if (!l || !kv)
+        return -EINVAL;
+    if (first > l->n || n > l->n - first)
+        return -ERANGE;
+    c = l->ns->c;
+    rc = kvc_gpu_layout(l->ns, &lay);
+    if (rc)
+        return rc;
+    kvc_gpu_engine(kv, &e);
+    rc = kern_pack_check(&lay, &e, first_token, (uint32_t)n, 1);
+    if (rc || n == 0)
+        return rc;
+    blocks = calloc(n, sizeof(*blocks));
+    is_host = calloc(n, 1);
+    if (!blocks || !is_host) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    for (size_t j = 0; j < n; j++) {
+        const struct kvc_hit *h = &l->hits[first + j];
+        if (h->format != KVC_WIRE_FORMAT_RAW) {
+            rc = -ENOTSUP; /* encoded blocks: see the issue 7 notes (not decoded here yet) */
+            goto out;
+        }
+        blocks[j] = (uint8_t *)h->data;
+        is_host[j] = h->tier != KVC_WIRE_TIER_GPU;
+        if (!kv->on_device && !is_host[j]) {
+            rc = -ENOTSUP;
+            goto out;
+        }
+    }
+    if (!kv->on_device) {
+        rc = kern_pack_cpu(&lay, &e, first_token, (uint32_t)n, (void *const *)blocks,
+                           KERN_PACK_SCATTER);
+        goto out;
+    }
+    if (!c->gpu) {
+        rc = -ENOTSUP;
+        goto out;
+    }
+    pthread_mutex_lock(&c->mu);
+    kvc_gpu_wait(c, &l->gpu_ev, &l->gpu_scratch);
+    rc = kvc_gpu_pack(c, &lay, kv, first_token, blocks, is_host, (uint32_t)n, KERN_PACK_SCATTER,
+                      stream, &scratch);
+    if (rc == 0 && event)
+        rc = kvc_gpu_of(c)->ops->event_record(event, stream);
+    if (scratch)
+        kvc_gpu_track(c, &l->gpu_ev, &l->gpu_scratch, scratch, stream);
+    pthread_mutex_unlock(&c->mu);
+out:
+    free(blocks);
+    free(is_host);
+    return rc ? rc : (int)n;
+}
+
+KVC_API int kvc_resv_gather(kvc_resv *r, size_t first, size_t n, const struct kvc_paged_kv *kv,
+                            uint64_t first_token, void *stream, void *event)
+{
+    struct kern_pack_layout lay;
+    struct kern_pack_engine e;
+    kvc_client *c;
+    int rc, written = 0;
+    if (!r || !kv)
+        return -EINVAL;
+    if (first > r->n || n > r->n - first)
+        return -ERANGE;
+    c = r->ns->c;
+    rc = kvc_gpu_layout(r->ns, &lay);
+    if (rc)
+        return rc;
+    kvc_gpu_engine(kv, &e);
+    rc = kern_pack_check(&lay, &e, first_token, (uint32_t)n, 1);
+    if (rc || n == 0)
+        return rc;
+    if (kv->on_device && !c->gpu)
+        return -ENOTSUP;
+    for (size_t j = 0; j < n; j++)
+        if (r->slots[first + j].data && r->slots[first + j].tier == KVC_WIRE_TIER_GPU &&
+            !kv->on_device)
+            return -ENOTSUP;
+    if (kv->on_device) {
+        pthread_mutex_lock(&c->mu);
+        kvc_gpu_wait(c, &r->gpu_ev, &r->gpu_scratch);
+    }
+    /* One pack per run of consecutive reserved slots: their tokens are consecutive. */
+    for (size_t j = 0; j < n && rc == 0;) {
+        if (!r->slots[first + j].data) {
+            j++;
+            continue;
+        }
+        size_t run = 0;
+        uint8_t *blocks[64], is_host[64];
+        while (j + run < n && run < 64 && r->slots[first + j + run].data) {
+            blocks[run] = r->slots[first + j + run].data;
+            is_host[run] = r->slots[first + j + run].tier != KVC_WIRE_TIER_GPU;
+            run++;
+        }
+        uint64_t tok = first_token + (uint64_t)j * lay.block_tokens;
+        if (!kv->on_device) {
+            rc = kern_pack_cpu(&lay, &e, tok, (uint32_t)run, (void *const *)blocks,
+                               KERN_PACK_GATHER);
+        } else {
+            void *scratch = NULL;
+            rc = kvc_gpu_pack(c, &lay, kv, tok, blocks, is_host, (uint32_t)run, KERN_PACK_GATHER,
+                              stream, &scratch);
+            if (scratch) {
+                /* Several runs: the earlier scratch is waited for before the next one. */
+                kvc_gpu_track(c, &r->gpu_ev, &r->gpu_scratch, scratch, stream);
+            }
+        }
+        if (rc == 0)
+            written += (int)run;
+        j += run;
+    }
+    if (kv->on_device) {
+        if (rc == 0 && event)
+            rc = kvc_gpu_of(c)->ops->event_record(event, stream);
+        pthread_mutex_unlock(&c->mu);
+    }
+    return rc ? rc : written;
+}

@@ -1,0 +1,423 @@
+/*
+ * quant.c — quantize-in-place on a worker thread.
+ *
+ * DESIGN
+ * The loop thread owns the store; the worker only touches bytes. store_quantize() (loop)
+ * checks the block (committed, raw, unpinned, in a namespace that allows a codec),
+ * allocates the encoded slot in the block's arena, pins the block (eviction, flushes and
+ * quotas skip pinned blocks, so its raw slot stays put) and queues a job. The worker reads
+ * the raw slot, writes the encoded slot (kern_encode_cpu, with the key statistics) and
+ * queues the result; an eventfd wakes the loop, which applies it. If the block holds only
+ * the job's pin, its location becomes the encoded slot (format = the recipe's K codec, or
+ * the V codec when K stays raw), the raw slot is freed and the counters move. If a lookup
+ * pinned it meanwhile, a client may be reading the raw slot through its lease: the encoded
+ * slot is freed instead and the block stays raw (a later trim may try again). So a lookup
+ * that arrives during the encode always gets the raw copy, and no slot a lease points at is
+ * ever freed.
+ *
+ * Trigger (a stand-in until the policy issue decides): store_trim() calls quant_pressure()
+ * first. For each arena above its high watermark it queues the coldest unpinned raw blocks
+ * of namespaces that allow a codec, counting each queued raw slot as freed already, until
+ * the arena would be at its low watermark or store_params.quantize_inflight jobs are in
+ * flight; store_trim() then evicts only what quantization does not cover. Namespaces allow
+ * no codec unless their creator asked (layout.flags at NS_OPEN), so by default nothing is
+ * ever lossy.
+ *
+ * Key statistics: the encode pass computes per-(layer, head) key min/max per channel and
+ * mean key norm; a summary per quantized block (mean key norm over layers and heads,
+ * largest |key|, bf16 each) is kept in a side table by block index (struct block is at its
+ * size budget), read with quant_key_summary() by the policies.
+ */
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "daemon/log.h"
+#include "daemon/loop.h"
+#include "daemon/quant.h"
+#include "daemon/store.h"
+#include "kernels/kern.h"
+#include "tiers/host.h"
+#include "tiers/tier.h"
+
+#define QUANT_WALK 4096 /* LRU entries the trigger looks at per arena */
+
+_Static_assert(KVC_WIRE_FORMAT_Q8_0 == KERN_CODEC_Q8_0 && KVC_WIRE_FORMAT_FP8 == KERN_CODEC_FP8 &&
+                   KVC_WIRE_FORMAT_COUNT == KERN_CODEC_COUNT,
+               "wire formats are kern codecs");
+
+struct quant_job {
+    struct quant_job *next;
+    uint32_t idx;
+    uint32_t arena;
+    uint8_t format;
+    struct tier_loc raw, enc;
+    const void *src;
+    void *dst;
+    struct kern_layout lay;
+    struct kern_recipe rec;
+    int64_t rc;
+    float key_norm, key_absmax;
+};
+
+struct quant {
+    struct store *s;
+    struct loop *loop;
+    int efd;
+    pthread_t th;
+    bool started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;      /* todo or stop */
+    pthread_cond_t done_cv; /* a result is ready */
+    struct quant_job *todo, *todo_tail, *done;
+    bool stop;
+    uint32_t inflight; /* loop thread only */
+    uint64_t pending[STORE_MAX_ARENAS];
+    uint32_t *sum; /* by block index: bf16 key norm << 16 | bf16 key absmax */
+    uint32_t nsum;
+};
+
+/* ---- worker -------------------------------------------------------------------------- */
+
+static void quant_encode(struct quant_job *j)
+{
+    const struct kern_layout *lay = &j->lay;
+    size_t nlh = (size_t)lay->layers * lay->heads, n = nlh * lay->head_dim;
+    float *buf = malloc((2 * n + nlh) * sizeof(float));
+    struct kern_key_stats ks = {buf, buf + n, buf + 2 * n};
+    j->rc = kern_encode_cpu(lay, &j->rec, j->src, j->dst, j->enc.len, buf ? &ks : NULL);
+    if (j->rc < 0 || !buf)
+        goto out;
+    double norm = 0;
+    float amax = 0.0f;
+    for (size_t i = 0; i < nlh; i++)
+        norm += ks.knorm[i];
+    for (size_t i = 0; i < n; i++) {
+        amax = fmaxf(amax, fabsf(ks.kmin[i]));
+        amax = fmaxf(amax, fabsf(ks.kmax[i]));
+    }
+    j->key_norm = (float)(norm / (double)nlh);
+    j->key_absmax = amax;
+out:
+    free(buf);
+}
+
+static void *quant_main(void *arg)
+{
+    struct quant *q = arg;
+    pthread_mutex_lock(&q->mu);
+    for (;;) {
+        while (!q->todo && !q->stop)
+            pthread_cond_wait(&q->cv, &q->mu);
+        if (!q->todo)
+            break;
+        struct quant_job *j = q->todo;
+        q->todo = j->next;
+        if (!q->todo)
+            q->todo_tail = NULL;
+        pthread_mutex_unlock(&q->mu);
+        quant_encode(j);
+        pthread_mutex_lock(&q->mu);
+        j->next = q->done;
+        q->done = j;
+        pthread_cond_broadcast(&q->done_cv);
+        if (q->efd >= 0) {
+            uint64_t one = 1;
+            ssize_t w = write(q->efd, &one, sizeof(one));
+            (void)w; /* a full counter still wakes the loop */
+        }
+    }
+    pthread_mutex_unlock(&q->mu);
+    return NULL;
+}
+
+/* ---- loop side ----------------------------------------------------------------------- */
+
+static uint16_t quant_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)(u >> 16);
+}
+
+static void quant_apply(struct quant *q, struct quant_job *j)
+{
+    struct store *s = q->s;
+    struct block *b = &s->ix.blocks[j->idx];
+    struct store_ns *ns = s->ns[b->ns];
+    struct tier *t = s->arenas[j->arena].tier;
+    b->pins--;
+    s->pins_now--;
+    b->flags &= (uint8_t)~BLOCK_F_QUANTIZING;
+    q->inflight--;
+    q->pending[j->arena] -= j->raw.len;
+    if (j->rc < 0 || b->pins || b->state != BLOCK_STATE_COMMITTED) {
+        if (j->rc < 0)
+            log_limited(LOG_LEVEL_WARNING, "quant: block %u not quantized (%s)", j->idx,
+                        strerror((int)-j->rc));
+        t->ops->free(t, &j->enc);
+        goto out;
+    }
+    b->off = j->enc.off;
+    b->len = j->enc.len;
+    b->cls = (uint8_t)j->enc.cls;
+    b->format = j->format;
+    if (j->idx >= q->nsum) { /* struct block has no room left: a side table by index */
+        uint32_t n = q->nsum ? q->nsum : 1024;
+        while (n <= j->idx)
+            n *= 2;
+        uint32_t *ns_ = realloc(q->sum, (size_t)n * sizeof(*ns_));
+        if (ns_) {
+            memset(ns_ + q->nsum, 0, (size_t)(n - q->nsum) * sizeof(*ns_));
+            q->sum = ns_;
+            q->nsum = n;
+        }
+    }
+    if (j->idx < q->nsum)
+        q->sum[j->idx] = (uint32_t)quant_bf16(j->key_norm) << 16 | quant_bf16(j->key_absmax);
+    ns->bytes = ns->bytes - j->raw.len + j->enc.len;
+    t->ops->free(t, &j->raw);
+    s->total.quantized_blocks++;
+    ns->stats.quantized_blocks++;
+    s->total.quant_bytes_saved += j->raw.len - j->enc.len;
+    ns->stats.quant_bytes_saved += j->raw.len - j->enc.len;
+out:
+    free(j);
+}
+
+int quant_poll(struct quant *q)
+{
+    struct quant_job *j;
+    int n = 0;
+    pthread_mutex_lock(&q->mu);
+    j = q->done;
+    q->done = NULL;
+    pthread_mutex_unlock(&q->mu);
+    while (j) {
+        struct quant_job *next = j->next;
+        quant_apply(q, j);
+        n++;
+        j = next;
+    }
+    return n;
+}
+
+int quant_drain(struct quant *q)
+{
+    int n = 0;
+    while (q->inflight) {
+        pthread_mutex_lock(&q->mu);
+        while (!q->done)
+            pthread_cond_wait(&q->done_cv, &q->mu);
+        pthread_mutex_unlock(&q->mu);
+        n += quant_poll(q);
+    }
+    return n;
+}
+
+static void quant_on_event(struct loop *l, int fd, uint32_t events, void *arg)
+{
+    uint64_t v;
+    (void)l;
+    (void)events;
+    while (read(fd, &v, sizeof(v)) == sizeof(v))
+        ;
+    quant_poll(arg);
+}
+
+static float quant_f32(uint16_t bf)
+{
+    uint32_t u = (uint32_t)bf << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+int quant_key_summary(const struct quant *q, uint32_t idx, float *norm, float *absmax)
+{
+    const struct block *b;
+    if (!q || idx >= q->s->ix.nblocks || idx >= q->nsum)
+        return -ENOENT;
+    b = &q->s->ix.blocks[idx];
+    if (b->state != BLOCK_STATE_COMMITTED || b->format == KVC_WIRE_FORMAT_RAW)
+        return -ENOENT;
+    *norm = quant_f32((uint16_t)(q->sum[idx] >> 16));
+    *absmax = quant_f32((uint16_t)q->sum[idx]);
+    return 0;
+}
+
+uint32_t quant_inflight(const struct quant *q)
+{
+    return q ? q->inflight : 0;
+}
+
+uint64_t quant_pending_bytes(const struct quant *q, uint32_t arena)
+{
+    return q && arena < STORE_MAX_ARENAS ? q->pending[arena] : 0;
+}
+
+int store_quantize(struct store *s, uint32_t idx)
+{
+    struct quant *q = s->quant;
+    struct quant_job *j = NULL;
+    int rc;
+    if (!q)
+        return -ENODEV;
+    if (idx >= s->ix.nblocks || s->ix.blocks[idx].state != BLOCK_STATE_COMMITTED)
+        return -ENOENT;
+    struct block *b = &s->ix.blocks[idx];
+    const struct store_ns *ns = s->ns[b->ns];
+    uint32_t f = ns->layout.flags;
+    if (b->format != KVC_WIRE_FORMAT_RAW || (b->flags & BLOCK_F_QUANTIZING))
+        return -EALREADY;
+    if (b->pins)
+        return -EBUSY;
+    if (!KVC_WIRE_QUANT_ALLOWED(f))
+        return -EPERM;
+    if (s->tiering) /* the disk tier records raw blocks only (its metadata has no codec yet) */
+        return -EOPNOTSUPP;
+    j = calloc(1, sizeof(*j));
+    if (!j)
+        return -ENOMEM;
+    j->lay = (struct kern_layout){.layers = ns->layout.layers,
+                                  .heads = ns->layout.kv_heads,
+                                  .head_dim = ns->layout.head_dim,
+                                  .tokens = ns->layout.block_tokens,
+                                  .dtype = ns->layout.dtype,
+                                  .k_only = ns->layout.kv_kind == KVC_WIRE_KV_KIND_K_ONLY};
+    kern_recipe_fill(&j->rec, KVC_WIRE_QUANT_K(f), KVC_WIRE_QUANT_V(f),
+                     KVC_WIRE_QUANT_RAW_LAYERS(f));
+    j->format = (uint8_t)(KVC_WIRE_QUANT_K(f) ? KVC_WIRE_QUANT_K(f) : KVC_WIRE_QUANT_V(f));
+    int64_t eb = kern_encoded_size(&j->lay, &j->rec);
+    struct tier *t = s->arenas[b->arena].tier;
+    if (eb < 0) {
+        rc = (int)eb;
+        goto fail;
+    }
+    if ((uint64_t)eb >= b->len) { /* nothing to gain */
+        rc = -ENOSPC;
+        goto fail;
+    }
+    rc = t->ops->alloc(t, (uint64_t)eb, &j->enc);
+    if (rc)
+        goto fail;
+    j->idx = idx;
+    j->arena = b->arena;
+    j->raw = (struct tier_loc){.arena = b->arena, .cls = b->cls, .off = b->off, .len = b->len};
+    j->src = (const uint8_t *)tier_host_base(t) + b->off;
+    j->dst = (uint8_t *)tier_host_base(t) + j->enc.off;
+    b->pins++;
+    s->pins_now++;
+    b->flags |= BLOCK_F_QUANTIZING;
+    q->inflight++;
+    q->pending[b->arena] += b->len;
+    pthread_mutex_lock(&q->mu);
+    if (q->todo_tail)
+        q->todo_tail->next = j;
+    else
+        q->todo = j;
+    q->todo_tail = j;
+    pthread_cond_signal(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+    return 0;
+fail:
+    free(j);
+    return rc;
+}
+
+int quant_pressure(struct quant *q, uint64_t now)
+{
+    struct store *s;
+    int n = 0;
+    (void)now;
+    if (!q)
+        return 0;
+    s = q->s;
+    for (uint32_t a = 0; a < s->narenas; a++) {
+        struct tier *t = s->arenas[a].tier;
+        double cap = (double)t->ops->capacity(t);
+        uint32_t walked = 0;
+        if ((double)(t->ops->usage(t) - q->pending[a]) <= s->p.high_watermark * cap)
+            continue;
+        for (uint32_t i = s->arenas[a].lru_tail;
+             i != INDEX_NONE && walked < QUANT_WALK && q->inflight < s->p.quantize_inflight;
+             walked++) {
+            uint32_t prev = s->ix.blocks[i].lru_prev;
+            if ((double)(t->ops->usage(t) - q->pending[a]) <= s->p.low_watermark * cap)
+                break;
+            const struct block *b = &s->ix.blocks[i];
+            if (!b->pins && b->format == KVC_WIRE_FORMAT_RAW &&
+                KVC_WIRE_QUANT_ALLOWED(s->ns[b->ns]->layout.flags) && store_quantize(s, i) == 0)
+                n++;
+            i = prev;
+        }
+    }
+    return n;
+}
+
+/* ---- life cycle ---------------------------------------------------------------------- */
+
+struct quant *quant_new(struct loop *l, struct store *s, int *err)
+{
+    struct quant *q = calloc(1, sizeof(*q));
+    int rc = -ENOMEM;
+    if (!q)
+        goto fail;
+    q->s = s;
+    q->loop = l;
+    q->efd = -1;
+    pthread_mutex_init(&q->mu, NULL);
+    pthread_cond_init(&q->cv, NULL);
+    pthread_cond_init(&q->done_cv, NULL);
+    if (l) {
+        q->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        if (q->efd < 0) {
+            rc = -errno;
+            goto fail;
+        }
+        rc = loop_add(l, q->efd, EPOLLIN, quant_on_event, q);
+        if (rc)
+            goto fail;
+    }
+    rc = -pthread_create(&q->th, NULL, quant_main, q);
+    if (rc)
+        goto fail;
+    q->started = true;
+    s->quant = q;
+    return q;
+fail:
+    quant_free(q);
+    *err = rc;
+    return NULL;
+}
+
+void quant_free(struct quant *q)
+{
+    if (!q)
+        return;
+    if (q->started) {
+        quant_drain(q);
+        pthread_mutex_lock(&q->mu);
+        q->stop = true;
+        pthread_cond_signal(&q->cv);
+        pthread_mutex_unlock(&q->mu);
+        pthread_join(q->th, NULL);
+    }
+    if (q->efd >= 0) {
+        if (q->loop)
+            loop_del(q->loop, q->efd);
+        close(q->efd);
+    }
+    if (q->s && q->s->quant == q)
+        q->s->quant = NULL;
+    pthread_mutex_destroy(&q->mu);
+    pthread_cond_destroy(&q->cv);
+    pthread_cond_destroy(&q->done_cv);
+    free(q->sum);
+    free(q);
+}

@@ -1,0 +1,56 @@
+/*
+ * quant.h — quantize-in-place: a worker thread encodes committed raw blocks into smaller
+ * slots of the same arena (the mechanism; when to use it belongs to the eviction policy).
+ * The design is at the top of quant.c.
+ */
+#ifndef KVC_QUANT_H
+#define KVC_QUANT_H
+
+#include <stdint.h>
+
+struct loop;
+struct store;
+
+/* Jobs queued at once by the pressure trigger when the store's params do not say. */
+#define QUANT_INFLIGHT_DEFAULT 8
+
+/* Starts the worker and attaches it to the store (s->quant). With a loop, completions come
+ * back through an eventfd the loop watches; without one (tests) quant_drain() applies them.
+ * NULL and *err = -errno on failure. */
+struct quant *quant_new(struct loop *l, struct store *s, int *err);
+/* Waits for the jobs in flight, applies them, stops the worker, detaches. NULL: no-op. */
+void quant_free(struct quant *q);
+
+/*
+ * Queues block `idx` for quantization into its namespace's recipe. Loop thread. The block is
+ * pinned until the result is applied; the encoded slot is allocated now.
+ * 0 queued; -ENOENT no such committed block; -EALREADY not raw, or queued already;
+ * -EBUSY pinned (a client may be reading it); -EPERM its namespace allows no codec;
+ * -ENOSPC no room for the encoded slot; -ENODEV no worker (quant_new not called);
+ * -EOPNOTSUPP a disk tier is configured (demotion writes raw blocks only, for now).
+ */
+int store_quantize(struct store *s, uint32_t idx);
+
+/* Pressure trigger, called by store_trim() before it evicts: for every arena above its high
+ * watermark, queues the coldest unpinned raw blocks of namespaces that allow a codec until
+ * the arena would be at its low watermark once they are done, or `inflight` jobs are queued.
+ * Returns the number queued. */
+int quant_pressure(struct quant *q, uint64_t now);
+
+/* Bytes the queued jobs will free in arena a (their raw slots). */
+uint64_t quant_pending_bytes(const struct quant *q, uint32_t arena);
+
+/* Applies the results that are ready (the loop's eventfd handler does this). Returns the
+ * number applied. */
+int quant_poll(struct quant *q);
+/* Waits until no job is in flight, applying results. Returns the number applied. */
+int quant_drain(struct quant *q);
+
+/* Key summary of quantized block idx from its encode pass: mean key L2 norm over layers and
+ * heads, largest |key| (bf16 precision). 0, or -ENOENT (no such quantized block). */
+int quant_key_summary(const struct quant *q, uint32_t idx, float *norm, float *absmax);
+
+/* Jobs queued and not yet applied. */
+uint32_t quant_inflight(const struct quant *q);
+
+#endif

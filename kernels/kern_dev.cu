@@ -1,0 +1,434 @@
+/*
+ * kern_dev.cu — the CUDA table of kern_dev.h: pools exported through the VMM API with
+ * descriptor handles (legacy IPC handles as the fallback), stream-ordered copies, events,
+ * pinned host registration.
+ *
+ * DESIGN
+ * The driver API is reached through cudaGetDriverEntryPointByVersion, so nothing links
+ * libcuda: a binary built here starts on a machine without a driver and device_count says
+ * 0. Driver calls run in the device's primary context, made current with cudaSetDevice.
+ * Errors become -EIO with one line on stderr; nothing aborts.
+ */
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kernels/kern_dev.h"
+
+struct dev_drv {
+    int ok; /* 1 loaded, -1 not available */
+    CUresult (*mem_create)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
+                           unsigned long long);
+    CUresult (*mem_release)(CUmemGenericAllocationHandle);
+    CUresult (*address_reserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+    CUresult (*address_free)(CUdeviceptr, size_t);
+    CUresult (*mem_map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
+                        unsigned long long);
+    CUresult (*mem_unmap)(CUdeviceptr, size_t);
+    CUresult (*set_access)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+    CUresult (*export_handle)(void *, CUmemGenericAllocationHandle, CUmemAllocationHandleType,
+                              unsigned long long);
+    CUresult (*import_handle)(CUmemGenericAllocationHandle *, void *,
+                              CUmemAllocationHandleType);
+    CUresult (*granularity)(size_t *, const CUmemAllocationProp *,
+                            CUmemAllocationGranularity_flags);
+    CUresult (*device_attr)(int *, CUdevice_attribute, CUdevice);
+};
+
+static struct dev_drv dev_drv;
+
+static int dev_fail(const char *what, cudaError_t e)
+{
+    fprintf(stderr, "kern_dev: %s failed (%s)\n", what, cudaGetErrorString(e));
+    return -EIO;
+}
+
+static int dev_cufail(const char *what, CUresult r)
+{
+    fprintf(stderr, "kern_dev: %s failed (CUresult %d)\n", what, (int)r);
+    return -EIO;
+}
+
+static int dev_sym(const char *name, void **fn)
+{
+    cudaDriverEntryPointQueryResult q;
+    cudaError_t e = cudaGetDriverEntryPointByVersion(name, fn, 12000, cudaEnableDefault, &q);
+    return e == cudaSuccess && q == cudaDriverEntryPointSuccess && *fn ? 0 : -1;
+}
+
+static int dev_drv_load(void)
+{
+    if (dev_drv.ok)
+        return dev_drv.ok > 0 ? 0 : -ENOTSUP;
+    int bad = 0;
+    bad |= dev_sym("cuMemCreate", (void **)&dev_drv.mem_create);
+    bad |= dev_sym("cuMemRelease", (void **)&dev_drv.mem_release);
+    bad |= dev_sym("cuMemAddressReserve", (void **)&dev_drv.address_reserve);
+    bad |= dev_sym("cuMemAddressFree", (void **)&dev_drv.address_free);
+    bad |= dev_sym("cuMemMap", (void **)&dev_drv.mem_map);
+    bad |= dev_sym("cuMemUnmap", (void **)&dev_drv.mem_unmap);
+    bad |= dev_sym("cuMemSetAccess", (void **)&dev_drv.set_access);
+    bad |= dev_sym("cuMemExportToShareableHandle", (void **)&dev_drv.export_handle);
+    bad |= dev_sym("cuMemImportFromShareableHandle", (void **)&dev_drv.import_handle);
+    bad |= dev_sym("cuMemGetAllocationGranularity", (void **)&dev_drv.granularity);
+    bad |= dev_sym("cuDeviceGetAttribute", (void **)&dev_drv.device_attr);
+    dev_drv.ok = bad ? -1 : 1;
+    return bad ? -ENOTSUP : 0;
+}
+
+/* The VMM state of a pool: what to unmap and release. */
+struct dev_vmm {
+    CUmemGenericAllocationHandle h;
+    CUdeviceptr va;
+    size_t size;
+};
+
+static int dev_device_count(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+static int dev_device_uuid(int dev, uint8_t uuid[KERN_DEV_UUID_BYTES])
+{
+    cudaDeviceProp pr;
+    cudaError_t e = cudaGetDeviceProperties(&pr, dev);
+    if (e != cudaSuccess)
+        return dev_fail("cudaGetDeviceProperties", e);
+    memcpy(uuid, pr.uuid.bytes, KERN_DEV_UUID_BYTES);
+    return 0;
+}
+
+static int dev_vmm_supported(int dev)
+{
+    int vmm = 0, fd = 0;
+    if (dev_drv_load())
+        return 0;
+    if (dev_drv.device_attr(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev) ||
+        dev_drv.device_attr(&fd, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                            dev))
+        return 0;
+    return vmm && fd;
+}
+
+static void dev_prop(CUmemAllocationProp *prop, int dev)
+{
+    memset(prop, 0, sizeof(*prop));
+    prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop->requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop->location.id = dev;
+}
+
+/* Reserves address space for the allocation h, maps it and grants dev read-write. */
+static int dev_vmm_map(struct dev_vmm *v, int dev)
+{
+    CUmemAccessDesc acc;
+    CUresult r = dev_drv.address_reserve(&v->va, v->size, 0, 0, 0);
+    if (r)
+        return dev_cufail("cuMemAddressReserve", r);
+    r = dev_drv.mem_map(v->va, v->size, 0, v->h, 0);
+    if (r) {
+        dev_drv.address_free(v->va, v->size);
+        return dev_cufail("cuMemMap", r);
+    }
+    memset(&acc, 0, sizeof(acc));
+    acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    acc.location.id = dev;
+    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    r = dev_drv.set_access(v->va, v->size, &acc, 1);
+    if (r) {
+        dev_drv.mem_unmap(v->va, v->size);
+        dev_drv.address_free(v->va, v->size);
+        return dev_cufail("cuMemSetAccess", r);
+    }
+    return 0;
+}
+
+static int dev_pool_create_vmm(int dev, uint64_t size, struct kern_dev_pool *p)
+{
+    CUmemAllocationProp prop;
+    size_t gran = 0;
+    struct dev_vmm *v = (struct dev_vmm *)calloc(1, sizeof(*v));
+    int fd = -1, rc;
+    CUresult r;
+    if (!v)
+        return -ENOMEM;
+    dev_prop(&prop, dev);
+    r = dev_drv.granularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+    if (r || !gran) {
+        rc = dev_cufail("cuMemGetAllocationGranularity", r);
+        goto fail;
+    }
+    v->size = (size + gran - 1) / gran * gran;
+    r = dev_drv.mem_create(&v->h, v->size, &prop, 0);
+    if (r) {
+        rc = r == CUDA_ERROR_OUT_OF_MEMORY ? -ENOMEM : dev_cufail("cuMemCreate", r);
+        goto fail;
+    }
+    r = dev_drv.export_handle(&fd, v->h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    if (r) {
+        dev_drv.mem_release(v->h);
+        rc = dev_cufail("cuMemExportToShareableHandle", r);
+        goto fail;
+    }
+    rc = dev_vmm_map(v, dev);
+    if (rc) {
+        close(fd);
+        dev_drv.mem_release(v->h);
+        goto fail;
+    }
+    p->base = (void *)(uintptr_t)v->va;
+    p->size = v->size;
+    p->handle = KERN_DEV_HANDLE_FD;
+    p->fd = fd;
+    p->priv = v;
+    return 0;
+fail:
+    free(v);
+    return rc;
+}
+
+static int dev_pool_create(int dev, uint64_t size, struct kern_dev_pool *p)
+{
+    cudaError_t e;
+    int rc;
+    memset(p, 0, sizeof(*p));
+    p->fd = -1;
+    p->device = dev;
+    if (dev < 0 || dev >= dev_device_count())
+        return -ENODEV;
+    e = cudaSetDevice(dev);
+    if (e == cudaSuccess)
+        e = cudaFree(0); /* makes the primary context current for the driver calls */
+    if (e != cudaSuccess)
+        return dev_fail("cudaSetDevice", e);
+    rc = dev_device_uuid(dev, p->uuid);
+    if (rc)
+        return rc;
+    if (dev_vmm_supported(dev))
+        return dev_pool_create_vmm(dev, size, p);
+    /* Legacy IPC: a plain allocation and its 64-byte handle. */
+    void *d = NULL;
+    cudaIpcMemHandle_t h;
+    e = cudaMalloc(&d, size);
+    if (e != cudaSuccess)
+        return e == cudaErrorMemoryAllocation ? -ENOMEM : dev_fail("cudaMalloc", e);
+    e = cudaIpcGetMemHandle(&h, d);
+    if (e != cudaSuccess) {
+        cudaFree(d);
+        return dev_fail("cudaIpcGetMemHandle", e);
+    }
+    memcpy(p->legacy, &h, sizeof(h) < KERN_DEV_LEGACY_BYTES ? sizeof(h) : KERN_DEV_LEGACY_BYTES);
+    p->base = d;
+    p->size = size;
+    p->handle = KERN_DEV_HANDLE_LEGACY;
+    return 0;
+}
+
+static int dev_pool_import(struct kern_dev_pool *p)
+{
+    int n = dev_device_count(), dev = -1, rc;
+    uint8_t u[KERN_DEV_UUID_BYTES];
+    for (int i = 0; i < n && dev < 0; i++)
+        if (dev_device_uuid(i, u) == 0 && memcmp(u, p->uuid, sizeof(u)) == 0)
+            dev = i;
+    if (dev < 0)
+        return -ENODEV;
+    cudaError_t e = cudaSetDevice(dev);
+    if (e == cudaSuccess)
+        e = cudaFree(0);
+    if (e != cudaSuccess)
+        return dev_fail("cudaSetDevice", e);
+    p->device = dev;
+    if (p->handle == KERN_DEV_HANDLE_LEGACY) {
+        cudaIpcMemHandle_t h;
+        void *d = NULL;
+        memcpy(&h, p->legacy, sizeof(h));
+        e = cudaIpcOpenMemHandle(&d, h, cudaIpcMemLazyEnablePeerAccess);
+        if (e != cudaSuccess)
+            return dev_fail("cudaIpcOpenMemHandle", e);
+        p->base = d;
+        p->priv = &dev_drv; /* marks an import: destroy closes instead of freeing */
+        return 0;
+    }
+    if (p->handle != KERN_DEV_HANDLE_FD || p->fd < 0)
+        return -EINVAL;
+    rc = dev_drv_load();
+    if (rc)
+        return rc;
+    struct dev_vmm *v = (struct dev_vmm *)calloc(1, sizeof(*v));
+    if (!v)
+        return -ENOMEM;
+    CUresult r = dev_drv.import_handle(&v->h, (void *)(uintptr_t)p->fd,
+                                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    if (r) {
+        free(v);
+        return dev_cufail("cuMemImportFromShareableHandle", r);
+    }
+    v->size = p->size;
+    rc = dev_vmm_map(v, dev);
+    if (rc) {
+        dev_drv.mem_release(v->h);
+        free(v);
+        return rc;
+    }
+    p->base = (void *)(uintptr_t)v->va;
+    p->priv = v;
+    return 0;
+}
+
+static void dev_pool_destroy(struct kern_dev_pool *p)
+{
+    if (p->handle == KERN_DEV_HANDLE_FD && p->priv) {
+        struct dev_vmm *v = (struct dev_vmm *)p->priv;
+        dev_drv.mem_unmap(v->va, v->size);
+        dev_drv.address_free(v->va, v->size);
+        dev_drv.mem_release(v->h);
+        free(v);
+    } else if (p->handle == KERN_DEV_HANDLE_LEGACY && p->base) {
+        /* The exporter frees; an importer closes its mapping. */
+        if (p->priv)
+            cudaIpcCloseMemHandle(p->base);
+        else
+            cudaFree(p->base);
+    }
+    if (p->fd >= 0)
+        close(p->fd);
+    p->fd = -1;
+    p->base = NULL;
+    p->priv = NULL;
+}
+
+static cudaMemcpyKind dev_kind(int kind)
+{
+    switch (kind) {
+    case KERN_DEV_COPY_H2D:
+        return cudaMemcpyHostToDevice;
+    case KERN_DEV_COPY_D2H:
+        return cudaMemcpyDeviceToHost;
+    case KERN_DEV_COPY_D2D:
+        return cudaMemcpyDeviceToDevice;
+    default:
+        return cudaMemcpyDefault;
+    }
+}
+
+static int dev_copy_async(void *dst, const void *src, uint64_t len, int kind, void *stream)
+{
+    cudaError_t e = cudaMemcpyAsync(dst, src, len, dev_kind(kind), (cudaStream_t)stream);
+    return e == cudaSuccess ? 0 : dev_fail("cudaMemcpyAsync", e);
+}
+
+static int dev_copy(void *dst, const void *src, uint64_t len, int kind)
+{
+    cudaError_t e = cudaMemcpy(dst, src, len, dev_kind(kind));
+    return e == cudaSuccess ? 0 : dev_fail("cudaMemcpy", e);
+}
+
+static int dev_event_record(void *event, void *stream)
+{
+    cudaError_t e = cudaEventRecord((cudaEvent_t)event, (cudaStream_t)stream);
+    return e == cudaSuccess ? 0 : dev_fail("cudaEventRecord", e);
+}
+
+static int dev_event_new_record(void **ev, void *stream)
+{
+    cudaEvent_t e;
+    cudaError_t r = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+    if (r != cudaSuccess)
+        return dev_fail("cudaEventCreate", r);
+    r = cudaEventRecord(e, (cudaStream_t)stream);
+    if (r != cudaSuccess) {
+        cudaEventDestroy(e);
+        return dev_fail("cudaEventRecord", r);
+    }
+    *ev = (void *)e;
+    return 0;
+}
+
+static int dev_event_wait_free(void *ev)
+{
+    cudaError_t r = cudaEventSynchronize((cudaEvent_t)ev);
+    cudaEventDestroy((cudaEvent_t)ev);
+    return r == cudaSuccess ? 0 : dev_fail("cudaEventSynchronize", r);
+}
+
+static int dev_stream_sync(void *stream)
+{
+    cudaError_t e = cudaStreamSynchronize((cudaStream_t)stream);
+    return e == cudaSuccess ? 0 : dev_fail("cudaStreamSynchronize", e);
+}
+
+static int dev_host_register(void *p, uint64_t len, int readonly)
+{
+    unsigned flags = cudaHostRegisterPortable | (readonly ? cudaHostRegisterReadOnly : 0);
+    cudaError_t e = cudaHostRegister(p, len, flags);
+    if (e == cudaErrorHostMemoryAlreadyRegistered) {
+        cudaGetLastError();
+        return 0;
+    }
+    return e == cudaSuccess ? 0 : dev_fail("cudaHostRegister", e);
+}
+
+static int dev_host_unregister(void *p)
+{
+    cudaError_t e = cudaHostUnregister(p);
+    return e == cudaSuccess ? 0 : dev_fail("cudaHostUnregister", e);
+}
+
+static int dev_pointer_device(const void *p)
+{
+    cudaPointerAttributes a;
+    cudaError_t e = cudaPointerGetAttributes(&a, p);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return -EINVAL;
+    }
+    return a.type == cudaMemoryTypeDevice ? a.device : -EINVAL;
+}
+
+static int dev_mem_alloc(void **p, uint64_t len)
+{
+    cudaError_t e = cudaMalloc(p, len);
+    return e == cudaSuccess ? 0 : dev_fail("cudaMalloc", e);
+}
+
+static void dev_mem_free(void *p)
+{
+    if (p)
+        cudaFree(p);
+}
+
+static const struct kern_dev_ops dev_cuda_ops = {
+    "cuda",
+    dev_device_count,
+    dev_device_uuid,
+    dev_pool_create,
+    dev_pool_import,
+    dev_pool_destroy,
+    dev_copy_async,
+    dev_copy,
+    dev_event_record,
+    dev_event_new_record,
+    dev_event_wait_free,
+    dev_stream_sync,
+    dev_host_register,
+    dev_host_unregister,
+    dev_pointer_device,
+    dev_mem_alloc,
+    dev_mem_free,
+};
+
+const struct kern_dev_ops *kern_dev_cuda(void)
+{
+    return &dev_cuda_ops;
+}

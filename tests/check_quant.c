@@ -1,0 +1,284 @@
+/* check_quant — quantize-in-place in the store without a socket: store_quantize() and its
+ * refusals, the raw copy kept while a lookup pins the block, the pressure trigger before
+ * eviction, namespace validation of the codec flags, counters and key summaries. */
+#include <check.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/quant.h"
+#include "daemon/store.h"
+#include "kernels/kern.h"
+#include "tiers/host.h"
+#include "tiers/tier.h"
+
+#define Q8 KVC_WIRE_QUANT_FLAGS(1u << KVC_WIRE_FORMAT_Q8_0, KVC_WIRE_FORMAT_Q8_0,              \
+                                KVC_WIRE_FORMAT_Q8_0, 0)
+
+static struct store *s;
+static struct quant *q;
+static struct store_owner o;
+
+static struct kvc_wire_layout layout_of(const char *model, uint32_t flags)
+{
+    struct kvc_wire_layout l;
+    memset(&l, 0, sizeof(l));
+    snprintf(l.model_id, sizeof(l.model_id), "%s", model);
+    l.layers = 2; /* 2 layers * K,V * 16 tokens * 4 heads * 128 dim * fp16 = 64 KiB */
+    l.kv_heads = 4;
+    l.head_dim = 128;
+    l.block_tokens = 16;
+    l.dtype = KVC_WIRE_DTYPE_FP16;
+    l.kv_kind = KVC_WIRE_KV_KIND_KV;
+    l.flags = flags;
+    return l;
+}
+
+static void setup(void)
+{
+    struct store_params p = {.host_size = 4 << 20,
+                             .host_page_size = 64 << 10,
+                             .host_huge = TIER_HOST_HUGE_OFF,
+                             .high_watermark = 0.9,
+                             .low_watermark = 0.5,
+                             .max_namespaces = 8,
+                             .max_handles = 64,
+                             .policy = POLICY_LRU,
+                             .quantize_inflight = 64};
+    int err = 0;
+    s = store_new(&p, &err);
+    ck_assert_msg(s, "store_new: %d", err);
+    q = quant_new(NULL, s, &err);
+    ck_assert_msg(q, "quant_new: %d", err);
+    store_owner_init(&o);
+}
+
+static void teardown(void)
+{
+    store_owner_fini(s, &o);
+    store_free(s); /* frees q */
+    s = NULL;
+    q = NULL;
+}
+
+static uint32_t ns_open(const char *model, uint32_t flags)
+{
+    struct kvc_wire_layout l = layout_of(model, flags);
+    uint32_t id;
+    bool created;
+    ck_assert_int_eq(store_ns_open(s, &l, &id, &created), 0);
+    return id;
+}
+
+static struct kvc_wire_key key(uint32_t ns, uint32_t i)
+{
+    return (struct kvc_wire_key){.lo = 1000u * ns + i + 1, .hi = 7};
+}
+
+/* Smooth fp16 data of block i, deterministic. */
+static void fill(uint16_t *p, size_t n, uint32_t seed)
+{
+    for (size_t j = 0; j < n; j++) {
+        float f = sinf((float)(j * 0.37 + seed)) * 3.0f;
+        _Float16 h = (_Float16)f;
+        memcpy(&p[j], &h, 2);
+    }
+}
+
+static uint8_t *slot(const struct kvc_wire_loc *l)
+{
+    return (uint8_t *)tier_host_base(s->arenas[l->arena_id].tier) + l->offset;
+}
+
+/* Puts one block of data under key(ns, i), chained to i - 1. Returns its block index. */
+static uint32_t put(uint32_t ns, uint32_t i)
+{
+    struct kvc_wire_key k = key(ns, i), parent = i ? key(ns, i - 1) : (struct kvc_wire_key){0};
+    struct kvc_wire_loc loc;
+    uint64_t resv;
+    uint8_t st;
+    uint32_t dropped;
+    ck_assert_int_eq(store_reserve(s, &o, ns, &parent, &k, 1, 1, &resv, &st, &loc), 1);
+    fill((uint16_t *)slot(&loc), store_ns_get(s, ns)->block_bytes / 2, i);
+    ck_assert_int_eq(store_commit(s, &o, resv, 1, 2, &dropped), 1);
+    return index_find(&s->ix, (uint16_t)ns, &k);
+}
+
+static double rel_err(uint32_t ns, uint32_t i, const void *got)
+{
+    size_t n = store_ns_get(s, ns)->block_bytes / 2;
+    uint16_t *want = malloc(n * 2);
+    double e = 0, r = 0;
+    fill(want, n, i);
+    for (size_t j = 0; j < n; j++) {
+        _Float16 a, b;
+        memcpy(&a, &want[j], 2);
+        memcpy(&b, (const uint8_t *)got + 2 * j, 2);
+        e += ((double)a - (double)b) * ((double)a - (double)b);
+        r += (double)a * (double)a;
+    }
+    free(want);
+    return sqrt(e / r);
+}
+
+static struct kern_layout klay(uint32_t ns)
+{
+    const struct kvc_wire_layout *l = &store_ns_get(s, ns)->layout;
+    return (struct kern_layout){l->layers, l->kv_heads, l->head_dim, l->block_tokens, l->dtype, 0};
+}
+
+START_TEST(test_quantize_block)
+{
+    uint32_t ns = ns_open("q", Q8);
+    uint32_t idx = put(ns, 0);
+    uint64_t used = store_host_used(s), raw_len = s->ix.blocks[idx].len;
+    ck_assert_int_eq(store_quantize(s, idx), 0);
+    ck_assert_int_eq(store_quantize(s, idx), -EALREADY); /* queued */
+    ck_assert_int_eq(quant_drain(q), 1);
+    const struct block *b = &s->ix.blocks[idx];
+    ck_assert_uint_eq(b->format, KVC_WIRE_FORMAT_Q8_0);
+    ck_assert_uint_eq(b->pins, 0);
+    ck_assert_uint_lt(b->len, raw_len);
+    ck_assert_uint_lt(store_host_used(s), used);
+    ck_assert_uint_eq(s->total.quantized_blocks, 1);
+    ck_assert_uint_eq(s->total.quant_bytes_saved, raw_len - b->len);
+    ck_assert_uint_eq(store_ns_get(s, ns)->bytes, b->len);
+    float norm, amax;
+    ck_assert_int_eq(quant_key_summary(q, idx, &norm, &amax), 0);
+    ck_assert_float_gt(norm, 1.0f);
+    ck_assert_float_le(amax, 3.01f);
+    ck_assert_float_gt(amax, 2.9f);
+    /* a lookup now gets the quantized location, which decodes within q8_0's bound */
+    struct kvc_wire_key k = key(ns, 0);
+    struct kvc_wire_loc loc;
+    uint64_t lease;
+    ck_assert_int_eq(store_lookup(s, &o, ns, &k, 1, 3, &lease, &loc), 1);
+    ck_assert_uint_eq(loc.format, KVC_WIRE_FORMAT_Q8_0);
+    struct kern_layout kl = klay(ns);
+    void *out = malloc(kern_raw_size(&kl));
+    ck_assert_int_eq(kern_decode_cpu(&kl, slot(&loc), loc.length, out, kern_raw_size(&kl),
+                                     KERN_DTYPE_FP16),
+                     (int64_t)kern_raw_size(&kl));
+    ck_assert_double_lt(rel_err(ns, 0, out), 0.02);
+    free(out);
+    ck_assert_int_eq(store_release(s, &o, lease), 0);
+    ck_assert_int_eq(store_quantize(s, idx), -EALREADY); /* not raw any more */
+}
+END_TEST
+
+START_TEST(test_refusals)
+{
+    uint32_t plain = ns_open("plain", 0), qn = ns_open("q", Q8);
+    uint32_t a = put(plain, 0), b = put(qn, 0);
+    ck_assert_int_eq(store_quantize(s, a), -EPERM);
+    ck_assert_int_eq(store_quantize(s, 999999), -ENOENT);
+    struct kvc_wire_key k = key(qn, 0);
+    struct kvc_wire_loc loc;
+    uint64_t lease;
+    ck_assert_int_eq(store_lookup(s, &o, qn, &k, 1, 3, &lease, &loc), 1);
+    ck_assert_int_eq(store_quantize(s, b), -EBUSY);
+    ck_assert_int_eq(store_release(s, &o, lease), 0);
+    ck_assert_uint_eq(s->total.quantized_blocks, 0);
+}
+END_TEST
+
+/* A lookup that pins the block while it is being encoded keeps the raw copy: the result is
+ * thrown away, the lease's slot stays valid and raw. */
+START_TEST(test_lookup_during_encode)
+{
+    uint32_t ns = ns_open("q", Q8);
+    uint32_t idx = put(ns, 0);
+    uint64_t off = s->ix.blocks[idx].off;
+    ck_assert_int_eq(store_quantize(s, idx), 0);
+    struct kvc_wire_key k = key(ns, 0);
+    struct kvc_wire_loc loc;
+    uint64_t lease;
+    ck_assert_int_eq(store_lookup(s, &o, ns, &k, 1, 3, &lease, &loc), 1);
+    ck_assert_uint_eq(loc.format, KVC_WIRE_FORMAT_RAW);
+    ck_assert_uint_eq(loc.offset, off);
+    ck_assert_int_eq(quant_drain(q), 1);
+    ck_assert_uint_eq(s->ix.blocks[idx].format, KVC_WIRE_FORMAT_RAW);
+    ck_assert_uint_eq(s->ix.blocks[idx].off, off);
+    ck_assert_uint_eq(s->ix.blocks[idx].pins, 1);
+    ck_assert_double_eq(rel_err(ns, 0, slot(&loc)), 0.0);
+    ck_assert_int_eq(store_release(s, &o, lease), 0);
+    ck_assert_uint_eq(s->total.quantized_blocks, 0);
+    ck_assert_uint_eq(s->pins_now, 0);
+}
+END_TEST
+
+/* Above the high watermark the trim quantizes the allowing namespace's blocks instead of
+ * evicting them; a namespace that allows nothing never gets a lossy block. */
+START_TEST(test_pressure)
+{
+    uint32_t plain = ns_open("plain", 0), qn = ns_open("q", Q8);
+    uint32_t n = 0;
+    uint64_t cap = store_host_capacity(s);
+    while ((double)store_host_used(s) <= 0.92 * (double)cap) {
+        put(n % 2 ? plain : qn, n / 2);
+        n++;
+    }
+    int ev = store_trim(s, 10);
+    ck_assert_int_gt((int)quant_inflight(q), 0);
+    quant_drain(q);
+    ck_assert_uint_gt(s->total.quantized_blocks, 0);
+    for (uint32_t i = 0; i < s->ix.nblocks; i++) {
+        const struct block *b = &s->ix.blocks[i];
+        if (b->state != BLOCK_STATE_COMMITTED)
+            continue;
+        if (b->ns == plain)
+            ck_assert_uint_eq(b->format, KVC_WIRE_FORMAT_RAW);
+    }
+    /* half of the arena was the allowing namespace's: quantizing it (~0.53x) reaches the low
+     * watermark without evicting all of the raw namespace */
+    ck_assert_uint_lt(store_host_used(s), (uint64_t)(0.9 * (double)cap));
+    ck_assert_int_lt(ev, (int)n / 2);
+    ck_assert_uint_eq(s->pins_now, 0);
+}
+END_TEST
+
+START_TEST(test_ns_flags)
+{
+    uint32_t id;
+    bool created;
+    struct kvc_wire_layout l = layout_of("bad", 1u << 7); /* unknown codec */
+    ck_assert_int_eq(store_ns_open(s, &l, &id, &created), -EINVAL);
+    l = layout_of("bad", KVC_WIRE_QUANT_FLAGS(1u << 1, 2, 2, 0)); /* q4_1 not allowed */
+    ck_assert_int_eq(store_ns_open(s, &l, &id, &created), -EINVAL);
+    l = layout_of("bad", KVC_WIRE_QUANT_FLAGS(1u << 1, 1, 1, 2)); /* every layer raw */
+    ck_assert_int_eq(store_ns_open(s, &l, &id, &created), -EINVAL);
+    l = layout_of("bad", Q8);
+    l.dtype = KVC_WIRE_DTYPE_FP32;
+    ck_assert_int_eq(store_ns_open(s, &l, &id, &created), -EINVAL);
+    l = layout_of("bad", 1u << 24);
+    ck_assert_int_eq(store_ns_open(s, &l, &id, &created), -EINVAL);
+    /* the creator's setting stays; 0 or the same value opens it, another does not */
+    uint32_t qn = ns_open("q", Q8);
+    l = layout_of("q", 0);
+    ck_assert_int_eq(store_ns_open(s, &l, &id, &created), 0);
+    ck_assert_uint_eq(id, qn);
+    ck_assert_uint_eq(store_ns_get(s, qn)->layout.flags, Q8);
+    l = layout_of("q", KVC_WIRE_QUANT_FLAGS(1u << 6, 6, 6, 0));
+    ck_assert_int_eq(store_ns_open(s, &l, &id, &created), -EEXIST);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *su = suite_create("quant");
+    TCase *tc = tcase_create("core");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_quantize_block);
+    tcase_add_test(tc, test_refusals);
+    tcase_add_test(tc, test_lookup_during_encode);
+    tcase_add_test(tc, test_pressure);
+    tcase_add_test(tc, test_ns_flags);
+    suite_add_tcase(su, tc);
+    SRunner *sr = srunner_create(su);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

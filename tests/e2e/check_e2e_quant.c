@@ -1,0 +1,141 @@
+/*
+ * check_e2e_quant — quantize-in-place end to end: a small arena under pressure quantizes the
+ * blocks of a namespace that allows q8_0, a client reads them back dequantized (within the
+ * codec's error bound) and as stored, and a namespace that allows nothing never holds a lossy
+ * block (its hits are raw and bit-exact).
+ */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tests/lib/daemon.h"
+
+#define QE_BLOCKS 125 /* per namespace; the 16 MiB arena holds 256 raw 64 KiB blocks */
+
+static const char *const qe_args[] = {"-o", "host.size=16m", "-o", "host.page_size=64k", NULL};
+
+/* Smooth fp16 data derived from the key. */
+static void qe_fill(const struct kvc_key *k, uint16_t *p, size_t n)
+{
+    for (size_t j = 0; j < n; j++) {
+        _Float16 h = (_Float16)(sinf((float)j * 0.37f + (float)(k->lo % 1000)) * 3.0f);
+        memcpy(&p[j], &h, 2);
+    }
+}
+
+static double qe_err(const struct kvc_key *k, const uint16_t *got, size_t n)
+{
+    uint16_t *want = malloc(n * 2);
+    double e = 0, r = 0;
+    qe_fill(k, want, n);
+    for (size_t j = 0; j < n; j++) {
+        _Float16 a, b;
+        memcpy(&a, &want[j], 2);
+        memcpy(&b, &got[j], 2);
+        e += ((double)a - (double)b) * ((double)a - (double)b);
+        r += (double)a * (double)a;
+    }
+    free(want);
+    return sqrt(e / r);
+}
+
+START_TEST(test_quant_under_pressure)
+{
+    struct daemon d = {0};
+    kvc_client *c;
+    kvc_ns *nq, *nr;
+    struct kvc_layout lq = daemon_layout("e2e-quant", 64), lr = daemon_layout("e2e-raw", 64);
+    struct kvc_quant qq = {.allowed = 1u << KVC_CODEC_Q8_0,
+                           .k_codec = KVC_CODEC_Q8_0,
+                           .v_codec = KVC_CODEC_Q8_0};
+    static struct kvc_key kq[QE_BLOCKS], kr[QE_BLOCKS];
+    uint64_t v = 0;
+    char out[65536], err[4096];
+    ck_assert_int_eq(daemon_start(&d, qe_args), 0);
+    ck_assert_int_eq(kvc_connect(d.sock, &c), 0);
+    ck_assert_int_eq(kvc_ns_open_quant(c, &lq, &qq, &nq), 0);
+    ck_assert_int_eq(kvc_ns_open(c, &lr, &nr), 0);
+    size_t bb = kvc_ns_block_bytes(nq), n = bb / 2;
+    uint16_t *buf = malloc(bb);
+    for (int i = 0; i < QE_BLOCKS; i++) {
+        ck_assert_int_eq(daemon_chain_keys(nq, (uint32_t)i, 0, 0, 1, &kq[i]), 0);
+        ck_assert_int_eq(daemon_chain_keys(nr, (uint32_t)i, 0, 0, 1, &kr[i]), 0);
+        for (int w = 0; w < 2; w++) {
+            const void *blk = buf;
+            qe_fill(w ? &kr[i] : &kq[i], buf, n);
+            ck_assert_int_ge(kvc_put_prefix(w ? nr : nq, NULL, w ? &kr[i] : &kq[i], 1, &blk), 0);
+        }
+    }
+    /* the worker runs beside the loop: wait for its results */
+    for (int t = 0; t < 500 && v == 0; t++) {
+        ck_assert_int_eq(daemon_stat(&d, "quantized_blocks", &v), 0);
+        if (v == 0)
+            usleep(10000);
+    }
+    ck_assert_uint_gt(v, 0);
+    ck_assert_int_eq(daemon_stat(&d, "quant_bytes_saved", &v), 0);
+    ck_assert_uint_gt(v, 0);
+    int lossy = 0;
+    for (int i = 0; i < QE_BLOCKS; i++) {
+        kvc_lease *l;
+        const void *data;
+        size_t len;
+        int h = kvc_lookup(nq, &kq[i], 1, 0, &l);
+        ck_assert_int_ge(h, 0); /* a quantized hit is a valid location */
+        if (h == 1) {
+            int f = kvc_lease_stored(l, 0, &data, &len);
+            ck_assert_int_ge(f, 0);
+            ck_assert_int_eq(kvc_lease_copy(l, 0, buf, bb), 0);
+            if (f == KVC_CODEC_Q8_0) {
+                lossy++;
+                ck_assert_uint_lt(len, bb);
+                ck_assert_double_lt(qe_err(&kq[i], buf, n), 0.02);
+            } else {
+                ck_assert_int_eq(f, KVC_CODEC_RAW);
+                ck_assert_double_eq(qe_err(&kq[i], buf, n), 0.0);
+            }
+            kvc_release(l);
+        }
+        if (kvc_lookup(nr, &kr[i], 1, 0, &l) == 1) { /* an eviction may take raw blocks */
+            ck_assert_int_eq(kvc_lease_stored(l, 0, &data, &len), KVC_CODEC_RAW);
+            ck_assert_uint_eq(len, bb);
+            ck_assert_int_eq(kvc_lease_copy(l, 0, buf, bb), 0);
+            ck_assert_double_eq(qe_err(&kr[i], buf, n), 0.0);
+            kvc_release(l);
+        }
+    }
+    ck_assert_int_gt(lossy, 0);
+    /* kvcctl ls names the codec of each block */
+    ck_assert_int_eq(daemon_kvcctl(&d, out, sizeof(out), err, sizeof(err), "ls", "--json",
+                                   "--codec", "q8_0", NULL),
+                     0);
+    ck_assert_ptr_nonnull(strstr(out, "\"codec\": \"q8_0\""));
+    ck_assert_ptr_null(strstr(out, "e2e-raw"));
+    free(buf);
+    kvc_disconnect(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_cleanup(&d);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("e2e_quant");
+    TCase *tc = tcase_create("quant");
+    SRunner *sr;
+    int failed;
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_quant_under_pressure);
+    suite_add_tcase(s, tc);
+    if (daemon_suite_init("e2e-quant"))
+        return 1;
+    sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    daemon_suite_fini();
+    return failed ? 1 : 0;
+}
