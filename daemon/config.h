@@ -87,6 +87,11 @@
     X(disk, compact_below, INT, "50", 0, 100, 0, NULL,                                             \
       "Percent of a disk page still live under which the compactor moves its blocks to free "     \
       "it, once fewer than a quarter of the pages are free; 0: never.")                             \
+    X(disk, compress, INT, "0", 0, 19, 1, NULL,                                                    \
+      "zstd level of the blocks written to disk (1-19; 1 is as good as 3 on KV data, "             \
+      "docs/disk.md); 0: stored raw. [namespace.PATTERN] disk_compress overrides it.")             \
+    X(disk, workers, INT, "2", 1, 16, 0, NULL,                                                     \
+      "Threads that hash, compress and decompress disk records off the loop thread.")              \
     X(gpu, pool_size, SIZE, "0", 0, 1ull << 44, 0, NULL,                                           \
       "Bytes of the GPU tier's device pool, shared with engines on that GPU. 0: no GPU "           \
       "tier. Without a device or driver the tier is disabled with one log line.")                  \

@@ -99,7 +99,7 @@ int config_ns_set(struct config *c, const char *pattern, const char *key, const 
     if (k < 0) {
         snprintf(why, whylen,
                  "unknown key '%s' in [namespace.%s] (keys: read write host_size max_bytes "
-                 "max_pins max_reservations)",
+                 "max_pins max_reservations disk_compress)",
                  key, pattern);
         return -EINVAL;
     }
@@ -118,6 +118,7 @@ int config_ns_set(struct config *c, const char *pattern, const char *key, const 
         memset(ns, 0, sizeof(*ns));
         snprintf(ns->pattern, sizeof(ns->pattern), "%s", pattern);
         ns->host_size = CONFIG_NS_HOST_SIZE_DEFAULT;
+        ns->disk_compress = -1;
     }
     if (ns->set_mask & (1u << k)) {
         snprintf(why, whylen, "duplicate key '%s' in [namespace.%s]", key, pattern);
@@ -132,6 +133,12 @@ int config_ns_set(struct config *c, const char *pattern, const char *key, const 
             ns->has_read = true;
         else
             ns->has_write = true;
+    } else if (k == CONFIG_NS_KEY_disk_compress) {
+        char *end;
+        long lv = strtol(value, &end, 10);
+        if (!*value || *end || lv < 0 || lv > 19)
+            return config_ns_why(why, whylen, "disk_compress is a zstd level 0..19, not", value);
+        ns->disk_compress = (int)lv;
     } else {
         int rc = k == CONFIG_NS_KEY_max_pins || k == CONFIG_NS_KEY_max_reservations
                      ? (*value && strspn(value, "0123456789") == strlen(value) &&
@@ -205,6 +212,8 @@ void config_ns_print(const struct config *c, FILE *f)
         fprintf(f, "max_bytes = %llu\n", (unsigned long long)ns->max_bytes);
         fprintf(f, "max_pins = %llu\n", (unsigned long long)ns->max_pins);
         fprintf(f, "max_reservations = %llu\n", (unsigned long long)ns->max_reservations);
+        if (ns->disk_compress >= 0)
+            fprintf(f, "disk_compress = %d\n", ns->disk_compress);
     }
 }
 
@@ -255,6 +264,12 @@ const struct config_ns *config_ns_match(const struct config *c, const char *mode
             return &c->ns[i];
         }
     return NULL;
+}
+
+int config_ns_disk_compress(const struct config *c, const char *model_id)
+{
+    const struct config_ns *ns = config_ns_match(c, model_id, NULL);
+    return ns ? ns->disk_compress : -1;
 }
 
 bool config_ns_ids_has(const struct config_ns_ids *l, uint32_t uid, uint32_t gid,

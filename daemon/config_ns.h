@@ -15,6 +15,7 @@
  *   max_bytes = 3g                ; committed bytes; past it the namespace evicts its own
  *   max_pins = 100000             ; blocks pinned at once, all clients together
  *   max_reservations = 4096       ; reserved slots at once, all clients together
+ *   disk_compress = 1             ; zstd level of its blocks on disk (0: raw)
  *
  * A section with a read or write list gets a private host arena: namespaces whose sections
  * have the same two lists share it, and a client receives only the arenas of namespaces it
@@ -40,7 +41,8 @@ struct config;
     X(host_size, 0, "bytes of the private arena of these lists (64m)")                        \
     X(max_bytes, 1, "committed bytes; past it the namespace evicts its own")                  \
     X(max_pins, 1, "blocks pinned at once, all clients together")                             \
-    X(max_reservations, 1, "slots reserved at once, all clients together")
+    X(max_reservations, 1, "slots reserved at once, all clients together")                     \
+    X(disk_compress, 1, "zstd level of its disk blocks (0 raw; disk.compress)")
 
 #define CONFIG_NS_PATTERN_MAX 40 /* inih keeps section names under 50 bytes */
 #define CONFIG_NS_IDS_MAX 16
@@ -61,6 +63,7 @@ struct config_ns {
     struct config_ns_ids read, write;
     uint64_t host_size;
     uint64_t max_bytes, max_pins, max_reservations;
+    int disk_compress; /* -1: disk.compress */
 };
 
 /* Sets one key of section [namespace.PATTERN] (created on first use). 0, -EINVAL with a
@@ -79,6 +82,8 @@ int config_ns_check_reload(const struct config *cur, const struct config *next, 
 /* The first section matching model_id, or NULL; *idx its index when not NULL. */
 const struct config_ns *config_ns_match(const struct config *c, const char *model_id,
                                         size_t *idx);
+/* The disk_compress level of the first section matching model_id, or -1 (none set). */
+int config_ns_disk_compress(const struct config *c, const char *model_id);
 /* Whether a peer (uid, primary gid, supplementary groups) is in a list. */
 bool config_ns_ids_has(const struct config_ns_ids *l, uint32_t uid, uint32_t gid,
                        const uint32_t *groups, size_t ngroups);

@@ -47,7 +47,7 @@ struct block {
     uint8_t arena;
     uint8_t flags; /* BLOCK_F_* */
 };
-#define BLOCK_F_QUANTIZING 0x1u /* a quantize-in-place job holds it */
+#define BLOCK_F_QUANTIZING 0x8u /* a quantize-in-place job holds it (apart from the moves) */
 
 /* A block moving between tiers stays where it was until the copy completed (see
  * daemon/tiering.h); LOST: its only copy failed verification, it is a miss until dropped. */

@@ -20,6 +20,7 @@
 
 #include "daemon/acl.h"
 #include "daemon/config.h"
+#include "daemon/config_ns.h"
 #include "daemon/log.h"
 #include "daemon/quant.h"
 #include "daemon/loop.h"
@@ -149,6 +150,7 @@ static int kvcd_apply(struct kvcd *d, struct config *next, char *msg, size_t len
     if (d->acl)
         acl_reload(d->acl, d->cfg);
     tiering_reload(d->store, (uint32_t)d->cfg->disk_admit_hits);
+    tiering_compress_set(d->store, (int)d->cfg->disk_compress);
     kvcd_server_params(d, d->cfg, &vp);
     server_reload(d->server, &vp);
     config_free(old);
@@ -269,6 +271,13 @@ static void kvcd_on_disk(struct loop *l, int fd, uint32_t events, void *arg)
     tiering_poll(d->store, loop_now_ms(l));
 }
 
+/* A namespace's disk_compress from its [namespace.PATTERN] section, or -1. */
+static int kvcd_disk_level(void *arg, const char *model_id)
+{
+    const struct kvcd *d = arg;
+    return config_ns_disk_compress(d->cfg, model_id);
+}
+
 /* Opens the disk tier of disk.path (comma-separated). 0 or -errno, logged. */
 static int kvcd_disk_attach(struct kvcd *d)
 {
@@ -279,6 +288,10 @@ static int kvcd_disk_attach(struct kvcd *d)
                                 .write_rate = c->disk_write_rate,
                                 .admit_hits = (uint32_t)c->disk_admit_hits,
                                 .compact_below = (uint32_t)c->disk_compact_below,
+                                .compress_level = (int)c->disk_compress,
+                                .ns_level = kvcd_disk_level,
+                                .ns_level_arg = d,
+                                .workers = (uint32_t)c->disk_workers,
                                 .progress = kvcd_disk_progress};
     char *list = strdup(c->disk_path), *save = NULL;
     int rc = -ENOMEM;

@@ -261,6 +261,36 @@ uint64_t quant_pending_bytes(const struct quant *q, uint32_t arena)
     return q && arena < STORE_MAX_ARENAS ? q->pending[arena] : 0;
 }
 
+/* The kernel layout and recipe of namespace ns's quantized blocks, and their format. */
+static void quant_recipe(const struct store_ns *ns, struct kern_layout *lay,
+                         struct kern_recipe *rec, uint8_t *format)
+{
+    uint32_t f = ns->layout.flags;
+    *lay = (struct kern_layout){.layers = ns->layout.layers,
+                                .heads = ns->layout.kv_heads,
+                                .head_dim = ns->layout.head_dim,
+                                .tokens = ns->layout.block_tokens,
+                                .dtype = ns->layout.dtype,
+                                .k_only = ns->layout.kv_kind == KVC_WIRE_KV_KIND_K_ONLY};
+    kern_recipe_fill(rec, KVC_WIRE_QUANT_K(f), KVC_WIRE_QUANT_V(f), KVC_WIRE_QUANT_RAW_LAYERS(f));
+    *format = (uint8_t)(KVC_WIRE_QUANT_K(f) ? KVC_WIRE_QUANT_K(f) : KVC_WIRE_QUANT_V(f));
+}
+
+int64_t quant_format_bytes(const struct store_ns *ns, uint8_t format)
+{
+    struct kern_layout lay;
+    struct kern_recipe rec;
+    uint8_t want;
+    if (format == KVC_WIRE_FORMAT_RAW)
+        return (int64_t)ns->block_bytes;
+    if (!KVC_WIRE_QUANT_ALLOWED(ns->layout.flags))
+        return -EINVAL;
+    quant_recipe(ns, &lay, &rec, &want);
+    if (format != want)
+        return -EINVAL;
+    return kern_encoded_size(&lay, &rec);
+}
+
 int store_quantize(struct store *s, uint32_t idx)
 {
     struct quant *q = s->quant;
@@ -279,20 +309,13 @@ int store_quantize(struct store *s, uint32_t idx)
         return -EBUSY;
     if (!KVC_WIRE_QUANT_ALLOWED(f))
         return -EPERM;
-    if (s->tiering) /* the disk tier records raw blocks only (its metadata has no codec yet) */
-        return -EOPNOTSUPP;
+    /* Only a block in a host arena, and not one being written to or read from disk. */
+    if (b->tier != KVC_WIRE_TIER_HOST || (b->flags & (BLOCK_F_MOVING | BLOCK_F_LOST)))
+        return -EBUSY;
     j = calloc(1, sizeof(*j));
     if (!j)
         return -ENOMEM;
-    j->lay = (struct kern_layout){.layers = ns->layout.layers,
-                                  .heads = ns->layout.kv_heads,
-                                  .head_dim = ns->layout.head_dim,
-                                  .tokens = ns->layout.block_tokens,
-                                  .dtype = ns->layout.dtype,
-                                  .k_only = ns->layout.kv_kind == KVC_WIRE_KV_KIND_K_ONLY};
-    kern_recipe_fill(&j->rec, KVC_WIRE_QUANT_K(f), KVC_WIRE_QUANT_V(f),
-                     KVC_WIRE_QUANT_RAW_LAYERS(f));
-    j->format = (uint8_t)(KVC_WIRE_QUANT_K(f) ? KVC_WIRE_QUANT_K(f) : KVC_WIRE_QUANT_V(f));
+    quant_recipe(ns, &j->lay, &j->rec, &j->format);
     int64_t eb = kern_encoded_size(&j->lay, &j->rec);
     struct tier *t = s->arenas[b->arena].tier;
     if (eb < 0) {

@@ -10,6 +10,7 @@
 
 struct loop;
 struct store;
+struct store_ns;
 
 /* Jobs queued at once by the pressure trigger when the store's params do not say. */
 #define QUANT_INFLIGHT_DEFAULT 8
@@ -27,9 +28,15 @@ void quant_free(struct quant *q);
  * 0 queued; -ENOENT no such committed block; -EALREADY not raw, or queued already;
  * -EBUSY pinned (a client may be reading it); -EPERM its namespace allows no codec;
  * -ENOSPC no room for the encoded slot; -ENODEV no worker (quant_new not called);
- * -EOPNOTSUPP a disk tier is configured (demotion writes raw blocks only, for now).
+ * -EBUSY also for a block not in a host arena, or moving to or from disk.
  */
 int store_quantize(struct store *s, uint32_t idx);
+
+/* Bytes of a block of namespace ns held as `format`: its block size for
+ * KVC_WIRE_FORMAT_RAW, the encoded size for the format of the namespace's recipe; -EINVAL
+ * for a format the namespace does not produce. (The disk tier records a block's format and
+ * restores it as it was.) */
+int64_t quant_format_bytes(const struct store_ns *ns, uint8_t format);
 
 /* Pressure trigger, called by store_trim() before it evicts: for every arena above its high
  * watermark, queues the coldest unpinned raw blocks of namespaces that allow a codec until

@@ -18,7 +18,12 @@
  * the disk's pages are free, the page least live (under `compact_below` percent) has its
  * live records read, verified and appended to the open page; the index switches to the
  * copy when its write completed (the block is still the same one at the same record),
- * then the old record dies and the page comes free. Owned by the loop thread.
+ * then the old record dies and the page comes free. Compression: a record is encoded on the
+ * disk tier's workers first (XXH3, and zstd at the namespace's level: byte planes for raw
+ * fp16/bf16, plain zstd for quantized blocks) and allocated for its encoded size when that
+ * is done; a read is verified and decompressed there too. A quantized block goes to disk as
+ * it is (the record carries its format and length) and comes back the same. Owned by the
+ * loop thread.
  */
 #ifndef KVC_TIERING_H
 #define KVC_TIERING_H
@@ -39,6 +44,10 @@ struct tiering_params {
     uint64_t write_rate;
     uint32_t admit_hits;
     uint32_t compact_below; /* percent live under which a page is compacted; 0: never */
+    int compress_level;     /* zstd level of records (0: raw), unless ns_level says */
+    int (*ns_level)(void *arg, const char *model_id); /* a namespace's level, or -1 */
+    void *ns_level_arg;
+    uint32_t workers;       /* threads hashing and compressing records (0: 2) */
     void (*progress)(void *arg, uint64_t pages_done, uint64_t pages);
     void *progress_arg;
 };
@@ -50,6 +59,8 @@ int tiering_attach(struct store *s, const struct tiering_params *p);
 void tiering_free(struct store *s);
 /* Reloadable: admission and write rate are read from here. */
 void tiering_reload(struct store *s, uint32_t admit_hits);
+/* Reloadable: the default zstd level; namespaces' own levels are asked again. */
+void tiering_compress_set(struct store *s, int level);
 
 /* The descriptor the loop watches, and what it calls when it is readable. */
 int tiering_fd(const struct store *s);

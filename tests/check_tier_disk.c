@@ -178,6 +178,7 @@ START_TEST(test_record_roundtrip_and_reopen)
     for (int i = 0; i < f.n; i++) {
         uint64_t k = f.m[i].key[0];
         struct tier_disk_meta m = meta(k, len);
+        m.stored = len; /* raw: what the scan reports */
         ck_assert_int_eq(memcmp(&f.m[i], &m, sizeof(m)), 0);
         ck_assert_int_eq(get(t, &f.loc[i], &m, dst, 256 * KiB), 0);
         fill(src, len, (unsigned)(k - 1));
@@ -373,6 +374,8 @@ struct forged_hdr {
     uint64_t len, data_csum, key[2], parent[2];
     uint32_t depth, codec;
     uint8_t ns[TIER_DISK_NS_BYTES];
+    uint64_t raw_len;
+    uint32_t block_format, reserved;
     uint64_t hdr_csum;
 };
 
@@ -405,8 +408,8 @@ START_TEST(test_forged_header_in_stale_page)
     for (int seed = 0; seed < 2; seed++) {
         struct forged_hdr *x = seed ? (struct forged_hdr *)(src + 120 * KiB) : h;
         memset(x, 0, sizeof(*x));
-        *x = (struct forged_hdr){.magic = 0x4b564344424c4b31ull, .format = 2,
-                                 .page_version = 3, .len = 4 * KiB,
+        *x = (struct forged_hdr){.magic = 0x4b564344424c4b31ull, .format = 3,
+                                 .page_version = 3, .len = 4 * KiB, .raw_len = 4 * KiB,
                                  .key = {666, 0}, .depth = 0};
         x->data_csum = XXH3_64bits(src, 4 * KiB);
         x->hdr_csum = seed ? XXH3_64bits_withSeed(x, offsetof(struct forged_hdr, hdr_csum), 0)

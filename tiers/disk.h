@@ -35,6 +35,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "tiers/disk_codec.h"
 #include "tiers/tier.h"
 
 #define TIER_DISK_ALIGN 4096u
@@ -48,10 +49,19 @@ struct tier_disk_meta {
     uint64_t key[2];
     uint64_t parent[2];
     uint32_t depth;
-    uint32_t codec;                  /* 0: raw */
-    uint64_t len;                    /* data bytes */
+    uint32_t codec;                  /* enum tier_disk_codec of the stored bytes; set by the
+                                        tier (found at start, chosen at encode) */
+    uint64_t len;                    /* the block's bytes in memory */
+    uint64_t stored;                 /* bytes on the device; set by the tier */
+    uint32_t format;                 /* the block's own encoding (kvcd: the wire format,
+                                        raw or quantized); opaque, checked on read */
     uint8_t ns[TIER_DISK_NS_BYTES];  /* opaque namespace descriptor, compared bytewise */
 };
+
+struct tier_disk_rec;
+/* A record encoded by tier_disk_encode: status 0 and the record (write it with
+ * tier_disk_rec_put or drop it with tier_disk_rec_free), or -ENOMEM and NULL. */
+typedef void (*tier_disk_encoded_fn)(void *arg, struct tier_disk_rec *r, int status);
 
 /* Called for every intact record found at start. Return 0 to keep it (the caller then owns
  * the location and frees it with ops->free), anything else to let the tier drop it. */
@@ -69,6 +79,7 @@ struct tier_disk_config {
     void *scan_arg;
     void (*progress)(void *arg, uint64_t pages_done, uint64_t pages); /* during the scan */
     void *progress_arg;
+    uint32_t workers;     /* threads hashing and compressing records; 0: 2 */
 };
 
 struct tier_disk_stats {
@@ -82,6 +93,8 @@ struct tier_disk_stats {
     uint64_t throttled, queue_full;
     uint64_t failed_paths;
     uint64_t records_found;         /* at start */
+    uint64_t codec_in, codec_out;   /* bytes given to zstd, and what was stored for them */
+    uint64_t compressed, incompressible; /* records stored compressed / raw after trying */
     bool buffered;                  /* O_DIRECT refused by the file system */
     bool fixed_buffers;             /* the arena is registered */
 };
@@ -111,15 +124,35 @@ void tier_disk_drain(struct tier *t);
 int tier_disk_put(struct tier *t, const struct tier_loc *loc, const struct tier_disk_meta *m,
                   const void *src, tier_done_fn done, void *arg);
 
+/* Encodes a record on a worker thread: hashes m->len bytes of src and, with level > 0,
+ * compresses them with codec (TIER_DISK_CODEC_ZSTD or _ZSTD_PLANES), keeping the result
+ * only if it saves at least 4 KiB on the device. src must stay unchanged until done runs;
+ * done runs on the loop thread, from tier_disk_poll. The record counts as a write in flight
+ * until it is written or freed. Returns 0, -EAGAIN (queue depth or write rate: nothing
+ * queued), -EINVAL, -ENOMEM, -EIO (every path failed). */
+int tier_disk_encode(struct tier *t, const struct tier_disk_meta *m, const void *src,
+                     int codec, int level, tier_disk_encoded_fn done, void *arg);
+/* Data bytes the record needs: what to alloc. */
+uint64_t tier_disk_rec_len(const struct tier_disk_rec *r);
+/* The record's metadata as it will be written (codec, stored, ...). */
+const struct tier_disk_meta *tier_disk_rec_meta(const struct tier_disk_rec *r);
+/* Writes an encoded record at loc (from alloc with tier_disk_rec_len bytes). Takes r in
+ * every case. done(arg, 0 or -EIO) as tier_disk_put. Returns 0, -EINVAL, -EIO; never
+ * -EAGAIN (the queue slot and write budget were taken by tier_disk_encode). */
+int tier_disk_rec_put(struct tier *t, const struct tier_loc *loc, struct tier_disk_rec *r,
+                      tier_done_fn done, void *arg);
+void tier_disk_rec_free(struct tier *t, struct tier_disk_rec *r);
+
 /* Whether a put of len data bytes could start now: 0, or -EAGAIN (queue depth or write rate
  * reached). Lets a caller skip the alloc of a record it cannot write yet. */
 int tier_disk_put_ready(struct tier *t, uint64_t len);
 
 /* Reads the record at loc into dst (dst_len >= the data rounded up to 4 KiB for the
- * zero-copy path; otherwise a bounce buffer is used) and verifies it: header checksum,
- * version, and when `expect` is given its key, namespace and length, then the data's XXH3.
- * done(arg, 0), or -EBADMSG for any mismatch (counted), -EIO. Returns 0, -EINVAL, -EAGAIN.
- * `expect` is copied. */
+ * zero-copy path; otherwise, and for a compressed record, a bounce buffer is used) and
+ * verifies it: header checksum, version, and when `expect` is given its key, namespace,
+ * length (in memory) and format, then the data's XXH3 (on a worker thread, which also
+ * decompresses into dst). done(arg, 0), or -EBADMSG for any mismatch or a record that does
+ * not decompress (counted), -EIO. Returns 0, -EINVAL, -EAGAIN. `expect` is copied. */
 int tier_disk_get(struct tier *t, const struct tier_loc *loc, const struct tier_disk_meta *expect,
                   void *dst, uint64_t dst_len, tier_done_fn done, void *arg);
 
