@@ -3,11 +3,17 @@
  * disk tier in a temp dir, driven through libkvc: blocks go to disk and come back byte for
  * byte; after SIGTERM and after SIGKILL the blocks on disk are hits again; a byte flipped
  * on disk makes its block a miss, never wrong data; a tiny disk fills up without a crash or
- * a wrong byte, and says so in its counters.
+ * a wrong byte, and says so in its counters. With zstd on (disk.compress, or a namespace's
+ * disk_compress), blocks are stored compressed, come back byte-exact, are found after a
+ * restart, and a flipped byte in a compressed record is a miss. A namespace that allows q8_0
+ * under the same pressure has blocks quantized in place, some of them written to disk as
+ * they are, read back quantized (the location's format says so) within q8_0's bound, and
+ * found again after a restart.
  */
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -28,6 +34,8 @@
 static char dir[256], sock[300], dpath[300];
 static pid_t kvcd_pid = -1;
 static const char *extra_opt = "disk.compact_below=50"; /* one more -o option */
+static bool fp16_like;    /* blocks zstd can shrink: fp16 values near 1, random mantissas */
+static const char *conf;  /* a -c configuration file's text, or NULL */
 
 static const struct kvc_layout layout = {.model_id = "e2e/disk",
                                          .layers = 4,
@@ -49,6 +57,14 @@ static void kvcd_start(const char *capacity)
     snprintf(o_sock, sizeof(o_sock), "server.socket=%s", sock);
     snprintf(o_path, sizeof(o_path), "disk.path=%s", dpath);
     snprintf(o_cap, sizeof(o_cap), "disk.capacity=%s", capacity);
+    char o_conf[400];
+    snprintf(o_conf, sizeof(o_conf), "%s/kvcd.ini", dir);
+    if (conf) {
+        FILE *f = fopen(o_conf, "w");
+        ck_assert_ptr_nonnull(f);
+        fputs(conf, f);
+        fclose(f);
+    }
     kvcd_pid = fork();
     ck_assert_int_ge(kvcd_pid, 0);
     if (kvcd_pid == 0) {
@@ -57,7 +73,7 @@ static void kvcd_start(const char *capacity)
         int fd = open(logp, O_WRONLY | O_CREAT | O_APPEND, 0600);
         if (fd >= 0)
             dup2(fd, 2);
-        execl(KVC_BUILD_BIN "/kvcd", "kvcd", "-o", o_sock, "-o", "host.size=16m", "-o",
+        execl(KVC_BUILD_BIN "/kvcd", "kvcd", "-c", conf ? o_conf : "/dev/null", "-o", o_sock, "-o", "host.size=16m", "-o",
               "host.page_size=256k", "-o", "host.hugepages=off", "-o", "host.prefault=no", "-o",
               o_path, "-o", o_cap, "-o", "disk.page=1m", "-o", "disk.admit_hits=0", "-o",
               "disk.write_rate=0", "-o", "host.high_watermark=0.6", "-o",
@@ -111,6 +127,9 @@ static void block_fill(uint8_t *p, const struct kvc_key *k)
         x ^= x >> 7;
         x ^= x << 17;
         memcpy(p + i, &x, 8);
+        if (fp16_like) /* high bytes 0x3c or 0x3d: fp16 values in [1, 1.5) */
+            for (int b = 1; b < 8; b += 2)
+                p[i + b] = (uint8_t)(0x3c | (p[i + b] & 1));
     }
 }
 
@@ -266,6 +285,14 @@ static void restart_case(int sig)
     for (int p = 0; p < NPREFIX; p++)
         ondisk += runs[p];
     ck_assert_int_gt(ondisk, 0);
+    if (fp16_like) {
+        uint64_t in = stat_get(c, "disk_compress_in"), out = stat_get(c, "disk_compress_out");
+        printf("e2e_disk: compressed: %llu records, %llu -> %llu bytes (ratio %.3f)\n",
+               (unsigned long long)stat_get(c, "disk_compressed_records"),
+               (unsigned long long)in, (unsigned long long)out, out ? (double)in / out : 0.0);
+        ck_assert_uint_gt(stat_get(c, "disk_compressed_records"), 100);
+        ck_assert_uint_gt(stat_get(c, "disk_compress_ratio_pct"), 110);
+    }
     kvc_disconnect(c);
     kvcd_stop(sig);
     kvcd_start("128m");
@@ -289,6 +316,16 @@ END_TEST
 START_TEST(test_offload_restart_sigkill)
 {
     restart_case(SIGKILL);
+}
+END_TEST
+
+/* zstd for this namespace only (disk.compress stays 0): compressed records, byte-exact
+ * round trips, found again after a restart. */
+START_TEST(test_compressed_restart)
+{
+    fp16_like = true;
+    conf = "[namespace.e2e/disk*]\ndisk_compress = 1\n";
+    restart_case(SIGTERM);
 }
 END_TEST
 
@@ -319,7 +356,24 @@ static struct kvc_key corrupt_one(void)
     return k;
 }
 
+static void corrupt_case(void);
+
 START_TEST(test_corrupt_block_is_a_miss)
+{
+    corrupt_case();
+}
+END_TEST
+
+/* The same with compressed records: the flipped byte lies in zstd data. */
+START_TEST(test_corrupt_compressed_block_is_a_miss)
+{
+    fp16_like = true;
+    extra_opt = "disk.compress=1";
+    corrupt_case();
+}
+END_TEST
+
+static void corrupt_case(void)
 {
     int hits[NPREFIX];
     kvc_client *c;
@@ -330,6 +384,8 @@ START_TEST(test_corrupt_block_is_a_miss)
     ck_assert_int_eq(kvc_ns_open(c, &layout, &ns), 0);
     put_all(c, ns);
     settle(c);
+    if (fp16_like)
+        ck_assert_uint_gt(stat_get(c, "disk_compressed_records"), 0);
     kvc_disconnect(c);
     kvcd_stop(SIGTERM);
     bad = corrupt_one();
@@ -348,7 +404,6 @@ START_TEST(test_corrupt_block_is_a_miss)
     kvc_disconnect(c);
     kvcd_stop(SIGTERM);
 }
-END_TEST
 
 START_TEST(test_tiny_disk_fills_up)
 {
@@ -413,6 +468,140 @@ START_TEST(test_compactor_reclaims_pages)
 }
 END_TEST
 
+/* Smooth fp16 data derived from the key (q8_0 keeps it within 1 % RMS). */
+static void smooth_fill(const struct kvc_key *k, uint16_t *p, size_t n)
+{
+    for (size_t j = 0; j < n; j++) {
+        _Float16 h = (_Float16)(sinf((float)j * 0.37f + (float)(k->lo % 1000)) * 3.0f);
+        memcpy(&p[j], &h, 2);
+    }
+}
+
+static double smooth_err(const struct kvc_key *k, const uint16_t *got, size_t n)
+{
+    uint16_t *want = malloc(n * 2);
+    double e = 0, r = 0;
+    smooth_fill(k, want, n);
+    for (size_t j = 0; j < n; j++) {
+        _Float16 a, b;
+        memcpy(&a, &want[j], 2);
+        memcpy(&b, &got[j], 2);
+        e += ((double)a - (double)b) * ((double)a - (double)b);
+        r += (double)a * (double)a;
+    }
+    free(want);
+    return sqrt(e / r);
+}
+
+/* Looks up every prefix of the q8_0 namespace and checks every hit: a q8_0 block within the
+ * bound and shorter than raw, a raw one exact. Counts the q8_0 hits. */
+static int quant_check_all(kvc_ns *ns, int *hits)
+{
+    size_t bb = kvc_ns_block_bytes(ns), n = bb / 2;
+    uint16_t *buf = malloc(bb);
+    struct kvc_key keys[PLEN];
+    int lossy = 0;
+    for (int p = 0; p < NPREFIX; p++) {
+        kvc_lease *l = NULL;
+        keys_of(ns, p, keys);
+        int h = kvc_lookup(ns, keys, PLEN, 0, &l);
+        ck_assert_int_ge(h, 0);
+        for (int i = 0; i < h; i++) {
+            const void *data;
+            size_t len;
+            int f = kvc_lease_stored(l, (size_t)i, &data, &len);
+            ck_assert_int_ge(f, 0);
+            ck_assert_int_eq(kvc_lease_copy(l, (size_t)i, buf, bb), 0);
+            if (f == KVC_CODEC_Q8_0) {
+                lossy++;
+                ck_assert_uint_lt(len, bb);
+                ck_assert_double_lt(smooth_err(&keys[i], buf, n), 0.02);
+            } else {
+                ck_assert_int_eq(f, KVC_CODEC_RAW);
+                ck_assert_double_eq(smooth_err(&keys[i], buf, n), 0.0);
+            }
+        }
+        kvc_release(l);
+        hits[p] = h;
+    }
+    free(buf);
+    return lossy;
+}
+
+/* Blocks of ns on disk in format f. */
+static int on_disk_format(kvc_client *c, kvc_ns *ns, uint8_t f)
+{
+    uint64_t cursor = 0;
+    int n = 0;
+    do {
+        struct kvc_block_info *b;
+        size_t nb;
+        ck_assert_int_eq(kvc_block_list(c, kvc_ns_id(ns), &cursor, 256, &b, &nb), 0);
+        for (size_t j = 0; j < nb; j++)
+            n += b[j].tier == 2 && b[j].format == f;
+        free(b);
+    } while (cursor);
+    return n;
+}
+
+START_TEST(test_quantized_blocks_on_disk)
+{
+    struct kvc_layout lq = layout;
+    struct kvc_quant qq = {.allowed = 1u << KVC_CODEC_Q8_0,
+                           .k_codec = KVC_CODEC_Q8_0,
+                           .v_codec = KVC_CODEC_Q8_0};
+    int hits[NPREFIX], total = 0, lossy, qdisk;
+    kvc_client *c;
+    kvc_ns *ns;
+    lq.model_id = "e2e/disk-q8";
+    extra_opt = "disk.compress=1"; /* quantized records are compressed too, when it pays */
+    kvcd_start("128m");
+    c = kvcd_connect();
+    ck_assert_int_eq(kvc_ns_open_quant(c, &lq, &qq, &ns), 0);
+    size_t bb = kvc_ns_block_bytes(ns);
+    uint16_t *bufs = malloc((size_t)PLEN * bb);
+    const void *ptrs[PLEN];
+    struct kvc_key keys[PLEN];
+    for (int p = 0; p < NPREFIX; p++) {
+        keys_of(ns, p, keys);
+        for (int i = 0; i < PLEN; i++) {
+            ptrs[i] = (uint8_t *)bufs + (size_t)i * bb;
+            smooth_fill(&keys[i], (uint16_t *)ptrs[i], bb / 2);
+        }
+        ck_assert_int_ge(kvc_put_prefix(ns, NULL, keys, PLEN, ptrs), 0);
+        settle(c);
+    }
+    free(bufs);
+    settle(c);
+    qdisk = on_disk_format(c, ns, KVC_CODEC_Q8_0);
+    printf("e2e_disk: quant: %llu quantized, %llu demoted, %d q8_0 blocks on disk\n",
+           (unsigned long long)stat_get(c, "quantized_blocks"),
+           (unsigned long long)stat_get(c, "demoted_blocks"), qdisk);
+    ck_assert_uint_gt(stat_get(c, "quantized_blocks"), 0);
+    ck_assert_int_gt(qdisk, 0);
+    lossy = quant_check_all(ns, hits); /* promoted back as the q8_0 blocks they were */
+    for (int p = 0; p < NPREFIX; p++)
+        total += hits[p];
+    ck_assert_int_eq(total, NPREFIX * PLEN);
+    ck_assert_int_gt(lossy, 0);
+    ck_assert_uint_eq(stat_get(c, "checksum_failures"), 0);
+    settle(c);
+    qdisk = on_disk_format(c, ns, KVC_CODEC_Q8_0);
+    kvc_disconnect(c);
+    kvcd_stop(SIGTERM);
+    kvcd_start("128m");
+    c = kvcd_connect();
+    ck_assert_int_eq(kvc_ns_open_quant(c, &lq, &qq, &ns), 0);
+    ck_assert_int_eq(on_disk_format(c, ns, KVC_CODEC_Q8_0), qdisk); /* found, as q8_0 */
+    lossy = quant_check_all(ns, hits);
+    if (qdisk)
+        ck_assert_int_gt(lossy, 0);
+    ck_assert_uint_eq(stat_get(c, "checksum_failures"), 0);
+    kvc_disconnect(c);
+    kvcd_stop(SIGTERM);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("e2e_disk");
@@ -422,9 +611,12 @@ int main(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_offload_restart_sigterm);
     tcase_add_test(tc, test_offload_restart_sigkill);
+    tcase_add_test(tc, test_compressed_restart);
     tcase_add_test(tc, test_corrupt_block_is_a_miss);
+    tcase_add_test(tc, test_corrupt_compressed_block_is_a_miss);
     tcase_add_test(tc, test_tiny_disk_fills_up);
     tcase_add_test(tc, test_compactor_reclaims_pages);
+    tcase_add_test(tc, test_quantized_blocks_on_disk);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
