@@ -587,15 +587,24 @@ START_TEST(test_quantized_blocks_on_disk)
     ck_assert_uint_eq(stat_get(c, "checksum_failures"), 0);
     settle(c);
     qdisk = on_disk_format(c, ns, KVC_CODEC_Q8_0);
+    int runs[NPREFIX], found;
+    on_disk_runs(c, ns, runs);
     kvc_disconnect(c);
     kvcd_stop(SIGTERM);
     kvcd_start("128m");
     c = kvcd_connect();
     ck_assert_int_eq(kvc_ns_open_quant(c, &lq, &qq, &ns), 0);
-    ck_assert_int_eq(on_disk_format(c, ns, KVC_CODEC_Q8_0), qdisk); /* found, as q8_0 */
+    /* found as q8_0 (fewer when a parent lived only in memory: its children are dropped) */
+    found = on_disk_format(c, ns, KVC_CODEC_Q8_0);
+    printf("e2e_disk: quant: %d q8_0 blocks on disk at stop, %d found after restart\n", qdisk,
+           found);
+    ck_assert_int_gt(found, 0);
+    ck_assert_int_le(found, qdisk);
     lossy = quant_check_all(ns, hits);
-    if (qdisk)
-        ck_assert_int_gt(lossy, 0);
+    ck_assert_int_gt(lossy, 0);
+    for (int p = 0; p < NPREFIX; p++)
+        ck_assert_msg(hits[p] >= runs[p], "prefix %d: %d hits after restart, %d were on disk",
+                      p, hits[p], runs[p]);
     ck_assert_uint_eq(stat_get(c, "checksum_failures"), 0);
     kvc_disconnect(c);
     kvcd_stop(SIGTERM);
