@@ -23,7 +23,12 @@
  * between arena slots and the device with no copy; the files are registered too. Completions
  * are signalled on an eventfd (tier_disk_fd) that the daemon's epoll loop watches; the loop
  * calls tier_disk_poll, which runs the callbacks. Writes are bounded by a token bucket and
- * refused with -EAGAIN when the queue is full, never stalled.
+ * refused with -EAGAIN when the queue is full, never stalled. Hashing (XXH3) and zstd run on
+ * worker threads (cfg.workers): a write is encoded there before it is submitted (and, via
+ * tier_disk_encode, before its record is allocated, so a compressed block takes only its
+ * compressed size), a read is verified and decompressed there before its callback runs;
+ * finished work comes back through the same eventfd. The header records the stored length,
+ * the codec, the block's length in memory and its own (opaque) format.
  * The generic ops (tier.h) read and write raw bytes of a record's data area; offsets and
  * lengths that are not 4 KiB multiples use a bounce buffer (read-modify-write for writes,
  * done synchronously). They exist for the conformance suite and tools; the daemon uses
