@@ -151,6 +151,7 @@ static int kvcd_apply(struct kvcd *d, struct config *next, char *msg, size_t len
     tiering_reload(d->store, (uint32_t)d->cfg->disk_admit_hits);
     kvcd_server_params(d, d->cfg, &vp);
     server_reload(d->server, &vp);
+    server_ns_policies(d->server);
     config_free(old);
     return 0;
 }

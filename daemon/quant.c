@@ -63,6 +63,7 @@ struct quant_job {
     struct kern_recipe rec;
     int64_t rc;
     float key_norm, key_absmax;
+    float *quest; /* per channel key min then max, summed over (layer, head): 2 * head_dim */
 };
 
 struct quant {
@@ -103,6 +104,15 @@ static void quant_encode(struct quant_job *j)
     }
     j->key_norm = (float)(norm / (double)nlh);
     j->key_absmax = amax;
+    /* Quest's summary for budgeted reads (store_policy.c): the bound of a query against the
+     * sum over layers and heads is the sum of their bounds' channel terms' upper envelope. */
+    j->quest = calloc(2 * (size_t)lay->head_dim, sizeof(float));
+    if (j->quest)
+        for (size_t i = 0; i < nlh; i++)
+            for (uint32_t d = 0; d < lay->head_dim; d++) {
+                j->quest[d] += ks.kmin[i * lay->head_dim + d];
+                j->quest[lay->head_dim + d] += ks.kmax[i * lay->head_dim + d];
+            }
 out:
     free(buf);
 }
@@ -181,12 +191,17 @@ static void quant_apply(struct quant *q, struct quant_job *j)
     if (j->idx < q->nsum)
         q->sum[j->idx] = (uint32_t)quant_bf16(j->key_norm) << 16 | quant_bf16(j->key_absmax);
     ns->bytes = ns->bytes - j->raw.len + j->enc.len;
+    if (j->quest) {
+        store_meta_quest_set(s, j->idx, j->quest, j->lay.head_dim);
+        j->quest = NULL;
+    }
     t->ops->free(t, &j->raw);
     s->total.quantized_blocks++;
     ns->stats.quantized_blocks++;
     s->total.quant_bytes_saved += j->raw.len - j->enc.len;
     ns->stats.quant_bytes_saved += j->raw.len - j->enc.len;
 out:
+    free(j->quest);
     free(j);
 }
 
