@@ -160,44 +160,6 @@ static int ctl_status(struct ctl *x, int argc, char **argv)
 
 /* One line per tier: capacity, use, and whether it is on (the gpu tier is off without a
  * pool or a device; its capacity is 0 then). */
-static int ctl_tiers(struct ctl *x, int argc, char **argv)
-{
-    static const char *const tiers[] = {"host", "gpu"};
-    struct kvc_stat *s;
-    size_t n;
-    int rc;
-    (void)argc;
-    (void)argv;
-    if (ctl_connect(x))
-        return 1;
-    rc = kvc_stats(x->c, 0, &s, &n);
-    if (rc) {
-        fprintf(stderr, "kvcctl: stats: %s\n", kvc_strerror(rc));
-        return 1;
-    }
-    if (x->json)
-        printf("[");
-    for (size_t i = 0; i < sizeof(tiers) / sizeof(tiers[0]); i++) {
-        char cap[64], used[64];
-        snprintf(cap, sizeof(cap), "%s_capacity", tiers[i]);
-        snprintf(used, sizeof(used), "%s_used", tiers[i]);
-        uint64_t c = ctl_stat(s, n, cap), u = ctl_stat(s, n, used);
-        if (x->json)
-            printf("%s{\"tier\": \"%s\", \"enabled\": %s, \"capacity\": %" PRIu64
-                   ", \"used\": %" PRIu64 "}",
-                   i ? ", " : "", tiers[i], c ? "true" : "false", c, u);
-        else if (c)
-            printf("%-5s %10.1f / %10.1f MiB (%.1f%%)\n", tiers[i], (double)u / 1048576.0,
-                   (double)c / 1048576.0, 100.0 * ctl_ratio(u, c));
-        else
-            printf("%-5s disabled\n", tiers[i]);
-    }
-    if (x->json)
-        printf("]\n");
-    free(s);
-    return 0;
-}
-
 static void ctl_stats_print(const struct kvc_stat *s, size_t n, bool json)
 {
     for (size_t i = 0; i < n; i++) {
@@ -954,12 +916,186 @@ static int ctl_top(struct ctl *x, int argc, char **argv)
     return 0;
 }
 
+/* ---- tiers ------------------------------------------------------------------------------- */
+
+static void ctl_human(char *out, size_t len, double v, const char *suffix)
+{
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (v >= 1024 && u < 4) {
+        v /= 1024;
+        u++;
+    }
+    snprintf(out, len, u ? "%.1f %s%s" : "%.0f %s%s", v, units[u], suffix);
+}
+
+/* One row: a NULL name of a counter prints "-" (text) or null (JSON). */
+struct ctl_tier_row {
+    const char *tier;
+    const char *capacity, *used, *blocks, *pages, *frag, *rinfl, *winfl, *rbytes, *wbytes,
+        *errors, *csum;
+    const char *errors2;
+};
+
+static void ctl_tier_print(struct ctl *x, const struct ctl_sample *a, const struct ctl_sample *b,
+                           const struct ctl_tier_row *r, bool first)
+{
+    const struct ctl_sample *cur = b;
+    const char *names[] = {r->capacity, r->used, r->blocks, r->pages, r->frag, r->rinfl,
+                           r->winfl, r->errors, r->csum};
+    const char *keys[] = {"capacity", "used", "blocks", "pages", "fragmentation_pct",
+                          "reads_inflight", "writes_inflight", "errors", "checksum_failures"};
+    double rd = r->rbytes ? ctl_rate(a, b, r->rbytes) : -1;
+    double wr = r->wbytes ? ctl_rate(a, b, r->wbytes) : -1;
+    char cap[32] = "-", used[32] = "-", rs[32] = "-", ws[32] = "-";
+    char cells[9][32];
+    if (x->json) {
+        printf("%s{\"tier\": \"%s\", \"enabled\": true", first ? "" : ", ", r->tier);
+        for (size_t i = 0; i < 9; i++) {
+            uint64_t v = names[i] ? ctl_stat(cur->s, cur->n, names[i]) : 0;
+            if (names[i] && i == 7 && r->errors2)
+                v += ctl_stat(cur->s, cur->n, r->errors2);
+            if (names[i])
+                printf(", \"%s\": %" PRIu64, keys[i], v);
+            else
+                printf(", \"%s\": null", keys[i]);
+        }
+        if (rd >= 0)
+            printf(", \"read_bytes_per_s\": %.0f, \"write_bytes_per_s\": %.0f}", rd, wr);
+        else
+            printf(", \"read_bytes_per_s\": null, \"write_bytes_per_s\": null}");
+        return;
+    }
+    for (size_t i = 0; i < 9; i++) {
+        uint64_t v = names[i] ? ctl_stat(cur->s, cur->n, names[i]) : 0;
+        if (names[i] && i == 7 && r->errors2)
+            v += ctl_stat(cur->s, cur->n, r->errors2);
+        if (!names[i])
+            snprintf(cells[i], sizeof(cells[i]), "-");
+        else if (i == 4)
+            snprintf(cells[i], sizeof(cells[i]), "%" PRIu64 "%%", v);
+        else
+            snprintf(cells[i], sizeof(cells[i]), "%" PRIu64, v);
+    }
+    if (r->capacity)
+        ctl_human(cap, sizeof(cap), (double)ctl_stat(cur->s, cur->n, r->capacity), "");
+    if (r->used)
+        ctl_human(used, sizeof(used), (double)ctl_stat(cur->s, cur->n, r->used), "");
+    if (rd >= 0) {
+        ctl_human(rs, sizeof(rs), rd, "/s");
+        ctl_human(ws, sizeof(ws), wr, "/s");
+    }
+    printf("%-5s %10s %10s %8s %6s %5s %5s %5s %12s %12s %6s %6s\n", r->tier, cap, used,
+           cells[2], cells[3], cells[4], cells[5], cells[6], rs, ws, cells[7], cells[8]);
+}
+
+/* host blocks: committed blocks that are neither on disk nor on the GPU. */
+static void ctl_tiers_host_blocks(struct ctl_sample *b)
+{
+    uint64_t v = ctl_stat(b->s, b->n, "blocks_now");
+    uint64_t off = ctl_stat(b->s, b->n, "disk_blocks") + ctl_stat(b->s, b->n, "gpu_blocks");
+    for (size_t i = 0; i < b->n; i++)
+        if (strcmp(b->s[i].name, "host_blocks") == 0)
+            return;
+    struct kvc_stat *ns = realloc(b->s, (b->n + 1) * sizeof(*ns));
+    if (!ns)
+        return;
+    b->s = ns;
+    memset(&ns[b->n], 0, sizeof(ns[b->n]));
+    snprintf(ns[b->n].name, sizeof(ns[b->n].name), "host_blocks");
+    ns[b->n].value = v > off ? v - off : 0;
+    b->n++;
+}
+
+static int ctl_tiers(struct ctl *x, int argc, char **argv)
+{
+    static const struct option opts[] = {{"interval", required_argument, NULL, 'i'},
+                                         {NULL, 0, NULL, 0}};
+    static const struct ctl_tier_row gpu = {"gpu", "gpu_capacity", "gpu_used", "gpu_blocks",
+                                            NULL, NULL, NULL, NULL, "gpu_bytes_read",
+                                            "gpu_bytes_written", "gpu_errors", NULL, NULL};
+    static const struct ctl_tier_row host = {"host", "host_capacity", "host_used",
+                                             "host_blocks", NULL, NULL, NULL, NULL, "bytes_out",
+                                             "bytes_in", NULL, NULL, NULL};
+    static const struct ctl_tier_row disk = {
+        "disk", "disk_capacity", "disk_used", "disk_blocks", "disk_pages",
+        "disk_fragmentation_pct", "disk_reads_inflight", "disk_writes_inflight",
+        "disk_bytes_read", "disk_bytes_written", "disk_read_errors", "disk_checksum_failures",
+        "disk_write_errors"};
+    struct ctl_sample a = {0}, b = {0};
+    double interval = 1.0;
+    bool has_gpu, has_disk;
+    int opt, rc;
+    optind = 1;
+    while ((opt = getopt_long(argc, argv, "i:", opts, NULL)) != -1) {
+        char *end;
+        if (opt != 'i')
+            return 2;
+        interval = strtod(optarg, &end);
+        if (*end || interval < 0 || interval > 3600)
+            return 2;
+    }
+    if (ctl_connect(x))
+        return 1;
+    if ((rc = kvc_stats(x->c, 0, &b.s, &b.n)))
+        return ctl_fail("tiers", rc, NULL);
+    b.t = ctl_now();
+    if (interval > 0) {
+        /* Rates between two samples `interval` seconds apart. */
+        a = b;
+        usleep((useconds_t)(interval * 1e6));
+        if ((rc = kvc_stats(x->c, 0, &b.s, &b.n))) {
+            free(a.s);
+            return ctl_fail("tiers", rc, NULL);
+        }
+        b.t = ctl_now();
+    } else {
+        /* --interval 0: averages since the daemon started (counters from zero). */
+        a.n = 0;
+        a.t = b.t - (double)(ctl_stat(b.s, b.n, "uptime_s") ? ctl_stat(b.s, b.n, "uptime_s") : 1);
+    }
+    ctl_tiers_host_blocks(&b);
+    has_gpu = ctl_stat(b.s, b.n, "gpu_capacity") > 0;
+    has_disk = ctl_stat(b.s, b.n, "disk_capacity") > 0;
+    if (x->json) {
+        printf("{\"interval_s\": %.3f, \"tiers\": [", interval);
+        if (has_gpu)
+            ctl_tier_print(x, &a, &b, &gpu, true);
+        else
+            printf("{\"tier\": \"gpu\", \"enabled\": false}");
+        printf(", ");
+        ctl_tier_print(x, &a, &b, &host, true);
+        if (has_disk)
+            ctl_tier_print(x, &a, &b, &disk, false);
+        else
+            printf(", {\"tier\": \"disk\", \"enabled\": false}");
+        printf("]}\n");
+    } else {
+        printf("%-5s %10s %10s %8s %6s %5s %5s %5s %12s %12s %6s %6s\n", "TIER", "CAPACITY",
+               "USED", "BLOCKS", "PAGES", "FRAG", "RD_IF", "WR_IF", "READ", "WRITE", "ERRORS",
+               "CSUM");
+        if (has_gpu)
+            ctl_tier_print(x, &a, &b, &gpu, true);
+        else
+            printf("%-5s disabled\n", "gpu");
+        ctl_tier_print(x, &a, &b, &host, true);
+        if (has_disk)
+            ctl_tier_print(x, &a, &b, &disk, false);
+        else
+            printf("%-5s disabled\n", "disk");
+        printf("(rates %s)\n", interval > 0 ? "over the sampling interval"
+                                             : "averaged since the daemon started");
+    }
+    free(a.s);
+    free(b.s);
+    return 0;
+}
+
 static int ctl_help(struct ctl *x, int argc, char **argv);
 
 static const struct ctl_cmd ctl_cmds[] = {
     {"status", "", "daemon pid, uptime, clients, tier usage, token hit ratio", ctl_status},
     {"stats", "", "every counter, in total and per namespace", ctl_stats},
-    {"tiers", "", "each tier: capacity and use, or disabled", ctl_tiers},
     {"ns", "", "namespaces: model, layout, block size, blocks cached", ctl_ns},
     {"ls", "[--ns ID] [--tier T] [--codec C] [--prefix HEX] [--limit N]",
      "cached blocks with their metadata", ctl_ls},
@@ -967,6 +1103,9 @@ static const struct ctl_cmd ctl_cmds[] = {
     {"top", "[--interval S] [--count N]",
      "live view each second: hit ratio, throughput, tier usage, clients", ctl_top},
     {"clients", "", "connected clients: pid, uid, pins, reservations, counters", ctl_clients},
+    {"tiers", "[--interval S]",
+     "per tier: capacity, used, blocks, pages, fragmentation, I/O, bytes/s, errors",
+     ctl_tiers},
     {"policy", "[get] [--ns ID] | set [--ns ID] NAME",
      "the default and each namespace's policy (set: admin)", ctl_policy},
     {"config", "get [KEY] | set KEY VALUE",

@@ -84,9 +84,12 @@
     X(disk, queue_depth, INT, "32", 1, 4096, 0, NULL, "Disk reads and writes in flight.")          \
     X(disk, write_rate, SIZE, "1g", 0, 1ull << 40, 0, NULL,                                        \
       "Bytes per second written to disk at most (spares the drive); 0: unbounded.")                \
-    X(disk, admit_hits, INT, "1", 0, 1000000, 1, NULL,                                             \
+    X(disk, admit_hits, INT, "0", 0, 1000000, 1, NULL,                                             \
       "Hits a block needs before leaving memory for disk instead of being dropped "                \
-      "(docs/disk.md).")                                                                          \
+      "(docs/disk.md).")                                                                           \
+    X(disk, compact_below, INT, "50", 0, 100, 0, NULL,                                             \
+      "Percent of a disk page still live under which the compactor moves its blocks to free "     \
+      "it, once fewer than a quarter of the pages are free; 0: never.")                             \
     X(gpu, pool_size, SIZE, "0", 0, 1ull << 44, 0, NULL,                                           \
       "Bytes of the GPU tier's device pool, shared with engines on that GPU. 0: no GPU "           \
       "tier. Without a device or driver the tier is disabled with one log line.")                  \

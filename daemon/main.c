@@ -279,6 +279,7 @@ static int kvcd_disk_attach(struct kvcd *d)
                                 .queue_depth = (uint32_t)c->disk_queue_depth,
                                 .write_rate = c->disk_write_rate,
                                 .admit_hits = (uint32_t)c->disk_admit_hits,
+                                .compact_below = (uint32_t)c->disk_compact_below,
                                 .progress = kvcd_disk_progress};
     char *list = strdup(c->disk_path), *save = NULL;
     int rc = -ENOMEM;

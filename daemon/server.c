@@ -959,7 +959,8 @@ struct server *server_new(struct loop *l, struct store *s, const struct server_p
 {
     struct sockaddr_un a = {.sun_family = AF_UNIX};
     struct server *sv = calloc(1, sizeof(*sv));
-    int rc = -ENOMEM;
+    char tmp[sizeof(a.sun_path) + 16] = "";
+    int rc = -ENOMEM, n;
     if (!sv)
         goto fail;
     sv->fd = -1;
@@ -996,12 +997,19 @@ struct server *server_new(struct loop *l, struct store *s, const struct server_p
         rc = -errno;
         goto fail;
     }
-    memcpy(a.sun_path, sv->path, strlen(sv->path) + 1);
-    if (bind(sv->fd, (struct sockaddr *)&a, sizeof(a)) < 0 || listen(sv->fd, 128) < 0) {
+    /* Bind under a temporary name, listen, set mode and group, then rename into place:
+     * a client that sees the socket file can always connect (a bind-then-listen window
+     * would refuse it), and no half-set-up file is left behind on failure. */
+    n = snprintf(tmp, sizeof(tmp), "%s.%d", sv->path, (int)getpid());
+    if (n < 0 || (size_t)n >= sizeof(a.sun_path))
+        snprintf(tmp, sizeof(tmp), "%s", sv->path); /* no room for a suffix: bind in place */
+    memcpy(a.sun_path, tmp, strlen(tmp) + 1);
+    unlink(tmp);
+    if (bind(sv->fd, (struct sockaddr *)&a, sizeof(a)) < 0) {
         rc = -errno;
         goto fail;
     }
-    if (chmod(sv->path, p->socket_mode) < 0) {
+    if (listen(sv->fd, 128) < 0 || chmod(tmp, p->socket_mode) < 0) {
         rc = -errno;
         goto fail_unlink;
     }
@@ -1012,19 +1020,25 @@ struct server *server_new(struct loop *l, struct store *s, const struct server_p
             rc = -ENOENT;
             goto fail_unlink;
         }
-        if (chown(sv->path, (uid_t)-1, g->gr_gid) < 0) {
+        if (chown(tmp, (uid_t)-1, g->gr_gid) < 0) {
             rc = -errno;
             goto fail_unlink;
         }
     }
-    rc = loop_add(l, sv->fd, EPOLLIN, server_on_accept, sv);
-    if (rc)
+    if (strcmp(tmp, sv->path) != 0 && rename(tmp, sv->path) < 0) {
+        rc = -errno;
         goto fail_unlink;
+    }
+    rc = loop_add(l, sv->fd, EPOLLIN, server_on_accept, sv);
+    if (rc) {
+        unlink(sv->path);
+        goto fail;
+    }
     s->on_ready = server_on_ready;
     s->on_ready_arg = sv;
     return sv;
 fail_unlink:
-    unlink(sv->path);
+    unlink(tmp);
 fail:
     if (sv && sv->fd >= 0)
         close(sv->fd);

@@ -14,6 +14,8 @@
 
 /* Blocks looked at from the cold end per demotion pass. */
 #define TIERING_WALK 4096
+/* Compaction moves in flight at most: it shares the write queue and rate with demotion. */
+#define TIERING_COMPACT_INFLIGHT 2
 
 #define TIERING_STAT_ADD(s, nsp, field, v)                                                     \
     do {                                                                                       \
@@ -28,17 +30,32 @@ struct tiering {
     uint64_t moves;          /* in flight */
     uint64_t demote_cancelled;
     uint64_t disk_full;      /* demotions that found no room even after eviction */
+    uint32_t compact_below;  /* percent of a page still live under which it is compacted */
+    uint32_t compact_page;   /* the page being emptied; UINT32_MAX: none */
+    uint32_t compacting;     /* compaction moves in flight */
+    uint32_t compact_idx[TIERING_COMPACT_INFLIGHT]; /* their blocks; INDEX_NONE: free */
+    uint64_t compacted_pages, compacted_blocks, compacted_bytes, compact_aborted;
 };
 
-enum tiering_move_kind { TIERING_MOVE_DEMOTE = 1, TIERING_MOVE_PROMOTE = 2 };
+static void tiering_compact(struct store *s);
+
+enum tiering_move_kind {
+    TIERING_MOVE_DEMOTE = 1,
+    TIERING_MOVE_PROMOTE = 2,
+    TIERING_MOVE_COMPACT = 3,
+};
 
 /* One copy in flight; owned by the disk tier's callback until it runs. */
 struct tiering_move {
     struct store *s;
     uint32_t idx;
     uint8_t kind;
-    struct tier_loc host; /* DEMOTE: the slot being copied; PROMOTE: the new slot */
-    struct tier_loc disk; /* DEMOTE: the new record; PROMOTE: the record being read */
+    struct tier_loc host; /* DEMOTE: the slot being copied; PROMOTE: the new slot;
+                             COMPACT: the new record */
+    struct tier_loc disk; /* DEMOTE: the new record; PROMOTE, COMPACT: the record read */
+    struct kvc_wire_key key; /* COMPACT: the block, to know it is still the same one */
+    uint16_t ns;
+    void *buf;               /* COMPACT: the record's bytes between read and write */
 };
 
 static struct tier *tiering_host(const struct store *s, const struct block *b)
@@ -148,6 +165,9 @@ static int tiering_demote_one(struct store *s, uint32_t idx, uint64_t now)
     struct tiering_move *mv;
     int rc;
     tiering_meta(s, b, &m);
+    rc = tier_disk_put_ready(tg->disk, m.len);
+    if (rc)
+        return rc;
     mv = calloc(1, sizeof(*mv));
     if (!mv)
         return -ENOMEM;
@@ -178,6 +198,7 @@ int tiering_demote(struct store *s, uint64_t now)
 {
     struct tiering *tg = s->tiering;
     int acted = 0;
+    tiering_compact(s);
     for (uint32_t a = 0; a < s->narenas; a++) {
         struct tier *t = s->arenas[a].tier;
         double cap = (double)t->ops->capacity(t);
@@ -225,6 +246,158 @@ int tiering_offload(struct store *s, uint32_t idx, uint64_t now)
 uint64_t tiering_pending_bytes(const struct store *s)
 {
     return s->tiering ? s->tiering->demoting_bytes : 0;
+}
+
+/* ---- compaction ------------------------------------------------------------------------ */
+
+/* Whether the block of a compaction move is still on disk at the record that was read. */
+static bool tiering_compact_same(const struct store *s, const struct tiering_move *mv)
+{
+    const struct block *b = &s->ix.blocks[mv->idx];
+    return b->key.lo == mv->key.lo && b->key.hi == mv->key.hi && b->ns == mv->ns &&
+           b->tier == KVC_WIRE_TIER_DISK && !(b->flags & (BLOCK_F_MOVING | BLOCK_F_LOST)) &&
+           b->off == mv->disk.off && b->ver == (uint32_t)mv->disk.cls;
+}
+
+static void tiering_compact_end(struct store *s, struct tiering_move *mv, bool moved)
+{
+    struct tiering *tg = s->tiering;
+    for (uint32_t k = 0; k < TIERING_COMPACT_INFLIGHT; k++)
+        if (tg->compact_idx[k] == mv->idx) {
+            tg->compact_idx[k] = INDEX_NONE;
+            break;
+        }
+    tg->compacting--;
+    if (moved) {
+        tg->compacted_blocks++;
+        tg->compacted_bytes += mv->disk.len;
+    } else {
+        tg->compact_aborted++;
+    }
+    free(mv->buf);
+    free(mv);
+}
+
+static void tiering_compact_write_done(void *arg, int status)
+{
+    struct tiering_move *mv = arg;
+    struct store *s = mv->s;
+    struct tiering *tg = s->tiering;
+    bool moved = status == 0 && tiering_compact_same(s, mv);
+    if (moved) {
+        /* The new record is complete: the index switches to it, the old one dies. */
+        tiering_block_set(s, mv->idx, KVC_WIRE_TIER_DISK, STORE_ARENA_DISK, &mv->host);
+        tg->disk->ops->free(tg->disk, &mv->disk);
+    } else {
+        tg->disk->ops->free(tg->disk, &mv->host);
+    }
+    tiering_compact_end(s, mv, moved);
+}
+
+static void tiering_compact_read_done(void *arg, int status)
+{
+    struct tiering_move *mv = arg;
+    struct store *s = mv->s;
+    struct tiering *tg = s->tiering;
+    struct tier_disk_meta m;
+    /* A record that fails verification is left to the next promotion, which marks it lost. */
+    if (status || !tiering_compact_same(s, mv))
+        goto abort;
+    tiering_meta(s, &s->ix.blocks[mv->idx], &m);
+    if (tier_disk_put_ready(tg->disk, m.len) || tg->disk->ops->alloc(tg->disk, m.len, &mv->host))
+        goto abort;
+    if (tier_disk_put(tg->disk, &mv->host, &m, mv->buf, tiering_compact_write_done, mv)) {
+        tg->disk->ops->free(tg->disk, &mv->host);
+        goto abort;
+    }
+    return;
+abort:
+    tiering_compact_end(s, mv, false);
+}
+
+/* Starts moving one record off the page being compacted. 0 or -errno. */
+static int tiering_compact_one(struct store *s, uint32_t idx)
+{
+    struct tiering *tg = s->tiering;
+    struct block *b = &s->ix.blocks[idx];
+    struct tier_disk_meta m;
+    struct tiering_move *mv;
+    int rc;
+    tiering_meta(s, b, &m);
+    /* No read whose copy could not be written now. */
+    rc = tier_disk_put_ready(tg->disk, m.len);
+    if (rc)
+        return rc;
+    if (!tier_disk_can_alloc(tg->disk, m.len))
+        return -EAGAIN;
+    mv = calloc(1, sizeof(*mv));
+    if (!mv)
+        return -ENOMEM;
+    mv->buf = aligned_alloc(4096, b->len);
+    if (!mv->buf) {
+        free(mv);
+        return -ENOMEM;
+    }
+    mv->s = s;
+    mv->idx = idx;
+    mv->kind = TIERING_MOVE_COMPACT;
+    mv->key = b->key;
+    mv->ns = b->ns;
+    mv->disk = (struct tier_loc){.arena = 0, .cls = b->ver, .off = b->off, .len = b->len};
+    rc = tier_disk_get(tg->disk, &mv->disk, &m, mv->buf, b->len, tiering_compact_read_done, mv);
+    if (rc) {
+        free(mv->buf);
+        free(mv);
+        return rc;
+    }
+    tg->compacting++;
+    for (uint32_t k = 0; k < TIERING_COMPACT_INFLIGHT; k++)
+        if (tg->compact_idx[k] == INDEX_NONE) {
+            tg->compact_idx[k] = idx;
+            break;
+        }
+    return 0;
+}
+
+/* Empties pages mostly dead once the disk runs short of free pages (less than a quarter):
+ * their live records are read, verified and appended to the open page, and the index
+ * switches to the copy once it is on the device. One page at a time, bounded by the write
+ * queue and rate shared with demotion. */
+static void tiering_compact(struct store *s)
+{
+    struct tiering *tg = s->tiering;
+    uint32_t i, left = 0;
+    if (!tg->compact_below)
+        return;
+    if (tg->compact_page == UINT32_MAX) {
+        struct tier_disk_stats st;
+        if (tg->compacting)
+            return;
+        tier_disk_stats_get(tg->disk, &st);
+        if (st.pages_free * 4 >= st.pages ||
+            tier_disk_compact_pick(tg->disk, tg->compact_below, &tg->compact_page))
+            return;
+    }
+    for (i = s->arenas[STORE_ARENA_DISK].lru_tail; i != INDEX_NONE;) {
+        const struct block *b = &s->ix.blocks[i];
+        uint32_t prev = b->lru_prev;
+        struct tier_loc loc = {.cls = b->ver, .off = b->off, .len = b->len};
+        bool busy = false;
+        if (b->tier == KVC_WIRE_TIER_DISK && !(b->flags & (BLOCK_F_MOVING | BLOCK_F_LOST)) &&
+            tier_disk_page_of(tg->disk, &loc) == (int)tg->compact_page) {
+            left++;
+            for (uint32_t k = 0; k < TIERING_COMPACT_INFLIGHT; k++)
+                busy |= tg->compact_idx[k] == i;
+            if (!busy && tg->compacting < TIERING_COMPACT_INFLIGHT &&
+                tiering_compact_one(s, i) == -EAGAIN)
+                break;
+        }
+        i = prev;
+    }
+    if (left == 0 && tg->compacting == 0) {
+        tg->compacted_pages++;
+        tg->compact_page = UINT32_MAX;
+    }
 }
 
 /* ---- promotion ------------------------------------------------------------------------- */
@@ -469,6 +642,10 @@ int tiering_attach(struct store *s, const struct tiering_params *p)
     for (uint32_t i = 0; i < p->npaths; i++)
         dc.paths[i] = p->paths[i];
     tg->admit_hits = p->admit_hits;
+    tg->compact_below = p->compact_below;
+    tg->compact_page = UINT32_MAX;
+    for (uint32_t k = 0; k < TIERING_COMPACT_INFLIGHT; k++)
+        tg->compact_idx[k] = INDEX_NONE;
     tg->disk = tier_disk_new(&dc, &rc);
     if (!tg->disk)
         goto out;
@@ -544,11 +721,15 @@ void tiering_stats(const struct store *s, void (*put)(void *arg, const char *nam
 {
     struct tier_disk_stats st;
     const struct tiering *tg = s->tiering;
-    uint64_t closed;
+    uint64_t closed, blocks = 0;
     if (!tg)
         return;
     tier_disk_stats_get(tg->disk, &st);
     closed = st.used + st.dead_bytes;
+    for (uint32_t i = s->arenas[STORE_ARENA_DISK].lru_head; i != INDEX_NONE;
+         i = s->ix.blocks[i].lru_next)
+        blocks += s->ix.blocks[i].tier == KVC_WIRE_TIER_DISK;
+    put(arg, "disk_blocks", blocks);
     put(arg, "disk_capacity", st.capacity);
     put(arg, "disk_used", st.used);
     put(arg, "disk_pages", st.pages);
@@ -571,5 +752,9 @@ void tiering_stats(const struct store *s, void (*put)(void *arg, const char *nam
     put(arg, "disk_fixed_buffers", st.fixed_buffers);
     put(arg, "disk_records_found", st.records_found);
     put(arg, "disk_demote_cancelled", tg->demote_cancelled);
-    put(arg, "disk_moves_inflight", tg->moves);
+    put(arg, "disk_moves_inflight", tg->moves + tg->compacting);
+    put(arg, "disk_compacted_pages", tg->compacted_pages);
+    put(arg, "disk_compacted_blocks", tg->compacted_blocks);
+    put(arg, "disk_compacted_bytes", tg->compacted_bytes);
+    put(arg, "disk_compact_aborted", tg->compact_aborted);
 }

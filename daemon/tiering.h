@@ -14,7 +14,11 @@
  * every lookup, dropped once nothing hangs from it and nobody holds it. When the disk is
  * full, unpinned leaves on disk are evicted (LRU) until a record fits. At start the disk's
  * records are taken back into the index parents first (by depth); a record whose parent is
- * missing or whose namespace conflicts is freed. Owned by the loop thread.
+ * missing or whose namespace conflicts is freed. Compaction: when fewer than a quarter of
+ * the disk's pages are free, the page least live (under `compact_below` percent) has its
+ * live records read, verified and appended to the open page; the index switches to the
+ * copy when its write completed (the block is still the same one at the same record),
+ * then the old record dies and the page comes free. Owned by the loop thread.
  */
 #ifndef KVC_TIERING_H
 #define KVC_TIERING_H
@@ -34,6 +38,7 @@ struct tiering_params {
     uint32_t queue_depth;
     uint64_t write_rate;
     uint32_t admit_hits;
+    uint32_t compact_below; /* percent live under which a page is compacted; 0: never */
     void (*progress)(void *arg, uint64_t pages_done, uint64_t pages);
     void *progress_arg;
 };

@@ -761,8 +761,10 @@ KT static inline __m256 v_load8_fast(const uint16_t *r, uint32_t dtype)
  * (amax or min/max, then d, 1/d and their fp16 forms) are computed for the eight groups in
  * one vector, so each division is done once per eight groups and no horizontal reduction
  * stands between a group's load and its codes. The arithmetic per lane is the reference's. */
-KT static inline void enc8_groups(uint32_t codec, int bits, const uint16_t *r, uint32_t dtype,
-                                  uint8_t *blk, uint32_t gb)
+KT __attribute__((always_inline)) static inline void enc8_groups(uint32_t codec, int bits,
+                                                                  const uint16_t *r,
+                                                                  uint32_t dtype, uint8_t *blk,
+                                                                  uint32_t gb)
 {
     const int rne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
     const __m256 sm = _mm256_set1_ps(-0.0f);
@@ -859,18 +861,30 @@ KT static void enc_groups(uint32_t codec, int bits, const uint16_t *r, uint32_t 
 {
     uint32_t gb = block_bytes(codec, bits);
     uint64_t i = 0;
-    for (; i + 8 <= n; i += 8, r += 256, blk += 8 * gb) {
-        if (codec == KERN_CODEC_Q8_0)
-            enc8_groups(KERN_CODEC_Q8_0, 0, r, dtype, blk, gb);
-        else if (codec == KERN_CODEC_Q4_1)
-            enc8_groups(KERN_CODEC_Q4_1, 0, r, dtype, blk, gb);
-        else if (codec == KERN_CODEC_Q5_1)
-            enc8_groups(KERN_CODEC_Q5_1, 0, r, dtype, blk, gb);
-        else if (bits == 4)
-            enc8_groups(codec, 4, r, dtype, blk, gb);
-        else
-            enc8_groups(codec, 2, r, dtype, blk, gb);
-    }
+    /* enc8_groups is inlined into one loop per (codec, dtype), so the compiler drops every
+     * per-vector branch on them. */
+#define ENC_GROUPS_LOOP(C, B, D)                                                               \
+    for (; i + 8 <= n; i += 8, r += 256, blk += 8 * gb)                                        \
+        enc8_groups(C, B, r, D, blk, gb)
+#define ENC_GROUPS_DTYPE(C, B)                                                                 \
+    do {                                                                                       \
+        if (dtype == KERN_DTYPE_BF16)                                                          \
+            ENC_GROUPS_LOOP(C, B, KERN_DTYPE_BF16);                                            \
+        else                                                                                   \
+            ENC_GROUPS_LOOP(C, B, KERN_DTYPE_FP16);                                            \
+    } while (0)
+    if (codec == KERN_CODEC_Q8_0)
+        ENC_GROUPS_DTYPE(KERN_CODEC_Q8_0, 0);
+    else if (codec == KERN_CODEC_Q4_1)
+        ENC_GROUPS_DTYPE(KERN_CODEC_Q4_1, 0);
+    else if (codec == KERN_CODEC_Q5_1)
+        ENC_GROUPS_DTYPE(KERN_CODEC_Q5_1, 0);
+    else if (bits == 4)
+        ENC_GROUPS_DTYPE(codec, 4);
+    else
+        ENC_GROUPS_DTYPE(codec, 2);
+#undef ENC_GROUPS_DTYPE
+#undef ENC_GROUPS_LOOP
     for (; i < n; i++, r += 32, blk += gb) {
         __m256 v[4];
         for (int j = 0; j < 4; j++)

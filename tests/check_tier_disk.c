@@ -1,7 +1,9 @@
 /*
  * check_tier_disk.c — the disk tier: the conformance cases (as the host tier runs them),
  * then what only the disk promises: records survive a reopen, a flipped byte or a stale
- * location is refused, a torn record is never reported intact, the write rate is bounded.
+ * location is refused, a torn record is never reported intact, the write rate is bounded,
+ * block bytes shaped like a header are never taken for one, a record allocated and freed
+ * unwritten leaves no hole.
  */
 #include <check.h>
 #include <errno.h>
@@ -11,6 +13,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "tests/lib/tier_conformance.h"
 #include "tiers/disk.h"
@@ -213,9 +216,9 @@ START_TEST(test_checksum_flip)
     fd = open(path, O_RDWR);
     ck_assert_int_ge(fd, 0);
     uint8_t b;
-    ck_assert_int_eq(pread(fd, &b, 1, (off_t)loc.off + 1000), 1);
+    ck_assert_int_eq(pread(fd, &b, 1, (off_t)(TIER_DISK_SB + loc.off) + 1000), 1);
     b ^= 0x40;
-    ck_assert_int_eq(pwrite(fd, &b, 1, (off_t)loc.off + 1000), 1);
+    ck_assert_int_eq(pwrite(fd, &b, 1, (off_t)(TIER_DISK_SB + loc.off) + 1000), 1);
     fsync(fd);
     close(fd);
     ck_assert_int_eq(get(t, &loc, &m, dst, len), -EBADMSG);
@@ -253,7 +256,7 @@ START_TEST(test_torn_record_not_found)
     /* the second record's data cut off half way: its header is intact, its data is not */
     fd = open(path, O_RDWR);
     uint8_t *zero = calloc(1, len / 2);
-    ck_assert_int_eq(pwrite(fd, zero, len / 2, (off_t)l2.off + len / 2), (ssize_t)(len / 2));
+    ck_assert_int_eq(pwrite(fd, zero, len / 2, (off_t)(TIER_DISK_SB + l2.off + len / 2)), (ssize_t)(len / 2));
     close(fd);
     free(zero);
     t = disk_open(path, 2 * MiB, 1 * MiB, &f);
@@ -266,7 +269,7 @@ START_TEST(test_torn_record_not_found)
     fd = open(path, O_RDWR);
     uint8_t junk[64];
     memset(junk, 0xa5, sizeof(junk));
-    ck_assert_int_eq(pwrite(fd, junk, sizeof(junk), (off_t)(l2.off - TIER_DISK_HDR + 40)), 64);
+    ck_assert_int_eq(pwrite(fd, junk, sizeof(junk), (off_t)(TIER_DISK_SB + l2.off - TIER_DISK_HDR + 40)), 64);
     close(fd);
     f.n = 0;
     t = disk_open(path, 2 * MiB, 1 * MiB, &f);
@@ -363,6 +366,111 @@ START_TEST(test_pages_reclaimed)
 }
 END_TEST
 
+/* The record header as the device holds it (disk.c), rebuilt the way a client could. */
+struct forged_hdr {
+    uint64_t magic;
+    uint32_t format, page_version;
+    uint64_t len, data_csum, key[2], parent[2];
+    uint32_t depth, codec;
+    uint8_t ns[TIER_DISK_NS_BYTES];
+    uint64_t hdr_csum;
+};
+
+static int found_has(const struct found *f, uint64_t k)
+{
+    for (int i = 0; i < f->n; i++)
+        if (f->m[i].key[0] == k)
+            return 1;
+    return 0;
+}
+
+/* A client writes a perfect header (right magic, format, version to come, checksum as
+ * anyone could compute it) into its block; the page is reused and the new chain ends right
+ * where those bytes lie. The start-up walk must not take them for a record. */
+START_TEST(test_forged_header_in_stale_page)
+{
+    char path[300];
+    uint8_t *src = aligned_alloc(4096, MiB);
+    struct tier_loc a, b, c, dl;
+    struct found f = {0};
+    struct tier *t;
+    struct forged_hdr *h;
+    memset(src, 0x11, MiB);
+    disk_path(path, sizeof(path));
+    t = disk_open(path, 2 * MiB, 1 * MiB, NULL);
+    /* page 0 (version 1): A, 200 KiB at data offset 4 KiB; its bytes at 56 KiB lie at page
+     * offset 60 KiB, where the next header goes once D (56 KiB) is the page's first record */
+    ck_assert_int_eq(t->ops->alloc(t, 200 * KiB, &a), 0);
+    h = (struct forged_hdr *)(src + 56 * KiB);
+    for (int seed = 0; seed < 2; seed++) {
+        struct forged_hdr *x = seed ? (struct forged_hdr *)(src + 120 * KiB) : h;
+        memset(x, 0, sizeof(*x));
+        *x = (struct forged_hdr){.magic = 0x4b564344424c4b31ull, .format = 2,
+                                 .page_version = 3, .len = 4 * KiB,
+                                 .key = {666, 0}, .depth = 0};
+        x->data_csum = XXH3_64bits(src, 4 * KiB);
+        x->hdr_csum = seed ? XXH3_64bits_withSeed(x, offsetof(struct forged_hdr, hdr_csum), 0)
+                           : XXH3_64bits(x, offsetof(struct forged_hdr, hdr_csum));
+    }
+    struct tier_disk_meta ma = meta(1, 200 * KiB), mb = meta(2, 800 * KiB),
+                          mc = meta(3, 1000 * KiB), md = meta(4, 56 * KiB);
+    ck_assert_int_eq(put(t, &a, &ma, src), 0);
+    ck_assert_int_eq(t->ops->alloc(t, 800 * KiB, &b), 0);
+    ck_assert_int_eq(put(t, &b, &mb, src), 0);
+    /* page 1 (version 2): C fills it */
+    ck_assert_int_eq(t->ops->alloc(t, 1000 * KiB, &c), 0);
+    ck_assert_uint_eq(c.cls, 2);
+    ck_assert_int_eq(put(t, &c, &mc, src), 0);
+    t->ops->free(t, &a);
+    t->ops->free(t, &b);
+    /* page 0 again, version 3: D, then the stale bytes of A */
+    ck_assert_int_eq(t->ops->alloc(t, 56 * KiB, &dl), 0);
+    ck_assert_uint_eq(dl.cls, 3);
+    ck_assert_uint_eq(dl.off % MiB, 4 * KiB);
+    ck_assert_int_eq(put(t, &dl, &md, src), 0);
+    tier_destroy(t);
+    t = disk_open(path, 2 * MiB, 1 * MiB, &f);
+    ck_assert_int_eq(f.n, 2);
+    ck_assert(found_has(&f, 3) && found_has(&f, 4));
+    ck_assert(!found_has(&f, 666));
+    tier_destroy(t);
+    unlink(path);
+    free(src);
+}
+END_TEST
+
+/* A record allocated, never written, then freed (the write could not start) gives its
+ * room back, so the records after it are found at the next start. */
+START_TEST(test_unwritten_record_leaves_no_hole)
+{
+    char path[300];
+    const uint64_t len = 64 * KiB;
+    uint8_t *src = aligned_alloc(4096, len);
+    struct tier_loc a, b, c;
+    struct found f = {0};
+    struct tier *t;
+    struct tier_disk_meta ma = meta(1, len), mc = meta(3, len);
+    fill(src, len, 5);
+    disk_path(path, sizeof(path));
+    t = disk_open(path, 2 * MiB, 1 * MiB, NULL);
+    ck_assert_int_eq(t->ops->alloc(t, len, &a), 0);
+    ck_assert_int_eq(put(t, &a, &ma, src), 0);
+    ck_assert_int_eq(t->ops->alloc(t, len, &b), 0);
+    t->ops->free(t, &b);
+    ck_assert_int_eq(t->ops->alloc(t, len, &c), 0);
+    ck_assert_uint_eq(c.off, b.off); /* the room came back */
+    ck_assert_int_eq(put(t, &c, &mc, src), 0);
+    ck_assert_int_eq(tier_disk_put_ready(t, len), 0);
+    tier_destroy(t);
+    t = disk_open(path, 2 * MiB, 1 * MiB, &f);
+    ck_assert_int_eq(f.n, 2);
+    ck_assert(found_has(&f, 1) && found_has(&f, 3));
+    tier_destroy(t);
+    unlink(path);
+    free(src);
+}
+END_TEST
+
 static Suite *disk_suite(void)
 {
     Suite *s = suite_create("tier_disk");
@@ -384,6 +492,8 @@ static Suite *disk_suite(void)
     tcase_add_test(tc, test_torn_record_not_found);
     tcase_add_test(tc, test_fixed_buffers_and_rate);
     tcase_add_test(tc, test_pages_reclaimed);
+    tcase_add_test(tc, test_forged_header_in_stale_page);
+    tcase_add_test(tc, test_unwritten_record_leaves_no_hole);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -10,6 +10,8 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
+#include <sys/random.h>
+#include <sys/uio.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -18,7 +20,8 @@
 #include "tiers/disk.h"
 
 #define TIER_DISK_MAGIC 0x4b564344424c4b31ull /* "1KLBDCVK": kvcd block record */
-#define TIER_DISK_FORMAT 1u
+#define TIER_DISK_FORMAT 2u
+#define TIER_DISK_SB_MAGIC 0x3142535344435653ull /* "SVCDSSB1": kvcd disk superblock */
 #define TIER_DISK_MAX_BUFS 64u
 
 enum tier_disk_page_state {
@@ -48,7 +51,19 @@ struct tier_disk_hdr {
     uint32_t depth;
     uint32_t codec;
     uint8_t ns[TIER_DISK_NS_BYTES];
-    uint64_t hdr_csum; /* XXH3-64 of everything above */
+    uint64_t hdr_csum; /* XXH3-64 of everything above, seeded with the path's secret */
+};
+
+/* The first 4 KiB of every path. The secret seeds every header checksum on the path, so
+ * bytes a client wrote into a block (and that outlive their page) can never pass for a
+ * header: forging one would need the secret, which never leaves the daemon. */
+struct tier_disk_sb {
+    uint64_t magic;
+    uint32_t format;
+    uint32_t reserved;
+    uint64_t secret;
+    uint64_t created_ns;
+    uint64_t csum; /* XXH3-64 of everything above */
 };
 
 enum tier_disk_op_kind {
@@ -73,6 +88,7 @@ struct tier_disk_op {
     uint64_t skip;    /* READ via bounce: offset of the wanted bytes inside buf */
     uint64_t len;     /* READ: wanted bytes; GET: dst bytes */
     void *data_bounce; /* GET/PUT: the data passed through buf_len-sized bounce */
+    struct iovec iov[2]; /* PUT/GET: header and data, one request */
     bool has_expect;
     struct tier_disk_meta expect;
 };
@@ -87,6 +103,7 @@ struct tier_disk {
     struct tier_disk_config cfg;
     int fds[TIER_DISK_MAX_PATHS];
     bool failed[TIER_DISK_MAX_PATHS];
+    uint64_t secret[TIER_DISK_MAX_PATHS];
     uint32_t npaths;
     uint64_t path_size;      /* bytes per path, whole pages */
     uint64_t pages_per_path;
@@ -100,6 +117,8 @@ struct tier_disk {
     bool fixed_files;
     int efd;
     uint32_t inflight;       /* ops */
+    uint64_t last_alloc;     /* data offset of the latest alloc (0: none) */
+    bool last_alloc_put;     /* whether a write to it was submitted */
     struct tier_disk_buf bufs[TIER_DISK_MAX_BUFS];
     uint32_t nbufs;
     double tokens;           /* write budget, bytes */
@@ -137,9 +156,10 @@ static void *tier_disk_aligned(uint64_t len)
     return p;
 }
 
-static uint64_t tier_disk_hdr_csum(const struct tier_disk_hdr *h)
+static uint64_t tier_disk_hdr_csum(const struct tier_disk *d, uint32_t path,
+                                   const struct tier_disk_hdr *h)
 {
-    return XXH3_64bits(h, offsetof(struct tier_disk_hdr, hdr_csum));
+    return XXH3_64bits_withSeed(h, offsetof(struct tier_disk_hdr, hdr_csum), d->secret[path]);
 }
 
 /* ---- pages ----------------------------------------------------------------------------- */
@@ -154,10 +174,10 @@ static uint32_t tier_disk_page_path(const struct tier_disk *d, uint32_t page)
     return (uint32_t)(page / d->pages_per_path);
 }
 
-/* Byte offset inside its path of a global offset. */
+/* Byte offset inside its path of a global offset (past the superblock). */
 static uint64_t tier_disk_path_off(const struct tier_disk *d, uint64_t off)
 {
-    return off % d->path_size;
+    return TIER_DISK_SB + off % d->path_size;
 }
 
 static void tier_disk_page_maybe_free(struct tier_disk *d, uint32_t p)
@@ -233,6 +253,8 @@ static int tier_disk_alloc(struct tier *t, uint64_t len, struct tier_loc *loc)
     pg->live++;
     pg->live_bytes += loc->len;
     d->st.used += loc->len;
+    d->last_alloc = loc->off;
+    d->last_alloc_put = false;
     return 0;
 }
 
@@ -264,6 +286,14 @@ static void tier_disk_free(struct tier *t, const struct tier_loc *loc)
     pg = &d->pages[p];
     if (pg->live == 0)
         return;
+    /* The latest record of the open page, never written: take the room back, so the page
+     * keeps no hole that would end its chain at the next start (records behind a hole are
+     * not found). */
+    if (p == d->open_page && loc->off == d->last_alloc && !d->last_alloc_put &&
+        loc->off + loc->len == tier_disk_page_base(d, p) + pg->used) {
+        pg->used -= loc->len + TIER_DISK_HDR;
+        d->last_alloc = 0;
+    }
     pg->live--;
     pg->live_bytes -= loc->len < pg->live_bytes ? loc->len : pg->live_bytes;
     d->st.used -= loc->len < d->st.used ? loc->len : d->st.used;
@@ -312,6 +342,31 @@ static int tier_disk_prep(struct tier_disk *d, struct tier_disk_op *op, bool wri
         io_uring_prep_write(sqe, fd, buf, (unsigned)len, poff);
     else
         io_uring_prep_read(sqe, fd, buf, (unsigned)len, poff);
+    if (d->fixed_files)
+        sqe->flags |= IOSQE_FIXED_FILE;
+    io_uring_sqe_set_data(sqe, op);
+    op->pending++;
+    return 0;
+}
+
+/* Prepares one vectored request: the 4 KiB header at off and the data right behind it. The
+ * data then travels without the registered buffer (the header is not inside it), which
+ * costs a page pin per request but saves a second request per record (docs/disk.md). */
+static int tier_disk_prep_record(struct tier_disk *d, struct tier_disk_op *op, bool write,
+                                 void *data, uint64_t len, uint64_t off)
+{
+    struct io_uring_sqe *sqe = tier_disk_sqe(d);
+    uint32_t path = (uint32_t)(off / d->path_size);
+    int fd = d->fixed_files ? (int)path : d->fds[path];
+    uint64_t poff = tier_disk_path_off(d, off);
+    if (!sqe)
+        return -EAGAIN;
+    op->iov[0] = (struct iovec){.iov_base = op->buf, .iov_len = TIER_DISK_HDR};
+    op->iov[1] = (struct iovec){.iov_base = data, .iov_len = len};
+    if (write)
+        io_uring_prep_writev(sqe, fd, op->iov, 2, poff);
+    else
+        io_uring_prep_readv(sqe, fd, op->iov, 2, poff);
     if (d->fixed_files)
         sqe->flags |= IOSQE_FIXED_FILE;
     io_uring_sqe_set_data(sqe, op);
@@ -484,21 +539,38 @@ static double tier_disk_burst(const struct tier_disk *d)
                : (double)d->cfg.page_size;
 }
 
-static bool tier_disk_write_budget(struct tier_disk *d, uint64_t bytes)
+static void tier_disk_refill(struct tier_disk *d)
 {
-    uint64_t now;
+    uint64_t now = tier_disk_now_ns();
     double burst = tier_disk_burst(d);
-    if (!d->cfg.write_rate)
-        return true;
-    now = tier_disk_now_ns();
     d->tokens += (double)(now - d->last_refill_ns) * 1e-9 * (double)d->cfg.write_rate;
     if (d->tokens > burst)
         d->tokens = burst;
     d->last_refill_ns = now;
+}
+
+static bool tier_disk_write_budget(struct tier_disk *d, uint64_t bytes)
+{
+    if (!d->cfg.write_rate)
+        return true;
+    tier_disk_refill(d);
     if (d->tokens < (double)bytes)
         return false;
     d->tokens -= (double)bytes;
     return true;
+}
+
+int tier_disk_put_ready(struct tier *t, uint64_t len)
+{
+    struct tier_disk *d = tier_disk_of(t);
+    if (d->st.writes_inflight >= d->cfg.queue_depth)
+        return -EAGAIN;
+    if (d->cfg.write_rate) {
+        tier_disk_refill(d);
+        if (d->tokens < (double)tier_disk_record_bytes(len))
+            return -EAGAIN;
+    }
+    return 0;
 }
 
 int tier_disk_put(struct tier *t, const struct tier_loc *loc, const struct tier_disk_meta *m,
@@ -538,13 +610,13 @@ int tier_disk_put(struct tier *t, const struct tier_loc *loc, const struct tier_
                                 .format = TIER_DISK_FORMAT,
                                 .page_version = (uint32_t)loc->cls,
                                 .len = m->len,
-                                .data_csum = XXH3_64bits(src, m->len),
+                                .data_csum = XXH3_64bits(src, m->len), /* see docs/disk.md */
                                 .key = {m->key[0], m->key[1]},
                                 .parent = {m->parent[0], m->parent[1]},
                                 .depth = m->depth,
                                 .codec = m->codec};
     memcpy(h->ns, m->ns, sizeof(h->ns));
-    h->hdr_csum = tier_disk_hdr_csum(h);
+    h->hdr_csum = tier_disk_hdr_csum(d, tier_disk_page_path(d, p), h);
     /* The data leaves from the arena itself unless it is unaligned or its last 4 KiB would
      * reach past a registered buffer. */
     if ((uintptr_t)src % TIER_DISK_ALIGN ||
@@ -558,22 +630,14 @@ int tier_disk_put(struct tier *t, const struct tier_loc *loc, const struct tier_
         memcpy(op->data_bounce, src, m->len);
         data = op->data_bounce;
     }
-    rc = tier_disk_prep(d, op, true, op->buf, TIER_DISK_HDR, loc->off - TIER_DISK_HDR);
-    if (rc == 0)
-        rc = tier_disk_prep(d, op, true, (void *)data, dlen, loc->off);
-    if (rc) {
-        /* Nothing was submitted yet: take back prepared entries by submitting none. */
+    rc = tier_disk_prep_record(d, op, true, (void *)data, dlen, loc->off - TIER_DISK_HDR);
+    if (rc)
         goto fail;
-    }
+    if (loc->off == d->last_alloc)
+        d->last_alloc_put = true;
     tier_disk_op_start(d, op);
     return 0;
 fail:
-    if (op && op->pending) {
-        /* A prepared header write without its data: let it run, report the failure. */
-        op->status = rc;
-        tier_disk_op_start(d, op);
-        return 0;
-    }
     if (op)
         tier_disk_op_free(op);
     return rc;
@@ -618,15 +682,9 @@ int tier_disk_get(struct tier *t, const struct tier_loc *loc, const struct tier_
         }
         into = op->data_bounce;
     }
-    rc = tier_disk_prep(d, op, false, op->buf, TIER_DISK_HDR, loc->off - TIER_DISK_HDR);
+    rc = tier_disk_prep_record(d, op, false, into, loc->len, loc->off - TIER_DISK_HDR);
     if (rc)
         goto fail;
-    rc = tier_disk_prep(d, op, false, into, loc->len, loc->off);
-    if (rc) {
-        op->status = rc;
-        tier_disk_op_start(d, op);
-        return 0;
-    }
     tier_disk_op_start(d, op);
     return 0;
 fail:
@@ -641,7 +699,7 @@ static int tier_disk_get_verify(struct tier_disk *d, struct tier_disk_op *op)
     const uint8_t *data = op->data_bounce ? op->data_bounce : op->dst;
     const struct tier_disk_page *pg = &d->pages[op->page];
     if (h->magic != TIER_DISK_MAGIC || h->format != TIER_DISK_FORMAT ||
-        h->hdr_csum != tier_disk_hdr_csum(h) || h->page_version != pg->version)
+        h->hdr_csum != tier_disk_hdr_csum(d, op->path, h) || h->page_version != pg->version)
         return -EBADMSG;
     if (h->len > op->len || tier_disk_round(h->len) > op->buf_len)
         return -EBADMSG;
@@ -787,7 +845,7 @@ static int tier_disk_scan(struct tier_disk *d)
             if (pread(d->fds[path], h, TIER_DISK_HDR, (off_t)(base + at)) != TIER_DISK_HDR)
                 break;
             if (h->magic != TIER_DISK_MAGIC || h->format != TIER_DISK_FORMAT ||
-                h->hdr_csum != tier_disk_hdr_csum(h) || h->len == 0 ||
+                h->hdr_csum != tier_disk_hdr_csum(d, path, h) || h->len == 0 ||
                 h->len > d->cfg.page_size - TIER_DISK_HDR ||
                 at + tier_disk_record_bytes(h->len) > d->cfg.page_size)
                 break;
@@ -835,6 +893,37 @@ static int tier_disk_scan(struct tier_disk *d)
     return 0;
 }
 
+/* Reads the superblock of path i, or writes a new one with a fresh secret (a new file, or
+ * one kvcd did not write: whatever records it holds can no longer verify). 0 or -errno. */
+static int tier_disk_sb_load(struct tier_disk *d, uint32_t i)
+{
+    struct tier_disk_sb *sb = tier_disk_aligned(TIER_DISK_SB);
+    int rc = 0;
+    if (!sb)
+        return -ENOMEM;
+    if (pread(d->fds[i], sb, TIER_DISK_SB, 0) == TIER_DISK_SB && sb->magic == TIER_DISK_SB_MAGIC &&
+        sb->format == TIER_DISK_FORMAT &&
+        sb->csum == XXH3_64bits(sb, offsetof(struct tier_disk_sb, csum))) {
+        d->secret[i] = sb->secret;
+        goto out;
+    }
+    memset(sb, 0, TIER_DISK_SB);
+    sb->magic = TIER_DISK_SB_MAGIC;
+    sb->format = TIER_DISK_FORMAT;
+    if (getrandom(&sb->secret, sizeof(sb->secret), 0) != sizeof(sb->secret))
+        sb->secret = tier_disk_now_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)sb;
+    sb->created_ns = tier_disk_now_ns();
+    sb->csum = XXH3_64bits(sb, offsetof(struct tier_disk_sb, csum));
+    if (pwrite(d->fds[i], sb, TIER_DISK_SB, 0) != TIER_DISK_SB || fdatasync(d->fds[i]) < 0) {
+        rc = -EIO;
+        goto out;
+    }
+    d->secret[i] = sb->secret;
+out:
+    free(sb);
+    return rc;
+}
+
 static int tier_disk_open_path(struct tier_disk *d, uint32_t i, uint64_t *size)
 {
     const char *path = d->cfg.paths[i];
@@ -858,20 +947,23 @@ static int tier_disk_open_path(struct tier_disk *d, uint32_t i, uint64_t *size)
         uint64_t bytes = 0;
         if (ioctl(fd, BLKGETSIZE64, &bytes) < 0)
             return -errno;
+        if (bytes <= TIER_DISK_SB)
+            return -ENOSPC;
+        bytes -= TIER_DISK_SB;
         *size = d->cfg.size && d->cfg.size < bytes ? d->cfg.size : bytes;
-        return 0;
+        return tier_disk_sb_load(d, i);
     }
     if (!S_ISREG(st.st_mode))
         return -EINVAL;
     *size = d->cfg.size;
-    if ((uint64_t)st.st_size < d->cfg.size) {
-        int rc = posix_fallocate(fd, 0, (off_t)d->cfg.size);
+    if ((uint64_t)st.st_size < d->cfg.size + TIER_DISK_SB) {
+        int rc = posix_fallocate(fd, 0, (off_t)(d->cfg.size + TIER_DISK_SB));
         if (rc == EOPNOTSUPP || rc == EINVAL)
-            rc = ftruncate(fd, (off_t)d->cfg.size) < 0 ? errno : 0;
+            rc = ftruncate(fd, (off_t)(d->cfg.size + TIER_DISK_SB)) < 0 ? errno : 0;
         if (rc)
             return -rc;
     }
-    return 0;
+    return tier_disk_sb_load(d, i);
 }
 
 static void tier_disk_destroy(struct tier *t)
@@ -976,6 +1068,50 @@ fail:
         tier_disk_destroy(&d->base);
     *err = rc;
     return NULL;
+}
+
+bool tier_disk_can_alloc(const struct tier *t, uint64_t len)
+{
+    const struct tier_disk *d = tier_disk_of(t);
+    uint64_t rec = tier_disk_record_bytes(len);
+    if (d->open_page != UINT32_MAX && !d->failed[tier_disk_page_path(d, d->open_page)] &&
+        d->pages[d->open_page].used + rec <= d->cfg.page_size)
+        return true;
+    for (uint32_t p = 0; p < d->npages; p++)
+        if (d->pages[p].state == TIER_DISK_PAGE_FREE && !d->pages[p].inflight &&
+            !d->failed[tier_disk_page_path(d, p)])
+            return true;
+    return false;
+}
+
+int tier_disk_page_of(const struct tier *t, const struct tier_loc *loc)
+{
+    uint32_t p = tier_disk_loc_page(tier_disk_of(t), loc);
+    return p == UINT32_MAX ? -1 : (int)p;
+}
+
+int tier_disk_compact_pick(const struct tier *t, uint32_t below_pct, uint32_t *page)
+{
+    const struct tier_disk *d = tier_disk_of(t);
+    uint64_t best_num = 1, best_den = 0;
+    for (uint32_t p = 0; p < d->npages; p++) {
+        const struct tier_disk_page *pg = &d->pages[p];
+        uint64_t live;
+        if (pg->state != TIER_DISK_PAGE_FULL || pg->live == 0 || pg->used == 0 ||
+            d->failed[tier_disk_page_path(d, p)])
+            continue;
+        live = pg->live_bytes + (uint64_t)pg->live * TIER_DISK_HDR;
+        /* live/used below the threshold (of the whole page, so a page closed early by a
+         * record that did not fit still counts its tail as reclaimable) */
+        if (live * 100 >= (uint64_t)below_pct * d->cfg.page_size)
+            continue;
+        if (best_den == 0 || live * best_den < best_num * d->cfg.page_size) {
+            best_num = live;
+            best_den = d->cfg.page_size;
+            *page = p;
+        }
+    }
+    return best_den ? 0 : -ENOENT;
 }
 
 void tier_disk_stats_get(const struct tier *t, struct tier_disk_stats *st)

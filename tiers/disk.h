@@ -10,11 +10,15 @@
  * version, so a stale location fails one comparison.
  * A record is a 4 KiB self-describing header (magic, format version, page version,
  * namespace descriptor, key, parent key, depth, length, codec, XXH3 of the data, XXH3 of the
- * header) followed by the data rounded up to 4 KiB. Header and data are written by two
- * independent requests; since the header checksums the data, a record cut off anywhere
- * fails verification and is never served. At start the page chains are walked header by
- * header (no manifest to keep in step), and every reported record is verified again when
- * read.
+ * header) followed by the data rounded up to 4 KiB. Header and data are written, and read,
+ * by one vectored request; since the header checksums the data, a record cut off anywhere
+ * fails verification and is never served. The header checksum is seeded with a random
+ * secret kept in a 4 KiB superblock at the start of each path, so stale block bytes (which
+ * a client chose) can never be taken for a header when a reused page is walked. At start
+ * the page chains are walked header by header (no manifest to keep in step), and every
+ * reported record is verified again when read. A record allocated but never written is
+ * taken back when freed if it is still the page's last, so no page keeps a hole that would
+ * cut its chain.
  * The daemon's host arena is registered as fixed buffers, so tier_disk_put/get move bytes
  * between arena slots and the device with no copy; the files are registered too. Completions
  * are signalled on an eventfd (tier_disk_fd) that the daemon's epoll loop watches; the loop
@@ -35,6 +39,7 @@
 
 #define TIER_DISK_ALIGN 4096u
 #define TIER_DISK_HDR 4096u /* header bytes in front of every record */
+#define TIER_DISK_SB 4096u  /* superblock at the start of every path, before its pages */
 #define TIER_DISK_NS_BYTES 160u
 #define TIER_DISK_MAX_PATHS 8u
 
@@ -106,6 +111,10 @@ void tier_disk_drain(struct tier *t);
 int tier_disk_put(struct tier *t, const struct tier_loc *loc, const struct tier_disk_meta *m,
                   const void *src, tier_done_fn done, void *arg);
 
+/* Whether a put of len data bytes could start now: 0, or -EAGAIN (queue depth or write rate
+ * reached). Lets a caller skip the alloc of a record it cannot write yet. */
+int tier_disk_put_ready(struct tier *t, uint64_t len);
+
 /* Reads the record at loc into dst (dst_len >= the data rounded up to 4 KiB for the
  * zero-copy path; otherwise a bounce buffer is used) and verifies it: header checksum,
  * version, and when `expect` is given its key, namespace and length, then the data's XXH3.
@@ -115,6 +124,15 @@ int tier_disk_get(struct tier *t, const struct tier_loc *loc, const struct tier_
                   void *dst, uint64_t dst_len, tier_done_fn done, void *arg);
 
 void tier_disk_stats_get(const struct tier *t, struct tier_disk_stats *st);
+
+/* Whether an alloc of len bytes would succeed now (room on the open page or a free page). */
+bool tier_disk_can_alloc(const struct tier *t, uint64_t len);
+/* The page a live location lies on, or -1. */
+int tier_disk_page_of(const struct tier *t, const struct tier_loc *loc);
+/* The closed page with the smallest live fraction (live record bytes, headers included, over
+ * the page size), if below below_pct percent: 0 and *page, or -ENOENT. For the compactor,
+ * which moves the page's live records to the open page so the page can be reused. */
+int tier_disk_compact_pick(const struct tier *t, uint32_t below_pct, uint32_t *page);
 
 /* Bytes a record of len data bytes takes on the device. */
 uint64_t tier_disk_record_bytes(uint64_t len);

@@ -2,7 +2,8 @@
  * kvcsim — replays a Mooncake-format JSONL trace against kvcd's policies.
  *
  *   kvcsim [-c CAPS] [-p POLICIES] [--block-bytes N] [--quant CODEC] [--disk BLOCKS]
- *          [--ghost F] [--fixed-half-life] [--half-life H] [--tune 0|1] [--csv FILE]
+ *          [--admit-hits N] [--ghost F] [--fixed-half-life] [--half-life H] [--tune 0|1]
+ *          [--csv FILE]
  *          [--plot FILE.png] TRACE
  *
  * CAPS: comma list of capacities in blocks, or in bytes (suffix k/m/g/t) with --block-bytes.
@@ -48,8 +49,8 @@ static int kvcsim_split(char *s, char **out, int max)
 static void kvcsim_usage(void)
 {
     fprintf(stderr, "usage: kvcsim [-c CAPS] [-p POLICIES] [--block-bytes N] [--quant CODEC]\n"
-                    "              [--disk BLOCKS] [--ghost F] [--fixed-half-life] [--half-life H]\n"
-                    "              [--tune 0|1]\n"
+                    "              [--disk BLOCKS] [--admit-hits N] [--ghost F] [--fixed-half-life]\n"
+                    "              [--half-life H] [--tune 0|1]\n"
                     "              [--csv FILE] [--plot FILE.png] TRACE\n");
 }
 
@@ -92,6 +93,7 @@ int main(int argc, char **argv)
         { "block-bytes", required_argument, 0, 'b' },
         { "quant", required_argument, 0, 'q' },
         { "disk", required_argument, 0, 'd' },
+        { "admit-hits", required_argument, 0, 'A' },
         { "ghost", required_argument, 0, 'g' },
         { "fixed-half-life", no_argument, 0, 'f' },
         { "half-life", required_argument, 0, 'H' },
@@ -126,6 +128,7 @@ int main(int argc, char **argv)
             }
             break;
         case 'd': base.disk_blocks = strtoull(optarg, NULL, 0); break;
+        case 'A': base.admit_hits = (uint32_t)strtoul(optarg, NULL, 0); break;
         case 'g': base.ghost_factor = strtod(optarg, NULL); break;
         case 'f': base.adapt = 0; break;
         case 'H': base.half_life = strtod(optarg, NULL); break;

@@ -152,6 +152,53 @@ START_TEST(test_load_vs_recompute_counters)
 }
 END_TEST
 
+/* kvcctl tiers: no GPU stats and no disk here (rows say disabled), then a daemon with a
+ * disk tier, in text and JSON, rates since start and between two samples. */
+START_TEST(test_kvcctl_tiers)
+{
+    struct daemon dd;
+    char opt[DAEMON_PATH_MAX + 32];
+    ck_assert_int_eq(daemon_kvcctl(&ct_d, ct_out, CT_OUT, ct_err, CT_OUT, "tiers", "--interval",
+                                   "0.2", NULL),
+                     0);
+    ck_assert_msg(strstr(ct_out, "TIER") && strstr(ct_out, "gpu   disabled") &&
+                      strstr(ct_out, "\nhost ") && strstr(ct_out, "disk  disabled"),
+                  "%s", ct_out);
+    ck_assert_int_eq(daemon_kvcctl(&ct_d, ct_out, CT_OUT, ct_err, CT_OUT, "--json", "tiers",
+                                   "--interval", "0", NULL),
+                     0);
+    ck_assert_msg(daemon_json_valid(ct_out), "not JSON: %s", ct_out);
+    ck_assert_msg(strstr(ct_out, "{\"tier\": \"gpu\", \"enabled\": false}"), "%s", ct_out);
+    ck_assert_uint_ge(ct_json_u64("capacity"), 16u << 20); /* the host row comes first */
+    ck_assert_uint_eq(ct_json_u64("blocks"), 3);
+    ck_assert_int_eq(daemon_kvcctl(&ct_d, ct_out, CT_OUT, ct_err, CT_OUT, "tiers", "--bogus",
+                                   NULL),
+                     2);
+
+    memset(&dd, 0, sizeof(dd));
+    snprintf(opt, sizeof(opt), "disk.path=%s/disk.kvc", ct_d.dir);
+    const char *const args[] = {"-o", "host.size=16m", "-o", "host.page_size=64k", "-o", opt,
+                                "-o", "disk.capacity=8m", "-o", "disk.page=1m", NULL};
+    ck_assert_int_eq(daemon_start(&dd, args), 0);
+    ck_assert_int_eq(daemon_kvcctl(&dd, ct_out, CT_OUT, ct_err, CT_OUT, "tiers", "--interval",
+                                   "0.1", NULL),
+                     0);
+    ck_assert_msg(strstr(ct_out, "\ndisk ") && strstr(ct_out, "8.0 MiB") &&
+                      !strstr(ct_out, "disk  disabled"),
+                  "%s", ct_out);
+    ck_assert_int_eq(daemon_kvcctl(&dd, ct_out, CT_OUT, ct_err, CT_OUT, "tiers", "--json", NULL),
+                     0);
+    ck_assert_msg(daemon_json_valid(ct_out), "not JSON: %s", ct_out);
+    const char *drow = strstr(ct_out, "\"tier\": \"disk\"");
+    ck_assert_msg(drow && strstr(drow, "\"capacity\": 8388608") &&
+                      strstr(drow, "\"pages\": 8") && strstr(drow, "\"checksum_failures\": 0") &&
+                      strstr(drow, "\"write_bytes_per_s\": "),
+                  "%s", ct_out);
+    ck_assert_int_eq(daemon_stop(&dd), 0);
+    daemon_cleanup(&dd);
+}
+END_TEST
+
 START_TEST(test_kvcctl_exit_codes)
 {
     struct daemon none = {0};
@@ -191,6 +238,7 @@ int main(void)
     tcase_add_checked_fixture(tc, ct_setup, ct_teardown);
     tcase_add_test(tc, test_kvcctl_json_validator);
     tcase_add_test(tc, test_kvcctl_status);
+    tcase_add_test(tc, test_kvcctl_tiers);
     tcase_add_test(tc, test_kvcctl_stats);
     tcase_add_test(tc, test_kvcctl_ns);
     tcase_add_test(tc, test_kvcctl_ls);

@@ -505,6 +505,12 @@ static int sim_host_room(struct sim_state *s, double need, uint64_t now)
             sim_heap_push(&s->host, x);
             break;
         case POLICY_ACTION_OFFLOAD:
+            if (s->blk[x].hits < s->c->admit_hits && !s->blk[x].children) {
+                /* Not admitted: dropped, as the daemon's tiering_demote does. */
+                s->used -= sim_room(s, x);
+                sim_forget(s, x);
+                break;
+            }
             s->used -= sim_room(s, x);
             s->where[x] = SIM_DISK;
             s->disk_used++;

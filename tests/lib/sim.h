@@ -48,6 +48,8 @@ struct sim_config {
     double half_life;     /* initial (or, without adapt, fixed) half-life in requests */
     int tune;             /* 1: half-life from policy_tune (miniature simulations); the
                              default policy's setting, sim_config_init leaves it -1 = auto */
+    uint32_t admit_hits;  /* the daemon's disk admission: a leaf hit fewer times than this
+                             is dropped where the policy would offload it (0: all admitted) */
 };
 
 void sim_config_init(struct sim_config *c);
