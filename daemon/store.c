@@ -713,7 +713,7 @@ int store_lookup_flags(struct store *s, struct store_owner *o, uint32_t ns_id,
         s->pins_now += hits;
         *lease_id = h->id;
     }
-    if (ns->tune)
+    if (ns->policy == POLICY_DEFAULT)
         for (uint32_t i = 0; i < n && i < KVC_PROTO_MAX_KEYS; i++)
             store_meta_ref(s, ns, &keys[i], i, now);
     STORE_STAT_ADD(s, ns, lookups, 1);
@@ -897,7 +897,7 @@ static uint32_t store_resv_end(struct store *s, struct store_owner *o, struct st
             committed++;
             STORE_STAT_ADD(s, ns, bytes_in, ns->block_bytes);
             store_meta_commit(s, idx, now);
-            if (ns->tune)
+            if (ns->policy == POLICY_DEFAULT)
                 store_meta_ref(s, ns, &b->key, b->depth, now);
             parent = idx;
         } else {
