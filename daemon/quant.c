@@ -15,7 +15,9 @@
  * that arrives during the encode always gets the raw copy, and no slot a lease points at is
  * ever freed.
  *
- * Trigger (a stand-in until the policy issue decides): store_trim() calls quant_pressure()
+ * Trigger: while every namespace ranks with lru, store_trim() calls quant_pressure() (below);
+ * once one has another policy, the policy engine (store_policy.c) chooses the blocks to
+ * quantize with policy_decide and calls store_quantize() itself. quant_pressure() runs
  * first. For each arena above its high watermark it queues the coldest unpinned raw blocks
  * of namespaces that allow a codec, counting each queued raw slot as freed already, until
  * the arena would be at its low watermark or store_params.quantize_inflight jobs are in

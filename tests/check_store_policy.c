@@ -97,9 +97,9 @@ static void fill(uint16_t *p, size_t n, uint32_t seed)
 static int put_chain(uint32_t ns, uint32_t chain, uint32_t from, uint32_t to, uint64_t now)
 {
     struct kvc_wire_key parent = from ? key(ns, chain, from - 1) : (struct kvc_wire_key){0};
-    struct kvc_wire_key k[64];
-    struct kvc_wire_loc loc[64];
-    uint8_t st[64];
+    struct kvc_wire_key k[64] = {{0}};
+    struct kvc_wire_loc loc[64] = {{0}};
+    uint8_t st[64] = {0};
     uint64_t resv;
     uint32_t dropped;
     int n = 0;
