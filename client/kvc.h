@@ -247,6 +247,44 @@ KVC_API int kvc_lease_copy_cuda(const kvc_lease *l, size_t i, void *dst_dev, siz
 /* Unpins and frees the lease. NULL is a no-op that returns 0. */
 KVC_API int kvc_release(kvc_lease *l);
 
+/* ---- policies: hints and budgeted reads (docs/policies.md) ---------------------------- */
+
+/* Hint kinds for kvc_hint. */
+#define KVC_HINT_ATTENTION 1u /* H2O: attention mass the block received (summed over its tokens,
+                                 layers and heads); added to the block's mass, which decays */
+#define KVC_HINT_SNAPKV 2u    /* SnapKV: the observation window's pooled score at prefill end;
+                                 replaces the block's score */
+
+/* Reports importance scores of n committed blocks of ns (keys[i] gets scores[i], finite and
+ * >= 0), for the h2o, snapkv and default policies. Keys the daemon does not hold are
+ * ignored. Returns the number of blocks that took a score. Errors: -EINVAL (kind, a score,
+ * n above KVC_HINT_MAX), -EACCES, -EPIPE. */
+#define KVC_HINT_MAX 2048u
+KVC_API int kvc_hint(kvc_ns *ns, unsigned kind, const struct kvc_key *keys, const float *scores,
+                     size_t n);
+
+/* A budgeted read: what to select from the cached prefix. */
+struct kvc_budget {
+    size_t budget;      /* at most this many blocks (>= 1) */
+    const char *policy; /* a policy name ("h2o", "quest", ...); NULL: the namespace's */
+    unsigned sinks;     /* leading blocks always taken (attention sinks), typically 1 */
+    unsigned recent;    /* trailing blocks of the prefix always taken, e.g. 2 */
+    const float *query; /* Quest: a query vector of head_dim floats (NULL: none) */
+    size_t query_dim;   /* its length: 0 or the namespace's head_dim */
+};
+
+/* Of the longest cached prefix of keys[0..n) that is in memory, selects at most b->budget
+ * blocks: the sinks and the recent window first, the rest by the policy's importance (H2O
+ * mass, SnapKV score, Quest bound of the query against the blocks' key summaries; blocks
+ * without a summary count as unbounded), and pins them under one lease: hit i of the lease
+ * is the block at position pos[i] of keys (ascending; pos holds b->budget entries).
+ * *nprefix (may be NULL) gets the cached prefix's length. Returns the number selected (0:
+ * *out NULL). Errors: -EINVAL (budget 0, unknown policy, query_dim not head_dim, n above
+ * KVC_PROTO's 2048 keys), -EACCES, -EMFILE, -EPIPE. */
+KVC_API int kvc_lookup_budget(kvc_ns *ns, const struct kvc_key *keys, size_t n,
+                              const struct kvc_budget *b, size_t *pos, size_t *nprefix,
+                              kvc_lease **out);
+
 /* ---- writing ------------------------------------------------------------------------ */
 
 /* Reserves slots for the keys of the chain parent → keys[0] → ... → keys[n-1] that are not
@@ -345,8 +383,11 @@ KVC_API int kvc_config_set(kvc_client *c, const char *key, const char *value, ch
  * a restart changed) with the daemon's reason in msg. */
 KVC_API int kvc_reload(kvc_client *c, char *msg, size_t len);
 
-/* The eviction policy in use (a policy name such as "lru"); scope 0 (per-namespace
- * policies are not kept yet: -EOPNOTSUPP). (admin for set) Set: -EINVAL unknown name. */
+/* Policies (docs/policies.md). scope 0: get writes the default (cache.policy) on the first
+ * line of buf, then one line per namespace "ID MODEL POLICY SOURCE" (SOURCE: default, config
+ * or admin); set changes the default. scope = a namespace id: get writes that namespace's
+ * policy name, set changes it until the next reload ("inherit": follow the default again).
+ * (admin for set) -EINVAL unknown name, -ENOENT unknown namespace. */
 KVC_API int kvc_policy_get(kvc_client *c, uint32_t scope, char *buf, size_t len);
 KVC_API int kvc_policy_set(kvc_client *c, uint32_t scope, const char *name);
 

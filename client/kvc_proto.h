@@ -47,6 +47,8 @@
     X(BLOCK_LIST, 10, 0, "blocks of a namespace with their metadata")                        \
     X(WAIT, 11, 0, "wait until the hits of a lease that were on disk are in memory")               \
     X(GPU_ATTACH, 12, 0, "the GPU pool: export handle (descriptor attached) and device")          \
+    X(HINT, 16, 0, "per-block importance scores for the policies (H2O mass, SnapKV score)")       \
+    X(LOOKUP_BUDGET, 17, 0, "at most N blocks of a cached prefix, chosen by a policy; pinned")    \
     X(CLIENTS, 32, 0, "connected clients: pid, uid, pins, reservations, counters")                 \
     X(METRICS, 33, 0, "every counter in the Prometheus text format, paged")                        \
     X(CONFIG_GET, 34, 0, "the value of one option")                                                \
@@ -336,7 +338,9 @@ struct kvc_block_list_rep {
  *   METRICS     cursor = byte offset into the text
  *   CONFIG_GET  key = "section.name"
  *   CONFIG_SET  key, value
- *   POLICY_GET/SET  scope = 0 (the default policy), value = policy name for SET
+ *   POLICY_GET/SET  scope = 0: the default (cache.policy); GET answers it and one line per
+ *               namespace "ID MODEL NAME SOURCE"; scope = namespace id: that namespace's;
+ *               value = policy name for SET ("inherit": follow the default again)
  *   EVICT       scope = namespace id (0: every namespace), tier = KVC_WIRE_TIER_* (0: all)
  */
 struct kvc_admin_req {
@@ -403,7 +407,79 @@ struct kvc_gpu_attach_rep {
     uint8_t legacy[64];
 };
 
+/*
+ * HINT: per-block scores for the policies (docs/policies.md). kind KVC_HINT_H2O adds the
+ * score (attention mass summed over the block's tokens, layers and heads) to the block's
+ * H2O mass, which decays with the namespace's half-life; KVC_HINT_SNAPKV sets the block's
+ * SnapKV score (the observation window's pooled attention at prefill end). Scores must be
+ * finite and >= 0; keys that name no committed block are ignored.
+ */
+#define KVC_HINT_H2O 1u
+#define KVC_HINT_SNAPKV 2u
+struct kvc_hint_req {
+    uint32_t ns_id;
+    uint32_t kind; /* KVC_HINT_* */
+    uint32_t nhints;
+    uint32_t pad;
+    /* struct kvc_wire_hint hints[nhints]; */
+};
+struct kvc_wire_hint {
+    struct kvc_wire_key key;
+    float score;
+    uint32_t pad;
+};
+struct kvc_hint_rep {
+    uint32_t applied; /* blocks that took a hint */
+    uint32_t pad;
+};
+
+/*
+ * LOOKUP_BUDGET: of the longest run of committed in-memory blocks of keys[0..nkeys), at most
+ * `budget` blocks chosen by `policy` (KVC_POLICY_NS: the namespace's; else a policy number,
+ * the order of `kvcctl policy`): the first `sinks` and the last `recent` first, the rest by
+ * the policy's importance; with qdim > 0 the request carries a query vector of qdim floats
+ * (the namespace's head_dim) after the keys and Quest ranks by its bound from the blocks' key
+ * summaries. The selected blocks are pinned under one lease, in position order.
+ */
+#define KVC_POLICY_NS UINT32_MAX
+#define KVC_PROTO_MAX_QDIM 4096u
+struct kvc_lookup_budget_req {
+    uint32_t ns_id;
+    uint32_t flags; /* 0 */
+    uint32_t nkeys;
+    uint32_t budget; /* >= 1 */
+    uint32_t policy;
+    uint32_t qdim; /* floats of query after the keys, 0: none */
+    uint32_t sinks;
+    uint32_t recent;
+    /* struct kvc_wire_key keys[nkeys]; float q[qdim]; */
+};
+struct kvc_wire_sel {
+    uint32_t pos; /* index into the request's keys */
+    uint32_t pad;
+    struct kvc_wire_loc loc;
+};
+struct kvc_lookup_budget_rep {
+    uint32_t nsel;
+    uint32_t nprefix;  /* length of the cached run the selection came from */
+    uint64_t lease_id; /* 0 when nsel == 0 */
+    /* struct kvc_wire_sel sel[nsel]; */
+};
+
 /* Layout checks: both ends compile these. */
+_Static_assert(sizeof(struct kvc_wire_hint) == 24, "hint layout");
+_Static_assert(sizeof(struct kvc_wire_sel) == 32, "sel layout");
+_Static_assert(sizeof(struct kvc_lookup_budget_req) == 32, "budget layout");
+_Static_assert(sizeof(struct kvc_lookup_budget_req) +
+                       KVC_PROTO_MAX_KEYS * sizeof(struct kvc_wire_key) +
+                       KVC_PROTO_MAX_QDIM * sizeof(float) + sizeof(struct kvc_msg_hdr) <=
+                   KVC_PROTO_MAX_MSG,
+               "budgeted lookup fits");
+_Static_assert(sizeof(struct kvc_lookup_budget_rep) +
+                       KVC_PROTO_MAX_KEYS * sizeof(struct kvc_wire_sel) +
+                       sizeof(struct kvc_msg_hdr) <=
+                   KVC_PROTO_MAX_MSG,
+               "budgeted lookup reply fits");
 _Static_assert(sizeof(struct kvc_admin_req) == 272, "admin layout");
 _Static_assert(sizeof(struct kvc_text_rep) == 24, "text layout");
 _Static_assert(sizeof(struct kvc_wire_client) == 144, "client layout");

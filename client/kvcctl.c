@@ -504,26 +504,82 @@ static int ctl_clients(struct ctl *x, int argc, char **argv)
     return 0;
 }
 
+/* policy [get] [--ns ID] | policy set [--ns ID] NAME: the default (cache.policy) and each
+ * namespace's policy, or one namespace's. */
 static int ctl_policy(struct ctl *x, int argc, char **argv)
 {
-    char name[64];
-    int rc;
-    bool set = argc == 3 && strcmp(argv[1], "set") == 0;
+    char text[65536];
+    const char *pos[3] = {argv[0], NULL, NULL};
+    uint32_t ns = 0;
+    int npos = 1, rc;
+    bool set;
+    /* --ns ID anywhere after "policy" */
+    for (int i = 1; i < argc; i++) {
+        const char *v = NULL;
+        if (strcmp(argv[i], "--ns") == 0 && i + 1 < argc)
+            v = argv[++i];
+        else if (strncmp(argv[i], "--ns=", 5) == 0)
+            v = argv[i] + 5;
+        if (v && !(ns = ctl_parse_ns(v))) {
+            fprintf(stderr, "kvcctl policy: --ns takes a namespace id\n");
+            return 2;
+        }
+        if (!v && npos == 3) {
+            npos++;
+            break;
+        }
+        if (!v)
+            pos[npos++] = argv[i];
+    }
+    argc = npos;
+    argv = (char **)pos;
+    set = argc == 3 && strcmp(argv[1], "set") == 0;
     if (!set && !(argc == 1 || (argc == 2 && strcmp(argv[1], "get") == 0))) {
-        fprintf(stderr, "kvcctl policy: get | set NAME\n");
+        fprintf(stderr, "kvcctl policy: [get] [--ns ID] | set [--ns ID] NAME\n");
         return 2;
     }
     if (ctl_connect(x))
         return 1;
-    if (set && (rc = kvc_policy_set(x->c, 0, argv[2])))
-        return ctl_fail("policy set", rc, rc == -EINVAL ? "unknown policy name" : NULL);
-    rc = kvc_policy_get(x->c, 0, name, sizeof(name));
+    if (set && (rc = kvc_policy_set(x->c, ns, argv[2])))
+        return ctl_fail("policy set", rc,
+                        rc == -EINVAL   ? "unknown policy name"
+                        : rc == -ENOENT ? "no such namespace"
+                                        : NULL);
+    rc = kvc_policy_get(x->c, ns, text, sizeof(text));
     if (rc)
-        return ctl_fail("policy", rc, NULL);
+        return ctl_fail("policy", rc, rc == -ENOENT ? "no such namespace" : NULL);
+    if (ns) {
+        if (x->json)
+            printf("{\"ns\": %u, \"policy\": \"%s\"}\n", ns, text);
+        else
+            printf("%s\n", text);
+        return 0;
+    }
+    /* The default on the first line, then "ID MODEL POLICY SOURCE" per namespace. */
+    char *save = NULL, *line = strtok_r(text, "\n", &save);
     if (x->json)
-        printf("{\"policy\": \"%s\"}\n", name);
+        printf("{\"policy\": \"%s\", \"namespaces\": [", line ? line : "");
     else
-        printf("%s\n", name);
+        printf("default policy: %s\n", line ? line : "");
+    int k = 0;
+    while ((line = strtok_r(NULL, "\n", &save))) {
+        char model[160], pol[32], src[16];
+        unsigned id;
+        if (sscanf(line, "%u %159s %31s %15s", &id, model, pol, src) != 4)
+            continue;
+        if (x->json) {
+            printf("%s{\"ns\": %u, \"model\": ", k ? ", " : "", id);
+            ctl_json_str(model);
+            printf(", \"policy\": \"%s\", \"source\": \"%s\"}", pol, src);
+        } else {
+            if (!k)
+                printf("%-5s %-40s %-10s %s\n", "NS", "MODEL", "POLICY", "FROM");
+            printf("%-5u %-40s %-10s %s\n", id, model, pol, src);
+        }
+        k++;
+    }
+    if (x->json)
+        printf("]}\n");
     return 0;
 }
 
@@ -1050,7 +1106,8 @@ static const struct ctl_cmd ctl_cmds[] = {
     {"tiers", "[--interval S]",
      "per tier: capacity, used, blocks, pages, fragmentation, I/O, bytes/s, errors",
      ctl_tiers},
-    {"policy", "get | set NAME", "the eviction policy (set: admin)", ctl_policy},
+    {"policy", "[get] [--ns ID] | set [--ns ID] NAME",
+     "the default and each namespace's policy (set: admin)", ctl_policy},
     {"config", "get [KEY] | set KEY VALUE",
      "options of the running daemon (set: admin, reloadable options)", ctl_config},
     {"reload", "", "reload the config file and wait for the verdict (admin)", ctl_reload},

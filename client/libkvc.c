@@ -580,6 +580,137 @@ KVC_API int kvc_lookup(kvc_ns *ns, const struct kvc_key *keys, size_t n, unsigne
     return (int)l->n;
 }
 
+KVC_API int kvc_hint(kvc_ns *ns, unsigned kind, const struct kvc_key *keys, const float *scores,
+                     size_t n)
+{
+    kvc_client *c;
+    uint32_t len;
+    int rc;
+    if (!ns || (kind != KVC_HINT_ATTENTION && kind != KVC_HINT_SNAPKV) || (n && (!keys || !scores)) ||
+        n > KVC_HINT_MAX)
+        return -EINVAL;
+    for (size_t i = 0; i < n; i++)
+        if (!(scores[i] >= 0) || scores[i] > 3.4e38f)
+            return -EINVAL;
+    if (n == 0)
+        return 0;
+    c = ns->c;
+    pthread_mutex_lock(&c->mu);
+    struct kvc_hint_req *q = kvc_req(c);
+    struct kvc_wire_hint *h = (struct kvc_wire_hint *)(q + 1);
+    *q = (struct kvc_hint_req){.ns_id = ns->id,
+                               .kind = kind == KVC_HINT_ATTENTION ? KVC_HINT_H2O : KVC_HINT_SNAPKV,
+                               .nhints = (uint32_t)n};
+    for (size_t i = 0; i < n; i++) {
+        memcpy(&h[i].key, &keys[i], sizeof(h[i].key));
+        h[i].score = scores[i];
+        h[i].pad = 0;
+    }
+    rc = kvc_call(c, KVC_OP_HINT, (uint32_t)(sizeof(*q) + n * sizeof(*h)), NULL);
+    if (rc == 0) {
+        const struct kvc_hint_rep *p = kvc_rep(c, &len);
+        rc = len == sizeof(*p) && p->applied <= n ? (int)p->applied : -EPROTO;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+/* Policy numbers of LOOKUP_BUDGET: the daemon's order (kvcctl policy). */
+static const char *const kvc_policy_names[] = {"lru",     "lfu",     "prefix", "streaming", "h2o",
+                                               "snapkv",  "keynorm", "quest",  "default"};
+
+KVC_API int kvc_lookup_budget(kvc_ns *ns, const struct kvc_key *keys, size_t n,
+                              const struct kvc_budget *b, size_t *pos, size_t *nprefix,
+                              kvc_lease **out)
+{
+    kvc_client *c;
+    kvc_lease *l = NULL;
+    uint32_t policy = KVC_POLICY_NS, len;
+    int rc;
+    if (out)
+        *out = NULL;
+    if (nprefix)
+        *nprefix = 0;
+    if (!ns || !b || !out || !pos || (!keys && n) || b->budget == 0 || n > KVC_PROTO_MAX_KEYS ||
+        (b->query_dim && (!b->query || b->query_dim != ns->layout.head_dim)))
+        return -EINVAL;
+    if (b->policy) {
+        for (policy = 0; policy < sizeof(kvc_policy_names) / sizeof(kvc_policy_names[0]); policy++)
+            if (strcmp(b->policy, kvc_policy_names[policy]) == 0)
+                break;
+        if (policy == sizeof(kvc_policy_names) / sizeof(kvc_policy_names[0]))
+            return -EINVAL;
+    }
+    if (n == 0)
+        return 0;
+    c = ns->c;
+    pthread_mutex_lock(&c->mu);
+    struct kvc_lookup_budget_req *q = kvc_req(c);
+    *q = (struct kvc_lookup_budget_req){
+        .ns_id = ns->id,
+        .nkeys = (uint32_t)n,
+        .budget = b->budget > KVC_PROTO_MAX_KEYS ? KVC_PROTO_MAX_KEYS : (uint32_t)b->budget,
+        .policy = policy,
+        .qdim = (uint32_t)b->query_dim,
+        .sinks = b->sinks,
+        .recent = b->recent};
+    memcpy(q + 1, keys, n * sizeof(struct kvc_wire_key));
+    if (b->query_dim)
+        memcpy((struct kvc_wire_key *)(q + 1) + n, b->query, b->query_dim * sizeof(float));
+    rc = kvc_call(c, KVC_OP_LOOKUP_BUDGET,
+                  (uint32_t)(sizeof(*q) + n * sizeof(struct kvc_wire_key) +
+                             b->query_dim * sizeof(float)),
+                  NULL);
+    if (rc)
+        goto out;
+    const struct kvc_lookup_budget_rep *p = kvc_rep(c, &len);
+    const struct kvc_wire_sel *sel = (const struct kvc_wire_sel *)(p + 1);
+    if (len < sizeof(*p) || p->nsel > b->budget || p->nsel > p->nprefix || p->nprefix > n ||
+        len != sizeof(*p) + (size_t)p->nsel * sizeof(*sel) || (p->nsel > 0) != (p->lease_id != 0)) {
+        rc = -EPROTO;
+        goto out;
+    }
+    if (nprefix)
+        *nprefix = p->nprefix;
+    if (p->nsel == 0)
+        goto out;
+    l = calloc(1, sizeof(*l) + p->nsel * sizeof(l->hits[0]));
+    if (!l) {
+        kvc_release_ids(c, &p->lease_id, 1, 0);
+        rc = -ENOMEM;
+        goto out;
+    }
+    l->ns = ns;
+    l->ids[l->nids++] = p->lease_id;
+    for (uint32_t i = 0; i < p->nsel; i++) {
+        uint8_t *ptr = kvc_loc_ptr(ns, &sel[i].loc);
+        if (!ptr || sel[i].loc.format >= KVC_WIRE_FORMAT_COUNT || sel[i].pos >= p->nprefix ||
+            (i && sel[i].pos <= sel[i - 1].pos)) {
+            rc = -EPROTO;
+            break;
+        }
+        pos[i] = sel[i].pos;
+        l->hits[l->n++] = (struct kvc_hit){
+            .data = ptr,
+            .len = sel[i].loc.format == KVC_WIRE_FORMAT_RAW ? ns->block_bytes : sel[i].loc.length,
+            .format = sel[i].loc.format,
+            .tier = sel[i].loc.tier,
+            .chunk = 0,
+            .ready = (sel[i].loc.flags & KVC_LOC_F_READY) != 0};
+    }
+    if (rc) {
+        kvc_release_ids(c, l->ids, l->nids, 0);
+        free(l);
+        l = NULL;
+        goto out;
+    }
+    *out = l;
+    rc = (int)l->n;
+out:
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
 KVC_API int kvc_lease_ready(const kvc_lease *l)
 {
     size_t i = 0;

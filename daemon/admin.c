@@ -198,6 +198,58 @@ static int admin_config_get(const struct admin_ctx *x, const struct kvc_admin_re
     return rc;
 }
 
+/* POLICY_GET/SET: scope 0 is the default (cache.policy) and GET lists every namespace's;
+ * scope N is namespace N ("inherit" follows the default again). */
+static int admin_policy(const struct admin_ctx *x, bool set, const struct kvc_admin_req *q,
+                        void *out, size_t cap)
+{
+    static const char *const src[] = {[STORE_POLICY_SRC_DEFAULT] = "default",
+                                      [STORE_POLICY_SRC_CONFIG] = "config",
+                                      [STORE_POLICY_SRC_ADMIN] = "admin"};
+    struct store *s = x->store;
+    struct store_ns *ns = q->scope ? store_ns_get(s, q->scope) : NULL;
+    char *text = NULL;
+    size_t len = 0;
+    int rc;
+    if (q->scope && !ns)
+        return -ENOENT;
+    if (set) {
+        int k = q->scope && strcmp(q->value, "inherit") == 0 ? -1 : policy_from_name(q->value);
+        if (k < 0 && !(q->scope && strcmp(q->value, "inherit") == 0))
+            return -EINVAL;
+        if (q->scope) {
+            store_ns_policy_set(s, q->scope, k, STORE_POLICY_SRC_ADMIN);
+            log_info("admin: namespace %u '%s' policy set to %s (until the next reload)",
+                     q->scope, ns->layout.model_id, policy_name(ns->policy));
+        } else {
+            struct store_params p = s->p;
+            p.policy = (enum policy_kind)k;
+            store_reload(s, &p); /* namespaces that follow the default follow it */
+            log_info("admin: default policy set to %s (until the next reload)", q->value);
+        }
+    }
+    if (q->scope) {
+        const char *name = policy_name(ns->policy);
+        return admin_text(out, cap, 0, 0, 0, name, strlen(name));
+    }
+    /* The default on the first line, then "ID MODEL POLICY SOURCE" per namespace. */
+    FILE *f = open_memstream(&text, &len);
+    if (!f)
+        return -ENOMEM;
+    fprintf(f, "%s\n", policy_name(s->p.policy));
+    for (uint32_t i = 1; i < s->nns; i++)
+        if (s->ns[i])
+            fprintf(f, "%u %s %s %s\n", i, s->ns[i]->layout.model_id,
+                    policy_name(s->ns[i]->policy), src[s->ns[i]->policy_src % 3]);
+    if (fclose(f) || !text) {
+        free(text);
+        return -ENOMEM;
+    }
+    rc = admin_text(out, cap, 0, 0, 0, text, len);
+    free(text);
+    return rc;
+}
+
 int admin_handle(const struct admin_ctx *x, const struct proto_req *r, void *out, size_t cap)
 {
     const struct kvc_admin_req *q = r->body;
@@ -227,20 +279,8 @@ int admin_handle(const struct admin_ctx *x, const struct proto_req *r, void *out
         rc = x->hooks->reload(x->hooks->arg, msg, sizeof(msg));
         return admin_text(out, cap, rc, 0, 0, msg, strlen(msg));
     case KVC_OP_POLICY_GET:
-    case KVC_OP_POLICY_SET: {
-        const char *name;
-        if (q->scope)
-            return -EOPNOTSUPP; /* one policy for every namespace so far */
-        if (r->hdr->opcode == KVC_OP_POLICY_SET) {
-            int k = policy_from_name(q->value);
-            if (k < 0)
-                return -EINVAL;
-            x->store->p.policy = (enum policy_kind)k;
-            log_info("admin: eviction policy set to %s (until the next reload)", q->value);
-        }
-        name = policy_name(x->store->p.policy);
-        return admin_text(out, cap, 0, 0, 0, name, strlen(name));
-    }
+    case KVC_OP_POLICY_SET:
+        return admin_policy(x, r->hdr->opcode == KVC_OP_POLICY_SET, q, out, cap);
     case KVC_OP_EVICT: {
         int n;
         if (q->tier && q->tier != KVC_WIRE_TIER_HOST)

@@ -59,8 +59,11 @@
     X(host, quantize_inflight, INT, "8", 0, 1024, 1, NULL,                                    \
       "Blocks quantized in place at once above high_watermark, before evicting, in "          \
       "namespaces whose creator allowed a codec (0: never quantize, evict).")                 \
-    X(cache, policy, ENUM, "lru", 0, 0, 1, "lru",                                             \
-      "Eviction order among unpinned leaves of the prefix tree.")                                  \
+    X(cache, policy, ENUM, "default", 0, 0, 1,                                                     \
+      "lru|lfu|prefix|streaming|h2o|snapkv|keynorm|quest|default",                                 \
+      "Policy of the namespaces no [namespace.PATTERN] section names one for: their eviction "     \
+      "order and, with codecs or a disk tier, what leaves memory how (docs/policies.md). lru "      \
+      "keeps the original order: quantize, then demote to disk, then drop, coldest first.")        \
     X(cache, recompute_tokens_per_s, INT, "8000", 1, 100000000, 1, NULL,                           \
       "Prefill throughput of the engines, in tokens per second: kvcd reports the time its "        \
       "hits saved as hit tokens divided by this, beside the load time clients report.")            \

@@ -10,6 +10,7 @@
 
 #include "daemon/config.h"
 #include "daemon/config_ns.h"
+#include "policies/policy.h"
 
 enum config_ns_key {
 #define CONFIG_NS_ENUM(key, reload, help) CONFIG_NS_KEY_##key,
@@ -99,7 +100,7 @@ int config_ns_set(struct config *c, const char *pattern, const char *key, const 
     if (k < 0) {
         snprintf(why, whylen,
                  "unknown key '%s' in [namespace.%s] (keys: read write host_size max_bytes "
-                 "max_pins max_reservations disk_compress)",
+                 "max_pins max_reservations policy disk_compress)",
                  key, pattern);
         return -EINVAL;
     }
@@ -118,13 +119,21 @@ int config_ns_set(struct config *c, const char *pattern, const char *key, const 
         memset(ns, 0, sizeof(*ns));
         snprintf(ns->pattern, sizeof(ns->pattern), "%s", pattern);
         ns->host_size = CONFIG_NS_HOST_SIZE_DEFAULT;
+        ns->policy = -1;
         ns->disk_compress = -1;
     }
     if (ns->set_mask & (1u << k)) {
         snprintf(why, whylen, "duplicate key '%s' in [namespace.%s]", key, pattern);
         return -EINVAL;
     }
-    if (k == CONFIG_NS_KEY_read || k == CONFIG_NS_KEY_write) {
+    if (k == CONFIG_NS_KEY_policy) {
+        ns->policy = policy_from_name(value);
+        if (ns->policy < 0)
+            return config_ns_why(why, whylen,
+                                 "unknown policy (lru lfu prefix streaming h2o snapkv keynorm "
+                                 "quest default):",
+                                 value);
+    } else if (k == CONFIG_NS_KEY_read || k == CONFIG_NS_KEY_write) {
         int rc = config_ns_parse_ids(value, k == CONFIG_NS_KEY_read ? &ns->read : &ns->write,
                                      why, whylen);
         if (rc)
@@ -212,6 +221,8 @@ void config_ns_print(const struct config *c, FILE *f)
         fprintf(f, "max_bytes = %llu\n", (unsigned long long)ns->max_bytes);
         fprintf(f, "max_pins = %llu\n", (unsigned long long)ns->max_pins);
         fprintf(f, "max_reservations = %llu\n", (unsigned long long)ns->max_reservations);
+        if (ns->policy >= 0)
+            fprintf(f, "policy = %s\n", policy_name((enum policy_kind)ns->policy));
         if (ns->disk_compress >= 0)
             fprintf(f, "disk_compress = %d\n", ns->disk_compress);
     }

@@ -15,6 +15,7 @@
  *   max_bytes = 3g                ; committed bytes; past it the namespace evicts its own
  *   max_pins = 100000             ; blocks pinned at once, all clients together
  *   max_reservations = 4096       ; reserved slots at once, all clients together
+ *   policy = h2o                  ; the namespaces' policy (else cache.policy)
  *   disk_compress = 1             ; zstd level of its blocks on disk (0: raw)
  *
  * A section with a read or write list gets a private host arena: namespaces whose sections
@@ -41,7 +42,8 @@ struct config;
     X(host_size, 0, "bytes of the private arena of these lists (64m)")                        \
     X(max_bytes, 1, "committed bytes; past it the namespace evicts its own")                  \
     X(max_pins, 1, "blocks pinned at once, all clients together")                             \
-    X(max_reservations, 1, "slots reserved at once, all clients together")                     \
+    X(max_reservations, 1, "slots reserved at once, all clients together")                    \
+    X(policy, 1, "policy of these namespaces (a cache.policy name)")                          \
     X(disk_compress, 1, "zstd level of its disk blocks (0 raw; disk.compress)")
 
 #define CONFIG_NS_PATTERN_MAX 40 /* inih keeps section names under 50 bytes */
@@ -63,6 +65,7 @@ struct config_ns {
     struct config_ns_ids read, write;
     uint64_t host_size;
     uint64_t max_bytes, max_pins, max_reservations;
+    int policy; /* enum policy_kind, or -1: cache.policy */
     int disk_compress; /* -1: disk.compress */
 };
 

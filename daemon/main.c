@@ -153,6 +153,7 @@ static int kvcd_apply(struct kvcd *d, struct config *next, char *msg, size_t len
     tiering_compress_set(d->store, (int)d->cfg->disk_compress);
     kvcd_server_params(d, d->cfg, &vp);
     server_reload(d->server, &vp);
+    server_ns_policies(d->server);
     config_free(old);
     return 0;
 }

@@ -7,9 +7,11 @@
  * read past the datagram and nothing trailing is ignored.
  */
 #include <errno.h>
+#include <math.h>
 #include <string.h>
 
 #include "daemon/proto.h"
+#include "policies/policy.h"
 
 struct proto_shape {
     uint32_t body;       /* bytes of the fixed part */
@@ -39,6 +41,11 @@ static const struct proto_shape proto_shapes[KVC_OP_MAX] = {
 #undef PROTO_ADMIN_SHAPE
     [KVC_OP_WAIT] = {sizeof(struct kvc_wait_req), 0, 0, 0},
     [KVC_OP_GPU_ATTACH] = {sizeof(struct kvc_gpu_attach_req), 0, 0, 0},
+    [KVC_OP_HINT] = {sizeof(struct kvc_hint_req), sizeof(struct kvc_wire_hint),
+                     offsetof(struct kvc_hint_req, nhints), KVC_PROTO_MAX_KEYS},
+    /* keys, then qdim floats: the length is checked in proto_decode_budget() */
+    [KVC_OP_LOOKUP_BUDGET] = {sizeof(struct kvc_lookup_budget_req), sizeof(struct kvc_wire_key),
+                              offsetof(struct kvc_lookup_budget_req, nkeys), KVC_PROTO_MAX_KEYS},
 };
 
 const char *proto_op_name(uint32_t op)
@@ -105,6 +112,39 @@ static int proto_check_body(uint32_t op, const void *body, const char **why)
             goto reserved;
         break;
     }
+    case KVC_OP_HINT: {
+        const struct kvc_hint_req *q = body;
+        const struct kvc_wire_hint *h = (const struct kvc_wire_hint *)(q + 1);
+        if (q->pad)
+            goto reserved;
+        if (q->kind != KVC_HINT_H2O && q->kind != KVC_HINT_SNAPKV) {
+            *why = "unknown hint kind";
+            return -EINVAL;
+        }
+        for (uint32_t i = 0; i < q->nhints; i++) {
+            if (h[i].pad)
+                goto reserved;
+            if (!isfinite(h[i].score) || h[i].score < 0) {
+                *why = "hint score not finite or negative";
+                return -EINVAL;
+            }
+        }
+        break;
+    }
+    case KVC_OP_LOOKUP_BUDGET: {
+        const struct kvc_lookup_budget_req *q = body;
+        if (q->flags)
+            goto reserved;
+        if (q->budget == 0) {
+            *why = "budget is 0";
+            return -EINVAL;
+        }
+        if (q->policy != KVC_POLICY_NS && q->policy >= POLICY_KIND_COUNT) {
+            *why = "unknown policy";
+            return -EINVAL;
+        }
+        break;
+    }
     case KVC_OP_BLOCK_LIST:
         if (((const struct kvc_block_list_req *)body)->max == 0) {
             *why = "max is 0";
@@ -166,7 +206,33 @@ int proto_decode(const void *buf, size_t n, struct proto_req *r, const char **wh
         return -EBADMSG;
     }
     r->body = (const char *)buf + sizeof(*h);
-    if (sh->entry) {
+    if (h->opcode == KVC_OP_LOOKUP_BUDGET) {
+        const struct kvc_lookup_budget_req *q = r->body;
+        const float *v;
+        if (q->nkeys == 0) {
+            *why = "empty batch";
+            return -EINVAL;
+        }
+        if (q->nkeys > KVC_PROTO_MAX_KEYS || q->qdim > KVC_PROTO_MAX_QDIM) {
+            *why = "more keys or query floats than the protocol allows";
+            return -E2BIG;
+        }
+        if ((uint64_t)h->len != sh->body + (uint64_t)q->nkeys * sh->entry +
+                                    (uint64_t)q->qdim * sizeof(float)) {
+            *why = "payload length does not match the key and query counts";
+            return -EBADMSG;
+        }
+        r->tail = (const char *)r->body + sh->body;
+        r->ntail = q->nkeys;
+        r->tail2 = q->qdim ? (const char *)r->tail + (size_t)q->nkeys * sh->entry : NULL;
+        r->ntail2 = q->qdim;
+        v = r->tail2;
+        for (uint32_t i = 0; i < q->qdim; i++)
+            if (!isfinite(v[i])) {
+                *why = "query not finite";
+                return -EINVAL;
+            }
+    } else if (sh->entry) {
         memcpy(&count, (const char *)r->body + sh->count_off, sizeof(count));
         if (count == 0) {
             *why = "empty batch";

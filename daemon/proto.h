@@ -15,6 +15,8 @@ struct proto_req {
     const void *body; /* the fixed part of the payload */
     const void *tail; /* the array after it (keys, lease ids) */
     uint32_t ntail;   /* entries in tail */
+    const void *tail2; /* LOOKUP_BUDGET: the query vector after the keys, or NULL */
+    uint32_t ntail2;   /* its floats */
 };
 
 /*

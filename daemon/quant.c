@@ -15,7 +15,9 @@
  * that arrives during the encode always gets the raw copy, and no slot a lease points at is
  * ever freed.
  *
- * Trigger (a stand-in until the policy issue decides): store_trim() calls quant_pressure()
+ * Trigger: while every namespace ranks with lru, store_trim() calls quant_pressure() (below);
+ * once one has another policy, the policy engine (store_policy.c) chooses the blocks to
+ * quantize with policy_decide and calls store_quantize() itself. quant_pressure() runs
  * first. For each arena above its high watermark it queues the coldest unpinned raw blocks
  * of namespaces that allow a codec, counting each queued raw slot as freed already, until
  * the arena would be at its low watermark or store_params.quantize_inflight jobs are in
@@ -63,6 +65,7 @@ struct quant_job {
     struct kern_recipe rec;
     int64_t rc;
     float key_norm, key_absmax;
+    float *quest; /* per channel key min then max, summed over (layer, head): 2 * head_dim */
 };
 
 struct quant {
@@ -103,6 +106,15 @@ static void quant_encode(struct quant_job *j)
     }
     j->key_norm = (float)(norm / (double)nlh);
     j->key_absmax = amax;
+    /* Quest's summary for budgeted reads (store_policy.c): the bound of a query against the
+     * sum over layers and heads is the sum of their bounds' channel terms' upper envelope. */
+    j->quest = calloc(2 * (size_t)lay->head_dim, sizeof(float));
+    if (j->quest)
+        for (size_t i = 0; i < nlh; i++)
+            for (uint32_t d = 0; d < lay->head_dim; d++) {
+                j->quest[d] += ks.kmin[i * lay->head_dim + d];
+                j->quest[lay->head_dim + d] += ks.kmax[i * lay->head_dim + d];
+            }
 out:
     free(buf);
 }
@@ -181,12 +193,17 @@ static void quant_apply(struct quant *q, struct quant_job *j)
     if (j->idx < q->nsum)
         q->sum[j->idx] = (uint32_t)quant_bf16(j->key_norm) << 16 | quant_bf16(j->key_absmax);
     ns->bytes = ns->bytes - j->raw.len + j->enc.len;
+    if (j->quest) {
+        store_meta_quest_set(s, j->idx, j->quest, j->lay.head_dim);
+        j->quest = NULL;
+    }
     t->ops->free(t, &j->raw);
     s->total.quantized_blocks++;
     ns->stats.quantized_blocks++;
     s->total.quant_bytes_saved += j->raw.len - j->enc.len;
     ns->stats.quant_bytes_saved += j->raw.len - j->enc.len;
 out:
+    free(j->quest);
     free(j);
 }
 

@@ -26,6 +26,7 @@
 #include "daemon/acl.h"
 #include "daemon/admin.h"
 #include "daemon/config.h"
+#include "daemon/config_ns.h"
 #include "daemon/log.h"
 #include "daemon/loop.h"
 #include "daemon/proto.h"
@@ -194,6 +195,27 @@ static int server_on_hello(struct server *sv, struct conn *c, const struct proto
     return sizeof(*p);
 }
 
+/* A namespace's policy from its [namespace.PATTERN] section, else the default. */
+static void server_ns_policy(struct server *sv, uint32_t id)
+{
+    const struct store_ns *ns = store_ns_get(sv->store, id);
+    const struct config_ns *cn = ns && sv->cfg ? config_ns_match(sv->cfg, ns->layout.model_id, NULL)
+                                               : NULL;
+    if (!ns)
+        return;
+    if (cn && cn->policy >= 0)
+        store_ns_policy_set(sv->store, id, cn->policy, STORE_POLICY_SRC_CONFIG);
+    else
+        store_ns_policy_set(sv->store, id, -1, STORE_POLICY_SRC_DEFAULT);
+}
+
+void server_ns_policies(struct server *sv)
+{
+    for (uint32_t i = 1; i < sv->store->nns; i++)
+        if (sv->store->ns[i])
+            server_ns_policy(sv, i);
+}
+
 static int server_on_ns_open(struct server *sv, struct conn *c, const struct proto_req *r,
                              int *send_fd, bool *fd_owned)
 {
@@ -237,6 +259,8 @@ static int server_on_ns_open(struct server *sv, struct conn *c, const struct pro
         }
         return rc;
     }
+    if (created)
+        server_ns_policy(sv, id);
     const struct store_ns *ns = store_ns_get(sv->store, id);
     struct tier *t = store_ns_tier(sv->store, ns);
     if (created)
@@ -281,6 +305,51 @@ static int server_on_lookup(struct server *sv, struct conn *c, const struct prot
         return hits;
     *p = (struct kvc_lookup_rep){.nhit = (uint32_t)hits, .lease_id = lease};
     return (int)(sizeof(*p) + (size_t)hits * sizeof(struct kvc_wire_loc));
+}
+
+static int server_on_hint(struct server *sv, struct conn *c, const struct proto_req *r,
+                          uint64_t now)
+{
+    const struct kvc_hint_req *q = r->body;
+    struct kvc_hint_rep *p = (struct kvc_hint_rep *)((struct kvc_msg_hdr *)sv->tx + 1);
+    if (sv->acl && store_ns_get(sv->store, q->ns_id) &&
+        !(acl_access(sv->acl, &c->peer, q->ns_id) & KVC_ACCESS_READ))
+        return -EACCES;
+    int n = store_hint(sv->store, q->ns_id, q->kind, r->tail, r->ntail, now);
+    if (n < 0)
+        return n;
+    *p = (struct kvc_hint_rep){.applied = (uint32_t)n};
+    return sizeof(*p);
+}
+
+static int server_on_lookup_budget(struct server *sv, struct conn *c, const struct proto_req *r,
+                                   uint64_t now)
+{
+    const struct kvc_lookup_budget_req *q = r->body;
+    struct kvc_lookup_budget_rep *p =
+        (struct kvc_lookup_budget_rep *)((struct kvc_msg_hdr *)sv->tx + 1);
+    struct kvc_wire_sel *sel = (struct kvc_wire_sel *)(p + 1);
+    uint32_t n = r->ntail, nprefix, pos[KVC_PROTO_MAX_KEYS];
+    struct kvc_wire_loc locs[KVC_PROTO_MAX_KEYS];
+    uint64_t lease;
+    if (sv->acl && store_ns_get(sv->store, q->ns_id)) {
+        if (!(acl_access(sv->acl, &c->peer, q->ns_id) & KVC_ACCESS_READ))
+            return -EACCES;
+        int qrc = acl_quota_lookup(sv->acl, &c->owner, q->ns_id, &n);
+        if (qrc)
+            return qrc;
+    }
+    int nsel = store_lookup_budget(sv->store, &c->owner, q->ns_id, r->tail, n, q->budget,
+                                   q->policy == KVC_POLICY_NS ? -1 : (int)q->policy, q->sinks,
+                                   q->recent, r->tail2, r->ntail2, now, &lease, &nprefix, pos,
+                                   locs);
+    if (nsel < 0)
+        return nsel;
+    for (int i = 0; i < nsel; i++)
+        sel[i] = (struct kvc_wire_sel){.pos = pos[i], .loc = locs[i]};
+    *p = (struct kvc_lookup_budget_rep){.nsel = (uint32_t)nsel, .nprefix = nprefix,
+                                        .lease_id = lease};
+    return (int)(sizeof(*p) + (size_t)nsel * sizeof(*sel));
 }
 
 /* Fills a WAIT reply for lease_id; SERVER_DEFERRED if reads are in flight and wait is set. */
@@ -697,6 +766,13 @@ static bool server_handle(struct server *sv, struct conn *c, size_t n)
         }
         case KVC_OP_GPU_ATTACH:
             rc = server_on_gpu_attach(sv, c, &r, &send_fd);
+            break;
+        case KVC_OP_HINT:
+            rc = server_on_hint(sv, c, &r, now);
+            break;
+        case KVC_OP_LOOKUP_BUDGET:
+            c->owner.gpu = false; /* host locations only */
+            rc = server_on_lookup_budget(sv, c, &r, now);
             break;
         case KVC_OP_WAIT:
             rc = server_on_wait(sv, c, &r, now);

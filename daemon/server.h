@@ -55,6 +55,9 @@ struct server *server_new(struct loop *l, struct store *s, const struct server_p
  * the socket file. NULL is a no-op. */
 void server_free(struct server *sv);
 void server_reload(struct server *sv, const struct server_params *p);
+/* Sets every namespace's policy from the configuration again: its [namespace.PATTERN]
+ * section's `policy`, else cache.policy (after a reload; POLICY_SET overrides end). */
+void server_ns_policies(struct server *sv);
 uint32_t server_clients(const struct server *sv);
 /* Answers WAITs whose time ran out; called from the loop's tick. NULL is a no-op. */
 void server_tick(struct server *sv);

@@ -57,7 +57,9 @@
     X(checksum_failures, "disk blocks that failed verification (dropped, served as misses)")       \
     X(disk_io_errors, "disk reads or writes that failed")                                          \
     X(gpu_promoted_blocks, "blocks moved from a host arena into the GPU pool")                     \
-    X(gpu_demoted_blocks, "blocks moved from the GPU pool to a host arena")
+    X(gpu_demoted_blocks, "blocks moved from the GPU pool to a host arena")                     \
+    X(hint_blocks, "blocks that took a client hint (HINT)")                                        \
+    X(budget_lookups, "budgeted lookups (LOOKUP_BUDGET)")
 
 /* X(name, help) — values computed when asked. */
 #define STATS_GAUGES(X)                                                                        \

@@ -24,6 +24,8 @@
 #define STORE_EVICT_SAMPLE 16
 #define STORE_EVICT_WALK 65536
 #define STORE_EVICT_WINDOW 64
+/* Random probes into the block pool per eviction under a policy other than LRU. */
+#define STORE_EVICT_PROBES 16
 
 #define STORE_STAT_ADD(s, nsp, field, v)                                                       \
     do {                                                                                       \
@@ -66,7 +68,7 @@ void store_lru_push_head(struct store *s, uint32_t idx)
     a->lru_head = idx;
 }
 
-static void store_touch(struct store *s, uint32_t idx, uint64_t now)
+void store_touch(struct store *s, uint32_t idx, uint64_t now)
 {
     store_lru_unlink(s, idx);
     store_lru_push_head(s, idx);
@@ -152,7 +154,13 @@ void store_free(struct store *s)
     tier_destroy(s->gpu);
     if (s->ns)
         for (uint32_t i = 0; i < s->nns; i++)
-            free(s->ns[i]);
+            if (s->ns[i]) {
+                if (s->ns[i]->tune)
+                    policy_tune_free(s->ns[i]->tune);
+                free(s->ns[i]->tune);
+                free(s->ns[i]);
+            }
+    store_meta_free(s);
     free(s->ns);
     if (s->ix.blocks)
         index_fini(&s->ix);
@@ -167,6 +175,9 @@ void store_reload(struct store *s, const struct store_params *p)
     s->p.max_handles = p->max_handles;
     s->p.recompute_tokens_per_s = p->recompute_tokens_per_s;
     s->p.quantize_inflight = p->quantize_inflight;
+    for (uint32_t i = 1; i < s->nns; i++)
+        if (s->ns[i] && s->ns[i]->policy_src == STORE_POLICY_SRC_DEFAULT)
+            store_ns_policy_set(s, i, -1, STORE_POLICY_SRC_DEFAULT);
 }
 
 /* ---- namespaces ---------------------------------------------------------------------- */
@@ -273,7 +284,9 @@ int store_ns_open(struct store *s, const struct kvc_wire_layout *l, uint32_t *ns
     n->arena = 0;
     n->layout = *l;
     n->block_bytes = bb;
+    policy_params_init(&n->pp);
     s->ns[free_id] = n;
+    store_ns_policy_set(s, free_id, -1, STORE_POLICY_SRC_DEFAULT);
     *ns_id = free_id;
     *created = true;
     return 0;
@@ -306,8 +319,8 @@ struct store_handle *store_handle_get(struct store_owner *o, uint64_t id, uint8_
     return h && h->id == id && h->kind == kind ? h : NULL;
 }
 
-static int store_handle_new(struct store *s, struct store_owner *o, uint8_t kind, uint16_t ns,
-                            uint32_t n, struct store_handle **out)
+int store_handle_new(struct store *s, struct store_owner *o, uint8_t kind, uint16_t ns,
+                     uint32_t n, struct store_handle **out)
 {
     uint32_t slot;
     struct store_handle *h;
@@ -385,6 +398,8 @@ void store_block_drop(struct store *s, uint32_t idx)
         s->reserved_now--;
         s->reserved_bytes_now -= b->len;
     }
+    if (b->state == BLOCK_STATE_COMMITTED)
+        store_meta_drop(s, idx);
     index_remove(&s->ix, idx);
     if (!(b->flags & BLOCK_F_LOST))
         t->ops->free(t, &loc);
@@ -400,27 +415,52 @@ void store_block_drop(struct store *s, uint32_t idx)
  * the pending allocation directly). INDEX_NONE if nothing can be evicted. */
 uint32_t store_victim(struct store *s, uint32_t arena, int cls, uint64_t now)
 {
-    struct policy_block cand[STORE_EVICT_SAMPLE];
+    struct policy_block cand[STORE_EVICT_SAMPLE + STORE_EVICT_PROBES];
     size_t n = 0;
     uint32_t walked = 0, limit = STORE_EVICT_WALK;
+    const struct store_ns *ns = NULL;
     for (uint32_t i = s->arenas[arena].lru_tail; i != INDEX_NONE && n < STORE_EVICT_SAMPLE &&
                                                   walked < limit;
          i = s->ix.blocks[i].lru_prev, walked++) {
         const struct block *b = &s->ix.blocks[i];
         if (b->pins || b->children || (b->flags & BLOCK_F_MOVING))
             continue;
-        if (n == 0)
+        if (n == 0) {
             limit = walked + STORE_EVICT_WINDOW;
-        cand[n++] = (struct policy_block){.id = i,
-                                          .hits = b->hits,
-                                          .last_access = b->last_access,
-                                          .bytes = b->len,
-                                          .depth = b->depth,
-                                          .children = b->children};
+            ns = s->ns[b->ns];
+        }
+        /* Under LRU the sample spans namespaces (the original order); under another
+         * policy the coldest leaf's namespace ranks its own blocks with its policy. */
+        if (ns->policy != POLICY_LRU && b->ns != ns->id)
+            continue;
+        store_policy_block(s, i, &cand[n++]);
     }
     if (n == 0)
         return INDEX_NONE;
-    policy_rank(s->p.policy, cand, n, now);
+    if (ns->policy == POLICY_LRU) {
+        policy_rank(POLICY_LRU, cand, n, now);
+    } else {
+        /* The LRU tail holds only what is old; a policy that keeps old blocks (frequency,
+         * hints) must also see younger ones: random evictable leaves of the namespace. */
+        size_t m = n;
+        for (int k = 0; k < STORE_EVICT_PROBES && s->ix.nblocks; k++) {
+            s->rng ^= s->rng << 13;
+            s->rng ^= s->rng >> 7;
+            s->rng ^= s->rng << 17;
+            uint32_t i = (uint32_t)(s->rng % s->ix.nblocks);
+            const struct block *b = &s->ix.blocks[i];
+            bool dup = false;
+            if (b->state != BLOCK_STATE_COMMITTED || b->arena != arena || b->ns != ns->id ||
+                b->pins || b->children || (b->flags & (BLOCK_F_MOVING | BLOCK_F_LOST)))
+                continue;
+            for (size_t j = 0; j < m && !dup; j++)
+                dup = cand[j].id == i;
+            if (!dup)
+                store_policy_block(s, i, &cand[m++]);
+        }
+        n = m;
+        policy_rank_params(ns->policy, cand, n, now, &ns->pp);
+    }
     for (size_t k = 0; cls >= 0 && k < n; k++)
         if (s->ix.blocks[cand[k].id].cls == cls)
             return cand[k].id;
@@ -573,6 +613,8 @@ int store_trim(struct store *s, uint64_t now)
         n += store_gpu_demote(s, now);
     /* Quantize first where a namespace allows it; the raw slots its jobs will free count
      * as free already, so eviction takes only the rest. */
+    if (store_policy_engine(s))
+        goto engine;
     quant_pressure(s->quant, now);
     if (s->tiering)
         return n + tiering_demote(s, now);
@@ -591,9 +633,15 @@ int store_trim(struct store *s, uint64_t now)
         }
     }
     return n;
+engine:
+    /* A namespace ranks with another policy than LRU: its actions come from policy_decide
+     * (store_policy.c), arena by arena. */
+    for (uint32_t a = 0; a < s->narenas; a++)
+        n += store_policy_trim(s, a, now);
+    return n;
 }
 
-static void store_loc_fill(const struct block *b, struct kvc_wire_loc *loc)
+void store_loc_fill(const struct block *b, struct kvc_wire_loc *loc)
 {
     loc->arena_id = b->arena;
     loc->tier = b->tier == KVC_WIRE_TIER_GPU ? KVC_WIRE_TIER_GPU : KVC_WIRE_TIER_HOST;
@@ -655,6 +703,7 @@ int store_lookup_flags(struct store *s, struct store_owner *o, uint32_t ns_id,
             struct block *b = &s->ix.blocks[idx];
             h->blocks[i] = idx;
             b->pins++;
+            store_meta_hit(s, idx, now); /* before the touch: it reads last_access */
             b->hits++;
             store_touch(s, idx, now);
             store_loc_fill(b, &locs[i]);
@@ -664,6 +713,9 @@ int store_lookup_flags(struct store *s, struct store_owner *o, uint32_t ns_id,
         s->pins_now += hits;
         *lease_id = h->id;
     }
+    if (ns->policy == POLICY_DEFAULT)
+        for (uint32_t i = 0; i < n && i < KVC_PROTO_MAX_KEYS; i++)
+            store_meta_ref(s, ns, &keys[i], i, now);
     STORE_STAT_ADD(s, ns, lookups, 1);
     STORE_STAT_ADD(s, ns, lookup_blocks, n);
     STORE_STAT_ADD(s, ns, lookup_tokens, (uint64_t)n * ns->layout.block_tokens);
@@ -844,6 +896,9 @@ static uint32_t store_resv_end(struct store *s, struct store_owner *o, struct st
                 s->ix.blocks[parent].children++;
             committed++;
             STORE_STAT_ADD(s, ns, bytes_in, ns->block_bytes);
+            store_meta_commit(s, idx, now);
+            if (ns->policy == POLICY_DEFAULT)
+                store_meta_ref(s, ns, &b->key, b->depth, now);
             parent = idx;
         } else {
             store_block_drop(s, idx);

@@ -72,7 +72,31 @@ struct store_ns {
     uint64_t blocks; /* committed now */
     uint64_t bytes;
     struct stats stats;
+    /* Its policy (store_policy.c): the kind in use, where it came from, the parameters it
+     * ranks with and, under POLICY_DEFAULT, the tuner that chooses their half-life. */
+    uint8_t policy;     /* enum policy_kind */
+    uint8_t policy_src; /* enum store_policy_src */
+    struct policy_params pp;
+    struct policy_tune *tune;
 };
+
+/* Where a namespace's policy comes from. */
+enum store_policy_src {
+    STORE_POLICY_SRC_DEFAULT = 0, /* follows store_params.policy (cache.policy) */
+    STORE_POLICY_SRC_CONFIG = 1,  /* its [namespace.PATTERN] section's `policy` */
+    STORE_POLICY_SRC_ADMIN = 2,   /* POLICY_SET for this namespace (until the next reload) */
+};
+
+/* What the policies know of a block beyond struct block, kept in a side table by block
+ * index (struct block is at its size budget): 20 bytes a block. Valid while committed. */
+struct store_meta {
+    float freq;      /* decayed access count as of last_access (policy_touch) */
+    float hint;      /* H2O attention mass as of hint_t (policy_hint) */
+    float snap;      /* SnapKV observation-window score */
+    uint32_t hint_t; /* when `hint` was set, ms since start >> STORE_META_TSHIFT */
+    uint32_t quest;  /* 1 + index into store.qsum: the block's key min/max; 0 none */
+};
+#define STORE_META_TSHIFT 4 /* 16 ms: 2^32 ticks last 2.2 years */
 
 /* A lease or a reservation: what an owner holds by id. */
 enum store_handle_kind { STORE_HANDLE_LEASE = 1, STORE_HANDLE_RESV = 2 };
@@ -115,6 +139,15 @@ struct store {
     uint64_t reserved_now, reserved_bytes_now;
     struct tier *gpu; /* arenas[STORE_ARENA_GPU].tier, or NULL: no GPU tier */
     struct quant *quant; /* quantize-in-place worker (daemon/quant.h), or NULL */
+    /* Policy metadata (store_policy.c): per block index, and the Quest summaries (per
+     * channel key min then max over a block, summed over its layers and heads: 2 * dim
+     * floats each) that the quantize pass computed. */
+    struct store_meta *meta;
+    uint32_t nmeta;
+    float **qsum;
+    uint32_t *qdim;
+    uint32_t nqsum, qcap, *qfree, nqfree;
+    uint64_t rng; /* xorshift state of the eviction sample's random probes */
 };
 
 /* Creates the store and its host arena. On failure NULL and *err = -errno. */
@@ -202,5 +235,55 @@ int store_ns_set_arena(struct store *s, uint32_t ns_id, uint32_t arena);
  * evictions. Returns the number evicted. */
 int store_evict_where(struct store *s, uint32_t ns_id, uint32_t arena, uint64_t keep_bytes,
                       bool flush, uint64_t now);
+
+/* ---- policies (store_policy.c) -------------------------------------------------------- */
+
+/* Sets the policy of a namespace: kind >= 0 from src, or kind < 0 to follow the store's
+ * default again. 0, -ENOENT (namespace), -EINVAL (kind). */
+int store_ns_policy_set(struct store *s, uint32_t ns_id, int kind, enum store_policy_src src);
+/* The policy view of committed block idx (metadata, flags, key norm when known). */
+void store_policy_block(const struct store *s, uint32_t idx, struct policy_block *pb);
+/* Metadata hooks of the store: a block committed, hit, dropped (loop thread). */
+void store_meta_commit(struct store *s, uint32_t idx, uint64_t now);
+void store_meta_hit(struct store *s, uint32_t idx, uint64_t now);
+void store_meta_drop(struct store *s, uint32_t idx);
+/* Feeds the namespace's tuner one referenced key (lookup or commit) in prefix order. */
+void store_meta_ref(struct store *s, struct store_ns *ns, const struct kvc_wire_key *k,
+                    uint32_t depth, uint64_t now);
+/* Takes kmin/kmax (2 * dim floats, malloc'd; owned from here) as the Quest summary of idx. */
+void store_meta_quest_set(struct store *s, uint32_t idx, float *kminmax, uint32_t dim);
+void store_meta_free(struct store *s);
+
+/* Client hints: per key a score of `kind` (KVC_HINT_*): H2O attention mass added to the
+ * block's decayed mass, or its SnapKV score. Returns the number of committed blocks that
+ * took one, or -ENOENT (namespace), -EINVAL (kind). */
+int store_hint(struct store *s, uint32_t ns_id, uint32_t kind, const struct kvc_wire_hint *h,
+               uint32_t n, uint64_t now);
+
+/* Budgeted lookup: of the longest run of committed blocks of keys[0..n) in memory, selects
+ * at most `budget` with policy `kind` (< 0: the namespace's) by policy_select (sinks and
+ * recent window first; Quest with q[dim] when given), pins them under one lease and fills
+ * pos[] (ascending positions) and locs[]. *nprefix: the run's length. Returns the number
+ * selected, or -ENOENT (namespace), -EINVAL (kind, or dim not the namespace's head_dim),
+ * -EMFILE, -ENOMEM. */
+int store_lookup_budget(struct store *s, struct store_owner *o, uint32_t ns_id,
+                        const struct kvc_wire_key *keys, uint32_t n, uint32_t budget, int kind,
+                        uint32_t sinks, uint32_t recent, const float *q, uint32_t dim,
+                        uint64_t now, uint64_t *lease_id, uint32_t *nprefix, uint32_t *pos,
+                        struct kvc_wire_loc *locs);
+
+/* The tier engine under pressure (store_trim) for arena a when namespaces there rank with
+ * a policy other than LRU: policy_decide's actions on a sample. Returns blocks acted on. */
+int store_policy_trim(struct store *s, uint32_t a, uint64_t now);
+
+/* Whether any namespace ranks with a policy other than LRU (then store_trim runs the
+ * policy engine instead of the original quantize-demote-drop order). */
+bool store_policy_engine(const struct store *s);
+
+/* For store_policy.c. */
+int store_handle_new(struct store *s, struct store_owner *o, uint8_t kind, uint16_t ns,
+                     uint32_t n, struct store_handle **out);
+void store_loc_fill(const struct block *b, struct kvc_wire_loc *loc);
+void store_touch(struct store *s, uint32_t idx, uint64_t now);
 
 #endif

@@ -332,6 +332,23 @@ int tiering_demote(struct store *s, uint64_t now)
     return acted;
 }
 
+/* One block chosen by the policy engine (store_policy.c): its write to disk starts. 0,
+ * -EAGAIN (rate or queue limit: later), -EBUSY (pinned or moving), another -errno. */
+int tiering_offload(struct store *s, uint32_t idx, uint64_t now)
+{
+    const struct block *b = &s->ix.blocks[idx];
+    if (!s->tiering)
+        return -ENODEV;
+    if (b->pins || (b->flags & BLOCK_F_MOVING) || b->tier != KVC_WIRE_TIER_HOST)
+        return -EBUSY;
+    return tiering_demote_one(s, idx, now);
+}
+
+uint64_t tiering_pending_bytes(const struct store *s)
+{
+    return s->tiering ? s->tiering->demoting_bytes : 0;
+}
+
 /* ---- compaction ------------------------------------------------------------------------ */
 
 /* Whether the block of a compaction move is still on disk at the record that was read. */

@@ -76,6 +76,12 @@ uint32_t tiering_lookup_prepare(struct store *s, uint16_t ns, const struct kvc_w
  * number of blocks acted on. */
 int tiering_demote(struct store *s, uint64_t now);
 
+/* For the policy engine (store_policy.c): starts the write of one host block to disk (0,
+ * -EAGAIN: rate or queue limit, -EBUSY, -errno), and the host bytes whose writes are in
+ * flight (they count as freed). */
+int tiering_offload(struct store *s, uint32_t idx, uint64_t now);
+uint64_t tiering_pending_bytes(const struct store *s);
+
 /* State of a lease: hits, hits ready from the first, hits still being read. -ENOENT. */
 int tiering_lease_state(struct store *s, struct store_owner *owner, uint64_t lease_id, uint32_t *nhit,
                         uint32_t *nready, uint32_t *pending);

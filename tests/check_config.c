@@ -15,6 +15,8 @@
 #include <unistd.h>
 
 #include "daemon/config.h"
+#include "daemon/config_ns.h"
+#include "policies/policy.h"
 
 /* ---- temp files: one mkdtemp directory for the suite -------------------------------------
  * An unchecked fixture, so it runs in the parent: a failing case (whose fork exits at the
@@ -90,6 +92,25 @@ static void assert_same(const struct config *a, const struct config *b)
 
 /* ---- the table and the defaults --------------------------------------------------------- */
 
+/* cache.policy's choices are the policy library's names, in enum policy_kind order. */
+START_TEST(test_policy_choices)
+{
+    struct config *c = config_new();
+    char err[256];
+    for (int k = 0; k < POLICY_KIND_COUNT; k++) {
+        ck_assert_msg(config_set(c, "cache.policy", policy_name((enum policy_kind)k), err,
+                                 sizeof(err)) == 0,
+                      "%s", err);
+        ck_assert_int_eq(c->cache_policy, k);
+    }
+    ck_assert_int_ne(config_set(c, "cache.policy", "nonesuch", err, sizeof(err)), 0);
+    ck_assert_int_eq(config_ns_set(c, "m*", "policy", "h2o", err, sizeof(err)), 0);
+    ck_assert_int_eq(c->ns[0].policy, POLICY_H2O);
+    ck_assert_int_eq(config_ns_set(c, "n*", "policy", "nonesuch", err, sizeof(err)), -EINVAL);
+    config_free(c);
+}
+END_TEST
+
 START_TEST(test_defaults)
 {
     struct config *c = config_new();
@@ -110,7 +131,7 @@ START_TEST(test_defaults)
     ck_assert(c->host_prefault);
     ck_assert_double_eq(c->host_high_watermark, 0.95);
     ck_assert_double_eq(c->host_low_watermark, 0.90);
-    ck_assert_int_eq(c->cache_policy, 0);
+    ck_assert_int_eq(c->cache_policy, POLICY_DEFAULT);
     ck_assert_int_eq(config_validate(c, err, sizeof(err)), 0);
     ck_assert_str_eq(err, "");
     config_free(c);
@@ -594,7 +615,7 @@ START_TEST(test_get)
     assert_get(c, "server.socket", "");
     assert_get(c, "host.prefault", "yes");
     assert_get(c, "host.hugepages", "auto");
-    assert_get(c, "cache.policy", "lru");
+    assert_get(c, "cache.policy", "default");
     assert_get(c, "server.max_leases", "4096");
     assert_get(c, "host.page_size", "2m");
     /* Every value's text reads back as itself. */
@@ -797,6 +818,7 @@ static Suite *config_suite(void)
     TCase *tc = tcase_create("core");
 
     tcase_add_unchecked_fixture(tc, tmp_setup, tmp_teardown);
+    tcase_add_test(tc, test_policy_choices);
     tcase_add_test(tc, test_defaults);
     tcase_add_test(tc, test_table);
     tcase_add_test(tc, test_dup);

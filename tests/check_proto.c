@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "daemon/proto.h"
+#include "policies/policy.h"
 
 static uint64_t buf[(KVC_PROTO_MAX_MSG + 64) / 8];
 
@@ -114,6 +115,109 @@ START_TEST(test_bad_payload_replies)
 }
 END_TEST
 
+/* HINT: a batch of (key, score); kind, pad and every score checked. */
+static struct kvc_wire_hint hints[KVC_PROTO_MAX_KEYS + 1];
+
+static size_t hint_msg(uint32_t kind, uint32_t nhints, uint32_t ntail)
+{
+    struct kvc_hint_req q = {.ns_id = 1, .kind = kind, .nhints = nhints};
+    return msg(KVC_OP_HINT, &q, sizeof(q), hints, ntail * sizeof(hints[0]));
+}
+
+START_TEST(test_hint)
+{
+    struct proto_req r;
+    const char *why;
+    memset(hints, 0, sizeof(hints));
+    for (int i = 0; i < 4; i++)
+        hints[i].score = (float)i;
+    ck_assert_int_eq(proto_decode(buf, hint_msg(KVC_HINT_H2O, 4, 4), &r, &why), 0);
+    ck_assert_uint_eq(r.ntail, 4);
+    ck_assert_int_eq(decode(hint_msg(KVC_HINT_SNAPKV, 4, 4)), 0);
+    ck_assert_int_eq(decode(hint_msg(KVC_HINT_H2O, KVC_PROTO_MAX_KEYS, KVC_PROTO_MAX_KEYS)), 0);
+    ck_assert_int_eq(decode(hint_msg(0, 4, 4)), -EINVAL);          /* unknown kind */
+    ck_assert_int_eq(decode(hint_msg(3, 4, 4)), -EINVAL);
+    ck_assert_int_eq(decode(hint_msg(KVC_HINT_H2O, 0, 0)), -EINVAL); /* empty */
+    ck_assert_int_eq(decode(hint_msg(KVC_HINT_H2O, 5, 4)), -EBADMSG); /* count past the tail */
+    ck_assert_int_eq(decode(hint_msg(KVC_HINT_H2O, 3, 4)), -EBADMSG);
+    ck_assert_int_eq(decode(hint_msg(KVC_HINT_H2O, KVC_PROTO_MAX_KEYS + 1, 1)), -E2BIG);
+    hints[2].score = -1.0f;
+    ck_assert_int_eq(decode(hint_msg(KVC_HINT_H2O, 4, 4)), -EINVAL); /* negative score */
+    hints[2].score = __builtin_nanf("");
+    ck_assert_int_eq(decode(hint_msg(KVC_HINT_H2O, 4, 4)), -EINVAL); /* NaN */
+    hints[2].score = __builtin_inff();
+    ck_assert_int_eq(decode(hint_msg(KVC_HINT_H2O, 4, 4)), -EINVAL); /* inf */
+    hints[2].score = 1.0f;
+    hints[3].pad = 1;
+    ck_assert_int_eq(decode(hint_msg(KVC_HINT_H2O, 4, 4)), -EINVAL); /* reserved */
+    hints[3].pad = 0;
+    struct kvc_hint_req q = {.ns_id = 1, .kind = KVC_HINT_H2O, .nhints = 1, .pad = 1};
+    ck_assert_int_eq(decode(msg(KVC_OP_HINT, &q, sizeof(q), hints, sizeof(hints[0]))), -EINVAL);
+    ck_assert_int_eq(decode(msg(KVC_OP_HINT, &q, sizeof(q) - 4, NULL, 0)), -EBADMSG);
+}
+END_TEST
+
+/* LOOKUP_BUDGET: keys, then qdim floats; both counts bound the length exactly. */
+static size_t budget_msg(const struct kvc_lookup_budget_req *q, uint32_t nkeys, uint32_t nq,
+                         const float *v)
+{
+    static uint8_t tail[KVC_PROTO_MAX_MSG];
+    memcpy(tail, keys, nkeys * sizeof(keys[0]));
+    if (nq)
+        memcpy(tail + nkeys * sizeof(keys[0]), v, nq * sizeof(float));
+    return msg(KVC_OP_LOOKUP_BUDGET, q, sizeof(*q), tail, nkeys * sizeof(keys[0]) + nq * sizeof(float));
+}
+
+START_TEST(test_lookup_budget)
+{
+    struct proto_req r;
+    const char *why;
+    static float v[KVC_PROTO_MAX_QDIM + 1];
+    struct kvc_lookup_budget_req q = {.ns_id = 1, .nkeys = 6, .budget = 3,
+                                      .policy = KVC_POLICY_NS, .sinks = 1, .recent = 2};
+    for (int i = 0; i < 8; i++)
+        v[i] = (float)i - 3.5f;
+    ck_assert_int_eq(proto_decode(buf, budget_msg(&q, 6, 0, v), &r, &why), 0);
+    ck_assert_uint_eq(r.ntail, 6);
+    ck_assert_ptr_null(r.tail2);
+    q.qdim = 8;
+    q.policy = POLICY_QUEST;
+    ck_assert_int_eq(proto_decode(buf, budget_msg(&q, 6, 8, v), &r, &why), 0);
+    ck_assert_uint_eq(r.ntail2, 8);
+    ck_assert(memcmp(r.tail2, v, 8 * sizeof(float)) == 0);
+    ck_assert_ptr_eq(r.tail2, (const char *)r.tail + 6 * sizeof(keys[0]));
+    ck_assert_int_eq(decode(budget_msg(&q, 6, 7, v)), -EBADMSG); /* query shorter */
+    ck_assert_int_eq(decode(budget_msg(&q, 6, 9, v)), -EBADMSG); /* longer */
+    ck_assert_int_eq(decode(budget_msg(&q, 5, 8, v)), -EBADMSG); /* a key missing */
+    v[3] = __builtin_nanf("");
+    ck_assert_int_eq(decode(budget_msg(&q, 6, 8, v)), -EINVAL); /* non-finite query */
+    v[3] = 0.5f;
+    q.qdim = KVC_PROTO_MAX_QDIM + 1;
+    ck_assert_int_eq(decode(budget_msg(&q, 6, 8, v)), -E2BIG);
+    q.qdim = 0;
+    q.nkeys = KVC_PROTO_MAX_KEYS + 1;
+    ck_assert_int_eq(decode(budget_msg(&q, 6, 0, v)), -E2BIG);
+    q.nkeys = 0;
+    ck_assert_int_eq(decode(budget_msg(&q, 0, 0, v)), -EINVAL); /* empty */
+    q.nkeys = 6;
+    q.budget = 0;
+    ck_assert_int_eq(decode(budget_msg(&q, 6, 0, v)), -EINVAL);
+    q.budget = 3;
+    q.policy = POLICY_KIND_COUNT;
+    ck_assert_int_eq(decode(budget_msg(&q, 6, 0, v)), -EINVAL); /* unknown policy */
+    q.policy = KVC_POLICY_NS;
+    q.flags = 1;
+    ck_assert_int_eq(decode(budget_msg(&q, 6, 0, v)), -EINVAL); /* reserved */
+    q.flags = 0;
+    ck_assert_int_eq(decode(msg(KVC_OP_LOOKUP_BUDGET, &q, sizeof(q) - 8, NULL, 0)), -EBADMSG);
+    /* the largest request fits in a message */
+    q.nkeys = KVC_PROTO_MAX_KEYS;
+    q.qdim = KVC_PROTO_MAX_QDIM;
+    memset(v, 0, sizeof(v));
+    ck_assert_int_eq(decode(budget_msg(&q, KVC_PROTO_MAX_KEYS, KVC_PROTO_MAX_QDIM, v)), 0);
+}
+END_TEST
+
 START_TEST(test_mutations_never_crash)
 {
     unsigned seed = 2024;
@@ -159,6 +263,8 @@ int main(void)
     tcase_add_test(tc, test_every_opcode_accepted);
     tcase_add_test(tc, test_garbage_closes);
     tcase_add_test(tc, test_bad_payload_replies);
+    tcase_add_test(tc, test_hint);
+    tcase_add_test(tc, test_lookup_budget);
     tcase_add_test(tc, test_mutations_never_crash);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);

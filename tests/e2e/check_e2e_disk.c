@@ -76,7 +76,7 @@ static void kvcd_start(const char *capacity)
         execl(KVC_BUILD_BIN "/kvcd", "kvcd", "-c", conf ? o_conf : "/dev/null", "-o", o_sock, "-o", "host.size=16m", "-o",
               "host.page_size=256k", "-o", "host.hugepages=off", "-o", "host.prefault=no", "-o",
               o_path, "-o", o_cap, "-o", "disk.page=1m", "-o", "disk.admit_hits=0", "-o",
-              "disk.write_rate=0", "-o", "host.high_watermark=0.6", "-o",
+              "disk.write_rate=0", "-o", "cache.policy=lru", "-o", "host.high_watermark=0.6", "-o",
               "host.low_watermark=0.4", "-o", "log.level=info", "-o", extra_opt, (char *)NULL);
         _exit(127);
     }

@@ -91,7 +91,7 @@ START_TEST(test_kvcctl_commands)
         {{"show", "KEY", NULL}, 0, "lives in     host tier", "\"depth\": 0"},
         {{"top", "--count", "1", "--interval", "0.1", NULL}, 0, "hit ratio", "\"lookups_per_s\""},
         {{"clients", NULL}, 0, "self", "\"self\": true"},
-        {{"policy", "get", NULL}, 0, "lru", "{\"policy\": \"lru\"}"},
+        {{"policy", "get", NULL}, 0, "default policy: default", "{\"policy\": \"default\""},
         {{"policy", "set", "lfu", NULL}, 0, "lfu", "\"lfu\""},
         {{"policy", "set", "nonesuch", NULL}, 1, "unknown policy", NULL},
         {{"config", "get", "host.size", NULL}, 0, "32m", "{\"host.size\": \"32m\"}"},

@@ -1,0 +1,561 @@
+/*
+ * store_policy.c — the policy library (policies/) inside the store: each namespace's policy
+ * and tuner, the metadata the policies read, client hints, budgeted lookups, and the tier
+ * engine's per-block decisions under pressure.
+ *
+ * DESIGN
+ * Selection. A namespace ranks with its own policy: its [namespace.PATTERN] section's
+ * `policy`, else cache.policy, changed at run time by POLICY_SET (store_ns_policy_set).
+ * Under POLICY_DEFAULT the namespace holds a policy_tune (created on its first reference,
+ * sized to its arena in blocks) fed with every key a lookup or commit references, in prefix
+ * order; its advice becomes the namespace's half-life. Other policies adapt the half-life to
+ * the observed reuse intervals (policy_params_observe_reuse on every hit).
+ *
+ * Metadata. struct block is at its budget (96 bytes + ~6 of map, 128 in all), so what the
+ * policies need beyond it (decayed frequency, H2O mass and its time, SnapKV score, a handle
+ * to a Quest summary) is a 20-byte side table by block index, reset at commit. Hits call
+ * policy_touch, hints policy_hint; the key norm is the quantize pass's (quant_key_summary);
+ * depth 0 is the sink flag. Quest summaries (per channel key min and max of a block, summed
+ * over its layers and heads) come from the same pass, so only quantized blocks have one:
+ * the daemon never reads a raw block's bytes on the loop thread. A block without one gets
+ * an unbounded Quest bound (it may hold the largest score, so a budgeted read never drops
+ * it on no evidence).
+ *
+ * Eviction order (store_victim). Under LRU the sample is the 16 coldest evictable leaves, as
+ * before. Under any other policy the namespace of the coldest evictable leaf ranks its own
+ * candidates: its leaves among the LRU tail's window plus 16 random probes into the block
+ * pool (kept when they are evictable leaves of that namespace), so a block a policy values
+ * little can be found away from the tail, in O(1) per eviction (bounded walk, 16 probes,
+ * a sort of at most 32). Between namespaces the order stays LRU.
+ *
+ * Actions (store_policy_trim). When a namespace other than LRU exists, store_trim runs this
+ * engine instead of the fixed quantize-then-demote-then-drop order: per round the coldest
+ * namespace's sample (leaves and inner blocks) goes to policy_decide with what the engine
+ * can do for it — quantize when the namespace's creator allowed codecs (its recipe is the
+ * per-layer plan: raw_layers raw, then the recipe's codec) and the worker has room, offload
+ * when a disk tier exists, drop always — and the actions are carried out (quantize-in-place,
+ * a disk write, an eviction). Queued quantizations and writes count as freed. A round that
+ * finds no action falls back to store_victim. Namespaces with only "drop" available skip
+ * policy_decide and use store_victim directly (the same ranking, without the walk over
+ * inner blocks). The miss cost is the recompute time of a block (block_tokens /
+ * cache.recompute_tokens_per_s), the disk cost a read at STORE_POLICY_DISK_BPS.
+ * Owned by the loop thread.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/quant.h"
+#include "daemon/store.h"
+#include "daemon/tiering.h"
+#include "tiers/tier.h"
+
+#define STORE_POLICY_SAMPLE 32     /* candidates per engine round from the LRU tail */
+#define STORE_POLICY_WINDOW 256    /* tail entries a round looks at past the first */
+#define STORE_POLICY_PROBES 16     /* random probes per engine round */
+#define STORE_POLICY_ROUNDS 4096   /* rounds per trim of one arena */
+#define STORE_POLICY_WALK 65536    /* tail entries looked at for the first candidate */
+#define STORE_POLICY_DISK_BPS 2e9  /* bytes per second a disk read is costed at */
+#define STORE_POLICY_UNBOUNDED 1e30f
+
+/* ---- namespaces ----------------------------------------------------------------------- */
+
+static void store_ns_tune_drop(struct store_ns *ns)
+{
+    if (!ns->tune)
+        return;
+    policy_tune_free(ns->tune);
+    free(ns->tune);
+    ns->tune = NULL;
+    ns->pp.adapt = 1;
+}
+
+int store_ns_policy_set(struct store *s, uint32_t ns_id, int kind, enum store_policy_src src)
+{
+    struct store_ns *ns = store_ns_get(s, ns_id);
+    if (!ns)
+        return -ENOENT;
+    if (kind >= POLICY_KIND_COUNT)
+        return -EINVAL;
+    if (kind < 0) {
+        kind = (int)s->p.policy;
+        src = STORE_POLICY_SRC_DEFAULT;
+    }
+    ns->policy = (uint8_t)kind;
+    ns->policy_src = (uint8_t)src;
+    if (kind != POLICY_DEFAULT)
+        store_ns_tune_drop(ns);
+    return 0;
+}
+
+bool store_policy_engine(const struct store *s)
+{
+    for (uint32_t i = 1; i < s->nns; i++)
+        if (s->ns[i] && s->ns[i]->policy != POLICY_LRU)
+            return true;
+    return false;
+}
+
+/* ---- metadata side table ------------------------------------------------------------- */
+
+static struct store_meta *store_meta_at(struct store *s, uint32_t idx)
+{
+    if (idx >= s->nmeta) {
+        uint64_t n = s->nmeta ? s->nmeta : 1024;
+        while (n <= idx)
+            n *= 2;
+        struct store_meta *m = realloc(s->meta, (size_t)n * sizeof(*m));
+        if (!m)
+            return NULL;
+        memset(m + s->nmeta, 0, (size_t)(n - s->nmeta) * sizeof(*m));
+        s->meta = m;
+        s->nmeta = (uint32_t)n;
+    }
+    return &s->meta[idx];
+}
+
+static void store_meta_quest_drop(struct store *s, struct store_meta *m)
+{
+    if (!m->quest)
+        return;
+    uint32_t slot = m->quest - 1;
+    free(s->qsum[slot]);
+    s->qsum[slot] = NULL;
+    s->qfree[s->nqfree++] = slot; /* qfree has qcap entries: never full */
+    m->quest = 0;
+}
+
+void store_meta_commit(struct store *s, uint32_t idx, uint64_t now)
+{
+    struct store_meta *m = store_meta_at(s, idx);
+    (void)now;
+    if (!m)
+        return;
+    store_meta_quest_drop(s, m);
+    *m = (struct store_meta){.freq = 1.0f};
+}
+
+void store_meta_drop(struct store *s, uint32_t idx)
+{
+    if (idx >= s->nmeta)
+        return;
+    store_meta_quest_drop(s, &s->meta[idx]);
+    s->meta[idx] = (struct store_meta){0};
+}
+
+void store_meta_hit(struct store *s, uint32_t idx, uint64_t now)
+{
+    const struct block *b = &s->ix.blocks[idx];
+    struct store_ns *ns = s->ns[b->ns];
+    struct store_meta *m = store_meta_at(s, idx);
+    struct policy_block pb = {.hits = b->hits, .last_access = b->last_access};
+    if (!m)
+        return;
+    if (ns->pp.adapt && now > b->last_access)
+        policy_params_observe_reuse(&ns->pp, now - b->last_access);
+    pb.freq = m->freq;
+    policy_touch(&pb, now, &ns->pp);
+    m->freq = pb.freq;
+}
+
+void store_meta_ref(struct store *s, struct store_ns *ns, const struct kvc_wire_key *k,
+                    uint32_t depth, uint64_t now)
+{
+    if (ns->policy != POLICY_DEFAULT)
+        return;
+    if (!ns->tune) {
+        struct tier *t = s->arenas[ns->arena].tier;
+        uint64_t cap = t->ops->capacity(t) / (ns->block_bytes ? ns->block_bytes : 1);
+        struct policy_tune *tu = calloc(1, sizeof(*tu));
+        if (!tu || policy_tune_init(tu, cap ? cap : 1)) {
+            free(tu);
+            return;
+        }
+        ns->tune = tu;
+    }
+    policy_tune_access(ns->tune, k->lo ^ (k->hi * 0x9e3779b97f4a7c15ull), depth, now);
+    double h = policy_tune_half_life(ns->tune);
+    if (h > 0) {
+        ns->pp.half_life = h;
+        ns->pp.adapt = 0;
+    }
+}
+
+void store_meta_quest_set(struct store *s, uint32_t idx, float *kminmax, uint32_t dim)
+{
+    struct store_meta *m = store_meta_at(s, idx);
+    uint32_t slot;
+    if (!m)
+        goto fail;
+    store_meta_quest_drop(s, m);
+    if (s->nqfree) {
+        slot = s->qfree[--s->nqfree];
+    } else {
+        if (s->nqsum == s->qcap) {
+            uint32_t n = s->qcap ? s->qcap * 2 : 256;
+            float **q = realloc(s->qsum, n * sizeof(*q));
+            if (q)
+                s->qsum = q;
+            uint32_t *d = realloc(s->qdim, n * sizeof(*d));
+            if (d)
+                s->qdim = d;
+            uint32_t *f = realloc(s->qfree, n * sizeof(*f));
+            if (f)
+                s->qfree = f;
+            if (!q || !d || !f)
+                goto fail;
+            s->qcap = n;
+        }
+        slot = s->nqsum++;
+    }
+    s->qsum[slot] = kminmax;
+    s->qdim[slot] = dim;
+    m->quest = slot + 1;
+    return;
+fail:
+    free(kminmax);
+}
+
+void store_meta_free(struct store *s)
+{
+    for (uint32_t i = 0; i < s->nqsum; i++)
+        free(s->qsum[i]);
+    free(s->qsum);
+    free(s->qdim);
+    free(s->qfree);
+    free(s->meta);
+    s->qsum = NULL;
+    s->qdim = s->qfree = NULL;
+    s->meta = NULL;
+    s->nmeta = s->nqsum = s->qcap = s->nqfree = 0;
+}
+
+void store_policy_block(const struct store *s, uint32_t idx, struct policy_block *pb)
+{
+    const struct block *b = &s->ix.blocks[idx];
+    float norm, amax;
+    *pb = (struct policy_block){.id = idx,
+                                .hits = b->hits,
+                                .last_access = b->last_access,
+                                .bytes = b->len,
+                                .depth = b->depth,
+                                .children = b->children,
+                                .freq = 1.0f};
+    if (b->pins)
+        pb->flags |= POLICY_BLOCK_PINNED;
+    if (b->depth == 0)
+        pb->flags |= POLICY_BLOCK_SINK;
+    if (b->format != KVC_WIRE_FORMAT_RAW)
+        pb->flags |= POLICY_BLOCK_QUANTIZED;
+    if (b->tier == KVC_WIRE_TIER_DISK)
+        pb->flags |= POLICY_BLOCK_ON_DISK;
+    if (idx < s->nmeta) {
+        const struct store_meta *m = &s->meta[idx];
+        pb->freq = m->freq > 0 ? m->freq : 1.0f;
+        pb->hint = m->hint;
+        pb->snap = m->snap;
+        pb->hint_time = (uint64_t)m->hint_t << STORE_META_TSHIFT;
+    }
+    if (b->format != KVC_WIRE_FORMAT_RAW && quant_key_summary(s->quant, idx, &norm, &amax) == 0)
+        pb->key_norm = norm;
+}
+
+/* ---- hints ---------------------------------------------------------------------------- */
+
+int store_hint(struct store *s, uint32_t ns_id, uint32_t kind, const struct kvc_wire_hint *h,
+               uint32_t n, uint64_t now)
+{
+    struct store_ns *ns = store_ns_get(s, ns_id);
+    int applied = 0;
+    if (!ns)
+        return -ENOENT;
+    if (kind != KVC_HINT_H2O && kind != KVC_HINT_SNAPKV)
+        return -EINVAL;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t idx = index_find(&s->ix, (uint16_t)ns_id, &h[i].key);
+        struct store_meta *m;
+        if (idx == INDEX_NONE || s->ix.blocks[idx].state != BLOCK_STATE_COMMITTED ||
+            (s->ix.blocks[idx].flags & BLOCK_F_LOST) || !(m = store_meta_at(s, idx)))
+            continue;
+        if (kind == KVC_HINT_H2O) {
+            struct policy_block pb = {.hint = m->hint,
+                                      .hint_time = (uint64_t)m->hint_t << STORE_META_TSHIFT};
+            policy_hint(&pb, h[i].score, now, &ns->pp);
+            m->hint = pb.hint;
+            m->hint_t = (uint32_t)(pb.hint_time >> STORE_META_TSHIFT);
+        } else {
+            m->snap = h[i].score;
+        }
+        applied++;
+    }
+    s->total.hint_blocks += (uint64_t)applied;
+    ns->stats.hint_blocks += (uint64_t)applied;
+    return applied;
+}
+
+/* ---- budgeted lookup ----------------------------------------------------------------- */
+
+int store_lookup_budget(struct store *s, struct store_owner *o, uint32_t ns_id,
+                        const struct kvc_wire_key *keys, uint32_t n, uint32_t budget, int kind,
+                        uint32_t sinks, uint32_t recent, const float *q, uint32_t dim,
+                        uint64_t now, uint64_t *lease_id, uint32_t *nprefix, uint32_t *pos,
+                        struct kvc_wire_loc *locs)
+{
+    struct store_ns *ns = store_ns_get(s, ns_id);
+    struct policy_block *pb = NULL;
+    struct policy_params pp;
+    struct store_handle *h;
+    float *kmm = NULL;
+    uint32_t m = 0;
+    size_t nsel = 0;
+    uint64_t bytes = 0;
+    int rc;
+    *lease_id = 0;
+    *nprefix = 0;
+    if (!ns)
+        return -ENOENT;
+    if (kind < 0)
+        kind = ns->policy;
+    if (kind >= POLICY_KIND_COUNT || (dim && dim != ns->layout.head_dim) || !budget)
+        return -EINVAL;
+    if (n > KVC_PROTO_MAX_KEYS)
+        n = KVC_PROTO_MAX_KEYS;
+    pb = malloc((size_t)n * sizeof(*pb));
+    if (!pb)
+        return -ENOMEM;
+    /* The run of committed blocks whose bytes are in host memory now. */
+    for (; m < n; m++) {
+        uint32_t idx = index_find(&s->ix, (uint16_t)ns_id, &keys[m]);
+        const struct block *b;
+        if (idx == INDEX_NONE)
+            break;
+        b = &s->ix.blocks[idx];
+        if (b->state != BLOCK_STATE_COMMITTED || b->tier != KVC_WIRE_TIER_HOST ||
+            (b->flags & (BLOCK_F_LOST | BLOCK_F_PROMOTING)))
+            break;
+        store_policy_block(s, idx, &pb[m]);
+    }
+    *nprefix = m;
+    rc = 0;
+    if (m == 0)
+        goto out;
+    pp = ns->pp;
+    pp.sinks = sinks;
+    pp.recent = recent;
+    struct policy_query pq = {.q = q, .dim = dim};
+    if (q && dim && kind == POLICY_QUEST) {
+        rc = -ENOMEM;
+        kmm = malloc((size_t)m * dim * 2 * sizeof(float));
+        if (!kmm)
+            goto out;
+        for (uint32_t i = 0; i < m; i++) {
+            const struct store_meta *mt = pb[i].id < s->nmeta ? &s->meta[pb[i].id] : NULL;
+            float *lo = kmm + (size_t)i * dim, *hi = kmm + ((size_t)m + i) * dim;
+            if (mt && mt->quest && s->qdim[mt->quest - 1] == dim) {
+                memcpy(lo, s->qsum[mt->quest - 1], dim * sizeof(float));
+                memcpy(hi, s->qsum[mt->quest - 1] + dim, dim * sizeof(float));
+            } else {
+                for (uint32_t d = 0; d < dim; d++) {
+                    lo[d] = -STORE_POLICY_UNBOUNDED;
+                    hi[d] = STORE_POLICY_UNBOUNDED;
+                }
+            }
+        }
+        pq.kmin = kmm;
+        pq.kmax = kmm + (size_t)m * dim;
+    }
+    nsel = policy_select((enum policy_kind)kind, pb, m, budget, now, &pp,
+                         pq.kmin ? &pq : NULL, pos);
+    rc = 0;
+    if (nsel == 0)
+        goto out;
+    rc = store_handle_new(s, o, STORE_HANDLE_LEASE, (uint16_t)ns_id, (uint32_t)nsel, &h);
+    if (rc)
+        goto out;
+    h->n = (uint32_t)nsel;
+    /* Last first, so that a selected parent ends up more recent than a selected child. */
+    for (size_t i = nsel; i-- > 0;) {
+        uint32_t idx = pb[pos[i]].id;
+        struct block *b = &s->ix.blocks[idx];
+        h->blocks[i] = idx;
+        b->pins++;
+        store_meta_hit(s, idx, now);
+        b->hits++;
+        store_touch(s, idx, now);
+        store_loc_fill(b, &locs[i]);
+        bytes += b->len;
+    }
+    o->pins += nsel;
+    s->pins_now += nsel;
+    *lease_id = h->id;
+    rc = (int)nsel;
+out:
+    if (rc >= 0) {
+        s->total.lookups++;
+        ns->stats.lookups++;
+        s->total.budget_lookups++;
+        ns->stats.budget_lookups++;
+        s->total.hit_blocks += nsel;
+        ns->stats.hit_blocks += nsel;
+        s->total.pins += nsel;
+        ns->stats.pins += nsel;
+        s->total.bytes_out += bytes;
+        ns->stats.bytes_out += bytes;
+    }
+    free(kmm);
+    free(pb);
+    return rc;
+}
+
+/* ---- tier engine ----------------------------------------------------------------------- */
+
+/* enum policy_codec of a wire format (q5_1 has no policy codec: costed like q4_1). */
+static uint8_t store_policy_codec(uint32_t f)
+{
+    static const uint8_t map[KVC_WIRE_FORMAT_COUNT] = {
+        [KVC_WIRE_FORMAT_RAW] = POLICY_CODEC_RAW,   [KVC_WIRE_FORMAT_Q8_0] = POLICY_CODEC_Q8,
+        [KVC_WIRE_FORMAT_Q4_1] = POLICY_CODEC_Q4,   [KVC_WIRE_FORMAT_Q5_1] = POLICY_CODEC_Q4,
+        [KVC_WIRE_FORMAT_KIVI2] = POLICY_CODEC_KIVI2, [KVC_WIRE_FORMAT_KIVI4] = POLICY_CODEC_KIVI4,
+        [KVC_WIRE_FORMAT_FP8] = POLICY_CODEC_FP8,
+    };
+    return f < KVC_WIRE_FORMAT_COUNT ? map[f] : POLICY_CODEC_RAW;
+}
+
+static bool store_policy_eligible(const struct block *b, uint32_t arena, uint16_t ns)
+{
+    return b->state == BLOCK_STATE_COMMITTED && b->arena == arena && b->ns == ns && !b->pins &&
+           !(b->flags & (BLOCK_F_MOVING | BLOCK_F_LOST));
+}
+
+/* One round: the coldest namespace's sample through policy_decide, actions carried out.
+ * Returns the blocks acted on, 0 when the round found nothing to do (or only drops are
+ * possible: the caller evicts through store_victim), -EAGAIN when the disk asks to wait. */
+static int store_policy_round(struct store *s, uint32_t a, uint64_t to_free, uint64_t now)
+{
+    struct policy_block cand[STORE_POLICY_SAMPLE + STORE_POLICY_PROBES];
+    struct policy_action act[STORE_POLICY_SAMPLE + STORE_POLICY_PROBES];
+    uint8_t plan[POLICY_MAX_LAYERS];
+    struct store_ns *ns = NULL;
+    size_t n = 0, m = 0;
+    uint32_t walked = 0, limit = STORE_POLICY_WALK;
+    int acted = 0;
+    for (uint32_t i = s->arenas[a].lru_tail;
+         i != INDEX_NONE && n < STORE_POLICY_SAMPLE && walked < limit;
+         i = s->ix.blocks[i].lru_prev, walked++) {
+        const struct block *b = &s->ix.blocks[i];
+        if (!ns) {
+            if (b->pins || (b->flags & (BLOCK_F_MOVING | BLOCK_F_LOST)))
+                continue;
+            ns = s->ns[b->ns];
+            limit = walked + STORE_POLICY_WINDOW;
+        }
+        if (store_policy_eligible(b, a, (uint16_t)ns->id))
+            store_policy_block(s, i, &cand[n++]);
+    }
+    if (!ns)
+        return 0;
+    uint32_t f = ns->layout.flags;
+    struct policy_pressure pr = {.bytes_to_free = to_free,
+                                 .actions = 1u << POLICY_ACTION_DROP,
+                                 .codecs = 1u << POLICY_CODEC_RAW};
+    if (s->quant && !s->tiering && KVC_WIRE_QUANT_ALLOWED(f) &&
+        quant_inflight(s->quant) < s->p.quantize_inflight) {
+        uint32_t c = KVC_WIRE_QUANT_K(f) ? KVC_WIRE_QUANT_K(f) : KVC_WIRE_QUANT_V(f);
+        pr.actions |= 1u << POLICY_ACTION_QUANTIZE;
+        for (uint32_t k = 1; k < KVC_WIRE_FORMAT_COUNT; k++)
+            if (KVC_WIRE_QUANT_ALLOWED(f) & (1u << k))
+                pr.codecs |= 1u << store_policy_codec(k);
+        if (ns->layout.layers <= POLICY_MAX_LAYERS) {
+            pr.layers = ns->layout.layers;
+            for (uint32_t l = 0; l < pr.layers; l++)
+                plan[l] = l < KVC_WIRE_QUANT_RAW_LAYERS(f) ? POLICY_CODEC_RAW
+                                                           : store_policy_codec(c);
+            pr.layer_codec = plan;
+        }
+    }
+    if (s->tiering)
+        pr.actions |= 1u << POLICY_ACTION_OFFLOAD;
+    if (pr.actions == 1u << POLICY_ACTION_DROP)
+        return 0;
+    pr.miss_cost = (double)ns->layout.block_tokens /
+                   (double)(s->p.recompute_tokens_per_s ? s->p.recompute_tokens_per_s : 8000);
+    pr.disk_cost = (double)ns->block_bytes / STORE_POLICY_DISK_BPS;
+    /* Younger blocks too: random probes of the pool. */
+    for (int k = 0; k < STORE_POLICY_PROBES && s->ix.nblocks; k++) {
+        s->rng ^= s->rng << 13;
+        s->rng ^= s->rng >> 7;
+        s->rng ^= s->rng << 17;
+        uint32_t i = (uint32_t)(s->rng % s->ix.nblocks);
+        bool dup = false;
+        if (!store_policy_eligible(&s->ix.blocks[i], a, (uint16_t)ns->id))
+            continue;
+        for (size_t j = 0; j < n && !dup; j++)
+            dup = cand[j].id == i;
+        if (!dup)
+            store_policy_block(s, i, &cand[n++]);
+    }
+    m = policy_decide((enum policy_kind)ns->policy, cand, n, now, &ns->pp, &pr, act);
+    for (size_t k = 0; k < m; k++) {
+        uint32_t idx = act[k].id;
+        const struct block *b = &s->ix.blocks[idx];
+        int rc;
+        /* An earlier action may have dropped it (a lost parent goes with its last child). */
+        if (!store_policy_eligible(b, a, (uint16_t)ns->id))
+            continue;
+        switch (act[k].action) {
+        case POLICY_ACTION_QUANTIZE:
+            if (quant_inflight(s->quant) < s->p.quantize_inflight && store_quantize(s, idx) == 0)
+                acted++;
+            break;
+        case POLICY_ACTION_OFFLOAD:
+            rc = tiering_offload(s, idx, now);
+            if (rc == -EAGAIN)
+                return acted ? acted : -EAGAIN;
+            if (rc == 0) {
+                acted++;
+            } else if (!s->ix.blocks[idx].children) {
+                store_evict(s, idx); /* the disk cannot take it: dropped as without one */
+                acted++;
+            }
+            break;
+        case POLICY_ACTION_DROP:
+            if (!b->children) {
+                store_evict(s, idx);
+                acted++;
+            }
+            break;
+        default:
+            break;
+        }
+    }
+    return acted;
+}
+
+int store_policy_trim(struct store *s, uint32_t a, uint64_t now)
+{
+    struct tier *t = s->arenas[a].tier;
+    double cap = (double)t->ops->capacity(t);
+    int acted = 0;
+    if ((double)(t->ops->usage(t) - quant_pending_bytes(s->quant, a)) <=
+        s->p.high_watermark * cap)
+        return 0;
+    for (int round = 0; round < STORE_POLICY_ROUNDS; round++) {
+        uint64_t pend = quant_pending_bytes(s->quant, a) + tiering_pending_bytes(s);
+        uint64_t used = t->ops->usage(t);
+        double over = (double)(used > pend ? used - pend : 0) - s->p.low_watermark * cap;
+        if (over <= 0)
+            break;
+        int r = store_policy_round(s, a, (uint64_t)over + 1, now);
+        if (r < 0)
+            break; /* the disk's rate or queue limit: the next trim goes on */
+        if (r == 0) {
+            uint32_t v = store_victim(s, a, -1, now);
+            if (v == INDEX_NONE)
+                break;
+            store_evict(s, v);
+            r = 1;
+        }
+        acted += r;
+    }
+    return acted;
+}

@@ -1,0 +1,445 @@
+/* check_store_policy — the policies inside the store, without a socket: under random
+ * operations with every policy, the engine never evicts or quantizes a pinned block, never
+ * evicts a parent before its cached children, never makes a block lossy in a namespace that
+ * allows no codec; hints change what survives; budgeted lookups take sinks, the recent window
+ * and the most important middle blocks; quantized blocks carry a Quest summary; per-namespace
+ * policies and their sources. */
+#include <check.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/quant.h"
+#include "daemon/store.h"
+#include "tiers/host.h"
+#include "tiers/tier.h"
+
+#define Q8 KVC_WIRE_QUANT_FLAGS(1u << KVC_WIRE_FORMAT_Q8_0, KVC_WIRE_FORMAT_Q8_0,              \
+                                KVC_WIRE_FORMAT_Q8_0, 0)
+
+static struct store *s;
+static struct quant *q;
+static struct store_owner o;
+
+static struct kvc_wire_layout layout_of(const char *model, uint32_t flags)
+{
+    struct kvc_wire_layout l;
+    memset(&l, 0, sizeof(l));
+    snprintf(l.model_id, sizeof(l.model_id), "%s", model);
+    l.layers = 2; /* 2 layers * K,V * 16 tokens * 4 heads * 128 dim * fp16 = 64 KiB */
+    l.kv_heads = 4;
+    l.head_dim = 128;
+    l.block_tokens = 16;
+    l.dtype = KVC_WIRE_DTYPE_FP16;
+    l.kv_kind = KVC_WIRE_KV_KIND_KV;
+    l.flags = flags;
+    return l;
+}
+
+static void setup_policy(enum policy_kind k)
+{
+    struct store_params p = {.host_size = 4 << 20,
+                             .host_page_size = 64 << 10,
+                             .host_huge = TIER_HOST_HUGE_OFF,
+                             .high_watermark = 0.9,
+                             .low_watermark = 0.6,
+                             .max_namespaces = 8,
+                             .max_handles = 1024,
+                             .policy = k,
+                             .recompute_tokens_per_s = 8000,
+                             .quantize_inflight = 8};
+    int err = 0;
+    s = store_new(&p, &err);
+    ck_assert_msg(s, "store_new: %d", err);
+    q = quant_new(NULL, s, &err);
+    ck_assert_msg(q, "quant_new: %d", err);
+    store_owner_init(&o);
+}
+
+static void setup(void)
+{
+    setup_policy(POLICY_DEFAULT);
+}
+
+static void teardown(void)
+{
+    store_owner_fini(s, &o);
+    store_free(s);
+    s = NULL;
+    q = NULL;
+}
+
+static uint32_t ns_open(const char *model, uint32_t flags)
+{
+    struct kvc_wire_layout l = layout_of(model, flags);
+    uint32_t id;
+    bool created;
+    ck_assert_int_eq(store_ns_open(s, &l, &id, &created), 0);
+    return id;
+}
+
+static struct kvc_wire_key key(uint32_t ns, uint32_t chain, uint32_t i)
+{
+    return (struct kvc_wire_key){.lo = 100000u * ns + 1000u * chain + i + 1, .hi = 7};
+}
+
+static void fill(uint16_t *p, size_t n, uint32_t seed)
+{
+    for (size_t j = 0; j < n; j++) {
+        _Float16 h = (_Float16)(sinf((float)(j * 0.37 + seed)) * 3.0f);
+        memcpy(&p[j], &h, 2);
+    }
+}
+
+/* Puts blocks [from, to) of a chain; returns how many were committed. */
+static int put_chain(uint32_t ns, uint32_t chain, uint32_t from, uint32_t to, uint64_t now)
+{
+    struct kvc_wire_key parent = from ? key(ns, chain, from - 1) : (struct kvc_wire_key){0};
+    struct kvc_wire_key k[64] = {{0}};
+    struct kvc_wire_loc loc[64] = {{0}};
+    uint8_t st[64] = {0};
+    uint64_t resv;
+    uint32_t dropped;
+    int n = 0;
+    for (uint32_t i = from; i < to; i++)
+        k[i - from] = key(ns, chain, i);
+    int r = store_reserve(s, &o, ns, &parent, k, to - from, now, &resv, st, loc);
+    if (r <= 0)
+        return 0;
+    for (uint32_t i = 0; i < to - from; i++)
+        if (st[i] == KVC_WIRE_SLOT_RESERVED)
+            fill((uint16_t *)((uint8_t *)tier_host_base(s->arenas[loc[i].arena_id].tier) +
+                              loc[i].offset),
+                 loc[i].length / 2, from + i);
+    n = store_commit(s, &o, resv, UINT32_MAX, now, &dropped);
+    ck_assert_int_ge(n, 0);
+    return n;
+}
+
+static bool committed(uint32_t ns, struct kvc_wire_key k)
+{
+    uint32_t idx = index_find(&s->ix, (uint16_t)ns, &k);
+    return idx != INDEX_NONE && s->ix.blocks[idx].state == BLOCK_STATE_COMMITTED;
+}
+
+/* The prefix tree, children counts and the lossless namespace, over every block. */
+static void check_tree(uint32_t raw_ns)
+{
+    for (uint32_t i = 0; i < s->ix.nblocks; i++) {
+        const struct block *b = &s->ix.blocks[i];
+        uint32_t kids = 0;
+        if (b->state != BLOCK_STATE_COMMITTED)
+            continue;
+        if (!index_key_is_zero(&b->parent))
+            ck_assert_msg(committed(b->ns, b->parent), "block %u lost its parent", i);
+        if (b->ns == raw_ns)
+            ck_assert_msg(b->format == KVC_WIRE_FORMAT_RAW, "raw namespace block %u lossy", i);
+        for (uint32_t j = 0; j < s->ix.nblocks; j++) {
+            const struct block *c = &s->ix.blocks[j];
+            kids += c->state == BLOCK_STATE_COMMITTED && c->ns == b->ns &&
+                    c->parent.lo == b->key.lo && c->parent.hi == b->key.hi;
+        }
+        ck_assert_uint_eq(kids, b->children);
+    }
+}
+
+#define NCHAIN 24
+#define CHAIN_LEN 8
+#define NLEASE 6
+
+/* Random puts, lookups (some leases held across trims), releases, hints and trims. */
+START_TEST(test_random_ops_every_policy)
+{
+    enum policy_kind k = (enum policy_kind)_i;
+    struct {
+        uint64_t id;
+        uint32_t ns, chain, n;
+    } held[NLEASE] = {0};
+    unsigned seed = 7 + (unsigned)k;
+    uint32_t len[2][NCHAIN] = {{0}};
+    setup_policy(k);
+    uint32_t nraw = ns_open("raw", 0), nq = ns_open("q8", Q8);
+    uint32_t nss[2] = {nraw, nq};
+    ck_assert_int_eq(store_ns_get(s, nraw)->policy, k);
+    for (int step = 0; step < 1500; step++) {
+        uint64_t now = 10 + (uint64_t)step * 7;
+        int w = (int)(rand_r(&seed) % 2), c = (int)(rand_r(&seed) % NCHAIN);
+        uint32_t ns = nss[w];
+        /* a chain may have lost blocks: continue from what is cached */
+        while (len[w][c] && !committed(ns, key(ns, (uint32_t)c, len[w][c] - 1)))
+            len[w][c]--;
+        switch (rand_r(&seed) % 5) {
+        case 0:
+        case 1: {
+            uint32_t to = len[w][c] + 1 + rand_r(&seed) % 3;
+            if (to > CHAIN_LEN)
+                to = CHAIN_LEN;
+            if (to > len[w][c])
+                len[w][c] += (uint32_t)put_chain(ns, (uint32_t)c, len[w][c], to, now);
+            break;
+        }
+        case 2: {
+            struct kvc_wire_key ks[CHAIN_LEN];
+            struct kvc_wire_loc locs[CHAIN_LEN];
+            uint64_t lease;
+            int slot = (int)(rand_r(&seed) % NLEASE);
+            for (uint32_t i = 0; i < CHAIN_LEN; i++)
+                ks[i] = key(ns, (uint32_t)c, i);
+            if (held[slot].id) {
+                ck_assert_int_eq(store_release(s, &o, held[slot].id), 0);
+                held[slot].id = 0;
+            }
+            int h = store_lookup(s, &o, ns, ks, CHAIN_LEN, now, &lease, locs);
+            ck_assert_int_ge(h, 0);
+            if (h > 0)
+                held[slot] = (typeof(held[0])){lease, ns, (uint32_t)c, (uint32_t)h};
+            break;
+        }
+        case 3: {
+            struct kvc_wire_hint hs[CHAIN_LEN];
+            for (uint32_t i = 0; i < CHAIN_LEN; i++)
+                hs[i] = (struct kvc_wire_hint){.key = key(ns, (uint32_t)c, i),
+                                               .score = (float)(rand_r(&seed) % 100)};
+            ck_assert_int_ge(store_hint(s, ns, 1 + rand_r(&seed) % 2, hs, CHAIN_LEN, now), 0);
+            break;
+        }
+        default: {
+            /* budgeted read with a random budget: what it returns is cached and ascending */
+            struct kvc_wire_key ks[CHAIN_LEN];
+            struct kvc_wire_loc locs[CHAIN_LEN];
+            uint32_t pos[CHAIN_LEN], np;
+            uint64_t lease;
+            for (uint32_t i = 0; i < CHAIN_LEN; i++)
+                ks[i] = key(ns, (uint32_t)c, i);
+            int n = store_lookup_budget(s, &o, ns, ks, CHAIN_LEN, 1 + rand_r(&seed) % 4, -1, 1,
+                                        1, NULL, 0, now, &lease, &np, pos, locs);
+            ck_assert_int_ge(n, 0);
+            for (int i = 1; i < n; i++)
+                ck_assert_uint_gt(pos[i], pos[i - 1]);
+            if (n)
+                ck_assert_int_eq(store_release(s, &o, lease), 0);
+            break;
+        }
+        }
+        store_trim(s, now);
+        if (step % 16 == 0)
+            quant_drain(q);
+        else
+            quant_poll(q);
+        /* pinned blocks survive every trim and are never quantized under the lease */
+        for (int l = 0; l < NLEASE; l++)
+            for (uint32_t i = 0; held[l].id && i < held[l].n; i++)
+                ck_assert_msg(committed(held[l].ns, key(held[l].ns, held[l].chain, i)),
+                              "%s: a pinned block was evicted", policy_name(k));
+        if (step % 50 == 0)
+            check_tree(nraw);
+    }
+    quant_drain(q);
+    check_tree(nraw);
+    /* pressure did happen and, with codecs allowed, something was made smaller or dropped */
+    ck_assert_uint_gt(s->total.evicted_blocks + s->total.quantized_blocks, 0);
+    teardown();
+}
+END_TEST
+
+/* store_victim never names a pinned block or a parent, whatever the policy. */
+START_TEST(test_victim_unpinned_leaf)
+{
+    enum policy_kind k = (enum policy_kind)_i;
+    setup_policy(k);
+    uint32_t ns = ns_open("v", 0);
+    struct kvc_wire_key ks[4];
+    struct kvc_wire_loc locs[4];
+    uint64_t lease;
+    for (uint32_t c = 0; c < 12; c++) /* 48 blocks of 64 KiB in 4 MiB: no eviction yet */
+        ck_assert_int_eq(put_chain(ns, c, 0, 4, 10 + c), 4);
+    for (uint32_t i = 0; i < 4; i++)
+        ks[i] = key(ns, 0, i);
+    ck_assert_int_eq(store_lookup(s, &o, ns, ks, 4, 100, &lease, locs), 4);
+    for (int round = 0; round < 60; round++) {
+        uint32_t v = store_victim(s, 0, -1, 200);
+        if (v == INDEX_NONE)
+            break;
+        ck_assert_uint_eq(s->ix.blocks[v].pins, 0);
+        ck_assert_uint_eq(s->ix.blocks[v].children, 0);
+        store_evict(s, v);
+    }
+    for (uint32_t i = 0; i < 4; i++)
+        ck_assert(committed(ns, ks[i]));
+    teardown();
+}
+END_TEST
+
+/* Under h2o, of two equal prefixes the hinted one survives pressure. */
+START_TEST(test_h2o_hint_keeps)
+{
+    uint32_t ns = ns_open("h", 0);
+    ck_assert_int_eq(store_ns_policy_set(s, ns, POLICY_H2O, STORE_POLICY_SRC_ADMIN), 0);
+    ck_assert_int_eq(put_chain(ns, 0, 0, 8, 10), 8);
+    ck_assert_int_eq(put_chain(ns, 1, 0, 8, 10), 8);
+    struct kvc_wire_hint hs[8];
+    for (uint32_t i = 0; i < 8; i++)
+        hs[i] = (struct kvc_wire_hint){.key = key(ns, 1, i), .score = 50.0f};
+    ck_assert_int_eq(store_hint(s, ns, KVC_HINT_H2O, hs, 8, 20), 8);
+    ck_assert_float_gt(s->meta[index_find(&s->ix, (uint16_t)ns, &hs[3].key)].hint, 49.0f);
+    /* evict 7 blocks through the policy */
+    for (int i = 0; i < 7; i++) {
+        uint32_t v = store_victim(s, 0, -1, 30);
+        ck_assert_uint_ne(v, INDEX_NONE);
+        store_evict(s, v);
+    }
+    for (uint32_t i = 0; i < 8; i++)
+        ck_assert_msg(committed(ns, key(ns, 1, i)), "hinted block %u evicted", i);
+    ck_assert(committed(ns, key(ns, 0, 0))); /* the sink of the other goes last */
+    ck_assert(!committed(ns, key(ns, 0, 1)));
+}
+END_TEST
+
+/* Budgeted lookup: sinks + hinted middle blocks + recent window, pinned in order. */
+START_TEST(test_budget_select)
+{
+    uint32_t ns = ns_open("b", 0);
+    struct kvc_wire_key ks[10];
+    struct kvc_wire_loc locs[10];
+    struct kvc_wire_hint hs[2];
+    uint32_t pos[10], np;
+    uint64_t lease;
+    ck_assert_int_eq(put_chain(ns, 0, 0, 10, 10), 10);
+    for (uint32_t i = 0; i < 10; i++)
+        ks[i] = key(ns, 0, i);
+    hs[0] = (struct kvc_wire_hint){.key = ks[4], .score = 9.0f};
+    hs[1] = (struct kvc_wire_hint){.key = ks[6], .score = 5.0f};
+    ck_assert_int_eq(store_hint(s, ns, KVC_HINT_H2O, hs, 2, 20), 2);
+    int n = store_lookup_budget(s, &o, ns, ks, 10, 5, POLICY_H2O, 1, 2, NULL, 0, 30, &lease, &np,
+                                pos, locs);
+    ck_assert_int_eq(n, 5);
+    ck_assert_uint_eq(np, 10);
+    uint32_t want[5] = {0, 4, 6, 8, 9};
+    for (int i = 0; i < 5; i++) {
+        ck_assert_uint_eq(pos[i], want[i]);
+        uint32_t idx = index_find(&s->ix, (uint16_t)ns, &ks[pos[i]]);
+        ck_assert_uint_eq(s->ix.blocks[idx].pins, 1);
+        ck_assert_uint_eq(locs[i].offset, s->ix.blocks[idx].off);
+    }
+    ck_assert_uint_eq(s->ix.blocks[index_find(&s->ix, (uint16_t)ns, &ks[5])].pins, 0);
+    ck_assert_int_eq(store_release(s, &o, lease), 0);
+    /* SnapKV scores pick the middle instead */
+    hs[0] = (struct kvc_wire_hint){.key = ks[2], .score = 3.0f};
+    ck_assert_int_eq(store_hint(s, ns, KVC_HINT_SNAPKV, hs, 1, 40), 1);
+    n = store_lookup_budget(s, &o, ns, ks, 10, 4, POLICY_SNAPKV, 1, 2, NULL, 0, 50, &lease, &np,
+                            pos, locs);
+    ck_assert_int_eq(n, 4);
+    ck_assert_uint_eq(pos[1], 2);
+    ck_assert_int_eq(store_release(s, &o, lease), 0);
+    /* a miss in the middle cuts the prefix */
+    ks[7].lo ^= 0xff00;
+    n = store_lookup_budget(s, &o, ns, ks, 10, 10, -1, 1, 2, NULL, 0, 60, &lease, &np, pos, locs);
+    ck_assert_int_eq(n, 7);
+    ck_assert_uint_eq(np, 7);
+    ck_assert_int_eq(store_release(s, &o, lease), 0);
+    /* refusals */
+    float qv[128] = {0};
+    ck_assert_int_eq(store_lookup_budget(s, &o, ns, ks, 10, 3, POLICY_QUEST, 1, 1, qv, 64, 70,
+                                         &lease, &np, pos, locs),
+                     -EINVAL);
+    ck_assert_int_eq(store_lookup_budget(s, &o, 99, ks, 10, 3, -1, 1, 1, NULL, 0, 70, &lease, &np,
+                                         pos, locs),
+                     -ENOENT);
+}
+END_TEST
+
+/* Quantized blocks carry a Quest summary; a query ranks them by their bound, blocks without
+ * one count as unbounded. */
+START_TEST(test_quest_summary)
+{
+    uint32_t ns = ns_open("qq", Q8);
+    struct kvc_wire_key ks[6];
+    struct kvc_wire_loc locs[6];
+    uint32_t pos[6], np;
+    uint64_t lease;
+    float qv[128];
+    ck_assert_int_eq(put_chain(ns, 0, 0, 6, 10), 6);
+    for (uint32_t i = 0; i < 6; i++)
+        ks[i] = key(ns, 0, i);
+    for (uint32_t i = 1; i < 5; i++)
+        ck_assert_int_eq(store_quantize(s, index_find(&s->ix, (uint16_t)ns, &ks[i])), 0);
+    quant_drain(q);
+    for (uint32_t i = 1; i < 5; i++) {
+        uint32_t idx = index_find(&s->ix, (uint16_t)ns, &ks[i]);
+        ck_assert_uint_ne(s->meta[idx].quest, 0);
+        const float *sum = s->qsum[s->meta[idx].quest - 1];
+        for (uint32_t d = 0; d < 128; d++)
+            ck_assert_float_le(sum[d], sum[128 + d]); /* min below max */
+    }
+    /* the data of block i is sin(j * 0.37 + i) * 3: the bounds differ by block */
+    for (uint32_t d = 0; d < 128; d++)
+        qv[d] = (d % 3) ? 1.0f : -0.5f;
+    int n = store_lookup_budget(s, &o, ns, ks, 6, 3, POLICY_QUEST, 1, 1, qv, 128, 20, &lease, &np,
+                                pos, locs);
+    ck_assert_int_eq(n, 3);
+    ck_assert_uint_eq(pos[0], 0);
+    ck_assert_uint_eq(pos[2], 5);
+    ck_assert(pos[1] >= 1 && pos[1] <= 4);
+    ck_assert_int_eq(store_release(s, &o, lease), 0);
+    /* the summary goes with the block */
+    uint32_t idx = index_find(&s->ix, (uint16_t)ns, &ks[5]);
+    store_evict(s, idx);
+    idx = index_find(&s->ix, (uint16_t)ns, &ks[4]);
+    uint32_t slots = s->nqfree;
+    store_evict(s, idx);
+    ck_assert_uint_eq(s->nqfree, slots + 1);
+}
+END_TEST
+
+/* A namespace's policy: the default follows store_reload, an explicit one stays. */
+START_TEST(test_ns_policy_sources)
+{
+    uint32_t a = ns_open("a", 0), b = ns_open("b", 0);
+    struct store_params p = s->p;
+    ck_assert_int_eq(store_ns_get(s, a)->policy, POLICY_DEFAULT);
+    ck_assert_int_eq(store_ns_policy_set(s, b, POLICY_H2O, STORE_POLICY_SRC_CONFIG), 0);
+    p.policy = POLICY_LFU;
+    store_reload(s, &p);
+    ck_assert_int_eq(store_ns_get(s, a)->policy, POLICY_LFU);
+    ck_assert_int_eq(store_ns_get(s, b)->policy, POLICY_H2O);
+    ck_assert_int_eq(store_ns_get(s, b)->policy_src, STORE_POLICY_SRC_CONFIG);
+    ck_assert_int_eq(store_ns_policy_set(s, b, -1, STORE_POLICY_SRC_ADMIN), 0);
+    ck_assert_int_eq(store_ns_get(s, b)->policy, POLICY_LFU);
+    ck_assert_int_eq(store_ns_get(s, b)->policy_src, STORE_POLICY_SRC_DEFAULT);
+    ck_assert_int_eq(store_ns_policy_set(s, 99, POLICY_LRU, STORE_POLICY_SRC_ADMIN), -ENOENT);
+    ck_assert_int_eq(store_ns_policy_set(s, a, POLICY_KIND_COUNT, STORE_POLICY_SRC_ADMIN),
+                     -EINVAL);
+    /* the default policy's tuner appears with the first reference and sets the half-life */
+    ck_assert_int_eq(store_ns_policy_set(s, a, POLICY_DEFAULT, STORE_POLICY_SRC_ADMIN), 0);
+    ck_assert_ptr_null(store_ns_get(s, a)->tune);
+    ck_assert_int_eq(put_chain(a, 0, 0, 4, 10), 4);
+    ck_assert_ptr_nonnull(store_ns_get(s, a)->tune);
+    ck_assert_int_eq(store_ns_policy_set(s, a, POLICY_LRU, STORE_POLICY_SRC_ADMIN), 0);
+    ck_assert_ptr_null(store_ns_get(s, a)->tune);
+    ck_assert(!store_policy_engine(s) || store_ns_get(s, b)->policy != POLICY_LRU);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *su = suite_create("store_policy");
+    TCase *tc = tcase_create("engine");
+    TCase *tf = tcase_create("fixture");
+    tcase_set_timeout(tc, 120);
+    tcase_add_loop_test(tc, test_random_ops_every_policy, 0, POLICY_KIND_COUNT);
+    tcase_add_loop_test(tc, test_victim_unpinned_leaf, 0, POLICY_KIND_COUNT);
+    tcase_add_checked_fixture(tf, setup, teardown);
+    tcase_add_test(tf, test_h2o_hint_keeps);
+    tcase_add_test(tf, test_budget_select);
+    tcase_add_test(tf, test_quest_summary);
+    tcase_add_test(tf, test_ns_policy_sources);
+    suite_add_tcase(su, tc);
+    suite_add_tcase(su, tf);
+    SRunner *sr = srunner_create(su);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
