@@ -458,7 +458,7 @@ static int store_policy_round(struct store *s, uint32_t a, uint64_t to_free, uin
     struct policy_pressure pr = {.bytes_to_free = to_free,
                                  .actions = 1u << POLICY_ACTION_DROP,
                                  .codecs = 1u << POLICY_CODEC_RAW};
-    if (s->quant && !s->tiering && KVC_WIRE_QUANT_ALLOWED(f) &&
+    if (s->quant && KVC_WIRE_QUANT_ALLOWED(f) &&
         quant_inflight(s->quant) < s->p.quantize_inflight) {
         uint32_t c = KVC_WIRE_QUANT_K(f) ? KVC_WIRE_QUANT_K(f) : KVC_WIRE_QUANT_V(f);
         pr.actions |= 1u << POLICY_ACTION_QUANTIZE;
@@ -473,8 +473,10 @@ static int store_policy_round(struct store *s, uint32_t a, uint64_t to_free, uin
             pr.layer_codec = plan;
         }
     }
-    if (s->tiering)
+    if (s->tiering) {
         pr.actions |= 1u << POLICY_ACTION_OFFLOAD;
+        pr.offload_min_hits = tiering_admit_hits(s);
+    }
     if (pr.actions == 1u << POLICY_ACTION_DROP)
         return 0;
     pr.miss_cost = (double)ns->layout.block_tokens /

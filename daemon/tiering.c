@@ -857,6 +857,11 @@ void tiering_reload(struct store *s, uint32_t admit_hits)
         s->tiering->admit_hits = admit_hits;
 }
 
+uint32_t tiering_admit_hits(const struct store *s)
+{
+    return s->tiering ? s->tiering->admit_hits : 0;
+}
+
 int tiering_fd(const struct store *s)
 {
     return s->tiering ? tier_disk_fd(s->tiering->disk) : -1;

@@ -59,6 +59,8 @@ int tiering_attach(struct store *s, const struct tiering_params *p);
 void tiering_free(struct store *s);
 /* Reloadable: admission and write rate are read from here. */
 void tiering_reload(struct store *s, uint32_t admit_hits);
+/* Hits a block needs to be written to disk rather than dropped (disk.admit_hits). */
+uint32_t tiering_admit_hits(const struct store *s);
 /* Reloadable: the default zstd level; namespaces' own levels are asked again. */
 void tiering_compress_set(struct store *s, int level);
 

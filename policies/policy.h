@@ -177,6 +177,9 @@ struct policy_pressure {
     uint32_t layers;        /* layers of the namespace; 0 = unknown (one codec for all) */
     const uint8_t *layer_codec; /* borrowed: per-layer codec plan (PyramidKV-style); NULL =
                                    the most precise allowed lossy codec on every layer */
+    uint32_t offload_min_hits; /* hits a leaf needs to be offloaded rather than dropped (the
+                                  daemon's disk.admit_hits); a block with cached children
+                                  cannot be dropped, so it may always be offloaded */
     double miss_cost;       /* cost of recomputing block 0, in the unit of disk_cost */
     double disk_cost;       /* cost of reading one block back from disk */
 };

@@ -10,9 +10,10 @@
  *     shown reuse (hits or a carried-over count above one access) — quantizing a block that
  *     was never reused spends work on what is most likely dead;
  *   - offload (a disk read instead of a recompute): when a disk tier is available, the
- *     block has been reused (SSD writes are spent only on blocks hit before, as Dynamo's
- *     KVBM does) and reading it back is cheaper than recomputing it
- *     (disk_cost < miss_cost * recompute-cost-by-depth);
+ *     block has the hits the pressure's admission asks for (offload_min_hits: the daemon's
+ *     disk.admit_hits, 0 by default as measured in docs/disk.md; 1 spends SSD writes only on
+ *     blocks hit before, as Dynamo's KVBM does) or has cached children, and reading it back
+ *     is cheaper than recomputing it (disk_cost < miss_cost * recompute-cost-by-depth);
  *   - drop: a leaf (no cached children) otherwise;
  *   - keep: an inner block no other action applies to.
  * Properties that hold for every policy, whatever the ranking: a pinned block is never acted
@@ -115,7 +116,8 @@ size_t policy_decide(enum policy_kind k, struct policy_block *b, size_t n, uint6
             a.layer_codec = pr->layers ? pr->layer_codec : NULL;
             a.bytes_freed = x->bytes - qb;
         } else if ((pr->actions & (1u << POLICY_ACTION_OFFLOAD)) &&
-                   !(x->flags & POLICY_BLOCK_ON_DISK) && policy_decide_reused(x) &&
+                   !(x->flags & POLICY_BLOCK_ON_DISK) &&
+                   (x->hits >= pr->offload_min_hits || x->children > 0) &&
                    pr->disk_cost < miss) {
             a.action = POLICY_ACTION_OFFLOAD;
             a.bytes_freed = x->bytes;

@@ -100,7 +100,8 @@ START_TEST(test_prefix_ratio)
 END_TEST
 
 /* r3 needs room while 2 (reused once, not a sink) is unpinned: quantized (q8_0 takes 0.53)
- * it stays, so r4 hits it lossy; offloaded it stays on disk; dropped it misses. */
+ * it stays, so r4 hits it lossy; offloaded it stays on disk; dropped it misses. Regression
+ * (offload admission): the policy's offload rule follows the configured admission. */
 START_TEST(test_quantize_and_disk)
 {
     const char *t = "{\"timestamp\": 0, \"input_length\": 1024, \"hash_ids\": [1, 2]}\n"
@@ -125,6 +126,12 @@ START_TEST(test_quantize_and_disk)
     c.disk_blocks = 4;
     ck_assert_int_eq(sim_run(&tr, &c, &r), 0);
     ck_assert_uint_eq(r.hits_full, 2 + 1 + 1);
+    ck_assert_uint_eq(r.hits_disk, 1);
+    /* Admission 0 (the daemon's default): r4 brings 2 back and pushes 3 (never reused) out
+     * to disk too. Admission 1: 3 is dropped, only 2 was written. */
+    ck_assert_uint_eq(r.disk_writes, 2);
+    c.admit_hits = 1;
+    ck_assert_int_eq(sim_run(&tr, &c, &r), 0);
     ck_assert_uint_eq(r.hits_disk, 1);
     ck_assert_uint_eq(r.disk_writes, 1);
     sim_trace_free(&tr);

@@ -321,6 +321,16 @@ END_TEST
 
 /* zstd for this namespace only (disk.compress stays 0): compressed records, byte-exact
  * round trips, found again after a restart. */
+/* Regression (offload admission): under the default policy, blocks never hit still go to
+ * disk when disk.admit_hits is 0 — the policy's offload rule follows the admission setting
+ * instead of asking for reuse of its own. */
+START_TEST(test_default_policy_offloads)
+{
+    extra_opt = "cache.policy=default";
+    restart_case(SIGTERM);
+}
+END_TEST
+
 START_TEST(test_compressed_restart)
 {
     fp16_like = true;
@@ -621,6 +631,7 @@ int main(void)
     tcase_add_test(tc, test_offload_restart_sigterm);
     tcase_add_test(tc, test_offload_restart_sigkill);
     tcase_add_test(tc, test_compressed_restart);
+    tcase_add_test(tc, test_default_policy_offloads);
     tcase_add_test(tc, test_corrupt_block_is_a_miss);
     tcase_add_test(tc, test_corrupt_compressed_block_is_a_miss);
     tcase_add_test(tc, test_tiny_disk_fills_up);

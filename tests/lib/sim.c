@@ -491,8 +491,10 @@ static int sim_host_room(struct sim_state *s, double need, uint64_t now)
         pr.actions = 1u << POLICY_ACTION_DROP;
         if (s->c->codec)
             pr.actions |= 1u << POLICY_ACTION_QUANTIZE;
-        if (s->c->disk_blocks && sim_disk_room(s) == 0)
+        if (s->c->disk_blocks && sim_disk_room(s) == 0) {
             pr.actions |= 1u << POLICY_ACTION_OFFLOAD;
+            pr.offload_min_hits = s->c->admit_hits;
+        }
         size_t m = policy_decide((enum policy_kind)s->c->policy, &b, 1, now, &s->p, &pr, &a);
         sim_heap_remove(&s->host, x);
         if (m == 0)
