@@ -283,6 +283,16 @@ static int server_on_ns_open(struct server *sv, struct conn *c, const struct pro
     return sizeof(*p);
 }
 
+/* 0 when the peer has the `need` access (KVC_ACCESS_*) to namespace ns_id, or when no such
+ * namespace exists (the store answers -ENOENT for it); else -EACCES. */
+static int server_ns_allowed(const struct server *sv, const struct conn *c, uint32_t ns_id,
+                             uint32_t need)
+{
+    if (!sv->acl || !store_ns_get(sv->store, ns_id))
+        return 0;
+    return (acl_access(sv->acl, &c->peer, ns_id) & need) == need ? 0 : -EACCES;
+}
+
 static int server_on_lookup(struct server *sv, struct conn *c, const struct proto_req *r,
                             uint64_t now)
 {
@@ -290,9 +300,10 @@ static int server_on_lookup(struct server *sv, struct conn *c, const struct prot
     struct kvc_lookup_rep *p = (struct kvc_lookup_rep *)((struct kvc_msg_hdr *)sv->tx + 1);
     uint64_t lease;
     uint32_t n = r->ntail;
+    int arc = server_ns_allowed(sv, c, q->ns_id, KVC_ACCESS_READ);
+    if (arc)
+        return arc;
     if (sv->acl && store_ns_get(sv->store, q->ns_id)) {
-        if (!(acl_access(sv->acl, &c->peer, q->ns_id) & KVC_ACCESS_READ))
-            return -EACCES;
         int qrc = acl_quota_lookup(sv->acl, &c->owner, q->ns_id, &n);
         if (qrc)
             return qrc;
@@ -312,9 +323,9 @@ static int server_on_hint(struct server *sv, struct conn *c, const struct proto_
 {
     const struct kvc_hint_req *q = r->body;
     struct kvc_hint_rep *p = (struct kvc_hint_rep *)((struct kvc_msg_hdr *)sv->tx + 1);
-    if (sv->acl && store_ns_get(sv->store, q->ns_id) &&
-        !(acl_access(sv->acl, &c->peer, q->ns_id) & KVC_ACCESS_READ))
-        return -EACCES;
+    int arc = server_ns_allowed(sv, c, q->ns_id, KVC_ACCESS_READ);
+    if (arc)
+        return arc;
     int n = store_hint(sv->store, q->ns_id, q->kind, r->tail, r->ntail, now);
     if (n < 0)
         return n;
@@ -332,9 +343,10 @@ static int server_on_lookup_budget(struct server *sv, struct conn *c, const stru
     uint32_t n = r->ntail, nprefix, pos[KVC_PROTO_MAX_KEYS];
     struct kvc_wire_loc locs[KVC_PROTO_MAX_KEYS];
     uint64_t lease;
+    int arc = server_ns_allowed(sv, c, q->ns_id, KVC_ACCESS_READ);
+    if (arc)
+        return arc;
     if (sv->acl && store_ns_get(sv->store, q->ns_id)) {
-        if (!(acl_access(sv->acl, &c->peer, q->ns_id) & KVC_ACCESS_READ))
-            return -EACCES;
         int qrc = acl_quota_lookup(sv->acl, &c->owner, q->ns_id, &n);
         if (qrc)
             return qrc;
@@ -453,9 +465,10 @@ static int server_on_reserve(struct server *sv, struct conn *c, const struct pro
     struct kvc_wire_slot_rep *slots = (struct kvc_wire_slot_rep *)(p + 1);
     uint64_t resv;
     uint32_t want = r->ntail;
+    int arc = server_ns_allowed(sv, c, q->ns_id, KVC_ACCESS_WRITE);
+    if (arc)
+        return arc;
     if (sv->acl && store_ns_get(sv->store, q->ns_id)) {
-        if (!(acl_access(sv->acl, &c->peer, q->ns_id) & KVC_ACCESS_WRITE))
-            return -EACCES;
         int qrc = acl_quota_reserve(sv->acl, &c->owner, q->ns_id, &want, now);
         if (qrc)
             return qrc;
