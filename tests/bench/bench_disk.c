@@ -61,6 +61,26 @@ static void done_cb(void *arg, int status)
     inflight--;
 }
 
+/* Writes n records of bs bytes at queue depth qd into freshly allocated locations; returns
+ * the seconds it took. */
+static double write_pass(struct tier *t, struct tier_loc *locs, uint64_t n, uint64_t bs, int qd,
+                         uint64_t slots)
+{
+    struct tier_disk_meta m = {.len = bs};
+    double t0 = now_s();
+    for (uint64_t i = 0; i < n; i++) {
+        m.key[0] = i + 1;
+        t->ops->alloc(t, bs, &locs[i]);
+        while (tier_disk_put(t, &locs[i], &m, arena + (i % slots) * bs, done_cb, NULL) == -EAGAIN)
+            reap(t);
+        inflight++;
+        while (inflight >= (uint64_t)qd)
+            reap(t);
+    }
+    tier_disk_drain(t);
+    return now_s() - t0;
+}
+
 /* fio's bandwidth in bytes/s for one job, or 0. */
 static double fio_bw(const char *file, const char *rw, uint64_t bs, int qd, uint64_t size)
 {
@@ -225,6 +245,10 @@ int main(int argc, char **argv)
     for (uint64_t i = 0; i < ARENA; i += 8)
         *(uint64_t *)(arena + i) = i * 0x9e3779b97f4a7c15ull;
     printf("%-34s %10s %-6s  %-22s %10s\n", "case", "value", "unit", "baseline", "value");
+    /* fio overwrites a laid-out file in every case (the same steady state kvcd is measured
+     * in): lay it out once, untimed. */
+    if (!getenv("KVC_BENCH_LOOKUP_ONLY"))
+        fio_bw(fpath, "write", 1 * MiB, 8, PER_CASE);
     for (int si = 0; si < 2; si++) {
         for (int qi = 0; qi < 3; qi++) {
             uint64_t bs = sizes[si];
@@ -250,19 +274,14 @@ int main(int argc, char **argv)
             }
             tier_disk_buffers_register(t, arena, ARENA);
             snprintf(phase, sizeof(phase), "write %llu qd%d", (unsigned long long)bs, qd);
-            t0 = now_s();
-            for (uint64_t i = 0; i < n; i++) {
-                m.key[0] = i + 1;
-                t->ops->alloc(t, bs, &locs[i]);
-                while (tier_disk_put(t, &locs[i], &m, arena + (i % slots) * bs, done_cb, NULL) ==
-                       -EAGAIN)
-                    reap(t);
-                inflight++;
-                while (inflight >= (uint64_t)qd)
-                    reap(t);
-            }
-            tier_disk_drain(t);
-            wbw = (double)(n * bs) / (now_s() - t0);
+            /* Steady state, as a daemon that reuses its pages sees it (and as fio overwrites
+             * its laid-out file): a first, untimed pass converts the file's unwritten
+             * extents; its records are freed and the timed pass reuses the same pages. On
+             * ext4 a first write costs about a third more than an overwrite. */
+            write_pass(t, locs, n, bs, qd, slots);
+            for (uint64_t i = 0; i < n; i++)
+                t->ops->free(t, &locs[i]);
+            wbw = (double)(n * bs) / write_pass(t, locs, n, bs, qd, slots);
             snprintf(phase, sizeof(phase), "read %llu qd%d", (unsigned long long)bs, qd);
             t0 = now_s();
             for (uint64_t i = 0; i < n; i++) {
