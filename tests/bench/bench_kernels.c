@@ -13,7 +13,9 @@
  * attention output softmax(q K^T / sqrt(d)) V over 256 tokens (8 blocks of 32) for random
  * queries, dequantized against raw.
  *
- * Usage: bench_kernels OUT.json
+ * Usage: bench_kernels OUT.json [CODEC...]
+ * With codec names, only their throughput rows (ref and avx2) beside memcpy, no error table:
+ * the quick loop for tuning one codec.
  */
 #include <math.h>
 #include <stdio.h>
@@ -171,6 +173,19 @@ out:
     kern_cuda_free(g_out);
 }
 
+static char **only_codecs;
+static int n_only;
+
+static int codec_wanted(int c)
+{
+    if (n_only == 0)
+        return 1;
+    for (int i = 0; i < n_only; i++)
+        if (kern_codec_from_name(only_codecs[i]) == c)
+            return 1;
+    return 0;
+}
+
 static void bench_throughput(void)
 {
     struct kern_layout lay = {32, 8, 128, 32, KERN_DTYPE_FP16, 0};
@@ -196,6 +211,8 @@ static void bench_throughput(void)
     add_row("cpu/memcpy", mc, "GB/s", "memcpy", mc);
     for (int c = KERN_CODEC_Q8_0; c < KERN_CODEC_COUNT; c++) {
         struct kern_recipe rec;
+        if (!codec_wanted(c))
+            continue;
         kern_recipe_fill(&rec, c, c, 0);
         for (int v = 0; v < 2; v++) {
             enc_fn enc = v ? kern_encode_cpu : kern_encode_ref;
@@ -211,9 +228,9 @@ static void bench_throughput(void)
             }
         }
     }
-    if (kern_cuda_device_count() > 0)
+    if (n_only == 0 && kern_cuda_device_count() > 0)
         bench_gpu(&lay, raw, rs);
-    else
+    else if (n_only == 0)
         printf("SKIP: bench_kernels: gpu rows: no device\n");
     for (int i = 0; i < NBLOCKS; i++) {
         free(raw[i]);
@@ -372,7 +389,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: bench_kernels OUT.json\n");
         return 2;
     }
+    only_codecs = argv + 2;
+    n_only = argc - 2;
     bench_throughput();
-    error_table();
+    if (n_only == 0)
+        error_table();
     return write_json(argv[1]) ? 1 : 0;
 }
