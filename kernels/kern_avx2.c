@@ -448,21 +448,25 @@ KT static void kivi_k_dec(const uint8_t *sect, const struct kern_layout *lay, ui
 
 /* ---- fp8 ----------------------------------------------------------------------------- */
 
+/* kern_e4m3_enc() of eight finite floats with |v| < 464, without a blend: the normal-range
+ * code cn = round-to-nearest-even of the bits to 3 mantissa bits, rebiased (arithmetic shift,
+ * so it goes negative below 2^-8), and the subnormal code cs = rint(|v| * 512), read off the
+ * bits of |v| + 2^14 (whose ulp is 2^-9, so the float add rounds exactly like rint), capped
+ * at 8. Below 2^-6 cn <= cs (cn rounds |v| on a grid no coarser than cs's and is smaller by
+ * construction), from 2^-6 up cs = 8 <= cn, so the code is max(cn, cs). */
 KT static inline __m256i v_e4m3_enc(__m256 v)
 {
     __m256i u = _mm256_castps_si256(v);
     __m256i sign = _mm256_and_si256(_mm256_srli_epi32(u, 24), _mm256_set1_epi32(0x80));
     __m256i a = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
     __m256i odd = _mm256_and_si256(_mm256_srli_epi32(a, 20), _mm256_set1_epi32(1));
-    __m256i r = _mm256_add_epi32(a, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7ffff)));
-    __m256i cn = _mm256_sub_epi32(_mm256_srli_epi32(r, 20), _mm256_set1_epi32(120 << 3));
-    cn = _mm256_min_epi32(cn, _mm256_set1_epi32(0x7e));
-    __m256 af = _mm256_castsi256_ps(a);
-    __m256 s = _mm256_round_ps(_mm256_mul_ps(af, _mm256_set1_ps(512.0f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256i cs = _mm256_cvttps_epi32(s);
-    __m256i sub = _mm256_castps_si256(_mm256_cmp_ps(af, _mm256_set1_ps(0.015625f), _CMP_LT_OQ));
-    return _mm256_or_si256(_mm256_blendv_epi8(cn, cs, sub), sign);
+    __m256i r = _mm256_add_epi32(_mm256_add_epi32(a, odd),
+                                 _mm256_set1_epi32(0x7ffff - (120 << 23)));
+    __m256i cn = _mm256_min_epi32(_mm256_srai_epi32(r, 20), _mm256_set1_epi32(0x7e));
+    __m256 s = _mm256_add_ps(_mm256_castsi256_ps(a), _mm256_set1_ps(16384.0f));
+    __m256i cs = _mm256_sub_epi32(_mm256_castps_si256(s), _mm256_set1_epi32(0x46800000));
+    cs = _mm256_min_epi32(cs, _mm256_set1_epi32(8));
+    return _mm256_or_si256(_mm256_max_epi32(cn, cs), sign);
 }
 
 KT static void fp8_enc(const float *x, const struct kern_layout *lay, uint32_t h, uint8_t *sect)
@@ -898,6 +902,71 @@ KT static void enc_groups(uint32_t codec, int bits, const uint16_t *r, uint32_t 
     }
 }
 
+/* fp8 section without statistics, when no value needs sanitising (else 0, and the caller
+ * takes the general path). Pass 1 takes each head's amax on the raw halves as integers: with
+ * the sign cleared, fp16 and bf16 bit patterns order like their magnitudes, so one and plus
+ * one unsigned max per 16 values finds both the amax and any NaN/Inf (fp16) or NaN (bf16;
+ * its Inf and values past the fp16 range clamp to 65504, which min() does on the amax).
+ * Pass 2 converts and codes; the section is still in L2 from pass 1. */
+KT static int fp8_sect_fast(const uint16_t *raw, const struct kern_layout *lay, uint8_t *sect,
+                            float *scratch)
+{
+    uint32_t D = lay->head_dim, H = lay->heads, T = lay->tokens, dtype = lay->dtype;
+    __m256i *acc = (__m256i *)(((uintptr_t)scratch + 31) & ~(uintptr_t)31);
+    float *scale = (float *)(acc + H);
+    const __m256i abs = _mm256_set1_epi16(0x7fff);
+    const uint16_t *r = raw;
+    for (uint32_t h = 0; h < H; h++)
+        acc[h] = _mm256_setzero_si256();
+    for (uint32_t t = 0; t < T; t++) {
+        for (uint32_t h = 0; h < H; h++, r += D) {
+            __m256i m0 = acc[h], m1 = _mm256_setzero_si256();
+            uint32_t c = 0;
+            for (; c + 32 <= D; c += 32) {
+                __m256i a0 = _mm256_loadu_si256((const __m256i *)(r + c));
+                __m256i a1 = _mm256_loadu_si256((const __m256i *)(r + c + 16));
+                m0 = _mm256_max_epu16(m0, _mm256_and_si256(a0, abs));
+                m1 = _mm256_max_epu16(m1, _mm256_and_si256(a1, abs));
+            }
+            acc[h] = _mm256_max_epu16(m0, m1);
+        }
+    }
+    for (uint32_t h = 0; h < H; h++) {
+        /* horizontal unsigned max as minpos of the complement */
+        __m128i m = _mm_max_epu16(_mm256_castsi256_si128(acc[h]),
+                                  _mm256_extracti128_si256(acc[h], 1));
+        uint16_t mx = (uint16_t)~_mm_extract_epi16(_mm_minpos_epu16(_mm_xor_si128(
+                                                        m, _mm_set1_epi32(-1))), 0);
+        float amax;
+        if (dtype == KERN_DTYPE_FP16) {
+            if (mx > 0x7bff)
+                return 0;
+            amax = kern_h2f(mx);
+        } else {
+            if (mx > 0x7f80)
+                return 0;
+            amax = kern_bf2f(mx);
+            amax = amax < KERN_FP16_MAX ? amax : KERN_FP16_MAX;
+        }
+        scale[h] = kern_fp8_scale(amax);
+        memcpy(sect + 4 * h, &scale[h], 4);
+    }
+    r = raw;
+    uint8_t *q = sect + 4 * H;
+    for (uint32_t t = 0; t < T; t++) {
+        for (uint32_t h = 0; h < H; h++, r += D, q += D) {
+            __m256 vs = _mm256_set1_ps(scale[h]);
+            for (uint32_t c = 0; c < D; c += 32) {
+                __m256i e[4];
+                for (int i = 0; i < 4; i++)
+                    e[i] = v_e4m3_enc(_mm256_div_ps(v_load8_fast(r + c + 8 * i, dtype), vs));
+                _mm256_storeu_si256((__m256i *)(q + c), v_pack_bytes(e[0], e[1], e[2], e[3], 0));
+            }
+        }
+    }
+    return 1;
+}
+
 KT static int avx_enc_sect(uint32_t codec, int is_v, const void *raw,
                            const struct kern_layout *lay, uint8_t *sect, float *scratch,
                            float *kmin, float *kmax, float *knorm)
@@ -907,6 +976,8 @@ KT static int avx_enc_sect(uint32_t codec, int is_v, const void *raw,
     const uint16_t *r = raw;
     if (D % 32)
         return 0;
+    if (codec == KERN_CODEC_FP8 && !kmin && fp8_sect_fast(raw, lay, sect, scratch))
+        return 1;
     if (kmin)
         stats_init(lay, kmin, kmax, knorm);
     if (codec == KERN_CODEC_RAW || codec == KERN_CODEC_FP8) {
