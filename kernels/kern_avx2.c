@@ -953,11 +953,13 @@ KT static int fp8_sect_fast(const uint16_t *raw, const struct kern_layout *lay, 
     }
     r = raw;
     uint8_t *q = sect + 4 * H;
+    uint64_t next = (uint64_t)T * H * D;
     for (uint32_t t = 0; t < T; t++) {
         for (uint32_t h = 0; h < H; h++, r += D, q += D) {
             __m256 vs = _mm256_set1_ps(scale[h]);
             for (uint32_t c = 0; c < D; c += 32) {
                 __m256i e[4];
+                _mm_prefetch((const char *)(r + next + c), _MM_HINT_T1);
                 for (int i = 0; i < 4; i++)
                     e[i] = v_e4m3_enc(_mm256_div_ps(v_load8_fast(r + c + 8 * i, dtype), vs));
                 _mm256_storeu_si256((__m256i *)(q + c), v_pack_bytes(e[0], e[1], e[2], e[3], 0));
