@@ -775,6 +775,8 @@ KT __attribute__((always_inline)) static inline void enc8_groups(uint32_t codec,
     __attribute__((aligned(32))) float buf[256], idv[8], mnv[8];
     __m256 ma[8], mi[8], vmx, vmn;
     int san = v_needs_sanitize256(r, dtype);
+    for (int i = 0; i < 8; i++)
+        _mm_prefetch((const char *)(r + 2048 + 32 * i), _MM_HINT_T0);
     for (int g = 0; g < 8; g++) {
         __m256 v[4];
         for (int i = 0; i < 4; i++) {
