@@ -269,31 +269,28 @@ KT static void qx_1_dec32(const uint8_t *blk, float *y, int bits)
 
 /* ---- KIVI ---------------------------------------------------------------------------- */
 
+/* kern_kivi_code(): floor and the clamp to [0, qmax] done by the truncating conversion of
+ * min(qmax, t) and an integer max with 0 (for t < 0 truncation gives a value <= 0, as floor
+ * does; t is never NaN: x and mnf are finite and 0 <= id <= 2^24). */
 KT static inline __m256i v_kivi_code(__m256 x, __m256 mnf, __m256 id, float qmax)
 {
     __m256 t = _mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(x, mnf), id), _mm256_set1_ps(0.5f));
-    t = _mm256_round_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    t = _mm256_max_ps(t, _mm256_setzero_ps());
-    t = _mm256_min_ps(t, _mm256_set1_ps(qmax));
-    return _mm256_cvttps_epi32(t);
+    t = _mm256_min_ps(_mm256_set1_ps(qmax), t);
+    return _mm256_max_epi32(_mm256_cvttps_epi32(t), _mm256_setzero_si256());
 }
 
-/* 32 codes (bytes in element order) -> 4 * bits packed bytes. */
+/* 32 codes (bytes in element order) -> 4 * bits packed bytes: multiply-adds merge the
+ * neighbours of each pair (and, 2-bit, of each pair of pairs) into one byte. */
 KT static inline void v_kivi_pack32(__m256i p, int bits, uint8_t *dst)
 {
     if (bits == 4) {
-        __m256i w = _mm256_or_si256(_mm256_and_si256(p, _mm256_set1_epi16(0x000f)),
-                                    _mm256_and_si256(_mm256_srli_epi16(p, 4),
-                                                     _mm256_set1_epi16(0x00f0)));
+        __m256i w = _mm256_maddubs_epi16(p, _mm256_set1_epi16(0x1001));
         w = _mm256_packus_epi16(w, w);
         w = _mm256_permute4x64_epi64(w, 0x08);
         _mm_storeu_si128((__m128i *)dst, _mm256_castsi256_si128(w));
     } else {
-        __m256i m3 = _mm256_set1_epi32(3);
-        __m256i w = _mm256_and_si256(p, m3);
-        w = _mm256_or_si256(w, _mm256_and_si256(_mm256_srli_epi32(p, 6), _mm256_slli_epi32(m3, 2)));
-        w = _mm256_or_si256(w, _mm256_and_si256(_mm256_srli_epi32(p, 12), _mm256_slli_epi32(m3, 4)));
-        w = _mm256_or_si256(w, _mm256_and_si256(_mm256_srli_epi32(p, 18), _mm256_slli_epi32(m3, 6)));
+        __m256i w = _mm256_maddubs_epi16(p, _mm256_set1_epi16(0x0401));
+        w = _mm256_madd_epi16(w, _mm256_set1_epi32(0x00100001));
         v_store8b(dst, w);
     }
 }
@@ -1045,22 +1042,28 @@ KT static int avx_enc_sect(uint32_t codec, int is_v, const void *raw,
             uint32_t gb = kern_kivi_k_group_bytes(D, rows, bits);
             uint64_t goff = (uint64_t)(t0 / KERN_GROUP) * kern_kivi_k_group_bytes(D, KERN_GROUP, bits);
             const uint16_t *rg = (const uint16_t *)raw + (uint64_t)t0 * HD;
+            /* one sanitise check for the group (the reference's test, on the raw halves):
+             * the code pass then converts without it unless something here needed it */
+            int san = 0;
+            for (uint32_t i = 0; i < rows * H && !san; i++)
+                san = v_needs_sanitize(rg + (uint64_t)i * D, D, lay->dtype);
             for (uint32_t row = 0; row < rows; row++) {
                 for (uint32_t h = 0; h < H; h++) {
                     const uint16_t *rr = rg + ((uint64_t)row * H + h) * D;
                     __m256 ss = _mm256_setzero_ps();
-                    int san = v_needs_sanitize(rr, D, lay->dtype);
                     for (uint32_t c = 0; c < D; c += 8) {
                         __m256 v = san ? v_load8(rr + c, lay->dtype) : v_load8_fast(rr + c, lay->dtype);
                         uint64_t i = (uint64_t)h * D + c;
                         if (kmin)
                             v_stat8(v, kmin + i, kmax + i, &ss);
+                        /* the new value first: on a tie (+0 and -0) the earlier row's value
+                         * stays, as in the reference */
                         if (row == 0) {
                             _mm256_storeu_ps(mn + i, v);
                             _mm256_storeu_ps(mx + i, v);
                         } else {
-                            _mm256_storeu_ps(mn + i, _mm256_min_ps(_mm256_loadu_ps(mn + i), v));
-                            _mm256_storeu_ps(mx + i, _mm256_max_ps(_mm256_loadu_ps(mx + i), v));
+                            _mm256_storeu_ps(mn + i, _mm256_min_ps(v, _mm256_loadu_ps(mn + i)));
+                            _mm256_storeu_ps(mx + i, _mm256_max_ps(v, _mm256_loadu_ps(mx + i)));
                         }
                     }
                     if (kmin)
@@ -1091,9 +1094,10 @@ KT static int avx_enc_sect(uint32_t codec, int is_v, const void *raw,
                     const uint16_t *rr = rg + ((uint64_t)row * H + h) * D;
                     uint8_t *out = sect + h * hb + goff + 4 * D + (uint64_t)row * rb;
                     const float *fm = mnf + (uint64_t)h * D, *fi = id + (uint64_t)h * D;
-                    int san = v_needs_sanitize(rr, D, lay->dtype);
                     for (uint32_t c = 0; c < D; c += 32) {
                         __m256i q[4];
+                        /* the next group (or section) into L2 while this one is coded */
+                        _mm_prefetch((const char *)(rr + (uint64_t)rows * HD + c), _MM_HINT_T1);
                         for (int i = 0; i < 4; i++)
                             q[i] = v_kivi_code(san ? v_load8(rr + c + 8 * i, lay->dtype)
                                                    : v_load8_fast(rr + c + 8 * i, lay->dtype),
