@@ -968,6 +968,94 @@ KT static int fp8_sect_fast(const uint16_t *raw, const struct kern_layout *lay, 
     return 1;
 }
 
+/* KIVI key section: per group of 32 tokens, pass 1 takes the channel ranges of all heads,
+ * pass 2 writes each row's codes into its head's group. Inlined once per (bits, dtype,
+ * statistics or not), so the loops carry no branch on them. */
+KT __attribute__((always_inline)) static inline void
+kivi_k_sect(int bits, uint32_t dtype, const void *raw, const struct kern_layout *lay,
+            uint8_t *sect, float *scratch, float *kmin, float *kmax, float *knorm)
+{
+    uint32_t D = lay->head_dim, H = lay->heads, T = lay->tokens;
+    /* KIVI keys, per group of 32 tokens: pass 1 takes the channel ranges of all heads,
+     * pass 2 writes each row's codes into its head's group */
+    uint32_t rb = kern_kivi_row_bytes(D, bits);
+    uint64_t hb = kern_kivi_k_head_bytes(D, T, bits), HD = (uint64_t)H * D;
+    float *mn = scratch, *mx = scratch + HD, *mnf = scratch + 2 * HD, *id = scratch + 3 * HD;
+    float qmax = (float)((1 << bits) - 1);
+    for (uint32_t t0 = 0; t0 < T; t0 += KERN_GROUP) {
+        uint32_t rows = T - t0 < KERN_GROUP ? T - t0 : KERN_GROUP;
+        uint32_t gb = kern_kivi_k_group_bytes(D, rows, bits);
+        uint64_t goff = (uint64_t)(t0 / KERN_GROUP) * kern_kivi_k_group_bytes(D, KERN_GROUP, bits);
+        const uint16_t *rg = (const uint16_t *)raw + (uint64_t)t0 * HD;
+        /* one sanitise check for the group (the reference's test, on the raw halves):
+         * the code pass then converts without it unless something here needed it */
+        int san = 0;
+        for (uint32_t i = 0; i < rows * H && !san; i++)
+            san = v_needs_sanitize(rg + (uint64_t)i * D, D, dtype);
+        for (uint32_t row = 0; row < rows; row++) {
+            for (uint32_t h = 0; h < H; h++) {
+                const uint16_t *rr = rg + ((uint64_t)row * H + h) * D;
+                __m256 ss = _mm256_setzero_ps();
+                for (uint32_t c = 0; c < D; c += 8) {
+                    __m256 v = san ? v_load8(rr + c, dtype) : v_load8_fast(rr + c, dtype);
+                    uint64_t i = (uint64_t)h * D + c;
+                    if (kmin)
+                        v_stat8(v, kmin + i, kmax + i, &ss);
+                    /* the new value first: on a tie (+0 and -0) the earlier row's value
+                     * stays, as in the reference */
+                    if (row == 0) {
+                        _mm256_storeu_ps(mn + i, v);
+                        _mm256_storeu_ps(mx + i, v);
+                    } else {
+                        _mm256_storeu_ps(mn + i, _mm256_min_ps(v, _mm256_loadu_ps(mn + i)));
+                        _mm256_storeu_ps(mx + i, _mm256_max_ps(v, _mm256_loadu_ps(mx + i)));
+                    }
+                }
+                if (kmin)
+                    knorm[h] += sqrtf(v_hsum(ss));
+            }
+        }
+        for (uint32_t h = 0; h < H; h++) {
+            uint8_t *g = sect + h * hb + goff;
+            for (uint32_t c = 0; c < D; c += 8) {
+                const int rne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+                uint64_t i = (uint64_t)h * D + c;
+                __m256 vmn = _mm256_loadu_ps(mn + i), vmx = _mm256_loadu_ps(mx + i);
+                __m128i mn_h = _mm256_cvtps_ph(vmn, rne);
+                __m128i sc_h = _mm256_cvtps_ph(
+                    _mm256_div_ps(_mm256_sub_ps(vmx, vmn), _mm256_set1_ps(qmax)), rne);
+                _mm_storeu_si128((__m128i *)(g + 2 * c), sc_h);
+                _mm_storeu_si128((__m128i *)(g + 2 * D + 2 * c), mn_h);
+                __m256 sc = _mm256_cvtph_ps(sc_h);
+                __m256 vid = _mm256_div_ps(_mm256_set1_ps(1.0f), sc);
+                vid = _mm256_andnot_ps(_mm256_cmp_ps(sc, _mm256_setzero_ps(), _CMP_EQ_OQ), vid);
+                _mm256_storeu_ps(mnf + i, _mm256_cvtph_ps(mn_h));
+                _mm256_storeu_ps(id + i, vid);
+            }
+            memset(g + 4 * D + (uint64_t)rows * rb, 0, gb - 4 * D - rows * rb);
+        }
+        for (uint32_t row = 0; row < rows; row++) {
+            for (uint32_t h = 0; h < H; h++) {
+                const uint16_t *rr = rg + ((uint64_t)row * H + h) * D;
+                uint8_t *out = sect + h * hb + goff + 4 * D + (uint64_t)row * rb;
+                const float *fm = mnf + (uint64_t)h * D, *fi = id + (uint64_t)h * D;
+                for (uint32_t c = 0; c < D; c += 32) {
+                    __m256i q[4];
+                    /* the next group (or section) into L2 while this one is coded */
+                    _mm_prefetch((const char *)(rr + (uint64_t)rows * HD + c), _MM_HINT_T1);
+                    for (int i = 0; i < 4; i++)
+                        q[i] = v_kivi_code(san ? v_load8(rr + c + 8 * i, dtype)
+                                               : v_load8_fast(rr + c + 8 * i, dtype),
+                                           _mm256_loadu_ps(fm + c + 8 * i),
+                                           _mm256_loadu_ps(fi + c + 8 * i), qmax);
+                    v_kivi_pack32(v_pack_bytes(q[0], q[1], q[2], q[3], 0), bits,
+                                  out + c * bits / 8);
+                }
+            }
+        }
+    }
+}
+
 KT static int avx_enc_sect(uint32_t codec, int is_v, const void *raw,
                            const struct kern_layout *lay, uint8_t *sect, float *scratch,
                            float *kmin, float *kmax, float *knorm)
@@ -1031,84 +1119,26 @@ KT static int avx_enc_sect(uint32_t codec, int is_v, const void *raw,
         goto done;
     }
     if (bits && !is_v) {
-        /* KIVI keys, per group of 32 tokens: pass 1 takes the channel ranges of all heads,
-         * pass 2 writes each row's codes into its head's group */
-        uint32_t rb = kern_kivi_row_bytes(D, bits);
-        uint64_t hb = kern_kivi_k_head_bytes(D, T, bits), HD = (uint64_t)H * D;
-        float *mn = scratch, *mx = scratch + HD, *mnf = scratch + 2 * HD, *id = scratch + 3 * HD;
-        float qmax = (float)((1 << bits) - 1);
-        for (uint32_t t0 = 0; t0 < T; t0 += KERN_GROUP) {
-            uint32_t rows = T - t0 < KERN_GROUP ? T - t0 : KERN_GROUP;
-            uint32_t gb = kern_kivi_k_group_bytes(D, rows, bits);
-            uint64_t goff = (uint64_t)(t0 / KERN_GROUP) * kern_kivi_k_group_bytes(D, KERN_GROUP, bits);
-            const uint16_t *rg = (const uint16_t *)raw + (uint64_t)t0 * HD;
-            /* one sanitise check for the group (the reference's test, on the raw halves):
-             * the code pass then converts without it unless something here needed it */
-            int san = 0;
-            for (uint32_t i = 0; i < rows * H && !san; i++)
-                san = v_needs_sanitize(rg + (uint64_t)i * D, D, lay->dtype);
-            for (uint32_t row = 0; row < rows; row++) {
-                for (uint32_t h = 0; h < H; h++) {
-                    const uint16_t *rr = rg + ((uint64_t)row * H + h) * D;
-                    __m256 ss = _mm256_setzero_ps();
-                    for (uint32_t c = 0; c < D; c += 8) {
-                        __m256 v = san ? v_load8(rr + c, lay->dtype) : v_load8_fast(rr + c, lay->dtype);
-                        uint64_t i = (uint64_t)h * D + c;
-                        if (kmin)
-                            v_stat8(v, kmin + i, kmax + i, &ss);
-                        /* the new value first: on a tie (+0 and -0) the earlier row's value
-                         * stays, as in the reference */
-                        if (row == 0) {
-                            _mm256_storeu_ps(mn + i, v);
-                            _mm256_storeu_ps(mx + i, v);
-                        } else {
-                            _mm256_storeu_ps(mn + i, _mm256_min_ps(v, _mm256_loadu_ps(mn + i)));
-                            _mm256_storeu_ps(mx + i, _mm256_max_ps(v, _mm256_loadu_ps(mx + i)));
-                        }
-                    }
-                    if (kmin)
-                        knorm[h] += sqrtf(v_hsum(ss));
-                }
-            }
-            for (uint32_t h = 0; h < H; h++) {
-                uint8_t *g = sect + h * hb + goff;
-                for (uint32_t c = 0; c < D; c += 8) {
-                    const int rne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-                    uint64_t i = (uint64_t)h * D + c;
-                    __m256 vmn = _mm256_loadu_ps(mn + i), vmx = _mm256_loadu_ps(mx + i);
-                    __m128i mn_h = _mm256_cvtps_ph(vmn, rne);
-                    __m128i sc_h = _mm256_cvtps_ph(
-                        _mm256_div_ps(_mm256_sub_ps(vmx, vmn), _mm256_set1_ps(qmax)), rne);
-                    _mm_storeu_si128((__m128i *)(g + 2 * c), sc_h);
-                    _mm_storeu_si128((__m128i *)(g + 2 * D + 2 * c), mn_h);
-                    __m256 sc = _mm256_cvtph_ps(sc_h);
-                    __m256 vid = _mm256_div_ps(_mm256_set1_ps(1.0f), sc);
-                    vid = _mm256_andnot_ps(_mm256_cmp_ps(sc, _mm256_setzero_ps(), _CMP_EQ_OQ), vid);
-                    _mm256_storeu_ps(mnf + i, _mm256_cvtph_ps(mn_h));
-                    _mm256_storeu_ps(id + i, vid);
-                }
-                memset(g + 4 * D + (uint64_t)rows * rb, 0, gb - 4 * D - rows * rb);
-            }
-            for (uint32_t row = 0; row < rows; row++) {
-                for (uint32_t h = 0; h < H; h++) {
-                    const uint16_t *rr = rg + ((uint64_t)row * H + h) * D;
-                    uint8_t *out = sect + h * hb + goff + 4 * D + (uint64_t)row * rb;
-                    const float *fm = mnf + (uint64_t)h * D, *fi = id + (uint64_t)h * D;
-                    for (uint32_t c = 0; c < D; c += 32) {
-                        __m256i q[4];
-                        /* the next group (or section) into L2 while this one is coded */
-                        _mm_prefetch((const char *)(rr + (uint64_t)rows * HD + c), _MM_HINT_T1);
-                        for (int i = 0; i < 4; i++)
-                            q[i] = v_kivi_code(san ? v_load8(rr + c + 8 * i, lay->dtype)
-                                                   : v_load8_fast(rr + c + 8 * i, lay->dtype),
-                                               _mm256_loadu_ps(fm + c + 8 * i),
-                                               _mm256_loadu_ps(fi + c + 8 * i), qmax);
-                        v_kivi_pack32(v_pack_bytes(q[0], q[1], q[2], q[3], 0), bits,
-                                      out + c * bits / 8);
-                    }
-                }
-            }
-        }
+#define KIVI_K(B, DT, ST)                                                                      \
+    kivi_k_sect(B, DT, raw, lay, sect, scratch, ST ? kmin : NULL, ST ? kmax : NULL,            \
+                ST ? knorm : NULL)
+#define KIVI_K_DT(B, ST)                                                                       \
+    do {                                                                                       \
+        if (lay->dtype == KERN_DTYPE_BF16)                                                     \
+            KIVI_K(B, KERN_DTYPE_BF16, ST);                                                    \
+        else                                                                                   \
+            KIVI_K(B, KERN_DTYPE_FP16, ST);                                                    \
+    } while (0)
+        if (bits == 4 && kmin)
+            KIVI_K_DT(4, 1);
+        else if (bits == 4)
+            KIVI_K_DT(4, 0);
+        else if (kmin)
+            KIVI_K_DT(2, 1);
+        else
+            KIVI_K_DT(2, 0);
+#undef KIVI_K_DT
+#undef KIVI_K
         goto done;
     }
     /* row-wise codecs: groups in the same order as the rows */
