@@ -194,13 +194,21 @@ KT static void q8_0_enc32(const float *x, uint8_t *blk)
     q8_0_enc32v(v, blk);
 }
 
-KT static void q8_0_dec32(const uint8_t *blk, float *y)
+KT static inline void q8_0_dec32v(const uint8_t *blk, __m256 y[4])
 {
     __m256 vd = _mm256_set1_ps(kern_get_h(blk));
     for (int i = 0; i < 4; i++) {
         __m256i w = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * i)));
-        _mm256_storeu_ps(y + 8 * i, _mm256_mul_ps(_mm256_cvtepi32_ps(w), vd));
+        y[i] = _mm256_mul_ps(_mm256_cvtepi32_ps(w), vd);
     }
+}
+
+KT static void q8_0_dec32(const uint8_t *blk, float *y)
+{
+    __m256 v[4];
+    q8_0_dec32v(blk, v);
+    for (int i = 0; i < 4; i++)
+        _mm256_storeu_ps(y + 8 * i, v[i]);
 }
 
 KT static inline void qx_1_enc32v(const __m256 v[4], uint8_t *blk, int bits)
@@ -242,7 +250,7 @@ KT static void qx_1_enc32(const float *x, uint8_t *blk, int bits)
     qx_1_enc32v(v, blk, bits);
 }
 
-KT static void qx_1_dec32(const uint8_t *blk, float *y, int bits)
+KT static inline void qx_1_dec32v(const uint8_t *blk, __m256 y[4], int bits)
 {
     __m256 vd = _mm256_set1_ps(kern_get_h(blk)), vm = _mm256_set1_ps(kern_get_h(blk + 2));
     __m128i qs = _mm_loadu_si128((const __m128i *)(blk + (bits == 5 ? 8 : 4)));
@@ -263,8 +271,16 @@ KT static void qx_1_dec32(const uint8_t *blk, float *y, int bits)
     __m128i part[4] = {e0, _mm_srli_si128(e0, 8), e1, _mm_srli_si128(e1, 8)};
     for (int i = 0; i < 4; i++) {
         __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(part[i]));
-        _mm256_storeu_ps(y + 8 * i, _mm256_add_ps(_mm256_mul_ps(f, vd), vm));
+        y[i] = _mm256_add_ps(_mm256_mul_ps(f, vd), vm);
     }
+}
+
+KT static void qx_1_dec32(const uint8_t *blk, float *y, int bits)
+{
+    __m256 v[4];
+    qx_1_dec32v(blk, v, bits);
+    for (int i = 0; i < 4; i++)
+        _mm256_storeu_ps(y + 8 * i, v[i]);
 }
 
 /* ---- KIVI ---------------------------------------------------------------------------- */
@@ -338,13 +354,21 @@ KT static void kivi_v_enc32(const float *x, uint8_t *blk, int bits)
     kivi_v_enc32v(v, blk, bits);
 }
 
-KT static void kivi_v_dec32(const uint8_t *blk, float *y, int bits)
+KT static inline void kivi_v_dec32v(const uint8_t *blk, __m256 y[4], int bits)
 {
     __m256 sc = _mm256_set1_ps(kern_get_h(blk)), mn = _mm256_set1_ps(kern_get_h(blk + 2));
     for (uint32_t i = 0; i < 4; i++) {
         __m256 f = v_kivi_unpack8(blk + 4, 8 * i, bits);
-        _mm256_storeu_ps(y + 8 * i, _mm256_add_ps(_mm256_mul_ps(f, sc), mn));
+        y[i] = _mm256_add_ps(_mm256_mul_ps(f, sc), mn);
     }
+}
+
+KT static void kivi_v_dec32(const uint8_t *blk, float *y, int bits)
+{
+    __m256 v[4];
+    kivi_v_dec32v(blk, v, bits);
+    for (int i = 0; i < 4; i++)
+        _mm256_storeu_ps(y + 8 * i, v[i]);
 }
 
 KT static void kivi_k_enc(const float *x, const struct kern_layout *lay, uint32_t h,
@@ -1223,17 +1247,33 @@ KT static int avx_dec_sect(uint32_t codec, int is_v, const uint8_t *sect,
     uint32_t gb = block_bytes(codec, bits);
     const uint8_t *blk = sect;
     uint64_t n = (uint64_t)T * H * G;
-    float y[32];
-    for (uint64_t i = 0; i < n; i++, blk += gb, r += 32) {
-        if (bits)
-            kivi_v_dec32(blk, y, bits);
-        else if (codec == KERN_CODEC_Q8_0)
-            q8_0_dec32(blk, y);
-        else
-            qx_1_dec32(blk, y, codec == KERN_CODEC_Q5_1 ? 5 : 4);
-        for (int j = 0; j < 4; j++)
-            v_store8(r + 8 * j, _mm256_loadu_ps(y + 8 * j), out);
+    /* one loop per (codec, output dtype); the decoded group stays in registers */
+#define DEC_LOOP(DEC, OUT)                                                                     \
+    for (uint64_t i = 0; i < n; i++, blk += gb, r += 32) {                                     \
+        __m256 y[4];                                                                           \
+        DEC;                                                                                   \
+        for (int j = 0; j < 4; j++)                                                            \
+            v_store8(r + 8 * j, y[j], OUT);                                                    \
     }
+#define DEC_OUT(DEC)                                                                           \
+    do {                                                                                       \
+        if (out == KERN_DTYPE_BF16)                                                            \
+            DEC_LOOP(DEC, KERN_DTYPE_BF16)                                                     \
+        else                                                                                   \
+            DEC_LOOP(DEC, KERN_DTYPE_FP16)                                                     \
+    } while (0)
+    if (bits == 4)
+        DEC_OUT(kivi_v_dec32v(blk, y, 4));
+    else if (bits == 2)
+        DEC_OUT(kivi_v_dec32v(blk, y, 2));
+    else if (codec == KERN_CODEC_Q8_0)
+        DEC_OUT(q8_0_dec32v(blk, y));
+    else if (codec == KERN_CODEC_Q5_1)
+        DEC_OUT(qx_1_dec32v(blk, y, 5));
+    else
+        DEC_OUT(qx_1_dec32v(blk, y, 4));
+#undef DEC_OUT
+#undef DEC_LOOP
     return 1;
 }
 
