@@ -16,6 +16,10 @@
 #include "kernels/kern_fmt.h"
 
 #define KT __attribute__((target("avx2,f16c")))
+/* The short fixed loops over the four vectors of a group (or the eight groups of a chunk)
+ * must become straight code with their arrays in registers; -O2 alone keeps some as loops
+ * over stack arrays. */
+#define KERN_UNROLL _Pragma("GCC unroll 8")
 
 KT static inline __m256 v_sanitize(__m256 x)
 {
@@ -181,6 +185,7 @@ KT static inline void q8_0_enc32v(const __m256 v[4], uint8_t *blk)
     v_put_h(blk, d);
     __m256 vid = _mm256_set1_ps(id);
     __m256i q[4];
+    KERN_UNROLL
     for (int i = 0; i < 4; i++)
         q[i] = _mm256_cvttps_epi32(v_roundf_pre(_mm256_mul_ps(v[i], vid)));
     _mm256_storeu_si256((__m256i *)(blk + 2), v_pack_bytes(q[0], q[1], q[2], q[3], 1));
@@ -189,6 +194,7 @@ KT static inline void q8_0_enc32v(const __m256 v[4], uint8_t *blk)
 KT static void q8_0_enc32(const float *x, uint8_t *blk)
 {
     __m256 v[4];
+    KERN_UNROLL
     for (int i = 0; i < 4; i++)
         v[i] = _mm256_loadu_ps(x + 8 * i);
     q8_0_enc32v(v, blk);
@@ -197,6 +203,7 @@ KT static void q8_0_enc32(const float *x, uint8_t *blk)
 KT static inline void q8_0_dec32v(const uint8_t *blk, __m256 y[4])
 {
     __m256 vd = _mm256_set1_ps(kern_get_h(blk));
+    KERN_UNROLL
     for (int i = 0; i < 4; i++) {
         __m256i w = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * i)));
         y[i] = _mm256_mul_ps(_mm256_cvtepi32_ps(w), vd);
@@ -207,6 +214,7 @@ KT static void q8_0_dec32(const uint8_t *blk, float *y)
 {
     __m256 v[4];
     q8_0_dec32v(blk, v);
+    KERN_UNROLL
     for (int i = 0; i < 4; i++)
         _mm256_storeu_ps(y + 8 * i, v[i]);
 }
@@ -224,6 +232,7 @@ KT static inline void qx_1_enc32v(const __m256 v[4], uint8_t *blk, int bits)
     v_put_h(blk + 2, fmn);
     __m256 vmn = _mm256_set1_ps(fmn), vid = _mm256_set1_ps(id), half = _mm256_set1_ps(0.5f);
     __m256i q[4];
+    KERN_UNROLL
     for (int i = 0; i < 4; i++) {
         __m256 t = _mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(v[i], vmn), vid), half);
         q[i] = _mm256_min_epi32(_mm256_cvttps_epi32(t), _mm256_set1_epi32(qmax));
@@ -245,6 +254,7 @@ KT static inline void qx_1_enc32v(const __m256 v[4], uint8_t *blk, int bits)
 KT static void qx_1_enc32(const float *x, uint8_t *blk, int bits)
 {
     __m256 v[4];
+    KERN_UNROLL
     for (int i = 0; i < 4; i++)
         v[i] = _mm256_loadu_ps(x + 8 * i);
     qx_1_enc32v(v, blk, bits);
@@ -269,6 +279,7 @@ KT static inline void qx_1_dec32v(const uint8_t *blk, __m256 y[4], int bits)
     }
     __m128i e0 = _mm256_castsi256_si128(e), e1 = _mm256_extracti128_si256(e, 1);
     __m128i part[4] = {e0, _mm_srli_si128(e0, 8), e1, _mm_srli_si128(e1, 8)};
+    KERN_UNROLL
     for (int i = 0; i < 4; i++) {
         __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(part[i]));
         y[i] = _mm256_add_ps(_mm256_mul_ps(f, vd), vm);
@@ -279,6 +290,7 @@ KT static void qx_1_dec32(const uint8_t *blk, float *y, int bits)
 {
     __m256 v[4];
     qx_1_dec32v(blk, v, bits);
+    KERN_UNROLL
     for (int i = 0; i < 4; i++)
         _mm256_storeu_ps(y + 8 * i, v[i]);
 }
@@ -341,6 +353,7 @@ KT static inline void kivi_v_enc32v(const __m256 v[4], uint8_t *blk, int bits)
     memcpy(blk + 2, &mn_h, 2);
     __m256 vm = _mm256_set1_ps(mnf), vid = _mm256_set1_ps(id);
     __m256i q[4];
+    KERN_UNROLL
     for (int i = 0; i < 4; i++)
         q[i] = v_kivi_code(v[i], vm, vid, qmax);
     v_kivi_pack32(v_pack_bytes(q[0], q[1], q[2], q[3], 0), bits, blk + 4);
@@ -349,6 +362,7 @@ KT static inline void kivi_v_enc32v(const __m256 v[4], uint8_t *blk, int bits)
 KT static void kivi_v_enc32(const float *x, uint8_t *blk, int bits)
 {
     __m256 v[4];
+    KERN_UNROLL
     for (int i = 0; i < 4; i++)
         v[i] = _mm256_loadu_ps(x + 8 * i);
     kivi_v_enc32v(v, blk, bits);
@@ -357,6 +371,7 @@ KT static void kivi_v_enc32(const float *x, uint8_t *blk, int bits)
 KT static inline void kivi_v_dec32v(const uint8_t *blk, __m256 y[4], int bits)
 {
     __m256 sc = _mm256_set1_ps(kern_get_h(blk)), mn = _mm256_set1_ps(kern_get_h(blk + 2));
+    KERN_UNROLL
     for (uint32_t i = 0; i < 4; i++) {
         __m256 f = v_kivi_unpack8(blk + 4, 8 * i, bits);
         y[i] = _mm256_add_ps(_mm256_mul_ps(f, sc), mn);
@@ -367,6 +382,7 @@ KT static void kivi_v_dec32(const uint8_t *blk, float *y, int bits)
 {
     __m256 v[4];
     kivi_v_dec32v(blk, v, bits);
+    KERN_UNROLL
     for (int i = 0; i < 4; i++)
         _mm256_storeu_ps(y + 8 * i, v[i]);
 }
@@ -421,6 +437,7 @@ KT static void kivi_k_enc(const float *x, const struct kern_layout *lay, uint32_
             c = 0;
             for (; c + 32 <= dim; c += 32) {
                 __m256i q[4];
+                KERN_UNROLL
                 for (int i = 0; i < 4; i++)
                     q[i] = v_kivi_code(_mm256_loadu_ps(xr + c + 8 * i),
                                        _mm256_loadu_ps(mnf_a + c + 8 * i),
@@ -645,6 +662,7 @@ KT static int avx_enc_raw(uint32_t codec, int is_v, const void *raw,
         const uint16_t *r = (const uint16_t *)raw + t * stride;
         uint8_t *blk = sect + ((uint64_t)t * H + h) * G * gb;
         for (uint32_t g = 0; g < full; g++, blk += gb) {
+            KERN_UNROLL
             for (int i = 0; i < 4; i++)
                 _mm256_storeu_ps(x + 8 * i, v_load8(r + g * 32 + 8 * i, lay->dtype));
             if (bits)
@@ -684,6 +702,7 @@ KT static int avx_dec_raw(uint32_t codec, int is_v, const uint8_t *sect,
                 q8_0_dec32(blk, y);
             else
                 qx_1_dec32(blk, y, codec == KERN_CODEC_Q5_1 ? 5 : 4);
+            KERN_UNROLL
             for (int i = 0; i < 4; i++)
                 v_store8(r + g * 32 + 8 * i, _mm256_loadu_ps(y + 8 * i), out);
         }
@@ -736,6 +755,7 @@ KT static void stats_done(const struct kern_layout *lay, float *knorm)
 KT static inline void v_load32(const uint16_t *r, uint32_t dtype, __m256 v[4], float *kmin,
                                float *kmax, __m256 *ss)
 {
+    KERN_UNROLL
     for (int i = 0; i < 4; i++) {
         v[i] = v_load8(r + 8 * i, dtype);
         if (kmin)
@@ -796,10 +816,13 @@ KT __attribute__((always_inline)) static inline void enc8_groups(uint32_t codec,
     __attribute__((aligned(32))) float buf[256], idv[8], mnv[8];
     __m256 ma[8], mi[8], vmx, vmn;
     int san = v_needs_sanitize256(r, dtype);
+    KERN_UNROLL
     for (int i = 0; i < 8; i++)
         _mm_prefetch((const char *)(r + 2048 + 32 * i), _MM_HINT_T0);
+    KERN_UNROLL
     for (int g = 0; g < 8; g++) {
         __m256 v[4];
+        KERN_UNROLL
         for (int i = 0; i < 4; i++) {
             v[i] = san ? v_load8(r + 32 * g + 8 * i, dtype) : v_load8_fast(r + 32 * g + 8 * i, dtype);
             _mm256_store_ps(buf + 32 * g + 8 * i, v[i]);
@@ -843,6 +866,7 @@ KT __attribute__((always_inline)) static inline void enc8_groups(uint32_t codec,
         __m256i q[4];
         if (codec == KERN_CODEC_Q8_0) {
             memcpy(blk, dhs + g, 2);
+            KERN_UNROLL
             for (int i = 0; i < 4; i++)
                 q[i] = _mm256_cvttps_epi32(
                     v_roundf_pre(_mm256_mul_ps(_mm256_load_ps(x + 8 * i), vid)));
@@ -853,6 +877,7 @@ KT __attribute__((always_inline)) static inline void enc8_groups(uint32_t codec,
         if (bits) {
             memcpy(blk, dhs + g, 2);
             memcpy(blk + 2, mhs + g, 2);
+            KERN_UNROLL
             for (int i = 0; i < 4; i++)
                 q[i] = v_kivi_code(_mm256_load_ps(x + 8 * i), vm, vid, (float)((1 << bits) - 1));
             v_kivi_pack32(v_pack_bytes(q[0], q[1], q[2], q[3], 0), bits, blk + 4);
@@ -861,6 +886,7 @@ KT __attribute__((always_inline)) static inline void enc8_groups(uint32_t codec,
         int b = codec == KERN_CODEC_Q5_1 ? 5 : 4, qmax = (1 << b) - 1;
         memcpy(blk, dhs + g, 2);
         memcpy(blk + 2, mhs + g, 2);
+        KERN_UNROLL
         for (int i = 0; i < 4; i++) {
             __m256 t = _mm256_add_ps(
                 _mm256_mul_ps(_mm256_sub_ps(_mm256_load_ps(x + 8 * i), vm), vid),
@@ -914,6 +940,7 @@ KT static void enc_groups(uint32_t codec, int bits, const uint16_t *r, uint32_t 
 #undef ENC_GROUPS_LOOP
     for (; i < n; i++, r += 32, blk += gb) {
         __m256 v[4];
+        KERN_UNROLL
         for (int j = 0; j < 4; j++)
             v[j] = v_load8(r + 8 * j, dtype);
         if (bits)
@@ -983,6 +1010,7 @@ KT static int fp8_sect_fast(const uint16_t *raw, const struct kern_layout *lay, 
             for (uint32_t c = 0; c < D; c += 32) {
                 __m256i e[4];
                 _mm_prefetch((const char *)(r + next + c), _MM_HINT_T1);
+                KERN_UNROLL
                 for (int i = 0; i < 4; i++)
                     e[i] = v_e4m3_enc(_mm256_div_ps(v_load8_fast(r + c + 8 * i, dtype), vs));
                 _mm256_storeu_si256((__m256i *)(q + c), v_pack_bytes(e[0], e[1], e[2], e[3], 0));
@@ -1067,6 +1095,7 @@ kivi_k_sect(int bits, uint32_t dtype, const void *raw, const struct kern_layout 
                     __m256i q[4];
                     /* the next group (or section) into L2 while this one is coded */
                     _mm_prefetch((const char *)(rr + (uint64_t)rows * HD + c), _MM_HINT_T1);
+                    KERN_UNROLL
                     for (int i = 0; i < 4; i++)
                         q[i] = v_kivi_code(san ? v_load8(rr + c + 8 * i, dtype)
                                                : v_load8_fast(rr + c + 8 * i, dtype),
@@ -1131,6 +1160,7 @@ KT static int avx_enc_sect(uint32_t codec, int is_v, const void *raw,
                 int san = v_needs_sanitize(r, D, lay->dtype);
                 for (uint32_t c = 0; c < D; c += 32) {
                     __m256i e[4];
+                    KERN_UNROLL
                     for (int i = 0; i < 4; i++) {
                         const uint16_t *ri = r + c + 8 * i;
                         __m256 v = san ? v_load8(ri, lay->dtype) : v_load8_fast(ri, lay->dtype);
@@ -1252,6 +1282,7 @@ KT static int avx_dec_sect(uint32_t codec, int is_v, const uint8_t *sect,
     for (uint64_t i = 0; i < n; i++, blk += gb, r += 32) {                                     \
         __m256 y[4];                                                                           \
         DEC;                                                                                   \
+        KERN_UNROLL                                                                            \
         for (int j = 0; j < 4; j++)                                                            \
             v_store8(r + 8 * j, y[j], OUT);                                                    \
     }
