@@ -776,7 +776,9 @@ KT static inline void v_load32(const uint16_t *r, uint32_t dtype, __m256 v[4], f
     } while (0)
 
 /* Whether any of the 256 raw values at r needs sanitising: NaN or Inf (fp16), or a
- * magnitude past the fp16 range (bf16). Integer compares on the raw halves, 16 at a time. */
+ * magnitude past the fp16 range (bf16). An unsigned max of the raw halves without their
+ * sign, 16 at a time (their order is that of the magnitudes, NaN above Inf), then one
+ * compare. */
 KT static inline int v_needs_sanitize(const uint16_t *r, uint32_t n, uint32_t dtype)
 {
     const __m256i abs = _mm256_set1_epi16(0x7fff);
@@ -784,8 +786,9 @@ KT static inline int v_needs_sanitize(const uint16_t *r, uint32_t n, uint32_t dt
     __m256i acc = _mm256_setzero_si256();
     for (uint32_t i = 0; i < n / 16; i++) {
         __m256i v = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(r + 16 * i)), abs);
-        acc = _mm256_or_si256(acc, _mm256_cmpgt_epi16(v, lim));
+        acc = _mm256_max_epu16(acc, v);
     }
+    acc = _mm256_cmpgt_epi16(acc, lim); /* acc <= 0x7fff: the signed compare is right */
     return !_mm256_testz_si256(acc, acc);
 }
 
@@ -1020,6 +1023,27 @@ KT static int fp8_sect_fast(const uint16_t *raw, const struct kern_layout *lay, 
     return 1;
 }
 
+/* Per-channel min and max of 32 channels down `rows` rows `stride` elements apart, in
+ * registers; the new value is the first operand so that on a tie (+0 and -0) the earlier
+ * row's value stays, as in the reference. */
+KT __attribute__((always_inline)) static inline void
+kivi_k_range32(const uint16_t *p, uint64_t stride, uint32_t rows, uint32_t dtype, int san,
+               __m256 lo[4], __m256 hi[4])
+{
+    KERN_UNROLL
+    for (int i = 0; i < 4; i++)
+        lo[i] = hi[i] = san ? v_load8(p + 8 * i, dtype) : v_load8_fast(p + 8 * i, dtype);
+    for (uint32_t r = 1; r < rows; r++) {
+        p += stride;
+        KERN_UNROLL
+        for (int i = 0; i < 4; i++) {
+            __m256 v = san ? v_load8(p + 8 * i, dtype) : v_load8_fast(p + 8 * i, dtype);
+            lo[i] = _mm256_min_ps(v, lo[i]);
+            hi[i] = _mm256_max_ps(v, hi[i]);
+        }
+    }
+}
+
 /* KIVI key section: per group of 32 tokens, pass 1 takes the channel ranges of all heads,
  * pass 2 writes each row's codes into its head's group. Inlined once per (bits, dtype,
  * statistics or not), so the loops carry no branch on them. */
@@ -1044,7 +1068,23 @@ kivi_k_sect(int bits, uint32_t dtype, const void *raw, const struct kern_layout 
         int san = 0;
         for (uint32_t i = 0; i < rows * H && !san; i++)
             san = v_needs_sanitize(rg + (uint64_t)i * D, D, dtype);
-        for (uint32_t row = 0; row < rows; row++) {
+        /* without statistics the ranges are taken 32 channels at a time down the rows,
+         * in registers; with them, row by row (the norms are per row) through memory */
+        for (uint32_t h = 0; h < H && !kmin; h++) {
+            for (uint32_t c = 0; c < D; c += 32) {
+                __m256 lo[4], hi[4];
+                if (san)
+                    kivi_k_range32(rg + (uint64_t)h * D + c, HD, rows, dtype, 1, lo, hi);
+                else
+                    kivi_k_range32(rg + (uint64_t)h * D + c, HD, rows, dtype, 0, lo, hi);
+                KERN_UNROLL
+                for (int i = 0; i < 4; i++) {
+                    _mm256_storeu_ps(mn + (uint64_t)h * D + c + 8 * i, lo[i]);
+                    _mm256_storeu_ps(mx + (uint64_t)h * D + c + 8 * i, hi[i]);
+                }
+            }
+        }
+        for (uint32_t row = 0; row < rows && kmin; row++) {
             for (uint32_t h = 0; h < H; h++) {
                 const uint16_t *rr = rg + ((uint64_t)row * H + h) * D;
                 __m256 ss = _mm256_setzero_ps();
