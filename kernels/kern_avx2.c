@@ -492,6 +492,20 @@ KT static void kivi_k_dec(const uint8_t *sect, const struct kern_layout *lay, ui
  * bits of |v| + 2^14 (whose ulp is 2^-9, so the float add rounds exactly like rint), capped
  * at 8. Below 2^-6 cn <= cs (cn rounds |v| on a grid no coarser than cs's and is smaller by
  * construction), from 2^-6 up cs = 8 <= cn, so the code is max(cn, cs). */
+/* The code of |v| (v >= +0, sign bit clear), without the sign. */
+KT static inline __m256i v_e4m3_enc_abs(__m256 v)
+{
+    __m256i a = _mm256_castps_si256(v);
+    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(a, 20), _mm256_set1_epi32(1));
+    __m256i r = _mm256_add_epi32(_mm256_add_epi32(a, odd),
+                                 _mm256_set1_epi32(0x7ffff - (120 << 23)));
+    __m256i cn = _mm256_min_epi32(_mm256_srai_epi32(r, 20), _mm256_set1_epi32(0x7e));
+    __m256 s = _mm256_add_ps(v, _mm256_set1_ps(16384.0f));
+    __m256i cs = _mm256_sub_epi32(_mm256_castps_si256(s), _mm256_set1_epi32(0x46800000));
+    cs = _mm256_min_epi32(cs, _mm256_set1_epi32(8));
+    return _mm256_max_epi32(cn, cs);
+}
+
 KT static inline __m256i v_e4m3_enc(__m256 v)
 {
     __m256i u = _mm256_castps_si256(v);
@@ -955,6 +969,41 @@ KT static void enc_groups(uint32_t codec, int bits, const uint16_t *r, uint32_t 
     }
 }
 
+/* The codes of an fp8 section (no value needs sanitising), one loop per dtype. The sign
+ * of each code is bit 15 of the raw value (the division by a positive scale keeps it), so
+ * the codes are made from |x| and the signs are packed straight from the raw high bytes. */
+KT __attribute__((always_inline)) static inline void
+fp8_codes(const uint16_t *raw, const struct kern_layout *lay, uint8_t *sect, const float *scale,
+          uint32_t dtype)
+{
+    uint32_t D = lay->head_dim, H = lay->heads, T = lay->tokens;
+    const uint16_t *r = raw;
+    uint8_t *q = sect + 4 * H;
+    uint64_t next = (uint64_t)T * H * D;
+    const __m256 sm = _mm256_set1_ps(-0.0f);
+    for (uint32_t t = 0; t < T; t++) {
+        for (uint32_t h = 0; h < H; h++, r += D, q += D) {
+            __m256 vs = _mm256_set1_ps(scale[h]);
+            for (uint32_t c = 0; c < D; c += 32) {
+                __m256i e[4];
+                /* the next section into L2 while this one is coded */
+                _mm_prefetch((const char *)(r + next + c), _MM_HINT_T1);
+                KERN_UNROLL
+                for (int i = 0; i < 4; i++)
+                    e[i] = v_e4m3_enc_abs(_mm256_div_ps(
+                        _mm256_andnot_ps(sm, v_load8_fast(r + c + 8 * i, dtype)), vs));
+                __m256i s0 = _mm256_srai_epi16(_mm256_loadu_si256((const __m256i *)(r + c)), 8);
+                __m256i s1 =
+                    _mm256_srai_epi16(_mm256_loadu_si256((const __m256i *)(r + c + 16)), 8);
+                __m256i sg = _mm256_permute4x64_epi64(_mm256_packs_epi16(s0, s1), 0xd8);
+                __m256i p = v_pack_bytes(e[0], e[1], e[2], e[3], 0);
+                p = _mm256_or_si256(p, _mm256_and_si256(sg, _mm256_set1_epi8((char)0x80)));
+                _mm256_storeu_si256((__m256i *)(q + c), p);
+            }
+        }
+    }
+}
+
 /* fp8 section without statistics, when no value needs sanitising (else 0, and the caller
  * takes the general path). Pass 1 takes each head's amax on the raw halves as integers: with
  * the sign cleared, fp16 and bf16 bit patterns order like their magnitudes, so one and plus
@@ -1004,22 +1053,10 @@ KT static int fp8_sect_fast(const uint16_t *raw, const struct kern_layout *lay, 
         scale[h] = kern_fp8_scale(amax);
         memcpy(sect + 4 * h, &scale[h], 4);
     }
-    r = raw;
-    uint8_t *q = sect + 4 * H;
-    uint64_t next = (uint64_t)T * H * D;
-    for (uint32_t t = 0; t < T; t++) {
-        for (uint32_t h = 0; h < H; h++, r += D, q += D) {
-            __m256 vs = _mm256_set1_ps(scale[h]);
-            for (uint32_t c = 0; c < D; c += 32) {
-                __m256i e[4];
-                _mm_prefetch((const char *)(r + next + c), _MM_HINT_T1);
-                KERN_UNROLL
-                for (int i = 0; i < 4; i++)
-                    e[i] = v_e4m3_enc(_mm256_div_ps(v_load8_fast(r + c + 8 * i, dtype), vs));
-                _mm256_storeu_si256((__m256i *)(q + c), v_pack_bytes(e[0], e[1], e[2], e[3], 0));
-            }
-        }
-    }
+    if (dtype == KERN_DTYPE_BF16)
+        fp8_codes(raw, lay, sect, scale, KERN_DTYPE_BF16);
+    else
+        fp8_codes(raw, lay, sect, scale, KERN_DTYPE_FP16);
     return 1;
 }
 
