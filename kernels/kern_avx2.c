@@ -1082,11 +1082,11 @@ kivi_k_range32(const uint16_t *p, uint64_t stride, uint32_t rows, uint32_t dtype
 }
 
 /* KIVI key section: per group of 32 tokens, pass 1 takes the channel ranges of all heads,
- * pass 2 writes each row's codes into its head's group. Inlined once per (bits, dtype,
- * statistics or not), so the loops carry no branch on them. */
+ * pass 2 writes each row's codes into its head's group. Inlined once per (bits, dtype), so
+ * the loops carry no branch on them. */
 KT __attribute__((always_inline)) static inline void
 kivi_k_sect(int bits, uint32_t dtype, const void *raw, const struct kern_layout *lay,
-            uint8_t *sect, float *scratch, float *kmin, float *kmax, float *knorm)
+            uint8_t *sect, float *scratch)
 {
     uint32_t D = lay->head_dim, H = lay->heads, T = lay->tokens;
     /* KIVI keys, per group of 32 tokens: pass 1 takes the channel ranges of all heads,
@@ -1105,9 +1105,8 @@ kivi_k_sect(int bits, uint32_t dtype, const void *raw, const struct kern_layout 
         int san = 0;
         for (uint32_t i = 0; i < rows * H && !san; i++)
             san = v_needs_sanitize(rg + (uint64_t)i * D, D, dtype);
-        /* without statistics the ranges are taken 32 channels at a time down the rows,
-         * in registers; with them, row by row (the norms are per row) through memory */
-        for (uint32_t h = 0; h < H && !kmin; h++) {
+        /* the ranges, 32 channels at a time down the rows in registers */
+        for (uint32_t h = 0; h < H; h++) {
             for (uint32_t c = 0; c < D; c += 32) {
                 __m256 lo[4], hi[4];
                 if (san)
@@ -1119,29 +1118,6 @@ kivi_k_sect(int bits, uint32_t dtype, const void *raw, const struct kern_layout 
                     _mm256_storeu_ps(mn + (uint64_t)h * D + c + 8 * i, lo[i]);
                     _mm256_storeu_ps(mx + (uint64_t)h * D + c + 8 * i, hi[i]);
                 }
-            }
-        }
-        for (uint32_t row = 0; row < rows && kmin; row++) {
-            for (uint32_t h = 0; h < H; h++) {
-                const uint16_t *rr = rg + ((uint64_t)row * H + h) * D;
-                __m256 ss = _mm256_setzero_ps();
-                for (uint32_t c = 0; c < D; c += 8) {
-                    __m256 v = san ? v_load8(rr + c, dtype) : v_load8_fast(rr + c, dtype);
-                    uint64_t i = (uint64_t)h * D + c;
-                    if (kmin)
-                        v_stat8(v, kmin + i, kmax + i, &ss);
-                    /* the new value first: on a tie (+0 and -0) the earlier row's value
-                     * stays, as in the reference */
-                    if (row == 0) {
-                        _mm256_storeu_ps(mn + i, v);
-                        _mm256_storeu_ps(mx + i, v);
-                    } else {
-                        _mm256_storeu_ps(mn + i, _mm256_min_ps(v, _mm256_loadu_ps(mn + i)));
-                        _mm256_storeu_ps(mx + i, _mm256_max_ps(v, _mm256_loadu_ps(mx + i)));
-                    }
-                }
-                if (kmin)
-                    knorm[h] += sqrtf(v_hsum(ss));
             }
         }
         for (uint32_t h = 0; h < H; h++) {
@@ -1186,6 +1162,31 @@ kivi_k_sect(int bits, uint32_t dtype, const void *raw, const struct kern_layout 
     }
 }
 
+/* Key statistics of a section in one pass of their own (it stays in L2 for the codes);
+ * returns whether any row needed sanitising. */
+KT __attribute__((always_inline)) static inline int
+stats_rows(const uint16_t *r, const struct kern_layout *lay, uint32_t dtype, float *kmin,
+           float *kmax, float *knorm)
+{
+    uint32_t D = lay->head_dim, H = lay->heads, T = lay->tokens;
+    int dirty = 0;
+    stats_init(lay, kmin, kmax, knorm);
+    for (uint32_t t = 0; t < T; t++) {
+        for (uint32_t h = 0; h < H; h++, r += D) {
+            __m256 ss = _mm256_setzero_ps();
+            float *mn = kmin + (uint64_t)h * D, *mx = kmax + (uint64_t)h * D;
+            int san = v_needs_sanitize(r, D, dtype);
+            dirty |= san;
+            for (uint32_t c = 0; c < D; c += 8)
+                v_stat8(san ? v_load8(r + c, dtype) : v_load8_fast(r + c, dtype), mn + c,
+                        mx + c, &ss);
+            knorm[h] += sqrtf(v_hsum(ss));
+        }
+    }
+    stats_done(lay, knorm);
+    return dirty;
+}
+
 KT static int avx_enc_sect(uint32_t codec, int is_v, const void *raw,
                            const struct kern_layout *lay, uint8_t *sect, float *scratch,
                            float *kmin, float *kmax, float *knorm)
@@ -1195,35 +1196,50 @@ KT static int avx_enc_sect(uint32_t codec, int is_v, const void *raw,
     const uint16_t *r = raw;
     if (D % 32)
         return 0;
-    if (codec == KERN_CODEC_FP8 && !kmin && fp8_sect_fast(raw, lay, sect, scratch))
+    if (kmin) {
+        /* the statistics first; then the codec runs as without them */
+        int dirty = lay->dtype == KERN_DTYPE_BF16
+                        ? stats_rows(raw, lay, KERN_DTYPE_BF16, kmin, kmax, knorm)
+                        : stats_rows(raw, lay, KERN_DTYPE_FP16, kmin, kmax, knorm);
+        if (codec == KERN_CODEC_RAW)
+            return 1;
+        if (codec == KERN_CODEC_FP8 && !dirty) {
+            /* the head amax is the larger magnitude of its channel extremes */
+            float *scale = scratch;
+            for (uint32_t h = 0; h < H; h++) {
+                const float *mn = kmin + (uint64_t)h * D, *mx = kmax + (uint64_t)h * D;
+                float amax = 0.0f;
+                for (uint32_t c = 0; c < D; c++) {
+                    float a = fabsf(mn[c]) > fabsf(mx[c]) ? fabsf(mn[c]) : fabsf(mx[c]);
+                    amax = a > amax ? a : amax;
+                }
+                scale[h] = kern_fp8_scale(amax);
+                memcpy(sect + 4 * h, &scale[h], 4);
+            }
+            if (lay->dtype == KERN_DTYPE_BF16)
+                fp8_codes(raw, lay, sect, scale, KERN_DTYPE_BF16);
+            else
+                fp8_codes(raw, lay, sect, scale, KERN_DTYPE_FP16);
+            return 1;
+        }
+    }
+    if (codec == KERN_CODEC_FP8 && fp8_sect_fast(raw, lay, sect, scratch))
         return 1;
-    if (kmin)
-        stats_init(lay, kmin, kmax, knorm);
-    if (codec == KERN_CODEC_RAW || codec == KERN_CODEC_FP8) {
-        /* raw: statistics only (the driver copied the bytes); fp8: the head amax first */
+    if (codec == KERN_CODEC_FP8) {
+        /* some value needs sanitising: the head amax, then the codes, per row as needed */
         float *amax = scratch;
         for (uint32_t h = 0; h < H; h++)
             amax[h] = 0.0f;
         for (uint32_t t = 0; t < T; t++) {
             for (uint32_t h = 0; h < H; h++, r += D) {
-                __m256 ss = _mm256_setzero_ps(), m = _mm256_setzero_ps();
-                float *mn = kmin ? kmin + (uint64_t)h * D : NULL;
-                float *mx = kmin ? kmax + (uint64_t)h * D : NULL;
-                int san = v_needs_sanitize(r, D, lay->dtype);
-                for (uint32_t c = 0; c < D; c += 8) {
-                    __m256 v = san ? v_load8(r + c, lay->dtype) : v_load8_fast(r + c, lay->dtype);
-                    if (mn)
-                        v_stat8(v, mn + c, mx + c, &ss);
-                    m = _mm256_max_ps(m, _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v));
-                }
-                if (mn)
-                    knorm[h] += sqrtf(v_hsum(ss));
+                __m256 m = _mm256_setzero_ps();
+                for (uint32_t c = 0; c < D; c += 8)
+                    m = _mm256_max_ps(m, _mm256_andnot_ps(_mm256_set1_ps(-0.0f),
+                                                          v_load8(r + c, lay->dtype)));
                 float a = v_hmax(m);
                 amax[h] = a > amax[h] ? a : amax[h];
             }
         }
-        if (codec == KERN_CODEC_RAW)
-            goto done;
         for (uint32_t h = 0; h < H; h++) {
             float sc = kern_fp8_scale(amax[h]);
             memcpy(sect + 4 * h, &sc, 4);
@@ -1234,73 +1250,30 @@ KT static int avx_enc_sect(uint32_t codec, int is_v, const void *raw,
         for (uint32_t t = 0; t < T; t++) {
             for (uint32_t h = 0; h < H; h++, r += D, q += D) {
                 __m256 vs = _mm256_set1_ps(scratch[h]);
-                int san = v_needs_sanitize(r, D, lay->dtype);
                 for (uint32_t c = 0; c < D; c += 32) {
                     __m256i e[4];
                     KERN_UNROLL
-                    for (int i = 0; i < 4; i++) {
-                        const uint16_t *ri = r + c + 8 * i;
-                        __m256 v = san ? v_load8(ri, lay->dtype) : v_load8_fast(ri, lay->dtype);
-                        e[i] = v_e4m3_enc(_mm256_div_ps(v, vs));
-                    }
+                    for (int i = 0; i < 4; i++)
+                        e[i] = v_e4m3_enc(_mm256_div_ps(v_load8(r + c + 8 * i, lay->dtype), vs));
                     _mm256_storeu_si256((__m256i *)(q + c), v_pack_bytes(e[0], e[1], e[2], e[3], 0));
                 }
             }
         }
-        goto done;
+        return 1;
     }
     if (bits && !is_v) {
-#define KIVI_K(B, DT, ST)                                                                      \
-    kivi_k_sect(B, DT, raw, lay, sect, scratch, ST ? kmin : NULL, ST ? kmax : NULL,            \
-                ST ? knorm : NULL)
-#define KIVI_K_DT(B, ST)                                                                       \
-    do {                                                                                       \
-        if (lay->dtype == KERN_DTYPE_BF16)                                                     \
-            KIVI_K(B, KERN_DTYPE_BF16, ST);                                                    \
-        else                                                                                   \
-            KIVI_K(B, KERN_DTYPE_FP16, ST);                                                    \
-    } while (0)
-        if (bits == 4 && kmin)
-            KIVI_K_DT(4, 1);
+        if (bits == 4 && lay->dtype == KERN_DTYPE_BF16)
+            kivi_k_sect(4, KERN_DTYPE_BF16, raw, lay, sect, scratch);
         else if (bits == 4)
-            KIVI_K_DT(4, 0);
-        else if (kmin)
-            KIVI_K_DT(2, 1);
+            kivi_k_sect(4, KERN_DTYPE_FP16, raw, lay, sect, scratch);
+        else if (lay->dtype == KERN_DTYPE_BF16)
+            kivi_k_sect(2, KERN_DTYPE_BF16, raw, lay, sect, scratch);
         else
-            KIVI_K_DT(2, 0);
-#undef KIVI_K_DT
-#undef KIVI_K
-        goto done;
+            kivi_k_sect(2, KERN_DTYPE_FP16, raw, lay, sect, scratch);
+        return 1;
     }
     /* row-wise codecs: groups in the same order as the rows */
-    uint32_t gb = block_bytes(codec, bits);
-    if (!kmin) {
-        enc_groups(codec, bits, r, lay->dtype, (uint64_t)T * H * G, sect);
-        goto done;
-    }
-    uint8_t *blk = sect;
-    for (uint32_t t = 0; t < T; t++) {
-        for (uint32_t h = 0; h < H; h++, r += D) {
-            __m256 ss = _mm256_setzero_ps();
-            for (uint32_t g = 0; g < G; g++, blk += gb) {
-                __m256 v[4];
-                uint64_t i = (uint64_t)h * D + 32 * g;
-                v_load32(r + 32 * g, lay->dtype, v, kmin ? kmin + i : NULL,
-                         kmin ? kmax + i : NULL, &ss);
-                if (bits)
-                    kivi_v_enc32v(v, blk, bits);
-                else if (codec == KERN_CODEC_Q8_0)
-                    q8_0_enc32v(v, blk);
-                else
-                    qx_1_enc32v(v, blk, codec == KERN_CODEC_Q5_1 ? 5 : 4);
-            }
-            if (kmin)
-                knorm[h] += sqrtf(v_hsum(ss));
-        }
-    }
-done:
-    if (kmin)
-        stats_done(lay, knorm);
+    enc_groups(codec, bits, r, lay->dtype, (uint64_t)T * H * G, sect);
     return 1;
 }
 
