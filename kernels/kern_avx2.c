@@ -403,8 +403,8 @@ KT static void kivi_k_enc(const float *x, const struct kern_layout *lay, uint32_
             __m256 mn = _mm256_loadu_ps(xg + c), mx = mn;
             for (uint32_t r = 1; r < rows; r++) {
                 __m256 v = _mm256_loadu_ps(xg + (uint64_t)r * dim + c);
-                mn = _mm256_min_ps(mn, v);
-                mx = _mm256_max_ps(mx, v);
+                mn = _mm256_min_ps(v, mn); /* the earlier of equal values stays */
+                mx = _mm256_max_ps(v, mx);
             }
             const int rne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
             __m128i mn_h = _mm256_cvtps_ph(mn, rne);
