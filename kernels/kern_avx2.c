@@ -219,12 +219,33 @@ KT static void q8_0_dec32(const uint8_t *blk, float *y)
         _mm256_storeu_ps(y + 8 * i, v[i]);
 }
 
+/* The reference takes a group's min and max in element order, keeping the first of equal
+ * values; a vector reduction may return either zero when both +0 and -0 are there. Only a
+ * zero extreme can differ, so the group's extremes are redone in order when one is zero. */
+KT static void zero_extremes_fix(const float *x, float *mn, float *mx)
+{
+    float a = 3.402823466e38f, b = -3.402823466e38f;
+    for (int j = 0; j < KERN_GROUP; j++) {
+        a = x[j] < a ? x[j] : a;
+        b = x[j] > b ? x[j] : b;
+    }
+    *mn = a;
+    *mx = b;
+}
+
 KT static inline void qx_1_enc32v(const __m256 v[4], uint8_t *blk, int bits)
 {
     __m256 mn, mx;
     mn = _mm256_min_ps(_mm256_min_ps(v[0], v[1]), _mm256_min_ps(v[2], v[3]));
     mx = _mm256_max_ps(_mm256_max_ps(v[0], v[1]), _mm256_max_ps(v[2], v[3]));
     float fmn = v_hmin(mn), fmx = v_hmax(mx);
+    if (fmn == 0.0f || fmx == 0.0f) {
+        float x[32];
+        KERN_UNROLL
+        for (int i = 0; i < 4; i++)
+            _mm256_storeu_ps(x + 8 * i, v[i]);
+        zero_extremes_fix(x, &fmn, &fmx);
+    }
     int qmax = (1 << bits) - 1;
     float d = (fmx - fmn) / (float)qmax;
     float id = d != 0.0f ? 1.0f / d : 0.0f;
@@ -346,6 +367,13 @@ KT static inline void kivi_v_enc32v(const __m256 v[4], uint8_t *blk, int bits)
 {
     float mn = v_hmin(_mm256_min_ps(_mm256_min_ps(v[0], v[1]), _mm256_min_ps(v[2], v[3])));
     float mx = v_hmax(_mm256_max_ps(_mm256_max_ps(v[0], v[1]), _mm256_max_ps(v[2], v[3])));
+    if (mn == 0.0f || mx == 0.0f) {
+        float x[32];
+        KERN_UNROLL
+        for (int i = 0; i < 4; i++)
+            _mm256_storeu_ps(x + 8 * i, v[i]);
+        zero_extremes_fix(x, &mn, &mx);
+    }
     uint16_t mn_h, sc_h;
     float mnf, id, qmax = (float)((1 << bits) - 1);
     kern_kivi_params(mn, mx, bits, &mn_h, &sc_h, &mnf, &id);
@@ -861,6 +889,18 @@ KT __attribute__((always_inline)) static inline void enc8_groups(uint32_t codec,
         dh = _mm256_cvtps_ph(d, rne);
     } else {
         V_REDUCE8(_mm256_min_ps, mi, vmn);
+        int zx = _mm256_movemask_ps(_mm256_or_ps(_mm256_cmp_ps(vmn, zero, _CMP_EQ_OQ),
+                                                   _mm256_cmp_ps(vmx, zero, _CMP_EQ_OQ)));
+        if (__builtin_expect(zx != 0, 0)) {
+            __attribute__((aligned(32))) float a[8], b[8];
+            _mm256_store_ps(a, vmn);
+            _mm256_store_ps(b, vmx);
+            for (int g = 0; g < 8; g++)
+                if (zx & (1 << g))
+                    zero_extremes_fix(buf + 32 * g, &a[g], &b[g]);
+            vmn = _mm256_load_ps(a);
+            vmx = _mm256_load_ps(b);
+        }
         float qmax = (float)((1 << (bits ? bits : codec == KERN_CODEC_Q5_1 ? 5 : 4)) - 1);
         d = _mm256_div_ps(_mm256_sub_ps(vmx, vmn), _mm256_set1_ps(qmax));
         dh = _mm256_cvtps_ph(d, rne);
