@@ -854,7 +854,7 @@ KT static inline __m256 v_load8_fast(const uint16_t *r, uint32_t dtype)
 KT __attribute__((always_inline)) static inline void enc8_groups(uint32_t codec, int bits,
                                                                   const uint16_t *r,
                                                                   uint32_t dtype, uint8_t *blk,
-                                                                  uint32_t gb)
+                                                                  uint32_t gb, uint64_t ahead)
 {
     const int rne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
     const __m256 sm = _mm256_set1_ps(-0.0f);
@@ -863,7 +863,7 @@ KT __attribute__((always_inline)) static inline void enc8_groups(uint32_t codec,
     int san = v_needs_sanitize256(r, dtype);
     KERN_UNROLL
     for (int i = 0; i < 8; i++)
-        _mm_prefetch((const char *)(r + 2048 + 32 * i), _MM_HINT_T0);
+        _mm_prefetch((const char *)(r + ahead + 32 * i), _MM_HINT_T1);
     KERN_UNROLL
     for (int g = 0; g < 8; g++) {
         __m256 v[4];
@@ -975,7 +975,7 @@ KT static void enc_groups(uint32_t codec, int bits, const uint16_t *r, uint32_t 
      * per-vector branch on them. */
 #define ENC_GROUPS_LOOP(C, B, D)                                                               \
     for (; i + 8 <= n; i += 8, r += 256, blk += 8 * gb)                                        \
-        enc8_groups(C, B, r, D, blk, gb)
+        enc8_groups(C, B, r, D, blk, gb, 32 * n)
 #define ENC_GROUPS_DTYPE(C, B)                                                                 \
     do {                                                                                       \
         if (dtype == KERN_DTYPE_BF16)                                                          \
