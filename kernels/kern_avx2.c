@@ -520,14 +520,18 @@ KT static void kivi_k_dec(const uint8_t *sect, const struct kern_layout *lay, ui
  * bits of |v| + 2^14 (whose ulp is 2^-9, so the float add rounds exactly like rint), capped
  * at 8. Below 2^-6 cn <= cs (cn rounds |v| on a grid no coarser than cs's and is smaller by
  * construction), from 2^-6 up cs = 8 <= cn, so the code is max(cn, cs). */
-/* The code of |v| (v >= +0, sign bit clear), without the sign. */
+/* The code of v, 0 <= v < 464 (sign bit clear), without the sign and without the clamp to
+ * 0x7e: the fp8 section codes divide |x| <= amax by scale = RN(amax / 448), so their
+ * quotients stay below 448 * 1.004 (a few ulps above 448, or 0.34% when a bf16 amax near
+ * its smallest subnormal makes the scale an fp32 subnormal), far below 464 where the clamp
+ * would matter. */
 KT static inline __m256i v_e4m3_enc_abs(__m256 v)
 {
     __m256i a = _mm256_castps_si256(v);
     __m256i odd = _mm256_and_si256(_mm256_srli_epi32(a, 20), _mm256_set1_epi32(1));
     __m256i r = _mm256_add_epi32(_mm256_add_epi32(a, odd),
                                  _mm256_set1_epi32(0x7ffff - (120 << 23)));
-    __m256i cn = _mm256_min_epi32(_mm256_srai_epi32(r, 20), _mm256_set1_epi32(0x7e));
+    __m256i cn = _mm256_srai_epi32(r, 20);
     __m256 s = _mm256_add_ps(v, _mm256_set1_ps(16384.0f));
     __m256i cs = _mm256_sub_epi32(_mm256_castps_si256(s), _mm256_set1_epi32(0x46800000));
     cs = _mm256_min_epi32(cs, _mm256_set1_epi32(8));
@@ -793,18 +797,6 @@ KT static void stats_done(const struct kern_layout *lay, float *knorm)
         knorm[h] = knorm[h] / (float)lay->tokens;
 }
 
-/* Loads 32 values of a row; returns them sanitised and feeds the statistics when asked. */
-KT static inline void v_load32(const uint16_t *r, uint32_t dtype, __m256 v[4], float *kmin,
-                               float *kmax, __m256 *ss)
-{
-    KERN_UNROLL
-    for (int i = 0; i < 4; i++) {
-        v[i] = v_load8(r + 8 * i, dtype);
-        if (kmin)
-            v_stat8(v[i], kmin + 8 * i, kmax + 8 * i, ss);
-    }
-}
-
 /* Lane i of the result is the max (min) over the eight lanes of m[i]. */
 #define V_REDUCE8(OP, m, out)                                                                  \
     do {                                                                                       \
@@ -1047,9 +1039,9 @@ fp8_codes(const uint16_t *raw, const struct kern_layout *lay, uint8_t *sect, con
 /* fp8 section without statistics, when no value needs sanitising (else 0, and the caller
  * takes the general path). Pass 1 takes each head's amax on the raw halves as integers: with
  * the sign cleared, fp16 and bf16 bit patterns order like their magnitudes, so one and plus
- * one unsigned max per 16 values finds both the amax and any NaN/Inf (fp16) or NaN (bf16;
- * its Inf and values past the fp16 range clamp to 65504, which min() does on the amax).
- * Pass 2 converts and codes; the section is still in L2 from pass 1. */
+ * one unsigned max per 16 values finds both the amax and any value that needs sanitising
+ * (NaN or Inf in fp16; in bf16 also anything past 65504), the same test as
+ * v_needs_sanitize(). Pass 2 converts and codes; the section is still in L2 from pass 1. */
 KT static int fp8_sect_fast(const uint16_t *raw, const struct kern_layout *lay, uint8_t *sect,
                             float *scratch)
 {
@@ -1085,10 +1077,9 @@ KT static int fp8_sect_fast(const uint16_t *raw, const struct kern_layout *lay, 
                 return 0;
             amax = kern_h2f(mx);
         } else {
-            if (mx > 0x7f80)
+            if (mx > 0x477f) /* past 65504: the codes would need the clamp */
                 return 0;
             amax = kern_bf2f(mx);
-            amax = amax < KERN_FP16_MAX ? amax : KERN_FP16_MAX;
         }
         scale[h] = kern_fp8_scale(amax);
         memcpy(sect + 4 * h, &scale[h], 4);
