@@ -182,6 +182,18 @@ KT static inline void q8_0_enc32v(const __m256 v[4], uint8_t *blk)
                              _mm256_max_ps(_mm256_andnot_ps(sm, v[2]), _mm256_andnot_ps(sm, v[3])));
     float d = v_hmax(m) / 127.0f;
     float id = d != 0.0f ? 1.0f / d : 0.0f;
+    if (d != 0.0f && d < 1.17549435e-38f) {
+        /* an fp32-subnormal d (bf16 input below ~1.5e-36) loses the bound |x / d| <= 127,
+         * and the reference's out-of-range float-to-int8 conversions keep the low byte where
+         * the vector pack would saturate: take the reference's code for such a group (its
+         * stored d is fp16 0 either way) */
+        float x[32];
+        KERN_UNROLL
+        for (int i = 0; i < 4; i++)
+            _mm256_storeu_ps(x + 8 * i, v[i]);
+        kern_q8_0_enc(x, KERN_GROUP, blk);
+        return;
+    }
     v_put_h(blk, d);
     __m256 vid = _mm256_set1_ps(id);
     __m256i q[4];
@@ -909,6 +921,12 @@ KT __attribute__((always_inline)) static inline void enc8_groups(uint32_t codec,
     __attribute__((aligned(16))) uint16_t dhs[8], mhs[8];
     _mm_store_si128((__m128i *)dhs, dh);
     _mm_store_si128((__m128i *)mhs, mh);
+    int tiny = 0;
+    uint8_t *blk0 = blk;
+    if (codec == KERN_CODEC_Q8_0)
+        tiny = _mm256_movemask_ps(_mm256_and_ps(
+            _mm256_cmp_ps(d, _mm256_set1_ps(1.17549435e-38f), _CMP_LT_OQ),
+            _mm256_cmp_ps(d, zero, _CMP_NEQ_OQ)));
     for (int g = 0; g < 8; g++, blk += gb) {
         __m256 vid = _mm256_broadcast_ss(idv + g);
         const float *x = buf + 32 * g;
@@ -955,6 +973,9 @@ KT __attribute__((always_inline)) static inline void enc8_groups(uint32_t codec,
             _mm_storeu_si128((__m128i *)(blk + 4), qs);
         }
     }
+    for (int g = 0; tiny && g < 8; g++) /* see q8_0_enc32v() */
+        if (tiny & (1 << g))
+            kern_q8_0_enc(buf + 32 * g, KERN_GROUP, blk0 + g * gb);
 }
 
 /* n consecutive full groups of one row-wise codec, eight at a time. */
