@@ -1112,104 +1112,76 @@ KT static int fp8_sect_fast(const uint16_t *raw, const struct kern_layout *lay, 
     return 1;
 }
 
-/* Per-channel min and max of 32 channels down `rows` rows `stride` elements apart, in
- * registers; the new value is the first operand so that on a tie (+0 and -0) the earlier
- * row's value stays, as in the reference. */
-KT __attribute__((always_inline)) static inline void
-kivi_k_range32(const uint16_t *p, uint64_t stride, uint32_t rows, uint32_t dtype, int san,
-               __m256 lo[4], __m256 hi[4])
-{
-    KERN_UNROLL
-    for (int i = 0; i < 4; i++)
-        lo[i] = hi[i] = san ? v_load8(p + 8 * i, dtype) : v_load8_fast(p + 8 * i, dtype);
-    for (uint32_t r = 1; r < rows; r++) {
-        p += stride;
-        KERN_UNROLL
-        for (int i = 0; i < 4; i++) {
-            __m256 v = san ? v_load8(p + 8 * i, dtype) : v_load8_fast(p + 8 * i, dtype);
-            lo[i] = _mm256_min_ps(v, lo[i]);
-            hi[i] = _mm256_max_ps(v, hi[i]);
-        }
-    }
-}
-
-/* KIVI key section: per group of 32 tokens, pass 1 takes the channel ranges of all heads,
- * pass 2 writes each row's codes into its head's group. Inlined once per (bits, dtype), so
- * the loops carry no branch on them. */
+/* KIVI key section. Per group of 32 tokens and per head, 32 channels at a time: the rows
+ * of those channels are converted once into a 4 KiB buffer while their ranges are taken in
+ * registers, the 32 channels' scale and min follow, and the codes of each row come from the
+ * buffer. Inlined once per (bits, dtype), so the loops carry no branch on them. */
 KT __attribute__((always_inline)) static inline void
 kivi_k_sect(int bits, uint32_t dtype, const void *raw, const struct kern_layout *lay,
-            uint8_t *sect, float *scratch)
+            uint8_t *sect)
 {
+    const int rne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
     uint32_t D = lay->head_dim, H = lay->heads, T = lay->tokens;
-    /* KIVI keys, per group of 32 tokens: pass 1 takes the channel ranges of all heads,
-     * pass 2 writes each row's codes into its head's group */
     uint32_t rb = kern_kivi_row_bytes(D, bits);
     uint64_t hb = kern_kivi_k_head_bytes(D, T, bits), HD = (uint64_t)H * D;
-    float *mn = scratch, *mx = scratch + HD, *mnf = scratch + 2 * HD, *id = scratch + 3 * HD;
     float qmax = (float)((1 << bits) - 1);
+    __attribute__((aligned(32))) float xb[KERN_GROUP][32];
     for (uint32_t t0 = 0; t0 < T; t0 += KERN_GROUP) {
         uint32_t rows = T - t0 < KERN_GROUP ? T - t0 : KERN_GROUP;
         uint32_t gb = kern_kivi_k_group_bytes(D, rows, bits);
         uint64_t goff = (uint64_t)(t0 / KERN_GROUP) * kern_kivi_k_group_bytes(D, KERN_GROUP, bits);
         const uint16_t *rg = (const uint16_t *)raw + (uint64_t)t0 * HD;
-        /* one sanitise check for the group (the reference's test, on the raw halves):
-         * the code pass then converts without it unless something here needed it */
+        /* one sanitise check for the group (the reference's test, on the raw halves) */
         int san = 0;
         for (uint32_t i = 0; i < rows * H && !san; i++)
             san = v_needs_sanitize(rg + (uint64_t)i * D, D, dtype);
-        /* the ranges, 32 channels at a time down the rows in registers */
-        for (uint32_t h = 0; h < H; h++) {
-            for (uint32_t c = 0; c < D; c += 32) {
-                __m256 lo[4], hi[4];
-                if (san)
-                    kivi_k_range32(rg + (uint64_t)h * D + c, HD, rows, dtype, 1, lo, hi);
-                else
-                    kivi_k_range32(rg + (uint64_t)h * D + c, HD, rows, dtype, 0, lo, hi);
-                KERN_UNROLL
-                for (int i = 0; i < 4; i++) {
-                    _mm256_storeu_ps(mn + (uint64_t)h * D + c + 8 * i, lo[i]);
-                    _mm256_storeu_ps(mx + (uint64_t)h * D + c + 8 * i, hi[i]);
-                }
-            }
-        }
         for (uint32_t h = 0; h < H; h++) {
             uint8_t *g = sect + h * hb + goff;
-            for (uint32_t c = 0; c < D; c += 8) {
-                const int rne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-                uint64_t i = (uint64_t)h * D + c;
-                __m256 vmn = _mm256_loadu_ps(mn + i), vmx = _mm256_loadu_ps(mx + i);
-                __m128i mn_h = _mm256_cvtps_ph(vmn, rne);
-                __m128i sc_h = _mm256_cvtps_ph(
-                    _mm256_div_ps(_mm256_sub_ps(vmx, vmn), _mm256_set1_ps(qmax)), rne);
-                _mm_storeu_si128((__m128i *)(g + 2 * c), sc_h);
-                _mm_storeu_si128((__m128i *)(g + 2 * D + 2 * c), mn_h);
-                __m256 sc = _mm256_cvtph_ps(sc_h);
-                __m256 vid = _mm256_div_ps(_mm256_set1_ps(1.0f), sc);
-                vid = _mm256_andnot_ps(_mm256_cmp_ps(sc, _mm256_setzero_ps(), _CMP_EQ_OQ), vid);
-                _mm256_storeu_ps(mnf + i, _mm256_cvtph_ps(mn_h));
-                _mm256_storeu_ps(id + i, vid);
-            }
-            memset(g + 4 * D + (uint64_t)rows * rb, 0, gb - 4 * D - rows * rb);
-        }
-        for (uint32_t row = 0; row < rows; row++) {
-            for (uint32_t h = 0; h < H; h++) {
-                const uint16_t *rr = rg + ((uint64_t)row * H + h) * D;
-                uint8_t *out = sect + h * hb + goff + 4 * D + (uint64_t)row * rb;
-                const float *fm = mnf + (uint64_t)h * D, *fi = id + (uint64_t)h * D;
-                for (uint32_t c = 0; c < D; c += 32) {
+            for (uint32_t c = 0; c < D; c += 32) {
+                const uint16_t *p = rg + (uint64_t)h * D + c;
+                __m256 lo[4], hi[4], mnf[4], id[4];
+                /* the new value is the first operand of min/max: on a tie (+0 and -0) the
+                 * earlier row's value stays, as in the reference */
+                KERN_UNROLL
+                for (int i = 0; i < 4; i++) {
+                    lo[i] = hi[i] = san ? v_load8(p + 8 * i, dtype) : v_load8_fast(p + 8 * i, dtype);
+                    _mm256_store_ps(&xb[0][8 * i], lo[i]);
+                }
+                for (uint32_t r = 1; r < rows; r++) {
+                    p += HD;
+                    KERN_UNROLL
+                    for (int i = 0; i < 4; i++) {
+                        __m256 v = san ? v_load8(p + 8 * i, dtype) : v_load8_fast(p + 8 * i, dtype);
+                        _mm256_store_ps(&xb[r][8 * i], v);
+                        lo[i] = _mm256_min_ps(v, lo[i]);
+                        hi[i] = _mm256_max_ps(v, hi[i]);
+                    }
+                }
+                KERN_UNROLL
+                for (int i = 0; i < 4; i++) {
+                    __m128i mn_h = _mm256_cvtps_ph(lo[i], rne);
+                    __m128i sc_h = _mm256_cvtps_ph(
+                        _mm256_div_ps(_mm256_sub_ps(hi[i], lo[i]), _mm256_set1_ps(qmax)), rne);
+                    _mm_storeu_si128((__m128i *)(g + 2 * (c + 8 * i)), sc_h);
+                    _mm_storeu_si128((__m128i *)(g + 2 * D + 2 * (c + 8 * i)), mn_h);
+                    __m256 sc = _mm256_cvtph_ps(sc_h);
+                    id[i] = _mm256_andnot_ps(_mm256_cmp_ps(sc, _mm256_setzero_ps(), _CMP_EQ_OQ),
+                                             _mm256_div_ps(_mm256_set1_ps(1.0f), sc));
+                    mnf[i] = _mm256_cvtph_ps(mn_h);
+                }
+                uint8_t *out = g + 4 * D + c * bits / 8;
+                p = rg + (uint64_t)h * D + c;
+                for (uint32_t r = 0; r < rows; r++, out += rb, p += HD) {
                     __m256i q[4];
                     /* the next group (or section) into L2 while this one is coded */
-                    _mm_prefetch((const char *)(rr + (uint64_t)rows * HD + c), _MM_HINT_T1);
+                    _mm_prefetch((const char *)(p + (uint64_t)rows * HD), _MM_HINT_T1);
                     KERN_UNROLL
                     for (int i = 0; i < 4; i++)
-                        q[i] = v_kivi_code(san ? v_load8(rr + c + 8 * i, dtype)
-                                               : v_load8_fast(rr + c + 8 * i, dtype),
-                                           _mm256_loadu_ps(fm + c + 8 * i),
-                                           _mm256_loadu_ps(fi + c + 8 * i), qmax);
-                    v_kivi_pack32(v_pack_bytes(q[0], q[1], q[2], q[3], 0), bits,
-                                  out + c * bits / 8);
+                        q[i] = v_kivi_code(_mm256_load_ps(&xb[r][8 * i]), mnf[i], id[i], qmax);
+                    v_kivi_pack32(v_pack_bytes(q[0], q[1], q[2], q[3], 0), bits, out);
                 }
             }
+            memset(g + 4 * D + (uint64_t)rows * rb, 0, gb - 4 * D - rows * rb);
         }
     }
 }
@@ -1315,13 +1287,13 @@ KT static int avx_enc_sect(uint32_t codec, int is_v, const void *raw,
     }
     if (bits && !is_v) {
         if (bits == 4 && lay->dtype == KERN_DTYPE_BF16)
-            kivi_k_sect(4, KERN_DTYPE_BF16, raw, lay, sect, scratch);
+            kivi_k_sect(4, KERN_DTYPE_BF16, raw, lay, sect);
         else if (bits == 4)
-            kivi_k_sect(4, KERN_DTYPE_FP16, raw, lay, sect, scratch);
+            kivi_k_sect(4, KERN_DTYPE_FP16, raw, lay, sect);
         else if (lay->dtype == KERN_DTYPE_BF16)
-            kivi_k_sect(2, KERN_DTYPE_BF16, raw, lay, sect, scratch);
+            kivi_k_sect(2, KERN_DTYPE_BF16, raw, lay, sect);
         else
-            kivi_k_sect(2, KERN_DTYPE_FP16, raw, lay, sect, scratch);
+            kivi_k_sect(2, KERN_DTYPE_FP16, raw, lay, sect);
         return 1;
     }
     /* row-wise codecs: groups in the same order as the rows */
