@@ -1301,6 +1301,44 @@ KT static int avx_enc_sect(uint32_t codec, int is_v, const void *raw,
     return 1;
 }
 
+/* KIVI key section decode, per (group, head, 32 channels): the channels' scale and min
+ * are converted once and the group's rows decoded under them. */
+KT __attribute__((always_inline)) static inline void
+kivi_k_dec_sect(int bits, uint32_t out, const uint8_t *sect, const struct kern_layout *lay,
+                void *raw)
+{
+    uint32_t D = lay->head_dim, H = lay->heads, T = lay->tokens;
+    uint32_t rb = kern_kivi_row_bytes(D, bits);
+    uint64_t hb = kern_kivi_k_head_bytes(D, T, bits), HD = (uint64_t)H * D;
+    uint32_t fgb = kern_kivi_k_group_bytes(D, KERN_GROUP, bits);
+    for (uint32_t t0 = 0; t0 < T; t0 += KERN_GROUP) {
+        uint32_t rows = T - t0 < KERN_GROUP ? T - t0 : KERN_GROUP;
+        for (uint32_t h = 0; h < H; h++) {
+            const uint8_t *g = sect + h * hb + (uint64_t)(t0 / KERN_GROUP) * fgb;
+            for (uint32_t c = 0; c < D; c += 32) {
+                __m256 sc[4], mn[4];
+                KERN_UNROLL
+                for (int i = 0; i < 4; i++) {
+                    sc[i] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 2 * (c + 8 * i))));
+                    mn[i] = _mm256_cvtph_ps(
+                        _mm_loadu_si128((const __m128i *)(g + 2 * D + 2 * (c + 8 * i))));
+                }
+                const uint8_t *row = g + 4 * D;
+                uint16_t *r = (uint16_t *)raw + (uint64_t)t0 * HD + (uint64_t)h * D + c;
+                for (uint32_t t = 0; t < rows; t++, row += rb, r += HD) {
+                    KERN_UNROLL
+                    for (int i = 0; i < 4; i++)
+                        v_store8(r + 8 * i,
+                                 _mm256_add_ps(_mm256_mul_ps(v_kivi_unpack8(row, c + 8 * i, bits),
+                                                             sc[i]),
+                                               mn[i]),
+                                 out);
+                }
+            }
+        }
+    }
+}
+
 KT static int avx_dec_sect(uint32_t codec, int is_v, const uint8_t *sect,
                            const struct kern_layout *lay, void *raw, uint32_t out)
 {
@@ -1330,22 +1368,14 @@ KT static int avx_dec_sect(uint32_t codec, int is_v, const uint8_t *sect,
         return 1;
     }
     if (bits && !is_v) {
-        uint32_t rb = kern_kivi_row_bytes(D, bits);
-        uint64_t hb = kern_kivi_k_head_bytes(D, T, bits);
-        uint32_t fgb = kern_kivi_k_group_bytes(D, KERN_GROUP, bits);
-        for (uint32_t t = 0; t < T; t++) {
-            for (uint32_t h = 0; h < H; h++, r += D) {
-                const uint8_t *g = sect + h * hb + (uint64_t)(t / KERN_GROUP) * fgb;
-                const uint8_t *row = g + 4 * D + (uint64_t)(t % KERN_GROUP) * rb;
-                for (uint32_t c = 0; c < D; c += 8) {
-                    __m256 sc = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 2 * c)));
-                    __m256 mn =
-                        _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 2 * D + 2 * c)));
-                    __m256 f = v_kivi_unpack8(row, c, bits);
-                    v_store8(r + c, _mm256_add_ps(_mm256_mul_ps(f, sc), mn), out);
-                }
-            }
-        }
+        if (bits == 4 && out == KERN_DTYPE_BF16)
+            kivi_k_dec_sect(4, KERN_DTYPE_BF16, sect, lay, raw);
+        else if (bits == 4)
+            kivi_k_dec_sect(4, KERN_DTYPE_FP16, sect, lay, raw);
+        else if (out == KERN_DTYPE_BF16)
+            kivi_k_dec_sect(2, KERN_DTYPE_BF16, sect, lay, raw);
+        else
+            kivi_k_dec_sect(2, KERN_DTYPE_FP16, sect, lay, raw);
         return 1;
     }
     uint32_t gb = block_bytes(codec, bits);
