@@ -6,7 +6,8 @@
  * fp16, K and V: 4 MiB), a set of 8 different blocks cycled so the data is not cache
  * resident, GB/s of fp16 input (encode) or fp16 output (decode), ratio to memcpy of the same
  * bytes measured in the same run (target >= 0.5 for the vectorised versions). On a GPU the
- * CUDA twins beside cudaMemcpy device-to-device of the same bytes (target >= 0.7).
+ * CUDA twins beside cudaMemcpy device-to-device of the same bytes (target >= 0.7). The
+ * vectorised encoder also with key statistics (encode_stats), as the daemon calls it.
  *
  * Error: keys with a few large outlier channels, values without, fixed seeds; per codec
  * (K and V both in it) the RMSE and max error of K and V, and the relative error of the
@@ -97,7 +98,13 @@ typedef int64_t (*enc_fn)(const struct kern_layout *, const struct kern_recipe *
 typedef int64_t (*dec_fn)(const struct kern_layout *, const void *, size_t, void *, size_t,
                           enum kern_dtype);
 
-/* Seconds per call of one of: memcpy (op 0), encode (1), decode (2), cycling over blocks. */
+/* Key statistics for the encode-with-statistics rows (the daemon's call): the bench block's
+ * 32 layers x 8 heads x 128 dim. */
+static float st_kmin[32 * 8 * 128], st_kmax[32 * 8 * 128], st_knorm[32 * 8];
+static const struct kern_key_stats bench_stats = {st_kmin, st_kmax, st_knorm};
+
+/* Seconds per call of one of: memcpy (op 0), encode (1), decode (2), encode with key
+ * statistics (3), cycling over blocks. */
 static double time_op(int op, enc_fn enc, dec_fn dec, const struct kern_layout *lay,
                       const struct kern_recipe *rec, uint8_t **raw, uint8_t **encb,
                       uint8_t **out, uint64_t rs, uint64_t es)
@@ -108,8 +115,8 @@ static double time_op(int op, enc_fn enc, dec_fn dec, const struct kern_layout *
         int i = (int)(n % NBLOCKS);
         if (op == 0)
             memcpy(out[i], raw[i], rs);
-        else if (op == 1)
-            enc(lay, rec, raw[i], encb[i], es, NULL);
+        else if (op == 1 || op == 3)
+            enc(lay, rec, raw[i], encb[i], es, op == 3 ? &bench_stats : NULL);
         else
             dec(lay, encb[i], es, out[i], rs, KERN_DTYPE_FP16);
         n++;
@@ -217,12 +224,13 @@ static void bench_throughput(void)
         for (int v = 0; v < 2; v++) {
             enc_fn enc = v ? kern_encode_cpu : kern_encode_ref;
             dec_fn dec = v ? kern_decode_cpu : kern_decode_ref;
-            for (int op = 1; op <= 2; op++) {
+            for (int op = 1; op <= (v ? 3 : 2); op++) {
                 char name[64];
                 double s = time_op(op, enc, dec, &lay, &rec, raw, encb, out, rs, es);
                 double gbs = rs / s / 1e9;
                 snprintf(name, sizeof(name), "cpu/%s/%s/%s", kern_codec_name(c),
-                         op == 1 ? "encode" : "decode", v ? "avx2" : "ref");
+                         op == 1 ? "encode" : op == 2 ? "decode" : "encode_stats",
+                         v ? "avx2" : "ref");
                 printf("%-28s %10.2f GB/s  %.2f x memcpy\n", name, gbs, gbs / mc);
                 add_row(name, gbs, "GB/s", "memcpy", mc);
             }
