@@ -794,8 +794,12 @@ KT static inline void v_stat8(__m256 v, float *kmin, float *kmax, __m256 *ss)
 
 KT static void stats_init(const struct kern_layout *lay, float *kmin, float *kmax, float *knorm)
 {
-    uint64_t n = (uint64_t)lay->heads * lay->head_dim;
-    for (uint64_t i = 0; i < n; i++) {
+    uint64_t n = (uint64_t)lay->heads * lay->head_dim, i = 0;
+    for (; i + 8 <= n; i += 8) {
+        _mm256_storeu_ps(kmin + i, _mm256_set1_ps(3.402823466e38f));
+        _mm256_storeu_ps(kmax + i, _mm256_set1_ps(-3.402823466e38f));
+    }
+    for (; i < n; i++) {
         kmin[i] = 3.402823466e38f;
         kmax[i] = -3.402823466e38f;
     }
@@ -1197,14 +1201,22 @@ stats_rows(const uint16_t *r, const struct kern_layout *lay, uint32_t dtype, flo
     stats_init(lay, kmin, kmax, knorm);
     for (uint32_t t = 0; t < T; t++) {
         for (uint32_t h = 0; h < H; h++, r += D) {
-            __m256 ss = _mm256_setzero_ps();
+            __m256 ss[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                            _mm256_setzero_ps()};
             float *mn = kmin + (uint64_t)h * D, *mx = kmax + (uint64_t)h * D;
             int san = v_needs_sanitize(r, D, dtype);
             dirty |= san;
-            for (uint32_t c = 0; c < D; c += 8)
-                v_stat8(san ? v_load8(r + c, dtype) : v_load8_fast(r + c, dtype), mn + c,
-                        mx + c, &ss);
-            knorm[h] += sqrtf(v_hsum(ss));
+            /* four sums of squares, so the adds do not wait on each other */
+            for (uint32_t c = 0; c < D; c += 32) {
+                KERN_UNROLL
+                for (int i = 0; i < 4; i++) {
+                    const uint16_t *p = r + c + 8 * i;
+                    v_stat8(san ? v_load8(p, dtype) : v_load8_fast(p, dtype), mn + c + 8 * i,
+                            mx + c + 8 * i, &ss[i]);
+                }
+            }
+            knorm[h] += sqrtf(v_hsum(_mm256_add_ps(_mm256_add_ps(ss[0], ss[1]),
+                                                   _mm256_add_ps(ss[2], ss[3]))));
         }
     }
     stats_done(lay, knorm);
