@@ -8,6 +8,13 @@
  * >= 0.5), and FMA is deliberately not enabled in the target so the compiler cannot fuse a
  * multiply and an add the reference rounds twice. Full 32-value groups (and 8-channel runs
  * for KIVI keys) take the vector path; a tail calls the reference's scalar group code.
+ *
+ * Where a vector shortcut could differ from the reference only in a rare case, that case is
+ * detected and redone the reference's way: a group extreme of zero (the reference keeps the
+ * first of +0 and -0), a q8_0 group whose d is an fp32 subnormal, a section with a value
+ * that needs sanitising (found by one unsigned max over the raw halves). Sections whose
+ * head size is a multiple of 32 (all in use) are walked in memory order with the next
+ * section prefetched into L2 (enc_sect/dec_sect); other shapes go per head.
  */
 #include <immintrin.h>
 #include <string.h>
