@@ -934,7 +934,7 @@ KT __attribute__((always_inline)) static inline void enc8_groups(uint32_t codec,
     _mm_store_si128((__m128i *)mhs, mh);
     int tiny = 0;
     uint8_t *blk0 = blk;
-    if (codec == KERN_CODEC_Q8_0)
+    if (!bits) /* q8_0, q4_1, q5_1: see q8_0_enc32v(), and the q4_1/q5_1 codes below */
         tiny = _mm256_movemask_ps(_mm256_and_ps(
             _mm256_cmp_ps(d, _mm256_set1_ps(1.17549435e-38f), _CMP_LT_OQ),
             _mm256_cmp_ps(d, zero, _CMP_NEQ_OQ)));
@@ -961,20 +961,23 @@ KT __attribute__((always_inline)) static inline void enc8_groups(uint32_t codec,
             v_kivi_pack32(v_pack_bytes(q[0], q[1], q[2], q[3], 0), bits, blk + 4);
             continue;
         }
-        int b = codec == KERN_CODEC_Q5_1 ? 5 : 4, qmax = (1 << b) - 1;
+        int b = codec == KERN_CODEC_Q5_1 ? 5 : 4;
         memcpy(blk, dhs + g, 2);
         memcpy(blk + 2, mhs + g, 2);
+        /* No clamp to qmax: with a normal fp32 d, (x - mn) * (1 / d) + 0.5 stays below
+         * qmax + 1 (a few ulps over qmax + 0.5), so the truncation never exceeds qmax, and
+         * x - mn >= 0; a group with a subnormal d takes the reference's code below. */
         KERN_UNROLL
-        for (int i = 0; i < 4; i++) {
-            __m256 t = _mm256_add_ps(
+        for (int i = 0; i < 4; i++)
+            q[i] = _mm256_cvttps_epi32(_mm256_add_ps(
                 _mm256_mul_ps(_mm256_sub_ps(_mm256_load_ps(x + 8 * i), vm), vid),
-                _mm256_set1_ps(0.5f));
-            q[i] = _mm256_min_epi32(_mm256_cvttps_epi32(t), _mm256_set1_epi32(qmax));
-        }
+                _mm256_set1_ps(0.5f)));
         __m256i p = v_pack_bytes(q[0], q[1], q[2], q[3], 0);
-        const __m128i lo4 = _mm_set1_epi8(0x0f);
-        __m128i lo = _mm_and_si128(_mm256_castsi256_si128(p), lo4);
-        __m128i hi = _mm_and_si128(_mm256_extracti128_si256(p, 1), lo4);
+        __m128i lo = _mm256_castsi256_si128(p), hi = _mm256_extracti128_si256(p, 1);
+        if (b == 5) { /* bit 4 goes to qh, not into the nibbles */
+            lo = _mm_and_si128(lo, _mm_set1_epi8(0x0f));
+            hi = _mm_and_si128(hi, _mm_set1_epi8(0x0f));
+        }
         __m128i qs = _mm_or_si128(lo, _mm_slli_epi16(hi, 4));
         if (b == 5) {
             uint32_t qh = (uint32_t)_mm256_movemask_epi8(_mm256_slli_epi16(p, 3));
@@ -984,9 +987,15 @@ KT __attribute__((always_inline)) static inline void enc8_groups(uint32_t codec,
             _mm_storeu_si128((__m128i *)(blk + 4), qs);
         }
     }
-    for (int g = 0; tiny && g < 8; g++) /* see q8_0_enc32v() */
-        if (tiny & (1 << g))
+    for (int g = 0; tiny && g < 8; g++) {
+        if (!(tiny & (1 << g)))
+            continue;
+        if (codec == KERN_CODEC_Q8_0)
             kern_q8_0_enc(buf + 32 * g, KERN_GROUP, blk0 + g * gb);
+        else
+            kern_qx_1_enc(buf + 32 * g, KERN_GROUP, blk0 + g * gb,
+                          codec == KERN_CODEC_Q5_1 ? 5 : 4);
+    }
 }
 
 /* n consecutive full groups of one row-wise codec, eight at a time. */
