@@ -1138,7 +1138,7 @@ KT static int fp8_sect_fast(const uint16_t *raw, const struct kern_layout *lay, 
  * buffer. Inlined once per (bits, dtype), so the loops carry no branch on them. */
 KT __attribute__((always_inline)) static inline void
 kivi_k_sect(int bits, uint32_t dtype, const void *raw, const struct kern_layout *lay,
-            uint8_t *sect)
+            uint8_t *sect, float *kmin, float *kmax, float *knorm)
 {
     const int rne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
     uint32_t D = lay->head_dim, H = lay->heads, T = lay->tokens;
@@ -1157,6 +1157,10 @@ kivi_k_sect(int bits, uint32_t dtype, const void *raw, const struct kern_layout 
             san = v_needs_sanitize(rg + (uint64_t)i * D, D, dtype);
         for (uint32_t h = 0; h < H; h++) {
             uint8_t *g = sect + h * hb + goff;
+            __attribute__((aligned(32))) float ssb[KERN_GROUP][8];
+            if (kmin)
+                for (uint32_t r = 0; r < rows; r++)
+                    _mm256_store_ps(ssb[r], _mm256_setzero_ps());
             for (uint32_t c = 0; c < D; c += 32) {
                 const uint16_t *p = rg + (uint64_t)h * D + c;
                 __m256 lo[4], hi[4], mnf[4], id[4];
@@ -1175,6 +1179,25 @@ kivi_k_sect(int bits, uint32_t dtype, const void *raw, const struct kern_layout 
                         _mm256_store_ps(&xb[r][8 * i], v);
                         lo[i] = _mm256_min_ps(v, lo[i]);
                         hi[i] = _mm256_max_ps(v, hi[i]);
+                    }
+                }
+                if (kmin) {
+                    /* statistics: the group's extremes fold into the block's (an earlier
+                     * group's value stays on a tie), and each row's sum of squares over
+                     * these 32 channels into ssb */
+                    float *mn = kmin + (uint64_t)h * D + c, *mx = kmax + (uint64_t)h * D + c;
+                    KERN_UNROLL
+                    for (int i = 0; i < 4; i++) {
+                        _mm256_storeu_ps(mn + 8 * i, _mm256_min_ps(lo[i], _mm256_loadu_ps(mn + 8 * i)));
+                        _mm256_storeu_ps(mx + 8 * i, _mm256_max_ps(hi[i], _mm256_loadu_ps(mx + 8 * i)));
+                    }
+                    for (uint32_t r = 0; r < rows; r++) {
+                        __m256 v0 = _mm256_load_ps(&xb[r][0]), v1 = _mm256_load_ps(&xb[r][8]);
+                        __m256 v2 = _mm256_load_ps(&xb[r][16]), v3 = _mm256_load_ps(&xb[r][24]);
+                        __m256 sq = _mm256_add_ps(
+                            _mm256_add_ps(_mm256_mul_ps(v0, v0), _mm256_mul_ps(v1, v1)),
+                            _mm256_add_ps(_mm256_mul_ps(v2, v2), _mm256_mul_ps(v3, v3)));
+                        _mm256_store_ps(ssb[r], _mm256_add_ps(_mm256_load_ps(ssb[r]), sq));
                     }
                 }
                 KERN_UNROLL
@@ -1202,6 +1225,9 @@ kivi_k_sect(int bits, uint32_t dtype, const void *raw, const struct kern_layout 
                 }
             }
             memset(g + 4 * D + (uint64_t)rows * rb, 0, gb - 4 * D - rows * rb);
+            if (kmin)
+                for (uint32_t r = 0; r < rows; r++)
+                    knorm[h] += sqrtf(v_hsum(_mm256_load_ps(ssb[r])));
         }
     }
 }
@@ -1248,6 +1274,20 @@ KT static int avx_enc_sect(uint32_t codec, int is_v, const void *raw,
     const uint16_t *r = raw;
     if (D % 32)
         return 0;
+    if (kmin && bits && !is_v) {
+        /* KIVI keys take the statistics in their own range pass */
+        stats_init(lay, kmin, kmax, knorm);
+        if (bits == 4 && lay->dtype == KERN_DTYPE_BF16)
+            kivi_k_sect(4, KERN_DTYPE_BF16, raw, lay, sect, kmin, kmax, knorm);
+        else if (bits == 4)
+            kivi_k_sect(4, KERN_DTYPE_FP16, raw, lay, sect, kmin, kmax, knorm);
+        else if (lay->dtype == KERN_DTYPE_BF16)
+            kivi_k_sect(2, KERN_DTYPE_BF16, raw, lay, sect, kmin, kmax, knorm);
+        else
+            kivi_k_sect(2, KERN_DTYPE_FP16, raw, lay, sect, kmin, kmax, knorm);
+        stats_done(lay, knorm);
+        return 1;
+    }
     if (kmin) {
         /* the statistics first; then the codec runs as without them */
         int dirty = lay->dtype == KERN_DTYPE_BF16
@@ -1315,13 +1355,13 @@ KT static int avx_enc_sect(uint32_t codec, int is_v, const void *raw,
     }
     if (bits && !is_v) {
         if (bits == 4 && lay->dtype == KERN_DTYPE_BF16)
-            kivi_k_sect(4, KERN_DTYPE_BF16, raw, lay, sect);
+            kivi_k_sect(4, KERN_DTYPE_BF16, raw, lay, sect, NULL, NULL, NULL);
         else if (bits == 4)
-            kivi_k_sect(4, KERN_DTYPE_FP16, raw, lay, sect);
+            kivi_k_sect(4, KERN_DTYPE_FP16, raw, lay, sect, NULL, NULL, NULL);
         else if (lay->dtype == KERN_DTYPE_BF16)
-            kivi_k_sect(2, KERN_DTYPE_BF16, raw, lay, sect);
+            kivi_k_sect(2, KERN_DTYPE_BF16, raw, lay, sect, NULL, NULL, NULL);
         else
-            kivi_k_sect(2, KERN_DTYPE_FP16, raw, lay, sect);
+            kivi_k_sect(2, KERN_DTYPE_FP16, raw, lay, sect, NULL, NULL, NULL);
         return 1;
     }
     /* row-wise codecs: groups in the same order as the rows */
