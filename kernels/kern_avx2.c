@@ -1233,32 +1233,59 @@ kivi_k_sect(int bits, uint32_t dtype, const void *raw, const struct kern_layout 
 }
 
 /* Key statistics of a section in one pass of their own (it stays in L2 for the codes);
- * returns whether any row needed sanitising. */
+ * returns whether any value needed sanitising. Per block of 32 tokens and per head, 32
+ * channels at a time down the rows: the channel extremes stay in registers (the new value
+ * is the first operand of min/max, so on a tie the earlier row's value stays, as in the
+ * reference) and each row's sum of squares collects in a small buffer. */
 KT __attribute__((always_inline)) static inline int
-stats_rows(const uint16_t *r, const struct kern_layout *lay, uint32_t dtype, float *kmin,
+stats_rows(const uint16_t *raw, const struct kern_layout *lay, uint32_t dtype, float *kmin,
            float *kmax, float *knorm)
 {
     uint32_t D = lay->head_dim, H = lay->heads, T = lay->tokens;
+    uint64_t HD = (uint64_t)H * D;
+    __attribute__((aligned(32))) float ssb[KERN_GROUP][8];
     int dirty = 0;
     stats_init(lay, kmin, kmax, knorm);
-    for (uint32_t t = 0; t < T; t++) {
-        for (uint32_t h = 0; h < H; h++, r += D) {
-            __m256 ss[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                            _mm256_setzero_ps()};
-            float *mn = kmin + (uint64_t)h * D, *mx = kmax + (uint64_t)h * D;
-            int san = v_needs_sanitize(r, D, dtype);
-            dirty |= san;
-            /* four sums of squares, so the adds do not wait on each other */
+    for (uint32_t t0 = 0; t0 < T; t0 += KERN_GROUP) {
+        uint32_t rows = T - t0 < KERN_GROUP ? T - t0 : KERN_GROUP;
+        const uint16_t *rg = raw + (uint64_t)t0 * HD;
+        int san = 0;
+        for (uint32_t i = 0; i < rows * H && !san; i++)
+            san = v_needs_sanitize(rg + (uint64_t)i * D, D, dtype);
+        dirty |= san;
+        for (uint32_t h = 0; h < H; h++) {
+            for (uint32_t r = 0; r < rows; r++)
+                _mm256_store_ps(ssb[r], _mm256_setzero_ps());
             for (uint32_t c = 0; c < D; c += 32) {
+                float *mn = kmin + (uint64_t)h * D + c, *mx = kmax + (uint64_t)h * D + c;
+                const uint16_t *p = rg + (uint64_t)h * D + c;
+                __m256 lo[4], hi[4];
                 KERN_UNROLL
                 for (int i = 0; i < 4; i++) {
-                    const uint16_t *p = r + c + 8 * i;
-                    v_stat8(san ? v_load8(p, dtype) : v_load8_fast(p, dtype), mn + c + 8 * i,
-                            mx + c + 8 * i, &ss[i]);
+                    lo[i] = _mm256_loadu_ps(mn + 8 * i);
+                    hi[i] = _mm256_loadu_ps(mx + 8 * i);
+                }
+                for (uint32_t r = 0; r < rows; r++, p += HD) {
+                    __m256 v[4];
+                    KERN_UNROLL
+                    for (int i = 0; i < 4; i++) {
+                        v[i] = san ? v_load8(p + 8 * i, dtype) : v_load8_fast(p + 8 * i, dtype);
+                        lo[i] = _mm256_min_ps(v[i], lo[i]);
+                        hi[i] = _mm256_max_ps(v[i], hi[i]);
+                    }
+                    __m256 sq = _mm256_add_ps(
+                        _mm256_add_ps(_mm256_mul_ps(v[0], v[0]), _mm256_mul_ps(v[1], v[1])),
+                        _mm256_add_ps(_mm256_mul_ps(v[2], v[2]), _mm256_mul_ps(v[3], v[3])));
+                    _mm256_store_ps(ssb[r], _mm256_add_ps(_mm256_load_ps(ssb[r]), sq));
+                }
+                KERN_UNROLL
+                for (int i = 0; i < 4; i++) {
+                    _mm256_storeu_ps(mn + 8 * i, lo[i]);
+                    _mm256_storeu_ps(mx + 8 * i, hi[i]);
                 }
             }
-            knorm[h] += sqrtf(v_hsum(_mm256_add_ps(_mm256_add_ps(ss[0], ss[1]),
-                                                   _mm256_add_ps(ss[2], ss[3]))));
+            for (uint32_t r = 0; r < rows; r++)
+                knorm[h] += sqrtf(v_hsum(_mm256_load_ps(ssb[r])));
         }
     }
     stats_done(lay, knorm);
