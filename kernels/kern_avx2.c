@@ -8,6 +8,13 @@
  * >= 0.5), and FMA is deliberately not enabled in the target so the compiler cannot fuse a
  * multiply and an add the reference rounds twice. Full 32-value groups (and 8-channel runs
  * for KIVI keys) take the vector path; a tail calls the reference's scalar group code.
+ *
+ * Where a vector shortcut could differ from the reference only in a rare case, that case is
+ * detected and redone the reference's way: a group extreme of zero (the reference keeps the
+ * first of +0 and -0), a q8_0 group whose d is an fp32 subnormal, a section with a value
+ * that needs sanitising (found by one unsigned max over the raw halves). Sections whose
+ * head size is a multiple of 32 (all in use) are walked in memory order with the next
+ * section prefetched into L2 (enc_sect/dec_sect); other shapes go per head.
  */
 #include <immintrin.h>
 #include <string.h>
@@ -16,6 +23,10 @@
 #include "kernels/kern_fmt.h"
 
 #define KT __attribute__((target("avx2,f16c")))
+/* The short fixed loops over the four vectors of a group (or the eight groups of a chunk)
+ * must become straight code with their arrays in registers; -O2 alone keeps some as loops
+ * over stack arrays. */
+#define KERN_UNROLL _Pragma("GCC unroll 8")
 
 KT static inline __m256 v_sanitize(__m256 x)
 {
@@ -178,9 +189,22 @@ KT static inline void q8_0_enc32v(const __m256 v[4], uint8_t *blk)
                              _mm256_max_ps(_mm256_andnot_ps(sm, v[2]), _mm256_andnot_ps(sm, v[3])));
     float d = v_hmax(m) / 127.0f;
     float id = d != 0.0f ? 1.0f / d : 0.0f;
+    if (d != 0.0f && d < 1.17549435e-38f) {
+        /* an fp32-subnormal d (bf16 input below ~1.5e-36) loses the bound |x / d| <= 127,
+         * and the reference's out-of-range float-to-int8 conversions keep the low byte where
+         * the vector pack would saturate: take the reference's code for such a group (its
+         * stored d is fp16 0 either way) */
+        float x[32];
+        KERN_UNROLL
+        for (int i = 0; i < 4; i++)
+            _mm256_storeu_ps(x + 8 * i, v[i]);
+        kern_q8_0_enc(x, KERN_GROUP, blk);
+        return;
+    }
     v_put_h(blk, d);
     __m256 vid = _mm256_set1_ps(id);
     __m256i q[4];
+    KERN_UNROLL
     for (int i = 0; i < 4; i++)
         q[i] = _mm256_cvttps_epi32(v_roundf_pre(_mm256_mul_ps(v[i], vid)));
     _mm256_storeu_si256((__m256i *)(blk + 2), v_pack_bytes(q[0], q[1], q[2], q[3], 1));
@@ -189,18 +213,43 @@ KT static inline void q8_0_enc32v(const __m256 v[4], uint8_t *blk)
 KT static void q8_0_enc32(const float *x, uint8_t *blk)
 {
     __m256 v[4];
+    KERN_UNROLL
     for (int i = 0; i < 4; i++)
         v[i] = _mm256_loadu_ps(x + 8 * i);
     q8_0_enc32v(v, blk);
 }
 
-KT static void q8_0_dec32(const uint8_t *blk, float *y)
+KT static inline void q8_0_dec32v(const uint8_t *blk, __m256 y[4])
 {
     __m256 vd = _mm256_set1_ps(kern_get_h(blk));
+    KERN_UNROLL
     for (int i = 0; i < 4; i++) {
         __m256i w = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * i)));
-        _mm256_storeu_ps(y + 8 * i, _mm256_mul_ps(_mm256_cvtepi32_ps(w), vd));
+        y[i] = _mm256_mul_ps(_mm256_cvtepi32_ps(w), vd);
     }
+}
+
+KT static void q8_0_dec32(const uint8_t *blk, float *y)
+{
+    __m256 v[4];
+    q8_0_dec32v(blk, v);
+    KERN_UNROLL
+    for (int i = 0; i < 4; i++)
+        _mm256_storeu_ps(y + 8 * i, v[i]);
+}
+
+/* The reference takes a group's min and max in element order, keeping the first of equal
+ * values; a vector reduction may return either zero when both +0 and -0 are there. Only a
+ * zero extreme can differ, so the group's extremes are redone in order when one is zero. */
+KT static void zero_extremes_fix(const float *x, float *mn, float *mx)
+{
+    float a = 3.402823466e38f, b = -3.402823466e38f;
+    for (int j = 0; j < KERN_GROUP; j++) {
+        a = x[j] < a ? x[j] : a;
+        b = x[j] > b ? x[j] : b;
+    }
+    *mn = a;
+    *mx = b;
 }
 
 KT static inline void qx_1_enc32v(const __m256 v[4], uint8_t *blk, int bits)
@@ -209,6 +258,13 @@ KT static inline void qx_1_enc32v(const __m256 v[4], uint8_t *blk, int bits)
     mn = _mm256_min_ps(_mm256_min_ps(v[0], v[1]), _mm256_min_ps(v[2], v[3]));
     mx = _mm256_max_ps(_mm256_max_ps(v[0], v[1]), _mm256_max_ps(v[2], v[3]));
     float fmn = v_hmin(mn), fmx = v_hmax(mx);
+    if (fmn == 0.0f || fmx == 0.0f) {
+        float x[32];
+        KERN_UNROLL
+        for (int i = 0; i < 4; i++)
+            _mm256_storeu_ps(x + 8 * i, v[i]);
+        zero_extremes_fix(x, &fmn, &fmx);
+    }
     int qmax = (1 << bits) - 1;
     float d = (fmx - fmn) / (float)qmax;
     float id = d != 0.0f ? 1.0f / d : 0.0f;
@@ -216,6 +272,7 @@ KT static inline void qx_1_enc32v(const __m256 v[4], uint8_t *blk, int bits)
     v_put_h(blk + 2, fmn);
     __m256 vmn = _mm256_set1_ps(fmn), vid = _mm256_set1_ps(id), half = _mm256_set1_ps(0.5f);
     __m256i q[4];
+    KERN_UNROLL
     for (int i = 0; i < 4; i++) {
         __m256 t = _mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(v[i], vmn), vid), half);
         q[i] = _mm256_min_epi32(_mm256_cvttps_epi32(t), _mm256_set1_epi32(qmax));
@@ -237,12 +294,13 @@ KT static inline void qx_1_enc32v(const __m256 v[4], uint8_t *blk, int bits)
 KT static void qx_1_enc32(const float *x, uint8_t *blk, int bits)
 {
     __m256 v[4];
+    KERN_UNROLL
     for (int i = 0; i < 4; i++)
         v[i] = _mm256_loadu_ps(x + 8 * i);
     qx_1_enc32v(v, blk, bits);
 }
 
-KT static void qx_1_dec32(const uint8_t *blk, float *y, int bits)
+KT static inline void qx_1_dec32v(const uint8_t *blk, __m256 y[4], int bits)
 {
     __m256 vd = _mm256_set1_ps(kern_get_h(blk)), vm = _mm256_set1_ps(kern_get_h(blk + 2));
     __m128i qs = _mm_loadu_si128((const __m128i *)(blk + (bits == 5 ? 8 : 4)));
@@ -261,39 +319,46 @@ KT static void qx_1_dec32(const uint8_t *blk, float *y, int bits)
     }
     __m128i e0 = _mm256_castsi256_si128(e), e1 = _mm256_extracti128_si256(e, 1);
     __m128i part[4] = {e0, _mm_srli_si128(e0, 8), e1, _mm_srli_si128(e1, 8)};
+    KERN_UNROLL
     for (int i = 0; i < 4; i++) {
         __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(part[i]));
-        _mm256_storeu_ps(y + 8 * i, _mm256_add_ps(_mm256_mul_ps(f, vd), vm));
+        y[i] = _mm256_add_ps(_mm256_mul_ps(f, vd), vm);
     }
+}
+
+KT static void qx_1_dec32(const uint8_t *blk, float *y, int bits)
+{
+    __m256 v[4];
+    qx_1_dec32v(blk, v, bits);
+    KERN_UNROLL
+    for (int i = 0; i < 4; i++)
+        _mm256_storeu_ps(y + 8 * i, v[i]);
 }
 
 /* ---- KIVI ---------------------------------------------------------------------------- */
 
+/* kern_kivi_code(): floor and the clamp to [0, qmax] done by the truncating conversion of
+ * min(qmax, t) and an integer max with 0 (for t < 0 truncation gives a value <= 0, as floor
+ * does; t is never NaN: x and mnf are finite and 0 <= id <= 2^24). */
 KT static inline __m256i v_kivi_code(__m256 x, __m256 mnf, __m256 id, float qmax)
 {
     __m256 t = _mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(x, mnf), id), _mm256_set1_ps(0.5f));
-    t = _mm256_round_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    t = _mm256_max_ps(t, _mm256_setzero_ps());
-    t = _mm256_min_ps(t, _mm256_set1_ps(qmax));
-    return _mm256_cvttps_epi32(t);
+    t = _mm256_min_ps(_mm256_set1_ps(qmax), t);
+    return _mm256_max_epi32(_mm256_cvttps_epi32(t), _mm256_setzero_si256());
 }
 
-/* 32 codes (bytes in element order) -> 4 * bits packed bytes. */
+/* 32 codes (bytes in element order) -> 4 * bits packed bytes: multiply-adds merge the
+ * neighbours of each pair (and, 2-bit, of each pair of pairs) into one byte. */
 KT static inline void v_kivi_pack32(__m256i p, int bits, uint8_t *dst)
 {
     if (bits == 4) {
-        __m256i w = _mm256_or_si256(_mm256_and_si256(p, _mm256_set1_epi16(0x000f)),
-                                    _mm256_and_si256(_mm256_srli_epi16(p, 4),
-                                                     _mm256_set1_epi16(0x00f0)));
+        __m256i w = _mm256_maddubs_epi16(p, _mm256_set1_epi16(0x1001));
         w = _mm256_packus_epi16(w, w);
         w = _mm256_permute4x64_epi64(w, 0x08);
         _mm_storeu_si128((__m128i *)dst, _mm256_castsi256_si128(w));
     } else {
-        __m256i m3 = _mm256_set1_epi32(3);
-        __m256i w = _mm256_and_si256(p, m3);
-        w = _mm256_or_si256(w, _mm256_and_si256(_mm256_srli_epi32(p, 6), _mm256_slli_epi32(m3, 2)));
-        w = _mm256_or_si256(w, _mm256_and_si256(_mm256_srli_epi32(p, 12), _mm256_slli_epi32(m3, 4)));
-        w = _mm256_or_si256(w, _mm256_and_si256(_mm256_srli_epi32(p, 18), _mm256_slli_epi32(m3, 6)));
+        __m256i w = _mm256_maddubs_epi16(p, _mm256_set1_epi16(0x0401));
+        w = _mm256_madd_epi16(w, _mm256_set1_epi32(0x00100001));
         v_store8b(dst, w);
     }
 }
@@ -321,6 +386,13 @@ KT static inline void kivi_v_enc32v(const __m256 v[4], uint8_t *blk, int bits)
 {
     float mn = v_hmin(_mm256_min_ps(_mm256_min_ps(v[0], v[1]), _mm256_min_ps(v[2], v[3])));
     float mx = v_hmax(_mm256_max_ps(_mm256_max_ps(v[0], v[1]), _mm256_max_ps(v[2], v[3])));
+    if (mn == 0.0f || mx == 0.0f) {
+        float x[32];
+        KERN_UNROLL
+        for (int i = 0; i < 4; i++)
+            _mm256_storeu_ps(x + 8 * i, v[i]);
+        zero_extremes_fix(x, &mn, &mx);
+    }
     uint16_t mn_h, sc_h;
     float mnf, id, qmax = (float)((1 << bits) - 1);
     kern_kivi_params(mn, mx, bits, &mn_h, &sc_h, &mnf, &id);
@@ -328,6 +400,7 @@ KT static inline void kivi_v_enc32v(const __m256 v[4], uint8_t *blk, int bits)
     memcpy(blk + 2, &mn_h, 2);
     __m256 vm = _mm256_set1_ps(mnf), vid = _mm256_set1_ps(id);
     __m256i q[4];
+    KERN_UNROLL
     for (int i = 0; i < 4; i++)
         q[i] = v_kivi_code(v[i], vm, vid, qmax);
     v_kivi_pack32(v_pack_bytes(q[0], q[1], q[2], q[3], 0), bits, blk + 4);
@@ -336,18 +409,29 @@ KT static inline void kivi_v_enc32v(const __m256 v[4], uint8_t *blk, int bits)
 KT static void kivi_v_enc32(const float *x, uint8_t *blk, int bits)
 {
     __m256 v[4];
+    KERN_UNROLL
     for (int i = 0; i < 4; i++)
         v[i] = _mm256_loadu_ps(x + 8 * i);
     kivi_v_enc32v(v, blk, bits);
 }
 
-KT static void kivi_v_dec32(const uint8_t *blk, float *y, int bits)
+KT static inline void kivi_v_dec32v(const uint8_t *blk, __m256 y[4], int bits)
 {
     __m256 sc = _mm256_set1_ps(kern_get_h(blk)), mn = _mm256_set1_ps(kern_get_h(blk + 2));
+    KERN_UNROLL
     for (uint32_t i = 0; i < 4; i++) {
         __m256 f = v_kivi_unpack8(blk + 4, 8 * i, bits);
-        _mm256_storeu_ps(y + 8 * i, _mm256_add_ps(_mm256_mul_ps(f, sc), mn));
+        y[i] = _mm256_add_ps(_mm256_mul_ps(f, sc), mn);
     }
+}
+
+KT static void kivi_v_dec32(const uint8_t *blk, float *y, int bits)
+{
+    __m256 v[4];
+    kivi_v_dec32v(blk, v, bits);
+    KERN_UNROLL
+    for (int i = 0; i < 4; i++)
+        _mm256_storeu_ps(y + 8 * i, v[i]);
 }
 
 KT static void kivi_k_enc(const float *x, const struct kern_layout *lay, uint32_t h,
@@ -366,8 +450,8 @@ KT static void kivi_k_enc(const float *x, const struct kern_layout *lay, uint32_
             __m256 mn = _mm256_loadu_ps(xg + c), mx = mn;
             for (uint32_t r = 1; r < rows; r++) {
                 __m256 v = _mm256_loadu_ps(xg + (uint64_t)r * dim + c);
-                mn = _mm256_min_ps(mn, v);
-                mx = _mm256_max_ps(mx, v);
+                mn = _mm256_min_ps(v, mn); /* the earlier of equal values stays */
+                mx = _mm256_max_ps(v, mx);
             }
             const int rne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
             __m128i mn_h = _mm256_cvtps_ph(mn, rne);
@@ -400,6 +484,7 @@ KT static void kivi_k_enc(const float *x, const struct kern_layout *lay, uint32_
             c = 0;
             for (; c + 32 <= dim; c += 32) {
                 __m256i q[4];
+                KERN_UNROLL
                 for (int i = 0; i < 4; i++)
                     q[i] = v_kivi_code(_mm256_loadu_ps(xr + c + 8 * i),
                                        _mm256_loadu_ps(mnf_a + c + 8 * i),
@@ -448,21 +533,43 @@ KT static void kivi_k_dec(const uint8_t *sect, const struct kern_layout *lay, ui
 
 /* ---- fp8 ----------------------------------------------------------------------------- */
 
+/* kern_e4m3_enc() of eight finite floats with |v| < 464, without a blend: the normal-range
+ * code cn = round-to-nearest-even of the bits to 3 mantissa bits, rebiased (arithmetic shift,
+ * so it goes negative below 2^-8), and the subnormal code cs = rint(|v| * 512), read off the
+ * bits of |v| + 2^14 (whose ulp is 2^-9, so the float add rounds exactly like rint), capped
+ * at 8. Below 2^-6 cn <= cs (cn rounds |v| on a grid no coarser than cs's and is smaller by
+ * construction), from 2^-6 up cs = 8 <= cn, so the code is max(cn, cs). */
+/* The code of v, 0 <= v < 464 (sign bit clear), without the sign and without the clamp to
+ * 0x7e: the fp8 section codes divide |x| <= amax by scale = RN(amax / 448), so their
+ * quotients stay below 448 * 1.004 (a few ulps above 448, or 0.34% when a bf16 amax near
+ * its smallest subnormal makes the scale an fp32 subnormal), far below 464 where the clamp
+ * would matter. */
+KT static inline __m256i v_e4m3_enc_abs(__m256 v)
+{
+    __m256i a = _mm256_castps_si256(v);
+    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(a, 20), _mm256_set1_epi32(1));
+    __m256i r = _mm256_add_epi32(_mm256_add_epi32(a, odd),
+                                 _mm256_set1_epi32(0x7ffff - (120 << 23)));
+    __m256i cn = _mm256_srai_epi32(r, 20);
+    __m256 s = _mm256_add_ps(v, _mm256_set1_ps(16384.0f));
+    __m256i cs = _mm256_sub_epi32(_mm256_castps_si256(s), _mm256_set1_epi32(0x46800000));
+    cs = _mm256_min_epi32(cs, _mm256_set1_epi32(8));
+    return _mm256_max_epi32(cn, cs);
+}
+
 KT static inline __m256i v_e4m3_enc(__m256 v)
 {
     __m256i u = _mm256_castps_si256(v);
     __m256i sign = _mm256_and_si256(_mm256_srli_epi32(u, 24), _mm256_set1_epi32(0x80));
     __m256i a = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
     __m256i odd = _mm256_and_si256(_mm256_srli_epi32(a, 20), _mm256_set1_epi32(1));
-    __m256i r = _mm256_add_epi32(a, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7ffff)));
-    __m256i cn = _mm256_sub_epi32(_mm256_srli_epi32(r, 20), _mm256_set1_epi32(120 << 3));
-    cn = _mm256_min_epi32(cn, _mm256_set1_epi32(0x7e));
-    __m256 af = _mm256_castsi256_ps(a);
-    __m256 s = _mm256_round_ps(_mm256_mul_ps(af, _mm256_set1_ps(512.0f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256i cs = _mm256_cvttps_epi32(s);
-    __m256i sub = _mm256_castps_si256(_mm256_cmp_ps(af, _mm256_set1_ps(0.015625f), _CMP_LT_OQ));
-    return _mm256_or_si256(_mm256_blendv_epi8(cn, cs, sub), sign);
+    __m256i r = _mm256_add_epi32(_mm256_add_epi32(a, odd),
+                                 _mm256_set1_epi32(0x7ffff - (120 << 23)));
+    __m256i cn = _mm256_min_epi32(_mm256_srai_epi32(r, 20), _mm256_set1_epi32(0x7e));
+    __m256 s = _mm256_add_ps(_mm256_castsi256_ps(a), _mm256_set1_ps(16384.0f));
+    __m256i cs = _mm256_sub_epi32(_mm256_castps_si256(s), _mm256_set1_epi32(0x46800000));
+    cs = _mm256_min_epi32(cs, _mm256_set1_epi32(8));
+    return _mm256_or_si256(_mm256_max_epi32(cn, cs), sign);
 }
 
 KT static void fp8_enc(const float *x, const struct kern_layout *lay, uint32_t h, uint8_t *sect)
@@ -620,6 +727,7 @@ KT static int avx_enc_raw(uint32_t codec, int is_v, const void *raw,
         const uint16_t *r = (const uint16_t *)raw + t * stride;
         uint8_t *blk = sect + ((uint64_t)t * H + h) * G * gb;
         for (uint32_t g = 0; g < full; g++, blk += gb) {
+            KERN_UNROLL
             for (int i = 0; i < 4; i++)
                 _mm256_storeu_ps(x + 8 * i, v_load8(r + g * 32 + 8 * i, lay->dtype));
             if (bits)
@@ -659,6 +767,7 @@ KT static int avx_dec_raw(uint32_t codec, int is_v, const uint8_t *sect,
                 q8_0_dec32(blk, y);
             else
                 qx_1_dec32(blk, y, codec == KERN_CODEC_Q5_1 ? 5 : 4);
+            KERN_UNROLL
             for (int i = 0; i < 4; i++)
                 v_store8(r + g * 32 + 8 * i, _mm256_loadu_ps(y + 8 * i), out);
         }
@@ -692,8 +801,12 @@ KT static inline void v_stat8(__m256 v, float *kmin, float *kmax, __m256 *ss)
 
 KT static void stats_init(const struct kern_layout *lay, float *kmin, float *kmax, float *knorm)
 {
-    uint64_t n = (uint64_t)lay->heads * lay->head_dim;
-    for (uint64_t i = 0; i < n; i++) {
+    uint64_t n = (uint64_t)lay->heads * lay->head_dim, i = 0;
+    for (; i + 8 <= n; i += 8) {
+        _mm256_storeu_ps(kmin + i, _mm256_set1_ps(3.402823466e38f));
+        _mm256_storeu_ps(kmax + i, _mm256_set1_ps(-3.402823466e38f));
+    }
+    for (; i < n; i++) {
         kmin[i] = 3.402823466e38f;
         kmax[i] = -3.402823466e38f;
     }
@@ -705,17 +818,6 @@ KT static void stats_done(const struct kern_layout *lay, float *knorm)
 {
     for (uint32_t h = 0; h < lay->heads; h++)
         knorm[h] = knorm[h] / (float)lay->tokens;
-}
-
-/* Loads 32 values of a row; returns them sanitised and feeds the statistics when asked. */
-KT static inline void v_load32(const uint16_t *r, uint32_t dtype, __m256 v[4], float *kmin,
-                               float *kmax, __m256 *ss)
-{
-    for (int i = 0; i < 4; i++) {
-        v[i] = v_load8(r + 8 * i, dtype);
-        if (kmin)
-            v_stat8(v[i], kmin + 8 * i, kmax + 8 * i, ss);
-    }
 }
 
 /* Lane i of the result is the max (min) over the eight lanes of m[i]. */
@@ -731,7 +833,9 @@ KT static inline void v_load32(const uint16_t *r, uint32_t dtype, __m256 v[4], f
     } while (0)
 
 /* Whether any of the 256 raw values at r needs sanitising: NaN or Inf (fp16), or a
- * magnitude past the fp16 range (bf16). Integer compares on the raw halves, 16 at a time. */
+ * magnitude past the fp16 range (bf16). An unsigned max of the raw halves without their
+ * sign, 16 at a time (their order is that of the magnitudes, NaN above Inf), then one
+ * compare. */
 KT static inline int v_needs_sanitize(const uint16_t *r, uint32_t n, uint32_t dtype)
 {
     const __m256i abs = _mm256_set1_epi16(0x7fff);
@@ -739,8 +843,9 @@ KT static inline int v_needs_sanitize(const uint16_t *r, uint32_t n, uint32_t dt
     __m256i acc = _mm256_setzero_si256();
     for (uint32_t i = 0; i < n / 16; i++) {
         __m256i v = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(r + 16 * i)), abs);
-        acc = _mm256_or_si256(acc, _mm256_cmpgt_epi16(v, lim));
+        acc = _mm256_max_epu16(acc, v);
     }
+    acc = _mm256_cmpgt_epi16(acc, lim); /* acc <= 0x7fff: the signed compare is right */
     return !_mm256_testz_si256(acc, acc);
 }
 
@@ -764,15 +869,20 @@ KT static inline __m256 v_load8_fast(const uint16_t *r, uint32_t dtype)
 KT __attribute__((always_inline)) static inline void enc8_groups(uint32_t codec, int bits,
                                                                   const uint16_t *r,
                                                                   uint32_t dtype, uint8_t *blk,
-                                                                  uint32_t gb)
+                                                                  uint32_t gb, uint64_t ahead)
 {
     const int rne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
     const __m256 sm = _mm256_set1_ps(-0.0f);
     __attribute__((aligned(32))) float buf[256], idv[8], mnv[8];
     __m256 ma[8], mi[8], vmx, vmn;
     int san = v_needs_sanitize256(r, dtype);
+    KERN_UNROLL
+    for (int i = 0; i < 8; i++)
+        _mm_prefetch((const char *)(r + ahead + 32 * i), _MM_HINT_T1);
+    KERN_UNROLL
     for (int g = 0; g < 8; g++) {
         __m256 v[4];
+        KERN_UNROLL
         for (int i = 0; i < 4; i++) {
             v[i] = san ? v_load8(r + 32 * g + 8 * i, dtype) : v_load8_fast(r + 32 * g + 8 * i, dtype);
             _mm256_store_ps(buf + 32 * g + 8 * i, v[i]);
@@ -794,6 +904,18 @@ KT __attribute__((always_inline)) static inline void enc8_groups(uint32_t codec,
         dh = _mm256_cvtps_ph(d, rne);
     } else {
         V_REDUCE8(_mm256_min_ps, mi, vmn);
+        int zx = _mm256_movemask_ps(_mm256_or_ps(_mm256_cmp_ps(vmn, zero, _CMP_EQ_OQ),
+                                                   _mm256_cmp_ps(vmx, zero, _CMP_EQ_OQ)));
+        if (__builtin_expect(zx != 0, 0)) {
+            __attribute__((aligned(32))) float a[8], b[8];
+            _mm256_store_ps(a, vmn);
+            _mm256_store_ps(b, vmx);
+            for (int g = 0; g < 8; g++)
+                if (zx & (1 << g))
+                    zero_extremes_fix(buf + 32 * g, &a[g], &b[g]);
+            vmn = _mm256_load_ps(a);
+            vmx = _mm256_load_ps(b);
+        }
         float qmax = (float)((1 << (bits ? bits : codec == KERN_CODEC_Q5_1 ? 5 : 4)) - 1);
         d = _mm256_div_ps(_mm256_sub_ps(vmx, vmn), _mm256_set1_ps(qmax));
         dh = _mm256_cvtps_ph(d, rne);
@@ -810,12 +932,19 @@ KT __attribute__((always_inline)) static inline void enc8_groups(uint32_t codec,
     __attribute__((aligned(16))) uint16_t dhs[8], mhs[8];
     _mm_store_si128((__m128i *)dhs, dh);
     _mm_store_si128((__m128i *)mhs, mh);
+    int tiny = 0;
+    uint8_t *blk0 = blk;
+    if (!bits) /* q8_0, q4_1, q5_1: see q8_0_enc32v(), and the q4_1/q5_1 codes below */
+        tiny = _mm256_movemask_ps(_mm256_and_ps(
+            _mm256_cmp_ps(d, _mm256_set1_ps(1.17549435e-38f), _CMP_LT_OQ),
+            _mm256_cmp_ps(d, zero, _CMP_NEQ_OQ)));
     for (int g = 0; g < 8; g++, blk += gb) {
         __m256 vid = _mm256_broadcast_ss(idv + g);
         const float *x = buf + 32 * g;
         __m256i q[4];
         if (codec == KERN_CODEC_Q8_0) {
             memcpy(blk, dhs + g, 2);
+            KERN_UNROLL
             for (int i = 0; i < 4; i++)
                 q[i] = _mm256_cvttps_epi32(
                     v_roundf_pre(_mm256_mul_ps(_mm256_load_ps(x + 8 * i), vid)));
@@ -826,24 +955,29 @@ KT __attribute__((always_inline)) static inline void enc8_groups(uint32_t codec,
         if (bits) {
             memcpy(blk, dhs + g, 2);
             memcpy(blk + 2, mhs + g, 2);
+            KERN_UNROLL
             for (int i = 0; i < 4; i++)
                 q[i] = v_kivi_code(_mm256_load_ps(x + 8 * i), vm, vid, (float)((1 << bits) - 1));
             v_kivi_pack32(v_pack_bytes(q[0], q[1], q[2], q[3], 0), bits, blk + 4);
             continue;
         }
-        int b = codec == KERN_CODEC_Q5_1 ? 5 : 4, qmax = (1 << b) - 1;
+        int b = codec == KERN_CODEC_Q5_1 ? 5 : 4;
         memcpy(blk, dhs + g, 2);
         memcpy(blk + 2, mhs + g, 2);
-        for (int i = 0; i < 4; i++) {
-            __m256 t = _mm256_add_ps(
+        /* No clamp to qmax: with a normal fp32 d, (x - mn) * (1 / d) + 0.5 stays below
+         * qmax + 1 (a few ulps over qmax + 0.5), so the truncation never exceeds qmax, and
+         * x - mn >= 0; a group with a subnormal d takes the reference's code below. */
+        KERN_UNROLL
+        for (int i = 0; i < 4; i++)
+            q[i] = _mm256_cvttps_epi32(_mm256_add_ps(
                 _mm256_mul_ps(_mm256_sub_ps(_mm256_load_ps(x + 8 * i), vm), vid),
-                _mm256_set1_ps(0.5f));
-            q[i] = _mm256_min_epi32(_mm256_cvttps_epi32(t), _mm256_set1_epi32(qmax));
-        }
+                _mm256_set1_ps(0.5f)));
         __m256i p = v_pack_bytes(q[0], q[1], q[2], q[3], 0);
-        const __m128i lo4 = _mm_set1_epi8(0x0f);
-        __m128i lo = _mm_and_si128(_mm256_castsi256_si128(p), lo4);
-        __m128i hi = _mm_and_si128(_mm256_extracti128_si256(p, 1), lo4);
+        __m128i lo = _mm256_castsi256_si128(p), hi = _mm256_extracti128_si256(p, 1);
+        if (b == 5) { /* bit 4 goes to qh, not into the nibbles */
+            lo = _mm_and_si128(lo, _mm_set1_epi8(0x0f));
+            hi = _mm_and_si128(hi, _mm_set1_epi8(0x0f));
+        }
         __m128i qs = _mm_or_si128(lo, _mm_slli_epi16(hi, 4));
         if (b == 5) {
             uint32_t qh = (uint32_t)_mm256_movemask_epi8(_mm256_slli_epi16(p, 3));
@@ -852,6 +986,15 @@ KT __attribute__((always_inline)) static inline void enc8_groups(uint32_t codec,
         } else {
             _mm_storeu_si128((__m128i *)(blk + 4), qs);
         }
+    }
+    for (int g = 0; tiny && g < 8; g++) {
+        if (!(tiny & (1 << g)))
+            continue;
+        if (codec == KERN_CODEC_Q8_0)
+            kern_q8_0_enc(buf + 32 * g, KERN_GROUP, blk0 + g * gb);
+        else
+            kern_qx_1_enc(buf + 32 * g, KERN_GROUP, blk0 + g * gb,
+                          codec == KERN_CODEC_Q5_1 ? 5 : 4);
     }
 }
 
@@ -865,7 +1008,7 @@ KT static void enc_groups(uint32_t codec, int bits, const uint16_t *r, uint32_t 
      * per-vector branch on them. */
 #define ENC_GROUPS_LOOP(C, B, D)                                                               \
     for (; i + 8 <= n; i += 8, r += 256, blk += 8 * gb)                                        \
-        enc8_groups(C, B, r, D, blk, gb)
+        enc8_groups(C, B, r, D, blk, gb, 32 * n)
 #define ENC_GROUPS_DTYPE(C, B)                                                                 \
     do {                                                                                       \
         if (dtype == KERN_DTYPE_BF16)                                                          \
@@ -887,6 +1030,7 @@ KT static void enc_groups(uint32_t codec, int bits, const uint16_t *r, uint32_t 
 #undef ENC_GROUPS_LOOP
     for (; i < n; i++, r += 32, blk += gb) {
         __m256 v[4];
+        KERN_UNROLL
         for (int j = 0; j < 4; j++)
             v[j] = v_load8(r + 8 * j, dtype);
         if (bits)
@@ -898,6 +1042,256 @@ KT static void enc_groups(uint32_t codec, int bits, const uint16_t *r, uint32_t 
     }
 }
 
+/* The codes of an fp8 section (no value needs sanitising), one loop per dtype. The sign
+ * of each code is bit 15 of the raw value (the division by a positive scale keeps it), so
+ * the codes are made from |x| and the signs are packed straight from the raw high bytes. */
+KT __attribute__((always_inline)) static inline void
+fp8_codes(const uint16_t *raw, const struct kern_layout *lay, uint8_t *sect, const float *scale,
+          uint32_t dtype)
+{
+    uint32_t D = lay->head_dim, H = lay->heads, T = lay->tokens;
+    const uint16_t *r = raw;
+    uint8_t *q = sect + 4 * H;
+    uint64_t next = (uint64_t)T * H * D;
+    const __m256 sm = _mm256_set1_ps(-0.0f);
+    for (uint32_t t = 0; t < T; t++) {
+        for (uint32_t h = 0; h < H; h++, r += D, q += D) {
+            __m256 vs = _mm256_set1_ps(scale[h]);
+            for (uint32_t c = 0; c < D; c += 32) {
+                __m256i e[4];
+                /* the next section into L2 while this one is coded */
+                _mm_prefetch((const char *)(r + next + c), _MM_HINT_T1);
+                KERN_UNROLL
+                for (int i = 0; i < 4; i++)
+                    e[i] = v_e4m3_enc_abs(_mm256_div_ps(
+                        _mm256_andnot_ps(sm, v_load8_fast(r + c + 8 * i, dtype)), vs));
+                __m256i s0 = _mm256_srai_epi16(_mm256_loadu_si256((const __m256i *)(r + c)), 8);
+                __m256i s1 =
+                    _mm256_srai_epi16(_mm256_loadu_si256((const __m256i *)(r + c + 16)), 8);
+                __m256i sg = _mm256_permute4x64_epi64(_mm256_packs_epi16(s0, s1), 0xd8);
+                __m256i p = v_pack_bytes(e[0], e[1], e[2], e[3], 0);
+                p = _mm256_or_si256(p, _mm256_and_si256(sg, _mm256_set1_epi8((char)0x80)));
+                _mm256_storeu_si256((__m256i *)(q + c), p);
+            }
+        }
+    }
+}
+
+/* fp8 section without statistics, when no value needs sanitising (else 0, and the caller
+ * takes the general path). Pass 1 takes each head's amax on the raw halves as integers: with
+ * the sign cleared, fp16 and bf16 bit patterns order like their magnitudes, so one and plus
+ * one unsigned max per 16 values finds both the amax and any value that needs sanitising
+ * (NaN or Inf in fp16; in bf16 also anything past 65504), the same test as
+ * v_needs_sanitize(). Pass 2 converts and codes; the section is still in L2 from pass 1. */
+KT static int fp8_sect_fast(const uint16_t *raw, const struct kern_layout *lay, uint8_t *sect,
+                            float *scratch)
+{
+    uint32_t D = lay->head_dim, H = lay->heads, T = lay->tokens, dtype = lay->dtype;
+    __m256i *acc = (__m256i *)(((uintptr_t)scratch + 31) & ~(uintptr_t)31);
+    float *scale = (float *)(acc + H);
+    const __m256i abs = _mm256_set1_epi16(0x7fff);
+    const uint16_t *r = raw;
+    for (uint32_t h = 0; h < H; h++)
+        acc[h] = _mm256_setzero_si256();
+    for (uint32_t t = 0; t < T; t++) {
+        for (uint32_t h = 0; h < H; h++, r += D) {
+            __m256i m0 = acc[h], m1 = _mm256_setzero_si256();
+            uint32_t c = 0;
+            for (; c + 32 <= D; c += 32) {
+                __m256i a0 = _mm256_loadu_si256((const __m256i *)(r + c));
+                __m256i a1 = _mm256_loadu_si256((const __m256i *)(r + c + 16));
+                m0 = _mm256_max_epu16(m0, _mm256_and_si256(a0, abs));
+                m1 = _mm256_max_epu16(m1, _mm256_and_si256(a1, abs));
+            }
+            acc[h] = _mm256_max_epu16(m0, m1);
+        }
+    }
+    for (uint32_t h = 0; h < H; h++) {
+        /* horizontal unsigned max as minpos of the complement */
+        __m128i m = _mm_max_epu16(_mm256_castsi256_si128(acc[h]),
+                                  _mm256_extracti128_si256(acc[h], 1));
+        uint16_t mx = (uint16_t)~_mm_extract_epi16(_mm_minpos_epu16(_mm_xor_si128(
+                                                        m, _mm_set1_epi32(-1))), 0);
+        float amax;
+        if (dtype == KERN_DTYPE_FP16) {
+            if (mx > 0x7bff)
+                return 0;
+            amax = kern_h2f(mx);
+        } else {
+            if (mx > 0x477f) /* past 65504: the codes would need the clamp */
+                return 0;
+            amax = kern_bf2f(mx);
+        }
+        scale[h] = kern_fp8_scale(amax);
+        memcpy(sect + 4 * h, &scale[h], 4);
+    }
+    if (dtype == KERN_DTYPE_BF16)
+        fp8_codes(raw, lay, sect, scale, KERN_DTYPE_BF16);
+    else
+        fp8_codes(raw, lay, sect, scale, KERN_DTYPE_FP16);
+    return 1;
+}
+
+/* KIVI key section. Per group of 32 tokens and per head, 32 channels at a time: the rows
+ * of those channels are converted once into a 4 KiB buffer while their ranges are taken in
+ * registers, the 32 channels' scale and min follow, and the codes of each row come from the
+ * buffer. Inlined once per (bits, dtype), so the loops carry no branch on them. */
+KT __attribute__((always_inline)) static inline void
+kivi_k_sect(int bits, uint32_t dtype, const void *raw, const struct kern_layout *lay,
+            uint8_t *sect, float *kmin, float *kmax, float *knorm)
+{
+    const int rne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    uint32_t D = lay->head_dim, H = lay->heads, T = lay->tokens;
+    uint32_t rb = kern_kivi_row_bytes(D, bits);
+    uint64_t hb = kern_kivi_k_head_bytes(D, T, bits), HD = (uint64_t)H * D;
+    float qmax = (float)((1 << bits) - 1);
+    __attribute__((aligned(32))) float xb[KERN_GROUP][32];
+    for (uint32_t t0 = 0; t0 < T; t0 += KERN_GROUP) {
+        uint32_t rows = T - t0 < KERN_GROUP ? T - t0 : KERN_GROUP;
+        uint32_t gb = kern_kivi_k_group_bytes(D, rows, bits);
+        uint64_t goff = (uint64_t)(t0 / KERN_GROUP) * kern_kivi_k_group_bytes(D, KERN_GROUP, bits);
+        const uint16_t *rg = (const uint16_t *)raw + (uint64_t)t0 * HD;
+        /* one sanitise check for the group (the reference's test, on the raw halves) */
+        int san = 0;
+        for (uint32_t i = 0; i < rows * H && !san; i++)
+            san = v_needs_sanitize(rg + (uint64_t)i * D, D, dtype);
+        for (uint32_t h = 0; h < H; h++) {
+            uint8_t *g = sect + h * hb + goff;
+            __attribute__((aligned(32))) float ssb[KERN_GROUP][8];
+            if (kmin)
+                for (uint32_t r = 0; r < rows; r++)
+                    _mm256_store_ps(ssb[r], _mm256_setzero_ps());
+            for (uint32_t c = 0; c < D; c += 32) {
+                const uint16_t *p = rg + (uint64_t)h * D + c;
+                __m256 lo[4], hi[4], mnf[4], id[4];
+                /* the new value is the first operand of min/max: on a tie (+0 and -0) the
+                 * earlier row's value stays, as in the reference */
+                KERN_UNROLL
+                for (int i = 0; i < 4; i++) {
+                    lo[i] = hi[i] = san ? v_load8(p + 8 * i, dtype) : v_load8_fast(p + 8 * i, dtype);
+                    _mm256_store_ps(&xb[0][8 * i], lo[i]);
+                }
+                for (uint32_t r = 1; r < rows; r++) {
+                    p += HD;
+                    KERN_UNROLL
+                    for (int i = 0; i < 4; i++) {
+                        __m256 v = san ? v_load8(p + 8 * i, dtype) : v_load8_fast(p + 8 * i, dtype);
+                        _mm256_store_ps(&xb[r][8 * i], v);
+                        lo[i] = _mm256_min_ps(v, lo[i]);
+                        hi[i] = _mm256_max_ps(v, hi[i]);
+                    }
+                }
+                if (kmin) {
+                    /* statistics: the group's extremes fold into the block's (an earlier
+                     * group's value stays on a tie), and each row's sum of squares over
+                     * these 32 channels into ssb */
+                    float *mn = kmin + (uint64_t)h * D + c, *mx = kmax + (uint64_t)h * D + c;
+                    KERN_UNROLL
+                    for (int i = 0; i < 4; i++) {
+                        _mm256_storeu_ps(mn + 8 * i, _mm256_min_ps(lo[i], _mm256_loadu_ps(mn + 8 * i)));
+                        _mm256_storeu_ps(mx + 8 * i, _mm256_max_ps(hi[i], _mm256_loadu_ps(mx + 8 * i)));
+                    }
+                    for (uint32_t r = 0; r < rows; r++) {
+                        __m256 v0 = _mm256_load_ps(&xb[r][0]), v1 = _mm256_load_ps(&xb[r][8]);
+                        __m256 v2 = _mm256_load_ps(&xb[r][16]), v3 = _mm256_load_ps(&xb[r][24]);
+                        __m256 sq = _mm256_add_ps(
+                            _mm256_add_ps(_mm256_mul_ps(v0, v0), _mm256_mul_ps(v1, v1)),
+                            _mm256_add_ps(_mm256_mul_ps(v2, v2), _mm256_mul_ps(v3, v3)));
+                        _mm256_store_ps(ssb[r], _mm256_add_ps(_mm256_load_ps(ssb[r]), sq));
+                    }
+                }
+                KERN_UNROLL
+                for (int i = 0; i < 4; i++) {
+                    __m128i mn_h = _mm256_cvtps_ph(lo[i], rne);
+                    __m128i sc_h = _mm256_cvtps_ph(
+                        _mm256_div_ps(_mm256_sub_ps(hi[i], lo[i]), _mm256_set1_ps(qmax)), rne);
+                    _mm_storeu_si128((__m128i *)(g + 2 * (c + 8 * i)), sc_h);
+                    _mm_storeu_si128((__m128i *)(g + 2 * D + 2 * (c + 8 * i)), mn_h);
+                    __m256 sc = _mm256_cvtph_ps(sc_h);
+                    id[i] = _mm256_andnot_ps(_mm256_cmp_ps(sc, _mm256_setzero_ps(), _CMP_EQ_OQ),
+                                             _mm256_div_ps(_mm256_set1_ps(1.0f), sc));
+                    mnf[i] = _mm256_cvtph_ps(mn_h);
+                }
+                uint8_t *out = g + 4 * D + c * bits / 8;
+                p = rg + (uint64_t)h * D + c;
+                for (uint32_t r = 0; r < rows; r++, out += rb, p += HD) {
+                    __m256i q[4];
+                    /* the next group (or section) into L2 while this one is coded */
+                    _mm_prefetch((const char *)(p + (uint64_t)rows * HD), _MM_HINT_T1);
+                    KERN_UNROLL
+                    for (int i = 0; i < 4; i++)
+                        q[i] = v_kivi_code(_mm256_load_ps(&xb[r][8 * i]), mnf[i], id[i], qmax);
+                    v_kivi_pack32(v_pack_bytes(q[0], q[1], q[2], q[3], 0), bits, out);
+                }
+            }
+            memset(g + 4 * D + (uint64_t)rows * rb, 0, gb - 4 * D - rows * rb);
+            if (kmin)
+                for (uint32_t r = 0; r < rows; r++)
+                    knorm[h] += sqrtf(v_hsum(_mm256_load_ps(ssb[r])));
+        }
+    }
+}
+
+/* Key statistics of a section in one pass of their own (it stays in L2 for the codes);
+ * returns whether any value needed sanitising. Per block of 32 tokens and per head, 32
+ * channels at a time down the rows: the channel extremes stay in registers (the new value
+ * is the first operand of min/max, so on a tie the earlier row's value stays, as in the
+ * reference) and each row's sum of squares collects in a small buffer. */
+KT __attribute__((always_inline)) static inline int
+stats_rows(const uint16_t *raw, const struct kern_layout *lay, uint32_t dtype, float *kmin,
+           float *kmax, float *knorm)
+{
+    uint32_t D = lay->head_dim, H = lay->heads, T = lay->tokens;
+    uint64_t HD = (uint64_t)H * D;
+    __attribute__((aligned(32))) float ssb[KERN_GROUP][8];
+    int dirty = 0;
+    stats_init(lay, kmin, kmax, knorm);
+    for (uint32_t t0 = 0; t0 < T; t0 += KERN_GROUP) {
+        uint32_t rows = T - t0 < KERN_GROUP ? T - t0 : KERN_GROUP;
+        const uint16_t *rg = raw + (uint64_t)t0 * HD;
+        int san = 0;
+        for (uint32_t i = 0; i < rows * H && !san; i++)
+            san = v_needs_sanitize(rg + (uint64_t)i * D, D, dtype);
+        dirty |= san;
+        for (uint32_t h = 0; h < H; h++) {
+            for (uint32_t r = 0; r < rows; r++)
+                _mm256_store_ps(ssb[r], _mm256_setzero_ps());
+            for (uint32_t c = 0; c < D; c += 32) {
+                float *mn = kmin + (uint64_t)h * D + c, *mx = kmax + (uint64_t)h * D + c;
+                const uint16_t *p = rg + (uint64_t)h * D + c;
+                __m256 lo[4], hi[4];
+                KERN_UNROLL
+                for (int i = 0; i < 4; i++) {
+                    lo[i] = _mm256_loadu_ps(mn + 8 * i);
+                    hi[i] = _mm256_loadu_ps(mx + 8 * i);
+                }
+                for (uint32_t r = 0; r < rows; r++, p += HD) {
+                    __m256 v[4];
+                    KERN_UNROLL
+                    for (int i = 0; i < 4; i++) {
+                        v[i] = san ? v_load8(p + 8 * i, dtype) : v_load8_fast(p + 8 * i, dtype);
+                        lo[i] = _mm256_min_ps(v[i], lo[i]);
+                        hi[i] = _mm256_max_ps(v[i], hi[i]);
+                    }
+                    __m256 sq = _mm256_add_ps(
+                        _mm256_add_ps(_mm256_mul_ps(v[0], v[0]), _mm256_mul_ps(v[1], v[1])),
+                        _mm256_add_ps(_mm256_mul_ps(v[2], v[2]), _mm256_mul_ps(v[3], v[3])));
+                    _mm256_store_ps(ssb[r], _mm256_add_ps(_mm256_load_ps(ssb[r]), sq));
+                }
+                KERN_UNROLL
+                for (int i = 0; i < 4; i++) {
+                    _mm256_storeu_ps(mn + 8 * i, lo[i]);
+                    _mm256_storeu_ps(mx + 8 * i, hi[i]);
+                }
+            }
+            for (uint32_t r = 0; r < rows; r++)
+                knorm[h] += sqrtf(v_hsum(_mm256_load_ps(ssb[r])));
+        }
+    }
+    stats_done(lay, knorm);
+    return dirty;
+}
+
 KT static int avx_enc_sect(uint32_t codec, int is_v, const void *raw,
                            const struct kern_layout *lay, uint8_t *sect, float *scratch,
                            float *kmin, float *kmax, float *knorm)
@@ -907,33 +1301,64 @@ KT static int avx_enc_sect(uint32_t codec, int is_v, const void *raw,
     const uint16_t *r = raw;
     if (D % 32)
         return 0;
-    if (kmin)
+    if (kmin && bits && !is_v) {
+        /* KIVI keys take the statistics in their own range pass */
         stats_init(lay, kmin, kmax, knorm);
-    if (codec == KERN_CODEC_RAW || codec == KERN_CODEC_FP8) {
-        /* raw: statistics only (the driver copied the bytes); fp8: the head amax first */
+        if (bits == 4 && lay->dtype == KERN_DTYPE_BF16)
+            kivi_k_sect(4, KERN_DTYPE_BF16, raw, lay, sect, kmin, kmax, knorm);
+        else if (bits == 4)
+            kivi_k_sect(4, KERN_DTYPE_FP16, raw, lay, sect, kmin, kmax, knorm);
+        else if (lay->dtype == KERN_DTYPE_BF16)
+            kivi_k_sect(2, KERN_DTYPE_BF16, raw, lay, sect, kmin, kmax, knorm);
+        else
+            kivi_k_sect(2, KERN_DTYPE_FP16, raw, lay, sect, kmin, kmax, knorm);
+        stats_done(lay, knorm);
+        return 1;
+    }
+    if (kmin) {
+        /* the statistics first; then the codec runs as without them */
+        int dirty = lay->dtype == KERN_DTYPE_BF16
+                        ? stats_rows(raw, lay, KERN_DTYPE_BF16, kmin, kmax, knorm)
+                        : stats_rows(raw, lay, KERN_DTYPE_FP16, kmin, kmax, knorm);
+        if (codec == KERN_CODEC_RAW)
+            return 1;
+        if (codec == KERN_CODEC_FP8 && !dirty) {
+            /* the head amax is the larger magnitude of its channel extremes */
+            float *scale = scratch;
+            for (uint32_t h = 0; h < H; h++) {
+                const float *mn = kmin + (uint64_t)h * D, *mx = kmax + (uint64_t)h * D;
+                float amax = 0.0f;
+                for (uint32_t c = 0; c < D; c++) {
+                    float a = fabsf(mn[c]) > fabsf(mx[c]) ? fabsf(mn[c]) : fabsf(mx[c]);
+                    amax = a > amax ? a : amax;
+                }
+                scale[h] = kern_fp8_scale(amax);
+                memcpy(sect + 4 * h, &scale[h], 4);
+            }
+            if (lay->dtype == KERN_DTYPE_BF16)
+                fp8_codes(raw, lay, sect, scale, KERN_DTYPE_BF16);
+            else
+                fp8_codes(raw, lay, sect, scale, KERN_DTYPE_FP16);
+            return 1;
+        }
+    }
+    if (codec == KERN_CODEC_FP8 && fp8_sect_fast(raw, lay, sect, scratch))
+        return 1;
+    if (codec == KERN_CODEC_FP8) {
+        /* some value needs sanitising: the head amax, then the codes, per row as needed */
         float *amax = scratch;
         for (uint32_t h = 0; h < H; h++)
             amax[h] = 0.0f;
         for (uint32_t t = 0; t < T; t++) {
             for (uint32_t h = 0; h < H; h++, r += D) {
-                __m256 ss = _mm256_setzero_ps(), m = _mm256_setzero_ps();
-                float *mn = kmin ? kmin + (uint64_t)h * D : NULL;
-                float *mx = kmin ? kmax + (uint64_t)h * D : NULL;
-                int san = v_needs_sanitize(r, D, lay->dtype);
-                for (uint32_t c = 0; c < D; c += 8) {
-                    __m256 v = san ? v_load8(r + c, lay->dtype) : v_load8_fast(r + c, lay->dtype);
-                    if (mn)
-                        v_stat8(v, mn + c, mx + c, &ss);
-                    m = _mm256_max_ps(m, _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v));
-                }
-                if (mn)
-                    knorm[h] += sqrtf(v_hsum(ss));
+                __m256 m = _mm256_setzero_ps();
+                for (uint32_t c = 0; c < D; c += 8)
+                    m = _mm256_max_ps(m, _mm256_andnot_ps(_mm256_set1_ps(-0.0f),
+                                                          v_load8(r + c, lay->dtype)));
                 float a = v_hmax(m);
                 amax[h] = a > amax[h] ? a : amax[h];
             }
         }
-        if (codec == KERN_CODEC_RAW)
-            goto done;
         for (uint32_t h = 0; h < H; h++) {
             float sc = kern_fp8_scale(amax[h]);
             memcpy(sect + 4 * h, &sc, 4);
@@ -944,124 +1369,69 @@ KT static int avx_enc_sect(uint32_t codec, int is_v, const void *raw,
         for (uint32_t t = 0; t < T; t++) {
             for (uint32_t h = 0; h < H; h++, r += D, q += D) {
                 __m256 vs = _mm256_set1_ps(scratch[h]);
-                int san = v_needs_sanitize(r, D, lay->dtype);
                 for (uint32_t c = 0; c < D; c += 32) {
                     __m256i e[4];
-                    for (int i = 0; i < 4; i++) {
-                        const uint16_t *ri = r + c + 8 * i;
-                        __m256 v = san ? v_load8(ri, lay->dtype) : v_load8_fast(ri, lay->dtype);
-                        e[i] = v_e4m3_enc(_mm256_div_ps(v, vs));
-                    }
+                    KERN_UNROLL
+                    for (int i = 0; i < 4; i++)
+                        e[i] = v_e4m3_enc(_mm256_div_ps(v_load8(r + c + 8 * i, lay->dtype), vs));
                     _mm256_storeu_si256((__m256i *)(q + c), v_pack_bytes(e[0], e[1], e[2], e[3], 0));
                 }
             }
         }
-        goto done;
+        return 1;
     }
     if (bits && !is_v) {
-        /* KIVI keys, per group of 32 tokens: pass 1 takes the channel ranges of all heads,
-         * pass 2 writes each row's codes into its head's group */
-        uint32_t rb = kern_kivi_row_bytes(D, bits);
-        uint64_t hb = kern_kivi_k_head_bytes(D, T, bits), HD = (uint64_t)H * D;
-        float *mn = scratch, *mx = scratch + HD, *mnf = scratch + 2 * HD, *id = scratch + 3 * HD;
-        float qmax = (float)((1 << bits) - 1);
-        for (uint32_t t0 = 0; t0 < T; t0 += KERN_GROUP) {
-            uint32_t rows = T - t0 < KERN_GROUP ? T - t0 : KERN_GROUP;
-            uint32_t gb = kern_kivi_k_group_bytes(D, rows, bits);
-            uint64_t goff = (uint64_t)(t0 / KERN_GROUP) * kern_kivi_k_group_bytes(D, KERN_GROUP, bits);
-            const uint16_t *rg = (const uint16_t *)raw + (uint64_t)t0 * HD;
-            for (uint32_t row = 0; row < rows; row++) {
-                for (uint32_t h = 0; h < H; h++) {
-                    const uint16_t *rr = rg + ((uint64_t)row * H + h) * D;
-                    __m256 ss = _mm256_setzero_ps();
-                    int san = v_needs_sanitize(rr, D, lay->dtype);
-                    for (uint32_t c = 0; c < D; c += 8) {
-                        __m256 v = san ? v_load8(rr + c, lay->dtype) : v_load8_fast(rr + c, lay->dtype);
-                        uint64_t i = (uint64_t)h * D + c;
-                        if (kmin)
-                            v_stat8(v, kmin + i, kmax + i, &ss);
-                        if (row == 0) {
-                            _mm256_storeu_ps(mn + i, v);
-                            _mm256_storeu_ps(mx + i, v);
-                        } else {
-                            _mm256_storeu_ps(mn + i, _mm256_min_ps(_mm256_loadu_ps(mn + i), v));
-                            _mm256_storeu_ps(mx + i, _mm256_max_ps(_mm256_loadu_ps(mx + i), v));
-                        }
-                    }
-                    if (kmin)
-                        knorm[h] += sqrtf(v_hsum(ss));
-                }
-            }
-            for (uint32_t h = 0; h < H; h++) {
-                uint8_t *g = sect + h * hb + goff;
-                for (uint32_t c = 0; c < D; c += 8) {
-                    const int rne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-                    uint64_t i = (uint64_t)h * D + c;
-                    __m256 vmn = _mm256_loadu_ps(mn + i), vmx = _mm256_loadu_ps(mx + i);
-                    __m128i mn_h = _mm256_cvtps_ph(vmn, rne);
-                    __m128i sc_h = _mm256_cvtps_ph(
-                        _mm256_div_ps(_mm256_sub_ps(vmx, vmn), _mm256_set1_ps(qmax)), rne);
-                    _mm_storeu_si128((__m128i *)(g + 2 * c), sc_h);
-                    _mm_storeu_si128((__m128i *)(g + 2 * D + 2 * c), mn_h);
-                    __m256 sc = _mm256_cvtph_ps(sc_h);
-                    __m256 vid = _mm256_div_ps(_mm256_set1_ps(1.0f), sc);
-                    vid = _mm256_andnot_ps(_mm256_cmp_ps(sc, _mm256_setzero_ps(), _CMP_EQ_OQ), vid);
-                    _mm256_storeu_ps(mnf + i, _mm256_cvtph_ps(mn_h));
-                    _mm256_storeu_ps(id + i, vid);
-                }
-                memset(g + 4 * D + (uint64_t)rows * rb, 0, gb - 4 * D - rows * rb);
-            }
-            for (uint32_t row = 0; row < rows; row++) {
-                for (uint32_t h = 0; h < H; h++) {
-                    const uint16_t *rr = rg + ((uint64_t)row * H + h) * D;
-                    uint8_t *out = sect + h * hb + goff + 4 * D + (uint64_t)row * rb;
-                    const float *fm = mnf + (uint64_t)h * D, *fi = id + (uint64_t)h * D;
-                    int san = v_needs_sanitize(rr, D, lay->dtype);
-                    for (uint32_t c = 0; c < D; c += 32) {
-                        __m256i q[4];
-                        for (int i = 0; i < 4; i++)
-                            q[i] = v_kivi_code(san ? v_load8(rr + c + 8 * i, lay->dtype)
-                                                   : v_load8_fast(rr + c + 8 * i, lay->dtype),
-                                               _mm256_loadu_ps(fm + c + 8 * i),
-                                               _mm256_loadu_ps(fi + c + 8 * i), qmax);
-                        v_kivi_pack32(v_pack_bytes(q[0], q[1], q[2], q[3], 0), bits,
-                                      out + c * bits / 8);
-                    }
-                }
-            }
-        }
-        goto done;
+        if (bits == 4 && lay->dtype == KERN_DTYPE_BF16)
+            kivi_k_sect(4, KERN_DTYPE_BF16, raw, lay, sect, NULL, NULL, NULL);
+        else if (bits == 4)
+            kivi_k_sect(4, KERN_DTYPE_FP16, raw, lay, sect, NULL, NULL, NULL);
+        else if (lay->dtype == KERN_DTYPE_BF16)
+            kivi_k_sect(2, KERN_DTYPE_BF16, raw, lay, sect, NULL, NULL, NULL);
+        else
+            kivi_k_sect(2, KERN_DTYPE_FP16, raw, lay, sect, NULL, NULL, NULL);
+        return 1;
     }
     /* row-wise codecs: groups in the same order as the rows */
-    uint32_t gb = block_bytes(codec, bits);
-    if (!kmin) {
-        enc_groups(codec, bits, r, lay->dtype, (uint64_t)T * H * G, sect);
-        goto done;
-    }
-    uint8_t *blk = sect;
-    for (uint32_t t = 0; t < T; t++) {
-        for (uint32_t h = 0; h < H; h++, r += D) {
-            __m256 ss = _mm256_setzero_ps();
-            for (uint32_t g = 0; g < G; g++, blk += gb) {
-                __m256 v[4];
-                uint64_t i = (uint64_t)h * D + 32 * g;
-                v_load32(r + 32 * g, lay->dtype, v, kmin ? kmin + i : NULL,
-                         kmin ? kmax + i : NULL, &ss);
-                if (bits)
-                    kivi_v_enc32v(v, blk, bits);
-                else if (codec == KERN_CODEC_Q8_0)
-                    q8_0_enc32v(v, blk);
-                else
-                    qx_1_enc32v(v, blk, codec == KERN_CODEC_Q5_1 ? 5 : 4);
+    enc_groups(codec, bits, r, lay->dtype, (uint64_t)T * H * G, sect);
+    return 1;
+}
+
+/* KIVI key section decode, per (group, head, 32 channels): the channels' scale and min
+ * are converted once and the group's rows decoded under them. */
+KT __attribute__((always_inline)) static inline void
+kivi_k_dec_sect(int bits, uint32_t out, const uint8_t *sect, const struct kern_layout *lay,
+                void *raw)
+{
+    uint32_t D = lay->head_dim, H = lay->heads, T = lay->tokens;
+    uint32_t rb = kern_kivi_row_bytes(D, bits);
+    uint64_t hb = kern_kivi_k_head_bytes(D, T, bits), HD = (uint64_t)H * D;
+    uint32_t fgb = kern_kivi_k_group_bytes(D, KERN_GROUP, bits);
+    for (uint32_t t0 = 0; t0 < T; t0 += KERN_GROUP) {
+        uint32_t rows = T - t0 < KERN_GROUP ? T - t0 : KERN_GROUP;
+        for (uint32_t h = 0; h < H; h++) {
+            const uint8_t *g = sect + h * hb + (uint64_t)(t0 / KERN_GROUP) * fgb;
+            for (uint32_t c = 0; c < D; c += 32) {
+                __m256 sc[4], mn[4];
+                KERN_UNROLL
+                for (int i = 0; i < 4; i++) {
+                    sc[i] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 2 * (c + 8 * i))));
+                    mn[i] = _mm256_cvtph_ps(
+                        _mm_loadu_si128((const __m128i *)(g + 2 * D + 2 * (c + 8 * i))));
+                }
+                const uint8_t *row = g + 4 * D;
+                uint16_t *r = (uint16_t *)raw + (uint64_t)t0 * HD + (uint64_t)h * D + c;
+                for (uint32_t t = 0; t < rows; t++, row += rb, r += HD) {
+                    KERN_UNROLL
+                    for (int i = 0; i < 4; i++)
+                        v_store8(r + 8 * i,
+                                 _mm256_add_ps(_mm256_mul_ps(v_kivi_unpack8(row, c + 8 * i, bits),
+                                                             sc[i]),
+                                               mn[i]),
+                                 out);
+                }
             }
-            if (kmin)
-                knorm[h] += sqrtf(v_hsum(ss));
         }
     }
-done:
-    if (kmin)
-        stats_done(lay, knorm);
-    return 1;
 }
 
 KT static int avx_dec_sect(uint32_t codec, int is_v, const uint8_t *sect,
@@ -1093,38 +1463,47 @@ KT static int avx_dec_sect(uint32_t codec, int is_v, const uint8_t *sect,
         return 1;
     }
     if (bits && !is_v) {
-        uint32_t rb = kern_kivi_row_bytes(D, bits);
-        uint64_t hb = kern_kivi_k_head_bytes(D, T, bits);
-        uint32_t fgb = kern_kivi_k_group_bytes(D, KERN_GROUP, bits);
-        for (uint32_t t = 0; t < T; t++) {
-            for (uint32_t h = 0; h < H; h++, r += D) {
-                const uint8_t *g = sect + h * hb + (uint64_t)(t / KERN_GROUP) * fgb;
-                const uint8_t *row = g + 4 * D + (uint64_t)(t % KERN_GROUP) * rb;
-                for (uint32_t c = 0; c < D; c += 8) {
-                    __m256 sc = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 2 * c)));
-                    __m256 mn =
-                        _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 2 * D + 2 * c)));
-                    __m256 f = v_kivi_unpack8(row, c, bits);
-                    v_store8(r + c, _mm256_add_ps(_mm256_mul_ps(f, sc), mn), out);
-                }
-            }
-        }
+        if (bits == 4 && out == KERN_DTYPE_BF16)
+            kivi_k_dec_sect(4, KERN_DTYPE_BF16, sect, lay, raw);
+        else if (bits == 4)
+            kivi_k_dec_sect(4, KERN_DTYPE_FP16, sect, lay, raw);
+        else if (out == KERN_DTYPE_BF16)
+            kivi_k_dec_sect(2, KERN_DTYPE_BF16, sect, lay, raw);
+        else
+            kivi_k_dec_sect(2, KERN_DTYPE_FP16, sect, lay, raw);
         return 1;
     }
     uint32_t gb = block_bytes(codec, bits);
     const uint8_t *blk = sect;
     uint64_t n = (uint64_t)T * H * G;
-    float y[32];
-    for (uint64_t i = 0; i < n; i++, blk += gb, r += 32) {
-        if (bits)
-            kivi_v_dec32(blk, y, bits);
-        else if (codec == KERN_CODEC_Q8_0)
-            q8_0_dec32(blk, y);
-        else
-            qx_1_dec32(blk, y, codec == KERN_CODEC_Q5_1 ? 5 : 4);
-        for (int j = 0; j < 4; j++)
-            v_store8(r + 8 * j, _mm256_loadu_ps(y + 8 * j), out);
+    /* one loop per (codec, output dtype); the decoded group stays in registers */
+#define DEC_LOOP(DEC, OUT)                                                                     \
+    for (uint64_t i = 0; i < n; i++, blk += gb, r += 32) {                                     \
+        __m256 y[4];                                                                           \
+        DEC;                                                                                   \
+        KERN_UNROLL                                                                            \
+        for (int j = 0; j < 4; j++)                                                            \
+            v_store8(r + 8 * j, y[j], OUT);                                                    \
     }
+#define DEC_OUT(DEC)                                                                           \
+    do {                                                                                       \
+        if (out == KERN_DTYPE_BF16)                                                            \
+            DEC_LOOP(DEC, KERN_DTYPE_BF16)                                                     \
+        else                                                                                   \
+            DEC_LOOP(DEC, KERN_DTYPE_FP16)                                                     \
+    } while (0)
+    if (bits == 4)
+        DEC_OUT(kivi_v_dec32v(blk, y, 4));
+    else if (bits == 2)
+        DEC_OUT(kivi_v_dec32v(blk, y, 2));
+    else if (codec == KERN_CODEC_Q8_0)
+        DEC_OUT(q8_0_dec32v(blk, y));
+    else if (codec == KERN_CODEC_Q5_1)
+        DEC_OUT(qx_1_dec32v(blk, y, 5));
+    else
+        DEC_OUT(qx_1_dec32v(blk, y, 4));
+#undef DEC_OUT
+#undef DEC_LOOP
     return 1;
 }
 

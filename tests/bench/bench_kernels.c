@@ -3,17 +3,21 @@
  * the error each codec costs on synthetic KV.
  *
  * Throughput: one block of a typical model (32 layers x 8 kv heads x 128 dim x 32 tokens,
- * fp16, K and V: 4 MiB), a set of 8 different blocks cycled so the data is not cache
- * resident, GB/s of fp16 input (encode) or fp16 output (decode), ratio to memcpy of the same
- * bytes measured in the same run (target >= 0.5 for the vectorised versions). On a GPU the
- * CUDA twins beside cudaMemcpy device-to-device of the same bytes (target >= 0.7).
+ * fp16, K and V: 4 MiB), a set of 8 different blocks cycled so the data is not L2
+ * resident (a large L3 may still hold them), GB/s of fp16 input (encode) or fp16 output (decode), ratio to memcpy of the same
+ * bytes measured in the same run just before the codec's rows (target >= 0.5 for the
+ * vectorised versions); the vectorised encoder also with key statistics (encode_stats), as
+ * the daemon calls it. On a GPU the CUDA twins beside cudaMemcpy device-to-device of the
+ * same bytes (target >= 0.7).
  *
  * Error: keys with a few large outlier channels, values without, fixed seeds; per codec
  * (K and V both in it) the RMSE and max error of K and V, and the relative error of the
  * attention output softmax(q K^T / sqrt(d)) V over 256 tokens (8 blocks of 32) for random
  * queries, dequantized against raw.
  *
- * Usage: bench_kernels OUT.json
+ * Usage: bench_kernels OUT.json [CODEC...]
+ * With codec names, only their throughput rows (ref and avx2) beside memcpy, no error table:
+ * the quick loop for tuning one codec.
  */
 #include <math.h>
 #include <stdio.h>
@@ -95,7 +99,13 @@ typedef int64_t (*enc_fn)(const struct kern_layout *, const struct kern_recipe *
 typedef int64_t (*dec_fn)(const struct kern_layout *, const void *, size_t, void *, size_t,
                           enum kern_dtype);
 
-/* Seconds per call of one of: memcpy (op 0), encode (1), decode (2), cycling over blocks. */
+/* Key statistics for the encode-with-statistics rows (the daemon's call): the bench block's
+ * 32 layers x 8 heads x 128 dim. */
+static float st_kmin[32 * 8 * 128], st_kmax[32 * 8 * 128], st_knorm[32 * 8];
+static const struct kern_key_stats bench_stats = {st_kmin, st_kmax, st_knorm};
+
+/* Seconds per call of one of: memcpy (op 0), encode (1), decode (2), encode with key
+ * statistics (3), cycling over blocks. */
 static double time_op(int op, enc_fn enc, dec_fn dec, const struct kern_layout *lay,
                       const struct kern_recipe *rec, uint8_t **raw, uint8_t **encb,
                       uint8_t **out, uint64_t rs, uint64_t es)
@@ -106,8 +116,8 @@ static double time_op(int op, enc_fn enc, dec_fn dec, const struct kern_layout *
         int i = (int)(n % NBLOCKS);
         if (op == 0)
             memcpy(out[i], raw[i], rs);
-        else if (op == 1)
-            enc(lay, rec, raw[i], encb[i], es, NULL);
+        else if (op == 1 || op == 3)
+            enc(lay, rec, raw[i], encb[i], es, op == 3 ? &bench_stats : NULL);
         else
             dec(lay, encb[i], es, out[i], rs, KERN_DTYPE_FP16);
         n++;
@@ -171,6 +181,19 @@ out:
     kern_cuda_free(g_out);
 }
 
+static char **only_codecs;
+static int n_only;
+
+static int codec_wanted(int c)
+{
+    if (n_only == 0)
+        return 1;
+    for (int i = 0; i < n_only; i++)
+        if (kern_codec_from_name(only_codecs[i]) == c)
+            return 1;
+    return 0;
+}
+
 static void bench_throughput(void)
 {
     struct kern_layout lay = {32, 8, 128, 32, KERN_DTYPE_FP16, 0};
@@ -192,28 +215,39 @@ static void bench_throughput(void)
            "%d blocks cycled; AVX2: %s\n",
            rs / 1048576.0, NBLOCKS, kern_supports() & KERN_SUPPORT_CPU_AVX2 ? "yes" : "no");
     double mc = rs / time_op(0, NULL, NULL, &lay, NULL, raw, encb, out, rs, es) / 1e9;
+    int first = 1;
     printf("%-28s %10.2f GB/s\n", "memcpy", mc);
     add_row("cpu/memcpy", mc, "GB/s", "memcpy", mc);
     for (int c = KERN_CODEC_Q8_0; c < KERN_CODEC_COUNT; c++) {
         struct kern_recipe rec;
+        if (!codec_wanted(c))
+            continue;
         kern_recipe_fill(&rec, c, c, 0);
+        /* memcpy again beside each codec's rows: the host is shared, and a ratio is only
+         * meaningful against a copy measured under the same load */
+        if (!first) {
+            mc = rs / time_op(0, NULL, NULL, &lay, NULL, raw, encb, out, rs, es) / 1e9;
+            printf("%-28s %10.2f GB/s\n", "memcpy", mc);
+        }
+        first = 0;
         for (int v = 0; v < 2; v++) {
             enc_fn enc = v ? kern_encode_cpu : kern_encode_ref;
             dec_fn dec = v ? kern_decode_cpu : kern_decode_ref;
-            for (int op = 1; op <= 2; op++) {
+            for (int op = 1; op <= (v ? 3 : 2); op++) {
                 char name[64];
                 double s = time_op(op, enc, dec, &lay, &rec, raw, encb, out, rs, es);
                 double gbs = rs / s / 1e9;
                 snprintf(name, sizeof(name), "cpu/%s/%s/%s", kern_codec_name(c),
-                         op == 1 ? "encode" : "decode", v ? "avx2" : "ref");
+                         op == 1 ? "encode" : op == 2 ? "decode" : "encode_stats",
+                         v ? "avx2" : "ref");
                 printf("%-28s %10.2f GB/s  %.2f x memcpy\n", name, gbs, gbs / mc);
                 add_row(name, gbs, "GB/s", "memcpy", mc);
             }
         }
     }
-    if (kern_cuda_device_count() > 0)
+    if (n_only == 0 && kern_cuda_device_count() > 0)
         bench_gpu(&lay, raw, rs);
-    else
+    else if (n_only == 0)
         printf("SKIP: bench_kernels: gpu rows: no device\n");
     for (int i = 0; i < NBLOCKS; i++) {
         free(raw[i]);
@@ -372,7 +406,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: bench_kernels OUT.json\n");
         return 2;
     }
+    only_codecs = argv + 2;
+    n_only = argc - 2;
     bench_throughput();
-    error_table();
+    if (n_only == 0)
+        error_table();
     return write_json(argv[1]) ? 1 : 0;
 }
