@@ -598,6 +598,110 @@ START_TEST(test_cuda_matches_ref)
 }
 END_TEST
 
+/* ---- edge inputs: the vectorised codecs against the reference, byte for byte ---------- */
+
+/* Regression (signed zeros, tiny bf16): q4_1, q5_1 and KIVI stored -0 where the reference
+ * keeps the first of +0/-0 as a group's min or max; per-head KIVI key ranges likewise; q8_0
+ * on bf16 values below ~1.5e-36 gave other codes. Inputs mix those with NaN, ±Inf,
+ * subnormals, huge bf16 and constant blocks, over odd shapes and both dtypes. */
+static uint16_t edge_value(uint64_t *st, uint32_t dtype, int mode)
+{
+    uint64_t r = rng_next(st);
+    float scale = mode == 0 ? 1.0f : ldexpf(1.0f, (int)(r % 30) - 20);
+    float g = (float)((double)(rng_next(st) >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+    float x = g * 4.0f * scale;
+    int k = (int)(rng_next(st) % 1000);
+    if (mode == 4 && dtype == KERN_DTYPE_BF16)
+        x = g * ldexpf(1.0f, -128 - (int)(r % 8));
+    if (mode == 3) {
+        x = fabsf(x);
+        if (k < 200)
+            x = (k & 1) ? -0.0f : 0.0f;
+    }
+    if (mode >= 1 && k < 20)
+        x = 0.0f;
+    if (mode >= 1 && k >= 20 && k < 40)
+        x = -0.0f;
+    if (mode >= 2 && k == 50)
+        return dtype == KERN_DTYPE_FP16 ? 0x7e00 : 0x7fc0;
+    if (mode >= 2 && k == 51)
+        return dtype == KERN_DTYPE_FP16 ? 0x7c00 : 0x7f80;
+    if (mode >= 2 && k == 52)
+        return dtype == KERN_DTYPE_FP16 ? 0xfc00 : 0xff80;
+    if (mode >= 2 && k == 53 && dtype == KERN_DTYPE_BF16)
+        return 0x7f00;
+    if (mode >= 1 && k >= 60 && k < 64)
+        return (uint16_t)(rng_next(st) & 0x83ff);
+    return dtype == KERN_DTYPE_FP16 ? kern_f2h(x) : kern_f2bf(x);
+}
+
+START_TEST(test_edge_inputs_match_reference)
+{
+    static const uint32_t dims[] = {32, 64, 96, 128, 40}, toks[] = {1, 7, 32, 33, 64};
+    uint64_t st = 88172645463325252ull;
+    for (int it = 0; it < 120; it++) {
+        struct kern_layout lay = {1 + (uint32_t)(rng_next(&st) % 2),
+                                  1 + (uint32_t)(rng_next(&st) % 4),
+                                  dims[rng_next(&st) % 5],
+                                  toks[rng_next(&st) % 5],
+                                  (rng_next(&st) & 1) ? KERN_DTYPE_FP16 : KERN_DTYPE_BF16,
+                                  (uint32_t)(rng_next(&st) % 4 == 0)};
+        int mode = it % 5;
+        uint64_t rs = kern_raw_size(&lay), nc, nl;
+        uint16_t *raw = malloc(rs);
+        ck_assert_ptr_nonnull(raw);
+        for (uint64_t i = 0; i < rs / 2; i++)
+            raw[i] = edge_value(&st, lay.dtype, mode);
+        if (it % 17 == 0) /* constant magnitude, mixed signs */
+            for (uint64_t i = 0; i < rs / 2; i++)
+                raw[i] = (uint16_t)((raw[i] & 0x8000) |
+                                    (lay.dtype == KERN_DTYPE_FP16 ? 0x3c00 : 0x3f80));
+        nc = (uint64_t)lay.layers * lay.heads * lay.head_dim;
+        nl = (uint64_t)lay.layers * lay.heads;
+        for (int c = 0; c < KERN_CODEC_COUNT; c++) {
+            for (int stats = 0; stats < 2; stats++) {
+                struct kern_recipe rec;
+                kern_recipe_fill(&rec, c, c, (uint32_t)(it % 2));
+                int64_t sz = kern_encoded_size(&lay, &rec);
+                ck_assert_int_gt(sz, 0);
+                uint8_t *e1 = malloc((size_t)sz), *e2 = malloc((size_t)sz);
+                float *s1 = calloc(2 * nc + nl, sizeof(float)), *s2 = calloc(2 * nc + nl, sizeof(float));
+                uint16_t *d1 = malloc(rs), *d2 = malloc(rs);
+                ck_assert(e1 && e2 && s1 && s2 && d1 && d2);
+                memset(e1, 0xaa, (size_t)sz);
+                memset(e2, 0x55, (size_t)sz);
+                struct kern_key_stats k1 = {s1, s1 + nc, s1 + 2 * nc}, k2 = {s2, s2 + nc, s2 + 2 * nc};
+                int64_t r1 = kern_encode_ref(&lay, &rec, raw, e1, (size_t)sz, stats ? &k1 : NULL);
+                int64_t r2 = kern_encode_cpu(&lay, &rec, raw, e2, (size_t)sz, stats ? &k2 : NULL);
+                ck_assert_int_eq(r1, r2);
+                ck_assert_msg(memcmp(e1, e2, (size_t)sz) == 0,
+                              "it %d codec %d stats %d: encoded bytes differ", it, c, stats);
+                if (stats) {
+                    ck_assert_msg(memcmp(s1, s2, 2 * nc * sizeof(float)) == 0,
+                                  "it %d codec %d: key min/max differ", it, c);
+                    for (uint64_t q = 0; q < nl; q++)
+                        ck_assert(fabsf(s1[2 * nc + q] - s2[2 * nc + q]) <=
+                                  1e-5f * fabsf(s1[2 * nc + q]) + 1e-30f);
+                }
+                for (uint32_t od = KERN_DTYPE_FP16; od <= KERN_DTYPE_BF16; od++) {
+                    kern_decode_ref(&lay, e1, (size_t)sz, d1, rs, od);
+                    kern_decode_cpu(&lay, e1, (size_t)sz, d2, rs, od);
+                    ck_assert_msg(memcmp(d1, d2, rs) == 0, "it %d codec %d: decode differs", it,
+                                  c);
+                }
+                free(e1);
+                free(e2);
+                free(s1);
+                free(s2);
+                free(d1);
+                free(d2);
+            }
+        }
+        free(raw);
+    }
+}
+END_TEST
+
 static Suite *kernels_suite(void)
 {
     Suite *s = suite_create("kernels");
@@ -616,6 +720,7 @@ static Suite *kernels_suite(void)
     tcase_add_loop_test(tc, test_nonfinite, 0, 2 * (KERN_CODEC_COUNT - 1));
     tcase_add_loop_test(tc, test_key_stats, 0, (int)NSHAPES);
     tcase_add_test(tc, test_supports);
+    tcase_add_test(tc, test_edge_inputs_match_reference);
     suite_add_tcase(s, tc);
 
     if (kern_cuda_device_count() > 0) {
