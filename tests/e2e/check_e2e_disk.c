@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "client/kvc.h"
+#include "tests/lib/daemon.h"
 
 #define NPREFIX 10
 #define PLEN 20
@@ -478,31 +479,6 @@ START_TEST(test_compactor_reclaims_pages)
 }
 END_TEST
 
-/* Smooth fp16 data derived from the key (q8_0 keeps it within 1 % RMS). */
-static void smooth_fill(const struct kvc_key *k, uint16_t *p, size_t n)
-{
-    for (size_t j = 0; j < n; j++) {
-        _Float16 h = (_Float16)(sinf((float)j * 0.37f + (float)(k->lo % 1000)) * 3.0f);
-        memcpy(&p[j], &h, 2);
-    }
-}
-
-static double smooth_err(const struct kvc_key *k, const uint16_t *got, size_t n)
-{
-    uint16_t *want = malloc(n * 2);
-    double e = 0, r = 0;
-    smooth_fill(k, want, n);
-    for (size_t j = 0; j < n; j++) {
-        _Float16 a, b;
-        memcpy(&a, &want[j], 2);
-        memcpy(&b, &got[j], 2);
-        e += ((double)a - (double)b) * ((double)a - (double)b);
-        r += (double)a * (double)a;
-    }
-    free(want);
-    return sqrt(e / r);
-}
-
 /* Looks up every prefix of the q8_0 namespace and checks every hit: a q8_0 block within the
  * bound and shorter than raw, a raw one exact. Counts the q8_0 hits. */
 static int quant_check_all(kvc_ns *ns, int *hits)
@@ -525,10 +501,10 @@ static int quant_check_all(kvc_ns *ns, int *hits)
             if (f == KVC_CODEC_Q8_0) {
                 lossy++;
                 ck_assert_uint_lt(len, bb);
-                ck_assert_double_lt(smooth_err(&keys[i], buf, n), 0.02);
+                ck_assert_double_lt(daemon_smooth_err(&keys[i], buf, n), 0.02);
             } else {
                 ck_assert_int_eq(f, KVC_CODEC_RAW);
-                ck_assert_double_eq(smooth_err(&keys[i], buf, n), 0.0);
+                ck_assert_double_eq(daemon_smooth_err(&keys[i], buf, n), 0.0);
             }
         }
         kvc_release(l);
@@ -576,7 +552,7 @@ START_TEST(test_quantized_blocks_on_disk)
         keys_of(ns, p, keys);
         for (int i = 0; i < PLEN; i++) {
             ptrs[i] = (uint8_t *)bufs + (size_t)i * bb;
-            smooth_fill(&keys[i], (uint16_t *)ptrs[i], bb / 2);
+            daemon_smooth_fill(&keys[i], (uint16_t *)ptrs[i], bb / 2);
         }
         ck_assert_int_ge(kvc_put_prefix(ns, NULL, keys, PLEN, ptrs), 0);
         settle(c);

@@ -20,31 +20,6 @@
 static const char *const qe_args[] = {"-o", "host.size=16m", "-o", "host.page_size=64k", "-o",
                                       "cache.policy=lru", NULL};
 
-/* Smooth fp16 data derived from the key. */
-static void qe_fill(const struct kvc_key *k, uint16_t *p, size_t n)
-{
-    for (size_t j = 0; j < n; j++) {
-        _Float16 h = (_Float16)(sinf((float)j * 0.37f + (float)(k->lo % 1000)) * 3.0f);
-        memcpy(&p[j], &h, 2);
-    }
-}
-
-static double qe_err(const struct kvc_key *k, const uint16_t *got, size_t n)
-{
-    uint16_t *want = malloc(n * 2);
-    double e = 0, r = 0;
-    qe_fill(k, want, n);
-    for (size_t j = 0; j < n; j++) {
-        _Float16 a, b;
-        memcpy(&a, &want[j], 2);
-        memcpy(&b, &got[j], 2);
-        e += ((double)a - (double)b) * ((double)a - (double)b);
-        r += (double)a * (double)a;
-    }
-    free(want);
-    return sqrt(e / r);
-}
-
 START_TEST(test_quant_under_pressure)
 {
     struct daemon d = {0};
@@ -68,7 +43,7 @@ START_TEST(test_quant_under_pressure)
         ck_assert_int_eq(daemon_chain_keys(nr, (uint32_t)i, 0, 0, 1, &kr[i]), 0);
         for (int w = 0; w < 2; w++) {
             const void *blk = buf;
-            qe_fill(w ? &kr[i] : &kq[i], buf, n);
+            daemon_smooth_fill(w ? &kr[i] : &kq[i], buf, n);
             ck_assert_int_ge(kvc_put_prefix(w ? nr : nq, NULL, w ? &kr[i] : &kq[i], 1, &blk), 0);
         }
     }
@@ -95,10 +70,10 @@ START_TEST(test_quant_under_pressure)
             if (f == KVC_CODEC_Q8_0) {
                 lossy++;
                 ck_assert_uint_lt(len, bb);
-                ck_assert_double_lt(qe_err(&kq[i], buf, n), 0.02);
+                ck_assert_double_lt(daemon_smooth_err(&kq[i], buf, n), 0.02);
             } else {
                 ck_assert_int_eq(f, KVC_CODEC_RAW);
-                ck_assert_double_eq(qe_err(&kq[i], buf, n), 0.0);
+                ck_assert_double_eq(daemon_smooth_err(&kq[i], buf, n), 0.0);
             }
             kvc_release(l);
         }
@@ -106,7 +81,7 @@ START_TEST(test_quant_under_pressure)
             ck_assert_int_eq(kvc_lease_stored(l, 0, &data, &len), KVC_CODEC_RAW);
             ck_assert_uint_eq(len, bb);
             ck_assert_int_eq(kvc_lease_copy(l, 0, buf, bb), 0);
-            ck_assert_double_eq(qe_err(&kr[i], buf, n), 0.0);
+            ck_assert_double_eq(daemon_smooth_err(&kr[i], buf, n), 0.0);
             kvc_release(l);
         }
     }

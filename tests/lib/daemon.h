@@ -76,6 +76,10 @@ int daemon_child_wait(pid_t pid, int timeout_ms, int *sig);
 void daemon_block_fill(const struct kvc_key *k, void *buf, size_t len);
 /* -1 if buf is the block of k, else the offset of the first wrong byte. */
 long daemon_block_check(const struct kvc_key *k, const void *buf, size_t len);
+/* Smooth fp16 values derived from the key (lossy codecs keep them close: q8_0 within 1 %
+ * RMS), n of them; and the relative RMS error of got against them. */
+void daemon_smooth_fill(const struct kvc_key *k, uint16_t *p, size_t n);
+double daemon_smooth_err(const struct kvc_key *k, const uint16_t *got, size_t n);
 /* The layout the suites use: `block_tokens` tokens of 1 KiB each (2 layers, K and V, 2 heads
  * of 64 fp16) — 16 tokens make a 16 KiB block. */
 struct kvc_layout daemon_layout(const char *model_id, uint32_t block_tokens);
