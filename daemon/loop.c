@@ -28,6 +28,8 @@ struct loop {
     struct loop_entry *entries; /* by fd */
     int nentries;
     uint64_t t0;
+    void (*before_wait)(void *arg);
+    void *before_wait_arg;
 };
 
 static uint64_t loop_mono_ms(void)
@@ -106,7 +108,10 @@ int loop_run(struct loop *l, int tick_ms, void (*tick)(void *arg), void *arg)
     while (!l->stop) {
         uint64_t now = loop_mono_ms();
         int timeout = now >= next_tick ? 0 : (int)(next_tick - now);
-        int n = epoll_wait(l->epfd, evs, 64, timeout);
+        int n;
+        if (l->before_wait)
+            l->before_wait(l->before_wait_arg);
+        n = epoll_wait(l->epfd, evs, 64, timeout);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -126,6 +131,12 @@ int loop_run(struct loop *l, int tick_ms, void (*tick)(void *arg), void *arg)
         }
     }
     return 0;
+}
+
+void loop_before_wait(struct loop *l, void (*fn)(void *arg), void *arg)
+{
+    l->before_wait = fn;
+    l->before_wait_arg = arg;
 }
 
 void loop_stop(struct loop *l)

@@ -22,6 +22,9 @@ int loop_del(struct loop *l, int fd);
 /* Runs until loop_stop(); wakes at least every tick_ms to call tick(arg). */
 int loop_run(struct loop *l, int tick_ms, void (*tick)(void *arg), void *arg);
 void loop_stop(struct loop *l);
+/* fn(arg) runs before every wait for events (one per batch of handlers): work the handlers
+ * gathered goes out together there. NULL removes it. */
+void loop_before_wait(struct loop *l, void (*fn)(void *arg), void *arg);
 /* Monotonic milliseconds since the loop was created. */
 uint64_t loop_now_ms(const struct loop *l);
 

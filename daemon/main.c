@@ -264,6 +264,12 @@ static void kvcd_disk_progress(void *arg, uint64_t done, uint64_t pages)
     notify_status(status);
 }
 
+static void kvcd_before_wait(void *arg)
+{
+    struct kvcd *d = arg;
+    tiering_flush(d->store);
+}
+
 static void kvcd_on_disk(struct loop *l, int fd, uint32_t events, void *arg)
 {
     struct kvcd *d = arg;
@@ -312,6 +318,8 @@ static int kvcd_disk_attach(struct kvcd *d)
         goto out;
     }
     rc = loop_add(d->loop, tiering_fd(d->store), EPOLLIN, kvcd_on_disk, d);
+    if (rc == 0)
+        loop_before_wait(d->loop, kvcd_before_wait, d);
 out:
     free(list);
     return rc;

@@ -876,6 +876,12 @@ void tiering_poll(struct store *s, uint64_t now)
     tiering_demote(s, now);
 }
 
+void tiering_flush(struct store *s)
+{
+    if (s->tiering)
+        tier_disk_flush(s->tiering->disk);
+}
+
 void tiering_stats(const struct store *s, void (*put)(void *arg, const char *name, uint64_t v),
                    void *arg)
 {

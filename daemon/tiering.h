@@ -67,6 +67,9 @@ void tiering_compress_set(struct store *s, int level);
 /* The descriptor the loop watches, and what it calls when it is readable. */
 int tiering_fd(const struct store *s);
 void tiering_poll(struct store *s, uint64_t now);
+/* Hands the disk the reads and writes prepared since the last call (tier_disk_flush): the
+ * loop calls it before every wait. */
+void tiering_flush(struct store *s);
 
 /* Called by store_lookup_flags with the run of committed hits: starts the reads of hits on
  * disk and returns how many hits to hand out (fewer when a read cannot start, or with

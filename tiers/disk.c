@@ -102,6 +102,9 @@ struct tier_disk_op {
      * is submitted; a GET is hashed, and decompressed, after its read completed. */
     struct tier_disk_op *next; /* worker queue / done list */
     uint8_t stage;             /* enum tier_disk_stage */
+    bool on_dev;               /* PUT/GET: holds one of the direction's device slots */
+    void *io_data;             /* PUT/GET: the data part of the request, kept while the */
+    uint64_t io_len, io_off;   /* op waits for a device slot */
     bool submit_at_loc;        /* PUT via tier_disk_put: submit at loc once encoded */
     int level;                 /* PUT: zstd level, 0: store raw */
     uint8_t codec_req;         /* PUT: codec to try */
@@ -123,6 +126,7 @@ enum tier_disk_stage {
     TIER_DISK_STAGE_IO = 0,     /* in io_uring, or not queued */
     TIER_DISK_STAGE_ENCODE = 1, /* PUT: hash (and compress) on a worker */
     TIER_DISK_STAGE_VERIFY = 2, /* GET: hash (and decompress) on a worker */
+    TIER_DISK_STAGE_WAIT = 3,   /* PUT/GET: ready, waiting for a device slot */
 };
 
 /* The worker threads: hashing and zstd never run on the loop thread (a 2 MiB zstd pass is
@@ -170,6 +174,16 @@ struct tier_disk {
     double tokens;           /* write budget, bytes */
     uint64_t last_refill_ns;
     uint32_t queued;         /* ops with the workers (encode or verify) */
+    /* Queue depth is what the device sees, as fio's iodepth: at most queue_depth records
+     * of each direction are in io_uring. Hashing runs beside them, so an op is admitted
+     * while fewer than twice that many are in flight; the ones ready for the device while
+     * it is full wait here, oldest first ([0] reads, [1] writes). */
+    uint32_t dev[2];
+    struct tier_disk_op *waitq[2], *waitq_tail[2];
+    /* Records prepared in the submission ring and not yet handed to the kernel: they go in
+     * one io_uring_enter at the end of a poll or at tier_disk_flush, so records that are
+     * next to each other on the device reach the block layer together and merge. */
+    uint32_t unsubmitted;
     struct tier_disk_pool pool;
     bool pool_ok;
     struct tier_disk_stats st;
@@ -437,6 +451,13 @@ static struct tier_disk_op *tier_disk_op_new(struct tier_disk *d, uint8_t kind, 
     return op;
 }
 
+/* Hands every prepared request to the kernel. */
+static void tier_disk_submit(struct tier_disk *d)
+{
+    io_uring_submit(&d->ring);
+    d->unsubmitted = 0;
+}
+
 static void tier_disk_op_start(struct tier_disk *d, struct tier_disk_op *op)
 {
     d->inflight++;
@@ -445,7 +466,6 @@ static void tier_disk_op_start(struct tier_disk *d, struct tier_disk_op *op)
         d->st.reads_inflight++;
     else
         d->st.writes_inflight++;
-    io_uring_submit(&d->ring);
 }
 
 static void tier_disk_op_free(struct tier_disk_op *op)
@@ -456,10 +476,62 @@ static void tier_disk_op_free(struct tier_disk_op *op)
     free(op);
 }
 
+/* Ops admitted per direction: queue_depth on the device and as many again being hashed,
+ * waiting for a device slot, or handed back encoded. */
+static uint32_t tier_disk_ops_max(const struct tier_disk *d)
+{
+    return 2 * d->cfg.queue_depth;
+}
+
+static void tier_disk_op_end(struct tier_disk *d, struct tier_disk_op *op);
+
+/* Puts a PUT or GET (header and data, one request) on the device, or in line for it when
+ * queue_depth records of its direction are there already. 0 or -errno (nothing queued). */
+static int tier_disk_dev_submit(struct tier_disk *d, struct tier_disk_op *op)
+{
+    bool write = op->kind == TIER_DISK_OP_PUT;
+    int rc;
+    if (d->dev[write] >= d->cfg.queue_depth) {
+        op->stage = TIER_DISK_STAGE_WAIT;
+        op->next = NULL;
+        if (d->waitq_tail[write])
+            d->waitq_tail[write]->next = op;
+        else
+            d->waitq[write] = op;
+        d->waitq_tail[write] = op;
+        return 0;
+    }
+    rc = tier_disk_prep_record(d, op, write, op->io_data, op->io_len, op->io_off);
+    if (rc)
+        return rc;
+    op->stage = TIER_DISK_STAGE_IO;
+    op->on_dev = true;
+    d->dev[write]++;
+    d->unsubmitted++;
+    return 0;
+}
+
+/* A device slot of one direction came free: the oldest waiting op takes it. */
+static void tier_disk_dev_pump(struct tier_disk *d, bool write)
+{
+    while (d->waitq[write] && d->dev[write] < d->cfg.queue_depth) {
+        struct tier_disk_op *op = d->waitq[write];
+        d->waitq[write] = op->next;
+        if (!d->waitq[write])
+            d->waitq_tail[write] = NULL;
+        op->next = NULL;
+        op->status = tier_disk_dev_submit(d, op);
+        if (op->status)
+            tier_disk_op_end(d, op); /* done sees the error */
+    }
+}
+
 /* Sleeps until the eventfd says a completion (ring or worker) may be ready, at most 100 ms. */
 static void tier_disk_wait(struct tier_disk *d)
 {
     struct pollfd pfd = {.fd = d->efd, .events = POLLIN};
+    if (d->unsubmitted)
+        tier_disk_submit(d);
     if (poll(&pfd, 1, 100) < 0) {
         /* EINTR: the caller looks again */
     }
@@ -469,8 +541,8 @@ static void tier_disk_wait(struct tier_disk *d)
  * have no -EAGAIN in their contract). */
 static void tier_disk_wait_room(struct tier_disk *d)
 {
-    while ((d->st.reads_inflight >= d->cfg.queue_depth ||
-            d->st.writes_inflight >= d->cfg.queue_depth) && d->inflight)
+    while ((d->st.reads_inflight >= tier_disk_ops_max(d) ||
+            d->st.writes_inflight >= tier_disk_ops_max(d)) && d->inflight)
         if (tier_disk_poll(&d->base) == 0)
             tier_disk_wait(d);
 }
@@ -544,6 +616,7 @@ static int tier_disk_write(struct tier *t, const struct tier_loc *loc, uint64_t 
         return rc;
     }
     tier_disk_op_start(d, op);
+    tier_disk_submit(d);
     return 0;
 }
 
@@ -583,6 +656,7 @@ static int tier_disk_read(struct tier *t, const struct tier_loc *loc, uint64_t o
         return rc;
     }
     tier_disk_op_start(d, op);
+    tier_disk_submit(d);
     return 0;
 }
 
@@ -620,7 +694,7 @@ static bool tier_disk_write_budget(struct tier_disk *d, uint64_t bytes)
 int tier_disk_put_ready(struct tier *t, uint64_t len)
 {
     struct tier_disk *d = tier_disk_of(t);
-    if (d->st.writes_inflight >= d->cfg.queue_depth)
+    if (d->st.writes_inflight >= tier_disk_ops_max(d))
         return -EAGAIN;
     if (d->cfg.write_rate) {
         tier_disk_refill(d);
@@ -824,7 +898,6 @@ static int tier_disk_put_submit(struct tier_disk *d, struct tier_disk_op *op)
 {
     const struct tier_disk_meta *m = &op->expect;
     struct tier_disk_hdr *h = op->buf;
-    int rc;
     memset(op->buf, 0, TIER_DISK_HDR);
     *h = (struct tier_disk_hdr){.magic = TIER_DISK_MAGIC,
                                 .format = TIER_DISK_FORMAT,
@@ -839,14 +912,11 @@ static int tier_disk_put_submit(struct tier_disk *d, struct tier_disk_op *op)
                                 .block_format = m->format};
     memcpy(h->ns, m->ns, sizeof(h->ns));
     h->hdr_csum = tier_disk_hdr_csum(d, op->path, h);
-    rc = tier_disk_prep_record(d, op, true, (void *)op->data, tier_disk_round(m->stored),
-                               op->loc.off - TIER_DISK_HDR);
-    if (rc == 0)
-        io_uring_submit(&d->ring);
-    return rc;
+    op->io_data = (void *)op->data;
+    op->io_len = tier_disk_round(m->stored);
+    op->io_off = op->loc.off - TIER_DISK_HDR;
+    return tier_disk_dev_submit(d, op);
 }
-
-static void tier_disk_op_end(struct tier_disk *d, struct tier_disk_op *op);
 
 /* A PUT back from its worker (loop thread). */
 static void tier_disk_encoded(struct tier_disk *d, struct tier_disk_op *op)
@@ -891,7 +961,7 @@ int tier_disk_put(struct tier *t, const struct tier_loc *loc, const struct tier_
         return -EINVAL;
     if (d->failed[tier_disk_page_path(d, p)])
         return -EIO;
-    if (d->st.writes_inflight >= d->cfg.queue_depth) {
+    if (d->st.writes_inflight >= tier_disk_ops_max(d)) {
         d->st.queue_full++;
         return -EAGAIN;
     }
@@ -930,7 +1000,7 @@ int tier_disk_encode(struct tier *t, const struct tier_disk_meta *m, const void 
     if (m->len == 0 || m->len > d->cfg.page_size - TIER_DISK_HDR ||
         (level > 0 && codec != TIER_DISK_CODEC_ZSTD && codec != TIER_DISK_CODEC_ZSTD_PLANES))
         return -EINVAL;
-    if (d->st.writes_inflight >= d->cfg.queue_depth) {
+    if (d->st.writes_inflight >= tier_disk_ops_max(d)) {
         d->st.queue_full++;
         return -EAGAIN;
     }
@@ -1030,7 +1100,7 @@ int tier_disk_get(struct tier *t, const struct tier_loc *loc, const struct tier_
     int rc;
     if (p == UINT32_MAX || dst_len == 0 || (expect && expect->len > dst_len))
         return -EINVAL;
-    if (d->st.reads_inflight >= d->cfg.queue_depth) {
+    if (d->st.reads_inflight >= tier_disk_ops_max(d)) {
         d->st.queue_full++;
         return -EAGAIN;
     }
@@ -1062,7 +1132,10 @@ int tier_disk_get(struct tier *t, const struct tier_loc *loc, const struct tier_
         }
         into = op->data_bounce;
     }
-    rc = tier_disk_prep_record(d, op, false, into, loc->len, loc->off - TIER_DISK_HDR);
+    op->io_data = into;
+    op->io_len = loc->len;
+    op->io_off = loc->off - TIER_DISK_HDR;
+    rc = tier_disk_dev_submit(d, op);
     if (rc)
         goto fail;
     tier_disk_op_start(d, op);
@@ -1155,6 +1228,12 @@ int tier_disk_poll(struct tier *t)
             op->status = -EIO; /* short transfer */
         if (--op->pending)
             continue;
+        if (op->on_dev) {
+            bool write = op->kind == TIER_DISK_OP_PUT;
+            op->on_dev = false;
+            d->dev[write]--;
+            tier_disk_dev_pump(d, write);
+        }
         if (op->kind == TIER_DISK_OP_GET && op->status == 0) {
             op->status = tier_disk_get_verify(d, op);
             if (op->status == 0) {
@@ -1181,7 +1260,16 @@ int tier_disk_poll(struct tier *t)
             tier_disk_op_end(d, op);
         n++;
     }
+    if (d->unsubmitted)
+        tier_disk_submit(d);
     return n;
+}
+
+void tier_disk_flush(struct tier *t)
+{
+    struct tier_disk *d = tier_disk_of(t);
+    if (d->unsubmitted)
+        tier_disk_submit(d);
 }
 
 void tier_disk_drain(struct tier *t)

@@ -78,7 +78,8 @@ struct tier_disk_config {
     uint32_t npaths;
     uint64_t size;        /* bytes per path, rounded down to whole pages */
     uint64_t page_size;   /* multiple of 4 KiB, at least 64 KiB */
-    uint32_t queue_depth; /* reads in flight, and writes in flight, 1..4096 each */
+    uint32_t queue_depth; /* records on the device per direction (as fio's iodepth), 1..4096;
+                             as many again may be hashing or waiting for a slot */
     uint64_t write_rate;  /* bytes per second written at most; 0: unbounded */
     tier_disk_scan_fn scan; /* NULL: start empty (records found are dropped) */
     void *scan_arg;
@@ -116,8 +117,15 @@ int tier_disk_buffers_register(struct tier *t, void *base, uint64_t len);
 
 /* The eventfd that becomes readable when completions are ready. Owned by the tier. */
 int tier_disk_fd(const struct tier *t);
-/* Reaps completions and runs their callbacks. Returns how many ran. */
+/* Reaps completions and runs their callbacks, then hands the kernel every request prepared
+ * since the last call. Returns how many callbacks ran. */
 int tier_disk_poll(struct tier *t);
+/* Hands the kernel the requests that tier_disk_get/put and rec_put prepared: they are held
+ * until this call or the next tier_disk_poll, so a burst of records (a prefix's promotions,
+ * a batch of demotions) enters the kernel in one system call and adjacent records merge in
+ * the block layer. A caller that issues requests outside tier_disk_poll's callbacks calls
+ * this before it sleeps (the daemon: before every epoll_wait). */
+void tier_disk_flush(struct tier *t);
 /* Waits until nothing is in flight, running callbacks. */
 void tier_disk_drain(struct tier *t);
 
