@@ -81,7 +81,9 @@
     X(disk, page, SIZE, "16m", 64 << 10, 1 << 30, 0, NULL,                                         \
       "Append unit of the disk tier, a multiple of 4k: a page is reused once all its blocks "      \
       "are gone (docs/disk.md).")                                                                  \
-    X(disk, queue_depth, INT, "32", 1, 4096, 0, NULL, "Disk reads and writes in flight.")          \
+    X(disk, queue_depth, INT, "32", 1, 4096, 0, NULL,                                              \
+      "Disk reads, and disk writes, on the device at once (as fio's iodepth); as many again may "  \
+      "be hashing or waiting for a slot.")                                                         \
     X(disk, write_rate, SIZE, "1g", 0, 1ull << 40, 0, NULL,                                        \
       "Bytes per second written to disk at most (spares the drive); 0: unbounded.")                \
     X(disk, admit_hits, INT, "0", 0, 1000000, 1, NULL,                                             \
