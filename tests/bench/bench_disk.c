@@ -12,7 +12,7 @@
  * daemon's demotions write them (encode on a worker, then place and write) from, and read
  * into, every slot of a 128 MiB arena in turn. Queue depth is the tier's queue_depth: the
  * records on the device at once, as fio's iodepth. kvcd and fio take turns on the same
- * file, KVC_BENCH_ROUNDS (3) times, and each side's best round counts;
+ * file, KVC_BENCH_ROUNDS (5) times, and each side's best round counts;
  * KVC_BENCH_ONLY="256k qd8" runs that case alone.
  */
 #include <errno.h>
@@ -298,7 +298,7 @@ int main(int argc, char **argv)
                                                                      : "/var/tmp";
     const uint64_t sizes[2] = {256 * 1024, 2 * MiB};
     const int qds[3] = {1, 8, 32};
-    const int rounds = getenv("KVC_BENCH_ROUNDS") ? atoi(getenv("KVC_BENCH_ROUNDS")) : 3;
+    const int rounds = getenv("KVC_BENCH_ROUNDS") ? atoi(getenv("KVC_BENCH_ROUNDS")) : 5;
     char path[512];
     FILE *out;
     int err;
