@@ -100,6 +100,10 @@ int main(int argc, char **argv)
         { "tune", required_argument, 0, 'T' },
         { "csv", required_argument, 0, 'o' },
         { "plot", required_argument, 0, 'P' },
+        { "ship", required_argument, 0, 'S' },
+        { "ship-penalty", required_argument, 0, 'X' },
+        { "ship-bonus", required_argument, 0, 'B' },
+        { "ship-max", required_argument, 0, 'M' },
         { 0, 0, 0, 0 },
     };
     char capbuf[1024] = "1000,10000,50000,100000", polbuf[1024] = "lru,lfu,prefix,default,min,inf";
@@ -135,6 +139,10 @@ int main(int argc, char **argv)
         case 'T': base.tune = atoi(optarg); break;
         case 'o': csv_path = optarg; break;
         case 'P': plot_path = optarg; break;
+        case 'S': base.ship = atoi(optarg); break;
+        case 'X': base.ship_penalty = strtod(optarg, NULL); break;
+        case 'B': base.ship_bonus = strtod(optarg, NULL); break;
+        case 'M': base.ship_max = atoi(optarg); break;
         default: kvcsim_usage(); return 2;
         }
     }

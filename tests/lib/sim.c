@@ -279,6 +279,8 @@ void sim_config_init(struct sim_config *c)
     c->adapt = 1;
     c->half_life = 64.0;
     c->tune = -1;
+    c->ship_penalty = 64.0;
+    c->ship_max = 3;
 }
 
 static uint32_t sim_block_tokens(const struct sim_req *r, uint32_t j)
@@ -404,7 +406,13 @@ struct sim_state {
     double qratio;
     struct policy_tune tune;
     int tuning;
+    uint32_t *sig;     /* SHiP: signature each block was inserted with */
+    double *pen;       /* SHiP: key adjustment until the block's first hit */
+    uint8_t *ctr;      /* SHiP: saturating counters by signature hash */
+    uint8_t *ghost_dead; /* SHiP: evicted without a hit */
 };
+
+#define SIM_SHIP_BITS 16
 
 #define SIM_BLOCK_BYTES (1u << 20)
 
@@ -416,6 +424,33 @@ static double sim_room(const struct sim_state *s, uint32_t x)
 static void sim_rekey(struct sim_state *s, uint32_t x)
 {
     s->key[x] = policy_key((enum policy_kind)s->c->policy, &s->blk[x], &s->p);
+    if (s->ctr && s->blk[x].hits == 0)
+        s->key[x] += s->pen[x];
+}
+
+static uint32_t sim_ship_sig(const struct sim_state *s, const uint32_t *ids, uint32_t len,
+                             uint32_t j, uint32_t div, uint32_t divpos)
+{
+    uint64_t v;
+    switch (s->c->ship) {
+    case SIM_SHIP_H1: v = len > 1 ? ids[1] : ids[0]; break;
+    case SIM_SHIP_PARENT: v = j > 0 ? ids[j - 1] : UINT32_MAX; break;
+    case SIM_SHIP_DIV: v = div; break;
+    case SIM_SHIP_DIVD:
+        v = ((uint64_t)div << 8) | (j - divpos > 8 ? 8 : j - divpos);
+        break;
+    case SIM_SHIP_DEPTH: v = j > 63 ? 63 : j; break;
+    default: v = 0; break;
+    }
+    return (uint32_t)(sim_hash(v + 0x9e3779b97f4a7c15ULL) >> (64 - SIM_SHIP_BITS));
+}
+
+static void sim_ship_train(struct sim_state *s, uint32_t sig, int up)
+{
+    if (up && s->ctr[sig] < s->c->ship_max)
+        s->ctr[sig]++;
+    else if (!up && s->ctr[sig] > 0)
+        s->ctr[sig]--;
 }
 
 static void sim_maybe_rebuild(struct sim_state *s)
@@ -439,6 +474,11 @@ static void sim_forget(struct sim_state *s, uint32_t x)
     s->ghost_seq[x] = s->evictions;
     s->ghost_freq[x] = s->blk[x].freq;
     s->ghost_time[x] = s->blk[x].last_access;
+    if (s->ctr) {
+        s->ghost_dead[x] = s->blk[x].hits == 0;
+        if (s->ghost_dead[x])
+            sim_ship_train(s, s->sig[x], 0);
+    }
     uint32_t par = s->parent[x];
     if (par != UINT32_MAX && s->where[par] != SIM_NONE) {
         s->blk[par].children--;
@@ -537,7 +577,7 @@ static int sim_policy_run(struct sim_state *s)
         const struct sim_req *rq = &t->req[qi];
         const uint32_t *ids = t->ids + rq->off;
         uint64_t now = qi + 1;
-        uint32_t j = 0, parent = UINT32_MAX;
+        uint32_t j = 0, parent = UINT32_MAX, div = UINT32_MAX, divpos = 0;
         int prefix = 1;
 
         for (j = 0; j < rq->len; j++) {
@@ -567,6 +607,15 @@ static int sim_policy_run(struct sim_state *s)
                     s->blk[x].flags |= POLICY_BLOCK_PARTIAL;
                 if (j == 0)
                     s->blk[x].flags |= POLICY_BLOCK_SINK;
+                if (s->ctr && s->ghost_seq[x] && s->evictions - s->ghost_seq[x] < ghost_window &&
+                    s->ghost_dead[x])
+                    sim_ship_train(s, s->sig[x], 1); /* evicted unused, wanted again */
+                if (s->ctr) {
+                    uint32_t g = sim_ship_sig(s, ids, rq->len, j, div, divpos);
+                    s->sig[x] = g;
+                    s->pen[x] = s->ctr[g] == 0 ? -s->c->ship_penalty
+                              : s->ctr[g] >= s->c->ship_max ? s->c->ship_bonus : 0.0;
+                }
                 if (s->ghost_seq[x] && s->evictions - s->ghost_seq[x] < ghost_window) {
                     policy_params_observe_reuse(&s->p, now - s->ghost_time[x]);
                     policy_ghost_restore(&s->blk[x], s->ghost_freq[x], s->ghost_time[x], now,
@@ -590,6 +639,10 @@ static int sim_policy_run(struct sim_state *s)
                 if (prefix)
                     s->r->prefix_hits++;
                 policy_params_observe_reuse(&s->p, now - s->blk[x].last_access);
+                if (s->ctr && s->blk[x].hits == 0)
+                    sim_ship_train(s, s->sig[x], 1);
+                div = x;
+                divpos = j;
                 policy_touch(&s->blk[x], now, &s->p);
                 if (s->where[x] == SIM_DISK) {
                     /* Promoted into the fast tier before it is served. */
@@ -775,6 +828,19 @@ int sim_run(const struct sim_trace *t, const struct sim_config *c, struct sim_re
         s.disk.pos[i] = UINT32_MAX;
         s.parent[i] = UINT32_MAX;
     }
+    if (c->ship) {
+        s.sig = calloc(nb, sizeof(*s.sig));
+        s.pen = calloc(nb, sizeof(*s.pen));
+        s.ghost_dead = calloc(nb, 1);
+        s.ctr = malloc((size_t)1 << SIM_SHIP_BITS);
+        if (!s.sig || !s.pen || !s.ghost_dead || !s.ctr) {
+            free(s.ctr);
+            s.ctr = NULL;
+            rc = -ENOMEM;
+            goto out;
+        }
+        memset(s.ctr, c->ship_max > 1 ? 1 : c->ship_max, (size_t)1 << SIM_SHIP_BITS);
+    }
     s.host.key = s.disk.key = s.key;
     s.host.blk = s.disk.blk = s.blk;
     rc = sim_policy_run(&s);
@@ -793,5 +859,9 @@ out:
     free(s.host.pos);
     free(s.disk.a);
     free(s.disk.pos);
+    free(s.sig);
+    free(s.pen);
+    free(s.ghost_dead);
+    free(s.ctr);
     return rc;
 }
