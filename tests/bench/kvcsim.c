@@ -104,6 +104,8 @@ int main(int argc, char **argv)
         { "ship-penalty", required_argument, 0, 'X' },
         { "ship-bonus", required_argument, 0, 'B' },
         { "ship-max", required_argument, 0, 'M' },
+        { "ship-eta", no_argument, 0, 'E' },
+        { "ship-hc", no_argument, 0, 'C' },
         { 0, 0, 0, 0 },
     };
     char capbuf[1024] = "1000,10000,50000,100000", polbuf[1024] = "lru,lfu,prefix,default,min,inf";
@@ -143,6 +145,8 @@ int main(int argc, char **argv)
         case 'X': base.ship_penalty = strtod(optarg, NULL); break;
         case 'B': base.ship_bonus = strtod(optarg, NULL); break;
         case 'M': base.ship_max = atoi(optarg); break;
+        case 'E': base.ship_eta = 1; break;
+        case 'C': base.ship_hc = 1; break;
         default: kvcsim_usage(); return 2;
         }
     }

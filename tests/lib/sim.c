@@ -410,6 +410,10 @@ struct sim_state {
     double *pen;       /* SHiP: key adjustment until the block's first hit */
     uint8_t *ctr;      /* SHiP: saturating counters by signature hash */
     uint8_t *ghost_dead; /* SHiP: evicted without a hit */
+    uint32_t *ghost_hits; /* SHiP: hits when evicted */
+    float *eta;        /* ETA mode: log2 reuse-interval estimate by signature; <0 = none */
+    double eta_all;    /* ETA mode: the same over all signatures (the prior) */
+    uint64_t now;
 };
 
 #define SIM_SHIP_BITS 16
@@ -424,7 +428,9 @@ static double sim_room(const struct sim_state *s, uint32_t x)
 static void sim_rekey(struct sim_state *s, uint32_t x)
 {
     s->key[x] = policy_key((enum policy_kind)s->c->policy, &s->blk[x], &s->p);
-    if (s->ctr && s->blk[x].hits == 0)
+    if (s->eta)
+        s->key[x] += s->pen[x] * (s->c->policy == POLICY_LRU ? 1.0 : 1.0 / s->p.half_life);
+    else if (s->ctr && (s->blk[x].hits == 0 || s->c->ship_hc))
         s->key[x] += s->pen[x];
 }
 
@@ -443,6 +449,28 @@ static uint32_t sim_ship_sig(const struct sim_state *s, const uint32_t *ids, uin
     default: v = 0; break;
     }
     return (uint32_t)(sim_hash(v + 0x9e3779b97f4a7c15ULL) >> (64 - SIM_SHIP_BITS));
+}
+
+/* ETA mode: one observed (or, for a block evicted unused, censored) interval. */
+static void sim_ship_interval(struct sim_state *s, uint32_t sig, double interval)
+{
+    double l = log2(interval > 1 ? interval : 1);
+    s->eta[sig] = s->eta[sig] < 0 ? (float)l : (float)(0.75 * s->eta[sig] + 0.25 * l);
+    s->eta_all = s->eta_all < 0 ? l : 0.99 * s->eta_all + 0.01 * l;
+}
+
+/* Counter slot of a signature in hit-count class min(hits, 3) (class 0 = the signature). */
+static uint32_t sim_ship_slot(const struct sim_state *s, uint32_t sig, uint32_t hits)
+{
+    if (!s->c->ship_hc)
+        return sig;
+    return (sig + (hits > 3 ? 3 : hits) * 0x9e37u) & ((1u << SIM_SHIP_BITS) - 1);
+}
+
+static double sim_ship_pen(const struct sim_state *s, uint32_t slot)
+{
+    return s->ctr[slot] == 0 ? -s->c->ship_penalty
+         : s->ctr[slot] >= s->c->ship_max ? s->c->ship_bonus : 0.0;
 }
 
 static void sim_ship_train(struct sim_state *s, uint32_t sig, int up)
@@ -475,9 +503,12 @@ static void sim_forget(struct sim_state *s, uint32_t x)
     s->ghost_freq[x] = s->blk[x].freq;
     s->ghost_time[x] = s->blk[x].last_access;
     if (s->ctr) {
-        s->ghost_dead[x] = s->blk[x].hits == 0;
+        s->ghost_dead[x] = s->blk[x].hits == 0 || s->c->ship_hc;
+        s->ghost_hits[x] = s->blk[x].hits;
         if (s->ghost_dead[x])
-            sim_ship_train(s, s->sig[x], 0);
+            sim_ship_train(s, sim_ship_slot(s, s->sig[x], s->blk[x].hits), 0);
+        if (s->eta && s->ghost_dead[x])
+            sim_ship_interval(s, s->sig[x], 2.0 * (double)(s->now - s->blk[x].last_access));
     }
     uint32_t par = s->parent[x];
     if (par != UINT32_MAX && s->where[par] != SIM_NONE) {
@@ -577,6 +608,7 @@ static int sim_policy_run(struct sim_state *s)
         const struct sim_req *rq = &t->req[qi];
         const uint32_t *ids = t->ids + rq->off;
         uint64_t now = qi + 1;
+        s->now = now;
         uint32_t j = 0, parent = UINT32_MAX, div = UINT32_MAX, divpos = 0;
         int prefix = 1;
 
@@ -609,12 +641,20 @@ static int sim_policy_run(struct sim_state *s)
                     s->blk[x].flags |= POLICY_BLOCK_SINK;
                 if (s->ctr && s->ghost_seq[x] && s->evictions - s->ghost_seq[x] < ghost_window &&
                     s->ghost_dead[x])
-                    sim_ship_train(s, s->sig[x], 1); /* evicted unused, wanted again */
+                {
+                    /* evicted unused, wanted again */
+                    sim_ship_train(s, sim_ship_slot(s, s->sig[x], s->ghost_hits[x]), 1);
+                    if (s->eta)
+                        sim_ship_interval(s, s->sig[x], (double)(now - s->ghost_time[x]));
+                }
                 if (s->ctr) {
                     uint32_t g = sim_ship_sig(s, ids, rq->len, j, div, divpos);
                     s->sig[x] = g;
-                    s->pen[x] = s->ctr[g] == 0 ? -s->c->ship_penalty
-                              : s->ctr[g] >= s->c->ship_max ? s->c->ship_bonus : 0.0;
+                    s->pen[x] = sim_ship_pen(s, g);
+                    if (s->eta)
+                        s->pen[x] = s->eta[g] < 0 || s->eta_all < 0
+                                        ? 0.0
+                                        : -(exp2(s->eta[g]) - exp2(s->eta_all));
                 }
                 if (s->ghost_seq[x] && s->evictions - s->ghost_seq[x] < ghost_window) {
                     policy_params_observe_reuse(&s->p, now - s->ghost_time[x]);
@@ -639,8 +679,14 @@ static int sim_policy_run(struct sim_state *s)
                 if (prefix)
                     s->r->prefix_hits++;
                 policy_params_observe_reuse(&s->p, now - s->blk[x].last_access);
-                if (s->ctr && s->blk[x].hits == 0)
+                if (s->ctr && s->c->ship_hc) {
+                    sim_ship_train(s, sim_ship_slot(s, s->sig[x], s->blk[x].hits), 1);
+                    s->pen[x] = sim_ship_pen(s, sim_ship_slot(s, s->sig[x], s->blk[x].hits + 1));
+                } else if (s->ctr && s->blk[x].hits == 0) {
                     sim_ship_train(s, s->sig[x], 1);
+                    if (s->eta)
+                        sim_ship_interval(s, s->sig[x], (double)(now - s->blk[x].last_access));
+                }
                 div = x;
                 divpos = j;
                 policy_touch(&s->blk[x], now, &s->p);
@@ -832,14 +878,25 @@ int sim_run(const struct sim_trace *t, const struct sim_config *c, struct sim_re
         s.sig = calloc(nb, sizeof(*s.sig));
         s.pen = calloc(nb, sizeof(*s.pen));
         s.ghost_dead = calloc(nb, 1);
+        s.ghost_hits = calloc(nb, sizeof(*s.ghost_hits));
         s.ctr = malloc((size_t)1 << SIM_SHIP_BITS);
-        if (!s.sig || !s.pen || !s.ghost_dead || !s.ctr) {
+        if (!s.sig || !s.pen || !s.ghost_dead || !s.ghost_hits || !s.ctr) {
             free(s.ctr);
             s.ctr = NULL;
             rc = -ENOMEM;
             goto out;
         }
         memset(s.ctr, c->ship_max > 1 ? 1 : c->ship_max, (size_t)1 << SIM_SHIP_BITS);
+        s.eta_all = -1;
+        if (c->ship_eta) {
+            s.eta = malloc(sizeof(*s.eta) << SIM_SHIP_BITS);
+            if (!s.eta) {
+                rc = -ENOMEM;
+                goto out;
+            }
+            for (size_t i = 0; i < (size_t)1 << SIM_SHIP_BITS; i++)
+                s.eta[i] = -1;
+        }
     }
     s.host.key = s.disk.key = s.key;
     s.host.blk = s.disk.blk = s.blk;
@@ -862,6 +919,8 @@ out:
     free(s.sig);
     free(s.pen);
     free(s.ghost_dead);
+    free(s.ghost_hits);
     free(s.ctr);
+    free(s.eta);
     return rc;
 }

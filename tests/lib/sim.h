@@ -54,6 +54,8 @@ struct sim_config {
     double ship_penalty;  /* key penalty (log2 units) of a block predicted dead */
     double ship_bonus;    /* key bonus of a block whose signature counter is saturated */
     int ship_max;         /* saturating counter maximum */
+    int ship_hc;          /* 1: counters per (signature, hit-count class), trained per hit */
+    int ship_eta;         /* 1: per-signature reuse-interval estimate shifts the key instead */
 };
 
 enum sim_ship_sig {
