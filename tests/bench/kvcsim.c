@@ -106,6 +106,7 @@ int main(int argc, char **argv)
         { "ship-max", required_argument, 0, 'M' },
         { "ship-eta", no_argument, 0, 'E' },
         { "ship-hc", no_argument, 0, 'C' },
+        { "ship-horizon", required_argument, 0, 'R' },
         { 0, 0, 0, 0 },
     };
     char capbuf[1024] = "1000,10000,50000,100000", polbuf[1024] = "lru,lfu,prefix,default,min,inf";
@@ -147,6 +148,7 @@ int main(int argc, char **argv)
         case 'M': base.ship_max = atoi(optarg); break;
         case 'E': base.ship_eta = 1; break;
         case 'C': base.ship_hc = 1; break;
+        case 'R': base.ship_horizon = strtoull(optarg, NULL, 0); break;
         default: kvcsim_usage(); return 2;
         }
     }

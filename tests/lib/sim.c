@@ -281,6 +281,7 @@ void sim_config_init(struct sim_config *c)
     c->tune = -1;
     c->ship_penalty = 64.0;
     c->ship_max = 3;
+    c->ship_horizon = UINT64_MAX - 1;
 }
 
 static uint32_t sim_block_tokens(const struct sim_req *r, uint32_t j)
@@ -414,6 +415,7 @@ struct sim_state {
     float *eta;        /* ETA mode: log2 reuse-interval estimate by signature; <0 = none */
     double eta_all;    /* ETA mode: the same over all signatures (the prior) */
     uint64_t now;
+    uint64_t *next_req; /* oracle signature: request index of the reference's next use */
 };
 
 #define SIM_SHIP_BITS 16
@@ -651,6 +653,11 @@ static int sim_policy_run(struct sim_state *s)
                     uint32_t g = sim_ship_sig(s, ids, rq->len, j, div, divpos);
                     s->sig[x] = g;
                     s->pen[x] = sim_ship_pen(s, g);
+                    if (s->next_req) /* perfect prediction: an upper bound, not a policy */
+                        s->pen[x] = s->next_req[rq->off + j] == UINT64_MAX ||
+                                            s->next_req[rq->off + j] - qi > s->c->ship_horizon
+                                        ? -s->c->ship_penalty
+                                        : s->c->ship_bonus;
                     if (s->eta)
                         s->pen[x] = s->eta[g] < 0 || s->eta_all < 0
                                         ? 0.0
@@ -888,6 +895,24 @@ int sim_run(const struct sim_trace *t, const struct sim_config *c, struct sim_re
         }
         memset(s.ctr, c->ship_max > 1 ? 1 : c->ship_max, (size_t)1 << SIM_SHIP_BITS);
         s.eta_all = -1;
+        if (c->ship == SIM_SHIP_ORACLE) {
+            uint64_t *last = malloc(nb * sizeof(*last));
+            s.next_req = malloc((t->nref ? t->nref : 1) * sizeof(*s.next_req));
+            if (!last || !s.next_req) {
+                free(last);
+                rc = -ENOMEM;
+                goto out;
+            }
+            for (size_t i = 0; i < nb; i++)
+                last[i] = UINT64_MAX;
+            for (size_t qi = t->nreq; qi-- > 0;)
+                for (uint32_t j = t->req[qi].len; j-- > 0;) {
+                    uint32_t x = t->ids[t->req[qi].off + j];
+                    s.next_req[t->req[qi].off + j] = last[x];
+                    last[x] = qi;
+                }
+            free(last);
+        }
         if (c->ship_eta) {
             s.eta = malloc(sizeof(*s.eta) << SIM_SHIP_BITS);
             if (!s.eta) {
@@ -922,5 +947,6 @@ out:
     free(s.ghost_hits);
     free(s.ctr);
     free(s.eta);
+    free(s.next_req);
     return rc;
 }

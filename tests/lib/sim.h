@@ -55,6 +55,7 @@ struct sim_config {
     double ship_bonus;    /* key bonus of a block whose signature counter is saturated */
     int ship_max;         /* saturating counter maximum */
     int ship_hc;          /* 1: counters per (signature, hit-count class), trained per hit */
+    uint64_t ship_horizon; /* oracle: a next use farther than this many requests is dead */
     int ship_eta;         /* 1: per-signature reuse-interval estimate shifts the key instead */
 };
 
@@ -66,6 +67,7 @@ enum sim_ship_sig {
     SIM_SHIP_DIVD,   /* divergence point and distance below it (capped at 8) */
     SIM_SHIP_GLOBAL, /* one counter for all: an adaptive admission baseline */
     SIM_SHIP_DEPTH,  /* the block's depth (capped at 63) */
+    SIM_SHIP_ORACLE, /* not a signature: the future (no use within ship_horizon requests) */
 };
 
 void sim_config_init(struct sim_config *c);
