@@ -100,13 +100,6 @@ int main(int argc, char **argv)
         { "tune", required_argument, 0, 'T' },
         { "csv", required_argument, 0, 'o' },
         { "plot", required_argument, 0, 'P' },
-        { "ship", required_argument, 0, 'S' },
-        { "ship-penalty", required_argument, 0, 'X' },
-        { "ship-bonus", required_argument, 0, 'B' },
-        { "ship-max", required_argument, 0, 'M' },
-        { "ship-eta", no_argument, 0, 'E' },
-        { "ship-hc", no_argument, 0, 'C' },
-        { "ship-horizon", required_argument, 0, 'R' },
         { 0, 0, 0, 0 },
     };
     char capbuf[1024] = "1000,10000,50000,100000", polbuf[1024] = "lru,lfu,prefix,default,min,inf";
@@ -142,13 +135,6 @@ int main(int argc, char **argv)
         case 'T': base.tune = atoi(optarg); break;
         case 'o': csv_path = optarg; break;
         case 'P': plot_path = optarg; break;
-        case 'S': base.ship = atoi(optarg); break;
-        case 'X': base.ship_penalty = strtod(optarg, NULL); break;
-        case 'B': base.ship_bonus = strtod(optarg, NULL); break;
-        case 'M': base.ship_max = atoi(optarg); break;
-        case 'E': base.ship_eta = 1; break;
-        case 'C': base.ship_hc = 1; break;
-        case 'R': base.ship_horizon = strtoull(optarg, NULL, 0); break;
         default: kvcsim_usage(); return 2;
         }
     }

@@ -279,9 +279,6 @@ void sim_config_init(struct sim_config *c)
     c->adapt = 1;
     c->half_life = 64.0;
     c->tune = -1;
-    c->ship_penalty = 64.0;
-    c->ship_max = 3;
-    c->ship_horizon = UINT64_MAX - 1;
 }
 
 static uint32_t sim_block_tokens(const struct sim_req *r, uint32_t j)
@@ -407,18 +404,7 @@ struct sim_state {
     double qratio;
     struct policy_tune tune;
     int tuning;
-    uint32_t *sig;     /* SHiP: signature each block was inserted with */
-    double *pen;       /* SHiP: key adjustment until the block's first hit */
-    uint8_t *ctr;      /* SHiP: saturating counters by signature hash */
-    uint8_t *ghost_dead; /* SHiP: evicted without a hit */
-    uint32_t *ghost_hits; /* SHiP: hits when evicted */
-    float *eta;        /* ETA mode: log2 reuse-interval estimate by signature; <0 = none */
-    double eta_all;    /* ETA mode: the same over all signatures (the prior) */
-    uint64_t now;
-    uint64_t *next_req; /* oracle signature: request index of the reference's next use */
 };
-
-#define SIM_SHIP_BITS 16
 
 #define SIM_BLOCK_BYTES (1u << 20)
 
@@ -430,57 +416,6 @@ static double sim_room(const struct sim_state *s, uint32_t x)
 static void sim_rekey(struct sim_state *s, uint32_t x)
 {
     s->key[x] = policy_key((enum policy_kind)s->c->policy, &s->blk[x], &s->p);
-    if (s->eta)
-        s->key[x] += s->pen[x] * (s->c->policy == POLICY_LRU ? 1.0 : 1.0 / s->p.half_life);
-    else if (s->ctr && (s->blk[x].hits == 0 || s->c->ship_hc))
-        s->key[x] += s->pen[x];
-}
-
-static uint32_t sim_ship_sig(const struct sim_state *s, const uint32_t *ids, uint32_t len,
-                             uint32_t j, uint32_t div, uint32_t divpos)
-{
-    uint64_t v;
-    switch (s->c->ship) {
-    case SIM_SHIP_H1: v = len > 1 ? ids[1] : ids[0]; break;
-    case SIM_SHIP_PARENT: v = j > 0 ? ids[j - 1] : UINT32_MAX; break;
-    case SIM_SHIP_DIV: v = div; break;
-    case SIM_SHIP_DIVD:
-        v = ((uint64_t)div << 8) | (j - divpos > 8 ? 8 : j - divpos);
-        break;
-    case SIM_SHIP_DEPTH: v = j > 63 ? 63 : j; break;
-    default: v = 0; break;
-    }
-    return (uint32_t)(sim_hash(v + 0x9e3779b97f4a7c15ULL) >> (64 - SIM_SHIP_BITS));
-}
-
-/* ETA mode: one observed (or, for a block evicted unused, censored) interval. */
-static void sim_ship_interval(struct sim_state *s, uint32_t sig, double interval)
-{
-    double l = log2(interval > 1 ? interval : 1);
-    s->eta[sig] = s->eta[sig] < 0 ? (float)l : (float)(0.75 * s->eta[sig] + 0.25 * l);
-    s->eta_all = s->eta_all < 0 ? l : 0.99 * s->eta_all + 0.01 * l;
-}
-
-/* Counter slot of a signature in hit-count class min(hits, 3) (class 0 = the signature). */
-static uint32_t sim_ship_slot(const struct sim_state *s, uint32_t sig, uint32_t hits)
-{
-    if (!s->c->ship_hc)
-        return sig;
-    return (sig + (hits > 3 ? 3 : hits) * 0x9e37u) & ((1u << SIM_SHIP_BITS) - 1);
-}
-
-static double sim_ship_pen(const struct sim_state *s, uint32_t slot)
-{
-    return s->ctr[slot] == 0 ? -s->c->ship_penalty
-         : s->ctr[slot] >= s->c->ship_max ? s->c->ship_bonus : 0.0;
-}
-
-static void sim_ship_train(struct sim_state *s, uint32_t sig, int up)
-{
-    if (up && s->ctr[sig] < s->c->ship_max)
-        s->ctr[sig]++;
-    else if (!up && s->ctr[sig] > 0)
-        s->ctr[sig]--;
 }
 
 static void sim_maybe_rebuild(struct sim_state *s)
@@ -504,14 +439,6 @@ static void sim_forget(struct sim_state *s, uint32_t x)
     s->ghost_seq[x] = s->evictions;
     s->ghost_freq[x] = s->blk[x].freq;
     s->ghost_time[x] = s->blk[x].last_access;
-    if (s->ctr) {
-        s->ghost_dead[x] = s->blk[x].hits == 0 || s->c->ship_hc;
-        s->ghost_hits[x] = s->blk[x].hits;
-        if (s->ghost_dead[x])
-            sim_ship_train(s, sim_ship_slot(s, s->sig[x], s->blk[x].hits), 0);
-        if (s->eta && s->ghost_dead[x])
-            sim_ship_interval(s, s->sig[x], 2.0 * (double)(s->now - s->blk[x].last_access));
-    }
     uint32_t par = s->parent[x];
     if (par != UINT32_MAX && s->where[par] != SIM_NONE) {
         s->blk[par].children--;
@@ -610,8 +537,7 @@ static int sim_policy_run(struct sim_state *s)
         const struct sim_req *rq = &t->req[qi];
         const uint32_t *ids = t->ids + rq->off;
         uint64_t now = qi + 1;
-        s->now = now;
-        uint32_t j = 0, parent = UINT32_MAX, div = UINT32_MAX, divpos = 0;
+        uint32_t j = 0, parent = UINT32_MAX;
         int prefix = 1;
 
         for (j = 0; j < rq->len; j++) {
@@ -641,28 +567,6 @@ static int sim_policy_run(struct sim_state *s)
                     s->blk[x].flags |= POLICY_BLOCK_PARTIAL;
                 if (j == 0)
                     s->blk[x].flags |= POLICY_BLOCK_SINK;
-                if (s->ctr && s->ghost_seq[x] && s->evictions - s->ghost_seq[x] < ghost_window &&
-                    s->ghost_dead[x])
-                {
-                    /* evicted unused, wanted again */
-                    sim_ship_train(s, sim_ship_slot(s, s->sig[x], s->ghost_hits[x]), 1);
-                    if (s->eta)
-                        sim_ship_interval(s, s->sig[x], (double)(now - s->ghost_time[x]));
-                }
-                if (s->ctr) {
-                    uint32_t g = sim_ship_sig(s, ids, rq->len, j, div, divpos);
-                    s->sig[x] = g;
-                    s->pen[x] = sim_ship_pen(s, g);
-                    if (s->next_req) /* perfect prediction: an upper bound, not a policy */
-                        s->pen[x] = s->next_req[rq->off + j] == UINT64_MAX ||
-                                            s->next_req[rq->off + j] - qi > s->c->ship_horizon
-                                        ? -s->c->ship_penalty
-                                        : s->c->ship_bonus;
-                    if (s->eta)
-                        s->pen[x] = s->eta[g] < 0 || s->eta_all < 0
-                                        ? 0.0
-                                        : -(exp2(s->eta[g]) - exp2(s->eta_all));
-                }
                 if (s->ghost_seq[x] && s->evictions - s->ghost_seq[x] < ghost_window) {
                     policy_params_observe_reuse(&s->p, now - s->ghost_time[x]);
                     policy_ghost_restore(&s->blk[x], s->ghost_freq[x], s->ghost_time[x], now,
@@ -686,16 +590,6 @@ static int sim_policy_run(struct sim_state *s)
                 if (prefix)
                     s->r->prefix_hits++;
                 policy_params_observe_reuse(&s->p, now - s->blk[x].last_access);
-                if (s->ctr && s->c->ship_hc) {
-                    sim_ship_train(s, sim_ship_slot(s, s->sig[x], s->blk[x].hits), 1);
-                    s->pen[x] = sim_ship_pen(s, sim_ship_slot(s, s->sig[x], s->blk[x].hits + 1));
-                } else if (s->ctr && s->blk[x].hits == 0) {
-                    sim_ship_train(s, s->sig[x], 1);
-                    if (s->eta)
-                        sim_ship_interval(s, s->sig[x], (double)(now - s->blk[x].last_access));
-                }
-                div = x;
-                divpos = j;
                 policy_touch(&s->blk[x], now, &s->p);
                 if (s->where[x] == SIM_DISK) {
                     /* Promoted into the fast tier before it is served. */
@@ -881,48 +775,6 @@ int sim_run(const struct sim_trace *t, const struct sim_config *c, struct sim_re
         s.disk.pos[i] = UINT32_MAX;
         s.parent[i] = UINT32_MAX;
     }
-    if (c->ship) {
-        s.sig = calloc(nb, sizeof(*s.sig));
-        s.pen = calloc(nb, sizeof(*s.pen));
-        s.ghost_dead = calloc(nb, 1);
-        s.ghost_hits = calloc(nb, sizeof(*s.ghost_hits));
-        s.ctr = malloc((size_t)1 << SIM_SHIP_BITS);
-        if (!s.sig || !s.pen || !s.ghost_dead || !s.ghost_hits || !s.ctr) {
-            free(s.ctr);
-            s.ctr = NULL;
-            rc = -ENOMEM;
-            goto out;
-        }
-        memset(s.ctr, c->ship_max > 1 ? 1 : c->ship_max, (size_t)1 << SIM_SHIP_BITS);
-        s.eta_all = -1;
-        if (c->ship == SIM_SHIP_ORACLE) {
-            uint64_t *last = malloc(nb * sizeof(*last));
-            s.next_req = malloc((t->nref ? t->nref : 1) * sizeof(*s.next_req));
-            if (!last || !s.next_req) {
-                free(last);
-                rc = -ENOMEM;
-                goto out;
-            }
-            for (size_t i = 0; i < nb; i++)
-                last[i] = UINT64_MAX;
-            for (size_t qi = t->nreq; qi-- > 0;)
-                for (uint32_t j = t->req[qi].len; j-- > 0;) {
-                    uint32_t x = t->ids[t->req[qi].off + j];
-                    s.next_req[t->req[qi].off + j] = last[x];
-                    last[x] = qi;
-                }
-            free(last);
-        }
-        if (c->ship_eta) {
-            s.eta = malloc(sizeof(*s.eta) << SIM_SHIP_BITS);
-            if (!s.eta) {
-                rc = -ENOMEM;
-                goto out;
-            }
-            for (size_t i = 0; i < (size_t)1 << SIM_SHIP_BITS; i++)
-                s.eta[i] = -1;
-        }
-    }
     s.host.key = s.disk.key = s.key;
     s.host.blk = s.disk.blk = s.blk;
     rc = sim_policy_run(&s);
@@ -941,12 +793,5 @@ out:
     free(s.host.pos);
     free(s.disk.a);
     free(s.disk.pos);
-    free(s.sig);
-    free(s.pen);
-    free(s.ghost_dead);
-    free(s.ghost_hits);
-    free(s.ctr);
-    free(s.eta);
-    free(s.next_req);
     return rc;
 }

@@ -50,24 +50,6 @@ struct sim_config {
                              default policy's setting, sim_config_init leaves it -1 = auto */
     uint32_t admit_hits;  /* the daemon's disk admission: a leaf hit fewer times than this
                              is dropped where the policy would offload it (0: all admitted) */
-    int ship;             /* signature-based reuse predictor (enum sim_ship_sig); 0 = off */
-    double ship_penalty;  /* key penalty (log2 units) of a block predicted dead */
-    double ship_bonus;    /* key bonus of a block whose signature counter is saturated */
-    int ship_max;         /* saturating counter maximum */
-    int ship_hc;          /* 1: counters per (signature, hit-count class), trained per hit */
-    uint64_t ship_horizon; /* oracle: a next use farther than this many requests is dead */
-    int ship_eta;         /* 1: per-signature reuse-interval estimate shifts the key instead */
-};
-
-enum sim_ship_sig {
-    SIM_SHIP_OFF = 0,
-    SIM_SHIP_H1,     /* the request's second block (its first block past the shared one) */
-    SIM_SHIP_PARENT, /* the block it was inserted under */
-    SIM_SHIP_DIV,    /* the request's deepest block that was a hit (point of divergence) */
-    SIM_SHIP_DIVD,   /* divergence point and distance below it (capped at 8) */
-    SIM_SHIP_GLOBAL, /* one counter for all: an adaptive admission baseline */
-    SIM_SHIP_DEPTH,  /* the block's depth (capped at 63) */
-    SIM_SHIP_ORACLE, /* not a signature: the future (no use within ship_horizon requests) */
 };
 
 void sim_config_init(struct sim_config *c);
