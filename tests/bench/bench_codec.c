@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "tests/lib/bench.h"
 #include "tiers/disk_codec.h"
 
 #define BLOCK (2u << 20)
@@ -84,23 +85,12 @@ static void gen(uint16_t *p, size_t n, int bf16, int outliers)
     }
 }
 
-struct row {
-    char name[96];
-    double value, base;
-    const char *unit, *baseline;
-};
-
-static struct row rows[128];
-static int nrows;
+static struct bench_row rows[128];
+static size_t nrows;
 
 static void add(const char *name, double v, const char *unit, const char *baseline, double base)
 {
-    struct row *r = &rows[nrows++];
-    snprintf(r->name, sizeof(r->name), "%s", name);
-    r->value = v;
-    r->unit = unit;
-    r->baseline = baseline;
-    r->base = base;
+    bench_row_add(rows, sizeof(rows) / sizeof(rows[0]), &nrows, name, v, unit, baseline, base);
     printf("%-44s %9.3f %-6s %-10s %9.1f\n", name, v, unit, baseline, base);
 }
 
@@ -111,7 +101,6 @@ int main(int argc, char **argv)
     uint8_t *src = malloc((size_t)NBLOCKS * BLOCK), *dst = malloc(disk_codec_bound(BLOCK));
     uint8_t *back = malloc(BLOCK), *cp = malloc(BLOCK);
     struct disk_codec *c = disk_codec_new();
-    FILE *out;
     if (argc < 2 || !src || !dst || !back || !cp || !c) {
         fprintf(stderr, "usage: bench_codec OUT.json\n");
         return 2;
@@ -165,18 +154,8 @@ int main(int argc, char **argv)
             }
         }
     }
-    out = fopen(argv[1], "w");
-    if (!out)
+    if (bench_json_write(argv[1], rows, nrows))
         return 1;
-    fprintf(out, "[\n");
-    for (int i = 0; i < nrows; i++)
-        fprintf(out,
-                "  {\"case\": \"%s\", \"value\": %.3f, \"unit\": \"%s\", \"baseline\": \"%s\", "
-                "\"baseline_value\": %.1f, \"ratio\": %.3f}%s\n",
-                rows[i].name, rows[i].value, rows[i].unit, rows[i].baseline, rows[i].base,
-                rows[i].base > 0 ? rows[i].value / rows[i].base : 0, i + 1 < nrows ? "," : "");
-    fprintf(out, "]\n");
-    fclose(out);
     disk_codec_free(c);
     free(src);
     free(dst);

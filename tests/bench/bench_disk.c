@@ -24,6 +24,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "tests/lib/bench.h"
 #include "tests/lib/daemon.h"
 #include "tiers/disk.h"
 
@@ -31,14 +32,8 @@
 #define ARENA (128 * MiB)
 #define PER_CASE (getenv("KVC_BENCH_QUICK") ? 64 * MiB : 512 * MiB)
 
-struct result {
-    char name[64];
-    double value, base;
-    const char *unit, *baseline;
-};
-
-static struct result res[64];
-static int nres;
+static struct bench_row res[64];
+static size_t nres;
 static uint8_t *arena, *arena4k; /* 128 MiB each: on huge pages where the kernel gives them,
                                     and on 4 KiB pages */
 static uint64_t inflight;
@@ -177,12 +172,7 @@ static double fio_bw(const char *file, uint64_t offset, const char *rw, uint64_t
 
 static void add(const char *name, double v, const char *unit, const char *baseline, double base)
 {
-    struct result *r = &res[nres++];
-    snprintf(r->name, sizeof(r->name), "%s", name);
-    r->value = v;
-    r->unit = unit;
-    r->baseline = baseline;
-    r->base = base;
+    bench_row_add(res, sizeof(res) / sizeof(res[0]), &nres, name, v, unit, baseline, base);
     printf("%-34s %10.1f %-6s  %-22s %10.1f  ratio %.3f\n", name, v, unit, baseline, base,
            base > 0 ? v / base : 0);
 }
@@ -300,7 +290,6 @@ int main(int argc, char **argv)
     const int qds[3] = {1, 8, 32};
     const int rounds = getenv("KVC_BENCH_ROUNDS") ? atoi(getenv("KVC_BENCH_ROUNDS")) : 5;
     char path[512];
-    FILE *out;
     int err;
     if (argc < 2) {
         fprintf(stderr, "usage: bench_disk OUT.json [DIR]\n");
@@ -445,18 +434,8 @@ int main(int argc, char **argv)
         lookup_bench(dir, 256 * 1024, true);
         daemon_suite_fini();
     }
-    out = fopen(argv[1], "w");
-    if (!out)
+    if (bench_json_write(argv[1], res, nres))
         return 1;
-    fprintf(out, "[\n");
-    for (int i = 0; i < nres; i++)
-        fprintf(out,
-                "  {\"case\": \"%s\", \"value\": %.1f, \"unit\": \"%s\", \"baseline\": \"%s\", "
-                "\"baseline_value\": %.1f, \"ratio\": %.3f}%s\n",
-                res[i].name, res[i].value, res[i].unit, res[i].baseline, res[i].base,
-                res[i].base > 0 ? res[i].value / res[i].base : 0, i + 1 < nres ? "," : "");
-    fprintf(out, "]\n");
-    fclose(out);
     free(arena);
     free(arena4k);
     return 0;

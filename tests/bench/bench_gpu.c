@@ -22,16 +22,11 @@
 #include "client/kvc.h"
 #include "kernels/kern.h"
 #include "kernels/kern_dev.h"
+#include "tests/lib/bench.h"
 #include "tests/lib/daemon.h"
 
 #define BG_BLOCKS 32
 #define BG_ITERS 20
-
-struct bg_row {
-    const char *name;
-    double value, base;
-    const char *baseline;
-};
 
 struct bg_copy {
     kvc_lease *l;
@@ -55,22 +50,6 @@ static void bg_memcpy(void *arg)
     kern_cuda_copy(c->dst, c->src, c->bytes, c->kind, NULL);
 }
 
-static int bg_write(const char *path, const struct bg_row *rows, int n)
-{
-    FILE *f = fopen(path, "w");
-    if (!f)
-        return -1;
-    fprintf(f, "[\n");
-    for (int i = 0; i < n; i++)
-        fprintf(f,
-                "  {\"case\": \"%s\", \"value\": %.6g, \"unit\": \"GB/s\", \"baseline\": \"%s\", "
-                "\"baseline_value\": %.6g, \"ratio\": %.4f}%s\n",
-                rows[i].name, rows[i].value, rows[i].baseline, rows[i].base,
-                rows[i].value / rows[i].base, i + 1 < n ? "," : "");
-    fprintf(f, "]\n");
-    return fclose(f);
-}
-
 int main(int argc, char **argv)
 {
     static const char *const args[] = {"-o", "host.size=256m", "-o", "gpu.pool_size=256m", NULL};
@@ -78,21 +57,22 @@ int main(int argc, char **argv)
                              .head_dim = 128, .block_tokens = 16, .dtype = KVC_DTYPE_FP16,
                              .kv_kind = KVC_KV_KIND_KV};
     struct daemon d = {0};
-    struct bg_row rows[2];
+    struct bench_row rows[2];
     kvc_client *c = NULL;
     kvc_ns *ns;
     kvc_lease *l;
     kvc_resv *r;
     struct kvc_key keys[BG_BLOCKS];
     uint32_t tokens[BG_BLOCKS * 16];
-    int nrows = 0, rc = 1;
+    size_t nrows = 0;
+    int rc = 1;
     if (argc != 2) {
         fprintf(stderr, "usage: bench_gpu OUT.json\n");
         return 2;
     }
     if (kern_cuda_device_count() <= 0) {
         printf("SKIP: bench_gpu: no CUDA device found; nothing measured\n");
-        return bg_write(argv[1], rows, 0) ? 1 : 0;
+        return bench_json_write(argv[1], rows, 0) ? 1 : 0;
     }
     if (daemon_suite_init("bench-gpu") || daemon_start(&d, args) ||
         kvc_connect(d.sock, &c) || kvc_ns_open(c, &lay, &ns) || kvc_gpu_attach(c) != 1) {
@@ -120,8 +100,9 @@ int main(int argc, char **argv)
     double t = kern_cuda_time_ms(bg_lease_copy, &cp, BG_ITERS);
     double tb = kern_cuda_time_ms(bg_memcpy, &cp, BG_ITERS);
     kvc_release(l);
-    rows[nrows++] = (struct bg_row){"pool-to-device prefix load", (double)bytes * BG_ITERS / t / 1e6,
-                                    (double)bytes * BG_ITERS / tb / 1e6, "cudaMemcpy D2D"};
+    bench_row_add(rows, 2, &nrows, "pool-to-device prefix load",
+                  (double)bytes * BG_ITERS / t / 1e6, "GB/s", "cudaMemcpy D2D",
+                  (double)bytes * BG_ITERS / tb / 1e6);
 
     /* A second client without the pool flag gets the blocks moved to the host arena. */
     kvc_client *h;
@@ -144,14 +125,14 @@ int main(int argc, char **argv)
     tb = kern_cuda_time_ms(bg_memcpy, &cp, BG_ITERS);
     kvc_release(l);
     ops->host_unregister(pinned);
-    rows[nrows++] = (struct bg_row){"host-tier hit into device", (double)bytes * BG_ITERS / t / 1e6,
-                                    (double)bytes * BG_ITERS / tb / 1e6, "cudaMemcpy H2D from pinned"};
+    bench_row_add(rows, 2, &nrows, "host-tier hit into device", (double)bytes * BG_ITERS / t / 1e6,
+                  "GB/s", "cudaMemcpy H2D from pinned", (double)bytes * BG_ITERS / tb / 1e6);
     printf("%-32s %10s %10s %8s\n", "case", "GB/s", "baseline", "ratio");
-    for (int i = 0; i < nrows; i++)
+    for (size_t i = 0; i < nrows; i++)
         printf("%-32s %10.1f %10.1f %8.3f\n", rows[i].name, rows[i].value, rows[i].base,
                rows[i].value / rows[i].base);
     printf("quantized host hit + GPU dequantize: not measured (raw blocks only so far)\n");
-    rc = bg_write(argv[1], rows, nrows) ? 1 : 0;
+    rc = bench_json_write(argv[1], rows, nrows) ? 1 : 0;
 out:
     kvc_disconnect(c);
     if (d.pid) {

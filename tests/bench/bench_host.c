@@ -46,6 +46,7 @@
 #include <unistd.h>
 
 #include "client/kvc.h"
+#include "tests/lib/bench.h"
 
 #define BENCH_ARENA "2g"
 #define BENCH_WS_BYTES (256ull << 20) /* blocks per process per case */
@@ -410,37 +411,6 @@ static double bench_gbps(const struct bench_shared *sh, int step, unsigned nproc
     return v[BENCH_REPS - 1];
 }
 
-struct bench_result {
-    char name[48];
-    double value;
-    const char *unit;
-    const char *baseline;
-    double baseline_value;
-};
-
-static int bench_json_write(const char *path, const struct bench_result *res, size_t n)
-{
-    FILE *f = fopen(path, "we");
-    if (!f) {
-        fprintf(stderr, "bench_host: %s: %s\n", path, strerror(errno));
-        return -1;
-    }
-    fprintf(f, "[\n");
-    for (size_t i = 0; i < n; i++) {
-        const struct bench_result *r = &res[i];
-        fprintf(f, "  {\"case\": \"%s\", \"value\": %.4f, \"unit\": \"%s\", ", r->name, r->value,
-                r->unit);
-        if (r->baseline)
-            fprintf(f, "\"baseline\": \"%s\", \"baseline_value\": %.4f, \"ratio\": %.4f}",
-                    r->baseline, r->baseline_value, r->value / r->baseline_value);
-        else
-            fprintf(f, "\"baseline\": null, \"baseline_value\": null, \"ratio\": null}");
-        fprintf(f, "%s\n", i + 1 < n ? "," : "");
-    }
-    fprintf(f, "]\n");
-    return fclose(f) == 0 ? 0 : -1;
-}
-
 /* Starts kvcd on dir/kvcd.sock; returns its pid, or -1 when it did not come up. */
 static pid_t bench_daemon_start(const char *dir, const char *sock)
 {
@@ -487,7 +457,7 @@ int main(int argc, char **argv)
     const char *json = argc > 1 ? argv[1] : "build/bench/host.json";
     const char *only = argc > 2 ? argv[2] : NULL; /* one case, e.g. 2MiB_x1, for profiling */
     char dir[] = "/tmp/kvcd-bench.XXXXXX", sock[160], log[160];
-    struct bench_result res[64];
+    struct bench_row res[64];
     size_t nres = 0;
     struct bench_shared *sh;
     pid_t daemon = -1;
@@ -535,7 +505,7 @@ int main(int argc, char **argv)
                 {"get", BENCH_STEP_GET, BENCH_STEP_MEMCPY_GET},
             };
             for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
-                struct bench_result *r = &res[nres++];
+                struct bench_row *r = &res[nres++];
                 snprintf(r->name, sizeof(r->name), "%s_%s_x%u", rows[i].op, bench_sizes[s].name,
                          np);
                 double med, base_med;
@@ -543,19 +513,19 @@ int main(int argc, char **argv)
                 r->value = bench_gbps(sh, rows[i].step, np, &med);
                 r->unit = "GB/s";
                 r->baseline = "memcpy";
-                r->baseline_value = bench_gbps(sh, rows[i].base, np, &base_med);
+                r->base = bench_gbps(sh, rows[i].base, np, &base_med);
                 for (unsigned p = 0; p < np; p++)
                     faults += sh->faults[rows[i].step][p];
                 printf("%-22s %8.2f %8.2f %8.2f %8.2f %6.2f %9ld%s\n", r->name, r->value, med,
-                       r->baseline_value, base_med, r->value / r->baseline_value, faults,
-                       r->value < 0.9 * r->baseline_value ? "  below 0.9 target" : "");
+                       r->base, base_med, r->value / r->base, faults,
+                       r->value < 0.9 * r->base ? "  below 0.9 target" : "");
             }
             fflush(stdout);
         }
     }
     if (bench_case_run(sh, 1, -1) < 0)
         goto out;
-    struct bench_result *r = &res[nres++];
+    struct bench_row *r = &res[nres++];
     snprintf(r->name, sizeof(r->name), "rtt_lookup_release_1block");
     r->value = bench_median(sh->rtt_us, BENCH_RTT_REPS);
     r->unit = "us";

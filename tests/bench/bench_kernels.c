@@ -27,32 +27,19 @@
 
 #include "kernels/kern.h"
 #include "kernels/kern_fmt.h"
+#include "tests/lib/bench.h"
 
 #define NBLOCKS 8
 #define MIN_SECONDS 0.4
 
-struct row {
-    char name[64];
-    double value;
-    const char *unit;
-    const char *baseline;
-    double base;
-};
-
-static struct row rows[256];
-static int nrows;
+static struct bench_row rows[256];
+static size_t nrows;
 
 static void add_row(const char *name, double value, const char *unit, const char *baseline,
                     double base)
 {
-    if (nrows >= (int)(sizeof(rows) / sizeof(rows[0])))
-        return;
-    struct row *r = &rows[nrows++];
-    snprintf(r->name, sizeof(r->name), "%s", name);
-    r->value = value;
-    r->unit = unit;
-    r->baseline = baseline;
-    r->base = base;
+    bench_row_add(rows, sizeof(rows) / sizeof(rows[0]), &nrows, name, value, unit, baseline,
+                  base);
 }
 
 static double now_s(void)
@@ -378,28 +365,6 @@ static void error_table(void)
     free(y);
 }
 
-static int write_json(const char *path)
-{
-    FILE *f = fopen(path, "w");
-    if (!f) {
-        perror(path);
-        return -1;
-    }
-    fprintf(f, "[\n");
-    for (int i = 0; i < nrows; i++) {
-        struct row *r = &rows[i];
-        fprintf(f, "  {\"case\": \"%s\", \"value\": %.6g, \"unit\": \"%s\", \"baseline\": \"%s\", "
-                   "\"baseline_value\": %.6g, \"ratio\": ",
-                r->name, r->value, r->unit, r->baseline, r->base);
-        if (r->base > 0)
-            fprintf(f, "%.4f}%s\n", r->value / r->base, i + 1 < nrows ? "," : "");
-        else
-            fprintf(f, "null}%s\n", i + 1 < nrows ? "," : "");
-    }
-    fprintf(f, "]\n");
-    return fclose(f);
-}
-
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -411,5 +376,5 @@ int main(int argc, char **argv)
     bench_throughput();
     if (n_only == 0)
         error_table();
-    return write_json(argv[1]) ? 1 : 0;
+    return bench_json_write(argv[1], rows, nrows) ? 1 : 0;
 }

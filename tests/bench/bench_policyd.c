@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "daemon/store.h"
+#include "tests/lib/bench.h"
 #include "tiers/host.h"
 
 #define PB_CHAIN 8
@@ -89,28 +90,25 @@ int main(int argc, char **argv)
 {
     const char *json = argc > 1 ? argv[1] : "build/bench/policyd.json";
     static const uint32_t sizes[] = {16384, 131072};
-    FILE *f = fopen(json, "w");
-    if (!f)
-        return 1;
-    fprintf(f, "[\n");
+    static char bases[2][32]; /* the rows point at their baseline's name */
+    static struct bench_row rows[2 * POLICY_KIND_COUNT];
+    size_t nrows = 0;
     printf("%-10s %8s %14s %10s\n", "policy", "blocks", "ns/eviction", "vs lru");
     for (size_t z = 0; z < sizeof(sizes) / sizeof(sizes[0]); z++) {
         double lru = pb_run(POLICY_LRU, sizes[z]);
+        snprintf(bases[z], sizeof(bases[z]), "lru@%u", sizes[z]);
         for (int k = 0; k < POLICY_KIND_COUNT; k++) {
             double v = k == POLICY_LRU ? lru : pb_run((enum policy_kind)k, sizes[z]);
             printf("%-10s %8u %14.0f %10.2f\n", policy_name((enum policy_kind)k), sizes[z], v,
                    v / lru);
-            fprintf(f,
-                    "  {\"case\": \"%s@%u\", \"value\": %.1f, \"unit\": \"ns/eviction\", "
-                    "\"baseline\": \"lru@%u\", \"baseline_value\": %.1f, \"ratio\": %.3f}%s\n",
-                    policy_name((enum policy_kind)k), sizes[z], v, sizes[z], lru, v / lru,
-                    z + 1 == sizeof(sizes) / sizeof(sizes[0]) && k + 1 == POLICY_KIND_COUNT
-                        ? ""
-                        : ",");
+            char name[32];
+            snprintf(name, sizeof(name), "%s@%u", policy_name((enum policy_kind)k), sizes[z]);
+            bench_row_add(rows, sizeof(rows) / sizeof(rows[0]), &nrows, name, v,
+                          "ns/eviction", bases[z], lru);
         }
     }
-    fprintf(f, "]\n");
-    fclose(f);
+    if (bench_json_write(json, rows, nrows))
+        return 1;
     printf("\nwrote %s\n", json);
     return 0;
 }

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "policies/policy.h"
+#include "tests/lib/bench.h"
 #include "tests/lib/sim.h"
 
 int main(int argc, char **argv)
@@ -22,19 +23,15 @@ int main(int argc, char **argv)
     if (!path)
         path = KVC_SRC_DIR "/../shared/traces/conversation_trace.jsonl";
     struct sim_trace t;
-    int rc = 1, first = 1;
-    FILE *f = NULL;
+    int rc = 1;
+    static struct bench_row rows[256];
+    size_t nrows = 0;
 
     int r = sim_trace_load(&t, path);
     if (r < 0) {
         fprintf(stderr, "bench_sim: %s: cannot load trace (%s)\n", path, strerror(-r));
         return 1;
     }
-    if (!(f = fopen(out, "w"))) {
-        perror(out);
-        goto out;
-    }
-    fprintf(f, "[\n");
     printf("%-18s %8s %8s %8s\n", "case", "hit", "min", "ratio");
     for (size_t ci = 0; ci < sizeof(caps) / sizeof(caps[0]); ci++) {
         struct sim_config c;
@@ -53,18 +50,12 @@ int main(int argc, char **argv)
             char name[64];
             snprintf(name, sizeof(name), "%s@%.0f", sim_policy_name(pols[pi]), caps[ci]);
             printf("%-18s %8.4f %8.4f %8.3f\n", name, v, minv, minv > 0 ? v / minv : 0);
-            fprintf(f,
-                    "%s  {\"case\": \"%s\", \"value\": %.6f, \"unit\": \"hit_ratio\", "
-                    "\"baseline\": \"min\", \"baseline_value\": %.6f, \"ratio\": %.6f}",
-                    first ? "" : ",\n", name, v, minv, minv > 0 ? v / minv : 0);
-            first = 0;
+            bench_row_add(rows, sizeof(rows) / sizeof(rows[0]), &nrows, name, v, "hit_ratio",
+                          "min", minv);
         }
     }
-    fprintf(f, "\n]\n");
-    rc = 0;
+    rc = bench_json_write(out, rows, nrows) ? 1 : 0;
 out:
-    if (f)
-        fclose(f);
     sim_trace_free(&t);
     return rc;
 }
