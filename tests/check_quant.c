@@ -11,6 +11,7 @@
 #include "daemon/quant.h"
 #include "daemon/store.h"
 #include "kernels/kern.h"
+#include "tests/lib/layout.h"
 #include "tiers/host.h"
 #include "tiers/tier.h"
 
@@ -20,21 +21,6 @@
 static struct store *s;
 static struct quant *q;
 static struct store_owner o;
-
-static struct kvc_wire_layout layout_of(const char *model, uint32_t flags)
-{
-    struct kvc_wire_layout l;
-    memset(&l, 0, sizeof(l));
-    snprintf(l.model_id, sizeof(l.model_id), "%s", model);
-    l.layers = 2; /* 2 layers * K,V * 16 tokens * 4 heads * 128 dim * fp16 = 64 KiB */
-    l.kv_heads = 4;
-    l.head_dim = 128;
-    l.block_tokens = 16;
-    l.dtype = KVC_WIRE_DTYPE_FP16;
-    l.kv_kind = KVC_WIRE_KV_KIND_KV;
-    l.flags = flags;
-    return l;
-}
 
 static void setup(void)
 {
@@ -65,7 +51,7 @@ static void teardown(void)
 
 static uint32_t ns_open(const char *model, uint32_t flags)
 {
-    struct kvc_wire_layout l = layout_of(model, flags);
+    struct kvc_wire_layout l = layout_fp16(model, 2, flags);
     uint32_t id;
     bool created;
     ck_assert_int_eq(store_ns_open(s, &l, &id, &created), 0);
@@ -243,24 +229,24 @@ START_TEST(test_ns_flags)
 {
     uint32_t id;
     bool created;
-    struct kvc_wire_layout l = layout_of("bad", 1u << 7); /* unknown codec */
+    struct kvc_wire_layout l = layout_fp16("bad", 2, 1u << 7); /* unknown codec */
     ck_assert_int_eq(store_ns_open(s, &l, &id, &created), -EINVAL);
-    l = layout_of("bad", KVC_WIRE_QUANT_FLAGS(1u << 1, 2, 2, 0)); /* q4_1 not allowed */
+    l = layout_fp16("bad", 2, KVC_WIRE_QUANT_FLAGS(1u << 1, 2, 2, 0)); /* q4_1 not allowed */
     ck_assert_int_eq(store_ns_open(s, &l, &id, &created), -EINVAL);
-    l = layout_of("bad", KVC_WIRE_QUANT_FLAGS(1u << 1, 1, 1, 2)); /* every layer raw */
+    l = layout_fp16("bad", 2, KVC_WIRE_QUANT_FLAGS(1u << 1, 1, 1, 2)); /* every layer raw */
     ck_assert_int_eq(store_ns_open(s, &l, &id, &created), -EINVAL);
-    l = layout_of("bad", Q8);
+    l = layout_fp16("bad", 2, Q8);
     l.dtype = KVC_WIRE_DTYPE_FP32;
     ck_assert_int_eq(store_ns_open(s, &l, &id, &created), -EINVAL);
-    l = layout_of("bad", 1u << 24);
+    l = layout_fp16("bad", 2, 1u << 24);
     ck_assert_int_eq(store_ns_open(s, &l, &id, &created), -EINVAL);
     /* the creator's setting stays; 0 or the same value opens it, another does not */
     uint32_t qn = ns_open("q", Q8);
-    l = layout_of("q", 0);
+    l = layout_fp16("q", 2, 0);
     ck_assert_int_eq(store_ns_open(s, &l, &id, &created), 0);
     ck_assert_uint_eq(id, qn);
     ck_assert_uint_eq(store_ns_get(s, qn)->layout.flags, Q8);
-    l = layout_of("q", KVC_WIRE_QUANT_FLAGS(1u << 6, 6, 6, 0));
+    l = layout_fp16("q", 2, KVC_WIRE_QUANT_FLAGS(1u << 6, 6, 6, 0));
     ck_assert_int_eq(store_ns_open(s, &l, &id, &created), -EEXIST);
 }
 END_TEST

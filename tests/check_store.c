@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "daemon/store.h"
+#include "tests/lib/layout.h"
 #include "tiers/host.h"
 #include "tiers/tier.h"
 
@@ -14,20 +15,6 @@
 
 static struct store *s;
 static uint32_t ns;
-
-static struct kvc_wire_layout layout_of(const char *model, uint32_t layers)
-{
-    struct kvc_wire_layout l;
-    memset(&l, 0, sizeof(l));
-    snprintf(l.model_id, sizeof(l.model_id), "%s", model);
-    l.layers = layers; /* 2 * tokens 16 * heads 4 * dim 128 * fp16 = 32 KiB per layer */
-    l.kv_heads = 4;
-    l.head_dim = 128;
-    l.block_tokens = 16;
-    l.dtype = KVC_WIRE_DTYPE_FP16;
-    l.kv_kind = KVC_WIRE_KV_KIND_KV;
-    return l;
-}
 
 static void setup(void)
 {
@@ -40,7 +27,7 @@ static void setup(void)
                              .max_namespaces = 8,
                              .max_handles = 64,
                              .policy = POLICY_LRU};
-    struct kvc_wire_layout l = layout_of("m", 2);
+    struct kvc_wire_layout l = layout_fp16("m", 2, 0);
     bool created;
     int err = 0;
     s = store_new(&p, &err);
@@ -312,7 +299,7 @@ END_TEST
 
 START_TEST(test_namespaces_and_layouts)
 {
-    struct kvc_wire_layout l = layout_of("m", 2), other = layout_of("m", 3), bad;
+    struct kvc_wire_layout l = layout_fp16("m", 2, 0), other = layout_fp16("m", 3, 0), bad;
     uint32_t id;
     bool created;
     const char *why;
@@ -330,7 +317,7 @@ START_TEST(test_namespaces_and_layouts)
     bad = l;
     memset(bad.model_id, 'x', sizeof(bad.model_id)); /* no NUL */
     ck_assert_int_eq(store_layout_check(&bad, 1 << 30, &bb, &why), -EINVAL);
-    bad = layout_of("huge", 4096);
+    bad = layout_fp16("huge", 4096, 0);
     bad.kv_heads = 4096;
     bad.head_dim = 65536;
     bad.block_tokens = 65536; /* overflows 64 bits without care */
@@ -338,10 +325,10 @@ START_TEST(test_namespaces_and_layouts)
     for (int i = 0; i < 7; i++) {
         char name[16];
         snprintf(name, sizeof(name), "n%d", i);
-        struct kvc_wire_layout li = layout_of(name, 1);
+        struct kvc_wire_layout li = layout_fp16(name, 1, 0);
         ck_assert_int_eq(store_ns_open(s, &li, &id, &created), 0);
     }
-    struct kvc_wire_layout full = layout_of("one-too-many", 1);
+    struct kvc_wire_layout full = layout_fp16("one-too-many", 1, 0);
     ck_assert_int_eq(store_ns_open(s, &full, &id, &created), -ENOSPC);
     ck_assert_ptr_null(store_ns_get(s, 0));
     ck_assert_ptr_null(store_ns_get(s, 999));

@@ -13,6 +13,7 @@
 
 #include "daemon/quant.h"
 #include "daemon/store.h"
+#include "tests/lib/layout.h"
 #include "tiers/host.h"
 #include "tiers/tier.h"
 
@@ -22,21 +23,6 @@
 static struct store *s;
 static struct quant *q;
 static struct store_owner o;
-
-static struct kvc_wire_layout layout_of(const char *model, uint32_t flags)
-{
-    struct kvc_wire_layout l;
-    memset(&l, 0, sizeof(l));
-    snprintf(l.model_id, sizeof(l.model_id), "%s", model);
-    l.layers = 2; /* 2 layers * K,V * 16 tokens * 4 heads * 128 dim * fp16 = 64 KiB */
-    l.kv_heads = 4;
-    l.head_dim = 128;
-    l.block_tokens = 16;
-    l.dtype = KVC_WIRE_DTYPE_FP16;
-    l.kv_kind = KVC_WIRE_KV_KIND_KV;
-    l.flags = flags;
-    return l;
-}
 
 static void setup_policy(enum policy_kind k)
 {
@@ -73,7 +59,7 @@ static void teardown(void)
 
 static uint32_t ns_open(const char *model, uint32_t flags)
 {
-    struct kvc_wire_layout l = layout_of(model, flags);
+    struct kvc_wire_layout l = layout_fp16(model, 2, flags);
     uint32_t id;
     bool created;
     ck_assert_int_eq(store_ns_open(s, &l, &id, &created), 0);
