@@ -146,6 +146,7 @@ struct kvc_block_info {
     uint64_t last_access_ms; /* since the daemon started */
     uint32_t hits, pins, children, depth;
     uint8_t tier, format, state;
+    uint8_t on_disk; /* a copy is on disk: the only one for tier 2, a clean one otherwise */
 };
 
 /* ---- connection --------------------------------------------------------------------- */

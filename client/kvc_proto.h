@@ -321,8 +321,10 @@ struct kvc_wire_block {
     uint8_t tier;
     uint8_t format;
     uint8_t state; /* 1 committed */
-    uint8_t pad[5];
+    uint8_t flags; /* KVC_WIRE_BLOCK_F_* */
+    uint8_t pad[4];
 };
+#define KVC_WIRE_BLOCK_F_DISK 0x1u /* a copy is on disk (the only one for tier disk) */
 struct kvc_block_list_rep {
     uint32_t nblocks;
     uint32_t pad;

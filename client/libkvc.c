@@ -1176,6 +1176,7 @@ KVC_API int kvc_block_list(kvc_client *c, uint32_t ns_id, uint64_t *cursor, uint
                 o->tier = w[i].tier;
                 o->format = w[i].format;
                 o->state = w[i].state;
+                o->on_disk = (w[i].flags & KVC_WIRE_BLOCK_F_DISK) != 0;
             }
             *n = p->nblocks;
             *cursor = p->next_cursor;

@@ -128,16 +128,45 @@ uint32_t acl_access(const struct acl *a, const struct acl_peer *p, uint32_t ns_i
     return acl_rule_access(acl_ns_rule(a, ns_id), p);
 }
 
+uint32_t acl_ns_arena(const struct acl *a, const char *model_id)
+{
+    size_t idx;
+    if (!a || !config_ns_match(a->cfg, model_id, &idx))
+        return 0;
+    return a->section_arena[idx];
+}
+
 int acl_ns_bind(struct acl *a, uint32_t ns_id)
 {
     const struct store_ns *ns = store_ns_get(a->s, ns_id);
     size_t idx;
     if (!ns || ns_id >= a->nns)
         return -ENOENT;
-    if (!config_ns_match(a->cfg, ns->layout.model_id, &idx))
-        return 0;
+    if (!config_ns_match(a->cfg, ns->layout.model_id, &idx)) {
+        a->ns_section[ns_id] = ACL_NONE;
+        return ns->arena == 0 ? 0 : -EXDEV;
+    }
+    /* Placed by store_ns_open_in in the section's arena when it was created; a namespace
+     * found elsewhere would be served from memory its list does not protect. */
+    if (ns->arena != a->section_arena[idx])
+        return -EXDEV;
     a->ns_section[ns_id] = (uint32_t)idx;
-    return store_ns_set_arena(a->s, ns_id, a->section_arena[idx]);
+    return 0;
+}
+
+int acl_ns_open(struct acl *a, const struct kvc_wire_layout *l, uint32_t *ns_id, bool *created)
+{
+    char model[sizeof(l->model_id) + 1];
+    int rc;
+    memcpy(model, l->model_id, sizeof(l->model_id));
+    model[sizeof(l->model_id)] = 0;
+    rc = store_ns_open_in(a->s, l, acl_ns_arena(a, model), ns_id, created);
+    if (rc)
+        return rc;
+    rc = acl_ns_bind(a, *ns_id);
+    if (rc && *created)
+        store_ns_close(a->s, *ns_id); /* all or nothing: it never existed */
+    return rc;
 }
 
 void acl_owner_reserved(const struct store *s, const struct store_owner *o, uint32_t *nresv,

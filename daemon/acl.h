@@ -19,6 +19,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+struct kvc_wire_layout;
+
 struct config;
 struct config_ns;
 struct store;
@@ -47,8 +49,15 @@ void acl_reload(struct acl *a, const struct config *c);
 uint32_t acl_access_model(const struct acl *a, const struct acl_peer *p, const char *model_id);
 /* Same for an existing namespace (bound by acl_ns_bind). */
 uint32_t acl_access(const struct acl *a, const struct acl_peer *p, uint32_t ns_id);
-/* Binds a newly created namespace to its section and moves it to the section's arena. */
+/* The host arena of model_id's section (0: the shared one). */
+uint32_t acl_ns_arena(const struct acl *a, const char *model_id);
+/* Binds a namespace to its section (access lists, quotas). -EXDEV when it is not in the
+ * section's arena, -ENOENT. */
 int acl_ns_bind(struct acl *a, uint32_t ns_id);
+/* Opens or creates the namespace of l, a new one in its section's arena from the start, and
+ * binds it; a namespace that cannot be placed and bound is not created. Errors of
+ * store_ns_open_in and acl_ns_bind. Used by NS_OPEN and by the disk tier's adoption. */
+int acl_ns_open(struct acl *a, const struct kvc_wire_layout *l, uint32_t *ns_id, bool *created);
 
 /* Quotas. *n is the key count of the request, cut to what the limits allow; 0 or -EDQUOT
  * (nothing fits). */

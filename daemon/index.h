@@ -29,32 +29,48 @@ enum block_state {
 struct block {
     struct kvc_wire_key key;
     struct kvc_wire_key parent; /* all-zero for the first block of a prefix */
-    uint64_t off;               /* tier location */
-    uint64_t len;               /* slot bytes */
+    uint64_t off;               /* location in its fastest tier (host, GPU, or disk) */
     uint64_t last_access;       /* ms since start */
+    uint32_t len;               /* slot bytes there */
     uint32_t lru_prev, lru_next;
     uint32_t hits;
     uint32_t pins;
     uint32_t children; /* committed blocks whose parent this is */
     uint32_t depth;
-    uint32_t owner_slot; /* RESERVED: the reservation's handle slot; FREE: next free entry */
-    uint32_t ver;        /* disk tier: page version of the location (tier_loc.cls) */
+    union {
+        uint32_t owner_slot; /* RESERVED: the reservation's handle slot; FREE: next free */
+        uint32_t dlen;       /* COMMITTED with BLOCK_F_DISK: bytes of its disk record */
+    };
+    uint32_t ver;  /* BLOCK_F_DISK: page version of its disk record (tier_loc.cls) */
+    uint32_t doff; /* BLOCK_F_DISK: its disk record's offset in 4 KiB units */
     uint16_t ns;
     uint8_t state; /* enum block_state */
-    uint8_t tier;
+    uint8_t tier;  /* fastest tier holding it (KVC_WIRE_TIER_*) */
     uint8_t format;
     uint8_t cls;
-    uint8_t arena;
+    uint8_t arena; /* its LRU list: a host arena, STORE_ARENA_GPU or STORE_ARENA_DISK */
     uint8_t flags; /* BLOCK_F_* */
 };
-#define BLOCK_F_QUANTIZING 0x8u /* a quantize-in-place job holds it (apart from the moves) */
+_Static_assert(sizeof(struct block) == 96, "struct block is at its metadata budget");
 
-/* A block moving between tiers stays where it was until the copy completed (see
- * daemon/tiering.h); LOST: its only copy failed verification, it is a miss until dropped. */
+/* Where a block is and what is happening to it (daemon/tiering.h: the tier engine owns
+ * these transitions).
+ * DISK: it has a valid record on disk at (doff, dlen, ver). Inclusive hierarchy: a block in
+ *   memory with DISK set is clean — its memory copy can go at no cost, and writing it to
+ *   disk again costs nothing; without DISK it is dirty.
+ * DEMOTING: a disk write of it is in flight (encode or I/O); PROMOTING: its memory slot is
+ *   being filled from disk; COMPACTING: its disk record is being copied to another page;
+ *   QUANTIZING: a quantize-in-place job holds it.
+ * LOST: its only copy failed verification; a miss until dropped.
+ * A block with any BUSY flag, or pinned, is never freed, moved or evicted by any path. */
 #define BLOCK_F_DEMOTING 0x1u
 #define BLOCK_F_PROMOTING 0x2u
 #define BLOCK_F_LOST 0x4u
+#define BLOCK_F_QUANTIZING 0x8u
+#define BLOCK_F_DISK 0x10u
+#define BLOCK_F_COMPACTING 0x20u
 #define BLOCK_F_MOVING (BLOCK_F_DEMOTING | BLOCK_F_PROMOTING)
+#define BLOCK_F_BUSY (BLOCK_F_MOVING | BLOCK_F_QUANTIZING | BLOCK_F_COMPACTING)
 
 struct index {
     struct block *blocks; /* pool; entries [0, nblocks) are allocated */

@@ -285,6 +285,19 @@ static int kvcd_disk_level(void *arg, const char *model_id)
     return config_ns_disk_compress(d->cfg, model_id);
 }
 
+/* A namespace of a record found on disk at start: placed and bound to its section as
+ * NS_OPEN does; refused (the record is dropped) when it cannot be. */
+static int kvcd_disk_ns_open(void *arg, const struct kvc_wire_layout *l, uint32_t *ns_id,
+                             bool *created)
+{
+    struct kvcd *d = arg;
+    int rc = acl_ns_open(d->acl, l, ns_id, created);
+    if (rc && rc != -EEXIST)
+        log_limited(LOG_LEVEL_WARNING, "disk: records of namespace '%.*s' dropped (%s)",
+                    (int)sizeof(l->model_id), l->model_id, strerror(-rc));
+    return rc;
+}
+
 /* Opens the disk tier of disk.path (comma-separated). 0 or -errno, logged. */
 static int kvcd_disk_attach(struct kvcd *d)
 {
@@ -298,6 +311,8 @@ static int kvcd_disk_attach(struct kvcd *d)
                                 .compress_level = (int)c->disk_compress,
                                 .ns_level = kvcd_disk_level,
                                 .ns_level_arg = d,
+                                .ns_open = kvcd_disk_ns_open,
+                                .ns_open_arg = d,
                                 .workers = (uint32_t)c->disk_workers,
                                 .progress = kvcd_disk_progress};
     char *list = strdup(c->disk_path), *save = NULL;

@@ -326,8 +326,9 @@ int store_quantize(struct store *s, uint32_t idx)
         return -EBUSY;
     if (!KVC_WIRE_QUANT_ALLOWED(f))
         return -EPERM;
-    /* Only a block in a host arena, and not one being written to or read from disk. */
-    if (b->tier != KVC_WIRE_TIER_HOST || (b->flags & (BLOCK_F_MOVING | BLOCK_F_LOST)))
+    /* Only a block in a host arena, not one in motion, and not a clean one: its disk
+     * record holds its raw bytes (dropping its memory copy costs nothing instead). */
+    if (b->tier != KVC_WIRE_TIER_HOST || (b->flags & (BLOCK_F_BUSY | BLOCK_F_LOST | BLOCK_F_DISK)))
         return -EBUSY;
     j = calloc(1, sizeof(*j));
     if (!j)

@@ -238,13 +238,12 @@ static int server_on_ns_open(struct server *sv, struct conn *c, const struct pro
             return -EACCES;
         }
     }
-    rc = store_ns_open(sv->store, &q->layout, &id, &created);
-    if (rc == 0 && created && sv->acl) {
-        rc = acl_ns_bind(sv->acl, id);
-        if (rc)
-            log_err("acl: namespace %u cannot move to its arena (%s)", id, strerror(-rc));
-        rc = 0;
-    }
+    /* Placed in its section's arena and bound to its lists at creation, or not created. */
+    rc = sv->acl ? acl_ns_open(sv->acl, &q->layout, &id, &created)
+                 : store_ns_open(sv->store, &q->layout, &id, &created);
+    if (rc == -EXDEV)
+        log_limited(LOG_LEVEL_ERROR, "acl: namespace '%.*s' is not in its section's arena; refused",
+                    (int)sizeof(q->layout.model_id), q->layout.model_id);
     if (rc) {
         if (rc == -EINVAL) {
             const char *why;
@@ -635,7 +634,10 @@ static int server_on_block_list(struct server *sv, struct conn *c, const struct 
                                            .depth = b->depth,
                                            .tier = b->tier,
                                            .format = b->format,
-                                           .state = 1};
+                                           .state = 1,
+                                           .flags = (b->flags & BLOCK_F_DISK)
+                                                        ? KVC_WIRE_BLOCK_F_DISK
+                                                        : 0};
     }
     *p = (struct kvc_block_list_rep){.nblocks = n, .next_cursor = i < ix->nblocks ? i : 0};
     return (int)(sizeof(*p) + n * sizeof(*out));

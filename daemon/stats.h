@@ -50,7 +50,8 @@
     X(evicted_quota_blocks, "blocks evicted to keep a namespace under its max_bytes")              \
     X(flushed_blocks, "blocks evicted by an operator (kvcctl evict/flush)")                        \
     X(flushed_bytes, "bytes evicted by an operator")                                               \
-    X(demoted_blocks, "blocks written to disk and freed from memory")                              \
+    X(demoted_blocks, "blocks written to disk (once per content: a clean block is not again)")     \
+    X(demoted_clean, "blocks whose memory went while their clean copy stayed on disk (no write)")  \
     X(demote_dropped, "blocks dropped from memory without a disk write (admission, disk down)")    \
     X(promoted_blocks, "blocks read back from disk into memory")                                   \
     X(disk_evicted_blocks, "blocks evicted from disk to make room")                                \

@@ -40,32 +40,48 @@ static const uint32_t store_dtype_bytes[] = {
 
 /* ---- LRU list (per arena, committed blocks) ------------------------------------------ */
 
+/* Whether b sits on its arena's clean list (a copy on disk, the fast one in memory). */
+static bool store_lru_clean(const struct block *b)
+{
+    return (b->flags & BLOCK_F_DISK) && b->arena != STORE_ARENA_DISK;
+}
+
 void store_lru_unlink(struct store *s, uint32_t idx)
 {
     struct block *b = &s->ix.blocks[idx];
     struct store_arena *a = &s->arenas[b->arena];
+    bool clean = store_lru_clean(b);
+    uint32_t *head = clean ? &a->clean_head : &a->lru_head;
+    uint32_t *tail = clean ? &a->clean_tail : &a->lru_tail;
     if (b->lru_prev != INDEX_NONE)
         s->ix.blocks[b->lru_prev].lru_next = b->lru_next;
     else
-        a->lru_head = b->lru_next;
+        *head = b->lru_next;
     if (b->lru_next != INDEX_NONE)
         s->ix.blocks[b->lru_next].lru_prev = b->lru_prev;
     else
-        a->lru_tail = b->lru_prev;
+        *tail = b->lru_prev;
     b->lru_prev = b->lru_next = INDEX_NONE;
+    if (clean)
+        a->clean_bytes -= b->len;
 }
 
 void store_lru_push_head(struct store *s, uint32_t idx)
 {
     struct block *b = &s->ix.blocks[idx];
     struct store_arena *a = &s->arenas[b->arena];
+    bool clean = store_lru_clean(b);
+    uint32_t *head = clean ? &a->clean_head : &a->lru_head;
+    uint32_t *tail = clean ? &a->clean_tail : &a->lru_tail;
     b->lru_prev = INDEX_NONE;
-    b->lru_next = a->lru_head;
-    if (a->lru_head != INDEX_NONE)
-        s->ix.blocks[a->lru_head].lru_prev = idx;
+    b->lru_next = *head;
+    if (*head != INDEX_NONE)
+        s->ix.blocks[*head].lru_prev = idx;
     else
-        a->lru_tail = idx;
-    a->lru_head = idx;
+        *tail = idx;
+    *head = idx;
+    if (clean)
+        a->clean_bytes += b->len;
 }
 
 void store_touch(struct store *s, uint32_t idx, uint64_t now)
@@ -132,8 +148,9 @@ struct store *store_new(const struct store_params *p, int *err)
     s->arenas[0].tier = tier_host_new(&hc, &rc);
     if (!s->arenas[0].tier)
         goto fail;
-    s->arenas[0].lru_head = s->arenas[0].lru_tail = INDEX_NONE;
-    s->arenas[STORE_ARENA_GPU].lru_head = s->arenas[STORE_ARENA_GPU].lru_tail = INDEX_NONE;
+    for (uint32_t a = 0; a < STORE_MAX_ARENAS + 2; a++)
+        s->arenas[a].lru_head = s->arenas[a].lru_tail = s->arenas[a].clean_head =
+            s->arenas[a].clean_tail = INDEX_NONE;
     s->narenas = 1;
     store_gpu_open(s);
     return s;
@@ -240,6 +257,10 @@ int store_layout_check(const struct kvc_wire_layout *l, uint64_t arena_bytes,
         *why = "block larger than the host arena";
         return -EINVAL;
     }
+    if (bytes > STORE_BLOCK_MAX) {
+        *why = "block larger than 1 GiB";
+        return -EINVAL;
+    }
     *block_bytes = (uint64_t)bytes;
     return 0;
 }
@@ -253,10 +274,19 @@ static bool store_layout_equal(const struct kvc_wire_layout *a, const struct kvc
 int store_ns_open(struct store *s, const struct kvc_wire_layout *l, uint32_t *ns_id,
                   bool *created)
 {
+    return store_ns_open_in(s, l, 0, ns_id, created);
+}
+
+int store_ns_open_in(struct store *s, const struct kvc_wire_layout *l, uint32_t arena,
+                     uint32_t *ns_id, bool *created)
+{
     const char *why;
     uint64_t bb;
     uint32_t free_id = 0;
-    int rc = store_layout_check(l, tier_host_size(s->arenas[0].tier), &bb, &why);
+    int rc;
+    if (arena >= s->narenas)
+        return -ENOENT;
+    rc = store_layout_check(l, tier_host_size(s->arenas[arena].tier), &bb, &why);
     if (rc)
         return rc;
     for (uint32_t i = 1; i < s->nns; i++) {
@@ -281,7 +311,7 @@ int store_ns_open(struct store *s, const struct kvc_wire_layout *l, uint32_t *ns
     if (!n)
         return -ENOMEM;
     n->id = free_id;
-    n->arena = 0;
+    n->arena = arena;
     n->layout = *l;
     n->block_bytes = bb;
     policy_params_init(&n->pp);
@@ -289,6 +319,24 @@ int store_ns_open(struct store *s, const struct kvc_wire_layout *l, uint32_t *ns
     store_ns_policy_set(s, free_id, -1, STORE_POLICY_SRC_DEFAULT);
     *ns_id = free_id;
     *created = true;
+    return 0;
+}
+
+int store_ns_close(struct store *s, uint32_t ns_id)
+{
+    struct store_ns *ns = store_ns_get(s, ns_id);
+    if (!ns)
+        return -ENOENT;
+    if (ns->blocks)
+        return -EBUSY;
+    for (uint32_t i = 0; i < s->ix.nblocks; i++)
+        if (s->ix.blocks[i].state != BLOCK_STATE_FREE && s->ix.blocks[i].ns == ns_id)
+            return -EBUSY; /* reserved slots */
+    if (ns->tune)
+        policy_tune_free(ns->tune);
+    free(ns->tune);
+    free(ns);
+    s->ns[ns_id] = NULL;
     return 0;
 }
 
@@ -370,19 +418,25 @@ static void store_unpin(struct store *s, struct store_owner *o, struct store_ns 
         o->pins--;
     STORE_STAT_ADD(s, ns, unpins, 1);
     if ((b->flags & BLOCK_F_LOST) && !b->pins && !b->children)
-        store_block_drop(s, idx);
+        (void)store_block_drop(s, idx);
 }
 
-/* Removes a block from map, LRU and pool, and returns its room. */
-void store_block_drop(struct store *s, uint32_t idx)
+bool store_block_idle(const struct store *s, uint32_t idx)
+{
+    const struct block *b = &s->ix.blocks[idx];
+    return b->state == BLOCK_STATE_COMMITTED && !b->pins &&
+           !(b->flags & (BLOCK_F_BUSY | BLOCK_F_LOST));
+}
+
+int store_block_drop(struct store *s, uint32_t idx)
 {
     struct block *b = &s->ix.blocks[idx];
     struct store_ns *ns = s->ns[b->ns];
     struct tier *t = s->arenas[b->arena].tier;
     struct tier_loc loc = {.arena = b->arena, .cls = b->cls, .off = b->off, .len = b->len};
     uint32_t lost_parent = INDEX_NONE;
-    if (b->tier == KVC_WIRE_TIER_DISK)
-        loc.cls = b->ver;
+    if (b->state == BLOCK_STATE_COMMITTED && (b->flags & BLOCK_F_BUSY))
+        return -EBUSY;
     if (b->state == BLOCK_STATE_COMMITTED) {
         store_lru_unlink(s, idx);
         if (!index_key_is_zero(&b->parent)) {
@@ -401,36 +455,60 @@ void store_block_drop(struct store *s, uint32_t idx)
     if (b->state == BLOCK_STATE_COMMITTED)
         store_meta_drop(s, idx);
     index_remove(&s->ix, idx);
-    if (!(b->flags & BLOCK_F_LOST))
+    /* Its memory slot (unless its one copy is the disk record), then its disk record. */
+    if (!(b->flags & BLOCK_F_LOST) && b->tier != KVC_WIRE_TIER_DISK)
         t->ops->free(t, &loc);
+    if (b->state == BLOCK_STATE_COMMITTED && (b->flags & BLOCK_F_DISK))
+        tiering_record_free(s, idx);
     index_block_delete(&s->ix, idx);
     /* A lost block goes once nothing hangs from it and nobody holds it. */
     if (lost_parent != INDEX_NONE && !s->ix.blocks[lost_parent].children &&
         !s->ix.blocks[lost_parent].pins)
-        store_block_drop(s, lost_parent);
+        (void)store_block_drop(s, lost_parent);
+    return 0;
 }
 
-/* Picks the block to evict from an arena: the policy's first among a sample of unpinned
- * committed leaves from the cold end, preferring one of size class `cls` (its slot serves
- * the pending allocation directly). INDEX_NONE if nothing can be evicted. */
-uint32_t store_victim(struct store *s, uint32_t arena, int cls, uint64_t now)
+/* Which blocks of a list may be victims. */
+enum store_victim_mode {
+    STORE_VICTIM_LEAF = 0,       /* unpinned committed leaves: dropping them loses nothing else */
+    STORE_VICTIM_CLEAN = 1,      /* any unpinned clean block: only its memory copy goes */
+    STORE_VICTIM_UNADMITTED = 2, /* leaves the disk tier would not take */
+};
+
+static bool store_victim_ok(const struct store *s, uint32_t i, enum store_victim_mode mode)
+{
+    const struct block *b = &s->ix.blocks[i];
+    if (!store_block_idle(s, i))
+        return false;
+    if (mode == STORE_VICTIM_CLEAN)
+        return true;
+    if (b->children)
+        return false;
+    return mode == STORE_VICTIM_LEAF || !tiering_takes(s, i);
+}
+
+/* The policy's first among a sample of candidates from the cold end of one list (the
+ * clean or the dirty list of `arena`), preferring size class `cls` (its slot serves the
+ * pending allocation directly). */
+static uint32_t store_victim_list(struct store *s, uint32_t arena, bool clean,
+                                  enum store_victim_mode mode, int cls, uint64_t now)
 {
     struct policy_block cand[STORE_EVICT_SAMPLE + STORE_EVICT_PROBES];
     size_t n = 0;
     uint32_t walked = 0, limit = STORE_EVICT_WALK;
     const struct store_ns *ns = NULL;
-    for (uint32_t i = s->arenas[arena].lru_tail; i != INDEX_NONE && n < STORE_EVICT_SAMPLE &&
-                                                  walked < limit;
+    uint32_t tail = clean ? s->arenas[arena].clean_tail : s->arenas[arena].lru_tail;
+    for (uint32_t i = tail; i != INDEX_NONE && n < STORE_EVICT_SAMPLE && walked < limit;
          i = s->ix.blocks[i].lru_prev, walked++) {
         const struct block *b = &s->ix.blocks[i];
-        if (b->pins || b->children || (b->flags & BLOCK_F_MOVING))
+        if (!store_victim_ok(s, i, mode))
             continue;
         if (n == 0) {
             limit = walked + STORE_EVICT_WINDOW;
             ns = s->ns[b->ns];
         }
         /* Under LRU the sample spans namespaces (the original order); under another
-         * policy the coldest leaf's namespace ranks its own blocks with its policy. */
+         * policy the coldest candidate's namespace ranks its own blocks with its policy. */
         if (ns->policy != POLICY_LRU && b->ns != ns->id)
             continue;
         store_policy_block(s, i, &cand[n++]);
@@ -440,8 +518,8 @@ uint32_t store_victim(struct store *s, uint32_t arena, int cls, uint64_t now)
     if (ns->policy == POLICY_LRU) {
         policy_rank(POLICY_LRU, cand, n, now);
     } else {
-        /* The LRU tail holds only what is old; a policy that keeps old blocks (frequency,
-         * hints) must also see younger ones: random evictable leaves of the namespace. */
+        /* The cold end holds only what is old; a policy that keeps old blocks (frequency,
+         * hints) must also see younger ones: random candidates of the namespace. */
         size_t m = n;
         for (int k = 0; k < STORE_EVICT_PROBES && s->ix.nblocks; k++) {
             s->rng ^= s->rng << 13;
@@ -451,7 +529,8 @@ uint32_t store_victim(struct store *s, uint32_t arena, int cls, uint64_t now)
             const struct block *b = &s->ix.blocks[i];
             bool dup = false;
             if (b->state != BLOCK_STATE_COMMITTED || b->arena != arena || b->ns != ns->id ||
-                b->pins || b->children || (b->flags & (BLOCK_F_MOVING | BLOCK_F_LOST)))
+                (arena != STORE_ARENA_DISK && store_lru_clean(b) != clean) ||
+                !store_victim_ok(s, i, mode))
                 continue;
             for (size_t j = 0; j < m && !dup; j++)
                 dup = cand[j].id == i;
@@ -463,17 +542,38 @@ uint32_t store_victim(struct store *s, uint32_t arena, int cls, uint64_t now)
     }
     for (size_t k = 0; cls >= 0 && k < n; k++)
         if (s->ix.blocks[cand[k].id].cls == cls)
-            return cand[k].id;
-    return cand[0].id;
+            return (uint32_t)cand[k].id;
+    return (uint32_t)cand[0].id;
+}
+
+/* Picks the block to evict from an arena. With a disk tier, a memory arena gives its clean
+ * blocks first (their memory goes, they stay cached), then only dirty leaves the disk would
+ * not take: a block the disk can take is written, never dropped (tiering.c). INDEX_NONE if
+ * nothing can go now. */
+uint32_t store_victim(struct store *s, uint32_t arena, int cls, uint64_t now)
+{
+    uint32_t v;
+    if (arena == STORE_ARENA_DISK || !s->tiering)
+        return store_victim_list(s, arena, false, STORE_VICTIM_LEAF, cls, now);
+    v = store_victim_list(s, arena, true, STORE_VICTIM_CLEAN, cls, now);
+    if (v == INDEX_NONE)
+        v = store_victim_list(s, arena, false, STORE_VICTIM_UNADMITTED, cls, now);
+    return v;
 }
 
 void store_evict(struct store *s, uint32_t idx)
 {
     struct block *b = &s->ix.blocks[idx];
     struct store_ns *ns = s->ns[b->ns];
+    if (!store_block_idle(s, idx))
+        return;
+    if (s->tiering && b->tier != KVC_WIRE_TIER_DISK && (b->flags & BLOCK_F_DISK)) {
+        tiering_memory_drop(s, idx);
+        return;
+    }
     STORE_STAT_ADD(s, ns, evicted_blocks, 1);
     STORE_STAT_ADD(s, ns, evicted_bytes, b->len);
-    store_block_drop(s, idx);
+    (void)store_block_drop(s, idx);
 }
 
 /* Allocates a slot, evicting as needed. -ENOSPC when nothing more can be evicted. */
@@ -523,7 +623,7 @@ static int store_block_move(struct store *s, uint32_t idx, bool to_gpu, uint64_t
     struct tier_loc loc;
     int rc, st = -EIO;
     if (b->pins || b->state != BLOCK_STATE_COMMITTED || !s->gpu || b->arena == to ||
-        (b->flags & (BLOCK_F_MOVING | BLOCK_F_LOST)) || b->format != KVC_WIRE_FORMAT_RAW ||
+        (b->flags & (BLOCK_F_BUSY | BLOCK_F_LOST)) || b->format != KVC_WIRE_FORMAT_RAW ||
         (b->tier != KVC_WIRE_TIER_HOST && b->tier != KVC_WIRE_TIER_GPU))
         return -EBUSY;
     if (to_gpu) {
@@ -577,11 +677,14 @@ static int store_gpu_demote(struct store *s, uint64_t now)
         struct policy_block cand[STORE_EVICT_SAMPLE];
         size_t nc = 0;
         uint32_t walked = 0;
-        for (uint32_t i = s->arenas[STORE_ARENA_GPU].lru_tail;
-             i != INDEX_NONE && nc < STORE_EVICT_SAMPLE && walked < STORE_EVICT_WALK;
+        /* Clean blocks first (a copy is on disk), then dirty ones. */
+        uint32_t i = s->arenas[STORE_ARENA_GPU].clean_tail;
+        if (i == INDEX_NONE)
+            i = s->arenas[STORE_ARENA_GPU].lru_tail;
+        for (; i != INDEX_NONE && nc < STORE_EVICT_SAMPLE && walked < STORE_EVICT_WALK;
              i = s->ix.blocks[i].lru_prev, walked++) {
             const struct block *b = &s->ix.blocks[i];
-            if (b->pins || (b->flags & BLOCK_F_MOVING))
+            if (!store_block_idle(s, i))
                 continue;
             cand[nc++] = (struct policy_block){.id = i,
                                                .hits = b->hits,
@@ -595,7 +698,7 @@ static int store_gpu_demote(struct store *s, uint64_t now)
         policy_rank(s->p.policy, cand, nc, now);
         uint32_t v = (uint32_t)cand[0].id;
         if (store_block_move(s, v, false, now)) {
-            if (s->ix.blocks[v].children)
+            if (s->ix.blocks[v].children && !(s->ix.blocks[v].flags & BLOCK_F_DISK))
                 break;
             store_evict(s, v);
         }
@@ -613,11 +716,11 @@ int store_trim(struct store *s, uint64_t now)
         n += store_gpu_demote(s, now);
     /* Quantize first where a namespace allows it; the raw slots its jobs will free count
      * as free already, so eviction takes only the rest. */
+    if (s->tiering)
+        return n + tiering_trim(s, now);
     if (store_policy_engine(s))
         goto engine;
     quant_pressure(s->quant, now);
-    if (s->tiering)
-        return n + tiering_demote(s, now);
     for (uint32_t a = 0; a < s->narenas; a++) {
         struct tier *t = s->arenas[a].tier;
         double cap = (double)t->ops->capacity(t);
@@ -986,66 +1089,77 @@ int store_arena_add(struct store *s, uint64_t size, uint32_t *id)
     s->arenas[s->narenas].tier = tier_host_new(&hc, &rc);
     if (!s->arenas[s->narenas].tier)
         return rc;
-    s->arenas[s->narenas].lru_head = s->arenas[s->narenas].lru_tail = INDEX_NONE;
     *id = s->narenas++;
-    return 0;
-}
-
-int store_ns_set_arena(struct store *s, uint32_t ns_id, uint32_t arena)
-{
-    struct store_ns *ns = store_ns_get(s, ns_id);
-    if (!ns || arena >= s->narenas)
-        return -ENOENT;
-    if (ns->arena == arena)
-        return 0;
-    if (ns->blocks || s->reserved_now)
-        return -EBUSY;
-    if (ns->block_bytes > tier_host_size(s->arenas[arena].tier))
-        return -EINVAL;
-    ns->arena = arena;
     return 0;
 }
 
 int store_evict_where(struct store *s, uint32_t ns_id, uint32_t arena, uint64_t keep_bytes,
                       bool flush, uint64_t now)
 {
+    uint32_t lists[2 * (STORE_MAX_ARENAS + 2)][2], nl = 0, *cand = NULL, ncand, cap = 0;
     int n = 0;
     (void)now;
-    for (uint32_t a = 0; a < s->narenas; a++) {
-        uint32_t i;
-        if (arena != UINT32_MAX && a != arena)
+    /* Every list of the arenas asked for: memory (clean and dirty), the GPU pool and the
+     * disk when every arena is. */
+    for (uint32_t a = 0; a < STORE_MAX_ARENAS + 2; a++) {
+        if (!s->arenas[a].tier || (arena != UINT32_MAX && a != arena))
             continue;
-        /* Leaves from the cold end; evicting one may make its parent a leaf, so walk again
-         * until a pass frees nothing. */
-        do {
-            uint32_t freed = 0;
-            for (i = s->arenas[a].lru_tail; i != INDEX_NONE;) {
-                struct block *b = &s->ix.blocks[i];
-                uint32_t prev = b->lru_prev;
-                struct store_ns *ns = s->ns[b->ns];
-                if (ns_id && b->ns != ns_id) {
-                    i = prev;
-                    continue;
-                }
-                if (ns_id && ns->bytes <= keep_bytes)
-                    return n;
-                if (!b->pins && !b->children) {
-                    if (flush) {
-                        STORE_STAT_ADD(s, ns, flushed_blocks, 1);
-                        STORE_STAT_ADD(s, ns, flushed_bytes, b->len);
-                    } else {
-                        STORE_STAT_ADD(s, ns, evicted_quota_blocks, 1);
-                    }
-                    store_block_drop(s, i);
-                    freed++;
-                    n++;
-                }
-                i = prev;
-            }
-            if (!freed)
-                break;
-        } while (1);
+        lists[nl][0] = a;
+        lists[nl++][1] = 0;
+        if (a != STORE_ARENA_DISK) {
+            lists[nl][0] = a;
+            lists[nl++][1] = 1;
+        }
     }
+    /* Leaves from the cold end, collected first (a drop may take a lost parent with it);
+     * evicting one may make its parent a leaf, so again until a pass frees nothing. */
+    for (;;) {
+        uint32_t freed = 0;
+        ncand = 0;
+        for (uint32_t l = 0; l < nl; l++) {
+            const struct store_arena *sa = &s->arenas[lists[l][0]];
+            for (uint32_t i = lists[l][1] ? sa->clean_tail : sa->lru_tail; i != INDEX_NONE;
+                 i = s->ix.blocks[i].lru_prev) {
+                const struct block *b = &s->ix.blocks[i];
+                if ((ns_id && b->ns != ns_id) || b->children || !store_block_idle(s, i))
+                    continue;
+                if (ncand == cap) {
+                    uint32_t nc = cap ? cap * 2 : 1024, *v = realloc(cand, nc * sizeof(*v));
+                    if (!v)
+                        goto out;
+                    cand = v;
+                    cap = nc;
+                }
+                cand[ncand++] = i;
+            }
+        }
+        for (uint32_t k = 0; k < ncand; k++) {
+            uint32_t i = cand[k];
+            struct block *b = &s->ix.blocks[i];
+            struct store_ns *ns;
+            uint64_t len;
+            if (b->state != BLOCK_STATE_COMMITTED || b->children || !store_block_idle(s, i))
+                continue;
+            ns = s->ns[b->ns];
+            if (ns_id && ns->bytes <= keep_bytes)
+                goto out;
+            len = b->len;
+            if (store_block_drop(s, i))
+                continue;
+            if (flush) {
+                STORE_STAT_ADD(s, ns, flushed_blocks, 1);
+                STORE_STAT_ADD(s, ns, flushed_bytes, len);
+            } else {
+                STORE_STAT_ADD(s, ns, evicted_quota_blocks, 1);
+            }
+            freed++;
+            n++;
+        }
+        if (!freed)
+            break;
+    }
+out:
+    free(cand);
     return n;
 }
 

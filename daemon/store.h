@@ -37,6 +37,8 @@ struct tiering;
 struct kern_dev_ops;
 
 #define STORE_MAX_ARENAS 16
+/* The largest block (struct block keeps 32-bit lengths; a disk record adds a header). */
+#define STORE_BLOCK_MAX (1ull << 30)
 /* arenas[STORE_ARENA_DISK] holds the disk tier and the LRU list of blocks on it. */
 #define STORE_ARENA_DISK STORE_MAX_ARENAS
 /* arenas[STORE_ARENA_GPU] holds the GPU tier (when there is one) and its LRU list. */
@@ -119,9 +121,15 @@ struct store_owner {
     bool gpu;      /* this request may get GPU locations (set by the server per request) */
 };
 
+/* Every committed block is on exactly one list: that of b->arena. A host arena (and the
+ * GPU pool) keeps two: dirty blocks (lru_*) and clean ones (clean_*: a valid copy is on
+ * disk, so their memory can go at no cost); eviction takes the clean list first. The disk
+ * "arena" keeps only lru_*: blocks whose one copy is on disk. Both are most recent first. */
 struct store_arena {
     struct tier *tier;
-    uint32_t lru_head, lru_tail; /* committed blocks, most recent first */
+    uint32_t lru_head, lru_tail;
+    uint32_t clean_head, clean_tail;
+    uint64_t clean_bytes; /* memory held by the clean list */
 };
 
 struct store {
@@ -165,6 +173,13 @@ int store_layout_check(const struct kvc_wire_layout *l, uint64_t arena_bytes,
  * -ENOSPC when the namespace table is full, -EINVAL for a bad layout. */
 int store_ns_open(struct store *s, const struct kvc_wire_layout *l, uint32_t *ns_id,
                   bool *created);
+/* The same, a namespace created here placed in host arena `arena` from the start (an
+ * existing one stays where it was created): placement is all or nothing. -ENOENT for an
+ * arena that does not exist, -EINVAL when the block does not fit it. */
+int store_ns_open_in(struct store *s, const struct kvc_wire_layout *l, uint32_t arena,
+                     uint32_t *ns_id, bool *created);
+/* Removes a namespace that holds nothing (no block, no reserved slot). 0, -ENOENT, -EBUSY. */
+int store_ns_close(struct store *s, uint32_t ns_id);
 struct store_ns *store_ns_get(const struct store *s, uint32_t ns_id);
 struct tier *store_ns_tier(const struct store *s, const struct store_ns *ns);
 
@@ -208,12 +223,22 @@ int store_abort(struct store *s, struct store_owner *o, uint64_t resv_id);
  * one. Returns the number evicted. */
 int store_trim(struct store *s, uint64_t now);
 
-/* For the tier engine (daemon/tiering.c), which moves blocks between the store's tiers. */
+/* For the tier engine (daemon/tiering.c), which moves blocks between the store's tiers. A
+ * block's list follows its arena and its BLOCK_F_DISK flag: change either only while it is
+ * unlinked. */
 void store_lru_unlink(struct store *s, uint32_t idx);
 void store_lru_push_head(struct store *s, uint32_t idx);
 int store_alloc(struct store *s, struct store_ns *ns, uint64_t now, struct tier_loc *loc);
-void store_block_drop(struct store *s, uint32_t idx);
+/* Whether any path may free, move, quantize or evict block idx now: committed, unpinned,
+ * not lost and not in motion (BLOCK_F_BUSY). Every such path asks this. */
+bool store_block_idle(const struct store *s, uint32_t idx);
+/* Removes a block from map, list and pool and frees every copy (memory slot, disk record).
+ * -EBUSY (nothing done) for a committed block in motion (BLOCK_F_BUSY). */
+int store_block_drop(struct store *s, uint32_t idx);
+/* Picks a victim in one arena's lists (see store_evict). INDEX_NONE: nothing can go. */
 uint32_t store_victim(struct store *s, uint32_t arena, int cls, uint64_t now);
+/* Frees room held by a victim: a clean block in memory loses only its memory copy (it
+ * stays cached on disk); anything else is dropped. */
 void store_evict(struct store *s, uint32_t idx);
 struct store_handle *store_handle_get(struct store_owner *o, uint64_t id, uint8_t kind);
 
@@ -226,9 +251,6 @@ uint64_t store_gpu_capacity(const struct store *s); /* 0 without a GPU tier */
 /* Adds a host arena of `size` bytes (same page size and huge-page choice as arena 0) for
  * the namespaces of one access list. *id its number. 0, -ENOSPC (STORE_MAX_ARENAS), -errno. */
 int store_arena_add(struct store *s, uint64_t size, uint32_t *id);
-/* Moves a namespace that holds nothing yet to another arena. 0, -ENOENT, -EBUSY (it holds
- * blocks, or slots are reserved), -EINVAL (its block does not fit the arena). */
-int store_ns_set_arena(struct store *s, uint32_t ns_id, uint32_t arena);
 /* Evicts unpinned leaves, coldest first: of namespace ns_id (0: every one) in arena `arena`
  * (UINT32_MAX: every one), until that namespace holds at most keep_bytes (ignored for
  * ns_id 0) or nothing more can go. Counted as flushed (an operator's) or as quota

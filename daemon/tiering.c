@@ -14,10 +14,13 @@
 #include "tiers/host.h"
 #include "tiers/tier.h"
 
-/* Blocks looked at from the cold end per demotion pass. */
+/* Blocks looked at from the cold end of a dirty list per write-back pass. */
 #define TIERING_WALK 4096
 /* Compaction moves in flight at most: it shares the write queue and rate with demotion. */
 #define TIERING_COMPACT_INFLIGHT 2
+/* Rate estimates: sampled at most this often, averaged with this weight for a new sample. */
+#define TIERING_RATE_MS 100
+#define TIERING_RATE_ALPHA 0.3
 
 #define TIERING_STAT_ADD(s, nsp, field, v)                                                     \
     do {                                                                                       \
@@ -28,28 +31,36 @@
 struct tiering {
     struct tier *disk;
     uint32_t admit_hits;
-    uint64_t demoting_bytes; /* host bytes whose write is in flight */
-    uint64_t moves;          /* in flight */
+    uint32_t npaths;
+    bool down;               /* every path failed: nothing more can be written */
+    uint64_t moves;          /* writes and reads in flight */
+    uint64_t writing[STORE_MAX_ARENAS + 2]; /* memory bytes of each arena being written */
+    uint64_t freeing[STORE_MAX_ARENAS + 2]; /* of those, demotions: freed once written */
     uint64_t demote_cancelled;
-    uint64_t disk_full;      /* demotions that found no room even after eviction */
+    uint64_t disk_full;      /* writes that found no room even after eviction */
+    uint64_t records_forgotten; /* disk records of clean blocks freed to make room */
     uint32_t compact_below;  /* percent of a page still live under which it is compacted */
     uint32_t compact_page;   /* the page being emptied; UINT32_MAX: none */
     uint32_t compacting;     /* compaction moves in flight */
     uint32_t compact_idx[TIERING_COMPACT_INFLIGHT]; /* their blocks; INDEX_NONE: free */
     uint64_t compacted_pages, compacted_blocks, compacted_bytes, compact_aborted;
     int compress_level;      /* disk.compress: zstd level, 0 raw */
-    int (*ns_level)(void *arg, const char *model_id); /* a namespace's own level, or -1 */
+    int (*ns_level)(void *arg, const char *model_id); /* a namespace's level, or -1 */
     void *ns_level_arg;
     int16_t *levels;         /* by namespace id: its level, -1 the default, INT16_MIN unknown */
     uint32_t nlevels;
+    /* What the write-back target follows: committed bytes per second (puts) and bytes the
+     * disk wrote per second, both smoothed. */
+    uint64_t rate_ms, rate_in, rate_written;
+    double put_bps, write_bps;
 };
 
 static void tiering_compact(struct store *s);
 
 enum tiering_move_kind {
-    TIERING_MOVE_DEMOTE = 1,
-    TIERING_MOVE_PROMOTE = 2,
-    TIERING_MOVE_COMPACT = 3,
+    TIERING_MOVE_WRITE = 1,   /* a memory block to disk; it stays in memory, clean */
+    TIERING_MOVE_PROMOTE = 2, /* a disk block into a fresh memory slot */
+    TIERING_MOVE_COMPACT = 3, /* a record to another page */
 };
 
 /* One copy in flight; owned by the disk tier's callback until it runs. */
@@ -57,19 +68,40 @@ struct tiering_move {
     struct store *s;
     uint32_t idx;
     uint8_t kind;
-    struct tier_loc host; /* DEMOTE: the slot being copied; PROMOTE: the new slot;
+    bool demote;          /* WRITE: free the memory copy once written (pressure) */
+    uint32_t arena;       /* WRITE: the arena it is written from */
+    struct tier_loc host; /* WRITE: the slot being copied; PROMOTE: the new slot;
                              COMPACT: the new record */
-    struct tier_loc disk; /* DEMOTE: the new record; PROMOTE, COMPACT: the record read */
+    struct tier_loc disk; /* WRITE: the new record; PROMOTE, COMPACT: the record read */
     struct kvc_wire_key key; /* COMPACT: the block, to know it is still the same one */
     uint16_t ns;
     void *buf;               /* COMPACT: the record's bytes between read and write */
-    uint64_t now;            /* DEMOTE: when it started (to pick disk victims) */
+    uint64_t now;            /* WRITE: when it started (to pick disk victims) */
 };
 
-static struct tier *tiering_host(const struct store *s, const struct block *b)
+/* ---- a block's locations ---------------------------------------------------------------- */
+
+/* The memory tier (host arena or GPU pool) holding block b, which is in memory. */
+static struct tier *tiering_mem(const struct store *s, const struct block *b)
 {
-    (void)b;
-    return s->arenas[0].tier;
+    return s->arenas[b->arena].tier;
+}
+
+static void tiering_rec_loc(const struct block *b, struct tier_loc *l)
+{
+    *l = (struct tier_loc){.arena = 0,
+                           .cls = b->ver,
+                           .off = (uint64_t)b->doff * TIER_DISK_ALIGN,
+                           .len = b->dlen};
+}
+
+/* Sets b's disk record (b unlinked when BLOCK_F_DISK changes: it picks the list). */
+static void tiering_rec_set(struct block *b, const struct tier_loc *l)
+{
+    b->doff = (uint32_t)(l->off / TIER_DISK_ALIGN);
+    b->dlen = (uint32_t)l->len;
+    b->ver = l->cls;
+    b->flags |= BLOCK_F_DISK;
 }
 
 /* Bytes of block b in memory: its namespace's block size, or the encoded size of its
@@ -96,23 +128,52 @@ static void tiering_meta(const struct store *s, const struct block *b, struct ti
     memcpy(m->ns, &ns->layout, sizeof(ns->layout));
 }
 
-static void tiering_block_set(struct store *s, uint32_t idx, uint8_t tier, uint32_t arena,
-                              const struct tier_loc *loc)
+void tiering_record_free(struct store *s, uint32_t idx)
+{
+    struct block *b = &s->ix.blocks[idx];
+    struct tier_loc l;
+    if (!(b->flags & BLOCK_F_DISK))
+        return;
+    tiering_rec_loc(b, &l);
+    if (s->tiering)
+        s->tiering->disk->ops->free(s->tiering->disk, &l);
+    b->flags &= (uint8_t)~BLOCK_F_DISK;
+}
+
+/* A clean block in memory gives its memory back and stays cached on disk: no write. */
+static void tiering_memory_release(struct store *s, uint32_t idx)
 {
     struct block *b = &s->ix.blocks[idx];
     struct store_ns *ns = s->ns[b->ns];
-    ns->bytes = ns->bytes - b->len + loc->len;
-    b->tier = tier;
-    b->arena = (uint8_t)arena;
-    b->off = loc->off;
-    b->len = loc->len;
-    if (tier == KVC_WIRE_TIER_DISK) {
-        b->ver = (uint32_t)loc->cls;
-        b->cls = 0;
-    } else {
-        b->cls = (uint8_t)loc->cls;
-        b->ver = 0;
-    }
+    struct tier *t = tiering_mem(s, b);
+    struct tier_loc loc = {.arena = b->arena, .cls = b->cls, .off = b->off, .len = b->len};
+    store_lru_unlink(s, idx);
+    t->ops->free(t, &loc);
+    ns->bytes = ns->bytes - b->len + b->dlen;
+    b->tier = KVC_WIRE_TIER_DISK;
+    b->arena = STORE_ARENA_DISK;
+    b->off = (uint64_t)b->doff * TIER_DISK_ALIGN;
+    b->len = b->dlen;
+    b->cls = 0;
+    store_lru_push_head(s, idx);
+}
+
+void tiering_memory_drop(struct store *s, uint32_t idx)
+{
+    const struct block *b = &s->ix.blocks[idx];
+    if (!store_block_idle(s, idx) || b->tier == KVC_WIRE_TIER_DISK || !(b->flags & BLOCK_F_DISK))
+        return;
+    TIERING_STAT_ADD(s, s->ns[b->ns], demoted_clean, 1);
+    tiering_memory_release(s, idx);
+}
+
+bool tiering_takes(const struct store *s, uint32_t idx)
+{
+    const struct tiering *tg = s->tiering;
+    const struct block *b = &s->ix.blocks[idx];
+    if (!tg || tg->down)
+        return false;
+    return !tg->admit_hits || b->hits >= tg->admit_hits || b->children;
 }
 
 /* The zstd level of namespace ns_id's blocks on disk: its section's disk_compress, else
@@ -157,119 +218,145 @@ static void tiering_ready(struct store *s)
         s->on_ready(s->on_ready_arg);
 }
 
-/* ---- demotion -------------------------------------------------------------------------- */
+/* ---- room on disk ------------------------------------------------------------------------ */
 
-static void tiering_demote_done(void *arg, int status)
+/* A clean block in memory whose disk record can go (it stays cached in memory, dirty). */
+static uint32_t tiering_forgettable(const struct store *s)
 {
-    struct tiering_move *mv = arg;
-    struct store *s = mv->s;
-    struct tiering *tg = s->tiering;
-    struct block *b = &s->ix.blocks[mv->idx];
-    struct store_ns *ns = s->ns[b->ns];
-    struct tier *host = tiering_host(s, b);
-    tg->moves--;
-    tg->demoting_bytes -= mv->host.len;
-    b->flags &= (uint8_t)~BLOCK_F_DEMOTING;
-    if (status) {
-        log_limited(LOG_LEVEL_WARNING, "disk: write of a block failed (%s); it stays in memory",
-                    strerror(-status));
-        TIERING_STAT_ADD(s, ns, disk_io_errors, 1);
-        tg->disk->ops->free(tg->disk, &mv->disk);
-    } else if (b->pins) {
-        /* Taken by a lookup while it was written: it stays in memory. */
-        tg->demote_cancelled++;
-        tg->disk->ops->free(tg->disk, &mv->disk);
-    } else {
-        store_lru_unlink(s, mv->idx);
-        host->ops->free(host, &mv->host);
-        tiering_block_set(s, mv->idx, KVC_WIRE_TIER_DISK, STORE_ARENA_DISK, &mv->disk);
-        store_lru_push_head(s, mv->idx);
-        TIERING_STAT_ADD(s, ns, demoted_blocks, 1);
+    for (uint32_t a = 0; a < STORE_MAX_ARENAS + 2; a++) {
+        if (a == STORE_ARENA_DISK)
+            continue;
+        for (uint32_t i = s->arenas[a].clean_tail, k = 0; i != INDEX_NONE && k < 64;
+             i = s->ix.blocks[i].lru_prev, k++)
+            if (!(s->ix.blocks[i].flags & (BLOCK_F_BUSY | BLOCK_F_LOST)))
+                return i;
     }
-    free(mv);
+    return INDEX_NONE;
 }
 
-/* Room for len bytes on disk, evicting unpinned leaves there. 0 or -ENOSPC / -EIO. */
+/* Frees one record to make room: the coldest block whose only copy is on disk (a leaf),
+ * else the record of a clean block in memory, which loses nothing but a future write.
+ * false when nothing can go. */
+static bool tiering_disk_evict_one(struct store *s, uint64_t now)
+{
+    uint32_t v = store_victim(s, STORE_ARENA_DISK, -1, now);
+    if (v != INDEX_NONE) {
+        TIERING_STAT_ADD(s, s->ns[s->ix.blocks[v].ns], disk_evicted_blocks, 1);
+        store_evict(s, v);
+        return true;
+    }
+    v = tiering_forgettable(s);
+    if (v == INDEX_NONE)
+        return false;
+    store_lru_unlink(s, v);
+    tiering_record_free(s, v);
+    store_lru_push_head(s, v);
+    s->tiering->records_forgotten++;
+    return true;
+}
+
+/* Room for len bytes on disk, evicting there. 0 or -ENOSPC / -EIO. */
 static int tiering_disk_alloc(struct store *s, uint64_t len, uint64_t now, struct tier_loc *loc)
 {
     struct tiering *tg = s->tiering;
     for (int k = 0; k < 4096; k++) {
         int rc = tg->disk->ops->alloc(tg->disk, len, loc);
-        uint32_t v;
         if (rc != -ENOSPC)
             return rc;
-        v = store_victim(s, STORE_ARENA_DISK, -1, now);
-        if (v == INDEX_NONE)
+        if (!tiering_disk_evict_one(s, now))
             break;
-        TIERING_STAT_ADD(s, s->ns[s->ix.blocks[v].ns], disk_evicted_blocks, 1);
-        store_evict(s, v);
     }
     tg->disk_full++;
     return -ENOSPC;
 }
 
-/* A demotion that ends before its write: the block stays in memory. */
-static void tiering_demote_abandon(struct store *s, struct tiering_move *mv)
+/* ---- writing to disk --------------------------------------------------------------------- */
+
+static void tiering_write_end(struct store *s, struct tiering_move *mv)
 {
     struct tiering *tg = s->tiering;
     tg->moves--;
-    tg->demoting_bytes -= mv->host.len;
+    tg->writing[mv->arena] -= mv->host.len;
+    if (mv->demote)
+        tg->freeing[mv->arena] -= mv->host.len;
     s->ix.blocks[mv->idx].flags &= (uint8_t)~BLOCK_F_DEMOTING;
     free(mv);
 }
 
-/* The record of a demotion is encoded (hashed, compressed): now its size is known, the
- * record is allocated and written. */
-static void tiering_demote_encoded(void *arg, struct tier_disk_rec *r, int status)
+static void tiering_write_done(void *arg, int status)
 {
     struct tiering_move *mv = arg;
     struct store *s = mv->s;
     struct tiering *tg = s->tiering;
     uint32_t idx = mv->idx;
-    int rc;
+    struct block *b = &s->ix.blocks[idx];
+    struct store_ns *ns = s->ns[b->ns];
+    bool demote = mv->demote;
     if (status) {
-        tiering_demote_abandon(s, mv);
-        return;
-    }
-    if (s->ix.blocks[idx].pins) { /* taken by a lookup meanwhile: it stays in memory */
-        tg->demote_cancelled++;
-        tier_disk_rec_free(tg->disk, r);
-        tiering_demote_abandon(s, mv);
-        return;
-    }
-    rc = tiering_disk_alloc(s, tier_disk_rec_len(r), mv->now, &mv->disk);
-    if (rc) {
-        const struct block *b = &s->ix.blocks[idx];
-        tier_disk_rec_free(tg->disk, r);
-        tiering_demote_abandon(s, mv);
-        if (!b->children && !b->pins) { /* the disk cannot take it: dropped as without one */
-            TIERING_STAT_ADD(s, s->ns[b->ns], demote_dropped, 1);
-            store_evict(s, idx);
-        }
-        return;
-    }
-    if (tier_disk_rec_put(tg->disk, &mv->disk, r, tiering_demote_done, mv)) {
+        log_limited(LOG_LEVEL_WARNING, "disk: write of a block failed (%s); it stays in memory",
+                    strerror(-status));
+        TIERING_STAT_ADD(s, ns, disk_io_errors, 1);
         tg->disk->ops->free(tg->disk, &mv->disk);
-        tiering_demote_abandon(s, mv);
+        tiering_write_end(s, mv);
+        return;
+    }
+    /* DEMOTING kept it in place (no free, move or quantize): the record is its bytes. */
+    store_lru_unlink(s, idx);
+    tiering_rec_set(b, &mv->disk);
+    store_lru_push_head(s, idx);
+    TIERING_STAT_ADD(s, ns, demoted_blocks, 1);
+    tiering_write_end(s, mv);
+    if (demote) {
+        if (store_block_idle(s, idx))
+            tiering_memory_release(s, idx);
+        else
+            tg->demote_cancelled++; /* taken by a lookup meanwhile: it stays, clean */
     }
 }
 
-/* Starts the encoding of one host block for disk. 0, -EAGAIN (try later), or another
- * -errno (drop). */
-static int tiering_demote_one(struct store *s, uint32_t idx, uint64_t now)
+/* The record of a write is encoded (hashed, compressed): now its size is known, the record
+ * is allocated and written. */
+static void tiering_write_encoded(void *arg, struct tier_disk_rec *r, int status)
+{
+    struct tiering_move *mv = arg;
+    struct store *s = mv->s;
+    struct tiering *tg = s->tiering;
+    if (status) {
+        tiering_write_end(s, mv);
+        return;
+    }
+    if (tiering_disk_alloc(s, tier_disk_rec_len(r), mv->now, &mv->disk)) {
+        tier_disk_rec_free(tg->disk, r);
+        tiering_write_end(s, mv);
+        return;
+    }
+    if (tier_disk_rec_put(tg->disk, &mv->disk, r, tiering_write_done, mv)) {
+        tg->disk->ops->free(tg->disk, &mv->disk);
+        tiering_write_end(s, mv);
+    }
+}
+
+/* Starts writing block idx (in a host arena, dirty) to disk; with `demote` its memory goes
+ * once the write completed. 0, -EAGAIN (rate or queue limit: later), -ENOSPC (nothing on
+ * disk can make room), -EBUSY, -errno. */
+static int tiering_write_one(struct store *s, uint32_t idx, bool demote, uint64_t now)
 {
     struct tiering *tg = s->tiering;
     struct block *b = &s->ix.blocks[idx];
-    struct tier *host = tiering_host(s, b);
+    struct tier *host = tiering_mem(s, b);
     struct tier_disk_meta m;
     struct tiering_move *mv;
     int rc;
+    if (b->state != BLOCK_STATE_COMMITTED || b->tier != KVC_WIRE_TIER_HOST ||
+        (b->flags & (BLOCK_F_DISK | BLOCK_F_BUSY | BLOCK_F_LOST)))
+        return -EBUSY;
     tiering_meta(s, b, &m);
     rc = tier_disk_put_ready(tg->disk, m.len);
     if (rc)
         return rc;
     if (!tier_disk_can_alloc(tg->disk, m.len) &&
-        store_victim(s, STORE_ARENA_DISK, -1, now) == INDEX_NONE) {
+        store_victim(s, STORE_ARENA_DISK, -1, now) == INDEX_NONE &&
+        tiering_forgettable(s) == INDEX_NONE) {
         tg->disk_full++;
         return -ENOSPC; /* nothing on disk can make room: not worth encoding */
     }
@@ -278,86 +365,191 @@ static int tiering_demote_one(struct store *s, uint32_t idx, uint64_t now)
         return -ENOMEM;
     mv->s = s;
     mv->idx = idx;
-    mv->kind = TIERING_MOVE_DEMOTE;
+    mv->kind = TIERING_MOVE_WRITE;
+    mv->demote = demote;
+    mv->arena = b->arena;
     mv->now = now;
     mv->host = (struct tier_loc){.arena = b->arena, .cls = b->cls, .off = b->off, .len = b->len};
     rc = tier_disk_encode(tg->disk, &m, (uint8_t *)tier_host_base(host) + b->off,
-                          tiering_codec(s, b), tiering_level(s, b->ns), tiering_demote_encoded,
+                          tiering_codec(s, b), tiering_level(s, b->ns), tiering_write_encoded,
                           mv);
     if (rc) {
         free(mv);
         return rc;
     }
-    b = &s->ix.blocks[idx];
     b->flags |= BLOCK_F_DEMOTING;
     tg->moves++;
-    tg->demoting_bytes += mv->host.len;
+    tg->writing[mv->arena] += mv->host.len;
+    if (demote)
+        tg->freeing[mv->arena] += mv->host.len;
     return 0;
 }
 
-int tiering_demote(struct store *s, uint64_t now)
+/* Writes dirty blocks of arena a from its cold end until `bytes` are on their way (or the
+ * disk's queue or rate says wait). With `demote` (the arena is over its high watermark and
+ * has no clean block left) their memory goes once written, and a leaf the disk would not
+ * take is dropped. Returns the blocks acted on. */
+static int tiering_write_back(struct store *s, uint32_t a, uint64_t bytes, bool demote,
+                              uint64_t now)
 {
-    struct tiering *tg = s->tiering;
+    uint32_t walked = 0, i = s->arenas[a].lru_tail;
+    uint64_t started = 0;
     int acted = 0;
-    tiering_compact(s);
-    for (uint32_t a = 0; a < s->narenas; a++) {
-        struct tier *t = s->arenas[a].tier;
-        double cap = (double)t->ops->capacity(t);
-        uint32_t walked = 0, i;
-        if ((double)t->ops->usage(t) <= s->p.high_watermark * cap)
-            continue;
-        i = s->arenas[a].lru_tail;
-        while (i != INDEX_NONE && walked++ < TIERING_WALK &&
-               (double)(t->ops->usage(t) - tg->demoting_bytes) > s->p.low_watermark * cap) {
-            struct block *b = &s->ix.blocks[i];
-            uint32_t prev = b->lru_prev;
-            int rc = -ENOSPC;
-            if (b->pins || (b->flags & BLOCK_F_MOVING)) {
-                i = prev;
-                continue;
-            }
-            if (b->hits >= tg->admit_hits || b->children)
-                rc = tiering_demote_one(s, i, now);
-            if (rc == -EAGAIN)
-                break; /* rate or queue limit: the next tick goes on */
-            if (rc && !s->ix.blocks[i].children) {
-                /* Not admitted, or the disk cannot take it: dropped as without a disk. */
-                TIERING_STAT_ADD(s, s->ns[s->ix.blocks[i].ns], demote_dropped, 1);
-                store_evict(s, i);
-            }
-            acted++;
+    while (i != INDEX_NONE && walked++ < TIERING_WALK && started < bytes) {
+        struct block *b = &s->ix.blocks[i];
+        uint32_t prev = b->lru_prev;
+        int rc;
+        if (b->tier != KVC_WIRE_TIER_HOST || (b->flags & (BLOCK_F_BUSY | BLOCK_F_LOST))) {
             i = prev;
+            continue;
         }
+        if (!tiering_takes(s, i)) {
+            /* Not admitted (or the disk is down): under pressure it goes as without one. */
+            if (demote && !b->children && store_block_idle(s, i)) {
+                TIERING_STAT_ADD(s, s->ns[b->ns], demote_dropped, 1);
+                started += b->len;
+                store_evict(s, i);
+                acted++;
+            }
+            i = prev;
+            continue;
+        }
+        uint64_t len = b->len;
+        rc = tiering_write_one(s, i, demote, now);
+        if (rc == -EAGAIN || rc == -ENOSPC)
+            break; /* the next poll or tick goes on */
+        if (rc == 0) {
+            started += len;
+            acted++;
+        }
+        i = prev;
     }
     return acted;
 }
 
-/* One block chosen by the policy engine (store_policy.c): its write to disk starts. 0,
- * -EAGAIN (rate or queue limit: later), -EBUSY (pinned or moving), another -errno. */
+/* Smoothed put and disk write rates, from the totals. */
+static void tiering_rates(struct store *s, uint64_t now)
+{
+    struct tiering *tg = s->tiering;
+    struct tier_disk_stats st;
+    double dt;
+    if (now < tg->rate_ms + TIERING_RATE_MS)
+        return;
+    tier_disk_stats_get(tg->disk, &st);
+    dt = (double)(now - tg->rate_ms) / 1000.0;
+    if (tg->rate_ms && dt > 0) {
+        double put = (double)(s->total.bytes_in - tg->rate_in) / dt;
+        double wr = (double)(st.bytes_written - tg->rate_written) / dt;
+        tg->put_bps += TIERING_RATE_ALPHA * (put - tg->put_bps);
+        tg->write_bps += TIERING_RATE_ALPHA * (wr - tg->write_bps);
+    }
+    tg->rate_ms = now;
+    tg->rate_in = s->total.bytes_in;
+    tg->rate_written = st.bytes_written;
+    tg->down = tg->npaths && st.failed_paths >= tg->npaths;
+}
+
+/* Memory an arena should have free or clean (droppable at no cost) so that puts find room
+ * without waiting for a write: what the puts of the next second (plus the time the disk
+ * needs for the writes already queued) bring, at least the band between the watermarks,
+ * at most half the arena. */
+static uint64_t tiering_room_target(const struct store *s, uint32_t a)
+{
+    const struct tiering *tg = s->tiering;
+    const struct tier *t = s->arenas[a].tier;
+    double cap = (double)t->ops->capacity(t);
+    double horizon = 1.0, want;
+    uint64_t queued = 0;
+    for (uint32_t k = 0; k < STORE_MAX_ARENAS + 2; k++)
+        queued += tg->writing[k];
+    if (tg->write_bps > 1.0)
+        horizon += (double)queued / tg->write_bps;
+    want = tg->put_bps * horizon;
+    if (want < (1.0 - s->p.low_watermark) * cap)
+        want = (1.0 - s->p.low_watermark) * cap;
+    if (want > cap / 2)
+        want = cap / 2;
+    return (uint64_t)want;
+}
+
+int tiering_trim(struct store *s, uint64_t now)
+{
+    struct tiering *tg = s->tiering;
+    int acted = 0;
+    tiering_rates(s, now);
+    tiering_compact(s);
+    /* Quantize first where a namespace allows it (the raw slots its jobs will free count as
+     * free already). */
+    quant_pressure(s->quant, now);
+    for (uint32_t a = 0; a < s->narenas; a++) {
+        struct tier *t = s->arenas[a].tier;
+        double cap = (double)t->ops->capacity(t);
+        uint64_t pend = quant_pending_bytes(s->quant, a) + tg->freeing[a];
+        uint64_t used = t->ops->usage(t), room, want;
+        /* Over the high watermark: clean blocks leave memory (they stay on disk) and leaves
+         * the disk would not take are dropped, down to the low watermark; if that is not
+         * enough, dirty blocks are demoted (written, then freed). */
+        if ((double)(used - (pend < used ? pend : used)) > s->p.high_watermark * cap) {
+            while ((double)(t->ops->usage(t) - pend) > s->p.low_watermark * cap) {
+                uint32_t v = store_victim(s, a, -1, now);
+                if (v == INDEX_NONE)
+                    break;
+                store_evict(s, v);
+                acted++;
+            }
+            used = t->ops->usage(t);
+            if ((double)(used - pend) > s->p.low_watermark * cap)
+                acted += tiering_write_back(
+                    s, a, (uint64_t)((double)(used - pend) - s->p.low_watermark * cap), true, now);
+        }
+        /* Ahead of need: dirty blocks are written (they stay in memory, clean) until the
+         * free and clean memory reaches the target. */
+        used = t->ops->usage(t);
+        room = (uint64_t)cap - used + s->arenas[a].clean_bytes + tg->writing[a];
+        want = tiering_room_target(s, a);
+        if (room < want)
+            acted += tiering_write_back(s, a, want - room, false, now);
+    }
+    return acted;
+}
+
+/* For the policy engine (store_policy.c): a block chosen to go to disk. */
 int tiering_offload(struct store *s, uint32_t idx, uint64_t now)
 {
     const struct block *b = &s->ix.blocks[idx];
     if (!s->tiering)
         return -ENODEV;
-    if (b->pins || (b->flags & BLOCK_F_MOVING) || b->tier != KVC_WIRE_TIER_HOST)
+    if (!store_block_idle(s, idx) || b->tier != KVC_WIRE_TIER_HOST)
         return -EBUSY;
-    return tiering_demote_one(s, idx, now);
+    if (b->flags & BLOCK_F_DISK) {
+        tiering_memory_drop(s, idx);
+        return 0;
+    }
+    return tiering_write_one(s, idx, true, now);
 }
 
 uint64_t tiering_pending_bytes(const struct store *s)
 {
-    return s->tiering ? s->tiering->demoting_bytes : 0;
+    uint64_t n = 0;
+    if (s->tiering)
+        for (uint32_t a = 0; a < STORE_MAX_ARENAS + 2; a++)
+            n += s->tiering->freeing[a];
+    return n;
 }
 
 /* ---- compaction ------------------------------------------------------------------------ */
 
-/* Whether the block of a compaction move is still on disk at the record that was read. */
+/* Whether the block of a compaction move still has the record that was read. */
 static bool tiering_compact_same(const struct store *s, const struct tiering_move *mv)
 {
     const struct block *b = &s->ix.blocks[mv->idx];
-    return b->key.lo == mv->key.lo && b->key.hi == mv->key.hi && b->ns == mv->ns &&
-           b->tier == KVC_WIRE_TIER_DISK && !(b->flags & (BLOCK_F_MOVING | BLOCK_F_LOST)) &&
-           b->off == mv->disk.off && b->ver == (uint32_t)mv->disk.cls;
+    struct tier_loc l;
+    if (b->state != BLOCK_STATE_COMMITTED || b->key.lo != mv->key.lo ||
+        b->key.hi != mv->key.hi || b->ns != mv->ns ||
+        (b->flags & (BLOCK_F_LOST | BLOCK_F_DISK)) != BLOCK_F_DISK)
+        return false;
+    tiering_rec_loc(b, &l);
+    return l.off == mv->disk.off && l.cls == mv->disk.cls;
 }
 
 static void tiering_compact_end(struct store *s, struct tiering_move *mv, bool moved)
@@ -384,10 +576,17 @@ static void tiering_compact_write_done(void *arg, int status)
     struct tiering_move *mv = arg;
     struct store *s = mv->s;
     struct tiering *tg = s->tiering;
-    bool moved = status == 0 && tiering_compact_same(s, mv);
+    struct block *b = &s->ix.blocks[mv->idx];
+    /* Not while a promotion reads the old record: it must stay valid until that ends. */
+    bool moved = status == 0 && tiering_compact_same(s, mv) && !(b->flags & BLOCK_F_PROMOTING);
     if (moved) {
-        /* The new record is complete: the index switches to it, the old one dies. */
-        tiering_block_set(s, mv->idx, KVC_WIRE_TIER_DISK, STORE_ARENA_DISK, &mv->host);
+        /* The new record is complete: the block switches to it, the old one dies. */
+        if (b->tier == KVC_WIRE_TIER_DISK) {
+            s->ns[b->ns]->bytes = s->ns[b->ns]->bytes - b->len + mv->host.len;
+            b->off = mv->host.off;
+            b->len = (uint32_t)mv->host.len;
+        }
+        tiering_rec_set(b, &mv->host);
         tg->disk->ops->free(tg->disk, &mv->disk);
     } else {
         tg->disk->ops->free(tg->disk, &mv->host);
@@ -460,7 +659,7 @@ static int tiering_compact_one(struct store *s, uint32_t idx)
     mv->kind = TIERING_MOVE_COMPACT;
     mv->key = b->key;
     mv->ns = b->ns;
-    mv->disk = (struct tier_loc){.arena = 0, .cls = b->ver, .off = b->off, .len = b->len};
+    tiering_rec_loc(b, &mv->disk);
     rc = tier_disk_get(tg->disk, &mv->disk, &m, mv->buf, (m.len + 4095) & ~4095ull,
                        tiering_compact_read_done, mv);
     if (rc) {
@@ -478,13 +677,15 @@ static int tiering_compact_one(struct store *s, uint32_t idx)
 }
 
 /* Empties pages mostly dead once the disk runs short of free pages (less than a quarter):
- * their live records are read, verified and appended to the open page, and the index
- * switches to the copy once it is on the device. One page at a time, bounded by the write
- * queue and rate shared with demotion. */
+ * their live records — of blocks only on disk and of clean blocks in memory — are read,
+ * verified and appended to the open page, and the block switches to the copy once it is
+ * on the device. One page at a time, bounded by the write queue and rate shared with
+ * write-back. */
 static void tiering_compact(struct store *s)
 {
     struct tiering *tg = s->tiering;
-    uint32_t i, left = 0;
+    uint32_t left = 0;
+    bool stop = false;
     if (!tg->compact_below)
         return;
     if (tg->compact_page == UINT32_MAX) {
@@ -496,21 +697,30 @@ static void tiering_compact(struct store *s)
             tier_disk_compact_pick(tg->disk, tg->compact_below, &tg->compact_page))
             return;
     }
-    for (i = s->arenas[STORE_ARENA_DISK].lru_tail; i != INDEX_NONE;) {
-        const struct block *b = &s->ix.blocks[i];
-        uint32_t prev = b->lru_prev;
-        struct tier_loc loc = {.cls = b->ver, .off = b->off, .len = b->len};
-        bool busy = false;
-        if (b->tier == KVC_WIRE_TIER_DISK && !(b->flags & (BLOCK_F_MOVING | BLOCK_F_LOST)) &&
-            tier_disk_page_of(tg->disk, &loc) == (int)tg->compact_page) {
-            left++;
-            for (uint32_t k = 0; k < TIERING_COMPACT_INFLIGHT; k++)
-                busy |= tg->compact_idx[k] == i;
-            if (!busy && tg->compacting < TIERING_COMPACT_INFLIGHT &&
-                tiering_compact_one(s, i) == -EAGAIN)
-                break;
+    /* Records live on the disk list and on the clean lists of memory. */
+    for (uint32_t a = 0; a < STORE_MAX_ARENAS + 2 && !stop; a++) {
+        uint32_t i = a == STORE_ARENA_DISK ? s->arenas[a].lru_tail : s->arenas[a].clean_tail;
+        while (i != INDEX_NONE) {
+            const struct block *b = &s->ix.blocks[i];
+            uint32_t prev = b->lru_prev;
+            struct tier_loc loc;
+            bool busy = false;
+            if ((b->flags & (BLOCK_F_DISK | BLOCK_F_LOST)) == BLOCK_F_DISK &&
+                !(b->flags & BLOCK_F_PROMOTING)) {
+                tiering_rec_loc(b, &loc);
+                if (tier_disk_page_of(tg->disk, &loc) == (int)tg->compact_page) {
+                    left++;
+                    for (uint32_t k = 0; k < TIERING_COMPACT_INFLIGHT; k++)
+                        busy |= tg->compact_idx[k] == i;
+                    if (!busy && tg->compacting < TIERING_COMPACT_INFLIGHT &&
+                        tiering_compact_one(s, i) == -EAGAIN) {
+                        stop = true;
+                        break;
+                    }
+                }
+            }
+            i = prev;
         }
-        i = prev;
     }
     if (left == 0 && tg->compacting == 0) {
         tg->compacted_pages++;
@@ -525,15 +735,16 @@ static void tiering_promote_done(void *arg, int status)
     struct tiering_move *mv = arg;
     struct store *s = mv->s;
     struct tiering *tg = s->tiering;
-    struct block *b = &s->ix.blocks[mv->idx];
+    uint32_t idx = mv->idx;
+    struct block *b = &s->ix.blocks[idx];
     struct store_ns *ns = s->ns[b->ns];
-    struct tier *host = tiering_host(s, b);
     tg->moves--;
     b->flags &= (uint8_t)~BLOCK_F_PROMOTING;
-    tg->disk->ops->free(tg->disk, &mv->disk);
     if (status == 0) {
+        /* Inclusive: the record stays, so the block is clean in memory. */
         TIERING_STAT_ADD(s, ns, promoted_blocks, 1);
     } else {
+        struct tier *host = tiering_mem(s, b);
         if (status == -EBADMSG) {
             TIERING_STAT_ADD(s, ns, checksum_failures, 1);
             log_limited(LOG_LEVEL_WARNING,
@@ -545,16 +756,17 @@ static void tiering_promote_done(void *arg, int status)
                         strerror(-status));
         }
         /* No copy is left: a miss from now on; it goes once free of pins and children. */
-        store_lru_unlink(s, mv->idx);
+        store_lru_unlink(s, idx);
         host->ops->free(host, &mv->host);
+        tiering_record_free(s, idx);
         b->flags |= BLOCK_F_LOST;
         b->tier = 0;
         b->arena = STORE_ARENA_DISK;
         ns->bytes -= b->len;
         b->len = 0;
-        store_lru_push_head(s, mv->idx);
+        store_lru_push_head(s, idx);
         if (!b->pins && !b->children)
-            store_block_drop(s, mv->idx);
+            (void)store_block_drop(s, idx);
     }
     free(mv);
     tiering_ready(s);
@@ -586,7 +798,7 @@ static int tiering_promote(struct store *s, uint32_t idx, uint64_t now)
     struct tiering *tg = s->tiering;
     struct block *b = &s->ix.blocks[idx];
     struct store_ns *ns = s->ns[b->ns];
-    struct tier *host = tiering_host(s, b);
+    struct tier *host = s->arenas[ns->arena].tier;
     struct tier_disk_meta m;
     struct tiering_move *mv = calloc(1, sizeof(*mv));
     int rc;
@@ -602,7 +814,7 @@ static int tiering_promote(struct store *s, uint32_t idx, uint64_t now)
     mv->s = s;
     mv->idx = idx;
     mv->kind = TIERING_MOVE_PROMOTE;
-    mv->disk = (struct tier_loc){.arena = 0, .cls = b->ver, .off = b->off, .len = b->len};
+    tiering_rec_loc(b, &mv->disk);
     rc = tier_disk_get(tg->disk, &mv->disk, &m, (uint8_t *)tier_host_base(host) + mv->host.off,
                        mv->host.len, tiering_promote_done, mv);
     if (rc) {
@@ -610,8 +822,15 @@ static int tiering_promote(struct store *s, uint32_t idx, uint64_t now)
         free(mv);
         return rc;
     }
+    /* It lives in its namespace's arena from now on (the lease names the new slot, not
+     * ready until the read completed); its record stays: clean. */
     store_lru_unlink(s, idx);
-    tiering_block_set(s, idx, KVC_WIRE_TIER_HOST, ns->arena, &mv->host);
+    ns->bytes = ns->bytes - b->len + mv->host.len;
+    b->tier = KVC_WIRE_TIER_HOST;
+    b->arena = (uint8_t)ns->arena;
+    b->off = mv->host.off;
+    b->len = (uint32_t)mv->host.len;
+    b->cls = (uint8_t)mv->host.cls;
     b->flags |= BLOCK_F_PROMOTING;
     store_lru_push_head(s, idx);
     tg->moves++;
@@ -629,7 +848,7 @@ uint32_t tiering_lookup_prepare(struct store *s, uint16_t ns, const struct kvc_w
     for (uint32_t i = 0; i < hits; i++) {
         uint32_t idx = index_find(&s->ix, ns, &keys[i]);
         const struct block *b = &s->ix.blocks[idx];
-        if (b->tier == KVC_WIRE_TIER_DISK && !(b->flags & BLOCK_F_MOVING) &&
+        if (b->tier == KVC_WIRE_TIER_DISK && !(b->flags & BLOCK_F_BUSY) &&
             tiering_promote(s, idx, now)) {
             usable = i;
             break;
@@ -701,29 +920,34 @@ static int tiering_found_cmp(const void *a, const void *b)
     return x->m.depth < y->m.depth ? -1 : x->m.depth > y->m.depth;
 }
 
-/* Takes one record back into the index. 0, or -errno when it cannot be (then freed). */
-static int tiering_adopt(struct store *s, const struct tiering_found *f)
+/* Takes one record back into the index, in a namespace opened (placed and bound to its
+ * section) as NS_OPEN opens it. 0, or -errno when it cannot be (then freed). */
+static int tiering_adopt(struct store *s, const struct tiering_params *p,
+                         const struct tiering_found *f)
 {
     struct kvc_wire_layout l;
     struct kvc_wire_key key = {f->m.key[0], f->m.key[1]};
     struct kvc_wire_key parent = {f->m.parent[0], f->m.parent[1]};
     struct store_ns *ns;
-    uint32_t ns_id, idx, p = INDEX_NONE;
+    uint32_t ns_id, idx, p_idx = INDEX_NONE;
     bool created;
     int rc;
     memcpy(&l, f->m.ns, sizeof(l));
-    rc = store_ns_open(s, &l, &ns_id, &created);
+    rc = p->ns_open ? p->ns_open(p->ns_open_arg, &l, &ns_id, &created)
+                    : store_ns_open(s, &l, &ns_id, &created);
     if (rc)
         return rc;
     ns = s->ns[ns_id];
     int64_t want = quant_format_bytes(ns, (uint8_t)f->m.format);
     if (want <= 0 || f->m.len != (uint64_t)want)
         return -EINVAL; /* not a block this namespace holds (its recipe changed?) */
+    if (f->loc.len > UINT32_MAX || f->loc.off / TIER_DISK_ALIGN > UINT32_MAX)
+        return -EFBIG;
     if (index_find(&s->ix, (uint16_t)ns_id, &key) != INDEX_NONE)
         return -EEXIST;
     if (!index_key_is_zero(&parent)) {
-        p = index_find(&s->ix, (uint16_t)ns_id, &parent);
-        if (p == INDEX_NONE || s->ix.blocks[p].depth + 1 != f->m.depth)
+        p_idx = index_find(&s->ix, (uint16_t)ns_id, &parent);
+        if (p_idx == INDEX_NONE || s->ix.blocks[p_idx].depth + 1 != f->m.depth)
             return -ENOENT; /* orphan: its parent's write never completed */
     } else if (f->m.depth != 0) {
         return -EINVAL;
@@ -738,19 +962,18 @@ static int tiering_adopt(struct store *s, const struct tiering_found *f)
     b->ns = (uint16_t)ns_id;
     b->state = BLOCK_STATE_COMMITTED;
     b->format = (uint8_t)f->m.format;
-    b->owner_slot = INDEX_NONE;
     b->tier = KVC_WIRE_TIER_DISK;
     b->arena = STORE_ARENA_DISK;
     b->off = f->loc.off;
-    b->len = f->loc.len;
-    b->ver = (uint32_t)f->loc.cls;
+    b->len = (uint32_t)f->loc.len;
+    tiering_rec_set(b, &f->loc);
     rc = index_insert(&s->ix, idx);
     if (rc) {
         index_block_delete(&s->ix, idx);
         return rc;
     }
-    if (p != INDEX_NONE)
-        s->ix.blocks[p].children++;
+    if (p_idx != INDEX_NONE)
+        s->ix.blocks[p_idx].children++;
     ns->blocks++;
     ns->bytes += b->len;
     store_lru_push_head(s, idx);
@@ -783,6 +1006,7 @@ int tiering_attach(struct store *s, const struct tiering_params *p)
     for (uint32_t i = 0; i < p->npaths; i++)
         dc.paths[i] = p->paths[i];
     tg->admit_hits = p->admit_hits;
+    tg->npaths = p->npaths;
     tg->compact_below = p->compact_below;
     tg->compress_level = p->compress_level;
     tg->ns_level = p->ns_level;
@@ -794,6 +1018,13 @@ int tiering_attach(struct store *s, const struct tiering_params *p)
     if (!tg->disk)
         goto out;
     tier_disk_stats_get(tg->disk, &st);
+    /* A record's offset is kept in 4 KiB units in 32 bits (struct block's budget). */
+    if (st.capacity > (uint64_t)UINT32_MAX * TIER_DISK_ALIGN) {
+        log_err("disk: %llu GiB in all is more than the 16 TiB one daemon can address",
+                (unsigned long long)(st.capacity >> 30));
+        rc = -EFBIG;
+        goto out;
+    }
     if (st.buffered)
         log_warn("disk: O_DIRECT is not supported on %s: BUFFERED I/O in use (counted as "
                  "disk_buffered)",
@@ -806,12 +1037,11 @@ int tiering_attach(struct store *s, const struct tiering_params *p)
                  strerror(-rc));
     s->tiering = tg;
     s->arenas[STORE_ARENA_DISK].tier = tg->disk;
-    s->arenas[STORE_ARENA_DISK].lru_head = s->arenas[STORE_ARENA_DISK].lru_tail = INDEX_NONE;
     /* Parents first, so every block finds its parent already back. */
     if (sc.n)
         qsort(sc.v, sc.n, sizeof(*sc.v), tiering_found_cmp);
     for (size_t i = 0; i < sc.n; i++) {
-        if (tiering_adopt(s, &sc.v[i]) == 0)
+        if (tiering_adopt(s, p, &sc.v[i]) == 0)
             adopted++;
         else
             tg->disk->ops->free(tg->disk, &sc.v[i].loc);
@@ -872,8 +1102,8 @@ void tiering_poll(struct store *s, uint64_t now)
     if (!s->tiering)
         return;
     tier_disk_poll(s->tiering->disk);
-    /* Room freed by completed writes may let the next demotions start. */
-    tiering_demote(s, now);
+    /* Completed writes free queue slots and memory: the next write-backs may start. */
+    tiering_trim(s, now);
 }
 
 void tiering_flush(struct store *s)
@@ -887,7 +1117,7 @@ void tiering_stats(const struct store *s, void (*put)(void *arg, const char *nam
 {
     struct tier_disk_stats st;
     const struct tiering *tg = s->tiering;
-    uint64_t closed, blocks = 0;
+    uint64_t closed, blocks = 0, records = 0, clean = 0, writing = 0;
     if (!tg)
         return;
     tier_disk_stats_get(tg->disk, &st);
@@ -895,7 +1125,22 @@ void tiering_stats(const struct store *s, void (*put)(void *arg, const char *nam
     for (uint32_t i = s->arenas[STORE_ARENA_DISK].lru_head; i != INDEX_NONE;
          i = s->ix.blocks[i].lru_next)
         blocks += s->ix.blocks[i].tier == KVC_WIRE_TIER_DISK;
+    for (uint32_t a = 0; a < STORE_MAX_ARENAS + 2; a++) {
+        if (a == STORE_ARENA_DISK)
+            continue;
+        clean += s->arenas[a].clean_bytes;
+        for (uint32_t i = s->arenas[a].clean_head; i != INDEX_NONE; i = s->ix.blocks[i].lru_next)
+            records++;
+        writing += tg->writing[a];
+    }
     put(arg, "disk_blocks", blocks);
+    put(arg, "disk_records", blocks + records);
+    put(arg, "disk_clean_blocks", records);
+    put(arg, "disk_clean_bytes", clean);
+    put(arg, "disk_writing_bytes", writing);
+    put(arg, "disk_put_rate", (uint64_t)tg->put_bps);
+    put(arg, "disk_write_rate", (uint64_t)tg->write_bps);
+    put(arg, "disk_records_forgotten", tg->records_forgotten);
     put(arg, "disk_capacity", st.capacity);
     put(arg, "disk_used", st.used);
     put(arg, "disk_pages", st.pages);

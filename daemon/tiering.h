@@ -2,32 +2,44 @@
  * tiering.h — the tier engine: moves blocks between the host arena and the disk tier.
  *
  * DESIGN
- * A block keeps its place in the prefix tree whatever tier holds it; only its location
- * changes. Demotion: when a host arena crosses its high watermark, the coldest unpinned
- * blocks (LRU tail) are written to disk — a block hit at least `admit_hits` times, or one
- * with children (a parent must stay cached somewhere) — and their host slots are freed
- * only once the write completed; a leaf that is not admitted is dropped as before. A block
- * pinned while its write runs stays in memory and the disk copy is given back. Promotion:
- * a lookup hit on disk gets a fresh host slot at once and the block switches to it with
- * BLOCK_F_PROMOTING; the lease names that slot without KVC_LOC_F_READY, and WAIT answers
- * when the read completed. A read that fails verification marks the block LOST: a miss for
- * every lookup, dropped once nothing hangs from it and nobody holds it. When the disk is
- * full, unpinned leaves on disk are evicted (LRU) until a record fits. At start the disk's
- * records are taken back into the index parents first (by depth); a record whose parent is
- * missing or whose namespace conflicts is freed. Compaction: when fewer than a quarter of
+ * The hierarchy is inclusive. A block keeps its place in the prefix tree whatever tier holds
+ * it; where it is lives in struct block (daemon/index.h): its fastest copy (host arena, GPU
+ * pool or disk) and, with BLOCK_F_DISK, a disk record. A block in memory with a record is
+ * clean: its memory can go at no cost (it stays cached on disk), and it is never written
+ * again while the record lives — a block is written to disk once per content.
+ * Write-back: dirty blocks are written from the cold end of each arena's dirty list ahead
+ * of need, so that free plus clean memory covers what the puts of the next second bring
+ * (the put rate and the disk's write rate are measured; at least the band between the
+ * watermarks, at most half the arena); they stay in memory and move to the clean list.
+ * Pressure (an arena over its high watermark, or an allocation that finds no room): clean
+ * blocks leave memory first; a dirty block the disk would take (admitted: hit at least
+ * `admit_hits` times, or a parent) is never dropped — it is demoted (written, then freed)
+ * and a put that finds no room meanwhile is refused (NOSPACE, counted) rather than a
+ * cached block lost; a leaf the disk would not take is dropped as without a disk.
+ * Promotion: a lookup hit on disk gets a fresh slot in its namespace's arena at once and
+ * the block switches to it with BLOCK_F_PROMOTING; the lease names that slot without
+ * KVC_LOC_F_READY, and WAIT answers when the read completed. The record stays (clean). A
+ * read that fails verification frees the record and marks the block LOST: a miss for every
+ * lookup, dropped once nothing hangs from it and nobody holds it. Disk full: the coldest
+ * unpinned leaves only on disk are evicted, else the records of clean blocks in memory are
+ * forgotten (they become dirty) until a record fits. Every move works on the block's own
+ * arena. A block in motion (BLOCK_F_BUSY) is never freed or moved by any path
+ * (store_block_idle). At start the disk's records are taken back into the index parents
+ * first (by depth), each in a namespace opened, placed and bound to its configuration
+ * section exactly as NS_OPEN does (tiering_params.ns_open); a record whose parent is
+ * missing or whose namespace is refused is freed. Compaction: when fewer than a quarter of
  * the disk's pages are free, the page least live (under `compact_below` percent) has its
- * live records read, verified and appended to the open page; the index switches to the
- * copy when its write completed (the block is still the same one at the same record),
- * then the old record dies and the page comes free. Compression: a record is encoded on the
- * disk tier's workers first (XXH3, and zstd at the namespace's level: byte planes for raw
- * fp16/bf16, plain zstd for quantized blocks) and allocated for its encoded size when that
- * is done; a read is verified and decompressed there too. A quantized block goes to disk as
- * it is (the record carries its format and length) and comes back the same. Owned by the
- * loop thread.
+ * live records read, verified and appended to the open page; the block switches to the
+ * copy when its write completed (it still has the record that was read, and no promotion
+ * is reading it), then the old record dies and the page comes free. Compression: a record
+ * is encoded on the disk tier's workers first (XXH3, and zstd at the namespace's level:
+ * byte planes for raw fp16/bf16, plain zstd for quantized blocks) and allocated for its
+ * encoded size; a read is verified and decompressed there too. Owned by the loop thread.
  */
 #ifndef KVC_TIERING_H
 #define KVC_TIERING_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "client/kvc_proto.h"
@@ -50,6 +62,10 @@ struct tiering_params {
     uint32_t workers;       /* threads hashing and compressing records (0: 2) */
     void (*progress)(void *arg, uint64_t pages_done, uint64_t pages);
     void *progress_arg;
+    /* Opens the namespace of an adopted record as NS_OPEN does (arena, access list, quotas,
+     * policy); NULL: store_ns_open. Non-zero refuses the record. */
+    int (*ns_open)(void *arg, const struct kvc_wire_layout *l, uint32_t *ns_id, bool *created);
+    void *ns_open_arg;
 };
 
 /* Opens the disk tier, registers the host arena with it and takes its blocks back into the
@@ -77,9 +93,17 @@ void tiering_flush(struct store *s);
 uint32_t tiering_lookup_prepare(struct store *s, uint16_t ns, const struct kvc_wire_key *keys,
                                 uint32_t hits, uint32_t flags, uint64_t now);
 
-/* Starts demotions (or drops) while a host arena is above its high watermark. Returns the
- * number of blocks acted on. */
-int tiering_demote(struct store *s, uint64_t now);
+/* The engine under pressure and ahead of it (store_trim, after commits, every poll): clean
+ * blocks leave memory and dirty ones are demoted above the high watermark; write-back keeps
+ * free plus clean memory at its target. Returns the number of blocks acted on. */
+int tiering_trim(struct store *s, uint64_t now);
+
+/* For the store: whether the disk would take block idx (admitted and the disk up); frees
+ * its disk record (clears BLOCK_F_DISK; the block is unlinked or stays on a list that does
+ * not depend on it); a clean idle block in memory gives its memory back (stays on disk). */
+bool tiering_takes(const struct store *s, uint32_t idx);
+void tiering_record_free(struct store *s, uint32_t idx);
+void tiering_memory_drop(struct store *s, uint32_t idx);
 
 /* For the policy engine (store_policy.c): starts the write of one host block to disk (0,
  * -EAGAIN: rate or queue limit, -EBUSY, -errno), and the host bytes whose writes are in

@@ -223,7 +223,7 @@ static void on_disk_runs(kvc_client *c, kvc_ns *ns, int *runs)
             bool disk = false;
             for (size_t j = 0; j < nall; j++)
                 if (all[j].key.lo == keys[i].lo && all[j].key.hi == keys[i].hi)
-                    disk = all[j].tier == 2;
+                    disk = all[j].on_disk;
             if (!disk)
                 break;
             runs[p]++;
@@ -524,7 +524,7 @@ static int on_disk_format(kvc_client *c, kvc_ns *ns, uint8_t f)
         size_t nb;
         ck_assert_int_eq(kvc_block_list(c, kvc_ns_id(ns), &cursor, 256, &b, &nb), 0);
         for (size_t j = 0; j < nb; j++)
-            n += b[j].tier == 2 && b[j].format == f;
+            n += b[j].on_disk && b[j].format == f;
         free(b);
     } while (cursor);
     return n;
