@@ -4,6 +4,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t's fields */
+#include <xxhash.h>
+
 #include "client/kvc.h"
 #include "client/libkvc_internal.h"
 
@@ -85,6 +88,43 @@ START_TEST(test_long_blocks)
 }
 END_TEST
 
+/* Fills 32 KiB of the stack below the caller with copies of an XXH3 state whose seed is
+ * the salt, whose external secret is NULL and whose own secret is garbage, laid out so that
+ * a state at any 64-byte aligned address of the stretch congruent to `shift` reads so: what
+ * an uninitialised state of the next call finds when an earlier call left its seed there. */
+static __attribute__((noinline)) unsigned key_stack_scribble(uint64_t salt, unsigned shift)
+{
+    _Alignas(64) volatile unsigned char junk[32768];
+    XXH3_state_t fake;
+    const size_t sz = sizeof(fake);
+    memset(&fake, 0xa5, sz);
+    fake.seed = salt;
+    fake.extSecret = NULL;
+    for (size_t i = 0; i < sizeof(junk); i++)
+        junk[i] = ((const unsigned char *)&fake)[(i + sz - (shift * 64) % sz) % sz];
+    return junk[salt % sizeof(junk)];
+}
+
+/* Regression: keys were derived from a stack state whose seed field was never initialised;
+ * when it happened to equal the salt the secret was not derived and keys varied from call
+ * to call (lost hits, seen in the engine's end-to-end suite). */
+START_TEST(test_key_chain_dirty_stack)
+{
+    struct kvc_wire_layout l = layout("m", 64);
+    uint64_t salt = kvc_layout_salt(&l);
+    static uint32_t tok[64 * 4];
+    struct kvc_key want[4], got[4];
+    for (size_t i = 0; i < sizeof(tok) / sizeof(tok[0]); i++)
+        tok[i] = (uint32_t)(i * 2654435761u);
+    kvc_key_chain(salt, NULL, tok, 256, 64, NULL, 0, want, 4);
+    for (unsigned shift = 0; shift < sizeof(XXH3_state_t) / 64; shift++) {
+        key_stack_scribble(salt, shift);
+        kvc_key_chain(salt, NULL, tok, 256, 64, NULL, 0, got, 4);
+        ck_assert_msg(memcmp(want, got, sizeof(want)) == 0, "shift %u: other keys", shift);
+    }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("key");
@@ -92,6 +132,7 @@ int main(void)
     tcase_add_test(tc, test_fixed_vectors);
     tcase_add_test(tc, test_chaining_and_salt);
     tcase_add_test(tc, test_long_blocks);
+    tcase_add_test(tc, test_key_chain_dirty_stack);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
