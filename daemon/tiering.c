@@ -848,10 +848,14 @@ uint32_t tiering_lookup_prepare(struct store *s, uint16_t ns, const struct kvc_w
     for (uint32_t i = 0; i < hits; i++) {
         uint32_t idx = index_find(&s->ix, ns, &keys[i]);
         const struct block *b = &s->ix.blocks[idx];
-        if (b->tier == KVC_WIRE_TIER_DISK && !(b->flags & BLOCK_F_BUSY) &&
-            tiering_promote(s, idx, now)) {
-            usable = i;
-            break;
+        if (b->tier == KVC_WIRE_TIER_DISK && !(b->flags & BLOCK_F_BUSY)) {
+            int rc = tiering_promote(s, idx, now);
+            if (rc) {
+                log_limited(LOG_LEVEL_INFO, "disk: a read from disk cannot start (%s); the "
+                            "lookup stops at that block", strerror(-rc));
+                usable = i;
+                break;
+            }
         }
     }
     if (flags & KVC_LOOKUP_F_READY_ONLY)
