@@ -9,6 +9,7 @@
 #include "daemon/acl.h"
 #include "daemon/config.h"
 #include "daemon/config_ns.h"
+#include "daemon/engine.h"
 #include "daemon/log.h"
 #include "daemon/store.h"
 
@@ -234,6 +235,6 @@ int acl_quota_reserve(struct acl *a, const struct store_owner *o, uint32_t ns_id
     uint64_t want = (uint64_t)*n * ns->block_bytes + ns_resv * ns->block_bytes;
     uint64_t keep = r->max_bytes > want ? r->max_bytes - want : 0;
     if (ns->bytes > keep)
-        store_evict_where(a->s, ns_id, UINT32_MAX, keep, false, now);
+        engine_evict_where(a->s, ns_id, UINT32_MAX, keep, false, now);
     return acl_cut(n, ns->bytes + ns_resv * ns->block_bytes, r->max_bytes, ns->block_bytes);
 }

@@ -16,6 +16,7 @@
 
 #include "daemon/admin.h"
 #include "daemon/config.h"
+#include "daemon/engine.h"
 #include "daemon/log.h"
 #include "daemon/proto.h"
 #include "daemon/server.h"
@@ -287,7 +288,7 @@ int admin_handle(const struct admin_ctx *x, const struct proto_req *r, void *out
             return -EOPNOTSUPP;
         if (q->scope && !store_ns_get(x->store, q->scope))
             return -ENOENT;
-        n = store_evict_where(x->store, q->scope, UINT32_MAX, 0, true, x->now);
+        n = engine_evict_where(x->store, q->scope, UINT32_MAX, 0, true, x->now);
         log_info("admin: evicted %d blocks (namespace %u, tier %s)", n, q->scope,
                  q->tier ? "host" : "all");
         return admin_text(out, cap, 0, (uint64_t)n, 0, NULL, 0);

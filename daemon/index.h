@@ -53,7 +53,7 @@ struct block {
 };
 _Static_assert(sizeof(struct block) == 96, "struct block is at its metadata budget");
 
-/* Where a block is and what is happening to it (daemon/tiering.h: the tier engine owns
+/* Where a block is and what is happening to it (daemon/engine_disk.h: the tier engine owns
  * these transitions).
  * DISK: it has a valid record on disk at (doff, dlen, ver). Inclusive hierarchy: a block in
  *   memory with DISK set is clean — its memory copy can go at no cost, and writing it to

@@ -21,13 +21,14 @@
 #include "daemon/acl.h"
 #include "daemon/config.h"
 #include "daemon/config_ns.h"
+#include "daemon/engine.h"
+#include "daemon/engine_disk.h"
 #include "daemon/log.h"
-#include "daemon/quant.h"
 #include "daemon/loop.h"
 #include "daemon/notify.h"
+#include "daemon/quant.h"
 #include "daemon/server.h"
 #include "daemon/store.h"
-#include "daemon/tiering.h"
 #include "tiers/host.h"
 
 #define KVCD_VERSION "0.1.0"
@@ -149,8 +150,8 @@ static int kvcd_apply(struct kvcd *d, struct config *next, char *msg, size_t len
     store_reload(d->store, &sp);
     if (d->acl)
         acl_reload(d->acl, d->cfg);
-    tiering_reload(d->store, (uint32_t)d->cfg->disk_admit_hits);
-    tiering_compress_set(d->store, (int)d->cfg->disk_compress);
+    engine_disk_reload(d->store, (uint32_t)d->cfg->disk_admit_hits);
+    engine_disk_compress_set(d->store, (int)d->cfg->disk_compress);
     kvcd_server_params(d, d->cfg, &vp);
     server_reload(d->server, &vp);
     server_ns_policies(d->server);
@@ -248,7 +249,7 @@ static void kvcd_on_signal(struct loop *l, int fd, uint32_t events, void *arg)
 static void kvcd_tick(void *arg)
 {
     struct kvcd *d = arg;
-    store_trim(d->store, loop_now_ms(d->loop));
+    engine_trim(d->store, loop_now_ms(d->loop));
     notify_watchdog(loop_now_ms(d->loop));
     server_tick(d->server);
 }
@@ -267,7 +268,7 @@ static void kvcd_disk_progress(void *arg, uint64_t done, uint64_t pages)
 static void kvcd_before_wait(void *arg)
 {
     struct kvcd *d = arg;
-    tiering_flush(d->store);
+    engine_disk_flush(d->store);
 }
 
 static void kvcd_on_disk(struct loop *l, int fd, uint32_t events, void *arg)
@@ -275,7 +276,7 @@ static void kvcd_on_disk(struct loop *l, int fd, uint32_t events, void *arg)
     struct kvcd *d = arg;
     (void)fd;
     (void)events;
-    tiering_poll(d->store, loop_now_ms(l));
+    engine_disk_poll(d->store, loop_now_ms(l));
 }
 
 /* A namespace's disk_compress from its [namespace.PATTERN] section, or -1. */
@@ -302,7 +303,7 @@ static int kvcd_disk_ns_open(void *arg, const struct kvc_wire_layout *l, uint32_
 static int kvcd_disk_attach(struct kvcd *d)
 {
     const struct config *c = d->cfg;
-    struct tiering_params tp = {.size = c->disk_capacity,
+    struct engine_disk_params tp = {.size = c->disk_capacity,
                                 .page_size = c->disk_page,
                                 .queue_depth = (uint32_t)c->disk_queue_depth,
                                 .write_rate = c->disk_write_rate,
@@ -327,12 +328,12 @@ static int kvcd_disk_attach(struct kvcd *d)
         }
         tp.paths[tp.npaths++] = p;
     }
-    rc = tiering_attach(d->store, &tp);
+    rc = engine_disk_attach(d->store, &tp);
     if (rc) {
         log_err("disk: cannot open the disk tier on %s (%s)", c->disk_path, strerror(-rc));
         goto out;
     }
-    rc = loop_add(d->loop, tiering_fd(d->store), EPOLLIN, kvcd_on_disk, d);
+    rc = loop_add(d->loop, engine_disk_fd(d->store), EPOLLIN, kvcd_on_disk, d);
     if (rc == 0)
         loop_before_wait(d->loop, kvcd_before_wait, d);
 out:
@@ -425,6 +426,8 @@ int main(int argc, char **argv)
      * is ample), so a big host tier does not trip the start timeout. */
     notify_extend_timeout(((sp.host_size >> 30) + 30) * 1000000ull);
     d.store = store_new(&sp, &rc);
+    if (d.store)
+        engine_attach(d.store);
     if (!d.store) {
         log_err("host: cannot create the arena of %llu bytes (%s)",
                 (unsigned long long)sp.host_size, strerror(-rc));
@@ -491,7 +494,7 @@ out:
     server_free(d.server);
     acl_free(d.acl);
     if (d.store)
-        quant_free(d.store->quant); /* before the loop it watches goes */
+        engine_stop(d.store); /* the quantize worker before the loop it watches goes */
     store_free(d.store);
     loop_free(d.loop);
     if (d.sigfd >= 0)

@@ -15,13 +15,13 @@
  * that arrives during the encode always gets the raw copy, and no slot a lease points at is
  * ever freed.
  *
- * Trigger: while every namespace ranks with lru, store_trim() calls quant_pressure() (below);
+ * Trigger: while every namespace ranks with lru, engine_trim() calls quant_pressure() (below);
  * once one has another policy, the policy engine (store_policy.c) chooses the blocks to
  * quantize with policy_decide and calls store_quantize() itself. quant_pressure() runs
  * first. For each arena above its high watermark it queues the coldest unpinned raw blocks
  * of namespaces that allow a codec, counting each queued raw slot as freed already, until
  * the arena would be at its low watermark or store_params.quantize_inflight jobs are in
- * flight; store_trim() then evicts only what quantization does not cover. Namespaces allow
+ * flight; engine_trim() then evicts only what quantization does not cover. Namespaces allow
  * no codec unless their creator asked (layout.flags at NS_OPEN), so by default nothing is
  * ever lossy.
  *
@@ -81,8 +81,6 @@ struct quant {
     bool stop;
     uint32_t inflight; /* loop thread only */
     uint64_t pending[STORE_MAX_ARENAS];
-    uint32_t *sum; /* by block index: bf16 key norm << 16 | bf16 key absmax */
-    uint32_t nsum;
 };
 
 /* ---- worker -------------------------------------------------------------------------- */
@@ -179,19 +177,19 @@ static void quant_apply(struct quant *q, struct quant_job *j)
     b->len = j->enc.len;
     b->cls = (uint8_t)j->enc.cls;
     b->format = j->format;
-    if (j->idx >= q->nsum) { /* struct block has no room left: a side table by index */
-        uint32_t n = q->nsum ? q->nsum : 1024;
+    if (j->idx >= s->nkeysum) { /* struct block has no room left: a side table by index */
+        uint32_t n = q->s->nkeysum ? q->s->nkeysum : 1024;
         while (n <= j->idx)
             n *= 2;
-        uint32_t *ns_ = realloc(q->sum, (size_t)n * sizeof(*ns_));
+        uint32_t *ns_ = realloc(q->s->keysum, (size_t)n * sizeof(*ns_));
         if (ns_) {
-            memset(ns_ + q->nsum, 0, (size_t)(n - q->nsum) * sizeof(*ns_));
-            q->sum = ns_;
-            q->nsum = n;
+            memset(ns_ + q->s->nkeysum, 0, (size_t)(n - q->s->nkeysum) * sizeof(*ns_));
+            q->s->keysum = ns_;
+            q->s->nkeysum = n;
         }
     }
-    if (j->idx < q->nsum)
-        q->sum[j->idx] = (uint32_t)quant_bf16(j->key_norm) << 16 | quant_bf16(j->key_absmax);
+    if (j->idx < q->s->nkeysum)
+        q->s->keysum[j->idx] = (uint32_t)quant_bf16(j->key_norm) << 16 | quant_bf16(j->key_absmax);
     ns->bytes = ns->bytes - j->raw.len + j->enc.len;
     if (j->quest) {
         store_meta_quest_set(s, j->idx, j->quest, j->lay.head_dim);
@@ -258,13 +256,13 @@ static float quant_f32(uint16_t bf)
 int quant_key_summary(const struct quant *q, uint32_t idx, float *norm, float *absmax)
 {
     const struct block *b;
-    if (!q || idx >= q->s->ix.nblocks || idx >= q->nsum)
+    if (!q || idx >= q->s->ix.nblocks || idx >= q->s->nkeysum)
         return -ENOENT;
     b = &q->s->ix.blocks[idx];
     if (b->state != BLOCK_STATE_COMMITTED || b->format == KVC_WIRE_FORMAT_RAW)
         return -ENOENT;
-    *norm = quant_f32((uint16_t)(q->sum[idx] >> 16));
-    *absmax = quant_f32((uint16_t)q->sum[idx]);
+    *norm = quant_f32((uint16_t)(q->s->keysum[idx] >> 16));
+    *absmax = quant_f32((uint16_t)q->s->keysum[idx]);
     return 0;
 }
 
@@ -459,6 +457,8 @@ void quant_free(struct quant *q)
     pthread_mutex_destroy(&q->mu);
     pthread_cond_destroy(&q->cv);
     pthread_cond_destroy(&q->done_cv);
-    free(q->sum);
+    free(q->s->keysum);
+    q->s->keysum = NULL;
+    q->s->nkeysum = 0;
     free(q);
 }

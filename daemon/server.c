@@ -27,12 +27,13 @@
 #include "daemon/admin.h"
 #include "daemon/config.h"
 #include "daemon/config_ns.h"
+#include "daemon/engine.h"
+#include "daemon/engine_disk.h"
 #include "daemon/log.h"
 #include "daemon/loop.h"
 #include "daemon/proto.h"
 #include "daemon/server.h"
 #include "daemon/store.h"
-#include "daemon/tiering.h"
 #include "tiers/gpu.h"
 #include "tiers/host.h"
 
@@ -309,7 +310,7 @@ static int server_on_lookup(struct server *sv, struct conn *c, const struct prot
         if (n < r->ntail)
             sv->store->total.refused_quota++;
     }
-    int hits = store_lookup_flags(sv->store, &c->owner, q->ns_id, r->tail, n, q->flags, now,
+    int hits = engine_lookup_flags(sv->store, &c->owner, q->ns_id, r->tail, n, q->flags, now,
                                   &lease, (struct kvc_wire_loc *)(p + 1));
     if (hits < 0)
         return hits;
@@ -368,7 +369,7 @@ static int server_wait_fill(struct server *sv, struct conn *c, uint64_t lease_id
 {
     struct kvc_wait_rep *p = (struct kvc_wait_rep *)((struct kvc_msg_hdr *)sv->tx + 1);
     uint32_t nhit, nready, pending;
-    int rc = tiering_lease_state(sv->store, &c->owner, lease_id, &nhit, &nready, &pending);
+    int rc = engine_disk_lease_state(sv->store, &c->owner, lease_id, &nhit, &nready, &pending);
     if (rc)
         return rc;
     if (pending && wait)
@@ -573,7 +574,7 @@ static int server_on_stats(struct server *sv, struct conn *c, const struct proto
         server_stat_put(out, &n, "gpu_used", store_gpu_used(s));
         server_stat_put(out, &n, "uptime_s", now / 1000);
         server_stat_put(out, &n, "log_suppressed", log_suppressed());
-        tiering_stats(s, server_stat_cb, &(struct server_stat_ctx){out, &n});
+        engine_disk_stats(s, server_stat_cb, &(struct server_stat_ctx){out, &n});
     }
     *p = (struct kvc_stats_rep){.nstats = n};
     return (int)(sizeof(*p) + n * sizeof(*out));
@@ -823,7 +824,7 @@ static bool server_handle(struct server *sv, struct conn *c, size_t n)
      * frees hundreds of blocks at once (every 5% of the arena): done after the reply, it
      * runs while the client copies its next blocks instead of inside its commit. */
     if (r.hdr && r.hdr->opcode == KVC_OP_COMMIT)
-        store_trim(sv->store, now);
+        engine_trim(sv->store, now);
     if (rc == -EAGAIN || rc == -EWOULDBLOCK)
         server_conn_close(sv, c, "client does not read its replies");
     else if (rc)

@@ -7,25 +7,13 @@
 #include <string.h>
 
 #include "daemon/log.h"
-#include "daemon/quant.h"
 #include "daemon/store.h"
-#include "daemon/tiering.h"
 #include "kernels/kern_dev.h"
 #include "tiers/gpu.h"
 #include "kernels/kern.h"
 #include "tiers/host.h"
 #include "tiers/slab.h"
 #include "tiers/tier.h"
-
-/* Candidates handed to the policy per eviction; the longest walk to find the first one
- * (everything colder may be pinned or a parent); and how much further the walk looks for
- * more once it has one. Long prefix chains put one leaf per chain at the cold end, so an
- * unbounded sample would walk the whole chain of every candidate on every eviction. */
-#define STORE_EVICT_SAMPLE 16
-#define STORE_EVICT_WALK 65536
-#define STORE_EVICT_WINDOW 64
-/* Random probes into the block pool per eviction under a policy other than LRU. */
-#define STORE_EVICT_PROBES 16
 
 #define STORE_STAT_ADD(s, nsp, field, v)                                                       \
     do {                                                                                       \
@@ -164,8 +152,6 @@ void store_free(struct store *s)
 {
     if (!s)
         return;
-    quant_free(s->quant); /* its jobs hold slots of the arenas */
-    tiering_free(s);
     for (uint32_t a = 0; a < s->narenas; a++)
         tier_destroy(s->arenas[a].tier);
     tier_destroy(s->gpu);
@@ -421,6 +407,27 @@ static void store_unpin(struct store *s, struct store_owner *o, struct store_ns 
         (void)store_block_drop(s, idx);
 }
 
+void store_record_free(struct store *s, uint32_t idx)
+{
+    struct block *b = &s->ix.blocks[idx];
+    struct tier *d = s->arenas[STORE_ARENA_DISK].tier;
+    struct tier_loc l;
+    if (!(b->flags & BLOCK_F_DISK))
+        return;
+    store_record_loc(b, &l);
+    if (d)
+        d->ops->free(d, &l);
+    b->flags &= (uint8_t)~BLOCK_F_DISK;
+}
+
+void store_record_loc(const struct block *b, struct tier_loc *l)
+{
+    *l = (struct tier_loc){.arena = 0,
+                           .cls = b->ver,
+                           .off = (uint64_t)b->doff * STORE_RECORD_ALIGN,
+                           .len = b->dlen};
+}
+
 bool store_block_idle(const struct store *s, uint32_t idx)
 {
     const struct block *b = &s->ix.blocks[idx];
@@ -459,289 +466,13 @@ int store_block_drop(struct store *s, uint32_t idx)
     if (!(b->flags & BLOCK_F_LOST) && b->tier != KVC_WIRE_TIER_DISK)
         t->ops->free(t, &loc);
     if (b->state == BLOCK_STATE_COMMITTED && (b->flags & BLOCK_F_DISK))
-        tiering_record_free(s, idx);
+        store_record_free(s, idx);
     index_block_delete(&s->ix, idx);
     /* A lost block goes once nothing hangs from it and nobody holds it. */
     if (lost_parent != INDEX_NONE && !s->ix.blocks[lost_parent].children &&
         !s->ix.blocks[lost_parent].pins)
         (void)store_block_drop(s, lost_parent);
     return 0;
-}
-
-/* Which blocks of a list may be victims. */
-enum store_victim_mode {
-    STORE_VICTIM_LEAF = 0,       /* unpinned committed leaves: dropping them loses nothing else */
-    STORE_VICTIM_CLEAN = 1,      /* any unpinned clean block: only its memory copy goes */
-    STORE_VICTIM_UNADMITTED = 2, /* leaves the disk tier would not take */
-};
-
-static bool store_victim_ok(const struct store *s, uint32_t i, enum store_victim_mode mode)
-{
-    const struct block *b = &s->ix.blocks[i];
-    if (!store_block_idle(s, i))
-        return false;
-    if (mode == STORE_VICTIM_CLEAN)
-        return true;
-    if (b->children)
-        return false;
-    return mode == STORE_VICTIM_LEAF || !tiering_takes(s, i);
-}
-
-/* The policy's first among a sample of candidates from the cold end of one list (the
- * clean or the dirty list of `arena`), preferring size class `cls` (its slot serves the
- * pending allocation directly). */
-static uint32_t store_victim_list(struct store *s, uint32_t arena, bool clean,
-                                  enum store_victim_mode mode, int cls, uint64_t now)
-{
-    struct policy_block cand[STORE_EVICT_SAMPLE + STORE_EVICT_PROBES];
-    size_t n = 0;
-    uint32_t walked = 0, limit = STORE_EVICT_WALK;
-    const struct store_ns *ns = NULL;
-    uint32_t tail = clean ? s->arenas[arena].clean_tail : s->arenas[arena].lru_tail;
-    for (uint32_t i = tail; i != INDEX_NONE && n < STORE_EVICT_SAMPLE && walked < limit;
-         i = s->ix.blocks[i].lru_prev, walked++) {
-        const struct block *b = &s->ix.blocks[i];
-        if (!store_victim_ok(s, i, mode))
-            continue;
-        if (n == 0) {
-            limit = walked + STORE_EVICT_WINDOW;
-            ns = s->ns[b->ns];
-        }
-        /* Under LRU the sample spans namespaces (the original order); under another
-         * policy the coldest candidate's namespace ranks its own blocks with its policy. */
-        if (ns->policy != POLICY_LRU && b->ns != ns->id)
-            continue;
-        store_policy_block(s, i, &cand[n++]);
-    }
-    if (n == 0)
-        return INDEX_NONE;
-    if (ns->policy == POLICY_LRU) {
-        policy_rank(POLICY_LRU, cand, n, now);
-    } else {
-        /* The cold end holds only what is old; a policy that keeps old blocks (frequency,
-         * hints) must also see younger ones: random candidates of the namespace. */
-        size_t m = n;
-        for (int k = 0; k < STORE_EVICT_PROBES && s->ix.nblocks; k++) {
-            s->rng ^= s->rng << 13;
-            s->rng ^= s->rng >> 7;
-            s->rng ^= s->rng << 17;
-            uint32_t i = (uint32_t)(s->rng % s->ix.nblocks);
-            const struct block *b = &s->ix.blocks[i];
-            bool dup = false;
-            if (b->state != BLOCK_STATE_COMMITTED || b->arena != arena || b->ns != ns->id ||
-                (arena != STORE_ARENA_DISK && store_lru_clean(b) != clean) ||
-                !store_victim_ok(s, i, mode))
-                continue;
-            for (size_t j = 0; j < m && !dup; j++)
-                dup = cand[j].id == i;
-            if (!dup)
-                store_policy_block(s, i, &cand[m++]);
-        }
-        n = m;
-        policy_rank_params(ns->policy, cand, n, now, &ns->pp);
-    }
-    for (size_t k = 0; cls >= 0 && k < n; k++)
-        if (s->ix.blocks[cand[k].id].cls == cls)
-            return (uint32_t)cand[k].id;
-    return (uint32_t)cand[0].id;
-}
-
-/* Picks the block to evict from an arena. With a disk tier, a memory arena gives its clean
- * blocks first (their memory goes, they stay cached), then only dirty leaves the disk would
- * not take: a block the disk can take is written, never dropped (tiering.c). INDEX_NONE if
- * nothing can go now. */
-uint32_t store_victim(struct store *s, uint32_t arena, int cls, uint64_t now)
-{
-    uint32_t v;
-    if (arena == STORE_ARENA_DISK || !s->tiering)
-        return store_victim_list(s, arena, false, STORE_VICTIM_LEAF, cls, now);
-    v = store_victim_list(s, arena, true, STORE_VICTIM_CLEAN, cls, now);
-    if (v == INDEX_NONE)
-        v = store_victim_list(s, arena, false, STORE_VICTIM_UNADMITTED, cls, now);
-    return v;
-}
-
-void store_evict(struct store *s, uint32_t idx)
-{
-    struct block *b = &s->ix.blocks[idx];
-    struct store_ns *ns = s->ns[b->ns];
-    if (!store_block_idle(s, idx))
-        return;
-    if (s->tiering && b->tier != KVC_WIRE_TIER_DISK && (b->flags & BLOCK_F_DISK)) {
-        tiering_memory_drop(s, idx);
-        return;
-    }
-    STORE_STAT_ADD(s, ns, evicted_blocks, 1);
-    STORE_STAT_ADD(s, ns, evicted_bytes, b->len);
-    (void)store_block_drop(s, idx);
-}
-
-/* Allocates a slot, evicting as needed. -ENOSPC when nothing more can be evicted. */
-int store_alloc(struct store *s, struct store_ns *ns, uint64_t now, struct tier_loc *loc)
-{
-    struct tier *t = s->arenas[ns->arena].tier;
-    int cls = tier_host_class(t, ns->block_bytes);
-    for (;;) {
-        int rc = t->ops->alloc(t, ns->block_bytes, loc);
-        if (rc != -ENOSPC)
-            return rc;
-        uint32_t v = store_victim(s, ns->arena, cls, now);
-        if (v == INDEX_NONE)
-            return -ENOSPC;
-        store_evict(s, v);
-    }
-}
-
-/* ---- gpu tier moves ------------------------------------------------------------------- */
-
-/* A slot in the GPU pool if it stays at or below the high watermark; the pool never evicts
- * to make room, it demotes in store_trim(). */
-static int store_gpu_alloc(struct store *s, uint64_t len, struct tier_loc *loc)
-{
-    struct tier *g = s->gpu;
-    if (!g)
-        return -ENODEV;
-    if ((double)(g->ops->usage(g) + len) > s->p.high_watermark * (double)g->ops->capacity(g))
-        return -ENOSPC;
-    return g->ops->alloc(g, len, loc);
-}
-
-static void store_copy_done(void *arg, int status)
-{
-    *(int *)arg = status;
-}
-
-/* Moves an unpinned committed block between the host arena of its namespace and the GPU
- * pool, keeping its place in the prefix tree. 0, or -errno with the block unchanged. */
-static int store_block_move(struct store *s, uint32_t idx, bool to_gpu, uint64_t now)
-{
-    struct block *b = &s->ix.blocks[idx];
-    struct store_ns *ns = s->ns[b->ns];
-    uint32_t to = to_gpu ? STORE_ARENA_GPU : ns->arena;
-    struct tier *src = s->arenas[b->arena].tier, *dst = s->arenas[to].tier;
-    struct tier_loc from = {.arena = b->arena, .cls = b->cls, .off = b->off, .len = b->len};
-    struct tier_loc loc;
-    int rc, st = -EIO;
-    if (b->pins || b->state != BLOCK_STATE_COMMITTED || !s->gpu || b->arena == to ||
-        (b->flags & (BLOCK_F_BUSY | BLOCK_F_LOST)) || b->format != KVC_WIRE_FORMAT_RAW ||
-        (b->tier != KVC_WIRE_TIER_HOST && b->tier != KVC_WIRE_TIER_GPU))
-        return -EBUSY;
-    if (to_gpu) {
-        rc = store_gpu_alloc(s, ns->block_bytes, &loc);
-    } else {
-        b->pins++; /* making host room must not evict the block being moved */
-        rc = store_alloc(s, ns, now, &loc);
-        b->pins--;
-    }
-    if (rc)
-        return rc;
-    if (to_gpu)
-        rc = dst->ops->write(dst, &loc, 0, (char *)tier_host_base(src) + b->off,
-                             ns->block_bytes, store_copy_done, &st);
-    else
-        rc = src->ops->read(src, &from, 0, (char *)tier_host_base(dst) + loc.off,
-                            ns->block_bytes, store_copy_done, &st);
-    if (rc == 0)
-        rc = st;
-    if (rc) {
-        dst->ops->free(dst, &loc);
-        log_limited(LOG_LEVEL_WARNING, "gpu: moving a block %s failed (%s)",
-                    to_gpu ? "into the pool" : "out of the pool", strerror(-rc));
-        return rc;
-    }
-    store_lru_unlink(s, idx);
-    src->ops->free(src, &from);
-    ns->bytes = ns->bytes - b->len + loc.len;
-    b->arena = (uint8_t)loc.arena;
-    b->cls = (uint8_t)loc.cls;
-    b->off = loc.off;
-    b->len = loc.len;
-    b->tier = to_gpu ? KVC_WIRE_TIER_GPU : KVC_WIRE_TIER_HOST;
-    store_lru_push_head(s, idx);
-    if (to_gpu)
-        STORE_STAT_ADD(s, ns, gpu_promoted_blocks, 1);
-    else
-        STORE_STAT_ADD(s, ns, gpu_demoted_blocks, 1);
-    return 0;
-}
-
-/* Demotes the pool's blocks to the host arena in policy order, down to the low watermark.
- * Unlike eviction any unpinned block may go, leaf or not: it stays cached. A block that
- * cannot move (the host arena is full of pinned blocks) is evicted if it is a leaf. */
-static int store_gpu_demote(struct store *s, uint64_t now)
-{
-    struct tier *g = s->gpu;
-    double low = s->p.low_watermark * (double)g->ops->capacity(g);
-    int n = 0;
-    while ((double)g->ops->usage(g) > low) {
-        struct policy_block cand[STORE_EVICT_SAMPLE];
-        size_t nc = 0;
-        uint32_t walked = 0;
-        /* Clean blocks first (a copy is on disk), then dirty ones. */
-        uint32_t i = s->arenas[STORE_ARENA_GPU].clean_tail;
-        if (i == INDEX_NONE)
-            i = s->arenas[STORE_ARENA_GPU].lru_tail;
-        for (; i != INDEX_NONE && nc < STORE_EVICT_SAMPLE && walked < STORE_EVICT_WALK;
-             i = s->ix.blocks[i].lru_prev, walked++) {
-            const struct block *b = &s->ix.blocks[i];
-            if (!store_block_idle(s, i))
-                continue;
-            cand[nc++] = (struct policy_block){.id = i,
-                                               .hits = b->hits,
-                                               .last_access = b->last_access,
-                                               .bytes = b->len,
-                                               .depth = b->depth,
-                                               .children = b->children};
-        }
-        if (nc == 0)
-            break;
-        policy_rank(s->p.policy, cand, nc, now);
-        uint32_t v = (uint32_t)cand[0].id;
-        if (store_block_move(s, v, false, now)) {
-            if (s->ix.blocks[v].children && !(s->ix.blocks[v].flags & BLOCK_F_DISK))
-                break;
-            store_evict(s, v);
-        }
-        n++;
-    }
-    return n;
-}
-
-int store_trim(struct store *s, uint64_t now)
-{
-    int n = 0;
-    /* The pool first: what it demotes lands in the host arenas checked next. */
-    if (s->gpu && (double)s->gpu->ops->usage(s->gpu) >
-                      s->p.high_watermark * (double)s->gpu->ops->capacity(s->gpu))
-        n += store_gpu_demote(s, now);
-    /* Quantize first where a namespace allows it; the raw slots its jobs will free count
-     * as free already, so eviction takes only the rest. */
-    if (s->tiering)
-        return n + tiering_trim(s, now);
-    if (store_policy_engine(s))
-        goto engine;
-    quant_pressure(s->quant, now);
-    for (uint32_t a = 0; a < s->narenas; a++) {
-        struct tier *t = s->arenas[a].tier;
-        double cap = (double)t->ops->capacity(t);
-        uint64_t pend = quant_pending_bytes(s->quant, a);
-        if ((double)(t->ops->usage(t) - pend) <= s->p.high_watermark * cap)
-            continue;
-        while ((double)(t->ops->usage(t) - pend) > s->p.low_watermark * cap) {
-            uint32_t v = store_victim(s, a, -1, now);
-            if (v == INDEX_NONE)
-                break;
-            store_evict(s, v);
-            n++;
-        }
-    }
-    return n;
-engine:
-    /* A namespace ranks with another policy than LRU: its actions come from policy_decide
-     * (store_policy.c), arena by arena. */
-    for (uint32_t a = 0; a < s->narenas; a++)
-        n += store_policy_trim(s, a, now);
-    return n;
 }
 
 void store_loc_fill(const struct block *b, struct kvc_wire_loc *loc)
@@ -756,43 +487,32 @@ void store_loc_fill(const struct block *b, struct kvc_wire_loc *loc)
 
 /* ---- lookup / release ---------------------------------------------------------------- */
 
-int store_lookup(struct store *s, struct store_owner *o, uint32_t ns_id,
-                 const struct kvc_wire_key *keys, uint32_t n, uint64_t now,
-                 uint64_t *lease_id, struct kvc_wire_loc *locs)
+uint32_t store_lookup_run(struct store *s, uint32_t ns_id, const struct kvc_wire_key *keys,
+                          uint32_t n)
 {
-    return store_lookup_flags(s, o, ns_id, keys, n, 0, now, lease_id, locs);
-}
-
-int store_lookup_flags(struct store *s, struct store_owner *o, uint32_t ns_id,
-                       const struct kvc_wire_key *keys, uint32_t n, uint32_t flags,
-                       uint64_t now, uint64_t *lease_id, struct kvc_wire_loc *locs)
-{
-    struct store_ns *ns = store_ns_get(s, ns_id);
-    struct store_handle *h = NULL;
     uint32_t hits = 0;
-    uint64_t bytes = 0;
-    uint8_t tier[KVC_PROTO_MAX_KEYS]; /* where each hit was found, before any promotion */
-    uint64_t per_tier[4] = {0};
-    *lease_id = 0;
-    if (!ns)
-        return -ENOENT;
     while (hits < n && hits < KVC_PROTO_MAX_KEYS) {
         uint32_t idx = index_find(&s->ix, (uint16_t)ns_id, &keys[hits]);
         if (idx == INDEX_NONE || s->ix.blocks[idx].state != BLOCK_STATE_COMMITTED ||
             (s->ix.blocks[idx].flags & BLOCK_F_LOST))
             break;
-        /* A client that cannot read the pool gets the block in its host arena, or a miss
-         * if it is pinned there; one that can gets it promoted while the pool has room. */
-        if (s->gpu && s->ix.blocks[idx].tier == KVC_WIRE_TIER_GPU && !o->gpu &&
-            store_block_move(s, idx, false, now))
-            break;
-        tier[hits] = s->ix.blocks[idx].tier;
-        if (s->gpu && s->ix.blocks[idx].tier == KVC_WIRE_TIER_HOST && o->gpu)
-            store_block_move(s, idx, true, now);
         hits++;
     }
-    if (hits && s->tiering)
-        hits = tiering_lookup_prepare(s, (uint16_t)ns_id, keys, hits, flags, now);
+    return hits;
+}
+
+int store_lease_pin(struct store *s, struct store_owner *o, uint32_t ns_id,
+                    const struct kvc_wire_key *keys, uint32_t n, uint32_t hits,
+                    const uint8_t *tier, uint64_t now, uint64_t *lease_id,
+                    struct kvc_wire_loc *locs)
+{
+    struct store_ns *ns = store_ns_get(s, ns_id);
+    struct store_handle *h = NULL;
+    uint64_t bytes = 0;
+    uint64_t per_tier[4] = {0};
+    *lease_id = 0;
+    if (!ns)
+        return -ENOENT;
     for (uint32_t i = 0; i < hits; i++)
         per_tier[tier[i] & 3]++;
     if (hits) {
@@ -914,9 +634,9 @@ int store_reserve(struct store *s, struct store_owner *o, uint32_t ns_id,
         uint32_t idx;
         if (index_find(&s->ix, (uint16_t)ns_id, &keys[i]) != INDEX_NONE)
             break;
-        rc = o->gpu && store_gpu_alloc(s, ns->block_bytes, &loc) == 0
-                 ? 0
-                 : store_alloc(s, ns, now, &loc);
+        rc = s->room ? s->room(s, ns, o->gpu, now, &loc)
+                     : s->arenas[ns->arena].tier->ops->alloc(s->arenas[ns->arena].tier,
+                                                             ns->block_bytes, &loc);
         t = s->arenas[rc ? ns->arena : loc.arena].tier;
         if (rc == -ENOSPC) {
             st[i++] = KVC_WIRE_SLOT_NOSPACE;
@@ -1091,76 +811,6 @@ int store_arena_add(struct store *s, uint64_t size, uint32_t *id)
         return rc;
     *id = s->narenas++;
     return 0;
-}
-
-int store_evict_where(struct store *s, uint32_t ns_id, uint32_t arena, uint64_t keep_bytes,
-                      bool flush, uint64_t now)
-{
-    uint32_t lists[2 * (STORE_MAX_ARENAS + 2)][2], nl = 0, *cand = NULL, ncand, cap = 0;
-    int n = 0;
-    (void)now;
-    /* Every list of the arenas asked for: memory (clean and dirty), the GPU pool and the
-     * disk when every arena is. */
-    for (uint32_t a = 0; a < STORE_MAX_ARENAS + 2; a++) {
-        if (!s->arenas[a].tier || (arena != UINT32_MAX && a != arena))
-            continue;
-        lists[nl][0] = a;
-        lists[nl++][1] = 0;
-        if (a != STORE_ARENA_DISK) {
-            lists[nl][0] = a;
-            lists[nl++][1] = 1;
-        }
-    }
-    /* Leaves from the cold end, collected first (a drop may take a lost parent with it);
-     * evicting one may make its parent a leaf, so again until a pass frees nothing. */
-    for (;;) {
-        uint32_t freed = 0;
-        ncand = 0;
-        for (uint32_t l = 0; l < nl; l++) {
-            const struct store_arena *sa = &s->arenas[lists[l][0]];
-            for (uint32_t i = lists[l][1] ? sa->clean_tail : sa->lru_tail; i != INDEX_NONE;
-                 i = s->ix.blocks[i].lru_prev) {
-                const struct block *b = &s->ix.blocks[i];
-                if ((ns_id && b->ns != ns_id) || b->children || !store_block_idle(s, i))
-                    continue;
-                if (ncand == cap) {
-                    uint32_t nc = cap ? cap * 2 : 1024, *v = realloc(cand, nc * sizeof(*v));
-                    if (!v)
-                        goto out;
-                    cand = v;
-                    cap = nc;
-                }
-                cand[ncand++] = i;
-            }
-        }
-        for (uint32_t k = 0; k < ncand; k++) {
-            uint32_t i = cand[k];
-            struct block *b = &s->ix.blocks[i];
-            struct store_ns *ns;
-            uint64_t len;
-            if (b->state != BLOCK_STATE_COMMITTED || b->children || !store_block_idle(s, i))
-                continue;
-            ns = s->ns[b->ns];
-            if (ns_id && ns->bytes <= keep_bytes)
-                goto out;
-            len = b->len;
-            if (store_block_drop(s, i))
-                continue;
-            if (flush) {
-                STORE_STAT_ADD(s, ns, flushed_blocks, 1);
-                STORE_STAT_ADD(s, ns, flushed_bytes, len);
-            } else {
-                STORE_STAT_ADD(s, ns, evicted_quota_blocks, 1);
-            }
-            freed++;
-            n++;
-        }
-        if (!freed)
-            break;
-    }
-out:
-    free(cand);
-    return n;
 }
 
 uint64_t store_gpu_used(const struct store *s)

@@ -33,12 +33,14 @@
 
 struct tier;
 struct tier_loc;
-struct tiering;
+struct engine_disk;
 struct kern_dev_ops;
 
 #define STORE_MAX_ARENAS 16
 /* The largest block (struct block keeps 32-bit lengths; a disk record adds a header). */
 #define STORE_BLOCK_MAX (1ull << 30)
+/* A disk record's offset is kept in units of this (tiers/disk.h: TIER_DISK_ALIGN). */
+#define STORE_RECORD_ALIGN 4096u
 /* arenas[STORE_ARENA_DISK] holds the disk tier and the LRU list of blocks on it. */
 #define STORE_ARENA_DISK STORE_MAX_ARENAS
 /* arenas[STORE_ARENA_GPU] holds the GPU tier (when there is one) and its LRU list. */
@@ -137,7 +139,11 @@ struct store {
     struct index ix;
     struct store_arena arenas[STORE_MAX_ARENAS + 2];
     uint32_t narenas; /* host arenas */
-    struct tiering *tiering; /* the disk tier engine (daemon/tiering.h); NULL: none */
+    /* The engine's (daemon/engine.h): where a reservation finds room (NULL: the arena's
+     * allocator, no eviction), the disk tier's state, the quantize worker. */
+    int (*room)(struct store *s, struct store_ns *ns, bool gpu, uint64_t now,
+                struct tier_loc *loc);
+    struct engine_disk *disk; /* the disk tier engine (daemon/engine_disk.h); NULL: none */
     void (*on_ready)(void *arg); /* a read from disk completed (set by the server) */
     void *on_ready_arg;
     struct store_ns **ns; /* by id; [0] unused */
@@ -147,6 +153,9 @@ struct store {
     uint64_t reserved_now, reserved_bytes_now;
     struct tier *gpu; /* arenas[STORE_ARENA_GPU].tier, or NULL: no GPU tier */
     struct quant *quant; /* quantize-in-place worker (daemon/quant.h), or NULL */
+    uint32_t *keysum;    /* by block index: bf16 key L2 norm << 16 | bf16 key absmax of a
+                            quantized block (written by quant.c, read by the policies) */
+    uint32_t nkeysum;
     /* Policy metadata (store_policy.c): per block index, and the Quest summaries (per
      * channel key min then max over a block, summed over its layers and heads: 2 * dim
      * floats each) that the quantize pass computed. */
@@ -187,20 +196,21 @@ void store_owner_init(struct store_owner *o);
 /* Releases every lease and aborts every reservation of o. */
 void store_owner_fini(struct store *s, struct store_owner *o);
 
-/* Longest committed prefix of keys[0..n): pins it under a new lease (*lease_id, 0 if no hit)
- * and fills locs[0..hits). Returns hits, or -ENOENT (ns), -EMFILE (too many handles),
- * -ENOMEM. */
-int store_lookup(struct store *s, struct store_owner *o, uint32_t ns_id,
-                 const struct kvc_wire_key *keys, uint32_t n, uint64_t now,
-                 uint64_t *lease_id, struct kvc_wire_loc *locs);
+/* The run of committed, readable blocks of keys[0..n) from the first (at most
+ * KVC_PROTO_MAX_KEYS): the hits a lookup may hand out before the engine moves any. */
+uint32_t store_lookup_run(struct store *s, uint32_t ns_id, const struct kvc_wire_key *keys,
+                          uint32_t n);
+/* Pins keys[0..hits) under a new lease of o (*lease_id, 0 if no hit), fills locs[0..hits)
+ * from where each block is now and counts the lookup of n keys (tier[i]: where hit i was
+ * found, for the per-tier counters). Returns hits, or -ENOENT (ns), -EMFILE, -ENOMEM. The
+ * engine's lookup (daemon/engine.h) calls it once the hits are where they can be read. */
+int store_lease_pin(struct store *s, struct store_owner *o, uint32_t ns_id,
+                    const struct kvc_wire_key *keys, uint32_t n, uint32_t hits,
+                    const uint8_t *tier, uint64_t now, uint64_t *lease_id,
+                    struct kvc_wire_loc *locs);
 
 /* Namespace of a lease of o, or 0 if o holds no such lease. */
 uint32_t store_lease_ns(struct store_owner *o, uint64_t lease_id);
-/* store_lookup with KVC_LOOKUP_F_* flags. Hits on disk start a read into a fresh host slot
- * (their locs lack KVC_LOC_F_READY); READY_ONLY stops the hits at the first such block. */
-int store_lookup_flags(struct store *s, struct store_owner *o, uint32_t ns_id,
-                       const struct kvc_wire_key *keys, uint32_t n, uint32_t flags,
-                       uint64_t now, uint64_t *lease_id, struct kvc_wire_loc *locs);
 
 /* Drops a lease. 0 or -ENOENT. */
 int store_release(struct store *s, struct store_owner *o, uint64_t lease_id);
@@ -213,33 +223,27 @@ int store_reserve(struct store *s, struct store_owner *o, uint32_t ns_id,
                   uint64_t now, uint64_t *resv_id, uint8_t *st, struct kvc_wire_loc *locs);
 
 /* Commits the first ncommit slots of a reservation and frees the rest. Returns the number
- * committed (and *dropped), or -ENOENT. Evicts nothing: the caller runs store_trim() once
+ * committed (and *dropped), or -ENOENT. Evicts nothing: the caller runs engine_trim() once
  * the client has its reply, so eviction is not on the client's path. */
 int store_commit(struct store *s, struct store_owner *o, uint64_t resv_id, uint32_t ncommit,
                  uint64_t now, uint32_t *dropped);
 int store_abort(struct store *s, struct store_owner *o, uint64_t resv_id);
 
-/* Evicts unpinned leaves while the host tier is above its high watermark, down to the low
- * one. Returns the number evicted. */
-int store_trim(struct store *s, uint64_t now);
-
-/* For the tier engine (daemon/tiering.c), which moves blocks between the store's tiers. A
- * block's list follows its arena and its BLOCK_F_DISK flag: change either only while it is
- * unlinked. */
+/* For the tier engine (daemon/engine.c, engine_disk.c), which decides where blocks live
+ * and moves them. A block's list follows its arena and its BLOCK_F_DISK flag: change either
+ * only while it is unlinked. */
 void store_lru_unlink(struct store *s, uint32_t idx);
 void store_lru_push_head(struct store *s, uint32_t idx);
-int store_alloc(struct store *s, struct store_ns *ns, uint64_t now, struct tier_loc *loc);
 /* Whether any path may free, move, quantize or evict block idx now: committed, unpinned,
  * not lost and not in motion (BLOCK_F_BUSY). Every such path asks this. */
 bool store_block_idle(const struct store *s, uint32_t idx);
 /* Removes a block from map, list and pool and frees every copy (memory slot, disk record).
  * -EBUSY (nothing done) for a committed block in motion (BLOCK_F_BUSY). */
 int store_block_drop(struct store *s, uint32_t idx);
-/* Picks a victim in one arena's lists (see store_evict). INDEX_NONE: nothing can go. */
-uint32_t store_victim(struct store *s, uint32_t arena, int cls, uint64_t now);
-/* Frees room held by a victim: a clean block in memory loses only its memory copy (it
- * stays cached on disk); anything else is dropped. */
-void store_evict(struct store *s, uint32_t idx);
+/* A block's disk record (BLOCK_F_DISK): its location, and freeing it (clears the flag; the
+ * block must be unlinked, or on a list that does not depend on the flag). */
+void store_record_loc(const struct block *b, struct tier_loc *l);
+void store_record_free(struct store *s, uint32_t idx);
 struct store_handle *store_handle_get(struct store_owner *o, uint64_t id, uint8_t kind);
 
 /* Gauges for STATS (see STATS_GAUGES). */
@@ -251,13 +255,6 @@ uint64_t store_gpu_capacity(const struct store *s); /* 0 without a GPU tier */
 /* Adds a host arena of `size` bytes (same page size and huge-page choice as arena 0) for
  * the namespaces of one access list. *id its number. 0, -ENOSPC (STORE_MAX_ARENAS), -errno. */
 int store_arena_add(struct store *s, uint64_t size, uint32_t *id);
-/* Evicts unpinned leaves, coldest first: of namespace ns_id (0: every one) in arena `arena`
- * (UINT32_MAX: every one), until that namespace holds at most keep_bytes (ignored for
- * ns_id 0) or nothing more can go. Counted as flushed (an operator's) or as quota
- * evictions. Returns the number evicted. */
-int store_evict_where(struct store *s, uint32_t ns_id, uint32_t arena, uint64_t keep_bytes,
-                      bool flush, uint64_t now);
-
 /* ---- policies (store_policy.c) -------------------------------------------------------- */
 
 /* Sets the policy of a namespace: kind >= 0 from src, or kind < 0 to follow the store's
@@ -294,11 +291,7 @@ int store_lookup_budget(struct store *s, struct store_owner *o, uint32_t ns_id,
                         uint64_t now, uint64_t *lease_id, uint32_t *nprefix, uint32_t *pos,
                         struct kvc_wire_loc *locs);
 
-/* The tier engine under pressure (store_trim) for arena a when namespaces there rank with
- * a policy other than LRU: policy_decide's actions on a sample. Returns blocks acted on. */
-int store_policy_trim(struct store *s, uint32_t a, uint64_t now);
-
-/* Whether any namespace ranks with a policy other than LRU (then store_trim runs the
+/* Whether any namespace ranks with a policy other than LRU (then engine_trim runs the
  * policy engine instead of the original quantize-demote-drop order). */
 bool store_policy_engine(const struct store *s);
 

@@ -14,7 +14,7 @@
  * Metadata. struct block is at its budget (96 bytes + ~6 of map, 128 in all), so what the
  * policies need beyond it (decayed frequency, H2O mass and its time, SnapKV score, a handle
  * to a Quest summary) is a 20-byte side table by block index, reset at commit. Hits call
- * policy_touch, hints policy_hint; the key norm is the quantize pass's (quant_key_summary);
+ * policy_touch, hints policy_hint; the key norm is the quantize pass's (store.keysum, written by quant.c);
  * depth 0 is the sink flag. Quest summaries (per channel key min and max of a block, summed
  * over its layers and heads) come from the same pass, so only quantized blocks have one:
  * the daemon never reads a raw block's bytes on the loop thread. A block without one gets
@@ -45,17 +45,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/quant.h"
 #include "daemon/store.h"
-#include "daemon/tiering.h"
 #include "tiers/tier.h"
 
-#define STORE_POLICY_SAMPLE 32     /* candidates per engine round from the LRU tail */
-#define STORE_POLICY_WINDOW 256    /* tail entries a round looks at past the first */
-#define STORE_POLICY_PROBES 16     /* random probes per engine round */
-#define STORE_POLICY_ROUNDS 4096   /* rounds per trim of one arena */
-#define STORE_POLICY_WALK 65536    /* tail entries looked at for the first candidate */
-#define STORE_POLICY_DISK_BPS 2e9  /* bytes per second a disk read is costed at */
 #define STORE_POLICY_UNBOUNDED 1e30f
 
 /* ---- namespaces ----------------------------------------------------------------------- */
@@ -233,7 +225,7 @@ void store_meta_free(struct store *s)
 void store_policy_block(const struct store *s, uint32_t idx, struct policy_block *pb)
 {
     const struct block *b = &s->ix.blocks[idx];
-    float norm, amax;
+    float norm;
     *pb = (struct policy_block){.id = idx,
                                 .hits = b->hits,
                                 .last_access = b->last_access,
@@ -256,8 +248,11 @@ void store_policy_block(const struct store *s, uint32_t idx, struct policy_block
         pb->snap = m->snap;
         pb->hint_time = (uint64_t)m->hint_t << STORE_META_TSHIFT;
     }
-    if (b->format != KVC_WIRE_FORMAT_RAW && quant_key_summary(s->quant, idx, &norm, &amax) == 0)
+    if (b->format != KVC_WIRE_FORMAT_RAW && idx < s->nkeysum) {
+        uint32_t u = s->keysum[idx] & 0xffff0000u; /* bf16 key norm (quant.c) */
+        memcpy(&norm, &u, sizeof(norm));
         pb->key_norm = norm;
+    }
 }
 
 /* ---- hints ---------------------------------------------------------------------------- */
@@ -407,157 +402,3 @@ out:
     return rc;
 }
 
-/* ---- tier engine ----------------------------------------------------------------------- */
-
-/* enum policy_codec of a wire format (q5_1 has no policy codec: costed like q4_1). */
-static uint8_t store_policy_codec(uint32_t f)
-{
-    static const uint8_t map[KVC_WIRE_FORMAT_COUNT] = {
-        [KVC_WIRE_FORMAT_RAW] = POLICY_CODEC_RAW,   [KVC_WIRE_FORMAT_Q8_0] = POLICY_CODEC_Q8,
-        [KVC_WIRE_FORMAT_Q4_1] = POLICY_CODEC_Q4,   [KVC_WIRE_FORMAT_Q5_1] = POLICY_CODEC_Q4,
-        [KVC_WIRE_FORMAT_KIVI2] = POLICY_CODEC_KIVI2, [KVC_WIRE_FORMAT_KIVI4] = POLICY_CODEC_KIVI4,
-        [KVC_WIRE_FORMAT_FP8] = POLICY_CODEC_FP8,
-    };
-    return f < KVC_WIRE_FORMAT_COUNT ? map[f] : POLICY_CODEC_RAW;
-}
-
-static bool store_policy_eligible(const struct block *b, uint32_t arena, uint16_t ns)
-{
-    return b->state == BLOCK_STATE_COMMITTED && b->arena == arena && b->ns == ns && !b->pins &&
-           !(b->flags & (BLOCK_F_MOVING | BLOCK_F_LOST));
-}
-
-/* One round: the coldest namespace's sample through policy_decide, actions carried out.
- * Returns the blocks acted on, 0 when the round found nothing to do (or only drops are
- * possible: the caller evicts through store_victim), -EAGAIN when the disk asks to wait. */
-static int store_policy_round(struct store *s, uint32_t a, uint64_t to_free, uint64_t now)
-{
-    struct policy_block cand[STORE_POLICY_SAMPLE + STORE_POLICY_PROBES];
-    struct policy_action act[STORE_POLICY_SAMPLE + STORE_POLICY_PROBES];
-    uint8_t plan[POLICY_MAX_LAYERS];
-    struct store_ns *ns = NULL;
-    size_t n = 0, m = 0;
-    uint32_t walked = 0, limit = STORE_POLICY_WALK;
-    int acted = 0;
-    for (uint32_t i = s->arenas[a].lru_tail;
-         i != INDEX_NONE && n < STORE_POLICY_SAMPLE && walked < limit;
-         i = s->ix.blocks[i].lru_prev, walked++) {
-        const struct block *b = &s->ix.blocks[i];
-        if (!ns) {
-            if (b->pins || (b->flags & (BLOCK_F_MOVING | BLOCK_F_LOST)))
-                continue;
-            ns = s->ns[b->ns];
-            limit = walked + STORE_POLICY_WINDOW;
-        }
-        if (store_policy_eligible(b, a, (uint16_t)ns->id))
-            store_policy_block(s, i, &cand[n++]);
-    }
-    if (!ns)
-        return 0;
-    uint32_t f = ns->layout.flags;
-    struct policy_pressure pr = {.bytes_to_free = to_free,
-                                 .actions = 1u << POLICY_ACTION_DROP,
-                                 .codecs = 1u << POLICY_CODEC_RAW};
-    if (s->quant && KVC_WIRE_QUANT_ALLOWED(f) &&
-        quant_inflight(s->quant) < s->p.quantize_inflight) {
-        uint32_t c = KVC_WIRE_QUANT_K(f) ? KVC_WIRE_QUANT_K(f) : KVC_WIRE_QUANT_V(f);
-        pr.actions |= 1u << POLICY_ACTION_QUANTIZE;
-        for (uint32_t k = 1; k < KVC_WIRE_FORMAT_COUNT; k++)
-            if (KVC_WIRE_QUANT_ALLOWED(f) & (1u << k))
-                pr.codecs |= 1u << store_policy_codec(k);
-        if (ns->layout.layers <= POLICY_MAX_LAYERS) {
-            pr.layers = ns->layout.layers;
-            for (uint32_t l = 0; l < pr.layers; l++)
-                plan[l] = l < KVC_WIRE_QUANT_RAW_LAYERS(f) ? POLICY_CODEC_RAW
-                                                           : store_policy_codec(c);
-            pr.layer_codec = plan;
-        }
-    }
-    if (s->tiering) {
-        pr.actions |= 1u << POLICY_ACTION_OFFLOAD;
-        pr.offload_min_hits = tiering_admit_hits(s);
-    }
-    if (pr.actions == 1u << POLICY_ACTION_DROP)
-        return 0;
-    pr.miss_cost = (double)ns->layout.block_tokens /
-                   (double)(s->p.recompute_tokens_per_s ? s->p.recompute_tokens_per_s : 8000);
-    pr.disk_cost = (double)ns->block_bytes / STORE_POLICY_DISK_BPS;
-    /* Younger blocks too: random probes of the pool. */
-    for (int k = 0; k < STORE_POLICY_PROBES && s->ix.nblocks; k++) {
-        s->rng ^= s->rng << 13;
-        s->rng ^= s->rng >> 7;
-        s->rng ^= s->rng << 17;
-        uint32_t i = (uint32_t)(s->rng % s->ix.nblocks);
-        bool dup = false;
-        if (!store_policy_eligible(&s->ix.blocks[i], a, (uint16_t)ns->id))
-            continue;
-        for (size_t j = 0; j < n && !dup; j++)
-            dup = cand[j].id == i;
-        if (!dup)
-            store_policy_block(s, i, &cand[n++]);
-    }
-    m = policy_decide((enum policy_kind)ns->policy, cand, n, now, &ns->pp, &pr, act);
-    for (size_t k = 0; k < m; k++) {
-        uint32_t idx = act[k].id;
-        const struct block *b = &s->ix.blocks[idx];
-        int rc;
-        /* An earlier action may have dropped it (a lost parent goes with its last child). */
-        if (!store_policy_eligible(b, a, (uint16_t)ns->id))
-            continue;
-        switch (act[k].action) {
-        case POLICY_ACTION_QUANTIZE:
-            if (quant_inflight(s->quant) < s->p.quantize_inflight && store_quantize(s, idx) == 0)
-                acted++;
-            break;
-        case POLICY_ACTION_OFFLOAD:
-            rc = tiering_offload(s, idx, now);
-            if (rc == -EAGAIN)
-                return acted ? acted : -EAGAIN;
-            if (rc == 0) {
-                acted++;
-            } else if (!s->ix.blocks[idx].children) {
-                store_evict(s, idx); /* the disk cannot take it: dropped as without one */
-                acted++;
-            }
-            break;
-        case POLICY_ACTION_DROP:
-            if (!b->children) {
-                store_evict(s, idx);
-                acted++;
-            }
-            break;
-        default:
-            break;
-        }
-    }
-    return acted;
-}
-
-int store_policy_trim(struct store *s, uint32_t a, uint64_t now)
-{
-    struct tier *t = s->arenas[a].tier;
-    double cap = (double)t->ops->capacity(t);
-    int acted = 0;
-    if ((double)(t->ops->usage(t) - quant_pending_bytes(s->quant, a)) <=
-        s->p.high_watermark * cap)
-        return 0;
-    for (int round = 0; round < STORE_POLICY_ROUNDS; round++) {
-        uint64_t pend = quant_pending_bytes(s->quant, a) + tiering_pending_bytes(s);
-        uint64_t used = t->ops->usage(t);
-        double over = (double)(used > pend ? used - pend : 0) - s->p.low_watermark * cap;
-        if (over <= 0)
-            break;
-        int r = store_policy_round(s, a, (uint64_t)over + 1, now);
-        if (r < 0)
-            break; /* the disk's rate or queue limit: the next trim goes on */
-        if (r == 0) {
-            uint32_t v = store_victim(s, a, -1, now);
-            if (v == INDEX_NONE)
-                break;
-            store_evict(s, v);
-            r = 1;
-        }
-        acted += r;
-    }
-    return acted;
-}

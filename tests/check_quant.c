@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/engine.h"
 #include "daemon/quant.h"
 #include "daemon/store.h"
 #include "kernels/kern.h"
@@ -35,6 +36,8 @@ static void setup(void)
                              .quantize_inflight = 64};
     int err = 0;
     s = store_new(&p, &err);
+    if (s)
+        engine_attach(s);
     ck_assert_msg(s, "store_new: %d", err);
     q = quant_new(NULL, s, &err);
     ck_assert_msg(q, "quant_new: %d", err);
@@ -44,6 +47,8 @@ static void setup(void)
 static void teardown(void)
 {
     store_owner_fini(s, &o);
+    if (s)
+        engine_stop(s);
     store_free(s); /* frees q */
     s = NULL;
     q = NULL;
@@ -140,7 +145,7 @@ START_TEST(test_quantize_block)
     struct kvc_wire_key k = key(ns, 0);
     struct kvc_wire_loc loc;
     uint64_t lease;
-    ck_assert_int_eq(store_lookup(s, &o, ns, &k, 1, 3, &lease, &loc), 1);
+    ck_assert_int_eq(engine_lookup(s, &o, ns, &k, 1, 3, &lease, &loc), 1);
     ck_assert_uint_eq(loc.format, KVC_WIRE_FORMAT_Q8_0);
     struct kern_layout kl = klay(ns);
     void *out = malloc(kern_raw_size(&kl));
@@ -163,7 +168,7 @@ START_TEST(test_refusals)
     struct kvc_wire_key k = key(qn, 0);
     struct kvc_wire_loc loc;
     uint64_t lease;
-    ck_assert_int_eq(store_lookup(s, &o, qn, &k, 1, 3, &lease, &loc), 1);
+    ck_assert_int_eq(engine_lookup(s, &o, qn, &k, 1, 3, &lease, &loc), 1);
     ck_assert_int_eq(store_quantize(s, b), -EBUSY);
     ck_assert_int_eq(store_release(s, &o, lease), 0);
     ck_assert_uint_eq(s->total.quantized_blocks, 0);
@@ -181,7 +186,7 @@ START_TEST(test_lookup_during_encode)
     struct kvc_wire_key k = key(ns, 0);
     struct kvc_wire_loc loc;
     uint64_t lease;
-    ck_assert_int_eq(store_lookup(s, &o, ns, &k, 1, 3, &lease, &loc), 1);
+    ck_assert_int_eq(engine_lookup(s, &o, ns, &k, 1, 3, &lease, &loc), 1);
     ck_assert_uint_eq(loc.format, KVC_WIRE_FORMAT_RAW);
     ck_assert_uint_eq(loc.offset, off);
     ck_assert_int_eq(quant_drain(q), 1);
@@ -206,7 +211,7 @@ START_TEST(test_pressure)
         put(n % 2 ? plain : qn, n / 2);
         n++;
     }
-    int ev = store_trim(s, 10);
+    int ev = engine_trim(s, 10);
     ck_assert_int_gt((int)quant_inflight(q), 0);
     quant_drain(q);
     ck_assert_uint_gt(s->total.quantized_blocks, 0);

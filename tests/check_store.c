@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/engine.h"
 #include "daemon/store.h"
 #include "tests/lib/layout.h"
 #include "tiers/host.h"
@@ -31,6 +32,8 @@ static void setup(void)
     bool created;
     int err = 0;
     s = store_new(&p, &err);
+    if (s)
+        engine_attach(s);
     ck_assert_msg(s, "store_new: %d", err);
     ck_assert_int_eq(store_ns_open(s, &l, &ns, &created), 0);
     ck_assert(created);
@@ -39,6 +42,8 @@ static void setup(void)
 
 static void teardown(void)
 {
+    if (s)
+        engine_stop(s);
     store_free(s);
     s = NULL;
 }
@@ -113,7 +118,7 @@ static int lookup(struct store_owner *o, uint32_t c, uint32_t n, uint32_t shared
     struct kvc_wire_key k[64];
     struct kvc_wire_loc locs[64];
     chain(k, c, n, shared);
-    int hits = store_lookup(s, o, ns, k, n, now, lease, locs);
+    int hits = engine_lookup(s, o, ns, k, n, now, lease, locs);
     for (int i = 0; i < hits; i++) {
         uint64_t v;
         memcpy(&v, (uint8_t *)tier_host_base(s->arenas[0].tier) + locs[i].offset, 8);
@@ -290,7 +295,7 @@ START_TEST(test_watermarks_trim)
     p.high_watermark = 0.5;
     p.low_watermark = 0.25;
     store_reload(s, &p);
-    ck_assert_int_gt(store_trim(s, 100), 0);
+    ck_assert_int_gt(engine_trim(s, 100), 0);
     ck_assert_uint_le(store_host_used(s), store_host_capacity(s) / 4);
     check_invariants();
     store_owner_fini(s, &o);

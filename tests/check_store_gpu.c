@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/engine.h"
 #include "daemon/store.h"
 #include "tests/lib/fake_dev.h"
 #include "tiers/gpu.h"
@@ -39,6 +40,8 @@ static struct store *store_with_gpu(int devices, uint64_t gpu_size)
     int err = 0;
     fake_dev_reset(devices);
     struct store *st = store_new(&p, &err);
+    if (st)
+        engine_attach(st);
     ck_assert_msg(st, "store_new: %d", err);
     memset(&l, 0, sizeof(l));
     snprintf(l.model_id, sizeof(l.model_id), "m");
@@ -61,6 +64,8 @@ static void setup(void)
 
 static void teardown(void)
 {
+    if (s)
+        engine_stop(s);
     store_free(s);
     s = NULL;
     ck_assert_int_eq(fake_dev.pools_live, 0);
@@ -117,10 +122,14 @@ START_TEST(test_no_device)
     ck_assert_ptr_null(st->gpu);
     ck_assert_uint_eq(st->narenas, 1);
     ck_assert_uint_eq(store_gpu_capacity(st), 0);
+    if (st)
+        engine_stop(st);
     store_free(st);
     st = store_with_gpu(1, 0); /* not configured */
     ck_assert_ptr_null(st->gpu);
     ck_assert_int_eq(fake_dev.pools_live, 0);
+    if (st)
+        engine_stop(st);
     store_free(st);
 }
 END_TEST
@@ -141,7 +150,7 @@ START_TEST(test_put_gpu_load_host)
     ck_assert_uint_eq(store_gpu_used(s), 6 * BLOCK);
     for (uint32_t i = 0; i < 8; i++)
         keys[i] = key(i);
-    ck_assert_int_eq(store_lookup(s, &h, ns, keys, 8, 3, &lease, locs), 8);
+    ck_assert_int_eq(engine_lookup(s, &h, ns, keys, 8, 3, &lease, locs), 8);
     for (uint32_t i = 0; i < 8; i++)
         ck_assert_uint_eq(locs[i].tier, KVC_WIRE_TIER_HOST);
     check_bytes(locs, 8);
@@ -167,7 +176,7 @@ START_TEST(test_promote_on_gpu_lookup)
     for (uint32_t i = 0; i < 8; i++)
         keys[i] = key(i);
     g.gpu = true;
-    ck_assert_int_eq(store_lookup(s, &g, ns, keys, 8, 3, &lease, locs), 8);
+    ck_assert_int_eq(engine_lookup(s, &g, ns, keys, 8, 3, &lease, locs), 8);
     uint32_t on_gpu = 0;
     for (uint32_t i = 0; i < 8; i++)
         on_gpu += locs[i].tier == KVC_WIRE_TIER_GPU;
@@ -178,11 +187,11 @@ START_TEST(test_promote_on_gpu_lookup)
      * its hit run ends at the first one. */
     uint64_t lease2;
     struct kvc_wire_loc locs2[8];
-    ck_assert_int_eq(store_lookup(s, &h, ns, keys, 8, 4, &lease2, locs2), 0);
+    ck_assert_int_eq(engine_lookup(s, &h, ns, keys, 8, 4, &lease2, locs2), 0);
     ck_assert_uint_eq(store_gpu_used(s), 6 * BLOCK);
     store_owner_fini(s, &g); /* the client dies holding its pins */
     ck_assert_uint_eq(s->pins_now, 0);
-    ck_assert_int_eq(store_lookup(s, &h, ns, keys, 8, 5, &lease2, locs2), 8);
+    ck_assert_int_eq(engine_lookup(s, &h, ns, keys, 8, 5, &lease2, locs2), 8);
     check_bytes(locs2, 8);
     store_owner_fini(s, &h);
     ck_assert_uint_eq(s->pins_now, 0);
@@ -201,7 +210,7 @@ START_TEST(test_trim_demotes)
     p.high_watermark = 0.6;
     p.low_watermark = 0.25;
     store_reload(s, &p);
-    ck_assert_int_eq(store_trim(s, 10), 4);
+    ck_assert_int_eq(engine_trim(s, 10), 4);
     ck_assert_uint_eq(store_gpu_used(s), 2 * BLOCK);
     ck_assert_uint_eq(s->total.gpu_demoted_blocks, 4);
     ck_assert_uint_eq(s->total.evicted_blocks, 0);
@@ -211,7 +220,7 @@ START_TEST(test_trim_demotes)
     uint64_t lease;
     for (uint32_t i = 0; i < 6; i++)
         keys[i] = key(i);
-    ck_assert_int_eq(store_lookup(s, &g, ns, keys, 6, 11, &lease, locs), 6);
+    ck_assert_int_eq(engine_lookup(s, &g, ns, keys, 6, 11, &lease, locs), 6);
     check_bytes(locs, 6);
     store_owner_fini(s, &g);
 }

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/engine.h"
 #include "daemon/quant.h"
 #include "daemon/store.h"
 #include "tests/lib/layout.h"
@@ -38,6 +39,8 @@ static void setup_policy(enum policy_kind k)
                              .quantize_inflight = 8};
     int err = 0;
     s = store_new(&p, &err);
+    if (s)
+        engine_attach(s);
     ck_assert_msg(s, "store_new: %d", err);
     q = quant_new(NULL, s, &err);
     ck_assert_msg(q, "quant_new: %d", err);
@@ -52,6 +55,8 @@ static void setup(void)
 static void teardown(void)
 {
     store_owner_fini(s, &o);
+    if (s)
+        engine_stop(s);
     store_free(s);
     s = NULL;
     q = NULL;
@@ -177,7 +182,7 @@ START_TEST(test_random_ops_every_policy)
                 ck_assert_int_eq(store_release(s, &o, held[slot].id), 0);
                 held[slot].id = 0;
             }
-            int h = store_lookup(s, &o, ns, ks, CHAIN_LEN, now, &lease, locs);
+            int h = engine_lookup(s, &o, ns, ks, CHAIN_LEN, now, &lease, locs);
             ck_assert_int_ge(h, 0);
             if (h > 0)
                 held[slot] = (typeof(held[0])){lease, ns, (uint32_t)c, (uint32_t)h};
@@ -209,7 +214,7 @@ START_TEST(test_random_ops_every_policy)
             break;
         }
         }
-        store_trim(s, now);
+        engine_trim(s, now);
         if (step % 16 == 0)
             quant_drain(q);
         else
@@ -243,14 +248,14 @@ START_TEST(test_victim_unpinned_leaf)
         ck_assert_int_eq(put_chain(ns, c, 0, 4, 10 + c), 4);
     for (uint32_t i = 0; i < 4; i++)
         ks[i] = key(ns, 0, i);
-    ck_assert_int_eq(store_lookup(s, &o, ns, ks, 4, 100, &lease, locs), 4);
+    ck_assert_int_eq(engine_lookup(s, &o, ns, ks, 4, 100, &lease, locs), 4);
     for (int round = 0; round < 60; round++) {
-        uint32_t v = store_victim(s, 0, -1, 200);
+        uint32_t v = engine_victim(s, 0, -1, 200);
         if (v == INDEX_NONE)
             break;
         ck_assert_uint_eq(s->ix.blocks[v].pins, 0);
         ck_assert_uint_eq(s->ix.blocks[v].children, 0);
-        store_evict(s, v);
+        engine_evict(s, v);
     }
     for (uint32_t i = 0; i < 4; i++)
         ck_assert(committed(ns, ks[i]));
@@ -272,9 +277,9 @@ START_TEST(test_h2o_hint_keeps)
     ck_assert_float_gt(s->meta[index_find(&s->ix, (uint16_t)ns, &hs[3].key)].hint, 49.0f);
     /* evict 7 blocks through the policy */
     for (int i = 0; i < 7; i++) {
-        uint32_t v = store_victim(s, 0, -1, 30);
+        uint32_t v = engine_victim(s, 0, -1, 30);
         ck_assert_uint_ne(v, INDEX_NONE);
-        store_evict(s, v);
+        engine_evict(s, v);
     }
     for (uint32_t i = 0; i < 8; i++)
         ck_assert_msg(committed(ns, key(ns, 1, i)), "hinted block %u evicted", i);
@@ -371,10 +376,10 @@ START_TEST(test_quest_summary)
     ck_assert_int_eq(store_release(s, &o, lease), 0);
     /* the summary goes with the block */
     uint32_t idx = index_find(&s->ix, (uint16_t)ns, &ks[5]);
-    store_evict(s, idx);
+    engine_evict(s, idx);
     idx = index_find(&s->ix, (uint16_t)ns, &ks[4]);
     uint32_t slots = s->nqfree;
-    store_evict(s, idx);
+    engine_evict(s, idx);
     ck_assert_uint_eq(s->nqfree, slots + 1);
 }
 END_TEST

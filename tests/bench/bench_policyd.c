@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "daemon/engine.h"
 #include "daemon/store.h"
 #include "tests/lib/bench.h"
 #include "tiers/host.h"
@@ -39,6 +40,8 @@ static double pb_run(enum policy_kind k, uint32_t nblocks)
     bool created;
     int err;
     struct store *s = store_new(&p, &err);
+    if (s)
+        engine_attach(s);
     if (!s)
         return -1;
     memset(&l, 0, sizeof(l));
@@ -66,7 +69,7 @@ static double pb_run(enum policy_kind k, uint32_t nblocks)
         store_reserve(s, &o, ns, &parent, keys, PB_CHAIN, c, &resv, st, locs);
         store_commit(s, &o, resv, UINT32_MAX, c, &dropped);
         if (rand_r(&seed) % 4 == 0 &&
-            store_lookup(s, &o, ns, keys, PB_CHAIN, c + 1, &lease, locs) > 0)
+            engine_lookup(s, &o, ns, keys, PB_CHAIN, c + 1, &lease, locs) > 0)
             store_release(s, &o, lease);
         if (rand_r(&seed) % 4 == 0)
             store_hint(s, ns, KVC_HINT_H2O, h, PB_CHAIN, c + 1);
@@ -74,14 +77,16 @@ static double pb_run(enum policy_kind k, uint32_t nblocks)
     uint32_t n = 0, goal = nblocks / 2;
     double t0 = pb_now();
     while (n < goal) {
-        uint32_t v = store_victim(s, 0, -1, nblocks);
+        uint32_t v = engine_victim(s, 0, -1, nblocks);
         if (v == INDEX_NONE)
             break;
-        store_evict(s, v);
+        engine_evict(s, v);
         n++;
     }
     double dt = pb_now() - t0;
     store_owner_fini(s, &o);
+    if (s)
+        engine_stop(s);
     store_free(s);
     return n ? dt * 1e9 / n : -1;
 }

@@ -1,5 +1,5 @@
 /*
- * tiering.h — the tier engine: moves blocks between the host arena and the disk tier.
+ * engine_disk.h — the tier engine: moves blocks between the host arena and the disk tier.
  *
  * DESIGN
  * The hierarchy is inclusive. A block keeps its place in the prefix tree whatever tier holds
@@ -26,7 +26,7 @@
  * arena. A block in motion (BLOCK_F_BUSY) is never freed or moved by any path
  * (store_block_idle). At start the disk's records are taken back into the index parents
  * first (by depth), each in a namespace opened, placed and bound to its configuration
- * section exactly as NS_OPEN does (tiering_params.ns_open); a record whose parent is
+ * section exactly as NS_OPEN does (engine_disk_params.ns_open); a record whose parent is
  * missing or whose namespace is refused is freed. Compaction: when fewer than a quarter of
  * the disk's pages are free, the page least live (under `compact_below` percent) has its
  * live records read, verified and appended to the open page; the block switches to the
@@ -36,8 +36,8 @@
  * byte planes for raw fp16/bf16, plain zstd for quantized blocks) and allocated for its
  * encoded size; a read is verified and decompressed there too. Owned by the loop thread.
  */
-#ifndef KVC_TIERING_H
-#define KVC_TIERING_H
+#ifndef KVC_ENGINE_DISK_H
+#define KVC_ENGINE_DISK_H
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -47,7 +47,7 @@
 struct store;
 struct store_owner;
 
-struct tiering_params {
+struct engine_disk_params {
     const char *paths[8];
     uint32_t npaths;
     uint64_t size;
@@ -70,53 +70,51 @@ struct tiering_params {
 
 /* Opens the disk tier, registers the host arena with it and takes its blocks back into the
  * index. 0 or -errno (the store is unchanged then). */
-int tiering_attach(struct store *s, const struct tiering_params *p);
-/* Waits for the I/O in flight and closes the disk tier. NULL tiering is a no-op. */
-void tiering_free(struct store *s);
+int engine_disk_attach(struct store *s, const struct engine_disk_params *p);
+/* Waits for the I/O in flight and closes the disk tier. No disk tier is a no-op. */
+void engine_disk_free(struct store *s);
 /* Reloadable: admission and write rate are read from here. */
-void tiering_reload(struct store *s, uint32_t admit_hits);
+void engine_disk_reload(struct store *s, uint32_t admit_hits);
 /* Hits a block needs to be written to disk rather than dropped (disk.admit_hits). */
-uint32_t tiering_admit_hits(const struct store *s);
+uint32_t engine_disk_admit_hits(const struct store *s);
 /* Reloadable: the default zstd level; namespaces' own levels are asked again. */
-void tiering_compress_set(struct store *s, int level);
+void engine_disk_compress_set(struct store *s, int level);
 
 /* The descriptor the loop watches, and what it calls when it is readable. */
-int tiering_fd(const struct store *s);
-void tiering_poll(struct store *s, uint64_t now);
+int engine_disk_fd(const struct store *s);
+void engine_disk_poll(struct store *s, uint64_t now);
 /* Hands the disk the reads and writes prepared since the last call (tier_disk_flush): the
  * loop calls it before every wait. */
-void tiering_flush(struct store *s);
+void engine_disk_flush(struct store *s);
 
 /* Called by store_lookup_flags with the run of committed hits: starts the reads of hits on
  * disk and returns how many hits to hand out (fewer when a read cannot start, or with
  * KVC_LOOKUP_F_READY_ONLY). */
-uint32_t tiering_lookup_prepare(struct store *s, uint16_t ns, const struct kvc_wire_key *keys,
+uint32_t engine_disk_lookup_prepare(struct store *s, uint16_t ns, const struct kvc_wire_key *keys,
                                 uint32_t hits, uint32_t flags, uint64_t now);
 
 /* The engine under pressure and ahead of it (store_trim, after commits, every poll): clean
  * blocks leave memory and dirty ones are demoted above the high watermark; write-back keeps
  * free plus clean memory at its target. Returns the number of blocks acted on. */
-int tiering_trim(struct store *s, uint64_t now);
+int engine_disk_trim(struct store *s, uint64_t now);
 
-/* For the store: whether the disk would take block idx (admitted and the disk up); frees
- * its disk record (clears BLOCK_F_DISK; the block is unlinked or stays on a list that does
- * not depend on it); a clean idle block in memory gives its memory back (stays on disk). */
-bool tiering_takes(const struct store *s, uint32_t idx);
-void tiering_record_free(struct store *s, uint32_t idx);
-void tiering_memory_drop(struct store *s, uint32_t idx);
+/* For the memory half (engine.c): whether the disk would take block idx (admitted and the
+ * disk up); a clean idle block in memory gives its memory back (stays on disk). */
+bool engine_disk_takes(const struct store *s, uint32_t idx);
+void engine_disk_memory_drop(struct store *s, uint32_t idx);
 
 /* For the policy engine (store_policy.c): starts the write of one host block to disk (0,
  * -EAGAIN: rate or queue limit, -EBUSY, -errno), and the host bytes whose writes are in
  * flight (they count as freed). */
-int tiering_offload(struct store *s, uint32_t idx, uint64_t now);
-uint64_t tiering_pending_bytes(const struct store *s);
+int engine_disk_offload(struct store *s, uint32_t idx, uint64_t now);
+uint64_t engine_disk_pending_bytes(const struct store *s);
 
 /* State of a lease: hits, hits ready from the first, hits still being read. -ENOENT. */
-int tiering_lease_state(struct store *s, struct store_owner *owner, uint64_t lease_id, uint32_t *nhit,
+int engine_disk_lease_state(struct store *s, struct store_owner *owner, uint64_t lease_id, uint32_t *nhit,
                         uint32_t *nready, uint32_t *pending);
 
 /* Calls put(name, value) for every disk gauge (disk_capacity, disk_used, ...). */
-void tiering_stats(const struct store *s, void (*put)(void *arg, const char *name, uint64_t v),
+void engine_disk_stats(const struct store *s, void (*put)(void *arg, const char *name, uint64_t v),
                    void *arg);
 
 #endif

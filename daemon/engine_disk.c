@@ -1,34 +1,35 @@
 /*
- * tiering.c — the tier engine; see tiering.h for the design.
+ * engine_disk.c — the tier engine; see engine_disk.h for the design.
  */
 #include <errno.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/engine.h"
+#include "daemon/engine_disk.h"
 #include "daemon/log.h"
 #include "daemon/quant.h"
 #include "daemon/store.h"
-#include "daemon/tiering.h"
 #include "tiers/disk.h"
 #include "tiers/host.h"
 #include "tiers/tier.h"
 
 /* Blocks looked at from the cold end of a dirty list per write-back pass. */
-#define TIERING_WALK 4096
+#define ENGINE_DISK_WALK 4096
 /* Compaction moves in flight at most: it shares the write queue and rate with demotion. */
-#define TIERING_COMPACT_INFLIGHT 2
+#define ENGINE_DISK_COMPACT_INFLIGHT 2
 /* Rate estimates: sampled at most this often, averaged with this weight for a new sample. */
-#define TIERING_RATE_MS 100
-#define TIERING_RATE_ALPHA 0.3
+#define ENGINE_DISK_RATE_MS 100
+#define ENGINE_DISK_RATE_ALPHA 0.3
 
-#define TIERING_STAT_ADD(s, nsp, field, v)                                                     \
+#define ENGINE_DISK_STAT_ADD(s, nsp, field, v)                                                     \
     do {                                                                                       \
         (s)->total.field += (v);                                                               \
         (nsp)->stats.field += (v);                                                             \
     } while (0)
 
-struct tiering {
+struct engine_disk {
     struct tier *disk;
     uint32_t admit_hits;
     uint32_t npaths;
@@ -42,7 +43,7 @@ struct tiering {
     uint32_t compact_below;  /* percent of a page still live under which it is compacted */
     uint32_t compact_page;   /* the page being emptied; UINT32_MAX: none */
     uint32_t compacting;     /* compaction moves in flight */
-    uint32_t compact_idx[TIERING_COMPACT_INFLIGHT]; /* their blocks; INDEX_NONE: free */
+    uint32_t compact_idx[ENGINE_DISK_COMPACT_INFLIGHT]; /* their blocks; INDEX_NONE: free */
     uint64_t compacted_pages, compacted_blocks, compacted_bytes, compact_aborted;
     int compress_level;      /* disk.compress: zstd level, 0 raw */
     int (*ns_level)(void *arg, const char *model_id); /* a namespace's level, or -1 */
@@ -55,16 +56,16 @@ struct tiering {
     double put_bps, write_bps;
 };
 
-static void tiering_compact(struct store *s);
+static void engine_disk_compact(struct store *s);
 
-enum tiering_move_kind {
-    TIERING_MOVE_WRITE = 1,   /* a memory block to disk; it stays in memory, clean */
-    TIERING_MOVE_PROMOTE = 2, /* a disk block into a fresh memory slot */
-    TIERING_MOVE_COMPACT = 3, /* a record to another page */
+enum engine_disk_move_kind {
+    ENGINE_DISK_MOVE_WRITE = 1,   /* a memory block to disk; it stays in memory, clean */
+    ENGINE_DISK_MOVE_PROMOTE = 2, /* a disk block into a fresh memory slot */
+    ENGINE_DISK_MOVE_COMPACT = 3, /* a record to another page */
 };
 
 /* One copy in flight; owned by the disk tier's callback until it runs. */
-struct tiering_move {
+struct engine_disk_move {
     struct store *s;
     uint32_t idx;
     uint8_t kind;
@@ -82,23 +83,17 @@ struct tiering_move {
 /* ---- a block's locations ---------------------------------------------------------------- */
 
 /* The memory tier (host arena or GPU pool) holding block b, which is in memory. */
-static struct tier *tiering_mem(const struct store *s, const struct block *b)
+static struct tier *engine_disk_mem(const struct store *s, const struct block *b)
 {
     return s->arenas[b->arena].tier;
 }
 
-static void tiering_rec_loc(const struct block *b, struct tier_loc *l)
-{
-    *l = (struct tier_loc){.arena = 0,
-                           .cls = b->ver,
-                           .off = (uint64_t)b->doff * TIER_DISK_ALIGN,
-                           .len = b->dlen};
-}
+_Static_assert(STORE_RECORD_ALIGN == TIER_DISK_ALIGN, "record offsets in the tier's units");
 
 /* Sets b's disk record (b unlinked when BLOCK_F_DISK changes: it picks the list). */
-static void tiering_rec_set(struct block *b, const struct tier_loc *l)
+static void engine_disk_rec_set(struct block *b, const struct tier_loc *l)
 {
-    b->doff = (uint32_t)(l->off / TIER_DISK_ALIGN);
+    b->doff = (uint32_t)(l->off / STORE_RECORD_ALIGN);
     b->dlen = (uint32_t)l->len;
     b->ver = l->cls;
     b->flags |= BLOCK_F_DISK;
@@ -106,14 +101,14 @@ static void tiering_rec_set(struct block *b, const struct tier_loc *l)
 
 /* Bytes of block b in memory: its namespace's block size, or the encoded size of its
  * quantized format. */
-static uint64_t tiering_block_bytes(const struct store *s, const struct block *b)
+static uint64_t engine_disk_block_bytes(const struct store *s, const struct block *b)
 {
     const struct store_ns *ns = s->ns[b->ns];
     int64_t n = quant_format_bytes(ns, b->format);
     return n > 0 ? (uint64_t)n : ns->block_bytes;
 }
 
-static void tiering_meta(const struct store *s, const struct block *b, struct tier_disk_meta *m)
+static void engine_disk_meta(const struct store *s, const struct block *b, struct tier_disk_meta *m)
 {
     const struct store_ns *ns = s->ns[b->ns];
     memset(m, 0, sizeof(*m));
@@ -122,30 +117,18 @@ static void tiering_meta(const struct store *s, const struct block *b, struct ti
     m->parent[0] = b->parent.lo;
     m->parent[1] = b->parent.hi;
     m->depth = b->depth;
-    m->len = tiering_block_bytes(s, b);
+    m->len = engine_disk_block_bytes(s, b);
     m->format = b->format;
     _Static_assert(sizeof(ns->layout) <= sizeof(m->ns), "layout fits a record header");
     memcpy(m->ns, &ns->layout, sizeof(ns->layout));
 }
 
-void tiering_record_free(struct store *s, uint32_t idx)
-{
-    struct block *b = &s->ix.blocks[idx];
-    struct tier_loc l;
-    if (!(b->flags & BLOCK_F_DISK))
-        return;
-    tiering_rec_loc(b, &l);
-    if (s->tiering)
-        s->tiering->disk->ops->free(s->tiering->disk, &l);
-    b->flags &= (uint8_t)~BLOCK_F_DISK;
-}
-
 /* A clean block in memory gives its memory back and stays cached on disk: no write. */
-static void tiering_memory_release(struct store *s, uint32_t idx)
+static void engine_disk_memory_release(struct store *s, uint32_t idx)
 {
     struct block *b = &s->ix.blocks[idx];
     struct store_ns *ns = s->ns[b->ns];
-    struct tier *t = tiering_mem(s, b);
+    struct tier *t = engine_disk_mem(s, b);
     struct tier_loc loc = {.arena = b->arena, .cls = b->cls, .off = b->off, .len = b->len};
     store_lru_unlink(s, idx);
     t->ops->free(t, &loc);
@@ -158,52 +141,52 @@ static void tiering_memory_release(struct store *s, uint32_t idx)
     store_lru_push_head(s, idx);
 }
 
-void tiering_memory_drop(struct store *s, uint32_t idx)
+void engine_disk_memory_drop(struct store *s, uint32_t idx)
 {
     const struct block *b = &s->ix.blocks[idx];
     if (!store_block_idle(s, idx) || b->tier == KVC_WIRE_TIER_DISK || !(b->flags & BLOCK_F_DISK))
         return;
-    TIERING_STAT_ADD(s, s->ns[b->ns], demoted_clean, 1);
-    tiering_memory_release(s, idx);
+    ENGINE_DISK_STAT_ADD(s, s->ns[b->ns], demoted_clean, 1);
+    engine_disk_memory_release(s, idx);
 }
 
-bool tiering_takes(const struct store *s, uint32_t idx)
+bool engine_disk_takes(const struct store *s, uint32_t idx)
 {
-    const struct tiering *tg = s->tiering;
+    const struct engine_disk *ed = s->disk;
     const struct block *b = &s->ix.blocks[idx];
-    if (!tg || tg->down)
+    if (!ed || ed->down)
         return false;
-    return !tg->admit_hits || b->hits >= tg->admit_hits || b->children;
+    return !ed->admit_hits || b->hits >= ed->admit_hits || b->children;
 }
 
 /* The zstd level of namespace ns_id's blocks on disk: its section's disk_compress, else
  * disk.compress. Looked up once per namespace (and again after a reload). */
-static int tiering_level(struct store *s, uint16_t ns_id)
+static int engine_disk_level(struct store *s, uint16_t ns_id)
 {
-    struct tiering *tg = s->tiering;
-    if (ns_id >= tg->nlevels) {
-        uint32_t n = tg->nlevels ? tg->nlevels : 64;
+    struct engine_disk *ed = s->disk;
+    if (ns_id >= ed->nlevels) {
+        uint32_t n = ed->nlevels ? ed->nlevels : 64;
         int16_t *v;
         while (n <= ns_id)
             n *= 2;
-        v = realloc(tg->levels, n * sizeof(*v));
+        v = realloc(ed->levels, n * sizeof(*v));
         if (!v)
-            return tg->compress_level;
-        for (uint32_t i = tg->nlevels; i < n; i++)
+            return ed->compress_level;
+        for (uint32_t i = ed->nlevels; i < n; i++)
             v[i] = INT16_MIN;
-        tg->levels = v;
-        tg->nlevels = n;
+        ed->levels = v;
+        ed->nlevels = n;
     }
-    if (tg->levels[ns_id] == INT16_MIN) {
-        int l = tg->ns_level ? tg->ns_level(tg->ns_level_arg, s->ns[ns_id]->layout.model_id) : -1;
-        tg->levels[ns_id] = (int16_t)(l >= 0 && l <= 19 ? l : -1);
+    if (ed->levels[ns_id] == INT16_MIN) {
+        int l = ed->ns_level ? ed->ns_level(ed->ns_level_arg, s->ns[ns_id]->layout.model_id) : -1;
+        ed->levels[ns_id] = (int16_t)(l >= 0 && l <= 19 ? l : -1);
     }
-    return tg->levels[ns_id] >= 0 ? tg->levels[ns_id] : tg->compress_level;
+    return ed->levels[ns_id] >= 0 ? ed->levels[ns_id] : ed->compress_level;
 }
 
 /* Byte planes for raw 16-bit floats (docs/disk.md: 1.18x vs 1.09x on fp16), plain zstd for
  * anything else (quantized blocks are bytes already). */
-static int tiering_codec(const struct store *s, const struct block *b)
+static int engine_disk_codec(const struct store *s, const struct block *b)
 {
     uint8_t dt = s->ns[b->ns]->layout.dtype;
     return b->format == KVC_WIRE_FORMAT_RAW &&
@@ -212,7 +195,7 @@ static int tiering_codec(const struct store *s, const struct block *b)
                : TIER_DISK_CODEC_ZSTD;
 }
 
-static void tiering_ready(struct store *s)
+static void engine_disk_ready(struct store *s)
 {
     if (s->on_ready)
         s->on_ready(s->on_ready_arg);
@@ -221,7 +204,7 @@ static void tiering_ready(struct store *s)
 /* ---- room on disk ------------------------------------------------------------------------ */
 
 /* A clean block in memory whose disk record can go (it stays cached in memory, dirty). */
-static uint32_t tiering_forgettable(const struct store *s)
+static uint32_t engine_disk_forgettable(const struct store *s)
 {
     for (uint32_t a = 0; a < STORE_MAX_ARENAS + 2; a++) {
         if (a == STORE_ARENA_DISK)
@@ -237,57 +220,57 @@ static uint32_t tiering_forgettable(const struct store *s)
 /* Frees one record to make room: the coldest block whose only copy is on disk (a leaf),
  * else the record of a clean block in memory, which loses nothing but a future write.
  * false when nothing can go. */
-static bool tiering_disk_evict_one(struct store *s, uint64_t now)
+static bool engine_disk_disk_evict_one(struct store *s, uint64_t now)
 {
-    uint32_t v = store_victim(s, STORE_ARENA_DISK, -1, now);
+    uint32_t v = engine_victim(s, STORE_ARENA_DISK, -1, now);
     if (v != INDEX_NONE) {
-        TIERING_STAT_ADD(s, s->ns[s->ix.blocks[v].ns], disk_evicted_blocks, 1);
-        store_evict(s, v);
+        ENGINE_DISK_STAT_ADD(s, s->ns[s->ix.blocks[v].ns], disk_evicted_blocks, 1);
+        engine_evict(s, v);
         return true;
     }
-    v = tiering_forgettable(s);
+    v = engine_disk_forgettable(s);
     if (v == INDEX_NONE)
         return false;
     store_lru_unlink(s, v);
-    tiering_record_free(s, v);
+    store_record_free(s, v);
     store_lru_push_head(s, v);
-    s->tiering->records_forgotten++;
+    s->disk->records_forgotten++;
     return true;
 }
 
 /* Room for len bytes on disk, evicting there. 0 or -ENOSPC / -EIO. */
-static int tiering_disk_alloc(struct store *s, uint64_t len, uint64_t now, struct tier_loc *loc)
+static int engine_disk_disk_alloc(struct store *s, uint64_t len, uint64_t now, struct tier_loc *loc)
 {
-    struct tiering *tg = s->tiering;
+    struct engine_disk *ed = s->disk;
     for (int k = 0; k < 4096; k++) {
-        int rc = tg->disk->ops->alloc(tg->disk, len, loc);
+        int rc = ed->disk->ops->alloc(ed->disk, len, loc);
         if (rc != -ENOSPC)
             return rc;
-        if (!tiering_disk_evict_one(s, now))
+        if (!engine_disk_disk_evict_one(s, now))
             break;
     }
-    tg->disk_full++;
+    ed->disk_full++;
     return -ENOSPC;
 }
 
 /* ---- writing to disk --------------------------------------------------------------------- */
 
-static void tiering_write_end(struct store *s, struct tiering_move *mv)
+static void engine_disk_write_end(struct store *s, struct engine_disk_move *mv)
 {
-    struct tiering *tg = s->tiering;
-    tg->moves--;
-    tg->writing[mv->arena] -= mv->host.len;
+    struct engine_disk *ed = s->disk;
+    ed->moves--;
+    ed->writing[mv->arena] -= mv->host.len;
     if (mv->demote)
-        tg->freeing[mv->arena] -= mv->host.len;
+        ed->freeing[mv->arena] -= mv->host.len;
     s->ix.blocks[mv->idx].flags &= (uint8_t)~BLOCK_F_DEMOTING;
     free(mv);
 }
 
-static void tiering_write_done(void *arg, int status)
+static void engine_disk_write_done(void *arg, int status)
 {
-    struct tiering_move *mv = arg;
+    struct engine_disk_move *mv = arg;
     struct store *s = mv->s;
-    struct tiering *tg = s->tiering;
+    struct engine_disk *ed = s->disk;
     uint32_t idx = mv->idx;
     struct block *b = &s->ix.blocks[idx];
     struct store_ns *ns = s->ns[b->ns];
@@ -295,69 +278,69 @@ static void tiering_write_done(void *arg, int status)
     if (status) {
         log_limited(LOG_LEVEL_WARNING, "disk: write of a block failed (%s); it stays in memory",
                     strerror(-status));
-        TIERING_STAT_ADD(s, ns, disk_io_errors, 1);
-        tg->disk->ops->free(tg->disk, &mv->disk);
-        tiering_write_end(s, mv);
+        ENGINE_DISK_STAT_ADD(s, ns, disk_io_errors, 1);
+        ed->disk->ops->free(ed->disk, &mv->disk);
+        engine_disk_write_end(s, mv);
         return;
     }
     /* DEMOTING kept it in place (no free, move or quantize): the record is its bytes. */
     store_lru_unlink(s, idx);
-    tiering_rec_set(b, &mv->disk);
+    engine_disk_rec_set(b, &mv->disk);
     store_lru_push_head(s, idx);
-    TIERING_STAT_ADD(s, ns, demoted_blocks, 1);
-    tiering_write_end(s, mv);
+    ENGINE_DISK_STAT_ADD(s, ns, demoted_blocks, 1);
+    engine_disk_write_end(s, mv);
     if (demote) {
         if (store_block_idle(s, idx))
-            tiering_memory_release(s, idx);
+            engine_disk_memory_release(s, idx);
         else
-            tg->demote_cancelled++; /* taken by a lookup meanwhile: it stays, clean */
+            ed->demote_cancelled++; /* taken by a lookup meanwhile: it stays, clean */
     }
 }
 
 /* The record of a write is encoded (hashed, compressed): now its size is known, the record
  * is allocated and written. */
-static void tiering_write_encoded(void *arg, struct tier_disk_rec *r, int status)
+static void engine_disk_write_encoded(void *arg, struct tier_disk_rec *r, int status)
 {
-    struct tiering_move *mv = arg;
+    struct engine_disk_move *mv = arg;
     struct store *s = mv->s;
-    struct tiering *tg = s->tiering;
+    struct engine_disk *ed = s->disk;
     if (status) {
-        tiering_write_end(s, mv);
+        engine_disk_write_end(s, mv);
         return;
     }
-    if (tiering_disk_alloc(s, tier_disk_rec_len(r), mv->now, &mv->disk)) {
-        tier_disk_rec_free(tg->disk, r);
-        tiering_write_end(s, mv);
+    if (engine_disk_disk_alloc(s, tier_disk_rec_len(r), mv->now, &mv->disk)) {
+        tier_disk_rec_free(ed->disk, r);
+        engine_disk_write_end(s, mv);
         return;
     }
-    if (tier_disk_rec_put(tg->disk, &mv->disk, r, tiering_write_done, mv)) {
-        tg->disk->ops->free(tg->disk, &mv->disk);
-        tiering_write_end(s, mv);
+    if (tier_disk_rec_put(ed->disk, &mv->disk, r, engine_disk_write_done, mv)) {
+        ed->disk->ops->free(ed->disk, &mv->disk);
+        engine_disk_write_end(s, mv);
     }
 }
 
 /* Starts writing block idx (in a host arena, dirty) to disk; with `demote` its memory goes
  * once the write completed. 0, -EAGAIN (rate or queue limit: later), -ENOSPC (nothing on
  * disk can make room), -EBUSY, -errno. */
-static int tiering_write_one(struct store *s, uint32_t idx, bool demote, uint64_t now)
+static int engine_disk_write_one(struct store *s, uint32_t idx, bool demote, uint64_t now)
 {
-    struct tiering *tg = s->tiering;
+    struct engine_disk *ed = s->disk;
     struct block *b = &s->ix.blocks[idx];
-    struct tier *host = tiering_mem(s, b);
+    struct tier *host = engine_disk_mem(s, b);
     struct tier_disk_meta m;
-    struct tiering_move *mv;
+    struct engine_disk_move *mv;
     int rc;
     if (b->state != BLOCK_STATE_COMMITTED || b->tier != KVC_WIRE_TIER_HOST ||
         (b->flags & (BLOCK_F_DISK | BLOCK_F_BUSY | BLOCK_F_LOST)))
         return -EBUSY;
-    tiering_meta(s, b, &m);
-    rc = tier_disk_put_ready(tg->disk, m.len);
+    engine_disk_meta(s, b, &m);
+    rc = tier_disk_put_ready(ed->disk, m.len);
     if (rc)
         return rc;
-    if (!tier_disk_can_alloc(tg->disk, m.len) &&
-        store_victim(s, STORE_ARENA_DISK, -1, now) == INDEX_NONE &&
-        tiering_forgettable(s) == INDEX_NONE) {
-        tg->disk_full++;
+    if (!tier_disk_can_alloc(ed->disk, m.len) &&
+        engine_victim(s, STORE_ARENA_DISK, -1, now) == INDEX_NONE &&
+        engine_disk_forgettable(s) == INDEX_NONE) {
+        ed->disk_full++;
         return -ENOSPC; /* nothing on disk can make room: not worth encoding */
     }
     mv = calloc(1, sizeof(*mv));
@@ -365,23 +348,23 @@ static int tiering_write_one(struct store *s, uint32_t idx, bool demote, uint64_
         return -ENOMEM;
     mv->s = s;
     mv->idx = idx;
-    mv->kind = TIERING_MOVE_WRITE;
+    mv->kind = ENGINE_DISK_MOVE_WRITE;
     mv->demote = demote;
     mv->arena = b->arena;
     mv->now = now;
     mv->host = (struct tier_loc){.arena = b->arena, .cls = b->cls, .off = b->off, .len = b->len};
-    rc = tier_disk_encode(tg->disk, &m, (uint8_t *)tier_host_base(host) + b->off,
-                          tiering_codec(s, b), tiering_level(s, b->ns), tiering_write_encoded,
+    rc = tier_disk_encode(ed->disk, &m, (uint8_t *)tier_host_base(host) + b->off,
+                          engine_disk_codec(s, b), engine_disk_level(s, b->ns), engine_disk_write_encoded,
                           mv);
     if (rc) {
         free(mv);
         return rc;
     }
     b->flags |= BLOCK_F_DEMOTING;
-    tg->moves++;
-    tg->writing[mv->arena] += mv->host.len;
+    ed->moves++;
+    ed->writing[mv->arena] += mv->host.len;
     if (demote)
-        tg->freeing[mv->arena] += mv->host.len;
+        ed->freeing[mv->arena] += mv->host.len;
     return 0;
 }
 
@@ -389,13 +372,13 @@ static int tiering_write_one(struct store *s, uint32_t idx, bool demote, uint64_
  * disk's queue or rate says wait). With `demote` (the arena is over its high watermark and
  * has no clean block left) their memory goes once written, and a leaf the disk would not
  * take is dropped. Returns the blocks acted on. */
-static int tiering_write_back(struct store *s, uint32_t a, uint64_t bytes, bool demote,
+static int engine_disk_write_back(struct store *s, uint32_t a, uint64_t bytes, bool demote,
                               uint64_t now)
 {
     uint32_t walked = 0, i = s->arenas[a].lru_tail;
     uint64_t started = 0;
     int acted = 0;
-    while (i != INDEX_NONE && walked++ < TIERING_WALK && started < bytes) {
+    while (i != INDEX_NONE && walked++ < ENGINE_DISK_WALK && started < bytes) {
         struct block *b = &s->ix.blocks[i];
         uint32_t prev = b->lru_prev;
         int rc;
@@ -403,19 +386,19 @@ static int tiering_write_back(struct store *s, uint32_t a, uint64_t bytes, bool 
             i = prev;
             continue;
         }
-        if (!tiering_takes(s, i)) {
+        if (!engine_disk_takes(s, i)) {
             /* Not admitted (or the disk is down): under pressure it goes as without one. */
             if (demote && !b->children && store_block_idle(s, i)) {
-                TIERING_STAT_ADD(s, s->ns[b->ns], demote_dropped, 1);
+                ENGINE_DISK_STAT_ADD(s, s->ns[b->ns], demote_dropped, 1);
                 started += b->len;
-                store_evict(s, i);
+                engine_evict(s, i);
                 acted++;
             }
             i = prev;
             continue;
         }
         uint64_t len = b->len;
-        rc = tiering_write_one(s, i, demote, now);
+        rc = engine_disk_write_one(s, i, demote, now);
         if (rc == -EAGAIN || rc == -ENOSPC)
             break; /* the next poll or tick goes on */
         if (rc == 0) {
@@ -428,43 +411,43 @@ static int tiering_write_back(struct store *s, uint32_t a, uint64_t bytes, bool 
 }
 
 /* Smoothed put and disk write rates, from the totals. */
-static void tiering_rates(struct store *s, uint64_t now)
+static void engine_disk_rates(struct store *s, uint64_t now)
 {
-    struct tiering *tg = s->tiering;
+    struct engine_disk *ed = s->disk;
     struct tier_disk_stats st;
     double dt;
-    if (now < tg->rate_ms + TIERING_RATE_MS)
+    if (now < ed->rate_ms + ENGINE_DISK_RATE_MS)
         return;
-    tier_disk_stats_get(tg->disk, &st);
-    dt = (double)(now - tg->rate_ms) / 1000.0;
-    if (tg->rate_ms && dt > 0) {
-        double put = (double)(s->total.bytes_in - tg->rate_in) / dt;
-        double wr = (double)(st.bytes_written - tg->rate_written) / dt;
-        tg->put_bps += TIERING_RATE_ALPHA * (put - tg->put_bps);
-        tg->write_bps += TIERING_RATE_ALPHA * (wr - tg->write_bps);
+    tier_disk_stats_get(ed->disk, &st);
+    dt = (double)(now - ed->rate_ms) / 1000.0;
+    if (ed->rate_ms && dt > 0) {
+        double put = (double)(s->total.bytes_in - ed->rate_in) / dt;
+        double wr = (double)(st.bytes_written - ed->rate_written) / dt;
+        ed->put_bps += ENGINE_DISK_RATE_ALPHA * (put - ed->put_bps);
+        ed->write_bps += ENGINE_DISK_RATE_ALPHA * (wr - ed->write_bps);
     }
-    tg->rate_ms = now;
-    tg->rate_in = s->total.bytes_in;
-    tg->rate_written = st.bytes_written;
-    tg->down = tg->npaths && st.failed_paths >= tg->npaths;
+    ed->rate_ms = now;
+    ed->rate_in = s->total.bytes_in;
+    ed->rate_written = st.bytes_written;
+    ed->down = ed->npaths && st.failed_paths >= ed->npaths;
 }
 
 /* Memory an arena should have free or clean (droppable at no cost) so that puts find room
  * without waiting for a write: what the puts of the next second (plus the time the disk
  * needs for the writes already queued) bring, at least the band between the watermarks,
  * at most half the arena. */
-static uint64_t tiering_room_target(const struct store *s, uint32_t a)
+static uint64_t engine_disk_room_target(const struct store *s, uint32_t a)
 {
-    const struct tiering *tg = s->tiering;
+    const struct engine_disk *ed = s->disk;
     const struct tier *t = s->arenas[a].tier;
     double cap = (double)t->ops->capacity(t);
     double horizon = 1.0, want;
     uint64_t queued = 0;
     for (uint32_t k = 0; k < STORE_MAX_ARENAS + 2; k++)
-        queued += tg->writing[k];
-    if (tg->write_bps > 1.0)
-        horizon += (double)queued / tg->write_bps;
-    want = tg->put_bps * horizon;
+        queued += ed->writing[k];
+    if (ed->write_bps > 1.0)
+        horizon += (double)queued / ed->write_bps;
+    want = ed->put_bps * horizon;
     if (want < (1.0 - s->p.low_watermark) * cap)
         want = (1.0 - s->p.low_watermark) * cap;
     if (want > cap / 2)
@@ -472,75 +455,75 @@ static uint64_t tiering_room_target(const struct store *s, uint32_t a)
     return (uint64_t)want;
 }
 
-int tiering_trim(struct store *s, uint64_t now)
+int engine_disk_trim(struct store *s, uint64_t now)
 {
-    struct tiering *tg = s->tiering;
+    struct engine_disk *ed = s->disk;
     int acted = 0;
-    tiering_rates(s, now);
-    tiering_compact(s);
+    engine_disk_rates(s, now);
+    engine_disk_compact(s);
     /* Quantize first where a namespace allows it (the raw slots its jobs will free count as
      * free already). */
     quant_pressure(s->quant, now);
     for (uint32_t a = 0; a < s->narenas; a++) {
         struct tier *t = s->arenas[a].tier;
         double cap = (double)t->ops->capacity(t);
-        uint64_t pend = quant_pending_bytes(s->quant, a) + tg->freeing[a];
+        uint64_t pend = quant_pending_bytes(s->quant, a) + ed->freeing[a];
         uint64_t used = t->ops->usage(t), room, want;
         /* Over the high watermark: clean blocks leave memory (they stay on disk) and leaves
          * the disk would not take are dropped, down to the low watermark; if that is not
          * enough, dirty blocks are demoted (written, then freed). */
         if ((double)(used - (pend < used ? pend : used)) > s->p.high_watermark * cap) {
             while ((double)(t->ops->usage(t) - pend) > s->p.low_watermark * cap) {
-                uint32_t v = store_victim(s, a, -1, now);
+                uint32_t v = engine_victim(s, a, -1, now);
                 if (v == INDEX_NONE)
                     break;
-                store_evict(s, v);
+                engine_evict(s, v);
                 acted++;
             }
             used = t->ops->usage(t);
             if ((double)(used - pend) > s->p.low_watermark * cap)
-                acted += tiering_write_back(
+                acted += engine_disk_write_back(
                     s, a, (uint64_t)((double)(used - pend) - s->p.low_watermark * cap), true, now);
         }
         /* Ahead of need: dirty blocks are written (they stay in memory, clean) until the
          * free and clean memory reaches the target. */
         used = t->ops->usage(t);
-        room = (uint64_t)cap - used + s->arenas[a].clean_bytes + tg->writing[a];
-        want = tiering_room_target(s, a);
+        room = (uint64_t)cap - used + s->arenas[a].clean_bytes + ed->writing[a];
+        want = engine_disk_room_target(s, a);
         if (room < want)
-            acted += tiering_write_back(s, a, want - room, false, now);
+            acted += engine_disk_write_back(s, a, want - room, false, now);
     }
     return acted;
 }
 
 /* For the policy engine (store_policy.c): a block chosen to go to disk. */
-int tiering_offload(struct store *s, uint32_t idx, uint64_t now)
+int engine_disk_offload(struct store *s, uint32_t idx, uint64_t now)
 {
     const struct block *b = &s->ix.blocks[idx];
-    if (!s->tiering)
+    if (!s->disk)
         return -ENODEV;
     if (!store_block_idle(s, idx) || b->tier != KVC_WIRE_TIER_HOST)
         return -EBUSY;
     if (b->flags & BLOCK_F_DISK) {
-        tiering_memory_drop(s, idx);
+        engine_disk_memory_drop(s, idx);
         return 0;
     }
-    return tiering_write_one(s, idx, true, now);
+    return engine_disk_write_one(s, idx, true, now);
 }
 
-uint64_t tiering_pending_bytes(const struct store *s)
+uint64_t engine_disk_pending_bytes(const struct store *s)
 {
     uint64_t n = 0;
-    if (s->tiering)
+    if (s->disk)
         for (uint32_t a = 0; a < STORE_MAX_ARENAS + 2; a++)
-            n += s->tiering->freeing[a];
+            n += s->disk->freeing[a];
     return n;
 }
 
 /* ---- compaction ------------------------------------------------------------------------ */
 
 /* Whether the block of a compaction move still has the record that was read. */
-static bool tiering_compact_same(const struct store *s, const struct tiering_move *mv)
+static bool engine_disk_compact_same(const struct store *s, const struct engine_disk_move *mv)
 {
     const struct block *b = &s->ix.blocks[mv->idx];
     struct tier_loc l;
@@ -548,37 +531,37 @@ static bool tiering_compact_same(const struct store *s, const struct tiering_mov
         b->key.hi != mv->key.hi || b->ns != mv->ns ||
         (b->flags & (BLOCK_F_LOST | BLOCK_F_DISK)) != BLOCK_F_DISK)
         return false;
-    tiering_rec_loc(b, &l);
+    store_record_loc(b, &l);
     return l.off == mv->disk.off && l.cls == mv->disk.cls;
 }
 
-static void tiering_compact_end(struct store *s, struct tiering_move *mv, bool moved)
+static void engine_disk_compact_end(struct store *s, struct engine_disk_move *mv, bool moved)
 {
-    struct tiering *tg = s->tiering;
-    for (uint32_t k = 0; k < TIERING_COMPACT_INFLIGHT; k++)
-        if (tg->compact_idx[k] == mv->idx) {
-            tg->compact_idx[k] = INDEX_NONE;
+    struct engine_disk *ed = s->disk;
+    for (uint32_t k = 0; k < ENGINE_DISK_COMPACT_INFLIGHT; k++)
+        if (ed->compact_idx[k] == mv->idx) {
+            ed->compact_idx[k] = INDEX_NONE;
             break;
         }
-    tg->compacting--;
+    ed->compacting--;
     if (moved) {
-        tg->compacted_blocks++;
-        tg->compacted_bytes += mv->disk.len;
+        ed->compacted_blocks++;
+        ed->compacted_bytes += mv->disk.len;
     } else {
-        tg->compact_aborted++;
+        ed->compact_aborted++;
     }
     free(mv->buf);
     free(mv);
 }
 
-static void tiering_compact_write_done(void *arg, int status)
+static void engine_disk_compact_write_done(void *arg, int status)
 {
-    struct tiering_move *mv = arg;
+    struct engine_disk_move *mv = arg;
     struct store *s = mv->s;
-    struct tiering *tg = s->tiering;
+    struct engine_disk *ed = s->disk;
     struct block *b = &s->ix.blocks[mv->idx];
     /* Not while a promotion reads the old record: it must stay valid until that ends. */
-    bool moved = status == 0 && tiering_compact_same(s, mv) && !(b->flags & BLOCK_F_PROMOTING);
+    bool moved = status == 0 && engine_disk_compact_same(s, mv) && !(b->flags & BLOCK_F_PROMOTING);
     if (moved) {
         /* The new record is complete: the block switches to it, the old one dies. */
         if (b->tier == KVC_WIRE_TIER_DISK) {
@@ -586,65 +569,65 @@ static void tiering_compact_write_done(void *arg, int status)
             b->off = mv->host.off;
             b->len = (uint32_t)mv->host.len;
         }
-        tiering_rec_set(b, &mv->host);
-        tg->disk->ops->free(tg->disk, &mv->disk);
+        engine_disk_rec_set(b, &mv->host);
+        ed->disk->ops->free(ed->disk, &mv->disk);
     } else {
-        tg->disk->ops->free(tg->disk, &mv->host);
+        ed->disk->ops->free(ed->disk, &mv->host);
     }
-    tiering_compact_end(s, mv, moved);
+    engine_disk_compact_end(s, mv, moved);
 }
 
-static void tiering_compact_encoded(void *arg, struct tier_disk_rec *r, int status)
+static void engine_disk_compact_encoded(void *arg, struct tier_disk_rec *r, int status)
 {
-    struct tiering_move *mv = arg;
+    struct engine_disk_move *mv = arg;
     struct store *s = mv->s;
-    struct tiering *tg = s->tiering;
-    if (status || !tiering_compact_same(s, mv) ||
-        tg->disk->ops->alloc(tg->disk, tier_disk_rec_len(r), &mv->host)) {
-        tier_disk_rec_free(tg->disk, r);
-        tiering_compact_end(s, mv, false);
+    struct engine_disk *ed = s->disk;
+    if (status || !engine_disk_compact_same(s, mv) ||
+        ed->disk->ops->alloc(ed->disk, tier_disk_rec_len(r), &mv->host)) {
+        tier_disk_rec_free(ed->disk, r);
+        engine_disk_compact_end(s, mv, false);
         return;
     }
-    if (tier_disk_rec_put(tg->disk, &mv->host, r, tiering_compact_write_done, mv)) {
-        tg->disk->ops->free(tg->disk, &mv->host);
-        tiering_compact_end(s, mv, false);
+    if (tier_disk_rec_put(ed->disk, &mv->host, r, engine_disk_compact_write_done, mv)) {
+        ed->disk->ops->free(ed->disk, &mv->host);
+        engine_disk_compact_end(s, mv, false);
     }
 }
 
-static void tiering_compact_read_done(void *arg, int status)
+static void engine_disk_compact_read_done(void *arg, int status)
 {
-    struct tiering_move *mv = arg;
+    struct engine_disk_move *mv = arg;
     struct store *s = mv->s;
-    struct tiering *tg = s->tiering;
+    struct engine_disk *ed = s->disk;
     const struct block *b = &s->ix.blocks[mv->idx];
     struct tier_disk_meta m;
     /* A record that fails verification is left to the next promotion, which marks it lost. */
-    if (status || !tiering_compact_same(s, mv))
+    if (status || !engine_disk_compact_same(s, mv))
         goto abort;
     /* Encoded again (at the namespace's level now) from the block read back. */
-    tiering_meta(s, b, &m);
-    if (tier_disk_encode(tg->disk, &m, mv->buf, tiering_codec(s, b), tiering_level(s, b->ns),
-                         tiering_compact_encoded, mv))
+    engine_disk_meta(s, b, &m);
+    if (tier_disk_encode(ed->disk, &m, mv->buf, engine_disk_codec(s, b), engine_disk_level(s, b->ns),
+                         engine_disk_compact_encoded, mv))
         goto abort;
     return;
 abort:
-    tiering_compact_end(s, mv, false);
+    engine_disk_compact_end(s, mv, false);
 }
 
 /* Starts moving one record off the page being compacted. 0 or -errno. */
-static int tiering_compact_one(struct store *s, uint32_t idx)
+static int engine_disk_compact_one(struct store *s, uint32_t idx)
 {
-    struct tiering *tg = s->tiering;
+    struct engine_disk *ed = s->disk;
     struct block *b = &s->ix.blocks[idx];
     struct tier_disk_meta m;
-    struct tiering_move *mv;
+    struct engine_disk_move *mv;
     int rc;
-    tiering_meta(s, b, &m);
+    engine_disk_meta(s, b, &m);
     /* No read whose copy could not be written now. */
-    rc = tier_disk_put_ready(tg->disk, m.len);
+    rc = tier_disk_put_ready(ed->disk, m.len);
     if (rc)
         return rc;
-    if (!tier_disk_can_alloc(tg->disk, m.len))
+    if (!tier_disk_can_alloc(ed->disk, m.len))
         return -EAGAIN;
     mv = calloc(1, sizeof(*mv));
     if (!mv)
@@ -656,21 +639,21 @@ static int tiering_compact_one(struct store *s, uint32_t idx)
     }
     mv->s = s;
     mv->idx = idx;
-    mv->kind = TIERING_MOVE_COMPACT;
+    mv->kind = ENGINE_DISK_MOVE_COMPACT;
     mv->key = b->key;
     mv->ns = b->ns;
-    tiering_rec_loc(b, &mv->disk);
-    rc = tier_disk_get(tg->disk, &mv->disk, &m, mv->buf, (m.len + 4095) & ~4095ull,
-                       tiering_compact_read_done, mv);
+    store_record_loc(b, &mv->disk);
+    rc = tier_disk_get(ed->disk, &mv->disk, &m, mv->buf, (m.len + 4095) & ~4095ull,
+                       engine_disk_compact_read_done, mv);
     if (rc) {
         free(mv->buf);
         free(mv);
         return rc;
     }
-    tg->compacting++;
-    for (uint32_t k = 0; k < TIERING_COMPACT_INFLIGHT; k++)
-        if (tg->compact_idx[k] == INDEX_NONE) {
-            tg->compact_idx[k] = idx;
+    ed->compacting++;
+    for (uint32_t k = 0; k < ENGINE_DISK_COMPACT_INFLIGHT; k++)
+        if (ed->compact_idx[k] == INDEX_NONE) {
+            ed->compact_idx[k] = idx;
             break;
         }
     return 0;
@@ -681,20 +664,20 @@ static int tiering_compact_one(struct store *s, uint32_t idx)
  * verified and appended to the open page, and the block switches to the copy once it is
  * on the device. One page at a time, bounded by the write queue and rate shared with
  * write-back. */
-static void tiering_compact(struct store *s)
+static void engine_disk_compact(struct store *s)
 {
-    struct tiering *tg = s->tiering;
+    struct engine_disk *ed = s->disk;
     uint32_t left = 0;
     bool stop = false;
-    if (!tg->compact_below)
+    if (!ed->compact_below)
         return;
-    if (tg->compact_page == UINT32_MAX) {
+    if (ed->compact_page == UINT32_MAX) {
         struct tier_disk_stats st;
-        if (tg->compacting)
+        if (ed->compacting)
             return;
-        tier_disk_stats_get(tg->disk, &st);
+        tier_disk_stats_get(ed->disk, &st);
         if (st.pages_free * 4 >= st.pages ||
-            tier_disk_compact_pick(tg->disk, tg->compact_below, &tg->compact_page))
+            tier_disk_compact_pick(ed->disk, ed->compact_below, &ed->compact_page))
             return;
     }
     /* Records live on the disk list and on the clean lists of memory. */
@@ -707,13 +690,13 @@ static void tiering_compact(struct store *s)
             bool busy = false;
             if ((b->flags & (BLOCK_F_DISK | BLOCK_F_LOST)) == BLOCK_F_DISK &&
                 !(b->flags & BLOCK_F_PROMOTING)) {
-                tiering_rec_loc(b, &loc);
-                if (tier_disk_page_of(tg->disk, &loc) == (int)tg->compact_page) {
+                store_record_loc(b, &loc);
+                if (tier_disk_page_of(ed->disk, &loc) == (int)ed->compact_page) {
                     left++;
-                    for (uint32_t k = 0; k < TIERING_COMPACT_INFLIGHT; k++)
-                        busy |= tg->compact_idx[k] == i;
-                    if (!busy && tg->compacting < TIERING_COMPACT_INFLIGHT &&
-                        tiering_compact_one(s, i) == -EAGAIN) {
+                    for (uint32_t k = 0; k < ENGINE_DISK_COMPACT_INFLIGHT; k++)
+                        busy |= ed->compact_idx[k] == i;
+                    if (!busy && ed->compacting < ENGINE_DISK_COMPACT_INFLIGHT &&
+                        engine_disk_compact_one(s, i) == -EAGAIN) {
                         stop = true;
                         break;
                     }
@@ -722,43 +705,43 @@ static void tiering_compact(struct store *s)
             i = prev;
         }
     }
-    if (left == 0 && tg->compacting == 0) {
-        tg->compacted_pages++;
-        tg->compact_page = UINT32_MAX;
+    if (left == 0 && ed->compacting == 0) {
+        ed->compacted_pages++;
+        ed->compact_page = UINT32_MAX;
     }
 }
 
 /* ---- promotion ------------------------------------------------------------------------- */
 
-static void tiering_promote_done(void *arg, int status)
+static void engine_disk_promote_done(void *arg, int status)
 {
-    struct tiering_move *mv = arg;
+    struct engine_disk_move *mv = arg;
     struct store *s = mv->s;
-    struct tiering *tg = s->tiering;
+    struct engine_disk *ed = s->disk;
     uint32_t idx = mv->idx;
     struct block *b = &s->ix.blocks[idx];
     struct store_ns *ns = s->ns[b->ns];
-    tg->moves--;
+    ed->moves--;
     b->flags &= (uint8_t)~BLOCK_F_PROMOTING;
     if (status == 0) {
         /* Inclusive: the record stays, so the block is clean in memory. */
-        TIERING_STAT_ADD(s, ns, promoted_blocks, 1);
+        ENGINE_DISK_STAT_ADD(s, ns, promoted_blocks, 1);
     } else {
-        struct tier *host = tiering_mem(s, b);
+        struct tier *host = engine_disk_mem(s, b);
         if (status == -EBADMSG) {
-            TIERING_STAT_ADD(s, ns, checksum_failures, 1);
+            ENGINE_DISK_STAT_ADD(s, ns, checksum_failures, 1);
             log_limited(LOG_LEVEL_WARNING,
                         "disk: block %016llx%016llx failed verification; dropped",
                         (unsigned long long)b->key.hi, (unsigned long long)b->key.lo);
         } else {
-            TIERING_STAT_ADD(s, ns, disk_io_errors, 1);
+            ENGINE_DISK_STAT_ADD(s, ns, disk_io_errors, 1);
             log_limited(LOG_LEVEL_WARNING, "disk: read of a block failed (%s); dropped",
                         strerror(-status));
         }
         /* No copy is left: a miss from now on; it goes once free of pins and children. */
         store_lru_unlink(s, idx);
         host->ops->free(host, &mv->host);
-        tiering_record_free(s, idx);
+        store_record_free(s, idx);
         b->flags |= BLOCK_F_LOST;
         b->tier = 0;
         b->arena = STORE_ARENA_DISK;
@@ -769,54 +752,54 @@ static void tiering_promote_done(void *arg, int status)
             (void)store_block_drop(s, idx);
     }
     free(mv);
-    tiering_ready(s);
+    engine_disk_ready(s);
 }
 
 /* A host slot of len bytes in ns's arena, evicting as store_alloc does (a quantized block
  * comes back into a slot of its encoded size). */
-static int tiering_host_alloc(struct store *s, struct store_ns *ns, uint64_t len, uint64_t now,
+static int engine_disk_host_alloc(struct store *s, struct store_ns *ns, uint64_t len, uint64_t now,
                               struct tier_loc *loc)
 {
     struct tier *t = s->arenas[ns->arena].tier;
     int cls = tier_host_class(t, len);
     if (len == ns->block_bytes)
-        return store_alloc(s, ns, now, loc);
+        return engine_alloc(s, ns, now, loc);
     for (;;) {
         int rc = t->ops->alloc(t, len, loc);
         uint32_t v;
         if (rc != -ENOSPC)
             return rc;
-        v = store_victim(s, ns->arena, cls, now);
+        v = engine_victim(s, ns->arena, cls, now);
         if (v == INDEX_NONE)
             return -ENOSPC;
-        store_evict(s, v);
+        engine_evict(s, v);
     }
 }
 
-static int tiering_promote(struct store *s, uint32_t idx, uint64_t now)
+static int engine_disk_promote(struct store *s, uint32_t idx, uint64_t now)
 {
-    struct tiering *tg = s->tiering;
+    struct engine_disk *ed = s->disk;
     struct block *b = &s->ix.blocks[idx];
     struct store_ns *ns = s->ns[b->ns];
     struct tier *host = s->arenas[ns->arena].tier;
     struct tier_disk_meta m;
-    struct tiering_move *mv = calloc(1, sizeof(*mv));
+    struct engine_disk_move *mv = calloc(1, sizeof(*mv));
     int rc;
     if (!mv)
         return -ENOMEM;
-    rc = tiering_host_alloc(s, ns, tiering_block_bytes(s, b), now, &mv->host);
+    rc = engine_disk_host_alloc(s, ns, engine_disk_block_bytes(s, b), now, &mv->host);
     if (rc) {
         free(mv);
         return rc;
     }
     b = &s->ix.blocks[idx];
-    tiering_meta(s, b, &m);
+    engine_disk_meta(s, b, &m);
     mv->s = s;
     mv->idx = idx;
-    mv->kind = TIERING_MOVE_PROMOTE;
-    tiering_rec_loc(b, &mv->disk);
-    rc = tier_disk_get(tg->disk, &mv->disk, &m, (uint8_t *)tier_host_base(host) + mv->host.off,
-                       mv->host.len, tiering_promote_done, mv);
+    mv->kind = ENGINE_DISK_MOVE_PROMOTE;
+    store_record_loc(b, &mv->disk);
+    rc = tier_disk_get(ed->disk, &mv->disk, &m, (uint8_t *)tier_host_base(host) + mv->host.off,
+                       mv->host.len, engine_disk_promote_done, mv);
     if (rc) {
         host->ops->free(host, &mv->host);
         free(mv);
@@ -833,11 +816,11 @@ static int tiering_promote(struct store *s, uint32_t idx, uint64_t now)
     b->cls = (uint8_t)mv->host.cls;
     b->flags |= BLOCK_F_PROMOTING;
     store_lru_push_head(s, idx);
-    tg->moves++;
+    ed->moves++;
     return 0;
 }
 
-uint32_t tiering_lookup_prepare(struct store *s, uint16_t ns, const struct kvc_wire_key *keys,
+uint32_t engine_disk_lookup_prepare(struct store *s, uint16_t ns, const struct kvc_wire_key *keys,
                                 uint32_t hits, uint32_t flags, uint64_t now)
 {
     uint32_t usable = hits;
@@ -849,7 +832,7 @@ uint32_t tiering_lookup_prepare(struct store *s, uint16_t ns, const struct kvc_w
         uint32_t idx = index_find(&s->ix, ns, &keys[i]);
         const struct block *b = &s->ix.blocks[idx];
         if (b->tier == KVC_WIRE_TIER_DISK && !(b->flags & BLOCK_F_BUSY)) {
-            int rc = tiering_promote(s, idx, now);
+            int rc = engine_disk_promote(s, idx, now);
             if (rc) {
                 log_limited(LOG_LEVEL_INFO, "disk: a read from disk cannot start (%s); the "
                             "lookup stops at that block", strerror(-rc));
@@ -869,7 +852,7 @@ uint32_t tiering_lookup_prepare(struct store *s, uint16_t ns, const struct kvc_w
     return usable;
 }
 
-int tiering_lease_state(struct store *s, struct store_owner *owner, uint64_t lease_id, uint32_t *nhit,
+int engine_disk_lease_state(struct store *s, struct store_owner *owner, uint64_t lease_id, uint32_t *nhit,
                         uint32_t *nready, uint32_t *pending)
 {
     struct store_handle *h = store_handle_get(owner, lease_id, STORE_HANDLE_LEASE);
@@ -893,41 +876,41 @@ int tiering_lease_state(struct store *s, struct store_owner *owner, uint64_t lea
 
 /* ---- start and stop -------------------------------------------------------------------- */
 
-struct tiering_found {
+struct engine_disk_found {
     struct tier_disk_meta m;
     struct tier_loc loc;
 };
 
-struct tiering_scan {
-    struct tiering_found *v;
+struct engine_disk_scan {
+    struct engine_disk_found *v;
     size_t n, cap;
 };
 
-static int tiering_scan_cb(void *arg, const struct tier_disk_meta *m, const struct tier_loc *loc)
+static int engine_disk_scan_cb(void *arg, const struct tier_disk_meta *m, const struct tier_loc *loc)
 {
-    struct tiering_scan *sc = arg;
+    struct engine_disk_scan *sc = arg;
     if (sc->n == sc->cap) {
         size_t ncap = sc->cap ? sc->cap * 2 : 1024;
-        struct tiering_found *nv = realloc(sc->v, ncap * sizeof(*nv));
+        struct engine_disk_found *nv = realloc(sc->v, ncap * sizeof(*nv));
         if (!nv)
             return 1;
         sc->v = nv;
         sc->cap = ncap;
     }
-    sc->v[sc->n++] = (struct tiering_found){.m = *m, .loc = *loc};
+    sc->v[sc->n++] = (struct engine_disk_found){.m = *m, .loc = *loc};
     return 0;
 }
 
-static int tiering_found_cmp(const void *a, const void *b)
+static int engine_disk_found_cmp(const void *a, const void *b)
 {
-    const struct tiering_found *x = a, *y = b;
+    const struct engine_disk_found *x = a, *y = b;
     return x->m.depth < y->m.depth ? -1 : x->m.depth > y->m.depth;
 }
 
 /* Takes one record back into the index, in a namespace opened (placed and bound to its
  * section) as NS_OPEN opens it. 0, or -errno when it cannot be (then freed). */
-static int tiering_adopt(struct store *s, const struct tiering_params *p,
-                         const struct tiering_found *f)
+static int engine_disk_adopt(struct store *s, const struct engine_disk_params *p,
+                         const struct engine_disk_found *f)
 {
     struct kvc_wire_layout l;
     struct kvc_wire_key key = {f->m.key[0], f->m.key[1]};
@@ -970,7 +953,7 @@ static int tiering_adopt(struct store *s, const struct tiering_params *p,
     b->arena = STORE_ARENA_DISK;
     b->off = f->loc.off;
     b->len = (uint32_t)f->loc.len;
-    tiering_rec_set(b, &f->loc);
+    engine_disk_rec_set(b, &f->loc);
     rc = index_insert(&s->ix, idx);
     if (rc) {
         index_block_delete(&s->ix, idx);
@@ -984,24 +967,24 @@ static int tiering_adopt(struct store *s, const struct tiering_params *p,
     return 0;
 }
 
-int tiering_attach(struct store *s, const struct tiering_params *p)
+int engine_disk_attach(struct store *s, const struct engine_disk_params *p)
 {
-    struct tiering_scan sc = {0};
+    struct engine_disk_scan sc = {0};
     struct tier_disk_config dc = {.npaths = p->npaths,
                                   .size = p->size,
                                   .page_size = p->page_size,
                                   .queue_depth = p->queue_depth,
                                   .write_rate = p->write_rate,
-                                  .scan = tiering_scan_cb,
+                                  .scan = engine_disk_scan_cb,
                                   .scan_arg = &sc,
                                   .progress = p->progress,
                                   .progress_arg = p->progress_arg,
                                   .workers = p->workers};
     struct tier_disk_stats st;
-    struct tiering *tg = calloc(1, sizeof(*tg));
+    struct engine_disk *ed = calloc(1, sizeof(*ed));
     size_t adopted = 0;
     int rc = -ENOMEM;
-    if (!tg)
+    if (!ed)
         goto out;
     if (p->npaths == 0 || p->npaths > TIER_DISK_MAX_PATHS) {
         rc = -EINVAL;
@@ -1009,19 +992,19 @@ int tiering_attach(struct store *s, const struct tiering_params *p)
     }
     for (uint32_t i = 0; i < p->npaths; i++)
         dc.paths[i] = p->paths[i];
-    tg->admit_hits = p->admit_hits;
-    tg->npaths = p->npaths;
-    tg->compact_below = p->compact_below;
-    tg->compress_level = p->compress_level;
-    tg->ns_level = p->ns_level;
-    tg->ns_level_arg = p->ns_level_arg;
-    tg->compact_page = UINT32_MAX;
-    for (uint32_t k = 0; k < TIERING_COMPACT_INFLIGHT; k++)
-        tg->compact_idx[k] = INDEX_NONE;
-    tg->disk = tier_disk_new(&dc, &rc);
-    if (!tg->disk)
+    ed->admit_hits = p->admit_hits;
+    ed->npaths = p->npaths;
+    ed->compact_below = p->compact_below;
+    ed->compress_level = p->compress_level;
+    ed->ns_level = p->ns_level;
+    ed->ns_level_arg = p->ns_level_arg;
+    ed->compact_page = UINT32_MAX;
+    for (uint32_t k = 0; k < ENGINE_DISK_COMPACT_INFLIGHT; k++)
+        ed->compact_idx[k] = INDEX_NONE;
+    ed->disk = tier_disk_new(&dc, &rc);
+    if (!ed->disk)
         goto out;
-    tier_disk_stats_get(tg->disk, &st);
+    tier_disk_stats_get(ed->disk, &st);
     /* A record's offset is kept in 4 KiB units in 32 bits (struct block's budget). */
     if (st.capacity > (uint64_t)UINT32_MAX * TIER_DISK_ALIGN) {
         log_err("disk: %llu GiB in all is more than the 16 TiB one daemon can address",
@@ -1033,98 +1016,98 @@ int tiering_attach(struct store *s, const struct tiering_params *p)
         log_warn("disk: O_DIRECT is not supported on %s: BUFFERED I/O in use (counted as "
                  "disk_buffered)",
                  p->paths[0]);
-    rc = tier_disk_buffers_register(tg->disk, tier_host_base(s->arenas[0].tier),
+    rc = tier_disk_buffers_register(ed->disk, tier_host_base(s->arenas[0].tier),
                                     tier_host_size(s->arenas[0].tier));
     if (rc)
         log_warn("disk: cannot register the host arena with io_uring (%s); transfers pin "
                  "pages per request",
                  strerror(-rc));
-    s->tiering = tg;
-    s->arenas[STORE_ARENA_DISK].tier = tg->disk;
+    s->disk = ed;
+    s->arenas[STORE_ARENA_DISK].tier = ed->disk;
     /* Parents first, so every block finds its parent already back. */
     if (sc.n)
-        qsort(sc.v, sc.n, sizeof(*sc.v), tiering_found_cmp);
+        qsort(sc.v, sc.n, sizeof(*sc.v), engine_disk_found_cmp);
     for (size_t i = 0; i < sc.n; i++) {
-        if (tiering_adopt(s, p, &sc.v[i]) == 0)
+        if (engine_disk_adopt(s, p, &sc.v[i]) == 0)
             adopted++;
         else
-            tg->disk->ops->free(tg->disk, &sc.v[i].loc);
+            ed->disk->ops->free(ed->disk, &sc.v[i].loc);
     }
     log_info("disk: %llu MiB on %u path(s), %zu blocks taken back, %zu records dropped",
              (unsigned long long)(st.capacity >> 20), p->npaths, adopted, sc.n - adopted);
     rc = 0;
 out:
     free(sc.v);
-    if (rc && tg) {
-        tier_destroy(tg->disk);
-        free(tg);
+    if (rc && ed) {
+        tier_destroy(ed->disk);
+        free(ed);
     }
     return rc;
 }
 
-void tiering_free(struct store *s)
+void engine_disk_free(struct store *s)
 {
-    struct tiering *tg = s->tiering;
-    if (!tg)
+    struct engine_disk *ed = s->disk;
+    if (!ed)
         return;
-    tier_disk_drain(tg->disk);
-    tier_destroy(tg->disk);
+    tier_disk_drain(ed->disk);
+    tier_destroy(ed->disk);
     s->arenas[STORE_ARENA_DISK].tier = NULL;
-    s->tiering = NULL;
-    free(tg->levels);
-    free(tg);
+    s->disk = NULL;
+    free(ed->levels);
+    free(ed);
 }
 
-void tiering_compress_set(struct store *s, int level)
+void engine_disk_compress_set(struct store *s, int level)
 {
-    struct tiering *tg = s->tiering;
-    if (!tg)
+    struct engine_disk *ed = s->disk;
+    if (!ed)
         return;
-    tg->compress_level = level;
-    for (uint32_t i = 0; i < tg->nlevels; i++)
-        tg->levels[i] = INT16_MIN; /* the sections may have changed too */
+    ed->compress_level = level;
+    for (uint32_t i = 0; i < ed->nlevels; i++)
+        ed->levels[i] = INT16_MIN; /* the sections may have changed too */
 }
 
-void tiering_reload(struct store *s, uint32_t admit_hits)
+void engine_disk_reload(struct store *s, uint32_t admit_hits)
 {
-    if (s->tiering)
-        s->tiering->admit_hits = admit_hits;
+    if (s->disk)
+        s->disk->admit_hits = admit_hits;
 }
 
-uint32_t tiering_admit_hits(const struct store *s)
+uint32_t engine_disk_admit_hits(const struct store *s)
 {
-    return s->tiering ? s->tiering->admit_hits : 0;
+    return s->disk ? s->disk->admit_hits : 0;
 }
 
-int tiering_fd(const struct store *s)
+int engine_disk_fd(const struct store *s)
 {
-    return s->tiering ? tier_disk_fd(s->tiering->disk) : -1;
+    return s->disk ? tier_disk_fd(s->disk->disk) : -1;
 }
 
-void tiering_poll(struct store *s, uint64_t now)
+void engine_disk_poll(struct store *s, uint64_t now)
 {
-    if (!s->tiering)
+    if (!s->disk)
         return;
-    tier_disk_poll(s->tiering->disk);
+    tier_disk_poll(s->disk->disk);
     /* Completed writes free queue slots and memory: the next write-backs may start. */
-    tiering_trim(s, now);
+    engine_disk_trim(s, now);
 }
 
-void tiering_flush(struct store *s)
+void engine_disk_flush(struct store *s)
 {
-    if (s->tiering)
-        tier_disk_flush(s->tiering->disk);
+    if (s->disk)
+        tier_disk_flush(s->disk->disk);
 }
 
-void tiering_stats(const struct store *s, void (*put)(void *arg, const char *name, uint64_t v),
+void engine_disk_stats(const struct store *s, void (*put)(void *arg, const char *name, uint64_t v),
                    void *arg)
 {
     struct tier_disk_stats st;
-    const struct tiering *tg = s->tiering;
+    const struct engine_disk *ed = s->disk;
     uint64_t closed, blocks = 0, records = 0, clean = 0, writing = 0;
-    if (!tg)
+    if (!ed)
         return;
-    tier_disk_stats_get(tg->disk, &st);
+    tier_disk_stats_get(ed->disk, &st);
     closed = st.used + st.dead_bytes;
     for (uint32_t i = s->arenas[STORE_ARENA_DISK].lru_head; i != INDEX_NONE;
          i = s->ix.blocks[i].lru_next)
@@ -1135,16 +1118,16 @@ void tiering_stats(const struct store *s, void (*put)(void *arg, const char *nam
         clean += s->arenas[a].clean_bytes;
         for (uint32_t i = s->arenas[a].clean_head; i != INDEX_NONE; i = s->ix.blocks[i].lru_next)
             records++;
-        writing += tg->writing[a];
+        writing += ed->writing[a];
     }
     put(arg, "disk_blocks", blocks);
     put(arg, "disk_records", blocks + records);
     put(arg, "disk_clean_blocks", records);
     put(arg, "disk_clean_bytes", clean);
     put(arg, "disk_writing_bytes", writing);
-    put(arg, "disk_put_rate", (uint64_t)tg->put_bps);
-    put(arg, "disk_write_rate", (uint64_t)tg->write_bps);
-    put(arg, "disk_records_forgotten", tg->records_forgotten);
+    put(arg, "disk_put_rate", (uint64_t)ed->put_bps);
+    put(arg, "disk_write_rate", (uint64_t)ed->write_bps);
+    put(arg, "disk_records_forgotten", ed->records_forgotten);
     put(arg, "disk_capacity", st.capacity);
     put(arg, "disk_used", st.used);
     put(arg, "disk_pages", st.pages);
@@ -1161,17 +1144,17 @@ void tiering_stats(const struct store *s, void (*put)(void *arg, const char *nam
     put(arg, "disk_write_errors", st.write_errors);
     put(arg, "disk_checksum_failures", st.checksum_failures);
     put(arg, "disk_throttled", st.throttled + st.queue_full);
-    put(arg, "disk_full", tg->disk_full);
+    put(arg, "disk_full", ed->disk_full);
     put(arg, "disk_failed_paths", st.failed_paths);
     put(arg, "disk_buffered", st.buffered);
     put(arg, "disk_fixed_buffers", st.fixed_buffers);
     put(arg, "disk_records_found", st.records_found);
-    put(arg, "disk_demote_cancelled", tg->demote_cancelled);
-    put(arg, "disk_moves_inflight", tg->moves + tg->compacting);
-    put(arg, "disk_compacted_pages", tg->compacted_pages);
-    put(arg, "disk_compacted_blocks", tg->compacted_blocks);
-    put(arg, "disk_compacted_bytes", tg->compacted_bytes);
-    put(arg, "disk_compact_aborted", tg->compact_aborted);
+    put(arg, "disk_demote_cancelled", ed->demote_cancelled);
+    put(arg, "disk_moves_inflight", ed->moves + ed->compacting);
+    put(arg, "disk_compacted_pages", ed->compacted_pages);
+    put(arg, "disk_compacted_blocks", ed->compacted_blocks);
+    put(arg, "disk_compacted_bytes", ed->compacted_bytes);
+    put(arg, "disk_compact_aborted", ed->compact_aborted);
     put(arg, "disk_compress_in", st.codec_in);
     put(arg, "disk_compress_out", st.codec_out);
     put(arg, "disk_compress_ratio_pct", st.codec_out ? st.codec_in * 100 / st.codec_out : 0);

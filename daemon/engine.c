@@ -1,0 +1,610 @@
+/*
+ * engine.c — the tier engine: where every block lives and every move; see engine.h.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/engine.h"
+#include "daemon/engine_disk.h"
+#include "daemon/log.h"
+#include "daemon/quant.h"
+#include "daemon/store.h"
+#include "tiers/host.h"
+#include "tiers/tier.h"
+
+/* Candidates handed to the policy per eviction; the longest walk to find the first one
+ * (everything colder may be pinned or a parent); and how much further the walk looks for
+ * more once it has one. Long prefix chains put one leaf per chain at the cold end, so an
+ * unbounded sample would walk the whole chain of every candidate on every eviction. */
+#define ENGINE_EVICT_SAMPLE 16
+#define ENGINE_EVICT_WALK 65536
+#define ENGINE_EVICT_WINDOW 64
+/* Random probes into the block pool per eviction under a policy other than LRU. */
+#define ENGINE_EVICT_PROBES 16
+
+/* The policy engine (engine_policy_trim): see store_policy.c's DESIGN. */
+#define ENGINE_POLICY_SAMPLE 32     /* candidates per engine round from the LRU tail */
+#define ENGINE_POLICY_WINDOW 256    /* tail entries a round looks at past the first */
+#define ENGINE_POLICY_PROBES 16     /* random probes per engine round */
+#define ENGINE_POLICY_ROUNDS 4096   /* rounds per trim of one arena */
+#define ENGINE_POLICY_WALK 65536    /* tail entries looked at for the first candidate */
+#define ENGINE_POLICY_DISK_BPS 2e9  /* bytes per second a disk read is costed at */
+
+#define ENGINE_STAT_ADD(s, nsp, field, v)                                                      \
+    do {                                                                                       \
+        (s)->total.field += (v);                                                               \
+        (nsp)->stats.field += (v);                                                             \
+    } while (0)
+
+/* Whether b sits on its arena's clean list (store.c keeps the lists). */
+static bool engine_clean(const struct block *b)
+{
+    return (b->flags & BLOCK_F_DISK) && b->arena != STORE_ARENA_DISK;
+}
+
+static int engine_gpu_move(struct store *s, uint32_t idx, bool to_gpu, uint64_t now);
+
+/* ---- victims ------------------------------------------------------------------------------ */
+
+/* Which blocks of a list may be victims. */
+enum engine_victim_mode {
+    ENGINE_VICTIM_LEAF = 0,       /* unpinned committed leaves: dropping them loses nothing else */
+    ENGINE_VICTIM_CLEAN = 1,      /* any unpinned clean block: only its memory copy goes */
+    ENGINE_VICTIM_UNADMITTED = 2, /* leaves the disk tier would not take */
+};
+
+static bool engine_victim_ok(const struct store *s, uint32_t i, enum engine_victim_mode mode)
+{
+    const struct block *b = &s->ix.blocks[i];
+    if (!store_block_idle(s, i))
+        return false;
+    if (mode == ENGINE_VICTIM_CLEAN)
+        return true;
+    if (b->children)
+        return false;
+    return mode == ENGINE_VICTIM_LEAF || !engine_disk_takes(s, i);
+}
+
+/* The policy's first among a sample of candidates from the cold end of one list (the
+ * clean or the dirty list of `arena`), preferring size class `cls` (its slot serves the
+ * pending allocation directly). */
+static uint32_t engine_victim_list(struct store *s, uint32_t arena, bool clean,
+                                  enum engine_victim_mode mode, int cls, uint64_t now)
+{
+    struct policy_block cand[ENGINE_EVICT_SAMPLE + ENGINE_EVICT_PROBES];
+    size_t n = 0;
+    uint32_t walked = 0, limit = ENGINE_EVICT_WALK;
+    const struct store_ns *ns = NULL;
+    uint32_t tail = clean ? s->arenas[arena].clean_tail : s->arenas[arena].lru_tail;
+    for (uint32_t i = tail; i != INDEX_NONE && n < ENGINE_EVICT_SAMPLE && walked < limit;
+         i = s->ix.blocks[i].lru_prev, walked++) {
+        const struct block *b = &s->ix.blocks[i];
+        if (!engine_victim_ok(s, i, mode))
+            continue;
+        if (n == 0) {
+            limit = walked + ENGINE_EVICT_WINDOW;
+            ns = s->ns[b->ns];
+        }
+        /* Under LRU the sample spans namespaces (the original order); under another
+         * policy the coldest candidate's namespace ranks its own blocks with its policy. */
+        if (ns->policy != POLICY_LRU && b->ns != ns->id)
+            continue;
+        store_policy_block(s, i, &cand[n++]);
+    }
+    if (n == 0)
+        return INDEX_NONE;
+    if (ns->policy == POLICY_LRU) {
+        policy_rank(POLICY_LRU, cand, n, now);
+    } else {
+        /* The cold end holds only what is old; a policy that keeps old blocks (frequency,
+         * hints) must also see younger ones: random candidates of the namespace. */
+        size_t m = n;
+        for (int k = 0; k < ENGINE_EVICT_PROBES && s->ix.nblocks; k++) {
+            s->rng ^= s->rng << 13;
+            s->rng ^= s->rng >> 7;
+            s->rng ^= s->rng << 17;
+            uint32_t i = (uint32_t)(s->rng % s->ix.nblocks);
+            const struct block *b = &s->ix.blocks[i];
+            bool dup = false;
+            if (b->state != BLOCK_STATE_COMMITTED || b->arena != arena || b->ns != ns->id ||
+                (arena != STORE_ARENA_DISK && engine_clean(b) != clean) ||
+                !engine_victim_ok(s, i, mode))
+                continue;
+            for (size_t j = 0; j < m && !dup; j++)
+                dup = cand[j].id == i;
+            if (!dup)
+                store_policy_block(s, i, &cand[m++]);
+        }
+        n = m;
+        policy_rank_params(ns->policy, cand, n, now, &ns->pp);
+    }
+    for (size_t k = 0; cls >= 0 && k < n; k++)
+        if (s->ix.blocks[cand[k].id].cls == cls)
+            return (uint32_t)cand[k].id;
+    return (uint32_t)cand[0].id;
+}
+
+/* Picks the block to evict from an arena. With a disk tier, a memory arena gives its clean
+ * blocks first (their memory goes, they stay cached), then only dirty leaves the disk would
+ * not take: a block the disk can take is written, never dropped (engine_disk.c). INDEX_NONE if
+ * nothing can go now. */
+uint32_t engine_victim(struct store *s, uint32_t arena, int cls, uint64_t now)
+{
+    uint32_t v;
+    if (arena == STORE_ARENA_DISK || !s->disk)
+        return engine_victim_list(s, arena, false, ENGINE_VICTIM_LEAF, cls, now);
+    v = engine_victim_list(s, arena, true, ENGINE_VICTIM_CLEAN, cls, now);
+    if (v == INDEX_NONE)
+        v = engine_victim_list(s, arena, false, ENGINE_VICTIM_UNADMITTED, cls, now);
+    return v;
+}
+
+void engine_evict(struct store *s, uint32_t idx)
+{
+    struct block *b = &s->ix.blocks[idx];
+    struct store_ns *ns = s->ns[b->ns];
+    if (!store_block_idle(s, idx))
+        return;
+    if (s->disk && b->tier != KVC_WIRE_TIER_DISK && (b->flags & BLOCK_F_DISK)) {
+        engine_disk_memory_drop(s, idx);
+        return;
+    }
+    ENGINE_STAT_ADD(s, ns, evicted_blocks, 1);
+    ENGINE_STAT_ADD(s, ns, evicted_bytes, b->len);
+    (void)store_block_drop(s, idx);
+}
+
+/* Allocates a slot, evicting as needed. -ENOSPC when nothing more can be evicted. */
+int engine_alloc(struct store *s, struct store_ns *ns, uint64_t now, struct tier_loc *loc)
+{
+    struct tier *t = s->arenas[ns->arena].tier;
+    int cls = tier_host_class(t, ns->block_bytes);
+    for (;;) {
+        int rc = t->ops->alloc(t, ns->block_bytes, loc);
+        if (rc != -ENOSPC)
+            return rc;
+        uint32_t v = engine_victim(s, ns->arena, cls, now);
+        if (v == INDEX_NONE)
+            return -ENOSPC;
+        engine_evict(s, v);
+    }
+}
+
+/* ---- gpu tier moves ------------------------------------------------------------------- */
+
+/* A slot in the GPU pool if it stays at or below the high watermark; the pool never evicts
+ * to make room, it demotes in engine_trim(). */
+static int engine_gpu_alloc(struct store *s, uint64_t len, struct tier_loc *loc)
+{
+    struct tier *g = s->gpu;
+    if (!g)
+        return -ENODEV;
+    if ((double)(g->ops->usage(g) + len) > s->p.high_watermark * (double)g->ops->capacity(g))
+        return -ENOSPC;
+    return g->ops->alloc(g, len, loc);
+}
+
+static void engine_copy_done(void *arg, int status)
+{
+    *(int *)arg = status;
+}
+
+/* Moves an unpinned committed block between the host arena of its namespace and the GPU
+ * pool, keeping its place in the prefix tree. 0, or -errno with the block unchanged. */
+static int engine_gpu_move(struct store *s, uint32_t idx, bool to_gpu, uint64_t now)
+{
+    struct block *b = &s->ix.blocks[idx];
+    struct store_ns *ns = s->ns[b->ns];
+    uint32_t to = to_gpu ? STORE_ARENA_GPU : ns->arena;
+    struct tier *src = s->arenas[b->arena].tier, *dst = s->arenas[to].tier;
+    struct tier_loc from = {.arena = b->arena, .cls = b->cls, .off = b->off, .len = b->len};
+    struct tier_loc loc;
+    int rc, st = -EIO;
+    if (b->pins || b->state != BLOCK_STATE_COMMITTED || !s->gpu || b->arena == to ||
+        (b->flags & (BLOCK_F_BUSY | BLOCK_F_LOST)) || b->format != KVC_WIRE_FORMAT_RAW ||
+        (b->tier != KVC_WIRE_TIER_HOST && b->tier != KVC_WIRE_TIER_GPU))
+        return -EBUSY;
+    if (to_gpu) {
+        rc = engine_gpu_alloc(s, ns->block_bytes, &loc);
+    } else {
+        b->pins++; /* making host room must not evict the block being moved */
+        rc = engine_alloc(s, ns, now, &loc);
+        b->pins--;
+    }
+    if (rc)
+        return rc;
+    if (to_gpu)
+        rc = dst->ops->write(dst, &loc, 0, (char *)tier_host_base(src) + b->off,
+                             ns->block_bytes, engine_copy_done, &st);
+    else
+        rc = src->ops->read(src, &from, 0, (char *)tier_host_base(dst) + loc.off,
+                            ns->block_bytes, engine_copy_done, &st);
+    if (rc == 0)
+        rc = st;
+    if (rc) {
+        dst->ops->free(dst, &loc);
+        log_limited(LOG_LEVEL_WARNING, "gpu: moving a block %s failed (%s)",
+                    to_gpu ? "into the pool" : "out of the pool", strerror(-rc));
+        return rc;
+    }
+    store_lru_unlink(s, idx);
+    src->ops->free(src, &from);
+    ns->bytes = ns->bytes - b->len + loc.len;
+    b->arena = (uint8_t)loc.arena;
+    b->cls = (uint8_t)loc.cls;
+    b->off = loc.off;
+    b->len = loc.len;
+    b->tier = to_gpu ? KVC_WIRE_TIER_GPU : KVC_WIRE_TIER_HOST;
+    store_lru_push_head(s, idx);
+    if (to_gpu)
+        ENGINE_STAT_ADD(s, ns, gpu_promoted_blocks, 1);
+    else
+        ENGINE_STAT_ADD(s, ns, gpu_demoted_blocks, 1);
+    return 0;
+}
+
+/* Demotes the pool's blocks to the host arena in policy order, down to the low watermark.
+ * Unlike eviction any unpinned block may go, leaf or not: it stays cached. A block that
+ * cannot move (the host arena is full of pinned blocks) is evicted if it is a leaf. */
+static int engine_gpu_demote(struct store *s, uint64_t now)
+{
+    struct tier *g = s->gpu;
+    double low = s->p.low_watermark * (double)g->ops->capacity(g);
+    int n = 0;
+    while ((double)g->ops->usage(g) > low) {
+        struct policy_block cand[ENGINE_EVICT_SAMPLE];
+        size_t nc = 0;
+        uint32_t walked = 0;
+        /* Clean blocks first (a copy is on disk), then dirty ones. */
+        uint32_t i = s->arenas[STORE_ARENA_GPU].clean_tail;
+        if (i == INDEX_NONE)
+            i = s->arenas[STORE_ARENA_GPU].lru_tail;
+        for (; i != INDEX_NONE && nc < ENGINE_EVICT_SAMPLE && walked < ENGINE_EVICT_WALK;
+             i = s->ix.blocks[i].lru_prev, walked++) {
+            const struct block *b = &s->ix.blocks[i];
+            if (!store_block_idle(s, i))
+                continue;
+            cand[nc++] = (struct policy_block){.id = i,
+                                               .hits = b->hits,
+                                               .last_access = b->last_access,
+                                               .bytes = b->len,
+                                               .depth = b->depth,
+                                               .children = b->children};
+        }
+        if (nc == 0)
+            break;
+        policy_rank(s->p.policy, cand, nc, now);
+        uint32_t v = (uint32_t)cand[0].id;
+        if (engine_gpu_move(s, v, false, now)) {
+            if (s->ix.blocks[v].children && !(s->ix.blocks[v].flags & BLOCK_F_DISK))
+                break;
+            engine_evict(s, v);
+        }
+        n++;
+    }
+    return n;
+}
+
+int engine_trim(struct store *s, uint64_t now)
+{
+    int n = 0;
+    /* The pool first: what it demotes lands in the host arenas checked next. */
+    if (s->gpu && (double)s->gpu->ops->usage(s->gpu) >
+                      s->p.high_watermark * (double)s->gpu->ops->capacity(s->gpu))
+        n += engine_gpu_demote(s, now);
+    /* Quantize first where a namespace allows it; the raw slots its jobs will free count
+     * as free already, so eviction takes only the rest. */
+    if (s->disk)
+        return n + engine_disk_trim(s, now);
+    if (store_policy_engine(s))
+        goto engine;
+    quant_pressure(s->quant, now);
+    for (uint32_t a = 0; a < s->narenas; a++) {
+        struct tier *t = s->arenas[a].tier;
+        double cap = (double)t->ops->capacity(t);
+        uint64_t pend = quant_pending_bytes(s->quant, a);
+        if ((double)(t->ops->usage(t) - pend) <= s->p.high_watermark * cap)
+            continue;
+        while ((double)(t->ops->usage(t) - pend) > s->p.low_watermark * cap) {
+            uint32_t v = engine_victim(s, a, -1, now);
+            if (v == INDEX_NONE)
+                break;
+            engine_evict(s, v);
+            n++;
+        }
+    }
+    return n;
+engine:
+    /* A namespace ranks with another policy than LRU: its actions come from policy_decide
+     * (store_policy.c), arena by arena. */
+    for (uint32_t a = 0; a < s->narenas; a++)
+        n += engine_policy_trim(s, a, now);
+    return n;
+}
+
+int engine_evict_where(struct store *s, uint32_t ns_id, uint32_t arena, uint64_t keep_bytes,
+                      bool flush, uint64_t now)
+{
+    uint32_t lists[2 * (STORE_MAX_ARENAS + 2)][2], nl = 0, *cand = NULL, ncand, cap = 0;
+    int n = 0;
+    (void)now;
+    /* Every list of the arenas asked for: memory (clean and dirty), the GPU pool and the
+     * disk when every arena is. */
+    for (uint32_t a = 0; a < STORE_MAX_ARENAS + 2; a++) {
+        if (!s->arenas[a].tier || (arena != UINT32_MAX && a != arena))
+            continue;
+        lists[nl][0] = a;
+        lists[nl++][1] = 0;
+        if (a != STORE_ARENA_DISK) {
+            lists[nl][0] = a;
+            lists[nl++][1] = 1;
+        }
+    }
+    /* Leaves from the cold end, collected first (a drop may take a lost parent with it);
+     * evicting one may make its parent a leaf, so again until a pass frees nothing. */
+    for (;;) {
+        uint32_t freed = 0;
+        ncand = 0;
+        for (uint32_t l = 0; l < nl; l++) {
+            const struct store_arena *sa = &s->arenas[lists[l][0]];
+            for (uint32_t i = lists[l][1] ? sa->clean_tail : sa->lru_tail; i != INDEX_NONE;
+                 i = s->ix.blocks[i].lru_prev) {
+                const struct block *b = &s->ix.blocks[i];
+                if ((ns_id && b->ns != ns_id) || b->children || !store_block_idle(s, i))
+                    continue;
+                if (ncand == cap) {
+                    uint32_t nc = cap ? cap * 2 : 1024, *v = realloc(cand, nc * sizeof(*v));
+                    if (!v)
+                        goto out;
+                    cand = v;
+                    cap = nc;
+                }
+                cand[ncand++] = i;
+            }
+        }
+        for (uint32_t k = 0; k < ncand; k++) {
+            uint32_t i = cand[k];
+            struct block *b = &s->ix.blocks[i];
+            struct store_ns *ns;
+            uint64_t len;
+            if (b->state != BLOCK_STATE_COMMITTED || b->children || !store_block_idle(s, i))
+                continue;
+            ns = s->ns[b->ns];
+            if (ns_id && ns->bytes <= keep_bytes)
+                goto out;
+            len = b->len;
+            if (store_block_drop(s, i))
+                continue;
+            if (flush) {
+                ENGINE_STAT_ADD(s, ns, flushed_blocks, 1);
+                ENGINE_STAT_ADD(s, ns, flushed_bytes, len);
+            } else {
+                ENGINE_STAT_ADD(s, ns, evicted_quota_blocks, 1);
+            }
+            freed++;
+            n++;
+        }
+        if (!freed)
+            break;
+    }
+out:
+    free(cand);
+    return n;
+}
+
+/* ---- tier engine ----------------------------------------------------------------------- */
+
+/* enum policy_codec of a wire format (q5_1 has no policy codec: costed like q4_1). */
+static uint8_t engine_policy_codec(uint32_t f)
+{
+    static const uint8_t map[KVC_WIRE_FORMAT_COUNT] = {
+        [KVC_WIRE_FORMAT_RAW] = POLICY_CODEC_RAW,   [KVC_WIRE_FORMAT_Q8_0] = POLICY_CODEC_Q8,
+        [KVC_WIRE_FORMAT_Q4_1] = POLICY_CODEC_Q4,   [KVC_WIRE_FORMAT_Q5_1] = POLICY_CODEC_Q4,
+        [KVC_WIRE_FORMAT_KIVI2] = POLICY_CODEC_KIVI2, [KVC_WIRE_FORMAT_KIVI4] = POLICY_CODEC_KIVI4,
+        [KVC_WIRE_FORMAT_FP8] = POLICY_CODEC_FP8,
+    };
+    return f < KVC_WIRE_FORMAT_COUNT ? map[f] : POLICY_CODEC_RAW;
+}
+
+static bool engine_policy_eligible(const struct block *b, uint32_t arena, uint16_t ns)
+{
+    return b->state == BLOCK_STATE_COMMITTED && b->arena == arena && b->ns == ns && !b->pins &&
+           !(b->flags & (BLOCK_F_MOVING | BLOCK_F_LOST));
+}
+
+/* One round: the coldest namespace's sample through policy_decide, actions carried out.
+ * Returns the blocks acted on, 0 when the round found nothing to do (or only drops are
+ * possible: the caller evicts through store_victim), -EAGAIN when the disk asks to wait. */
+static int engine_policy_round(struct store *s, uint32_t a, uint64_t to_free, uint64_t now)
+{
+    struct policy_block cand[ENGINE_POLICY_SAMPLE + ENGINE_POLICY_PROBES];
+    struct policy_action act[ENGINE_POLICY_SAMPLE + ENGINE_POLICY_PROBES];
+    uint8_t plan[POLICY_MAX_LAYERS];
+    struct store_ns *ns = NULL;
+    size_t n = 0, m = 0;
+    uint32_t walked = 0, limit = ENGINE_POLICY_WALK;
+    int acted = 0;
+    for (uint32_t i = s->arenas[a].lru_tail;
+         i != INDEX_NONE && n < ENGINE_POLICY_SAMPLE && walked < limit;
+         i = s->ix.blocks[i].lru_prev, walked++) {
+        const struct block *b = &s->ix.blocks[i];
+        if (!ns) {
+            if (b->pins || (b->flags & (BLOCK_F_MOVING | BLOCK_F_LOST)))
+                continue;
+            ns = s->ns[b->ns];
+            limit = walked + ENGINE_POLICY_WINDOW;
+        }
+        if (engine_policy_eligible(b, a, (uint16_t)ns->id))
+            store_policy_block(s, i, &cand[n++]);
+    }
+    if (!ns)
+        return 0;
+    uint32_t f = ns->layout.flags;
+    struct policy_pressure pr = {.bytes_to_free = to_free,
+                                 .actions = 1u << POLICY_ACTION_DROP,
+                                 .codecs = 1u << POLICY_CODEC_RAW};
+    if (s->quant && KVC_WIRE_QUANT_ALLOWED(f) &&
+        quant_inflight(s->quant) < s->p.quantize_inflight) {
+        uint32_t c = KVC_WIRE_QUANT_K(f) ? KVC_WIRE_QUANT_K(f) : KVC_WIRE_QUANT_V(f);
+        pr.actions |= 1u << POLICY_ACTION_QUANTIZE;
+        for (uint32_t k = 1; k < KVC_WIRE_FORMAT_COUNT; k++)
+            if (KVC_WIRE_QUANT_ALLOWED(f) & (1u << k))
+                pr.codecs |= 1u << engine_policy_codec(k);
+        if (ns->layout.layers <= POLICY_MAX_LAYERS) {
+            pr.layers = ns->layout.layers;
+            for (uint32_t l = 0; l < pr.layers; l++)
+                plan[l] = l < KVC_WIRE_QUANT_RAW_LAYERS(f) ? POLICY_CODEC_RAW
+                                                           : engine_policy_codec(c);
+            pr.layer_codec = plan;
+        }
+    }
+    if (s->disk) {
+        pr.actions |= 1u << POLICY_ACTION_OFFLOAD;
+        pr.offload_min_hits = engine_disk_admit_hits(s);
+    }
+    if (pr.actions == 1u << POLICY_ACTION_DROP)
+        return 0;
+    pr.miss_cost = (double)ns->layout.block_tokens /
+                   (double)(s->p.recompute_tokens_per_s ? s->p.recompute_tokens_per_s : 8000);
+    pr.disk_cost = (double)ns->block_bytes / ENGINE_POLICY_DISK_BPS;
+    /* Younger blocks too: random probes of the pool. */
+    for (int k = 0; k < ENGINE_POLICY_PROBES && s->ix.nblocks; k++) {
+        s->rng ^= s->rng << 13;
+        s->rng ^= s->rng >> 7;
+        s->rng ^= s->rng << 17;
+        uint32_t i = (uint32_t)(s->rng % s->ix.nblocks);
+        bool dup = false;
+        if (!engine_policy_eligible(&s->ix.blocks[i], a, (uint16_t)ns->id))
+            continue;
+        for (size_t j = 0; j < n && !dup; j++)
+            dup = cand[j].id == i;
+        if (!dup)
+            store_policy_block(s, i, &cand[n++]);
+    }
+    m = policy_decide((enum policy_kind)ns->policy, cand, n, now, &ns->pp, &pr, act);
+    for (size_t k = 0; k < m; k++) {
+        uint32_t idx = act[k].id;
+        const struct block *b = &s->ix.blocks[idx];
+        int rc;
+        /* An earlier action may have dropped it (a lost parent goes with its last child). */
+        if (!engine_policy_eligible(b, a, (uint16_t)ns->id))
+            continue;
+        switch (act[k].action) {
+        case POLICY_ACTION_QUANTIZE:
+            if (quant_inflight(s->quant) < s->p.quantize_inflight && store_quantize(s, idx) == 0)
+                acted++;
+            break;
+        case POLICY_ACTION_OFFLOAD:
+            rc = engine_disk_offload(s, idx, now);
+            if (rc == -EAGAIN)
+                return acted ? acted : -EAGAIN;
+            if (rc == 0) {
+                acted++;
+            } else if (!s->ix.blocks[idx].children) {
+                engine_evict(s, idx); /* the disk cannot take it: dropped as without one */
+                acted++;
+            }
+            break;
+        case POLICY_ACTION_DROP:
+            if (!b->children) {
+                engine_evict(s, idx);
+                acted++;
+            }
+            break;
+        default:
+            break;
+        }
+    }
+    return acted;
+}
+
+int engine_policy_trim(struct store *s, uint32_t a, uint64_t now)
+{
+    struct tier *t = s->arenas[a].tier;
+    double cap = (double)t->ops->capacity(t);
+    int acted = 0;
+    if ((double)(t->ops->usage(t) - quant_pending_bytes(s->quant, a)) <=
+        s->p.high_watermark * cap)
+        return 0;
+    for (int round = 0; round < ENGINE_POLICY_ROUNDS; round++) {
+        uint64_t pend = quant_pending_bytes(s->quant, a) + engine_disk_pending_bytes(s);
+        uint64_t used = t->ops->usage(t);
+        double over = (double)(used > pend ? used - pend : 0) - s->p.low_watermark * cap;
+        if (over <= 0)
+            break;
+        int r = engine_policy_round(s, a, (uint64_t)over + 1, now);
+        if (r < 0)
+            break; /* the disk's rate or queue limit: the next trim goes on */
+        if (r == 0) {
+            uint32_t v = engine_victim(s, a, -1, now);
+            if (v == INDEX_NONE)
+                break;
+            engine_evict(s, v);
+            r = 1;
+        }
+        acted += r;
+    }
+    return acted;
+}
+
+/* ---- lookup ------------------------------------------------------------------------------ */
+
+int engine_lookup(struct store *s, struct store_owner *o, uint32_t ns_id,
+                  const struct kvc_wire_key *keys, uint32_t n, uint64_t now, uint64_t *lease_id,
+                  struct kvc_wire_loc *locs)
+{
+    return engine_lookup_flags(s, o, ns_id, keys, n, 0, now, lease_id, locs);
+}
+
+int engine_lookup_flags(struct store *s, struct store_owner *o, uint32_t ns_id,
+                        const struct kvc_wire_key *keys, uint32_t n, uint32_t flags,
+                        uint64_t now, uint64_t *lease_id, struct kvc_wire_loc *locs)
+{
+    uint8_t tier[KVC_PROTO_MAX_KEYS]; /* where each hit was found, before any promotion */
+    uint32_t run, hits = 0;
+    *lease_id = 0;
+    if (!store_ns_get(s, ns_id))
+        return -ENOENT;
+    run = store_lookup_run(s, ns_id, keys, n);
+    while (hits < run) {
+        uint32_t idx = index_find(&s->ix, (uint16_t)ns_id, &keys[hits]);
+        /* A client that cannot read the pool gets the block in its host arena, or a miss
+         * if it is pinned there; one that can gets it promoted while the pool has room. */
+        if (s->gpu && s->ix.blocks[idx].tier == KVC_WIRE_TIER_GPU && !o->gpu &&
+            engine_gpu_move(s, idx, false, now))
+            break;
+        tier[hits] = s->ix.blocks[idx].tier;
+        if (s->gpu && s->ix.blocks[idx].tier == KVC_WIRE_TIER_HOST && o->gpu)
+            engine_gpu_move(s, idx, true, now);
+        hits++;
+    }
+    /* Hits on disk start their reads into fresh slots (not ready until they complete). */
+    if (hits && s->disk)
+        hits = engine_disk_lookup_prepare(s, (uint16_t)ns_id, keys, hits, flags, now);
+    return store_lease_pin(s, o, ns_id, keys, n, hits, tier, now, lease_id, locs);
+}
+
+/* ---- life cycle ----------------------------------------------------------------------------- */
+
+/* Where a reservation finds room: the GPU pool for a client that maps it while the pool is
+ * below its high watermark, else the namespace's arena, making room there. */
+static int engine_room(struct store *s, struct store_ns *ns, bool gpu, uint64_t now,
+                       struct tier_loc *loc)
+{
+    if (gpu && engine_gpu_alloc(s, ns->block_bytes, loc) == 0)
+        return 0;
+    return engine_alloc(s, ns, now, loc);
+}
+
+void engine_attach(struct store *s)
+{
+    s->room = engine_room;
+}
+
+void engine_stop(struct store *s)
+{
+    quant_free(s->quant); /* its jobs hold slots of the arenas */
+    s->quant = NULL;
+    engine_disk_free(s);
+}

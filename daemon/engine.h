@@ -1,0 +1,80 @@
+/*
+ * engine.h — the tier engine: where each block lives and every move between tiers.
+ *
+ * DESIGN
+ * One owner of movement. The store (daemon/store.h) keeps what is: namespaces, the index,
+ * leases, reservations, each arena's lists and a block's locations (struct block in
+ * daemon/index.h). The engine decides and carries out what changes where a block is:
+ * which block gives up its memory (victims), eviction, the room a reservation gets (the
+ * store asks through store.room), trimming above the watermarks, moves between a host
+ * arena and the GPU pool, quantize-in-place (daemon/quant.c carries the jobs out), and the
+ * disk tier's moves (engine_disk.c: write-back, demotion, promotion, compaction, adoption
+ * at start). Policies (policies/) are pure functions it calls with block metadata.
+ * A block's state machine is in its flags (index.h): committed, pinned, BUSY (being
+ * written, read, quantized), LOST, clean (BLOCK_F_DISK) or dirty, and which list it is on;
+ * every path that frees, moves, quantizes or evicts asks store_block_idle() first, so a
+ * block in motion is never freed by a policy, a quota, an operator or a namespace drop.
+ * Layering: server, admin, acl → engine (engine.c, engine_disk.c: one module; the disk
+ * half uses the memory half's victim choice and room) → store → tiers, policies, kernels.
+ * Owned by the loop thread.
+ */
+#ifndef KVC_ENGINE_H
+#define KVC_ENGINE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "client/kvc_proto.h"
+
+struct store;
+struct store_ns;
+struct store_owner;
+struct tier_loc;
+
+/* Makes the store find room through the engine (eviction, the GPU pool). Once, after
+ * store_new(). */
+void engine_attach(struct store *s);
+/* Stops the quantize worker and the disk tier (waiting for their work in flight). Before
+ * store_free(). */
+void engine_stop(struct store *s);
+
+/* Longest committed prefix of keys[0..n): GPU moves and reads from disk as needed, then the
+ * hits pinned under a new lease (*lease_id, 0 if none) with their locations in locs. With
+ * KVC_LOOKUP_F_* flags: hits on disk start a read into a fresh host slot (their locs lack
+ * KVC_LOC_F_READY); READY_ONLY stops the hits at the first such block. Returns hits, or
+ * -ENOENT (ns), -EMFILE (too many handles), -ENOMEM. */
+int engine_lookup(struct store *s, struct store_owner *o, uint32_t ns_id,
+                  const struct kvc_wire_key *keys, uint32_t n, uint64_t now, uint64_t *lease_id,
+                  struct kvc_wire_loc *locs);
+int engine_lookup_flags(struct store *s, struct store_owner *o, uint32_t ns_id,
+                        const struct kvc_wire_key *keys, uint32_t n, uint32_t flags,
+                        uint64_t now, uint64_t *lease_id, struct kvc_wire_loc *locs);
+
+/* Works the arenas down under pressure and ahead of it (after commits, on every tick and
+ * disk completion): the GPU pool to its host arenas, quantize-in-place, the disk tier's
+ * write-back and demotion, or eviction in policy order. Returns blocks acted on. */
+int engine_trim(struct store *s, uint64_t now);
+
+/* A victim in one arena's lists: with a disk tier a memory arena gives a clean block first
+ * (only its memory goes), then only a leaf the disk would not take; otherwise an unpinned
+ * leaf in policy order. INDEX_NONE when nothing can go now. */
+uint32_t engine_victim(struct store *s, uint32_t arena, int cls, uint64_t now);
+/* Frees the room of a victim: a clean block in memory gives up its memory and stays cached
+ * on disk; anything else is dropped (counted as evicted). Nothing for a block in motion. */
+void engine_evict(struct store *s, uint32_t idx);
+/* A slot of ns's block size in its arena, evicting victims. 0, -ENOSPC (nothing can go:
+ * with a disk tier, dirty blocks wait for their write), -errno. */
+int engine_alloc(struct store *s, struct store_ns *ns, uint64_t now, struct tier_loc *loc);
+
+/* Evicts unpinned idle leaves, coldest first: of namespace ns_id (0: every one) in arena
+ * `arena` (UINT32_MAX: every one, the disk included), until that namespace holds at most
+ * keep_bytes (ignored for ns_id 0) or nothing more can go. Counted as flushed (an
+ * operator's) or as quota evictions. Blocks in motion are skipped. Returns the number. */
+int engine_evict_where(struct store *s, uint32_t ns_id, uint32_t arena, uint64_t keep_bytes,
+                       bool flush, uint64_t now);
+
+/* The policy engine for arena a, when namespaces there rank with a policy other than LRU:
+ * policy_decide's actions (quantize, offload, drop) on a sample. Returns blocks acted on. */
+int engine_policy_trim(struct store *s, uint32_t a, uint64_t now);
+
+#endif
