@@ -222,7 +222,7 @@ SUBST = sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' \
 	-e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' \
 	-e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' -e 's|@VERSION@|$(KVC_VERSION)|g' \
 	-e 's|@LIBS_PRIVATE@|$(strip $(CUDA_LIBS))|g'
-MAN8 := docs/man/kvcd.8 docs/man/kvcctl.8
+MAN8 := docs/man/kvcd.8 docs/man/kvcctl.8 docs/man/kvcreplay.8
 MAN5 := docs/man/kvcd.ini.5
 MAN3 := docs/man/libkvc.3
 

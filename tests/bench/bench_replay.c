@@ -164,7 +164,7 @@ out:
 
 struct replay_out {
     uint64_t requests, looked_up, hits, inf_hits, distinct, wrong, errors, failed, disk_writes;
-    uint64_t hits_host_tokens, hits_disk_tokens, refused, busy;
+    uint64_t hits_host_tokens, hits_disk_tokens, refused, busy, dropped, evicted;
     bool have_disk_writes, have_sim;
     double sim_ratio, wall_s;
 };
@@ -236,6 +236,8 @@ static int replay_run(const char *name, const struct daemon *d, int procs, struc
         }
     wrong_total += o->wrong;
     o->have_disk_writes = daemon_json_u64(out, "disk_writes", &o->disk_writes) == 0;
+    daemon_json_u64(out, "demote_dropped", &o->dropped);
+    daemon_json_u64(out, "evicted_blocks", &o->evicted);
     o->sim_ratio = json_double(out, "\"kvcsim\": {", "block_hit_ratio", &o->have_sim);
     o->wall_s = json_double(out, NULL, "wall_s", &have);
     if (rc != 0 || o->wrong || o->errors || o->failed || o->requests == 0) {
@@ -248,12 +250,13 @@ static int replay_run(const char *name, const struct daemon *d, int procs, struc
     }
     printf("  %-16s %" PRIu64 " requests, %d process%s: hit %.4f (host %" PRIu64 ", disk %" PRIu64
            " blocks), infinite %.4f, kvcsim %s%.4f, puts refused %" PRIu64 ", busy %" PRIu64
+           ", disk writes %" PRIu64 ", evicted %" PRIu64 ", dropped unwritten %" PRIu64
            ", wall %.1f s\n",
            name, o->requests, procs, procs == 1 ? "" : "es",
            (double)o->hits / (double)o->looked_up, o->hits_host_tokens / 512,
            o->hits_disk_tokens / 512, (double)o->inf_hits / (double)o->looked_up,
            o->have_sim ? "" : "n/a ", o->have_sim ? o->sim_ratio : 0.0, o->refused, o->busy,
-           o->wall_s);
+           o->disk_writes, o->evicted, o->dropped, o->wall_s);
     fflush(stdout);
     return 0;
 }
