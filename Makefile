@@ -55,7 +55,7 @@ endif
 LIBKVCD_SRCS := $(filter-out daemon/main.c,$(wildcard daemon/*.c)) \
 	$(wildcard tiers/*.c) $(wildcard policies/*.c) $(wildcard kernels/*.c)
 CU_SRCS := $(if $(filter 1,$(CUDA)),$(wildcard kernels/*.cu) $(wildcard tiers/*.cu))
-LIBKVC_SRCS := $(filter-out client/kvcctl.c client/kvcreplay.c,$(wildcard client/*.c))
+LIBKVC_SRCS := $(filter-out client/kvcctl.c client/kvcreplay%.c,$(wildcard client/*.c))
 CHECK_SRCS := $(wildcard tests/check_*.c) $(wildcard tests/e2e/check_*.c)
 BENCH_SRCS := $(wildcard tests/bench/bench_*.c)
 TESTLIB_SRCS := $(wildcard tests/lib/*.c)
@@ -113,7 +113,7 @@ $(B)/bin/kvcctl: $(B)/obj/client/kvcctl.o $(B)/lib/libkvc.a
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) $(CUDA_LIBS) -pthread -lm
 
-$(B)/bin/kvcreplay: $(B)/obj/client/kvcreplay.o $(B)/lib/libkvc.a
+$(B)/bin/kvcreplay: $(B)/obj/client/kvcreplay.o $(B)/obj/client/kvcreplay_trace.o $(B)/lib/libkvc.a
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) $(CUDA_LIBS) -pthread -lm
 
