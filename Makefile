@@ -55,7 +55,7 @@ endif
 LIBKVCD_SRCS := $(filter-out daemon/main.c,$(wildcard daemon/*.c)) \
 	$(wildcard tiers/*.c) $(wildcard policies/*.c) $(wildcard kernels/*.c)
 CU_SRCS := $(if $(filter 1,$(CUDA)),$(wildcard kernels/*.cu) $(wildcard tiers/*.cu))
-LIBKVC_SRCS := $(filter-out client/kvcctl.c,$(wildcard client/*.c))
+LIBKVC_SRCS := $(filter-out client/kvcctl.c client/kvcreplay%.c,$(wildcard client/*.c))
 CHECK_SRCS := $(wildcard tests/check_*.c) $(wildcard tests/e2e/check_*.c)
 BENCH_SRCS := $(wildcard tests/bench/bench_*.c)
 TESTLIB_SRCS := $(wildcard tests/lib/*.c)
@@ -75,7 +75,8 @@ TESTLIB_OBJS := $(call obj,$(TESTLIB_SRCS))
 CHECK_BINS := $(patsubst %.c,$(B)/tests/%,$(notdir $(CHECK_SRCS)))
 BENCH_BINS := $(patsubst tests/bench/%.c,$(B)/bench/%,$(BENCH_SRCS))
 
-BINS := $(B)/bin/kvcd $(B)/bin/kvcctl $(B)/bin/kvc-demo
+# kvcsim is built with the tools: kvcreplay runs the one next to it for its prediction.
+BINS := $(B)/bin/kvcd $(B)/bin/kvcctl $(B)/bin/kvcreplay $(B)/bin/kvcsim $(B)/bin/kvc-demo
 LIBS := $(B)/lib/libkvcd.a $(B)/lib/libkvc.a $(B)/lib/libkvc.so
 
 .PHONY: all check check-run check-gpu deps demo bench clean tests config-ini fuzz
@@ -109,6 +110,10 @@ $(B)/bin/kvcd: $(B)/obj/daemon/main.o $(B)/lib/libkvcd.a $(B)/lib/libkvc.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) $(CUDA_LIBS) -pthread -lm
 
 $(B)/bin/kvcctl: $(B)/obj/client/kvcctl.o $(B)/lib/libkvc.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) $(CUDA_LIBS) -pthread -lm
+
+$(B)/bin/kvcreplay: $(B)/obj/client/kvcreplay.o $(B)/obj/client/kvcreplay_trace.o $(B)/lib/libkvc.a
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) $(CUDA_LIBS) -pthread -lm
 
@@ -217,7 +222,7 @@ SUBST = sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' \
 	-e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' \
 	-e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' -e 's|@VERSION@|$(KVC_VERSION)|g' \
 	-e 's|@LIBS_PRIVATE@|$(strip $(CUDA_LIBS))|g'
-MAN8 := docs/man/kvcd.8 docs/man/kvcctl.8
+MAN8 := docs/man/kvcd.8 docs/man/kvcctl.8 docs/man/kvcreplay.8
 MAN5 := docs/man/kvcd.ini.5
 MAN3 := docs/man/libkvc.3
 
@@ -227,7 +232,7 @@ install: all
 		$(DESTDIR)$(MANDIR)/man3 $(DESTDIR)$(MANDIR)/man5 $(DESTDIR)$(MANDIR)/man8 \
 		$(DESTDIR)$(SYSCONFDIR)/kvcd $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSUSERSDIR) \
 		$(DESTDIR)$(TMPFILESDIR)
-	$(INSTALL) -m 0755 $(B)/bin/kvcd $(B)/bin/kvcctl $(DESTDIR)$(BINDIR)/
+	$(INSTALL) -m 0755 $(B)/bin/kvcd $(B)/bin/kvcctl $(B)/bin/kvcreplay $(DESTDIR)$(BINDIR)/
 	$(INSTALL) -m 0755 $(B)/lib/libkvc.so.1 $(DESTDIR)$(LIBDIR)/libkvc.so.1
 	ln -sf libkvc.so.1 $(DESTDIR)$(LIBDIR)/libkvc.so
 	$(INSTALL) -m 0644 $(B)/lib/libkvc.a $(DESTDIR)$(LIBDIR)/libkvc.a
@@ -245,7 +250,7 @@ install: all
 
 # The configuration file stays: it may hold the operator's edits.
 uninstall:
-	rm -f $(DESTDIR)$(BINDIR)/kvcd $(DESTDIR)$(BINDIR)/kvcctl \
+	rm -f $(DESTDIR)$(BINDIR)/kvcd $(DESTDIR)$(BINDIR)/kvcctl $(DESTDIR)$(BINDIR)/kvcreplay \
 		$(DESTDIR)$(LIBDIR)/libkvc.so.1 $(DESTDIR)$(LIBDIR)/libkvc.so $(DESTDIR)$(LIBDIR)/libkvc.a \
 		$(DESTDIR)$(LIBDIR)/pkgconfig/libkvc.pc $(DESTDIR)$(INCLUDEDIR)/kvc.h \
 		$(DESTDIR)$(UNITDIR)/kvcd.service $(DESTDIR)$(UNITDIR)/kvcd.socket \

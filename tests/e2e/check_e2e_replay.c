@@ -1,0 +1,264 @@
+/*
+ * check_e2e_replay.c — kvcreplay against the real kvcd on a trace the suite writes itself.
+ *
+ * The trace (TRACE_REQUESTS requests) has shared prefixes of three kinds: a few system
+ * prompts every request starts from, conversations that come back with their whole earlier
+ * prompt plus new turns, and blocks of their own. The suite counts the trace's blocks and
+ * infinite-cache hits itself, independently of kvcreplay. The host tier holds every distinct
+ * block, so one process must hit exactly what an infinite cache hits; three processes at most
+ * that (each distinct block is put by a request that missed it) and close to it (only
+ * requests running at the same time can miss each other's blocks). Every run must have zero
+ * wrong bytes; a run that checks the hits against another fill seed must find them wrong and
+ * exit 1, so the byte check is known to fail when it should. A malformed line stops the run
+ * with its line number before anything reaches the daemon.
+ */
+#include <check.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/lib/daemon.h"
+
+#define TRACE_REQUESTS 300
+#define TRACE_SYSTEMS 6     /* system prompts */
+#define TRACE_SYSTEM_LEN 3  /* blocks each */
+#define TRACE_MAX_BLOCKS 24 /* per request */
+#define TRACE_GAP 8         /* a conversation returns at least this many requests later */
+#define REPLAY_OUT 16384
+#define KVCREPLAY KVC_BUILD_BIN "/kvcreplay"
+
+struct trace_req {
+    uint64_t ids[TRACE_MAX_BLOCKS];
+    int n;
+};
+
+struct trace_info {
+    char path[DAEMON_PATH_MAX];
+    uint64_t blocks, distinct, inf_hits;
+};
+
+static struct daemon rep_d;
+static struct trace_info rep_trace;
+
+static uint64_t trace_rand(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+/* Writes the trace into the daemon's directory and counts it: in this format an id names a
+ * whole prefix, so a block hits an infinite cache iff its id came before. */
+static void trace_write(const struct daemon *d, struct trace_info *ti)
+{
+    static struct trace_req req[TRACE_REQUESTS];
+    static uint64_t seen[TRACE_REQUESTS * TRACE_MAX_BLOCKS];
+    uint64_t s = 0x2545f4914f6cdd1dull, next_id = 1000;
+    size_t nseen = 0;
+    FILE *f;
+    memset(ti, 0, sizeof(*ti));
+    snprintf(ti->path, sizeof(ti->path), "%.150s/trace.jsonl", d->dir);
+    f = fopen(ti->path, "w");
+    ck_assert_ptr_nonnull(f);
+    for (int i = 0; i < TRACE_REQUESTS; i++) {
+        struct trace_req *r = &req[i];
+        uint64_t kind = trace_rand(&s) % 10;
+        int own;
+        if (kind < 4 && i >= TRACE_GAP) { /* a conversation comes back with a new turn */
+            const struct trace_req *prev = &req[trace_rand(&s) % (uint64_t)(i - TRACE_GAP + 1)];
+            *r = *prev;
+        } else { /* a system prompt, then the request's own blocks */
+            uint64_t sys = trace_rand(&s) % TRACE_SYSTEMS;
+            r->n = 0;
+            for (int b = 0; b < TRACE_SYSTEM_LEN; b++)
+                r->ids[r->n++] = sys * TRACE_SYSTEM_LEN + (uint64_t)b;
+        }
+        own = 1 + (int)(trace_rand(&s) % 4);
+        for (int b = 0; b < own && r->n < TRACE_MAX_BLOCKS; b++)
+            r->ids[r->n++] = next_id++;
+        fprintf(f, "{\"timestamp\": %d, \"input_length\": %d, \"output_length\": 10, "
+                   "\"hash_ids\": [",
+                i * 100, r->n * 512 - (int)(trace_rand(&s) % 500));
+        for (int b = 0; b < r->n; b++) {
+            bool hit = false;
+            for (size_t k = 0; k < nseen && !hit; k++)
+                hit = seen[k] == r->ids[b];
+            if (!hit)
+                seen[nseen++] = r->ids[b];
+            ti->inf_hits += hit;
+            fprintf(f, "%s%llu", b ? ", " : "", (unsigned long long)r->ids[b]);
+        }
+        fputs("]}\n", f);
+        ti->blocks += (uint64_t)r->n;
+    }
+    ti->distinct = nseen;
+    ck_assert_int_eq(fclose(f), 0);
+}
+
+static void rep_setup(void)
+{
+    static const char *const args[] = {"-o", "host.size=64m", "-o", "host.page_size=256k",
+                                       "-o", "host.hugepages=off", "-o", "host.prefault=no",
+                                       NULL};
+    memset(&rep_d, 0, sizeof(rep_d));
+    ck_assert_int_eq(daemon_start(&rep_d, args), 0);
+    trace_write(&rep_d, &rep_trace);
+    /* 64 MiB hold 4096 blocks of 16 KiB; eviction starts at 95 % of it. */
+    ck_assert_uint_lt(rep_trace.distinct, 3500);
+}
+
+static void rep_teardown(void)
+{
+    ck_assert_int_eq(daemon_stop(&rep_d), 0);
+    daemon_cleanup(&rep_d);
+}
+
+/* Runs kvcreplay -s SOCK --json ARGS... TRACE; its exit status, its output on stderr when that
+ * is not `expect`. */
+static int rep_run(char *out, char *err, const char *trace, int expect, const char *a1,
+                   const char *a2, const char *a3)
+{
+    const char *argv[16];
+    int n = 0, rc;
+    argv[n++] = KVCREPLAY;
+    argv[n++] = "-s";
+    argv[n++] = rep_d.sock;
+    argv[n++] = "--json";
+    if (a1)
+        argv[n++] = a1;
+    if (a2)
+        argv[n++] = a2;
+    if (a3)
+        argv[n++] = a3;
+    argv[n++] = trace;
+    argv[n] = NULL;
+    rc = daemon_run(argv, out, REPLAY_OUT, err, REPLAY_OUT, 60000);
+    if (rc != expect)
+        fprintf(stderr, "kvcreplay exit %d\nstdout: %s\nstderr: %s\n", rc, out, err);
+    return rc;
+}
+
+static uint64_t rep_u64(const char *json, const char *key)
+{
+    uint64_t v = 0;
+    ck_assert_msg(daemon_json_u64(json, key, &v) == 0, "no \"%s\" in %s", key, json);
+    return v;
+}
+
+/* The number after `"key": ` inside the object that follows `"obj": `. */
+static double rep_double_in(const char *json, const char *obj, const char *key)
+{
+    char pat[64];
+    const char *p;
+    snprintf(pat, sizeof(pat), "\"%s\": {", obj);
+    p = strstr(json, pat);
+    ck_assert_msg(p != NULL, "no object \"%s\" in %s", obj, json);
+    snprintf(pat, sizeof(pat), "\"%s\": ", key);
+    p = strstr(p, pat);
+    ck_assert_msg(p != NULL, "no \"%s\" in \"%s\"", key, obj);
+    return strtod(p + strlen(pat), NULL);
+}
+
+/* What every run must show, and its figures against the suite's own count of the trace. */
+static void rep_check_common(const char *out)
+{
+    ck_assert_msg(daemon_json_valid(out), "not JSON: %s", out);
+    ck_assert_uint_eq(rep_u64(out, "requests"), TRACE_REQUESTS);
+    ck_assert_uint_eq(rep_u64(out, "blocks_looked_up"), rep_trace.blocks);
+    ck_assert_uint_eq(rep_u64(out, "distinct_blocks"), rep_trace.distinct);
+    ck_assert_uint_eq(rep_u64(out, "infinite_hits"), rep_trace.inf_hits);
+    ck_assert_uint_eq(rep_u64(out, "wrong_bytes"), 0);
+    ck_assert_uint_eq(rep_u64(out, "errors"), 0);
+    ck_assert_uint_eq(rep_u64(out, "puts_refused"), 0);
+    /* The daemon saw the hits the replay counted. */
+    ck_assert_uint_eq(rep_u64(out, "hit_blocks"), rep_u64(out, "blocks_hit"));
+    ck_assert_uint_eq(rep_u64(out, "bytes_loaded"), rep_u64(out, "blocks_hit") * 16384);
+}
+
+START_TEST(test_replay_one_process_hits_as_infinite_cache)
+{
+    static char out[REPLAY_OUT], err[REPLAY_OUT];
+    ck_assert_int_eq(rep_run(out, err, rep_trace.path, 0, "-p", "1", NULL), 0);
+    rep_check_common(out);
+    ck_assert_uint_gt(rep_trace.inf_hits, rep_trace.blocks / 4);
+    ck_assert_uint_eq(rep_u64(out, "blocks_hit"), rep_trace.inf_hits);
+    ck_assert_uint_eq(rep_u64(out, "blocks_put"), rep_trace.distinct);
+    /* kvcsim, with the same capacity (the whole trace fits), predicts the same. */
+    ck_assert_double_eq_tol(rep_double_in(out, "kvcsim", "block_hit_ratio"),
+                            (double)rep_trace.inf_hits / (double)rep_trace.blocks, 1e-3);
+}
+END_TEST
+
+START_TEST(test_replay_three_processes_hit_close_to_infinite_cache)
+{
+    static char out[REPLAY_OUT], err[REPLAY_OUT];
+    uint64_t hits;
+    ck_assert_int_eq(rep_run(out, err, rep_trace.path, 0, "-p", "3", NULL), 0);
+    rep_check_common(out);
+    hits = rep_u64(out, "blocks_hit");
+    ck_assert_uint_le(hits, rep_trace.inf_hits);
+    ck_assert_msg(hits * 10 >= rep_trace.inf_hits * 9, "%llu hits of an infinite cache's %llu",
+                  (unsigned long long)hits, (unsigned long long)rep_trace.inf_hits);
+    /* Nothing is put twice: a block another process was writing is left to it. */
+    ck_assert_uint_le(rep_u64(out, "blocks_put"), rep_trace.distinct);
+}
+END_TEST
+
+START_TEST(test_replay_wrong_fill_seed_is_detected)
+{
+    static char out[REPLAY_OUT], err[REPLAY_OUT];
+    ck_assert_int_eq(rep_run(out, err, rep_trace.path, 0, "-p", "1", "--no-sim"), 0);
+    /* The same trace again, hits checked against another seed: every hit is wrong. */
+    ck_assert_int_eq(rep_run(out, err, rep_trace.path, 1, "-p", "2", "--verify-seed=1"), 1);
+    ck_assert_msg(daemon_json_valid(out), "not JSON: %s", out);
+    ck_assert_uint_gt(rep_u64(out, "blocks_hit"), 0);
+    ck_assert_uint_eq(rep_u64(out, "wrong_blocks"), rep_u64(out, "blocks_hit"));
+    ck_assert_uint_gt(rep_u64(out, "wrong_bytes"), rep_u64(out, "blocks_hit") * 16000);
+    ck_assert_uint_eq(rep_u64(out, "errors"), 0);
+    ck_assert_ptr_nonnull(strstr(err, "wrong bytes"));
+}
+END_TEST
+
+START_TEST(test_replay_malformed_line_stops_before_the_daemon)
+{
+    static char out[REPLAY_OUT], err[REPLAY_OUT];
+    char path[DAEMON_PATH_MAX];
+    uint64_t committed = 1;
+    ck_assert_int_eq(daemon_file_write(&rep_d, "bad.jsonl",
+                                       "{\"timestamp\": 0, \"hash_ids\": [1, 2]}\n"
+                                       "\n"
+                                       "{\"timestamp\": 1, \"hash_ids\": [1, 2, 3]}\n"
+                                       "{\"timestamp\": 2, \"hash_ids\": [1, 2, -3]}\n",
+                                       path),
+                     0);
+    ck_assert_int_eq(rep_run(out, err, path, 2, NULL, NULL, NULL), 2);
+    ck_assert_msg(strstr(err, "bad.jsonl:4: hash_ids") != NULL, "stderr: %s", err);
+    ck_assert_int_eq(daemon_stat(&rep_d, "committed_blocks", &committed), 0);
+    ck_assert_uint_eq(committed, 0);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("e2e_replay");
+    TCase *tc = tcase_create("replay");
+    SRunner *sr;
+    int failed;
+    tcase_add_checked_fixture(tc, rep_setup, rep_teardown);
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_replay_one_process_hits_as_infinite_cache);
+    tcase_add_test(tc, test_replay_three_processes_hit_close_to_infinite_cache);
+    tcase_add_test(tc, test_replay_wrong_fill_seed_is_detected);
+    tcase_add_test(tc, test_replay_malformed_line_stops_before_the_daemon);
+    suite_add_tcase(s, tc);
+    if (daemon_suite_init("e2e-replay"))
+        return 1;
+    sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    daemon_suite_fini();
+    return failed ? 1 : 0;
+}
