@@ -86,6 +86,9 @@
       "be hashing or waiting for a slot.")                                                         \
     X(disk, write_rate, SIZE, "1g", 0, 1ull << 40, 0, NULL,                                        \
       "Bytes per second written to disk at most (spares the drive); 0: unbounded.")                \
+    X(disk, put_wait, DURATION, "2s", 0, 60000, 1, NULL,                                           \
+      "How long a put that finds memory full of blocks still being written to disk waits for "     \
+      "room before it is refused (NOSPACE); 0: refused at once.")                                  \
     X(disk, admit_hits, INT, "0", 0, 1000000, 1, NULL,                                             \
       "Hits a block needs before leaving memory for disk instead of being dropped "                \
       "(docs/disk.md).")                                                                           \

@@ -171,6 +171,26 @@ int engine_alloc(struct store *s, struct store_ns *ns, uint64_t now, struct tier
     }
 }
 
+/* With a disk tier, the share of an arena that puts may not fill with dirty (or pinned)
+ * blocks: room kept free or clean for the reads of lookups, which cannot wait for a write
+ * (a lookup names its slots at once). A put beyond it waits for write-back (disk.put_wait). */
+#define ENGINE_READ_RESERVE_DIV 8
+
+/* Room for a put: as engine_alloc, but with a disk tier only while dirty memory stays out of
+ * the read reserve. -ENOSPC when it would not. */
+static int engine_alloc_put(struct store *s, struct store_ns *ns, uint64_t now,
+                            struct tier_loc *loc)
+{
+    const struct store_arena *a = &s->arenas[ns->arena];
+    if (s->disk) {
+        uint64_t cap = a->tier->ops->capacity(a->tier), used = a->tier->ops->usage(a->tier);
+        uint64_t dirty = used > a->clean_bytes ? used - a->clean_bytes : 0;
+        if (dirty + ns->block_bytes > cap - cap / ENGINE_READ_RESERVE_DIV)
+            return -ENOSPC;
+    }
+    return engine_alloc(s, ns, now, loc);
+}
+
 /* ---- gpu tier moves ------------------------------------------------------------------- */
 
 /* A slot in the GPU pool if it stays at or below the high watermark; the pool never evicts
@@ -594,7 +614,7 @@ static int engine_room(struct store *s, struct store_ns *ns, bool gpu, uint64_t 
 {
     if (gpu && engine_gpu_alloc(s, ns->block_bytes, loc) == 0)
         return 0;
-    return engine_alloc(s, ns, now, loc);
+    return engine_alloc_put(s, ns, now, loc);
 }
 
 void engine_attach(struct store *s)

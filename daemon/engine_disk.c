@@ -54,6 +54,10 @@ struct engine_disk {
      * disk wrote per second, both smoothed. */
     uint64_t rate_ms, rate_in, rate_written;
     double put_bps, write_bps;
+    /* Promotions whose read waits for a slot in the disk's read queue (a lookup hands out
+     * every hit at once; WAIT answers when all are read), oldest first. */
+    struct engine_disk_move *rq_head, *rq_tail;
+    uint64_t reads_queued;
 };
 
 static void engine_disk_compact(struct store *s);
@@ -77,6 +81,7 @@ struct engine_disk_move {
     struct kvc_wire_key key; /* COMPACT: the block, to know it is still the same one */
     uint16_t ns;
     void *buf;               /* COMPACT: the record's bytes between read and write */
+    struct engine_disk_move *next; /* PROMOTE: in the read queue */
     uint64_t now;            /* WRITE: when it started (to pick disk victims) */
 };
 
@@ -496,7 +501,24 @@ int engine_disk_trim(struct store *s, uint64_t now)
     return acted;
 }
 
-/* For the policy engine (store_policy.c): a block chosen to go to disk. */
+bool engine_disk_room_coming(struct store *s, uint32_t arena)
+{
+    const struct engine_disk *ed = s->disk;
+    uint32_t k = 0;
+    if (!ed || ed->down || arena >= STORE_MAX_ARENAS)
+        return false;
+    if (ed->writing[arena])
+        return true;
+    /* Nothing in flight: a dirty block the disk would take makes room once written. */
+    for (uint32_t i = s->arenas[arena].lru_tail; i != INDEX_NONE && k < 256;
+         i = s->ix.blocks[i].lru_prev, k++)
+        if (s->ix.blocks[i].tier == KVC_WIRE_TIER_HOST &&
+            !(s->ix.blocks[i].flags & (BLOCK_F_BUSY | BLOCK_F_LOST)) && engine_disk_takes(s, i))
+            return true;
+    return false;
+}
+
+/* For the policy engine (engine_policy_trim): a block chosen to go to disk. */
 int engine_disk_offload(struct store *s, uint32_t idx, uint64_t now)
 {
     const struct block *b = &s->ix.blocks[idx];
@@ -800,6 +822,16 @@ static int engine_disk_promote(struct store *s, uint32_t idx, uint64_t now)
     store_record_loc(b, &mv->disk);
     rc = tier_disk_get(ed->disk, &mv->disk, &m, (uint8_t *)tier_host_base(host) + mv->host.off,
                        mv->host.len, engine_disk_promote_done, mv);
+    if (rc == -EAGAIN) {
+        /* The read queue is full: this read starts when one ends (engine_disk_read_pump). */
+        if (ed->rq_tail)
+            ed->rq_tail->next = mv;
+        else
+            ed->rq_head = mv;
+        ed->rq_tail = mv;
+        ed->reads_queued++;
+        rc = 0;
+    }
     if (rc) {
         host->ops->free(host, &mv->host);
         free(mv);
@@ -818,6 +850,30 @@ static int engine_disk_promote(struct store *s, uint32_t idx, uint64_t now)
     store_lru_push_head(s, idx);
     ed->moves++;
     return 0;
+}
+
+/* Starts the queued promotions the read queue has room for now. */
+static void engine_disk_read_pump(struct store *s)
+{
+    struct engine_disk *ed = s->disk;
+    while (ed->rq_head) {
+        struct engine_disk_move *mv = ed->rq_head;
+        const struct block *b = &s->ix.blocks[mv->idx];
+        struct tier *host = s->arenas[b->arena].tier;
+        struct tier_disk_meta m;
+        int rc;
+        engine_disk_meta(s, b, &m);
+        rc = tier_disk_get(ed->disk, &mv->disk, &m, (uint8_t *)tier_host_base(host) + mv->host.off,
+                           mv->host.len, engine_disk_promote_done, mv);
+        if (rc == -EAGAIN)
+            break;
+        ed->rq_head = mv->next;
+        if (!ed->rq_head)
+            ed->rq_tail = NULL;
+        mv->next = NULL;
+        if (rc)
+            engine_disk_promote_done(mv, rc); /* the block is lost like on a failed read */
+    }
 }
 
 uint32_t engine_disk_lookup_prepare(struct store *s, uint16_t ns, const struct kvc_wire_key *keys,
@@ -1050,6 +1106,10 @@ void engine_disk_free(struct store *s)
     struct engine_disk *ed = s->disk;
     if (!ed)
         return;
+    do {
+        tier_disk_drain(ed->disk);
+        engine_disk_read_pump(s);
+    } while (ed->rq_head);
     tier_disk_drain(ed->disk);
     tier_destroy(ed->disk);
     s->arenas[STORE_ARENA_DISK].tier = NULL;
@@ -1089,6 +1149,8 @@ void engine_disk_poll(struct store *s, uint64_t now)
     if (!s->disk)
         return;
     tier_disk_poll(s->disk->disk);
+    /* Completed reads free read slots: the queued promotions go on. */
+    engine_disk_read_pump(s);
     /* Completed writes free queue slots and memory: the next write-backs may start. */
     engine_disk_trim(s, now);
 }
@@ -1128,6 +1190,7 @@ void engine_disk_stats(const struct store *s, void (*put)(void *arg, const char 
     put(arg, "disk_put_rate", (uint64_t)ed->put_bps);
     put(arg, "disk_write_rate", (uint64_t)ed->write_bps);
     put(arg, "disk_records_forgotten", ed->records_forgotten);
+    put(arg, "disk_reads_queued", ed->reads_queued);
     put(arg, "disk_capacity", st.capacity);
     put(arg, "disk_used", st.used);
     put(arg, "disk_pages", st.pages);

@@ -101,6 +101,9 @@ int engine_disk_trim(struct store *s, uint64_t now);
 /* For the memory half (engine.c): whether the disk would take block idx (admitted and the
  * disk up); a clean idle block in memory gives its memory back (stays on disk). */
 bool engine_disk_takes(const struct store *s, uint32_t idx);
+/* Whether memory of host arena `arena` will come free without dropping anything: writes
+ * of its blocks are in flight, or dirty blocks the disk would take are there to write. */
+bool engine_disk_room_coming(struct store *s, uint32_t arena);
 void engine_disk_memory_drop(struct store *s, uint32_t idx);
 
 /* For the policy engine (store_policy.c): starts the write of one host block to disk (0,

@@ -277,6 +277,7 @@ static void kvcd_on_disk(struct loop *l, int fd, uint32_t events, void *arg)
     (void)fd;
     (void)events;
     engine_disk_poll(d->store, loop_now_ms(l));
+    server_retry(d->server, loop_now_ms(l)); /* puts that wait for room */
 }
 
 /* A namespace's disk_compress from its [namespace.PATTERN] section, or -1. */

@@ -67,9 +67,25 @@ struct server_wait {
     struct server_wait *next;
 };
 
+/* A RESERVE that found no room while the disk tier was still writing dirty blocks out (a
+ * put must not drop what the disk can take, nor fail while room is coming): it runs again
+ * when writes complete, until it gets room or disk.put_wait runs out (then NOSPACE). The
+ * connection's later requests wait behind it. */
+struct server_pending {
+    struct conn *c;
+    uint64_t deadline_ms;
+    size_t len;
+    struct server_pending *next;
+    uint64_t msg[]; /* the request as received */
+};
+
 struct server {
     struct loop *loop;
     struct server_wait *waits;
+    struct server_pending *pending;
+    struct server_pending *pending_run; /* taken off `pending` by server_retry() */
+    struct server_pending *retrying;    /* the one running again now, or NULL */
+    bool retry_again;                   /* it deferred again: back on `pending` */
     struct store *store;
     int fd;
     char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
@@ -113,6 +129,18 @@ static void server_conn_close(struct server *sv, struct conn *c, const char *why
         log_debug("server: client %u (pid %d) disconnected", c->id, (int)c->cred.pid);
     loop_del(sv->loop, c->fd);
     close(c->fd);
+    for (int l = 0; l < 2; l++)
+        for (struct server_pending **w = l ? &sv->pending_run : &sv->pending; *w;) {
+            struct server_pending *x = *w;
+            if (x->c == c) {
+                *w = x->next;
+                free(x);
+            } else {
+                w = &x->next;
+            }
+        }
+    if (sv->retrying && sv->retrying->c == c)
+        sv->retrying->c = NULL; /* server_retry frees it */
     for (struct server_wait **w = &sv->waits; *w;) {
         struct server_wait *x = *w;
         if (x->c == c) {
@@ -429,6 +457,8 @@ static void server_on_ready(void *arg)
 
 void server_tick(struct server *sv)
 {
+    if (sv && sv->pending)
+        server_retry(sv, loop_now_ms(sv->loop)); /* answers the ones whose time ran out */
     if (sv && sv->waits)
         server_waits_check(sv, loop_now_ms(sv->loop));
 }
@@ -457,8 +487,27 @@ static int server_on_release(struct server *sv, struct conn *c, const struct pro
     return sizeof(*p);
 }
 
+/* Whether a RESERVE cut short should wait: a key found no room (before any other reason),
+ * the disk tier is writing (or can write) blocks of that arena out, and disk.put_wait has
+ * not run out for it. */
+static bool server_reserve_may_wait(struct server *sv, const struct conn *c, uint32_t ns_id,
+                                    uint32_t want, uint64_t now)
+{
+    const struct store_ns *ns = store_ns_get(sv->store, ns_id);
+    uint32_t i = 0;
+    if (!ns || !sv->cfg || !sv->cfg->disk_put_wait)
+        return false;
+    while (i < want && (sv->st[i] == KVC_WIRE_SLOT_PRESENT || sv->st[i] == KVC_WIRE_SLOT_RESERVED))
+        i++;
+    if (i == want || sv->st[i] != KVC_WIRE_SLOT_NOSPACE)
+        return false;
+    if (sv->retrying && sv->retrying->c == c && now >= sv->retrying->deadline_ms)
+        return false; /* waited long enough */
+    return engine_disk_room_coming(sv->store, ns->arena);
+}
+
 static int server_on_reserve(struct server *sv, struct conn *c, const struct proto_req *r,
-                             uint64_t now)
+                             uint64_t now, bool may_wait)
 {
     const struct kvc_reserve_req *q = r->body;
     struct kvc_reserve_rep *p = (struct kvc_reserve_rep *)((struct kvc_msg_hdr *)sv->tx + 1);
@@ -479,6 +528,15 @@ static int server_on_reserve(struct server *sv, struct conn *c, const struct pro
                           &resv, sv->st, sv->locs);
     if (n < 0)
         return n;
+    if (may_wait && server_reserve_may_wait(sv, c, q->ns_id, want, now)) {
+        /* Slots it got are given back: the whole chain waits, runs again, and gets them in
+         * one piece (a chain cut at NOSPACE loses its tail for good). */
+        if (resv)
+            store_abort(sv->store, &c->owner, resv);
+        return SERVER_DEFERRED;
+    }
+    if (sv->retrying && sv->retrying->c == c && (uint32_t)n < want)
+        sv->store->total.put_wait_timeouts++;
     for (uint32_t i = want; i < r->ntail; i++)
         sv->st[i] = KVC_WIRE_SLOT_NOSPACE; /* cut by a quota */
     *p = (struct kvc_reserve_rep){.resv_id = resv, .nkeys = r->ntail, .nreserved = (uint32_t)n};
@@ -710,6 +768,61 @@ static void server_stats_delta(struct stats *st, const struct stats *before,
 #undef SERVER_STAT_DELTA
 }
 
+static void server_pending_push(struct server *sv, struct server_pending *p)
+{
+    struct server_pending **w = &sv->pending;
+    while (*w)
+        w = &(*w)->next;
+    p->next = NULL;
+    *w = p;
+}
+
+/* Keeps the RESERVE in sv->rx (n bytes) of c to run again when the disk made room. */
+static int server_pending_add(struct server *sv, struct conn *c, size_t n, uint64_t now)
+{
+    struct server_pending *p;
+    if (sv->retrying && sv->retrying->c == c) {
+        sv->retry_again = true; /* waits on, with its first deadline */
+        return 0;
+    }
+    p = malloc(sizeof(*p) + n);
+    if (!p)
+        return -ENOMEM;
+    p->c = c;
+    p->deadline_ms = now + sv->cfg->disk_put_wait;
+    p->len = n;
+    memcpy(p->msg, sv->rx, n);
+    server_pending_push(sv, p);
+    sv->store->total.put_waits++;
+    return 0;
+}
+
+static bool server_handle(struct server *sv, struct conn *c, size_t n);
+
+void server_retry(struct server *sv, uint64_t now)
+{
+    (void)now;
+    if (!sv || !sv->pending)
+        return;
+    /* In arrival order; each runs once per call (a deferral goes back on the list). */
+    sv->pending_run = sv->pending;
+    sv->pending = NULL;
+    while (sv->pending_run) {
+        struct server_pending *p = sv->pending_run;
+        bool closed;
+        sv->pending_run = p->next;
+        sv->retrying = p;
+        sv->retry_again = false;
+        memcpy(sv->rx, p->msg, p->len);
+        closed = server_handle(sv, p->c, p->len);
+        sv->retrying = NULL;
+        if (!closed && p->c && sv->retry_again)
+            server_pending_push(sv, p);
+        else
+            free(p);
+    }
+}
+
 /* Handles one request; returns true if the connection was closed (c is gone). */
 static bool server_handle(struct server *sv, struct conn *c, size_t n)
 {
@@ -752,7 +865,13 @@ static bool server_handle(struct server *sv, struct conn *c, size_t n)
         case KVC_OP_RESERVE:
             c->owner.gpu = c->gpu_mapped &&
                            (((const struct kvc_reserve_req *)r.body)->flags & KVC_RESERVE_F_GPU);
-            rc = server_on_reserve(sv, c, &r, now);
+            rc = server_on_reserve(sv, c, &r, now, true);
+            if (rc == SERVER_DEFERRED && server_pending_add(sv, c, n, now) == 0) {
+                engine_trim(sv->store, now); /* the write-back that makes its room */
+                return false;
+            }
+            if (rc == SERVER_DEFERRED) /* no memory to wait with: answered now */
+                rc = server_on_reserve(sv, c, &r, now, false);
             break;
         case KVC_OP_COMMIT:
             rc = server_on_commit(sv, c, &r, now);

@@ -61,6 +61,9 @@ void server_ns_policies(struct server *sv);
 uint32_t server_clients(const struct server *sv);
 /* Answers WAITs whose time ran out; called from the loop's tick. NULL is a no-op. */
 void server_tick(struct server *sv);
+/* Runs again the RESERVEs that wait for the disk tier to make room (after disk completions;
+ * the tick answers the ones whose disk.put_wait ran out). */
+void server_retry(struct server *sv, uint64_t now);
 const char *server_path(const struct server *sv);
 
 void server_set_hooks(struct server *sv, const struct server_hooks *h);
