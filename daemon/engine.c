@@ -185,8 +185,13 @@ static int engine_alloc_put(struct store *s, struct store_ns *ns, uint64_t now,
     if (s->disk) {
         uint64_t cap = a->tier->ops->capacity(a->tier), used = a->tier->ops->usage(a->tier);
         uint64_t dirty = used > a->clean_bytes ? used - a->clean_bytes : 0;
-        if (dirty + ns->block_bytes > cap - cap / ENGINE_READ_RESERVE_DIV)
+        uint64_t limit = cap - cap / ENGINE_READ_RESERVE_DIV;
+        if (dirty + ns->block_bytes > limit) {
+            /* Write-back past its usual target: this put (and the ones behind it) wait. */
+            engine_disk_write_ahead(s, ns->arena, dirty + ns->block_bytes - limit +
+                                                      cap / ENGINE_READ_RESERVE_DIV, now);
             return -ENOSPC;
+        }
     }
     return engine_alloc(s, ns, now, loc);
 }
@@ -601,7 +606,8 @@ int engine_lookup_flags(struct store *s, struct store_owner *o, uint32_t ns_id,
     }
     /* Hits on disk start their reads into fresh slots (not ready until they complete). */
     if (hits && s->disk)
-        hits = engine_disk_lookup_prepare(s, (uint16_t)ns_id, keys, hits, flags, now);
+        hits = engine_disk_lookup_prepare(s, (uint16_t)ns_id, keys, hits, flags, now,
+                                          &o->lookup_short);
     return store_lease_pin(s, o, ns_id, keys, n, hits, tier, now, lease_id, locs);
 }
 

@@ -415,6 +415,12 @@ static int engine_disk_write_back(struct store *s, uint32_t a, uint64_t bytes, b
     return acted;
 }
 
+void engine_disk_write_ahead(struct store *s, uint32_t arena, uint64_t bytes, uint64_t now)
+{
+    if (s->disk && arena < s->narenas && bytes > s->disk->writing[arena])
+        engine_disk_write_back(s, arena, bytes - s->disk->writing[arena], false, now);
+}
+
 /* Smoothed put and disk write rates, from the totals. */
 static void engine_disk_rates(struct store *s, uint64_t now)
 {
@@ -514,7 +520,10 @@ bool engine_disk_room_coming(struct store *s, uint32_t arena)
          i = s->ix.blocks[i].lru_prev, k++)
         if (s->ix.blocks[i].tier == KVC_WIRE_TIER_HOST &&
             !(s->ix.blocks[i].flags & (BLOCK_F_BUSY | BLOCK_F_LOST)) && engine_disk_takes(s, i))
-            return true;
+            /* ... and the disk has room for it, or can make some. */
+            return tier_disk_can_alloc(ed->disk, s->ix.blocks[i].len) ||
+                   engine_victim(s, STORE_ARENA_DISK, -1, 0) != INDEX_NONE ||
+                   engine_disk_forgettable(s) != INDEX_NONE;
     return false;
 }
 
@@ -877,7 +886,8 @@ static void engine_disk_read_pump(struct store *s)
 }
 
 uint32_t engine_disk_lookup_prepare(struct store *s, uint16_t ns, const struct kvc_wire_key *keys,
-                                uint32_t hits, uint32_t flags, uint64_t now)
+                                    uint32_t hits, uint32_t flags, uint64_t now,
+                                    bool *short_of_room)
 {
     uint32_t usable = hits;
     /* Hold every hit while slots are found for the ones on disk, so making room cannot
@@ -890,8 +900,11 @@ uint32_t engine_disk_lookup_prepare(struct store *s, uint16_t ns, const struct k
         if (b->tier == KVC_WIRE_TIER_DISK && !(b->flags & BLOCK_F_BUSY)) {
             int rc = engine_disk_promote(s, idx, now);
             if (rc) {
-                log_limited(LOG_LEVEL_INFO, "disk: a read from disk cannot start (%s); the "
-                            "lookup stops at that block", strerror(-rc));
+                if (rc == -ENOSPC)
+                    *short_of_room = true;
+                else
+                    log_limited(LOG_LEVEL_WARNING, "disk: a read from disk cannot start (%s); "
+                                "the lookup stops at that block", strerror(-rc));
                 usable = i;
                 break;
             }

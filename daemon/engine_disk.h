@@ -87,11 +87,13 @@ void engine_disk_poll(struct store *s, uint64_t now);
  * loop calls it before every wait. */
 void engine_disk_flush(struct store *s);
 
-/* Called by store_lookup_flags with the run of committed hits: starts the reads of hits on
- * disk and returns how many hits to hand out (fewer when a read cannot start, or with
- * KVC_LOOKUP_F_READY_ONLY). */
+/* Called by engine_lookup_flags with the run of committed hits: starts the reads of hits on
+ * disk (queued behind the read queue when it is full) and returns how many hits to hand out
+ * (fewer when a read cannot start — *short_of_room set when memory had no room for it — or
+ * with KVC_LOOKUP_F_READY_ONLY). */
 uint32_t engine_disk_lookup_prepare(struct store *s, uint16_t ns, const struct kvc_wire_key *keys,
-                                uint32_t hits, uint32_t flags, uint64_t now);
+                                    uint32_t hits, uint32_t flags, uint64_t now,
+                                    bool *short_of_room);
 
 /* The engine under pressure and ahead of it (store_trim, after commits, every poll): clean
  * blocks leave memory and dirty ones are demoted above the high watermark; write-back keeps
@@ -104,6 +106,9 @@ bool engine_disk_takes(const struct store *s, uint32_t idx);
 /* Whether memory of host arena `arena` will come free without dropping anything: writes
  * of its blocks are in flight, or dirty blocks the disk would take are there to write. */
 bool engine_disk_room_coming(struct store *s, uint32_t arena);
+/* Starts writing dirty blocks of a host arena out (they stay, clean) until `bytes` are on
+ * their way, past the usual target: a put waits for that room. */
+void engine_disk_write_ahead(struct store *s, uint32_t arena, uint64_t bytes, uint64_t now);
 void engine_disk_memory_drop(struct store *s, uint32_t idx);
 
 /* For the policy engine (store_policy.c): starts the write of one host block to disk (0,

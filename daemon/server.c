@@ -68,9 +68,10 @@ struct server_wait {
 };
 
 /* A RESERVE that found no room while the disk tier was still writing dirty blocks out (a
- * put must not drop what the disk can take, nor fail while room is coming): it runs again
- * when writes complete, until it gets room or disk.put_wait runs out (then NOSPACE). The
- * connection's later requests wait behind it. */
+ * put must not drop what the disk can take, nor fail while room is coming), or a LOOKUP
+ * whose reads from disk found no slot for the same reason: it runs again when disk work
+ * completes, until it gets its room or disk.put_wait runs out (then it is answered with
+ * what there is: NOSPACE slots, fewer hits). */
 struct server_pending {
     struct conn *c;
     uint64_t deadline_ms;
@@ -321,8 +322,11 @@ static int server_ns_allowed(const struct server *sv, const struct conn *c, uint
     return (acl_access(sv->acl, &c->peer, ns_id) & need) == need ? 0 : -EACCES;
 }
 
+static bool server_may_wait(struct server *sv, const struct conn *c, uint32_t ns_id,
+                            uint64_t now);
+
 static int server_on_lookup(struct server *sv, struct conn *c, const struct proto_req *r,
-                            uint64_t now)
+                            uint64_t now, bool may_wait)
 {
     const struct kvc_lookup_req *q = r->body;
     struct kvc_lookup_rep *p = (struct kvc_lookup_rep *)((struct kvc_msg_hdr *)sv->tx + 1);
@@ -338,10 +342,19 @@ static int server_on_lookup(struct server *sv, struct conn *c, const struct prot
         if (n < r->ntail)
             sv->store->total.refused_quota++;
     }
+    c->owner.lookup_short = false;
     int hits = engine_lookup_flags(sv->store, &c->owner, q->ns_id, r->tail, n, q->flags, now,
                                   &lease, (struct kvc_wire_loc *)(p + 1));
     if (hits < 0)
         return hits;
+    /* Cut short because memory had no room for its reads from disk while blocks are being
+     * written out: it waits for that room like a put (the reads it started go on). */
+    if (c->owner.lookup_short && may_wait && !(q->flags & KVC_LOOKUP_F_READY_ONLY) &&
+        server_may_wait(sv, c, q->ns_id, now)) {
+        if (lease)
+            store_release(sv->store, &c->owner, lease);
+        return SERVER_DEFERRED;
+    }
     *p = (struct kvc_lookup_rep){.nhit = (uint32_t)hits, .lease_id = lease};
     return (int)(sizeof(*p) + (size_t)hits * sizeof(struct kvc_wire_loc));
 }
@@ -500,6 +513,17 @@ static bool server_reserve_may_wait(struct server *sv, const struct conn *c, uin
     while (i < want && (sv->st[i] == KVC_WIRE_SLOT_PRESENT || sv->st[i] == KVC_WIRE_SLOT_RESERVED))
         i++;
     if (i == want || sv->st[i] != KVC_WIRE_SLOT_NOSPACE)
+        return false;
+    return server_may_wait(sv, c, ns_id, now);
+}
+
+/* Whether a request of c that found no room in ns_id's arena may wait for it: disk.put_wait
+ * has not run out for it, and the disk tier is making room there. */
+static bool server_may_wait(struct server *sv, const struct conn *c, uint32_t ns_id,
+                            uint64_t now)
+{
+    const struct store_ns *ns = store_ns_get(sv->store, ns_id);
+    if (!ns || !sv->cfg || !sv->cfg->disk_put_wait)
         return false;
     if (sv->retrying && sv->retrying->c == c && now >= sv->retrying->deadline_ms)
         return false; /* waited long enough */
@@ -857,7 +881,13 @@ static bool server_handle(struct server *sv, struct conn *c, size_t n)
         case KVC_OP_LOOKUP:
             c->owner.gpu = c->gpu_mapped &&
                            (((const struct kvc_lookup_req *)r.body)->flags & KVC_LOOKUP_F_GPU);
-            rc = server_on_lookup(sv, c, &r, now);
+            rc = server_on_lookup(sv, c, &r, now, true);
+            if (rc == SERVER_DEFERRED && server_pending_add(sv, c, n, now) == 0) {
+                engine_trim(sv->store, now);
+                return false;
+            }
+            if (rc == SERVER_DEFERRED) /* no memory to wait with: answered now */
+                rc = server_on_lookup(sv, c, &r, now, false);
             break;
         case KVC_OP_RELEASE:
             rc = server_on_release(sv, c, &r);

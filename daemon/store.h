@@ -121,6 +121,8 @@ struct store_owner {
     uint32_t gen;
     uint64_t pins; /* block pins held through leases */
     bool gpu;      /* this request may get GPU locations (set by the server per request) */
+    bool lookup_short; /* the last lookup stopped at a block that found no room to be read
+                          into (set by the engine) */
 };
 
 /* Every committed block is on exactly one list: that of b->arena. A host arena (and the

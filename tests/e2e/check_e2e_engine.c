@@ -192,6 +192,7 @@ START_TEST(test_private_arena_disk_restart)
         settle(c);
     }
     settle(c);
+    ck_assert_uint_eq(stat_of(c, "put_wait_timeouts"), 0); /* every put got its room */
     ck_assert_uint_gt(stat_of(c, "demoted_blocks"), 0);
     check_all(priv, pub, chains, "after demotion and promotion");
     ck_assert_uint_gt(stat_of(c, "promoted_blocks"), 0);
