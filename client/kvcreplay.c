@@ -16,8 +16,9 @@
  * line (a malformed one stops the run with its line number), counts requests, blocks and
  * tokens, and computes the infinite-cache hit ratio (a block hits iff its key was seen
  * before; the set of keys is the only memory that grows with the trace, 32 bytes a distinct
- * block). Then it forks P processes; process k replays requests k, k+P, k+2P, ... in trace
- * order, each over its own connection, re-reading the file (so no process holds the trace).
+ * block). Then it forks P processes; each takes the next request of the trace not yet taken
+ * (a shared counter), so the processes serve neighbouring requests in trace order, each over
+ * its own connection, re-reading the file (so no process holds the trace).
  * Per request: one LOOKUP for the whole prefix without waiting, then kvc_lease_wait() for the
  * blocks the daemon reads back from disk (so disk hits count as hits), copy each hit out
  * and check every byte, release, then reserve / fill / commit the missing suffix. Timestamps
@@ -38,6 +39,7 @@
 #include <limits.h>
 #include <math.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -475,15 +477,17 @@ out:
     return rc;
 }
 
-/* Process `id`: replays requests id, id+P, ... of the trace. Exit status: 0 or 1. */
-static int replay_worker_run(const struct replay_opts *o, int id, struct replay_counts *cnt)
+/* Process `id`: replays the requests it takes from the shared dispatch counter `next`, in
+ * trace order. Exit status: 0 or 1. */
+static int replay_worker_run(const struct replay_opts *o, int id, struct replay_counts *cnt,
+                             _Atomic uint64_t *next)
 {
     struct replay_worker w = {.o = o, .id = id, .cnt = cnt};
     struct replay_reader rd = {.fd = -1};
     struct replay_req r = {0};
     struct kvc_layout lay;
     kvc_client *c = NULL;
-    uint64_t idx = 0;
+    uint64_t idx = 0, mine = atomic_fetch_add(next, 1);
     char err[200], *line;
     size_t len;
     int rc, got = 0;
@@ -518,8 +522,12 @@ static int replay_worker_run(const struct replay_opts *o, int id, struct replay_
         int hit;
         if (replay_line_blank(line, len))
             continue;
-        if (idx++ % (uint64_t)o->procs != (uint64_t)id)
+        /* The next request not yet taken goes to whichever process is free, so the P
+         * processes always work on neighbouring requests of the trace (as engines serving
+         * arrivals in order); a fixed i % P split lets them drift apart in trace time. */
+        if (idx++ != mine)
             continue;
+        mine = atomic_fetch_add(next, 1);
         rc = replay_line_parse(line, len, &r, err, sizeof(err));
         if (rc) { /* the file changed since the validation pass */
             fprintf(stderr, "kvcreplay: %s:%" PRIu64 ": %s\n", o->trace, rd.line, err);
@@ -1159,6 +1167,7 @@ int main(int argc, char **argv)
     struct replay_opts o;
     struct replay_result res = {0};
     struct replay_counts *cnt = MAP_FAILED;
+    _Atomic uint64_t *next = NULL; /* the next request not yet taken (shared) */
     pid_t pids[REPLAY_MAX_PROCS];
     kvc_client *c = NULL;
     unsigned admit_hits = 0;
@@ -1187,6 +1196,14 @@ int main(int argc, char **argv)
         goto out;
     }
     memset(cnt, 0, (size_t)o.procs * sizeof(*cnt));
+    next = mmap(NULL, sizeof(*next), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (next == MAP_FAILED) {
+        fprintf(stderr, "kvcreplay: %s\n", strerror(errno));
+        next = NULL;
+        rc = 1;
+        goto out;
+    }
+    atomic_init(next, 0);
     fflush(NULL);
     t0 = replay_now();
     for (; nproc < o.procs; nproc++) {
@@ -1201,7 +1218,7 @@ int main(int argc, char **argv)
             prctl(PR_SET_PDEATHSIG, SIGKILL); /* no replay outlives its parent */
             if (getppid() != parent)
                 _exit(1);
-            _exit(replay_worker_run(&o, nproc, &cnt[nproc]));
+            _exit(replay_worker_run(&o, nproc, &cnt[nproc], next));
         }
     }
     for (int i = 0; i < nproc; i++) {
@@ -1267,6 +1284,8 @@ int main(int argc, char **argv)
 out:
     if (cnt != MAP_FAILED)
         munmap(cnt, (size_t)o.procs * sizeof(*cnt));
+    if (next)
+        munmap((void *)next, sizeof(*next));
     if (res.sc.sim_fd >= 0)
         close(res.sc.sim_fd);
     return rc;

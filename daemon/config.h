@@ -51,10 +51,11 @@
       "Back the arena with hugetlb pages: auto uses them when enough are free.")              \
     X(host, prefault, BOOL, "yes", 0, 0, 0, NULL,                                             \
       "Touch every arena page at start so that the first copies run at full speed.")          \
-    X(host, high_watermark, DOUBLE, "0.95", 0.05, 1.0, 1, NULL,                               \
-      "Fraction of the arena in use above which unpinned blocks are evicted, down to "        \
-      "low_watermark.")                                                                       \
-    X(host, low_watermark, DOUBLE, "0.90", 0.0, 1.0, 1, NULL,                                 \
+    X(host, high_watermark, DOUBLE, "0.99", 0.05, 1.0, 1, NULL,                               \
+      "Fraction of the arena in use above which unpinned blocks are evicted (after a commit, "\
+      "off the client's path), down to low_watermark. A put that finds the arena full evicts "\
+      "what it needs itself, so memory below the band is cache lost, not safety.")            \
+    X(host, low_watermark, DOUBLE, "0.98", 0.0, 1.0, 1, NULL,                                 \
       "Fraction of the arena in use at which eviction stops. Must be below high_watermark.") \
     X(host, quantize_inflight, INT, "8", 0, 1024, 1, NULL,                                    \
       "Blocks quantized in place at once above high_watermark, before evicting, in "          \

@@ -129,8 +129,8 @@ START_TEST(test_defaults)
     ck_assert_uint_eq(c->host_page_size, UINT64_C(2) << 20);
     ck_assert_int_eq(c->host_hugepages, CONFIG_HUGEPAGES_AUTO);
     ck_assert(c->host_prefault);
-    ck_assert_double_eq(c->host_high_watermark, 0.95);
-    ck_assert_double_eq(c->host_low_watermark, 0.90);
+    ck_assert_double_eq(c->host_high_watermark, 0.99);
+    ck_assert_double_eq(c->host_low_watermark, 0.98);
     ck_assert_int_eq(c->cache_policy, POLICY_DEFAULT);
     ck_assert_int_eq(config_validate(c, err, sizeof(err)), 0);
     ck_assert_str_eq(err, "");
@@ -609,8 +609,8 @@ START_TEST(test_get)
     ck_assert_str_eq(buf, "");
     ck_assert_int_eq(config_get(c, "host.high_watermark", buf, 4), -ENOSPC);
     ck_assert_str_eq(buf, "0.9");
-    assert_get(c, "host.high_watermark", "0.95");
-    assert_get(c, "host.low_watermark", "0.9");
+    assert_get(c, "host.high_watermark", "0.99");
+    assert_get(c, "host.low_watermark", "0.98");
     assert_get(c, "server.socket_mode", "0660");
     assert_get(c, "server.socket", "");
     assert_get(c, "host.prefault", "yes");
@@ -638,9 +638,9 @@ START_TEST(test_validate)
     struct config *c = config_new();
     char err[256], path[200];
 
-    ck_assert_int_eq(config_set(c, "host.low_watermark", "0.95", NULL, 0), 0);
+    ck_assert_int_eq(config_set(c, "host.low_watermark", "0.99", NULL, 0), 0);
     ck_assert_int_eq(config_validate(c, err, sizeof(err)), -EINVAL);
-    ck_assert_str_eq(err, "host.low_watermark (0.95) must be below host.high_watermark (0.95)");
+    ck_assert_str_eq(err, "host.low_watermark (0.99) must be below host.high_watermark (0.99)");
     ck_assert_int_eq(config_set(c, "host.high_watermark", "1", NULL, 0), 0);
     ck_assert_int_eq(config_validate(c, err, sizeof(err)), 0);
     ck_assert_str_eq(err, "");

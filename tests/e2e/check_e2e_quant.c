@@ -13,12 +13,14 @@
 
 #include "tests/lib/daemon.h"
 
-#define QE_BLOCKS 125 /* per namespace; the 16 MiB arena holds 256 raw 64 KiB blocks */
+#define QE_BLOCKS 125 /* per namespace; the 16 MiB arena holds 256 raw 64 KiB blocks: over
+                         the high watermark of 0.95 (set below; the default is 0.99) */
 
 /* lru: the fixed order (quantize the coldest first); under the policy engine the blocks here,
  * each the first of its prefix (a sink) and never hit, would be dropped, not quantized. */
 static const char *const qe_args[] = {"-o", "host.size=16m", "-o", "host.page_size=64k", "-o",
-                                      "cache.policy=lru", NULL};
+                                      "cache.policy=lru", "-o", "host.high_watermark=0.95",
+                                      "-o", "host.low_watermark=0.90", NULL};
 
 START_TEST(test_quant_under_pressure)
 {
