@@ -769,7 +769,9 @@ int tiering_attach(struct store *s, const struct tiering_params *p)
                                   .scan_arg = &sc,
                                   .progress = p->progress,
                                   .progress_arg = p->progress_arg,
-                                  .workers = p->workers};
+                                  .workers = p->workers,
+                                  .format = p->format,
+                                  .ckpt_path = p->ckpt_path};
     struct tier_disk_stats st;
     struct tiering *tg = calloc(1, sizeof(*tg));
     size_t adopted = 0;
@@ -928,4 +930,5 @@ void tiering_stats(const struct store *s, void (*put)(void *arg, const char *nam
     put(arg, "disk_compress_ratio_pct", st.codec_out ? st.codec_in * 100 / st.codec_out : 0);
     put(arg, "disk_compressed_records", st.compressed);
     put(arg, "disk_incompressible_records", st.incompressible);
+    tiering_checkpoint_stats(s, put, arg);
 }

@@ -1702,6 +1702,7 @@ void tier_disk_stats_get(const struct tier *t, struct tier_disk_stats *st)
 {
     const struct tier_disk *d = tier_disk_of(t);
     *st = d->st;
+    st->ckpt_stale = d->ckpt_path && d->gen != d->ckpt_gen;
     st->dead_bytes = 0;
     for (uint64_t p = 0; p < d->npages; p++)
         if (d->pages[p].state == TIER_DISK_PAGE_FULL)

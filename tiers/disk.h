@@ -138,6 +138,7 @@ struct tier_disk_stats {
     bool ckpt_loaded;               /* at start: a valid checkpoint was used */
     uint64_t ckpt_writes, ckpt_errors;
     uint64_t ckpt_records, ckpt_bytes, ckpt_us; /* the latest checkpoint written */
+    bool ckpt_stale;                /* records changed since the latest checkpoint */
     uint64_t short_io;              /* transfers that completed short (also I/O errors) */
     uint64_t codec_in, codec_out;   /* bytes given to zstd, and what was stored for them */
     uint64_t compressed, incompressible; /* records stored compressed / raw after trying */
