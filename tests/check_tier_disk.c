@@ -714,10 +714,18 @@ static int ckpt_next(void *arg, struct tier_disk_meta *m, struct tier_loc *loc)
     return 1;
 }
 
+/* Writes a checkpoint and waits until it is on the device under its name. */
 static int ckpt_write(struct tier *t, struct ckpt_set *c)
 {
+    int rc;
     c->next = 0;
-    return tier_disk_checkpoint(t, ckpt_next, c);
+    rc = tier_disk_checkpoint(t, ckpt_next, c);
+    if (rc >= 0) {
+        int w = tier_disk_checkpoint_result(t, true);
+        if (w)
+            rc = w;
+    }
+    return rc;
 }
 
 /* Allocates and writes record k (28 KiB: 8 records of 32 KiB per 256 KiB page); wait: whether

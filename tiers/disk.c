@@ -1541,6 +1541,7 @@ static void tier_disk_destroy(struct tier *t)
     for (uint32_t i = 0; i < TIER_DISK_MAX_PATHS; i++)
         if (d->fds[i] >= 0)
             close(d->fds[i]);
+    tier_disk_ckpt_fini(d);
     free(d->pages);
     free(d->ckpt_path);
     free(d);
@@ -1702,7 +1703,7 @@ void tier_disk_stats_get(const struct tier *t, struct tier_disk_stats *st)
 {
     const struct tier_disk *d = tier_disk_of(t);
     *st = d->st;
-    st->ckpt_stale = d->ckpt_path && d->gen != d->ckpt_gen;
+    st->ckpt_stale = d->ckpt_path && (d->gen != d->ckpt_gen || d->ckpt_sync);
     st->dead_bytes = 0;
     for (uint64_t p = 0; p < d->npages; p++)
         if (d->pages[p].state == TIER_DISK_PAGE_FULL)

@@ -137,7 +137,10 @@ struct tier_disk_stats {
     uint64_t start_us;              /* at start: time to load the index */
     bool ckpt_loaded;               /* at start: a valid checkpoint was used */
     uint64_t ckpt_writes, ckpt_errors;
-    uint64_t ckpt_records, ckpt_bytes, ckpt_us; /* the latest checkpoint written */
+    uint64_t ckpt_records, ckpt_bytes, ckpt_us; /* the latest checkpoint written: until it
+                                                   was on the device under its name */
+    uint64_t ckpt_loop_us;          /* of it, the time on the calling thread (listing and
+                                       writing; the fsync and rename run aside) */
     bool ckpt_stale;                /* records changed since the latest checkpoint */
     uint64_t short_io;              /* transfers that completed short (also I/O errors) */
     uint64_t codec_in, codec_out;   /* bytes given to zstd, and what was stored for them */
@@ -225,15 +228,22 @@ int tier_disk_page_of(const struct tier *t, const struct tier_loc *loc);
 int tier_disk_compact_pick(const struct tier *t, uint32_t below_pct, uint32_t *page);
 
 /* Writes the checkpoint of the records `next` lists (the caller's live records; each must
- * be on a live page under its current version, others are skipped): to a temporary file
- * beside cfg.ckpt_path, one sequential write through a 1 MiB buffer, fsync, rename over
- * the old one, fsync of the directory. Synchronous, on the loop thread; memory does not
- * grow with the record count. Returns the records written, or -ENOENT (no checkpoint path),
- * -E2BIG (more than 65535 namespaces), -ENOMEM, -errno of open/write/fsync/rename, or next's
+ * be on a live page under its current version, others are skipped) to a temporary file
+ * beside cfg.ckpt_path: one sequential write through a 1 MiB buffer, on the calling (loop)
+ * thread, with memory that does not grow with the record count. A helper thread then
+ * fsyncs it, renames it over the previous one and fsyncs the directory, so the loop does
+ * not wait for the device; tier_disk_checkpoint_wait gives that verdict. A checkpoint
+ * still syncing is waited for first. Returns the records written, or -ENOENT (no checkpoint
+ * path), -E2BIG (more than 65535 namespaces), -ENOMEM, -errno of open/write, or next's
  * error; the previous checkpoint is then untouched. */
 int tier_disk_checkpoint(struct tier *t, tier_disk_ckpt_next_fn next, void *arg);
-/* Whether a checkpoint is worth writing: records were allocated, written or freed since the
- * last one written (or the start walked pages), and interval_ms passed since the last try. */
+/* The verdict on the latest checkpoint's fsync and rename, given once: 0 (it is on the
+ * device under its name, or none was pending), -errno of fsync/rename (the previous one
+ * stays), or -EINPROGRESS while it runs and wait is false (wait: until it is done). */
+int tier_disk_checkpoint_result(struct tier *t, bool wait);
+/* Whether a checkpoint is worth writing: none is syncing, records were allocated, written or
+ * freed since the last one written (or the start walked pages), and interval_ms passed since
+ * the last try. */
 bool tier_disk_checkpoint_due(const struct tier *t, uint64_t interval_ms);
 /* The checkpoint file, or NULL when there is none. Owned by the tier. */
 const char *tier_disk_checkpoint_path(const struct tier *t);

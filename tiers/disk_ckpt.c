@@ -21,6 +21,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -133,10 +134,102 @@ const char *tier_disk_checkpoint_path(const struct tier *t)
     return tier_disk_of(t)->ckpt_path;
 }
 
+/* ---- the sync thread -------------------------------------------------------------------- */
+
+/* The durable half of a checkpoint, off the loop: fsync of the file (the bulk of the time on
+ * most devices: 150 ms for 6.5 MB here, against 33 ms to write it), rename over the previous
+ * one, fsync of the directory. Owned by the thread until `done`, then by the loop. */
+struct tier_disk_ckpt_sync {
+    pthread_t th;
+    int fd;
+    char *tmp;        /* owned */
+    const char *path; /* the tier's ckpt_path */
+    uint64_t gen, records, bytes, t0, end_ns;
+    int rc;
+    bool thread; /* runs on its own thread (else it ran inline) */
+    int done;    /* atomic */
+};
+
+/* fsync of the directory holding path, so the rename is on the device too. */
+static int tier_disk_ckpt_dir_sync(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
+    int fd, rc = 0;
+    if (!dir)
+        return -ENOMEM;
+    fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0 || fsync(fd) < 0)
+        rc = -errno;
+    if (fd >= 0)
+        close(fd);
+    free(dir);
+    return rc;
+}
+
+static void *tier_disk_ckpt_sync_main(void *arg)
+{
+    struct tier_disk_ckpt_sync *y = arg;
+    int rc = fsync(y->fd) < 0 ? -errno : 0;
+    /* Written once, read at the next start: no reason to keep it in the page cache. */
+    if (rc == 0)
+        posix_fadvise(y->fd, 0, 0, POSIX_FADV_DONTNEED);
+    if (close(y->fd) < 0 && rc == 0)
+        rc = -errno;
+    if (rc == 0 && rename(y->tmp, y->path) < 0)
+        rc = -errno;
+    if (rc)
+        unlink(y->tmp);
+    else
+        rc = tier_disk_ckpt_dir_sync(y->path);
+    y->rc = rc;
+    y->end_ns = tier_disk_now_ns();
+    __atomic_store_n(&y->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/* Collects the verdict of the sync in flight: 0 or its -errno; -EINPROGRESS when it is still
+ * running and wait is false; 0 when there is none. */
+static int tier_disk_ckpt_reap(struct tier_disk *d, bool wait)
+{
+    struct tier_disk_ckpt_sync *y = d->ckpt_sync;
+    int rc;
+    if (!y)
+        return 0;
+    if (!wait && !__atomic_load_n(&y->done, __ATOMIC_ACQUIRE))
+        return -EINPROGRESS;
+    if (y->thread)
+        pthread_join(y->th, NULL);
+    rc = y->rc;
+    if (rc == 0) {
+        d->ckpt_gen = y->gen;
+        d->st.ckpt_writes++;
+        d->st.ckpt_records = y->records;
+        d->st.ckpt_bytes = y->bytes;
+        d->st.ckpt_us = (y->end_ns - y->t0) / 1000;
+    } else {
+        d->st.ckpt_errors++;
+    }
+    free(y->tmp);
+    free(y);
+    d->ckpt_sync = NULL;
+    return rc;
+}
+
+void tier_disk_ckpt_fini(struct tier_disk *d)
+{
+    tier_disk_ckpt_reap(d, true);
+}
+
+int tier_disk_checkpoint_result(struct tier *t, bool wait)
+{
+    return tier_disk_ckpt_reap(tier_disk_of(t), wait);
+}
+
 bool tier_disk_checkpoint_due(const struct tier *t, uint64_t interval_ms)
 {
     const struct tier_disk *d = tier_disk_of(t);
-    return d->ckpt_path && d->gen != d->ckpt_gen &&
+    return d->ckpt_path && !d->ckpt_sync && d->gen != d->ckpt_gen &&
            tier_disk_now_ns() - d->ckpt_try_ns >= interval_ms * 1000000ull;
 }
 
@@ -241,23 +334,6 @@ static int tier_disk_ckpt_ns_index(struct tier_disk_ckpt_nstab *t, struct tier_d
     return (int)t->n++;
 }
 
-/* fsync of the directory holding path, so the rename is on the device too. */
-static int tier_disk_ckpt_dir_sync(const char *path)
-{
-    const char *slash = strrchr(path, '/');
-    char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
-    int fd, rc = 0;
-    if (!dir)
-        return -ENOMEM;
-    fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0 || fsync(fd) < 0)
-        rc = -errno;
-    if (fd >= 0)
-        close(fd);
-    free(dir);
-    return rc;
-}
-
 int tier_disk_checkpoint(struct tier *t, tier_disk_ckpt_next_fn next, void *arg)
 {
     struct tier_disk *d = tier_disk_of(t);
@@ -268,10 +344,12 @@ int tier_disk_checkpoint(struct tier *t, tier_disk_ckpt_next_fn next, void *arg)
     uint32_t *from = NULL;
     char *tmp = NULL;
     uint64_t t0 = tier_disk_now_ns(), records = 0, gen = d->gen;
-    bool renamed = false;
+    struct tier_disk_ckpt_sync *y = NULL;
     int rc;
     if (!d->ckpt_path)
         return -ENOENT;
+    /* One at a time: the previous one is on the device and named before this one starts. */
+    tier_disk_ckpt_reap(d, true);
     d->ckpt_try_ns = t0;
     rc = -ENOMEM;
     if (asprintf(&tmp, "%s.tmp", d->ckpt_path) < 0) {
@@ -365,36 +443,33 @@ int tier_disk_checkpoint(struct tier *t, tier_disk_ckpt_next_fn next, void *arg)
     rc = o.err;
     if (rc)
         goto out;
-    if (fsync(o.fd) < 0) {
-        rc = -errno;
+    y = calloc(1, sizeof(*y));
+    if (!y) {
+        rc = -ENOMEM;
         goto out;
     }
-    /* Written once, read at the next start: no reason to keep it in the page cache. */
-    posix_fadvise(o.fd, 0, 0, POSIX_FADV_DONTNEED);
-    rc = close(o.fd) < 0 ? -errno : 0;
+    *y = (struct tier_disk_ckpt_sync){.fd = o.fd, .tmp = tmp, .path = d->ckpt_path,
+                                      .gen = gen, .records = records, .bytes = o.total,
+                                      .t0 = t0};
     o.fd = -1;
-    if (rc)
-        goto out;
-    if (rename(tmp, d->ckpt_path) < 0) {
-        rc = -errno;
-        goto out;
+    tmp = NULL;
+    d->ckpt_sync = y;
+    d->st.ckpt_loop_us = (tier_disk_now_ns() - t0) / 1000;
+    y->thread = pthread_create(&y->th, NULL, tier_disk_ckpt_sync_main, y) == 0;
+    if (!y->thread) {
+        /* No thread: the loop waits for the device this once. */
+        tier_disk_ckpt_sync_main(y);
+        rc = tier_disk_ckpt_reap(d, true);
+        if (rc)
+            goto out;
     }
-    renamed = true;
-    rc = tier_disk_ckpt_dir_sync(d->ckpt_path);
-    if (rc)
-        goto out;
-    d->ckpt_gen = gen;
-    d->st.ckpt_writes++;
-    d->st.ckpt_records = records;
-    d->st.ckpt_bytes = o.total;
-    d->st.ckpt_us = (tier_disk_now_ns() - t0) / 1000;
     rc = (int)(records > INT32_MAX ? INT32_MAX : records);
 out:
-    if (rc < 0) {
+    if (rc < 0 && !y) { /* a sync's failure is counted when reaped */
         d->st.ckpt_errors++;
         if (o.fd >= 0)
             close(o.fd);
-        if (tmp && !renamed)
+        if (tmp)
             unlink(tmp);
     }
     XXH3_freeState(o.xs);

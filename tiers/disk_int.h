@@ -71,6 +71,7 @@ struct tier_disk_sb {
 };
 
 struct tier_disk_op;
+struct tier_disk_ckpt_sync;
 
 /* The worker threads: hashing and zstd never run on the loop thread (a 2 MiB zstd pass is
  * 3-7 ms; XXH3 of 256 KiB is about 50 us here). Finished ops go to `done` and the tier's
@@ -135,6 +136,7 @@ struct tier_disk {
     char *ckpt_path;          /* owned; NULL: none */
     uint64_t gen, ckpt_gen;   /* ckpt_gen: gen when the latest checkpoint was written */
     uint64_t ckpt_try_ns;     /* the latest attempt (or the start) */
+    struct tier_disk_ckpt_sync *ckpt_sync; /* the latest one's fsync and rename, running */
 };
 
 static inline struct tier_disk *tier_disk_of(const struct tier *t)
@@ -176,5 +178,7 @@ void tier_disk_pages_pending(const struct tier_disk *d, uint32_t *from);
 int tier_disk_ckpt_load(struct tier_disk *d);
 /* Chooses the checkpoint file from cfg.ckpt_path and paths[0]; 0 or -ENOMEM. */
 int tier_disk_ckpt_init(struct tier_disk *d, bool first_is_file);
+/* Waits for a checkpoint's fsync and rename still running, at destroy. */
+void tier_disk_ckpt_fini(struct tier_disk *d);
 
 #endif
