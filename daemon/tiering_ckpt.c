@@ -138,12 +138,17 @@ void tiering_checkpoint_started(const struct store *s)
     if (!disk)
         return;
     tier_disk_stats_get(disk, &st);
-    log_info("disk: index loaded in %llu ms: %llu records from %s, %llu walked, %llu header "
-             "reads",
-             (unsigned long long)(st.start_us / 1000),
-             (unsigned long long)st.records_ckpt,
-             st.ckpt_loaded ? "the checkpoint" : "no checkpoint",
-             (unsigned long long)st.records_walked, (unsigned long long)st.start_reads);
+    if (st.ckpt_loaded)
+        log_info("disk: index loaded in %llu ms: %llu records from the checkpoint %s, %llu "
+                 "walked since, %llu header reads",
+                 (unsigned long long)(st.start_us / 1000), (unsigned long long)st.records_ckpt,
+                 tier_disk_checkpoint_path(disk), (unsigned long long)st.records_walked,
+                 (unsigned long long)st.start_reads);
+    else
+        log_info("disk: index loaded in %llu ms without a checkpoint: %llu records walked, %llu "
+                 "header reads",
+                 (unsigned long long)(st.start_us / 1000), (unsigned long long)st.records_walked,
+                 (unsigned long long)st.start_reads);
 }
 
 void tiering_checkpoint_stats(const struct store *s,

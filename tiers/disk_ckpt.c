@@ -896,9 +896,6 @@ int tier_disk_ckpt_load(struct tier_disk *d)
         goto out;
     }
     tier_disk_ckpt_apply(d, &in, &l, h);
-    fprintf(stderr, "kvcd: disk: checkpoint %s: %llu records, %llu taken, %llu walked since\n",
-            d->ckpt_path, (unsigned long long)l.records,
-            (unsigned long long)d->st.records_ckpt, (unsigned long long)d->st.records_walked);
 out:
     if (why)
         fprintf(stderr, "kvcd: disk: checkpoint %s ignored (%s); walking every page\n",
