@@ -489,7 +489,8 @@ struct tier_disk_ckpt_in {
     uint8_t *buf; /* TIER_DISK_CKPT_BUF bytes */
     size_t len, pos;
     uint64_t total, size, next_progress;
-    XXH3_state_t *xs; /* NULL: not hashing (the second pass) */
+    XXH3_state_t *xs;
+    bool hashing;     /* the first pass */
     uint32_t pass;    /* 0 or 1, for the progress figure */
 };
 
@@ -519,7 +520,7 @@ static int tier_disk_ckpt_get(struct tier_disk_ckpt_in *in, void *dst, size_t n,
         }
         k = in->len - in->pos < n ? in->len - in->pos : n;
         memcpy(b, in->buf + in->pos, k);
-        if (hash && in->xs)
+        if (hash && in->hashing)
             XXH3_64bits_update(in->xs, b, k);
         in->pos += k;
         in->total += k;
@@ -792,7 +793,7 @@ static void tier_disk_ckpt_apply(struct tier_disk *d, struct tier_disk_ckpt_in *
         if (l->first[p] > maxv)
             maxv = l->first[p];
     }
-    in->xs = NULL;
+    in->hashing = false;
     in->pass = 1;
     in->next_progress = 0;
     rc = lseek(in->fd, (off_t)(sizeof(l->head) + d->npages * sizeof(*l->pages)), SEEK_SET) < 0
@@ -878,6 +879,7 @@ int tier_disk_ckpt_load(struct tier_disk *d)
     }
     in.size = (uint64_t)st.st_size;
     XXH3_64bits_reset_withSeed(in.xs, d->secret[0]);
+    in.hashing = true;
     /* First pass: all of it checks out before anything is offered. */
     rc = tier_disk_ckpt_head_read(d, &in, &l, &why);
     if (rc == 0)
