@@ -165,7 +165,11 @@ extern const size_t config_noptions;
 /* Values of the enum options, in their `choices` order. */
 enum config_log_level { CONFIG_LOG_ERROR, CONFIG_LOG_WARNING, CONFIG_LOG_INFO, CONFIG_LOG_DEBUG };
 enum config_hugepages { CONFIG_HUGEPAGES_AUTO, CONFIG_HUGEPAGES_ON, CONFIG_HUGEPAGES_OFF };
-enum config_disk_format { CONFIG_DISK_FORMAT_AUTO, CONFIG_DISK_FORMAT_NEVER, CONFIG_DISK_FORMAT_FORCE };
+enum config_disk_format {
+    CONFIG_DISK_FORMAT_AUTO,
+    CONFIG_DISK_FORMAT_NEVER,
+    CONFIG_DISK_FORMAT_FORCE,
+};
 
 /* A configuration holding every default. NULL when out of memory. A default that does not
  * parse is a bug in the table: config_new asserts. */
