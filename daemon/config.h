@@ -101,6 +101,17 @@
       "docs/disk.md); 0: stored raw. [namespace.PATTERN] disk_compress overrides it.")             \
     X(disk, workers, INT, "2", 1, 16, 0, NULL,                                                     \
       "Threads that hash, compress and decompress disk records off the loop thread.")              \
+    X(disk, format, ENUM, "auto", 0, 0, 0, "auto|never|force",                                     \
+      "A path without a kvcd disk tier on it: auto formats it only when it is new, empty (its "    \
+      "first 4k all zero) or an older kvcd's, and refuses anything else; never refuses it (and "   \
+      "creates no file); force formats it, losing what it holds.")                                 \
+    X(disk, checkpoint_interval, DURATION, "60s", 0, 86400000, 0, NULL,                            \
+      "How often the disk index is checkpointed when it changed, and at a clean stop: a restart "  \
+      "reads it and the pages written since instead of every record header (docs/disk.md). 0: "    \
+      "none is written or read.")                                                                  \
+    X(disk, checkpoint_path, STRING, "", 0, 0, 0, NULL,                                            \
+      "File of the disk index checkpoint. Empty: the first disk.path with .ckpt appended when it " \
+      "is a file; a block device gets none unless a file is named here.")                          \
     X(gpu, pool_size, SIZE, "0", 0, 1ull << 44, 0, NULL,                                           \
       "Bytes of the GPU tier's device pool, shared with engines on that GPU. 0: no GPU "           \
       "tier. Without a device or driver the tier is disabled with one log line.")                  \
@@ -158,6 +169,11 @@ extern const size_t config_noptions;
 /* Values of the enum options, in their `choices` order. */
 enum config_log_level { CONFIG_LOG_ERROR, CONFIG_LOG_WARNING, CONFIG_LOG_INFO, CONFIG_LOG_DEBUG };
 enum config_hugepages { CONFIG_HUGEPAGES_AUTO, CONFIG_HUGEPAGES_ON, CONFIG_HUGEPAGES_OFF };
+enum config_disk_format {
+    CONFIG_DISK_FORMAT_AUTO,
+    CONFIG_DISK_FORMAT_NEVER,
+    CONFIG_DISK_FORMAT_FORCE,
+};
 
 /* A configuration holding every default. NULL when out of memory. A default that does not
  * parse is a bug in the table: config_new asserts. */

@@ -1048,7 +1048,9 @@ int engine_disk_attach(struct store *s, const struct engine_disk_params *p)
                                   .scan_arg = &sc,
                                   .progress = p->progress,
                                   .progress_arg = p->progress_arg,
-                                  .workers = p->workers};
+                                  .workers = p->workers,
+                                  .format = p->format,
+                                  .ckpt_path = p->ckpt_path};
     struct tier_disk_stats st;
     struct engine_disk *ed = calloc(1, sizeof(*ed));
     size_t adopted = 0;
@@ -1236,4 +1238,5 @@ void engine_disk_stats(const struct store *s, void (*put)(void *arg, const char 
     put(arg, "disk_compress_ratio_pct", st.codec_out ? st.codec_in * 100 / st.codec_out : 0);
     put(arg, "disk_compressed_records", st.compressed);
     put(arg, "disk_incompressible_records", st.incompressible);
+    engine_disk_checkpoint_stats(s, put, arg);
 }

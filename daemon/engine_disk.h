@@ -62,6 +62,8 @@ struct engine_disk_params {
     uint32_t workers;       /* threads hashing and compressing records (0: 2) */
     void (*progress)(void *arg, uint64_t pages_done, uint64_t pages);
     void *progress_arg;
+    uint32_t format;        /* enum tier_disk_format: a path without a kvcd superblock */
+    const char *ckpt_path;  /* the index checkpoint (tier_disk_config.ckpt_path) */
     /* Opens the namespace of an adopted record as NS_OPEN does (arena, access list, quotas,
      * policy); NULL: store_ns_open. Non-zero refuses the record. */
     int (*ns_open)(void *arg, const struct kvc_wire_layout *l, uint32_t *ns_id, bool *created);
@@ -120,6 +122,21 @@ uint64_t engine_disk_pending_bytes(const struct store *s);
 /* State of a lease: hits, hits ready from the first, hits still being read. -ENOENT. */
 int engine_disk_lease_state(struct store *s, struct store_owner *owner, uint64_t lease_id, uint32_t *nhit,
                         uint32_t *nready, uint32_t *pending);
+
+/* engine_disk_ckpt.c: checkpoints of the disk index. engine_disk_checkpoint writes one now:
+ * the records written, or -ENOENT (no disk tier or no checkpoint file), -errno (logged).
+ * engine_disk_checkpoint_tick writes one when records changed and interval_ms passed (0:
+ * never); engine_disk_checkpoint_stop waits for the disk's requests, then writes one (at
+ * SIGTERM). */
+int engine_disk_checkpoint(struct store *s);
+void engine_disk_checkpoint_tick(struct store *s, uint64_t interval_ms);
+int engine_disk_checkpoint_stop(struct store *s);
+/* Logs how the disk index was loaded at start (checkpoint, walk, time). */
+void engine_disk_checkpoint_started(const struct store *s);
+/* The checkpoint's gauges (disk_checkpoint_*, disk_start_*), for engine_disk_stats. */
+void engine_disk_checkpoint_stats(const struct store *s,
+                                  void (*put)(void *arg, const char *name, uint64_t v),
+                                  void *arg);
 
 /* Calls put(name, value) for every disk gauge (disk_capacity, disk_used, ...). */
 void engine_disk_stats(const struct store *s, void (*put)(void *arg, const char *name, uint64_t v),

@@ -29,6 +29,7 @@
 #include "daemon/quant.h"
 #include "daemon/server.h"
 #include "daemon/store.h"
+#include "tiers/disk.h"
 #include "tiers/host.h"
 
 #define KVCD_VERSION "0.1.0"
@@ -252,6 +253,7 @@ static void kvcd_tick(void *arg)
     engine_trim(d->store, loop_now_ms(d->loop));
     notify_watchdog(loop_now_ms(d->loop));
     server_tick(d->server);
+    engine_disk_checkpoint_tick(d->store, d->cfg->disk_checkpoint_interval);
 }
 
 /* While the disk index loads, systemd is asked for more start time (no-op without it). */
@@ -303,6 +305,9 @@ static int kvcd_disk_ns_open(void *arg, const struct kvc_wire_layout *l, uint32_
 /* Opens the disk tier of disk.path (comma-separated). 0 or -errno, logged. */
 static int kvcd_disk_attach(struct kvcd *d)
 {
+    static const uint32_t format[] = {[CONFIG_DISK_FORMAT_AUTO] = TIER_DISK_FORMAT_AUTO,
+                                      [CONFIG_DISK_FORMAT_NEVER] = TIER_DISK_FORMAT_NEVER,
+                                      [CONFIG_DISK_FORMAT_FORCE] = TIER_DISK_FORMAT_FORCE};
     const struct config *c = d->cfg;
     struct engine_disk_params tp = {.size = c->disk_capacity,
                                 .page_size = c->disk_page,
@@ -316,7 +321,11 @@ static int kvcd_disk_attach(struct kvcd *d)
                                 .ns_open = kvcd_disk_ns_open,
                                 .ns_open_arg = d,
                                 .workers = (uint32_t)c->disk_workers,
-                                .progress = kvcd_disk_progress};
+                                .progress = kvcd_disk_progress,
+                                .format = format[c->disk_format],
+                                .ckpt_path = !c->disk_checkpoint_interval ? ""
+                                             : *c->disk_checkpoint_path ? c->disk_checkpoint_path
+                                                                        : NULL};
     char *list = strdup(c->disk_path), *save = NULL;
     int rc = -ENOMEM;
     if (!list)
@@ -334,6 +343,7 @@ static int kvcd_disk_attach(struct kvcd *d)
         log_err("disk: cannot open the disk tier on %s (%s)", c->disk_path, strerror(-rc));
         goto out;
     }
+    engine_disk_checkpoint_started(d->store);
     rc = loop_add(d->loop, engine_disk_fd(d->store), EPOLLIN, kvcd_on_disk, d);
     if (rc == 0)
         loop_before_wait(d->loop, kvcd_before_wait, d);
@@ -487,6 +497,13 @@ int main(int argc, char **argv)
         notify_watchdog(loop_now_ms(d.loop));
         rc = loop_run(d.loop, wd && wd < 1000 ? (int)wd : 1000, kvcd_tick, &d);
     }
+    /* The loop no longer reads signals: a second stop signal now ends kvcd at once (the
+     * previous checkpoint stays whole), while this one drains the disk and writes one. */
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGTERM);
+    sigaddset(&mask, SIGINT);
+    sigprocmask(SIG_UNBLOCK, &mask, NULL);
+    engine_disk_checkpoint_stop(d.store);
     if (rc)
         log_err("kvcd: event loop failed (%s)", strerror(-rc));
     rc = rc ? 1 : 0;

@@ -21,57 +21,7 @@
 
 #include "tiers/disk.h"
 #include "tiers/disk_codec.h"
-
-#define TIER_DISK_MAGIC 0x4b564344424c4b31ull /* "1KLBDCVK": kvcd block record */
-#define TIER_DISK_FORMAT 3u
-#define TIER_DISK_SB_MAGIC 0x3142535344435653ull /* "SVCDSSB1": kvcd disk superblock */
-#define TIER_DISK_MAX_BUFS 64u
-#define TIER_DISK_WORKERS_MAX 16u
-
-enum tier_disk_page_state {
-    TIER_DISK_PAGE_FREE = 0,
-    TIER_DISK_PAGE_OPEN = 1, /* records are appended here */
-    TIER_DISK_PAGE_FULL = 2, /* closed; freed when its last record dies */
-};
-
-struct tier_disk_page {
-    uint32_t version;
-    uint8_t state;
-    uint32_t live;      /* records */
-    uint32_t inflight;  /* requests touching the page */
-    uint64_t used;      /* append point, bytes from the page start */
-    uint64_t live_bytes;
-};
-
-/* The on-device header, at the start of its 4 KiB. */
-struct tier_disk_hdr {
-    uint64_t magic;
-    uint32_t format;
-    uint32_t page_version;
-    uint64_t len;       /* data bytes on the device (compressed, when codec says so) */
-    uint64_t data_csum; /* XXH3-64 of len data bytes */
-    uint64_t key[2];
-    uint64_t parent[2];
-    uint32_t depth;
-    uint32_t codec;     /* enum tier_disk_codec */
-    uint8_t ns[TIER_DISK_NS_BYTES];
-    uint64_t raw_len;   /* the block's bytes in memory (format 3) */
-    uint32_t block_format; /* the block's own encoding, opaque to the tier (format 3) */
-    uint32_t reserved;
-    uint64_t hdr_csum; /* XXH3-64 of everything above, seeded with the path's secret */
-};
-
-/* The first 4 KiB of every path. The secret seeds every header checksum on the path, so
- * bytes a client wrote into a block (and that outlive their page) can never pass for a
- * header: forging one would need the secret, which never leaves the daemon. */
-struct tier_disk_sb {
-    uint64_t magic;
-    uint32_t format;
-    uint32_t reserved;
-    uint64_t secret;
-    uint64_t created_ns;
-    uint64_t csum; /* XXH3-64 of everything above */
-};
+#include "tiers/disk_int.h"
 
 enum tier_disk_op_kind {
     TIER_DISK_OP_READ = 1,  /* raw bytes (generic op) */
@@ -115,6 +65,11 @@ struct tier_disk_op {
     struct tier_loc loc;       /* PUT: the record */
     tier_disk_encoded_fn encoded; /* PUT via tier_disk_encode */
     uint64_t tokens;           /* PUT via tier_disk_encode: budget taken at submission */
+    uint64_t want, got;        /* bytes asked of the device, and bytes it transferred */
+    /* PUT at a location: the list of record writes in flight (d->puts), which a checkpoint
+     * asks where each page may still grow. */
+    struct tier_disk_op *put_prev, *put_next;
+    bool put_listed;
 };
 
 /* An encoded record handed to the caller between tier_disk_encode and tier_disk_rec_put. */
@@ -129,71 +84,6 @@ enum tier_disk_stage {
     TIER_DISK_STAGE_WAIT = 3,   /* PUT/GET: ready, waiting for a device slot */
 };
 
-/* The worker threads: hashing and zstd never run on the loop thread (a 2 MiB zstd pass is
- * 3-7 ms; XXH3 of 256 KiB is about 50 us here). Finished ops go to `done` and the tier's
- * eventfd is written, so the loop's tier_disk_poll picks them up. */
-struct tier_disk_pool {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    struct tier_disk_op *todo, *todo_tail, *done;
-    bool stop;
-    uint32_t nthreads;
-    pthread_t th[TIER_DISK_WORKERS_MAX];
-    struct disk_codec *codec[TIER_DISK_WORKERS_MAX];
-    int efd;
-};
-
-struct tier_disk_buf {
-    uint8_t *base;
-    uint64_t len;
-};
-
-struct tier_disk {
-    struct tier base;
-    struct tier_disk_config cfg;
-    int fds[TIER_DISK_MAX_PATHS];
-    bool failed[TIER_DISK_MAX_PATHS];
-    uint64_t secret[TIER_DISK_MAX_PATHS];
-    uint32_t npaths;
-    uint64_t path_size;      /* bytes per path, whole pages */
-    uint64_t pages_per_path;
-    uint64_t npages;
-    struct tier_disk_page *pages;
-    uint32_t open_page;      /* UINT32_MAX: none */
-    uint32_t next_version;
-    uint32_t rr;             /* next path to open a page on */
-    struct io_uring ring;
-    bool ring_ok;
-    bool fixed_files;
-    int efd;
-    uint32_t inflight;       /* ops */
-    uint64_t last_alloc;     /* data offset of the latest alloc (0: none) */
-    bool last_alloc_put;     /* whether a write to it was submitted */
-    struct tier_disk_buf bufs[TIER_DISK_MAX_BUFS];
-    uint32_t nbufs;
-    double tokens;           /* write budget, bytes */
-    uint64_t last_refill_ns;
-    uint32_t queued;         /* ops with the workers (encode or verify) */
-    /* Queue depth is what the device sees, as fio's iodepth: at most queue_depth records
-     * of each direction are in io_uring. Hashing runs beside them, so an op is admitted
-     * while fewer than twice that many are in flight; the ones ready for the device while
-     * it is full wait here, oldest first ([0] reads, [1] writes). */
-    uint32_t dev[2];
-    struct tier_disk_op *waitq[2], *waitq_tail[2];
-    /* Records prepared in the submission ring and not yet handed to the kernel: they go in
-     * one io_uring_enter at the end of a poll or at tier_disk_flush, so records that are
-     * next to each other on the device reach the block layer together and merge. */
-    uint32_t unsubmitted;
-    struct tier_disk_pool pool;
-    bool pool_ok;
-    struct tier_disk_stats st;
-};
-
-static struct tier_disk *tier_disk_of(const struct tier *t)
-{
-    return (struct tier_disk *)t;
-}
-
 static uint64_t tier_disk_round(uint64_t len)
 {
     return (len + TIER_DISK_ALIGN - 1) & ~(uint64_t)(TIER_DISK_ALIGN - 1);
@@ -204,14 +94,14 @@ uint64_t tier_disk_record_bytes(uint64_t len)
     return TIER_DISK_HDR + tier_disk_round(len);
 }
 
-static uint64_t tier_disk_now_ns(void)
+uint64_t tier_disk_now_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static void *tier_disk_aligned(uint64_t len)
+void *tier_disk_aligned(uint64_t len)
 {
     void *p = NULL;
     if (posix_memalign(&p, TIER_DISK_ALIGN, len ? len : TIER_DISK_ALIGN))
@@ -227,18 +117,18 @@ static uint64_t tier_disk_hdr_csum(const struct tier_disk *d, uint32_t path,
 
 /* ---- pages ----------------------------------------------------------------------------- */
 
-static uint64_t tier_disk_page_base(const struct tier_disk *d, uint32_t page)
+uint64_t tier_disk_page_base(const struct tier_disk *d, uint32_t page)
 {
     return (uint64_t)page * d->cfg.page_size;
 }
 
-static uint32_t tier_disk_page_path(const struct tier_disk *d, uint32_t page)
+uint32_t tier_disk_page_path(const struct tier_disk *d, uint32_t page)
 {
     return (uint32_t)(page / d->pages_per_path);
 }
 
 /* Byte offset inside its path of a global offset (past the superblock). */
-static uint64_t tier_disk_path_off(const struct tier_disk *d, uint64_t off)
+uint64_t tier_disk_path_off(const struct tier_disk *d, uint64_t off)
 {
     return TIER_DISK_SB + off % d->path_size;
 }
@@ -318,12 +208,13 @@ static int tier_disk_alloc(struct tier *t, uint64_t len, struct tier_loc *loc)
     d->st.used += loc->len;
     d->last_alloc = loc->off;
     d->last_alloc_put = false;
+    d->gen++;
     return 0;
 }
 
 /* The page of a location the tier handed out and has not seen freed (live page, same
  * version, inside the page), or UINT32_MAX. */
-static uint32_t tier_disk_loc_page(const struct tier_disk *d, const struct tier_loc *loc)
+uint32_t tier_disk_loc_page(const struct tier_disk *d, const struct tier_loc *loc)
 {
     uint64_t p;
     if (loc->off < TIER_DISK_HDR || loc->len == 0 || loc->len % TIER_DISK_ALIGN ||
@@ -358,6 +249,7 @@ static void tier_disk_free(struct tier *t, const struct tier_loc *loc)
         d->last_alloc = 0;
     }
     pg->live--;
+    d->gen++;
     pg->live_bytes -= loc->len < pg->live_bytes ? loc->len : pg->live_bytes;
     d->st.used -= loc->len < d->st.used ? loc->len : d->st.used;
     tier_disk_page_maybe_free(d, p);
@@ -409,6 +301,7 @@ static int tier_disk_prep(struct tier_disk *d, struct tier_disk_op *op, bool wri
         sqe->flags |= IOSQE_FIXED_FILE;
     io_uring_sqe_set_data(sqe, op);
     op->pending++;
+    op->want += len;
     return 0;
 }
 
@@ -434,6 +327,7 @@ static int tier_disk_prep_record(struct tier_disk *d, struct tier_disk_op *op, b
         sqe->flags |= IOSQE_FIXED_FILE;
     io_uring_sqe_set_data(sqe, op);
     op->pending++;
+    op->want += TIER_DISK_HDR + len;
     return 0;
 }
 
@@ -893,6 +787,37 @@ static void tier_disk_pool_stop(struct tier_disk *d)
 
 /* ---- record writes --------------------------------------------------------------------- */
 
+/* A record write at a known location joins the list of writes in flight until op_end. */
+static void tier_disk_put_list(struct tier_disk *d, struct tier_disk_op *op)
+{
+    op->put_prev = NULL;
+    op->put_next = d->puts;
+    if (d->puts)
+        d->puts->put_prev = op;
+    d->puts = op;
+    op->put_listed = true;
+}
+
+void tier_disk_pages_pending(const struct tier_disk *d, uint32_t *from)
+{
+    for (uint64_t p = 0; p < d->npages; p++)
+        from[p] = UINT32_MAX;
+    if (d->open_page != UINT32_MAX)
+        from[d->open_page] = (uint32_t)d->pages[d->open_page].used;
+    /* A record allocated and not yet handed to tier_disk_put lies before the fill too. */
+    if (d->last_alloc && !d->last_alloc_put) {
+        uint32_t p = (uint32_t)((d->last_alloc - TIER_DISK_HDR) / d->cfg.page_size);
+        uint32_t at = (uint32_t)(d->last_alloc - TIER_DISK_HDR - tier_disk_page_base(d, p));
+        if (p < d->npages && at < from[p])
+            from[p] = at;
+    }
+    for (const struct tier_disk_op *op = d->puts; op; op = op->put_next) {
+        uint32_t at = (uint32_t)(op->loc.off - TIER_DISK_HDR - tier_disk_page_base(d, op->page));
+        if (at < from[op->page])
+            from[op->page] = at;
+    }
+}
+
 /* Fills the header of an encoded PUT for its location and submits header and data. */
 static int tier_disk_put_submit(struct tier_disk *d, struct tier_disk_op *op)
 {
@@ -900,7 +825,7 @@ static int tier_disk_put_submit(struct tier_disk *d, struct tier_disk_op *op)
     struct tier_disk_hdr *h = op->buf;
     memset(op->buf, 0, TIER_DISK_HDR);
     *h = (struct tier_disk_hdr){.magic = TIER_DISK_MAGIC,
-                                .format = TIER_DISK_FORMAT,
+                                .format = TIER_DISK_VERSION,
                                 .page_version = (uint32_t)op->loc.cls,
                                 .len = m->stored,
                                 .data_csum = op->data_csum,
@@ -984,6 +909,7 @@ int tier_disk_put(struct tier *t, const struct tier_loc *loc, const struct tier_
     op->submit_at_loc = true;
     if (loc->off == d->last_alloc)
         d->last_alloc_put = true;
+    tier_disk_put_list(d, op);
     d->inflight++;
     d->pages[p].inflight++;
     d->st.writes_inflight++;
@@ -1080,6 +1006,7 @@ int tier_disk_rec_put(struct tier *t, const struct tier_loc *loc, struct tier_di
     op->bytes = dlen + TIER_DISK_HDR;
     if (loc->off == d->last_alloc)
         d->last_alloc_put = true;
+    tier_disk_put_list(d, op);
     d->inflight++;
     d->pages[p].inflight++;
     op->status = tier_disk_put_submit(d, op);
@@ -1151,7 +1078,7 @@ static int tier_disk_get_verify(struct tier_disk *d, struct tier_disk_op *op)
 {
     const struct tier_disk_hdr *h = op->buf;
     const struct tier_disk_page *pg = &d->pages[op->page];
-    if (h->magic != TIER_DISK_MAGIC || h->format != TIER_DISK_FORMAT ||
+    if (h->magic != TIER_DISK_MAGIC || h->format != TIER_DISK_VERSION ||
         h->hdr_csum != tier_disk_hdr_csum(d, op->path, h) || h->page_version != pg->version)
         return -EBADMSG;
     if (h->raw_len > op->len || tier_disk_round(h->len) > op->buf_len || h->len == 0)
@@ -1172,6 +1099,16 @@ static void tier_disk_op_end(struct tier_disk *d, struct tier_disk_op *op)
 {
     struct tier_disk_page *pg = &d->pages[op->page];
     bool reading = op->kind == TIER_DISK_OP_READ || op->kind == TIER_DISK_OP_GET;
+    if (op->put_listed) {
+        if (op->put_prev)
+            op->put_prev->put_next = op->put_next;
+        else
+            d->puts = op->put_next;
+        if (op->put_next)
+            op->put_next->put_prev = op->put_prev;
+        op->put_listed = false;
+        d->gen++;
+    }
     d->inflight--;
     pg->inflight--;
     if (reading)
@@ -1224,10 +1161,16 @@ int tier_disk_poll(struct tier *t)
             continue;
         if (res < 0 && op->status == 0)
             op->status = res == -ENOSPC ? -ENOSPC : -EIO;
-        else if (res >= 0 && op->status == 0 && (res % TIER_DISK_ALIGN))
-            op->status = -EIO; /* short transfer */
+        else if (res > 0)
+            op->got += (uint64_t)res;
         if (--op->pending)
             continue;
+        /* A transfer that completed short is an error however it is aligned: the bytes
+         * behind it were never read or written (a file cut short, a device that gave up). */
+        if (op->status == 0 && op->got != op->want) {
+            op->status = -EIO;
+            d->st.short_io++;
+        }
         if (op->on_dev) {
             bool write = op->kind == TIER_DISK_OP_PUT;
             op->on_dev = false;
@@ -1311,70 +1254,115 @@ int tier_disk_buffers_register(struct tier *t, void *base, uint64_t len)
 
 /* ---- start ----------------------------------------------------------------------------- */
 
-/* Walks the record chain of every page with synchronous header reads. */
+bool tier_disk_hdr_ok(const struct tier_disk *d, uint32_t path, const struct tier_disk_hdr *h,
+                      uint64_t at)
+{
+    return h->magic == TIER_DISK_MAGIC && h->format == TIER_DISK_VERSION &&
+           h->hdr_csum == tier_disk_hdr_csum(d, path, h) && h->len != 0 &&
+           h->len <= d->cfg.page_size - TIER_DISK_HDR &&
+           at + tier_disk_record_bytes(h->len) <= d->cfg.page_size && h->raw_len != 0 &&
+           (h->codec != TIER_DISK_CODEC_RAW || h->raw_len == h->len);
+}
+
+bool tier_disk_found(struct tier_disk *d, uint32_t p, uint32_t ver,
+                     const struct tier_disk_meta *m, const struct tier_loc *loc)
+{
+    struct tier_disk_page *pg = &d->pages[p];
+    uint64_t end = loc->off + loc->len - tier_disk_page_base(d, p);
+    if (!d->cfg.scan)
+        return false;
+    /* The page must look live while the callback decides. */
+    pg->state = TIER_DISK_PAGE_FULL;
+    pg->version = ver;
+    if (d->cfg.scan(d->cfg.scan_arg, m, loc) != 0)
+        return false;
+    pg->live++;
+    pg->live_bytes += loc->len;
+    if (pg->used < end)
+        pg->used = end;
+    d->st.used += loc->len;
+    d->st.records_found++;
+    return true;
+}
+
+static bool tier_disk_skip_has(const uint64_t *skip, size_t n, uint64_t off)
+{
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (skip[mid] == off)
+            return true;
+        if (skip[mid] < off)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return false;
+}
+
+uint64_t tier_disk_page_walk(struct tier_disk *d, struct tier_disk_hdr *h, uint32_t p,
+                             uint64_t at, uint32_t *ver, const uint64_t *skip, size_t nskip)
+{
+    uint32_t path = tier_disk_page_path(d, p);
+    uint64_t base = tier_disk_path_off(d, tier_disk_page_base(d, p));
+    while (at + TIER_DISK_HDR <= d->cfg.page_size) {
+        struct tier_disk_meta m;
+        struct tier_loc loc;
+        d->st.start_reads++;
+        if (pread(d->fds[path], h, TIER_DISK_HDR, (off_t)(base + at)) != TIER_DISK_HDR ||
+            !tier_disk_hdr_ok(d, path, h, at))
+            break;
+        /* A header of another version ends the chain: it belongs to another life of the
+         * page (stale bytes behind the records of this one). */
+        if (*ver == 0)
+            *ver = h->page_version;
+        else if (h->page_version != *ver)
+            break;
+        m = (struct tier_disk_meta){.key = {h->key[0], h->key[1]},
+                                    .parent = {h->parent[0], h->parent[1]},
+                                    .depth = h->depth,
+                                    .codec = h->codec,
+                                    .len = h->raw_len,
+                                    .stored = h->len,
+                                    .format = h->block_format};
+        memcpy(m.ns, h->ns, sizeof(m.ns));
+        loc = (struct tier_loc){.arena = path,
+                                .cls = *ver,
+                                .off = tier_disk_page_base(d, p) + at + TIER_DISK_HDR,
+                                .len = tier_disk_round(h->len)};
+        if (!tier_disk_skip_has(skip, nskip, loc.off) && tier_disk_found(d, p, *ver, &m, &loc))
+            d->st.records_walked++;
+        at += tier_disk_record_bytes(h->len);
+    }
+    return at;
+}
+
+/* Walks the record chain of every page with synchronous header reads (no checkpoint, or
+ * one that was refused). */
 static int tier_disk_scan(struct tier_disk *d)
 {
     struct tier_disk_hdr *h = tier_disk_aligned(TIER_DISK_HDR);
     uint32_t maxv = 0;
     if (!h)
         return -ENOMEM;
-    /* First pass: the highest version on the device, so every page opened later gets a
-     * newer one than any record left anywhere. */
     for (uint32_t p = 0; p < d->npages; p++) {
-        uint32_t path = tier_disk_page_path(d, p);
-        uint64_t base = tier_disk_path_off(d, tier_disk_page_base(d, p));
-        uint64_t at = 0;
-        uint32_t ver = 0;
         struct tier_disk_page *pg = &d->pages[p];
+        uint32_t ver = 0;
+        uint64_t end;
         if (d->cfg.progress && p % 64 == 0)
             d->cfg.progress(d->cfg.progress_arg, p, d->npages);
-        while (at + TIER_DISK_HDR <= d->cfg.page_size) {
-            if (pread(d->fds[path], h, TIER_DISK_HDR, (off_t)(base + at)) != TIER_DISK_HDR)
-                break;
-            if (h->magic != TIER_DISK_MAGIC || h->format != TIER_DISK_FORMAT ||
-                h->hdr_csum != tier_disk_hdr_csum(d, path, h) || h->len == 0 ||
-                h->len > d->cfg.page_size - TIER_DISK_HDR ||
-                at + tier_disk_record_bytes(h->len) > d->cfg.page_size || h->raw_len == 0 ||
-                (h->codec == TIER_DISK_CODEC_RAW && h->raw_len != h->len))
-                break;
-            if (at == 0)
-                ver = h->page_version;
-            else if (h->page_version != ver)
-                break;
-            if (ver > maxv)
-                maxv = ver;
-            if (d->cfg.scan) {
-                struct tier_disk_meta m = {.key = {h->key[0], h->key[1]},
-                                           .parent = {h->parent[0], h->parent[1]},
-                                           .depth = h->depth,
-                                           .codec = h->codec,
-                                           .len = h->raw_len,
-                                           .stored = h->len,
-                                           .format = h->block_format};
-                struct tier_loc loc = {.arena = path,
-                                       .cls = ver,
-                                       .off = tier_disk_page_base(d, p) + at + TIER_DISK_HDR,
-                                       .len = tier_disk_round(h->len)};
-                memcpy(m.ns, h->ns, sizeof(m.ns));
-                /* The page must look live while the callback decides. */
-                pg->state = TIER_DISK_PAGE_FULL;
-                pg->version = ver;
-                if (d->cfg.scan(d->cfg.scan_arg, &m, &loc) == 0) {
-                    pg->live++;
-                    pg->live_bytes += loc.len;
-                    d->st.used += loc.len;
-                    d->st.records_found++;
-                }
-            }
-            at += tier_disk_record_bytes(h->len);
-        }
+        end = tier_disk_page_walk(d, h, p, 0, &ver, NULL, 0);
+        /* Every page opened later gets a newer version than any record left anywhere. */
+        if (ver > maxv)
+            maxv = ver;
         if (pg->live) {
             pg->state = TIER_DISK_PAGE_FULL;
             pg->version = ver;
-            pg->used = at;
+            pg->used = end;
         } else {
             pg->state = TIER_DISK_PAGE_FREE;
             pg->version = 0;
+            pg->used = 0;
             d->st.pages_free++;
         }
     }
@@ -1383,44 +1371,82 @@ static int tier_disk_scan(struct tier_disk *d)
     return 0;
 }
 
-/* Reads the superblock of path i, or writes a new one with a fresh secret (a new file, or
- * one kvcd did not write: whatever records it holds can no longer verify). 0 or -errno. */
-static int tier_disk_sb_load(struct tier_disk *d, uint32_t i)
+/* What the first 4 KiB of a path hold. */
+enum tier_disk_sb_kind {
+    TIER_DISK_SB_CURRENT = 0, /* a kvcd superblock of this format */
+    TIER_DISK_SB_EMPTY = 1,   /* zeros (a new file, a fresh or discarded device) */
+    TIER_DISK_SB_KVCD = 2,    /* a kvcd superblock of another format, or a torn one */
+    TIER_DISK_SB_FOREIGN = 3, /* anything else: someone's data */
+};
+
+/* Reads the superblock of path i (bytes past the end of a short file read as zeros). */
+static int tier_disk_sb_read(struct tier_disk *d, uint32_t i, enum tier_disk_sb_kind *kind)
+{
+    struct tier_disk_sb *sb = tier_disk_aligned(TIER_DISK_SB);
+    const uint8_t *b = (const uint8_t *)sb;
+    ssize_t n;
+    if (!sb)
+        return -ENOMEM;
+    memset(sb, 0, TIER_DISK_SB);
+    n = pread(d->fds[i], sb, TIER_DISK_SB, 0);
+    if (n < 0) {
+        int rc = -errno;
+        free(sb);
+        return rc;
+    }
+    if (sb->magic == TIER_DISK_SB_MAGIC && sb->format == TIER_DISK_VERSION &&
+        sb->csum == XXH3_64bits(sb, offsetof(struct tier_disk_sb, csum))) {
+        *kind = TIER_DISK_SB_CURRENT;
+        d->secret[i] = sb->secret;
+    } else if (sb->magic == TIER_DISK_SB_MAGIC) {
+        *kind = TIER_DISK_SB_KVCD;
+    } else {
+        *kind = TIER_DISK_SB_EMPTY;
+        for (uint32_t k = 0; k < TIER_DISK_SB; k++)
+            if (b[k]) {
+                *kind = TIER_DISK_SB_FOREIGN;
+                break;
+            }
+    }
+    free(sb);
+    return 0;
+}
+
+/* Writes a new superblock with a fresh secret on path i: whatever records it held can no
+ * longer verify. 0 or -errno. */
+static int tier_disk_sb_write(struct tier_disk *d, uint32_t i)
 {
     struct tier_disk_sb *sb = tier_disk_aligned(TIER_DISK_SB);
     int rc = 0;
     if (!sb)
         return -ENOMEM;
-    if (pread(d->fds[i], sb, TIER_DISK_SB, 0) == TIER_DISK_SB && sb->magic == TIER_DISK_SB_MAGIC &&
-        sb->format == TIER_DISK_FORMAT &&
-        sb->csum == XXH3_64bits(sb, offsetof(struct tier_disk_sb, csum))) {
-        d->secret[i] = sb->secret;
-        goto out;
-    }
     memset(sb, 0, TIER_DISK_SB);
     sb->magic = TIER_DISK_SB_MAGIC;
-    sb->format = TIER_DISK_FORMAT;
+    sb->format = TIER_DISK_VERSION;
     if (getrandom(&sb->secret, sizeof(sb->secret), 0) != sizeof(sb->secret))
         sb->secret = tier_disk_now_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)sb;
     sb->created_ns = tier_disk_now_ns();
     sb->csum = XXH3_64bits(sb, offsetof(struct tier_disk_sb, csum));
-    if (pwrite(d->fds[i], sb, TIER_DISK_SB, 0) != TIER_DISK_SB || fdatasync(d->fds[i]) < 0) {
+    if (pwrite(d->fds[i], sb, TIER_DISK_SB, 0) != TIER_DISK_SB || fdatasync(d->fds[i]) < 0)
         rc = -EIO;
-        goto out;
-    }
-    d->secret[i] = sb->secret;
-out:
+    else
+        d->secret[i] = sb->secret;
     free(sb);
     return rc;
 }
 
-static int tier_disk_open_path(struct tier_disk *d, uint32_t i, uint64_t *size)
+/* Opens path i. The last component must not be a symbolic link (O_NOFOLLOW): a link planted
+ * where the tier's file belongs would make the daemon write wherever it points. With
+ * TIER_DISK_FORMAT_NEVER a missing file is not created. */
+static int tier_disk_open_fd(struct tier_disk *d, uint32_t i)
 {
     const char *path = d->cfg.paths[i];
-    struct stat st;
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_DIRECT, 0600);
+    int flags = O_RDWR | O_CLOEXEC | O_NOFOLLOW |
+                (d->cfg.format == TIER_DISK_FORMAT_NEVER ? 0 : O_CREAT);
+    struct stat ls;
+    int fd = open(path, flags | O_DIRECT, 0600);
     if (fd < 0 && errno == EINVAL) {
-        fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+        fd = open(path, flags, 0600);
         if (fd >= 0) {
             fprintf(stderr, "kvcd: disk: %s: O_DIRECT refused by the file system; using BUFFERED "
                             "I/O (slower, and the page cache holds a second copy)\n",
@@ -1428,32 +1454,78 @@ static int tier_disk_open_path(struct tier_disk *d, uint32_t i, uint64_t *size)
             d->st.buffered = true;
         }
     }
-    if (fd < 0)
+    if (fd >= 0) {
+        d->fds[i] = fd;
+        return 0;
+    }
+    if ((errno == ELOOP || errno == EMLINK) && lstat(path, &ls) == 0 && S_ISLNK(ls.st_mode)) {
+        fprintf(stderr, "kvcd: disk: %s is a symbolic link; refusing it (name the file or "
+                        "device itself, e.g. the output of readlink -f)\n",
+                path);
+        return -ELOOP;
+    }
+    if (errno == ENOENT && d->cfg.format == TIER_DISK_FORMAT_NEVER)
+        fprintf(stderr, "kvcd: disk: %s does not exist and disk.format is never; not "
+                        "creating it\n",
+                path);
+    return -errno;
+}
+
+/* Whether path i may be used as it is, formatted, or not at all (cfg.format). */
+static int tier_disk_sb_load(struct tier_disk *d, uint32_t i, enum tier_disk_sb_kind kind)
+{
+    const char *path = d->cfg.paths[i];
+    if (kind == TIER_DISK_SB_CURRENT)
+        return 0;
+    if (d->cfg.format == TIER_DISK_FORMAT_NEVER ||
+        (kind == TIER_DISK_SB_FOREIGN && d->cfg.format != TIER_DISK_FORMAT_FORCE)) {
+        fprintf(stderr, "kvcd: disk: %s holds %s; refusing to overwrite it (disk.format=force "
+                        "formats it, losing what it holds)\n",
+                path,
+                kind == TIER_DISK_SB_FOREIGN ? "data that is not a kvcd disk tier"
+                                             : "no kvcd disk tier of this format");
+        return -EEXIST;
+    }
+    return tier_disk_sb_write(d, i);
+}
+
+static int tier_disk_open_path(struct tier_disk *d, uint32_t i, uint64_t *size, bool *is_file)
+{
+    struct stat st;
+    enum tier_disk_sb_kind kind = TIER_DISK_SB_FOREIGN;
+    int rc = tier_disk_open_fd(d, i);
+    if (rc)
+        return rc;
+    if (fstat(d->fds[i], &st) < 0)
         return -errno;
-    d->fds[i] = fd;
-    if (fstat(fd, &st) < 0)
-        return -errno;
+    *is_file = S_ISREG(st.st_mode);
+    if (!S_ISBLK(st.st_mode) && !S_ISREG(st.st_mode))
+        return -EINVAL;
+    /* What the path holds is decided before anything is written, sizing included. */
+    rc = tier_disk_sb_read(d, i, &kind);
+    if (rc == 0)
+        rc = tier_disk_sb_load(d, i, kind);
+    if (rc)
+        return rc;
     if (S_ISBLK(st.st_mode)) {
         uint64_t bytes = 0;
-        if (ioctl(fd, BLKGETSIZE64, &bytes) < 0)
+        if (ioctl(d->fds[i], BLKGETSIZE64, &bytes) < 0)
             return -errno;
         if (bytes <= TIER_DISK_SB)
             return -ENOSPC;
         bytes -= TIER_DISK_SB;
         *size = d->cfg.size && d->cfg.size < bytes ? d->cfg.size : bytes;
-        return tier_disk_sb_load(d, i);
+        return 0;
     }
-    if (!S_ISREG(st.st_mode))
-        return -EINVAL;
     *size = d->cfg.size;
     if ((uint64_t)st.st_size < d->cfg.size + TIER_DISK_SB) {
-        int rc = posix_fallocate(fd, 0, (off_t)(d->cfg.size + TIER_DISK_SB));
+        rc = posix_fallocate(d->fds[i], 0, (off_t)(d->cfg.size + TIER_DISK_SB));
         if (rc == EOPNOTSUPP || rc == EINVAL)
-            rc = ftruncate(fd, (off_t)(d->cfg.size + TIER_DISK_SB)) < 0 ? errno : 0;
+            rc = ftruncate(d->fds[i], (off_t)(d->cfg.size + TIER_DISK_SB)) < 0 ? errno : 0;
         if (rc)
             return -rc;
     }
-    return tier_disk_sb_load(d, i);
+    return 0;
 }
 
 static void tier_disk_destroy(struct tier *t)
@@ -1469,7 +1541,9 @@ static void tier_disk_destroy(struct tier *t)
     for (uint32_t i = 0; i < TIER_DISK_MAX_PATHS; i++)
         if (d->fds[i] >= 0)
             close(d->fds[i]);
+    tier_disk_ckpt_fini(d);
     free(d->pages);
+    free(d->ckpt_path);
     free(d);
 }
 
@@ -1497,7 +1571,8 @@ static const struct tier_ops tier_disk_ops = {
 struct tier *tier_disk_new(const struct tier_disk_config *cfg, int *err)
 {
     struct tier_disk *d = calloc(1, sizeof(*d));
-    uint64_t size = UINT64_MAX;
+    uint64_t size = UINT64_MAX, t0 = tier_disk_now_ns();
+    bool first_is_file = false;
     int rc = -ENOMEM;
     if (!d)
         goto fail;
@@ -1509,14 +1584,18 @@ struct tier *tier_disk_new(const struct tier_disk_config *cfg, int *err)
     d->open_page = UINT32_MAX;
     rc = -EINVAL;
     if (cfg->npaths == 0 || cfg->npaths > TIER_DISK_MAX_PATHS || cfg->page_size < (64u << 10) ||
-        cfg->page_size % TIER_DISK_ALIGN || cfg->queue_depth == 0 || cfg->queue_depth > 4096)
+        cfg->page_size % TIER_DISK_ALIGN || cfg->page_size > (1u << 30) ||
+        cfg->queue_depth == 0 || cfg->queue_depth > 4096 || cfg->format > TIER_DISK_FORMAT_FORCE)
         goto fail;
     d->npaths = cfg->npaths;
     for (uint32_t i = 0; i < d->npaths; i++) {
         uint64_t s = 0;
-        rc = tier_disk_open_path(d, i, &s);
+        bool is_file = false;
+        rc = tier_disk_open_path(d, i, &s, &is_file);
         if (rc)
             goto fail;
+        if (i == 0)
+            first_is_file = is_file;
         if (s < size)
             size = s;
     }
@@ -1553,9 +1632,21 @@ struct tier *tier_disk_new(const struct tier_disk_config *cfg, int *err)
         goto fail;
     d->last_refill_ns = tier_disk_now_ns();
     d->tokens = tier_disk_burst(d);
-    rc = tier_disk_scan(d);
+    rc = tier_disk_ckpt_init(d, first_is_file);
     if (rc)
         goto fail;
+    /* A valid checkpoint plus the pages written since, or else every page's chain. */
+    if (tier_disk_ckpt_load(d) == 0) {
+        d->st.ckpt_loaded = true;
+    } else {
+        rc = tier_disk_scan(d);
+        if (rc)
+            goto fail;
+    }
+    /* Nothing changed yet; a start that walked records has a checkpoint to catch up. */
+    d->ckpt_gen = d->st.records_walked || !d->st.ckpt_loaded ? UINT64_MAX : d->gen;
+    d->ckpt_try_ns = tier_disk_now_ns();
+    d->st.start_us = (d->ckpt_try_ns - t0) / 1000;
     return &d->base;
 fail:
     if (d)
@@ -1612,6 +1703,7 @@ void tier_disk_stats_get(const struct tier *t, struct tier_disk_stats *st)
 {
     const struct tier_disk *d = tier_disk_of(t);
     *st = d->st;
+    st->ckpt_stale = d->ckpt_path && (d->gen != d->ckpt_gen || d->ckpt_sync);
     st->dead_bytes = 0;
     for (uint64_t p = 0; p < d->npages; p++)
         if (d->pages[p].state == TIER_DISK_PAGE_FULL)

@@ -19,6 +19,21 @@
  * reported record is verified again when read. A record allocated but never written is
  * taken back when freed if it is still the page's last, so no page keeps a hole that would
  * cut its chain.
+ * A checkpoint (tier_disk_checkpoint) makes the start cost independent of the record count:
+ * a sidecar file, written atomically from the caller's list of live records, holds them
+ * (64 bytes each, namespace descriptors in a table) with every page's version and state,
+ * where each page may still grow (the open page's fill, or its oldest write in flight), the
+ * version counter, and an XXH3 seeded with the superblock secret. At start one header is
+ * read per page (io_uring, batched): a page whose first header carries a version newer
+ * than the checkpoint's counter was reused since, so its checkpointed records are dropped
+ * and it is walked in full; any other live page keeps its checkpointed records and is
+ * walked only from where it could have grown. A checkpoint that fails any check (checksum,
+ * secret, geometry, length) is ignored and every page is walked as without one. Records
+ * taken from a checkpoint are verified on every read like any other.
+ * Paths are opened with O_NOFOLLOW, and one that holds neither a kvcd superblock nor zeros
+ * in its first 4 KiB is refused unless cfg.format says FORCE, so a wrong path never
+ * overwrites foreign data. A transfer that completes short (even 4 KiB aligned) is an I/O
+ * error.
  * The daemon's host arena is registered as fixed buffers, so tier_disk_put/get move bytes
  * between arena slots and the device with no copy; the files are registered too. Completions
  * are signalled on an eventfd (tier_disk_fd) that the daemon's epoll loop watches; the loop
@@ -73,6 +88,20 @@ typedef void (*tier_disk_encoded_fn)(void *arg, struct tier_disk_rec *r, int sta
 typedef int (*tier_disk_scan_fn)(void *arg, const struct tier_disk_meta *m,
                                  const struct tier_loc *loc);
 
+/* What to do with a path that has no valid superblock of this format. */
+enum tier_disk_format {
+    TIER_DISK_FORMAT_AUTO = 0,  /* format a new or empty path (its first 4 KiB all zero) or
+                                   one of an older kvcd; refuse anything else (-EEXIST) */
+    TIER_DISK_FORMAT_NEVER = 1, /* use only a path kvcd formatted (-ENOENT, -EEXIST) */
+    TIER_DISK_FORMAT_FORCE = 2, /* format whatever is there (its bytes are lost) */
+};
+
+/* One live record for a checkpoint: fills *m (key, parent, depth, len, format, ns; codec
+ * and stored may be 0 when unknown) and *loc (as alloc handed it out) and returns 1; 0 at
+ * the end; a negative errno abandons the checkpoint. */
+typedef int (*tier_disk_ckpt_next_fn)(void *arg, struct tier_disk_meta *m,
+                                      struct tier_loc *loc);
+
 struct tier_disk_config {
     const char *paths[TIER_DISK_MAX_PATHS]; /* files (created and sized) or block devices */
     uint32_t npaths;
@@ -86,6 +115,9 @@ struct tier_disk_config {
     void (*progress)(void *arg, uint64_t pages_done, uint64_t pages); /* during the scan */
     void *progress_arg;
     uint32_t workers;     /* threads hashing and compressing records; 0: 2 */
+    uint32_t format;      /* enum tier_disk_format */
+    const char *ckpt_path; /* the checkpoint file. NULL: paths[0] + ".ckpt" when paths[0] is
+                              a regular file, none beside a block device; "": none */
 };
 
 struct tier_disk_stats {
@@ -98,16 +130,31 @@ struct tier_disk_stats {
     uint64_t read_errors, write_errors, checksum_failures;
     uint64_t throttled, queue_full;
     uint64_t failed_paths;
-    uint64_t records_found;         /* at start */
+    uint64_t records_found;         /* at start: kept by scan, in all */
+    uint64_t records_ckpt;          /* at start: of them, taken from the checkpoint */
+    uint64_t records_walked;        /* at start: of them, found walking page chains */
+    uint64_t start_reads;           /* at start: 4 KiB header reads */
+    uint64_t start_us;              /* at start: time to load the index */
+    bool ckpt_loaded;               /* at start: a valid checkpoint was used */
+    uint64_t ckpt_writes, ckpt_errors;
+    uint64_t ckpt_records, ckpt_bytes, ckpt_us; /* the latest checkpoint written: until it
+                                                   was on the device under its name */
+    uint64_t ckpt_loop_us;          /* of it, the time on the calling thread (listing and
+                                       writing; the fsync and rename run aside) */
+    bool ckpt_stale;                /* records changed since the latest checkpoint */
+    uint64_t short_io;              /* transfers that completed short (also I/O errors) */
     uint64_t codec_in, codec_out;   /* bytes given to zstd, and what was stored for them */
     uint64_t compressed, incompressible; /* records stored compressed / raw after trying */
     bool buffered;                  /* O_DIRECT refused by the file system */
     bool fixed_buffers;             /* the arena is registered */
 };
 
-/* Opens (creating and sizing files as needed) every path, sets up the ring and walks the
- * pages. NULL on failure with *err: -EINVAL (config), -ENOSPC (a path smaller than one
- * page), -errno of open/fallocate/io_uring_queue_init. */
+/* Opens (creating and sizing files as needed) every path, sets up the ring and finds the
+ * records (from a valid checkpoint plus the pages that changed since, or walking every
+ * page). NULL on failure with *err: -EINVAL (config, or a path that is neither a file nor
+ * a block device), -ENOSPC (a path smaller than one page), -ELOOP (a symbolic link),
+ * -EEXIST (a path holding foreign data, see enum tier_disk_format), -ENOENT (a missing path
+ * with TIER_DISK_FORMAT_NEVER), -errno of open/fallocate/io_uring_queue_init. */
 struct tier *tier_disk_new(const struct tier_disk_config *cfg, int *err);
 
 /* Registers [base, base+len) (the host arena) as fixed buffers: transfers from or to it use
@@ -179,6 +226,27 @@ int tier_disk_page_of(const struct tier *t, const struct tier_loc *loc);
  * the page size), if below below_pct percent: 0 and *page, or -ENOENT. For the compactor,
  * which moves the page's live records to the open page so the page can be reused. */
 int tier_disk_compact_pick(const struct tier *t, uint32_t below_pct, uint32_t *page);
+
+/* Writes the checkpoint of the records `next` lists (the caller's live records; each must
+ * be on a live page under its current version, others are skipped) to a temporary file
+ * beside cfg.ckpt_path: one sequential write through a 1 MiB buffer, on the calling (loop)
+ * thread, with memory that does not grow with the record count. A helper thread then
+ * fsyncs it, renames it over the previous one and fsyncs the directory, so the loop does
+ * not wait for the device; tier_disk_checkpoint_wait gives that verdict. A checkpoint
+ * still syncing is waited for first. Returns the records written, or -ENOENT (no checkpoint
+ * path), -E2BIG (more than 65535 namespaces), -ENOMEM, -errno of open/write, or next's
+ * error; the previous checkpoint is then untouched. */
+int tier_disk_checkpoint(struct tier *t, tier_disk_ckpt_next_fn next, void *arg);
+/* The verdict on the latest checkpoint's fsync and rename, given once: 0 (it is on the
+ * device under its name, or none was pending), -errno of fsync/rename (the previous one
+ * stays), or -EINPROGRESS while it runs and wait is false (wait: until it is done). */
+int tier_disk_checkpoint_result(struct tier *t, bool wait);
+/* Whether a checkpoint is worth writing: none is syncing, records were allocated, written or
+ * freed since the last one written (or the start walked pages), and interval_ms passed since
+ * the last try. */
+bool tier_disk_checkpoint_due(const struct tier *t, uint64_t interval_ms);
+/* The checkpoint file, or NULL when there is none. Owned by the tier. */
+const char *tier_disk_checkpoint_path(const struct tier *t);
 
 /* Bytes a record of len data bytes takes on the device. */
 uint64_t tier_disk_record_bytes(uint64_t len);

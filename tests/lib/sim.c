@@ -508,7 +508,7 @@ static int sim_host_room(struct sim_state *s, double need, uint64_t now)
             break;
         case POLICY_ACTION_OFFLOAD:
             if (s->blk[x].hits < s->c->admit_hits && !s->blk[x].children) {
-                /* Not admitted: dropped, as the daemon's tiering_demote does. */
+                /* Not admitted: dropped, as the daemon's engine does for a block the disk would not take. */
                 s->used -= sim_room(s, x);
                 sim_forget(s, x);
                 break;

@@ -1,0 +1,184 @@
+/*
+ * disk_int.h — the disk tier's own types, shared by disk.c (pages, records, I/O) and
+ * disk_ckpt.c (the checkpoint of the index); nothing outside tiers/disk*.c includes it.
+ *
+ * DESIGN
+ * One struct tier_disk per tier, owned by the daemon's loop thread (the worker pool's
+ * queues excepted, under pool.mu). A page is FREE, OPEN (the one page records are appended
+ * to) or FULL (closed; FREE again once its last record dies and no request touches it);
+ * its version comes from next_version, which only grows, so (page, version) never names
+ * two lives of a page.
+ */
+#ifndef KVC_TIER_DISK_INT_H
+#define KVC_TIER_DISK_INT_H
+
+#include <liburing.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "tiers/disk.h"
+
+#define TIER_DISK_MAGIC 0x4b564344424c4b31ull /* "1KLBDCVK": kvcd block record */
+#define TIER_DISK_VERSION 3u
+#define TIER_DISK_SB_MAGIC 0x3142535344435653ull /* "SVCDSSB1": kvcd disk superblock */
+#define TIER_DISK_MAX_BUFS 64u
+#define TIER_DISK_WORKERS_MAX 16u
+
+enum tier_disk_page_state {
+    TIER_DISK_PAGE_FREE = 0,
+    TIER_DISK_PAGE_OPEN = 1, /* records are appended here */
+    TIER_DISK_PAGE_FULL = 2, /* closed; freed when its last record dies */
+};
+
+struct tier_disk_page {
+    uint32_t version;
+    uint8_t state;
+    uint32_t live;      /* records */
+    uint32_t inflight;  /* requests touching the page */
+    uint64_t used;      /* append point, bytes from the page start */
+    uint64_t live_bytes;
+};
+
+/* The on-device header, at the start of its 4 KiB. */
+struct tier_disk_hdr {
+    uint64_t magic;
+    uint32_t format;
+    uint32_t page_version;
+    uint64_t len;       /* data bytes on the device (compressed, when codec says so) */
+    uint64_t data_csum; /* XXH3-64 of len data bytes */
+    uint64_t key[2];
+    uint64_t parent[2];
+    uint32_t depth;
+    uint32_t codec;     /* enum tier_disk_codec */
+    uint8_t ns[TIER_DISK_NS_BYTES];
+    uint64_t raw_len;   /* the block's bytes in memory (format 3) */
+    uint32_t block_format; /* the block's own encoding, opaque to the tier (format 3) */
+    uint32_t reserved;
+    uint64_t hdr_csum; /* XXH3-64 of everything above, seeded with the path's secret */
+};
+
+/* The first 4 KiB of every path. The secret seeds every header checksum on the path, so
+ * bytes a client wrote into a block (and that outlive their page) can never pass for a
+ * header: forging one would need the secret, which never leaves the daemon. */
+struct tier_disk_sb {
+    uint64_t magic;
+    uint32_t format;
+    uint32_t reserved;
+    uint64_t secret;
+    uint64_t created_ns;
+    uint64_t csum; /* XXH3-64 of everything above */
+};
+
+struct tier_disk_op;
+struct tier_disk_ckpt_sync;
+
+/* The worker threads: hashing and zstd never run on the loop thread (a 2 MiB zstd pass is
+ * 3-7 ms; XXH3 of 256 KiB is about 50 us here). Finished ops go to `done` and the tier's
+ * eventfd is written, so the loop's tier_disk_poll picks them up. */
+struct tier_disk_pool {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct tier_disk_op *todo, *todo_tail, *done;
+    bool stop;
+    uint32_t nthreads;
+    pthread_t th[TIER_DISK_WORKERS_MAX];
+    struct disk_codec *codec[TIER_DISK_WORKERS_MAX];
+    int efd;
+};
+
+struct tier_disk_buf {
+    uint8_t *base;
+    uint64_t len;
+};
+
+struct tier_disk {
+    struct tier base;
+    struct tier_disk_config cfg;
+    int fds[TIER_DISK_MAX_PATHS];
+    bool failed[TIER_DISK_MAX_PATHS];
+    uint64_t secret[TIER_DISK_MAX_PATHS];
+    uint32_t npaths;
+    uint64_t path_size;      /* bytes per path, whole pages */
+    uint64_t pages_per_path;
+    uint64_t npages;
+    struct tier_disk_page *pages;
+    uint32_t open_page;      /* UINT32_MAX: none */
+    uint32_t next_version;
+    uint32_t rr;             /* next path to open a page on */
+    struct io_uring ring;
+    bool ring_ok;
+    bool fixed_files;
+    int efd;
+    uint32_t inflight;       /* ops */
+    uint64_t last_alloc;     /* data offset of the latest alloc (0: none) */
+    bool last_alloc_put;     /* whether a write to it was submitted */
+    struct tier_disk_buf bufs[TIER_DISK_MAX_BUFS];
+    uint32_t nbufs;
+    double tokens;           /* write budget, bytes */
+    uint64_t last_refill_ns;
+    uint32_t queued;         /* ops with the workers (encode or verify) */
+    /* Queue depth is what the device sees, as fio's iodepth: at most queue_depth records
+     * of each direction are in io_uring. Hashing runs beside them, so an op is admitted
+     * while fewer than twice that many are in flight; the ones ready for the device while
+     * it is full wait here, oldest first ([0] reads, [1] writes). */
+    uint32_t dev[2];
+    struct tier_disk_op *waitq[2], *waitq_tail[2];
+    /* Records prepared in the submission ring and not yet handed to the kernel: they go in
+     * one io_uring_enter at the end of a poll or at tier_disk_flush, so records that are
+     * next to each other on the device reach the block layer together and merge. */
+    uint32_t unsubmitted;
+    struct tier_disk_pool pool;
+    bool pool_ok;
+    struct tier_disk_stats st;
+    struct tier_disk_op *puts; /* record writes at a location, in flight */
+    /* Checkpoint (disk_ckpt.c). gen counts changes to the records (alloc, write, free). */
+    char *ckpt_path;          /* owned; NULL: none */
+    uint64_t gen, ckpt_gen;   /* ckpt_gen: gen when the latest checkpoint was written */
+    uint64_t ckpt_try_ns;     /* the latest attempt (or the start) */
+    struct tier_disk_ckpt_sync *ckpt_sync; /* the latest one's fsync and rename, running */
+};
+
+static inline struct tier_disk *tier_disk_of(const struct tier *t)
+{
+    return (struct tier_disk *)t;
+}
+
+/* ---- shared between disk.c and disk_ckpt.c ---- */
+
+uint64_t tier_disk_now_ns(void);
+void *tier_disk_aligned(uint64_t len);
+uint64_t tier_disk_page_base(const struct tier_disk *d, uint32_t page);
+uint32_t tier_disk_page_path(const struct tier_disk *d, uint32_t page);
+/* Byte offset inside its path of a global offset (past the superblock). */
+uint64_t tier_disk_path_off(const struct tier_disk *d, uint64_t off);
+/* The page of a live location (live page, same version, inside the page) or UINT32_MAX. */
+uint32_t tier_disk_loc_page(const struct tier_disk *d, const struct tier_loc *loc);
+/* Whether h, read at byte `at` of a page of path `path`, is an intact header of this format
+ * whose record fits the page. */
+bool tier_disk_hdr_ok(const struct tier_disk *d, uint32_t path, const struct tier_disk_hdr *h,
+                      uint64_t at);
+/* Offers one record found at start to cfg->scan and, when kept, counts it live on page p
+ * (version ver, append point at least up to the record's end). Returns whether it was kept. */
+bool tier_disk_found(struct tier_disk *d, uint32_t p, uint32_t ver,
+                     const struct tier_disk_meta *m, const struct tier_loc *loc);
+/* Walks page p's chain from byte `at` with synchronous header reads, offering every intact
+ * record of version *ver (0: whatever the header at `at` says, which then sets *ver) to
+ * tier_disk_found, except those whose data offset is in skip[0..nskip) (sorted). Returns
+ * where the chain ends. */
+uint64_t tier_disk_page_walk(struct tier_disk *d, struct tier_disk_hdr *h, uint32_t p,
+                             uint64_t at, uint32_t *ver, const uint64_t *skip, size_t nskip);
+/* Where each page may hold records the caller of a checkpoint does not know yet: the open
+ * page's fill, or a page's oldest record write still in flight (UINT32_MAX: none). */
+void tier_disk_pages_pending(const struct tier_disk *d, uint32_t *from);
+
+/* disk_ckpt.c: finds the records of a valid checkpoint plus what was written since. 0 when
+ * it was used; -errno when there is none or it was refused (then nothing was offered and
+ * every page is still FREE: the caller walks every page). */
+int tier_disk_ckpt_load(struct tier_disk *d);
+/* Chooses the checkpoint file from cfg.ckpt_path and paths[0]; 0 or -ENOMEM. */
+int tier_disk_ckpt_init(struct tier_disk *d, bool first_is_file);
+/* Waits for a checkpoint's fsync and rename still running, at destroy. */
+void tier_disk_ckpt_fini(struct tier_disk *d);
+
+#endif
