@@ -140,6 +140,18 @@ int acl_ns_bind(struct acl *a, uint32_t ns_id)
     return store_ns_set_arena(a->s, ns_id, a->section_arena[idx]);
 }
 
+void acl_ns_unbind(struct acl *a, uint32_t ns_id)
+{
+    if (a && ns_id < a->nns)
+        a->ns_section[ns_id] = ACL_NONE;
+}
+
+bool acl_ns_restricted(const struct acl *a, uint32_t ns_id)
+{
+    const struct config_ns *r = acl_ns_rule(a, ns_id);
+    return r && (r->has_read || r->has_write);
+}
+
 void acl_owner_reserved(const struct store *s, const struct store_owner *o, uint32_t *nresv,
                         uint64_t *bytes)
 {

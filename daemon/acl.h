@@ -49,6 +49,11 @@ uint32_t acl_access_model(const struct acl *a, const struct acl_peer *p, const c
 uint32_t acl_access(const struct acl *a, const struct acl_peer *p, uint32_t ns_id);
 /* Binds a newly created namespace to its section and moves it to the section's arena. */
 int acl_ns_bind(struct acl *a, uint32_t ns_id);
+/* Forgets the binding of a dropped namespace, so that its id starts clean. NULL a: no-op. */
+void acl_ns_unbind(struct acl *a, uint32_t ns_id);
+/* Whether a namespace's section has access lists (then its blocks stay out of the shared
+ * GPU pool). False for NULL a. */
+bool acl_ns_restricted(const struct acl *a, uint32_t ns_id);
 
 /* Quotas. *n is the key count of the request, cut to what the limits allow; 0 or -EDQUOT
  * (nothing fits). */

@@ -678,6 +678,10 @@ int store_lookup_flags(struct store *s, struct store_owner *o, uint32_t ns_id,
         if (idx == INDEX_NONE || s->ix.blocks[idx].state != BLOCK_STATE_COMMITTED ||
             (s->ix.blocks[idx].flags & BLOCK_F_LOST))
             break;
+        if (s->ix.blocks[idx].pins >= STORE_PIN_MAX) {
+            STORE_STAT_ADD(s, ns, pin_saturated, 1);
+            break;
+        }
         /* A client that cannot read the pool gets the block in its host arena, or a miss
          * if it is pinned there; one that can gets it promoted while the pool has room. */
         if (s->gpu && s->ix.blocks[idx].tier == KVC_WIRE_TIER_GPU && !o->gpu &&
@@ -1057,4 +1061,73 @@ uint64_t store_gpu_used(const struct store *s)
 uint64_t store_gpu_capacity(const struct store *s)
 {
     return s->gpu ? s->gpu->ops->capacity(s->gpu) : 0;
+}
+
+/* ---- operator drop and arena faults (server.c) ----------------------------------------- */
+
+/* Whether block idx can leave now: committed, unpinned, a leaf, not in a move or a job. */
+static bool store_block_droppable(const struct store *s, uint32_t idx)
+{
+    const struct block *b = &s->ix.blocks[idx];
+    return b->state == BLOCK_STATE_COMMITTED && !b->pins && !b->children &&
+           !(b->flags & (BLOCK_F_MOVING | BLOCK_F_QUANTIZING));
+}
+
+int store_ns_drop(struct store *s, uint32_t ns_id, uint64_t *dropped)
+{
+    struct store_ns *ns = store_ns_get(s, ns_id);
+    uint64_t n = 0;
+    int rc = 0;
+    *dropped = 0;
+    if (!ns)
+        return -ENOENT;
+    /* One pass over the pool; dropping a leaf may make its parent one, so walk up. */
+    for (uint32_t i = 0; i < s->ix.nblocks; i++) {
+        uint32_t idx = i;
+        while (idx != INDEX_NONE && s->ix.blocks[idx].ns == ns_id &&
+               store_block_droppable(s, idx)) {
+            struct block *b = &s->ix.blocks[idx];
+            uint32_t p = index_key_is_zero(&b->parent) ? INDEX_NONE
+                                                        : index_find(&s->ix, b->ns, &b->parent);
+            STORE_STAT_ADD(s, ns, flushed_blocks, 1);
+            STORE_STAT_ADD(s, ns, flushed_bytes, b->len);
+            store_block_drop(s, idx);
+            n++;
+            idx = p;
+        }
+    }
+    for (uint32_t i = 0; i < s->ix.nblocks && !rc; i++)
+        if (s->ix.blocks[i].state != BLOCK_STATE_FREE && s->ix.blocks[i].ns == ns_id)
+            rc = -EBUSY;
+    *dropped = n;
+    if (rc)
+        return rc;
+    if (ns->tune)
+        policy_tune_free(ns->tune);
+    free(ns->tune);
+    free(ns);
+    s->ns[ns_id] = NULL;
+    return 0;
+}
+
+uint32_t store_arena_fault(struct store *s, uint32_t arena, uint64_t off, uint64_t len)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < s->ix.nblocks; i++) {
+        struct block *b = &s->ix.blocks[i];
+        if (b->state == BLOCK_STATE_FREE || b->arena != arena || b->off >= off + len ||
+            b->off + b->len <= off || (b->flags & BLOCK_F_LOST))
+            continue;
+        n++;
+        if (store_block_droppable(s, i)) {
+            store_evict(s, i);
+        } else if (b->flags & (BLOCK_F_MOVING | BLOCK_F_QUANTIZING)) {
+            /* The daemon's own copy into or out of the page went to its stand-in and is
+             * gone: a miss from now on, dropped once nothing holds it. */
+            b->flags |= BLOCK_F_LOST;
+        }
+        /* Pinned blocks, parents and reserved slots keep what the page holds for every
+         * process (the hole reads as zeros): what any writer of the arena could write. */
+    }
+    return n;
 }
