@@ -54,16 +54,28 @@ int kvci_call(kvc_client *c, uint16_t op, uint32_t len, int *fd)
         *fd = -1;
     if (c->dead)
         return -EPIPE;
+    if (++c->next_req == 0)
+        c->next_req = 1; /* request id 0 is the daemon's notice */
     *h = (struct kvc_msg_hdr){.magic = KVC_PROTO_MAGIC,
                               .version = KVC_PROTO_VERSION,
                               .opcode = op,
-                              .req_id = ++c->next_req,
+                              .req_id = c->next_req,
                               .len = len};
     do
         n = send(c->fd, c->tx, sizeof(*h) + len, MSG_NOSIGNAL);
     while (n < 0 && errno == EINTR);
-    if (n < 0)
+    if (n < 0) {
+        /* The daemon closed the connection; a notice it left says why. */
+        int e = errno;
+        ssize_t m = recv(c->fd, c->rx, KVC_PROTO_MAX_MSG, MSG_DONTWAIT);
+        if (m >= (ssize_t)sizeof(*r) && r->magic == KVC_PROTO_MAGIC && r->req_id == 0 &&
+            r->status < 0) {
+            c->dead = true;
+            return r->status;
+        }
+        errno = e;
         goto dead;
+    }
     for (;;) {
         iov = (struct iovec){.iov_base = c->rx, .iov_len = KVC_PROTO_MAX_MSG};
         msg = (struct msghdr){.msg_iov = &iov,
@@ -93,6 +105,15 @@ int kvci_call(kvc_client *c, uint16_t op, uint32_t len, int *fd)
             r->len != (size_t)n - sizeof(*r) || (msg.msg_flags & MSG_TRUNC)) {
             errno = EPROTO;
             goto dead;
+        }
+        if (r->req_id == 0 && r->status < 0) {
+            /* A notice: the daemon closes this connection (kvc_proto.h). */
+            c->dead = true;
+            if (fd && *fd >= 0) {
+                close(*fd);
+                *fd = -1;
+            }
+            return r->status;
         }
         if (r->req_id != h->req_id || r->opcode != op)
             continue; /* a reply to an earlier, abandoned request */
@@ -259,6 +280,19 @@ KVC_API const char *kvc_strerror(int err)
         return "too many open leases or reservations on this connection";
     case -E2BIG:
         return "too many keys in one request";
+    case -EUSERS:
+        return "kvcd refused the connection (server.max_clients or max_clients_per_uid)";
+    case -ETIMEDOUT:
+        return "timed out (a reservation older than server.reservation_timeout, or a connection "
+               "closed for idleness)";
+    case -EDQUOT:
+        return "over a quota (pins, reservations, reserved share or namespaces)";
+    case -EACCES:
+        return "not allowed by the namespace's access list";
+    case -EPERM:
+        return "admin request refused (not root, kvcd's user or its admin group)";
+    case -EBUSY:
+        return "in use (pinned, reserved or moving blocks, or a WAIT already pending)";
     default:
         return err < 0 ? strerror(-err) : "unknown error";
     }
@@ -763,10 +797,17 @@ KVC_API int kvc_lease_copy(const kvc_lease *l, size_t i, void *dst, size_t len)
         kvc_lease_account(l, t0);
         return 0;
     }
+    /* Writers of the arena can change these bytes while we read them: the header and
+     * section table are checked and then used, so they are parsed from a private copy. */
     struct kern_layout kl;
+    size_t n = l->hits[i].len;
+    void *priv = malloc(n ? n : 1);
+    if (!priv)
+        return -ENOMEM;
+    memcpy(priv, l->hits[i].data, n);
     kvc_kern_layout(l->ns, &kl);
-    int64_t rc = kern_decode_cpu(&kl, l->hits[i].data, l->hits[i].len, dst, len,
-                                 (enum kern_dtype)kl.dtype);
+    int64_t rc = kern_decode_cpu(&kl, priv, n, dst, len, (enum kern_dtype)kl.dtype);
+    free(priv);
     kvc_lease_account(l, t0);
     return rc < 0 ? (int)rc : 0;
 }
