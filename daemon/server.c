@@ -771,7 +771,7 @@ static int server_reserve_room(struct server *sv, struct conn *c, const struct s
     uint64_t cap, used = 0, room;
     if (c->peer.admin)
         return 0;
-    cap = tier_host_size(store_ns_tier(s, ns)) / 100 * sv->lim.uid_reserved_share;
+    cap = tier_host_size(store_ns_tier(s, ns)) * sv->lim.uid_reserved_share / 100;
     for (const struct conn *x = sv->conns; x; x = x->next) {
         if (x->u != c->u)
             continue;
