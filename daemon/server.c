@@ -340,20 +340,11 @@ static int server_on_ns_open(struct server *sv, struct conn *c, const struct pro
     uint32_t id, acc = KVC_ACCESS_READ | KVC_ACCESS_WRITE;
     bool created, exists = false;
     int rc;
-    if (memchr(q->layout.model_id, 0, sizeof(q->layout.model_id))) {
-        for (uint32_t i = 1; i < sv->store->nns && !exists; i++)
-            exists = sv->store->ns[i] &&
-                     strcmp(sv->store->ns[i]->layout.model_id, q->layout.model_id) == 0;
-        if (!exists && !c->peer.admin) {
-            uint32_t mine = 0;
-            for (uint32_t i = 1; i < sv->store->nns; i++)
-                mine += sv->store->ns[i] && sv->ns_uid[i] == c->cred.uid;
-            if (mine >= sv->lim.max_namespaces_per_uid)
-                return server_refuse(c, &sv->store->total.refused_namespaces, -EDQUOT,
-                                     "NS_OPEN: server.max_namespaces_per_uid reached");
-        }
-    }
-    if (sv->acl && memchr(q->layout.model_id, 0, sizeof(q->layout.model_id))) {
+    bool named = memchr(q->layout.model_id, 0, sizeof(q->layout.model_id)) != NULL;
+    for (uint32_t i = 1; named && i < sv->store->nns && !exists; i++)
+        exists = sv->store->ns[i] &&
+                 strcmp(sv->store->ns[i]->layout.model_id, q->layout.model_id) == 0;
+    if (sv->acl && named) {
         acc = acl_access_model(sv->acl, &c->peer, q->layout.model_id);
         if (!acc || (!exists && !(acc & KVC_ACCESS_WRITE))) {
             log_limited(LOG_LEVEL_WARNING,
@@ -362,6 +353,14 @@ static int server_on_ns_open(struct server *sv, struct conn *c, const struct pro
                         acc ? "creating a namespace needs write access" : "not in its access list");
             return -EACCES;
         }
+    }
+    if (named && !exists && !c->peer.admin) {
+        uint32_t mine = 0;
+        for (uint32_t i = 1; i < sv->store->nns; i++)
+            mine += sv->store->ns[i] && sv->ns_uid[i] == c->cred.uid;
+        if (mine >= sv->lim.max_namespaces_per_uid)
+            return server_refuse(c, &sv->store->total.refused_namespaces, -EDQUOT,
+                                 "NS_OPEN: server.max_namespaces_per_uid reached");
     }
     rc = store_ns_open(sv->store, &q->layout, &id, &created);
     if (rc == 0 && created && sv->acl) {
@@ -1394,6 +1393,9 @@ struct server *server_new(struct loop *l, struct store *s, const struct server_p
         goto fail;
     for (uint32_t i = 0; i < s->nns; i++)
         sv->ns_uid[i] = UINT32_MAX;
+    /* Reads from disk that complete answer the WAITs at once (the tick only their time). */
+    s->on_ready = server_on_ready;
+    s->on_ready_arg = sv;
     if (p->adopt) {
         struct sockaddr_un got = {0};
         socklen_t gl = sizeof(got);
@@ -1476,14 +1478,13 @@ struct server *server_new(struct loop *l, struct store *s, const struct server_p
         unlink(sv->path);
         goto fail;
     }
-    s->on_ready = server_on_ready;
-    s->on_ready_arg = sv;
     return sv;
 fail_unlink:
     unlink(tmp);
 fail:
     if (tmpdir[0])
         rmdir(tmpdir);
+    s->on_ready = NULL;
     if (sv && sv->fd >= 0)
         close(sv->fd);
     if (sv)
