@@ -39,6 +39,23 @@ static int kvc_call(kvc_client *c, uint16_t op, uint32_t len, int *fd)
     return kvci_call(c, op, len, fd);
 }
 
+/* After the connection failed: the notice the daemon left before closing it (kvc_proto.h),
+ * as its status, or 0. A close with our request unread flags the socket with ECONNRESET,
+ * which the first read returns before the queued notice. */
+static int kvc_notice(kvc_client *c)
+{
+    const struct kvc_msg_hdr *r = (const struct kvc_msg_hdr *)c->rx;
+    for (int i = 0; i < 2; i++) {
+        ssize_t m = recv(c->fd, c->rx, KVC_PROTO_MAX_MSG, MSG_DONTWAIT);
+        if (m >= (ssize_t)sizeof(*r) && r->magic == KVC_PROTO_MAGIC && r->req_id == 0 &&
+            r->status < 0)
+            return r->status;
+        if (m >= 0 || (errno != ECONNRESET && errno != EPIPE))
+            break;
+    }
+    return 0;
+}
+
 int kvci_call(kvc_client *c, uint16_t op, uint32_t len, int *fd)
 {
     struct kvc_msg_hdr *h = (struct kvc_msg_hdr *)c->tx;
@@ -64,18 +81,8 @@ int kvci_call(kvc_client *c, uint16_t op, uint32_t len, int *fd)
     do
         n = send(c->fd, c->tx, sizeof(*h) + len, MSG_NOSIGNAL);
     while (n < 0 && errno == EINTR);
-    if (n < 0) {
-        /* The daemon closed the connection; a notice it left says why. */
-        int e = errno;
-        ssize_t m = recv(c->fd, c->rx, KVC_PROTO_MAX_MSG, MSG_DONTWAIT);
-        if (m >= (ssize_t)sizeof(*r) && r->magic == KVC_PROTO_MAGIC && r->req_id == 0 &&
-            r->status < 0) {
-            c->dead = true;
-            return r->status;
-        }
-        errno = e;
+    if (n < 0)
         goto dead;
-    }
     for (;;) {
         iov = (struct iovec){.iov_base = c->rx, .iov_len = KVC_PROTO_MAX_MSG};
         msg = (struct msghdr){.msg_iov = &iov,
@@ -122,11 +129,15 @@ int kvci_call(kvc_client *c, uint16_t op, uint32_t len, int *fd)
 dead:
     {
         int e = errno ? errno : EPIPE;
+        /* A notice the daemon left says why it closed the connection. */
+        int notice = e == ECONNRESET || e == EPIPE ? kvc_notice(c) : 0;
         c->dead = true;
         if (fd && *fd >= 0) {
             close(*fd);
             *fd = -1;
         }
+        if (notice)
+            return notice;
         return e == ECONNRESET || e == EPIPE || e == EPROTO ? -e : -EPIPE;
     }
 }
