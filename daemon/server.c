@@ -1375,7 +1375,7 @@ struct server *server_new(struct loop *l, struct store *s, const struct server_p
 {
     struct sockaddr_un a = {.sun_family = AF_UNIX};
     struct server *sv = calloc(1, sizeof(*sv));
-    char tmp[sizeof(a.sun_path) + 16] = "", tmpdir[sizeof(a.sun_path) + 16] = "";
+    char tmpdir[sizeof(a.sun_path) + 16] = "", tmp[sizeof(tmpdir) + 4] = "";
     int rc = -ENOMEM, n;
     if (!sv)
         goto fail;
