@@ -20,6 +20,7 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,6 +42,7 @@
 #include "daemon/loop.h"
 #include "daemon/server.h"
 #include "daemon/store.h"
+#include "kernels/kern.h"
 #include "tests/lib/daemon.h"
 #include "tests/lib/fake_dev.h"
 #include "tiers/gpu.h"
@@ -1379,6 +1381,80 @@ START_TEST(test_wait_flood)
 }
 END_TEST
 
+/* ---- the reader's decode ------------------------------------------------------------------- */
+
+/* A writer of the arena rewrites a quantized block's section table while a reader decodes
+ * it: libkvc checked the table and then read it again from shared memory, so the second
+ * read could send it past its buffers. It parses a private copy now: every decode either
+ * succeeds or says the block is malformed, and nothing is read out of bounds (ASan). */
+struct adv_race {
+    uint8_t *shared;
+    uint32_t *offset; /* of the last section, inside shared */
+    uint32_t good;
+    volatile int stop;
+};
+
+static void *adv_race_writer(void *arg)
+{
+    struct adv_race *r = arg;
+    while (!r->stop) {
+        __atomic_store_n(r->offset, 0x7ffffff0u, __ATOMIC_RELAXED);
+        __atomic_store_n(r->offset, r->good, __ATOMIC_RELAXED);
+    }
+    return NULL;
+}
+
+START_TEST(test_reader_private_copy)
+{
+    struct kern_layout kl = {.layers = 2, .heads = 2, .head_dim = 64, .tokens = 32,
+                             .dtype = KERN_DTYPE_FP16};
+    struct kern_recipe rec;
+    struct kvc_ns ns;
+    struct adv_race race;
+    pthread_t th;
+    kern_recipe_fill(&rec, KERN_CODEC_Q8_0, KERN_CODEC_Q8_0, 0);
+    uint64_t raw = kern_raw_size(&kl);
+    int64_t enc = kern_encoded_size(&kl, &rec);
+    ck_assert_int_gt(enc, 0);
+    uint16_t *src = malloc(raw), *dst = malloc(raw);
+    struct kvc_key k = {.lo = 1, .hi = 2};
+    daemon_smooth_fill(&k, src, raw / 2);
+    race.shared = calloc(1, (size_t)enc);
+    ck_assert_int_eq(kern_encode_cpu(&kl, &rec, src, race.shared, (size_t)enc, NULL), enc);
+    memset(&ns, 0, sizeof(ns));
+    ns.block_bytes = raw;
+    ns.layout = (struct kvc_wire_layout){.layers = 2, .kv_heads = 2, .head_dim = 64,
+                                         .block_tokens = 32, .dtype = KVC_WIRE_DTYPE_FP16,
+                                         .kv_kind = KVC_WIRE_KV_KIND_KV};
+    kvc_lease *l = calloc(1, sizeof(*l) + sizeof(l->hits[0]));
+    l->ns = &ns;
+    l->n = 1;
+    l->hits[0] = (struct kvc_hit){.data = race.shared, .len = (uint64_t)enc,
+                                  .format = KVC_WIRE_FORMAT_Q8_0, .ready = true,
+                                  .tier = KVC_WIRE_TIER_HOST};
+    ck_assert_int_eq(kvc_lease_copy(l, 0, dst, raw), 0);
+    ck_assert(daemon_smooth_err(&k, dst, raw / 2) < 0.01);
+    race.offset = (uint32_t *)(race.shared + sizeof(struct kern_block_hdr) +
+                               3 * sizeof(struct kern_block_sect));
+    race.good = *race.offset;
+    race.stop = 0;
+    ck_assert_int_eq(pthread_create(&th, NULL, adv_race_writer, &race), 0);
+    int ok = 0, bad = 0;
+    for (int i = 0; i < 20000; i++) {
+        int rc = kvc_lease_copy(l, 0, dst, raw);
+        ck_assert_msg(rc == 0 || rc == -EBADMSG, "decode: %d", rc);
+        rc == 0 ? ok++ : bad++;
+    }
+    race.stop = 1;
+    pthread_join(th, NULL);
+    printf("e2e_adversary: reader under a racing writer: %d decoded, %d refused\n", ok, bad);
+    free(l);
+    free(race.shared);
+    free(src);
+    free(dst);
+}
+END_TEST
+
 /* ---- the suite ---------------------------------------------------------------------------------- */
 
 int main(void)
@@ -1412,6 +1488,7 @@ int main(void)
             printf("SKIP: e2e_adversary: %s: not root (the clients run as other uids)\n",
                    cases[i].name);
     }
+    tcase_add_test(tc, test_reader_private_copy); /* no other uid needed */
     if (!root)
         printf("SKIP: e2e_adversary: test_hole_punch_hugetlb: not root\n");
     else if (adv_huge_free() >= (64u << 20))
