@@ -149,7 +149,7 @@ int admin_metrics_render(const struct admin_ctx *x, char **text, size_t *len)
     ADMIN_CLIENT(bytes_in, "counter", "bytes this client committed")
     ADMIN_CLIENT(bytes_out, "counter", "bytes handed to this client as hits")
     ADMIN_CLIENT(errors, "counter", "requests of this client answered with an error")
-    ADMIN_CLIENT(refusals, "counter", "requests of this client refused (access, admin, quota)")
+    ADMIN_CLIENT(refusals, "counter", "requests of this client refused (access, admin, quota, limits)")
 #undef ADMIN_CLIENT
     free(cl);
     return fclose(f) ? -ENOMEM : 0;

@@ -1566,7 +1566,10 @@ uint32_t server_clients_fill(const struct server *sv, uint32_t cursor, uint32_t 
         w->bytes_in = best->st.bytes_in;
         w->bytes_out = best->st.bytes_out;
         w->errors = best->st.errors;
-        w->refusals = best->st.refused_access + best->st.refused_admin + best->st.refused_quota;
+        /* EDQUOT refusals (pins, shares, namespaces) are in refused_quota already. */
+        w->refusals = best->st.refused_access + best->st.refused_admin + best->st.refused_quota +
+                      best->st.refused_leases + best->st.refused_waits +
+                      best->st.refused_duplicates;
         w->connected_ms = best->t_connect;
         memcpy(w->name, best->name, sizeof(w->name));
         want = best->id + 1;
