@@ -32,7 +32,7 @@
     X(server, socket_group, STRING, "", 0, 0, 0, NULL,                                        \
       "Group owning the socket file. Empty: the daemon's group.")                             \
     X(server, max_clients, INT, "1024", 1, 65536, 1, NULL,                                    \
-      "Connections accepted at once; more are refused with a log line.")                      \
+      "Connections accepted at once; more are refused (EUSERS) with a log line.")             \
     X(server, max_clients_per_uid, INT, "64", 1, 65536, 1, NULL,                              \
       "Connections one user (uid) may hold at once; more are refused (EUSERS). Admins are "   \
       "exempt.")                                                                              \
@@ -54,7 +54,7 @@
       "kvcctl ns drop frees them.")                                                           \
     X(server, admin_group, STRING, "", 0, 0, 1, NULL,                                         \
       "Group whose members may run admin requests (reload, config set, policy set, evict, "   \
-      "shutdown) besides root and the daemon's user. Empty: none.")                           \
+      "ns drop, shutdown) besides root and the daemon's user. Empty: none.")                  \
     X(log, level, ENUM, "info", 0, 0, 1, "error|warning|info|debug",                          \
       "Least severe level written to stderr (the journal under systemd).")                    \
     X(log, rate_limit, INT, "20", 1, 100000, 1, NULL,                                         \
