@@ -28,6 +28,13 @@
  *   -EACCES                  not permitted for this user
  *   -ENOSPC                  the cache has no room that can be freed (everything pinned)
  *   -ENOMEM                  out of memory in this process
+ *   -EDQUOT                  over a limit: pins, reservations, the user's share of an arena
+ *                            or its namespaces (docs/security.md)
+ *   -EMFILE                  too many leases and reservations (this client or its user)
+ *   -EUSERS                  kvc_connect: kvcd holds as many connections as it allows
+ *                            (in all, or of this user)
+ *   -ETIMEDOUT               the daemon aborted a reservation older than its lifetime, or
+ *                            closed this connection after its idle timeout (reconnect)
  *
  * Thread safety: a kvc_client and everything obtained from it (namespaces, leases,
  * reservations) may be used from several threads; calls on one client are serialised by
@@ -153,7 +160,8 @@ struct kvc_block_info {
 
 /* Connects to kvcd at `path`; NULL means $KVCD_SOCKET, else $XDG_RUNTIME_DIR/kvcd.sock, else
  * /run/kvcd/kvcd.sock. On success *out is owned by the caller until kvc_disconnect().
- * Errors: -ENOENT, -ECONNREFUSED, -EACCES, -EPROTO (version), -ENOMEM, -ENAMETOOLONG. */
+ * Errors: -ENOENT, -ECONNREFUSED, -EACCES, -EUSERS (kvcd holds as many connections as it
+ * allows, of this user or in all), -EPROTO (version), -ENOMEM, -ENAMETOOLONG. */
 KVC_API int kvc_connect(const char *path, kvc_client **out);
 
 /* Closes the connection: every lease and reservation of this client is dropped by the
@@ -205,7 +213,9 @@ KVC_API int kvc_keys_from_tokens(const kvc_ns *ns, const struct kvc_key *parent,
 
 /* Finds the longest cached prefix of keys[0..n) and pins those blocks for this client.
  * Returns the number of hits (0..n). When it is above zero, *out is a lease that must be
- * released with kvc_release(); when zero, *out is NULL. Errors: -EINVAL, -EPIPE. */
+ * released with kvc_release(); when zero, *out is NULL. Fewer hits than cached when the
+ * client or its user is near its pin quota. Errors: -EINVAL (a key repeated in keys), -EPIPE,
+ * -EDQUOT (no pin left under quota.client_pins / quota.uid_pins), -EMFILE (leases). */
 KVC_API int kvc_lookup(kvc_ns *ns, const struct kvc_key *keys, size_t n, unsigned flags,
                        kvc_lease **out);
 
@@ -290,8 +300,11 @@ KVC_API int kvc_lookup_budget(kvc_ns *ns, const struct kvc_key *keys, size_t n,
 
 /* Reserves slots for the keys of the chain parent → keys[0] → ... → keys[n-1] that are not
  * cached yet. Returns the number of slots reserved; *out is always set (even at zero) and
- * tells the status of every key; finish it with kvc_commit() or kvc_abort().
- * Errors: -EINVAL, -EACCES, -EPIPE. */
+ * tells the status of every key; finish it with kvc_commit() or kvc_abort() within the
+ * daemon's server.reservation_timeout (60 s by default), after which it aborts the
+ * reservation and its slots may be handed to others. Keys past what the quotas allow come
+ * back NOSPACE. Errors: -EINVAL (a key repeated), -EACCES, -EPIPE, -EDQUOT (no room left under
+ * the quotas or the user's share of the arena), -EMFILE. */
 KVC_API int kvc_reserve(kvc_ns *ns, const struct kvc_key *parent, const struct kvc_key *keys,
                         size_t n, kvc_resv **out);
 
@@ -306,10 +319,11 @@ KVC_API void *kvc_resv_data(kvc_resv *r, size_t i);
 KVC_API int kvc_resv_write(kvc_resv *r, size_t i, const void *src, size_t len);
 
 /* Makes the first `n` reserved slots visible (SIZE_MAX: all) and frees the rest; frees r.
- * Returns the number of blocks committed. */
+ * Returns the number of blocks committed. -ETIMEDOUT: the daemon had aborted the
+ * reservation (older than server.reservation_timeout); nothing was committed. */
 KVC_API int kvc_commit(kvc_resv *r, size_t n);
 
-/* Frees every slot of r unseen, and r itself. NULL is a no-op. */
+/* Frees every slot of r unseen, and r itself. NULL is a no-op. -ETIMEDOUT as kvc_commit. */
 KVC_API int kvc_abort(kvc_resv *r);
 
 /* ---- whole prefixes ----------------------------------------------------------------- */
@@ -361,10 +375,13 @@ struct kvc_client_info {
     char name[32];
 };
 
-/* Every connected client. *out is malloc'd (free() it). */
+/* Every connected client (an admin's view; others see their own uid's connections only).
+ * *out is malloc'd (free() it). */
 KVC_API int kvc_clients(kvc_client *c, struct kvc_client_info **out, size_t *n);
 
-/* Every counter in the Prometheus text exposition format (version 0.0.4). *text is
+/* Every counter in the Prometheus text exposition format (version 0.0.4): the daemon's
+ * totals, and per namespace and per client those the caller may see (an admin: all; others:
+ * the namespaces kvc_ns_list shows them and their own uid's connections). *text is
  * malloc'd and NUL-terminated (free() it). */
 KVC_API int kvc_metrics(kvc_client *c, char **text);
 
@@ -400,6 +417,13 @@ KVC_API int kvc_evict(kvc_client *c, uint32_t ns_id, uint32_t tier, uint64_t *ev
 /* (admin) Stops the daemon after the reply. */
 KVC_API int kvc_shutdown(kvc_client *c);
 
+/* (admin) Drops namespace ns_id: every block of it in every tier, then the namespace, whose
+ * id may name another one afterwards (clients that had it open get -ENOENT). *dropped (may
+ * be NULL) gets the blocks dropped. -ENOENT unknown namespace; -EBUSY while a client holds a
+ * lease or reservation on it or a block of it is moving (the blocks that could go are gone,
+ * the namespace stays). */
+KVC_API int kvc_ns_drop(kvc_client *c, uint32_t ns_id, uint64_t *dropped);
+
 /* ---- GPU (CUDA) ----------------------------------------------------------------------- */
 /*
  * With a GPU tier the daemon owns a device pool shared with engines on the same GPU. After
@@ -430,7 +454,10 @@ enum kvc_tier {
  * the pool is mapped here (device-to-device loads and puts), 0 when this client works
  * from host memory (no GPU tier in the daemon, no device or CUDA here, or the pool on a
  * device this process does not see: host copies then), or -EPIPE, -EPROTO, -ENOMEM.
- * Calling it again returns the first answer. */
+ * Calling it again returns the first answer. The pool only holds namespaces without
+ * access lists: a client that opened none of them (and is no admin) is refused the pool by
+ * the daemon and gets 0, and hits and slots of namespaces with access lists are always host
+ * memory. */
 KVC_API int kvc_gpu_attach(kvc_client *c);
 
 /* Tier of hit i (enum kvc_tier), or -ERANGE. */

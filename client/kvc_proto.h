@@ -12,7 +12,13 @@
  *
  * Validation rule for the daemon: a message whose header is unreadable (short, bad magic)
  * closes the connection; a readable header with a bad payload gets an error reply
- * (status = -errno) with the same opcode and request id.
+ * (status = -errno) with the same opcode and request id. A batch that names one key twice
+ * (LOOKUP, RESERVE, LOOKUP_BUDGET, HINT) is refused with -EINVAL: a chain never repeats a key.
+ *
+ * Notices: before the daemon closes a connection on its own — refused at accept (-EUSERS:
+ * server.max_clients or max_clients_per_uid), no HELLO in time or idle too long
+ * (-ETIMEDOUT) — it sends one reply with request id 0 (never used by a request), opcode HELLO
+ * and that status, so the client can say why instead of "connection reset".
  */
 #ifndef KVC_PROTO_H
 #define KVC_PROTO_H
@@ -57,7 +63,8 @@
     X(POLICY_GET, 37, 0, "the eviction policy in use")                                             \
     X(POLICY_SET, 38, 1, "change the eviction policy")                                             \
     X(EVICT, 39, 1, "evict unpinned blocks of a namespace, a tier or everything")                  \
-    X(SHUTDOWN, 40, 1, "stop the daemon")
+    X(SHUTDOWN, 40, 1, "stop the daemon")                                                          \
+    X(NS_DROP, 41, 1, "drop a namespace and its blocks (refused while any are pinned or reserved)")
 
 enum kvc_op {
 #define KVC_OP_ENUM(name, num, admin, help) KVC_OP_##name = num,
@@ -255,7 +262,9 @@ struct kvc_wire_slot_rep {
 };
 
 /* COMMIT: the first `ncommit` reserved slots (in key order) become visible; the rest
- * are freed. ncommit = UINT32_MAX commits all. */
+ * are freed. ncommit = UINT32_MAX commits all. A reservation older than
+ * server.reservation_timeout has been aborted by the daemon: COMMIT and ABORT of it answer
+ * -ETIMEDOUT (its slots may hold other blocks by then: stop writing them). */
 struct kvc_commit_req {
     uint64_t resv_id;
     uint32_t ncommit;
@@ -344,6 +353,11 @@ struct kvc_block_list_rep {
  *               namespace "ID MODEL NAME SOURCE"; scope = namespace id: that namespace's;
  *               value = policy name for SET ("inherit": follow the default again)
  *   EVICT       scope = namespace id (0: every namespace), tier = KVC_WIRE_TIER_* (0: all)
+ *   NS_DROP     scope = namespace id: every block of it goes and its id is free again;
+ *               -EBUSY (nothing dropped) while a client holds a lease or a reservation on it,
+ *               or a block of it is moving between tiers; value = blocks dropped
+ * METRICS, CLIENTS and POLICY_GET show a client that is not an admin only the namespaces
+ * NS_LIST shows it, and only the connections of its own uid.
  */
 struct kvc_admin_req {
     uint32_t scope;
@@ -393,6 +407,10 @@ struct kvc_clients_rep {
  * Once the client mapped the pool on the device with that uuid it sends GPU_ATTACH again
  * with KVC_GPU_ATTACH_F_MAPPED; only then may LOOKUP/RESERVE with the GPU flags return GPU
  * locations to it (a client on another device never sends it and gets host locations).
+ * Access: the pool only ever holds blocks of namespaces without access lists (those of the
+ * shared arena 0), so GPU_ATTACH is answered only to a client that already holds arena 0
+ * read-write (it opened such a namespace) or is an admin; others get -EACCES. A namespace
+ * with access lists never enters the pool: its hits and slots are host locations.
  */
 #define KVC_GPU_ATTACH_F_MAPPED 0x1u
 #define KVC_GPU_HANDLE_FD 1u

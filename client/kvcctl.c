@@ -224,13 +224,46 @@ static int ctl_stats(struct ctl *x, int argc, char **argv)
     return 0;
 }
 
+static int ctl_fail(const char *what, int rc, const char *msg);
+static uint32_t ctl_parse_ns(const char *s);
+
+/* ns drop ID (admin). */
+static int ctl_ns_drop(struct ctl *x, int argc, char **argv)
+{
+    uint32_t id = argc == 3 ? ctl_parse_ns(argv[2]) : 0;
+    uint64_t n = 0;
+    int rc;
+    if (!id) {
+        fprintf(stderr, "kvcctl ns drop: takes one namespace id\n");
+        return 2;
+    }
+    if (ctl_connect(x))
+        return 1;
+    rc = kvc_ns_drop(x->c, id, &n);
+    if (rc)
+        return ctl_fail("ns drop", rc,
+                        rc == -ENOENT  ? "no such namespace"
+                        : rc == -EBUSY ? "in use: a client holds a lease or reservation on it, "
+                                         "or a block of it is moving (try again)"
+                                       : NULL);
+    if (x->json)
+        printf("{\"dropped\": %u, \"blocks\": %" PRIu64 "}\n", id, n);
+    else
+        printf("namespace %u dropped with its %" PRIu64 " blocks\n", id, n);
+    return 0;
+}
+
 static int ctl_ns(struct ctl *x, int argc, char **argv)
 {
     struct kvc_ns_info *ns;
     size_t n;
     int rc;
-    (void)argc;
-    (void)argv;
+    if (argc >= 2 && strcmp(argv[1], "drop") == 0)
+        return ctl_ns_drop(x, argc, argv);
+    if (argc != 1) {
+        fprintf(stderr, "kvcctl ns: takes no arguments, or drop ID\n");
+        return 2;
+    }
     if (ctl_connect(x))
         return 1;
     rc = kvc_ns_list(x->c, &ns, &n);
@@ -1096,7 +1129,9 @@ static int ctl_help(struct ctl *x, int argc, char **argv);
 static const struct ctl_cmd ctl_cmds[] = {
     {"status", "", "daemon pid, uptime, clients, tier usage, token hit ratio", ctl_status},
     {"stats", "", "every counter, in total and per namespace", ctl_stats},
-    {"ns", "", "namespaces: model, layout, block size, blocks cached", ctl_ns},
+    {"ns", "[drop ID]",
+     "namespaces: model, layout, block size, blocks cached; drop one and its blocks (admin)",
+     ctl_ns},
     {"ls", "[--ns ID] [--tier T] [--codec C] [--prefix HEX] [--limit N]",
      "cached blocks with their metadata", ctl_ls},
     {"show", "KEY", "one block: metadata and where it lives (KEY or a unique prefix)", ctl_show},

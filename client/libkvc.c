@@ -39,6 +39,23 @@ static int kvc_call(kvc_client *c, uint16_t op, uint32_t len, int *fd)
     return kvci_call(c, op, len, fd);
 }
 
+/* After the connection failed: the notice the daemon left before closing it (kvc_proto.h),
+ * as its status, or 0. A close with our request unread flags the socket with ECONNRESET,
+ * which the first read returns before the queued notice. */
+static int kvc_notice(kvc_client *c)
+{
+    const struct kvc_msg_hdr *r = (const struct kvc_msg_hdr *)c->rx;
+    for (int i = 0; i < 2; i++) {
+        ssize_t m = recv(c->fd, c->rx, KVC_PROTO_MAX_MSG, MSG_DONTWAIT);
+        if (m >= (ssize_t)sizeof(*r) && r->magic == KVC_PROTO_MAGIC && r->req_id == 0 &&
+            r->status < 0)
+            return r->status;
+        if (m >= 0 || (errno != ECONNRESET && errno != EPIPE))
+            break;
+    }
+    return 0;
+}
+
 int kvci_call(kvc_client *c, uint16_t op, uint32_t len, int *fd)
 {
     struct kvc_msg_hdr *h = (struct kvc_msg_hdr *)c->tx;
@@ -54,10 +71,12 @@ int kvci_call(kvc_client *c, uint16_t op, uint32_t len, int *fd)
         *fd = -1;
     if (c->dead)
         return -EPIPE;
+    if (++c->next_req == 0)
+        c->next_req = 1; /* request id 0 is the daemon's notice */
     *h = (struct kvc_msg_hdr){.magic = KVC_PROTO_MAGIC,
                               .version = KVC_PROTO_VERSION,
                               .opcode = op,
-                              .req_id = ++c->next_req,
+                              .req_id = c->next_req,
                               .len = len};
     do
         n = send(c->fd, c->tx, sizeof(*h) + len, MSG_NOSIGNAL);
@@ -94,6 +113,15 @@ int kvci_call(kvc_client *c, uint16_t op, uint32_t len, int *fd)
             errno = EPROTO;
             goto dead;
         }
+        if (r->req_id == 0 && r->status < 0) {
+            /* A notice: the daemon closes this connection (kvc_proto.h). */
+            c->dead = true;
+            if (fd && *fd >= 0) {
+                close(*fd);
+                *fd = -1;
+            }
+            return r->status;
+        }
         if (r->req_id != h->req_id || r->opcode != op)
             continue; /* a reply to an earlier, abandoned request */
         return r->status;
@@ -101,11 +129,15 @@ int kvci_call(kvc_client *c, uint16_t op, uint32_t len, int *fd)
 dead:
     {
         int e = errno ? errno : EPIPE;
+        /* A notice the daemon left says why it closed the connection. */
+        int notice = e == ECONNRESET || e == EPIPE ? kvc_notice(c) : 0;
         c->dead = true;
         if (fd && *fd >= 0) {
             close(*fd);
             *fd = -1;
         }
+        if (notice)
+            return notice;
         return e == ECONNRESET || e == EPIPE || e == EPROTO ? -e : -EPIPE;
     }
 }
@@ -259,6 +291,19 @@ KVC_API const char *kvc_strerror(int err)
         return "too many open leases or reservations on this connection";
     case -E2BIG:
         return "too many keys in one request";
+    case -EUSERS:
+        return "kvcd refused the connection (server.max_clients or max_clients_per_uid)";
+    case -ETIMEDOUT:
+        return "timed out (a reservation older than server.reservation_timeout, or a connection "
+               "closed for idleness)";
+    case -EDQUOT:
+        return "over a quota (pins, reservations, reserved share or namespaces)";
+    case -EACCES:
+        return "not allowed by the namespace's access list";
+    case -EPERM:
+        return "admin request refused (not root, kvcd's user or its admin group)";
+    case -EBUSY:
+        return "in use (pinned, reserved or moving blocks, or a WAIT already pending)";
     default:
         return err < 0 ? strerror(-err) : "unknown error";
     }
@@ -763,10 +808,17 @@ KVC_API int kvc_lease_copy(const kvc_lease *l, size_t i, void *dst, size_t len)
         kvc_lease_account(l, t0);
         return 0;
     }
+    /* Writers of the arena can change these bytes while we read them: the header and
+     * section table are checked and then used, so they are parsed from a private copy. */
     struct kern_layout kl;
+    size_t n = l->hits[i].len;
+    void *priv = malloc(n ? n : 1);
+    if (!priv)
+        return -ENOMEM;
+    memcpy(priv, l->hits[i].data, n);
     kvc_kern_layout(l->ns, &kl);
-    int64_t rc = kern_decode_cpu(&kl, l->hits[i].data, l->hits[i].len, dst, len,
-                                 (enum kern_dtype)kl.dtype);
+    int64_t rc = kern_decode_cpu(&kl, priv, n, dst, len, (enum kern_dtype)kl.dtype);
+    free(priv);
     kvc_lease_account(l, t0);
     return rc < 0 ? (int)rc : 0;
 }

@@ -230,3 +230,15 @@ KVC_API int kvc_shutdown(kvc_client *c)
 {
     return kvc_verdict(c, KVC_OP_SHUTDOWN, 0, NULL, NULL, NULL, 0, NULL);
 }
+
+KVC_API int kvc_ns_drop(kvc_client *c, uint32_t ns_id, uint64_t *dropped)
+{
+    uint64_t n = 0;
+    int rc;
+    if (!ns_id)
+        return -EINVAL;
+    rc = kvc_verdict(c, KVC_OP_NS_DROP, ns_id, NULL, NULL, NULL, 0, &n);
+    if (dropped)
+        *dropped = n;
+    return rc;
+}

@@ -136,8 +136,8 @@ KVC_API int kvc_gpu_attach(kvc_client *c)
     struct kvc_gpu_attach_req *q = kvci_req(c);
     memset(q, 0, sizeof(*q));
     rc = kvci_call(c, KVC_OP_GPU_ATTACH, sizeof(*q), &fd);
-    if (rc == -ENODEV || rc == -EOPNOTSUPP) {
-        rc = 0; /* the daemon has no GPU tier: host copies (pinned) */
+    if (rc == -ENODEV || rc == -EOPNOTSUPP || rc == -EACCES) {
+        rc = 0; /* no GPU tier, or not for this client: host copies (pinned) */
         goto out;
     }
     if (rc)

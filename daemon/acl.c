@@ -119,9 +119,15 @@ uint32_t acl_access_model(const struct acl *a, const struct acl_peer *p, const c
 
 static const struct config_ns *acl_ns_rule(const struct acl *a, uint32_t ns_id)
 {
-    if (!a || ns_id >= a->nns || a->ns_section[ns_id] == ACL_NONE)
+    const struct store_ns *ns;
+    if (!a || ns_id >= a->nns)
         return NULL;
-    return &a->cfg->ns[a->ns_section[ns_id]];
+    if (a->ns_section[ns_id] != ACL_NONE)
+        return &a->cfg->ns[a->ns_section[ns_id]];
+    /* Not bound (a namespace the disk tier brought back at start): its section by model id,
+     * so that its lists hold all the same. */
+    ns = store_ns_get(a->s, ns_id);
+    return ns ? config_ns_match(a->cfg, ns->layout.model_id, NULL) : NULL;
 }
 
 uint32_t acl_access(const struct acl *a, const struct acl_peer *p, uint32_t ns_id)
@@ -168,6 +174,18 @@ int acl_ns_open(struct acl *a, const struct kvc_wire_layout *l, uint32_t *ns_id,
     if (rc && *created)
         store_ns_close(a->s, *ns_id); /* all or nothing: it never existed */
     return rc;
+}
+
+void acl_ns_unbind(struct acl *a, uint32_t ns_id)
+{
+    if (a && ns_id < a->nns)
+        a->ns_section[ns_id] = ACL_NONE;
+}
+
+bool acl_ns_restricted(const struct acl *a, uint32_t ns_id)
+{
+    const struct config_ns *r = acl_ns_rule(a, ns_id);
+    return r && (r->has_read || r->has_write);
 }
 
 void acl_owner_reserved(const struct store *s, const struct store_owner *o, uint32_t *nresv,

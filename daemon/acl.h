@@ -58,6 +58,11 @@ int acl_ns_bind(struct acl *a, uint32_t ns_id);
  * binds it; a namespace that cannot be placed and bound is not created. Errors of
  * store_ns_open_in and acl_ns_bind. Used by NS_OPEN and by the disk tier's adoption. */
 int acl_ns_open(struct acl *a, const struct kvc_wire_layout *l, uint32_t *ns_id, bool *created);
+/* Forgets the binding of a dropped namespace, so that its id starts clean. NULL a: no-op. */
+void acl_ns_unbind(struct acl *a, uint32_t ns_id);
+/* Whether a namespace's section has access lists (then its blocks stay out of the shared
+ * GPU pool). False for NULL a. */
+bool acl_ns_restricted(const struct acl *a, uint32_t ns_id);
 
 /* Quotas. *n is the key count of the request, cut to what the limits allow; 0 or -EDQUOT
  * (nothing fits). */

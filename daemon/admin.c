@@ -14,9 +14,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/acl.h"
 #include "daemon/admin.h"
 #include "daemon/config.h"
 #include "daemon/engine.h"
+#include "daemon/engine_disk.h"
 #include "daemon/log.h"
 #include "daemon/proto.h"
 #include "daemon/server.h"
@@ -24,6 +26,17 @@
 #include "daemon/store.h"
 #include "tiers/host.h"
 #include "tiers/tier.h"
+
+/* Whether the asker may see namespace i (the check NS_LIST uses). */
+static bool admin_ns_visible(const struct admin_ctx *x, uint32_t i)
+{
+    return !x->peer || acl_access(x->acl, x->peer, i) != 0;
+}
+
+static bool admin_all(const struct admin_ctx *x)
+{
+    return !x->peer || x->peer->admin;
+}
 
 static int admin_text(void *out, size_t cap, int32_t result, uint64_t value, uint64_t next,
                       const char *text, size_t len)
@@ -63,7 +76,7 @@ int admin_metrics_render(const struct admin_ctx *x, char **text, size_t *len)
         return -ENOMEM;
     cl = calloc(4096, sizeof(*cl));
     if (cl)
-        ncl = server_clients_fill(x->sv, 0, x->conn_id, cl, 4096, &next);
+        ncl = server_clients_fill(x->sv, 0, x->conn_id, admin_all(x), x->uid, cl, 4096, &next);
     for (uint32_t i = 1; i < s->nns; i++)
         if (s->ns[i]) {
             blocks += s->ns[i]->blocks;
@@ -78,7 +91,7 @@ int admin_metrics_render(const struct admin_ctx *x, char **text, size_t *len)
     fprintf(f, "# HELP kvcd_namespace_" #name "_total " help ", per namespace\n"               \
                "# TYPE kvcd_namespace_" #name "_total counter\n");                             \
     for (uint32_t i = 1; i < s->nns; i++)                                                      \
-        if (s->ns[i]) {                                                                        \
+        if (s->ns[i] && admin_ns_visible(x, i)) {                                              \
             fputs("kvcd_namespace_" #name "_total{namespace=\"", f);                           \
             admin_label(f, s->ns[i]->layout.model_id);                                         \
             fprintf(f, "\"} %" PRIu64 "\n", s->ns[i]->stats.name);                             \
@@ -94,7 +107,7 @@ int admin_metrics_render(const struct admin_ctx *x, char **text, size_t *len)
     ADMIN_GAUGE("pins", "block pins held now", s->pins_now);
     ADMIN_GAUGE("reserved_blocks", "slots reserved and not yet committed", s->reserved_now);
     ADMIN_GAUGE("reserved_bytes", "bytes of those slots", s->reserved_bytes_now);
-    ADMIN_GAUGE("clients", "connected clients", ncl);
+    ADMIN_GAUGE("clients", "connected clients", server_clients(x->sv));
     ADMIN_GAUGE("namespaces", "namespaces", nns);
     ADMIN_GAUGE("uptime_seconds", "seconds since start", x->now / 1000);
     ADMIN_GAUGE("log_suppressed_lines", "log lines dropped by the rate limit", log_suppressed());
@@ -138,7 +151,7 @@ int admin_metrics_render(const struct admin_ctx *x, char **text, size_t *len)
     ADMIN_CLIENT(bytes_in, "counter", "bytes this client committed")
     ADMIN_CLIENT(bytes_out, "counter", "bytes handed to this client as hits")
     ADMIN_CLIENT(errors, "counter", "requests of this client answered with an error")
-    ADMIN_CLIENT(refusals, "counter", "requests of this client refused (access, admin, quota)")
+    ADMIN_CLIENT(refusals, "counter", "requests of this client refused (access, admin, quota, limits)")
 #undef ADMIN_CLIENT
     free(cl);
     return fclose(f) ? -ENOMEM : 0;
@@ -214,6 +227,8 @@ static int admin_policy(const struct admin_ctx *x, bool set, const struct kvc_ad
     int rc;
     if (q->scope && !ns)
         return -ENOENT;
+    if (q->scope && !admin_ns_visible(x, q->scope))
+        return -EACCES;
     if (set) {
         int k = q->scope && strcmp(q->value, "inherit") == 0 ? -1 : policy_from_name(q->value);
         if (k < 0 && !(q->scope && strcmp(q->value, "inherit") == 0))
@@ -239,7 +254,7 @@ static int admin_policy(const struct admin_ctx *x, bool set, const struct kvc_ad
         return -ENOMEM;
     fprintf(f, "%s\n", policy_name(s->p.policy));
     for (uint32_t i = 1; i < s->nns; i++)
-        if (s->ns[i])
+        if (s->ns[i] && admin_ns_visible(x, i))
             fprintf(f, "%u %s %s %s\n", i, s->ns[i]->layout.model_id,
                     policy_name(s->ns[i]->policy), src[s->ns[i]->policy_src % 3]);
     if (fclose(f) || !text) {
@@ -260,8 +275,8 @@ int admin_handle(const struct admin_ctx *x, const struct proto_req *r, void *out
     case KVC_OP_CLIENTS: {
         struct kvc_clients_rep *p = out;
         uint32_t max = (uint32_t)((cap - sizeof(*p)) / sizeof(struct kvc_wire_client)), next;
-        uint32_t n = server_clients_fill(x->sv, (uint32_t)q->cursor, x->conn_id,
-                                         (struct kvc_wire_client *)(p + 1), max, &next);
+        uint32_t n = server_clients_fill(x->sv, (uint32_t)q->cursor, x->conn_id, admin_all(x),
+                                         x->uid, (struct kvc_wire_client *)(p + 1), max, &next);
         *p = (struct kvc_clients_rep){.nclients = n, .next_cursor = next};
         return (int)(sizeof(*p) + n * sizeof(struct kvc_wire_client));
     }
@@ -288,10 +303,37 @@ int admin_handle(const struct admin_ctx *x, const struct proto_req *r, void *out
             return -EOPNOTSUPP;
         if (q->scope && !store_ns_get(x->store, q->scope))
             return -ENOENT;
-        n = engine_evict_where(x->store, q->scope, UINT32_MAX, 0, true, x->now);
+        if (q->tier) { /* the host arenas only: blocks on disk stay */
+            n = 0;
+            for (uint32_t a = 0; a < x->store->narenas; a++)
+                n += engine_evict_where(x->store, q->scope, a, 0, true, x->now);
+        } else {
+            n = engine_evict_where(x->store, q->scope, UINT32_MAX, 0, true, x->now);
+            /* Records freed on disk must not come back from an older checkpoint. */
+            if (n)
+                engine_disk_checkpoint(x->store);
+        }
         log_info("admin: evicted %d blocks (namespace %u, tier %s)", n, q->scope,
                  q->tier ? "host" : "all");
         return admin_text(out, cap, 0, (uint64_t)n, 0, NULL, 0);
+    }
+    case KVC_OP_NS_DROP: {
+        uint64_t n = 0;
+        if (!q->scope)
+            return -EINVAL;
+        rc = server_ns_drop(x->sv, q->scope, &n);
+        if (rc == -EBUSY) {
+            static const char busy[] = "a client holds a lease or reservation on it, or a "
+                                       "block of it is moving";
+            log_info("admin: namespace %u not dropped (%s); %llu of its blocks dropped",
+                     q->scope, busy, (unsigned long long)n);
+            return admin_text(out, cap, rc, n, 0, busy, sizeof(busy) - 1);
+        }
+        if (rc)
+            return rc;
+        log_info("admin: namespace %u dropped with its %llu blocks", q->scope,
+                 (unsigned long long)n);
+        return admin_text(out, cap, 0, n, 0, NULL, 0);
     }
     case KVC_OP_SHUTDOWN:
         if (!x->hooks->shutdown)

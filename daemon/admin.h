@@ -1,7 +1,8 @@
 /*
  * admin.h — the operator requests: CLIENTS, METRICS, CONFIG_GET/SET, RELOAD, POLICY_GET/SET,
- * EVICT, SHUTDOWN (see kvc_proto.h). The server has checked that admin-only ones come from
- * an admin before calling here.
+ * EVICT, SHUTDOWN, NS_DROP (see kvc_proto.h). The server has checked that admin-only ones
+ * come from an admin before calling here; the open ones show a peer that is not an admin
+ * only what the access lists let it see.
  */
 #ifndef KVC_ADMIN_H
 #define KVC_ADMIN_H
@@ -9,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct acl;
+struct acl_peer;
 struct config;
 struct proto_req;
 struct server;
@@ -20,7 +23,10 @@ struct admin_ctx {
     struct store *store;
     const struct config *cfg;
     const struct server_hooks *hooks;
-    uint32_t conn_id; /* the asking connection */
+    const struct acl *acl;       /* NULL: no access lists */
+    const struct acl_peer *peer; /* who asks: what it may see (NULL: everything) */
+    uint32_t uid;                /* its uid: the connections CLIENTS and METRICS show it */
+    uint32_t conn_id;            /* the asking connection */
     uint64_t now;
 };
 
@@ -28,7 +34,9 @@ struct admin_ctx {
 int admin_handle(const struct admin_ctx *x, const struct proto_req *r, void *out, size_t cap);
 
 /* The whole Prometheus text exposition of the daemon's counters into a malloc'd buffer
- * (*len bytes, NUL-terminated). 0 or -ENOMEM. */
+ * (*len bytes, NUL-terminated): the totals, and the namespaces and connections the asker may
+ * see (an admin all of them; another peer the namespaces NS_LIST shows it and its uid's
+ * connections). 0 or -ENOMEM. */
 int admin_metrics_render(const struct admin_ctx *x, char **text, size_t *len);
 
 #endif

@@ -32,13 +32,29 @@
     X(server, socket_group, STRING, "", 0, 0, 0, NULL,                                        \
       "Group owning the socket file. Empty: the daemon's group.")                             \
     X(server, max_clients, INT, "1024", 1, 65536, 1, NULL,                                    \
-      "Connections accepted at once; more are refused with a log line.")                      \
+      "Connections accepted at once; more are refused (EUSERS) with a log line.")             \
+    X(server, max_clients_per_uid, INT, "64", 1, 65536, 1, NULL,                              \
+      "Connections one user (uid) may hold at once; more are refused (EUSERS). Admins are "   \
+      "exempt.")                                                                              \
+    X(server, hello_timeout, DURATION, "5s", 100, 3600000, 1, NULL,                           \
+      "A connection that sends no HELLO within this time is closed.")                         \
+    X(server, idle_timeout, DURATION, "1h", 1000, 604800000, 1, NULL,                         \
+      "A connection with no request for this long is closed; its leases and reservations "    \
+      "go back (the client's next call fails with ETIMEDOUT).")                               \
     X(server, max_leases, INT, "4096", 1, 1048576, 1, NULL,                                   \
       "Open leases and reservations per client.")                                             \
+    X(server, max_waits, INT, "16", 1, 4096, 1, NULL,                                         \
+      "WAIT requests one client may have pending at once (one per lease).")                   \
+    X(server, reservation_timeout, DURATION, "60s", 100, 86400000, 1, NULL,                   \
+      "A reservation not committed or aborted within this time is aborted; COMMIT or ABORT "  \
+      "of it then fails with ETIMEDOUT.")                                                     \
     X(server, max_namespaces, INT, "256", 1, 65535, 0, NULL, "Namespaces the daemon holds.")  \
+    X(server, max_namespaces_per_uid, INT, "16", 1, 65535, 1, NULL,                           \
+      "Namespaces one user (uid) may create; more are refused (EDQUOT). Admins are exempt; "  \
+      "kvcctl ns drop frees them.")                                                           \
     X(server, admin_group, STRING, "", 0, 0, 1, NULL,                                         \
       "Group whose members may run admin requests (reload, config set, policy set, evict, "   \
-      "shutdown) besides root and the daemon's user. Empty: none.")                           \
+      "ns drop, shutdown) besides root and the daemon's user. Empty: none.")                  \
     X(log, level, ENUM, "info", 0, 0, 1, "error|warning|info|debug",                          \
       "Least severe level written to stderr (the journal under systemd).")                    \
     X(log, rate_limit, INT, "20", 1, 100000, 1, NULL,                                         \
@@ -68,12 +84,22 @@
     X(cache, recompute_tokens_per_s, INT, "8000", 1, 100000000, 1, NULL,                           \
       "Prefill throughput of the engines, in tokens per second: kvcd reports the time its "        \
       "hits saved as hit tokens divided by this, beside the load time clients report.")            \
-    X(quota, client_pins, INT, "0", 0, 1ll << 40, 1, NULL,                                         \
+    X(quota, client_pins, INT, "262144", 0, 1ll << 40, 1, NULL,                                    \
       "Blocks one client may hold pinned through lookups at once. 0: no limit.")                   \
-    X(quota, client_reservations, INT, "0", 0, 1048576, 1, NULL,                                   \
+    X(quota, client_reservations, INT, "1024", 0, 1048576, 1, NULL,                                \
       "Reservations one client may hold open at once. 0: no limit.")                               \
     X(quota, client_reserved_bytes, SIZE, "0", 0, 1ull << 42, 1, NULL,                             \
-      "Bytes of reserved, uncommitted slots one client may hold at once. 0: no limit.")            \
+      "Bytes of reserved, uncommitted slots one client may hold at once. 0: no limit (the "        \
+      "per-user share below still holds).")                                                        \
+    X(quota, uid_pins, INT, "1048576", 1, 1ll << 40, 1, NULL,                                      \
+      "Blocks the clients of one user (uid) may hold pinned at once, all connections together. "   \
+      "Admins are exempt.")                                                                        \
+    X(quota, uid_leases, INT, "16384", 1, 1ll << 30, 1, NULL,                                      \
+      "Leases and reservations the clients of one user (uid) may hold open at once. Admins are "   \
+      "exempt.")                                                                                   \
+    X(quota, uid_reserved_share, INT, "25", 1, 100, 1, NULL,                                       \
+      "Percent of an arena that the reserved, uncommitted slots of one user (uid) may take. "      \
+      "Admins are exempt.")                                                                        \
     X(disk, path, STRING, "", 0, 0, 0, NULL,                                                       \
       "Files or block devices of the disk tier, separated by commas (at most 8); files are "       \
       "created and sized at start. Empty: no disk tier, blocks leaving memory are dropped.")       \

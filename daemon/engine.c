@@ -611,6 +611,30 @@ int engine_lookup_flags(struct store *s, struct store_owner *o, uint32_t ns_id,
     return store_lease_pin(s, o, ns_id, keys, n, hits, tier, now, lease_id, locs);
 }
 
+/* ---- arena faults --------------------------------------------------------------------- */
+
+uint32_t engine_arena_fault(struct store *s, uint32_t arena, uint64_t off, uint64_t len)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < s->ix.nblocks; i++) {
+        struct block *b = &s->ix.blocks[i];
+        if (b->state == BLOCK_STATE_FREE || b->arena != arena || b->off >= off + len ||
+            b->off + b->len <= off || (b->flags & BLOCK_F_LOST))
+            continue;
+        n++;
+        if (store_block_idle(s, i) && !b->children) {
+            engine_evict(s, i);
+        } else if (b->flags & BLOCK_F_BUSY) {
+            /* The daemon's own copy into or out of the page went to its stand-in and is
+             * gone: a miss from now on, dropped once nothing holds it. */
+            b->flags |= BLOCK_F_LOST;
+        }
+        /* Pinned blocks, parents and reserved slots keep what the page holds for every
+         * process (the hole reads as zeros): what any writer of the arena could write. */
+    }
+    return n;
+}
+
 /* ---- life cycle ----------------------------------------------------------------------------- */
 
 /* Where a reservation finds room: the GPU pool for a client that maps it while the pool is

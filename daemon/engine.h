@@ -77,4 +77,9 @@ int engine_evict_where(struct store *s, uint32_t ns_id, uint32_t arena, uint64_t
  * policy_decide's actions (quantize, offload, drop) on a sample. Returns blocks acted on. */
 int engine_policy_trim(struct store *s, uint32_t a, uint64_t now);
 
+/* Host arena `arena` lost [off, off + len) under the daemon's mapping (a client punched a
+ * hole in it; see tiers/host.h): the blocks there are evicted, or marked lost (never served
+ * again) where they cannot go now. Returns the number of blocks affected. */
+uint32_t engine_arena_fault(struct store *s, uint32_t arena, uint64_t off, uint64_t len);
+
 #endif

@@ -130,7 +130,18 @@ static void kvcd_server_params(const struct kvcd *d, const struct config *c,
                                 .has_admin_gid = g != NULL,
                                 .admin_gid = g ? g->gr_gid : 0,
                                 .cfg = c,
-                                .acl = d->acl};
+                                .acl = d->acl,
+                                .max_clients_per_uid = (uint32_t)c->server_max_clients_per_uid,
+                                .hello_timeout_ms = c->server_hello_timeout,
+                                .idle_timeout_ms = c->server_idle_timeout,
+                                .reservation_timeout_ms = c->server_reservation_timeout,
+                                .max_waits = (uint32_t)c->server_max_waits,
+                                .max_namespaces_per_uid =
+                                    (uint32_t)c->server_max_namespaces_per_uid,
+                                .client_pins = (uint64_t)c->quota_client_pins,
+                                .uid_pins = (uint64_t)c->quota_uid_pins,
+                                .uid_leases = (uint64_t)c->quota_uid_leases,
+                                .uid_reserved_share = (uint32_t)c->quota_uid_reserved_share};
 }
 
 /* Applies a complete, validated configuration whose changes are all reloadable, or refuses

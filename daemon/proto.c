@@ -4,11 +4,14 @@
  * DESIGN
  * Each opcode has a fixed body and, for the batched ones, a trailing array whose count sits
  * in the body; the payload length must equal body + count * entry exactly, so nothing is
- * read past the datagram and nothing trailing is ignored.
+ * read past the datagram and nothing trailing is ignored. A batch may not name one key twice:
+ * a chain never repeats a key, and a repeat would only multiply the work (and the pins) one
+ * message buys.
  */
 #include <errno.h>
 #include <math.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include "daemon/proto.h"
 #include "policies/policy.h"
@@ -38,6 +41,7 @@ static const struct proto_shape proto_shapes[KVC_OP_MAX] = {
     PROTO_ADMIN_SHAPE(CLIENTS) PROTO_ADMIN_SHAPE(METRICS) PROTO_ADMIN_SHAPE(CONFIG_GET)
     PROTO_ADMIN_SHAPE(CONFIG_SET) PROTO_ADMIN_SHAPE(RELOAD) PROTO_ADMIN_SHAPE(POLICY_GET)
     PROTO_ADMIN_SHAPE(POLICY_SET) PROTO_ADMIN_SHAPE(EVICT) PROTO_ADMIN_SHAPE(SHUTDOWN)
+    PROTO_ADMIN_SHAPE(NS_DROP)
 #undef PROTO_ADMIN_SHAPE
     [KVC_OP_WAIT] = {sizeof(struct kvc_wait_req), 0, 0, 0},
     [KVC_OP_GPU_ATTACH] = {sizeof(struct kvc_gpu_attach_req), 0, 0, 0},
@@ -72,6 +76,58 @@ int proto_op_admin(uint32_t op)
     default:
         return 0;
     }
+}
+
+/* ---- repeated keys --------------------------------------------------------------------- */
+
+#define PROTO_DUP_SLOTS (2 * KVC_PROTO_MAX_KEYS) /* a power of two, load <= 0.5 */
+
+static uint64_t proto_dup_seed;
+
+static uint32_t proto_key_slot(const struct kvc_wire_key *k, uint32_t mask)
+{
+    uint64_t h = (k->lo ^ proto_dup_seed) * 0x9e3779b97f4a7c15ull;
+    h ^= k->hi + (h >> 29);
+    h *= 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 32;
+    return (uint32_t)h & mask;
+}
+
+bool proto_keys_repeat(const void *keys, uint32_t n, size_t stride)
+{
+    uint16_t set[PROTO_DUP_SLOTS]; /* index + 1 of the key in the slot, 0 empty */
+    const char *base = keys;
+    uint32_t mask = 15;
+    if (n < 2)
+        return false;
+    if (n <= 8) {
+        for (uint32_t i = 1; i < n; i++)
+            for (uint32_t j = 0; j < i; j++)
+                if (memcmp(base + i * stride, base + j * stride, sizeof(struct kvc_wire_key)) == 0)
+                    return true;
+        return false;
+    }
+    if (!proto_dup_seed && getrandom(&proto_dup_seed, sizeof(proto_dup_seed), 0) !=
+                               (ssize_t)sizeof(proto_dup_seed))
+        proto_dup_seed = (uint64_t)(uintptr_t)&proto_dup_seed ^ 0x2545f4914f6cdd1dull;
+    while (mask + 1 < 2 * n && mask + 1 < PROTO_DUP_SLOTS)
+        mask = mask * 2 + 1;
+    memset(set, 0, (mask + 1) * sizeof(set[0]));
+    for (uint32_t i = 0; i < n; i++) {
+        struct kvc_wire_key k;
+        memcpy(&k, base + i * stride, sizeof(k));
+        for (uint32_t s = proto_key_slot(&k, mask);; s = (s + 1) & mask) {
+            struct kvc_wire_key o;
+            if (!set[s]) {
+                set[s] = (uint16_t)(i + 1);
+                break;
+            }
+            memcpy(&o, base + (set[s] - 1) * stride, sizeof(o));
+            if (o.lo == k.lo && o.hi == k.hi)
+                return true;
+        }
+    }
+    return false;
 }
 
 /* Fields every request must leave zero, and other per-opcode rules. */
@@ -151,7 +207,7 @@ static int proto_check_body(uint32_t op, const void *body, const char **why)
             return -EINVAL;
         }
         break;
-    case KVC_OP_CLIENTS ... KVC_OP_SHUTDOWN: {
+    case KVC_OP_CLIENTS ... KVC_OP_NS_DROP: {
         const struct kvc_admin_req *q = body;
         if (!memchr(q->key, 0, sizeof(q->key)) || !memchr(q->value, 0, sizeof(q->value))) {
             *why = "key or value not NUL-terminated";
@@ -252,5 +308,14 @@ int proto_decode(const void *buf, size_t n, struct proto_req *r, const char **wh
         *why = "payload length does not match the request";
         return -EBADMSG;
     }
-    return proto_check_body(h->opcode, r->body, why);
+    int rc = proto_check_body(h->opcode, r->body, why);
+    if (rc == 0 && r->ntail > 1 &&
+        (h->opcode == KVC_OP_LOOKUP || h->opcode == KVC_OP_RESERVE ||
+         h->opcode == KVC_OP_LOOKUP_BUDGET || h->opcode == KVC_OP_HINT) &&
+        proto_keys_repeat(r->tail, r->ntail, sh->entry)) {
+        r->dup_key = true;
+        *why = "a key repeated within the batch";
+        rc = -EINVAL;
+    }
+    return rc;
 }

@@ -10,6 +10,16 @@
  * buffer is full (it sends without reading) is disconnected.
  * Garbage (no readable header) closes the connection with one rate-limited log line; a bad
  * field gets an error reply. Requests before HELLO are refused.
+ *
+ * Limits (docs/security.md): every resource a client can hold is bounded per connection
+ * and, for clients that are not admins, per uid — connections, leases, pins, reserved bytes
+ * as a share of an arena, namespaces created — and in time: a HELLO timeout, an idle
+ * timeout, a reservation lifetime. The per-uid sums (struct server_uid) follow each
+ * connection's owner after every request (server_uid_sync), so checking one costs O(1).
+ * A refusal is an error reply with its own errno, one rate-limited log line and a counter.
+ * Before closing a connection on its own the server sends a notice (request id 0) saying
+ * why. The loop's tick (server_tick) enforces the timeouts and takes the host arenas'
+ * faults (tiers/host.h).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -41,12 +51,32 @@
 /* A handler's answer that there is no reply yet (WAIT on reads in flight). */
 #define SERVER_DEFERRED (-EINPROGRESS)
 
+/* The connections of one uid and what they hold together. */
+struct server_uid {
+    uint32_t uid;
+    uint32_t nconns;
+    uint64_t pins;    /* lease pins */
+    uint64_t handles; /* leases + reservations */
+    struct server_uid *next;
+};
+
+/* An open reservation and when it expires. */
+struct server_resv {
+    uint64_t id;
+    uint64_t deadline_ms;
+};
+
+/* Reservations the daemon aborted, remembered so that COMMIT/ABORT of them say so. */
+#define SERVER_EXPIRED_KEEP 64
+
 struct conn {
     int fd;
     uint32_t id;
     struct ucred cred;
     bool hello;
     uint32_t arenas_sent; /* bit a: arena a's descriptor was handed over */
+    uint32_t arenas_rw;   /* bit a: ... read-write */
+    bool gpu_handle;      /* GPU_ATTACH: the pool's handle was sent */
     bool gpu_mapped;      /* GPU_ATTACH with F_MAPPED: may be given GPU locations */
     struct store_owner owner;
     struct server *sv;
@@ -56,6 +86,17 @@ struct conn {
     struct stats st;
     char name[32];
     uint64_t t_connect;
+    /* Limits. */
+    struct server_uid *u;
+    uint64_t t_last;          /* the last request */
+    uint64_t synced_pins;     /* owner.pins as last added to u */
+    uint32_t synced_handles;  /* owner.live as last added to u */
+    uint32_t nwaits;          /* WAITs pending */
+    uint8_t *ns_open;         /* bit n: namespace n was opened here; NULL: none yet */
+    struct server_resv *resv; /* open reservations, by age */
+    uint32_t nresv, capresv;
+    uint64_t expired[SERVER_EXPIRED_KEEP]; /* ring of aborted reservation ids */
+    uint32_t nexpired;
 };
 
 /* A WAIT answered when its lease's reads from disk end or its time runs out. */
@@ -87,10 +128,14 @@ struct server {
     struct server_pending *pending_run; /* taken off `pending` by server_retry() */
     struct server_pending *retrying;    /* the one running again now, or NULL */
     bool retry_again;                   /* it deferred again: back on `pending` */
+    uint64_t waits_deadline; /* earliest deadline among waits (tick skips until then) */
     struct store *store;
     int fd;
     char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
     uint32_t max_clients;
+    struct server_params lim; /* the limits (fields of server_params), reloadable */
+    struct server_uid *uids;
+    uint32_t *ns_uid; /* by namespace id: the uid that created it, UINT32_MAX none */
     uint32_t nclients;
     uint32_t next_id;
     struct conn *conns;
@@ -117,6 +162,73 @@ int server_socket_path(const char *configured, char *out, size_t len)
     else
         n = snprintf(out, len, "/run/kvcd/kvcd.sock");
     return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
+}
+
+static void server_limits_set(struct server *sv, const struct server_params *p)
+{
+    sv->lim = *p;
+    sv->lim.cfg = NULL;
+    sv->lim.acl = NULL;
+    sv->lim.socket_path = sv->lim.socket_group = NULL;
+}
+
+/* ---- per-uid accounting ------------------------------------------------------------------ */
+
+static struct server_uid *server_uid_get(struct server *sv, uint32_t uid)
+{
+    struct server_uid *u;
+    for (u = sv->uids; u; u = u->next)
+        if (u->uid == uid)
+            return u;
+    u = calloc(1, sizeof(*u));
+    if (!u)
+        return NULL;
+    u->uid = uid;
+    u->next = sv->uids;
+    sv->uids = u;
+    return u;
+}
+
+static void server_uid_put(struct server *sv, struct server_uid *u)
+{
+    if (--u->nconns)
+        return;
+    for (struct server_uid **p = &sv->uids; *p; p = &(*p)->next)
+        if (*p == u) {
+            *p = u->next;
+            break;
+        }
+    free(u);
+}
+
+/* Adds what the connection's owner gained or gave back since the last call to its uid. */
+static void server_uid_sync(struct conn *c)
+{
+    c->u->pins += c->owner.pins - c->synced_pins;
+    c->u->handles += (uint64_t)c->owner.live - c->synced_handles;
+    c->synced_pins = c->owner.pins;
+    c->synced_handles = c->owner.live;
+}
+
+/* A limit refused a request: its counter (in total, so the client's delta sees it too) and
+ * one rate-limited line. Returns rc. */
+static int server_refuse(const struct conn *c, uint64_t *counter, int rc, const char *what)
+{
+    (*counter)++;
+    log_limited(LOG_LEVEL_WARNING, "server: client %u (uid %u): %s (%s)", c->id,
+                (unsigned)c->cred.uid, what, strerror(-rc));
+    return rc;
+}
+
+/* Tells a client why the daemon is about to close its connection: a reply with request id 0
+ * and the status (kvc_proto.h, "Notices"). Best effort. */
+static void server_notice(int fd, int status)
+{
+    struct kvc_msg_hdr h = {.magic = KVC_PROTO_MAGIC,
+                            .version = KVC_PROTO_VERSION,
+                            .opcode = KVC_OP_HELLO,
+                            .status = status};
+    (void)!send(fd, &h, sizeof(h), MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
 /* ---- connections ----------------------------------------------------------------------- */
@@ -152,6 +264,10 @@ static void server_conn_close(struct server *sv, struct conn *c, const char *why
         }
     }
     store_owner_fini(sv->store, &c->owner);
+    server_uid_sync(c);
+    server_uid_put(sv, c->u);
+    free(c->ns_open);
+    free(c->resv);
     if (c->prev)
         c->prev->next = c->next;
     else
@@ -252,14 +368,14 @@ static int server_on_ns_open(struct server *sv, struct conn *c, const struct pro
     const struct kvc_ns_open_req *q = r->body;
     struct kvc_ns_open_rep *p = (struct kvc_ns_open_rep *)((struct kvc_msg_hdr *)sv->tx + 1);
     uint32_t id, acc = KVC_ACCESS_READ | KVC_ACCESS_WRITE;
-    bool created;
+    bool created, exists = false;
     int rc;
-    if (sv->acl && memchr(q->layout.model_id, 0, sizeof(q->layout.model_id))) {
-        bool exists = false;
+    bool named = memchr(q->layout.model_id, 0, sizeof(q->layout.model_id)) != NULL;
+    for (uint32_t i = 1; named && i < sv->store->nns && !exists; i++)
+        exists = sv->store->ns[i] &&
+                 strcmp(sv->store->ns[i]->layout.model_id, q->layout.model_id) == 0;
+    if (sv->acl && named) {
         acc = acl_access_model(sv->acl, &c->peer, q->layout.model_id);
-        for (uint32_t i = 1; i < sv->store->nns && !exists; i++)
-            exists = sv->store->ns[i] &&
-                     strcmp(sv->store->ns[i]->layout.model_id, q->layout.model_id) == 0;
         if (!acc || (!exists && !(acc & KVC_ACCESS_WRITE))) {
             log_limited(LOG_LEVEL_WARNING,
                         "server: client %u (uid %u): NS_OPEN '%s' refused (%s)", c->id,
@@ -267,6 +383,14 @@ static int server_on_ns_open(struct server *sv, struct conn *c, const struct pro
                         acc ? "creating a namespace needs write access" : "not in its access list");
             return -EACCES;
         }
+    }
+    if (named && !exists && !c->peer.admin) {
+        uint32_t mine = 0;
+        for (uint32_t i = 1; i < sv->store->nns; i++)
+            mine += sv->store->ns[i] && sv->ns_uid[i] == c->cred.uid;
+        if (mine >= sv->lim.max_namespaces_per_uid)
+            return server_refuse(c, &sv->store->total.refused_namespaces, -EDQUOT,
+                                 "NS_OPEN: server.max_namespaces_per_uid reached");
     }
     /* Placed in its section's arena and bound to its lists at creation, or not created. */
     rc = sv->acl ? acl_ns_open(sv->acl, &q->layout, &id, &created)
@@ -288,8 +412,13 @@ static int server_on_ns_open(struct server *sv, struct conn *c, const struct pro
         }
         return rc;
     }
-    if (created)
+    if (created) {
         server_ns_policy(sv, id);
+        sv->ns_uid[id] = c->cred.uid;
+    }
+    if (!c->ns_open && !(c->ns_open = calloc((sv->store->nns + 7) / 8, 1)))
+        return -ENOMEM;
+    c->ns_open[id / 8] |= (uint8_t)(1u << (id % 8));
     const struct store_ns *ns = store_ns_get(sv->store, id);
     struct tier *t = store_ns_tier(sv->store, ns);
     if (created)
@@ -325,6 +454,64 @@ static int server_ns_allowed(const struct server *sv, const struct conn *c, uint
 static bool server_may_wait(struct server *sv, const struct conn *c, uint32_t ns_id,
                             uint64_t now);
 
+/* 0 when this connection opened namespace ns_id (NS_OPEN), else -ENOENT: a client names only
+ * namespaces it opened, so an id that was dropped and reused never reaches the old one's
+ * clients (whose layout and access differ). */
+static int server_ns_opened(const struct conn *c, uint32_t ns_id)
+{
+    return c->ns_open && ns_id < c->sv->store->nns && (c->ns_open[ns_id / 8] >> (ns_id % 8)) & 1
+               ? 0
+               : -ENOENT;
+}
+
+/* Both checks a request on a namespace passes first. */
+static int server_ns_use(const struct server *sv, const struct conn *c, uint32_t ns_id,
+                         uint32_t need)
+{
+    int rc = server_ns_opened(c, ns_id);
+    return rc ? rc : server_ns_allowed(sv, c, ns_id, need);
+}
+
+/* Cuts *n to the pins this connection (quota.client_pins) and its uid (quota.uid_pins) may
+ * still take. 0, or -EDQUOT when there is no room at all. */
+static int server_pins_room(struct server *sv, struct conn *c, uint32_t *n)
+{
+    uint64_t room = UINT64_MAX;
+    if (sv->lim.client_pins)
+        room = c->owner.pins >= sv->lim.client_pins ? 0 : sv->lim.client_pins - c->owner.pins;
+    if (!c->peer.admin) {
+        uint64_t ur = c->u->pins >= sv->lim.uid_pins ? 0 : sv->lim.uid_pins - c->u->pins;
+        room = ur < room ? ur : room;
+    }
+    if (room == 0)
+        return server_refuse(c, &sv->store->total.refused_pins, -EDQUOT,
+                             "lookup refused: quota.client_pins or quota.uid_pins reached");
+    if (room < *n) {
+        *n = (uint32_t)room;
+        server_refuse(c, &sv->store->total.refused_pins, -EDQUOT,
+                      "lookup cut short: quota.client_pins or quota.uid_pins reached");
+    }
+    return 0;
+}
+
+/* A new lease or reservation: its uid's limit (the connection's is the store's, -EMFILE). */
+static int server_handles_room(struct server *sv, struct conn *c)
+{
+    if (!c->peer.admin && c->u->handles >= sv->lim.uid_leases)
+        return server_refuse(c, &sv->store->total.refused_leases, -EMFILE,
+                             "quota.uid_leases reached");
+    return 0;
+}
+
+/* A store answer of -EMFILE is server.max_leases: counted and logged like the uid's. */
+static int server_store_rc(struct server *sv, struct conn *c, int rc)
+{
+    if (rc == -EMFILE)
+        return server_refuse(c, &sv->store->total.refused_leases, rc,
+                             "server.max_leases reached");
+    return rc;
+}
+
 static int server_on_lookup(struct server *sv, struct conn *c, const struct proto_req *r,
                             uint64_t now, bool may_wait)
 {
@@ -332,21 +519,27 @@ static int server_on_lookup(struct server *sv, struct conn *c, const struct prot
     struct kvc_lookup_rep *p = (struct kvc_lookup_rep *)((struct kvc_msg_hdr *)sv->tx + 1);
     uint64_t lease;
     uint32_t n = r->ntail;
-    int arc = server_ns_allowed(sv, c, q->ns_id, KVC_ACCESS_READ);
+    int arc = server_ns_use(sv, c, q->ns_id, KVC_ACCESS_READ);
+    if (arc)
+        return arc;
+    arc = server_handles_room(sv, c);
+    if (arc == 0)
+        arc = server_pins_room(sv, c, &n);
     if (arc)
         return arc;
     if (sv->acl && store_ns_get(sv->store, q->ns_id)) {
+        uint32_t want = n;
         int qrc = acl_quota_lookup(sv->acl, &c->owner, q->ns_id, &n);
         if (qrc)
             return qrc;
-        if (n < r->ntail)
+        if (n < want)
             sv->store->total.refused_quota++;
     }
     c->owner.lookup_short = false;
     int hits = engine_lookup_flags(sv->store, &c->owner, q->ns_id, r->tail, n, q->flags, now,
                                   &lease, (struct kvc_wire_loc *)(p + 1));
     if (hits < 0)
-        return hits;
+        return server_store_rc(sv, c, hits);
     /* Cut short because memory had no room for its reads from disk while blocks are being
      * written out: it waits for that room like a put (the reads it started go on). */
     if (c->owner.lookup_short && may_wait && !(q->flags & KVC_LOOKUP_F_READY_ONLY) &&
@@ -364,7 +557,7 @@ static int server_on_hint(struct server *sv, struct conn *c, const struct proto_
 {
     const struct kvc_hint_req *q = r->body;
     struct kvc_hint_rep *p = (struct kvc_hint_rep *)((struct kvc_msg_hdr *)sv->tx + 1);
-    int arc = server_ns_allowed(sv, c, q->ns_id, KVC_ACCESS_READ);
+    int arc = server_ns_use(sv, c, q->ns_id, KVC_ACCESS_READ);
     if (arc)
         return arc;
     int n = store_hint(sv->store, q->ns_id, q->kind, r->tail, r->ntail, now);
@@ -384,20 +577,26 @@ static int server_on_lookup_budget(struct server *sv, struct conn *c, const stru
     uint32_t n = r->ntail, nprefix, pos[KVC_PROTO_MAX_KEYS];
     struct kvc_wire_loc locs[KVC_PROTO_MAX_KEYS];
     uint64_t lease;
-    int arc = server_ns_allowed(sv, c, q->ns_id, KVC_ACCESS_READ);
+    uint32_t most = q->budget < n ? q->budget : n; /* pins it can take */
+    int arc = server_ns_use(sv, c, q->ns_id, KVC_ACCESS_READ);
+    if (arc)
+        return arc;
+    arc = server_handles_room(sv, c);
+    if (arc == 0)
+        arc = server_pins_room(sv, c, &most);
     if (arc)
         return arc;
     if (sv->acl && store_ns_get(sv->store, q->ns_id)) {
-        int qrc = acl_quota_lookup(sv->acl, &c->owner, q->ns_id, &n);
+        int qrc = acl_quota_lookup(sv->acl, &c->owner, q->ns_id, &most);
         if (qrc)
             return qrc;
     }
-    int nsel = store_lookup_budget(sv->store, &c->owner, q->ns_id, r->tail, n, q->budget,
+    int nsel = store_lookup_budget(sv->store, &c->owner, q->ns_id, r->tail, n, most,
                                    q->policy == KVC_POLICY_NS ? -1 : (int)q->policy, q->sinks,
                                    q->recent, r->tail2, r->ntail2, now, &lease, &nprefix, pos,
                                    locs);
     if (nsel < 0)
-        return nsel;
+        return server_store_rc(sv, c, nsel);
     for (int i = 0; i < nsel; i++)
         sel[i] = (struct kvc_wire_sel){.pos = pos[i], .loc = locs[i]};
     *p = (struct kvc_lookup_budget_rep){.nsel = (uint32_t)nsel, .nprefix = nprefix,
@@ -427,6 +626,13 @@ static int server_on_wait(struct server *sv, struct conn *c, const struct proto_
     int rc = server_wait_fill(sv, c, q->lease_id, q->timeout_ms != 0);
     if (rc != SERVER_DEFERRED)
         return rc;
+    if (c->nwaits >= sv->lim.max_waits)
+        return server_refuse(c, &sv->store->total.refused_waits, -EMFILE,
+                             "WAIT refused: server.max_waits pending");
+    for (w = sv->waits; w; w = w->next)
+        if (w->c == c && w->lease_id == q->lease_id)
+            return server_refuse(c, &sv->store->total.refused_waits, -EBUSY,
+                                 "WAIT refused: one is pending on that lease");
     w = calloc(1, sizeof(*w));
     if (!w)
         return -ENOMEM;
@@ -435,7 +641,10 @@ static int server_on_wait(struct server *sv, struct conn *c, const struct proto_
                               .lease_id = q->lease_id,
                               .deadline_ms = now + q->timeout_ms,
                               .next = sv->waits};
+    if (!sv->waits || w->deadline_ms < sv->waits_deadline)
+        sv->waits_deadline = w->deadline_ms;
     sv->waits = w;
+    c->nwaits++;
     return SERVER_DEFERRED;
 }
 
@@ -443,23 +652,28 @@ static int server_send(struct server *sv, struct conn *c, int fd);
 static void *server_reply_init(struct server *sv, const struct kvc_msg_hdr *req, int status,
                                uint32_t len);
 
-/* Answers the WAITs whose reads ended or whose time ran out. */
+/* Answers the WAITs whose reads ended or whose time ran out; notes the next deadline. */
 static void server_waits_check(struct server *sv, uint64_t now)
 {
+    uint64_t next = UINT64_MAX;
     for (struct server_wait **w = &sv->waits; *w;) {
         struct server_wait *x = *w;
         struct kvc_msg_hdr req = {.opcode = KVC_OP_WAIT, .req_id = x->req_id};
         int rc = server_wait_fill(sv, x->c, x->lease_id, now < x->deadline_ms);
         if (rc == SERVER_DEFERRED) {
+            if (x->deadline_ms < next)
+                next = x->deadline_ms;
             w = &x->next;
             continue;
         }
         server_reply_init(sv, &req, rc < 0 ? rc : 0, rc < 0 ? 0 : (uint32_t)rc);
         /* A client that does not read is dropped at its next request. */
         server_send(sv, x->c, -1);
+        x->c->nwaits--;
         *w = x->next;
         free(x);
     }
+    sv->waits_deadline = next;
 }
 
 static void server_on_ready(void *arg)
@@ -468,12 +682,84 @@ static void server_on_ready(void *arg)
     server_waits_check(sv, loop_now_ms(sv->loop));
 }
 
+/* Reservations of c past their deadline: aborted, remembered, counted, logged. */
+static void server_resv_expire(struct server *sv, struct conn *c, uint64_t now)
+{
+    for (uint32_t i = 0; i < c->nresv;) {
+        uint64_t id = c->resv[i].id;
+        const struct store_handle *h;
+        if (c->resv[i].deadline_ms > now) {
+            i++;
+            continue;
+        }
+        c->resv[i] = c->resv[--c->nresv];
+        h = store_handle_get(&c->owner, id, STORE_HANDLE_RESV);
+        if (!h)
+            continue;
+        struct store_ns *ns = store_ns_get(sv->store, h->ns);
+        store_abort(sv->store, &c->owner, id);
+        c->expired[c->nexpired++ % SERVER_EXPIRED_KEEP] = id;
+        sv->store->total.expired_reservations++;
+        c->st.expired_reservations++;
+        if (ns)
+            ns->stats.expired_reservations++;
+        log_limited(LOG_LEVEL_WARNING,
+                    "server: client %u (uid %u): reservation aborted after "
+                    "server.reservation_timeout (its COMMIT will fail with ETIMEDOUT)",
+                    c->id, (unsigned)c->cred.uid);
+    }
+    server_uid_sync(c);
+}
+
+/* Takes the faults of the host arenas (a client punched a hole under the daemon, see
+ * tiers/host.h): the blocks there go, the pages stay quarantined until they hold memory. */
+static void server_arena_faults(struct server *sv)
+{
+    struct store *s = sv->store;
+    for (uint32_t a = 0; a < s->narenas; a++) {
+        struct tier *t = s->arenas[a].tier;
+        uint64_t offs[64], unit = tier_host_fault_unit(t);
+        uint32_t n = tier_host_faults_take(t, offs, 64);
+        for (uint32_t i = 0; i < n; i++) {
+            uint32_t nb = engine_arena_fault(s, a, offs[i], unit);
+            s->total.arena_faults++;
+            log_limited(LOG_LEVEL_WARNING,
+                        "host: arena %u lost the page at %llu under the daemon (a writer "
+                        "punched a hole); %u blocks there dropped, the page quarantined",
+                        a, (unsigned long long)offs[i], nb);
+        }
+        tier_host_repair(t);
+    }
+}
+
 void server_tick(struct server *sv)
 {
-    if (sv && sv->pending)
-        server_retry(sv, loop_now_ms(sv->loop)); /* answers the ones whose time ran out */
-    if (sv && sv->waits)
-        server_waits_check(sv, loop_now_ms(sv->loop));
+    uint64_t now;
+    if (!sv)
+        return;
+    now = loop_now_ms(sv->loop);
+    if (sv->pending)
+        server_retry(sv, now); /* answers the ones whose time ran out */
+    for (struct conn *c = sv->conns, *next; c; c = next) {
+        next = c->next;
+        if (!c->hello && now - c->t_connect >= sv->lim.hello_timeout_ms) {
+            sv->store->total.closed_hello_timeout++;
+            server_notice(c->fd, -ETIMEDOUT);
+            server_conn_close(sv, c, "no HELLO within server.hello_timeout");
+            continue;
+        }
+        if (now - c->t_last >= sv->lim.idle_timeout_ms) {
+            sv->store->total.closed_idle++;
+            server_notice(c->fd, -ETIMEDOUT);
+            server_conn_close(sv, c, "idle for server.idle_timeout");
+            continue;
+        }
+        if (c->nresv)
+            server_resv_expire(sv, c, now);
+    }
+    if (sv->waits && now >= sv->waits_deadline)
+        server_waits_check(sv, now);
+    server_arena_faults(sv);
 }
 
 static int server_on_release(struct server *sv, struct conn *c, const struct proto_req *r)
@@ -530,6 +816,58 @@ static bool server_may_wait(struct server *sv, const struct conn *c, uint32_t ns
     return engine_disk_room_coming(sv->store, ns->arena);
 }
 
+/* The end of reservation id on this connection: forgets its deadline. For an id the store no
+ * longer knows (rc -ENOENT) that the daemon aborted when it expired: -ETIMEDOUT. */
+static int server_resv_end(struct conn *c, uint64_t id, int rc)
+{
+    for (uint32_t i = 0; i < c->nresv; i++)
+        if (c->resv[i].id == id) {
+            c->resv[i] = c->resv[--c->nresv];
+            break;
+        }
+    if (rc == -ENOENT)
+        for (uint32_t i = 0; i < SERVER_EXPIRED_KEEP && i < c->nexpired; i++)
+            if (c->expired[i] == id) {
+                c->expired[i] = 0;
+                return -ETIMEDOUT;
+            }
+    return rc;
+}
+
+/* Cuts *n to the slots of ns's block size the peer's uid may still reserve in ns's arena
+ * (quota.uid_reserved_share of it). 0, or -EDQUOT when none. */
+static int server_reserve_room(struct server *sv, struct conn *c, const struct store_ns *ns,
+                               uint32_t *n)
+{
+    struct store *s = sv->store;
+    uint64_t cap, used = 0, room;
+    if (c->peer.admin)
+        return 0;
+    cap = tier_host_size(store_ns_tier(s, ns)) * sv->lim.uid_reserved_share / 100;
+    for (const struct conn *x = sv->conns; x; x = x->next) {
+        if (x->u != c->u)
+            continue;
+        for (uint32_t i = 0; i < x->owner.nhandles; i++) {
+            const struct store_handle *h = x->owner.handles[i];
+            const struct store_ns *hn;
+            if (!h || h->kind != STORE_HANDLE_RESV || !(hn = store_ns_get(s, h->ns)) ||
+                hn->arena != ns->arena)
+                continue;
+            used += (uint64_t)h->n * hn->block_bytes;
+        }
+    }
+    room = used >= cap ? 0 : (cap - used) / ns->block_bytes;
+    if (room == 0)
+        return server_refuse(c, &s->total.refused_reserve_share, -EDQUOT,
+                             "RESERVE refused: quota.uid_reserved_share of the arena reached");
+    if (room < *n) {
+        *n = (uint32_t)room;
+        server_refuse(c, &s->total.refused_reserve_share, -EDQUOT,
+                      "RESERVE cut short: quota.uid_reserved_share of the arena reached");
+    }
+    return 0;
+}
+
 static int server_on_reserve(struct server *sv, struct conn *c, const struct proto_req *r,
                              uint64_t now, bool may_wait)
 {
@@ -538,20 +876,34 @@ static int server_on_reserve(struct server *sv, struct conn *c, const struct pro
     struct kvc_wire_slot_rep *slots = (struct kvc_wire_slot_rep *)(p + 1);
     uint64_t resv;
     uint32_t want = r->ntail;
-    int arc = server_ns_allowed(sv, c, q->ns_id, KVC_ACCESS_WRITE);
+    const struct store_ns *ns = store_ns_get(sv->store, q->ns_id);
+    int arc = server_ns_use(sv, c, q->ns_id, KVC_ACCESS_WRITE);
+    if (arc == 0)
+        arc = server_handles_room(sv, c);
+    if (arc == 0 && ns)
+        arc = server_reserve_room(sv, c, ns, &want);
     if (arc)
         return arc;
-    if (sv->acl && store_ns_get(sv->store, q->ns_id)) {
+    if (sv->acl && ns) {
+        uint32_t asked = want;
         int qrc = acl_quota_reserve(sv->acl, &c->owner, q->ns_id, &want, now);
         if (qrc)
             return qrc;
-        if (want < r->ntail)
+        if (want < asked)
             sv->store->total.refused_quota++;
+    }
+    if (c->nresv == c->capresv) {
+        uint32_t ncap = c->capresv ? c->capresv * 2 : 8;
+        struct server_resv *nr = realloc(c->resv, ncap * sizeof(*nr));
+        if (!nr)
+            return -ENOMEM;
+        c->resv = nr;
+        c->capresv = ncap;
     }
     int n = store_reserve(sv->store, &c->owner, q->ns_id, &q->parent, r->tail, want, now,
                           &resv, sv->st, sv->locs);
     if (n < 0)
-        return n;
+        return server_store_rc(sv, c, n);
     if (may_wait && server_reserve_may_wait(sv, c, q->ns_id, want, now)) {
         /* Slots it got are given back: the whole chain waits, runs again, and gets them in
          * one piece (a chain cut at NOSPACE loses its tail for good). */
@@ -561,6 +913,9 @@ static int server_on_reserve(struct server *sv, struct conn *c, const struct pro
     }
     if (sv->retrying && sv->retrying->c == c && (uint32_t)n < want)
         sv->store->total.put_wait_timeouts++;
+    if (resv)
+        c->resv[c->nresv++] =
+            (struct server_resv){.id = resv, .deadline_ms = now + sv->lim.reservation_timeout_ms};
     for (uint32_t i = want; i < r->ntail; i++)
         sv->st[i] = KVC_WIRE_SLOT_NOSPACE; /* cut by a quota */
     *p = (struct kvc_reserve_rep){.resv_id = resv, .nkeys = r->ntail, .nreserved = (uint32_t)n};
@@ -579,7 +934,9 @@ static int server_on_commit(struct server *sv, struct conn *c, const struct prot
     const struct kvc_commit_req *q = r->body;
     struct kvc_commit_rep *p = (struct kvc_commit_rep *)((struct kvc_msg_hdr *)sv->tx + 1);
     uint32_t dropped = 0;
-    int n = store_commit(sv->store, &c->owner, q->resv_id, q->ncommit, now, &dropped);
+    int n = server_resv_end(c, q->resv_id,
+                            store_commit(sv->store, &c->owner, q->resv_id, q->ncommit, now,
+                                         &dropped));
     if (n < 0)
         return n;
     *p = (struct kvc_commit_rep){.committed = (uint32_t)n, .dropped = dropped};
@@ -735,6 +1092,18 @@ static int server_on_gpu_attach(struct server *sv, struct conn *c, const struct 
     const struct kern_dev_pool *pool;
     if (!sv->store->gpu)
         return -ENODEV;
+    /* The pool holds blocks of the shared arena only (namespaces without access lists):
+     * its handle goes to a client that already holds that arena read-write. */
+    if (!c->peer.admin && !(c->arenas_rw & 1u)) {
+        log_limited(LOG_LEVEL_WARNING,
+                    "server: client %u (uid %u): GPU_ATTACH refused (it holds no read-write "
+                    "descriptor of the shared arena: open a namespace without access lists "
+                    "first)",
+                    c->id, (unsigned)c->cred.uid);
+        return -EACCES;
+    }
+    if ((q->flags & KVC_GPU_ATTACH_F_MAPPED) && !c->gpu_handle)
+        return -EINVAL; /* mapped what? */
     pool = tier_gpu_pool(sv->store->gpu);
     memset(p, 0, sizeof(*p));
     p->arena_id = STORE_ARENA_GPU;
@@ -746,6 +1115,7 @@ static int server_on_gpu_attach(struct server *sv, struct conn *c, const struct 
         c->gpu_mapped = true;
     else if (pool->handle == KVC_GPU_HANDLE_FD)
         *send_fd = pool->fd;
+    c->gpu_handle = true;
     return sizeof(*p);
 }
 
@@ -861,6 +1231,9 @@ static bool server_handle(struct server *sv, struct conn *c, size_t n)
         server_conn_close(sv, c, why);
         return true;
     }
+    c->t_last = now;
+    if (r.dup_key)
+        sv->store->total.refused_duplicates++;
     if (rc == 0 && !c->hello && r.hdr->opcode != KVC_OP_HELLO) {
         rc = -EPROTO;
         why = "request before HELLO";
@@ -878,23 +1251,26 @@ static bool server_handle(struct server *sv, struct conn *c, size_t n)
         case KVC_OP_NS_OPEN:
             rc = server_on_ns_open(sv, c, &r, &send_fd, &send_fd_owned);
             break;
-        case KVC_OP_LOOKUP:
-            c->owner.gpu = c->gpu_mapped &&
-                           (((const struct kvc_lookup_req *)r.body)->flags & KVC_LOOKUP_F_GPU);
+        case KVC_OP_LOOKUP: {
+            const struct kvc_lookup_req *q = r.body;
+            c->owner.gpu = c->gpu_mapped && (q->flags & KVC_LOOKUP_F_GPU) &&
+                           !acl_ns_restricted(sv->acl, q->ns_id);
             rc = server_on_lookup(sv, c, &r, now, true);
             if (rc == SERVER_DEFERRED && server_pending_add(sv, c, n, now) == 0) {
-                engine_trim(sv->store, now);
+                engine_trim(sv->store, now); /* the write-back that makes its room */
                 return false;
             }
             if (rc == SERVER_DEFERRED) /* no memory to wait with: answered now */
                 rc = server_on_lookup(sv, c, &r, now, false);
             break;
+        }
         case KVC_OP_RELEASE:
             rc = server_on_release(sv, c, &r);
             break;
-        case KVC_OP_RESERVE:
-            c->owner.gpu = c->gpu_mapped &&
-                           (((const struct kvc_reserve_req *)r.body)->flags & KVC_RESERVE_F_GPU);
+        case KVC_OP_RESERVE: {
+            const struct kvc_reserve_req *q = r.body;
+            c->owner.gpu = c->gpu_mapped && (q->flags & KVC_RESERVE_F_GPU) &&
+                           !acl_ns_restricted(sv->acl, q->ns_id);
             rc = server_on_reserve(sv, c, &r, now, true);
             if (rc == SERVER_DEFERRED && server_pending_add(sv, c, n, now) == 0) {
                 engine_trim(sv->store, now); /* the write-back that makes its room */
@@ -903,12 +1279,15 @@ static bool server_handle(struct server *sv, struct conn *c, size_t n)
             if (rc == SERVER_DEFERRED) /* no memory to wait with: answered now */
                 rc = server_on_reserve(sv, c, &r, now, false);
             break;
+        }
         case KVC_OP_COMMIT:
             rc = server_on_commit(sv, c, &r, now);
             break;
-        case KVC_OP_ABORT:
-            rc = store_abort(sv->store, &c->owner, ((const struct kvc_abort_req *)r.body)->resv_id);
+        case KVC_OP_ABORT: {
+            uint64_t id = ((const struct kvc_abort_req *)r.body)->resv_id;
+            rc = server_resv_end(c, id, store_abort(sv->store, &c->owner, id));
             break;
+        }
         case KVC_OP_STATS:
             rc = server_on_stats(sv, c, &r, now);
             break;
@@ -918,11 +1297,14 @@ static bool server_handle(struct server *sv, struct conn *c, size_t n)
         case KVC_OP_BLOCK_LIST:
             rc = server_on_block_list(sv, c, &r);
             break;
-        case KVC_OP_CLIENTS ... KVC_OP_SHUTDOWN: {
+        case KVC_OP_CLIENTS ... KVC_OP_NS_DROP: {
             struct admin_ctx ax = {.sv = sv,
                                    .store = sv->store,
                                    .cfg = sv->cfg,
                                    .hooks = &sv->hooks,
+                                   .acl = sv->acl,
+                                   .peer = &c->peer,
+                                   .uid = c->cred.uid,
                                    .conn_id = c->id,
                                    .now = now};
             rc = admin_handle(&ax, &r, (struct kvc_msg_hdr *)sv->tx + 1,
@@ -952,6 +1334,7 @@ static bool server_handle(struct server *sv, struct conn *c, size_t n)
         log_limited(LOG_LEVEL_WARNING, "server: client %u: %s refused (%s)", c->id,
                     proto_op_name(r.hdr->opcode), why ? why : strerror(-rc));
     }
+    server_uid_sync(c);
     server_count(sv, rc);
     server_stats_delta(&c->st, &before, &sv->store->total);
     if (rc < 0) {
@@ -968,6 +1351,8 @@ static bool server_handle(struct server *sv, struct conn *c, size_t n)
         const struct kvc_ns_open_rep *p =
             (const struct kvc_ns_open_rep *)((struct kvc_msg_hdr *)sv->tx + 1);
         c->arenas_sent |= 1u << p->arena_id;
+        if (!send_fd_owned) /* the tier's own descriptor: the read-write one */
+            c->arenas_rw |= 1u << p->arena_id;
     }
     /* A commit can take the arena over its high watermark. Evicting down to the low one
      * frees hundreds of blocks at once (every 5% of the arena): done after the reply, it
@@ -1061,8 +1446,10 @@ static void server_on_accept(struct loop *l, int fd, uint32_t events, void *arg)
             return;
         }
         if (sv->nclients >= sv->max_clients) {
+            sv->store->total.refused_connections++;
             log_limited(LOG_LEVEL_WARNING, "server: refusing a client (max_clients %u reached)",
                         sv->max_clients);
+            server_notice(cfd, -EUSERS);
             close(cfd);
             continue;
         }
@@ -1073,16 +1460,32 @@ static void server_on_accept(struct loop *l, int fd, uint32_t events, void *arg)
         }
         c->fd = cfd;
         c->sv = sv;
-        c->id = ++sv->next_id;
         getsockopt(cfd, SOL_SOCKET, SO_PEERCRED, &c->cred, &cl);
         server_peer_init(sv, cfd, c);
-        c->t_connect = loop_now_ms(l);
-        store_owner_init(&c->owner);
-        if (loop_add(l, cfd, EPOLLIN, server_on_conn, c)) {
+        c->u = server_uid_get(sv, c->cred.uid);
+        if (c->u && !c->peer.admin && c->u->nconns >= sv->lim.max_clients_per_uid) {
+            sv->store->total.refused_connections++;
+            log_limited(LOG_LEVEL_WARNING,
+                        "server: refusing a client of uid %u (max_clients_per_uid %u reached)",
+                        (unsigned)c->cred.uid, sv->lim.max_clients_per_uid);
+            server_notice(cfd, -EUSERS);
             close(cfd);
             free(c);
             continue;
         }
+        if (!c->u || loop_add(l, cfd, EPOLLIN, server_on_conn, c)) {
+            if (c->u && !c->u->nconns) {
+                c->u->nconns = 1; /* so that the put frees the entry made for it */
+                server_uid_put(sv, c->u);
+            }
+            close(cfd);
+            free(c);
+            continue;
+        }
+        c->u->nconns++;
+        c->id = ++sv->next_id;
+        c->t_connect = c->t_last = loop_now_ms(l);
+        store_owner_init(&c->owner);
         c->next = sv->conns;
         if (sv->conns)
             sv->conns->prev = c;
@@ -1124,7 +1527,7 @@ struct server *server_new(struct loop *l, struct store *s, const struct server_p
 {
     struct sockaddr_un a = {.sun_family = AF_UNIX};
     struct server *sv = calloc(1, sizeof(*sv));
-    char tmp[sizeof(a.sun_path) + 16] = "";
+    char tmpdir[sizeof(a.sun_path) + 16] = "", tmp[sizeof(tmpdir) + 4] = "";
     int rc = -ENOMEM, n;
     if (!sv)
         goto fail;
@@ -1136,6 +1539,15 @@ struct server *server_new(struct loop *l, struct store *s, const struct server_p
     sv->admin_gid = p->admin_gid;
     sv->cfg = p->cfg;
     sv->acl = p->acl;
+    server_limits_set(sv, p);
+    sv->ns_uid = malloc(s->nns * sizeof(*sv->ns_uid));
+    if (!sv->ns_uid)
+        goto fail;
+    for (uint32_t i = 0; i < s->nns; i++)
+        sv->ns_uid[i] = UINT32_MAX;
+    /* Reads from disk that complete answer the WAITs at once (the tick only their time). */
+    s->on_ready = server_on_ready;
+    s->on_ready_arg = sv;
     if (p->adopt) {
         struct sockaddr_un got = {0};
         socklen_t gl = sizeof(got);
@@ -1162,21 +1574,32 @@ struct server *server_new(struct loop *l, struct store *s, const struct server_p
         rc = -errno;
         goto fail;
     }
-    /* Bind under a temporary name, listen, set mode and group, then rename into place:
-     * a client that sees the socket file can always connect (a bind-then-listen window
-     * would refuse it), and no half-set-up file is left behind on failure. */
-    n = snprintf(tmp, sizeof(tmp), "%s.%d", sv->path, (int)getpid());
-    if (n < 0 || (size_t)n >= sizeof(a.sun_path))
-        snprintf(tmp, sizeof(tmp), "%s", sv->path); /* no room for a suffix: bind in place */
-    memcpy(a.sun_path, tmp, strlen(tmp) + 1);
-    unlink(tmp);
-    if (bind(sv->fd, (struct sockaddr *)&a, sizeof(a)) < 0) {
-        rc = -errno;
-        goto fail;
+    /* Bind inside a private directory (0700, beside the path) under a umask that leaves the
+     * socket 0600, give it its group and mode there, listen, then rename it into place:
+     * nobody else can connect before the mode is set (a connection made in that window
+     * would outlive the chmod), and a client that sees the file can always connect. When
+     * the directory's name does not fit in sun_path, bind in place under the same umask and
+     * listen only after the chmod. */
+    {
+        const char *slash = strrchr(sv->path, '/');
+        int dl = slash ? (int)(slash - sv->path) : 1;
+        n = snprintf(tmpdir, sizeof(tmpdir), "%.*s/.kvcd.XXXXXX", dl,
+                     slash ? sv->path : ".");
+        if (n > 0 && (size_t)n + 3 <= sizeof(a.sun_path) - 1 && mkdtemp(tmpdir)) {
+            snprintf(tmp, sizeof(tmp), "%s/s", tmpdir);
+        } else {
+            tmpdir[0] = 0;
+            snprintf(tmp, sizeof(tmp), "%s", sv->path);
+        }
     }
-    if (listen(sv->fd, 128) < 0 || chmod(tmp, p->socket_mode) < 0) {
-        rc = -errno;
-        goto fail_unlink;
+    memcpy(a.sun_path, tmp, strlen(tmp) + 1);
+    {
+        mode_t old = umask(0177);
+        int b = bind(sv->fd, (struct sockaddr *)&a, sizeof(a));
+        rc = b < 0 ? -errno : 0;
+        umask(old);
+        if (rc)
+            goto fail;
     }
     if (p->socket_group && *p->socket_group) {
         struct group *g = getgrnam(p->socket_group);
@@ -1190,23 +1613,34 @@ struct server *server_new(struct loop *l, struct store *s, const struct server_p
             goto fail_unlink;
         }
     }
+    if (chmod(tmp, p->socket_mode) < 0 || listen(sv->fd, 128) < 0) {
+        rc = -errno;
+        goto fail_unlink;
+    }
     if (strcmp(tmp, sv->path) != 0 && rename(tmp, sv->path) < 0) {
         rc = -errno;
         goto fail_unlink;
+    }
+    if (tmpdir[0]) {
+        rmdir(tmpdir);
+        tmpdir[0] = 0;
     }
     rc = loop_add(l, sv->fd, EPOLLIN, server_on_accept, sv);
     if (rc) {
         unlink(sv->path);
         goto fail;
     }
-    s->on_ready = server_on_ready;
-    s->on_ready_arg = sv;
     return sv;
 fail_unlink:
     unlink(tmp);
 fail:
+    if (tmpdir[0])
+        rmdir(tmpdir);
+    s->on_ready = NULL;
     if (sv && sv->fd >= 0)
         close(sv->fd);
+    if (sv)
+        free(sv->ns_uid);
     free(sv);
     *err = rc;
     return NULL;
@@ -1223,11 +1657,13 @@ void server_free(struct server *sv)
     close(sv->fd);
     if (!sv->adopted)
         unlink(sv->path);
+    free(sv->ns_uid);
     free(sv);
 }
 
 void server_reload(struct server *sv, const struct server_params *p)
 {
+    server_limits_set(sv, p);
     sv->max_clients = p->max_clients;
     sv->has_admin_gid = p->has_admin_gid;
     sv->admin_gid = p->admin_gid;
@@ -1243,8 +1679,9 @@ void server_set_hooks(struct server *sv, const struct server_hooks *h)
     sv->hooks = *h;
 }
 
-uint32_t server_clients_fill(const struct server *sv, uint32_t cursor, uint32_t self,
-                             struct kvc_wire_client *out, uint32_t max, uint32_t *next)
+uint32_t server_clients_fill(const struct server *sv, uint32_t cursor, uint32_t self, bool all,
+                             uint32_t uid, struct kvc_wire_client *out, uint32_t max,
+                             uint32_t *next)
 {
     uint32_t n = 0;
     *next = 0;
@@ -1252,7 +1689,7 @@ uint32_t server_clients_fill(const struct server *sv, uint32_t cursor, uint32_t 
     for (uint32_t want = cursor ? cursor : 1;;) {
         const struct conn *best = NULL;
         for (const struct conn *c = sv->conns; c; c = c->next)
-            if (c->id >= want && (!best || c->id < best->id))
+            if (c->id >= want && (all || c->cred.uid == uid) && (!best || c->id < best->id))
                 best = c;
         if (!best)
             break;
@@ -1281,7 +1718,10 @@ uint32_t server_clients_fill(const struct server *sv, uint32_t cursor, uint32_t 
         w->bytes_in = best->st.bytes_in;
         w->bytes_out = best->st.bytes_out;
         w->errors = best->st.errors;
-        w->refusals = best->st.refused_access + best->st.refused_admin + best->st.refused_quota;
+        /* EDQUOT refusals (pins, shares, namespaces) are in refused_quota already. */
+        w->refusals = best->st.refused_access + best->st.refused_admin + best->st.refused_quota +
+                      best->st.refused_leases + best->st.refused_waits +
+                      best->st.refused_duplicates;
         w->connected_ms = best->t_connect;
         memcpy(w->name, best->name, sizeof(w->name));
         want = best->id + 1;
@@ -1293,6 +1733,33 @@ uint32_t server_clients(const struct server *sv)
 {
     return sv->nclients;
 }
+
+int server_ns_drop(struct server *sv, uint32_t ns_id, uint64_t *dropped)
+{
+    int rc;
+    *dropped = 0;
+    if (!store_ns_get(sv->store, ns_id))
+        return -ENOENT;
+    for (const struct conn *c = sv->conns; c; c = c->next)
+        for (uint32_t i = 0; i < c->owner.nhandles; i++)
+            if (c->owner.handles[i] && c->owner.handles[i]->ns == ns_id)
+                return -EBUSY;
+    rc = store_ns_drop(sv->store, ns_id, dropped);
+    if (rc)
+        return rc;
+    /* Its id may name another namespace from now on: nobody has that one open yet. */
+    for (struct conn *c = sv->conns; c; c = c->next)
+        if (c->ns_open)
+            c->ns_open[ns_id / 8] &= (uint8_t)~(1u << (ns_id % 8));
+    sv->ns_uid[ns_id] = UINT32_MAX;
+    acl_ns_unbind(sv->acl, ns_id);
+    sv->store->total.dropped_namespaces++;
+    /* Its records must not come back at the next start from an older checkpoint. */
+    if (*dropped)
+        engine_disk_checkpoint(sv->store);
+    return 0;
+}
+
 
 const char *server_path(const struct server *sv)
 {

@@ -30,6 +30,17 @@ struct server_params {
     uint32_t admin_gid;
     const struct config *cfg;   /* borrowed; CONFIG_GET and the quotas read it */
     struct acl *acl;            /* borrowed; NULL: no access lists or quotas */
+    /* Limits (docs/security.md). Those "per uid" spare admins; 0 disables none of them. */
+    uint32_t max_clients_per_uid;
+    uint64_t hello_timeout_ms;       /* no HELLO by then: closed */
+    uint64_t idle_timeout_ms;        /* no request for this long: closed */
+    uint64_t reservation_timeout_ms; /* not committed by then: aborted */
+    uint32_t max_waits;              /* pending WAITs per connection */
+    uint32_t max_namespaces_per_uid; /* namespaces one uid may create */
+    uint64_t client_pins;            /* lease pins per connection (0: no limit) */
+    uint64_t uid_pins;               /* lease pins per uid */
+    uint64_t uid_leases;             /* leases + reservations per uid */
+    uint32_t uid_reserved_share;     /* percent of an arena one uid may hold reserved */
 };
 
 /* What the admin requests call back into the daemon for (main.c). */
@@ -68,8 +79,14 @@ const char *server_path(const struct server *sv);
 
 void server_set_hooks(struct server *sv, const struct server_hooks *h);
 /* Connections from id `cursor` on, at most max of them, as CLIENTS sends them; *next the id to
- * continue from, 0 at the end. self marks the asking connection. Returns the count. */
-uint32_t server_clients_fill(const struct server *sv, uint32_t cursor, uint32_t self,
-                             struct kvc_wire_client *out, uint32_t max, uint32_t *next);
+ * continue from, 0 at the end. self marks the asking connection; unless `all`, only the
+ * connections of `uid` are listed. Returns the count. */
+uint32_t server_clients_fill(const struct server *sv, uint32_t cursor, uint32_t self, bool all,
+                             uint32_t uid, struct kvc_wire_client *out, uint32_t max,
+                             uint32_t *next);
+/* NS_DROP: refuses (-EBUSY) while a connection holds a lease or reservation on ns_id, else
+ * drops it (store_ns_drop) and forgets it on every connection. *dropped: blocks dropped.
+ * 0, -ENOENT, -EBUSY. */
+int server_ns_drop(struct server *sv, uint32_t ns_id, uint64_t *dropped);
 
 #endif

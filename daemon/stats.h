@@ -62,7 +62,20 @@
     X(gpu_promoted_blocks, "blocks moved from a host arena into the GPU pool")                     \
     X(gpu_demoted_blocks, "blocks moved from the GPU pool to a host arena")                     \
     X(hint_blocks, "blocks that took a client hint (HINT)")                                        \
-    X(budget_lookups, "budgeted lookups (LOOKUP_BUDGET)")
+    X(budget_lookups, "budgeted lookups (LOOKUP_BUDGET)")                                          \
+    X(refused_connections, "connections refused: server.max_clients or max_clients_per_uid")       \
+    X(closed_hello_timeout, "connections closed for sending no HELLO within server.hello_timeout") \
+    X(closed_idle, "connections closed after server.idle_timeout without a request")               \
+    X(refused_duplicates, "requests refused for a key repeated within one batch (EINVAL)")         \
+    X(refused_pins, "lookups refused or cut short by quota.client_pins or quota.uid_pins")         \
+    X(refused_leases, "requests refused by server.max_leases or quota.uid_leases (EMFILE)")        \
+    X(refused_reserve_share, "reservations cut short by quota.uid_reserved_share (EDQUOT)")        \
+    X(refused_waits, "WAITs refused by server.max_waits or a WAIT already pending (EBUSY)")        \
+    X(refused_namespaces, "namespaces refused by server.max_namespaces_per_uid (EDQUOT)")          \
+    X(expired_reservations, "reservations aborted after server.reservation_timeout")               \
+    X(pin_saturated, "lookups cut short at a block whose pin count is at its ceiling")             \
+    X(dropped_namespaces, "namespaces dropped by an operator (kvcctl ns drop)")                    \
+    X(arena_faults, "faults on a host arena the daemon survived (a writer punched a hole)")
 
 /* X(name, help) — values computed when asked. */
 #define STATS_GAUGES(X)                                                                        \

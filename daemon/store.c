@@ -496,6 +496,11 @@ uint32_t store_lookup_run(struct store *s, uint32_t ns_id, const struct kvc_wire
         if (idx == INDEX_NONE || s->ix.blocks[idx].state != BLOCK_STATE_COMMITTED ||
             (s->ix.blocks[idx].flags & BLOCK_F_LOST))
             break;
+        if (s->ix.blocks[idx].pins >= STORE_PIN_MAX) {
+            struct store_ns *ns = s->ns[ns_id];
+            STORE_STAT_ADD(s, ns, pin_saturated, 1);
+            break;
+        }
         hits++;
     }
     return hits;
@@ -821,4 +826,49 @@ uint64_t store_gpu_used(const struct store *s)
 uint64_t store_gpu_capacity(const struct store *s)
 {
     return s->gpu ? s->gpu->ops->capacity(s->gpu) : 0;
+}
+
+/* ---- operator drop (server.c) ----------------------------------------- */
+
+/* Whether block idx can leave now: idle (store_block_idle) and a leaf. */
+static bool store_block_droppable(const struct store *s, uint32_t idx)
+{
+    return store_block_idle(s, idx) && !s->ix.blocks[idx].children;
+}
+
+int store_ns_drop(struct store *s, uint32_t ns_id, uint64_t *dropped)
+{
+    struct store_ns *ns = store_ns_get(s, ns_id);
+    uint64_t n = 0;
+    int rc = 0;
+    *dropped = 0;
+    if (!ns)
+        return -ENOENT;
+    /* One pass over the pool; dropping a leaf may make its parent one, so walk up. */
+    for (uint32_t i = 0; i < s->ix.nblocks; i++) {
+        uint32_t idx = i;
+        while (idx != INDEX_NONE && s->ix.blocks[idx].ns == ns_id &&
+               store_block_droppable(s, idx)) {
+            struct block *b = &s->ix.blocks[idx];
+            uint32_t p = index_key_is_zero(&b->parent) ? INDEX_NONE
+                                                        : index_find(&s->ix, b->ns, &b->parent);
+            STORE_STAT_ADD(s, ns, flushed_blocks, 1);
+            STORE_STAT_ADD(s, ns, flushed_bytes, b->len);
+            store_block_drop(s, idx);
+            n++;
+            idx = p;
+        }
+    }
+    for (uint32_t i = 0; i < s->ix.nblocks && !rc; i++)
+        if (s->ix.blocks[i].state != BLOCK_STATE_FREE && s->ix.blocks[i].ns == ns_id)
+            rc = -EBUSY;
+    *dropped = n;
+    if (rc)
+        return rc;
+    if (ns->tune)
+        policy_tune_free(ns->tune);
+    free(ns->tune);
+    free(ns);
+    s->ns[ns_id] = NULL;
+    return 0;
 }

@@ -297,6 +297,17 @@ int store_lookup_budget(struct store *s, struct store_owner *o, uint32_t ns_id,
  * policy engine instead of the original quantize-demote-drop order). */
 bool store_policy_engine(const struct store *s);
 
+/* A lookup stops at a block pinned this many times (counted as pin_saturated): lookups are
+ * the only pins without another bound, so the 32-bit count can never wrap. */
+#define STORE_PIN_MAX (UINT32_MAX / 2)
+
+/* Drops namespace ns_id: every unpinned committed block of it, in every tier, then the
+ * namespace itself, whose id is free again. *dropped gets the blocks dropped. 0, -ENOENT, or
+ * -EBUSY when blocks remain (pinned, reserved, moving, being quantized): the namespace stays,
+ * without the blocks that could go. */
+int store_ns_drop(struct store *s, uint32_t ns_id, uint64_t *dropped);
+
+
 /* For store_policy.c. */
 int store_handle_new(struct store *s, struct store_owner *o, uint8_t kind, uint16_t ns,
                      uint32_t n, struct store_handle **out);

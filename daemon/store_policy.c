@@ -328,6 +328,11 @@ int store_lookup_budget(struct store *s, struct store_owner *o, uint32_t ns_id,
         if (b->state != BLOCK_STATE_COMMITTED || b->tier != KVC_WIRE_TIER_HOST ||
             (b->flags & (BLOCK_F_LOST | BLOCK_F_PROMOTING)))
             break;
+        if (b->pins >= STORE_PIN_MAX) {
+            s->total.pin_saturated++;
+            ns->stats.pin_saturated++;
+            break;
+        }
         store_policy_block(s, idx, &pb[m]);
     }
     *nprefix = m;

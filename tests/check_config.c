@@ -139,11 +139,76 @@ START_TEST(test_defaults)
 }
 END_TEST
 
+/* The limits (docs/security.md): every one on by default, bounded, reloadable, and shown by
+ * CONFIG_GET the way a file writes it. */
+START_TEST(test_limits)
+{
+    static const char *const shown[][2] = {
+        {"server.max_clients_per_uid", "64"},  {"server.hello_timeout", "5s"},
+        {"server.idle_timeout", "1h"},         {"server.max_waits", "16"},
+        {"server.reservation_timeout", "1m"},  {"server.max_namespaces_per_uid", "16"},
+        {"quota.client_pins", "262144"},       {"quota.client_reservations", "1024"},
+        {"quota.uid_pins", "1048576"},         {"quota.uid_leases", "16384"},
+        {"quota.uid_reserved_share", "25"},
+    };
+    static const char *const bad[][2] = {
+        {"server.max_clients_per_uid", "0"}, {"server.hello_timeout", "99ms"},
+        {"server.hello_timeout", "2h"},      {"server.idle_timeout", "999"},
+        {"server.max_waits", "0"},           {"server.reservation_timeout", "50ms"},
+        {"server.max_namespaces_per_uid", "0"}, {"quota.uid_pins", "0"},
+        {"quota.uid_leases", "0"},           {"quota.uid_reserved_share", "0"},
+        {"quota.uid_reserved_share", "101"}, {"server.idle_timeout", "-1s"},
+    };
+    struct config *c = config_new(), *next;
+    char err[256], buf[64];
+
+    ck_assert_int_eq(c->server_max_clients_per_uid, 64);
+    ck_assert_uint_eq(c->server_hello_timeout, 5000);
+    ck_assert_uint_eq(c->server_idle_timeout, 3600000);
+    ck_assert_int_eq(c->server_max_waits, 16);
+    ck_assert_uint_eq(c->server_reservation_timeout, 60000);
+    ck_assert_int_eq(c->server_max_namespaces_per_uid, 16);
+    ck_assert_int_eq(c->quota_client_pins, 262144);
+    ck_assert_int_eq(c->quota_client_reservations, 1024);
+    ck_assert_int_eq(c->quota_uid_pins, 1048576);
+    ck_assert_int_eq(c->quota_uid_leases, 16384);
+    ck_assert_int_eq(c->quota_uid_reserved_share, 25);
+    for (size_t i = 0; i < sizeof(shown) / sizeof(shown[0]); i++) {
+        ck_assert_int_eq(config_get(c, shown[i][0], buf, sizeof(buf)), 0);
+        ck_assert_msg(strcmp(buf, shown[i][1]) == 0, "%s = %s", shown[i][0], buf);
+        ck_assert_msg(config_option_find(shown[i][0])->reloadable, "%s", shown[i][0]);
+    }
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        ck_assert_msg(config_set(c, bad[i][0], bad[i][1], err, sizeof(err)) == -EINVAL,
+                      "%s = %s accepted", bad[i][0], bad[i][1]);
+    ck_assert_int_eq(config_set(c, "server.hello_timeout", "250ms", err, sizeof(err)), 0);
+    ck_assert_uint_eq(c->server_hello_timeout, 250);
+    ck_assert_int_eq(config_set(c, "server.reservation_timeout", "2m", err, sizeof(err)), 0);
+    ck_assert_uint_eq(c->server_reservation_timeout, 120000);
+    ck_assert_int_eq(config_set(c, "quota.uid_reserved_share", "100", err, sizeof(err)), 0);
+    ck_assert_int_eq(config_validate(c, err, sizeof(err)), 0);
+    /* All of them change on reload, in one go. */
+    next = config_dup(c);
+    ck_assert_int_eq(config_set(next, "server.max_clients_per_uid", "2", NULL, 0), 0);
+    ck_assert_int_eq(config_set(next, "server.idle_timeout", "10s", NULL, 0), 0);
+    ck_assert_int_eq(config_set(next, "quota.uid_pins", "7", NULL, 0), 0);
+    ck_assert_int_eq(config_check_reload(c, next, err, sizeof(err)), 0);
+    /* From a file, with line numbers in the errors. */
+    static const char text[] = "[server]\nhello_timeout = 1s\nmax_waits = 4\n"
+                               "[quota]\nuid_reserved_share = 0\n";
+    ck_assert_int_eq(config_load_buffer(next, "l.ini", text, sizeof(text) - 1, err, sizeof(err)),
+                     -EINVAL);
+    ck_assert_msg(strstr(err, "l.ini:5:") != NULL, "%s", err);
+    config_free(next);
+    config_free(c);
+}
+END_TEST
+
 START_TEST(test_table)
 {
     struct config *c = config_new();
 
-    ck_assert_uint_eq(config_noptions, 37);
+    ck_assert_uint_eq(config_noptions, 46);
     for (size_t i = 0; i < config_noptions; i++) {
         const struct config_option *o = &config_options[i];
         char key[128];
@@ -732,6 +797,15 @@ START_TEST(test_print_round_trip)
         {"server.max_clients", "3"},
         {"server.max_leases", "1048576"},
         {"server.max_namespaces", "1"},
+        {"server.max_clients_per_uid", "2"},
+        {"server.hello_timeout", "1500ms"},
+        {"server.idle_timeout", "90s"},
+        {"server.reservation_timeout", "100ms"},
+        {"server.max_waits", "4096"},
+        {"server.max_namespaces_per_uid", "1"},
+        {"quota.uid_pins", "1"},
+        {"quota.uid_leases", "1073741824"},
+        {"quota.uid_reserved_share", "1"},
         {"log.level", "debug"},
         {"log.rate_limit", "100000"},
         {"host.size", "16777217"},
@@ -820,6 +894,7 @@ static Suite *config_suite(void)
     tcase_add_unchecked_fixture(tc, tmp_setup, tmp_teardown);
     tcase_add_test(tc, test_policy_choices);
     tcase_add_test(tc, test_defaults);
+    tcase_add_test(tc, test_limits);
     tcase_add_test(tc, test_table);
     tcase_add_test(tc, test_dup);
     tcase_add_test(tc, test_load_good);

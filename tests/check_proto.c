@@ -1,6 +1,7 @@
 /* check_proto — the daemon's request decoder: every shape accepted, every malformed or
- * truncated variant refused with the right class of error, and a mutation loop that throws
- * 200k corrupted messages at it (under ASan in make check). */
+ * truncated variant refused with the right class of error, a key repeated within a batch
+ * refused, and a mutation loop that throws 200k corrupted messages at it (under ASan in make
+ * check). */
 #include <check.h>
 #include <errno.h>
 #include <stdlib.h>
@@ -33,6 +34,13 @@ static int decode(size_t n)
 }
 
 static struct kvc_wire_key keys[KVC_PROTO_MAX_KEYS + 1];
+
+/* Distinct keys, as a chain has: a repeated key is refused (test_duplicate_keys). */
+static void keys_init(void)
+{
+    for (uint32_t i = 0; i <= KVC_PROTO_MAX_KEYS; i++)
+        keys[i] = (struct kvc_wire_key){.lo = 0x9e3779b97f4a7c15ull * (i + 1), .hi = i};
+}
 
 static size_t lookup_msg(uint32_t nkeys, uint32_t ntail)
 {
@@ -129,6 +137,8 @@ START_TEST(test_hint)
     struct proto_req r;
     const char *why;
     memset(hints, 0, sizeof(hints));
+    for (int i = 0; i <= (int)KVC_PROTO_MAX_KEYS; i++)
+        hints[i].key = keys[i];
     for (int i = 0; i < 4; i++)
         hints[i].score = (float)i;
     ck_assert_int_eq(proto_decode(buf, hint_msg(KVC_HINT_H2O, 4, 4), &r, &why), 0);
@@ -218,6 +228,75 @@ START_TEST(test_lookup_budget)
 }
 END_TEST
 
+/* A batch naming one key twice is refused (the pin flood that repeated one key 2048 times in
+ * one LOOKUP); keys that differ in one half only are distinct. */
+START_TEST(test_duplicate_keys)
+{
+    struct proto_req r;
+    const char *why;
+    struct kvc_reserve_req res = {.ns_id = 1, .nkeys = 5};
+    struct kvc_lookup_budget_req bq = {.ns_id = 1, .nkeys = 5, .budget = 2,
+                                       .policy = KVC_POLICY_NS};
+    struct kvc_wire_key saved = keys[3];
+    ck_assert_int_eq(proto_decode(buf, lookup_msg(5, 5), &r, &why), 0);
+    ck_assert(!r.dup_key);
+    keys[3] = keys[1];
+    ck_assert_int_eq(proto_decode(buf, lookup_msg(5, 5), &r, &why), -EINVAL);
+    ck_assert(r.dup_key);
+    ck_assert_str_eq(why, "a key repeated within the batch");
+    ck_assert_int_eq(decode(msg(KVC_OP_RESERVE, &res, sizeof(res), keys, 5 * sizeof(keys[0]))),
+                     -EINVAL);
+    ck_assert_int_eq(decode(msg(KVC_OP_LOOKUP_BUDGET, &bq, sizeof(bq), keys, 5 * sizeof(keys[0]))),
+                     -EINVAL);
+    memset(hints, 0, sizeof(hints));
+    for (int i = 0; i < 5; i++)
+        hints[i].key = keys[i];
+    ck_assert_int_eq(proto_decode(buf, hint_msg(KVC_HINT_H2O, 5, 5), &r, &why), -EINVAL);
+    ck_assert(r.dup_key);
+    keys[3] = saved;
+    /* The same key 2048 times, the largest batch, the hashed path (more than 8 keys). */
+    for (uint32_t i = 0; i < KVC_PROTO_MAX_KEYS; i++)
+        keys[i] = keys[KVC_PROTO_MAX_KEYS];
+    ck_assert_int_eq(decode(lookup_msg(KVC_PROTO_MAX_KEYS, KVC_PROTO_MAX_KEYS)), -EINVAL);
+    keys_init();
+    ck_assert_int_eq(decode(lookup_msg(KVC_PROTO_MAX_KEYS, KVC_PROTO_MAX_KEYS)), 0);
+    keys[KVC_PROTO_MAX_KEYS - 1] = keys[0]; /* the last repeats the first */
+    ck_assert_int_eq(decode(lookup_msg(KVC_PROTO_MAX_KEYS, KVC_PROTO_MAX_KEYS)), -EINVAL);
+    keys_init();
+    /* Equal low halves, or equal high halves, are different keys. */
+    for (uint32_t i = 0; i < 64; i++)
+        keys[i] = (struct kvc_wire_key){.lo = i < 32 ? 7 : i, .hi = i < 32 ? i : 7};
+    ck_assert(!proto_keys_repeat(keys, 64, sizeof(keys[0])));
+    ck_assert_int_eq(decode(lookup_msg(64, 64)), 0);
+    ck_assert(!proto_keys_repeat(keys, 1, sizeof(keys[0])));
+    ck_assert(!proto_keys_repeat(keys, 0, sizeof(keys[0])));
+    keys[40] = keys[33];
+    ck_assert(proto_keys_repeat(keys, 64, sizeof(keys[0])));
+    ck_assert(proto_keys_repeat(keys, 41, sizeof(keys[0])));
+    ck_assert(!proto_keys_repeat(keys, 40, sizeof(keys[0])));
+    keys_init();
+    /* RELEASE may name a lease twice (the second is simply not found): not a key batch. */
+    uint64_t ids[2] = {5, 5};
+    struct kvc_release_req rel = {.nleases = 2};
+    ck_assert_int_eq(decode(msg(KVC_OP_RELEASE, &rel, sizeof(rel), ids, sizeof(ids))), 0);
+}
+END_TEST
+
+/* NS_DROP: an admin request with the shared admin body. */
+START_TEST(test_ns_drop)
+{
+    struct kvc_admin_req q;
+    memset(&q, 0, sizeof(q));
+    q.scope = 3;
+    ck_assert_int_eq(decode(msg(KVC_OP_NS_DROP, &q, sizeof(q), NULL, 0)), 0);
+    ck_assert_int_eq(proto_op_admin(KVC_OP_NS_DROP), 1);
+    ck_assert_str_eq(proto_op_name(KVC_OP_NS_DROP), "NS_DROP");
+    ck_assert_int_eq(decode(msg(KVC_OP_NS_DROP, &q, sizeof(q) - 8, NULL, 0)), -EBADMSG);
+    memset(q.key, 'k', sizeof(q.key));
+    ck_assert_int_eq(decode(msg(KVC_OP_NS_DROP, &q, sizeof(q), NULL, 0)), -EINVAL);
+}
+END_TEST
+
 START_TEST(test_mutations_never_crash)
 {
     unsigned seed = 2024;
@@ -259,12 +338,15 @@ int main(void)
 {
     Suite *s = suite_create("proto");
     TCase *tc = tcase_create("proto");
+    keys_init();
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_every_opcode_accepted);
     tcase_add_test(tc, test_garbage_closes);
     tcase_add_test(tc, test_bad_payload_replies);
     tcase_add_test(tc, test_hint);
     tcase_add_test(tc, test_lookup_budget);
+    tcase_add_test(tc, test_duplicate_keys);
+    tcase_add_test(tc, test_ns_drop);
     tcase_add_test(tc, test_mutations_never_crash);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);

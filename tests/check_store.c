@@ -361,6 +361,102 @@ START_TEST(test_handle_limits)
 }
 END_TEST
 
+/* Regression (a 32-bit pin count could wrap under a pin flood): a lookup stops at a block
+ * pinned STORE_PIN_MAX times, counted as pin_saturated; the count never passes it. */
+START_TEST(test_pin_count_cannot_wrap)
+{
+    struct store_owner o;
+    struct kvc_wire_key k[4];
+    uint64_t lease;
+    store_owner_init(&o);
+    ck_assert_int_eq(put(&o, 1, 4, 0, 1), 4);
+    chain(k, 1, 4, 0);
+    uint32_t b2 = index_find(&s->ix, (uint16_t)ns, &k[2]);
+    s->ix.blocks[b2].pins = STORE_PIN_MAX; /* as if 2^31 leases held it */
+    ck_assert_int_eq(lookup(&o, 1, 4, 0, 2, &lease), 2);
+    ck_assert_uint_eq(s->total.pin_saturated, 1);
+    ck_assert_uint_eq(s->ix.blocks[b2].pins, STORE_PIN_MAX);
+    ck_assert_int_eq(store_release(s, &o, lease), 0);
+    s->ix.blocks[b2].pins = 0;
+    ck_assert_int_eq(lookup(&o, 1, 4, 0, 3, &lease), 4);
+    ck_assert_int_eq(store_release(s, &o, lease), 0);
+    ck_assert_uint_eq(s->pins_now, 0);
+    store_owner_fini(s, &o);
+}
+END_TEST
+
+/* kvcctl ns drop: every block of the namespace goes, leaves first up the chains, in one
+ * pass; pinned or reserved blocks keep it (-EBUSY, nothing else lost); its id is free after. */
+START_TEST(test_ns_drop)
+{
+    struct store_owner o;
+    struct kvc_wire_key k[8], zero = {0, 0};
+    struct kvc_wire_loc locs[8];
+    uint8_t st[8];
+    uint64_t lease, resv, dropped;
+    struct kvc_wire_layout l2 = layout_fp16("other", 2, 0);
+    uint32_t ns2, id;
+    bool created;
+    store_owner_init(&o);
+    ck_assert_int_eq(store_ns_open(s, &l2, &ns2, &created), 0);
+    ck_assert_int_eq(put(&o, 1, 6, 3, 1), 6);
+    ck_assert_int_eq(put(&o, 2, 6, 3, 2), 3); /* a branch after 3 shared blocks */
+    uint64_t used = s->arenas[0].tier->ops->usage(s->arenas[0].tier);
+    ck_assert_uint_eq(used, 9 * BLOCK);
+    /* A lease on the namespace keeps it (the pinned chain and its parents stay). */
+    ck_assert_int_eq(lookup(&o, 1, 6, 3, 3, &lease), 6);
+    ck_assert_int_eq(store_ns_drop(s, ns, &dropped), -EBUSY);
+    ck_assert_uint_eq(dropped, 3); /* the unpinned branch */
+    ck_assert_ptr_nonnull(store_ns_get(s, ns));
+    check_invariants();
+    ck_assert_int_eq(store_release(s, &o, lease), 0);
+    /* A reservation keeps it too. */
+    chain(k, 3, 2, 0);
+    ck_assert_int_eq(store_reserve(s, &o, ns, &zero, k, 2, 4, &resv, st, locs), 2);
+    ck_assert_int_eq(store_ns_drop(s, ns, &dropped), -EBUSY);
+    ck_assert_uint_eq(dropped, 6);
+    ck_assert_int_eq(store_abort(s, &o, resv), 0);
+    ck_assert_int_eq(store_ns_drop(s, ns, &dropped), 0);
+    ck_assert_uint_eq(dropped, 0);
+    ck_assert_ptr_null(store_ns_get(s, ns));
+    ck_assert_uint_eq(s->arenas[0].tier->ops->usage(s->arenas[0].tier), 0);
+    ck_assert_uint_eq(s->ix.live, 0);
+    ck_assert_int_eq(store_ns_drop(s, ns, &dropped), -ENOENT);
+    ck_assert_ptr_nonnull(store_ns_get(s, ns2)); /* the other one is untouched */
+    /* The id is free for the next namespace. */
+    struct kvc_wire_layout l3 = layout_fp16("third", 2, 0);
+    ck_assert_int_eq(store_ns_open(s, &l3, &id, &created), 0);
+    ck_assert(created);
+    ck_assert_uint_eq(id, ns);
+    store_owner_fini(s, &o);
+}
+END_TEST
+
+/* A page of the arena faulted under the daemon (tiers/host.h): unpinned blocks there go,
+ * pinned ones stay as they are. */
+START_TEST(test_arena_fault)
+{
+    struct store_owner o;
+    uint64_t lease;
+    struct kvc_wire_key k[4];
+    store_owner_init(&o);
+    ck_assert_int_eq(put(&o, 1, 4, 0, 1), 4);
+    chain(k, 1, 4, 0);
+    uint32_t b3 = index_find(&s->ix, (uint16_t)ns, &k[3]);
+    uint64_t off = s->ix.blocks[b3].off;
+    ck_assert_uint_eq(engine_arena_fault(s, 0, off + 4096, 4096), 1);
+    ck_assert_uint_eq(index_find(&s->ix, (uint16_t)ns, &k[3]), INDEX_NONE);
+    ck_assert_int_eq(lookup(&o, 1, 4, 0, 2, &lease), 3);
+    uint32_t b2 = index_find(&s->ix, (uint16_t)ns, &k[2]);
+    ck_assert_uint_eq(engine_arena_fault(s, 0, s->ix.blocks[b2].off, 4096), 1);
+    ck_assert_uint_ne(index_find(&s->ix, (uint16_t)ns, &k[2]), INDEX_NONE); /* pinned */
+    ck_assert_uint_eq(engine_arena_fault(s, 1, s->ix.blocks[b2].off, 4096), 0); /* other arena */
+    ck_assert_int_eq(store_release(s, &o, lease), 0);
+    check_invariants();
+    store_owner_fini(s, &o);
+}
+END_TEST
+
 int main(void)
 {
     Suite *su = suite_create("store");
@@ -374,6 +470,9 @@ int main(void)
     tcase_add_test(tc, test_watermarks_trim);
     tcase_add_test(tc, test_namespaces_and_layouts);
     tcase_add_test(tc, test_handle_limits);
+    tcase_add_test(tc, test_pin_count_cannot_wrap);
+    tcase_add_test(tc, test_ns_drop);
+    tcase_add_test(tc, test_arena_fault);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_NORMAL);

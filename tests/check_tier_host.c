@@ -266,6 +266,69 @@ START_TEST(test_seals)
 }
 END_TEST
 
+/* Regression (hole punching crashed the daemon): every writer can punch holes in the arena
+ * (the seals that would stop it stop writable mappings too). On shmem a hole reads as zeros;
+ * where the kernel cannot fill it again (hugetlb with no free huge page) the daemon's touch
+ * raises SIGBUS, which the guard survives: private zeros stand in, the page is reported,
+ * quarantined (no slot touching it is handed out) and repaired from the arena file. The
+ * SIGBUS is made here the way the kernel makes it for a file page it cannot supply: a page of
+ * the daemon's mapping is replaced by a mapping of an empty file. */
+START_TEST(test_hole_punch_sigbus)
+{
+    struct tier *t = host_new(1 * MiB, 64 * KiB, TIER_HOST_HUGE_OFF, true);
+    int fd = tier_host_fd(t);
+    char *base = tier_host_base(t);
+    uint64_t unit = tier_host_fault_unit(t), offs[8];
+    struct tier_loc loc[16];
+    char buf[64];
+    ck_assert_uint_eq(unit, (uint64_t)sysconf(_SC_PAGESIZE));
+    ck_assert_uint_eq(tier_host_faults_take(t, offs, 8), 0);
+    /* A writer punches the whole arena: allowed, and the daemon reads zeros. */
+    ck_assert_int_eq(t->ops->alloc(t, 64 * KiB, &loc[0]), 0);
+    ck_assert_int_eq(t->ops->write(t, &loc[0], 0, "kvcd", 4, NULL, NULL), 0);
+    ck_assert_int_eq(fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, (off_t)MiB), 0);
+    ck_assert_int_eq(t->ops->read(t, &loc[0], 0, buf, 4, NULL, NULL), 0);
+    ck_assert_mem_eq(buf, "\0\0\0\0", 4);
+    void *m = mmap(NULL, MiB, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ck_assert_ptr_ne(m, MAP_FAILED);
+    ck_assert_int_eq(madvise(m, MiB, MADV_REMOVE), 0); /* the other way to punch */
+    munmap(m, MiB);
+    t->ops->free(t, &loc[0]);
+
+    /* The page at 192 KiB cannot be supplied: the daemon's next touch faults. */
+    int empty = memfd_create("empty", MFD_CLOEXEC);
+    ck_assert_int_ge(empty, 0);
+    ck_assert_ptr_ne(mmap(base + 192 * KiB, unit, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
+                          empty, 0),
+                     MAP_FAILED);
+    close(empty);
+    ck_assert_int_eq(((volatile char *)base)[192 * KiB + 5], 0); /* survived, reads zeros */
+    ((volatile char *)base)[192 * KiB + 5] = 'x';                 /* and writes go somewhere */
+    ck_assert_uint_eq(tier_host_faults_take(t, offs, 8), 1);
+    ck_assert_uint_eq(offs[0], 192 * KiB);
+    ck_assert_uint_eq(tier_host_faults_take(t, offs, 8), 0); /* taken once */
+
+    /* Quarantined: of the 16 slots of 64 KiB, the one holding that page is kept back. */
+    uint32_t n = 0;
+    while (n < 16 && t->ops->alloc(t, 64 * KiB, &loc[n]) == 0) {
+        ck_assert_msg(loc[n].off != 192 * KiB, "a slot on the quarantined page");
+        n++;
+    }
+    ck_assert_uint_eq(n, 15);
+    /* Repaired: the page maps the arena again (a write through the file shows) and its slot
+     * comes back. */
+    ck_assert_uint_eq(tier_host_repair(t), 0);
+    ck_assert_int_eq(pwrite(fd, "back", 4, (off_t)(192 * KiB)), 4);
+    ck_assert_mem_eq(base + 192 * KiB, "back", 4);
+    ck_assert_int_eq(t->ops->alloc(t, 64 * KiB, &loc[n]), 0);
+    ck_assert_uint_eq(loc[n].off, 192 * KiB);
+    for (uint32_t i = 0; i <= n; i++)
+        t->ops->free(t, &loc[i]);
+    ck_assert_uint_eq(t->ops->usage(t), 0);
+    tier_destroy(t);
+}
+END_TEST
+
 START_TEST(test_huge_auto)
 {
     uint64_t hp;
@@ -354,6 +417,7 @@ static Suite *tier_host_suite(void)
     tcase_add_test(tc, test_read_only_fd);
     tcase_add_test(tc, test_prefault_resident);
     tcase_add_test(tc, test_seals);
+    tcase_add_test(tc, test_hole_punch_sigbus);
     tcase_add_test(tc, test_huge_auto);
     uint64_t hp;
     uint64_t free_bytes = huge_free_bytes(&hp);

@@ -13,9 +13,25 @@
  * free huge pages; AUTO falls back to normal pages on any hugetlb failure.
  * The allocator's metadata is on the daemon's heap, out of the clients' reach. Reads and
  * writes are memcpy and complete before they return. Owned by the daemon's loop thread.
+ *
+ * Holes. Linux cannot hand out a writable shared mapping without the right to free its pages:
+ * fallocate(PUNCH_HOLE) on the descriptor and madvise(MADV_REMOVE) on the mapping both work
+ * for any writer, and the only seals that stop them (F_SEAL_WRITE, F_SEAL_FUTURE_WRITE) also
+ * stop every new writable mapping. On shmem a hole reads as zeros and refills on the next
+ * touch; on hugetlb the refill needs a free huge page, and a writer that punched holes and
+ * took the free huge pages made the daemon's next touch die of SIGBUS. So the daemon guards
+ * its own mappings: a SIGBUS inside an arena maps private zero pages over the faulting page
+ * (the access completes, reading zeros, as the hole would) and records it; the loop then
+ * (tier_host_faults_take) drops the blocks there and repairs the page — maps it from the file
+ * again and faults it in with MADV_POPULATE_WRITE, which fails instead of raising SIGBUS.
+ * Until a repair succeeds the page is quarantined: the allocator never hands out a slot
+ * touching it, so no honest client is sent there. A hole costs the blocks in it what a
+ * writer of the arena could do anyway (write zeros over them); it cannot stop the daemon.
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +42,34 @@
 #include "tiers/host.h"
 #include "tiers/slab.h"
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
+#endif
+
+/* What the SIGBUS handler knows of one arena mapping: set before `base` is published.
+ * Faulted pages are bits, one per `chunk` (the backing page, or coarser for huge arenas so
+ * the map stays within 128 KiB): nothing is ever lost, however many pages fault at once. */
+#define TIER_HOST_GUARDS 64
+#define TIER_HOST_GUARD_BITS (1u << 20)
+struct tier_host_guard {
+    _Atomic int used;         /* slot claimed by an arena */
+    _Atomic(uintptr_t) base; /* 0: not published (yet, or any more) */
+    uint64_t size;
+    uint64_t unit;            /* backing page size: what the handler replaces */
+    uint64_t chunk;           /* what a bit stands for: a power-of-two multiple of unit */
+    _Atomic uint64_t *bits;   /* size / chunk bits, owned by the tier */
+    uint64_t nwords;
+    _Atomic uint32_t nrec;    /* faults so far */
+    uint32_t seen;            /* nrec when the loop last looked (loop thread only) */
+};
+static struct tier_host_guard tier_host_guards[TIER_HOST_GUARDS];
+static struct sigaction tier_host_sigbus_prev;
+static _Atomic int tier_host_sigbus_installed;
+
+struct tier_host_held {
+    uint64_t off, len;
+};
+
 struct tier_host {
     struct tier base;
     struct slab *slab;
@@ -34,7 +78,99 @@ struct tier_host {
     uint64_t size;
     uint32_t arena_id;
     bool hugetlb;
+    struct tier_host_guard *guard; /* NULL: no slot was free (faults then kill, as before) */
+    uint64_t *quar;                /* quarantined pages (offsets), unsorted */
+    uint32_t nquar, capquar;
+    struct tier_host_held *held;   /* slots kept from the allocator because they touch one */
+    uint32_t nheld, capheld;
 };
+
+/* ---- the SIGBUS guard -------------------------------------------------------------------- */
+
+static void tier_host_on_sigbus(int sig, siginfo_t *si, void *uc)
+{
+    uintptr_t a = (uintptr_t)si->si_addr;
+    (void)sig;
+    (void)uc;
+    for (int i = 0; i < TIER_HOST_GUARDS; i++) {
+        struct tier_host_guard *g = &tier_host_guards[i];
+        uintptr_t base = atomic_load_explicit(&g->base, memory_order_acquire);
+        if (!base || a < base || a - base >= g->size)
+            continue;
+        uint64_t off = (a - base) & ~(uint64_t)(g->unit - 1);
+        /* Private zeros stand in for the page; the faulting access then completes. */
+        if (mmap((void *)(base + off), g->unit, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED)
+            break;
+        uint64_t bit = off / g->chunk;
+        atomic_fetch_or(&g->bits[bit / 64], UINT64_C(1) << (bit % 64));
+        atomic_fetch_add(&g->nrec, 1);
+        return;
+    }
+    /* Not an arena: what would have happened without us. */
+    sigaction(SIGBUS, &tier_host_sigbus_prev, NULL);
+}
+
+static struct tier_host_guard *tier_host_guard_add(void *map, uint64_t size, uint64_t unit)
+{
+    int expect = 0;
+    uint64_t chunk = unit;
+    while (size / chunk > TIER_HOST_GUARD_BITS)
+        chunk *= 2;
+    uint64_t nwords = (size / chunk + 64) / 64;
+    _Atomic uint64_t *bits = calloc(nwords, sizeof(*bits));
+    if (!bits)
+        return NULL;
+    if (atomic_compare_exchange_strong(&tier_host_sigbus_installed, &expect, 1)) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof(sa));
+        sa.sa_sigaction = tier_host_on_sigbus;
+        sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGBUS, &sa, &tier_host_sigbus_prev);
+    }
+    for (int i = 0; i < TIER_HOST_GUARDS; i++) {
+        struct tier_host_guard *g = &tier_host_guards[i];
+        int free_slot = 0;
+        /* Claim the slot, fill it, then publish the base the handler looks for. */
+        if (!atomic_compare_exchange_strong(&g->used, &free_slot, 1))
+            continue;
+        g->unit = unit;
+        g->chunk = chunk;
+        g->bits = bits;
+        g->nwords = nwords;
+        atomic_store(&g->nrec, 0);
+        g->seen = 0;
+        g->size = size;
+        atomic_store_explicit(&g->base, (uintptr_t)map, memory_order_release);
+        return g;
+    }
+    free((void *)bits);
+    return NULL;
+}
+
+/* Whether [off, off + len) touches a quarantined page. */
+static bool tier_host_quarantined(const struct tier_host *h, uint64_t off, uint64_t len)
+{
+    for (uint32_t i = 0; i < h->nquar; i++)
+        if (off < h->quar[i] + h->guard->chunk && h->quar[i] < off + len)
+            return true;
+    return false;
+}
+
+static int tier_host_push(uint64_t **v, uint32_t *n, uint32_t *cap, uint64_t x)
+{
+    if (*n == *cap) {
+        uint32_t ncap = *cap ? *cap * 2 : 16;
+        uint64_t *nv = realloc(*v, ncap * sizeof(*nv));
+        if (!nv)
+            return -ENOMEM;
+        *v = nv;
+        *cap = ncap;
+    }
+    (*v)[(*n)++] = x;
+    return 0;
+}
 
 static struct tier_host *tier_host_of(const struct tier *t)
 {
@@ -124,6 +260,21 @@ static int tier_host_alloc(struct tier *t, uint64_t len, struct tier_loc *loc)
     uint64_t off, slot;
     int cls;
     int ret = slab_alloc(h->slab, len, &off, &slot, &cls);
+    /* A slot touching a quarantined page is kept back until the page is repaired. */
+    while (ret == 0 && h->nquar && tier_host_quarantined(h, off, slot)) {
+        if (h->nheld == h->capheld) {
+            uint32_t ncap = h->capheld ? h->capheld * 2 : 16;
+            struct tier_host_held *nv = realloc(h->held, ncap * sizeof(*nv));
+            if (!nv) {
+                slab_release(h->slab, off);
+                return -ENOMEM;
+            }
+            h->held = nv;
+            h->capheld = ncap;
+        }
+        h->held[h->nheld++] = (struct tier_host_held){off, slot};
+        ret = slab_alloc(h->slab, len, &off, &slot, &cls);
+    }
     if (ret < 0)
         return ret;
     loc->arena = h->arena_id;
@@ -194,6 +345,14 @@ static uint64_t tier_host_usage(const struct tier *t)
 static void tier_host_destroy(struct tier *t)
 {
     struct tier_host *h = tier_host_of(t);
+    if (h->guard) {
+        _Atomic uint64_t *bits = h->guard->bits;
+        atomic_store(&h->guard->base, 0);
+        free((void *)bits);
+        atomic_store(&h->guard->used, 0);
+    }
+    free(h->quar);
+    free(h->held);
     if (h->map && h->map != MAP_FAILED)
         munmap(h->map, h->size);
     if (h->fd >= 0)
@@ -255,8 +414,17 @@ struct tier *tier_host_new(const struct tier_host_config *cfg, int *err)
             goto out;
     }
     h->slab = slab_new(h->size, cfg->page_size);
-    if (!h->slab)
+    if (!h->slab) {
         ret = -ENOMEM;
+        goto out;
+    }
+    {
+        long ps = sysconf(_SC_PAGESIZE);
+        uint64_t unit = ps > 0 ? (uint64_t)ps : 4096;
+        if (h->hugetlb && huge_page)
+            unit = huge_page;
+        h->guard = tier_host_guard_add(h->map, h->size, unit);
+    }
 out:
     if (ret < 0) {
         if (h)
@@ -311,4 +479,72 @@ int tier_host_class(struct tier *t, uint64_t len)
 struct slab *tier_host_slab(const struct tier *t)
 {
     return tier_host_of(t)->slab;
+}
+
+uint32_t tier_host_faults_take(struct tier *t, uint64_t *offs, uint32_t max)
+{
+    struct tier_host *h = tier_host_of(t);
+    struct tier_host_guard *g = h->guard;
+    uint32_t n = 0, rec;
+    if (!g || (rec = atomic_load(&g->nrec)) == g->seen)
+        return 0;
+    for (uint64_t w = 0; w < g->nwords && n < max; w++) {
+        uint64_t x = atomic_load(&g->bits[w]);
+        while (x && n < max) {
+            uint64_t b = x & -x, off = (w * 64 + (uint64_t)__builtin_ctzll(x)) * g->chunk;
+            x &= x - 1;
+            if (!tier_host_quarantined(h, off, 1) &&
+                tier_host_push(&h->quar, &h->nquar, &h->capquar, off))
+                return n; /* no memory: the bit stays for the next call */
+            atomic_fetch_and(&g->bits[w], ~b);
+            offs[n++] = off;
+        }
+        if (x)
+            return n; /* more than max: the rest stay set, seen unchanged */
+    }
+    g->seen = rec;
+    return n;
+}
+
+uint64_t tier_host_fault_unit(const struct tier *t)
+{
+    const struct tier_host *h = tier_host_of(t);
+    return h->guard ? h->guard->chunk : 0;
+}
+
+/* Maps the page at off from the file again and faults it in; 0 or -errno. */
+static int tier_host_page_repair(struct tier_host *h, uint64_t off)
+{
+    uint64_t unit = h->guard->chunk < h->size - off ? h->guard->chunk : h->size - off;
+    char *p = (char *)h->map + off;
+    if (mmap(p, unit, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, h->fd, (off_t)off) ==
+        MAP_FAILED)
+        return -errno;
+    if (madvise(p, unit, MADV_POPULATE_WRITE) < 0 && errno != EINVAL)
+        return -errno; /* EINVAL: a kernel without it; the guard covers the next touch */
+    return 0;
+}
+
+uint32_t tier_host_repair(struct tier *t)
+{
+    struct tier_host *h = tier_host_of(t);
+    uint32_t i = 0;
+    while (i < h->nquar) {
+        uint64_t q = h->quar[i];
+        if (tier_host_page_repair(h, q)) {
+            i++;
+            continue;
+        }
+        h->quar[i] = h->quar[--h->nquar];
+        /* Slots kept back for this page go back unless another page still holds them. */
+        for (uint32_t k = 0; k < h->nheld;) {
+            if (!tier_host_quarantined(h, h->held[k].off, h->held[k].len)) {
+                slab_release(h->slab, h->held[k].off);
+                h->held[k] = h->held[--h->nheld];
+            } else {
+                k++;
+            }
+        }
+    }
+    return h->nquar;
 }

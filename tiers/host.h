@@ -49,4 +49,21 @@ int tier_host_class(struct tier *t, uint64_t len);
 /* The allocator, for stats and for eviction that needs room in one class. */
 struct slab *tier_host_slab(const struct tier *t);
 
+/*
+ * Faults of the daemon's own accesses (see host.c, "Holes"): a SIGBUS inside the arena's
+ * mapping — a writer punched a hole the kernel could not fill again — is survived by mapping
+ * private zeros over the page. The loop thread then takes the pages that faulted and
+ * quarantines them (their slots are not handed out again), drops the blocks there, and
+ * calls tier_host_repair() until each page maps the arena's memory again.
+ */
+/* Pages (offsets, tier_host_fault_unit() bytes each) that faulted since the last call, at
+ * most max (the rest come with the next call); they are quarantined from now on. */
+uint32_t tier_host_faults_take(struct tier *t, uint64_t *offs, uint32_t max);
+/* Bytes of one fault unit (the backing page, or a multiple of it in very large arenas);
+ * 0 when the arena is unguarded. */
+uint64_t tier_host_fault_unit(const struct tier *t);
+/* Maps every quarantined page from the arena again and faults it in; a page that now holds
+ * memory leaves quarantine. Returns the pages still quarantined (retry later). */
+uint32_t tier_host_repair(struct tier *t);
+
 #endif

@@ -95,7 +95,7 @@ START_TEST(test_kvcctl_commands)
         {{"policy", "set", "lfu", NULL}, 0, "lfu", "\"lfu\""},
         {{"policy", "set", "nonesuch", NULL}, 1, "unknown policy", NULL},
         {{"config", "get", "host.size", NULL}, 0, "32m", "{\"host.size\": \"32m\"}"},
-        {{"config", "get", NULL}, 0, "quota.client_pins = 0", "\"log.level\": \"info\""},
+        {{"config", "get", NULL}, 0, "quota.client_pins = 262144", "\"log.level\": \"info\""},
         {{"config", "get", "host.nonesuch", NULL}, 1, "no such option", NULL},
         {{"config", "set", "log.level", "debug", NULL}, 0, "log.level = debug", "\"applied\": true"},
         {{"config", "set", "host.size", "64m", NULL}, 1, "cannot change on reload", NULL},

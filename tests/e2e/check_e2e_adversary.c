@@ -1,0 +1,1515 @@
+/*
+ * check_e2e_adversary.c — hostile local clients of other uids against a daemon of its own
+ * (docs/security.md).
+ *
+ * DESIGN
+ * The daemon runs as this process's user (root: an admin); the victim (uid 65501, the only
+ * writer of the restricted namespaces victim*), a reader of them (65503) and the attacker
+ * (65502) are forked children that drop to those uids (setgroups, setresgid, setresuid)
+ * before they connect, so the daemon sees them as SO_PEERCRED reports them. Each attack
+ * class has a case: the attacker tries to get past one limit, the test checks that it was
+ * refused or contained (the error, the counter, the log line), that the victim was served
+ * with the right bytes meanwhile, and that once the clients are gone the daemon is alive
+ * with every pin and reservation given back. The GPU pool and WAIT cases run the server in
+ * this process (the fake device of tests/lib stands in for the GPU; disk reads that never
+ * finish are made by flagging blocks as being read), with the same children.
+ * Without root, every case prints a SKIP line and none is registered.
+ */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client/kvc.h"
+#include "client/kvc_proto.h"
+#include "client/libkvc_internal.h"
+#include "daemon/engine.h"
+#include "daemon/acl.h"
+#include "daemon/config.h"
+#include "daemon/config_ns.h"
+#include "daemon/log.h"
+#include "daemon/loop.h"
+#include "daemon/server.h"
+#include "daemon/store.h"
+#include "kernels/kern.h"
+#include "tests/lib/daemon.h"
+#include "tests/lib/fake_dev.h"
+#include "tiers/gpu.h"
+
+#define ADV_VICTIM 65501u
+#define ADV_ATTACKER 65502u
+#define ADV_READER 65503u
+#define ADV_BT 16 /* tokens per block: 16 KiB blocks (daemon_layout) */
+
+static struct daemon adv_d;
+
+static void adv_msleep(int ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000};
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+        ;
+}
+
+/* ---- children as other users ------------------------------------------------------------ */
+
+struct adv_as {
+    uint32_t uid;
+    int (*fn)(void *);
+    void *arg;
+};
+
+static int adv_as_run(void *p)
+{
+    const struct adv_as *a = p;
+    if (setgroups(0, NULL) || setresgid(a->uid, a->uid, a->uid) ||
+        setresuid(a->uid, a->uid, a->uid))
+        return 120;
+    return a->fn(a->arg);
+}
+
+static pid_t adv_spawn(uint32_t uid, int (*fn)(void *), void *arg)
+{
+    static struct adv_as as; /* copied into the child by fork */
+    as = (struct adv_as){uid, fn, arg};
+    pid_t pid = daemon_child_spawn(adv_as_run, &as);
+    ck_assert_int_gt(pid, 0);
+    return pid;
+}
+
+static int adv_run(uint32_t uid, int (*fn)(void *), void *arg)
+{
+    return daemon_child_wait(adv_spawn(uid, fn, arg), 60000, NULL);
+}
+
+/* A pair of pipes for a child that holds something while the parent checks. */
+struct adv_sync {
+    int up[2];   /* child -> parent: "holding" */
+    int down[2]; /* parent -> child: "let go" */
+};
+
+static void adv_sync_init(struct adv_sync *s)
+{
+    ck_assert_int_eq(pipe(s->up), 0);
+    ck_assert_int_eq(pipe(s->down), 0);
+}
+
+static void adv_sync_fini(struct adv_sync *s)
+{
+    close(s->up[0]);
+    close(s->up[1]);
+    close(s->down[0]);
+    close(s->down[1]);
+}
+
+static void adv_signal(int fd, char v)
+{
+    (void)!write(fd, &v, 1);
+}
+
+/* The next byte from fd, or 0 after 60 s or at the end (the other side is gone). */
+static char adv_await(int fd)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    char v = 0;
+    if (poll(&p, 1, 60000) != 1 || read(fd, &v, 1) != 1)
+        return 0;
+    return v;
+}
+
+/* ---- the daemon --------------------------------------------------------------------------- */
+
+/* adv_d's directory (and the suite's above it) made reachable by every uid. */
+static void adv_dir_open(void)
+{
+    char parent[DAEMON_PATH_MAX];
+    ck_assert_int_eq(daemon_dir_init(&adv_d), 0);
+    snprintf(parent, sizeof(parent), "%s", adv_d.dir);
+    *strrchr(parent, '/') = 0;
+    ck_assert_int_eq(chmod(parent, 0711), 0);
+    ck_assert_int_eq(chmod(adv_d.dir, 0711), 0);
+}
+
+/* Starts kvcd with the access lists of the victim and the limits the cases use; `extra` is
+ * more "-o", "key=value" pairs. Its directory and socket are reachable by every uid. */
+static void adv_start(const char *const *extra)
+{
+    static const char ini[] = "[namespace.victim*]\n"
+                              "read = 65503\n"
+                              "write = 65501\n"
+                              "host_size = 16m\n";
+    const char *args[64] = {"-c", NULL, "-o", "server.socket_mode=0666", "-o", "host.size=32m",
+                            "-o", "host.page_size=64k", "-o", "log.rate_limit=1000"};
+    char path[DAEMON_PATH_MAX];
+    int n = 10;
+    adv_dir_open();
+    ck_assert_int_eq(daemon_file_write(&adv_d, "kvcd.ini", ini, path), 0);
+    args[1] = path;
+    for (; extra && *extra && n < 62; extra++)
+        args[n++] = *extra;
+    args[n] = NULL;
+    ck_assert_int_eq(daemon_start(&adv_d, args), 0);
+}
+
+static void adv_teardown(void)
+{
+    if (adv_d.pid)
+        ck_assert_int_eq(daemon_stop(&adv_d), 0); /* a clean exit: ASan's leak check too */
+    daemon_cleanup(&adv_d);
+}
+
+static uint64_t adv_stat(const char *name)
+{
+    uint64_t v = UINT64_MAX;
+    ck_assert_int_eq(daemon_stat(&adv_d, name, &v), 0);
+    return v;
+}
+
+/* Once every child is gone: alive, and every pin and reservation given back. */
+static void adv_check_clean(void)
+{
+    ck_assert(daemon_alive(&adv_d));
+    for (int i = 0; i < 200 && (adv_stat("pins_now") || adv_stat("reserved_now")); i++)
+        adv_msleep(10);
+    ck_assert_uint_eq(adv_stat("pins_now"), 0);
+    ck_assert_uint_eq(adv_stat("reserved_now"), 0);
+    ck_assert_uint_eq(adv_stat("reserved_bytes_now"), 0);
+    ck_assert_uint_eq(adv_stat("clients_now"), 1); /* the one asking */
+    ck_assert_int_eq(daemon_roundtrip(&adv_d), 0);
+}
+
+static int adv_log_count(const char *needle)
+{
+    static char buf[1 << 20];
+    FILE *f = fopen(adv_d.log, "r");
+    size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+    int count = 0;
+    if (f)
+        fclose(f);
+    buf[n] = 0;
+    for (const char *p = buf; (p = strstr(p, needle)); p++)
+        count++;
+    return count;
+}
+
+/* ---- the victim ---------------------------------------------------------------------------- */
+
+/* Keys of a chain of n blocks of ns, unique per (family, pid). */
+static void adv_keys(const kvc_ns *ns, uint32_t family, uint32_t n, struct kvc_key *keys)
+{
+    ck_assert_int_eq(daemon_chain_keys(ns, family ^ ((uint32_t)getpid() << 8), 0, 0, n, keys), 0);
+}
+
+/* The same chain in every process. */
+static void adv_keys_shared(const kvc_ns *ns, uint32_t family, uint32_t n, struct kvc_key *keys)
+{
+    ck_assert_int_eq(daemon_chain_keys(ns, 0x5a000000u + family, 0, 0, n, keys), 0);
+}
+
+/* Puts n blocks (each a function of its key) and gets them back byte for byte. 0 or a code. */
+static int adv_roundtrip_ns(kvc_ns *ns, uint32_t family, uint32_t n)
+{
+    struct kvc_key keys[64];
+    void *blocks[64];
+    size_t bb = kvc_ns_block_bytes(ns);
+    int rc = 0;
+    if (n > 64)
+        return 90;
+    adv_keys(ns, family, n, keys);
+    for (uint32_t i = 0; i < n; i++) {
+        blocks[i] = malloc(bb);
+        daemon_block_fill(&keys[i], blocks[i], bb);
+    }
+    if (kvc_put_prefix(ns, NULL, keys, n, (const void *const *)blocks) != (int)n)
+        rc = 91;
+    for (uint32_t i = 0; i < n; i++)
+        memset(blocks[i], 0, bb);
+    if (!rc && kvc_get_prefix(ns, keys, n, blocks) != (int)n)
+        rc = 92;
+    for (uint32_t i = 0; i < n && !rc; i++)
+        if (daemon_block_check(&keys[i], blocks[i], bb) >= 0)
+            rc = 93;
+    for (uint32_t i = 0; i < n; i++)
+        free(blocks[i]);
+    return rc;
+}
+
+/* The victim (uid 65501): a fresh connection, its restricted namespace, 8 blocks out and
+ * back. */
+static int adv_victim(void *arg)
+{
+    struct kvc_layout lay = daemon_layout("victim-model", ADV_BT);
+    kvc_client *c;
+    kvc_ns *ns;
+    int rc;
+    static uint32_t round;
+    (void)arg;
+    if ((rc = kvc_connect(adv_d.sock, &c)))
+        return 80;
+    if (kvc_ns_open(c, &lay, &ns)) {
+        kvc_disconnect(c);
+        return 81;
+    }
+    rc = adv_roundtrip_ns(ns, 0x7100 + round++, 8);
+    kvc_disconnect(c);
+    return rc;
+}
+
+static void adv_victim_served(void)
+{
+    ck_assert_int_eq(adv_run(ADV_VICTIM, adv_victim, NULL), 0);
+}
+
+/* ---- raw requests ----------------------------------------------------------------------- */
+
+/* One request through a connected client's buffers (libkvc's transport): the reply status;
+ * *rep and *rlen the payload. */
+static int adv_call(kvc_client *c, uint16_t op, const void *body, uint32_t len, int *fd,
+                    const void **rep, uint32_t *rlen)
+{
+    int rc;
+    pthread_mutex_lock(&c->mu);
+    memcpy(kvci_req(c), body, len);
+    rc = kvci_call(c, op, len, fd);
+    if (rep)
+        *rep = kvci_rep(c, rlen);
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+/* ---- duplicate keys -------------------------------------------------------------------------- */
+
+static int adv_dup_attacker(void *arg)
+{
+    struct kvc_layout lay = daemon_layout("attacker-model", ADV_BT);
+    static struct kvc_key keys[KVC_PROTO_MAX_KEYS], dup[KVC_PROTO_MAX_KEYS];
+    static float scores[KVC_PROTO_MAX_KEYS];
+    kvc_client *c;
+    kvc_ns *ns;
+    kvc_lease *l;
+    kvc_resv *r;
+    size_t pos[4];
+    struct kvc_budget b = {.budget = 4};
+    (void)arg;
+    if (kvc_connect(adv_d.sock, &c) || kvc_ns_open(c, &lay, &ns))
+        return 10;
+    if (adv_roundtrip_ns(ns, 1, 4))
+        return 11;
+    adv_keys(ns, 1, 4, keys);
+    for (uint32_t i = 0; i < KVC_PROTO_MAX_KEYS; i++)
+        dup[i] = keys[0]; /* one cached block, 2048 times: 2048 pins by one message */
+    if (kvc_lookup(ns, dup, KVC_PROTO_MAX_KEYS, 0, &l) != -EINVAL)
+        return 12;
+    if (kvc_reserve(ns, NULL, dup, KVC_PROTO_MAX_KEYS, &r) != -EINVAL)
+        return 13;
+    if (kvc_lookup_budget(ns, dup, 64, &b, pos, NULL, &l) != -EINVAL)
+        return 14;
+    if (kvc_hint(ns, KVC_HINT_ATTENTION, dup, scores, 64) != -EINVAL)
+        return 15;
+    dup[1] = keys[1];
+    dup[2] = keys[0]; /* a repeat further in */
+    if (kvc_lookup(ns, dup, 3, 0, &l) != -EINVAL)
+        return 16;
+    /* The distinct chain is served as ever on the same connection. */
+    if (kvc_lookup(ns, keys, 4, 0, &l) != 4 || kvc_release(l))
+        return 17;
+    kvc_disconnect(c);
+    return 0;
+}
+
+START_TEST(test_duplicate_keys)
+{
+    adv_start(NULL);
+    ck_assert_int_eq(adv_run(ADV_ATTACKER, adv_dup_attacker, NULL), 0);
+    adv_victim_served();
+    ck_assert_uint_ge(adv_stat("refused_duplicates"), 5);
+    ck_assert_int_ge(adv_log_count("a key repeated within the batch"), 5);
+    adv_check_clean();
+}
+END_TEST
+
+/* ---- pins and leases ---------------------------------------------------------------------- */
+
+#define ADV_CHAIN 64
+
+struct adv_flood {
+    struct adv_sync sync;
+    int pins_refused, leases_refused, conn_refused;
+};
+
+/* Opens up to 4 connections and pins all it can (chains of 64 blocks), then single-block
+ * leases, holding everything while the parent runs the victim. Reports through the pipe:
+ * 'h' holding; the exit status says what was refused. */
+static int adv_flood_attacker(void *arg)
+{
+    struct adv_flood *f = arg;
+    struct kvc_layout lay = daemon_layout("attacker-model", ADV_BT);
+    kvc_client *c[4];
+    kvc_ns *ns[4];
+    struct kvc_key keys[ADV_CHAIN];
+    int edquot = 0, emfile = 0;
+    uint64_t pins = 0;
+    for (int k = 0; k < 4; k++)
+        if (kvc_connect(adv_d.sock, &c[k]) || kvc_ns_open(c[k], &lay, &ns[k]))
+            return 20;
+    /* A chain of 64 cached blocks. */
+    {
+        static uint8_t blk[ADV_CHAIN][16384];
+        const void *p[ADV_CHAIN];
+        adv_keys(ns[0], 2, ADV_CHAIN, keys);
+        for (int i = 0; i < ADV_CHAIN; i++)
+            p[i] = blk[i];
+        if (kvc_put_prefix(ns[0], NULL, keys, ADV_CHAIN, p) != ADV_CHAIN)
+            return 21;
+    }
+    /* Pin floods: the whole chain again and again on every connection. */
+    for (int k = 0; k < 4; k++)
+        for (int i = 0; i < 1000; i++) {
+            kvc_lease *l;
+            int rc = kvc_lookup(ns[k], keys, ADV_CHAIN, 0, &l);
+            if (rc == -EDQUOT) {
+                edquot++;
+                break;
+            }
+            if (rc == -EMFILE) {
+                emfile++;
+                break;
+            }
+            if (rc <= 0)
+                return 22;
+            pins += (uint64_t)rc;
+        }
+    /* quota.uid_pins = 512 over every connection, quota.client_pins = 256 each. */
+    if (pins != 512 || edquot != 4)
+        return 23;
+    adv_signal(f->sync.up[1], 'h');
+    if (adv_await(f->sync.down[0]) != 'g')
+        return 24;
+    for (int k = 0; k < 4; k++)
+        kvc_disconnect(c[k]);
+    /* Lease floods: one block a lease. server.max_leases = 32 per connection, quota.uid_leases
+     * = 48 per uid. */
+    for (int k = 0; k < 4; k++)
+        if (kvc_connect(adv_d.sock, &c[k]) || kvc_ns_open(c[k], &lay, &ns[k]))
+            return 25;
+    int leases = 0;
+    for (int k = 0; k < 4; k++)
+        for (int i = 0; i < 1000; i++) {
+            kvc_lease *l;
+            int rc = kvc_lookup(ns[k], keys, 1, 0, &l);
+            if (rc == -EMFILE) {
+                emfile++;
+                break;
+            }
+            if (rc != 1)
+                return 26;
+            leases++;
+        }
+    if (leases != 48 || emfile != 4)
+        return 27;
+    adv_signal(f->sync.up[1], 'h');
+    if (adv_await(f->sync.down[0]) != 'g')
+        return 28;
+    return 0; /* exits holding everything: the daemon takes it all back */
+}
+
+START_TEST(test_pin_and_lease_flood)
+{
+    static const char *const extra[] = {
+        "-o", "quota.client_pins=256", "-o", "quota.uid_pins=512", "-o", "server.max_leases=32",
+        "-o", "quota.uid_leases=48", NULL};
+    struct adv_flood f;
+    adv_start(extra);
+    adv_sync_init(&f.sync);
+    pid_t a = adv_spawn(ADV_ATTACKER, adv_flood_attacker, &f);
+    ck_assert_int_eq(adv_await(f.sync.up[0]), 'h');
+    ck_assert_uint_eq(adv_stat("pins_now"), 512);
+    adv_victim_served(); /* its pins are its own uid's */
+    ck_assert_uint_ge(adv_stat("refused_pins"), 4);
+    adv_signal(f.sync.down[1], 'g');
+    ck_assert_int_eq(adv_await(f.sync.up[0]), 'h');
+    ck_assert_uint_eq(adv_stat("pins_now"), 48);
+    adv_victim_served();
+    ck_assert_uint_ge(adv_stat("refused_leases"), 4);
+    adv_signal(f.sync.down[1], 'g');
+    ck_assert_int_eq(daemon_child_wait(a, 30000, NULL), 0);
+    adv_sync_fini(&f.sync);
+    ck_assert_int_ge(adv_log_count("quota.uid_pins reached"), 1);
+    ck_assert_int_ge(adv_log_count("quota.uid_leases reached"), 1);
+    adv_check_clean();
+}
+END_TEST
+
+/* ---- connections ------------------------------------------------------------------------- */
+
+static int adv_conn_attacker(void *arg)
+{
+    struct adv_sync *s = arg;
+    kvc_client *c[64];
+    int n = 0, rc = 0;
+    while (n < 64 && (rc = kvc_connect(adv_d.sock, &c[n])) == 0)
+        n++;
+    if (n != 8 || rc != -EUSERS)
+        return 30 + (n != 8);
+    adv_signal(s->up[1], 'h');
+    if (adv_await(s->down[0]) != 'g')
+        return 33;
+    /* One goes: one more comes in. */
+    kvc_disconnect(c[--n]);
+    adv_msleep(50);
+    if (kvc_connect(adv_d.sock, &c[n]))
+        return 34;
+    n++;
+    for (int i = 0; i < n; i++)
+        kvc_disconnect(c[i]);
+    return 0;
+}
+
+START_TEST(test_connection_flood)
+{
+    static const char *const extra[] = {"-o", "server.max_clients_per_uid=8", NULL};
+    struct adv_sync s;
+    adv_start(extra);
+    adv_sync_init(&s);
+    pid_t a = adv_spawn(ADV_ATTACKER, adv_conn_attacker, &s);
+    ck_assert_int_eq(adv_await(s.up[0]), 'h');
+    adv_victim_served();
+    ck_assert_int_eq(daemon_roundtrip(&adv_d), 0); /* the admin too */
+    ck_assert_uint_ge(adv_stat("refused_connections"), 1);
+    ck_assert_int_ge(adv_log_count("max_clients_per_uid 8 reached"), 1);
+    adv_signal(s.down[1], 'g');
+    ck_assert_int_eq(daemon_child_wait(a, 30000, NULL), 0);
+    adv_sync_fini(&s);
+    adv_check_clean();
+}
+END_TEST
+
+/* Idle: sockets that never say HELLO, then clients that say it and fall silent. */
+static int adv_idle_attacker(void *arg)
+{
+    struct adv_sync *s = arg;
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    int fds[8];
+    kvc_client *c[8];
+    snprintf(a.sun_path, sizeof(a.sun_path), "%.107s", adv_d.sock);
+    for (int i = 0; i < 8; i++) {
+        fds[i] = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+        if (fds[i] < 0 || connect(fds[i], (struct sockaddr *)&a, sizeof(a)))
+            return 40;
+    }
+    adv_signal(s->up[1], 'h');
+    if (adv_await(s->down[0]) != 'g')
+        return 41;
+    /* Closed by now (server.hello_timeout), each with a notice saying why. */
+    for (int i = 0; i < 8; i++) {
+        struct kvc_msg_hdr h;
+        ssize_t n = recv(fds[i], &h, sizeof(h), MSG_DONTWAIT);
+        if (n != (ssize_t)sizeof(h) || h.req_id != 0 || h.status != -ETIMEDOUT)
+            return 42;
+        if (recv(fds[i], &h, sizeof(h), MSG_DONTWAIT) != 0) /* then the end */
+            return 43;
+        close(fds[i]);
+    }
+    for (int i = 0; i < 8; i++)
+        if (kvc_connect(adv_d.sock, &c[i]))
+            return 44;
+    adv_signal(s->up[1], 'i');
+    if (adv_await(s->down[0]) != 'g')
+        return 45;
+    /* Closed for idleness: the next call says so. */
+    for (int i = 0; i < 8; i++) {
+        struct kvc_stat *st;
+        size_t n;
+        if (kvc_stats(c[i], 0, &st, &n) != -ETIMEDOUT)
+            return 46;
+        kvc_disconnect(c[i]);
+    }
+    return 0;
+}
+
+START_TEST(test_idle_connections)
+{
+    static const char *const extra[] = {"-o", "server.max_clients_per_uid=8",
+                                        "-o", "server.hello_timeout=200ms",
+                                        "-o", "server.idle_timeout=1500ms", NULL};
+    struct adv_sync s;
+    adv_start(extra);
+    adv_sync_init(&s);
+    pid_t a = adv_spawn(ADV_ATTACKER, adv_idle_attacker, &s);
+    ck_assert_int_eq(adv_await(s.up[0]), 'h');
+    adv_victim_served();
+    for (int i = 0; i < 300 && adv_stat("closed_hello_timeout") < 8; i++)
+        adv_msleep(10);
+    ck_assert_uint_eq(adv_stat("closed_hello_timeout"), 8);
+    adv_signal(s.down[1], 'g');
+    ck_assert_int_eq(adv_await(s.up[0]), 'i');
+    for (int i = 0; i < 400 && adv_stat("closed_idle") < 8; i++) {
+        adv_victim_served(); /* busy clients are never idle */
+        adv_msleep(10);
+    }
+    ck_assert_uint_ge(adv_stat("closed_idle"), 8);
+    adv_signal(s.down[1], 'g');
+    ck_assert_int_eq(daemon_child_wait(a, 30000, NULL), 0);
+    adv_sync_fini(&s);
+    ck_assert_int_ge(adv_log_count("no HELLO within server.hello_timeout"), 8);
+    adv_check_clean();
+}
+END_TEST
+
+/* ---- reservations -------------------------------------------------------------------------- */
+
+static int adv_hoard_attacker(void *arg)
+{
+    struct adv_sync *s = arg;
+    struct kvc_layout lay = daemon_layout("attacker-model", ADV_BT);
+    static struct kvc_key keys[KVC_PROTO_MAX_KEYS];
+    kvc_client *c, *c2;
+    kvc_ns *ns, *ns2;
+    kvc_resv *r, *r2;
+    if (kvc_connect(adv_d.sock, &c) || kvc_ns_open(c, &lay, &ns))
+        return 50;
+    adv_keys(ns, 3, KVC_PROTO_MAX_KEYS, keys); /* 32 MiB: the whole shared arena */
+    int n = kvc_reserve(ns, NULL, keys, KVC_PROTO_MAX_KEYS, &r);
+    /* quota.uid_reserved_share = 25: a quarter of 32 MiB is 512 blocks of 16 KiB */
+    if (n != 512 || kvc_resv_status(r, 512) != KVC_SLOT_NOSPACE)
+        return 51;
+    if (kvc_connect(adv_d.sock, &c2) || kvc_ns_open(c2, &lay, &ns2))
+        return 52;
+    adv_keys(ns2, 4, 16, keys);
+    if (kvc_reserve(ns2, NULL, keys, 16, &r2) != -EDQUOT) /* the uid's share, not the conn's */
+        return 53;
+    adv_signal(s->up[1], 'h');
+    if (adv_await(s->down[0]) != 'g')
+        return 54;
+    /* server.reservation_timeout passed: the daemon aborted it. */
+    if (kvc_commit(r, SIZE_MAX) != -ETIMEDOUT)
+        return 55;
+    if (adv_roundtrip_ns(ns, 5, 4)) /* the connection itself is fine */
+        return 56;
+    kvc_disconnect(c2);
+    kvc_disconnect(c);
+    return 0;
+}
+
+/* Another user of the shared arena (no access lists) puts and gets while the attacker
+ * hoards. */
+static int adv_bystander(void *arg)
+{
+    struct kvc_layout lay = daemon_layout("bystander-model", ADV_BT);
+    kvc_client *c;
+    kvc_ns *ns;
+    int rc;
+    (void)arg;
+    if (kvc_connect(adv_d.sock, &c) || kvc_ns_open(c, &lay, &ns))
+        return 60;
+    rc = adv_roundtrip_ns(ns, 6, 64);
+    kvc_disconnect(c);
+    return rc;
+}
+
+START_TEST(test_reservation_hoarding)
+{
+    static const char *const extra[] = {"-o", "quota.uid_reserved_share=25",
+                                        "-o", "server.reservation_timeout=1s", NULL};
+    struct adv_sync s;
+    adv_start(extra);
+    adv_sync_init(&s);
+    pid_t a = adv_spawn(ADV_ATTACKER, adv_hoard_attacker, &s);
+    ck_assert_int_eq(adv_await(s.up[0]), 'h');
+    ck_assert_uint_eq(adv_stat("reserved_now"), 512);
+    ck_assert_int_eq(adv_run(ADV_READER, adv_bystander, NULL), 0);
+    adv_victim_served();
+    ck_assert_uint_ge(adv_stat("refused_reserve_share"), 2);
+    /* The reservation expires while its client stays connected. */
+    for (int i = 0; i < 400 && adv_stat("reserved_now"); i++)
+        adv_msleep(10);
+    ck_assert_uint_eq(adv_stat("reserved_now"), 0);
+    ck_assert_uint_eq(adv_stat("expired_reservations"), 1);
+    adv_signal(s.down[1], 'g');
+    ck_assert_int_eq(daemon_child_wait(a, 30000, NULL), 0);
+    adv_sync_fini(&s);
+    ck_assert_int_ge(adv_log_count("aborted after server.reservation_timeout"), 1);
+    adv_check_clean();
+}
+END_TEST
+
+/* ---- namespaces ------------------------------------------------------------------------------ */
+
+static int adv_ns_attacker(void *arg)
+{
+    struct adv_sync *s = arg;
+    kvc_client *c;
+    kvc_ns *ns[8];
+    char name[32];
+    int n = 0, rc = 0;
+    kvc_lease *l;
+    struct kvc_key k;
+    uint64_t dropped;
+    if (kvc_connect(adv_d.sock, &c))
+        return 70;
+    for (; n < 8; n++) {
+        struct kvc_layout lay;
+        snprintf(name, sizeof(name), "flood-%d", n);
+        lay = daemon_layout(name, ADV_BT);
+        if ((rc = kvc_ns_open(c, &lay, &ns[n])))
+            break;
+    }
+    if (n != 4 || rc != -EDQUOT)
+        return 71;
+    if (kvc_ns_drop(c, kvc_ns_id(ns[0]), &dropped) != -EPERM) /* admins only */
+        return 72;
+    adv_signal(s->up[1], 'h');
+    if (adv_await(s->down[0]) != 'g')
+        return 73;
+    /* flood-0 was dropped by an admin: its id is gone for this client, one more fits. */
+    adv_keys(ns[0], 7, 1, &k);
+    if (kvc_lookup(ns[0], &k, 1, 0, &l) != -ENOENT)
+        return 74;
+    struct kvc_layout lay = daemon_layout("flood-new", ADV_BT);
+    if (kvc_ns_open(c, &lay, &ns[4]))
+        return 75;
+    kvc_disconnect(c);
+    return 0;
+}
+
+/* The victim holds a lease on its namespace until told to let go. */
+static int adv_victim_holding(void *arg)
+{
+    struct adv_sync *s = arg;
+    struct kvc_layout lay = daemon_layout("victim-model", ADV_BT);
+    struct kvc_key keys[4];
+    kvc_client *c;
+    kvc_ns *ns;
+    kvc_lease *l;
+    if (kvc_connect(adv_d.sock, &c) || kvc_ns_open(c, &lay, &ns))
+        return 76;
+    if (adv_roundtrip_ns(ns, 8, 4))
+        return 77;
+    adv_keys(ns, 8, 4, keys);
+    if (kvc_lookup(ns, keys, 4, 0, &l) != 4)
+        return 78;
+    adv_signal(s->up[1], 'h');
+    if (adv_await(s->down[0]) != 'g')
+        return 79;
+    kvc_release(l);
+    kvc_disconnect(c);
+    return 0;
+}
+
+/* The id of model `name`, from kvcctl ns --json as the admin sees it. */
+static uint32_t adv_ns_id(const char *name)
+{
+    static char out[65536];
+    char needle[96];
+    ck_assert_int_eq(daemon_kvcctl(&adv_d, out, sizeof(out), NULL, 0, "--json", "ns", NULL), 0);
+    snprintf(needle, sizeof(needle), "\"model\": \"%s\"", name);
+    char *at = strstr(out, needle);
+    ck_assert_msg(at != NULL, "%s not in %s", name, out);
+    while (at > out && strncmp(at, "{\"id\": ", 7) != 0)
+        at--;
+    return (uint32_t)strtoul(at + 7, NULL, 10);
+}
+
+START_TEST(test_namespace_flood)
+{
+    static const char *const extra[] = {"-o", "server.max_namespaces_per_uid=4", NULL};
+    struct adv_sync s, v;
+    char id[16], out[4096], err[4096];
+    adv_start(extra);
+    adv_sync_init(&s);
+    adv_sync_init(&v);
+    pid_t a = adv_spawn(ADV_ATTACKER, adv_ns_attacker, &s);
+    ck_assert_int_eq(adv_await(s.up[0]), 'h');
+    adv_victim_served(); /* its namespace is its uid's */
+    ck_assert_uint_ge(adv_stat("refused_namespaces"), 1);
+    /* The admin drops one of the attacker's. */
+    snprintf(id, sizeof(id), "%u", adv_ns_id("flood-0"));
+    ck_assert_int_eq(daemon_kvcctl(&adv_d, out, sizeof(out), err, sizeof(err), "ns", "drop", id,
+                                   NULL),
+                     0);
+    ck_assert_msg(strstr(out, "dropped"), "%s", out);
+    adv_signal(s.down[1], 'g');
+    ck_assert_int_eq(daemon_child_wait(a, 30000, NULL), 0);
+    /* A namespace with a lease on it stays. */
+    pid_t b = adv_spawn(ADV_VICTIM, adv_victim_holding, &v);
+    ck_assert_int_eq(adv_await(v.up[0]), 'h');
+    snprintf(id, sizeof(id), "%u", adv_ns_id("victim-model"));
+    ck_assert_int_eq(daemon_kvcctl(&adv_d, out, sizeof(out), err, sizeof(err), "ns", "drop", id,
+                                   NULL),
+                     1);
+    ck_assert_msg(strstr(err, "in use"), "%s", err);
+    adv_signal(v.down[1], 'g');
+    ck_assert_int_eq(daemon_child_wait(b, 30000, NULL), 0);
+    ck_assert_int_eq(daemon_kvcctl(&adv_d, out, sizeof(out), err, sizeof(err), "ns", "drop", id,
+                                   NULL),
+                     0);
+    ck_assert_uint_eq(adv_stat("dropped_namespaces"), 2);
+    adv_victim_served(); /* it creates it again */
+    adv_sync_fini(&s);
+    adv_sync_fini(&v);
+    adv_check_clean();
+}
+END_TEST
+
+/* ---- names ------------------------------------------------------------------------------------- */
+
+/* The attacker looks for the victim's model id and counters in every inspection request. */
+static int adv_names_attacker(void *arg)
+{
+    struct kvc_layout lay = daemon_layout("attacker-model", ADV_BT);
+    kvc_client *c;
+    kvc_ns *ns;
+    char *text = NULL, pol[8192];
+    struct kvc_client_info *ci;
+    struct kvc_ns_info *nsi;
+    size_t n;
+    (void)arg;
+    if (kvc_connect(adv_d.sock, &c) || kvc_ns_open(c, &lay, &ns))
+        return 100;
+    if (kvc_metrics(c, &text))
+        return 101;
+    if (strstr(text, "victim-model") || strstr(text, "uid=\"65501\"") ||
+        !strstr(text, "attacker-model") || !strstr(text, "kvcd_lookups_total"))
+        return 102;
+    free(text);
+    if (kvc_clients(c, &ci, &n) || n != 1 || ci[0].uid != ADV_ATTACKER || !ci[0].self)
+        return 103;
+    free(ci);
+    if (kvc_policy_get(c, 0, pol, sizeof(pol)) || strstr(pol, "victim-model") ||
+        !strstr(pol, "attacker-model"))
+        return 104;
+    if (kvc_ns_list(c, &nsi, &n))
+        return 105;
+    for (size_t i = 0; i < n; i++)
+        if (strstr(nsi[i].model_id, "victim"))
+            return 106;
+    free(nsi);
+    /* By id: every namespace the attacker cannot see is refused, none is shown. */
+    int refused = 0;
+    for (uint32_t id = 1; id < 8; id++) {
+        struct kvc_stat *st;
+        int rc = kvc_policy_get(c, id, pol, sizeof(pol));
+        if (rc == -EACCES)
+            refused++;
+        else if (rc == 0 && id != kvc_ns_id(ns))
+            return 107;
+        rc = kvc_stats(c, id, &st, &n);
+        if (rc == 0) {
+            free(st);
+            if (id != kvc_ns_id(ns))
+                return 108;
+        }
+    }
+    if (refused != 1)
+        return 109;
+    kvc_disconnect(c);
+    return 0;
+}
+
+/* A reader of the victim's lists sees its namespace (the filter is the access check). */
+static int adv_names_reader(void *arg)
+{
+    kvc_client *c;
+    char *text = NULL;
+    (void)arg;
+    if (kvc_connect(adv_d.sock, &c) || kvc_metrics(c, &text))
+        return 110;
+    int rc = strstr(text, "namespace=\"victim-model\"") ? 0 : 111;
+    free(text);
+    kvc_disconnect(c);
+    return rc;
+}
+
+START_TEST(test_names_leak)
+{
+    struct adv_sync v;
+    char out[1 << 16];
+    adv_start(NULL);
+    adv_sync_init(&v);
+    pid_t b = adv_spawn(ADV_VICTIM, adv_victim_holding, &v); /* connected, a lease held */
+    ck_assert_int_eq(adv_await(v.up[0]), 'h');
+    ck_assert_int_eq(adv_run(ADV_ATTACKER, adv_names_attacker, NULL), 0);
+    ck_assert_int_eq(adv_run(ADV_READER, adv_names_reader, NULL), 0);
+    /* The admin sees everything. */
+    ck_assert_int_eq(daemon_kvcctl(&adv_d, out, sizeof(out), NULL, 0, "metrics", NULL), 0);
+    ck_assert(strstr(out, "namespace=\"victim-model\"") && strstr(out, "uid=\"65501\""));
+    adv_signal(v.down[1], 'g');
+    ck_assert_int_eq(daemon_child_wait(b, 30000, NULL), 0);
+    adv_sync_fini(&v);
+    adv_check_clean();
+}
+END_TEST
+
+/* ---- holes ------------------------------------------------------------------------------------ */
+
+/* Huge pages free here, in bytes (0: none reserved). */
+static uint64_t adv_huge_free(void)
+{
+    FILE *f = fopen("/proc/meminfo", "re");
+    unsigned long long nfree = 0, kb = 0;
+    char line[128];
+    if (!f)
+        return 0;
+    while (fgets(line, sizeof(line), f)) {
+        sscanf(line, "HugePages_Free: %llu", &nfree);
+        sscanf(line, "Hugepagesize: %llu kB", &kb);
+    }
+    fclose(f);
+    return (uint64_t)nfree * kb * 1024;
+}
+
+/* The attacker takes the shared arena's read-write descriptor and punches holes in all of it,
+ * both ways, over and over, while the bystander keeps putting; with huge pages it also takes
+ * every free huge page, so that the daemon's next touch of a hole cannot be filled. */
+static int adv_hole_attacker(void *arg)
+{
+    struct adv_sync *s = arg;
+    struct kvc_ns_open_req q;
+    const struct kvc_ns_open_rep *p;
+    const void *rep;
+    uint32_t len;
+    kvc_client *c;
+    int fd = -1;
+    memset(&q, 0, sizeof(q));
+    q.layout = (struct kvc_wire_layout){.layers = 2, .kv_heads = 2, .head_dim = 64,
+                                        .block_tokens = ADV_BT, .dtype = KVC_WIRE_DTYPE_FP16,
+                                        .kv_kind = KVC_WIRE_KV_KIND_KV};
+    snprintf(q.layout.model_id, sizeof(q.layout.model_id), "attacker-model");
+    if (kvc_connect(adv_d.sock, &c))
+        return 120;
+    if (adv_call(c, KVC_OP_NS_OPEN, &q, sizeof(q), &fd, &rep, &len) || fd < 0)
+        return 121;
+    p = rep;
+    if (!(p->access & KVC_ACCESS_WRITE) || p->arena_id != 0)
+        return 122;
+    size_t size = p->arena_bytes;
+    char *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED)
+        return 123;
+    if (adv_huge_free()) /* take the huge pages a hole would need */
+        for (int i = 0; i < 4096; i++)
+            if (mmap(NULL, 2u << 20, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB | MAP_POPULATE, -1, 0) ==
+                MAP_FAILED)
+                break;
+    adv_signal(s->up[1], 'h');
+    for (int round = 0; round < 200; round++) {
+        if (fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, (off_t)size))
+            return 125;
+        if (madvise(m, size, MADV_REMOVE))
+            return 126;
+        adv_msleep(5);
+    }
+    adv_signal(s->up[1], 'd');
+    if (adv_await(s->down[0]) != 'g')
+        return 127;
+    kvc_disconnect(c);
+    return 0;
+}
+
+/* The bystander's puts into the shared arena while holes are punched under them: every
+ * request answered (the bytes are the attacker's to spoil, as any writer of that arena can). */
+static int adv_hole_bystander(void *arg)
+{
+    struct kvc_layout lay = daemon_layout("bystander-model", ADV_BT);
+    static uint8_t blk[64][16384];
+    const void *ptrs[64];
+    struct kvc_key keys[64];
+    kvc_client *c;
+    kvc_ns *ns;
+    (void)arg;
+    if (kvc_connect(adv_d.sock, &c) || kvc_ns_open(c, &lay, &ns))
+        return 130;
+    for (int i = 0; i < 64; i++)
+        ptrs[i] = blk[i];
+    for (uint32_t round = 0; round < 64; round++) { /* twice the arena: demotions */
+        adv_keys(ns, 0x900 + round, 64, keys);
+        if (kvc_put_prefix(ns, NULL, keys, 64, ptrs) < 0)
+            return 131;
+        if (kvc_get_prefix(ns, keys, 64, (void *const *)ptrs) < 0)
+            return 132;
+    }
+    kvc_disconnect(c);
+    return 0;
+}
+
+static void adv_hole_case(bool huge)
+{
+    char disk[DAEMON_PATH_MAX + 32], diskopt[DAEMON_PATH_MAX + 64];
+    const char *extra[] = {"-o", diskopt, "-o", "disk.capacity=64m", "-o", "disk.page=1m",
+                           "-o", huge ? "host.hugepages=on" : "host.hugepages=off", NULL};
+    struct adv_sync s;
+    ck_assert_int_eq(daemon_dir_init(&adv_d), 0);
+    snprintf(disk, sizeof(disk), "%s/disk", adv_d.dir);
+    snprintf(diskopt, sizeof(diskopt), "disk.path=%s", disk);
+    adv_start(extra);
+    adv_sync_init(&s);
+    pid_t a = adv_spawn(ADV_ATTACKER, adv_hole_attacker, &s);
+    ck_assert_int_eq(adv_await(s.up[0]), 'h');
+    /* While the holes come: another user of the shared arena, whose blocks the daemon moves
+     * to disk (reading the arena), and the victim in its own arena, byte for byte. */
+    pid_t b = adv_spawn(ADV_READER, adv_hole_bystander, NULL);
+    for (int i = 0; i < 5; i++)
+        adv_victim_served();
+    ck_assert_int_eq(daemon_child_wait(b, 60000, NULL), 0);
+    ck_assert_int_eq(adv_await(s.up[0]), 'd');
+    ck_assert(daemon_alive(&adv_d));
+    adv_signal(s.down[1], 'g');
+    ck_assert_int_eq(daemon_child_wait(a, 30000, NULL), 0);
+    adv_sync_fini(&s);
+    printf("e2e_adversary: holes (%s pages): %llu arena faults survived, %llu blocks demoted\n",
+           huge ? "huge" : "normal", (unsigned long long)adv_stat("arena_faults"),
+           (unsigned long long)adv_stat("demoted_blocks"));
+    adv_victim_served();
+    adv_check_clean();
+}
+
+START_TEST(test_hole_punch)
+{
+    adv_hole_case(false);
+}
+END_TEST
+
+START_TEST(test_hole_punch_hugetlb)
+{
+    adv_hole_case(true);
+}
+END_TEST
+
+/* ---- the server in this process: the GPU pool (fake device) and WAITs ------------------------ */
+
+struct adv_ip {
+    struct config *cfg;
+    struct loop *l;
+    struct store *s;
+    struct acl *acl;
+    struct server *sv;
+    pid_t child;
+    int status;
+    int ctl[2]; /* a child asks the server side for something: see adv_ip_on_ctl */
+    int ack[2]; /* and hears back 'k' */
+};
+
+static struct adv_ip ip;
+
+static void adv_ip_tick(void *arg)
+{
+    struct adv_ip *x = arg;
+    int st;
+    server_tick(x->sv);
+    if (x->child > 0 && waitpid(x->child, &st, WNOHANG) == x->child) {
+        x->status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        x->child = 0;
+    }
+    if (x->child == 0 && server_clients(x->sv) == 0) /* its connections are closed too */
+        loop_stop(x->l);
+}
+
+/* 'p': flag every committed block as being read from disk (its WAITs then wait); 'r': the
+ * reads are done (flags cleared, waiting WAITs answered). The reply byte is 'k'. */
+static void adv_ip_on_ctl(struct loop *l, int fd, uint32_t events, void *arg)
+{
+    struct adv_ip *x = arg;
+    char v;
+    (void)l;
+    (void)events;
+    if (read(fd, &v, 1) != 1)
+        return;
+    for (uint32_t i = 0; i < x->s->ix.nblocks; i++) {
+        struct block *b = &x->s->ix.blocks[i];
+        if (b->state != BLOCK_STATE_COMMITTED)
+            continue;
+        if (v == 'p')
+            b->flags |= BLOCK_F_PROMOTING;
+        else
+            b->flags &= (uint8_t)~BLOCK_F_PROMOTING;
+    }
+    if (v == 'r' && x->s->on_ready)
+        x->s->on_ready(x->s->on_ready_arg);
+    adv_signal(x->ack[1], 'k');
+}
+
+static void adv_ip_start(uint64_t gpu_size)
+{
+    struct store_params sp = {.host_size = 16 << 20,
+                              .host_page_size = 64 << 10,
+                              .host_huge = 0,
+                              .high_watermark = 0.95,
+                              .low_watermark = 0.9,
+                              .max_namespaces = 16,
+                              .max_handles = 64,
+                              .policy = POLICY_LRU,
+                              .gpu_size = gpu_size,
+                              .gpu_device = 0,
+                              .gpu_page_size = 64 << 10,
+                              .gpu_ops = &fake_dev_ops};
+    char err[256];
+    int rc = 0;
+    memset(&ip, 0, sizeof(ip));
+    log_setup(LOG_LEVEL_WARNING, 1000); /* the refusals' lines only */
+    adv_dir_open();
+    ip.cfg = config_new();
+    ck_assert_int_eq(config_ns_set(ip.cfg, "victim*", "read", "65503", err, sizeof(err)), 0);
+    ck_assert_int_eq(config_ns_set(ip.cfg, "victim*", "write", "65501", err, sizeof(err)), 0);
+    ck_assert_int_eq(config_ns_set(ip.cfg, "victim*", "host_size", "4m", err, sizeof(err)), 0);
+    fake_dev_reset(1);
+    ip.s = store_new(&sp, &rc);
+    ck_assert_msg(ip.s, "store_new: %d", rc);
+    engine_attach(ip.s);
+    ck_assert(gpu_size == 0 || ip.s->gpu);
+    ip.acl = acl_new(ip.s, ip.cfg, &rc);
+    ck_assert_ptr_nonnull(ip.acl);
+    ip.l = loop_new(&rc);
+    ck_assert_ptr_nonnull(ip.l);
+    struct server_params vp = {.socket_path = adv_d.sock,
+                               .socket_mode = 0666,
+                               .max_clients = 64,
+                               .cfg = ip.cfg,
+                               .acl = ip.acl,
+                               .max_clients_per_uid = 8,
+                               .hello_timeout_ms = 5000,
+                               .idle_timeout_ms = 60000,
+                               .reservation_timeout_ms = 60000,
+                               .max_waits = 2,
+                               .max_namespaces_per_uid = 8,
+                               .client_pins = 4096,
+                               .uid_pins = 8192,
+                               .uid_leases = 64,
+                               .uid_reserved_share = 50};
+    ip.sv = server_new(ip.l, ip.s, &vp, &rc);
+    ck_assert_msg(ip.sv, "server_new: %d", rc);
+    ck_assert_int_eq(pipe(ip.ctl), 0);
+    ck_assert_int_eq(pipe(ip.ack), 0);
+}
+
+/* Runs fn as uid in a child while this process serves it. */
+static int adv_ip_run(uint32_t uid, int (*fn)(void *), void *arg)
+{
+    ip.child = adv_spawn(uid, fn, arg);
+    ip.status = -1;
+    loop_run(ip.l, 20, adv_ip_tick, &ip);
+    return ip.status;
+}
+
+static void adv_ip_stop(void)
+{
+    ck_assert_uint_eq(ip.s->pins_now, 0);
+    ck_assert_uint_eq(ip.s->reserved_now, 0);
+    server_free(ip.sv);
+    acl_free(ip.acl);
+    engine_stop(ip.s);
+    store_free(ip.s);
+    loop_free(ip.l);
+    config_free(ip.cfg);
+    close(ip.ctl[0]);
+    close(ip.ctl[1]);
+    close(ip.ack[0]);
+    close(ip.ack[1]);
+    ck_assert_int_eq(fake_dev.pools_live, 0);
+    daemon_cleanup(&adv_d);
+}
+
+static int adv_gpu_attach(kvc_client *c, uint32_t flags, int *fd)
+{
+    struct kvc_gpu_attach_req q = {.flags = flags};
+    int rc = adv_call(c, KVC_OP_GPU_ATTACH, &q, sizeof(q), fd, NULL, NULL);
+    if (fd && *fd >= 0)
+        close(*fd);
+    return rc;
+}
+
+/* RESERVE (GPU flag) of n keys of ns; *tier the tier of the first slot. Commits. */
+static int adv_gpu_reserve(kvc_client *c, kvc_ns *ns, uint32_t family, uint32_t n, int *tier)
+{
+    static uint8_t req[sizeof(struct kvc_reserve_req) + 64 * sizeof(struct kvc_wire_key)];
+    struct kvc_reserve_req *q = (struct kvc_reserve_req *)req;
+    struct kvc_key keys[64];
+    const void *rep;
+    uint32_t len;
+    adv_keys_shared(ns, family, n, keys);
+    memset(req, 0, sizeof(req));
+    q->ns_id = kvc_ns_id(ns);
+    q->flags = KVC_RESERVE_F_GPU;
+    q->nkeys = n;
+    memcpy(q + 1, keys, n * sizeof(keys[0]));
+    int rc = adv_call(c, KVC_OP_RESERVE, req, (uint32_t)(sizeof(*q) + n * sizeof(keys[0])), NULL,
+                      &rep, &len);
+    if (rc)
+        return rc;
+    const struct kvc_reserve_rep *p = rep;
+    const struct kvc_wire_slot_rep *sl = (const struct kvc_wire_slot_rep *)(p + 1);
+    if (p->nreserved != n)
+        return -EIO;
+    *tier = sl[0].loc.tier;
+    struct kvc_commit_req cq = {.resv_id = p->resv_id, .ncommit = UINT32_MAX};
+    return adv_call(c, KVC_OP_COMMIT, &cq, sizeof(cq), NULL, NULL, NULL);
+}
+
+/* LOOKUP (GPU flag) of the chain; *tier of the first hit. Releases. */
+static int adv_gpu_lookup(kvc_client *c, kvc_ns *ns, uint32_t family, uint32_t n, int *tier)
+{
+    static uint8_t req[sizeof(struct kvc_lookup_req) + 64 * sizeof(struct kvc_wire_key)];
+    struct kvc_lookup_req *q = (struct kvc_lookup_req *)req;
+    struct kvc_key keys[64];
+    const void *rep;
+    uint32_t len;
+    adv_keys_shared(ns, family, n, keys);
+    memset(req, 0, sizeof(req));
+    q->ns_id = kvc_ns_id(ns);
+    q->flags = KVC_LOOKUP_F_GPU;
+    q->nkeys = n;
+    memcpy(q + 1, keys, n * sizeof(keys[0]));
+    int rc = adv_call(c, KVC_OP_LOOKUP, req, (uint32_t)(sizeof(*q) + n * sizeof(keys[0])), NULL,
+                      &rep, &len);
+    if (rc)
+        return rc;
+    const struct kvc_lookup_rep *p = rep;
+    const struct kvc_wire_loc *loc = (const struct kvc_wire_loc *)(p + 1);
+    if (p->nhit != n)
+        return -EIO;
+    *tier = loc[0].tier;
+    uint8_t rel[sizeof(struct kvc_release_req) + 8];
+    struct kvc_release_req *rq = (struct kvc_release_req *)rel;
+    *rq = (struct kvc_release_req){.nleases = 1};
+    memcpy(rq + 1, &p->lease_id, 8);
+    return adv_call(c, KVC_OP_RELEASE, rel, sizeof(rel), NULL, NULL, NULL);
+}
+
+static uint64_t adv_client_stat(kvc_client *c, const char *name)
+{
+    uint64_t v = UINT64_MAX;
+    daemon_client_stat(c, 0, name, &v);
+    return v;
+}
+
+/* The victim: its restricted namespace never enters the pool, even when it asks; an open
+ * namespace of its own does (the pool works). */
+static int adv_gpu_victim(void *arg)
+{
+    struct kvc_layout lay = daemon_layout("victim-model", ADV_BT);
+    struct kvc_layout open_lay = daemon_layout("open-victim", ADV_BT);
+    kvc_client *c;
+    kvc_ns *ns, *ons;
+    int fd = -1, tier = 0;
+    (void)arg;
+    if (kvc_connect(adv_d.sock, &c) || kvc_ns_open(c, &lay, &ns))
+        return 140;
+    if (adv_gpu_attach(c, 0, &fd) != -EACCES) /* holds only its private arena */
+        return 141;
+    if (kvc_ns_open(c, &open_lay, &ons) || adv_gpu_attach(c, 0, &fd) ||
+        adv_gpu_attach(c, KVC_GPU_ATTACH_F_MAPPED, NULL))
+        return 142;
+    if (adv_gpu_reserve(c, ns, 1, 4, &tier) || tier != KVC_WIRE_TIER_HOST)
+        return 143;
+    if (adv_gpu_lookup(c, ns, 1, 4, &tier) || tier != KVC_WIRE_TIER_HOST)
+        return 144;
+    if (adv_client_stat(c, "gpu_used") != 0)
+        return 145;
+    if (adv_gpu_reserve(c, ons, 2, 4, &tier) || tier != KVC_WIRE_TIER_GPU)
+        return 146;
+    if (adv_client_stat(c, "gpu_used") != 4 * 16384)
+        return 147;
+    kvc_disconnect(c);
+    return 0;
+}
+
+/* A reader of the victim's namespace asks for its blocks in the pool. */
+static int adv_gpu_reader(void *arg)
+{
+    struct kvc_layout lay = daemon_layout("victim-model", ADV_BT);
+    struct kvc_layout open_lay = daemon_layout("reader-open", ADV_BT);
+    kvc_client *c;
+    kvc_ns *ns, *ons;
+    int fd = -1, tier = 0;
+    (void)arg;
+    if (kvc_connect(adv_d.sock, &c) || kvc_ns_open(c, &lay, &ns))
+        return 150;
+    if (adv_gpu_attach(c, 0, &fd) != -EACCES) /* a read-only descriptor is not enough */
+        return 151;
+    if (kvc_ns_open(c, &open_lay, &ons) || adv_gpu_attach(c, 0, &fd) ||
+        adv_gpu_attach(c, KVC_GPU_ATTACH_F_MAPPED, NULL))
+        return 152;
+    /* Mapped, it looks the victim's blocks up with the pool flag: host locations, and the
+     * pool holds what it held (the victim's open namespace only). */
+    if (adv_gpu_lookup(c, ns, 1, 4, &tier) || tier != KVC_WIRE_TIER_HOST)
+        return 153;
+    if (adv_client_stat(c, "gpu_used") != 4 * 16384)
+        return 154;
+    /* Its own open namespace does go to the pool. */
+    if (adv_gpu_reserve(c, ons, 3, 2, &tier) || tier != KVC_WIRE_TIER_GPU)
+        return 155;
+    kvc_disconnect(c);
+    return 0;
+}
+
+/* The attacker: no namespace, or only ones it cannot open: no pool. */
+static int adv_gpu_attacker(void *arg)
+{
+    struct kvc_layout lay = daemon_layout("victim-model", ADV_BT);
+    kvc_client *c;
+    kvc_ns *ns;
+    int fd = -1;
+    (void)arg;
+    if (kvc_connect(adv_d.sock, &c))
+        return 160;
+    if (adv_gpu_attach(c, 0, &fd) != -EACCES || fd >= 0)
+        return 161;
+    if (adv_gpu_attach(c, KVC_GPU_ATTACH_F_MAPPED, NULL) != -EACCES)
+        return 162;
+    if (kvc_ns_open(c, &lay, &ns) != -EACCES)
+        return 163;
+    if (adv_gpu_attach(c, 0, &fd) != -EACCES)
+        return 164;
+    /* libkvc answers "host copies" for a refused pool. */
+    kvci_gpu_ops_set(&fake_dev_ops);
+    fake_dev_reset(1);
+    if (kvc_gpu_attach(c) != 0)
+        return 165;
+    kvc_disconnect(c);
+    return 0;
+}
+
+START_TEST(test_gpu_pool_access)
+{
+    adv_ip_start(8 << 20);
+    ck_assert_int_eq(adv_ip_run(ADV_VICTIM, adv_gpu_victim, NULL), 0);
+    ck_assert_int_eq(adv_ip_run(ADV_READER, adv_gpu_reader, NULL), 0);
+    ck_assert_int_eq(adv_ip_run(ADV_ATTACKER, adv_gpu_attacker, NULL), 0);
+    /* The pool never held a block of the restricted namespace. */
+    uint32_t vid = 0;
+    for (uint32_t i = 1; i < ip.s->nns; i++)
+        if (ip.s->ns[i] && strcmp(ip.s->ns[i]->layout.model_id, "victim-model") == 0)
+            vid = i;
+    ck_assert_uint_ne(vid, 0);
+    ck_assert_uint_eq(ip.s->ns[vid]->stats.gpu_promoted_blocks, 0);
+    for (uint32_t i = 0; i < ip.s->ix.nblocks; i++)
+        if (ip.s->ix.blocks[i].state != BLOCK_STATE_FREE && ip.s->ix.blocks[i].ns == vid)
+            ck_assert_uint_ne(ip.s->ix.blocks[i].tier, KVC_WIRE_TIER_GPU);
+    ck_assert_uint_ge(ip.s->total.refused_access, 5);
+    adv_ip_stop();
+}
+END_TEST
+
+/* WAITs: one pending per lease, server.max_waits (2 here) per connection. */
+static int adv_wait_attacker(void *arg)
+{
+    struct adv_ip *x = arg;
+    struct kvc_layout lay = daemon_layout("attacker-model", ADV_BT);
+    kvc_client *c, *c2;
+    kvc_ns *ns;
+    kvc_lease *l[3];
+    struct kvc_key keys[4];
+    if (kvc_connect(adv_d.sock, &c) || kvc_ns_open(c, &lay, &ns) || adv_roundtrip_ns(ns, 1, 4))
+        return 170;
+    adv_keys(ns, 1, 4, keys);
+    for (int i = 0; i < 3; i++)
+        if (kvc_lookup(ns, keys, 4, 0, &l[i]) != 4)
+            return 171;
+    /* The server side now says every block is being read from disk. */
+    adv_signal(x->ctl[1], 'p');
+    if (adv_await(x->ack[0]) != 'k')
+        return 172;
+    /* Raw WAITs, pipelined: two wait, the third is refused, a second on a lease too. */
+    struct kvc_wait_req w = {.timeout_ms = 60000};
+    int sfd = c->fd;
+    uint32_t ids[4];
+    uint64_t lease_of[4] = {l[0]->ids[0], l[0]->ids[0], l[1]->ids[0], l[2]->ids[0]};
+    for (int i = 0; i < 4; i++) {
+        struct {
+            struct kvc_msg_hdr h;
+            struct kvc_wait_req q;
+        } m = {.h = {.magic = KVC_PROTO_MAGIC,
+                     .version = KVC_PROTO_VERSION,
+                     .opcode = KVC_OP_WAIT,
+                     .req_id = 1000u + (uint32_t)i,
+                     .len = sizeof(w)},
+               .q = w};
+        m.q.lease_id = lease_of[i];
+        ids[i] = m.h.req_id;
+        if (send(sfd, &m, sizeof(m), MSG_NOSIGNAL) != (ssize_t)sizeof(m))
+            return 173;
+    }
+    /* Two refusals come back at once, the two WAITs stay. */
+    int got[4] = {0, 0, 0, 0}, status[4] = {1, 1, 1, 1};
+    for (int k = 0; k < 2; k++) {
+        struct kvc_msg_hdr h;
+        if (recv(sfd, &h, sizeof(h), 0) < (ssize_t)sizeof(h))
+            return 174;
+        for (int i = 0; i < 4; i++)
+            if (h.req_id == ids[i]) {
+                got[i] = 1;
+                status[i] = h.status;
+            }
+    }
+    if (!got[1] || status[1] != -EBUSY || !got[3] || status[3] != -EMFILE || got[0] || got[2])
+        return 175;
+    /* The reads end: both WAITs answered, every hit ready. */
+    adv_signal(x->ctl[1], 'r');
+    if (adv_await(x->ack[0]) != 'k')
+        return 176;
+    for (int k = 0; k < 2; k++) {
+        struct {
+            struct kvc_msg_hdr h;
+            struct kvc_wait_rep p;
+        } m;
+        if (recv(sfd, &m, sizeof(m), 0) != (ssize_t)sizeof(m) || m.h.status != 0 ||
+            (m.h.req_id != ids[0] && m.h.req_id != ids[2]) || m.p.nready != 4 || m.p.pending)
+            return 177;
+    }
+    (void)c2;
+    return 0;
+}
+
+START_TEST(test_wait_flood)
+{
+    adv_ip_start(0);
+    loop_add(ip.l, ip.ctl[0], EPOLLIN, adv_ip_on_ctl, &ip);
+    ck_assert_int_eq(adv_ip_run(ADV_ATTACKER, adv_wait_attacker, &ip), 0);
+    ck_assert_uint_eq(ip.s->total.refused_waits, 2);
+    /* The child left with its WAITs pending: nothing of them is left. */
+    for (uint32_t i = 0; i < ip.s->ix.nblocks; i++)
+        ip.s->ix.blocks[i].flags &= (uint8_t)~BLOCK_F_PROMOTING;
+    loop_del(ip.l, ip.ctl[0]);
+    adv_ip_stop();
+}
+END_TEST
+
+/* ---- the reader's decode ------------------------------------------------------------------- */
+
+/* A writer of the arena rewrites a quantized block's section table while a reader decodes
+ * it: libkvc checked the table and then read it again from shared memory, so the second
+ * read could send it past its buffers. It parses a private copy now: every decode either
+ * succeeds or says the block is malformed, and nothing is read out of bounds (ASan). */
+struct adv_race {
+    uint8_t *shared;
+    uint32_t *offset; /* of the last section, inside shared */
+    uint32_t good;
+    volatile int stop;
+};
+
+static void *adv_race_writer(void *arg)
+{
+    struct adv_race *r = arg;
+    while (!r->stop) {
+        __atomic_store_n(r->offset, 0x7ffffff0u, __ATOMIC_RELAXED);
+        __atomic_store_n(r->offset, r->good, __ATOMIC_RELAXED);
+    }
+    return NULL;
+}
+
+START_TEST(test_reader_private_copy)
+{
+    struct kern_layout kl = {.layers = 2, .heads = 2, .head_dim = 64, .tokens = 32,
+                             .dtype = KERN_DTYPE_FP16};
+    struct kern_recipe rec;
+    struct kvc_ns ns;
+    struct adv_race race;
+    pthread_t th;
+    kern_recipe_fill(&rec, KERN_CODEC_Q8_0, KERN_CODEC_Q8_0, 0);
+    uint64_t raw = kern_raw_size(&kl);
+    int64_t enc = kern_encoded_size(&kl, &rec);
+    ck_assert_int_gt(enc, 0);
+    uint16_t *src = malloc(raw), *dst = malloc(raw);
+    struct kvc_key k = {.lo = 1, .hi = 2};
+    daemon_smooth_fill(&k, src, raw / 2);
+    race.shared = calloc(1, (size_t)enc);
+    ck_assert_int_eq(kern_encode_cpu(&kl, &rec, src, race.shared, (size_t)enc, NULL), enc);
+    memset(&ns, 0, sizeof(ns));
+    ns.block_bytes = raw;
+    ns.layout = (struct kvc_wire_layout){.layers = 2, .kv_heads = 2, .head_dim = 64,
+                                         .block_tokens = 32, .dtype = KVC_WIRE_DTYPE_FP16,
+                                         .kv_kind = KVC_WIRE_KV_KIND_KV};
+    kvc_lease *l = calloc(1, sizeof(*l) + sizeof(l->hits[0]));
+    l->ns = &ns;
+    l->n = 1;
+    l->hits[0] = (struct kvc_hit){.data = race.shared, .len = (uint64_t)enc,
+                                  .format = KVC_WIRE_FORMAT_Q8_0, .ready = true,
+                                  .tier = KVC_WIRE_TIER_HOST};
+    ck_assert_int_eq(kvc_lease_copy(l, 0, dst, raw), 0);
+    ck_assert(daemon_smooth_err(&k, dst, raw / 2) < 0.01);
+    race.offset = (uint32_t *)(race.shared + sizeof(struct kern_block_hdr) +
+                               3 * sizeof(struct kern_block_sect));
+    race.good = *race.offset;
+    race.stop = 0;
+    ck_assert_int_eq(pthread_create(&th, NULL, adv_race_writer, &race), 0);
+    int ok = 0, bad = 0;
+    for (int i = 0; i < 20000; i++) {
+        int rc = kvc_lease_copy(l, 0, dst, raw);
+        ck_assert_msg(rc == 0 || rc == -EBADMSG, "decode: %d", rc);
+        rc == 0 ? ok++ : bad++;
+    }
+    race.stop = 1;
+    pthread_join(th, NULL);
+    printf("e2e_adversary: reader under a racing writer: %d decoded, %d refused\n", ok, bad);
+    free(l);
+    free(race.shared);
+    free(src);
+    free(dst);
+}
+END_TEST
+
+/* ---- the suite ---------------------------------------------------------------------------------- */
+
+int main(void)
+{
+    const struct {
+        const char *name;
+        const TTest *t;
+    } cases[] = {
+        {"test_duplicate_keys", test_duplicate_keys},
+        {"test_pin_and_lease_flood", test_pin_and_lease_flood},
+        {"test_connection_flood", test_connection_flood},
+        {"test_idle_connections", test_idle_connections},
+        {"test_reservation_hoarding", test_reservation_hoarding},
+        {"test_namespace_flood", test_namespace_flood},
+        {"test_names_leak", test_names_leak},
+        {"test_hole_punch", test_hole_punch},
+        {"test_gpu_pool_access", test_gpu_pool_access},
+        {"test_wait_flood", test_wait_flood},
+    };
+    Suite *s = suite_create("e2e_adversary");
+    TCase *tc = tcase_create("adversary");
+    SRunner *sr;
+    int failed;
+    bool root = geteuid() == 0;
+    tcase_set_timeout(tc, 120);
+    tcase_add_checked_fixture(tc, NULL, adv_teardown);
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        if (root)
+            tcase_add_test(tc, cases[i].t);
+        else
+            printf("SKIP: e2e_adversary: %s: not root (the clients run as other uids)\n",
+                   cases[i].name);
+    }
+    tcase_add_test(tc, test_reader_private_copy); /* no other uid needed */
+    if (!root)
+        printf("SKIP: e2e_adversary: test_hole_punch_hugetlb: not root\n");
+    else if (adv_huge_free() >= (64u << 20))
+        tcase_add_test(tc, test_hole_punch_hugetlb);
+    else
+        printf("SKIP: e2e_adversary: test_hole_punch_hugetlb: fewer than 64 MiB of huge "
+               "pages free (HugePages_Free * Hugepagesize = %llu bytes)\n",
+               (unsigned long long)adv_huge_free());
+    suite_add_tcase(s, tc);
+    fflush(stdout);
+    if (daemon_suite_init("e2e-adversary"))
+        return 1;
+    sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    daemon_suite_fini();
+    return failed ? 1 : 0;
+}
