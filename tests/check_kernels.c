@@ -16,6 +16,7 @@
 
 #include "kernels/kern.h"
 #include "kernels/kern_fmt.h"
+#include "tests/lib/daemon.h"
 
 /* ---- data ---------------------------------------------------------------------------- */
 
@@ -713,7 +714,7 @@ static Suite *kernels_suite(void)
     suite_add_tcase(s, tc);
 
     tc = tcase_create("cpu");
-    tcase_set_timeout(tc, 120);
+    tcase_set_timeout(tc, daemon_slow() * 120);
     tcase_add_loop_test(tc, test_codec_roundtrip, 0, (int)(KERN_CODEC_COUNT * NSHAPES));
     tcase_add_test(tc, test_encoded_sizes);
     tcase_add_test(tc, test_recipe_mixed);
@@ -725,7 +726,7 @@ static Suite *kernels_suite(void)
 
     if (kern_cuda_device_count() > 0) {
         tc = tcase_create("cuda");
-        tcase_set_timeout(tc, 120);
+        tcase_set_timeout(tc, daemon_slow() * 120);
         tcase_add_loop_test(tc, test_cuda_matches_ref, 0, (int)(KERN_CODEC_COUNT * NSHAPES));
         suite_add_tcase(s, tc);
     } else {

@@ -13,6 +13,7 @@
 
 #include "daemon/quant.h"
 #include "daemon/store.h"
+#include "tests/lib/daemon.h"
 #include "tests/lib/layout.h"
 #include "tiers/host.h"
 #include "tiers/tier.h"
@@ -413,7 +414,7 @@ int main(void)
     Suite *su = suite_create("store_policy");
     TCase *tc = tcase_create("engine");
     TCase *tf = tcase_create("fixture");
-    tcase_set_timeout(tc, 120);
+    tcase_set_timeout(tc, daemon_slow() * 120);
     tcase_add_loop_test(tc, test_random_ops_every_policy, 0, POLICY_KIND_COUNT);
     tcase_add_loop_test(tc, test_victim_unpinned_leaf, 0, POLICY_KIND_COUNT);
     tcase_add_checked_fixture(tf, setup, teardown);

@@ -47,6 +47,7 @@
 
 #include "client/kvc.h"
 #include "tests/lib/bench.h"
+#include "tests/lib/daemon.h"
 
 #define BENCH_ARENA "2g"
 #define BENCH_WS_BYTES (256ull << 20) /* blocks per process per case */
@@ -364,7 +365,7 @@ static int bench_case_run(struct bench_shared *sh, unsigned nprocs, int size_idx
     pthread_barrierattr_destroy(&ba);
     fflush(NULL);
     for (unsigned p = 0; p < nprocs; p++) {
-        pids[p] = fork();
+        pids[p] = daemon_fork();
         if (pids[p] < 0) {
             perror("bench_host: fork");
             nprocs = p;
@@ -417,7 +418,7 @@ static pid_t bench_daemon_start(const char *dir, const char *sock)
     char opt_sock[200], log[160];
     snprintf(opt_sock, sizeof(opt_sock), "server.socket=%s", sock);
     snprintf(log, sizeof(log), "%s/kvcd.log", dir);
-    pid_t pid = fork();
+    pid_t pid = daemon_fork(); /* dies with the benchmark */
     if (pid < 0)
         return -1;
     if (pid == 0) {

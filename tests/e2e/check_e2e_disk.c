@@ -66,7 +66,7 @@ static void kvcd_start(const char *capacity)
         fputs(conf, f);
         fclose(f);
     }
-    kvcd_pid = fork();
+    kvcd_pid = daemon_fork(); /* dies with this test process */
     ck_assert_int_ge(kvcd_pid, 0);
     if (kvcd_pid == 0) {
         char logp[400];
@@ -86,7 +86,8 @@ static void kvcd_start(const char *capacity)
 static kvc_client *kvcd_connect(void)
 {
     kvc_client *c = NULL;
-    for (int i = 0; i < 200; i++) {
+    uint64_t end = daemon_now_ms() + (uint64_t)daemon_ms(DAEMON_START_MS);
+    while (daemon_now_ms() < end) {
         if (kvc_connect(sock, &c) == 0)
             return c;
         msleep(25);
@@ -189,13 +190,21 @@ static int get_all(kvc_ns *ns, int *hits)
     return total;
 }
 
-/* Waits until no write to disk is in flight. */
+/* Waits until no write to disk is in flight and the arena is back under its high
+ * watermark; a daemon that never gets there fails the test. */
 static void settle(kvc_client *c)
 {
-    for (int i = 0; i < 200; i++) {
-        if (stat_get(c, "disk_writes_inflight") == 0 && stat_get(c, "disk_moves_inflight") == 0 &&
-            stat_get(c, "host_used") <= stat_get(c, "host_capacity") * 6 / 10)
+    uint64_t end = daemon_now_ms() + (uint64_t)daemon_ms(20000);
+    for (;;) {
+        uint64_t w = stat_get(c, "disk_writes_inflight"), m = stat_get(c, "disk_moves_inflight");
+        uint64_t used = stat_get(c, "host_used"), cap = stat_get(c, "host_capacity");
+        if (w == 0 && m == 0 && used <= cap * 6 / 10)
             return;
+        ck_assert_msg(daemon_now_ms() < end,
+                      "kvcd did not settle: %llu writes and %llu moves in flight, "
+                      "%llu of %llu host bytes used",
+                      (unsigned long long)w, (unsigned long long)m, (unsigned long long)used,
+                      (unsigned long long)cap);
         msleep(10);
     }
 }
@@ -603,7 +612,7 @@ int main(void)
     TCase *tc = tcase_create("disk");
     int failed;
     tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_set_timeout(tc, 60);
+    tcase_set_timeout(tc, daemon_slow() * 60);
     tcase_add_test(tc, test_offload_restart_sigterm);
     tcase_add_test(tc, test_offload_restart_sigkill);
     tcase_add_test(tc, test_compressed_restart);

@@ -203,10 +203,10 @@ START_TEST(test_paged_host_two_processes)
 {
     pid_t a = daemon_child_spawn(ge_put_host, NULL);
     ck_assert_int_gt(a, 0);
-    ck_assert_int_eq(daemon_child_wait(a, 20000, NULL), 0);
+    ck_assert_int_eq(daemon_child_wait(a, daemon_ms(20000), NULL), 0);
     pid_t b = daemon_child_spawn(ge_load_host, NULL);
     ck_assert_int_gt(b, 0);
-    ck_assert_int_eq(daemon_child_wait(b, 20000, NULL), 0);
+    ck_assert_int_eq(daemon_child_wait(b, daemon_ms(20000), NULL), 0);
 }
 END_TEST
 
@@ -297,9 +297,9 @@ START_TEST(test_configured_without_device)
     ck_assert_int_eq(daemon_kvcctl(&ge_d, out, sizeof(out), err, sizeof(err), "tiers", NULL), 0);
     ck_assert_msg(strstr(out, "gpu   disabled") && strstr(out, "host "), "%s", out);
     pid_t a = daemon_child_spawn(ge_put_host, NULL);
-    ck_assert_int_eq(daemon_child_wait(a, 20000, NULL), 0);
+    ck_assert_int_eq(daemon_child_wait(a, daemon_ms(20000), NULL), 0);
     pid_t b = daemon_child_spawn(ge_load_host, NULL);
-    ck_assert_int_eq(daemon_child_wait(b, 20000, NULL), 0);
+    ck_assert_int_eq(daemon_child_wait(b, daemon_ms(20000), NULL), 0);
 }
 END_TEST
 
@@ -437,14 +437,14 @@ START_TEST(test_gpu_two_processes_through_pool)
     kvc_ns *ns;
     struct kvc_key keys[GE_BLOCKS];
     pid_t a = daemon_child_spawn(ge_put_device, NULL);
-    ck_assert_int_eq(daemon_child_wait(a, 30000, NULL), 0);
+    ck_assert_int_eq(daemon_child_wait(a, daemon_ms(30000), NULL), 0);
     ck_assert_int_eq(ge_open(&c, &ns, keys), 0);
     ck_assert_uint_gt(ge_stat(c, "gpu_used"), 0);
     pid_t b = daemon_child_spawn(ge_load_device, NULL);
-    ck_assert_int_eq(daemon_child_wait(b, 30000, NULL), 0);
+    ck_assert_int_eq(daemon_child_wait(b, daemon_ms(30000), NULL), 0);
     /* host-tier hits into device memory: a client without the pool flag demotes them */
     b = daemon_child_spawn(ge_load_device, (void *)1);
-    ck_assert_int_eq(daemon_child_wait(b, 30000, NULL), 0);
+    ck_assert_int_eq(daemon_child_wait(b, daemon_ms(30000), NULL), 0);
     kvc_disconnect(c);
 }
 END_TEST
@@ -455,17 +455,18 @@ START_TEST(test_gpu_killed_with_pins)
     kvc_ns *ns;
     struct kvc_key keys[GE_BLOCKS];
     pid_t a = daemon_child_spawn(ge_put_device, NULL);
-    ck_assert_int_eq(daemon_child_wait(a, 30000, NULL), 0);
+    ck_assert_int_eq(daemon_child_wait(a, daemon_ms(30000), NULL), 0);
     ck_assert_int_eq(ge_open(&c, &ns, keys), 0);
     uint64_t used = ge_stat(c, "gpu_used");
     pid_t b = daemon_child_spawn(ge_pin_and_die, NULL);
-    ck_assert_int_eq(daemon_child_wait(b, 30000, NULL), 0);
-    for (int i = 0; i < 100 && ge_stat(c, "pins_now") != 0; i++)
+    ck_assert_int_eq(daemon_child_wait(b, daemon_ms(30000), NULL), 0);
+    uint64_t end = daemon_now_ms() + (uint64_t)daemon_ms(10000);
+    while (ge_stat(c, "pins_now") != 0 && daemon_now_ms() < end)
         usleep(10000);
     ck_assert_uint_eq(ge_stat(c, "pins_now"), 0);
     ck_assert_uint_eq(ge_stat(c, "gpu_used"), used);
     b = daemon_child_spawn(ge_load_device, NULL);
-    ck_assert_int_eq(daemon_child_wait(b, 30000, NULL), 0);
+    ck_assert_int_eq(daemon_child_wait(b, daemon_ms(30000), NULL), 0);
     kvc_disconnect(c);
 }
 END_TEST
@@ -476,7 +477,7 @@ int main(void)
     TCase *tc = tcase_create("host");
     SRunner *sr;
     int failed;
-    tcase_set_timeout(tc, 60);
+    tcase_set_timeout(tc, daemon_slow() * 60);
     tcase_add_checked_fixture(tc, ge_setup, ge_teardown);
     tcase_add_test(tc, test_paged_host_two_processes);
     tcase_add_test(tc, test_attach_without_tier);
@@ -484,7 +485,7 @@ int main(void)
     suite_add_tcase(s, tc);
     if (kern_cuda_device_count() > 0) {
         TCase *tg = tcase_create("gpu");
-        tcase_set_timeout(tg, 120);
+        tcase_set_timeout(tg, daemon_slow() * 120);
         tcase_add_checked_fixture(tg, ge_gpu_setup, ge_teardown);
         tcase_add_test(tg, test_gpu_two_processes_through_pool);
         tcase_add_test(tg, test_gpu_killed_with_pins);
