@@ -705,8 +705,11 @@ int daemon_json_u64(const char *s, const char *key, uint64_t *v)
 
 void daemon_smooth_fill(const struct kvc_key *k, uint16_t *p, size_t n)
 {
+    uint64_t s = daemon_block_seed(k);
+    double phase = (double)(s >> 11) * 0x1p-53 * 6.283185307179586;
     for (size_t j = 0; j < n; j++) {
-        _Float16 h = (_Float16)(sinf((float)j * 0.37f + (float)(k->lo % 1000)) * 3.0f);
+        double noise = (double)(daemon_mix(s + j) >> 11) * 0x1p-52 - 1.0; /* [-1, 1) */
+        _Float16 h = (_Float16)(sin((double)j * 0.37 + phase) * 3.0 + noise);
         memcpy(&p[j], &h, 2);
     }
 }

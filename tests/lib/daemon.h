@@ -97,8 +97,10 @@ int daemon_child_wait(pid_t pid, int timeout_ms, int *sig);
 void daemon_block_fill(const struct kvc_key *k, void *buf, size_t len);
 /* -1 if buf is the block of k, else the offset of the first wrong byte. */
 long daemon_block_check(const struct kvc_key *k, const void *buf, size_t len);
-/* Smooth fp16 values derived from the key (lossy codecs keep them close: q8_0 within 1 %
- * RMS), n of them; and the relative RMS error of got against them. */
+/* fp16 values of a block for the lossy codecs, n of them: a sine of amplitude 3 whose phase,
+ * and a uniform [-1, 1) term on every element, come from the whole key (both words, mixed),
+ * so q8_0 keeps them within 1 % RMS while another key's block is ~40 % off; and the
+ * relative RMS error of got against them. */
 void daemon_smooth_fill(const struct kvc_key *k, uint16_t *p, size_t n);
 double daemon_smooth_err(const struct kvc_key *k, const uint16_t *got, size_t n);
 /* The layout the suites use: `block_tokens` tokens of 1 KiB each (2 layers, K and V, 2 heads
