@@ -724,13 +724,14 @@ static Suite *kernels_suite(void)
     tcase_add_test(tc, test_edge_inputs_match_reference);
     suite_add_tcase(s, tc);
 
-    if (kern_cuda_device_count() > 0) {
+    if (daemon_cuda_devices() > 0) { /* asked in a child: CUDA starts in the cases only */
         tc = tcase_create("cuda");
         tcase_set_timeout(tc, daemon_slow() * 120);
         tcase_add_loop_test(tc, test_cuda_matches_ref, 0, (int)(KERN_CODEC_COUNT * NSHAPES));
         suite_add_tcase(s, tc);
     } else {
-        printf("SKIP: check_kernels: cuda: no device\n");
+        printf("SKIP: check_kernels: cuda: %s\n",
+               daemon_cuda_devices() < 0 ? "the CUDA probe died" : "no device");
     }
     return s;
 }

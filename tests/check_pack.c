@@ -12,6 +12,7 @@
 
 #include "kernels/kern.h"
 #include "kernels/kern_pack.h"
+#include "tests/lib/daemon.h"
 
 /* One engine: per-layer K and V tensors of npages pages, each page a
  * [page_tokens][heads][head_pad] array of elem_bytes elements (head_pad >= head_dim). */
@@ -311,12 +312,13 @@ static Suite *pack_suite(void)
     tcase_add_test(tc, test_bad_args);
     suite_add_tcase(s, tc);
 #if KVC_CUDA
-    if (kern_cuda_device_count() > 0) {
+    if (daemon_cuda_devices() > 0) { /* asked in a child: CUDA starts in the case only */
         TCase *tg = tcase_create("cuda");
         tcase_add_test(tg, test_cuda_vs_cpu);
         suite_add_tcase(s, tg);
     } else {
-        printf("SKIP: pack: test_cuda_vs_cpu: no CUDA device found\n");
+        printf("SKIP: pack: test_cuda_vs_cpu: %s\n",
+               daemon_cuda_devices() < 0 ? "the CUDA probe died" : "no CUDA device found");
     }
 #else
     printf("SKIP: pack: test_cuda_vs_cpu: built without CUDA\n");

@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kernels/kern.h"
 #include "tests/lib/daemon.h"
 
 #define DAEMON_MAX_ARGS 64
@@ -135,6 +136,23 @@ pid_t daemon_fork(void)
         signal(SIGPIPE, SIG_DFL);
     }
     return pid;
+}
+
+static int daemon_cuda_probe(void *arg)
+{
+    int n = kern_cuda_device_count();
+    (void)arg;
+    return n < 0 ? 0 : n > 100 ? 100 : n;
+}
+
+int daemon_cuda_devices(void)
+{
+    static int devices = -2;
+    if (devices == -2) {
+        pid_t pid = daemon_child_spawn(daemon_cuda_probe, NULL);
+        devices = pid < 0 ? -1 : daemon_child_wait(pid, daemon_ms(60000), NULL);
+    }
+    return devices;
 }
 
 pid_t daemon_child_spawn(int (*fn)(void *), void *arg)

@@ -44,6 +44,12 @@ int daemon_ms(int ms);
  * in Check's fork mode. Returns as fork() (stdio is flushed first). */
 pid_t daemon_fork(void);
 
+/* CUDA devices visible here, asked in a child process (daemon_fork) so that the caller never
+ * initialises CUDA: a CUDA context does not survive fork(), and Check forks every case from
+ * main(), as e2e cases fork their clients. For the registration of device cases in main().
+ * The count (0 without CUDA or a device), or -1 when the probe died (print it as a skip). */
+int daemon_cuda_devices(void);
+
 #define DAEMON_KVCD KVC_BUILD_BIN "/kvcd"
 #define DAEMON_KVCCTL KVC_BUILD_BIN "/kvcctl"
 #define DAEMON_PATH_MAX 200
