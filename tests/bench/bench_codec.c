@@ -94,10 +94,14 @@ static size_t nrows;
 static void add(const char *name, double v, const char *unit, const char *baseline, double base,
                 double med, double base_med)
 {
-    if (bench_row_add(rows, sizeof(rows) / sizeof(rows[0]), &nrows, name, v, unit, baseline,
-                      base))
+    if (!bench_row_add(rows, sizeof(rows) / sizeof(rows[0]), &nrows, name, v, unit, baseline,
+                       base))
+        return;
+    if (baseline)
         printf("%-40s %9.3f %9.3f %-6s %-7s %9.1f %9.1f %6.3f\n", name, v, med, unit,
-               baseline ? baseline : "-", base, base_med, baseline ? v / base : 0.0);
+               baseline, base, base_med, v / base);
+    else
+        printf("%-40s %9.3f %9s %-6s\n", name, v, "", unit);
 }
 
 static int cmp_d(const void *a, const void *b)
