@@ -9,7 +9,7 @@
 # no longer in the tree is "not applied" and one that does not build "no build" (fix the
 # mutation). Prints the table mutation -> result and exits 0 only when every mutation was
 # killed. With names, only those mutations run. Deadlines scale with $KVC_TEST_SLOW.
-# Not part of make check: about 5-10 minutes on two cores.
+# Not part of make check: 2-5 minutes on two cores.
 set -u
 src=$(cd "$(dirname "$0")/../.." && pwd)
 work=$(mktemp -d /tmp/kvcd-mutation.XXXXXX)
