@@ -1,8 +1,10 @@
 # kvcd — top-level, non-recursive build.
 #
 #   make            build daemon, libkvc, kvcctl, demo (CUDA sources too when nvcc exists)
-#   make check      install missing deps, build with -Werror, run every suite, then again
-#                   under ASan+UBSan
+#   make check      install missing deps, build with -Werror, run every suite, every
+#                   benchmark once in a tiny configuration and each fuzz target for a few
+#                   seconds, then the suites again under ASan+UBSan
+#   make mutation   apply deliberate bugs to a copy of the tree; the suites must catch each
 #   make demo       start kvcd with defaults and run two engine processes sharing a prefix
 #   make bench      every benchmark; make bench-NAME runs tests/bench/bench_NAME.c
 #   make CUDA=0     build without nvcc;  make SAN=1  sanitizer build into build/asan
@@ -79,9 +81,15 @@ BENCH_BINS := $(patsubst tests/bench/%.c,$(B)/bench/%,$(BENCH_SRCS))
 BINS := $(B)/bin/kvcd $(B)/bin/kvcctl $(B)/bin/kvcreplay $(B)/bin/kvcsim $(B)/bin/kvc-demo
 LIBS := $(B)/lib/libkvcd.a $(B)/lib/libkvc.a $(B)/lib/libkvc.so
 
-.PHONY: all check check-run check-gpu deps demo bench clean tests config-ini fuzz
+.PHONY: all check check-run check-gpu deps demo bench benches clean tests config-ini fuzz \
+	fuzz-build fuzz-smoke mutation
 all: $(BINS) $(LIBS)
 tests: $(CHECK_BINS)
+benches: $(BENCH_BINS) $(B)/bin/kvcsim
+
+# Objects reached through pattern rules are intermediate to make; keep them, or every run
+# deletes the test and benchmark objects after linking and the next one rebuilds them.
+.SECONDARY:
 
 $(B)/obj/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
@@ -150,10 +158,14 @@ $(B)/bin/kvcsim: $(B)/obj/tests/bench/kvcsim.o $(B)/obj/tests/lib/sim.o $(B)/lib
 deps:
 	@sh etc/install-deps.sh
 
-# `make check`: deps, the normal build and suites, then the sanitizer build and suites.
+# `make check`: deps, the normal build and suites, every benchmark once with KVC_BENCH_SMOKE=1
+# and the fuzz targets for FUZZ_SMOKE_SECONDS each (so neither can rot), then the sanitizer
+# build and suites.
 check: deps
-	$(MAKE) all tests
+	$(MAKE) all tests benches
 	sh tests/run-checks.sh $(B) normal
+	sh tests/bench/smoke.sh $(B)
+	$(MAKE) --no-print-directory fuzz-smoke
 	$(MAKE) SAN=1 all tests
 	sh tests/run-checks.sh $(abspath build/asan) asan
 
@@ -183,17 +195,39 @@ bench-%: all $(B)/bench/bench_%
 	$(B)/bench/bench_$* $(TOP)/build/bench/$*.json
 
 # Fuzz targets (libFuzzer, clang): the protocol decoder and the config parser.
-# make fuzz FUZZ_SECONDS=60 runs each for that long; findings stop the run.
+# make fuzz FUZZ_SECONDS=60 runs each for that long; findings stop the run. make check runs
+# fuzz-smoke: both built and run FUZZ_SMOKE_SECONDS each, or a SKIP line without clang.
 FUZZ_SECONDS ?= 30
+FUZZ_SMOKE_SECONDS ?= 5
 FUZZ_FLAGS := -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -I$(TOP) \
 	$(PKG_CFLAGS)
-fuzz:
+FUZZ_PROTO_SRCS := tests/fuzz/fuzz_proto.c daemon/proto.c
+FUZZ_CONFIG_SRCS := tests/fuzz/fuzz_config.c daemon/config.c daemon/config_ns.c \
+	$(wildcard policies/*.c)
+fuzz-build:
 	@mkdir -p build/fuzz
-	clang $(FUZZ_FLAGS) tests/fuzz/fuzz_proto.c daemon/proto.c -o build/fuzz/fuzz_proto
-	clang $(FUZZ_FLAGS) tests/fuzz/fuzz_config.c daemon/config.c -o build/fuzz/fuzz_config \
-		$(shell pkg-config --libs inih)
+	clang $(FUZZ_FLAGS) $(FUZZ_PROTO_SRCS) -o build/fuzz/fuzz_proto
+	clang $(FUZZ_FLAGS) $(FUZZ_CONFIG_SRCS) -o build/fuzz/fuzz_config \
+		$(shell pkg-config --libs inih) -lm
+fuzz: fuzz-build
 	build/fuzz/fuzz_proto -max_total_time=$(FUZZ_SECONDS) -max_len=4096
 	build/fuzz/fuzz_config -max_total_time=$(FUZZ_SECONDS) -max_len=4096
+fuzz-smoke:
+	@if ! command -v clang >/dev/null 2>&1; then \
+		echo "SKIP: fuzz: clang is not installed: fuzz_proto and fuzz_config not built"; \
+	else \
+		$(MAKE) --no-print-directory -s fuzz-build || exit 1; \
+		for f in fuzz_proto fuzz_config; do \
+			build/fuzz/$$f -max_total_time=$(FUZZ_SMOKE_SECONDS) -max_len=4096 \
+				>build/fuzz/$$f.log 2>&1 || { cat build/fuzz/$$f.log; exit 1; }; \
+			echo "== fuzz-smoke $$f: $$(grep -o 'Done [0-9]* runs' build/fuzz/$$f.log)"; \
+		done; \
+	fi
+
+# Deliberate bugs applied to a copy of the tree, each of which the suites must catch
+# (tests/mutation/run.sh; prints mutation -> killed/survived). Not part of make check.
+mutation:
+	sh tests/mutation/run.sh
 
 # etc/kvcd.ini is generated from the option table; a check suite verifies it never drifts.
 config-ini: $(B)/bin/kvcd

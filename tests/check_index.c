@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "daemon/index.h"
+#include "tests/lib/daemon.h"
 
 static struct kvc_wire_key key_of(uint64_t i)
 {
@@ -99,7 +100,7 @@ int main(void)
 {
     Suite *s = suite_create("index");
     TCase *tc = tcase_create("index");
-    tcase_set_timeout(tc, 60);
+    tcase_set_timeout(tc, daemon_slow() * 60);
     tcase_add_test(tc, test_insert_find_remove);
     tcase_add_test(tc, test_random_against_model);
     tcase_add_test(tc, test_metadata_per_block);

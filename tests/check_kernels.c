@@ -2,9 +2,13 @@
  * check_kernels.c — the block codecs: every fast version against the reference.
  *
  * The reference is checked against hand-computed ggml blocks and an independent transcription
- * of ggml's quantize formulas; the AVX2 and CUDA versions must then give the reference's bytes
- * exactly (codes, scales, decoded values), and every codec must reconstruct within its
- * normalised error bound. CUDA cases are registered only when a device is found.
+ * of ggml's quantize formulas; every codec of the reference and of the AVX2 version, encoder
+ * and decoder, must give the bytes of a second implementation of the format that shares no
+ * code with kernels/ (tests/lib/kern_oracle.c), on ordinary data, on data that lands on
+ * rounding ties and on edge values; the AVX2 and CUDA versions must give the reference's
+ * bytes exactly (codes, scales, decoded values), and every codec must reconstruct within its
+ * normalised error bound. CUDA cases are registered only when a device is found; on a CPU
+ * without AVX2 the suite says SKIP for the vectorised code.
  */
 #include <check.h>
 #include <errno.h>
@@ -16,6 +20,8 @@
 
 #include "kernels/kern.h"
 #include "kernels/kern_fmt.h"
+#include "tests/lib/daemon.h"
+#include "tests/lib/kern_oracle.h"
 
 /* ---- data ---------------------------------------------------------------------------- */
 
@@ -684,8 +690,8 @@ START_TEST(test_edge_inputs_match_reference)
                                   1e-5f * fabsf(s1[2 * nc + q]) + 1e-30f);
                 }
                 for (uint32_t od = KERN_DTYPE_FP16; od <= KERN_DTYPE_BF16; od++) {
-                    kern_decode_ref(&lay, e1, (size_t)sz, d1, rs, od);
-                    kern_decode_cpu(&lay, e1, (size_t)sz, d2, rs, od);
+                    ck_assert_int_eq(kern_decode_ref(&lay, e1, (size_t)sz, d1, rs, od), (int64_t)rs);
+                    ck_assert_int_eq(kern_decode_cpu(&lay, e1, (size_t)sz, d2, rs, od), (int64_t)rs);
                     ck_assert_msg(memcmp(d1, d2, rs) == 0, "it %d codec %d: decode differs", it,
                                   c);
                 }
@@ -702,6 +708,185 @@ START_TEST(test_edge_inputs_match_reference)
 }
 END_TEST
 
+/* ---- expected bytes from a second implementation (tests/lib/kern_oracle.c) ------------- */
+
+/* The oracle's own conversions against the hardware (F16C) and the format's definitions. */
+START_TEST(test_oracle_scalars)
+{
+    uint64_t s = 5;
+    for (uint32_t h = 0; h < 0x10000; h++) {
+        float f = oracle_h2f((uint16_t)h);
+        if (f == f)
+            ck_assert_uint_eq(oracle_f2h(f), h);
+        ck_assert_uint_eq(oracle_f2h(f), f16c(f));
+    }
+    for (int it = 0; it < 200000; it++) {
+        uint32_t u = (uint32_t)rng_next(&s);
+        if (it % 2 == 0) /* the half range and its edges */
+            u = (u & 0x81ffffffu) | (0x33000000u + ((u >> 8) % 0x14800000u));
+        float f = kern_u2f(u);
+        ck_assert_uint_eq(oracle_f2h(f), f16c(f));
+        /* bf16: the upper half rounded to nearest even, by a wider computation */
+        if (f == f && fabsf(f) < 3e38f) {
+            uint32_t lo = u & 0xffff0000u, hi = lo + 0x10000u;
+            double dl = fabs((double)f - (double)kern_u2f(lo)),
+                   dh = fabs((double)kern_u2f(hi) - (double)f);
+            uint16_t want = (uint16_t)((dl < dh || (dl == dh && !(lo & 0x10000u)) ? lo : hi) >> 16);
+            ck_assert_uint_eq(oracle_f2bf(f), want);
+        }
+    }
+    /* E4M3: 0x08 = 2^-6, 0x7e = 448, ties to even, saturation */
+    ck_assert_float_eq(oracle_e4m3_value(0x08), 0.015625f);
+    ck_assert_float_eq(oracle_e4m3_value(0x7e), 448.0f);
+    ck_assert_float_eq(oracle_e4m3_value(0x01), 0.001953125f);
+    ck_assert_uint_eq(oracle_e4m3(17.0f), 0x58);
+    ck_assert_uint_eq(oracle_e4m3(19.0f), 0x5a);
+    ck_assert_uint_eq(oracle_e4m3(-1000.0f), 0xfe);
+    ck_assert_uint_eq(oracle_e4m3(-0.0f), 0x80);
+}
+END_TEST
+
+/* Offset of the first byte where a and b differ, or -1. */
+static long first_diff(const void *a, const void *b, size_t n)
+{
+    const uint8_t *x = a, *y = b;
+    for (size_t i = 0; i < n; i++)
+        if (x[i] != y[i])
+            return (long)i;
+    return -1;
+}
+
+/* Both encoders (with and without key statistics, which take different paths) must give
+ * the oracle's bytes and statistics; both decoders, and the oracle's, the same values from
+ * the oracle's block, in either output dtype. */
+static void oracle_check(const struct kern_layout *lay, const struct kern_recipe *rec,
+                         const void *raw, const char *what)
+{
+    uint64_t rs = kern_raw_size(lay), nlh = (uint64_t)lay->layers * lay->heads;
+    uint64_t nc = nlh * lay->head_dim;
+    float *os = malloc((2 * nc + nlh) * 4), *ks = malloc((2 * nc + nlh) * 4);
+    uint8_t *want = NULL;
+    int64_t sz = oracle_encode(lay, rec, raw, &want, os, os + nc, os + 2 * nc);
+    ck_assert_int_gt(sz, 0);
+    ck_assert_int_eq(kern_encoded_size(lay, rec), sz);
+    uint8_t *e = malloc((size_t)sz);
+    uint8_t *d0 = malloc(rs), *d1 = malloc(rs);
+    ck_assert(os && ks && e && d0 && d1);
+    for (int v = 0; v < 4; v++) {
+        int cpu = v & 1, stats = v >> 1;
+        struct kern_key_stats k = {ks, ks + nc, ks + 2 * nc};
+        memset(e, 0xa5, (size_t)sz);
+        memset(ks, 0xa5, (2 * nc + nlh) * 4);
+        int64_t r = cpu ? kern_encode_cpu(lay, rec, raw, e, (size_t)sz, stats ? &k : NULL)
+                        : kern_encode_ref(lay, rec, raw, e, (size_t)sz, stats ? &k : NULL);
+        ck_assert_int_eq(r, sz);
+        long at = first_diff(e, want, (size_t)sz);
+        ck_assert_msg(at < 0, "%s: %s encoder%s: byte %ld of %lld is 0x%02x, expected 0x%02x",
+                      what, cpu ? "cpu" : "ref", stats ? " with statistics" : "", at,
+                      (long long)sz, at < 0 ? 0 : e[at], at < 0 ? 0 : want[at]);
+        if (!stats)
+            continue;
+        ck_assert_msg(memcmp(ks, os, 2 * nc * 4) == 0, "%s: %s: key min/max differ", what,
+                      cpu ? "cpu" : "ref");
+        for (uint64_t i = 0; i < nlh; i++)
+            ck_assert_double_eq_tol(ks[2 * nc + i], os[2 * nc + i], 1e-5 * os[2 * nc + i] + 1e-30);
+    }
+    for (uint32_t od = KERN_DTYPE_FP16; od <= KERN_DTYPE_BF16; od++) {
+        memset(d0, 0x5a, rs);
+        oracle_decode(lay, rec, want, d0, od);
+        for (int cpu = 0; cpu < 2; cpu++) {
+            memset(d1, 0xa5, rs);
+            int64_t r = cpu ? kern_decode_cpu(lay, want, (size_t)sz, d1, rs, od)
+                            : kern_decode_ref(lay, want, (size_t)sz, d1, rs, od);
+            ck_assert_int_eq(r, (int64_t)rs);
+            long at = first_diff(d1, d0, rs);
+            ck_assert_msg(at < 0, "%s: %s decoder to %s: element %ld differs", what,
+                          cpu ? "cpu" : "ref", od == KERN_DTYPE_FP16 ? "fp16" : "bf16",
+                          at / 2);
+        }
+    }
+    free(os);
+    free(ks);
+    free(want);
+    free(e);
+    free(d0);
+    free(d1);
+}
+
+/* Blocks whose groups land on rounding ties: mode 1 makes every q8_0 group's amax 127
+ * (d = 1, halves are ties of roundf), mode 2 every group span [0, 15] (q4_1 and KIVI-4
+ * with unit steps, halves are ties of +0.5 and floor), mode 3 every head's amax 448 with
+ * the other values half-way between E4M3 codes (fp8 scale 1, ties to even); mode 4 the
+ * edge values (NaN, Inf, signed zeros, subnormals, huge bf16). */
+static void *tie_block(const struct kern_layout *lay, int mode, uint64_t seed)
+{
+    uint64_t n = kern_raw_size(lay) / 2, s = seed * 0x9e3779b97f4a7c15ull + 3;
+    uint16_t *b = malloc(n * 2);
+    ck_assert_ptr_nonnull(b);
+    for (uint64_t i = 0; i < n; i++) {
+        uint32_t d = (uint32_t)(i % lay->head_dim);
+        uint64_t r = rng_next(&s);
+        float x;
+        if (mode == 4) {
+            b[i] = edge_value(&s, lay->dtype, 2 + (int)(r % 3));
+            continue;
+        }
+        if (mode == 1)
+            x = d % 32 == 0 ? (r & 1 ? 127.0f : -127.0f) : (float)((int)(r % 255) - 127) * 0.5f;
+        else if (mode == 2)
+            x = d % 32 == 0 ? 0.0f : d % 32 == 1 ? 15.0f : (float)(r % 31) * 0.5f;
+        else if (i % ((uint64_t)lay->heads * lay->head_dim) == 0) /* token 0 of every row */
+            x = 448.0f;
+        else {
+            uint8_t c = (uint8_t)(r % 0x7e);
+            x = (oracle_e4m3_value(c) + oracle_e4m3_value((uint8_t)(c + 1))) * 0.5f;
+            x = (r >> 8) & 1 ? -x : x;
+        }
+        b[i] = lay->dtype == KERN_DTYPE_BF16 ? kern_f2bf(x) : kern_f2h(x);
+    }
+    return b;
+}
+
+START_TEST(test_codecs_match_oracle)
+{
+    uint32_t codec = (uint32_t)_i % KERN_CODEC_COUNT;
+    const struct shape *sh = &shapes[(uint32_t)_i / KERN_CODEC_COUNT];
+    struct kern_layout lay =
+        layout(sh->layers, sh->heads, sh->dim, sh->tokens, sh->dtype, sh->k_only);
+    struct kern_recipe rec;
+    char what[96];
+    kern_recipe_fill(&rec, codec, codec, 0);
+    for (int mode = 0; mode <= 4; mode++) {
+        void *raw = mode ? tie_block(&lay, mode, 500 + (uint64_t)_i)
+                         : make_block(&lay, 400 + (uint64_t)_i);
+        snprintf(what, sizeof(what), "%s, %ux%ux%ux%u %s%s, data %d", kern_codec_name(codec),
+                 lay.layers, lay.heads, lay.head_dim, lay.tokens,
+                 lay.dtype == KERN_DTYPE_FP16 ? "fp16" : "bf16", lay.k_only ? " K-only" : "",
+                 mode);
+        oracle_check(&lay, &rec, raw, what);
+        free(raw);
+    }
+}
+END_TEST
+
+/* Every codec on some layer, K and V different, raw layers with NaN/Inf. */
+START_TEST(test_recipe_mixed_matches_oracle)
+{
+    struct kern_layout lay = layout(8, 2, 96, 33, (uint32_t)(_i ? KERN_DTYPE_BF16 : KERN_DTYPE_FP16), 0);
+    struct kern_recipe rec;
+    kern_recipe_fill(&rec, KERN_CODEC_Q8_0, KERN_CODEC_Q8_0, 2);
+    for (uint32_t l = 2; l < 8; l++) {
+        rec.codec[l][0] = (uint8_t)(1 + (l - 2) % 6);
+        rec.codec[l][1] = (uint8_t)(1 + (l + 1) % 6);
+    }
+    uint16_t *raw = make_block(&lay, 6 + (uint64_t)_i);
+    raw[3] = lay.dtype == KERN_DTYPE_FP16 ? 0x7e01 : 0x7fc1;
+    raw[4] = lay.dtype == KERN_DTYPE_FP16 ? 0xfc00 : 0xff80;
+    oracle_check(&lay, &rec, raw, _i ? "mixed recipe bf16" : "mixed recipe fp16");
+    free(raw);
+}
+END_TEST
+
 static Suite *kernels_suite(void)
 {
     Suite *s = suite_create("kernels");
@@ -713,7 +898,7 @@ static Suite *kernels_suite(void)
     suite_add_tcase(s, tc);
 
     tc = tcase_create("cpu");
-    tcase_set_timeout(tc, 120);
+    tcase_set_timeout(tc, daemon_slow() * 120);
     tcase_add_loop_test(tc, test_codec_roundtrip, 0, (int)(KERN_CODEC_COUNT * NSHAPES));
     tcase_add_test(tc, test_encoded_sizes);
     tcase_add_test(tc, test_recipe_mixed);
@@ -723,13 +908,24 @@ static Suite *kernels_suite(void)
     tcase_add_test(tc, test_edge_inputs_match_reference);
     suite_add_tcase(s, tc);
 
-    if (kern_cuda_device_count() > 0) {
+    tc = tcase_create("oracle");
+    tcase_set_timeout(tc, daemon_slow() * 120);
+    tcase_add_test(tc, test_oracle_scalars);
+    tcase_add_loop_test(tc, test_codecs_match_oracle, 0, (int)(KERN_CODEC_COUNT * NSHAPES));
+    tcase_add_loop_test(tc, test_recipe_mixed_matches_oracle, 0, 2);
+    suite_add_tcase(s, tc);
+    if (!(kern_supports() & KERN_SUPPORT_CPU_AVX2))
+        printf("SKIP: check_kernels: avx2: this CPU lacks AVX2+F16C, so kern_*_cpu is the "
+               "reference and no vectorised code is tested\n");
+
+    if (daemon_cuda_devices() > 0) { /* asked in a child: CUDA starts in the cases only */
         tc = tcase_create("cuda");
-        tcase_set_timeout(tc, 120);
+        tcase_set_timeout(tc, daemon_slow() * 120);
         tcase_add_loop_test(tc, test_cuda_matches_ref, 0, (int)(KERN_CODEC_COUNT * NSHAPES));
         suite_add_tcase(s, tc);
     } else {
-        printf("SKIP: check_kernels: cuda: no device\n");
+        printf("SKIP: check_kernels: cuda: %s\n",
+               daemon_cuda_devices() < 0 ? "the CUDA probe died" : "no device");
     }
     return s;
 }

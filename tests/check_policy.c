@@ -5,6 +5,7 @@
 #include <check.h>
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "policies/policy.h"
 
@@ -170,6 +171,8 @@ START_TEST(test_decide_properties)
     static const uint8_t good_plan[4] = { POLICY_CODEC_RAW, POLICY_CODEC_RAW, POLICY_CODEC_Q8,
                                           POLICY_CODEC_Q8 };
     struct policy_params p;
+    uint32_t seen[POLICY_KIND_COUNT][POLICY_ACTION_DROP + 1];
+    memset(seen, 0, sizeof(seen));
     policy_params_init(&p);
     srand(7);
     for (int round = 0; round < 300; round++) {
@@ -201,6 +204,8 @@ START_TEST(test_decide_properties)
             ck_assert_uint_le(m, 32);
             for (size_t i = 0; i < m; i++) {
                 const struct policy_block *o = &orig[a[i].id];
+                ck_assert_uint_le(a[i].action, POLICY_ACTION_DROP);
+                seen[k][a[i].action]++;
                 ck_assert(!(o->flags & POLICY_BLOCK_PINNED));
                 ck_assert(pr.actions & (1u << a[i].action));
                 if (a[i].action == POLICY_ACTION_DROP)
@@ -214,6 +219,11 @@ START_TEST(test_decide_properties)
             }
         }
     }
+    /* the properties held over real decisions: every policy quantized, offloaded and dropped */
+    for (int k = 0; k < POLICY_KIND_COUNT; k++)
+        for (int act = POLICY_ACTION_QUANTIZE; act <= POLICY_ACTION_DROP; act++)
+            ck_assert_msg(seen[k][act] > 0, "policy %s never chose action %d",
+                          policy_name((enum policy_kind)k), act);
 }
 END_TEST
 

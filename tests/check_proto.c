@@ -9,6 +9,7 @@
 
 #include "daemon/proto.h"
 #include "policies/policy.h"
+#include "tests/lib/daemon.h"
 
 static uint64_t buf[(KVC_PROTO_MAX_MSG + 64) / 8];
 
@@ -339,7 +340,7 @@ int main(void)
     Suite *s = suite_create("proto");
     TCase *tc = tcase_create("proto");
     keys_init();
-    tcase_set_timeout(tc, 60);
+    tcase_set_timeout(tc, daemon_slow() * 60);
     tcase_add_test(tc, test_every_opcode_accepted);
     tcase_add_test(tc, test_garbage_closes);
     tcase_add_test(tc, test_bad_payload_replies);

@@ -1,19 +1,31 @@
 /*
  * bench_disk.c — disk-tier write and read throughput (whole records: header, data, XXH3,
  * verification on read) for 256 KiB and 2 MiB blocks at queue depth 1, 8 and 32, beside fio
- * (ioengine=io_uring, direct=1, same file system, block size and depth) run here, as a ratio;
+ * (ioengine=io_uring, direct=1, same file, block size and depth) run here, as a ratio;
  * then the latency of reading one block back into the arena (what a promoting lookup waits
  * for), p50 and p99; then a whole lookup that promotes one block from disk through a real
  * kvcd over its socket (kvc_lookup waiting for the read), p50 and p99, beside a lookup of a
  * block in memory, raw and with disk.compress=1 on fp16-like data. Usage: bench_disk OUT.json
- * [DIR] (DIR defaults to $KVC_BENCH_DIR or /var/tmp; it must take O_DIRECT). The benchmark
- * sleeps on the tier's eventfd between completions, as the daemon's loop does (the tier's
- * worker threads need the CPU a spinning loop would take). Records are written as the
- * daemon's demotions write them (encode on a worker, then place and write) from, and read
- * into, every slot of a 128 MiB arena in turn. Queue depth is the tier's queue_depth: the
- * records on the device at once, as fio's iodepth. kvcd and fio take turns on the same
- * file, KVC_BENCH_ROUNDS (5) times, and each side's best round counts;
- * KVC_BENCH_ONLY="256k qd8" runs that case alone.
+ * [DIR] (DIR defaults to $KVC_BENCH_DIR or /var/tmp; it must take O_DIRECT).
+ *
+ * DESIGN
+ * What is measured is what the daemon runs: records move between the disk and an arena made
+ * by tiers/host.c exactly as the daemon makes its host arena (a memfd, host.page_size and
+ * host.hugepages as configured: $KVC_BENCH_PAGE_SIZE, default 2m, and
+ * $KVC_BENCH_HUGEPAGES=auto|on|off, default auto as the daemon's; prefaulted), registered
+ * with the tier as fixed buffers as the daemon registers it. The output and every case name
+ * say what the arena got: hugetlb pages, transparent huge pages, or 4 KiB pages ("[4k]"),
+ * which on a host with shmem THP off (Debian's default) and no reserved hugetlb pages is
+ * what the daemon has. Records are written as the daemon's demotions write them (encode on
+ * a worker, then place and write) from, and read into, every slot of the arena in turn;
+ * the benchmark sleeps on the tier's eventfd between completions, as the daemon's loop does.
+ * Queue depth is the tier's queue_depth: the records on the device at once, as fio's
+ * iodepth. kvcd and fio take turns on the same file, KVC_BENCH_ROUNDS (5) times, and each
+ * side's best round counts; KVC_BENCH_ONLY="256k qd8" runs that case alone.
+ * Any error inside a timed case (a request or an encode that failed, fio missing or
+ * failing, the tier falling back to buffered I/O) fails the run: its exit status is 1 and
+ * the case has no row. KVC_BENCH_SMOKE=1: 256 KiB at depth 1 and 8, 8 MiB per case, one
+ * round, short latency runs.
  */
 #include <errno.h>
 #include <poll.h>
@@ -27,16 +39,19 @@
 #include "tests/lib/bench.h"
 #include "tests/lib/daemon.h"
 #include "tiers/disk.h"
+#include "tiers/host.h"
 
 #define MiB (1024ull * 1024)
-#define ARENA (128 * MiB)
-#define PER_CASE (getenv("KVC_BENCH_QUICK") ? 64 * MiB : 512 * MiB)
+#define ARENA (bench_smoke() ? 16 * MiB : 128 * MiB)
+#define PER_CASE                                                                               \
+    (bench_smoke() ? 8 * MiB : getenv("KVC_BENCH_QUICK") ? 64 * MiB : 512 * MiB)
 
 static struct bench_row res[64];
 static size_t nres;
-static uint8_t *arena, *arena4k; /* 128 MiB each: on huge pages where the kernel gives them,
-                                    and on 4 KiB pages */
+static uint8_t *arena; /* the host tier's mapping, ARENA bytes */
+static char arena_tag[16]; /* "hugetlb", "thp", "4k": what the arena's pages are */
 static uint64_t inflight;
+static int errors; /* requests or encodes that failed in the case running */
 static char phase[64]; /* the case running, for error lines */
 
 /* Runs completions, or sleeps until some may be ready. */
@@ -48,18 +63,37 @@ static void reap(struct tier *t)
     }
 }
 
-/* AnonHugePages of this process, KiB. */
-static uint64_t anon_huge_kib(void)
+/* A "Name: N kB" line of a /proc file, KiB (0 when absent). */
+static uint64_t proc_kib(const char *file, const char *name)
 {
     char line[256];
-    uint64_t kib = 0;
-    FILE *f = fopen("/proc/self/smaps_rollup", "r");
+    unsigned long long kib = 0;
+    size_t nl = strlen(name);
+    FILE *f = fopen(file, "r");
     while (f && fgets(line, sizeof(line), f))
-        if (sscanf(line, "AnonHugePages: %llu", (unsigned long long *)&kib) == 1)
+        if (strncmp(line, name, nl) == 0 && line[nl] == ':' &&
+            sscanf(line + nl + 1, "%llu", &kib) == 1)
             break;
     if (f)
         fclose(f);
     return kib;
+}
+
+/* The bracketed setting of a sysfs choice ("always [advise] never" -> "advise"). */
+static void sysfs_choice(const char *file, char *out, size_t len)
+{
+    char line[256] = "";
+    FILE *f = fopen(file, "r");
+    snprintf(out, len, "unknown");
+    if (f && fgets(line, sizeof(line), f)) {
+        char *a = strchr(line, '['), *b = a ? strchr(a, ']') : NULL;
+        if (a && b) {
+            *b = 0;
+            snprintf(out, len, "%s", a + 1);
+        }
+    }
+    if (f)
+        fclose(f);
 }
 
 static double now_s(void)
@@ -72,8 +106,10 @@ static double now_s(void)
 static void done_cb(void *arg, int status)
 {
     (void)arg;
-    if (status)
-        fprintf(stderr, "bench_disk: %s: request failed (%s)\n", phase, strerror(-status));
+    if (status) {
+        bench_fail("disk: %s: request failed (%s)", phase, strerror(-status));
+        errors++;
+    }
     inflight--;
 }
 
@@ -92,55 +128,76 @@ static void encoded_cb(void *arg, struct tier_disk_rec *r, int status)
         status = -ENOSPC;
     }
     if (status) {
-        fprintf(stderr, "bench_disk: %s: encode failed (%s)\n", phase, strerror(-status));
+        bench_fail("disk: %s: encode failed (%s)", phase, strerror(-status));
+        errors++;
         inflight--;
         return;
     }
-    if (tier_disk_rec_put(w->t, w->loc, r, done_cb, NULL))
+    int rc = tier_disk_rec_put(w->t, w->loc, r, done_cb, NULL);
+    if (rc) {
+        bench_fail("disk: %s: write refused (%s)", phase, strerror(-rc));
+        errors++;
         inflight--;
+    }
 }
 
 /* Writes n records of bs bytes into freshly allocated locations, as fast as the tier takes
- * them (its queue_depth bounds the requests on the device); returns the seconds it took. */
+ * them (its queue_depth bounds the requests on the device); returns the seconds it took, or
+ * -1 when anything failed (reported). */
 static double write_pass(struct tier *t, struct tier_loc *locs, uint64_t n, uint64_t bs,
                          const uint8_t *base)
 {
     struct tier_disk_meta m = {.len = bs};
     struct wrec *w = calloc(n, sizeof(*w));
     double t0 = now_s(), dt;
-    for (uint64_t i = 0; i < n; i++) {
+    int rc;
+    errors = 0;
+    for (uint64_t i = 0; i < n && !errors; i++) {
         m.key[0] = i + 1;
         w[i] = (struct wrec){.t = t, .loc = &locs[i]};
-        while (tier_disk_encode(t, &m, base + (i % (ARENA / bs)) * bs, 0, 0, encoded_cb, &w[i]) ==
-               -EAGAIN)
+        while ((rc = tier_disk_encode(t, &m, base + (i % (ARENA / bs)) * bs, 0, 0, encoded_cb,
+                                      &w[i])) == -EAGAIN)
             reap(t);
+        if (rc) {
+            bench_fail("disk: %s: encode refused (%s)", phase, strerror(-rc));
+            errors++;
+            break;
+        }
         inflight++;
     }
     tier_disk_drain(t);
     dt = now_s() - t0;
     free(w);
-    return dt;
+    return errors ? -1 : dt;
 }
 
 /* Reads the n records back in order, as fast as the tier takes them (each verified);
- * returns the seconds. */
+ * returns the seconds, or -1 when anything failed (reported). */
 static double read_pass(struct tier *t, const struct tier_loc *locs, uint64_t n, uint64_t bs,
                         uint8_t *base)
 {
     struct tier_disk_meta m = {.len = bs};
     double t0 = now_s();
-    for (uint64_t i = 0; i < n; i++) {
+    int rc;
+    errors = 0;
+    for (uint64_t i = 0; i < n && !errors; i++) {
         m.key[0] = i + 1;
-        while (tier_disk_get(t, &locs[i], &m, base + (i % (ARENA / bs)) * bs, bs, done_cb, NULL) ==
-               -EAGAIN)
+        while ((rc = tier_disk_get(t, &locs[i], &m, base + (i % (ARENA / bs)) * bs, bs,
+                                   done_cb, NULL)) == -EAGAIN)
             reap(t);
+        if (rc) {
+            bench_fail("disk: %s: read refused (%s)", phase, strerror(-rc));
+            errors++;
+            break;
+        }
         inflight++;
     }
     tier_disk_drain(t);
-    return now_s() - t0;
+    return errors ? -1 : now_s() - t0;
 }
 
-/* fio's bandwidth in bytes/s for one job over size bytes of file from offset, or 0. */
+/* fio's bandwidth in bytes/s for one job over size bytes of file from offset, or 0 (then
+ * reported: fio failed, and the run fails). */
 static double fio_bw(const char *file, uint64_t offset, const char *rw, uint64_t bs, int qd,
                      uint64_t size)
 {
@@ -166,15 +223,22 @@ static double fio_bw(const char *file, uint64_t offset, const char *rw, uint64_t
         if (in_dir && at && bw == 0)
             bw = strtod(strchr(at, ':') + 1, NULL);
     }
-    pclose(p);
-    return bw;
+    int st = pclose(p);
+    if (st != 0 || !(bw > 0))
+        bench_fail("disk: fio %s bs=%llu iodepth=%d failed (status %d, %g bytes/s)", rw,
+                   (unsigned long long)bs, qd, st, bw);
+    return st == 0 ? bw : 0;
 }
 
 static void add(const char *name, double v, const char *unit, const char *baseline, double base)
 {
-    bench_row_add(res, sizeof(res) / sizeof(res[0]), &nres, name, v, unit, baseline, base);
-    printf("%-34s %10.1f %-6s  %-22s %10.1f  ratio %.3f\n", name, v, unit, baseline, base,
-           base > 0 ? v / base : 0);
+    if (!bench_row_add(res, sizeof(res) / sizeof(res[0]), &nres, name, v, unit, baseline, base))
+        return;
+    if (baseline)
+        printf("%-40s %10.1f %-6s  %-22s %10.1f  ratio %.3f\n", name, v, unit, baseline, base,
+               v / base);
+    else
+        printf("%-40s %10.1f %-6s\n", name, v, unit);
 }
 
 static int cmp_d(const void *a, const void *b)
@@ -198,9 +262,10 @@ static void lookup_bench(const char *dir, uint64_t bs, bool compress)
     struct kvc_layout lay = {.model_id = "bench/disk", .layers = 4, .kv_heads = 4,
                              .head_dim = 128, .block_tokens = tokens,
                              .dtype = KVC_DTYPE_FP16, .kv_kind = KVC_KV_KIND_KV};
-    enum { NB = 160 };
-    static struct kvc_key keys[NB];
-    double disk_lat[NB], mem_lat[NB];
+    enum { NB_MAX = 160 };
+    const int NB = bench_smoke() ? 40 : NB_MAX;
+    static struct kvc_key keys[NB_MAX];
+    double disk_lat[NB_MAX], mem_lat[NB_MAX];
     int nd = 0, nm = 0;
     kvc_client *c = NULL;
     kvc_ns *ns = NULL;
@@ -209,11 +274,11 @@ static void lookup_bench(const char *dir, uint64_t bs, bool compress)
     snprintf(o_host, sizeof(o_host), "host.size=%llum", (unsigned long long)(bs * 64 / MiB));
     snprintf(o_page, sizeof(o_page), "disk.page=%llum", (unsigned long long)(bs * 8 / MiB));
     if (daemon_start(&d, args) || kvc_connect(d.sock, &c) || kvc_ns_open(c, &lay, &ns)) {
-        fprintf(stderr, "bench_disk: cannot start kvcd for the lookup case\n");
+        bench_fail("disk: cannot start kvcd for the lookup case");
         goto out;
     }
     uint8_t *buf = malloc(bs);
-    for (int i = 0; i < NB; i++) {
+    for (int i = 0; i < NB && buf; i++) {
         const void *p = buf;
         uint64_t x = (uint64_t)i * 0x9e3779b97f4a7c15ull + 1;
         daemon_chain_keys(ns, (uint32_t)i, 0, 0, 1, &keys[i]);
@@ -224,7 +289,13 @@ static void lookup_bench(const char *dir, uint64_t bs, bool compress)
             buf[j] = (uint8_t)x;
             buf[j + 1] = (uint8_t)(0x3c | ((x >> 8) & 3));
         }
-        kvc_put_prefix(ns, NULL, &keys[i], 1, &p);
+        int rc = kvc_put_prefix(ns, NULL, &keys[i], 1, &p);
+        if (rc < 0) {
+            bench_fail("disk: lookup %lluk: put: %s", (unsigned long long)(bs >> 10),
+                       kvc_strerror(rc));
+            free(buf);
+            goto out;
+        }
         usleep(2000); /* an engine's prefill is slower than the disk */
     }
     free(buf);
@@ -247,6 +318,11 @@ static void lookup_bench(const char *dir, uint64_t bs, bool compress)
         double t0 = now_s();
         int h = kvc_lookup(ns, &keys[i], 1, 0, &l);
         double us = (now_s() - t0) * 1e6;
+        if (h < 0) {
+            bench_fail("disk: lookup %lluk: %s", (unsigned long long)(bs >> 10),
+                       kvc_strerror(h));
+            goto out;
+        }
         if (h == 1 && tier == 2)
             disk_lat[nd++] = us;
         kvc_release(l);
@@ -260,7 +336,7 @@ static void lookup_bench(const char *dir, uint64_t bs, bool compress)
         }
         usleep(5000); /* room is made again (demotion) between lookups */
     }
-    if (nd >= 10 && nm >= 10) {
+    if (nd >= 10 && nm >= 10 && !bench_failed()) {
         qsort(disk_lat, (size_t)nd, sizeof(double), cmp_d);
         qsort(mem_lat, (size_t)nm, sizeof(double), cmp_d);
         const char *z = compress ? " zstd-1" : "";
@@ -269,9 +345,9 @@ static void lookup_bench(const char *dir, uint64_t bs, bool compress)
         snprintf(name, sizeof(name), "lookup promote %lluk%s p99", (unsigned long long)(bs >> 10), z);
         add(name, disk_lat[nd * 99 / 100], "us", "lookup in memory p99", mem_lat[nm * 99 / 100]);
         printf("  (%d promoting lookups, %d in memory)\n", nd, nm);
-    } else {
-        fprintf(stderr, "bench_disk: lookup %lluk: %d on disk, %d in memory: too few\n",
-                (unsigned long long)(bs >> 10), nd, nm);
+    } else if (!bench_failed()) {
+        bench_fail("disk: lookup %lluk: %d on disk, %d in memory: too few to measure",
+                   (unsigned long long)(bs >> 10), nd, nm);
     }
 out:
     if (c)
@@ -282,36 +358,102 @@ out:
     unlink(o_path);
 }
 
+/* The daemon's arena (tiers/host.c) as configured; its page kind into arena_tag. */
+static struct tier *arena_new(void)
+{
+    const char *hp = getenv("KVC_BENCH_HUGEPAGES"), *ps = getenv("KVC_BENCH_PAGE_SIZE");
+    struct tier_host_config hc = {
+        .name = "kvcd-bench-arena",
+        .size = ARENA,
+        .page_size = ps ? strtoull(ps, NULL, 0) : 2 * MiB,
+        .huge = !hp || strcmp(hp, "auto") == 0 ? TIER_HOST_HUGE_AUTO
+                : strcmp(hp, "on") == 0        ? TIER_HOST_HUGE_ON
+                                               : TIER_HOST_HUGE_OFF,
+        .prefault = true,
+    };
+    char thp[32];
+    int err = 0;
+    uint64_t shmem0 = proc_kib("/proc/self/smaps_rollup", "ShmemPmdMapped");
+    struct tier *t = tier_host_new(&hc, &err);
+    if (!t) {
+        bench_fail("disk: the arena (host tier, %s pages): %s", hp ? hp : "auto",
+                   strerror(-err));
+        return NULL;
+    }
+    arena = tier_host_base(t);
+    uint64_t pmd = proc_kib("/proc/self/smaps_rollup", "ShmemPmdMapped") - shmem0;
+    sysfs_choice("/sys/kernel/mm/transparent_hugepage/shmem_enabled", thp, sizeof(thp));
+    snprintf(arena_tag, sizeof(arena_tag), "%s",
+             tier_host_hugetlb(t) ? "hugetlb" : pmd * 1024 >= ARENA / 2 ? "thp" : "4k");
+    printf("arena: the daemon's host arena (tiers/host.c memfd), %llu MiB, allocator page "
+           "%llu KiB, host.hugepages=%s: %s (hugetlb %s; shmem THP '%s', %llu MiB mapped "
+           "huge)\n",
+           (unsigned long long)(ARENA / MiB), (unsigned long long)(hc.page_size >> 10),
+           hp ? hp : "auto",
+           !strcmp(arena_tag, "hugetlb") ? "hugetlb pages"
+           : !strcmp(arena_tag, "thp")   ? "transparent huge pages"
+                                         : "4 KiB pages",
+           tier_host_hugetlb(t) ? "yes" : "no", thp, (unsigned long long)(pmd >> 10));
+    return t;
+}
+
+/* A disk tier on path with the arena registered as the daemon registers it; NULL after a
+ * reported failure. */
+static struct tier *disk_new(const struct tier_disk_config *cfg, const char *path)
+{
+    struct tier_disk_stats st;
+    int err = 0;
+    unlink(path);
+    struct tier *t = tier_disk_new(cfg, &err);
+    if (!t) {
+        bench_fail("disk: %s: %s", path, strerror(-err));
+        return NULL;
+    }
+    tier_disk_stats_get(t, &st);
+    if (st.buffered) {
+        bench_fail("disk: %s refuses O_DIRECT: buffered I/O is not what is measured "
+                   "(set KVC_BENCH_DIR)", path);
+        tier_destroy(t);
+        return NULL;
+    }
+    err = tier_disk_buffers_register(t, arena, ARENA);
+    if (err)
+        printf("note: the arena is not registered as fixed buffers (%s): requests pin pages "
+               "as the daemon's then do\n", strerror(-err));
+    return t;
+}
+
+static int fio_present(void)
+{
+    return system("fio --version >/dev/null 2>&1") == 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *dir = argc > 2 ? argv[2] : getenv("KVC_BENCH_DIR") ? getenv("KVC_BENCH_DIR")
                                                                      : "/var/tmp";
     const uint64_t sizes[2] = {256 * 1024, 2 * MiB};
     const int qds[3] = {1, 8, 32};
-    const int rounds = getenv("KVC_BENCH_ROUNDS") ? atoi(getenv("KVC_BENCH_ROUNDS")) : 5;
+    const int nsizes = bench_smoke() ? 1 : 2, nqds = bench_smoke() ? 2 : 3;
+    const int rounds = bench_smoke()                ? 1
+                       : getenv("KVC_BENCH_ROUNDS") ? atoi(getenv("KVC_BENCH_ROUNDS"))
+                                                    : 5;
     char path[512];
-    int err;
     if (argc < 2) {
         fprintf(stderr, "usage: bench_disk OUT.json [DIR]\n");
         return 2;
     }
     snprintf(path, sizeof(path), "%s/kvcd-bench-disk.kvc", dir);
-    /* The daemon's arena is on huge pages where the host has them (hugetlb, or transparent
-     * huge pages for shared memory): a block is then a few physically contiguous segments
-     * of a request instead of one per 4 KiB page. The main cases use such an arena (here
-     * anonymous memory with transparent huge pages); the "4k-pages" cases an arena of
-     * small pages, as a daemon on a host without huge pages has. */
-    arena = aligned_alloc(2 * MiB, ARENA);
-    arena4k = aligned_alloc(2 * MiB, ARENA);
-    madvise(arena, ARENA, MADV_HUGEPAGE);
-    madvise(arena4k, ARENA, MADV_NOHUGEPAGE);
-    for (uint64_t i = 0; i < ARENA; i += 8)
-        *(uint64_t *)(arena + i) = *(uint64_t *)(arena4k + i) = i * 0x9e3779b97f4a7c15ull;
-    printf("arena: %llu of %llu MiB on huge pages (AnonHugePages)\n",
-           (unsigned long long)(anon_huge_kib() / 1024), (unsigned long long)(ARENA / MiB));
-    printf("%-34s %10s %-6s  %-22s %10s\n", "case", "value", "unit", "baseline", "value");
-    for (int si = 0; si < 2; si++) {
-        for (int qi = 0; qi < 3; qi++) {
+    struct tier *host = arena_new();
+    if (!host)
+        return bench_finish(argv[1], res, nres);
+    int fio = fio_present();
+    if (!fio && !getenv("KVC_BENCH_LOOKUP_ONLY"))
+        bench_fail("disk: fio is not installed (etc/install-deps.sh): the throughput cases "
+                   "have no baseline");
+    printf("%-40s %10s %-6s  %-22s %10s\n", "case", "value", "unit", "baseline", "value");
+    for (int si = 0; si < nsizes && fio; si++) {
+        for (int qi = 0; qi < nqds; qi++) {
             uint64_t bs = sizes[si];
             int qd = qds[qi];
             char tag[32];
@@ -322,121 +464,127 @@ int main(int argc, char **argv)
             struct tier_disk_config cfg = {.paths = {path},
                                            .npaths = 1,
                                            .size = PER_CASE + 64 * MiB,
-                                           .page_size = 64 * MiB,
+                                           .page_size = bench_smoke() ? 4 * MiB : 64 * MiB,
                                            .queue_depth = (uint32_t)qd};
-            struct tier *t;
             uint64_t n = PER_CASE / bs;
             struct tier_loc *locs = calloc(n, sizeof(*locs));
-            double wbw = 0, rbw = 0, wbw_4k = 0, rbw_4k = 0, fw = 0, fr = 0;
-            char name[64];
-            unlink(path);
-            t = tier_disk_new(&cfg, &err);
-            if (!t) {
-                fprintf(stderr, "bench_disk: %s: %s\n", path, strerror(-err));
-                return 1;
+            double wbw = 0, rbw = 0, fw = 0, fr = 0;
+            int ok = 1;
+            char name[96];
+            struct tier *t = disk_new(&cfg, path);
+            if (!t || !locs) {
+                free(locs);
+                goto done;
             }
-            tier_disk_buffers_register(t, arena, ARENA);
-            snprintf(phase, sizeof(phase), "write %llu qd%d", (unsigned long long)bs, qd);
+            snprintf(phase, sizeof(phase), "write %s", tag);
             /* Steady state, as a daemon that reuses its pages sees it: a first, untimed pass
              * converts the file's unwritten extents; its records are freed and the timed
              * passes reuse the same pages (and fio overwrites the same extents). On ext4 a
              * first write costs about a third more than an overwrite. */
-            write_pass(t, locs, n, bs, arena);
+            ok = write_pass(t, locs, n, bs, arena) > 0;
             /* The drive's speed drifts by half between seconds here (fio alone: 1.4 to
              * 2.9 GB/s for one command): kvcd and fio take turns, and each side's best
              * round counts. */
-            for (int r = 0; r < rounds; r++) {
+            for (int r = 0; r < rounds && ok; r++) {
                 for (uint64_t i = 0; i < n; i++)
                     t->ops->free(t, &locs[i]);
-                double w = (double)(n * bs) / write_pass(t, locs, n, bs, arena);
-                snprintf(phase, sizeof(phase), "read %llu qd%d", (unsigned long long)bs, qd);
-                double rd = (double)(n * bs) / read_pass(t, locs, n, bs, arena);
-                for (uint64_t i = 0; i < n; i++)
-                    t->ops->free(t, &locs[i]);
-                snprintf(phase, sizeof(phase), "write %llu qd%d 4k", (unsigned long long)bs, qd);
-                double w4 = (double)(n * bs) / write_pass(t, locs, n, bs, arena4k);
-                snprintf(phase, sizeof(phase), "read %llu qd%d 4k", (unsigned long long)bs, qd);
-                double r4 = (double)(n * bs) / read_pass(t, locs, n, bs, arena4k);
+                snprintf(phase, sizeof(phase), "write %s", tag);
+                double wt = write_pass(t, locs, n, bs, arena);
+                snprintf(phase, sizeof(phase), "read %s", tag);
+                double rt = wt > 0 ? read_pass(t, locs, n, bs, arena) : -1;
                 /* fio on the same file, past the superblock: the same extents kvcd
                  * just wrote and read (kvcd rewrites them in its next round). */
-                double f1 = fio_bw(path, TIER_DISK_SB, "write", bs, qd, PER_CASE);
-                double f2 = fio_bw(path, TIER_DISK_SB, "read", bs, qd, PER_CASE);
+                double f1 = rt > 0 ? fio_bw(path, TIER_DISK_SB, "write", bs, qd, PER_CASE) : 0;
+                double f2 = f1 > 0 ? fio_bw(path, TIER_DISK_SB, "read", bs, qd, PER_CASE) : 0;
+                ok = wt > 0 && rt > 0 && f1 > 0 && f2 > 0;
+                if (!ok)
+                    break;
+                double w = (double)(n * bs) / wt, rd = (double)(n * bs) / rt;
                 wbw = w > wbw ? w : wbw;
-                wbw_4k = w4 > wbw_4k ? w4 : wbw_4k;
-                rbw_4k = r4 > rbw_4k ? r4 : rbw_4k;
                 rbw = rd > rbw ? rd : rbw;
                 fw = f1 > fw ? f1 : fw;
                 fr = f2 > fr ? f2 : fr;
             }
-            snprintf(name, sizeof(name), "write %lluk qd%d", (unsigned long long)(bs >> 10), qd);
-            add(name, wbw / MiB, "MiB/s", "fio write", fw / MiB);
-            snprintf(name, sizeof(name), "read %lluk qd%d", (unsigned long long)(bs >> 10), qd);
-            add(name, rbw / MiB, "MiB/s", "fio read", fr / MiB);
-            snprintf(name, sizeof(name), "write %lluk qd%d 4k-pages", (unsigned long long)(bs >> 10), qd);
-            add(name, wbw_4k / MiB, "MiB/s", "fio write", fw / MiB);
-            snprintf(name, sizeof(name), "read %lluk qd%d 4k-pages", (unsigned long long)(bs >> 10), qd);
-            add(name, rbw_4k / MiB, "MiB/s", "fio read", fr / MiB);
+            if (ok) {
+                snprintf(name, sizeof(name), "write %s [%s]", tag, arena_tag);
+                add(name, wbw / MiB, "MiB/s", "fio write", fw / MiB);
+                snprintf(name, sizeof(name), "read %s [%s]", tag, arena_tag);
+                add(name, rbw / MiB, "MiB/s", "fio read", fr / MiB);
+            }
             tier_destroy(t);
             free(locs);
         }
     }
     /* One block read back at a time: the disk part of a promoting lookup. */
-    for (int si = 0; si < 2 && !getenv("KVC_BENCH_ONLY"); si++) {
+    for (int si = 0; si < nsizes && !getenv("KVC_BENCH_ONLY"); si++) {
         uint64_t bs = sizes[si];
         struct tier_disk_config cfg = {.paths = {path},
                                        .npaths = 1,
                                        .size = 512 * MiB, /* 200 records of either size */
                                        .page_size = 64 * MiB,
                                        .queue_depth = 8};
-        struct tier *t;
-        enum { N = 200 };
-        struct tier_loc locs[N];
-        double lat[N];
+        enum { N_MAX = 200 };
+        const int N = bench_smoke() ? 20 : N_MAX;
+        struct tier_loc locs[N_MAX];
+        double lat[N_MAX];
         struct tier_disk_meta m = {.len = bs};
-        char name[64];
-        unlink(path);
-        t = tier_disk_new(&cfg, &err);
-        tier_disk_buffers_register(t, arena, ARENA);
+        char name[96];
+        int rc = 0;
+        struct tier *t = disk_new(&cfg, path);
+        if (!t)
+            goto done;
         snprintf(phase, sizeof(phase), "promote write %llu", (unsigned long long)bs);
-        for (int i = 0; i < N; i++) {
+        errors = 0;
+        for (int i = 0; i < N && !rc && !errors; i++) {
             m.key[0] = (uint64_t)i + 1;
             if (t->ops->alloc(t, bs, &locs[i])) {
-                fprintf(stderr, "bench_disk: %s: the disk is full\n", phase);
-                return 1;
+                bench_fail("disk: %s: the disk is full", phase);
+                rc = -ENOSPC;
+                break;
             }
-            while (tier_disk_put(t, &locs[i], &m, arena, done_cb, NULL) == -EAGAIN)
+            while ((rc = tier_disk_put(t, &locs[i], &m, arena, done_cb, NULL)) == -EAGAIN)
                 reap(t);
-            inflight++;
+            if (!rc)
+                inflight++;
             tier_disk_drain(t);
         }
         snprintf(phase, sizeof(phase), "promote read %llu", (unsigned long long)bs);
         /* Random order, so the drive's read-ahead does not help. */
-        for (int i = 0; i < N; i++) {
-            int j = (int)((unsigned)(i * 7919) % N);
+        for (int i = 0; i < N && !rc && !errors; i++) {
+            int j = (int)((unsigned)(i * 7919) % (unsigned)N);
             double t0 = now_s();
             m.key[0] = (uint64_t)j + 1;
-            tier_disk_get(t, &locs[j], &m, arena + 64 * MiB, bs, done_cb, NULL);
-            inflight++;
+            rc = tier_disk_get(t, &locs[j], &m, arena + ARENA / 2, bs, done_cb, NULL);
+            if (!rc)
+                inflight++;
             tier_disk_drain(t);
             lat[i] = (now_s() - t0) * 1e6;
         }
-        qsort(lat, N, sizeof(lat[0]), cmp_d);
-        snprintf(name, sizeof(name), "promote read %lluk p50", (unsigned long long)(bs >> 10));
-        add(name, lat[N / 2], "us", "none", 0);
-        snprintf(name, sizeof(name), "promote read %lluk p99", (unsigned long long)(bs >> 10));
-        add(name, lat[N * 99 / 100], "us", "none", 0);
+        if (rc)
+            bench_fail("disk: %s: %s", phase, strerror(-rc));
+        if (!rc && !errors) {
+            qsort(lat, (size_t)N, sizeof(lat[0]), cmp_d);
+            snprintf(name, sizeof(name), "promote read %lluk p50 [%s]",
+                     (unsigned long long)(bs >> 10), arena_tag);
+            add(name, lat[N / 2], "us", NULL, 0);
+            snprintf(name, sizeof(name), "promote read %lluk p99 [%s]",
+                     (unsigned long long)(bs >> 10), arena_tag);
+            add(name, lat[N * 99 / 100], "us", NULL, 0);
+        }
         tier_destroy(t);
     }
     unlink(path);
     if (!getenv("KVC_BENCH_ONLY") && daemon_suite_init("bench-disk") == 0) {
+        /* a real kvcd: its own arena, as its configuration makes it */
         lookup_bench(dir, 256 * 1024, false);
-        lookup_bench(dir, 2 * MiB, false);
-        lookup_bench(dir, 256 * 1024, true);
+        if (!bench_smoke()) {
+            lookup_bench(dir, 2 * MiB, false);
+            lookup_bench(dir, 256 * 1024, true);
+        }
         daemon_suite_fini();
     }
-    if (bench_json_write(argv[1], res, nres))
-        return 1;
-    free(arena);
-    free(arena4k);
-    return 0;
+done:
+    unlink(path);
+    tier_destroy(host);
+    return bench_finish(argv[1], res, nres);
 }

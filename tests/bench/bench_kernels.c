@@ -4,11 +4,16 @@
  *
  * Throughput: one block of a typical model (32 layers x 8 kv heads x 128 dim x 32 tokens,
  * fp16, K and V: 4 MiB), a set of 8 different blocks cycled so the data is not L2
- * resident (a large L3 may still hold them), GB/s of fp16 input (encode) or fp16 output (decode), ratio to memcpy of the same
- * bytes measured in the same run just before the codec's rows (target >= 0.5 for the
- * vectorised versions); the vectorised encoder also with key statistics (encode_stats), as
- * the daemon calls it. On a GPU the CUDA twins beside cudaMemcpy device-to-device of the
- * same bytes (target >= 0.7).
+ * resident (a large L3 may still hold them). Every GB/s counts the raw (fp16) block bytes,
+ * 1e9 per second, on both sides of a ratio: the raw bytes an encode reads, the raw bytes a
+ * decode writes, the raw bytes memcpy copies (reading them once and writing them once);
+ * encoded bytes are not counted. Ratio to memcpy of the same bytes between written buffers,
+ * measured in the same run just before the codec's rows (target >= 0.5 for the vectorised
+ * versions); the vectorised encoder also with key statistics (encode_stats), as the daemon
+ * calls it. Every call's return value is checked, inside the timed loops too: a failed
+ * encode or decode is an error of the run, never a number. On a GPU the CUDA twins beside
+ * cudaMemcpy device-to-device of the same raw bytes (target >= 0.7).
+ * KVC_BENCH_SMOKE=1: 10 ms per measurement, one seed of the error table.
  *
  * Error: keys with a few large outlier channels, values without, fixed seeds; per codec
  * (K and V both in it) the RMSE and max error of K and V, and the relative error of the
@@ -30,7 +35,7 @@
 #include "tests/lib/bench.h"
 
 #define NBLOCKS 8
-#define MIN_SECONDS 0.4
+#define MIN_SECONDS (bench_smoke() ? 0.01 : 0.4)
 
 static struct bench_row rows[256];
 static size_t nrows;
@@ -92,21 +97,29 @@ static float st_kmin[32 * 8 * 128], st_kmax[32 * 8 * 128], st_knorm[32 * 8];
 static const struct kern_key_stats bench_stats = {st_kmin, st_kmax, st_knorm};
 
 /* Seconds per call of one of: memcpy (op 0), encode (1), decode (2), encode with key
- * statistics (3), cycling over blocks. */
+ * statistics (3), cycling over blocks; -1 when a call failed (reported). An encode must
+ * return the recipe's encoded size, a decode the raw size. */
 static double time_op(int op, enc_fn enc, dec_fn dec, const struct kern_layout *lay,
                       const struct kern_recipe *rec, uint8_t **raw, uint8_t **encb,
                       uint8_t **out, uint64_t rs, uint64_t es)
 {
     long n = 0;
+    int64_t want = op == 0 ? 0 : op == 2 ? (int64_t)rs : kern_encoded_size(lay, rec), got = 0;
     double t0 = now_s(), t;
     do {
         int i = (int)(n % NBLOCKS);
         if (op == 0)
             memcpy(out[i], raw[i], rs);
         else if (op == 1 || op == 3)
-            enc(lay, rec, raw[i], encb[i], es, op == 3 ? &bench_stats : NULL);
+            got = enc(lay, rec, raw[i], encb[i], es, op == 3 ? &bench_stats : NULL);
         else
-            dec(lay, encb[i], es, out[i], rs, KERN_DTYPE_FP16);
+            got = dec(lay, encb[i], es, out[i], rs, KERN_DTYPE_FP16);
+        if (got != want) {
+            bench_fail("kernels: %s %s: returned %lld, expected %lld", kern_codec_name(
+                       rec ? rec->codec[0][0] : 0), op == 2 ? "decode" : "encode",
+                       (long long)got, (long long)want);
+            return -1;
+        }
         n++;
         t = now_s() - t0;
     } while (t < MIN_SECONDS || n < NBLOCKS);
@@ -121,15 +134,27 @@ struct gpu_arg {
     uint64_t rs, es;
 };
 
-static void gpu_op(void *p)
+/* One queued operation; 0, or -1 when it was refused (reported). */
+static int gpu_op(struct gpu_arg *a)
 {
-    struct gpu_arg *a = p;
+    int64_t r;
     if (a->op == 0)
-        kern_cuda_copy(a->out, a->raw, a->rs, KERN_CUDA_D2D, NULL);
+        r = kern_cuda_copy(a->out, a->raw, a->rs, KERN_CUDA_D2D, NULL);
     else if (a->op == 1)
-        kern_encode_cuda(a->lay, a->rec, a->raw, a->enc, a->es, NULL, NULL);
+        r = kern_encode_cuda(a->lay, a->rec, a->raw, a->enc, a->es, NULL, NULL);
     else
-        kern_decode_cuda(a->lay, a->enc, a->es, a->out, a->rs, KERN_DTYPE_FP16, NULL);
+        r = kern_decode_cuda(a->lay, a->enc, a->es, a->out, a->rs, KERN_DTYPE_FP16, NULL);
+    if (r < 0) {
+        bench_fail("kernels: gpu op %d failed (%lld)", a->op, (long long)r);
+        return -1;
+    }
+    return 0;
+}
+
+/* The timed form; its calls were checked once, untimed, just before. */
+static void gpu_op_void(void *p)
+{
+    (void)gpu_op(p);
 }
 
 static void bench_gpu(const struct kern_layout *lay, uint8_t **raw, uint64_t rs)
@@ -138,10 +163,18 @@ static void bench_gpu(const struct kern_layout *lay, uint8_t **raw, uint64_t rs)
     if (kern_cuda_alloc(&g_raw, rs) || kern_cuda_alloc(&g_enc, rs + 65536) ||
         kern_cuda_alloc(&g_out, rs))
         goto out;
-    kern_cuda_copy(g_raw, raw[0], rs, KERN_CUDA_H2D, NULL);
+    if (kern_cuda_copy(g_raw, raw[0], rs, KERN_CUDA_H2D, NULL)) {
+        bench_fail("kernels: gpu: copy to the device failed");
+        goto out;
+    }
     struct gpu_arg a = {0, lay, NULL, g_raw, g_enc, g_out, rs, 0};
-    gpu_op(&a);
-    double ms = kern_cuda_time_ms(gpu_op, &a, 50);
+    if (gpu_op(&a) < 0)
+        goto out;
+    double ms = kern_cuda_time_ms(gpu_op_void, &a, 50);
+    if (ms <= 0) {
+        bench_fail("kernels: gpu: d2d copy timing failed (%g)", ms);
+        goto out;
+    }
     double d2d = 2.0 * rs / (ms / 50 * 1e-3) / 1e9; /* read + write, as cudaMemcpy counts */
     double d2d_in = rs / (ms / 50 * 1e-3) / 1e9;
     printf("%-28s %10.2f GB/s (read+write %.1f)\n", "gpu d2d copy", d2d_in, d2d);
@@ -154,8 +187,13 @@ static void bench_gpu(const struct kern_layout *lay, uint8_t **raw, uint64_t rs)
         for (int op = 1; op <= 2; op++) {
             char name[64];
             a.op = op;
-            gpu_op(&a);
-            ms = kern_cuda_time_ms(gpu_op, &a, 50);
+            if (gpu_op(&a) < 0 || kern_cuda_stream_sync(NULL) != 0) /* untimed: checked */
+                goto out;
+            ms = kern_cuda_time_ms(gpu_op_void, &a, 50);
+            if (ms <= 0) {
+                bench_fail("kernels: gpu: %s timing failed (%g)", kern_codec_name(c), ms);
+                goto out;
+            }
             double gbs = rs / (ms / 50 * 1e-3) / 1e9;
             snprintf(name, sizeof(name), "gpu/%s/%s", kern_codec_name(c), op == 1 ? "encode" : "decode");
             printf("%-28s %10.2f GB/s  %.2f x d2d\n", name, gbs, gbs / d2d_in);
@@ -195,16 +233,19 @@ static void bench_throughput(void)
             exit(1);
         }
         fill_block(&lay, (uint16_t *)raw[i], (uint64_t)i + 1);
-        memset(encb[i], 0, es);
-        memset(out[i], 0, rs);
+        memset(encb[i], 0x5a, es); /* written: no first-touch fault when timed (a zero
+                                     * memset after malloc may become calloc) */
+        memset(out[i], 0x5a, rs);
     }
     printf("block: 32 layers x 8 kv heads x 128 dim x 32 tokens fp16 K+V = %.1f MiB, "
            "%d blocks cycled; AVX2: %s\n",
            rs / 1048576.0, NBLOCKS, kern_supports() & KERN_SUPPORT_CPU_AVX2 ? "yes" : "no");
+    printf("GB/s: raw fp16 bytes per second (1e9), read by an encode, written by a decode, "
+           "copied by memcpy\n");
     double mc = rs / time_op(0, NULL, NULL, &lay, NULL, raw, encb, out, rs, es) / 1e9;
     int first = 1;
     printf("%-28s %10.2f GB/s\n", "memcpy", mc);
-    add_row("cpu/memcpy", mc, "GB/s", "memcpy", mc);
+    add_row("cpu/memcpy", mc, "GB/s", NULL, 0);
     for (int c = KERN_CODEC_Q8_0; c < KERN_CODEC_COUNT; c++) {
         struct kern_recipe rec;
         if (!codec_wanted(c))
@@ -223,6 +264,8 @@ static void bench_throughput(void)
             for (int op = 1; op <= (v ? 3 : 2); op++) {
                 char name[64];
                 double s = time_op(op, enc, dec, &lay, &rec, raw, encb, out, rs, es);
+                if (s <= 0)
+                    continue; /* reported: the run fails */
                 double gbs = rs / s / 1e9;
                 snprintf(name, sizeof(name), "cpu/%s/%s/%s", kern_codec_name(c),
                          op == 1 ? "encode" : op == 2 ? "decode" : "encode_stats",
@@ -298,11 +341,16 @@ static void error_table(void)
         int64_t es = kern_encoded_size(&lay, &rec);
         double se[2] = {0, 0}, mx[2] = {0, 0}, attn = 0;
         long cnt[2] = {0, 0}, na = 0;
-        for (uint64_t seed = 1; seed <= 3; seed++) {
+        for (uint64_t seed = 1; seed <= (bench_smoke() ? 1u : 3u); seed++) {
             for (int b = 0; b < ERR_BLOCKS; b++) {
                 fill_block(&lay, raw + b * n, seed * 100 + (uint64_t)b);
-                kern_encode_cpu(&lay, &rec, raw + b * n, enc, (size_t)es, NULL);
-                kern_decode_cpu(&lay, enc, (size_t)es, dec + b * n, rs, KERN_DTYPE_FP16);
+                if (kern_encode_cpu(&lay, &rec, raw + b * n, enc, (size_t)es, NULL) != es ||
+                    kern_decode_cpu(&lay, enc, (size_t)es, dec + b * n, rs, KERN_DTYPE_FP16) !=
+                        (int64_t)rs) {
+                    bench_fail("kernels: %s: error table: encode or decode failed",
+                               kern_codec_name(c));
+                    goto next_codec;
+                }
                 for (uint32_t l = 0; l < ERR_LAYERS; l++)
                     for (uint32_t k = 0; k < 2; k++)
                         for (uint32_t t = 0; t < ERR_BT; t++)
@@ -346,17 +394,18 @@ static void error_table(void)
         char name[64];
         const char *nm = kern_codec_name(c);
         snprintf(name, sizeof(name), "err/%s/k_rmse", nm);
-        add_row(name, kr, "abs", "raw", 0);
+        add_row(name, kr, "abs", NULL, 0);
         snprintf(name, sizeof(name), "err/%s/k_max", nm);
-        add_row(name, mx[0], "abs", "raw", 0);
+        add_row(name, mx[0], "abs", NULL, 0);
         snprintf(name, sizeof(name), "err/%s/v_rmse", nm);
-        add_row(name, vr, "abs", "raw", 0);
+        add_row(name, vr, "abs", NULL, 0);
         snprintf(name, sizeof(name), "err/%s/v_max", nm);
-        add_row(name, mx[1], "abs", "raw", 0);
+        add_row(name, mx[1], "abs", NULL, 0);
         snprintf(name, sizeof(name), "err/%s/attn_rel", nm);
-        add_row(name, ar, "rel", "raw", 0);
+        add_row(name, ar, "rel", NULL, 0);
         snprintf(name, sizeof(name), "size/%s/bits_per_value", nm);
         add_row(name, bpv, "bits", "raw fp16", 16);
+    next_codec:;
     }
     free(raw);
     free(dec);
@@ -376,5 +425,5 @@ int main(int argc, char **argv)
     bench_throughput();
     if (n_only == 0)
         error_table();
-    return bench_json_write(argv[1], rows, nrows) ? 1 : 0;
+    return bench_finish(argv[1], rows, nrows);
 }

@@ -720,7 +720,9 @@ int main(int argc, char **argv)
     const char *trace = getenv("KVC_TRACE");
     uint64_t distinct = 0, reqs = 0;
     int rc;
-    quick = getenv("KVC_BENCH_QUICK") && strcmp(getenv("KVC_BENCH_QUICK"), "0") != 0;
+    /* make check's smoke run (KVC_BENCH_SMOKE, tests/bench/smoke.sh) uses the quick setup */
+    quick = (getenv("KVC_BENCH_QUICK") && strcmp(getenv("KVC_BENCH_QUICK"), "0") != 0) ||
+            (getenv("KVC_BENCH_SMOKE") && strcmp(getenv("KVC_BENCH_SMOKE"), "0") != 0);
     snprintf(trace_path, sizeof(trace_path), "%s",
              trace && *trace ? trace : KVC_SRC_DIR "/../shared/traces/conversation_trace.jsonl");
     trace_requests = quick ? BENCH_QUICK_REQUESTS : 0;

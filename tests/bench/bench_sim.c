@@ -1,7 +1,9 @@
 /*
  * bench_sim — block hit ratio of each policy against Belady MIN at the same capacity, on the
  * Mooncake conversation trace (or the trace given as argv[2] or $KVC_TRACE). Every policy
- * and the infinite cache; case POLICY@CAPACITY, value the hit ratio, baseline "min" with MIN's hit ratio, ratio = value / MIN.
+ * and the infinite cache; case POLICY@CAPACITY, value the hit ratio, baseline "min" with MIN's
+ * hit ratio, ratio = value / MIN (a MIN of 0 is refused: no ratio without hits).
+ * KVC_BENCH_SMOKE=1: the smallest capacity only.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,19 +35,24 @@ int main(int argc, char **argv)
         return 1;
     }
     printf("%-18s %8s %8s %8s\n", "case", "hit", "min", "ratio");
-    for (size_t ci = 0; ci < sizeof(caps) / sizeof(caps[0]); ci++) {
+    const size_t ncaps = bench_smoke() ? 1 : sizeof(caps) / sizeof(caps[0]);
+    for (size_t ci = 0; ci < ncaps; ci++) {
         struct sim_config c;
         struct sim_result mr, res;
         sim_config_init(&c);
         c.capacity = caps[ci];
         c.policy = SIM_POLICY_MIN;
-        if (sim_run(&t, &c, &mr) < 0)
+        if (sim_run(&t, &c, &mr) < 0) {
+            bench_fail("sim: MIN at %.0f failed", caps[ci]);
             goto out;
+        }
         double minv = sim_ratio(mr.hits_full, mr.refs);
         for (size_t pi = 0; pi < sizeof(pols) / sizeof(pols[0]); pi++) {
             c.policy = pols[pi];
-            if (sim_run(&t, &c, &res) < 0)
+            if (sim_run(&t, &c, &res) < 0) {
+                bench_fail("sim: %s at %.0f failed", sim_policy_name(pols[pi]), caps[ci]);
                 goto out;
+            }
             double v = sim_ratio(res.hits_full + res.hits_lossy + res.hits_disk, res.refs);
             char name[64];
             snprintf(name, sizeof(name), "%s@%.0f", sim_policy_name(pols[pi]), caps[ci]);
@@ -54,8 +61,8 @@ int main(int argc, char **argv)
                           "min", minv);
         }
     }
-    rc = bench_json_write(out, rows, nrows) ? 1 : 0;
 out:
+    rc = bench_finish(out, rows, nrows);
     sim_trace_free(&t);
     return rc;
 }

@@ -167,7 +167,7 @@ START_TEST(test_concurrent_overlapping_prefixes)
         ck_assert_int_gt(pids[i], 0);
     }
     for (int i = 0; i < CON_PROCS; i++)
-        ck_assert_msg(daemon_child_wait(pids[i], 90000, NULL) == 0, "client %d failed", i);
+        ck_assert_msg(daemon_child_wait(pids[i], daemon_ms(90000), NULL) == 0, "client %d failed", i);
 
     /* Finish what every process left busy to another, then read everything back. */
     memset(&x, 0, sizeof(x));
@@ -210,7 +210,7 @@ int main(void)
     TCase *tc = tcase_create("concurrent");
     SRunner *sr;
     int failed;
-    tcase_set_timeout(tc, 120);
+    tcase_set_timeout(tc, daemon_slow() * 120);
     tcase_add_test(tc, test_concurrent_overlapping_prefixes);
     suite_add_tcase(s, tc);
     if (daemon_suite_init("e2e-concurrent"))

@@ -89,7 +89,7 @@ static void cr_run_and_kill(int (*fn)(void *))
     ck_assert_msg(poll(&p, 1, 30000) == 1, "child never got ready");
     ck_assert_int_eq(read(cr_pipe[0], &one, 1), 1);
     ck_assert_int_eq(kill(pid, SIGKILL), 0);
-    ck_assert_int_eq(daemon_child_wait(pid, 10000, &sig), -1);
+    ck_assert_int_eq(daemon_child_wait(pid, daemon_ms(10000), &sig), -1);
     ck_assert_int_eq(sig, SIGKILL);
 }
 
@@ -99,7 +99,7 @@ static void cr_expect_nothing_held(void)
 {
     static char out[1 << 16];
     uint64_t pins = 1, resv = 1, bytes = 1, clients = 1;
-    uint64_t end = daemon_now_ms() + 10000;
+    uint64_t end = daemon_now_ms() + (uint64_t)daemon_ms(10000);
     do {
         ck_assert_int_eq(daemon_kvcctl(&cr_d, out, sizeof(out), NULL, 0, "stats", "--json", NULL),
                          0);
@@ -188,7 +188,7 @@ int main(void)
     TCase *tc = tcase_create("crash");
     SRunner *sr;
     int failed;
-    tcase_set_timeout(tc, 120);
+    tcase_set_timeout(tc, daemon_slow() * 120);
     tcase_add_test(tc, test_crash_killed_clients_leak_nothing);
     suite_add_tcase(s, tc);
     if (daemon_suite_init("e2e-crash"))

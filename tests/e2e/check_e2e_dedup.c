@@ -186,7 +186,7 @@ int main(void)
     TCase *tc = tcase_create("dedup");
     SRunner *sr;
     int failed;
-    tcase_set_timeout(tc, 60);
+    tcase_set_timeout(tc, daemon_slow() * 60);
     tcase_add_checked_fixture(tc, dd_setup, dd_teardown);
     tcase_add_test(tc, test_dedup_second_writer_busy);
     tcase_add_test(tc, test_dedup_busy_in_the_middle);

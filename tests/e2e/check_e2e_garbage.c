@@ -305,7 +305,7 @@ START_TEST(test_garbage_never_reads_replies)
     uint64_t clients = 0, end;
     int fd = gb_connect(), sent = 0, closed = 0;
     gb_hello(fd);
-    end = daemon_now_ms() + 20000;
+    end = daemon_now_ms() + (uint64_t)daemon_ms(20000);
     while (!closed && daemon_now_ms() < end) {
         ssize_t n = gb_send(fd, KVC_OP_STATS, sizeof(q), &q, sizeof(q));
         if (n > 0) {
@@ -325,7 +325,7 @@ START_TEST(test_garbage_never_reads_replies)
     ck_assert_msg(closed, "the daemon kept a client that never reads (%d requests)", sent);
     /* Meanwhile others are served, and the dropped one is counted out. */
     ck_assert_int_eq(daemon_roundtrip(&gb_d), 0);
-    end = daemon_now_ms() + 10000;
+    end = daemon_now_ms() + (uint64_t)daemon_ms(10000);
     do
         ck_assert_int_eq(daemon_stat(&gb_d, "clients_now", &clients), 0);
     while (clients != 1 && daemon_now_ms() < end);
@@ -340,7 +340,7 @@ int main(void)
     TCase *tc = tcase_create("garbage");
     SRunner *sr;
     int failed;
-    tcase_set_timeout(tc, 60);
+    tcase_set_timeout(tc, daemon_slow() * 60);
     tcase_add_checked_fixture(tc, gb_setup, gb_teardown);
     tcase_add_test(tc, test_garbage_random_bytes);
     tcase_add_test(tc, test_garbage_truncated_header);

@@ -234,7 +234,7 @@ int main(void)
     TCase *tc = tcase_create("kvcctl");
     SRunner *sr;
     int failed;
-    tcase_set_timeout(tc, 60);
+    tcase_set_timeout(tc, daemon_slow() * 60);
     tcase_add_checked_fixture(tc, ct_setup, ct_teardown);
     tcase_add_test(tc, test_kvcctl_json_validator);
     tcase_add_test(tc, test_kvcctl_status);

@@ -43,7 +43,7 @@ START_TEST(test_lifecycle_refuses_second_daemon)
     struct stat st;
     ck_assert_int_eq(daemon_start(&d, lc_args), 0);
     ck_assert_int_eq(daemon_spawn(&d, lc_args, &second), 0);
-    ck_assert_int_gt(daemon_child_wait(second, 20000, NULL), 0);
+    ck_assert_int_gt(daemon_child_wait(second, daemon_ms(20000), NULL), 0);
     ck_assert(lc_log_wait(&d, "another kvcd is serving", 1000));
     ck_assert(daemon_alive(&d));
     ck_assert_int_eq(stat(d.sock, &st), 0); /* the loser did not remove the winner's socket */
@@ -81,7 +81,7 @@ START_TEST(test_lifecycle_refuses_non_socket_path)
     ck_assert_int_eq(daemon_dir_init(&d), 0);
     ck_assert_int_eq(daemon_file_write(&d, "kvcd.sock", "precious\n", path), 0);
     ck_assert_int_eq(daemon_spawn(&d, lc_args, &pid), 0);
-    ck_assert_int_gt(daemon_child_wait(pid, 20000, NULL), 0);
+    ck_assert_int_gt(daemon_child_wait(pid, daemon_ms(20000), NULL), 0);
     ck_assert_int_eq(access(path, F_OK), 0); /* a regular file is never unlinked */
     daemon_cleanup(&d);
 }
@@ -166,7 +166,7 @@ int main(void)
     TCase *tc = tcase_create("lifecycle");
     SRunner *sr;
     int failed;
-    tcase_set_timeout(tc, 60);
+    tcase_set_timeout(tc, daemon_slow() * 60);
     tcase_add_test(tc, test_lifecycle_refuses_second_daemon);
     tcase_add_test(tc, test_lifecycle_replaces_stale_socket);
     tcase_add_test(tc, test_lifecycle_refuses_non_socket_path);

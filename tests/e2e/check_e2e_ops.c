@@ -21,6 +21,7 @@
 #include "client/libkvc_internal.h"
 #include "daemon/config.h"
 #include "daemon/config_ns.h"
+#include "tests/lib/daemon.h"
 #include "tests/lib/ops_util.h"
 
 #define BLOCK_TOKENS 4
@@ -202,7 +203,7 @@ END_TEST
 
 /* ---- notify protocol ---------------------------------------------------------------------- */
 
-/* Next datagram on the notify socket (1 s timeout), or "" */
+/* Next datagram on the notify socket, or "" after the socket's receive timeout. */
 static void ops_notify_next(int fd, char *buf, size_t len)
 {
     ssize_t n = recv(fd, buf, len - 1, 0);
@@ -213,7 +214,8 @@ START_TEST(test_notify_protocol)
 {
     struct ops_daemon d;
     struct sockaddr_un a = {.sun_family = AF_UNIX};
-    struct timeval tv = {2, 0};
+    /* Keep-alives come every 200 ms; the wait is for a daemon slowed down by the host. */
+    struct timeval tv = {daemon_ms(20000) / 1000, 0};
     char env_sock[160], msg[512], out[512];
     int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     snprintf(a.sun_path, sizeof(a.sun_path), "/tmp/kvcd-notify-%d", (int)getpid());
@@ -275,7 +277,7 @@ START_TEST(test_socket_activation)
     ck_assert_int_eq(listen(ls, 16), 0);
     /* server.socket points elsewhere: the adopted socket must win. */
     snprintf(sockopt, sizeof(sockopt), "server.socket=%s/unused.sock", dir);
-    pid_t pid = fork();
+    pid_t pid = daemon_fork();
     if (pid == 0) {
         char pidenv[32];
         dup2(ls, 3);
@@ -291,7 +293,8 @@ START_TEST(test_socket_activation)
     close(ls);
     kvc_client *c = NULL;
     int rc = -1;
-    for (int i = 0; i < 200 && rc; i++) {
+    uint64_t end = daemon_now_ms() + (uint64_t)daemon_ms(DAEMON_START_MS);
+    while (rc && daemon_now_ms() < end) {
         rc = kvc_connect(path, &c);
         if (rc)
             usleep(10000);
@@ -302,9 +305,7 @@ START_TEST(test_socket_activation)
     struct stat st;
     ck_assert_int_eq(stat(path, &st), 0);
     kill(pid, SIGTERM);
-    int status;
-    waitpid(pid, &status, 0);
-    ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    ck_assert_int_eq(daemon_child_wait(pid, daemon_ms(DAEMON_START_MS), NULL), 0);
     /* The socket file belongs to systemd (the test): kvcd leaves it. */
     ck_assert_int_eq(stat(path, &st), 0);
     unlink(path);
@@ -585,7 +586,7 @@ int main(int argc, char **argv)
     s = suite_create("e2e_ops");
     tc = tcase_create("ops");
     signal(SIGPIPE, SIG_IGN);
-    tcase_set_timeout(tc, 120);
+    tcase_set_timeout(tc, daemon_slow() * 120);
     tcase_add_test(tc, test_kvcctl_commands);
     tcase_add_test(tc, test_reload_verdicts);
     tcase_add_test(tc, test_notify_protocol);

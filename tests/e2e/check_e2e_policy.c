@@ -160,7 +160,7 @@ int main(void)
     TCase *tc = tcase_create("policy");
     SRunner *sr;
     int failed;
-    tcase_set_timeout(tc, 120);
+    tcase_set_timeout(tc, daemon_slow() * 120);
     tcase_add_test(tc, test_hints_keep_and_budget);
     suite_add_tcase(s, tc);
     if (daemon_suite_init("e2e-policy"))

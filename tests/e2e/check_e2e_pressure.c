@@ -258,7 +258,7 @@ START_TEST(test_pressure_concurrent_clients)
         ck_assert_int_gt(pids[i], 0);
     }
     for (int i = 0; i < PR_PROCS; i++)
-        ck_assert_msg(daemon_child_wait(pids[i], 120000, NULL) == 0, "client %d failed", i);
+        ck_assert_msg(daemon_child_wait(pids[i], daemon_ms(120000), NULL) == 0, "client %d failed", i);
     ck_assert_int_eq(pr_open(&pr_d, &x), 0);
     pr_check_tree(x.c, kvc_ns_id(x.ns));
     for (int i = 0; i < PR_CHAINS; i++)
@@ -281,7 +281,7 @@ int main(void)
     TCase *tc = tcase_create("pressure");
     SRunner *sr;
     int failed;
-    tcase_set_timeout(tc, 180);
+    tcase_set_timeout(tc, daemon_slow() * 180);
     tcase_add_test(tc, test_pressure_single_client);
     tcase_add_test(tc, test_pressure_concurrent_clients);
     suite_add_tcase(s, tc);

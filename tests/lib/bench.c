@@ -2,33 +2,71 @@
  * bench.c — see bench.h.
  */
 #include <errno.h>
+#include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "tests/lib/bench.h"
+
+static bool bench_bad;
+
+void bench_fail(const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "bench: ");
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\n");
+    bench_bad = true;
+}
+
+bool bench_failed(void)
+{
+    return bench_bad;
+}
+
+bool bench_smoke(void)
+{
+    const char *e = getenv("KVC_BENCH_SMOKE");
+    return e && strcmp(e, "1") == 0;
+}
 
 struct bench_row *bench_row_add(struct bench_row *rows, size_t cap, size_t *n, const char *name,
                                 double value, const char *unit, const char *baseline,
                                 double base)
 {
     struct bench_row *r;
-    if (*n >= cap)
+    if (*n >= cap) {
+        bench_fail("%s: refused: the table holds %zu rows", name, cap);
         return NULL;
+    }
+    if (!isfinite(value) || value < 0) {
+        bench_fail("%s: refused: value %g %s is not a measurement", name, value, unit);
+        return NULL;
+    }
+    if (baseline && !(isfinite(base) && base > 0)) {
+        bench_fail("%s: refused: baseline \"%s\" is %g (failed or missing)", name, baseline,
+                   base);
+        return NULL;
+    }
     r = &rows[(*n)++];
     snprintf(r->name, sizeof(r->name), "%s", name);
     r->value = value;
     r->unit = unit;
     r->baseline = baseline;
-    r->base = base;
+    r->base = baseline ? base : 0;
     return r;
 }
 
-int bench_json_write(const char *path, const struct bench_row *rows, size_t n)
+int bench_finish(const char *path, const struct bench_row *rows, size_t n)
 {
     FILE *f = fopen(path, "we");
     if (!f) {
-        fprintf(stderr, "bench: %s: %s\n", path, strerror(errno));
-        return -1;
+        bench_fail("%s: %s", path, strerror(errno));
+        return 1;
     }
     fprintf(f, "[\n");
     for (size_t i = 0; i < n; i++) {
@@ -37,18 +75,16 @@ int bench_json_write(const char *path, const struct bench_row *rows, size_t n)
                 r->unit);
         if (!r->baseline)
             fprintf(f, "\"baseline\": null, \"baseline_value\": null, \"ratio\": null}");
-        else if (r->base > 0)
+        else
             fprintf(f, "\"baseline\": \"%s\", \"baseline_value\": %.6g, \"ratio\": %.6g}",
                     r->baseline, r->base, r->value / r->base);
-        else
-            fprintf(f, "\"baseline\": \"%s\", \"baseline_value\": %.6g, \"ratio\": null}",
-                    r->baseline, r->base);
         fprintf(f, "%s\n", i + 1 < n ? "," : "");
     }
     fprintf(f, "]\n");
-    if (fclose(f) != 0) {
-        fprintf(stderr, "bench: %s: %s\n", path, strerror(errno));
-        return -1;
-    }
-    return 0;
+    if (fclose(f) != 0)
+        bench_fail("%s: %s", path, strerror(errno));
+    if (bench_bad)
+        fprintf(stderr, "bench: %s: the run failed (errors above); its rows are not a result\n",
+                path);
+    return bench_bad ? 1 : 0;
 }

@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kernels/kern.h"
 #include "tests/lib/daemon.h"
 
 #define DAEMON_MAX_ARGS 64
@@ -101,30 +102,66 @@ int daemon_file_write(const struct daemon *d, const char *name, const char *text
 
 /* ---- processes ------------------------------------------------------------------------- */
 
-/* In a fresh child: die with the test process, and start with a clean signal state. */
-static void daemon_child_setup(pid_t parent)
+int daemon_slow(void)
 {
-    sigset_t all;
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent)
-        _exit(127);
-    sigemptyset(&all);
-    sigprocmask(SIG_SETMASK, &all, NULL);
-    signal(SIGPIPE, SIG_DFL);
+    static int slow;
+    if (!slow) {
+        const char *e = getenv("KVC_TEST_SLOW");
+        int f = e ? atoi(e) : 1;
+        slow = (f >= 1 && f <= 100 ? f : 1) * DAEMON_SAN_SLOW;
+    }
+    return slow;
 }
 
-pid_t daemon_child_spawn(int (*fn)(void *), void *arg)
+int daemon_ms(int ms)
+{
+    return ms * daemon_slow();
+}
+
+/* In the child: die with the test process (the process that forked, whichever thread),
+ * and start with a clean signal state. */
+pid_t daemon_fork(void)
 {
     pid_t parent = getpid();
     pid_t pid;
     fflush(NULL);
     pid = fork();
+    if (pid == 0) {
+        sigset_t all;
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) /* the parent died before prctl */
+            _exit(127);
+        sigemptyset(&all);
+        sigprocmask(SIG_SETMASK, &all, NULL);
+        signal(SIGPIPE, SIG_DFL);
+    }
+    return pid;
+}
+
+static int daemon_cuda_probe(void *arg)
+{
+    int n = kern_cuda_device_count();
+    (void)arg;
+    return n < 0 ? 0 : n > 100 ? 100 : n;
+}
+
+int daemon_cuda_devices(void)
+{
+    static int devices = -2;
+    if (devices == -2) {
+        pid_t pid = daemon_child_spawn(daemon_cuda_probe, NULL);
+        devices = pid < 0 ? -1 : daemon_child_wait(pid, daemon_ms(60000), NULL);
+    }
+    return devices;
+}
+
+pid_t daemon_child_spawn(int (*fn)(void *), void *arg)
+{
+    pid_t pid = daemon_fork();
     if (pid < 0)
         return -errno;
-    if (pid == 0) {
-        daemon_child_setup(parent);
+    if (pid == 0)
         _exit(fn(arg));
-    }
     return pid;
 }
 
@@ -172,7 +209,6 @@ int daemon_spawn(const struct daemon *d, const char *const *args, pid_t *pid)
 {
     const char *argv[DAEMON_MAX_ARGS];
     char sockopt[DAEMON_PATH_MAX + 32];
-    pid_t parent = getpid();
     int n = 0, rc;
     snprintf(sockopt, sizeof(sockopt), "server.socket=%s", d->sock);
     argv[n++] = DAEMON_KVCD;
@@ -181,14 +217,12 @@ int daemon_spawn(const struct daemon *d, const char *const *args, pid_t *pid)
     rc = daemon_args_add(argv, &n, args);
     if (rc)
         return rc;
-    fflush(NULL);
-    *pid = fork();
+    *pid = daemon_fork();
     if (*pid < 0)
         return -errno;
     if (*pid == 0) {
         int lfd = open(d->log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
         int nfd = open("/dev/null", O_RDWR | O_CLOEXEC);
-        daemon_child_setup(parent);
         if (lfd < 0 || nfd < 0)
             _exit(126);
         dup2(nfd, 0);
@@ -240,7 +274,7 @@ int daemon_start(struct daemon *d, const char *const *args)
     rc = daemon_spawn(d, args, &d->pid);
     if (rc)
         return rc;
-    rc = daemon_wait_ready(d, 20000);
+    rc = daemon_wait_ready(d, daemon_ms(DAEMON_START_MS));
     if (rc) {
         fprintf(stderr, "daemon: kvcd did not come up (%s)\n", strerror(-rc));
         daemon_log_dump(d);
@@ -256,7 +290,7 @@ int daemon_stop(struct daemon *d)
     if (!d->pid)
         return -1;
     kill(d->pid, SIGTERM);
-    rc = daemon_child_wait(d->pid, 20000, &sig);
+    rc = daemon_child_wait(d->pid, daemon_ms(DAEMON_START_MS), &sig);
     d->pid = 0;
     if (rc != 0) {
         fprintf(stderr, "daemon: kvcd exit status %d (signal %d)\n", rc, sig);
@@ -312,7 +346,6 @@ int daemon_run(const char *const *argv, char *out, size_t outlen, char *err, siz
 {
     int po[2], pe[2];
     size_t no = 0, ne = 0;
-    pid_t parent = getpid();
     uint64_t end = daemon_now_ms() + (uint64_t)timeout_ms;
     pid_t pid;
     if (pipe2(po, O_CLOEXEC) < 0)
@@ -322,11 +355,9 @@ int daemon_run(const char *const *argv, char *out, size_t outlen, char *err, siz
         close(po[1]);
         return -1;
     }
-    fflush(NULL);
-    pid = fork();
+    pid = daemon_fork();
     if (pid == 0) {
         int nfd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-        daemon_child_setup(parent);
         dup2(nfd, 0);
         dup2(po[1], 1);
         dup2(pe[1], 2);
@@ -381,7 +412,7 @@ int daemon_kvcctl(const struct daemon *d, char *out, size_t outlen, char *err, s
         argv[n++] = a;
     va_end(ap);
     argv[n] = NULL;
-    return daemon_run(argv, out, outlen, err, errlen, 20000);
+    return daemon_run(argv, out, outlen, err, errlen, daemon_ms(20000));
 }
 
 /* ---- blocks and keys ------------------------------------------------------------------- */
@@ -692,8 +723,11 @@ int daemon_json_u64(const char *s, const char *key, uint64_t *v)
 
 void daemon_smooth_fill(const struct kvc_key *k, uint16_t *p, size_t n)
 {
+    uint64_t s = daemon_block_seed(k);
+    double phase = (double)(s >> 11) * 0x1p-53 * 6.283185307179586;
     for (size_t j = 0; j < n; j++) {
-        _Float16 h = (_Float16)(sinf((float)j * 0.37f + (float)(k->lo % 1000)) * 3.0f);
+        double noise = (double)(daemon_mix(s + j) >> 11) * 0x1p-52 - 1.0; /* [-1, 1) */
+        _Float16 h = (_Float16)(sin((double)j * 0.37 + phase) * 3.0 + noise);
         memcpy(&p[j], &h, 2);
     }
 }

@@ -6,9 +6,10 @@
  * Each suite calls daemon_suite_init() once in main(): it makes one temporary directory for
  * the whole run (every daemon gets a mkdtemp directory inside it) and daemon_suite_fini()
  * removes it after srunner_run_all(), so even a case killed by Check's timeout leaves no
- * directory behind. Every process a test starts (kvcd, kvcctl, client children) gets
- * PR_SET_PDEATHSIG = SIGKILL, so a test process that dies takes them along. All waits have a
- * deadline; on expiry the waited-for process is killed and the wait reports failure.
+ * directory behind. Every process a test starts (kvcd, kvcctl, client children) comes from
+ * daemon_fork() and gets PR_SET_PDEATHSIG = SIGKILL, so a test process that dies takes them
+ * along. All waits have a deadline, scaled by daemon_slow(); on expiry the waited-for
+ * process is killed and the wait reports failure.
  * The binaries are those of the build the test belongs to (KVC_BUILD_BIN), so the ASan
  * suites drive the ASan daemon, whose leak check turns a leak into a non-zero exit status
  * that daemon_stop() reports.
@@ -22,6 +23,32 @@
 #include <sys/types.h>
 
 #include "client/kvc.h"
+
+/* Deadlines. Every wait of the tests has one, generous, and multiplied by daemon_slow(). */
+#ifdef __SANITIZE_ADDRESS__
+#define DAEMON_SAN_SLOW 4 /* the ASan+UBSan build runs several times slower */
+#else
+#define DAEMON_SAN_SLOW 1
+#endif
+#define DAEMON_START_MS 20000 /* kvcd up and answering, or stopped after SIGTERM */
+
+/* DAEMON_SAN_SLOW times $KVC_TEST_SLOW (1..100, default 1: a host more loaded than usual).
+ * Check timeouts are set as daemon_slow() * seconds. */
+int daemon_slow(void);
+/* ms * daemon_slow(): the deadline of a wait of `ms` in a plain build on an idle host. */
+int daemon_ms(int ms);
+
+/* fork() for every process a test starts (kvcd, kvcctl, clients): the child gets
+ * PR_SET_PDEATHSIG = SIGKILL, an empty signal mask and the default SIGPIPE action, so it
+ * dies with the test process that started it, even one that fails an assertion and exits
+ * in Check's fork mode. Returns as fork() (stdio is flushed first). */
+pid_t daemon_fork(void);
+
+/* CUDA devices visible here, asked in a child process (daemon_fork) so that the caller never
+ * initialises CUDA: a CUDA context does not survive fork(), and Check forks every case from
+ * main(), as e2e cases fork their clients. For the registration of device cases in main().
+ * The count (0 without CUDA or a device), or -1 when the probe died (print it as a skip). */
+int daemon_cuda_devices(void);
 
 #define DAEMON_KVCD KVC_BUILD_BIN "/kvcd"
 #define DAEMON_KVCCTL KVC_BUILD_BIN "/kvcctl"
@@ -62,7 +89,7 @@ int daemon_wait_ready(const struct daemon *d, int timeout_ms);
  * either may be NULL). Exit status, or -1 for a signal or a timeout (then it was killed). */
 int daemon_run(const char *const *argv, char *out, size_t outlen, char *err, size_t errlen,
                int timeout_ms);
-/* kvcctl -s d->sock ARGS... (NULL-terminated), as daemon_run with a 20 s limit. */
+/* kvcctl -s d->sock ARGS... (NULL-terminated), as daemon_run with a 20 s limit (scaled). */
 int daemon_kvcctl(const struct daemon *d, char *out, size_t outlen, char *err, size_t errlen,
                   ...) __attribute__((sentinel));
 
@@ -76,8 +103,10 @@ int daemon_child_wait(pid_t pid, int timeout_ms, int *sig);
 void daemon_block_fill(const struct kvc_key *k, void *buf, size_t len);
 /* -1 if buf is the block of k, else the offset of the first wrong byte. */
 long daemon_block_check(const struct kvc_key *k, const void *buf, size_t len);
-/* Smooth fp16 values derived from the key (lossy codecs keep them close: q8_0 within 1 %
- * RMS), n of them; and the relative RMS error of got against them. */
+/* fp16 values of a block for the lossy codecs, n of them: a sine of amplitude 3 whose phase,
+ * and a uniform [-1, 1) term on every element, come from the whole key (both words, mixed),
+ * so q8_0 keeps them within 1 % RMS while another key's block is ~40 % off; and the
+ * relative RMS error of got against them. */
 void daemon_smooth_fill(const struct kvc_key *k, uint16_t *p, size_t n);
 double daemon_smooth_err(const struct kvc_key *k, const uint16_t *got, size_t n);
 /* The layout the suites use: `block_tokens` tokens of 1 KiB each (2 layers, K and V, 2 heads

@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tests/lib/daemon.h"
 #include "tests/lib/ops_util.h"
 
 static void ops_sleep_ms(long ms)
@@ -45,7 +46,7 @@ int ops_daemon_start(struct ops_daemon *d, const char *const *args, const char *
     for (; args && *args && n < 62; args++)
         argv[n++] = (char *)*args;
     argv[n] = NULL;
-    d->pid = fork();
+    d->pid = daemon_fork();
     if (d->pid < 0)
         return -1;
     if (d->pid == 0) {
@@ -59,7 +60,8 @@ int ops_daemon_start(struct ops_daemon *d, const char *const *args, const char *
         execv(argv[0], argv);
         _exit(127);
     }
-    for (int i = 0; i < 500; i++) {
+    uint64_t end = daemon_now_ms() + (uint64_t)daemon_ms(DAEMON_START_MS);
+    while (daemon_now_ms() < end) {
         struct stat st;
         int status;
         if (stat(d->sock, &st) == 0 && S_ISSOCK(st.st_mode))
@@ -70,6 +72,7 @@ int ops_daemon_start(struct ops_daemon *d, const char *const *args, const char *
         }
         ops_sleep_ms(10);
     }
+    fprintf(stderr, "ops: kvcd did not bind %s in time (see %s)\n", d->sock, d->log);
     return -1;
 }
 
@@ -111,7 +114,7 @@ int ops_kvcctl(const struct ops_daemon *d, char *out, size_t len, const char *co
     argv[n] = NULL;
     if (pipe(pfd))
         return -1;
-    pid = fork();
+    pid = daemon_fork();
     if (pid == 0) {
         dup2(pfd[1], 1);
         dup2(pfd[1], 2);

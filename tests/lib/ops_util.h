@@ -17,7 +17,8 @@ struct ops_daemon {
 
 /* Starts build/bin/kvcd with -o server.socket=..., a small unfaulted arena, the given extra
  * arguments (NULL-terminated) and extra environment ("K=V", NULL-terminated, may be NULL);
- * waits up to 5 s for the socket. 0 or -1. */
+ * waits as long as daemon_start() (DAEMON_START_MS, scaled) for the socket. kvcd comes
+ * from daemon_fork(): it dies with the test process. 0 or -1. */
 int ops_daemon_start(struct ops_daemon *d, const char *const *args, const char *const *env);
 /* SIGTERM and wait; returns the exit status (or -1). Removes the temp dir. */
 int ops_daemon_stop(struct ops_daemon *d);

@@ -42,7 +42,9 @@ struct tier_conformance {
 };
 
 /* A TCase named "conformance:<name>" with every conformance case run against f, which is
- * copied. NULL if the factory table is full. */
+ * copied. Never NULL: a full factory table or an unusable factory (no create, capacity
+ * below 4 blocks) is a bug of the suite, which then exits with status 2 and one line on
+ * stderr, so no case is ever dropped in silence. */
 TCase *tier_conformance_tcase(const struct tier_conformance *f);
 
 #endif

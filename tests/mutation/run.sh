@@ -1,0 +1,196 @@
+#!/bin/sh
+# tests/mutation/run.sh [NAME...] — `make mutation`: do the suites catch real bugs?
+#
+# Copies the working tree (tracked and untracked, not ignored files) to a temporary
+# directory, builds it (CUDA=0), checks that the relevant suites pass there, then applies one
+# deliberate bug at a time — each a literal replacement in one file that must match exactly
+# once — rebuilds what the suites need, runs them, and restores the file. A mutation the
+# suites fail on is "killed"; one they pass is "survived" (a test to add); one whose text is
+# no longer in the tree is "not applied" and one that does not build "no build" (fix the
+# mutation). Prints the table mutation -> result and exits 0 only when every mutation was
+# killed. With names, only those mutations run. Deadlines scale with $KVC_TEST_SLOW.
+# Not part of make check: 2-5 minutes on two cores.
+set -u
+src=$(cd "$(dirname "$0")/../.." && pwd)
+work=$(mktemp -d /tmp/kvcd-mutation.XXXXXX)
+trap 'rm -rf "$work"' EXIT INT TERM
+slow=${KVC_TEST_SLOW:-1}
+only="$*"
+log="$work/log"
+results=""
+
+# ---- the mutations: name | file | suites | text | replacement ---------------------------
+
+m_names="" # in order
+mutation() {
+    m_names="$m_names $1"
+    eval "m_file_$(echo "$1" | tr -- '-.' '__')=\$2"
+    eval "m_suites_$(echo "$1" | tr -- '-.' '__')=\$3"
+    eval "m_old_$(echo "$1" | tr -- '-.' '__')=\$4"
+    eval "m_new_$(echo "$1" | tr -- '-.' '__')=\$5"
+}
+
+# A wrong rounding mode in a codec: the AVX2 q8_0 encoder rounds half to even, not away
+# from zero as roundf (and ggml) do.
+mutation codec-q8_0-round-half-even kernels/kern_avx2.c "check_kernels" \
+'        q[i] = _mm256_cvttps_epi32(v_roundf_pre(_mm256_mul_ps(v[i], vid)));' \
+'        q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], vid));'
+
+# A wrong rounding mode in a codec: the reference E4M3 encoder rounds ties up, not to even.
+mutation codec-fp8-ties-up kernels/kern_fmt.h "check_kernels" \
+'        uint32_t r = a + 0x7ffffu + ((a >> 20) & 1u);' \
+'        uint32_t r = a + 0x7ffffu + 1u;'
+
+# A swapped block in the store: a lookup hands out neighbouring hits' locations in pairs.
+mutation store-swapped-block daemon/store.c "check_store check_e2e_dedup check_e2e_concurrent" \
+'            store_loc_fill(b, &locs[i]);' \
+'            store_loc_fill(b, &locs[(i ^ 1) < hits ? (i ^ 1) : i]);'
+
+# A leaked pin: releasing a lease leaves its first block pinned.
+mutation store-leaked-pin daemon/store.c "check_store check_e2e_crash check_e2e_dedup" \
+'    for (uint32_t i = 0; i < h->n; i++)
+        store_unpin(s, o, ns, h->blocks[i]);' \
+'    for (uint32_t i = 1; i < h->n; i++)
+        store_unpin(s, o, ns, h->blocks[i]);'
+
+# An off-by-one in a protocol length check: a batch one entry shorter than its count says
+# is accepted (its last entry is read past the datagram).
+mutation proto-batch-length-off-by-one daemon/proto.c "check_proto check_e2e_garbage" \
+'        if ((uint64_t)h->len != sh->body + (uint64_t)count * sh->entry) {' \
+'        if ((uint64_t)h->len < sh->body + (uint64_t)(count - 1) * sh->entry) {'
+
+# A skipped checksum on disk read: the data's XXH3 is never compared.
+mutation disk-checksum-skipped tiers/disk.c "check_tier_disk check_e2e_disk" \
+'    if (XXH3_64bits(data, h->len) != h->data_csum) {' \
+'    if (0 && XXH3_64bits(data, h->len) != h->data_csum) {'
+
+# A wrong byte in the disk tier's read path: a verified raw record's last byte is flipped.
+mutation disk-read-wrong-byte tiers/disk.c "check_tier_disk check_e2e_disk" \
+'            memcpy(op->dst, op->data_bounce, h->len);
+        return;' \
+'            memcpy(op->dst, op->data_bounce, h->len);
+        ((uint8_t *)op->dst)[h->len - 1] ^= 0x01;
+        return;'
+
+# A parent evicted before its child: eviction ignores the child count.
+mutation store-evicts-parent daemon/engine.c "check_store check_store_policy check_e2e_pressure" \
+'    if (b->children)
+        return false;
+    return mode == ENGINE_VICTIM_LEAF' \
+'    return mode == ENGINE_VICTIM_LEAF'
+
+# A block in motion is freed: the idle check forgets the moves and jobs in flight.
+mutation engine-frees-moving daemon/store.c "check_e2e_engine check_e2e_disk check_quant" \
+'           !(b->flags & (BLOCK_F_BUSY | BLOCK_F_LOST));' \
+'           !(b->flags & BLOCK_F_LOST);'
+
+# Not inclusive: a promoted block loses its disk record, so it is written again.
+mutation engine-promote-drops-record daemon/engine_disk.c "check_e2e_engine" \
+'        /* Inclusive: the record stays, so the block is clean in memory. */
+        ENGINE_DISK_STAT_ADD(s, ns, promoted_blocks, 1);' \
+'        ENGINE_DISK_STAT_ADD(s, ns, promoted_blocks, 1);
+        store_lru_unlink(s, idx);
+        store_record_free(s, idx);
+        store_lru_push_head(s, idx);'
+
+# The wrong arena: a promotion reads into arena 0 whatever the namespace's arena.
+mutation engine-promote-arena0 daemon/engine_disk.c "check_e2e_engine" \
+'    struct tier *host = s->arenas[ns->arena].tier;
+    struct tier_disk_meta m;
+    struct engine_disk_move *mv = calloc(1, sizeof(*mv));' \
+'    struct tier *host = s->arenas[0].tier;
+    struct tier_disk_meta m;
+    struct engine_disk_move *mv = calloc(1, sizeof(*mv));'
+
+# Keys from an uninitialised hash state (the bug that cost hits): no XXH3_INITSTATE.
+mutation key-state-uninitialised client/key.c "check_key" \
+'    XXH3_INITSTATE(&st);' \
+'    (void)0;'
+
+# The policy's decision ignores pins: a pinned block may be dropped or quantized.
+mutation policy-ignores-pins policies/policy_decide.c "check_policy check_store_policy" \
+'        if (x->flags & POLICY_BLOCK_PINNED)' \
+'        if (0 && (x->flags & POLICY_BLOCK_PINNED))'
+
+# ---- machinery ------------------------------------------------------------------------------
+
+key() { echo "$1" | tr -- '-.' '__'; }
+get() { eval "echo \"\$m_$1_$(key "$2")\""; }
+
+run_make() {
+    nice -n 10 make -C "$work" -j2 CUDA=0 --no-print-directory "$@" >>"$log" 2>&1
+}
+
+# Runs the suites (names); 0 when all pass. The failing one's name goes to $failed.
+run_suites() {
+    failed=""
+    for s in $1; do
+        (cd "$work" && CK_DEFAULT_TIMEOUT=$((120 * slow)) timeout $((600 * slow)) \
+            "build/tests/$s") >>"$log" 2>&1 || failed="$failed $s"
+    done
+    [ -z "$failed" ]
+}
+
+targets() {
+    t="build/bin/kvcd build/bin/kvcctl"
+    for s in $1; do t="$t build/tests/$s"; done
+    echo "$t"
+}
+
+wanted() {
+    [ -z "$only" ] && return 0
+    for o in $only; do [ "$o" = "$1" ] && return 0; done
+    return 1
+}
+
+echo "mutation: copying the tree to $work"
+(cd "$src" && git ls-files -co --exclude-standard | tar -cf - -T -) | tar -xf - -C "$work" ||
+    exit 1
+all_suites=""
+for m in $m_names; do
+    wanted "$m" || continue
+    for s in $(get suites "$m"); do
+        case " $all_suites " in *" $s "*) ;; *) all_suites="$all_suites $s" ;; esac
+    done
+done
+echo "mutation: building (CUDA=0) and running the suites on the unmutated tree:$all_suites"
+if ! run_make $(targets "$all_suites"); then
+    tail -n 40 "$log"
+    echo "mutation: the unmutated tree does not build"
+    exit 1
+fi
+if ! run_suites "$all_suites"; then
+    tail -n 60 "$log"
+    echo "mutation: the unmutated tree fails$failed: the table would mean nothing"
+    exit 1
+fi
+
+printf '%-32s %-52s %s\n' "mutation" "suites" "result"
+status=0
+for m in $m_names; do
+    wanted "$m" || continue
+    file=$(get file "$m")
+    suites=$(get suites "$m")
+    start=$(date +%s)
+    cp "$work/$file" "$work/$file.orig"
+    if ! OLD=$(get old "$m") NEW=$(get new "$m") perl -0777 -i -pe '
+            BEGIN { $o = $ENV{OLD}; $n = $ENV{NEW}; $c = 0 }
+            $c = () = /\Q$o\E/g; s/\Q$o\E/$n/ if $c == 1;
+            END { exit($c == 1 ? 0 : 3) }' "$work/$file"; then
+        result="not applied (text not found once in $file)"
+        status=1
+    elif ! run_make $(targets "$suites"); then
+        result="no build"
+        status=1
+    elif run_suites "$suites"; then
+        result="SURVIVED"
+        status=1
+    else
+        result="killed by$failed"
+    fi
+    mv "$work/$file.orig" "$work/$file"
+    touch "$work/$file"
+    printf '%-32s %-52s %s (%ss)\n' "$m" "$suites" "$result" $(($(date +%s) - start))
+done
+# leave the copy as it was built: rebuild nothing, it is removed
+exit $status
