@@ -34,6 +34,9 @@ struct engine_disk {
     uint32_t admit_hits;
     uint32_t npaths;
     bool down;               /* every path failed: nothing more can be written */
+    bool stuck;              /* the disk is full of what it cannot evict (parents of blocks
+                                in memory): dirty leaves go as without a disk until it is not */
+    uint64_t stuck_len;      /* the record that found no room */
     uint64_t moves;          /* writes and reads in flight */
     uint64_t writing[STORE_MAX_ARENAS + 2]; /* memory bytes of each arena being written */
     uint64_t freeing[STORE_MAX_ARENAS + 2]; /* of those, demotions: freed once written */
@@ -159,7 +162,7 @@ bool engine_disk_takes(const struct store *s, uint32_t idx)
 {
     const struct engine_disk *ed = s->disk;
     const struct block *b = &s->ix.blocks[idx];
-    if (!ed || ed->down)
+    if (!ed || ed->down || ed->stuck)
         return false;
     return !ed->admit_hits || b->hits >= ed->admit_hits || b->children;
 }
@@ -346,6 +349,8 @@ static int engine_disk_write_one(struct store *s, uint32_t idx, bool demote, uin
         engine_victim(s, STORE_ARENA_DISK, -1, now) == INDEX_NONE &&
         engine_disk_forgettable(s) == INDEX_NONE) {
         ed->disk_full++;
+        ed->stuck = true;
+        ed->stuck_len = m.len;
         return -ENOSPC; /* nothing on disk can make room: not worth encoding */
     }
     mv = calloc(1, sizeof(*mv));
@@ -471,6 +476,11 @@ int engine_disk_trim(struct store *s, uint64_t now)
     struct engine_disk *ed = s->disk;
     int acted = 0;
     engine_disk_rates(s, now);
+    /* A full disk takes records again once it has room or can make some. */
+    if (ed->stuck && (tier_disk_can_alloc(ed->disk, ed->stuck_len) ||
+                      engine_victim(s, STORE_ARENA_DISK, -1, now) != INDEX_NONE ||
+                      engine_disk_forgettable(s) != INDEX_NONE))
+        ed->stuck = false;
     engine_disk_compact(s);
     /* Quantize first where a namespace allows it (the raw slots its jobs will free count as
      * free already). */
@@ -1206,6 +1216,7 @@ void engine_disk_stats(const struct store *s, void (*put)(void *arg, const char 
     put(arg, "disk_write_rate", (uint64_t)ed->write_bps);
     put(arg, "disk_records_forgotten", ed->records_forgotten);
     put(arg, "disk_reads_queued", ed->reads_queued);
+    put(arg, "disk_stuck", ed->stuck);
     put(arg, "disk_capacity", st.capacity);
     put(arg, "disk_used", st.used);
     put(arg, "disk_pages", st.pages);
