@@ -738,17 +738,15 @@ void server_tick(struct server *sv)
     if (!sv)
         return;
     now = loop_now_ms(sv->loop);
-    if (sv->pending)
-        server_retry(sv, now); /* answers the ones whose time ran out */
     for (struct conn *c = sv->conns, *next; c; c = next) {
         next = c->next;
-        if (!c->hello && now - c->t_connect >= sv->lim.hello_timeout_ms) {
+        if (!c->hello && now > c->t_connect && now - c->t_connect >= sv->lim.hello_timeout_ms) {
             sv->store->total.closed_hello_timeout++;
             server_notice(c->fd, -ETIMEDOUT);
             server_conn_close(sv, c, "no HELLO within server.hello_timeout");
             continue;
         }
-        if (now - c->t_last >= sv->lim.idle_timeout_ms) {
+        if (now > c->t_last && now - c->t_last >= sv->lim.idle_timeout_ms) {
             sv->store->total.closed_idle++;
             server_notice(c->fd, -ETIMEDOUT);
             server_conn_close(sv, c, "idle for server.idle_timeout");
@@ -759,6 +757,9 @@ void server_tick(struct server *sv)
     }
     if (sv->waits && now >= sv->waits_deadline)
         server_waits_check(sv, now);
+    /* After the checks above: a request run again here is newer than their `now`. */
+    if (sv->pending)
+        server_retry(sv, now); /* answers the ones whose time ran out */
     server_arena_faults(sv);
 }
 

@@ -619,7 +619,7 @@ static void bench_restart_case(const char *name, uint64_t disk_bytes)
     const char *args[20];
     struct daemon d = {0};
     double empty, empty_best, full_s, full_best;
-    uint64_t blocks = 0, used = 0, found_at_start = 0;
+    uint64_t blocks = 0, used = 0, found_at_start = 0, from_ckpt = 0, walked = 0;
     long chains, verified;
     int n = 0;
     if (!case_wanted(name))
@@ -643,6 +643,8 @@ static void bench_restart_case(const char *name, uint64_t disk_bytes)
     args[n++] = "disk.write_rate=0"; /* the fill as fast as the drive takes it */
     args[n++] = "-o";
     args[n++] = quick ? "disk.page=4m" : "disk.page=16m";
+    args[n++] = "-o";
+    args[n++] = "disk.checkpoint_interval=1s"; /* so the fill ends with a checkpoint soon */
     args[n] = NULL;
 
     /* Baseline: an empty disk tier of the same size (made by a first start). */
@@ -680,6 +682,23 @@ static void bench_restart_case(const char *name, uint64_t disk_bytes)
         case_fail(name, "the disk tier holds less than 3/4 of what it can");
         goto out;
     }
+    /* A daemon that has been running has a checkpoint from its last interval: wait for the
+     * one written after the fill (nothing changed since), then the SIGKILL. */
+    {
+        uint64_t writes = 0, stale = 1, t0 = daemon_now_ms();
+        while (daemon_now_ms() - t0 < 120000) {
+            if (daemon_stat(&d, "disk_checkpoint_writes", &writes) ||
+                daemon_stat(&d, "disk_checkpoint_stale", &stale))
+                break;
+            if (writes && !stale && daemon_now_ms() - t0 > 2500)
+                break;
+            usleep(100000);
+        }
+        if (!writes) {
+            case_fail(name, "no checkpoint was written after the fill");
+            goto out;
+        }
+    }
     restart_kill(&d);
     full_s = restart_median(&d, args, &full_best);
     if (full_s < 0) {
@@ -687,7 +706,9 @@ static void bench_restart_case(const char *name, uint64_t disk_bytes)
         goto out;
     }
     /* One more start, to read back what the restarts kept. */
-    if (restart_timed(&d, args) < 0 || daemon_stat(&d, "disk_records_found", &found_at_start)) {
+    if (restart_timed(&d, args) < 0 || daemon_stat(&d, "disk_records_found", &found_at_start) ||
+        daemon_stat(&d, "disk_start_records_checkpoint", &from_ckpt) ||
+        daemon_stat(&d, "disk_start_records_walked", &walked)) {
         case_fail(name, "the last start failed");
         goto out;
     }
@@ -695,8 +716,9 @@ static void bench_restart_case(const char *name, uint64_t disk_bytes)
     if (verified < 0)
         goto out;
     printf("  %-16s exec to READY: full %.3f s (best %.3f), empty %.3f s (best %.3f); "
-           "%" PRIu64 " records found at start; %ld of %d sampled blocks read back\n",
-           name, full_s, full_best, empty, empty_best, found_at_start, verified,
+           "%" PRIu64 " records found at start (%" PRIu64 " from the checkpoint, %" PRIu64
+           " walked); %ld of %d sampled blocks read back\n",
+           name, full_s, full_best, empty, empty_best, found_at_start, from_ckpt, walked, verified,
            BENCH_SAMPLE * BENCH_CHAIN);
     fflush(stdout);
     if (verified == 0) {
