@@ -440,7 +440,7 @@ static bool engine_policy_eligible(const struct block *b, uint32_t arena, uint16
 
 /* One round: the coldest namespace's sample through policy_decide, actions carried out.
  * Returns the blocks acted on, 0 when the round found nothing to do (or only drops are
- * possible: the caller evicts through store_victim), -EAGAIN when the disk asks to wait. */
+ * possible: the caller evicts through engine_victim), -EAGAIN when the disk asks to wait. */
 static int engine_policy_round(struct store *s, uint32_t a, uint64_t to_free, uint64_t now)
 {
     struct policy_block cand[ENGINE_POLICY_SAMPLE + ENGINE_POLICY_PROBES];

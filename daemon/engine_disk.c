@@ -796,7 +796,7 @@ static void engine_disk_promote_done(void *arg, int status)
     engine_disk_ready(s);
 }
 
-/* A host slot of len bytes in ns's arena, evicting as store_alloc does (a quantized block
+/* A host slot of len bytes in ns's arena, evicting as engine_alloc does (a quantized block
  * comes back into a slot of its encoded size). */
 static int engine_disk_host_alloc(struct store *s, struct store_ns *ns, uint64_t len, uint64_t now,
                               struct tier_loc *loc)

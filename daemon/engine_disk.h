@@ -97,7 +97,7 @@ uint32_t engine_disk_lookup_prepare(struct store *s, uint16_t ns, const struct k
                                     uint32_t hits, uint32_t flags, uint64_t now,
                                     bool *short_of_room);
 
-/* The engine under pressure and ahead of it (store_trim, after commits, every poll): clean
+/* The engine under pressure and ahead of it (engine_trim, after commits, every poll): clean
  * blocks leave memory and dirty ones are demoted above the high watermark; write-back keeps
  * free plus clean memory at its target. Returns the number of blocks acted on. */
 int engine_disk_trim(struct store *s, uint64_t now);

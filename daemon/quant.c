@@ -16,7 +16,7 @@
  * ever freed.
  *
  * Trigger: while every namespace ranks with lru, engine_trim() calls quant_pressure() (below);
- * once one has another policy, the policy engine (store_policy.c) chooses the blocks to
+ * once one has another policy, the policy engine (engine_policy_trim) chooses the blocks to
  * quantize with policy_decide and calls store_quantize() itself. quant_pressure() runs
  * first. For each arena above its high watermark it queues the coldest unpinned raw blocks
  * of namespaces that allow a codec, counting each queued raw slot as freed already, until

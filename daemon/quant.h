@@ -38,7 +38,7 @@ int store_quantize(struct store *s, uint32_t idx);
  * restores it as it was.) */
 int64_t quant_format_bytes(const struct store_ns *ns, uint8_t format);
 
-/* Pressure trigger, called by store_trim() before it evicts: for every arena above its high
+/* Pressure trigger, called by engine_trim() before it evicts: for every arena above its high
  * watermark, queues the coldest unpinned raw blocks of namespaces that allow a codec until
  * the arena would be at its low watermark once they are done, or `inflight` jobs are queued.
  * Returns the number queued. */

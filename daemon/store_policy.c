@@ -21,22 +21,22 @@
  * an unbounded Quest bound (it may hold the largest score, so a budgeted read never drops
  * it on no evidence).
  *
- * Eviction order (store_victim). Under LRU the sample is the 16 coldest evictable leaves, as
+ * Eviction order (engine_victim, daemon/engine.c). Under LRU the sample is the 16 coldest evictable leaves, as
  * before. Under any other policy the namespace of the coldest evictable leaf ranks its own
  * candidates: its leaves among the LRU tail's window plus 16 random probes into the block
  * pool (kept when they are evictable leaves of that namespace), so a block a policy values
  * little can be found away from the tail, in O(1) per eviction (bounded walk, 16 probes,
  * a sort of at most 32). Between namespaces the order stays LRU.
  *
- * Actions (store_policy_trim). When a namespace other than LRU exists, store_trim runs this
+ * Actions (engine_policy_trim). When a namespace other than LRU exists, engine_trim runs this
  * engine instead of the fixed quantize-then-demote-then-drop order: per round the coldest
  * namespace's sample (leaves and inner blocks) goes to policy_decide with what the engine
  * can do for it — quantize when the namespace's creator allowed codecs (its recipe is the
  * per-layer plan: raw_layers raw, then the recipe's codec) and the worker has room, offload
  * when a disk tier exists, drop always — and the actions are carried out (quantize-in-place,
  * a disk write, an eviction). Queued quantizations and writes count as freed. A round that
- * finds no action falls back to store_victim. Namespaces with only "drop" available skip
- * policy_decide and use store_victim directly (the same ranking, without the walk over
+ * finds no action falls back to engine_victim. Namespaces with only "drop" available skip
+ * policy_decide and use engine_victim directly (the same ranking, without the walk over
  * inner blocks). The miss cost is the recompute time of a block (block_tokens /
  * cache.recompute_tokens_per_s), the disk cost a read at STORE_POLICY_DISK_BPS.
  * Owned by the loop thread.
