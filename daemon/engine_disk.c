@@ -42,7 +42,6 @@ struct engine_disk {
     uint64_t freeing[STORE_MAX_ARENAS + 2]; /* of those, demotions: freed once written */
     uint64_t demote_cancelled;
     uint64_t disk_full;      /* writes that found no room even after eviction */
-    uint64_t records_forgotten; /* disk records of clean blocks freed to make room */
     uint32_t compact_below;  /* percent of a page still live under which it is compacted */
     uint32_t compact_page;   /* the page being emptied; UINT32_MAX: none */
     uint32_t compacting;     /* compaction moves in flight */
@@ -211,38 +210,18 @@ static void engine_disk_ready(struct store *s)
 
 /* ---- room on disk ------------------------------------------------------------------------ */
 
-/* A clean block in memory whose disk record can go (it stays cached in memory, dirty). */
-static uint32_t engine_disk_forgettable(const struct store *s)
-{
-    for (uint32_t a = 0; a < STORE_MAX_ARENAS + 2; a++) {
-        if (a == STORE_ARENA_DISK)
-            continue;
-        for (uint32_t i = s->arenas[a].clean_tail, k = 0; i != INDEX_NONE && k < 64;
-             i = s->ix.blocks[i].lru_prev, k++)
-            if (!(s->ix.blocks[i].flags & (BLOCK_F_BUSY | BLOCK_F_LOST)))
-                return i;
-    }
-    return INDEX_NONE;
-}
-
-/* Frees one record to make room: the coldest block whose only copy is on disk (a leaf),
- * else the record of a clean block in memory, which loses nothing but a future write.
- * false when nothing can go. */
+/* Frees one record to make room: the coldest block whose only copy is on disk (a leaf).
+ * The records of clean blocks in memory are not taken: forgetting one frees no page until
+ * the rest of its page dies, and makes its block dirty, to be written again — on a disk
+ * smaller than what memory holds clean that turns into a loop of writes. false when nothing
+ * can go. */
 static bool engine_disk_disk_evict_one(struct store *s, uint64_t now)
 {
     uint32_t v = engine_victim(s, STORE_ARENA_DISK, -1, now);
-    if (v != INDEX_NONE) {
-        ENGINE_DISK_STAT_ADD(s, s->ns[s->ix.blocks[v].ns], disk_evicted_blocks, 1);
-        engine_evict(s, v);
-        return true;
-    }
-    v = engine_disk_forgettable(s);
     if (v == INDEX_NONE)
         return false;
-    store_lru_unlink(s, v);
-    store_record_free(s, v);
-    store_lru_push_head(s, v);
-    s->disk->records_forgotten++;
+    ENGINE_DISK_STAT_ADD(s, s->ns[s->ix.blocks[v].ns], disk_evicted_blocks, 1);
+    engine_evict(s, v);
     return true;
 }
 
@@ -346,8 +325,7 @@ static int engine_disk_write_one(struct store *s, uint32_t idx, bool demote, uin
     if (rc)
         return rc;
     if (!tier_disk_can_alloc(ed->disk, m.len) &&
-        engine_victim(s, STORE_ARENA_DISK, -1, now) == INDEX_NONE &&
-        engine_disk_forgettable(s) == INDEX_NONE) {
+        engine_victim(s, STORE_ARENA_DISK, -1, now) == INDEX_NONE) {
         ed->disk_full++;
         ed->stuck = true;
         ed->stuck_len = m.len;
@@ -375,6 +353,36 @@ static int engine_disk_write_one(struct store *s, uint32_t idx, bool demote, uin
     ed->writing[mv->arena] += mv->host.len;
     if (demote)
         ed->freeing[mv->arena] += mv->host.len;
+    return 0;
+}
+
+/* Starts the writes of the dirty ancestors of block idx that are in memory, the root-most
+ * first; *started counts their bytes. 0, or -EAGAIN / -ENOSPC (the disk says wait: idx waits
+ * with them). */
+static int engine_disk_write_ancestors(struct store *s, uint32_t idx, uint64_t now,
+                                       uint64_t *started)
+{
+    uint32_t anc[64], n = 0;
+    const struct block *b = &s->ix.blocks[idx];
+    while (n < sizeof(anc) / sizeof(anc[0]) && !index_key_is_zero(&b->parent)) {
+        uint32_t p = index_find(&s->ix, b->ns, &b->parent);
+        if (p == INDEX_NONE)
+            break;
+        b = &s->ix.blocks[p];
+        if (b->flags & (BLOCK_F_DISK | BLOCK_F_DEMOTING))
+            break; /* on disk, or on its way: so are the ones above it */
+        if (b->tier != KVC_WIRE_TIER_HOST || (b->flags & (BLOCK_F_BUSY | BLOCK_F_LOST)))
+            break;
+        anc[n++] = p;
+    }
+    while (n-- > 0) {
+        uint64_t len = s->ix.blocks[anc[n]].len;
+        int rc = engine_disk_write_one(s, anc[n], false, now);
+        if (rc == -EAGAIN || rc == -ENOSPC)
+            return rc;
+        if (rc == 0)
+            *started += len;
+    }
     return 0;
 }
 
@@ -408,7 +416,12 @@ static int engine_disk_write_back(struct store *s, uint32_t a, uint64_t bytes, b
             continue;
         }
         uint64_t len = b->len;
-        rc = engine_disk_write_one(s, i, demote, now);
+        /* Its dirty ancestors first: a record whose parent is only in memory is an orphan
+         * after a crash (dropped at the next start), and shared prefixes, hit often, would
+         * otherwise stay dirty while their cold leaves go to disk. */
+        rc = engine_disk_write_ancestors(s, i, now, &started);
+        if (rc == 0)
+            rc = engine_disk_write_one(s, i, demote, now);
         if (rc == -EAGAIN || rc == -ENOSPC)
             break; /* the next poll or tick goes on */
         if (rc == 0) {
@@ -478,8 +491,7 @@ int engine_disk_trim(struct store *s, uint64_t now)
     engine_disk_rates(s, now);
     /* A full disk takes records again once it has room or can make some. */
     if (ed->stuck && (tier_disk_can_alloc(ed->disk, ed->stuck_len) ||
-                      engine_victim(s, STORE_ARENA_DISK, -1, now) != INDEX_NONE ||
-                      engine_disk_forgettable(s) != INDEX_NONE))
+                      engine_victim(s, STORE_ARENA_DISK, -1, now) != INDEX_NONE))
         ed->stuck = false;
     engine_disk_compact(s);
     /* Quantize first where a namespace allows it (the raw slots its jobs will free count as
@@ -532,8 +544,7 @@ bool engine_disk_room_coming(struct store *s, uint32_t arena)
             !(s->ix.blocks[i].flags & (BLOCK_F_BUSY | BLOCK_F_LOST)) && engine_disk_takes(s, i))
             /* ... and the disk has room for it, or can make some. */
             return tier_disk_can_alloc(ed->disk, s->ix.blocks[i].len) ||
-                   engine_victim(s, STORE_ARENA_DISK, -1, 0) != INDEX_NONE ||
-                   engine_disk_forgettable(s) != INDEX_NONE;
+                   engine_victim(s, STORE_ARENA_DISK, -1, 0) != INDEX_NONE;
     return false;
 }
 
@@ -1234,7 +1245,6 @@ void engine_disk_stats(const struct store *s, void (*put)(void *arg, const char 
     put(arg, "disk_writing_bytes", writing);
     put(arg, "disk_put_rate", (uint64_t)ed->put_bps);
     put(arg, "disk_write_rate", (uint64_t)ed->write_bps);
-    put(arg, "disk_records_forgotten", ed->records_forgotten);
     put(arg, "disk_reads_queued", ed->reads_queued);
     put(arg, "disk_stuck", ed->stuck);
     put(arg, "disk_capacity", st.capacity);
