@@ -12,10 +12,12 @@
  * are a function of the key (daemon_block_fill), so every byte of every hit is compared and
  * the wrong ones counted in a shared page. Every few ms the parent SIGKILLs a random child
  * and forks a new one, CHAOS_CLIENT_KILLS times. CHAOS_DAEMON_KILLS times, spread over the
- * run, it lists the blocks whose record is on disk, waits until two checkpoints have been
- * written after the listing (disk_checkpoint_writes, so one started after it completed),
- * SIGKILLs kvcd, restarts it on the same files and reads a sample of those blocks back:
- * each must be a hit with the right bytes. Children that lose the daemon reconnect. Keys
+ * run, it lists the blocks whose record, and every ancestor's, is on disk (kvcd drops a
+ * record whose parent lived only in memory at start, by design), waits until two
+ * checkpoints have been written after the listing (disk_checkpoint_writes, so one started
+ * after it completed) or sees disk_checkpoint_stale = 0 (none is due), SIGKILLs kvcd,
+ * restarts it on the same files and reads a sample of those blocks back: each must be a hit
+ * with the right bytes. Children that lose the daemon reconnect. Keys
  * come from a bounded set (CHAOS_FAMILIES chains of shared prefix plus variants) whose
  * records fit the disk several times over, so the disk never has to evict one and a miss
  * after a restart is a lost block, not a policy decision.
@@ -486,7 +488,13 @@ static int daemon_cycle(struct kvc_key *sample, uint8_t *want)
         goto out;
     }
     t0 = daemon_now_ms();
+    /* Two checkpoints after the listing, or none needed: disk_checkpoint_stale = 0 (no record
+     * changed since the latest one; kvcd writes none then) seen at least 2.5 s after it. */
     while (c < c0 + 2) {
+        uint64_t stale = 1;
+        if (daemon_now_ms() - t0 > 2500 &&
+            !daemon_client_stat(cc.c, 0, "disk_checkpoint_stale", &stale) && !stale)
+            break;
         if (daemon_now_ms() - t0 > (uint64_t)daemon_ms(15000)) {
             fprintf(stderr, "chaos: cycle %" PRIu64 ": no checkpoint in 15 s\n",
                     daemon_kills + 1);
@@ -737,7 +745,7 @@ end:
         printf("  errors by errno:");
         for (e = 0; e < CHAOS_ERRNOS; e++)
             if (sh->errs[e])
-                printf(" %s=%" PRIu64, e ? kvc_strerror(-(int)e) : "other", sh->errs[e]);
+                printf(" %" PRIu64 " (%s)=%" PRIu64, e, e ? kvc_strerror(-(int)e) : "other", sh->errs[e]);
         printf("\n");
         if (sh->wrong_bytes || pins || resv || daemon_crashes || lost || other_leaks)
             bench_fail("wrong bytes, leaks, crashes or lost blocks (see above)");
