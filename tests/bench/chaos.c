@@ -573,9 +573,31 @@ static int gauges_settle(uint64_t *pins, uint64_t *resv, uint64_t *resv_bytes)
     return 0;
 }
 
+/* Disk requests still in flight once every client is gone: they must drain within 10 s.
+ * What is left, or 0. */
+static uint64_t inflight_settle(void)
+{
+    static const char *const names[] = {"disk_reads_inflight", "disk_writes_inflight",
+                                        "disk_moves_inflight"};
+    uint64_t t0 = daemon_now_ms(), sum = 0;
+    do {
+        sum = 0;
+        for (int i = 0; i < 3; i++) {
+            uint64_t v = 0;
+            if (daemon_stat(&d, names[i], &v) == 0)
+                sum += v;
+        }
+        if (!sum)
+            return 0;
+        usleep(100000);
+    } while (daemon_now_ms() - t0 < (uint64_t)daemon_ms(10000));
+    fprintf(stderr, "chaos: %" PRIu64 " disk requests still in flight after 10 s idle\n", sum);
+    return sum;
+}
+
 /* Every gauge-like counter (a name ending in _now, or holding inflight/pending/waiting),
  * printed; those about leases, waits and pins that are not zero count as leaks. */
-static uint64_t gauges_print(void)
+static uint64_t gauges_print(const char *when)
 {
     struct chaos_conn cc = {0};
     struct kvc_stat *s = NULL;
@@ -585,7 +607,7 @@ static uint64_t gauges_print(void)
         conn_close(&cc);
         return 0;
     }
-    printf("  gauges at the end:");
+    printf("  gauges %s:", when);
     for (size_t i = 0; i < n; i++) {
         const char *nm = s[i].name;
         size_t l = strlen(nm);
@@ -690,7 +712,7 @@ int main(int argc, char **argv)
 
     if (gauges_settle(&pins, &resv, &resv_bytes))
         bench_fail("no gauges from kvcd at the end");
-    other_leaks = gauges_print();
+    other_leaks = gauges_print("with every client gone");
     {
         struct chaos_conn cc = {0};
         uint64_t before = sh->verified;
@@ -708,6 +730,8 @@ int main(int argc, char **argv)
         if (!gauges_settle(&pins, &resv, &resv_bytes) && (pins || resv))
             fprintf(stderr, "chaos: leaks after the final read\n");
     }
+    other_leaks += inflight_settle() ? 1 : 0;
+    other_leaks += gauges_print("after the final read");
     st = daemon_stop(&d);
     if (st != 0) {
         daemon_crashes++;
@@ -745,7 +769,8 @@ end:
         printf("  errors by errno:");
         for (e = 0; e < CHAOS_ERRNOS; e++)
             if (sh->errs[e])
-                printf(" %" PRIu64 " (%s)=%" PRIu64, e, e ? kvc_strerror(-(int)e) : "other", sh->errs[e]);
+                printf(" %" PRIu64 " (%s)=%" PRIu64, e, e ? kvc_strerror(-(int)e) : "other",
+                       sh->errs[e]);
         printf("\n");
         if (sh->wrong_bytes || pins || resv || daemon_crashes || lost || other_leaks)
             bench_fail("wrong bytes, leaks, crashes or lost blocks (see above)");
