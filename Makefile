@@ -7,6 +7,7 @@
 #   make mutation   apply deliberate bugs to a copy of the tree; the suites must catch each
 #   make demo       start kvcd with defaults and run two engine processes sharing a prefix
 #   make bench      every benchmark; make bench-NAME runs tests/bench/bench_NAME.c
+#   make chaos      clients and kvcd SIGKILLed at random under load (docs/chaos.md)
 #   make CUDA=0     build without nvcc;  make SAN=1  sanitizer build into build/asan
 #
 # Each folder's sources are picked up by wildcard: a new module is a new file.
@@ -193,6 +194,13 @@ bench: all $(BENCH_BINS)
 bench-%: all $(B)/bench/bench_%
 	@mkdir -p build/bench
 	$(B)/bench/bench_$* $(TOP)/build/bench/$*.json
+
+# Chaos run (tests/bench/chaos.c, not part of make check): clients and kvcd SIGKILLed under
+# load. CHAOS_CLIENT_KILLS, CHAOS_DAEMON_KILLS, CHAOS_CLIENTS, CHAOS_SECONDS for a quick run.
+.PHONY: chaos
+chaos: all $(B)/bench/chaos
+	@mkdir -p build/bench
+	$(B)/bench/chaos $(TOP)/build/bench/chaos.json
 
 # Fuzz targets (libFuzzer, clang): the protocol decoder and the config parser.
 # make fuzz FUZZ_SECONDS=60 runs each for that long; findings stop the run. make check runs
