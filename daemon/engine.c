@@ -318,12 +318,14 @@ int engine_trim(struct store *s, uint64_t now)
     if (s->gpu && (double)s->gpu->ops->usage(s->gpu) >
                       s->p.high_watermark * (double)s->gpu->ops->capacity(s->gpu))
         n += engine_gpu_demote(s, now);
-    /* Quantize first where a namespace allows it; the raw slots its jobs will free count
-     * as free already, so eviction takes only the rest. */
+    /* With a disk tier its half of the engine does the rest (quantize, write-back,
+     * demotion, clean blocks leaving memory). */
     if (s->disk)
         return n + engine_disk_trim(s, now);
     if (store_policy_engine(s))
         goto engine;
+    /* Quantize first where a namespace allows it; the raw slots its jobs will free count
+     * as free already, so eviction takes only the rest. */
     quant_pressure(s->quant, now);
     for (uint32_t a = 0; a < s->narenas; a++) {
         struct tier *t = s->arenas[a].tier;
@@ -342,7 +344,7 @@ int engine_trim(struct store *s, uint64_t now)
     return n;
 engine:
     /* A namespace ranks with another policy than LRU: its actions come from policy_decide
-     * (store_policy.c), arena by arena. */
+     * (engine_policy_trim), arena by arena. */
     for (uint32_t a = 0; a < s->narenas; a++)
         n += engine_policy_trim(s, a, now);
     return n;

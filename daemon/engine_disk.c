@@ -484,6 +484,12 @@ static uint64_t engine_disk_room_target(const struct store *s, uint32_t a)
     return (uint64_t)want;
 }
 
+/* a - b, or 0 (pending bytes are a part of the used ones; never trust that blindly). */
+static uint64_t engine_disk_sub(uint64_t a, uint64_t b)
+{
+    return a > b ? a - b : 0;
+}
+
 int engine_disk_trim(struct store *s, uint64_t now)
 {
     struct engine_disk *ed = s->disk;
@@ -505,8 +511,8 @@ int engine_disk_trim(struct store *s, uint64_t now)
         /* Over the high watermark: clean blocks leave memory (they stay on disk) and leaves
          * the disk would not take are dropped, down to the low watermark; if that is not
          * enough, dirty blocks are demoted (written, then freed). */
-        if ((double)(used - (pend < used ? pend : used)) > s->p.high_watermark * cap) {
-            while ((double)(t->ops->usage(t) - pend) > s->p.low_watermark * cap) {
+        if ((double)engine_disk_sub(used, pend) > s->p.high_watermark * cap) {
+            while ((double)engine_disk_sub(t->ops->usage(t), pend) > s->p.low_watermark * cap) {
                 uint32_t v = engine_victim(s, a, -1, now);
                 if (v == INDEX_NONE)
                     break;
@@ -514,14 +520,16 @@ int engine_disk_trim(struct store *s, uint64_t now)
                 acted++;
             }
             used = t->ops->usage(t);
-            if ((double)(used - pend) > s->p.low_watermark * cap)
+            if ((double)engine_disk_sub(used, pend) > s->p.low_watermark * cap)
                 acted += engine_disk_write_back(
-                    s, a, (uint64_t)((double)(used - pend) - s->p.low_watermark * cap), true, now);
+                    s, a,
+                    (uint64_t)((double)engine_disk_sub(used, pend) - s->p.low_watermark * cap),
+                    true, now);
         }
         /* Ahead of need: dirty blocks are written (they stay in memory, clean) until the
          * free and clean memory reaches the target. */
         used = t->ops->usage(t);
-        room = (uint64_t)cap - used + s->arenas[a].clean_bytes + ed->writing[a];
+        room = engine_disk_sub((uint64_t)cap, used) + s->arenas[a].clean_bytes + ed->writing[a];
         want = engine_disk_room_target(s, a);
         if (room < want)
             acted += engine_disk_write_back(s, a, want - room, false, now);
