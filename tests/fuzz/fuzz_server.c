@@ -536,6 +536,12 @@ static void fz_check(struct fz *f)
     free(blocks);
 }
 
+static void fz_dir_remove(void)
+{
+    unlink(fz_sock);
+    rmdir(fz_dir);
+}
+
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
@@ -546,6 +552,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     if (!mkdtemp(fz_dir))
         abort();
     snprintf(fz_sock, sizeof(fz_sock), "%s/kvcd.sock", fz_dir);
+    atexit(fz_dir_remove);
     return 0;
 }
 
