@@ -202,9 +202,10 @@ chaos: all $(B)/bench/chaos
 	@mkdir -p build/bench
 	$(B)/bench/chaos $(TOP)/build/bench/chaos.json
 
-# Fuzz targets (libFuzzer, clang): the protocol decoder and the config parser.
+# Fuzz targets (libFuzzer, clang): the protocol decoder, the config parser, and the server
+# over a real store (sequences of requests on several connections; tests/fuzz/fuzz_server.c).
 # make fuzz FUZZ_SECONDS=60 runs each for that long; findings stop the run. make check runs
-# fuzz-smoke: both built and run FUZZ_SMOKE_SECONDS each, or a SKIP line without clang.
+# fuzz-smoke: each built and run FUZZ_SMOKE_SECONDS each, or a SKIP line without clang.
 FUZZ_SECONDS ?= 30
 FUZZ_SMOKE_SECONDS ?= 5
 FUZZ_FLAGS := -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -I$(TOP) \
@@ -212,21 +213,35 @@ FUZZ_FLAGS := -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURC
 FUZZ_PROTO_SRCS := tests/fuzz/fuzz_proto.c daemon/proto.c
 FUZZ_CONFIG_SRCS := tests/fuzz/fuzz_config.c daemon/config.c daemon/config_ns.c \
 	$(wildcard policies/*.c)
+# The server target drives a real store and server (every daemon source but main.c) through
+# client connections; its seeds are tests/fuzz/corpus/server. kern_avx2.c passes a const int
+# where clang wants an immediate, so the C compiler builds it, uninstrumented.
+FUZZ_SERVER_SRCS := tests/fuzz/fuzz_server.c $(filter-out kernels/kern_avx2.c,$(LIBKVCD_SRCS))
+FUZZ_SERVER_CORPUS := tests/fuzz/corpus/server
 fuzz-build:
 	@mkdir -p build/fuzz
+	$(CC) -std=gnu11 -O2 -g -D_GNU_SOURCE -I$(TOP) -DKVC_CUDA=0 -c kernels/kern_avx2.c \
+		-o build/fuzz/kern_avx2.o
+	clang $(FUZZ_FLAGS) -DKVC_CUDA=0 -pthread $(FUZZ_SERVER_SRCS) build/fuzz/kern_avx2.o \
+		-o build/fuzz/fuzz_server $(PKG_LIBS) -pthread -lm
 	clang $(FUZZ_FLAGS) $(FUZZ_PROTO_SRCS) -o build/fuzz/fuzz_proto
 	clang $(FUZZ_FLAGS) $(FUZZ_CONFIG_SRCS) -o build/fuzz/fuzz_config \
 		$(shell pkg-config --libs inih) -lm
 fuzz: fuzz-build
 	build/fuzz/fuzz_proto -max_total_time=$(FUZZ_SECONDS) -max_len=4096
 	build/fuzz/fuzz_config -max_total_time=$(FUZZ_SECONDS) -max_len=4096
+	@mkdir -p build/fuzz/corpus-server
+	build/fuzz/fuzz_server -max_total_time=$(FUZZ_SECONDS) -max_len=1024 \
+		build/fuzz/corpus-server $(FUZZ_SERVER_CORPUS)
 fuzz-smoke:
 	@if ! command -v clang >/dev/null 2>&1; then \
-		echo "SKIP: fuzz: clang is not installed: fuzz_proto and fuzz_config not built"; \
+		echo "SKIP: fuzz: clang is not installed: fuzz_proto, fuzz_config and fuzz_server not built"; \
 	else \
 		$(MAKE) --no-print-directory -s fuzz-build || exit 1; \
-		for f in fuzz_proto fuzz_config; do \
-			build/fuzz/$$f -max_total_time=$(FUZZ_SMOKE_SECONDS) -max_len=4096 \
+		for f in fuzz_proto fuzz_config fuzz_server; do \
+			seeds=; [ $$f != fuzz_server ] || { mkdir -p build/fuzz/corpus-server; \
+				seeds="build/fuzz/corpus-server $(FUZZ_SERVER_CORPUS)"; }; \
+			build/fuzz/$$f -max_total_time=$(FUZZ_SMOKE_SECONDS) -max_len=4096 $$seeds \
 				>build/fuzz/$$f.log 2>&1 || { cat build/fuzz/$$f.log; exit 1; }; \
 			echo "== fuzz-smoke $$f: $$(grep -o 'Done [0-9]* runs' build/fuzz/$$f.log)"; \
 		done; \
