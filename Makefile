@@ -245,6 +245,12 @@ fuzz-smoke:
 				>build/fuzz/$$f.log 2>&1 || { cat build/fuzz/$$f.log; exit 1; }; \
 			echo "== fuzz-smoke $$f: $$(grep -o 'Done [0-9]* runs' build/fuzz/$$f.log)"; \
 		done; \
+		for c in tests/fuzz/crashes/server-*; do \
+			[ -e "$$c" ] || continue; \
+			build/fuzz/fuzz_server "$$c" >build/fuzz/crash.log 2>&1 || \
+				{ cat build/fuzz/crash.log; echo "fuzz-smoke: $$c fails again"; exit 1; }; \
+		done; \
+		echo "== fuzz-smoke: every input in tests/fuzz/crashes passes"; \
 	fi
 
 # Deliberate bugs applied to a copy of the tree, each of which the suites must catch

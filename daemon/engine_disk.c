@@ -1047,6 +1047,8 @@ static int engine_disk_adopt(struct store *s, const struct engine_disk_params *p
         return -EINVAL; /* not a block this namespace holds (its recipe changed?) */
     if (f->loc.len > UINT32_MAX || f->loc.off / TIER_DISK_ALIGN > UINT32_MAX)
         return -EFBIG;
+    if (index_key_is_zero(&key))
+        return -EINVAL; /* all-zero means "no parent", never a block */
     if (index_find(&s->ix, (uint16_t)ns_id, &key) != INDEX_NONE)
         return -EEXIST;
     if (!index_key_is_zero(&parent)) {

@@ -93,6 +93,18 @@ static uint32_t proto_key_slot(const struct kvc_wire_key *k, uint32_t mask)
     return (uint32_t)h & mask;
 }
 
+bool proto_keys_zero(const void *keys, uint32_t n, size_t stride)
+{
+    const char *base = keys;
+    for (uint32_t i = 0; i < n; i++) {
+        struct kvc_wire_key k;
+        memcpy(&k, base + i * stride, sizeof(k));
+        if ((k.lo | k.hi) == 0)
+            return true;
+    }
+    return false;
+}
+
 bool proto_keys_repeat(const void *keys, uint32_t n, size_t stride)
 {
     uint16_t set[PROTO_DUP_SLOTS]; /* index + 1 of the key in the slot, 0 empty */
@@ -309,6 +321,16 @@ int proto_decode(const void *buf, size_t n, struct proto_req *r, const char **wh
         return -EBADMSG;
     }
     int rc = proto_check_body(h->opcode, r->body, why);
+    /* All-zero means "no parent" (kvc_proto.h): as a block's own key it would hang every
+     * root of its namespace from that block (a tree the store cannot keep: found by
+     * fuzz_server, tests/fuzz/crashes/server-zero-key-in-chain). */
+    if (rc == 0 && r->ntail &&
+        (h->opcode == KVC_OP_LOOKUP || h->opcode == KVC_OP_RESERVE ||
+         h->opcode == KVC_OP_LOOKUP_BUDGET || h->opcode == KVC_OP_HINT) &&
+        proto_keys_zero(r->tail, r->ntail, sh->entry)) {
+        *why = "an all-zero key (it means no parent)";
+        rc = -EINVAL;
+    }
     if (rc == 0 && r->ntail > 1 &&
         (h->opcode == KVC_OP_LOOKUP || h->opcode == KVC_OP_RESERVE ||
          h->opcode == KVC_OP_LOOKUP_BUDGET || h->opcode == KVC_OP_HINT) &&

@@ -35,6 +35,8 @@ int proto_decode(const void *buf, size_t n, struct proto_req *r, const char **wh
 
 /* Whether two of the n keys at `keys` (one every `stride` bytes) are equal. O(n): a hash
  * set keyed with a secret drawn at start, so clients cannot aim keys at one bucket. */
+/* Whether any of n keys (each at the start of a stride-byte entry) is all-zero. */
+bool proto_keys_zero(const void *keys, uint32_t n, size_t stride);
 bool proto_keys_repeat(const void *keys, uint32_t n, size_t stride);
 
 /* Whether an opcode is admin-only (the third column of KVC_OPCODES). */

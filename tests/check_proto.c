@@ -229,6 +229,36 @@ START_TEST(test_lookup_budget)
 }
 END_TEST
 
+/* Regression (fuzz_server, tests/fuzz/crashes/server-zero-key-in-chain): an all-zero key, which
+ * means "no parent", is refused as a block's key in every batch of keys; one half zero is a
+ * key like any other. */
+START_TEST(test_zero_key_refused)
+{
+    struct proto_req r;
+    const char *why;
+    struct kvc_reserve_req res = {.ns_id = 1, .nkeys = 3};
+    struct kvc_lookup_budget_req bq = {.ns_id = 1, .nkeys = 3, .budget = 2,
+                                       .policy = KVC_POLICY_NS};
+    struct kvc_wire_key saved = keys[1];
+    keys[1] = (struct kvc_wire_key){.lo = 0, .hi = 0};
+    ck_assert_int_eq(proto_decode(buf, lookup_msg(3, 3), &r, &why), -EINVAL);
+    ck_assert_str_eq(why, "an all-zero key (it means no parent)");
+    ck_assert_int_eq(decode(msg(KVC_OP_RESERVE, &res, sizeof(res), keys, 3 * sizeof(keys[0]))),
+                     -EINVAL);
+    ck_assert_int_eq(decode(msg(KVC_OP_LOOKUP_BUDGET, &bq, sizeof(bq), keys, 3 * sizeof(keys[0]))),
+                     -EINVAL);
+    memset(hints, 0, sizeof(hints));
+    for (int i = 0; i < 3; i++)
+        hints[i].key = keys[i];
+    ck_assert_int_eq(proto_decode(buf, hint_msg(KVC_HINT_H2O, 3, 3), &r, &why), -EINVAL);
+    ck_assert_int_eq(decode(lookup_msg(1, 1)), 0); /* keys[0] alone is fine */
+    keys[1] = (struct kvc_wire_key){.lo = 0, .hi = 5};
+    ck_assert_int_eq(decode(lookup_msg(3, 3)), 0);
+    keys[1] = saved;
+    ck_assert_int_eq(decode(lookup_msg(3, 3)), 0);
+}
+END_TEST
+
 /* A batch naming one key twice is refused (the pin flood that repeated one key 2048 times in
  * one LOOKUP); keys that differ in one half only are distinct. */
 START_TEST(test_duplicate_keys)
@@ -347,6 +377,7 @@ int main(void)
     tcase_add_test(tc, test_hint);
     tcase_add_test(tc, test_lookup_budget);
     tcase_add_test(tc, test_duplicate_keys);
+    tcase_add_test(tc, test_zero_key_refused);
     tcase_add_test(tc, test_ns_drop);
     tcase_add_test(tc, test_mutations_never_crash);
     suite_add_tcase(s, tc);
