@@ -189,10 +189,12 @@ START_TEST(test_garbage_huge_counts)
     eq->nleases = UINT32_MAX;
     ck_assert_int_gt(gb_send(fd, KVC_OP_RELEASE, sizeof(*eq), eq, sizeof(*eq)), 0);
     ck_assert_int_eq(gb_reply_status(fd, KVC_OP_RELEASE), -E2BIG);
-    /* A well-formed lookup of a namespace that does not exist. */
+    /* A well-formed lookup of a namespace that does not exist (its key not all-zero, which
+     * is refused as a key: it means "no parent"). */
     memset(body, 0, sizeof(body));
     lq->ns_id = 4000;
     lq->nkeys = 1;
+    ((struct kvc_wire_key *)(lq + 1))->lo = 1;
     ck_assert_int_gt(gb_send(fd, KVC_OP_LOOKUP, sizeof(*lq) + 16, lq, sizeof(*lq) + 16), 0);
     ck_assert_int_eq(gb_reply_status(fd, KVC_OP_LOOKUP), -ENOENT);
     gb_stats_ok(fd);
@@ -226,6 +228,7 @@ START_TEST(test_garbage_before_hello)
     ck_assert_int_eq(gb_reply_status(fd, KVC_OP_STATS), -EPROTO);
     lq->ns_id = 1;
     lq->nkeys = 1;
+    ((struct kvc_wire_key *)(lq + 1))->lo = 1; /* well-formed but for the missing HELLO */
     ck_assert_int_gt(gb_send(fd, KVC_OP_LOOKUP, sizeof(*lq) + 16, lq, sizeof(*lq) + 16), 0);
     ck_assert_int_eq(gb_reply_status(fd, KVC_OP_LOOKUP), -EPROTO);
     /* A HELLO with an impossible version range is refused too. */
