@@ -1180,6 +1180,11 @@ static int server_pending_add(struct server *sv, struct conn *c, size_t n, uint6
         sv->retry_again = true; /* waits on, with its first deadline */
         return 0;
     }
+    /* One waiting request per connection (a client that pipelines more is answered at
+     * once): what a client can make the daemon hold stays one message. */
+    for (const struct server_pending *x = sv->pending; x; x = x->next)
+        if (x->c == c)
+            return -EBUSY;
     p = malloc(sizeof(*p) + n);
     if (!p)
         return -ENOMEM;
@@ -1261,7 +1266,7 @@ static bool server_handle(struct server *sv, struct conn *c, size_t n)
                 engine_trim(sv->store, now); /* the write-back that makes its room */
                 return false;
             }
-            if (rc == SERVER_DEFERRED) /* no memory to wait with: answered now */
+            if (rc == SERVER_DEFERRED) /* cannot wait (memory, one already waits): now */
                 rc = server_on_lookup(sv, c, &r, now, false);
             break;
         }
@@ -1277,7 +1282,7 @@ static bool server_handle(struct server *sv, struct conn *c, size_t n)
                 engine_trim(sv->store, now); /* the write-back that makes its room */
                 return false;
             }
-            if (rc == SERVER_DEFERRED) /* no memory to wait with: answered now */
+            if (rc == SERVER_DEFERRED) /* cannot wait (memory, one already waits): now */
                 rc = server_on_reserve(sv, c, &r, now, false);
             break;
         }
