@@ -21,8 +21,10 @@
  * KVC_LOC_F_READY, and WAIT answers when the read completed. The record stays (clean). A
  * read that fails verification frees the record and marks the block LOST: a miss for every
  * lookup, dropped once nothing hangs from it and nobody holds it. Disk full: the coldest
- * unpinned leaves only on disk are evicted, else the records of clean blocks in memory are
- * forgotten (they become dirty) until a record fits. Every move works on the block's own
+ * unpinned leaves only on disk are evicted until a record fits; a disk full of what it
+ * cannot evict takes nothing more until it can (dirty leaves then go as without a disk).
+ * Write-back writes a block's dirty ancestors first, so no record is an orphan after a
+ * crash. Every move works on the block's own
  * arena. A block in motion (BLOCK_F_BUSY) is never freed or moved by any path
  * (store_block_idle). At start the disk's records are taken back into the index parents
  * first (by depth), each in a namespace opened, placed and bound to its configuration
