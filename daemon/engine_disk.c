@@ -115,7 +115,7 @@ static uint64_t engine_disk_block_bytes(const struct store *s, const struct bloc
     return n > 0 ? (uint64_t)n : ns->block_bytes;
 }
 
-static void engine_disk_meta(const struct store *s, const struct block *b, struct tier_disk_meta *m)
+void engine_disk_meta(const struct store *s, const struct block *b, struct tier_disk_meta *m)
 {
     const struct store_ns *ns = s->ns[b->ns];
     memset(m, 0, sizeof(*m));

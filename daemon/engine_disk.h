@@ -125,6 +125,12 @@ uint64_t engine_disk_pending_bytes(const struct store *s);
 int engine_disk_lease_state(struct store *s, struct store_owner *owner, uint64_t lease_id, uint32_t *nhit,
                         uint32_t *nready, uint32_t *pending);
 
+/* The header a record of block b carries (key, parent, depth, bytes in memory, format,
+ * namespace layout): for writes, and for the checkpoint's list of records. */
+struct block;
+struct tier_disk_meta;
+void engine_disk_meta(const struct store *s, const struct block *b, struct tier_disk_meta *m);
+
 /* engine_disk_ckpt.c: checkpoints of the disk index. engine_disk_checkpoint writes one now:
  * the records written, or -ENOENT (no disk tier or no checkpoint file), -errno (logged).
  * engine_disk_checkpoint_tick writes one when records changed and interval_ms passed (0:

@@ -19,7 +19,6 @@
 #include "daemon/engine_disk.h"
 #include "daemon/index.h"
 #include "daemon/log.h"
-#include "daemon/quant.h"
 #include "daemon/store.h"
 #include "tiers/disk.h"
 
@@ -27,24 +26,6 @@
 static struct tier *engine_disk_ckpt_disk(const struct store *s)
 {
     return s->disk ? s->arenas[STORE_ARENA_DISK].tier : NULL;
-}
-
-/* What the record of block b says about it: as engine_disk_meta builds it for a write. */
-static void engine_disk_ckpt_meta(const struct store *s, const struct block *b,
-                              struct tier_disk_meta *m)
-{
-    const struct store_ns *ns = s->ns[b->ns];
-    int64_t n = quant_format_bytes(ns, b->format);
-    memset(m, 0, sizeof(*m));
-    m->key[0] = b->key.lo;
-    m->key[1] = b->key.hi;
-    m->parent[0] = b->parent.lo;
-    m->parent[1] = b->parent.hi;
-    m->depth = b->depth;
-    m->len = n > 0 ? (uint64_t)n : ns->block_bytes;
-    m->format = b->format;
-    _Static_assert(sizeof(ns->layout) <= sizeof(m->ns), "layout fits a record header");
-    memcpy(m->ns, &ns->layout, sizeof(ns->layout));
 }
 
 struct engine_disk_ckpt_iter {
@@ -64,7 +45,7 @@ static int engine_disk_ckpt_next(void *arg, struct tier_disk_meta *m, struct tie
         if (b->state != BLOCK_STATE_COMMITTED ||
             (b->flags & (BLOCK_F_DISK | BLOCK_F_LOST)) != BLOCK_F_DISK)
             continue;
-        engine_disk_ckpt_meta(s, b, m);
+        engine_disk_meta(s, b, m); /* what its record's header says */
         store_record_loc(b, loc);
         return 1;
     }
