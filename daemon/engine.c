@@ -152,6 +152,7 @@ void engine_evict(struct store *s, uint32_t idx)
     }
     ENGINE_STAT_ADD(s, ns, evicted_blocks, 1);
     ENGINE_STAT_ADD(s, ns, evicted_bytes, b->len);
+    store_ghost_note(s, idx);
     (void)store_block_drop(s, idx);
 }
 

@@ -111,6 +111,7 @@ static void kvcd_store_params(const struct config *c, struct store_params *p)
                                .max_handles = (uint32_t)c->server_max_leases,
                                .policy = (enum policy_kind)c->cache_policy,
                                .recompute_tokens_per_s = (uint64_t)c->cache_recompute_tokens_per_s,
+                               .ghosts = c->cache_ghosts,
                                .quantize_inflight = (uint32_t)c->host_quantize_inflight,
                                .gpu_size = c->gpu_pool_size,
                                .gpu_device = (int)c->gpu_device,

@@ -177,6 +177,7 @@ void store_reload(struct store *s, const struct store_params *p)
     s->p.policy = p->policy;
     s->p.max_handles = p->max_handles;
     s->p.recompute_tokens_per_s = p->recompute_tokens_per_s;
+    s->p.ghosts = p->ghosts;
     s->p.quantize_inflight = p->quantize_inflight;
     for (uint32_t i = 1; i < s->nns; i++)
         if (s->ns[i] && s->ns[i]->policy_src == STORE_POLICY_SRC_DEFAULT)
@@ -724,9 +725,9 @@ static uint32_t store_resv_end(struct store *s, struct store_owner *o, struct st
                 s->ix.blocks[parent].children++;
             committed++;
             STORE_STAT_ADD(s, ns, bytes_in, ns->block_bytes);
+            /* Not a reference for the half-life tuner: the lookup before it was (a second
+             * one would count every miss twice and make every block look reused). */
             store_meta_commit(s, idx, now);
-            if (ns->policy == POLICY_DEFAULT)
-                store_meta_ref(s, ns, &b->key, b->depth, now);
             parent = idx;
         } else {
             store_block_drop(s, idx);

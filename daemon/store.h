@@ -57,6 +57,7 @@ struct store_params {
     uint32_t max_handles; /* leases + reservations per owner */
     enum policy_kind policy;
     uint64_t recompute_tokens_per_s; /* to estimate the recompute time hits save */
+    double ghosts; /* evicted blocks remembered, x a namespace's capacity in blocks; 0: none */
     /* The GPU tier (tiers/gpu.c): off when gpu_size is 0. Blocks go to the pool when a
      * client that mapped it puts them, or is served them while the pool is below the high
      * watermark; they come back to their host arena above it (the same watermarks), or
@@ -167,6 +168,11 @@ struct store {
     uint32_t *qdim;
     uint32_t nqsum, qcap, *qfree, nqfree;
     uint64_t rng; /* xorshift state of the eviction sample's random probes */
+    /* Ghosts (store_policy.c): what the policies knew of recently evicted blocks. */
+    struct store_ghost *ghost;
+    uint32_t nghost;   /* entries, a power of two (sets of STORE_GHOST_WAYS) */
+    uint32_t ghost_seq; /* evictions noted so far (wraps) */
+    uint64_t ghost_salt;
 };
 
 /* Creates the store and its host arena. On failure NULL and *err = -errno. */
@@ -268,6 +274,9 @@ void store_policy_block(const struct store *s, uint32_t idx, struct policy_block
 void store_meta_commit(struct store *s, uint32_t idx, uint64_t now);
 void store_meta_hit(struct store *s, uint32_t idx, uint64_t now);
 void store_meta_drop(struct store *s, uint32_t idx);
+/* A committed block leaves the cache for good (evicted): what the policy knew of it is
+ * remembered as a ghost, given back by store_meta_commit when the key comes back soon. */
+void store_ghost_note(struct store *s, uint32_t idx);
 /* Feeds the namespace's tuner one referenced key (lookup or commit) in prefix order. */
 void store_meta_ref(struct store *s, struct store_ns *ns, const struct kvc_wire_key *k,
                     uint32_t depth, uint64_t now);

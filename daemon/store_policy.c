@@ -7,8 +7,9 @@
  * Selection. A namespace ranks with its own policy: its [namespace.PATTERN] section's
  * `policy`, else cache.policy, changed at run time by POLICY_SET (store_ns_policy_set).
  * Under POLICY_DEFAULT the namespace holds a policy_tune (created on its first reference,
- * sized to its arena in blocks) fed with every key a lookup or commit references, in prefix
- * order; its advice becomes the namespace's half-life. Other policies adapt the half-life to
+ * sized to its arena in blocks) fed with every key a lookup references, in prefix order (not
+ * again at commit: the commit of a miss follows its lookup, and counting both would make
+ * every block look reused); its advice becomes the namespace's half-life. Other policies adapt the half-life to
  * the observed reuse intervals (policy_params_observe_reuse on every hit).
  *
  * Metadata. struct block is at its budget (96 bytes + ~6 of map, 128 in all), so what the
@@ -117,14 +118,147 @@ static void store_meta_quest_drop(struct store *s, struct store_meta *m)
     m->quest = 0;
 }
 
+/* ---- ghosts ---------------------------------------------------------------------------- */
+
+#define STORE_GHOST_WAYS 4      /* entries per set: the oldest of a full set is replaced */
+#define STORE_GHOST_MIN 1024u   /* entries at least */
+#define STORE_GHOST_MEM_DIV 64u /* ghost memory at most 1/64 of the host arenas' */
+
+struct store_ghost {
+    uint64_t tag; /* store_ghost_tag(namespace, key); 0: empty */
+    uint64_t t;   /* the block's last access before it went */
+    float freq;   /* its decayed count as of t */
+    uint32_t seq; /* store.ghost_seq when it went */
+};
+
+/* Evictions within which a ghost of ns still counts: cache.ghosts x its capacity in blocks. */
+static uint32_t store_ghost_window(const struct store *s, const struct store_ns *ns)
+{
+    const struct tier *t = s->arenas[ns->arena].tier;
+    double w = s->p.ghosts * (double)t->ops->capacity((struct tier *)t) /
+               (double)(ns->block_bytes ? ns->block_bytes : 1);
+    return w >= 2147483647.0 ? 2147483647u : (uint32_t)w;
+}
+
+static uint64_t store_ghost_tag(const struct store *s, uint16_t ns, const struct kvc_wire_key *k)
+{
+    uint64_t x = k->lo ^ (k->hi * 0x9e3779b97f4a7c15ull) ^ ((uint64_t)ns << 48) ^ s->ghost_salt;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    x ^= x >> 33;
+    return x | 1;
+}
+
+static struct store_ghost *store_ghost_set(const struct store *s, uint64_t tag)
+{
+    uint32_t set = (uint32_t)(tag >> 32) & (s->nghost / STORE_GHOST_WAYS - 1);
+    return &s->ghost[(size_t)set * STORE_GHOST_WAYS];
+}
+
+static void store_ghost_put(struct store *s, const struct store_ghost *g)
+{
+    struct store_ghost *set = store_ghost_set(s, g->tag), *v = set;
+    for (uint32_t w = 0; w < STORE_GHOST_WAYS; w++) {
+        if (set[w].tag == g->tag || set[w].tag == 0) {
+            v = &set[w];
+            break;
+        }
+        if ((uint32_t)(s->ghost_seq - set[w].seq) > (uint32_t)(s->ghost_seq - v->seq))
+            v = &set[w];
+    }
+    *v = *g;
+}
+
+/* Sizes the table for ns's window (grown, never shrunk; what it held is kept). */
+static int store_ghost_fit(struct store *s, const struct store_ns *ns)
+{
+    uint64_t mem = 0, want = STORE_GHOST_MIN, cap = STORE_GHOST_MIN;
+    uint64_t w = store_ghost_window(s, ns);
+    for (uint32_t a = 0; a < s->narenas; a++)
+        mem += s->arenas[a].tier->ops->capacity(s->arenas[a].tier);
+    while (cap * 2 * sizeof(struct store_ghost) <= mem / STORE_GHOST_MEM_DIV && cap < (1u << 30))
+        cap *= 2;
+    while (want < w + w / 2 && want < cap)
+        want *= 2;
+    if (want <= s->nghost)
+        return 0;
+    struct store_ghost *old = s->ghost, *g = calloc(want, sizeof(*g));
+    uint32_t nold = s->nghost;
+    if (!g)
+        return -ENOMEM;
+    if (!old) {
+        s->rng ^= s->rng << 13;
+        s->rng ^= s->rng >> 7;
+        s->rng ^= s->rng << 17;
+        s->ghost_salt = s->rng;
+    }
+    s->ghost = g;
+    s->nghost = (uint32_t)want;
+    for (uint32_t i = 0; i < nold; i++)
+        if (old[i].tag)
+            store_ghost_put(s, &old[i]);
+    free(old);
+    return 0;
+}
+
+void store_ghost_note(struct store *s, uint32_t idx)
+{
+    const struct block *b = &s->ix.blocks[idx];
+    const struct store_ns *ns = s->ns[b->ns];
+    if (!ns || ns->policy == POLICY_LRU || s->p.ghosts <= 0 ||
+        b->state != BLOCK_STATE_COMMITTED || store_ghost_fit(s, ns))
+        return;
+    s->ghost_seq++;
+    store_ghost_put(s, &(struct store_ghost){
+                           .tag = store_ghost_tag(s, b->ns, &b->key),
+                           .t = b->last_access,
+                           .freq = idx < s->nmeta && s->meta[idx].freq > 0 ? s->meta[idx].freq
+                                                                            : 1.0f,
+                           .seq = s->ghost_seq,
+                       });
+}
+
+/* The ghost of b's key if one was noted within its namespace's window; it is used up. */
+static bool store_ghost_take(struct store *s, const struct store_ns *ns, const struct block *b,
+                             struct store_ghost *out)
+{
+    if (!s->nghost || ns->policy == POLICY_LRU || s->p.ghosts <= 0)
+        return false;
+    uint64_t tag = store_ghost_tag(s, b->ns, &b->key);
+    struct store_ghost *set = store_ghost_set(s, tag);
+    for (uint32_t w = 0; w < STORE_GHOST_WAYS; w++) {
+        if (set[w].tag != tag)
+            continue;
+        *out = set[w];
+        set[w].tag = 0;
+        return (uint32_t)(s->ghost_seq - out->seq) < store_ghost_window(s, ns);
+    }
+    return false;
+}
+
 void store_meta_commit(struct store *s, uint32_t idx, uint64_t now)
 {
     struct store_meta *m = store_meta_at(s, idx);
-    (void)now;
+    const struct block *b = &s->ix.blocks[idx];
+    struct store_ns *ns = s->ns[b->ns];
+    struct store_ghost g;
     if (!m)
         return;
     store_meta_quest_drop(s, m);
     *m = (struct store_meta){.freq = 1.0f};
+    /* Back soon after its eviction: the count it had, decayed, plus this access; the gap
+     * is a reuse interval the half-life learns from. */
+    if (ns && store_ghost_take(s, ns, b, &g)) {
+        struct policy_block pb = {.freq = 1.0f, .last_access = now};
+        if (ns->pp.adapt && now > g.t)
+            policy_params_observe_reuse(&ns->pp, now - g.t);
+        policy_ghost_restore(&pb, g.freq, g.t, now, &ns->pp);
+        m->freq = pb.freq;
+        s->total.ghost_hits++;
+        ns->stats.ghost_hits++;
+    }
 }
 
 void store_meta_drop(struct store *s, uint32_t idx)
@@ -216,6 +350,9 @@ void store_meta_free(struct store *s)
     free(s->qdim);
     free(s->qfree);
     free(s->meta);
+    free(s->ghost);
+    s->ghost = NULL;
+    s->nghost = 0;
     s->qsum = NULL;
     s->qdim = s->qfree = NULL;
     s->meta = NULL;
