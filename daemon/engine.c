@@ -66,6 +66,17 @@ static bool engine_victim_ok(const struct store *s, uint32_t i, enum engine_vict
     return mode == ENGINE_VICTIM_LEAF || !engine_disk_takes(s, i);
 }
 
+struct engine_victim_ctx {
+    bool clean;
+    enum engine_victim_mode mode;
+};
+
+static bool engine_victim_heap_ok(const struct store *s, uint32_t i, void *arg)
+{
+    const struct engine_victim_ctx *c = arg;
+    return engine_clean(&s->ix.blocks[i]) == c->clean && engine_victim_ok(s, i, c->mode);
+}
+
 /* The policy's first among a sample of candidates from the cold end of one list (the
  * clean or the dirty list of `arena`), preferring size class `cls` (its slot serves the
  * pending allocation directly). */
@@ -75,7 +86,7 @@ static uint32_t engine_victim_list(struct store *s, uint32_t arena, bool clean,
     struct policy_block cand[ENGINE_EVICT_SAMPLE + ENGINE_EVICT_PROBES];
     size_t n = 0;
     uint32_t walked = 0, limit = ENGINE_EVICT_WALK;
-    const struct store_ns *ns = NULL;
+    struct store_ns *ns = NULL;
     uint32_t tail = clean ? s->arenas[arena].clean_tail : s->arenas[arena].lru_tail;
     for (uint32_t i = tail; i != INDEX_NONE && n < ENGINE_EVICT_SAMPLE && walked < limit;
          i = s->ix.blocks[i].lru_prev, walked++) {
@@ -94,6 +105,13 @@ static uint32_t engine_victim_list(struct store *s, uint32_t arena, bool clean,
     }
     if (n == 0)
         return INDEX_NONE;
+    if (ns->policy != POLICY_LRU && mode != ENGINE_VICTIM_CLEAN && arena == ns->arena) {
+        /* The namespace's heap: its first evictable leaf in policy order, exactly. */
+        struct engine_victim_ctx ctx = {.clean = clean, .mode = mode};
+        uint32_t v = store_heap_victim(s, ns, engine_victim_heap_ok, &ctx, cls);
+        if (v != INDEX_NONE)
+            return v;
+    }
     if (ns->policy == POLICY_LRU) {
         policy_rank(POLICY_LRU, cand, n, now);
     } else {
@@ -441,13 +459,20 @@ static bool engine_policy_eligible(const struct block *b, uint32_t arena, uint16
            !(b->flags & (BLOCK_F_MOVING | BLOCK_F_LOST));
 }
 
+static bool engine_policy_heap_ok(const struct store *s, uint32_t i, void *arg)
+{
+    const struct block *b = &s->ix.blocks[i];
+    (void)arg;
+    return engine_policy_eligible(b, b->arena, b->ns);
+}
+
 /* One round: the coldest namespace's sample through policy_decide, actions carried out.
  * Returns the blocks acted on, 0 when the round found nothing to do (or only drops are
  * possible: the caller evicts through engine_victim), -EAGAIN when the disk asks to wait. */
 static int engine_policy_round(struct store *s, uint32_t a, uint64_t to_free, uint64_t now)
 {
-    struct policy_block cand[ENGINE_POLICY_SAMPLE + ENGINE_POLICY_PROBES];
-    struct policy_action act[ENGINE_POLICY_SAMPLE + ENGINE_POLICY_PROBES];
+    struct policy_block cand[ENGINE_POLICY_SAMPLE + 2 * ENGINE_POLICY_PROBES];
+    struct policy_action act[ENGINE_POLICY_SAMPLE + 2 * ENGINE_POLICY_PROBES];
     uint8_t plan[POLICY_MAX_LAYERS];
     struct store_ns *ns = NULL;
     size_t n = 0, m = 0;
@@ -496,7 +521,20 @@ static int engine_policy_round(struct store *s, uint32_t a, uint64_t to_free, ui
     pr.miss_cost = (double)ns->layout.block_tokens /
                    (double)(s->p.recompute_tokens_per_s ? s->p.recompute_tokens_per_s : 8000);
     pr.disk_cost = (double)ns->block_bytes / ENGINE_POLICY_DISK_BPS;
-    /* Younger blocks too: random probes of the pool. */
+    /* The namespace's own first evictable leaves in policy order (its heap), then random
+     * probes of the pool for younger inner blocks. */
+    if (a == ns->arena) {
+        uint32_t first[ENGINE_POLICY_PROBES];
+        uint32_t nf = store_heap_first(s, ns, engine_policy_heap_ok, NULL, first,
+                                       ENGINE_POLICY_PROBES);
+        for (uint32_t k = 0; k < nf; k++) {
+            bool dup = false;
+            for (size_t j = 0; j < n && !dup; j++)
+                dup = cand[j].id == first[k];
+            if (!dup)
+                store_policy_block(s, first[k], &cand[n++]);
+        }
+    }
     for (int k = 0; k < ENGINE_POLICY_PROBES && s->ix.nblocks; k++) {
         s->rng ^= s->rng << 13;
         s->rng ^= s->rng >> 7;
@@ -631,6 +669,7 @@ uint32_t engine_arena_fault(struct store *s, uint32_t arena, uint64_t off, uint6
             /* The daemon's own copy into or out of the page went to its stand-in and is
              * gone: a miss from now on, dropped once nothing holds it. */
             b->flags |= BLOCK_F_LOST;
+            store_heap_sync(s, i);
         }
         /* Pinned blocks, parents and reserved slots keep what the page holds for every
          * process (the hole reads as zeros): what any writer of the arena could write. */

@@ -1078,8 +1078,8 @@ static int engine_disk_adopt(struct store *s, const struct engine_disk_params *p
         index_block_delete(&s->ix, idx);
         return rc;
     }
-    if (p_idx != INDEX_NONE)
-        s->ix.blocks[p_idx].children++;
+    if (p_idx != INDEX_NONE && !s->ix.blocks[p_idx].children++)
+        store_heap_sync(s, p_idx); /* no longer a leaf */
     ns->blocks++;
     ns->bytes += b->len;
     store_lru_push_head(s, idx);

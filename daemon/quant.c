@@ -195,6 +195,7 @@ static void quant_apply(struct quant *q, struct quant_job *j)
         store_meta_quest_set(s, j->idx, j->quest, j->lay.head_dim);
         j->quest = NULL;
     }
+    store_heap_sync(s, j->idx); /* its format and key norm are part of its key */
     t->ops->free(t, &j->raw);
     s->total.quantized_blocks++;
     ns->stats.quantized_blocks++;

@@ -52,6 +52,7 @@ void store_lru_unlink(struct store *s, uint32_t idx)
     b->lru_prev = b->lru_next = INDEX_NONE;
     if (clean)
         a->clean_bytes -= b->len;
+    store_heap_remove(s, idx);
 }
 
 void store_lru_push_head(struct store *s, uint32_t idx)
@@ -70,13 +71,14 @@ void store_lru_push_head(struct store *s, uint32_t idx)
     *head = idx;
     if (clean)
         a->clean_bytes += b->len;
+    store_heap_sync(s, idx);
 }
 
 void store_touch(struct store *s, uint32_t idx, uint64_t now)
 {
     store_lru_unlink(s, idx);
+    s->ix.blocks[idx].last_access = now; /* before the push: the heap keys with it */
     store_lru_push_head(s, idx);
-    s->ix.blocks[idx].last_access = now;
 }
 
 /* ---- creation ------------------------------------------------------------------------ */
@@ -161,6 +163,7 @@ void store_free(struct store *s)
                 if (s->ns[i]->tune)
                     policy_tune_free(s->ns[i]->tune);
                 free(s->ns[i]->tune);
+                store_heap_free(s->ns[i]);
                 free(s->ns[i]);
             }
     store_meta_free(s);
@@ -322,6 +325,7 @@ int store_ns_close(struct store *s, uint32_t ns_id)
     if (ns->tune)
         policy_tune_free(ns->tune);
     free(ns->tune);
+    store_heap_free(ns);
     free(ns);
     s->ns[ns_id] = NULL;
     return 0;
@@ -449,8 +453,8 @@ int store_block_drop(struct store *s, uint32_t idx)
         store_lru_unlink(s, idx);
         if (!index_key_is_zero(&b->parent)) {
             uint32_t p = index_find(&s->ix, b->ns, &b->parent);
-            if (p != INDEX_NONE && s->ix.blocks[p].children)
-                s->ix.blocks[p].children--;
+            if (p != INDEX_NONE && s->ix.blocks[p].children && !--s->ix.blocks[p].children)
+                store_heap_sync(s, p); /* a leaf now */
             if (p != INDEX_NONE && (s->ix.blocks[p].flags & BLOCK_F_LOST))
                 lost_parent = p;
         }
@@ -721,8 +725,8 @@ static uint32_t store_resv_end(struct store *s, struct store_owner *o, struct st
             s->reserved_bytes_now -= b->len;
             ns->blocks++;
             ns->bytes += b->len;
-            if (parent != INDEX_NONE)
-                s->ix.blocks[parent].children++;
+            if (parent != INDEX_NONE && !s->ix.blocks[parent].children++)
+                store_heap_sync(s, parent); /* no longer a leaf */
             committed++;
             STORE_STAT_ADD(s, ns, bytes_in, ns->block_bytes);
             /* Not a reference for the half-life tuner: the lookup before it was (a second
@@ -869,6 +873,7 @@ int store_ns_drop(struct store *s, uint32_t ns_id, uint64_t *dropped)
     if (ns->tune)
         policy_tune_free(ns->tune);
     free(ns->tune);
+    store_heap_free(ns);
     free(ns);
     s->ns[ns_id] = NULL;
     return 0;

@@ -83,6 +83,12 @@ struct store_ns {
     uint8_t policy_src; /* enum store_policy_src */
     struct policy_params pp;
     struct policy_tune *tune;
+    /* Under any policy but LRU, its evictable blocks (in its arena's memory, no cached child,
+     * not lost) in a binary heap by policy_key, lowest first (store_policy.c), keyed with
+     * half-life heap_hl. Pinned or moving blocks stay in it and are skipped. */
+    struct store_heap_ent *heap;
+    uint32_t nheap, heapcap;
+    double heap_hl;
 };
 
 /* Where a namespace's policy comes from. */
@@ -100,6 +106,7 @@ struct store_meta {
     float snap;      /* SnapKV observation-window score */
     uint32_t hint_t; /* when `hint` was set, ms since start >> STORE_META_TSHIFT */
     uint32_t quest;  /* 1 + index into store.qsum: the block's key min/max; 0 none */
+    uint32_t hpos;   /* 1 + its position in its namespace's heap; 0: not in it */
 };
 #define STORE_META_TSHIFT 4 /* 16 ms: 2^32 ticks last 2.2 years */
 
@@ -274,6 +281,28 @@ void store_policy_block(const struct store *s, uint32_t idx, struct policy_block
 void store_meta_commit(struct store *s, uint32_t idx, uint64_t now);
 void store_meta_hit(struct store *s, uint32_t idx, uint64_t now);
 void store_meta_drop(struct store *s, uint32_t idx);
+/* The namespace heap: store_heap_sync puts idx in its namespace's heap, moves it or takes it
+ * out, as its state asks (called wherever a block's list, children, flags, format, hits or
+ * hints change); store_heap_remove takes it out. */
+void store_heap_sync(struct store *s, uint32_t idx);
+void store_heap_remove(struct store *s, uint32_t idx);
+/* The first (at most max) blocks of ns's heap in policy order for which ok(s, idx, arg)
+ * holds, among its first STORE_HEAP_SCAN entries, into out; returns how many. Rekeys the
+ * heap first if the half-life moved by more than 5 %. store_heap_victim: the first of them,
+ * preferring size class cls among the first 16 (cls < 0: any); INDEX_NONE if none. */
+#define STORE_HEAP_SCAN 256
+uint32_t store_heap_first(struct store *s, struct store_ns *ns,
+                          bool (*ok)(const struct store *s, uint32_t idx, void *arg), void *arg,
+                          uint32_t *out, uint32_t max);
+uint32_t store_heap_victim(struct store *s, struct store_ns *ns,
+                           bool (*ok)(const struct store *s, uint32_t idx, void *arg), void *arg,
+                           int cls);
+/* Rebuilds ns's heap from the blocks (policy changed: emptied under LRU). */
+void store_heap_rebuild(struct store *s, struct store_ns *ns);
+void store_heap_free(struct store_ns *ns);
+/* Tests: NULL when every heap holds exactly the blocks it should, in heap order, with their
+ * positions right; else what is wrong. */
+const char *store_heap_check(const struct store *s);
 /* A committed block leaves the cache for good (evicted): what the policy knew of it is
  * remembered as a ghost, given back by store_meta_commit when the key comes back soon. */
 void store_ghost_note(struct store *s, uint32_t idx);

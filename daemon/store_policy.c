@@ -43,6 +43,7 @@
  * Owned by the loop thread.
  */
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -74,10 +75,13 @@ int store_ns_policy_set(struct store *s, uint32_t ns_id, int kind, enum store_po
         kind = (int)s->p.policy;
         src = STORE_POLICY_SRC_DEFAULT;
     }
+    bool rebuild = ns->policy != kind;
     ns->policy = (uint8_t)kind;
     ns->policy_src = (uint8_t)src;
     if (kind != POLICY_DEFAULT)
         store_ns_tune_drop(ns);
+    if (rebuild)
+        store_heap_rebuild(s, ns);
     return 0;
 }
 
@@ -116,6 +120,233 @@ static void store_meta_quest_drop(struct store *s, struct store_meta *m)
     s->qsum[slot] = NULL;
     s->qfree[s->nqfree++] = slot; /* qfree has qcap entries: never full */
     m->quest = 0;
+}
+
+/* ---- namespace heaps ------------------------------------------------------------------- */
+
+struct store_heap_ent {
+    double key;     /* policy_key with the namespace's params as of heap_hl */
+    uint32_t idx;   /* block index */
+    uint32_t depth; /* ties: the deeper block first (policy_rank's rule), then the lower index */
+};
+
+static bool store_heap_less(const struct store_heap_ent *a, const struct store_heap_ent *b)
+{
+    if (a->key != b->key)
+        return a->key < b->key;
+    if (a->depth != b->depth)
+        return a->depth > b->depth;
+    return a->idx < b->idx;
+}
+
+static void store_heap_place(struct store *s, struct store_ns *ns, uint32_t i)
+{
+    s->meta[ns->heap[i].idx].hpos = i + 1;
+}
+
+static void store_heap_up(struct store *s, struct store_ns *ns, uint32_t i)
+{
+    struct store_heap_ent e = ns->heap[i];
+    while (i > 0 && store_heap_less(&e, &ns->heap[(i - 1) / 2])) {
+        ns->heap[i] = ns->heap[(i - 1) / 2];
+        store_heap_place(s, ns, i);
+        i = (i - 1) / 2;
+    }
+    ns->heap[i] = e;
+    store_heap_place(s, ns, i);
+}
+
+static void store_heap_down(struct store *s, struct store_ns *ns, uint32_t i)
+{
+    struct store_heap_ent e = ns->heap[i];
+    for (;;) {
+        uint32_t c = 2 * i + 1;
+        if (c >= ns->nheap)
+            break;
+        if (c + 1 < ns->nheap && store_heap_less(&ns->heap[c + 1], &ns->heap[c]))
+            c++;
+        if (!store_heap_less(&ns->heap[c], &e))
+            break;
+        ns->heap[i] = ns->heap[c];
+        store_heap_place(s, ns, i);
+        i = c;
+    }
+    ns->heap[i] = e;
+    store_heap_place(s, ns, i);
+}
+
+/* Whether idx belongs in its namespace's heap. */
+static struct store_ns *store_heap_owner(const struct store *s, uint32_t idx)
+{
+    const struct block *b = &s->ix.blocks[idx];
+    struct store_ns *ns = b->ns < s->nns ? s->ns[b->ns] : NULL;
+    if (!ns || ns->policy == POLICY_LRU || b->state != BLOCK_STATE_COMMITTED ||
+        b->arena != ns->arena || b->children || (b->flags & BLOCK_F_LOST))
+        return NULL;
+    return ns;
+}
+
+/* idx's key with the half-life the heap is keyed with (one order for every entry). */
+static double store_heap_key(const struct store *s, const struct store_ns *ns, uint32_t idx)
+{
+    struct policy_block pb;
+    struct policy_params pp = ns->pp;
+    if (ns->heap_hl > 0)
+        pp.half_life = ns->heap_hl;
+    store_policy_block(s, idx, &pb);
+    pb.flags &= ~(uint32_t)POLICY_BLOCK_PINNED; /* pins are skipped, not ranked */
+    return policy_key((enum policy_kind)ns->policy, &pb, &pp);
+}
+
+void store_heap_remove(struct store *s, uint32_t idx)
+{
+    if (idx >= s->nmeta || !s->meta[idx].hpos)
+        return;
+    struct store_ns *ns = s->ns[s->ix.blocks[idx].ns];
+    uint32_t i = s->meta[idx].hpos - 1;
+    s->meta[idx].hpos = 0;
+    if (--ns->nheap == i)
+        return;
+    uint32_t moved = ns->heap[ns->nheap].idx;
+    ns->heap[i] = ns->heap[ns->nheap];
+    store_heap_up(s, ns, i);
+    store_heap_down(s, ns, s->meta[moved].hpos - 1);
+}
+
+void store_heap_sync(struct store *s, uint32_t idx)
+{
+    struct store_ns *ns = store_heap_owner(s, idx);
+    struct store_meta *m;
+    if (!ns) {
+        store_heap_remove(s, idx);
+        return;
+    }
+    if (!(m = store_meta_at(s, idx)))
+        return; /* no memory: the block is found by the sampled path instead */
+    if (!ns->nheap)
+        ns->heap_hl = ns->pp.half_life;
+    struct store_heap_ent e = {.key = store_heap_key(s, ns, idx),
+                               .idx = idx,
+                               .depth = s->ix.blocks[idx].depth};
+    if (m->hpos) {
+        ns->heap[m->hpos - 1] = e;
+        store_heap_up(s, ns, m->hpos - 1);
+        store_heap_down(s, ns, s->meta[idx].hpos - 1);
+        return;
+    }
+    if (ns->nheap == ns->heapcap) {
+        uint32_t n = ns->heapcap ? ns->heapcap * 2 : 256;
+        struct store_heap_ent *h = realloc(ns->heap, (size_t)n * sizeof(*h));
+        if (!h)
+            return;
+        ns->heap = h;
+        ns->heapcap = n;
+    }
+    ns->heap[ns->nheap++] = e;
+    store_heap_up(s, ns, ns->nheap - 1);
+}
+
+void store_heap_rebuild(struct store *s, struct store_ns *ns)
+{
+    for (uint32_t i = 0; i < ns->nheap; i++)
+        s->meta[ns->heap[i].idx].hpos = 0;
+    ns->nheap = 0;
+    ns->heap_hl = ns->pp.half_life;
+    if (ns->policy == POLICY_LRU)
+        return;
+    for (uint32_t i = 0; i < s->ix.nblocks; i++)
+        if (s->ix.blocks[i].ns == ns->id && store_heap_owner(s, i))
+            store_heap_sync(s, i);
+}
+
+/* Keys follow the half-life: rekeyed in place when it moved by more than 5 % (the order
+ * between rekeys is that of the old half-life, as the simulator's). */
+static void store_heap_rekey(struct store *s, struct store_ns *ns)
+{
+    if (fabs(ns->pp.half_life - ns->heap_hl) <= 0.05 * ns->heap_hl)
+        return;
+    ns->heap_hl = ns->pp.half_life;
+    for (uint32_t i = 0; i < ns->nheap; i++)
+        ns->heap[i].key = store_heap_key(s, ns, ns->heap[i].idx);
+    for (uint32_t i = ns->nheap / 2; i-- > 0;)
+        store_heap_down(s, ns, i);
+}
+
+uint32_t store_heap_first(struct store *s, struct store_ns *ns,
+                          bool (*ok)(const struct store *s, uint32_t idx, void *arg), void *arg,
+                          uint32_t *out, uint32_t max)
+{
+    /* Best-first walk of the heap's tree (a small heap of positions) without changing it:
+     * blocks that may not go now (pinned, moving) are passed over. */
+    uint32_t open[2 * STORE_HEAP_SCAN + 2], nopen = 0, n = 0;
+    if (!ns->nheap || !max)
+        return 0;
+    store_heap_rekey(s, ns);
+    open[nopen++] = 0;
+    for (uint32_t seen = 0; nopen && seen < STORE_HEAP_SCAN; seen++) {
+        uint32_t best = 0;
+        for (uint32_t k = 1; k < nopen; k++)
+            if (store_heap_less(&ns->heap[open[k]], &ns->heap[open[best]]))
+                best = k;
+        uint32_t pos = open[best];
+        open[best] = open[--nopen];
+        if (ok(s, ns->heap[pos].idx, arg)) {
+            out[n++] = ns->heap[pos].idx;
+            if (n == max)
+                break;
+        }
+        for (uint32_t c = 2 * pos + 1; c <= 2 * pos + 2; c++)
+            if (c < ns->nheap)
+                open[nopen++] = c;
+    }
+    return n;
+}
+
+uint32_t store_heap_victim(struct store *s, struct store_ns *ns,
+                           bool (*ok)(const struct store *s, uint32_t idx, void *arg), void *arg,
+                           int cls)
+{
+    uint32_t first[16], n = store_heap_first(s, ns, ok, arg, first, cls < 0 ? 1 : 16);
+    for (uint32_t k = 0; k < n; k++)
+        if (cls < 0 || s->ix.blocks[first[k]].cls == cls)
+            return first[k];
+    return n ? first[0] : INDEX_NONE;
+}
+
+void store_heap_free(struct store_ns *ns)
+{
+    free(ns->heap);
+    ns->heap = NULL;
+    ns->nheap = ns->heapcap = 0;
+}
+
+const char *store_heap_check(const struct store *s)
+{
+    uint32_t total = 0;
+    for (uint32_t n = 1; n < s->nns; n++) {
+        const struct store_ns *ns = s->ns[n];
+        if (!ns)
+            continue;
+        total += ns->nheap;
+        for (uint32_t i = 0; i < ns->nheap; i++) {
+            uint32_t idx = ns->heap[i].idx;
+            if (idx >= s->ix.nblocks || idx >= s->nmeta || s->meta[idx].hpos != i + 1)
+                return "a heap entry's block does not point back at it";
+            if (store_heap_owner(s, idx) != ns)
+                return "a block is in a heap it does not belong to";
+            if (i && store_heap_less(&ns->heap[i], &ns->heap[(i - 1) / 2]))
+                return "heap order broken";
+            if (ns->heap[i].key != store_heap_key(s, ns, idx))
+                return "a heap key is stale";
+        }
+    }
+    for (uint32_t i = 0; i < s->ix.nblocks; i++) {
+        bool in = i < s->nmeta && s->meta[i].hpos;
+        if (store_heap_owner(s, i) && !in)
+            return "an evictable block is missing from its namespace's heap";
+        total -= in;
+    }
+    return total ? "heap entries counted twice" : NULL;
 }
 
 /* ---- ghosts ---------------------------------------------------------------------------- */
@@ -247,7 +478,7 @@ void store_meta_commit(struct store *s, uint32_t idx, uint64_t now)
     if (!m)
         return;
     store_meta_quest_drop(s, m);
-    *m = (struct store_meta){.freq = 1.0f};
+    *m = (struct store_meta){.freq = 1.0f, .hpos = m->hpos};
     /* Back soon after its eviction: the count it had, decayed, plus this access; the gap
      * is a reuse interval the half-life learns from. */
     if (ns && store_ghost_take(s, ns, b, &g)) {
@@ -265,6 +496,7 @@ void store_meta_drop(struct store *s, uint32_t idx)
 {
     if (idx >= s->nmeta)
         return;
+    store_heap_remove(s, idx);
     store_meta_quest_drop(s, &s->meta[idx]);
     s->meta[idx] = (struct store_meta){0};
 }
@@ -418,6 +650,7 @@ int store_hint(struct store *s, uint32_t ns_id, uint32_t kind, const struct kvc_
         } else {
             m->snap = h[i].score;
         }
+        store_heap_sync(s, idx);
         applied++;
     }
     s->total.hint_blocks += (uint64_t)applied;

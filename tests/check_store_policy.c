@@ -227,6 +227,14 @@ START_TEST(test_random_ops_every_policy)
                               "%s: a pinned block was evicted", policy_name(k));
         if (step % 50 == 0)
             check_tree(nraw);
+        const char *why = store_heap_check(s);
+        ck_assert_msg(!why, "%s: step %d: %s", policy_name(k), step, why);
+        if (step == 700 && k != POLICY_LRU) { /* a policy change rebuilds (LRU: empties) */
+            ck_assert_int_eq(store_ns_policy_set(s, nraw, POLICY_LRU, STORE_POLICY_SRC_ADMIN), 0);
+            ck_assert_uint_eq(store_ns_get(s, nraw)->nheap, 0);
+            ck_assert_ptr_null(store_heap_check(s));
+            ck_assert_int_eq(store_ns_policy_set(s, nraw, (int)k, STORE_POLICY_SRC_ADMIN), 0);
+        }
     }
     quant_drain(q);
     check_tree(nraw);
@@ -264,6 +272,107 @@ START_TEST(test_victim_unpinned_leaf)
     ck_assert_int_eq(evicted, 44);
     for (uint32_t i = 0; i < 4; i++)
         ck_assert(committed(ns, ks[i]));
+    teardown();
+}
+END_TEST
+
+/* The victim is the policy's first among every evictable leaf of the namespace, however far
+ * from the LRU tail it sits (the namespace heap), and the next one when that one is pinned. */
+START_TEST(test_victim_exact_order)
+{
+    enum policy_kind k = _i ? POLICY_DEFAULT : POLICY_LFU;
+    setup_policy(k);
+    uint32_t ns = ns_open("x", 0);
+    struct store_ns *n = store_ns_get(s, ns);
+    struct kvc_wire_key kk;
+    struct kvc_wire_loc loc;
+    uint64_t lease, hot_lease = 0;
+    /* 20 one-block chains hit often, then 30 never hit: the LRU tail holds only hit blocks,
+     * the policy's first is the oldest of the others */
+    for (uint32_t c = 0; c < 20; c++)
+        ck_assert_int_eq(put_chain(ns, c, 0, 1, 10 + c), 1);
+    for (uint32_t r = 0; r < 6; r++)
+        for (uint32_t c = 0; c < 20; c++) {
+            kk = key(ns, c, 0);
+            ck_assert_int_eq(engine_lookup(s, &o, ns, &kk, 1, 60 + r * 10 + c, &lease, &loc), 1);
+            if (r == 5 && c == 0)
+                hot_lease = lease; /* held: chain 0 stays pinned */
+            else
+                ck_assert_int_eq(store_release(s, &o, lease), 0);
+        }
+    for (uint32_t c = 20; c < 50; c++)
+        ck_assert_int_eq(put_chain(ns, c, 0, 1, 200 + c), 1);
+    n->pp.half_life = 1e6; /* counts dominate: the exact order is far from the LRU tail */
+    for (int round = 0; round < 30; round++) {
+        uint32_t best = INDEX_NONE;
+        double bk = 0;
+        for (uint32_t i = 0; i < s->ix.nblocks; i++) {
+            const struct block *b = &s->ix.blocks[i];
+            struct policy_block pb;
+            if (b->state != BLOCK_STATE_COMMITTED || b->ns != ns || b->pins || b->children)
+                continue;
+            store_policy_block(s, i, &pb);
+            double key_i = policy_key(k, &pb, &n->pp);
+            if (best == INDEX_NONE || key_i < bk ||
+                (key_i == bk && (b->depth > s->ix.blocks[best].depth ||
+                                 (b->depth == s->ix.blocks[best].depth && i < best)))) {
+                best = i;
+                bk = key_i;
+            }
+        }
+        uint32_t v = engine_victim(s, 0, -1, 1000);
+        ck_assert_uint_eq(v, best);
+        ck_assert_uint_eq(s->ix.blocks[v].pins, 0);
+        engine_evict(s, v);
+        ck_assert_ptr_null(store_heap_check(s));
+    }
+    /* under LFU the 30 gone are the never-hit chains; the hit ones, pinned or not, stay
+     * (the default policy counted the hits with its tuner's half-life, short here) */
+    for (uint32_t c = 0; c < 20 && k == POLICY_LFU; c++)
+        ck_assert(committed(ns, key(ns, c, 0)));
+    ck_assert_int_eq(store_release(s, &o, hot_lease), 0);
+    teardown();
+}
+END_TEST
+
+/* A block evicted and committed again soon gets its count back (cache.ghosts); with
+ * ghosts off, or once its window has passed, it starts from one. */
+START_TEST(test_ghost_restores_count)
+{
+    struct store_params p;
+    struct kvc_wire_key kk;
+    struct kvc_wire_loc loc;
+    uint64_t lease;
+    setup_policy(POLICY_LFU);
+    p = s->p;
+    p.ghosts = 8;
+    store_reload(s, &p);
+    uint32_t ns = ns_open("g", 0);
+    struct store_ns *n = store_ns_get(s, ns);
+    n->pp.half_life = 1e6;
+    n->pp.adapt = 0;
+    ck_assert_int_eq(put_chain(ns, 0, 0, 1, 10), 1);
+    kk = key(ns, 0, 0);
+    for (uint32_t r = 0; r < 5; r++) {
+        ck_assert_int_eq(engine_lookup(s, &o, ns, &kk, 1, 20 + r, &lease, &loc), 1);
+        ck_assert_int_eq(store_release(s, &o, lease), 0);
+    }
+    uint32_t idx = index_find(&s->ix, (uint16_t)ns, &kk);
+    ck_assert_float_gt(s->meta[idx].freq, 5.5f);
+    engine_evict(s, idx);
+    ck_assert(!committed(ns, kk));
+    ck_assert_int_eq(put_chain(ns, 0, 0, 1, 40), 1);
+    idx = index_find(&s->ix, (uint16_t)ns, &kk);
+    ck_assert_float_gt(s->meta[idx].freq, 6.5f); /* 6 decayed a little, plus this commit */
+    ck_assert_uint_eq(s->total.ghost_hits, 1);
+    /* used up: evicted again with count 7 and ghosts off, it comes back at 1 */
+    p.ghosts = 0;
+    store_reload(s, &p);
+    engine_evict(s, idx);
+    ck_assert_int_eq(put_chain(ns, 0, 0, 1, 50), 1);
+    idx = index_find(&s->ix, (uint16_t)ns, &kk);
+    ck_assert_float_eq(s->meta[idx].freq, 1.0f);
+    ck_assert_uint_eq(s->total.ghost_hits, 1);
     teardown();
 }
 END_TEST
@@ -407,10 +516,21 @@ START_TEST(test_ns_policy_sources)
     ck_assert_int_eq(store_ns_policy_set(s, 99, POLICY_LRU, STORE_POLICY_SRC_ADMIN), -ENOENT);
     ck_assert_int_eq(store_ns_policy_set(s, a, POLICY_KIND_COUNT, STORE_POLICY_SRC_ADMIN),
                      -EINVAL);
-    /* the default policy's tuner appears with the first reference and sets the half-life */
+    /* the default policy's tuner appears with the first reference (a lookup: a commit is
+     * not one) and sets the half-life */
     ck_assert_int_eq(store_ns_policy_set(s, a, POLICY_DEFAULT, STORE_POLICY_SRC_ADMIN), 0);
     ck_assert_ptr_null(store_ns_get(s, a)->tune);
     ck_assert_int_eq(put_chain(a, 0, 0, 4, 10), 4);
+    ck_assert_ptr_null(store_ns_get(s, a)->tune);
+    {
+        struct kvc_wire_key ks[4];
+        struct kvc_wire_loc locs[4];
+        uint64_t lease;
+        for (uint32_t i = 0; i < 4; i++)
+            ks[i] = key(a, 0, i);
+        ck_assert_int_eq(engine_lookup(s, &o, a, ks, 4, 20, &lease, locs), 4);
+        ck_assert_int_eq(store_release(s, &o, lease), 0);
+    }
     ck_assert_ptr_nonnull(store_ns_get(s, a)->tune);
     ck_assert_int_eq(store_ns_policy_set(s, a, POLICY_LRU, STORE_POLICY_SRC_ADMIN), 0);
     ck_assert_ptr_null(store_ns_get(s, a)->tune);
@@ -429,6 +549,8 @@ int main(void)
     tcase_set_timeout(tc, daemon_slow() * 120);
     tcase_add_loop_test(tc, test_random_ops_every_policy, 0, POLICY_KIND_COUNT);
     tcase_add_loop_test(tc, test_victim_unpinned_leaf, 0, POLICY_KIND_COUNT);
+    tcase_add_loop_test(tc, test_victim_exact_order, 0, 2);
+    tcase_add_test(tc, test_ghost_restores_count);
     tcase_add_checked_fixture(tf, setup, teardown);
     tcase_add_test(tf, test_h2o_hint_keeps);
     tcase_add_test(tf, test_budget_select);
