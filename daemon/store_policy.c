@@ -22,12 +22,20 @@
  * an unbounded Quest bound (it may hold the largest score, so a budgeted read never drops
  * it on no evidence).
  *
- * Eviction order (engine_victim, daemon/engine.c). Under LRU the sample is the 16 coldest evictable leaves, as
- * before. Under any other policy the namespace of the coldest evictable leaf ranks its own
- * candidates: its leaves among the LRU tail's window plus 16 random probes into the block
- * pool (kept when they are evictable leaves of that namespace), so a block a policy values
- * little can be found away from the tail, in O(1) per eviction (bounded walk, 16 probes,
- * a sort of at most 32). Between namespaces the order stays LRU.
+ * Eviction order (engine_victim, daemon/engine.c). Under LRU the sample is the 16 coldest
+ * evictable leaves, as before. Under any other policy the namespace of the coldest evictable
+ * leaf gives its policy's first evictable leaf exactly: the namespace keeps a binary heap of
+ * its blocks in its arena's memory with no cached child, by policy_key (time-invariant, so
+ * the heap moves only when a block changes: store_heap_sync from the LRU list's link and
+ * unlink, children, hints, quantization). Pinned or moving blocks stay in and are passed over
+ * by a best-first walk; the heap is re-keyed when the half-life moves by more than 5 %. A
+ * sample (tail window plus random probes) remains as the fallback and for clean lists.
+ * Between namespaces the order stays LRU.
+ *
+ * Ghosts. A block evicted (engine_evict) under a policy other than LRU leaves its decayed
+ * count in a set-associative table (cache.ghosts x the namespace's capacity in blocks, at
+ * most 1/64 of host memory); committed again within that window it gets it back
+ * (policy_ghost_restore), as kvcsim's ghost entries do.
  *
  * Actions (engine_policy_trim). When a namespace other than LRU exists, engine_trim runs this
  * engine instead of the fixed quantize-then-demote-then-drop order: per round the coldest
