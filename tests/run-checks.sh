@@ -6,9 +6,9 @@
 # A suite that cannot run at all prints "SKIP: suite: all: reason" and exits 0 without
 # Check's summary: that is one skip. Any other suite without a summary, or with a non-zero
 # exit status, counts as a failure.
-# As root, check_tier_host runs with 2 MiB huge pages reserved for it (and given back), so
-# the hugetlb arena the README recommends is tested on every run; not root, the suite says
-# SKIP. Usage: run-checks.sh BUILD_DIR LABEL
+# As root, check_tier_host (and check_e2e_adversary) run with 2 MiB huge pages reserved for
+# them (and given back), so the hugetlb arena the README recommends is tested on every run;
+# not root, the suite says SKIP. Usage: run-checks.sh BUILD_DIR LABEL
 set -u
 b=$1
 label=$2
@@ -20,10 +20,15 @@ export CK_DEFAULT_TIMEOUT=${CK_DEFAULT_TIMEOUT:-120}
 # Huge pages for check_tier_host: HUGE_PAGES more than are free now, under a lock (other
 # runs on this host reserve and give back too), given back when the suite ends.
 HUGE_PAGES=2
+# check_e2e_adversary's hugetlb hole punching: its arenas (48 MiB), and as many free huge
+# pages again for the attacker to take and give back (mapping an arena with holes reserves
+# huge pages for them: after the attack the suite maps it again).
+HUGE_PAGES_ADVERSARY=48
 run_suite() {
     t=$1
     case "$(basename "$t")" in
     check_tier_host) sh "$here/lib/hugepages.sh" $HUGE_PAGES timeout 900 "$t" ;;
+    check_e2e_adversary) sh "$here/lib/hugepages.sh" $HUGE_PAGES_ADVERSARY timeout 900 "$t" ;;
     *) timeout 900 "$t" ;;
     esac
 }
