@@ -282,7 +282,22 @@ void policy_tune_access(struct policy_tune *t, uint64_t key, uint32_t depth, uin
 
 double policy_tune_half_life(const struct policy_tune *t)
 {
+    int b = t->best;
     if (!t->rec || t->tc == 0)
         return 0;
-    return t->h[t->best];
+    /* Between grid points: the vertex of the parabola through the best candidate and its
+     * two neighbours (hits against log2 of the half-life, a factor 4 apart), moved at most
+     * half a step. Two candidates nearly tied put it between them, wherever the tie falls,
+     * so noise in the hit counts no longer swings the half-life by a factor of 4. The LRU
+     * candidate (c = 0) is off the grid: no interpolation next to it. */
+    if (b >= 2 && b + 1 < POLICY_TUNE_CANDIDATES) {
+        double l = t->hits[b - 1], m = t->hits[b], r = t->hits[b + 1];
+        double den = l - 2.0 * m + r;
+        if (den < 0) {
+            double d = (l - r) / (2.0 * den);
+            d = d < -0.5 ? -0.5 : d > 0.5 ? 0.5 : d;
+            return t->h[b] * exp2(2.0 * d);
+        }
+    }
+    return t->h[b];
 }

@@ -4,6 +4,7 @@
  */
 #include <check.h>
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -243,6 +244,39 @@ END_TEST
 /* policy_tune: a hot set that recency cannot hold (its reuse distance is 2.5 capacities,
  * between unique scan keys) makes a frequency-leaning half-life win; a pure one-reuse
  * stream gives every candidate the same hits, and the tie goes to the LRU end. */
+/* The tuner's half-life between grid points: two candidates tied give their geometric mean
+ * whichever is "best", a clear winner moves less than half a step, edges and the LRU
+ * candidate are not interpolated. */
+START_TEST(test_tune_interpolates)
+{
+    struct policy_tune t;
+    ck_assert_int_eq(policy_tune_init(&t, 10000), 0);
+    t.tc = 100;
+    for (int c = 0; c < POLICY_TUNE_CANDIDATES; c++)
+        t.h[c] = t.tc * (c == 0 ? 1.0 / 4096.0 : exp2(2.0 * (c - 2)));
+    const double tied[POLICY_TUNE_CANDIDATES] = {0, 10, 50, 50, 10, 0};
+    memcpy(t.hits, tied, sizeof(tied));
+    t.best = 2;
+    ck_assert_double_eq_tol(policy_tune_half_life(&t), 200.0, 1e-9);
+    t.best = 3;
+    ck_assert_double_eq_tol(policy_tune_half_life(&t), 200.0, 1e-9);
+    const double lean[POLICY_TUNE_CANDIDATES] = {0, 10, 50, 20, 10, 0};
+    memcpy(t.hits, lean, sizeof(lean));
+    t.best = 2;
+    double h = policy_tune_half_life(&t);
+    ck_assert(h > 100.0 && h < 200.0);
+    t.best = 1; /* next to the LRU candidate */
+    ck_assert_double_eq(policy_tune_half_life(&t), t.h[1]);
+    t.best = POLICY_TUNE_CANDIDATES - 1; /* the last */
+    ck_assert_double_eq(policy_tune_half_life(&t), t.h[POLICY_TUNE_CANDIDATES - 1]);
+    const double flat[POLICY_TUNE_CANDIDATES] = {0, 50, 50, 50, 50, 50};
+    memcpy(t.hits, flat, sizeof(flat));
+    t.best = 2; /* no curvature: the grid point */
+    ck_assert_double_eq(policy_tune_half_life(&t), t.h[2]);
+    policy_tune_free(&t);
+}
+END_TEST
+
 START_TEST(test_tune)
 {
     struct policy_tune t;
@@ -290,6 +324,7 @@ int main(void)
     tcase_add_test(tc, test_decide_properties);
     tcase_add_test(tc, test_quantized_bytes);
     tcase_add_test(tc, test_tune);
+    tcase_add_test(tc, test_tune_interpolates);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
