@@ -117,6 +117,7 @@ void policy_ghost_restore(struct policy_block *b, float freq, uint64_t evicted_a
 #define POLICY_TUNE_CANDIDATES 6
 #define POLICY_TUNE_MINI 4096  /* mini cache capacity at most (sampling rate = mini / cap) */
 #define POLICY_TUNE_HISTORY 16 /* key history kept, as a multiple of the mini capacity */
+#define POLICY_TUNE_TC_MOVE 0.10 /* relative change of the turnover time that rekeys */
 
 struct policy_tune_rec;
 struct policy_tune {

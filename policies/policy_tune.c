@@ -218,16 +218,24 @@ void policy_tune_access(struct policy_tune *t, uint64_t key, uint32_t depth, uin
 {
     if (!t->rec)
         return;
-    /* Characteristic time: how long the stream takes to reference `capacity` blocks. */
+    /* Characteristic time: how long the stream takes to reference `capacity` blocks,
+     * measured since t0; the candidates follow it when it moves by more than 10 %. Every
+     * 16 turnovers the measure restarts from one turnover at the current estimate, so it
+     * follows the load of the last turnovers, not the average since the start (an early
+     * estimate, taken while clients were still starting, stayed for whole runs). */
     if (t->refs == 0)
         t->t0 = now;
     t->refs++;
     if (now > t->t0 && t->refs >= 64) {
         double tc = (double)(now - t->t0) * (double)t->capacity / (double)t->refs;
-        if (t->tc == 0 || fabs(tc - t->tc) > 0.25 * t->tc) {
+        if (t->tc == 0 || fabs(tc - t->tc) > POLICY_TUNE_TC_MOVE * t->tc) {
             t->tc = tc;
             policy_tune_rekey(t);
         }
+    }
+    if (t->tc > 0 && t->refs >= 16 * t->capacity && (double)now > t->tc) {
+        t->refs = t->capacity;
+        t->t0 = now - (uint64_t)t->tc;
     }
     if (t->tc == 0)
         return;

@@ -277,6 +277,23 @@ START_TEST(test_tune_interpolates)
 }
 END_TEST
 
+/* The turnover time follows the load of the last turnovers: the stream slows down 4x and
+ * the tuner's tc follows (averaged since the start it would lag at ~0.8 of it). */
+START_TEST(test_tune_follows_load)
+{
+    struct policy_tune t;
+    uint64_t now = 1;
+    ck_assert_int_eq(policy_tune_init(&t, 1000), 0);
+    for (uint64_t i = 0; i < 20000; i++)
+        policy_tune_access(&t, i % 3000, 0, now++);
+    ck_assert_double_eq_tol(t.tc, 1000.0, 120.0);
+    for (uint64_t i = 0; i < 64000; i++, now += 4)
+        policy_tune_access(&t, i % 3000, 0, now);
+    ck_assert_msg(fabs(t.tc - 4000.0) < 0.15 * 4000.0, "tc %.1f", t.tc);
+    policy_tune_free(&t);
+}
+END_TEST
+
 START_TEST(test_tune)
 {
     struct policy_tune t;
@@ -325,6 +342,7 @@ int main(void)
     tcase_add_test(tc, test_quantized_bytes);
     tcase_add_test(tc, test_tune);
     tcase_add_test(tc, test_tune_interpolates);
+    tcase_add_test(tc, test_tune_follows_load);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
