@@ -57,7 +57,10 @@ int engine_trim(struct store *s, uint64_t now);
 
 /* A victim in one arena's lists: with a disk tier a memory arena gives a clean block first
  * (only its memory goes), then only a leaf the disk would not take; otherwise an unpinned
- * leaf in policy order. INDEX_NONE when nothing can go now. */
+ * leaf in policy order. Under LRU that order is the cold end's; under any other policy it is
+ * exact, the first acceptable leaf of the namespace's heap (store_policy.c), the namespace
+ * being that of the coldest evictable leaf. INDEX_NONE when nothing can go now. Evicting
+ * (engine_evict) leaves a ghost of the block under a policy other than LRU. */
 uint32_t engine_victim(struct store *s, uint32_t arena, int cls, uint64_t now);
 /* Frees the room of a victim: a clean block in memory gives up its memory and stays cached
  * on disk; anything else is dropped (counted as evicted). Nothing for a block in motion. */
