@@ -248,14 +248,18 @@ KVC_API int kvc_lease_stored(const kvc_lease *l, size_t i, const void **data, si
 
 /* GPU form of kvc_lease_copy: writes hit i as raw data (namespace layout and dtype) to device
  * memory dst_dev (len bytes, at least the block size), queued on `stream` (a cudaStream_t,
- * NULL: the legacy default stream). A quantized block crosses PCIe in its stored size and is
- * dequantized on the device (a device scratch buffer is allocated and freed per call);
- * returns after the work is queued and the stream synchronised for the scratch. -ENOTSUP:
- * libkvc built without CUDA; -EIO: a CUDA error; -EINVAL, -ERANGE as above. */
+ * NULL: the legacy default stream). After kvc_gpu_attach() a raw hit is queued on the stream
+ * (device to device for a pool hit, host to device for a host hit) and kvc_release() waits
+ * for it; without it a raw host hit has landed when the call returns. A quantized block
+ * crosses PCIe in its stored size and is dequantized on the device (a device scratch
+ * buffer is allocated and freed per call); returns after the work is queued and the stream
+ * synchronised for the scratch. -ENOTSUP: libkvc built without CUDA, or a pool hit without
+ * kvc_gpu_attach(); -EIO: a CUDA error; -EINVAL, -ERANGE as above. */
 KVC_API int kvc_lease_copy_cuda(const kvc_lease *l, size_t i, void *dst_dev, size_t len,
                                 void *stream);
 
-/* Unpins and frees the lease. NULL is a no-op that returns 0. */
+/* Waits for the device work queued on the lease, then unpins and frees it. NULL is a no-op
+ * that returns 0. -EIO: that work failed (the lease is released all the same). */
 KVC_API int kvc_release(kvc_lease *l);
 
 /* ---- policies: hints and budgeted reads (docs/policies.md) ---------------------------- */
@@ -320,7 +324,9 @@ KVC_API int kvc_resv_write(kvc_resv *r, size_t i, const void *src, size_t len);
 
 /* Makes the first `n` reserved slots visible (SIZE_MAX: all) and frees the rest; frees r.
  * Returns the number of blocks committed. -ETIMEDOUT: the daemon had aborted the
- * reservation (older than server.reservation_timeout); nothing was committed. */
+ * reservation (older than server.reservation_timeout); nothing was committed. -EIO: device
+ * work queued on the reservation (kvc_resv_write_async, kvc_resv_gather) failed; the
+ * reservation is aborted and nothing was committed. */
 KVC_API int kvc_commit(kvc_resv *r, size_t n);
 
 /* Frees every slot of r unseen, and r itself. NULL is a no-op. -ETIMEDOUT as kvc_commit. */
@@ -435,7 +441,10 @@ KVC_API int kvc_ns_drop(kvc_client *c, uint32_t ns_id, uint64_t *dropped);
  * once; kvc_release(), kvc_commit() and kvc_abort() wait for the work queued on their lease
  * or reservation before they unpin or publish anything, so a lease can never be reused
  * under a copy still in flight. Device work runs on the device current in the calling
- * thread, which must be the pool's for device-to-device copies.
+ * thread, and no call changes that device. The pool is used only by a client attached from
+ * a thread whose current device is the pool's; synchronous copies (kvc_lease_copy,
+ * kvc_resv_write into the pool) run on libkvc's own non-blocking stream and have landed on
+ * return, without waiting for the engine's streams.
  * Errors of this section: -ENOTSUP (libkvc built without CUDA, or a device path asked of
  * host memory), -ENODEV (no device), -EIO (a CUDA error; one line on stderr).
  */
@@ -454,6 +463,8 @@ enum kvc_tier {
  * the pool is mapped here (device-to-device loads and puts), 0 when this client works
  * from host memory (no GPU tier in the daemon, no device or CUDA here, or the pool on a
  * device this process does not see: host copies then), or -EPIPE, -EPROTO, -ENOMEM.
+ * The pool is mapped only when the calling thread's current device is the pool's device
+ * (its mapping is usable from that device alone); from another device the answer is 0.
  * Calling it again returns the first answer. The pool only holds namespaces without
  * access lists: a client that opened none of them (and is no admin) is refused the pool by
  * the daemon and gets 0, and hits and slots of namespaces with access lists are always host
@@ -464,7 +475,10 @@ KVC_API int kvc_gpu_attach(kvc_client *c);
 KVC_API int kvc_lease_tier(const kvc_lease *l, size_t i);
 
 /* Queues the copy of hit i into dst (device or host memory, len at least the block size)
- * on stream. Errors: -EINVAL, -ERANGE, -EIO. */
+ * on stream, as raw data. A quantized host hit is dequantized on the CPU into a staging
+ * block and copied from there; that call waits for the stream before it returns. Errors:
+ * -EINVAL, -ERANGE, -EIO, -ENOMEM, -EBADMSG (a quantized block that does not decode),
+ * -ENOTSUP (no kvc_gpu_attach). */
 KVC_API int kvc_lease_copy_async(kvc_lease *l, size_t i, void *dst, size_t len, void *stream);
 
 /* Queues the copy of src into the slot of key i (status RESERVED; src device or host

@@ -24,6 +24,7 @@
 #include "client/kvc_proto.h"
 #include "client/libkvc_internal.h"
 #include "kernels/kern.h"
+#include "kernels/kern_dev.h"
 
 #define KVC_LEASE_MAX_CHUNKS 8
 /* How long kvc_lookup waits for reads from disk before giving up on them. */
@@ -799,7 +800,8 @@ KVC_API int kvc_lease_copy(const kvc_lease *l, size_t i, void *dst, size_t len)
         return -EINVAL;
     uint64_t t0 = kvc_mono_ns();
     if (l->hits[i].tier == KVC_WIRE_TIER_GPU && l->hits[i].format == KVC_WIRE_FORMAT_RAW) {
-        int grc = l->ns->c->gpu_hooks->copy_sync(dst, l->hits[i].data, l->ns->block_bytes);
+        int grc = l->ns->c->gpu_hooks->copy_sync(l->ns->c, dst, l->hits[i].data,
+                                                 l->ns->block_bytes);
         kvc_lease_account(l, t0);
         return grc;
     }
@@ -851,11 +853,25 @@ KVC_API int kvc_lease_copy_cuda(const kvc_lease *l, size_t i, void *dst_dev, siz
         return -ERANGE;
     if (len < l->ns->block_bytes)
         return -EINVAL;
+    /* A raw hit from an attached client is queued and tracked on the lease (kvc_release
+     * waits for it); a pool hit is device memory, so the copy is device to device. The
+     * lease's record of queued work is the only state that changes. */
+    if (l->hits[i].format == KVC_WIRE_FORMAT_RAW && l->ns->c->gpu_hooks)
+        return l->ns->c->gpu_hooks->lease_copy((kvc_lease *)l, i, dst_dev,
+                                               l->hits[i].tier == KVC_WIRE_TIER_GPU
+                                                   ? KERN_DEV_COPY_D2D
+                                                   : KERN_DEV_COPY_H2D,
+                                               stream);
+    if (l->hits[i].tier == KVC_WIRE_TIER_GPU)
+        return -ENOTSUP; /* only an attached client has pool hits */
     if (!(kern_supports() & KERN_SUPPORT_CUDA_BUILT))
         return -ENOTSUP;
-    if (l->hits[i].format == KVC_WIRE_FORMAT_RAW)
-        return kern_cuda_copy(dst_dev, l->hits[i].data, l->ns->block_bytes, KERN_CUDA_H2D,
-                              stream);
+    if (l->hits[i].format == KVC_WIRE_FORMAT_RAW) {
+        /* Nothing tracks it on the lease: it has landed before the call returns. */
+        rc = kern_cuda_copy(dst_dev, l->hits[i].data, l->ns->block_bytes, KERN_CUDA_H2D,
+                            stream);
+        return rc ? rc : kern_cuda_stream_sync(stream);
+    }
     /* the stored (2-4x smaller) block crosses PCIe, the GPU dequantizes it */
     size_t n = l->hits[i].len;
     kvc_kern_layout(l->ns, &kl);
@@ -879,15 +895,16 @@ KVC_API int kvc_release(kvc_lease *l)
     if (!l)
         return 0;
     c = l->ns->c;
-    if (l->gpu_ev || l->gpu_scratch)
-        c->gpu_hooks->wait(c, &l->gpu_ev, &l->gpu_scratch); /* copies out of the pins first */
+    int wrc = 0;
+    if (l->gpu_ev || l->gpu_scratch) /* copies out of the pins first */
+        wrc = c->gpu_hooks->wait(c, &l->gpu_ev, &l->gpu_scratch);
     pthread_mutex_lock(&c->mu);
     rc = l->nids ? kvc_release_ids(c, l->ids, l->nids,
                                    __atomic_load_n(&l->load_ns, __ATOMIC_RELAXED))
                  : 0;
     pthread_mutex_unlock(&c->mu);
     free(l);
-    return rc;
+    return wrc ? wrc : rc;
 }
 
 /* ---- writing -------------------------------------------------------------------------- */
@@ -994,7 +1011,7 @@ KVC_API int kvc_resv_write(kvc_resv *r, size_t i, const void *src, size_t len)
     if (!r->slots[i].data || len != r->ns->block_bytes)
         return -EINVAL;
     if (r->slots[i].tier == KVC_WIRE_TIER_GPU)
-        return r->ns->c->gpu_hooks->copy_sync(r->slots[i].data, src, len);
+        return r->ns->c->gpu_hooks->copy_sync(r->ns->c, r->slots[i].data, src, len);
     memcpy(r->slots[i].data, src, len);
     return 0;
 }
@@ -1007,8 +1024,14 @@ KVC_API int kvc_commit(kvc_resv *r, size_t n)
     if (!r)
         return -EINVAL;
     c = r->ns->c;
-    if (r->gpu_ev || r->gpu_scratch)
-        c->gpu_hooks->wait(c, &r->gpu_ev, &r->gpu_scratch); /* the bytes land before commit */
+    if (r->gpu_ev || r->gpu_scratch) {
+        /* The bytes land before commit; a copy or kernel that faulted publishes nothing. */
+        int wrc = c->gpu_hooks->wait(c, &r->gpu_ev, &r->gpu_scratch);
+        if (wrc) {
+            kvc_abort(r);
+            return wrc;
+        }
+    }
     if (!r->id) {
         free(r);
         return 0;

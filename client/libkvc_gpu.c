@@ -11,6 +11,14 @@
  * kvc_commit() and kvc_abort() wait for and free, which is what keeps pins alive under
  * copies in flight. A second queued call on the same lease waits for the first one's
  * scratch before it allocates its own. State changes happen under the client's mutex.
+ *
+ * libkvc runs in the engine's threads and never changes their current device (no table op
+ * does). The pool is used only from a thread whose current device is the pool's at attach:
+ * the mapping grants access to that device alone, so elsewhere the client stays on host
+ * copies. Synchronous copies (kvc_lease_copy, kvc_resv_write into the pool) are queued on
+ * the client's private non-blocking stream and waited for there, never on the legacy
+ * default stream, so they neither return early nor wait for the engine's work. A wait that
+ * reports an error is passed up: kvc_commit() then publishes nothing.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -33,6 +41,8 @@ struct kvc_gpu {
     const struct kern_dev_ops *ops; /* NULL: no CUDA in this libkvc */
     int state;                      /* enum kvc_gpu_state */
     int pool_live;
+    int device;   /* the caller's current device at attach */
+    void *stream; /* private non-blocking stream on it, for the synchronous copies */
     struct kern_dev_pool pool;
     void *reg[KVC_GPU_MAX_REG]; /* registered chunks */
     uint32_t nreg;
@@ -50,24 +60,29 @@ static struct kvc_gpu *kvc_gpu_of(const kvc_client *c)
     return (struct kvc_gpu *)c->gpu;
 }
 
-static void kvc_gpu_wait(kvc_client *c, void **ev, void **scratch)
+static int kvc_gpu_wait(kvc_client *c, void **ev, void **scratch)
 {
     struct kvc_gpu *g = kvc_gpu_of(c);
+    int rc = 0;
     if (*ev)
-        g->ops->event_wait_free(*ev);
+        rc = g->ops->event_wait_free(*ev);
     if (*scratch)
         g->ops->mem_free(*scratch);
     *ev = NULL;
     *scratch = NULL;
+    return rc;
 }
 
-static int kvc_gpu_copy_sync(void *dst, const void *src, uint64_t len);
+static int kvc_gpu_copy_sync(kvc_client *c, void *dst, const void *src, uint64_t len);
+static int kvc_gpu_lease_copy(kvc_lease *l, size_t i, void *dst, int kind, void *stream);
 
 static void kvc_gpu_fini(kvc_client *c)
 {
     struct kvc_gpu *g = kvc_gpu_of(c);
     if (!g)
         return;
+    if (g->stream)
+        g->ops->stream_free(g->stream);
     for (uint32_t i = 0; i < g->nreg; i++)
         g->ops->host_unregister(g->reg[i]);
     if (g->pool_live)
@@ -80,16 +95,27 @@ static void kvc_gpu_fini(kvc_client *c)
 static const struct kvc_gpu_hooks kvc_gpu_hooks = {
     .wait = kvc_gpu_wait,
     .copy_sync = kvc_gpu_copy_sync,
+    .lease_copy = kvc_gpu_lease_copy,
     .fini = kvc_gpu_fini,
 };
 
-/* The table in use by the attached client whose copy_sync runs (one libkvc, one table). */
-static const struct kern_dev_ops *kvc_gpu_ops_live;
-
-static int kvc_gpu_copy_sync(void *dst, const void *src, uint64_t len)
+static int kvc_gpu_copy_sync(kvc_client *c, void *dst, const void *src, uint64_t len)
 {
-    return kvc_gpu_ops_live ? kvc_gpu_ops_live->copy(dst, src, len, KERN_DEV_COPY_DEFAULT)
-                            : -ENOTSUP;
+    struct kvc_gpu *g = kvc_gpu_of(c);
+    int rc, wrc;
+    if (!g || !g->stream)
+        return -ENOTSUP;
+    rc = g->ops->copy_async(dst, src, len, KERN_DEV_COPY_DEFAULT, g->stream);
+    wrc = g->ops->stream_sync(g->stream); /* also after a failed queue: nothing in flight */
+    return rc ? rc : wrc;
+}
+
+/* 1 when the calling thread's current device is the pool's (uuid), so the mapping that
+ * pool_import makes for that device is usable here; 0 otherwise. */
+static int kvc_gpu_pool_here(struct kvc_gpu *g, const uint8_t uuid[KERN_DEV_UUID_BYTES])
+{
+    uint8_t u[KERN_DEV_UUID_BYTES];
+    return g->ops->device_uuid(g->device, u) == 0 && memcmp(u, uuid, sizeof(u)) == 0;
 }
 
 /* Pins every mapped arena for DMA; a failure only costs speed (pageable copies). */
@@ -100,8 +126,11 @@ static void kvc_gpu_register(kvc_client *c, struct kvc_gpu *g)
         for (uint64_t off = 0; ar->base && off < ar->size && g->nreg < KVC_GPU_MAX_REG;
              off += KVC_GPU_REG_CHUNK) {
             uint64_t len = ar->size - off < KVC_GPU_REG_CHUNK ? ar->size - off : KVC_GPU_REG_CHUNK;
-            if (g->ops->host_register(ar->base + off, len, !ar->writable) == 0)
+            int rc = g->ops->host_register(ar->base + off, len, !ar->writable);
+            if (rc == 0)
                 g->reg[g->nreg++] = ar->base + off;
+            else if (rc == -ENOTSUP)
+                break; /* read-only registration unsupported: the whole arena stays pageable */
         }
     }
 }
@@ -124,13 +153,13 @@ KVC_API int kvc_gpu_attach(kvc_client *c)
     }
     g->ops = kvc_gpu_ops_override ? kvc_gpu_ops_override : kern_dev_cuda();
     g->pool.fd = -1;
-    if (!g->ops || g->ops->device_count() <= 0) {
+    if (!g->ops || g->ops->device_count() <= 0 || g->ops->device_get(&g->device) ||
+        g->ops->stream_new(g->device, &g->stream)) {
         free(g); /* nothing to undo: host copies, and later calls ask again */
         goto out;
     }
     c->gpu = g;
     c->gpu_hooks = &kvc_gpu_hooks;
-    kvc_gpu_ops_live = g->ops;
     kvc_gpu_register(c, g);
 
     struct kvc_gpu_attach_req *q = kvci_req(c);
@@ -156,13 +185,18 @@ KVC_API int kvc_gpu_attach(kvc_client *c)
     memcpy(g->pool.uuid, p->uuid, sizeof(g->pool.uuid));
     memcpy(g->pool.legacy, p->legacy, sizeof(g->pool.legacy));
     uint32_t arena = p->arena_id;
-    if (g->ops->pool_import(&g->pool) != 0) {
-        /* Another device than the pool's, or a driver that cannot map it: host copies. */
+    /* The pool on another device than this thread's (or none here), or a driver that
+     * cannot map it: host copies. */
+    if (!kvc_gpu_pool_here(g, g->pool.uuid) || g->ops->pool_import(&g->pool) != 0) {
         rc = 0;
         goto out;
     }
     fd = -1; /* owned by the pool now */
     g->pool_live = 1;
+    if (g->pool.device != g->device) {
+        rc = 0; /* mapped for another device than this thread's: unusable here */
+        goto out;
+    }
     q = kvci_req(c);
     memset(q, 0, sizeof(*q));
     q->flags = KVC_GPU_ATTACH_F_MAPPED;
@@ -194,15 +228,41 @@ static int kvc_gpu_track(kvc_client *c, void **ev, void **scratch, void *new_scr
                          void *stream)
 {
     struct kvc_gpu *g = kvc_gpu_of(c);
-    int rc;
-    kvc_gpu_wait(c, ev, scratch);
+    int rc = kvc_gpu_wait(c, ev, scratch);
     *scratch = new_scratch;
-    rc = g->ops->event_new_record(ev, stream);
-    if (rc) /* without an event, wait now: nothing may outlive the pins unseen */
-        g->ops->stream_sync(stream);
+    int erc = g->ops->event_new_record(ev, stream);
+    if (erc) { /* without an event, wait now: nothing may outlive the pins unseen */
+        int src = g->ops->stream_sync(stream);
+        rc = rc ? rc : src;
+    }
+    return rc ? rc : erc;
+}
+
+/* Queues raw hit i into dst on stream, tracked on the lease. Caller holds c->mu. */
+static int kvc_gpu_lease_copy_locked(kvc_lease *l, size_t i, void *dst, int kind, void *stream)
+{
+    kvc_client *c = l->ns->c;
+    int rc = kvc_gpu_of(c)->ops->copy_async(dst, l->hits[i].data, l->ns->block_bytes, kind,
+                                            stream);
+    if (rc == 0)
+        rc = kvc_gpu_track(c, &l->gpu_ev, &l->gpu_scratch, NULL, stream);
     return rc;
 }
 
+static int kvc_gpu_lease_copy(kvc_lease *l, size_t i, void *dst, int kind, void *stream)
+{
+    kvc_client *c = l->ns->c;
+    pthread_mutex_lock(&c->mu);
+    int rc = kvc_gpu_lease_copy_locked(l, i, dst, kind, stream);
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+/*
+ * A quantized hit is never handed out as it is stored: it is decoded on the CPU into a
+ * host staging block, copied from there, and the call waits for the stream before it frees
+ * the staging (the slow path; raw hits return once queued).
+ */
 KVC_API int kvc_lease_copy_async(kvc_lease *l, size_t i, void *dst, size_t len, void *stream)
 {
     kvc_client *c;
@@ -211,15 +271,30 @@ KVC_API int kvc_lease_copy_async(kvc_lease *l, size_t i, void *dst, size_t len, 
         return -EINVAL;
     if (i >= l->n)
         return -ERANGE;
-    if (len < l->hits[i].len)
+    if (len < l->ns->block_bytes)
         return -EINVAL;
     c = l->ns->c;
     if (!c->gpu)
         return -ENOTSUP;
-    rc = kvc_gpu_of(c)->ops->copy_async(dst, l->hits[i].data, l->hits[i].len,
-                                        KERN_DEV_COPY_DEFAULT, stream);
-    if (rc == 0)
-        kvc_gpu_track(c, &l->gpu_ev, &l->gpu_scratch, NULL, stream);
+    if (l->hits[i].format == KVC_WIRE_FORMAT_RAW)
+        return kvc_gpu_lease_copy(l, i, dst, KERN_DEV_COPY_DEFAULT, stream);
+    if (l->hits[i].tier == KVC_WIRE_TIER_GPU)
+        return -ENOTSUP; /* the pool holds raw blocks only */
+    uint8_t *staging = malloc(l->ns->block_bytes);
+    if (!staging)
+        return -ENOMEM;
+    rc = kvc_lease_copy(l, i, staging, l->ns->block_bytes);
+    if (rc == 0) {
+        const struct kern_dev_ops *ops = kvc_gpu_of(c)->ops;
+        void *ev = NULL;
+        pthread_mutex_lock(&c->mu);
+        rc = ops->copy_async(dst, staging, l->ns->block_bytes, KERN_DEV_COPY_DEFAULT, stream);
+        int wrc = rc == 0 ? ops->event_new_record(&ev, stream) : 0;
+        if (rc == 0)
+            rc = wrc ? ops->stream_sync(stream) : ops->event_wait_free(ev);
+        pthread_mutex_unlock(&c->mu);
+    }
+    free(staging);
     return rc;
 }
 
@@ -237,10 +312,12 @@ KVC_API int kvc_resv_write_async(kvc_resv *r, size_t i, const void *src, size_t 
     c = r->ns->c;
     if (!c->gpu)
         return -ENOTSUP;
+    pthread_mutex_lock(&c->mu);
     rc = kvc_gpu_of(c)->ops->copy_async(r->slots[i].data, src, len, KERN_DEV_COPY_DEFAULT,
                                         stream);
     if (rc == 0)
-        kvc_gpu_track(c, &r->gpu_ev, &r->gpu_scratch, NULL, stream);
+        rc = kvc_gpu_track(c, &r->gpu_ev, &r->gpu_scratch, NULL, stream);
+    pthread_mutex_unlock(&c->mu);
     return rc;
 }
 
@@ -396,13 +473,16 @@ KVC_API int kvc_lease_scatter(kvc_lease *l, size_t first, size_t n,
         goto out;
     }
     pthread_mutex_lock(&c->mu);
-    kvc_gpu_wait(c, &l->gpu_ev, &l->gpu_scratch);
-    rc = kvc_gpu_pack(c, &lay, kv, first_token, blocks, is_host, (uint32_t)n, KERN_PACK_SCATTER,
-                      stream, &scratch);
+    rc = kvc_gpu_wait(c, &l->gpu_ev, &l->gpu_scratch);
+    if (rc == 0)
+        rc = kvc_gpu_pack(c, &lay, kv, first_token, blocks, is_host, (uint32_t)n,
+                          KERN_PACK_SCATTER, stream, &scratch);
     if (rc == 0 && event)
         rc = kvc_gpu_of(c)->ops->event_record(event, stream);
-    if (scratch)
-        kvc_gpu_track(c, &l->gpu_ev, &l->gpu_scratch, scratch, stream);
+    if (scratch) {
+        int trc = kvc_gpu_track(c, &l->gpu_ev, &l->gpu_scratch, scratch, stream);
+        rc = rc ? rc : trc;
+    }
     pthread_mutex_unlock(&c->mu);
 out:
     free(blocks);
@@ -437,7 +517,7 @@ KVC_API int kvc_resv_gather(kvc_resv *r, size_t first, size_t n, const struct kv
             return -ENOTSUP;
     if (kv->on_device) {
         pthread_mutex_lock(&c->mu);
-        kvc_gpu_wait(c, &r->gpu_ev, &r->gpu_scratch);
+        rc = kvc_gpu_wait(c, &r->gpu_ev, &r->gpu_scratch);
     }
     /* One pack per run of consecutive reserved slots: their tokens are consecutive. */
     for (size_t j = 0; j < n && rc == 0;) {
@@ -462,7 +542,8 @@ KVC_API int kvc_resv_gather(kvc_resv *r, size_t first, size_t n, const struct kv
                               stream, &scratch);
             if (scratch) {
                 /* Several runs: the earlier scratch is waited for before the next one. */
-                kvc_gpu_track(c, &r->gpu_ev, &r->gpu_scratch, scratch, stream);
+                int trc = kvc_gpu_track(c, &r->gpu_ev, &r->gpu_scratch, scratch, stream);
+                rc = rc ? rc : trc;
             }
         }
         if (rc == 0)

@@ -18,10 +18,14 @@
 /* Set by kvc_gpu_attach() (libkvc_gpu.c) so that a program that never calls the GPU API
  * links no CUDA code: libkvc.c reaches it only through these. */
 struct kvc_gpu_hooks {
-    /* Waits for a lease's or reservation's queued device work and frees its scratch. */
-    void (*wait)(kvc_client *c, void **ev, void **scratch);
-    /* Copies len bytes and waits (any pair of host/device pointers). */
-    int (*copy_sync)(void *dst, const void *src, uint64_t len);
+    /* Waits for a lease's or reservation's queued device work and frees its scratch; the
+     * work's error (a faulted copy or kernel), which the caller must not publish over. */
+    int (*wait)(kvc_client *c, void **ev, void **scratch);
+    /* Copies len bytes (any pair of host/device pointers); they have landed on return. */
+    int (*copy_sync)(kvc_client *c, void *dst, const void *src, uint64_t len);
+    /* Queues the copy of raw hit i into dst (kind: enum kern_dev_copy) on stream, tracked
+     * on the lease so that kvc_release() waits for it. */
+    int (*lease_copy)(kvc_lease *l, size_t i, void *dst, int kind, void *stream);
     /* Unmaps the pool and unregisters the arenas (kvc_disconnect). */
     void (*fini)(kvc_client *c);
 };

@@ -6,8 +6,20 @@
  * DESIGN
  * The driver API is reached through cudaGetDriverEntryPointByVersion, so nothing links
  * libcuda: a binary built here starts on a machine without a driver and device_count says
- * 0. Driver calls run in the device's primary context, made current with cudaSetDevice.
- * Errors become -EIO with one line on stderr; nothing aborts.
+ * 0. Driver calls run in the device's primary context, made current with cudaSetDevice
+ * inside a dev_scope, which gives the calling thread its own current device back when the
+ * call returns: the engine's threads keep the device they chose.
+ *
+ * No copy here is synchronous by itself: cudaMemcpy may return before a pageable
+ * host-to-device DMA has landed and does not wait for device-to-device copies, so callers
+ * that need the bytes in place queue on a private stream (stream_new, created with
+ * cudaStreamNonBlocking so that it never synchronises with the legacy default stream and
+ * through it with the engine's streams) and wait for it.
+ *
+ * Errors become -EIO with one line on stderr; nothing aborts. After a failure the runtime's
+ * last error is read back (cudaGetLastError), so an error this file handled does not
+ * surface later in the engine's own checks or as a failed launch; a sticky error cannot be
+ * cleared and fails every later call, as the runtime says.
  */
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -44,8 +56,35 @@ static struct dev_drv dev_drv;
 static int dev_fail(const char *what, cudaError_t e)
 {
     fprintf(stderr, "kern_dev: %s failed (%s)\n", what, cudaGetErrorString(e));
+    (void)cudaGetLastError(); /* handled here: not the engine's to see */
     return -EIO;
 }
+
+/* Makes a device current for one call and gives the caller's back at the end of scope. */
+struct dev_scope {
+    int saved;
+    bool ok;
+    dev_scope() : saved(0), ok(cudaGetDevice(&saved) == cudaSuccess)
+    {
+        if (!ok)
+            (void)cudaGetLastError();
+    }
+    ~dev_scope()
+    {
+        int now = -1;
+        if (ok && (cudaGetDevice(&now) != cudaSuccess || now != saved) &&
+            cudaSetDevice(saved) != cudaSuccess)
+            (void)cudaGetLastError();
+    }
+    /* cudaSetDevice plus the primary context made current for the driver calls. */
+    cudaError_t enter(int dev)
+    {
+        cudaError_t e = cudaSetDevice(dev);
+        if (e == cudaSuccess)
+            e = cudaFree(0);
+        return e;
+    }
+};
 
 static int dev_cufail(const char *what, CUresult r)
 {
@@ -206,9 +245,8 @@ static int dev_pool_create(int dev, uint64_t size, struct kern_dev_pool *p)
     p->device = dev;
     if (dev < 0 || dev >= dev_device_count())
         return -ENODEV;
-    e = cudaSetDevice(dev);
-    if (e == cudaSuccess)
-        e = cudaFree(0); /* makes the primary context current for the driver calls */
+    dev_scope scope;
+    e = scope.enter(dev);
     if (e != cudaSuccess)
         return dev_fail("cudaSetDevice", e);
     rc = dev_device_uuid(dev, p->uuid);
@@ -243,9 +281,10 @@ static int dev_pool_import(struct kern_dev_pool *p)
             dev = i;
     if (dev < 0)
         return -ENODEV;
-    cudaError_t e = cudaSetDevice(dev);
-    if (e == cudaSuccess)
-        e = cudaFree(0);
+    /* Mapped on the pool's device, with access for that device only; the caller's current
+     * device is given back, and libkvc uses the pool only from threads on that device. */
+    dev_scope scope;
+    cudaError_t e = scope.enter(dev);
     if (e != cudaSuccess)
         return dev_fail("cudaSetDevice", e);
     p->device = dev;
@@ -328,10 +367,30 @@ static int dev_copy_async(void *dst, const void *src, uint64_t len, int kind, vo
     return e == cudaSuccess ? 0 : dev_fail("cudaMemcpyAsync", e);
 }
 
-static int dev_copy(void *dst, const void *src, uint64_t len, int kind)
+static int dev_stream_new(int dev, void **stream)
 {
-    cudaError_t e = cudaMemcpy(dst, src, len, dev_kind(kind));
-    return e == cudaSuccess ? 0 : dev_fail("cudaMemcpy", e);
+    cudaStream_t st;
+    dev_scope scope;
+    cudaError_t e = scope.enter(dev);
+    if (e != cudaSuccess)
+        return dev_fail("cudaSetDevice", e);
+    e = cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+    if (e != cudaSuccess)
+        return dev_fail("cudaStreamCreateWithFlags", e);
+    *stream = (void *)st;
+    return 0;
+}
+
+static void dev_stream_free(void *stream)
+{
+    if (stream && cudaStreamDestroy((cudaStream_t)stream) != cudaSuccess)
+        (void)cudaGetLastError();
+}
+
+static int dev_device_get(int *dev)
+{
+    cudaError_t e = cudaGetDevice(dev);
+    return e == cudaSuccess ? 0 : dev_fail("cudaGetDevice", e);
 }
 
 static int dev_event_record(void *event, void *stream)
@@ -370,6 +429,19 @@ static int dev_stream_sync(void *stream)
 
 static int dev_host_register(void *p, uint64_t len, int readonly)
 {
+    if (readonly) {
+        /* Without this attribute the flag fails and leaves an error behind; a read-only
+         * mapping cannot be registered without it, so it stays pageable. */
+        int dev = 0, ro = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&ro, cudaDevAttrHostRegisterReadOnlySupported, dev) !=
+                cudaSuccess) {
+            (void)cudaGetLastError();
+            return -ENOTSUP;
+        }
+        if (!ro)
+            return -ENOTSUP;
+    }
     unsigned flags = cudaHostRegisterPortable | (readonly ? cudaHostRegisterReadOnly : 0);
     cudaError_t e = cudaHostRegister(p, len, flags);
     if (e == cudaErrorHostMemoryAlreadyRegistered) {
@@ -416,7 +488,9 @@ static const struct kern_dev_ops dev_cuda_ops = {
     dev_pool_import,
     dev_pool_destroy,
     dev_copy_async,
-    dev_copy,
+    dev_stream_new,
+    dev_stream_free,
+    dev_device_get,
     dev_event_record,
     dev_event_new_record,
     dev_event_wait_free,

@@ -17,10 +17,22 @@
  * cudaIpcGetMemHandle, whose 64-byte handle travels in the reply instead (any process of
  * the host that learns those bytes can open it, which is why it is only the fallback).
  *
- * Copies are stream-ordered on the caller's stream (cudaStream_t passed as void *, NULL for
- * the legacy default stream); sync variants wait. Every call returns 0 or a negative errno:
- * -ENODEV (no device or driver), -ENOTSUP (not available here), -EIO (a CUDA error, one
- * line on stderr). Thread safety: the real table may be called from any thread.
+ * The calling thread's current device is the caller's: no op changes it. Ops that must run
+ * on one device (pool create and import, private streams) make it current for the call and
+ * restore the caller's device before they return; pool_import maps the pool for access
+ * from the pool's device only, so a caller whose current device is another one cannot use
+ * the mapping (libkvc then stays on host copies).
+ *
+ * Copies are stream-ordered on the stream passed (cudaStream_t as void *, NULL for the
+ * legacy default stream). There is no synchronous copy in the table: cudaMemcpy may return
+ * before a pageable host-to-device DMA lands and does not wait for device-to-device work,
+ * so a caller that needs the bytes in place queues on a private stream (stream_new: a
+ * cudaStreamNonBlocking stream, which never synchronises with the engine's streams through
+ * the legacy default stream) and then waits for that stream. Every call returns 0 or a
+ * negative errno: -ENODEV (no device or driver), -ENOTSUP (not available here), -EIO (a
+ * CUDA error, one line on stderr); a failure the table handled leaves no error pending in
+ * the runtime (cudaGetLastError), so the engine's own error checks never see ours.
+ * Thread safety: the real table may be called from any thread.
  */
 #ifndef KVC_KERN_DEV_H
 #define KVC_KERN_DEV_H
@@ -73,10 +85,14 @@ struct kern_dev_ops {
     int (*pool_import)(struct kern_dev_pool *p);
     /* Unmaps and frees (or releases the import of) a pool; closes p->fd. */
     void (*pool_destroy)(struct kern_dev_pool *p);
-    /* Queues a copy of len bytes on stream. */
+    /* Queues a copy of len bytes on stream. The kind must match where the pointers live
+     * (KERN_DEV_COPY_DEFAULT: unified addressing decides). */
     int (*copy_async)(void *dst, const void *src, uint64_t len, int kind, void *stream);
-    /* Copies and waits. */
-    int (*copy)(void *dst, const void *src, uint64_t len, int kind);
+    /* A private non-blocking stream on dev (*stream owned by the caller: stream_free). */
+    int (*stream_new)(int dev, void **stream);
+    void (*stream_free)(void *stream);
+    /* The calling thread's current device. */
+    int (*device_get)(int *dev);
     /* Records event (a cudaEvent_t the caller owns) on stream. */
     int (*event_record)(void *event, void *stream);
     /* A new internal event recorded on stream (*ev owned by the caller: event_wait_free). */
@@ -84,7 +100,9 @@ struct kern_dev_ops {
     /* Waits for an event from event_new_record and frees it. */
     int (*event_wait_free)(void *ev);
     int (*stream_sync)(void *stream);
-    /* Pins [p, p+len) of host memory for DMA (read-only mappings when readonly). */
+    /* Pins [p, p+len) of host memory for DMA (read-only mappings when readonly). -ENOTSUP:
+     * readonly where the device cannot register read-only memory (nothing is pinned; the
+     * copies from it stay pageable). */
     int (*host_register)(void *p, uint64_t len, int readonly);
     int (*host_unregister)(void *p);
     /* Device ordinal of a device pointer; -EINVAL for host memory. */

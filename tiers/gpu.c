@@ -7,6 +7,11 @@
  * per process, offsets do not. A location from another tier or outside the pool is refused
  * before any device call. The tier holds no CUDA types; the pool struct and the ops table
  * come from kernels/kern_dev.h.
+ *
+ * Reads and writes are synchronous for the engine: a promoted block's location is handed
+ * out right after the write returns, so the bytes must be in the pool by then. Each copy
+ * is queued on the tier's private non-blocking stream and that stream is waited for; the
+ * stream never orders against an engine's streams in other processes or this one.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -20,6 +25,7 @@ struct tier_gpu {
     struct tier base;
     const struct kern_dev_ops *ops;
     struct kern_dev_pool pool;
+    void *stream; /* private, non-blocking, on the pool's device */
     struct slab *slab;
     uint64_t size; /* bytes the allocator covers (<= pool.size) */
     uint32_t arena_id;
@@ -66,6 +72,14 @@ static char *tier_gpu_span(struct tier_gpu *g, const struct tier_loc *loc, uint6
     return (char *)g->pool.base + loc->off + off;
 }
 
+/* A copy that has landed when it returns: queued on the private stream, then waited for. */
+static int tier_gpu_copy(struct tier_gpu *g, void *dst, const void *src, uint64_t len, int kind)
+{
+    int rc = g->ops->copy_async(dst, src, len, kind, g->stream);
+    int wrc = g->ops->stream_sync(g->stream); /* also after a failed queue: nothing in flight */
+    return rc ? rc : wrc;
+}
+
 static int tier_gpu_read(struct tier *t, const struct tier_loc *loc, uint64_t off, void *dst,
                          uint64_t len, tier_done_fn done, void *arg)
 {
@@ -74,7 +88,7 @@ static int tier_gpu_read(struct tier *t, const struct tier_loc *loc, uint64_t of
     int rc;
     if (!p || !dst)
         return -EINVAL;
-    rc = g->ops->copy(dst, p, len, KERN_DEV_COPY_D2H);
+    rc = tier_gpu_copy(g, dst, p, len, KERN_DEV_COPY_D2H);
     if (done)
         done(arg, rc);
     return 0;
@@ -88,7 +102,7 @@ static int tier_gpu_write(struct tier *t, const struct tier_loc *loc, uint64_t o
     int rc;
     if (!p || !src)
         return -EINVAL;
-    rc = g->ops->copy(p, src, len, KERN_DEV_COPY_H2D);
+    rc = tier_gpu_copy(g, p, src, len, KERN_DEV_COPY_H2D);
     if (done)
         done(arg, rc);
     return 0;
@@ -109,6 +123,8 @@ static uint64_t tier_gpu_usage(const struct tier *t)
 static void tier_gpu_destroy(struct tier *t)
 {
     struct tier_gpu *g = tier_gpu_of(t);
+    if (g->stream)
+        g->ops->stream_free(g->stream);
     if (g->pool_live)
         g->ops->pool_destroy(&g->pool);
     slab_free(g->slab);
@@ -154,6 +170,9 @@ struct tier *tier_gpu_new(const struct tier_gpu_config *cfg, int *err)
     if (ret < 0)
         goto out;
     g->pool_live = 1;
+    ret = g->ops->stream_new(cfg->device, &g->stream);
+    if (ret < 0)
+        goto out;
     /* The device may round up; the allocator covers whole pages of what was asked. */
     g->size = size <= g->pool.size ? size : g->pool.size & ~(cfg->page_size - 1);
     g->slab = slab_new(g->size, cfg->page_size);

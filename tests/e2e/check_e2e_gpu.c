@@ -17,15 +17,23 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "client/kvc.h"
+#include "client/libkvc_internal.h"
+#include "daemon/acl.h"
+#include "daemon/config.h"
+#include "daemon/engine.h"
+#include "daemon/log.h"
+#include "daemon/loop.h"
+#include "daemon/server.h"
+#include "daemon/store.h"
 #include "kernels/kern.h"
 #include "kernels/kern_dev.h"
 #include "tests/lib/daemon.h"
 #include "tests/lib/fake_dev.h"
 
-void kvci_gpu_ops_set(const struct kern_dev_ops *ops); /* libkvc's test hook */
 
 #define GE_LAYERS 2
 #define GE_HEADS 2
@@ -310,6 +318,342 @@ START_TEST(test_configured_without_device)
 }
 END_TEST
 
+/* Issue 18: a wait that reports a fault (the DMA into the slot failed) makes kvc_commit()
+ * refuse to publish: it returns the error, and the key stays a miss. */
+START_TEST(test_commit_refuses_faulted_copy)
+{
+    kvc_client *c;
+    kvc_ns *ns;
+    kvc_resv *r;
+    kvc_lease *l;
+    struct kvc_key keys[GE_BLOCKS];
+    ck_assert_int_eq(ge_open(&c, &ns, keys), 0);
+    fake_dev_reset(1);
+    kvci_gpu_ops_set(&fake_dev_ops);
+    ck_assert_int_eq(kvc_gpu_attach(c), 0);
+    void *stream = fake_dev_stream(0);
+    ck_assert_ptr_nonnull(stream);
+    size_t bb = kvc_ns_block_bytes(ns);
+    uint8_t *src = malloc(bb);
+    ck_assert_ptr_nonnull(src);
+    daemon_block_fill(&keys[0], src, bb);
+    ck_assert_int_eq(kvc_reserve(ns, NULL, keys, 1, &r), 1);
+    ck_assert_int_eq(kvc_resv_write_async(r, 0, src, bb, stream), 0);
+    fake_dev.fail_wait = EIO;
+    ck_assert_int_eq(kvc_commit(r, SIZE_MAX), -EIO);
+    ck_assert_int_eq(kvc_lookup(ns, keys, 1, 0, &l), 0);
+    kvc_release(l);
+    /* The same put without the fault is published. */
+    ck_assert_int_eq(kvc_reserve(ns, NULL, keys, 1, &r), 1);
+    ck_assert_int_eq(kvc_resv_write_async(r, 0, src, bb, stream), 0);
+    ck_assert_int_eq(kvc_commit(r, SIZE_MAX), 1);
+    ck_assert_int_eq(kvc_lookup(ns, keys, 1, 0, &l), 1);
+    ck_assert_int_eq(daemon_block_check(&keys[0], kvc_lease_data(l, 0), bb), -1);
+    ck_assert_int_eq(kvc_release(l), 0);
+    ck_assert_int_eq(fake_dev_last_error(), 0);
+    ck_assert_int_eq(fake_dev.events_live, 0);
+    fake_dev_stream_free(stream);
+    free(src);
+    kvc_disconnect(c);
+    kvci_gpu_ops_set(NULL);
+}
+END_TEST
+
+/* Issue 18: a quantized host hit copied with kvc_lease_copy_async() lands decoded (the raw
+ * block, within the codec's error), never as its encoded bytes. The hit is made quantized
+ * in the lease itself: the daemon quantizes only under pressure, and the copy path is what
+ * is under test. */
+START_TEST(test_copy_async_decodes_quantized)
+{
+    kvc_client *c;
+    kvc_ns *ns;
+    kvc_lease *l;
+    struct kvc_key keys[GE_BLOCKS];
+    ck_assert_int_eq(ge_open(&c, &ns, keys), 0);
+    fake_dev_reset(1);
+    kvci_gpu_ops_set(&fake_dev_ops);
+    ck_assert_int_eq(kvc_gpu_attach(c), 0);
+    size_t bb = kvc_ns_block_bytes(ns);
+    uint16_t *src = malloc(bb), *dst = malloc(bb);
+    ck_assert(src && dst);
+    daemon_smooth_fill(&keys[0], src, bb / 2);
+    ck_assert_int_eq(kvc_put_prefix(ns, NULL, keys, 1, (const void *const[]){src}), 1);
+    struct kern_layout kl = {.layers = GE_LAYERS,
+                             .heads = GE_HEADS,
+                             .head_dim = GE_DIM,
+                             .tokens = GE_BT,
+                             .dtype = KVC_DTYPE_FP16};
+    struct kern_recipe rec;
+    int q8 = kern_codec_from_name("q8_0");
+    ck_assert_int_ge(q8, 0);
+    kern_recipe_fill(&rec, (enum kern_codec)q8, (enum kern_codec)q8, 0);
+    int64_t cap = kern_encoded_size(&kl, &rec);
+    ck_assert_int_gt(cap, 0);
+    uint8_t *enc = malloc((size_t)cap);
+    ck_assert_ptr_nonnull(enc);
+    int64_t n = kern_encode_cpu(&kl, &rec, src, enc, (size_t)cap, NULL);
+    ck_assert_int_gt(n, 0);
+    ck_assert_int_eq(kvc_lookup(ns, keys, 1, 0, &l), 1);
+    l->hits[0].data = enc;
+    l->hits[0].len = (uint64_t)n;
+    l->hits[0].format = KVC_WIRE_FORMAT_Q8_0;
+    memset(dst, 0, bb);
+    ck_assert_int_eq(kvc_lease_copy_async(l, 0, dst, bb, NULL), 0);
+    ck_assert(memcmp(dst, enc, (size_t)n) != 0);
+    ck_assert(daemon_smooth_err(&keys[0], dst, bb / 2) < 0.02);
+    ck_assert_uint_eq(fake_dev.queued, 0); /* the staging block is gone: nothing reads it */
+    ck_assert_int_eq(kvc_release(l), 0);
+    ck_assert_int_eq(fake_dev_last_error(), 0);
+    free(enc);
+    free(src);
+    free(dst);
+    kvc_disconnect(c);
+    kvci_gpu_ops_set(NULL);
+}
+END_TEST
+
+/* ---- a pool over the fake device: the server in this process, clients forked ------------ */
+
+/* The store and server run here with a pool on fake device 0 (a memfd); each client is a
+ * forked child that resets the fake first (a fresh process for the driver) and imports the
+ * pool from the descriptor the server passes, as a real engine process would. */
+struct gf_server {
+    struct daemon d;
+    struct config *cfg;
+    struct loop *l;
+    struct store *s;
+    struct acl *acl;
+    struct server *sv;
+    pid_t child;
+    int status;
+};
+
+static struct gf_server gf;
+
+static void gf_tick(void *arg)
+{
+    struct gf_server *x = arg;
+    int st;
+    server_tick(x->sv);
+    if (x->child > 0 && waitpid(x->child, &st, WNOHANG) == x->child) {
+        x->status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        x->child = 0;
+    }
+    if (x->child == 0 && server_clients(x->sv) == 0)
+        loop_stop(x->l);
+}
+
+static void gf_setup(void)
+{
+    struct store_params sp = {.host_size = 16 << 20,
+                              .host_page_size = 64 << 10,
+                              .high_watermark = 0.95,
+                              .low_watermark = 0.9,
+                              .max_namespaces = 8,
+                              .max_handles = 64,
+                              .policy = POLICY_LRU,
+                              .gpu_size = 4 << 20,
+                              .gpu_device = 0,
+                              .gpu_page_size = 64 << 10,
+                              .gpu_ops = &fake_dev_ops};
+    int rc = 0;
+    memset(&gf, 0, sizeof(gf));
+    log_setup(LOG_LEVEL_WARNING, 1000);
+    ck_assert_int_eq(daemon_dir_init(&gf.d), 0);
+    fake_dev_reset(2);
+    gf.cfg = config_new();
+    gf.s = store_new(&sp, &rc);
+    ck_assert_msg(gf.s && gf.s->gpu, "store_new: %d", rc);
+    engine_attach(gf.s);
+    gf.acl = acl_new(gf.s, gf.cfg, &rc);
+    ck_assert_ptr_nonnull(gf.acl);
+    gf.l = loop_new(&rc);
+    ck_assert_ptr_nonnull(gf.l);
+    struct server_params vp = {.socket_path = gf.d.sock,
+                               .socket_mode = 0600,
+                               .max_clients = 16,
+                               .cfg = gf.cfg,
+                               .acl = gf.acl,
+                               .max_clients_per_uid = 8,
+                               .hello_timeout_ms = 5000,
+                               .idle_timeout_ms = 60000,
+                               .reservation_timeout_ms = 60000,
+                               .max_waits = 2,
+                               .max_namespaces_per_uid = 8,
+                               .client_pins = 4096,
+                               .uid_pins = 8192,
+                               .uid_leases = 64,
+                               .uid_reserved_share = 50};
+    gf.sv = server_new(gf.l, gf.s, &vp, &rc);
+    ck_assert_msg(gf.sv, "server_new: %d", rc);
+}
+
+static void gf_teardown(void)
+{
+    ck_assert_uint_eq(gf.s->pins_now, 0);
+    ck_assert_uint_eq(gf.s->reserved_now, 0);
+    server_free(gf.sv);
+    acl_free(gf.acl);
+    engine_stop(gf.s);
+    store_free(gf.s);
+    loop_free(gf.l);
+    config_free(gf.cfg);
+    ck_assert_int_eq(fake_dev.pools_live, 0);
+    ck_assert_uint_eq(fake_dev.fork_refused, 0);
+    daemon_cleanup(&gf.d);
+}
+
+/* Runs fn in a forked client while this process serves it; its exit status. */
+static int gf_run(int (*fn)(void *), void *arg)
+{
+    gf.child = daemon_child_spawn(fn, arg);
+    ck_assert_int_gt(gf.child, 0);
+    gf.status = -1;
+    loop_run(gf.l, 20, gf_tick, &gf);
+    return gf.status;
+}
+
+/* A client process: the driver starts here (fake reset), on device `dev`. */
+static int gf_client(int dev, kvc_client **c, kvc_ns **ns, struct kvc_key *keys)
+{
+    static uint32_t tokens[GE_TOKENS];
+    struct kvc_layout lay = ge_layout();
+    fake_dev_reset(2);
+    fake_dev_current_set(dev);
+    kvci_gpu_ops_set(&fake_dev_ops);
+    for (uint32_t i = 0; i < GE_TOKENS; i++)
+        tokens[i] = 2000 + i;
+    if (kvc_connect(gf.d.sock, c) || kvc_ns_open(*c, &lay, ns))
+        return -1;
+    return kvc_keys_from_tokens(*ns, NULL, tokens, GE_TOKENS, NULL, 0, keys, GE_BLOCKS) ==
+                   GE_BLOCKS
+               ? 0
+               : -1;
+}
+
+/* Child: the engine's thread is on device 1, the pool on device 0. The pool's mapping
+ * would be usable from device 0 only, so attach says host copies and leaves the thread on
+ * device 1; a thread on device 0 maps it. */
+static int gf_attach_other_device(void *arg)
+{
+    kvc_client *c;
+    kvc_ns *ns;
+    struct kvc_key keys[GE_BLOCKS];
+    (void)arg;
+    if (gf_client(1, &c, &ns, keys))
+        return 10;
+    if (kvc_gpu_attach(c) != 0)
+        return 11;
+    if (fake_dev_current() != 1)
+        return 12;
+    if (fake_dev.pools_live != 0)
+        return 13; /* not even imported */
+    kvc_disconnect(c);
+    fake_dev_current_set(0);
+    if (gf_client(0, &c, &ns, keys))
+        return 14;
+    if (kvc_gpu_attach(c) != 1 || fake_dev.pools_live != 1 || fake_dev_current() != 0)
+        return 15;
+    kvc_disconnect(c);
+    if (fake_dev.pools_live != 0 || fake_dev.streams_live != 0 || fake_dev_last_error())
+        return 16;
+    return 0;
+}
+
+START_TEST(test_attach_keeps_current_device)
+{
+    ck_assert_int_eq(gf_run(gf_attach_other_device, NULL), 0);
+}
+END_TEST
+
+/* Child: a put into the pool with kvc_resv_write() and a load of the pool hit with
+ * kvc_lease_copy() (synchronous: the bytes are in place on return), then a load with
+ * kvc_lease_copy_cuda() into device memory on the engine's stream: device to device,
+ * queued (nothing lands before the stream or the lease is waited for), no allocation and no
+ * wait on the legacy default stream per hit, and kvc_release() waits for it. */
+static int gf_pool_put_load(void *arg)
+{
+    kvc_client *c;
+    kvc_ns *ns;
+    kvc_resv *r;
+    kvc_lease *l;
+    struct kvc_key keys[GE_BLOCKS];
+    (void)arg;
+    if (gf_client(0, &c, &ns, keys))
+        return 20;
+    if (kvc_gpu_attach(c) != 1)
+        return 21;
+    size_t bb = kvc_ns_block_bytes(ns);
+    uint8_t *src = malloc(bb), *dst = malloc(bb), *dev = NULL;
+    void *stream = fake_dev_stream(0);
+    if (!src || !dst || !stream || fake_dev_ops.mem_alloc((void **)&dev, bb))
+        return 22;
+    daemon_block_fill(&keys[0], src, bb);
+    if (kvc_reserve_gpu(ns, NULL, keys, 1, &r) != 1 || kvc_resv_data(r, 0) == NULL)
+        return 23;
+    if (fake_dev_ops.pointer_device(kvc_resv_data(r, 0)) != 0)
+        return 24; /* a pool slot */
+    if (kvc_resv_write(r, 0, src, bb) != 0 || kvc_commit(r, SIZE_MAX) != 1)
+        return 25;
+    if (kvc_lookup(ns, keys, 1, KVC_LOOKUP_GPU, &l) != 1 || kvc_lease_tier(l, 0) != KVC_TIER_GPU)
+        return 26;
+    /* The committed bytes are in the pool (the fake's pool reads as host memory). */
+    if (daemon_block_check(&keys[0], kvc_lease_data(l, 0), bb) != -1)
+        return 27;
+    memset(dst, 0, bb);
+    if (kvc_lease_copy(l, 0, dst, bb) != 0 || daemon_block_check(&keys[0], dst, bb) != -1)
+        return 28;
+    memset(dev, 0, bb);
+    uint64_t allocs = fake_dev.allocs, legacy = fake_dev.legacy_syncs;
+    if (kvc_lease_copy_cuda(l, 0, dev, bb, stream) != 0)
+        return 29;
+    if (fake_dev.bad_kinds || fake_dev_last_error())
+        return 30;
+    if (fake_dev.queued != 1 || daemon_block_check(&keys[0], dev, bb) == -1)
+        return 31; /* queued on the engine's stream, not performed yet */
+    if (kvc_release(l) != 0)
+        return 32;
+    if (fake_dev.queued != 0 || daemon_block_check(&keys[0], dev, bb) != -1)
+        return 33; /* the release waited for it */
+    if (fake_dev.allocs != allocs || fake_dev.legacy_syncs != legacy || fake_dev.events_live)
+        return 34;
+    if (fake_dev_current() != 0)
+        return 35;
+    fake_dev_ops.mem_free(dev);
+    fake_dev_stream_free(stream);
+    free(src);
+    free(dst);
+    kvc_disconnect(c);
+    return fake_dev.pools_live == 0 && fake_dev.streams_live == 0 ? 0 : 36;
+}
+
+START_TEST(test_pool_copies_land_in_order)
+{
+    ck_assert_int_eq(gf_run(gf_pool_put_load, NULL), 0);
+    /* The daemon side saw the client's bytes in the pool. */
+    ck_assert_uint_gt(store_gpu_used(gf.s), 0);
+}
+END_TEST
+
+/* Check forks each case from main(), and these fork clients: a child of a process whose
+ * driver is started is refused (CUDA is undefined there) until it starts its own. */
+static int gf_forked_without_reset(void *arg)
+{
+    (void)arg;
+    int n = fake_dev_ops.device_count();
+    uint64_t refused = fake_dev.fork_refused;
+    fake_dev_reset(1);
+    return n == 0 && refused == 1 && fake_dev_ops.device_count() == 1 ? 0 : 40;
+}
+
+START_TEST(test_fake_refuses_forked_child)
+{
+    ck_assert_int_eq(fake_dev_ops.device_count(), 2); /* the server's driver is started */
+    pid_t p = daemon_child_spawn(gf_forked_without_reset, NULL);
+    ck_assert_int_eq(daemon_child_wait(p, daemon_ms(10000), NULL), 0);
+}
+END_TEST
+
 /* ---- with a device ---------------------------------------------------------------------- */
 
 /* Device copies of a host engine (same pages, same table). */
@@ -488,6 +832,8 @@ int main(void)
     tcase_add_checked_fixture(tc, ge_setup, ge_teardown);
     tcase_add_test(tc, test_paged_host_two_processes);
     tcase_add_test(tc, test_attach_without_tier);
+    tcase_add_test(tc, test_commit_refuses_faulted_copy);
+    tcase_add_test(tc, test_copy_async_decodes_quantized);
     /* Devices are counted in a child: neither main() nor a case that forks clients may
      * start CUDA, which does not survive fork(). */
     int devices = daemon_cuda_devices();
@@ -498,6 +844,13 @@ int main(void)
                devices > 0 ? "a CUDA device is here (make check-gpu covers the pool)"
                            : "the CUDA probe died");
     suite_add_tcase(s, tc);
+    TCase *tf = tcase_create("fake-pool");
+    tcase_set_timeout(tf, daemon_slow() * 60);
+    tcase_add_checked_fixture(tf, gf_setup, gf_teardown);
+    tcase_add_test(tf, test_attach_keeps_current_device);
+    tcase_add_test(tf, test_pool_copies_land_in_order);
+    tcase_add_test(tf, test_fake_refuses_forked_child);
+    suite_add_tcase(s, tf);
     if (devices > 0) {
         TCase *tg = tcase_create("gpu");
         tcase_set_timeout(tg, daemon_slow() * 120);

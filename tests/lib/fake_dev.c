@@ -4,118 +4,405 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "tests/lib/fake_dev.h"
 
+#define FAKE_STREAM_MAGIC 0x5354524du /* "STRM" */
+#define FAKE_EVENT_MAGIC 0x4556544eu  /* "EVTN" */
+#define FAKE_MAX_RANGES 256
+
+struct fake_stream {
+    uint32_t magic;
+    int dev;
+};
+
+struct fake_event {
+    uint32_t magic;
+    void *stream;
+    uint64_t seq; /* copies of stream up to this one */
+};
+
+/* One queued copy, performed at the wait that covers it. */
+struct fake_op {
+    void *stream;
+    void *dst;
+    const void *src;
+    uint64_t len;
+    uint64_t seq;
+    struct fake_op *next;
+};
+
+/* Device memory the fake handed out. */
+struct fake_range {
+    char *base;
+    uint64_t size;
+    int dev;
+};
+
 struct fake_dev_state fake_dev;
+static struct fake_range fake_ranges[FAKE_MAX_RANGES];
+static int fake_nranges;
+static struct fake_op *fake_ops_head, **fake_ops_tail = &fake_ops_head;
+static uint64_t fake_seq;
+static _Thread_local int fake_cur;
 
 void fake_dev_reset(int devices)
 {
+    while (fake_ops_head) {
+        struct fake_op *o = fake_ops_head;
+        fake_ops_head = o->next;
+        free(o);
+    }
+    fake_ops_tail = &fake_ops_head;
+    fake_nranges = 0;
+    fake_seq = 0;
+    fake_cur = 0;
     memset(&fake_dev, 0, sizeof(fake_dev));
     fake_dev.devices = devices;
 }
 
+void fake_dev_current_set(int dev)
+{
+    fake_cur = dev;
+}
+
+int fake_dev_current(void)
+{
+    return fake_cur;
+}
+
+int fake_dev_last_error(void)
+{
+    int e = fake_dev.last_error;
+    fake_dev.last_error = 0;
+    return e;
+}
+
+/* The driver's state belongs to the process that first used it. */
+static int fake_enter(void)
+{
+    if (fake_dev.init_pid == 0)
+        fake_dev.init_pid = getpid();
+    if (fake_dev.init_pid != getpid()) {
+        fake_dev.fork_refused++;
+        fake_dev.last_error = -EIO;
+        return -EIO;
+    }
+    return fake_dev.sticky ? -EIO : 0;
+}
+
+static int fake_range_add(void *base, uint64_t size, int dev)
+{
+    if (fake_nranges == FAKE_MAX_RANGES)
+        return -ENOMEM;
+    fake_ranges[fake_nranges++] = (struct fake_range){(char *)base, size, dev};
+    return 0;
+}
+
+static void fake_range_del(const void *base)
+{
+    for (int i = 0; i < fake_nranges; i++)
+        if (fake_ranges[i].base == base) {
+            fake_ranges[i] = fake_ranges[--fake_nranges];
+            return;
+        }
+}
+
+/* Device of [p, p+len) when it lies in device memory, else -1 (host memory). */
+static int fake_range_dev(const void *p, uint64_t len)
+{
+    const char *c = p;
+    for (int i = 0; i < fake_nranges; i++) {
+        const struct fake_range *r = &fake_ranges[i];
+        if (c >= r->base && c < r->base + r->size) {
+            if (len > r->size - (uint64_t)(c - r->base))
+                return -2; /* runs off the end of an allocation */
+            return r->dev;
+        }
+    }
+    return -1;
+}
+
 static int fake_device_count(void)
 {
-    return fake_dev.devices;
+    return fake_enter() ? 0 : fake_dev.devices;
 }
 
 static int fake_device_uuid(int dev, uint8_t uuid[KERN_DEV_UUID_BYTES])
 {
+    int rc = fake_enter();
+    if (rc)
+        return rc;
     if (dev < 0 || dev >= fake_dev.devices)
         return -ENODEV;
     memset(uuid, 0xf0 + dev, KERN_DEV_UUID_BYTES);
     return 0;
 }
 
-static int fake_pool_create(int dev, uint64_t size, struct kern_dev_pool *p)
+static int fake_pool_map(struct kern_dev_pool *p)
 {
-    memset(p, 0, sizeof(*p));
-    p->fd = -1;
-    if (fake_dev.fail_create)
-        return -fake_dev.fail_create;
-    if (dev < 0 || dev >= fake_dev.devices)
-        return -ENODEV;
-    p->base = calloc(1, size);
-    if (!p->base)
+    void *m = mmap(NULL, p->size, PROT_READ | PROT_WRITE, MAP_SHARED, p->fd, 0);
+    if (m == MAP_FAILED)
+        return -errno;
+    if (fake_range_add(m, p->size, p->device)) {
+        munmap(m, p->size);
         return -ENOMEM;
-    p->device = dev;
-    p->size = size;
-    p->handle = KERN_DEV_HANDLE_FD;
-    p->fd = dup(STDERR_FILENO); /* any descriptor: it stands for the exported handle */
-    fake_device_uuid(dev, p->uuid);
+    }
+    p->base = m;
     fake_dev.pools_live++;
     return 0;
 }
 
+static int fake_pool_create(int dev, uint64_t size, struct kern_dev_pool *p)
+{
+    int rc;
+    memset(p, 0, sizeof(*p));
+    p->fd = -1;
+    if (fake_dev.fail_create)
+        return -fake_dev.fail_create;
+    rc = fake_enter();
+    if (rc)
+        return rc;
+    if (dev < 0 || dev >= fake_dev.devices)
+        return -ENODEV;
+    p->fd = memfd_create("fake-dev-pool", MFD_CLOEXEC); /* the exported handle */
+    if (p->fd < 0)
+        return -errno;
+    if (ftruncate(p->fd, (off_t)size)) {
+        rc = -errno;
+        goto fail;
+    }
+    p->device = dev;
+    p->size = size;
+    p->handle = KERN_DEV_HANDLE_FD;
+    fake_device_uuid(dev, p->uuid);
+    rc = fake_pool_map(p);
+    if (rc == 0)
+        return 0;
+fail:
+    close(p->fd);
+    p->fd = -1;
+    return rc;
+}
+
 static int fake_pool_import(struct kern_dev_pool *p)
 {
-    (void)p;
-    return -ENOTSUP; /* separate processes share no fake device memory */
+    uint8_t u[KERN_DEV_UUID_BYTES];
+    int rc = fake_enter(), dev = -1;
+    if (rc)
+        return rc;
+    if (p->handle != KERN_DEV_HANDLE_FD || p->fd < 0 || p->size == 0)
+        return -ENOTSUP;
+    for (int i = 0; i < fake_dev.devices && dev < 0; i++)
+        if (fake_device_uuid(i, u) == 0 && memcmp(u, p->uuid, sizeof(u)) == 0)
+            dev = i;
+    if (dev < 0)
+        return -ENODEV;
+    p->device = dev;
+    return fake_pool_map(p);
 }
 
 static void fake_pool_destroy(struct kern_dev_pool *p)
 {
-    free(p->base);
+    if (p->base) {
+        fake_range_del(p->base);
+        munmap(p->base, p->size);
+        fake_dev.pools_live--;
+    }
     if (p->fd >= 0)
         close(p->fd);
     p->base = NULL;
     p->fd = -1;
-    fake_dev.pools_live--;
 }
 
-static int fake_copy(void *dst, const void *src, uint64_t len, int kind)
+static int fake_stream_ok(void *stream)
 {
-    (void)kind;
-    memmove(dst, src, len);
-    fake_dev.copies++;
-    fake_dev.bytes += len;
-    return 0;
+    return !stream || ((struct fake_stream *)stream)->magic == FAKE_STREAM_MAGIC;
 }
 
 static int fake_copy_async(void *dst, const void *src, uint64_t len, int kind, void *stream)
 {
-    (void)stream;
-    return fake_copy(dst, src, len, kind);
+    int rc = fake_enter();
+    if (rc)
+        return rc;
+    if (!fake_stream_ok(stream) || !dst || !src)
+        return -EINVAL;
+    int ddev = fake_range_dev(dst, len), sdev = fake_range_dev(src, len);
+    int ok = ddev != -2 && sdev != -2;
+    switch (kind) {
+    case KERN_DEV_COPY_H2D:
+        ok = ok && sdev < 0 && ddev >= 0;
+        break;
+    case KERN_DEV_COPY_D2H:
+        ok = ok && sdev >= 0 && ddev < 0;
+        break;
+    case KERN_DEV_COPY_D2D:
+        ok = ok && sdev >= 0 && ddev >= 0;
+        break;
+    case KERN_DEV_COPY_DEFAULT:
+        break;
+    default:
+        ok = 0;
+    }
+    if (!ok) {
+        fake_dev.bad_kinds++;
+        fake_dev.last_error = -EINVAL;
+        return -EINVAL;
+    }
+    struct fake_op *o = calloc(1, sizeof(*o));
+    if (!o)
+        return -ENOMEM;
+    *o = (struct fake_op){stream, dst, src, len, ++fake_seq, NULL};
+    *fake_ops_tail = o;
+    fake_ops_tail = &o->next;
+    fake_dev.copies++;
+    fake_dev.queued++;
+    return 0;
+}
+
+/* Performs (or, with fail_wait set, loses) stream's copies up to seq. */
+static int fake_drain(void *stream, uint64_t upto)
+{
+    int rc = fake_dev.fail_wait ? -fake_dev.fail_wait : 0;
+    fake_dev.fail_wait = 0;
+    for (struct fake_op **pp = &fake_ops_head; *pp;) {
+        struct fake_op *o = *pp;
+        if (o->stream != stream || o->seq > upto) {
+            pp = &o->next;
+            continue;
+        }
+        if (rc == 0) {
+            memmove(o->dst, o->src, o->len);
+            fake_dev.bytes += o->len;
+        }
+        fake_dev.queued--;
+        *pp = o->next;
+        free(o);
+    }
+    fake_ops_tail = &fake_ops_head;
+    while (*fake_ops_tail)
+        fake_ops_tail = &(*fake_ops_tail)->next;
+    return rc;
+}
+
+static int fake_stream_new(int dev, void **stream)
+{
+    int rc = fake_enter();
+    if (rc)
+        return rc;
+    if (dev < 0 || dev >= fake_dev.devices)
+        return -ENODEV;
+    struct fake_stream *s = calloc(1, sizeof(*s));
+    if (!s)
+        return -ENOMEM;
+    s->magic = FAKE_STREAM_MAGIC;
+    s->dev = dev;
+    fake_dev.streams_live++;
+    *stream = s;
+    return 0;
+}
+
+static void fake_stream_free(void *stream)
+{
+    struct fake_stream *s = stream;
+    if (!s || fake_enter())
+        return;
+    fake_drain(s, UINT64_MAX); /* cudaStreamDestroy lets queued work finish */
+    s->magic = 0;
+    fake_dev.streams_live--;
+    free(s);
+}
+
+void *fake_dev_stream(int dev)
+{
+    void *s = NULL;
+    return fake_stream_new(dev, &s) ? NULL : s;
+}
+
+void fake_dev_stream_free(void *stream)
+{
+    fake_stream_free(stream);
+}
+
+static int fake_device_get(int *dev)
+{
+    int rc = fake_enter();
+    if (rc == 0)
+        *dev = fake_cur;
+    return rc;
 }
 
 static int fake_event_record(void *event, void *stream)
 {
-    (void)event, (void)stream;
-    return 0;
+    int rc = fake_enter();
+    if (rc)
+        return rc;
+    return event && fake_stream_ok(stream) ? 0 : -EINVAL;
 }
 
 static int fake_event_new_record(void **ev, void *stream)
 {
-    (void)stream;
-    *ev = &fake_dev;
+    int rc = fake_enter();
+    if (rc)
+        return rc;
+    if (!fake_stream_ok(stream))
+        return -EINVAL;
+    struct fake_event *e = calloc(1, sizeof(*e));
+    if (!e)
+        return -ENOMEM;
+    *e = (struct fake_event){FAKE_EVENT_MAGIC, stream, fake_seq};
+    *ev = e;
     fake_dev.events_live++;
     return 0;
 }
 
 static int fake_event_wait_free(void *ev)
 {
-    (void)ev;
+    struct fake_event *e = ev;
+    int rc = fake_enter();
+    if (rc)
+        return rc;
+    if (!e || e->magic != FAKE_EVENT_MAGIC)
+        return -EINVAL;
+    rc = fake_drain(e->stream, e->seq);
+    e->magic = 0;
+    free(e);
     fake_dev.events_live--;
-    return 0;
+    return rc;
 }
 
 static int fake_stream_sync(void *stream)
 {
-    (void)stream;
-    return 0;
+    int rc = fake_enter();
+    if (rc)
+        return rc;
+    if (!fake_stream_ok(stream))
+        return -EINVAL;
+    if (!stream)
+        fake_dev.legacy_syncs++;
+    return fake_drain(stream, UINT64_MAX);
 }
 
 static int fake_host_register(void *p, uint64_t len, int readonly)
 {
-    (void)p, (void)len, (void)readonly;
+    int rc = fake_enter();
+    if (rc)
+        return rc;
+    if (!p || !len || fake_range_dev(p, len) != -1)
+        return -EINVAL;
+    if (readonly && fake_dev.readonly_unsup)
+        return -ENOTSUP;
     fake_dev.registered++;
     return 0;
 }
 
 static int fake_host_unregister(void *p)
 {
+    int rc = fake_enter();
+    if (rc)
+        return rc;
     (void)p;
     fake_dev.registered--;
     return 0;
@@ -123,19 +410,36 @@ static int fake_host_unregister(void *p)
 
 static int fake_pointer_device(const void *p)
 {
-    (void)p;
-    return fake_dev.devices ? 0 : -EINVAL;
+    if (fake_enter())
+        return -EINVAL;
+    int dev = fake_range_dev(p, 1);
+    return dev >= 0 ? dev : -EINVAL;
 }
 
 static int fake_mem_alloc(void **p, uint64_t len)
 {
-    *p = malloc(len);
-    return *p ? 0 : -ENOMEM;
+    int rc = fake_enter();
+    if (rc)
+        return rc;
+    *p = malloc(len ? len : 1);
+    if (!*p)
+        return -ENOMEM;
+    if (fake_range_add(*p, len ? len : 1, fake_cur)) {
+        free(*p);
+        *p = NULL;
+        return -ENOMEM;
+    }
+    fake_dev.allocs++;
+    return 0;
 }
 
 static void fake_mem_free(void *p)
 {
+    if (!p || fake_enter())
+        return;
+    fake_range_del(p);
     free(p);
+    fake_dev.frees++;
 }
 
 const struct kern_dev_ops fake_dev_ops = {
@@ -146,7 +450,9 @@ const struct kern_dev_ops fake_dev_ops = {
     .pool_import = fake_pool_import,
     .pool_destroy = fake_pool_destroy,
     .copy_async = fake_copy_async,
-    .copy = fake_copy,
+    .stream_new = fake_stream_new,
+    .stream_free = fake_stream_free,
+    .device_get = fake_device_get,
     .event_record = fake_event_record,
     .event_new_record = fake_event_new_record,
     .event_wait_free = fake_event_wait_free,

@@ -1,33 +1,76 @@
 /*
  * fake_dev.h — a kern_dev_ops table over host memory, for the unit tests of code above the
- * device calls (the gpu tier's accounting, libkvc's GPU checks) on machines without a GPU.
+ * device calls (the gpu tier's accounting, libkvc's GPU paths) on machines without a GPU.
  *
  * DESIGN
- * "Device memory" is malloc'd; copies are memcpy and complete at once; events are counted.
- * The counters let a test check that every pool, registration and event it caused was
- * given back. Not thread-safe: one test at a time.
+ * The fake is as strict as the driver where a mistake would otherwise only show on a real
+ * device:
+ * - Copies are queued on their stream and performed only when that stream is synchronised
+ *   or an event recorded after them is waited for, reading their source then: code that
+ *   forgets to wait reads stale bytes, code that frees or unpins a source before the wait
+ *   copies what is there by then.
+ * - "Device memory" is a set of ranges the fake handed out (pools, imports, mem_alloc);
+ *   everything else is host memory. A copy whose kind disagrees with where its pointers
+ *   live fails (-EINVAL) and leaves an error pending, as cudaMemcpyAsync does.
+ * - Each thread has a current device (0 after fake_dev_reset); no op changes it, so a test
+ *   can check it is the same after every call of the code under test.
+ * - A pending error is what the engine's cudaGetLastError would see: fake_dev_last_error()
+ *   returns and clears it. A sticky error (fake_dev.sticky) fails every later call.
+ * - The driver is initialised in the process of its first call; a forked child of that
+ *   process is refused every call (-EIO), as CUDA is undefined there, until it calls
+ *   fake_dev_reset() (what an exec'd process would start from).
+ * - Pools live in a memfd, so a process the descriptor is passed to can import them.
+ * Counters let a test check that everything it caused was given back, and that a hit costs
+ * no allocation and no device-wide synchronisation. One test thread drives the fake at a
+ * time; the current device alone is per thread.
  */
 #ifndef KVC_TESTS_FAKE_DEV_H
 #define KVC_TESTS_FAKE_DEV_H
 
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "kernels/kern_dev.h"
 
 struct fake_dev_state {
-    int devices;        /* device_count() answers this */
-    int fail_create;    /* pool_create answers this errno when non-zero */
-    int pools_live;     /* created or imported, not destroyed */
-    int registered;     /* host_register minus host_unregister */
-    int events_live;    /* event_new_record minus event_wait_free */
-    uint64_t copies;    /* copy and copy_async calls */
-    uint64_t bytes;     /* bytes they moved */
+    int devices;          /* device_count() answers this */
+    int fail_create;      /* pool_create answers this errno when non-zero */
+    int fail_wait;        /* the next wait answers -fail_wait; its copies are lost */
+    int readonly_unsup;   /* host_register(readonly) answers -ENOTSUP */
+    int sticky;           /* a sticky error: every call fails -EIO */
+    int pools_live;       /* created or imported, not destroyed */
+    int registered;       /* host_register minus host_unregister */
+    int events_live;      /* event_new_record minus event_wait_free */
+    int streams_live;     /* stream_new minus stream_free */
+    uint64_t allocs;      /* mem_alloc calls */
+    uint64_t frees;       /* mem_free calls */
+    uint64_t legacy_syncs; /* waits on the legacy default stream (device-wide ordering) */
+    uint64_t copies;      /* copies queued */
+    uint64_t bytes;       /* bytes they moved once performed */
+    uint64_t queued;      /* copies queued, not yet performed nor lost */
+    uint64_t bad_kinds;   /* copies refused for a wrong kind */
+    uint64_t fork_refused; /* calls refused in a forked child */
+    int last_error;       /* pending error (negative errno), 0 if none */
+    pid_t init_pid;       /* process whose first call initialised the fake; 0: none yet */
 };
 
 extern struct fake_dev_state fake_dev;
 extern const struct kern_dev_ops fake_dev_ops;
 
-/* Resets the counters; `devices` fake devices. */
+/* Forgets every queued copy and range, resets the counters; `devices` fake devices. In a
+ * forked child this stands for a fresh process (the parent's pools stay mapped, but as
+ * host memory of this process). */
 void fake_dev_reset(int devices);
+
+/* The calling thread's current device, as cudaSetDevice would set it. */
+void fake_dev_current_set(int dev);
+int fake_dev_current(void);
+
+/* Returns and clears the pending error (cudaGetLastError). */
+int fake_dev_last_error(void);
+
+/* An engine's stream on dev (a cudaStreamNonBlocking stream of its own). */
+void *fake_dev_stream(int dev);
+void fake_dev_stream_free(void *stream);
 
 #endif
