@@ -109,6 +109,31 @@ void policy_hint(struct policy_block *b, float mass, uint64_t now,
 void policy_ghost_restore(struct policy_block *b, float freq, uint64_t evicted_at, uint64_t now,
                           const struct policy_params *p);
 
+/* ---- precision ladder (policy_ladder.c) --------------------------------------------- */
+
+/* A fast tier's split of its bytes between raw and each lossy rung, learnt from hits on
+ * lossy blocks and from ghosts. Rung 0 is raw; rungs 1.. are the allowed codecs, most
+ * precise first (policy_ladder_next). */
+#define POLICY_LADDER_RUNGS 6
+struct policy_ladder {
+    uint32_t rungs;                   /* raw plus the allowed codecs */
+    double below[POLICY_LADDER_RUNGS]; /* share of the tier rungs 0..k may hold (last: 1) */
+    double lossy_weight;              /* what a lossy hit costs against a miss (0: nothing) */
+    double step;                      /* one block's share of the tier */
+};
+
+void policy_ladder_init(struct policy_ladder *l, uint32_t rungs, double lossy_weight,
+                        double capacity_blocks);
+/* The rung whose coldest block frees the next room: *out = 0, one step down (a rung over
+ * its target); *out = 1, out of the tier (every rung within its target: the last non-empty
+ * one gives). bytes[k]: what rung k holds (in the unit of capacity); ready[k]: rung k has a
+ * block it may act on. -1 when none has. */
+int policy_ladder_pick(const struct policy_ladder *l, const double *bytes, double capacity,
+                       const int *ready, int *out);
+/* A hit on a block at rung `rung` (nothing for 0); a miss on a block dropped recently. */
+void policy_ladder_hit(struct policy_ladder *l, uint32_t rung);
+void policy_ladder_ghost_hit(struct policy_ladder *l);
+
 /* ---- half-life tuning (policy_tune.c) ------------------------------------------------ */
 
 /* Miniature LRFU caches, one per candidate half-life, over a hash-sampled key stream; the
@@ -168,6 +193,10 @@ enum policy_codec {
 
 /* Size of a codec relative to fp16 RAW. */
 double policy_codec_ratio(enum policy_codec c);
+/* The next rung below cur among the codecs mask allows (1u << POLICY_CODEC_*), smaller than
+ * cur, from the most precise: q8_0, fp8, kivi4, q4_1, kivi2; RAW when none is left (the
+ * next step is out of the tier). From RAW: the first allowed. */
+enum policy_codec policy_ladder_next(uint32_t codecs, enum policy_codec cur);
 const char *policy_codec_name(enum policy_codec c);
 
 /* What the tier engine can do now. */

@@ -294,6 +294,63 @@ START_TEST(test_tune_follows_load)
 }
 END_TEST
 
+/* The ladder's rungs, its choice of rung and how hits and ghosts move its targets. */
+START_TEST(test_ladder)
+{
+    struct policy_ladder l;
+    uint32_t q8q4 = 1u << POLICY_CODEC_Q8 | 1u << POLICY_CODEC_Q4;
+    ck_assert_int_eq(policy_ladder_next(q8q4, POLICY_CODEC_RAW), POLICY_CODEC_Q8);
+    ck_assert_int_eq(policy_ladder_next(q8q4, POLICY_CODEC_Q8), POLICY_CODEC_Q4);
+    ck_assert_int_eq(policy_ladder_next(q8q4, POLICY_CODEC_Q4), POLICY_CODEC_RAW);
+    ck_assert_int_eq(policy_ladder_next(1u << POLICY_CODEC_KIVI2, POLICY_CODEC_RAW),
+                     POLICY_CODEC_KIVI2);
+    ck_assert_int_eq(policy_ladder_next(0, POLICY_CODEC_RAW), POLICY_CODEC_RAW);
+    /* never up: from q4_1, q8_0 (larger) is not a step */
+    ck_assert_int_eq(policy_ladder_next(1u << POLICY_CODEC_Q8, POLICY_CODEC_Q4),
+                     POLICY_CODEC_RAW);
+
+    policy_ladder_init(&l, 3, 0.0, 100);
+    ck_assert_double_eq_tol(l.below[0], 1.0 / 3, 1e-12);
+    ck_assert_double_eq_tol(l.below[1], 2.0 / 3, 1e-12);
+    ck_assert_double_eq(l.below[2], 1.0);
+    double bytes[3] = {50, 10, 0};
+    int ready[3] = {1, 1, 0}, out;
+    ck_assert_int_eq(policy_ladder_pick(&l, bytes, 100, ready, &out), 0); /* raw over 1/3 */
+    ck_assert_int_eq(out, 0);
+    bytes[0] = 20;
+    ck_assert_int_eq(policy_ladder_pick(&l, bytes, 100, ready, &out), 1); /* none over: */
+    ck_assert_int_eq(out, 1);                                             /* the deepest out */
+    bytes[1] = 60;
+    ck_assert_int_eq(policy_ladder_pick(&l, bytes, 100, ready, &out), 1); /* 0..1 over 2/3 */
+    ck_assert_int_eq(out, 0);
+    ready[1] = 0; /* only raw, within its target: out, not through the codecs */
+    ck_assert_int_eq(policy_ladder_pick(&l, bytes, 100, ready, &out), 0);
+    ck_assert_int_eq(out, 1);
+    ready[0] = 0;
+    ck_assert_int_eq(policy_ladder_pick(&l, bytes, 100, ready, &out), -1);
+    /* ghosts lower every target down to 0; weight 0: lossy hits move nothing */
+    for (int i = 0; i < 1000; i++)
+        policy_ladder_ghost_hit(&l);
+    ck_assert_double_eq(l.below[0], 0.0);
+    ck_assert_double_eq(l.below[1], 0.0);
+    policy_ladder_hit(&l, 2);
+    ck_assert_double_eq(l.below[0], 0.0);
+    /* weight 2: a hit at rung 2 raises rungs 0 and 1 by 2 steps, one at rung 1 only rung 0 */
+    policy_ladder_init(&l, 3, 2.0, 100);
+    double b0 = l.below[0], b1 = l.below[1];
+    policy_ladder_hit(&l, 2);
+    ck_assert_double_eq_tol(l.below[0], b0 + 0.02, 1e-12);
+    ck_assert_double_eq_tol(l.below[1], b1 + 0.02, 1e-12);
+    policy_ladder_hit(&l, 1);
+    ck_assert_double_eq_tol(l.below[0], b0 + 0.04, 1e-12);
+    ck_assert_double_eq_tol(l.below[1], b1 + 0.02, 1e-12);
+    for (int i = 0; i < 1000; i++)
+        policy_ladder_hit(&l, 2);
+    ck_assert_double_eq(l.below[0], 1.0); /* clamped */
+    ck_assert_double_eq(l.below[2], 1.0);
+}
+END_TEST
+
 START_TEST(test_tune)
 {
     struct policy_tune t;
@@ -343,6 +400,7 @@ int main(void)
     tcase_add_test(tc, test_tune);
     tcase_add_test(tc, test_tune_interpolates);
     tcase_add_test(tc, test_tune_follows_load);
+    tcase_add_test(tc, test_ladder);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -173,6 +173,103 @@ static char *gen(int hot)
     return buf;
 }
 
+/* The precision ladder on a hand-checked trace: r1 [1,2], r2 [1,3], r3 [1,2] at 2.6 blocks.
+ * Without a ladder r2 evicts 2 for 3 and r3 misses it. With q8_0 r2 quantizes 2 (0.53 of a
+ * block) instead, 3 fits beside it, and r3 hits 2 lossy. A sink is never quantized. */
+START_TEST(test_ladder_hand)
+{
+    const char *t = "{\"timestamp\": 0, \"input_length\": 1024, \"hash_ids\": [1, 2]}\n"
+                    "{\"timestamp\": 1, \"input_length\": 1024, \"hash_ids\": [1, 3]}\n"
+                    "{\"timestamp\": 2, \"input_length\": 1024, \"hash_ids\": [1, 2]}\n";
+    const char *sink = "{\"timestamp\": 0, \"input_length\": 512, \"hash_ids\": [1]}\n"
+                       "{\"timestamp\": 1, \"input_length\": 512, \"hash_ids\": [2]}\n"
+                       "{\"timestamp\": 2, \"input_length\": 512, \"hash_ids\": [1]}\n";
+    struct sim_trace tr;
+    struct sim_config c;
+    struct sim_result r;
+    ck_assert_int_eq(sim_trace_parse(&tr, t, strlen(t)), 0);
+    sim_config_init(&c);
+    c.policy = POLICY_LRU;
+    c.capacity = 2.6;
+    ck_assert_int_eq(sim_run(&tr, &c, &r), 0);
+    ck_assert_uint_eq(r.hits_full, 2);
+    ck_assert_uint_eq(r.hits_lossy, 0);
+    c.ladder = 1u << POLICY_CODEC_Q8;
+    ck_assert_int_eq(sim_run(&tr, &c, &r), 0);
+    ck_assert_uint_eq(r.hits_full, 2);
+    ck_assert_uint_eq(r.hits_lossy, 1);
+    ck_assert_uint_eq(r.hits_codec[POLICY_CODEC_Q8], 1);
+    ck_assert_uint_eq(r.ladder_steps, 1);
+    sim_trace_free(&tr);
+    /* depth 0 is a sink: dropped, never quantized */
+    ck_assert_int_eq(sim_trace_parse(&tr, sink, strlen(sink)), 0);
+    c.capacity = 1.6;
+    ck_assert_int_eq(sim_run(&tr, &c, &r), 0);
+    ck_assert_uint_eq(r.hits_lossy, 0);
+    ck_assert_uint_eq(r.ladder_steps, 0);
+    ck_assert_uint_eq(r.hits_full, 0);
+    sim_trace_free(&tr);
+}
+END_TEST
+
+/* A synthetic trace with shared prefixes (40 documents, each asked again with new
+ * questions): the ladder turns capacity into hits, one rung more gives more, only the
+ * allowed codecs serve, and the lossy weight trades lossy hits for raw ones. */
+static char *ladder_trace(void)
+{
+    size_t cap = 1 << 20, n = 0;
+    char *buf = malloc(cap);
+    unsigned seed = 3;
+    ck_assert_ptr_nonnull(buf);
+    for (int q = 0; q < 3000; q++) {
+        int doc = (int)(rand_r(&seed) % 40), len = 6 + (int)(rand_r(&seed) % 6);
+        n += (size_t)snprintf(buf + n, cap - n,
+                              "{\"timestamp\": %d, \"input_length\": %d, \"hash_ids\": [",
+                              q, (len + 2) * 512);
+        for (int i = 0; i < len; i++)
+            n += (size_t)snprintf(buf + n, cap - n, "%d, ", doc * 100 + i);
+        n += (size_t)snprintf(buf + n, cap - n, "%d, %d]}\n", 100000 + q * 2, 100001 + q * 2);
+        ck_assert_uint_lt(n, cap - 256);
+    }
+    return buf;
+}
+
+START_TEST(test_ladder_trace)
+{
+    char *text = ladder_trace();
+    struct sim_trace tr;
+    struct sim_config c;
+    struct sim_result raw, q8, q84, heavy;
+    ck_assert_int_eq(sim_trace_parse(&tr, text, strlen(text)), 0);
+    sim_config_init(&c);
+    c.policy = POLICY_DEFAULT;
+    c.capacity = 120;
+    ck_assert_int_eq(sim_run(&tr, &c, &raw), 0);
+    c.ladder = 1u << POLICY_CODEC_Q8;
+    ck_assert_int_eq(sim_run(&tr, &c, &q8), 0);
+    c.ladder |= 1u << POLICY_CODEC_Q4;
+    ck_assert_int_eq(sim_run(&tr, &c, &q84), 0);
+    c.lossy_weight = 1000;
+    ck_assert_int_eq(sim_run(&tr, &c, &heavy), 0);
+    uint64_t h_raw = raw.hits_full, h_q8 = q8.hits_full + q8.hits_lossy,
+             h_q84 = q84.hits_full + q84.hits_lossy;
+    ck_assert_uint_gt(h_q8, h_raw + h_raw / 10);
+    ck_assert_uint_gt(h_q84, h_q8);
+    ck_assert_uint_gt(q8.hits_lossy, 0);
+    ck_assert_uint_eq(q8.hits_lossy, q8.hits_codec[POLICY_CODEC_Q8]);
+    ck_assert_uint_eq(q84.hits_lossy,
+                      q84.hits_codec[POLICY_CODEC_Q8] + q84.hits_codec[POLICY_CODEC_Q4]);
+    ck_assert_uint_gt(q84.hits_codec[POLICY_CODEC_Q4], 0);
+    /* a lossy hit worth 1000 misses: most of the tier stays raw */
+    ck_assert_uint_lt(heavy.hits_lossy * 4, q84.hits_lossy);
+    ck_assert_uint_gt(heavy.hits_full, q84.hits_full);
+    ck_assert(heavy.raw_share > 0.9);
+    ck_assert(q84.raw_share < 0.1);
+    sim_trace_free(&tr);
+    free(text);
+}
+END_TEST
+
 START_TEST(test_default_tunes)
 {
     struct sim_result lru, def, min;
@@ -202,6 +299,8 @@ int main(void)
     tcase_add_test(tc, test_prefix_ratio);
     tcase_add_test(tc, test_quantize_and_disk);
     tcase_add_test(tc, test_default_tunes);
+    tcase_add_test(tc, test_ladder_hand);
+    tcase_add_test(tc, test_ladder_trace);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -3,6 +3,9 @@
  * Mooncake conversation trace (or the trace given as argv[2] or $KVC_TRACE). Every policy
  * and the infinite cache; case POLICY@CAPACITY, value the hit ratio, baseline "min" with MIN's
  * hit ratio, ratio = value / MIN (a MIN of 0 is refused: no ratio without hits).
+ * Then hit ratio per byte (case bytes/POLICY+CODECS@BUDGET): the precision ladder at a byte
+ * budget of 1k and 10k raw blocks against raw LRU at 1.8x (q8_0) and 2.5x (q8_0, q4_1) the
+ * bytes, and against the raw default at the same budget; targets: ratio >= 1.0.
  * KVC_BENCH_SMOKE=1: the smallest capacity only.
  */
 #include <stdio.h>
@@ -59,6 +62,54 @@ int main(int argc, char **argv)
             printf("%-18s %8.4f %8.4f %8.3f\n", name, v, minv, minv > 0 ? v / minv : 0);
             bench_row_add(rows, sizeof(rows) / sizeof(rows[0]), &nrows, name, v, "hit_ratio",
                           "min", minv);
+        }
+    }
+    /* Hit ratio per byte: the precision ladder (policy_ladder.c) at a byte budget of 1k and
+     * 10k raw blocks against raw LRU given 1.8x (q8_0) and 2.5x (q8_0 then q4_1) the bytes,
+     * and against the raw default at the same budget. The share of lossy hits is printed
+     * (lossy: lossy hits over all hits). */
+    printf("%-40s %8s %8s %8s %8s\n", "case", "hit", "base", "ratio", "lossy");
+    static const double bcaps[] = { 1000, 10000 };
+    const size_t nb = bench_smoke() ? 1 : sizeof(bcaps) / sizeof(bcaps[0]);
+    for (size_t ci = 0; ci < nb; ci++) {
+        struct {
+            const char *name, *base;
+            uint32_t ladder;
+            int base_policy;
+            double base_scale;
+        } cases[] = {
+            {"default+q8_0", "lru", 1u << POLICY_CODEC_Q8, POLICY_LRU, 1.8},
+            {"default+q8_0,q4_1", "lru", 1u << POLICY_CODEC_Q8 | 1u << POLICY_CODEC_Q4,
+             POLICY_LRU, 2.5},
+            {"default+q8_0", "default", 1u << POLICY_CODEC_Q8, POLICY_DEFAULT, 1.0},
+        };
+        for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+            struct sim_config c;
+            struct sim_result res, base;
+            sim_config_init(&c);
+            c.policy = cases[k].base_policy;
+            c.capacity = bcaps[ci] * cases[k].base_scale;
+            if (sim_run(&t, &c, &base) < 0) {
+                bench_fail("sim: %s at %.0f failed", cases[k].base, c.capacity);
+                goto out;
+            }
+            c.policy = POLICY_DEFAULT;
+            c.capacity = bcaps[ci];
+            c.ladder = cases[k].ladder;
+            if (sim_run(&t, &c, &res) < 0) {
+                bench_fail("sim: %s at %.0f failed", cases[k].name, bcaps[ci]);
+                goto out;
+            }
+            double v = sim_ratio(res.hits_full + res.hits_lossy + res.hits_disk, res.refs);
+            double bv = sim_ratio(base.hits_full + base.hits_lossy + base.hits_disk, base.refs);
+            char name[96], bname[64];
+            snprintf(bname, sizeof(bname), "%s@%.0f", cases[k].base,
+                     bcaps[ci] * cases[k].base_scale);
+            snprintf(name, sizeof(name), "bytes/%s@%.0f:%s", cases[k].name, bcaps[ci], bname);
+            printf("%-40s %8.4f %8.4f %8.3f %8.3f\n", name, v, bv, bv > 0 ? v / bv : 0,
+                   sim_ratio(res.hits_lossy, res.hits_full + res.hits_lossy + res.hits_disk));
+            bench_row_add(rows, sizeof(rows) / sizeof(rows[0]), &nrows, name, v, "hit_ratio",
+                          bname, bv);
         }
     }
 out:

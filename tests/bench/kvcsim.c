@@ -1,7 +1,8 @@
 /*
  * kvcsim — replays a Mooncake-format JSONL trace against kvcd's policies.
  *
- *   kvcsim [-c CAPS] [-p POLICIES] [--block-bytes N] [--quant CODEC] [--disk BLOCKS]
+ *   kvcsim [-c CAPS] [-p POLICIES] [--block-bytes N] [--quant CODECS] [--lossy-weight W]
+ *          [--victim-quant CODEC] [--disk BLOCKS]
  *          [--admit-hits N] [--ghost F] [--fixed-half-life] [--half-life H] [--tune 0|1]
  *          [--csv FILE]
  *          [--plot FILE.png] TRACE
@@ -11,6 +12,11 @@
  * quest, default) plus min (Belady, offline) and inf (infinite cache).
  * --half-life: the initial (with --fixed-half-life, the fixed) half-life in requests;
  * --tune 0|1: policy_tune's half-life off/on (default: on for `default` only).
+ * --quant CODECS: comma list of codecs (q8_0, fp8, kivi4, q4_1, kivi2): the precision ladder
+ * (policies/policy_ladder.c), a block stepping down one codec at a time before it leaves;
+ * --lossy-weight W: what a lossy hit costs against a miss (default 0: the most hits);
+ * --victim-quant CODEC: instead, policy_decide may quantize the eviction victim (the daemon's
+ * engine today). raw_share: the ladder's learnt share of bytes kept raw.
  * Prints one CSV row per (policy, capacity); --plot draws hit ratio vs capacity with gnuplot.
  */
 #include <errno.h>
@@ -48,7 +54,8 @@ static int kvcsim_split(char *s, char **out, int max)
 
 static void kvcsim_usage(void)
 {
-    fprintf(stderr, "usage: kvcsim [-c CAPS] [-p POLICIES] [--block-bytes N] [--quant CODEC]\n"
+    fprintf(stderr, "usage: kvcsim [-c CAPS] [-p POLICIES] [--block-bytes N] [--quant CODECS]\n"
+                    "              [--lossy-weight W] [--victim-quant CODEC]\n"
                     "              [--disk BLOCKS] [--admit-hits N] [--ghost F] [--fixed-half-life]\n"
                     "              [--half-life H] [--tune 0|1]\n"
                     "              [--csv FILE] [--plot FILE.png] TRACE\n");
@@ -92,6 +99,8 @@ int main(int argc, char **argv)
         { "policies", required_argument, 0, 'p' },
         { "block-bytes", required_argument, 0, 'b' },
         { "quant", required_argument, 0, 'q' },
+        { "victim-quant", required_argument, 0, 'V' },
+        { "lossy-weight", required_argument, 0, 'W' },
         { "disk", required_argument, 0, 'd' },
         { "admit-hits", required_argument, 0, 'A' },
         { "ghost", required_argument, 0, 'g' },
@@ -118,15 +127,29 @@ int main(int argc, char **argv)
         case 'p': snprintf(polbuf, sizeof(polbuf), "%s", optarg); break;
         case 'b': block_bytes = kvcsim_size(optarg); break;
         case 'q':
-            base.codec = -1;
-            for (int c = 1; c < POLICY_CODEC_COUNT; c++)
-                if (strcmp(optarg, policy_codec_name((enum policy_codec)c)) == 0)
-                    base.codec = c;
-            if (base.codec < 0) {
-                fprintf(stderr, "kvcsim: unknown codec %s\n", optarg);
-                return 2;
+        case 'V': {
+            /* --quant: the codecs of the precision ladder; --victim-quant: one codec for
+             * policy_decide's victims (the daemon's engine as it is) */
+            char buf[256], *save = NULL;
+            snprintf(buf, sizeof(buf), "%s", optarg);
+            for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+                int codec = -1;
+                for (int c = 1; c < POLICY_CODEC_COUNT; c++)
+                    if (strcmp(tok, policy_codec_name((enum policy_codec)c)) == 0)
+                        codec = c;
+                if (codec < 0 || (o == 'V' && base.codec)) {
+                    fprintf(stderr, "kvcsim: %s %s\n", codec < 0 ? "unknown codec" : "one codec for",
+                            codec < 0 ? tok : "--victim-quant");
+                    return 2;
+                }
+                if (o == 'V')
+                    base.codec = codec;
+                else
+                    base.ladder |= 1u << codec;
             }
             break;
+        }
+        case 'W': base.lossy_weight = strtod(optarg, NULL); break;
         case 'd': base.disk_blocks = strtoull(optarg, NULL, 0); break;
         case 'A': base.admit_hits = (uint32_t)strtoul(optarg, NULL, 0); break;
         case 'g': base.ghost_factor = strtod(optarg, NULL); break;
@@ -156,7 +179,7 @@ int main(int argc, char **argv)
         goto out;
     }
     const char *head = "policy,capacity,block_hit,prefix_hit,token_hit,full_hit,lossy_hit,"
-                       "disk_hit,disk_bytes,half_life\n";
+                       "disk_hit,disk_bytes,half_life,raw_share\n";
     printf("# %s: %zu requests, %zu block references, %u distinct blocks\n", argv[optind],
            t.nreq, t.nref, t.nblocks);
     fputs(head, stdout);
@@ -180,13 +203,13 @@ int main(int argc, char **argv)
             }
             uint64_t hits = res.hits_full + res.hits_lossy + res.hits_disk;
             char line[512];
-            snprintf(line, sizeof(line), "%s,%.0f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.0f,%.1f\n",
+            snprintf(line, sizeof(line), "%s,%.0f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.0f,%.1f,%.3f\n",
                      pols[pi], c.capacity, sim_ratio(hits, res.refs),
                      sim_ratio(res.prefix_hits, res.refs), sim_ratio(res.token_hits, res.tokens),
                      sim_ratio(res.hits_full, res.refs), sim_ratio(res.hits_lossy, res.refs),
                      sim_ratio(res.hits_disk, res.refs),
                      (double)res.disk_writes * (block_bytes > 0 ? block_bytes : 1.0),
-                     res.half_life);
+                     res.half_life, res.raw_share);
             fputs(line, stdout);
             fflush(stdout);
             if (csv)

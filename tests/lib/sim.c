@@ -402,6 +402,15 @@ struct sim_state {
     uint64_t evictions;
     double keyed_half_life; /* the half-life the heap keys were computed with */
     double qratio;
+    /* The precision ladder (c->ladder): a heap per lossy rung, by policy key (rung 0, raw,
+     * is `host`); rung[x] is a block's codec, rung_of[codec] its rung, room[k] what rung k
+     * holds (in blocks). */
+    uint8_t *rung;
+    uint8_t rung_of[POLICY_CODEC_COUNT];
+    uint8_t codec_at[POLICY_LADDER_RUNGS];
+    struct sim_heap lossy[POLICY_LADDER_RUNGS];
+    double room[POLICY_LADDER_RUNGS];
+    struct policy_ladder ladder;
     struct policy_tune tune;
     int tuning;
 };
@@ -410,7 +419,39 @@ struct sim_state {
 
 static double sim_room(const struct sim_state *s, uint32_t x)
 {
-    return s->where[x] == SIM_QUANT ? s->qratio : 1.0;
+    return s->where[x] == SIM_QUANT ? policy_codec_ratio((enum policy_codec)s->rung[x]) : 1.0;
+}
+
+/* The heap a cached, unpinned block waits in. */
+static struct sim_heap *sim_heap_of(struct sim_state *s, uint32_t x)
+{
+    if (s->where[x] == SIM_DISK)
+        return &s->disk;
+    if (s->where[x] == SIM_QUANT && s->c->ladder)
+        return &s->lossy[s->rung_of[s->rung[x]]];
+    return &s->host;
+}
+
+/* The rung a fast-tier block counts in (0: raw). */
+static uint32_t sim_rung(const struct sim_state *s, uint32_t x)
+{
+    return s->where[x] == SIM_QUANT ? s->rung_of[s->rung[x]] : 0;
+}
+
+/* x leaves the fast tier: its room, and its rung's. */
+static void sim_leave_fast(struct sim_state *s, uint32_t x)
+{
+    s->used -= sim_room(s, x);
+    s->room[sim_rung(s, x)] -= sim_room(s, x);
+}
+
+/* x enters the fast tier at codec c (RAW: full precision). */
+static void sim_enter_fast(struct sim_state *s, uint32_t x, enum policy_codec c)
+{
+    s->rung[x] = (uint8_t)c;
+    s->where[x] = c == POLICY_CODEC_RAW ? SIM_FULL : SIM_QUANT;
+    s->used += sim_room(s, x);
+    s->room[sim_rung(s, x)] += sim_room(s, x);
 }
 
 static void sim_rekey(struct sim_state *s, uint32_t x)
@@ -427,6 +468,11 @@ static void sim_maybe_rebuild(struct sim_state *s)
         sim_rekey(s, s->host.a[i]);
     for (uint32_t i = 0; i < s->disk.n; i++)
         sim_rekey(s, s->disk.a[i]);
+    for (uint32_t k = 1; k < s->ladder.rungs; k++) {
+        for (uint32_t i = 0; i < s->lossy[k].n; i++)
+            sim_rekey(s, s->lossy[k].a[i]);
+        sim_heap_rebuild(&s->lossy[k]);
+    }
     sim_heap_rebuild(&s->host);
     sim_heap_rebuild(&s->disk);
 }
@@ -445,10 +491,7 @@ static void sim_forget(struct sim_state *s, uint32_t x)
         sim_rekey(s, par);
         if (s->pinned[par])
             return;
-        if (s->where[par] == SIM_DISK)
-            sim_heap_push(&s->disk, par);
-        else
-            sim_heap_push(&s->host, par);
+        sim_heap_push(sim_heap_of(s, par), par);
     }
 }
 
@@ -469,7 +512,7 @@ static int sim_disk_room(struct sim_state *s)
 }
 
 /* Frees fast-tier room until `need` more fits; -ENOSPC when only pinned blocks remain. */
-static int sim_host_room(struct sim_state *s, double need, uint64_t now)
+static int sim_host_room_victim(struct sim_state *s, double need, uint64_t now)
 {
     struct policy_pressure pr = {
         .bytes_to_free = 1,
@@ -502,6 +545,7 @@ static int sim_host_room(struct sim_state *s, double need, uint64_t now)
         switch (a.action) {
         case POLICY_ACTION_QUANTIZE:
             s->used -= 1.0 - s->qratio;
+            s->rung[x] = (uint8_t)s->c->codec;
             s->where[x] = SIM_QUANT;
             s->blk[x].flags |= POLICY_BLOCK_QUANTIZED;
             sim_heap_push(&s->host, x);
@@ -509,23 +553,89 @@ static int sim_host_room(struct sim_state *s, double need, uint64_t now)
         case POLICY_ACTION_OFFLOAD:
             if (s->blk[x].hits < s->c->admit_hits && !s->blk[x].children) {
                 /* Not admitted: dropped, as the daemon's engine does for a block the disk would not take. */
-                s->used -= sim_room(s, x);
+                sim_leave_fast(s, x);
                 sim_forget(s, x);
                 break;
             }
-            s->used -= sim_room(s, x);
+            sim_leave_fast(s, x);
             s->where[x] = SIM_DISK;
             s->disk_used++;
             s->r->disk_writes++;
             sim_heap_push(&s->disk, x);
             break;
         default:
-            s->used -= sim_room(s, x);
+            sim_leave_fast(s, x);
             sim_forget(s, x);
             break;
         }
     }
     return 0;
+}
+
+/* Takes x (the first of `from`) out of the fast tier as the policy decides: to disk, dropped,
+ * or parked while it has children (pushed back by sim_forget when the last one goes). */
+static void sim_ladder_out(struct sim_state *s, uint32_t x, struct sim_heap *from, uint64_t now)
+{
+    struct policy_pressure pr = {.bytes_to_free = 1,
+                                 .actions = 1u << POLICY_ACTION_DROP,
+                                 .miss_cost = 1.0,
+                                 .disk_cost = 0.1};
+    struct policy_block b = s->blk[x];
+    struct policy_action a;
+    b.bytes = (uint64_t)(SIM_BLOCK_BYTES * sim_room(s, x));
+    if (s->c->disk_blocks && sim_disk_room(s) == 0) {
+        pr.actions |= 1u << POLICY_ACTION_OFFLOAD;
+        pr.offload_min_hits = s->c->admit_hits;
+    }
+    sim_heap_remove(from, x);
+    if (policy_decide((enum policy_kind)s->c->policy, &b, 1, now, &s->p, &pr, &a) == 0)
+        return; /* an inner block: parked until a leaf */
+    if (a.action == POLICY_ACTION_OFFLOAD &&
+        !(s->blk[x].hits < s->c->admit_hits && !s->blk[x].children)) {
+        sim_leave_fast(s, x);
+        s->where[x] = SIM_DISK; /* its rung stays: it comes back as it left */
+        s->disk_used++;
+        s->r->disk_writes++;
+        sim_heap_push(&s->disk, x);
+        return;
+    }
+    sim_leave_fast(s, x);
+    sim_forget(s, x);
+}
+
+/* The fast tier under the precision ladder (policy_ladder.c): each step takes the coldest
+ * block of the rung policy_ladder_pick names one codec down, or out of the tier. Sinks and partial blocks never quantize: at the raw order's head they go out as
+ * without a ladder. */
+static int sim_host_room_ladder(struct sim_state *s, double need, uint64_t now)
+{
+    double cap = s->c->capacity;
+    while (s->used + need > cap + 1e-9) {
+        int ready[POLICY_LADDER_RUNGS] = {s->host.n > 0};
+        for (uint32_t k = 1; k < s->ladder.rungs; k++)
+            ready[k] = s->lossy[k].n > 0;
+        int out, k = policy_ladder_pick(&s->ladder, s->room, cap, ready, &out);
+        if (k < 0)
+            return -ENOSPC;
+        struct sim_heap *h = k ? &s->lossy[k] : &s->host;
+        uint32_t x = h->a[0];
+        if (out || (uint32_t)k + 1 == s->ladder.rungs ||
+            (k == 0 && (s->blk[x].flags & (POLICY_BLOCK_SINK | POLICY_BLOCK_PARTIAL)))) {
+            sim_ladder_out(s, x, h, now);
+            continue;
+        }
+        sim_heap_remove(h, x);
+        sim_leave_fast(s, x);
+        sim_enter_fast(s, x, (enum policy_codec)s->codec_at[k + 1]);
+        s->blk[x].flags |= POLICY_BLOCK_QUANTIZED;
+        s->r->ladder_steps++;
+        sim_heap_push(&s->lossy[k + 1], x);
+    }
+    return 0;
+}
+
+static int sim_host_room(struct sim_state *s, double need, uint64_t now)
+{
+    return s->c->ladder ? sim_host_room_ladder(s, need, now) : sim_host_room_victim(s, need, now);
 }
 
 static int sim_policy_run(struct sim_state *s)
@@ -568,12 +678,13 @@ static int sim_policy_run(struct sim_state *s)
                 if (j == 0)
                     s->blk[x].flags |= POLICY_BLOCK_SINK;
                 if (s->ghost_seq[x] && s->evictions - s->ghost_seq[x] < ghost_window) {
+                    if (s->c->ladder)
+                        policy_ladder_ghost_hit(&s->ladder);
                     policy_params_observe_reuse(&s->p, now - s->ghost_time[x]);
                     policy_ghost_restore(&s->blk[x], s->ghost_freq[x], s->ghost_time[x], now,
                                          &s->p);
                 }
-                s->where[x] = SIM_FULL;
-                s->used += 1.0;
+                sim_enter_fast(s, x, POLICY_CODEC_RAW);
                 s->parent[x] = j > 0 ? parent : UINT32_MAX;
                 if (j > 0) {
                     s->blk[parent].children++;
@@ -582,8 +693,12 @@ static int sim_policy_run(struct sim_state *s)
             } else {
                 if (s->where[x] == SIM_FULL)
                     s->r->hits_full++;
-                else if (s->where[x] == SIM_QUANT)
+                else if (s->where[x] == SIM_QUANT) {
                     s->r->hits_lossy++;
+                    s->r->hits_codec[s->rung[x]]++;
+                    if (s->c->ladder)
+                        policy_ladder_hit(&s->ladder, s->rung_of[s->rung[x]]);
+                }
                 else
                     s->r->hits_disk++;
                 s->r->token_hits += tok;
@@ -597,14 +712,17 @@ static int sim_policy_run(struct sim_state *s)
                     s->disk_used--;
                     s->pinned[x] = 1;
                     if (sim_host_room(s, 1.0, now) == 0) {
-                        s->where[x] = SIM_FULL;
-                        s->used += 1.0;
+                        /* As it left: raw, or at its rung under the ladder. */
+                        sim_enter_fast(s, x, s->c->ladder ? (enum policy_codec)s->rung[x]
+                                                          : POLICY_CODEC_RAW);
                     } else {
                         s->disk_used++;
                     }
                 }
                 sim_heap_remove(&s->host, x);
                 sim_heap_remove(&s->disk, x);
+                for (uint32_t k = 1; k < s->ladder.rungs; k++)
+                    sim_heap_remove(&s->lossy[k], x);
             }
             s->pinned[x] = 1;
             sim_rekey(s, x);
@@ -619,16 +737,14 @@ static int sim_policy_run(struct sim_state *s)
             if (s->where[x] == SIM_NONE)
                 continue;
             sim_rekey(s, x);
-            if (s->where[x] == SIM_DISK)
-                sim_heap_push(&s->disk, x);
-            else
-                sim_heap_push(&s->host, x);
+            sim_heap_push(sim_heap_of(s, x), x);
         }
         if (s->tuning && policy_tune_half_life(&s->tune) > 0)
             s->p.half_life = policy_tune_half_life(&s->tune);
         sim_maybe_rebuild(s);
     }
     s->r->half_life = s->p.half_life;
+    s->r->raw_share = s->c->ladder ? s->ladder.below[0] : 1.0;
     return 0;
 }
 
@@ -752,6 +868,17 @@ int sim_run(const struct sim_trace *t, const struct sim_config *c, struct sim_re
     s.p.half_life = c->half_life; /* requests, until reuse intervals are observed */
     s.keyed_half_life = s.p.half_life;
     s.qratio = c->codec ? policy_codec_ratio((enum policy_codec)c->codec) : 1.0;
+    {
+        uint32_t rungs = 1;
+        s.codec_at[0] = POLICY_CODEC_RAW;
+        for (enum policy_codec k = policy_ladder_next(c->ladder, POLICY_CODEC_RAW);
+             k != POLICY_CODEC_RAW && rungs < POLICY_LADDER_RUNGS;
+             k = policy_ladder_next(c->ladder, k)) {
+            s.rung_of[k] = (uint8_t)rungs;
+            s.codec_at[rungs++] = (uint8_t)k;
+        }
+        policy_ladder_init(&s.ladder, rungs, c->lossy_weight, c->capacity);
+    }
     s.blk = calloc(nb, sizeof(*s.blk));
     s.key = calloc(nb, sizeof(*s.key));
     s.parent = malloc(nb * sizeof(*s.parent));
@@ -764,7 +891,20 @@ int sim_run(const struct sim_trace *t, const struct sim_config *c, struct sim_re
     s.host.pos = malloc(nb * sizeof(uint32_t));
     s.disk.a = malloc(nb * sizeof(uint32_t));
     s.disk.pos = malloc(nb * sizeof(uint32_t));
-    if (!s.blk || !s.key || !s.parent || !s.where || !s.pinned || !s.ghost_seq ||
+    s.rung = calloc(nb, 1);
+    for (uint32_t k = 1; k < s.ladder.rungs; k++) {
+        s.lossy[k].a = malloc(nb * sizeof(uint32_t));
+        s.lossy[k].pos = malloc(nb * sizeof(uint32_t));
+        if (!s.lossy[k].a || !s.lossy[k].pos) {
+            rc = -ENOMEM;
+            goto out;
+        }
+        for (size_t i = 0; i < nb; i++)
+            s.lossy[k].pos[i] = UINT32_MAX;
+        s.lossy[k].key = s.key;
+        s.lossy[k].blk = s.blk;
+    }
+    if (!s.rung || !s.blk || !s.key || !s.parent || !s.where || !s.pinned || !s.ghost_seq ||
         !s.ghost_freq || !s.ghost_time || !s.host.a || !s.host.pos || !s.disk.a ||
         !s.disk.pos) {
         rc = -ENOMEM;
@@ -793,5 +933,10 @@ out:
     free(s.host.pos);
     free(s.disk.a);
     free(s.disk.pos);
+    free(s.rung);
+    for (uint32_t k = 1; k < POLICY_LADDER_RUNGS; k++) {
+        free(s.lossy[k].a);
+        free(s.lossy[k].pos);
+    }
     return rc;
 }

@@ -50,6 +50,9 @@ struct sim_config {
                              default policy's setting, sim_config_init leaves it -1 = auto */
     uint32_t admit_hits;  /* the daemon's disk admission: a leaf hit fewer times than this
                              is dropped where the policy would offload it (0: all admitted) */
+    uint32_t ladder;      /* codecs (1u << POLICY_CODEC_*) of the precision ladder
+                             (policy_ladder.c); 0: none (then `codec` quantizes victims) */
+    double lossy_weight;  /* the ladder's cost of a lossy hit against a miss */
 };
 
 void sim_config_init(struct sim_config *c);
@@ -64,6 +67,9 @@ struct sim_result {
     uint64_t token_hits;  /* tokens of blocks hit */
     uint64_t disk_writes; /* blocks written to disk */
     double half_life;     /* final decay half-life (requests) */
+    uint64_t hits_codec[8]; /* lossy hits by the codec that served them (enum policy_codec) */
+    uint64_t ladder_steps;  /* steps down the ladder (quantizations, raw to a codec or down) */
+    double raw_share;       /* the ladder's final raw share (1 without one) */
 };
 
 static inline double sim_ratio(uint64_t a, uint64_t b)
