@@ -213,6 +213,8 @@ void store_heap_remove(struct store *s, uint32_t idx)
     struct store_ns *ns = s->ns[s->ix.blocks[idx].ns];
     uint32_t i = s->meta[idx].hpos - 1;
     s->meta[idx].hpos = 0;
+    if (!ns || i >= ns->nheap)
+        return; /* not reachable: a namespace goes only once it holds no block */
     if (--ns->nheap == i)
         return;
     uint32_t moved = ns->heap[ns->nheap].idx;
