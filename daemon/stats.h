@@ -20,6 +20,13 @@
     X(hit_tokens_host, "tokens found in the host tier")                                       \
     X(hit_tokens_disk, "tokens found on disk (read back into memory for the lookup)")         \
     X(hit_tokens_gpu, "tokens found in the GPU pool")                                         \
+    X(hit_blocks_lossy, "blocks found stored in a lossy codec (the six below)")               \
+    X(hit_blocks_q8_0, "blocks found stored in q8_0")                                         \
+    X(hit_blocks_q4_1, "blocks found stored in q4_1")                                         \
+    X(hit_blocks_q5_1, "blocks found stored in q5_1")                                         \
+    X(hit_blocks_kivi2, "blocks found stored in KIVI-2")                                      \
+    X(hit_blocks_kivi4, "blocks found stored in KIVI-4")                                      \
+    X(hit_blocks_fp8, "blocks found stored in fp8 (e4m3)")                                    \
     X(miss_blocks, "blocks asked for and not found")                                          \
     X(miss_tokens, "tokens asked for and not found")                                          \
     X(bytes_out, "bytes handed out as hits")                                                  \

@@ -492,6 +492,20 @@ void store_loc_fill(const struct block *b, struct kvc_wire_loc *loc)
 
 /* ---- lookup / release ---------------------------------------------------------------- */
 
+void store_stat_lossy_hit(struct store *s, struct store_ns *ns, uint32_t format)
+{
+    STORE_STAT_ADD(s, ns, hit_blocks_lossy, 1);
+    switch (format) {
+    case KVC_WIRE_FORMAT_Q8_0: STORE_STAT_ADD(s, ns, hit_blocks_q8_0, 1); break;
+    case KVC_WIRE_FORMAT_Q4_1: STORE_STAT_ADD(s, ns, hit_blocks_q4_1, 1); break;
+    case KVC_WIRE_FORMAT_Q5_1: STORE_STAT_ADD(s, ns, hit_blocks_q5_1, 1); break;
+    case KVC_WIRE_FORMAT_KIVI2: STORE_STAT_ADD(s, ns, hit_blocks_kivi2, 1); break;
+    case KVC_WIRE_FORMAT_KIVI4: STORE_STAT_ADD(s, ns, hit_blocks_kivi4, 1); break;
+    case KVC_WIRE_FORMAT_FP8: STORE_STAT_ADD(s, ns, hit_blocks_fp8, 1); break;
+    default: break;
+    }
+}
+
 uint32_t store_lookup_run(struct store *s, uint32_t ns_id, const struct kvc_wire_key *keys,
                           uint32_t n)
 {
@@ -541,6 +555,8 @@ int store_lease_pin(struct store *s, struct store_owner *o, uint32_t ns_id,
             store_touch(s, idx, now);
             store_loc_fill(b, &locs[i]);
             bytes += b->len;
+            if (b->format != KVC_WIRE_FORMAT_RAW)
+                store_stat_lossy_hit(s, ns, b->format);
         }
         o->pins += hits;
         s->pins_now += hits;

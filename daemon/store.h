@@ -278,6 +278,8 @@ int store_ns_policy_set(struct store *s, uint32_t ns_id, int kind, enum store_po
 /* The policy view of committed block idx (metadata, flags, key norm when known). */
 void store_policy_block(const struct store *s, uint32_t idx, struct policy_block *pb);
 /* Metadata hooks of the store: a block committed, hit, dropped (loop thread). */
+/* A hit on a block stored in a lossy codec: counted in total and by codec. */
+void store_stat_lossy_hit(struct store *s, struct store_ns *ns, uint32_t format);
 void store_meta_commit(struct store *s, uint32_t idx, uint64_t now);
 void store_meta_hit(struct store *s, uint32_t idx, uint64_t now);
 void store_meta_drop(struct store *s, uint32_t idx);

@@ -764,6 +764,8 @@ int store_lookup_budget(struct store *s, struct store_owner *o, uint32_t ns_id,
         store_touch(s, idx, now);
         store_loc_fill(b, &locs[i]);
         bytes += b->len;
+        if (b->format != KVC_WIRE_FORMAT_RAW)
+            store_stat_lossy_hit(s, ns, b->format);
     }
     o->pins += nsel;
     s->pins_now += nsel;

@@ -16,7 +16,8 @@
  * (policies/policy_ladder.c), a block stepping down one codec at a time before it leaves;
  * --lossy-weight W: what a lossy hit costs against a miss (default 0: the most hits);
  * --victim-quant CODEC: instead, policy_decide may quantize the eviction victim (the daemon's
- * engine today). raw_share: the ladder's learnt share of bytes kept raw.
+ * engine today). raw_share: the ladder's learnt share of bytes kept raw; lossy_by_codec:
+ * lossy hits per reference, by the codec that served them.
  * Prints one CSV row per (policy, capacity); --plot draws hit ratio vs capacity with gnuplot.
  */
 #include <errno.h>
@@ -179,7 +180,7 @@ int main(int argc, char **argv)
         goto out;
     }
     const char *head = "policy,capacity,block_hit,prefix_hit,token_hit,full_hit,lossy_hit,"
-                       "disk_hit,disk_bytes,half_life,raw_share\n";
+                       "disk_hit,disk_bytes,half_life,raw_share,lossy_by_codec\n";
     printf("# %s: %zu requests, %zu block references, %u distinct blocks\n", argv[optind],
            t.nreq, t.nref, t.nblocks);
     fputs(head, stdout);
@@ -202,14 +203,19 @@ int main(int argc, char **argv)
                 goto out;
             }
             uint64_t hits = res.hits_full + res.hits_lossy + res.hits_disk;
-            char line[512];
-            snprintf(line, sizeof(line), "%s,%.0f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.0f,%.1f,%.3f\n",
+            char line[512], by[160] = "", *p = by;
+            for (int k = 1; k < POLICY_CODEC_COUNT; k++)
+                if (res.hits_codec[k])
+                    p += snprintf(p, sizeof(by) - (size_t)(p - by), "%s%s=%.4f",
+                                  p == by ? "" : ";", policy_codec_name((enum policy_codec)k),
+                                  sim_ratio(res.hits_codec[k], res.refs));
+            snprintf(line, sizeof(line), "%s,%.0f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.0f,%.1f,%.3f,%s\n",
                      pols[pi], c.capacity, sim_ratio(hits, res.refs),
                      sim_ratio(res.prefix_hits, res.refs), sim_ratio(res.token_hits, res.tokens),
                      sim_ratio(res.hits_full, res.refs), sim_ratio(res.hits_lossy, res.refs),
                      sim_ratio(res.hits_disk, res.refs),
                      (double)res.disk_writes * (block_bytes > 0 ? block_bytes : 1.0),
-                     res.half_life, res.raw_share);
+                     res.half_life, res.raw_share, by);
             fputs(line, stdout);
             fflush(stdout);
             if (csv)

@@ -91,6 +91,13 @@ START_TEST(test_quant_under_pressure)
     }
     ck_assert_int_gt(lossy, 0);
     ck_assert_int_gt(raw_checked, 0);
+    /* the daemon counted the same lossy hits, by codec */
+    ck_assert_int_eq(daemon_stat(&d, "hit_blocks_lossy", &v), 0);
+    ck_assert_uint_eq(v, (uint64_t)lossy);
+    ck_assert_int_eq(daemon_stat(&d, "hit_blocks_q8_0", &v), 0);
+    ck_assert_uint_eq(v, (uint64_t)lossy);
+    ck_assert_int_eq(daemon_stat(&d, "hit_blocks_q4_1", &v), 0);
+    ck_assert_uint_eq(v, 0);
     /* kvcctl ls names the codec of each block: every q8_0 row is of the q8_0 namespace (rows
      * carry the namespace id, not the model) */
     ck_assert_int_eq(daemon_kvcctl(&d, out, sizeof(out), err, sizeof(err), "ls", "--json",
