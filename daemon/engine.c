@@ -252,9 +252,9 @@ static int engine_gpu_move(struct store *s, uint32_t idx, bool to_gpu, uint64_t 
     if (to_gpu) {
         rc = engine_gpu_alloc(s, ns->block_bytes, &loc);
     } else {
-        b->pins++; /* making host room must not evict the block being moved */
+        store_block_pin(s, idx); /* making host room must not evict the block being moved */
         rc = engine_alloc(s, ns, now, &loc);
-        b->pins--;
+        store_block_unpin(s, idx);
     }
     if (rc)
         return rc;

@@ -922,7 +922,7 @@ uint32_t engine_disk_lookup_prepare(struct store *s, uint16_t ns, const struct k
     /* Hold every hit while slots are found for the ones on disk, so making room cannot
      * evict an earlier hit of this very lookup. */
     for (uint32_t i = 0; i < hits; i++)
-        s->ix.blocks[index_find(&s->ix, ns, &keys[i])].pins++;
+        store_block_pin(s, index_find(&s->ix, ns, &keys[i]));
     for (uint32_t i = 0; i < hits; i++) {
         uint32_t idx = index_find(&s->ix, ns, &keys[i]);
         const struct block *b = &s->ix.blocks[idx];
@@ -946,7 +946,7 @@ uint32_t engine_disk_lookup_prepare(struct store *s, uint16_t ns, const struct k
                 break;
             }
     for (uint32_t i = 0; i < hits; i++)
-        s->ix.blocks[index_find(&s->ix, ns, &keys[i])].pins--;
+        store_block_unpin(s, index_find(&s->ix, ns, &keys[i]));
     return usable;
 }
 

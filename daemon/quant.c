@@ -161,7 +161,7 @@ static void quant_apply(struct quant *q, struct quant_job *j)
     struct block *b = &s->ix.blocks[j->idx];
     struct store_ns *ns = s->ns[b->ns];
     struct tier *t = s->arenas[j->arena].tier;
-    b->pins--;
+    store_block_unpin(s, j->idx);
     s->pins_now--;
     b->flags &= (uint8_t)~BLOCK_F_QUANTIZING;
     q->inflight--;
@@ -351,7 +351,7 @@ int store_quantize(struct store *s, uint32_t idx)
     j->raw = (struct tier_loc){.arena = b->arena, .cls = b->cls, .off = b->off, .len = b->len};
     j->src = (const uint8_t *)tier_host_base(t) + b->off;
     j->dst = (uint8_t *)tier_host_base(t) + j->enc.off;
-    b->pins++;
+    store_block_pin(s, j->idx);
     s->pins_now++;
     b->flags |= BLOCK_F_QUANTIZING;
     q->inflight++;

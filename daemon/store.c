@@ -182,9 +182,12 @@ void store_reload(struct store *s, const struct store_params *p)
     s->p.recompute_tokens_per_s = p->recompute_tokens_per_s;
     s->p.ghosts = p->ghosts;
     s->p.quantize_inflight = p->quantize_inflight;
+    s->heap_defer = true;
     for (uint32_t i = 1; i < s->nns; i++)
         if (s->ns[i] && s->ns[i]->policy_src == STORE_POLICY_SRC_DEFAULT)
             store_ns_policy_set(s, i, -1, STORE_POLICY_SRC_DEFAULT);
+    s->heap_defer = false;
+    store_heap_rebuild_stale(s);
 }
 
 /* ---- namespaces ---------------------------------------------------------------------- */
@@ -403,7 +406,7 @@ static void store_unpin(struct store *s, struct store_owner *o, struct store_ns 
                         uint32_t idx)
 {
     struct block *b = &s->ix.blocks[idx];
-    b->pins--;
+    store_block_unpin(s, idx);
     s->pins_now--;
     if (o)
         o->pins--;
@@ -549,7 +552,7 @@ int store_lease_pin(struct store *s, struct store_owner *o, uint32_t ns_id,
             uint32_t idx = index_find(&s->ix, (uint16_t)ns_id, &keys[i]);
             struct block *b = &s->ix.blocks[idx];
             h->blocks[i] = idx;
-            b->pins++;
+            store_block_pin(s, idx);
             store_meta_hit(s, idx, now); /* before the touch: it reads last_access */
             b->hits++;
             store_touch(s, idx, now);
@@ -648,7 +651,7 @@ int store_reserve(struct store *s, struct store_owner *o, uint32_t ns_id,
             return rc;
         /* Pin the parent so that making room for the slots cannot evict it. */
         if (prev != INDEX_NONE) {
-            s->ix.blocks[prev].pins++;
+            store_block_pin(s, prev);
             s->pins_now++;
             h->parent_pin = prev;
         }
@@ -711,7 +714,7 @@ int store_reserve(struct store *s, struct store_owner *o, uint32_t ns_id,
         st[i] = KVC_WIRE_SLOT_SKIPPED;
     if (h && h->n == 0) {
         if (h->parent_pin != INDEX_NONE) {
-            s->ix.blocks[h->parent_pin].pins--;
+            store_block_unpin(s, h->parent_pin);
             s->pins_now--;
         }
         store_handle_delete(o, h);
@@ -759,7 +762,7 @@ static uint32_t store_resv_end(struct store *s, struct store_owner *o, struct st
         store_lru_push_head(s, h->blocks[i]);
     STORE_STAT_ADD(s, ns, committed_blocks, committed);
     if (h->parent_pin != INDEX_NONE) {
-        s->ix.blocks[h->parent_pin].pins--;
+        store_block_unpin(s, h->parent_pin);
         s->pins_now--;
     }
     store_handle_delete(o, h);

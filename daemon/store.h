@@ -89,6 +89,7 @@ struct store_ns {
     struct store_heap_ent *heap;
     uint32_t nheap, heapcap;
     double heap_hl;
+    bool heap_stale; /* its policy changed: rebuilt by store_heap_rebuild_stale */
 };
 
 /* Where a namespace's policy comes from. */
@@ -180,6 +181,7 @@ struct store {
     uint32_t nghost;   /* entries, a power of two (sets of STORE_GHOST_WAYS) */
     uint32_t ghost_seq; /* evictions noted so far (wraps) */
     uint64_t ghost_salt;
+    bool heap_defer; /* store_ns_policy_set leaves the heap rebuild to its caller */
 };
 
 /* Creates the store and its host arena. On failure NULL and *err = -errno. */
@@ -299,9 +301,14 @@ uint32_t store_heap_first(struct store *s, struct store_ns *ns,
 uint32_t store_heap_victim(struct store *s, struct store_ns *ns,
                            bool (*ok)(const struct store *s, uint32_t idx, void *arg), void *arg,
                            int cls);
-/* Rebuilds ns's heap from the blocks (policy changed: emptied under LRU). */
-void store_heap_rebuild(struct store *s, struct store_ns *ns);
+/* Rebuilds the heaps of the namespaces marked heap_stale (their policy changed; emptied
+ * under LRU), in one pass over the blocks. store_ns_policy_set calls it unless heap_defer
+ * is set (store_reload sets every namespace's policy first, then rebuilds once). */
+void store_heap_rebuild_stale(struct store *s);
 void store_heap_free(struct store_ns *ns);
+/* A pin taken on a block, or given back: a pinned block is out of its namespace's heap. */
+void store_block_pin(struct store *s, uint32_t idx);
+void store_block_unpin(struct store *s, uint32_t idx);
 /* Tests: NULL when every heap holds exactly the blocks it should, in heap order, with their
  * positions right; else what is wrong. */
 const char *store_heap_check(const struct store *s);

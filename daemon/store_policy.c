@@ -27,8 +27,10 @@
  * leaf gives its policy's first evictable leaf exactly: the namespace keeps a binary heap of
  * its blocks in its arena's memory with no cached child, by policy_key (time-invariant, so
  * the heap moves only when a block changes: store_heap_sync from the LRU list's link and
- * unlink, children, hints, quantization). Pinned or moving blocks stay in and are passed over
- * by a best-first walk; the heap is re-keyed when the half-life moves by more than 5 %. A
+ * unlink, children, pins, hints, quantization). A pinned block leaves the heap while pinned
+ * (store_block_pin), so a tenant holding leases cannot fill the heap's top; a moving block
+ * stays in and is passed over by a best-first walk; the heap is re-keyed when the half-life
+ * moves by more than 5 %. A
  * sample (tail window plus random probes) remains as the fallback and for clean lists.
  * Between namespaces the order stays LRU.
  *
@@ -83,13 +85,14 @@ int store_ns_policy_set(struct store *s, uint32_t ns_id, int kind, enum store_po
         kind = (int)s->p.policy;
         src = STORE_POLICY_SRC_DEFAULT;
     }
-    bool rebuild = ns->policy != kind;
+    if (ns->policy != kind)
+        ns->heap_stale = true;
     ns->policy = (uint8_t)kind;
     ns->policy_src = (uint8_t)src;
     if (kind != POLICY_DEFAULT)
         store_ns_tune_drop(ns);
-    if (rebuild)
-        store_heap_rebuild(s, ns);
+    if (!s->heap_defer)
+        store_heap_rebuild_stale(s);
     return 0;
 }
 
@@ -189,9 +192,21 @@ static struct store_ns *store_heap_owner(const struct store *s, uint32_t idx)
     const struct block *b = &s->ix.blocks[idx];
     struct store_ns *ns = b->ns < s->nns ? s->ns[b->ns] : NULL;
     if (!ns || ns->policy == POLICY_LRU || b->state != BLOCK_STATE_COMMITTED ||
-        b->arena != ns->arena || b->children || (b->flags & BLOCK_F_LOST))
+        b->arena != ns->arena || b->children || b->pins || (b->flags & BLOCK_F_LOST))
         return NULL;
     return ns;
+}
+
+void store_block_pin(struct store *s, uint32_t idx)
+{
+    if (s->ix.blocks[idx].pins++ == 0)
+        store_heap_remove(s, idx);
+}
+
+void store_block_unpin(struct store *s, uint32_t idx)
+{
+    if (--s->ix.blocks[idx].pins == 0)
+        store_heap_sync(s, idx);
 }
 
 /* idx's key with the half-life the heap is keyed with (one order for every entry). */
@@ -202,7 +217,6 @@ static double store_heap_key(const struct store *s, const struct store_ns *ns, u
     if (ns->heap_hl > 0)
         pp.half_life = ns->heap_hl;
     store_policy_block(s, idx, &pb);
-    pb.flags &= ~(uint32_t)POLICY_BLOCK_PINNED; /* pins are skipped, not ranked */
     return policy_key((enum policy_kind)ns->policy, &pb, &pp);
 }
 
@@ -256,17 +270,28 @@ void store_heap_sync(struct store *s, uint32_t idx)
     store_heap_up(s, ns, ns->nheap - 1);
 }
 
-void store_heap_rebuild(struct store *s, struct store_ns *ns)
+void store_heap_rebuild_stale(struct store *s)
 {
-    for (uint32_t i = 0; i < ns->nheap; i++)
-        s->meta[ns->heap[i].idx].hpos = 0;
-    ns->nheap = 0;
-    ns->heap_hl = ns->pp.half_life;
-    if (ns->policy == POLICY_LRU)
-        return;
-    for (uint32_t i = 0; i < s->ix.nblocks; i++)
-        if (s->ix.blocks[i].ns == ns->id && store_heap_owner(s, i))
+    bool any = false;
+    for (uint32_t n = 1; n < s->nns; n++) {
+        struct store_ns *ns = s->ns[n];
+        if (!ns || !ns->heap_stale)
+            continue;
+        for (uint32_t i = 0; i < ns->nheap; i++)
+            s->meta[ns->heap[i].idx].hpos = 0;
+        ns->nheap = 0;
+        ns->heap_hl = ns->pp.half_life;
+        any = true;
+    }
+    /* One pass over the blocks for every namespace that changed (a reload changes many). */
+    for (uint32_t i = 0; any && i < s->ix.nblocks; i++) {
+        const struct block *b = &s->ix.blocks[i];
+        if (b->ns < s->nns && s->ns[b->ns] && s->ns[b->ns]->heap_stale && store_heap_owner(s, i))
             store_heap_sync(s, i);
+    }
+    for (uint32_t n = 1; n < s->nns; n++)
+        if (s->ns[n])
+            s->ns[n]->heap_stale = false;
 }
 
 /* Keys follow the half-life: rekeyed in place when it moved by more than 5 % (the order
@@ -758,7 +783,7 @@ int store_lookup_budget(struct store *s, struct store_owner *o, uint32_t ns_id,
         uint32_t idx = pb[pos[i]].id;
         struct block *b = &s->ix.blocks[idx];
         h->blocks[i] = idx;
-        b->pins++;
+        store_block_pin(s, idx);
         store_meta_hit(s, idx, now);
         b->hits++;
         store_touch(s, idx, now);

@@ -235,6 +235,14 @@ START_TEST(test_random_ops_every_policy)
             ck_assert_ptr_null(store_heap_check(s));
             ck_assert_int_eq(store_ns_policy_set(s, nraw, (int)k, STORE_POLICY_SRC_ADMIN), 0);
         }
+        if (step == 1100) { /* a reload changes every namespace that follows cache.policy */
+            struct store_params p = s->p;
+            p.policy = k == POLICY_LFU ? POLICY_DEFAULT : POLICY_LFU;
+            store_reload(s, &p);
+            ck_assert_int_eq(store_ns_get(s, nq)->policy, p.policy);
+            ck_assert_ptr_null(store_heap_check(s));
+            ck_assert_uint_gt(store_ns_get(s, nq)->nheap, 0);
+        }
     }
     quant_drain(q);
     check_tree(nraw);
