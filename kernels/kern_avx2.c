@@ -27,6 +27,9 @@
  * must become straight code with their arrays in registers; -O2 alone keeps some as loops
  * over stack arrays. */
 #define KERN_UNROLL _Pragma("GCC unroll 8")
+/* Small helpers of the decode loops must be inlined: called, their vectors go through the
+ * stack (the profile showed the q4_1 decode loop waiting on those reloads). */
+#define KERN_AI __attribute__((always_inline))
 
 KT static inline __m256 v_sanitize(__m256 x)
 {
@@ -98,9 +101,9 @@ KT static inline __m256 v_load8(const uint16_t *r, uint32_t dtype)
     return v_sanitize(f);
 }
 
-KT static inline void v_store8(uint16_t *r, __m256 v, uint32_t dtype)
+/* Eight floats as eight halves of dtype, rounded as kern_store() rounds them. */
+KT KERN_AI static inline __m128i v_half8(__m256 v, uint32_t dtype)
 {
-    __m128i h;
     if (dtype == KERN_DTYPE_BF16) {
         __m256i u = _mm256_castps_si256(v);
         __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
@@ -110,11 +113,24 @@ KT static inline void v_store8(uint16_t *r, __m256 v, uint32_t dtype)
         __m256i isnan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
         rn = _mm256_blendv_epi8(rn, nan, isnan);
         __m256i p = _mm256_packus_epi32(rn, rn);
-        h = _mm256_castsi256_si128(_mm256_permute4x64_epi64(p, 0x08));
-    } else {
-        h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        return _mm256_castsi256_si128(_mm256_permute4x64_epi64(p, 0x08));
     }
-    _mm_storeu_si128((__m128i *)r, h);
+    return _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
+KT KERN_AI static inline void v_store8(uint16_t *r, __m256 v, uint32_t dtype)
+{
+    _mm_storeu_si128((__m128i *)r, v_half8(v, dtype));
+}
+
+/* A group's leading fp16 pair (d and m; KIVI's scale and min) as two broadcast floats. */
+KT KERN_AI static inline void v_dm(const uint8_t *blk, __m256 *vd, __m256 *vm)
+{
+    uint32_t w;
+    memcpy(&w, blk, 4);
+    __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128((int)w));
+    *vd = _mm256_broadcastss_ps(f);
+    *vm = _mm256_broadcastss_ps(_mm_movehdup_ps(f));
 }
 
 KT static void avx_load(const void *src, uint32_t dtype, uint64_t stride, uint32_t tokens,
@@ -219,9 +235,10 @@ KT static void q8_0_enc32(const float *x, uint8_t *blk)
     q8_0_enc32v(v, blk);
 }
 
-KT static inline void q8_0_dec32v(const uint8_t *blk, __m256 y[4])
+KT KERN_AI static inline void q8_0_dec32v(const uint8_t *blk, __m256 y[4])
 {
-    __m256 vd = _mm256_set1_ps(kern_get_h(blk));
+    __m256 vd, vm_unused;
+    v_dm(blk, &vd, &vm_unused);
     KERN_UNROLL
     for (int i = 0; i < 4; i++) {
         __m256i w = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * i)));
@@ -300,9 +317,10 @@ KT static void qx_1_enc32(const float *x, uint8_t *blk, int bits)
     qx_1_enc32v(v, blk, bits);
 }
 
-KT static inline void qx_1_dec32v(const uint8_t *blk, __m256 y[4], int bits)
+KT KERN_AI static inline void qx_1_dec32v(const uint8_t *blk, __m256 y[4], int bits)
 {
-    __m256 vd = _mm256_set1_ps(kern_get_h(blk)), vm = _mm256_set1_ps(kern_get_h(blk + 2));
+    __m256 vd, vm;
+    v_dm(blk, &vd, &vm);
     __m128i qs = _mm_loadu_si128((const __m128i *)(blk + (bits == 5 ? 8 : 4)));
     const __m128i lo4 = _mm_set1_epi8(0x0f);
     __m256i e = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), lo4), _mm_and_si128(qs, lo4));
@@ -364,7 +382,7 @@ KT static inline void v_kivi_pack32(__m256i p, int bits, uint8_t *dst)
 }
 
 /* Eight codes of a packed row starting at element e (a multiple of 8) as floats. */
-KT static inline __m256 v_kivi_unpack8(const uint8_t *row, uint32_t e, int bits)
+KT KERN_AI static inline __m256 v_kivi_unpack8(const uint8_t *row, uint32_t e, int bits)
 {
     __m256i v;
     if (bits == 4) {
@@ -415,9 +433,10 @@ KT static void kivi_v_enc32(const float *x, uint8_t *blk, int bits)
     kivi_v_enc32v(v, blk, bits);
 }
 
-KT static inline void kivi_v_dec32v(const uint8_t *blk, __m256 y[4], int bits)
+KT KERN_AI static inline void kivi_v_dec32v(const uint8_t *blk, __m256 y[4], int bits)
 {
-    __m256 sc = _mm256_set1_ps(kern_get_h(blk)), mn = _mm256_set1_ps(kern_get_h(blk + 2));
+    __m256 sc, mn;
+    v_dm(blk, &sc, &mn);
     KERN_UNROLL
     for (uint32_t i = 0; i < 4; i++) {
         __m256 f = v_kivi_unpack8(blk + 4, 8 * i, bits);
@@ -618,6 +637,127 @@ KT static void fp8_dec(const uint8_t *sect, const struct kern_layout *lay, uint3
         for (; d < dim; d++)
             yr[d] = kern_e4m3_dec(q[d]) * scale;
     }
+}
+
+/* ---- decode straight into the raw rows ---------------------------------------------- */
+
+/* A group of 32 values with 2^b codes (b <= 4) has at most 16 distinct outputs: they are
+ * computed once per group, with the reference's operations (q * d, then + m, then the
+ * rounding to the output dtype), and every value is then a byte-table lookup (vpshufb) of its
+ * output's low and high byte. That replaces the per-value widen, convert, multiply, add and
+ * rounding by two shuffles and an interleave, and gives the same halves by construction. */
+
+/* The halves of out(q * d + m) for q = 0..15 split into a low-byte and a high-byte table of
+ * 16 entries each, repeated in both lanes (vpshufb looks up within a lane). */
+KT KERN_AI static inline void v_tab16(__m256 vd, __m256 vm, uint32_t out, __m256i *lo,
+                                      __m256i *hi)
+{
+    const __m256 q0 = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256 q1 = _mm256_setr_ps(8, 9, 10, 11, 12, 13, 14, 15);
+    const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
+                                           0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    __m128i h0 = v_half8(_mm256_add_ps(_mm256_mul_ps(q0, vd), vm), out);
+    __m128i h1 = v_half8(_mm256_add_ps(_mm256_mul_ps(q1, vd), vm), out);
+    __m256i x = _mm256_shuffle_epi8(_mm256_set_m128i(h1, h0), split);
+    *lo = _mm256_permute4x64_epi64(x, 0x88);
+    *hi = _mm256_permute4x64_epi64(x, 0xdd);
+}
+
+/* 32 codes (lane 0: elements 0-15, lane 1: elements 16-31; each < 16) through the tables
+ * into the 32 halves at r. */
+KT KERN_AI static inline void v_lut32(uint16_t *r, __m256i idx, __m256i lo, __m256i hi)
+{
+    __m256i l = _mm256_shuffle_epi8(lo, idx), h = _mm256_shuffle_epi8(hi, idx);
+    __m256i u0 = _mm256_unpacklo_epi8(l, h), u1 = _mm256_unpackhi_epi8(l, h);
+    _mm256_storeu_si256((__m256i *)r, _mm256_permute2x128_si256(u0, u1, 0x20));
+    _mm256_storeu_si256((__m256i *)(r + 16), _mm256_permute2x128_si256(u0, u1, 0x31));
+}
+
+/* q4_1: element j is the low nibble of qs[j], element j + 16 its high nibble. */
+KT KERN_AI static inline void q4_1_dec32_to(const uint8_t *blk, uint16_t *r, uint32_t out)
+{
+    __m256 vd, vm;
+    __m256i lo, hi;
+    v_dm(blk, &vd, &vm);
+    v_tab16(vd, vm, out, &lo, &hi);
+    __m128i qs = _mm_loadu_si128((const __m128i *)(blk + 4));
+    __m256i idx = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs),
+                                   _mm256_set1_epi8(0x0f));
+    v_lut32(r, idx, lo, hi);
+}
+
+/* KIVI-4 values: byte i holds element 2i (low nibble) and 2i + 1 (high nibble). */
+KT KERN_AI static inline void kivi4_v_dec32_to(const uint8_t *blk, uint16_t *r, uint32_t out)
+{
+    __m256 vd, vm;
+    __m256i lo, hi;
+    v_dm(blk, &vd, &vm);
+    v_tab16(vd, vm, out, &lo, &hi);
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    __m128i c = _mm_loadu_si128((const __m128i *)(blk + 4));
+    __m128i e = _mm_and_si128(c, m4), o = _mm_and_si128(_mm_srli_epi16(c, 4), m4);
+    v_lut32(r, _mm256_set_m128i(_mm_unpackhi_epi8(e, o), _mm_unpacklo_epi8(e, o)), lo, hi);
+}
+
+/* KIVI-2 values: byte i holds elements 4i..4i+3 at bits 0-1, 2-3, 4-5, 6-7. The codes are
+ * not shifted down: element 4i + 1 (4i + 3) is looked up as (byte & 0x0c), that is 4 * code,
+ * and the table holds output q at entries q and 4q. Bytes and their high nibbles are first
+ * interleaved, so one shuffle places each element's byte. */
+KT KERN_AI static inline void kivi2_v_dec32_to(const uint8_t *blk, uint16_t *r, uint32_t out)
+{
+    const __m256 q0 = _mm256_setr_ps(0, 1, 2, 3, 0, 0, 0, 0);
+    const __m256i tlo = _mm256_setr_epi8(0, 2, 4, 6, 2, 0, 0, 0, 4, 0, 0, 0, 6, 0, 0, 0,
+                                         0, 2, 4, 6, 2, 0, 0, 0, 4, 0, 0, 0, 6, 0, 0, 0);
+    const __m256i place = _mm256_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7,
+                                           8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14,
+                                           15, 15);
+    const __m256i mask = _mm256_set1_epi16(0x0c03);
+    __m256 vd, vm;
+    v_dm(blk, &vd, &vm);
+    __m128i h = v_half8(_mm256_add_ps(_mm256_mul_ps(q0, vd), vm), out);
+    __m256i hh = _mm256_broadcastsi128_si256(h);
+    __m256i lo = _mm256_shuffle_epi8(hh, tlo);
+    __m256i hi = _mm256_shuffle_epi8(hh, _mm256_add_epi8(tlo, _mm256_set1_epi8(1)));
+    __m128i c = _mm_loadl_epi64((const __m128i *)(blk + 4));
+    __m128i x = _mm_unpacklo_epi8(c, _mm_srli_epi16(c, 4)); /* b0, b0 >> 4, b1, ... */
+    __m256i idx = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_broadcastsi128_si256(x), place),
+                                   mask);
+    v_lut32(r, idx, lo, hi);
+}
+
+/* q5_1 has 32 outputs per group, as many as values: computed directly. */
+KT KERN_AI static inline void q5_1_dec32_to(const uint8_t *blk, uint16_t *r, uint32_t out)
+{
+    __m256 y[4];
+    qx_1_dec32v(blk, y, 5);
+    KERN_UNROLL
+    for (int i = 0; i < 4; i++)
+        v_store8(r + 8 * i, y[i], out);
+}
+
+KT KERN_AI static inline void q8_0_dec32_to(const uint8_t *blk, uint16_t *r, uint32_t out)
+{
+    __m256 y[4];
+    q8_0_dec32v(blk, y);
+    KERN_UNROLL
+    for (int i = 0; i < 4; i++)
+        v_store8(r + 8 * i, y[i], out);
+}
+
+/* A full group of a row-wise codec into its 32 raw halves. */
+KT KERN_AI static inline void dec32_to(uint32_t codec, int bits, const uint8_t *blk,
+                                       uint16_t *r, uint32_t out)
+{
+    if (bits == 4)
+        kivi4_v_dec32_to(blk, r, out);
+    else if (bits == 2)
+        kivi2_v_dec32_to(blk, r, out);
+    else if (codec == KERN_CODEC_Q8_0)
+        q8_0_dec32_to(blk, r, out);
+    else if (codec == KERN_CODEC_Q5_1)
+        q5_1_dec32_to(blk, r, out);
+    else
+        q4_1_dec32_to(blk, r, out);
 }
 
 /* ---- per-slice dispatch -------------------------------------------------------------- */
@@ -1476,32 +1616,27 @@ KT static int avx_dec_sect(uint32_t codec, int is_v, const uint8_t *sect,
     uint32_t gb = block_bytes(codec, bits);
     const uint8_t *blk = sect;
     uint64_t n = (uint64_t)T * H * G;
-    /* one loop per (codec, output dtype); the decoded group stays in registers */
-#define DEC_LOOP(DEC, OUT)                                                                     \
-    for (uint64_t i = 0; i < n; i++, blk += gb, r += 32) {                                     \
-        __m256 y[4];                                                                           \
-        DEC;                                                                                   \
-        KERN_UNROLL                                                                            \
-        for (int j = 0; j < 4; j++)                                                            \
-            v_store8(r + 8 * j, y[j], OUT);                                                    \
-    }
-#define DEC_OUT(DEC)                                                                           \
+    /* one loop per (codec, output dtype), each group straight into its raw halves */
+#define DEC_LOOP(C, B, OUT)                                                                    \
+    for (uint64_t i = 0; i < n; i++, blk += gb, r += 32)                                       \
+        dec32_to(C, B, blk, r, OUT)
+#define DEC_OUT(C, B)                                                                          \
     do {                                                                                       \
         if (out == KERN_DTYPE_BF16)                                                            \
-            DEC_LOOP(DEC, KERN_DTYPE_BF16)                                                     \
+            DEC_LOOP(C, B, KERN_DTYPE_BF16);                                                   \
         else                                                                                   \
-            DEC_LOOP(DEC, KERN_DTYPE_FP16)                                                     \
+            DEC_LOOP(C, B, KERN_DTYPE_FP16);                                                   \
     } while (0)
     if (bits == 4)
-        DEC_OUT(kivi_v_dec32v(blk, y, 4));
+        DEC_OUT(codec, 4);
     else if (bits == 2)
-        DEC_OUT(kivi_v_dec32v(blk, y, 2));
+        DEC_OUT(codec, 2);
     else if (codec == KERN_CODEC_Q8_0)
-        DEC_OUT(q8_0_dec32v(blk, y));
+        DEC_OUT(KERN_CODEC_Q8_0, 0);
     else if (codec == KERN_CODEC_Q5_1)
-        DEC_OUT(qx_1_dec32v(blk, y, 5));
+        DEC_OUT(KERN_CODEC_Q5_1, 0);
     else
-        DEC_OUT(qx_1_dec32v(blk, y, 4));
+        DEC_OUT(KERN_CODEC_Q4_1, 0);
 #undef DEC_OUT
 #undef DEC_LOOP
     return 1;
