@@ -1574,21 +1574,28 @@ kivi_k_dec_sect(int bits, uint32_t out, const uint8_t *sect, const struct kern_l
     }
 }
 
-KT static int avx_dec_sect(uint32_t codec, int is_v, const uint8_t *sect,
-                           const struct kern_layout *lay, void *raw, uint32_t out)
+/* fp8 section decode. A code's bits placed at 20-26 (sign at 31) are the float e4m3(code) *
+ * 2^-120 exactly, so e4m3(code) * scale is that float times scale * 2^120 (one rounding of
+ * the same real product), as long as scale * 2^120 is finite: the encoder's scales are at
+ * most 65504 / 448; a head whose scale is larger (not written by an encoder) takes the
+ * reference's two multiplications. Sixteen codes are placed into the top bytes of two vectors
+ * by one shuffle each, then shifted down arithmetically (the sign lands on bit 31). */
+KT __attribute__((always_inline)) static inline void
+fp8_dec_sect(const uint8_t *sect, const struct kern_layout *lay, void *raw, uint32_t out)
 {
-    uint32_t D = lay->head_dim, H = lay->heads, T = lay->tokens, G = D / 32;
-    int bits = kern_codec_bits(codec);
+    uint32_t D = lay->head_dim, H = lay->heads, T = lay->tokens;
+    const __m256 p120 = _mm256_set1_ps(1.329227995784916e36f);
+    const __m256i top0 = _mm256_setr_epi8(-1, -1, -1, 0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3,
+                                          -1, -1, -1, 4, -1, -1, -1, 5, -1, -1, -1, 6, -1, -1, -1, 7);
+    const __m256i top1 = _mm256_add_epi8(top0, _mm256_set1_epi32(0x08000000));
+    const __m256i bits = _mm256_set1_epi32((int)0x87f00000u);
+    const uint8_t *q = sect + 4 * H;
     uint16_t *r = raw;
-    if (D % 32)
-        return 0;
-    if (codec == KERN_CODEC_FP8) {
-        const __m256 p120 = _mm256_set1_ps(1.329227995784916e36f);
-        const uint8_t *q = sect + 4 * H;
-        for (uint32_t t = 0; t < T; t++) {
-            for (uint32_t h = 0; h < H; h++, r += D, q += D) {
-                float scale;
-                memcpy(&scale, sect + 4 * h, 4);
+    for (uint32_t t = 0; t < T; t++) {
+        for (uint32_t h = 0; h < H; h++, r += D, q += D) {
+            float scale;
+            memcpy(&scale, sect + 4 * h, 4);
+            if (fabsf(scale) >= 256.0f && fabsf(scale) <= 3.402823466e38f) {
                 __m256 vs = _mm256_set1_ps(scale);
                 for (uint32_t c = 0; c < D; c += 8) {
                     __m256i w = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + c)));
@@ -1598,8 +1605,34 @@ KT static int avx_dec_sect(uint32_t codec, int is_v, const uint8_t *sect,
                     __m256 f = _mm256_mul_ps(_mm256_castsi256_ps(u), p120);
                     v_store8(r + c, _mm256_mul_ps(f, vs), out);
                 }
+                continue;
+            }
+            __m256 vs = _mm256_mul_ps(_mm256_set1_ps(scale), p120);
+            for (uint32_t c = 0; c < D; c += 16) {
+                __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(q + c)));
+                __m256i u0 = _mm256_and_si256(_mm256_srai_epi32(_mm256_shuffle_epi8(b, top0), 4), bits);
+                __m256i u1 = _mm256_and_si256(_mm256_srai_epi32(_mm256_shuffle_epi8(b, top1), 4), bits);
+                __m128i h0 = v_half8(_mm256_mul_ps(_mm256_castsi256_ps(u0), vs), out);
+                __m128i h1 = v_half8(_mm256_mul_ps(_mm256_castsi256_ps(u1), vs), out);
+                _mm256_storeu_si256((__m256i *)(r + c), _mm256_set_m128i(h1, h0));
             }
         }
+    }
+}
+
+KT static int avx_dec_sect(uint32_t codec, int is_v, const uint8_t *sect,
+                           const struct kern_layout *lay, void *raw, uint32_t out)
+{
+    uint32_t D = lay->head_dim, H = lay->heads, T = lay->tokens, G = D / 32;
+    int bits = kern_codec_bits(codec);
+    uint16_t *r = raw;
+    if (D % 32)
+        return 0;
+    if (codec == KERN_CODEC_FP8) {
+        if (out == KERN_DTYPE_BF16)
+            fp8_dec_sect(sect, lay, raw, KERN_DTYPE_BF16);
+        else
+            fp8_dec_sect(sect, lay, raw, KERN_DTYPE_FP16);
         return 1;
     }
     if (bits && !is_v) {
