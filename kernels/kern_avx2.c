@@ -1536,38 +1536,96 @@ KT static int avx_enc_sect(uint32_t codec, int is_v, const void *raw,
     return 1;
 }
 
-/* KIVI key section decode, per (group, head, 32 channels): the channels' scale and min
- * are converted once and the group's rows decoded under them. */
+/* KIVI key section decode, row by row in memory order (the raw rows are written front to
+ * back, as the row-wise codecs write them; going down each channel's column instead strides
+ * by H * D halves per row, which streams badly). Per group of 32 tokens the channels' tables
+ * are made first, in `scratch` (2 * H * D floats): for 2-bit keys each channel's four
+ * outputs out(q * scale + min), q = 0..3, as halves, so a row's 16 channels are picked from
+ * them by two blends on the code bits; for 4-bit keys each channel's scale and min as floats,
+ * and a row's 32 codes are put in element order as bytes, widened, multiplied and added. */
 KT __attribute__((always_inline)) static inline void
 kivi_k_dec_sect(int bits, uint32_t out, const uint8_t *sect, const struct kern_layout *lay,
-                void *raw)
+                void *raw, float *scratch)
 {
     uint32_t D = lay->head_dim, H = lay->heads, T = lay->tokens;
     uint32_t rb = kern_kivi_row_bytes(D, bits);
     uint64_t hb = kern_kivi_k_head_bytes(D, T, bits), HD = (uint64_t)H * D;
     uint32_t fgb = kern_kivi_k_group_bytes(D, KERN_GROUP, bits);
+    uint16_t *tab = (uint16_t *)scratch; /* 2-bit: [H * D / 16][4][16] halves */
+    float *scf = scratch, *mnf = scratch + HD; /* 4-bit: [H * D] each */
+    /* channel j of 16 reads bits 2j, 2j + 1 of a 32-bit code word: each 16-bit lane gets
+     * the half word that holds them */
+    const __m256i spread = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
+                                            2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+    const __m256i b0 = _mm256_setr_epi16(1, 4, 16, 64, 256, 1024, 4096, 16384, 1, 4, 16, 64,
+                                         256, 1024, 4096, 16384);
+    const __m256i b1 = _mm256_add_epi16(b0, b0);
+    const __m128i m4 = _mm_set1_epi8(0x0f);
     for (uint32_t t0 = 0; t0 < T; t0 += KERN_GROUP) {
         uint32_t rows = T - t0 < KERN_GROUP ? T - t0 : KERN_GROUP;
         for (uint32_t h = 0; h < H; h++) {
             const uint8_t *g = sect + h * hb + (uint64_t)(t0 / KERN_GROUP) * fgb;
-            for (uint32_t c = 0; c < D; c += 32) {
-                __m256 sc[4], mn[4];
+            for (uint32_t c = 0; c < D; c += 16) {
+                __m256 sc[2], mn[2];
                 KERN_UNROLL
-                for (int i = 0; i < 4; i++) {
+                for (int i = 0; i < 2; i++) {
                     sc[i] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 2 * (c + 8 * i))));
                     mn[i] = _mm256_cvtph_ps(
                         _mm_loadu_si128((const __m128i *)(g + 2 * D + 2 * (c + 8 * i))));
                 }
-                const uint8_t *row = g + 4 * D;
-                uint16_t *r = (uint16_t *)raw + (uint64_t)t0 * HD + (uint64_t)h * D + c;
-                for (uint32_t t = 0; t < rows; t++, row += rb, r += HD) {
+                uint64_t ch = (uint64_t)h * D + c;
+                if (bits == 4) {
                     KERN_UNROLL
-                    for (int i = 0; i < 4; i++)
-                        v_store8(r + 8 * i,
-                                 _mm256_add_ps(_mm256_mul_ps(v_kivi_unpack8(row, c + 8 * i, bits),
-                                                             sc[i]),
-                                               mn[i]),
-                                 out);
+                    for (int i = 0; i < 2; i++) {
+                        _mm256_storeu_ps(scf + ch + 8 * i, sc[i]);
+                        _mm256_storeu_ps(mnf + ch + 8 * i, mn[i]);
+                    }
+                    continue;
+                }
+                KERN_UNROLL
+                for (int q = 0; q < 4; q++) {
+                    __m256 fq = _mm256_set1_ps((float)q);
+                    __m128i t0h = v_half8(_mm256_add_ps(_mm256_mul_ps(fq, sc[0]), mn[0]), out);
+                    __m128i t1h = v_half8(_mm256_add_ps(_mm256_mul_ps(fq, sc[1]), mn[1]), out);
+                    _mm256_storeu_si256((__m256i *)(tab + 4 * ch + 16 * q),
+                                        _mm256_set_m128i(t1h, t0h));
+                }
+            }
+        }
+        uint16_t *r = (uint16_t *)raw + (uint64_t)t0 * HD;
+        for (uint32_t t = 0; t < rows; t++) {
+            for (uint32_t h = 0; h < H; h++, r += D) {
+                const uint8_t *row = sect + h * hb + (uint64_t)(t0 / KERN_GROUP) * fgb + 4 * D +
+                                     (uint64_t)t * rb;
+                if (bits == 2) {
+                    const uint16_t *tb = tab + 4 * (uint64_t)h * D;
+                    for (uint32_t c = 0; c < D; c += 16, tb += 64) {
+                        uint32_t w;
+                        memcpy(&w, row + c / 4, 4);
+                        __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)w), spread);
+                        __m256i m0 = _mm256_cmpeq_epi16(_mm256_and_si256(v, b0), b0);
+                        __m256i m1 = _mm256_cmpeq_epi16(_mm256_and_si256(v, b1), b1);
+                        __m256i lo = _mm256_blendv_epi8(_mm256_loadu_si256((const __m256i *)tb),
+                                                        _mm256_loadu_si256((const __m256i *)(tb + 16)), m0);
+                        __m256i hi = _mm256_blendv_epi8(_mm256_loadu_si256((const __m256i *)(tb + 32)),
+                                                        _mm256_loadu_si256((const __m256i *)(tb + 48)), m0);
+                        _mm256_storeu_si256((__m256i *)(r + c), _mm256_blendv_epi8(lo, hi, m1));
+                    }
+                    continue;
+                }
+                const float *sp = scf + (uint64_t)h * D, *mp = mnf + (uint64_t)h * D;
+                for (uint32_t c = 0; c < D; c += 32) {
+                    __m128i cb = _mm_loadu_si128((const __m128i *)(row + c / 2));
+                    __m128i e = _mm_and_si128(cb, m4), o = _mm_and_si128(_mm_srli_epi16(cb, 4), m4);
+                    __m128i x0 = _mm_unpacklo_epi8(e, o), x1 = _mm_unpackhi_epi8(e, o);
+                    __m128i part[4] = {x0, _mm_srli_si128(x0, 8), x1, _mm_srli_si128(x1, 8)};
+                    KERN_UNROLL
+                    for (int i = 0; i < 4; i++) {
+                        __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(part[i]));
+                        f = _mm256_add_ps(_mm256_mul_ps(f, _mm256_loadu_ps(sp + c + 8 * i)),
+                                          _mm256_loadu_ps(mp + c + 8 * i));
+                        v_store8(r + c + 8 * i, f, out);
+                    }
                 }
             }
         }
@@ -1621,7 +1679,8 @@ fp8_dec_sect(const uint8_t *sect, const struct kern_layout *lay, void *raw, uint
 }
 
 KT static int avx_dec_sect(uint32_t codec, int is_v, const uint8_t *sect,
-                           const struct kern_layout *lay, void *raw, uint32_t out)
+                           const struct kern_layout *lay, void *raw, uint32_t out,
+                           float *scratch)
 {
     uint32_t D = lay->head_dim, H = lay->heads, T = lay->tokens, G = D / 32;
     int bits = kern_codec_bits(codec);
@@ -1637,13 +1696,13 @@ KT static int avx_dec_sect(uint32_t codec, int is_v, const uint8_t *sect,
     }
     if (bits && !is_v) {
         if (bits == 4 && out == KERN_DTYPE_BF16)
-            kivi_k_dec_sect(4, KERN_DTYPE_BF16, sect, lay, raw);
+            kivi_k_dec_sect(4, KERN_DTYPE_BF16, sect, lay, raw, scratch);
         else if (bits == 4)
-            kivi_k_dec_sect(4, KERN_DTYPE_FP16, sect, lay, raw);
+            kivi_k_dec_sect(4, KERN_DTYPE_FP16, sect, lay, raw, scratch);
         else if (out == KERN_DTYPE_BF16)
-            kivi_k_dec_sect(2, KERN_DTYPE_BF16, sect, lay, raw);
+            kivi_k_dec_sect(2, KERN_DTYPE_BF16, sect, lay, raw, scratch);
         else
-            kivi_k_dec_sect(2, KERN_DTYPE_FP16, sect, lay, raw);
+            kivi_k_dec_sect(2, KERN_DTYPE_FP16, sect, lay, raw, scratch);
         return 1;
     }
     uint32_t gb = block_bytes(codec, bits);
