@@ -15,6 +15,10 @@
  * that needs sanitising (found by one unsigned max over the raw halves). Sections whose
  * head size is a multiple of 32 (all in use) are walked in memory order with the next
  * section prefetched into L2 (enc_sect/dec_sect); other shapes go per head.
+ *
+ * Decode writes straight into the caller's raw rows, front to back. A group with at most 16
+ * distinct outputs (q4_1, KIVI values) computes them once and looks every value up by
+ * vpshufb; KIVI keys make per-channel tables per 32-token group first.
  */
 #include <immintrin.h>
 #include <string.h>
