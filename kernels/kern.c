@@ -402,7 +402,10 @@ static int64_t decode_with(const struct kern_cpu_ops *ops, const struct kern_lay
         ret = -ENOSPC;
         goto out;
     }
-    y = malloc((size_t)lay->tokens * lay->head_dim * sizeof(float));
+    size_t ny = (size_t)lay->tokens * lay->head_dim;
+    if (ny < 2 * (size_t)lay->heads * lay->head_dim)
+        ny = 2 * (size_t)lay->heads * lay->head_dim;
+    y = malloc(ny * sizeof(float));
     if (!y) {
         ret = -ENOMEM;
         goto out;
@@ -425,7 +428,7 @@ static int64_t decode_with(const struct kern_cpu_ops *ops, const struct kern_lay
                 for (uint64_t i = 0; i < (uint64_t)lay->tokens * stride; i++)
                     kern_store(raw, out_dtype, i, kern_load(sect, lay->dtype, i));
             } else if (!ops->dec_sect ||
-                       !ops->dec_sect(s.codec, k == 1, sect, lay, raw, out_dtype)) {
+                       !ops->dec_sect(s.codec, k == 1, sect, lay, raw, out_dtype, y)) {
                 for (uint32_t h = 0; h < H; h++) {
                     if (ops->dec_raw &&
                         ops->dec_raw(s.codec, k == 1, sect, lay, h, raw + 2ull * h * D, out_dtype))

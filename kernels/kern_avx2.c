@@ -15,6 +15,10 @@
  * that needs sanitising (found by one unsigned max over the raw halves). Sections whose
  * head size is a multiple of 32 (all in use) are walked in memory order with the next
  * section prefetched into L2 (enc_sect/dec_sect); other shapes go per head.
+ *
+ * Decode writes straight into the caller's raw rows, front to back. A group with at most 16
+ * distinct outputs (q4_1, KIVI values) computes them once and looks every value up by
+ * vpshufb; KIVI keys make per-channel tables per 32-token group first.
  */
 #include <immintrin.h>
 #include <string.h>
@@ -27,6 +31,9 @@
  * must become straight code with their arrays in registers; -O2 alone keeps some as loops
  * over stack arrays. */
 #define KERN_UNROLL _Pragma("GCC unroll 8")
+/* Small helpers of the decode loops must be inlined: called, their vectors go through the
+ * stack (the profile showed the q4_1 decode loop waiting on those reloads). */
+#define KERN_AI __attribute__((always_inline))
 
 KT static inline __m256 v_sanitize(__m256 x)
 {
@@ -98,9 +105,9 @@ KT static inline __m256 v_load8(const uint16_t *r, uint32_t dtype)
     return v_sanitize(f);
 }
 
-KT static inline void v_store8(uint16_t *r, __m256 v, uint32_t dtype)
+/* Eight floats as eight halves of dtype, rounded as kern_store() rounds them. */
+KT KERN_AI static inline __m128i v_half8(__m256 v, uint32_t dtype)
 {
-    __m128i h;
     if (dtype == KERN_DTYPE_BF16) {
         __m256i u = _mm256_castps_si256(v);
         __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
@@ -110,11 +117,24 @@ KT static inline void v_store8(uint16_t *r, __m256 v, uint32_t dtype)
         __m256i isnan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
         rn = _mm256_blendv_epi8(rn, nan, isnan);
         __m256i p = _mm256_packus_epi32(rn, rn);
-        h = _mm256_castsi256_si128(_mm256_permute4x64_epi64(p, 0x08));
-    } else {
-        h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        return _mm256_castsi256_si128(_mm256_permute4x64_epi64(p, 0x08));
     }
-    _mm_storeu_si128((__m128i *)r, h);
+    return _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
+KT KERN_AI static inline void v_store8(uint16_t *r, __m256 v, uint32_t dtype)
+{
+    _mm_storeu_si128((__m128i *)r, v_half8(v, dtype));
+}
+
+/* A group's leading fp16 pair (d and m; KIVI's scale and min) as two broadcast floats. */
+KT KERN_AI static inline void v_dm(const uint8_t *blk, __m256 *vd, __m256 *vm)
+{
+    uint32_t w;
+    memcpy(&w, blk, 4);
+    __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128((int)w));
+    *vd = _mm256_broadcastss_ps(f);
+    *vm = _mm256_broadcastss_ps(_mm_movehdup_ps(f));
 }
 
 KT static void avx_load(const void *src, uint32_t dtype, uint64_t stride, uint32_t tokens,
@@ -219,9 +239,10 @@ KT static void q8_0_enc32(const float *x, uint8_t *blk)
     q8_0_enc32v(v, blk);
 }
 
-KT static inline void q8_0_dec32v(const uint8_t *blk, __m256 y[4])
+KT KERN_AI static inline void q8_0_dec32v(const uint8_t *blk, __m256 y[4])
 {
-    __m256 vd = _mm256_set1_ps(kern_get_h(blk));
+    __m256 vd, vm_unused;
+    v_dm(blk, &vd, &vm_unused);
     KERN_UNROLL
     for (int i = 0; i < 4; i++) {
         __m256i w = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * i)));
@@ -300,9 +321,10 @@ KT static void qx_1_enc32(const float *x, uint8_t *blk, int bits)
     qx_1_enc32v(v, blk, bits);
 }
 
-KT static inline void qx_1_dec32v(const uint8_t *blk, __m256 y[4], int bits)
+KT KERN_AI static inline void qx_1_dec32v(const uint8_t *blk, __m256 y[4], int bits)
 {
-    __m256 vd = _mm256_set1_ps(kern_get_h(blk)), vm = _mm256_set1_ps(kern_get_h(blk + 2));
+    __m256 vd, vm;
+    v_dm(blk, &vd, &vm);
     __m128i qs = _mm_loadu_si128((const __m128i *)(blk + (bits == 5 ? 8 : 4)));
     const __m128i lo4 = _mm_set1_epi8(0x0f);
     __m256i e = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), lo4), _mm_and_si128(qs, lo4));
@@ -364,7 +386,7 @@ KT static inline void v_kivi_pack32(__m256i p, int bits, uint8_t *dst)
 }
 
 /* Eight codes of a packed row starting at element e (a multiple of 8) as floats. */
-KT static inline __m256 v_kivi_unpack8(const uint8_t *row, uint32_t e, int bits)
+KT KERN_AI static inline __m256 v_kivi_unpack8(const uint8_t *row, uint32_t e, int bits)
 {
     __m256i v;
     if (bits == 4) {
@@ -415,9 +437,10 @@ KT static void kivi_v_enc32(const float *x, uint8_t *blk, int bits)
     kivi_v_enc32v(v, blk, bits);
 }
 
-KT static inline void kivi_v_dec32v(const uint8_t *blk, __m256 y[4], int bits)
+KT KERN_AI static inline void kivi_v_dec32v(const uint8_t *blk, __m256 y[4], int bits)
 {
-    __m256 sc = _mm256_set1_ps(kern_get_h(blk)), mn = _mm256_set1_ps(kern_get_h(blk + 2));
+    __m256 sc, mn;
+    v_dm(blk, &sc, &mn);
     KERN_UNROLL
     for (uint32_t i = 0; i < 4; i++) {
         __m256 f = v_kivi_unpack8(blk + 4, 8 * i, bits);
@@ -618,6 +641,127 @@ KT static void fp8_dec(const uint8_t *sect, const struct kern_layout *lay, uint3
         for (; d < dim; d++)
             yr[d] = kern_e4m3_dec(q[d]) * scale;
     }
+}
+
+/* ---- decode straight into the raw rows ---------------------------------------------- */
+
+/* A group of 32 values with 2^b codes (b <= 4) has at most 16 distinct outputs: they are
+ * computed once per group, with the reference's operations (q * d, then + m, then the
+ * rounding to the output dtype), and every value is then a byte-table lookup (vpshufb) of its
+ * output's low and high byte. That replaces the per-value widen, convert, multiply, add and
+ * rounding by two shuffles and an interleave, and gives the same halves by construction. */
+
+/* The halves of out(q * d + m) for q = 0..15 split into a low-byte and a high-byte table of
+ * 16 entries each, repeated in both lanes (vpshufb looks up within a lane). */
+KT KERN_AI static inline void v_tab16(__m256 vd, __m256 vm, uint32_t out, __m256i *lo,
+                                      __m256i *hi)
+{
+    const __m256 q0 = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256 q1 = _mm256_setr_ps(8, 9, 10, 11, 12, 13, 14, 15);
+    const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
+                                           0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    __m128i h0 = v_half8(_mm256_add_ps(_mm256_mul_ps(q0, vd), vm), out);
+    __m128i h1 = v_half8(_mm256_add_ps(_mm256_mul_ps(q1, vd), vm), out);
+    __m256i x = _mm256_shuffle_epi8(_mm256_set_m128i(h1, h0), split);
+    *lo = _mm256_permute4x64_epi64(x, 0x88);
+    *hi = _mm256_permute4x64_epi64(x, 0xdd);
+}
+
+/* 32 codes (lane 0: elements 0-15, lane 1: elements 16-31; each < 16) through the tables
+ * into the 32 halves at r. */
+KT KERN_AI static inline void v_lut32(uint16_t *r, __m256i idx, __m256i lo, __m256i hi)
+{
+    __m256i l = _mm256_shuffle_epi8(lo, idx), h = _mm256_shuffle_epi8(hi, idx);
+    __m256i u0 = _mm256_unpacklo_epi8(l, h), u1 = _mm256_unpackhi_epi8(l, h);
+    _mm256_storeu_si256((__m256i *)r, _mm256_permute2x128_si256(u0, u1, 0x20));
+    _mm256_storeu_si256((__m256i *)(r + 16), _mm256_permute2x128_si256(u0, u1, 0x31));
+}
+
+/* q4_1: element j is the low nibble of qs[j], element j + 16 its high nibble. */
+KT KERN_AI static inline void q4_1_dec32_to(const uint8_t *blk, uint16_t *r, uint32_t out)
+{
+    __m256 vd, vm;
+    __m256i lo, hi;
+    v_dm(blk, &vd, &vm);
+    v_tab16(vd, vm, out, &lo, &hi);
+    __m128i qs = _mm_loadu_si128((const __m128i *)(blk + 4));
+    __m256i idx = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs),
+                                   _mm256_set1_epi8(0x0f));
+    v_lut32(r, idx, lo, hi);
+}
+
+/* KIVI-4 values: byte i holds element 2i (low nibble) and 2i + 1 (high nibble). */
+KT KERN_AI static inline void kivi4_v_dec32_to(const uint8_t *blk, uint16_t *r, uint32_t out)
+{
+    __m256 vd, vm;
+    __m256i lo, hi;
+    v_dm(blk, &vd, &vm);
+    v_tab16(vd, vm, out, &lo, &hi);
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    __m128i c = _mm_loadu_si128((const __m128i *)(blk + 4));
+    __m128i e = _mm_and_si128(c, m4), o = _mm_and_si128(_mm_srli_epi16(c, 4), m4);
+    v_lut32(r, _mm256_set_m128i(_mm_unpackhi_epi8(e, o), _mm_unpacklo_epi8(e, o)), lo, hi);
+}
+
+/* KIVI-2 values: byte i holds elements 4i..4i+3 at bits 0-1, 2-3, 4-5, 6-7. The codes are
+ * not shifted down: element 4i + 1 (4i + 3) is looked up as (byte & 0x0c), that is 4 * code,
+ * and the table holds output q at entries q and 4q. Bytes and their high nibbles are first
+ * interleaved, so one shuffle places each element's byte. */
+KT KERN_AI static inline void kivi2_v_dec32_to(const uint8_t *blk, uint16_t *r, uint32_t out)
+{
+    const __m256 q0 = _mm256_setr_ps(0, 1, 2, 3, 0, 0, 0, 0);
+    const __m256i tlo = _mm256_setr_epi8(0, 2, 4, 6, 2, 0, 0, 0, 4, 0, 0, 0, 6, 0, 0, 0,
+                                         0, 2, 4, 6, 2, 0, 0, 0, 4, 0, 0, 0, 6, 0, 0, 0);
+    const __m256i place = _mm256_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7,
+                                           8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14,
+                                           15, 15);
+    const __m256i mask = _mm256_set1_epi16(0x0c03);
+    __m256 vd, vm;
+    v_dm(blk, &vd, &vm);
+    __m128i h = v_half8(_mm256_add_ps(_mm256_mul_ps(q0, vd), vm), out);
+    __m256i hh = _mm256_broadcastsi128_si256(h);
+    __m256i lo = _mm256_shuffle_epi8(hh, tlo);
+    __m256i hi = _mm256_shuffle_epi8(hh, _mm256_add_epi8(tlo, _mm256_set1_epi8(1)));
+    __m128i c = _mm_loadl_epi64((const __m128i *)(blk + 4));
+    __m128i x = _mm_unpacklo_epi8(c, _mm_srli_epi16(c, 4)); /* b0, b0 >> 4, b1, ... */
+    __m256i idx = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_broadcastsi128_si256(x), place),
+                                   mask);
+    v_lut32(r, idx, lo, hi);
+}
+
+/* q5_1 has 32 outputs per group, as many as values: computed directly. */
+KT KERN_AI static inline void q5_1_dec32_to(const uint8_t *blk, uint16_t *r, uint32_t out)
+{
+    __m256 y[4];
+    qx_1_dec32v(blk, y, 5);
+    KERN_UNROLL
+    for (int i = 0; i < 4; i++)
+        v_store8(r + 8 * i, y[i], out);
+}
+
+KT KERN_AI static inline void q8_0_dec32_to(const uint8_t *blk, uint16_t *r, uint32_t out)
+{
+    __m256 y[4];
+    q8_0_dec32v(blk, y);
+    KERN_UNROLL
+    for (int i = 0; i < 4; i++)
+        v_store8(r + 8 * i, y[i], out);
+}
+
+/* A full group of a row-wise codec into its 32 raw halves. */
+KT KERN_AI static inline void dec32_to(uint32_t codec, int bits, const uint8_t *blk,
+                                       uint16_t *r, uint32_t out)
+{
+    if (bits == 4)
+        kivi4_v_dec32_to(blk, r, out);
+    else if (bits == 2)
+        kivi2_v_dec32_to(blk, r, out);
+    else if (codec == KERN_CODEC_Q8_0)
+        q8_0_dec32_to(blk, r, out);
+    else if (codec == KERN_CODEC_Q5_1)
+        q5_1_dec32_to(blk, r, out);
+    else
+        q4_1_dec32_to(blk, r, out);
 }
 
 /* ---- per-slice dispatch -------------------------------------------------------------- */
@@ -1396,59 +1540,124 @@ KT static int avx_enc_sect(uint32_t codec, int is_v, const void *raw,
     return 1;
 }
 
-/* KIVI key section decode, per (group, head, 32 channels): the channels' scale and min
- * are converted once and the group's rows decoded under them. */
+/* KIVI key section decode, row by row in memory order (the raw rows are written front to
+ * back, as the row-wise codecs write them; going down each channel's column instead strides
+ * by H * D halves per row, which streams badly). Per group of 32 tokens the channels' tables
+ * are made first, in `scratch` (2 * H * D floats): for 2-bit keys each channel's four
+ * outputs out(q * scale + min), q = 0..3, as halves, so a row's 16 channels are picked from
+ * them by two blends on the code bits; for 4-bit keys each channel's scale and min as floats,
+ * and a row's 32 codes are put in element order as bytes, widened, multiplied and added. */
 KT __attribute__((always_inline)) static inline void
 kivi_k_dec_sect(int bits, uint32_t out, const uint8_t *sect, const struct kern_layout *lay,
-                void *raw)
+                void *raw, float *scratch)
 {
     uint32_t D = lay->head_dim, H = lay->heads, T = lay->tokens;
     uint32_t rb = kern_kivi_row_bytes(D, bits);
     uint64_t hb = kern_kivi_k_head_bytes(D, T, bits), HD = (uint64_t)H * D;
     uint32_t fgb = kern_kivi_k_group_bytes(D, KERN_GROUP, bits);
+    uint16_t *tab = (uint16_t *)scratch; /* 2-bit: [H * D / 16][4][16] halves */
+    float *scf = scratch, *mnf = scratch + HD; /* 4-bit: [H * D] each */
+    /* channel j of 16 reads bits 2j, 2j + 1 of a 32-bit code word: each 16-bit lane gets
+     * the half word that holds them */
+    const __m256i spread = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
+                                            2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+    const __m256i b0 = _mm256_setr_epi16(1, 4, 16, 64, 256, 1024, 4096, 16384, 1, 4, 16, 64,
+                                         256, 1024, 4096, 16384);
+    const __m256i b1 = _mm256_add_epi16(b0, b0);
+    const __m128i m4 = _mm_set1_epi8(0x0f);
     for (uint32_t t0 = 0; t0 < T; t0 += KERN_GROUP) {
         uint32_t rows = T - t0 < KERN_GROUP ? T - t0 : KERN_GROUP;
         for (uint32_t h = 0; h < H; h++) {
             const uint8_t *g = sect + h * hb + (uint64_t)(t0 / KERN_GROUP) * fgb;
-            for (uint32_t c = 0; c < D; c += 32) {
-                __m256 sc[4], mn[4];
+            for (uint32_t c = 0; c < D; c += 16) {
+                __m256 sc[2], mn[2];
                 KERN_UNROLL
-                for (int i = 0; i < 4; i++) {
+                for (int i = 0; i < 2; i++) {
                     sc[i] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 2 * (c + 8 * i))));
                     mn[i] = _mm256_cvtph_ps(
                         _mm_loadu_si128((const __m128i *)(g + 2 * D + 2 * (c + 8 * i))));
                 }
-                const uint8_t *row = g + 4 * D;
-                uint16_t *r = (uint16_t *)raw + (uint64_t)t0 * HD + (uint64_t)h * D + c;
-                for (uint32_t t = 0; t < rows; t++, row += rb, r += HD) {
+                uint64_t ch = (uint64_t)h * D + c;
+                if (bits == 4) {
                     KERN_UNROLL
-                    for (int i = 0; i < 4; i++)
-                        v_store8(r + 8 * i,
-                                 _mm256_add_ps(_mm256_mul_ps(v_kivi_unpack8(row, c + 8 * i, bits),
-                                                             sc[i]),
-                                               mn[i]),
-                                 out);
+                    for (int i = 0; i < 2; i++) {
+                        _mm256_storeu_ps(scf + ch + 8 * i, sc[i]);
+                        _mm256_storeu_ps(mnf + ch + 8 * i, mn[i]);
+                    }
+                    continue;
+                }
+                KERN_UNROLL
+                for (int q = 0; q < 4; q++) {
+                    __m256 fq = _mm256_set1_ps((float)q);
+                    __m128i t0h = v_half8(_mm256_add_ps(_mm256_mul_ps(fq, sc[0]), mn[0]), out);
+                    __m128i t1h = v_half8(_mm256_add_ps(_mm256_mul_ps(fq, sc[1]), mn[1]), out);
+                    _mm256_storeu_si256((__m256i *)(tab + 4 * ch + 16 * q),
+                                        _mm256_set_m128i(t1h, t0h));
+                }
+            }
+        }
+        uint16_t *r = (uint16_t *)raw + (uint64_t)t0 * HD;
+        for (uint32_t t = 0; t < rows; t++) {
+            for (uint32_t h = 0; h < H; h++, r += D) {
+                const uint8_t *row = sect + h * hb + (uint64_t)(t0 / KERN_GROUP) * fgb + 4 * D +
+                                     (uint64_t)t * rb;
+                if (bits == 2) {
+                    const uint16_t *tb = tab + 4 * (uint64_t)h * D;
+                    for (uint32_t c = 0; c < D; c += 16, tb += 64) {
+                        uint32_t w;
+                        memcpy(&w, row + c / 4, 4);
+                        __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)w), spread);
+                        __m256i m0 = _mm256_cmpeq_epi16(_mm256_and_si256(v, b0), b0);
+                        __m256i m1 = _mm256_cmpeq_epi16(_mm256_and_si256(v, b1), b1);
+                        __m256i lo = _mm256_blendv_epi8(_mm256_loadu_si256((const __m256i *)tb),
+                                                        _mm256_loadu_si256((const __m256i *)(tb + 16)), m0);
+                        __m256i hi = _mm256_blendv_epi8(_mm256_loadu_si256((const __m256i *)(tb + 32)),
+                                                        _mm256_loadu_si256((const __m256i *)(tb + 48)), m0);
+                        _mm256_storeu_si256((__m256i *)(r + c), _mm256_blendv_epi8(lo, hi, m1));
+                    }
+                    continue;
+                }
+                const float *sp = scf + (uint64_t)h * D, *mp = mnf + (uint64_t)h * D;
+                for (uint32_t c = 0; c < D; c += 32) {
+                    __m128i cb = _mm_loadu_si128((const __m128i *)(row + c / 2));
+                    __m128i e = _mm_and_si128(cb, m4), o = _mm_and_si128(_mm_srli_epi16(cb, 4), m4);
+                    __m128i x0 = _mm_unpacklo_epi8(e, o), x1 = _mm_unpackhi_epi8(e, o);
+                    __m128i part[4] = {x0, _mm_srli_si128(x0, 8), x1, _mm_srli_si128(x1, 8)};
+                    KERN_UNROLL
+                    for (int i = 0; i < 4; i++) {
+                        __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(part[i]));
+                        f = _mm256_add_ps(_mm256_mul_ps(f, _mm256_loadu_ps(sp + c + 8 * i)),
+                                          _mm256_loadu_ps(mp + c + 8 * i));
+                        v_store8(r + c + 8 * i, f, out);
+                    }
                 }
             }
         }
     }
 }
 
-KT static int avx_dec_sect(uint32_t codec, int is_v, const uint8_t *sect,
-                           const struct kern_layout *lay, void *raw, uint32_t out)
+/* fp8 section decode. A code's bits placed at 20-26 (sign at 31) are the float e4m3(code) *
+ * 2^-120 exactly, so e4m3(code) * scale is that float times scale * 2^120 (one rounding of
+ * the same real product), as long as scale * 2^120 is finite: the encoder's scales are at
+ * most 65504 / 448; a head whose scale is larger (not written by an encoder) takes the
+ * reference's two multiplications. Sixteen codes are placed into the top bytes of two vectors
+ * by one shuffle each, then shifted down arithmetically (the sign lands on bit 31). */
+KT __attribute__((always_inline)) static inline void
+fp8_dec_sect(const uint8_t *sect, const struct kern_layout *lay, void *raw, uint32_t out)
 {
-    uint32_t D = lay->head_dim, H = lay->heads, T = lay->tokens, G = D / 32;
-    int bits = kern_codec_bits(codec);
+    uint32_t D = lay->head_dim, H = lay->heads, T = lay->tokens;
+    const __m256 p120 = _mm256_set1_ps(1.329227995784916e36f);
+    const __m256i top0 = _mm256_setr_epi8(-1, -1, -1, 0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3,
+                                          -1, -1, -1, 4, -1, -1, -1, 5, -1, -1, -1, 6, -1, -1, -1, 7);
+    const __m256i top1 = _mm256_add_epi8(top0, _mm256_set1_epi32(0x08000000));
+    const __m256i bits = _mm256_set1_epi32((int)0x87f00000u);
+    const uint8_t *q = sect + 4 * H;
     uint16_t *r = raw;
-    if (D % 32)
-        return 0;
-    if (codec == KERN_CODEC_FP8) {
-        const __m256 p120 = _mm256_set1_ps(1.329227995784916e36f);
-        const uint8_t *q = sect + 4 * H;
-        for (uint32_t t = 0; t < T; t++) {
-            for (uint32_t h = 0; h < H; h++, r += D, q += D) {
-                float scale;
-                memcpy(&scale, sect + 4 * h, 4);
+    for (uint32_t t = 0; t < T; t++) {
+        for (uint32_t h = 0; h < H; h++, r += D, q += D) {
+            float scale;
+            memcpy(&scale, sect + 4 * h, 4);
+            if (fabsf(scale) >= 256.0f && fabsf(scale) <= 3.402823466e38f) {
                 __m256 vs = _mm256_set1_ps(scale);
                 for (uint32_t c = 0; c < D; c += 8) {
                     __m256i w = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + c)));
@@ -1458,50 +1667,72 @@ KT static int avx_dec_sect(uint32_t codec, int is_v, const uint8_t *sect,
                     __m256 f = _mm256_mul_ps(_mm256_castsi256_ps(u), p120);
                     v_store8(r + c, _mm256_mul_ps(f, vs), out);
                 }
+                continue;
+            }
+            __m256 vs = _mm256_mul_ps(_mm256_set1_ps(scale), p120);
+            for (uint32_t c = 0; c < D; c += 16) {
+                __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(q + c)));
+                __m256i u0 = _mm256_and_si256(_mm256_srai_epi32(_mm256_shuffle_epi8(b, top0), 4), bits);
+                __m256i u1 = _mm256_and_si256(_mm256_srai_epi32(_mm256_shuffle_epi8(b, top1), 4), bits);
+                __m128i h0 = v_half8(_mm256_mul_ps(_mm256_castsi256_ps(u0), vs), out);
+                __m128i h1 = v_half8(_mm256_mul_ps(_mm256_castsi256_ps(u1), vs), out);
+                _mm256_storeu_si256((__m256i *)(r + c), _mm256_set_m128i(h1, h0));
             }
         }
+    }
+}
+
+KT static int avx_dec_sect(uint32_t codec, int is_v, const uint8_t *sect,
+                           const struct kern_layout *lay, void *raw, uint32_t out,
+                           float *scratch)
+{
+    uint32_t D = lay->head_dim, H = lay->heads, T = lay->tokens, G = D / 32;
+    int bits = kern_codec_bits(codec);
+    uint16_t *r = raw;
+    if (D % 32)
+        return 0;
+    if (codec == KERN_CODEC_FP8) {
+        if (out == KERN_DTYPE_BF16)
+            fp8_dec_sect(sect, lay, raw, KERN_DTYPE_BF16);
+        else
+            fp8_dec_sect(sect, lay, raw, KERN_DTYPE_FP16);
         return 1;
     }
     if (bits && !is_v) {
         if (bits == 4 && out == KERN_DTYPE_BF16)
-            kivi_k_dec_sect(4, KERN_DTYPE_BF16, sect, lay, raw);
+            kivi_k_dec_sect(4, KERN_DTYPE_BF16, sect, lay, raw, scratch);
         else if (bits == 4)
-            kivi_k_dec_sect(4, KERN_DTYPE_FP16, sect, lay, raw);
+            kivi_k_dec_sect(4, KERN_DTYPE_FP16, sect, lay, raw, scratch);
         else if (out == KERN_DTYPE_BF16)
-            kivi_k_dec_sect(2, KERN_DTYPE_BF16, sect, lay, raw);
+            kivi_k_dec_sect(2, KERN_DTYPE_BF16, sect, lay, raw, scratch);
         else
-            kivi_k_dec_sect(2, KERN_DTYPE_FP16, sect, lay, raw);
+            kivi_k_dec_sect(2, KERN_DTYPE_FP16, sect, lay, raw, scratch);
         return 1;
     }
     uint32_t gb = block_bytes(codec, bits);
     const uint8_t *blk = sect;
     uint64_t n = (uint64_t)T * H * G;
-    /* one loop per (codec, output dtype); the decoded group stays in registers */
-#define DEC_LOOP(DEC, OUT)                                                                     \
-    for (uint64_t i = 0; i < n; i++, blk += gb, r += 32) {                                     \
-        __m256 y[4];                                                                           \
-        DEC;                                                                                   \
-        KERN_UNROLL                                                                            \
-        for (int j = 0; j < 4; j++)                                                            \
-            v_store8(r + 8 * j, y[j], OUT);                                                    \
-    }
-#define DEC_OUT(DEC)                                                                           \
+    /* one loop per (codec, output dtype), each group straight into its raw halves */
+#define DEC_LOOP(C, B, OUT)                                                                    \
+    for (uint64_t i = 0; i < n; i++, blk += gb, r += 32)                                       \
+        dec32_to(C, B, blk, r, OUT)
+#define DEC_OUT(C, B)                                                                          \
     do {                                                                                       \
         if (out == KERN_DTYPE_BF16)                                                            \
-            DEC_LOOP(DEC, KERN_DTYPE_BF16)                                                     \
+            DEC_LOOP(C, B, KERN_DTYPE_BF16);                                                   \
         else                                                                                   \
-            DEC_LOOP(DEC, KERN_DTYPE_FP16)                                                     \
+            DEC_LOOP(C, B, KERN_DTYPE_FP16);                                                   \
     } while (0)
     if (bits == 4)
-        DEC_OUT(kivi_v_dec32v(blk, y, 4));
+        DEC_OUT(codec, 4);
     else if (bits == 2)
-        DEC_OUT(kivi_v_dec32v(blk, y, 2));
+        DEC_OUT(codec, 2);
     else if (codec == KERN_CODEC_Q8_0)
-        DEC_OUT(q8_0_dec32v(blk, y));
+        DEC_OUT(KERN_CODEC_Q8_0, 0);
     else if (codec == KERN_CODEC_Q5_1)
-        DEC_OUT(qx_1_dec32v(blk, y, 5));
+        DEC_OUT(KERN_CODEC_Q5_1, 0);
     else
-        DEC_OUT(qx_1_dec32v(blk, y, 4));
+        DEC_OUT(KERN_CODEC_Q4_1, 0);
 #undef DEC_OUT
 #undef DEC_LOOP
     return 1;

@@ -42,8 +42,10 @@ struct kern_cpu_ops {
      * copies the bytes). They return 0 for a shape or codec they do not handle. */
     int (*enc_sect)(uint32_t codec, int is_v, const void *raw, const struct kern_layout *lay,
                     uint8_t *sect, float *scratch, float *kmin, float *kmax, float *knorm);
+    /* dec_sect's scratch: 2 * H * D floats (per-group channel tables) */
     int (*dec_sect)(uint32_t codec, int is_v, const uint8_t *sect,
-                    const struct kern_layout *lay, void *raw, uint32_t out_dtype);
+                    const struct kern_layout *lay, void *raw, uint32_t out_dtype,
+                    float *scratch);
 };
 
 extern const struct kern_cpu_ops kern_ref_ops;

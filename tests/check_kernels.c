@@ -887,6 +887,106 @@ START_TEST(test_recipe_mixed_matches_oracle)
 }
 END_TEST
 
+/* The vectorised decoders write each group (fp8: each row, KIVI keys: each row after a
+ * per-group table) straight into the caller's buffer. Every codec, fp16 and bf16 input, both
+ * output dtypes, into destinations offset by 0, 2 and 1 bytes from a 32-byte boundary, with
+ * the bytes around the block untouched; the section payloads are random, so every code of
+ * every table entry occurs (and scales the encoders never write: fp8 scales up to 2^115 take
+ * the decoder's guarded path). Shapes: D a multiple of 32 (the whole-section decoders), T
+ * not a multiple of 32 (a partial KIVI key group), and odd D (the per-head path). */
+static const struct kern_layout dec_shapes[] = {
+    {2, 3, 64, 37, KERN_DTYPE_FP16, 0},
+    {1, 2, 128, 32, KERN_DTYPE_BF16, 0},
+    {1, 1, 576, 7, KERN_DTYPE_FP16, 1},
+    {2, 2, 40, 9, KERN_DTYPE_BF16, 0},
+};
+#define NDEC_SHAPES (sizeof(dec_shapes) / sizeof(dec_shapes[0]))
+
+/* A random finite fp16 of magnitude below 2^e, as the pair (d, m) or (scale, min) of a group. */
+static uint16_t rand_half(uint64_t *s, int e)
+{
+    return kern_f2h(((float)(rng_next(s) % 20001) - 10000.0f) / 10000.0f * ldexpf(1.0f, e));
+}
+
+START_TEST(test_decode_random_payload)
+{
+    uint32_t codec = 1 + (uint32_t)_i % (KERN_CODEC_COUNT - 1);
+    struct kern_layout lay = dec_shapes[(uint32_t)_i / (KERN_CODEC_COUNT - 1)];
+    struct kern_recipe rec;
+    kern_recipe_fill(&rec, codec, codec, 0);
+    int64_t sz = kern_encoded_size(&lay, &rec);
+    uint64_t rs = kern_raw_size(&lay), s = 77 + (uint64_t)_i;
+    uint8_t *e = malloc((size_t)sz), *d1 = malloc(rs + 64), *d2 = malloc(rs + 96);
+    ck_assert(e && d1 && d2);
+    void *raw = make_block(&lay, 5 + (uint64_t)_i);
+    ck_assert_int_eq(kern_encode_ref(&lay, &rec, raw, e, (size_t)sz, NULL), sz);
+    /* random codes; group scalars random but finite, as an encoder writes them */
+    uint32_t kinds = lay.k_only ? 1 : 2, D = lay.head_dim, H = lay.heads, T = lay.tokens;
+    uint32_t G = kern_ngroups(D);
+    for (uint32_t l = 0; l < lay.layers; l++)
+        for (uint32_t k = 0; k < kinds; k++) {
+            struct kern_block_sect st;
+            memcpy(&st, e + sizeof(struct kern_block_hdr) + (l * kinds + k) * sizeof(st),
+                   sizeof(st));
+            uint8_t *p = e + st.offset;
+            int bits = kern_codec_bits(codec);
+            for (uint32_t i = 0; i < st.bytes; i++)
+                p[i] = (uint8_t)rng_next(&s);
+            if (codec == KERN_CODEC_FP8) {
+                for (uint32_t h = 0; h < H; h++) {
+                    float sc = ldexpf(1.0f + (float)(rng_next(&s) % 1000) / 1000.0f,
+                                      (int)(rng_next(&s) % 8 == 0 ? 100 + rng_next(&s) % 27
+                                                                  : rng_next(&s) % 20) - 12);
+                    memcpy(p + 4 * h, &sc, 4);
+                }
+                /* NaN codes (0x7f, 0xff) decode as the reference defines them */
+            } else if (bits && k == 0) {
+                uint64_t hb = kern_kivi_k_head_bytes(D, T, bits);
+                for (uint32_t h = 0; h < H; h++)
+                    for (uint32_t t0 = 0; t0 < T; t0 += 32) {
+                        uint8_t *g = p + h * hb + (t0 / 32) * kern_kivi_k_group_bytes(D, 32, bits);
+                        for (uint32_t c = 0; c < 2 * D; c++) {
+                            uint16_t v = rand_half(&s, c < D ? 2 : 6);
+                            memcpy(g + 2 * c, &v, 2);
+                        }
+                    }
+            } else {
+                uint32_t gb = bits ? kern_kivi_v_group_bytes(bits)
+                                   : codec == KERN_CODEC_Q8_0 ? 34 : codec == KERN_CODEC_Q4_1 ? 20 : 24;
+                for (uint64_t gi = 0; gi < (uint64_t)T * H * G; gi++)
+                    for (int j = 0; j < (codec == KERN_CODEC_Q8_0 ? 1 : 2); j++) {
+                        uint16_t v = rand_half(&s, j ? 6 : 2);
+                        memcpy(p + gi * gb + 2 * j, &v, 2);
+                    }
+            }
+        }
+    for (uint32_t out = KERN_DTYPE_FP16; out <= KERN_DTYPE_BF16; out++) {
+        memset(d1, 0xa5, rs);
+        ck_assert_int_eq(kern_decode_ref(&lay, e, (size_t)sz, d1, rs, out), (int64_t)rs);
+        static const unsigned offs[] = {0, 2, 1};
+        for (unsigned o = 0; o < 3; o++) {
+            uint8_t *base = (uint8_t *)(((uintptr_t)d2 + 31) & ~(uintptr_t)31);
+            uint8_t *dst = base + offs[o];
+            memset(d2, 0x5a, rs + 96);
+            ck_assert_int_eq(kern_decode_cpu(&lay, e, (size_t)sz, dst, rs, out), (int64_t)rs);
+            ck_assert_msg(memcmp(d1, dst, rs) == 0, "%s %ux%ux%ux%u%s in %s out %s dst +%u: "
+                          "the decoded block differs from the reference's",
+                          kern_codec_name(codec), lay.layers, H, D, T, lay.k_only ? " k-only" : "",
+                          lay.dtype == KERN_DTYPE_BF16 ? "bf16" : "fp16",
+                          out == KERN_DTYPE_BF16 ? "bf16" : "fp16", offs[o]);
+            for (uint8_t *q = d2; q < dst; q++)
+                ck_assert_uint_eq(*q, 0x5a);
+            for (uint8_t *q = dst + rs; q < d2 + rs + 96; q++)
+                ck_assert_uint_eq(*q, 0x5a);
+        }
+    }
+    free(raw);
+    free(e);
+    free(d1);
+    free(d2);
+}
+END_TEST
+
 static Suite *kernels_suite(void)
 {
     Suite *s = suite_create("kernels");
@@ -906,6 +1006,8 @@ static Suite *kernels_suite(void)
     tcase_add_loop_test(tc, test_key_stats, 0, (int)NSHAPES);
     tcase_add_test(tc, test_supports);
     tcase_add_test(tc, test_edge_inputs_match_reference);
+    tcase_add_loop_test(tc, test_decode_random_payload, 0,
+                        (int)((KERN_CODEC_COUNT - 1) * NDEC_SHAPES));
     suite_add_tcase(s, tc);
 
     tc = tcase_create("oracle");
