@@ -69,16 +69,23 @@ struct replay_opts {
     uint64_t block_bytes;
     uint64_t seed, verify_seed;
     double sim_capacity, sim_disk; /* blocks; < 0: from the daemon's gauges */
+    const char *quant;      /* --quant CODECS as given, or NULL: raw blocks */
+    uint32_t quant_allowed; /* 1u << KVC_CODEC_* of --quant */
+    int quant_codec;        /* the first of them: the namespace's recipe for K and V */
     unsigned wait_ms;
     int procs;
     bool chain, json, no_sim;
     char model_buf[64];
 };
 
+/* Names of the codecs by KVC_CODEC_* (kvcsim's names). */
+static const char *const replay_codec_names[] = {"raw", "q8_0", "q4_1", "q5_1",
+                                                 "kivi2", "kivi4", "fp8"};
+
 /* Counters of one replay process, in a MAP_SHARED page the parent reads after waitpid. */
 struct replay_counts {
     uint64_t requests, blocks, tokens;
-    uint64_t hits, hits_ready, tokens_hit, bytes_loaded;
+    uint64_t hits, hits_ready, tokens_hit, bytes_loaded, hits_lossy;
     uint64_t put_blocks, put_present, put_busy, put_refused, lookups_refused;
     uint64_t wrong_bytes, wrong_blocks, errors;
     double lookup_s, put_s;
@@ -138,6 +145,75 @@ static void replay_fill(const struct kvc_key *k, uint64_t seed, void *buf, size_
     }
 }
 
+/* --quant: the block of k as smooth fp16 values a codec can represent (a sine per block,
+ * phase and noise from the same seed), so a lossy hit is checked against its codec's error
+ * bound and a block served under another key is still far off. */
+#define REPLAY_SINE 1024 /* positions of the sine the smooth fill walks */
+/* fp16 values of the smooth fill (3 sin + noise, 16 noise levels in [-1, 1)) and fp16 ->
+ * float for the check: tables, because without F16C each conversion is a library call. */
+static uint16_t replay_smooth_tab[REPLAY_SINE][16];
+static float replay_h2f[65536];
+
+static void replay_smooth_init(void)
+{
+    if (replay_h2f[0x3c00] == 1.0f) /* fp16 1.0: built already (each process builds its own) */
+        return;
+    for (uint32_t i = 0; i < 65536; i++) {
+        uint16_t u = (uint16_t)i;
+        _Float16 h;
+        memcpy(&h, &u, 2);
+        replay_h2f[i] = (float)h;
+    }
+    for (int i = 0; i < REPLAY_SINE; i++)
+        for (int n = 0; n < 16; n++) {
+            _Float16 h = (_Float16)(3.0 * sin(6.283185307179586 * i / REPLAY_SINE) +
+                                    (n + 0.5) / 8.0 - 1.0);
+            memcpy(&replay_smooth_tab[i][n], &h, 2);
+        }
+}
+
+static void replay_fill_smooth(const struct kvc_key *k, uint64_t seed, void *buf, size_t len)
+{
+    uint64_t s = replay_fill_seed(k, seed), r = 0;
+    uint32_t phase = (uint32_t)(replay_fill_next(&s) >> 40);
+    uint16_t *p = buf;
+    replay_smooth_init();
+    for (size_t j = 0; j < len / 2; j++) {
+        if ((j & 15) == 0) /* 16 noise levels of 4 bits from each 64-bit draw */
+            r = replay_fill_next(&s);
+        p[j] = replay_smooth_tab[(phase + (uint32_t)j * 61u) % REPLAY_SINE][(r >> (4 * (j & 15))) & 15];
+    }
+}
+
+/* Normalised RMS error of buf against the smooth block of k. */
+static double replay_smooth_err(const struct kvc_key *k, uint64_t seed, const void *buf,
+                                size_t len, void *scratch)
+{
+    const uint16_t *want = scratch, *got = buf;
+    double e = 0, r = 0;
+    replay_fill_smooth(k, seed, scratch, len);
+    for (size_t j = 0; j < len / 2; j++) {
+        double a = replay_h2f[want[j]], b = replay_h2f[got[j]];
+        e += (a - b) * (a - b);
+        r += a * a;
+    }
+    return r > 0 ? sqrt(e / r) : INFINITY;
+}
+
+/* The error a lossy hit may show (docs/kernels.md's bounds for each codec). */
+static double replay_codec_bound(int codec)
+{
+    switch (codec) {
+    case KVC_CODEC_Q8_0: return 0.02;
+    case KVC_CODEC_FP8: return 0.05;
+    case KVC_CODEC_Q5_1: return 0.06;
+    case KVC_CODEC_Q4_1:
+    case KVC_CODEC_KIVI4: return 0.12;
+    case KVC_CODEC_KIVI2: return 0.5;
+    default: return 0.0;
+    }
+}
+
 /* Bytes of buf that differ from the block of k. */
 static uint64_t replay_check(const struct kvc_key *k, uint64_t seed, const void *buf, size_t len)
 {
@@ -153,6 +229,17 @@ static uint64_t replay_check(const struct kvc_key *k, uint64_t seed, const void 
         }
     }
     return wrong;
+}
+
+/* The replay's namespace: raw, or with --quant the codecs allowed and the first as the recipe
+ * of K and V (the daemon quantizes in place under pressure). */
+static int replay_ns_open(const struct replay_opts *o, kvc_client *c,
+                          const struct kvc_layout *lay, kvc_ns **ns)
+{
+    struct kvc_quant q = {.allowed = o->quant_allowed,
+                          .k_codec = (uint32_t)o->quant_codec,
+                          .v_codec = (uint32_t)o->quant_codec};
+    return o->quant_allowed ? kvc_ns_open_quant(c, lay, &q, ns) : kvc_ns_open(c, lay, ns);
 }
 
 /* A namespace layout of exactly `bytes` per 512-token block: fp16 K+V, so layers x kv_heads x
@@ -350,6 +437,7 @@ struct replay_worker {
     size_t bb;
     struct kvc_key *keys; /* [REPLAY_MAX_BLOCKS] */
     uint8_t *buf;         /* one block: where hits are copied to */
+    uint8_t *scratch;     /* one block: the expected bytes of a lossy hit (--quant) */
     struct replay_counts *cnt;
 };
 
@@ -384,7 +472,20 @@ static int replay_worker_get(struct replay_worker *w, const struct replay_req *r
             kvc_release(l);
             return rc;
         }
-        wrong = replay_check(&w->keys[i], w->o->verify_seed, w->buf, w->bb);
+        if (w->o->quant_allowed) {
+            const void *data;
+            size_t slen;
+            int f = kvc_lease_stored(l, (size_t)i, &data, &slen);
+            double err = replay_smooth_err(&w->keys[i], w->o->verify_seed, w->buf, w->bb,
+                                           w->scratch);
+            w->cnt->hits_lossy += f > 0;
+            /* raw: exact; lossy: within its codec's bound; else the whole block is wrong */
+            wrong = (f == KVC_CODEC_RAW ? err == 0.0 : f > 0 && err <= replay_codec_bound(f))
+                        ? 0
+                        : w->bb;
+        } else {
+            wrong = replay_check(&w->keys[i], w->o->verify_seed, w->buf, w->bb);
+        }
         if (wrong) {
             if (w->cnt->wrong_blocks < 5)
                 fprintf(stderr,
@@ -437,7 +538,8 @@ static int replay_worker_put(struct replay_worker *w, const struct replay_req *r
                     rc = -EPROTO;
                     goto out;
                 }
-                replay_fill(&w->keys[from + i], w->o->seed, slot, w->bb);
+                (w->o->quant_allowed ? replay_fill_smooth : replay_fill)(&w->keys[from + i],
+                                                                        w->o->seed, slot, w->bb);
                 reserved++;
                 ok = i + 1;
                 break;
@@ -498,7 +600,7 @@ static int replay_worker_run(const struct replay_opts *o, int id, struct replay_
         goto out;
     }
     replay_layout(o->model, o->block_bytes, &lay);
-    rc = kvc_ns_open(c, &lay, &w.ns);
+    rc = replay_ns_open(o, c, &lay, &w.ns);
     if (rc) {
         fprintf(stderr, "kvcreplay: process %d: namespace %s: %s\n", id, o->model,
                 kvc_strerror(rc));
@@ -513,7 +615,8 @@ static int replay_worker_run(const struct replay_opts *o, int id, struct replay_
     r.ids = malloc(REPLAY_MAX_BLOCKS * sizeof(*r.ids));
     w.keys = malloc(REPLAY_MAX_BLOCKS * sizeof(*w.keys));
     w.buf = aligned_alloc(64, w.bb);
-    if (!r.ids || !w.keys || !w.buf) {
+    w.scratch = aligned_alloc(64, w.bb);
+    if (!r.ids || !w.keys || !w.buf || !w.scratch) {
         rc = -ENOMEM;
         fprintf(stderr, "kvcreplay: process %d: out of memory\n", id);
         goto out;
@@ -566,6 +669,7 @@ out:
     if (rc)
         cnt->errors++;
     free(w.buf);
+    free(w.scratch);
     free(w.keys);
     free(r.ids);
     replay_reader_close(&rd);
@@ -710,7 +814,7 @@ static void replay_sim_run(const struct replay_opts *o, const struct replay_scan
                            unsigned admit_hits, struct replay_sim *sim)
 {
     char path[PATH_MAX], cap[32], disk[32], admit[16], trace[64], *out = NULL;
-    const char *argv[16];
+    const char *argv[20];
     int pfd[2] = {-1, -1}, st, n = 0;
     size_t used = 0;
     pid_t pid;
@@ -740,6 +844,10 @@ static void replay_sim_run(const struct replay_opts *o, const struct replay_scan
         argv[n++] = disk;
         argv[n++] = "--admit-hits";
         argv[n++] = admit;
+    }
+    if (o->quant_allowed) { /* the daemon's engine quantizes policy_decide's victims */
+        argv[n++] = "--victim-quant";
+        argv[n++] = replay_codec_names[o->quant_codec];
     }
     argv[n++] = sc->sim_fd >= 0 ? trace : o->trace;
     argv[n] = NULL;
@@ -820,6 +928,7 @@ static void replay_json_str(const char *s)
 }
 
 struct replay_result {
+    const struct replay_opts *o;
     struct replay_counts t; /* summed over processes */
     struct replay_stats before, after;
     struct replay_sim sim;
@@ -852,6 +961,7 @@ static void replay_report_json(const struct replay_opts *o, const struct replay_
            ", \"blocks_present\": %" PRIu64 ", \"blocks_busy\": %" PRIu64
            ", \"puts_refused\": %" PRIu64 ", \"lookups_refused\": %" PRIu64
            ", \"wrong_bytes\": %" PRIu64 ", \"wrong_blocks\": %" PRIu64 ", \"errors\": %" PRIu64
+           ", \"hits_lossy\": %" PRIu64
            ", \"failed_processes\": %d, \"wall_s\": %.3f, \"lookup_s\": %.3f, \"put_s\": %.3f"
            ", \"distinct_blocks\": %" PRIu64 ", \"infinite_hits\": %" PRIu64
            ", \"infinite_hit_ratio\": %.6f, \"infinite_token_hit_ratio\": %.6f, \"daemon\": {",
@@ -859,7 +969,8 @@ static void replay_report_json(const struct replay_opts *o, const struct replay_
            replay_ratio(t->hits, t->blocks), t->tokens, t->tokens_hit,
            replay_ratio(t->tokens_hit, t->tokens), t->hits_ready, t->hits - t->hits_ready,
            t->bytes_loaded, t->put_blocks, t->put_present, t->put_busy, t->put_refused,
-           t->lookups_refused, t->wrong_bytes, t->wrong_blocks, t->errors, res->failed_procs,
+           t->lookups_refused, t->wrong_bytes, t->wrong_blocks, t->errors, t->hits_lossy,
+           res->failed_procs,
            res->wall_s, t->lookup_s, t->put_s, res->sc.distinct, res->sc.inf_hits,
            replay_ratio(res->sc.inf_hits, res->sc.blocks),
            replay_ratio(res->sc.inf_tokens_hit, res->sc.tokens));
@@ -913,6 +1024,9 @@ static void replay_report_text(const struct replay_opts *o, const struct replay_
     printf("%-28s %12" PRIu64 "\n", "distinct blocks", res->sc.distinct);
     printf("%-28s %12" PRIu64 " (in memory at lookup %" PRIu64 ", waited for %" PRIu64 ")\n",
            "hits (client)", t->hits, t->hits_ready, t->hits - t->hits_ready);
+    if (res->o->quant_allowed)
+        printf("%-28s %12" PRIu64 " (%.4f of the blocks looked up; within the codec's bound)\n",
+               "lossy hits (client)", t->hits_lossy, replay_ratio(t->hits_lossy, t->blocks));
     printf("%-28s ", "hits per tier (daemon)");
     if (hh >= 0 && hd >= 0)
         printf("host %" PRId64 ", disk %" PRId64 ", gpu %" PRId64 " blocks\n",
@@ -954,7 +1068,8 @@ static void replay_usage(FILE *f)
             "usage: kvcreplay [-s SOCKET] [-p PROCS] [-n REQUESTS] [--block-bytes N] [--model ID]\n"
             "                 [--chain] [--json] [--seed S] [--verify-seed S] [--wait-ms MS]\n"
             "                 [--kvcsim PATH | --no-sim] [--sim-policy NAME]\n"
-            "                 [--sim-capacity BLOCKS] [--sim-disk BLOCKS] TRACE.jsonl\n"
+            "                 [--sim-capacity BLOCKS] [--sim-disk BLOCKS] [--quant CODECS]\n"
+            "                 TRACE.jsonl\n"
             "  -s, --socket PATH     kvcd's socket (default: $KVCD_SOCKET, then kvcd's default)\n"
             "  -p, --processes P     client processes, each with its own connection; request i\n"
             "                        goes to process i %% P (default 1, at most 256)\n"
@@ -972,6 +1087,10 @@ static void replay_usage(FILE *f)
             "      --sim-policy NAME kvcsim policy (default: the namespace's policy)\n"
             "      --sim-capacity N  kvcsim host capacity in blocks (default: host tier / block)\n"
             "      --sim-disk N      kvcsim disk capacity in blocks (default: disk tier / block)\n"
+            "      --quant CODECS    the namespace allows these codecs (q8_0,q4_1,q5_1,kivi2,\n"
+            "                        kivi4,fp8; the first is its recipe): blocks are smooth fp16,\n"
+            "                        a raw hit must be exact, a lossy one within its codec's bound\n"
+            "                        (needs --block-bytes 64k or more)\n"
             "exit status: 0 ok; 1 wrong bytes, an error from kvcd or a failed process; 2 usage or\n"
             "a malformed trace\n");
 }
@@ -1014,10 +1133,32 @@ static int replay_uint_parse(const char *s, uint64_t max, uint64_t *out)
     return 0;
 }
 
+/* --quant CODECS: a comma list; the first is the namespace's recipe. 0 or -EINVAL. */
+static int replay_quant_parse(const char *arg, struct replay_opts *o)
+{
+    char buf[128], *save = NULL;
+    if (strlen(arg) >= sizeof(buf))
+        return -EINVAL;
+    snprintf(buf, sizeof(buf), "%s", arg);
+    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        int c = -1;
+        for (int k = 1; k < (int)(sizeof(replay_codec_names) / sizeof(*replay_codec_names)); k++)
+            if (strcmp(t, replay_codec_names[k]) == 0)
+                c = k;
+        if (c < 0)
+            return -EINVAL;
+        if (!o->quant_allowed)
+            o->quant_codec = c;
+        o->quant_allowed |= 1u << c;
+    }
+    o->quant = o->quant_allowed ? arg : NULL;
+    return o->quant_allowed ? 0 : -EINVAL;
+}
+
 static int replay_opts_parse(int argc, char **argv, struct replay_opts *o)
 {
     enum { O_BLOCK = 256, O_MODEL, O_CHAIN, O_JSON, O_SEED, O_VSEED, O_WAIT, O_KVCSIM, O_NOSIM,
-           O_SPOL, O_SCAP, O_SDISK };
+           O_SPOL, O_SCAP, O_SDISK, O_QUANT };
     static const struct option opts[] = {{"socket", required_argument, NULL, 's'},
                                          {"processes", required_argument, NULL, 'p'},
                                          {"requests", required_argument, NULL, 'n'},
@@ -1033,6 +1174,7 @@ static int replay_opts_parse(int argc, char **argv, struct replay_opts *o)
                                          {"sim-policy", required_argument, NULL, O_SPOL},
                                          {"sim-capacity", required_argument, NULL, O_SCAP},
                                          {"sim-disk", required_argument, NULL, O_SDISK},
+                                         {"quant", required_argument, NULL, O_QUANT},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
     bool vseed = false;
@@ -1092,6 +1234,10 @@ static int replay_opts_parse(int argc, char **argv, struct replay_opts *o)
                 bad = "--sim-capacity and --sim-disk take a count of blocks";
             *(opt == O_SCAP ? &o->sim_capacity : &o->sim_disk) = (double)v;
             break;
+        case O_QUANT:
+            if (replay_quant_parse(optarg, o))
+                bad = "--quant takes codecs among q8_0,q4_1,q5_1,kivi2,kivi4,fp8";
+            break;
         case 'h': replay_usage(stdout); exit(0);
         default: replay_usage(stderr); return 2;
         }
@@ -1105,6 +1251,13 @@ static int replay_opts_parse(int argc, char **argv, struct replay_opts *o)
         return 2;
     }
     o->trace = argv[optind];
+    if (o->quant_allowed && o->block_bytes < 65536) {
+        /* The layout's head_dim is block_bytes / 2048 up to 128: below 32 the codecs' groups
+         * would pad every head, the encoded block is no smaller, and kvcd keeps it raw. */
+        fprintf(stderr, "kvcreplay: --quant needs --block-bytes 64k or more (a head_dim of 32 "
+                        "or more, which the codecs' groups need)\n");
+        return 2;
+    }
     if (!vseed)
         o->verify_seed = o->seed;
     if (!o->model) {
@@ -1131,7 +1284,7 @@ static int replay_prepare(const struct replay_opts *o, uint32_t *ns_id, struct r
     }
     rc = replay_layout(o->model, o->block_bytes, &lay);
     if (rc == 0)
-        rc = kvc_ns_open(c, &lay, &ns);
+        rc = replay_ns_open(o, c, &lay, &ns);
     if (rc) {
         fprintf(stderr, "kvcreplay: namespace %s (%" PRIu64 "-byte blocks): %s\n", o->model,
                 o->block_bytes, kvc_strerror(rc));
@@ -1165,7 +1318,7 @@ out:
 int main(int argc, char **argv)
 {
     struct replay_opts o;
-    struct replay_result res = {0};
+    struct replay_result res = {.o = &o};
     struct replay_counts *cnt = MAP_FAILED;
     _Atomic uint64_t *next = NULL; /* the next request not yet taken (shared) */
     pid_t pids[REPLAY_MAX_PROCS];
@@ -1239,6 +1392,7 @@ int main(int argc, char **argv)
         res.t.tokens += p->tokens;
         res.t.hits += p->hits;
         res.t.hits_ready += p->hits_ready;
+        res.t.hits_lossy += p->hits_lossy;
         res.t.tokens_hit += p->tokens_hit;
         res.t.bytes_loaded += p->bytes_loaded;
         res.t.put_blocks += p->put_blocks;

@@ -240,6 +240,47 @@ START_TEST(test_replay_malformed_line_stops_before_the_daemon)
 }
 END_TEST
 
+/* --quant: a namespace that allows q8_0 in a daemon that quantizes its cold tail before it
+ * evicts (cache.policy = lru, a wide watermark band): lossy hits come back within q8_0's
+ * bound, counted alike by the client and the daemon; checked against another seed, every hit
+ * (lossy or raw) is wrong. Too small a block is refused before the daemon is asked. */
+START_TEST(test_replay_quant_lossy_hits_checked)
+{
+    static char out[REPLAY_OUT], err[REPLAY_OUT];
+    static const char *const args[] = {"-o", "host.size=16m", "-o", "host.page_size=64k",
+                                       "-o", "host.hugepages=off", "-o", "host.prefault=no",
+                                       "-o", "cache.policy=lru", "-o",
+                                       "host.high_watermark=0.90", "-o",
+                                       "host.low_watermark=0.60", "-o",
+                                       "host.quantize_inflight=64", NULL};
+    struct daemon q = {0};
+    uint64_t v = 0;
+    ck_assert_int_eq(daemon_start(&q, args), 0);
+    const char *argv[] = {KVCREPLAY, "-s", q.sock, "--json", "--no-sim", "--quant", "q8_0",
+                          "--block-bytes", "64k", rep_trace.path, NULL};
+    int rc = daemon_run(argv, out, REPLAY_OUT, err, REPLAY_OUT, 60000);
+    ck_assert_msg(rc == 0, "kvcreplay exit %d: %s %s", rc, out, err);
+    ck_assert_msg(daemon_json_valid(out), "not JSON: %s", out);
+    ck_assert_uint_eq(rep_u64(out, "wrong_bytes"), 0);
+    ck_assert_uint_eq(rep_u64(out, "errors"), 0);
+    uint64_t lossy = rep_u64(out, "hits_lossy");
+    ck_assert_uint_gt(lossy, 0);
+    ck_assert_int_eq(daemon_stat(&q, "hit_blocks_q8_0", &v), 0);
+    ck_assert_uint_eq(v, lossy);
+    /* every hit checked against another seed: wrong, lossy or not */
+    const char *bad[] = {KVCREPLAY, "-s", q.sock, "--json", "--no-sim", "--quant", "q8_0",
+                         "--block-bytes", "64k", "--verify-seed=7", rep_trace.path, NULL};
+    ck_assert_int_eq(daemon_run(bad, out, REPLAY_OUT, err, REPLAY_OUT, 60000), 1);
+    ck_assert_uint_gt(rep_u64(out, "blocks_hit"), 0);
+    ck_assert_uint_eq(rep_u64(out, "wrong_blocks"), rep_u64(out, "blocks_hit"));
+    const char *small[] = {KVCREPLAY, "-s", q.sock, "--quant", "q8_0", rep_trace.path, NULL};
+    ck_assert_int_eq(daemon_run(small, out, REPLAY_OUT, err, REPLAY_OUT, 60000), 2);
+    ck_assert_msg(strstr(err, "--block-bytes 64k") != NULL, "stderr: %s", err);
+    ck_assert_int_eq(daemon_stop(&q), 0);
+    daemon_cleanup(&q);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("e2e_replay");
@@ -252,6 +293,7 @@ int main(void)
     tcase_add_test(tc, test_replay_three_processes_hit_close_to_infinite_cache);
     tcase_add_test(tc, test_replay_wrong_fill_seed_is_detected);
     tcase_add_test(tc, test_replay_malformed_line_stops_before_the_daemon);
+    tcase_add_test(tc, test_replay_quant_lossy_hits_checked);
     suite_add_tcase(s, tc);
     if (daemon_suite_init("e2e-replay"))
         return 1;
