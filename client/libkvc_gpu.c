@@ -406,8 +406,8 @@ static int kvc_gpu_pack(kvc_client *c, const struct kern_pack_layout *lay,
     de.v = kv->v ? (void *const *)(dev + lay->layers * sizeof(void *)) : NULL;
     de.block_table = (const int32_t *)(dev + ptrs);
     if (rc == 0)
-        rc = kern_pack_cuda(lay, &de, first_token, n,
-                            (void *const *)(dev + 2 * lay->layers * sizeof(void *)), dir, stream);
+        rc = ops->pack(lay, &de, first_token, n,
+                       (void *const *)(dev + 2 * lay->layers * sizeof(void *)), dir, stream);
     for (uint32_t j = 0; rc == 0 && dir == KERN_PACK_GATHER && j < n; j++)
         if (is_host[j])
             rc = ops->copy_async(blocks[j], hb[j], bb, KERN_DEV_COPY_D2H, stream);
