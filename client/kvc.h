@@ -258,8 +258,9 @@ KVC_API int kvc_lease_stored(const kvc_lease *l, size_t i, const void **data, si
 KVC_API int kvc_lease_copy_cuda(const kvc_lease *l, size_t i, void *dst_dev, size_t len,
                                 void *stream);
 
-/* Waits for the device work queued on the lease, then unpins and frees it. NULL is a no-op
- * that returns 0. -EIO: that work failed (the lease is released all the same). */
+/* Waits for the device work queued on the lease (every call's, on every stream), then unpins
+ * and frees it. NULL is a no-op that returns 0. -EIO: some of that work failed (the lease is
+ * released all the same). */
 KVC_API int kvc_release(kvc_lease *l);
 
 /* ---- policies: hints and budgeted reads (docs/policies.md) ---------------------------- */
@@ -438,9 +439,12 @@ KVC_API int kvc_ns_drop(kvc_client *c, uint32_t ns_id, uint64_t *dropped);
  * copies (the arena is registered as pinned memory). CUDA objects travel as void *:
  * `stream` is a cudaStream_t (NULL: the legacy default stream), `event` a cudaEvent_t the
  * caller created and owns (NULL: none). Copies are queued on the stream and return at
- * once; kvc_release(), kvc_commit() and kvc_abort() wait for the work queued on their lease
- * or reservation before they unpin or publish anything, so a lease can never be reused
- * under a copy still in flight. Device work runs on the device current in the calling
+ * once, without waiting for earlier calls on the same lease, so a batch is in flight
+ * together; kvc_release(), kvc_commit() and kvc_abort() wait for all the work queued on
+ * their lease or reservation before they unpin or publish anything, so a lease can never
+ * be reused under a copy still in flight. No call allocates or frees device memory per hit:
+ * the device scratch of gathers and scatters is the client's, kept from call to call and
+ * freed by kvc_disconnect(). Device work runs on the device current in the calling
  * thread, and no call changes that device. The pool is used only by a client attached from
  * a thread whose current device is the pool's; synchronous copies (kvc_lease_copy,
  * kvc_resv_write into the pool) run on libkvc's own non-blocking stream and have landed on

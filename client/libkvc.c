@@ -896,8 +896,8 @@ KVC_API int kvc_release(kvc_lease *l)
         return 0;
     c = l->ns->c;
     int wrc = 0;
-    if (l->gpu_ev || l->gpu_scratch) /* copies out of the pins first */
-        wrc = c->gpu_hooks->wait(c, &l->gpu_ev, &l->gpu_scratch);
+    if (l->gpu.nev || l->gpu.scratch || l->gpu.err) /* copies out of the pins first */
+        wrc = c->gpu_hooks->wait(c, &l->gpu);
     pthread_mutex_lock(&c->mu);
     rc = l->nids ? kvc_release_ids(c, l->ids, l->nids,
                                    __atomic_load_n(&l->load_ns, __ATOMIC_RELAXED))
@@ -1024,9 +1024,9 @@ KVC_API int kvc_commit(kvc_resv *r, size_t n)
     if (!r)
         return -EINVAL;
     c = r->ns->c;
-    if (r->gpu_ev || r->gpu_scratch) {
+    if (r->gpu.nev || r->gpu.scratch || r->gpu.err) {
         /* The bytes land before commit; a copy or kernel that faulted publishes nothing. */
-        int wrc = c->gpu_hooks->wait(c, &r->gpu_ev, &r->gpu_scratch);
+        int wrc = c->gpu_hooks->wait(c, &r->gpu);
         if (wrc) {
             kvc_abort(r);
             return wrc;
@@ -1057,8 +1057,8 @@ KVC_API int kvc_abort(kvc_resv *r)
     int rc = 0;
     if (!r)
         return 0;
-    if (r->gpu_ev || r->gpu_scratch)
-        r->ns->c->gpu_hooks->wait(r->ns->c, &r->gpu_ev, &r->gpu_scratch);
+    if (r->gpu.nev || r->gpu.scratch || r->gpu.err)
+        r->ns->c->gpu_hooks->wait(r->ns->c, &r->gpu);
     if (r->id) {
         c = r->ns->c;
         pthread_mutex_lock(&c->mu);

@@ -6,11 +6,19 @@
  * one, or none in a build without CUDA, so this file holds no CUDA types and its checks and
  * host fallbacks run everywhere. libkvc.c reaches this file only through the hooks it
  * installs at kvc_gpu_attach(), so a program that never calls the GPU API links no CUDA.
- * Device work is queued on the caller's stream; each lease or reservation keeps one event
- * and one device scratch (pointer tables, staging for host blocks) that kvc_release(),
- * kvc_commit() and kvc_abort() wait for and free, which is what keeps pins alive under
- * copies in flight. A second queued call on the same lease waits for the first one's
- * scratch before it allocates its own. State changes happen under the client's mutex.
+ *
+ * Nothing an engine does per hit allocates, frees or waits on the device. Work is queued on
+ * the caller's stream and tracked on its lease or reservation (struct kvc_gpu_work): one
+ * event per stream, recorded again after each call, so a batch of copies, gathers and
+ * scatters is in flight together; kvc_release(), kvc_commit() and kvc_abort() wait for
+ * those events (never the whole device), which is what keeps pins alive under copies in
+ * flight and makes a fault surface there. Device scratch (pointer tables, staging for host
+ * blocks) comes from a pool the client keeps: a gather or scatter borrows one buffer, the
+ * wait gives it back, and it is freed at kvc_disconnect(). The pool grows only when a call
+ * needs more than any idle buffer holds (cudaMalloc, rounded up so that growth is rare; the
+ * buffer it replaces is freed then, the one cudaFree, which waits for the whole device,
+ * outside kvc_disconnect()). Events are pooled the same way. State changes happen under the
+ * client's mutex; the waits themselves run without it.
  *
  * libkvc runs in the engine's threads and never changes their current device (no table op
  * does). The pool is used only from a thread whose current device is the pool's at attach:
@@ -35,7 +43,23 @@
 #define KVC_GPU_REG_CHUNK (1ull << 30)
 #define KVC_GPU_MAX_REG 256
 
+/* Scratch buffers are rounded up to a power of two below this, to multiples of it above. */
+#define KVC_GPU_SCRATCH_STEP (16ull << 20)
+/* Idle events the client keeps for reuse; more are freed when given back. */
+#define KVC_GPU_IDLE_EVENTS 64
+
 enum kvc_gpu_state { KVC_GPU_HOST_ONLY = 0, KVC_GPU_MAPPED = 1 };
+
+/* One device scratch buffer of the client's pool, with the host-side tables staged into it
+ * (pageable: the copy stages them before it returns). Owned by the pool while idle, borrowed
+ * by one lease or reservation while work that reads it is queued. */
+struct kvc_gpu_scratch {
+    uint8_t *dev; /* cap bytes of device memory */
+    uint64_t cap;
+    uint8_t *host; /* hcap bytes */
+    uint64_t hcap;
+    struct kvc_gpu_scratch *next;
+};
 
 struct kvc_gpu {
     const struct kern_dev_ops *ops; /* NULL: no CUDA in this libkvc */
@@ -46,6 +70,9 @@ struct kvc_gpu {
     struct kern_dev_pool pool;
     void *reg[KVC_GPU_MAX_REG]; /* registered chunks */
     uint32_t nreg;
+    struct kvc_gpu_scratch *idle;       /* scratch no queued work reads; freed at disconnect */
+    void *ev_idle[KVC_GPU_IDLE_EVENTS]; /* events whose last record has been waited for */
+    uint32_t nev_idle;
 };
 
 static const struct kern_dev_ops *kvc_gpu_ops_override;
@@ -60,16 +87,115 @@ static struct kvc_gpu *kvc_gpu_of(const kvc_client *c)
     return (struct kvc_gpu *)c->gpu;
 }
 
-static int kvc_gpu_wait(kvc_client *c, void **ev, void **scratch)
+static void kvc_gpu_scratch_free(struct kvc_gpu *g, struct kvc_gpu_scratch *s)
+{
+    g->ops->mem_free(s->dev);
+    free(s->host);
+    free(s);
+}
+
+/* Rounds a scratch request up so that a pool serving similar calls stops growing at once. */
+static uint64_t kvc_gpu_scratch_cap(uint64_t need)
+{
+    uint64_t cap = 1ull << 16;
+    if (need > KVC_GPU_SCRATCH_STEP)
+        return (need + KVC_GPU_SCRATCH_STEP - 1) / KVC_GPU_SCRATCH_STEP * KVC_GPU_SCRATCH_STEP;
+    while (cap < need)
+        cap <<= 1;
+    return cap;
+}
+
+/* Borrows the smallest idle scratch of at least len device and hlen host bytes, growing
+ * the pool when none is big enough: the largest idle buffer, too small, is replaced. Caller
+ * holds c->mu. */
+static int kvc_gpu_scratch_take(struct kvc_gpu *g, uint64_t len, uint64_t hlen,
+                                struct kvc_gpu_scratch **out)
+{
+    struct kvc_gpu_scratch **best = NULL, **small = NULL, *s;
+    for (struct kvc_gpu_scratch **pp = &g->idle; *pp; pp = &(*pp)->next) {
+        if ((*pp)->cap >= len && (!best || (*pp)->cap < (*best)->cap))
+            best = pp;
+        if ((*pp)->cap < len && (!small || (*pp)->cap > (*small)->cap))
+            small = pp;
+    }
+    if (best) {
+        s = *best;
+        *best = s->next;
+    } else {
+        s = calloc(1, sizeof(*s));
+        if (!s)
+            return -ENOMEM;
+        s->cap = kvc_gpu_scratch_cap(len);
+        int rc = g->ops->mem_alloc((void **)&s->dev, s->cap);
+        if (rc) {
+            free(s);
+            return rc;
+        }
+        if (small) { /* replaced: idle, so nothing queued reads it */
+            struct kvc_gpu_scratch *old = *small;
+            *small = old->next;
+            kvc_gpu_scratch_free(g, old);
+        }
+    }
+    s->next = NULL;
+    if (s->hcap < hlen) {
+        uint8_t *h = realloc(s->host, hlen);
+        if (!h) {
+            s->next = g->idle;
+            g->idle = s;
+            return -ENOMEM;
+        }
+        s->host = h;
+        s->hcap = hlen;
+    }
+    *out = s;
+    return 0;
+}
+
+/* An event recorded on stream: an idle one recorded again, or a new one. Caller holds
+ * c->mu. */
+static int kvc_gpu_event_take(struct kvc_gpu *g, void *stream, void **ev)
+{
+    if (g->nev_idle == 0)
+        return g->ops->event_new_record(ev, stream);
+    int rc = g->ops->event_record(g->ev_idle[g->nev_idle - 1], stream);
+    if (rc == 0)
+        *ev = g->ev_idle[--g->nev_idle];
+    return rc;
+}
+
+/* Gives back an event whose last record was waited for. Caller holds c->mu. */
+static void kvc_gpu_event_give(struct kvc_gpu *g, void *ev)
+{
+    if (g->nev_idle < KVC_GPU_IDLE_EVENTS)
+        g->ev_idle[g->nev_idle++] = ev;
+    else
+        g->ops->event_wait_free(ev); /* done already: no wait */
+}
+
+static int kvc_gpu_wait(kvc_client *c, struct kvc_gpu_work *w)
 {
     struct kvc_gpu *g = kvc_gpu_of(c);
-    int rc = 0;
-    if (*ev)
-        rc = g->ops->event_wait_free(*ev);
-    if (*scratch)
-        g->ops->mem_free(*scratch);
-    *ev = NULL;
-    *scratch = NULL;
+    int rc = w->err, failed[KVC_GPU_WORK_STREAMS] = {0};
+    for (uint32_t i = 0; i < w->nev; i++) {
+        failed[i] = g->ops->event_wait(w->ev[i]);
+        rc = rc ? rc : failed[i];
+    }
+    pthread_mutex_lock(&c->mu);
+    for (uint32_t i = 0; i < w->nev; i++) {
+        if (failed[i])
+            g->ops->event_wait_free(w->ev[i]); /* not reused after an error */
+        else
+            kvc_gpu_event_give(g, w->ev[i]);
+    }
+    while (w->scratch) {
+        struct kvc_gpu_scratch *s = w->scratch;
+        w->scratch = s->next;
+        s->next = g->idle;
+        g->idle = s;
+    }
+    pthread_mutex_unlock(&c->mu);
+    memset(w, 0, sizeof(*w));
     return rc;
 }
 
@@ -81,6 +207,13 @@ static void kvc_gpu_fini(kvc_client *c)
     struct kvc_gpu *g = kvc_gpu_of(c);
     if (!g)
         return;
+    while (g->idle) {
+        struct kvc_gpu_scratch *s = g->idle;
+        g->idle = s->next;
+        kvc_gpu_scratch_free(g, s);
+    }
+    for (uint32_t i = 0; i < g->nev_idle; i++)
+        g->ops->event_wait_free(g->ev_idle[i]);
     if (g->stream)
         g->ops->stream_free(g->stream);
     for (uint32_t i = 0; i < g->nreg; i++)
@@ -223,19 +356,42 @@ KVC_API int kvc_lease_tier(const kvc_lease *l, size_t i)
                     : -ERANGE;
 }
 
-/* Replaces a lease's or reservation's pending work with the work just queued on stream. */
-static int kvc_gpu_track(kvc_client *c, void **ev, void **scratch, void *new_scratch,
+/* Adds the work just queued on stream (and the scratch s it reads, if any) to w without
+ * waiting: the stream's event is recorded again after it, or a new one is taken. Caller
+ * holds c->mu. */
+static int kvc_gpu_track(kvc_client *c, struct kvc_gpu_work *w, struct kvc_gpu_scratch *s,
                          void *stream)
 {
     struct kvc_gpu *g = kvc_gpu_of(c);
-    int rc = kvc_gpu_wait(c, ev, scratch);
-    *scratch = new_scratch;
-    int erc = g->ops->event_new_record(ev, stream);
-    if (erc) { /* without an event, wait now: nothing may outlive the pins unseen */
-        int src = g->ops->stream_sync(stream);
-        rc = rc ? rc : src;
+    uint32_t i = 0;
+    int rc;
+    if (s) {
+        s->next = w->scratch;
+        w->scratch = s;
     }
-    return rc ? rc : erc;
+    while (i < w->nev && w->stream[i] != stream)
+        i++;
+    if (i < w->nev) {
+        rc = g->ops->event_record(w->ev[i], stream);
+    } else if (w->nev < KVC_GPU_WORK_STREAMS) {
+        rc = kvc_gpu_event_take(g, stream, &w->ev[w->nev]);
+        if (rc == 0)
+            w->stream[w->nev++] = stream;
+    } else {
+        /* One lease on more streams than it tracks: the first one's work is waited for
+         * (the only wait in a call) and its event follows this stream from now on. */
+        rc = g->ops->event_wait(w->ev[0]);
+        if (rc)
+            w->err = w->err ? w->err : rc;
+        rc = g->ops->event_record(w->ev[0], stream);
+        if (rc == 0)
+            w->stream[0] = stream;
+    }
+    if (rc) { /* without an event, wait now: nothing may outlive the pins unseen */
+        int src = g->ops->stream_sync(stream);
+        w->err = w->err ? w->err : (src ? src : rc);
+    }
+    return rc;
 }
 
 /* Queues raw hit i into dst on stream, tracked on the lease. Caller holds c->mu. */
@@ -245,7 +401,7 @@ static int kvc_gpu_lease_copy_locked(kvc_lease *l, size_t i, void *dst, int kind
     int rc = kvc_gpu_of(c)->ops->copy_async(dst, l->hits[i].data, l->ns->block_bytes, kind,
                                             stream);
     if (rc == 0)
-        rc = kvc_gpu_track(c, &l->gpu_ev, &l->gpu_scratch, NULL, stream);
+        rc = kvc_gpu_track(c, &l->gpu, NULL, stream);
     return rc;
 }
 
@@ -316,7 +472,7 @@ KVC_API int kvc_resv_write_async(kvc_resv *r, size_t i, const void *src, size_t 
     rc = kvc_gpu_of(c)->ops->copy_async(r->slots[i].data, src, len, KERN_DEV_COPY_DEFAULT,
                                         stream);
     if (rc == 0)
-        rc = kvc_gpu_track(c, &r->gpu_ev, &r->gpu_scratch, NULL, stream);
+        rc = kvc_gpu_track(c, &r->gpu, NULL, stream);
     pthread_mutex_unlock(&c->mu);
     return rc;
 }
@@ -360,18 +516,20 @@ static void kvc_gpu_engine(const struct kvc_paged_kv *kv, struct kern_pack_engin
 
 /*
  * The device side of one gather or scatter over blocks[0..n) (each a host or pool
- * pointer, host ones flagged in is_host): one device scratch holds the pointer tables, the
- * block table and a staging block per host block. Scatter: host blocks are DMA-copied to
- * staging, then one kernel. Gather: one kernel, then staging is DMA-copied to host blocks.
- * *scratch_out receives the scratch to free after the stream passes this work.
+ * pointer, host ones flagged in is_host): one scratch borrowed from the client's pool holds
+ * the pointer tables, the block table and a staging block per host block. Scatter: host
+ * blocks are DMA-copied to staging, then one kernel. Gather: one kernel, then staging is
+ * DMA-copied to host blocks. The work and its scratch are tracked on w (also after a
+ * failure: what was queued before it reads the scratch). Caller holds c->mu.
  */
-static int kvc_gpu_pack(kvc_client *c, const struct kern_pack_layout *lay,
+static int kvc_gpu_pack(kvc_client *c, struct kvc_gpu_work *w, const struct kern_pack_layout *lay,
                         const struct kvc_paged_kv *kv, uint64_t first_token, uint8_t **blocks,
-                        const uint8_t *is_host, uint32_t n, int dir, void *stream,
-                        void **scratch_out)
+                        const uint8_t *is_host, uint32_t n, int dir, void *stream)
 {
-    const struct kern_dev_ops *ops = kvc_gpu_of(c)->ops;
+    struct kvc_gpu *g = kvc_gpu_of(c);
+    const struct kern_dev_ops *ops = g->ops;
     const uint64_t bb = kern_pack_block_bytes(lay);
+    struct kvc_gpu_scratch *s;
     uint32_t nhost = 0;
     for (uint32_t j = 0; j < n; j++)
         nhost += is_host[j];
@@ -379,23 +537,20 @@ static int kvc_gpu_pack(kvc_client *c, const struct kern_pack_layout *lay,
     uint64_t ptrs = ((uint64_t)lay->layers * 2 + n) * sizeof(void *);
     uint64_t table = (uint64_t)kv->table_len * sizeof(int32_t);
     uint64_t meta = (ptrs + table + 255) & ~255ull;
-    uint64_t total = meta + nhost * bb;
-    uint8_t *host = calloc(1, ptrs + table), *dev = NULL;
-    int rc;
-    *scratch_out = NULL;
-    if (!host)
-        return -ENOMEM;
-    rc = ops->mem_alloc((void **)&dev, total);
+    int rc = kvc_gpu_scratch_take(g, meta + nhost * bb, ptrs + table, &s);
     if (rc)
-        goto out;
+        return rc;
+    uint8_t *host = s->host, *dev = s->dev;
+    memset(host, 0, ptrs + table);
     void **hk = (void **)host, **hv = hk + lay->layers, **hb = hv + lay->layers;
     memcpy(hk, kv->k, lay->layers * sizeof(void *));
     if (kv->v)
         memcpy(hv, kv->v, lay->layers * sizeof(void *));
     memcpy(host + ptrs, kv->block_table, table);
-    for (uint32_t j = 0, s = 0; j < n; j++)
-        hb[j] = is_host[j] ? dev + meta + (uint64_t)s++ * bb : blocks[j];
-    /* From pageable memory: returns once the bytes are staged, so `host` may go. */
+    for (uint32_t j = 0, k = 0; j < n; j++)
+        hb[j] = is_host[j] ? dev + meta + (uint64_t)k++ * bb : blocks[j];
+    /* From pageable memory: staged before the call returns, so the next call may refill
+     * `host` (it stays with the scratch until the wait all the same). */
     rc = ops->copy_async(dev, host, ptrs + table, KERN_DEV_COPY_H2D, stream);
     for (uint32_t j = 0; rc == 0 && dir == KERN_PACK_SCATTER && j < n; j++)
         if (is_host[j])
@@ -406,20 +561,13 @@ static int kvc_gpu_pack(kvc_client *c, const struct kern_pack_layout *lay,
     de.v = kv->v ? (void *const *)(dev + lay->layers * sizeof(void *)) : NULL;
     de.block_table = (const int32_t *)(dev + ptrs);
     if (rc == 0)
-        rc = kern_pack_cuda(lay, &de, first_token, n,
-                            (void *const *)(dev + 2 * lay->layers * sizeof(void *)), dir, stream);
+        rc = ops->pack(lay, &de, first_token, n,
+                       (void *const *)(dev + 2 * lay->layers * sizeof(void *)), dir, stream);
     for (uint32_t j = 0; rc == 0 && dir == KERN_PACK_GATHER && j < n; j++)
         if (is_host[j])
             rc = ops->copy_async(blocks[j], hb[j], bb, KERN_DEV_COPY_D2H, stream);
-out:
-    free(host);
-    if (rc && dev) {
-        ops->stream_sync(stream);
-        ops->mem_free(dev);
-        dev = NULL;
-    }
-    *scratch_out = dev;
-    return rc;
+    int trc = kvc_gpu_track(c, w, s, stream);
+    return rc ? rc : trc;
 }
 
 KVC_API int kvc_lease_scatter(kvc_lease *l, size_t first, size_t n,
@@ -430,7 +578,6 @@ KVC_API int kvc_lease_scatter(kvc_lease *l, size_t first, size_t n,
     struct kern_pack_engine e;
     uint8_t **blocks = NULL, *is_host = NULL;
     kvc_client *c;
-    void *scratch = NULL;
     int rc;
     if (!l || !kv)
         return -EINVAL;
@@ -473,16 +620,10 @@ KVC_API int kvc_lease_scatter(kvc_lease *l, size_t first, size_t n,
         goto out;
     }
     pthread_mutex_lock(&c->mu);
-    rc = kvc_gpu_wait(c, &l->gpu_ev, &l->gpu_scratch);
-    if (rc == 0)
-        rc = kvc_gpu_pack(c, &lay, kv, first_token, blocks, is_host, (uint32_t)n,
-                          KERN_PACK_SCATTER, stream, &scratch);
+    rc = kvc_gpu_pack(c, &l->gpu, &lay, kv, first_token, blocks, is_host, (uint32_t)n,
+                      KERN_PACK_SCATTER, stream);
     if (rc == 0 && event)
         rc = kvc_gpu_of(c)->ops->event_record(event, stream);
-    if (scratch) {
-        int trc = kvc_gpu_track(c, &l->gpu_ev, &l->gpu_scratch, scratch, stream);
-        rc = rc ? rc : trc;
-    }
     pthread_mutex_unlock(&c->mu);
 out:
     free(blocks);
@@ -515,10 +656,8 @@ KVC_API int kvc_resv_gather(kvc_resv *r, size_t first, size_t n, const struct kv
         if (r->slots[first + j].data && r->slots[first + j].tier == KVC_WIRE_TIER_GPU &&
             !kv->on_device)
             return -ENOTSUP;
-    if (kv->on_device) {
+    if (kv->on_device)
         pthread_mutex_lock(&c->mu);
-        rc = kvc_gpu_wait(c, &r->gpu_ev, &r->gpu_scratch);
-    }
     /* One pack per run of consecutive reserved slots: their tokens are consecutive. */
     for (size_t j = 0; j < n && rc == 0;) {
         if (!r->slots[first + j].data) {
@@ -537,14 +676,9 @@ KVC_API int kvc_resv_gather(kvc_resv *r, size_t first, size_t n, const struct kv
             rc = kern_pack_cpu(&lay, &e, tok, (uint32_t)run, (void *const *)blocks,
                                KERN_PACK_GATHER);
         } else {
-            void *scratch = NULL;
-            rc = kvc_gpu_pack(c, &lay, kv, tok, blocks, is_host, (uint32_t)run, KERN_PACK_GATHER,
-                              stream, &scratch);
-            if (scratch) {
-                /* Several runs: the earlier scratch is waited for before the next one. */
-                int trc = kvc_gpu_track(c, &r->gpu_ev, &r->gpu_scratch, scratch, stream);
-                rc = rc ? rc : trc;
-            }
+            /* Several runs: each borrows its own scratch, all in flight together. */
+            rc = kvc_gpu_pack(c, &r->gpu, &lay, kv, tok, blocks, is_host, (uint32_t)run,
+                              KERN_PACK_GATHER, stream);
         }
         if (rc == 0)
             written += (int)run;

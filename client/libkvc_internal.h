@@ -15,12 +15,30 @@
 
 #define KVC_MAX_ARENAS 16
 
+#define KVC_GPU_WORK_STREAMS 4
+
+/* Device work queued on a lease or reservation (libkvc_gpu.c); all zero while there is none.
+ * One event per stream the work went to, recorded again after each call on that stream (the
+ * latest record covers the earlier work: stream order), so calls queue one after another
+ * without waiting; the device scratch that work reads, borrowed from the client's pool; and
+ * the first error a call met after queueing (a wait it could not avoid), kept for the
+ * release or commit. Changed under the client's mutex. */
+struct kvc_gpu_work {
+    void *ev[KVC_GPU_WORK_STREAMS];
+    void *stream[KVC_GPU_WORK_STREAMS];
+    uint32_t nev;
+    int err;
+    void *scratch; /* struct kvc_gpu_scratch list, borrowed until the events are waited for */
+};
+
 /* Set by kvc_gpu_attach() (libkvc_gpu.c) so that a program that never calls the GPU API
  * links no CUDA code: libkvc.c reaches it only through these. */
 struct kvc_gpu_hooks {
-    /* Waits for a lease's or reservation's queued device work and frees its scratch; the
-     * work's error (a faulted copy or kernel), which the caller must not publish over. */
-    int (*wait)(kvc_client *c, void **ev, void **scratch);
+    /* Waits for every event of a lease's or reservation's queued device work, gives its
+     * scratch and events back to the client's pools and clears it; the work's first error
+     * (a faulted copy or kernel), which the caller must not publish over. Takes the client's
+     * mutex itself: call it without. */
+    int (*wait)(kvc_client *c, struct kvc_gpu_work *w);
     /* Copies len bytes (any pair of host/device pointers); they have landed on return. */
     int (*copy_sync)(kvc_client *c, void *dst, const void *src, uint64_t len);
     /* Queues the copy of raw hit i into dst (kind: enum kern_dev_copy) on stream, tracked
@@ -79,10 +97,9 @@ struct kvc_lease {
     uint64_t load_ns; /* time spent copying hits out, reported at release */
     size_t n;
     size_t nids;
-    uint64_t ids[8];       /* one per chunk of KVC_PROTO_MAX_KEYS */
-    void *gpu_ev;          /* device work queued on this lease; waited for before release */
-    void *gpu_scratch;     /* device scratch that work uses */
-    struct kvc_hit hits[]; /* n */
+    uint64_t ids[8];         /* one per chunk of KVC_PROTO_MAX_KEYS */
+    struct kvc_gpu_work gpu; /* device work queued on this lease; waited for before release */
+    struct kvc_hit hits[];   /* n */
 };
 
 struct kvc_resv {
@@ -90,8 +107,7 @@ struct kvc_resv {
     uint64_t id; /* 0: nothing reserved */
     size_t n;
     size_t nreserved;
-    void *gpu_ev; /* device work queued on this reservation; waited for before commit/abort */
-    void *gpu_scratch;
+    struct kvc_gpu_work gpu; /* device work queued here; waited for before commit/abort */
     struct {
         uint8_t status;
         uint8_t tier; /* KVC_WIRE_TIER_* of data */

@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "kernels/kern_dev.h"
+#include "kernels/kern_pack.h"
 
 struct dev_drv {
     int ok; /* 1 loaded, -1 not available */
@@ -414,6 +415,12 @@ static int dev_event_new_record(void **ev, void *stream)
     return 0;
 }
 
+static int dev_event_wait(void *ev)
+{
+    cudaError_t r = cudaEventSynchronize((cudaEvent_t)ev);
+    return r == cudaSuccess ? 0 : dev_fail("cudaEventSynchronize", r);
+}
+
 static int dev_event_wait_free(void *ev)
 {
     cudaError_t r = cudaEventSynchronize((cudaEvent_t)ev);
@@ -480,6 +487,13 @@ static void dev_mem_free(void *p)
         cudaFree(p);
 }
 
+static int dev_pack(const struct kern_pack_layout *lay, const struct kern_pack_engine *eng,
+                    uint64_t first_token, uint32_t nblocks, void *const *blocks, int dir,
+                    void *stream)
+{
+    return kern_pack_cuda(lay, eng, first_token, nblocks, blocks, dir, stream);
+}
+
 static const struct kern_dev_ops dev_cuda_ops = {
     "cuda",
     dev_device_count,
@@ -493,6 +507,7 @@ static const struct kern_dev_ops dev_cuda_ops = {
     dev_device_get,
     dev_event_record,
     dev_event_new_record,
+    dev_event_wait,
     dev_event_wait_free,
     dev_stream_sync,
     dev_host_register,
@@ -500,6 +515,7 @@ static const struct kern_dev_ops dev_cuda_ops = {
     dev_pointer_device,
     dev_mem_alloc,
     dev_mem_free,
+    dev_pack,
 };
 
 const struct kern_dev_ops *kern_dev_cuda(void)

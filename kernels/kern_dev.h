@@ -43,6 +43,9 @@
 extern "C" {
 #endif
 
+struct kern_pack_layout;
+struct kern_pack_engine;
+
 enum kern_dev_handle {
     KERN_DEV_HANDLE_NONE = 0,
     KERN_DEV_HANDLE_FD = 1,     /* VMM allocation, POSIX file descriptor */
@@ -93,10 +96,14 @@ struct kern_dev_ops {
     void (*stream_free)(void *stream);
     /* The calling thread's current device. */
     int (*device_get)(int *dev);
-    /* Records event (a cudaEvent_t the caller owns) on stream. */
+    /* Records event (a cudaEvent_t the caller owns, or one from event_new_record, which it
+     * then marks the point of: a recorded event may be recorded again) on stream. */
     int (*event_record)(void *event, void *stream);
     /* A new internal event recorded on stream (*ev owned by the caller: event_wait_free). */
     int (*event_new_record)(void **ev, void *stream);
+    /* Waits until the work before an event's latest record is done; the event stays the
+     * caller's, to be recorded again (event_record) or freed (event_wait_free). */
+    int (*event_wait)(void *ev);
     /* Waits for an event from event_new_record and frees it. */
     int (*event_wait_free)(void *ev);
     int (*stream_sync)(void *stream);
@@ -107,9 +114,16 @@ struct kern_dev_ops {
     int (*host_unregister)(void *p);
     /* Device ordinal of a device pointer; -EINVAL for host memory. */
     int (*pointer_device)(const void *p);
-    /* Device scratch for the gather/scatter pointer tables (*p owned: mem_free). */
+    /* Device memory (*p owned: mem_free). cudaMalloc and cudaFree: mem_free waits for the
+     * whole device first, so callers keep such memory and never free it on a hot path. */
     int (*mem_alloc)(void **p, uint64_t len);
     void (*mem_free)(void *p);
+    /* Queues kern_pack_cuda (gather or scatter; eng's arrays, the table and blocks are
+     * device arrays) on stream: the kernel behind the table, so that code above it runs
+     * against a fake device too. */
+    int (*pack)(const struct kern_pack_layout *lay, const struct kern_pack_engine *eng,
+                uint64_t first_token, uint32_t nblocks, void *const *blocks, int dir,
+                void *stream);
 };
 
 /* The CUDA table, or NULL in a build without CUDA. The real table answers -ENODEV where no

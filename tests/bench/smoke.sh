@@ -4,7 +4,8 @@
 # runs or checks what it measures. The figures of such a run mean nothing; the exit status
 # of each does (a refused row, a failed request, a missing peer is a failure). A benchmark
 # passes when it exits 0 with rows; what it cannot run here it says with SKIP lines, which
-# are counted (bench_gpu without a device: no rows, one SKIP). Closes with
+# are counted (bench_gpu without a device: its calls-per-hit rows on the fake device and one
+# SKIP for the throughput rows). Closes with
 #   bench-smoke: N passed, N failed, N skipped
 set -u
 b=$1

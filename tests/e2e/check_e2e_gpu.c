@@ -247,13 +247,14 @@ START_TEST(test_attach_without_tier)
     ck_assert_int_eq(kvc_lease_copy_async(l, 0, dst, bb, NULL), 0);
     ck_assert_int_eq(fake_dev.events_live, 1);
     ck_assert_int_eq(kvc_release(l), 0);
-    ck_assert_int_eq(fake_dev.events_live, 0);
+    ck_assert_int_eq(fake_dev.events_live, 1); /* kept by the client for the next call */
     ck_assert_uint_eq(fake_dev.bytes - copied, bb);
     ck_assert_int_eq(daemon_block_check(&keys[0], dst, bb), -1);
     free(src);
     free(dst);
     kvc_disconnect(c);
     ck_assert_int_eq(fake_dev.registered, 0);
+    ck_assert_int_eq(fake_dev.events_live, 0);
     kvci_gpu_ops_set(NULL);
     /* This build's own table: a daemon without a GPU tier means host copies (0), with a
      * device here or without, and the same answer when asked again. */
@@ -351,10 +352,10 @@ START_TEST(test_commit_refuses_faulted_copy)
     ck_assert_int_eq(daemon_block_check(&keys[0], kvc_lease_data(l, 0), bb), -1);
     ck_assert_int_eq(kvc_release(l), 0);
     ck_assert_int_eq(fake_dev_last_error(), 0);
-    ck_assert_int_eq(fake_dev.events_live, 0);
     fake_dev_stream_free(stream);
     free(src);
     kvc_disconnect(c);
+    ck_assert_int_eq(fake_dev.events_live, 0);
     kvci_gpu_ops_set(NULL);
 }
 END_TEST
@@ -408,6 +409,281 @@ START_TEST(test_copy_async_decodes_quantized)
     free(src);
     free(dst);
     kvc_disconnect(c);
+    kvci_gpu_ops_set(NULL);
+}
+END_TEST
+
+/* ---- issue 18, item 7: what a hit costs an engine, on the fake device -------------------- */
+
+/* An engine's tensors in fake device memory, copied from a host engine (same pages and
+ * table); the fake's device memory is host memory, so the test reads it back directly. */
+struct ge_fake_engine {
+    void *k[GE_LAYERS], *v[GE_LAYERS];
+    uint64_t bytes;
+    struct kvc_paged_kv kv;
+};
+
+static void ge_fake_from_host(struct ge_fake_engine *fe, const struct ge_engine *e)
+{
+    for (uint32_t l = 0; l < GE_LAYERS; l++) {
+        ck_assert_int_eq(fake_dev_ops.mem_alloc(&fe->k[l], e->bytes), 0);
+        ck_assert_int_eq(fake_dev_ops.mem_alloc(&fe->v[l], e->bytes), 0);
+        memcpy(fe->k[l], e->k[l], e->bytes);
+        memcpy(fe->v[l], e->v[l], e->bytes);
+    }
+    fe->bytes = e->bytes;
+    fe->kv = e->kv;
+    fe->kv.k = fe->k;
+    fe->kv.v = fe->v;
+    fe->kv.on_device = 1;
+}
+
+/* 0 if the first ntok tokens of fe hold the expected values (laid out as e). */
+static int ge_fake_check(const struct ge_fake_engine *fe, struct ge_engine *e, uint32_t ntok)
+{
+    for (uint32_t l = 0; l < GE_LAYERS; l++) {
+        memcpy(e->k[l], fe->k[l], fe->bytes);
+        memcpy(e->v[l], fe->v[l], fe->bytes);
+    }
+    return ge_engine_check(e, ntok);
+}
+
+static void ge_fake_clear(struct ge_fake_engine *fe)
+{
+    for (uint32_t l = 0; l < GE_LAYERS; l++) {
+        memset(fe->k[l], 0, fe->bytes);
+        memset(fe->v[l], 0, fe->bytes);
+    }
+}
+
+static void ge_fake_free(struct ge_fake_engine *fe)
+{
+    for (uint32_t l = 0; l < GE_LAYERS; l++) {
+        fake_dev_ops.mem_free(fe->k[l]);
+        fake_dev_ops.mem_free(fe->v[l]);
+    }
+}
+
+/* Keys of a prefix of its own (tokens from base on). */
+static void ge_keys(kvc_ns *ns, uint32_t base, struct kvc_key *keys)
+{
+    uint32_t tokens[GE_TOKENS];
+    for (uint32_t i = 0; i < GE_TOKENS; i++)
+        tokens[i] = base + i;
+    ck_assert_int_eq(kvc_keys_from_tokens(ns, NULL, tokens, GE_TOKENS, NULL, 0, keys, GE_BLOCKS),
+                     GE_BLOCKS);
+}
+
+/* A client of the host-only daemon on the fake device (host copies: 0), with its stream. */
+static void ge_fake_client(kvc_client **c, kvc_ns **ns, struct kvc_key *keys, void **stream)
+{
+    ck_assert_int_eq(ge_open(c, ns, keys), 0);
+    fake_dev_reset(1);
+    kvci_gpu_ops_set(&fake_dev_ops);
+    ck_assert_int_eq(kvc_gpu_attach(*c), 0);
+    *stream = fake_dev_stream(0);
+    ck_assert_ptr_nonnull(*stream);
+}
+
+/* Issue 18 item 7: hits in a row cost the device nothing after the first. A put gathered
+ * from device tensors, a load scattered into device tensors and per-hit copies
+ * (kvc_lease_copy_cuda, kvc_lease_copy_async), round after round: after the first round no
+ * device allocation, no free (cudaFree waits for the whole device), no device-wide and no
+ * legacy-stream synchronisation; every round's bytes are right; what libkvc keeps is given
+ * back at disconnect. */
+START_TEST(test_hits_in_a_row_allocate_nothing)
+{
+    kvc_client *c;
+    kvc_ns *ns;
+    kvc_resv *r;
+    kvc_lease *l;
+    struct kvc_key keys[GE_BLOCKS];
+    struct ge_engine src, dst;
+    struct ge_fake_engine fsrc, fdst;
+    void *stream;
+    uint8_t *blocks = NULL;
+    uint64_t allocs = 0, frees = 0, syncs = 0, legacy = 0;
+    ge_fake_client(&c, &ns, keys, &stream);
+    size_t bb = kvc_ns_block_bytes(ns);
+    ge_engine_init(&src, 16, 1, 1);
+    ge_engine_init(&dst, GE_TOKENS, 0, 0);
+    ge_fake_from_host(&fsrc, &src);
+    ge_fake_from_host(&fdst, &dst);
+    ck_assert_int_eq(fake_dev_ops.mem_alloc((void **)&blocks, bb * GE_BLOCKS), 0);
+    for (uint32_t round = 0; round < 8; round++) {
+        if (round == 1) {
+            allocs = fake_dev.allocs;
+            frees = fake_dev.frees;
+            syncs = fake_dev.device_syncs;
+            legacy = fake_dev.legacy_syncs;
+        }
+        ge_keys(ns, 50000 + round * 1000, keys);
+        ck_assert_int_eq(kvc_reserve(ns, NULL, keys, GE_BLOCKS, &r), GE_BLOCKS);
+        ck_assert_int_eq(kvc_resv_gather(r, 0, GE_BLOCKS, &fsrc.kv, 0, stream, NULL), GE_BLOCKS);
+        ck_assert_int_eq(kvc_commit(r, SIZE_MAX), GE_BLOCKS);
+        ck_assert_int_eq(kvc_lookup(ns, keys, GE_BLOCKS, 0, &l), GE_BLOCKS);
+        ge_fake_clear(&fdst);
+        memset(blocks, 0, bb * GE_BLOCKS);
+        ck_assert_int_eq(kvc_lease_scatter(l, 0, GE_BLOCKS, &fdst.kv, 0, stream, NULL),
+                         GE_BLOCKS);
+        for (size_t i = 0; i < GE_BLOCKS; i++)
+            ck_assert_int_eq(i % 2 ? kvc_lease_copy_async(l, i, blocks + i * bb, bb, stream)
+                                   : kvc_lease_copy_cuda(l, i, blocks + i * bb, bb, stream),
+                             0);
+        ck_assert_int_eq(kvc_release(l), 0);
+        ck_assert_int_eq(ge_fake_check(&fdst, &dst, GE_TOKENS), 0);
+        ck_assert_int_eq(kvc_lookup(ns, keys, GE_BLOCKS, 0, &l), GE_BLOCKS);
+        for (size_t i = 0; i < GE_BLOCKS; i++)
+            ck_assert(memcmp(blocks + i * bb, kvc_lease_data(l, i), bb) == 0);
+        ck_assert_int_eq(kvc_release(l), 0);
+    }
+    ck_assert_uint_eq(fake_dev.allocs - allocs, 0);
+    ck_assert_uint_eq(fake_dev.frees - frees, 0);
+    ck_assert_uint_eq(fake_dev.device_syncs - syncs, 0);
+    ck_assert_uint_eq(fake_dev.legacy_syncs - legacy, 0);
+    ck_assert_uint_eq(fake_dev.bad_kinds + fake_dev.bad_packs, 0);
+    ck_assert_int_eq(fake_dev_last_error(), 0);
+    fake_dev_ops.mem_free(blocks);
+    ge_fake_free(&fsrc);
+    ge_fake_free(&fdst);
+    ge_engine_fini(&src);
+    ge_engine_fini(&dst);
+    fake_dev_stream_free(stream);
+    kvc_disconnect(c);
+    ck_assert_uint_eq(fake_dev.allocs, fake_dev.frees); /* the kept scratch too */
+    ck_assert_int_eq(fake_dev.events_live, 0);
+    kvci_gpu_ops_set(NULL);
+}
+END_TEST
+
+/* Issue 18 item 7: a batch is in flight together. Per-hit copies on two streams and two
+ * scatters of one lease are all queued when the calls return (none waits for another, and
+ * nothing has landed yet), and everything has landed when kvc_release() returns. */
+START_TEST(test_batch_in_flight_until_release)
+{
+    kvc_client *c;
+    kvc_ns *ns;
+    kvc_lease *l;
+    struct kvc_key keys[GE_BLOCKS];
+    struct ge_engine src, dst;
+    struct ge_fake_engine fsrc, fdst;
+    void *stream, *other;
+    uint8_t *blocks = NULL;
+    ge_fake_client(&c, &ns, keys, &stream);
+    other = fake_dev_stream(0);
+    ck_assert_ptr_nonnull(other);
+    size_t bb = kvc_ns_block_bytes(ns);
+    ge_engine_init(&src, 16, 1, 1);
+    ge_engine_init(&dst, GE_TOKENS, 0, 0);
+    ge_fake_from_host(&fsrc, &src);
+    ge_fake_from_host(&fdst, &dst);
+    ck_assert_int_eq(fake_dev_ops.mem_alloc((void **)&blocks, bb * GE_BLOCKS), 0);
+    kvc_resv *r;
+    ck_assert_int_eq(kvc_reserve(ns, NULL, keys, GE_BLOCKS, &r), GE_BLOCKS);
+    ck_assert_int_eq(kvc_resv_gather(r, 0, GE_BLOCKS, &fsrc.kv, 0, stream, NULL), GE_BLOCKS);
+    ck_assert_int_eq(kvc_commit(r, SIZE_MAX), GE_BLOCKS);
+    ck_assert_int_eq(kvc_lookup(ns, keys, GE_BLOCKS, 0, &l), GE_BLOCKS);
+    memset(blocks, 0, bb * GE_BLOCKS);
+    uint64_t waits = fake_dev.waits;
+    ck_assert_uint_eq(fake_dev.queued, 0);
+    for (size_t i = 0; i < GE_BLOCKS; i++)
+        ck_assert_int_eq(kvc_lease_copy_async(l, i, blocks + i * bb, bb, i % 2 ? other : stream),
+                         0);
+    ck_assert_uint_eq(fake_dev.queued, GE_BLOCKS);
+    ck_assert_int_eq(kvc_lease_scatter(l, 0, GE_BLOCKS / 2, &fdst.kv, 0, stream, NULL),
+                     GE_BLOCKS / 2);
+    ck_assert_int_eq(kvc_lease_scatter(l, GE_BLOCKS / 2, GE_BLOCKS / 2, &fdst.kv,
+                                       (uint64_t)GE_BT * (GE_BLOCKS / 2), stream, NULL),
+                     GE_BLOCKS / 2);
+    ck_assert_uint_eq(fake_dev.packs, 1 + 2); /* the put's, then both scatters' */
+    ck_assert_uint_gt(fake_dev.queued, GE_BLOCKS + 2);
+    ck_assert_uint_eq(fake_dev.waits, waits); /* no call waited */
+    for (size_t i = 0; i < GE_BLOCKS; i++)
+        ck_assert(memcmp(blocks + i * bb, kvc_lease_data(l, i), bb) != 0); /* not yet */
+    ck_assert_int_ne(ge_fake_check(&fdst, &dst, GE_BT), 0);
+    /* Copy what the lease holds before it goes: the comparison after the release. */
+    uint8_t *want = malloc(bb * GE_BLOCKS);
+    ck_assert_ptr_nonnull(want);
+    for (size_t i = 0; i < GE_BLOCKS; i++)
+        memcpy(want + i * bb, kvc_lease_data(l, i), bb);
+    ck_assert_int_eq(kvc_release(l), 0);
+    ck_assert_uint_eq(fake_dev.queued, 0);
+    ck_assert(memcmp(blocks, want, bb * GE_BLOCKS) == 0);
+    ck_assert_int_eq(ge_fake_check(&fdst, &dst, GE_TOKENS), 0);
+    ck_assert_int_eq(fake_dev_last_error(), 0);
+    free(want);
+    fake_dev_ops.mem_free(blocks);
+    ge_fake_free(&fsrc);
+    ge_fake_free(&fdst);
+    ge_engine_fini(&src);
+    ge_engine_fini(&dst);
+    fake_dev_stream_free(other);
+    fake_dev_stream_free(stream);
+    kvc_disconnect(c);
+    kvci_gpu_ops_set(NULL);
+}
+END_TEST
+
+/* Issue 18 item 7: with nothing waited for between calls, a fault in the first copy of a
+ * batch is not lost: every later call returns 0, kvc_release() returns the fault, and a
+ * reservation whose first write faulted before a gather of the rest is refused by
+ * kvc_commit() (nothing published); the same put without the fault is published. */
+START_TEST(test_batch_fault_surfaces_at_release_and_commit)
+{
+    kvc_client *c;
+    kvc_ns *ns;
+    kvc_lease *l;
+    kvc_resv *r;
+    struct kvc_key keys[GE_BLOCKS];
+    struct ge_engine src;
+    struct ge_fake_engine fsrc;
+    void *stream;
+    uint8_t *blocks = NULL;
+    ge_fake_client(&c, &ns, keys, &stream);
+    size_t bb = kvc_ns_block_bytes(ns);
+    ge_engine_init(&src, 16, 1, 1);
+    ge_fake_from_host(&fsrc, &src);
+    ck_assert_int_eq(fake_dev_ops.mem_alloc((void **)&blocks, bb * GE_BLOCKS), 0);
+    ck_assert_int_eq(kvc_reserve(ns, NULL, keys, GE_BLOCKS, &r), GE_BLOCKS);
+    ck_assert_int_eq(kvc_resv_gather(r, 0, GE_BLOCKS, &fsrc.kv, 0, stream, NULL), GE_BLOCKS);
+    ck_assert_int_eq(kvc_commit(r, SIZE_MAX), GE_BLOCKS);
+    /* a lease: the fault hits the copies queued so far at the first wait */
+    ck_assert_int_eq(kvc_lookup(ns, keys, GE_BLOCKS, 0, &l), GE_BLOCKS);
+    ck_assert_int_eq(kvc_lease_copy_async(l, 0, blocks, bb, stream), 0);
+    fake_dev.fail_wait = EIO;
+    for (size_t i = 1; i < GE_BLOCKS; i++)
+        ck_assert_int_eq(kvc_lease_copy_cuda(l, i, blocks + i * bb, bb, stream), 0);
+    ck_assert_int_eq(kvc_release(l), -EIO);
+    /* a reservation: a faulted write, then a gather of the other slots */
+    uint8_t *one = malloc(bb);
+    ck_assert_ptr_nonnull(one);
+    memcpy(one, src.k[0], bb); /* any bytes */
+    ge_keys(ns, 90000, keys);
+    ck_assert_int_eq(kvc_reserve(ns, NULL, keys, GE_BLOCKS, &r), GE_BLOCKS);
+    ck_assert_int_eq(kvc_resv_write_async(r, 0, one, bb, stream), 0);
+    fake_dev.fail_wait = EIO;
+    ck_assert_int_eq(kvc_resv_gather(r, 1, GE_BLOCKS - 1, &fsrc.kv, GE_BT, stream, NULL),
+                     GE_BLOCKS - 1);
+    ck_assert_int_eq(kvc_commit(r, SIZE_MAX), -EIO);
+    ck_assert_int_eq(kvc_lookup(ns, keys, GE_BLOCKS, 0, &l), 0);
+    kvc_release(l);
+    /* the same put without the fault */
+    ck_assert_int_eq(kvc_reserve(ns, NULL, keys, GE_BLOCKS, &r), GE_BLOCKS);
+    ck_assert_int_eq(kvc_resv_write_async(r, 0, one, bb, stream), 0);
+    ck_assert_int_eq(kvc_resv_gather(r, 1, GE_BLOCKS - 1, &fsrc.kv, GE_BT, stream, NULL),
+                     GE_BLOCKS - 1);
+    ck_assert_int_eq(kvc_commit(r, SIZE_MAX), GE_BLOCKS);
+    ck_assert_int_eq(kvc_lookup(ns, keys, GE_BLOCKS, 0, &l), GE_BLOCKS);
+    ck_assert(memcmp(kvc_lease_data(l, 0), one, bb) == 0);
+    ck_assert_int_eq(kvc_release(l), 0);
+    ck_assert_int_eq(fake_dev_last_error(), 0);
+    free(one);
+    fake_dev_ops.mem_free(blocks);
+    ge_fake_free(&fsrc);
+    ge_engine_fini(&src);
+    fake_dev_stream_free(stream);
+    kvc_disconnect(c);
+    ck_assert_int_eq(fake_dev.events_live, 0);
     kvci_gpu_ops_set(NULL);
 }
 END_TEST
@@ -615,7 +891,7 @@ static int gf_pool_put_load(void *arg)
         return 32;
     if (fake_dev.queued != 0 || daemon_block_check(&keys[0], dev, bb) != -1)
         return 33; /* the release waited for it */
-    if (fake_dev.allocs != allocs || fake_dev.legacy_syncs != legacy || fake_dev.events_live)
+    if (fake_dev.allocs != allocs || fake_dev.legacy_syncs != legacy)
         return 34;
     if (fake_dev_current() != 0)
         return 35;
@@ -623,8 +899,10 @@ static int gf_pool_put_load(void *arg)
     fake_dev_stream_free(stream);
     free(src);
     free(dst);
-    kvc_disconnect(c);
-    return fake_dev.pools_live == 0 && fake_dev.streams_live == 0 ? 0 : 36;
+    kvc_disconnect(c); /* gives back the events libkvc keeps for reuse */
+    return fake_dev.pools_live == 0 && fake_dev.streams_live == 0 && fake_dev.events_live == 0
+               ? 0
+               : 36;
 }
 
 START_TEST(test_pool_copies_land_in_order)
@@ -834,6 +1112,9 @@ int main(void)
     tcase_add_test(tc, test_attach_without_tier);
     tcase_add_test(tc, test_commit_refuses_faulted_copy);
     tcase_add_test(tc, test_copy_async_decodes_quantized);
+    tcase_add_test(tc, test_hits_in_a_row_allocate_nothing);
+    tcase_add_test(tc, test_batch_in_flight_until_release);
+    tcase_add_test(tc, test_batch_fault_surfaces_at_release_and_commit);
     /* Devices are counted in a child: neither main() nor a case that forks clients may
      * start CUDA, which does not survive fork(). */
     int devices = daemon_cuda_devices();

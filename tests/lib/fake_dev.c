@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "kernels/kern_pack.h"
 #include "tests/lib/fake_dev.h"
 
 #define FAKE_STREAM_MAGIC 0x5354524du /* "STRM" */
@@ -24,13 +25,23 @@ struct fake_event {
     uint64_t seq; /* copies of stream up to this one */
 };
 
-/* One queued copy, performed at the wait that covers it. */
+/* One queued copy (pack == 0) or gather/scatter kernel, performed at the wait that covers
+ * it. A kernel keeps its arguments by value and reads the arrays they point to when it
+ * runs, as the device would. */
 struct fake_op {
     void *stream;
     void *dst;
     const void *src;
     uint64_t len;
     uint64_t seq;
+    void *staged; /* owned: a pageable source, copied when the copy was queued */
+    int pack;
+    struct kern_pack_layout lay;
+    struct kern_pack_engine eng;
+    uint64_t first_token;
+    uint32_t nblocks;
+    void *const *blocks;
+    int dir;
     struct fake_op *next;
 };
 
@@ -44,6 +55,8 @@ struct fake_range {
 struct fake_dev_state fake_dev;
 static struct fake_range fake_ranges[FAKE_MAX_RANGES];
 static int fake_nranges;
+static struct fake_range fake_pinned[FAKE_MAX_RANGES]; /* host_register'ed host memory */
+static int fake_npinned;
 static struct fake_op *fake_ops_head, **fake_ops_tail = &fake_ops_head;
 static uint64_t fake_seq;
 static _Thread_local int fake_cur;
@@ -53,10 +66,12 @@ void fake_dev_reset(int devices)
     while (fake_ops_head) {
         struct fake_op *o = fake_ops_head;
         fake_ops_head = o->next;
+        free(o->staged);
         free(o);
     }
     fake_ops_tail = &fake_ops_head;
     fake_nranges = 0;
+    fake_npinned = 0;
     fake_seq = 0;
     fake_cur = 0;
     memset(&fake_dev, 0, sizeof(fake_dev));
@@ -123,6 +138,37 @@ static int fake_range_dev(const void *p, uint64_t len)
         }
     }
     return -1;
+}
+
+/* 1 when every pointer a queued kernel dereferences is device memory now. */
+static int fake_pack_ok(const struct fake_op *o)
+{
+    const struct kern_pack_layout *l = &o->lay;
+    uint64_t ptrs = (uint64_t)l->layers * sizeof(void *);
+    if (fake_range_dev(o->eng.k, ptrs) < 0 ||
+        fake_range_dev(o->blocks, (uint64_t)o->nblocks * sizeof(void *)) < 0 ||
+        fake_range_dev(o->eng.block_table, o->eng.table_len * sizeof(int32_t)) < 0 ||
+        (l->kinds == 2 && fake_range_dev(o->eng.v, ptrs) < 0))
+        return 0;
+    for (uint32_t i = 0; i < l->layers; i++)
+        if (fake_range_dev(o->eng.k[i], 1) < 0 ||
+            (l->kinds == 2 && fake_range_dev(o->eng.v[i], 1) < 0))
+            return 0;
+    for (uint32_t j = 0; j < o->nblocks; j++)
+        if (fake_range_dev(o->blocks[j], kern_pack_block_bytes(l)) < 0)
+            return 0;
+    return 1;
+}
+
+/* 1 when [p, p+len) lies in host memory registered with host_register. */
+static int fake_pinned_has(const void *p, uint64_t len)
+{
+    const char *c = p;
+    for (int i = 0; i < fake_npinned; i++)
+        if (c >= fake_pinned[i].base && len <= fake_pinned[i].size &&
+            (uint64_t)(c - fake_pinned[i].base) <= fake_pinned[i].size - len)
+            return 1;
+    return 0;
 }
 
 static int fake_device_count(void)
@@ -254,7 +300,22 @@ static int fake_copy_async(void *dst, const void *src, uint64_t len, int kind, v
     struct fake_op *o = calloc(1, sizeof(*o));
     if (!o)
         return -ENOMEM;
-    *o = (struct fake_op){stream, dst, src, len, ++fake_seq, NULL};
+    if (sdev == -1 && !fake_pinned_has(src, len)) {
+        /* From pageable memory the driver stages the bytes before it returns: the source
+         * may go at once. Pinned (registered) sources are read when the copy runs. */
+        o->staged = malloc(len ? len : 1);
+        if (!o->staged) {
+            free(o);
+            return -ENOMEM;
+        }
+        memcpy(o->staged, src, len);
+        src = o->staged;
+    }
+    o->stream = stream;
+    o->dst = dst;
+    o->src = src;
+    o->len = len;
+    o->seq = ++fake_seq;
     *fake_ops_tail = o;
     fake_ops_tail = &o->next;
     fake_dev.copies++;
@@ -262,23 +323,31 @@ static int fake_copy_async(void *dst, const void *src, uint64_t len, int kind, v
     return 0;
 }
 
-/* Performs (or, with fail_wait set, loses) stream's copies up to seq. */
-static int fake_drain(void *stream, uint64_t upto)
+/* Performs (or, with fail_wait set, loses) stream's work up to seq; every stream's with
+ * all set. A kernel that meets host memory faults: the wait answers -EIO and what follows
+ * on the stream is lost. */
+static int fake_drain(void *stream, uint64_t upto, int all)
 {
     int rc = fake_dev.fail_wait ? -fake_dev.fail_wait : 0;
     fake_dev.fail_wait = 0;
     for (struct fake_op **pp = &fake_ops_head; *pp;) {
         struct fake_op *o = *pp;
-        if (o->stream != stream || o->seq > upto) {
+        if (!all && (o->stream != stream || o->seq > upto)) {
             pp = &o->next;
             continue;
         }
-        if (rc == 0) {
+        if (rc == 0 && o->pack && !fake_pack_ok(o)) {
+            fake_dev.bad_packs++;
+            rc = -EIO;
+        } else if (rc == 0 && o->pack) {
+            kern_pack_cpu(&o->lay, &o->eng, o->first_token, o->nblocks, o->blocks, o->dir);
+        } else if (rc == 0) {
             memmove(o->dst, o->src, o->len);
             fake_dev.bytes += o->len;
         }
         fake_dev.queued--;
         *pp = o->next;
+        free(o->staged);
         free(o);
     }
     fake_ops_tail = &fake_ops_head;
@@ -309,7 +378,7 @@ static void fake_stream_free(void *stream)
     struct fake_stream *s = stream;
     if (!s || fake_enter())
         return;
-    fake_drain(s, UINT64_MAX); /* cudaStreamDestroy lets queued work finish */
+    fake_drain(s, UINT64_MAX, 0); /* cudaStreamDestroy lets queued work finish */
     s->magic = 0;
     fake_dev.streams_live--;
     free(s);
@@ -336,10 +405,17 @@ static int fake_device_get(int *dev)
 
 static int fake_event_record(void *event, void *stream)
 {
+    struct fake_event *e = event;
     int rc = fake_enter();
     if (rc)
         return rc;
-    return event && fake_stream_ok(stream) ? 0 : -EINVAL;
+    if (!e || !fake_stream_ok(stream))
+        return -EINVAL;
+    if (e->magic == FAKE_EVENT_MAGIC) { /* one of ours, recorded again: the new point */
+        e->stream = stream;
+        e->seq = fake_seq;
+    }
+    return 0;
 }
 
 static int fake_event_new_record(void **ev, void *stream)
@@ -355,7 +431,20 @@ static int fake_event_new_record(void **ev, void *stream)
     *e = (struct fake_event){FAKE_EVENT_MAGIC, stream, fake_seq};
     *ev = e;
     fake_dev.events_live++;
+    fake_dev.events_created++;
     return 0;
+}
+
+static int fake_event_wait(void *ev)
+{
+    struct fake_event *e = ev;
+    int rc = fake_enter();
+    if (rc)
+        return rc;
+    if (!e || e->magic != FAKE_EVENT_MAGIC)
+        return -EINVAL;
+    fake_dev.waits++;
+    return fake_drain(e->stream, e->seq, 0);
 }
 
 static int fake_event_wait_free(void *ev)
@@ -366,7 +455,8 @@ static int fake_event_wait_free(void *ev)
         return rc;
     if (!e || e->magic != FAKE_EVENT_MAGIC)
         return -EINVAL;
-    rc = fake_drain(e->stream, e->seq);
+    fake_dev.waits++;
+    rc = fake_drain(e->stream, e->seq, 0);
     e->magic = 0;
     free(e);
     fake_dev.events_live--;
@@ -382,7 +472,8 @@ static int fake_stream_sync(void *stream)
         return -EINVAL;
     if (!stream)
         fake_dev.legacy_syncs++;
-    return fake_drain(stream, UINT64_MAX);
+    fake_dev.waits++;
+    return fake_drain(stream, UINT64_MAX, 0);
 }
 
 static int fake_host_register(void *p, uint64_t len, int readonly)
@@ -394,6 +485,9 @@ static int fake_host_register(void *p, uint64_t len, int readonly)
         return -EINVAL;
     if (readonly && fake_dev.readonly_unsup)
         return -ENOTSUP;
+    if (fake_npinned == FAKE_MAX_RANGES)
+        return -ENOMEM;
+    fake_pinned[fake_npinned++] = (struct fake_range){p, len, -1};
     fake_dev.registered++;
     return 0;
 }
@@ -403,9 +497,13 @@ static int fake_host_unregister(void *p)
     int rc = fake_enter();
     if (rc)
         return rc;
-    (void)p;
-    fake_dev.registered--;
-    return 0;
+    for (int i = 0; i < fake_npinned; i++)
+        if (fake_pinned[i].base == p) {
+            fake_pinned[i] = fake_pinned[--fake_npinned];
+            fake_dev.registered--;
+            return 0;
+        }
+    return -EINVAL;
 }
 
 static int fake_pointer_device(const void *p)
@@ -437,9 +535,40 @@ static void fake_mem_free(void *p)
 {
     if (!p || fake_enter())
         return;
+    fake_dev.device_syncs++; /* cudaFree waits for the whole device */
+    fake_drain(NULL, UINT64_MAX, 1);
     fake_range_del(p);
     free(p);
     fake_dev.frees++;
+}
+
+static int fake_pack(const struct kern_pack_layout *lay, const struct kern_pack_engine *eng,
+                     uint64_t first_token, uint32_t nblocks, void *const *blocks, int dir,
+                     void *stream)
+{
+    int rc = fake_enter();
+    if (rc)
+        return rc;
+    if (!fake_stream_ok(stream) || !lay || !eng || !blocks ||
+        (dir != KERN_PACK_GATHER && dir != KERN_PACK_SCATTER))
+        return -EINVAL;
+    struct fake_op *o = calloc(1, sizeof(*o));
+    if (!o)
+        return -ENOMEM;
+    o->stream = stream;
+    o->seq = ++fake_seq;
+    o->pack = 1;
+    o->lay = *lay;
+    o->eng = *eng;
+    o->first_token = first_token;
+    o->nblocks = nblocks;
+    o->blocks = blocks;
+    o->dir = dir;
+    *fake_ops_tail = o;
+    fake_ops_tail = &o->next;
+    fake_dev.packs++;
+    fake_dev.queued++;
+    return 0;
 }
 
 const struct kern_dev_ops fake_dev_ops = {
@@ -455,6 +584,7 @@ const struct kern_dev_ops fake_dev_ops = {
     .device_get = fake_device_get,
     .event_record = fake_event_record,
     .event_new_record = fake_event_new_record,
+    .event_wait = fake_event_wait,
     .event_wait_free = fake_event_wait_free,
     .stream_sync = fake_stream_sync,
     .host_register = fake_host_register,
@@ -462,4 +592,5 @@ const struct kern_dev_ops fake_dev_ops = {
     .pointer_device = fake_pointer_device,
     .mem_alloc = fake_mem_alloc,
     .mem_free = fake_mem_free,
+    .pack = fake_pack,
 };

@@ -8,7 +8,8 @@
  * - Copies are queued on their stream and performed only when that stream is synchronised
  *   or an event recorded after them is waited for, reading their source then: code that
  *   forgets to wait reads stale bytes, code that frees or unpins a source before the wait
- *   copies what is there by then.
+ *   copies what is there by then. As with the driver, a source in pageable host memory
+ *   (not host_register'ed) is staged when the copy is queued, so it may go at once.
  * - "Device memory" is a set of ranges the fake handed out (pools, imports, mem_alloc);
  *   everything else is host memory. A copy whose kind disagrees with where its pointers
  *   live fails (-EINVAL) and leaves an error pending, as cudaMemcpyAsync does.
@@ -20,9 +21,15 @@
  *   process is refused every call (-EIO), as CUDA is undefined there, until it calls
  *   fake_dev_reset() (what an exec'd process would start from).
  * - Pools live in a memfd, so a process the descriptor is passed to can import them.
+ * - The gather/scatter kernel (pack) is queued like a copy and run at the wait that covers
+ *   it, with kern_pack_cpu over the arrays as they are then; every array and pointer it is
+ *   given must be device memory, else the wait reports the fault (-EIO), as a real kernel
+ *   reading host or freed memory would.
+ * - mem_free is cudaFree: it waits for the whole device first (every stream's work is
+ *   performed) and counts a device-wide synchronisation.
  * Counters let a test check that everything it caused was given back, and that a hit costs
- * no allocation and no device-wide synchronisation. One test thread drives the fake at a
- * time; the current device alone is per thread.
+ * no allocation, no free, no device-wide synchronisation and no wait before the release.
+ * One test thread drives the fake at a time; the current device alone is per thread.
  */
 #ifndef KVC_TESTS_FAKE_DEV_H
 #define KVC_TESTS_FAKE_DEV_H
@@ -44,10 +51,15 @@ struct fake_dev_state {
     int streams_live;     /* stream_new minus stream_free */
     uint64_t allocs;      /* mem_alloc calls */
     uint64_t frees;       /* mem_free calls */
+    uint64_t device_syncs; /* waits for the whole device (cudaFree does one) */
     uint64_t legacy_syncs; /* waits on the legacy default stream (device-wide ordering) */
+    uint64_t waits;       /* host waits: stream_sync, event_wait, event_wait_free */
+    uint64_t events_created; /* event_new_record calls */
     uint64_t copies;      /* copies queued */
+    uint64_t packs;       /* gather/scatter kernels queued */
+    uint64_t bad_packs;   /* kernels that met a pointer outside device memory */
     uint64_t bytes;       /* bytes they moved once performed */
-    uint64_t queued;      /* copies queued, not yet performed nor lost */
+    uint64_t queued;      /* copies and kernels queued, not yet performed nor lost */
     uint64_t bad_kinds;   /* copies refused for a wrong kind */
     uint64_t fork_refused; /* calls refused in a forked child */
     int last_error;       /* pending error (negative errno), 0 if none */
