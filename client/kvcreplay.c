@@ -181,7 +181,8 @@ static void replay_fill_smooth(const struct kvc_key *k, uint64_t seed, void *buf
     for (size_t j = 0; j < len / 2; j++) {
         if ((j & 15) == 0) /* 16 noise levels of 4 bits from each 64-bit draw */
             r = replay_fill_next(&s);
-        p[j] = replay_smooth_tab[(phase + (uint32_t)j * 61u) % REPLAY_SINE][(r >> (4 * (j & 15))) & 15];
+        uint32_t pos = (phase + (uint32_t)j * 61u) % REPLAY_SINE;
+        p[j] = replay_smooth_tab[pos][(r >> (4 * (j & 15))) & 15];
     }
 }
 

@@ -69,7 +69,7 @@
     X(gpu_promoted_blocks, "blocks moved from a host arena into the GPU pool")                     \
     X(gpu_demoted_blocks, "blocks moved from the GPU pool to a host arena")                     \
     X(hint_blocks, "blocks that took a client hint (HINT)")                                        \
-    X(ghost_hits, "blocks committed soon after their eviction, given their count back (cache.ghosts)") \
+    X(ghost_hits, "blocks committed soon after their eviction, their count given back")      \
     X(budget_lookups, "budgeted lookups (LOOKUP_BUDGET)")                                          \
     X(refused_connections, "connections refused: server.max_clients or max_clients_per_uid")       \
     X(closed_hello_timeout, "connections closed for sending no HELLO within server.hello_timeout") \

@@ -9,8 +9,9 @@
  * Under POLICY_DEFAULT the namespace holds a policy_tune (created on its first reference,
  * sized to its arena in blocks) fed with every key a lookup references, in prefix order (not
  * again at commit: the commit of a miss follows its lookup, and counting both would make
- * every block look reused); its advice becomes the namespace's half-life. Other policies adapt the half-life to
- * the observed reuse intervals (policy_params_observe_reuse on every hit).
+ * every block look reused); its advice becomes the namespace's half-life. Other policies
+ * adapt the half-life to the observed reuse intervals (policy_params_observe_reuse on every
+ * hit and ghost).
  *
  * Metadata. struct block is at its budget (96 bytes + ~6 of map, 128 in all), so what the
  * policies need beyond it (decayed frequency, H2O mass and its time, SnapKV score, a handle

@@ -15,17 +15,21 @@
  * rate R = m / capacity, with mini capacity m = min(capacity, POLICY_TUNE_MINI). A sampled
  * stream of rate R through a cache of R x capacity has about the full cache's hit ratio.
  * Candidate half-lives are multiples of the cache's characteristic time (the time in which
- * the stream references `capacity` blocks, measured): 1/4096 (LRU: one turnover outweighs
- * any count), then 1/4, 1, 4, 16 and 64 turnovers (towards LFU), so no time constant of a trace or clock unit is built in. Hit counts
- * halve every 16 x m sampled references so the choice follows phase changes; the best
- * candidate wins, ties to the shorter half-life (closer to LRU).
+ * the stream references `capacity` blocks, measured over the last 16 turnovers and followed
+ * when it moves by more than 10 %): 1/4096 (LRU: one turnover outweighs any count), then
+ * 1/4, 1, 4, 16 and 64 turnovers (towards LFU), so no time constant of a trace or clock unit
+ * is built in. Hit counts halve every 16 x m sampled references so the choice follows phase
+ * changes; the best candidate wins, ties to the shorter half-life (closer to LRU), and the
+ * half-life used sits at the vertex of the parabola through the best and its neighbours
+ * (hits against log2 h, at most half a step), so near-tied neighbours a factor 4 apart do
+ * not swing it from one to the other.
  *
  * Keys only: one record per sampled key (count and last access per candidate), a history
  * of POLICY_TUNE_HISTORY x m records so a count survives eviction from the mini caches (the
  * ghost), recycled by a clock hand. No I/O, no clock, no locks: the caller owns the state
- * (the daemon would hold one per namespace, call policy_tune_access() on every block a
- * lookup or commit touches, in prefix order, and copy policy_tune_half_life() into its
- * policy_params with adapt = 0 before ranking).
+ * (the daemon holds one per namespace, calls policy_tune_access() on every block a lookup
+ * names, in prefix order, and copies policy_tune_half_life() into its policy_params with
+ * adapt = 0 before ranking).
  */
 #include <errno.h>
 #include <math.h>

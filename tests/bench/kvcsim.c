@@ -139,7 +139,8 @@ int main(int argc, char **argv)
                     if (strcmp(tok, policy_codec_name((enum policy_codec)c)) == 0)
                         codec = c;
                 if (codec < 0 || (o == 'V' && base.codec)) {
-                    fprintf(stderr, "kvcsim: %s %s\n", codec < 0 ? "unknown codec" : "one codec for",
+                    fprintf(stderr, "kvcsim: %s %s\n",
+                            codec < 0 ? "unknown codec" : "one codec for",
                             codec < 0 ? tok : "--victim-quant");
                     return 2;
                 }
@@ -209,7 +210,8 @@ int main(int argc, char **argv)
                     p += snprintf(p, sizeof(by) - (size_t)(p - by), "%s%s=%.4f",
                                   p == by ? "" : ";", policy_codec_name((enum policy_codec)k),
                                   sim_ratio(res.hits_codec[k], res.refs));
-            snprintf(line, sizeof(line), "%s,%.0f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.0f,%.1f,%.3f,%s\n",
+            snprintf(line, sizeof(line),
+                     "%s,%.0f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.0f,%.1f,%.3f,%s\n",
                      pols[pi], c.capacity, sim_ratio(hits, res.refs),
                      sim_ratio(res.prefix_hits, res.refs), sim_ratio(res.token_hits, res.tokens),
                      sim_ratio(res.hits_full, res.refs), sim_ratio(res.hits_lossy, res.refs),

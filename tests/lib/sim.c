@@ -604,8 +604,8 @@ static void sim_ladder_out(struct sim_state *s, uint32_t x, struct sim_heap *fro
 }
 
 /* The fast tier under the precision ladder (policy_ladder.c): each step takes the coldest
- * block of the rung policy_ladder_pick names one codec down, or out of the tier. Sinks and partial blocks never quantize: at the raw order's head they go out as
- * without a ladder. */
+ * block of the rung policy_ladder_pick names one codec down, or out of the tier. Sinks and
+ * partial blocks never quantize: at the raw order's head they go out as without a ladder. */
 static int sim_host_room_ladder(struct sim_state *s, double need, uint64_t now)
 {
     double cap = s->c->capacity;
