@@ -890,14 +890,16 @@ static PyObject *ns_reserve(PyObject *self, PyObject *args, PyObject *kw)
 /* put_prefix and get_prefix: keys and one block buffer per key. */
 static PyObject *ns_prefix(ns_object *ns, PyObject *args, PyObject *kw, int put)
 {
-    static char *kwlist[] = {"keys", "buffers", "parent", NULL};
+    static char *put_kwlist[] = {"keys", "buffers", "parent", NULL};
+    static char *get_kwlist[] = {"keys", "buffers", NULL};
     PyObject *keys_obj, *bufs_obj, *parent_obj = Py_None;
     struct kvc_key *keys = NULL, parent;
     Py_buffer *bufs = NULL;
     void **ptrs = NULL;
     size_t n = 0, block_bytes;
     int have_parent = 0, rc;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, put ? "OO|O:put_prefix" : "OO:get_prefix", kwlist,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, put ? "OO|O:put_prefix" : "OO:get_prefix",
+                                     put ? put_kwlist : get_kwlist,
                                      &keys_obj, &bufs_obj, &parent_obj))
         return NULL;
     if (ns_check(ns) < 0 || key_parse_opt(parent_obj, &parent, &have_parent) < 0 ||
