@@ -329,6 +329,9 @@ SUBST = sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' \
 MAN8 := docs/man/kvcd.8 docs/man/kvcctl.8 docs/man/kvcreplay.8
 MAN5 := docs/man/kvcd.ini.5
 MAN3 := docs/man/libkvc.3
+# The kvcd Python package, where /usr/bin/python3 finds it: Debian's dist-packages (/usr: the
+# version-less dir of distribution packages; other prefixes: the versioned one of /usr/local).
+PYTHONDIR ?= $(if $(filter /usr,$(PREFIX)),$(PREFIX)/lib/python3/dist-packages,$(PREFIX)/lib/python$(PY_VERSION)/dist-packages)
 
 .PHONY: install uninstall
 install: all
@@ -351,6 +354,8 @@ install: all
 	$(INSTALL) -m 0644 $(MAN3) $(DESTDIR)$(MANDIR)/man3/
 	$(INSTALL) -m 0644 $(MAN5) $(DESTDIR)$(MANDIR)/man5/
 	$(INSTALL) -m 0644 $(MAN8) $(DESTDIR)$(MANDIR)/man8/
+	$(if $(PY_ALL),$(INSTALL) -d $(DESTDIR)$(PYTHONDIR)/kvcd)
+	$(if $(PY_ALL),$(INSTALL) -m 0644 $(PY_EXT) $(PY_FILES) $(DESTDIR)$(PYTHONDIR)/kvcd/)
 
 # The configuration file stays: it may hold the operator's edits.
 uninstall:
@@ -362,3 +367,4 @@ uninstall:
 		$(addprefix $(DESTDIR)$(MANDIR)/man3/,$(notdir $(MAN3))) \
 		$(addprefix $(DESTDIR)$(MANDIR)/man5/,$(notdir $(MAN5))) \
 		$(addprefix $(DESTDIR)$(MANDIR)/man8/,$(notdir $(MAN8)))
+	rm -rf $(DESTDIR)$(PYTHONDIR)/kvcd
