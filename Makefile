@@ -331,7 +331,8 @@ MAN5 := docs/man/kvcd.ini.5
 MAN3 := docs/man/libkvc.3
 # The kvcd Python package, where /usr/bin/python3 finds it: Debian's dist-packages (/usr: the
 # version-less dir of distribution packages; other prefixes: the versioned one of /usr/local).
-PYTHONDIR ?= $(if $(filter /usr,$(PREFIX)),$(PREFIX)/lib/python3/dist-packages,$(PREFIX)/lib/python$(PY_VERSION)/dist-packages)
+PY_LIBDIR = $(if $(filter /usr,$(PREFIX)),python3,python$(PY_VERSION))
+PYTHONDIR ?= $(PREFIX)/lib/$(PY_LIBDIR)/dist-packages
 
 .PHONY: install uninstall
 install: all

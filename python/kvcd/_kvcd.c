@@ -56,7 +56,7 @@ typedef struct client_object client_object;
 /* The common head of Lease and Reservation: a libkvc handle on its client's list. */
 struct handle {
     PyObject_HEAD
-    client_object *client;     /* strong reference */
+    client_object *client;      /* strong reference */
     struct handle *prev, *next; /* the client's list of live handles (borrowed) */
     enum handle_kind kind;
     void *h;            /* kvc_lease or kvc_resv; NULL once freed */
@@ -313,8 +313,8 @@ static int block_buffer_get(PyObject *o, Py_buffer *b, size_t block_bytes, int w
 
 /* n block buffers from a sequence; *bufs and *ptrs PyMem_Malloc'd, released by
  * buffers_release(). */
-static int buffers_get(PyObject *seq, size_t n, size_t block_bytes, int writable,
-                       Py_buffer **bufs, void ***ptrs)
+static int buffers_get(PyObject *seq, size_t n, size_t block_bytes, int writable, Py_buffer **bufs,
+                       void ***ptrs)
 {
     PyObject *fast = PySequence_Fast(seq, "kvcd: buffers must be a sequence");
     Py_ssize_t i, got = 0;
@@ -383,8 +383,8 @@ static int slot_getbuffer(PyObject *self, Py_buffer *view, int flags)
         view->obj = NULL;
         return -1;
     }
-    if (PyBuffer_FillInfo(view, self, p, (Py_ssize_t)h->block_bytes,
-                          h->kind == HANDLE_KIND_LEASE, flags) < 0)
+    if (PyBuffer_FillInfo(view, self, p, (Py_ssize_t)h->block_bytes, h->kind == HANDLE_KIND_LEASE,
+                          flags) < 0)
         return -1;
     h->exports++;
     return 0;
@@ -519,8 +519,7 @@ static PyMethodDef lease_methods[] = {
 };
 
 static PyGetSetDef lease_getset[] = {
-    {"released", handle_get_released, NULL, "True after release() or the client's close().",
-     NULL},
+    {"released", handle_get_released, NULL, "True after release() or the client's close().", NULL},
     {"block_bytes", handle_get_block_bytes, NULL, "Bytes of one block.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
@@ -790,8 +789,8 @@ static PyObject *ns_keys_from_tokens(PyObject *self, PyObject *args, PyObject *k
         }
         tok[i] = (uint32_t)v;
     }
-    rc = kvc_keys_from_tokens(ns->ns, have_parent ? &parent : NULL, tok, (size_t)ntok,
-                              extra.buf, extra.buf ? (size_t)extra.len : 0, keys, maxkeys);
+    rc = kvc_keys_from_tokens(ns->ns, have_parent ? &parent : NULL, tok, (size_t)ntok, extra.buf,
+                              extra.buf ? (size_t)extra.len : 0, keys, maxkeys);
     if (rc < 0) {
         kvcd_raise(rc);
         goto out;
@@ -899,8 +898,8 @@ static PyObject *ns_prefix(ns_object *ns, PyObject *args, PyObject *kw, int put)
     size_t n = 0, block_bytes;
     int have_parent = 0, rc;
     if (!PyArg_ParseTupleAndKeywords(args, kw, put ? "OO|O:put_prefix" : "OO:get_prefix",
-                                     put ? put_kwlist : get_kwlist,
-                                     &keys_obj, &bufs_obj, &parent_obj))
+                                     put ? put_kwlist : get_kwlist, &keys_obj, &bufs_obj,
+                                     &parent_obj))
         return NULL;
     if (ns_check(ns) < 0 || key_parse_opt(parent_obj, &parent, &have_parent) < 0 ||
         keys_parse(keys_obj, &keys, &n) < 0)
@@ -1098,9 +1097,8 @@ static int dtype_parse(const char *s, enum kvc_dtype *d)
         const char *name;
         enum kvc_dtype d;
     } names[] = {
-        {"fp16", KVC_DTYPE_FP16},         {"float16", KVC_DTYPE_FP16},
-        {"bf16", KVC_DTYPE_BF16},         {"bfloat16", KVC_DTYPE_BF16},
-        {"fp32", KVC_DTYPE_FP32},         {"float32", KVC_DTYPE_FP32},
+        {"fp16", KVC_DTYPE_FP16},         {"float16", KVC_DTYPE_FP16}, {"bf16", KVC_DTYPE_BF16},
+        {"bfloat16", KVC_DTYPE_BF16},     {"fp32", KVC_DTYPE_FP32},    {"float32", KVC_DTYPE_FP32},
         {"fp8_e4m3", KVC_DTYPE_FP8_E4M3}, {"int8", KVC_DTYPE_INT8},
     };
     size_t i;
@@ -1116,8 +1114,8 @@ static int dtype_parse(const char *s, enum kvc_dtype *d)
 
 static PyObject *client_namespace(PyObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"model_id", "layers", "kv_heads", "head_dim", "block_tokens",
-                             "dtype", "k_only", NULL};
+    static char *kwlist[] = {"model_id",     "layers", "kv_heads", "head_dim",
+                             "block_tokens", "dtype",  "k_only",   NULL};
     client_object *c = (client_object *)self;
     PyObject *model_id;
     const char *dtype = "fp16";
