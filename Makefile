@@ -9,6 +9,8 @@
 #   make bench      every benchmark; make bench-NAME runs tests/bench/bench_NAME.c
 #   make chaos      clients and kvcd SIGKILLed at random under load (docs/chaos.md)
 #   make CUDA=0     build without nvcc;  make SAN=1  sanitizer build into build/asan
+#   make python     the kvcd Python package into build/python (part of make when the headers
+#                   of /usr/bin/python3 are installed); its pytest suite is check_python
 #
 # Each folder's sources are picked up by wildcard: a new module is a new file.
 
@@ -82,10 +84,27 @@ BENCH_BINS := $(patsubst tests/bench/%.c,$(B)/bench/%,$(BENCH_SRCS))
 BINS := $(B)/bin/kvcd $(B)/bin/kvcctl $(B)/bin/kvcreplay $(B)/bin/kvcsim $(B)/bin/kvc-demo
 LIBS := $(B)/lib/libkvcd.a $(B)/lib/libkvc.a $(B)/lib/libkvc.so
 
+# The Python package (python/, issue 14; built by the rules under its heading below).
+# A CPython extension over libkvc.a, for /usr/bin/python3 (Debian's, which sees python3-numpy
+# and python3-pytest; a python3 earlier on PATH may be another interpreter). The sanitizer
+# build leaves it out: an ASan extension cannot load into an uninstrumented interpreter.
+PYTHON ?= /usr/bin/python3
+PY_CFG = $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.$(1))' 2>/dev/null)
+PY_INCLUDE := $(call PY_CFG,get_paths()["include"])
+PY_EXT_SUFFIX := $(call PY_CFG,get_config_var("EXT_SUFFIX"))
+PY_VERSION := $(call PY_CFG,get_python_version())
+PY_PKG := $(B)/python/kvcd
+PY_EXT := $(PY_PKG)/_kvcd$(PY_EXT_SUFFIX)
+PY_FILES := $(PY_PKG)/__init__.py $(PY_PKG)/__init__.pyi $(PY_PKG)/py.typed
+ifeq ($(SAN),0)
+PY_ALL := $(if $(wildcard $(PY_INCLUDE)/Python.h),$(PY_EXT) $(PY_FILES))
+PY_CHECK := $(B)/tests/check_python
+endif
+
 .PHONY: all check check-run check-gpu deps demo bench benches clean tests config-ini fuzz \
-	fuzz-build fuzz-smoke mutation
-all: $(BINS) $(LIBS)
-tests: $(CHECK_BINS)
+	fuzz-build fuzz-smoke mutation python
+all: $(BINS) $(LIBS) $(PY_ALL)
+tests: $(CHECK_BINS) $(PY_CHECK)
 benches: $(BENCH_BINS) $(B)/bin/kvcsim
 
 # Objects reached through pattern rules are intermediate to make; keep them, or every run
@@ -154,6 +173,28 @@ kvcsim: $(B)/bin/kvcsim
 $(B)/bin/kvcsim: $(B)/obj/tests/bench/kvcsim.o $(B)/obj/tests/lib/sim.o $(B)/lib/libkvcd.a
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $^ -lm
+
+# ---- the Python package (python/, issue 14) -------------------------------------------------
+# The package's variables are set with the sources above, before `all` reads them.
+
+python: $(PY_EXT) $(PY_FILES)
+
+$(PY_EXT): python/kvcd/_kvcd.c client/kvc.h $(B)/lib/libkvc.a
+	@test -n "$(PY_EXT_SUFFIX)" -a -f "$(PY_INCLUDE)/Python.h" || \
+		{ echo "python: no Python headers for $(PYTHON) (make deps installs python3-dev)"; exit 1; }
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -isystem $(PY_INCLUDE) -shared -o $@ python/kvcd/_kvcd.c \
+		$(B)/lib/libkvc.a $(shell pkg-config --libs libxxhash) $(CUDA_LIBS) -pthread -lm
+
+$(PY_PKG)/%: python/kvcd/%
+	@mkdir -p $(dir $@)
+	cp $< $@
+
+# The pytest suite as one more suite of tests/run-checks.sh (python/tests/check_python.sh.in).
+$(B)/tests/check_python: python/tests/check_python.sh.in $(PY_EXT) $(PY_FILES) $(B)/bin/kvcd
+	@mkdir -p $(dir $@)
+	sed -e 's|@PYTHON@|$(PYTHON)|g' -e 's|@TOP@|$(TOP)|g' -e 's|@B@|$(B)|g' $< > $@.tmp
+	chmod 0755 $@.tmp && mv $@.tmp $@
 
 # ---- the README's commands -----------------------------------------------
 deps:
@@ -288,6 +329,10 @@ SUBST = sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' \
 MAN8 := docs/man/kvcd.8 docs/man/kvcctl.8 docs/man/kvcreplay.8
 MAN5 := docs/man/kvcd.ini.5
 MAN3 := docs/man/libkvc.3
+# The kvcd Python package, where /usr/bin/python3 finds it: Debian's dist-packages (/usr: the
+# version-less dir of distribution packages; other prefixes: the versioned one of /usr/local).
+PY_LIBDIR = $(if $(filter /usr,$(PREFIX)),python3,python$(PY_VERSION))
+PYTHONDIR ?= $(PREFIX)/lib/$(PY_LIBDIR)/dist-packages
 
 .PHONY: install uninstall
 install: all
@@ -310,6 +355,8 @@ install: all
 	$(INSTALL) -m 0644 $(MAN3) $(DESTDIR)$(MANDIR)/man3/
 	$(INSTALL) -m 0644 $(MAN5) $(DESTDIR)$(MANDIR)/man5/
 	$(INSTALL) -m 0644 $(MAN8) $(DESTDIR)$(MANDIR)/man8/
+	$(if $(PY_ALL),$(INSTALL) -d $(DESTDIR)$(PYTHONDIR)/kvcd)
+	$(if $(PY_ALL),$(INSTALL) -m 0644 $(PY_EXT) $(PY_FILES) $(DESTDIR)$(PYTHONDIR)/kvcd/)
 
 # The configuration file stays: it may hold the operator's edits.
 uninstall:
@@ -321,3 +368,4 @@ uninstall:
 		$(addprefix $(DESTDIR)$(MANDIR)/man3/,$(notdir $(MAN3))) \
 		$(addprefix $(DESTDIR)$(MANDIR)/man5/,$(notdir $(MAN5))) \
 		$(addprefix $(DESTDIR)$(MANDIR)/man8/,$(notdir $(MAN8)))
+	rm -rf $(DESTDIR)$(PYTHONDIR)/kvcd

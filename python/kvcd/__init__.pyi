@@ -1,0 +1,123 @@
+# DESIGN: type stub of the kvcd package (python/kvcd/_kvcd.c); the docstrings are the API's
+# reference. Keys are 16-byte bytes objects (libkvc's struct kvc_key); blocks are buffers of
+# Namespace.block_bytes bytes in the namespace's layout and dtype.
+from types import TracebackType
+from typing import Optional, Sequence, Type, Union
+from os import PathLike
+
+# Any object with the buffer protocol (numpy arrays included) is accepted where Buffer is.
+Buffer = Union[bytes, bytearray, memoryview]
+
+SLOT_PRESENT: int  #: already cached: nothing to write
+SLOT_RESERVED: int  #: a slot is yours: write it, then commit
+SLOT_BUSY: int  #: another client is writing this block now
+SLOT_SKIPPED: int  #: follows a busy key; try again after that one is committed
+SLOT_NOSPACE: int  #: no room could be made
+
+class Error(OSError):
+    """A libkvc call failed. ``errno`` is the error (``errno.EPIPE``...), ``strerror``
+    libkvc's message (kvc_strerror)."""
+
+def default_socket() -> str:
+    """The socket path ``Client()`` connects to: $KVCD_SOCKET, else
+    $XDG_RUNTIME_DIR/kvcd.sock, else /run/kvcd/kvcd.sock."""
+
+class Client:
+    """One connection to kvcd. Usable from several threads (libkvc serialises the calls of
+    one client; use one client per thread for parallel round trips). Round trips and copies
+    release the GIL."""
+
+    closed: bool
+    def __init__(self, socket_path: Union[str, bytes, PathLike, None] = None) -> None:
+        """Connects; raises Error (ENOENT, ECONNREFUSED, EACCES, EUSERS...)."""
+    def namespace(self, model_id: str, layers: int, kv_heads: int, head_dim: int,
+                  block_tokens: int, dtype: str = "fp16", k_only: bool = False) -> Namespace:
+        """Opens (creating if new) the namespace of ``model_id`` with this layout. dtype:
+        fp16, bf16, fp32, fp8_e4m3 or int8. Error EINVAL on a bad layout, EEXIST when the
+        model id is known with another layout."""
+    def stats(self, scope: int = 0) -> dict[str, int]:
+        """The daemon's counters (scope 0) or a namespace's (scope = Namespace.id)."""
+    def close(self) -> None:
+        """Closes the connection. Every later call on it, its namespaces, leases and
+        reservations raises ValueError. Leases and reservations not finished are released
+        and aborted; views still exported from them stay valid, and the connection and its
+        arena mapping stay until the last of them is released. Idempotent."""
+    def __enter__(self) -> Client: ...
+    def __exit__(self, t: Optional[Type[BaseException]], v: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> bool:
+        """close()."""
+
+class Namespace:
+    """One model's KV layout, opened by Client.namespace(). Holds its client."""
+
+    block_bytes: int  #: bytes of one block
+    block_tokens: int  #: tokens per block
+    id: int  #: the daemon's namespace id
+    model_id: str
+    def keys_from_tokens(self, tokens: Sequence[int], parent: Optional[bytes] = None,
+                         extra: bytes = b"") -> list[bytes]:
+        """Chained keys of the full blocks of ``tokens`` (the tail of fewer than
+        block_tokens gets none). ``parent``: the last key of an earlier call, to continue a
+        prefix; ``extra`` (adapter id, tenant salt) is mixed into every key. No round trip."""
+    def lookup(self, keys: Sequence[bytes], ready_only: bool = False) -> Lease:
+        """Pins the longest cached prefix of ``keys``; ``len(lease)`` is the number of hits
+        (0: an empty lease). ready_only: stop at the first block not in memory now. Error
+        EINVAL (a key repeated), EDQUOT, EMFILE, EPIPE."""
+    def reserve(self, keys: Sequence[bytes], parent: Optional[bytes] = None) -> Reservation:
+        """Reserves slots for the keys of the chain parent -> keys[0] -> ... not cached yet.
+        Finish it (commit/abort, or a with block) within the daemon's
+        server.reservation_timeout."""
+    def put_prefix(self, keys: Sequence[bytes], buffers: Sequence[Buffer],
+                   parent: Optional[bytes] = None) -> int:
+        """Stores buffers[i] (block_bytes each, C-contiguous) under keys[i] for every key not
+        cached yet; returns the number of blocks written."""
+    def get_prefix(self, keys: Sequence[bytes], buffers: Sequence[Buffer]) -> int:
+        """Copies the longest cached prefix into the writable buffers[0..hit); returns hit."""
+
+class Lease:
+    """Pinned hits of one lookup. A context manager: the with block releases it."""
+
+    released: bool  #: True after release() or the client's close() (and for 0 hits)
+    block_bytes: int
+    def __len__(self) -> int:
+        """Number of hits."""
+    def __getitem__(self, i: int) -> memoryview:
+        """A read-only memoryview of hit i inside the shared arena, without a copy:
+        ``numpy.frombuffer(lease[i], numpy.float16)`` views it. The view holds the lease:
+        it stays valid (the block stays pinned and mapped) after release() or close(),
+        until the view and everything made from it are gone. ValueError once released."""
+    def copy_into(self, i: int, buffer: Buffer) -> None:
+        """Copies hit i (dequantized if stored lossy) into a writable buffer of at least
+        block_bytes; the GIL is released during the copy."""
+    def release(self) -> None:
+        """Unpins the hits; views still exported keep theirs pinned until released."""
+    def __enter__(self) -> Lease: ...
+    def __exit__(self, t: Optional[Type[BaseException]], v: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> bool: ...
+
+class Reservation:
+    """Slots of one reservation. A context manager: the with block commits on success and
+    aborts on an exception."""
+
+    reserved: int  #: slots reserved
+    statuses: list[int]  #: SLOT_* of every key
+    finished: bool  #: after commit(), abort() or the client's close()
+    block_bytes: int
+    def __len__(self) -> int:
+        """Number of keys."""
+    def __getitem__(self, i: int) -> memoryview:
+        """A writable memoryview of the slot of key i (status SLOT_RESERVED, else
+        ValueError). Release every such view (del, or memoryview.release()) before commit:
+        commit() raises BufferError while one is exported."""
+    def status(self, i: int) -> int:
+        """SLOT_* status of key i."""
+    def write(self, i: int, buffer: Buffer) -> None:
+        """Copies one block into the slot of key i (GIL released)."""
+    def commit(self, n: Optional[int] = None) -> int:
+        """Publishes the first n reserved slots (None: all), frees the rest; returns the
+        number committed. Error ETIMEDOUT when the daemon had aborted the reservation."""
+    def abort(self) -> None:
+        """Frees every slot unseen (once no view of a slot is left)."""
+    def __enter__(self) -> Reservation: ...
+    def __exit__(self, t: Optional[Type[BaseException]], v: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> bool: ...

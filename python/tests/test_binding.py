@@ -1,0 +1,362 @@
+# DESIGN: tests of the kvcd Python package against a real kvcd (build/bin/kvcd, or $KVCD_BIN)
+# started on a Unix socket in a temporary directory with a small host arena, as the C suites
+# do (tests/lib/daemon.c), and stopped by its pid at the end. Run by `make check` through
+# build/tests/check_python with PYTHONPATH=build/python; by hand:
+#   PYTHONPATH=build/python /usr/bin/python3 -m pytest -q python/tests
+import errno
+import gc
+import itertools
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import kvcd
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+KVCD_BIN = os.environ.get("KVCD_BIN") or os.path.join(HERE, "..", "..", "build", "bin", "kvcd")
+LAYOUT = dict(layers=2, kv_heads=2, head_dim=16, block_tokens=4)  # 512-byte fp16 blocks
+_models = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    d = tempfile.mkdtemp(prefix="kvc-python.")
+    sock = os.path.join(d, "kvcd.sock")
+    log = open(os.path.join(d, "kvcd.log"), "wb")
+    proc = subprocess.Popen(
+        [KVCD_BIN, "-o", "server.socket=" + sock, "-o", "host.size=32m",
+         "-o", "host.prefault=no", "-o", "host.hugepages=off"],
+        stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+    try:
+        end = time.monotonic() + 20
+        while not os.path.exists(sock):
+            if proc.poll() is not None or time.monotonic() > end:
+                log.flush()
+                with open(os.path.join(d, "kvcd.log")) as f:
+                    pytest.fail("kvcd did not start: " + f.read())
+            time.sleep(0.01)
+        yield sock
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def client(daemon):
+    with kvcd.Client(daemon) as c:
+        yield c
+
+
+def new_ns(client, **kw):
+    """A namespace of its own for each test: no test sees another's blocks."""
+    layout = dict(LAYOUT, **kw)
+    return client.namespace("python-test-%d" % next(_models), **layout)
+
+
+def blocks_for(ns, n, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(ns.block_bytes // 2).astype(np.float16) for _ in range(n)]
+
+
+def tokens(n, start=0):
+    return list(range(start, start + n))
+
+
+def test_put_then_lookup_round_trip(client):
+    ns = new_ns(client)
+    assert ns.block_bytes == 2 * 2 * 2 * 16 * 4 * 2  # layers, K/V, heads, dim, tokens, fp16
+    keys = ns.keys_from_tokens(tokens(8 * ns.block_tokens + 3))
+    assert len(keys) == 8 and all(isinstance(k, bytes) and len(k) == 16 for k in keys)
+    blocks = blocks_for(ns, 8)
+    assert ns.put_prefix(keys, blocks) == 8
+    with ns.lookup(keys) as lease:
+        assert len(lease) == 8
+        for i, b in enumerate(blocks):
+            out = np.zeros_like(b)
+            lease.copy_into(i, out)
+            assert np.array_equal(out, b)
+    outs = [np.zeros_like(b) for b in blocks]
+    assert ns.get_prefix(keys, outs) == 8
+    assert all(np.array_equal(o, b) for o, b in zip(outs, blocks))
+    # A longer chain hits its cached prefix only.
+    more = ns.keys_from_tokens(tokens(4 * ns.block_tokens, 10_000), parent=keys[-1])
+    with ns.lookup(keys + more) as lease:
+        assert len(lease) == 8
+    stats = client.stats()
+    assert isinstance(stats, dict) and stats and all(isinstance(v, int) for v in stats.values())
+
+
+def test_keys_are_chained_and_stable(client):
+    ns = new_ns(client)
+    t = tokens(6 * ns.block_tokens)
+    keys = ns.keys_from_tokens(t)
+    assert keys == ns.keys_from_tokens(np.array(t, dtype=np.uint32))
+    assert ns.keys_from_tokens(t[:12])[:3] == keys[:3]
+    assert ns.keys_from_tokens(t[12:], parent=keys[2]) == keys[3:]
+    assert ns.keys_from_tokens(t, extra=b"adapter-1") != keys
+
+
+def test_zero_copy_view_is_read_only(client):
+    ns = new_ns(client)
+    keys = ns.keys_from_tokens(tokens(3 * ns.block_tokens))
+    blocks = blocks_for(ns, 3, seed=1)
+    ns.put_prefix(keys, blocks)
+    with ns.lookup(keys) as lease:
+        mv = lease[1]
+        assert isinstance(mv, memoryview) and mv.readonly and mv.nbytes == ns.block_bytes
+        a = np.frombuffer(lease[1], dtype=np.float16)
+        assert not a.flags.writeable
+        assert np.array_equal(a, blocks[1])
+        with pytest.raises(ValueError):
+            a[0] = 1
+        # Zero copy: two views of one hit are the same arena bytes.
+        b = np.frombuffer(lease[1], dtype=np.float16)
+        assert a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+        assert np.array_equal(np.frombuffer(lease[-1], np.float16), blocks[2])
+        with pytest.raises(IndexError):
+            lease[3]
+        del a, b, mv
+
+
+def test_reservation_commit(client):
+    ns = new_ns(client)
+    keys = ns.keys_from_tokens(tokens(4 * ns.block_tokens))
+    blocks = blocks_for(ns, 4, seed=2)
+    with ns.reserve(keys) as r:
+        assert len(r) == 4 and r.reserved == 4
+        assert r.statuses == [kvcd.SLOT_RESERVED] * 4
+        for i in range(2):  # through a writable view, zero copy
+            np.frombuffer(r[i], dtype=np.float16)[:] = blocks[i]
+        for i in range(2, 4):  # through a copy
+            r.write(i, blocks[i])
+    assert r.finished
+    with ns.lookup(keys) as lease:
+        assert len(lease) == 4
+        assert all(np.array_equal(np.frombuffer(lease[i], np.float16), blocks[i])
+                   for i in range(4))
+    with ns.reserve(keys) as r:
+        assert r.reserved == 0 and r.status(0) == kvcd.SLOT_PRESENT
+        with pytest.raises(ValueError):
+            r[0]  # no slot to write
+
+
+def test_reservation_partial_commit_and_abort(client):
+    ns = new_ns(client)
+    keys = ns.keys_from_tokens(tokens(4 * ns.block_tokens))
+    blocks = blocks_for(ns, 4, seed=3)
+    with pytest.raises(RuntimeError):
+        with ns.reserve(keys) as r:
+            r.write(0, blocks[0])
+            raise RuntimeError("engine failed mid-write")
+    assert r.finished
+    with ns.lookup(keys) as lease:
+        assert len(lease) == 0 and lease.released
+    r = ns.reserve(keys)
+    for i in range(4):
+        r.write(i, blocks[i])
+    assert r.commit(2) == 2
+    with pytest.raises(ValueError):
+        r.commit()
+    with ns.lookup(keys) as lease:
+        assert len(lease) == 2
+    r = ns.reserve(keys[2:], parent=keys[1])
+    assert r.reserved == 2
+    r.abort()
+    r.abort()  # idempotent
+    with ns.lookup(keys) as lease:
+        assert len(lease) == 2
+
+
+def test_commit_refused_while_slot_view_exported(client):
+    ns = new_ns(client)
+    keys = ns.keys_from_tokens(tokens(ns.block_tokens))
+    r = ns.reserve(keys)
+    mv = r[0]
+    mv[:] = bytes(ns.block_bytes)
+    with pytest.raises(BufferError):
+        r.commit()
+    mv.release()
+    assert r.commit() == 1
+
+
+def test_errors(daemon, client):
+    assert issubclass(kvcd.Error, OSError)
+    with pytest.raises(kvcd.Error) as e:
+        client.namespace("python-bad-layout", 0, 2, 16, 4)
+    assert e.value.errno == errno.EINVAL and e.value.strerror
+    with pytest.raises(ValueError):
+        client.namespace("python-bad-dtype", 2, 2, 16, 4, dtype="fp7")
+    ns = new_ns(client)
+    with pytest.raises(kvcd.Error) as e:
+        client.namespace(ns.model_id, 2, 2, 32, 4)  # known with another layout
+    assert e.value.errno == errno.EEXIST
+    with pytest.raises(kvcd.Error) as e:
+        kvcd.Client(os.path.join(os.path.dirname(daemon), "nobody.sock"))
+    assert e.value.errno in (errno.ENOENT, errno.ECONNREFUSED)
+    keys = ns.keys_from_tokens(tokens(2 * ns.block_tokens))
+    with pytest.raises(ValueError):
+        ns.lookup([b"short"])
+    with pytest.raises(kvcd.Error) as e:
+        ns.lookup([keys[0], keys[0]])  # a key repeated
+    assert e.value.errno == errno.EINVAL
+    with pytest.raises(ValueError):
+        ns.put_prefix(keys, [bytes(ns.block_bytes)])  # one buffer for two keys
+    with pytest.raises(ValueError):
+        ns.put_prefix(keys, [bytes(10), bytes(10)])  # buffers smaller than a block
+    with pytest.raises((BufferError, TypeError)):
+        ns.get_prefix(keys, [bytes(ns.block_bytes)] * 2)  # read-only buffers
+
+
+def test_use_after_close_raises(daemon):
+    c = kvcd.Client(daemon)
+    ns = new_ns(c)
+    keys = ns.keys_from_tokens(tokens(2 * ns.block_tokens))
+    ns.put_prefix(keys, blocks_for(ns, 2))
+    lease = ns.lookup(keys)  # left unreleased on purpose
+    r = ns.reserve(ns.keys_from_tokens(tokens(ns.block_tokens, 500)))
+    c.close()
+    c.close()
+    assert c.closed and lease.released and r.finished
+    for call in (lambda: ns.lookup(keys), lambda: ns.put_prefix(keys, blocks_for(ns, 2)),
+                 lambda: ns.block_bytes, lambda: c.stats(), lambda: lease[0],
+                 lambda: lease.copy_into(0, bytearray(ns.block_bytes)), lambda: r.commit(),
+                 lambda: r.write(0, bytes(ns.block_bytes)), lambda: c.namespace("x", 1, 1, 1, 1)):
+        with pytest.raises((ValueError, kvcd.Error)):
+            call()
+    lease.release()
+    r.abort()
+    del lease, r, ns, c
+    gc.collect()
+
+
+def test_views_outlive_their_lease_and_client(daemon):
+    """Documented behaviour: a view stays valid (its block pinned, the arena mapped) until
+    the view and every array made from it are gone, after release() and after close()."""
+    c = kvcd.Client(daemon)
+    ns = new_ns(c)
+    keys = ns.keys_from_tokens(tokens(2 * ns.block_tokens))
+    blocks = blocks_for(ns, 2, seed=4)
+    ns.put_prefix(keys, blocks)
+    with ns.lookup(keys) as lease:
+        a = np.frombuffer(lease[0], np.float16)
+        mv = lease[1]
+    assert lease.released
+    with pytest.raises(ValueError):
+        lease[0]
+    assert np.array_equal(a, blocks[0])
+    c.close()
+    assert np.array_equal(a, blocks[0])
+    assert np.array_equal(np.frombuffer(mv, np.float16), blocks[1])
+    del a, mv, lease
+    gc.collect()
+    # The last view gone, the pins went with the connection: another client sees the blocks.
+    with kvcd.Client(daemon) as c2:
+        ns2 = c2.namespace(ns.model_id, **LAYOUT)
+        r = ns2.reserve(keys)
+        assert r.statuses == [kvcd.SLOT_PRESENT] * 2
+        r.abort()
+
+
+def _rss_kib():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def test_no_reference_leak_over_10000_lookups(client):
+    ns = new_ns(client)
+    keys = ns.keys_from_tokens(tokens(4 * ns.block_tokens))
+    ns.put_prefix(keys, blocks_for(ns, 4))
+    out = np.zeros(ns.block_bytes // 2, np.float16)
+
+    def round_(n):
+        for _ in range(n):
+            with ns.lookup(keys) as lease:
+                v = np.frombuffer(lease[0], np.float16)
+                lease.copy_into(1, out)
+                del v
+
+    round_(500)
+    gc.collect()
+    refs = (sys.getrefcount(client), sys.getrefcount(ns), sys.getrefcount(keys),
+            sys.getrefcount(keys[0]), sys.getrefcount(out))
+    rss = _rss_kib()
+    round_(10_000)
+    gc.collect()
+    assert (sys.getrefcount(client), sys.getrefcount(ns), sys.getrefcount(keys),
+            sys.getrefcount(keys[0]), sys.getrefcount(out)) == refs
+    assert _rss_kib() - rss < 8 * 1024, "RSS grew by more than 8 MiB over 10,000 lookups"
+
+
+def test_two_threads_share_one_client(client):
+    ns = new_ns(client)
+    errors = []
+
+    def worker(t):
+        try:
+            for j in range(100):
+                keys = ns.keys_from_tokens(tokens(2 * ns.block_tokens, 1_000_000 * t + 100 * j))
+                blocks = blocks_for(ns, 2, seed=t * 1000 + j)
+                ns.put_prefix(keys, blocks)
+                with ns.lookup(keys) as lease:
+                    assert len(lease) == 2
+                    out = np.zeros_like(blocks[0])
+                    for i in range(2):
+                        lease.copy_into(i, out)
+                        assert np.array_equal(out, blocks[i])
+        except Exception as e:  # reported in the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads)
+    assert not errors, errors
+
+
+def test_close_while_other_thread_copies(daemon):
+    """close() from one thread while another is inside calls with the GIL released: the
+    other thread's calls either finish or raise ValueError; nothing is freed under it."""
+    c = kvcd.Client(daemon)
+    ns = new_ns(c)
+    keys = ns.keys_from_tokens(tokens(4 * ns.block_tokens))
+    ns.put_prefix(keys, blocks_for(ns, 4))
+    stop = threading.Event()
+    seen = []
+
+    def reader():
+        out = bytearray(ns.block_bytes)
+        while not stop.is_set():
+            try:
+                with ns.lookup(keys) as lease:
+                    for i in range(len(lease)):
+                        lease.copy_into(i, out)
+            except ValueError:
+                seen.append("closed")
+                return
+
+    t = threading.Thread(target=reader)
+    t.start()
+    time.sleep(0.2)
+    c.close()
+    t.join(timeout=30)
+    stop.set()
+    assert not t.is_alive() and seen == ["closed"]
