@@ -401,7 +401,6 @@ struct sim_state {
     uint64_t disk_used;
     uint64_t evictions;
     double keyed_half_life; /* the half-life the heap keys were computed with */
-    double qratio;
     /* The precision ladder (c->ladder): a heap per lossy rung, by policy key (rung 0, raw,
      * is `host`); rung[x] is a block's codec, rung_of[codec] its rung, room[k] what rung k
      * holds (in blocks). */
@@ -511,6 +510,22 @@ static int sim_disk_room(struct sim_state *s)
     return 0;
 }
 
+/* x leaves the fast tier: to disk when the policy chose to offload it and the disk admits
+ * it (its rung stays: it comes back as it left), else dropped, as the daemon's engine drops a
+ * block the disk would not take. */
+static void sim_out(struct sim_state *s, uint32_t x, int offload)
+{
+    sim_leave_fast(s, x);
+    if (offload && !(s->blk[x].hits < s->c->admit_hits && !s->blk[x].children)) {
+        s->where[x] = SIM_DISK;
+        s->disk_used++;
+        s->r->disk_writes++;
+        sim_heap_push(&s->disk, x);
+        return;
+    }
+    sim_forget(s, x);
+}
+
 /* Frees fast-tier room until `need` more fits; -ENOSPC when only pinned blocks remain. */
 static int sim_host_room_victim(struct sim_state *s, double need, uint64_t now)
 {
@@ -526,8 +541,7 @@ static int sim_host_room_victim(struct sim_state *s, double need, uint64_t now)
         uint32_t x = s->host.a[0];
         struct policy_block b = s->blk[x];
         struct policy_action a;
-        b.bytes = s->where[x] == SIM_QUANT ? (uint64_t)(SIM_BLOCK_BYTES * s->qratio)
-                                           : SIM_BLOCK_BYTES;
+        b.bytes = (uint64_t)(SIM_BLOCK_BYTES * sim_room(s, x));
         b.flags &= ~(POLICY_BLOCK_QUANTIZED | POLICY_BLOCK_ON_DISK);
         if (s->where[x] == SIM_QUANT)
             b.flags |= POLICY_BLOCK_QUANTIZED;
@@ -544,28 +558,13 @@ static int sim_host_room_victim(struct sim_state *s, double need, uint64_t now)
             continue; /* an inner block nothing applies to: parked until a leaf */
         switch (a.action) {
         case POLICY_ACTION_QUANTIZE:
-            s->used -= 1.0 - s->qratio;
-            s->rung[x] = (uint8_t)s->c->codec;
-            s->where[x] = SIM_QUANT;
+            sim_leave_fast(s, x);
+            sim_enter_fast(s, x, (enum policy_codec)s->c->codec);
             s->blk[x].flags |= POLICY_BLOCK_QUANTIZED;
             sim_heap_push(&s->host, x);
             break;
-        case POLICY_ACTION_OFFLOAD:
-            if (s->blk[x].hits < s->c->admit_hits && !s->blk[x].children) {
-                /* Not admitted: dropped, as the daemon's engine does for a block the disk would not take. */
-                sim_leave_fast(s, x);
-                sim_forget(s, x);
-                break;
-            }
-            sim_leave_fast(s, x);
-            s->where[x] = SIM_DISK;
-            s->disk_used++;
-            s->r->disk_writes++;
-            sim_heap_push(&s->disk, x);
-            break;
         default:
-            sim_leave_fast(s, x);
-            sim_forget(s, x);
+            sim_out(s, x, a.action == POLICY_ACTION_OFFLOAD);
             break;
         }
     }
@@ -590,17 +589,7 @@ static void sim_ladder_out(struct sim_state *s, uint32_t x, struct sim_heap *fro
     sim_heap_remove(from, x);
     if (policy_decide((enum policy_kind)s->c->policy, &b, 1, now, &s->p, &pr, &a) == 0)
         return; /* an inner block: parked until a leaf */
-    if (a.action == POLICY_ACTION_OFFLOAD &&
-        !(s->blk[x].hits < s->c->admit_hits && !s->blk[x].children)) {
-        sim_leave_fast(s, x);
-        s->where[x] = SIM_DISK; /* its rung stays: it comes back as it left */
-        s->disk_used++;
-        s->r->disk_writes++;
-        sim_heap_push(&s->disk, x);
-        return;
-    }
-    sim_leave_fast(s, x);
-    sim_forget(s, x);
+    sim_out(s, x, a.action == POLICY_ACTION_OFFLOAD);
 }
 
 /* The fast tier under the precision ladder (policy_ladder.c): each step takes the coldest
@@ -867,7 +856,6 @@ int sim_run(const struct sim_trace *t, const struct sim_config *c, struct sim_re
     }
     s.p.half_life = c->half_life; /* requests, until reuse intervals are observed */
     s.keyed_half_life = s.p.half_life;
-    s.qratio = c->codec ? policy_codec_ratio((enum policy_codec)c->codec) : 1.0;
     {
         uint32_t rungs = 1;
         s.codec_at[0] = POLICY_CODEC_RAW;
