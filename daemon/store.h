@@ -179,6 +179,7 @@ struct store {
     /* Ghosts (store_policy.c): what the policies knew of recently evicted blocks. */
     struct store_ghost *ghost;
     uint32_t nghost;   /* entries, a power of two (sets of STORE_GHOST_WAYS) */
+    uint32_t ghost_cap; /* the most entries the table may have (0: not computed yet) */
     uint32_t ghost_seq; /* evictions noted so far (wraps) */
     uint64_t ghost_salt;
     bool heap_defer; /* store_ns_policy_set leaves the heap rebuild to its caller */

@@ -441,13 +441,20 @@ static void store_ghost_put(struct store *s, const struct store_ghost *g)
 /* Sizes the table for ns's window (grown, never shrunk; what it held is kept). */
 static int store_ghost_fit(struct store *s, const struct store_ns *ns)
 {
-    uint64_t mem = 0, want = STORE_GHOST_MIN, cap = STORE_GHOST_MIN;
-    uint64_t w = store_ghost_window(s, ns);
-    for (uint32_t a = 0; a < s->narenas; a++)
-        mem += s->arenas[a].tier->ops->capacity(s->arenas[a].tier);
-    while (cap * 2 * sizeof(struct store_ghost) <= mem / STORE_GHOST_MEM_DIV && cap < (1u << 30))
-        cap *= 2;
-    while (want < w + w / 2 && want < cap)
+    uint64_t want = STORE_GHOST_MIN, w = store_ghost_window(s, ns);
+    /* Called on every eviction: the table mostly fits already, or is at its largest. */
+    if ((s->nghost && s->nghost >= w + w / 2) || (s->ghost_cap && s->nghost == s->ghost_cap))
+        return 0;
+    if (!s->ghost_cap) { /* the host arenas are fixed at start: their size once */
+        uint64_t mem = 0, cap = STORE_GHOST_MIN;
+        for (uint32_t a = 0; a < s->narenas; a++)
+            mem += s->arenas[a].tier->ops->capacity(s->arenas[a].tier);
+        while (cap * 2 * sizeof(struct store_ghost) <= mem / STORE_GHOST_MEM_DIV &&
+               cap < (1u << 30))
+            cap *= 2;
+        s->ghost_cap = (uint32_t)cap;
+    }
+    while (want < w + w / 2 && want < s->ghost_cap)
         want *= 2;
     if (want <= s->nghost)
         return 0;
