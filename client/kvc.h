@@ -335,8 +335,11 @@ KVC_API int kvc_abort(kvc_resv *r);
 
 /* ---- whole prefixes ----------------------------------------------------------------- */
 
-/* Loads the longest cached prefix of keys into dst[0..hit) (each dst[i] block-sized) with
- * one lookup and one release. Returns the number of blocks loaded. */
+/* Loads the longest cached prefix of keys into dst[0..hit) (each dst[i] block-sized).
+ * Returns the number of blocks loaded. Hits in the host arena are copied through the
+ * arena's shared index with no round trip (checked against reuse before and after each
+ * copy); the rest of the prefix takes one lookup and one release. KVC_NO_FASTPATH=1 in the
+ * environment (read at kvc_connect) sends everything through the socket. */
 KVC_API int kvc_get_prefix(kvc_ns *ns, const struct kvc_key *keys, size_t n, void *const *dst);
 
 /* Stores blocks[i] under keys[i] for every key not cached yet (chain as in kvc_reserve).

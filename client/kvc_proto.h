@@ -55,6 +55,7 @@
     X(GPU_ATTACH, 12, 0, "the GPU pool: export handle (descriptor attached) and device")          \
     X(HINT, 16, 0, "per-block importance scores for the policies (H2O mass, SnapKV score)")       \
     X(LOOKUP_BUDGET, 17, 0, "at most N blocks of a cached prefix, chosen by a policy; pinned")    \
+    X(FAST_ATTACH, 18, 0, "the fast path: an arena's shared index or this client's hit ring")    \
     X(CLIENTS, 32, 0, "connected clients: pid, uid, pins, reservations, counters")                 \
     X(METRICS, 33, 0, "every counter in the Prometheus text format, paged")                        \
     X(CONFIG_GET, 34, 0, "the value of one option")                                                \

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "client/kvc.h"
+#include "client/kvc_fast.h"
 #include "client/kvc_proto.h"
 #include "client/libkvc_internal.h"
 #include "kernels/kern.h"
@@ -199,6 +200,8 @@ KVC_API int kvc_connect(const char *path, kvc_client **out)
         return -ENOMEM;
     c->tx = malloc(KVC_PROTO_MAX_MSG);
     c->rx = malloc(KVC_PROTO_MAX_MSG);
+    const char *nf = getenv("KVC_NO_FASTPATH");
+    c->fast_off = nf && *nf && strcmp(nf, "0") != 0;
     pthread_mutex_init(&c->mu, NULL);
     c->fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     if (!c->tx || !c->rx || c->fd < 0) {
@@ -242,6 +245,7 @@ KVC_API void kvc_disconnect(kvc_client *c)
         c->gpu_hooks->fini(c); /* before the arenas it registered are unmapped */
     if (c->fd >= 0)
         close(c->fd);
+    kvci_fast_fini(c);
     for (int i = 0; i < KVC_MAX_ARENAS; i++)
         if (c->arenas[i].base)
             munmap(c->arenas[i].base, c->arenas[i].size);
@@ -407,6 +411,7 @@ static int kvc_ns_open_flags(kvc_client *c, const struct kvc_layout *layout, uin
         ns->block_tokens = wl.block_tokens;
         ns->layout = wl;
         ns->salt = kvc_layout_salt(&wl);
+        ns->fast_lay = kvc_fast_layout_id(&wl);
         ns->next = c->ns;
         c->ns = ns;
     }
@@ -1077,18 +1082,25 @@ KVC_API int kvc_get_prefix(kvc_ns *ns, const struct kvc_key *keys, size_t n, voi
 {
     kvc_lease *l;
     int hits;
-    if (!dst && n)
+    size_t fast;
+    if ((!dst && n) || !ns || (!keys && n))
         return -EINVAL;
-    hits = kvc_lookup(ns, keys, n, 0, &l);
+    if (n > (size_t)KVC_LEASE_MAX_CHUNKS * KVC_PROTO_MAX_KEYS)
+        return -E2BIG;
+    /* The leading hits through the shared index, the rest (if any) through the socket. */
+    fast = kvci_fast_get(ns, keys, n, dst);
+    if (fast == n)
+        return (int)fast;
+    hits = kvc_lookup(ns, keys + fast, n - fast, 0, &l);
     if (hits <= 0)
-        return hits;
+        return fast ? (int)fast : hits;
     for (int i = 0; i < hits; i++) /* each copy adds its time to the lease */
-        if (kvc_lease_copy(l, (size_t)i, dst[i], l->ns->block_bytes) < 0) {
+        if (kvc_lease_copy(l, (size_t)i, dst[fast + i], l->ns->block_bytes) < 0) {
             hits = i; /* what could not be decoded is a miss */
             break;
         }
     kvc_release(l);
-    return hits;
+    return (int)fast + hits;
 }
 
 KVC_API int kvc_put_prefix(kvc_ns *ns, const struct kvc_key *parent, const struct kvc_key *keys,

@@ -54,6 +54,20 @@ struct kvc_arena {
     bool writable;
 };
 
+/* An arena's shared index as this client maps it (libkvc_fast.c). state: 0 not tried, 1
+ * mapped (the fields are set before state, which is read with acquire), -1 not available. */
+struct kvc_fastmap {
+    int state;
+    const uint8_t *map;
+    uint64_t bytes;
+    uint64_t seed;
+    uint32_t nsets, nns;
+    uint64_t units;
+    const uint64_t *nslay;
+    const struct kvc_fast_ent *ents;
+    const uint32_t *gens;
+};
+
 struct kvc_client {
     int fd;
     pthread_mutex_t mu; /* serialises round trips and the structures below */
@@ -70,6 +84,11 @@ struct kvc_client {
     uint32_t gpu_arena;
     uint8_t *gpu_base; /* this process's mapping of the pool (a device address) */
     uint64_t gpu_size;
+    /* The fast path (libkvc_fast.c): off by KVC_NO_FASTPATH=1 or when the daemon has none. */
+    bool fast_off;
+    struct kvc_fastmap fast[KVC_MAX_ARENAS];
+    struct kvc_fast_ring *ring; /* the hit ring, written under mu */
+    uint64_t ring_bytes;
 };
 
 struct kvc_ns {
@@ -79,6 +98,7 @@ struct kvc_ns {
     uint64_t block_bytes;
     uint32_t block_tokens;
     uint64_t salt;
+    uint64_t fast_lay; /* kvc_fast_layout_id of layout: checked against the index's table */
     struct kvc_wire_layout layout;
     struct kvc_ns *next;
 };
@@ -127,6 +147,12 @@ int kvci_reserve_flags(kvc_ns *ns, const struct kvc_key *parent, const struct kv
 /* Tests install a fake device table here before kvc_gpu_attach(). */
 struct kern_dev_ops;
 void kvci_gpu_ops_set(const struct kern_dev_ops *ops);
+
+/* The fast path: copies the leading run of keys[0..n) it can serve from the shared index
+ * into dst[] and returns how many (0 when it is off or the first key is not there). */
+size_t kvci_fast_get(kvc_ns *ns, const struct kvc_key *keys, size_t n, void *const *dst);
+/* Unmaps the indexes and the hit ring (kvc_disconnect). */
+void kvci_fast_fini(kvc_client *c);
 
 uint64_t kvc_layout_salt(const struct kvc_wire_layout *l);
 void kvc_key_chain(uint64_t salt, const struct kvc_key *parent, const uint32_t *tokens,

@@ -49,6 +49,10 @@
       "A reservation not committed or aborted within this time is aborted; COMMIT or ABORT "  \
       "of it then fails with ETIMEDOUT.")                                                     \
     X(server, max_namespaces, INT, "256", 1, 65535, 0, NULL, "Namespaces the daemon holds.")  \
+    X(server, fast_path, BOOL, "yes", 0, 0, 0, NULL,                                          \
+      "Publish each arena's cached blocks in a read-only shared index, so clients copy hits "  \
+      "with no round trip (docs/performance.md). Clients also turn it off with "              \
+      "KVC_NO_FASTPATH=1.")                                                                   \
     X(server, max_namespaces_per_uid, INT, "16", 1, 65535, 1, NULL,                           \
       "Namespaces one user (uid) may create; more are refused (EDQUOT). Admins are exempt; "  \
       "kvcctl ns drop frees them.")                                                           \

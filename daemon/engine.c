@@ -670,6 +670,7 @@ uint32_t engine_arena_fault(struct store *s, uint32_t arena, uint64_t off, uint6
              * gone: a miss from now on, dropped once nothing holds it. */
             b->flags |= BLOCK_F_LOST;
             store_heap_sync(s, i);
+            store_fast_sync(s, i);
         }
         /* Pinned blocks, parents and reserved slots keep what the page holds for every
          * process (the hole reads as zeros): what any writer of the arena could write. */

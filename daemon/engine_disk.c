@@ -786,6 +786,7 @@ static void engine_disk_promote_done(void *arg, int status)
     if (status == 0) {
         /* Inclusive: the record stays, so the block is clean in memory. */
         ENGINE_DISK_STAT_ADD(s, ns, promoted_blocks, 1);
+        store_fast_sync(s, idx); /* ready now */
     } else {
         struct tier *host = engine_disk_mem(s, b);
         if (status == -EBADMSG) {

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "client/kvc_fast.h"
 #include "daemon/proto.h"
 #include "policies/policy.h"
 
@@ -45,6 +46,7 @@ static const struct proto_shape proto_shapes[KVC_OP_MAX] = {
 #undef PROTO_ADMIN_SHAPE
     [KVC_OP_WAIT] = {sizeof(struct kvc_wait_req), 0, 0, 0},
     [KVC_OP_GPU_ATTACH] = {sizeof(struct kvc_gpu_attach_req), 0, 0, 0},
+    [KVC_OP_FAST_ATTACH] = {sizeof(struct kvc_fast_attach_req), 0, 0, 0},
     [KVC_OP_HINT] = {sizeof(struct kvc_hint_req), sizeof(struct kvc_wire_hint),
                      offsetof(struct kvc_hint_req, nhints), KVC_PROTO_MAX_KEYS},
     /* keys, then qdim floats: the length is checked in proto_decode_budget() */
@@ -177,6 +179,16 @@ static int proto_check_body(uint32_t op, const void *body, const char **why)
     case KVC_OP_GPU_ATTACH: {
         const struct kvc_gpu_attach_req *q = body;
         if ((q->flags & ~KVC_GPU_ATTACH_F_MAPPED) || q->pad)
+            goto reserved;
+        break;
+    }
+    case KVC_OP_FAST_ATTACH: {
+        const struct kvc_fast_attach_req *q = body;
+        if (q->what < KVC_FAST_INDEX || q->what > KVC_FAST_SYNC) {
+            *why = "unknown FAST_ATTACH kind";
+            return -EINVAL;
+        }
+        if (q->what != KVC_FAST_INDEX && q->arena_id)
             goto reserved;
         break;
     }

@@ -196,6 +196,7 @@ static void quant_apply(struct quant *q, struct quant_job *j)
         j->quest = NULL;
     }
     store_heap_sync(s, j->idx); /* its format and key norm are part of its key */
+    store_fast_sync(s, j->idx); /* the new slot, before the old one is freed */
     t->ops->free(t, &j->raw);
     s->total.quantized_blocks++;
     ns->stats.quantized_blocks++;

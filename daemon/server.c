@@ -39,6 +39,7 @@
 #include "daemon/config_ns.h"
 #include "daemon/engine.h"
 #include "daemon/engine_disk.h"
+#include "daemon/fast.h"
 #include "daemon/log.h"
 #include "daemon/loop.h"
 #include "daemon/proto.h"
@@ -97,6 +98,7 @@ struct conn {
     uint32_t nresv, capresv;
     uint64_t expired[SERVER_EXPIRED_KEEP]; /* ring of aborted reservation ids */
     uint32_t nexpired;
+    struct fast_ring *ring; /* FAST_ATTACH: the hits it took through the shared index */
 };
 
 /* A WAIT answered when its lease's reads from disk end or its time runs out. */
@@ -149,6 +151,7 @@ struct server {
     const struct config *cfg;
     struct acl *acl;
     struct server_hooks hooks;
+    struct kvc_fast_hit fast_hits[KVC_FAST_RING_ENTS]; /* a hit ring's entries, being read */
 };
 
 int server_socket_path(const char *configured, char *out, size_t len)
@@ -266,6 +269,7 @@ static void server_conn_close(struct server *sv, struct conn *c, const char *why
     store_owner_fini(sv->store, &c->owner);
     server_uid_sync(c);
     server_uid_put(sv, c->u);
+    fast_ring_free(c->ring);
     free(c->ns_open);
     free(c->resv);
     if (c->prev)
@@ -732,6 +736,8 @@ static void server_arena_faults(struct server *sv)
     }
 }
 
+static void server_fast_drain(struct server *sv, struct conn *c, uint64_t now);
+
 void server_tick(struct server *sv)
 {
     uint64_t now;
@@ -754,6 +760,7 @@ void server_tick(struct server *sv)
         }
         if (c->nresv)
             server_resv_expire(sv, c, now);
+        server_fast_drain(sv, c, now);
     }
     if (sv->waits && now >= sv->waits_deadline)
         server_waits_check(sv, now);
@@ -1120,6 +1127,76 @@ static int server_on_gpu_attach(struct server *sv, struct conn *c, const struct 
     return sizeof(*p);
 }
 
+/* ---- the fast path (client/kvc_fast.h) ------------------------------------------------ */
+
+/* Counts the hits c took through the shared index since the last call, as LOOKUP would:
+ * each entry must name a cached block of a namespace c opened and may read; the rest are
+ * refused (counted). At most a ring's worth per call, so a client cannot keep the loop. */
+static void server_fast_drain(struct server *sv, struct conn *c, uint64_t now)
+{
+    struct kvc_fast_hit *h = sv->fast_hits;
+    uint32_t n;
+    if (!c->ring || !(n = fast_ring_take(c->ring, h, KVC_FAST_RING_ENTS)))
+        return;
+    c->t_last = now; /* a client that only hits through the index is not idle */
+    for (uint32_t first = 0, end; first < n; first = end) {
+        /* A request's hits: from one with nkeys set to the next one. */
+        for (end = first + 1; end < n && !h[end].nkeys; end++)
+            ;
+        /* Touched last to first, as LOOKUP does; the tuner sees them in prefix order. */
+        for (uint32_t i = end; i-- > first;) {
+            struct kvc_wire_key k = {.lo = h[i].klo, .hi = h[i].khi};
+            if (server_ns_use(sv, c, h[i].ns, KVC_ACCESS_READ) ||
+                store_fast_hit(sv->store, h[i].ns, h[i].block, &k, h[i].nkeys, now)) {
+                sv->store->total.fast_refused++;
+                c->st.fast_refused++;
+                h[i].nkeys = UINT32_MAX; /* not fed to the tuner */
+                continue;
+            }
+            c->st.fast_hits++;
+            c->st.hit_blocks++;
+        }
+        for (uint32_t i = first; i < end; i++)
+            if (h[i].nkeys != UINT32_MAX) {
+                struct kvc_wire_key k = {.lo = h[i].klo, .hi = h[i].khi};
+                store_fast_ref(sv->store, h[i].ns, &k, h[i].pos, now);
+            }
+    }
+}
+
+static int server_on_fast_attach(struct server *sv, struct conn *c, const struct proto_req *r,
+                                 uint64_t now, int *send_fd, bool *fd_owned)
+{
+    const struct kvc_fast_attach_req *q = r->body;
+    struct kvc_fast_attach_rep *p = (struct kvc_fast_attach_rep *)((struct kvc_msg_hdr *)sv->tx + 1);
+    int rc = 0;
+    *p = (struct kvc_fast_attach_rep){.what = q->what, .arena_id = q->arena_id};
+    if (q->what == KVC_FAST_SYNC) {
+        server_fast_drain(sv, c, now);
+        return sizeof(*p);
+    }
+    if (!sv->store->fast[0])
+        return -EOPNOTSUPP; /* server.fast_path = no */
+    if (q->what == KVC_FAST_INDEX) {
+        /* The index names where every block of the arena is: for a holder of the arena. */
+        if (q->arena_id >= sv->store->narenas || !(c->arenas_sent & (1u << q->arena_id)))
+            return -EACCES;
+        int fd = fast_index_fd_ro(sv->store->fast[q->arena_id]);
+        if (fd < 0)
+            return fd;
+        *send_fd = fd;
+        *fd_owned = true;
+        p->bytes = fast_index_bytes(sv->store->fast[q->arena_id]);
+        return sizeof(*p);
+    }
+    if (c->ring)
+        return -EEXIST; /* one per connection */
+    if (!(c->ring = fast_ring_new(send_fd, &rc)))
+        return rc; /* the descriptor stays the ring's */
+    p->bytes = sizeof(struct kvc_fast_ring) + KVC_FAST_RING_ENTS * sizeof(struct kvc_fast_hit);
+    return sizeof(*p);
+}
+
 /* ---- dispatch -------------------------------------------------------------------------- */
 
 /* Errors by kind, in the totals (the per-client delta picks them up too). */
@@ -1238,6 +1315,7 @@ static bool server_handle(struct server *sv, struct conn *c, size_t n)
         return true;
     }
     c->t_last = now;
+    server_fast_drain(sv, c, now); /* its hits through the index come before this request */
     if (r.dup_key)
         sv->store->total.refused_duplicates++;
     if (rc == 0 && !c->hello && r.hdr->opcode != KVC_OP_HELLO) {
@@ -1322,6 +1400,9 @@ static bool server_handle(struct server *sv, struct conn *c, size_t n)
             break;
         case KVC_OP_HINT:
             rc = server_on_hint(sv, c, &r, now);
+            break;
+        case KVC_OP_FAST_ATTACH:
+            rc = server_on_fast_attach(sv, c, &r, now, &send_fd, &send_fd_owned);
             break;
         case KVC_OP_LOOKUP_BUDGET:
             c->owner.gpu = false; /* host locations only */

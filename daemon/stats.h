@@ -27,6 +27,8 @@
     X(hit_blocks_kivi2, "blocks found stored in KIVI-2")                                      \
     X(hit_blocks_kivi4, "blocks found stored in KIVI-4")                                      \
     X(hit_blocks_fp8, "blocks found stored in fp8 (e4m3)")                                    \
+    X(fast_hits, "of those, blocks copied through the shared index (no round trip)")         \
+    X(fast_refused, "hit-ring entries refused (not a cached block the client may read)")      \
     X(miss_blocks, "blocks asked for and not found")                                          \
     X(miss_tokens, "tokens asked for and not found")                                          \
     X(bytes_out, "bytes handed out as hits")                                                  \

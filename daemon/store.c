@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/fast.h"
 #include "daemon/log.h"
 #include "daemon/store.h"
 #include "kernels/kern_dev.h"
@@ -41,6 +42,8 @@ void store_lru_unlink(struct store *s, uint32_t idx)
     bool clean = store_lru_clean(b);
     uint32_t *head = clean ? &a->clean_head : &a->lru_head;
     uint32_t *tail = clean ? &a->clean_tail : &a->lru_tail;
+    if (b->arena < STORE_MAX_ARENAS && s->fast[b->arena])
+        fast_unpublish(s->fast[b->arena], b->ns, &b->key);
     if (b->lru_prev != INDEX_NONE)
         s->ix.blocks[b->lru_prev].lru_next = b->lru_next;
     else
@@ -72,6 +75,37 @@ void store_lru_push_head(struct store *s, uint32_t idx)
     if (clean)
         a->clean_bytes += b->len;
     store_heap_sync(s, idx);
+    store_fast_sync(s, idx);
+}
+
+void store_fast_sync(struct store *s, uint32_t idx)
+{
+    const struct block *b = &s->ix.blocks[idx];
+    struct fast_index *fi = b->arena < STORE_MAX_ARENAS ? s->fast[b->arena] : NULL;
+    const struct store_ns *ns = b->ns < s->nns ? s->ns[b->ns] : NULL;
+    if (!fi || !ns)
+        return;
+    if (b->state == BLOCK_STATE_COMMITTED && b->tier == KVC_WIRE_TIER_HOST &&
+        !(b->flags & (BLOCK_F_PROMOTING | BLOCK_F_LOST)))
+        fast_publish(fi, b->ns, &b->key, b->off,
+                     b->format == KVC_WIRE_FORMAT_RAW ? (uint32_t)ns->block_bytes : b->len,
+                     b->format, idx);
+    else
+        fast_unpublish(fi, b->ns, &b->key);
+}
+
+/* The index of host arena a, when the fast path is on: its slot generations are the
+ * arena's. 0 or -errno. */
+static int store_fast_open(struct store *s, uint32_t a)
+{
+    int rc = 0;
+    if (!s->p.fast_path)
+        return 0;
+    s->fast[a] = fast_index_new(a, tier_host_size(s->arenas[a].tier), s->nns, &rc);
+    if (!s->fast[a])
+        return rc;
+    tier_host_gens_set(s->arenas[a].tier, fast_index_gens(s->fast[a]), KVC_FAST_UNIT_SHIFT);
+    return 0;
 }
 
 void store_touch(struct store *s, uint32_t idx, uint64_t now)
@@ -142,6 +176,9 @@ struct store *store_new(const struct store_params *p, int *err)
         s->arenas[a].lru_head = s->arenas[a].lru_tail = s->arenas[a].clean_head =
             s->arenas[a].clean_tail = INDEX_NONE;
     s->narenas = 1;
+    rc = store_fast_open(s, 0);
+    if (rc)
+        goto fail;
     store_gpu_open(s);
     return s;
 fail:
@@ -154,8 +191,10 @@ void store_free(struct store *s)
 {
     if (!s)
         return;
-    for (uint32_t a = 0; a < s->narenas; a++)
+    for (uint32_t a = 0; a < s->narenas; a++) {
         tier_destroy(s->arenas[a].tier);
+        fast_index_free(s->fast[a]);
+    }
     tier_destroy(s->gpu);
     if (s->ns)
         for (uint32_t i = 0; i < s->nns; i++)
@@ -309,6 +348,8 @@ int store_ns_open_in(struct store *s, const struct kvc_wire_layout *l, uint32_t 
     n->block_bytes = bb;
     policy_params_init(&n->pp);
     s->ns[free_id] = n;
+    if (s->fast[arena])
+        fast_ns_set(s->fast[arena], free_id, l);
     store_ns_policy_set(s, free_id, -1, STORE_POLICY_SRC_DEFAULT);
     *ns_id = free_id;
     *created = true;
@@ -329,6 +370,8 @@ int store_ns_close(struct store *s, uint32_t ns_id)
         policy_tune_free(ns->tune);
     free(ns->tune);
     store_heap_free(ns);
+    if (s->fast[ns->arena])
+        fast_ns_set(s->fast[ns->arena], ns_id, NULL);
     free(ns);
     s->ns[ns_id] = NULL;
     return 0;
@@ -585,6 +628,48 @@ int store_lease_pin(struct store *s, struct store_owner *o, uint32_t ns_id,
     return (int)hits;
 }
 
+void store_fast_ref(struct store *s, uint32_t ns_id, const struct kvc_wire_key *key, uint32_t pos,
+                    uint64_t now)
+{
+    struct store_ns *ns = store_ns_get(s, ns_id);
+    if (ns && ns->policy == POLICY_DEFAULT)
+        store_meta_ref(s, ns, key, pos, now);
+}
+
+int store_fast_hit(struct store *s, uint32_t ns_id, uint32_t idx, const struct kvc_wire_key *key,
+                   uint32_t nkeys, uint64_t now)
+{
+    struct store_ns *ns = store_ns_get(s, ns_id);
+    struct block *b;
+    if (!ns)
+        return -ENOENT;
+    if (idx >= s->ix.nblocks || s->ix.blocks[idx].ns != ns_id ||
+        s->ix.blocks[idx].key.lo != key->lo || s->ix.blocks[idx].key.hi != key->hi)
+        idx = index_find(&s->ix, (uint16_t)ns_id, key);
+    if (idx == INDEX_NONE)
+        return -ENOENT;
+    b = &s->ix.blocks[idx];
+    if (b->state != BLOCK_STATE_COMMITTED || (b->flags & BLOCK_F_LOST))
+        return -ENOENT;
+    if (nkeys) {
+        nkeys = nkeys > KVC_PROTO_MAX_KEYS ? KVC_PROTO_MAX_KEYS : nkeys;
+        STORE_STAT_ADD(s, ns, lookups, 1);
+        STORE_STAT_ADD(s, ns, lookup_blocks, nkeys);
+        STORE_STAT_ADD(s, ns, lookup_tokens, (uint64_t)nkeys * ns->layout.block_tokens);
+    }
+    store_meta_hit(s, idx, now); /* before the touch: it reads last_access */
+    b->hits++;
+    store_touch(s, idx, now);
+    if (b->format != KVC_WIRE_FORMAT_RAW)
+        store_stat_lossy_hit(s, ns, b->format);
+    STORE_STAT_ADD(s, ns, hit_blocks, 1);
+    STORE_STAT_ADD(s, ns, fast_hits, 1);
+    STORE_STAT_ADD(s, ns, hit_tokens, ns->layout.block_tokens);
+    STORE_STAT_ADD(s, ns, hit_tokens_host, ns->layout.block_tokens);
+    STORE_STAT_ADD(s, ns, bytes_out, b->len);
+    return 0;
+}
+
 static void store_lease_drop(struct store *s, struct store_owner *o, struct store_handle *h)
 {
     struct store_ns *ns = s->ns[h->ns];
@@ -838,6 +923,12 @@ int store_arena_add(struct store *s, uint64_t size, uint32_t *id)
     s->arenas[s->narenas].tier = tier_host_new(&hc, &rc);
     if (!s->arenas[s->narenas].tier)
         return rc;
+    rc = store_fast_open(s, s->narenas);
+    if (rc) {
+        tier_destroy(s->arenas[s->narenas].tier);
+        s->arenas[s->narenas].tier = NULL;
+        return rc;
+    }
     *id = s->narenas++;
     return 0;
 }
@@ -893,6 +984,8 @@ int store_ns_drop(struct store *s, uint32_t ns_id, uint64_t *dropped)
         policy_tune_free(ns->tune);
     free(ns->tune);
     store_heap_free(ns);
+    if (s->fast[ns->arena])
+        fast_ns_set(s->fast[ns->arena], ns_id, NULL);
     free(ns);
     s->ns[ns_id] = NULL;
     return 0;

@@ -35,6 +35,7 @@ struct tier;
 struct tier_loc;
 struct engine_disk;
 struct kern_dev_ops;
+struct fast_index;
 
 #define STORE_MAX_ARENAS 16
 /* The largest block (struct block keeps 32-bit lengths; a disk record adds a header). */
@@ -67,6 +68,7 @@ struct store_params {
     uint64_t gpu_page_size;             /* 0: 2 MiB */
     const struct kern_dev_ops *gpu_ops; /* NULL: kern_dev_cuda(); tests pass a fake */
     uint32_t quantize_inflight; /* quantize-in-place jobs the trim may queue (0: none) */
+    bool fast_path; /* each host arena gets a shared index (daemon/fast.h) */
 };
 
 struct store_ns {
@@ -183,6 +185,9 @@ struct store {
     uint32_t ghost_seq; /* evictions noted so far (wraps) */
     uint64_t ghost_salt;
     bool heap_defer; /* store_ns_policy_set leaves the heap rebuild to its caller */
+    /* The fast path's shared index of each host arena (NULL: off), kept in step by
+     * store_fast_sync; fast_full counts blocks left out of a full set. */
+    struct fast_index *fast[STORE_MAX_ARENAS];
 };
 
 /* Creates the store and its host arena. On failure NULL and *err = -errno. */
@@ -263,6 +268,21 @@ int store_block_drop(struct store *s, uint32_t idx);
 void store_record_loc(const struct block *b, struct tier_loc *l);
 void store_record_free(struct store *s, uint32_t idx);
 struct store_handle *store_handle_get(struct store_owner *o, uint64_t id, uint8_t kind);
+
+/* The fast path (daemon/fast.h): publishes block idx in its arena's index when it is
+ * committed and ready there, or takes it out. Called wherever a block's list, location,
+ * format or readiness changes (the LRU link and unlink call it). */
+void store_fast_sync(struct store *s, uint32_t idx);
+/* A hit a client took through the index (its hit ring): block idx (or whatever block holds
+ * key in ns_id) counts as a LOOKUP's hit would, and nkeys > 0 (on a request's first hit)
+ * counts a lookup of that many keys. Call it for a request's hits from the last to the first,
+ * as LOOKUP touches them. 0, or -ENOENT when no committed block of that key is cached (the
+ * entry was stale or made up). store_fast_ref then feeds the namespace's tuner the request's
+ * hits in prefix order (pos: the key's position in its request). */
+int store_fast_hit(struct store *s, uint32_t ns_id, uint32_t idx, const struct kvc_wire_key *key,
+                   uint32_t nkeys, uint64_t now);
+void store_fast_ref(struct store *s, uint32_t ns_id, const struct kvc_wire_key *key, uint32_t pos,
+                    uint64_t now);
 
 /* Gauges for STATS (see STATS_GAUGES). */
 uint64_t store_host_used(const struct store *s);

@@ -83,6 +83,8 @@ struct tier_host {
     uint32_t nquar, capquar;
     struct tier_host_held *held;   /* slots kept from the allocator because they touch one */
     uint32_t nheld, capheld;
+    uint32_t *gens; /* slot generations (tier_host_gens_set), or NULL */
+    unsigned gen_shift;
 };
 
 /* ---- the SIGBUS guard -------------------------------------------------------------------- */
@@ -289,8 +291,20 @@ static void tier_host_free(struct tier *t, const struct tier_loc *loc)
     struct tier_host *h = tier_host_of(t);
     /* A location this tier never handed out is refused by the allocator and changes
      * nothing; free has no way to report it. */
-    if (loc->arena == h->arena_id)
-        slab_release(h->slab, loc->off);
+    if (loc->arena != h->arena_id)
+        return;
+    /* Before the slot can be handed out again: a reader that copied from it sees the
+     * generation change and discards the copy (client/kvc_fast.h). */
+    if (h->gens && loc->off < h->size)
+        __atomic_fetch_add(&h->gens[loc->off >> h->gen_shift], 1, __ATOMIC_RELEASE);
+    slab_release(h->slab, loc->off);
+}
+
+void tier_host_gens_set(struct tier *t, uint32_t *gens, unsigned shift)
+{
+    struct tier_host *h = tier_host_of(t);
+    h->gens = gens;
+    h->gen_shift = shift;
 }
 
 /* Pointer to [off, off+len) inside loc, or NULL if any part is outside loc or the arena. */

@@ -48,6 +48,10 @@ bool tier_host_hugetlb(const struct tier *t);
 int tier_host_class(struct tier *t, uint64_t len);
 /* The allocator, for stats and for eviction that needs room in one class. */
 struct slab *tier_host_slab(const struct tier *t);
+/* Slot generations: from now on, freeing a slot first adds one to gens[off >> shift] (a
+ * slot starts on its own 1 << shift unit), so readers outside the daemon can tell that
+ * bytes they copied may have been reused. NULL: none. */
+void tier_host_gens_set(struct tier *t, uint32_t *gens, unsigned shift);
 
 /*
  * Faults of the daemon's own accesses (see host.c, "Holes"): a SIGBUS inside the arena's

@@ -1,0 +1,143 @@
+/*
+ * kvc_fast.h — the fast path's shared memory: a read-only index per host arena and a hit
+ * ring per connection. Internal: shared by the daemon (daemon/fast.c) and libkvc.
+ *
+ * DESIGN
+ * A hit through the socket costs a LOOKUP and a RELEASE round trip. The fast path lets a
+ * client copy a hit out of an arena with no system call:
+ *
+ * - The index. The daemon publishes, per host arena, (namespace, key) → (offset, length,
+ *   format, generation) of every committed block that sits ready in that arena, in a
+ *   table of sets of KVC_FAST_WAYS entries, the set chosen by a seeded XXH3 of the key and
+ *   the namespace (the seed is in the header). Only the daemon writes it; clients map it
+ *   read-only. Each entry is guarded by a sequence count, odd while the daemon rewrites it:
+ *   a reader that sees it odd or changed across its read of the entry reads again.
+ * - Slot generations. After the entries, one 32-bit generation per 4 KiB of the arena
+ *   (every slot starts on its own 4 KiB unit: tiers/slab.h). The host tier bumps the
+ *   generation of a slot's first unit before the slot is freed, so before it can be
+ *   reused, and every move or quantization of a block frees its old slot. A reader checks
+ *   that the unit's generation equals the entry's before and after it copies; any change
+ *   means the bytes it copied may belong to another block, and the copy is a miss (the
+ *   client falls back to the socket). The daemon publishes an entry only once its bytes
+ *   are complete (committed, not being read from disk).
+ * - The hit ring. Hits taken through the index are written by the client into a ring in a
+ *   memfd the daemon made for its connection (sealed against resizing) and read by the
+ *   daemon on its tick and before each request of that connection, so the policies see
+ *   every hit without a round trip per hit. The daemon validates every entry (a namespace
+ *   the connection opened with read access, a committed block of that key) and reads at
+ *   most the ring's size per pass: a client can only lie about its own hits, boundedly.
+ *   The daemon writes how far it has read (tail); a client whose ring is half full asks for
+ *   a drain (FAST_ATTACH with KVC_FAST_SYNC) instead of overwriting unread hits.
+ */
+#ifndef KVC_FAST_H
+#define KVC_FAST_H
+
+#include <stdint.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "client/kvc_proto.h"
+
+#define KVC_FAST_MAGIC 0x5844494641564b43ull /* "CKVAFIDX" */
+#define KVC_FAST_RING_MAGIC 0x474e495241564b43ull
+#define KVC_FAST_VERSION 1u
+#define KVC_FAST_WAYS 8u
+#define KVC_FAST_UNIT_SHIFT 12 /* a generation per 4 KiB of the arena */
+
+/* At offset 0 of an index mapping. Every offset is from the start of the mapping. */
+struct kvc_fast_hdr {
+    uint64_t magic;
+    uint32_t version;
+    uint32_t arena_id;
+    uint64_t seed;        /* of the set hash */
+    uint64_t arena_bytes; /* the arena this indexes */
+    uint64_t ents_off;    /* struct kvc_fast_ent[nsets * KVC_FAST_WAYS] */
+    uint64_t gens_off;    /* uint32_t[arena_bytes >> KVC_FAST_UNIT_SHIFT] */
+    uint64_t total;       /* bytes of the mapping */
+    uint64_t ns_off;      /* uint64_t[nns]: kvc_fast_layout_id of namespace id i, 0 none */
+    uint32_t nns;
+    uint32_t nsets; /* a power of two */
+    uint32_t ways;  /* KVC_FAST_WAYS */
+    uint32_t pad;
+};
+
+/* One published block. used = 0: empty. */
+struct kvc_fast_ent {
+    uint32_t seq; /* odd while the daemon rewrites the entry */
+    uint16_t ns;
+    uint8_t format; /* KVC_WIRE_FORMAT_* */
+    uint8_t used;
+    uint32_t gen; /* its slot's generation when published */
+    uint32_t len; /* bytes stored (raw: the block size; quantized: the slot) */
+    uint64_t off;
+    uint64_t klo, khi;
+    uint32_t block; /* the daemon's block index (hit ring entries name it) */
+    uint32_t pad;
+};
+_Static_assert(sizeof(struct kvc_fast_ent) == 48, "fast index entry layout");
+
+/* The hit ring: a client writes ents[head % nents], then advances head (release); the
+ * daemon reads up to head and stores tail. */
+struct kvc_fast_hit {
+    uint32_t ns;
+    uint32_t block; /* the entry's block index */
+    uint64_t klo, khi;
+    uint32_t pos;   /* position of the key in its request */
+    uint32_t nkeys; /* on a request's first hit: the keys it served (a lookup); else 0 */
+};
+_Static_assert(sizeof(struct kvc_fast_hit) == 32, "fast ring entry layout");
+struct kvc_fast_ring {
+    uint64_t magic;
+    uint32_t nents; /* a power of two */
+    uint32_t pad;
+    uint64_t head; /* written by the client */
+    uint64_t tail; /* written by the daemon */
+    uint64_t lost; /* hits the client could not record (ring full, no drain) */
+    uint64_t pad2[3];
+    /* struct kvc_fast_hit ents[nents]; */
+};
+_Static_assert(sizeof(struct kvc_fast_ring) == 64, "fast ring header layout");
+#define KVC_FAST_RING_ENTS 4096u
+
+/* FAST_ATTACH: what = INDEX: arena_id's index (a read-only descriptor), for a connection
+ * that holds that arena; RING: the connection's hit ring (read-write, made on the first
+ * call); SYNC: read the connection's ring now (no descriptor). */
+#define KVC_FAST_INDEX 1u
+#define KVC_FAST_RING 2u
+#define KVC_FAST_SYNC 3u
+struct kvc_fast_attach_req {
+    uint32_t what;
+    uint32_t arena_id;
+};
+struct kvc_fast_attach_rep {
+    uint64_t bytes; /* of the mapping whose descriptor is attached; 0 for SYNC */
+    uint32_t what;
+    uint32_t arena_id;
+};
+
+/* What the index's namespace table holds for a namespace: a hash of its model and shape
+ * (the codec flags left out: a later opener may pass 0). Never 0. */
+static inline uint64_t kvc_fast_layout_id(const struct kvc_wire_layout *l)
+{
+    struct kvc_wire_layout c;
+    memset(&c, 0, sizeof(c));
+    memcpy(c.model_id, l->model_id, sizeof(c.model_id));
+    c.layers = l->layers;
+    c.kv_heads = l->kv_heads;
+    c.head_dim = l->head_dim;
+    c.block_tokens = l->block_tokens;
+    c.dtype = l->dtype;
+    c.kv_kind = l->kv_kind;
+    uint64_t h = XXH3_64bits(&c, sizeof(c));
+    return h ? h : 1;
+}
+
+/* The set of (ns, key): a seeded XXH3 of the two key words and the namespace. */
+static inline uint32_t kvc_fast_set(uint64_t seed, uint32_t nsets, uint32_t ns, uint64_t lo,
+                                    uint64_t hi)
+{
+    uint64_t in[3] = {lo, hi, ns};
+    return (uint32_t)XXH3_64bits_withSeed(in, sizeof(in), seed) & (nsets - 1);
+}
+
+#endif

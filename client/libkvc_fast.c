@@ -1,0 +1,273 @@
+/*
+ * libkvc_fast.c — copy-outs through an arena's shared index, with no round trip
+ * (client/kvc_fast.h has the protocol).
+ *
+ * kvc_get_prefix() tries this first: it resolves each key in the index, checks the slot's
+ * generation, copies (or decodes) the block into the caller's buffer and checks the
+ * generation again. The first key it cannot serve that way ends the run; the rest of the
+ * prefix takes the socket as before. Hits are written to the connection's hit ring so the
+ * daemon's policies count them. Anything unexpected (no index, an old daemon, a malformed
+ * mapping) turns the fast path off for that arena and the socket serves everything.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "client/kvc_fast.h"
+#include "client/libkvc_internal.h"
+#include "kernels/kern.h"
+
+/* Maps the descriptor of a FAST_ATTACH reply; NULL on failure (the fd is closed). */
+static void *kvc_fast_map(int fd, uint64_t bytes, int prot)
+{
+    void *m = MAP_FAILED;
+    if (fd >= 0 && bytes && bytes <= SIZE_MAX)
+        m = mmap(NULL, bytes, prot, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (fd >= 0)
+        close(fd);
+    return m == MAP_FAILED ? NULL : m;
+}
+
+/* FAST_ATTACH what (arena for INDEX); the descriptor and size of its mapping. c->mu held. */
+static int kvc_fast_attach_call(kvc_client *c, uint32_t what, uint32_t arena, int *fd,
+                                uint64_t *bytes)
+{
+    struct kvc_fast_attach_req *q = kvci_req(c);
+    const struct kvc_fast_attach_rep *p;
+    uint32_t len;
+    *q = (struct kvc_fast_attach_req){.what = what, .arena_id = arena};
+    int rc = kvci_call(c, KVC_OP_FAST_ATTACH, sizeof(*q), fd);
+    if (rc)
+        return rc;
+    p = kvci_rep(c, &len);
+    if (len != sizeof(*p) || p->what != what || p->arena_id != arena ||
+        (what != KVC_FAST_SYNC && (!fd || *fd < 0)))
+        return -EPROTO;
+    if (bytes)
+        *bytes = p->bytes;
+    return 0;
+}
+
+/* Checks a mapped index against the arena it names; 0 or -EPROTO. */
+static int kvc_fast_check(const struct kvc_fast_hdr *h, uint64_t bytes, uint32_t arena,
+                          uint64_t arena_bytes)
+{
+    uint64_t units = (arena_bytes + (1u << KVC_FAST_UNIT_SHIFT) - 1) >> KVC_FAST_UNIT_SHIFT;
+    if (bytes < sizeof(*h) || h->magic != KVC_FAST_MAGIC || h->version != KVC_FAST_VERSION ||
+        h->arena_id != arena || h->arena_bytes != arena_bytes || h->total != bytes ||
+        h->ways != KVC_FAST_WAYS || !h->nsets || (h->nsets & (h->nsets - 1)) ||
+        h->ns_off < sizeof(*h) || h->ns_off > bytes || h->nns > (bytes - h->ns_off) / 8 ||
+        h->ents_off < h->ns_off + (uint64_t)h->nns * 8 || h->ents_off > bytes ||
+        (uint64_t)h->nsets * KVC_FAST_WAYS > (bytes - h->ents_off) / sizeof(struct kvc_fast_ent) ||
+        h->gens_off < h->ents_off + (uint64_t)h->nsets * KVC_FAST_WAYS * sizeof(struct kvc_fast_ent) ||
+        h->gens_off > bytes || units > (bytes - h->gens_off) / sizeof(uint32_t) ||
+        (h->ns_off | h->ents_off | h->gens_off) % 8)
+        return -EPROTO;
+    return 0;
+}
+
+/* Maps arena a's index and, once per client, the hit ring. c->mu held. */
+static void kvc_fast_attach(kvc_client *c, uint32_t a)
+{
+    struct kvc_fastmap *m = &c->fast[a];
+    int fd = -1;
+    uint64_t bytes = 0;
+    m->state = -1; /* unless everything below works */
+    if (c->dead || !c->arenas[a].base)
+        return;
+    if (!c->ring) {
+        if (kvc_fast_attach_call(c, KVC_FAST_RING, 0, &fd, &bytes)) {
+            if (fd >= 0)
+                close(fd);
+            c->fast_off = true; /* an old daemon, or server.fast_path = no */
+            return;
+        }
+        struct kvc_fast_ring *r = kvc_fast_map(fd, bytes, PROT_READ | PROT_WRITE);
+        if (!r)
+            return;
+        if (bytes != sizeof(*r) + (uint64_t)KVC_FAST_RING_ENTS * sizeof(struct kvc_fast_hit) ||
+            r->magic != KVC_FAST_RING_MAGIC || r->nents != KVC_FAST_RING_ENTS) {
+            munmap(r, bytes);
+            c->fast_off = true;
+            return;
+        }
+        c->ring = r;
+        c->ring_bytes = bytes;
+    }
+    fd = -1;
+    if (kvc_fast_attach_call(c, KVC_FAST_INDEX, a, &fd, &bytes)) {
+        if (fd >= 0)
+            close(fd);
+        return;
+    }
+    const struct kvc_fast_hdr *h = kvc_fast_map(fd, bytes, PROT_READ);
+    if (!h)
+        return;
+    if (kvc_fast_check(h, bytes, a, c->arenas[a].size)) {
+        munmap((void *)h, bytes);
+        return;
+    }
+    m->map = (const uint8_t *)h;
+    m->bytes = bytes;
+    m->seed = h->seed;
+    m->nsets = h->nsets;
+    m->nns = h->nns;
+    m->units = (h->arena_bytes + (1u << KVC_FAST_UNIT_SHIFT) - 1) >> KVC_FAST_UNIT_SHIFT;
+    m->nslay = (const uint64_t *)(m->map + h->ns_off);
+    m->ents = (const struct kvc_fast_ent *)(m->map + h->ents_off);
+    m->gens = (const uint32_t *)(m->map + h->gens_off);
+    __atomic_store_n(&m->state, 1, __ATOMIC_RELEASE);
+}
+
+void kvci_fast_fini(kvc_client *c)
+{
+    for (int a = 0; a < KVC_MAX_ARENAS; a++)
+        if (c->fast[a].map)
+            munmap((void *)c->fast[a].map, c->fast[a].bytes);
+    if (c->ring)
+        munmap(c->ring, c->ring_bytes);
+}
+
+/* The entry of (ns, k), read whole under its sequence count. */
+static bool kvc_fast_find(const struct kvc_fastmap *m, uint32_t ns, const struct kvc_key *k,
+                          struct kvc_fast_ent *out)
+{
+    const struct kvc_fast_ent *set =
+        m->ents + (uint64_t)kvc_fast_set(m->seed, m->nsets, ns, k->lo, k->hi) * KVC_FAST_WAYS;
+    for (uint32_t w = 0; w < KVC_FAST_WAYS; w++) {
+        const struct kvc_fast_ent *e = &set[w];
+        for (int tries = 0; tries < 64; tries++) {
+            uint32_t s1 = __atomic_load_n(&e->seq, __ATOMIC_ACQUIRE);
+            if (s1 & 1)
+                continue; /* being rewritten */
+            out->used = __atomic_load_n(&e->used, __ATOMIC_RELAXED);
+            out->ns = __atomic_load_n(&e->ns, __ATOMIC_RELAXED);
+            out->klo = __atomic_load_n(&e->klo, __ATOMIC_RELAXED);
+            out->khi = __atomic_load_n(&e->khi, __ATOMIC_RELAXED);
+            out->format = __atomic_load_n(&e->format, __ATOMIC_RELAXED);
+            out->gen = __atomic_load_n(&e->gen, __ATOMIC_RELAXED);
+            out->len = __atomic_load_n(&e->len, __ATOMIC_RELAXED);
+            out->off = __atomic_load_n(&e->off, __ATOMIC_RELAXED);
+            out->block = __atomic_load_n(&e->block, __ATOMIC_RELAXED);
+            __atomic_thread_fence(__ATOMIC_ACQUIRE);
+            if (__atomic_load_n(&e->seq, __ATOMIC_RELAXED) != s1)
+                continue;
+            if (out->used && out->ns == ns && out->klo == k->lo && out->khi == k->hi)
+                return true;
+            break; /* a consistent entry of another key */
+        }
+    }
+    return false;
+}
+
+/* Appends a request's hits to the ring; asks the daemon to read it first when it is half
+ * full. Hits that find no room are counted as lost (the copies stand). */
+static void kvc_fast_record(kvc_client *c, struct kvc_fast_hit *rec, size_t n)
+{
+    pthread_mutex_lock(&c->mu);
+    struct kvc_fast_ring *r = c->ring;
+    struct kvc_fast_hit *ents = (struct kvc_fast_hit *)(r + 1);
+    uint64_t head = r->head;
+    uint64_t tail = __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE);
+    if (head - tail + n > KVC_FAST_RING_ENTS / 2 && !c->dead &&
+        kvc_fast_attach_call(c, KVC_FAST_SYNC, 0, NULL, NULL) == 0)
+        tail = __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE);
+    for (size_t i = 0; i < n; i++) {
+        if (head - tail >= KVC_FAST_RING_ENTS) {
+            r->lost += n - i;
+            break;
+        }
+        ents[head % KVC_FAST_RING_ENTS] = rec[i];
+        head++;
+    }
+    __atomic_store_n(&r->head, head, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* Copies the block of entry e into dst: 0, or -1 when it is not what e says any more. */
+static int kvc_fast_copy(const kvc_ns *ns, const uint8_t *base, const struct kvc_fast_ent *e,
+                         const uint32_t *gen, void *dst)
+{
+    if (e->format == KVC_WIRE_FORMAT_RAW) {
+        if (e->len < ns->block_bytes)
+            return -1;
+        memcpy(dst, base + e->off, ns->block_bytes);
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        return __atomic_load_n(gen, __ATOMIC_RELAXED) == e->gen ? 0 : -1;
+    }
+    /* Quantized: copied to private memory, checked, then decoded (as kvc_lease_copy). */
+    struct kern_layout kl = {.layers = ns->layout.layers,
+                             .heads = ns->layout.kv_heads,
+                             .head_dim = ns->layout.head_dim,
+                             .tokens = ns->layout.block_tokens,
+                             .dtype = ns->layout.dtype,
+                             .k_only = ns->layout.kv_kind == KVC_WIRE_KV_KIND_K_ONLY};
+    void *priv = malloc(e->len ? e->len : 1);
+    int rc = -1;
+    if (!priv)
+        return -1;
+    memcpy(priv, base + e->off, e->len);
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    if (__atomic_load_n(gen, __ATOMIC_RELAXED) == e->gen &&
+        kern_decode_cpu(&kl, priv, e->len, dst, ns->block_bytes, (enum kern_dtype)kl.dtype) >= 0)
+        rc = 0;
+    free(priv);
+    return rc;
+}
+
+size_t kvci_fast_get(kvc_ns *ns, const struct kvc_key *keys, size_t n, void *const *dst)
+{
+    kvc_client *c = ns->c;
+    struct kvc_fastmap *m = &c->fast[ns->arena];
+    struct kvc_fast_hit stackrec[64], *rec = stackrec;
+    size_t hits = 0;
+    if (c->fast_off || n == 0)
+        return 0;
+    if (__atomic_load_n(&m->state, __ATOMIC_ACQUIRE) == 0) {
+        pthread_mutex_lock(&c->mu);
+        if (m->state == 0 && !c->fast_off)
+            kvc_fast_attach(c, ns->arena);
+        pthread_mutex_unlock(&c->mu);
+    }
+    if (__atomic_load_n(&m->state, __ATOMIC_ACQUIRE) != 1 || ns->id >= m->nns ||
+        __atomic_load_n(&m->nslay[ns->id], __ATOMIC_ACQUIRE) != ns->fast_lay)
+        return 0; /* not our namespace under that id (dropped, or never in the index) */
+    const uint8_t *base = c->arenas[ns->arena].base;
+    uint64_t asize = c->arenas[ns->arena].size;
+    if (n > 64 && !(rec = malloc((n < KVC_PROTO_MAX_KEYS ? n : KVC_PROTO_MAX_KEYS) * sizeof(*rec))))
+        return 0;
+    size_t cap = n > 64 ? (n < KVC_PROTO_MAX_KEYS ? n : KVC_PROTO_MAX_KEYS) : 64;
+    size_t nrec = 0, first = 0;
+    while (hits < n) {
+        struct kvc_fast_ent e;
+        if (!kvc_fast_find(m, ns->id, &keys[hits], &e) || e.off > asize ||
+            e.len > asize - e.off || (e.off >> KVC_FAST_UNIT_SHIFT) >= m->units ||
+            e.format >= KVC_WIRE_FORMAT_COUNT)
+            break;
+        const uint32_t *gen = &m->gens[e.off >> KVC_FAST_UNIT_SHIFT];
+        if (__atomic_load_n(gen, __ATOMIC_ACQUIRE) != e.gen ||
+            kvc_fast_copy(ns, base, &e, gen, dst[hits]))
+            break;
+        rec[nrec++] = (struct kvc_fast_hit){.ns = ns->id,
+                                            .block = e.block,
+                                            .klo = keys[hits].lo,
+                                            .khi = keys[hits].hi,
+                                            .pos = (uint32_t)hits};
+        hits++;
+        if (nrec == cap) { /* a request's worth: recorded as one lookup */
+            rec[0].nkeys = (uint32_t)(hits - first);
+            kvc_fast_record(c, rec, nrec);
+            nrec = 0;
+            first = hits;
+        }
+    }
+    if (nrec) {
+        rec[0].nkeys = (uint32_t)(hits - first);
+        kvc_fast_record(c, rec, nrec);
+    }
+    if (rec != stackrec)
+        free(rec);
+    return hits;
+}

@@ -1,0 +1,60 @@
+/*
+ * fast.h — the daemon's side of the fast path (client/kvc_fast.h): the shared index of one
+ * host arena, and a connection's hit ring.
+ *
+ * DESIGN
+ * The index lives in a sealed memfd the daemon maps read-write and hands out read-only.
+ * The store keeps it in step with its blocks (store_fast_sync): a block is published when
+ * it is committed and ready in a host arena, taken out when it leaves. The slot
+ * generations after the entries are bumped by the host tier when it frees a slot
+ * (tier_host_gens_set), which is what makes a stale entry harmless: a reader checks them
+ * around its copy. A set that is full leaves a block unpublished (counted): its hits take
+ * the socket. Owned by the loop thread; readers in other processes never block it.
+ */
+#ifndef KVC_FAST_DAEMON_H
+#define KVC_FAST_DAEMON_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "client/kvc_fast.h"
+#include "client/kvc_proto.h"
+
+struct fast_index;
+
+struct fast_index_stats {
+    uint64_t published; /* entries in use */
+    uint64_t full;      /* publications refused: the block's set was full */
+};
+
+/* An index for arena arena_id of arena_bytes, with room for namespace ids below nns.
+ * NULL and *err = -errno on failure. */
+struct fast_index *fast_index_new(uint32_t arena_id, uint64_t arena_bytes, uint32_t nns,
+                                  int *err);
+void fast_index_free(struct fast_index *fi); /* NULL is a no-op */
+/* The slot generations, for the host tier to bump. */
+uint32_t *fast_index_gens(struct fast_index *fi);
+/* A new read-only descriptor of the index (the caller closes it), or -errno. */
+int fast_index_fd_ro(const struct fast_index *fi);
+uint64_t fast_index_bytes(const struct fast_index *fi);
+void fast_index_stats_get(const struct fast_index *fi, struct fast_index_stats *st);
+
+/* Publishes (or updates) the block idx of namespace ns under key k at [off, off + len),
+ * stored in format; its generation is the slot's now. */
+void fast_publish(struct fast_index *fi, uint16_t ns, const struct kvc_wire_key *k, uint64_t off,
+                  uint32_t len, uint8_t format, uint32_t idx);
+/* Takes (ns, k) out of the index; nothing if it is not there. */
+void fast_unpublish(struct fast_index *fi, uint16_t ns, const struct kvc_wire_key *k);
+/* Namespace id ns now holds layout l (NULL: none), so a client that opened another one under
+ * the same id never reads it through the index. */
+void fast_ns_set(struct fast_index *fi, uint32_t ns, const struct kvc_wire_layout *l);
+
+struct fast_ring;
+/* A new ring; *fd its read-write descriptor (the caller sends then closes it). */
+struct fast_ring *fast_ring_new(int *fd, int *err);
+void fast_ring_free(struct fast_ring *r); /* NULL is a no-op */
+/* Copies the unread entries (at most max, at most the ring's size in all) into out and
+ * marks them read. Entries the client overwrote before they were read are skipped. */
+uint32_t fast_ring_take(struct fast_ring *r, struct kvc_fast_hit *out, uint32_t max);
+
+#endif

@@ -1,0 +1,416 @@
+/*
+ * check_e2e_fast — the fast path (client/kvc_fast.h) against a real kvcd: copies through the
+ * shared index with no round trip, counted by the daemon as hits; readers hammering hot
+ * blocks while another process forces eviction and slot reuse never get another block's
+ * bytes; a stopped or killed reader never holds the daemon; a client that writes lies into
+ * its hit ring is refused entry by entry; the index cannot be written by a client; a
+ * namespace id dropped and reused for another layout is not read through a stale index; and
+ * with the fast path off (daemon option or KVC_NO_FASTPATH) everything still works.
+ */
+#include <check.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "client/kvc_fast.h"
+#include "client/libkvc_internal.h"
+#include "tests/lib/daemon.h"
+
+#define FP_BLOCKS 16
+
+static const char *const fp_args[] = {"-o", "host.size=16m", "-o", "host.page_size=64k", "-o",
+                                      "cache.policy=lru", NULL};
+
+/* Puts a chain of n blocks of family f; keys to k. */
+static void fp_put(kvc_ns *ns, uint32_t f, uint32_t n, struct kvc_key *k)
+{
+    size_t bb = kvc_ns_block_bytes(ns);
+    const void *blk[FP_BLOCKS * 4];
+    ck_assert_uint_le(n, FP_BLOCKS * 4);
+    ck_assert_int_eq(daemon_chain_keys(ns, f, 0, n, n, k), 0);
+    for (uint32_t i = 0; i < n; i++) {
+        void *b = malloc(bb);
+        daemon_block_fill(&k[i], b, bb);
+        blk[i] = b;
+    }
+    ck_assert_int_eq(kvc_put_prefix(ns, NULL, k, n, blk), (int)n);
+    for (uint32_t i = 0; i < n; i++)
+        free((void *)blk[i]);
+}
+
+/* get_prefix of k[0..n) into fresh buffers, every byte checked; the hits. */
+static int fp_get_check(kvc_ns *ns, const struct kvc_key *k, uint32_t n)
+{
+    size_t bb = kvc_ns_block_bytes(ns);
+    void *dst[FP_BLOCKS * 4];
+    for (uint32_t i = 0; i < n; i++)
+        dst[i] = calloc(1, bb);
+    int h = kvc_get_prefix(ns, k, n, dst);
+    for (int i = 0; i < h; i++)
+        ck_assert_int_eq(daemon_block_check(&k[i], dst[i], bb), -1);
+    for (uint32_t i = 0; i < n; i++)
+        free(dst[i]);
+    return h;
+}
+
+START_TEST(test_fast_hits_counted)
+{
+    struct daemon d = {0};
+    kvc_client *c, *c2;
+    kvc_ns *ns, *ns2;
+    struct kvc_layout lay = daemon_layout("e2e-fast", 16);
+    struct kvc_key k[FP_BLOCKS];
+    uint64_t fast = 0, hits = 0, lookups = 0;
+    ck_assert_int_eq(daemon_start(&d, fp_args), 0);
+    ck_assert_int_eq(kvc_connect(d.sock, &c), 0);
+    ck_assert_int_eq(kvc_ns_open(c, &lay, &ns), 0);
+    fp_put(ns, 1, FP_BLOCKS, k);
+    ck_assert_int_eq(fp_get_check(ns, k, FP_BLOCKS), FP_BLOCKS);
+    ck_assert_int_eq(fp_get_check(ns, k, 5), 5);
+    /* Read by the daemon before this client's next request: the STATS below. */
+    ck_assert_int_eq(daemon_client_stat(c, 0, "fast_hits", &fast), 0);
+    ck_assert_uint_eq(fast, FP_BLOCKS + 5);
+    ck_assert_int_eq(daemon_client_stat(c, 0, "hit_blocks", &hits), 0);
+    ck_assert_uint_eq(hits, FP_BLOCKS + 5);
+    ck_assert_int_eq(daemon_client_stat(c, 0, "lookups", &lookups), 0);
+    ck_assert_uint_eq(lookups, 2);
+    /* A longer prefix: the index serves the 16 it has, the socket finds no more. */
+    struct kvc_key k2[FP_BLOCKS + 4];
+    ck_assert_int_eq(daemon_chain_keys(ns, 1, 0, FP_BLOCKS + 4, FP_BLOCKS + 4, k2), 0);
+    ck_assert_int_eq(fp_get_check(ns, k2, FP_BLOCKS + 4), FP_BLOCKS);
+    ck_assert_int_eq(daemon_client_stat(c, 0, "miss_blocks", &hits), 0);
+    ck_assert_uint_eq(hits, 4);
+    /* Off in the client: the same answers through the socket, no fast hit added. */
+    setenv("KVC_NO_FASTPATH", "1", 1);
+    ck_assert_int_eq(kvc_connect(d.sock, &c2), 0);
+    unsetenv("KVC_NO_FASTPATH");
+    ck_assert_int_eq(kvc_ns_open(c2, &lay, &ns2), 0);
+    ck_assert_int_eq(fp_get_check(ns2, k, FP_BLOCKS), FP_BLOCKS);
+    ck_assert_int_eq(daemon_client_stat(c2, 0, "fast_hits", &fast), 0);
+    ck_assert_uint_eq(fast, 2 * FP_BLOCKS + 5);
+    kvc_disconnect(c2);
+    kvc_disconnect(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_cleanup(&d);
+}
+END_TEST
+
+START_TEST(test_fast_off_in_daemon)
+{
+    static const char *const args[] = {"-o", "host.size=16m", "-o", "server.fast_path=no",
+                                       NULL};
+    struct daemon d = {0};
+    kvc_client *c;
+    kvc_ns *ns;
+    struct kvc_layout lay = daemon_layout("e2e-fast-off", 16);
+    struct kvc_key k[FP_BLOCKS];
+    uint64_t fast = 1, hits = 0;
+    ck_assert_int_eq(daemon_start(&d, args), 0);
+    ck_assert_int_eq(kvc_connect(d.sock, &c), 0);
+    ck_assert_int_eq(kvc_ns_open(c, &lay, &ns), 0);
+    fp_put(ns, 2, FP_BLOCKS, k);
+    ck_assert_int_eq(fp_get_check(ns, k, FP_BLOCKS), FP_BLOCKS);
+    ck_assert_int_eq(fp_get_check(ns, k, FP_BLOCKS), FP_BLOCKS);
+    ck_assert_int_eq(daemon_client_stat(c, 0, "fast_hits", &fast), 0);
+    ck_assert_uint_eq(fast, 0);
+    ck_assert_int_eq(daemon_client_stat(c, 0, "hit_blocks", &hits), 0);
+    ck_assert_uint_eq(hits, 2 * FP_BLOCKS);
+    kvc_disconnect(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_cleanup(&d);
+}
+END_TEST
+
+/* Hits through the index reach the policy: under LRU, the blocks read that way stay while
+ * the ones never read go when puts need room. */
+START_TEST(test_fast_hits_keep_blocks)
+{
+    struct daemon d = {0};
+    kvc_client *c;
+    kvc_ns *ns;
+    struct kvc_layout lay = daemon_layout("e2e-fast-lru", 64); /* 64 KiB blocks */
+    struct kvc_key hot[4], cold[4], fill[64];
+    uint64_t fast = 0;
+    ck_assert_int_eq(daemon_start(&d, fp_args), 0);
+    ck_assert_int_eq(kvc_connect(d.sock, &c), 0);
+    ck_assert_int_eq(kvc_ns_open(c, &lay, &ns), 0);
+    fp_put(ns, 10, 4, hot);
+    fp_put(ns, 11, 4, cold);
+    ck_assert_int_eq(fp_get_check(ns, hot, 4), 4);
+    ck_assert_int_eq(daemon_client_stat(c, 0, "fast_hits", &fast), 0);
+    ck_assert_uint_eq(fast, 4);
+    /* 16 MiB hold 256 blocks: 5 rounds of 60 push the cold ones out; the hot ones are read
+     * (through the index) between rounds, as a shared system prompt would be. */
+    for (uint32_t r = 0; r < 5; r++) {
+        fp_put(ns, 100 + r, 60, fill);
+        ck_assert_int_eq(fp_get_check(ns, hot, 4), 4);
+    }
+    ck_assert_int_eq(fp_get_check(ns, cold, 4), 0);
+    ck_assert_int_eq(fp_get_check(ns, hot, 4), 4);
+    kvc_disconnect(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_cleanup(&d);
+}
+END_TEST
+
+/* ---- torture: readers against eviction and slot reuse --------------------------------- */
+
+struct fp_torture {
+    const struct daemon *d;
+    uint32_t family;
+    int seconds;
+};
+
+/* Reads its hot prefix (and re-puts it when it was evicted) in a tight loop; every byte
+ * checked by fp_get_check (an assertion failure exits non-zero). */
+static int fp_reader(void *arg)
+{
+    struct fp_torture *t = arg;
+    kvc_client *c;
+    kvc_ns *ns;
+    struct kvc_layout lay = daemon_layout("e2e-fast-torture", 64);
+    struct kvc_key k[8];
+    uint64_t end = daemon_now_ms() + (uint64_t)t->seconds * 1000;
+    long rounds = 0;
+    if (kvc_connect(t->d->sock, &c) || kvc_ns_open(c, &lay, &ns))
+        return 2;
+    while (daemon_now_ms() < end) {
+        if (daemon_chain_keys(ns, t->family, 0, 8, 8, k))
+            return 3;
+        if (fp_get_check(ns, k, 8) < 8) {
+            size_t bb = kvc_ns_block_bytes(ns);
+            const void *blk[8];
+            for (int i = 0; i < 8; i++) {
+                void *b = malloc(bb);
+                daemon_block_fill(&k[i], b, bb);
+                blk[i] = b;
+            }
+            (void)kvc_put_prefix(ns, NULL, k, 8, blk); /* may find no room: fine */
+            for (int i = 0; i < 8; i++)
+                free((void *)blk[i]);
+        }
+        rounds++;
+    }
+    kvc_disconnect(c);
+    return rounds > 0 ? 0 : 4;
+}
+
+/* Puts new chains as fast as it can: the arena (16 MiB, 256 blocks of 64 KiB) turns over
+ * constantly. */
+static int fp_writer(void *arg)
+{
+    struct fp_torture *t = arg;
+    kvc_client *c;
+    kvc_ns *ns;
+    struct kvc_layout lay = daemon_layout("e2e-fast-torture", 64);
+    struct kvc_key k[32];
+    uint64_t end = daemon_now_ms() + (uint64_t)t->seconds * 1000;
+    if (kvc_connect(t->d->sock, &c) || kvc_ns_open(c, &lay, &ns))
+        return 2;
+    size_t bb = kvc_ns_block_bytes(ns);
+    const void *blk[32];
+    for (int i = 0; i < 32; i++)
+        blk[i] = malloc(bb);
+    for (uint32_t f = 1000; daemon_now_ms() < end; f++) {
+        if (daemon_chain_keys(ns, f, 0, 32, 32, k))
+            return 3;
+        for (int i = 0; i < 32; i++)
+            daemon_block_fill(&k[i], (void *)blk[i], bb);
+        (void)kvc_put_prefix(ns, NULL, k, 32, blk);
+    }
+    for (int i = 0; i < 32; i++)
+        free((void *)blk[i]);
+    kvc_disconnect(c);
+    return 0;
+}
+
+START_TEST(test_fast_torture)
+{
+    static const char *const args[] = {"-o", "host.size=16m", "-o", "host.page_size=64k", "-o",
+                                       "host.high_watermark=0.9", "-o", "host.low_watermark=0.5",
+                                       NULL};
+    struct daemon d = {0};
+    struct fp_torture rd[3], wr;
+    pid_t pr[3], pw;
+    int secs = 4;
+    uint64_t fast = 0, evicted = 0;
+    ck_assert_int_eq(daemon_start(&d, args), 0);
+    for (int i = 0; i < 3; i++) {
+        rd[i] = (struct fp_torture){.d = &d, .family = (uint32_t)i, .seconds = secs};
+        pr[i] = daemon_child_spawn(fp_reader, &rd[i]);
+        ck_assert_int_gt(pr[i], 0);
+    }
+    wr = (struct fp_torture){.d = &d, .family = 0, .seconds = secs};
+    pw = daemon_child_spawn(fp_writer, &wr);
+    ck_assert_int_gt(pw, 0);
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq(daemon_child_wait(pr[i], daemon_ms(secs * 1000 + 30000), NULL), 0);
+    ck_assert_int_eq(daemon_child_wait(pw, daemon_ms(secs * 1000 + 30000), NULL), 0);
+    ck_assert_int_eq(daemon_stat(&d, "fast_hits", &fast), 0);
+    ck_assert_int_eq(daemon_stat(&d, "evicted_blocks", &evicted), 0);
+    fprintf(stderr, "e2e_fast: torture: %llu fast hits, %llu evictions\n",
+            (unsigned long long)fast, (unsigned long long)evicted);
+    ck_assert_uint_gt(fast, 0);
+    ck_assert_uint_gt(evicted, 0);
+    ck_assert_int_eq(daemon_roundtrip(&d), 0);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_cleanup(&d);
+}
+END_TEST
+
+/* A reader stopped (SIGSTOP) or killed in its copy loop holds nothing the daemon waits for. */
+START_TEST(test_fast_stopped_reader)
+{
+    struct daemon d = {0};
+    struct fp_torture rd = {.family = 7, .seconds = 30};
+    int sig = 0;
+    ck_assert_int_eq(daemon_start(&d, fp_args), 0);
+    rd.d = &d;
+    pid_t p = daemon_child_spawn(fp_reader, &rd);
+    ck_assert_int_gt(p, 0);
+    usleep(300000);
+    ck_assert_int_eq(kill(p, SIGSTOP), 0);
+    for (int i = 0; i < 20; i++) /* puts, evictions and hits go on around it */
+        ck_assert_int_eq(daemon_roundtrip(&d), 0);
+    ck_assert_int_eq(kill(p, SIGKILL), 0);
+    daemon_child_wait(p, daemon_ms(5000), &sig);
+    ck_assert_int_eq(sig, SIGKILL);
+    ck_assert_int_eq(daemon_roundtrip(&d), 0);
+    ck_assert(daemon_alive(&d));
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_cleanup(&d);
+}
+END_TEST
+
+/* A client writes made-up hits into its ring: other namespaces, blocks that do not exist,
+ * a head far ahead. Each is refused and counted; nothing else moves. The index it was given
+ * cannot be made writable. */
+START_TEST(test_fast_ring_lies)
+{
+    struct daemon d = {0};
+    kvc_client *c, *v;
+    kvc_ns *ns, *vns;
+    struct kvc_layout lay = daemon_layout("e2e-fast-liar", 16);
+    struct kvc_layout vlay = daemon_layout("e2e-fast-victim", 16);
+    struct kvc_key k[4], vk[4];
+    uint64_t refused = 0, hits = 0, vhits = 0;
+    ck_assert_int_eq(daemon_start(&d, fp_args), 0);
+    ck_assert_int_eq(kvc_connect(d.sock, &v), 0);
+    ck_assert_int_eq(kvc_ns_open(v, &vlay, &vns), 0);
+    fp_put(vns, 21, 4, vk);
+    ck_assert_int_eq(kvc_connect(d.sock, &c), 0);
+    ck_assert_int_eq(kvc_ns_open(c, &lay, &ns), 0);
+    fp_put(ns, 20, 4, k);
+    ck_assert_int_eq(fp_get_check(ns, k, 4), 4); /* maps the index and the ring */
+    ck_assert_ptr_nonnull(c->ring);
+    ck_assert_int_eq(c->fast[0].state, 1); /* no access lists: everything in arena 0 */
+    ck_assert_int_eq(daemon_client_stat(c, kvc_ns_id(vns), "hit_blocks", &vhits), 0);
+    struct kvc_fast_ring *r = c->ring;
+    struct kvc_fast_hit *e = (struct kvc_fast_hit *)(r + 1);
+    uint64_t head = r->head;
+    /* a namespace it never opened; a block index past the pool; a key of nothing; ns 0 */
+    e[head++ % KVC_FAST_RING_ENTS] =
+        (struct kvc_fast_hit){.ns = kvc_ns_id(vns), .block = 0, .klo = vk[0].lo, .khi = vk[0].hi,
+                              .nkeys = 1};
+    e[head++ % KVC_FAST_RING_ENTS] = (struct kvc_fast_hit){
+        .ns = kvc_ns_id(ns), .block = 0x7fffffff, .klo = 1, .khi = 2, .nkeys = 1};
+    e[head++ % KVC_FAST_RING_ENTS] =
+        (struct kvc_fast_hit){.ns = 0, .block = 0, .klo = k[0].lo, .khi = k[0].hi, .nkeys = 9};
+    e[head++ % KVC_FAST_RING_ENTS] =
+        (struct kvc_fast_hit){.ns = 65535, .block = 1, .klo = 0, .khi = 0, .nkeys = 0};
+    __atomic_store_n(&r->head, head, __ATOMIC_RELEASE);
+    ck_assert_int_eq(daemon_client_stat(c, 0, "fast_refused", &refused), 0);
+    ck_assert_uint_eq(refused, 4);
+    /* the victim's namespace took no hit from it */
+    ck_assert_int_eq(daemon_client_stat(v, kvc_ns_id(vns), "hit_blocks", &hits), 0);
+    ck_assert_uint_eq(hits, vhits);
+    /* a head far ahead: at most a ring's worth is read, all garbage (zeros: ns 0) */
+    __atomic_store_n(&r->head, head + (1ull << 40), __ATOMIC_RELEASE);
+    ck_assert_int_eq(daemon_client_stat(c, 0, "fast_refused", &refused), 0);
+    ck_assert_uint_le(refused, 4 + KVC_FAST_RING_ENTS);
+    ck_assert_int_eq(daemon_roundtrip(&d), 0);
+    /* the index is read-only for clients */
+    struct kvc_fastmap *m = &c->fast[0];
+    ck_assert_int_eq(mprotect((void *)m->map, m->bytes, PROT_READ | PROT_WRITE), -1);
+    ck_assert_int_eq(errno, EACCES);
+    kvc_disconnect(c);
+    kvc_disconnect(v);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_cleanup(&d);
+}
+END_TEST
+
+/* A namespace dropped and its id given to another layout: a client still holding the old
+ * one finds nothing of the new one through the index. */
+START_TEST(test_fast_ns_reused)
+{
+    struct daemon d = {0};
+    kvc_client *a, *b;
+    kvc_ns *na, *nb;
+    struct kvc_layout la = daemon_layout("e2e-fast-a", 16), lb = daemon_layout("e2e-fast-b", 16);
+    struct kvc_key k[4];
+    char out[4096], err[4096], id[16];
+    ck_assert_int_eq(daemon_start(&d, fp_args), 0);
+    ck_assert_int_eq(kvc_connect(d.sock, &a), 0);
+    ck_assert_int_eq(kvc_ns_open(a, &la, &na), 0);
+    fp_put(na, 30, 4, k);
+    ck_assert_int_eq(fp_get_check(na, k, 4), 4);
+    snprintf(id, sizeof(id), "%u", kvc_ns_id(na));
+    ck_assert_int_eq(daemon_kvcctl(&d, out, sizeof(out), err, sizeof(err), "ns", "drop", id,
+                                   NULL),
+                     0);
+    ck_assert_int_eq(kvc_connect(d.sock, &b), 0);
+    ck_assert_int_eq(kvc_ns_open(b, &lb, &nb), 0);
+    ck_assert_uint_eq(kvc_ns_id(nb), kvc_ns_id(na)); /* the id came back */
+    /* the same keys under the new namespace */
+    size_t bb = kvc_ns_block_bytes(nb);
+    const void *blk[4];
+    for (int i = 0; i < 4; i++) {
+        void *x = malloc(bb);
+        memset(x, 0xab, bb);
+        blk[i] = x;
+    }
+    ck_assert_int_eq(kvc_put_prefix(nb, NULL, k, 4, blk), 4);
+    for (int i = 0; i < 4; i++)
+        free((void *)blk[i]);
+    void *dst[4];
+    for (int i = 0; i < 4; i++)
+        dst[i] = calloc(1, bb);
+    ck_assert_int_le(kvc_get_prefix(na, k, 4, dst), 0);
+    for (int i = 0; i < 4; i++)
+        free(dst[i]);
+    kvc_disconnect(a);
+    kvc_disconnect(b);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_cleanup(&d);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("e2e_fast");
+    TCase *tc = tcase_create("fast");
+    SRunner *sr;
+    int failed;
+    if (daemon_suite_init("e2e_fast"))
+        return 1;
+    tcase_set_timeout(tc, daemon_slow() * 120);
+    tcase_add_test(tc, test_fast_hits_counted);
+    tcase_add_test(tc, test_fast_off_in_daemon);
+    tcase_add_test(tc, test_fast_hits_keep_blocks);
+    tcase_add_test(tc, test_fast_torture);
+    tcase_add_test(tc, test_fast_stopped_reader);
+    tcase_add_test(tc, test_fast_ring_lies);
+    tcase_add_test(tc, test_fast_ns_reused);
+    suite_add_tcase(s, tc);
+    sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    daemon_suite_fini();
+    return failed ? 1 : 0;
+}
