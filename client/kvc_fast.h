@@ -82,8 +82,9 @@ struct kvc_fast_hit {
     uint32_t ns;
     uint32_t block; /* the entry's block index */
     uint64_t klo, khi;
-    uint32_t pos;   /* position of the key in its request */
-    uint32_t nkeys; /* on a request's first hit: the keys it served (a lookup); else 0 */
+    uint16_t pos;     /* position of the key in its request (< KVC_LEASE_MAX_CHUNKS * 2048) */
+    uint16_t nkeys;   /* on a request's first hit: the keys it served (a lookup); else 0 */
+    uint32_t load_us; /* on a request's first hit: microseconds its copies took */
 };
 _Static_assert(sizeof(struct kvc_fast_hit) == 32, "fast ring entry layout");
 struct kvc_fast_ring {

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "client/kvc_fast.h"
@@ -217,14 +218,13 @@ static int kvc_fast_copy(const kvc_ns *ns, const uint8_t *base, const struct kvc
     return rc;
 }
 
-size_t kvci_fast_get(kvc_ns *ns, const struct kvc_key *keys, size_t n, void *const *dst)
+/* ns's arena index, mapped on first use, when ns may be read through it; else NULL. */
+static const struct kvc_fastmap *kvc_fast_map_of(kvc_ns *ns)
 {
     kvc_client *c = ns->c;
     struct kvc_fastmap *m = &c->fast[ns->arena];
-    struct kvc_fast_hit stackrec[64], *rec = stackrec;
-    size_t hits = 0;
-    if (c->fast_off || n == 0)
-        return 0;
+    if (c->fast_off)
+        return NULL;
     if (__atomic_load_n(&m->state, __ATOMIC_ACQUIRE) == 0) {
         pthread_mutex_lock(&c->mu);
         if (m->state == 0 && !c->fast_off)
@@ -233,38 +233,84 @@ size_t kvci_fast_get(kvc_ns *ns, const struct kvc_key *keys, size_t n, void *con
     }
     if (__atomic_load_n(&m->state, __ATOMIC_ACQUIRE) != 1 || ns->id >= m->nns ||
         __atomic_load_n(&m->nslay[ns->id], __ATOMIC_ACQUIRE) != ns->fast_lay)
-        return 0; /* not our namespace under that id (dropped, or never in the index) */
+        return NULL; /* not our namespace under that id (dropped, or never in the index) */
+    return m;
+}
+
+/* The entry of k, checked against the arena and its slot's generation now; *gen: that
+ * generation's word, to check again after the copy. */
+static bool kvc_fast_entry(const kvc_ns *ns, const struct kvc_fastmap *m, const struct kvc_key *k,
+                           struct kvc_fast_ent *e, const uint32_t **gen)
+{
+    uint64_t asize = ns->c->arenas[ns->arena].size;
+    if (!kvc_fast_find(m, ns->id, k, e) || e->off > asize || e->len > asize - e->off ||
+        (e->off >> KVC_FAST_UNIT_SHIFT) >= m->units || e->format >= KVC_WIRE_FORMAT_COUNT)
+        return false;
+    *gen = &m->gens[e->off >> KVC_FAST_UNIT_SHIFT];
+    return __atomic_load_n(*gen, __ATOMIC_ACQUIRE) == e->gen;
+}
+
+int kvci_fast_resolve(kvc_ns *ns, const struct kvc_key *k, const void **data, size_t *len)
+{
+    const struct kvc_fastmap *m = kvc_fast_map_of(ns);
+    struct kvc_fast_ent e;
+    const uint32_t *gen;
+    if (!m || !kvc_fast_entry(ns, m, k, &e, &gen))
+        return 0;
+    *data = ns->c->arenas[ns->arena].base + e.off;
+    *len = e.len;
+    return 1;
+}
+
+/* Microseconds since *t0 (at least 1), and *t0 moved to now. */
+static uint32_t kvc_fast_us(uint64_t *t0)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t t = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec, us = (t - *t0) / 1000;
+    *t0 = t;
+    return us == 0 ? 1 : us > UINT32_MAX ? UINT32_MAX : (uint32_t)us;
+}
+
+size_t kvci_fast_get(kvc_ns *ns, const struct kvc_key *keys, size_t n, void *const *dst)
+{
+    kvc_client *c = ns->c;
+    const struct kvc_fastmap *m = n ? kvc_fast_map_of(ns) : NULL;
+    struct kvc_fast_hit stackrec[64], *rec = stackrec;
+    size_t hits = 0;
+    if (!m)
+        return 0;
     const uint8_t *base = c->arenas[ns->arena].base;
-    uint64_t asize = c->arenas[ns->arena].size;
     if (n > 64 && !(rec = malloc((n < KVC_PROTO_MAX_KEYS ? n : KVC_PROTO_MAX_KEYS) * sizeof(*rec))))
         return 0;
     size_t cap = n > 64 ? (n < KVC_PROTO_MAX_KEYS ? n : KVC_PROTO_MAX_KEYS) : 64;
     size_t nrec = 0, first = 0;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t t0 = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
     while (hits < n) {
         struct kvc_fast_ent e;
-        if (!kvc_fast_find(m, ns->id, &keys[hits], &e) || e.off > asize ||
-            e.len > asize - e.off || (e.off >> KVC_FAST_UNIT_SHIFT) >= m->units ||
-            e.format >= KVC_WIRE_FORMAT_COUNT)
-            break;
-        const uint32_t *gen = &m->gens[e.off >> KVC_FAST_UNIT_SHIFT];
-        if (__atomic_load_n(gen, __ATOMIC_ACQUIRE) != e.gen ||
+        const uint32_t *gen;
+        if (!kvc_fast_entry(ns, m, &keys[hits], &e, &gen) ||
             kvc_fast_copy(ns, base, &e, gen, dst[hits]))
             break;
         rec[nrec++] = (struct kvc_fast_hit){.ns = ns->id,
                                             .block = e.block,
                                             .klo = keys[hits].lo,
                                             .khi = keys[hits].hi,
-                                            .pos = (uint32_t)hits};
+                                            .pos = (uint16_t)hits};
         hits++;
         if (nrec == cap) { /* a request's worth: recorded as one lookup */
-            rec[0].nkeys = (uint32_t)(hits - first);
+            rec[0].nkeys = (uint16_t)(hits - first);
+            rec[0].load_us = kvc_fast_us(&t0);
             kvc_fast_record(c, rec, nrec);
             nrec = 0;
             first = hits;
         }
     }
     if (nrec) {
-        rec[0].nkeys = (uint32_t)(hits - first);
+        rec[0].nkeys = (uint16_t)(hits - first);
+        rec[0].load_us = kvc_fast_us(&t0);
         kvc_fast_record(c, rec, nrec);
     }
     if (rec != stackrec)

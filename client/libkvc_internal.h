@@ -151,6 +151,9 @@ void kvci_gpu_ops_set(const struct kern_dev_ops *ops);
 /* The fast path: copies the leading run of keys[0..n) it can serve from the shared index
  * into dst[] and returns how many (0 when it is off or the first key is not there). */
 size_t kvci_fast_get(kvc_ns *ns, const struct kvc_key *keys, size_t n, void *const *dst);
+/* Resolves one key through the index (benchmarks): 1 with where its stored bytes are now
+ * (valid until the daemon reuses the slot: copy them, then check), 0 when not there. */
+int kvci_fast_resolve(kvc_ns *ns, const struct kvc_key *k, const void **data, size_t *len);
 /* Unmaps the indexes and the hit ring (kvc_disconnect). */
 void kvci_fast_fini(kvc_client *c);
 

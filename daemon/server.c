@@ -236,8 +236,11 @@ static void server_notice(int fd, int status)
 
 /* ---- connections ----------------------------------------------------------------------- */
 
+static void server_fast_drain(struct server *sv, struct conn *c, uint64_t now);
+
 static void server_conn_close(struct server *sv, struct conn *c, const char *why)
 {
+    server_fast_drain(sv, c, loop_now_ms(sv->loop)); /* the hits it took before it went */
     if (why)
         log_limited(LOG_LEVEL_WARNING, "server: closing client %u (pid %d, uid %u): %s", c->id,
                     (int)c->cred.pid, (unsigned)c->cred.uid, why);
@@ -736,8 +739,6 @@ static void server_arena_faults(struct server *sv)
     }
 }
 
-static void server_fast_drain(struct server *sv, struct conn *c, uint64_t now);
-
 void server_tick(struct server *sv)
 {
     uint64_t now;
@@ -1150,14 +1151,19 @@ static void server_fast_drain(struct server *sv, struct conn *c, uint64_t now)
                 store_fast_hit(sv->store, h[i].ns, h[i].block, &k, h[i].nkeys, now)) {
                 sv->store->total.fast_refused++;
                 c->st.fast_refused++;
-                h[i].nkeys = UINT32_MAX; /* not fed to the tuner */
+                h[i].pos = UINT16_MAX; /* not fed to the tuner */
                 continue;
             }
             c->st.fast_hits++;
             c->st.hit_blocks++;
+            if (h[i].nkeys && h[i].load_us) { /* as RELEASE reports a lease's copy time */
+                struct store_ns *ns = store_ns_get(sv->store, h[i].ns);
+                ns->stats.load_us += h[i].load_us;
+                sv->store->total.load_us += h[i].load_us;
+            }
         }
         for (uint32_t i = first; i < end; i++)
-            if (h[i].nkeys != UINT32_MAX) {
+            if (h[i].pos != UINT16_MAX) {
                 struct kvc_wire_key k = {.lo = h[i].klo, .hi = h[i].khi};
                 store_fast_ref(sv->store, h[i].ns, &k, h[i].pos, now);
             }

@@ -214,6 +214,12 @@ int daemon_spawn(const struct daemon *d, const char *const *args, pid_t *pid)
     argv[n++] = DAEMON_KVCD;
     argv[n++] = "-o";
     argv[n++] = sockopt;
+    /* The suites run again with the fast path off (tests/run-checks.sh): in the daemon too. */
+    const char *nf = getenv("KVC_NO_FASTPATH");
+    if (nf && *nf && strcmp(nf, "0") != 0) {
+        argv[n++] = "-o";
+        argv[n++] = "server.fast_path=no";
+    }
     rc = daemon_args_add(argv, &n, args);
     if (rc)
         return rc;
