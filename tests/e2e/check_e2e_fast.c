@@ -9,6 +9,7 @@
  */
 #include <check.h>
 #include <errno.h>
+#include <stdbool.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -163,37 +164,77 @@ struct fp_torture {
     const struct daemon *d;
     uint32_t family;
     int seconds;
+    bool lossy; /* a namespace that allows q8_0, smooth blocks checked within its bound */
 };
 
-/* Reads its hot prefix (and re-puts it when it was evicted) in a tight loop; every byte
- * checked by fp_get_check (an assertion failure exits non-zero). */
+static int fp_torture_open(const struct fp_torture *t, kvc_client **c, kvc_ns **ns)
+{
+    struct kvc_layout lay = daemon_layout(t->lossy ? "e2e-fast-lossy" : "e2e-fast-torture", 64);
+    struct kvc_quant q = {.allowed = 1u << KVC_CODEC_Q8_0,
+                          .k_codec = KVC_CODEC_Q8_0,
+                          .v_codec = KVC_CODEC_Q8_0};
+    if (kvc_connect(t->d->sock, c))
+        return -1;
+    return t->lossy ? kvc_ns_open_quant(*c, &lay, &q, ns) : kvc_ns_open(*c, &lay, ns);
+}
+
+static void fp_torture_fill(const struct fp_torture *t, const struct kvc_key *k, void *b,
+                            size_t bb)
+{
+    if (t->lossy)
+        daemon_smooth_fill(k, b, bb / 2);
+    else
+        daemon_block_fill(k, b, bb);
+}
+
+/* get_prefix of k[0..n): every hit is the block of its key (bit-exact, or within q8_0's
+ * bound; another key's block is ~40 % off). The hits, or -1 after a message. */
+static int fp_torture_get(const struct fp_torture *t, kvc_ns *ns, const struct kvc_key *k,
+                          uint32_t n, void **dst)
+{
+    size_t bb = kvc_ns_block_bytes(ns);
+    int h = kvc_get_prefix(ns, k, n, dst);
+    for (int i = 0; i < h; i++) {
+        if (t->lossy ? daemon_smooth_err(&k[i], dst[i], bb / 2) < 0.02
+                     : daemon_block_check(&k[i], dst[i], bb) == -1)
+            continue;
+        fprintf(stderr, "e2e_fast: torture: hit %d is not the block of its key\n", i);
+        return -1;
+    }
+    return h;
+}
+
+/* Reads its hot prefix (and re-puts it when it was evicted) in a tight loop, every hit
+ * checked. */
 static int fp_reader(void *arg)
 {
     struct fp_torture *t = arg;
     kvc_client *c;
     kvc_ns *ns;
-    struct kvc_layout lay = daemon_layout("e2e-fast-torture", 64);
     struct kvc_key k[8];
+    void *dst[8];
+    const void *blk[8];
     uint64_t end = daemon_now_ms() + (uint64_t)t->seconds * 1000;
     long rounds = 0;
-    if (kvc_connect(t->d->sock, &c) || kvc_ns_open(c, &lay, &ns))
+    if (fp_torture_open(t, &c, &ns) || daemon_chain_keys(ns, t->family, 0, 8, 8, k))
         return 2;
+    size_t bb = kvc_ns_block_bytes(ns);
+    for (int i = 0; i < 8; i++) {
+        dst[i] = malloc(bb);
+        blk[i] = malloc(bb);
+        fp_torture_fill(t, &k[i], (void *)blk[i], bb);
+    }
     while (daemon_now_ms() < end) {
-        if (daemon_chain_keys(ns, t->family, 0, 8, 8, k))
-            return 3;
-        if (fp_get_check(ns, k, 8) < 8) {
-            size_t bb = kvc_ns_block_bytes(ns);
-            const void *blk[8];
-            for (int i = 0; i < 8; i++) {
-                void *b = malloc(bb);
-                daemon_block_fill(&k[i], b, bb);
-                blk[i] = b;
-            }
+        int h = fp_torture_get(t, ns, k, 8, dst);
+        if (h < 0)
+            return 1;
+        if (h < 8)
             (void)kvc_put_prefix(ns, NULL, k, 8, blk); /* may find no room: fine */
-            for (int i = 0; i < 8; i++)
-                free((void *)blk[i]);
-        }
         rounds++;
+    }
+    for (int i = 0; i < 8; i++) {
+        free(dst[i]);
+        free((void *)blk[i]);
     }
     kvc_disconnect(c);
     return rounds > 0 ? 0 : 4;
@@ -206,10 +247,9 @@ static int fp_writer(void *arg)
     struct fp_torture *t = arg;
     kvc_client *c;
     kvc_ns *ns;
-    struct kvc_layout lay = daemon_layout("e2e-fast-torture", 64);
     struct kvc_key k[32];
     uint64_t end = daemon_now_ms() + (uint64_t)t->seconds * 1000;
-    if (kvc_connect(t->d->sock, &c) || kvc_ns_open(c, &lay, &ns))
+    if (fp_torture_open(t, &c, &ns))
         return 2;
     size_t bb = kvc_ns_block_bytes(ns);
     const void *blk[32];
@@ -219,7 +259,7 @@ static int fp_writer(void *arg)
         if (daemon_chain_keys(ns, f, 0, 32, 32, k))
             return 3;
         for (int i = 0; i < 32; i++)
-            daemon_block_fill(&k[i], (void *)blk[i], bb);
+            fp_torture_fill(t, &k[i], (void *)blk[i], bb);
         (void)kvc_put_prefix(ns, NULL, k, 32, blk);
     }
     for (int i = 0; i < 32; i++)
@@ -228,34 +268,71 @@ static int fp_writer(void *arg)
     return 0;
 }
 
+/* Three readers and a writer for `secs`; every reader exits 0 (no wrong byte). */
+static void fp_torture_run(struct daemon *d, bool lossy, int secs)
+{
+    struct fp_torture rd[3], wr;
+    pid_t pr[3], pw;
+    for (int i = 0; i < 3; i++) {
+        rd[i] = (struct fp_torture){.d = d, .family = (uint32_t)i, .seconds = secs, .lossy = lossy};
+        pr[i] = daemon_child_spawn(fp_reader, &rd[i]);
+        ck_assert_int_gt(pr[i], 0);
+    }
+    wr = (struct fp_torture){.d = d, .family = 0, .seconds = secs, .lossy = lossy};
+    pw = daemon_child_spawn(fp_writer, &wr);
+    ck_assert_int_gt(pw, 0);
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq(daemon_child_wait(pr[i], daemon_ms(secs * 1000 + 30000), NULL), 0);
+    ck_assert_int_eq(daemon_child_wait(pw, daemon_ms(secs * 1000 + 30000), NULL), 0);
+}
+
 START_TEST(test_fast_torture)
 {
     static const char *const args[] = {"-o", "host.size=16m", "-o", "host.page_size=64k", "-o",
                                        "host.high_watermark=0.9", "-o", "host.low_watermark=0.5",
                                        NULL};
     struct daemon d = {0};
-    struct fp_torture rd[3], wr;
-    pid_t pr[3], pw;
-    int secs = 4;
     uint64_t fast = 0, evicted = 0;
     ck_assert_int_eq(daemon_start(&d, args), 0);
-    for (int i = 0; i < 3; i++) {
-        rd[i] = (struct fp_torture){.d = &d, .family = (uint32_t)i, .seconds = secs};
-        pr[i] = daemon_child_spawn(fp_reader, &rd[i]);
-        ck_assert_int_gt(pr[i], 0);
-    }
-    wr = (struct fp_torture){.d = &d, .family = 0, .seconds = secs};
-    pw = daemon_child_spawn(fp_writer, &wr);
-    ck_assert_int_gt(pw, 0);
-    for (int i = 0; i < 3; i++)
-        ck_assert_int_eq(daemon_child_wait(pr[i], daemon_ms(secs * 1000 + 30000), NULL), 0);
-    ck_assert_int_eq(daemon_child_wait(pw, daemon_ms(secs * 1000 + 30000), NULL), 0);
+    fp_torture_run(&d, false, 4);
     ck_assert_int_eq(daemon_stat(&d, "fast_hits", &fast), 0);
     ck_assert_int_eq(daemon_stat(&d, "evicted_blocks", &evicted), 0);
     fprintf(stderr, "e2e_fast: torture: %llu fast hits, %llu evictions\n",
             (unsigned long long)fast, (unsigned long long)evicted);
     ck_assert_uint_gt(fast, 0);
     ck_assert_uint_gt(evicted, 0);
+    ck_assert_int_eq(daemon_roundtrip(&d), 0);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_cleanup(&d);
+}
+END_TEST
+
+/* The same with blocks quantized in place and written to and read back from a disk tier:
+ * every move frees a slot that readers may be copying. */
+START_TEST(test_fast_torture_moves)
+{
+    struct daemon d = {0};
+    char o_disk[DAEMON_PATH_MAX + 32];
+    ck_assert_int_eq(daemon_dir_init(&d), 0);
+    snprintf(o_disk, sizeof(o_disk), "disk.path=%s/disk", d.dir);
+    const char *const args[] = {"-o", "host.size=16m", "-o", "host.page_size=64k", "-o",
+                                "host.high_watermark=0.9", "-o", "host.low_watermark=0.6", "-o",
+                                "cache.policy=lru", "-o", o_disk, "-o", "disk.capacity=64m",
+                                NULL};
+    uint64_t fast = 0, quant = 0, promoted = 0, demoted = 0;
+    ck_assert_int_eq(daemon_start(&d, args), 0);
+    fp_torture_run(&d, true, 5);
+    ck_assert_int_eq(daemon_stat(&d, "fast_hits", &fast), 0);
+    ck_assert_int_eq(daemon_stat(&d, "quantized_blocks", &quant), 0);
+    ck_assert_int_eq(daemon_stat(&d, "demoted_blocks", &demoted), 0);
+    ck_assert_int_eq(daemon_stat(&d, "promoted_blocks", &promoted), 0);
+    fprintf(stderr,
+            "e2e_fast: torture with moves: %llu fast hits, %llu quantized, %llu demoted, %llu "
+            "promoted\n",
+            (unsigned long long)fast, (unsigned long long)quant, (unsigned long long)demoted,
+            (unsigned long long)promoted);
+    ck_assert_uint_gt(fast, 0);
+    ck_assert_uint_gt(quant + demoted, 0);
     ck_assert_int_eq(daemon_roundtrip(&d), 0);
     ck_assert_int_eq(daemon_stop(&d), 0);
     daemon_cleanup(&d);
@@ -403,6 +480,7 @@ int main(void)
     tcase_add_test(tc, test_fast_off_in_daemon);
     tcase_add_test(tc, test_fast_hits_keep_blocks);
     tcase_add_test(tc, test_fast_torture);
+    tcase_add_test(tc, test_fast_torture_moves);
     tcase_add_test(tc, test_fast_stopped_reader);
     tcase_add_test(tc, test_fast_ring_lies);
     tcase_add_test(tc, test_fast_ns_reused);
