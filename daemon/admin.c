@@ -111,6 +111,11 @@ int admin_metrics_render(const struct admin_ctx *x, char **text, size_t *len)
     ADMIN_GAUGE("namespaces", "namespaces", nns);
     ADMIN_GAUGE("uptime_seconds", "seconds since start", x->now / 1000);
     ADMIN_GAUGE("log_suppressed_lines", "log lines dropped by the rate limit", log_suppressed());
+    uint64_t fpub, ffull;
+    store_fast_stats(s, &fpub, &ffull);
+    ADMIN_GAUGE("fast_index_blocks", "blocks published in the arenas' shared indexes", fpub);
+    ADMIN_GAUGE("fast_index_full", "blocks left out of a full index set (hits take the socket)",
+                ffull);
 #undef ADMIN_GAUGE
     fprintf(f, "# HELP kvcd_token_hit_ratio tokens hit / tokens requested by lookups "
                "(kvcd_hit_tokens_total / kvcd_lookup_tokens_total)\n"

@@ -1022,6 +1022,10 @@ static int server_on_stats(struct server *sv, struct conn *c, const struct proto
         server_stat_put(out, &n, "gpu_used", store_gpu_used(s));
         server_stat_put(out, &n, "uptime_s", now / 1000);
         server_stat_put(out, &n, "log_suppressed", log_suppressed());
+        uint64_t fpub, ffull;
+        store_fast_stats(s, &fpub, &ffull);
+        server_stat_put(out, &n, "fast_index_blocks", fpub);
+        server_stat_put(out, &n, "fast_index_full", ffull);
         engine_disk_stats(s, server_stat_cb, &(struct server_stat_ctx){out, &n});
     }
     *p = (struct kvc_stats_rep){.nstats = n};

@@ -100,7 +100,9 @@
     X(host_used, "bytes of the host arena in slots")                                          \
     X(gpu_capacity, "bytes of the GPU pool (0: no GPU tier)")                                 \
     X(gpu_used, "bytes of the GPU pool in slots")                                             \
-    X(uptime_s, "seconds since start")
+    X(uptime_s, "seconds since start")                                                        \
+    X(fast_index_blocks, "blocks published in the arenas' shared indexes (fast path)")        \
+    X(fast_index_full, "blocks left out of a full index set (their hits take the socket)")
 
 struct stats {
 #define STATS_FIELD(name, help) uint64_t name;

@@ -933,6 +933,18 @@ int store_arena_add(struct store *s, uint64_t size, uint32_t *id)
     return 0;
 }
 
+void store_fast_stats(const struct store *s, uint64_t *published, uint64_t *full)
+{
+    *published = *full = 0;
+    for (uint32_t a = 0; a < s->narenas; a++)
+        if (s->fast[a]) {
+            struct fast_index_stats st;
+            fast_index_stats_get(s->fast[a], &st);
+            *published += st.published;
+            *full += st.full;
+        }
+}
+
 uint64_t store_gpu_used(const struct store *s)
 {
     return s->gpu ? s->gpu->ops->usage(s->gpu) : 0;

@@ -284,6 +284,10 @@ int store_fast_hit(struct store *s, uint32_t ns_id, uint32_t idx, const struct k
 void store_fast_ref(struct store *s, uint32_t ns_id, const struct kvc_wire_key *key, uint32_t pos,
                     uint64_t now);
 
+/* The fast path's indexes: blocks published now, and publications refused so far because
+ * the block's set was full (its hits take the socket). */
+void store_fast_stats(const struct store *s, uint64_t *published, uint64_t *full);
+
 /* Gauges for STATS (see STATS_GAUGES). */
 uint64_t store_host_used(const struct store *s);
 uint64_t store_host_capacity(const struct store *s);

@@ -79,6 +79,8 @@ START_TEST(test_fast_hits_counted)
     ck_assert_uint_eq(hits, FP_BLOCKS + 5);
     ck_assert_int_eq(daemon_client_stat(c, 0, "lookups", &lookups), 0);
     ck_assert_uint_eq(lookups, 2);
+    ck_assert_int_eq(daemon_client_stat(c, 0, "fast_index_blocks", &hits), 0);
+    ck_assert_uint_eq(hits, FP_BLOCKS);
     /* A longer prefix: the index serves the 16 it has, the socket finds no more. */
     struct kvc_key k2[FP_BLOCKS + 4];
     ck_assert_int_eq(daemon_chain_keys(ns, 1, 0, FP_BLOCKS + 4, FP_BLOCKS + 4, k2), 0);
