@@ -223,7 +223,10 @@ static const struct kvc_fastmap *kvc_fast_map_of(kvc_ns *ns)
 {
     kvc_client *c = ns->c;
     struct kvc_fastmap *m = &c->fast[ns->arena];
-    if (c->fast_off)
+    /* A connection found dead (a failed call: the ring's drain requests are calls too) stops
+     * the fast path, so an engine whose daemon went away hears of it from the socket path
+     * instead of reading an orphaned index forever. */
+    if (c->fast_off || __atomic_load_n(&c->dead, __ATOMIC_RELAXED))
         return NULL;
     if (__atomic_load_n(&m->state, __ATOMIC_ACQUIRE) == 0) {
         pthread_mutex_lock(&c->mu);

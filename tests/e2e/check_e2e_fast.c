@@ -469,6 +469,33 @@ START_TEST(test_fast_ns_reused)
 }
 END_TEST
 
+/* The daemon dies while a client only copies through the index: within a ring's worth of
+ * hits the client asks the daemon to read its ring, finds the connection dead and says so,
+ * instead of serving an orphaned index for ever. */
+START_TEST(test_fast_daemon_gone)
+{
+    struct daemon d = {0};
+    kvc_client *c;
+    kvc_ns *ns;
+    struct kvc_layout lay = daemon_layout("e2e-fast-gone", 16);
+    struct kvc_key k[FP_BLOCKS];
+    int rc = 0, i;
+    ck_assert_int_eq(daemon_start(&d, fp_args), 0);
+    ck_assert_int_eq(kvc_connect(d.sock, &c), 0);
+    ck_assert_int_eq(kvc_ns_open(c, &lay, &ns), 0);
+    fp_put(ns, 40, FP_BLOCKS, k);
+    ck_assert_int_eq(fp_get_check(ns, k, FP_BLOCKS), FP_BLOCKS);
+    ck_assert_int_eq(kill(d.pid, SIGKILL), 0);
+    daemon_child_wait(d.pid, daemon_ms(5000), NULL);
+    d.pid = 0;
+    for (i = 0; i < (int)(2 * KVC_FAST_RING_ENTS / FP_BLOCKS) && rc >= 0; i++)
+        rc = fp_get_check(ns, k, FP_BLOCKS);
+    ck_assert_int_lt(rc, 0);
+    kvc_disconnect(c);
+    daemon_cleanup(&d);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("e2e_fast");
@@ -486,6 +513,7 @@ int main(void)
     tcase_add_test(tc, test_fast_stopped_reader);
     tcase_add_test(tc, test_fast_ring_lies);
     tcase_add_test(tc, test_fast_ns_reused);
+    tcase_add_test(tc, test_fast_daemon_gone);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
