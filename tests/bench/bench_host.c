@@ -268,29 +268,37 @@ static int bench_step(struct bench_shared *sh, unsigned proc, int step, int rep,
     return rc;
 }
 
+/* Connects, opens sz's namespace and sets up b's buffers; 0, or -errno with *what failed. */
+static int bench_client_open(const struct bench_size *sz, kvc_client **c, struct bench_client *b,
+                             const char **what)
+{
+    int rc;
+    *what = "connect";
+    if ((rc = kvc_connect(bench_sock, c)) < 0)
+        return rc;
+    *what = "ns_open";
+    if ((rc = kvc_ns_open(*c, &sz->layout, &b->ns)) < 0)
+        return rc;
+    b->bb = kvc_ns_block_bytes(b->ns);
+    b->nblocks = BENCH_WS_BYTES / b->bb;
+    b->per_op = BENCH_OP_BYTES > b->bb ? BENCH_OP_BYTES / b->bb : 1;
+    b->src = bench_buf(BENCH_WS_BYTES);
+    b->dst = bench_buf(BENCH_WS_BYTES);
+    b->keys = calloc(b->nblocks, sizeof(*b->keys));
+    b->blocks = calloc(b->per_op, sizeof(*b->blocks));
+    *what = "buffers";
+    return b->src && b->dst && b->keys && b->blocks ? 0 : -ENOMEM;
+}
+
 /* A client process of one case. Returns its exit status. */
 static int bench_client_run(struct bench_shared *sh, unsigned proc, unsigned size_idx)
 {
     const struct bench_size *sz = &bench_sizes[size_idx];
     struct bench_client b = {0};
     kvc_client *c = NULL;
-    int rc;
-    const char *what = "connect";
-    if ((rc = kvc_connect(bench_sock, &c)) < 0)
-        goto out;
-    what = "ns_open";
-    if ((rc = kvc_ns_open(c, &sz->layout, &b.ns)) < 0)
-        goto out;
-    b.bb = kvc_ns_block_bytes(b.ns);
-    b.nblocks = BENCH_WS_BYTES / b.bb;
-    b.per_op = BENCH_OP_BYTES > b.bb ? BENCH_OP_BYTES / b.bb : 1;
-    b.src = bench_buf(BENCH_WS_BYTES);
-    b.dst = bench_buf(BENCH_WS_BYTES);
-    b.keys = calloc(b.nblocks, sizeof(*b.keys));
-    b.blocks = calloc(b.per_op, sizeof(*b.blocks));
-    what = "buffers";
-    rc = -ENOMEM;
-    if (!b.src || !b.dst || !b.keys || !b.blocks)
+    const char *what;
+    int rc = bench_client_open(sz, &c, &b, &what);
+    if (rc < 0)
         goto out;
     bench_fill(b.src, BENCH_WS_BYTES, proc * 16 + size_idx + 1);
 
@@ -413,26 +421,11 @@ out:
  * outside the timing. */
 static int bench_evict_run(struct bench_shared *sh, unsigned proc)
 {
-    const struct bench_size *sz = &bench_sizes[0];
     struct bench_client b = {0};
     kvc_client *c = NULL;
-    int rc;
-    const char *what = "connect";
-    if ((rc = kvc_connect(bench_sock, &c)) < 0)
-        goto out;
-    what = "ns_open";
-    if ((rc = kvc_ns_open(c, &sz->layout, &b.ns)) < 0)
-        goto out;
-    b.bb = kvc_ns_block_bytes(b.ns);
-    b.nblocks = BENCH_WS_BYTES / b.bb;
-    b.per_op = BENCH_OP_BYTES / b.bb;
-    b.src = bench_buf(BENCH_WS_BYTES);
-    b.dst = bench_buf(BENCH_WS_BYTES);
-    b.keys = calloc(b.nblocks, sizeof(*b.keys));
-    b.blocks = calloc(b.per_op, sizeof(*b.blocks));
-    what = "buffers";
-    rc = -ENOMEM;
-    if (!b.src || !b.dst || !b.keys || !b.blocks)
+    const char *what;
+    int rc = bench_client_open(&bench_sizes[0], &c, &b, &what);
+    if (rc < 0)
         goto out;
     bench_fill(b.src, BENCH_WS_BYTES, proc * 16 + 99);
     bench_keys(b.keys, b.nblocks, proc, 7, BENCH_STEP_GET, 0);
