@@ -687,10 +687,11 @@ int main(int argc, char **argv)
                 (st ? m : v)[rep] = bytes / (t1 - t0) / 1e9;
             }
         }
-        double best = 0, base = 0;
+        double best = 0, base = 0, hit = 0;
         for (int rep = 0; rep < BENCH_REPS; rep++) {
             best = v[rep] > best ? v[rep] : best;
             base = m[rep] > base ? m[rep] : base;
+            hit += (double)(sh->got[rep][0] + sh->got[rep][1]) / (2.0 * BENCH_WS_BYTES);
         }
         med = bench_median(v, BENCH_REPS);
         base_med = bench_median(m, BENCH_REPS);
@@ -699,9 +700,9 @@ int main(int argc, char **argv)
                                             "memcpy", base);
         if (!r)
             goto out;
-        printf("%-24s %8.2f %8.2f %8.2f %8.2f %6.2f %9s%s\n", r->name, r->value, med, r->base,
-               base_med, r->value / r->base, "-",
-               r->value < 0.8 * r->base ? "  below 0.8 target" : "");
+        printf("%-24s %8.2f %8.2f %8.2f %8.2f %6.2f %9s%s (%.0f %% of the blocks hit)\n",
+               r->name, r->value, med, r->base, base_med, r->value / r->base, "-",
+               r->value < 0.8 * r->base ? "  below 0.8 target" : "", 100.0 * hit / BENCH_REPS);
     }
     if (only && strcmp(only, "rtt") != 0)
         goto done;
