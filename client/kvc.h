@@ -251,10 +251,12 @@ KVC_API int kvc_lease_stored(const kvc_lease *l, size_t i, const void **data, si
  * NULL: the legacy default stream). After kvc_gpu_attach() a raw hit is queued on the stream
  * (device to device for a pool hit, host to device for a host hit) and kvc_release() waits
  * for it; without it a raw host hit has landed when the call returns. A quantized block
- * crosses PCIe in its stored size and is dequantized on the device (a device scratch
- * buffer is allocated and freed per call); returns after the work is queued and the stream
- * synchronised for the scratch. -ENOTSUP: libkvc built without CUDA, or a pool hit without
- * kvc_gpu_attach(); -EIO: a CUDA error; -EINVAL, -ERANGE as above. */
+ * crosses PCIe in its stored size and is dequantized on the device: after kvc_gpu_attach()
+ * through a device scratch the client keeps (no allocation, free or wait per hit), queued
+ * and tracked like a raw hit; without it a scratch is allocated and freed per call and the
+ * stream synchronised before the call returns. -ENOTSUP: libkvc built without CUDA, or a
+ * pool hit without kvc_gpu_attach(); -EBADMSG: a quantized block that is not of the
+ * namespace's layout; -EIO: a CUDA error; -EINVAL, -ERANGE as above. */
 KVC_API int kvc_lease_copy_cuda(const kvc_lease *l, size_t i, void *dst_dev, size_t len,
                                 void *stream);
 
@@ -482,8 +484,9 @@ KVC_API int kvc_gpu_attach(kvc_client *c);
 KVC_API int kvc_lease_tier(const kvc_lease *l, size_t i);
 
 /* Queues the copy of hit i into dst (device or host memory, len at least the block size)
- * on stream, as raw data. A quantized host hit is dequantized on the CPU into a staging
- * block and copied from there; that call waits for the stream before it returns. Errors:
+ * on stream, as raw data; kvc_release() waits for it. A quantized host hit into device
+ * memory crosses in its stored size and is dequantized on the device, queued the same way;
+ * into host memory it is dequantized on the CPU before the call returns. Errors:
  * -EINVAL, -ERANGE, -EIO, -ENOMEM, -EBADMSG (a quantized block that does not decode),
  * -ENOTSUP (no kvc_gpu_attach). */
 KVC_API int kvc_lease_copy_async(kvc_lease *l, size_t i, void *dst, size_t len, void *stream);

@@ -867,6 +867,8 @@ KVC_API int kvc_lease_copy_cuda(const kvc_lease *l, size_t i, void *dst_dev, siz
                                                    ? KERN_DEV_COPY_D2D
                                                    : KERN_DEV_COPY_H2D,
                                                stream);
+    if (l->ns->c->gpu_hooks && l->hits[i].tier != KVC_WIRE_TIER_GPU)
+        return l->ns->c->gpu_hooks->lease_decode((kvc_lease *)l, i, dst_dev, stream);
     if (l->hits[i].tier == KVC_WIRE_TIER_GPU)
         return -ENOTSUP; /* only an attached client has pool hits */
     if (!(kern_supports() & KERN_SUPPORT_CUDA_BUILT))

@@ -35,6 +35,7 @@
 
 #include "client/kvc.h"
 #include "client/libkvc_internal.h"
+#include "kernels/kern.h"
 #include "kernels/kern_dev.h"
 #include "kernels/kern_pack.h"
 
@@ -201,6 +202,7 @@ static int kvc_gpu_wait(kvc_client *c, struct kvc_gpu_work *w)
 
 static int kvc_gpu_copy_sync(kvc_client *c, void *dst, const void *src, uint64_t len);
 static int kvc_gpu_lease_copy(kvc_lease *l, size_t i, void *dst, int kind, void *stream);
+static int kvc_gpu_lease_decode(kvc_lease *l, size_t i, void *dst, void *stream);
 
 static void kvc_gpu_fini(kvc_client *c)
 {
@@ -229,6 +231,7 @@ static const struct kvc_gpu_hooks kvc_gpu_hooks = {
     .wait = kvc_gpu_wait,
     .copy_sync = kvc_gpu_copy_sync,
     .lease_copy = kvc_gpu_lease_copy,
+    .lease_decode = kvc_gpu_lease_decode,
     .fini = kvc_gpu_fini,
 };
 
@@ -414,10 +417,53 @@ static int kvc_gpu_lease_copy(kvc_lease *l, size_t i, void *dst, int kind, void 
     return rc;
 }
 
+static int kvc_gpu_lease_decode(kvc_lease *l, size_t i, void *dst, void *stream)
+{
+    kvc_client *c = l->ns->c;
+    struct kvc_gpu *g = kvc_gpu_of(c);
+    struct kvc_gpu_scratch *s;
+    struct kern_layout kl = {.layers = l->ns->layout.layers,
+                             .heads = l->ns->layout.kv_heads,
+                             .head_dim = l->ns->layout.head_dim,
+                             .tokens = l->ns->layout.block_tokens,
+                             .dtype = l->ns->layout.dtype,
+                             .k_only = l->ns->layout.kv_kind == KVC_WIRE_KV_KIND_K_ONLY};
+    uint64_t n = l->hits[i].len;
+    struct kern_layout bl;
+    if (n == 0)
+        return -EBADMSG;
+    pthread_mutex_lock(&c->mu);
+    int rc = kvc_gpu_scratch_take(g, n, n, &s);
+    if (rc == 0) {
+        /* Writers of the arena can change the stored bytes: what crosses is a private copy,
+         * checked against the namespace's layout here so a bad block is an error now (the
+         * kernel checks the header again and writes zeros for a block it cannot decode). */
+        memcpy(s->host, l->hits[i].data, n);
+        if (kern_block_info(s->host, n, &bl, NULL) < 0 || bl.layers != kl.layers ||
+            bl.heads != kl.heads || bl.head_dim != kl.head_dim || bl.tokens != kl.tokens ||
+            bl.k_only != kl.k_only) {
+            rc = -EBADMSG;
+            s->next = g->idle;
+            g->idle = s;
+        }
+    }
+    if (rc == 0) {
+        /* The scratch's host copy is what crosses: checked, and stable until the lease's
+         * work is waited for (the scratch is tracked with it). */
+        rc = g->ops->copy_async(s->dev, s->host, n, KERN_DEV_COPY_H2D, stream);
+        if (rc == 0)
+            rc = g->ops->decode(&kl, s->dev, n, dst, l->ns->block_bytes, kl.dtype, stream);
+        int trc = kvc_gpu_track(c, &l->gpu, s, stream);
+        rc = rc ? rc : trc;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
 /*
- * A quantized hit is never handed out as it is stored: it is decoded on the CPU into a
- * host staging block, copied from there, and the call waits for the stream before it frees
- * the staging (the slow path; raw hits return once queued).
+ * A quantized hit is never handed out as it is stored. Into device memory it crosses in its
+ * stored size to a pooled device scratch and is decoded there (kvc_gpu_lease_decode),
+ * tracked on the lease like a raw copy; into host memory it is decoded on the CPU, in place.
  */
 KVC_API int kvc_lease_copy_async(kvc_lease *l, size_t i, void *dst, size_t len, void *stream)
 {
@@ -436,22 +482,10 @@ KVC_API int kvc_lease_copy_async(kvc_lease *l, size_t i, void *dst, size_t len, 
         return kvc_gpu_lease_copy(l, i, dst, KERN_DEV_COPY_DEFAULT, stream);
     if (l->hits[i].tier == KVC_WIRE_TIER_GPU)
         return -ENOTSUP; /* the pool holds raw blocks only */
-    uint8_t *staging = malloc(l->ns->block_bytes);
-    if (!staging)
-        return -ENOMEM;
-    rc = kvc_lease_copy(l, i, staging, l->ns->block_bytes);
-    if (rc == 0) {
-        const struct kern_dev_ops *ops = kvc_gpu_of(c)->ops;
-        void *ev = NULL;
-        pthread_mutex_lock(&c->mu);
-        rc = ops->copy_async(dst, staging, l->ns->block_bytes, KERN_DEV_COPY_DEFAULT, stream);
-        int wrc = rc == 0 ? ops->event_new_record(&ev, stream) : 0;
-        if (rc == 0)
-            rc = wrc ? ops->stream_sync(stream) : ops->event_wait_free(ev);
-        pthread_mutex_unlock(&c->mu);
-    }
-    free(staging);
-    return rc;
+    if (kvc_gpu_of(c)->ops->pointer_device(dst) >= 0)
+        return kvc_gpu_lease_decode(l, i, dst, stream);
+    rc = kvc_lease_copy(l, i, dst, l->ns->block_bytes); /* host memory: decoded right there */
+    return rc == -EINVAL ? -EBADMSG : rc;
 }
 
 KVC_API int kvc_resv_write_async(kvc_resv *r, size_t i, const void *src, size_t len,

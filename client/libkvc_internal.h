@@ -44,6 +44,10 @@ struct kvc_gpu_hooks {
     /* Queues the copy of raw hit i into dst (kind: enum kern_dev_copy) on stream, tracked
      * on the lease so that kvc_release() waits for it. */
     int (*lease_copy)(kvc_lease *l, size_t i, void *dst, int kind, void *stream);
+    /* Queues quantized host hit i, dequantized, into device memory dst on stream: its stored
+     * bytes cross to a pooled device scratch and a kernel decodes them there; tracked on the
+     * lease like lease_copy (no allocation, free or wait once the pool has grown). */
+    int (*lease_decode)(kvc_lease *l, size_t i, void *dst, void *stream);
     /* Unmaps the pool and unregisters the arenas (kvc_disconnect). */
     void (*fini)(kvc_client *c);
 };

@@ -29,6 +29,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "kernels/kern.h"
 #include "kernels/kern_dev.h"
 #include "kernels/kern_pack.h"
 
@@ -494,6 +495,13 @@ static int dev_pack(const struct kern_pack_layout *lay, const struct kern_pack_e
     return kern_pack_cuda(lay, eng, first_token, nblocks, blocks, dir, stream);
 }
 
+static int dev_decode(const struct kern_layout *lay, const void *src, uint64_t src_len, void *dst,
+                      uint64_t dst_cap, int dtype, void *stream)
+{
+    int64_t rc = kern_decode_cuda(lay, src, src_len, dst, dst_cap, (enum kern_dtype)dtype, stream);
+    return rc < 0 ? (int)rc : 0;
+}
+
 static const struct kern_dev_ops dev_cuda_ops = {
     "cuda",
     dev_device_count,
@@ -516,6 +524,7 @@ static const struct kern_dev_ops dev_cuda_ops = {
     dev_mem_alloc,
     dev_mem_free,
     dev_pack,
+    dev_decode,
 };
 
 const struct kern_dev_ops *kern_dev_cuda(void)

@@ -45,6 +45,7 @@ extern "C" {
 
 struct kern_pack_layout;
 struct kern_pack_engine;
+struct kern_layout;
 
 enum kern_dev_handle {
     KERN_DEV_HANDLE_NONE = 0,
@@ -124,6 +125,11 @@ struct kern_dev_ops {
     int (*pack)(const struct kern_pack_layout *lay, const struct kern_pack_engine *eng,
                 uint64_t first_token, uint32_t nblocks, void *const *blocks, int dir,
                 void *stream);
+    /* Queues kern_decode_cuda on stream: the encoded block src (src_len bytes of device
+     * memory) decoded into dst (device memory, dst_cap bytes) as dtype (enum kern_dtype).
+     * 0 or -errno; a block that does not decode leaves dst's bytes unspecified. */
+    int (*decode)(const struct kern_layout *lay, const void *src, uint64_t src_len, void *dst,
+                  uint64_t dst_cap, int dtype, void *stream);
 };
 
 /* The CUDA table, or NULL in a build without CUDA. The real table answers -ENODEV where no

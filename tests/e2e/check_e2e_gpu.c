@@ -413,6 +413,96 @@ START_TEST(test_copy_async_decodes_quantized)
 }
 END_TEST
 
+/* A quantized host hit into device memory crosses in its stored size to a pooled device
+ * scratch and is decoded there (kvc_lease_copy_async and kvc_lease_copy_cuda alike), queued
+ * and tracked on the lease: after the first hit no allocation, free or wait; the decoded
+ * bytes are right once the lease is released; a block whose header does not match the
+ * namespace is refused before anything is queued. */
+START_TEST(test_quantized_hits_decode_on_device)
+{
+    kvc_client *c;
+    kvc_ns *ns;
+    kvc_lease *l;
+    struct kvc_key keys[GE_BLOCKS];
+    ck_assert_int_eq(ge_open(&c, &ns, keys), 0);
+    fake_dev_reset(1);
+    kvci_gpu_ops_set(&fake_dev_ops);
+    ck_assert_int_eq(kvc_gpu_attach(c), 0);
+    void *stream = fake_dev_stream(0);
+    size_t bb = kvc_ns_block_bytes(ns);
+    uint16_t *src = malloc(bb), *host = malloc(bb);
+    uint8_t *dev = NULL;
+    ck_assert(src && host);
+    ck_assert_int_eq(fake_dev_ops.mem_alloc((void **)&dev, 2 * bb), 0);
+    daemon_smooth_fill(&keys[0], src, bb / 2);
+    ck_assert_int_eq(kvc_put_prefix(ns, NULL, keys, 1, (const void *const[]){src}), 1);
+    struct kern_layout kl = {.layers = GE_LAYERS,
+                             .heads = GE_HEADS,
+                             .head_dim = GE_DIM,
+                             .tokens = GE_BT,
+                             .dtype = KVC_DTYPE_FP16};
+    struct kern_recipe rec;
+    kern_recipe_fill(&rec, (enum kern_codec)kern_codec_from_name("q8_0"),
+                     (enum kern_codec)kern_codec_from_name("q8_0"), 0);
+    int64_t cap = kern_encoded_size(&kl, &rec);
+    ck_assert_int_gt(cap, 0);
+    uint8_t *enc = malloc((size_t)cap);
+    int64_t n = kern_encode_cpu(&kl, &rec, src, enc, (size_t)cap, NULL);
+    ck_assert_int_gt(n, 0);
+    uint64_t allocs = 0, frees = 0, syncs = 0, legacy = 0;
+    for (int round = 0; round < 6; round++) {
+        if (round == 1) {
+            allocs = fake_dev.allocs;
+            frees = fake_dev.frees;
+            syncs = fake_dev.device_syncs;
+            legacy = fake_dev.legacy_syncs;
+        }
+        ck_assert_int_eq(kvc_lookup(ns, keys, 1, 0, &l), 1);
+        l->hits[0].data = enc; /* as if the daemon had quantized it */
+        l->hits[0].len = (uint64_t)n;
+        l->hits[0].format = KVC_WIRE_FORMAT_Q8_0;
+        memset(dev, 0, 2 * bb);
+        ck_assert_int_eq(kvc_lease_copy_async(l, 0, dev, bb, stream), 0);
+        ck_assert_int_eq(kvc_lease_copy_cuda(l, 0, dev + bb, bb, stream), 0);
+        ck_assert_uint_gt(fake_dev.queued, 0); /* queued, not waited for */
+        ck_assert_int_eq(kvc_release(l), 0);
+        ck_assert_uint_eq(fake_dev.queued, 0);
+        ck_assert(daemon_smooth_err(&keys[0], (const uint16_t *)dev, bb / 2) < 0.02);
+        ck_assert(daemon_smooth_err(&keys[0], (const uint16_t *)(dev + bb), bb / 2) < 0.02);
+    }
+    ck_assert_uint_eq(fake_dev.allocs - allocs, 0);
+    ck_assert_uint_eq(fake_dev.frees - frees, 0);
+    ck_assert_uint_eq(fake_dev.device_syncs - syncs, 0);
+    ck_assert_uint_eq(fake_dev.legacy_syncs - legacy, 0);
+    ck_assert_uint_gt(fake_dev.decodes, 0);
+    /* a block of another layout: refused, nothing queued */
+    ck_assert_int_eq(kvc_lookup(ns, keys, 1, 0, &l), 1);
+    struct kern_layout other = kl;
+    other.tokens = GE_BT / 2;
+    uint8_t *enc2 = malloc((size_t)cap);
+    int64_t n2 = kern_encode_cpu(&other, &rec, src, enc2, (size_t)cap, NULL);
+    ck_assert_int_gt(n2, 0);
+    l->hits[0].data = enc2;
+    l->hits[0].len = (uint64_t)n2;
+    l->hits[0].format = KVC_WIRE_FORMAT_Q8_0;
+    uint64_t queued = fake_dev.copies + fake_dev.decodes;
+    ck_assert_int_eq(kvc_lease_copy_async(l, 0, dev, bb, stream), -EBADMSG);
+    ck_assert_int_eq(kvc_lease_copy_cuda(l, 0, dev, bb, stream), -EBADMSG);
+    ck_assert_uint_eq(fake_dev.copies + fake_dev.decodes, queued);
+    ck_assert_int_eq(kvc_release(l), 0);
+    ck_assert_int_eq(fake_dev_last_error(), 0);
+    free(enc2);
+    free(enc);
+    free(src);
+    free(host);
+    fake_dev_ops.mem_free(dev);
+    fake_dev_stream_free(stream);
+    kvc_disconnect(c);
+    ck_assert_uint_eq(fake_dev.allocs, fake_dev.frees);
+    kvci_gpu_ops_set(NULL);
+}
+END_TEST
+
 /* ---- issue 18, item 7: what a hit costs an engine, on the fake device -------------------- */
 
 /* An engine's tensors in fake device memory, copied from a host engine (same pages and
@@ -1112,6 +1202,7 @@ int main(void)
     tcase_add_test(tc, test_attach_without_tier);
     tcase_add_test(tc, test_commit_refuses_faulted_copy);
     tcase_add_test(tc, test_copy_async_decodes_quantized);
+    tcase_add_test(tc, test_quantized_hits_decode_on_device);
     tcase_add_test(tc, test_hits_in_a_row_allocate_nothing);
     tcase_add_test(tc, test_batch_in_flight_until_release);
     tcase_add_test(tc, test_batch_fault_surfaces_at_release_and_commit);

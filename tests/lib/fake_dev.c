@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "kernels/kern.h"
 #include "kernels/kern_pack.h"
 #include "tests/lib/fake_dev.h"
 
@@ -36,6 +37,10 @@ struct fake_op {
     uint64_t seq;
     void *staged; /* owned: a pageable source, copied when the copy was queued */
     int pack;
+    int decode; /* a decode kernel: src (len bytes) into dst (cap bytes) as dtype */
+    struct kern_layout klay;
+    uint64_t cap;
+    int dtype;
     struct kern_pack_layout lay;
     struct kern_pack_engine eng;
     uint64_t first_token;
@@ -341,6 +346,16 @@ static int fake_drain(void *stream, uint64_t upto, int all)
             rc = -EIO;
         } else if (rc == 0 && o->pack) {
             kern_pack_cpu(&o->lay, &o->eng, o->first_token, o->nblocks, o->blocks, o->dir);
+        } else if (rc == 0 && o->decode) {
+            /* A kernel reads and writes device memory only; a block that does not decode
+             * leaves garbage, as the real kernel would (the caller checked it before). */
+            if (fake_range_dev(o->src, o->len) < 0 || fake_range_dev(o->dst, o->cap) < 0) {
+                fake_dev.bad_packs++;
+                rc = -EIO;
+            } else {
+                (void)kern_decode_cpu(&o->klay, o->src, o->len, o->dst, o->cap,
+                                      (enum kern_dtype)o->dtype);
+            }
         } else if (rc == 0) {
             memmove(o->dst, o->src, o->len);
             fake_dev.bytes += o->len;
@@ -571,6 +586,33 @@ static int fake_pack(const struct kern_pack_layout *lay, const struct kern_pack_
     return 0;
 }
 
+static int fake_decode(const struct kern_layout *lay, const void *src, uint64_t src_len,
+                       void *dst, uint64_t dst_cap, int dtype, void *stream)
+{
+    int rc = fake_enter();
+    if (rc)
+        return rc;
+    if (!fake_stream_ok(stream) || !lay || !src || !dst)
+        return -EINVAL;
+    struct fake_op *o = calloc(1, sizeof(*o));
+    if (!o)
+        return -ENOMEM;
+    o->stream = stream;
+    o->seq = ++fake_seq;
+    o->decode = 1;
+    o->klay = *lay;
+    o->src = src;
+    o->len = src_len;
+    o->dst = dst;
+    o->cap = dst_cap;
+    o->dtype = dtype;
+    *fake_ops_tail = o;
+    fake_ops_tail = &o->next;
+    fake_dev.decodes++;
+    fake_dev.queued++;
+    return 0;
+}
+
 const struct kern_dev_ops fake_dev_ops = {
     .name = "fake",
     .device_count = fake_device_count,
@@ -593,4 +635,5 @@ const struct kern_dev_ops fake_dev_ops = {
     .mem_alloc = fake_mem_alloc,
     .mem_free = fake_mem_free,
     .pack = fake_pack,
+    .decode = fake_decode,
 };

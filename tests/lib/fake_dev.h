@@ -57,6 +57,7 @@ struct fake_dev_state {
     uint64_t events_created; /* event_new_record calls */
     uint64_t copies;      /* copies queued */
     uint64_t packs;       /* gather/scatter kernels queued */
+    uint64_t decodes;     /* decode kernels queued */
     uint64_t bad_packs;   /* kernels that met a pointer outside device memory */
     uint64_t bytes;       /* bytes they moved once performed */
     uint64_t queued;      /* copies and kernels queued, not yet performed nor lost */
