@@ -23,6 +23,7 @@
  */
 #include <cuda.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -130,9 +131,24 @@ struct dev_vmm {
 
 static int dev_device_count(void)
 {
+    static int said;
     int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
         cudaGetLastError();
+        /* No device, or no driver at all, is a normal host; anything else (a driver older
+         * than this build needs, no access to /dev/nvidia*) is said once, with the runtime's
+         * words, instead of passing for a host without a GPU. */
+        bool driver = e != cudaErrorInsufficientDriver;
+        if (!driver) {
+            void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+            driver = h != NULL;
+            if (h)
+                dlclose(h);
+        }
+        if (e != cudaErrorNoDevice && driver && !said++)
+            fprintf(stderr, "kern_dev: CUDA devices unusable: %s (%s)\n", cudaGetErrorString(e),
+                    cudaGetErrorName(e));
         return 0;
     }
     return n;
@@ -254,8 +270,20 @@ static int dev_pool_create(int dev, uint64_t size, struct kern_dev_pool *p)
     rc = dev_device_uuid(dev, p->uuid);
     if (rc)
         return rc;
-    if (dev_vmm_supported(dev))
-        return dev_pool_create_vmm(dev, size, p);
+    if (dev_vmm_supported(dev)) {
+        rc = dev_pool_create_vmm(dev, size, p);
+        if (rc != -EIO)
+            return rc;
+        /* Allocation or export refused (a driver or container without shareable
+         * descriptors): the legacy IPC handle below, said once in the log. */
+        fprintf(stderr, "kern_dev: GPU pool: shareable allocation failed; using legacy IPC\n");
+        memset(p, 0, sizeof(*p));
+        p->fd = -1;
+        p->device = dev;
+        rc = dev_device_uuid(dev, p->uuid);
+        if (rc)
+            return rc;
+    }
     /* Legacy IPC: a plain allocation and its 64-byte handle. */
     void *d = NULL;
     cudaIpcMemHandle_t h;
