@@ -179,10 +179,12 @@ int engine_alloc(struct store *s, struct store_ns *ns, uint64_t now, struct tier
 {
     struct tier *t = s->arenas[ns->arena].tier;
     int cls = tier_host_class(t, ns->block_bytes);
-    for (;;) {
+    for (bool first = true;; first = false) {
         int rc = t->ops->alloc(t, ns->block_bytes, loc);
         if (rc != -ENOSPC)
             return rc;
+        if (first && s->on_evict)
+            s->on_evict(s->on_evict_arg);
         uint32_t v = engine_victim(s, ns->arena, cls, now);
         if (v == INDEX_NONE)
             return -ENOSPC;
@@ -333,6 +335,8 @@ static int engine_gpu_demote(struct store *s, uint64_t now)
 int engine_trim(struct store *s, uint64_t now)
 {
     int n = 0;
+    if (s->on_evict)
+        s->on_evict(s->on_evict_arg);
     /* The pool first: what it demotes lands in the host arenas checked next. */
     if (s->gpu && (double)s->gpu->ops->usage(s->gpu) >
                       s->p.high_watermark * (double)s->gpu->ops->capacity(s->gpu))

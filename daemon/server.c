@@ -152,6 +152,7 @@ struct server {
     struct acl *acl;
     struct server_hooks hooks;
     struct kvc_fast_hit fast_hits[KVC_FAST_RING_ENTS]; /* a hit ring's entries, being read */
+    uint64_t fast_drained_ms; /* 1 + when server_fast_drain_all last ran */
 };
 
 int server_socket_path(const char *configured, char *out, size_t len)
@@ -1174,6 +1175,19 @@ static void server_fast_drain(struct server *sv, struct conn *c, uint64_t now)
     }
 }
 
+/* Every connection's unread hits, before the engine evicts (store.on_evict): at most once
+ * per loop millisecond, so a burst of evictions costs one pass over the connections. */
+static void server_fast_drain_all(void *arg)
+{
+    struct server *sv = arg;
+    uint64_t now = loop_now_ms(sv->loop);
+    if (sv->fast_drained_ms == now + 1)
+        return;
+    sv->fast_drained_ms = now + 1;
+    for (struct conn *c = sv->conns; c; c = c->next)
+        server_fast_drain(sv, c, now);
+}
+
 static int server_on_fast_attach(struct server *sv, struct conn *c, const struct proto_req *r,
                                  uint64_t now, int *send_fd, bool *fd_owned)
 {
@@ -1645,6 +1659,8 @@ struct server *server_new(struct loop *l, struct store *s, const struct server_p
     /* Reads from disk that complete answer the WAITs at once (the tick only their time). */
     s->on_ready = server_on_ready;
     s->on_ready_arg = sv;
+    s->on_evict = server_fast_drain_all;
+    s->on_evict_arg = sv;
     if (p->adopt) {
         struct sockaddr_un got = {0};
         socklen_t gl = sizeof(got);
@@ -1734,6 +1750,7 @@ fail:
     if (tmpdir[0])
         rmdir(tmpdir);
     s->on_ready = NULL;
+    s->on_evict = NULL;
     if (sv && sv->fd >= 0)
         close(sv->fd);
     if (sv)
@@ -1750,6 +1767,7 @@ void server_free(struct server *sv)
     while (sv->conns)
         server_conn_close(sv, sv->conns, NULL);
     sv->store->on_ready = NULL;
+    sv->store->on_evict = NULL;
     loop_del(sv->loop, sv->fd);
     close(sv->fd);
     if (!sv->adopted)

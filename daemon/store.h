@@ -159,6 +159,10 @@ struct store {
     struct engine_disk *disk; /* the disk tier engine (daemon/engine_disk.h); NULL: none */
     void (*on_ready)(void *arg); /* a read from disk completed (set by the server) */
     void *on_ready_arg;
+    /* Before the engine evicts: the hits clients took through the shared index and have not
+     * reported yet are read, so the policies rank with them (set by the server). */
+    void (*on_evict)(void *arg);
+    void *on_evict_arg;
     struct store_ns **ns; /* by id; [0] unused */
     uint32_t nns;
     struct stats total;

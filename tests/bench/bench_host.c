@@ -418,7 +418,83 @@ out:
 /* get_256KiB_x2_while_evicting: processes 0 and 1 get their cached chains (as the get
  * case), process 2 puts fresh chains until both are done with each repetition. A get that
  * finds blocks evicted counts the bytes it did copy; the missing blocks are put back
- * outside the timing. */
+ * outside the timing. Each repetition also times the readers' plain memcpy alone (the
+ * baseline) and while process 2 copies as much with memcpy (what sharing two CPUs and the
+ * memory bus with a busy writer leaves them, printed beside). */
+
+/* One writer op: a fresh 16 MiB chain put through kvcd, or the same bytes memcpy'd. */
+static int bench_writer_put(struct bench_client *b, unsigned tag)
+{
+    bench_keys(b->keys, b->per_op, 2, 7, BENCH_STEP_PUT, tag);
+    for (size_t i = 0; i < b->per_op; i++)
+        b->blocks[i] = b->src + i * b->bb;
+    int rc = kvc_put_prefix(b->ns, NULL, b->keys, b->per_op, b->blocks);
+    return rc < 0 ? rc : 0;
+}
+
+static int bench_writer_memcpy(struct bench_client *b, unsigned tag)
+{
+    size_t off = (size_t)(tag % (BENCH_WS_BYTES / BENCH_OP_BYTES)) * BENCH_OP_BYTES;
+    memcpy(b->dst + off, b->src + off, BENCH_OP_BYTES);
+    return 0;
+}
+
+/* The readers' timed part of a phase: all their cached chains through kvc_get_prefix
+ * (checked), or the same bytes memcpy'd. Bytes copied, or -errno. */
+static int64_t bench_reader_get(struct bench_client *b)
+{
+    uint64_t got = 0;
+    for (size_t done = 0; done < b->nblocks; done += b->per_op) {
+        for (size_t i = 0; i < b->per_op; i++)
+            b->blocks[i] = b->dst + (done + i) * b->bb;
+        int rc = kvc_get_prefix(b->ns, b->keys + done, b->per_op, (void *const *)b->blocks);
+        if (rc < 0)
+            return rc;
+        if (memcmp(b->dst + done * b->bb, b->src + done * b->bb, (size_t)rc * b->bb) != 0)
+            return -EILSEQ;
+        got += (uint64_t)rc * b->bb;
+    }
+    return (int64_t)got;
+}
+
+static int64_t bench_reader_memcpy(struct bench_client *b)
+{
+    bench_do_memcpy(b);
+    return (int64_t)BENCH_WS_BYTES;
+}
+
+/* One phase of a repetition: readers run theirs (timed into step), the writer repeats its
+ * op until both are through. */
+static int bench_evict_phase(struct bench_shared *sh, unsigned proc, int r, int step,
+                             int64_t (*reader)(struct bench_client *),
+                             int (*writer)(struct bench_client *, unsigned),
+                             struct bench_client *b)
+{
+    int rc = 0;
+    pthread_barrier_wait(&sh->barrier);
+    if (proc == 2) {
+        for (unsigned w = 0; rc == 0 && __atomic_load_n(&sh->readers_done, __ATOMIC_ACQUIRE) < 2;
+             w++)
+            rc = writer(b, (unsigned)(r + 2) * 65536 + (unsigned)step * 4096 + w);
+        pthread_barrier_wait(&sh->barrier);
+        return rc;
+    }
+    double t0 = bench_now();
+    int64_t got = reader(b);
+    double t1 = bench_now();
+    __atomic_fetch_add(&sh->readers_done, 1, __ATOMIC_RELEASE);
+    pthread_barrier_wait(&sh->barrier);
+    if (r >= 0 && got >= 0) {
+        sh->t0[step][r][proc] = t0;
+        sh->t1[step][r][proc] = t1;
+        if (step == BENCH_STEP_GET)
+            sh->got[r][proc] = (uint64_t)got;
+    }
+    if (proc == 0)
+        __atomic_store_n(&sh->readers_done, 0, __ATOMIC_RELEASE);
+    return got < 0 ? (int)got : 0;
+}
+
 static int bench_evict_run(struct bench_shared *sh, unsigned proc)
 {
     struct bench_client b = {0};
@@ -433,52 +509,27 @@ static int bench_evict_run(struct bench_shared *sh, unsigned proc)
     if (proc < 2 && (rc = bench_do_put_prefix(&b)) < 0)
         goto out;
     for (int r = -1; r < BENCH_REPS; r++) {
-        int step = r < 0 ? 0 : BENCH_STEP_MEMCPY_GET;
         what = "memcpy";
-        if ((rc = bench_step(sh, proc, step, r, proc < 2 ? bench_do_memcpy : bench_do_nothing, &b)) < 0)
+        if ((rc = bench_step(sh, proc, BENCH_STEP_MEMCPY_GET, r,
+                             proc < 2 ? bench_do_memcpy : bench_do_nothing, &b)) < 0)
             goto out;
-        pthread_barrier_wait(&sh->barrier);
-        if (proc == 2) { /* the writer: fresh chains until both readers are through */
-            what = "writer put";
-            for (unsigned w = 0; __atomic_load_n(&sh->readers_done, __ATOMIC_ACQUIRE) < 2; w++) {
-                bench_keys(b.keys, b.per_op, proc, 7, BENCH_STEP_PUT, (unsigned)(r + 2) * 4096 + w);
-                for (size_t i = 0; i < b.per_op; i++)
-                    b.blocks[i] = b.src + i * b.bb;
-                if ((rc = kvc_put_prefix(b.ns, NULL, b.keys, b.per_op, b.blocks)) < 0)
-                    goto out;
-            }
-            pthread_barrier_wait(&sh->barrier);
-            continue;
-        }
-        what = "get";
-        double t0 = bench_now();
-        uint64_t got = 0;
-        for (size_t done = 0; done < b.nblocks; done += b.per_op) {
+        what = "memcpy beside a memcpy";
+        if ((rc = bench_evict_phase(sh, proc, r, BENCH_STEP_MEMCPY_PUT, bench_reader_memcpy,
+                                    bench_writer_memcpy, &b)) < 0)
+            goto out;
+        what = "get beside puts";
+        if ((rc = bench_evict_phase(sh, proc, r, BENCH_STEP_GET, bench_reader_get,
+                                    bench_writer_put, &b)) < 0)
+            goto out;
+        what = "put back"; /* what was evicted (present blocks are skipped by the put) */
+        for (size_t done = 0; proc < 2 && r >= 0 && sh->got[r][proc] < BENCH_WS_BYTES &&
+                              done < b.nblocks;
+             done += b.per_op) {
             for (size_t i = 0; i < b.per_op; i++)
-                b.blocks[i] = b.dst + (done + i) * b.bb;
-            rc = kvc_get_prefix(b.ns, b.keys + done, b.per_op, (void *const *)b.blocks);
-            if (rc < 0)
+                b.blocks[i] = b.src + (done + i) * b.bb;
+            if ((rc = kvc_put_prefix(b.ns, NULL, b.keys + done, b.per_op, b.blocks)) < 0)
                 goto out;
-            if (memcmp(b.dst + done * b.bb, b.src + done * b.bb, (size_t)rc * b.bb) != 0) {
-                rc = -EILSEQ;
-                what = "get data check";
-                goto out;
-            }
-            got += (uint64_t)rc * b.bb;
         }
-        double t1 = bench_now();
-        __atomic_fetch_add(&sh->readers_done, 1, __ATOMIC_RELEASE);
-        pthread_barrier_wait(&sh->barrier);
-        if (r >= 0) {
-            sh->t0[BENCH_STEP_GET][r][proc] = t0;
-            sh->t1[BENCH_STEP_GET][r][proc] = t1;
-            sh->got[r][proc] = got;
-        }
-        if (proc == 0)
-            __atomic_store_n(&sh->readers_done, 0, __ATOMIC_RELEASE);
-        what = "put back";
-        if (got < (uint64_t)b.nblocks * b.bb && (rc = bench_do_put_prefix(&b)) < 0)
-            goto out;
     }
     rc = 0;
 out:
@@ -674,23 +725,26 @@ int main(int argc, char **argv)
             fprintf(stderr, "bench_host: case while_evicting failed\n");
             goto out;
         }
-        double v[BENCH_REPS_MAX], m[BENCH_REPS_MAX], med, base_med;
+        double v[BENCH_REPS_MAX], m[BENCH_REPS_MAX], w[BENCH_REPS_MAX], med, base_med;
         for (int rep = 0; rep < BENCH_REPS; rep++) {
-            for (int st = 0; st < 2; st++) {
-                int step = st ? BENCH_STEP_MEMCPY_GET : BENCH_STEP_GET;
+            for (int st = 0; st < 3; st++) {
+                static const int steps[] = {BENCH_STEP_GET, BENCH_STEP_MEMCPY_GET,
+                                            BENCH_STEP_MEMCPY_PUT};
+                int step = steps[st];
                 double t0 = sh->t0[step][rep][0] < sh->t0[step][rep][1] ? sh->t0[step][rep][0]
                                                                          : sh->t0[step][rep][1];
                 double t1 = sh->t1[step][rep][0] > sh->t1[step][rep][1] ? sh->t1[step][rep][0]
                                                                          : sh->t1[step][rep][1];
                 double bytes = st ? 2.0 * BENCH_WS_BYTES
                                   : (double)(sh->got[rep][0] + sh->got[rep][1]);
-                (st ? m : v)[rep] = bytes / (t1 - t0) / 1e9;
+                (st == 0 ? v : st == 1 ? m : w)[rep] = bytes / (t1 - t0) / 1e9;
             }
         }
-        double best = 0, base = 0, hit = 0;
+        double best = 0, base = 0, hit = 0, wbest = 0;
         for (int rep = 0; rep < BENCH_REPS; rep++) {
             best = v[rep] > best ? v[rep] : best;
             base = m[rep] > base ? m[rep] : base;
+            wbest = w[rep] > wbest ? w[rep] : wbest;
             hit += (double)(sh->got[rep][0] + sh->got[rep][1]) / (2.0 * BENCH_WS_BYTES);
         }
         med = bench_median(v, BENCH_REPS);
@@ -703,6 +757,15 @@ int main(int argc, char **argv)
         printf("%-24s %8.2f %8.2f %8.2f %8.2f %6.2f %9s%s (%.0f %% of the blocks hit)\n",
                r->name, r->value, med, r->base, base_med, r->value / r->base, "-",
                r->value < 0.8 * r->base ? "  below 0.8 target" : "", 100.0 * hit / BENCH_REPS);
+        double wmed = bench_median(w, BENCH_REPS);
+        r = bench_row_add(res, sizeof(res) / sizeof(res[0]), &nres,
+                          "get_256KiB_x2_while_evicting_vs_memcpy_beside_memcpy", best, "GB/s",
+                          "memcpy x2 beside a third memcpy", wbest);
+        if (!r)
+            goto out;
+        printf("%-24s %8s %8s %8.2f %8.2f %6.2f %9s  (the readers' memcpy while a third "
+               "process memcpys)\n",
+               "  same, vs memcpy beside", "", "", wbest, wmed, best / wbest, "-");
     }
     if (only && strcmp(only, "rtt") != 0)
         goto done;
