@@ -304,6 +304,31 @@ def test_no_reference_leak_over_10000_lookups(client):
     assert _rss_kib() - rss < 8 * 1024, "RSS grew by more than 8 MiB over 10,000 lookups"
 
 
+def test_no_reference_leak_over_10000_puts(client):
+    ns = new_ns(client)
+    blocks = blocks_for(ns, 2)
+    outs = [np.zeros_like(b) for b in blocks]
+
+    def round_(n, base):
+        for j in range(n):
+            keys = ns.keys_from_tokens(tokens(2 * ns.block_tokens, base + 8 * j))
+            assert ns.put_prefix(keys, blocks) == 2
+            assert ns.get_prefix(keys, outs) == 2
+            with ns.reserve(keys) as r:  # present: nothing reserved
+                assert r.reserved == 0
+
+    round_(500, 0)
+    gc.collect()
+    refs = (sys.getrefcount(client), sys.getrefcount(ns), sys.getrefcount(blocks),
+            sys.getrefcount(blocks[0]), sys.getrefcount(outs[0]))
+    rss = _rss_kib()
+    round_(10_000, 1_000_000)
+    gc.collect()
+    assert (sys.getrefcount(client), sys.getrefcount(ns), sys.getrefcount(blocks),
+            sys.getrefcount(blocks[0]), sys.getrefcount(outs[0])) == refs
+    assert _rss_kib() - rss < 8 * 1024, "RSS grew by more than 8 MiB over 10,000 puts"
+
+
 def test_two_threads_share_one_client(client):
     ns = new_ns(client)
     errors = []
