@@ -8,6 +8,7 @@
 #   make demo       start kvcd with defaults and run two engine processes sharing a prefix
 #   make demo-engine  the PyTorch reference engine in several processes sharing prefixes
 #   make bench      every benchmark; make bench-NAME runs tests/bench/bench_NAME.c
+#                   (make bench-python: the Python package and reference engine, apart)
 #   make chaos      clients and kvcd SIGKILLed at random under load (docs/chaos.md)
 #   make CUDA=0     build without nvcc;  make SAN=1  sanitizer build into build/asan
 #   make python     the kvcd Python package into build/python (part of make when the headers
@@ -104,7 +105,7 @@ PY_ALL := $(if $(wildcard $(PY_INCLUDE)/Python.h),$(PY_EXT) $(PY_FILES))
 PY_CHECK := $(B)/tests/check_python
 endif
 
-.PHONY: all check check-run check-gpu deps demo demo-engine bench benches clean tests config-ini fuzz \
+.PHONY: all check check-run check-gpu deps demo demo-engine bench bench-python benches clean tests config-ini fuzz \
 	fuzz-build fuzz-smoke mutation python
 all: $(BINS) $(LIBS) $(PY_ALL)
 tests: $(CHECK_BINS) $(PY_CHECK)
@@ -239,6 +240,12 @@ demo-engine: all
 
 bench: all $(BENCH_BINS)
 	@set -e; for b in $(BENCH_BINS); do n=$$(basename $$b); $(MAKE) --no-print-directory bench-$${n#bench_}; done
+
+# The Python package and the reference engine against the C path (tests/bench/bench_python.py).
+bench-python: all $(B)/bench/bench_host
+	@mkdir -p build/bench
+	PYTHONPATH=$(B)/python KVCD_BIN=$(B)/bin/kvcd KVC_BUILD=$(B) \
+		$(PYTHON) tests/bench/bench_python.py $(TOP)/build/bench/python.json
 
 bench-%: all $(B)/bench/bench_%
 	@mkdir -p build/bench

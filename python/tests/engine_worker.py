@@ -22,7 +22,8 @@ def main():
                      socket_path=job["socket"], model_id=run.get("model_id"),
                      k_codec=run.get("codec"), v_codec=run.get("codec"))
         for prompt in job["prompts"]:
-            r = dict(model_id=eng.ns.model_id, prompt=len(prompt))
+            r = dict(model_id=eng.ns.model_id, prompt=len(prompt),
+                     block_bytes=eng.ns.block_bytes)
             ref = None
             if job.get("compare"):
                 ref = eng.generate(prompt, job["new"], use_cache=False, put=False,

@@ -88,12 +88,12 @@ QUANT_BOUNDS = {"q8_0": (0.01, 0.9), "fp8": (0.03, 0.8), "kivi4": (0.15, 0.6),
                 "q4_1": (0.15, 0.6)}
 
 
-def fill_until_quantizing(c, blocks, deadline_s=20):
-    """Puts raw 16 KiB blocks until the daemon has quantized `blocks` blocks; returns the
-    count it reached."""
+def fill_until_quantizing(c, blocks, block_bytes, deadline_s=20):
+    """Puts raw filler blocks until the daemon has quantized the `blocks` engine blocks (of
+    block_bytes each); returns the count it reached."""
     ns = c.namespace("kvcd-ref/test-quant-filler", 2, 2, 32, 64)
     fill = bytearray(ns.block_bytes)
-    bulk = int((16 << 20) * 0.9) // ns.block_bytes - blocks * 16384 // ns.block_bytes
+    bulk = int((16 << 20) * 0.9) // ns.block_bytes - blocks * block_bytes // ns.block_bytes
     i = 0
     for i in range(0, bulk, 64):  # to about 90 %, quickly
         keys = ns.keys_from_tokens(range(i * 64, min(bulk, i + 64) * 64), extra=b"fill")
@@ -113,16 +113,20 @@ def fill_until_quantizing(c, blocks, deadline_s=20):
     return c.stats().get("quantized_blocks", 0)
 
 
-def quant_measure(codecs, block_tokens=32, nprompts=3):
+def quant_measure(codecs, block_tokens=32, nprompts=3, model=QUANT_MODEL):
+    """Runs the engine on prompts whose blocks the daemon then quantizes, and measures
+    against the run without kvcd: per codec, hits and lossy hits, max |logit difference|
+    (absolute and over the largest |logit|), the share of greedy tokens that agree."""
     prompts = [chat_prompt(0, 0, q, 160) for q in range(nprompts)]
     engines = [dict(block_tokens=block_tokens, codec=c, model_id="kvcd-ref/test-quant-%s" % c)
                for c in codecs]
     with PrivateDaemon(QUANT_OPTIONS) as d:
-        put = run_worker(d.socket, prompts, engines, model=QUANT_MODEL)
+        put = run_worker(d.socket, prompts, engines, model=model)
         blocks = sum(r["put_blocks"] for r in put)
         with kvcd.Client(d.socket) as c:
-            quantized = fill_until_quantizing(c, blocks)
-        got = run_worker(d.socket, prompts, engines, model=QUANT_MODEL, compare=True,
+            bb = put[0]["block_bytes"]
+            quantized = fill_until_quantizing(c, blocks, bb)
+        got = run_worker(d.socket, prompts, engines, model=model, compare=True,
                          put=False)
     res = {}
     for codec in codecs:
