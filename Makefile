@@ -242,7 +242,7 @@ bench: all $(BENCH_BINS)
 	@set -e; for b in $(BENCH_BINS); do n=$$(basename $$b); $(MAKE) --no-print-directory bench-$${n#bench_}; done
 
 # The Python package and the reference engine against the C path (tests/bench/bench_python.py).
-bench-python: all $(B)/bench/bench_host
+bench-python: all
 	@mkdir -p build/bench
 	PYTHONPATH=$(B)/python KVCD_BIN=$(B)/bin/kvcd KVC_BUILD=$(B) \
 		$(PYTHON) tests/bench/bench_python.py $(TOP)/build/bench/python.json
