@@ -439,8 +439,8 @@ static PyObject *slot_view(struct handle *h, Py_ssize_t i)
 
 /* Codec names as kvcctl and docs/kernels.md write them, indexed by enum kvc_codec. */
 static const char *const codec_names[] = {
-    [KVC_CODEC_RAW] = "raw",     [KVC_CODEC_Q8_0] = "q8_0",   [KVC_CODEC_Q4_1] = "q4_1",
-    [KVC_CODEC_Q5_1] = "q5_1",   [KVC_CODEC_KIVI2] = "kivi2", [KVC_CODEC_KIVI4] = "kivi4",
+    [KVC_CODEC_RAW] = "raw",   [KVC_CODEC_Q8_0] = "q8_0",   [KVC_CODEC_Q4_1] = "q4_1",
+    [KVC_CODEC_Q5_1] = "q5_1", [KVC_CODEC_KIVI2] = "kivi2", [KVC_CODEC_KIVI4] = "kivi4",
     [KVC_CODEC_FP8] = "fp8",
 };
 #define CODEC_COUNT ((int)(sizeof(codec_names) / sizeof(codec_names[0])))
@@ -1161,9 +1161,9 @@ static int codec_parse(PyObject *o, int *codec)
 
 static PyObject *client_namespace(PyObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"model_id", "layers",  "kv_heads", "head_dim",   "block_tokens",
-                             "dtype",    "k_only",  "k_codec",  "v_codec",    "raw_layers",
-                             NULL};
+    static char *kwlist[] = {"model_id",     "layers",     "kv_heads", "head_dim",
+                             "block_tokens", "dtype",      "k_only",   "k_codec",
+                             "v_codec",      "raw_layers", NULL};
     client_object *c = (client_object *)self;
     PyObject *model_id, *k_obj = Py_None, *v_obj = Py_None;
     const char *dtype = "fp16";
@@ -1173,9 +1173,9 @@ static PyObject *client_namespace(PyObject *self, PyObject *args, PyObject *kw)
     struct kvc_quant q;
     kvc_ns *kns = NULL;
     ns_object *ns;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "UIIII|spOOI:namespace", kwlist, &model_id,
-                                     &layers, &kv_heads, &head_dim, &block_tokens, &dtype,
-                                     &k_only, &k_obj, &v_obj, &raw_layers))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "UIIII|spOOI:namespace", kwlist, &model_id, &layers,
+                                     &kv_heads, &head_dim, &block_tokens, &dtype, &k_only, &k_obj,
+                                     &v_obj, &raw_layers))
         return NULL;
     memset(&layout, 0, sizeof(layout));
     layout.model_id = PyUnicode_AsUTF8(model_id);
