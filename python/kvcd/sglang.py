@@ -9,7 +9,8 @@
 # pool (HostKVCache: get_data_page, set_from_flat_data_page, kv_buffer of the MHA pool in
 # the "layer_first" [2][layer][token][head][dim] or "page_first" [2][token][layer][head][dim]
 # layout), register_mem_pool_host, clear, get_stats; constructor (storage_config,
-# mem_pool_host=None). The v2 pool-transfer calls (hybrid models) are not implemented.
+# mem_pool_host=None), or (storage_config, kwargs) as its dynamic backend loader calls it.
+# The v2 pool-transfer calls (hybrid models) are not implemented.
 #
 # Mapping: one kvcd namespace per model, TP/PP rank and page layout (layers, kv heads, head
 # dim, page_size tokens, dtype), as SGLang's own file backend suffixes its keys; an SGLang
@@ -85,6 +86,11 @@ class KvcdHiCacheStorage(_Base):
         self._counts = dict(get_pages=0, get_hits=0, set_pages=0, set_written=0,
                             exists_pages=0, exists_hits=0)
         self._lock = threading.Lock()
+        # SGLang's dynamic loader passes its kwargs dict where built-in backends get the pool
+        # (StorageBackendFactory._create_dynamic_backend: backend_class(storage_config,
+        # kwargs)); the pool then comes through register_mem_pool_host().
+        if isinstance(mem_pool_host, dict):
+            mem_pool_host = mem_pool_host.get("mem_pool_host")
         if mem_pool_host is not None:
             self.register_mem_pool_host(mem_pool_host)
         elif "layers" in extra:

@@ -110,6 +110,18 @@ def test_value_calls_and_prefix_semantics(daemon):
     be.close()
 
 
+def test_built_as_the_dynamic_loader_does(daemon):
+    """SGLang's dynamic loader calls backend_class(storage_config, kwargs) and registers the
+    host pool afterwards."""
+    be = KvcdHiCacheStorage(config(daemon.socket, model="dynamic"), {})
+    assert be.ns is None
+    pool = HostPool("page_first", seed=5)
+    be.register_mem_pool_host(pool)
+    assert be.batch_set_v1(["d-0"], torch.arange(PAGE)) == [True]
+    assert be.exists("d-0")
+    be.close()
+
+
 def test_without_host_pool_from_extra_config(daemon):
     extra = dict(layers=LAYERS, kv_heads=HEADS, head_dim=DIM, page_size=PAGE, dtype="fp16")
     be = KvcdHiCacheStorage(config(daemon.socket, model="nopool", extra=extra))
