@@ -193,6 +193,24 @@ def test_commit_refused_while_slot_view_exported(client):
     assert r.commit() == 1
 
 
+def test_codecs_stored_format_and_evict(client):
+    with pytest.raises(ValueError):
+        new_ns(client, k_codec="q3_k")  # no such codec
+    with pytest.raises(kvcd.Error) as e:
+        new_ns(client, dtype="fp32", k_codec="q8_0")  # fp16 and bf16 only
+    assert e.value.errno == errno.EINVAL
+    ns = new_ns(client, k_codec="q8_0", v_codec="q8_0", raw_layers=1)
+    keys = ns.keys_from_tokens(tokens(3 * ns.block_tokens))
+    ns.put_prefix(keys, blocks_for(ns, 3))
+    with ns.lookup(keys) as lease:  # no pressure here: stored raw
+        assert [lease.stored(i) for i in range(len(lease))] == ["raw"] * 3
+        with pytest.raises(IndexError):
+            lease.stored(3)
+    assert client.evict(ns.id) == 3  # this user started the daemon: an admin
+    with ns.lookup(keys) as lease:
+        assert len(lease) == 0
+
+
 def test_errors(daemon, client):
     assert issubclass(kvcd.Error, OSError)
     with pytest.raises(kvcd.Error) as e:
