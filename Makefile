@@ -6,7 +6,9 @@
 #                   seconds, then the suites again under ASan+UBSan
 #   make mutation   apply deliberate bugs to a copy of the tree; the suites must catch each
 #   make demo       start kvcd with defaults and run two engine processes sharing a prefix
+#   make demo-engine  the PyTorch reference engine in several processes sharing prefixes
 #   make bench      every benchmark; make bench-NAME runs tests/bench/bench_NAME.c
+#                   (make bench-python: the Python package and reference engine, apart)
 #   make chaos      clients and kvcd SIGKILLed at random under load (docs/chaos.md)
 #   make CUDA=0     build without nvcc;  make SAN=1  sanitizer build into build/asan
 #   make python     the kvcd Python package into build/python (part of make when the headers
@@ -95,13 +97,15 @@ PY_EXT_SUFFIX := $(call PY_CFG,get_config_var("EXT_SUFFIX"))
 PY_VERSION := $(call PY_CFG,get_python_version())
 PY_PKG := $(B)/python/kvcd
 PY_EXT := $(PY_PKG)/_kvcd$(PY_EXT_SUFFIX)
-PY_FILES := $(PY_PKG)/__init__.py $(PY_PKG)/__init__.pyi $(PY_PKG)/py.typed
+PY_SRCS := $(wildcard python/kvcd/*.py python/kvcd/*.pyi python/kvcd/engine/*.py) \
+	python/kvcd/py.typed
+PY_FILES := $(patsubst python/kvcd/%,$(PY_PKG)/%,$(PY_SRCS))
 ifeq ($(SAN),0)
 PY_ALL := $(if $(wildcard $(PY_INCLUDE)/Python.h),$(PY_EXT) $(PY_FILES))
 PY_CHECK := $(B)/tests/check_python
 endif
 
-.PHONY: all check check-run check-gpu deps demo bench benches clean tests config-ini fuzz \
+.PHONY: all check check-run check-gpu deps demo demo-engine bench bench-python benches clean tests config-ini fuzz \
 	fuzz-build fuzz-smoke mutation python
 all: $(BINS) $(LIBS) $(PY_ALL)
 tests: $(CHECK_BINS) $(PY_CHECK)
@@ -229,8 +233,19 @@ demo: deps
 	$(MAKE) all
 	sh tests/demo/demo.sh $(B)
 
+# The reference engine (python/kvcd/engine) in several processes against a private kvcd:
+# prefill with and without hits, and every generated token checked against the no-cache run.
+demo-engine: all
+	PYTHONPATH=$(B)/python KVCD_BIN=$(B)/bin/kvcd $(PYTHON) -m kvcd.engine.demo
+
 bench: all $(BENCH_BINS)
 	@set -e; for b in $(BENCH_BINS); do n=$$(basename $$b); $(MAKE) --no-print-directory bench-$${n#bench_}; done
+
+# The Python package and the reference engine against the C path (tests/bench/bench_python.py).
+bench-python: all
+	@mkdir -p build/bench
+	PYTHONPATH=$(B)/python KVCD_BIN=$(B)/bin/kvcd KVC_BUILD=$(B) \
+		$(PYTHON) tests/bench/bench_python.py $(TOP)/build/bench/python.json
 
 bench-%: all $(B)/bench/bench_%
 	@mkdir -p build/bench
@@ -355,8 +370,11 @@ install: all
 	$(INSTALL) -m 0644 $(MAN3) $(DESTDIR)$(MANDIR)/man3/
 	$(INSTALL) -m 0644 $(MAN5) $(DESTDIR)$(MANDIR)/man5/
 	$(INSTALL) -m 0644 $(MAN8) $(DESTDIR)$(MANDIR)/man8/
-	$(if $(PY_ALL),$(INSTALL) -d $(DESTDIR)$(PYTHONDIR)/kvcd)
-	$(if $(PY_ALL),$(INSTALL) -m 0644 $(PY_EXT) $(PY_FILES) $(DESTDIR)$(PYTHONDIR)/kvcd/)
+	$(if $(PY_ALL),$(INSTALL) -d $(DESTDIR)$(PYTHONDIR)/kvcd/engine)
+	$(if $(PY_ALL),$(INSTALL) -m 0644 $(PY_EXT) $(filter-out $(PY_PKG)/engine/%,$(PY_FILES)) \
+		$(DESTDIR)$(PYTHONDIR)/kvcd/)
+	$(if $(PY_ALL),$(INSTALL) -m 0644 $(filter $(PY_PKG)/engine/%,$(PY_FILES)) \
+		$(DESTDIR)$(PYTHONDIR)/kvcd/engine/)
 
 # The configuration file stays: it may hold the operator's edits.
 uninstall:

@@ -31,10 +31,22 @@ class Client:
     def __init__(self, socket_path: Union[str, bytes, PathLike, None] = None) -> None:
         """Connects; raises Error (ENOENT, ECONNREFUSED, EACCES, EUSERS...)."""
     def namespace(self, model_id: str, layers: int, kv_heads: int, head_dim: int,
-                  block_tokens: int, dtype: str = "fp16", k_only: bool = False) -> Namespace:
+                  block_tokens: int, dtype: str = "fp16", k_only: bool = False,
+                  k_codec: Optional[str] = None, v_codec: Optional[str] = None,
+                  raw_layers: int = 0) -> Namespace:
         """Opens (creating if new) the namespace of ``model_id`` with this layout. dtype:
         fp16, bf16, fp32, fp8_e4m3 or int8. Error EINVAL on a bad layout, EEXIST when the
-        model id is known with another layout."""
+        model id is known with another layout.
+
+        k_codec / v_codec (kvc_ns_open_quant): let the daemon store cold blocks of this
+        namespace lossy under memory pressure, keys in k_codec and values in v_codec (one
+        of q8_0, q4_1, q5_1, kivi2, kivi4, fp8; None keeps that kind raw), layers
+        [0, raw_layers) raw; fp16 and bf16 only. The creator's setting stays with the
+        namespace: another one under the same model id is EEXIST."""
+    def evict(self, ns_id: int = 0, tier: int = 0) -> int:
+        """(admin) Evicts every unpinned block of namespace ns_id (0: all) in tier (0: all,
+        1: host); returns how many. Error EPERM for a client that is not an admin, ENOENT
+        for an unknown namespace."""
     def stats(self, scope: int = 0) -> dict[str, int]:
         """The daemon's counters (scope 0) or a namespace's (scope = Namespace.id)."""
     def close(self) -> None:
@@ -89,6 +101,9 @@ class Lease:
     def copy_into(self, i: int, buffer: Buffer) -> None:
         """Copies hit i (dequantized if stored lossy) into a writable buffer of at least
         block_bytes; the GIL is released during the copy."""
+    def stored(self, i: int) -> str:
+        """How hit i is stored: "raw" (the namespace's dtype), or the codec the daemon
+        quantized it to ("q8_0", "fp8", "kivi4", ...); copy_into() decodes either."""
     def release(self) -> None:
         """Unpins the hits; views still exported keep theirs pinned until released."""
     def __enter__(self) -> Lease: ...

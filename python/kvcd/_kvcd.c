@@ -437,6 +437,14 @@ static PyObject *slot_view(struct handle *h, Py_ssize_t i)
     return mv;
 }
 
+/* Codec names as kvcctl and docs/kernels.md write them, indexed by enum kvc_codec. */
+static const char *const codec_names[] = {
+    [KVC_CODEC_RAW] = "raw",   [KVC_CODEC_Q8_0] = "q8_0",   [KVC_CODEC_Q4_1] = "q4_1",
+    [KVC_CODEC_Q5_1] = "q5_1", [KVC_CODEC_KIVI2] = "kivi2", [KVC_CODEC_KIVI4] = "kivi4",
+    [KVC_CODEC_FP8] = "fp8",
+};
+#define CODEC_COUNT ((int)(sizeof(codec_names) / sizeof(codec_names[0])))
+
 /* ---- Lease -------------------------------------------------------------------------------- */
 
 static Py_ssize_t lease_len(PyObject *self)
@@ -473,6 +481,23 @@ static PyObject *lease_copy_into(PyObject *self, PyObject *args)
     if (rc < 0)
         return kvcd_raise(rc);
     Py_RETURN_NONE;
+}
+
+static PyObject *lease_stored(PyObject *self, PyObject *arg)
+{
+    struct handle *h = (struct handle *)self;
+    Py_ssize_t i = PyNumber_AsSsize_t(arg, PyExc_IndexError);
+    const void *data;
+    size_t len;
+    int f;
+    if ((i == -1 && PyErr_Occurred()) || (i = handle_index(h, i)) < 0 || handle_check(h) < 0)
+        return NULL;
+    f = kvc_lease_stored(h->h, (size_t)i, &data, &len);
+    if (f < 0)
+        return kvcd_raise(f);
+    if (f >= CODEC_COUNT || !codec_names[f])
+        return PyUnicode_FromFormat("codec-%d", f);
+    return PyUnicode_FromString(codec_names[f]);
 }
 
 static PyObject *lease_release(PyObject *self, PyObject *unused)
@@ -512,6 +537,8 @@ static PyObject *handle_get_block_bytes(PyObject *self, void *closure)
 static PyMethodDef lease_methods[] = {
     {"copy_into", lease_copy_into, METH_VARARGS,
      "copy_into(i, buffer): copies hit i into a writable buffer of at least block_bytes."},
+    {"stored", lease_stored, METH_O,
+     "stored(i): how hit i is stored: 'raw' or a codec name ('q8_0', 'fp8', 'kivi4'...)."},
     {"release", lease_release, METH_NOARGS, "Unpins the hits (once no view of them is left)."},
     {"__enter__", handle_enter, METH_NOARGS, NULL},
     {"__exit__", lease_exit, METH_VARARGS, NULL},
@@ -1112,34 +1139,67 @@ static int dtype_parse(const char *s, enum kvc_dtype *d)
     return -1;
 }
 
+/* A codec name (codec_names) or None (-1: not given). */
+static int codec_parse(PyObject *o, int *codec)
+{
+    const char *name;
+    int i;
+    *codec = -1;
+    if (o == Py_None)
+        return 0;
+    if (!(name = PyUnicode_AsUTF8(o)))
+        return -1;
+    for (i = 0; i < CODEC_COUNT; i++) {
+        if (codec_names[i] && strcmp(name, codec_names[i]) == 0) {
+            *codec = i;
+            return 0;
+        }
+    }
+    PyErr_Format(PyExc_ValueError, "kvcd: unknown codec '%s'", name);
+    return -1;
+}
+
 static PyObject *client_namespace(PyObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"model_id",     "layers", "kv_heads", "head_dim",
-                             "block_tokens", "dtype",  "k_only",   NULL};
+    static char *kwlist[] = {"model_id",     "layers",     "kv_heads", "head_dim",
+                             "block_tokens", "dtype",      "k_only",   "k_codec",
+                             "v_codec",      "raw_layers", NULL};
     client_object *c = (client_object *)self;
-    PyObject *model_id;
+    PyObject *model_id, *k_obj = Py_None, *v_obj = Py_None;
     const char *dtype = "fp16";
-    unsigned int layers, kv_heads, head_dim, block_tokens;
-    int k_only = 0, rc;
+    unsigned int layers, kv_heads, head_dim, block_tokens, raw_layers = 0;
+    int k_only = 0, rc, kc, vc;
     struct kvc_layout layout;
+    struct kvc_quant q;
     kvc_ns *kns = NULL;
     ns_object *ns;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "UIIII|sp:namespace", kwlist, &model_id, &layers,
-                                     &kv_heads, &head_dim, &block_tokens, &dtype, &k_only))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "UIIII|spOOI:namespace", kwlist, &model_id, &layers,
+                                     &kv_heads, &head_dim, &block_tokens, &dtype, &k_only, &k_obj,
+                                     &v_obj, &raw_layers))
         return NULL;
     memset(&layout, 0, sizeof(layout));
     layout.model_id = PyUnicode_AsUTF8(model_id);
-    if (!layout.model_id || dtype_parse(dtype, &layout.dtype) < 0)
+    if (!layout.model_id || dtype_parse(dtype, &layout.dtype) < 0 || codec_parse(k_obj, &kc) < 0 ||
+        codec_parse(v_obj, &vc) < 0)
         return NULL;
     layout.layers = layers;
     layout.kv_heads = kv_heads;
     layout.head_dim = head_dim;
     layout.block_tokens = block_tokens;
     layout.kv_kind = k_only ? KVC_KV_KIND_K_ONLY : KVC_KV_KIND_KV;
+    /* A namespace that allows lossy storage: the codecs named (None keeps that kind raw). */
+    memset(&q, 0, sizeof(q));
+    q.k_codec = kc > 0 ? (enum kvc_codec)kc : KVC_CODEC_RAW;
+    q.v_codec = vc > 0 ? (enum kvc_codec)vc : KVC_CODEC_RAW;
+    q.allowed = (kc > 0 ? 1u << kc : 0) | (vc > 0 ? 1u << vc : 0);
+    q.raw_layers = raw_layers;
     if (client_enter(c) < 0)
         return NULL;
     Py_BEGIN_ALLOW_THREADS
-    rc = kvc_ns_open(c->c, &layout, &kns);
+    if (kc >= 0 || vc >= 0)
+        rc = kvc_ns_open_quant(c->c, &layout, &q, &kns);
+    else
+        rc = kvc_ns_open(c->c, &layout, &kns);
     Py_END_ALLOW_THREADS
     client_leave(c);
     if (rc < 0)
@@ -1153,6 +1213,26 @@ static PyObject *client_namespace(PyObject *self, PyObject *args, PyObject *kw)
     Py_INCREF(model_id);
     ns->model_id = model_id;
     return (PyObject *)ns;
+}
+
+static PyObject *client_evict(PyObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"ns_id", "tier", NULL};
+    client_object *c = (client_object *)self;
+    unsigned int ns_id = 0, tier = 0;
+    uint64_t evicted = 0;
+    int rc;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|II:evict", kwlist, &ns_id, &tier))
+        return NULL;
+    if (client_enter(c) < 0)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rc = kvc_evict(c->c, ns_id, tier, &evicted);
+    Py_END_ALLOW_THREADS
+    client_leave(c);
+    if (rc < 0)
+        return kvcd_raise(rc);
+    return PyLong_FromUnsignedLongLong(evicted);
 }
 
 static PyObject *client_stats(PyObject *self, PyObject *args)
@@ -1194,7 +1274,11 @@ static PyObject *client_get_closed(PyObject *self, void *closure)
 static PyMethodDef client_methods[] = {
     {"namespace", (PyCFunction)(void (*)(void))client_namespace, METH_VARARGS | METH_KEYWORDS,
      "namespace(model_id, layers, kv_heads, head_dim, block_tokens, dtype='fp16', "
-     "k_only=False): opens (creating if new) a model's namespace."},
+     "k_only=False, k_codec=None, v_codec=None, raw_layers=0): opens (creating if new) a "
+     "model's namespace; a codec named lets the daemon store that kind lossy."},
+    {"evict", (PyCFunction)(void (*)(void))client_evict, METH_VARARGS | METH_KEYWORDS,
+     "evict(ns_id=0, tier=0): (admin) evicts the unpinned blocks of a namespace (0: all); "
+     "returns how many."},
     {"stats", client_stats, METH_VARARGS,
      "stats(scope=0): the daemon's counters (scope: 0 or a namespace id) as a dict."},
     {"close", client_close, METH_NOARGS,

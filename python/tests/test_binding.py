@@ -193,6 +193,24 @@ def test_commit_refused_while_slot_view_exported(client):
     assert r.commit() == 1
 
 
+def test_codecs_stored_format_and_evict(client):
+    with pytest.raises(ValueError):
+        new_ns(client, k_codec="q3_k")  # no such codec
+    with pytest.raises(kvcd.Error) as e:
+        new_ns(client, dtype="fp32", k_codec="q8_0")  # fp16 and bf16 only
+    assert e.value.errno == errno.EINVAL
+    ns = new_ns(client, k_codec="q8_0", v_codec="q8_0", raw_layers=1)
+    keys = ns.keys_from_tokens(tokens(3 * ns.block_tokens))
+    ns.put_prefix(keys, blocks_for(ns, 3))
+    with ns.lookup(keys) as lease:  # no pressure here: stored raw
+        assert [lease.stored(i) for i in range(len(lease))] == ["raw"] * 3
+        with pytest.raises(IndexError):
+            lease.stored(3)
+    assert client.evict(ns.id) == 3  # this user started the daemon: an admin
+    with ns.lookup(keys) as lease:
+        assert len(lease) == 0
+
+
 def test_errors(daemon, client):
     assert issubclass(kvcd.Error, OSError)
     with pytest.raises(kvcd.Error) as e:
@@ -302,6 +320,31 @@ def test_no_reference_leak_over_10000_lookups(client):
     assert (sys.getrefcount(client), sys.getrefcount(ns), sys.getrefcount(keys),
             sys.getrefcount(keys[0]), sys.getrefcount(out)) == refs
     assert _rss_kib() - rss < 8 * 1024, "RSS grew by more than 8 MiB over 10,000 lookups"
+
+
+def test_no_reference_leak_over_10000_puts(client):
+    ns = new_ns(client)
+    blocks = blocks_for(ns, 2)
+    outs = [np.zeros_like(b) for b in blocks]
+
+    def round_(n, base):
+        for j in range(n):
+            keys = ns.keys_from_tokens(tokens(2 * ns.block_tokens, base + 8 * j))
+            assert ns.put_prefix(keys, blocks) == 2
+            assert ns.get_prefix(keys, outs) == 2
+            with ns.reserve(keys) as r:  # present: nothing reserved
+                assert r.reserved == 0
+
+    round_(500, 0)
+    gc.collect()
+    refs = (sys.getrefcount(client), sys.getrefcount(ns), sys.getrefcount(blocks),
+            sys.getrefcount(blocks[0]), sys.getrefcount(outs[0]))
+    rss = _rss_kib()
+    round_(10_000, 1_000_000)
+    gc.collect()
+    assert (sys.getrefcount(client), sys.getrefcount(ns), sys.getrefcount(blocks),
+            sys.getrefcount(blocks[0]), sys.getrefcount(outs[0])) == refs
+    assert _rss_kib() - rss < 8 * 1024, "RSS grew by more than 8 MiB over 10,000 puts"
 
 
 def test_two_threads_share_one_client(client):

@@ -1,0 +1,143 @@
+# DESIGN: the reference engine: greedy generation with its paged KV cache shared through
+# kvcd. A request computes the chained keys of its prompt's full blocks, loads the longest
+# cached prefix into its pages (one lookup, one copy per hit), computes the rest, and puts
+# the blocks it computed. Prefill runs block by block, each chunk exactly one block aligned
+# to the block grid: the KV of a block then depends on its tokens and the KV before it alone,
+# never on how much of the prompt happened to be cached, so a raw hit holds the very bytes
+# this process would have computed and generation with hits is bit for bit the run without.
+# The last prompt token is always computed (its logits give the first new token), so at most
+# (len(prompt) - 1) // block_tokens blocks are loaded.
+import collections
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import torch
+
+import kvcd
+from kvcd.engine.cache import PagedKVCache
+from kvcd.engine.model import Model, ModelConfig
+
+
+@dataclass
+class Generation:
+    """What one generate() call produced and what it cost."""
+
+    tokens: List[int]  #: the greedy tokens (argmax of each step's logits)
+    logits: List[torch.Tensor] = field(default_factory=list)  #: per step, when kept
+    prefill_s: float = 0.0  #: lookup + loads + prompt compute, up to the first logits
+    load_s: float = 0.0  #: of which lookup and copies out of kvcd
+    put_s: float = 0.0  #: storing the computed blocks, after prefill
+    hit_blocks: int = 0
+    loaded_tokens: int = 0
+    computed_tokens: int = 0  #: prompt tokens computed
+    put_blocks: int = 0  #: blocks this call wrote into kvcd
+    formats: Dict[str, int] = field(default_factory=dict)  #: hits by stored format
+
+
+class Engine:
+    """A model, a paged KV cache of max_tokens, and optionally a kvcd namespace.
+
+    Without a socket or client the engine runs with no cache. k_codec/v_codec name codecs
+    the namespace allows the daemon to store its blocks in (kvcd.Client.namespace); a
+    different setting needs a different model_id."""
+
+    def __init__(self, cfg: Optional[ModelConfig] = None, block_tokens: int = 16,
+                 max_tokens: int = 8192, socket_path=None, client=None, model_id=None,
+                 k_codec=None, v_codec=None, raw_layers=0, model: Optional[Model] = None,
+                 threads: Optional[int] = None):
+        if threads:
+            torch.set_num_threads(threads)
+        self.model = model or Model(cfg or ModelConfig())
+        self.cfg = self.model.cfg
+        self.block_tokens = block_tokens
+        self.cache = PagedKVCache(self.cfg, block_tokens, max_tokens)
+        self.max_tokens = self.cache.npages * block_tokens
+        self._own_client = None
+        self.client = client
+        self.ns = None
+        if client is None and socket_path is not None:
+            self.client = self._own_client = kvcd.Client(socket_path)
+        if self.client is not None:
+            c = self.cfg
+            mid = model_id or "%s-t%d" % (c.model_id(), block_tokens)
+            self.ns = self.client.namespace(mid, c.layers, c.kv_heads, c.head_dim, block_tokens,
+                                            "fp16", k_codec=k_codec, v_codec=v_codec,
+                                            raw_layers=raw_layers)
+            if self.ns.block_bytes != self.cache.page_bytes:
+                raise RuntimeError("kvcd block of %d bytes, page of %d" %
+                                   (self.ns.block_bytes, self.cache.page_bytes))
+
+    def close(self):
+        if self._own_client is not None:
+            self._own_client.close()
+            self._own_client = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def _prefill_from(self, prompt, pos):
+        """Computes prompt[pos:] block by block (pos on the block grid); returns the last
+        logits."""
+        t, n = self.block_tokens, len(prompt)
+        logits = None
+        while pos < n:
+            end = min(n, (pos // t + 1) * t)
+            logits = self.model.forward(prompt[pos:end], pos, self.cache)
+            pos = end
+        return logits[-1]
+
+    def generate(self, prompt, max_new_tokens=16, use_cache=True, put=True, forced=None,
+                 keep_logits=False) -> Generation:
+        """Greedy generation of max_new_tokens after prompt (a list of token ids).
+
+        use_cache: load the cached prefix from kvcd; put: store the prompt's computed full
+        blocks. forced: feed these tokens instead of the model's own picks (teacher forcing,
+        to compare logits step by step against another run); tokens still reports the
+        model's picks. keep_logits: keep every step's logits (fp32 tensors)."""
+        prompt = [int(x) for x in prompt]
+        n, t = len(prompt), self.block_tokens
+        if n == 0 or n + max_new_tokens > self.max_tokens:
+            raise ValueError("prompt of %d tokens + %d new does not fit %d" %
+                             (n, max_new_tokens, self.max_tokens))
+        g = Generation(tokens=[])
+        formats = collections.Counter()
+        keys = self.ns.keys_from_tokens(prompt) if self.ns is not None else []
+        t0 = time.perf_counter()
+        usable = keys[:(n - 1) // t]
+        if use_cache and usable:
+            with self.ns.lookup(usable) as lease:
+                g.hit_blocks = len(lease)
+                for i in range(g.hit_blocks):
+                    lease.copy_into(i, self.cache.page(i))
+                    formats[lease.stored(i)] += 1
+            self.cache.loaded(0, g.hit_blocks)
+        g.load_s = time.perf_counter() - t0
+        g.loaded_tokens = g.hit_blocks * t
+        g.computed_tokens = n - g.loaded_tokens
+        last = self._prefill_from(prompt, g.loaded_tokens)
+        g.prefill_s = time.perf_counter() - t0
+        g.formats = dict(formats)
+        if put and len(keys) > g.hit_blocks:
+            t1 = time.perf_counter()
+            h = g.hit_blocks
+            g.put_blocks = self.ns.put_prefix(keys[h:], [self.cache.page(i)
+                                                         for i in range(h, len(keys))],
+                                              parent=keys[h - 1] if h else None)
+            g.put_s = time.perf_counter() - t1
+        pos = n
+        for step in range(max_new_tokens):
+            tok = int(torch.argmax(last))
+            g.tokens.append(tok)
+            if keep_logits:
+                g.logits.append(last.clone())
+            if step + 1 == max_new_tokens:
+                break
+            feed = forced[step] if forced is not None else tok
+            last = self.model.forward([feed], pos, self.cache)[-1]
+            pos += 1
+        return g

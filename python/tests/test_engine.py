@@ -1,0 +1,156 @@
+# DESIGN: the reference engine (kvcd.engine) against a real kvcd, in real processes
+# (engine_worker.py): with raw blocks, generation that loads cached prefixes gives the same
+# greedy tokens and the same logits bit for bit as the run without kvcd, for several prompt
+# sets and block sizes; with blocks the daemon quantized under memory pressure (q8_0, fp8,
+# and the 4-bit codecs), the logit error and token agreement are measured, printed and
+# bounded. Tiny model sizes keep the suite to seconds. Skipped without python3-torch.
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("torch")
+
+import kvcd  # noqa: E402
+from kvcd.engine.daemon import PrivateDaemon  # noqa: E402
+from kvcd.engine.prompts import chat_prompt, encode  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+NEW = 12
+
+
+def run_worker(socket, prompts, engines, **job):
+    job.update(socket=socket, prompts=prompts, engines=engines, new=job.get("new", NEW))
+    p = subprocess.run([sys.executable, os.path.join(HERE, "engine_worker.py"), json.dumps(job)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def prompt_sets():
+    long = encode("The quick brown fox jumps over the lazy dog while the cache keeps "
+                  "every block of the prefix it has seen, across processes and runs. " * 3)
+    return {
+        # three questions after one system prompt and few-shot header
+        "shared-system": [chat_prompt(0, 0, q, 40) for q in range(3)],
+        # two system prompts, one few-shot header: sharing stops at the system prompt
+        "few-shot": [chat_prompt(s, 1, q, 24) for s, q in ((0, 0), (1, 1), (0, 2), (1, 3))],
+        # prompts that are prefixes of each other, one a whole number of 16-token blocks
+        "nested": [long[:64], long[:150], long],
+    }
+
+
+@pytest.fixture(scope="module")
+def raw_daemon():
+    with PrivateDaemon(["host.size=64m"]) as d:
+        yield d
+
+
+@pytest.mark.parametrize("block_tokens", [4, 16])
+def test_raw_hits_generate_the_no_cache_tokens(raw_daemon, block_tokens):
+    sets = prompt_sets()
+    prompts = [p for name in sorted(sets) for p in sets[name]]
+    engines = [dict(block_tokens=block_tokens)]
+    # The first process computes and puts (hitting its own earlier prompts' prefixes); the
+    # second loads; both compare every prompt with the run without kvcd.
+    first = run_worker(raw_daemon.socket, prompts, engines, compare=True)
+    second = run_worker(raw_daemon.socket, prompts, engines, compare=True)
+    for r in first + second:
+        assert r["tokens"] == r["ref_tokens"], r
+        assert r["bitwise"] and r["max_abs_diff"] == 0.0, r
+        assert set(r["formats"]) <= {"raw"}
+    assert sum(r["put_blocks"] for r in first) > 0
+    assert sum(r["put_blocks"] for r in second) == 0  # everything was cached already
+    for r in second:
+        assert r["hit_blocks"] == (r["prompt"] - 1) // block_tokens, r
+    print("block_tokens %d: %d prompts, second process loaded %d tokens, computed %d" %
+          (block_tokens, len(prompts), sum(r["loaded"] for r in second),
+           sum(r["computed"] for r in second)))
+
+
+# Quantized blocks: the lru policy quantizes the coldest blocks of namespaces that allow a
+# codec once an arena is over its high watermark, down to the low one, and evicts only what
+# is still over the high watermark after that (as tests/e2e/check_e2e_quant.c gets the daemon
+# to quantize). The engine's blocks go in first (the coldest), raw filler blocks follow one
+# at a time until the daemon starts quantizing: quantizing every engine block then brings
+# the arena back under the high watermark without an eviction.
+QUANT_OPTIONS = ["host.size=16m", "host.page_size=64k", "cache.policy=lru",
+                 "host.high_watermark=0.95", "host.low_watermark=0.90",
+                 "host.quantize_inflight=1024"]
+QUANT_MODEL = dict(head_dim=32)  # 2 layers x 2 kv heads x 32: a 32-token block is 16 KiB
+# codec: (max |logit difference| / logit scale, least token agreement) in the bounds.
+# Measured on this model and these prompts: q8_0 0.0024 / 1.000, fp8 0.0078 / 0.944, kivi4
+# 0.0368 / 0.944, q4_1 0.0388 / 0.944 (a random model's logits are flat, so near-ties flip).
+QUANT_BOUNDS = {"q8_0": (0.01, 0.9), "fp8": (0.03, 0.8), "kivi4": (0.15, 0.6),
+                "q4_1": (0.15, 0.6)}
+
+
+def fill_until_quantizing(c, blocks, block_bytes, deadline_s=20):
+    """Puts raw filler blocks until the daemon has quantized the `blocks` engine blocks (of
+    block_bytes each); returns the count it reached."""
+    ns = c.namespace("kvcd-ref/test-quant-filler", 2, 2, 32, 64)
+    fill = bytearray(ns.block_bytes)
+    bulk = int((16 << 20) * 0.9) // ns.block_bytes - blocks * block_bytes // ns.block_bytes
+    i = 0
+    for i in range(0, bulk, 64):  # to about 90 %, quickly
+        keys = ns.keys_from_tokens(range(i * 64, min(bulk, i + 64) * 64), extra=b"fill")
+        ns.put_prefix(keys, [fill] * len(keys))
+    i = bulk
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        q = c.stats().get("quantized_blocks", 0)
+        if q >= blocks:
+            return q
+        if q == 0:  # one more block at a time, until the first quantization
+            keys = ns.keys_from_tokens(range(i * 64, (i + 1) * 64), extra=b"fill")
+            ns.put_prefix(keys, [fill])
+            i += 1
+        else:
+            time.sleep(0.01)
+    return c.stats().get("quantized_blocks", 0)
+
+
+def quant_measure(codecs, block_tokens=32, nprompts=3, model=QUANT_MODEL):
+    """Runs the engine on prompts whose blocks the daemon then quantizes, and measures
+    against the run without kvcd: per codec, hits and lossy hits, max |logit difference|
+    (absolute and over the largest |logit|), the share of greedy tokens that agree."""
+    prompts = [chat_prompt(0, 0, q, 160) for q in range(nprompts)]
+    engines = [dict(block_tokens=block_tokens, codec=c, model_id="kvcd-ref/test-quant-%s" % c)
+               for c in codecs]
+    with PrivateDaemon(QUANT_OPTIONS) as d:
+        put = run_worker(d.socket, prompts, engines, model=model)
+        blocks = sum(r["put_blocks"] for r in put)
+        with kvcd.Client(d.socket) as c:
+            bb = put[0]["block_bytes"]
+            quantized = fill_until_quantizing(c, blocks, bb)
+        got = run_worker(d.socket, prompts, engines, model=model, compare=True,
+                         put=False)
+    res = {}
+    for codec in codecs:
+        rows = [r for r in got if r["model_id"].endswith("-" + codec)]
+        res[codec] = dict(
+            lossy=sum(r["formats"].get(codec, 0) for r in rows),
+            hits=sum(r["hit_blocks"] for r in rows),
+            rel=max(r["max_abs_diff"] / r["logit_scale"] for r in rows),
+            diff=max(r["max_abs_diff"] for r in rows),
+            scale=max(r["logit_scale"] for r in rows),
+            agree=sum(r["agree"] for r in rows) / float(sum(len(r["tokens"]) for r in rows)))
+    return res, quantized, blocks
+
+
+@pytest.mark.parametrize("codecs", [("q8_0", "fp8"), ("kivi4", "q4_1")])
+def test_quantized_hits_fidelity(codecs):
+    res, quantized, blocks = quant_measure(codecs)
+    for codec, m in res.items():
+        print("%s: %d/%d hits quantized; max |logit diff| %.4f (logit scale %.2f, relative "
+              "%.4f); greedy tokens agree %.3f" % (codec, m["lossy"], m["hits"], m["diff"],
+                                                  m["scale"], m["rel"], m["agree"]))
+    assert quantized >= blocks, "the daemon quantized %d of %d blocks" % (quantized, blocks)
+    for codec, m in res.items():
+        assert m["hits"] > 0 and m["lossy"] == m["hits"], (codec, m)
+        rel, agree = QUANT_BOUNDS[codec]
+        assert 0 < m["rel"] <= rel, (codec, m)
+        assert m["agree"] >= agree, (codec, m)

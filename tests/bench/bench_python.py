@@ -1,0 +1,213 @@
+# DESIGN: `make bench-python` (not part of make check): the kvcd Python package against the
+# C path, and the reference engine's prefill with and without a full hit; rows in
+# build/bench/python.json like every benchmark here ({"case", "value", "unit", "baseline",
+# "baseline_value", "ratio"}, ratio = value / baseline_value).
+#  - get_prefix / put_prefix from Python into / out of preallocated torch tensors (numpy
+#    views of them, no copy), for 2 MiB and 16 MiB blocks (the layouts of bench_host.c),
+#    256 MiB of blocks per case and 16 MiB per round trip, as bench_host.c does. The
+#    baseline is the C path doing the same operation (kvc_get_prefix: lookup, kvc_lease_copy
+#    of each hit, release; kvc_put_prefix) called straight into libkvc.so (ctypes: one call
+#    per 16 MiB, its overhead is microseconds) on its own connection to the same daemon,
+#    with the same buffers, alternating with the Python run repetition by repetition, so
+#    both see the same machine. Best of 11 repetitions after a warm-up, median beside it.
+#    Target: ratio >= 0.9. Puts use fresh keys each repetition; the namespace is evicted
+#    between repetitions, outside the timings.
+#  - the engine (default ModelConfig, 16-token blocks) on a 4096-token prompt: prefill time
+#    with every full block but the last loaded from kvcd (value) against no cache
+#    (baseline); the speed-up is baseline / value. Generated tokens are checked equal.
+# Exit status 1 when something broke (a short hit, wrong bytes, different tokens), 0 with
+# figures otherwise (a missed target is reported, not failed).
+import ctypes
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+import kvcd
+from kvcd.engine import Engine, ModelConfig
+from kvcd.engine.daemon import PrivateDaemon
+from kvcd.engine.prompts import system_prompt
+
+SIZES = {"2MiB": ("bench/py-32l-8h-128d", 32, 8, 128, 16),
+         "16MiB": ("bench/py-32l-8h-128d-t128", 32, 8, 128, 128)}
+SMOKE = os.environ.get("KVC_BENCH_SMOKE") == "1"  # a quick run whose figures mean nothing
+WS = (32 if SMOKE else 256) << 20
+OP = 16 << 20
+REPS = 2 if SMOKE else 11
+PROMPT = 512 if SMOKE else 4096
+
+
+def gbps(nbytes, secs):
+    return nbytes / secs / 1e9
+
+
+class CPath:
+    """libkvc's C calls through ctypes, on a connection of their own."""
+
+    class Layout(ctypes.Structure):
+        _fields_ = [("model_id", ctypes.c_char_p), ("layers", ctypes.c_uint32),
+                    ("kv_heads", ctypes.c_uint32), ("head_dim", ctypes.c_uint32),
+                    ("block_tokens", ctypes.c_uint32), ("dtype", ctypes.c_int),
+                    ("kv_kind", ctypes.c_int)]
+
+    def __init__(self, build, sock):
+        self.lib = ctypes.CDLL(os.path.join(build, "lib", "libkvc.so"))
+        self.lib.kvc_put_prefix.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_size_t,
+                                                                     ctypes.c_void_p]
+        self.lib.kvc_get_prefix.argtypes = [ctypes.c_void_p, ctypes.c_void_p,
+                                            ctypes.c_size_t, ctypes.c_void_p]
+        self.c = ctypes.c_void_p()
+        rc = self.lib.kvc_connect(sock.encode(), ctypes.byref(self.c))
+        if rc < 0:
+            raise RuntimeError("kvc_connect: %d" % rc)
+
+    def ns(self, model, layers, heads, dim, tokens):
+        lay = self.Layout(model.encode(), layers, heads, dim, tokens, 1, 1)  # fp16, K+V
+        ns = ctypes.c_void_p()
+        rc = self.lib.kvc_ns_open(self.c, ctypes.byref(lay), ctypes.byref(ns))
+        if rc < 0:
+            raise RuntimeError("kvc_ns_open: %d" % rc)
+        return ns
+
+    def close(self):
+        self.lib.kvc_disconnect(self.c)
+
+
+def ptrs(arrays):
+    return (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
+
+
+def host_case(c, cpath, size):
+    model, layers, heads, dim, tokens = SIZES[size]
+    ns = c.namespace(model, layers, heads, dim, tokens)
+    cns = cpath.ns(model, layers, heads, dim, tokens)
+    bb = ns.block_bytes
+    n, per_op = WS // bb, max(1, OP // bb)
+    src = torch.randn(n, bb // 2).half()
+    dst = torch.zeros(n, bb // 2, dtype=torch.float16)
+    srcs = [src[i].numpy() for i in range(n)]
+    dsts = [dst[i].numpy() for i in range(n)]
+    ops = range(0, n, per_op)
+    csrc = [ptrs(srcs[j:j + per_op]) for j in ops]
+    cdst = [ptrs(dsts[j:j + per_op]) for j in ops]
+    toks = list(range(n * tokens))
+    t = {k: [] for k in ("py_put", "c_put", "py_get", "c_get")}
+
+    def check(label):
+        if not torch.equal(src, dst):
+            raise RuntimeError("%s returned other bytes than put" % label)
+        dst.zero_()
+
+    for rep in range(REPS + 1):
+        # Python and C alternate which goes first.
+        for who in (("py", "c") if rep % 2 else ("c", "py")):
+            keys = ns.keys_from_tokens(toks, extra=b"%s%d" % (who.encode(), rep))
+            ckeys = [(ctypes.c_char * (16 * per_op)).from_buffer_copy(b"".join(keys[j:j + per_op]))
+                     for j in ops]
+            t0 = time.perf_counter()
+            if who == "py":
+                for j in ops:
+                    if ns.put_prefix(keys[j:j + per_op], srcs[j:j + per_op],
+                                     parent=keys[j - 1] if j else None) != per_op:
+                        raise RuntimeError("put_prefix short")
+            else:
+                par = [None] + [(ctypes.c_char * 16).from_buffer_copy(keys[j - 1])
+                                for j in ops if j]
+                t0 = time.perf_counter()
+                for k, j in enumerate(ops):
+                    if cpath.lib.kvc_put_prefix(cns, par[k], ckeys[k], per_op, csrc[k]) != per_op:
+                        raise RuntimeError("kvc_put_prefix short")
+            t1 = time.perf_counter()
+            if who == "py":
+                for j in ops:
+                    if ns.get_prefix(keys[j:j + per_op], dsts[j:j + per_op]) != per_op:
+                        raise RuntimeError("get_prefix short")
+            else:
+                for k, j in enumerate(ops):
+                    if cpath.lib.kvc_get_prefix(cns, ckeys[k], per_op, cdst[k]) != per_op:
+                        raise RuntimeError("kvc_get_prefix short")
+            t2 = time.perf_counter()
+            check(who)
+            c.evict(ns.id)  # room for the next repetition's fresh keys
+            if rep:  # the first is the warm-up
+                t[who + "_put"].append(gbps(WS, t1 - t0))
+                t[who + "_get"].append(gbps(WS, t2 - t1))
+    return t
+
+
+def engine_case(sock):
+    prompt = system_prompt(0, PROMPT)
+    with Engine(ModelConfig(), block_tokens=16, max_tokens=PROMPT + 8, socket_path=sock,
+                threads=2) as e:
+        cold = e.generate(prompt, 4, put=True)  # computes and puts every full block
+        nohit, hit = [cold.prefill_s], []
+        for _ in range(2):
+            g = e.generate(prompt, 4, use_cache=False, put=False)
+            nohit.append(g.prefill_s)
+            if g.tokens != cold.tokens:
+                raise RuntimeError("tokens differ between runs without kvcd")
+        for _ in range(5):
+            g = e.generate(prompt, 4, put=False)
+            if g.tokens != cold.tokens or g.loaded_tokens != PROMPT - 16:
+                raise RuntimeError("hit run: %d loaded, tokens %s vs %s" %
+                                   (g.loaded_tokens, g.tokens, cold.tokens))
+            hit.append(g.prefill_s)
+    return hit, nohit
+
+
+def main():
+    out = sys.argv[1] if len(sys.argv) > 1 else "build/bench/python.json"
+    build = os.environ.get("KVC_BUILD", "build")
+    rows = []
+
+    def row(case, best, med, unit, base_name, base):
+        rows.append(dict(case=case, value=best, unit=unit, baseline=base_name,
+                         baseline_value=base, ratio=best / base))
+        print("%-34s %9.3f %9.3f %-4s  %-16s %9.3f  ratio %.3f" %
+              (case, best, med, unit, base_name, base, best / base), flush=True)
+
+    print("kvcd from Python (torch tensors) against the same calls in C (libkvc), the same "
+          "daemon and buffers, alternating;\n%d MiB of blocks per case, 16 MiB per round "
+          "trip, %d repetitions; best and median GB/s,\nratio = best Python / best C "
+          "(target >= 0.9)\n" % (WS >> 20, REPS))
+    print("%-34s %9s %9s %-4s  %-16s %9s" % ("case", "best", "median", "unit", "baseline",
+                                             "best"))
+    with PrivateDaemon(["host.size=1g", "host.prefault=yes"]) as d:
+        with kvcd.Client(d.socket) as c:
+            cpath = CPath(build, d.socket)
+            for size in SIZES:
+                t = host_case(c, cpath, size)
+                for op, key in (("get", "get"), ("put_prefix", "put")):
+                    py, cc = t["py_" + key], t["c_" + key]
+                    row("%s_%s_python" % (op, size), max(py), statistics.median(py), "GB/s",
+                        "C (libkvc)", max(cc))
+                    print("%-34s %9s %9.3f (C median; median ratio %.3f)" %
+                          ("", "", statistics.median(cc),
+                           statistics.median(py) / statistics.median(cc)))
+            cpath.close()
+        print("\nreference engine, default model, %d-token prompt, 16-token blocks: prefill "
+              "seconds, best of runs (median beside)" % PROMPT)
+        hit, nohit = engine_case(d.socket)
+    case = "engine_prefill_%dtok_full_hit" % PROMPT
+    rows.append(dict(case=case, value=min(hit), unit="s",
+                     baseline="no cache", baseline_value=min(nohit),
+                     ratio=min(hit) / min(nohit)))
+    print("%-34s %9.3f %9.3f s     %-16s %9.3f  speed-up %.1fx (medians %.1fx)" %
+          (case, min(hit), statistics.median(hit), "no cache",
+           min(nohit), min(nohit) / min(hit), statistics.median(nohit) / statistics.median(hit)))
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(rows, f, indent=1)
+    print("\nwrote %s" % out)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except RuntimeError as e:
+        print("bench_python: %s" % e, file=sys.stderr)
+        sys.exit(1)
