@@ -75,6 +75,20 @@ class Namespace:
         """Pins the longest cached prefix of ``keys``; ``len(lease)`` is the number of hits
         (0: an empty lease). ready_only: stop at the first block not in memory now. Error
         EINVAL (a key repeated), EDQUOT, EMFILE, EPIPE."""
+    def hint(self, keys: Sequence[bytes], scores: Sequence[float],
+             kind: str = "attention") -> int:
+        """Per-block importance for the eviction policies: ``kind`` "attention" (H2O: the
+        attention mass each block received, added to its decayed mass) or "snapkv" (the
+        observation window's score). Returns how many cached blocks took one. Error EINVAL
+        (a negative or non-finite score, more than 2048 keys)."""
+    def lookup_budget(self, keys: Sequence[bytes], budget: int, policy: Optional[str] = None,
+                      sinks: int = 0, recent: int = 0,
+                      query: Optional[Sequence[float]] = None) -> tuple[list[int], int, Lease]:
+        """Of the longest cached prefix of ``keys`` in memory, at most ``budget`` blocks:
+        the ``sinks`` first and ``recent`` last ones, the rest by ``policy``'s importance
+        ("h2o", "snapkv", "quest" with a ``query`` of head_dim floats, ...; None: the
+        namespace's). Returns (positions of the selected blocks in keys, ascending; the
+        cached prefix's length; a Lease whose hit i is the block at positions[i])."""
     def reserve(self, keys: Sequence[bytes], parent: Optional[bytes] = None) -> Reservation:
         """Reserves slots for the keys of the chain parent -> keys[0] -> ... not cached yet.
         Finish it (commit/abort, or a with block) within the daemon's

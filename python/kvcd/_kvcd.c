@@ -871,6 +871,159 @@ static PyObject *ns_lookup(PyObject *self, PyObject *args, PyObject *kw)
     return (PyObject *)h;
 }
 
+static PyObject *ns_hint(PyObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"keys", "scores", "kind", NULL};
+    ns_object *ns = (ns_object *)self;
+    PyObject *keys_obj, *scores_obj, *fast = NULL;
+    const char *kind_s = "attention";
+    struct kvc_key *keys = NULL;
+    float *scores = NULL;
+    size_t n;
+    unsigned kind;
+    int rc;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|s:hint", kwlist, &keys_obj, &scores_obj,
+                                     &kind_s))
+        return NULL;
+    if (strcmp(kind_s, "attention") == 0 || strcmp(kind_s, "h2o") == 0) {
+        kind = KVC_HINT_ATTENTION;
+    } else if (strcmp(kind_s, "snapkv") == 0) {
+        kind = KVC_HINT_SNAPKV;
+    } else {
+        PyErr_Format(PyExc_ValueError, "kvcd: unknown hint kind '%s' (attention, snapkv)",
+                     kind_s);
+        return NULL;
+    }
+    if (ns_check(ns) < 0 || keys_parse(keys_obj, &keys, &n) < 0)
+        return NULL;
+    fast = PySequence_Fast(scores_obj, "kvcd: scores must be a sequence of numbers");
+    if (!fast)
+        goto fail;
+    if ((size_t)PySequence_Fast_GET_SIZE(fast) != n) {
+        PyErr_SetString(PyExc_ValueError, "kvcd: one score per key");
+        goto fail;
+    }
+    scores = PyMem_Malloc((n ? n : 1) * sizeof(*scores));
+    if (!scores) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (size_t i = 0; i < n; i++) {
+        double v = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(fast, (Py_ssize_t)i));
+        if (v == -1.0 && PyErr_Occurred())
+            goto fail;
+        scores[i] = (float)v;
+    }
+    Py_CLEAR(fast);
+    if (client_enter(ns->client) < 0)
+        goto fail;
+    Py_BEGIN_ALLOW_THREADS
+    rc = kvc_hint(ns->ns, kind, keys, scores, n);
+    Py_END_ALLOW_THREADS
+    client_leave(ns->client);
+    PyMem_Free(keys);
+    PyMem_Free(scores);
+    return rc < 0 ? kvcd_raise(rc) : PyLong_FromLong(rc);
+fail:
+    Py_XDECREF(fast);
+    PyMem_Free(keys);
+    PyMem_Free(scores);
+    return NULL;
+}
+
+static PyObject *ns_lookup_budget(PyObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"keys", "budget", "policy", "sinks", "recent", "query", NULL};
+    ns_object *ns = (ns_object *)self;
+    PyObject *keys_obj, *query_obj = Py_None, *pos_list = NULL, *fast = NULL;
+    const char *policy = NULL;
+    struct kvc_key *keys = NULL;
+    struct kvc_budget b = {0};
+    size_t n, *pos = NULL, nprefix = 0;
+    Py_ssize_t budget;
+    unsigned sinks = 0, recent = 0;
+    float *query = NULL;
+    struct handle *h = NULL;
+    kvc_lease *l = NULL;
+    int rc;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "On|zIIO:lookup_budget", kwlist, &keys_obj,
+                                     &budget, &policy, &sinks, &recent, &query_obj))
+        return NULL;
+    if (budget < 1) {
+        PyErr_SetString(PyExc_ValueError, "kvcd: budget must be at least 1");
+        return NULL;
+    }
+    if (ns_check(ns) < 0 || keys_parse(keys_obj, &keys, &n) < 0)
+        return NULL;
+    b.budget = (size_t)budget;
+    b.policy = policy;
+    b.sinks = sinks;
+    b.recent = recent;
+    if (query_obj != Py_None) {
+        fast = PySequence_Fast(query_obj, "kvcd: query must be a sequence of head_dim floats");
+        if (!fast)
+            goto fail;
+        b.query_dim = (size_t)PySequence_Fast_GET_SIZE(fast);
+        query = PyMem_Malloc((b.query_dim ? b.query_dim : 1) * sizeof(*query));
+        if (!query) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+        for (size_t i = 0; i < b.query_dim; i++) {
+            double v = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(fast, (Py_ssize_t)i));
+            if (v == -1.0 && PyErr_Occurred())
+                goto fail;
+            query[i] = (float)v;
+        }
+        b.query = query;
+        Py_CLEAR(fast);
+    }
+    pos = PyMem_Malloc(b.budget * sizeof(*pos));
+    if (!pos) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    h = PyObject_New(struct handle, &lease_type);
+    if (!h)
+        goto fail;
+    h->client = NULL;
+    h->h = NULL;
+    h->prev = h->next = NULL;
+    if (client_enter(ns->client) < 0)
+        goto fail;
+    Py_BEGIN_ALLOW_THREADS
+    rc = kvc_lookup_budget(ns->ns, keys, n, &b, pos, &nprefix, &l);
+    Py_END_ALLOW_THREADS
+    handle_init(h, ns->client, HANDLE_KIND_LEASE, rc > 0 ? l : NULL, rc > 0 ? (size_t)rc : 0,
+                kvc_ns_block_bytes(ns->ns));
+    client_leave(ns->client);
+    if (rc < 0) {
+        kvcd_raise(rc);
+        goto fail;
+    }
+    pos_list = PyList_New(rc);
+    if (!pos_list)
+        goto fail;
+    for (int i = 0; i < rc; i++) {
+        PyObject *v = PyLong_FromSize_t(pos[i]);
+        if (!v)
+            goto fail;
+        PyList_SET_ITEM(pos_list, i, v);
+    }
+    PyMem_Free(keys);
+    PyMem_Free(query);
+    PyMem_Free(pos);
+    return Py_BuildValue("(NnN)", pos_list, (Py_ssize_t)nprefix, (PyObject *)h);
+fail:
+    Py_XDECREF(fast);
+    Py_XDECREF(pos_list);
+    Py_XDECREF(h);
+    PyMem_Free(keys);
+    PyMem_Free(query);
+    PyMem_Free(pos);
+    return NULL;
+}
+
 static PyObject *ns_reserve(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"keys", "parent", NULL};
@@ -1011,6 +1164,13 @@ static PyMethodDef ns_methods[] = {
      "keys_from_tokens(tokens, parent=None, extra=b''): chained 16-byte keys of full blocks."},
     {"lookup", (PyCFunction)(void (*)(void))ns_lookup, METH_VARARGS | METH_KEYWORDS,
      "lookup(keys, ready_only=False): pins the longest cached prefix; returns a Lease."},
+    {"hint", (PyCFunction)(void (*)(void))ns_hint, METH_VARARGS | METH_KEYWORDS,
+     "hint(keys, scores, kind='attention'): per-block importance for the policies (H2O "
+     "attention mass, or 'snapkv' scores); returns the cached blocks that took one."},
+    {"lookup_budget", (PyCFunction)(void (*)(void))ns_lookup_budget,
+     METH_VARARGS | METH_KEYWORDS,
+     "lookup_budget(keys, budget, policy=None, sinks=0, recent=0, query=None): at most budget "
+     "blocks of the cached prefix chosen by a policy; returns (positions, prefix_len, Lease)."},
     {"reserve", (PyCFunction)(void (*)(void))ns_reserve, METH_VARARGS | METH_KEYWORDS,
      "reserve(keys, parent=None): slots for the keys not cached; returns a Reservation."},
     {"put_prefix", (PyCFunction)(void (*)(void))ns_put_prefix, METH_VARARGS | METH_KEYWORDS,

@@ -403,3 +403,38 @@ def test_close_while_other_thread_copies(daemon):
     t.join(timeout=30)
     stop.set()
     assert not t.is_alive() and seen == ["closed"]
+
+
+def test_hint_and_lookup_budget(client):
+    ns = new_ns(client)
+    keys = ns.keys_from_tokens(tokens(16 * ns.block_tokens))
+    assert ns.put_prefix(keys, blocks_for(ns, 16)) == 16
+    # H2O mass on blocks 5 and 9: an h2o budget of 4 with one sink and one recent block
+    # takes 0, 15 and the heavier of the two.
+    scores = [0.0] * 16
+    scores[5], scores[9] = 1.0, 8.0
+    assert ns.hint(keys, scores) == 16
+    pos, nprefix, lease = ns.lookup_budget(keys, 3, policy="h2o", sinks=1, recent=1)
+    with lease:
+        assert nprefix == 16
+        assert pos == [0, 9, 15]
+        assert len(lease) == 3
+        expect = blocks_for(ns, 16)
+        for i, p in enumerate(pos):
+            assert bytes(lease[i]) == bytes(expect[p])
+    assert ns.hint(keys[:2], [1.0, 2.0], kind="snapkv") == 2
+    with pytest.raises(ValueError):
+        ns.hint(keys, [1.0])  # one score per key
+    with pytest.raises(ValueError):
+        ns.hint(keys, scores, kind="nope")
+    with pytest.raises(kvcd.Error) as e:
+        ns.hint(keys[:1], [-1.0])
+    assert e.value.errno == errno.EINVAL
+    with pytest.raises(kvcd.Error) as e:
+        ns.lookup_budget(keys, 2, policy="no-such-policy")
+    assert e.value.errno == errno.EINVAL
+    with pytest.raises(kvcd.Error) as e:
+        ns.lookup_budget(keys, 2, policy="quest", query=[1.0, 2.0])  # not head_dim floats
+    assert e.value.errno == errno.EINVAL
+    with pytest.raises(ValueError):
+        ns.lookup_budget(keys, 0)
