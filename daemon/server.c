@@ -153,6 +153,7 @@ struct server {
     struct server_hooks hooks;
     struct kvc_fast_hit fast_hits[KVC_FAST_RING_ENTS]; /* a hit ring's entries, being read */
     uint64_t fast_drained_ms; /* 1 + when server_fast_drain_all last ran */
+    struct stats fast_excl; /* counted by drains during the request being handled */
 };
 
 int server_socket_path(const char *configured, char *out, size_t len)
@@ -1138,12 +1139,17 @@ static int server_on_gpu_attach(struct server *sv, struct conn *c, const struct 
 /* Counts the hits c took through the shared index since the last call, as LOOKUP would:
  * each entry must name a cached block of a namespace c opened and may read; the rest are
  * refused (counted). At most a ring's worth per call, so a client cannot keep the loop. */
+static void server_stats_delta(struct stats *st, const struct stats *before,
+                               const struct stats *after);
+
 static void server_fast_drain(struct server *sv, struct conn *c, uint64_t now)
 {
     struct kvc_fast_hit *h = sv->fast_hits;
+    struct stats before;
     uint32_t n;
     if (!c->ring || !(n = fast_ring_take(c->ring, h, KVC_FAST_RING_ENTS)))
         return;
+    before = sv->store->total;
     c->t_last = now; /* a client that only hits through the index is not idle */
     for (uint32_t first = 0, end; first < n; first = end) {
         /* A request's hits: from one with nkeys set to the next one. */
@@ -1155,12 +1161,9 @@ static void server_fast_drain(struct server *sv, struct conn *c, uint64_t now)
             if (server_ns_use(sv, c, h[i].ns, KVC_ACCESS_READ) ||
                 store_fast_hit(sv->store, h[i].ns, h[i].block, &k, h[i].nkeys, now)) {
                 sv->store->total.fast_refused++;
-                c->st.fast_refused++;
                 h[i].pos = UINT16_MAX; /* not fed to the tuner */
                 continue;
             }
-            c->st.fast_hits++;
-            c->st.hit_blocks++;
             if (h[i].nkeys && h[i].load_us) { /* as RELEASE reports a lease's copy time */
                 struct store_ns *ns = store_ns_get(sv->store, h[i].ns);
                 ns->stats.load_us += h[i].load_us;
@@ -1173,6 +1176,10 @@ static void server_fast_drain(struct server *sv, struct conn *c, uint64_t now)
                 store_fast_ref(sv->store, h[i].ns, &k, h[i].pos, now);
             }
     }
+    /* Counted as this connection's, and kept out of the request being handled, if any
+     * (server_handle gives a connection the totals' change over its request). */
+    server_stats_delta(&c->st, &before, &sv->store->total);
+    server_stats_delta(&sv->fast_excl, &before, &sv->store->total);
 }
 
 /* Every connection's unread hits, before the engine evicts (store.on_evict): at most once
@@ -1333,6 +1340,7 @@ static bool server_handle(struct server *sv, struct conn *c, size_t n)
     int send_fd = -1;
     bool send_fd_owned = false;
     struct stats before = sv->store->total;
+    memset(&sv->fast_excl, 0, sizeof(sv->fast_excl));
     int rc = proto_decode(sv->rx, n, &r, &why);
     if (rc == -EPROTO) {
         server_conn_close(sv, c, why);
@@ -1448,6 +1456,9 @@ static bool server_handle(struct server *sv, struct conn *c, size_t n)
     server_uid_sync(c);
     server_count(sv, rc);
     server_stats_delta(&c->st, &before, &sv->store->total);
+#define SERVER_STAT_EXCL(name, help) c->st.name -= sv->fast_excl.name;
+    STATS_COUNTERS(SERVER_STAT_EXCL) /* each drain counted for its own connection */
+#undef SERVER_STAT_EXCL
     if (rc < 0) {
         sv->store->total.errors++;
         c->st.errors++;

@@ -158,6 +158,20 @@ START_TEST(test_fast_hits_keep_blocks)
     ck_assert_int_eq(fp_get_check(ns, hot, 4), 4);
     ck_assert_int_eq(daemon_client_stat(c, 0, "fast_hits", &fast), 0);
     ck_assert_uint_eq(fast, 4 * 7);
+    /* Each client's own counters: the reader's hits are its own, though the daemon read
+     * most of them while it served the writer's puts. */
+    struct kvc_client_info *ci;
+    size_t nci;
+    ck_assert_int_eq(kvc_clients(c, &ci, &nci), 0);
+    int seen = 0;
+    for (size_t i = 0; i < nci; i++) {
+        if (ci[i].pid != (uint32_t)getpid())
+            continue;
+        ck_assert_uint_eq(ci[i].hit_tokens, ci[i].self ? 4 * 7 * 64 : 0);
+        seen++;
+    }
+    ck_assert_int_eq(seen, 2);
+    free(ci);
     kvc_disconnect(w);
     kvc_disconnect(c);
     ck_assert_int_eq(daemon_stop(&d), 0);
