@@ -127,6 +127,27 @@ KT KERN_AI static inline void v_store8(uint16_t *r, __m256 v, uint32_t dtype)
     _mm_storeu_si128((__m128i *)r, v_half8(v, dtype));
 }
 
+/* Decode's stores into the raw rows: ordinary, or (nt) non-temporal, 16 bytes at a time, for
+ * an output too large to stay in this core's caches (see avx_dec_sect()); r is then 16-byte
+ * aligned. nt is a constant in every loop that calls these. */
+KT KERN_AI static inline void v_st16(uint16_t *r, __m128i v, int nt)
+{
+    if (nt)
+        _mm_stream_si128((__m128i *)r, v);
+    else
+        _mm_storeu_si128((__m128i *)r, v);
+}
+
+KT KERN_AI static inline void v_st32(uint16_t *r, __m256i v, int nt)
+{
+    if (nt) {
+        _mm_stream_si128((__m128i *)r, _mm256_castsi256_si128(v));
+        _mm_stream_si128((__m128i *)r + 1, _mm256_extracti128_si256(v, 1));
+    } else {
+        _mm256_storeu_si256((__m256i *)r, v);
+    }
+}
+
 /* A group's leading fp16 pair (d and m; KIVI's scale and min) as two broadcast floats. */
 KT KERN_AI static inline void v_dm(const uint8_t *blk, __m256 *vd, __m256 *vm)
 {
@@ -669,16 +690,17 @@ KT KERN_AI static inline void v_tab16(__m256 vd, __m256 vm, uint32_t out, __m256
 
 /* 32 codes (lane 0: elements 0-15, lane 1: elements 16-31; each < 16) through the tables
  * into the 32 halves at r. */
-KT KERN_AI static inline void v_lut32(uint16_t *r, __m256i idx, __m256i lo, __m256i hi)
+KT KERN_AI static inline void v_lut32(uint16_t *r, __m256i idx, __m256i lo, __m256i hi, int nt)
 {
     __m256i l = _mm256_shuffle_epi8(lo, idx), h = _mm256_shuffle_epi8(hi, idx);
     __m256i u0 = _mm256_unpacklo_epi8(l, h), u1 = _mm256_unpackhi_epi8(l, h);
-    _mm256_storeu_si256((__m256i *)r, _mm256_permute2x128_si256(u0, u1, 0x20));
-    _mm256_storeu_si256((__m256i *)(r + 16), _mm256_permute2x128_si256(u0, u1, 0x31));
+    v_st32(r, _mm256_permute2x128_si256(u0, u1, 0x20), nt);
+    v_st32(r + 16, _mm256_permute2x128_si256(u0, u1, 0x31), nt);
 }
 
 /* q4_1: element j is the low nibble of qs[j], element j + 16 its high nibble. */
-KT KERN_AI static inline void q4_1_dec32_to(const uint8_t *blk, uint16_t *r, uint32_t out)
+KT KERN_AI static inline void q4_1_dec32_to(const uint8_t *blk, uint16_t *r, uint32_t out,
+                                                        int nt)
 {
     __m256 vd, vm;
     __m256i lo, hi;
@@ -687,11 +709,12 @@ KT KERN_AI static inline void q4_1_dec32_to(const uint8_t *blk, uint16_t *r, uin
     __m128i qs = _mm_loadu_si128((const __m128i *)(blk + 4));
     __m256i idx = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs),
                                    _mm256_set1_epi8(0x0f));
-    v_lut32(r, idx, lo, hi);
+    v_lut32(r, idx, lo, hi, nt);
 }
 
 /* KIVI-4 values: byte i holds element 2i (low nibble) and 2i + 1 (high nibble). */
-KT KERN_AI static inline void kivi4_v_dec32_to(const uint8_t *blk, uint16_t *r, uint32_t out)
+KT KERN_AI static inline void kivi4_v_dec32_to(const uint8_t *blk, uint16_t *r, uint32_t out,
+                                                           int nt)
 {
     __m256 vd, vm;
     __m256i lo, hi;
@@ -700,14 +723,15 @@ KT KERN_AI static inline void kivi4_v_dec32_to(const uint8_t *blk, uint16_t *r, 
     const __m128i m4 = _mm_set1_epi8(0x0f);
     __m128i c = _mm_loadu_si128((const __m128i *)(blk + 4));
     __m128i e = _mm_and_si128(c, m4), o = _mm_and_si128(_mm_srli_epi16(c, 4), m4);
-    v_lut32(r, _mm256_set_m128i(_mm_unpackhi_epi8(e, o), _mm_unpacklo_epi8(e, o)), lo, hi);
+    v_lut32(r, _mm256_set_m128i(_mm_unpackhi_epi8(e, o), _mm_unpacklo_epi8(e, o)), lo, hi, nt);
 }
 
 /* KIVI-2 values: byte i holds elements 4i..4i+3 at bits 0-1, 2-3, 4-5, 6-7. The codes are
  * not shifted down: element 4i + 1 (4i + 3) is looked up as (byte & 0x0c), that is 4 * code,
  * and the table holds output q at entries q and 4q. Bytes and their high nibbles are first
  * interleaved, so one shuffle places each element's byte. */
-KT KERN_AI static inline void kivi2_v_dec32_to(const uint8_t *blk, uint16_t *r, uint32_t out)
+KT KERN_AI static inline void kivi2_v_dec32_to(const uint8_t *blk, uint16_t *r, uint32_t out,
+                                                           int nt)
 {
     const __m256 q0 = _mm256_setr_ps(0, 1, 2, 3, 0, 0, 0, 0);
     const __m256i tlo = _mm256_setr_epi8(0, 2, 4, 6, 2, 0, 0, 0, 4, 0, 0, 0, 6, 0, 0, 0,
@@ -726,42 +750,44 @@ KT KERN_AI static inline void kivi2_v_dec32_to(const uint8_t *blk, uint16_t *r, 
     __m128i x = _mm_unpacklo_epi8(c, _mm_srli_epi16(c, 4)); /* b0, b0 >> 4, b1, ... */
     __m256i idx = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_broadcastsi128_si256(x), place),
                                    mask);
-    v_lut32(r, idx, lo, hi);
+    v_lut32(r, idx, lo, hi, nt);
 }
 
 /* q5_1 has 32 outputs per group, as many as values: computed directly. */
-KT KERN_AI static inline void q5_1_dec32_to(const uint8_t *blk, uint16_t *r, uint32_t out)
+KT KERN_AI static inline void q5_1_dec32_to(const uint8_t *blk, uint16_t *r, uint32_t out,
+                                                        int nt)
 {
     __m256 y[4];
     qx_1_dec32v(blk, y, 5);
     KERN_UNROLL
     for (int i = 0; i < 4; i++)
-        v_store8(r + 8 * i, y[i], out);
+        v_st16(r + 8 * i, v_half8(y[i], out), nt);
 }
 
-KT KERN_AI static inline void q8_0_dec32_to(const uint8_t *blk, uint16_t *r, uint32_t out)
+KT KERN_AI static inline void q8_0_dec32_to(const uint8_t *blk, uint16_t *r, uint32_t out,
+                                                        int nt)
 {
     __m256 y[4];
     q8_0_dec32v(blk, y);
     KERN_UNROLL
     for (int i = 0; i < 4; i++)
-        v_store8(r + 8 * i, y[i], out);
+        v_st16(r + 8 * i, v_half8(y[i], out), nt);
 }
 
 /* A full group of a row-wise codec into its 32 raw halves. */
 KT KERN_AI static inline void dec32_to(uint32_t codec, int bits, const uint8_t *blk,
-                                       uint16_t *r, uint32_t out)
+                                       uint16_t *r, uint32_t out, int nt)
 {
     if (bits == 4)
-        kivi4_v_dec32_to(blk, r, out);
+        kivi4_v_dec32_to(blk, r, out, nt);
     else if (bits == 2)
-        kivi2_v_dec32_to(blk, r, out);
+        kivi2_v_dec32_to(blk, r, out, nt);
     else if (codec == KERN_CODEC_Q8_0)
-        q8_0_dec32_to(blk, r, out);
+        q8_0_dec32_to(blk, r, out, nt);
     else if (codec == KERN_CODEC_Q5_1)
-        q5_1_dec32_to(blk, r, out);
+        q5_1_dec32_to(blk, r, out, nt);
     else
-        q4_1_dec32_to(blk, r, out);
+        q4_1_dec32_to(blk, r, out, nt);
 }
 
 /* ---- per-slice dispatch -------------------------------------------------------------- */
@@ -1548,8 +1574,8 @@ KT static int avx_enc_sect(uint32_t codec, int is_v, const void *raw,
  * them by two blends on the code bits; for 4-bit keys each channel's scale and min as floats,
  * and a row's 32 codes are put in element order as bytes, widened, multiplied and added. */
 KT __attribute__((always_inline)) static inline void
-kivi_k_dec_sect(int bits, uint32_t out, const uint8_t *sect, const struct kern_layout *lay,
-                void *raw, float *scratch)
+kivi_k_dec_sect(int bits, uint32_t out, int nt, const uint8_t *sect,
+                const struct kern_layout *lay, void *raw, float *scratch)
 {
     uint32_t D = lay->head_dim, H = lay->heads, T = lay->tokens;
     uint32_t rb = kern_kivi_row_bytes(D, bits);
@@ -1613,7 +1639,7 @@ kivi_k_dec_sect(int bits, uint32_t out, const uint8_t *sect, const struct kern_l
                                                         _mm256_loadu_si256((const __m256i *)(tb + 16)), m0);
                         __m256i hi = _mm256_blendv_epi8(_mm256_loadu_si256((const __m256i *)(tb + 32)),
                                                         _mm256_loadu_si256((const __m256i *)(tb + 48)), m0);
-                        _mm256_storeu_si256((__m256i *)(r + c), _mm256_blendv_epi8(lo, hi, m1));
+                        v_st32(r + c, _mm256_blendv_epi8(lo, hi, m1), nt);
                     }
                     continue;
                 }
@@ -1628,7 +1654,7 @@ kivi_k_dec_sect(int bits, uint32_t out, const uint8_t *sect, const struct kern_l
                         __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(part[i]));
                         f = _mm256_add_ps(_mm256_mul_ps(f, _mm256_loadu_ps(sp + c + 8 * i)),
                                           _mm256_loadu_ps(mp + c + 8 * i));
-                        v_store8(r + c + 8 * i, f, out);
+                        v_st16(r + c + 8 * i, v_half8(f, out), nt);
                     }
                 }
             }
@@ -1643,7 +1669,7 @@ kivi_k_dec_sect(int bits, uint32_t out, const uint8_t *sect, const struct kern_l
  * reference's two multiplications. Sixteen codes are placed into the top bytes of two vectors
  * by one shuffle each, then shifted down arithmetically (the sign lands on bit 31). */
 KT __attribute__((always_inline)) static inline void
-fp8_dec_sect(const uint8_t *sect, const struct kern_layout *lay, void *raw, uint32_t out)
+fp8_dec_sect(const uint8_t *sect, const struct kern_layout *lay, void *raw, uint32_t out, int nt)
 {
     uint32_t D = lay->head_dim, H = lay->heads, T = lay->tokens;
     const __m256 p120 = _mm256_set1_ps(1.329227995784916e36f);
@@ -1665,7 +1691,7 @@ fp8_dec_sect(const uint8_t *sect, const struct kern_layout *lay, void *raw, uint
                         _mm256_slli_epi32(_mm256_and_si256(w, _mm256_set1_epi32(0x7f)), 20),
                         _mm256_slli_epi32(_mm256_and_si256(w, _mm256_set1_epi32(0x80)), 24));
                     __m256 f = _mm256_mul_ps(_mm256_castsi256_ps(u), p120);
-                    v_store8(r + c, _mm256_mul_ps(f, vs), out);
+                    v_st16(r + c, v_half8(_mm256_mul_ps(f, vs), out), nt);
                 }
                 continue;
             }
@@ -1676,38 +1702,42 @@ fp8_dec_sect(const uint8_t *sect, const struct kern_layout *lay, void *raw, uint
                 __m256i u1 = _mm256_and_si256(_mm256_srai_epi32(_mm256_shuffle_epi8(b, top1), 4), bits);
                 __m128i h0 = v_half8(_mm256_mul_ps(_mm256_castsi256_ps(u0), vs), out);
                 __m128i h1 = v_half8(_mm256_mul_ps(_mm256_castsi256_ps(u1), vs), out);
-                _mm256_storeu_si256((__m256i *)(r + c), _mm256_set_m128i(h1, h0));
+                v_st32(r + c, _mm256_set_m128i(h1, h0), nt);
             }
         }
     }
 }
 
-KT static int avx_dec_sect(uint32_t codec, int is_v, const uint8_t *sect,
-                           const struct kern_layout *lay, void *raw, uint32_t out,
-                           float *scratch)
+/* Decoded blocks at least this large are written with non-temporal stores: they cannot stay
+ * in this core's L2 anyway, and the usual reader (a copy to the GPU, another process) reads
+ * them once. The stores then skip the read for ownership of every destination line, a third
+ * of the memory traffic of a decode. Smaller blocks are written through the cache. */
+#define KERN_NT_MIN_BYTES (1u << 20)
+
+/* One section, stores ordinary or non-temporal (nt constant after inlining). */
+KT __attribute__((always_inline)) static inline void
+dec_sect_nt(uint32_t codec, int bits, int is_v, const uint8_t *sect,
+            const struct kern_layout *lay, void *raw, uint32_t out, float *scratch, int nt)
 {
     uint32_t D = lay->head_dim, H = lay->heads, T = lay->tokens, G = D / 32;
-    int bits = kern_codec_bits(codec);
     uint16_t *r = raw;
-    if (D % 32)
-        return 0;
     if (codec == KERN_CODEC_FP8) {
         if (out == KERN_DTYPE_BF16)
-            fp8_dec_sect(sect, lay, raw, KERN_DTYPE_BF16);
+            fp8_dec_sect(sect, lay, raw, KERN_DTYPE_BF16, nt);
         else
-            fp8_dec_sect(sect, lay, raw, KERN_DTYPE_FP16);
-        return 1;
+            fp8_dec_sect(sect, lay, raw, KERN_DTYPE_FP16, nt);
+        return;
     }
     if (bits && !is_v) {
         if (bits == 4 && out == KERN_DTYPE_BF16)
-            kivi_k_dec_sect(4, KERN_DTYPE_BF16, sect, lay, raw, scratch);
+            kivi_k_dec_sect(4, KERN_DTYPE_BF16, nt, sect, lay, raw, scratch);
         else if (bits == 4)
-            kivi_k_dec_sect(4, KERN_DTYPE_FP16, sect, lay, raw, scratch);
+            kivi_k_dec_sect(4, KERN_DTYPE_FP16, nt, sect, lay, raw, scratch);
         else if (out == KERN_DTYPE_BF16)
-            kivi_k_dec_sect(2, KERN_DTYPE_BF16, sect, lay, raw, scratch);
+            kivi_k_dec_sect(2, KERN_DTYPE_BF16, nt, sect, lay, raw, scratch);
         else
-            kivi_k_dec_sect(2, KERN_DTYPE_FP16, sect, lay, raw, scratch);
-        return 1;
+            kivi_k_dec_sect(2, KERN_DTYPE_FP16, nt, sect, lay, raw, scratch);
+        return;
     }
     uint32_t gb = block_bytes(codec, bits);
     const uint8_t *blk = sect;
@@ -1715,7 +1745,7 @@ KT static int avx_dec_sect(uint32_t codec, int is_v, const uint8_t *sect,
     /* one loop per (codec, output dtype), each group straight into its raw halves */
 #define DEC_LOOP(C, B, OUT)                                                                    \
     for (uint64_t i = 0; i < n; i++, blk += gb, r += 32)                                       \
-        dec32_to(C, B, blk, r, OUT)
+        dec32_to(C, B, blk, r, OUT, nt)
 #define DEC_OUT(C, B)                                                                          \
     do {                                                                                       \
         if (out == KERN_DTYPE_BF16)                                                            \
@@ -1735,6 +1765,23 @@ KT static int avx_dec_sect(uint32_t codec, int is_v, const uint8_t *sect,
         DEC_OUT(KERN_CODEC_Q4_1, 0);
 #undef DEC_OUT
 #undef DEC_LOOP
+}
+
+KT static int avx_dec_sect(uint32_t codec, int is_v, const uint8_t *sect,
+                           const struct kern_layout *lay, void *raw, uint32_t out,
+                           float *scratch)
+{
+    int bits = kern_codec_bits(codec);
+    if (lay->head_dim % 32)
+        return 0;
+    /* a section starts 64-byte aligned relative to the block (D % 32 == 0), so every store
+     * is 16-byte aligned when the section is */
+    if (kern_raw_size(lay) >= KERN_NT_MIN_BYTES && ((uintptr_t)raw & 15) == 0) {
+        dec_sect_nt(codec, bits, is_v, sect, lay, raw, out, scratch, 1);
+        _mm_sfence(); /* the streamed lines are ordered before whatever the caller does next */
+    } else {
+        dec_sect_nt(codec, bits, is_v, sect, lay, raw, out, scratch, 0);
+    }
     return 1;
 }
 

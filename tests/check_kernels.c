@@ -889,7 +889,7 @@ END_TEST
 
 /* The vectorised decoders write each group (fp8: each row, KIVI keys: each row after a
  * per-group table) straight into the caller's buffer. Every codec, fp16 and bf16 input, both
- * output dtypes, into destinations offset by 0, 2 and 1 bytes from a 32-byte boundary, with
+ * output dtypes, into destinations offset by 0, 16, 2 and 1 bytes from a 32-byte boundary, with
  * the bytes around the block untouched; the section payloads are random, so every code of
  * every table entry occurs (and scales the encoders never write: fp8 scales up to 2^115 take
  * the decoder's guarded path). Shapes: D a multiple of 32 (the whole-section decoders), T
@@ -899,6 +899,9 @@ static const struct kern_layout dec_shapes[] = {
     {1, 2, 128, 32, KERN_DTYPE_BF16, 0},
     {1, 1, 576, 7, KERN_DTYPE_FP16, 1},
     {2, 2, 40, 9, KERN_DTYPE_BF16, 0},
+    /* 1.25 MiB of raw output, a partial KIVI key group: decoded with streaming stores where
+     * the destination is 16-byte aligned (kern_avx2.c, KERN_NT_MIN_BYTES) */
+    {8, 8, 128, 40, KERN_DTYPE_FP16, 0},
 };
 #define NDEC_SHAPES (sizeof(dec_shapes) / sizeof(dec_shapes[0]))
 
@@ -963,8 +966,8 @@ START_TEST(test_decode_random_payload)
     for (uint32_t out = KERN_DTYPE_FP16; out <= KERN_DTYPE_BF16; out++) {
         memset(d1, 0xa5, rs);
         ck_assert_int_eq(kern_decode_ref(&lay, e, (size_t)sz, d1, rs, out), (int64_t)rs);
-        static const unsigned offs[] = {0, 2, 1};
-        for (unsigned o = 0; o < 3; o++) {
+        static const unsigned offs[] = {0, 16, 2, 1};
+        for (unsigned o = 0; o < 4; o++) {
             uint8_t *base = (uint8_t *)(((uintptr_t)d2 + 31) & ~(uintptr_t)31);
             uint8_t *dst = base + offs[o];
             memset(d2, 0x5a, rs + 96);
