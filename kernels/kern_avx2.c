@@ -380,20 +380,27 @@ KT static void qx_1_dec32(const uint8_t *blk, float *y, int bits)
 
 /* ---- KIVI ---------------------------------------------------------------------------- */
 
-/* kern_kivi_code(): floor and the clamp to [0, qmax] done by the truncating conversion of
- * min(qmax, t) and an integer max with 0 (for t < 0 truncation gives a value <= 0, as floor
- * does; t is never NaN: x and mnf are finite and 0 <= id <= 2^24). */
-KT static inline __m256i v_kivi_code(__m256 x, __m256 mnf, __m256 id, float qmax)
+/* kern_kivi_code() without its clamp, which v_kivi_pack32() applies to the bytes: the
+ * truncating conversion of t = (x - mnf) * id + 0.5 equals floor(t) for t >= 0 and is 0 for
+ * -1 < t < 0, and t stays far inside the int32 range, so clamping the truncation to
+ * [0, qmax] (the byte pack saturates negatives to 0, then an unsigned byte min) gives the
+ * reference's clamp(floor(t), 0, qmax). The bound: x >= mn and mnf = fp16(mn) is mn itself
+ * unless |mn| < 2^-14 (a bf16 input below the fp16 normals), where |mn - mnf| <= 2^-25; id
+ * is 0 or 1/scale with scale >= 2^-24 and (mx - mn) / scale <= 1.5 * qmax (fp16 rounding of
+ * (mx - mn) / qmax), so -0.5 <= t <= 1.5 * qmax + 1. t is never NaN: x and mnf are finite
+ * and 0 <= id <= 2^24. */
+KT static inline __m256i v_kivi_code(__m256 x, __m256 mnf, __m256 id)
 {
     __m256 t = _mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(x, mnf), id), _mm256_set1_ps(0.5f));
-    t = _mm256_min_ps(_mm256_set1_ps(qmax), t);
-    return _mm256_max_epi32(_mm256_cvttps_epi32(t), _mm256_setzero_si256());
+    return _mm256_cvttps_epi32(t);
 }
 
-/* 32 codes (bytes in element order) -> 4 * bits packed bytes: multiply-adds merge the
- * neighbours of each pair (and, 2-bit, of each pair of pairs) into one byte. */
+/* 32 codes from v_kivi_code() as bytes in element order (v_pack_bytes(), unsigned: negatives
+ * already 0) -> clamped to qmax -> 4 * bits packed bytes: multiply-adds merge the neighbours
+ * of each pair (and, 2-bit, of each pair of pairs) into one byte. */
 KT static inline void v_kivi_pack32(__m256i p, int bits, uint8_t *dst)
 {
+    p = _mm256_min_epu8(p, _mm256_set1_epi8((char)((1 << bits) - 1)));
     if (bits == 4) {
         __m256i w = _mm256_maddubs_epi16(p, _mm256_set1_epi16(0x1001));
         w = _mm256_packus_epi16(w, w);
@@ -437,7 +444,7 @@ KT static inline void kivi_v_enc32v(const __m256 v[4], uint8_t *blk, int bits)
         zero_extremes_fix(x, &mn, &mx);
     }
     uint16_t mn_h, sc_h;
-    float mnf, id, qmax = (float)((1 << bits) - 1);
+    float mnf, id;
     kern_kivi_params(mn, mx, bits, &mn_h, &sc_h, &mnf, &id);
     memcpy(blk, &sc_h, 2);
     memcpy(blk + 2, &mn_h, 2);
@@ -445,7 +452,7 @@ KT static inline void kivi_v_enc32v(const __m256 v[4], uint8_t *blk, int bits)
     __m256i q[4];
     KERN_UNROLL
     for (int i = 0; i < 4; i++)
-        q[i] = v_kivi_code(v[i], vm, vid, qmax);
+        q[i] = v_kivi_code(v[i], vm, vid);
     v_kivi_pack32(v_pack_bytes(q[0], q[1], q[2], q[3], 0), bits, blk + 4);
 }
 
@@ -532,7 +539,7 @@ KT static void kivi_k_enc(const float *x, const struct kern_layout *lay, uint32_
                 for (int i = 0; i < 4; i++)
                     q[i] = v_kivi_code(_mm256_loadu_ps(xr + c + 8 * i),
                                        _mm256_loadu_ps(mnf_a + c + 8 * i),
-                                       _mm256_loadu_ps(id_a + c + 8 * i), qmax);
+                                       _mm256_loadu_ps(id_a + c + 8 * i));
                 v_kivi_pack32(v_pack_bytes(q[0], q[1], q[2], q[3], 0), bits, row + c * bits / 8);
             }
             if (c < dim)
@@ -1127,7 +1134,7 @@ KT __attribute__((always_inline)) static inline void enc8_groups(uint32_t codec,
             memcpy(blk + 2, mhs + g, 2);
             KERN_UNROLL
             for (int i = 0; i < 4; i++)
-                q[i] = v_kivi_code(_mm256_load_ps(x + 8 * i), vm, vid, (float)((1 << bits) - 1));
+                q[i] = v_kivi_code(_mm256_load_ps(x + 8 * i), vm, vid);
             v_kivi_pack32(v_pack_bytes(q[0], q[1], q[2], q[3], 0), bits, blk + 4);
             continue;
         }
@@ -1390,7 +1397,7 @@ kivi_k_sect(int bits, uint32_t dtype, const void *raw, const struct kern_layout 
                     _mm_prefetch((const char *)(p + (uint64_t)rows * HD), _MM_HINT_T1);
                     KERN_UNROLL
                     for (int i = 0; i < 4; i++)
-                        q[i] = v_kivi_code(_mm256_load_ps(&xb[r][8 * i]), mnf[i], id[i], qmax);
+                        q[i] = v_kivi_code(_mm256_load_ps(&xb[r][8 * i]), mnf[i], id[i]);
                     v_kivi_pack32(v_pack_bytes(q[0], q[1], q[2], q[3], 0), bits, out);
                 }
             }

@@ -708,6 +708,54 @@ START_TEST(test_edge_inputs_match_reference)
 }
 END_TEST
 
+/* Regression (codes past qmax): values k * 2^-24, k in [0, kmax], make the fp16 scale a
+ * subnormal that rounds down by up to a third ((kmax / qmax) * 2^-24 to 2^-24), so codes
+ * reach 1.5 * qmax before the clamp; the vectorised KIVI encoders clamp the bytes after
+ * the pack, and dropping that clamp went unnoticed by every other case (tried). Every codec,
+ * fp16 and bf16, the whole-section and the per-head paths, with and without statistics. */
+START_TEST(test_subnormal_scale_codes)
+{
+    static const struct kern_layout lays[] = {{1, 2, 64, 32, KERN_DTYPE_FP16, 0},
+                                              {1, 2, 64, 37, KERN_DTYPE_BF16, 0},
+                                              {1, 2, 40, 33, KERN_DTYPE_FP16, 0}};
+    static const uint32_t kmax[] = {4, 5, 21, 22};
+    uint64_t st = 12345;
+    for (unsigned li = 0; li < 3; li++)
+        for (unsigned ki = 0; ki < 4; ki++) {
+            struct kern_layout lay = lays[li];
+            uint64_t rs = kern_raw_size(&lay);
+            uint16_t *raw = malloc(rs);
+            ck_assert_ptr_nonnull(raw);
+            for (uint64_t i = 0; i < rs / 2; i++) {
+                float x = ldexpf((float)(rng_next(&st) % (kmax[ki] + 1)), -24);
+                raw[i] = lay.dtype == KERN_DTYPE_FP16 ? kern_f2h(x) : kern_f2bf(x);
+            }
+            for (int c = 1; c < KERN_CODEC_COUNT; c++)
+                for (int stats = 0; stats < 2; stats++) {
+                    struct kern_recipe rec;
+                    kern_recipe_fill(&rec, c, c, 0);
+                    int64_t sz = kern_encoded_size(&lay, &rec);
+                    uint64_t nc = (uint64_t)lay.layers * lay.heads * lay.head_dim;
+                    uint8_t *e1 = malloc((size_t)sz), *e2 = malloc((size_t)sz);
+                    float *s = malloc((2 * nc + lay.layers * lay.heads) * sizeof(float));
+                    ck_assert(e1 && e2 && s);
+                    struct kern_key_stats ks = {s, s + nc, s + 2 * nc};
+                    ck_assert_int_eq(kern_encode_ref(&lay, &rec, raw, e1, (size_t)sz, NULL), sz);
+                    ck_assert_int_eq(
+                        kern_encode_cpu(&lay, &rec, raw, e2, (size_t)sz, stats ? &ks : NULL), sz);
+                    ck_assert_msg(memcmp(e1, e2, (size_t)sz) == 0,
+                                  "%s %ux%u%s kmax %u stats %d: encoded bytes differ",
+                                  kern_codec_name((uint32_t)c), lay.head_dim, lay.tokens,
+                                  lay.dtype == KERN_DTYPE_BF16 ? " bf16" : "", kmax[ki], stats);
+                    free(e1);
+                    free(e2);
+                    free(s);
+                }
+            free(raw);
+        }
+}
+END_TEST
+
 /* ---- expected bytes from a second implementation (tests/lib/kern_oracle.c) ------------- */
 
 /* The oracle's own conversions against the hardware (F16C) and the format's definitions. */
@@ -1009,6 +1057,7 @@ static Suite *kernels_suite(void)
     tcase_add_loop_test(tc, test_key_stats, 0, (int)NSHAPES);
     tcase_add_test(tc, test_supports);
     tcase_add_test(tc, test_edge_inputs_match_reference);
+    tcase_add_test(tc, test_subnormal_scale_codes);
     tcase_add_loop_test(tc, test_decode_random_payload, 0,
                         (int)((KERN_CODEC_COUNT - 1) * NDEC_SHAPES));
     suite_add_tcase(s, tc);
