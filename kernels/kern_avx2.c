@@ -1042,25 +1042,35 @@ KT static inline __m256 v_load8_fast(const uint16_t *r, uint32_t dtype)
 /* Eight consecutive 32-value groups (256 raw values) of a row-wise codec: the group scalars
  * (amax or min/max, then d, 1/d and their fp16 forms) are computed for the eight groups in
  * one vector, so each division is done once per eight groups and no horizontal reduction
- * stands between a group's load and its codes. The arithmetic per lane is the reference's. */
+ * stands between a group's load and its codes. The arithmetic per lane is the reference's.
+ * The values come from the raw halves r, or (fsrc, a constant after inlining) from the
+ * sanitised floats xf of the statistics pass (stats_enc_rows()). */
 KT __attribute__((always_inline)) static inline void enc8_groups(uint32_t codec, int bits,
                                                                   const uint16_t *r,
                                                                   uint32_t dtype, uint8_t *blk,
-                                                                  uint32_t gb, uint64_t ahead)
+                                                                  uint32_t gb, uint64_t ahead,
+                                                                  const float *xf, int fsrc)
 {
     const int rne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
     const __m256 sm = _mm256_set1_ps(-0.0f);
-    __attribute__((aligned(32))) float buf[256], idv[8], mnv[8];
+    __attribute__((aligned(32))) float buf_[256], idv[8], mnv[8];
+    float *buf = fsrc ? (float *)xf : buf_;
     __m256 ma[8], mi[8], vmx, vmn;
-    int san = v_needs_sanitize256(r, dtype);
-    KERN_UNROLL
-    for (int i = 0; i < 8; i++)
-        _mm_prefetch((const char *)(r + ahead + 32 * i), _MM_HINT_T1);
+    int san = fsrc ? 0 : v_needs_sanitize256(r, dtype);
+    if (!fsrc) {
+        KERN_UNROLL
+        for (int i = 0; i < 8; i++)
+            _mm_prefetch((const char *)(r + ahead + 32 * i), _MM_HINT_T1);
+    }
     KERN_UNROLL
     for (int g = 0; g < 8; g++) {
         __m256 v[4];
         KERN_UNROLL
         for (int i = 0; i < 4; i++) {
+            if (fsrc) {
+                v[i] = _mm256_loadu_ps(xf + 32 * g + 8 * i);
+                continue;
+            }
             v[i] = san ? v_load8(r + 32 * g + 8 * i, dtype) : v_load8_fast(r + 32 * g + 8 * i, dtype);
             _mm256_store_ps(buf + 32 * g + 8 * i, v[i]);
         }
@@ -1124,7 +1134,7 @@ KT __attribute__((always_inline)) static inline void enc8_groups(uint32_t codec,
             KERN_UNROLL
             for (int i = 0; i < 4; i++)
                 q[i] = _mm256_cvttps_epi32(
-                    v_roundf_pre(_mm256_mul_ps(_mm256_load_ps(x + 8 * i), vid)));
+                    v_roundf_pre(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * i), vid)));
             _mm256_storeu_si256((__m256i *)(blk + 2), v_pack_bytes(q[0], q[1], q[2], q[3], 1));
             continue;
         }
@@ -1134,7 +1144,7 @@ KT __attribute__((always_inline)) static inline void enc8_groups(uint32_t codec,
             memcpy(blk + 2, mhs + g, 2);
             KERN_UNROLL
             for (int i = 0; i < 4; i++)
-                q[i] = v_kivi_code(_mm256_load_ps(x + 8 * i), vm, vid);
+                q[i] = v_kivi_code(_mm256_loadu_ps(x + 8 * i), vm, vid);
             v_kivi_pack32(v_pack_bytes(q[0], q[1], q[2], q[3], 0), bits, blk + 4);
             continue;
         }
@@ -1147,7 +1157,7 @@ KT __attribute__((always_inline)) static inline void enc8_groups(uint32_t codec,
         KERN_UNROLL
         for (int i = 0; i < 4; i++)
             q[i] = _mm256_cvttps_epi32(_mm256_add_ps(
-                _mm256_mul_ps(_mm256_sub_ps(_mm256_load_ps(x + 8 * i), vm), vid),
+                _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + 8 * i), vm), vid),
                 _mm256_set1_ps(0.5f)));
         __m256i p = v_pack_bytes(q[0], q[1], q[2], q[3], 0);
         __m128i lo = _mm256_castsi256_si128(p), hi = _mm256_extracti128_si256(p, 1);
@@ -1185,7 +1195,7 @@ KT static void enc_groups(uint32_t codec, int bits, const uint16_t *r, uint32_t 
      * per-vector branch on them. */
 #define ENC_GROUPS_LOOP(C, B, D)                                                               \
     for (; i + 8 <= n; i += 8, r += 256, blk += 8 * gb)                                        \
-        enc8_groups(C, B, r, D, blk, gb, 32 * n)
+        enc8_groups(C, B, r, D, blk, gb, 32 * n, NULL, 0)
 #define ENC_GROUPS_DTYPE(C, B)                                                                 \
     do {                                                                                       \
         if (dtype == KERN_DTYPE_BF16)                                                          \
@@ -1213,6 +1223,33 @@ KT static void enc_groups(uint32_t codec, int bits, const uint16_t *r, uint32_t 
         if (bits)
             kivi_v_enc32v(v, blk, bits);
         else if (codec == KERN_CODEC_Q8_0)
+            q8_0_enc32v(v, blk);
+        else
+            qx_1_enc32v(v, blk, codec == KERN_CODEC_Q5_1 ? 5 : 4);
+    }
+}
+
+/* n consecutive full groups of q8_0, q4_1 or q5_1 from sanitised floats, eight at a time. */
+KT static void enc_groups_f(uint32_t codec, const float *xf, uint64_t n, uint8_t *blk)
+{
+    uint32_t gb = block_bytes(codec, 0);
+    uint64_t i = 0;
+#define ENC_GROUPS_F_LOOP(C)                                                                   \
+    for (; i + 8 <= n; i += 8, xf += 256, blk += 8 * gb)                                       \
+        enc8_groups(C, 0, NULL, KERN_DTYPE_FP16, blk, gb, 0, xf, 1)
+    if (codec == KERN_CODEC_Q8_0)
+        ENC_GROUPS_F_LOOP(KERN_CODEC_Q8_0);
+    else if (codec == KERN_CODEC_Q4_1)
+        ENC_GROUPS_F_LOOP(KERN_CODEC_Q4_1);
+    else
+        ENC_GROUPS_F_LOOP(KERN_CODEC_Q5_1);
+#undef ENC_GROUPS_F_LOOP
+    for (; i < n; i++, xf += 32, blk += gb) {
+        __m256 v[4];
+        KERN_UNROLL
+        for (int j = 0; j < 4; j++)
+            v[j] = _mm256_loadu_ps(xf + 8 * j);
+        if (codec == KERN_CODEC_Q8_0)
             q8_0_enc32v(v, blk);
         else
             qx_1_enc32v(v, blk, codec == KERN_CODEC_Q5_1 ? 5 : 4);
@@ -1469,6 +1506,72 @@ stats_rows(const uint16_t *raw, const struct kern_layout *lay, uint32_t dtype, f
     return dirty;
 }
 
+/* Rows per chunk of stats_enc_rows(): the driver's scratch holds 4 * H * D floats. */
+#define STATS_ENC_ROWS 4
+
+/* A K section of q8_0, q4_1 or q5_1 with key statistics, in chunks of STATS_ENC_ROWS tokens:
+ * the statistics pass of stats_rows() (same order of every min, max and sum, so the same
+ * results) also stores the sanitised floats of the chunk in xf, and the codec codes the chunk
+ * from them while they are in L1. Before, the statistics were a pass of their own and the
+ * encoder converted and checked every value a second time. */
+KT __attribute__((always_inline)) static inline void
+stats_enc_rows(uint32_t codec, const uint16_t *raw, const struct kern_layout *lay,
+               uint32_t dtype, uint8_t *sect, float *xf, float *kmin, float *kmax, float *knorm)
+{
+    uint32_t D = lay->head_dim, H = lay->heads, T = lay->tokens, G = D / 32;
+    uint64_t HD = (uint64_t)H * D, next = (uint64_t)T * HD;
+    uint32_t gb = block_bytes(codec, 0);
+    __attribute__((aligned(32))) float ssb[STATS_ENC_ROWS][8];
+    stats_init(lay, kmin, kmax, knorm);
+    for (uint32_t t0 = 0; t0 < T; t0 += STATS_ENC_ROWS) {
+        uint32_t rows = T - t0 < STATS_ENC_ROWS ? T - t0 : STATS_ENC_ROWS;
+        const uint16_t *rg = raw + (uint64_t)t0 * HD;
+        int san = 0;
+        for (uint32_t i = 0; i < rows * H && !san; i++)
+            san = v_needs_sanitize(rg + (uint64_t)i * D, D, dtype);
+        for (uint32_t h = 0; h < H; h++) {
+            for (uint32_t r = 0; r < rows; r++)
+                _mm256_store_ps(ssb[r], _mm256_setzero_ps());
+            for (uint32_t c = 0; c < D; c += 32) {
+                float *mn = kmin + (uint64_t)h * D + c, *mx = kmax + (uint64_t)h * D + c;
+                const uint16_t *p = rg + (uint64_t)h * D + c;
+                float *xo = xf + (uint64_t)h * D + c;
+                __m256 lo[4], hi[4];
+                KERN_UNROLL
+                for (int i = 0; i < 4; i++) {
+                    lo[i] = _mm256_loadu_ps(mn + 8 * i);
+                    hi[i] = _mm256_loadu_ps(mx + 8 * i);
+                }
+                for (uint32_t r = 0; r < rows; r++, p += HD, xo += HD) {
+                    __m256 v[4];
+                    /* the next section into L2 while this one is coded */
+                    _mm_prefetch((const char *)(p + next), _MM_HINT_T1);
+                    KERN_UNROLL
+                    for (int i = 0; i < 4; i++) {
+                        v[i] = san ? v_load8(p + 8 * i, dtype) : v_load8_fast(p + 8 * i, dtype);
+                        _mm256_storeu_ps(xo + 8 * i, v[i]);
+                        lo[i] = _mm256_min_ps(v[i], lo[i]);
+                        hi[i] = _mm256_max_ps(v[i], hi[i]);
+                    }
+                    __m256 sq = _mm256_add_ps(
+                        _mm256_add_ps(_mm256_mul_ps(v[0], v[0]), _mm256_mul_ps(v[1], v[1])),
+                        _mm256_add_ps(_mm256_mul_ps(v[2], v[2]), _mm256_mul_ps(v[3], v[3])));
+                    _mm256_store_ps(ssb[r], _mm256_add_ps(_mm256_load_ps(ssb[r]), sq));
+                }
+                KERN_UNROLL
+                for (int i = 0; i < 4; i++) {
+                    _mm256_storeu_ps(mn + 8 * i, lo[i]);
+                    _mm256_storeu_ps(mx + 8 * i, hi[i]);
+                }
+            }
+            for (uint32_t r = 0; r < rows; r++)
+                knorm[h] += sqrtf(v_hsum(_mm256_load_ps(ssb[r])));
+        }
+        enc_groups_f(codec, xf, (uint64_t)rows * H * G, sect + (uint64_t)t0 * H * G * gb);
+    }
+    stats_done(lay, knorm);
+}
+
 KT static int avx_enc_sect(uint32_t codec, int is_v, const void *raw,
                            const struct kern_layout *lay, uint8_t *sect, float *scratch,
                            float *kmin, float *kmax, float *knorm)
@@ -1490,6 +1593,13 @@ KT static int avx_enc_sect(uint32_t codec, int is_v, const void *raw,
         else
             kivi_k_sect(2, KERN_DTYPE_FP16, raw, lay, sect, kmin, kmax, knorm);
         stats_done(lay, knorm);
+        return 1;
+    }
+    if (kmin && !bits && codec != KERN_CODEC_RAW && codec != KERN_CODEC_FP8) {
+        if (lay->dtype == KERN_DTYPE_BF16)
+            stats_enc_rows(codec, raw, lay, KERN_DTYPE_BF16, sect, scratch, kmin, kmax, knorm);
+        else
+            stats_enc_rows(codec, raw, lay, KERN_DTYPE_FP16, sect, scratch, kmin, kmax, knorm);
         return 1;
     }
     if (kmin) {
