@@ -1346,6 +1346,15 @@ KT static int fp8_sect_fast(const uint16_t *raw, const struct kern_layout *lay, 
     return 1;
 }
 
+/* A row's 32 values: their squares summed into the eight lanes at ss (the order of the
+ * statistics pass, stats_rows()). */
+KT KERN_AI static inline void kivi_k_ss(const __m256 v[4], float *ss)
+{
+    __m256 sq = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(v[0], v[0]), _mm256_mul_ps(v[1], v[1])),
+                              _mm256_add_ps(_mm256_mul_ps(v[2], v[2]), _mm256_mul_ps(v[3], v[3])));
+    _mm256_store_ps(ss, _mm256_add_ps(_mm256_load_ps(ss), sq));
+}
+
 /* KIVI key section. Per group of 32 tokens and per head, 32 channels at a time: the rows
  * of those channels are converted once into a 4 KiB buffer while their ranges are taken in
  * registers, the 32 channels' scale and min follow, and the codes of each row come from the
@@ -1385,33 +1394,29 @@ kivi_k_sect(int bits, uint32_t dtype, const void *raw, const struct kern_layout 
                     lo[i] = hi[i] = san ? v_load8(p + 8 * i, dtype) : v_load8_fast(p + 8 * i, dtype);
                     _mm256_store_ps(&xb[0][8 * i], lo[i]);
                 }
+                if (kmin) /* each row's sum of squares over these 32 channels into ssb */
+                    kivi_k_ss(lo, ssb[0]);
                 for (uint32_t r = 1; r < rows; r++) {
+                    __m256 v[4];
                     p += HD;
                     KERN_UNROLL
                     for (int i = 0; i < 4; i++) {
-                        __m256 v = san ? v_load8(p + 8 * i, dtype) : v_load8_fast(p + 8 * i, dtype);
-                        _mm256_store_ps(&xb[r][8 * i], v);
-                        lo[i] = _mm256_min_ps(v, lo[i]);
-                        hi[i] = _mm256_max_ps(v, hi[i]);
+                        v[i] = san ? v_load8(p + 8 * i, dtype) : v_load8_fast(p + 8 * i, dtype);
+                        _mm256_store_ps(&xb[r][8 * i], v[i]);
+                        lo[i] = _mm256_min_ps(v[i], lo[i]);
+                        hi[i] = _mm256_max_ps(v[i], hi[i]);
                     }
+                    if (kmin)
+                        kivi_k_ss(v, ssb[r]);
                 }
                 if (kmin) {
                     /* statistics: the group's extremes fold into the block's (an earlier
-                     * group's value stays on a tie), and each row's sum of squares over
-                     * these 32 channels into ssb */
+                     * group's value stays on a tie) */
                     float *mn = kmin + (uint64_t)h * D + c, *mx = kmax + (uint64_t)h * D + c;
                     KERN_UNROLL
                     for (int i = 0; i < 4; i++) {
                         _mm256_storeu_ps(mn + 8 * i, _mm256_min_ps(lo[i], _mm256_loadu_ps(mn + 8 * i)));
                         _mm256_storeu_ps(mx + 8 * i, _mm256_max_ps(hi[i], _mm256_loadu_ps(mx + 8 * i)));
-                    }
-                    for (uint32_t r = 0; r < rows; r++) {
-                        __m256 v0 = _mm256_load_ps(&xb[r][0]), v1 = _mm256_load_ps(&xb[r][8]);
-                        __m256 v2 = _mm256_load_ps(&xb[r][16]), v3 = _mm256_load_ps(&xb[r][24]);
-                        __m256 sq = _mm256_add_ps(
-                            _mm256_add_ps(_mm256_mul_ps(v0, v0), _mm256_mul_ps(v1, v1)),
-                            _mm256_add_ps(_mm256_mul_ps(v2, v2), _mm256_mul_ps(v3, v3)));
-                        _mm256_store_ps(ssb[r], _mm256_add_ps(_mm256_load_ps(ssb[r]), sq));
                     }
                 }
                 KERN_UNROLL
