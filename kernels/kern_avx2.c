@@ -27,6 +27,9 @@
 #include "kernels/kern_fmt.h"
 
 #define KT __attribute__((target("avx2,f16c")))
+/* The decoders' second build, with FMA (see dec_sect_fma()). Nothing else has it: GCC
+ * contracts a multiply and an add into an FMA wherever the target allows it. */
+#define KTF __attribute__((target("avx2,f16c,fma")))
 /* The short fixed loops over the four vectors of a group (or the eight groups of a chunk)
  * must become straight code with their arrays in registers; -O2 alone keeps some as loops
  * over stack arrays. */
@@ -1889,6 +1892,64 @@ dec_sect_nt(uint32_t codec, int bits, int is_v, const uint8_t *sect,
 #undef DEC_LOOP
 }
 
+KT __attribute__((noinline)) static void
+dec_sect_plain(uint32_t codec, int bits, int is_v, const uint8_t *sect,
+               const struct kern_layout *lay, void *raw, uint32_t out, float *scratch, int nt)
+{
+    if (nt)
+        dec_sect_nt(codec, bits, is_v, sect, lay, raw, out, scratch, 1);
+    else
+        dec_sect_nt(codec, bits, is_v, sect, lay, raw, out, scratch, 0);
+}
+
+/* The same decoders built with FMA, so the compiler fuses each q * d + m (q * scale + min)
+ * into one instruction: the product is exact in fp32 (q < 2^5 times an fp16 value), so the
+ * fused form rounds once where the reference rounds once too, and the results are the same
+ * bits for finite scalars. With an Inf or NaN scalar they may not be (which NaN comes out, and
+ * 0 * Inf), so a section with one takes dec_sect_plain() (sect_scalars_finite()). */
+KTF __attribute__((noinline)) static void
+dec_sect_fma(uint32_t codec, int bits, int is_v, const uint8_t *sect,
+             const struct kern_layout *lay, void *raw, uint32_t out, float *scratch, int nt)
+{
+    if (nt)
+        dec_sect_nt(codec, bits, is_v, sect, lay, raw, out, scratch, 1);
+    else
+        dec_sect_nt(codec, bits, is_v, sect, lay, raw, out, scratch, 0);
+}
+
+/* Whether no fp16 pair (d, m) or (scale, min) of a section is Inf or NaN: exponent bits all
+ * ones in either half, found by one add per pair (0x7c00 + 0x0400 sets bit 15). q8_0 and fp8
+ * decode by multiplications alone: nothing to fuse, always "finite". */
+static int sect_scalars_finite(uint32_t codec, int bits, int is_v, const uint8_t *sect,
+                               const struct kern_layout *lay)
+{
+    uint32_t D = lay->head_dim, H = lay->heads, T = lay->tokens, acc = 0, w;
+    if (codec == KERN_CODEC_Q8_0 || codec == KERN_CODEC_FP8)
+        return 1;
+    if (bits && !is_v) {
+        uint64_t hb = kern_kivi_k_head_bytes(D, T, bits);
+        uint32_t fgb = kern_kivi_k_group_bytes(D, KERN_GROUP, bits);
+        for (uint32_t h = 0; h < H; h++)
+            for (uint32_t t0 = 0; t0 < T; t0 += KERN_GROUP) {
+                const uint8_t *g = sect + h * hb + (uint64_t)(t0 / KERN_GROUP) * fgb;
+                for (uint32_t i = 0; i < D; i++) { /* 2 * D halves: scale[D], min[D] */
+                    memcpy(&w, g + 4 * i, 4);
+                    acc |= ((w & 0x7c007c00u) + 0x04000400u) & 0x80008000u;
+                }
+            }
+        return acc == 0;
+    }
+    uint32_t gb = block_bytes(codec, bits);
+    uint64_t n = (uint64_t)T * H * (D / 32);
+    for (uint64_t i = 0; i < n; i++) {
+        memcpy(&w, sect + i * gb, 4);
+        acc |= ((w & 0x7c007c00u) + 0x04000400u) & 0x80008000u;
+    }
+    return acc == 0;
+}
+
+static int avx_have_fma;
+
 KT static int avx_dec_sect(uint32_t codec, int is_v, const uint8_t *sect,
                            const struct kern_layout *lay, void *raw, uint32_t out,
                            float *scratch)
@@ -1898,12 +1959,14 @@ KT static int avx_dec_sect(uint32_t codec, int is_v, const uint8_t *sect,
         return 0;
     /* a section starts 64-byte aligned relative to the block (D % 32 == 0), so every store
      * is 16-byte aligned when the section is */
-    if (kern_raw_size(lay) >= KERN_NT_MIN_BYTES && ((uintptr_t)raw & 15) == 0) {
-        dec_sect_nt(codec, bits, is_v, sect, lay, raw, out, scratch, 1);
+    int nt = kern_raw_size(lay) >= KERN_NT_MIN_BYTES && ((uintptr_t)raw & 15) == 0;
+    if (__atomic_load_n(&avx_have_fma, __ATOMIC_RELAXED) &&
+        sect_scalars_finite(codec, bits, is_v, sect, lay))
+        dec_sect_fma(codec, bits, is_v, sect, lay, raw, out, scratch, nt);
+    else
+        dec_sect_plain(codec, bits, is_v, sect, lay, raw, out, scratch, nt);
+    if (nt)
         _mm_sfence(); /* the streamed lines are ordered before whatever the caller does next */
-    } else {
-        dec_sect_nt(codec, bits, is_v, sect, lay, raw, out, scratch, 0);
-    }
     return 1;
 }
 
@@ -1926,6 +1989,7 @@ const struct kern_cpu_ops *kern_avx2_ops(void)
     if (h < 0) { /* idempotent: racing first callers store the same answer */
         __builtin_cpu_init();
         h = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+        __atomic_store_n(&avx_have_fma, h && __builtin_cpu_supports("fma"), __ATOMIC_RELAXED);
         __atomic_store_n(&have, h, __ATOMIC_RELAXED);
     }
     return h ? &avx2_ops : NULL;

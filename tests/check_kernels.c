@@ -1038,6 +1038,68 @@ START_TEST(test_decode_random_payload)
 }
 END_TEST
 
+/* Group scalars that are Inf or NaN (no encoder writes them, a corrupt or foreign block may
+ * hold them): the vectorised decoder gives the reference's bytes, NaN payloads and 0 * Inf
+ * included. Sections with such a scalar take the decoder built without FMA (kern_avx2.c,
+ * sect_scalars_finite()); the others the FMA build. Every codec with a per-group (d, m) or
+ * per-channel (scale, min), a partial KIVI key group, fp16 and bf16 output, one layer's
+ * sections clean. */
+START_TEST(test_decode_nonfinite_scalars)
+{
+    static const uint32_t codecs[] = {KERN_CODEC_Q4_1, KERN_CODEC_Q5_1, KERN_CODEC_KIVI2,
+                                      KERN_CODEC_KIVI4};
+    static const uint16_t bad[] = {0x7c00, 0xfc00, 0x7e00, 0xfe00, 0x7c01, 0x7dff, 0xffff};
+    uint32_t codec = codecs[_i];
+    struct kern_layout lay = {2, 2, 64, 37, KERN_DTYPE_FP16, 0};
+    struct kern_recipe rec;
+    kern_recipe_fill(&rec, codec, codec, 0);
+    int64_t sz = kern_encoded_size(&lay, &rec);
+    uint64_t rs = kern_raw_size(&lay), s = 99 + (uint64_t)_i;
+    uint8_t *e = malloc((size_t)sz), *d1 = malloc(rs), *d2 = malloc(rs);
+    void *raw = make_block(&lay, 3);
+    ck_assert(e && d1 && d2 && raw);
+    ck_assert_int_eq(kern_encode_ref(&lay, &rec, raw, e, (size_t)sz, NULL), sz);
+    uint32_t D = lay.head_dim, H = lay.heads, T = lay.tokens;
+    int bits = kern_codec_bits(codec);
+    for (uint32_t k = 0; k < 2; k++) { /* layer 0's sections; layer 1 stays clean */
+        struct kern_block_sect st;
+        memcpy(&st, e + sizeof(struct kern_block_hdr) + k * sizeof(st), sizeof(st));
+        uint8_t *p = e + st.offset;
+        for (uint32_t i = 0; i < st.bytes; i++)
+            p[i] = (uint8_t)rng_next(&s);
+        if (bits && k == 0) {
+            uint64_t hb = kern_kivi_k_head_bytes(D, T, bits);
+            for (uint32_t h = 0; h < H; h++)
+                for (uint32_t t0 = 0; t0 < T; t0 += 32)
+                    for (uint32_t c = 0; c < 2 * D; c++) {
+                        uint16_t v = rng_next(&s) % 4 == 0 ? bad[rng_next(&s) % 7]
+                                                           : rand_half(&s, c < D ? 2 : 6);
+                        memcpy(p + h * hb + (t0 / 32) * kern_kivi_k_group_bytes(D, 32, bits) +
+                                   2 * c, &v, 2);
+                    }
+        } else {
+            uint32_t gb = bits ? kern_kivi_v_group_bytes(bits) : codec == KERN_CODEC_Q4_1 ? 20 : 24;
+            for (uint64_t gi = 0; gi < (uint64_t)T * H * kern_ngroups(D); gi++)
+                for (int j = 0; j < 2; j++) {
+                    uint16_t v = rng_next(&s) % 4 == 0 ? bad[rng_next(&s) % 7]
+                                                       : rand_half(&s, j ? 6 : 2);
+                    memcpy(p + gi * gb + 2 * j, &v, 2);
+                }
+        }
+    }
+    for (uint32_t out = KERN_DTYPE_FP16; out <= KERN_DTYPE_BF16; out++) {
+        ck_assert_int_eq(kern_decode_ref(&lay, e, (size_t)sz, d1, rs, out), (int64_t)rs);
+        ck_assert_int_eq(kern_decode_cpu(&lay, e, (size_t)sz, d2, rs, out), (int64_t)rs);
+        ck_assert_msg(memcmp(d1, d2, rs) == 0, "%s out %s: the decoded block differs from the "
+                      "reference's", kern_codec_name(codec), out == KERN_DTYPE_BF16 ? "bf16" : "fp16");
+    }
+    free(raw);
+    free(e);
+    free(d1);
+    free(d2);
+}
+END_TEST
+
 static Suite *kernels_suite(void)
 {
     Suite *s = suite_create("kernels");
@@ -1058,6 +1120,7 @@ static Suite *kernels_suite(void)
     tcase_add_test(tc, test_supports);
     tcase_add_test(tc, test_edge_inputs_match_reference);
     tcase_add_test(tc, test_subnormal_scale_codes);
+    tcase_add_loop_test(tc, test_decode_nonfinite_scalars, 0, 4);
     tcase_add_loop_test(tc, test_decode_random_payload, 0,
                         (int)((KERN_CODEC_COUNT - 1) * NDEC_SHAPES));
     suite_add_tcase(s, tc);
