@@ -1264,7 +1264,7 @@ KT static void enc_groups_f(uint32_t codec, const float *xf, uint64_t n, uint8_t
  * the codes are made from |x| and the signs are packed straight from the raw high bytes. */
 KT __attribute__((always_inline)) static inline void
 fp8_codes(const uint16_t *raw, const struct kern_layout *lay, uint8_t *sect, const float *scale,
-          uint32_t dtype)
+          uint32_t dtype, int st, float *kmin, float *kmax, float *knorm)
 {
     uint32_t D = lay->head_dim, H = lay->heads, T = lay->tokens;
     const uint16_t *r = raw;
@@ -1273,15 +1273,30 @@ fp8_codes(const uint16_t *raw, const struct kern_layout *lay, uint8_t *sect, con
     const __m256 sm = _mm256_set1_ps(-0.0f);
     for (uint32_t t = 0; t < T; t++) {
         for (uint32_t h = 0; h < H; h++, r += D, q += D) {
-            __m256 vs = _mm256_set1_ps(scale[h]);
+            __m256 vs = _mm256_set1_ps(scale[h]), ss = _mm256_setzero_ps();
             for (uint32_t c = 0; c < D; c += 32) {
                 __m256i e[4];
+                __m256 v[4];
                 /* the next section into L2 while this one is coded */
                 _mm_prefetch((const char *)(r + next + c), _MM_HINT_T1);
                 KERN_UNROLL
-                for (int i = 0; i < 4; i++)
-                    e[i] = v_e4m3_enc_abs(_mm256_div_ps(
-                        _mm256_andnot_ps(sm, v_load8_fast(r + c + 8 * i, dtype)), vs));
+                for (int i = 0; i < 4; i++) {
+                    v[i] = v_load8_fast(r + c + 8 * i, dtype);
+                    e[i] = v_e4m3_enc_abs(_mm256_div_ps(_mm256_andnot_ps(sm, v[i]), vs));
+                }
+                if (st) {
+                    /* key statistics from the same registers, in stats_rows()' order: the
+                     * new value first in min/max, the row's squares summed per 32 channels */
+                    float *mn = kmin + (uint64_t)h * D + c, *mx = kmax + (uint64_t)h * D + c;
+                    KERN_UNROLL
+                    for (int i = 0; i < 4; i++) {
+                        _mm256_storeu_ps(mn + 8 * i, _mm256_min_ps(v[i], _mm256_loadu_ps(mn + 8 * i)));
+                        _mm256_storeu_ps(mx + 8 * i, _mm256_max_ps(v[i], _mm256_loadu_ps(mx + 8 * i)));
+                    }
+                    ss = _mm256_add_ps(ss, _mm256_add_ps(
+                        _mm256_add_ps(_mm256_mul_ps(v[0], v[0]), _mm256_mul_ps(v[1], v[1])),
+                        _mm256_add_ps(_mm256_mul_ps(v[2], v[2]), _mm256_mul_ps(v[3], v[3]))));
+                }
                 __m256i s0 = _mm256_srai_epi16(_mm256_loadu_si256((const __m256i *)(r + c)), 8);
                 __m256i s1 =
                     _mm256_srai_epi16(_mm256_loadu_si256((const __m256i *)(r + c + 16)), 8);
@@ -1290,6 +1305,8 @@ fp8_codes(const uint16_t *raw, const struct kern_layout *lay, uint8_t *sect, con
                 p = _mm256_or_si256(p, _mm256_and_si256(sg, _mm256_set1_epi8((char)0x80)));
                 _mm256_storeu_si256((__m256i *)(q + c), p);
             }
+            if (st)
+                knorm[h] += sqrtf(v_hsum(ss));
         }
     }
 }
@@ -1301,7 +1318,7 @@ fp8_codes(const uint16_t *raw, const struct kern_layout *lay, uint8_t *sect, con
  * (NaN or Inf in fp16; in bf16 also anything past 65504), the same test as
  * v_needs_sanitize(). Pass 2 converts and codes; the section is still in L2 from pass 1. */
 KT static int fp8_sect_fast(const uint16_t *raw, const struct kern_layout *lay, uint8_t *sect,
-                            float *scratch)
+                            float *scratch, float *kmin, float *kmax, float *knorm)
 {
     uint32_t D = lay->head_dim, H = lay->heads, T = lay->tokens, dtype = lay->dtype;
     __m256i *acc = (__m256i *)(((uintptr_t)scratch + 31) & ~(uintptr_t)31);
@@ -1342,10 +1359,14 @@ KT static int fp8_sect_fast(const uint16_t *raw, const struct kern_layout *lay, 
         scale[h] = kern_fp8_scale(amax);
         memcpy(sect + 4 * h, &scale[h], 4);
     }
-    if (dtype == KERN_DTYPE_BF16)
-        fp8_codes(raw, lay, sect, scale, KERN_DTYPE_BF16);
+    if (kmin && dtype == KERN_DTYPE_BF16)
+        fp8_codes(raw, lay, sect, scale, KERN_DTYPE_BF16, 1, kmin, kmax, knorm);
+    else if (kmin)
+        fp8_codes(raw, lay, sect, scale, KERN_DTYPE_FP16, 1, kmin, kmax, knorm);
+    else if (dtype == KERN_DTYPE_BF16)
+        fp8_codes(raw, lay, sect, scale, KERN_DTYPE_BF16, 0, NULL, NULL, NULL);
     else
-        fp8_codes(raw, lay, sect, scale, KERN_DTYPE_FP16);
+        fp8_codes(raw, lay, sect, scale, KERN_DTYPE_FP16, 0, NULL, NULL, NULL);
     return 1;
 }
 
@@ -1610,34 +1631,25 @@ KT static int avx_enc_sect(uint32_t codec, int is_v, const void *raw,
             stats_enc_rows(codec, raw, lay, KERN_DTYPE_FP16, sect, scratch, kmin, kmax, knorm);
         return 1;
     }
-    if (kmin) {
-        /* the statistics first; then the codec runs as without them */
-        int dirty = lay->dtype == KERN_DTYPE_BF16
-                        ? stats_rows(raw, lay, KERN_DTYPE_BF16, kmin, kmax, knorm)
-                        : stats_rows(raw, lay, KERN_DTYPE_FP16, kmin, kmax, knorm);
-        if (codec == KERN_CODEC_RAW)
-            return 1;
-        if (codec == KERN_CODEC_FP8 && !dirty) {
-            /* the head amax is the larger magnitude of its channel extremes */
-            float *scale = scratch;
-            for (uint32_t h = 0; h < H; h++) {
-                const float *mn = kmin + (uint64_t)h * D, *mx = kmax + (uint64_t)h * D;
-                float amax = 0.0f;
-                for (uint32_t c = 0; c < D; c++) {
-                    float a = fabsf(mn[c]) > fabsf(mx[c]) ? fabsf(mn[c]) : fabsf(mx[c]);
-                    amax = a > amax ? a : amax;
-                }
-                scale[h] = kern_fp8_scale(amax);
-                memcpy(sect + 4 * h, &scale[h], 4);
-            }
-            if (lay->dtype == KERN_DTYPE_BF16)
-                fp8_codes(raw, lay, sect, scale, KERN_DTYPE_BF16);
-            else
-                fp8_codes(raw, lay, sect, scale, KERN_DTYPE_FP16);
+    if (kmin && codec == KERN_CODEC_FP8) {
+        /* the codes pass takes the statistics too, when no value needs sanitising (the
+         * integer amax pass finds that first and writes nothing then) */
+        stats_init(lay, kmin, kmax, knorm);
+        if (fp8_sect_fast(raw, lay, sect, scratch, kmin, kmax, knorm)) {
+            stats_done(lay, knorm);
             return 1;
         }
     }
-    if (codec == KERN_CODEC_FP8 && fp8_sect_fast(raw, lay, sect, scratch))
+    if (kmin) {
+        /* the statistics first; then the codec runs as without them */
+        if (lay->dtype == KERN_DTYPE_BF16)
+            stats_rows(raw, lay, KERN_DTYPE_BF16, kmin, kmax, knorm);
+        else
+            stats_rows(raw, lay, KERN_DTYPE_FP16, kmin, kmax, knorm);
+        if (codec == KERN_CODEC_RAW)
+            return 1;
+    }
+    if (codec == KERN_CODEC_FP8 && !kmin && fp8_sect_fast(raw, lay, sect, scratch, NULL, NULL, NULL))
         return 1;
     if (codec == KERN_CODEC_FP8) {
         /* some value needs sanitising: the head amax, then the codes, per row as needed */
