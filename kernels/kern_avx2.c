@@ -1845,10 +1845,13 @@ fp8_dec_sect(const uint8_t *sect, const struct kern_layout *lay, void *raw, uint
     }
 }
 
-/* Decoded blocks at least this large are written with non-temporal stores: they cannot stay
- * in this core's L2 anyway, and the usual reader (a copy to the GPU, another process) reads
- * them once. The stores then skip the read for ownership of every destination line, a third
- * of the memory traffic of a decode. Smaller blocks are written through the cache. */
+/* q8_0 blocks decoded into at least this many bytes are written with non-temporal stores:
+ * they cannot stay in this core's L2 anyway, and the usual reader (a copy to the GPU, another
+ * process) reads them once. The stores skip the read for ownership of every destination line,
+ * a third of a decode's memory traffic, and q8_0 decode, the cheapest to compute, is bound by
+ * that traffic (+25% out of cache on the Zen 3 host). The other codecs are bound by their
+ * arithmetic there and were no faster streaming (q4_1 a little slower), so they, and smaller
+ * blocks, write through the cache. */
 #define KERN_NT_MIN_BYTES (1u << 20)
 
 /* One section, stores ordinary or non-temporal (nt constant after inlining). */
@@ -1908,8 +1911,8 @@ KT __attribute__((noinline)) static void
 dec_sect_plain(uint32_t codec, int bits, int is_v, const uint8_t *sect,
                const struct kern_layout *lay, void *raw, uint32_t out, float *scratch, int nt)
 {
-    if (nt)
-        dec_sect_nt(codec, bits, is_v, sect, lay, raw, out, scratch, 1);
+    if (nt) /* q8_0 only: see KERN_NT_MIN_BYTES */
+        dec_sect_nt(KERN_CODEC_Q8_0, 0, is_v, sect, lay, raw, out, scratch, 1);
     else
         dec_sect_nt(codec, bits, is_v, sect, lay, raw, out, scratch, 0);
 }
@@ -1923,8 +1926,8 @@ KTF __attribute__((noinline)) static void
 dec_sect_fma(uint32_t codec, int bits, int is_v, const uint8_t *sect,
              const struct kern_layout *lay, void *raw, uint32_t out, float *scratch, int nt)
 {
-    if (nt)
-        dec_sect_nt(codec, bits, is_v, sect, lay, raw, out, scratch, 1);
+    if (nt) /* q8_0 only: see KERN_NT_MIN_BYTES */
+        dec_sect_nt(KERN_CODEC_Q8_0, 0, is_v, sect, lay, raw, out, scratch, 1);
     else
         dec_sect_nt(codec, bits, is_v, sect, lay, raw, out, scratch, 0);
 }
@@ -1971,7 +1974,8 @@ KT static int avx_dec_sect(uint32_t codec, int is_v, const uint8_t *sect,
         return 0;
     /* a section starts 64-byte aligned relative to the block (D % 32 == 0), so every store
      * is 16-byte aligned when the section is */
-    int nt = kern_raw_size(lay) >= KERN_NT_MIN_BYTES && ((uintptr_t)raw & 15) == 0;
+    int nt = codec == KERN_CODEC_Q8_0 && kern_raw_size(lay) >= KERN_NT_MIN_BYTES &&
+             ((uintptr_t)raw & 15) == 0;
     if (__atomic_load_n(&avx_have_fma, __ATOMIC_RELAXED) &&
         sect_scalars_finite(codec, bits, is_v, sect, lay))
         dec_sect_fma(codec, bits, is_v, sect, lay, raw, out, scratch, nt);

@@ -947,8 +947,8 @@ static const struct kern_layout dec_shapes[] = {
     {1, 2, 128, 32, KERN_DTYPE_BF16, 0},
     {1, 1, 576, 7, KERN_DTYPE_FP16, 1},
     {2, 2, 40, 9, KERN_DTYPE_BF16, 0},
-    /* 1.25 MiB of raw output, a partial KIVI key group: decoded with streaming stores where
-     * the destination is 16-byte aligned (kern_avx2.c, KERN_NT_MIN_BYTES) */
+    /* 1.25 MiB of raw output, a partial KIVI key group: q8_0 is decoded with streaming
+     * stores where the destination is 16-byte aligned (kern_avx2.c, KERN_NT_MIN_BYTES) */
     {8, 8, 128, 40, KERN_DTYPE_FP16, 0},
 };
 #define NDEC_SHAPES (sizeof(dec_shapes) / sizeof(dec_shapes[0]))
