@@ -1709,7 +1709,8 @@ KT static int avx_enc_sect(uint32_t codec, int is_v, const void *raw,
  * are made first, in `scratch` (2 * H * D floats): for 2-bit keys each channel's four
  * outputs out(q * scale + min), q = 0..3, as halves, so a row's 16 channels are picked from
  * them by two blends on the code bits; for 4-bit keys each channel's scale and min as floats,
- * and a row's 32 codes are put in element order as bytes, widened, multiplied and added. */
+ * and each eight codes of a row come out of one 32-bit word by a shift per lane, are
+ * converted, multiplied and added (fused in the FMA build). */
 KT __attribute__((always_inline)) static inline void
 kivi_k_dec_sect(int bits, uint32_t out, int nt, const uint8_t *sect,
                 const struct kern_layout *lay, void *raw, float *scratch)
@@ -1727,7 +1728,6 @@ kivi_k_dec_sect(int bits, uint32_t out, int nt, const uint8_t *sect,
     const __m256i b0 = _mm256_setr_epi16(1, 4, 16, 64, 256, 1024, 4096, 16384, 1, 4, 16, 64,
                                          256, 1024, 4096, 16384);
     const __m256i b1 = _mm256_add_epi16(b0, b0);
-    const __m128i m4 = _mm_set1_epi8(0x0f);
     for (uint32_t t0 = 0; t0 < T; t0 += KERN_GROUP) {
         uint32_t rows = T - t0 < KERN_GROUP ? T - t0 : KERN_GROUP;
         for (uint32_t h = 0; h < H; h++) {
@@ -1782,13 +1782,10 @@ kivi_k_dec_sect(int bits, uint32_t out, int nt, const uint8_t *sect,
                 }
                 const float *sp = scf + (uint64_t)h * D, *mp = mnf + (uint64_t)h * D;
                 for (uint32_t c = 0; c < D; c += 32) {
-                    __m128i cb = _mm_loadu_si128((const __m128i *)(row + c / 2));
-                    __m128i e = _mm_and_si128(cb, m4), o = _mm_and_si128(_mm_srli_epi16(cb, 4), m4);
-                    __m128i x0 = _mm_unpacklo_epi8(e, o), x1 = _mm_unpackhi_epi8(e, o);
-                    __m128i part[4] = {x0, _mm_srli_si128(x0, 8), x1, _mm_srli_si128(x1, 8)};
                     KERN_UNROLL
                     for (int i = 0; i < 4; i++) {
-                        __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(part[i]));
+                        /* eight codes from one 32-bit word, by a variable shift per lane */
+                        __m256 f = v_kivi_unpack8(row, c + 8 * i, 4);
                         f = _mm256_add_ps(_mm256_mul_ps(f, _mm256_loadu_ps(sp + c + 8 * i)),
                                           _mm256_loadu_ps(mp + c + 8 * i));
                         v_st16(r + c + 8 * i, v_half8(f, out), nt);
