@@ -763,6 +763,55 @@ KT KERN_AI static inline void kivi2_v_dec32_to(const uint8_t *blk, uint16_t *r, 
     v_lut32(r, idx, lo, hi, nt);
 }
 
+/* Two consecutive groups of q4_1 or KIVI-4 values (blk and blk + gb into r and r + 32) share
+ * their table work: the 32 outputs of both are rounded by four conversions, and both groups'
+ * tables sit in one register, group A in the low lane and group B in the high lane, which is
+ * how vpshufb looks up anyway; the codes of A and B are split together. The same operations
+ * per value as the one-group form, so the same halves. */
+KT KERN_AI static inline void tab16_dec2x32_to(uint32_t codec, const uint8_t *blk, uint32_t gb,
+                                               uint16_t *r, uint32_t out, int nt)
+{
+    const __m256 q0 = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256 q1 = _mm256_setr_ps(8, 9, 10, 11, 12, 13, 14, 15);
+    const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
+                                           0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    const __m256i lo4 = _mm256_set1_epi8(0x0f);
+    uint32_t wa, wb;
+    memcpy(&wa, blk, 4);
+    memcpy(&wb, blk + gb, 4);
+    __m128 f = _mm_cvtph_ps(_mm_unpacklo_epi32(_mm_cvtsi32_si128((int)wa), _mm_cvtsi32_si128((int)wb)));
+    __m256 da = _mm256_broadcastss_ps(f), ma = _mm256_broadcastss_ps(_mm_movehdup_ps(f));
+    __m128 fb = _mm_movehl_ps(f, f);
+    __m256 db = _mm256_broadcastss_ps(fb), mb = _mm256_broadcastss_ps(_mm_movehdup_ps(fb));
+    /* lane 0: group A's outputs, lane 1: group B's; 0-7 in x0, 8-15 in x1 */
+    __m256i x0 = _mm256_set_m128i(v_half8(_mm256_add_ps(_mm256_mul_ps(q0, db), mb), out),
+                                  v_half8(_mm256_add_ps(_mm256_mul_ps(q0, da), ma), out));
+    __m256i x1 = _mm256_set_m128i(v_half8(_mm256_add_ps(_mm256_mul_ps(q1, db), mb), out),
+                                  v_half8(_mm256_add_ps(_mm256_mul_ps(q1, da), ma), out));
+    x0 = _mm256_shuffle_epi8(x0, split); /* per lane: low bytes of 0-7, high bytes of 0-7 */
+    x1 = _mm256_shuffle_epi8(x1, split);
+    __m256i lo = _mm256_unpacklo_epi64(x0, x1), hi = _mm256_unpackhi_epi64(x0, x1);
+    /* codes: idx[0] holds elements 0-15 of A (lane 0) and of B (lane 1), idx[1] 16-31 */
+    __m256i c = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)(blk + gb + 4)),
+                                 _mm_loadu_si128((const __m128i *)(blk + 4)));
+    __m256i idx[2];
+    if (codec == KERN_CODEC_Q4_1) { /* element j: low nibble of byte j, j + 16: its high */
+        idx[0] = _mm256_and_si256(c, lo4);
+        idx[1] = _mm256_and_si256(_mm256_srli_epi16(c, 4), lo4);
+    } else { /* KIVI-4: byte i holds elements 2i (low nibble) and 2i + 1 */
+        __m256i e = _mm256_and_si256(c, lo4), o = _mm256_and_si256(_mm256_srli_epi16(c, 4), lo4);
+        idx[0] = _mm256_unpacklo_epi8(e, o);
+        idx[1] = _mm256_unpackhi_epi8(e, o);
+    }
+    KERN_UNROLL
+    for (int k = 0; k < 2; k++) {
+        __m256i l = _mm256_shuffle_epi8(lo, idx[k]), h = _mm256_shuffle_epi8(hi, idx[k]);
+        __m256i u0 = _mm256_unpacklo_epi8(l, h), u1 = _mm256_unpackhi_epi8(l, h);
+        v_st32(r + 16 * k, _mm256_permute2x128_si256(u0, u1, 0x20), nt);
+        v_st32(r + 32 + 16 * k, _mm256_permute2x128_si256(u0, u1, 0x31), nt);
+    }
+}
+
 /* q5_1 has 32 outputs per group, as many as values: computed directly. */
 KT KERN_AI static inline void q5_1_dec32_to(const uint8_t *blk, uint16_t *r, uint32_t out,
                                                         int nt)
@@ -1881,8 +1930,14 @@ dec_sect_nt(uint32_t codec, int bits, int is_v, const uint8_t *sect,
     uint64_t n = (uint64_t)T * H * G;
     /* one loop per (codec, output dtype), each group straight into its raw halves */
 #define DEC_LOOP(C, B, OUT)                                                                    \
-    for (uint64_t i = 0; i < n; i++, blk += gb, r += 32)                                       \
-        dec32_to(C, B, blk, r, OUT, nt)
+    do {                                                                                       \
+        uint64_t i = 0;                                                                        \
+        if ((C) == KERN_CODEC_Q4_1 || (B) == 4) /* two groups per table pass */               \
+            for (; i + 2 <= n; i += 2, blk += 2 * gb, r += 64)                                 \
+                tab16_dec2x32_to(C, blk, gb, r, OUT, nt);                                      \
+        for (; i < n; i++, blk += gb, r += 32)                                                 \
+            dec32_to(C, B, blk, r, OUT, nt);                                                   \
+    } while (0)
 #define DEC_OUT(C, B)                                                                          \
     do {                                                                                       \
         if (out == KERN_DTYPE_BF16)                                                            \
@@ -1891,9 +1946,9 @@ dec_sect_nt(uint32_t codec, int bits, int is_v, const uint8_t *sect,
             DEC_LOOP(C, B, KERN_DTYPE_FP16);                                                   \
     } while (0)
     if (bits == 4)
-        DEC_OUT(codec, 4);
+        DEC_OUT(KERN_CODEC_KIVI4, 4);
     else if (bits == 2)
-        DEC_OUT(codec, 2);
+        DEC_OUT(KERN_CODEC_KIVI2, 2);
     else if (codec == KERN_CODEC_Q8_0)
         DEC_OUT(KERN_CODEC_Q8_0, 0);
     else if (codec == KERN_CODEC_Q5_1)
