@@ -1959,6 +1959,7 @@ dec_sect_nt(uint32_t codec, int bits, int is_v, const uint8_t *sect,
 #undef DEC_LOOP
 }
 
+/* The section decoders without FMA, for CPUs without it (and the tests, kern_avx2_fma()). */
 KT __attribute__((noinline)) static void
 dec_sect_plain(uint32_t codec, int bits, int is_v, const uint8_t *sect,
                const struct kern_layout *lay, void *raw, uint32_t out, float *scratch, int nt)
@@ -1972,8 +1973,10 @@ dec_sect_plain(uint32_t codec, int bits, int is_v, const uint8_t *sect,
 /* The same decoders built with FMA, so the compiler fuses each q * d + m (q * scale + min)
  * into one instruction: the product is exact in fp32 (q < 2^5 times an fp16 value), so the
  * fused form rounds once where the reference rounds once too, and the results are the same
- * bits for finite scalars. With an Inf or NaN scalar they may not be (which NaN comes out, and
- * 0 * Inf), so a section with one takes dec_sect_plain() (sect_scalars_finite()). */
+ * bits, Inf and NaN scalars included, except which NaN comes out where two meet (a NaN
+ * scalar and a NaN product, e.g. 0 * Inf + NaN): x86 returns one operand's NaN by its
+ * position in the instruction, which the compiler chooses in either build. Only decode has
+ * FMA: every multiply and add of the encoders must round twice, as the reference's. */
 KTF __attribute__((noinline)) static void
 dec_sect_fma(uint32_t codec, int bits, int is_v, const uint8_t *sect,
              const struct kern_layout *lay, void *raw, uint32_t out, float *scratch, int nt)
@@ -1984,38 +1987,9 @@ dec_sect_fma(uint32_t codec, int bits, int is_v, const uint8_t *sect,
         dec_sect_nt(codec, bits, is_v, sect, lay, raw, out, scratch, 0);
 }
 
-/* Whether no fp16 pair (d, m) or (scale, min) of a section is Inf or NaN: exponent bits all
- * ones in either half, found by one add per pair (0x7c00 + 0x0400 sets bit 15). q8_0 and fp8
- * decode by multiplications alone: nothing to fuse, always "finite". */
-static int sect_scalars_finite(uint32_t codec, int bits, int is_v, const uint8_t *sect,
-                               const struct kern_layout *lay)
-{
-    uint32_t D = lay->head_dim, H = lay->heads, T = lay->tokens, acc = 0, w;
-    if (codec == KERN_CODEC_Q8_0 || codec == KERN_CODEC_FP8)
-        return 1;
-    if (bits && !is_v) {
-        uint64_t hb = kern_kivi_k_head_bytes(D, T, bits);
-        uint32_t fgb = kern_kivi_k_group_bytes(D, KERN_GROUP, bits);
-        for (uint32_t h = 0; h < H; h++)
-            for (uint32_t t0 = 0; t0 < T; t0 += KERN_GROUP) {
-                const uint8_t *g = sect + h * hb + (uint64_t)(t0 / KERN_GROUP) * fgb;
-                for (uint32_t i = 0; i < D; i++) { /* 2 * D halves: scale[D], min[D] */
-                    memcpy(&w, g + 4 * i, 4);
-                    acc |= ((w & 0x7c007c00u) + 0x04000400u) & 0x80008000u;
-                }
-            }
-        return acc == 0;
-    }
-    uint32_t gb = block_bytes(codec, bits);
-    uint64_t n = (uint64_t)T * H * (D / 32);
-    for (uint64_t i = 0; i < n; i++) {
-        memcpy(&w, sect + i * gb, 4);
-        acc |= ((w & 0x7c007c00u) + 0x04000400u) & 0x80008000u;
-    }
-    return acc == 0;
-}
-
-static int avx_have_fma;
+/* Whether the decoders use their FMA build: set with `have` in kern_avx2_ops() (the CPU has
+ * FMA), cleared and restored by the tests through kern_avx2_fma(). */
+static int avx_have_fma, avx_cpu_fma;
 
 KT static int avx_dec_sect(uint32_t codec, int is_v, const uint8_t *sect,
                            const struct kern_layout *lay, void *raw, uint32_t out,
@@ -2028,8 +2002,7 @@ KT static int avx_dec_sect(uint32_t codec, int is_v, const uint8_t *sect,
      * is 16-byte aligned when the section is */
     int nt = codec == KERN_CODEC_Q8_0 && kern_raw_size(lay) >= KERN_NT_MIN_BYTES &&
              ((uintptr_t)raw & 15) == 0;
-    if (__atomic_load_n(&avx_have_fma, __ATOMIC_RELAXED) &&
-        sect_scalars_finite(codec, bits, is_v, sect, lay))
+    if (__atomic_load_n(&avx_have_fma, __ATOMIC_RELAXED))
         dec_sect_fma(codec, bits, is_v, sect, lay, raw, out, scratch, nt);
     else
         dec_sect_plain(codec, bits, is_v, sect, lay, raw, out, scratch, nt);
@@ -2057,8 +2030,18 @@ const struct kern_cpu_ops *kern_avx2_ops(void)
     if (h < 0) { /* idempotent: racing first callers store the same answer */
         __builtin_cpu_init();
         h = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+        __atomic_store_n(&avx_cpu_fma, h && __builtin_cpu_supports("fma"), __ATOMIC_RELAXED);
         __atomic_store_n(&avx_have_fma, h && __builtin_cpu_supports("fma"), __ATOMIC_RELAXED);
         __atomic_store_n(&have, h, __ATOMIC_RELAXED);
     }
     return h ? &avx2_ops : NULL;
+}
+
+int kern_avx2_fma(int on)
+{
+    (void)kern_avx2_ops();
+    int was = __atomic_load_n(&avx_have_fma, __ATOMIC_RELAXED);
+    __atomic_store_n(&avx_have_fma, on && __atomic_load_n(&avx_cpu_fma, __ATOMIC_RELAXED),
+                     __ATOMIC_RELAXED);
+    return was;
 }
