@@ -16,9 +16,12 @@
  * head size is a multiple of 32 (all in use) are walked in memory order with the next
  * section prefetched into L2 (enc_sect/dec_sect); other shapes go per head.
  *
- * Decode writes straight into the caller's raw rows, front to back. A group with at most 16
- * distinct outputs (q4_1, KIVI values) computes them once and looks every value up by
- * vpshufb; KIVI keys make per-channel tables per 32-token group first.
+ * Decode writes straight into the caller's raw rows, front to back (q8_0 blocks of 1 MiB or
+ * more with streaming stores). A group with at most 16 distinct outputs (q4_1, KIVI values)
+ * computes them once and looks every value up by vpshufb, two groups per table pass; KIVI
+ * keys make per-channel tables per 32-token group first. The section decoders are built a
+ * second time with FMA, used where the CPU has it: q * d + m has an exact product, so the
+ * fused form gives the reference's bits (see dec_sect_fma()). Encoders never have FMA.
  */
 #include <immintrin.h>
 #include <string.h>
