@@ -782,7 +782,8 @@ KT KERN_AI static inline void tab16_dec2x32_to(uint32_t codec, const uint8_t *bl
     uint32_t wa, wb;
     memcpy(&wa, blk, 4);
     memcpy(&wb, blk + gb, 4);
-    __m128 f = _mm_cvtph_ps(_mm_unpacklo_epi32(_mm_cvtsi32_si128((int)wa), _mm_cvtsi32_si128((int)wb)));
+    __m128 f = _mm_cvtph_ps(
+        _mm_unpacklo_epi32(_mm_cvtsi32_si128((int)wa), _mm_cvtsi32_si128((int)wb)));
     __m256 da = _mm256_broadcastss_ps(f), ma = _mm256_broadcastss_ps(_mm_movehdup_ps(f));
     __m128 fb = _mm_movehl_ps(f, f);
     __m256 db = _mm256_broadcastss_ps(fb), mb = _mm256_broadcastss_ps(_mm_movehdup_ps(fb));
@@ -1342,8 +1343,9 @@ fp8_codes(const uint16_t *raw, const struct kern_layout *lay, uint8_t *sect, con
                     float *mn = kmin + (uint64_t)h * D + c, *mx = kmax + (uint64_t)h * D + c;
                     KERN_UNROLL
                     for (int i = 0; i < 4; i++) {
-                        _mm256_storeu_ps(mn + 8 * i, _mm256_min_ps(v[i], _mm256_loadu_ps(mn + 8 * i)));
-                        _mm256_storeu_ps(mx + 8 * i, _mm256_max_ps(v[i], _mm256_loadu_ps(mx + 8 * i)));
+                        __m256 a = _mm256_loadu_ps(mn + 8 * i), b = _mm256_loadu_ps(mx + 8 * i);
+                        _mm256_storeu_ps(mn + 8 * i, _mm256_min_ps(v[i], a));
+                        _mm256_storeu_ps(mx + 8 * i, _mm256_max_ps(v[i], b));
                     }
                     ss = _mm256_add_ps(ss, _mm256_add_ps(
                         _mm256_add_ps(_mm256_mul_ps(v[0], v[0]), _mm256_mul_ps(v[1], v[1])),
@@ -1701,7 +1703,8 @@ KT static int avx_enc_sect(uint32_t codec, int is_v, const void *raw,
         if (codec == KERN_CODEC_RAW)
             return 1;
     }
-    if (codec == KERN_CODEC_FP8 && !kmin && fp8_sect_fast(raw, lay, sect, scratch, NULL, NULL, NULL))
+    if (codec == KERN_CODEC_FP8 && !kmin &&
+        fp8_sect_fast(raw, lay, sect, scratch, NULL, NULL, NULL))
         return 1;
     if (codec == KERN_CODEC_FP8) {
         /* some value needs sanitising: the head amax, then the codes, per row as needed */
