@@ -16,9 +16,12 @@
  * head size is a multiple of 32 (all in use) are walked in memory order with the next
  * section prefetched into L2 (enc_sect/dec_sect); other shapes go per head.
  *
- * Decode writes straight into the caller's raw rows, front to back. A group with at most 16
- * distinct outputs (q4_1, KIVI values) computes them once and looks every value up by
- * vpshufb; KIVI keys make per-channel tables per 32-token group first.
+ * Decode writes straight into the caller's raw rows, front to back (q8_0 blocks of 1 MiB or
+ * more with streaming stores). A group with at most 16 distinct outputs (q4_1, KIVI values)
+ * computes them once and looks every value up by vpshufb, two groups per table pass; KIVI
+ * keys make per-channel tables per 32-token group first. The section decoders are built a
+ * second time with FMA, used where the CPU has it: q * d + m has an exact product, so the
+ * fused form gives the reference's bits (see dec_sect_fma()). Encoders never have FMA.
  */
 #include <immintrin.h>
 #include <string.h>
@@ -27,6 +30,9 @@
 #include "kernels/kern_fmt.h"
 
 #define KT __attribute__((target("avx2,f16c")))
+/* The decoders' second build, with FMA (see dec_sect_fma()). Nothing else has it: GCC
+ * contracts a multiply and an add into an FMA wherever the target allows it. */
+#define KTF __attribute__((target("avx2,f16c,fma")))
 /* The short fixed loops over the four vectors of a group (or the eight groups of a chunk)
  * must become straight code with their arrays in registers; -O2 alone keeps some as loops
  * over stack arrays. */
@@ -125,6 +131,27 @@ KT KERN_AI static inline __m128i v_half8(__m256 v, uint32_t dtype)
 KT KERN_AI static inline void v_store8(uint16_t *r, __m256 v, uint32_t dtype)
 {
     _mm_storeu_si128((__m128i *)r, v_half8(v, dtype));
+}
+
+/* Decode's stores into the raw rows: ordinary, or (nt) non-temporal, 16 bytes at a time, for
+ * an output too large to stay in this core's caches (see avx_dec_sect()); r is then 16-byte
+ * aligned. nt is a constant in every loop that calls these. */
+KT KERN_AI static inline void v_st16(uint16_t *r, __m128i v, int nt)
+{
+    if (nt)
+        _mm_stream_si128((__m128i *)r, v);
+    else
+        _mm_storeu_si128((__m128i *)r, v);
+}
+
+KT KERN_AI static inline void v_st32(uint16_t *r, __m256i v, int nt)
+{
+    if (nt) {
+        _mm_stream_si128((__m128i *)r, _mm256_castsi256_si128(v));
+        _mm_stream_si128((__m128i *)r + 1, _mm256_extracti128_si256(v, 1));
+    } else {
+        _mm256_storeu_si256((__m256i *)r, v);
+    }
 }
 
 /* A group's leading fp16 pair (d and m; KIVI's scale and min) as two broadcast floats. */
@@ -359,20 +386,27 @@ KT static void qx_1_dec32(const uint8_t *blk, float *y, int bits)
 
 /* ---- KIVI ---------------------------------------------------------------------------- */
 
-/* kern_kivi_code(): floor and the clamp to [0, qmax] done by the truncating conversion of
- * min(qmax, t) and an integer max with 0 (for t < 0 truncation gives a value <= 0, as floor
- * does; t is never NaN: x and mnf are finite and 0 <= id <= 2^24). */
-KT static inline __m256i v_kivi_code(__m256 x, __m256 mnf, __m256 id, float qmax)
+/* kern_kivi_code() without its clamp, which v_kivi_pack32() applies to the bytes: the
+ * truncating conversion of t = (x - mnf) * id + 0.5 equals floor(t) for t >= 0 and is 0 for
+ * -1 < t < 0, and t stays far inside the int32 range, so clamping the truncation to
+ * [0, qmax] (the byte pack saturates negatives to 0, then an unsigned byte min) gives the
+ * reference's clamp(floor(t), 0, qmax). The bound: x >= mn and mnf = fp16(mn) is mn itself
+ * unless |mn| < 2^-14 (a bf16 input below the fp16 normals), where |mn - mnf| <= 2^-25; id
+ * is 0 or 1/scale with scale >= 2^-24 and (mx - mn) / scale <= 1.5 * qmax (fp16 rounding of
+ * (mx - mn) / qmax), so -0.5 <= t <= 1.5 * qmax + 1. t is never NaN: x and mnf are finite
+ * and 0 <= id <= 2^24. */
+KT static inline __m256i v_kivi_code(__m256 x, __m256 mnf, __m256 id)
 {
     __m256 t = _mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(x, mnf), id), _mm256_set1_ps(0.5f));
-    t = _mm256_min_ps(_mm256_set1_ps(qmax), t);
-    return _mm256_max_epi32(_mm256_cvttps_epi32(t), _mm256_setzero_si256());
+    return _mm256_cvttps_epi32(t);
 }
 
-/* 32 codes (bytes in element order) -> 4 * bits packed bytes: multiply-adds merge the
- * neighbours of each pair (and, 2-bit, of each pair of pairs) into one byte. */
+/* 32 codes from v_kivi_code() as bytes in element order (v_pack_bytes(), unsigned: negatives
+ * already 0) -> clamped to qmax -> 4 * bits packed bytes: multiply-adds merge the neighbours
+ * of each pair (and, 2-bit, of each pair of pairs) into one byte. */
 KT static inline void v_kivi_pack32(__m256i p, int bits, uint8_t *dst)
 {
+    p = _mm256_min_epu8(p, _mm256_set1_epi8((char)((1 << bits) - 1)));
     if (bits == 4) {
         __m256i w = _mm256_maddubs_epi16(p, _mm256_set1_epi16(0x1001));
         w = _mm256_packus_epi16(w, w);
@@ -416,7 +450,7 @@ KT static inline void kivi_v_enc32v(const __m256 v[4], uint8_t *blk, int bits)
         zero_extremes_fix(x, &mn, &mx);
     }
     uint16_t mn_h, sc_h;
-    float mnf, id, qmax = (float)((1 << bits) - 1);
+    float mnf, id;
     kern_kivi_params(mn, mx, bits, &mn_h, &sc_h, &mnf, &id);
     memcpy(blk, &sc_h, 2);
     memcpy(blk + 2, &mn_h, 2);
@@ -424,7 +458,7 @@ KT static inline void kivi_v_enc32v(const __m256 v[4], uint8_t *blk, int bits)
     __m256i q[4];
     KERN_UNROLL
     for (int i = 0; i < 4; i++)
-        q[i] = v_kivi_code(v[i], vm, vid, qmax);
+        q[i] = v_kivi_code(v[i], vm, vid);
     v_kivi_pack32(v_pack_bytes(q[0], q[1], q[2], q[3], 0), bits, blk + 4);
 }
 
@@ -511,7 +545,7 @@ KT static void kivi_k_enc(const float *x, const struct kern_layout *lay, uint32_
                 for (int i = 0; i < 4; i++)
                     q[i] = v_kivi_code(_mm256_loadu_ps(xr + c + 8 * i),
                                        _mm256_loadu_ps(mnf_a + c + 8 * i),
-                                       _mm256_loadu_ps(id_a + c + 8 * i), qmax);
+                                       _mm256_loadu_ps(id_a + c + 8 * i));
                 v_kivi_pack32(v_pack_bytes(q[0], q[1], q[2], q[3], 0), bits, row + c * bits / 8);
             }
             if (c < dim)
@@ -669,16 +703,17 @@ KT KERN_AI static inline void v_tab16(__m256 vd, __m256 vm, uint32_t out, __m256
 
 /* 32 codes (lane 0: elements 0-15, lane 1: elements 16-31; each < 16) through the tables
  * into the 32 halves at r. */
-KT KERN_AI static inline void v_lut32(uint16_t *r, __m256i idx, __m256i lo, __m256i hi)
+KT KERN_AI static inline void v_lut32(uint16_t *r, __m256i idx, __m256i lo, __m256i hi, int nt)
 {
     __m256i l = _mm256_shuffle_epi8(lo, idx), h = _mm256_shuffle_epi8(hi, idx);
     __m256i u0 = _mm256_unpacklo_epi8(l, h), u1 = _mm256_unpackhi_epi8(l, h);
-    _mm256_storeu_si256((__m256i *)r, _mm256_permute2x128_si256(u0, u1, 0x20));
-    _mm256_storeu_si256((__m256i *)(r + 16), _mm256_permute2x128_si256(u0, u1, 0x31));
+    v_st32(r, _mm256_permute2x128_si256(u0, u1, 0x20), nt);
+    v_st32(r + 16, _mm256_permute2x128_si256(u0, u1, 0x31), nt);
 }
 
 /* q4_1: element j is the low nibble of qs[j], element j + 16 its high nibble. */
-KT KERN_AI static inline void q4_1_dec32_to(const uint8_t *blk, uint16_t *r, uint32_t out)
+KT KERN_AI static inline void q4_1_dec32_to(const uint8_t *blk, uint16_t *r, uint32_t out,
+                                                        int nt)
 {
     __m256 vd, vm;
     __m256i lo, hi;
@@ -687,11 +722,12 @@ KT KERN_AI static inline void q4_1_dec32_to(const uint8_t *blk, uint16_t *r, uin
     __m128i qs = _mm_loadu_si128((const __m128i *)(blk + 4));
     __m256i idx = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs),
                                    _mm256_set1_epi8(0x0f));
-    v_lut32(r, idx, lo, hi);
+    v_lut32(r, idx, lo, hi, nt);
 }
 
 /* KIVI-4 values: byte i holds element 2i (low nibble) and 2i + 1 (high nibble). */
-KT KERN_AI static inline void kivi4_v_dec32_to(const uint8_t *blk, uint16_t *r, uint32_t out)
+KT KERN_AI static inline void kivi4_v_dec32_to(const uint8_t *blk, uint16_t *r, uint32_t out,
+                                                           int nt)
 {
     __m256 vd, vm;
     __m256i lo, hi;
@@ -700,14 +736,15 @@ KT KERN_AI static inline void kivi4_v_dec32_to(const uint8_t *blk, uint16_t *r, 
     const __m128i m4 = _mm_set1_epi8(0x0f);
     __m128i c = _mm_loadu_si128((const __m128i *)(blk + 4));
     __m128i e = _mm_and_si128(c, m4), o = _mm_and_si128(_mm_srli_epi16(c, 4), m4);
-    v_lut32(r, _mm256_set_m128i(_mm_unpackhi_epi8(e, o), _mm_unpacklo_epi8(e, o)), lo, hi);
+    v_lut32(r, _mm256_set_m128i(_mm_unpackhi_epi8(e, o), _mm_unpacklo_epi8(e, o)), lo, hi, nt);
 }
 
 /* KIVI-2 values: byte i holds elements 4i..4i+3 at bits 0-1, 2-3, 4-5, 6-7. The codes are
  * not shifted down: element 4i + 1 (4i + 3) is looked up as (byte & 0x0c), that is 4 * code,
  * and the table holds output q at entries q and 4q. Bytes and their high nibbles are first
  * interleaved, so one shuffle places each element's byte. */
-KT KERN_AI static inline void kivi2_v_dec32_to(const uint8_t *blk, uint16_t *r, uint32_t out)
+KT KERN_AI static inline void kivi2_v_dec32_to(const uint8_t *blk, uint16_t *r, uint32_t out,
+                                                           int nt)
 {
     const __m256 q0 = _mm256_setr_ps(0, 1, 2, 3, 0, 0, 0, 0);
     const __m256i tlo = _mm256_setr_epi8(0, 2, 4, 6, 2, 0, 0, 0, 4, 0, 0, 0, 6, 0, 0, 0,
@@ -726,42 +763,94 @@ KT KERN_AI static inline void kivi2_v_dec32_to(const uint8_t *blk, uint16_t *r, 
     __m128i x = _mm_unpacklo_epi8(c, _mm_srli_epi16(c, 4)); /* b0, b0 >> 4, b1, ... */
     __m256i idx = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_broadcastsi128_si256(x), place),
                                    mask);
-    v_lut32(r, idx, lo, hi);
+    v_lut32(r, idx, lo, hi, nt);
+}
+
+/* Two consecutive groups of q4_1 or KIVI-4 values (blk and blk + gb into r and r + 32) share
+ * their table work: the 32 outputs of both are rounded by four conversions, and both groups'
+ * tables sit in one register, group A in the low lane and group B in the high lane, which is
+ * how vpshufb looks up anyway; the codes of A and B are split together. The same operations
+ * per value as the one-group form, so the same halves. */
+KT KERN_AI static inline void tab16_dec2x32_to(uint32_t codec, const uint8_t *blk, uint32_t gb,
+                                               uint16_t *r, uint32_t out, int nt)
+{
+    const __m256 q0 = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256 q1 = _mm256_setr_ps(8, 9, 10, 11, 12, 13, 14, 15);
+    const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
+                                           0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    const __m256i lo4 = _mm256_set1_epi8(0x0f);
+    uint32_t wa, wb;
+    memcpy(&wa, blk, 4);
+    memcpy(&wb, blk + gb, 4);
+    __m128 f = _mm_cvtph_ps(
+        _mm_unpacklo_epi32(_mm_cvtsi32_si128((int)wa), _mm_cvtsi32_si128((int)wb)));
+    __m256 da = _mm256_broadcastss_ps(f), ma = _mm256_broadcastss_ps(_mm_movehdup_ps(f));
+    __m128 fb = _mm_movehl_ps(f, f);
+    __m256 db = _mm256_broadcastss_ps(fb), mb = _mm256_broadcastss_ps(_mm_movehdup_ps(fb));
+    /* lane 0: group A's outputs, lane 1: group B's; 0-7 in x0, 8-15 in x1 */
+    __m256i x0 = _mm256_set_m128i(v_half8(_mm256_add_ps(_mm256_mul_ps(q0, db), mb), out),
+                                  v_half8(_mm256_add_ps(_mm256_mul_ps(q0, da), ma), out));
+    __m256i x1 = _mm256_set_m128i(v_half8(_mm256_add_ps(_mm256_mul_ps(q1, db), mb), out),
+                                  v_half8(_mm256_add_ps(_mm256_mul_ps(q1, da), ma), out));
+    x0 = _mm256_shuffle_epi8(x0, split); /* per lane: low bytes of 0-7, high bytes of 0-7 */
+    x1 = _mm256_shuffle_epi8(x1, split);
+    __m256i lo = _mm256_unpacklo_epi64(x0, x1), hi = _mm256_unpackhi_epi64(x0, x1);
+    /* codes: idx[0] holds elements 0-15 of A (lane 0) and of B (lane 1), idx[1] 16-31 */
+    __m256i c = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)(blk + gb + 4)),
+                                 _mm_loadu_si128((const __m128i *)(blk + 4)));
+    __m256i idx[2];
+    if (codec == KERN_CODEC_Q4_1) { /* element j: low nibble of byte j, j + 16: its high */
+        idx[0] = _mm256_and_si256(c, lo4);
+        idx[1] = _mm256_and_si256(_mm256_srli_epi16(c, 4), lo4);
+    } else { /* KIVI-4: byte i holds elements 2i (low nibble) and 2i + 1 */
+        __m256i e = _mm256_and_si256(c, lo4), o = _mm256_and_si256(_mm256_srli_epi16(c, 4), lo4);
+        idx[0] = _mm256_unpacklo_epi8(e, o);
+        idx[1] = _mm256_unpackhi_epi8(e, o);
+    }
+    KERN_UNROLL
+    for (int k = 0; k < 2; k++) {
+        __m256i l = _mm256_shuffle_epi8(lo, idx[k]), h = _mm256_shuffle_epi8(hi, idx[k]);
+        __m256i u0 = _mm256_unpacklo_epi8(l, h), u1 = _mm256_unpackhi_epi8(l, h);
+        v_st32(r + 16 * k, _mm256_permute2x128_si256(u0, u1, 0x20), nt);
+        v_st32(r + 32 + 16 * k, _mm256_permute2x128_si256(u0, u1, 0x31), nt);
+    }
 }
 
 /* q5_1 has 32 outputs per group, as many as values: computed directly. */
-KT KERN_AI static inline void q5_1_dec32_to(const uint8_t *blk, uint16_t *r, uint32_t out)
+KT KERN_AI static inline void q5_1_dec32_to(const uint8_t *blk, uint16_t *r, uint32_t out,
+                                                        int nt)
 {
     __m256 y[4];
     qx_1_dec32v(blk, y, 5);
     KERN_UNROLL
     for (int i = 0; i < 4; i++)
-        v_store8(r + 8 * i, y[i], out);
+        v_st16(r + 8 * i, v_half8(y[i], out), nt);
 }
 
-KT KERN_AI static inline void q8_0_dec32_to(const uint8_t *blk, uint16_t *r, uint32_t out)
+KT KERN_AI static inline void q8_0_dec32_to(const uint8_t *blk, uint16_t *r, uint32_t out,
+                                                        int nt)
 {
     __m256 y[4];
     q8_0_dec32v(blk, y);
     KERN_UNROLL
     for (int i = 0; i < 4; i++)
-        v_store8(r + 8 * i, y[i], out);
+        v_st16(r + 8 * i, v_half8(y[i], out), nt);
 }
 
 /* A full group of a row-wise codec into its 32 raw halves. */
 KT KERN_AI static inline void dec32_to(uint32_t codec, int bits, const uint8_t *blk,
-                                       uint16_t *r, uint32_t out)
+                                       uint16_t *r, uint32_t out, int nt)
 {
     if (bits == 4)
-        kivi4_v_dec32_to(blk, r, out);
+        kivi4_v_dec32_to(blk, r, out, nt);
     else if (bits == 2)
-        kivi2_v_dec32_to(blk, r, out);
+        kivi2_v_dec32_to(blk, r, out, nt);
     else if (codec == KERN_CODEC_Q8_0)
-        q8_0_dec32_to(blk, r, out);
+        q8_0_dec32_to(blk, r, out, nt);
     else if (codec == KERN_CODEC_Q5_1)
-        q5_1_dec32_to(blk, r, out);
+        q5_1_dec32_to(blk, r, out, nt);
     else
-        q4_1_dec32_to(blk, r, out);
+        q4_1_dec32_to(blk, r, out, nt);
 }
 
 /* ---- per-slice dispatch -------------------------------------------------------------- */
@@ -1009,25 +1098,35 @@ KT static inline __m256 v_load8_fast(const uint16_t *r, uint32_t dtype)
 /* Eight consecutive 32-value groups (256 raw values) of a row-wise codec: the group scalars
  * (amax or min/max, then d, 1/d and their fp16 forms) are computed for the eight groups in
  * one vector, so each division is done once per eight groups and no horizontal reduction
- * stands between a group's load and its codes. The arithmetic per lane is the reference's. */
+ * stands between a group's load and its codes. The arithmetic per lane is the reference's.
+ * The values come from the raw halves r, or (fsrc, a constant after inlining) from the
+ * sanitised floats xf of the statistics pass (stats_enc_rows()). */
 KT __attribute__((always_inline)) static inline void enc8_groups(uint32_t codec, int bits,
                                                                   const uint16_t *r,
                                                                   uint32_t dtype, uint8_t *blk,
-                                                                  uint32_t gb, uint64_t ahead)
+                                                                  uint32_t gb, uint64_t ahead,
+                                                                  const float *xf, int fsrc)
 {
     const int rne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
     const __m256 sm = _mm256_set1_ps(-0.0f);
-    __attribute__((aligned(32))) float buf[256], idv[8], mnv[8];
+    __attribute__((aligned(32))) float buf_[256], idv[8], mnv[8];
+    float *buf = fsrc ? (float *)xf : buf_;
     __m256 ma[8], mi[8], vmx, vmn;
-    int san = v_needs_sanitize256(r, dtype);
-    KERN_UNROLL
-    for (int i = 0; i < 8; i++)
-        _mm_prefetch((const char *)(r + ahead + 32 * i), _MM_HINT_T1);
+    int san = fsrc ? 0 : v_needs_sanitize256(r, dtype);
+    if (!fsrc) {
+        KERN_UNROLL
+        for (int i = 0; i < 8; i++)
+            _mm_prefetch((const char *)(r + ahead + 32 * i), _MM_HINT_T1);
+    }
     KERN_UNROLL
     for (int g = 0; g < 8; g++) {
         __m256 v[4];
         KERN_UNROLL
         for (int i = 0; i < 4; i++) {
+            if (fsrc) {
+                v[i] = _mm256_loadu_ps(xf + 32 * g + 8 * i);
+                continue;
+            }
             v[i] = san ? v_load8(r + 32 * g + 8 * i, dtype) : v_load8_fast(r + 32 * g + 8 * i, dtype);
             _mm256_store_ps(buf + 32 * g + 8 * i, v[i]);
         }
@@ -1091,7 +1190,7 @@ KT __attribute__((always_inline)) static inline void enc8_groups(uint32_t codec,
             KERN_UNROLL
             for (int i = 0; i < 4; i++)
                 q[i] = _mm256_cvttps_epi32(
-                    v_roundf_pre(_mm256_mul_ps(_mm256_load_ps(x + 8 * i), vid)));
+                    v_roundf_pre(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * i), vid)));
             _mm256_storeu_si256((__m256i *)(blk + 2), v_pack_bytes(q[0], q[1], q[2], q[3], 1));
             continue;
         }
@@ -1101,7 +1200,7 @@ KT __attribute__((always_inline)) static inline void enc8_groups(uint32_t codec,
             memcpy(blk + 2, mhs + g, 2);
             KERN_UNROLL
             for (int i = 0; i < 4; i++)
-                q[i] = v_kivi_code(_mm256_load_ps(x + 8 * i), vm, vid, (float)((1 << bits) - 1));
+                q[i] = v_kivi_code(_mm256_loadu_ps(x + 8 * i), vm, vid);
             v_kivi_pack32(v_pack_bytes(q[0], q[1], q[2], q[3], 0), bits, blk + 4);
             continue;
         }
@@ -1114,7 +1213,7 @@ KT __attribute__((always_inline)) static inline void enc8_groups(uint32_t codec,
         KERN_UNROLL
         for (int i = 0; i < 4; i++)
             q[i] = _mm256_cvttps_epi32(_mm256_add_ps(
-                _mm256_mul_ps(_mm256_sub_ps(_mm256_load_ps(x + 8 * i), vm), vid),
+                _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + 8 * i), vm), vid),
                 _mm256_set1_ps(0.5f)));
         __m256i p = v_pack_bytes(q[0], q[1], q[2], q[3], 0);
         __m128i lo = _mm256_castsi256_si128(p), hi = _mm256_extracti128_si256(p, 1);
@@ -1152,7 +1251,7 @@ KT static void enc_groups(uint32_t codec, int bits, const uint16_t *r, uint32_t 
      * per-vector branch on them. */
 #define ENC_GROUPS_LOOP(C, B, D)                                                               \
     for (; i + 8 <= n; i += 8, r += 256, blk += 8 * gb)                                        \
-        enc8_groups(C, B, r, D, blk, gb, 32 * n)
+        enc8_groups(C, B, r, D, blk, gb, 32 * n, NULL, 0)
 #define ENC_GROUPS_DTYPE(C, B)                                                                 \
     do {                                                                                       \
         if (dtype == KERN_DTYPE_BF16)                                                          \
@@ -1186,12 +1285,39 @@ KT static void enc_groups(uint32_t codec, int bits, const uint16_t *r, uint32_t 
     }
 }
 
+/* n consecutive full groups of q8_0, q4_1 or q5_1 from sanitised floats, eight at a time. */
+KT static void enc_groups_f(uint32_t codec, const float *xf, uint64_t n, uint8_t *blk)
+{
+    uint32_t gb = block_bytes(codec, 0);
+    uint64_t i = 0;
+#define ENC_GROUPS_F_LOOP(C)                                                                   \
+    for (; i + 8 <= n; i += 8, xf += 256, blk += 8 * gb)                                       \
+        enc8_groups(C, 0, NULL, KERN_DTYPE_FP16, blk, gb, 0, xf, 1)
+    if (codec == KERN_CODEC_Q8_0)
+        ENC_GROUPS_F_LOOP(KERN_CODEC_Q8_0);
+    else if (codec == KERN_CODEC_Q4_1)
+        ENC_GROUPS_F_LOOP(KERN_CODEC_Q4_1);
+    else
+        ENC_GROUPS_F_LOOP(KERN_CODEC_Q5_1);
+#undef ENC_GROUPS_F_LOOP
+    for (; i < n; i++, xf += 32, blk += gb) {
+        __m256 v[4];
+        KERN_UNROLL
+        for (int j = 0; j < 4; j++)
+            v[j] = _mm256_loadu_ps(xf + 8 * j);
+        if (codec == KERN_CODEC_Q8_0)
+            q8_0_enc32v(v, blk);
+        else
+            qx_1_enc32v(v, blk, codec == KERN_CODEC_Q5_1 ? 5 : 4);
+    }
+}
+
 /* The codes of an fp8 section (no value needs sanitising), one loop per dtype. The sign
  * of each code is bit 15 of the raw value (the division by a positive scale keeps it), so
  * the codes are made from |x| and the signs are packed straight from the raw high bytes. */
 KT __attribute__((always_inline)) static inline void
 fp8_codes(const uint16_t *raw, const struct kern_layout *lay, uint8_t *sect, const float *scale,
-          uint32_t dtype)
+          uint32_t dtype, int st, float *kmin, float *kmax, float *knorm)
 {
     uint32_t D = lay->head_dim, H = lay->heads, T = lay->tokens;
     const uint16_t *r = raw;
@@ -1200,15 +1326,31 @@ fp8_codes(const uint16_t *raw, const struct kern_layout *lay, uint8_t *sect, con
     const __m256 sm = _mm256_set1_ps(-0.0f);
     for (uint32_t t = 0; t < T; t++) {
         for (uint32_t h = 0; h < H; h++, r += D, q += D) {
-            __m256 vs = _mm256_set1_ps(scale[h]);
+            __m256 vs = _mm256_set1_ps(scale[h]), ss = _mm256_setzero_ps();
             for (uint32_t c = 0; c < D; c += 32) {
                 __m256i e[4];
+                __m256 v[4];
                 /* the next section into L2 while this one is coded */
                 _mm_prefetch((const char *)(r + next + c), _MM_HINT_T1);
                 KERN_UNROLL
-                for (int i = 0; i < 4; i++)
-                    e[i] = v_e4m3_enc_abs(_mm256_div_ps(
-                        _mm256_andnot_ps(sm, v_load8_fast(r + c + 8 * i, dtype)), vs));
+                for (int i = 0; i < 4; i++) {
+                    v[i] = v_load8_fast(r + c + 8 * i, dtype);
+                    e[i] = v_e4m3_enc_abs(_mm256_div_ps(_mm256_andnot_ps(sm, v[i]), vs));
+                }
+                if (st) {
+                    /* key statistics from the same registers, in stats_rows()' order: the
+                     * new value first in min/max, the row's squares summed per 32 channels */
+                    float *mn = kmin + (uint64_t)h * D + c, *mx = kmax + (uint64_t)h * D + c;
+                    KERN_UNROLL
+                    for (int i = 0; i < 4; i++) {
+                        __m256 a = _mm256_loadu_ps(mn + 8 * i), b = _mm256_loadu_ps(mx + 8 * i);
+                        _mm256_storeu_ps(mn + 8 * i, _mm256_min_ps(v[i], a));
+                        _mm256_storeu_ps(mx + 8 * i, _mm256_max_ps(v[i], b));
+                    }
+                    ss = _mm256_add_ps(ss, _mm256_add_ps(
+                        _mm256_add_ps(_mm256_mul_ps(v[0], v[0]), _mm256_mul_ps(v[1], v[1])),
+                        _mm256_add_ps(_mm256_mul_ps(v[2], v[2]), _mm256_mul_ps(v[3], v[3]))));
+                }
                 __m256i s0 = _mm256_srai_epi16(_mm256_loadu_si256((const __m256i *)(r + c)), 8);
                 __m256i s1 =
                     _mm256_srai_epi16(_mm256_loadu_si256((const __m256i *)(r + c + 16)), 8);
@@ -1217,6 +1359,8 @@ fp8_codes(const uint16_t *raw, const struct kern_layout *lay, uint8_t *sect, con
                 p = _mm256_or_si256(p, _mm256_and_si256(sg, _mm256_set1_epi8((char)0x80)));
                 _mm256_storeu_si256((__m256i *)(q + c), p);
             }
+            if (st)
+                knorm[h] += sqrtf(v_hsum(ss));
         }
     }
 }
@@ -1228,7 +1372,7 @@ fp8_codes(const uint16_t *raw, const struct kern_layout *lay, uint8_t *sect, con
  * (NaN or Inf in fp16; in bf16 also anything past 65504), the same test as
  * v_needs_sanitize(). Pass 2 converts and codes; the section is still in L2 from pass 1. */
 KT static int fp8_sect_fast(const uint16_t *raw, const struct kern_layout *lay, uint8_t *sect,
-                            float *scratch)
+                            float *scratch, float *kmin, float *kmax, float *knorm)
 {
     uint32_t D = lay->head_dim, H = lay->heads, T = lay->tokens, dtype = lay->dtype;
     __m256i *acc = (__m256i *)(((uintptr_t)scratch + 31) & ~(uintptr_t)31);
@@ -1269,11 +1413,24 @@ KT static int fp8_sect_fast(const uint16_t *raw, const struct kern_layout *lay, 
         scale[h] = kern_fp8_scale(amax);
         memcpy(sect + 4 * h, &scale[h], 4);
     }
-    if (dtype == KERN_DTYPE_BF16)
-        fp8_codes(raw, lay, sect, scale, KERN_DTYPE_BF16);
+    if (kmin && dtype == KERN_DTYPE_BF16)
+        fp8_codes(raw, lay, sect, scale, KERN_DTYPE_BF16, 1, kmin, kmax, knorm);
+    else if (kmin)
+        fp8_codes(raw, lay, sect, scale, KERN_DTYPE_FP16, 1, kmin, kmax, knorm);
+    else if (dtype == KERN_DTYPE_BF16)
+        fp8_codes(raw, lay, sect, scale, KERN_DTYPE_BF16, 0, NULL, NULL, NULL);
     else
-        fp8_codes(raw, lay, sect, scale, KERN_DTYPE_FP16);
+        fp8_codes(raw, lay, sect, scale, KERN_DTYPE_FP16, 0, NULL, NULL, NULL);
     return 1;
+}
+
+/* A row's 32 values: their squares summed into the eight lanes at ss (the order of the
+ * statistics pass, stats_rows()). */
+KT KERN_AI static inline void kivi_k_ss(const __m256 v[4], float *ss)
+{
+    __m256 sq = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(v[0], v[0]), _mm256_mul_ps(v[1], v[1])),
+                              _mm256_add_ps(_mm256_mul_ps(v[2], v[2]), _mm256_mul_ps(v[3], v[3])));
+    _mm256_store_ps(ss, _mm256_add_ps(_mm256_load_ps(ss), sq));
 }
 
 /* KIVI key section. Per group of 32 tokens and per head, 32 channels at a time: the rows
@@ -1315,33 +1472,29 @@ kivi_k_sect(int bits, uint32_t dtype, const void *raw, const struct kern_layout 
                     lo[i] = hi[i] = san ? v_load8(p + 8 * i, dtype) : v_load8_fast(p + 8 * i, dtype);
                     _mm256_store_ps(&xb[0][8 * i], lo[i]);
                 }
+                if (kmin) /* each row's sum of squares over these 32 channels into ssb */
+                    kivi_k_ss(lo, ssb[0]);
                 for (uint32_t r = 1; r < rows; r++) {
+                    __m256 v[4];
                     p += HD;
                     KERN_UNROLL
                     for (int i = 0; i < 4; i++) {
-                        __m256 v = san ? v_load8(p + 8 * i, dtype) : v_load8_fast(p + 8 * i, dtype);
-                        _mm256_store_ps(&xb[r][8 * i], v);
-                        lo[i] = _mm256_min_ps(v, lo[i]);
-                        hi[i] = _mm256_max_ps(v, hi[i]);
+                        v[i] = san ? v_load8(p + 8 * i, dtype) : v_load8_fast(p + 8 * i, dtype);
+                        _mm256_store_ps(&xb[r][8 * i], v[i]);
+                        lo[i] = _mm256_min_ps(v[i], lo[i]);
+                        hi[i] = _mm256_max_ps(v[i], hi[i]);
                     }
+                    if (kmin)
+                        kivi_k_ss(v, ssb[r]);
                 }
                 if (kmin) {
                     /* statistics: the group's extremes fold into the block's (an earlier
-                     * group's value stays on a tie), and each row's sum of squares over
-                     * these 32 channels into ssb */
+                     * group's value stays on a tie) */
                     float *mn = kmin + (uint64_t)h * D + c, *mx = kmax + (uint64_t)h * D + c;
                     KERN_UNROLL
                     for (int i = 0; i < 4; i++) {
                         _mm256_storeu_ps(mn + 8 * i, _mm256_min_ps(lo[i], _mm256_loadu_ps(mn + 8 * i)));
                         _mm256_storeu_ps(mx + 8 * i, _mm256_max_ps(hi[i], _mm256_loadu_ps(mx + 8 * i)));
-                    }
-                    for (uint32_t r = 0; r < rows; r++) {
-                        __m256 v0 = _mm256_load_ps(&xb[r][0]), v1 = _mm256_load_ps(&xb[r][8]);
-                        __m256 v2 = _mm256_load_ps(&xb[r][16]), v3 = _mm256_load_ps(&xb[r][24]);
-                        __m256 sq = _mm256_add_ps(
-                            _mm256_add_ps(_mm256_mul_ps(v0, v0), _mm256_mul_ps(v1, v1)),
-                            _mm256_add_ps(_mm256_mul_ps(v2, v2), _mm256_mul_ps(v3, v3)));
-                        _mm256_store_ps(ssb[r], _mm256_add_ps(_mm256_load_ps(ssb[r]), sq));
                     }
                 }
                 KERN_UNROLL
@@ -1364,7 +1517,7 @@ kivi_k_sect(int bits, uint32_t dtype, const void *raw, const struct kern_layout 
                     _mm_prefetch((const char *)(p + (uint64_t)rows * HD), _MM_HINT_T1);
                     KERN_UNROLL
                     for (int i = 0; i < 4; i++)
-                        q[i] = v_kivi_code(_mm256_load_ps(&xb[r][8 * i]), mnf[i], id[i], qmax);
+                        q[i] = v_kivi_code(_mm256_load_ps(&xb[r][8 * i]), mnf[i], id[i]);
                     v_kivi_pack32(v_pack_bytes(q[0], q[1], q[2], q[3], 0), bits, out);
                 }
             }
@@ -1436,6 +1589,72 @@ stats_rows(const uint16_t *raw, const struct kern_layout *lay, uint32_t dtype, f
     return dirty;
 }
 
+/* Rows per chunk of stats_enc_rows(): the driver's scratch holds 4 * H * D floats. */
+#define STATS_ENC_ROWS 4
+
+/* A K section of q8_0, q4_1 or q5_1 with key statistics, in chunks of STATS_ENC_ROWS tokens:
+ * the statistics pass of stats_rows() (same order of every min, max and sum, so the same
+ * results) also stores the sanitised floats of the chunk in xf, and the codec codes the chunk
+ * from them while they are in L1. Before, the statistics were a pass of their own and the
+ * encoder converted and checked every value a second time. */
+KT __attribute__((always_inline)) static inline void
+stats_enc_rows(uint32_t codec, const uint16_t *raw, const struct kern_layout *lay,
+               uint32_t dtype, uint8_t *sect, float *xf, float *kmin, float *kmax, float *knorm)
+{
+    uint32_t D = lay->head_dim, H = lay->heads, T = lay->tokens, G = D / 32;
+    uint64_t HD = (uint64_t)H * D, next = (uint64_t)T * HD;
+    uint32_t gb = block_bytes(codec, 0);
+    __attribute__((aligned(32))) float ssb[STATS_ENC_ROWS][8];
+    stats_init(lay, kmin, kmax, knorm);
+    for (uint32_t t0 = 0; t0 < T; t0 += STATS_ENC_ROWS) {
+        uint32_t rows = T - t0 < STATS_ENC_ROWS ? T - t0 : STATS_ENC_ROWS;
+        const uint16_t *rg = raw + (uint64_t)t0 * HD;
+        int san = 0;
+        for (uint32_t i = 0; i < rows * H && !san; i++)
+            san = v_needs_sanitize(rg + (uint64_t)i * D, D, dtype);
+        for (uint32_t h = 0; h < H; h++) {
+            for (uint32_t r = 0; r < rows; r++)
+                _mm256_store_ps(ssb[r], _mm256_setzero_ps());
+            for (uint32_t c = 0; c < D; c += 32) {
+                float *mn = kmin + (uint64_t)h * D + c, *mx = kmax + (uint64_t)h * D + c;
+                const uint16_t *p = rg + (uint64_t)h * D + c;
+                float *xo = xf + (uint64_t)h * D + c;
+                __m256 lo[4], hi[4];
+                KERN_UNROLL
+                for (int i = 0; i < 4; i++) {
+                    lo[i] = _mm256_loadu_ps(mn + 8 * i);
+                    hi[i] = _mm256_loadu_ps(mx + 8 * i);
+                }
+                for (uint32_t r = 0; r < rows; r++, p += HD, xo += HD) {
+                    __m256 v[4];
+                    /* the next section into L2 while this one is coded */
+                    _mm_prefetch((const char *)(p + next), _MM_HINT_T1);
+                    KERN_UNROLL
+                    for (int i = 0; i < 4; i++) {
+                        v[i] = san ? v_load8(p + 8 * i, dtype) : v_load8_fast(p + 8 * i, dtype);
+                        _mm256_storeu_ps(xo + 8 * i, v[i]);
+                        lo[i] = _mm256_min_ps(v[i], lo[i]);
+                        hi[i] = _mm256_max_ps(v[i], hi[i]);
+                    }
+                    __m256 sq = _mm256_add_ps(
+                        _mm256_add_ps(_mm256_mul_ps(v[0], v[0]), _mm256_mul_ps(v[1], v[1])),
+                        _mm256_add_ps(_mm256_mul_ps(v[2], v[2]), _mm256_mul_ps(v[3], v[3])));
+                    _mm256_store_ps(ssb[r], _mm256_add_ps(_mm256_load_ps(ssb[r]), sq));
+                }
+                KERN_UNROLL
+                for (int i = 0; i < 4; i++) {
+                    _mm256_storeu_ps(mn + 8 * i, lo[i]);
+                    _mm256_storeu_ps(mx + 8 * i, hi[i]);
+                }
+            }
+            for (uint32_t r = 0; r < rows; r++)
+                knorm[h] += sqrtf(v_hsum(_mm256_load_ps(ssb[r])));
+        }
+        enc_groups_f(codec, xf, (uint64_t)rows * H * G, sect + (uint64_t)t0 * H * G * gb);
+    }
+    stats_done(lay, knorm);
+}
+
 KT static int avx_enc_sect(uint32_t codec, int is_v, const void *raw,
                            const struct kern_layout *lay, uint8_t *sect, float *scratch,
                            float *kmin, float *kmax, float *knorm)
@@ -1459,34 +1678,33 @@ KT static int avx_enc_sect(uint32_t codec, int is_v, const void *raw,
         stats_done(lay, knorm);
         return 1;
     }
-    if (kmin) {
-        /* the statistics first; then the codec runs as without them */
-        int dirty = lay->dtype == KERN_DTYPE_BF16
-                        ? stats_rows(raw, lay, KERN_DTYPE_BF16, kmin, kmax, knorm)
-                        : stats_rows(raw, lay, KERN_DTYPE_FP16, kmin, kmax, knorm);
-        if (codec == KERN_CODEC_RAW)
-            return 1;
-        if (codec == KERN_CODEC_FP8 && !dirty) {
-            /* the head amax is the larger magnitude of its channel extremes */
-            float *scale = scratch;
-            for (uint32_t h = 0; h < H; h++) {
-                const float *mn = kmin + (uint64_t)h * D, *mx = kmax + (uint64_t)h * D;
-                float amax = 0.0f;
-                for (uint32_t c = 0; c < D; c++) {
-                    float a = fabsf(mn[c]) > fabsf(mx[c]) ? fabsf(mn[c]) : fabsf(mx[c]);
-                    amax = a > amax ? a : amax;
-                }
-                scale[h] = kern_fp8_scale(amax);
-                memcpy(sect + 4 * h, &scale[h], 4);
-            }
-            if (lay->dtype == KERN_DTYPE_BF16)
-                fp8_codes(raw, lay, sect, scale, KERN_DTYPE_BF16);
-            else
-                fp8_codes(raw, lay, sect, scale, KERN_DTYPE_FP16);
+    if (kmin && !bits && codec != KERN_CODEC_RAW && codec != KERN_CODEC_FP8) {
+        if (lay->dtype == KERN_DTYPE_BF16)
+            stats_enc_rows(codec, raw, lay, KERN_DTYPE_BF16, sect, scratch, kmin, kmax, knorm);
+        else
+            stats_enc_rows(codec, raw, lay, KERN_DTYPE_FP16, sect, scratch, kmin, kmax, knorm);
+        return 1;
+    }
+    if (kmin && codec == KERN_CODEC_FP8) {
+        /* the codes pass takes the statistics too, when no value needs sanitising (the
+         * integer amax pass finds that first and writes nothing then) */
+        stats_init(lay, kmin, kmax, knorm);
+        if (fp8_sect_fast(raw, lay, sect, scratch, kmin, kmax, knorm)) {
+            stats_done(lay, knorm);
             return 1;
         }
     }
-    if (codec == KERN_CODEC_FP8 && fp8_sect_fast(raw, lay, sect, scratch))
+    if (kmin) {
+        /* the statistics first; then the codec runs as without them */
+        if (lay->dtype == KERN_DTYPE_BF16)
+            stats_rows(raw, lay, KERN_DTYPE_BF16, kmin, kmax, knorm);
+        else
+            stats_rows(raw, lay, KERN_DTYPE_FP16, kmin, kmax, knorm);
+        if (codec == KERN_CODEC_RAW)
+            return 1;
+    }
+    if (codec == KERN_CODEC_FP8 && !kmin &&
+        fp8_sect_fast(raw, lay, sect, scratch, NULL, NULL, NULL))
         return 1;
     if (codec == KERN_CODEC_FP8) {
         /* some value needs sanitising: the head amax, then the codes, per row as needed */
@@ -1546,10 +1764,11 @@ KT static int avx_enc_sect(uint32_t codec, int is_v, const void *raw,
  * are made first, in `scratch` (2 * H * D floats): for 2-bit keys each channel's four
  * outputs out(q * scale + min), q = 0..3, as halves, so a row's 16 channels are picked from
  * them by two blends on the code bits; for 4-bit keys each channel's scale and min as floats,
- * and a row's 32 codes are put in element order as bytes, widened, multiplied and added. */
+ * and each eight codes of a row come out of one 32-bit word by a shift per lane, are
+ * converted, multiplied and added (fused in the FMA build). */
 KT __attribute__((always_inline)) static inline void
-kivi_k_dec_sect(int bits, uint32_t out, const uint8_t *sect, const struct kern_layout *lay,
-                void *raw, float *scratch)
+kivi_k_dec_sect(int bits, uint32_t out, int nt, const uint8_t *sect,
+                const struct kern_layout *lay, void *raw, float *scratch)
 {
     uint32_t D = lay->head_dim, H = lay->heads, T = lay->tokens;
     uint32_t rb = kern_kivi_row_bytes(D, bits);
@@ -1564,7 +1783,6 @@ kivi_k_dec_sect(int bits, uint32_t out, const uint8_t *sect, const struct kern_l
     const __m256i b0 = _mm256_setr_epi16(1, 4, 16, 64, 256, 1024, 4096, 16384, 1, 4, 16, 64,
                                          256, 1024, 4096, 16384);
     const __m256i b1 = _mm256_add_epi16(b0, b0);
-    const __m128i m4 = _mm_set1_epi8(0x0f);
     for (uint32_t t0 = 0; t0 < T; t0 += KERN_GROUP) {
         uint32_t rows = T - t0 < KERN_GROUP ? T - t0 : KERN_GROUP;
         for (uint32_t h = 0; h < H; h++) {
@@ -1613,22 +1831,19 @@ kivi_k_dec_sect(int bits, uint32_t out, const uint8_t *sect, const struct kern_l
                                                         _mm256_loadu_si256((const __m256i *)(tb + 16)), m0);
                         __m256i hi = _mm256_blendv_epi8(_mm256_loadu_si256((const __m256i *)(tb + 32)),
                                                         _mm256_loadu_si256((const __m256i *)(tb + 48)), m0);
-                        _mm256_storeu_si256((__m256i *)(r + c), _mm256_blendv_epi8(lo, hi, m1));
+                        v_st32(r + c, _mm256_blendv_epi8(lo, hi, m1), nt);
                     }
                     continue;
                 }
                 const float *sp = scf + (uint64_t)h * D, *mp = mnf + (uint64_t)h * D;
                 for (uint32_t c = 0; c < D; c += 32) {
-                    __m128i cb = _mm_loadu_si128((const __m128i *)(row + c / 2));
-                    __m128i e = _mm_and_si128(cb, m4), o = _mm_and_si128(_mm_srli_epi16(cb, 4), m4);
-                    __m128i x0 = _mm_unpacklo_epi8(e, o), x1 = _mm_unpackhi_epi8(e, o);
-                    __m128i part[4] = {x0, _mm_srli_si128(x0, 8), x1, _mm_srli_si128(x1, 8)};
                     KERN_UNROLL
                     for (int i = 0; i < 4; i++) {
-                        __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(part[i]));
+                        /* eight codes from one 32-bit word, by a variable shift per lane */
+                        __m256 f = v_kivi_unpack8(row, c + 8 * i, 4);
                         f = _mm256_add_ps(_mm256_mul_ps(f, _mm256_loadu_ps(sp + c + 8 * i)),
                                           _mm256_loadu_ps(mp + c + 8 * i));
-                        v_store8(r + c + 8 * i, f, out);
+                        v_st16(r + c + 8 * i, v_half8(f, out), nt);
                     }
                 }
             }
@@ -1643,7 +1858,7 @@ kivi_k_dec_sect(int bits, uint32_t out, const uint8_t *sect, const struct kern_l
  * reference's two multiplications. Sixteen codes are placed into the top bytes of two vectors
  * by one shuffle each, then shifted down arithmetically (the sign lands on bit 31). */
 KT __attribute__((always_inline)) static inline void
-fp8_dec_sect(const uint8_t *sect, const struct kern_layout *lay, void *raw, uint32_t out)
+fp8_dec_sect(const uint8_t *sect, const struct kern_layout *lay, void *raw, uint32_t out, int nt)
 {
     uint32_t D = lay->head_dim, H = lay->heads, T = lay->tokens;
     const __m256 p120 = _mm256_set1_ps(1.329227995784916e36f);
@@ -1665,7 +1880,7 @@ fp8_dec_sect(const uint8_t *sect, const struct kern_layout *lay, void *raw, uint
                         _mm256_slli_epi32(_mm256_and_si256(w, _mm256_set1_epi32(0x7f)), 20),
                         _mm256_slli_epi32(_mm256_and_si256(w, _mm256_set1_epi32(0x80)), 24));
                     __m256 f = _mm256_mul_ps(_mm256_castsi256_ps(u), p120);
-                    v_store8(r + c, _mm256_mul_ps(f, vs), out);
+                    v_st16(r + c, v_half8(_mm256_mul_ps(f, vs), out), nt);
                 }
                 continue;
             }
@@ -1676,46 +1891,59 @@ fp8_dec_sect(const uint8_t *sect, const struct kern_layout *lay, void *raw, uint
                 __m256i u1 = _mm256_and_si256(_mm256_srai_epi32(_mm256_shuffle_epi8(b, top1), 4), bits);
                 __m128i h0 = v_half8(_mm256_mul_ps(_mm256_castsi256_ps(u0), vs), out);
                 __m128i h1 = v_half8(_mm256_mul_ps(_mm256_castsi256_ps(u1), vs), out);
-                _mm256_storeu_si256((__m256i *)(r + c), _mm256_set_m128i(h1, h0));
+                v_st32(r + c, _mm256_set_m128i(h1, h0), nt);
             }
         }
     }
 }
 
-KT static int avx_dec_sect(uint32_t codec, int is_v, const uint8_t *sect,
-                           const struct kern_layout *lay, void *raw, uint32_t out,
-                           float *scratch)
+/* q8_0 blocks decoded into at least this many bytes are written with non-temporal stores:
+ * they cannot stay in this core's L2 anyway, and the usual reader (a copy to the GPU, another
+ * process) reads them once. The stores skip the read for ownership of every destination line,
+ * a third of a decode's memory traffic, and q8_0 decode, the cheapest to compute, is bound by
+ * that traffic (+25% out of cache on the Zen 3 host). The other codecs are bound by their
+ * arithmetic there and were no faster streaming (q4_1 a little slower), so they, and smaller
+ * blocks, write through the cache. */
+#define KERN_NT_MIN_BYTES (1u << 20)
+
+/* One section, stores ordinary or non-temporal (nt constant after inlining). */
+KT __attribute__((always_inline)) static inline void
+dec_sect_nt(uint32_t codec, int bits, int is_v, const uint8_t *sect,
+            const struct kern_layout *lay, void *raw, uint32_t out, float *scratch, int nt)
 {
     uint32_t D = lay->head_dim, H = lay->heads, T = lay->tokens, G = D / 32;
-    int bits = kern_codec_bits(codec);
     uint16_t *r = raw;
-    if (D % 32)
-        return 0;
     if (codec == KERN_CODEC_FP8) {
         if (out == KERN_DTYPE_BF16)
-            fp8_dec_sect(sect, lay, raw, KERN_DTYPE_BF16);
+            fp8_dec_sect(sect, lay, raw, KERN_DTYPE_BF16, nt);
         else
-            fp8_dec_sect(sect, lay, raw, KERN_DTYPE_FP16);
-        return 1;
+            fp8_dec_sect(sect, lay, raw, KERN_DTYPE_FP16, nt);
+        return;
     }
     if (bits && !is_v) {
         if (bits == 4 && out == KERN_DTYPE_BF16)
-            kivi_k_dec_sect(4, KERN_DTYPE_BF16, sect, lay, raw, scratch);
+            kivi_k_dec_sect(4, KERN_DTYPE_BF16, nt, sect, lay, raw, scratch);
         else if (bits == 4)
-            kivi_k_dec_sect(4, KERN_DTYPE_FP16, sect, lay, raw, scratch);
+            kivi_k_dec_sect(4, KERN_DTYPE_FP16, nt, sect, lay, raw, scratch);
         else if (out == KERN_DTYPE_BF16)
-            kivi_k_dec_sect(2, KERN_DTYPE_BF16, sect, lay, raw, scratch);
+            kivi_k_dec_sect(2, KERN_DTYPE_BF16, nt, sect, lay, raw, scratch);
         else
-            kivi_k_dec_sect(2, KERN_DTYPE_FP16, sect, lay, raw, scratch);
-        return 1;
+            kivi_k_dec_sect(2, KERN_DTYPE_FP16, nt, sect, lay, raw, scratch);
+        return;
     }
     uint32_t gb = block_bytes(codec, bits);
     const uint8_t *blk = sect;
     uint64_t n = (uint64_t)T * H * G;
     /* one loop per (codec, output dtype), each group straight into its raw halves */
 #define DEC_LOOP(C, B, OUT)                                                                    \
-    for (uint64_t i = 0; i < n; i++, blk += gb, r += 32)                                       \
-        dec32_to(C, B, blk, r, OUT)
+    do {                                                                                       \
+        uint64_t i = 0;                                                                        \
+        if ((C) == KERN_CODEC_Q4_1 || (B) == 4) /* two groups per table pass */               \
+            for (; i + 2 <= n; i += 2, blk += 2 * gb, r += 64)                                 \
+                tab16_dec2x32_to(C, blk, gb, r, OUT, nt);                                      \
+        for (; i < n; i++, blk += gb, r += 32)                                                 \
+            dec32_to(C, B, blk, r, OUT, nt);                                                   \
+    } while (0)
 #define DEC_OUT(C, B)                                                                          \
     do {                                                                                       \
         if (out == KERN_DTYPE_BF16)                                                            \
@@ -1724,9 +1952,9 @@ KT static int avx_dec_sect(uint32_t codec, int is_v, const uint8_t *sect,
             DEC_LOOP(C, B, KERN_DTYPE_FP16);                                                   \
     } while (0)
     if (bits == 4)
-        DEC_OUT(codec, 4);
+        DEC_OUT(KERN_CODEC_KIVI4, 4);
     else if (bits == 2)
-        DEC_OUT(codec, 2);
+        DEC_OUT(KERN_CODEC_KIVI2, 2);
     else if (codec == KERN_CODEC_Q8_0)
         DEC_OUT(KERN_CODEC_Q8_0, 0);
     else if (codec == KERN_CODEC_Q5_1)
@@ -1735,6 +1963,57 @@ KT static int avx_dec_sect(uint32_t codec, int is_v, const uint8_t *sect,
         DEC_OUT(KERN_CODEC_Q4_1, 0);
 #undef DEC_OUT
 #undef DEC_LOOP
+}
+
+/* The section decoders without FMA, for CPUs without it (and the tests, kern_avx2_fma()). */
+KT __attribute__((noinline)) static void
+dec_sect_plain(uint32_t codec, int bits, int is_v, const uint8_t *sect,
+               const struct kern_layout *lay, void *raw, uint32_t out, float *scratch, int nt)
+{
+    if (nt) /* q8_0 only: see KERN_NT_MIN_BYTES */
+        dec_sect_nt(KERN_CODEC_Q8_0, 0, is_v, sect, lay, raw, out, scratch, 1);
+    else
+        dec_sect_nt(codec, bits, is_v, sect, lay, raw, out, scratch, 0);
+}
+
+/* The same decoders built with FMA, so the compiler fuses each q * d + m (q * scale + min)
+ * into one instruction: the product is exact in fp32 (q < 2^5 times an fp16 value), so the
+ * fused form rounds once where the reference rounds once too, and the results are the same
+ * bits, Inf and NaN scalars included, except which NaN comes out where two meet (a NaN
+ * scalar and a NaN product, e.g. 0 * Inf + NaN): x86 returns one operand's NaN by its
+ * position in the instruction, which the compiler chooses in either build. Only decode has
+ * FMA: every multiply and add of the encoders must round twice, as the reference's. */
+KTF __attribute__((noinline)) static void
+dec_sect_fma(uint32_t codec, int bits, int is_v, const uint8_t *sect,
+             const struct kern_layout *lay, void *raw, uint32_t out, float *scratch, int nt)
+{
+    if (nt) /* q8_0 only: see KERN_NT_MIN_BYTES */
+        dec_sect_nt(KERN_CODEC_Q8_0, 0, is_v, sect, lay, raw, out, scratch, 1);
+    else
+        dec_sect_nt(codec, bits, is_v, sect, lay, raw, out, scratch, 0);
+}
+
+/* Whether the decoders use their FMA build: set with `have` in kern_avx2_ops() (the CPU has
+ * FMA), cleared and restored by the tests through kern_avx2_fma(). */
+static int avx_have_fma, avx_cpu_fma;
+
+KT static int avx_dec_sect(uint32_t codec, int is_v, const uint8_t *sect,
+                           const struct kern_layout *lay, void *raw, uint32_t out,
+                           float *scratch)
+{
+    int bits = kern_codec_bits(codec);
+    if (lay->head_dim % 32)
+        return 0;
+    /* a section starts 64-byte aligned relative to the block (D % 32 == 0), so every store
+     * is 16-byte aligned when the section is */
+    int nt = codec == KERN_CODEC_Q8_0 && kern_raw_size(lay) >= KERN_NT_MIN_BYTES &&
+             ((uintptr_t)raw & 15) == 0;
+    if (__atomic_load_n(&avx_have_fma, __ATOMIC_RELAXED))
+        dec_sect_fma(codec, bits, is_v, sect, lay, raw, out, scratch, nt);
+    else
+        dec_sect_plain(codec, bits, is_v, sect, lay, raw, out, scratch, nt);
+    if (nt)
+        _mm_sfence(); /* the streamed lines are ordered before whatever the caller does next */
     return 1;
 }
 
@@ -1757,7 +2036,18 @@ const struct kern_cpu_ops *kern_avx2_ops(void)
     if (h < 0) { /* idempotent: racing first callers store the same answer */
         __builtin_cpu_init();
         h = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+        __atomic_store_n(&avx_cpu_fma, h && __builtin_cpu_supports("fma"), __ATOMIC_RELAXED);
+        __atomic_store_n(&avx_have_fma, h && __builtin_cpu_supports("fma"), __ATOMIC_RELAXED);
         __atomic_store_n(&have, h, __ATOMIC_RELAXED);
     }
     return h ? &avx2_ops : NULL;
+}
+
+int kern_avx2_fma(int on)
+{
+    (void)kern_avx2_ops();
+    int was = __atomic_load_n(&avx_have_fma, __ATOMIC_RELAXED);
+    __atomic_store_n(&avx_have_fma, on && __atomic_load_n(&avx_cpu_fma, __ATOMIC_RELAXED),
+                     __ATOMIC_RELAXED);
+    return was;
 }

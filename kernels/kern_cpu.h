@@ -51,6 +51,9 @@ struct kern_cpu_ops {
 extern const struct kern_cpu_ops kern_ref_ops;
 /* NULL when the CPU lacks AVX2 or F16C. */
 const struct kern_cpu_ops *kern_avx2_ops(void);
+/* Tests: let the AVX2 section decoders use their FMA build (on, the default where the CPU has
+ * FMA) or not (0); returns the previous setting. Not thread-safe against running decodes. */
+int kern_avx2_fma(int on);
 
 /* Reference pieces the AVX2 version reuses for tails. */
 void kern_ref_enc(uint32_t codec, int is_v, const float *x, const struct kern_layout *lay,

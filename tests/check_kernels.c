@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "kernels/kern.h"
+#include "kernels/kern_cpu.h"
 #include "kernels/kern_fmt.h"
 #include "tests/lib/daemon.h"
 #include "tests/lib/kern_oracle.h"
@@ -708,6 +709,54 @@ START_TEST(test_edge_inputs_match_reference)
 }
 END_TEST
 
+/* Regression (codes past qmax): values k * 2^-24, k in [0, kmax], make the fp16 scale a
+ * subnormal that rounds down by up to a third ((kmax / qmax) * 2^-24 to 2^-24), so codes
+ * reach 1.5 * qmax before the clamp; the vectorised KIVI encoders clamp the bytes after
+ * the pack, and dropping that clamp went unnoticed by every other case (tried). Every codec,
+ * fp16 and bf16, the whole-section and the per-head paths, with and without statistics. */
+START_TEST(test_subnormal_scale_codes)
+{
+    static const struct kern_layout lays[] = {{1, 2, 64, 32, KERN_DTYPE_FP16, 0},
+                                              {1, 2, 64, 37, KERN_DTYPE_BF16, 0},
+                                              {1, 2, 40, 33, KERN_DTYPE_FP16, 0}};
+    static const uint32_t kmax[] = {4, 5, 21, 22};
+    uint64_t st = 12345;
+    for (unsigned li = 0; li < 3; li++)
+        for (unsigned ki = 0; ki < 4; ki++) {
+            struct kern_layout lay = lays[li];
+            uint64_t rs = kern_raw_size(&lay);
+            uint16_t *raw = malloc(rs);
+            ck_assert_ptr_nonnull(raw);
+            for (uint64_t i = 0; i < rs / 2; i++) {
+                float x = ldexpf((float)(rng_next(&st) % (kmax[ki] + 1)), -24);
+                raw[i] = lay.dtype == KERN_DTYPE_FP16 ? kern_f2h(x) : kern_f2bf(x);
+            }
+            for (int c = 1; c < KERN_CODEC_COUNT; c++)
+                for (int stats = 0; stats < 2; stats++) {
+                    struct kern_recipe rec;
+                    kern_recipe_fill(&rec, c, c, 0);
+                    int64_t sz = kern_encoded_size(&lay, &rec);
+                    uint64_t nc = (uint64_t)lay.layers * lay.heads * lay.head_dim;
+                    uint8_t *e1 = malloc((size_t)sz), *e2 = malloc((size_t)sz);
+                    float *s = malloc((2 * nc + lay.layers * lay.heads) * sizeof(float));
+                    ck_assert(e1 && e2 && s);
+                    struct kern_key_stats ks = {s, s + nc, s + 2 * nc};
+                    ck_assert_int_eq(kern_encode_ref(&lay, &rec, raw, e1, (size_t)sz, NULL), sz);
+                    ck_assert_int_eq(
+                        kern_encode_cpu(&lay, &rec, raw, e2, (size_t)sz, stats ? &ks : NULL), sz);
+                    ck_assert_msg(memcmp(e1, e2, (size_t)sz) == 0,
+                                  "%s %ux%u%s kmax %u stats %d: encoded bytes differ",
+                                  kern_codec_name((uint32_t)c), lay.head_dim, lay.tokens,
+                                  lay.dtype == KERN_DTYPE_BF16 ? " bf16" : "", kmax[ki], stats);
+                    free(e1);
+                    free(e2);
+                    free(s);
+                }
+            free(raw);
+        }
+}
+END_TEST
+
 /* ---- expected bytes from a second implementation (tests/lib/kern_oracle.c) ------------- */
 
 /* The oracle's own conversions against the hardware (F16C) and the format's definitions. */
@@ -889,7 +938,7 @@ END_TEST
 
 /* The vectorised decoders write each group (fp8: each row, KIVI keys: each row after a
  * per-group table) straight into the caller's buffer. Every codec, fp16 and bf16 input, both
- * output dtypes, into destinations offset by 0, 2 and 1 bytes from a 32-byte boundary, with
+ * output dtypes, into destinations offset by 0, 16, 2 and 1 bytes from a 32-byte boundary, with
  * the bytes around the block untouched; the section payloads are random, so every code of
  * every table entry occurs (and scales the encoders never write: fp8 scales up to 2^115 take
  * the decoder's guarded path). Shapes: D a multiple of 32 (the whole-section decoders), T
@@ -899,6 +948,9 @@ static const struct kern_layout dec_shapes[] = {
     {1, 2, 128, 32, KERN_DTYPE_BF16, 0},
     {1, 1, 576, 7, KERN_DTYPE_FP16, 1},
     {2, 2, 40, 9, KERN_DTYPE_BF16, 0},
+    /* 1.25 MiB of raw output, a partial KIVI key group: q8_0 is decoded with streaming
+     * stores where the destination is 16-byte aligned (kern_avx2.c, KERN_NT_MIN_BYTES) */
+    {8, 8, 128, 40, KERN_DTYPE_FP16, 0},
 };
 #define NDEC_SHAPES (sizeof(dec_shapes) / sizeof(dec_shapes[0]))
 
@@ -963,22 +1015,100 @@ START_TEST(test_decode_random_payload)
     for (uint32_t out = KERN_DTYPE_FP16; out <= KERN_DTYPE_BF16; out++) {
         memset(d1, 0xa5, rs);
         ck_assert_int_eq(kern_decode_ref(&lay, e, (size_t)sz, d1, rs, out), (int64_t)rs);
-        static const unsigned offs[] = {0, 2, 1};
-        for (unsigned o = 0; o < 3; o++) {
+        static const unsigned offs[] = {0, 16, 2, 1};
+        for (unsigned o = 0; o < 8; o++) { /* each offset with the FMA build, then without */
             uint8_t *base = (uint8_t *)(((uintptr_t)d2 + 31) & ~(uintptr_t)31);
-            uint8_t *dst = base + offs[o];
+            uint8_t *dst = base + offs[o % 4];
             memset(d2, 0x5a, rs + 96);
+            int was = kern_avx2_fma(o < 4);
             ck_assert_int_eq(kern_decode_cpu(&lay, e, (size_t)sz, dst, rs, out), (int64_t)rs);
-            ck_assert_msg(memcmp(d1, dst, rs) == 0, "%s %ux%ux%ux%u%s in %s out %s dst +%u: "
+            kern_avx2_fma(was);
+            ck_assert_msg(memcmp(d1, dst, rs) == 0, "%s %ux%ux%ux%u%s in %s out %s dst +%u%s: "
                           "the decoded block differs from the reference's",
                           kern_codec_name(codec), lay.layers, H, D, T, lay.k_only ? " k-only" : "",
                           lay.dtype == KERN_DTYPE_BF16 ? "bf16" : "fp16",
-                          out == KERN_DTYPE_BF16 ? "bf16" : "fp16", offs[o]);
+                          out == KERN_DTYPE_BF16 ? "bf16" : "fp16", offs[o % 4],
+                          o < 4 ? "" : " no fma");
             for (uint8_t *q = d2; q < dst; q++)
                 ck_assert_uint_eq(*q, 0x5a);
             for (uint8_t *q = dst + rs; q < d2 + rs + 96; q++)
                 ck_assert_uint_eq(*q, 0x5a);
         }
+    }
+    free(raw);
+    free(e);
+    free(d1);
+    free(d2);
+}
+END_TEST
+
+/* Group scalars that are Inf or NaN (no encoder writes them, a corrupt or foreign block may
+ * hold them): the vectorised decoder (the FMA build where the CPU has FMA) gives the
+ * reference's halves, Inf, -Inf and 0 * Inf included; where a NaN scalar meets a NaN product
+ * either operand's NaN may come out (x86 picks by operand position, which the compiler
+ * chooses: the ASan build of the reference picked the other one), so two NaN halves count as
+ * equal. Every codec with a per-group (d, m) or per-channel (scale, min), a partial KIVI key
+ * group, fp16 and bf16 output, one layer's sections clean. */
+static int half_is_nan(uint16_t h, uint32_t dtype)
+{
+    return dtype == KERN_DTYPE_BF16 ? (h & 0x7fff) > 0x7f80 : (h & 0x7fff) > 0x7c00;
+}
+
+START_TEST(test_decode_nonfinite_scalars)
+{
+    static const uint32_t codecs[] = {KERN_CODEC_Q4_1, KERN_CODEC_Q5_1, KERN_CODEC_KIVI2,
+                                      KERN_CODEC_KIVI4};
+    static const uint16_t bad[] = {0x7c00, 0xfc00, 0x7e00, 0xfe00, 0x7c01, 0x7dff, 0xffff};
+    uint32_t codec = codecs[_i];
+    struct kern_layout lay = {2, 2, 64, 37, KERN_DTYPE_FP16, 0};
+    struct kern_recipe rec;
+    kern_recipe_fill(&rec, codec, codec, 0);
+    int64_t sz = kern_encoded_size(&lay, &rec);
+    uint64_t rs = kern_raw_size(&lay), s = 99 + (uint64_t)_i;
+    uint8_t *e = malloc((size_t)sz), *d1 = malloc(rs), *d2 = malloc(rs);
+    void *raw = make_block(&lay, 3);
+    ck_assert(e && d1 && d2 && raw);
+    ck_assert_int_eq(kern_encode_ref(&lay, &rec, raw, e, (size_t)sz, NULL), sz);
+    uint32_t D = lay.head_dim, H = lay.heads, T = lay.tokens;
+    int bits = kern_codec_bits(codec);
+    for (uint32_t k = 0; k < 2; k++) { /* layer 0's sections; layer 1 stays clean */
+        struct kern_block_sect st;
+        memcpy(&st, e + sizeof(struct kern_block_hdr) + k * sizeof(st), sizeof(st));
+        uint8_t *p = e + st.offset;
+        for (uint32_t i = 0; i < st.bytes; i++)
+            p[i] = (uint8_t)rng_next(&s);
+        if (bits && k == 0) {
+            uint64_t hb = kern_kivi_k_head_bytes(D, T, bits);
+            for (uint32_t h = 0; h < H; h++)
+                for (uint32_t t0 = 0; t0 < T; t0 += 32)
+                    for (uint32_t c = 0; c < 2 * D; c++) {
+                        uint16_t v = rng_next(&s) % 4 == 0 ? bad[rng_next(&s) % 7]
+                                                           : rand_half(&s, c < D ? 2 : 6);
+                        memcpy(p + h * hb + (t0 / 32) * kern_kivi_k_group_bytes(D, 32, bits) +
+                                   2 * c, &v, 2);
+                    }
+        } else {
+            uint32_t gb = bits ? kern_kivi_v_group_bytes(bits) : codec == KERN_CODEC_Q4_1 ? 20 : 24;
+            for (uint64_t gi = 0; gi < (uint64_t)T * H * kern_ngroups(D); gi++)
+                for (int j = 0; j < 2; j++) {
+                    uint16_t v = rng_next(&s) % 4 == 0 ? bad[rng_next(&s) % 7]
+                                                       : rand_half(&s, j ? 6 : 2);
+                    memcpy(p + gi * gb + 2 * j, &v, 2);
+                }
+        }
+    }
+    for (uint32_t m = 0; m < 4; m++) { /* output dtype; the FMA build, then without */
+        uint32_t out = m % 2 ? KERN_DTYPE_BF16 : KERN_DTYPE_FP16;
+        ck_assert_int_eq(kern_decode_ref(&lay, e, (size_t)sz, d1, rs, out), (int64_t)rs);
+        int was = kern_avx2_fma(m < 2);
+        ck_assert_int_eq(kern_decode_cpu(&lay, e, (size_t)sz, d2, rs, out), (int64_t)rs);
+        kern_avx2_fma(was);
+        const uint16_t *h1 = (const uint16_t *)d1, *h2 = (const uint16_t *)d2;
+        for (uint64_t i = 0; i < rs / 2; i++)
+            ck_assert_msg(h1[i] == h2[i] || (half_is_nan(h1[i], out) && half_is_nan(h2[i], out)),
+                          "%s out %s%s: element %llu is %04x, the reference's %04x",
+                          kern_codec_name(codec), out == KERN_DTYPE_BF16 ? "bf16" : "fp16",
+                          m < 2 ? "" : " no fma", (unsigned long long)i, h2[i], h1[i]);
     }
     free(raw);
     free(e);
@@ -1006,6 +1136,8 @@ static Suite *kernels_suite(void)
     tcase_add_loop_test(tc, test_key_stats, 0, (int)NSHAPES);
     tcase_add_test(tc, test_supports);
     tcase_add_test(tc, test_edge_inputs_match_reference);
+    tcase_add_test(tc, test_subnormal_scale_codes);
+    tcase_add_loop_test(tc, test_decode_nonfinite_scalars, 0, 4);
     tcase_add_loop_test(tc, test_decode_random_payload, 0,
                         (int)((KERN_CODEC_COUNT - 1) * NDEC_SHAPES));
     suite_add_tcase(s, tc);
