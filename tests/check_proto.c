@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "client/kvc_fast.h"
 #include "daemon/proto.h"
 #include "policies/policy.h"
 #include "tests/lib/daemon.h"
@@ -328,6 +329,32 @@ START_TEST(test_ns_drop)
 }
 END_TEST
 
+START_TEST(test_fast_attach)
+{
+    struct kvc_fast_attach_req q = {.what = KVC_FAST_INDEX, .arena_id = 3};
+    ck_assert_int_eq(decode(msg(KVC_OP_FAST_ATTACH, &q, sizeof(q), NULL, 0)), 0);
+    ck_assert_int_eq(proto_op_admin(KVC_OP_FAST_ATTACH), 0);
+    ck_assert_str_eq(proto_op_name(KVC_OP_FAST_ATTACH), "FAST_ATTACH");
+    ck_assert_int_eq(decode(msg(KVC_OP_FAST_ATTACH, &q, sizeof(q) - 4, NULL, 0)), -EBADMSG);
+    struct {
+        struct kvc_fast_attach_req q;
+        uint64_t extra;
+    } longer = {q, 0};
+    ck_assert_int_eq(decode(msg(KVC_OP_FAST_ATTACH, &longer, sizeof(longer), NULL, 0)),
+                     -EBADMSG);
+    q = (struct kvc_fast_attach_req){.what = KVC_FAST_RING};
+    ck_assert_int_eq(decode(msg(KVC_OP_FAST_ATTACH, &q, sizeof(q), NULL, 0)), 0);
+    q.arena_id = 1; /* the ring and SYNC name no arena */
+    ck_assert_int_eq(decode(msg(KVC_OP_FAST_ATTACH, &q, sizeof(q), NULL, 0)), -EINVAL);
+    q = (struct kvc_fast_attach_req){.what = KVC_FAST_SYNC, .arena_id = 2};
+    ck_assert_int_eq(decode(msg(KVC_OP_FAST_ATTACH, &q, sizeof(q), NULL, 0)), -EINVAL);
+    q = (struct kvc_fast_attach_req){.what = 0};
+    ck_assert_int_eq(decode(msg(KVC_OP_FAST_ATTACH, &q, sizeof(q), NULL, 0)), -EINVAL);
+    q.what = KVC_FAST_SYNC + 1;
+    ck_assert_int_eq(decode(msg(KVC_OP_FAST_ATTACH, &q, sizeof(q), NULL, 0)), -EINVAL);
+}
+END_TEST
+
 START_TEST(test_mutations_never_crash)
 {
     unsigned seed = 2024;
@@ -379,6 +406,7 @@ int main(void)
     tcase_add_test(tc, test_duplicate_keys);
     tcase_add_test(tc, test_zero_key_refused);
     tcase_add_test(tc, test_ns_drop);
+    tcase_add_test(tc, test_fast_attach);
     tcase_add_test(tc, test_mutations_never_crash);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
