@@ -47,6 +47,11 @@ class Client:
         """(admin) Evicts every unpinned block of namespace ns_id (0: all) in tier (0: all,
         1: host); returns how many. Error EPERM for a client that is not an admin, ENOENT
         for an unknown namespace."""
+    def metrics(self) -> str:
+        """Every counter the caller may see, in the Prometheus text format (kvc_metrics)."""
+    def namespaces(self) -> list[dict]:
+        """The namespaces the caller may see: a dict each with id, arena, model_id, layers,
+        kv_heads, head_dim, block_tokens, dtype, kv_kind, block_bytes, blocks, bytes."""
     def stats(self, scope: int = 0) -> dict[str, int]:
         """The daemon's counters (scope 0) or a namespace's (scope = Namespace.id)."""
     def close(self) -> None:

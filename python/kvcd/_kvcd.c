@@ -1425,6 +1425,68 @@ static PyObject *client_stats(PyObject *self, PyObject *args)
     return d;
 }
 
+static PyObject *client_metrics(PyObject *self, PyObject *unused)
+{
+    client_object *c = (client_object *)self;
+    char *text = NULL;
+    int rc;
+    (void)unused;
+    if (client_enter(c) < 0)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rc = kvc_metrics(c->c, &text);
+    Py_END_ALLOW_THREADS
+    client_leave(c);
+    if (rc < 0)
+        return kvcd_raise(rc);
+    PyObject *o = PyUnicode_DecodeUTF8(text, (Py_ssize_t)strlen(text), "replace");
+    free(text);
+    return o;
+}
+
+static PyObject *client_namespaces(PyObject *self, PyObject *unused)
+{
+    static const char *const dtypes[] = {[KVC_DTYPE_FP16] = "fp16", [KVC_DTYPE_BF16] = "bf16",
+                                         [KVC_DTYPE_FP32] = "fp32",
+                                         [KVC_DTYPE_FP8_E4M3] = "fp8_e4m3",
+                                         [KVC_DTYPE_INT8] = "int8"};
+    client_object *c = (client_object *)self;
+    struct kvc_ns_info *ns = NULL;
+    size_t n = 0;
+    int rc;
+    (void)unused;
+    if (client_enter(c) < 0)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rc = kvc_ns_list(c->c, &ns, &n);
+    Py_END_ALLOW_THREADS
+    client_leave(c);
+    if (rc < 0)
+        return kvcd_raise(rc);
+    PyObject *list = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; list && i < n; i++) {
+        const char *dt = (unsigned)ns[i].dtype < sizeof(dtypes) / sizeof(dtypes[0]) &&
+                                 dtypes[ns[i].dtype]
+                             ? dtypes[ns[i].dtype]
+                             : "?";
+        ns[i].model_id[sizeof(ns[i].model_id) - 1] = 0;
+        PyObject *d = Py_BuildValue(
+            "{s:I,s:I,s:s,s:I,s:I,s:I,s:I,s:s,s:s,s:K,s:K,s:K}", "id", ns[i].ns_id, "arena",
+            ns[i].arena_id, "model_id", ns[i].model_id, "layers", ns[i].layers, "kv_heads",
+            ns[i].kv_heads, "head_dim", ns[i].head_dim, "block_tokens", ns[i].block_tokens,
+            "dtype", dt, "kv_kind", ns[i].kv_kind == KVC_KV_KIND_K_ONLY ? "k_only" : "kv",
+            "block_bytes", (unsigned long long)ns[i].block_bytes, "blocks",
+            (unsigned long long)ns[i].blocks, "bytes", (unsigned long long)ns[i].bytes);
+        if (!d) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, (Py_ssize_t)i, d);
+    }
+    free(ns);
+    return list;
+}
+
 static PyObject *client_get_closed(PyObject *self, void *closure)
 {
     (void)closure;
@@ -1439,6 +1501,11 @@ static PyMethodDef client_methods[] = {
     {"evict", (PyCFunction)(void (*)(void))client_evict, METH_VARARGS | METH_KEYWORDS,
      "evict(ns_id=0, tier=0): (admin) evicts the unpinned blocks of a namespace (0: all); "
      "returns how many."},
+    {"metrics", client_metrics, METH_NOARGS,
+     "metrics(): every counter the caller may see, in the Prometheus text format."},
+    {"namespaces", client_namespaces, METH_NOARGS,
+     "namespaces(): the namespaces the caller may see, a dict each (id, model_id, layout, "
+     "block_bytes, blocks, bytes)."},
     {"stats", client_stats, METH_VARARGS,
      "stats(scope=0): the daemon's counters (scope: 0 or a namespace id) as a dict."},
     {"close", client_close, METH_NOARGS,

@@ -438,3 +438,18 @@ def test_hint_and_lookup_budget(client):
     assert e.value.errno == errno.EINVAL
     with pytest.raises(ValueError):
         ns.lookup_budget(keys, 0)
+
+
+def test_metrics_and_namespaces(client):
+    ns = new_ns(client)
+    keys = ns.keys_from_tokens(tokens(2 * ns.block_tokens))
+    assert ns.put_prefix(keys, blocks_for(ns, 2)) == 2
+    text = client.metrics()
+    assert "# TYPE kvcd_committed_blocks_total counter" in text
+    assert "kvcd_fast_index_blocks" in text
+    mine = [d for d in client.namespaces() if d["id"] == ns.id]
+    assert len(mine) == 1
+    d = mine[0]
+    assert d["model_id"] == ns.model_id
+    assert d["block_bytes"] == ns.block_bytes and d["block_tokens"] == ns.block_tokens
+    assert d["blocks"] >= 2 and d["dtype"] == "fp16" and d["kv_kind"] == "kv"
