@@ -117,7 +117,7 @@ int kvci_call(kvc_client *c, uint16_t op, uint32_t len, int *fd)
         }
         if (r->req_id == 0 && r->status < 0) {
             /* A notice: the daemon closes this connection (kvc_proto.h). */
-            c->dead = true;
+            __atomic_store_n(&c->dead, true, __ATOMIC_RELAXED); /* read without mu */
             if (fd && *fd >= 0) {
                 close(*fd);
                 *fd = -1;
@@ -133,7 +133,7 @@ dead:
         int e = errno ? errno : EPIPE;
         /* A notice the daemon left says why it closed the connection. */
         int notice = e == ECONNRESET || e == EPIPE ? kvc_notice(c) : 0;
-        c->dead = true;
+        __atomic_store_n(&c->dead, true, __ATOMIC_RELAXED);
         if (fd && *fd >= 0) {
             close(*fd);
             *fd = -1;

@@ -69,30 +69,31 @@ static int kvc_fast_check(const struct kvc_fast_hdr *h, uint64_t bytes, uint32_t
     return 0;
 }
 
-/* Maps arena a's index and, once per client, the hit ring. c->mu held. */
-static void kvc_fast_attach(kvc_client *c, uint32_t a)
+/* Maps arena a's index and, once per client, the hit ring, into c->fast[a]: true when
+ * both are there. c->mu held. */
+static bool kvc_fast_attach_maps(kvc_client *c, uint32_t a)
 {
     struct kvc_fastmap *m = &c->fast[a];
     int fd = -1;
     uint64_t bytes = 0;
-    m->state = -1; /* unless everything below works */
     if (c->dead || !c->arenas[a].base)
-        return;
+        return false;
     if (!c->ring) {
         if (kvc_fast_attach_call(c, KVC_FAST_RING, 0, &fd, &bytes)) {
             if (fd >= 0)
                 close(fd);
-            c->fast_off = true; /* an old daemon, or server.fast_path = no */
-            return;
+            /* an old daemon, or server.fast_path = no */
+            __atomic_store_n(&c->fast_off, true, __ATOMIC_RELAXED);
+            return false;
         }
         struct kvc_fast_ring *r = kvc_fast_map(fd, bytes, PROT_READ | PROT_WRITE);
         if (!r)
-            return;
+            return false;
         if (bytes != sizeof(*r) + (uint64_t)KVC_FAST_RING_ENTS * sizeof(struct kvc_fast_hit) ||
             r->magic != KVC_FAST_RING_MAGIC || r->nents != KVC_FAST_RING_ENTS) {
             munmap(r, bytes);
-            c->fast_off = true;
-            return;
+            __atomic_store_n(&c->fast_off, true, __ATOMIC_RELAXED);
+            return false;
         }
         c->ring = r;
         c->ring_bytes = bytes;
@@ -101,14 +102,14 @@ static void kvc_fast_attach(kvc_client *c, uint32_t a)
     if (kvc_fast_attach_call(c, KVC_FAST_INDEX, a, &fd, &bytes)) {
         if (fd >= 0)
             close(fd);
-        return;
+        return false;
     }
     const struct kvc_fast_hdr *h = kvc_fast_map(fd, bytes, PROT_READ);
     if (!h)
-        return;
+        return false;
     if (kvc_fast_check(h, bytes, a, c->arenas[a].size)) {
         munmap((void *)h, bytes);
-        return;
+        return false;
     }
     m->map = (const uint8_t *)h;
     m->bytes = bytes;
@@ -119,7 +120,14 @@ static void kvc_fast_attach(kvc_client *c, uint32_t a)
     m->nslay = (const uint64_t *)(m->map + h->ns_off);
     m->ents = (const struct kvc_fast_ent *)(m->map + h->ents_off);
     m->gens = (const uint32_t *)(m->map + h->gens_off);
-    __atomic_store_n(&m->state, 1, __ATOMIC_RELEASE);
+    return true;
+}
+
+/* kvc_fast_attach_maps, then the verdict published for readers without c->mu. */
+static void kvc_fast_attach(kvc_client *c, uint32_t a)
+{
+    bool ok = kvc_fast_attach_maps(c, a);
+    __atomic_store_n(&c->fast[a].state, ok ? 1 : -1, __ATOMIC_RELEASE);
 }
 
 void kvci_fast_fini(kvc_client *c)
@@ -226,7 +234,8 @@ static const struct kvc_fastmap *kvc_fast_map_of(kvc_ns *ns)
     /* A connection found dead (a failed call: the ring's drain requests are calls too) stops
      * the fast path, so an engine whose daemon went away hears of it from the socket path
      * instead of reading an orphaned index forever. */
-    if (c->fast_off || __atomic_load_n(&c->dead, __ATOMIC_RELAXED))
+    if (__atomic_load_n(&c->fast_off, __ATOMIC_RELAXED) ||
+        __atomic_load_n(&c->dead, __ATOMIC_RELAXED))
         return NULL;
     if (__atomic_load_n(&m->state, __ATOMIC_ACQUIRE) == 0) {
         pthread_mutex_lock(&c->mu);

@@ -42,7 +42,7 @@ void store_lru_unlink(struct store *s, uint32_t idx)
     bool clean = store_lru_clean(b);
     uint32_t *head = clean ? &a->clean_head : &a->lru_head;
     uint32_t *tail = clean ? &a->clean_tail : &a->lru_tail;
-    if (b->arena < STORE_MAX_ARENAS && s->fast[b->arena])
+    if (b->arena < STORE_MAX_ARENAS && s->fast[b->arena] && !s->fast_keep)
         fast_unpublish(s->fast[b->arena], b->ns, &b->key);
     if (b->lru_prev != INDEX_NONE)
         s->ix.blocks[b->lru_prev].lru_next = b->lru_next;
@@ -110,7 +110,12 @@ static int store_fast_open(struct store *s, uint32_t a)
 
 void store_touch(struct store *s, uint32_t idx, uint64_t now)
 {
+    /* Only its place in the list moves: its index entry stays, so readers of the shared
+     * index never see it missing for the length of a touch (the push's publish is a no-op
+     * for an unchanged entry). */
+    s->fast_keep = true;
     store_lru_unlink(s, idx);
+    s->fast_keep = false;
     s->ix.blocks[idx].last_access = now; /* before the push: the heap keys with it */
     store_lru_push_head(s, idx);
 }

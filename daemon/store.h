@@ -192,6 +192,7 @@ struct store {
     /* The fast path's shared index of each host arena (NULL: off), kept in step by
      * store_fast_sync; fast_full counts blocks left out of a full set. */
     struct fast_index *fast[STORE_MAX_ARENAS];
+    bool fast_keep; /* store_touch: the unlink leaves the block's index entry alone */
 };
 
 /* Creates the store and its host arena. On failure NULL and *err = -errno. */

@@ -9,6 +9,7 @@
  */
 #include <check.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <signal.h>
 #include <stdio.h>
@@ -173,6 +174,67 @@ START_TEST(test_fast_hits_keep_blocks)
     ck_assert_int_eq(seen, 2);
     free(ci);
     kvc_disconnect(w);
+    kvc_disconnect(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_cleanup(&d);
+}
+END_TEST
+
+/* Threads of one client copy a cached prefix through the index over and over while the
+ * daemon reads their hits (each drain touches the blocks): no copy falls back to the socket,
+ * since a touch leaves a block's index entry in place. */
+struct fp_thread {
+    kvc_ns *ns;
+    const struct kvc_key *k;
+    long hits;
+};
+
+static void *fp_thread_run(void *arg)
+{
+    struct fp_thread *t = arg;
+    size_t bb = kvc_ns_block_bytes(t->ns);
+    void *dst[FP_BLOCKS];
+    for (int i = 0; i < FP_BLOCKS; i++)
+        dst[i] = malloc(bb);
+    for (int r = 0; r < 1000; r++) {
+        int h = kvc_get_prefix(t->ns, t->k, FP_BLOCKS, dst);
+        if (h != FP_BLOCKS || daemon_block_check(&t->k[r % FP_BLOCKS], dst[r % FP_BLOCKS], bb) != -1)
+            break;
+        t->hits += h;
+    }
+    for (int i = 0; i < FP_BLOCKS; i++)
+        free(dst[i]);
+    return NULL;
+}
+
+START_TEST(test_fast_threads_never_fall_back)
+{
+    struct daemon d = {0};
+    kvc_client *c;
+    kvc_ns *ns;
+    struct kvc_layout lay = daemon_layout("e2e-fast-threads", 16);
+    struct kvc_key k[FP_BLOCKS];
+    struct fp_thread t[4];
+    pthread_t tid[4];
+    uint64_t fast = 0, lookups0 = 0, lookups = 0;
+    ck_assert_int_eq(daemon_start(&d, fp_args), 0);
+    ck_assert_int_eq(kvc_connect(d.sock, &c), 0);
+    ck_assert_int_eq(kvc_ns_open(c, &lay, &ns), 0);
+    fp_put(ns, 50, FP_BLOCKS, k);
+    ck_assert_int_eq(fp_get_check(ns, k, FP_BLOCKS), FP_BLOCKS); /* maps index and ring */
+    ck_assert_int_eq(daemon_client_stat(c, 0, "lookups", &lookups0), 0);
+    for (int i = 0; i < 4; i++) {
+        t[i] = (struct fp_thread){.ns = ns, .k = k};
+        ck_assert_int_eq(pthread_create(&tid[i], NULL, fp_thread_run, &t[i]), 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(tid[i], NULL);
+        ck_assert_int_eq(t[i].hits, 1000 * FP_BLOCKS);
+    }
+    ck_assert_int_eq(daemon_client_stat(c, 0, "fast_hits", &fast), 0);
+    ck_assert_uint_eq(fast, (uint64_t)(4 * 1000 + 1) * FP_BLOCKS);
+    ck_assert_int_eq(daemon_client_stat(c, 0, "lookups", &lookups), 0);
+    ck_assert_uint_eq(lookups - lookups0, 4 * 1000); /* one per get: none through the socket */
     kvc_disconnect(c);
     ck_assert_int_eq(daemon_stop(&d), 0);
     daemon_cleanup(&d);
@@ -527,6 +589,7 @@ int main(void)
     tcase_add_test(tc, test_fast_hits_counted);
     tcase_add_test(tc, test_fast_off_in_daemon);
     tcase_add_test(tc, test_fast_hits_keep_blocks);
+    tcase_add_test(tc, test_fast_threads_never_fall_back);
     tcase_add_test(tc, test_fast_torture);
     tcase_add_test(tc, test_fast_torture_moves);
     tcase_add_test(tc, test_fast_stopped_reader);
