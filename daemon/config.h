@@ -160,7 +160,7 @@
       "Requests pipelined in one batch to the cluster.")                                          \
     X(remote, queue, INT, "4096", 1, 1048576, 0, NULL,                                             \
       "Admitted blocks waiting for their write-behind at most; more are not written (counted).")  \
-    X(remote, admit_hits, INT, "0", 0, 1000000, 1, NULL,                                           \
+    X(remote, min_hits, INT, "0", 0, 1000000, 1, NULL,                                           \
       "Hits a block needs before it is written to the remote tier; 0: every block at commit.")    \
     X(remote, negative_ttl, DURATION, "2s", 0, 3600000, 1, NULL,                                   \
       "How long a key the remote tier did not have is not asked for again; 0: always asked.")     \

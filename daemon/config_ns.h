@@ -46,7 +46,7 @@ struct config;
     X(max_reservations, 1, "slots reserved at once, all clients together")                    \
     X(policy, 1, "policy of these namespaces (a cache.policy name)")                          \
     X(disk_compress, 1, "zstd level of its disk blocks (0 raw; disk.compress)")             \
-    X(remote, 1, "use the remote tier (yes or no; yes when remote.nodes is set)")
+    X(remote, 1, "yes or no: blocks go to the remote tier (default yes)")
 
 #define CONFIG_NS_PATTERN_MAX 40 /* inih keeps section names under 50 bytes */
 #define CONFIG_NS_IDS_MAX 16

@@ -5,7 +5,7 @@
  * DESIGN
  * Off unless remote.nodes is set: no thread, no connection, no hook, nothing changes.
  * Write-behind: a committed block in the namespace's raw format (admitted: at commit with
- * remote.admit_hits = 0, else when its hits reach that number) goes on a bounded queue of
+ * remote.min_hits = 0, else when its hits reach that number) goes on a bounded queue of
  * (namespace, key); the engine starts the writes it has room for (remote.max_inflight) after
  * commits and on every tick, pinning the block while the worker reads its slot (a pinned
  * block is never moved, quantized or freed). A full queue or a degraded tier drops the
@@ -66,7 +66,7 @@ void engine_remote_pump(struct store *s, uint64_t now);
 uint32_t engine_remote_lookup_prepare(struct store *s, uint16_t ns, const struct kvc_wire_key *keys,
                                       uint32_t hits, uint32_t n, uint32_t flags, uint64_t now,
                                       uint8_t *tier);
-/* After a lookup pinned its hits: admits blocks whose hits reached remote.admit_hits. */
+/* After a lookup pinned its hits: admits blocks whose hits reached remote.min_hits. */
 void engine_remote_lookup_done(struct store *s, uint16_t ns, const struct kvc_wire_key *keys,
                                uint32_t hits, uint64_t now);
 

@@ -166,7 +166,7 @@ static int kvcd_apply(struct kvcd *d, struct config *next, char *msg, size_t len
         acl_reload(d->acl, d->cfg);
     engine_disk_reload(d->store, (uint32_t)d->cfg->disk_admit_hits);
     engine_disk_compress_set(d->store, (int)d->cfg->disk_compress);
-    engine_remote_reload(d->store, (uint32_t)d->cfg->remote_admit_hits,
+    engine_remote_reload(d->store, (uint32_t)d->cfg->remote_min_hits,
                          d->cfg->remote_negative_ttl);
     kvcd_server_params(d, d->cfg, &vp);
     server_reload(d->server, &vp);
@@ -326,7 +326,7 @@ static int kvcd_remote_attach(struct kvcd *d)
                  .batch = (uint32_t)c->remote_batch,
                  .backoff_min_ms = (uint32_t)c->remote_backoff_min,
                  .backoff_max_ms = (uint32_t)c->remote_backoff_max},
-        .admit_hits = (uint32_t)c->remote_admit_hits,
+        .admit_hits = (uint32_t)c->remote_min_hits,
         .negative_ttl_ms = c->remote_negative_ttl,
         .queue = (uint32_t)c->remote_queue,
         .ns_enabled = kvcd_remote_ns,
