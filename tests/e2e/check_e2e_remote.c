@@ -29,16 +29,13 @@
 #include "client/kvc.h"
 #include "client/kvc_proto.h"
 #include "tests/lib/daemon.h"
+#include "tests/lib/rcluster.h"
 #include "tiers/remote_rec.h"
 
 #define NODES 3
 #define BT 64 /* tokens per block: 64 KiB blocks (daemon_layout) */
 #define NPFX 8
 
-static char cdir[256];
-static int ports[NODES];
-static pid_t rpid[NODES];
-static char seeds[128];
 
 static void msleep(int ms)
 {
@@ -48,38 +45,8 @@ static void msleep(int ms)
 
 /* ---- the cluster ------------------------------------------------------------------------ */
 
-static bool port_free(int port)
-{
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    bool ok = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
-    if (fd >= 0)
-        close(fd);
-    return ok;
-}
-
-static pid_t redis_start(int i)
-{
-    char dir[300], port[16];
-    snprintf(dir, sizeof(dir), "%s/%d", cdir, ports[i]);
-    mkdir(dir, 0700);
-    snprintf(port, sizeof(port), "%d", ports[i]);
-    pid_t pid = daemon_fork();
-    if (pid == 0) {
-        if (chdir(dir) != 0)
-            _exit(127);
-        FILE *f = freopen("redis.log", "a", stdout);
-        (void)f;
-        execlp("redis-server", "redis-server", "--port", port, "--bind", "127.0.0.1",
-               "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-               "--cluster-node-timeout", "1000", "--save", "", "--appendonly", "no",
-               "--protected-mode", "yes", "--maxmemory", "256mb", "--maxmemory-policy",
-               "allkeys-lru", (char *)NULL);
-        _exit(127);
-    }
-    return pid;
-}
+static struct rcluster rc;
+#define ports rc.ports
 
 static redisContext *redis_at(int port)
 {
@@ -114,110 +81,12 @@ static void redis_cmd(int port, char *out, size_t len, const char *fmt, ...)
     redisFree(c);
 }
 
-static bool cluster_ok(int port)
-{
-    char info[4096];
-    redis_cmd(port, info, sizeof(info), "CLUSTER INFO");
-    return strstr(info, "cluster_state:ok") != NULL;
-}
-
-static bool cluster_wait_ok(int ms)
-{
-    uint64_t end = daemon_now_ms() + (uint64_t)daemon_ms(ms);
-    while (daemon_now_ms() < end) {
-        bool ok = true;
-        for (int i = 0; i < NODES; i++)
-            ok = ok && rpid[i] > 0 && cluster_ok(ports[i]);
-        if (ok)
-            return true;
-        msleep(100);
-    }
-    return false;
-}
-
-/* 0, or 1 with a reason for a skip. */
-static int cluster_up(char *why, size_t whylen)
-{
-    char out[4096], a[NODES][32];
-    const char *argv[16];
-    int n = 0, base = 0;
-    snprintf(cdir, sizeof(cdir), "/tmp/kvcd-remote.XXXXXX");
-    if (!mkdtemp(cdir)) {
-        snprintf(why, whylen, "mkdtemp: %s", strerror(errno));
-        return 1;
-    }
-    srand((unsigned)getpid());
-    for (int tries = 0; tries < 50 && !base; tries++) {
-        int b = 21000 + (rand() % 1500) * 10;
-        bool ok = true;
-        for (int i = 0; i < NODES; i++)
-            ok = ok && port_free(b + i) && port_free(b + i + 10000);
-        if (ok)
-            base = b;
-    }
-    if (!base) {
-        snprintf(why, whylen, "no free loopback ports");
-        return 1;
-    }
-    for (int i = 0; i < NODES; i++) {
-        ports[i] = base + i;
-        rpid[i] = redis_start(i);
-    }
-    for (int i = 0; i < NODES; i++) {
-        uint64_t end = daemon_now_ms() + (uint64_t)daemon_ms(10000);
-        redisContext *c = NULL;
-        while (!c && daemon_now_ms() < end) {
-            c = redis_at(ports[i]);
-            if (!c)
-                msleep(50);
-        }
-        if (!c) {
-            snprintf(why, whylen, "redis-server on port %d did not start", ports[i]);
-            return -1;
-        }
-        redisFree(c);
-    }
-    argv[n++] = "/usr/bin/env";
-    argv[n++] = "redis-cli";
-    argv[n++] = "--cluster";
-    argv[n++] = "create";
-    for (int i = 0; i < NODES; i++) {
-        snprintf(a[i], sizeof(a[i]), "127.0.0.1:%d", ports[i]);
-        argv[n++] = a[i];
-    }
-    argv[n++] = "--cluster-yes";
-    argv[n] = NULL;
-    if (daemon_run(argv, out, sizeof(out), NULL, 0, daemon_ms(30000)) != 0 ||
-        !cluster_wait_ok(20000)) {
-        snprintf(why, whylen, "redis-cli --cluster create failed");
-        return -1;
-    }
-    snprintf(seeds, sizeof(seeds), "127.0.0.1:%d,127.0.0.1:%d", ports[0], ports[1]);
-    return 0;
-}
-
-static void cluster_down(void)
-{
-    char cmd[400];
-    for (int i = 0; i < NODES; i++)
-        if (rpid[i] > 0) {
-            kill(rpid[i], SIGKILL);
-            waitpid(rpid[i], NULL, 0);
-            rpid[i] = 0;
-        }
-    if (cdir[0]) {
-        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", cdir);
-        if (system(cmd) != 0)
-            fprintf(stderr, "e2e_remote: cannot remove %s\n", cdir);
-    }
-}
-
 /* ---- daemons and blocks ----------------------------------------------------------------- */
 
 static void kvcd_up(struct daemon *d, const char *extra)
 {
-    char o_nodes[200];
-    snprintf(o_nodes, sizeof(o_nodes), "remote.nodes=%s", seeds);
+    char o_nodes[300];
+    snprintf(o_nodes, sizeof(o_nodes), "remote.nodes=%s", rc.seeds);
     const char *args[] = {"-o", "host.size=32m", "-o", "host.page_size=64k", "-o",
                           "host.hugepages=off", "-o", "host.prefault=no", "-o", o_nodes,
                           "-o", "remote.backoff_max=500ms", "-o", "remote.timeout=1s", "-o",
@@ -498,7 +367,7 @@ START_TEST(test_slot_migration)
     ck_assert_uint_ge(stat_of(&b, "remote_asked"), 1);
     for (int i = 0; i < NODES; i++)
         redis_cmd(ports[i], out, sizeof(out), "CLUSTER SETSLOT %u NODE %s", slot, dst_id);
-    ck_assert(cluster_wait_ok(10000));
+    ck_assert(rcluster_wait_ok(&rc, 10000));
     /* C learnt the old map before the move: MOVED, followed. */
     ck_assert_int_eq(client_get(&cc, keys, NPFX), NPFX);
     ck_assert_uint_ge(stat_of(&c, "remote_moved"), 1);
@@ -531,9 +400,7 @@ START_TEST(test_master_killed)
     ck_assert(stat_wait(&a, "remote_written_blocks", NPFX, 10000));
     ck_assert_int_eq(client_get(&cb, p1, NPFX), NPFX);
     /* A master dies mid-run. */
-    kill(rpid[2], SIGKILL);
-    waitpid(rpid[2], NULL, 0);
-    rpid[2] = 0;
+    rcluster_node_kill(&rc, 2);
     client_put(&ca, p2, NPFX);
     /* B: its local hits still served; whatever it gets of p2 is right (checked bytes). */
     uint64_t end = daemon_now_ms() + (uint64_t)daemon_ms(15000);
@@ -546,8 +413,8 @@ START_TEST(test_master_killed)
     ck_assert_int_eq(client_get(&cb, p1, NPFX), NPFX);
     ck_assert_uint_eq(stat_of(&b, "remote_bad_records"), 0);
     /* The node comes back with its state: the tier recovers by itself. */
-    rpid[2] = redis_start(2);
-    ck_assert(cluster_wait_ok(20000));
+    ck_assert_int_eq(rcluster_node_start(&rc, 2), 0);
+    ck_assert(rcluster_wait_ok(&rc, 20000));
     end = daemon_now_ms() + (uint64_t)daemon_ms(15000);
     while (daemon_now_ms() < end &&
            (stat_of(&b, "remote_degraded") != 0 || stat_of(&a, "remote_degraded") != 0))
@@ -567,29 +434,21 @@ START_TEST(test_master_killed)
 }
 END_TEST
 
-static bool have_redis(void)
-{
-    const char *argv[] = {"/usr/bin/env", "redis-server", "--version", NULL};
-    const char *argv2[] = {"/usr/bin/env", "redis-cli", "--version", NULL};
-    return daemon_run(argv, NULL, 0, NULL, 0, 10000) == 0 &&
-           daemon_run(argv2, NULL, 0, NULL, 0, 10000) == 0;
-}
-
 int main(void)
 {
     char why[256];
-    int failed, rc;
-    if (!have_redis()) {
+    int failed, up;
+    if (!rcluster_available()) {
         printf("SKIP: e2e_remote: all: redis-server or redis-cli is not installed\n");
         return 0;
     }
     if (daemon_suite_init("e2e_remote"))
         return 1;
-    rc = cluster_up(why, sizeof(why));
-    if (rc) {
-        cluster_down();
+    up = rcluster_up(&rc, NODES, "256mb", why, sizeof(why));
+    if (up) {
+        rcluster_down(&rc);
         daemon_suite_fini();
-        if (rc > 0) {
+        if (up > 0) {
             printf("SKIP: e2e_remote: all: %s\n", why);
             return 0;
         }
@@ -608,7 +467,7 @@ int main(void)
     srunner_run_all(sr, CK_NORMAL);
     failed = srunner_ntests_failed(sr);
     srunner_free(sr);
-    cluster_down();
+    rcluster_down(&rc);
     daemon_suite_fini();
     return failed ? 1 : 0;
 }
