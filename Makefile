@@ -160,7 +160,9 @@ $(B)/tests/check_e2e_%: $(B)/obj/tests/e2e/check_e2e_%.o $(TESTLIB_OBJS) $(B)/li
 # tests/lib holds Check-based helpers too (the tier conformance cases), hence CHECK_LIBS.
 $(B)/bench/%: $(B)/obj/tests/bench/%.o $(TESTLIB_OBJS) $(B)/lib/libkvcd.a $(B)/lib/libkvc.a
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(PKG_LIBS) $(CUDA_LIBS) -pthread -lm
+	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(PKG_LIBS) $(BENCH_LIBS) $(CUDA_LIBS) -pthread -lm
+# bench_remote measures memcached as a peer through libmemcached (etc/install-deps.sh).
+$(B)/bench/bench_remote: BENCH_LIBS = $(shell pkg-config --libs libmemcached 2>/dev/null)
 
 # `make build/tests/check_NAME` (a relative path) builds the same file as $(B)/tests/check_NAME.
 ifneq ($(abspath $(BUILD)),$(BUILD))
