@@ -322,6 +322,8 @@ SYSCONFDIR ?= $(if $(filter /usr,$(PREFIX)),/etc,$(PREFIX)/etc)
 UNITDIR ?= $(PREFIX)/lib/systemd/system
 SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
 TMPFILESDIR ?= $(PREFIX)/lib/tmpfiles.d
+# The remote tier's drop-in for kvcd.service (docs/remote.md), installed inactive.
+REMOTEDROPINDIR ?= $(PREFIX)/share/kvcd/systemd/kvcd.service.d
 KVC_VERSION := 0.1.0
 INSTALL ?= install
 SUBST = sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' \
@@ -341,7 +343,7 @@ install: all
 	$(INSTALL) -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCLUDEDIR) \
 		$(DESTDIR)$(MANDIR)/man3 $(DESTDIR)$(MANDIR)/man5 $(DESTDIR)$(MANDIR)/man8 \
 		$(DESTDIR)$(SYSCONFDIR)/kvcd $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSUSERSDIR) \
-		$(DESTDIR)$(TMPFILESDIR)
+		$(DESTDIR)$(TMPFILESDIR) $(DESTDIR)$(REMOTEDROPINDIR)
 	$(INSTALL) -m 0755 $(B)/bin/kvcd $(B)/bin/kvcctl $(B)/bin/kvcreplay $(DESTDIR)$(BINDIR)/
 	$(INSTALL) -m 0755 $(B)/lib/libkvc.so.1 $(DESTDIR)$(LIBDIR)/libkvc.so.1
 	ln -sf libkvc.so.1 $(DESTDIR)$(LIBDIR)/libkvc.so
@@ -354,6 +356,7 @@ install: all
 	$(INSTALL) -m 0644 etc/systemd/kvcd.socket $(DESTDIR)$(UNITDIR)/kvcd.socket
 	$(INSTALL) -m 0644 etc/systemd/kvcd.sysusers $(DESTDIR)$(SYSUSERSDIR)/kvcd.conf
 	$(INSTALL) -m 0644 etc/systemd/kvcd.tmpfiles $(DESTDIR)$(TMPFILESDIR)/kvcd.conf
+	$(SUBST) etc/systemd/kvcd-remote.conf > $(DESTDIR)$(REMOTEDROPINDIR)/remote.conf
 	$(INSTALL) -m 0644 $(MAN3) $(DESTDIR)$(MANDIR)/man3/
 	$(INSTALL) -m 0644 $(MAN5) $(DESTDIR)$(MANDIR)/man5/
 	$(INSTALL) -m 0644 $(MAN8) $(DESTDIR)$(MANDIR)/man8/
@@ -367,6 +370,7 @@ uninstall:
 		$(DESTDIR)$(LIBDIR)/pkgconfig/libkvc.pc $(DESTDIR)$(INCLUDEDIR)/kvc.h \
 		$(DESTDIR)$(UNITDIR)/kvcd.service $(DESTDIR)$(UNITDIR)/kvcd.socket \
 		$(DESTDIR)$(SYSUSERSDIR)/kvcd.conf $(DESTDIR)$(TMPFILESDIR)/kvcd.conf \
+		$(DESTDIR)$(REMOTEDROPINDIR)/remote.conf \
 		$(addprefix $(DESTDIR)$(MANDIR)/man3/,$(notdir $(MAN3))) \
 		$(addprefix $(DESTDIR)$(MANDIR)/man5/,$(notdir $(MAN5))) \
 		$(addprefix $(DESTDIR)$(MANDIR)/man8/,$(notdir $(MAN8)))

@@ -32,13 +32,13 @@ struct engine_remote_wq {
 };
 
 /* The engine's counters, declared once. */
-#define ENGINE_REMOTE_COUNTERS(X)                                                              \
-    X(remote_hit_blocks, "blocks read from the remote tier into memory")                       \
-    X(remote_miss_blocks, "blocks looked for in the remote tier and not there")                \
-    X(remote_bad_records, "values refused: torn, another layout or version, wrong block")      \
-    X(remote_negative_hits, "lookups stopped by the negative cache (no cluster request)")      \
-    X(remote_written_blocks, "blocks written to the remote tier")                              \
-    X(remote_put_dropped, "admitted blocks not written: queue full, tier degraded, moved")     \
+#define ENGINE_REMOTE_COUNTERS(X)                                                                  \
+    X(remote_hit_blocks, "blocks read from the remote tier into memory")                           \
+    X(remote_miss_blocks, "blocks looked for in the remote tier and not there")                    \
+    X(remote_bad_records, "values refused: torn, another layout or version, wrong block")          \
+    X(remote_negative_hits, "lookups stopped by the negative cache (no cluster request)")          \
+    X(remote_written_blocks, "blocks written to the remote tier")                                  \
+    X(remote_put_dropped, "admitted blocks not written: queue full, tier degraded, moved")         \
     X(remote_io_errors, "remote reads or writes failed by the network or the cluster")
 
 struct engine_remote {
@@ -58,7 +58,7 @@ struct engine_remote {
 struct engine_remote_op {
     struct store *s;
     uint32_t idx;
-    bool first; /* a read: the lookup's first key (its parent comes from the record) */
+    bool first;   /* a read: the lookup's first key (its parent comes from the record) */
     uint64_t now; /* a read: when its lookup came */
 };
 
@@ -69,8 +69,7 @@ static bool engine_remote_ns_on(struct store *s, uint16_t ns_id)
     struct engine_remote *er = s->remote;
     const struct store_ns *ns = s->ns[ns_id];
     if (!er->ns_on[ns_id]) {
-        bool on = !er->p.ns_enabled ||
-                  er->p.ns_enabled(er->p.ns_enabled_arg, ns->layout.model_id);
+        bool on = !er->p.ns_enabled || er->p.ns_enabled(er->p.ns_enabled_arg, ns->layout.model_id);
         er->ns_on[ns_id] = on ? ENGINE_REMOTE_NS_ON : ENGINE_REMOTE_NS_OFF;
     }
     return er->ns_on[ns_id] == ENGINE_REMOTE_NS_ON;
@@ -201,7 +200,8 @@ static int engine_remote_write_one(struct store *s, const struct engine_remote_w
         return -EAGAIN;
     *op = (struct engine_remote_op){.s = s, .idx = idx};
     engine_remote_meta(s, b, &m);
-    rc = tier_remote_put(er->t, &m, (const uint8_t *)tier_host_base(s->arenas[b->arena].tier) + b->off,
+    rc = tier_remote_put(er->t, &m,
+                         (const uint8_t *)tier_host_base(s->arenas[b->arena].tier) + b->off,
                          engine_remote_put_done, op);
     if (rc) {
         free(op);
@@ -325,10 +325,9 @@ static void engine_remote_fetch_done(void *arg, int status, const struct remote_
             er->remote_io_errors += status != -ECANCELED;
         } else {
             er->remote_bad_records++;
-            log_limited(LOG_LEVEL_WARNING,
-                        "remote: value of block %016llx%016llx refused (%s); a miss",
-                        (unsigned long long)b->key.hi, (unsigned long long)b->key.lo,
-                        strerror(-status));
+            log_limited(
+                LOG_LEVEL_WARNING, "remote: value of block %016llx%016llx refused (%s); a miss",
+                (unsigned long long)b->key.hi, (unsigned long long)b->key.lo, strerror(-status));
         }
         if (status != -ECANCELED && status != -EIO && status != -EAGAIN)
             engine_remote_neg_add(er, b->ns, &b->key, op->now);
@@ -340,8 +339,8 @@ static void engine_remote_fetch_done(void *arg, int status, const struct remote_
 }
 
 /* A block for keys[i] in a fresh slot, reading from the remote tier. 0 or -errno. */
-static int engine_remote_fetch(struct store *s, struct store_ns *ns, const struct kvc_wire_key *keys,
-                               uint32_t i, uint64_t now)
+static int engine_remote_fetch(struct store *s, struct store_ns *ns,
+                               const struct kvc_wire_key *keys, uint32_t i, uint64_t now)
 {
     struct engine_remote *er = s->remote;
     struct engine_remote_op *op;
@@ -409,9 +408,9 @@ fail_op:
     return rc;
 }
 
-uint32_t engine_remote_lookup_prepare(struct store *s, uint16_t ns_id, const struct kvc_wire_key *keys,
-                                      uint32_t hits, uint32_t n, uint32_t flags, uint64_t now,
-                                      uint8_t *tier)
+uint32_t engine_remote_lookup_prepare(struct store *s, uint16_t ns_id,
+                                      const struct kvc_wire_key *keys, uint32_t hits, uint32_t n,
+                                      uint32_t flags, uint64_t now, uint8_t *tier)
 {
     struct engine_remote *er = s->remote;
     struct store_ns *ns = s->ns[ns_id];
@@ -502,8 +501,8 @@ void engine_remote_poll(struct store *s, uint64_t now)
     engine_remote_pump(s, now);
 }
 
-void engine_remote_stats(const struct store *s, void (*put)(void *arg, const char *name, uint64_t v),
-                         void *arg)
+void engine_remote_stats(const struct store *s,
+                         void (*put)(void *arg, const char *name, uint64_t v), void *arg)
 {
     const struct engine_remote *er = s->remote;
     struct tier_remote_stats st;

@@ -72,7 +72,7 @@ void engine_remote_lookup_done(struct store *s, uint16_t ns, const struct kvc_wi
 
 /* Calls put(name, value) for every remote gauge and counter (remote_*). Nothing without a
  * remote tier. */
-void engine_remote_stats(const struct store *s, void (*put)(void *arg, const char *name, uint64_t v),
-                         void *arg);
+void engine_remote_stats(const struct store *s,
+                         void (*put)(void *arg, const char *name, uint64_t v), void *arg);
 
 #endif

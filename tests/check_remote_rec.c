@@ -88,7 +88,7 @@ END_TEST
 START_TEST(test_bad_lengths)
 {
     struct remote_rec_meta got;
-    uint64_t lens[] = {0, LEN - 1, LEN + 1, UINT64_MAX, UINT64_MAX - REMOTE_REC_HDR + 1,
+    uint64_t lens[] = {0,         LEN - 1, LEN + 1, UINT64_MAX, UINT64_MAX - REMOTE_REC_HDR + 1,
                        1ull << 63};
     for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
         memcpy(val + 64, &lens[i], 8);
@@ -178,8 +178,7 @@ START_TEST(test_key_and_slot)
     ck_assert_uint_lt(n, REMOTE_REC_KEY_MAX);
     /* The cluster specification's vector: CRC16 of "123456789" is 0x31c3. */
     ck_assert_uint_eq(remote_rec_slot("123456789", 9), 0x31c3u & 16383u);
-    ck_assert_uint_eq(remote_rec_slot("{user1000}.following", 20),
-                      remote_rec_slot("user1000", 8));
+    ck_assert_uint_eq(remote_rec_slot("{user1000}.following", 20), remote_rec_slot("user1000", 8));
     ck_assert_uint_eq(remote_rec_slot("foo{}{bar}", 10), remote_rec_slot("foo{}{bar}", 10));
     ck_assert_uint_ne(remote_rec_slot("foo{}{bar}", 10), remote_rec_slot("bar", 3));
     ck_assert_uint_eq(remote_rec_slot("foo{{bar}}zap", 13), remote_rec_slot("{bar", 4));

@@ -24,11 +24,11 @@ enum remote_op { REMOTE_OP_GET = 1, REMOTE_OP_PUT = 2 };
 
 struct remote_req {
     struct remote_req *next;
-    uint8_t op;      /* enum remote_op */
+    uint8_t op; /* enum remote_op */
     uint8_t klen;
     uint8_t redirects;
     uint16_t slot;
-    int ask;         /* node index to send to behind ASKING, or -1 */
+    int ask; /* node index to send to behind ASKING, or -1 */
     int status;
     char key[REMOTE_REC_KEY_MAX];
     struct remote_rec_meta meta; /* PUT: the record's; GET: wanted, then the record's */
@@ -42,7 +42,7 @@ struct remote_req {
 struct remote_node {
     char host[64];
     int port;
-    redisContext *c; /* worker's; NULL: not connected */
+    redisContext *c;                /* worker's; NULL: not connected */
     struct remote_req *head, *tail; /* this round's requests (worker) */
     bool failed;                    /* this round (worker) */
 };
@@ -111,8 +111,8 @@ __attribute__((format(printf, 2, 3))) static void remote_error(struct tier_remot
     vsnprintf(buf, sizeof(buf), fmt, ap);
     va_end(ap);
     pthread_mutex_lock(&t->mu);
-    snprintf(t->st.last_error, sizeof(t->st.last_error), "%.*s",
-             (int)sizeof(t->st.last_error) - 1, buf);
+    snprintf(t->st.last_error, sizeof(t->st.last_error), "%.*s", (int)sizeof(t->st.last_error) - 1,
+             buf);
     pthread_mutex_unlock(&t->mu);
 }
 
@@ -278,8 +278,8 @@ static void remote_breaker(struct tier_remote *t, bool ok)
             t->st.trips++;
         t->degraded = true;
         t->retry_at = remote_now_ms() + t->backoff_ms;
-        t->backoff_ms = t->backoff_ms * 2 > t->cfg.backoff_max_ms ? t->cfg.backoff_max_ms
-                                                                   : t->backoff_ms * 2;
+        t->backoff_ms =
+            t->backoff_ms * 2 > t->cfg.backoff_max_ms ? t->cfg.backoff_max_ms : t->backoff_ms * 2;
         t->map_ok = false; /* the next attempt starts from a fresh map */
     }
     t->st.degraded = t->degraded;

@@ -81,20 +81,20 @@ int tier_remote_put(struct tier_remote *t, const struct remote_rec_meta *m, cons
 bool tier_remote_degraded(const struct tier_remote *t);
 
 struct tier_remote_stats {
-    uint64_t nodes;          /* masters in the slot map */
-    uint64_t slots;          /* slots with a master in the map (16384 when whole) */
-    uint64_t inflight;       /* requests queued, on the wire, or not yet polled */
+    uint64_t nodes;    /* masters in the slot map */
+    uint64_t slots;    /* slots with a master in the map (16384 when whole) */
+    uint64_t inflight; /* requests queued, on the wire, or not yet polled */
     uint64_t gets, hits, misses, bad_records;
     uint64_t puts, puts_ok;
     uint64_t bytes_read, bytes_written;
-    uint64_t errors;         /* requests failed by the network or the cluster */
-    uint64_t fast_fails;     /* requests refused at once while degraded */
-    uint64_t moved, asked;   /* redirects followed */
-    uint64_t refreshes;      /* slot maps loaded */
-    uint64_t connects;       /* connections opened */
-    uint64_t trips;          /* times the breaker opened */
+    uint64_t errors;       /* requests failed by the network or the cluster */
+    uint64_t fast_fails;   /* requests refused at once while degraded */
+    uint64_t moved, asked; /* redirects followed */
+    uint64_t refreshes;    /* slot maps loaded */
+    uint64_t connects;     /* connections opened */
+    uint64_t trips;        /* times the breaker opened */
     bool degraded;
-    char last_error[128];    /* the latest failure, for the log */
+    char last_error[128]; /* the latest failure, for the log */
 };
 void tier_remote_stats(const struct tier_remote *t, struct tier_remote_stats *st);
 

@@ -12,18 +12,18 @@ _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "records are little-en
 
 /* The header's layout: byte offsets. */
 enum {
-    REMOTE_REC_O_MAGIC = 0,    /* u32 */
-    REMOTE_REC_O_VERSION = 4,  /* u16 */
-    REMOTE_REC_O_HDRLEN = 6,   /* u16 */
-    REMOTE_REC_O_NSFP = 8,     /* u64 */
-    REMOTE_REC_O_KEY = 16,     /* u64 lo, u64 hi */
-    REMOTE_REC_O_PARENT = 32,  /* u64 lo, u64 hi */
-    REMOTE_REC_O_DEPTH = 48,   /* u32 */
-    REMOTE_REC_O_FORMAT = 52,  /* u32 */
-    REMOTE_REC_O_CODEC = 56,   /* u32, then 4 bytes zero */
-    REMOTE_REC_O_LEN = 64,     /* u64 */
-    REMOTE_REC_O_DCSUM = 72,   /* u64 */
-    REMOTE_REC_O_NS = 80,      /* REMOTE_REC_NS_BYTES, then zeros */
+    REMOTE_REC_O_MAGIC = 0,                  /* u32 */
+    REMOTE_REC_O_VERSION = 4,                /* u16 */
+    REMOTE_REC_O_HDRLEN = 6,                 /* u16 */
+    REMOTE_REC_O_NSFP = 8,                   /* u64 */
+    REMOTE_REC_O_KEY = 16,                   /* u64 lo, u64 hi */
+    REMOTE_REC_O_PARENT = 32,                /* u64 lo, u64 hi */
+    REMOTE_REC_O_DEPTH = 48,                 /* u32 */
+    REMOTE_REC_O_FORMAT = 52,                /* u32 */
+    REMOTE_REC_O_CODEC = 56,                 /* u32, then 4 bytes zero */
+    REMOTE_REC_O_LEN = 64,                   /* u64 */
+    REMOTE_REC_O_DCSUM = 72,                 /* u64 */
+    REMOTE_REC_O_NS = 80,                    /* REMOTE_REC_NS_BYTES, then zeros */
     REMOTE_REC_O_HCSUM = REMOTE_REC_HDR - 8, /* u64: XXH3 of the bytes before it */
 };
 _Static_assert(REMOTE_REC_O_NS + REMOTE_REC_NS_BYTES <= REMOTE_REC_O_HCSUM, "header fits");

@@ -38,9 +38,9 @@ struct remote_rec_meta {
     uint64_t key[2];    /* lo, hi */
     uint64_t parent[2]; /* all-zero: the first block of a prefix */
     uint32_t depth;
-    uint32_t format;    /* the block's own encoding (kvcd: the wire format); opaque */
-    uint32_t codec;     /* REMOTE_REC_CODEC_* of the stored bytes */
-    uint64_t len;       /* data bytes after the header */
+    uint32_t format;                 /* the block's own encoding (kvcd: the wire format); opaque */
+    uint32_t codec;                  /* REMOTE_REC_CODEC_* of the stored bytes */
+    uint64_t len;                    /* data bytes after the header */
     uint8_t ns[REMOTE_REC_NS_BYTES]; /* opaque namespace descriptor */
 };
 

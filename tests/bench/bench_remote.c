@@ -76,8 +76,12 @@ static double bench_best(double *v, int n, double *median)
 /* 16 KiB a token: 32 layers, K and V, 2 heads of 64 fp16. */
 static struct kvc_layout bench_layout(const char *model, uint32_t bt)
 {
-    return (struct kvc_layout){.model_id = model, .layers = 32, .kv_heads = 2, .head_dim = 64,
-                               .block_tokens = bt, .dtype = KVC_DTYPE_FP16,
+    return (struct kvc_layout){.model_id = model,
+                               .layers = 32,
+                               .kv_heads = 2,
+                               .head_dim = 64,
+                               .block_tokens = bt,
+                               .dtype = KVC_DTYPE_FP16,
                                .kv_kind = KVC_KV_KIND_KV};
 }
 
@@ -208,10 +212,14 @@ static int bench_kvcd(struct daemon *d, const char *extra)
 {
     char o_nodes[300];
     snprintf(o_nodes, sizeof(o_nodes), "remote.nodes=%s", cl.seeds);
-    const char *args[] = {"-o", "host.size=1g", "-o", "host.hugepages=off", "-o",
-                          extra ? o_nodes : "log.level=warning", "-o", "remote.max_inflight=1024",
-                          "-o", "remote.batch=256", "-o", "log.level=warning", "-o",
-                          "cache.policy=lru", NULL};
+    const char *args[] = {"-o", "host.size=1g",
+                          "-o", "host.hugepages=off",
+                          "-o", extra ? o_nodes : "log.level=warning",
+                          "-o", "remote.max_inflight=1024",
+                          "-o", "remote.batch=256",
+                          "-o", "log.level=warning",
+                          "-o", "cache.policy=lru",
+                          NULL};
     memset(d, 0, sizeof(*d));
     return daemon_start(d, args);
 }
@@ -304,7 +312,8 @@ static void bench_remote_case(const struct daemon *a, const struct daemon *b, si
     }
     double mput, mget, mpput, mpget;
     double bput = bench_best(put, BENCH_REPS, &mput), bget = bench_best(get, BENCH_REPS, &mget);
-    double bpput = bench_best(pput, BENCH_REPS, &mpput), bpget = bench_best(pget, BENCH_REPS, &mpget);
+    double bpput = bench_best(pput, BENCH_REPS, &mpput),
+           bpget = bench_best(pget, BENCH_REPS, &mpget);
     char name[96];
     printf("remote_put_%s: kvcd %.3f GB/s (median %.3f), plain hiredis %.3f (median %.3f): "
            "ratio %.2f (median %.2f)\n",
@@ -406,16 +415,16 @@ static int peer_memcached(struct peer_job *j, uint8_t **v)
                 rc = 1;
                 break;
             }
-        while ((r = memcached_fetch_result(m, NULL, &err)) != NULL) {
-            const char *k = memcached_result_key_value(r);
-            size_t len = memcached_result_length(r);
-            int i = atoi(strrchr(k, ':') + 1);
-            if (i >= 0 && i < j->n && len == j->bb) {
-                memcpy(v[i], memcached_result_value(r), len);
-                got++;
+            while ((r = memcached_fetch_result(m, NULL, &err)) != NULL) {
+                const char *k = memcached_result_key_value(r);
+                size_t len = memcached_result_length(r);
+                int i = atoi(strrchr(k, ':') + 1);
+                if (i >= 0 && i < j->n && len == j->bb) {
+                    memcpy(v[i], memcached_result_value(r), len);
+                    got++;
+                }
+                memcached_result_free(r);
             }
-            memcached_result_free(r);
-        }
         }
         rc = rc || got != j->n;
         if (rc)
@@ -501,14 +510,13 @@ static pid_t peer_server(enum peer_kind kind, const char *sock)
             dup2(fd, 2);
         }
         if (kind == PEER_REDIS)
-            execlp("redis-server", "redis-server", "--port", "0", "--unixsocket", sock,
-                   "--save", "", "--appendonly", "no", (char *)NULL);
+            execlp("redis-server", "redis-server", "--port", "0", "--unixsocket", sock, "--save",
+                   "", "--appendonly", "no", (char *)NULL);
         else if (getuid() == 0) /* memcached refuses root unless told which user */
             execlp("memcached", "memcached", "-s", sock, "-m", "1024", "-I", "4m", "-u", "root",
                    (char *)NULL);
         else
-            execlp("memcached", "memcached", "-s", sock, "-m", "1024", "-I", "4m",
-                   (char *)NULL);
+            execlp("memcached", "memcached", "-s", sock, "-m", "1024", "-I", "4m", (char *)NULL);
         _exit(127);
     }
     for (int i = 0; i < 200 && pid > 0; i++) {
@@ -544,12 +552,12 @@ static double peer_run(enum peer_kind kind, const char *where, size_t bb, struct
     return bench_best(v, BENCH_REPS, median);
 }
 
-static void bench_peers(const struct daemon *k, size_t bb, const char *tag,
-                        struct bench_row *rows, size_t cap, size_t *nrows)
+static void bench_peers(const struct daemon *k, size_t bb, const char *tag, struct bench_row *rows,
+                        size_t cap, size_t *nrows)
 {
     char rsock[300], msock[300], name[64];
-    struct peer_shared *sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE,
-                                  MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    struct peer_shared *sh =
+        mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     double mk, mr, mm;
     snprintf(rsock, sizeof(rsock), "%s/redis-%s.sock", k->dir, tag);
     snprintf(msock, sizeof(msock), "%s/mc-%s.sock", k->dir, tag);

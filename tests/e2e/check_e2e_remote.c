@@ -36,7 +36,6 @@
 #define BT 64 /* tokens per block: 64 KiB blocks (daemon_layout) */
 #define NPFX 8
 
-
 static void msleep(int ms)
 {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
@@ -87,11 +86,17 @@ static void kvcd_up(struct daemon *d, const char *extra)
 {
     char o_nodes[300];
     snprintf(o_nodes, sizeof(o_nodes), "remote.nodes=%s", rc.seeds);
-    const char *args[] = {"-o", "host.size=32m", "-o", "host.page_size=64k", "-o",
-                          "host.hugepages=off", "-o", "host.prefault=no", "-o", o_nodes,
-                          "-o", "remote.backoff_max=500ms", "-o", "remote.timeout=1s", "-o",
-                          "remote.negative_ttl=200ms", "-o", "cache.policy=lru", "-o",
-                          extra ? extra : "log.level=info", NULL};
+    const char *args[] = {"-o", "host.size=32m",
+                          "-o", "host.page_size=64k",
+                          "-o", "host.hugepages=off",
+                          "-o", "host.prefault=no",
+                          "-o", o_nodes,
+                          "-o", "remote.backoff_max=500ms",
+                          "-o", "remote.timeout=1s",
+                          "-o", "remote.negative_ttl=200ms",
+                          "-o", "cache.policy=lru",
+                          "-o", extra ? extra : "log.level=info",
+                          NULL};
     memset(d, 0, sizeof(*d));
     ck_assert_int_eq(daemon_start(d, args), 0);
 }
@@ -153,8 +158,8 @@ static int client_get(struct client *cl, const struct kvc_key *keys, int n)
     hits = kvc_get_prefix(cl->ns, keys, (size_t)n, blocks);
     ck_assert_int_ge(hits, 0);
     for (int i = 0; i < hits; i++)
-        ck_assert_msg(daemon_block_check(&keys[i], blocks[i], cl->bb) < 0,
-                      "block %d: wrong bytes", i);
+        ck_assert_msg(daemon_block_check(&keys[i], blocks[i], cl->bb) < 0, "block %d: wrong bytes",
+                      i);
     for (int i = 0; i < n; i++)
         free(blocks[i]);
     return hits;

@@ -40,7 +40,8 @@ bool rcluster_available(void)
 {
     const char *a[] = {"/usr/bin/env", "redis-server", "--version", NULL};
     const char *b[] = {"/usr/bin/env", "redis-cli", "--version", NULL};
-    return daemon_run(a, NULL, 0, NULL, 0, 10000) == 0 && daemon_run(b, NULL, 0, NULL, 0, 10000) == 0;
+    return daemon_run(a, NULL, 0, NULL, 0, 10000) == 0 &&
+           daemon_run(b, NULL, 0, NULL, 0, 10000) == 0;
 }
 
 static const char *rcluster_maxmemory = "256mb";
@@ -60,8 +61,8 @@ int rcluster_node_start(struct rcluster *rc, int i)
         execlp("redis-server", "redis-server", "--port", port, "--bind", "127.0.0.1",
                "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
                "--cluster-node-timeout", "1000", "--save", "", "--appendonly", "no",
-               "--protected-mode", "yes", "--maxmemory", rcluster_maxmemory,
-               "--maxmemory-policy", "allkeys-lru", (char *)NULL);
+               "--protected-mode", "yes", "--maxmemory", rcluster_maxmemory, "--maxmemory-policy",
+               "allkeys-lru", (char *)NULL);
         _exit(127);
     }
     rc->pids[i] = pid;
@@ -175,8 +176,7 @@ int rcluster_up(struct rcluster *rc, int n, const char *maxmemory, char *why, si
         snprintf(why, whylen, "redis-cli --cluster create failed");
         return -1;
     }
-    snprintf(rc->seeds, sizeof(rc->seeds), "127.0.0.1:%d,127.0.0.1:%d", rc->ports[0],
-             rc->ports[1]);
+    snprintf(rc->seeds, sizeof(rc->seeds), "127.0.0.1:%d,127.0.0.1:%d", rc->ports[0], rc->ports[1]);
     return 0;
 }
 
