@@ -301,6 +301,7 @@ static int engine_remote_fetch_fits(struct store *s, uint32_t idx, bool first,
     b->depth = got->depth;
     if (!s->ix.blocks[p].children++)
         store_heap_sync(s, p);
+    store_heap_sync(s, idx); /* its depth is known now */
     return 0;
 }
 
@@ -397,8 +398,8 @@ static int engine_remote_fetch(struct store *s, struct store_ns *ns,
         store_heap_sync(s, p);
     ns->blocks++;
     ns->bytes += b->len;
+    store_meta_commit(s, idx, now); /* before the push: the policy heap keys with it */
     store_lru_push_head(s, idx);
-    store_meta_commit(s, idx, now);
     er->fetching++;
     return 0;
 fail_slot:

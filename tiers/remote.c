@@ -66,6 +66,7 @@ struct tier_remote {
     struct remote_node nodes[TIER_REMOTE_MAX_NODES];
     uint32_t nnodes, nseeds;
     uint16_t slot_node[REMOTE_SLOTS];
+    uint16_t map_new[REMOTE_SLOTS]; /* the map being read from CLUSTER SLOTS */
     bool map_ok;
     uint64_t retry_at;   /* ms: degraded until then */
     uint64_t backoff_ms; /* the next backoff */
@@ -177,7 +178,7 @@ static int remote_node_connect(struct tier_remote *t, uint32_t i)
  * SLOTS. 0, -EIO (no answer), -EAGAIN (the cluster is not serving), -EPROTO. */
 static int remote_map_from(struct tier_remote *t, uint32_t i)
 {
-    static uint16_t map[REMOTE_SLOTS];
+    uint16_t *map = t->map_new;
     const char *info[2] = {"CLUSTER", "INFO"}, *slots[2] = {"CLUSTER", "SLOTS"};
     redisReply *r;
     int rc = 0;
@@ -222,14 +223,20 @@ static int remote_map_from(struct tier_remote *t, uint32_t i)
             host = t->nodes[i].host;
             hlen = strlen(host);
         }
-        node = remote_node_get(t, host, hlen, (int)m->element[1]->integer);
+        node = remote_node_get(t, host, hlen,
+                               m->element[1]->integer > 0 && m->element[1]->integer < 65536
+                                   ? (int)m->element[1]->integer
+                                   : 0);
         if (node < 0)
             continue;
-        for (long long s = x->element[0]->integer; s <= x->element[1]->integer; s++)
-            if (s >= 0 && s < REMOTE_SLOTS)
-                map[s] = (uint16_t)node;
+        /* Every number from the network is bounded before it drives a loop. */
+        long long lo = x->element[0]->integer, hi = x->element[1]->integer;
+        lo = lo < 0 ? 0 : lo;
+        hi = hi >= REMOTE_SLOTS ? REMOTE_SLOTS - 1 : hi;
+        for (long long s = lo; s <= hi; s++)
+            map[s] = (uint16_t)node;
     }
-    memcpy(t->slot_node, map, sizeof(map));
+    memcpy(t->slot_node, map, sizeof(t->slot_node));
     t->map_ok = true;
 out:
     freeReplyObject(r);
@@ -323,7 +330,11 @@ static int remote_redirect_node(struct tier_remote *t, const char *err)
     colon = strrchr(addr, ':');
     if (!colon)
         return -1;
-    return remote_node_get(t, addr, (size_t)(colon - addr), atoi(colon + 1));
+    char *end;
+    long port = strtol(colon + 1, &end, 10);
+    if (end == colon + 1 || port <= 0 || port > 65535)
+        return -1;
+    return remote_node_get(t, addr, (size_t)(colon - addr), (int)port);
 }
 
 /* A request done: onto the done list (the caller signals the eventfd). */

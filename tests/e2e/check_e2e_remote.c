@@ -135,7 +135,7 @@ static void client_open(struct client *cl, const struct daemon *d, const char *m
 
 static void client_put(struct client *cl, const struct kvc_key *keys, int n)
 {
-    void *blocks[NPFX];
+    void *blocks[NPFX] = {0};
     for (int i = 0; i < n; i++) {
         blocks[i] = malloc(cl->bb);
         ck_assert_ptr_nonnull(blocks[i]);
@@ -149,7 +149,7 @@ static void client_put(struct client *cl, const struct kvc_key *keys, int n)
 /* Gets the prefix: the hit count; every byte of every hit checked. */
 static int client_get(struct client *cl, const struct kvc_key *keys, int n)
 {
-    void *blocks[NPFX];
+    void *blocks[NPFX] = {0};
     int hits;
     for (int i = 0; i < n; i++) {
         blocks[i] = calloc(1, cl->bb);
