@@ -247,15 +247,39 @@ void engine_remote_pump(struct store *s, uint64_t now)
 
 /* ---- reads at lookup ------------------------------------------------------------------- */
 
+/* A lost block that nothing hangs from leaves the index at once (a put of its key can
+ * proceed while a lease still holds the entry), and the pool when nobody holds it. */
+static void engine_remote_lost_release(struct store *s, uint32_t idx)
+{
+    struct block *b = &s->ix.blocks[idx];
+    if (!(b->flags & BLOCK_F_LOST) || b->children)
+        return;
+    if (!b->pins)
+        (void)store_block_drop(s, idx);
+    else
+        (void)index_remove(&s->ix, idx); /* -ENOENT when already out; dropped at unpin */
+}
+
 /* A read that did not give the block: it is lost (a miss for every lookup), its slot goes
- * back, and it leaves the index once nothing hangs from it, so a put of its key can
- * proceed while a lease still holds the entry. */
+ * back, and it lets go of its parent (the block before it in its lookup: it holds one of
+ * its children), so that a chain of misses leaves the index whatever order the replies
+ * come in. */
 static void engine_remote_fetch_fail(struct store *s, uint32_t idx)
 {
     struct block *b = &s->ix.blocks[idx];
     struct store_ns *ns = s->ns[b->ns];
     struct tier *host = s->arenas[b->arena].tier;
     struct tier_loc loc = {.arena = b->arena, .cls = b->cls, .off = b->off, .len = b->len};
+    if (!index_key_is_zero(&b->parent)) {
+        uint32_t p = index_find(&s->ix, b->ns, &b->parent);
+        b->parent = (struct kvc_wire_key){0, 0};
+        b->depth = 0;
+        if (p != INDEX_NONE && s->ix.blocks[p].children && !--s->ix.blocks[p].children) {
+            store_heap_sync(s, p); /* a leaf now */
+            engine_remote_lost_release(s, p);
+        }
+        b = &s->ix.blocks[idx];
+    }
     store_lru_unlink(s, idx);
     host->ops->free(host, &loc);
     b->flags |= BLOCK_F_LOST;
@@ -264,10 +288,7 @@ static void engine_remote_fetch_fail(struct store *s, uint32_t idx)
     ns->bytes -= b->len;
     b->len = 0;
     store_lru_push_head(s, idx);
-    if (!b->pins && !b->children)
-        (void)store_block_drop(s, idx);
-    else if (!b->children)
-        index_remove(&s->ix, idx); /* dropped when its lease goes (store_block_drop) */
+    engine_remote_lost_release(s, idx);
 }
 
 /* Whether a record that landed is the block that was asked for, and links a lookup's

@@ -17,10 +17,12 @@
  * and a GET of its record goes to the worker. A record that lands must be the block asked
  * for: valid (remote_rec_check), in the raw format of the namespace's block size, and the
  * child of the key before it in the lookup (or of a block the index has, for the first);
- * else it is refused and counted. A block whose GET misses or is refused is LOST: freed,
- * taken out of the index (so a put of that key can proceed at once), dropped when the
- * lease holding it goes; its key enters the negative cache (remote.negative_ttl) so that a
- * run of lookups of a prefix nobody stored asks the cluster once.
+ * else it is refused and counted. A block whose GET misses or is refused is LOST: its slot
+ * goes back, it lets go of its parent (so a chain of misses unwinds whatever order the
+ * replies come in), it leaves the index once nothing hangs from it (so a put of its key can
+ * proceed while the lookup's lease still holds the entry) and the pool when that lease
+ * goes; its key enters the negative cache (remote.negative_ttl) so that a run of lookups
+ * of a prefix nobody stored asks the cluster once.
  * Faults: while the tier is degraded (its circuit breaker open) lookups stop at the local
  * run and writes are dropped; state changes and errors are logged at a limited rate.
  * Namespaces: [namespace.PATTERN] remote = no keeps a namespace out (asked once per

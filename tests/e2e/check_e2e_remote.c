@@ -3,7 +3,8 @@
  * loopback, with two (or three) kvcd daemons on their own sockets and arenas standing for
  * hosts: a prefix put through daemon A is a hit through daemon B with the same bytes; a
  * record under another layout, and a torn one, are refused (counted, a miss); a slot
- * migrated during a run (ASK while it moves, MOVED after) is followed; a master killed
+ * migrated during a run (ASK while it moves, MOVED after) is followed; a lookup whose tail
+ * misses in the cluster, then a put of that tail under the lease, works; a master killed
  * mid-run: no wrong byte, B serves its local hits, the tier is degraded, and it comes back
  * by itself when the node does.
  * The cluster is started once for the suite in a temporary directory (redis-server
@@ -331,6 +332,41 @@ START_TEST(test_other_layout_refused)
 }
 END_TEST
 
+/* The engine's usual order: look a prompt up (the cached part is a hit, the rest is asked
+ * of the cluster and misses), then put the rest under the last hit while the lease is still
+ * held. The misses must not stand in the way of that put. */
+START_TEST(test_lookup_then_put_holding_lease)
+{
+    struct daemon b;
+    struct client cb;
+    struct kvc_key keys[NPFX];
+    kvc_lease *l = NULL;
+    kvcd_up(&b, NULL);
+    client_open(&cb, &b, "e2e/remote-lease");
+    ck_assert_int_eq(daemon_chain_keys(cb.ns, 9, 0, NPFX, NPFX, keys), 0);
+    client_put(&cb, keys, 3);
+    ck_assert_int_eq(kvc_lookup(cb.ns, keys, NPFX, 0, &l), 3);
+    ck_assert_uint_ge(stat_of(&b, "remote_miss_blocks"), 1);
+    void *blocks[NPFX] = {0};
+    for (int i = 3; i < NPFX; i++) {
+        blocks[i] = malloc(cb.bb);
+        ck_assert_ptr_nonnull(blocks[i]);
+        daemon_block_fill(&keys[i], blocks[i], cb.bb);
+    }
+    ck_assert_int_eq(
+        kvc_put_prefix(cb.ns, &keys[2], keys + 3, NPFX - 3, (const void *const *)(blocks + 3)),
+        NPFX - 3);
+    ck_assert_int_eq(kvc_release(l), 0);
+    for (int i = 3; i < NPFX; i++)
+        free(blocks[i]);
+    ck_assert_int_eq(client_get(&cb, keys, NPFX), NPFX);
+    ck_assert_uint_eq(stat_of(&b, "remote_bad_records"), 0);
+    client_close(&cb);
+    ck_assert_int_eq(daemon_stop(&b), 0);
+    daemon_cleanup(&b);
+}
+END_TEST
+
 static void node_id(int port, char *out, size_t len)
 {
     redis_cmd(port, out, len, "CLUSTER MYID");
@@ -465,6 +501,7 @@ int main(void)
     tcase_set_timeout(tc, 120 * daemon_slow());
     tcase_add_test(tc, test_cross_daemon_hit);
     tcase_add_test(tc, test_other_layout_refused);
+    tcase_add_test(tc, test_lookup_then_put_holding_lease);
     tcase_add_test(tc, test_slot_migration);
     tcase_add_test(tc, test_master_killed); /* last: it restarts a node */
     suite_add_tcase(s, tc);
