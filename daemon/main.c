@@ -337,7 +337,7 @@ static int kvcd_remote_attach(struct kvcd *d)
                 strerror(-rc));
         return rc;
     }
-    log_info("remote: tier on %s (connected on first use)", c->remote_nodes);
+    log_info("remote: tier on %s", c->remote_nodes);
     return loop_add(d->loop, engine_remote_fd(d->store), EPOLLIN, kvcd_on_remote, d);
 }
 

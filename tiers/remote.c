@@ -531,6 +531,9 @@ static void remote_signal(struct tier_remote *t)
 static void *remote_main(void *arg)
 {
     struct tier_remote *t = arg;
+    /* The map at once, so the tier's state says from the start whether the cluster is
+     * there (a cluster that is not makes a degraded tier, probed on its backoff). */
+    remote_breaker(t, remote_map_refresh(t) == 0);
     pthread_mutex_lock(&t->mu);
     while (!t->stop) {
         uint64_t now = remote_now_ms();

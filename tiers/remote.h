@@ -55,8 +55,8 @@ struct tier_remote;
  * asked to retry, or the tier is degraded), -ECANCELED (the tier is stopping). */
 typedef void (*tier_remote_done_fn)(void *arg, int status, const struct remote_rec_meta *got);
 
-/* Parses the seeds and starts the worker (it connects lazily, so a cluster that is down at
- * start makes a degraded tier, not an error). NULL with *err: -EINVAL (no valid seed, more
+/* Parses the seeds and starts the worker, which loads the slot map at once (a cluster that
+ * is down at start makes a degraded tier, not an error). NULL with *err: -EINVAL (no valid seed, more
  * than TIER_REMOTE_MAX_NODES), -ENOMEM, -errno of eventfd or pthread_create. */
 struct tier_remote *tier_remote_new(const struct tier_remote_config *cfg, int *err);
 /* Stops the worker (requests not started complete with -ECANCELED, run here), closes the

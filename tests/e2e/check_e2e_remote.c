@@ -4,7 +4,8 @@
  * hosts: a prefix put through daemon A is a hit through daemon B with the same bytes; a
  * record under another layout, and a torn one, are refused (counted, a miss); a slot
  * migrated during a run (ASK while it moves, MOVED after) is followed; a lookup whose tail
- * misses in the cluster, then a put of that tail under the lease, works; a master killed
+ * misses in the cluster, then a put of that tail under the lease, works; a cluster that is
+ * not there at start leaves kvcd serving locally with a degraded tier; a master killed
  * mid-run: no wrong byte, B serves its local hits, the tier is degraded, and it comes back
  * by itself when the node does.
  * The cluster is started once for the suite in a temporary directory (redis-server
@@ -367,6 +368,27 @@ START_TEST(test_lookup_then_put_holding_lease)
 }
 END_TEST
 
+/* A cluster that is not there at start: kvcd serves from its local tiers, says the remote
+ * tier is degraded, and stops cleanly. */
+START_TEST(test_cluster_unreachable)
+{
+    struct daemon d;
+    const char *o_nodes = "remote.nodes=127.0.0.1:1"; /* nothing listens on port 1 */
+    uint64_t v = 0;
+    const char *args[] = {
+        "-o", "host.size=32m", "-o", "host.hugepages=off",       "-o", "host.prefault=no",
+        "-o", o_nodes,         "-o", "remote.backoff_max=200ms", NULL};
+    memset(&d, 0, sizeof(d));
+    ck_assert_int_eq(daemon_start(&d, args), 0);
+    ck_assert(stat_wait(&d, "remote_degraded", 1, 10000));
+    ck_assert_int_eq(daemon_roundtrip(&d), 0);
+    ck_assert_int_eq(daemon_stat(&d, "remote_bad_records", &v), 0);
+    ck_assert_uint_eq(v, 0);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_cleanup(&d);
+}
+END_TEST
+
 static void node_id(int port, char *out, size_t len)
 {
     redis_cmd(port, out, len, "CLUSTER MYID");
@@ -502,6 +524,7 @@ int main(void)
     tcase_add_test(tc, test_cross_daemon_hit);
     tcase_add_test(tc, test_other_layout_refused);
     tcase_add_test(tc, test_lookup_then_put_holding_lease);
+    tcase_add_test(tc, test_cluster_unreachable);
     tcase_add_test(tc, test_slot_migration);
     tcase_add_test(tc, test_master_killed); /* last: it restarts a node */
     suite_add_tcase(s, tc);
