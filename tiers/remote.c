@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -45,6 +46,8 @@ struct remote_node {
     redisContext *c;                /* worker's; NULL: not connected */
     struct remote_req *head, *tail; /* this round's requests (worker) */
     bool failed;                    /* this round (worker) */
+    size_t rpos, rlen;              /* rbuf[rpos, rlen): read, not yet parsed (worker) */
+    uint8_t rbuf[64 << 10];         /* replies as they come (remote_reply) */
 };
 
 struct tier_remote {
@@ -122,6 +125,7 @@ static void remote_node_close(struct remote_node *n)
     if (n->c)
         redisFree(n->c);
     n->c = NULL;
+    n->rpos = n->rlen = 0; /* what was buffered belonged to that connection */
 }
 
 /* One reply of a simple command on n's connection (AUTH, CLUSTER ...). NULL on error (the
@@ -364,24 +368,130 @@ static void remote_finish(struct tier_remote *t, struct remote_req *q, int statu
     pthread_mutex_unlock(&t->mu);
 }
 
+/* ---- replies (worker) ------------------------------------------------------------------
+ * Replies to a batch are read here rather than by hiredis: a GET's value lands straight in
+ * its destination (the header first, checked, then the data read from the socket into the
+ * slot and checked before anyone is told), where hiredis would copy it into its buffer and
+ * again into a reply object. Commands still go out through hiredis' output buffer; its
+ * reader is used only for the simple commands of remote_node_command, between batches. */
+
+/* At least one more byte in n's buffer. 0 or -1 (connection lost, timeout). */
+static int remote_rb_fill(struct remote_node *n)
+{
+    ssize_t r;
+    if (n->rpos == n->rlen) {
+        n->rpos = n->rlen = 0;
+    } else if (n->rlen == sizeof(n->rbuf)) {
+        memmove(n->rbuf, n->rbuf + n->rpos, n->rlen - n->rpos);
+        n->rlen -= n->rpos;
+        n->rpos = 0;
+    }
+    do
+        r = recv(n->c->fd, n->rbuf + n->rlen, sizeof(n->rbuf) - n->rlen, 0);
+    while (r < 0 && errno == EINTR);
+    if (r <= 0)
+        return -1;
+    n->rlen += (size_t)r;
+    return 0;
+}
+
+/* One reply line without its CRLF, NUL-terminated, into out (cap bytes). 0 or -1. */
+static int remote_rb_line(struct remote_node *n, char *out, size_t cap)
+{
+    for (;;) {
+        const uint8_t *s = n->rbuf + n->rpos;
+        size_t avail = n->rlen - n->rpos;
+        const uint8_t *nl = memchr(s, '\n', avail);
+        if (nl) {
+            size_t l = (size_t)(nl - s);
+            if (l == 0 || s[l - 1] != '\r' || l > cap)
+                return -1;
+            memcpy(out, s, l - 1);
+            out[l - 1] = '\0';
+            n->rpos += l + 1;
+            return 0;
+        }
+        if (avail > cap)
+            return -1; /* no reply line is that long */
+        if (remote_rb_fill(n))
+            return -1;
+    }
+}
+
+/* Exactly len bytes of the stream into dst, or dropped (dst NULL). Large reads go from the
+ * socket straight into dst. 0 or -1. */
+static int remote_rb_read(struct remote_node *n, uint8_t *dst, uint64_t len)
+{
+    while (len) {
+        size_t avail = n->rlen - n->rpos;
+        if (avail) {
+            size_t take = avail < len ? avail : (size_t)len;
+            if (dst) {
+                memcpy(dst, n->rbuf + n->rpos, take);
+                dst += take;
+            }
+            n->rpos += take;
+            len -= take;
+        } else if (dst && len >= sizeof(n->rbuf) / 2) {
+            ssize_t r;
+            do
+                r = recv(n->c->fd, dst, len, 0);
+            while (r < 0 && errno == EINTR);
+            if (r <= 0)
+                return -1;
+            dst += r;
+            len -= (uint64_t)r;
+        } else if (remote_rb_fill(n)) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* A GET's bulk value of vlen bytes (the stream is past "$vlen\r\n"): the header into
+ * q->hdr, checked; the data into q->buf, checked; the closing CRLF. A value that is not the
+ * record is still read to its end (dropped) so the stream stays in step. The request's
+ * status, or REMOTE_RB_LOST when the connection failed. */
+#define REMOTE_RB_LOST 1
+static int remote_get_value(struct remote_node *n, struct remote_req *q, uint64_t vlen)
+{
+    struct remote_rec_meta got;
+    uint8_t crlf[2];
+    int v;
+    if (vlen < REMOTE_REC_HDR)
+        return remote_rb_read(n, NULL, vlen + 2) ? REMOTE_RB_LOST : -EPROTO;
+    if (remote_rb_read(n, q->hdr, REMOTE_REC_HDR))
+        return REMOTE_RB_LOST;
+    v = remote_rec_check_header(q->hdr, vlen, &q->meta, q->cap, &got);
+    if (v)
+        return remote_rb_read(n, NULL, vlen - REMOTE_REC_HDR + 2) ? REMOTE_RB_LOST : v;
+    if (remote_rb_read(n, q->buf, got.len) || remote_rb_read(n, crlf, 2))
+        return REMOTE_RB_LOST;
+    if (crlf[0] != '\r' || crlf[1] != '\n')
+        return REMOTE_RB_LOST; /* out of step: nothing more on this connection is trusted */
+    v = remote_rec_check_data(&got, q->buf);
+    if (v == 0)
+        q->meta = got;
+    return v;
+}
+
 /* One reply to q: 0 done (finished), 1 redirected (q goes round again), -1 connection lost
  * (q not finished). *bad set when the cluster refused. */
 static int remote_reply(struct tier_remote *t, struct remote_node *n, struct remote_req *q,
                         bool *bad)
 {
-    redisReply *r = NULL;
-    int rc = 0;
+    char line[512];
     if (q->ask >= 0) { /* ASKING's +OK */
-        if (redisGetReply(n->c, (void **)&r) != REDIS_OK)
+        if (remote_rb_line(n, line, sizeof(line)) || line[0] != '+')
             return -1;
-        freeReplyObject(r);
         q->ask = -1;
     }
-    if (redisGetReply(n->c, (void **)&r) != REDIS_OK)
+    if (remote_rb_line(n, line, sizeof(line)))
         return -1;
-    if (r->type == REDIS_REPLY_ERROR) {
-        bool moved = strncmp(r->str, "MOVED ", 6) == 0, ask = strncmp(r->str, "ASK ", 4) == 0;
-        int node = (moved || ask) ? remote_redirect_node(t, r->str) : -1;
+    if (line[0] == '-') {
+        const char *err = line + 1;
+        bool moved = strncmp(err, "MOVED ", 6) == 0, ask = strncmp(err, "ASK ", 4) == 0;
+        int node = (moved || ask) ? remote_redirect_node(t, err) : -1;
         if (node >= 0 && q->redirects < REMOTE_REDIRECTS_MAX) {
             q->redirects++;
             pthread_mutex_lock(&t->mu);
@@ -396,33 +506,42 @@ static int remote_reply(struct tier_remote *t, struct remote_node *n, struct rem
             } else {
                 q->ask = node;
             }
-            rc = 1;
-        } else {
-            remote_error(t, "%s:%d: %s", n->host, n->port, r->str);
-            *bad = true;
-            remote_finish(t, q, strncmp(r->str, "TRYAGAIN", 8) == 0 ? -EAGAIN : -EIO);
+            return 1;
         }
-    } else if (q->op == REMOTE_OP_PUT) {
-        bool ok = r->type == REDIS_REPLY_STATUS;
+        remote_error(t, "%s:%d: %s", n->host, n->port, err);
+        *bad = true;
+        remote_finish(t, q, strncmp(err, "TRYAGAIN", 8) == 0 ? -EAGAIN : -EIO);
+        return 0;
+    }
+    if (line[0] == '+' || line[0] == ':') { /* SET's +OK (anything else simple is wrong) */
+        bool ok = q->op == REMOTE_OP_PUT && line[0] == '+';
         if (!ok)
             *bad = true;
         remote_finish(t, q, ok ? 0 : -EIO);
-    } else if (r->type == REDIS_REPLY_NIL) {
-        remote_finish(t, q, -ENOENT);
-    } else if (r->type != REDIS_REPLY_STRING) {
-        *bad = true;
-        remote_finish(t, q, -EIO);
-    } else {
-        struct remote_rec_meta got;
-        int v = remote_rec_check((const uint8_t *)r->str, r->len, &q->meta, q->cap, &got);
-        if (v == 0) {
-            memcpy(q->buf, r->str + REMOTE_REC_HDR, got.len);
-            q->meta = got;
-        }
-        remote_finish(t, q, v);
+        return 0;
     }
-    freeReplyObject(r);
-    return rc;
+    if (line[0] != '$')
+        return -1; /* an array or garbage: the stream is not what was asked for */
+    char *end;
+    long long vlen = strtoll(line + 1, &end, 10);
+    if (*end || end == line + 1 || vlen < -1)
+        return -1;
+    if (vlen == -1) {
+        remote_finish(t, q, q->op == REMOTE_OP_GET ? -ENOENT : -EIO);
+        return 0;
+    }
+    if (q->op != REMOTE_OP_GET) {
+        *bad = true;
+        if (remote_rb_read(n, NULL, (uint64_t)vlen + 2))
+            return -1;
+        remote_finish(t, q, -EIO);
+        return 0;
+    }
+    int v = remote_get_value(n, q, (uint64_t)vlen);
+    if (v == REMOTE_RB_LOST)
+        return -1;
+    remote_finish(t, q, v);
+    return 0;
 }
 
 /* Sends the requests on list (a round), reads the replies; redirected ones come back on

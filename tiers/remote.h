@@ -18,6 +18,10 @@
  * concerned and opens the circuit breaker: the tier is degraded, new requests fail at once
  * (-EAGAIN) without touching the network, and after a backoff (doubling from backoff_min to
  * backoff_max) the worker probes: a slot map refresh from a node reporting cluster_state:ok.
+ * Data path: a PUT's header and data are appended to hiredis' output buffer as they are (no
+ * formatting); replies are parsed by the worker itself, so a GET's value goes from the
+ * socket straight into its destination slot (header first, checked, then the data, checked
+ * before the request completes) with no intermediate copy.
  * A probe that passes closes the breaker; one that fails doubles the backoff. A value read
  * is checked with remote_rec_check before a byte is copied to the caller's buffer, so
  * nothing torn, foreign or of another layout is ever handed back.

@@ -95,41 +95,52 @@ void remote_rec_encode(uint8_t *hdr, const struct remote_rec_meta *m, const void
     remote_rec_put64(hdr + REMOTE_REC_O_HCSUM, XXH3_64bits(hdr, REMOTE_REC_O_HCSUM));
 }
 
-int remote_rec_check(const uint8_t *val, size_t vlen, const struct remote_rec_meta *want,
-                     uint64_t max_len, struct remote_rec_meta *got)
+int remote_rec_check_header(const uint8_t *hdr, size_t vlen, const struct remote_rec_meta *want,
+                            uint64_t max_len, struct remote_rec_meta *got)
 {
     uint32_t version;
-    if (!val || vlen < REMOTE_REC_HDR)
+    if (!hdr || vlen < REMOTE_REC_HDR)
         return -EPROTO;
-    if (remote_rec_get32(val + REMOTE_REC_O_MAGIC) != REMOTE_REC_MAGIC ||
-        remote_rec_get64(val + REMOTE_REC_O_HCSUM) != XXH3_64bits(val, REMOTE_REC_O_HCSUM))
+    if (remote_rec_get32(hdr + REMOTE_REC_O_MAGIC) != REMOTE_REC_MAGIC ||
+        remote_rec_get64(hdr + REMOTE_REC_O_HCSUM) != XXH3_64bits(hdr, REMOTE_REC_O_HCSUM))
         return -EPROTO;
-    version = (uint32_t)val[REMOTE_REC_O_VERSION] | (uint32_t)val[REMOTE_REC_O_VERSION + 1] << 8;
+    version = (uint32_t)hdr[REMOTE_REC_O_VERSION] | (uint32_t)hdr[REMOTE_REC_O_VERSION + 1] << 8;
     if (version != REMOTE_REC_VERSION ||
-        ((uint32_t)val[REMOTE_REC_O_HDRLEN] | (uint32_t)val[REMOTE_REC_O_HDRLEN + 1] << 8) !=
+        ((uint32_t)hdr[REMOTE_REC_O_HDRLEN] | (uint32_t)hdr[REMOTE_REC_O_HDRLEN + 1] << 8) !=
             REMOTE_REC_HDR)
         return -EPROTONOSUPPORT;
     memset(got, 0, sizeof(*got));
-    got->len = remote_rec_get64(val + REMOTE_REC_O_LEN);
+    got->len = remote_rec_get64(hdr + REMOTE_REC_O_LEN);
     if (got->len != vlen - REMOTE_REC_HDR || got->len > max_len)
         return -EMSGSIZE;
-    got->key[0] = remote_rec_get64(val + REMOTE_REC_O_KEY);
-    got->key[1] = remote_rec_get64(val + REMOTE_REC_O_KEY + 8);
-    got->parent[0] = remote_rec_get64(val + REMOTE_REC_O_PARENT);
-    got->parent[1] = remote_rec_get64(val + REMOTE_REC_O_PARENT + 8);
-    got->depth = remote_rec_get32(val + REMOTE_REC_O_DEPTH);
-    got->format = remote_rec_get32(val + REMOTE_REC_O_FORMAT);
-    got->codec = remote_rec_get32(val + REMOTE_REC_O_CODEC);
-    memcpy(got->ns, val + REMOTE_REC_O_NS, REMOTE_REC_NS_BYTES);
+    got->key[0] = remote_rec_get64(hdr + REMOTE_REC_O_KEY);
+    got->key[1] = remote_rec_get64(hdr + REMOTE_REC_O_KEY + 8);
+    got->parent[0] = remote_rec_get64(hdr + REMOTE_REC_O_PARENT);
+    got->parent[1] = remote_rec_get64(hdr + REMOTE_REC_O_PARENT + 8);
+    got->depth = remote_rec_get32(hdr + REMOTE_REC_O_DEPTH);
+    got->format = remote_rec_get32(hdr + REMOTE_REC_O_FORMAT);
+    got->codec = remote_rec_get32(hdr + REMOTE_REC_O_CODEC);
+    got->data_xxh = remote_rec_get64(hdr + REMOTE_REC_O_DCSUM);
+    memcpy(got->ns, hdr + REMOTE_REC_O_NS, REMOTE_REC_NS_BYTES);
     if (memcmp(got->ns, want->ns, REMOTE_REC_NS_BYTES) != 0 ||
-        remote_rec_get64(val + REMOTE_REC_O_NSFP) != remote_rec_ns_fp(want->ns) ||
+        remote_rec_get64(hdr + REMOTE_REC_O_NSFP) != remote_rec_ns_fp(want->ns) ||
         got->key[0] != want->key[0] || got->key[1] != want->key[1])
         return -ESTALE;
     if (got->codec != REMOTE_REC_CODEC_RAW)
         return -EPROTONOSUPPORT;
-    if (XXH3_64bits(val + REMOTE_REC_HDR, got->len) != remote_rec_get64(val + REMOTE_REC_O_DCSUM))
-        return -EBADMSG;
     return 0;
+}
+
+int remote_rec_check_data(const struct remote_rec_meta *got, const void *data)
+{
+    return XXH3_64bits(data, got->len) == got->data_xxh ? 0 : -EBADMSG;
+}
+
+int remote_rec_check(const uint8_t *val, size_t vlen, const struct remote_rec_meta *want,
+                     uint64_t max_len, struct remote_rec_meta *got)
+{
+    int rc = remote_rec_check_header(val, vlen, want, max_len, got);
+    return rc ? rc : remote_rec_check_data(got, val + REMOTE_REC_HDR);
 }
 
 /* CRC16-CCITT (XMODEM: polynomial 0x1021, initial 0), the cluster's key hash. */

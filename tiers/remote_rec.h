@@ -41,6 +41,7 @@ struct remote_rec_meta {
     uint32_t format;                 /* the block's own encoding (kvcd: the wire format); opaque */
     uint32_t codec;                  /* REMOTE_REC_CODEC_* of the stored bytes */
     uint64_t len;                    /* data bytes after the header */
+    uint64_t data_xxh;               /* the header's XXH3 of the data (set by the checks) */
     uint8_t ns[REMOTE_REC_NS_BYTES]; /* opaque namespace descriptor */
 };
 
@@ -64,6 +65,14 @@ void remote_rec_encode(uint8_t *hdr, const struct remote_rec_meta *m, const void
  * -ESTALE (another namespace layout, or another key), -EBADMSG (data checksum). */
 int remote_rec_check(const uint8_t *val, size_t vlen, const struct remote_rec_meta *want,
                      uint64_t max_len, struct remote_rec_meta *got);
+
+/* The same checks in two steps, for a reader that lands the data straight in its place:
+ * remote_rec_check_header on the first REMOTE_REC_HDR bytes of a value of vlen bytes (every
+ * check but the data's, same errors), then remote_rec_check_data on the got->len data
+ * bytes (0 or -EBADMSG). No byte of the data may be used before both passed. */
+int remote_rec_check_header(const uint8_t *hdr, size_t vlen, const struct remote_rec_meta *want,
+                            uint64_t max_len, struct remote_rec_meta *got);
+int remote_rec_check_data(const struct remote_rec_meta *got, const void *data);
 
 /* The cluster slot of a Redis key (CRC16-XMODEM mod 16384, with hash tags). */
 unsigned remote_rec_slot(const char *key, size_t len);
