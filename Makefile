@@ -34,7 +34,7 @@ TOP := $(abspath .)
 B := $(abspath $(BUILD))
 
 CC ?= cc
-PKGS := liburing inih libxxhash libzstd libsystemd
+PKGS := liburing inih libxxhash libzstd libsystemd hiredis
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 CHECK_LIBS = $(shell pkg-config --libs check 2>/dev/null)
@@ -164,7 +164,9 @@ $(B)/tests/check_e2e_%: $(B)/obj/tests/e2e/check_e2e_%.o $(TESTLIB_OBJS) $(B)/li
 # tests/lib holds Check-based helpers too (the tier conformance cases), hence CHECK_LIBS.
 $(B)/bench/%: $(B)/obj/tests/bench/%.o $(TESTLIB_OBJS) $(B)/lib/libkvcd.a $(B)/lib/libkvc.a
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(PKG_LIBS) $(CUDA_LIBS) -pthread -lm
+	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(PKG_LIBS) $(BENCH_LIBS) $(CUDA_LIBS) -pthread -lm
+# bench_remote measures memcached as a peer through libmemcached (etc/install-deps.sh).
+$(B)/bench/bench_remote: BENCH_LIBS = $(shell pkg-config --libs libmemcached 2>/dev/null)
 
 # `make build/tests/check_NAME` (a relative path) builds the same file as $(B)/tests/check_NAME.
 ifneq ($(abspath $(BUILD)),$(BUILD))
@@ -335,6 +337,8 @@ SYSCONFDIR ?= $(if $(filter /usr,$(PREFIX)),/etc,$(PREFIX)/etc)
 UNITDIR ?= $(PREFIX)/lib/systemd/system
 SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
 TMPFILESDIR ?= $(PREFIX)/lib/tmpfiles.d
+# The remote tier's drop-in for kvcd.service (docs/remote.md), installed inactive.
+REMOTEDROPINDIR ?= $(PREFIX)/share/kvcd/systemd/kvcd.service.d
 KVC_VERSION := 0.1.0
 INSTALL ?= install
 SUBST = sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' \
@@ -354,7 +358,7 @@ install: all
 	$(INSTALL) -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCLUDEDIR) \
 		$(DESTDIR)$(MANDIR)/man3 $(DESTDIR)$(MANDIR)/man5 $(DESTDIR)$(MANDIR)/man8 \
 		$(DESTDIR)$(SYSCONFDIR)/kvcd $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSUSERSDIR) \
-		$(DESTDIR)$(TMPFILESDIR)
+		$(DESTDIR)$(TMPFILESDIR) $(DESTDIR)$(REMOTEDROPINDIR)
 	$(INSTALL) -m 0755 $(B)/bin/kvcd $(B)/bin/kvcctl $(B)/bin/kvcreplay $(DESTDIR)$(BINDIR)/
 	$(INSTALL) -m 0755 $(B)/lib/libkvc.so.1 $(DESTDIR)$(LIBDIR)/libkvc.so.1
 	ln -sf libkvc.so.1 $(DESTDIR)$(LIBDIR)/libkvc.so
@@ -367,6 +371,7 @@ install: all
 	$(INSTALL) -m 0644 etc/systemd/kvcd.socket $(DESTDIR)$(UNITDIR)/kvcd.socket
 	$(INSTALL) -m 0644 etc/systemd/kvcd.sysusers $(DESTDIR)$(SYSUSERSDIR)/kvcd.conf
 	$(INSTALL) -m 0644 etc/systemd/kvcd.tmpfiles $(DESTDIR)$(TMPFILESDIR)/kvcd.conf
+	$(SUBST) etc/systemd/kvcd-remote.conf > $(DESTDIR)$(REMOTEDROPINDIR)/remote.conf
 	$(INSTALL) -m 0644 $(MAN3) $(DESTDIR)$(MANDIR)/man3/
 	$(INSTALL) -m 0644 $(MAN5) $(DESTDIR)$(MANDIR)/man5/
 	$(INSTALL) -m 0644 $(MAN8) $(DESTDIR)$(MANDIR)/man8/
@@ -383,6 +388,7 @@ uninstall:
 		$(DESTDIR)$(LIBDIR)/pkgconfig/libkvc.pc $(DESTDIR)$(INCLUDEDIR)/kvc.h \
 		$(DESTDIR)$(UNITDIR)/kvcd.service $(DESTDIR)$(UNITDIR)/kvcd.socket \
 		$(DESTDIR)$(SYSUSERSDIR)/kvcd.conf $(DESTDIR)$(TMPFILESDIR)/kvcd.conf \
+		$(DESTDIR)$(REMOTEDROPINDIR)/remote.conf \
 		$(addprefix $(DESTDIR)$(MANDIR)/man3/,$(notdir $(MAN3))) \
 		$(addprefix $(DESTDIR)$(MANDIR)/man5/,$(notdir $(MAN5))) \
 		$(addprefix $(DESTDIR)$(MANDIR)/man8/,$(notdir $(MAN8)))

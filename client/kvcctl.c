@@ -1040,6 +1040,46 @@ static void ctl_tiers_host_blocks(struct ctl_sample *b)
     b->n++;
 }
 
+/* The remote tier (remote.nodes): its own row, since it has no capacity of its own (the
+ * cluster's maxmemory is) but nodes, slots covered and a degraded state. */
+static void ctl_tiers_remote(struct ctl *x, const struct ctl_sample *a, const struct ctl_sample *b)
+{
+    bool on = false;
+    for (size_t i = 0; i < b->n; i++)
+        on |= strcmp(b->s[i].name, "remote_slots") == 0;
+    if (!on) {
+        if (x->json)
+            printf(", {\"tier\": \"remote\", \"enabled\": false}");
+        else
+            printf("%-6s disabled\n", "remote");
+        return;
+    }
+    uint64_t nodes = ctl_stat(b->s, b->n, "remote_nodes"), slots = ctl_stat(b->s, b->n, "remote_slots");
+    uint64_t infl = ctl_stat(b->s, b->n, "remote_inflight");
+    uint64_t hits = ctl_stat(b->s, b->n, "remote_hit_blocks");
+    uint64_t misses = ctl_stat(b->s, b->n, "remote_miss_blocks");
+    uint64_t bad = ctl_stat(b->s, b->n, "remote_bad_records");
+    uint64_t errs = ctl_stat(b->s, b->n, "remote_errors");
+    uint64_t deg = ctl_stat(b->s, b->n, "remote_degraded");
+    double rd = ctl_rate(a, b, "remote_bytes_read"), wr = ctl_rate(a, b, "remote_bytes_written");
+    if (x->json) {
+        printf(", {\"tier\": \"remote\", \"enabled\": true, \"nodes\": %" PRIu64
+               ", \"slots\": %" PRIu64 ", \"inflight\": %" PRIu64 ", \"hits\": %" PRIu64
+               ", \"misses\": %" PRIu64 ", \"bad_records\": %" PRIu64 ", \"errors\": %" PRIu64
+               ", \"degraded\": %s, \"read_bytes_per_s\": %.0f, \"write_bytes_per_s\": %.0f}",
+               nodes, slots, infl, hits, misses, bad, errs, deg ? "true" : "false", rd, wr);
+        return;
+    }
+    char rs[32], ws[32];
+    ctl_human(rs, sizeof(rs), rd, "/s");
+    ctl_human(ws, sizeof(ws), wr, "/s");
+    printf("%-6s nodes %" PRIu64 ", slots %" PRIu64 "/16384, in flight %" PRIu64
+           ", read %s, write %s, hits %" PRIu64 ", misses %" PRIu64 ", bad records %" PRIu64
+           ", errors %" PRIu64 "%s\n",
+           "remote", nodes, slots, infl, rs, ws, hits, misses, bad, errs,
+           deg ? ", DEGRADED" : "");
+}
+
 static int ctl_tiers(struct ctl *x, int argc, char **argv)
 {
     static const struct option opts[] = {{"interval", required_argument, NULL, 'i'},
@@ -1102,6 +1142,7 @@ static int ctl_tiers(struct ctl *x, int argc, char **argv)
             ctl_tier_print(x, &a, &b, &disk, false);
         else
             printf(", {\"tier\": \"disk\", \"enabled\": false}");
+        ctl_tiers_remote(x, &a, &b);
         printf("]}\n");
     } else {
         printf("%-5s %10s %10s %8s %6s %5s %5s %5s %12s %12s %6s %6s\n", "TIER", "CAPACITY",
@@ -1116,6 +1157,7 @@ static int ctl_tiers(struct ctl *x, int argc, char **argv)
             ctl_tier_print(x, &a, &b, &disk, false);
         else
             printf("%-5s disabled\n", "disk");
+        ctl_tiers_remote(x, &a, &b);
         printf("(rates %s)\n", interval > 0 ? "over the sampling interval"
                                              : "averaged since the daemon started");
     }
@@ -1139,7 +1181,8 @@ static const struct ctl_cmd ctl_cmds[] = {
      "live view each second: hit ratio, throughput, tier usage, clients", ctl_top},
     {"clients", "", "connected clients: pid, uid, pins, reservations, counters", ctl_clients},
     {"tiers", "[--interval S]",
-     "per tier: capacity, used, blocks, pages, fragmentation, I/O, bytes/s, errors",
+     "per tier: capacity, used, blocks, pages, fragmentation, I/O, bytes/s, errors; the "
+     "remote tier's nodes, slots, hits and state",
      ctl_tiers},
     {"policy", "[get] [--ns ID] | set [--ns ID] NAME",
      "the default and each namespace's policy (set: admin)", ctl_policy},

@@ -19,6 +19,7 @@
 #include "daemon/config.h"
 #include "daemon/engine.h"
 #include "daemon/engine_disk.h"
+#include "daemon/engine_remote.h"
 #include "daemon/log.h"
 #include "daemon/proto.h"
 #include "daemon/server.h"
@@ -62,6 +63,18 @@ static void admin_label(FILE *f, const char *s)
         else
             fputc(*s, f);
     }
+}
+
+/* One remote tier value (engine_remote_stats): counters end in _total, the rest are gauges. */
+static void admin_metric_remote(void *arg, const char *name, uint64_t v)
+{
+    static const char *const gauges[] = {"remote_nodes", "remote_slots", "remote_inflight",
+                                         "remote_degraded", "remote_queue"};
+    bool gauge = false;
+    for (size_t i = 0; i < sizeof(gauges) / sizeof(gauges[0]); i++)
+        gauge |= strcmp(name, gauges[i]) == 0;
+    fprintf(arg, "# TYPE kvcd_%s%s %s\nkvcd_%s%s %" PRIu64 "\n", name, gauge ? "" : "_total",
+            gauge ? "gauge" : "counter", name, gauge ? "" : "_total", v);
 }
 
 int admin_metrics_render(const struct admin_ctx *x, char **text, size_t *len)
@@ -137,6 +150,7 @@ int admin_metrics_render(const struct admin_ctx *x, char **text, size_t *len)
         fprintf(f, "kvcd_tier_used_bytes{tier=\"host\",arena=\"%u\"} %" PRIu64 "\n", a,
                 (uint64_t)tt->ops->usage(tt));
     }
+    engine_remote_stats(s, admin_metric_remote, f);
     /* Per client: labelled by connection id, pid, uid and the name it gave. */
 #define ADMIN_CLIENT(field, type, help)                                                        \
     fprintf(f, "# HELP kvcd_client_" #field " " help "\n# TYPE kvcd_client_" #field " " type   \

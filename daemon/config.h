@@ -146,6 +146,32 @@
     X(disk, checkpoint_path, STRING, "", 0, 0, 0, NULL,                                            \
       "File of the disk index checkpoint. Empty: the first disk.path with .ckpt appended when it " \
       "is a file; a block device gets none unless a file is named here.")                          \
+    X(remote, nodes, STRING, "", 0, 0, 0, NULL,                                                    \
+      "Seed nodes of the Redis Cluster holding the remote tier, host:port separated by commas "    \
+      "(docs/remote.md). Empty: no remote tier (no thread, no connection).")                      \
+    X(remote, user, STRING, "", 0, 0, 0, NULL,                                                     \
+      "ACL user of AUTH on every connection. Empty: AUTH with the password alone.")                \
+    X(remote, password, STRING, "", 0, 0, 0, NULL,                                                 \
+      "Password of AUTH (keep this file private). Empty: no AUTH.")                               \
+    X(remote, connect_timeout, DURATION, "500ms", 1, 60000, 0, NULL,                               \
+      "Time a connection to a cluster node may take.")                                            \
+    X(remote, timeout, DURATION, "2s", 1, 60000, 0, NULL,                                          \
+      "Time a read or write on a cluster connection may take; past it the tier is degraded.")     \
+    X(remote, max_inflight, INT, "256", 2, 65536, 0, NULL,                                         \
+      "Remote reads and writes queued or on the wire at once; half each at most for lookups "      \
+      "and for write-behind.")                                                                     \
+    X(remote, batch, INT, "64", 1, 4096, 0, NULL,                                                  \
+      "Requests pipelined in one batch to the cluster.")                                          \
+    X(remote, queue, INT, "4096", 1, 1048576, 0, NULL,                                             \
+      "Admitted blocks waiting for their write-behind at most; more are not written (counted).")  \
+    X(remote, min_hits, INT, "0", 0, 1000000, 1, NULL,                                           \
+      "Hits a block needs before it is written to the remote tier; 0: every block at commit.")    \
+    X(remote, negative_ttl, DURATION, "2s", 0, 3600000, 1, NULL,                                   \
+      "How long a key the remote tier did not have is not asked for again; 0: always asked.")     \
+    X(remote, backoff_min, DURATION, "100ms", 1, 60000, 0, NULL,                                   \
+      "First wait before a degraded remote tier is probed again; doubled after each failure.")    \
+    X(remote, backoff_max, DURATION, "10s", 1, 600000, 0, NULL,                                    \
+      "Longest wait between probes of a degraded remote tier.")                                   \
     X(gpu, pool_size, SIZE, "0", 0, 1ull << 44, 0, NULL,                                           \
       "Bytes of the GPU tier's device pool, shared with engines on that GPU. 0: no GPU "           \
       "tier. Without a device or driver the tier is disabled with one log line.")                  \

@@ -100,7 +100,7 @@ int config_ns_set(struct config *c, const char *pattern, const char *key, const 
     if (k < 0) {
         snprintf(why, whylen,
                  "unknown key '%s' in [namespace.%s] (keys: read write host_size max_bytes "
-                 "max_pins max_reservations policy disk_compress)",
+                 "max_pins max_reservations policy disk_compress remote)",
                  key, pattern);
         return -EINVAL;
     }
@@ -121,6 +121,7 @@ int config_ns_set(struct config *c, const char *pattern, const char *key, const 
         ns->host_size = CONFIG_NS_HOST_SIZE_DEFAULT;
         ns->policy = -1;
         ns->disk_compress = -1;
+        ns->remote = -1;
     }
     if (ns->set_mask & (1u << k)) {
         snprintf(why, whylen, "duplicate key '%s' in [namespace.%s]", key, pattern);
@@ -148,6 +149,15 @@ int config_ns_set(struct config *c, const char *pattern, const char *key, const 
         if (!*value || *end || lv < 0 || lv > 19)
             return config_ns_why(why, whylen, "disk_compress is a zstd level 0..19, not", value);
         ns->disk_compress = (int)lv;
+    } else if (k == CONFIG_NS_KEY_remote) {
+        if (!strcmp(value, "yes") || !strcmp(value, "true") || !strcmp(value, "on") ||
+            !strcmp(value, "1"))
+            ns->remote = 1;
+        else if (!strcmp(value, "no") || !strcmp(value, "false") || !strcmp(value, "off") ||
+                 !strcmp(value, "0"))
+            ns->remote = 0;
+        else
+            return config_ns_why(why, whylen, "remote is yes or no, not", value);
     } else {
         int rc = k == CONFIG_NS_KEY_max_pins || k == CONFIG_NS_KEY_max_reservations
                      ? (*value && strspn(value, "0123456789") == strlen(value) &&
@@ -225,6 +235,8 @@ void config_ns_print(const struct config *c, FILE *f)
             fprintf(f, "policy = %s\n", policy_name((enum policy_kind)ns->policy));
         if (ns->disk_compress >= 0)
             fprintf(f, "disk_compress = %d\n", ns->disk_compress);
+        if (ns->remote >= 0)
+            fprintf(f, "remote = %s\n", ns->remote ? "yes" : "no");
     }
 }
 
@@ -275,6 +287,12 @@ const struct config_ns *config_ns_match(const struct config *c, const char *mode
             return &c->ns[i];
         }
     return NULL;
+}
+
+bool config_ns_remote(const struct config *c, const char *model_id)
+{
+    const struct config_ns *ns = config_ns_match(c, model_id, NULL);
+    return !ns || ns->remote != 0;
 }
 
 int config_ns_disk_compress(const struct config *c, const char *model_id)

@@ -17,6 +17,7 @@
  *   max_reservations = 4096       ; reserved slots at once, all clients together
  *   policy = h2o                  ; the namespaces' policy (else cache.policy)
  *   disk_compress = 1             ; zstd level of its blocks on disk (0: raw)
+ *   remote = no                   ; kept out of the remote tier (remote.nodes)
  *
  * A section with a read or write list gets a private host arena: namespaces whose sections
  * have the same two lists share it, and a client receives only the arenas of namespaces it
@@ -44,7 +45,8 @@ struct config;
     X(max_pins, 1, "blocks pinned at once, all clients together")                             \
     X(max_reservations, 1, "slots reserved at once, all clients together")                    \
     X(policy, 1, "policy of these namespaces (a cache.policy name)")                          \
-    X(disk_compress, 1, "zstd level of its disk blocks (0 raw; disk.compress)")
+    X(disk_compress, 1, "zstd level of its disk blocks (0 raw; disk.compress)")             \
+    X(remote, 1, "yes or no: blocks go to the remote tier (default yes)")
 
 #define CONFIG_NS_PATTERN_MAX 40 /* inih keeps section names under 50 bytes */
 #define CONFIG_NS_IDS_MAX 16
@@ -67,6 +69,7 @@ struct config_ns {
     uint64_t max_bytes, max_pins, max_reservations;
     int policy; /* enum policy_kind, or -1: cache.policy */
     int disk_compress; /* -1: disk.compress */
+    int remote;        /* -1: not set (yes), 0 no, 1 yes */
 };
 
 /* Sets one key of section [namespace.PATTERN] (created on first use). 0, -EINVAL with a
@@ -87,6 +90,8 @@ const struct config_ns *config_ns_match(const struct config *c, const char *mode
                                         size_t *idx);
 /* The disk_compress level of the first section matching model_id, or -1 (none set). */
 int config_ns_disk_compress(const struct config *c, const char *model_id);
+/* Whether namespaces of model_id use the remote tier: their section's `remote`, else yes. */
+bool config_ns_remote(const struct config *c, const char *model_id);
 /* Whether a peer (uid, primary gid, supplementary groups) is in a list. */
 bool config_ns_ids_has(const struct config_ns_ids *l, uint32_t uid, uint32_t gid,
                        const uint32_t *groups, size_t ngroups);

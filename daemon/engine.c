@@ -7,6 +7,7 @@
 
 #include "daemon/engine.h"
 #include "daemon/engine_disk.h"
+#include "daemon/engine_remote.h"
 #include "daemon/log.h"
 #include "daemon/quant.h"
 #include "daemon/store.h"
@@ -337,6 +338,9 @@ int engine_trim(struct store *s, uint64_t now)
     int n = 0;
     if (s->on_evict)
         s->on_evict(s->on_evict_arg);
+    /* Write-behind to the remote tier: blocks committed since (before anything leaves). */
+    if (s->remote)
+        engine_remote_pump(s, now);
     /* The pool first: what it demotes lands in the host arenas checked next. */
     if (s->gpu && (double)s->gpu->ops->usage(s->gpu) >
                       s->p.high_watermark * (double)s->gpu->ops->capacity(s->gpu))
@@ -653,7 +657,14 @@ int engine_lookup_flags(struct store *s, struct store_owner *o, uint32_t ns_id,
     if (hits && s->disk)
         hits = engine_disk_lookup_prepare(s, (uint16_t)ns_id, keys, hits, flags, now,
                                           &o->lookup_short);
-    return store_lease_pin(s, o, ns_id, keys, n, hits, tier, now, lease_id, locs);
+    /* Past the local run, the remote tier: reads into fresh slots, not ready until they
+     * land (engine_remote.h). */
+    if (s->remote && hits == run && hits < n)
+        hits = engine_remote_lookup_prepare(s, (uint16_t)ns_id, keys, hits, n, flags, now, tier);
+    int rc = store_lease_pin(s, o, ns_id, keys, n, hits, tier, now, lease_id, locs);
+    if (rc > 0 && s->remote)
+        engine_remote_lookup_done(s, (uint16_t)ns_id, keys, (uint32_t)rc, now);
+    return rc;
 }
 
 /* ---- arena faults --------------------------------------------------------------------- */
@@ -703,5 +714,6 @@ void engine_stop(struct store *s)
 {
     quant_free(s->quant); /* its jobs hold slots of the arenas */
     s->quant = NULL;
+    engine_remote_free(s); /* its reads and writes hold slots and pins */
     engine_disk_free(s);
 }

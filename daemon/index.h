@@ -69,6 +69,7 @@ _Static_assert(sizeof(struct block) == 96, "struct block is at its metadata budg
 #define BLOCK_F_QUANTIZING 0x8u
 #define BLOCK_F_DISK 0x10u
 #define BLOCK_F_COMPACTING 0x20u
+#define BLOCK_F_REMOTE 0x40u /* the remote tier holds it (written, or read from there) */
 #define BLOCK_F_MOVING (BLOCK_F_DEMOTING | BLOCK_F_PROMOTING)
 #define BLOCK_F_BUSY (BLOCK_F_MOVING | BLOCK_F_QUANTIZING | BLOCK_F_COMPACTING)
 

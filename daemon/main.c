@@ -23,6 +23,7 @@
 #include "daemon/config_ns.h"
 #include "daemon/engine.h"
 #include "daemon/engine_disk.h"
+#include "daemon/engine_remote.h"
 #include "daemon/log.h"
 #include "daemon/loop.h"
 #include "daemon/notify.h"
@@ -166,6 +167,8 @@ static int kvcd_apply(struct kvcd *d, struct config *next, char *msg, size_t len
         acl_reload(d->acl, d->cfg);
     engine_disk_reload(d->store, (uint32_t)d->cfg->disk_admit_hits);
     engine_disk_compress_set(d->store, (int)d->cfg->disk_compress);
+    engine_remote_reload(d->store, (uint32_t)d->cfg->remote_min_hits,
+                         d->cfg->remote_negative_ttl);
     kvcd_server_params(d, d->cfg, &vp);
     server_reload(d->server, &vp);
     server_ns_policies(d->server);
@@ -293,6 +296,50 @@ static void kvcd_on_disk(struct loop *l, int fd, uint32_t events, void *arg)
     (void)events;
     engine_disk_poll(d->store, loop_now_ms(l));
     server_retry(d->server, loop_now_ms(l)); /* puts that wait for room */
+}
+
+static void kvcd_on_remote(struct loop *l, int fd, uint32_t events, void *arg)
+{
+    struct kvcd *d = arg;
+    (void)fd;
+    (void)events;
+    engine_remote_poll(d->store, loop_now_ms(l));
+}
+
+/* Whether namespaces of model_id use the remote tier ([namespace.PATTERN] remote). */
+static bool kvcd_remote_ns(void *arg, const char *model_id)
+{
+    const struct kvcd *d = arg;
+    return config_ns_remote(d->cfg, model_id);
+}
+
+/* Starts the remote tier of remote.nodes. 0 or -errno, logged. */
+static int kvcd_remote_attach(struct kvcd *d)
+{
+    const struct config *c = d->cfg;
+    struct engine_remote_params rp = {
+        .tier = {.nodes = c->remote_nodes,
+                 .user = c->remote_user,
+                 .password = c->remote_password,
+                 .connect_timeout_ms = (uint32_t)c->remote_connect_timeout,
+                 .timeout_ms = (uint32_t)c->remote_timeout,
+                 .max_inflight = (uint32_t)c->remote_max_inflight,
+                 .batch = (uint32_t)c->remote_batch,
+                 .backoff_min_ms = (uint32_t)c->remote_backoff_min,
+                 .backoff_max_ms = (uint32_t)c->remote_backoff_max},
+        .admit_hits = (uint32_t)c->remote_min_hits,
+        .negative_ttl_ms = c->remote_negative_ttl,
+        .queue = (uint32_t)c->remote_queue,
+        .ns_enabled = kvcd_remote_ns,
+        .ns_enabled_arg = d};
+    int rc = engine_remote_attach(d->store, &rp);
+    if (rc) {
+        log_err("remote: cannot start the remote tier on %s (%s)", c->remote_nodes,
+                strerror(-rc));
+        return rc;
+    }
+    log_info("remote: tier on %s", c->remote_nodes);
+    return loop_add(d->loop, engine_remote_fd(d->store), EPOLLIN, kvcd_on_remote, d);
 }
 
 /* A namespace's disk_compress from its [namespace.PATTERN] section, or -1. */
@@ -480,6 +527,10 @@ int main(int argc, char **argv)
     }
     d.adopt = rc == 1;
     if (d.cfg->disk_path[0] && kvcd_disk_attach(&d)) {
+        rc = 1;
+        goto out;
+    }
+    if (d.cfg->remote_nodes[0] && kvcd_remote_attach(&d)) {
         rc = 1;
         goto out;
     }

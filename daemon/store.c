@@ -841,6 +841,8 @@ static uint32_t store_resv_end(struct store *s, struct store_owner *o, struct st
             /* Not a reference for the half-life tuner: the lookup before it was (a second
              * one would count every miss twice and make every block look reused). */
             store_meta_commit(s, idx, now);
+            if (s->on_commit)
+                s->on_commit(s, idx, now);
             parent = idx;
         } else {
             store_block_drop(s, idx);

@@ -34,6 +34,7 @@
 struct tier;
 struct tier_loc;
 struct engine_disk;
+struct engine_remote;
 struct kern_dev_ops;
 struct fast_index;
 
@@ -157,6 +158,9 @@ struct store {
     int (*room)(struct store *s, struct store_ns *ns, bool gpu, uint64_t now,
                 struct tier_loc *loc);
     struct engine_disk *disk; /* the disk tier engine (daemon/engine_disk.h); NULL: none */
+    struct engine_remote *remote; /* the remote tier engine (engine_remote.h); NULL: none */
+    /* Called for every block a commit makes visible (the remote tier's write-behind). */
+    void (*on_commit)(struct store *s, uint32_t idx, uint64_t now);
     void (*on_ready)(void *arg); /* a read from disk completed (set by the server) */
     void *on_ready_arg;
     /* Before the engine evicts: the hits clients took through the shared index and have not

@@ -208,7 +208,7 @@ START_TEST(test_table)
 {
     struct config *c = config_new();
 
-    ck_assert_uint_eq(config_noptions, 48);
+    ck_assert_uint_eq(config_noptions, 60);
     for (size_t i = 0; i < config_noptions; i++) {
         const struct config_option *o = &config_options[i];
         char key[128];
@@ -340,7 +340,7 @@ static const struct bad_case bad_cases[] = {
      "t.ini:2: unknown key 'zzzzzzzzzz' in [log] (keys in [log]: level rate_limit)"},
     {"[hots]\nsize = 1g\n", "t.ini:1: unknown section [hots] (did you mean [host]?)"},
     {"[server]\nmax_clients = 2\n[zzzzzzzz]\n",
-     "t.ini:3: unknown section [zzzzzzzz] (sections: [server] [log] [host] [cache] [quota] [disk] [gpu])"},
+     "t.ini:3: unknown section [zzzzzzzz] (sections: [server] [log] [host] [cache] [quota] [disk] [remote] [gpu])"},
     {"size = 1g\n", "t.ini:1: key 'size' outside of any [section]"},
     {"[host]\nprefault = maybe\n", "t.ini:2: host.prefault: 'maybe' is not a boolean*"},
     {"[host]\nprefault = 2\n", "t.ini:2: host.prefault: '2' is not a boolean*"},

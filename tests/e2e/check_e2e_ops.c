@@ -531,7 +531,8 @@ START_TEST(test_make_install)
         "/usr/lib/systemd/system/kvcd.socket", "/usr/lib/sysusers.d/kvcd.conf",
         "/usr/lib/tmpfiles.d/kvcd.conf", "/usr/share/man/man8/kvcd.8",
         "/usr/share/man/man8/kvcctl.8", "/usr/share/man/man5/kvcd.ini.5",
-        "/usr/share/man/man3/libkvc.3"};
+        "/usr/share/man/man3/libkvc.3",
+        "/usr/share/kvcd/systemd/kvcd.service.d/remote.conf"};
     ck_assert_ptr_nonnull(mkdtemp(dir));
     ops_build_dir(build, sizeof(build));
     snprintf(cmd, sizeof(cmd),

@@ -1,0 +1,538 @@
+/*
+ * check_e2e_remote.c — the remote tier against a real three-master Redis Cluster on
+ * loopback, with two (or three) kvcd daemons on their own sockets and arenas standing for
+ * hosts: a prefix put through daemon A is a hit through daemon B with the same bytes; a
+ * record under another layout, and a torn one, are refused (counted, a miss); a slot
+ * migrated during a run (ASK while it moves, MOVED after) is followed; a lookup whose tail
+ * misses in the cluster, then a put of that tail under the lease, works; a cluster that is
+ * not there at start leaves kvcd serving locally with a degraded tier; a master killed
+ * mid-run: no wrong byte, B serves its local hits, the tier is degraded, and it comes back
+ * by itself when the node does.
+ * The cluster is started once for the suite in a temporary directory (redis-server
+ * --cluster-enabled yes on 127.0.0.1 only, then redis-cli --cluster create) and stopped by
+ * pid at the end; every server dies with the suite (daemon_fork). Without redis-server the
+ * suite says "SKIP: e2e_remote: all: ..." and passes nothing.
+ */
+#include <check.h>
+#include <errno.h>
+#include <hiredis/hiredis.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <netinet/in.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client/kvc.h"
+#include "client/kvc_proto.h"
+#include "tests/lib/daemon.h"
+#include "tests/lib/rcluster.h"
+#include "tiers/remote_rec.h"
+
+#define NODES 3
+#define BT 64 /* tokens per block: 64 KiB blocks (daemon_layout) */
+#define NPFX 8
+
+static void msleep(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* ---- the cluster ------------------------------------------------------------------------ */
+
+static struct rcluster rc;
+#define ports rc.ports
+
+static redisContext *redis_at(int port)
+{
+    struct timeval tv = {2, 0};
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", port, tv);
+    if (c && c->err) {
+        redisFree(c);
+        return NULL;
+    }
+    if (c)
+        redisSetTimeout(c, tv);
+    return c;
+}
+
+/* The reply's text of a command on the node at port ("" on error). */
+static void redis_cmd(int port, char *out, size_t len, const char *fmt, ...)
+{
+    va_list ap;
+    redisContext *c = redis_at(port);
+    redisReply *r = NULL;
+    out[0] = '\0';
+    if (!c)
+        return;
+    va_start(ap, fmt);
+    r = redisvCommand(c, fmt, ap);
+    va_end(ap);
+    if (r && (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS ||
+              r->type == REDIS_REPLY_ERROR))
+        snprintf(out, len, "%s", r->str);
+    if (r)
+        freeReplyObject(r);
+    redisFree(c);
+}
+
+/* ---- daemons and blocks ----------------------------------------------------------------- */
+
+static void kvcd_up(struct daemon *d, const char *extra)
+{
+    char o_nodes[300];
+    snprintf(o_nodes, sizeof(o_nodes), "remote.nodes=%s", rc.seeds);
+    const char *args[] = {"-o", "host.size=32m",
+                          "-o", "host.page_size=64k",
+                          "-o", "host.hugepages=off",
+                          "-o", "host.prefault=no",
+                          "-o", o_nodes,
+                          "-o", "remote.backoff_max=500ms",
+                          "-o", "remote.timeout=1s",
+                          "-o", "remote.negative_ttl=200ms",
+                          "-o", "cache.policy=lru",
+                          "-o", extra ? extra : "log.level=info",
+                          NULL};
+    memset(d, 0, sizeof(*d));
+    ck_assert_int_eq(daemon_start(d, args), 0);
+}
+
+static uint64_t stat_of(const struct daemon *d, const char *name)
+{
+    uint64_t v = UINT64_MAX;
+    ck_assert_int_eq(daemon_stat(d, name, &v), 0);
+    return v;
+}
+
+static bool stat_wait(const struct daemon *d, const char *name, uint64_t want, int ms)
+{
+    uint64_t end = daemon_now_ms() + (uint64_t)daemon_ms(ms), v = 0;
+    while (daemon_now_ms() < end) {
+        if (daemon_stat(d, name, &v) == 0 && v >= want)
+            return true;
+        msleep(20);
+    }
+    return false;
+}
+
+struct client {
+    kvc_client *c;
+    kvc_ns *ns;
+    size_t bb;
+};
+
+static void client_open(struct client *cl, const struct daemon *d, const char *model)
+{
+    struct kvc_layout l = daemon_layout(model, BT);
+    ck_assert_int_eq(kvc_connect(d->sock, &cl->c), 0);
+    ck_assert_int_eq(kvc_ns_open(cl->c, &l, &cl->ns), 0);
+    cl->bb = kvc_ns_block_bytes(cl->ns);
+}
+
+static void client_put(struct client *cl, const struct kvc_key *keys, int n)
+{
+    void *blocks[NPFX] = {0};
+    for (int i = 0; i < n; i++) {
+        blocks[i] = malloc(cl->bb);
+        ck_assert_ptr_nonnull(blocks[i]);
+        daemon_block_fill(&keys[i], blocks[i], cl->bb);
+    }
+    ck_assert_int_eq(kvc_put_prefix(cl->ns, NULL, keys, (size_t)n, (const void *const *)blocks), n);
+    for (int i = 0; i < n; i++)
+        free(blocks[i]);
+}
+
+/* Gets the prefix: the hit count; every byte of every hit checked. */
+static int client_get(struct client *cl, const struct kvc_key *keys, int n)
+{
+    void *blocks[NPFX] = {0};
+    int hits;
+    for (int i = 0; i < n; i++) {
+        blocks[i] = calloc(1, cl->bb);
+        ck_assert_ptr_nonnull(blocks[i]);
+    }
+    hits = kvc_get_prefix(cl->ns, keys, (size_t)n, blocks);
+    ck_assert_int_ge(hits, 0);
+    for (int i = 0; i < hits; i++)
+        ck_assert_msg(daemon_block_check(&keys[i], blocks[i], cl->bb) < 0, "block %d: wrong bytes",
+                      i);
+    for (int i = 0; i < n; i++)
+        free(blocks[i]);
+    return hits;
+}
+
+static void client_close(struct client *cl)
+{
+    kvc_disconnect(cl->c);
+}
+
+/* The Redis key a daemon asks for: model's raw layout (as libkvc sends it), block key. */
+static void redis_key_of(const char *model, const struct kvc_key *k, char *out)
+{
+    struct kvc_layout l = daemon_layout(model, BT);
+    struct kvc_wire_layout wl;
+    uint8_t ns[REMOTE_REC_NS_BYTES] = {0};
+    uint64_t key[2] = {k->lo, k->hi};
+    memset(&wl, 0, sizeof(wl));
+    memcpy(wl.model_id, l.model_id, strlen(l.model_id));
+    wl.layers = l.layers;
+    wl.kv_heads = l.kv_heads;
+    wl.head_dim = l.head_dim;
+    wl.block_tokens = l.block_tokens;
+    wl.dtype = (uint8_t)l.dtype;
+    wl.kv_kind = (uint8_t)l.kv_kind;
+    memcpy(ns, &wl, sizeof(wl));
+    remote_rec_key(out, remote_rec_ns_fp(ns), key);
+}
+
+/* The port of the master serving a key now (asks node 0, follows one MOVED). */
+static int redis_port_of(const char *key)
+{
+    for (int i = 0; i < NODES; i++) {
+        redisContext *c = redis_at(ports[i]);
+        redisReply *r = c ? redisCommand(c, "EXISTS %s", key) : NULL;
+        bool here = r && r->type == REDIS_REPLY_INTEGER;
+        if (r)
+            freeReplyObject(r);
+        if (c)
+            redisFree(c);
+        if (here)
+            return ports[i];
+    }
+    return -1;
+}
+
+/* GET / SET of a raw value on the master of key. */
+static char *redis_get(const char *key, size_t *len)
+{
+    redisContext *c = redis_at(redis_port_of(key));
+    redisReply *r = c ? redisCommand(c, "GET %s", key) : NULL;
+    char *v = NULL;
+    if (r && r->type == REDIS_REPLY_STRING) {
+        v = malloc(r->len);
+        memcpy(v, r->str, r->len);
+        *len = r->len;
+    }
+    if (r)
+        freeReplyObject(r);
+    if (c)
+        redisFree(c);
+    return v;
+}
+
+static bool redis_set(const char *key, const char *v, size_t len)
+{
+    redisContext *c = redis_at(redis_port_of(key));
+    redisReply *r = c ? redisCommand(c, "SET %s %b", key, v, len) : NULL;
+    bool ok = r && r->type == REDIS_REPLY_STATUS;
+    if (r)
+        freeReplyObject(r);
+    if (c)
+        redisFree(c);
+    return ok;
+}
+
+/* ---- cases ---------------------------------------------------------------------------- */
+
+START_TEST(test_cross_daemon_hit)
+{
+    struct daemon a, b;
+    struct client ca, cb;
+    struct kvc_key keys[NPFX];
+    kvcd_up(&a, NULL);
+    kvcd_up(&b, NULL);
+    client_open(&ca, &a, "e2e/remote-hit");
+    client_open(&cb, &b, "e2e/remote-hit");
+    ck_assert_int_eq(daemon_chain_keys(ca.ns, 1, 0, NPFX, NPFX, keys), 0);
+    client_put(&ca, keys, NPFX);
+    ck_assert_msg(stat_wait(&a, "remote_written_blocks", NPFX, 10000), "A wrote %llu blocks",
+                  (unsigned long long)stat_of(&a, "remote_written_blocks"));
+    ck_assert_int_eq(client_get(&cb, keys, NPFX), NPFX); /* from the cluster, same bytes */
+    ck_assert_uint_eq(stat_of(&b, "remote_hit_blocks"), NPFX);
+    ck_assert_uint_eq(stat_of(&b, "remote_bad_records"), 0);
+    uint64_t gets = stat_of(&b, "remote_gets");
+    ck_assert_int_eq(client_get(&cb, keys, NPFX), NPFX); /* now local: no request */
+    ck_assert_uint_eq(stat_of(&b, "remote_gets"), gets);
+    ck_assert_uint_eq(stat_of(&b, "remote_slots"), 16384);
+    ck_assert_uint_eq(stat_of(&b, "remote_nodes"), NODES);
+    /* A prefix nobody stored: a miss, asked once within the negative cache's time. */
+    struct kvc_key other[NPFX];
+    ck_assert_int_eq(daemon_chain_keys(cb.ns, 2, 0, NPFX, NPFX, other), 0);
+    ck_assert_int_eq(client_get(&cb, other, NPFX), 0);
+    ck_assert_int_eq(client_get(&cb, other, NPFX), 0);
+    ck_assert_uint_ge(stat_of(&b, "remote_negative_hits"), 1);
+    /* And B can put it now (the failed reads left no trace in its index). */
+    client_put(&cb, other, NPFX);
+    ck_assert_int_eq(client_get(&cb, other, NPFX), NPFX);
+    client_close(&ca);
+    client_close(&cb);
+    ck_assert_int_eq(daemon_stop(&a), 0);
+    ck_assert_int_eq(daemon_stop(&b), 0);
+    daemon_cleanup(&a);
+    daemon_cleanup(&b);
+}
+END_TEST
+
+START_TEST(test_other_layout_refused)
+{
+    struct daemon a, b;
+    struct client ca, cb;
+    struct kvc_key keys[2];
+    char ka[REMOTE_REC_KEY_MAX], kb[REMOTE_REC_KEY_MAX], kb1[REMOTE_REC_KEY_MAX];
+    size_t len = 0;
+    kvcd_up(&a, NULL);
+    kvcd_up(&b, NULL);
+    client_open(&ca, &a, "e2e/remote-layout-a");
+    client_open(&cb, &b, "e2e/remote-layout-b");
+    ck_assert_int_eq(daemon_chain_keys(ca.ns, 3, 0, 2, 2, keys), 0);
+    client_put(&ca, keys, 2);
+    ck_assert(stat_wait(&a, "remote_written_blocks", 2, 10000));
+    /* A's record of block 0 (layout a) under the key B asks for (layout b); a torn copy of
+     * block 1's record under B's key of block 1. */
+    redis_key_of("e2e/remote-layout-a", &keys[0], ka);
+    redis_key_of("e2e/remote-layout-b", &keys[0], kb);
+    redis_key_of("e2e/remote-layout-b", &keys[1], kb1);
+    char *v = redis_get(ka, &len);
+    ck_assert_ptr_nonnull(v);
+    ck_assert_uint_eq(len, REMOTE_REC_HDR + ca.bb);
+    ck_assert(redis_set(kb, v, len));
+    free(v);
+    ck_assert_int_eq(client_get(&cb, keys, 2), 0);
+    ck_assert_uint_eq(stat_of(&b, "remote_bad_records"), 1);
+    ck_assert_uint_eq(stat_of(&b, "remote_hit_blocks"), 0);
+    /* Block 0 of layout b, stored properly by B itself, then a torn block 1. */
+    redis_key_of("e2e/remote-layout-a", &keys[1], ka);
+    v = redis_get(ka, &len);
+    ck_assert_ptr_nonnull(v);
+    ck_assert(redis_set(kb1, v, len - 1000));
+    free(v);
+    struct daemon c;
+    struct client cc;
+    kvcd_up(&c, NULL);
+    client_open(&cc, &c, "e2e/remote-layout-b");
+    client_put(&cb, keys, 1); /* B: block 0 in layout b, written behind */
+    ck_assert(stat_wait(&b, "remote_written_blocks", 1, 10000));
+    ck_assert_int_eq(client_get(&cc, keys, 2), 1); /* block 0 served, torn block 1 refused */
+    ck_assert_uint_eq(stat_of(&c, "remote_bad_records"), 1);
+    ck_assert_uint_eq(stat_of(&c, "remote_hit_blocks"), 1);
+    client_close(&ca);
+    client_close(&cb);
+    client_close(&cc);
+    ck_assert_int_eq(daemon_stop(&a), 0);
+    ck_assert_int_eq(daemon_stop(&b), 0);
+    ck_assert_int_eq(daemon_stop(&c), 0);
+    daemon_cleanup(&a);
+    daemon_cleanup(&b);
+    daemon_cleanup(&c);
+}
+END_TEST
+
+/* The engine's usual order: look a prompt up (the cached part is a hit, the rest is asked
+ * of the cluster and misses), then put the rest under the last hit while the lease is still
+ * held. The misses must not stand in the way of that put. */
+START_TEST(test_lookup_then_put_holding_lease)
+{
+    struct daemon b;
+    struct client cb;
+    struct kvc_key keys[NPFX];
+    kvc_lease *l = NULL;
+    kvcd_up(&b, NULL);
+    client_open(&cb, &b, "e2e/remote-lease");
+    ck_assert_int_eq(daemon_chain_keys(cb.ns, 9, 0, NPFX, NPFX, keys), 0);
+    client_put(&cb, keys, 3);
+    ck_assert_int_eq(kvc_lookup(cb.ns, keys, NPFX, 0, &l), 3);
+    ck_assert_uint_ge(stat_of(&b, "remote_miss_blocks"), 1);
+    void *blocks[NPFX] = {0};
+    for (int i = 3; i < NPFX; i++) {
+        blocks[i] = malloc(cb.bb);
+        ck_assert_ptr_nonnull(blocks[i]);
+        daemon_block_fill(&keys[i], blocks[i], cb.bb);
+    }
+    ck_assert_int_eq(
+        kvc_put_prefix(cb.ns, &keys[2], keys + 3, NPFX - 3, (const void *const *)(blocks + 3)),
+        NPFX - 3);
+    ck_assert_int_eq(kvc_release(l), 0);
+    for (int i = 3; i < NPFX; i++)
+        free(blocks[i]);
+    ck_assert_int_eq(client_get(&cb, keys, NPFX), NPFX);
+    ck_assert_uint_eq(stat_of(&b, "remote_bad_records"), 0);
+    client_close(&cb);
+    ck_assert_int_eq(daemon_stop(&b), 0);
+    daemon_cleanup(&b);
+}
+END_TEST
+
+/* A cluster that is not there at start: kvcd serves from its local tiers, says the remote
+ * tier is degraded, and stops cleanly. */
+START_TEST(test_cluster_unreachable)
+{
+    struct daemon d;
+    const char *o_nodes = "remote.nodes=127.0.0.1:1"; /* nothing listens on port 1 */
+    uint64_t v = 0;
+    const char *args[] = {
+        "-o", "host.size=32m", "-o", "host.hugepages=off",       "-o", "host.prefault=no",
+        "-o", o_nodes,         "-o", "remote.backoff_max=200ms", NULL};
+    memset(&d, 0, sizeof(d));
+    ck_assert_int_eq(daemon_start(&d, args), 0);
+    ck_assert(stat_wait(&d, "remote_degraded", 1, 10000));
+    ck_assert_int_eq(daemon_roundtrip(&d), 0);
+    ck_assert_int_eq(daemon_stat(&d, "remote_bad_records", &v), 0);
+    ck_assert_uint_eq(v, 0);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_cleanup(&d);
+}
+END_TEST
+
+static void node_id(int port, char *out, size_t len)
+{
+    redis_cmd(port, out, len, "CLUSTER MYID");
+}
+
+START_TEST(test_slot_migration)
+{
+    struct daemon a, b, c;
+    struct client ca, cb, cc;
+    struct kvc_key keys[NPFX], warm[1];
+    char k[REMOTE_REC_KEY_MAX], src_id[64], dst_id[64], out[256];
+    kvcd_up(&a, NULL);
+    kvcd_up(&b, NULL);
+    kvcd_up(&c, NULL);
+    client_open(&ca, &a, "e2e/remote-move");
+    client_open(&cb, &b, "e2e/remote-move");
+    client_open(&cc, &c, "e2e/remote-move");
+    ck_assert_int_eq(daemon_chain_keys(ca.ns, 4, 0, NPFX, NPFX, keys), 0);
+    ck_assert_int_eq(daemon_chain_keys(cb.ns, 5, 0, 1, 1, warm), 0);
+    ck_assert_int_eq(client_get(&cb, warm, 1), 0); /* B and C load their slot maps */
+    ck_assert_int_eq(client_get(&cc, warm, 1), 0);
+    client_put(&ca, keys, NPFX);
+    ck_assert(stat_wait(&a, "remote_written_blocks", NPFX, 10000));
+    /* Block 0's slot moves to another master: its key first (ASK while the slot is
+     * migrating), then the slot (MOVED). */
+    redis_key_of("e2e/remote-move", &keys[0], k);
+    unsigned slot = remote_rec_slot(k, strlen(k));
+    int src = redis_port_of(k), dst = src == ports[0] ? ports[1] : ports[0];
+    ck_assert_int_gt(src, 0);
+    node_id(src, src_id, sizeof(src_id));
+    node_id(dst, dst_id, sizeof(dst_id));
+    redis_cmd(dst, out, sizeof(out), "CLUSTER SETSLOT %u IMPORTING %s", slot, src_id);
+    ck_assert_str_eq(out, "OK");
+    redis_cmd(src, out, sizeof(out), "CLUSTER SETSLOT %u MIGRATING %s", slot, dst_id);
+    ck_assert_str_eq(out, "OK");
+    redis_cmd(src, out, sizeof(out), "MIGRATE 127.0.0.1 %d %s 0 5000", dst, k);
+    ck_assert_str_eq(out, "OK");
+    ck_assert_int_eq(client_get(&cb, keys, 1), 1); /* ASK followed */
+    ck_assert_uint_ge(stat_of(&b, "remote_asked"), 1);
+    for (int i = 0; i < NODES; i++)
+        redis_cmd(ports[i], out, sizeof(out), "CLUSTER SETSLOT %u NODE %s", slot, dst_id);
+    ck_assert(rcluster_wait_ok(&rc, 10000));
+    /* C learnt the old map before the move: MOVED, followed. */
+    ck_assert_int_eq(client_get(&cc, keys, NPFX), NPFX);
+    ck_assert_uint_ge(stat_of(&c, "remote_moved"), 1);
+    ck_assert_uint_eq(stat_of(&c, "remote_bad_records"), 0);
+    client_close(&ca);
+    client_close(&cb);
+    client_close(&cc);
+    ck_assert_int_eq(daemon_stop(&a), 0);
+    ck_assert_int_eq(daemon_stop(&b), 0);
+    ck_assert_int_eq(daemon_stop(&c), 0);
+    daemon_cleanup(&a);
+    daemon_cleanup(&b);
+    daemon_cleanup(&c);
+}
+END_TEST
+
+START_TEST(test_master_killed)
+{
+    struct daemon a, b;
+    struct client ca, cb;
+    struct kvc_key p1[NPFX], p2[NPFX], p3[NPFX];
+    kvcd_up(&a, NULL);
+    kvcd_up(&b, NULL);
+    client_open(&ca, &a, "e2e/remote-kill");
+    client_open(&cb, &b, "e2e/remote-kill");
+    ck_assert_int_eq(daemon_chain_keys(ca.ns, 6, 0, NPFX, NPFX, p1), 0);
+    ck_assert_int_eq(daemon_chain_keys(ca.ns, 7, 0, NPFX, NPFX, p2), 0);
+    ck_assert_int_eq(daemon_chain_keys(ca.ns, 8, 0, NPFX, NPFX, p3), 0);
+    client_put(&ca, p1, NPFX);
+    ck_assert(stat_wait(&a, "remote_written_blocks", NPFX, 10000));
+    ck_assert_int_eq(client_get(&cb, p1, NPFX), NPFX);
+    /* A master dies mid-run. */
+    rcluster_node_kill(&rc, 2);
+    client_put(&ca, p2, NPFX);
+    /* B: its local hits still served; whatever it gets of p2 is right (checked bytes). */
+    uint64_t end = daemon_now_ms() + (uint64_t)daemon_ms(15000);
+    while (daemon_now_ms() < end && stat_of(&b, "remote_degraded") == 0) {
+        ck_assert_int_eq(client_get(&cb, p1, NPFX), NPFX);
+        (void)client_get(&cb, p2, NPFX);
+        msleep(50);
+    }
+    ck_assert_uint_eq(stat_of(&b, "remote_degraded"), 1);
+    ck_assert_int_eq(client_get(&cb, p1, NPFX), NPFX);
+    ck_assert_uint_eq(stat_of(&b, "remote_bad_records"), 0);
+    /* The node comes back with its state: the tier recovers by itself. */
+    ck_assert_int_eq(rcluster_node_start(&rc, 2), 0);
+    ck_assert(rcluster_wait_ok(&rc, 20000));
+    end = daemon_now_ms() + (uint64_t)daemon_ms(15000);
+    while (daemon_now_ms() < end &&
+           (stat_of(&b, "remote_degraded") != 0 || stat_of(&a, "remote_degraded") != 0))
+        msleep(50);
+    ck_assert_uint_eq(stat_of(&b, "remote_degraded"), 0);
+    uint64_t w = stat_of(&a, "remote_written_blocks");
+    client_put(&ca, p3, NPFX);
+    ck_assert(stat_wait(&a, "remote_written_blocks", w + NPFX, 10000));
+    ck_assert_int_eq(client_get(&cb, p3, NPFX), NPFX);
+    ck_assert_uint_ge(stat_of(&b, "remote_trips"), 1);
+    client_close(&ca);
+    client_close(&cb);
+    ck_assert_int_eq(daemon_stop(&a), 0);
+    ck_assert_int_eq(daemon_stop(&b), 0);
+    daemon_cleanup(&a);
+    daemon_cleanup(&b);
+}
+END_TEST
+
+int main(void)
+{
+    char why[256];
+    int failed, up;
+    if (!rcluster_available()) {
+        printf("SKIP: e2e_remote: all: redis-server or redis-cli is not installed\n");
+        return 0;
+    }
+    if (daemon_suite_init("e2e_remote"))
+        return 1;
+    up = rcluster_up(&rc, NODES, "256mb", why, sizeof(why));
+    if (up) {
+        rcluster_down(&rc);
+        daemon_suite_fini();
+        if (up > 0) {
+            printf("SKIP: e2e_remote: all: %s\n", why);
+            return 0;
+        }
+        fprintf(stderr, "e2e_remote: %s\n", why);
+        return 1;
+    }
+    Suite *s = suite_create("e2e_remote");
+    TCase *tc = tcase_create("remote");
+    tcase_set_timeout(tc, 120 * daemon_slow());
+    tcase_add_test(tc, test_cross_daemon_hit);
+    tcase_add_test(tc, test_other_layout_refused);
+    tcase_add_test(tc, test_lookup_then_put_holding_lease);
+    tcase_add_test(tc, test_cluster_unreachable);
+    tcase_add_test(tc, test_slot_migration);
+    tcase_add_test(tc, test_master_killed); /* last: it restarts a node */
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    rcluster_down(&rc);
+    daemon_suite_fini();
+    return failed ? 1 : 0;
+}
