@@ -65,7 +65,10 @@ struct fast_index *fast_index_new(uint32_t arena_id, uint64_t arena_bytes, uint3
 {
     struct fast_index *fi = calloc(1, sizeof(*fi));
     uint64_t units = (arena_bytes + (1u << KVC_FAST_UNIT_SHIFT) - 1) >> KVC_FAST_UNIT_SHIFT;
-    uint64_t want = arena_bytes / (16u << 10); /* an entry per 16 KiB: blocks are larger */
+    /* An entry per 64 KiB of arena: every block of 64 KiB or more has room (a set full of
+     * smaller ones leaves some out: fast_index_full); with the generations, 1/600 of the
+     * arena in all. */
+    uint64_t want = arena_bytes / (64u << 10);
     uint32_t nsets = 128;
     void *map;
     char name[32];
