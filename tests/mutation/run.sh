@@ -114,6 +114,25 @@ mutation policy-ignores-pins policies/policy_decide.c "check_policy check_store_
 '        if (x->flags & POLICY_BLOCK_PINNED)' \
 '        if (0 && (x->flags & POLICY_BLOCK_PINNED))'
 
+# The fast path without slot generations: a freed slot keeps its generation, so a reader of
+# the shared index can copy another block's bytes and keep them.
+mutation fast-no-generation-bump tiers/host.c "check_e2e_fast" \
+'        __atomic_fetch_add(&h->gens[loc->off >> h->gen_shift], 1, __ATOMIC_RELEASE);' \
+'        (void)h->gens;'
+
+# A hit ring taken on trust: entries naming namespaces the client may not read are counted.
+mutation fast-ring-unvalidated daemon/server.c "check_e2e_fast" \
+'            if (server_ns_use(sv, c, h[i].ns, KVC_ACCESS_READ) ||
+                store_fast_hit(' \
+'            if (store_fast_hit('
+
+# Hits through the index reach the policy only on the tick: another client's puts evict the
+# blocks a reader keeps using.
+mutation fast-no-drain-before-evict daemon/server.c "check_e2e_fast" \
+'    s->on_evict = server_fast_drain_all;' \
+'    s->on_evict = NULL;
+    (void)server_fast_drain_all;'
+
 # ---- machinery ------------------------------------------------------------------------------
 
 key() { echo "$1" | tr -- '-.' '__'; }
