@@ -360,6 +360,28 @@ START_TEST(test_commit_refuses_faulted_copy)
 }
 END_TEST
 
+/* src (the first `tokens` tokens of a GE layout block) encoded in q8_0 (malloc'd), *n its
+ * size: a block as the daemon would have quantized it. */
+static uint8_t *ge_encode_q8(const void *src, uint32_t tokens, int64_t *n)
+{
+    struct kern_layout kl = {.layers = GE_LAYERS,
+                             .heads = GE_HEADS,
+                             .head_dim = GE_DIM,
+                             .tokens = tokens,
+                             .dtype = KVC_DTYPE_FP16};
+    struct kern_recipe rec;
+    int q8 = kern_codec_from_name("q8_0");
+    ck_assert_int_ge(q8, 0);
+    kern_recipe_fill(&rec, (enum kern_codec)q8, (enum kern_codec)q8, 0);
+    int64_t cap = kern_encoded_size(&kl, &rec);
+    ck_assert_int_gt(cap, 0);
+    uint8_t *enc = malloc((size_t)cap);
+    ck_assert_ptr_nonnull(enc);
+    *n = kern_encode_cpu(&kl, &rec, src, enc, (size_t)cap, NULL);
+    ck_assert_int_gt(*n, 0);
+    return enc;
+}
+
 /* Issue 18: a quantized host hit copied with kvc_lease_copy_async() lands decoded (the raw
  * block, within the codec's error), never as its encoded bytes. The hit is made quantized
  * in the lease itself: the daemon quantizes only under pressure, and the copy path is what
@@ -379,21 +401,8 @@ START_TEST(test_copy_async_decodes_quantized)
     ck_assert(src && dst);
     daemon_smooth_fill(&keys[0], src, bb / 2);
     ck_assert_int_eq(kvc_put_prefix(ns, NULL, keys, 1, (const void *const[]){src}), 1);
-    struct kern_layout kl = {.layers = GE_LAYERS,
-                             .heads = GE_HEADS,
-                             .head_dim = GE_DIM,
-                             .tokens = GE_BT,
-                             .dtype = KVC_DTYPE_FP16};
-    struct kern_recipe rec;
-    int q8 = kern_codec_from_name("q8_0");
-    ck_assert_int_ge(q8, 0);
-    kern_recipe_fill(&rec, (enum kern_codec)q8, (enum kern_codec)q8, 0);
-    int64_t cap = kern_encoded_size(&kl, &rec);
-    ck_assert_int_gt(cap, 0);
-    uint8_t *enc = malloc((size_t)cap);
-    ck_assert_ptr_nonnull(enc);
-    int64_t n = kern_encode_cpu(&kl, &rec, src, enc, (size_t)cap, NULL);
-    ck_assert_int_gt(n, 0);
+    int64_t n;
+    uint8_t *enc = ge_encode_q8(src, GE_BT, &n);
     ck_assert_int_eq(kvc_lookup(ns, keys, 1, 0, &l), 1);
     l->hits[0].data = enc;
     l->hits[0].len = (uint64_t)n;
@@ -436,19 +445,8 @@ START_TEST(test_quantized_hits_decode_on_device)
     ck_assert_int_eq(fake_dev_ops.mem_alloc((void **)&dev, 2 * bb), 0);
     daemon_smooth_fill(&keys[0], src, bb / 2);
     ck_assert_int_eq(kvc_put_prefix(ns, NULL, keys, 1, (const void *const[]){src}), 1);
-    struct kern_layout kl = {.layers = GE_LAYERS,
-                             .heads = GE_HEADS,
-                             .head_dim = GE_DIM,
-                             .tokens = GE_BT,
-                             .dtype = KVC_DTYPE_FP16};
-    struct kern_recipe rec;
-    kern_recipe_fill(&rec, (enum kern_codec)kern_codec_from_name("q8_0"),
-                     (enum kern_codec)kern_codec_from_name("q8_0"), 0);
-    int64_t cap = kern_encoded_size(&kl, &rec);
-    ck_assert_int_gt(cap, 0);
-    uint8_t *enc = malloc((size_t)cap);
-    int64_t n = kern_encode_cpu(&kl, &rec, src, enc, (size_t)cap, NULL);
-    ck_assert_int_gt(n, 0);
+    int64_t n;
+    uint8_t *enc = ge_encode_q8(src, GE_BT, &n);
     uint64_t allocs = 0, frees = 0, syncs = 0, legacy = 0;
     for (int round = 0; round < 6; round++) {
         if (round == 1) {
@@ -477,11 +475,8 @@ START_TEST(test_quantized_hits_decode_on_device)
     ck_assert_uint_gt(fake_dev.decodes, 0);
     /* a block of another layout: refused, nothing queued */
     ck_assert_int_eq(kvc_lookup(ns, keys, 1, 0, &l), 1);
-    struct kern_layout other = kl;
-    other.tokens = GE_BT / 2;
-    uint8_t *enc2 = malloc((size_t)cap);
-    int64_t n2 = kern_encode_cpu(&other, &rec, src, enc2, (size_t)cap, NULL);
-    ck_assert_int_gt(n2, 0);
+    int64_t n2;
+    uint8_t *enc2 = ge_encode_q8(src, GE_BT / 2, &n2); /* fewer tokens: another layout */
     l->hits[0].data = enc2;
     l->hits[0].len = (uint64_t)n2;
     l->hits[0].format = KVC_WIRE_FORMAT_Q8_0;

@@ -557,6 +557,20 @@ static void fake_mem_free(void *p)
     fake_dev.frees++;
 }
 
+/* A new kernel op on stream, queued behind the stream's earlier work; NULL without memory. */
+static struct fake_op *fake_kernel_op(void *stream)
+{
+    struct fake_op *o = calloc(1, sizeof(*o));
+    if (!o)
+        return NULL;
+    o->stream = stream;
+    o->seq = ++fake_seq;
+    *fake_ops_tail = o;
+    fake_ops_tail = &o->next;
+    fake_dev.queued++;
+    return o;
+}
+
 static int fake_pack(const struct kern_pack_layout *lay, const struct kern_pack_engine *eng,
                      uint64_t first_token, uint32_t nblocks, void *const *blocks, int dir,
                      void *stream)
@@ -567,11 +581,9 @@ static int fake_pack(const struct kern_pack_layout *lay, const struct kern_pack_
     if (!fake_stream_ok(stream) || !lay || !eng || !blocks ||
         (dir != KERN_PACK_GATHER && dir != KERN_PACK_SCATTER))
         return -EINVAL;
-    struct fake_op *o = calloc(1, sizeof(*o));
+    struct fake_op *o = fake_kernel_op(stream);
     if (!o)
         return -ENOMEM;
-    o->stream = stream;
-    o->seq = ++fake_seq;
     o->pack = 1;
     o->lay = *lay;
     o->eng = *eng;
@@ -579,10 +591,7 @@ static int fake_pack(const struct kern_pack_layout *lay, const struct kern_pack_
     o->nblocks = nblocks;
     o->blocks = blocks;
     o->dir = dir;
-    *fake_ops_tail = o;
-    fake_ops_tail = &o->next;
     fake_dev.packs++;
-    fake_dev.queued++;
     return 0;
 }
 
@@ -594,11 +603,9 @@ static int fake_decode(const struct kern_layout *lay, const void *src, uint64_t 
         return rc;
     if (!fake_stream_ok(stream) || !lay || !src || !dst)
         return -EINVAL;
-    struct fake_op *o = calloc(1, sizeof(*o));
+    struct fake_op *o = fake_kernel_op(stream);
     if (!o)
         return -ENOMEM;
-    o->stream = stream;
-    o->seq = ++fake_seq;
     o->decode = 1;
     o->klay = *lay;
     o->src = src;
@@ -606,10 +613,7 @@ static int fake_decode(const struct kern_layout *lay, const void *src, uint64_t 
     o->dst = dst;
     o->cap = dst_cap;
     o->dtype = dtype;
-    *fake_ops_tail = o;
-    fake_ops_tail = &o->next;
     fake_dev.decodes++;
-    fake_dev.queued++;
     return 0;
 }
 
