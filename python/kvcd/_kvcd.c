@@ -871,15 +871,44 @@ static PyObject *ns_lookup(PyObject *self, PyObject *args, PyObject *kw)
     return (PyObject *)h;
 }
 
+/* seq: a sequence of numbers, as floats into *out (PyMem_Malloc'd), *n how many. what names
+ * it in the TypeError. 0 or -1 with an exception set. */
+static int floats_parse(PyObject *seq, const char *what, float **out, size_t *n)
+{
+    PyObject *fast = PySequence_Fast(seq, what);
+    float *v = NULL;
+    if (!fast)
+        return -1;
+    *n = (size_t)PySequence_Fast_GET_SIZE(fast);
+    v = PyMem_Malloc((*n ? *n : 1) * sizeof(*v));
+    if (!v) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (size_t i = 0; i < *n; i++) {
+        double d = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(fast, (Py_ssize_t)i));
+        if (d == -1.0 && PyErr_Occurred())
+            goto fail;
+        v[i] = (float)d;
+    }
+    Py_DECREF(fast);
+    *out = v;
+    return 0;
+fail:
+    Py_DECREF(fast);
+    PyMem_Free(v);
+    return -1;
+}
+
 static PyObject *ns_hint(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"keys", "scores", "kind", NULL};
     ns_object *ns = (ns_object *)self;
-    PyObject *keys_obj, *scores_obj, *fast = NULL;
+    PyObject *keys_obj, *scores_obj;
     const char *kind_s = "attention";
     struct kvc_key *keys = NULL;
     float *scores = NULL;
-    size_t n;
+    size_t n, nscores;
     unsigned kind;
     int rc;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|s:hint", kwlist, &keys_obj, &scores_obj,
@@ -896,25 +925,13 @@ static PyObject *ns_hint(PyObject *self, PyObject *args, PyObject *kw)
     }
     if (ns_check(ns) < 0 || keys_parse(keys_obj, &keys, &n) < 0)
         return NULL;
-    fast = PySequence_Fast(scores_obj, "kvcd: scores must be a sequence of numbers");
-    if (!fast)
+    if (floats_parse(scores_obj, "kvcd: scores must be a sequence of numbers", &scores,
+                     &nscores) < 0)
         goto fail;
-    if ((size_t)PySequence_Fast_GET_SIZE(fast) != n) {
+    if (nscores != n) {
         PyErr_SetString(PyExc_ValueError, "kvcd: one score per key");
         goto fail;
     }
-    scores = PyMem_Malloc((n ? n : 1) * sizeof(*scores));
-    if (!scores) {
-        PyErr_NoMemory();
-        goto fail;
-    }
-    for (size_t i = 0; i < n; i++) {
-        double v = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(fast, (Py_ssize_t)i));
-        if (v == -1.0 && PyErr_Occurred())
-            goto fail;
-        scores[i] = (float)v;
-    }
-    Py_CLEAR(fast);
     if (client_enter(ns->client) < 0)
         goto fail;
     Py_BEGIN_ALLOW_THREADS
@@ -925,7 +942,6 @@ static PyObject *ns_hint(PyObject *self, PyObject *args, PyObject *kw)
     PyMem_Free(scores);
     return rc < 0 ? kvcd_raise(rc) : PyLong_FromLong(rc);
 fail:
-    Py_XDECREF(fast);
     PyMem_Free(keys);
     PyMem_Free(scores);
     return NULL;
@@ -935,7 +951,7 @@ static PyObject *ns_lookup_budget(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"keys", "budget", "policy", "sinks", "recent", "query", NULL};
     ns_object *ns = (ns_object *)self;
-    PyObject *keys_obj, *query_obj = Py_None, *pos_list = NULL, *fast = NULL;
+    PyObject *keys_obj, *query_obj = Py_None, *pos_list = NULL;
     const char *policy = NULL;
     struct kvc_key *keys = NULL;
     struct kvc_budget b = {0};
@@ -960,23 +976,10 @@ static PyObject *ns_lookup_budget(PyObject *self, PyObject *args, PyObject *kw)
     b.sinks = sinks;
     b.recent = recent;
     if (query_obj != Py_None) {
-        fast = PySequence_Fast(query_obj, "kvcd: query must be a sequence of head_dim floats");
-        if (!fast)
+        if (floats_parse(query_obj, "kvcd: query must be a sequence of head_dim floats", &query,
+                         &b.query_dim) < 0)
             goto fail;
-        b.query_dim = (size_t)PySequence_Fast_GET_SIZE(fast);
-        query = PyMem_Malloc((b.query_dim ? b.query_dim : 1) * sizeof(*query));
-        if (!query) {
-            PyErr_NoMemory();
-            goto fail;
-        }
-        for (size_t i = 0; i < b.query_dim; i++) {
-            double v = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(fast, (Py_ssize_t)i));
-            if (v == -1.0 && PyErr_Occurred())
-                goto fail;
-            query[i] = (float)v;
-        }
         b.query = query;
-        Py_CLEAR(fast);
     }
     pos = PyMem_Malloc(b.budget * sizeof(*pos));
     if (!pos) {
@@ -1015,7 +1018,6 @@ static PyObject *ns_lookup_budget(PyObject *self, PyObject *args, PyObject *kw)
     PyMem_Free(pos);
     return Py_BuildValue("(NnN)", pos_list, (Py_ssize_t)nprefix, (PyObject *)h);
 fail:
-    Py_XDECREF(fast);
     Py_XDECREF(pos_list);
     Py_XDECREF(h);
     PyMem_Free(keys);
