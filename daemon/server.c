@@ -154,7 +154,8 @@ struct server {
     struct server_hooks hooks;
     struct kvc_fast_hit fast_hits[KVC_FAST_RING_ENTS]; /* a hit ring's entries, being read */
     uint64_t fast_drained_ms; /* 1 + when server_fast_drain_all last ran */
-    struct stats fast_excl; /* counted by drains during the request being handled */
+    struct stats fast_excl; /* counted by drains since fast_excl_any was last cleared */
+    bool fast_excl_any;
 };
 
 int server_socket_path(const char *configured, char *out, size_t len)
@@ -1182,6 +1183,7 @@ static void server_fast_drain(struct server *sv, struct conn *c, uint64_t now)
      * (server_handle gives a connection the totals' change over its request). */
     server_stats_delta(&c->st, &before, &sv->store->total);
     server_stats_delta(&sv->fast_excl, &before, &sv->store->total);
+    sv->fast_excl_any = true;
 }
 
 /* Every connection's unread hits, before the engine evicts (store.on_evict): at most once
@@ -1342,7 +1344,10 @@ static bool server_handle(struct server *sv, struct conn *c, size_t n)
     int send_fd = -1;
     bool send_fd_owned = false;
     struct stats before = sv->store->total;
-    memset(&sv->fast_excl, 0, sizeof(sv->fast_excl));
+    if (sv->fast_excl_any) { /* drains outside a request (tick, close) */
+        memset(&sv->fast_excl, 0, sizeof(sv->fast_excl));
+        sv->fast_excl_any = false;
+    }
     int rc = proto_decode(sv->rx, n, &r, &why);
     if (rc == -EPROTO) {
         server_conn_close(sv, c, why);
@@ -1458,9 +1463,13 @@ static bool server_handle(struct server *sv, struct conn *c, size_t n)
     server_uid_sync(c);
     server_count(sv, rc);
     server_stats_delta(&c->st, &before, &sv->store->total);
+    if (sv->fast_excl_any) { /* each drain counted for its own connection */
 #define SERVER_STAT_EXCL(name, help) c->st.name -= sv->fast_excl.name;
-    STATS_COUNTERS(SERVER_STAT_EXCL) /* each drain counted for its own connection */
+        STATS_COUNTERS(SERVER_STAT_EXCL)
 #undef SERVER_STAT_EXCL
+        memset(&sv->fast_excl, 0, sizeof(sv->fast_excl));
+        sv->fast_excl_any = false;
+    }
     if (rc < 0) {
         sv->store->total.errors++;
         c->st.errors++;
