@@ -846,7 +846,11 @@ static void replay_sim_run(const struct replay_opts *o, const struct replay_scan
         argv[n++] = "--admit-hits";
         argv[n++] = admit;
     }
-    if (o->quant_allowed) { /* the daemon's engine quantizes policy_decide's victims */
+    if (o->quant_allowed && strcmp(sim->policy, "lru") != 0) {
+        /* The daemon's namespace climbs down the same precision ladder. */
+        argv[n++] = "--quant";
+        argv[n++] = o->quant;
+    } else if (o->quant_allowed) { /* under lru the fixed order quantizes the coldest */
         argv[n++] = "--victim-quant";
         argv[n++] = replay_codec_names[o->quant_codec];
     }

@@ -12,6 +12,7 @@
 #include "daemon/quant.h"
 #include "daemon/store.h"
 #include "tiers/host.h"
+#include "tiers/slab.h"
 #include "tiers/tier.h"
 
 /* Candidates handed to the policy per eviction; the longest walk to find the first one
@@ -175,7 +176,227 @@ void engine_evict(struct store *s, uint32_t idx)
     (void)store_block_drop(s, idx);
 }
 
-/* Allocates a slot, evicting as needed. -ENOSPC when nothing more can be evicted. */
+/* ---- compaction ------------------------------------------------------------------------ */
+
+/* Blocks one slab step may take down at once, or a compaction move (a slab of more slots is
+ * never emptied so). */
+#define ENGINE_LADDER_SLAB_MAX 256
+/* Slabs a compaction looks at for the sparsest, and the most it copies to empty one. */
+#define ENGINE_COMPACT_SCAN 64
+#define ENGINE_COMPACT_MAX_BYTES (4u << 20)
+
+/* Room for a slot of size class `want` in host arena a without evicting: when another class
+ * has free slots elsewhere for every block of its sparsest slab, those blocks are copied into
+ * them (on the loop thread: a few MiB at most) and the slab, empty, gives its pages back to
+ * any size. A slab allocator keeps its pages with the size they were cut for; a tier whose
+ * blocks change size (the precision ladder, namespaces of several block sizes) would
+ * otherwise evict to find room while another size holds it free. Only idle blocks move (no
+ * lease points at them; a reader of the shared index sees the old slot's generation change).
+ * True when a slab was emptied. */
+static bool engine_compact(struct store *s, uint32_t a, int want)
+{
+    struct tier *t = s->arenas[a].tier;
+    struct slab *sl = tier_host_slab(t);
+    uint64_t start = 0, slot, best_free = 0;
+    uint32_t used = 0, nslots, move[ENGINE_LADDER_SLAB_MAX], n = 0;
+    int cls = -1;
+    for (uint32_t c = 0; c < slab_class_count(sl); c++) {
+        uint64_t st, fr = slab_class_free_slots(sl, (int)c), sz = slab_class_slot(sl, (int)c);
+        uint32_t u;
+        if ((int)c == want || !fr || fr * sz <= best_free ||
+            slab_sparsest(sl, (int)c, ENGINE_COMPACT_SCAN, &st, &u) ||
+            (uint64_t)u * sz > ENGINE_COMPACT_MAX_BYTES || u > ENGINE_LADDER_SLAB_MAX)
+            continue;
+        if (slab_span(sl, st, &st, &slot, &nslots, &u) || fr - (nslots - u) < u)
+            continue; /* its blocks would not fit in the class's other slabs */
+        best_free = fr * sz;
+        cls = (int)c;
+        start = st;
+        used = u;
+    }
+    if (cls < 0 || slab_span(sl, start, &start, &slot, &nslots, &used))
+        return false;
+    for (uint32_t i = 0; i < nslots && n < used; i++) {
+        uint32_t x = store_slot_owner(s, a, start + (uint64_t)i * slot);
+        if (x == INDEX_NONE)
+            continue;
+        if (!store_block_idle(s, x) || s->ix.blocks[x].tier != KVC_WIRE_TIER_HOST)
+            return false;
+        move[n++] = x;
+    }
+    if (n != used)
+        return false; /* a slot held by a reservation or a job: the slab cannot empty now */
+    slab_drain(sl, start, true);
+    for (uint32_t i = 0; i < n; i++) {
+        struct block *b = &s->ix.blocks[move[i]];
+        struct tier_loc from = {.arena = a, .cls = b->cls, .off = b->off, .len = b->len}, to;
+        if (t->ops->alloc(t, b->len, &to)) {
+            slab_drain(sl, start, false);
+            return false;
+        }
+        memcpy((uint8_t *)tier_host_base(t) + to.off, (const uint8_t *)tier_host_base(t) + b->off,
+               b->len);
+        store_slot_own(s, move[i], false);
+        b->off = to.off;
+        b->cls = (uint8_t)to.cls;
+        store_slot_own(s, move[i], true);
+        store_fast_sync(s, move[i]); /* the new slot, before the old one is freed */
+        t->ops->free(t, &from);
+    }
+    s->total.compacted_slabs++;
+    s->total.compacted_blocks += n;
+    return true;
+}
+
+/* ---- the precision ladder ------------------------------------------------------------- */
+
+/* What a ladder step did. */
+enum engine_ladder_r {
+    ENGINE_LADDER_NONE = 0, /* nothing it may act on: the caller evicts as without a ladder */
+    ENGINE_LADDER_FREED,    /* a block left the tier: room now */
+    ENGINE_LADDER_QUEUED,   /* a block goes one rung down: room when its job lands */
+    ENGINE_LADDER_WAIT,     /* a step down is due but the worker is full, or the disk asks
+                               to wait: room comes with the jobs (and writes) in flight */
+};
+
+struct engine_ladder_ctx {
+    const struct store_ns *ns;
+    uint32_t rung;
+    bool any; /* any rung */
+};
+
+static bool engine_ladder_out_ok(const struct store *s, uint32_t i, void *arg)
+{
+    const struct engine_ladder_ctx *c = arg;
+    const struct block *b = &s->ix.blocks[i];
+    return store_block_idle(s, i) && !b->children && b->arena == c->ns->arena &&
+           (c->any || store_ladder_rung(c->ns, b->format) == c->rung);
+}
+
+/* The coldest leaf of rung `rung` (else of any rung), or block v when it is not INDEX_NONE,
+ * leaves the tier: to disk when the policy offloads it there, else dropped; as kvcsim's ladder
+ * takes a rung's coldest block out. */
+static enum engine_ladder_r engine_ladder_out(struct store *s, struct store_ns *ns, uint32_t rung,
+                                              uint32_t v, uint64_t now)
+{
+    struct engine_ladder_ctx c = {.ns = ns, .rung = rung};
+    if (v == INDEX_NONE && !store_heap_first(s, ns, engine_ladder_out_ok, &c, &v, 1)) {
+        c.any = true;
+        if (!store_heap_first(s, ns, engine_ladder_out_ok, &c, &v, 1))
+            return ENGINE_LADDER_NONE;
+    }
+    if (s->disk && !engine_clean(&s->ix.blocks[v])) {
+        struct policy_pressure pr = {.bytes_to_free = s->ix.blocks[v].len,
+                                     .actions = 1u << POLICY_ACTION_DROP |
+                                                1u << POLICY_ACTION_OFFLOAD,
+                                     .offload_min_hits = engine_disk_admit_hits(s),
+                                     .miss_cost = 1.0,
+                                     .disk_cost = 0.1};
+        struct policy_block pb;
+        struct policy_action a;
+        store_policy_block(s, v, &pb);
+        if (policy_decide((enum policy_kind)ns->policy, &pb, 1, now, &ns->pp, &pr, &a) == 1 &&
+            a.action == POLICY_ACTION_OFFLOAD) {
+            int rc = engine_disk_offload(s, v, now);
+            if (rc == 0)
+                return ENGINE_LADDER_QUEUED;
+            if (rc == -EAGAIN)
+                return ENGINE_LADDER_WAIT;
+        }
+    }
+    engine_evict(s, v);
+    return ENGINE_LADDER_FREED;
+}
+
+/* A step down from rung k found no free slot of the smaller size: the slab of block v steps
+ * down whole when every block in it may (of ns, idle, on rung k, not a sink), so its pages
+ * serve the smaller size once it is empty, as a slab allocator's rebalancing moves a page
+ * between sizes. Else the coldest block of the last rung leaves (a slot of the smaller size
+ * for the next step). */
+static enum engine_ladder_r engine_ladder_slab(struct store *s, struct store_ns *ns, uint32_t v,
+                                               uint32_t k, uint64_t now)
+{
+    const struct block *b = &s->ix.blocks[v];
+    struct tier *t = s->arenas[b->arena].tier;
+    uint32_t idx[ENGINE_LADDER_SLAB_MAX], nslots, used, n = 0;
+    uint64_t start, slot;
+    if (slab_span(tier_host_slab(t), b->off, &start, &slot, &nslots, &used) == 0 &&
+        used <= ENGINE_LADDER_SLAB_MAX) {
+        for (uint32_t i = 0; i < nslots && n < used; i++) {
+            uint32_t x = store_slot_owner(s, b->arena, start + (uint64_t)i * slot);
+            const struct block *xb;
+            if (x == INDEX_NONE)
+                continue;
+            xb = &s->ix.blocks[x];
+            if (xb->ns != ns->id || !store_block_idle(s, x) || xb->depth == 0 ||
+                store_ladder_rung(ns, xb->format) != k)
+                break;
+            idx[n++] = x;
+        }
+        if (n == used && store_quantize_slab(s, idx, n, ns->rung_format[k + 1]) == 0) {
+            ENGINE_STAT_ADD(s, ns, ladder_steps, n);
+            ENGINE_STAT_ADD(s, ns, ladder_slab_steps, 1);
+            return ENGINE_LADDER_QUEUED;
+        }
+    }
+    return engine_ladder_out(s, ns, ns->rungs - 1u, INDEX_NONE, now);
+}
+
+/* One step of ns's ladder (store_ladder_pick, the decision kvcsim's ladder makes): the
+ * coldest block of the rung it names goes one rung down, or out of the tier. A step down
+ * that cannot start now (the worker full) waits: evicting instead is what keeps a ladder
+ * from ever holding its rungs. */
+static enum engine_ladder_r engine_ladder_step(struct store *s, struct store_ns *ns, uint64_t now)
+{
+    int out, k = store_ladder_pick(s, ns, &out);
+    if (k < 0)
+        return ENGINE_LADDER_NONE;
+    if (!out && (uint32_t)k + 1 < ns->rungs) {
+        uint32_t v = store_ladder_first(s, ns, (uint32_t)k);
+        if (v != INDEX_NONE && s->ix.blocks[v].depth == 0 && !s->ix.blocks[v].children)
+            return engine_ladder_out(s, ns, (uint32_t)k, v, now); /* a sink stays raw */
+        if (v != INDEX_NONE) {
+            if (!s->quant || quant_inflight(s->quant) >= s->p.quantize_inflight)
+                return s->quant && s->p.quantize_inflight
+                           ? ENGINE_LADDER_WAIT
+                           : engine_ladder_out(s, ns, (uint32_t)k, INDEX_NONE, now);
+            int rc = store_quantize_to(s, v, ns->rung_format[k + 1]);
+            if (rc == 0) {
+                ENGINE_STAT_ADD(s, ns, ladder_steps, 1);
+                return ENGINE_LADDER_QUEUED;
+            }
+            if (rc == -ENOSPC) /* no slot for the smaller copy */
+                return engine_ladder_slab(s, ns, v, (uint32_t)k, now);
+        }
+    }
+    return engine_ladder_out(s, ns, (uint32_t)k, INDEX_NONE, now);
+}
+
+/* Steps ns's ladder until the room coming in arena a (the raw slots of quantize jobs in
+ * flight) covers `need` bytes, or a block left the tier (room now). */
+static enum engine_ladder_r engine_ladder_room(struct store *s, struct store_ns *ns, uint32_t a,
+                                               uint64_t need, uint64_t now)
+{
+    enum engine_ladder_r r = ENGINE_LADDER_NONE;
+    for (uint32_t n = 0; n < ENGINE_POLICY_ROUNDS && quant_pending_bytes(s->quant, a) < need;
+         n++) {
+        r = engine_ladder_step(s, ns, now);
+        if (r != ENGINE_LADDER_QUEUED)
+            break;
+    }
+    if (r == ENGINE_LADDER_NONE && quant_pending_bytes(s->quant, a))
+        return ENGINE_LADDER_WAIT;
+    return r;
+}
+
+bool engine_room_coming(struct store *s, uint32_t arena)
+{
+    return quant_pending_bytes(s->quant, arena) > 0 || engine_disk_room_coming(s, arena);
+}
+
+/* Allocates a slot, evicting as needed. -ENOSPC when nothing more can be evicted, or when
+ * the ladder of the namespace that gives makes the room by quantizing (it comes when the
+ * jobs land: engine_room_coming). */
 int engine_alloc(struct store *s, struct store_ns *ns, uint64_t now, struct tier_loc *loc)
 {
     struct tier *t = s->arenas[ns->arena].tier;
@@ -186,9 +407,24 @@ int engine_alloc(struct store *s, struct store_ns *ns, uint64_t now, struct tier
             return rc;
         if (first && s->on_evict)
             s->on_evict(s->on_evict_arg);
+        if (engine_compact(s, ns->arena, cls))
+            continue;
         uint32_t v = engine_victim(s, ns->arena, cls, now);
         if (v == INDEX_NONE)
             return -ENOSPC;
+        struct store_ns *vns = s->ns[s->ix.blocks[v].ns];
+        if (vns->rungs >= 2 && vns->policy != POLICY_LRU && vns->arena == ns->arena) {
+            uint64_t need = s->room_want > ns->block_bytes ? s->room_want : ns->block_bytes;
+            switch (engine_ladder_room(s, vns, ns->arena, need, now)) {
+            case ENGINE_LADDER_FREED:
+                continue;
+            case ENGINE_LADDER_QUEUED:
+            case ENGINE_LADDER_WAIT:
+                return -ENOSPC;
+            case ENGINE_LADDER_NONE:
+                break;
+            }
+        }
         engine_evict(s, v);
     }
 }
@@ -501,6 +737,17 @@ static int engine_policy_round(struct store *s, uint32_t a, uint64_t to_free, ui
     }
     if (!ns)
         return 0;
+    if (ns->rungs >= 2 && a == ns->arena) {
+        /* A namespace with a ladder: its steps instead of policy_decide's actions. */
+        switch (engine_ladder_step(s, ns, now)) {
+        case ENGINE_LADDER_NONE:
+            return 0;
+        case ENGINE_LADDER_WAIT:
+            return -EAGAIN;
+        default:
+            return 1;
+        }
+    }
     uint32_t f = ns->layout.flags;
     struct policy_pressure pr = {.bytes_to_free = to_free,
                                  .actions = 1u << POLICY_ACTION_DROP,

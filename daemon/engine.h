@@ -54,6 +54,10 @@ int engine_lookup_flags(struct store *s, struct store_owner *o, uint32_t ns_id,
  * disk completion): the GPU pool to its host arenas, quantize-in-place, the disk tier's
  * write-back and demotion, or eviction in policy order. Returns blocks acted on. */
 int engine_trim(struct store *s, uint64_t now);
+/* Whether room is coming in host arena `arena` without anything more being evicted: quantize
+ * jobs in flight there (the precision ladder's steps), or the disk tier writing blocks out
+ * (engine_disk_room_coming). A put that found no room may wait for it. */
+bool engine_room_coming(struct store *s, uint32_t arena);
 
 /* A victim in one arena's lists: with a disk tier a memory arena gives a clean block first
  * (only its memory goes), then only a leaf the disk would not take; otherwise an unpinned

@@ -45,6 +45,7 @@
 #include "daemon/store.h"
 #include "kernels/kern.h"
 #include "tiers/host.h"
+#include "tiers/slab.h"
 #include "tiers/tier.h"
 
 #define QUANT_WALK 4096 /* LRU entries the trigger looks at per arena */
@@ -58,14 +59,25 @@ struct quant_job {
     uint32_t idx;
     uint32_t arena;
     uint8_t format;
+    uint8_t src_format;          /* RAW, or the lossy format the block is re-encoded from */
+    uint8_t from_rung, to_rung;  /* on its namespace's ladder (0, 0 without one) */
     struct tier_loc raw, enc;
     const void *src;
     void *dst;
     struct kern_layout lay;
     struct kern_recipe rec;
     int64_t rc;
+    struct quant_group *group; /* a whole slab's step down (store_quantize_slab), or NULL */
     float key_norm, key_absmax;
     float *quest; /* per channel key min then max, summed over (layer, head): 2 * head_dim */
+};
+
+/* The jobs of one slab's blocks: encoded into private memory, placed together once the last
+ * one is done, after their raw slots (the whole slab) are freed. */
+struct quant_group {
+    uint32_t left; /* jobs not done yet */
+    uint32_t n;
+    struct quant_job *job[];
 };
 
 struct quant {
@@ -91,7 +103,19 @@ static void quant_encode(struct quant_job *j)
     size_t nlh = (size_t)lay->layers * lay->heads, n = nlh * lay->head_dim;
     float *buf = malloc((2 * n + nlh) * sizeof(float));
     struct kern_key_stats ks = {buf, buf + n, buf + 2 * n};
-    j->rc = kern_encode_cpu(lay, &j->rec, j->src, j->dst, j->enc.len, buf ? &ks : NULL);
+    void *raw = NULL;
+    const void *src = j->src;
+    if (j->src_format != KVC_WIRE_FORMAT_RAW) {
+        /* One rung further down: decoded to full precision, encoded again. */
+        uint64_t rb = kern_raw_size(lay);
+        raw = malloc(rb ? rb : 1);
+        j->rc = raw ? kern_decode_cpu(lay, j->src, j->raw.len, raw, rb, (enum kern_dtype)lay->dtype)
+                    : -ENOMEM;
+        if (j->rc < 0)
+            goto out;
+        src = raw;
+    }
+    j->rc = kern_encode_cpu(lay, &j->rec, src, j->dst, j->enc.len, buf ? &ks : NULL);
     if (j->rc < 0 || !buf)
         goto out;
     double norm = 0;
@@ -114,6 +138,7 @@ static void quant_encode(struct quant_job *j)
                 j->quest[lay->head_dim + d] += ks.kmax[i * lay->head_dim + d];
             }
 out:
+    free(raw);
     free(buf);
 }
 
@@ -155,28 +180,49 @@ static uint16_t quant_bf16(float f)
     return (uint16_t)(u >> 16);
 }
 
-static void quant_apply(struct quant *q, struct quant_job *j)
+/* A job is done: what counted it in flight. */
+static void quant_settle(struct quant *q, struct quant_job *j)
+{
+    struct store *s = q->s;
+    struct block *b = &s->ix.blocks[j->idx];
+    struct store_ns *ns = s->ns[b->ns];
+    b->flags &= (uint8_t)~BLOCK_F_QUANTIZING;
+    q->inflight--;
+    q->pending[j->arena] -= j->raw.len;
+    if (ns->rung_moving[j->from_rung] >= j->raw.len)
+        ns->rung_moving[j->from_rung] -= j->raw.len;
+    else
+        ns->rung_moving[j->from_rung] = 0; /* the ladder was set up again meanwhile */
+    if (ns->rung_coming[j->to_rung] >= j->enc.len)
+        ns->rung_coming[j->to_rung] -= j->enc.len;
+    else
+        ns->rung_coming[j->to_rung] = 0;
+}
+
+/* Whether the result of j may replace the block's bytes: encoded, and nobody but the job
+ * holds the block (a lease taken meanwhile may be reading the old slot). */
+static bool quant_usable(const struct store *s, const struct quant_job *j)
+{
+    const struct block *b = &s->ix.blocks[j->idx];
+    return j->rc >= 0 && b->pins == 1 && b->state == BLOCK_STATE_COMMITTED &&
+           b->off == j->raw.off && b->arena == j->arena;
+}
+
+/* The block takes its encoded slot j->enc (written); its old slot is freed unless done. */
+static void quant_place(struct quant *q, struct quant_job *j, bool raw_freed)
 {
     struct store *s = q->s;
     struct block *b = &s->ix.blocks[j->idx];
     struct store_ns *ns = s->ns[b->ns];
     struct tier *t = s->arenas[j->arena].tier;
-    store_block_unpin(s, j->idx);
-    s->pins_now--;
-    b->flags &= (uint8_t)~BLOCK_F_QUANTIZING;
-    q->inflight--;
-    q->pending[j->arena] -= j->raw.len;
-    if (j->rc < 0 || b->pins || b->state != BLOCK_STATE_COMMITTED) {
-        if (j->rc < 0)
-            log_limited(LOG_LEVEL_WARNING, "quant: block %u not quantized (%s)", j->idx,
-                        strerror((int)-j->rc));
-        t->ops->free(t, &j->enc);
-        goto out;
-    }
+    store_ladder_account(s, j->idx, -1);
+    store_slot_own(s, j->idx, false);
     b->off = j->enc.off;
     b->len = j->enc.len;
     b->cls = (uint8_t)j->enc.cls;
     b->format = j->format;
+    store_ladder_account(s, j->idx, +1);
+    store_slot_own(s, j->idx, true);
     if (j->idx >= s->nkeysum) { /* struct block has no room left: a side table by index */
         uint32_t n = q->s->nkeysum ? q->s->nkeysum : 1024;
         while (n <= j->idx)
@@ -195,16 +241,101 @@ static void quant_apply(struct quant *q, struct quant_job *j)
         store_meta_quest_set(s, j->idx, j->quest, j->lay.head_dim);
         j->quest = NULL;
     }
-    store_heap_sync(s, j->idx); /* its format and key norm are part of its key */
+    store_block_unpin(s, j->idx); /* back in its heaps: its format and key norm are part */
+    s->pins_now--;                /* of its key */
     store_fast_sync(s, j->idx); /* the new slot, before the old one is freed */
-    t->ops->free(t, &j->raw);
-    s->total.quantized_blocks++;
-    ns->stats.quantized_blocks++;
+    if (!raw_freed)
+        t->ops->free(t, &j->raw);
+    if (j->src_format != KVC_WIRE_FORMAT_RAW) {
+        s->total.requantized_blocks++;
+        ns->stats.requantized_blocks++;
+    } else {
+        s->total.quantized_blocks++;
+        ns->stats.quantized_blocks++;
+    }
     s->total.quant_bytes_saved += j->raw.len - j->enc.len;
     ns->stats.quant_bytes_saved += j->raw.len - j->enc.len;
-out:
+}
+
+static void quant_job_free(struct quant_job *j)
+{
+    if (j->group)
+        free(j->dst); /* private memory */
     free(j->quest);
     free(j);
+}
+
+static void quant_apply(struct quant *q, struct quant_job *j)
+{
+    struct store *s = q->s;
+    struct tier *t = s->arenas[j->arena].tier;
+    quant_settle(q, j);
+    if (!quant_usable(s, j)) {
+        store_block_unpin(s, j->idx);
+        s->pins_now--;
+        if (j->rc < 0)
+            log_limited(LOG_LEVEL_WARNING, "quant: block %u not quantized (%s)", j->idx,
+                        strerror((int)-j->rc));
+        t->ops->free(t, &j->enc);
+    } else {
+        quant_place(q, j, false);
+    }
+    quant_job_free(j);
+}
+
+/* The last job of a slab's group is done. If every block is still the job's alone and the
+ * slab holds nothing else, the raw slots are freed (the slab empties: its pages can serve
+ * any size) and each block gets a slot of its smaller size, with the bytes the worker wrote
+ * in private memory. Else nothing changes: the blocks stay as they were. */
+static void quant_group_apply(struct quant *q, struct quant_group *g)
+{
+    struct store *s = q->s;
+    uint32_t arena = g->job[0]->arena;
+    struct tier *t = s->arenas[arena].tier;
+    uint64_t start, slot;
+    uint32_t nslots, used;
+    bool ok = true;
+    for (uint32_t i = 0; i < g->n; i++) {
+        quant_settle(q, g->job[i]);
+        ok = ok && quant_usable(s, g->job[i]);
+    }
+    ok = ok && slab_span(tier_host_slab(t), g->job[0]->raw.off, &start, &slot, &nslots, &used) == 0 &&
+         used == g->n;
+    if (!ok) {
+        for (uint32_t i = 0; i < g->n; i++) {
+            store_block_unpin(s, g->job[i]->idx);
+            s->pins_now--;
+        }
+        goto out;
+    }
+    for (uint32_t i = 0; i < g->n; i++)
+        t->ops->free(t, &g->job[i]->raw);
+    for (uint32_t i = 0; i < g->n; i++) {
+        struct quant_job *j = g->job[i];
+        struct block *b = &s->ix.blocks[j->idx];
+        struct tier_loc loc;
+        if (t->ops->alloc(t, j->enc.len, &loc) == 0) {
+            memcpy((uint8_t *)tier_host_base(t) + loc.off, j->dst, j->enc.len);
+            j->enc = loc;
+            quant_place(q, j, true);
+            continue;
+        }
+        /* No slot even in the pages the slab gave back (another size took them between
+         * its runs): the block's bytes are gone, as after an arena fault; it is a miss from
+         * now on and goes once nothing hangs from it. */
+        log_limited(LOG_LEVEL_WARNING, "quant: block %u lost: no slot for its encoded copy",
+                    j->idx);
+        b->flags |= BLOCK_F_LOST;
+        store_block_unpin(s, j->idx);
+        s->pins_now--;
+        store_fast_sync(s, j->idx);
+        if (!b->children && !b->pins)
+            (void)store_block_drop(s, j->idx);
+    }
+out:
+    for (uint32_t i = 0; i < g->n; i++)
+        quant_job_free(g->job[i]);
+    free(g);
 }
 
 int quant_poll(struct quant *q)
@@ -217,10 +348,15 @@ int quant_poll(struct quant *q)
     pthread_mutex_unlock(&q->mu);
     while (j) {
         struct quant_job *next = j->next;
-        quant_apply(q, j);
+        if (!j->group)
+            quant_apply(q, j);
+        else if (--j->group->left == 0)
+            quant_group_apply(q, j->group);
         n++;
         j = next;
     }
+    if (n && q->s->on_room)
+        q->s->on_room(q->s->on_room_arg); /* puts that wait for the room the jobs freed */
     return n;
 }
 
@@ -278,53 +414,80 @@ uint64_t quant_pending_bytes(const struct quant *q, uint32_t arena)
     return q && arena < STORE_MAX_ARENAS ? q->pending[arena] : 0;
 }
 
-/* The kernel layout and recipe of namespace ns's quantized blocks, and their format. */
-static void quant_recipe(const struct store_ns *ns, struct kern_layout *lay,
-                         struct kern_recipe *rec, uint8_t *format)
+/* The kernel layout of namespace ns's blocks. */
+static void quant_layout(const struct store_ns *ns, struct kern_layout *lay)
 {
-    uint32_t f = ns->layout.flags;
     *lay = (struct kern_layout){.layers = ns->layout.layers,
                                 .heads = ns->layout.kv_heads,
                                 .head_dim = ns->layout.head_dim,
                                 .tokens = ns->layout.block_tokens,
                                 .dtype = ns->layout.dtype,
                                 .k_only = ns->layout.kv_kind == KVC_WIRE_KV_KIND_K_ONLY};
-    kern_recipe_fill(rec, KVC_WIRE_QUANT_K(f), KVC_WIRE_QUANT_V(f), KVC_WIRE_QUANT_RAW_LAYERS(f));
-    *format = (uint8_t)(KVC_WIRE_QUANT_K(f) ? KVC_WIRE_QUANT_K(f) : KVC_WIRE_QUANT_V(f));
+}
+
+/* The format of ns's first lossy rung: its recipe's key codec, or its value codec when keys
+ * stay raw. */
+static uint8_t quant_first_format(const struct store_ns *ns)
+{
+    uint32_t f = ns->layout.flags;
+    return (uint8_t)(KVC_WIRE_QUANT_K(f) ? KVC_WIRE_QUANT_K(f) : KVC_WIRE_QUANT_V(f));
+}
+
+/* The recipe of ns's blocks in `format`: the creator's recipe for its first format; for the
+ * others the same shape (raw layers, which of keys and values are quantized) in that codec. */
+static void quant_recipe(const struct store_ns *ns, uint8_t format, struct kern_recipe *rec)
+{
+    uint32_t f = ns->layout.flags, k = KVC_WIRE_QUANT_K(f), v = KVC_WIRE_QUANT_V(f);
+    if (format != quant_first_format(ns)) {
+        k = k ? format : 0;
+        v = v ? format : 0;
+    }
+    kern_recipe_fill(rec, k, v, KVC_WIRE_QUANT_RAW_LAYERS(f));
 }
 
 int64_t quant_format_bytes(const struct store_ns *ns, uint8_t format)
 {
     struct kern_layout lay;
     struct kern_recipe rec;
-    uint8_t want;
     if (format == KVC_WIRE_FORMAT_RAW)
         return (int64_t)ns->block_bytes;
-    if (!KVC_WIRE_QUANT_ALLOWED(ns->layout.flags))
+    if (format >= KVC_WIRE_FORMAT_COUNT || !(KVC_WIRE_QUANT_ALLOWED(ns->layout.flags) & (1u << format)))
         return -EINVAL;
-    quant_recipe(ns, &lay, &rec, &want);
-    if (format != want)
-        return -EINVAL;
+    quant_layout(ns, &lay);
+    quant_recipe(ns, format, &rec);
     return kern_encoded_size(&lay, &rec);
 }
 
 int store_quantize(struct store *s, uint32_t idx)
 {
-    struct quant *q = s->quant;
-    struct quant_job *j = NULL;
+    if (idx >= s->ix.nblocks || s->ix.blocks[idx].state != BLOCK_STATE_COMMITTED)
+        return -ENOENT;
+    const struct store_ns *ns = s->ns[s->ix.blocks[idx].ns];
+    if (s->ix.blocks[idx].format != KVC_WIRE_FORMAT_RAW)
+        return -EALREADY;
+    return store_quantize_to(s, idx, quant_first_format(ns));
+}
+
+/* A job for block idx into `format`, its encoded slot allocated now (private memory when
+ * `private_dst`: store_quantize_slab). Nothing else changes until quant_job_queue. */
+static int quant_job_make(struct store *s, uint32_t idx, uint8_t format, bool private_dst,
+                          struct quant_job **out)
+{
+    struct quant_job *j;
     int rc;
-    if (!q)
+    if (!s->quant)
         return -ENODEV;
     if (idx >= s->ix.nblocks || s->ix.blocks[idx].state != BLOCK_STATE_COMMITTED)
         return -ENOENT;
     struct block *b = &s->ix.blocks[idx];
-    const struct store_ns *ns = s->ns[b->ns];
+    struct store_ns *ns = s->ns[b->ns];
     uint32_t f = ns->layout.flags;
-    if (b->format != KVC_WIRE_FORMAT_RAW || (b->flags & BLOCK_F_QUANTIZING))
+    if (b->flags & BLOCK_F_QUANTIZING)
         return -EALREADY;
     if (b->pins)
         return -EBUSY;
-    if (!KVC_WIRE_QUANT_ALLOWED(f))
+    if (!KVC_WIRE_QUANT_ALLOWED(f) || format == KVC_WIRE_FORMAT_RAW ||
+        format >= KVC_WIRE_FORMAT_COUNT || !(KVC_WIRE_QUANT_ALLOWED(f) & (1u << format)))
         return -EPERM;
     /* Only a block in a host arena, not one in motion, and not a clean one: its disk
      * record holds its raw bytes (dropping its memory copy costs nothing instead). */
@@ -333,25 +496,53 @@ int store_quantize(struct store *s, uint32_t idx)
     j = calloc(1, sizeof(*j));
     if (!j)
         return -ENOMEM;
-    quant_recipe(ns, &j->lay, &j->rec, &j->format);
+    quant_layout(ns, &j->lay);
+    quant_recipe(ns, format, &j->rec);
+    j->format = format;
+    j->src_format = b->format;
     int64_t eb = kern_encoded_size(&j->lay, &j->rec);
     struct tier *t = s->arenas[b->arena].tier;
     if (eb < 0) {
         rc = (int)eb;
         goto fail;
     }
-    if ((uint64_t)eb >= b->len) { /* nothing to gain */
+    if ((uint64_t)eb >= b->len) { /* nothing to gain (or not a step down) */
         rc = -ENOSPC;
         goto fail;
     }
-    rc = t->ops->alloc(t, (uint64_t)eb, &j->enc);
+    if (private_dst) {
+        j->enc = (struct tier_loc){.arena = b->arena, .len = (uint64_t)eb};
+        j->dst = malloc((size_t)eb);
+        rc = j->dst ? 0 : -ENOMEM;
+    } else {
+        rc = t->ops->alloc(t, (uint64_t)eb, &j->enc);
+        j->dst = (uint8_t *)tier_host_base(t) + j->enc.off;
+    }
     if (rc)
         goto fail;
     j->idx = idx;
     j->arena = b->arena;
     j->raw = (struct tier_loc){.arena = b->arena, .cls = b->cls, .off = b->off, .len = b->len};
     j->src = (const uint8_t *)tier_host_base(t) + b->off;
-    j->dst = (uint8_t *)tier_host_base(t) + j->enc.off;
+    if (ns->rungs >= 2 && b->arena == ns->arena) {
+        j->from_rung = (uint8_t)store_ladder_rung(ns, b->format);
+        j->to_rung = (uint8_t)store_ladder_rung(ns, format);
+    }
+    *out = j;
+    return 0;
+fail:
+    free(j);
+    return rc;
+}
+
+/* The block is the job's until it lands: pinned, counted in flight, its raw slot as freed. */
+static void quant_job_queue(struct quant *q, struct quant_job *j)
+{
+    struct store *s = q->s;
+    struct block *b = &s->ix.blocks[j->idx];
+    struct store_ns *ns = s->ns[b->ns];
+    ns->rung_moving[j->from_rung] += j->raw.len;
+    ns->rung_coming[j->to_rung] += j->enc.len;
     store_block_pin(s, j->idx);
     s->pins_now++;
     b->flags |= BLOCK_F_QUANTIZING;
@@ -365,10 +556,43 @@ int store_quantize(struct store *s, uint32_t idx)
     q->todo_tail = j;
     pthread_cond_signal(&q->cv);
     pthread_mutex_unlock(&q->mu);
-    return 0;
-fail:
-    free(j);
+}
+
+int store_quantize_to(struct store *s, uint32_t idx, uint8_t format)
+{
+    struct quant_job *j;
+    int rc = quant_job_make(s, idx, format, false, &j);
+    if (rc == 0)
+        quant_job_queue(s->quant, j);
     return rc;
+}
+
+int store_quantize_slab(struct store *s, const uint32_t *idx, uint32_t n, uint8_t format)
+{
+    struct quant_group *g;
+    int rc = 0;
+    if (!n)
+        return -EINVAL;
+    g = calloc(1, sizeof(*g) + n * sizeof(g->job[0]));
+    if (!g)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < n && rc == 0; i++) {
+        rc = quant_job_make(s, idx[i], format, true, &g->job[i]);
+        if (rc == 0) {
+            g->job[i]->group = g;
+            g->n++;
+        }
+    }
+    if (rc) {
+        for (uint32_t i = 0; i < g->n; i++)
+            quant_job_free(g->job[i]);
+        free(g);
+        return rc;
+    }
+    g->left = n;
+    for (uint32_t i = 0; i < n; i++)
+        quant_job_queue(s->quant, g->job[i]);
+    return 0;
 }
 
 int quant_pressure(struct quant *q, uint64_t now)

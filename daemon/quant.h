@@ -31,6 +31,18 @@ void quant_free(struct quant *q);
  * -EBUSY also for a block not in a host arena, or moving to or from disk.
  */
 int store_quantize(struct store *s, uint32_t idx);
+/* The same into `format` (one of the namespace's allowed codecs, smaller than what the block
+ * holds now): a raw block is encoded, a lossy one decoded and encoded again on the worker.
+ * -EPERM for a format the namespace does not allow, -ENOSPC when it would not be smaller or
+ * no slot is free for it, the others as store_quantize. */
+int store_quantize_to(struct store *s, uint32_t idx, uint8_t format);
+/* Every block of one slab, idx[0..n), into `format` at once, when no slot of the smaller
+ * size is free: the worker encodes into private memory; once the last is done, if the blocks
+ * are still the jobs' alone and the slab holds nothing else, the raw slots are freed (the
+ * slab's pages go back to the arena) and each block gets its smaller slot. How the ladder
+ * moves memory from one size to another (a slab allocator's pages stay with their size
+ * otherwise). All or nothing at queue time; the errors as store_quantize_to. */
+int store_quantize_slab(struct store *s, const uint32_t *idx, uint32_t n, uint8_t format);
 
 /* Bytes of a block of namespace ns held as `format`: its block size for
  * KVC_WIRE_FORMAT_RAW, the encoded size for the format of the namespace's recipe; -EINVAL

@@ -693,6 +693,13 @@ static void server_on_ready(void *arg)
     server_waits_check(sv, loop_now_ms(sv->loop));
 }
 
+/* Quantize jobs landed: the puts that wait for the room they freed run again. */
+static void server_on_room(void *arg)
+{
+    struct server *sv = arg;
+    server_retry(sv, loop_now_ms(sv->loop));
+}
+
 /* Reservations of c past their deadline: aborted, remembered, counted, logged. */
 static void server_resv_expire(struct server *sv, struct conn *c, uint64_t now)
 {
@@ -826,7 +833,7 @@ static bool server_may_wait(struct server *sv, const struct conn *c, uint32_t ns
         return false;
     if (sv->retrying && sv->retrying->c == c && now >= sv->retrying->deadline_ms)
         return false; /* waited long enough */
-    return engine_disk_room_coming(sv->store, ns->arena);
+    return engine_room_coming(sv->store, ns->arena);
 }
 
 /* The end of reservation id on this connection: forgets its deadline. For an id the store no
@@ -1681,6 +1688,8 @@ struct server *server_new(struct loop *l, struct store *s, const struct server_p
     /* Reads from disk that complete answer the WAITs at once (the tick only their time). */
     s->on_ready = server_on_ready;
     s->on_ready_arg = sv;
+    s->on_room = server_on_room;
+    s->on_room_arg = sv;
     s->on_evict = server_fast_drain_all;
     s->on_evict_arg = sv;
     if (p->adopt) {
@@ -1772,6 +1781,7 @@ fail:
     if (tmpdir[0])
         rmdir(tmpdir);
     s->on_ready = NULL;
+    s->on_room = NULL;
     s->on_evict = NULL;
     if (sv && sv->fd >= 0)
         close(sv->fd);
@@ -1789,6 +1799,7 @@ void server_free(struct server *sv)
     while (sv->conns)
         server_conn_close(sv, sv->conns, NULL);
     sv->store->on_ready = NULL;
+    sv->store->on_room = NULL;
     sv->store->on_evict = NULL;
     loop_del(sv->loop, sv->fd);
     close(sv->fd);

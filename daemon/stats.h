@@ -48,6 +48,11 @@
     X(unpins, "block pins dropped (release or client exit)")                                  \
     X(quantized_blocks, "raw blocks quantized in place")                                           \
     X(quant_bytes_saved, "bytes freed by quantizing in place")                                     \
+    X(requantized_blocks, "lossy blocks re-encoded one rung down the precision ladder")            \
+    X(ladder_steps, "steps down the precision ladder started (quantize jobs it queued)")           \
+    X(ladder_slab_steps, "of those, whole slabs taken down at once (their pages change size)")     \
+    X(compacted_slabs, "slabs emptied by moving their blocks to free slots of their size")         \
+    X(compacted_blocks, "blocks moved by those compactions")                                       \
     X(errors, "requests answered with an error")                                                   \
     X(requests, "requests handled")                                                                \
     X(refused_access, "requests refused by a namespace access list (EACCES)")                      \

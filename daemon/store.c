@@ -35,6 +35,40 @@ static bool store_lru_clean(const struct block *b)
     return (b->flags & BLOCK_F_DISK) && b->arena != STORE_ARENA_DISK;
 }
 
+#define STORE_OWNER_SHIFT 12 /* SLAB_MIN_SLOT */
+
+void store_slot_own(struct store *s, uint32_t idx, bool on)
+{
+    const struct block *b = &s->ix.blocks[idx];
+    uint64_t u = b->off >> STORE_OWNER_SHIFT;
+    struct tier *t;
+    if (b->arena >= s->narenas || b->tier != KVC_WIRE_TIER_HOST)
+        return;
+    t = s->arenas[b->arena].tier;
+    if (!s->owner[b->arena]) {
+        if (!on)
+            return;
+        s->owner[b->arena] = calloc(tier_host_size(t) >> STORE_OWNER_SHIFT, sizeof(uint32_t));
+        if (!s->owner[b->arena])
+            return; /* no memory: the ladder steps one block at a time */
+    }
+    if (u >= tier_host_size(t) >> STORE_OWNER_SHIFT)
+        return;
+    if (on)
+        s->owner[b->arena][u] = idx + 1;
+    else if (s->owner[b->arena][u] == idx + 1)
+        s->owner[b->arena][u] = 0;
+}
+
+uint32_t store_slot_owner(const struct store *s, uint32_t arena, uint64_t off)
+{
+    uint64_t u = off >> STORE_OWNER_SHIFT;
+    if (arena >= s->narenas || !s->owner[arena] ||
+        u >= tier_host_size(s->arenas[arena].tier) >> STORE_OWNER_SHIFT || !s->owner[arena][u])
+        return INDEX_NONE;
+    return s->owner[arena][u] - 1;
+}
+
 void store_lru_unlink(struct store *s, uint32_t idx)
 {
     struct block *b = &s->ix.blocks[idx];
@@ -44,6 +78,8 @@ void store_lru_unlink(struct store *s, uint32_t idx)
     uint32_t *tail = clean ? &a->clean_tail : &a->lru_tail;
     if (b->arena < STORE_MAX_ARENAS && s->fast[b->arena] && !s->fast_keep)
         fast_unpublish(s->fast[b->arena], b->ns, &b->key);
+    store_ladder_account(s, idx, -1);
+    store_slot_own(s, idx, false);
     if (b->lru_prev != INDEX_NONE)
         s->ix.blocks[b->lru_prev].lru_next = b->lru_next;
     else
@@ -74,6 +110,8 @@ void store_lru_push_head(struct store *s, uint32_t idx)
     *head = idx;
     if (clean)
         a->clean_bytes += b->len;
+    store_ladder_account(s, idx, +1);
+    store_slot_own(s, idx, true);
     store_heap_sync(s, idx);
     store_fast_sync(s, idx);
 }
@@ -199,6 +237,7 @@ void store_free(struct store *s)
     for (uint32_t a = 0; a < s->narenas; a++) {
         tier_destroy(s->arenas[a].tier);
         fast_index_free(s->fast[a]);
+        free(s->owner[a]);
     }
     tier_destroy(s->gpu);
     if (s->ns)
@@ -356,6 +395,7 @@ int store_ns_open_in(struct store *s, const struct kvc_wire_layout *l, uint32_t 
     if (s->fast[arena])
         fast_ns_set(s->fast[arena], free_id, l);
     store_ns_policy_set(s, free_id, -1, STORE_POLICY_SRC_DEFAULT);
+    store_ladder_setup(s, n);
     *ns_id = free_id;
     *created = true;
     return 0;
@@ -546,6 +586,9 @@ void store_loc_fill(const struct block *b, struct kvc_wire_loc *loc)
 void store_stat_lossy_hit(struct store *s, struct store_ns *ns, uint32_t format)
 {
     STORE_STAT_ADD(s, ns, hit_blocks_lossy, 1);
+    /* A larger share above its rung would have served it at better precision. */
+    if (ns->rungs >= 2)
+        policy_ladder_hit(&ns->ladder, store_ladder_rung(ns, format));
     switch (format) {
     case KVC_WIRE_FORMAT_Q8_0: STORE_STAT_ADD(s, ns, hit_blocks_q8_0, 1); break;
     case KVC_WIRE_FORMAT_Q4_1: STORE_STAT_ADD(s, ns, hit_blocks_q4_1, 1); break;
@@ -753,6 +796,7 @@ int store_reserve(struct store *s, struct store_owner *o, uint32_t ns_id,
         uint32_t idx;
         if (index_find(&s->ix, (uint16_t)ns_id, &keys[i]) != INDEX_NONE)
             break;
+        s->room_want = (uint64_t)(n - i) * ns->block_bytes;
         rc = s->room ? s->room(s, ns, o->gpu, now, &loc)
                      : s->arenas[ns->arena].tier->ops->alloc(s->arenas[ns->arena].tier,
                                                              ns->block_bytes, &loc);
@@ -794,6 +838,7 @@ int store_reserve(struct store *s, struct store_owner *o, uint32_t ns_id,
         locs[i].length = ns->block_bytes;
         STORE_STAT_ADD(s, ns, reserved_blocks, 1);
     }
+    s->room_want = 0;
     /* A key in the map but not committed is being written by another reservation (or is
      * repeated in this request); the keys after it have no cached parent yet. */
     if (i < n && index_find(&s->ix, (uint16_t)ns_id, &keys[i]) != INDEX_NONE) {

@@ -72,6 +72,14 @@ struct store_params {
     bool fast_path; /* each host arena gets a shared index (daemon/fast.h) */
 };
 
+/* A binary heap of block indexes by policy key, lowest first (store_policy.c). */
+struct store_heap {
+    struct store_heap_ent *a;
+    uint32_t n, cap;
+    uint8_t rung; /* 0: a namespace's leaf heap (position in store_meta.hpos); k + 1: its
+                     rung k heap (store_meta.rpos) */
+};
+
 struct store_ns {
     uint32_t id;
     uint32_t arena;
@@ -89,10 +97,25 @@ struct store_ns {
     /* Under any policy but LRU, its evictable blocks (in its arena's memory, no cached child,
      * not lost) in a binary heap by policy_key, lowest first (store_policy.c), keyed with
      * half-life heap_hl. Pinned or moving blocks stay in it and are skipped. */
-    struct store_heap_ent *heap;
-    uint32_t nheap, heapcap;
+    struct store_heap heap;
     double heap_hl;
     bool heap_stale; /* its policy changed: rebuilt by store_heap_rebuild_stale */
+    /* The precision ladder (store_policy.c, policies/policy_ladder.c), when its creator
+     * allowed codecs: rung 0 raw, rung k > 0 format rung_format[k] (each smaller than the
+     * one before). rung_bytes: what its committed blocks in its arena hold at each rung;
+     * rung_moving / rung_coming: quantize jobs in flight, the bytes leaving rung k and the
+     * encoded bytes arriving at it. rheap[k] (k < rungs - 1): the blocks that may step down
+     * from rung k (inner blocks too; none pinned or clean; sinks, which leave instead), by
+     * policy_key like `heap`. */
+    uint8_t rungs; /* 0: no ladder */
+    uint8_t rung_format[POLICY_LADDER_RUNGS];
+    uint64_t rung_bytes[POLICY_LADDER_RUNGS];
+    uint64_t rung_moving[POLICY_LADDER_RUNGS];
+    uint64_t rung_coming[POLICY_LADDER_RUNGS];
+    struct store_heap rheap[POLICY_LADDER_RUNGS];
+    struct policy_ladder ladder;
+    double lossy_weight; /* the ladder's (0: the most hits the codecs give) */
+    double max_error;    /* codecs whose error bound exceeds it are off the ladder (0: none) */
 };
 
 /* Where a namespace's policy comes from. */
@@ -103,7 +126,7 @@ enum store_policy_src {
 };
 
 /* What the policies know of a block beyond struct block, kept in a side table by block
- * index (struct block is at its size budget): 20 bytes a block. Valid while committed. */
+ * index (struct block is at its size budget): 24 bytes a block. Valid while committed. */
 struct store_meta {
     float freq;      /* decayed access count as of last_access (policy_touch) */
     float hint;      /* H2O attention mass as of hint_t (policy_hint) */
@@ -111,6 +134,7 @@ struct store_meta {
     uint32_t hint_t; /* when `hint` was set, ms since start >> STORE_META_TSHIFT */
     uint32_t quest;  /* 1 + index into store.qsum: the block's key min/max; 0 none */
     uint32_t hpos;   /* 1 + its position in its namespace's heap; 0: not in it */
+    uint32_t rpos;   /* 1 + its position in its rung's heap (the ladder); 0: not in it */
 };
 #define STORE_META_TSHIFT 4 /* 16 ms: 2^32 ticks last 2.2 years */
 
@@ -197,6 +221,17 @@ struct store {
      * store_fast_sync; fast_full counts blocks left out of a full set. */
     struct fast_index *fast[STORE_MAX_ARENAS];
     bool fast_keep; /* store_touch: the unlink leaves the block's index entry alone */
+    /* Which block's slot starts at an offset of a host arena: per 4 KiB unit (the smallest
+     * slot), 1 + the index of the committed block there, 0 none (kept by the LRU link and
+     * unlink; store_slot_owner). The ladder empties a whole slab with it. */
+    uint32_t *owner[STORE_MAX_ARENAS];
+    /* Bytes the reservation being made still wants (store_reserve): the room a ladder makes
+     * at once when a put finds its arena full, so a chain waits for its room once. */
+    uint64_t room_want;
+    /* Room is coming in an arena: a quantize job landed (set by the server, which runs the
+     * puts that wait for room again). */
+    void (*on_room)(void *arg);
+    void *on_room_arg;
 };
 
 /* Creates the store and its host arena. On failure NULL and *err = -errno. */
@@ -278,6 +313,11 @@ void store_record_loc(const struct block *b, struct tier_loc *l);
 void store_record_free(struct store *s, uint32_t idx);
 struct store_handle *store_handle_get(struct store_owner *o, uint64_t id, uint8_t kind);
 
+/* The committed block whose slot starts at offset off of host arena `arena`, or INDEX_NONE. */
+uint32_t store_slot_owner(const struct store *s, uint32_t arena, uint64_t off);
+/* Block idx's slot as its arena's owner map has it: set (on) or cleared; for code that moves
+ * a linked block to another slot of the same arena (quant.c). */
+void store_slot_own(struct store *s, uint32_t idx, bool on);
 /* The fast path (daemon/fast.h): publishes block idx in its arena's index when it is
  * committed and ready there, or takes it out. Called wherever a block's list, location,
  * format or readiness changes (the LRU link and unlink call it). */
@@ -340,6 +380,22 @@ uint32_t store_heap_victim(struct store *s, struct store_ns *ns,
  * is set (store_reload sets every namespace's policy first, then rebuilds once). */
 void store_heap_rebuild_stale(struct store *s);
 void store_heap_free(struct store_ns *ns);
+/* ---- the precision ladder (store_policy.c) ----
+ * store_ladder_setup: the namespace's rungs from the codecs its creator allowed (the
+ * recipe's first, then every smaller one by encoded size), without those above max_error;
+ * called at creation and when its lossy_weight or max_error change. store_ladder_account:
+ * block idx enters (+1) or leaves (-1) its rung's bytes (the LRU link and unlink call it).
+ * store_ladder_rung: the rung of a format (the last for a lossy format off the ladder).
+ * store_ladder_pick: policy_ladder_pick over the namespace's rungs, with quantize jobs in
+ * flight counted where they go; returns the rung, *out as policy_ladder_pick, -1 if
+ * nothing can move. store_ladder_first: the coldest block that may step down from rung k
+ * (INDEX_NONE if none); on rung 0 it may be a sink (depth 0, a leaf), which leaves instead. store_ladder_hit / _ghost: what the targets learn from. */
+void store_ladder_setup(struct store *s, struct store_ns *ns);
+void store_ladder_account(struct store *s, uint32_t idx, int sign);
+uint32_t store_ladder_rung(const struct store_ns *ns, uint32_t format);
+int store_ladder_pick(struct store *s, struct store_ns *ns, int *out);
+uint32_t store_ladder_first(struct store *s, struct store_ns *ns, uint32_t rung);
+void store_ladder_free(struct store_ns *ns);
 /* A pin taken on a block, or given back: a pinned block is out of its namespace's heap. */
 void store_block_pin(struct store *s, uint32_t idx);
 void store_block_unpin(struct store *s, uint32_t idx);

@@ -58,7 +58,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/quant.h"
 #include "daemon/store.h"
+#include "kernels/kern.h"
 #include "tiers/tier.h"
 
 #define STORE_POLICY_UNBOUNDED 1e30f
@@ -142,6 +144,10 @@ struct store_heap_ent {
     uint32_t depth; /* ties: the deeper block first (policy_rank's rule), then the lower index */
 };
 
+/* A block's place in a rung heap (store_meta.rpos): the rung above, 1 + its position below. */
+#define STORE_RPOS_SHIFT 29
+#define STORE_RPOS_MASK ((1u << STORE_RPOS_SHIFT) - 1)
+
 static bool store_heap_less(const struct store_heap_ent *a, const struct store_heap_ent *b)
 {
     if (a->key != b->key)
@@ -151,40 +157,97 @@ static bool store_heap_less(const struct store_heap_ent *a, const struct store_h
     return a->idx < b->idx;
 }
 
-static void store_heap_place(struct store *s, struct store_ns *ns, uint32_t i)
+static void store_heap_place(struct store *s, struct store_heap *h, uint32_t i)
 {
-    s->meta[ns->heap[i].idx].hpos = i + 1;
+    struct store_meta *m = &s->meta[h->a[i].idx];
+    if (h->rung)
+        m->rpos = (uint32_t)(h->rung - 1) << STORE_RPOS_SHIFT | (i + 1);
+    else
+        m->hpos = i + 1;
 }
 
-static void store_heap_up(struct store *s, struct store_ns *ns, uint32_t i)
+/* 1 + idx's position in h, 0 when it is not in h. */
+static uint32_t store_heap_at(const struct store *s, const struct store_heap *h, uint32_t idx)
 {
-    struct store_heap_ent e = ns->heap[i];
-    while (i > 0 && store_heap_less(&e, &ns->heap[(i - 1) / 2])) {
-        ns->heap[i] = ns->heap[(i - 1) / 2];
-        store_heap_place(s, ns, i);
+    const struct store_meta *m;
+    if (idx >= s->nmeta)
+        return 0;
+    m = &s->meta[idx];
+    if (!h->rung)
+        return m->hpos;
+    if (!m->rpos || m->rpos >> STORE_RPOS_SHIFT != (uint32_t)(h->rung - 1))
+        return 0;
+    return m->rpos & STORE_RPOS_MASK;
+}
+
+static void store_heap_up(struct store *s, struct store_heap *h, uint32_t i)
+{
+    struct store_heap_ent e = h->a[i];
+    while (i > 0 && store_heap_less(&e, &h->a[(i - 1) / 2])) {
+        h->a[i] = h->a[(i - 1) / 2];
+        store_heap_place(s, h, i);
         i = (i - 1) / 2;
     }
-    ns->heap[i] = e;
-    store_heap_place(s, ns, i);
+    h->a[i] = e;
+    store_heap_place(s, h, i);
 }
 
-static void store_heap_down(struct store *s, struct store_ns *ns, uint32_t i)
+static void store_heap_down(struct store *s, struct store_heap *h, uint32_t i)
 {
-    struct store_heap_ent e = ns->heap[i];
+    struct store_heap_ent e = h->a[i];
     for (;;) {
         uint32_t c = 2 * i + 1;
-        if (c >= ns->nheap)
+        if (c >= h->n)
             break;
-        if (c + 1 < ns->nheap && store_heap_less(&ns->heap[c + 1], &ns->heap[c]))
+        if (c + 1 < h->n && store_heap_less(&h->a[c + 1], &h->a[c]))
             c++;
-        if (!store_heap_less(&ns->heap[c], &e))
+        if (!store_heap_less(&h->a[c], &e))
             break;
-        ns->heap[i] = ns->heap[c];
-        store_heap_place(s, ns, i);
+        h->a[i] = h->a[c];
+        store_heap_place(s, h, i);
         i = c;
     }
-    ns->heap[i] = e;
-    store_heap_place(s, ns, i);
+    h->a[i] = e;
+    store_heap_place(s, h, i);
+}
+
+/* Takes idx out of h (it must be in it). */
+static void store_heap_out(struct store *s, struct store_heap *h, uint32_t idx)
+{
+    uint32_t i = store_heap_at(s, h, idx) - 1;
+    if (h->rung)
+        s->meta[idx].rpos = 0;
+    else
+        s->meta[idx].hpos = 0;
+    if (i >= h->n || --h->n == i)
+        return;
+    uint32_t moved = h->a[h->n].idx;
+    h->a[i] = h->a[h->n];
+    store_heap_up(s, h, i);
+    store_heap_down(s, h, store_heap_at(s, h, moved) - 1);
+}
+
+/* Puts e in h, or moves it to its new key. -ENOMEM leaves it out. */
+static int store_heap_in(struct store *s, struct store_heap *h, const struct store_heap_ent *e)
+{
+    uint32_t at = store_heap_at(s, h, e->idx);
+    if (at) {
+        h->a[at - 1] = *e;
+        store_heap_up(s, h, at - 1);
+        store_heap_down(s, h, store_heap_at(s, h, e->idx) - 1);
+        return 0;
+    }
+    if (h->n == h->cap) {
+        uint32_t n = h->cap ? h->cap * 2 : 256;
+        struct store_heap_ent *a = realloc(h->a, (size_t)n * sizeof(*a));
+        if (!a)
+            return -ENOMEM;
+        h->a = a;
+        h->cap = n;
+    }
+    h->a[h->n++] = *e;
+    store_heap_up(s, h, h->n - 1);
+    return 0;
 }
 
 /* Whether idx belongs in its namespace's heap. */
@@ -196,6 +259,30 @@ static struct store_ns *store_heap_owner(const struct store *s, uint32_t idx)
         b->arena != ns->arena || b->children || b->pins || (b->flags & BLOCK_F_LOST))
         return NULL;
     return ns;
+}
+
+/* Whether idx belongs in a rung heap of its namespace's ladder, and which (*rung): committed
+ * in its arena's memory, not pinned, not lost, not clean (its disk record holds it raw) and
+ * not on the last rung. Blocks in motion stay in and are passed over. A sink is in rung 0's
+ * heap although it never steps down: at the cold end it leaves the tier, as in kvcsim. */
+static struct store_ns *store_rung_owner(const struct store *s, uint32_t idx, uint32_t *rung)
+{
+    const struct block *b = &s->ix.blocks[idx];
+    struct store_ns *ns = b->ns < s->nns ? s->ns[b->ns] : NULL;
+    if (!ns || ns->rungs < 2 || ns->policy == POLICY_LRU || b->state != BLOCK_STATE_COMMITTED ||
+        b->arena != ns->arena || b->tier != KVC_WIRE_TIER_HOST || b->pins ||
+        (b->flags & (BLOCK_F_LOST | BLOCK_F_DISK)))
+        return NULL;
+    *rung = store_ladder_rung(ns, b->format);
+    return *rung + 1 < ns->rungs ? ns : NULL;
+}
+
+static bool store_heaps_empty(const struct store_ns *ns)
+{
+    for (uint32_t k = 0; k < POLICY_LADDER_RUNGS; k++)
+        if (ns->rheap[k].n)
+            return false;
+    return !ns->heap.n;
 }
 
 void store_block_pin(struct store *s, uint32_t idx)
@@ -221,54 +308,70 @@ static double store_heap_key(const struct store *s, const struct store_ns *ns, u
     return policy_key((enum policy_kind)ns->policy, &pb, &pp);
 }
 
+/* The rung heap idx is in, or NULL. */
+static struct store_heap *store_rheap_of(struct store *s, uint32_t idx)
+{
+    uint32_t r;
+    struct store_ns *ns;
+    if (idx >= s->nmeta || !s->meta[idx].rpos)
+        return NULL;
+    r = s->meta[idx].rpos >> STORE_RPOS_SHIFT;
+    ns = s->ns[s->ix.blocks[idx].ns];
+    return ns && r < POLICY_LADDER_RUNGS ? &ns->rheap[r] : NULL;
+}
+
 void store_heap_remove(struct store *s, uint32_t idx)
 {
+    struct store_heap *rh = store_rheap_of(s, idx);
+    struct store_ns *ns;
+    if (rh)
+        store_heap_out(s, rh, idx);
     if (idx >= s->nmeta || !s->meta[idx].hpos)
         return;
-    struct store_ns *ns = s->ns[s->ix.blocks[idx].ns];
-    uint32_t i = s->meta[idx].hpos - 1;
-    s->meta[idx].hpos = 0;
-    if (!ns || i >= ns->nheap)
-        return; /* not reachable: a namespace goes only once it holds no block */
-    if (--ns->nheap == i)
+    ns = s->ns[s->ix.blocks[idx].ns];
+    if (!ns) { /* not reachable: a namespace goes only once it holds no block */
+        s->meta[idx].hpos = 0;
         return;
-    uint32_t moved = ns->heap[ns->nheap].idx;
-    ns->heap[i] = ns->heap[ns->nheap];
-    store_heap_up(s, ns, i);
-    store_heap_down(s, ns, s->meta[moved].hpos - 1);
+    }
+    store_heap_out(s, &ns->heap, idx);
 }
 
 void store_heap_sync(struct store *s, uint32_t idx)
 {
-    struct store_ns *ns = store_heap_owner(s, idx);
-    struct store_meta *m;
-    if (!ns) {
-        store_heap_remove(s, idx);
+    struct store_ns *ns = store_heap_owner(s, idx), *rns;
+    struct store_heap *rh = store_rheap_of(s, idx);
+    uint32_t rung = 0;
+    struct store_heap_ent e;
+    rns = store_rung_owner(s, idx, &rung);
+    if (rh && (!rns || rh != &rns->rheap[rung]))
+        store_heap_out(s, rh, idx);
+    if (!ns && s->meta && idx < s->nmeta && s->meta[idx].hpos)
+        store_heap_out(s, &s->ns[s->ix.blocks[idx].ns]->heap, idx);
+    if (!ns && !rns)
         return;
-    }
-    if (!(m = store_meta_at(s, idx)))
+    if (!store_meta_at(s, idx))
         return; /* no memory: the block is found by the sampled path instead */
-    if (!ns->nheap)
+    ns = ns ? ns : rns;
+    if (store_heaps_empty(ns))
         ns->heap_hl = ns->pp.half_life;
-    struct store_heap_ent e = {.key = store_heap_key(s, ns, idx),
-                               .idx = idx,
-                               .depth = s->ix.blocks[idx].depth};
-    if (m->hpos) {
-        ns->heap[m->hpos - 1] = e;
-        store_heap_up(s, ns, m->hpos - 1);
-        store_heap_down(s, ns, s->meta[idx].hpos - 1);
-        return;
+    e = (struct store_heap_ent){.key = store_heap_key(s, ns, idx),
+                                .idx = idx,
+                                .depth = s->ix.blocks[idx].depth};
+    if (store_heap_owner(s, idx))
+        (void)store_heap_in(s, &ns->heap, &e);
+    if (rns)
+        (void)store_heap_in(s, &rns->rheap[rung], &e);
+}
+
+static void store_heap_reset(struct store *s, struct store_heap *h)
+{
+    for (uint32_t i = 0; i < h->n; i++) {
+        if (h->rung)
+            s->meta[h->a[i].idx].rpos = 0;
+        else
+            s->meta[h->a[i].idx].hpos = 0;
     }
-    if (ns->nheap == ns->heapcap) {
-        uint32_t n = ns->heapcap ? ns->heapcap * 2 : 256;
-        struct store_heap_ent *h = realloc(ns->heap, (size_t)n * sizeof(*h));
-        if (!h)
-            return;
-        ns->heap = h;
-        ns->heapcap = n;
-    }
-    ns->heap[ns->nheap++] = e;
-    store_heap_up(s, ns, ns->nheap - 1);
+    h->n = 0;
 }
 
 void store_heap_rebuild_stale(struct store *s)
@@ -278,21 +381,31 @@ void store_heap_rebuild_stale(struct store *s)
         struct store_ns *ns = s->ns[n];
         if (!ns || !ns->heap_stale)
             continue;
-        for (uint32_t i = 0; i < ns->nheap; i++)
-            s->meta[ns->heap[i].idx].hpos = 0;
-        ns->nheap = 0;
+        store_heap_reset(s, &ns->heap);
+        for (uint32_t k = 0; k < POLICY_LADDER_RUNGS; k++)
+            store_heap_reset(s, &ns->rheap[k]);
         ns->heap_hl = ns->pp.half_life;
         any = true;
     }
     /* One pass over the blocks for every namespace that changed (a reload changes many). */
     for (uint32_t i = 0; any && i < s->ix.nblocks; i++) {
         const struct block *b = &s->ix.blocks[i];
-        if (b->ns < s->nns && s->ns[b->ns] && s->ns[b->ns]->heap_stale && store_heap_owner(s, i))
+        uint32_t r;
+        if (b->ns < s->nns && s->ns[b->ns] && s->ns[b->ns]->heap_stale &&
+            (store_heap_owner(s, i) || store_rung_owner(s, i, &r)))
             store_heap_sync(s, i);
     }
     for (uint32_t n = 1; n < s->nns; n++)
         if (s->ns[n])
             s->ns[n]->heap_stale = false;
+}
+
+static void store_heap_rekey_one(struct store *s, struct store_ns *ns, struct store_heap *h)
+{
+    for (uint32_t i = 0; i < h->n; i++)
+        h->a[i].key = store_heap_key(s, ns, h->a[i].idx);
+    for (uint32_t i = h->n / 2; i-- > 0;)
+        store_heap_down(s, h, i);
 }
 
 /* Keys follow the half-life: rekeyed in place when it moved by more than 5 % (the order
@@ -302,40 +415,46 @@ static void store_heap_rekey(struct store *s, struct store_ns *ns)
     if (fabs(ns->pp.half_life - ns->heap_hl) <= 0.05 * ns->heap_hl)
         return;
     ns->heap_hl = ns->pp.half_life;
-    for (uint32_t i = 0; i < ns->nheap; i++)
-        ns->heap[i].key = store_heap_key(s, ns, ns->heap[i].idx);
-    for (uint32_t i = ns->nheap / 2; i-- > 0;)
-        store_heap_down(s, ns, i);
+    store_heap_rekey_one(s, ns, &ns->heap);
+    for (uint32_t k = 0; k < POLICY_LADDER_RUNGS; k++)
+        store_heap_rekey_one(s, ns, &ns->rheap[k]);
 }
 
-uint32_t store_heap_first(struct store *s, struct store_ns *ns,
-                          bool (*ok)(const struct store *s, uint32_t idx, void *arg), void *arg,
-                          uint32_t *out, uint32_t max)
+/* Best-first walk of h's tree (a small heap of positions) without changing it: blocks that
+ * may not go now (pinned, moving) are passed over. */
+static uint32_t store_heap_walk(struct store *s, struct store_ns *ns, struct store_heap *h,
+                                bool (*ok)(const struct store *s, uint32_t idx, void *arg),
+                                void *arg, uint32_t *out, uint32_t max)
 {
-    /* Best-first walk of the heap's tree (a small heap of positions) without changing it:
-     * blocks that may not go now (pinned, moving) are passed over. */
     uint32_t open[2 * STORE_HEAP_SCAN + 2], nopen = 0, n = 0;
-    if (!ns->nheap || !max)
+    if (!h->n || !max)
         return 0;
     store_heap_rekey(s, ns);
     open[nopen++] = 0;
     for (uint32_t seen = 0; nopen && seen < STORE_HEAP_SCAN; seen++) {
         uint32_t best = 0;
         for (uint32_t k = 1; k < nopen; k++)
-            if (store_heap_less(&ns->heap[open[k]], &ns->heap[open[best]]))
+            if (store_heap_less(&h->a[open[k]], &h->a[open[best]]))
                 best = k;
         uint32_t pos = open[best];
         open[best] = open[--nopen];
-        if (ok(s, ns->heap[pos].idx, arg)) {
-            out[n++] = ns->heap[pos].idx;
+        if (ok(s, h->a[pos].idx, arg)) {
+            out[n++] = h->a[pos].idx;
             if (n == max)
                 break;
         }
         for (uint32_t c = 2 * pos + 1; c <= 2 * pos + 2; c++)
-            if (c < ns->nheap)
+            if (c < h->n)
                 open[nopen++] = c;
     }
     return n;
+}
+
+uint32_t store_heap_first(struct store *s, struct store_ns *ns,
+                          bool (*ok)(const struct store *s, uint32_t idx, void *arg), void *arg,
+                          uint32_t *out, uint32_t max)
+{
+    return store_heap_walk(s, ns, &ns->heap, ok, arg, out, max);
 }
 
 uint32_t store_heap_victim(struct store *s, struct store_ns *ns,
@@ -351,38 +470,189 @@ uint32_t store_heap_victim(struct store *s, struct store_ns *ns,
 
 void store_heap_free(struct store_ns *ns)
 {
-    free(ns->heap);
-    ns->heap = NULL;
-    ns->nheap = ns->heapcap = 0;
+    free(ns->heap.a);
+    ns->heap = (struct store_heap){0};
+    store_ladder_free(ns);
+}
+
+static const char *store_heap_check_one(const struct store *s, const struct store_ns *ns,
+                                        const struct store_heap *h, uint32_t *total)
+{
+    *total += h->n;
+    for (uint32_t i = 0; i < h->n; i++) {
+        uint32_t idx = h->a[i].idx, r = 0;
+        if (idx >= s->ix.nblocks || store_heap_at(s, h, idx) != i + 1)
+            return "a heap entry's block does not point back at it";
+        if (h->rung ? store_rung_owner(s, idx, &r) != ns || r + 1 != h->rung
+                    : store_heap_owner(s, idx) != ns)
+            return "a block is in a heap it does not belong to";
+        if (i && store_heap_less(&h->a[i], &h->a[(i - 1) / 2]))
+            return "heap order broken";
+        if (h->a[i].key != store_heap_key(s, ns, idx))
+            return "a heap key is stale";
+    }
+    return NULL;
 }
 
 const char *store_heap_check(const struct store *s)
 {
     uint32_t total = 0;
+    const char *why;
     for (uint32_t n = 1; n < s->nns; n++) {
         const struct store_ns *ns = s->ns[n];
         if (!ns)
             continue;
-        total += ns->nheap;
-        for (uint32_t i = 0; i < ns->nheap; i++) {
-            uint32_t idx = ns->heap[i].idx;
-            if (idx >= s->ix.nblocks || idx >= s->nmeta || s->meta[idx].hpos != i + 1)
-                return "a heap entry's block does not point back at it";
-            if (store_heap_owner(s, idx) != ns)
-                return "a block is in a heap it does not belong to";
-            if (i && store_heap_less(&ns->heap[i], &ns->heap[(i - 1) / 2]))
-                return "heap order broken";
-            if (ns->heap[i].key != store_heap_key(s, ns, idx))
-                return "a heap key is stale";
+        if ((why = store_heap_check_one(s, ns, &ns->heap, &total)))
+            return why;
+        for (uint32_t k = 0; k < POLICY_LADDER_RUNGS; k++)
+            if ((why = store_heap_check_one(s, ns, &ns->rheap[k], &total)))
+                return why;
+        /* The ladder's bytes per rung, counted again. */
+        uint64_t bytes[POLICY_LADDER_RUNGS] = {0};
+        for (uint32_t i = 0; ns->rungs >= 2 && i < s->ix.nblocks; i++) {
+            const struct block *b = &s->ix.blocks[i];
+            if (b->ns == ns->id && b->state == BLOCK_STATE_COMMITTED && b->arena == ns->arena)
+                bytes[store_ladder_rung(ns, b->format)] += b->len;
         }
+        for (uint32_t k = 0; k < POLICY_LADDER_RUNGS; k++)
+            if (bytes[k] != ns->rung_bytes[k])
+                return "a rung's bytes are not those of its blocks";
     }
     for (uint32_t i = 0; i < s->ix.nblocks; i++) {
-        bool in = i < s->nmeta && s->meta[i].hpos;
+        uint32_t r;
+        bool in = i < s->nmeta && s->meta[i].hpos, rin = i < s->nmeta && s->meta[i].rpos;
         if (store_heap_owner(s, i) && !in)
             return "an evictable block is missing from its namespace's heap";
-        total -= in;
+        if (store_rung_owner(s, i, &r) && !rin)
+            return "a block that may step down is missing from its rung's heap";
+        total -= in + rin;
     }
     return total ? "heap entries counted twice" : NULL;
+}
+
+/* ---- the precision ladder --------------------------------------------------------------- */
+
+uint32_t store_ladder_rung(const struct store_ns *ns, uint32_t format)
+{
+    if (format == KVC_WIRE_FORMAT_RAW || ns->rungs < 2)
+        return 0;
+    for (uint32_t k = 1; k < ns->rungs; k++)
+        if (ns->rung_format[k] == format)
+            return k;
+    return ns->rungs - 1u; /* a lossy format off the ladder (a record of an older recipe) */
+}
+
+void store_ladder_account(struct store *s, uint32_t idx, int sign)
+{
+    const struct block *b = &s->ix.blocks[idx];
+    struct store_ns *ns = b->ns < s->nns ? s->ns[b->ns] : NULL;
+    uint64_t *r;
+    if (!ns || ns->rungs < 2 || b->arena != ns->arena || b->state != BLOCK_STATE_COMMITTED)
+        return;
+    r = &ns->rung_bytes[store_ladder_rung(ns, b->format)];
+    if (sign > 0)
+        *r += b->len;
+    else
+        *r = *r > b->len ? *r - b->len : 0;
+}
+
+void store_ladder_setup(struct store *s, struct store_ns *ns)
+{
+    uint32_t allowed = KVC_WIRE_QUANT_ALLOWED(ns->layout.flags);
+    uint32_t f = ns->layout.flags;
+    int64_t last = (int64_t)ns->block_bytes;
+    struct tier *t = s->arenas[ns->arena].tier;
+    uint8_t old = ns->rungs;
+    for (uint32_t k = 0; k < POLICY_LADDER_RUNGS; k++)
+        ns->rheap[k].rung = (uint8_t)(k + 1);
+    ns->rungs = 0;
+    memset(ns->rung_format, 0, sizeof(ns->rung_format));
+    if (allowed) {
+        /* Rung 1: the creator's recipe; then each allowed codec smaller than the rung above,
+         * largest first, within the fidelity budget. */
+        uint32_t first = KVC_WIRE_QUANT_K(f) ? KVC_WIRE_QUANT_K(f) : KVC_WIRE_QUANT_V(f);
+        ns->rung_format[0] = KVC_WIRE_FORMAT_RAW;
+        ns->rungs = 1;
+        for (;;) {
+            int64_t best = 0;
+            uint32_t pick = 0;
+            for (uint32_t c = 1; c < KVC_WIRE_FORMAT_COUNT; c++) {
+                int64_t n;
+                if (!(allowed & (1u << c)) || (ns->rungs == 1 && c != first) ||
+                    (ns->max_error > 0 && kern_codec_attn_error((enum kern_codec)c) >
+                                              ns->max_error))
+                    continue;
+                n = quant_format_bytes(ns, (uint8_t)c);
+                if (n > 0 && n < last && n > best) {
+                    best = n;
+                    pick = c;
+                }
+            }
+            if (!pick || ns->rungs == POLICY_LADDER_RUNGS)
+                break;
+            ns->rung_format[ns->rungs++] = (uint8_t)pick;
+            last = best;
+        }
+        if (ns->rungs < 2)
+            ns->rungs = 0;
+    }
+    policy_ladder_init(&ns->ladder, ns->rungs ? ns->rungs : 1, ns->lossy_weight,
+                       (double)t->ops->capacity(t) / (double)ns->block_bytes);
+    if (old || ns->rungs) {
+        /* Its blocks counted again by the new rungs; the rung heaps rebuilt. */
+        memset(ns->rung_bytes, 0, sizeof(ns->rung_bytes));
+        for (uint32_t i = 0; ns->rungs && i < s->ix.nblocks; i++)
+            if (s->ix.blocks[i].ns == ns->id) /* a committed block is on its arena's list */
+                store_ladder_account(s, i, +1);
+        ns->heap_stale = true;
+        if (!s->heap_defer)
+            store_heap_rebuild_stale(s);
+    }
+}
+
+void store_ladder_free(struct store_ns *ns)
+{
+    for (uint32_t k = 0; k < POLICY_LADDER_RUNGS; k++) {
+        free(ns->rheap[k].a);
+        ns->rheap[k].a = NULL;
+        ns->rheap[k].n = ns->rheap[k].cap = 0;
+    }
+}
+
+int store_ladder_pick(struct store *s, struct store_ns *ns, int *out)
+{
+    double bytes[POLICY_LADDER_RUNGS] = {0}, cap = 0;
+    int ready[POLICY_LADDER_RUNGS] = {0};
+    (void)s;
+    *out = 1;
+    if (ns->rungs < 2)
+        return -1;
+    for (uint32_t k = 0; k < ns->rungs; k++) {
+        double b = (double)ns->rung_bytes[k] - (double)ns->rung_moving[k] +
+                   (double)ns->rung_coming[k];
+        bytes[k] = b > 0 ? b : 0;
+        cap += bytes[k];
+        ready[k] = k + 1 < ns->rungs ? ns->rheap[k].n > 0 : ns->rung_bytes[k] > 0;
+    }
+    return policy_ladder_pick(&ns->ladder, bytes, cap, ready, out);
+}
+
+static bool store_ladder_ok(const struct store *s, uint32_t idx, void *arg)
+{
+    const struct block *b = &s->ix.blocks[idx];
+    (void)arg;
+    /* A sink with children is passed over, as kvcsim parks it until its last child goes. */
+    return store_block_idle(s, idx) && b->tier == KVC_WIRE_TIER_HOST &&
+           !(b->depth == 0 && b->children);
+}
+
+uint32_t store_ladder_first(struct store *s, struct store_ns *ns, uint32_t rung)
+{
+    uint32_t v;
+    if (rung + 1 >= ns->rungs)
+        return INDEX_NONE;
+    return store_heap_walk(s, ns, &ns->rheap[rung], store_ladder_ok, NULL, &v, 1) ? v
+                                                                                   : INDEX_NONE;
 }
 
 /* ---- ghosts ---------------------------------------------------------------------------- */
@@ -532,6 +802,9 @@ void store_meta_commit(struct store *s, uint32_t idx, uint64_t now)
         m->freq = pb.freq;
         s->total.ghost_hits++;
         ns->stats.ghost_hits++;
+        /* A miss more compression would have turned into a hit. */
+        if (ns->rungs >= 2)
+            policy_ladder_ghost_hit(&ns->ladder);
     }
 }
 

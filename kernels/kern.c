@@ -22,6 +22,20 @@ static const char *const kern_codec_names[KERN_CODEC_COUNT] = {
     [KERN_CODEC_FP8] = "fp8",
 };
 
+/* Attention relative error of each codec, K and V both in it, on the synthetic KV of
+ * docs/kernels.md (outlier key channels; mean over seeds 1-3): what a namespace's fidelity
+ * budget is compared with. */
+static const double kern_codec_attn[KERN_CODEC_COUNT] = {
+    [KERN_CODEC_RAW] = 0.0,      [KERN_CODEC_Q8_0] = 0.0281, [KERN_CODEC_Q4_1] = 0.2845,
+    [KERN_CODEC_Q5_1] = 0.1349,  [KERN_CODEC_KIVI2] = 0.6200, [KERN_CODEC_KIVI4] = 0.1143,
+    [KERN_CODEC_FP8] = 0.0678,
+};
+
+double kern_codec_attn_error(enum kern_codec c)
+{
+    return (unsigned)c < KERN_CODEC_COUNT ? kern_codec_attn[c] : 1e9;
+}
+
 const char *kern_codec_name(enum kern_codec c)
 {
     return (unsigned)c < KERN_CODEC_COUNT ? kern_codec_names[c] : "?";

@@ -134,6 +134,10 @@ struct kern_block_sect {
 
 /* Codec name ("raw", "q8_0", "q4_1", "q5_1", "kivi2", "kivi4", "fp8") or "?". */
 const char *kern_codec_name(enum kern_codec c);
+/* The attention output's relative error with K and V in codec c, measured on synthetic KV
+ * with outlier key channels (docs/kernels.md's table): 0 for raw, a large number for an
+ * unknown codec. */
+double kern_codec_attn_error(enum kern_codec c);
 /* Codec by name; -EINVAL if unknown. */
 int kern_codec_from_name(const char *name);
 

@@ -231,7 +231,7 @@ START_TEST(test_random_ops_every_policy)
         ck_assert_msg(!why, "%s: step %d: %s", policy_name(k), step, why);
         if (step == 700 && k != POLICY_LRU) { /* a policy change rebuilds (LRU: empties) */
             ck_assert_int_eq(store_ns_policy_set(s, nraw, POLICY_LRU, STORE_POLICY_SRC_ADMIN), 0);
-            ck_assert_uint_eq(store_ns_get(s, nraw)->nheap, 0);
+            ck_assert_uint_eq(store_ns_get(s, nraw)->heap.n, 0);
             ck_assert_ptr_null(store_heap_check(s));
             ck_assert_int_eq(store_ns_policy_set(s, nraw, (int)k, STORE_POLICY_SRC_ADMIN), 0);
         }
@@ -241,7 +241,7 @@ START_TEST(test_random_ops_every_policy)
             store_reload(s, &p);
             ck_assert_int_eq(store_ns_get(s, nq)->policy, p.policy);
             ck_assert_ptr_null(store_heap_check(s));
-            ck_assert_uint_gt(store_ns_get(s, nq)->nheap, 0);
+            ck_assert_uint_gt(store_ns_get(s, nq)->heap.n, 0);
         }
     }
     quant_drain(q);

@@ -37,6 +37,7 @@ struct slab_desc {
     uint32_t hint;    /* lowest slot word that may hold a free slot */
     uint32_t prev;    /* partial list of the class, by first page */
     uint32_t next;
+    uint32_t draining; /* off the partial list until it empties (slab_drain) */
 };
 
 struct slab_class {
@@ -231,6 +232,22 @@ int slab_class_get(struct slab *s, uint64_t len)
     return (int)s->nclasses++;
 }
 
+int slab_span(const struct slab *s, uint64_t off, uint64_t *start, uint64_t *slot,
+              uint32_t *nslots, uint32_t *used)
+{
+    if (off >= s->capacity)
+        return -EINVAL;
+    uint32_t first = s->page_owner[off >> s->page_shift];
+    if (first == SLAB_NONE)
+        return -EINVAL;
+    const struct slab_desc *d = &s->desc[first];
+    *start = (uint64_t)first << s->page_shift;
+    *slot = s->cls[d->cls].slot;
+    *nslots = d->nslots;
+    *used = d->nslots - d->nfree;
+    return 0;
+}
+
 uint64_t slab_class_slot(const struct slab *s, int cls)
 {
     if (cls < 0 || (uint32_t)cls >= s->nclasses)
@@ -265,6 +282,51 @@ static void slab_partial_unlink(struct slab *s, struct slab_class *c, uint32_t f
     if (d->next != SLAB_NONE)
         s->desc[d->next].prev = d->prev;
     d->prev = d->next = SLAB_NONE;
+}
+
+int slab_drain(struct slab *s, uint64_t off, bool on)
+{
+    if (off >= s->capacity || s->page_owner[off >> s->page_shift] == SLAB_NONE)
+        return -EINVAL;
+    uint32_t first = s->page_owner[off >> s->page_shift];
+    struct slab_desc *d = &s->desc[first];
+    struct slab_class *c = &s->cls[d->cls];
+    if (on == !!d->draining)
+        return 0;
+    if (on) {
+        if (d->nfree)
+            slab_partial_unlink(s, c, first);
+        c->free_slots -= d->nfree;
+        d->draining = 1;
+    } else {
+        d->draining = 0;
+        c->free_slots += d->nfree;
+        if (d->nfree)
+            slab_partial_push(s, c, first);
+    }
+    return 0;
+}
+
+int slab_sparsest(const struct slab *s, int cls, uint32_t max_scan, uint64_t *start,
+                  uint32_t *used)
+{
+    uint32_t best = SLAB_NONE, n = 0;
+    if (cls < 0 || (uint32_t)cls >= s->nclasses)
+        return -ENOENT;
+    for (uint32_t f = s->cls[cls].partial; f != SLAB_NONE && n < max_scan;
+         f = s->desc[f].next, n++)
+        if (best == SLAB_NONE || s->desc[f].nfree > s->desc[best].nfree)
+            best = f;
+    if (best == SLAB_NONE)
+        return -ENOENT;
+    *start = (uint64_t)best << s->page_shift;
+    *used = s->desc[best].nslots - s->desc[best].nfree;
+    return 0;
+}
+
+uint32_t slab_class_count(const struct slab *s)
+{
+    return s->nclasses;
 }
 
 static inline uint64_t *slab_bits(struct slab *s, uint32_t first)
@@ -373,6 +435,15 @@ int slab_release(struct slab *s, uint64_t off)
     s->used -= c->slot;
     bool was_full = d->nfree == 0;
     d->nfree++;
+    if (d->draining) {
+        /* Off the partial list, its free slots not counted: nothing lands in it. */
+        if (d->nfree == d->nslots) {
+            d->draining = 0;
+            c->free_slots += d->nslots;
+            slab_destroy(s, first);
+        }
+        return 0;
+    }
     c->free_slots++;
     if (d->nfree == d->nslots) {
         if (!was_full)

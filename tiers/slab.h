@@ -14,6 +14,7 @@
 #ifndef KVC_SLAB_H
 #define KVC_SLAB_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #define SLAB_MAX_CLASSES 64
@@ -52,6 +53,20 @@ int slab_release(struct slab *s, uint64_t off);
 
 /* Slots of class cls free right now without taking new pages. */
 uint64_t slab_class_free_slots(const struct slab *s, int cls);
+/* Draining (on): the slab holding offset off takes no more allocations and its free slots
+ * leave its class's count, until it empties (its pages are free again, as for any slab) or
+ * it is drained no more (off). For compaction: its blocks move elsewhere. 0 or -EINVAL. */
+int slab_drain(struct slab *s, uint64_t off, bool on);
+/* Of the first max_scan slabs with a free slot of class cls, the one with the fewest slots
+ * in use: its first byte and that count. -ENOENT when there is none. */
+int slab_sparsest(const struct slab *s, int cls, uint32_t max_scan, uint64_t *start,
+                  uint32_t *used);
+/* Size classes created so far (numbered from 0). */
+uint32_t slab_class_count(const struct slab *s);
+/* The slab holding offset off: its first byte, its slot size, its slots and how many are
+ * allocated. 0, or -EINVAL for an offset in no slab. */
+int slab_span(const struct slab *s, uint64_t off, uint64_t *start, uint64_t *slot,
+              uint32_t *nslots, uint32_t *used);
 
 void slab_stats_get(const struct slab *s, struct slab_stats *st);
 
