@@ -65,7 +65,7 @@
       "Lines per second a client can trigger; the rest are counted and summarised.")          \
     X(host, size, SIZE, "1g", 16 << 20, 1ull << 42, 0, NULL,                                  \
       "Bytes of the host-tier arena (shared memory, pre-faulted at start).")                  \
-    X(host, page_size, SIZE, "2m", 4 << 10, 1 << 30, 0, NULL,                                \
+    X(host, page_size, SIZE, "2m", 64 << 10, 1 << 30, 0, NULL,                                \
       "Allocator page: a power of two; 2m matches huge pages.")                               \
     X(host, hugepages, ENUM, "auto", 0, 0, 0, "auto|on|off",                                  \
       "Back the arena with hugetlb pages: auto uses them when enough are free.")              \
