@@ -100,7 +100,8 @@ int config_ns_set(struct config *c, const char *pattern, const char *key, const 
     if (k < 0) {
         snprintf(why, whylen,
                  "unknown key '%s' in [namespace.%s] (keys: read write host_size max_bytes "
-                 "max_pins max_reservations policy disk_compress remote)",
+                 "max_pins max_reservations policy disk_compress remote lossy_weight "
+                 "max_error)",
                  key, pattern);
         return -EINVAL;
     }
@@ -149,6 +150,19 @@ int config_ns_set(struct config *c, const char *pattern, const char *key, const 
         if (!*value || *end || lv < 0 || lv > 19)
             return config_ns_why(why, whylen, "disk_compress is a zstd level 0..19, not", value);
         ns->disk_compress = (int)lv;
+    } else if (k == CONFIG_NS_KEY_lossy_weight || k == CONFIG_NS_KEY_max_error) {
+        char *end;
+        double d = strtod(value, &end);
+        if (!*value || *end || !(d >= 0) || d > 1e6)
+            return config_ns_why(why, whylen,
+                                 k == CONFIG_NS_KEY_max_error
+                                     ? "max_error is a number >= 0 (0: any codec), not"
+                                     : "lossy_weight is a number >= 0, not",
+                                 value);
+        if (k == CONFIG_NS_KEY_max_error)
+            ns->max_error = d;
+        else
+            ns->lossy_weight = d;
     } else if (k == CONFIG_NS_KEY_remote) {
         if (!strcmp(value, "yes") || !strcmp(value, "true") || !strcmp(value, "on") ||
             !strcmp(value, "1"))
@@ -233,6 +247,10 @@ void config_ns_print(const struct config *c, FILE *f)
         fprintf(f, "max_reservations = %llu\n", (unsigned long long)ns->max_reservations);
         if (ns->policy >= 0)
             fprintf(f, "policy = %s\n", policy_name((enum policy_kind)ns->policy));
+        if (ns->set_mask & (1u << CONFIG_NS_KEY_lossy_weight))
+            fprintf(f, "lossy_weight = %g\n", ns->lossy_weight);
+        if (ns->set_mask & (1u << CONFIG_NS_KEY_max_error))
+            fprintf(f, "max_error = %g\n", ns->max_error);
         if (ns->disk_compress >= 0)
             fprintf(f, "disk_compress = %d\n", ns->disk_compress);
         if (ns->remote >= 0)

@@ -18,6 +18,8 @@
  *   policy = h2o                  ; the namespaces' policy (else cache.policy)
  *   disk_compress = 1             ; zstd level of its blocks on disk (0: raw)
  *   remote = no                   ; kept out of the remote tier (remote.nodes)
+ *   lossy_weight = 2              ; the precision ladder keeps more raw (docs/policies.md)
+ *   max_error = 0.05              ; only codecs whose attention error is at most 5 %
  *
  * A section with a read or write list gets a private host arena: namespaces whose sections
  * have the same two lists share it, and a client receives only the arenas of namespaces it
@@ -46,7 +48,9 @@ struct config;
     X(max_reservations, 1, "slots reserved at once, all clients together")                    \
     X(policy, 1, "policy of these namespaces (a cache.policy name)")                          \
     X(disk_compress, 1, "zstd level of its disk blocks (0 raw; disk.compress)")             \
-    X(remote, 1, "yes or no: blocks go to the remote tier (default yes)")
+    X(remote, 1, "yes or no: blocks go to the remote tier (default yes)")                     \
+    X(lossy_weight, 1, "the precision ladder: a lossy hit's cost against a miss (0 most hits)") \
+    X(max_error, 1, "attention error its lossy codecs may cause (docs/kernels.md; 0 any)")
 
 #define CONFIG_NS_PATTERN_MAX 40 /* inih keeps section names under 50 bytes */
 #define CONFIG_NS_IDS_MAX 16
@@ -70,6 +74,8 @@ struct config_ns {
     int policy; /* enum policy_kind, or -1: cache.policy */
     int disk_compress; /* -1: disk.compress */
     int remote;        /* -1: not set (yes), 0 no, 1 yes */
+    double lossy_weight; /* the precision ladder's (0: the most hits) */
+    double max_error;    /* lossy codecs above this attention error are not used (0: any) */
 };
 
 /* Sets one key of section [namespace.PATTERN] (created on first use). 0, -EINVAL with a

@@ -320,8 +320,10 @@ static enum engine_ladder_r engine_ladder_slab(struct store *s, struct store_ns 
     struct tier *t = s->arenas[b->arena].tier;
     uint32_t idx[ENGINE_LADDER_SLAB_MAX], nslots, used, n = 0;
     uint64_t start, slot;
-    if (slab_span(tier_host_slab(t), b->off, &start, &slot, &nslots, &used) == 0 &&
-        used <= ENGINE_LADDER_SLAB_MAX) {
+    int64_t enc = quant_format_bytes(ns, ns->rung_format[k + 1]);
+    /* Only a slab whose pages hold every block of it at the smaller size. */
+    if (enc > 0 && slab_span(tier_host_slab(t), b->off, &start, &slot, &nslots, &used) == 0 &&
+        used <= ENGINE_LADDER_SLAB_MAX && slab_fit(tier_host_slab(t), b->off, (uint64_t)enc) >= used) {
         for (uint32_t i = 0; i < nslots && n < used; i++) {
             uint32_t x = store_slot_owner(s, b->arena, start + (uint64_t)i * slot);
             const struct block *xb;

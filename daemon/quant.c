@@ -487,8 +487,9 @@ static int quant_job_make(struct store *s, uint32_t idx, uint8_t format, bool pr
     if (b->pins)
         return -EBUSY;
     if (!KVC_WIRE_QUANT_ALLOWED(f) || format == KVC_WIRE_FORMAT_RAW ||
-        format >= KVC_WIRE_FORMAT_COUNT || !(KVC_WIRE_QUANT_ALLOWED(f) & (1u << format)))
-        return -EPERM;
+        format >= KVC_WIRE_FORMAT_COUNT || !(KVC_WIRE_QUANT_ALLOWED(f) & (1u << format)) ||
+        (ns->max_error > 0 && kern_codec_attn_error((enum kern_codec)format) > ns->max_error))
+        return -EPERM; /* not allowed, or beyond the namespace's fidelity budget */
     /* Only a block in a host arena, not one in motion, and not a clean one: its disk
      * record holds its raw bytes (dropping its memory copy costs nothing instead). */
     if (b->tier != KVC_WIRE_TIER_HOST || (b->flags & (BLOCK_F_BUSY | BLOCK_F_LOST | BLOCK_F_DISK)))

@@ -352,7 +352,8 @@ static int server_on_hello(struct server *sv, struct conn *c, const struct proto
     return sizeof(*p);
 }
 
-/* A namespace's policy from its [namespace.PATTERN] section, else the default. */
+/* A namespace's policy and precision ladder from its [namespace.PATTERN] section, else the
+ * defaults. */
 static void server_ns_policy(struct server *sv, uint32_t id)
 {
     const struct store_ns *ns = store_ns_get(sv->store, id);
@@ -364,6 +365,7 @@ static void server_ns_policy(struct server *sv, uint32_t id)
         store_ns_policy_set(sv->store, id, cn->policy, STORE_POLICY_SRC_CONFIG);
     else
         store_ns_policy_set(sv->store, id, -1, STORE_POLICY_SRC_DEFAULT);
+    store_ns_ladder_set(sv->store, id, cn ? cn->lossy_weight : 0.0, cn ? cn->max_error : 0.0);
 }
 
 void server_ns_policies(struct server *sv)

@@ -391,6 +391,9 @@ void store_heap_free(struct store_ns *ns);
  * nothing can move. store_ladder_first: the coldest block that may step down from rung k
  * (INDEX_NONE if none); on rung 0 it may be a sink (depth 0, a leaf), which leaves instead. store_ladder_hit / _ghost: what the targets learn from. */
 void store_ladder_setup(struct store *s, struct store_ns *ns);
+/* A namespace's ladder weight and fidelity budget (its [namespace.PATTERN] section): its rungs
+ * set up again when they change. 0 or -ENOENT. */
+int store_ns_ladder_set(struct store *s, uint32_t ns_id, double lossy_weight, double max_error);
 void store_ladder_account(struct store *s, uint32_t idx, int sign);
 uint32_t store_ladder_rung(const struct store_ns *ns, uint32_t format);
 int store_ladder_pick(struct store *s, struct store_ns *ns, int *out);

@@ -610,6 +610,19 @@ void store_ladder_setup(struct store *s, struct store_ns *ns)
     }
 }
 
+int store_ns_ladder_set(struct store *s, uint32_t ns_id, double lossy_weight, double max_error)
+{
+    struct store_ns *ns = store_ns_get(s, ns_id);
+    if (!ns)
+        return -ENOENT;
+    if (ns->lossy_weight == lossy_weight && ns->max_error == max_error)
+        return 0;
+    ns->lossy_weight = lossy_weight;
+    ns->max_error = max_error;
+    store_ladder_setup(s, ns); /* the targets start again from an even split */
+    return 0;
+}
+
 void store_ladder_free(struct store_ns *ns)
 {
     for (uint32_t k = 0; k < POLICY_LADDER_RUNGS; k++) {

@@ -324,6 +324,17 @@ int slab_sparsest(const struct slab *s, int cls, uint32_t max_scan, uint64_t *st
     return 0;
 }
 
+uint32_t slab_fit(struct slab *s, uint64_t off, uint64_t len)
+{
+    if (off >= s->capacity || s->page_owner[off >> s->page_shift] == SLAB_NONE)
+        return 0;
+    const struct slab_desc *d = &s->desc[s->page_owner[off >> s->page_shift]];
+    int ci = slab_class_get(s, len);
+    if (ci < 0)
+        return 0;
+    return d->npages / s->cls[ci].run * s->cls[ci].per_slab;
+}
+
 uint32_t slab_class_count(const struct slab *s)
 {
     return s->nclasses;

@@ -61,6 +61,9 @@ int slab_drain(struct slab *s, uint64_t off, bool on);
  * in use: its first byte and that count. -ENOENT when there is none. */
 int slab_sparsest(const struct slab *s, int cls, uint32_t max_scan, uint64_t *start,
                   uint32_t *used);
+/* Slots of `len` bytes the pages of the slab holding off would give once it is empty (0: a
+ * slab of that size needs more pages, or off is in no slab). May create len's class. */
+uint32_t slab_fit(struct slab *s, uint64_t off, uint64_t len);
 /* Size classes created so far (numbered from 0). */
 uint32_t slab_class_count(const struct slab *s);
 /* The slab holding offset off: its first byte, its slot size, its slots and how many are
