@@ -105,8 +105,8 @@ struct store_ns {
      * one before). rung_bytes: what its committed blocks in its arena hold at each rung;
      * rung_moving / rung_coming: quantize jobs in flight, the bytes leaving rung k and the
      * encoded bytes arriving at it. rheap[k] (k < rungs - 1): the blocks that may step down
-     * from rung k (inner blocks too; none pinned or clean; sinks, which leave instead), by
-     * policy_key like `heap`. */
+     * from rung k (inner blocks too; none pinned or clean; sinks that are leaves, which leave
+     * instead), by policy_key like `heap`. */
     uint8_t rungs; /* 0: no ladder */
     uint8_t rung_format[POLICY_LADDER_RUNGS];
     uint64_t rung_bytes[POLICY_LADDER_RUNGS];

@@ -263,15 +263,16 @@ static struct store_ns *store_heap_owner(const struct store *s, uint32_t idx)
 
 /* Whether idx belongs in a rung heap of its namespace's ladder, and which (*rung): committed
  * in its arena's memory, not pinned, not lost, not clean (its disk record holds it raw) and
- * not on the last rung. Blocks in motion stay in and are passed over. A sink is in rung 0's
- * heap although it never steps down: at the cold end it leaves the tier, as in kvcsim. */
+ * not on the last rung. Blocks in motion stay in and are passed over. A sink that is a leaf is
+ * in rung 0's heap although it never steps down: at the cold end it leaves the tier; one with
+ * children is out until its last child goes (kvcsim parks it so). */
 static struct store_ns *store_rung_owner(const struct store *s, uint32_t idx, uint32_t *rung)
 {
     const struct block *b = &s->ix.blocks[idx];
     struct store_ns *ns = b->ns < s->nns ? s->ns[b->ns] : NULL;
     if (!ns || ns->rungs < 2 || ns->policy == POLICY_LRU || b->state != BLOCK_STATE_COMMITTED ||
         b->arena != ns->arena || b->tier != KVC_WIRE_TIER_HOST || b->pins ||
-        (b->flags & (BLOCK_F_LOST | BLOCK_F_DISK)))
+        (b->depth == 0 && b->children) || (b->flags & (BLOCK_F_LOST | BLOCK_F_DISK)))
         return NULL;
     *rung = store_ladder_rung(ns, b->format);
     return *rung + 1 < ns->rungs ? ns : NULL;
@@ -636,7 +637,6 @@ int store_ladder_pick(struct store *s, struct store_ns *ns, int *out)
 {
     double bytes[POLICY_LADDER_RUNGS] = {0}, cap = 0;
     int ready[POLICY_LADDER_RUNGS] = {0};
-    (void)s;
     *out = 1;
     if (ns->rungs < 2)
         return -1;
@@ -645,18 +645,18 @@ int store_ladder_pick(struct store *s, struct store_ns *ns, int *out)
                    (double)ns->rung_coming[k];
         bytes[k] = b > 0 ? b : 0;
         cap += bytes[k];
-        ready[k] = k + 1 < ns->rungs ? ns->rheap[k].n > 0 : ns->rung_bytes[k] > 0;
+        /* A rung whose blocks are all pinned or in motion is passed over, as kvcsim's rung
+         * whose heap is empty. */
+        ready[k] = k + 1 < ns->rungs ? store_ladder_first(s, ns, k) != INDEX_NONE
+                                     : ns->rung_bytes[k] > 0;
     }
     return policy_ladder_pick(&ns->ladder, bytes, cap, ready, out);
 }
 
 static bool store_ladder_ok(const struct store *s, uint32_t idx, void *arg)
 {
-    const struct block *b = &s->ix.blocks[idx];
     (void)arg;
-    /* A sink with children is passed over, as kvcsim parks it until its last child goes. */
-    return store_block_idle(s, idx) && b->tier == KVC_WIRE_TIER_HOST &&
-           !(b->depth == 0 && b->children);
+    return store_block_idle(s, idx) && s->ix.blocks[idx].tier == KVC_WIRE_TIER_HOST;
 }
 
 uint32_t store_ladder_first(struct store *s, struct store_ns *ns, uint32_t rung)
