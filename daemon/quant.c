@@ -15,9 +15,19 @@
  * that arrives during the encode always gets the raw copy, and no slot a lease points at is
  * ever freed.
  *
+ * A step further down the precision ladder (store_quantize_to into a smaller codec) decodes
+ * the lossy block to full precision on the worker and encodes it again. A slab's worth at
+ * once (store_quantize_slab: the ladder found no free slot of the smaller size) encodes into
+ * private memory; when the last job of the group is done and every block is still the
+ * jobs' alone, the raw slots are freed (the slab empties, its pages take any size) and each
+ * block gets its smaller slot and bytes; otherwise nothing changes. The jobs' raw bytes count
+ * as room coming (quant_pending_bytes, engine_room_coming), and a landing job wakes the puts
+ * that wait for it (store.on_room).
+ *
  * Trigger: while every namespace ranks with lru, engine_trim() calls quant_pressure() (below);
  * once one has another policy, the policy engine (engine_policy_trim) chooses the blocks to
- * quantize with policy_decide and calls store_quantize() itself. quant_pressure() runs
+ * quantize with policy_decide and calls store_quantize() itself, or, for a namespace with a
+ * precision ladder, the ladder's steps (engine.c) choose them. quant_pressure() runs
  * first. For each arena above its high watermark it queues the coldest unpinned raw blocks
  * of namespaces that allow a codec, counting each queued raw slot as freed already, until
  * the arena would be at its low watermark or store_params.quantize_inflight jobs are in

@@ -51,6 +51,12 @@
  * policy_decide and use engine_victim directly (the same ranking, without the walk over
  * inner blocks). The miss cost is the recompute time of a block (block_tokens /
  * cache.recompute_tokens_per_s), the disk cost a read at STORE_POLICY_DISK_BPS.
+ *
+ * The precision ladder (store_ladder_*, docs/policies.md): a namespace with codecs keeps, besides
+ * its leaf heap, a heap per rung over the blocks that may step down (inner blocks too) and the
+ * bytes each rung holds; store_ladder_pick is policy_ladder_pick over them, the decision
+ * kvcsim's ladder makes. The engine (engine_ladder_step) carries the steps out; the rung
+ * heaps share the leaf heap's key, half-life and syncs.
  * Owned by the loop thread.
  */
 #include <errno.h>
