@@ -49,8 +49,8 @@ struct config;
     X(policy, 1, "policy of these namespaces (a cache.policy name)")                          \
     X(disk_compress, 1, "zstd level of its disk blocks (0 raw; disk.compress)")             \
     X(remote, 1, "yes or no: blocks go to the remote tier (default yes)")                     \
-    X(lossy_weight, 1, "the precision ladder: a lossy hit's cost against a miss (0 most hits)") \
-    X(max_error, 1, "attention error its lossy codecs may cause (docs/kernels.md; 0 any)")
+    X(lossy_weight, 1, "its ladder: a lossy hit's cost against a miss (0)")                   \
+    X(max_error, 1, "attention error its codecs may cause (0 any; kernels.md)")
 
 #define CONFIG_NS_PATTERN_MAX 40 /* inih keeps section names under 50 bytes */
 #define CONFIG_NS_IDS_MAX 16
