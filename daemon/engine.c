@@ -311,11 +311,11 @@ static enum engine_ladder_r engine_ladder_out(struct store *s, struct store_ns *
 /* A step down from rung k found no free slot of the smaller size: the slab of block v steps
  * down whole when every block in it may (of ns, idle, on rung k, not a sink), so its pages
  * serve the smaller size once it is empty, as a slab allocator's rebalancing moves a page
- * between sizes. Else the coldest block of the last rung leaves (a slot of the smaller size
- * for the next step). */
+ * between sizes. QUEUED, or NONE when that slab may not. */
 static enum engine_ladder_r engine_ladder_slab(struct store *s, struct store_ns *ns, uint32_t v,
                                                uint32_t k, uint64_t now)
 {
+    (void)now;
     const struct block *b = &s->ix.blocks[v];
     struct tier *t = s->arenas[b->arena].tier;
     uint32_t idx[ENGINE_LADDER_SLAB_MAX], nslots, used, n = 0;
@@ -341,7 +341,43 @@ static enum engine_ladder_r engine_ladder_slab(struct store *s, struct store_ns 
             return ENGINE_LADDER_QUEUED;
         }
     }
-    return engine_ladder_out(s, ns, ns->rungs - 1u, INDEX_NONE, now);
+    return ENGINE_LADDER_NONE;
+}
+
+/* Block v of rung k goes one rung down, its smaller copy made room for as it must: a slot of
+ * that size now; else its slab steps down whole (engine_ladder_slab); else the copy is placed
+ * when its job lands, and a slot of the next rung's size is made to come before: the coldest
+ * block of rung k + 1 steps down in turn (queued before it, so it lands first), or, from the
+ * last rung, leaves the tier. In bytes what kvcsim's ladder does when the rungs below are
+ * over their targets too. */
+static enum engine_ladder_r engine_ladder_down(struct store *s, struct store_ns *ns, uint32_t v,
+                                               uint32_t k, uint64_t now, uint32_t depth)
+{
+    uint8_t to = ns->rung_format[k + 1];
+    int rc;
+    if (!s->quant || !s->p.quantize_inflight)
+        return engine_ladder_out(s, ns, k, INDEX_NONE, now);
+    if (quant_inflight(s->quant) >= s->p.quantize_inflight)
+        return ENGINE_LADDER_WAIT;
+    rc = store_quantize_to(s, v, to);
+    if (rc == -ENOSPC && engine_ladder_slab(s, ns, v, k, now) == ENGINE_LADDER_QUEUED)
+        return ENGINE_LADDER_QUEUED;
+    if (rc == -ENOSPC && k + 1 < ns->rungs && depth < POLICY_LADDER_RUNGS) {
+        /* A slot of rung k + 1's size first, then this block's job behind it. */
+        uint32_t w = k + 2 < ns->rungs ? store_ladder_first(s, ns, k + 1) : INDEX_NONE;
+        enum engine_ladder_r r = w != INDEX_NONE && w != v
+                                     ? engine_ladder_down(s, ns, w, k + 1, now, depth + 1)
+                                     : engine_ladder_out(s, ns, ns->rungs - 1u, INDEX_NONE, now);
+        if (r == ENGINE_LADDER_WAIT || r == ENGINE_LADDER_NONE)
+            return r;
+        rc = store_quantize_to(s, v, to); /* a slot may be free now (the block left) */
+        if (rc == -ENOSPC)
+            rc = store_quantize_later(s, v, to);
+    }
+    if (rc)
+        return engine_ladder_out(s, ns, k, INDEX_NONE, now);
+    ENGINE_STAT_ADD(s, ns, ladder_steps, 1);
+    return ENGINE_LADDER_QUEUED;
 }
 
 /* One step of ns's ladder (store_ladder_pick, the decision kvcsim's ladder makes): the
@@ -357,19 +393,8 @@ static enum engine_ladder_r engine_ladder_step(struct store *s, struct store_ns 
         uint32_t v = store_ladder_first(s, ns, (uint32_t)k);
         if (v != INDEX_NONE && s->ix.blocks[v].depth == 0 && !s->ix.blocks[v].children)
             return engine_ladder_out(s, ns, (uint32_t)k, v, now); /* a sink stays raw */
-        if (v != INDEX_NONE) {
-            if (!s->quant || quant_inflight(s->quant) >= s->p.quantize_inflight)
-                return s->quant && s->p.quantize_inflight
-                           ? ENGINE_LADDER_WAIT
-                           : engine_ladder_out(s, ns, (uint32_t)k, INDEX_NONE, now);
-            int rc = store_quantize_to(s, v, ns->rung_format[k + 1]);
-            if (rc == 0) {
-                ENGINE_STAT_ADD(s, ns, ladder_steps, 1);
-                return ENGINE_LADDER_QUEUED;
-            }
-            if (rc == -ENOSPC) /* no slot for the smaller copy */
-                return engine_ladder_slab(s, ns, v, (uint32_t)k, now);
-        }
+        if (v != INDEX_NONE)
+            return engine_ladder_down(s, ns, v, (uint32_t)k, now, 0);
     }
     return engine_ladder_out(s, ns, (uint32_t)k, INDEX_NONE, now);
 }

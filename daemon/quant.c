@@ -78,6 +78,8 @@ struct quant_job {
     struct kern_recipe rec;
     int64_t rc;
     struct quant_group *group; /* a whole slab's step down (store_quantize_slab), or NULL */
+    bool later;                /* encoded into private memory, its slot taken when it lands
+                                  (store_quantize_later) */
     float key_norm, key_absmax;
     float *quest; /* per channel key min then max, summed over (layer, head): 2 * head_dim */
 };
@@ -269,7 +271,7 @@ static void quant_place(struct quant *q, struct quant_job *j, bool raw_freed)
 
 static void quant_job_free(struct quant_job *j)
 {
-    if (j->group)
+    if (j->group || j->later)
         free(j->dst); /* private memory */
     free(j->quest);
     free(j);
@@ -279,14 +281,27 @@ static void quant_apply(struct quant *q, struct quant_job *j)
 {
     struct store *s = q->s;
     struct tier *t = s->arenas[j->arena].tier;
+    struct tier_loc loc;
     quant_settle(q, j);
-    if (!quant_usable(s, j)) {
+    if (j->later && quant_usable(s, j)) {
+        /* Its slot now: the jobs that were to free one landed before it (in order). */
+        if (t->ops->alloc(t, j->enc.len, &loc) == 0) {
+            memcpy((uint8_t *)tier_host_base(t) + loc.off, j->dst, j->enc.len);
+            j->enc = loc;
+            quant_place(q, j, false);
+        } else {
+            store_block_unpin(s, j->idx); /* none came: it stays as it was */
+            s->pins_now--;
+            s->total.ladder_missed++;
+        }
+    } else if (j->later || !quant_usable(s, j)) {
         store_block_unpin(s, j->idx);
         s->pins_now--;
         if (j->rc < 0)
             log_limited(LOG_LEVEL_WARNING, "quant: block %u not quantized (%s)", j->idx,
                         strerror((int)-j->rc));
-        t->ops->free(t, &j->enc);
+        if (!j->later)
+            t->ops->free(t, &j->enc);
     } else {
         quant_place(q, j, false);
     }
@@ -356,6 +371,16 @@ int quant_poll(struct quant *q)
     j = q->done;
     q->done = NULL;
     pthread_mutex_unlock(&q->mu);
+    /* In the order they were queued (the list is newest first): a job placed when it lands
+     * takes the slot an earlier one freed. */
+    struct quant_job *fifo = NULL;
+    while (j) {
+        struct quant_job *next = j->next;
+        j->next = fifo;
+        fifo = j;
+        j = next;
+    }
+    j = fifo;
     while (j) {
         struct quant_job *next = j->next;
         if (!j->group)
@@ -576,6 +601,17 @@ int store_quantize_to(struct store *s, uint32_t idx, uint8_t format)
     if (rc == 0)
         quant_job_queue(s->quant, j);
     return rc;
+}
+
+int store_quantize_later(struct store *s, uint32_t idx, uint8_t format)
+{
+    struct quant_job *j;
+    int rc = quant_job_make(s, idx, format, true, &j);
+    if (rc)
+        return rc;
+    j->later = true;
+    quant_job_queue(s->quant, j);
+    return 0;
 }
 
 int store_quantize_slab(struct store *s, const uint32_t *idx, uint32_t n, uint8_t format)

@@ -36,6 +36,11 @@ int store_quantize(struct store *s, uint32_t idx);
  * -EPERM for a format the namespace does not allow, -ENOSPC when it would not be smaller or
  * no slot is free for it, the others as store_quantize. */
 int store_quantize_to(struct store *s, uint32_t idx, uint8_t format);
+/* The same when no slot of the smaller size is free now: the worker encodes into private
+ * memory and the slot is taken when the job lands (jobs land in the order they were queued,
+ * so one queued after a job that frees such a slot finds it); if none is free then, the
+ * block stays as it was (counted as ladder_missed). */
+int store_quantize_later(struct store *s, uint32_t idx, uint8_t format);
 /* Every block of one slab, idx[0..n), into `format` at once, when no slot of the smaller
  * size is free: the worker encodes into private memory; once the last is done, if the blocks
  * are still the jobs' alone and the slab holds nothing else, the raw slots are freed (the

@@ -51,6 +51,7 @@
     X(requantized_blocks, "lossy blocks re-encoded one rung down the precision ladder")            \
     X(ladder_steps, "steps down the precision ladder started (quantize jobs it queued)")           \
     X(ladder_slab_steps, "of those, whole slabs taken down at once (their pages change size)")     \
+    X(ladder_missed, "steps placed on landing that found no slot then (the block stayed)")         \
     X(compacted_slabs, "slabs emptied by moving their blocks to free slots of their size")         \
     X(compacted_blocks, "blocks moved by those compactions")                                       \
     X(errors, "requests answered with an error")                                                   \
