@@ -10,8 +10,8 @@
  *
  * Copies go on the tier's private non-blocking stream, which never orders against an
  * engine's streams in this process or another. A read or write with a `done` callback is
- * asynchronous: the copy is queued, an event (one of a ring the tier keeps on the pool's
- * device) is recorded after it, and `done` runs from tier_gpu_poll() once that event has
+ * asynchronous: the copy is queued, an event (one of a ring the tier creates with the pool,
+ * on its device, so a move creates nothing) is recorded after it, and `done` runs from tier_gpu_poll() once that event has
  * fired; nothing here waits. The stream runs its copies in order, so completions are taken
  * from the head of the ring, and one event query answers for the head (a later copy cannot
  * be done before it). What calls tier_gpu_poll() is the caller's loop, woken by a timerfd
@@ -50,7 +50,7 @@
 struct tier_gpu_op {
     tier_done_fn done;
     void *arg;
-    void *event; /* the ring slot's event, created on first use and kept */
+    void *event; /* the ring slot's event, created with the tier and recorded again */
     uint64_t len;
 };
 
@@ -155,13 +155,6 @@ static int tier_gpu_copy(struct tier_gpu *g, void *dst, const void *src, uint64_
     if (g->n == TIER_GPU_MAX_INFLIGHT)
         return -EAGAIN;
     op = &g->ring[(g->head + g->n) % TIER_GPU_MAX_INFLIGHT];
-    if (!op->event) {
-        rc = g->ops->event_new(g->device, &op->event);
-        if (rc) {
-            op->event = NULL;
-            return rc;
-        }
-    }
     rc = g->ops->copy_async(dst, src, len, kind, g->stream);
     if (rc)
         return rc;
@@ -388,6 +381,10 @@ struct tier *tier_gpu_new(const struct tier_gpu_config *cfg, int *err)
         goto out;
     g->pool_live = 1;
     ret = g->ops->stream_new(cfg->device, &g->stream);
+    if (ret < 0)
+        goto out;
+    for (uint32_t i = 0; i < TIER_GPU_MAX_INFLIGHT && ret == 0; i++)
+        ret = g->ops->event_new(cfg->device, &g->ring[i].event);
     if (ret < 0)
         goto out;
     /* The device may round up; the allocator covers whole pages of what was asked. */
