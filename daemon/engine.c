@@ -220,7 +220,7 @@ static int engine_alloc_put(struct store *s, struct store_ns *ns, uint64_t now,
 int engine_trim(struct store *s, uint64_t now)
 {
     int n = 0;
-    engine_gpu_poll(s, now); /* moves that landed, or waited for their pins to go */
+    engine_gpu_refresh(s); /* moves that landed, or waited for their pins to go */
     if (s->on_evict)
         s->on_evict(s->on_evict_arg);
     /* Write-behind to the remote tier: blocks committed since (before anything leaves). */
@@ -526,7 +526,7 @@ int engine_lookup_flags(struct store *s, struct store_owner *o, uint32_t ns_id,
     if (!store_ns_get(s, ns_id))
         return -ENOENT;
     if (s->gpu)
-        engine_gpu_poll(s, now); /* hits name the places of the moves that have landed */
+        engine_gpu_refresh(s); /* hits name the places of the moves that have landed */
     run = store_lookup_run(s, ns_id, keys, n);
     while (hits < run) {
         uint32_t idx = index_find(&s->ix, (uint16_t)ns_id, &keys[hits]);

@@ -313,22 +313,40 @@ int engine_gpu_demote(struct store *s, uint64_t now)
     return n;
 }
 
+/* Completes what landed and settles what waited for its pins; never waits. */
+static void engine_gpu_progress(struct store *s)
+{
+    struct engine_gpu *eg = s->gpu_moves;
+    (void)tier_gpu_poll(s->gpu); /* runs engine_gpu_copy_done for the copies that landed */
+    if (eg && eg->live > eg->copying)
+        for (uint32_t k = 0; k < ENGINE_GPU_INFLIGHT; k++)
+            if (eg->mv[k].state == ENGINE_GPU_LANDED || eg->mv[k].state == ENGINE_GPU_FAILED)
+                (void)engine_gpu_settle(s, &eg->mv[k], false);
+}
+
 void engine_gpu_poll(struct store *s, uint64_t now)
 {
     struct engine_gpu *eg = s->gpu_moves;
     (void)now;
     if (!s->gpu)
         return;
-    (void)tier_gpu_poll(s->gpu); /* runs engine_gpu_copy_done for the copies that landed */
-    if (eg && eg->live > eg->copying)
-        for (uint32_t k = 0; k < ENGINE_GPU_INFLIGHT; k++)
-            if (eg->mv[k].state == ENGINE_GPU_LANDED || eg->mv[k].state == ENGINE_GPU_FAILED)
-                (void)engine_gpu_settle(s, &eg->mv[k], false);
+    engine_gpu_progress(s);
     if (eg && eg->ready) {
         eg->ready = false;
         if (s->on_ready)
             s->on_ready(s->on_ready_arg);
     }
+}
+
+void engine_gpu_refresh(struct store *s)
+{
+    struct engine_gpu *eg = s->gpu_moves;
+    if (!s->gpu)
+        return;
+    engine_gpu_progress(s);
+    /* WAITs are answered from the loop's own handler, never from inside a request's. */
+    if (eg && eg->ready)
+        tier_gpu_wake(s->gpu);
 }
 
 int engine_gpu_fd(const struct store *s)

@@ -6,7 +6,8 @@
  * A move never waits for its copy. It takes a slot on the other side, queues the copy on
  * the gpu tier's private stream (tiers/gpu.h: an event is recorded after it) and returns;
  * the loop completes it when the tier says the copy has landed (engine_gpu_poll, called
- * when tier_gpu_fd() is readable, on every tick through engine_trim, and before lookups).
+ * when tier_gpu_fd() is readable; engine_gpu_refresh on every tick and trim through
+ * engine_trim, and before lookups).
  * The host arenas are registered with the device once (store.c), so the copies are DMA
  * from and into locked pages and the host thread is not held for them either; an arena
  * that cannot be registered is logged once and copied through pageable memory (the driver
@@ -62,8 +63,12 @@ int engine_gpu_move(struct store *s, uint32_t idx, bool to_gpu, uint64_t now);
 int engine_gpu_demote(struct store *s, uint64_t now);
 
 /* Completes the moves whose copies have landed, and those that waited for their pins to
- * go. Never waits. Answers WAITs (store.on_ready) when a demotion landed. */
+ * go. Never waits. Answers WAITs (store.on_ready) when a demotion landed: the loop's handler
+ * of engine_gpu_fd calls it. engine_gpu_refresh does the same from inside other work (a
+ * lookup, a trim, which may run within a request): it leaves the WAITs to that handler,
+ * making the descriptor readable for it. */
 void engine_gpu_poll(struct store *s, uint64_t now);
+void engine_gpu_refresh(struct store *s);
 /* The descriptor the loop watches (tier_gpu_fd), or -1 without a pool. */
 int engine_gpu_fd(const struct store *s);
 /* Waits for the copies in flight and settles every move (pins are ignored: the daemon is

@@ -10,6 +10,7 @@
  */
 #include <check.h>
 #include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -349,6 +350,46 @@ START_TEST(test_waiting_promotion_given_up_under_pressure)
     ck_assert_uint_eq(store_gpu_used(s), 0);
     ck_assert_uint_eq(s->total.gpu_promoted_blocks, 0);
     check_bytes(locs, 2);
+    store_owner_fini(s, &g);
+    store_owner_fini(s, &h);
+}
+END_TEST
+
+static int ready_calls;
+
+static void on_ready_count(void *arg)
+{
+    (void)arg;
+    ready_calls++;
+}
+
+/* A demotion that lands while a lookup or a trim runs (maybe inside a request) is announced
+ * (store.on_ready: the server answers WAITs) only from the loop's handler of the pool's
+ * descriptor, which that work makes readable. */
+START_TEST(test_waits_answered_from_the_loop)
+{
+    struct store_owner g, h;
+    struct kvc_wire_key k0 = key(0), k1 = key(1);
+    struct kvc_wire_loc loc;
+    uint64_t lease, lease2;
+    struct pollfd pf = {.fd = engine_gpu_fd(s), .events = POLLIN};
+    store_owner_init(&g);
+    store_owner_init(&h);
+    g.gpu = true;
+    s->on_ready = on_ready_count;
+    ready_calls = 0;
+    ck_assert_uint_eq(put_chain(&g, 2), 2);
+    ck_assert_int_eq(engine_lookup(s, &h, ns, &k0, 1, 3, &lease, &loc), 1);
+    ck_assert_uint_eq(loc.flags & KVC_LOC_F_READY, 0);
+    ck_assert_int_eq(engine_trim(s, 4), 0); /* lands it: the fake's device is done when asked */
+    ck_assert_int_eq(engine_lookup(s, &g, ns, &k1, 1, 5, &lease2, &loc), 1);
+    ck_assert_uint_eq(s->total.gpu_demoted_blocks, 1);
+    ck_assert_int_eq(ready_calls, 0);
+    ck_assert_int_eq(poll(&pf, 1, 1000), 1);
+    engine_gpu_poll(s, 6);
+    ck_assert_int_eq(ready_calls, 1);
+    ck_assert_int_eq(poll(&pf, 1, 20), 0);
+    s->on_ready = NULL;
     store_owner_fini(s, &g);
     store_owner_fini(s, &h);
 }
@@ -754,6 +795,7 @@ static Suite *store_gpu_suite(void)
     tcase_add_test(tc, test_stop_with_moves_in_flight);
     tcase_add_test(tc, test_arenas_registered);
     tcase_add_test(tc, test_waiting_promotion_given_up_under_pressure);
+    tcase_add_test(tc, test_waits_answered_from_the_loop);
     suite_add_tcase(su, tc);
     return su;
 }

@@ -242,6 +242,11 @@ uint32_t tier_gpu_poll(struct tier *t)
     return n;
 }
 
+void tier_gpu_wake(struct tier *t)
+{
+    tier_gpu_timer(tier_gpu_of(t), 1);
+}
+
 uint32_t tier_gpu_drain(struct tier *t)
 {
     struct tier_gpu *g = tier_gpu_of(t);

@@ -58,6 +58,9 @@ int tier_gpu_fd(const struct tier *t);
  * (one event query for the oldest), and arms tier_gpu_fd for the next check. Returns the
  * callbacks run. */
 uint32_t tier_gpu_poll(struct tier *t);
+/* Makes tier_gpu_fd readable at once, so the owner's loop polls again from its own handler
+ * (for work a poll made outside that handler left to be announced). */
+void tier_gpu_wake(struct tier *t);
 /* Waits for every copy in flight and runs their callbacks (shutdown). Returns how many. */
 uint32_t tier_gpu_drain(struct tier *t);
 uint32_t tier_gpu_inflight(const struct tier *t);
