@@ -19,6 +19,7 @@
 #include "daemon/config.h"
 #include "daemon/engine.h"
 #include "daemon/engine_disk.h"
+#include "daemon/engine_gpu.h"
 #include "daemon/engine_remote.h"
 #include "daemon/log.h"
 #include "daemon/proto.h"
@@ -73,6 +74,14 @@ static void admin_metric_remote(void *arg, const char *name, uint64_t v)
     bool gauge = false;
     for (size_t i = 0; i < sizeof(gauges) / sizeof(gauges[0]); i++)
         gauge |= strcmp(name, gauges[i]) == 0;
+    fprintf(arg, "# TYPE kvcd_%s%s %s\nkvcd_%s%s %" PRIu64 "\n", name, gauge ? "" : "_total",
+            gauge ? "gauge" : "counter", name, gauge ? "" : "_total", v);
+}
+
+/* One value of the pool's moves (engine_gpu_stats): waits and queries are counters. */
+static void admin_metric_gpu(void *arg, const char *name, uint64_t v)
+{
+    bool gauge = strcmp(name, "gpu_move_waits") != 0 && strcmp(name, "gpu_move_queries") != 0;
     fprintf(arg, "# TYPE kvcd_%s%s %s\nkvcd_%s%s %" PRIu64 "\n", name, gauge ? "" : "_total",
             gauge ? "gauge" : "counter", name, gauge ? "" : "_total", v);
 }
@@ -151,6 +160,7 @@ int admin_metrics_render(const struct admin_ctx *x, char **text, size_t *len)
                 (uint64_t)tt->ops->usage(tt));
     }
     engine_remote_stats(s, admin_metric_remote, f);
+    engine_gpu_stats(s, admin_metric_gpu, f);
     /* Per client: labelled by connection id, pid, uid and the name it gave. */
 #define ADMIN_CLIENT(field, type, help)                                                        \
     fprintf(f, "# HELP kvcd_client_" #field " " help "\n# TYPE kvcd_client_" #field " " type   \

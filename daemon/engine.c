@@ -7,6 +7,7 @@
 
 #include "daemon/engine.h"
 #include "daemon/engine_disk.h"
+#include "daemon/engine_gpu.h"
 #include "daemon/engine_remote.h"
 #include "daemon/log.h"
 #include "daemon/quant.h"
@@ -44,8 +45,6 @@ static bool engine_clean(const struct block *b)
 {
     return (b->flags & BLOCK_F_DISK) && b->arena != STORE_ARENA_DISK;
 }
-
-static int engine_gpu_move(struct store *s, uint32_t idx, bool to_gpu, uint64_t now);
 
 /* ---- victims ------------------------------------------------------------------------------ */
 
@@ -481,124 +480,10 @@ static int engine_alloc_put(struct store *s, struct store_ns *ns, uint64_t now,
     return engine_alloc(s, ns, now, loc);
 }
 
-/* ---- gpu tier moves ------------------------------------------------------------------- */
-
-/* A slot in the GPU pool if it stays at or below the high watermark; the pool never evicts
- * to make room, it demotes in engine_trim(). */
-static int engine_gpu_alloc(struct store *s, uint64_t len, struct tier_loc *loc)
-{
-    struct tier *g = s->gpu;
-    if (!g)
-        return -ENODEV;
-    if ((double)(g->ops->usage(g) + len) > s->p.high_watermark * (double)g->ops->capacity(g))
-        return -ENOSPC;
-    return g->ops->alloc(g, len, loc);
-}
-
-static void engine_copy_done(void *arg, int status)
-{
-    *(int *)arg = status;
-}
-
-/* Moves an unpinned committed block between the host arena of its namespace and the GPU
- * pool, keeping its place in the prefix tree. 0, or -errno with the block unchanged. */
-static int engine_gpu_move(struct store *s, uint32_t idx, bool to_gpu, uint64_t now)
-{
-    struct block *b = &s->ix.blocks[idx];
-    struct store_ns *ns = s->ns[b->ns];
-    uint32_t to = to_gpu ? STORE_ARENA_GPU : ns->arena;
-    struct tier *src = s->arenas[b->arena].tier, *dst = s->arenas[to].tier;
-    struct tier_loc from = {.arena = b->arena, .cls = b->cls, .off = b->off, .len = b->len};
-    struct tier_loc loc;
-    int rc, st = -EIO;
-    if (b->pins || b->state != BLOCK_STATE_COMMITTED || !s->gpu || b->arena == to ||
-        (b->flags & (BLOCK_F_BUSY | BLOCK_F_LOST)) || b->format != KVC_WIRE_FORMAT_RAW ||
-        (b->tier != KVC_WIRE_TIER_HOST && b->tier != KVC_WIRE_TIER_GPU))
-        return -EBUSY;
-    if (to_gpu) {
-        rc = engine_gpu_alloc(s, ns->block_bytes, &loc);
-    } else {
-        store_block_pin(s, idx); /* making host room must not evict the block being moved */
-        rc = engine_alloc(s, ns, now, &loc);
-        store_block_unpin(s, idx);
-    }
-    if (rc)
-        return rc;
-    if (to_gpu)
-        rc = dst->ops->write(dst, &loc, 0, (char *)tier_host_base(src) + b->off,
-                             ns->block_bytes, engine_copy_done, &st);
-    else
-        rc = src->ops->read(src, &from, 0, (char *)tier_host_base(dst) + loc.off,
-                            ns->block_bytes, engine_copy_done, &st);
-    if (rc == 0)
-        rc = st;
-    if (rc) {
-        dst->ops->free(dst, &loc);
-        log_limited(LOG_LEVEL_WARNING, "gpu: moving a block %s failed (%s)",
-                    to_gpu ? "into the pool" : "out of the pool", strerror(-rc));
-        return rc;
-    }
-    store_lru_unlink(s, idx);
-    src->ops->free(src, &from);
-    ns->bytes = ns->bytes - b->len + loc.len;
-    b->arena = (uint8_t)loc.arena;
-    b->cls = (uint8_t)loc.cls;
-    b->off = loc.off;
-    b->len = loc.len;
-    b->tier = to_gpu ? KVC_WIRE_TIER_GPU : KVC_WIRE_TIER_HOST;
-    store_lru_push_head(s, idx);
-    if (to_gpu)
-        ENGINE_STAT_ADD(s, ns, gpu_promoted_blocks, 1);
-    else
-        ENGINE_STAT_ADD(s, ns, gpu_demoted_blocks, 1);
-    return 0;
-}
-
-/* Demotes the pool's blocks to the host arena in policy order, down to the low watermark.
- * Unlike eviction any unpinned block may go, leaf or not: it stays cached. A block that
- * cannot move (the host arena is full of pinned blocks) is evicted if it is a leaf. */
-static int engine_gpu_demote(struct store *s, uint64_t now)
-{
-    struct tier *g = s->gpu;
-    double low = s->p.low_watermark * (double)g->ops->capacity(g);
-    int n = 0;
-    while ((double)g->ops->usage(g) > low) {
-        struct policy_block cand[ENGINE_EVICT_SAMPLE];
-        size_t nc = 0;
-        uint32_t walked = 0;
-        /* Clean blocks first (a copy is on disk), then dirty ones. */
-        uint32_t i = s->arenas[STORE_ARENA_GPU].clean_tail;
-        if (i == INDEX_NONE)
-            i = s->arenas[STORE_ARENA_GPU].lru_tail;
-        for (; i != INDEX_NONE && nc < ENGINE_EVICT_SAMPLE && walked < ENGINE_EVICT_WALK;
-             i = s->ix.blocks[i].lru_prev, walked++) {
-            const struct block *b = &s->ix.blocks[i];
-            if (!store_block_idle(s, i))
-                continue;
-            cand[nc++] = (struct policy_block){.id = i,
-                                               .hits = b->hits,
-                                               .last_access = b->last_access,
-                                               .bytes = b->len,
-                                               .depth = b->depth,
-                                               .children = b->children};
-        }
-        if (nc == 0)
-            break;
-        policy_rank(s->p.policy, cand, nc, now);
-        uint32_t v = (uint32_t)cand[0].id;
-        if (engine_gpu_move(s, v, false, now)) {
-            if (s->ix.blocks[v].children && !(s->ix.blocks[v].flags & BLOCK_F_DISK))
-                break;
-            engine_evict(s, v);
-        }
-        n++;
-    }
-    return n;
-}
-
 int engine_trim(struct store *s, uint64_t now)
 {
     int n = 0;
+    engine_gpu_refresh(s); /* moves that landed, or waited for their pins to go */
     if (s->on_evict)
         s->on_evict(s->on_evict_arg);
     /* Write-behind to the remote tier: blocks committed since (before anything leaves). */
@@ -914,17 +799,24 @@ int engine_lookup_flags(struct store *s, struct store_owner *o, uint32_t ns_id,
     *lease_id = 0;
     if (!store_ns_get(s, ns_id))
         return -ENOENT;
+    if (s->gpu)
+        engine_gpu_refresh(s); /* hits name the places of the moves that have landed */
     run = store_lookup_run(s, ns_id, keys, n);
     while (hits < run) {
         uint32_t idx = index_find(&s->ix, (uint16_t)ns_id, &keys[hits]);
-        /* A client that cannot read the pool gets the block in its host arena, or a miss
-         * if it is pinned there; one that can gets it promoted while the pool has room. */
+        /* A client that cannot read the pool gets the block in its host arena (not ready
+         * until its copy lands), or a miss if it is pinned there; one that can gets it
+         * promoted while the pool has room (meanwhile it reads the host slot). */
         if (s->gpu && s->ix.blocks[idx].tier == KVC_WIRE_TIER_GPU && !o->gpu &&
             engine_gpu_move(s, idx, false, now))
             break;
         tier[hits] = s->ix.blocks[idx].tier;
         if (s->gpu && s->ix.blocks[idx].tier == KVC_WIRE_TIER_HOST && o->gpu)
-            engine_gpu_move(s, idx, true, now);
+            (void)engine_gpu_move(s, idx, true, now);
+        if ((flags & KVC_LOOKUP_F_READY_ONLY) &&
+            (s->ix.blocks[idx].flags & (BLOCK_F_GPU_MOVING | BLOCK_F_PROMOTING)) ==
+                (BLOCK_F_GPU_MOVING | BLOCK_F_PROMOTING))
+            break; /* on its way out of the pool */
         hits++;
     }
     /* Hits on disk start their reads into fresh slots (not ready until they complete). */
@@ -986,6 +878,7 @@ void engine_attach(struct store *s)
 
 void engine_stop(struct store *s)
 {
+    engine_gpu_stop(s); /* its copies read and write the arenas */
     quant_free(s->quant); /* its jobs hold slots of the arenas */
     s->quant = NULL;
     engine_remote_free(s); /* its reads and writes hold slots and pins */

@@ -7,15 +7,18 @@
  * daemon/index.h). The engine decides and carries out what changes where a block is:
  * which block gives up its memory (victims), eviction, the room a reservation gets (the
  * store asks through store.room), trimming above the watermarks, moves between a host
- * arena and the GPU pool, quantize-in-place (daemon/quant.c carries the jobs out), and the
- * disk tier's moves (engine_disk.c: write-back, demotion, promotion, compaction, adoption
- * at start). Policies (policies/) are pure functions it calls with block metadata.
+ * arena and the GPU pool (engine_gpu.c: asynchronous copies the loop completes),
+ * quantize-in-place (daemon/quant.c carries the jobs out), and the disk tier's moves
+ * (engine_disk.c: write-back, demotion, promotion, compaction, adoption at start).
+ * Policies (policies/) are pure functions it calls with block metadata.
  * A block's state machine is in its flags (index.h): committed, pinned, BUSY (being
- * written, read, quantized), LOST, clean (BLOCK_F_DISK) or dirty, and which list it is on;
+ * written, read, quantized, copied to or from the pool), LOST, clean (BLOCK_F_DISK) or
+ * dirty, and which list it is on;
  * every path that frees, moves, quantizes or evicts asks store_block_idle() first, so a
  * block in motion is never freed by a policy, a quota, an operator or a namespace drop.
- * Layering: server, admin, acl → engine (engine.c, engine_disk.c: one module; the disk
- * half uses the memory half's victim choice and room) → store → tiers, policies, kernels.
+ * Layering: server, admin, acl → engine (engine.c, engine_disk.c, engine_gpu.c: one
+ * module; the disk and pool halves use the memory half's victim choice and room) → store →
+ * tiers, policies, kernels.
  * Owned by the loop thread.
  */
 #ifndef KVC_ENGINE_H
@@ -34,14 +37,15 @@ struct tier_loc;
 /* Makes the store find room through the engine (eviction, the GPU pool). Once, after
  * store_new(). */
 void engine_attach(struct store *s);
-/* Stops the quantize worker and the disk tier (waiting for their work in flight). Before
- * store_free(). */
+/* Settles the pool's moves and stops the quantize worker and the disk tier (waiting for
+ * their work in flight). Before store_free(). */
 void engine_stop(struct store *s);
 
 /* Longest committed prefix of keys[0..n): GPU moves and reads from disk as needed, then the
  * hits pinned under a new lease (*lease_id, 0 if none) with their locations in locs. With
- * KVC_LOOKUP_F_* flags: hits on disk start a read into a fresh host slot (their locs lack
- * KVC_LOC_F_READY); READY_ONLY stops the hits at the first such block. Returns hits, or
+ * KVC_LOOKUP_F_* flags: hits on disk start a read into a fresh host slot, and pool blocks a
+ * client cannot read a copy into one (their locs lack KVC_LOC_F_READY); READY_ONLY stops the
+ * hits at the first such block. Returns hits, or
  * -ENOENT (ns), -EMFILE (too many handles), -ENOMEM. */
 int engine_lookup(struct store *s, struct store_owner *o, uint32_t ns_id,
                   const struct kvc_wire_key *keys, uint32_t n, uint64_t now, uint64_t *lease_id,

@@ -59,7 +59,9 @@ _Static_assert(sizeof(struct block) == 96, "struct block is at its metadata budg
  *   memory with DISK set is clean — its memory copy can go at no cost, and writing it to
  *   disk again costs nothing; without DISK it is dirty.
  * DEMOTING: a disk write of it is in flight (encode or I/O); PROMOTING: its memory slot is
- *   being filled from disk; COMPACTING: its disk record is being copied to another page;
+ *   being filled (from disk, the remote tier or the GPU pool), so lookups name it not ready;
+ *   GPU_MOVING: a copy to or from the GPU pool is in flight; COMPACTING: its disk record is
+ *   being copied to another page;
  *   QUANTIZING: a quantize-in-place job holds it.
  * LOST: its only copy failed verification; a miss until dropped.
  * A block with any BUSY flag, or pinned, is never freed, moved or evicted by any path. */
@@ -70,7 +72,9 @@ _Static_assert(sizeof(struct block) == 96, "struct block is at its metadata budg
 #define BLOCK_F_DISK 0x10u
 #define BLOCK_F_COMPACTING 0x20u
 #define BLOCK_F_REMOTE 0x40u /* the remote tier holds it (written, or read from there) */
-#define BLOCK_F_MOVING (BLOCK_F_DEMOTING | BLOCK_F_PROMOTING)
+#define BLOCK_F_GPU_MOVING 0x80u /* a copy between its host arena and the GPU pool is in flight
+                                    (daemon/engine_gpu.h); with PROMOTING: out of the pool */
+#define BLOCK_F_MOVING (BLOCK_F_DEMOTING | BLOCK_F_PROMOTING | BLOCK_F_GPU_MOVING)
 #define BLOCK_F_BUSY (BLOCK_F_MOVING | BLOCK_F_QUANTIZING | BLOCK_F_COMPACTING)
 
 struct index {

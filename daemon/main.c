@@ -23,6 +23,7 @@
 #include "daemon/config_ns.h"
 #include "daemon/engine.h"
 #include "daemon/engine_disk.h"
+#include "daemon/engine_gpu.h"
 #include "daemon/engine_remote.h"
 #include "daemon/log.h"
 #include "daemon/loop.h"
@@ -298,6 +299,16 @@ static void kvcd_on_disk(struct loop *l, int fd, uint32_t events, void *arg)
     server_retry(d->server, loop_now_ms(l)); /* puts that wait for room */
 }
 
+/* A copy between the pool and a host arena may have landed (engine_gpu.h). */
+static void kvcd_on_gpu(struct loop *l, int fd, uint32_t events, void *arg)
+{
+    struct kvcd *d = arg;
+    (void)fd;
+    (void)events;
+    engine_gpu_poll(d->store, loop_now_ms(l));
+    server_retry(d->server, loop_now_ms(l)); /* a promotion gave back a host slot */
+}
+
 static void kvcd_on_remote(struct loop *l, int fd, uint32_t events, void *arg)
 {
     struct kvcd *d = arg;
@@ -509,6 +520,12 @@ int main(int argc, char **argv)
              (unsigned long long)(store_host_capacity(d.store) >> 20),
              tier_host_hugetlb(d.store->arenas[0].tier) ? "huge" : "normal",
              (unsigned long long)(sp.host_page_size >> 10));
+    if (engine_gpu_fd(d.store) >= 0 &&
+        (rc = loop_add(d.loop, engine_gpu_fd(d.store), EPOLLIN, kvcd_on_gpu, &d)) != 0) {
+        log_err("gpu: cannot watch the pool's copies (%s)", strerror(-rc));
+        rc = 1;
+        goto out;
+    }
     if (!quant_new(d.loop, d.store, &rc)) {
         log_err("quant: cannot start the quantize-in-place worker (%s)", strerror(-rc));
         rc = 1;

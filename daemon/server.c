@@ -39,6 +39,7 @@
 #include "daemon/config_ns.h"
 #include "daemon/engine.h"
 #include "daemon/engine_disk.h"
+#include "daemon/engine_gpu.h"
 #include "daemon/engine_remote.h"
 #include "daemon/fast.h"
 #include "daemon/log.h"
@@ -1041,6 +1042,7 @@ static int server_on_stats(struct server *sv, struct conn *c, const struct proto
         server_stat_put(out, &n, "fast_index_full", ffull);
         engine_disk_stats(s, server_stat_cb, &(struct server_stat_ctx){out, &n});
         engine_remote_stats(s, server_stat_cb, &(struct server_stat_ctx){out, &n});
+        engine_gpu_stats(s, server_stat_cb, &(struct server_stat_ctx){out, &n});
     }
     *p = (struct kvc_stats_rep){.nstats = n};
     return (int)(sizeof(*p) + n * sizeof(*out));

@@ -76,6 +76,7 @@
     X(disk_io_errors, "disk reads or writes that failed")                                          \
     X(gpu_promoted_blocks, "blocks moved from a host arena into the GPU pool")                     \
     X(gpu_demoted_blocks, "blocks moved from the GPU pool to a host arena")                     \
+    X(gpu_move_failures, "pool moves whose copy failed (the block stayed where it was)")          \
     X(hint_blocks, "blocks that took a client hint (HINT)")                                        \
     X(ghost_hits, "blocks committed soon after their eviction, their count given back")      \
     X(budget_lookups, "budgeted lookups (LOOKUP_BUDGET)")                                          \

@@ -35,6 +35,7 @@ struct tier;
 struct tier_loc;
 struct engine_disk;
 struct engine_remote;
+struct engine_gpu;
 struct kern_dev_ops;
 struct fast_index;
 
@@ -197,6 +198,8 @@ struct store {
     uint64_t pins_now;
     uint64_t reserved_now, reserved_bytes_now;
     struct tier *gpu; /* arenas[STORE_ARENA_GPU].tier, or NULL: no GPU tier */
+    struct engine_gpu *gpu_moves; /* the pool's moves in flight (daemon/engine_gpu.h) */
+    uint32_t gpu_unregistered;    /* host arenas the device could not register (pageable) */
     struct quant *quant; /* quantize-in-place worker (daemon/quant.h), or NULL */
     uint32_t *keysum;    /* by block index: bf16 key L2 norm << 16 | bf16 key absmax of a
                             quantized block (written by quant.c, read by the policies) */

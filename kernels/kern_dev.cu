@@ -457,6 +457,37 @@ static int dev_event_wait_free(void *ev)
     return r == cudaSuccess ? 0 : dev_fail("cudaEventSynchronize", r);
 }
 
+static int dev_event_new(int dev, void **ev)
+{
+    cudaEvent_t e;
+    dev_scope scope;
+    cudaError_t r = scope.enter(dev);
+    if (r != cudaSuccess)
+        return dev_fail("cudaSetDevice", r);
+    r = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+    if (r != cudaSuccess)
+        return dev_fail("cudaEventCreate", r);
+    *ev = (void *)e;
+    return 0;
+}
+
+static int dev_event_query(void *ev)
+{
+    cudaError_t r = cudaEventQuery((cudaEvent_t)ev);
+    if (r == cudaSuccess)
+        return 0;
+    /* Not an error: the runtime leaves nothing pending for it. */
+    if (r == cudaErrorNotReady)
+        return -EAGAIN;
+    return dev_fail("cudaEventQuery", r);
+}
+
+static void dev_event_free(void *ev)
+{
+    if (ev && cudaEventDestroy((cudaEvent_t)ev) != cudaSuccess)
+        (void)cudaGetLastError();
+}
+
 static int dev_stream_sync(void *stream)
 {
     cudaError_t e = cudaStreamSynchronize((cudaStream_t)stream);
@@ -553,6 +584,9 @@ static const struct kern_dev_ops dev_cuda_ops = {
     dev_mem_free,
     dev_pack,
     dev_decode,
+    dev_event_new,
+    dev_event_query,
+    dev_event_free,
 };
 
 const struct kern_dev_ops *kern_dev_cuda(void)

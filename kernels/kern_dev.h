@@ -28,7 +28,9 @@
  * before a pageable host-to-device DMA lands and does not wait for device-to-device work,
  * so a caller that needs the bytes in place queues on a private stream (stream_new: a
  * cudaStreamNonBlocking stream, which never synchronises with the engine's streams through
- * the legacy default stream) and then waits for that stream. Every call returns 0 or a
+ * the legacy default stream) and then waits for that stream, or records an event after the
+ * copy and asks it later without waiting (event_new, event_query: the daemon's pool moves,
+ * whose loop thread must never block on a copy). Every call returns 0 or a
  * negative errno: -ENODEV (no device or driver), -ENOTSUP (not available here), -EIO (a
  * CUDA error, one line on stderr); a failure the table handled leaves no error pending in
  * the runtime (cudaGetLastError), so the engine's own error checks never see ours.
@@ -130,6 +132,15 @@ struct kern_dev_ops {
      * 0 or -errno; a block that does not decode leaves dst's bytes unspecified. */
     int (*decode)(const struct kern_layout *lay, const void *src, uint64_t src_len, void *dst,
                   uint64_t dst_cap, int dtype, void *stream);
+    /* An event on device dev (made current for the call only), not recorded yet: record it
+     * with event_record on a stream of the same device, ask it with event_query, free it with
+     * event_free (*ev owned by the caller). For work that a thread must not wait for. */
+    int (*event_new)(int dev, void **ev);
+    /* Never waits: 0 when the work before the event's latest record is done (or it was never
+     * recorded), -EAGAIN while it is not, -EIO when that work failed (cudaEventQuery). */
+    int (*event_query)(void *ev);
+    /* Frees an event without waiting for it (cudaEventDestroy); NULL is a no-op. */
+    void (*event_free)(void *ev);
 };
 
 /* The CUDA table, or NULL in a build without CUDA. The real table answers -ENODEV where no

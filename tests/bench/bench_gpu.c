@@ -26,6 +26,13 @@
  * Quantized host hits (q8_0 blocks encoded here and handed to the copy calls as the
  * daemon's would be) take the copy-small, dequantize-on-the-device path: the same counts,
  * and the bytes must equal the CPU decoder's.
+ * The daemon's own moves between the pool and the host arena (on the fake device, the store
+ * and engine in this process, this thread standing for kvcd's loop): BM_ROUNDS rounds of
+ * BM_BLOCKS blocks promoted (a pool-mapped client's lookup, completed by the engine's polls
+ * once released) and demoted again (a host-only client's lookup, which waits for them),
+ * after one warm-up round, counting per move the host waits on this thread, device-wide
+ * synchronisations and events created (rows with target 0), and the event queries the polls
+ * made (printed). Every round's bytes are checked in the pool and back in the host arena.
  * Without a CUDA device the throughput part prints one SKIP line. Every call is checked
  * (the timed copies too): a failure fails the run, with no row.
  * Usage: bench_gpu OUT.json
@@ -37,12 +44,19 @@
 
 #include "client/kvc.h"
 #include "client/libkvc_internal.h"
+#include "daemon/engine.h"
+#include "daemon/engine_disk.h"
+#include "daemon/engine_gpu.h"
+#include "daemon/log.h"
+#include "daemon/store.h"
 #include "kernels/kern.h"
 #include "kernels/kern_dev.h"
 #include "kernels/kern_pack.h"
 #include "tests/lib/bench.h"
 #include "tests/lib/daemon.h"
 #include "tests/lib/fake_dev.h"
+#include "tiers/gpu.h"
+#include "tiers/host.h"
 
 #define BG_BLOCKS 32
 #define BG_ITERS 20
@@ -361,6 +375,214 @@ out:
     return rc;
 }
 
+/* ---- the daemon's pool moves, on the fake device ---------------------------------------- */
+
+#define BM_BLOCKS 8
+#define BM_ROUNDS_MAX 64
+
+/* Per direction: moves made, and what they cost this thread and the device. */
+struct bm_count {
+    uint64_t moves, waits, device_syncs, events, queries;
+};
+
+static void bm_snap(struct bm_count *c)
+{
+    c->waits = fake_dev.waits;
+    c->device_syncs = fake_dev.device_syncs;
+    c->events = fake_dev.events_created;
+    c->queries = fake_dev.queries;
+}
+
+static void bm_add(struct bm_count *sum, const struct bm_count *a, const struct bm_count *b,
+                   uint64_t moves)
+{
+    sum->moves += moves;
+    sum->waits += b->waits - a->waits;
+    sum->device_syncs += b->device_syncs - a->device_syncs;
+    sum->events += b->events - a->events;
+    sum->queries += b->queries - a->queries;
+}
+
+static uint8_t bm_byte(int r, uint32_t i)
+{
+    return (uint8_t)(r * 31 + (int)i * 7 + 1);
+}
+
+/* gpu_moves_inflight and gpu_moves_waiting into v[0], v[1]. */
+static void bm_stat(void *arg, const char *name, uint64_t v)
+{
+    uint64_t *out = arg;
+    if (strcmp(name, "gpu_moves_inflight") == 0)
+        out[0] = v;
+    else if (strcmp(name, "gpu_moves_waiting") == 0)
+        out[1] = v;
+}
+
+/* Polls as the loop does until no move is in flight or waiting; false if that never comes. */
+static bool bm_settle(struct store *s, uint64_t now)
+{
+    for (int i = 0; i < 100000; i++) {
+        uint64_t v[2] = {1, 1};
+        engine_gpu_poll(s, now);
+        engine_gpu_stats(s, bm_stat, v);
+        if (!v[0] && !v[1])
+            return true;
+    }
+    return false;
+}
+
+/* 0 if each block i of keys is filled with bm_byte(r, i) at its location. */
+static int bm_check(struct store *s, const struct kvc_wire_loc *locs, int r, uint32_t tier)
+{
+    for (uint32_t i = 0; i < BM_BLOCKS; i++) {
+        const uint8_t *p;
+        if (locs[i].tier != tier)
+            return -1;
+        p = tier == KVC_WIRE_TIER_GPU
+                ? (const uint8_t *)tier_gpu_pool(s->gpu)->base + locs[i].offset
+                : (const uint8_t *)tier_host_base(s->arenas[locs[i].arena_id].tier) +
+                      locs[i].offset;
+        for (uint64_t j = 0; j < locs[i].length; j += 509)
+            if (p[j] != bm_byte(r, i))
+                return -1;
+    }
+    return 0;
+}
+
+/* Runs the moves and adds their rows. 0, or -1 after bench_fail(). */
+static int bm_run(struct bench_row *rows, size_t *nrows)
+{
+    struct store_params sp = {.host_size = 16 << 20,
+                              .host_page_size = 64 << 10,
+                              .high_watermark = 0.95,
+                              .low_watermark = 0.9,
+                              .max_namespaces = 4,
+                              .max_handles = 64,
+                              .policy = POLICY_LRU,
+                              .gpu_size = 4 << 20,
+                              .gpu_device = 0,
+                              .gpu_page_size = 64 << 10,
+                              .gpu_ops = &fake_dev_ops};
+    struct kvc_wire_layout lay = {.layers = BC_LAYERS,
+                                  .kv_heads = BC_HEADS,
+                                  .head_dim = BC_DIM,
+                                  .block_tokens = BC_BT,
+                                  .dtype = KVC_WIRE_DTYPE_FP16,
+                                  .kv_kind = KVC_WIRE_KV_KIND_KV};
+    struct bm_count promo = {0}, demo = {0}, a, b;
+    struct store_owner g, h;
+    struct store *s;
+    uint32_t ns;
+    bool created;
+    int rounds = bench_smoke() ? 4 : BM_ROUNDS_MAX, rc = -1, err = 0;
+    uint64_t now = 1;
+    log_setup(LOG_LEVEL_WARNING, 100);
+    fake_dev_reset(1);
+    snprintf(lay.model_id, sizeof(lay.model_id), "bench-gpu-moves");
+    s = store_new(&sp, &err);
+    if (!s || !s->gpu) {
+        bench_fail("gpu: moves: no store with a pool on the fake device (%d)", err);
+        store_free(s);
+        return -1;
+    }
+    engine_attach(s);
+    store_owner_init(&g);
+    store_owner_init(&h);
+    g.gpu = true;
+    if (store_ns_open(s, &lay, &ns, &created)) {
+        bench_fail("gpu: moves: no namespace");
+        goto out;
+    }
+    for (int r = 0; r <= rounds; r++) {
+        struct kvc_wire_key keys[BM_BLOCKS], root = {0};
+        struct kvc_wire_loc locs[BM_BLOCKS];
+        uint8_t st[BM_BLOCKS];
+        uint64_t resv, lease;
+        uint32_t dropped, nhit, nready, pending;
+        for (uint32_t i = 0; i < BM_BLOCKS; i++)
+            keys[i] = (struct kvc_wire_key){.lo = (uint64_t)r * 1000 + i + 1, .hi = 0x6d76};
+        if (store_reserve(s, &h, ns, &root, keys, BM_BLOCKS, now, &resv, st, locs) != BM_BLOCKS) {
+            bench_fail("gpu: moves: round %d: no host slots", r);
+            goto out;
+        }
+        for (uint32_t i = 0; i < BM_BLOCKS; i++)
+            memset((uint8_t *)tier_host_base(s->arenas[locs[i].arena_id].tier) + locs[i].offset,
+                   bm_byte(r, i), locs[i].length);
+        if (store_commit(s, &h, resv, UINT32_MAX, now, &dropped) != BM_BLOCKS) {
+            bench_fail("gpu: moves: round %d: commit", r);
+            goto out;
+        }
+        /* Promotion: a pool-mapped client's lookup starts them; they land, then switch. */
+        uint64_t promoted = s->total.gpu_promoted_blocks;
+        bm_snap(&a);
+        if (engine_lookup(s, &g, ns, keys, BM_BLOCKS, ++now, &lease, locs) != BM_BLOCKS ||
+            bm_check(s, locs, r, KVC_WIRE_TIER_HOST) || store_release(s, &g, lease) ||
+            !bm_settle(s, ++now)) {
+            bench_fail("gpu: moves: round %d: promotion lookup", r);
+            goto out;
+        }
+        bm_snap(&b);
+        if (s->total.gpu_promoted_blocks - promoted != BM_BLOCKS) {
+            bench_fail("gpu: moves: round %d: %llu of %u promoted", r,
+                       (unsigned long long)(s->total.gpu_promoted_blocks - promoted), BM_BLOCKS);
+            goto out;
+        }
+        if (r)
+            bm_add(&promo, &a, &b, BM_BLOCKS);
+        if (engine_lookup(s, &g, ns, keys, BM_BLOCKS, ++now, &lease, locs) != BM_BLOCKS ||
+            bm_check(s, locs, r, KVC_WIRE_TIER_GPU) || store_release(s, &g, lease)) {
+            bench_fail("gpu: moves: round %d: wrong bytes in the pool", r);
+            goto out;
+        }
+        /* Demotion: a client that cannot read the pool; its hits are not ready until then. */
+        uint64_t demoted = s->total.gpu_demoted_blocks;
+        bm_snap(&a);
+        if (engine_lookup(s, &h, ns, keys, BM_BLOCKS, ++now, &lease, locs) != BM_BLOCKS ||
+            !bm_settle(s, ++now) ||
+            engine_disk_lease_state(s, &h, lease, &nhit, &nready, &pending) ||
+            nready != BM_BLOCKS || pending) {
+            bench_fail("gpu: moves: round %d: demotion lookup", r);
+            goto out;
+        }
+        bm_snap(&b);
+        if (s->total.gpu_demoted_blocks - demoted != BM_BLOCKS ||
+            bm_check(s, locs, r, KVC_WIRE_TIER_HOST) || store_release(s, &h, lease)) {
+            bench_fail("gpu: moves: round %d: wrong bytes back in the host arena", r);
+            goto out;
+        }
+        if (r)
+            bm_add(&demo, &a, &b, BM_BLOCKS);
+        (void)engine_evict_where(s, ns, UINT32_MAX, 0, true, ++now);
+    }
+    if (fake_dev.bad_kinds || fake_dev_last_error()) {
+        bench_fail("gpu: moves: the fake device refused work");
+        goto out;
+    }
+    for (int d = 0; d < 2; d++) {
+        static const char *const what[] = {"waits on the loop thread", "device-wide syncs",
+                                           "events created"};
+        const struct bm_count *c = d ? &demo : &promo;
+        uint64_t v[] = {c->waits, c->device_syncs, c->events};
+        for (size_t m = 0; m < sizeof(v) / sizeof(v[0]); m++) {
+            char name[96];
+            snprintf(name, sizeof(name), "pool %s: %s", d ? "demotion" : "promotion", what[m]);
+            bench_row_add(rows, BG_ROWS, nrows, name, (double)v[m] / (double)c->moves,
+                          "per move", NULL, 0);
+        }
+    }
+    printf("pool moves (fake device): %llu promotions, %llu demotions; event queries per move "
+           "%.2f and %.2f (never a wait)\n",
+           (unsigned long long)promo.moves, (unsigned long long)demo.moves,
+           (double)promo.queries / (double)promo.moves, (double)demo.queries / (double)demo.moves);
+    rc = 0;
+out:
+    store_owner_fini(s, &g);
+    store_owner_fini(s, &h);
+    engine_stop(s);
+    store_free(s);
+    return rc;
+}
+
 /* ---- throughput, on a CUDA device ------------------------------------------------------- */
 
 struct bg_copy {
@@ -504,13 +726,14 @@ int main(int argc, char **argv)
         daemon_stop(&dc);
         daemon_cleanup(&dc);
     }
+    bm_run(rows, &nrows);
     size_t ncalls = nrows;
     if (kern_cuda_device_count() <= 0)
         printf("SKIP: bench_gpu: no CUDA device found; the throughput rows are not measured\n");
     else
         bg_run(&d, rows, &nrows);
-    printf("%-54s %10s %-10s %s\n", "case (fake device, host-tier hits)", "value", "unit",
-           "target");
+    printf("%-54s %10s %-10s %s\n", "case (fake device: host-tier hits, pool moves)", "value",
+           "unit", "target");
     for (size_t i = 0; i < ncalls; i++)
         printf("%-54s %10.4f %-10s <= 0%s\n", rows[i].name, rows[i].value, rows[i].unit,
                rows[i].value > 0 ? "  (above target)" : "");

@@ -7,6 +7,10 @@
  * registers the arenas once (fake device table), and gives them back at disconnect; a daemon
  * configured with a pool but no device logs one line, reports gpu_capacity 0 and serves
  * from the host arena as before.
+ * With a pool over the fake device (the store and server in this process): the daemon's
+ * moves between the pool and the host arena run while its loop serves other clients (the
+ * fake keeps the device busy until another client's requests were answered), and a client
+ * that cannot read the pool gets the pool's blocks when their copies have landed.
  * With a CUDA device (make check-gpu on a GPU host): one process puts from device tensors
  * into the pool, another loads into its own device tensors through the pool, every byte
  * compared; host-tier hits land in device tensors the same way; a client killed while it
@@ -25,6 +29,7 @@
 #include "daemon/acl.h"
 #include "daemon/config.h"
 #include "daemon/engine.h"
+#include "daemon/engine_gpu.h"
 #include "daemon/log.h"
 #include "daemon/loop.h"
 #include "daemon/server.h"
@@ -791,6 +796,15 @@ struct gf_server {
 
 static struct gf_server gf;
 
+/* What kvcd's main does with the pool's descriptor: its copies completed on the loop. */
+static void gf_on_gpu(struct loop *l, int fd, uint32_t events, void *arg)
+{
+    struct gf_server *x = arg;
+    (void)fd;
+    (void)events;
+    engine_gpu_poll(x->s, loop_now_ms(l));
+}
+
 static void gf_tick(void *arg)
 {
     struct gf_server *x = arg;
@@ -830,6 +844,7 @@ static void gf_setup(void)
     ck_assert_ptr_nonnull(gf.acl);
     gf.l = loop_new(&rc);
     ck_assert_ptr_nonnull(gf.l);
+    ck_assert_int_eq(loop_add(gf.l, engine_gpu_fd(gf.s), EPOLLIN, gf_on_gpu, &gf), 0);
     struct server_params vp = {.socket_path = gf.d.sock,
                                .socket_mode = 0600,
                                .max_clients = 16,
@@ -860,6 +875,8 @@ static void gf_teardown(void)
     loop_free(gf.l);
     config_free(gf.cfg);
     ck_assert_int_eq(fake_dev.pools_live, 0);
+    ck_assert_int_eq(fake_dev.registered, 0);
+    ck_assert_uint_eq(fake_dev.queued, 0);
     ck_assert_uint_eq(fake_dev.fork_refused, 0);
     daemon_cleanup(&gf.d);
 }
@@ -995,6 +1012,153 @@ START_TEST(test_pool_copies_land_in_order)
     ck_assert_int_eq(gf_run(gf_pool_put_load, NULL), 0);
     /* The daemon side saw the client's bytes in the pool. */
     ck_assert_uint_gt(store_gpu_used(gf.s), 0);
+}
+END_TEST
+
+/* Child: puts the prefix into the pool (a pool-mapped client, device 0). */
+static int gf_put_pool(void *arg)
+{
+    kvc_client *c;
+    kvc_ns *ns;
+    kvc_resv *r;
+    struct kvc_key keys[GE_BLOCKS];
+    (void)arg;
+    if (gf_client(0, &c, &ns, keys) || kvc_gpu_attach(c) != 1)
+        return 60;
+    size_t bb = kvc_ns_block_bytes(ns);
+    uint8_t *src = malloc(bb);
+    if (!src || kvc_reserve_gpu(ns, NULL, keys, GE_BLOCKS, &r) != GE_BLOCKS)
+        return 61;
+    for (size_t i = 0; i < GE_BLOCKS; i++) {
+        daemon_block_fill(&keys[i], src, bb);
+        if (kvc_resv_write(r, i, src, bb))
+            return 62;
+    }
+    if (kvc_commit(r, SIZE_MAX) != GE_BLOCKS)
+        return 63;
+    free(src);
+    kvc_disconnect(c);
+    return 0;
+}
+
+/* Child: a client that cannot read the pool loads the prefix: its lookup waits until the
+ * daemon's copies out of the pool have landed, then every byte is the put's. */
+static int gf_load_host(void *arg)
+{
+    kvc_client *c;
+    kvc_ns *ns;
+    kvc_lease *l;
+    struct kvc_key keys[GE_BLOCKS];
+    (void)arg;
+    if (gf_client(0, &c, &ns, keys))
+        return 70;
+    if (kvc_lookup(ns, keys, GE_BLOCKS, 0, &l) != GE_BLOCKS)
+        return 71;
+    size_t bb = kvc_ns_block_bytes(ns);
+    for (size_t i = 0; i < GE_BLOCKS; i++)
+        if (kvc_lease_tier(l, i) != KVC_TIER_HOST ||
+            daemon_block_check(&keys[i], kvc_lease_data(l, i), bb) != -1)
+            return 72;
+    if (kvc_release(l))
+        return 73;
+    kvc_disconnect(c);
+    return 0;
+}
+
+/* Child: another client, with its own prefix in the host arena: a put, a lookup. */
+static int gf_other_client(void *arg)
+{
+    kvc_client *c;
+    kvc_ns *ns;
+    kvc_resv *r;
+    kvc_lease *l;
+    struct kvc_key keys[GE_BLOCKS], mine[2];
+    uint32_t tokens[2 * GE_BT];
+    (void)arg;
+    if (gf_client(0, &c, &ns, keys))
+        return 80;
+    for (uint32_t i = 0; i < 2 * GE_BT; i++)
+        tokens[i] = 900000 + i;
+    if (kvc_keys_from_tokens(ns, NULL, tokens, 2 * GE_BT, NULL, 0, mine, 2) != 2)
+        return 81;
+    size_t bb = kvc_ns_block_bytes(ns);
+    if (kvc_reserve(ns, NULL, mine, 2, &r) != 2)
+        return 82;
+    for (size_t i = 0; i < 2; i++)
+        daemon_block_fill(&mine[i], kvc_resv_data(r, i), bb);
+    if (kvc_commit(r, SIZE_MAX) != 2 || kvc_lookup(ns, mine, 2, 0, &l) != 2)
+        return 83;
+    for (size_t i = 0; i < 2; i++)
+        if (daemon_block_check(&mine[i], kvc_lease_data(l, i), bb) != -1)
+            return 84;
+    kvc_release(l);
+    kvc_disconnect(c);
+    return 0;
+}
+
+struct gf_moves {
+    pid_t loader, other;
+    int loader_status, other_status;
+    bool other_done_while_held; /* the other client finished with the moves still held */
+};
+
+static struct gf_moves gm;
+
+static void gf_moves_stat(void *arg, const char *name, uint64_t v)
+{
+    if (strcmp(name, "gpu_moves_inflight") == 0)
+        *(uint64_t *)arg = v;
+}
+
+/* The loop's tick for test_pool_moves_off_the_loop: once the loader's lookup has started
+ * the moves (held by the fake), the other client runs; when it is done, the device is let
+ * go; the loop stops when both are gone. */
+static void gf_moves_tick(void *arg)
+{
+    struct gf_server *x = arg;
+    uint64_t inflight = 0;
+    int st;
+    server_tick(x->sv);
+    engine_gpu_stats(x->s, gf_moves_stat, &inflight);
+    if (gm.other == 0 && gm.other_status < 0 && inflight == GE_BLOCKS)
+        gm.other = daemon_child_spawn(gf_other_client, NULL);
+    if (gm.other > 0 && waitpid(gm.other, &st, WNOHANG) == gm.other) {
+        gm.other_status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        gm.other = 0;
+        gm.other_done_while_held = inflight == GE_BLOCKS && gm.loader > 0;
+        fake_dev.hold = 0;
+    }
+    if (gm.loader > 0 && waitpid(gm.loader, &st, WNOHANG) == gm.loader) {
+        gm.loader_status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        gm.loader = 0;
+    }
+    if (gm.loader == 0 && gm.other == 0 && server_clients(x->sv) == 0)
+        loop_stop(x->l);
+}
+
+/* The daemon's copies out of the pool are queued and completed by its loop: while the
+ * device is kept busy with them, another client's put and lookup are answered, the loader's
+ * lookup waits (not ready), and once the copies land it gets every byte. The loop thread
+ * waits for no copy. */
+START_TEST(test_pool_moves_off_the_loop)
+{
+    ck_assert_int_eq(gf_run(gf_put_pool, NULL), 0);
+    ck_assert_uint_eq(store_gpu_used(gf.s), GE_BLOCKS * store_ns_get(gf.s, 1)->block_bytes);
+    uint64_t waits = fake_dev.waits;
+    memset(&gm, 0, sizeof(gm));
+    gm.loader_status = gm.other_status = -1;
+    fake_dev.hold = 1;
+    gm.loader = daemon_child_spawn(gf_load_host, NULL);
+    ck_assert_int_gt(gm.loader, 0);
+    loop_run(gf.l, 20, gf_moves_tick, &gf);
+    fake_dev.hold = 0;
+    ck_assert_int_eq(gm.other_status, 0);
+    ck_assert_msg(gm.other_done_while_held, "the other client was not served during the moves");
+    ck_assert_int_eq(gm.loader_status, 0);
+    ck_assert_uint_eq(gf.s->total.gpu_demoted_blocks, GE_BLOCKS);
+    ck_assert_uint_eq(store_gpu_used(gf.s), 0);
+    ck_assert_uint_eq(fake_dev.waits, waits); /* the loop never waited for a copy */
+    ck_assert_int_eq(fake_dev_last_error(), 0);
 }
 END_TEST
 
@@ -1217,6 +1381,7 @@ int main(void)
     tcase_add_test(tf, test_attach_keeps_current_device);
     tcase_add_test(tf, test_pool_copies_land_in_order);
     tcase_add_test(tf, test_fake_refuses_forked_child);
+    tcase_add_test(tf, test_pool_moves_off_the_loop);
     suite_add_tcase(s, tf);
     if (devices > 0) {
         TCase *tg = tcase_create("gpu");

@@ -22,6 +22,7 @@ struct fake_stream {
 
 struct fake_event {
     uint32_t magic;
+    int dev;      /* event_new's device (recorded only on its streams); -1: not checked */
     void *stream;
     uint64_t seq; /* copies of stream up to this one */
 };
@@ -426,6 +427,11 @@ static int fake_event_record(void *event, void *stream)
         return rc;
     if (!e || !fake_stream_ok(stream))
         return -EINVAL;
+    if (e->magic == FAKE_EVENT_MAGIC && e->dev >= 0 &&
+        (!stream || ((struct fake_stream *)stream)->dev != e->dev)) {
+        fake_dev.last_error = -EINVAL; /* an event and a stream of different devices */
+        return -EINVAL;
+    }
     if (e->magic == FAKE_EVENT_MAGIC) { /* one of ours, recorded again: the new point */
         e->stream = stream;
         e->seq = fake_seq;
@@ -443,7 +449,7 @@ static int fake_event_new_record(void **ev, void *stream)
     struct fake_event *e = calloc(1, sizeof(*e));
     if (!e)
         return -ENOMEM;
-    *e = (struct fake_event){FAKE_EVENT_MAGIC, stream, fake_seq};
+    *e = (struct fake_event){FAKE_EVENT_MAGIC, -1, stream, fake_seq};
     *ev = e;
     fake_dev.events_live++;
     fake_dev.events_created++;
@@ -478,6 +484,58 @@ static int fake_event_wait_free(void *ev)
     return rc;
 }
 
+static int fake_event_new(int dev, void **ev)
+{
+    int rc = fake_enter();
+    if (rc)
+        return rc;
+    if (dev < 0 || dev >= fake_dev.devices)
+        return -ENODEV;
+    struct fake_event *e = calloc(1, sizeof(*e));
+    if (!e)
+        return -ENOMEM;
+    *e = (struct fake_event){FAKE_EVENT_MAGIC, dev, NULL, 0};
+    *ev = e;
+    fake_dev.events_live++;
+    fake_dev.events_created++;
+    return 0;
+}
+
+/* 1 when work of stream up to seq is still queued. */
+static int fake_pending(void *stream, uint64_t upto)
+{
+    for (const struct fake_op *o = fake_ops_head; o; o = o->next)
+        if (o->stream == stream && o->seq <= upto)
+            return 1;
+    return 0;
+}
+
+static int fake_event_query(void *ev)
+{
+    struct fake_event *e = ev;
+    int rc = fake_enter();
+    if (rc)
+        return rc;
+    if (!e || e->magic != FAKE_EVENT_MAGIC)
+        return -EINVAL;
+    fake_dev.queries++;
+    if (!fake_pending(e->stream, e->seq))
+        return 0;
+    if (fake_dev.hold)
+        return -EAGAIN;
+    return fake_drain(e->stream, e->seq, 0);
+}
+
+static void fake_event_free(void *ev)
+{
+    struct fake_event *e = ev;
+    if (!e || fake_enter() || e->magic != FAKE_EVENT_MAGIC)
+        return;
+    e->magic = 0;
+    free(e);
+    fake_dev.events_live--;
+}
+
 static int fake_stream_sync(void *stream)
 {
     int rc = fake_enter();
@@ -500,6 +558,8 @@ static int fake_host_register(void *p, uint64_t len, int readonly)
         return -EINVAL;
     if (readonly && fake_dev.readonly_unsup)
         return -ENOTSUP;
+    if (fake_dev.fail_register)
+        return -fake_dev.fail_register;
     if (fake_npinned == FAKE_MAX_RANGES)
         return -ENOMEM;
     fake_pinned[fake_npinned++] = (struct fake_range){p, len, -1};
@@ -640,4 +700,7 @@ const struct kern_dev_ops fake_dev_ops = {
     .mem_free = fake_mem_free,
     .pack = fake_pack,
     .decode = fake_decode,
+    .event_new = fake_event_new,
+    .event_query = fake_event_query,
+    .event_free = fake_event_free,
 };

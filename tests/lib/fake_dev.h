@@ -27,6 +27,13 @@
  *   reading host or freed memory would.
  * - mem_free is cudaFree: it waits for the whole device first (every stream's work is
  *   performed) and counts a device-wide synchronisation.
+ * - event_query never waits: when work before the event is still queued it performs that
+ *   work and answers 0 (the device has caught up by the time it is asked), unless `hold`
+ *   is set: then the device is still copying and the answer is -EAGAIN, as long as the test
+ *   keeps it so. A wait performs the work whatever `hold` says (a host wait blocks until
+ *   the device is done). An event from event_new belongs to a device and may only be
+ *   recorded on a stream of that device.
+ * - host_register can be refused (fail_register), as it is where memory cannot be locked.
  * Counters let a test check that everything it caused was given back, and that a hit costs
  * no allocation, no free, no device-wide synchronisation and no wait before the release.
  * One test thread drives the fake at a time; the current device alone is per thread.
@@ -45,15 +52,18 @@ struct fake_dev_state {
     int fail_wait;        /* the next wait answers -fail_wait; its copies are lost */
     int readonly_unsup;   /* host_register(readonly) answers -ENOTSUP */
     int sticky;           /* a sticky error: every call fails -EIO */
+    int hold;             /* event_query answers -EAGAIN for queued work (device busy) */
+    int fail_register;    /* host_register answers -fail_register when non-zero */
     int pools_live;       /* created or imported, not destroyed */
     int registered;       /* host_register minus host_unregister */
-    int events_live;      /* event_new_record minus event_wait_free */
+    int events_live;      /* event_new_record and event_new, minus their frees */
     int streams_live;     /* stream_new minus stream_free */
     uint64_t allocs;      /* mem_alloc calls */
     uint64_t frees;       /* mem_free calls */
     uint64_t device_syncs; /* waits for the whole device (cudaFree does one) */
     uint64_t legacy_syncs; /* waits on the legacy default stream (device-wide ordering) */
     uint64_t waits;       /* host waits: stream_sync, event_wait, event_wait_free */
+    uint64_t queries;     /* event_query calls (never a wait) */
     uint64_t events_created; /* event_new_record calls */
     uint64_t copies;      /* copies queued */
     uint64_t packs;       /* gather/scatter kernels queued */

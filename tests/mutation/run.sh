@@ -104,6 +104,32 @@ mutation engine-promote-arena0 daemon/engine_disk.c "check_e2e_engine" \
     struct tier_disk_meta m;
     struct engine_disk_move *mv = calloc(1, sizeof(*mv));'
 
+# A pool move that waits on the loop: the gpu tier's copies ignore their callback and wait
+# for the stream (the daemon's copies before issue 18).
+mutation gpu-copy-waits tiers/gpu.c "check_tier_gpu check_store_gpu" \
+'    if (!done)
+        return tier_gpu_copy_sync(g, dst, src, len, kind);' \
+'    if (1) {
+        rc = tier_gpu_copy_sync(g, dst, src, len, kind);
+        if (done)
+            done(arg, rc);
+        return 0;
+    }'
+
+# A demotion handed out ready: lookups name its host slot before the copy has landed.
+mutation gpu-demotion-ready-early daemon/engine_gpu.c "check_store_gpu check_e2e_gpu" \
+'        b->flags |= BLOCK_F_GPU_MOVING | BLOCK_F_PROMOTING;' \
+'        b->flags |= BLOCK_F_GPU_MOVING;'
+
+# A promotion that switches under a lease: the host slot a client still reads is freed.
+mutation gpu-promotion-ignores-pins daemon/engine_gpu.c "check_store_gpu" \
+'        if (mv->state == ENGINE_GPU_LANDED && !lost && b->pins && !force)
+            return false; /* its leases read the host slot: it switches once they are gone */
+        b->flags &= (uint8_t)~BLOCK_F_GPU_MOVING;
+        if (mv->state == ENGINE_GPU_LANDED && !lost && !b->pins) {' \
+'        b->flags &= (uint8_t)~BLOCK_F_GPU_MOVING;
+        if (mv->state == ENGINE_GPU_LANDED && !lost) {'
+
 # Keys from an uninitialised hash state (the bug that cost hits): no XXH3_INITSTATE.
 mutation key-state-uninitialised client/key.c "check_key" \
 '    XXH3_INITSTATE(&st);' \
