@@ -159,6 +159,25 @@ mutation fast-no-drain-before-evict daemon/server.c "check_e2e_fast" \
 '    s->on_evict = NULL;
     (void)server_fast_drain_all;'
 
+# The precision ladder: a step down leaves its rung's bytes uncounted at the new rung (the
+# decision then works from wrong shares).
+mutation ladder-rung-bytes daemon/quant.c "check_ladder" \
+'    b->format = j->format;
+    store_ladder_account(s, j->idx, +1);' \
+'    b->format = j->format;'
+
+# The precision ladder: a sink at the cold end of the raw rung is quantized instead of
+# leaving the tier.
+mutation ladder-sink-quantized daemon/engine.c "check_ladder" \
+'        if (v != INDEX_NONE && s->ix.blocks[v].depth == 0 && !s->ix.blocks[v].children)' \
+'        if (v != INDEX_NONE && s->ix.blocks[v].depth == 0 && s->ix.blocks[v].children > 99)'
+
+# The precision ladder: the namespace's fidelity budget is not applied to its rungs.
+mutation ladder-budget-ignored daemon/store_policy.c "check_ladder" \
+'                    (ns->max_error > 0 && kern_codec_attn_error((enum kern_codec)c) >
+                                              ns->max_error))' \
+'                    (ns->max_error < 0))'
+
 # ---- machinery ------------------------------------------------------------------------------
 
 key() { echo "$1" | tr -- '-.' '__'; }
