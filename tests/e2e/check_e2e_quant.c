@@ -2,7 +2,7 @@
  * check_e2e_quant — quantize-in-place end to end: a small arena under pressure quantizes the
  * blocks of a namespace that allows q8_0, a client reads them back dequantized (within the
  * codec's error bound) and as stored, and a namespace that allows nothing never holds a lossy
- * block (its hits are raw and bit-exact).
+ * block (its hits are raw and bit-exact); and the precision ladder through the daemon.
  */
 #include <check.h>
 #include <math.h>
@@ -141,6 +141,97 @@ START_TEST(test_quant_under_pressure)
 }
 END_TEST
 
+/* The precision ladder end to end: under the default policy a namespace that allows q8_0
+ * and q4_1 holds an arena a third too small for its chains by stepping blocks down (raw, then
+ * q8_0, then q4_1 re-encoded from it) while a client keeps asking for some chains again; the
+ * client's lossy hits decode within their codec's bound (q8_0 0.02, q4_1 0.12), raw hits and
+ * sinks are exact, and the daemon counts the steps and the hits by codec. */
+#define QL_CHAINS 160
+#define QL_LEN 4
+
+static const char *const ql_args[] = {"-o", "host.size=16m", "-o", "host.page_size=256k", NULL};
+
+START_TEST(test_ladder_end_to_end)
+{
+    struct daemon d = {0};
+    kvc_client *c;
+    kvc_ns *ns;
+    struct kvc_layout lay = daemon_layout("e2e-ladder", 64);
+    struct kvc_quant qq = {.allowed = 1u << KVC_CODEC_Q8_0 | 1u << KVC_CODEC_Q4_1,
+                           .k_codec = KVC_CODEC_Q8_0,
+                           .v_codec = KVC_CODEC_Q8_0};
+    static struct kvc_key k[QL_CHAINS][QL_LEN];
+    int by_codec[KVC_CODEC_KIVI4 + 8] = {0}, hits = 0;
+    uint64_t v = 0, lossy0 = 0;
+    ck_assert_int_eq(daemon_start(&d, ql_args), 0);
+    ck_assert_int_eq(kvc_connect(d.sock, &c), 0);
+    ck_assert_int_eq(kvc_ns_open_quant(c, &lay, &qq, &ns), 0);
+    size_t bb = kvc_ns_block_bytes(ns), n = bb / 2;
+    uint16_t *buf = malloc(bb * QL_LEN);
+    ck_assert_ptr_nonnull(buf);
+    for (int round = 0; round < 3; round++)
+        for (int ch = 0; ch < QL_CHAINS; ch++) {
+            const void *blk[QL_LEN];
+            if (round == 0)
+                ck_assert_int_eq(daemon_chain_keys(ns, (uint32_t)ch, 0, 0, QL_LEN, k[ch]), 0);
+            /* a third of the chains come back: hits, which the ladder keeps (lossy) */
+            if (round > 0 && ch % 3)
+                continue;
+            if (round > 0) {
+                kvc_lease *l;
+                int h = kvc_lookup(ns, k[ch], QL_LEN, 0, &l);
+                ck_assert_int_ge(h, 0);
+                if (h)
+                    kvc_release(l);
+            }
+            for (int i = 0; i < QL_LEN; i++) {
+                daemon_smooth_fill(&k[ch][i], buf + (size_t)i * n, n);
+                blk[i] = buf + (size_t)i * n;
+            }
+            ck_assert_int_ge(kvc_put_prefix(ns, NULL, k[ch], QL_LEN, blk), 0);
+        }
+    ck_assert_int_eq(daemon_stat(&d, "hit_blocks_lossy", &lossy0), 0);
+    for (int ch = 0; ch < QL_CHAINS; ch++) {
+        kvc_lease *l;
+        int h = kvc_lookup(ns, k[ch], QL_LEN, 0, &l);
+        ck_assert_int_ge(h, 0);
+        for (int i = 0; i < h; i++) {
+            const void *data;
+            size_t len;
+            int f = kvc_lease_stored(l, (size_t)i, &data, &len);
+            ck_assert_int_ge(f, 0);
+            ck_assert_int_eq(kvc_lease_copy(l, (size_t)i, buf, bb), 0);
+            double e = daemon_smooth_err(&k[ch][i], buf, n);
+            if (f == KVC_CODEC_RAW || i == 0) {
+                ck_assert_int_eq(f, KVC_CODEC_RAW); /* a sink stays raw */
+                ck_assert_double_eq(e, 0.0);
+            } else {
+                ck_assert_msg(f == KVC_CODEC_Q8_0 || f == KVC_CODEC_Q4_1, "codec %d", f);
+                ck_assert_uint_lt(len, bb);
+                ck_assert_double_lt(e, f == KVC_CODEC_Q8_0 ? 0.02 : 0.12);
+            }
+            by_codec[f]++;
+            hits++;
+        }
+        if (h)
+            kvc_release(l);
+    }
+    printf("e2e_quant: ladder: %d hits, raw %d, q8_0 %d, q4_1 %d\n", hits, by_codec[KVC_CODEC_RAW],
+           by_codec[KVC_CODEC_Q8_0], by_codec[KVC_CODEC_Q4_1]);
+    ck_assert_int_gt(by_codec[KVC_CODEC_Q8_0] + by_codec[KVC_CODEC_Q4_1], 0);
+    ck_assert_int_eq(daemon_stat(&d, "ladder_steps", &v), 0);
+    ck_assert_uint_gt(v, 0);
+    ck_assert_int_eq(daemon_stat(&d, "requantized_blocks", &v), 0);
+    ck_assert_uint_gt(v, 0);
+    ck_assert_int_eq(daemon_stat(&d, "hit_blocks_lossy", &v), 0);
+    ck_assert_uint_eq(v - lossy0, (uint64_t)(by_codec[KVC_CODEC_Q8_0] + by_codec[KVC_CODEC_Q4_1]));
+    free(buf);
+    kvc_disconnect(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_cleanup(&d);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("e2e_quant");
@@ -149,6 +240,7 @@ int main(void)
     int failed;
     tcase_set_timeout(tc, daemon_slow() * 120);
     tcase_add_test(tc, test_quant_under_pressure);
+    tcase_add_test(tc, test_ladder_end_to_end);
     suite_add_tcase(s, tc);
     if (daemon_suite_init("e2e-quant"))
         return 1;
