@@ -517,8 +517,11 @@ struct kvc_paged_kv {
  * sequence tokens [first_token + j*block_tokens, ...). With on_device: pool hits are
  * scattered by a kernel straight from the pool, host hits are DMA-copied to the device and
  * scattered there; `event` is recorded after the last of it. Without on_device: a CPU copy
- * from host hits (pool hits are -ENOTSUP: look up without KVC_LOOKUP_GPU). Returns n.
- * Errors: -EINVAL (shape, strides, table), -ERANGE, -ENOTSUP, -EIO. */
+ * from host hits (pool hits are -ENOTSUP: look up without KVC_LOOKUP_GPU). A lossy hit
+ * (a block the daemon quantized) is decoded on the CPU first, as kvc_lease_copy does; on the
+ * device that scatter waits for its stream before returning. Returns n.
+ * Errors: -EINVAL (shape, strides, table), -ERANGE, -ENOTSUP, -EIO, -EBADMSG (a lossy hit
+ * that does not decode). */
 KVC_API int kvc_lease_scatter(kvc_lease *l, size_t first, size_t n,
                               const struct kvc_paged_kv *kv, uint64_t first_token,
                               void *stream, void *event);

@@ -610,7 +610,7 @@ KVC_API int kvc_lease_scatter(kvc_lease *l, size_t first, size_t n,
 {
     struct kern_pack_layout lay;
     struct kern_pack_engine e;
-    uint8_t **blocks = NULL, *is_host = NULL;
+    uint8_t **blocks = NULL, *is_host = NULL, **dec = NULL;
     kvc_client *c;
     int rc;
     if (!l || !kv)
@@ -634,8 +634,27 @@ KVC_API int kvc_lease_scatter(kvc_lease *l, size_t first, size_t n,
     for (size_t j = 0; j < n; j++) {
         const struct kvc_hit *h = &l->hits[first + j];
         if (h->format != KVC_WIRE_FORMAT_RAW) {
-            rc = -ENOTSUP; /* encoded blocks: see the issue 7 notes (not decoded here yet) */
-            goto out;
+            /* A lossy hit (the precision ladder): decoded on the CPU into a private raw copy,
+             * which is scattered as a host block; kept until the copies from it have run. */
+            if (h->tier == KVC_WIRE_TIER_GPU) {
+                rc = -ENOTSUP; /* the pool holds raw blocks only */
+                goto out;
+            }
+            if (!dec && !(dec = calloc(n, sizeof(*dec)))) {
+                rc = -ENOMEM;
+                goto out;
+            }
+            dec[j] = malloc(l->ns->block_bytes);
+            if (!dec[j]) {
+                rc = -ENOMEM;
+                goto out;
+            }
+            rc = kvc_lease_copy(l, first + j, dec[j], l->ns->block_bytes);
+            if (rc)
+                goto out;
+            blocks[j] = dec[j];
+            is_host[j] = 1;
+            continue;
         }
         blocks[j] = (uint8_t *)h->data;
         is_host[j] = h->tier != KVC_WIRE_TIER_GPU;
@@ -656,10 +675,19 @@ KVC_API int kvc_lease_scatter(kvc_lease *l, size_t first, size_t n,
     pthread_mutex_lock(&c->mu);
     rc = kvc_gpu_pack(c, &l->gpu, &lay, kv, first_token, blocks, is_host, (uint32_t)n,
                       KERN_PACK_SCATTER, stream);
+    /* The DMA from the decoded copies must have run before they are freed: the one wait a
+     * lossy scatter costs (raw hits are copied from the arena, which outlives the lease). */
+    if (dec) {
+        int src = kvc_gpu_of(c)->ops->stream_sync(stream);
+        rc = rc ? rc : src;
+    }
     if (rc == 0 && event)
         rc = kvc_gpu_of(c)->ops->event_record(event, stream);
     pthread_mutex_unlock(&c->mu);
 out:
+    for (size_t j = 0; dec && j < n; j++)
+        free(dec[j]);
+    free(dec);
     free(blocks);
     free(is_host);
     return rc ? rc : (int)n;

@@ -232,6 +232,100 @@ START_TEST(test_ladder_end_to_end)
 }
 END_TEST
 
+/* A lossy hit scattered into a vLLM-style paged engine (host pages, shuffled): the engine
+ * holds what kvc_lease_copy decodes, checked by gathering the pages back into a raw
+ * namespace of the same layout and comparing the bytes. */
+START_TEST(test_scatter_lossy)
+{
+    enum { LAYERS = 2, HEADS = 2, DIM = 64, TOK = 64, PAGE = 16, NPAGES = TOK / PAGE };
+    struct daemon d = {0};
+    kvc_client *c;
+    kvc_ns *nq, *nr;
+    struct kvc_layout lq = daemon_layout("e2e-scatter", TOK), lr = daemon_layout("e2e-gather", TOK);
+    struct kvc_quant qq = {.allowed = 1u << KVC_CODEC_Q8_0,
+                           .k_codec = KVC_CODEC_Q8_0,
+                           .v_codec = KVC_CODEC_Q8_0};
+    static struct kvc_key kq[QE_BLOCKS];
+    void *k[LAYERS], *v[LAYERS];
+    int32_t table[NPAGES];
+    int scattered = 0;
+    ck_assert_int_eq(daemon_start(&d, qe_args), 0);
+    ck_assert_int_eq(kvc_connect(d.sock, &c), 0);
+    ck_assert_int_eq(kvc_ns_open_quant(c, &lq, &qq, &nq), 0);
+    ck_assert_int_eq(kvc_ns_open(c, &lr, &nr), 0);
+    size_t bb = kvc_ns_block_bytes(nq), n = bb / 2;
+    ck_assert_uint_eq(bb, (size_t)LAYERS * 2 * TOK * HEADS * DIM * 2);
+    uint16_t *buf = malloc(bb), *want = malloc(bb);
+    ck_assert_ptr_nonnull(buf);
+    ck_assert_ptr_nonnull(want);
+    for (int i = 0; i < NPAGES; i++)
+        table[i] = (i * 3 + 1) % NPAGES;
+    for (int l = 0; l < LAYERS; l++) {
+        k[l] = calloc(1, (size_t)TOK * HEADS * DIM * 2);
+        v[l] = calloc(1, (size_t)TOK * HEADS * DIM * 2);
+        ck_assert(k[l] && v[l]);
+    }
+    struct kvc_paged_kv kv = {.k = k,
+                              .v = v,
+                              .block_table = table,
+                              .table_len = NPAGES,
+                              .page_tokens = PAGE,
+                              .page_stride = (uint64_t)PAGE * HEADS * DIM * 2,
+                              .token_stride = HEADS * DIM * 2,
+                              .head_stride = DIM * 2};
+    for (int i = 0; i < QE_BLOCKS * 2; i++) { /* twice the arena: the coldest are quantized */
+        const void *blk = buf;
+        if (i < QE_BLOCKS)
+            ck_assert_int_eq(daemon_chain_keys(nq, (uint32_t)i, 0, 0, 1, &kq[i]), 0);
+        struct kvc_key kk;
+        ck_assert_int_eq(daemon_chain_keys(nq, (uint32_t)i, 0, 0, 1, &kk), 0);
+        daemon_smooth_fill(&kk, buf, n);
+        ck_assert_int_ge(kvc_put_prefix(nq, NULL, &kk, 1, &blk), 0);
+    }
+    for (uint64_t end = daemon_now_ms() + (uint64_t)daemon_ms(10000);
+         daemon_now_ms() < end && scattered < 4;) {
+        for (int i = 0; i < QE_BLOCKS && scattered < 4; i++) {
+            kvc_lease *l, *lg;
+            kvc_resv *r;
+            const void *data;
+            size_t len;
+            struct kvc_key kg;
+            if (kvc_lookup(nq, &kq[i], 1, KVC_LOOKUP_READY_ONLY, &l) != 1)
+                continue;
+            if (kvc_lease_stored(l, 0, &data, &len) != KVC_CODEC_Q8_0) {
+                kvc_release(l);
+                continue;
+            }
+            ck_assert_int_eq(kvc_lease_copy(l, 0, want, bb), 0);
+            ck_assert_double_lt(daemon_smooth_err(&kq[i], want, n), 0.02);
+            ck_assert_int_eq(kvc_lease_scatter(l, 0, 1, &kv, 0, NULL, NULL), 1);
+            ck_assert_int_eq(kvc_release(l), 0);
+            /* the pages back into a raw block: the decoded bytes, in place */
+            ck_assert_int_eq(daemon_chain_keys(nr, 90000u + (uint32_t)i, 0, 0, 1, &kg), 0);
+            ck_assert_int_eq(kvc_reserve(nr, NULL, &kg, 1, &r), 1);
+            ck_assert_int_eq(kvc_resv_gather(r, 0, 1, &kv, 0, NULL, NULL), 1);
+            ck_assert_int_eq(kvc_commit(r, SIZE_MAX), 1);
+            ck_assert_int_eq(kvc_lookup(nr, &kg, 1, 0, &lg), 1);
+            ck_assert(memcmp(kvc_lease_data(lg, 0), want, bb) == 0);
+            ck_assert_int_eq(kvc_release(lg), 0);
+            scattered++;
+        }
+        if (scattered < 4)
+            usleep(20000);
+    }
+    ck_assert_int_ge(scattered, 1);
+    for (int l = 0; l < LAYERS; l++) {
+        free(k[l]);
+        free(v[l]);
+    }
+    free(buf);
+    free(want);
+    kvc_disconnect(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_cleanup(&d);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("e2e_quant");
@@ -241,6 +335,7 @@ int main(void)
     tcase_set_timeout(tc, daemon_slow() * 120);
     tcase_add_test(tc, test_quant_under_pressure);
     tcase_add_test(tc, test_ladder_end_to_end);
+    tcase_add_test(tc, test_scatter_lossy);
     suite_add_tcase(s, tc);
     if (daemon_suite_init("e2e-quant"))
         return 1;
