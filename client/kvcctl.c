@@ -588,7 +588,8 @@ static int ctl_policy(struct ctl *x, int argc, char **argv)
             printf("%s\n", text);
         return 0;
     }
-    /* The default on the first line, then "ID MODEL POLICY SOURCE" per namespace. */
+    /* The default on the first line, then "ID MODEL POLICY SOURCE [LADDER]" per namespace
+     * (LADDER: "-" or "codec:share,..." of its precision ladder; older daemons omit it). */
     char *save = NULL, *line = strtok_r(text, "\n", &save);
     if (x->json)
         printf("{\"policy\": \"%s\", \"namespaces\": [", line ? line : "");
@@ -596,18 +597,33 @@ static int ctl_policy(struct ctl *x, int argc, char **argv)
         printf("default policy: %s\n", line ? line : "");
     int k = 0;
     while ((line = strtok_r(NULL, "\n", &save))) {
-        char model[160], pol[32], src[16];
+        char model[160], pol[32], src[16], lad[160] = "-";
         unsigned id;
-        if (sscanf(line, "%u %159s %31s %15s", &id, model, pol, src) != 4)
+        if (sscanf(line, "%u %159s %31s %15s %159s", &id, model, pol, src, lad) < 4)
             continue;
         if (x->json) {
             printf("%s{\"ns\": %u, \"model\": ", k ? ", " : "", id);
             ctl_json_str(model);
-            printf(", \"policy\": \"%s\", \"source\": \"%s\"}", pol, src);
+            printf(", \"policy\": \"%s\", \"source\": \"%s\", \"ladder\": {", pol, src);
+            /* "raw:0.05,q8_0:0.95" -> {"raw": 0.05, "q8_0": 0.95} */
+            char *s2 = NULL;
+            int r = 0;
+            for (char *t = strcmp(lad, "-") ? strtok_r(lad, ",", &s2) : NULL; t;
+                 t = strtok_r(NULL, ",", &s2)) {
+                char *colon = strchr(t, ':');
+                if (!colon)
+                    continue;
+                *colon = 0;
+                printf("%s", r++ ? ", " : "");
+                ctl_json_str(t);
+                printf(": %.2f", strtod(colon + 1, NULL));
+            }
+            printf("}}");
         } else {
             if (!k)
-                printf("%-5s %-40s %-10s %s\n", "NS", "MODEL", "POLICY", "FROM");
-            printf("%-5u %-40s %-10s %s\n", id, model, pol, src);
+                printf("%-5s %-40s %-10s %-7s %s\n", "NS", "MODEL", "POLICY", "FROM",
+                       "LADDER (share of its bytes by codec)");
+            printf("%-5u %-40s %-10s %-7s %s\n", id, model, pol, src, lad);
         }
         k++;
     }

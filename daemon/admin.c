@@ -26,6 +26,7 @@
 #include "daemon/server.h"
 #include "daemon/stats.h"
 #include "daemon/store.h"
+#include "kernels/kern.h"
 #include "tiers/host.h"
 #include "tiers/tier.h"
 
@@ -277,15 +278,27 @@ static int admin_policy(const struct admin_ctx *x, bool set, const struct kvc_ad
         const char *name = policy_name(ns->policy);
         return admin_text(out, cap, 0, 0, 0, name, strlen(name));
     }
-    /* The default on the first line, then "ID MODEL POLICY SOURCE" per namespace. */
+    /* The default on the first line, then "ID MODEL POLICY SOURCE LADDER" per namespace:
+     * LADDER is "-", or each rung's codec and share of the namespace's bytes in its arena
+     * ("raw:0.05,q8_0:0.80,q4_1:0.15"). */
     FILE *f = open_memstream(&text, &len);
     if (!f)
         return -ENOMEM;
     fprintf(f, "%s\n", policy_name(s->p.policy));
-    for (uint32_t i = 1; i < s->nns; i++)
-        if (s->ns[i] && admin_ns_visible(x, i))
-            fprintf(f, "%u %s %s %s\n", i, s->ns[i]->layout.model_id,
-                    policy_name(s->ns[i]->policy), src[s->ns[i]->policy_src % 3]);
+    for (uint32_t i = 1; i < s->nns; i++) {
+        const struct store_ns *n = s->ns[i];
+        double total = 0;
+        if (!n || !admin_ns_visible(x, i))
+            continue;
+        fprintf(f, "%u %s %s %s ", i, n->layout.model_id, policy_name(n->policy),
+                src[n->policy_src % 3]);
+        for (uint32_t k = 0; k < n->rungs; k++)
+            total += (double)n->rung_bytes[k];
+        for (uint32_t k = 0; k < n->rungs; k++)
+            fprintf(f, "%s%s:%.2f", k ? "," : "", kern_codec_name((enum kern_codec)n->rung_format[k]),
+                    total > 0 ? (double)n->rung_bytes[k] / total : 0.0);
+        fprintf(f, "%s\n", n->rungs < 2 ? "-" : "");
+    }
     if (fclose(f) || !text) {
         free(text);
         return -ENOMEM;

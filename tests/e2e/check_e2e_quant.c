@@ -225,6 +225,15 @@ START_TEST(test_ladder_end_to_end)
     ck_assert_uint_gt(v, 0);
     ck_assert_int_eq(daemon_stat(&d, "hit_blocks_lossy", &v), 0);
     ck_assert_uint_eq(v - lossy0, (uint64_t)(by_codec[KVC_CODEC_Q8_0] + by_codec[KVC_CODEC_Q4_1]));
+    /* kvcctl policy shows the namespace's rungs and the share of its bytes on each */
+    char out[8192], err[1024];
+    ck_assert_int_eq(daemon_kvcctl(&d, out, sizeof(out), err, sizeof(err), "--json", "policy",
+                                   NULL),
+                     0);
+    ck_assert(daemon_json_valid(out));
+    ck_assert_msg(strstr(out, "\"ladder\": {\"raw\": ") && strstr(out, "\"q8_0\": ") &&
+                      strstr(out, "\"q4_1\": "),
+                  "%s", out);
     free(buf);
     kvc_disconnect(c);
     ck_assert_int_eq(daemon_stop(&d), 0);
