@@ -218,7 +218,16 @@ START_TEST(test_ladder_end_to_end)
     }
     printf("e2e_quant: ladder: %d hits, raw %d, q8_0 %d, q4_1 %d\n", hits, by_codec[KVC_CODEC_RAW],
            by_codec[KVC_CODEC_Q8_0], by_codec[KVC_CODEC_Q4_1]);
-    ck_assert_int_gt(by_codec[KVC_CODEC_Q8_0] + by_codec[KVC_CODEC_Q4_1], 0);
+    uint64_t steps = 0, evicted = 0, waits = 0, timeouts = 0;
+    daemon_stat(&d, "ladder_steps", &steps);
+    daemon_stat(&d, "evicted_blocks", &evicted);
+    daemon_stat(&d, "put_waits", &waits);
+    daemon_stat(&d, "put_wait_timeouts", &timeouts);
+    ck_assert_msg(by_codec[KVC_CODEC_Q8_0] + by_codec[KVC_CODEC_Q4_1] > 0,
+                  "no lossy hit: %d hits, %llu ladder steps, %llu evicted, %llu put waits "
+                  "(%llu timed out)",
+                  hits, (unsigned long long)steps, (unsigned long long)evicted,
+                  (unsigned long long)waits, (unsigned long long)timeouts);
     ck_assert_int_eq(daemon_stat(&d, "ladder_steps", &v), 0);
     ck_assert_uint_gt(v, 0);
     ck_assert_int_eq(daemon_stat(&d, "requantized_blocks", &v), 0);
