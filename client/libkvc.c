@@ -1214,7 +1214,7 @@ KVC_API int kvc_resv_write(kvc_resv *r, size_t i, const void *src, size_t len)
         return -EINVAL;
     if (r->slots[i].tier == KVC_WIRE_TIER_GPU)
         return r->ns->c->gpu_hooks->copy_sync(r->ns->c, r->slots[i].data, src, len);
-    memcpy(r->slots[i].data, src, len);
+    kvci_copy_to_arena(r->slots[i].data, src, len);
     return 0;
 }
 
@@ -1358,7 +1358,7 @@ KVC_API int kvc_put_prefix(kvc_ns *ns, const struct kvc_key *parent, const struc
             return written ? written : rc;
         for (size_t i = 0; i < chunk; i++)
             if (r->slots[i].status == KVC_SLOT_RESERVED)
-                memcpy(r->slots[i].data, blocks[done + i], ns->block_bytes);
+                kvci_copy_to_arena(r->slots[i].data, blocks[done + i], ns->block_bytes);
         bool complete = r->slots[chunk - 1].status == KVC_SLOT_PRESENT ||
                         r->slots[chunk - 1].status == KVC_SLOT_RESERVED;
         if (r->id) {

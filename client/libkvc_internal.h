@@ -182,6 +182,12 @@ int kvci_fast_resolve(kvc_ns *ns, const struct kvc_key *k, const void **data, si
 /* Unmaps the indexes and the hit ring (kvc_disconnect). */
 void kvci_fast_fini(kvc_client *c);
 
+/* Copies a block into an arena slot for a put (libkvc_copy.c): of KVCI_STREAM_MIN bytes or
+ * more with non-temporal stores, fenced, so the bytes are in memory before the commit that
+ * publishes them is sent; else memcpy. */
+#define KVCI_STREAM_MIN (32u << 10)
+void kvci_copy_to_arena(void *dst, const void *src, size_t len);
+
 uint64_t kvc_layout_salt(const struct kvc_wire_layout *l);
 void kvc_key_chain(uint64_t salt, const struct kvc_key *parent, const uint32_t *tokens,
                    size_t ntokens, uint32_t block_tokens, const void *extra, size_t extra_len,

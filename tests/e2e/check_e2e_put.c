@@ -12,6 +12,7 @@
  * - a connection closed with a commit error reply unread, or with a commit still unread by
  *   the daemon, leaks no reservation, pin or slot: the daemon handles the commit a client
  *   sent before it closed, and drops a reservation nobody committed;
+ * - blocks large enough to be copied with non-temporal stores read back the same elsewhere;
  * - SYNC and the COMMIT flags are checked like every other field.
  *
  * A put is made to take longer than the reservation timeout by a source block in a page
@@ -232,6 +233,38 @@ START_TEST(test_put_flush_without_puts)
     ck_assert_int_eq(kvc_flush(c), 0);
     ck_assert_int_eq(kvc_flush(c), 0);
     kvc_disconnect(c);
+    pt_stop();
+}
+END_TEST
+
+START_TEST(test_put_large_blocks_read_elsewhere)
+{
+    /* Blocks from KVCI_STREAM_MIN (32 KiB) up are copied into the arena with non-temporal
+     * stores (client/libkvc_copy.c): another client reads the same bytes after the flush. */
+    static const uint32_t tokens[] = {33, 64, 256};
+    pt_start(pt_args);
+    for (size_t t = 0; t < sizeof(tokens) / sizeof(tokens[0]); t++) {
+        char model[32];
+        snprintf(model, sizeof(model), "e2e-put-large-%u", tokens[t]);
+        struct kvc_layout lay = daemon_layout(model, tokens[t]);
+        kvc_client *c, *o;
+        kvc_ns *ns, *ons;
+        struct kvc_key k[PT_N];
+        ck_assert_int_eq(kvc_connect(pt_d.sock, &c), 0);
+        ck_assert_int_eq(kvc_ns_open(c, &lay, &ns), 0);
+        ck_assert_int_eq(kvc_connect(pt_d.sock, &o), 0);
+        ck_assert_int_eq(kvc_ns_open(o, &lay, &ons), 0);
+        ck_assert_uint_ge(kvc_ns_block_bytes(ns), 32u << 10);
+        ck_assert_int_eq(daemon_chain_keys(ns, 9, 0, PT_N, PT_N, k), 0);
+        void **b = pt_blocks(ns, k, PT_N);
+        ck_assert_int_eq(kvc_put_prefix(ns, NULL, k, PT_N, (const void *const *)b), PT_N);
+        ck_assert_int_eq(kvc_flush(c), 0);
+        ck_assert_int_eq(pt_get(ons, k, PT_N), PT_N);
+        ck_assert_int_eq(pt_hits(ons, k, PT_N), PT_N);
+        pt_blocks_free(b, PT_N);
+        kvc_disconnect(o);
+        kvc_disconnect(c);
+    }
     pt_stop();
 }
 END_TEST
@@ -560,6 +593,7 @@ int main(void)
     tcase_set_timeout(tc, daemon_slow() * 90);
     tcase_add_test(tc, test_put_seen_by_self_at_once);
     tcase_add_test(tc, test_put_flush_without_puts);
+    tcase_add_test(tc, test_put_large_blocks_read_elsewhere);
     tcase_add_test(tc, test_put_flush_makes_it_visible_to_others);
     tcase_add_test(tc, test_put_disconnect_makes_it_visible_to_others);
     tcase_add_test(tc, test_put_commit_error_reported_by_next_put);
