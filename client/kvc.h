@@ -329,7 +329,10 @@ KVC_API int kvc_resv_status(const kvc_resv *r, size_t i);
  * abort. */
 KVC_API void *kvc_resv_data(kvc_resv *r, size_t i);
 
-/* Copies len bytes (the block size) into the slot of key i. Errors: -EINVAL, -ERANGE. */
+/* Copies len bytes (the block size) into the slot of key i: blocks of 32 KiB and more with
+ * non-temporal stores (they go to memory, not to this CPU's cache: the block is for other
+ * processes to read; KVC_PUT_STREAM=0 in the environment makes it a memcpy), as
+ * kvc_put_prefix does. Errors: -EINVAL, -ERANGE. */
 KVC_API int kvc_resv_write(kvc_resv *r, size_t i, const void *src, size_t len);
 
 /* Makes the first `n` reserved slots visible (SIZE_MAX: all) and frees the rest; frees r.
@@ -354,8 +357,9 @@ KVC_API int kvc_get_prefix(kvc_ns *ns, const struct kvc_key *keys, size_t n, voi
 /* Stores blocks[i] under keys[i] for every key not cached yet (chain as in kvc_reserve).
  * Returns the number of blocks written; keys busy in another client are left to it.
  *
- * It takes one round trip (a reservation of the whole prefix; one per 2048 keys) and sends
- * the commit without waiting for its reply. What that promises:
+ * It takes one round trip (a reservation of the whole prefix; one per 2048 keys), copies
+ * the blocks as kvc_resv_write does, and sends the commit without waiting for its reply.
+ * What that promises:
  *  - this client: every later call on it finds the blocks committed (the daemon handles a
  *    connection's requests in order), and a later put may hang from them (parent);
  *  - other clients and processes: the blocks are visible to them once the daemon has taken

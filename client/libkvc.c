@@ -245,28 +245,41 @@ static int kvc_defer_drain(kvc_client *c, bool wait)
 }
 
 /* Sends the request in c->tx and returns without its reply, which a later call reads
- * (kvc_defer_take): expect is what a COMMIT must answer (blocks committed), tag the
- * kvc_put_prefix call that sent it. With KVC_DEFER_MAX requests in flight it first waits
- * for the oldest reply, so the daemon never holds more unread replies for this client than
- * its socket buffer takes. 0 or a transport error. Caller holds c->mu. */
+ * (kvc_defer_take): quiet if the daemon answers only a failure, expect what a COMMIT's reply
+ * must say (blocks committed), tag the kvc_put_prefix call that sent it. The caller made room
+ * (kvc_defer_room) before it built the request. 0 or a transport error. c->mu held. */
 static int kvc_send_nowait(kvc_client *c, uint16_t op, uint32_t len, bool quiet,
                            uint32_t expect, uint64_t tag)
 {
-    const struct kvc_msg_hdr *r = (const struct kvc_msg_hdr *)c->rx;
-    while (c->ndefer == KVC_DEFER_MAX) {
-        ssize_t n = kvc_recv_one(c, NULL, false);
-        if (n < 0)
-            return kvc_fail(c, (int)n);
-        if (r->req_id == 0 && r->status < 0)
-            return kvc_dead(c, r->status);
-        kvc_defer_take(c, r);
-    }
+    if (c->ndefer == KVC_DEFER_MAX)
+        return -EAGAIN; /* a caller that did not make room: nothing sent */
     int rc = kvc_send(c, op, len);
     if (rc)
         return rc;
     c->defer[c->ndefer++] = (struct kvc_defer){
         .req_id = c->next_req, .op = op, .quiet = quiet, .expect = expect, .tag = tag};
     return 0;
+}
+
+/* Settles every request sent without waiting: a SYNC after them when the last is quiet (its
+ * reply settles the quiet ones before it, their error replies come first), then the replies
+ * still to come. Overwrites c->tx. 0, or the error that ended the connection. c->mu held. */
+static int kvc_defer_settle(kvc_client *c)
+{
+    int rc = 0;
+    if (c->ndefer && c->defer[c->ndefer - 1].quiet) {
+        struct kvc_sync_req *q = (struct kvc_sync_req *)((struct kvc_msg_hdr *)c->tx + 1);
+        *q = (struct kvc_sync_req){0};
+        rc = kvc_call(c, KVC_OP_SYNC, sizeof(*q), NULL);
+    }
+    return rc ? rc : kvc_defer_drain(c, true);
+}
+
+/* Room for one more request sent without waiting, before the caller builds it in c->tx: the
+ * daemon never holds more than KVC_DEFER_MAX of them unread for this client. c->mu held. */
+static int kvc_defer_room(kvc_client *c)
+{
+    return c->ndefer < KVC_DEFER_MAX ? 0 : kvc_defer_settle(c);
 }
 
 int kvci_call(kvc_client *c, uint16_t op, uint32_t len, int *fd)
@@ -1363,11 +1376,14 @@ KVC_API int kvc_put_prefix(kvc_ns *ns, const struct kvc_key *parent, const struc
                         r->slots[chunk - 1].status == KVC_SLOT_RESERVED;
         if (r->id) {
             pthread_mutex_lock(&c->mu);
-            struct kvc_commit_req *q = kvc_req(c);
-            *q = (struct kvc_commit_req){
-                .resv_id = r->id, .ncommit = UINT32_MAX, .flags = KVC_COMMIT_F_QUIET};
-            rc = kvc_send_nowait(c, KVC_OP_COMMIT, sizeof(*q), true, (uint32_t)r->nreserved,
-                                 tag);
+            rc = kvc_defer_room(c);
+            if (rc == 0) {
+                struct kvc_commit_req *q = kvc_req(c);
+                *q = (struct kvc_commit_req){
+                    .resv_id = r->id, .ncommit = UINT32_MAX, .flags = KVC_COMMIT_F_QUIET};
+                rc = kvc_send_nowait(c, KVC_OP_COMMIT, sizeof(*q), true,
+                                     (uint32_t)r->nreserved, tag);
+            }
             pthread_mutex_unlock(&c->mu);
             if (rc < 0) {
                 free(r);
@@ -1385,19 +1401,11 @@ KVC_API int kvc_put_prefix(kvc_ns *ns, const struct kvc_key *parent, const struc
 
 KVC_API int kvc_flush(kvc_client *c)
 {
-    int rc = 0;
+    int rc;
     if (!c)
         return -EINVAL;
     pthread_mutex_lock(&c->mu);
-    if (c->ndefer && c->defer[c->ndefer - 1].quiet) {
-        /* A quiet commit answers only a failure: the reply to a SYNC after it says it was
-         * handled (kvc_defer_take), and any failure came before. */
-        struct kvc_sync_req *q = kvc_req(c);
-        *q = (struct kvc_sync_req){0};
-        rc = kvc_call(c, KVC_OP_SYNC, sizeof(*q), NULL);
-    }
-    if (rc == 0)
-        rc = kvc_defer_drain(c, true);
+    rc = kvc_defer_settle(c);
     int err = kvc_defer_err_take(c);
     pthread_mutex_unlock(&c->mu);
     return err ? err : rc;
