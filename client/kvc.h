@@ -161,9 +161,6 @@ struct kvc_block_info {
 
 /* Connects to kvcd at `path`; NULL means $KVCD_SOCKET, else $XDG_RUNTIME_DIR/kvcd.sock, else
  * /run/kvcd/kvcd.sock. On success *out is owned by the caller until kvc_disconnect().
- * KVC_POLL_US=N in the environment (read here, 0 to 1000, default 0): a wait for a reply
- * polls the socket for up to N microseconds before it sleeps, which saves the wake-up of an
- * idle CPU where those are slow (virtual machines) at the cost of that CPU time.
  * Errors: -ENOENT, -ECONNREFUSED, -EACCES, -EUSERS (kvcd holds as many connections as it
  * allows, of this user or in all), -EPROTO (version), -ENOMEM, -ENAMETOOLONG. */
 KVC_API int kvc_connect(const char *path, kvc_client **out);

@@ -11,8 +11,7 @@
  * the client until kvc_put_prefix or kvc_flush reports it, so no call has to wait for a
  * commit and none is lost; kvc_flush sends SYNC to settle what is in flight. So a put is one
  * round trip (the RESERVE of the whole prefix), and the commit rides ahead of the next
- * request, handled in the daemon's same wake-up. A wait for a reply may poll the socket
- * first (KVC_POLL_US), to spare the wake-up of an idle CPU.
+ * request, handled in the daemon's same wake-up.
  * Arenas arrive as descriptors on the NS_OPEN reply and are mapped once (MAP_POPULATE, so
  * the first copies do not fault page by page); every location the daemon sends is checked
  * against the mapping before it is turned into a pointer. Lookups and reservations longer
@@ -38,9 +37,6 @@
 #include "kernels/kern_dev.h"
 
 #define KVC_LEASE_MAX_CHUNKS 8
-/* Polling before a blocking read of a reply (KVC_POLL_US): off unless asked for. */
-#define KVC_POLL_US_DEFAULT 0ul
-#define KVC_POLL_US_MAX 1000ul
 /* How long kvc_disconnect waits for the commits in flight. */
 #define KVC_DISCONNECT_WAIT_MS 2000
 /* How long kvc_lookup waits for reads from disk before giving up on them. */
@@ -147,10 +143,12 @@ static int kvc_fail(kvc_client *c, int e)
 
 /* Reads one message into c->rx. A descriptor riding along goes to *fd if fd is not NULL and
  * *fd < 0, else it is closed. Returns the message's length; -EAGAIN when nowait and none is
- * there; or a transport error (-ECONNRESET at the end of the stream, -EPROTO for a malformed
- * message). Unless nowait, it first polls the socket for c->poll_ns before it blocks: a reply
- * that comes within that time is read without a wake-up of this CPU (KVC_POLL_US). Caller
- * holds c->mu. */
+ * there; -ETIMEDOUT when a blocking read ran past SO_RCVTIMEO (kvc_disconnect); or a
+ * transport error (-ECONNRESET at the end of the stream, -EPROTO for a malformed message).
+ * Caller holds c->mu. (Polling the socket for 20-60 us before blocking, to spare this CPU a
+ * wake-up, was tried in issue 16 on a 2-vCPU VM: the fastest RESERVE round trips after a
+ * 16 MiB copy stayed at 30-40 us, the medians moved within the noise, and with two clients
+ * one gained what the other lost, so it was left out; docs/performance.md.) */
 static ssize_t kvc_recv_one(kvc_client *c, int *fd, bool nowait)
 {
     const struct kvc_msg_hdr *r = (const struct kvc_msg_hdr *)c->rx;
@@ -160,8 +158,6 @@ static ssize_t kvc_recv_one(kvc_client *c, int *fd, bool nowait)
     } ctl;
     struct iovec iov;
     struct msghdr msg;
-    uint64_t until = 0;
-    bool spin = !nowait && c->poll_ns;
     ssize_t n;
     for (;;) {
         iov = (struct iovec){.iov_base = c->rx, .iov_len = KVC_PROTO_MAX_MSG};
@@ -169,22 +165,14 @@ static ssize_t kvc_recv_one(kvc_client *c, int *fd, bool nowait)
                               .msg_iovlen = 1,
                               .msg_control = ctl.buf,
                               .msg_controllen = sizeof(ctl.buf)};
-        n = recvmsg(c->fd, &msg, MSG_CMSG_CLOEXEC | (nowait || spin ? MSG_DONTWAIT : 0));
+        n = recvmsg(c->fd, &msg, MSG_CMSG_CLOEXEC | (nowait ? MSG_DONTWAIT : 0));
         if (n >= 0)
             break;
         if (errno == EINTR)
             continue;
         if (errno != EAGAIN && errno != EWOULDBLOCK)
             return -errno;
-        if (nowait)
-            return -EAGAIN;
-        if (!spin)
-            return -ETIMEDOUT; /* a blocking read ran past SO_RCVTIMEO (kvc_disconnect) */
-        uint64_t now = kvc_mono_ns();
-        if (!until)
-            until = now + c->poll_ns;
-        else if (now >= until)
-            spin = false; /* nothing within the poll: block */
+        return nowait ? -EAGAIN : -ETIMEDOUT;
     }
     if (n == 0)
         return -ECONNRESET;
@@ -354,22 +342,6 @@ KVC_API const char *kvc_default_socket(void)
     return path;
 }
 
-/* KVC_POLL_US from the environment: microseconds a wait for a reply polls the socket
- * before it blocks, at most KVC_POLL_US_MAX; KVC_POLL_US_DEFAULT when unset or malformed. */
-static uint64_t kvc_poll_ns(void)
-{
-    const char *e = getenv("KVC_POLL_US");
-    char *end;
-    unsigned long us;
-    if (!e || !*e)
-        return KVC_POLL_US_DEFAULT * 1000ull;
-    errno = 0;
-    us = strtoul(e, &end, 10);
-    if (errno || *end || e[0] == '-')
-        return KVC_POLL_US_DEFAULT * 1000ull;
-    return (us > KVC_POLL_US_MAX ? KVC_POLL_US_MAX : us) * 1000ull;
-}
-
 KVC_API int kvc_connect(const char *path, kvc_client **out)
 {
     struct sockaddr_un a = {.sun_family = AF_UNIX};
@@ -390,7 +362,6 @@ KVC_API int kvc_connect(const char *path, kvc_client **out)
     c->rx = malloc(KVC_PROTO_MAX_MSG);
     const char *nf = getenv("KVC_NO_FASTPATH");
     c->fast_off = nf && *nf && strcmp(nf, "0") != 0;
-    c->poll_ns = kvc_poll_ns();
     pthread_mutex_init(&c->mu, NULL);
     c->fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     if (!c->tx || !c->rx || c->fd < 0) {
@@ -436,10 +407,8 @@ KVC_API void kvc_disconnect(kvc_client *c)
          * every client by the time this returns. */
         struct timeval tv = {.tv_sec = KVC_DISCONNECT_WAIT_MS / 1000,
                              .tv_usec = (KVC_DISCONNECT_WAIT_MS % 1000) * 1000};
-        if (setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) == 0) {
-            c->poll_ns = 0;
+        if (setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) == 0)
             kvc_flush(c);
-        }
     }
     if (c->gpu_hooks)
         c->gpu_hooks->fini(c); /* before the arenas it registered are unmapped */

@@ -102,7 +102,6 @@ struct kvc_client {
     uint64_t defer_err_tag;
     uint32_t defer_err_blocks;
     uint64_t put_calls;
-    uint64_t poll_ns; /* how long a wait for a reply polls before it blocks (KVC_POLL_US) */
     /* GPU state (libkvc_gpu.c), all zero until kvc_gpu_attach() */
     const struct kvc_gpu_hooks *gpu_hooks;
     void *gpu; /* struct kvc_gpu, owned */
