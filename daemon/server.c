@@ -928,8 +928,16 @@ static int server_on_reserve(struct server *sv, struct conn *c, const struct pro
         c->resv = nr;
         c->capresv = ncap;
     }
+    /* Room made here is made while the client waits: counted, so that a trim that falls
+     * behind the puts (server_trim_due, the tick) shows. */
+    uint64_t ev0 = sv->store->total.evicted_blocks + sv->store->total.demoted_clean;
     int n = store_reserve(sv->store, &c->owner, q->ns_id, &q->parent, r->tail, want, now,
                           &resv, sv->st, sv->locs);
+    uint64_t ev = sv->store->total.evicted_blocks + sv->store->total.demoted_clean - ev0;
+    if (ev && ns) {
+        sv->store->total.reserve_evictions += ev;
+        store_ns_get(sv->store, q->ns_id)->stats.reserve_evictions += ev;
+    }
     if (n < 0)
         return server_store_rc(sv, c, n);
     if (may_wait && server_reserve_may_wait(sv, c, q->ns_id, want, now)) {
