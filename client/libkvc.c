@@ -44,13 +44,6 @@
 
 /* ---- transport ------------------------------------------------------------------------ */
 
-static uint64_t kvc_mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* Sends tx (header + len payload) and waits for the matching reply in rx. Returns the reply
  * status (0 or -errno from the daemon) or a transport error; *fd receives an attached
  * descriptor (or -1) when fd is not NULL. Caller holds c->mu. */
@@ -639,6 +632,13 @@ static void kvc_kern_layout(const kvc_ns *ns, struct kern_layout *kl)
                                .tokens = ns->layout.block_tokens,
                                .dtype = ns->layout.dtype,
                                .k_only = ns->layout.kv_kind == KVC_WIRE_KV_KIND_K_ONLY};
+}
+
+static uint64_t kvc_mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
 /* Adds the time of one copy out of the arena to the lease (several threads may copy from
