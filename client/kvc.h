@@ -17,6 +17,7 @@
  *     for (i = 0; i < hit; i++) kvc_lease_copy(l, i, dst[i], block_bytes);
  *     kvc_release(l);
  *     ... compute blocks hit..n-1, then kvc_put_prefix(ns, &keys[hit-1], keys+hit, ...) ...
+ *     kvc_flush(c);                                   // before another process looks
  *
  * Errors: every function returning int returns 0 (or a count) on success and a negative
  * errno on failure; kvc_strerror() turns it into text. Common values:
@@ -165,7 +166,10 @@ struct kvc_block_info {
 KVC_API int kvc_connect(const char *path, kvc_client **out);
 
 /* Closes the connection: every lease and reservation of this client is dropped by the
- * daemon, every namespace handle and arena mapping freed. NULL is a no-op. */
+ * daemon, every namespace handle and arena mapping freed. NULL is a no-op. Commits that
+ * kvc_put_prefix() sent without waiting land all the same (the daemon handles what the
+ * connection sent before it ended); this waits for them (at most 2 s), so they are visible
+ * to every client on return. Their errors are lost here: call kvc_flush() first to see them. */
 KVC_API void kvc_disconnect(kvc_client *c);
 
 /* The socket path kvc_connect(NULL, ...) would use. Static storage. */
@@ -322,7 +326,10 @@ KVC_API int kvc_resv_status(const kvc_resv *r, size_t i);
  * abort. */
 KVC_API void *kvc_resv_data(kvc_resv *r, size_t i);
 
-/* Copies len bytes (the block size) into the slot of key i. Errors: -EINVAL, -ERANGE. */
+/* Copies len bytes (the block size) into the slot of key i: blocks of 32 KiB and more with
+ * non-temporal stores (they go to memory, not to this CPU's cache: the block is for other
+ * processes to read; KVC_PUT_STREAM=0 in the environment makes it a memcpy), as
+ * kvc_put_prefix does. Errors: -EINVAL, -ERANGE. */
 KVC_API int kvc_resv_write(kvc_resv *r, size_t i, const void *src, size_t len);
 
 /* Makes the first `n` reserved slots visible (SIZE_MAX: all) and frees the rest; frees r.
@@ -345,9 +352,32 @@ KVC_API int kvc_abort(kvc_resv *r);
 KVC_API int kvc_get_prefix(kvc_ns *ns, const struct kvc_key *keys, size_t n, void *const *dst);
 
 /* Stores blocks[i] under keys[i] for every key not cached yet (chain as in kvc_reserve).
- * Returns the number of blocks written; keys busy in another client are left to it. */
+ * Returns the number of blocks written; keys busy in another client are left to it.
+ *
+ * It takes one round trip (a reservation of the whole prefix; one per 2048 keys), copies
+ * the blocks as kvc_resv_write does, and sends the commit without waiting for its reply.
+ * What that promises:
+ *  - this client: every later call on it finds the blocks committed (the daemon handles a
+ *    connection's requests in order), and a later put may hang from them (parent);
+ *  - other clients and processes: the blocks are visible to them once the daemon has taken
+ *    the commit, which is on its way but may not be done when this returns. kvc_flush()
+ *    waits until it is: after kvc_flush() returned 0, every block this client's puts
+ *    counted is visible to every client. Call it before telling another process to look.
+ *  - errors: the commit's reply is read by the next call on this client that reads from
+ *    the socket. A commit that failed (-ETIMEDOUT: the reservation outlived
+ *    server.reservation_timeout; -EPIPE/-ECONNRESET: the connection ended before its reply)
+ *    did not store the blocks it counted; its error is kept, never dropped, and returned by
+ *    the next kvc_put_prefix() on this client (which then stores nothing, so the same call
+ *    may be repeated) or kvc_flush(), whichever comes first. Other calls leave it kept.
+ * Errors: -EINVAL, -EACCES, -EDQUOT, -EMFILE, -EPIPE, and a kept commit error as above. */
 KVC_API int kvc_put_prefix(kvc_ns *ns, const struct kvc_key *parent, const struct kvc_key *keys,
                            size_t n, const void *const *blocks);
+
+/* Waits for the replies of every commit kvc_put_prefix() sent without waiting (none in
+ * flight: returns at once, with no system call). Returns 0 once every block those puts
+ * counted is committed and visible to every client, or the first commit error kept since
+ * the last report (which it clears; see kvc_put_prefix). Thread-safe like every call. */
+KVC_API int kvc_flush(kvc_client *c);
 
 /* ---- inspection --------------------------------------------------------------------- */
 

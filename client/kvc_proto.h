@@ -15,6 +15,13 @@
  * (status = -errno) with the same opcode and request id. A batch that names one key twice
  * (LOOKUP, RESERVE, LOOKUP_BUDGET, HINT) is refused with -EINVAL: a chain never repeats a key.
  *
+ * Order: the daemon reads a connection's requests in the order they were sent and handles
+ * each before it reads the next; most are answered at once, in that order (a WAIT, and a
+ * RESERVE or LOOKUP waiting for disk room, are answered later; a COMMIT never waits). So a
+ * reply says every earlier COMMIT of the connection was handled, and a client may send a
+ * COMMIT without waiting for its reply: libkvc sends kvc_put_prefix's quiet
+ * (KVC_COMMIT_F_QUIET: no reply unless it fails) and SYNC when it must know.
+ *
  * Notices: before the daemon closes a connection on its own — refused at accept (-EUSERS:
  * server.max_clients or max_clients_per_uid), no HELLO in time or idle too long
  * (-ETIMEDOUT) — it sends one reply with request id 0 (never used by a request), opcode HELLO
@@ -56,6 +63,7 @@
     X(HINT, 16, 0, "per-block importance scores for the policies (H2O mass, SnapKV score)")       \
     X(LOOKUP_BUDGET, 17, 0, "at most N blocks of a cached prefix, chosen by a policy; pinned")    \
     X(FAST_ATTACH, 18, 0, "the fast path: an arena's shared index or this client's hit ring")    \
+    X(SYNC, 19, 0, "a barrier: answered once every earlier request of the connection is handled") \
     X(CLIENTS, 32, 0, "connected clients: pid, uid, pins, reservations, counters")                 \
     X(METRICS, 33, 0, "every counter in the Prometheus text format, paged")                        \
     X(CONFIG_GET, 34, 0, "the value of one option")                                                \
@@ -269,14 +277,26 @@ struct kvc_wire_slot_rep {
 struct kvc_commit_req {
     uint64_t resv_id;
     uint32_t ncommit;
-    uint32_t pad;
+    uint32_t flags; /* KVC_COMMIT_F_* */
 };
+/* COMMIT flag: reply only if it fails. The client sends it without waiting (kvc_put_prefix):
+ * a reply to any later request on the connection says it was handled, and the absence of an
+ * error reply before it that it succeeded. */
+#define KVC_COMMIT_F_QUIET 0x1u
 struct kvc_commit_rep {
     uint32_t committed;
     uint32_t dropped;
 };
 struct kvc_abort_req {
     uint64_t resv_id;
+};
+
+/* SYNC: an empty reply (status 0), sent once every request before it on the connection has
+ * been handled ("Order" above; a WAIT, or a RESERVE or LOOKUP waiting for disk room, may be
+ * still pending). kvc_flush() sends it after quiet commits. Both fields zero. */
+struct kvc_sync_req {
+    uint32_t flags;
+    uint32_t pad;
 };
 
 /* STATS: scope 0 is the whole daemon, scope n is namespace n. */

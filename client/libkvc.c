@@ -4,6 +4,14 @@
  * DESIGN
  * One kvc_client is one SOCK_SEQPACKET connection. Calls take the client's mutex for the
  * whole round trip, so replies arrive in request order and are matched by request id.
+ * One request is sent without waiting for its reply: kvc_put_prefix's COMMIT, quiet (the
+ * daemon answers it only if it fails). It sits in c->defer until a later reply settles it:
+ * its own error reply, or the reply to any later request, which the daemon sends only after
+ * handling the commit (it handles a connection's requests in order). A failure is kept in
+ * the client until kvc_put_prefix or kvc_flush reports it, so no call has to wait for a
+ * commit and none is lost; kvc_flush sends SYNC to settle what is in flight. So a put is one
+ * round trip (the RESERVE of the whole prefix), and the commit rides ahead of the next
+ * request, handled in the daemon's same wake-up.
  * Arenas arrive as descriptors on the NS_OPEN reply and are mapped once (MAP_POPULATE, so
  * the first copies do not fault page by page); every location the daemon sends is checked
  * against the mapping before it is turned into a pointer. Lookups and reservations longer
@@ -16,6 +24,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -28,6 +37,8 @@
 #include "kernels/kern_dev.h"
 
 #define KVC_LEASE_MAX_CHUNKS 8
+/* How long kvc_disconnect waits for the commits in flight. */
+#define KVC_DISCONNECT_WAIT_MS 2000
 /* How long kvc_lookup waits for reads from disk before giving up on them. */
 #define KVC_LOOKUP_WAIT_MS 60000u
 
@@ -41,27 +52,99 @@ static int kvc_call(kvc_client *c, uint16_t op, uint32_t len, int *fd)
     return kvci_call(c, op, len, fd);
 }
 
+/* A request sent without waiting for its reply has failed (err): the first such error is
+ * kept for kvc_put_prefix() or kvc_flush() to report, with the call that sent it. */
+static void kvc_defer_fail(kvc_client *c, const struct kvc_defer *d, int err)
+{
+    if (c->defer_err)
+        return;
+    c->defer_err = err;
+    c->defer_err_tag = d->tag;
+    c->defer_err_blocks = d->expect;
+}
+
+/* If r answers a request sent without waiting, takes its verdict (kept if it failed) and
+ * forgets the request: true. Else false. */
+static bool kvc_defer_take(kvc_client *c, const struct kvc_msg_hdr *r)
+{
+    /* The daemon handles a connection's requests in order: a reply to a later request
+     * means every earlier one was handled, and one that sent no reply (a quiet commit,
+     * KVC_COMMIT_F_QUIET) succeeded. */
+    while (c->ndefer && c->defer[0].quiet && (int32_t)(r->req_id - c->defer[0].req_id) > 0) {
+        memmove(&c->defer[0], &c->defer[1], (c->ndefer - 1) * sizeof(c->defer[0]));
+        c->ndefer--;
+    }
+    for (uint32_t i = 0; i < c->ndefer; i++) {
+        struct kvc_defer *d = &c->defer[i];
+        if (d->req_id != r->req_id || d->op != r->opcode)
+            continue;
+        int err = r->status;
+        if (err == 0 && d->op == KVC_OP_COMMIT) {
+            const struct kvc_commit_rep *p = (const struct kvc_commit_rep *)(r + 1);
+            if (r->len != sizeof(*p) || p->committed != d->expect)
+                err = -EPROTO;
+        }
+        if (err)
+            kvc_defer_fail(c, d, err);
+        memmove(d, d + 1, (c->ndefer - i - 1) * sizeof(*d));
+        c->ndefer--;
+        return true;
+    }
+    return false;
+}
+
 /* After the connection failed: the notice the daemon left before closing it (kvc_proto.h),
  * as its status, or 0. A close with our request unread flags the socket with ECONNRESET,
- * which the first read returns before the queued notice. */
+ * which the first read returns before the queued notice; replies to requests sent without
+ * waiting may come before it too. */
 static int kvc_notice(kvc_client *c)
 {
     const struct kvc_msg_hdr *r = (const struct kvc_msg_hdr *)c->rx;
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 2 + KVC_DEFER_MAX; i++) {
         ssize_t m = recv(c->fd, c->rx, KVC_PROTO_MAX_MSG, MSG_DONTWAIT);
         if (m >= (ssize_t)sizeof(*r) && r->magic == KVC_PROTO_MAGIC && r->req_id == 0 &&
             r->status < 0)
             return r->status;
+        if (m >= (ssize_t)sizeof(*r) && r->magic == KVC_PROTO_MAGIC &&
+            (size_t)m == sizeof(*r) + r->len && kvc_defer_take(c, r))
+            continue;
         if (m >= 0 || (errno != ECONNRESET && errno != EPIPE))
             break;
     }
     return 0;
 }
 
-int kvci_call(kvc_client *c, uint16_t op, uint32_t len, int *fd)
+/* The connection ended (rc: why): it is dead from now on. A reply that will never come to a
+ * request sent without waiting counts as that request's failure. Returns rc. */
+static int kvc_dead(kvc_client *c, int rc)
 {
-    struct kvc_msg_hdr *h = (struct kvc_msg_hdr *)c->tx;
-    struct kvc_msg_hdr *r = (struct kvc_msg_hdr *)c->rx;
+    __atomic_store_n(&c->dead, true, __ATOMIC_RELAXED); /* read without mu */
+    if (c->ndefer)
+        kvc_defer_fail(c, &c->defer[0], rc);
+    c->ndefer = 0;
+    return rc;
+}
+
+/* kvc_dead for a transport error e (negative errno), reported as the daemon's notice if it
+ * left one. */
+static int kvc_fail(kvc_client *c, int e)
+{
+    int notice = e == -ECONNRESET || e == -EPIPE ? kvc_notice(c) : 0;
+    return kvc_dead(c, notice ? notice
+                              : e == -ECONNRESET || e == -EPIPE || e == -EPROTO ? e : -EPIPE);
+}
+
+/* Reads one message into c->rx. A descriptor riding along goes to *fd if fd is not NULL and
+ * *fd < 0, else it is closed. Returns the message's length; -EAGAIN when nowait and none is
+ * there; -ETIMEDOUT when a blocking read ran past SO_RCVTIMEO (kvc_disconnect); or a
+ * transport error (-ECONNRESET at the end of the stream, -EPROTO for a malformed message).
+ * Caller holds c->mu. (Polling the socket for 20-60 us before blocking, to spare this CPU a
+ * wake-up, was tried in issue 16 on a 2-vCPU VM: the fastest RESERVE round trips after a
+ * 16 MiB copy stayed at 30-40 us, the medians moved within the noise, and with two clients
+ * one gained what the other lost, so it was left out; docs/performance.md.) */
+static ssize_t kvc_recv_one(kvc_client *c, int *fd, bool nowait)
+{
+    const struct kvc_msg_hdr *r = (const struct kvc_msg_hdr *)c->rx;
     union {
         char buf[CMSG_SPACE(sizeof(int))];
         struct cmsghdr align;
@@ -69,8 +152,46 @@ int kvci_call(kvc_client *c, uint16_t op, uint32_t len, int *fd)
     struct iovec iov;
     struct msghdr msg;
     ssize_t n;
-    if (fd)
-        *fd = -1;
+    for (;;) {
+        iov = (struct iovec){.iov_base = c->rx, .iov_len = KVC_PROTO_MAX_MSG};
+        msg = (struct msghdr){.msg_iov = &iov,
+                              .msg_iovlen = 1,
+                              .msg_control = ctl.buf,
+                              .msg_controllen = sizeof(ctl.buf)};
+        n = recvmsg(c->fd, &msg, MSG_CMSG_CLOEXEC | (nowait ? MSG_DONTWAIT : 0));
+        if (n >= 0)
+            break;
+        if (errno == EINTR)
+            continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK)
+            return -errno;
+        return nowait ? -EAGAIN : -ETIMEDOUT;
+    }
+    if (n == 0)
+        return -ECONNRESET;
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
+        if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS &&
+            cm->cmsg_len == CMSG_LEN(sizeof(int))) {
+            int got;
+            memcpy(&got, CMSG_DATA(cm), sizeof(int));
+            if (fd && *fd < 0)
+                *fd = got;
+            else
+                close(got);
+        }
+    }
+    if ((size_t)n < sizeof(*r) || r->magic != KVC_PROTO_MAGIC || r->len != (size_t)n - sizeof(*r) ||
+        (msg.msg_flags & MSG_TRUNC))
+        return -EPROTO;
+    return n;
+}
+
+/* Sends the request in c->tx (header filled here, payload of len bytes) under a new request
+ * id. 0 or a transport error. Caller holds c->mu. */
+static int kvc_send(kvc_client *c, uint16_t op, uint32_t len)
+{
+    struct kvc_msg_hdr *h = (struct kvc_msg_hdr *)c->tx;
+    ssize_t n;
     if (c->dead)
         return -EPIPE;
     if (++c->next_req == 0)
@@ -83,64 +204,96 @@ int kvci_call(kvc_client *c, uint16_t op, uint32_t len, int *fd)
     do
         n = send(c->fd, c->tx, sizeof(*h) + len, MSG_NOSIGNAL);
     while (n < 0 && errno == EINTR);
-    if (n < 0)
-        goto dead;
+    return n < 0 ? kvc_fail(c, errno ? -errno : -EPIPE) : 0;
+}
+
+/* Reads the replies of requests sent without waiting: those already here (wait false), or
+ * every one (wait true). 0, or the error that ended the connection. Caller holds c->mu. */
+static int kvc_defer_drain(kvc_client *c, bool wait)
+{
+    const struct kvc_msg_hdr *r = (const struct kvc_msg_hdr *)c->rx;
+    while (c->ndefer) {
+        ssize_t n = kvc_recv_one(c, NULL, !wait);
+        if (n == -EAGAIN)
+            return 0;
+        if (n < 0)
+            return kvc_fail(c, (int)n);
+        if (r->req_id == 0 && r->status < 0) /* a notice: the daemon closes the connection */
+            return kvc_dead(c, r->status);
+        kvc_defer_take(c, r); /* else a reply to an earlier, abandoned request */
+    }
+    return 0;
+}
+
+/* Sends the request in c->tx and returns without its reply, which a later call reads
+ * (kvc_defer_take): quiet if the daemon answers only a failure, expect what a COMMIT's reply
+ * must say (blocks committed), tag the kvc_put_prefix call that sent it. The caller made room
+ * (kvc_defer_room) before it built the request. 0 or a transport error. c->mu held. */
+static int kvc_send_nowait(kvc_client *c, uint16_t op, uint32_t len, bool quiet,
+                           uint32_t expect, uint64_t tag)
+{
+    if (c->ndefer == KVC_DEFER_MAX)
+        return -EAGAIN; /* a caller that did not make room: nothing sent */
+    int rc = kvc_send(c, op, len);
+    if (rc)
+        return rc;
+    c->defer[c->ndefer++] = (struct kvc_defer){
+        .req_id = c->next_req, .op = op, .quiet = quiet, .expect = expect, .tag = tag};
+    return 0;
+}
+
+/* Settles every request sent without waiting: a SYNC after them when the last is quiet (its
+ * reply settles the quiet ones before it, their error replies come first), then the replies
+ * still to come. Overwrites c->tx. 0, or the error that ended the connection. c->mu held. */
+static int kvc_defer_settle(kvc_client *c)
+{
+    int rc = 0;
+    if (c->ndefer && c->defer[c->ndefer - 1].quiet) {
+        struct kvc_sync_req *q = (struct kvc_sync_req *)((struct kvc_msg_hdr *)c->tx + 1);
+        *q = (struct kvc_sync_req){0};
+        rc = kvc_call(c, KVC_OP_SYNC, sizeof(*q), NULL);
+    }
+    return rc ? rc : kvc_defer_drain(c, true);
+}
+
+/* Room for one more request sent without waiting, before the caller builds it in c->tx: the
+ * daemon never holds more than KVC_DEFER_MAX of them unread for this client. c->mu held. */
+static int kvc_defer_room(kvc_client *c)
+{
+    return c->ndefer < KVC_DEFER_MAX ? 0 : kvc_defer_settle(c);
+}
+
+int kvci_call(kvc_client *c, uint16_t op, uint32_t len, int *fd)
+{
+    const struct kvc_msg_hdr *r = (const struct kvc_msg_hdr *)c->rx;
+    uint32_t id;
+    int rc;
+    if (fd)
+        *fd = -1;
+    rc = kvc_send(c, op, len);
+    if (rc)
+        return rc;
+    id = c->next_req;
     for (;;) {
-        iov = (struct iovec){.iov_base = c->rx, .iov_len = KVC_PROTO_MAX_MSG};
-        msg = (struct msghdr){.msg_iov = &iov,
-                              .msg_iovlen = 1,
-                              .msg_control = ctl.buf,
-                              .msg_controllen = sizeof(ctl.buf)};
-        n = recvmsg(c->fd, &msg, MSG_CMSG_CLOEXEC);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0) {
-            if (n == 0)
-                errno = ECONNRESET;
-            goto dead;
-        }
-        for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
-            if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS &&
-                cm->cmsg_len == CMSG_LEN(sizeof(int))) {
-                int got;
-                memcpy(&got, CMSG_DATA(cm), sizeof(int));
-                if (fd && *fd < 0)
-                    *fd = got;
-                else
-                    close(got);
-            }
-        }
-        if ((size_t)n < sizeof(*r) || r->magic != KVC_PROTO_MAGIC ||
-            r->len != (size_t)n - sizeof(*r) || (msg.msg_flags & MSG_TRUNC)) {
-            errno = EPROTO;
-            goto dead;
-        }
-        if (r->req_id == 0 && r->status < 0) {
-            /* A notice: the daemon closes this connection (kvc_proto.h). */
-            __atomic_store_n(&c->dead, true, __ATOMIC_RELAXED); /* read without mu */
+        ssize_t n = kvc_recv_one(c, fd, false);
+        if (n < 0 || (r->req_id == 0 && r->status < 0)) {
+            /* The end of the connection, or a notice: the daemon closes it (kvc_proto.h). */
+            rc = n < 0 ? kvc_fail(c, (int)n) : kvc_dead(c, r->status);
             if (fd && *fd >= 0) {
                 close(*fd);
                 *fd = -1;
             }
-            return r->status;
+            return rc;
         }
-        if (r->req_id != h->req_id || r->opcode != op)
-            continue; /* a reply to an earlier, abandoned request */
-        return r->status;
-    }
-dead:
-    {
-        int e = errno ? errno : EPIPE;
-        /* A notice the daemon left says why it closed the connection. */
-        int notice = e == ECONNRESET || e == EPIPE ? kvc_notice(c) : 0;
-        __atomic_store_n(&c->dead, true, __ATOMIC_RELAXED);
+        /* The reply to a request sent without waiting (earlier, so it comes first), or to an
+         * earlier, abandoned one; or ours, which also says the quiet ones before it are done. */
+        kvc_defer_take(c, r);
+        if (r->req_id == id && r->opcode == op)
+            return r->status;
         if (fd && *fd >= 0) {
             close(*fd);
             *fd = -1;
         }
-        if (notice)
-            return notice;
-        return e == ECONNRESET || e == EPIPE || e == EPROTO ? -e : -EPIPE;
     }
 }
 
@@ -241,6 +394,15 @@ KVC_API void kvc_disconnect(kvc_client *c)
 {
     if (!c)
         return;
+    if (c->ndefer && !c->dead && c->fd >= 0) {
+        /* Commits in flight land anyway (the daemon handles what the connection sent before
+         * its end); waiting for them, at most KVC_DISCONNECT_WAIT_MS, makes them visible to
+         * every client by the time this returns. */
+        struct timeval tv = {.tv_sec = KVC_DISCONNECT_WAIT_MS / 1000,
+                             .tv_usec = (KVC_DISCONNECT_WAIT_MS % 1000) * 1000};
+        if (setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) == 0)
+            kvc_flush(c);
+    }
     if (c->gpu_hooks)
         c->gpu_hooks->fini(c); /* before the arenas it registered are unmapped */
     if (c->fd >= 0)
@@ -922,25 +1084,29 @@ KVC_API int kvc_reserve(kvc_ns *ns, const struct kvc_key *parent, const struct k
     return kvci_reserve_flags(ns, parent, keys, n, 0, out);
 }
 
-int kvci_reserve_flags(kvc_ns *ns, const struct kvc_key *parent, const struct kvc_key *keys,
-                       size_t n, uint32_t flags, kvc_resv **out)
+/* ABORT of reservation id. Caller holds c->mu. */
+static int kvc_abort_id(kvc_client *c, uint64_t id)
 {
-    kvc_client *c;
+    struct kvc_abort_req *q = kvc_req(c);
+    q->resv_id = id;
+    return kvc_call(c, KVC_OP_ABORT, sizeof(*q), NULL);
+}
+
+/* kvci_reserve_flags with c->mu held by the caller; *out NULL on error. */
+static int kvc_reserve_locked(kvc_ns *ns, const struct kvc_key *parent,
+                              const struct kvc_key *keys, size_t n, uint32_t flags,
+                              kvc_resv **out)
+{
+    kvc_client *c = ns->c;
     kvc_resv *r;
     uint32_t len;
     int rc;
-    if (!ns || !out || !keys || n == 0)
-        return -EINVAL;
     *out = NULL;
-    if (n > KVC_PROTO_MAX_KEYS)
-        return -E2BIG;
-    c = ns->c;
     r = calloc(1, sizeof(*r) + n * sizeof(r->slots[0]));
     if (!r)
         return -ENOMEM;
     r->ns = ns;
     r->n = n;
-    pthread_mutex_lock(&c->mu);
     struct kvc_reserve_req *q = kvc_req(c);
     memset(q, 0, sizeof(*q));
     q->ns_id = ns->id;
@@ -982,19 +1148,30 @@ int kvci_reserve_flags(kvc_ns *ns, const struct kvc_key *parent, const struct kv
     }
     if (rc == 0 && r->nreserved != p->nreserved)
         rc = -EPROTO;
-    if (rc && r->id && !c->dead) {
-        struct kvc_abort_req *a = kvc_req(c);
-        a->resv_id = r->id;
-        kvc_call(c, KVC_OP_ABORT, sizeof(*a), NULL);
-    }
+    if (rc && r->id && !c->dead)
+        kvc_abort_id(c, r->id);
 out:
-    pthread_mutex_unlock(&c->mu);
     if (rc) {
         free(r);
         return rc;
     }
     *out = r;
     return (int)r->nreserved;
+}
+
+int kvci_reserve_flags(kvc_ns *ns, const struct kvc_key *parent, const struct kvc_key *keys,
+                       size_t n, uint32_t flags, kvc_resv **out)
+{
+    int rc;
+    if (!ns || !out || !keys || n == 0)
+        return -EINVAL;
+    *out = NULL;
+    if (n > KVC_PROTO_MAX_KEYS)
+        return -E2BIG;
+    pthread_mutex_lock(&ns->c->mu);
+    rc = kvc_reserve_locked(ns, parent, keys, n, flags, out);
+    pthread_mutex_unlock(&ns->c->mu);
+    return rc;
 }
 
 KVC_API int kvc_resv_status(const kvc_resv *r, size_t i)
@@ -1019,7 +1196,7 @@ KVC_API int kvc_resv_write(kvc_resv *r, size_t i, const void *src, size_t len)
         return -EINVAL;
     if (r->slots[i].tier == KVC_WIRE_TIER_GPU)
         return r->ns->c->gpu_hooks->copy_sync(r->ns->c, r->slots[i].data, src, len);
-    memcpy(r->slots[i].data, src, len);
+    kvci_copy_to_arena(r->slots[i].data, src, len);
     return 0;
 }
 
@@ -1069,9 +1246,7 @@ KVC_API int kvc_abort(kvc_resv *r)
     if (r->id) {
         c = r->ns->c;
         pthread_mutex_lock(&c->mu);
-        struct kvc_abort_req *q = kvc_req(c);
-        q->resv_id = r->id;
-        rc = kvc_call(c, KVC_OP_ABORT, sizeof(*q), NULL);
+        rc = kvc_abort_id(c, r->id);
         pthread_mutex_unlock(&c->mu);
     }
     free(r);
@@ -1105,36 +1280,104 @@ KVC_API int kvc_get_prefix(kvc_ns *ns, const struct kvc_key *keys, size_t n, voi
     return (int)fast + hits;
 }
 
+/* The failure kept from a request sent without waiting, cleared: 0 if none. c->mu held. */
+static int kvc_defer_err_take(kvc_client *c)
+{
+    int err = c->defer_err;
+    c->defer_err = 0;
+    return err;
+}
+
+/*
+ * A put is a RESERVE round trip for the whole prefix (one per KVC_PROTO_MAX_KEYS keys), the
+ * copies, and a COMMIT whose reply no one waits for here: the next call on the client reads
+ * it (the daemon answers a connection in order, so it comes before that call's own reply).
+ * The daemon also handles the connection's requests in order, so every later request of
+ * this client finds the blocks committed, and a chunk's RESERVE can hang from the chunk
+ * before it. A failed commit is kept (kvc_defer_fail) and reported by the next put or
+ * kvc_flush(): a put reports one of an earlier call before it does anything (it stores
+ * nothing then), and one of its own earlier chunk (read with the next chunk's RESERVE) by
+ * returning the blocks stored before that chunk.
+ */
 KVC_API int kvc_put_prefix(kvc_ns *ns, const struct kvc_key *parent, const struct kvc_key *keys,
                            size_t n, const void *const *blocks)
 {
-    int written = 0;
+    kvc_client *c;
+    uint64_t tag;
+    int written = 0, rc;
     if (!ns || (!keys && n) || (!blocks && n))
         return -EINVAL;
+    c = ns->c;
+    pthread_mutex_lock(&c->mu);
+    kvc_defer_drain(c, false); /* replies already here: a failure among them is reported now */
+    rc = kvc_defer_err_take(c);
+    tag = ++c->put_calls;
+    pthread_mutex_unlock(&c->mu);
+    if (rc)
+        return rc;
     /* One reservation per chunk; a chunk is committed before the next one hangs from it. */
     for (size_t done = 0; done < n;) {
         size_t chunk = n - done > KVC_PROTO_MAX_KEYS ? KVC_PROTO_MAX_KEYS : n - done;
         const struct kvc_key *par = done ? &keys[done - 1] : parent;
         kvc_resv *r;
-        int rc = kvc_reserve(ns, par, keys + done, chunk, &r);
+        pthread_mutex_lock(&c->mu);
+        rc = kvc_reserve_locked(ns, par, keys + done, chunk, 0, &r);
+        /* The RESERVE's reply came after those of the commits before it: one of them failed
+         * (this call's previous chunk, or, before this call stored anything, an earlier
+         * call's)? */
+        if (c->defer_err && (c->defer_err_tag == tag || written == 0)) {
+            if (c->defer_err_tag == tag)
+                written -= (int)c->defer_err_blocks;
+            int err = kvc_defer_err_take(c);
+            if (r && r->id && !c->dead)
+                kvc_abort_id(c, r->id);
+            pthread_mutex_unlock(&c->mu);
+            free(r);
+            return written > 0 ? written : err;
+        }
+        pthread_mutex_unlock(&c->mu);
         if (rc < 0)
             return written ? written : rc;
-        for (size_t i = 0; i < chunk; i++) {
-            if (r->slots[i].status == KVC_SLOT_RESERVED) {
-                memcpy(r->slots[i].data, blocks[done + i], ns->block_bytes);
-            }
-        }
+        for (size_t i = 0; i < chunk; i++)
+            if (r->slots[i].status == KVC_SLOT_RESERVED)
+                kvci_copy_to_arena(r->slots[i].data, blocks[done + i], ns->block_bytes);
         bool complete = r->slots[chunk - 1].status == KVC_SLOT_PRESENT ||
                         r->slots[chunk - 1].status == KVC_SLOT_RESERVED;
-        rc = kvc_commit(r, SIZE_MAX);
-        if (rc < 0)
-            return written ? written : rc;
-        written += rc;
+        if (r->id) {
+            pthread_mutex_lock(&c->mu);
+            rc = kvc_defer_room(c);
+            if (rc == 0) {
+                struct kvc_commit_req *q = kvc_req(c);
+                *q = (struct kvc_commit_req){
+                    .resv_id = r->id, .ncommit = UINT32_MAX, .flags = KVC_COMMIT_F_QUIET};
+                rc = kvc_send_nowait(c, KVC_OP_COMMIT, sizeof(*q), true,
+                                     (uint32_t)r->nreserved, tag);
+            }
+            pthread_mutex_unlock(&c->mu);
+            if (rc < 0) {
+                free(r);
+                return written ? written : rc;
+            }
+            written += (int)r->nreserved;
+        }
+        free(r);
         if (!complete)
             break; /* busy elsewhere or no room: the rest has no cached parent */
         done += chunk;
     }
     return written;
+}
+
+KVC_API int kvc_flush(kvc_client *c)
+{
+    int rc;
+    if (!c)
+        return -EINVAL;
+    pthread_mutex_lock(&c->mu);
+    rc = kvc_defer_settle(c);
+    int err = kvc_defer_err_take(c);
+    pthread_mutex_unlock(&c->mu);
+    return err ? err : rc;
 }
 
 /* ---- inspection ----------------------------------------------------------------------- */

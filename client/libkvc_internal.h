@@ -72,6 +72,16 @@ struct kvc_fastmap {
     const uint32_t *gens;
 };
 
+/* A request sent without waiting for its reply (kvc_put_prefix's COMMIT). */
+#define KVC_DEFER_MAX 16
+struct kvc_defer {
+    uint32_t req_id;
+    uint16_t op;
+    bool quiet;      /* the daemon answers only a failure */
+    uint32_t expect; /* COMMIT: the blocks its reply must say were committed */
+    uint64_t tag;    /* the kvc_put_prefix call that sent it (kvc_client.put_calls) */
+};
+
 struct kvc_client {
     int fd;
     pthread_mutex_t mu; /* serialises round trips and the structures below */
@@ -82,6 +92,16 @@ struct kvc_client {
     struct kvc_ns *ns; /* list of open namespaces, owned */
     uint64_t *tx;      /* request buffer, KVC_PROTO_MAX_MSG bytes */
     uint64_t *rx;      /* reply buffer */
+    /* Requests in flight whose replies no call waits for, oldest first: the daemon answers a
+     * connection in order, so the next call that reads the socket reads them first. The
+     * first failure among them is kept (err, and the put call and blocks it concerned) until
+     * kvc_put_prefix() or kvc_flush() reports it. All under mu. */
+    struct kvc_defer defer[KVC_DEFER_MAX];
+    uint32_t ndefer;
+    int defer_err;
+    uint64_t defer_err_tag;
+    uint32_t defer_err_blocks;
+    uint64_t put_calls;
     /* GPU state (libkvc_gpu.c), all zero until kvc_gpu_attach() */
     const struct kvc_gpu_hooks *gpu_hooks;
     void *gpu; /* struct kvc_gpu, owned */
@@ -160,6 +180,12 @@ size_t kvci_fast_get(kvc_ns *ns, const struct kvc_key *keys, size_t n, void *con
 int kvci_fast_resolve(kvc_ns *ns, const struct kvc_key *k, const void **data, size_t *len);
 /* Unmaps the indexes and the hit ring (kvc_disconnect). */
 void kvci_fast_fini(kvc_client *c);
+
+/* Copies a block into an arena slot for a put (libkvc_copy.c): of KVCI_STREAM_MIN bytes or
+ * more with non-temporal stores, fenced, so the bytes are in memory before the commit that
+ * publishes them is sent; else memcpy. */
+#define KVCI_STREAM_MIN (32u << 10)
+void kvci_copy_to_arena(void *dst, const void *src, size_t len);
 
 uint64_t kvc_layout_salt(const struct kvc_wire_layout *l);
 void kvc_key_chain(uint64_t salt, const struct kvc_key *parent, const uint32_t *tokens,

@@ -47,6 +47,7 @@ static const struct proto_shape proto_shapes[KVC_OP_MAX] = {
     [KVC_OP_WAIT] = {sizeof(struct kvc_wait_req), 0, 0, 0},
     [KVC_OP_GPU_ATTACH] = {sizeof(struct kvc_gpu_attach_req), 0, 0, 0},
     [KVC_OP_FAST_ATTACH] = {sizeof(struct kvc_fast_attach_req), 0, 0, 0},
+    [KVC_OP_SYNC] = {sizeof(struct kvc_sync_req), 0, 0, 0},
     [KVC_OP_HINT] = {sizeof(struct kvc_hint_req), sizeof(struct kvc_wire_hint),
                      offsetof(struct kvc_hint_req, nhints), KVC_PROTO_MAX_KEYS},
     /* keys, then qdim floats: the length is checked in proto_decode_budget() */
@@ -161,11 +162,15 @@ static int proto_check_body(uint32_t op, const void *body, const char **why)
         break;
     }
     case KVC_OP_COMMIT:
-        if (((const struct kvc_commit_req *)body)->pad)
+        if (((const struct kvc_commit_req *)body)->flags & ~KVC_COMMIT_F_QUIET)
             goto reserved;
         break;
     case KVC_OP_STATS:
         if (((const struct kvc_stats_req *)body)->pad)
+            goto reserved;
+        break;
+    case KVC_OP_SYNC:
+        if (((const struct kvc_sync_req *)body)->flags || ((const struct kvc_sync_req *)body)->pad)
             goto reserved;
         break;
     case KVC_OP_NS_LIST:

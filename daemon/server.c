@@ -2,7 +2,10 @@
  * server.c — see server.h.
  *
  * DESIGN
- * One SOCK_SEQPACKET socket; every datagram is one request and gets one reply, in order.
+ * One SOCK_SEQPACKET socket; every datagram is one request and gets one reply, in order
+ * (a COMMIT with KVC_COMMIT_F_QUIET only when it fails: kvc_put_prefix does not wait for it).
+ * The trim a commit may call for runs once the connection's queued requests are answered, so
+ * the RESERVE a client sends right behind its commit does not wait for the eviction.
  * The loop thread owns everything here. A connection carries its peer credentials
  * (SO_PEERCRED, taken at accept) and a store_owner holding its leases and reservations,
  * so closing the connection — for any reason — gives all of them back.
@@ -157,6 +160,7 @@ struct server {
     uint64_t fast_drained_ms; /* 1 + when server_fast_drain_all last ran */
     struct stats fast_excl; /* counted by drains since fast_excl_any was last cleared */
     bool fast_excl_any;
+    bool trim_due; /* a commit wants engine_trim once its connection's requests are answered */
 };
 
 int server_socket_path(const char *configured, char *out, size_t len)
@@ -240,6 +244,16 @@ static void server_notice(int fd, int status)
 }
 
 /* ---- connections ----------------------------------------------------------------------- */
+
+/* The trim a commit asked for (server_handle), now that no request of the connection waits
+ * for an answer (or on the tick). */
+static void server_trim_due(struct server *sv)
+{
+    if (!sv->trim_due)
+        return;
+    sv->trim_due = false;
+    engine_trim(sv->store, loop_now_ms(sv->loop));
+}
 
 static void server_fast_drain(struct server *sv, struct conn *c, uint64_t now);
 
@@ -782,6 +796,7 @@ void server_tick(struct server *sv)
     /* After the checks above: a request run again here is newer than their `now`. */
     if (sv->pending)
         server_retry(sv, now); /* answers the ones whose time ran out */
+    server_trim_due(sv);
     server_arena_faults(sv);
 }
 
@@ -923,8 +938,16 @@ static int server_on_reserve(struct server *sv, struct conn *c, const struct pro
         c->resv = nr;
         c->capresv = ncap;
     }
+    /* Room made here is made while the client waits: counted, so that a trim that falls
+     * behind the puts (server_trim_due, the tick) shows. */
+    uint64_t ev0 = sv->store->total.evicted_blocks + sv->store->total.demoted_clean;
     int n = store_reserve(sv->store, &c->owner, q->ns_id, &q->parent, r->tail, want, now,
                           &resv, sv->st, sv->locs);
+    uint64_t ev = sv->store->total.evicted_blocks + sv->store->total.demoted_clean - ev0;
+    if (ev && ns) {
+        sv->store->total.reserve_evictions += ev;
+        store_ns_get(sv->store, q->ns_id)->stats.reserve_evictions += ev;
+    }
     if (n < 0)
         return server_store_rc(sv, c, n);
     if (may_wait && server_reserve_may_wait(sv, c, q->ns_id, want, now)) {
@@ -1454,6 +1477,9 @@ static bool server_handle(struct server *sv, struct conn *c, size_t n)
         case KVC_OP_FAST_ATTACH:
             rc = server_on_fast_attach(sv, c, &r, now, &send_fd, &send_fd_owned);
             break;
+        case KVC_OP_SYNC:
+            rc = 0; /* every request before it has been handled: that is the answer */
+            break;
         case KVC_OP_LOOKUP_BUDGET:
             c->owner.gpu = false; /* host locations only */
             rc = server_on_lookup_budget(sv, c, &r, now);
@@ -1481,6 +1507,8 @@ static bool server_handle(struct server *sv, struct conn *c, size_t n)
         memset(&sv->fast_excl, 0, sizeof(sv->fast_excl));
         sv->fast_excl_any = false;
     }
+    bool quiet = rc >= 0 && r.hdr && r.hdr->opcode == KVC_OP_COMMIT &&
+                 (((const struct kvc_commit_req *)r.body)->flags & KVC_COMMIT_F_QUIET);
     if (rc < 0) {
         sv->store->total.errors++;
         c->st.errors++;
@@ -1488,7 +1516,7 @@ static bool server_handle(struct server *sv, struct conn *c, size_t n)
     } else {
         server_reply_init(sv, r.hdr, 0, (uint32_t)rc);
     }
-    rc = server_send(sv, c, send_fd);
+    rc = quiet ? 0 : server_send(sv, c, send_fd);
     if (send_fd_owned)
         close(send_fd);
     if (rc == 0 && send_fd >= 0 && r.hdr->opcode == KVC_OP_NS_OPEN) {
@@ -1499,10 +1527,11 @@ static bool server_handle(struct server *sv, struct conn *c, size_t n)
             c->arenas_rw |= 1u << p->arena_id;
     }
     /* A commit can take the arena over its high watermark. Evicting down to the low one
-     * frees hundreds of blocks at once (every 5% of the arena): done after the reply, it
-     * runs while the client copies its next blocks instead of inside its commit. */
+     * frees hundreds of blocks at once: done once the connection's queued requests are
+     * answered (server_on_conn), it runs while the client copies its next blocks, and a
+     * RESERVE sent right behind a commit that needs no reply is not kept waiting for it. */
     if (r.hdr && r.hdr->opcode == KVC_OP_COMMIT)
-        engine_trim(sv->store, now);
+        sv->trim_due = true;
     if (rc == -EAGAIN || rc == -EWOULDBLOCK)
         server_conn_close(sv, c, "client does not read its replies");
     else if (rc)
@@ -1529,8 +1558,10 @@ static void server_on_conn(struct loop *l, int fd, uint32_t events, void *arg)
                                  .msg_control = ctl.buf,
                                  .msg_controllen = sizeof(ctl.buf)};
             ssize_t n = recvmsg(c->fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-            if (n < 0 && (errno == EAGAIN || errno == EINTR))
+            if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+                server_trim_due(sv);
                 return;
+            }
             if (n <= 0) {
                 server_conn_close(sv, c, n < 0 ? strerror(errno) : NULL);
                 return;

@@ -43,6 +43,7 @@
     X(aborted_blocks, "reserved slots freed unwritten (abort, partial commit, client exit)")  \
     X(evicted_blocks, "blocks evicted to make room")                                          \
     X(evicted_bytes, "bytes evicted")                                                         \
+    X(reserve_evictions, "blocks evicted (or their memory dropped) inside a RESERVE, a put waiting") \
     X(load_us, "microseconds clients reported copying hits out of the cache")                \
     X(pins, "block pins taken by lookups")                                                    \
     X(unpins, "block pins dropped (release or client exit)")                                  \

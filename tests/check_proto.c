@@ -355,6 +355,27 @@ START_TEST(test_fast_attach)
 }
 END_TEST
 
+START_TEST(test_sync_and_quiet_commit)
+{
+    struct kvc_sync_req q = {0};
+    struct kvc_commit_req com = {.resv_id = 9, .ncommit = 1, .flags = KVC_COMMIT_F_QUIET};
+    ck_assert_int_eq(decode(msg(KVC_OP_SYNC, &q, sizeof(q), NULL, 0)), 0);
+    ck_assert_int_eq(proto_op_admin(KVC_OP_SYNC), 0);
+    ck_assert_str_eq(proto_op_name(KVC_OP_SYNC), "SYNC");
+    ck_assert_int_eq(decode(msg(KVC_OP_SYNC, &q, sizeof(q) - 4, NULL, 0)), -EBADMSG);
+    ck_assert_int_eq(decode(msg(KVC_OP_SYNC, &q, 0, NULL, 0)), -EBADMSG);
+    q.flags = 1;
+    ck_assert_int_eq(decode(msg(KVC_OP_SYNC, &q, sizeof(q), NULL, 0)), -EINVAL);
+    q = (struct kvc_sync_req){.pad = 1};
+    ck_assert_int_eq(decode(msg(KVC_OP_SYNC, &q, sizeof(q), NULL, 0)), -EINVAL);
+    ck_assert_int_eq(decode(msg(KVC_OP_COMMIT, &com, sizeof(com), NULL, 0)), 0);
+    com.flags = ~KVC_COMMIT_F_QUIET;
+    ck_assert_int_eq(decode(msg(KVC_OP_COMMIT, &com, sizeof(com), NULL, 0)), -EINVAL);
+    com.flags = 0x2;
+    ck_assert_int_eq(decode(msg(KVC_OP_COMMIT, &com, sizeof(com), NULL, 0)), -EINVAL);
+}
+END_TEST
+
 START_TEST(test_mutations_never_crash)
 {
     unsigned seed = 2024;
@@ -407,6 +428,7 @@ int main(void)
     tcase_add_test(tc, test_zero_key_refused);
     tcase_add_test(tc, test_ns_drop);
     tcase_add_test(tc, test_fast_attach);
+    tcase_add_test(tc, test_sync_and_quiet_commit);
     tcase_add_test(tc, test_mutations_never_crash);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);

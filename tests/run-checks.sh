@@ -37,7 +37,7 @@ run_suite() {
 # the daemon (KVC_NO_FASTPATH=1, tests/lib/daemon.c): the suites that move block bytes
 # between processes. check_e2e_fast asserts fast hits and runs once.
 NOFAST_SUITES="check_e2e_adversary check_e2e_concurrent check_e2e_disk check_e2e_kvcctl \
-check_e2e_lifecycle check_e2e_quant check_python"
+check_e2e_lifecycle check_e2e_put check_e2e_quant check_python"
 suites=""
 for t in "$b"/tests/check_*; do
     suites="$suites $t"

@@ -54,6 +54,11 @@ class Client:
         kv_heads, head_dim, block_tokens, dtype, kv_kind, block_bytes, blocks, bytes."""
     def stats(self, scope: int = 0) -> dict[str, int]:
         """The daemon's counters (scope 0) or a namespace's (scope = Namespace.id)."""
+    def flush(self) -> None:
+        """Waits until every block put_prefix on this client stored is visible to every
+        client (kvc_flush). put_prefix sends its commit without waiting: this connection sees
+        the blocks at once, others once the daemon took the commit. Raises Error for a commit
+        that failed since the last report (put_prefix raises it first if it comes first)."""
     def close(self) -> None:
         """Closes the connection. Every later call on it, its namespaces, leases and
         reservations raises ValueError. Leases and reservations not finished are released
@@ -101,7 +106,10 @@ class Namespace:
     def put_prefix(self, keys: Sequence[bytes], buffers: Sequence[Buffer],
                    parent: Optional[bytes] = None) -> int:
         """Stores buffers[i] (block_bytes each, C-contiguous) under keys[i] for every key not
-        cached yet; returns the number of blocks written."""
+        cached yet; returns the number of blocks written. One round trip: the commit is sent
+        without waiting, so this client sees the blocks at once and other clients once the
+        daemon took it (Client.flush() waits for that). A commit that failed is raised by the
+        next put_prefix (which then stores nothing) or Client.flush()."""
     def get_prefix(self, keys: Sequence[bytes], buffers: Sequence[Buffer]) -> int:
         """Copies the longest cached prefix into the writable buffers[0..hit); returns hit."""
 

@@ -1489,6 +1489,22 @@ static PyObject *client_namespaces(PyObject *self, PyObject *unused)
     return list;
 }
 
+static PyObject *client_flush(PyObject *self, PyObject *unused)
+{
+    client_object *c = (client_object *)self;
+    int rc;
+    (void)unused;
+    if (client_enter(c) < 0)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rc = kvc_flush(c->c);
+    Py_END_ALLOW_THREADS
+    client_leave(c);
+    if (rc < 0)
+        return kvcd_raise(rc);
+    Py_RETURN_NONE;
+}
+
 static PyObject *client_get_closed(PyObject *self, void *closure)
 {
     (void)closure;
@@ -1510,6 +1526,9 @@ static PyMethodDef client_methods[] = {
      "block_bytes, blocks, bytes)."},
     {"stats", client_stats, METH_VARARGS,
      "stats(scope=0): the daemon's counters (scope: 0 or a namespace id) as a dict."},
+    {"flush", client_flush, METH_NOARGS,
+     "flush(): waits until every block put_prefix stored is visible to every client; raises "
+     "the error of a commit that failed since the last report."},
     {"close", client_close, METH_NOARGS,
      "Closes the connection (once the views still exported are released)."},
     {"__enter__", client_enter_cm, METH_NOARGS, NULL},

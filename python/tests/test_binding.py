@@ -100,6 +100,24 @@ def test_put_then_lookup_round_trip(client):
     assert isinstance(stats, dict) and stats and all(isinstance(v, int) for v in stats.values())
 
 
+def test_flush_makes_puts_visible_to_other_clients(daemon, client):
+    ns = new_ns(client)
+    keys = ns.keys_from_tokens(tokens(6 * ns.block_tokens))
+    blocks = blocks_for(ns, 6, seed=5)
+    assert ns.put_prefix(keys, blocks) == 6  # its commit is not waited for
+    client.flush()  # now every client sees the blocks
+    client.flush()  # nothing in flight: at once
+    with kvcd.Client(daemon) as other:
+        ons = other.namespace(ns.model_id, **LAYOUT)
+        outs = [np.zeros_like(b) for b in blocks]
+        assert ons.get_prefix(keys, outs) == 6
+        assert all(np.array_equal(o, b) for o, b in zip(outs, blocks))
+        other.flush()
+    client.close()
+    with pytest.raises(ValueError):
+        client.flush()
+
+
 def test_keys_are_chained_and_stable(client):
     ns = new_ns(client)
     t = tokens(6 * ns.block_tokens)

@@ -16,7 +16,10 @@
  * case is 64 blocks per round trip and a 16 MiB case one.
  * The baseline is memcpy in the same run: the same number of processes each copying,
  * block by block, between two pre-faulted buffers of its own with the same footprint as
- * its kvcd case (the caller buffer plus the arena blocks it touches). Each process's
+ * its kvcd case (the caller buffer plus the arena blocks it touches). kvc_put_prefix copies
+ * blocks of 32 KiB and more with non-temporal stores (client/libkvc_copy.c), which glibc's
+ * memcpy does not use at these sizes: its put_prefix rows are also printed against that
+ * same streaming copy between the same two buffers (stream copy), the tighter limit. Each process's
  * working set (BENCH_WS_BYTES of blocks plus the same again of caller buffer) is well above
  * the last-level cache this machine reports, so both sides run from DRAM.
  * Every figure is the best of BENCH_REPS timed repetitions after one untimed warm-up (the
@@ -73,6 +76,7 @@ enum bench_step {
     BENCH_STEP_MEMCPY_GET, /* memcpy baseline interleaved with the get repetitions */
     BENCH_STEP_GET,
     BENCH_STEP_GET_LEASE,
+    BENCH_STEP_STREAM_PUT, /* the copy kvc_put_prefix makes (non-temporal stores), private */
     BENCH_STEP_COUNT,
 };
 
@@ -171,6 +175,15 @@ static int bench_do_memcpy(struct bench_client *b)
 {
     for (size_t i = 0; i < b->nblocks; i++)
         memcpy(b->dst + i * b->bb, b->src + i * b->bb, b->bb);
+    return 0;
+}
+
+/* The same copies with libkvc's copy into the arena (client/libkvc_copy.c): what the memory
+ * allows a put that streams its blocks, the tighter limit for put_prefix. */
+static int bench_do_stream(struct bench_client *b)
+{
+    for (size_t i = 0; i < b->nblocks; i++)
+        kvci_copy_to_arena(b->dst + i * b->bb, b->src + i * b->bb, b->bb);
     return 0;
 }
 
@@ -315,6 +328,9 @@ static int bench_client_run(struct bench_shared *sh, unsigned proc, unsigned siz
     for (int r = 0; r < BENCH_REPS; r++) {
         what = "memcpy";
         if ((rc = bench_step(sh, proc, BENCH_STEP_MEMCPY_PUT, r, bench_do_memcpy, &b)) < 0)
+            goto out;
+        what = "stream copy";
+        if ((rc = bench_step(sh, proc, BENCH_STEP_STREAM_PUT, r, bench_do_stream, &b)) < 0)
             goto out;
         what = "put";
         bench_keys(b.keys, b.nblocks, proc, size_idx, BENCH_STEP_PUT, (unsigned)r);
@@ -732,6 +748,19 @@ int main(int argc, char **argv)
                        rows[i].step == BENCH_STEP_GET_LEASE ? "  (socket path)"
                        : r->value < 0.95 * r->base          ? "  below 0.95 target"
                                                             : "");
+                if (rows[i].step == BENCH_STEP_PUT_PREFIX) {
+                    /* put_prefix against the copy it makes, between private buffers */
+                    double smed, sv = bench_gbps(sh, BENCH_STEP_STREAM_PUT, np, &smed);
+                    snprintf(name, sizeof(name), "put_prefix_%s_x%u_vs_stream_copy",
+                             bench_sizes[s].name, np);
+                    r = bench_row_add(res, sizeof(res) / sizeof(res[0]), &nres, name, v, "GB/s",
+                                      "stream copy", sv);
+                    if (!r)
+                        goto out;
+                    printf("%-24s %8s %8s %8.2f %8.2f %6.2f %9s  (medians %.2f; vs the streaming "
+                           "copy put_prefix makes)\n",
+                           "  same, vs stream copy", "", "", sv, smed, v / sv, "-", med / smed);
+                }
             }
             fflush(stdout);
         }

@@ -418,7 +418,10 @@ static void fz_op(struct fz *f)
                 FZ_NLAYOUTS);
         if (op == FZ_OP_PUT && c->fd >= 0 && c->last_resv) {
             struct kvc_commit_req *cq = (struct kvc_commit_req *)pl;
-            *cq = (struct kvc_commit_req){.resv_id = c->last_resv, .ncommit = UINT32_MAX};
+            /* As kvc_put_prefix sends it: quiet, answered only if it fails. */
+            *cq = (struct kvc_commit_req){.resv_id = c->last_resv,
+                                          .ncommit = UINT32_MAX,
+                                          .flags = (fl & 0x20) ? KVC_COMMIT_F_QUIET : 0};
             c->last_resv = 0;
             fz_send(f, c, KVC_OP_COMMIT, sizeof(*cq), FZ_NLAYOUTS);
         }
@@ -428,7 +431,8 @@ static void fz_op(struct fz *f)
         struct kvc_commit_req *q = (struct kvc_commit_req *)pl;
         uint8_t n = fz_u8(f);
         *q = (struct kvc_commit_req){.resv_id = fz_pick_id(f, c, false),
-                                     .ncommit = n >= 0xf0 ? UINT32_MAX : n % (FZ_NKEYS + 2)};
+                                     .ncommit = n >= 0xf0 ? UINT32_MAX : n % (FZ_NKEYS + 2),
+                                     .flags = (n & 0x20) ? KVC_COMMIT_F_QUIET : 0};
         fz_send(f, c, KVC_OP_COMMIT, sizeof(*q), FZ_NLAYOUTS);
         break;
     }
@@ -476,8 +480,12 @@ static void fz_op(struct fz *f)
     }
     case FZ_OP_STATS: {
         struct kvc_stats_req *q = (struct kvc_stats_req *)pl;
-        *q = (struct kvc_stats_req){.scope = fz_u8(f) % 8};
-        fz_send(f, c, KVC_OP_STATS, sizeof(*q), FZ_NLAYOUTS);
+        uint8_t sc = fz_u8(f);
+        *q = (struct kvc_stats_req){.scope = sc % 8};
+        if (sc & 0x80) /* SYNC instead, the same body as its flags and pad (0 or refused) */
+            fz_send(f, c, KVC_OP_SYNC, sizeof(struct kvc_sync_req), FZ_NLAYOUTS);
+        else
+            fz_send(f, c, KVC_OP_STATS, sizeof(*q), FZ_NLAYOUTS);
         break;
     }
     case FZ_OP_RECONNECT:

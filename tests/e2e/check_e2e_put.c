@@ -1,0 +1,614 @@
+/*
+ * check_e2e_put.c — kvc_put_prefix with one round trip (issue 16): the commit is sent quiet
+ * (KVC_COMMIT_F_QUIET) and not waited for. What kvc_put_prefix promises, against a real kvcd:
+ *
+ * - the client that put sees its blocks at once, through the socket and the shared index;
+ * - another process sees them once the putter's kvc_flush() returned 0, and after its
+ *   kvc_disconnect();
+ * - a commit that fails (its reservation outlived server.reservation_timeout) is reported,
+ *   once, by the next kvc_put_prefix() (which then stores nothing) or kvc_flush(), and
+ *   calls in between keep it; one failing inside a put of several chunks is that put's own
+ *   answer;
+ * - a connection closed with a commit error reply unread, or with a commit still unread by
+ *   the daemon, leaks no reservation, pin or slot: the daemon handles the commit a client
+ *   sent before it closed, and drops a reservation nobody committed;
+ * - blocks large enough to be copied with non-temporal stores read back the same elsewhere;
+ * - SYNC and the COMMIT flags are checked like every other field.
+ *
+ * A put is made to take longer than the reservation timeout by a source block in a page
+ * that is not readable yet: the copy faults, and the SIGSEGV handler sleeps (or stops the
+ * daemon) before it makes the page readable and lets the copy go on.
+ */
+#include <check.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client/kvc_proto.h"
+#include "tests/lib/daemon.h"
+
+#define PT_N 8
+/* Blocks of 4 KiB: a chain longer than one RESERVE (2048 keys) is 8 MiB. */
+#define PT_TOKENS 4
+#define PT_LONG (KVC_PROTO_MAX_KEYS + 4)
+
+static const char *const pt_args[] = {"-o", "host.size=32m", "-o", "host.page_size=64k", NULL};
+/* Reservations expire after 100 ms (the tick that aborts them runs every second). */
+static const char *const pt_args_expire[] = {"-o", "host.size=32m", "-o", "host.page_size=64k",
+                                             "-o", "server.reservation_timeout=100ms", NULL};
+
+static struct daemon pt_d;
+
+/* ---- a put that stalls in its copy --------------------------------------------------- */
+
+static uint8_t *pt_slow;       /* PROT_NONE until the handler has run */
+static size_t pt_slow_len;
+static int pt_slow_ms;         /* the handler sleeps this long, */
+static pid_t pt_slow_stop;     /* or stops this process (the daemon), if not 0 */
+static volatile sig_atomic_t pt_slow_hits;
+
+static void pt_on_segv(int sig, siginfo_t *si, void *uc)
+{
+    uint8_t *a = si->si_addr;
+    (void)uc;
+    if (!pt_slow || a < pt_slow || a >= pt_slow + pt_slow_len) {
+        signal(sig, SIG_DFL); /* a real fault: crash on return */
+        return;
+    }
+    if (pt_slow_stop) {
+        kill(pt_slow_stop, SIGSTOP);
+    } else {
+        struct timespec ts = {.tv_sec = pt_slow_ms / 1000,
+                              .tv_nsec = (long)(pt_slow_ms % 1000) * 1000000L};
+        while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+            ;
+    }
+    mprotect(pt_slow, pt_slow_len, PROT_READ | PROT_WRITE);
+    pt_slow_hits++;
+}
+
+/* A block of len bytes holding k's bytes, whose first read faults into pt_on_segv. */
+static void *pt_slow_block(const struct kvc_key *k, size_t len)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_sigaction = pt_on_segv;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    ck_assert_int_eq(sigaction(SIGSEGV, &sa, NULL), 0);
+    pt_slow_len = (len + 4095) & ~(size_t)4095;
+    pt_slow = mmap(NULL, pt_slow_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ck_assert_ptr_ne(pt_slow, MAP_FAILED);
+    daemon_block_fill(k, pt_slow, len);
+    ck_assert_int_eq(mprotect(pt_slow, pt_slow_len, PROT_NONE), 0);
+    pt_slow_hits = 0;
+    return pt_slow;
+}
+
+static void pt_slow_done(void)
+{
+    munmap(pt_slow, pt_slow_len);
+    pt_slow = NULL;
+}
+
+/* ---- helpers ------------------------------------------------------------------------- */
+
+static void pt_start(const char *const *args)
+{
+    memset(&pt_d, 0, sizeof(pt_d));
+    ck_assert_int_eq(daemon_start(&pt_d, args), 0);
+}
+
+static void pt_stop(void)
+{
+    ck_assert_int_eq(daemon_stop(&pt_d), 0);
+    daemon_cleanup(&pt_d);
+}
+
+static void pt_open(kvc_client **c, kvc_ns **ns)
+{
+    struct kvc_layout lay = daemon_layout("e2e-put", PT_TOKENS);
+    ck_assert_int_eq(kvc_connect(pt_d.sock, c), 0);
+    ck_assert_int_eq(kvc_ns_open(*c, &lay, ns), 0);
+}
+
+/* n blocks holding the bytes of keys[i]; free with pt_blocks_free. */
+static void **pt_blocks(const kvc_ns *ns, const struct kvc_key *keys, size_t n)
+{
+    size_t bb = kvc_ns_block_bytes(ns);
+    void **b = calloc(n, sizeof(*b));
+    ck_assert_ptr_nonnull(b);
+    for (size_t i = 0; i < n; i++) {
+        b[i] = malloc(bb);
+        ck_assert_ptr_nonnull(b[i]);
+        daemon_block_fill(&keys[i], b[i], bb);
+    }
+    return b;
+}
+
+static void pt_blocks_free(void **b, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(b[i]);
+    free(b);
+}
+
+/* Hits of a lookup of keys[0..n) on ns, every byte checked. */
+static int pt_hits(kvc_ns *ns, const struct kvc_key *keys, size_t n)
+{
+    size_t bb = kvc_ns_block_bytes(ns);
+    kvc_lease *l = NULL;
+    int h = kvc_lookup(ns, keys, n, 0, &l);
+    ck_assert_int_ge(h, 0);
+    for (int i = 0; i < h; i++)
+        ck_assert_int_eq(daemon_block_check(&keys[i], kvc_lease_data(l, (size_t)i), bb), -1);
+    kvc_release(l);
+    return h;
+}
+
+/* Hits of kvc_get_prefix (the shared index first), every byte checked. */
+static int pt_get(kvc_ns *ns, const struct kvc_key *keys, size_t n)
+{
+    size_t bb = kvc_ns_block_bytes(ns);
+    void **dst = calloc(n, sizeof(*dst));
+    for (size_t i = 0; i < n; i++)
+        dst[i] = calloc(1, bb);
+    int h = kvc_get_prefix(ns, keys, n, dst);
+    for (int i = 0; i < h; i++)
+        ck_assert_int_eq(daemon_block_check(&keys[i], dst[i], bb), -1);
+    pt_blocks_free(dst, n);
+    return h;
+}
+
+static uint64_t pt_stat(kvc_client *c, const char *name)
+{
+    uint64_t v = UINT64_MAX;
+    ck_assert_int_eq(daemon_client_stat(c, 0, name, &v), 0);
+    return v;
+}
+
+/* Waits until the daemon counts `want` clients; false after 10 s. */
+static bool pt_wait_clients(kvc_client *c, uint64_t want)
+{
+    uint64_t end = daemon_now_ms() + (uint64_t)daemon_ms(10000);
+    while (daemon_now_ms() < end) {
+        if (pt_stat(c, "clients_now") == want)
+            return true;
+        usleep(10000);
+    }
+    return false;
+}
+
+/* Nothing held in the daemon, and the pages of the slots handed out came back. */
+static void pt_expect_nothing_held(kvc_client *c)
+{
+    ck_assert_uint_eq(pt_stat(c, "reserved_now"), 0);
+    ck_assert_uint_eq(pt_stat(c, "reserved_bytes_now"), 0);
+    ck_assert_uint_eq(pt_stat(c, "pins_now"), 0);
+}
+
+/* ---- cases --------------------------------------------------------------------------- */
+
+START_TEST(test_put_seen_by_self_at_once)
+{
+    kvc_client *c;
+    kvc_ns *ns;
+    struct kvc_key k[PT_N];
+    pt_start(pt_args);
+    pt_open(&c, &ns);
+    ck_assert_int_eq(daemon_chain_keys(ns, 1, 0, PT_N, PT_N, k), 0);
+    void **b = pt_blocks(ns, k, PT_N);
+    /* Each check right after its put, no flush: the daemon handles a connection in order. */
+    ck_assert_int_eq(kvc_put_prefix(ns, NULL, k, PT_N / 2, (const void *const *)b), PT_N / 2);
+    ck_assert_int_eq(pt_hits(ns, k, PT_N), PT_N / 2);
+    ck_assert_int_eq(kvc_put_prefix(ns, &k[PT_N / 2 - 1], k + PT_N / 2, PT_N / 2,
+                                    (const void *const *)(b + PT_N / 2)),
+                     PT_N / 2);
+    ck_assert_int_eq(pt_get(ns, k, PT_N), PT_N);
+    /* A put of what is cached stores nothing and sends no commit. */
+    ck_assert_int_eq(kvc_put_prefix(ns, NULL, k, PT_N, (const void *const *)b), 0);
+    ck_assert_int_eq(kvc_flush(c), 0);
+    ck_assert_uint_eq(pt_stat(c, "blocks_now"), PT_N);
+    pt_expect_nothing_held(c);
+    pt_blocks_free(b, PT_N);
+    kvc_disconnect(c);
+    pt_stop();
+}
+END_TEST
+
+START_TEST(test_put_flush_without_puts)
+{
+    kvc_client *c;
+    kvc_ns *ns;
+    pt_start(pt_args);
+    ck_assert_int_eq(kvc_flush(NULL), -EINVAL);
+    pt_open(&c, &ns);
+    ck_assert_int_eq(kvc_flush(c), 0);
+    ck_assert_int_eq(kvc_flush(c), 0);
+    kvc_disconnect(c);
+    pt_stop();
+}
+END_TEST
+
+START_TEST(test_put_large_blocks_read_elsewhere)
+{
+    /* Blocks from KVCI_STREAM_MIN (32 KiB) up are copied into the arena with non-temporal
+     * stores (client/libkvc_copy.c): another client reads the same bytes after the flush. */
+    static const uint32_t tokens[] = {33, 64, 256};
+    pt_start(pt_args);
+    for (size_t t = 0; t < sizeof(tokens) / sizeof(tokens[0]); t++) {
+        char model[32];
+        snprintf(model, sizeof(model), "e2e-put-large-%u", tokens[t]);
+        struct kvc_layout lay = daemon_layout(model, tokens[t]);
+        kvc_client *c, *o;
+        kvc_ns *ns, *ons;
+        struct kvc_key k[PT_N];
+        ck_assert_int_eq(kvc_connect(pt_d.sock, &c), 0);
+        ck_assert_int_eq(kvc_ns_open(c, &lay, &ns), 0);
+        ck_assert_int_eq(kvc_connect(pt_d.sock, &o), 0);
+        ck_assert_int_eq(kvc_ns_open(o, &lay, &ons), 0);
+        ck_assert_uint_ge(kvc_ns_block_bytes(ns), 32u << 10);
+        ck_assert_int_eq(daemon_chain_keys(ns, 9, 0, PT_N, PT_N, k), 0);
+        void **b = pt_blocks(ns, k, PT_N);
+        ck_assert_int_eq(kvc_put_prefix(ns, NULL, k, PT_N, (const void *const *)b), PT_N);
+        ck_assert_int_eq(kvc_flush(c), 0);
+        ck_assert_int_eq(pt_get(ons, k, PT_N), PT_N);
+        ck_assert_int_eq(pt_hits(ons, k, PT_N), PT_N);
+        pt_blocks_free(b, PT_N);
+        kvc_disconnect(o);
+        kvc_disconnect(c);
+    }
+    pt_stop();
+}
+END_TEST
+
+/* A child that puts a chain (family 2), then flushes or disconnects as told, says so on
+ * pipe `done` and waits (connected, when it flushed) until `go` says it may leave. */
+struct pt_putter {
+    int done[2], go[2];
+    bool disconnect; /* instead of kvc_flush */
+};
+
+static int pt_putter_run(void *arg)
+{
+    struct pt_putter *p = arg;
+    kvc_client *c;
+    kvc_ns *ns;
+    struct kvc_layout lay = daemon_layout("e2e-put", PT_TOKENS);
+    struct kvc_key k[PT_N];
+    char byte = 'x';
+    if (kvc_connect(pt_d.sock, &c) || kvc_ns_open(c, &lay, &ns) ||
+        daemon_chain_keys(ns, 2, 0, PT_N, PT_N, k))
+        return 10;
+    size_t bb = kvc_ns_block_bytes(ns);
+    const void *b[PT_N];
+    for (int i = 0; i < PT_N; i++) {
+        void *x = malloc(bb);
+        daemon_block_fill(&k[i], x, bb);
+        b[i] = x;
+    }
+    if (kvc_put_prefix(ns, NULL, k, PT_N, b) != PT_N)
+        return 11;
+    if (p->disconnect)
+        kvc_disconnect(c);
+    else if (kvc_flush(c) != 0)
+        return 12;
+    if (write(p->done[1], &byte, 1) != 1 || read(p->go[0], &byte, 1) != 1)
+        return 13;
+    if (!p->disconnect)
+        kvc_disconnect(c);
+    return 0;
+}
+
+static void pt_other_process_case(bool disconnect)
+{
+    struct pt_putter p = {.disconnect = disconnect};
+    kvc_client *c;
+    kvc_ns *ns;
+    struct kvc_key k[PT_N];
+    char byte;
+    pt_start(pt_args);
+    pt_open(&c, &ns);
+    ck_assert_int_eq(daemon_chain_keys(ns, 2, 0, PT_N, PT_N, k), 0);
+    ck_assert_int_eq(pipe(p.done), 0);
+    ck_assert_int_eq(pipe(p.go), 0);
+    pid_t pid = daemon_child_spawn(pt_putter_run, &p);
+    ck_assert_int_gt(pid, 0);
+    ck_assert_int_eq(read(p.done[0], &byte, 1), 1);
+    /* Before the putter's connection ends: flush alone made the blocks visible. */
+    ck_assert_int_eq(pt_hits(ns, k, PT_N), PT_N);
+    ck_assert_int_eq(pt_get(ns, k, PT_N), PT_N);
+    ck_assert_int_eq(write(p.go[1], "g", 1), 1);
+    ck_assert_int_eq(daemon_child_wait(pid, daemon_ms(20000), NULL), 0);
+    ck_assert(pt_wait_clients(c, 1));
+    pt_expect_nothing_held(c);
+    kvc_disconnect(c);
+    pt_stop();
+}
+
+START_TEST(test_put_flush_makes_it_visible_to_others)
+{
+    pt_other_process_case(false);
+}
+END_TEST
+
+START_TEST(test_put_disconnect_makes_it_visible_to_others)
+{
+    pt_other_process_case(true);
+}
+END_TEST
+
+/* A put of PT_N blocks of family f whose commit reaches the daemon after the reservation
+ * expired: it counts its blocks, stores none. */
+static void pt_put_expiring(kvc_ns *ns, uint32_t f, struct kvc_key *k)
+{
+    ck_assert_int_eq(daemon_chain_keys(ns, f, 0, PT_N, PT_N, k), 0);
+    void **b = pt_blocks(ns, k, PT_N);
+    free(b[0]);
+    b[0] = pt_slow_block(&k[0], kvc_ns_block_bytes(ns));
+    pt_slow_ms = daemon_ms(2500); /* past 100 ms and the tick after it */
+    pt_slow_stop = 0;
+    ck_assert_int_eq(kvc_put_prefix(ns, NULL, k, PT_N, (const void *const *)b), PT_N);
+    ck_assert_int_eq(pt_slow_hits, 1);
+    b[0] = NULL;
+    pt_slow_done();
+    pt_blocks_free(b, PT_N);
+}
+
+START_TEST(test_put_commit_error_reported_by_next_put)
+{
+    kvc_client *c;
+    kvc_ns *ns;
+    struct kvc_key k[PT_N], k2[PT_N];
+    kvc_resv *r;
+    pt_start(pt_args_expire);
+    pt_open(&c, &ns);
+    pt_put_expiring(ns, 3, k);
+    /* Calls that are not puts read the error reply and keep it. */
+    ck_assert_uint_ge(pt_stat(c, "expired_reservations"), 1);
+    ck_assert_int_eq(pt_hits(ns, k, PT_N), 0);
+    ck_assert_int_eq(pt_get(ns, k, PT_N), 0);
+    ck_assert_int_eq(daemon_chain_keys(ns, 4, 0, PT_N, PT_N, k2), 0);
+    ck_assert_int_eq(kvc_reserve(ns, NULL, k2, 1, &r), 1);
+    ck_assert_int_eq(kvc_abort(r), 0);
+    /* The next put reports it and stores nothing. */
+    void **b2 = pt_blocks(ns, k2, PT_N);
+    ck_assert_int_eq(kvc_put_prefix(ns, NULL, k2, PT_N, (const void *const *)b2), -ETIMEDOUT);
+    ck_assert_int_eq(pt_hits(ns, k2, PT_N), 0);
+    /* Reported once: the same put again stores everything. */
+    ck_assert_int_eq(kvc_put_prefix(ns, NULL, k2, PT_N, (const void *const *)b2), PT_N);
+    ck_assert_int_eq(kvc_flush(c), 0);
+    ck_assert_int_eq(pt_hits(ns, k2, PT_N), PT_N);
+    pt_expect_nothing_held(c);
+    pt_blocks_free(b2, PT_N);
+    kvc_disconnect(c);
+    pt_stop();
+}
+END_TEST
+
+START_TEST(test_put_commit_error_reported_by_flush)
+{
+    kvc_client *c;
+    kvc_ns *ns;
+    struct kvc_key k[PT_N];
+    pt_start(pt_args_expire);
+    pt_open(&c, &ns);
+    pt_put_expiring(ns, 5, k);
+    ck_assert_int_eq(kvc_flush(c), -ETIMEDOUT);
+    ck_assert_int_eq(kvc_flush(c), 0);
+    ck_assert_int_eq(pt_hits(ns, k, PT_N), 0);
+    /* Put again (no error kept any more): stored. */
+    void **b = pt_blocks(ns, k, PT_N);
+    ck_assert_int_eq(kvc_put_prefix(ns, NULL, k, PT_N, (const void *const *)b), PT_N);
+    ck_assert_int_eq(kvc_flush(c), 0);
+    ck_assert_int_eq(pt_hits(ns, k, PT_N), PT_N);
+    pt_expect_nothing_held(c);
+    pt_blocks_free(b, PT_N);
+    kvc_disconnect(c);
+    pt_stop();
+}
+END_TEST
+
+START_TEST(test_put_commit_error_of_its_own_chunk)
+{
+    /* A put longer than one RESERVE: its first chunk's commit fails, which the second
+     * chunk's RESERVE reply brings back; the put answers it itself (nothing stored). */
+    kvc_client *c;
+    kvc_ns *ns;
+    struct kvc_key *k = calloc(PT_LONG, sizeof(*k));
+    pt_start(pt_args_expire);
+    pt_open(&c, &ns);
+    ck_assert_int_eq(daemon_chain_keys(ns, 6, 0, PT_LONG, PT_LONG, k), 0);
+    void **b = pt_blocks(ns, k, PT_LONG);
+    void *first = b[0];
+    b[0] = pt_slow_block(&k[0], kvc_ns_block_bytes(ns));
+    pt_slow_ms = daemon_ms(2500);
+    pt_slow_stop = 0;
+    ck_assert_int_eq(kvc_put_prefix(ns, NULL, k, PT_LONG, (const void *const *)b), -ETIMEDOUT);
+    pt_slow_done();
+    b[0] = first;
+    ck_assert_int_eq(kvc_flush(c), 0); /* answered by the put: not kept */
+    ck_assert_int_eq(pt_hits(ns, k, PT_LONG), 0);
+    ck_assert_int_eq(kvc_put_prefix(ns, NULL, k, PT_LONG, (const void *const *)b), PT_LONG);
+    ck_assert_int_eq(kvc_flush(c), 0);
+    ck_assert_int_eq(pt_hits(ns, k, PT_LONG), PT_LONG);
+    pt_expect_nothing_held(c);
+    pt_blocks_free(b, PT_LONG);
+    free(k);
+    kvc_disconnect(c);
+    pt_stop();
+}
+END_TEST
+
+/* A child's put (family f) whose commit reply, or commit, is left unread when the process
+ * ends without kvc_disconnect (the kernel closes its socket). stop: the daemon is stopped
+ * during the copy, so the commit is still in its socket when the child is gone. */
+struct pt_closer {
+    uint32_t f;
+    bool stop;
+};
+
+static int pt_closer_run(void *arg)
+{
+    const struct pt_closer *x = arg;
+    kvc_client *c;
+    kvc_ns *ns;
+    struct kvc_layout lay = daemon_layout("e2e-put", PT_TOKENS);
+    struct kvc_key k[PT_N];
+    if (kvc_connect(pt_d.sock, &c) || kvc_ns_open(c, &lay, &ns) ||
+        daemon_chain_keys(ns, x->f, 0, PT_N, PT_N, k))
+        return 20;
+    size_t bb = kvc_ns_block_bytes(ns);
+    const void *b[PT_N];
+    for (int i = 1; i < PT_N; i++) {
+        void *m = malloc(bb);
+        daemon_block_fill(&k[i], m, bb);
+        b[i] = m;
+    }
+    b[0] = pt_slow_block(&k[0], bb);
+    pt_slow_ms = daemon_ms(2500);
+    pt_slow_stop = x->stop ? pt_d.pid : 0;
+    if (kvc_put_prefix(ns, NULL, k, PT_N, b) != PT_N || pt_slow_hits != 1)
+        return 21;
+    if (!x->stop)
+        usleep((useconds_t)daemon_ms(300) * 1000); /* the error reply is in our socket */
+    _exit(0); /* no kvc_disconnect: nothing read, nothing flushed */
+}
+
+static void pt_closer_case(bool stop)
+{
+    struct pt_closer x = {.f = stop ? 8 : 7, .stop = stop};
+    kvc_client *c;
+    kvc_ns *ns;
+    struct kvc_key k[PT_N];
+    int sig;
+    /* Stopped, the daemon must not expire the reservation on the tick it may run first
+     * when it goes on. */
+    pt_start(stop ? pt_args : pt_args_expire);
+    pt_open(&c, &ns);
+    ck_assert_int_eq(daemon_chain_keys(ns, x.f, 0, PT_N, PT_N, k), 0);
+    uint64_t used = pt_stat(c, "host_used");
+    pid_t pid = daemon_child_spawn(pt_closer_run, &x);
+    ck_assert_int_gt(pid, 0);
+    ck_assert_int_eq(daemon_child_wait(pid, daemon_ms(30000), &sig), 0);
+    if (stop)
+        ck_assert_int_eq(kill(pt_d.pid, SIGCONT), 0);
+    ck_assert(pt_wait_clients(c, 1));
+    pt_expect_nothing_held(c);
+    if (stop) {
+        /* The commit it sent before it went was handled: the blocks are there. */
+        ck_assert_int_eq(pt_hits(ns, k, PT_N), PT_N);
+        ck_assert_uint_eq(pt_stat(c, "host_used"), used + PT_N * kvc_ns_block_bytes(ns));
+    } else {
+        /* The reservation expired: its slots came back, nothing is visible. */
+        ck_assert_int_eq(pt_hits(ns, k, PT_N), 0);
+        ck_assert_uint_eq(pt_stat(c, "host_used"), used);
+    }
+    ck_assert_int_eq(daemon_roundtrip(&pt_d), 0);
+    kvc_disconnect(c);
+    pt_stop();
+}
+
+START_TEST(test_put_closed_with_error_reply_unread)
+{
+    pt_closer_case(false);
+}
+END_TEST
+
+START_TEST(test_put_closed_with_commit_unread)
+{
+    pt_closer_case(true);
+}
+END_TEST
+
+/* ---- the protocol's edge -------------------------------------------------------------- */
+
+/* One request on a raw connection after HELLO; the reply's status, its length in *len. */
+static int pt_raw(int fd, uint16_t op, const void *body, uint32_t blen, uint32_t *len)
+{
+    static uint32_t id;
+    uint64_t buf[64];
+    struct kvc_msg_hdr *h = (struct kvc_msg_hdr *)buf;
+    *h = (struct kvc_msg_hdr){.magic = KVC_PROTO_MAGIC,
+                              .version = KVC_PROTO_VERSION,
+                              .opcode = op,
+                              .req_id = ++id,
+                              .len = blen};
+    memcpy(h + 1, body, blen);
+    ck_assert_int_eq(send(fd, buf, sizeof(*h) + blen, 0), (ssize_t)(sizeof(*h) + blen));
+    ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    ck_assert_int_ge(n, (ssize_t)sizeof(*h));
+    ck_assert_uint_eq(h->req_id, id);
+    ck_assert_uint_eq(h->opcode, op);
+    *len = h->len;
+    return h->status;
+}
+
+START_TEST(test_put_sync_and_commit_flags_checked)
+{
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    struct kvc_hello_req hello = {.min_version = KVC_PROTO_VERSION,
+                                  .max_version = KVC_PROTO_VERSION};
+    struct kvc_sync_req sync = {0};
+    struct kvc_commit_req commit = {.resv_id = 12345, .ncommit = 1};
+    uint32_t len;
+    pt_start(pt_args);
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_uint_lt(strlen(pt_d.sock), sizeof(a.sun_path));
+    memcpy(a.sun_path, pt_d.sock, strlen(pt_d.sock) + 1);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    ck_assert_int_eq(pt_raw(fd, KVC_OP_HELLO, &hello, sizeof(hello), &len), 0);
+    ck_assert_int_eq(pt_raw(fd, KVC_OP_SYNC, &sync, sizeof(sync), &len), 0);
+    ck_assert_uint_eq(len, 0);
+    sync.flags = 1;
+    ck_assert_int_eq(pt_raw(fd, KVC_OP_SYNC, &sync, sizeof(sync), &len), -EINVAL);
+    sync = (struct kvc_sync_req){.pad = 1};
+    ck_assert_int_eq(pt_raw(fd, KVC_OP_SYNC, &sync, sizeof(sync), &len), -EINVAL);
+    ck_assert_int_eq(pt_raw(fd, KVC_OP_SYNC, &sync, 4, &len), -EBADMSG);
+    commit.flags = 0x2;
+    ck_assert_int_eq(pt_raw(fd, KVC_OP_COMMIT, &commit, sizeof(commit), &len), -EINVAL);
+    /* A quiet commit that fails still answers, with its error. */
+    commit.flags = KVC_COMMIT_F_QUIET;
+    ck_assert_int_eq(pt_raw(fd, KVC_OP_COMMIT, &commit, sizeof(commit), &len), -ENOENT);
+    close(fd);
+    ck_assert_int_eq(daemon_roundtrip(&pt_d), 0);
+    pt_stop();
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("e2e_put");
+    TCase *tc = tcase_create("put");
+    SRunner *sr;
+    int failed;
+    tcase_set_timeout(tc, daemon_slow() * 90);
+    tcase_add_test(tc, test_put_seen_by_self_at_once);
+    tcase_add_test(tc, test_put_flush_without_puts);
+    tcase_add_test(tc, test_put_large_blocks_read_elsewhere);
+    tcase_add_test(tc, test_put_flush_makes_it_visible_to_others);
+    tcase_add_test(tc, test_put_disconnect_makes_it_visible_to_others);
+    tcase_add_test(tc, test_put_commit_error_reported_by_next_put);
+    tcase_add_test(tc, test_put_commit_error_reported_by_flush);
+    tcase_add_test(tc, test_put_commit_error_of_its_own_chunk);
+    tcase_add_test(tc, test_put_closed_with_error_reply_unread);
+    tcase_add_test(tc, test_put_closed_with_commit_unread);
+    tcase_add_test(tc, test_put_sync_and_commit_flags_checked);
+    suite_add_tcase(s, tc);
+    if (daemon_suite_init("e2e-put"))
+        return 1;
+    sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    daemon_suite_fini();
+    return failed ? 1 : 0;
+}
