@@ -107,6 +107,21 @@ START_TEST(test_policy_choices)
     ck_assert_int_eq(config_ns_set(c, "m*", "policy", "h2o", err, sizeof(err)), 0);
     ck_assert_int_eq(c->ns[0].policy, POLICY_H2O);
     ck_assert_int_eq(config_ns_set(c, "n*", "policy", "nonesuch", err, sizeof(err)), -EINVAL);
+    /* the precision ladder's keys: numbers >= 0, anything else refused with a reason */
+    ck_assert_int_eq(config_ns_set(c, "m*", "lossy_weight", "2.5", err, sizeof(err)), 0);
+    ck_assert_int_eq(config_ns_set(c, "m*", "max_error", "0.05", err, sizeof(err)), 0);
+    ck_assert_double_eq(c->ns[0].lossy_weight, 2.5);
+    ck_assert_double_eq(c->ns[0].max_error, 0.05);
+    ck_assert_int_eq(config_ns_set(c, "m*", "max_error", "0.1", err, sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "duplicate"));
+    static const char *const bad[] = {"-1", "x", "", "0.5x", "nan", "1e9"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        ck_assert_int_eq(config_ns_set(c, "o*", "max_error", bad[i], err, sizeof(err)), -EINVAL);
+        ck_assert_ptr_nonnull(strstr(err, "max_error"));
+        ck_assert_int_eq(config_ns_set(c, "o*", "lossy_weight", bad[i], err, sizeof(err)),
+                         -EINVAL);
+        ck_assert_ptr_nonnull(strstr(err, "lossy_weight"));
+    }
     config_free(c);
 }
 END_TEST
