@@ -399,12 +399,14 @@ static enum engine_ladder_r engine_ladder_step(struct store *s, struct store_ns 
 }
 
 /* Steps ns's ladder until the room coming in arena a (the raw slots of quantize jobs in
- * flight) covers `need` bytes, or a block left the tier (room now). */
+ * flight, and what the disk tier is writing out) covers `need` bytes, or a block left the
+ * tier (room now). */
 static enum engine_ladder_r engine_ladder_room(struct store *s, struct store_ns *ns, uint32_t a,
                                                uint64_t need, uint64_t now)
 {
     enum engine_ladder_r r = ENGINE_LADDER_NONE;
-    for (uint32_t n = 0; n < ENGINE_POLICY_ROUNDS && quant_pending_bytes(s->quant, a) < need;
+    for (uint32_t n = 0; n < ENGINE_POLICY_ROUNDS &&
+                         quant_pending_bytes(s->quant, a) + engine_disk_pending_bytes(s) < need;
          n++) {
         r = engine_ladder_step(s, ns, now);
         if (r != ENGINE_LADDER_QUEUED)
