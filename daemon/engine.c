@@ -184,6 +184,32 @@ void engine_evict(struct store *s, uint32_t idx)
 #define ENGINE_COMPACT_SCAN 64
 #define ENGINE_COMPACT_MAX_BYTES (4u << 20)
 
+/* The blocks of the slab at `start` of host arena a (nslots slots of `slot` bytes, `used` of
+ * them allocated) into out, when every allocated slot holds a committed block for which ok
+ * holds (none a reservation's or a job's); false otherwise. */
+static bool engine_slab_blocks(struct store *s, uint32_t a, uint64_t start, uint64_t slot,
+                               uint32_t nslots, uint32_t used,
+                               bool (*ok)(const struct store *s, uint32_t idx, const void *arg),
+                               const void *arg, uint32_t *out)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < nslots && n < used; i++) {
+        uint32_t x = store_slot_owner(s, a, start + (uint64_t)i * slot);
+        if (x == INDEX_NONE)
+            continue;
+        if (!ok(s, x, arg))
+            return false;
+        out[n++] = x;
+    }
+    return n == used;
+}
+
+static bool engine_compact_ok(const struct store *s, uint32_t idx, const void *arg)
+{
+    (void)arg;
+    return store_block_idle(s, idx) && s->ix.blocks[idx].tier == KVC_WIRE_TIER_HOST;
+}
+
 /* Room for a slot of size class `want` in host arena a without evicting: when another class
  * has free slots elsewhere for every block of its sparsest slab, those blocks are copied into
  * them (on the loop thread: a few MiB at most) and the slab, empty, gives its pages back to
@@ -197,7 +223,7 @@ static bool engine_compact(struct store *s, uint32_t a, int want)
     struct tier *t = s->arenas[a].tier;
     struct slab *sl = tier_host_slab(t);
     uint64_t start = 0, slot, best_free = 0;
-    uint32_t used = 0, nslots, move[ENGINE_LADDER_SLAB_MAX], n = 0;
+    uint32_t used = 0, nslots, move[ENGINE_LADDER_SLAB_MAX];
     int cls = -1;
     for (uint32_t c = 0; c < slab_class_count(sl); c++) {
         uint64_t st, fr = slab_class_free_slots(sl, (int)c), sz = slab_class_slot(sl, (int)c);
@@ -213,20 +239,11 @@ static bool engine_compact(struct store *s, uint32_t a, int want)
         start = st;
         used = u;
     }
-    if (cls < 0 || slab_span(sl, start, &start, &slot, &nslots, &used))
-        return false;
-    for (uint32_t i = 0; i < nslots && n < used; i++) {
-        uint32_t x = store_slot_owner(s, a, start + (uint64_t)i * slot);
-        if (x == INDEX_NONE)
-            continue;
-        if (!store_block_idle(s, x) || s->ix.blocks[x].tier != KVC_WIRE_TIER_HOST)
-            return false;
-        move[n++] = x;
-    }
-    if (n != used)
+    if (cls < 0 || slab_span(sl, start, &start, &slot, &nslots, &used) ||
+        !engine_slab_blocks(s, a, start, slot, nslots, used, engine_compact_ok, NULL, move))
         return false; /* a slot held by a reservation or a job: the slab cannot empty now */
     slab_drain(sl, start, true);
-    for (uint32_t i = 0; i < n; i++) {
+    for (uint32_t i = 0; i < used; i++) {
         struct block *b = &s->ix.blocks[move[i]];
         struct tier_loc from = {.arena = a, .cls = b->cls, .off = b->off, .len = b->len}, to;
         if (t->ops->alloc(t, b->len, &to)) {
@@ -243,7 +260,7 @@ static bool engine_compact(struct store *s, uint32_t a, int want)
         t->ops->free(t, &from);
     }
     s->total.compacted_slabs++;
-    s->total.compacted_blocks += n;
+    s->total.compacted_blocks += used;
     return true;
 }
 
@@ -311,34 +328,32 @@ static enum engine_ladder_r engine_ladder_out(struct store *s, struct store_ns *
  * down whole when every block in it may (of ns, idle, on rung k, not a sink), so its pages
  * serve the smaller size once it is empty, as a slab allocator's rebalancing moves a page
  * between sizes. QUEUED, or NONE when that slab may not. */
-static enum engine_ladder_r engine_ladder_slab(struct store *s, struct store_ns *ns, uint32_t v,
-                                               uint32_t k, uint64_t now)
+static bool engine_ladder_slab_ok(const struct store *s, uint32_t idx, const void *arg)
 {
-    (void)now;
+    const struct engine_ladder_ctx *c = arg;
+    const struct block *b = &s->ix.blocks[idx];
+    return b->ns == c->ns->id && store_block_idle(s, idx) && b->depth != 0 &&
+           store_ladder_rung(c->ns, b->format) == c->rung;
+}
+
+static enum engine_ladder_r engine_ladder_slab(struct store *s, struct store_ns *ns, uint32_t v,
+                                               uint32_t k)
+{
     const struct block *b = &s->ix.blocks[v];
-    struct tier *t = s->arenas[b->arena].tier;
-    uint32_t idx[ENGINE_LADDER_SLAB_MAX], nslots, used, n = 0;
+    struct slab *sl = tier_host_slab(s->arenas[b->arena].tier);
+    struct engine_ladder_ctx c = {.ns = ns, .rung = k};
+    uint32_t idx[ENGINE_LADDER_SLAB_MAX], nslots, used;
     uint64_t start, slot;
     int64_t enc = quant_format_bytes(ns, ns->rung_format[k + 1]);
     /* Only a slab whose pages hold every block of it at the smaller size. */
-    if (enc > 0 && slab_span(tier_host_slab(t), b->off, &start, &slot, &nslots, &used) == 0 &&
-        used <= ENGINE_LADDER_SLAB_MAX && slab_fit(tier_host_slab(t), b->off, (uint64_t)enc) >= used) {
-        for (uint32_t i = 0; i < nslots && n < used; i++) {
-            uint32_t x = store_slot_owner(s, b->arena, start + (uint64_t)i * slot);
-            const struct block *xb;
-            if (x == INDEX_NONE)
-                continue;
-            xb = &s->ix.blocks[x];
-            if (xb->ns != ns->id || !store_block_idle(s, x) || xb->depth == 0 ||
-                store_ladder_rung(ns, xb->format) != k)
-                break;
-            idx[n++] = x;
-        }
-        if (n == used && store_quantize_slab(s, idx, n, ns->rung_format[k + 1]) == 0) {
-            ENGINE_STAT_ADD(s, ns, ladder_steps, n);
-            ENGINE_STAT_ADD(s, ns, ladder_slab_steps, 1);
-            return ENGINE_LADDER_QUEUED;
-        }
+    if (enc > 0 && slab_span(sl, b->off, &start, &slot, &nslots, &used) == 0 &&
+        used <= ENGINE_LADDER_SLAB_MAX && slab_fit(sl, b->off, (uint64_t)enc) >= used &&
+        engine_slab_blocks(s, b->arena, start, slot, nslots, used, engine_ladder_slab_ok, &c,
+                           idx) &&
+        store_quantize_slab(s, idx, used, ns->rung_format[k + 1]) == 0) {
+        ENGINE_STAT_ADD(s, ns, ladder_steps, used);
+        ENGINE_STAT_ADD(s, ns, ladder_slab_steps, 1);
+        return ENGINE_LADDER_QUEUED;
     }
     return ENGINE_LADDER_NONE;
 }
@@ -359,7 +374,7 @@ static enum engine_ladder_r engine_ladder_down(struct store *s, struct store_ns 
     if (quant_inflight(s->quant) >= s->p.quantize_inflight)
         return ENGINE_LADDER_WAIT;
     rc = store_quantize_to(s, v, to);
-    if (rc == -ENOSPC && engine_ladder_slab(s, ns, v, k, now) == ENGINE_LADDER_QUEUED)
+    if (rc == -ENOSPC && engine_ladder_slab(s, ns, v, k) == ENGINE_LADDER_QUEUED)
         return ENGINE_LADDER_QUEUED;
     if (rc == -ENOSPC && k + 1 < ns->rungs && depth < POLICY_LADDER_RUNGS) {
         /* A slot of rung k + 1's size first, then this block's job behind it. */

@@ -269,6 +269,20 @@ static void quant_place(struct quant *q, struct quant_job *j, bool raw_freed)
     ns->stats.quant_bytes_saved += j->raw.len - j->enc.len;
 }
 
+/* A job encoded into private memory takes a slot of its size now and the block moves there
+ * (quant_place). False when no slot is free: nothing changed. */
+static bool quant_place_private(struct quant *q, struct quant_job *j, bool raw_freed)
+{
+    struct tier *t = q->s->arenas[j->arena].tier;
+    struct tier_loc loc;
+    if (t->ops->alloc(t, j->enc.len, &loc))
+        return false;
+    memcpy((uint8_t *)tier_host_base(t) + loc.off, j->dst, j->enc.len);
+    j->enc = loc;
+    quant_place(q, j, raw_freed);
+    return true;
+}
+
 static void quant_job_free(struct quant_job *j)
 {
     if (j->group || j->later)
@@ -281,29 +295,23 @@ static void quant_apply(struct quant *q, struct quant_job *j)
 {
     struct store *s = q->s;
     struct tier *t = s->arenas[j->arena].tier;
-    struct tier_loc loc;
+    bool usable;
     quant_settle(q, j);
-    if (j->later && quant_usable(s, j)) {
-        /* Its slot now: the jobs that were to free one landed before it (in order). */
-        if (t->ops->alloc(t, j->enc.len, &loc) == 0) {
-            memcpy((uint8_t *)tier_host_base(t) + loc.off, j->dst, j->enc.len);
-            j->enc = loc;
-            quant_place(q, j, false);
-        } else {
-            store_block_unpin(s, j->idx); /* none came: it stays as it was */
-            s->pins_now--;
-            s->total.ladder_missed++;
-        }
-    } else if (j->later || !quant_usable(s, j)) {
+    usable = quant_usable(s, j);
+    if (usable && !j->later) {
+        quant_place(q, j, false);
+    } else if (!usable || !quant_place_private(q, j, false)) {
+        /* Not usable, or (placed on landing) the jobs that were to free its slot freed none:
+         * the block stays as it was. */
         store_block_unpin(s, j->idx);
         s->pins_now--;
+        if (usable)
+            s->total.ladder_missed++;
         if (j->rc < 0)
             log_limited(LOG_LEVEL_WARNING, "quant: block %u not quantized (%s)", j->idx,
                         strerror((int)-j->rc));
         if (!j->later)
             t->ops->free(t, &j->enc);
-    } else {
-        quant_place(q, j, false);
     }
     quant_job_free(j);
 }
@@ -338,13 +346,8 @@ static void quant_group_apply(struct quant *q, struct quant_group *g)
     for (uint32_t i = 0; i < g->n; i++) {
         struct quant_job *j = g->job[i];
         struct block *b = &s->ix.blocks[j->idx];
-        struct tier_loc loc;
-        if (t->ops->alloc(t, j->enc.len, &loc) == 0) {
-            memcpy((uint8_t *)tier_host_base(t) + loc.off, j->dst, j->enc.len);
-            j->enc = loc;
-            quant_place(q, j, true);
+        if (quant_place_private(q, j, true))
             continue;
-        }
         /* No slot even in the pages the slab gave back (another size took them between
          * its runs): the block's bytes are gone, as after an arena fault; it is a miss from
          * now on and goes once nothing hangs from it. */
