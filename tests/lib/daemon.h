@@ -25,8 +25,8 @@
 #include "client/kvc.h"
 
 /* Deadlines. Every wait of the tests has one, generous, and multiplied by daemon_slow(). */
-#ifdef __SANITIZE_ADDRESS__
-#define DAEMON_SAN_SLOW 4 /* the ASan+UBSan build runs several times slower */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define DAEMON_SAN_SLOW 4 /* the ASan+UBSan and TSan builds run several times slower */
 #else
 #define DAEMON_SAN_SLOW 1
 #endif
