@@ -266,15 +266,6 @@ static bool engine_compact(struct store *s, uint32_t a, int want)
 
 /* ---- the precision ladder ------------------------------------------------------------- */
 
-/* What a ladder step did. */
-enum engine_ladder_r {
-    ENGINE_LADDER_NONE = 0, /* nothing it may act on: the caller evicts as without a ladder */
-    ENGINE_LADDER_FREED,    /* a block left the tier: room now */
-    ENGINE_LADDER_QUEUED,   /* a block goes one rung down: room when its job lands */
-    ENGINE_LADDER_WAIT,     /* a step down is due but the worker is full, or the disk asks
-                               to wait: room comes with the jobs (and writes) in flight */
-};
-
 struct engine_ladder_ctx {
     const struct store_ns *ns;
     uint32_t rung;
@@ -432,6 +423,15 @@ static enum engine_ladder_r engine_ladder_room(struct store *s, struct store_ns 
     return r;
 }
 
+enum engine_ladder_r engine_ladder_evict(struct store *s, uint32_t arena, uint32_t v,
+                                         uint64_t need, uint64_t now)
+{
+    struct store_ns *vns = s->ns[s->ix.blocks[v].ns];
+    if (vns->rungs < 2 || vns->policy == POLICY_LRU || vns->arena != arena)
+        return ENGINE_LADDER_NONE;
+    return engine_ladder_room(s, vns, arena, need, now);
+}
+
 bool engine_room_coming(struct store *s, uint32_t arena)
 {
     return quant_pending_bytes(s->quant, arena) > 0 || engine_disk_room_coming(s, arena);
@@ -455,20 +455,17 @@ int engine_alloc(struct store *s, struct store_ns *ns, uint64_t now, struct tier
         uint32_t v = engine_victim(s, ns->arena, cls, now);
         if (v == INDEX_NONE)
             return -ENOSPC;
-        struct store_ns *vns = s->ns[s->ix.blocks[v].ns];
-        if (vns->rungs >= 2 && vns->policy != POLICY_LRU && vns->arena == ns->arena) {
-            uint64_t need = s->room_want > ns->block_bytes ? s->room_want : ns->block_bytes;
-            switch (engine_ladder_room(s, vns, ns->arena, need, now)) {
-            case ENGINE_LADDER_FREED:
-                continue;
-            case ENGINE_LADDER_QUEUED:
-            case ENGINE_LADDER_WAIT:
-                return -ENOSPC;
-            case ENGINE_LADDER_NONE:
-                break;
-            }
+        uint64_t need = s->room_want > ns->block_bytes ? s->room_want : ns->block_bytes;
+        switch (engine_ladder_evict(s, ns->arena, v, need, now)) {
+        case ENGINE_LADDER_FREED:
+            continue;
+        case ENGINE_LADDER_QUEUED:
+        case ENGINE_LADDER_WAIT:
+            return -ENOSPC;
+        case ENGINE_LADDER_NONE:
+            engine_evict(s, v);
+            break;
         }
-        engine_evict(s, v);
     }
 }
 

@@ -73,6 +73,20 @@ uint32_t engine_victim(struct store *s, uint32_t arena, int cls, uint64_t now);
 /* Frees the room of a victim: a clean block in memory gives up its memory and stays cached
  * on disk; anything else is dropped (counted as evicted). Nothing for a block in motion. */
 void engine_evict(struct store *s, uint32_t idx);
+/* What a step of a namespace's precision ladder did (engine_ladder_evict). */
+enum engine_ladder_r {
+    ENGINE_LADDER_NONE = 0, /* nothing it may act on: the caller evicts as without a ladder */
+    ENGINE_LADDER_FREED,    /* a block left the tier: room now */
+    ENGINE_LADDER_QUEUED,   /* a block goes one rung down: room when its job lands */
+    ENGINE_LADDER_WAIT,     /* a step down is due but the worker is full, or the disk asks
+                               to wait: room comes with the jobs (and writes) in flight */
+};
+/* Instead of evicting victim v of host arena `arena`: when v's namespace keeps a precision
+ * ladder there, its ladder steps (store_ladder_pick's rung goes one rung down, or its coldest
+ * leaf out) until the room coming in the arena covers `need` bytes or a block left. NONE:
+ * evict v as without a ladder. engine_alloc and the disk tier's trim both make room so. */
+enum engine_ladder_r engine_ladder_evict(struct store *s, uint32_t arena, uint32_t v,
+                                         uint64_t need, uint64_t now);
 /* A slot of ns's block size in its arena, evicting victims. 0, -ENOSPC (nothing can go:
  * with a disk tier, dirty blocks wait for their write), -errno. */
 int engine_alloc(struct store *s, struct store_ns *ns, uint64_t now, struct tier_loc *loc);

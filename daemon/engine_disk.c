@@ -509,16 +509,29 @@ int engine_disk_trim(struct store *s, uint64_t now)
         uint64_t pend = quant_pending_bytes(s->quant, a) + ed->freeing[a];
         uint64_t used = t->ops->usage(t), room, want;
         /* Over the high watermark: clean blocks leave memory (they stay on disk) and leaves
-         * the disk would not take are dropped, down to the low watermark; if that is not
-         * enough, dirty blocks are demoted (written, then freed). */
+         * the disk would not take are dropped, down to the low watermark — or, where the
+         * victim's namespace keeps a precision ladder, the ladder steps instead (a block one
+         * rung down, or its coldest leaf out: engine_ladder_evict), as a put's allocation
+         * does; if that is not enough, dirty blocks are demoted (written, then freed). */
         if ((double)engine_disk_sub(used, pend) > s->p.high_watermark * cap) {
-            while ((double)engine_disk_sub(t->ops->usage(t), pend) > s->p.low_watermark * cap) {
+            for (;;) {
+                double low = s->p.low_watermark * cap;
+                pend = quant_pending_bytes(s->quant, a) + ed->freeing[a];
+                used = t->ops->usage(t);
+                if ((double)engine_disk_sub(used, pend) <= low)
+                    break;
                 uint32_t v = engine_victim(s, a, -1, now);
                 if (v == INDEX_NONE)
                     break;
-                engine_evict(s, v);
+                enum engine_ladder_r r =
+                    engine_ladder_evict(s, a, v, (uint64_t)((double)used - low) + 1, now);
                 acted++;
+                if (r == ENGINE_LADDER_NONE)
+                    engine_evict(s, v);
+                else if (r != ENGINE_LADDER_FREED)
+                    break; /* room comes with the jobs in flight; the next trim goes on */
             }
+            pend = quant_pending_bytes(s->quant, a) + ed->freeing[a];
             used = t->ops->usage(t);
             if ((double)engine_disk_sub(used, pend) > s->p.low_watermark * cap)
                 acted += engine_disk_write_back(

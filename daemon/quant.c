@@ -666,8 +666,12 @@ int quant_pressure(struct quant *q, uint64_t now)
             if ((double)(t->ops->usage(t) - q->pending[a]) <= s->p.low_watermark * cap)
                 break;
             const struct block *b = &s->ix.blocks[i];
-            if (!b->pins && b->format == KVC_WIRE_FORMAT_RAW &&
-                KVC_WIRE_QUANT_ALLOWED(s->ns[b->ns]->layout.flags) && store_quantize(s, i) == 0)
+            const struct store_ns *ns = s->ns[b->ns];
+            /* A namespace that keeps a precision ladder steps by it (engine_ladder_evict:
+             * its order, its rungs, its sinks raw), not by this walk of the LRU's tail. */
+            bool ladder = ns->rungs >= 2 && ns->policy != POLICY_LRU;
+            if (!b->pins && b->format == KVC_WIRE_FORMAT_RAW && !ladder &&
+                KVC_WIRE_QUANT_ALLOWED(ns->layout.flags) && store_quantize(s, i) == 0)
                 n++;
             i = prev;
         }

@@ -29,6 +29,10 @@
  * Rows (no baseline): wrong_bytes, leaked_pins, leaked_reservations, daemon_crashes,
  * restart_lost_blocks (all must be 0), client_kills, daemon_kills, blocks_verified,
  * restart_blocks_verified.
+ * CHAOS_QUANT=1: the namespace allows q8_0 and q4_1, so the daemon's precision ladder steps
+ * blocks down (in memory, on their way to disk and back) under the same kills; block values
+ * are smooth, a raw hit must match exactly and a lossy one decode within its codec's bound;
+ * row lossy_blocks_verified (must not be 0).
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -60,6 +64,7 @@ struct chaos_shared {
     uint64_t wrong_bytes;
     uint64_t wrong_blocks;
     uint64_t verified;
+    uint64_t lossy_verified; /* CHAOS_QUANT: hits stored in a lossy codec, within its bound */
     uint64_t lookups, hits, reserves, commits, committed, aborts, puts, waits;
     uint64_t sessions; /* connections opened */
     uint64_t errs[CHAOS_ERRNOS]; /* failed calls by errno */
@@ -69,6 +74,7 @@ static struct chaos_shared *sh;
 static struct daemon d;
 static const char *dargs[16];
 static uint64_t run_deadline; /* daemon_now_ms() */
+static bool quant; /* CHAOS_QUANT=1: namespaces that allow q8_0 and q4_1 (the ladder) */
 
 static uint64_t env_u64(const char *name, uint64_t def)
 {
@@ -97,23 +103,71 @@ static void err_count(int rc)
     add(&sh->errs[e > 0 && e < CHAOS_ERRNOS ? e : 0], 1);
 }
 
-/* Compares a block with its key's bytes; counts the wrong ones. */
-static void block_verify(const struct kvc_key *k, const uint8_t *p, size_t bb, uint8_t *want,
-                         const char *who)
+/* A block's bytes, a function of its key: any bytes when every hit must match exactly,
+ * smooth values (tests/lib/daemon.h) when hits may be lossy, so a decoded block's error
+ * measures its codec. */
+static void block_fill(const struct kvc_key *k, void *p, size_t bb)
 {
+    if (quant)
+        daemon_smooth_fill(k, p, bb / 2);
+    else
+        daemon_block_fill(k, p, bb);
+}
+
+static void wrong_block(const struct kvc_key *k, uint64_t wrong, long first, const char *who)
+{
+    add(&sh->wrong_bytes, wrong);
+    if (__atomic_fetch_add(&sh->wrong_blocks, 1, __ATOMIC_RELAXED) < 20)
+        fprintf(stderr,
+                "chaos: %s: key %016" PRIx64 "%016" PRIx64 ": %" PRIu64 " wrong bytes, first at %ld\n",
+                who, k->hi, k->lo, wrong, first);
+}
+
+/* Checks hit i of a lease against its key; counts the wrong ones. Raw hits must hold the
+ * key's bytes exactly; with CHAOS_QUANT a lossy hit must decode within its codec's bound
+ * (q8_0 0.02, q4_1 0.12 relative error, as check_e2e_quant), any other codec is wrong. want:
+ * bb bytes of scratch. */
+static void hit_verify(const kvc_lease *l, size_t i, const struct kvc_key *k, size_t bb,
+                       uint8_t *want, const char *who)
+{
+    const uint8_t *p = kvc_lease_data(l, i);
+    add(&sh->verified, 1);
+    if (quant) {
+        const void *data;
+        size_t len;
+        int f = kvc_lease_stored(l, i, &data, &len);
+        if (f < 0 || kvc_lease_copy(l, i, want, bb) != 0) {
+            wrong_block(k, bb, 0, who);
+            return;
+        }
+        double e = daemon_smooth_err(k, (const uint16_t *)want, bb / 2);
+        double bound = f == KVC_CODEC_RAW ? 0.0 : f == KVC_CODEC_Q8_0 ? 0.02
+                                                : f == KVC_CODEC_Q4_1 ? 0.12 : -1.0;
+        if (f == KVC_CODEC_RAW ? e != 0.0 : !(e < bound)) {
+            fprintf(stderr, "chaos: %s: stored as codec %d, relative error %g\n", who, f, e);
+            wrong_block(k, bb, 0, who);
+        } else if (f != KVC_CODEC_RAW) {
+            add(&sh->lossy_verified, 1);
+        }
+        return;
+    }
     daemon_block_fill(k, want, bb);
     if (memcmp(p, want, bb)) {
         uint64_t wrong = 0;
         for (size_t j = 0; j < bb; j++)
             wrong += p[j] != want[j];
-        add(&sh->wrong_bytes, wrong);
-        if (__atomic_fetch_add(&sh->wrong_blocks, 1, __ATOMIC_RELAXED) < 20)
-            fprintf(stderr,
-                    "chaos: %s: key %016" PRIx64 "%016" PRIx64 ": %" PRIu64
-                    " wrong bytes, first at %ld\n",
-                    who, k->hi, k->lo, wrong, daemon_block_check(k, p, bb));
+        wrong_block(k, wrong, daemon_block_check(k, p, bb), who);
     }
-    add(&sh->verified, 1);
+}
+
+/* The namespace of the run: raw, or with CHAOS_QUANT q8_0 (the recipe) and q4_1 allowed. */
+static int chaos_ns_open(kvc_client *c, kvc_ns **ns)
+{
+    struct kvc_layout lay = daemon_layout(CHAOS_MODEL, CHAOS_TOKENS);
+    struct kvc_quant q = {.allowed = 1u << KVC_CODEC_Q8_0 | 1u << KVC_CODEC_Q4_1,
+                          .k_codec = KVC_CODEC_Q8_0,
+                          .v_codec = KVC_CODEC_Q8_0};
+    return quant ? kvc_ns_open_quant(c, &lay, &q, ns) : kvc_ns_open(c, &lay, ns);
 }
 
 /* Errors a live connection may return in normal operation. */
@@ -159,7 +213,7 @@ static int client_op(kvc_ns *ns, uint64_t *rs, size_t bb, uint8_t *want, void **
         if ((size_t)ready > kvc_lease_count(l))
             ready = (int)kvc_lease_count(l);
         for (int i = 0; i < ready; i++)
-            block_verify(&keys[i], kvc_lease_data(l, (size_t)i), bb, want, "hit");
+            hit_verify(l, (size_t)i, &keys[i], bb, want, "hit");
         if (rng_next(rs) % 8 == 0)
             usleep((useconds_t)(rng_next(rs) % 4000)); /* killed holding pins, sometimes */
         rc = kvc_release(l);
@@ -180,7 +234,7 @@ static int client_op(kvc_ns *ns, uint64_t *rs, size_t bb, uint8_t *want, void **
                 memset(p, 0xa5, bb);
                 usleep((useconds_t)(rng_next(rs) % 3000));
             }
-            daemon_block_fill(&keys[i], p, bb);
+            block_fill(&keys[i], p, bb);
         }
         if (how == 6)
             usleep((useconds_t)(rng_next(rs) % 3000)); /* killed holding slots */
@@ -196,7 +250,7 @@ static int client_op(kvc_ns *ns, uint64_t *rs, size_t bb, uint8_t *want, void **
         }
     } else { /* whole prefix */
         for (uint32_t i = 0; i < n; i++)
-            daemon_block_fill(&keys[i], bufs[i], bb);
+            block_fill(&keys[i], bufs[i], bb);
         rc = kvc_put_prefix(ns, NULL, keys, n, (const void *const *)bufs);
         add(&sh->puts, 1);
         if (rc > 0)
@@ -213,7 +267,6 @@ out:
  * the run's deadline). */
 static void client_main(uint64_t seed)
 {
-    struct kvc_layout lay = daemon_layout(CHAOS_MODEL, CHAOS_TOKENS);
     uint64_t rs = seed * 0x9e3779b97f4a7c15ull + (uint64_t)getpid();
     size_t bb = 0;
     uint8_t *want = NULL;
@@ -227,7 +280,7 @@ static void client_main(uint64_t seed)
         kvc_ns *ns = NULL;
         int rc = kvc_connect(d.sock, &c);
         if (!rc)
-            rc = kvc_ns_open(c, &lay, &ns);
+            rc = chaos_ns_open(c, &ns);
         if (rc) {
             kvc_disconnect(c);
             usleep(1000 + (useconds_t)(rng_next(&rs) % 4000));
@@ -311,10 +364,9 @@ struct chaos_conn {
 
 static int conn_open(struct chaos_conn *cc)
 {
-    struct kvc_layout lay = daemon_layout(CHAOS_MODEL, CHAOS_TOKENS);
     int rc = kvc_connect(d.sock, &cc->c);
     if (!rc)
-        rc = kvc_ns_open(cc->c, &lay, &cc->ns);
+        rc = chaos_ns_open(cc->c, &cc->ns);
     if (rc) {
         kvc_disconnect(cc->c);
         cc->c = NULL;
@@ -437,7 +489,7 @@ static long blocks_read(struct chaos_conn *cc, const struct kvc_key *keys, long 
         if (hit < 0)
             return hit;
         if (hit == 1) {
-            block_verify(&keys[i], kvc_lease_data(l, 0), bb, want, who);
+            hit_verify(l, 0, &keys[i], bb, want, who);
             found++;
         } else if (!strcmp(who, "restart") && found + 8 > i) {
             fprintf(stderr, "chaos: restart: key %016" PRIx64 "%016" PRIx64 " is gone\n",
@@ -463,7 +515,8 @@ static void stats_line(struct chaos_conn *cc, const char *what, const char *cons
 static const char *const stats_before[] = {
     "blocks_now", "disk_blocks", "disk_used", "evicted_blocks", "demote_dropped",
     "disk_evicted_blocks", "disk_records_forgotten", "checksum_failures",
-    "disk_checkpoint_records", "disk_checkpoint_stale", NULL};
+    "disk_checkpoint_records", "disk_checkpoint_stale", "quantized_blocks", "ladder_steps",
+    "hit_blocks_lossy", NULL};
 static const char *const stats_after[] = {
     "blocks_now", "disk_blocks", "disk_start_checkpoint", "disk_start_records_checkpoint",
     "disk_start_records_walked", NULL};
@@ -644,6 +697,7 @@ int main(int argc, char **argv)
     }
     if (clients < 1 || clients > CHAOS_MAX_CHILDREN)
         clients = 6;
+    quant = env_u64("CHAOS_QUANT", 0) != 0;
     signal(SIGPIPE, SIG_IGN);
     sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     sample = calloc(8192, sizeof(*sample));
@@ -670,8 +724,9 @@ int main(int argc, char **argv)
     dargs[n] = NULL;
 
     printf("chaos: kvcd with a 16 MiB host arena and a 256 MiB disk tier, %d clients, "
-           "%" PRIu64 " client kills, %" PRIu64 " daemon kills, at most %" PRIu64 " s\n",
-           clients, kill_target, dkill_target, seconds);
+           "%" PRIu64 " client kills, %" PRIu64 " daemon kills, at most %" PRIu64 " s%s\n",
+           clients, kill_target, dkill_target, seconds,
+           quant ? ", blocks that may step down to q8_0 and q4_1" : "");
     fflush(stdout);
     t_start = daemon_now_ms();
     run_deadline = t_start + seconds * 1000;
@@ -755,6 +810,9 @@ end:
                       0);
         bench_row_add(rows, 16, &nrows, "restart_blocks_verified", (double)restart_found,
                       "blocks", NULL, 0);
+        if (quant)
+            bench_row_add(rows, 16, &nrows, "lossy_blocks_verified", (double)sh->lossy_verified,
+                          "blocks", NULL, 0);
         bench_row_add(rows, 16, &nrows, "run_seconds", secs, "s", NULL, 0);
         for (size_t i = 0; i < nrows; i++)
             printf("  %-26s %12.0f %s\n", rows[i].name, rows[i].value, rows[i].unit);
@@ -778,6 +836,8 @@ end:
             bench_fail("the run stopped before its kill counts");
         if (client_exits)
             bench_fail("clients exited on their own");
+        if (quant && !sh->lossy_verified)
+            bench_fail("CHAOS_QUANT=1 but no hit was lossy: the ladder was not exercised");
     }
     if (bench_failed()) { /* keep kvcd's log beside the rows */
         char cmd[3 * DAEMON_PATH_MAX];

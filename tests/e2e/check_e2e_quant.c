@@ -151,24 +151,10 @@ END_TEST
 
 static const char *const ql_args[] = {"-o", "host.size=16m", "-o", "host.page_size=256k", NULL};
 
-START_TEST(test_ladder_end_to_end)
+/* Puts QL_CHAINS chains of QL_LEN smooth blocks (keys into k) three times over, a third of
+ * them looked up (and so hit) before each later put: the ladder's hits. */
+static void ql_rounds(kvc_ns *ns, struct kvc_key k[QL_CHAINS][QL_LEN], uint16_t *buf, size_t n)
 {
-    struct daemon d = {0};
-    kvc_client *c;
-    kvc_ns *ns;
-    struct kvc_layout lay = daemon_layout("e2e-ladder", 64);
-    struct kvc_quant qq = {.allowed = 1u << KVC_CODEC_Q8_0 | 1u << KVC_CODEC_Q4_1,
-                           .k_codec = KVC_CODEC_Q8_0,
-                           .v_codec = KVC_CODEC_Q8_0};
-    static struct kvc_key k[QL_CHAINS][QL_LEN];
-    int by_codec[KVC_CODEC_KIVI4 + 8] = {0}, hits = 0;
-    uint64_t v = 0, lossy0 = 0;
-    ck_assert_int_eq(daemon_start(&d, ql_args), 0);
-    ck_assert_int_eq(kvc_connect(d.sock, &c), 0);
-    ck_assert_int_eq(kvc_ns_open_quant(c, &lay, &qq, &ns), 0);
-    size_t bb = kvc_ns_block_bytes(ns), n = bb / 2;
-    uint16_t *buf = malloc(bb * QL_LEN);
-    ck_assert_ptr_nonnull(buf);
     for (int round = 0; round < 3; round++)
         for (int ch = 0; ch < QL_CHAINS; ch++) {
             const void *blk[QL_LEN];
@@ -190,18 +176,28 @@ START_TEST(test_ladder_end_to_end)
             }
             ck_assert_int_ge(kvc_put_prefix(ns, NULL, k[ch], QL_LEN, blk), 0);
         }
-    ck_assert_int_eq(daemon_stat(&d, "hit_blocks_lossy", &lossy0), 0);
+}
+
+/* Looks every chain up (waiting for disk reads) and checks each hit: a sink (and any raw
+ * hit) exact, a lossy one q8_0 or q4_1, smaller than raw, within its codec's bound. Counts
+ * hits by codec into by_codec; with whole, every block of every chain must be a hit. */
+static int ql_verify(kvc_ns *ns, struct kvc_key k[QL_CHAINS][QL_LEN], uint16_t *buf, size_t bb,
+                     int *by_codec, bool whole)
+{
+    int hits = 0;
     for (int ch = 0; ch < QL_CHAINS; ch++) {
         kvc_lease *l;
         int h = kvc_lookup(ns, k[ch], QL_LEN, 0, &l);
         ck_assert_int_ge(h, 0);
+        if (whole)
+            ck_assert_msg(h == QL_LEN, "chain %d: %d of %d blocks", ch, h, QL_LEN);
         for (int i = 0; i < h; i++) {
             const void *data;
             size_t len;
             int f = kvc_lease_stored(l, (size_t)i, &data, &len);
             ck_assert_int_ge(f, 0);
             ck_assert_int_eq(kvc_lease_copy(l, (size_t)i, buf, bb), 0);
-            double e = daemon_smooth_err(&k[ch][i], buf, n);
+            double e = daemon_smooth_err(&k[ch][i], buf, bb / 2);
             if (f == KVC_CODEC_RAW || i == 0) {
                 ck_assert_int_eq(f, KVC_CODEC_RAW); /* a sink stays raw */
                 ck_assert_double_eq(e, 0.0);
@@ -216,6 +212,30 @@ START_TEST(test_ladder_end_to_end)
         if (h)
             kvc_release(l);
     }
+    return hits;
+}
+
+START_TEST(test_ladder_end_to_end)
+{
+    struct daemon d = {0};
+    kvc_client *c;
+    kvc_ns *ns;
+    struct kvc_layout lay = daemon_layout("e2e-ladder", 64);
+    struct kvc_quant qq = {.allowed = 1u << KVC_CODEC_Q8_0 | 1u << KVC_CODEC_Q4_1,
+                           .k_codec = KVC_CODEC_Q8_0,
+                           .v_codec = KVC_CODEC_Q8_0};
+    static struct kvc_key k[QL_CHAINS][QL_LEN];
+    int by_codec[KVC_CODEC_KIVI4 + 8] = {0}, hits = 0;
+    uint64_t v = 0, lossy0 = 0;
+    ck_assert_int_eq(daemon_start(&d, ql_args), 0);
+    ck_assert_int_eq(kvc_connect(d.sock, &c), 0);
+    ck_assert_int_eq(kvc_ns_open_quant(c, &lay, &qq, &ns), 0);
+    size_t bb = kvc_ns_block_bytes(ns);
+    uint16_t *buf = malloc(bb * QL_LEN);
+    ck_assert_ptr_nonnull(buf);
+    ql_rounds(ns, k, buf, bb / 2);
+    ck_assert_int_eq(daemon_stat(&d, "hit_blocks_lossy", &lossy0), 0);
+    hits = ql_verify(ns, k, buf, bb, by_codec, false);
     printf("e2e_quant: ladder: %d hits, raw %d, q8_0 %d, q4_1 %d\n", hits, by_codec[KVC_CODEC_RAW],
            by_codec[KVC_CODEC_Q8_0], by_codec[KVC_CODEC_Q4_1]);
     uint64_t steps = 0, evicted = 0, waits = 0, timeouts = 0;
@@ -243,6 +263,57 @@ START_TEST(test_ladder_end_to_end)
     ck_assert_msg(strstr(out, "\"ladder\": {\"raw\": ") && strstr(out, "\"q8_0\": ") &&
                       strstr(out, "\"q4_1\": "),
                   "%s", out);
+    free(buf);
+    kvc_disconnect(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_cleanup(&d);
+}
+END_TEST
+
+/* The ladder over a disk tier: the same chains through a 16 MiB arena above a disk that holds
+ * them all. The arena's trim steps the ladder as a put's allocation does (blocks step down
+ * instead of every cold block leaving memory), what leaves memory is kept on disk, raw or in
+ * the codec it had; every block of every chain is a hit afterwards, each within its codec's
+ * bound, and some are lossy. */
+START_TEST(test_ladder_with_disk)
+{
+    struct daemon d = {0};
+    kvc_client *c;
+    kvc_ns *ns;
+    struct kvc_layout lay = daemon_layout("e2e-ladder-disk", 64);
+    struct kvc_quant qq = {.allowed = 1u << KVC_CODEC_Q8_0 | 1u << KVC_CODEC_Q4_1,
+                           .k_codec = KVC_CODEC_Q8_0,
+                           .v_codec = KVC_CODEC_Q8_0};
+    static struct kvc_key k[QL_CHAINS][QL_LEN];
+    int by_codec[KVC_CODEC_KIVI4 + 8] = {0};
+    uint64_t steps = 0, disk_blocks = 0, disk_reads = 0;
+    char path[DAEMON_PATH_MAX + 16], o_path[DAEMON_PATH_MAX + 32];
+    ck_assert_int_eq(daemon_dir_init(&d), 0);
+    snprintf(path, sizeof(path), "%.190s/disk.kvc", d.dir);
+    snprintf(o_path, sizeof(o_path), "disk.path=%s", path);
+    const char *const args[] = {"-o", "host.size=16m", "-o", "host.page_size=256k",
+                                "-o", o_path, "-o", "disk.capacity=128m", "-o", "disk.page=4m",
+                                "-o", "disk.admit_hits=0", NULL};
+    ck_assert_int_eq(daemon_start(&d, args), 0);
+    ck_assert_int_eq(kvc_connect(d.sock, &c), 0);
+    ck_assert_int_eq(kvc_ns_open_quant(c, &lay, &qq, &ns), 0);
+    size_t bb = kvc_ns_block_bytes(ns);
+    uint16_t *buf = malloc(bb * QL_LEN);
+    ck_assert_ptr_nonnull(buf);
+    ql_rounds(ns, k, buf, bb / 2);
+    ck_assert_int_eq(daemon_stat(&d, "ladder_steps", &steps), 0);
+    int hits = ql_verify(ns, k, buf, bb, by_codec, true);
+    ck_assert_int_eq(daemon_stat(&d, "disk_blocks", &disk_blocks), 0);
+    ck_assert_int_eq(daemon_stat(&d, "promoted_blocks", &disk_reads), 0);
+    printf("e2e_quant: ladder over disk: %d hits, raw %d, q8_0 %d, q4_1 %d; %llu ladder steps, "
+           "%llu blocks on disk, %llu read back\n",
+           hits, by_codec[KVC_CODEC_RAW], by_codec[KVC_CODEC_Q8_0], by_codec[KVC_CODEC_Q4_1],
+           (unsigned long long)steps, (unsigned long long)disk_blocks,
+           (unsigned long long)disk_reads);
+    ck_assert_uint_gt(steps, 0);
+    ck_assert_int_gt(by_codec[KVC_CODEC_Q8_0] + by_codec[KVC_CODEC_Q4_1], 0);
+    ck_assert_uint_gt(disk_blocks, 0);
+    ck_assert_uint_gt(disk_reads, 0); /* some hits came back from disk */
     free(buf);
     kvc_disconnect(c);
     ck_assert_int_eq(daemon_stop(&d), 0);
@@ -353,6 +424,7 @@ int main(void)
     tcase_set_timeout(tc, daemon_slow() * 120);
     tcase_add_test(tc, test_quant_under_pressure);
     tcase_add_test(tc, test_ladder_end_to_end);
+    tcase_add_test(tc, test_ladder_with_disk);
     tcase_add_test(tc, test_scatter_lossy);
     suite_add_tcase(s, tc);
     if (daemon_suite_init("e2e-quant"))

@@ -178,6 +178,18 @@ mutation ladder-budget-ignored daemon/store_policy.c "check_ladder" \
                                               ns->max_error))' \
 '                    (ns->max_error < 0))'
 
+# The precision ladder over a disk tier: the trim drops clean memory copies instead of
+# stepping the ladder (the ladder never holds its rungs where a disk tier is configured).
+mutation ladder-not-in-disk-trim daemon/engine_disk.c "check_e2e_quant" \
+'                    engine_ladder_evict(s, a, v, (uint64_t)((double)used - low) + 1, now);' \
+'                    ENGINE_LADDER_NONE;'
+
+# The precision ladder over a disk tier: the LRU-tail quantize walk also takes blocks of a
+# namespace that keeps a ladder (sinks among them, out of the ladder's order).
+mutation quant-walk-over-ladder daemon/quant.c "check_e2e_quant" \
+'            bool ladder = ns->rungs >= 2 && ns->policy != POLICY_LRU;' \
+'            bool ladder = false;'
+
 # ---- machinery ------------------------------------------------------------------------------
 
 key() { echo "$1" | tr -- '-.' '__'; }
