@@ -215,21 +215,30 @@ static int ql_verify(kvc_ns *ns, struct kvc_key k[QL_CHAINS][QL_LEN], uint16_t *
     return hits;
 }
 
+/* Starts kvcd with args and opens `model` allowing q8_0 (the recipe) and q4_1: the ladder's
+ * namespace. */
+static kvc_ns *ql_open(struct daemon *d, const char *const *args, const char *model,
+                       kvc_client **c)
+{
+    struct kvc_layout lay = daemon_layout(model, 64);
+    struct kvc_quant qq = {.allowed = 1u << KVC_CODEC_Q8_0 | 1u << KVC_CODEC_Q4_1,
+                           .k_codec = KVC_CODEC_Q8_0,
+                           .v_codec = KVC_CODEC_Q8_0};
+    kvc_ns *ns = NULL;
+    ck_assert_int_eq(daemon_start(d, args), 0);
+    ck_assert_int_eq(kvc_connect(d->sock, c), 0);
+    ck_assert_int_eq(kvc_ns_open_quant(*c, &lay, &qq, &ns), 0);
+    return ns;
+}
+
 START_TEST(test_ladder_end_to_end)
 {
     struct daemon d = {0};
     kvc_client *c;
-    kvc_ns *ns;
-    struct kvc_layout lay = daemon_layout("e2e-ladder", 64);
-    struct kvc_quant qq = {.allowed = 1u << KVC_CODEC_Q8_0 | 1u << KVC_CODEC_Q4_1,
-                           .k_codec = KVC_CODEC_Q8_0,
-                           .v_codec = KVC_CODEC_Q8_0};
     static struct kvc_key k[QL_CHAINS][QL_LEN];
     int by_codec[KVC_CODEC_KIVI4 + 8] = {0}, hits = 0;
     uint64_t v = 0, lossy0 = 0;
-    ck_assert_int_eq(daemon_start(&d, ql_args), 0);
-    ck_assert_int_eq(kvc_connect(d.sock, &c), 0);
-    ck_assert_int_eq(kvc_ns_open_quant(c, &lay, &qq, &ns), 0);
+    kvc_ns *ns = ql_open(&d, ql_args, "e2e-ladder", &c);
     size_t bb = kvc_ns_block_bytes(ns);
     uint16_t *buf = malloc(bb * QL_LEN);
     ck_assert_ptr_nonnull(buf);
@@ -279,11 +288,6 @@ START_TEST(test_ladder_with_disk)
 {
     struct daemon d = {0};
     kvc_client *c;
-    kvc_ns *ns;
-    struct kvc_layout lay = daemon_layout("e2e-ladder-disk", 64);
-    struct kvc_quant qq = {.allowed = 1u << KVC_CODEC_Q8_0 | 1u << KVC_CODEC_Q4_1,
-                           .k_codec = KVC_CODEC_Q8_0,
-                           .v_codec = KVC_CODEC_Q8_0};
     static struct kvc_key k[QL_CHAINS][QL_LEN];
     int by_codec[KVC_CODEC_KIVI4 + 8] = {0};
     uint64_t steps = 0, disk_blocks = 0, disk_reads = 0;
@@ -294,9 +298,7 @@ START_TEST(test_ladder_with_disk)
     const char *const args[] = {"-o", "host.size=16m", "-o", "host.page_size=256k",
                                 "-o", o_path, "-o", "disk.capacity=128m", "-o", "disk.page=4m",
                                 "-o", "disk.admit_hits=0", NULL};
-    ck_assert_int_eq(daemon_start(&d, args), 0);
-    ck_assert_int_eq(kvc_connect(d.sock, &c), 0);
-    ck_assert_int_eq(kvc_ns_open_quant(c, &lay, &qq, &ns), 0);
+    kvc_ns *ns = ql_open(&d, args, "e2e-ladder-disk", &c);
     size_t bb = kvc_ns_block_bytes(ns);
     uint16_t *buf = malloc(bb * QL_LEN);
     ck_assert_ptr_nonnull(buf);
