@@ -162,6 +162,10 @@
       "and for write-behind.")                                                                     \
     X(remote, batch, INT, "64", 1, 4096, 0, NULL,                                                  \
       "Requests pipelined in one batch to the cluster.")                                          \
+    X(remote, part_size, SIZE, "1m", 0, 1 << 30, 0, NULL,                                         \
+      "A block larger than this is stored as parts of this size, each its own value, spread "      \
+      "over the masters (docs/remote.md); 0 or at least 64k; 0: a block is one value. Set it "    \
+      "alike on every kvcd sharing the cluster.")                                                  \
     X(remote, queue, INT, "4096", 1, 1048576, 0, NULL,                                             \
       "Admitted blocks waiting for their write-behind at most; more are not written (counted).")  \
     X(remote, min_hits, INT, "0", 0, 1000000, 1, NULL,                                           \

@@ -172,11 +172,14 @@ static void client_close(struct client *cl)
     kvc_disconnect(cl->c);
 }
 
-/* The Redis key a daemon asks for: model's raw layout (as libkvc sends it), block key. */
-static void redis_key_of(const char *model, const struct kvc_key *k, char *out)
+/* The Redis key of part index of a block of bb bytes cut with part_size that a daemon asks
+ * for: model's raw layout (as libkvc sends it), block key. */
+static void redis_part_key_of(const char *model, const struct kvc_key *k, size_t bb,
+                              uint64_t part_size, uint32_t index, char *out)
 {
     struct kvc_layout l = daemon_layout(model, BT);
     struct kvc_wire_layout wl;
+    struct remote_rec_geom g;
     uint8_t ns[REMOTE_REC_NS_BYTES] = {0};
     uint64_t key[2] = {k->lo, k->hi};
     memset(&wl, 0, sizeof(wl));
@@ -188,7 +191,14 @@ static void redis_key_of(const char *model, const struct kvc_key *k, char *out)
     wl.dtype = (uint8_t)l.dtype;
     wl.kv_kind = (uint8_t)l.kv_kind;
     memcpy(ns, &wl, sizeof(wl));
-    remote_rec_key(out, remote_rec_ns_fp(ns), key);
+    ck_assert_int_eq(remote_rec_geom(bb, part_size, &g), 0);
+    remote_rec_key(out, remote_rec_ns_fp(ns), key, &g, index);
+}
+
+/* The key of a block stored in one value. */
+static void redis_key_of(const char *model, const struct kvc_key *k, char *out)
+{
+    redis_part_key_of(model, k, 0, 0, 0, out);
 }
 
 /* The port of the master serving a key now (asks node 0, follows one MOVED). */
@@ -299,11 +309,15 @@ START_TEST(test_other_layout_refused)
     redis_key_of("e2e/remote-layout-b", &keys[0], kb);
     redis_key_of("e2e/remote-layout-b", &keys[1], kb1);
     char *v = redis_get(ka, &len);
+    fprintf(stderr, "DBG ka=%s port=%d\n", ka, redis_port_of(ka));
+    for (int i = 0; i < NODES; i++) { redisContext *c = redis_at(ports[i]); redisReply *r = redisCommand(c, "KEYS *"); for (size_t j = 0; r && j < r->elements; j++) fprintf(stderr, "DBG %d %s\n", ports[i], r->element[j]->str); }
     ck_assert_ptr_nonnull(v);
     ck_assert_uint_eq(len, REMOTE_REC_HDR + ca.bb);
     ck_assert(redis_set(kb, v, len));
     free(v);
     ck_assert_int_eq(client_get(&cb, keys, 2), 0);
+    { const char *nm[] = {"remote_gets","remote_hit_blocks","remote_miss_blocks","remote_bad_records","remote_errors","remote_io_errors","remote_negative_hits","remote_parts_read","remote_batches", NULL};
+      for (int i = 0; nm[i]; i++) fprintf(stderr, "DBG %s=%llu\n", nm[i], (unsigned long long)stat_of(&b, nm[i])); }
     ck_assert_uint_eq(stat_of(&b, "remote_bad_records"), 1);
     ck_assert_uint_eq(stat_of(&b, "remote_hit_blocks"), 0);
     /* Block 0 of layout b, stored properly by B itself, then a torn block 1. */
