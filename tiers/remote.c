@@ -90,6 +90,7 @@ struct remote_node {
     uint64_t rx_left;   /* HDR, DATA, CRLF, SKIP: bytes still to come */
     uint64_t rx_vlen;   /* the value's length */
     uint8_t crlf[2];
+    bool drained; /* the last read took all the socket had: wait for poll */
     bool failed;
     uint64_t moved_ms;  /* when a byte last moved (timeouts) */
     size_t rpos, rlen;  /* rbuf[rpos, rlen): read, not yet parsed (worker) */
@@ -530,7 +531,8 @@ static int remote_tx(struct remote_node *n)
     return 0;
 }
 
-/* More reply bytes into n's buffer: 1, 0 (none for now), -1 (connection lost). */
+/* More reply bytes into n's buffer: 1, 0 (none for now), -1 (connection lost). A read
+ * that did not fill what it could take drained the socket: the next one waits for poll. */
 static int remote_rx_fill(struct remote_node *n)
 {
     ssize_t r;
@@ -548,6 +550,7 @@ static int remote_rx_fill(struct remote_node *n)
         return 0;
     if (r <= 0)
         return -1;
+    n->drained = n->rlen + (size_t)r < sizeof(n->rbuf);
     n->rlen += (size_t)r;
     n->moved_ms = remote_now_ms();
     return 1;
@@ -688,6 +691,8 @@ static int remote_rx(struct tier_remote *t, struct remote_node *n, struct remote
             if (!nl) {
                 if (avail > REMOTE_LINE_MAX)
                     return -1; /* no reply line is that long */
+                if (n->drained)
+                    return 0;
                 if ((rc = remote_rx_fill(n)) <= 0)
                     return rc;
                 continue;
@@ -708,6 +713,8 @@ static int remote_rx(struct tier_remote *t, struct remote_node *n, struct remote
             }
             continue;
         }
+        if (!avail && n->drained)
+            return 0;
         if (n->rx_state == REMOTE_RX_DATA && !avail && n->rx_left >= REMOTE_DIRECT) {
             /* Straight from the socket into the part's place. */
             at = q->buf + remote_rec_part_off(&q->geom, p->index) +
@@ -719,6 +726,7 @@ static int remote_rx(struct tier_remote *t, struct remote_node *n, struct remote
                 return 0;
             if (r <= 0)
                 return -1;
+            n->drained = (uint64_t)r < n->rx_left;
             n->rx_left -= (uint64_t)r;
             n->moved_ms = remote_now_ms();
         } else if (n->rx_left) {
@@ -851,6 +859,7 @@ static bool remote_round(struct tier_remote *t, struct remote_part *list,
                 remote_node_fail(t, n, "connection closed");
             else if ((ev & (POLLOUT | POLLERR | POLLHUP)) && n->tx && remote_tx(n))
                 remote_node_fail(t, n, strerror(errno ? errno : EPIPE));
+            n->drained = false;
             if (!n->failed && (ev & (POLLIN | POLLERR | POLLHUP)) && remote_rx(t, n, again, &bad))
                 remote_node_fail(t, n, "connection lost, or a reply out of step");
         }
