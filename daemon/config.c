@@ -1052,8 +1052,8 @@ int config_validate(const struct config *c, char *err, size_t errlen)
         rc = -EINVAL;
     } else if (c->remote_part_size && c->remote_part_size < REMOTE_REC_PART_MIN) {
         config_format_size(c->remote_part_size, why, sizeof(why));
-        config_err(err, errlen, "remote.part_size (%s) must be 0 (a block is one value) or at "
-                   "least 64k", why);
+        config_err(err, errlen,
+                   "remote.part_size (%s) must be 0 (a block is one value) or at least 64k", why);
         rc = -EINVAL;
     } else if (c->gpu_pool_page_size & (c->gpu_pool_page_size - 1)) {
         config_format_size(c->gpu_pool_page_size, why, sizeof(why));

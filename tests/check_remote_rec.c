@@ -402,8 +402,8 @@ START_TEST(test_parts_refused)
     /* A part whose bytes were swapped with the other write's: its own checksum. */
     memcpy(a.val[1] + REMOTE_REC_HDR, older.val[1] + REMOTE_REC_HDR, a.len[1] - REMOTE_REC_HDR);
     ck_assert_int_eq(remote_rec_check_header(a.val[1], a.len[1], &a.m, &a.g, 1, &got, &px), 0);
-    ck_assert_int_eq(remote_rec_check_data(px, a.val[1] + REMOTE_REC_HDR, a.len[1] - REMOTE_REC_HDR),
-                     -EBADMSG);
+    ck_assert_int_eq(
+        remote_rec_check_data(px, a.val[1] + REMOTE_REC_HDR, a.len[1] - REMOTE_REC_HDR), -EBADMSG);
     /* Forged cuts (resealed): an index past the count, a count past the most. */
     rec_put32(a.val[2] + 248, 4);
     rec_reseal(a.val[2]);

@@ -41,9 +41,9 @@ struct remote_part {
     uint8_t redirects; /* MOVED and ASK followed */
     bool asking;       /* this round: sent behind ASKING */
     uint16_t slot;
-    int ask;           /* node to send to behind ASKING next round, or -1 */
-    int status;        /* once replied */
-    uint64_t xxh;      /* PUT: of its bytes; GET: from its header */
+    int ask;      /* node to send to behind ASKING next round, or -1 */
+    int status;   /* once replied */
+    uint64_t xxh; /* PUT: of its bytes; GET: from its header */
     char key[REMOTE_REC_KEY_MAX];
     char cmd[REMOTE_CMD_MAX];    /* the command's text before the value (this round) */
     uint8_t hdr[REMOTE_REC_HDR]; /* PUT: the encoded header; GET: the header read */
@@ -85,15 +85,15 @@ struct remote_node {
      * sent (tx_off bytes of its command are), rx the first not answered. */
     struct remote_part *head, *tail, *tx, *rx;
     uint64_t tx_off;
-    uint8_t rx_state;   /* enum remote_rx */
-    int rx_status;      /* SKIP: the part's status when dropped */
-    uint64_t rx_left;   /* HDR, DATA, CRLF, SKIP: bytes still to come */
-    uint64_t rx_vlen;   /* the value's length */
+    uint8_t rx_state; /* enum remote_rx */
+    int rx_status;    /* SKIP: the part's status when dropped */
+    uint64_t rx_left; /* HDR, DATA, CRLF, SKIP: bytes still to come */
+    uint64_t rx_vlen; /* the value's length */
     uint8_t crlf[2];
     bool drained; /* the last read took all the socket had: wait for poll */
     bool failed;
-    uint64_t moved_ms;  /* when a byte last moved (timeouts) */
-    size_t rpos, rlen;  /* rbuf[rpos, rlen): read, not yet parsed (worker) */
+    uint64_t moved_ms;      /* when a byte last moved (timeouts) */
+    size_t rpos, rlen;      /* rbuf[rpos, rlen): read, not yet parsed (worker) */
     uint8_t rbuf[64 << 10]; /* reply bytes as they come, when not read into their place */
 };
 
@@ -448,19 +448,19 @@ static void remote_part_cmd(struct remote_part *p)
         n += snprintf(p->cmd + n, sizeof(p->cmd) - (size_t)n, "*2\r\n$3\r\nGET\r\n$%u\r\n%s\r\n",
                       p->klen, p->key);
     else
-        n += snprintf(p->cmd + n, sizeof(p->cmd) - (size_t)n,
-                      "*3\r\n$3\r\nSET\r\n$%u\r\n%s\r\n$%llu\r\n", p->klen, p->key,
-                      (unsigned long long)(REMOTE_REC_HDR +
-                                           remote_rec_part_len(&q->geom, p->index)));
+        n += snprintf(
+            p->cmd + n, sizeof(p->cmd) - (size_t)n, "*3\r\n$3\r\nSET\r\n$%u\r\n%s\r\n$%llu\r\n",
+            p->klen, p->key,
+            (unsigned long long)(REMOTE_REC_HDR + remote_rec_part_len(&q->geom, p->index)));
     p->clen = (uint8_t)n;
 }
 
 static uint64_t remote_part_cmd_len(const struct remote_part *p)
 {
     const struct remote_req *q = p->req;
-    return p->clen +
-           (q->op == REMOTE_OP_PUT ? REMOTE_REC_HDR + remote_rec_part_len(&q->geom, p->index) + 2
-                                   : 0);
+    return p->clen + (q->op == REMOTE_OP_PUT
+                          ? REMOTE_REC_HDR + remote_rec_part_len(&q->geom, p->index) + 2
+                          : 0);
 }
 
 /* The iovecs of p's command past its first skip bytes (at most 4). A PUT's value goes out
@@ -558,8 +558,8 @@ static int remote_rx_fill(struct remote_node *n)
 
 /* p (n's current part) is answered: the reader moves to the next part, then p's block hears
  * of it (which may end the block: nothing of p is touched after). */
-static void remote_rx_answered(struct tier_remote *t, struct remote_node *n,
-                               struct remote_part *p, int status)
+static void remote_rx_answered(struct tier_remote *t, struct remote_node *n, struct remote_part *p,
+                               int status)
 {
     n->rx = p->next;
     n->rx_state = n->rx && n->rx->asking ? REMOTE_RX_ASKING : REMOTE_RX_LINE;
@@ -661,8 +661,8 @@ static void remote_rx_header(struct remote_node *n, struct remote_part *p)
 {
     struct remote_req *q = p->req;
     struct remote_rec_meta got;
-    int v = remote_rec_check_header(p->hdr, n->rx_vlen, &q->meta, &q->geom, p->index, &got,
-                                    &p->xxh);
+    int v =
+        remote_rec_check_header(p->hdr, n->rx_vlen, &q->meta, &q->geom, p->index, &got, &p->xxh);
     if (v) {
         remote_rx_skip(n, n->rx_vlen - REMOTE_REC_HDR + 2, v);
         return;
@@ -841,8 +841,8 @@ static bool remote_round(struct tier_remote *t, struct remote_part *list,
             }
             if (n->moved_ms + t->cfg.timeout_ms - now < wait)
                 wait = n->moved_ms + t->cfg.timeout_ms - now;
-            pfd[k] = (struct pollfd){.fd = n->c->fd,
-                                     .events = (short)((n->tx ? POLLOUT : 0) | POLLIN)};
+            pfd[k] =
+                (struct pollfd){.fd = n->c->fd, .events = (short)((n->tx ? POLLOUT : 0) | POLLIN)};
             at[k++] = i;
         }
         if (!k)
@@ -1100,8 +1100,8 @@ int tier_remote_put(struct tier_remote *t, const struct remote_rec_meta *m, cons
                     tier_remote_done_fn done, void *arg)
 {
     int rc;
-    struct remote_req *q = remote_req_new(t, m, REMOTE_OP_PUT, (void *)src /* only read */,
-                                          done, arg, &rc);
+    struct remote_req *q =
+        remote_req_new(t, m, REMOTE_OP_PUT, (void *)src /* only read */, done, arg, &rc);
     return q ? remote_submit(t, q) : rc;
 }
 

@@ -43,7 +43,7 @@ enum {
 _Static_assert(REMOTE_REC_O_NS + REMOTE_REC_NS_BYTES == REMOTE_REC_BLOCK_HDR, "block fields");
 _Static_assert(REMOTE_REC_O_INDEX == REMOTE_REC_BLOCK_HDR, "part fields follow");
 _Static_assert(REMOTE_REC_O_RESERVED <= REMOTE_REC_O_HCSUM, "header fits");
-_Static_assert((uint64_t)REMOTE_REC_PARTS_MAX * REMOTE_REC_PART_MIN >= (1ull << 30),
+_Static_assert((uint64_t)REMOTE_REC_PARTS_MAX *REMOTE_REC_PART_MIN >= (1ull << 30),
                "a block of the store's largest size (1 GiB) can be cut");
 
 static void remote_rec_put16(uint8_t *p, uint16_t v)
@@ -304,11 +304,9 @@ int remote_rec_same_write(const uint8_t *hdr_a, const uint8_t *hdr_b)
 }
 
 int remote_rec_check(const uint8_t *val, size_t vlen, const struct remote_rec_meta *want,
-                     const struct remote_rec_geom *g, uint32_t index,
-                     struct remote_rec_meta *got)
+                     const struct remote_rec_geom *g, uint32_t index, struct remote_rec_meta *got)
 {
     uint64_t part_xxh;
     int rc = remote_rec_check_header(val, vlen, want, g, index, got, &part_xxh);
-    return rc ? rc
-              : remote_rec_check_data(part_xxh, val + REMOTE_REC_HDR, vlen - REMOTE_REC_HDR);
+    return rc ? rc : remote_rec_check_data(part_xxh, val + REMOTE_REC_HDR, vlen - REMOTE_REC_HDR);
 }

@@ -117,8 +117,7 @@ int remote_rec_same_write(const uint8_t *hdr_a, const uint8_t *hdr_b);
 
 /* Both checks on a whole value of vlen bytes (header and part bytes). */
 int remote_rec_check(const uint8_t *val, size_t vlen, const struct remote_rec_meta *want,
-                     const struct remote_rec_geom *g, uint32_t index,
-                     struct remote_rec_meta *got);
+                     const struct remote_rec_geom *g, uint32_t index, struct remote_rec_meta *got);
 
 /* The cluster slot of a Redis key (CRC16-XMODEM mod 16384, with hash tags). */
 unsigned remote_rec_slot(const char *key, size_t len);

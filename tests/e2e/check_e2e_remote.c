@@ -509,7 +509,8 @@ START_TEST(test_split_part_swapped)
     ck_assert_ptr_nonnull(old1);
     client_put(&cc, key, 1);
     ck_assert(stat_wait(&c, "remote_written_blocks", 1, 10000));
-    char *new1 = redis_get(k1, &lnew1), *new2 = redis_get(k2, &lnew2), *oth1 = redis_get(ko1, &loth);
+    char *new1 = redis_get(k1, &lnew1), *new2 = redis_get(k2, &lnew2),
+         *oth1 = redis_get(ko1, &loth);
     ck_assert(new1 && new2 && oth1);
     ck_assert(lold == lnew1 && lnew1 == lnew2 && lnew1 == loth);
     ck_assert(memcmp(old1, new1, lold) != 0);
