@@ -497,18 +497,21 @@ static int remote_part_iov(struct remote_part *p, struct iovec *iov, uint64_t sk
  * the bytes read from the socket into the block's slot and checked before anyone is told),
  * where hiredis would copy it into its buffer and again into a reply object. */
 
-/* Sends what the socket takes of n's commands. 0, or -1 (connection lost). */
+/* Sends what the socket takes of n's commands. 0, or -1 (connection lost). A send that
+ * took less than it was given found the socket full: the next one waits for poll. */
 static int remote_tx(struct remote_node *n)
 {
     while (n->tx) {
         struct iovec iov[REMOTE_IOV];
         struct msghdr mh = {.msg_iov = iov};
-        uint64_t skip = n->tx_off;
+        uint64_t skip = n->tx_off, given = 0;
         int cnt = 0;
         for (struct remote_part *p = n->tx; p && cnt <= REMOTE_IOV - 4; p = p->next) {
             cnt += remote_part_iov(p, iov + cnt, skip);
             skip = 0;
         }
+        for (int i = 0; i < cnt; i++)
+            given += iov[i].iov_len;
         mh.msg_iovlen = (size_t)cnt;
         ssize_t w = sendmsg(n->c->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
         if (w < 0 && errno == EINTR)
@@ -527,6 +530,8 @@ static int remote_tx(struct remote_node *n)
                 n->tx_off = 0;
             }
         }
+        if ((uint64_t)w < given)
+            return 0;
     }
     return 0;
 }
