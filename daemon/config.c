@@ -30,6 +30,7 @@
 
 #include "daemon/config.h"
 #include "daemon/config_ns.h"
+#include "tiers/remote_rec.h"
 
 #define CONFIG_FILE_MAX (1u << 20) /* a config file is a few KiB; this catches a wrong path */
 #define CONFIG_TEXT_MAX 256        /* value texts and messages built here */
@@ -1048,6 +1049,11 @@ int config_validate(const struct config *c, char *err, size_t errlen)
         config_format_size(c->host_page_size, page, sizeof(page));
         config_err(err, errlen, "host.size (%s) must be at least host.page_size (%s)", why,
                    page);
+        rc = -EINVAL;
+    } else if (c->remote_part_size && c->remote_part_size < REMOTE_REC_PART_MIN) {
+        config_format_size(c->remote_part_size, why, sizeof(why));
+        config_err(err, errlen,
+                   "remote.part_size (%s) must be 0 (a block is one value) or at least 64k", why);
         rc = -EINVAL;
     } else if (c->gpu_pool_page_size & (c->gpu_pool_page_size - 1)) {
         config_format_size(c->gpu_pool_page_size, why, sizeof(why));

@@ -158,10 +158,15 @@
     X(remote, timeout, DURATION, "2s", 1, 60000, 0, NULL,                                          \
       "Time a read or write on a cluster connection may take; past it the tier is degraded.")     \
     X(remote, max_inflight, INT, "256", 2, 65536, 0, NULL,                                         \
-      "Remote reads and writes queued or on the wire at once; half each at most for lookups "      \
-      "and for write-behind.")                                                                     \
+      "Remote block reads and writes queued or on the wire at once; half each at most for "        \
+      "lookups and for write-behind.")                                                             \
     X(remote, batch, INT, "64", 1, 4096, 0, NULL,                                                  \
-      "Requests pipelined in one batch to the cluster.")                                          \
+      "Values (block parts) pipelined in one batch to the cluster; a block's parts always go "     \
+      "in one batch.")                                                                             \
+    X(remote, part_size, SIZE, "1m", 0, 1 << 30, 0, NULL,                                         \
+      "A block larger than this is stored as parts of this size, each its own value, spread "      \
+      "over the masters (docs/remote.md); 0 or at least 64k; 0: a block is one value. Set it "    \
+      "alike on every kvcd sharing the cluster.")                                                  \
     X(remote, queue, INT, "4096", 1, 1048576, 0, NULL,                                             \
       "Admitted blocks waiting for their write-behind at most; more are not written (counted).")  \
     X(remote, min_hits, INT, "0", 0, 1000000, 1, NULL,                                           \

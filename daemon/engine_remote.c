@@ -205,7 +205,10 @@ static int engine_remote_write_one(struct store *s, const struct engine_remote_w
                          engine_remote_put_done, op);
     if (rc) {
         free(op);
-        return -EAGAIN;
+        if (rc == -EAGAIN || rc == -ENOMEM)
+            return -EAGAIN;
+        er->remote_put_dropped++; /* a block the tier cannot take: not tried again */
+        return 1;
     }
     store_block_pin(s, idx); /* the worker reads its slot until the write is done */
     b->flags |= BLOCK_F_REMOTE;
@@ -236,6 +239,7 @@ void engine_remote_pump(struct store *s, uint64_t now)
         er->wq_n = 0;
         return;
     }
+    tier_remote_plug(er->t); /* the writes started here go out in one batch */
     while (er->wq_n && er->writing < er->p.tier.max_inflight / 2 + 1) {
         int rc = engine_remote_write_one(s, &er->wq[er->wq_head]);
         if (rc == -EAGAIN)
@@ -243,6 +247,7 @@ void engine_remote_pump(struct store *s, uint64_t now)
         er->wq_head = (er->wq_head + 1) % er->p.queue;
         er->wq_n--;
     }
+    tier_remote_unplug(er->t);
 }
 
 /* ---- reads at lookup ------------------------------------------------------------------- */
@@ -410,7 +415,7 @@ static int engine_remote_fetch(struct store *s, struct store_ns *ns,
     engine_remote_meta(s, b, &m);
     *op = (struct engine_remote_op){.s = s, .idx = idx, .first = p == INDEX_NONE, .now = now};
     rc = tier_remote_get(er->t, &m, (uint8_t *)tier_host_base(s->arenas[ns->arena].tier) + loc.off,
-                         ns->block_bytes, engine_remote_fetch_done, op);
+                         engine_remote_fetch_done, op);
     if (rc) {
         index_remove(&s->ix, idx);
         index_block_delete(&s->ix, idx);
@@ -443,6 +448,7 @@ uint32_t engine_remote_lookup_prepare(struct store *s, uint16_t ns_id,
     /* Hold the local hits while slots are found, so making room cannot evict them. */
     for (uint32_t i = 0; i < hits; i++)
         store_block_pin(s, index_find(&s->ix, ns_id, &keys[i]));
+    tier_remote_plug(er->t); /* the lookup's reads go out in one batch */
     for (uint32_t i = hits; i < n && i < KVC_PROTO_MAX_KEYS; i++) {
         if (er->fetching >= er->p.tier.max_inflight / 2 + 1)
             break;
@@ -457,6 +463,7 @@ uint32_t engine_remote_lookup_prepare(struct store *s, uint16_t ns_id,
         tier[i] = 0;
         end = i + 1;
     }
+    tier_remote_unplug(er->t);
     for (uint32_t i = 0; i < hits; i++)
         store_block_unpin(s, index_find(&s->ix, ns_id, &keys[i]));
     return (flags & KVC_LOOKUP_F_READY_ONLY) ? hits : end;
@@ -548,6 +555,11 @@ void engine_remote_stats(const struct store *s,
     put(arg, "remote_refreshes", st.refreshes);
     put(arg, "remote_connects", st.connects);
     put(arg, "remote_trips", st.trips);
+    put(arg, "remote_batches", st.batches);
+    put(arg, "remote_parts_read", st.parts_read);
+    put(arg, "remote_parts_written", st.parts_written);
+    put(arg, "remote_part_missing", st.part_missing);
+    put(arg, "remote_part_mixed", st.part_mixed);
 #define ENGINE_REMOTE_PUT(name, help) put(arg, #name, er->name);
     ENGINE_REMOTE_COUNTERS(ENGINE_REMOTE_PUT)
 #undef ENGINE_REMOTE_PUT

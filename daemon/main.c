@@ -336,6 +336,7 @@ static int kvcd_remote_attach(struct kvcd *d)
                  .timeout_ms = (uint32_t)c->remote_timeout,
                  .max_inflight = (uint32_t)c->remote_max_inflight,
                  .batch = (uint32_t)c->remote_batch,
+                 .part_size = c->remote_part_size,
                  .backoff_min_ms = (uint32_t)c->remote_backoff_min,
                  .backoff_max_ms = (uint32_t)c->remote_backoff_max},
         .admit_hits = (uint32_t)c->remote_min_hits,

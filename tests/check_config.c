@@ -223,7 +223,7 @@ START_TEST(test_table)
 {
     struct config *c = config_new();
 
-    ck_assert_uint_eq(config_noptions, 60);
+    ck_assert_uint_eq(config_noptions, 61);
     for (size_t i = 0; i < config_noptions; i++) {
         const struct config_option *o = &config_options[i];
         char key[128];
@@ -735,6 +735,17 @@ START_TEST(test_validate)
     ck_assert_str_eq(err, "host.size (512m) must be at least host.page_size (1g)");
     ck_assert_int_eq(config_set(c, "host.size", "1g", NULL, 0), 0);
     ck_assert_int_eq(config_validate(c, err, sizeof(err)), 0);
+
+    /* remote.part_size: 0 (never split) or at least 64k, at most 1g. */
+    ck_assert_int_eq(config_set(c, "remote.part_size", "32k", NULL, 0), 0);
+    ck_assert_int_eq(config_validate(c, err, sizeof(err)), -EINVAL);
+    ck_assert_str_eq(err, "remote.part_size (32k) must be 0 (a block is one value) or at least 64k");
+    ck_assert_int_eq(config_set(c, "remote.part_size", "0", NULL, 0), 0);
+    ck_assert_int_eq(config_validate(c, err, sizeof(err)), 0);
+    ck_assert_int_eq(config_set(c, "remote.part_size", "64k", NULL, 0), 0);
+    ck_assert_int_eq(config_validate(c, err, sizeof(err)), 0);
+    ck_assert_int_eq(config_set(c, "remote.part_size", "2g", err, sizeof(err)), -EINVAL);
+    ck_assert_int_eq(config_set(c, "remote.part_size", "1m", NULL, 0), 0);
 
     memset(path, 'a', sizeof(path) - 1);
     path[0] = '/';

@@ -1,14 +1,21 @@
 /*
- * check_remote_rec.c — the remote tier's record (tiers/remote_rec.h): a record round-trips;
- * every way a value from the network can be wrong is refused with its own error — shorter
- * than a header, truncated anywhere, longer than it says, a flipped bit in the header or the
- * data, another magic, version, layout or key, a length over the caller's limit — and a
- * header's length field is never trusted before the header checksum. Keys and slots: the key
- * text, and the cluster's slot hash on its published test vector and on hash tags.
+ * check_remote_rec.c — the remote tier's records (tiers/remote_rec.h): a block in one value
+ * and a block cut into parts round-trip; every way a value from the network can be wrong is
+ * refused with its own error — shorter than a header, truncated anywhere, longer than it
+ * says, a flipped bit in the header or the data, another magic, version (a version 1 record
+ * of an older kvcd), header size, reserved bytes, layout, key, codec, a length or a cut that
+ * disagrees with the reader's — and a header's length fields are never trusted before the
+ * header checksum. Parts: each is checked against its own index, cut and bytes; a part of
+ * another block, another part of the same block, a part of another cut and a part of another
+ * write of the same block (other bytes, or another parent) are refused; counts and lengths
+ * forged to their limits are refused without overflow. Cuts: bounds of the part size and
+ * count. Keys and slots: the key texts, the cluster's slot hash on its published test vector
+ * and on hash tags, and part keys in evenly spaced, distinct slots (every slot reachable).
  */
 #include <check.h>
 #include <errno.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
@@ -16,30 +23,41 @@
 #include "tiers/remote_rec.h"
 
 #define LEN 4096u
+#define PART (64u << 10)
+#define BIG (3 * PART + 8000) /* four parts: three of PART, one of 8000 bytes */
 
 static uint8_t *val;
 static size_t vlen;
 static struct remote_rec_meta meta;
+static struct remote_rec_geom geom;
+
+static void rec_meta(struct remote_rec_meta *m, uint64_t len)
+{
+    memset(m, 0, sizeof(*m));
+    m->key[0] = 0x1122334455667788ull;
+    m->key[1] = 0x99aabbccddeeff00ull;
+    m->parent[0] = 7;
+    m->parent[1] = 8;
+    m->depth = 3;
+    m->format = 0;
+    m->codec = REMOTE_REC_CODEC_RAW;
+    m->len = len;
+    for (size_t i = 0; i < REMOTE_REC_NS_BYTES; i++)
+        m->ns[i] = (uint8_t)(i * 7 + 1);
+}
 
 static void rec_setup(void)
 {
-    memset(&meta, 0, sizeof(meta));
-    meta.key[0] = 0x1122334455667788ull;
-    meta.key[1] = 0x99aabbccddeeff00ull;
-    meta.parent[0] = 7;
-    meta.parent[1] = 8;
-    meta.depth = 3;
-    meta.format = 0;
-    meta.codec = REMOTE_REC_CODEC_RAW;
-    meta.len = LEN;
-    for (size_t i = 0; i < REMOTE_REC_NS_BYTES; i++)
-        meta.ns[i] = (uint8_t)(i * 7 + 1);
+    uint64_t part_xxh;
+    rec_meta(&meta, LEN);
+    ck_assert_int_eq(remote_rec_geom(LEN, 0, &geom), 0);
     vlen = REMOTE_REC_HDR + LEN;
     val = malloc(vlen + 64);
     ck_assert_ptr_nonnull(val);
     for (size_t i = 0; i < LEN; i++)
         val[REMOTE_REC_HDR + i] = (uint8_t)(i * 31 + 5);
-    remote_rec_encode(val, &meta, val + REMOTE_REC_HDR);
+    meta.data_xxh = remote_rec_hash(&geom, val + REMOTE_REC_HDR, &part_xxh);
+    remote_rec_encode(val, &meta, &geom, 0, part_xxh);
 }
 
 static void rec_teardown(void)
@@ -49,39 +67,60 @@ static void rec_teardown(void)
 
 /* Rewrites the header checksum after an edit, so the check under test is the one that
  * fires (a forger who knows the format can do this; the field checks must still hold). */
-static void rec_reseal(void)
+static void rec_reseal(uint8_t *hdr)
 {
-    uint64_t h = XXH3_64bits(val, REMOTE_REC_HDR - 8);
-    memcpy(val + REMOTE_REC_HDR - 8, &h, 8);
+    uint64_t h = XXH3_64bits(hdr, REMOTE_REC_HDR - 8);
+    memcpy(hdr + REMOTE_REC_HDR - 8, &h, 8);
+}
+
+static void rec_put32(uint8_t *p, uint32_t v)
+{
+    memcpy(p, &v, 4);
+}
+
+static void rec_put64(uint8_t *p, uint64_t v)
+{
+    memcpy(p, &v, 8);
 }
 
 START_TEST(test_roundtrip)
 {
     struct remote_rec_meta got;
-    ck_assert_int_eq(remote_rec_check(val, vlen, &meta, LEN, &got), 0);
+    ck_assert_int_eq(remote_rec_check(val, vlen, &meta, &geom, 0, &got), 0);
     ck_assert_uint_eq(got.len, LEN);
     ck_assert_uint_eq(got.depth, 3);
     ck_assert_uint_eq(got.parent[0], 7);
     ck_assert_uint_eq(got.parent[1], 8);
     ck_assert_uint_eq(got.key[1], meta.key[1]);
+    ck_assert_uint_eq(got.data_xxh, XXH3_64bits(val + REMOTE_REC_HDR, LEN));
     ck_assert_int_eq(memcmp(got.ns, meta.ns, REMOTE_REC_NS_BYTES), 0);
-    /* A bigger limit is fine; a smaller one is not. */
-    ck_assert_int_eq(remote_rec_check(val, vlen, &meta, LEN * 2, &got), 0);
-    ck_assert_int_eq(remote_rec_check(val, vlen, &meta, LEN - 1, &got), -EMSGSIZE);
+    /* The reader expects the block's exact length: a block of another size is not this one. */
+    struct remote_rec_meta want = meta;
+    struct remote_rec_geom g;
+    want.len = LEN * 2;
+    ck_assert_int_eq(remote_rec_geom(want.len, 0, &g), 0);
+    ck_assert_int_eq(remote_rec_check(val, vlen, &want, &g, 0, &got), -EMSGSIZE);
+    want.len = LEN - 1;
+    ck_assert_int_eq(remote_rec_geom(want.len, 0, &g), 0);
+    ck_assert_int_eq(remote_rec_check(val, vlen, &want, &g, 0, &got), -EMSGSIZE);
+    /* A cut that does not match the length asked for is the caller's error, refused. */
+    ck_assert_int_eq(remote_rec_check(val, vlen, &want, &geom, 0, &got), -EMSGSIZE);
+    /* An index past the cut. */
+    ck_assert_int_eq(remote_rec_check(val, vlen, &meta, &geom, 1, &got), -EMSGSIZE);
 }
 END_TEST
 
 START_TEST(test_truncated)
 {
     struct remote_rec_meta got;
-    ck_assert_int_eq(remote_rec_check(NULL, 0, &meta, LEN, &got), -EPROTO);
-    ck_assert_int_eq(remote_rec_check(val, 0, &meta, LEN, &got), -EPROTO);
+    ck_assert_int_eq(remote_rec_check(NULL, 0, &meta, &geom, 0, &got), -EPROTO);
+    ck_assert_int_eq(remote_rec_check(val, 0, &meta, &geom, 0, &got), -EPROTO);
     for (size_t n = 1; n < vlen; n += (n < REMOTE_REC_HDR + 8 ? 1 : 97)) {
-        int rc = remote_rec_check(val, n, &meta, LEN, &got);
+        int rc = remote_rec_check(val, n, &meta, &geom, 0, &got);
         ck_assert_msg(rc == (n < REMOTE_REC_HDR ? -EPROTO : -EMSGSIZE), "len %zu: %d", n, rc);
     }
     /* Longer than it says (a value with trailing bytes). */
-    ck_assert_int_eq(remote_rec_check(val, vlen + 1, &meta, LEN + 1, &got), -EMSGSIZE);
+    ck_assert_int_eq(remote_rec_check(val, vlen + 1, &meta, &geom, 0, &got), -EMSGSIZE);
 }
 END_TEST
 
@@ -90,13 +129,31 @@ START_TEST(test_bad_lengths)
     struct remote_rec_meta got;
     uint64_t lens[] = {0,         LEN - 1, LEN + 1, UINT64_MAX, UINT64_MAX - REMOTE_REC_HDR + 1,
                        1ull << 63};
-    for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
-        memcpy(val + 64, &lens[i], 8);
-        /* Not resealed: the header checksum refuses it before the length is read. */
-        ck_assert_int_eq(remote_rec_check(val, vlen, &meta, UINT64_MAX, &got), -EPROTO);
-        rec_reseal();
-        ck_assert_int_eq(remote_rec_check(val, vlen, &meta, UINT64_MAX, &got), -EMSGSIZE);
+    /* The block length (64), the part size (72) and the part length (256). */
+    static const size_t at[] = {64, 72, 256};
+    for (size_t f = 0; f < sizeof(at) / sizeof(at[0]); f++) {
+        uint64_t keep;
+        memcpy(&keep, val + at[f], 8);
+        for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
+            rec_put64(val + at[f], lens[i]);
+            /* Not resealed: the header checksum refuses it before the length is read. */
+            ck_assert_int_eq(remote_rec_check(val, vlen, &meta, &geom, 0, &got), -EPROTO);
+            rec_reseal(val);
+            ck_assert_int_eq(remote_rec_check(val, vlen, &meta, &geom, 0, &got), -EMSGSIZE);
+        }
+        rec_put64(val + at[f], keep);
+        rec_reseal(val);
     }
+    /* The part count (60): 0, 2, the most parts and past them. */
+    uint32_t counts[] = {0, 2, REMOTE_REC_PARTS_MAX, REMOTE_REC_PARTS_MAX + 1, UINT32_MAX};
+    for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]); i++) {
+        rec_put32(val + 60, counts[i]);
+        rec_reseal(val);
+        ck_assert_int_eq(remote_rec_check(val, vlen, &meta, &geom, 0, &got), -EMSGSIZE);
+    }
+    rec_put32(val + 60, 1);
+    rec_reseal(val);
+    ck_assert_int_eq(remote_rec_check(val, vlen, &meta, &geom, 0, &got), 0);
 }
 END_TEST
 
@@ -105,15 +162,21 @@ START_TEST(test_bad_checksums)
     struct remote_rec_meta got;
     for (size_t i = 0; i < REMOTE_REC_HDR; i += 5) {
         val[i] ^= 0x10;
-        ck_assert_msg(remote_rec_check(val, vlen, &meta, LEN, &got) == -EPROTO, "byte %zu", i);
+        /* The version and header size name their refusal; any other byte is a torn header. */
+        int want = i >= 4 && i < 8 ? -EPROTONOSUPPORT : -EPROTO;
+        ck_assert_msg(remote_rec_check(val, vlen, &meta, &geom, 0, &got) == want, "byte %zu", i);
         val[i] ^= 0x10;
     }
     for (size_t i = REMOTE_REC_HDR; i < vlen; i += 333) {
         val[i] ^= 0x01;
-        ck_assert_int_eq(remote_rec_check(val, vlen, &meta, LEN, &got), -EBADMSG);
+        ck_assert_int_eq(remote_rec_check(val, vlen, &meta, &geom, 0, &got), -EBADMSG);
         val[i] ^= 0x01;
     }
-    ck_assert_int_eq(remote_rec_check(val, vlen, &meta, LEN, &got), 0);
+    ck_assert_int_eq(remote_rec_check(val, vlen, &meta, &geom, 0, &got), 0);
+    /* One part: its checksum must be the block's (a header that says otherwise is forged). */
+    val[80] ^= 1;
+    rec_reseal(val);
+    ck_assert_int_eq(remote_rec_check(val, vlen, &meta, &geom, 0, &got), -EPROTO);
 }
 END_TEST
 
@@ -121,33 +184,60 @@ START_TEST(test_other_layout_key_version)
 {
     struct remote_rec_meta got, want = meta;
     want.ns[3] ^= 1; /* another layout */
-    ck_assert_int_eq(remote_rec_check(val, vlen, &want, LEN, &got), -ESTALE);
+    ck_assert_int_eq(remote_rec_check(val, vlen, &want, &geom, 0, &got), -ESTALE);
     want = meta;
     want.key[0] ^= 1; /* another key (a collision in the key text cannot serve it) */
-    ck_assert_int_eq(remote_rec_check(val, vlen, &want, LEN, &got), -ESTALE);
-    /* A record of another version, or another header size, or an unknown codec. */
+    ck_assert_int_eq(remote_rec_check(val, vlen, &want, &geom, 0, &got), -ESTALE);
+    /* A record of another version, or another header size, or an unknown codec, or
+     * reserved bytes set. */
+    val[4] = 3;
+    rec_reseal(val);
+    ck_assert_int_eq(remote_rec_check(val, vlen, &meta, &geom, 0, &got), -EPROTONOSUPPORT);
     val[4] = 2;
-    rec_reseal();
-    ck_assert_int_eq(remote_rec_check(val, vlen, &meta, LEN, &got), -EPROTONOSUPPORT);
-    val[4] = 1;
-    val[6] = 1; /* a header of 257 bytes (256 is 0x0100: bytes 6 and 7 read 0, 1) */
-    rec_reseal();
-    ck_assert_int_eq(remote_rec_check(val, vlen, &meta, LEN, &got), -EPROTONOSUPPORT);
-    val[6] = 0;
-    val[7] = 2;
-    rec_reseal();
-    ck_assert_int_eq(remote_rec_check(val, vlen, &meta, LEN, &got), -EPROTONOSUPPORT);
-    val[7] = 1;
+    val[6] = 0x81; /* a header of 385 bytes (384 is 0x0180) */
+    rec_reseal(val);
+    ck_assert_int_eq(remote_rec_check(val, vlen, &meta, &geom, 0, &got), -EPROTONOSUPPORT);
+    val[6] = 0x80;
     val[56] = 1;
-    rec_reseal();
-    ck_assert_int_eq(remote_rec_check(val, vlen, &meta, LEN, &got), -EPROTONOSUPPORT);
+    rec_reseal(val);
+    ck_assert_int_eq(remote_rec_check(val, vlen, &meta, &geom, 0, &got), -EPROTONOSUPPORT);
     val[56] = 0;
+    val[300] = 1;
+    rec_reseal(val);
+    ck_assert_int_eq(remote_rec_check(val, vlen, &meta, &geom, 0, &got), -EPROTONOSUPPORT);
+    val[300] = 0;
+    val[252] = 1; /* the zero word after the index */
+    rec_reseal(val);
+    ck_assert_int_eq(remote_rec_check(val, vlen, &meta, &geom, 0, &got), -EPROTONOSUPPORT);
+    val[252] = 0;
     val[0] ^= 0xff; /* magic */
-    rec_reseal();
-    ck_assert_int_eq(remote_rec_check(val, vlen, &meta, LEN, &got), -EPROTO);
+    rec_reseal(val);
+    ck_assert_int_eq(remote_rec_check(val, vlen, &meta, &geom, 0, &got), -EPROTO);
     val[0] ^= 0xff;
-    rec_reseal();
-    ck_assert_int_eq(remote_rec_check(val, vlen, &meta, LEN, &got), 0);
+    rec_reseal(val);
+    ck_assert_int_eq(remote_rec_check(val, vlen, &meta, &geom, 0, &got), 0);
+}
+END_TEST
+
+/* A record as kvcd wrote it before parts (version 1: a 256-byte header, its checksum at 248)
+ * is refused as another version, not taken for a torn one. */
+START_TEST(test_version1_refused)
+{
+    struct remote_rec_meta got;
+    size_t n = 256 + LEN;
+    uint8_t *v1 = calloc(1, n);
+    ck_assert_ptr_nonnull(v1);
+    rec_put32(v1, REMOTE_REC_MAGIC);
+    v1[4] = 1; /* version 1 */
+    v1[7] = 1; /* header of 256 bytes */
+    memcpy(v1 + 16, meta.key, 16);
+    rec_put64(v1 + 64, LEN);
+    memcpy(v1 + 80, meta.ns, REMOTE_REC_NS_BYTES);
+    rec_put64(v1 + 248, XXH3_64bits(v1, 248));
+    ck_assert_int_eq(remote_rec_check(v1, n, &meta, &geom, 0, &got), -EPROTONOSUPPORT);
+    /* Even one too short for this version's header. */
+    ck_assert_int_eq(remote_rec_check(v1, 300, &meta, &geom, 0, &got), -EPROTONOSUPPORT);
+    free(v1);
 }
 END_TEST
 
@@ -163,8 +253,171 @@ START_TEST(test_garbage_values)
             x ^= x << 17;
             val[i] = (uint8_t)x;
         }
-        ck_assert_int_ne(remote_rec_check(val, n, &meta, LEN, &got), 0);
+        ck_assert_int_ne(remote_rec_check(val, n, &meta, &geom, 0, &got), 0);
     }
+}
+END_TEST
+
+START_TEST(test_geom)
+{
+    struct remote_rec_geom g;
+    ck_assert_int_eq(remote_rec_geom(LEN, 0, &g), 0); /* 0: never split */
+    ck_assert_uint_eq(g.count, 1);
+    ck_assert_uint_eq(g.size, LEN);
+    ck_assert_int_eq(remote_rec_geom(PART, PART, &g), 0); /* fits: one part */
+    ck_assert_uint_eq(g.count, 1);
+    ck_assert_int_eq(remote_rec_geom(PART + 1, PART, &g), 0);
+    ck_assert_uint_eq(g.count, 2);
+    ck_assert_uint_eq(remote_rec_part_len(&g, 0), PART);
+    ck_assert_uint_eq(remote_rec_part_len(&g, 1), 1);
+    ck_assert_uint_eq(remote_rec_part_off(&g, 1), PART);
+    ck_assert_int_eq(remote_rec_geom(BIG, PART, &g), 0);
+    ck_assert_uint_eq(g.count, 4);
+    uint64_t sum = 0;
+    for (uint32_t i = 0; i < g.count; i++) {
+        ck_assert_uint_eq(remote_rec_part_off(&g, i), sum);
+        sum += remote_rec_part_len(&g, i);
+    }
+    ck_assert_uint_eq(sum, BIG);
+    ck_assert_uint_eq(remote_rec_part_len(&g, 3), 8000);
+    /* Part sizes below the least are refused; so are more parts than the most. */
+    ck_assert_int_eq(remote_rec_geom(BIG, PART - 1, &g), -EINVAL);
+    ck_assert_int_eq(remote_rec_geom(BIG, 1, &g), -EINVAL);
+    ck_assert_int_eq(remote_rec_geom(1ull << 30, REMOTE_REC_PART_MIN, &g), 0);
+    ck_assert_uint_eq(g.count, REMOTE_REC_PARTS_MAX);
+    ck_assert_int_eq(remote_rec_geom((1ull << 30) + 1, REMOTE_REC_PART_MIN, &g), -EMSGSIZE);
+    ck_assert_int_eq(remote_rec_geom(UINT64_MAX, REMOTE_REC_PART_MIN, &g), -EMSGSIZE);
+    ck_assert_int_eq(remote_rec_geom(UINT64_MAX, UINT64_MAX, &g), 0);
+    ck_assert_uint_eq(g.count, 1);
+}
+END_TEST
+
+/* A block of BIG bytes cut in parts of PART: every part's value. */
+struct parts {
+    struct remote_rec_meta m;
+    struct remote_rec_geom g;
+    uint8_t *block;
+    uint8_t *val[4];
+    size_t len[4];
+};
+
+static void parts_make(struct parts *p, uint8_t seed, uint64_t parent)
+{
+    uint64_t xxh[4];
+    rec_meta(&p->m, BIG);
+    p->m.parent[0] = parent;
+    ck_assert_int_eq(remote_rec_geom(BIG, PART, &p->g), 0);
+    ck_assert_uint_eq(p->g.count, 4);
+    p->block = malloc(BIG);
+    ck_assert_ptr_nonnull(p->block);
+    for (size_t i = 0; i < BIG; i++)
+        p->block[i] = (uint8_t)(i * 13 + seed);
+    p->m.data_xxh = remote_rec_hash(&p->g, p->block, xxh);
+    ck_assert_uint_eq(p->m.data_xxh, XXH3_64bits(p->block, BIG)); /* the whole block's */
+    for (uint32_t i = 0; i < 4; i++) {
+        uint64_t off = remote_rec_part_off(&p->g, i), len = remote_rec_part_len(&p->g, i);
+        ck_assert_uint_eq(xxh[i], XXH3_64bits(p->block + off, len)); /* the part's own */
+        p->len[i] = REMOTE_REC_HDR + len;
+        p->val[i] = malloc(p->len[i]);
+        ck_assert_ptr_nonnull(p->val[i]);
+        remote_rec_encode(p->val[i], &p->m, &p->g, i, xxh[i]);
+        memcpy(p->val[i] + REMOTE_REC_HDR, p->block + off, len);
+    }
+}
+
+static void parts_free(struct parts *p)
+{
+    free(p->block);
+    for (int i = 0; i < 4; i++)
+        free(p->val[i]);
+}
+
+START_TEST(test_parts_roundtrip)
+{
+    struct parts a;
+    struct remote_rec_meta got;
+    uint8_t *back = malloc(BIG);
+    ck_assert_ptr_nonnull(back);
+    parts_make(&a, 1, 7);
+    for (uint32_t i = 0; i < 4; i++) {
+        ck_assert_int_eq(remote_rec_check(a.val[i], a.len[i], &a.m, &a.g, i, &got), 0);
+        ck_assert_uint_eq(got.len, BIG);
+        ck_assert_uint_eq(got.data_xxh, a.m.data_xxh);
+        ck_assert_uint_eq(got.parent[0], 7);
+        ck_assert_int_eq(remote_rec_same_write(a.val[0], a.val[i]), 0);
+        memcpy(back + remote_rec_part_off(&a.g, i), a.val[i] + REMOTE_REC_HDR,
+               a.len[i] - REMOTE_REC_HDR);
+    }
+    ck_assert_int_eq(memcmp(back, a.block, BIG), 0);
+    free(back);
+    parts_free(&a);
+}
+END_TEST
+
+START_TEST(test_parts_refused)
+{
+    struct parts a, other, older, same, moved;
+    struct remote_rec_meta got, want;
+    struct remote_rec_geom g;
+    uint64_t px;
+    parts_make(&a, 1, 7);
+    /* Another part of the same block under this part's key: a full-size one names another
+     * index; the short last one has another length too. */
+    ck_assert_int_eq(remote_rec_check(a.val[2], a.len[2], &a.m, &a.g, 1, &got), -ESTALE);
+    ck_assert_int_eq(remote_rec_check(a.val[3], a.len[3], &a.m, &a.g, 1, &got), -EMSGSIZE);
+    ck_assert_int_eq(remote_rec_check(a.val[1], a.len[1], &a.m, &a.g, 3, &got), -EMSGSIZE);
+    /* The same part of another block (another key, same cut). */
+    parts_make(&other, 1, 7);
+    other.m.key[1] ^= 0x40;
+    {
+        uint64_t xxh[4];
+        other.m.data_xxh = remote_rec_hash(&other.g, other.block, xxh);
+        remote_rec_encode(other.val[1], &other.m, &other.g, 1, xxh[1]);
+    }
+    ck_assert_int_eq(remote_rec_check(other.val[1], other.len[1], &a.m, &a.g, 1, &got), -ESTALE);
+    /* The block cut another way (parts of 96 KiB): the cut disagrees. */
+    want = a.m;
+    ck_assert_int_eq(remote_rec_geom(BIG, 96u << 10, &g), 0);
+    ck_assert_int_eq(remote_rec_check(a.val[0], a.len[0], &want, &g, 0, &got), -EMSGSIZE);
+    /* The block in one value, read where parts are expected, and the other way round. */
+    ck_assert_int_eq(remote_rec_geom(BIG, 0, &g), 0);
+    ck_assert_int_eq(remote_rec_check(a.val[0], a.len[0], &want, &g, 0, &got), -EMSGSIZE);
+    /* An older write of the same block with other bytes: each part is valid alone, but its
+     * block header names another write, so it never joins the new parts. */
+    parts_make(&older, 2, 7);
+    for (uint32_t i = 0; i < 4; i++) {
+        ck_assert_int_eq(remote_rec_check(older.val[i], older.len[i], &a.m, &a.g, i, &got), 0);
+        ck_assert_int_eq(remote_rec_same_write(a.val[0], older.val[i]), -ESTALE);
+        if (i)
+            ck_assert_int_eq(remote_rec_same_write(older.val[0], a.val[i]), -ESTALE);
+    }
+    /* The same bytes written again: the parts are interchangeable. */
+    parts_make(&same, 1, 7);
+    for (uint32_t i = 0; i < 4; i++)
+        ck_assert_int_eq(remote_rec_same_write(a.val[0], same.val[i]), 0);
+    /* The same bytes under another parent (the key of another prefix would differ; this is a
+     * forged or buggy write): another write all the same. */
+    parts_make(&moved, 1, 9);
+    ck_assert_int_eq(remote_rec_same_write(a.val[0], moved.val[2]), -ESTALE);
+    /* A part whose bytes were swapped with the other write's: its own checksum. */
+    memcpy(a.val[1] + REMOTE_REC_HDR, older.val[1] + REMOTE_REC_HDR, a.len[1] - REMOTE_REC_HDR);
+    ck_assert_int_eq(remote_rec_check_header(a.val[1], a.len[1], &a.m, &a.g, 1, &got, &px), 0);
+    ck_assert_int_eq(
+        remote_rec_check_data(px, a.val[1] + REMOTE_REC_HDR, a.len[1] - REMOTE_REC_HDR), -EBADMSG);
+    /* Forged cuts (resealed): an index past the count, a count past the most. */
+    rec_put32(a.val[2] + 248, 4);
+    rec_reseal(a.val[2]);
+    ck_assert_int_eq(remote_rec_check(a.val[2], a.len[2], &a.m, &a.g, 2, &got), -ESTALE);
+    ck_assert_int_eq(remote_rec_check(a.val[2], a.len[2], &a.m, &a.g, 4, &got), -EMSGSIZE);
+    rec_put32(a.val[2] + 248, 2);
+    rec_put32(a.val[2] + 60, UINT32_MAX);
+    rec_reseal(a.val[2]);
+    ck_assert_int_eq(remote_rec_check(a.val[2], a.len[2], &a.m, &a.g, 2, &got), -EMSGSIZE);
+    parts_free(&a);
+    parts_free(&other);
+    parts_free(&older);
+    parts_free(&same);
+    parts_free(&moved);
 }
 END_TEST
 
@@ -172,16 +425,54 @@ START_TEST(test_key_and_slot)
 {
     char k[REMOTE_REC_KEY_MAX];
     uint64_t key[2] = {0x0123456789abcdefull, 0xfedcba9876543210ull};
-    size_t n = remote_rec_key(k, 0xdeadbeef00000001ull, key);
-    ck_assert_str_eq(k, "kvc1:deadbeef00000001:fedcba98765432100123456789abcdef");
+    struct remote_rec_geom g;
+    ck_assert_int_eq(remote_rec_geom(LEN, 0, &g), 0);
+    size_t n = remote_rec_key(k, 0xdeadbeef00000001ull, key, &g, 0);
+    ck_assert_str_eq(k, "kvc2:deadbeef00000001:fedcba98765432100123456789abcdef");
     ck_assert_uint_eq(n, strlen(k));
-    ck_assert_uint_lt(n, REMOTE_REC_KEY_MAX);
     /* The cluster specification's vector: CRC16 of "123456789" is 0x31c3. */
     ck_assert_uint_eq(remote_rec_slot("123456789", 9), 0x31c3u & 16383u);
     ck_assert_uint_eq(remote_rec_slot("{user1000}.following", 20), remote_rec_slot("user1000", 8));
     ck_assert_uint_eq(remote_rec_slot("foo{}{bar}", 10), remote_rec_slot("foo{}{bar}", 10));
     ck_assert_uint_ne(remote_rec_slot("foo{}{bar}", 10), remote_rec_slot("bar", 3));
     ck_assert_uint_eq(remote_rec_slot("foo{{bar}}zap", 13), remote_rec_slot("{bar", 4));
+}
+END_TEST
+
+/* Part keys: the block's key, the part size and the index, in slots spaced evenly from the
+ * block key's own; the longest key fits; every slot can be named. */
+START_TEST(test_part_keys)
+{
+    char k[REMOTE_REC_KEY_MAX], base[REMOTE_REC_KEY_MAX];
+    uint64_t key[2] = {0x0123456789abcdefull, 0xfedcba9876543210ull};
+    struct remote_rec_geom g, one;
+    ck_assert_int_eq(remote_rec_geom(LEN, 0, &one), 0);
+    size_t bn = remote_rec_key(base, 0xdeadbeef00000001ull, key, &one, 0);
+    unsigned b = remote_rec_slot(base, bn);
+    ck_assert_int_eq(remote_rec_geom(BIG, PART, &g), 0);
+    for (uint32_t i = 0; i < g.count; i++) {
+        size_t n = remote_rec_key(k, 0xdeadbeef00000001ull, key, &g, i);
+        char want[REMOTE_REC_KEY_MAX];
+        int wn = snprintf(want, sizeof(want), "%s:%u:%u{", base, PART, i);
+        ck_assert_int_eq(strncmp(k, want, (size_t)wn), 0);
+        ck_assert_int_eq(k[n - 1], '}');
+        ck_assert_uint_eq(remote_rec_slot(k, n), (b + i * 16384u / g.count) % 16384u);
+    }
+    /* The most parts: one in every slot, each slot once. */
+    static uint8_t seen[16384];
+    memset(seen, 0, sizeof(seen));
+    ck_assert_int_eq(remote_rec_geom(1ull << 30, REMOTE_REC_PART_MIN, &g), 0);
+    for (uint32_t i = 0; i < g.count; i++) {
+        size_t n = remote_rec_key(k, UINT64_MAX, key, &g, i);
+        ck_assert_uint_lt(n, REMOTE_REC_KEY_MAX);
+        seen[remote_rec_slot(k, n)]++;
+    }
+    for (uint32_t s = 0; s < 16384; s++)
+        ck_assert_msg(seen[s] == 1, "slot %u: %u parts", s, seen[s]);
+    /* The longest key: a 1 GiB part size and the last index. */
+    ck_assert_int_eq(remote_rec_geom(UINT64_MAX / 2, 1u << 30, &g), -EMSGSIZE);
+    g = (struct remote_rec_geom){.len = 16384ull << 30, .size = 1u << 30, .count = 16384};
+    ck_assert_uint_lt(remote_rec_key(k, UINT64_MAX, key, &g, 16383), REMOTE_REC_KEY_MAX);
 }
 END_TEST
 
@@ -195,8 +486,13 @@ int main(void)
     tcase_add_test(tc, test_bad_lengths);
     tcase_add_test(tc, test_bad_checksums);
     tcase_add_test(tc, test_other_layout_key_version);
+    tcase_add_test(tc, test_version1_refused);
     tcase_add_test(tc, test_garbage_values);
+    tcase_add_test(tc, test_geom);
+    tcase_add_test(tc, test_parts_roundtrip);
+    tcase_add_test(tc, test_parts_refused);
     tcase_add_test(tc, test_key_and_slot);
+    tcase_add_test(tc, test_part_keys);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

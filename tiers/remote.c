@@ -1,11 +1,12 @@
 /*
- * remote.c — the remote tier's worker: cluster routing, pipelined batches, circuit breaker
- * (tiers/remote.h).
+ * remote.c — the remote tier's worker: cluster routing, pipelined batches of block parts on
+ * every master at once, circuit breaker (tiers/remote.h).
  */
 #include "tiers/remote.h"
 
 #include <errno.h>
 #include <hiredis/hiredis.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,40 +15,86 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
 #define REMOTE_SLOTS 16384
 #define REMOTE_NO_NODE 0xffffu
 #define REMOTE_BATCH_BYTES (256ull << 20) /* data bytes one batch moves at most */
+#define REMOTE_CMD_MAX 160                /* [ASKING] SET key $len, or GET key: the text */
+#define REMOTE_LINE_MAX 512               /* the longest reply line taken (errors) */
+#define REMOTE_IOV 64                     /* iovecs per sendmsg */
+#define REMOTE_DIRECT (16u << 10) /* data left at least this: recv straight into its place */
 
 enum remote_op { REMOTE_OP_GET = 1, REMOTE_OP_PUT = 2 };
 
-struct remote_req {
-    struct remote_req *next;
-    uint8_t op; /* enum remote_op */
+struct remote_req;
+
+/* One value of a block: its command, its reply, its place in the block. */
+struct remote_part {
+    struct remote_part *next; /* a round's list, then its node's (worker) */
+    struct remote_req *req;   /* its block */
+    uint32_t index;
     uint8_t klen;
-    uint8_t redirects;
+    uint8_t clen;      /* bytes of cmd */
+    uint8_t redirects; /* MOVED and ASK followed */
+    bool asking;       /* this round: sent behind ASKING */
     uint16_t slot;
-    int ask; /* node index to send to behind ASKING, or -1 */
-    int status;
+    int ask;      /* node to send to behind ASKING next round, or -1 */
+    int status;   /* once replied */
+    uint64_t xxh; /* PUT: of its bytes; GET: from its header */
     char key[REMOTE_REC_KEY_MAX];
+    char cmd[REMOTE_CMD_MAX];    /* the command's text before the value (this round) */
+    uint8_t hdr[REMOTE_REC_HDR]; /* PUT: the encoded header; GET: the header read */
+};
+
+/* A block: its parts, and what the caller is told once the last of them is done. */
+struct remote_req {
+    struct remote_req *next; /* the queue, a batch, the done list */
+    uint8_t op;              /* enum remote_op */
+    bool encoded;            /* PUT: every part's header made (worker) */
+    bool mixed;              /* GET: parts of different writes (worker) */
+    uint32_t missing;        /* GET: parts not there (worker) */
+    uint32_t left;           /* parts without a reply yet (worker) */
+    int status;
     struct remote_rec_meta meta; /* PUT: the record's; GET: wanted, then the record's */
-    uint8_t hdr[REMOTE_REC_HDR]; /* PUT: the encoded header */
-    void *buf;                   /* GET: destination; PUT: the data (const) */
-    uint64_t cap;                /* GET: destination bytes */
+    struct remote_rec_geom geom;
+    uint8_t *buf;       /* GET: destination; PUT: the data (only read) */
+    uint64_t *part_xxh; /* PUT: scratch for the parts' hashes (geom.count), in this block */
     tier_remote_done_fn done;
     void *arg;
+    struct remote_part parts[]; /* geom.count */
+};
+
+/* Where a connection's reader is in the reply to its current part. */
+enum remote_rx {
+    REMOTE_RX_ASKING, /* ASKING's +OK */
+    REMOTE_RX_LINE,   /* the reply's first line */
+    REMOTE_RX_HDR,    /* a GET's value: the part's header, into part->hdr */
+    REMOTE_RX_DATA,   /* then its bytes, into their place in the block */
+    REMOTE_RX_CRLF,   /* then the CRLF that closes the value */
+    REMOTE_RX_SKIP,   /* a value that is not the part: read to its end and dropped */
 };
 
 struct remote_node {
     char host[64];
     int port;
-    redisContext *c;                /* worker's; NULL: not connected */
-    struct remote_req *head, *tail; /* this round's requests (worker) */
-    bool failed;                    /* this round (worker) */
-    size_t rpos, rlen;              /* rbuf[rpos, rlen): read, not yet parsed (worker) */
-    uint8_t rbuf[64 << 10];         /* replies as they come (remote_reply) */
+    redisContext *c; /* worker's; NULL: not connected */
+    /* This round (worker): its parts in the order they go out; tx is the first not wholly
+     * sent (tx_off bytes of its command are), rx the first not answered. */
+    struct remote_part *head, *tail, *tx, *rx;
+    uint64_t tx_off;
+    uint8_t rx_state; /* enum remote_rx */
+    int rx_status;    /* SKIP: the part's status when dropped */
+    uint64_t rx_left; /* HDR, DATA, CRLF, SKIP: bytes still to come */
+    uint64_t rx_vlen; /* the value's length */
+    uint8_t crlf[2];
+    bool drained; /* the last read took all the socket had: wait for poll */
+    bool failed;
+    uint64_t moved_ms;      /* when a byte last moved (timeouts) */
+    size_t rpos, rlen;      /* rbuf[rpos, rlen): read, not yet parsed (worker) */
+    uint8_t rbuf[64 << 10]; /* reply bytes as they come, when not read into their place */
 };
 
 struct tier_remote {
@@ -65,6 +112,9 @@ struct tier_remote {
     bool stop;
     bool degraded;
     struct tier_remote_stats st;
+    /* The caller's own: plug depth and the requests it holds. */
+    uint32_t plugged;
+    struct remote_req *p_head, *p_tail;
     /* The worker's own. */
     struct remote_node nodes[TIER_REMOTE_MAX_NODES];
     uint32_t nnodes, nseeds;
@@ -300,28 +350,234 @@ static void remote_breaker(struct tier_remote *t, bool ok)
             remote_node_close(&t->nodes[i]);
 }
 
-/* ---- batches (worker) ----------------------------------------------------------------- */
+/* ---- blocks and parts (worker) ---------------------------------------------------------- */
 
-/* Appends the command of q to connection c: GET key, or SET key <header + data> written
- * straight into the output buffer (no intermediate copy of the record). */
-static int remote_append(redisContext *c, const struct remote_req *q)
+/* A block done: its status counted, onto the done list (the caller signals the eventfd).
+ * Nothing of q may be touched after this: the caller's thread may free it at once. */
+static void remote_req_finish(struct tier_remote *t, struct remote_req *q, int status)
 {
-    char pre[160];
-    int n;
-    if (q->ask >= 0 && redisAppendFormattedCommand(c, "*1\r\n$6\r\nASKING\r\n", 16) != REDIS_OK)
-        return -1;
-    if (q->op == REMOTE_OP_GET) {
-        n = snprintf(pre, sizeof(pre), "*2\r\n$3\r\nGET\r\n$%u\r\n%s\r\n", q->klen, q->key);
-        return redisAppendFormattedCommand(c, pre, (size_t)n) == REDIS_OK ? 0 : -1;
+    uint64_t ok = 0;
+    for (uint32_t i = 0; i < q->geom.count; i++)
+        ok += q->parts[i].status == 0;
+    q->status = status;
+    q->next = NULL;
+    pthread_mutex_lock(&t->mu);
+    if (q->op == REMOTE_OP_GET)
+        t->st.parts_read += ok;
+    else
+        t->st.parts_written += ok;
+    if (status == 0 && q->op == REMOTE_OP_GET) {
+        t->st.hits++;
+        t->st.bytes_read += q->meta.len;
+    } else if (status == 0) {
+        t->st.puts_ok++;
+        t->st.bytes_written += q->meta.len;
+    } else if (status == -ENOENT) {
+        t->st.misses++;
+        t->st.part_missing += q->missing && q->missing < q->geom.count;
+    } else if (status == -EIO || (status == -EAGAIN && !t->stop)) {
+        t->st.errors++;
+    } else if (status != -ECANCELED) {
+        t->st.bad_records++;
+        t->st.part_mixed += q->mixed;
     }
-    n = snprintf(pre, sizeof(pre), "*3\r\n$3\r\nSET\r\n$%u\r\n%s\r\n$%llu\r\n", q->klen, q->key,
-                 (unsigned long long)(REMOTE_REC_HDR + q->meta.len));
-    if (redisAppendFormattedCommand(c, pre, (size_t)n) != REDIS_OK ||
-        redisAppendFormattedCommand(c, (const char *)q->hdr, REMOTE_REC_HDR) != REDIS_OK ||
-        redisAppendFormattedCommand(c, q->buf, q->meta.len) != REDIS_OK ||
-        redisAppendFormattedCommand(c, "\r\n", 2) != REDIS_OK)
-        return -1;
+    if (t->d_tail)
+        t->d_tail->next = q;
+    else
+        t->d_head = q;
+    t->d_tail = q;
+    pthread_mutex_unlock(&t->mu);
+}
+
+/* The block's status from its parts': a network error; else a part refused; else a part
+ * missing (all of them: a plain miss); else, for a GET of several parts, they must all be
+ * of one write. */
+static int remote_req_settle(struct remote_req *q)
+{
+    int net = 0, bad = 0;
+    for (uint32_t i = 0; i < q->geom.count; i++) {
+        int s = q->parts[i].status;
+        if (s == -EIO || s == -EAGAIN || s == -ECANCELED)
+            net = net ? net : s;
+        else if (s == -ENOENT)
+            q->missing++;
+        else if (s)
+            bad = bad ? bad : s;
+    }
+    if (net || bad)
+        return net ? net : bad;
+    if (q->missing)
+        return -ENOENT;
+    for (uint32_t i = 1; q->op == REMOTE_OP_GET && i < q->geom.count; i++)
+        if (remote_rec_same_write(q->parts[0].hdr, q->parts[i].hdr)) {
+            q->mixed = true;
+            return -ESTALE;
+        }
     return 0;
+}
+
+/* A part answered (or failed): the block is done with its last part. */
+static void remote_part_done(struct tier_remote *t, struct remote_part *p, int status)
+{
+    struct remote_req *q = p->req;
+    p->status = status;
+    if (--q->left == 0)
+        remote_req_finish(t, q, remote_req_settle(q));
+}
+
+/* A PUT's headers, when its first part is about to go out: the block is hashed (every part
+ * and the whole), and every part's header says so. */
+static void remote_req_encode(struct remote_req *q)
+{
+    q->meta.data_xxh = remote_rec_hash(&q->geom, q->buf, q->part_xxh);
+    for (uint32_t i = 0; i < q->geom.count; i++) {
+        q->parts[i].xxh = q->part_xxh[i];
+        remote_rec_encode(q->parts[i].hdr, &q->meta, &q->geom, i, q->part_xxh[i]);
+    }
+    q->encoded = true;
+}
+
+/* The text of p's command before its value: [ASKING] GET key, or [ASKING] SET key $len. */
+static void remote_part_cmd(struct remote_part *p)
+{
+    const struct remote_req *q = p->req;
+    int n = 0;
+    if (p->asking)
+        n = snprintf(p->cmd, sizeof(p->cmd), "*1\r\n$6\r\nASKING\r\n");
+    if (q->op == REMOTE_OP_GET)
+        n += snprintf(p->cmd + n, sizeof(p->cmd) - (size_t)n, "*2\r\n$3\r\nGET\r\n$%u\r\n%s\r\n",
+                      p->klen, p->key);
+    else
+        n += snprintf(
+            p->cmd + n, sizeof(p->cmd) - (size_t)n, "*3\r\n$3\r\nSET\r\n$%u\r\n%s\r\n$%llu\r\n",
+            p->klen, p->key,
+            (unsigned long long)(REMOTE_REC_HDR + remote_rec_part_len(&q->geom, p->index)));
+    p->clen = (uint8_t)n;
+}
+
+static uint64_t remote_part_cmd_len(const struct remote_part *p)
+{
+    const struct remote_req *q = p->req;
+    return p->clen + (q->op == REMOTE_OP_PUT
+                          ? REMOTE_REC_HDR + remote_rec_part_len(&q->geom, p->index) + 2
+                          : 0);
+}
+
+/* The iovecs of p's command past its first skip bytes (at most 4). A PUT's value goes out
+ * from its header and the block's own memory. */
+static int remote_part_iov(struct remote_part *p, struct iovec *iov, uint64_t skip)
+{
+    struct remote_req *q = p->req;
+    struct iovec seg[4];
+    int nseg = 0, n = 0;
+    seg[nseg++] = (struct iovec){p->cmd, p->clen};
+    if (q->op == REMOTE_OP_PUT) {
+        if (!q->encoded)
+            remote_req_encode(q);
+        seg[nseg++] = (struct iovec){p->hdr, REMOTE_REC_HDR};
+        seg[nseg++] = (struct iovec){q->buf + remote_rec_part_off(&q->geom, p->index),
+                                     remote_rec_part_len(&q->geom, p->index)};
+        seg[nseg++] = (struct iovec){(void *)"\r\n", 2};
+    }
+    for (int i = 0; i < nseg; i++) {
+        if (skip >= seg[i].iov_len) {
+            skip -= seg[i].iov_len;
+            continue;
+        }
+        iov[n++] = (struct iovec){(uint8_t *)seg[i].iov_base + skip, seg[i].iov_len - skip};
+        skip = 0;
+    }
+    return n;
+}
+
+/* ---- one connection's commands and replies (worker) ---------------------------------------
+ * Nothing here blocks: each call moves what the socket takes or has, and the next resumes
+ * where it stopped (the send cursor, the reader's state), so one thread keeps every master
+ * busy at once. A GET's value lands straight in its place (the header first, checked, then
+ * the bytes read from the socket into the block's slot and checked before anyone is told),
+ * where hiredis would copy it into its buffer and again into a reply object. */
+
+/* Sends what the socket takes of n's commands. 0, or -1 (connection lost). A send that
+ * took less than it was given found the socket full: the next one waits for poll. */
+static int remote_tx(struct remote_node *n)
+{
+    while (n->tx) {
+        struct iovec iov[REMOTE_IOV];
+        struct msghdr mh = {.msg_iov = iov};
+        uint64_t skip = n->tx_off, given = 0;
+        int cnt = 0;
+        for (struct remote_part *p = n->tx; p && cnt <= REMOTE_IOV - 4; p = p->next) {
+            cnt += remote_part_iov(p, iov + cnt, skip);
+            skip = 0;
+        }
+        for (int i = 0; i < cnt; i++)
+            given += iov[i].iov_len;
+        mh.msg_iovlen = (size_t)cnt;
+        ssize_t w = sendmsg(n->c->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0)
+            return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
+        n->moved_ms = remote_now_ms();
+        for (uint64_t sent = (uint64_t)w; sent && n->tx;) {
+            uint64_t rest = remote_part_cmd_len(n->tx) - n->tx_off;
+            if (sent < rest) {
+                n->tx_off += sent;
+                sent = 0;
+            } else {
+                sent -= rest;
+                n->tx = n->tx->next;
+                n->tx_off = 0;
+            }
+        }
+        if ((uint64_t)w < given)
+            return 0;
+    }
+    return 0;
+}
+
+/* More reply bytes into n's buffer: 1, 0 (none for now), -1 (connection lost). A read
+ * that did not fill what it could take drained the socket: the next one waits for poll. */
+static int remote_rx_fill(struct remote_node *n)
+{
+    ssize_t r;
+    if (n->rpos == n->rlen) {
+        n->rpos = n->rlen = 0;
+    } else if (n->rlen == sizeof(n->rbuf)) {
+        memmove(n->rbuf, n->rbuf + n->rpos, n->rlen - n->rpos);
+        n->rlen -= n->rpos;
+        n->rpos = 0;
+    }
+    do
+        r = recv(n->c->fd, n->rbuf + n->rlen, sizeof(n->rbuf) - n->rlen, MSG_DONTWAIT);
+    while (r < 0 && errno == EINTR);
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+        return 0;
+    if (r <= 0)
+        return -1;
+    n->drained = n->rlen + (size_t)r < sizeof(n->rbuf);
+    n->rlen += (size_t)r;
+    n->moved_ms = remote_now_ms();
+    return 1;
+}
+
+/* p (n's current part) is answered: the reader moves to the next part, then p's block hears
+ * of it (which may end the block: nothing of p is touched after). */
+static void remote_rx_answered(struct tier_remote *t, struct remote_node *n, struct remote_part *p,
+                               int status)
+{
+    n->rx = p->next;
+    n->rx_state = n->rx && n->rx->asking ? REMOTE_RX_ASKING : REMOTE_RX_LINE;
+    remote_part_done(t, p, status);
+}
+
+/* The rest of the value (left bytes, with its CRLF) to read and drop; then the part gets
+ * status. */
+static void remote_rx_skip(struct remote_node *n, uint64_t left, int status)
+{
+    n->rx_state = REMOTE_RX_SKIP;
+    n->rx_left = left;
+    n->rx_status = status;
 }
 
 /* Parses "MOVED 3999 127.0.0.1:6381" or "ASK ...": the node's index, or -1. */
@@ -341,159 +597,18 @@ static int remote_redirect_node(struct tier_remote *t, const char *err)
     return remote_node_get(t, addr, (size_t)(colon - addr), (int)port);
 }
 
-/* A request done: onto the done list (the caller signals the eventfd). */
-static void remote_finish(struct tier_remote *t, struct remote_req *q, int status)
+/* The first line of the reply to p. 0, or -1 (the stream is not what was asked for).
+ * Redirected parts go onto *again; *bad is set when the cluster refused. */
+static int remote_rx_line(struct tier_remote *t, struct remote_node *n, struct remote_part *p,
+                          const char *line, struct remote_part **again, bool *bad)
 {
-    q->status = status;
-    q->next = NULL;
-    pthread_mutex_lock(&t->mu);
-    if (status == 0 && q->op == REMOTE_OP_GET) {
-        t->st.hits++;
-        t->st.bytes_read += q->meta.len;
-    } else if (status == 0) {
-        t->st.puts_ok++;
-        t->st.bytes_written += q->meta.len;
-    } else if (status == -ENOENT) {
-        t->st.misses++;
-    } else if (status == -EIO || (status == -EAGAIN && !t->stop)) {
-        t->st.errors++;
-    } else if (status != -ECANCELED) {
-        t->st.bad_records++;
-    }
-    if (t->d_tail)
-        t->d_tail->next = q;
-    else
-        t->d_head = q;
-    t->d_tail = q;
-    pthread_mutex_unlock(&t->mu);
-}
-
-/* ---- replies (worker) ------------------------------------------------------------------
- * Replies to a batch are read here rather than by hiredis: a GET's value lands straight in
- * its destination (the header first, checked, then the data read from the socket into the
- * slot and checked before anyone is told), where hiredis would copy it into its buffer and
- * again into a reply object. Commands still go out through hiredis' output buffer; its
- * reader is used only for the simple commands of remote_node_command, between batches. */
-
-/* At least one more byte in n's buffer. 0 or -1 (connection lost, timeout). */
-static int remote_rb_fill(struct remote_node *n)
-{
-    ssize_t r;
-    if (n->rpos == n->rlen) {
-        n->rpos = n->rlen = 0;
-    } else if (n->rlen == sizeof(n->rbuf)) {
-        memmove(n->rbuf, n->rbuf + n->rpos, n->rlen - n->rpos);
-        n->rlen -= n->rpos;
-        n->rpos = 0;
-    }
-    do
-        r = recv(n->c->fd, n->rbuf + n->rlen, sizeof(n->rbuf) - n->rlen, 0);
-    while (r < 0 && errno == EINTR);
-    if (r <= 0)
-        return -1;
-    n->rlen += (size_t)r;
-    return 0;
-}
-
-/* One reply line without its CRLF, NUL-terminated, into out (cap bytes). 0 or -1. */
-static int remote_rb_line(struct remote_node *n, char *out, size_t cap)
-{
-    for (;;) {
-        const uint8_t *s = n->rbuf + n->rpos;
-        size_t avail = n->rlen - n->rpos;
-        const uint8_t *nl = memchr(s, '\n', avail);
-        if (nl) {
-            size_t l = (size_t)(nl - s);
-            if (l == 0 || s[l - 1] != '\r' || l > cap)
-                return -1;
-            memcpy(out, s, l - 1);
-            out[l - 1] = '\0';
-            n->rpos += l + 1;
-            return 0;
-        }
-        if (avail > cap)
-            return -1; /* no reply line is that long */
-        if (remote_rb_fill(n))
-            return -1;
-    }
-}
-
-/* Exactly len bytes of the stream into dst, or dropped (dst NULL). Large reads go from the
- * socket straight into dst. 0 or -1. */
-static int remote_rb_read(struct remote_node *n, uint8_t *dst, uint64_t len)
-{
-    while (len) {
-        size_t avail = n->rlen - n->rpos;
-        if (avail) {
-            size_t take = avail < len ? avail : (size_t)len;
-            if (dst) {
-                memcpy(dst, n->rbuf + n->rpos, take);
-                dst += take;
-            }
-            n->rpos += take;
-            len -= take;
-        } else if (dst && len >= sizeof(n->rbuf) / 2) {
-            ssize_t r;
-            do
-                r = recv(n->c->fd, dst, len, 0);
-            while (r < 0 && errno == EINTR);
-            if (r <= 0)
-                return -1;
-            dst += r;
-            len -= (uint64_t)r;
-        } else if (remote_rb_fill(n)) {
-            return -1;
-        }
-    }
-    return 0;
-}
-
-/* A GET's bulk value of vlen bytes (the stream is past "$vlen\r\n"): the header into
- * q->hdr, checked; the data into q->buf, checked; the closing CRLF. A value that is not the
- * record is still read to its end (dropped) so the stream stays in step. The request's
- * status, or REMOTE_RB_LOST when the connection failed. */
-#define REMOTE_RB_LOST 1
-static int remote_get_value(struct remote_node *n, struct remote_req *q, uint64_t vlen)
-{
-    struct remote_rec_meta got;
-    uint8_t crlf[2];
-    int v;
-    if (vlen < REMOTE_REC_HDR)
-        return remote_rb_read(n, NULL, vlen + 2) ? REMOTE_RB_LOST : -EPROTO;
-    if (remote_rb_read(n, q->hdr, REMOTE_REC_HDR))
-        return REMOTE_RB_LOST;
-    v = remote_rec_check_header(q->hdr, vlen, &q->meta, q->cap, &got);
-    if (v)
-        return remote_rb_read(n, NULL, vlen - REMOTE_REC_HDR + 2) ? REMOTE_RB_LOST : v;
-    if (remote_rb_read(n, q->buf, got.len) || remote_rb_read(n, crlf, 2))
-        return REMOTE_RB_LOST;
-    if (crlf[0] != '\r' || crlf[1] != '\n')
-        return REMOTE_RB_LOST; /* out of step: nothing more on this connection is trusted */
-    v = remote_rec_check_data(&got, q->buf);
-    if (v == 0)
-        q->meta = got;
-    return v;
-}
-
-/* One reply to q: 0 done (finished), 1 redirected (q goes round again), -1 connection lost
- * (q not finished). *bad set when the cluster refused. */
-static int remote_reply(struct tier_remote *t, struct remote_node *n, struct remote_req *q,
-                        bool *bad)
-{
-    char line[512];
-    if (q->ask >= 0) { /* ASKING's +OK */
-        if (remote_rb_line(n, line, sizeof(line)) || line[0] != '+')
-            return -1;
-        q->ask = -1;
-    }
-    if (remote_rb_line(n, line, sizeof(line)))
-        return -1;
+    bool get = p->req->op == REMOTE_OP_GET;
     if (line[0] == '-') {
         const char *err = line + 1;
         bool moved = strncmp(err, "MOVED ", 6) == 0, ask = strncmp(err, "ASK ", 4) == 0;
         int node = (moved || ask) ? remote_redirect_node(t, err) : -1;
-        if (node >= 0 && q->redirects < REMOTE_REDIRECTS_MAX) {
-            q->redirects++;
+        if (node >= 0 && p->redirects < REMOTE_REDIRECTS_MAX) {
+            p->redirects++;
             pthread_mutex_lock(&t->mu);
             if (moved)
                 t->st.moved++;
@@ -501,137 +616,297 @@ static int remote_reply(struct tier_remote *t, struct remote_node *n, struct rem
                 t->st.asked++;
             pthread_mutex_unlock(&t->mu);
             if (moved) {
-                t->slot_node[q->slot] = (uint16_t)node;
+                t->slot_node[p->slot] = (uint16_t)node;
                 t->map_ok = false; /* refreshed after this batch */
             } else {
-                q->ask = node;
+                p->ask = node;
             }
-            return 1;
+            n->rx = p->next;
+            n->rx_state = n->rx && n->rx->asking ? REMOTE_RX_ASKING : REMOTE_RX_LINE;
+            p->next = *again;
+            *again = p;
+            return 0;
         }
         remote_error(t, "%s:%d: %s", n->host, n->port, err);
         *bad = true;
-        remote_finish(t, q, strncmp(err, "TRYAGAIN", 8) == 0 ? -EAGAIN : -EIO);
+        remote_rx_answered(t, n, p, strncmp(err, "TRYAGAIN", 8) == 0 ? -EAGAIN : -EIO);
         return 0;
     }
     if (line[0] == '+' || line[0] == ':') { /* SET's +OK (anything else simple is wrong) */
-        bool ok = q->op == REMOTE_OP_PUT && line[0] == '+';
-        if (!ok)
-            *bad = true;
-        remote_finish(t, q, ok ? 0 : -EIO);
+        bool ok = !get && line[0] == '+';
+        *bad |= !ok;
+        remote_rx_answered(t, n, p, ok ? 0 : -EIO);
         return 0;
     }
     if (line[0] != '$')
-        return -1; /* an array or garbage: the stream is not what was asked for */
+        return -1; /* an array or garbage */
     char *end;
     long long vlen = strtoll(line + 1, &end, 10);
     if (*end || end == line + 1 || vlen < -1)
         return -1;
     if (vlen == -1) {
-        remote_finish(t, q, q->op == REMOTE_OP_GET ? -ENOENT : -EIO);
+        remote_rx_answered(t, n, p, get ? -ENOENT : -EIO);
         return 0;
     }
-    if (q->op != REMOTE_OP_GET) {
+    n->rx_vlen = (uint64_t)vlen;
+    if (!get) {
         *bad = true;
-        if (remote_rb_read(n, NULL, (uint64_t)vlen + 2))
-            return -1;
-        remote_finish(t, q, -EIO);
-        return 0;
+        remote_rx_skip(n, n->rx_vlen + 2, -EIO);
+    } else if (n->rx_vlen < REMOTE_REC_HDR) {
+        remote_rx_skip(n, n->rx_vlen + 2, -EPROTO);
+    } else {
+        n->rx_state = REMOTE_RX_HDR;
+        n->rx_left = REMOTE_REC_HDR;
     }
-    int v = remote_get_value(n, q, (uint64_t)vlen);
-    if (v == REMOTE_RB_LOST)
-        return -1;
-    remote_finish(t, q, v);
     return 0;
 }
 
-/* Sends the requests on list (a round), reads the replies; redirected ones come back on
- * *again. Returns whether any node failed or refused. */
-static bool remote_round(struct tier_remote *t, struct remote_req *list, struct remote_req **again)
+/* p's header has come: checked before any of its bytes may land. */
+static void remote_rx_header(struct remote_node *n, struct remote_part *p)
+{
+    struct remote_req *q = p->req;
+    struct remote_rec_meta got;
+    int v =
+        remote_rec_check_header(p->hdr, n->rx_vlen, &q->meta, &q->geom, p->index, &got, &p->xxh);
+    if (v) {
+        remote_rx_skip(n, n->rx_vlen - REMOTE_REC_HDR + 2, v);
+        return;
+    }
+    if (p->index == 0)
+        q->meta = got; /* what the record says (the fields checked are equal) */
+    n->rx_state = REMOTE_RX_DATA;
+    n->rx_left = remote_rec_part_len(&q->geom, p->index);
+}
+
+/* Reads and parses what has come of n's replies. 0 (nothing more for now, or every part
+ * answered), -1 (connection lost, or the stream out of step: nothing more on it is
+ * trusted). */
+static int remote_rx(struct tier_remote *t, struct remote_node *n, struct remote_part **again,
+                     bool *bad)
+{
+    while (n->rx) {
+        struct remote_part *p = n->rx;
+        struct remote_req *q = p->req;
+        size_t avail = n->rlen - n->rpos, take;
+        uint8_t *at;
+        int rc;
+        if (n->rx_state == REMOTE_RX_ASKING || n->rx_state == REMOTE_RX_LINE) {
+            char line[REMOTE_LINE_MAX + 1];
+            const uint8_t *s = n->rbuf + n->rpos, *nl = memchr(s, '\n', avail);
+            if (!nl) {
+                if (avail > REMOTE_LINE_MAX)
+                    return -1; /* no reply line is that long */
+                if (n->drained)
+                    return 0;
+                if ((rc = remote_rx_fill(n)) <= 0)
+                    return rc;
+                continue;
+            }
+            size_t l = (size_t)(nl - s);
+            if (l == 0 || s[l - 1] != '\r' || l > REMOTE_LINE_MAX)
+                return -1;
+            memcpy(line, s, l - 1);
+            line[l - 1] = '\0';
+            n->rpos += l + 1;
+            if (n->rx_state == REMOTE_RX_LINE) {
+                if (remote_rx_line(t, n, p, line, again, bad))
+                    return -1;
+            } else if (line[0] == '+') {
+                n->rx_state = REMOTE_RX_LINE; /* ASKING's +OK */
+            } else {
+                return -1;
+            }
+            continue;
+        }
+        if (!avail && n->drained)
+            return 0;
+        if (n->rx_state == REMOTE_RX_DATA && !avail && n->rx_left >= REMOTE_DIRECT) {
+            /* Straight from the socket into the part's place. */
+            at = q->buf + remote_rec_part_off(&q->geom, p->index) +
+                 remote_rec_part_len(&q->geom, p->index) - n->rx_left;
+            ssize_t r = recv(n->c->fd, at, n->rx_left, MSG_DONTWAIT);
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+                return 0;
+            if (r <= 0)
+                return -1;
+            n->drained = (uint64_t)r < n->rx_left;
+            n->rx_left -= (uint64_t)r;
+            n->moved_ms = remote_now_ms();
+        } else if (n->rx_left) {
+            if (!avail) {
+                if ((rc = remote_rx_fill(n)) <= 0)
+                    return rc;
+                continue;
+            }
+            take = avail < n->rx_left ? avail : (size_t)n->rx_left;
+            if (n->rx_state == REMOTE_RX_HDR)
+                at = p->hdr + REMOTE_REC_HDR - n->rx_left;
+            else if (n->rx_state == REMOTE_RX_DATA)
+                at = q->buf + remote_rec_part_off(&q->geom, p->index) +
+                     remote_rec_part_len(&q->geom, p->index) - n->rx_left;
+            else if (n->rx_state == REMOTE_RX_CRLF)
+                at = n->crlf + 2 - n->rx_left;
+            else
+                at = NULL; /* SKIP */
+            if (at)
+                memcpy(at, n->rbuf + n->rpos, take);
+            n->rpos += take;
+            n->rx_left -= take;
+        }
+        if (n->rx_left)
+            continue;
+        if (n->rx_state == REMOTE_RX_HDR) {
+            remote_rx_header(n, p);
+        } else if (n->rx_state == REMOTE_RX_DATA) {
+            n->rx_state = REMOTE_RX_CRLF;
+            n->rx_left = 2;
+        } else if (n->rx_state == REMOTE_RX_CRLF) {
+            if (n->crlf[0] != '\r' || n->crlf[1] != '\n')
+                return -1;
+            rc = remote_rec_check_data(p->xxh, q->buf + remote_rec_part_off(&q->geom, p->index),
+                                       remote_rec_part_len(&q->geom, p->index));
+            remote_rx_answered(t, n, p, rc);
+        } else { /* SKIP */
+            remote_rx_answered(t, n, p, n->rx_status);
+        }
+    }
+    return 0;
+}
+
+/* n failed: its parts not answered fail with -EIO, its connection closes. */
+static void remote_node_fail(struct tier_remote *t, struct remote_node *n, const char *why)
+{
+    remote_error(t, "%s:%d: %s", n->host, n->port, why);
+    n->failed = true;
+    while (n->rx) {
+        struct remote_part *p = n->rx;
+        n->rx = p->next;
+        remote_part_done(t, p, -EIO);
+    }
+    n->tx = NULL;
+}
+
+/* ---- batches (worker) --------------------------------------------------------------------- */
+
+/* Sends the parts on list (a round) to their masters and reads the replies, every master at
+ * once; redirected parts come back on *again. Returns whether any node failed or refused. */
+static bool remote_round(struct tier_remote *t, struct remote_part *list,
+                         struct remote_part **again)
 {
     bool bad = false;
-    struct remote_req *next;
+    struct remote_part *next;
     *again = NULL;
-    for (struct remote_req *q = list; q; q = next) {
-        int node = q->ask >= 0 ? q->ask : t->slot_node[q->slot];
-        next = q->next;
-        q->next = NULL;
+    for (struct remote_part *p = list; p; p = next) {
+        int node = p->ask >= 0 ? p->ask : t->slot_node[p->slot];
+        next = p->next;
+        p->next = NULL;
         if (node == REMOTE_NO_NODE || node < 0) {
-            remote_error(t, "slot %u has no master in the map", q->slot);
+            remote_error(t, "slot %u has no master in the map", p->slot);
             bad = true;
-            remote_finish(t, q, -EIO);
+            remote_part_done(t, p, -EIO);
             continue;
         }
+        p->asking = p->ask >= 0;
+        p->ask = -1;
+        remote_part_cmd(p);
         struct remote_node *n = &t->nodes[node];
         if (n->tail)
-            n->tail->next = q;
+            n->tail->next = p;
         else
-            n->head = q;
-        n->tail = q;
+            n->head = p;
+        n->tail = p;
     }
-    /* Write every node's share, then read: the nodes work at once. */
+    uint64_t now = remote_now_ms();
     for (uint32_t i = 0; i < t->nnodes; i++) {
         struct remote_node *n = &t->nodes[i];
-        int done = 0;
         n->failed = false;
-        if (!n->head)
-            continue;
-        if (remote_node_connect(t, i)) {
-            n->failed = true;
-            continue;
+        n->tx = n->rx = n->head;
+        n->tx_off = 0;
+        n->moved_ms = now;
+        if (n->head)
+            n->rx_state = n->head->asking ? REMOTE_RX_ASKING : REMOTE_RX_LINE;
+        if (n->head && remote_node_connect(t, i))
+            remote_node_fail(t, n, "cannot connect");
+    }
+    for (;;) {
+        struct pollfd pfd[TIER_REMOTE_MAX_NODES];
+        uint32_t at[TIER_REMOTE_MAX_NODES];
+        uint64_t wait = t->cfg.timeout_ms;
+        nfds_t k = 0;
+        now = remote_now_ms();
+        for (uint32_t i = 0; i < t->nnodes; i++) {
+            struct remote_node *n = &t->nodes[i];
+            if (n->failed || (!n->tx && !n->rx))
+                continue;
+            if (now - n->moved_ms >= t->cfg.timeout_ms) {
+                remote_node_fail(t, n, "timed out");
+                continue;
+            }
+            if (n->moved_ms + t->cfg.timeout_ms - now < wait)
+                wait = n->moved_ms + t->cfg.timeout_ms - now;
+            pfd[k] =
+                (struct pollfd){.fd = n->c->fd, .events = (short)((n->tx ? POLLOUT : 0) | POLLIN)};
+            at[k++] = i;
         }
-        for (struct remote_req *q = n->head; q && !n->failed; q = q->next)
-            if (remote_append(n->c, q))
-                n->failed = true;
-        while (!n->failed && !done)
-            if (redisBufferWrite(n->c, &done) != REDIS_OK)
-                n->failed = true;
-        if (n->failed)
-            remote_error(t, "%s:%d: %s", n->host, n->port, n->c->errstr);
+        if (!k)
+            break;
+        if (poll(pfd, k, (int)wait) < 0 && errno != EINTR) {
+            for (nfds_t j = 0; j < k; j++)
+                remote_node_fail(t, &t->nodes[at[j]], strerror(errno));
+            break;
+        }
+        for (nfds_t j = 0; j < k; j++) {
+            struct remote_node *n = &t->nodes[at[j]];
+            short ev = pfd[j].revents;
+            if (ev & POLLNVAL)
+                remote_node_fail(t, n, "connection closed");
+            else if ((ev & (POLLOUT | POLLERR | POLLHUP)) && n->tx && remote_tx(n))
+                remote_node_fail(t, n, strerror(errno ? errno : EPIPE));
+            n->drained = false;
+            if (!n->failed && (ev & (POLLIN | POLLERR | POLLHUP)) && remote_rx(t, n, again, &bad))
+                remote_node_fail(t, n, "connection lost, or a reply out of step");
+        }
     }
     for (uint32_t i = 0; i < t->nnodes; i++) {
         struct remote_node *n = &t->nodes[i];
-        struct remote_req *q = n->head;
-        n->head = n->tail = NULL;
-        while (q) {
-            next = q->next;
-            q->next = NULL;
-            int rc = n->failed ? -1 : remote_reply(t, n, q, &bad);
-            if (rc < 0 && !n->failed) {
-                remote_error(t, "%s:%d: %s", n->host, n->port, n->c->errstr);
-                n->failed = true;
-            }
-            if (rc < 0) {
-                remote_finish(t, q, -EIO);
-            } else if (rc == 1) {
-                q->next = *again;
-                *again = q;
-            }
-            q = next;
-        }
+        bool used = n->head != NULL;
+        n->head = n->tail = n->tx = n->rx = NULL;
         if (n->failed) {
             bad = true;
             remote_node_close(n);
+        } else if (used && n->rpos != n->rlen) {
+            remote_node_close(n); /* bytes nobody asked for: out of step */
         }
     }
     return bad;
 }
 
-static void remote_batch(struct tier_remote *t, struct remote_req *list)
+/* A batch: the parts of its blocks, in rounds until no part is redirected. */
+static void remote_batch(struct tier_remote *t, struct remote_req *reqs)
 {
+    struct remote_part *list = NULL, **tail = &list;
     bool bad = false;
+    pthread_mutex_lock(&t->mu);
+    t->st.batches++;
+    pthread_mutex_unlock(&t->mu);
     if (!t->map_ok && remote_map_refresh(t) != 0) {
-        for (struct remote_req *q = list, *next; q; q = next) {
+        for (struct remote_req *q = reqs, *next; q; q = next) {
             next = q->next;
-            remote_finish(t, q, -EIO);
+            remote_req_finish(t, q, -EIO);
         }
         remote_breaker(t, false);
         return;
     }
-    for (struct remote_req *q = list; q; q = q->next)
-        if (q->op == REMOTE_OP_PUT)
-            remote_rec_encode(q->hdr, &q->meta, q->buf);
+    for (struct remote_req *q = reqs; q; q = q->next)
+        for (uint32_t i = 0; i < q->geom.count; i++) {
+            *tail = &q->parts[i];
+            tail = &q->parts[i].next;
+        }
+    *tail = NULL;
     while (list) {
-        struct remote_req *again;
+        struct remote_part *again;
         bad |= remote_round(t, list, &again);
         list = again;
     }
@@ -677,15 +952,15 @@ static void *remote_main(void *arg)
             pthread_cond_timedwait(&t->cv, &t->mu, &ts);
             continue;
         }
-        /* A batch: up to cfg.batch requests and REMOTE_BATCH_BYTES of data. */
+        /* A batch: whole blocks, up to cfg.batch parts and REMOTE_BATCH_BYTES of data (the
+         * first block whatever its size). */
         struct remote_req *list = t->q_head, *last = list;
-        uint64_t bytes = last->op == REMOTE_OP_PUT ? last->meta.len : last->cap;
-        for (uint32_t n = 1; n < t->cfg.batch && last->next; n++) {
-            uint64_t b = last->next->op == REMOTE_OP_PUT ? last->next->meta.len : last->next->cap;
-            if (bytes + b > REMOTE_BATCH_BYTES)
-                break;
-            bytes += b;
+        uint64_t bytes = last->meta.len, parts = last->geom.count;
+        while (last->next && parts + last->next->geom.count <= t->cfg.batch &&
+               bytes + last->next->meta.len <= REMOTE_BATCH_BYTES) {
             last = last->next;
+            parts += last->geom.count;
+            bytes += last->meta.len;
         }
         t->q_head = last->next;
         if (!t->q_head)
@@ -696,7 +971,7 @@ static void *remote_main(void *arg)
         if (degraded) {
             for (struct remote_req *q = list, *next; q; q = next) {
                 next = q->next;
-                remote_finish(t, q, -EAGAIN);
+                remote_req_finish(t, q, -EAGAIN);
             }
         } else {
             remote_batch(t, list);
@@ -709,7 +984,7 @@ static void *remote_main(void *arg)
         struct remote_req *q = t->q_head;
         t->q_head = q->next;
         pthread_mutex_unlock(&t->mu);
-        remote_finish(t, q, -ECANCELED);
+        remote_req_finish(t, q, -ECANCELED);
         pthread_mutex_lock(&t->mu);
     }
     t->q_tail = NULL;
@@ -735,6 +1010,15 @@ static int remote_submit(struct tier_remote *t, struct remote_req *q)
         t->st.puts++;
     t->inflight++;
     q->next = NULL;
+    if (t->plugged) { /* held until the last unplug (the caller's own list) */
+        pthread_mutex_unlock(&t->mu);
+        if (t->p_tail)
+            t->p_tail->next = q;
+        else
+            t->p_head = q;
+        t->p_tail = q;
+        return 0;
+    }
     if (t->q_tail)
         t->q_tail->next = q;
     else
@@ -745,42 +1029,85 @@ static int remote_submit(struct tier_remote *t, struct remote_req *q)
     return 0;
 }
 
-static struct remote_req *remote_req_new(const struct remote_rec_meta *m, uint8_t op,
-                                         tier_remote_done_fn done, void *arg)
+void tier_remote_plug(struct tier_remote *t)
 {
-    struct remote_req *q = malloc(sizeof(*q));
-    if (!q)
+    t->plugged++;
+}
+
+void tier_remote_unplug(struct tier_remote *t)
+{
+    if (!t->plugged || --t->plugged || !t->p_head)
+        return;
+    pthread_mutex_lock(&t->mu);
+    if (t->q_tail)
+        t->q_tail->next = t->p_head;
+    else
+        t->q_head = t->p_head;
+    t->q_tail = t->p_tail;
+    t->p_head = t->p_tail = NULL;
+    pthread_cond_signal(&t->cv);
+    pthread_mutex_unlock(&t->mu);
+}
+
+/* A block's request with its parts (and a PUT's scratch for their hashes), in one
+ * allocation. */
+static struct remote_req *remote_req_new(const struct tier_remote *t,
+                                         const struct remote_rec_meta *m, uint8_t op, void *buf,
+                                         tier_remote_done_fn done, void *arg, int *err)
+{
+    struct remote_rec_geom g;
+    struct remote_req *q;
+    uint64_t fp = remote_rec_ns_fp(m->ns);
+    size_t size;
+    *err = remote_rec_geom(m->len, t->cfg.part_size, &g);
+    if (*err)
         return NULL;
-    memset(q, 0, offsetof(struct remote_req, hdr));
+    size = sizeof(*q) + g.count * sizeof(q->parts[0]) +
+           (op == REMOTE_OP_PUT ? g.count * sizeof(uint64_t) : 0);
+    q = malloc(size);
+    if (!q) {
+        *err = -ENOMEM;
+        return NULL;
+    }
+    memset(q, 0, sizeof(*q));
     q->op = op;
-    q->ask = -1;
     q->meta = *m;
-    q->klen = (uint8_t)remote_rec_key(q->key, remote_rec_ns_fp(m->ns), m->key);
-    q->slot = (uint16_t)remote_rec_slot(q->key, q->klen);
+    q->geom = g;
+    q->left = g.count;
+    q->buf = buf;
+    q->part_xxh = op == REMOTE_OP_PUT ? (uint64_t *)(q->parts + g.count) : NULL;
     q->done = done;
     q->arg = arg;
+    for (uint32_t i = 0; i < g.count; i++) {
+        struct remote_part *p = &q->parts[i];
+        p->next = NULL;
+        p->req = q;
+        p->index = i;
+        p->redirects = 0;
+        p->asking = false;
+        p->ask = -1;
+        p->status = 1; /* no reply yet */
+        p->klen = (uint8_t)remote_rec_key(p->key, fp, m->key, &g, i);
+        p->slot = (uint16_t)remote_rec_slot(p->key, p->klen);
+    }
     return q;
 }
 
 int tier_remote_get(struct tier_remote *t, const struct remote_rec_meta *want, void *dst,
-                    uint64_t cap, tier_remote_done_fn done, void *arg)
+                    tier_remote_done_fn done, void *arg)
 {
-    struct remote_req *q = remote_req_new(want, REMOTE_OP_GET, done, arg);
-    if (!q)
-        return -ENOMEM;
-    q->buf = dst;
-    q->cap = cap;
-    return remote_submit(t, q);
+    int rc;
+    struct remote_req *q = remote_req_new(t, want, REMOTE_OP_GET, dst, done, arg, &rc);
+    return q ? remote_submit(t, q) : rc;
 }
 
 int tier_remote_put(struct tier_remote *t, const struct remote_rec_meta *m, const void *src,
                     tier_remote_done_fn done, void *arg)
 {
-    struct remote_req *q = remote_req_new(m, REMOTE_OP_PUT, done, arg);
-    if (!q)
-        return -ENOMEM;
-    q->buf = (void *)src; /* only read */
-    return remote_submit(t, q);
+    int rc;
+    struct remote_req *q =
+        remote_req_new(t, m, REMOTE_OP_PUT, (void *)src /* only read */, done, arg, &rc);
+    return q ? remote_submit(t, q) : rc;
 }
 
 int tier_remote_fd(const struct tier_remote *t)
@@ -872,6 +1199,10 @@ struct tier_remote *tier_remote_new(const struct tier_remote_config *cfg, int *e
         t->cfg.max_inflight = 256;
     if (!t->cfg.batch)
         t->cfg.batch = 64;
+    if (t->cfg.part_size && t->cfg.part_size < REMOTE_REC_PART_MIN) {
+        rc = -EINVAL;
+        goto fail;
+    }
     if (!t->cfg.backoff_min_ms)
         t->cfg.backoff_min_ms = 100;
     if (t->cfg.backoff_max_ms < t->cfg.backoff_min_ms)
@@ -917,6 +1248,8 @@ void tier_remote_free(struct tier_remote *t)
 {
     if (!t)
         return;
+    t->plugged = 1;
+    tier_remote_unplug(t); /* held requests are cancelled with the rest */
     pthread_mutex_lock(&t->mu);
     t->stop = true;
     pthread_cond_signal(&t->cv);

@@ -5,11 +5,13 @@
  * DESIGN
  * One run starts a three-master Redis Cluster on loopback (tests/lib/rcluster.h) and two
  * kvcd daemons on it (A writes, B reads; each its own socket and arena), then measures:
- *  - remote_put_256k / remote_put_2m: a prefix of BENCH_TOTAL bytes put through daemon A
- *    until A counts every block written to the cluster (write-behind: the time from the
- *    first put to the last write's completion);
- *  - remote_get_256k / remote_get_2m: the same prefix loaded through daemon B (kvc_lookup,
- *    which waits for B's reads from the cluster, then kvc_lease_copy of every block);
+ *  - remote_put_256k / remote_put_2m / remote_put_16m: a prefix of BENCH_TOTAL bytes put
+ *    through daemon A until A counts every block written to the cluster (write-behind: the
+ *    time from the first put to the last write's completion); 16 MiB blocks are larger than
+ *    remote.part_size (1 MiB by default), so kvcd stores each in parts on every master;
+ *  - remote_get_256k / remote_get_2m / remote_get_16m: the same prefix loaded through daemon
+ *    B (kvc_lookup, which waits for B's reads from the cluster, then kvc_lease_copy of every
+ *    block);
  * baseline: a plain client in this process moving the same values to the same cluster with
  * hiredis, pipelined: slot map from CLUSTER SLOTS, every node's SETs (GETs) appended, every
  * node written, then every reply read (a GET's value copied to the caller's buffer).
@@ -21,8 +23,9 @@
  *    long-lived engine, for every peer alike).
  * Each figure is the best of BENCH_REPS repetitions (fresh keys each time), the median
  * printed beside it. Bytes are checked outside the timings. Exit status 1 when anything
- * broke; a missing redis-server is a SKIP line. KVC_BENCH_SMOKE=1: 8 MiB prefixes, 2
- * repetitions.
+ * broke; a missing redis-server is a SKIP line. KVC_BENCH_SMOKE=1: 8 MiB prefixes (one
+ * 16 MiB block), 2 repetitions. KVC_BENCH_PART_SIZE=SIZE runs the daemons with that
+ * remote.part_size (0: one value a block), to compare part sizes.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -212,9 +215,13 @@ static int bench_kvcd(struct daemon *d, const char *extra)
 {
     char o_nodes[300];
     snprintf(o_nodes, sizeof(o_nodes), "remote.nodes=%s", cl.seeds);
+    char o_part[64];
+    const char *part = getenv("KVC_BENCH_PART_SIZE");
+    snprintf(o_part, sizeof(o_part), "remote.part_size=%s", part && *part ? part : "1m");
     const char *args[] = {"-o", "host.size=1g",
                           "-o", "host.hugepages=off",
                           "-o", extra ? o_nodes : "log.level=warning",
+                          "-o", o_part,
                           "-o", "remote.max_inflight=1024",
                           "-o", "remote.batch=256",
                           "-o", "log.level=warning",
@@ -239,7 +246,7 @@ static void bench_remote_case(const struct daemon *a, const struct daemon *b, si
 {
     char model[64];
     double put[BENCH_REPS_MAX], get[BENCH_REPS_MAX], pput[BENCH_REPS_MAX], pget[BENCH_REPS_MAX];
-    int n = (int)(BENCH_TOTAL / bb);
+    int n = BENCH_TOTAL / bb ? (int)(BENCH_TOTAL / bb) : 1;
     uint32_t bt = (uint32_t)(bb / 16384);
     struct plain p;
     kvc_client *ca = NULL, *cb = NULL;
@@ -609,6 +616,7 @@ int main(int argc, char **argv)
         snprintf(bdir, sizeof(bdir), "%s", a.sock);
         bench_remote_case(&a, &b, 256u << 10, "256k", rows, 16, &nrows);
         bench_remote_case(&a, &b, 2u << 20, "2m", rows, 16, &nrows);
+        bench_remote_case(&a, &b, 16u << 20, "16m", rows, 16, &nrows);
         daemon_stop(&a);
         daemon_stop(&b);
         daemon_cleanup(&a);

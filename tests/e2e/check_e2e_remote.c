@@ -2,7 +2,12 @@
  * check_e2e_remote.c — the remote tier against a real three-master Redis Cluster on
  * loopback, with two (or three) kvcd daemons on their own sockets and arenas standing for
  * hosts: a prefix put through daemon A is a hit through daemon B with the same bytes; a
- * record under another layout, and a torn one, are refused (counted, a miss); a slot
+ * record under another layout, and a torn one, are refused (counted, a miss); blocks larger
+ * than remote.part_size go in parts spread over the masters and come back whole through
+ * another daemon; a part deleted from the cluster makes a counted miss; a part swapped with
+ * one of an older write of the same block, of another block, or another part of the same
+ * block makes a counted refusal, never wrong bytes; remote.part_size=0 keeps one value a
+ * block, and a kvcd set to another part size misses those blocks rather than refusing; a slot
  * migrated during a run (ASK while it moves, MOVED after) is followed; a lookup whose tail
  * misses in the cluster, then a put of that tail under the lease, works; a cluster that is
  * not there at start leaves kvcd serving locally with a degraded tier; a master killed
@@ -37,6 +42,12 @@
 #define NODES 3
 #define BT 64 /* tokens per block: 64 KiB blocks (daemon_layout) */
 #define NPFX 8
+/* The split cases: blocks of 200 KiB in parts of 64 KiB (the least part size): four parts,
+ * the last one of 8 KiB. */
+#define SBT 200
+#define SPART (64u << 10)
+#define SPARTS 4
+#define SPLIT "remote.part_size=64k"
 
 static void msleep(int ms)
 {
@@ -127,25 +138,40 @@ struct client {
     size_t bb;
 };
 
-static void client_open(struct client *cl, const struct daemon *d, const char *model)
+static void client_open_bt(struct client *cl, const struct daemon *d, const char *model,
+                           uint32_t bt)
 {
-    struct kvc_layout l = daemon_layout(model, BT);
+    struct kvc_layout l = daemon_layout(model, bt);
     ck_assert_int_eq(kvc_connect(d->sock, &cl->c), 0);
     ck_assert_int_eq(kvc_ns_open(cl->c, &l, &cl->ns), 0);
     cl->bb = kvc_ns_block_bytes(cl->ns);
 }
 
-static void client_put(struct client *cl, const struct kvc_key *keys, int n)
+static void client_open(struct client *cl, const struct daemon *d, const char *model)
+{
+    client_open_bt(cl, d, model, BT);
+}
+
+/* Puts the prefix: each block's own bytes (daemon_block_fill), or, with a salt, other bytes
+ * under the same keys (every KiB of the block differs). */
+static void client_put_salted(struct client *cl, const struct kvc_key *keys, int n, uint8_t salt)
 {
     void *blocks[NPFX] = {0};
     for (int i = 0; i < n; i++) {
         blocks[i] = malloc(cl->bb);
         ck_assert_ptr_nonnull(blocks[i]);
         daemon_block_fill(&keys[i], blocks[i], cl->bb);
+        for (size_t j = 0; j < cl->bb; j += 1024)
+            ((uint8_t *)blocks[i])[j] ^= salt;
     }
     ck_assert_int_eq(kvc_put_prefix(cl->ns, NULL, keys, (size_t)n, (const void *const *)blocks), n);
     for (int i = 0; i < n; i++)
         free(blocks[i]);
+}
+
+static void client_put(struct client *cl, const struct kvc_key *keys, int n)
+{
+    client_put_salted(cl, keys, n, 0);
 }
 
 /* Gets the prefix: the hit count; every byte of every hit checked. */
@@ -172,11 +198,14 @@ static void client_close(struct client *cl)
     kvc_disconnect(cl->c);
 }
 
-/* The Redis key a daemon asks for: model's raw layout (as libkvc sends it), block key. */
-static void redis_key_of(const char *model, const struct kvc_key *k, char *out)
+/* The Redis key of part index of a block of model (bt tokens a block) cut with part_size
+ * that a daemon asks for: the model's raw layout (as libkvc sends it), the block key. */
+static void redis_part_key_of(const char *model, uint32_t bt, const struct kvc_key *k,
+                              uint64_t part_size, uint32_t index, char *out)
 {
-    struct kvc_layout l = daemon_layout(model, BT);
+    struct kvc_layout l = daemon_layout(model, bt);
     struct kvc_wire_layout wl;
+    struct remote_rec_geom g;
     uint8_t ns[REMOTE_REC_NS_BYTES] = {0};
     uint64_t key[2] = {k->lo, k->hi};
     memset(&wl, 0, sizeof(wl));
@@ -188,7 +217,14 @@ static void redis_key_of(const char *model, const struct kvc_key *k, char *out)
     wl.dtype = (uint8_t)l.dtype;
     wl.kv_kind = (uint8_t)l.kv_kind;
     memcpy(ns, &wl, sizeof(wl));
-    remote_rec_key(out, remote_rec_ns_fp(ns), key);
+    ck_assert_int_eq(remote_rec_geom((uint64_t)bt << 10, part_size, &g), 0); /* 1 KiB a token */
+    remote_rec_key(out, remote_rec_ns_fp(ns), key, &g, index);
+}
+
+/* The key of a block stored in one value. */
+static void redis_key_of(const char *model, const struct kvc_key *k, char *out)
+{
+    redis_part_key_of(model, BT, k, 0, 0, out);
 }
 
 /* The port of the master serving a key now (asks node 0, follows one MOVED). */
@@ -236,6 +272,19 @@ static bool redis_set(const char *key, const char *v, size_t len)
     if (c)
         redisFree(c);
     return ok;
+}
+
+/* DEL of a key on its master: the number of keys removed. */
+static long long redis_del(const char *key)
+{
+    redisContext *c = redis_at(redis_port_of(key));
+    redisReply *r = c ? redisCommand(c, "DEL %s", key) : NULL;
+    long long n = r && r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
+    if (r)
+        freeReplyObject(r);
+    if (c)
+        redisFree(c);
+    return n;
 }
 
 /* ---- cases ---------------------------------------------------------------------------- */
@@ -321,6 +370,227 @@ START_TEST(test_other_layout_refused)
     ck_assert_int_eq(client_get(&cc, keys, 2), 1); /* block 0 served, torn block 1 refused */
     ck_assert_uint_eq(stat_of(&c, "remote_bad_records"), 1);
     ck_assert_uint_eq(stat_of(&c, "remote_hit_blocks"), 1);
+    client_close(&ca);
+    client_close(&cb);
+    client_close(&cc);
+    ck_assert_int_eq(daemon_stop(&a), 0);
+    ck_assert_int_eq(daemon_stop(&b), 0);
+    ck_assert_int_eq(daemon_stop(&c), 0);
+    daemon_cleanup(&a);
+    daemon_cleanup(&b);
+    daemon_cleanup(&c);
+}
+END_TEST
+
+/* ---- blocks in parts ------------------------------------------------------------------ */
+
+/* A block larger than remote.part_size goes to the cluster in parts, each on its own master,
+ * and comes back through another daemon with the same bytes. */
+START_TEST(test_split_cross_daemon_hit)
+{
+    static const char model[] = "e2e/remote-split";
+    struct daemon a, b;
+    struct client ca, cb;
+    struct kvc_key keys[3];
+    char k[REMOTE_REC_KEY_MAX];
+    int ports_used[NODES] = {0};
+    size_t len = 0;
+    kvcd_up(&a, SPLIT);
+    kvcd_up(&b, SPLIT);
+    client_open_bt(&ca, &a, model, SBT);
+    client_open_bt(&cb, &b, model, SBT);
+    ck_assert_uint_eq(ca.bb, (size_t)SBT << 10);
+    ck_assert_int_eq(daemon_chain_keys(ca.ns, 10, 0, 3, 3, keys), 0);
+    client_put(&ca, keys, 3);
+    ck_assert(stat_wait(&a, "remote_written_blocks", 3, 10000));
+    ck_assert_uint_eq(stat_of(&a, "remote_parts_written"), 3 * SPARTS);
+    /* Block 0: each part a value of its own length, the four on all three masters (slots a
+     * quarter of the slot space apart); nothing under the block's one-value key. */
+    for (uint32_t i = 0; i < SPARTS; i++) {
+        redis_part_key_of(model, SBT, &keys[0], SPART, i, k);
+        char *v = redis_get(k, &len);
+        ck_assert_msg(v != NULL, "part %u missing (%s)", i, k);
+        ck_assert_uint_eq(len, REMOTE_REC_HDR + (i < SPARTS - 1 ? SPART : 8192));
+        free(v);
+        for (int n = 0; n < NODES; n++)
+            ports_used[n] |= redis_port_of(k) == ports[n];
+    }
+    ck_assert_int_eq(ports_used[0] + ports_used[1] + ports_used[2], NODES);
+    redis_part_key_of(model, SBT, &keys[0], 0, 0, k);
+    ck_assert_ptr_null(redis_get(k, &len));
+    /* B reads them all: every byte checked. */
+    ck_assert_int_eq(client_get(&cb, keys, 3), 3);
+    ck_assert_uint_eq(stat_of(&b, "remote_hit_blocks"), 3);
+    ck_assert_uint_eq(stat_of(&b, "remote_parts_read"), 3 * SPARTS);
+    ck_assert_uint_eq(stat_of(&b, "remote_bad_records"), 0);
+    ck_assert_uint_eq(stat_of(&b, "remote_part_missing"), 0);
+    ck_assert_uint_eq(stat_of(&b, "remote_part_mixed"), 0);
+    client_close(&ca);
+    client_close(&cb);
+    ck_assert_int_eq(daemon_stop(&a), 0);
+    ck_assert_int_eq(daemon_stop(&b), 0);
+    daemon_cleanup(&a);
+    daemon_cleanup(&b);
+}
+END_TEST
+
+/* One part of a block gone from the cluster (as the cluster's LRU may take it): the block is
+ * a miss, counted, and nothing of it is served; the block before it is. */
+START_TEST(test_split_part_missing)
+{
+    static const char model[] = "e2e/remote-split-missing";
+    struct daemon a, b;
+    struct client ca, cb;
+    struct kvc_key keys[3];
+    char k[REMOTE_REC_KEY_MAX];
+    kvcd_up(&a, SPLIT);
+    kvcd_up(&b, SPLIT);
+    client_open_bt(&ca, &a, model, SBT);
+    client_open_bt(&cb, &b, model, SBT);
+    ck_assert_int_eq(daemon_chain_keys(ca.ns, 11, 0, 3, 3, keys), 0);
+    client_put(&ca, keys, 3);
+    ck_assert(stat_wait(&a, "remote_written_blocks", 3, 10000));
+    redis_part_key_of(model, SBT, &keys[1], SPART, 2, k);
+    ck_assert_int_eq(redis_del(k), 1);
+    ck_assert_int_eq(client_get(&cb, keys, 3), 1); /* block 0, its bytes checked */
+    ck_assert_uint_eq(stat_of(&b, "remote_part_missing"), 1);
+    ck_assert_uint_ge(stat_of(&b, "remote_miss_blocks"), 1);
+    ck_assert_uint_eq(stat_of(&b, "remote_bad_records"), 0);
+    ck_assert_uint_eq(stat_of(&b, "remote_part_mixed"), 0);
+    /* The miss is remembered (negative cache): asked again, the cluster is not. */
+    uint64_t gets = stat_of(&b, "remote_gets");
+    ck_assert_int_eq(client_get(&cb, keys, 3), 1);
+    ck_assert_uint_eq(stat_of(&b, "remote_gets"), gets);
+    ck_assert_uint_ge(stat_of(&b, "remote_negative_hits"), 1);
+    client_close(&ca);
+    client_close(&cb);
+    ck_assert_int_eq(daemon_stop(&a), 0);
+    ck_assert_int_eq(daemon_stop(&b), 0);
+    daemon_cleanup(&a);
+    daemon_cleanup(&b);
+}
+END_TEST
+
+/* Waits past the reader's negative cache (remote.negative_ttl=200ms) for a key it refused. */
+static void negative_ttl_wait(void)
+{
+    msleep(daemon_ms(300));
+}
+
+/* A part replaced by a part of an older write of the same block (other bytes), by a part of
+ * another block, or by another part of the same block (each a valid record alone), or by
+ * itself with a byte flipped: each time the block is refused and counted, never served; the
+ * part put back, the block is served with the bytes of the write that stands. */
+START_TEST(test_split_part_swapped)
+{
+    static const char model[] = "e2e/remote-split-swap";
+    struct daemon a, b, c;
+    struct client ca, cb, cc;
+    struct kvc_key key[1], other[1];
+    char k1[REMOTE_REC_KEY_MAX], k2[REMOTE_REC_KEY_MAX], ko1[REMOTE_REC_KEY_MAX];
+    size_t lold = 0, lnew1 = 0, lnew2 = 0, loth = 0;
+    kvcd_up(&a, SPLIT);
+    kvcd_up(&b, SPLIT);
+    kvcd_up(&c, SPLIT);
+    client_open_bt(&ca, &a, model, SBT);
+    client_open_bt(&cb, &b, model, SBT);
+    client_open_bt(&cc, &c, model, SBT);
+    ck_assert_int_eq(daemon_chain_keys(ca.ns, 12, 0, 1, 1, key), 0);
+    ck_assert_int_eq(daemon_chain_keys(ca.ns, 13, 0, 1, 1, other), 0);
+    redis_part_key_of(model, SBT, &key[0], SPART, 1, k1);
+    redis_part_key_of(model, SBT, &key[0], SPART, 2, k2);
+    redis_part_key_of(model, SBT, &other[0], SPART, 1, ko1);
+    /* An older write of the block, with other bytes, through A; then the write that stands,
+     * with the block's own bytes, through C (which holds none of it). */
+    client_put_salted(&ca, key, 1, 0x5a);
+    client_put(&ca, other, 1);
+    ck_assert(stat_wait(&a, "remote_written_blocks", 2, 10000));
+    char *old1 = redis_get(k1, &lold);
+    ck_assert_ptr_nonnull(old1);
+    client_put(&cc, key, 1);
+    ck_assert(stat_wait(&c, "remote_written_blocks", 1, 10000));
+    char *new1 = redis_get(k1, &lnew1), *new2 = redis_get(k2, &lnew2),
+         *oth1 = redis_get(ko1, &loth);
+    ck_assert(new1 && new2 && oth1);
+    ck_assert(lold == lnew1 && lnew1 == lnew2 && lnew1 == loth);
+    ck_assert(memcmp(old1, new1, lold) != 0);
+    /* Part 1 of the older write among the new parts. */
+    ck_assert(redis_set(k1, old1, lold));
+    ck_assert_int_eq(client_get(&cb, key, 1), 0);
+    ck_assert_uint_eq(stat_of(&b, "remote_bad_records"), 1);
+    ck_assert_uint_eq(stat_of(&b, "remote_part_mixed"), 1);
+    /* Part 1 of another block. */
+    negative_ttl_wait();
+    ck_assert(redis_set(k1, oth1, loth));
+    ck_assert_int_eq(client_get(&cb, key, 1), 0);
+    ck_assert_uint_eq(stat_of(&b, "remote_bad_records"), 2);
+    /* Part 2 of the same block in part 1's place. */
+    negative_ttl_wait();
+    ck_assert(redis_set(k1, new2, lnew2));
+    ck_assert_int_eq(client_get(&cb, key, 1), 0);
+    ck_assert_uint_eq(stat_of(&b, "remote_bad_records"), 3);
+    /* The right part with one byte of its data flipped (a torn or rotten value). */
+    negative_ttl_wait();
+    new1[lnew1 - 100] ^= 1;
+    ck_assert(redis_set(k1, new1, lnew1));
+    new1[lnew1 - 100] ^= 1;
+    ck_assert_int_eq(client_get(&cb, key, 1), 0);
+    ck_assert_uint_eq(stat_of(&b, "remote_bad_records"), 4);
+    ck_assert_uint_eq(stat_of(&b, "remote_part_mixed"), 1);
+    ck_assert_uint_eq(stat_of(&b, "remote_hit_blocks"), 0);
+    /* Put back: served, every byte the standing write's (client_get checks them). */
+    negative_ttl_wait();
+    ck_assert(redis_set(k1, new1, lnew1));
+    ck_assert_int_eq(client_get(&cb, key, 1), 1);
+    ck_assert_uint_eq(stat_of(&b, "remote_hit_blocks"), 1);
+    ck_assert_uint_eq(stat_of(&b, "remote_bad_records"), 4);
+    free(old1);
+    free(new1);
+    free(new2);
+    free(oth1);
+    client_close(&ca);
+    client_close(&cb);
+    client_close(&cc);
+    ck_assert_int_eq(daemon_stop(&a), 0);
+    ck_assert_int_eq(daemon_stop(&b), 0);
+    ck_assert_int_eq(daemon_stop(&c), 0);
+    daemon_cleanup(&a);
+    daemon_cleanup(&b);
+    daemon_cleanup(&c);
+}
+END_TEST
+
+/* remote.part_size=0: the same blocks in one value each. A kvcd set to another part size
+ * looks under other keys: a miss, never a refusal. */
+START_TEST(test_split_off)
+{
+    static const char model[] = "e2e/remote-split-off";
+    struct daemon a, b, c;
+    struct client ca, cb, cc;
+    struct kvc_key keys[3];
+    char k[REMOTE_REC_KEY_MAX];
+    size_t len = 0;
+    kvcd_up(&a, "remote.part_size=0");
+    kvcd_up(&b, "remote.part_size=0");
+    kvcd_up(&c, SPLIT);
+    client_open_bt(&ca, &a, model, SBT);
+    client_open_bt(&cb, &b, model, SBT);
+    client_open_bt(&cc, &c, model, SBT);
+    ck_assert_int_eq(daemon_chain_keys(ca.ns, 14, 0, 3, 3, keys), 0);
+    client_put(&ca, keys, 3);
+    ck_assert(stat_wait(&a, "remote_written_blocks", 3, 10000));
+    ck_assert_uint_eq(stat_of(&a, "remote_parts_written"), 3);
+    redis_part_key_of(model, SBT, &keys[0], 0, 0, k);
+    char *v = redis_get(k, &len);
+    ck_assert_ptr_nonnull(v);
+    ck_assert_uint_eq(len, REMOTE_REC_HDR + ca.bb);
+    free(v);
+    ck_assert_int_eq(client_get(&cb, keys, 3), 3);
+    ck_assert_uint_eq(stat_of(&b, "remote_hit_blocks"), 3);
+    ck_assert_uint_eq(stat_of(&b, "remote_parts_read"), 3);
+    ck_assert_int_eq(client_get(&cc, keys, 3), 0);
+    ck_assert_uint_ge(stat_of(&c, "remote_miss_blocks"), 1);
+    ck_assert_uint_eq(stat_of(&c, "remote_bad_records"), 0);
     client_close(&ca);
     client_close(&cb);
     client_close(&cc);
@@ -523,6 +793,10 @@ int main(void)
     tcase_set_timeout(tc, 120 * daemon_slow());
     tcase_add_test(tc, test_cross_daemon_hit);
     tcase_add_test(tc, test_other_layout_refused);
+    tcase_add_test(tc, test_split_cross_daemon_hit);
+    tcase_add_test(tc, test_split_part_missing);
+    tcase_add_test(tc, test_split_part_swapped);
+    tcase_add_test(tc, test_split_off);
     tcase_add_test(tc, test_lookup_then_put_holding_lease);
     tcase_add_test(tc, test_cluster_unreachable);
     tcase_add_test(tc, test_slot_migration);
