@@ -1075,15 +1075,20 @@ static void ctl_tiers_remote(struct ctl *x, const struct ctl_sample *a, const st
     uint64_t hits = ctl_stat(b->s, b->n, "remote_hit_blocks");
     uint64_t misses = ctl_stat(b->s, b->n, "remote_miss_blocks");
     uint64_t bad = ctl_stat(b->s, b->n, "remote_bad_records");
+    uint64_t pmiss = ctl_stat(b->s, b->n, "remote_part_missing");
+    uint64_t pmix = ctl_stat(b->s, b->n, "remote_part_mixed");
     uint64_t errs = ctl_stat(b->s, b->n, "remote_errors");
     uint64_t deg = ctl_stat(b->s, b->n, "remote_degraded");
     double rd = ctl_rate(a, b, "remote_bytes_read"), wr = ctl_rate(a, b, "remote_bytes_written");
     if (x->json) {
         printf(", {\"tier\": \"remote\", \"enabled\": true, \"nodes\": %" PRIu64
                ", \"slots\": %" PRIu64 ", \"inflight\": %" PRIu64 ", \"hits\": %" PRIu64
-               ", \"misses\": %" PRIu64 ", \"bad_records\": %" PRIu64 ", \"errors\": %" PRIu64
+               ", \"misses\": %" PRIu64 ", \"bad_records\": %" PRIu64
+               ", \"parts_missing\": %" PRIu64 ", \"parts_mixed\": %" PRIu64
+               ", \"errors\": %" PRIu64
                ", \"degraded\": %s, \"read_bytes_per_s\": %.0f, \"write_bytes_per_s\": %.0f}",
-               nodes, slots, infl, hits, misses, bad, errs, deg ? "true" : "false", rd, wr);
+               nodes, slots, infl, hits, misses, bad, pmiss, pmix, errs, deg ? "true" : "false",
+               rd, wr);
         return;
     }
     char rs[32], ws[32];
@@ -1091,8 +1096,8 @@ static void ctl_tiers_remote(struct ctl *x, const struct ctl_sample *a, const st
     ctl_human(ws, sizeof(ws), wr, "/s");
     printf("%-6s nodes %" PRIu64 ", slots %" PRIu64 "/16384, in flight %" PRIu64
            ", read %s, write %s, hits %" PRIu64 ", misses %" PRIu64 ", bad records %" PRIu64
-           ", errors %" PRIu64 "%s\n",
-           "remote", nodes, slots, infl, rs, ws, hits, misses, bad, errs,
+           ", parts missing %" PRIu64 ", mixed %" PRIu64 ", errors %" PRIu64 "%s\n",
+           "remote", nodes, slots, infl, rs, ws, hits, misses, bad, pmiss, pmix, errs,
            deg ? ", DEGRADED" : "");
 }
 

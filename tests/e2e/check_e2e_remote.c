@@ -462,6 +462,13 @@ START_TEST(test_split_part_missing)
     ck_assert_int_eq(client_get(&cb, keys, 3), 1);
     ck_assert_uint_eq(stat_of(&b, "remote_gets"), gets);
     ck_assert_uint_ge(stat_of(&b, "remote_negative_hits"), 1);
+    /* kvcctl tiers shows it on the remote row (after the above: it samples for a second,
+     * longer than the negative cache remembers) */
+    char out[8192], err[1024];
+    ck_assert_int_eq(daemon_kvcctl(&b, out, sizeof(out), err, sizeof(err), "--json", "tiers", NULL),
+                     0);
+    ck_assert(daemon_json_valid(out));
+    ck_assert_msg(strstr(out, "\"parts_missing\": 1, \"parts_mixed\": 0"), "%s", out);
     client_close(&ca);
     client_close(&cb);
     ck_assert_int_eq(daemon_stop(&a), 0);
