@@ -4,7 +4,7 @@
 set -eu
 pkgs="build-essential pkg-config liburing-dev libinih-dev libzstd-dev libxxhash-dev \
 libsystemd-dev check gnuplot-nox fio redis-server memcached python3-dev python3-numpy \
-python3-pytest python3-torch libhiredis-dev libmemcached-dev"
+python3-pytest python3-torch libhiredis-dev libmemcached-dev libasan8 libubsan1 libtsan2"
 missing=""
 for p in $pkgs; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
