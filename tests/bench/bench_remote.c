@@ -45,6 +45,7 @@
 #include "tests/lib/bench.h"
 #include "tests/lib/daemon.h"
 #include "tests/lib/rcluster.h"
+#include "tiers/remote_rec.h"
 
 #define BENCH_TOTAL (bench_smoke() ? 8ull << 20 : 64ull << 20)
 #define BENCH_REPS_MAX 7
@@ -119,17 +120,6 @@ struct plain {
     uint8_t slot_node[16384];
 };
 
-static unsigned plain_slot(const char *k, size_t n)
-{
-    uint16_t crc = 0;
-    for (size_t i = 0; i < n; i++) {
-        crc ^= (uint16_t)((uint8_t)k[i] << 8);
-        for (int b = 0; b < 8; b++)
-            crc = (crc & 0x8000) ? (uint16_t)((crc << 1) ^ 0x1021) : (uint16_t)(crc << 1);
-    }
-    return crc & 16383u;
-}
-
 static int plain_open(struct plain *p)
 {
     struct timeval tv = {5, 0};
@@ -178,7 +168,7 @@ static int plain_move(struct plain *p, int rep, int n, size_t bb, uint8_t **src,
     int node_of[BENCH_MAX_BLOCKS];
     for (int i = 0; i < n; i++) {
         int kl = snprintf(key, sizeof(key), "plain:%d:%zu:%d", rep, bb, i);
-        node_of[i] = p->slot_node[plain_slot(key, (size_t)kl)];
+        node_of[i] = p->slot_node[remote_rec_slot(key, (size_t)kl)];
         if (dst)
             redisAppendCommand(p->c[node_of[i]], "GET %b", key, (size_t)kl);
         else

@@ -130,7 +130,6 @@ static void wrong_block(const struct kvc_key *k, uint64_t wrong, long first, con
 static void hit_verify(const kvc_lease *l, size_t i, const struct kvc_key *k, size_t bb,
                        uint8_t *want, const char *who)
 {
-    const uint8_t *p = kvc_lease_data(l, i);
     add(&sh->verified, 1);
     if (quant) {
         const void *data;
@@ -151,6 +150,7 @@ static void hit_verify(const kvc_lease *l, size_t i, const struct kvc_key *k, si
         }
         return;
     }
+    const uint8_t *p = kvc_lease_data(l, i);
     daemon_block_fill(k, want, bb);
     if (memcmp(p, want, bb)) {
         uint64_t wrong = 0;

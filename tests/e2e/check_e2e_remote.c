@@ -198,6 +198,18 @@ static void client_close(struct client *cl)
     kvc_disconnect(cl->c);
 }
 
+/* A test's daemons go down with their clients: each client closed, then its daemon stopped
+ * (status 0: no crash, no sanitizer report) and its directory removed. */
+static void down(struct client *const *cl, struct daemon *const *d, int n)
+{
+    for (int i = 0; i < n; i++)
+        client_close(cl[i]);
+    for (int i = 0; i < n; i++) {
+        ck_assert_int_eq(daemon_stop(d[i]), 0);
+        daemon_cleanup(d[i]);
+    }
+}
+
 /* The Redis key of part index of a block of model (bt tokens a block) cut with part_size
  * that a daemon asks for: the model's raw layout (as libkvc sends it), the block key. */
 static void redis_part_key_of(const char *model, uint32_t bt, const struct kvc_key *k,
@@ -319,12 +331,7 @@ START_TEST(test_cross_daemon_hit)
     /* And B can put it now (the failed reads left no trace in its index). */
     client_put(&cb, other, NPFX);
     ck_assert_int_eq(client_get(&cb, other, NPFX), NPFX);
-    client_close(&ca);
-    client_close(&cb);
-    ck_assert_int_eq(daemon_stop(&a), 0);
-    ck_assert_int_eq(daemon_stop(&b), 0);
-    daemon_cleanup(&a);
-    daemon_cleanup(&b);
+    down((struct client *[]){&ca, &cb}, (struct daemon *[]){&a, &b}, 2);
 }
 END_TEST
 
@@ -370,15 +377,7 @@ START_TEST(test_other_layout_refused)
     ck_assert_int_eq(client_get(&cc, keys, 2), 1); /* block 0 served, torn block 1 refused */
     ck_assert_uint_eq(stat_of(&c, "remote_bad_records"), 1);
     ck_assert_uint_eq(stat_of(&c, "remote_hit_blocks"), 1);
-    client_close(&ca);
-    client_close(&cb);
-    client_close(&cc);
-    ck_assert_int_eq(daemon_stop(&a), 0);
-    ck_assert_int_eq(daemon_stop(&b), 0);
-    ck_assert_int_eq(daemon_stop(&c), 0);
-    daemon_cleanup(&a);
-    daemon_cleanup(&b);
-    daemon_cleanup(&c);
+    down((struct client *[]){&ca, &cb, &cc}, (struct daemon *[]){&a, &b, &c}, 3);
 }
 END_TEST
 
@@ -425,12 +424,7 @@ START_TEST(test_split_cross_daemon_hit)
     ck_assert_uint_eq(stat_of(&b, "remote_bad_records"), 0);
     ck_assert_uint_eq(stat_of(&b, "remote_part_missing"), 0);
     ck_assert_uint_eq(stat_of(&b, "remote_part_mixed"), 0);
-    client_close(&ca);
-    client_close(&cb);
-    ck_assert_int_eq(daemon_stop(&a), 0);
-    ck_assert_int_eq(daemon_stop(&b), 0);
-    daemon_cleanup(&a);
-    daemon_cleanup(&b);
+    down((struct client *[]){&ca, &cb}, (struct daemon *[]){&a, &b}, 2);
 }
 END_TEST
 
@@ -469,12 +463,7 @@ START_TEST(test_split_part_missing)
                      0);
     ck_assert(daemon_json_valid(out));
     ck_assert_msg(strstr(out, "\"parts_missing\": 1, \"parts_mixed\": 0"), "%s", out);
-    client_close(&ca);
-    client_close(&cb);
-    ck_assert_int_eq(daemon_stop(&a), 0);
-    ck_assert_int_eq(daemon_stop(&b), 0);
-    daemon_cleanup(&a);
-    daemon_cleanup(&b);
+    down((struct client *[]){&ca, &cb}, (struct daemon *[]){&a, &b}, 2);
 }
 END_TEST
 
@@ -555,15 +544,7 @@ START_TEST(test_split_part_swapped)
     free(new1);
     free(new2);
     free(oth1);
-    client_close(&ca);
-    client_close(&cb);
-    client_close(&cc);
-    ck_assert_int_eq(daemon_stop(&a), 0);
-    ck_assert_int_eq(daemon_stop(&b), 0);
-    ck_assert_int_eq(daemon_stop(&c), 0);
-    daemon_cleanup(&a);
-    daemon_cleanup(&b);
-    daemon_cleanup(&c);
+    down((struct client *[]){&ca, &cb, &cc}, (struct daemon *[]){&a, &b, &c}, 3);
 }
 END_TEST
 
@@ -598,15 +579,7 @@ START_TEST(test_split_off)
     ck_assert_int_eq(client_get(&cc, keys, 3), 0);
     ck_assert_uint_ge(stat_of(&c, "remote_miss_blocks"), 1);
     ck_assert_uint_eq(stat_of(&c, "remote_bad_records"), 0);
-    client_close(&ca);
-    client_close(&cb);
-    client_close(&cc);
-    ck_assert_int_eq(daemon_stop(&a), 0);
-    ck_assert_int_eq(daemon_stop(&b), 0);
-    ck_assert_int_eq(daemon_stop(&c), 0);
-    daemon_cleanup(&a);
-    daemon_cleanup(&b);
-    daemon_cleanup(&c);
+    down((struct client *[]){&ca, &cb, &cc}, (struct daemon *[]){&a, &b, &c}, 3);
 }
 END_TEST
 
@@ -712,15 +685,7 @@ START_TEST(test_slot_migration)
     ck_assert_int_eq(client_get(&cc, keys, NPFX), NPFX);
     ck_assert_uint_ge(stat_of(&c, "remote_moved"), 1);
     ck_assert_uint_eq(stat_of(&c, "remote_bad_records"), 0);
-    client_close(&ca);
-    client_close(&cb);
-    client_close(&cc);
-    ck_assert_int_eq(daemon_stop(&a), 0);
-    ck_assert_int_eq(daemon_stop(&b), 0);
-    ck_assert_int_eq(daemon_stop(&c), 0);
-    daemon_cleanup(&a);
-    daemon_cleanup(&b);
-    daemon_cleanup(&c);
+    down((struct client *[]){&ca, &cb, &cc}, (struct daemon *[]){&a, &b, &c}, 3);
 }
 END_TEST
 
@@ -765,12 +730,7 @@ START_TEST(test_master_killed)
     ck_assert(stat_wait(&a, "remote_written_blocks", w + NPFX, 10000));
     ck_assert_int_eq(client_get(&cb, p3, NPFX), NPFX);
     ck_assert_uint_ge(stat_of(&b, "remote_trips"), 1);
-    client_close(&ca);
-    client_close(&cb);
-    ck_assert_int_eq(daemon_stop(&a), 0);
-    ck_assert_int_eq(daemon_stop(&b), 0);
-    daemon_cleanup(&a);
-    daemon_cleanup(&b);
+    down((struct client *[]){&ca, &cb}, (struct daemon *[]){&a, &b}, 2);
 }
 END_TEST
 
