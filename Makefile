@@ -38,7 +38,7 @@ TOP := $(abspath .)
 B := $(abspath $(BUILD))
 
 CC ?= cc
-PKGS := liburing inih libxxhash libzstd libsystemd hiredis
+PKGS := liburing inih libxxhash libzstd libsystemd hiredis libsodium
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 CHECK_LIBS = $(shell pkg-config --libs check 2>/dev/null)

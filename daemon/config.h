@@ -11,7 +11,8 @@
  *
  * X(section, name, type, default, min, max, reloadable, choices, help)
  *   type     BOOL, INT, SIZE (512m, 4g), DURATION (500ms, 10s, 1m), DOUBLE, STRING, MODE
- *            (octal), ENUM (one of `choices`, "a|b|c")
+ *            (octal), ENUM (one of `choices`, "a|b|c"), SECRET (a string never shown: not by
+ *            CONFIG_GET, --print-config, metrics or logs; config_get writes "(set)")
  *   default  as a string, parsed by the same code as a file value
  *   min/max  bounds for numeric types (bytes for SIZE, milliseconds for DURATION)
  */
@@ -151,8 +152,21 @@
       "(docs/remote.md). Empty: no remote tier (no thread, no connection).")                      \
     X(remote, user, STRING, "", 0, 0, 0, NULL,                                                     \
       "ACL user of AUTH on every connection. Empty: AUTH with the password alone.")                \
-    X(remote, password, STRING, "", 0, 0, 0, NULL,                                                 \
-      "Password of AUTH (keep this file private). Empty: no AUTH.")                               \
+    X(remote, password, SECRET, "", 0, 0, 0, NULL,                                                 \
+      "Password of AUTH; never shown (kvcctl config get says (set)). Prefer password_file. "       \
+      "Empty: password_file, else the credential kvcd-remote-password, else no AUTH.")             \
+    X(remote, password_file, STRING, "", 0, 0, 0, NULL,                                            \
+      "File holding the password of AUTH (its first line; mode 0600, owned by kvcd's user or "     \
+      "root). Empty: remote.password, else $CREDENTIALS_DIRECTORY/kvcd-remote-password.")          \
+    X(remote, seal, BOOL, "yes", 0, 0, 0, NULL,                                                    \
+      "Seal every record (XChaCha20-Poly1305 under keys from remote.key_file): values a kvcd "     \
+      "without the key wrote or changed are misses, and the cluster holds only ciphertext "        \
+      "(docs/remote.md). no: plain records anyone who reaches the cluster can read or forge; "     \
+      "then namespaces with read or write lists never go to the remote tier.")                     \
+    X(remote, key_file, STRING, "", 0, 0, 0, NULL,                                                 \
+      "File of the deployment secret that seals records: 32 to 4096 random bytes (head -c 32 "     \
+      "/dev/urandom), mode 0600, owned by kvcd's user or root; the same on every kvcd sharing "    \
+      "the cluster. Empty: $CREDENTIALS_DIRECTORY/kvcd-remote-key (systemd LoadCredential=).")     \
     X(remote, connect_timeout, DURATION, "500ms", 1, 60000, 0, NULL,                               \
       "Time a connection to a cluster node may take.")                                            \
     X(remote, timeout, DURATION, "2s", 1, 60000, 0, NULL,                                          \
@@ -190,6 +204,7 @@
 #define CONFIG_CTYPE_DURATION uint64_t /* milliseconds */
 #define CONFIG_CTYPE_DOUBLE double
 #define CONFIG_CTYPE_STRING char *     /* owned, never NULL */
+#define CONFIG_CTYPE_SECRET char *     /* owned, never NULL */
 #define CONFIG_CTYPE_MODE uint32_t
 #define CONFIG_CTYPE_ENUM int /* index into choices */
 
@@ -202,6 +217,7 @@ enum config_type {
     CONFIG_TYPE_STRING,
     CONFIG_TYPE_MODE,
     CONFIG_TYPE_ENUM,
+    CONFIG_TYPE_SECRET,
 };
 
 /* The values. Field names are section_name. */
@@ -287,6 +303,14 @@ int config_print(const struct config *c, FILE *f);
  * exact suffix, 1g; durations likewise, 90s; modes 0660; enums by name). 0, -ENOENT for an
  * unknown key, -ENOSPC when len is too small (buf then holds a truncated, terminated text). */
 int config_get(const struct config *c, const char *key, char *buf, size_t len);
+
+/* Who may see an option's value through CONFIG_GET. Every string option is classified in
+ * config.c's CONFIG_STRING_ACCESS (check_config fails on one that is not): those naming
+ * where data lives or who may reach it (paths, cluster nodes and users, groups) are for
+ * admins only; secrets are shown to nobody, admins included (config_get writes "(set)").
+ * CONFIG_ACCESS_NONE: an option that is not a string and not in the list (anyone). */
+enum config_access { CONFIG_ACCESS_NONE, CONFIG_ACCESS_ANYONE, CONFIG_ACCESS_ADMIN };
+enum config_access config_option_access(const struct config_option *o);
 
 /* Reload check: 0 if every option that differs between cur and next is reloadable; else
  * -EPERM with the first offender named in err. */

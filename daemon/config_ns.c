@@ -58,8 +58,7 @@ static int config_ns_parse_id(const char *tok, bool group, uint32_t *id)
 }
 
 /* "alice 1001 @video @44 *": users, @groups, anyone. Commas separate as well as spaces. */
-static int config_ns_parse_ids(const char *value, struct config_ns_ids *l, char *why,
-                               size_t whylen)
+static int config_ns_parse_ids(const char *value, struct config_ns_ids *l, char *why, size_t whylen)
 {
     char buf[sizeof(l->text)];
     char *save = NULL;
@@ -100,8 +99,8 @@ int config_ns_set(struct config *c, const char *pattern, const char *key, const 
     if (k < 0) {
         snprintf(why, whylen,
                  "unknown key '%s' in [namespace.%s] (keys: read write host_size max_bytes "
-                 "max_pins max_reservations policy disk_compress remote lossy_weight "
-                 "max_error)",
+                 "max_pins max_reservations policy disk_compress remote remote_key_file "
+                 "lossy_weight max_error)",
                  key, pattern);
         return -EINVAL;
     }
@@ -136,8 +135,8 @@ int config_ns_set(struct config *c, const char *pattern, const char *key, const 
                                  "quest default):",
                                  value);
     } else if (k == CONFIG_NS_KEY_read || k == CONFIG_NS_KEY_write) {
-        int rc = config_ns_parse_ids(value, k == CONFIG_NS_KEY_read ? &ns->read : &ns->write,
-                                     why, whylen);
+        int rc = config_ns_parse_ids(value, k == CONFIG_NS_KEY_read ? &ns->read : &ns->write, why,
+                                     whylen);
         if (rc)
             return rc;
         if (k == CONFIG_NS_KEY_read)
@@ -172,10 +171,15 @@ int config_ns_set(struct config *c, const char *pattern, const char *key, const 
             ns->remote = 0;
         else
             return config_ns_why(why, whylen, "remote is yes or no, not", value);
+    } else if (k == CONFIG_NS_KEY_remote_key_file) {
+        if (!*value || value[0] != '/' || strlen(value) >= sizeof(ns->remote_key_file))
+            return config_ns_why(why, whylen,
+                                 "remote_key_file is an absolute path of at most 127 bytes, not",
+                                 value);
+        snprintf(ns->remote_key_file, sizeof(ns->remote_key_file), "%s", value);
     } else {
         int rc = k == CONFIG_NS_KEY_max_pins || k == CONFIG_NS_KEY_max_reservations
-                     ? (*value && strspn(value, "0123456789") == strlen(value) &&
-                                strlen(value) < 16
+                     ? (*value && strspn(value, "0123456789") == strlen(value) && strlen(value) < 16
                             ? (v = strtoull(value, NULL, 10), 0)
                             : -EINVAL)
                      : config_parse_size(value, &v);
@@ -255,6 +259,8 @@ void config_ns_print(const struct config *c, FILE *f)
             fprintf(f, "disk_compress = %d\n", ns->disk_compress);
         if (ns->remote >= 0)
             fprintf(f, "remote = %s\n", ns->remote ? "yes" : "no");
+        if (ns->remote_key_file[0])
+            fprintf(f, "remote_key_file = %s\n", ns->remote_key_file);
     }
 }
 
@@ -284,10 +290,10 @@ int config_ns_check_reload(const struct config *cur, const struct config *next, 
     for (size_t i = 0; i < cur->nns; i++) {
         const struct config_ns *a = &cur->ns[i], *b = &next->ns[i];
         if (strcmp(a->pattern, b->pattern) != 0 || !config_ns_same_lists(a, b) ||
-            a->host_size != b->host_size) {
+            a->host_size != b->host_size || strcmp(a->remote_key_file, b->remote_key_file) != 0) {
             snprintf(err, errlen,
-                     "[namespace.%s]: pattern, read, write and host_size cannot change on "
-                     "reload; restart kvcd to apply it",
+                     "[namespace.%s]: pattern, read, write, host_size and remote_key_file "
+                     "cannot change on reload; restart kvcd to apply it",
                      a->pattern);
             return -EPERM;
         }
@@ -295,8 +301,7 @@ int config_ns_check_reload(const struct config *cur, const struct config *next, 
     return 0;
 }
 
-const struct config_ns *config_ns_match(const struct config *c, const char *model_id,
-                                        size_t *idx)
+const struct config_ns *config_ns_match(const struct config *c, const char *model_id, size_t *idx)
 {
     for (size_t i = 0; i < c->nns; i++)
         if (fnmatch(c->ns[i].pattern, model_id, 0) == 0) {
@@ -307,10 +312,19 @@ const struct config_ns *config_ns_match(const struct config *c, const char *mode
     return NULL;
 }
 
+bool config_ns_restricted(const struct config_ns *ns)
+{
+    return (ns->has_read && !ns->read.anyone) || (ns->has_write && !ns->write.anyone);
+}
+
 bool config_ns_remote(const struct config *c, const char *model_id)
 {
     const struct config_ns *ns = config_ns_match(c, model_id, NULL);
-    return !ns || ns->remote != 0;
+    if (!ns)
+        return true;
+    if (config_ns_restricted(ns))
+        return ns->remote == 1 && c->remote_seal;
+    return ns->remote != 0;
 }
 
 int config_ns_disk_compress(const struct config *c, const char *model_id)

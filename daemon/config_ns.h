@@ -17,7 +17,9 @@
  *   max_reservations = 4096       ; reserved slots at once, all clients together
  *   policy = h2o                  ; the namespaces' policy (else cache.policy)
  *   disk_compress = 1             ; zstd level of its blocks on disk (0: raw)
- *   remote = no                   ; kept out of the remote tier (remote.nodes)
+ *   remote = no                   ; kept out of the remote tier (remote.nodes); a section
+ *                                 ; with read or write lists is out unless it says yes
+ *   remote_key_file = /etc/kvcd/g ; its records sealed under this group's secret too
  *   lossy_weight = 2              ; the precision ladder keeps more raw (docs/policies.md)
  *   max_error = 0.05              ; only codecs whose attention error is at most 5 %
  *
@@ -48,7 +50,8 @@ struct config;
     X(max_reservations, 1, "slots reserved at once, all clients together")                    \
     X(policy, 1, "policy of these namespaces (a cache.policy name)")                          \
     X(disk_compress, 1, "zstd level of its disk blocks (0 raw; disk.compress)")             \
-    X(remote, 1, "yes or no: blocks go to the remote tier (default yes)")                     \
+    X(remote, 1, "yes or no: to the remote tier (no by default with lists)")     \
+    X(remote_key_file, 0, "its group's secret: its remote records sealed under it too")        \
     X(lossy_weight, 1, "its ladder: a lossy hit's cost against a miss (0)")                   \
     X(max_error, 1, "attention error its codecs may cause (0 any; kernels.md)")
 
@@ -73,7 +76,8 @@ struct config_ns {
     uint64_t max_bytes, max_pins, max_reservations;
     int policy; /* enum policy_kind, or -1: cache.policy */
     int disk_compress; /* -1: disk.compress */
-    int remote;        /* -1: not set (yes), 0 no, 1 yes */
+    int remote;        /* -1: not set (yes unless restricted), 0 no, 1 yes */
+    char remote_key_file[128]; /* "" none: the deployment's key alone */
     double lossy_weight; /* the precision ladder's (0: the most hits) */
     double max_error;    /* lossy codecs above this attention error are not used (0: any) */
 };
@@ -96,8 +100,12 @@ const struct config_ns *config_ns_match(const struct config *c, const char *mode
                                         size_t *idx);
 /* The disk_compress level of the first section matching model_id, or -1 (none set). */
 int config_ns_disk_compress(const struct config *c, const char *model_id);
-/* Whether namespaces of model_id use the remote tier: their section's `remote`, else yes. */
+/* Whether namespaces of model_id use the remote tier: their section's `remote`; when it is
+ * not set, yes unless the section restricts who may read or write (config_ns_restricted). A
+ * restricted section never does in an unsealed tier (remote.seal = no). */
 bool config_ns_remote(const struct config *c, const char *model_id);
+/* Whether a section has a read or write list that is not everyone. */
+bool config_ns_restricted(const struct config_ns *ns);
 /* Whether a peer (uid, primary gid, supplementary groups) is in a list. */
 bool config_ns_ids_has(const struct config_ns_ids *l, uint32_t uid, uint32_t gid,
                        const uint32_t *groups, size_t ngroups);

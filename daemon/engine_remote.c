@@ -36,6 +36,7 @@ struct engine_remote_wq {
     X(remote_hit_blocks, "blocks read from the remote tier into memory")                           \
     X(remote_miss_blocks, "blocks looked for in the remote tier and not there")                    \
     X(remote_bad_records, "values refused: torn, another layout or version, wrong block")          \
+    X(remote_seal_refused, "values refused because they did not open under the namespace's keys")  \
     X(remote_negative_hits, "lookups stopped by the negative cache (no cluster request)")          \
     X(remote_written_blocks, "blocks written to the remote tier")                                  \
     X(remote_put_dropped, "admitted blocks not written: queue full, tier degraded, moved")         \
@@ -47,7 +48,11 @@ struct engine_remote {
     struct engine_remote_wq *wq; /* ring of p.queue entries */
     uint32_t wq_head, wq_n;
     struct engine_remote_neg neg[ENGINE_REMOTE_NEG];
-    uint8_t ns_on[65536]; /* by namespace id: 0 not asked yet, ENGINE_REMOTE_NS_* */
+    /* By namespace id: 0 not asked yet, ENGINE_REMOTE_NS_*; asked of the namespace whose
+     * serial is ns_serial (an id dropped and reused is asked again). */
+    uint8_t ns_on[65536];
+    uint64_t ns_serial[65536];
+    struct remote_seal **seal; /* a sealed tier: by namespace id, its keys once asked; owned */
     uint32_t fetching, writing;
     bool was_degraded;
 #define ENGINE_REMOTE_FIELD(name, help) uint64_t name;
@@ -64,15 +69,47 @@ struct engine_remote_op {
 
 /* ---- namespaces, negative cache -------------------------------------------------------- */
 
+/* A namespace's layout descriptor in a record header. */
+static void engine_remote_ns_desc(const struct store_ns *ns, uint8_t desc[REMOTE_REC_NS_BYTES])
+{
+    _Static_assert(sizeof(ns->layout) <= REMOTE_REC_NS_BYTES, "layout fits a record header");
+    memset(desc, 0, REMOTE_REC_NS_BYTES);
+    memcpy(desc, &ns->layout, sizeof(ns->layout));
+}
+
 static bool engine_remote_ns_on(struct store *s, uint16_t ns_id)
 {
     struct engine_remote *er = s->remote;
     const struct store_ns *ns = s->ns[ns_id];
-    if (!er->ns_on[ns_id]) {
-        bool on = !er->p.ns_enabled || er->p.ns_enabled(er->p.ns_enabled_arg, ns->layout.model_id);
+    if (!er->ns_on[ns_id] || er->ns_serial[ns_id] != ns->serial) {
+        uint8_t desc[REMOTE_REC_NS_BYTES];
+        struct remote_seal k;
+        int on = 1;
+        engine_remote_ns_desc(ns, desc);
+        memset(&k, 0, sizeof(k));
+        if (er->p.ns_seal)
+            on = er->p.ns_seal(er->p.ns_seal_arg, ns->layout.model_id, desc, &k);
+        if (er->seal) {
+            if (on && !er->seal[ns_id])
+                er->seal[ns_id] = malloc(sizeof(*er->seal[ns_id]));
+            if (on && !er->seal[ns_id]) {
+                remote_seal_wipe(&k, sizeof(k));
+                return false; /* no memory: asked again next time */
+            }
+            if (er->seal[ns_id])
+                *er->seal[ns_id] = k; /* off: the keys of the id's former namespace go */
+        }
+        remote_seal_wipe(&k, sizeof(k));
         er->ns_on[ns_id] = on ? ENGINE_REMOTE_NS_ON : ENGINE_REMOTE_NS_OFF;
+        er->ns_serial[ns_id] = ns->serial;
     }
     return er->ns_on[ns_id] == ENGINE_REMOTE_NS_ON;
+}
+
+/* The keys a read or write of namespace ns_id passes (NULL in an unsealed tier). */
+static const struct remote_seal *engine_remote_seal(const struct engine_remote *er, uint16_t ns_id)
+{
+    return er->seal ? er->seal[ns_id] : NULL;
 }
 
 static struct engine_remote_neg *engine_remote_neg_at(struct engine_remote *er, uint16_t ns,
@@ -111,8 +148,7 @@ static void engine_remote_meta(const struct store *s, const struct block *b,
     m->format = b->format;
     m->codec = REMOTE_REC_CODEC_RAW;
     m->len = ns->block_bytes;
-    _Static_assert(sizeof(ns->layout) <= sizeof(m->ns), "layout fits a record header");
-    memcpy(m->ns, &ns->layout, sizeof(ns->layout));
+    engine_remote_ns_desc(ns, m->ns);
 }
 
 /* ---- write-behind ---------------------------------------------------------------------- */
@@ -190,7 +226,8 @@ static int engine_remote_write_one(struct store *s, const struct engine_remote_w
     b = &s->ix.blocks[idx];
     if (b->state != BLOCK_STATE_COMMITTED || (b->flags & (BLOCK_F_BUSY | BLOCK_F_LOST)) ||
         (b->flags & BLOCK_F_REMOTE) || b->tier != KVC_WIRE_TIER_HOST ||
-        b->format != KVC_WIRE_FORMAT_RAW || b->len < s->ns[b->ns]->block_bytes) {
+        b->format != KVC_WIRE_FORMAT_RAW || b->len < s->ns[b->ns]->block_bytes ||
+        !engine_remote_ns_on(s, b->ns)) {
         if (!(b->flags & BLOCK_F_REMOTE))
             er->remote_put_dropped++; /* moved to the GPU, quantized, being moved, lost */
         return 1;
@@ -200,7 +237,7 @@ static int engine_remote_write_one(struct store *s, const struct engine_remote_w
         return -EAGAIN;
     *op = (struct engine_remote_op){.s = s, .idx = idx};
     engine_remote_meta(s, b, &m);
-    rc = tier_remote_put(er->t, &m,
+    rc = tier_remote_put(er->t, &m, engine_remote_seal(er, b->ns),
                          (const uint8_t *)tier_host_base(s->arenas[b->arena].tier) + b->off,
                          engine_remote_put_done, op);
     if (rc) {
@@ -353,6 +390,7 @@ static void engine_remote_fetch_done(void *arg, int status, const struct remote_
             er->remote_io_errors += status != -ECANCELED;
         } else {
             er->remote_bad_records++;
+            er->remote_seal_refused += status == -EKEYREJECTED;
             log_limited(
                 LOG_LEVEL_WARNING, "remote: value of block %016llx%016llx refused (%s); a miss",
                 (unsigned long long)b->key.hi, (unsigned long long)b->key.lo, strerror(-status));
@@ -414,7 +452,8 @@ static int engine_remote_fetch(struct store *s, struct store_ns *ns,
     }
     engine_remote_meta(s, b, &m);
     *op = (struct engine_remote_op){.s = s, .idx = idx, .first = p == INDEX_NONE, .now = now};
-    rc = tier_remote_get(er->t, &m, (uint8_t *)tier_host_base(s->arenas[ns->arena].tier) + loc.off,
+    rc = tier_remote_get(er->t, &m, engine_remote_seal(er, b->ns),
+                         (uint8_t *)tier_host_base(s->arenas[ns->arena].tier) + loc.off,
                          engine_remote_fetch_done, op);
     if (rc) {
         index_remove(&s->ix, idx);
@@ -483,6 +522,8 @@ int engine_remote_attach(struct store *s, const struct engine_remote_params *p)
     er->wq = calloc(er->p.queue, sizeof(*er->wq));
     if (!er->wq)
         goto fail;
+    if (p->tier.sealed && !(er->seal = calloc(65536, sizeof(*er->seal))))
+        goto fail;
     er->t = tier_remote_new(&p->tier, &rc);
     if (!er->t)
         goto fail;
@@ -491,9 +532,21 @@ int engine_remote_attach(struct store *s, const struct engine_remote_params *p)
     s->on_commit = engine_remote_on_commit;
     return 0;
 fail:
+    free(er->seal);
     free(er->wq);
     free(er);
     return rc;
+}
+
+/* Every namespace's keys forgotten (wiped): they are derived again when next asked. */
+static void engine_remote_seal_clear(struct engine_remote *er)
+{
+    for (uint32_t i = 0; er->seal && i < 65536; i++)
+        if (er->seal[i]) {
+            remote_seal_wipe(er->seal[i], sizeof(*er->seal[i]));
+            free(er->seal[i]);
+            er->seal[i] = NULL;
+        }
 }
 
 void engine_remote_free(struct store *s)
@@ -504,6 +557,8 @@ void engine_remote_free(struct store *s)
     tier_remote_free(er->t); /* runs the last callbacks: pins and slots go back */
     s->on_commit = NULL;
     s->remote = NULL;
+    engine_remote_seal_clear(er);
+    free(er->seal);
     free(er->wq);
     free(er);
 }
@@ -516,6 +571,7 @@ void engine_remote_reload(struct store *s, uint32_t admit_hits, uint64_t negativ
     er->p.admit_hits = admit_hits;
     er->p.negative_ttl_ms = negative_ttl_ms;
     memset(er->ns_on, 0, sizeof(er->ns_on));
+    engine_remote_seal_clear(er);
 }
 
 int engine_remote_fd(const struct store *s)
@@ -560,6 +616,7 @@ void engine_remote_stats(const struct store *s,
     put(arg, "remote_parts_written", st.parts_written);
     put(arg, "remote_part_missing", st.part_missing);
     put(arg, "remote_part_mixed", st.part_mixed);
+    put(arg, "remote_sealed", er->seal != NULL);
 #define ENGINE_REMOTE_PUT(name, help) put(arg, #name, er->name);
     ENGINE_REMOTE_COUNTERS(ENGINE_REMOTE_PUT)
 #undef ENGINE_REMOTE_PUT

@@ -25,8 +25,12 @@
  * of a prefix nobody stored asks the cluster once.
  * Faults: while the tier is degraded (its circuit breaker open) lookups stop at the local
  * run and writes are dropped; state changes and errors are logged at a limited rate.
- * Namespaces: [namespace.PATTERN] remote = no keeps a namespace out (asked once per
- * namespace, again after a reload). Owned by the loop thread.
+ * Namespaces: [namespace.PATTERN] remote = no keeps a namespace out, and one whose section
+ * has read or write lists stays out unless it says yes (asked once per namespace, again
+ * after a reload). A sealed tier (remote.seal, tiers/remote_seal.h): each namespace's keys
+ * are derived when it is first asked for and passed with each read and write; a value that
+ * does not open under them is refused (remote_seal_refused) and a miss. Owned by the loop
+ * thread.
  */
 #ifndef KVC_ENGINE_REMOTE_H
 #define KVC_ENGINE_REMOTE_H
@@ -44,9 +48,12 @@ struct engine_remote_params {
     uint32_t admit_hits;      /* 0: every raw block at commit */
     uint64_t negative_ttl_ms; /* 0: no negative cache */
     uint32_t queue;           /* blocks waiting for their write at most */
-    /* Whether a namespace of this model id uses the remote tier (NULL: every one). */
-    bool (*ns_enabled)(void *arg, const char *model_id);
-    void *ns_enabled_arg;
+    /* Whether a namespace of this model id and layout descriptor uses the remote tier: 1,
+     * with its keys in *seal when the tier is sealed (tier.sealed); 0 when it stays out.
+     * NULL: every namespace, unsealed. */
+    int (*ns_seal)(void *arg, const char *model_id, const uint8_t ns[REMOTE_REC_NS_BYTES],
+                   struct remote_seal *seal);
+    void *ns_seal_arg;
 };
 
 /* Starts the remote tier's worker. 0 or -errno (logged by the caller). */

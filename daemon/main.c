@@ -25,6 +25,7 @@
 #include "daemon/engine_disk.h"
 #include "daemon/engine_gpu.h"
 #include "daemon/engine_remote.h"
+#include "daemon/remote_keys.h"
 #include "daemon/log.h"
 #include "daemon/loop.h"
 #include "daemon/notify.h"
@@ -49,6 +50,7 @@ struct kvcd {
     struct acl *acl;
     bool adopt; /* socket activation: serve adopt_fd */
     int adopt_fd;
+    struct remote_keys *rkeys; /* the remote tier's secrets (remote.nodes set); owned */
 };
 
 static void kvcd_usage(FILE *f)
@@ -125,27 +127,27 @@ static void kvcd_server_params(const struct kvcd *d, const struct config *c,
                                struct server_params *p)
 {
     struct group *g = *c->server_admin_group ? getgrnam(c->server_admin_group) : NULL;
-    *p = (struct server_params){.socket_path = c->server_socket,
-                                .socket_mode = c->server_socket_mode,
-                                .socket_group = c->server_socket_group,
-                                .max_clients = (uint32_t)c->server_max_clients,
-                                .adopt = d->adopt,
-                                .adopt_fd = d->adopt_fd,
-                                .has_admin_gid = g != NULL,
-                                .admin_gid = g ? g->gr_gid : 0,
-                                .cfg = c,
-                                .acl = d->acl,
-                                .max_clients_per_uid = (uint32_t)c->server_max_clients_per_uid,
-                                .hello_timeout_ms = c->server_hello_timeout,
-                                .idle_timeout_ms = c->server_idle_timeout,
-                                .reservation_timeout_ms = c->server_reservation_timeout,
-                                .max_waits = (uint32_t)c->server_max_waits,
-                                .max_namespaces_per_uid =
-                                    (uint32_t)c->server_max_namespaces_per_uid,
-                                .client_pins = (uint64_t)c->quota_client_pins,
-                                .uid_pins = (uint64_t)c->quota_uid_pins,
-                                .uid_leases = (uint64_t)c->quota_uid_leases,
-                                .uid_reserved_share = (uint32_t)c->quota_uid_reserved_share};
+    *p =
+        (struct server_params){.socket_path = c->server_socket,
+                               .socket_mode = c->server_socket_mode,
+                               .socket_group = c->server_socket_group,
+                               .max_clients = (uint32_t)c->server_max_clients,
+                               .adopt = d->adopt,
+                               .adopt_fd = d->adopt_fd,
+                               .has_admin_gid = g != NULL,
+                               .admin_gid = g ? g->gr_gid : 0,
+                               .cfg = c,
+                               .acl = d->acl,
+                               .max_clients_per_uid = (uint32_t)c->server_max_clients_per_uid,
+                               .hello_timeout_ms = c->server_hello_timeout,
+                               .idle_timeout_ms = c->server_idle_timeout,
+                               .reservation_timeout_ms = c->server_reservation_timeout,
+                               .max_waits = (uint32_t)c->server_max_waits,
+                               .max_namespaces_per_uid = (uint32_t)c->server_max_namespaces_per_uid,
+                               .client_pins = (uint64_t)c->quota_client_pins,
+                               .uid_pins = (uint64_t)c->quota_uid_pins,
+                               .uid_leases = (uint64_t)c->quota_uid_leases,
+                               .uid_reserved_share = (uint32_t)c->quota_uid_reserved_share};
 }
 
 /* Applies a complete, validated configuration whose changes are all reloadable, or refuses
@@ -168,8 +170,7 @@ static int kvcd_apply(struct kvcd *d, struct config *next, char *msg, size_t len
         acl_reload(d->acl, d->cfg);
     engine_disk_reload(d->store, (uint32_t)d->cfg->disk_admit_hits);
     engine_disk_compress_set(d->store, (int)d->cfg->disk_compress);
-    engine_remote_reload(d->store, (uint32_t)d->cfg->remote_min_hits,
-                         d->cfg->remote_negative_ttl);
+    engine_remote_reload(d->store, (uint32_t)d->cfg->remote_min_hits, d->cfg->remote_negative_ttl);
     kvcd_server_params(d, d->cfg, &vp);
     server_reload(d->server, &vp);
     server_ns_policies(d->server);
@@ -317,11 +318,13 @@ static void kvcd_on_remote(struct loop *l, int fd, uint32_t events, void *arg)
     engine_remote_poll(d->store, loop_now_ms(l));
 }
 
-/* Whether namespaces of model_id use the remote tier ([namespace.PATTERN] remote). */
-static bool kvcd_remote_ns(void *arg, const char *model_id)
+/* Whether namespaces of model_id use the remote tier ([namespace.PATTERN] remote), and
+ * their keys in a sealed tier. */
+static int kvcd_remote_ns(void *arg, const char *model_id, const uint8_t ns[REMOTE_REC_NS_BYTES],
+                          struct remote_seal *seal)
 {
     const struct kvcd *d = arg;
-    return config_ns_remote(d->cfg, model_id);
+    return remote_keys_ns(d->rkeys, d->cfg, model_id, ns, seal);
 }
 
 /* Starts the remote tier of remote.nodes. 0 or -errno, logged. */
@@ -331,7 +334,8 @@ static int kvcd_remote_attach(struct kvcd *d)
     struct engine_remote_params rp = {
         .tier = {.nodes = c->remote_nodes,
                  .user = c->remote_user,
-                 .password = c->remote_password,
+                 .password = remote_keys_password(d->rkeys),
+                 .sealed = remote_keys_sealed(d->rkeys),
                  .connect_timeout_ms = (uint32_t)c->remote_connect_timeout,
                  .timeout_ms = (uint32_t)c->remote_timeout,
                  .max_inflight = (uint32_t)c->remote_max_inflight,
@@ -342,15 +346,20 @@ static int kvcd_remote_attach(struct kvcd *d)
         .admit_hits = (uint32_t)c->remote_min_hits,
         .negative_ttl_ms = c->remote_negative_ttl,
         .queue = (uint32_t)c->remote_queue,
-        .ns_enabled = kvcd_remote_ns,
-        .ns_enabled_arg = d};
+        .ns_seal = kvcd_remote_ns,
+        .ns_seal_arg = d};
     int rc = engine_remote_attach(d->store, &rp);
     if (rc) {
-        log_err("remote: cannot start the remote tier on %s (%s)", c->remote_nodes,
-                strerror(-rc));
+        log_err("remote: cannot start the remote tier on %s (%s)", c->remote_nodes, strerror(-rc));
         return rc;
     }
-    log_info("remote: tier on %s", c->remote_nodes);
+    if (remote_keys_sealed(d->rkeys))
+        log_info("remote: tier on %s, records sealed", c->remote_nodes);
+    else
+        log_warn("remote: tier on %s, records NOT sealed (remote.seal = no): anyone who can "
+                 "reach the cluster can read them or plant blocks; restricted namespaces stay "
+                 "out",
+                 c->remote_nodes);
     return loop_add(d->loop, engine_remote_fd(d->store), EPOLLIN, kvcd_on_remote, d);
 }
 
@@ -382,22 +391,23 @@ static int kvcd_disk_attach(struct kvcd *d)
                                       [CONFIG_DISK_FORMAT_FORCE] = TIER_DISK_FORMAT_FORCE};
     const struct config *c = d->cfg;
     struct engine_disk_params tp = {.size = c->disk_capacity,
-                                .page_size = c->disk_page,
-                                .queue_depth = (uint32_t)c->disk_queue_depth,
-                                .write_rate = c->disk_write_rate,
-                                .admit_hits = (uint32_t)c->disk_admit_hits,
-                                .compact_below = (uint32_t)c->disk_compact_below,
-                                .compress_level = (int)c->disk_compress,
-                                .ns_level = kvcd_disk_level,
-                                .ns_level_arg = d,
-                                .ns_open = kvcd_disk_ns_open,
-                                .ns_open_arg = d,
-                                .workers = (uint32_t)c->disk_workers,
-                                .progress = kvcd_disk_progress,
-                                .format = format[c->disk_format],
-                                .ckpt_path = !c->disk_checkpoint_interval ? ""
-                                             : *c->disk_checkpoint_path ? c->disk_checkpoint_path
-                                                                        : NULL};
+                                    .page_size = c->disk_page,
+                                    .queue_depth = (uint32_t)c->disk_queue_depth,
+                                    .write_rate = c->disk_write_rate,
+                                    .admit_hits = (uint32_t)c->disk_admit_hits,
+                                    .compact_below = (uint32_t)c->disk_compact_below,
+                                    .compress_level = (int)c->disk_compress,
+                                    .ns_level = kvcd_disk_level,
+                                    .ns_level_arg = d,
+                                    .ns_open = kvcd_disk_ns_open,
+                                    .ns_open_arg = d,
+                                    .workers = (uint32_t)c->disk_workers,
+                                    .progress = kvcd_disk_progress,
+                                    .format = format[c->disk_format],
+                                    .ckpt_path = !c->disk_checkpoint_interval ? ""
+                                                 : *c->disk_checkpoint_path
+                                                     ? c->disk_checkpoint_path
+                                                     : NULL};
     char *list = strdup(c->disk_path), *save = NULL;
     int rc = -ENOMEM;
     if (!list)
@@ -477,6 +487,16 @@ int main(int argc, char **argv)
     if (!d.cfg) {
         fprintf(stderr, "kvcd: %s\n", err);
         goto out;
+    }
+    /* The remote tier's secrets before anything slow: a key file that cannot be read stops
+     * the start at once (and fails --check-config). */
+    if (d.cfg->remote_nodes[0]) {
+        d.rkeys = remote_keys_load(d.cfg, &rc, err, sizeof(err));
+        if (!d.rkeys) {
+            fprintf(stderr, "kvcd: remote: %s\n", err);
+            rc = 1;
+            goto out;
+        }
     }
     if (check) {
         printf("kvcd: configuration OK\n");
@@ -568,8 +588,8 @@ int main(int argc, char **argv)
                                                       .reload = kvcd_reload_verdict,
                                                       .config_set = kvcd_config_set_hook,
                                                       .shutdown = kvcd_shutdown_hook});
-    log_info("kvcd %s: ready on %s (pid %d%s)", KVCD_VERSION, server_path(d.server),
-             (int)getpid(), d.adopt ? ", socket from systemd" : "");
+    log_info("kvcd %s: ready on %s (pid %d%s)", KVCD_VERSION, server_path(d.server), (int)getpid(),
+             d.adopt ? ", socket from systemd" : "");
     {
         char status[160];
         uint64_t wd = notify_watchdog_period_ms();
@@ -599,6 +619,7 @@ out:
     loop_free(d.loop);
     if (d.sigfd >= 0)
         close(d.sigfd);
+    remote_keys_free(d.rkeys);
     config_free(d.cfg);
     free(d.overrides);
     return rc;

@@ -405,6 +405,7 @@ int store_ns_open_in(struct store *s, const struct kvc_wire_layout *l, uint32_t 
     if (!n)
         return -ENOMEM;
     n->id = free_id;
+    n->serial = ++s->ns_serials;
     n->arena = arena;
     n->layout = *l;
     n->block_bytes = bb;

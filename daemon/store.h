@@ -84,6 +84,7 @@ struct store_heap {
 struct store_ns {
     uint32_t id;
     uint32_t arena;
+    uint64_t serial; /* unique for the store's life: an id is reused after a drop, this not */
     struct kvc_wire_layout layout;
     uint64_t block_bytes;
     uint64_t blocks; /* committed now */
@@ -178,6 +179,7 @@ struct store {
     struct index ix;
     struct store_arena arenas[STORE_MAX_ARENAS + 2];
     uint32_t narenas; /* host arenas */
+    uint64_t ns_serials; /* namespaces created so far (store_ns.serial) */
     /* The engine's (daemon/engine.h): where a reservation finds room (NULL: the arena's
      * allocator, no eviction), the disk tier's state, the quantize worker. */
     int (*room)(struct store *s, struct store_ns *ns, bool gpu, uint64_t now,

@@ -98,9 +98,9 @@ START_TEST(test_policy_choices)
     struct config *c = config_new();
     char err[256];
     for (int k = 0; k < POLICY_KIND_COUNT; k++) {
-        ck_assert_msg(config_set(c, "cache.policy", policy_name((enum policy_kind)k), err,
-                                 sizeof(err)) == 0,
-                      "%s", err);
+        ck_assert_msg(
+            config_set(c, "cache.policy", policy_name((enum policy_kind)k), err, sizeof(err)) == 0,
+            "%s", err);
         ck_assert_int_eq(c->cache_policy, k);
     }
     ck_assert_int_ne(config_set(c, "cache.policy", "nonesuch", err, sizeof(err)), 0);
@@ -118,8 +118,7 @@ START_TEST(test_policy_choices)
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         ck_assert_int_eq(config_ns_set(c, "o*", "max_error", bad[i], err, sizeof(err)), -EINVAL);
         ck_assert_ptr_nonnull(strstr(err, "max_error"));
-        ck_assert_int_eq(config_ns_set(c, "o*", "lossy_weight", bad[i], err, sizeof(err)),
-                         -EINVAL);
+        ck_assert_int_eq(config_ns_set(c, "o*", "lossy_weight", bad[i], err, sizeof(err)), -EINVAL);
         ck_assert_ptr_nonnull(strstr(err, "lossy_weight"));
     }
     config_free(c);
@@ -159,20 +158,26 @@ END_TEST
 START_TEST(test_limits)
 {
     static const char *const shown[][2] = {
-        {"server.max_clients_per_uid", "64"},  {"server.hello_timeout", "5s"},
-        {"server.idle_timeout", "1h"},         {"server.max_waits", "16"},
-        {"server.reservation_timeout", "1m"},  {"server.max_namespaces_per_uid", "16"},
-        {"quota.client_pins", "262144"},       {"quota.client_reservations", "1024"},
-        {"quota.uid_pins", "1048576"},         {"quota.uid_leases", "16384"},
+        {"server.max_clients_per_uid", "64"}, {"server.hello_timeout", "5s"},
+        {"server.idle_timeout", "1h"},        {"server.max_waits", "16"},
+        {"server.reservation_timeout", "1m"}, {"server.max_namespaces_per_uid", "16"},
+        {"quota.client_pins", "262144"},      {"quota.client_reservations", "1024"},
+        {"quota.uid_pins", "1048576"},        {"quota.uid_leases", "16384"},
         {"quota.uid_reserved_share", "25"},
     };
     static const char *const bad[][2] = {
-        {"server.max_clients_per_uid", "0"}, {"server.hello_timeout", "99ms"},
-        {"server.hello_timeout", "2h"},      {"server.idle_timeout", "999"},
-        {"server.max_waits", "0"},           {"server.reservation_timeout", "50ms"},
-        {"server.max_namespaces_per_uid", "0"}, {"quota.uid_pins", "0"},
-        {"quota.uid_leases", "0"},           {"quota.uid_reserved_share", "0"},
-        {"quota.uid_reserved_share", "101"}, {"server.idle_timeout", "-1s"},
+        {"server.max_clients_per_uid", "0"},
+        {"server.hello_timeout", "99ms"},
+        {"server.hello_timeout", "2h"},
+        {"server.idle_timeout", "999"},
+        {"server.max_waits", "0"},
+        {"server.reservation_timeout", "50ms"},
+        {"server.max_namespaces_per_uid", "0"},
+        {"quota.uid_pins", "0"},
+        {"quota.uid_leases", "0"},
+        {"quota.uid_reserved_share", "0"},
+        {"quota.uid_reserved_share", "101"},
+        {"server.idle_timeout", "-1s"},
     };
     struct config *c = config_new(), *next;
     char err[256], buf[64];
@@ -219,11 +224,110 @@ START_TEST(test_limits)
 }
 END_TEST
 
+/* Walks the option table: every string option says who may read it (config_option_access:
+ * a new one that does not fails here), every option whose name says it holds a secret is a
+ * SECRET for admins only, and a secret that is set is shown by neither config_get ("(set)")
+ * nor config_print, nor in a message about it. */
+START_TEST(test_secrets_never_shown)
+{
+    static const char *const secretish[] = {"password",   "passwd",     "secret",  "token",
+                                            "passphrase", "credential", "private", "apikey"};
+    struct config *c = config_new();
+    int secrets = 0;
+    ck_assert_ptr_nonnull(c);
+    for (size_t i = 0; i < config_noptions; i++) {
+        const struct config_option *o = &config_options[i];
+        size_t nl = strlen(o->name);
+        bool file = nl > 5 && (strcmp(o->name + nl - 5, "_file") == 0 ||
+                               strcmp(o->name + nl - 5, "_path") == 0);
+        char key[128], value[128], buf[512], err[512];
+        if (o->type == CONFIG_TYPE_STRING || o->type == CONFIG_TYPE_SECRET)
+            ck_assert_msg(config_option_access(o) != CONFIG_ACCESS_NONE,
+                          "%s.%s: a string option not in CONFIG_STRING_ACCESS", o->section,
+                          o->name);
+        /* Word by word ("recompute_tokens_per_s" holds no token). */
+        char words[128];
+        snprintf(words, sizeof(words), "%s", o->name);
+        for (char *save = NULL, *wd = strtok_r(words, "_", &save); wd && !file;
+             wd = strtok_r(NULL, "_", &save))
+            for (size_t w = 0; w < sizeof(secretish) / sizeof(secretish[0]); w++)
+                ck_assert_msg(strcmp(wd, secretish[w]) != 0 || o->type == CONFIG_TYPE_SECRET,
+                              "%s.%s holds a secret: make it a SECRET", o->section, o->name);
+        if (o->type != CONFIG_TYPE_SECRET)
+            continue;
+        secrets++;
+        ck_assert_int_eq(config_option_access(o), CONFIG_ACCESS_ADMIN);
+        snprintf(key, sizeof(key), "%s.%s", o->section, o->name);
+        snprintf(value, sizeof(value), "s3cret-%s-v4lue", o->name);
+        ck_assert_int_eq(config_set(c, key, value, err, sizeof(err)), 0);
+        ck_assert_int_eq(config_get(c, key, buf, sizeof(buf)), 0);
+        ck_assert_str_eq(buf, "(set)");
+        /* A bad value's message does not repeat it. */
+        ck_assert_int_eq(config_set(c, key, "s3cret\twith-a-tab", err, sizeof(err)), -EINVAL);
+        ck_assert_msg(!strstr(err, "s3cret"), "%s", err);
+        ck_assert_int_eq(config_get(c, key, buf, sizeof(buf)), 0);
+        ck_assert_str_eq(buf, "(set)");
+    }
+    ck_assert_int_ge(secrets, 1); /* remote.password */
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(config_print(c, f), 0);
+    fclose(f);
+    ck_assert_msg(!strstr(text, "s3cret"), "config_print shows a secret");
+    ck_assert_ptr_nonnull(strstr(text, "# password is set; its value is never printed"));
+    free(text);
+    /* Cleared, it reads as empty again. */
+    char err[256], buf[64];
+    ck_assert_int_eq(config_set(c, "remote.password", "", err, sizeof(err)), 0);
+    ck_assert_int_eq(config_get(c, "remote.password", buf, sizeof(buf)), 0);
+    ck_assert_str_eq(buf, "");
+    config_free(c);
+}
+END_TEST
+
+/* Namespaces with access lists stay out of the remote tier unless their section says so,
+ * and only in a sealed tier; a group secret needs a sealed tier. */
+START_TEST(test_remote_restricted)
+{
+    struct config *c = config_new();
+    char err[512];
+    ck_assert_int_eq(config_ns_set(c, "open*", "remote", "no", err, sizeof(err)), 0);
+    ck_assert_int_eq(config_ns_set(c, "locked*", "read", "0", err, sizeof(err)), 0);
+    ck_assert_int_eq(config_ns_set(c, "shared*", "read", "0", err, sizeof(err)), 0);
+    ck_assert_int_eq(config_ns_set(c, "shared*", "remote", "yes", err, sizeof(err)), 0);
+    ck_assert_int_eq(config_ns_set(c, "anyone*", "read", "*", err, sizeof(err)), 0);
+    ck_assert(!config_ns_remote(c, "open-model"));
+    ck_assert(!config_ns_remote(c, "locked-model"));
+    ck_assert(config_ns_remote(c, "shared-model"));
+    ck_assert(config_ns_remote(c, "anyone-model")); /* a list of everyone restricts nothing */
+    ck_assert(config_ns_remote(c, "unmatched"));
+    ck_assert_int_eq(config_validate(c, err, sizeof(err)), 0);
+    ck_assert_int_eq(config_set(c, "remote.seal", "no", err, sizeof(err)), 0);
+    ck_assert_int_eq(config_validate(c, err, sizeof(err)), -EINVAL);
+    ck_assert_msg(strstr(err, "[namespace.shared*]") && strstr(err, "remote.seal = yes"), "%s",
+                  err);
+    ck_assert(!config_ns_remote(c, "shared-model")); /* never unsealed */
+    config_free(c);
+    c = config_new();
+    ck_assert_int_eq(config_ns_set(c, "g*", "remote_key_file", "relative", err, sizeof(err)),
+                     -EINVAL);
+    ck_assert_int_eq(config_ns_set(c, "g*", "remote_key_file", "/etc/kvcd/g.key", err, sizeof(err)),
+                     0);
+    ck_assert_int_eq(config_validate(c, err, sizeof(err)), 0);
+    ck_assert_int_eq(config_set(c, "remote.seal", "no", err, sizeof(err)), 0);
+    ck_assert_int_eq(config_validate(c, err, sizeof(err)), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "remote_key_file"));
+    config_free(c);
+}
+END_TEST
+
 START_TEST(test_table)
 {
     struct config *c = config_new();
 
-    ck_assert_uint_eq(config_noptions, 61);
+    ck_assert_uint_eq(config_noptions, 64);
     for (size_t i = 0; i < config_noptions; i++) {
         const struct config_option *o = &config_options[i];
         char key[128];
@@ -276,27 +380,26 @@ END_TEST
 
 START_TEST(test_load_good)
 {
-    static const char text[] =
-        "\xef\xbb\xbf# a comment\r\n"
-        "; another\n"
-        "\n"
-        "[server]\n"
-        "socket = /run/kvcd/test.sock\n"
-        "  socket_mode = 600   ; indented, with an inline comment\n"
-        "\tmax_clients=17\n"
-        "socket_group: kvc\n"
-        "[host]\n"
-        "size = 4GiB\n"
-        "page_size = 64K\n"
-        "prefault = Off\n"
-        "hugepages = ON\n"
-        "high_watermark = 0.8\n"
-        "low_watermark = 5e-1\n"
-        "[log]\n"
-        "level = debug\n"
-        "[server]\n" /* a section may be opened again */
-        "max_leases = 1\n"
-        "max_namespaces = 65535";
+    static const char text[] = "\xef\xbb\xbf# a comment\r\n"
+                               "; another\n"
+                               "\n"
+                               "[server]\n"
+                               "socket = /run/kvcd/test.sock\n"
+                               "  socket_mode = 600   ; indented, with an inline comment\n"
+                               "\tmax_clients=17\n"
+                               "socket_group: kvc\n"
+                               "[host]\n"
+                               "size = 4GiB\n"
+                               "page_size = 64K\n"
+                               "prefault = Off\n"
+                               "hugepages = ON\n"
+                               "high_watermark = 0.8\n"
+                               "low_watermark = 5e-1\n"
+                               "[log]\n"
+                               "level = debug\n"
+                               "[server]\n" /* a section may be opened again */
+                               "max_leases = 1\n"
+                               "max_namespaces = 65535";
     struct config *c = config_new();
     char err[256];
     const char *path = tmp_write_str("good.ini", text);
@@ -355,7 +458,8 @@ static const struct bad_case bad_cases[] = {
      "t.ini:2: unknown key 'zzzzzzzzzz' in [log] (keys in [log]: level rate_limit)"},
     {"[hots]\nsize = 1g\n", "t.ini:1: unknown section [hots] (did you mean [host]?)"},
     {"[server]\nmax_clients = 2\n[zzzzzzzz]\n",
-     "t.ini:3: unknown section [zzzzzzzz] (sections: [server] [log] [host] [cache] [quota] [disk] [remote] [gpu])"},
+     "t.ini:3: unknown section [zzzzzzzz] (sections: [server] [log] [host] [cache] [quota] [disk] "
+     "[remote] [gpu])"},
     {"size = 1g\n", "t.ini:1: key 'size' outside of any [section]"},
     {"[host]\nprefault = maybe\n", "t.ini:2: host.prefault: 'maybe' is not a boolean*"},
     {"[host]\nprefault = 2\n", "t.ini:2: host.prefault: '2' is not a boolean*"},
@@ -374,8 +478,7 @@ static const struct bad_case bad_cases[] = {
      "t.ini:2: server.socket_mode: 1777 is out of bounds (0000 .. 0777)"},
     {"[log]\nlevel = verbose\n",
      "t.ini:2: log.level: 'verbose' is not one of error/warning/info/debug"},
-    {"[server]\nmax_clients = 0\n",
-     "t.ini:2: server.max_clients: 0 is out of bounds (1 .. 65536)"},
+    {"[server]\nmax_clients = 0\n", "t.ini:2: server.max_clients: 0 is out of bounds (1 .. 65536)"},
     {"[server]\nmax_clients = 12abc\n", "t.ini:2: server.max_clients: '12abc' is not an integer"},
     {"[server]\nmax_clients = 99999999999999999999\n",
      "t.ini:2: server.max_clients: '99999999999999999999' is out of range"},
@@ -430,8 +533,7 @@ START_TEST(test_load_bad_file)
     const char *path = tmp_write_str("bad.ini", "[host]\n\nszie = 1g\n");
 
     ck_assert_int_eq(config_load_file(c, path, err, sizeof(err)), -EINVAL);
-    snprintf(want, sizeof(want), "%s:3: unknown key 'szie' in [host] (did you mean 'size'?)",
-             path);
+    snprintf(want, sizeof(want), "%s:3: unknown key 'szie' in [host] (did you mean 'size'?)", path);
     ck_assert_str_eq(err, want);
     config_free(c);
 }
@@ -601,9 +703,10 @@ START_TEST(test_size_format)
     static const struct {
         const char *in, *out;
     } cases[] = {
-        {"1073741824", "1g"}, {"1536m", "1536m"}, {"16777217", "16777217"}, {"4t", "4t"},
-        {"4096g", "4t"},      {"2047m", "2047m"}, {"3g", "3g"},             {"17m", "17m"},
-        {"16385k", "16385k"}, {"1024MiB", "1g"},
+        {"1073741824", "1g"}, {"1536m", "1536m"}, {"16777217", "16777217"},
+        {"4t", "4t"},         {"4096g", "4t"},    {"2047m", "2047m"},
+        {"3g", "3g"},         {"17m", "17m"},     {"16385k", "16385k"},
+        {"1024MiB", "1g"},
     };
     struct config *c = config_new();
     char err[256];
@@ -739,7 +842,8 @@ START_TEST(test_validate)
     /* remote.part_size: 0 (never split) or at least 64k, at most 1g. */
     ck_assert_int_eq(config_set(c, "remote.part_size", "32k", NULL, 0), 0);
     ck_assert_int_eq(config_validate(c, err, sizeof(err)), -EINVAL);
-    ck_assert_str_eq(err, "remote.part_size (32k) must be 0 (a block is one value) or at least 64k");
+    ck_assert_str_eq(err,
+                     "remote.part_size (32k) must be 0 (a block is one value) or at least 64k");
     ck_assert_int_eq(config_set(c, "remote.part_size", "0", NULL, 0), 0);
     ck_assert_int_eq(config_validate(c, err, sizeof(err)), 0);
     ck_assert_int_eq(config_set(c, "remote.part_size", "64k", NULL, 0), 0);
@@ -922,6 +1026,8 @@ static Suite *config_suite(void)
     tcase_add_test(tc, test_defaults);
     tcase_add_test(tc, test_limits);
     tcase_add_test(tc, test_table);
+    tcase_add_test(tc, test_secrets_never_shown);
+    tcase_add_test(tc, test_remote_restricted);
     tcase_add_test(tc, test_dup);
     tcase_add_test(tc, test_load_good);
     tcase_add_test(tc, test_load_empty);

@@ -46,7 +46,10 @@ struct remote_part {
     uint64_t xxh; /* PUT: of its bytes; GET: from its header */
     char key[REMOTE_REC_KEY_MAX];
     char cmd[REMOTE_CMD_MAX];    /* the command's text before the value (this round) */
-    uint8_t hdr[REMOTE_REC_HDR]; /* PUT: the encoded header; GET: the header read */
+    uint8_t hdr[REMOTE_REC_HDR]; /* PUT: the encoded header; GET: the header read (opened) */
+    /* A sealed tier: the header as it travels, and the tag after the part's bytes. */
+    uint8_t sealed[REMOTE_SEAL_HDR];
+    uint8_t tag[REMOTE_SEAL_TAG];
 };
 
 /* A block: its parts, and what the caller is told once the last of them is done. */
@@ -61,7 +64,10 @@ struct remote_req {
     struct remote_rec_meta meta; /* PUT: the record's; GET: wanted, then the record's */
     struct remote_rec_geom geom;
     uint8_t *buf;       /* GET: destination; PUT: the data (only read) */
+    uint8_t *ct;        /* PUT in a sealed tier: the parts' bytes sealed (worker; owned) */
     uint64_t *part_xxh; /* PUT: scratch for the parts' hashes (geom.count), in this block */
+    bool sealed;
+    struct remote_seal seal; /* a sealed tier: the namespace's keys (wiped at free) */
     tier_remote_done_fn done;
     void *arg;
     struct remote_part parts[]; /* geom.count */
@@ -73,6 +79,7 @@ enum remote_rx {
     REMOTE_RX_LINE,   /* the reply's first line */
     REMOTE_RX_HDR,    /* a GET's value: the part's header, into part->hdr */
     REMOTE_RX_DATA,   /* then its bytes, into their place in the block */
+    REMOTE_RX_TAG,    /* a sealed tier: then the tag of its bytes */
     REMOTE_RX_CRLF,   /* then the CRLF that closes the value */
     REMOTE_RX_SKIP,   /* a value that is not the part: read to its end and dropped */
 };
@@ -359,6 +366,8 @@ static void remote_req_finish(struct tier_remote *t, struct remote_req *q, int s
     uint64_t ok = 0;
     for (uint32_t i = 0; i < q->geom.count; i++)
         ok += q->parts[i].status == 0;
+    free(q->ct); /* the sealed bytes are sent (or never will be) */
+    q->ct = NULL;
     q->status = status;
     q->next = NULL;
     pthread_mutex_lock(&t->mu);
@@ -380,6 +389,7 @@ static void remote_req_finish(struct tier_remote *t, struct remote_req *q, int s
     } else if (status != -ECANCELED) {
         t->st.bad_records++;
         t->st.part_mixed += q->mixed;
+        t->st.seal_refused += status == -EKEYREJECTED;
     }
     if (t->d_tail)
         t->d_tail->next = q;
@@ -426,15 +436,32 @@ static void remote_part_done(struct tier_remote *t, struct remote_part *p, int s
 }
 
 /* A PUT's headers, when its first part is about to go out: the block is hashed (every part
- * and the whole), and every part's header says so. */
+ * and the whole), and every part's header says so; in a sealed tier each part is sealed into
+ * q->ct (allocated when the batch started: remote_round). */
 static void remote_req_encode(struct remote_req *q)
 {
     q->meta.data_xxh = remote_rec_hash(&q->geom, q->buf, q->part_xxh);
     for (uint32_t i = 0; i < q->geom.count; i++) {
-        q->parts[i].xxh = q->part_xxh[i];
-        remote_rec_encode(q->parts[i].hdr, &q->meta, &q->geom, i, q->part_xxh[i]);
+        struct remote_part *p = &q->parts[i];
+        uint64_t off = remote_rec_part_off(&q->geom, i);
+        p->xxh = q->part_xxh[i];
+        remote_rec_encode(p->hdr, &q->meta, &q->geom, i, q->part_xxh[i]);
+        if (q->sealed) {
+            uint8_t nonce[24];
+            remote_seal_nonce(nonce);
+            remote_seal_part(p->sealed, q->ct + off, p->tag, p->hdr, q->buf + off,
+                             remote_rec_part_len(&q->geom, i), &q->seal, &q->meta, &q->geom, i,
+                             nonce);
+        }
     }
     q->encoded = true;
+}
+
+/* The bytes of p's value: its header as it travels, its bytes, a sealed part's tag. */
+static uint64_t remote_part_vlen(const struct remote_req *q, uint32_t index)
+{
+    uint64_t len = remote_rec_part_len(&q->geom, index);
+    return q->sealed ? REMOTE_SEAL_HDR + len + REMOTE_SEAL_TAG : REMOTE_REC_HDR + len;
 }
 
 /* The text of p's command before its value: [ASKING] GET key, or [ASKING] SET key $len. */
@@ -448,35 +475,36 @@ static void remote_part_cmd(struct remote_part *p)
         n += snprintf(p->cmd + n, sizeof(p->cmd) - (size_t)n, "*2\r\n$3\r\nGET\r\n$%u\r\n%s\r\n",
                       p->klen, p->key);
     else
-        n += snprintf(
-            p->cmd + n, sizeof(p->cmd) - (size_t)n, "*3\r\n$3\r\nSET\r\n$%u\r\n%s\r\n$%llu\r\n",
-            p->klen, p->key,
-            (unsigned long long)(REMOTE_REC_HDR + remote_rec_part_len(&q->geom, p->index)));
+        n += snprintf(p->cmd + n, sizeof(p->cmd) - (size_t)n,
+                      "*3\r\n$3\r\nSET\r\n$%u\r\n%s\r\n$%llu\r\n", p->klen, p->key,
+                      (unsigned long long)remote_part_vlen(q, p->index));
     p->clen = (uint8_t)n;
 }
 
 static uint64_t remote_part_cmd_len(const struct remote_part *p)
 {
     const struct remote_req *q = p->req;
-    return p->clen + (q->op == REMOTE_OP_PUT
-                          ? REMOTE_REC_HDR + remote_rec_part_len(&q->geom, p->index) + 2
-                          : 0);
+    return p->clen + (q->op == REMOTE_OP_PUT ? remote_part_vlen(q, p->index) + 2 : 0);
 }
 
-/* The iovecs of p's command past its first skip bytes (at most 4). A PUT's value goes out
- * from its header and the block's own memory. */
+/* The iovecs of p's command past its first skip bytes (at most 5). A PUT's value goes out
+ * from its header and the block's own memory (sealed: its sealed copy, then the tag). */
 static int remote_part_iov(struct remote_part *p, struct iovec *iov, uint64_t skip)
 {
     struct remote_req *q = p->req;
-    struct iovec seg[4];
+    struct iovec seg[5];
     int nseg = 0, n = 0;
     seg[nseg++] = (struct iovec){p->cmd, p->clen};
     if (q->op == REMOTE_OP_PUT) {
+        uint64_t off = remote_rec_part_off(&q->geom, p->index);
         if (!q->encoded)
             remote_req_encode(q);
-        seg[nseg++] = (struct iovec){p->hdr, REMOTE_REC_HDR};
-        seg[nseg++] = (struct iovec){q->buf + remote_rec_part_off(&q->geom, p->index),
+        seg[nseg++] = q->sealed ? (struct iovec){p->sealed, REMOTE_SEAL_HDR}
+                                : (struct iovec){p->hdr, REMOTE_REC_HDR};
+        seg[nseg++] = (struct iovec){(q->sealed ? q->ct : q->buf) + off,
                                      remote_rec_part_len(&q->geom, p->index)};
+        if (q->sealed)
+            seg[nseg++] = (struct iovec){p->tag, REMOTE_SEAL_TAG};
         seg[nseg++] = (struct iovec){(void *)"\r\n", 2};
     }
     for (int i = 0; i < nseg; i++) {
@@ -506,7 +534,7 @@ static int remote_tx(struct remote_node *n)
         struct msghdr mh = {.msg_iov = iov};
         uint64_t skip = n->tx_off, given = 0;
         int cnt = 0;
-        for (struct remote_part *p = n->tx; p && cnt <= REMOTE_IOV - 4; p = p->next) {
+        for (struct remote_part *p = n->tx; p && cnt <= REMOTE_IOV - 5; p = p->next) {
             cnt += remote_part_iov(p, iov + cnt, skip);
             skip = 0;
         }
@@ -652,24 +680,32 @@ static int remote_rx_line(struct tier_remote *t, struct remote_node *n, struct r
     if (!get) {
         *bad = true;
         remote_rx_skip(n, n->rx_vlen + 2, -EIO);
-    } else if (n->rx_vlen < REMOTE_REC_HDR) {
+    } else if (n->rx_vlen < (p->req->sealed ? REMOTE_SEAL_HDR + REMOTE_SEAL_TAG : REMOTE_REC_HDR)) {
         remote_rx_skip(n, n->rx_vlen + 2, -EPROTO);
     } else {
         n->rx_state = REMOTE_RX_HDR;
-        n->rx_left = REMOTE_REC_HDR;
+        n->rx_left = p->req->sealed ? REMOTE_SEAL_HDR : REMOTE_REC_HDR;
     }
     return 0;
 }
 
-/* p's header has come: checked before any of its bytes may land. */
+/* p's header has come: opened (a sealed tier) and checked before any of its bytes may
+ * land. */
 static void remote_rx_header(struct remote_node *n, struct remote_part *p)
 {
     struct remote_req *q = p->req;
     struct remote_rec_meta got;
-    int v =
-        remote_rec_check_header(p->hdr, n->rx_vlen, &q->meta, &q->geom, p->index, &got, &p->xxh);
+    uint64_t hlen = q->sealed ? REMOTE_SEAL_HDR : REMOTE_REC_HDR, vlen = n->rx_vlen;
+    int v = 0;
+    if (q->sealed) {
+        v = remote_seal_open_header(p->sealed, n->rx_vlen, &q->seal, &q->meta, &q->geom, p->index,
+                                    p->hdr);
+        vlen = REMOTE_REC_HDR + remote_rec_part_len(&q->geom, p->index); /* its length checked */
+    }
+    if (!v)
+        v = remote_rec_check_header(p->hdr, vlen, &q->meta, &q->geom, p->index, &got, &p->xxh);
     if (v) {
-        remote_rx_skip(n, n->rx_vlen - REMOTE_REC_HDR + 2, v);
+        remote_rx_skip(n, n->rx_vlen - hlen + 2, v);
         return;
     }
     if (p->index == 0)
@@ -742,7 +778,10 @@ static int remote_rx(struct tier_remote *t, struct remote_node *n, struct remote
             }
             take = avail < n->rx_left ? avail : (size_t)n->rx_left;
             if (n->rx_state == REMOTE_RX_HDR)
-                at = p->hdr + REMOTE_REC_HDR - n->rx_left;
+                at = q->sealed ? p->sealed + REMOTE_SEAL_HDR - n->rx_left
+                               : p->hdr + REMOTE_REC_HDR - n->rx_left;
+            else if (n->rx_state == REMOTE_RX_TAG)
+                at = p->tag + REMOTE_SEAL_TAG - n->rx_left;
             else if (n->rx_state == REMOTE_RX_DATA)
                 at = q->buf + remote_rec_part_off(&q->geom, p->index) +
                      remote_rec_part_len(&q->geom, p->index) - n->rx_left;
@@ -759,14 +798,23 @@ static int remote_rx(struct tier_remote *t, struct remote_node *n, struct remote
             continue;
         if (n->rx_state == REMOTE_RX_HDR) {
             remote_rx_header(n, p);
-        } else if (n->rx_state == REMOTE_RX_DATA) {
+        } else if (n->rx_state == REMOTE_RX_DATA && q->sealed) {
+            n->rx_state = REMOTE_RX_TAG;
+            n->rx_left = REMOTE_SEAL_TAG;
+        } else if (n->rx_state == REMOTE_RX_DATA || n->rx_state == REMOTE_RX_TAG) {
             n->rx_state = REMOTE_RX_CRLF;
             n->rx_left = 2;
         } else if (n->rx_state == REMOTE_RX_CRLF) {
+            uint8_t *at0 = q->buf + remote_rec_part_off(&q->geom, p->index);
+            uint64_t len = remote_rec_part_len(&q->geom, p->index);
             if (n->crlf[0] != '\r' || n->crlf[1] != '\n')
                 return -1;
-            rc = remote_rec_check_data(p->xxh, q->buf + remote_rec_part_off(&q->geom, p->index),
-                                       remote_rec_part_len(&q->geom, p->index));
+            /* Sealed: the tag is checked before a byte is decrypted (in place); then the
+             * checksum of the plaintext, as for an unsealed part. */
+            rc = q->sealed ? remote_seal_open_data(p->sealed, p->hdr, &q->seal, at0, len, p->tag)
+                           : 0;
+            if (!rc)
+                rc = remote_rec_check_data(p->xxh, at0, len);
             remote_rx_answered(t, n, p, rc);
         } else { /* SKIP */
             remote_rx_answered(t, n, p, n->rx_status);
@@ -800,8 +848,17 @@ static bool remote_round(struct tier_remote *t, struct remote_part *list,
     *again = NULL;
     for (struct remote_part *p = list; p; p = next) {
         int node = p->ask >= 0 ? p->ask : t->slot_node[p->slot];
+        struct remote_req *q = p->req;
         next = p->next;
         p->next = NULL;
+        /* A sealed PUT's room for its sealed bytes, held while its batch runs. */
+        if (q->op == REMOTE_OP_PUT && q->sealed && !q->ct &&
+            !(q->ct = malloc(q->geom.len ? q->geom.len : 1))) {
+            remote_error(t, "no memory to seal a block of %llu bytes",
+                         (unsigned long long)q->geom.len);
+            remote_part_done(t, p, -ENOMEM);
+            continue;
+        }
         if (node == REMOTE_NO_NODE || node < 0) {
             remote_error(t, "slot %u has no master in the map", p->slot);
             bad = true;
@@ -995,13 +1052,22 @@ static void *remote_main(void *arg)
 
 /* ---- the caller's side ------------------------------------------------------------------ */
 
+/* A request's memory, its keys wiped first. */
+static void remote_req_free(struct remote_req *q)
+{
+    if (q->sealed)
+        remote_seal_wipe(&q->seal, sizeof(q->seal));
+    free(q->ct);
+    free(q);
+}
+
 static int remote_submit(struct tier_remote *t, struct remote_req *q)
 {
     pthread_mutex_lock(&t->mu);
     if (t->degraded || t->stop || t->inflight >= t->cfg.max_inflight) {
         t->st.fast_fails += t->degraded;
         pthread_mutex_unlock(&t->mu);
-        free(q);
+        remote_req_free(q);
         return -EAGAIN;
     }
     if (q->op == REMOTE_OP_GET)
@@ -1052,13 +1118,18 @@ void tier_remote_unplug(struct tier_remote *t)
 /* A block's request with its parts (and a PUT's scratch for their hashes), in one
  * allocation. */
 static struct remote_req *remote_req_new(const struct tier_remote *t,
-                                         const struct remote_rec_meta *m, uint8_t op, void *buf,
+                                         const struct remote_rec_meta *m,
+                                         const struct remote_seal *seal, uint8_t op, void *buf,
                                          tier_remote_done_fn done, void *arg, int *err)
 {
     struct remote_rec_geom g;
     struct remote_req *q;
     uint64_t fp = remote_rec_ns_fp(m->ns);
     size_t size;
+    if (t->cfg.sealed != (seal != NULL)) {
+        *err = -EINVAL;
+        return NULL;
+    }
     *err = remote_rec_geom(m->len, t->cfg.part_size, &g);
     if (*err)
         return NULL;
@@ -1072,6 +1143,9 @@ static struct remote_req *remote_req_new(const struct tier_remote *t,
     memset(q, 0, sizeof(*q));
     q->op = op;
     q->meta = *m;
+    q->sealed = seal != NULL;
+    if (seal)
+        q->seal = *seal;
     q->geom = g;
     q->left = g.count;
     q->buf = buf;
@@ -1087,26 +1161,28 @@ static struct remote_req *remote_req_new(const struct tier_remote *t,
         p->asking = false;
         p->ask = -1;
         p->status = 1; /* no reply yet */
-        p->klen = (uint8_t)remote_rec_key(p->key, fp, m->key, &g, i);
+        p->klen = (uint8_t)(seal ? remote_seal_key(p->key, seal, m->key, &g, i)
+                                 : remote_rec_key(p->key, fp, m->key, &g, i));
         p->slot = (uint16_t)remote_rec_slot(p->key, p->klen);
     }
     return q;
 }
 
-int tier_remote_get(struct tier_remote *t, const struct remote_rec_meta *want, void *dst,
-                    tier_remote_done_fn done, void *arg)
+int tier_remote_get(struct tier_remote *t, const struct remote_rec_meta *want,
+                    const struct remote_seal *seal, void *dst, tier_remote_done_fn done, void *arg)
 {
     int rc;
-    struct remote_req *q = remote_req_new(t, want, REMOTE_OP_GET, dst, done, arg, &rc);
+    struct remote_req *q = remote_req_new(t, want, seal, REMOTE_OP_GET, dst, done, arg, &rc);
     return q ? remote_submit(t, q) : rc;
 }
 
-int tier_remote_put(struct tier_remote *t, const struct remote_rec_meta *m, const void *src,
-                    tier_remote_done_fn done, void *arg)
+int tier_remote_put(struct tier_remote *t, const struct remote_rec_meta *m,
+                    const struct remote_seal *seal, const void *src, tier_remote_done_fn done,
+                    void *arg)
 {
     int rc;
     struct remote_req *q =
-        remote_req_new(t, m, REMOTE_OP_PUT, (void *)src /* only read */, done, arg, &rc);
+        remote_req_new(t, m, seal, REMOTE_OP_PUT, (void *)src /* only read */, done, arg, &rc);
     return q ? remote_submit(t, q) : rc;
 }
 
@@ -1132,7 +1208,7 @@ int tier_remote_poll(struct tier_remote *t)
         t->inflight--;
         pthread_mutex_unlock(&t->mu);
         q->done(q->arg, q->status, &q->meta);
-        free(q);
+        remote_req_free(q);
         n++;
         q = next;
     }
@@ -1203,6 +1279,9 @@ struct tier_remote *tier_remote_new(const struct tier_remote_config *cfg, int *e
         rc = -EINVAL;
         goto fail;
     }
+    if (t->cfg.sealed && (rc = remote_seal_init()) != 0)
+        goto fail;
+    rc = -ENOMEM;
     if (!t->cfg.backoff_min_ms)
         t->cfg.backoff_min_ms = 100;
     if (t->cfg.backoff_max_ms < t->cfg.backoff_min_ms)
@@ -1262,6 +1341,7 @@ void tier_remote_free(struct tier_remote *t)
     pthread_cond_destroy(&t->cv);
     pthread_mutex_destroy(&t->mu);
     free(t->user);
+    remote_seal_wipe(t->password, strlen(t->password));
     free(t->password);
     free(t);
 }

@@ -19,7 +19,11 @@
  * all of one write (remote_rec_same_write), else the block is a miss (some parts missing:
  * part_missing) or refused (bad_records; parts of different writes: part_mixed), never
  * served. A PUT's headers (which carry the XXH3 of the whole block) are made when its first
- * part is about to go out.
+ * part is about to go out. A sealed tier (remote_seal.h) seals each part then, into a copy
+ * of the block's bytes held while its batch runs, and sends the copy; a GET's sealed header
+ * is opened before it is checked, and the part's bytes, received into their place as
+ * ciphertext, are opened in place once their tag has come: nothing of a part counts before
+ * both opened. Sealing is the worker's CPU time: it adds to a batch's time (docs/remote.md).
  * Routing: the slot map comes from CLUSTER SLOTS of any node that answers (seeds first);
  * MOVED updates the slot's entry and retries there (the map is refreshed after the batch),
  * ASK retries once on the named node behind ASKING; a part is redirected at most
@@ -42,6 +46,7 @@
 #include <stdint.h>
 
 #include "tiers/remote_rec.h"
+#include "tiers/remote_seal.h"
 
 #define TIER_REMOTE_MAX_NODES 64
 #define REMOTE_REDIRECTS_MAX 5
@@ -55,6 +60,7 @@ struct tier_remote_config {
     uint32_t max_inflight;       /* requests queued or on the wire; more: -EAGAIN */
     uint32_t batch;              /* parts per pipelined batch (a block's parts stay together) */
     uint64_t part_size;          /* 0: a block is one value; else >= REMOTE_REC_PART_MIN */
+    bool sealed; /* every record sealed (remote_seal.h): each get and put names its keys */
     uint32_t backoff_min_ms, backoff_max_ms;
 };
 
@@ -64,7 +70,8 @@ struct tier_remote;
  * record says of the block; its bytes are in the buffer), -ENOENT (no value under the block's
  * keys, or not under all of them: a part missing), -EPROTO, -EPROTONOSUPPORT, -EMSGSIZE,
  * -ESTALE, -EBADMSG (a value that is not a valid part of this block: see
- * remote_rec_check_header; -ESTALE also for parts of different writes), -EIO (network or
+ * remote_rec_check_header; -ESTALE also for parts of different writes), -EKEYREJECTED (a
+ * sealed tier: a value that does not open under the block's keys), -EIO (network or
  * cluster error), -EAGAIN (the cluster asked to retry, or the tier is degraded), -ECANCELED
  * (the tier is stopping). */
 typedef void (*tier_remote_done_fn)(void *arg, int status, const struct remote_rec_meta *got);
@@ -84,14 +91,18 @@ int tier_remote_poll(struct tier_remote *t);
 
 /* Reads the block want (its ns and key name the Redis keys; want->len is its exact size,
  * which with the part size gives its cut) into dst: done gets 0 once its want->len bytes are
- * there. dst must stay valid until done. Returns 0, or -EAGAIN (degraded, or max_inflight
- * reached: nothing queued), -EMSGSIZE (more than REMOTE_REC_PARTS_MAX parts), -ENOMEM. */
-int tier_remote_get(struct tier_remote *t, const struct remote_rec_meta *want, void *dst,
-                    tier_remote_done_fn done, void *arg);
+ * there. seal: the namespace's keys in a sealed tier (copied), NULL in an unsealed one. dst
+ * must stay valid until done. Returns 0, or -EAGAIN (degraded, or max_inflight reached:
+ * nothing queued), -EMSGSIZE (more than REMOTE_REC_PARTS_MAX parts), -EINVAL (seal given
+ * to an unsealed tier or missing in a sealed one), -ENOMEM. */
+int tier_remote_get(struct tier_remote *t, const struct remote_rec_meta *want,
+                    const struct remote_seal *seal, void *dst, tier_remote_done_fn done, void *arg);
 /* Writes m->len bytes at src as the block m, in parts when larger than the part size (SETs
- * that replace any values). src must stay unchanged until done. Returns as tier_remote_get. */
-int tier_remote_put(struct tier_remote *t, const struct remote_rec_meta *m, const void *src,
-                    tier_remote_done_fn done, void *arg);
+ * that replace any values); sealed under seal in a sealed tier. src must stay unchanged
+ * until done. Returns as tier_remote_get. */
+int tier_remote_put(struct tier_remote *t, const struct remote_rec_meta *m,
+                    const struct remote_seal *seal, const void *src, tier_remote_done_fn done,
+                    void *arg);
 
 /* Between plug and unplug (which nest), submitted requests are held and handed to the worker
  * together at the last unplug: a lookup's or a pump's requests make one batch, where the
@@ -111,6 +122,7 @@ struct tier_remote_stats {
     uint64_t parts_read, parts_written;       /* values moved (a block is one or more) */
     uint64_t part_missing; /* blocks missed because some of their parts were not there */
     uint64_t part_mixed;   /* blocks refused because their parts were of different writes */
+    uint64_t seal_refused; /* blocks refused because a part did not open under their keys */
     uint64_t batches;      /* batches run (a batch: one pipelined round trip or a few) */
     uint64_t bytes_read, bytes_written;
     uint64_t errors;       /* requests failed by the network or the cluster */

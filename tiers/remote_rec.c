@@ -171,6 +171,19 @@ static void remote_rec_tags_build(void)
     }
 }
 
+size_t remote_rec_key_named(char *buf, size_t n, const struct remote_rec_geom *g, uint32_t index)
+{
+    if (g->count > 1) {
+        unsigned base = remote_rec_slot(buf, n);
+        unsigned slot =
+            (unsigned)((base + (uint64_t)index * REMOTE_REC_SLOTS / g->count) % REMOTE_REC_SLOTS);
+        pthread_once(&remote_rec_tags_once, remote_rec_tags_build);
+        n += (size_t)snprintf(buf + n, REMOTE_REC_KEY_MAX - n, ":%llu:%u{%s}",
+                              (unsigned long long)g->size, index, remote_rec_tags[slot]);
+    }
+    return n;
+}
+
 size_t remote_rec_key(char *buf, uint64_t ns_fp, const uint64_t key[2],
                       const struct remote_rec_geom *g, uint32_t index)
 {
@@ -185,15 +198,7 @@ size_t remote_rec_key(char *buf, uint64_t ns_fp, const uint64_t key[2],
         for (int i = 15; i >= 0; i--)
             buf[n++] = hex[(key[w] >> (i * 4)) & 0xf];
     buf[n] = '\0';
-    if (g->count > 1) {
-        unsigned base = remote_rec_slot(buf, n);
-        unsigned slot =
-            (unsigned)((base + (uint64_t)index * REMOTE_REC_SLOTS / g->count) % REMOTE_REC_SLOTS);
-        pthread_once(&remote_rec_tags_once, remote_rec_tags_build);
-        n += (size_t)snprintf(buf + n, REMOTE_REC_KEY_MAX - n, ":%llu:%u{%s}",
-                              (unsigned long long)g->size, index, remote_rec_tags[slot]);
-    }
-    return n;
+    return remote_rec_key_named(buf, n, g, index);
 }
 
 /* ---- hashing and encoding ---------------------------------------------------------------- */

@@ -88,6 +88,11 @@ uint64_t remote_rec_ns_fp(const uint8_t ns[REMOTE_REC_NS_BYTES]);
 size_t remote_rec_key(char *buf, uint64_t ns_fp, const uint64_t key[2],
                       const struct remote_rec_geom *g, uint32_t index);
 
+/* Turns buf, the n-byte Redis key of a whole block (NUL terminated, at most 64 bytes), into
+ * the key of part index of the block cut as g (the same for a block in one part); returns its
+ * length. remote_rec_key and sealed keys (remote_seal_key) share the parts' suffix. */
+size_t remote_rec_key_named(char *buf, size_t n, const struct remote_rec_geom *g, uint32_t index);
+
 /* Hashes a block of g->len bytes at data cut as g: part_xxh[i] gets the XXH3 of part i (count
  * entries), and the return value is the XXH3 of the whole block (for one part, the same).
  * Each part is hashed twice while it is in cache: the data is read from memory once. */

@@ -38,6 +38,7 @@
 #include "tests/lib/daemon.h"
 #include "tests/lib/rcluster.h"
 #include "tiers/remote_rec.h"
+#include "tiers/remote_seal.h"
 
 #define NODES 3
 #define BT 64 /* tokens per block: 64 KiB blocks (daemon_layout) */
@@ -95,23 +96,42 @@ static void redis_cmd(int port, char *out, size_t len, const char *fmt, ...)
 
 /* ---- daemons and blocks ----------------------------------------------------------------- */
 
+/* Starts a kvcd on the cluster with the suite's deployment secret (sealed records), and
+ * `extra`: more "-o" values (NULL-terminated; later ones win), or with a config file. */
+static void kvcd_upv(struct daemon *d, const char *ini, const char *const *extra)
+{
+    char o_nodes[300], o_key[400], path[DAEMON_PATH_MAX];
+    const char *args[64] = {"-o", "host.size=32m",
+                            "-o", "host.page_size=64k",
+                            "-o", "host.hugepages=off",
+                            "-o", "host.prefault=no",
+                            "-o", o_nodes,
+                            "-o", o_key,
+                            "-o", "remote.backoff_max=500ms",
+                            "-o", "remote.timeout=1s",
+                            "-o", "remote.negative_ttl=200ms",
+                            "-o", "cache.policy=lru"};
+    int n = 20;
+    snprintf(o_nodes, sizeof(o_nodes), "remote.nodes=%s", rc.seeds);
+    snprintf(o_key, sizeof(o_key), "remote.key_file=%s", rc.key_file);
+    memset(d, 0, sizeof(*d));
+    if (ini) {
+        ck_assert_int_eq(daemon_dir_init(d), 0);
+        ck_assert_int_eq(daemon_file_write(d, "kvcd.ini", ini, path), 0);
+        args[n++] = "-c";
+        args[n++] = path;
+    }
+    for (; extra && *extra && n < 62; extra++) {
+        args[n++] = "-o";
+        args[n++] = *extra;
+    }
+    args[n] = NULL;
+    ck_assert_int_eq(daemon_start(d, args), 0);
+}
+
 static void kvcd_up(struct daemon *d, const char *extra)
 {
-    char o_nodes[300];
-    snprintf(o_nodes, sizeof(o_nodes), "remote.nodes=%s", rc.seeds);
-    const char *args[] = {"-o", "host.size=32m",
-                          "-o", "host.page_size=64k",
-                          "-o", "host.hugepages=off",
-                          "-o", "host.prefault=no",
-                          "-o", o_nodes,
-                          "-o", "remote.backoff_max=500ms",
-                          "-o", "remote.timeout=1s",
-                          "-o", "remote.negative_ttl=200ms",
-                          "-o", "cache.policy=lru",
-                          "-o", extra ? extra : "log.level=info",
-                          NULL};
-    memset(d, 0, sizeof(*d));
-    ck_assert_int_eq(daemon_start(d, args), 0);
+    kvcd_upv(d, NULL, (const char *const[]){extra, NULL});
 }
 
 static uint64_t stat_of(const struct daemon *d, const char *name)
@@ -210,10 +230,31 @@ static void down(struct client *const *cl, struct daemon *const *d, int n)
     }
 }
 
+/* The bytes of the value of a part of len bytes: sealed (the default here) or not. */
+#define VLEN(len) (REMOTE_SEAL_HDR + (size_t)(len) + REMOTE_SEAL_TAG)
+#define VLEN_UNSEALED(len) (REMOTE_REC_HDR + (size_t)(len))
+
+/* The keys of model's namespace in the group of the deployment secret key_file and the
+ * group secret group_file (NULL: the default group). */
+static void seal_keys_of(const uint8_t ns[REMOTE_REC_NS_BYTES], const char *key_file,
+                         const char *group_file, struct remote_seal *k)
+{
+    uint8_t master[REMOTE_SEAL_KEY_BYTES], gs[REMOTE_SEAL_KEY_BYTES], group[REMOTE_SEAL_KEY_BYTES];
+    char why[256];
+    ck_assert_msg(remote_seal_secret_load(key_file, master, why, sizeof(why)) == 0, "%s", why);
+    if (group_file)
+        ck_assert_msg(remote_seal_secret_load(group_file, gs, why, sizeof(why)) == 0, "%s", why);
+    remote_seal_group(master, group_file ? gs : NULL, group);
+    remote_seal_ns(group, ns, k);
+}
+
 /* The Redis key of part index of a block of model (bt tokens a block) cut with part_size
- * that a daemon asks for: the model's raw layout (as libkvc sends it), the block key. */
-static void redis_part_key_of(const char *model, uint32_t bt, const struct kvc_key *k,
-                              uint64_t part_size, uint32_t index, char *out)
+ * that a daemon of the deployment key_file (NULL: an unsealed tier) asks for, in the group
+ * of group_file (NULL: the default): the model's raw layout (as libkvc sends it), the block
+ * key. */
+static void redis_part_key_in(const char *key_file, const char *group_file, const char *model,
+                              uint32_t bt, const struct kvc_key *k, uint64_t part_size,
+                              uint32_t index, char *out)
 {
     struct kvc_layout l = daemon_layout(model, bt);
     struct kvc_wire_layout wl;
@@ -230,7 +271,20 @@ static void redis_part_key_of(const char *model, uint32_t bt, const struct kvc_k
     wl.kv_kind = (uint8_t)l.kv_kind;
     memcpy(ns, &wl, sizeof(wl));
     ck_assert_int_eq(remote_rec_geom((uint64_t)bt << 10, part_size, &g), 0); /* 1 KiB a token */
-    remote_rec_key(out, remote_rec_ns_fp(ns), key, &g, index);
+    if (key_file) {
+        struct remote_seal sk;
+        seal_keys_of(ns, key_file, group_file, &sk);
+        remote_seal_key(out, &sk, key, &g, index);
+    } else {
+        remote_rec_key(out, remote_rec_ns_fp(ns), key, &g, index);
+    }
+}
+
+/* The same in the suite's deployment, default group. */
+static void redis_part_key_of(const char *model, uint32_t bt, const struct kvc_key *k,
+                              uint64_t part_size, uint32_t index, char *out)
+{
+    redis_part_key_in(rc.key_file, NULL, model, bt, k, part_size, index, out);
 }
 
 /* The key of a block stored in one value. */
@@ -356,11 +410,12 @@ START_TEST(test_other_layout_refused)
     redis_key_of("e2e/remote-layout-b", &keys[1], kb1);
     char *v = redis_get(ka, &len);
     ck_assert_ptr_nonnull(v);
-    ck_assert_uint_eq(len, REMOTE_REC_HDR + ca.bb);
+    ck_assert_uint_eq(len, VLEN(ca.bb));
     ck_assert(redis_set(kb, v, len));
     free(v);
     ck_assert_int_eq(client_get(&cb, keys, 2), 0);
     ck_assert_uint_eq(stat_of(&b, "remote_bad_records"), 1);
+    ck_assert_uint_eq(stat_of(&b, "remote_seal_refused"), 1); /* sealed for another layout */
     ck_assert_uint_eq(stat_of(&b, "remote_hit_blocks"), 0);
     /* Block 0 of layout b, stored properly by B itself, then a torn block 1. */
     redis_key_of("e2e/remote-layout-a", &keys[1], ka);
@@ -409,7 +464,7 @@ START_TEST(test_split_cross_daemon_hit)
         redis_part_key_of(model, SBT, &keys[0], SPART, i, k);
         char *v = redis_get(k, &len);
         ck_assert_msg(v != NULL, "part %u missing (%s)", i, k);
-        ck_assert_uint_eq(len, REMOTE_REC_HDR + (i < SPARTS - 1 ? SPART : 8192));
+        ck_assert_uint_eq(len, VLEN(i < SPARTS - 1 ? SPART : 8192));
         free(v);
         for (int n = 0; n < NODES; n++)
             ports_used[n] |= redis_port_of(k) == ports[n];
@@ -515,7 +570,8 @@ START_TEST(test_split_part_swapped)
     ck_assert_int_eq(client_get(&cb, key, 1), 0);
     ck_assert_uint_eq(stat_of(&b, "remote_bad_records"), 1);
     ck_assert_uint_eq(stat_of(&b, "remote_part_mixed"), 1);
-    /* Part 1 of another block. */
+    ck_assert_uint_eq(stat_of(&b, "remote_seal_refused"), 0); /* it opens: of this block */
+    /* Part 1 of another block (sealed for that block: it does not open here). */
     negative_ttl_wait();
     ck_assert(redis_set(k1, oth1, loth));
     ck_assert_int_eq(client_get(&cb, key, 1), 0);
@@ -533,6 +589,7 @@ START_TEST(test_split_part_swapped)
     ck_assert_int_eq(client_get(&cb, key, 1), 0);
     ck_assert_uint_eq(stat_of(&b, "remote_bad_records"), 4);
     ck_assert_uint_eq(stat_of(&b, "remote_part_mixed"), 1);
+    ck_assert_uint_eq(stat_of(&b, "remote_seal_refused"), 3);
     ck_assert_uint_eq(stat_of(&b, "remote_hit_blocks"), 0);
     /* Put back: served, every byte the standing write's (client_get checks them). */
     negative_ttl_wait();
@@ -571,7 +628,7 @@ START_TEST(test_split_off)
     redis_part_key_of(model, SBT, &keys[0], 0, 0, k);
     char *v = redis_get(k, &len);
     ck_assert_ptr_nonnull(v);
-    ck_assert_uint_eq(len, REMOTE_REC_HDR + ca.bb);
+    ck_assert_uint_eq(len, VLEN(ca.bb));
     free(v);
     ck_assert_int_eq(client_get(&cb, keys, 3), 3);
     ck_assert_uint_eq(stat_of(&b, "remote_hit_blocks"), 3);
@@ -624,10 +681,16 @@ START_TEST(test_cluster_unreachable)
 {
     struct daemon d;
     const char *o_nodes = "remote.nodes=127.0.0.1:1"; /* nothing listens on port 1 */
+    char o_key[400];
     uint64_t v = 0;
-    const char *args[] = {
-        "-o", "host.size=32m", "-o", "host.hugepages=off",       "-o", "host.prefault=no",
-        "-o", o_nodes,         "-o", "remote.backoff_max=200ms", NULL};
+    const char *args[] = {"-o", "host.size=32m",
+                          "-o", "host.hugepages=off",
+                          "-o", "host.prefault=no",
+                          "-o", o_nodes,
+                          "-o", o_key,
+                          "-o", "remote.backoff_max=200ms",
+                          NULL};
+    snprintf(o_key, sizeof(o_key), "remote.key_file=%s", rc.key_file);
     memset(&d, 0, sizeof(d));
     ck_assert_int_eq(daemon_start(&d, args), 0);
     ck_assert(stat_wait(&d, "remote_degraded", 1, 10000));

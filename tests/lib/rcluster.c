@@ -4,9 +4,11 @@
 #include "tests/lib/rcluster.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <hiredis/hiredis.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -122,6 +124,26 @@ bool rcluster_wait_ok(const struct rcluster *rc, int ms)
     return false;
 }
 
+int rcluster_secret_write(const char *path)
+{
+    uint8_t key[32];
+    int fd, rc = 0;
+    fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || read(fd, key, sizeof(key)) != (ssize_t)sizeof(key))
+        rc = -EIO;
+    if (fd >= 0)
+        close(fd);
+    if (rc)
+        return rc;
+    fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return -errno;
+    if (write(fd, key, sizeof(key)) != (ssize_t)sizeof(key))
+        rc = -EIO;
+    close(fd);
+    return rc;
+}
+
 int rcluster_up(struct rcluster *rc, int n, const char *maxmemory, char *why, size_t whylen)
 {
     char out[4096], addr[RCLUSTER_MAX][32];
@@ -140,6 +162,12 @@ int rcluster_up(struct rcluster *rc, int n, const char *maxmemory, char *why, si
         snprintf(why, whylen, "mkdtemp: %s", strerror(errno));
         rc->dir[0] = '\0';
         return 1;
+    }
+    snprintf(rc->key_file, sizeof(rc->key_file), "%s/deployment.key", rc->dir);
+    snprintf(rc->other_key_file, sizeof(rc->other_key_file), "%s/other.key", rc->dir);
+    if (rcluster_secret_write(rc->key_file) || rcluster_secret_write(rc->other_key_file)) {
+        snprintf(why, whylen, "cannot write the secret files in %s", rc->dir);
+        return -1;
     }
     srand((unsigned)getpid() ^ (unsigned)daemon_now_ms());
     for (int tries = 0; tries < 100 && !base; tries++) {

@@ -26,6 +26,10 @@ struct rcluster {
     int ports[RCLUSTER_MAX];
     pid_t pids[RCLUSTER_MAX]; /* 0: not running */
     char seeds[256];          /* "127.0.0.1:P1,127.0.0.1:P2,..." */
+    /* Deployment secrets (remote.key_file) of 32 random bytes, mode 0600: key_file the one
+     * the suites' daemons share, other_key_file another deployment's. */
+    char key_file[300];
+    char other_key_file[300];
 };
 
 /* Whether redis-server and redis-cli can be run here. */
@@ -34,6 +38,8 @@ bool rcluster_available(void);
  * temporary directory); -1 with a reason for a failure. rcluster_down in every case. */
 int rcluster_up(struct rcluster *rc, int n, const char *maxmemory, char *why, size_t whylen);
 void rcluster_down(struct rcluster *rc);
+/* Writes a secret file of 32 random bytes, mode 0600, at path. 0 or -errno. */
+int rcluster_secret_write(const char *path);
 /* Starts node i again (after a kill), in its own directory with its nodes.conf. */
 int rcluster_node_start(struct rcluster *rc, int i);
 void rcluster_node_kill(struct rcluster *rc, int i);
