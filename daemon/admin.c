@@ -106,26 +106,24 @@ int admin_metrics_render(const struct admin_ctx *x, char **text, size_t *len)
             bytes += s->ns[i]->bytes;
             nns++;
         }
-        /* Daemon totals, then the same family per namespace. */
-#define ADMIN_COUNTER(name, help)                                                                  \
-    fprintf(f,                                                                                     \
-            "# HELP kvcd_" #name "_total " help "\n# TYPE kvcd_" #name "_total counter\n"          \
-            "kvcd_" #name "_total %" PRIu64 "\n",                                                  \
-            t->name);                                                                              \
-    fprintf(f, "# HELP kvcd_namespace_" #name "_total " help ", per namespace\n"                   \
-               "# TYPE kvcd_namespace_" #name "_total counter\n");                                 \
-    for (uint32_t i = 1; i < s->nns; i++)                                                          \
-        if (s->ns[i] && admin_ns_visible(x, i)) {                                                  \
-            fputs("kvcd_namespace_" #name "_total{namespace=\"", f);                               \
-            admin_label(f, s->ns[i]->layout.model_id);                                             \
-            fprintf(f, "\"} %" PRIu64 "\n", s->ns[i]->stats.name);                                 \
+    /* Daemon totals, then the same family per namespace. */
+#define ADMIN_COUNTER(name, help)                                                              \
+    fprintf(f, "# HELP kvcd_" #name "_total " help "\n# TYPE kvcd_" #name "_total counter\n"   \
+               "kvcd_" #name "_total %" PRIu64 "\n",                                           \
+            t->name);                                                                          \
+    fprintf(f, "# HELP kvcd_namespace_" #name "_total " help ", per namespace\n"               \
+               "# TYPE kvcd_namespace_" #name "_total counter\n");                             \
+    for (uint32_t i = 1; i < s->nns; i++)                                                      \
+        if (s->ns[i] && admin_ns_visible(x, i)) {                                              \
+            fputs("kvcd_namespace_" #name "_total{namespace=\"", f);                           \
+            admin_label(f, s->ns[i]->layout.model_id);                                         \
+            fprintf(f, "\"} %" PRIu64 "\n", s->ns[i]->stats.name);                             \
         }
     STATS_COUNTERS(ADMIN_COUNTER)
 #undef ADMIN_COUNTER
-#define ADMIN_GAUGE(name, help, v)                                                                 \
-    fprintf(f,                                                                                     \
-            "# HELP kvcd_" name " " help "\n# TYPE kvcd_" name " gauge\nkvcd_" name " %" PRIu64    \
-            "\n",                                                                                  \
+#define ADMIN_GAUGE(name, help, v)                                                             \
+    fprintf(f, "# HELP kvcd_" name " " help "\n# TYPE kvcd_" name " gauge\nkvcd_" name          \
+               " %" PRIu64 "\n",                                                               \
             (uint64_t)(v))
     ADMIN_GAUGE("blocks", "committed blocks cached", blocks);
     ADMIN_GAUGE("cached_bytes", "bytes held by committed blocks", bytes);
@@ -142,10 +140,9 @@ int admin_metrics_render(const struct admin_ctx *x, char **text, size_t *len)
     ADMIN_GAUGE("fast_index_full", "blocks left out of a full index set (hits take the socket)",
                 ffull);
 #undef ADMIN_GAUGE
-    fprintf(f,
-            "# HELP kvcd_token_hit_ratio tokens hit / tokens requested by lookups "
-            "(kvcd_hit_tokens_total / kvcd_lookup_tokens_total)\n"
-            "# TYPE kvcd_token_hit_ratio gauge\nkvcd_token_hit_ratio %.6f\n",
+    fprintf(f, "# HELP kvcd_token_hit_ratio tokens hit / tokens requested by lookups "
+               "(kvcd_hit_tokens_total / kvcd_lookup_tokens_total)\n"
+               "# TYPE kvcd_token_hit_ratio gauge\nkvcd_token_hit_ratio %.6f\n",
             t->lookup_tokens ? (double)t->hit_tokens / (double)t->lookup_tokens : 0.0);
     fputs("# HELP kvcd_tier_capacity_bytes bytes of each tier arena\n"
           "# TYPE kvcd_tier_capacity_bytes gauge\n",
@@ -166,14 +163,14 @@ int admin_metrics_render(const struct admin_ctx *x, char **text, size_t *len)
     engine_remote_stats(s, admin_metric_remote, f);
     engine_gpu_stats(s, admin_metric_gpu, f);
     /* Per client: labelled by connection id, pid, uid and the name it gave. */
-#define ADMIN_CLIENT(field, type, help)                                                            \
-    fprintf(f,                                                                                     \
-            "# HELP kvcd_client_" #field " " help "\n# TYPE kvcd_client_" #field " " type "\n");   \
-    for (uint32_t i = 0; i < ncl; i++) {                                                           \
-        fprintf(f, "kvcd_client_" #field "{conn=\"%u\",pid=\"%u\",uid=\"%u\",name=\"",             \
-                cl[i].conn_id, cl[i].pid, cl[i].uid);                                              \
-        admin_label(f, cl[i].name);                                                                \
-        fprintf(f, "\"} %" PRIu64 "\n", (uint64_t)cl[i].field);                                    \
+#define ADMIN_CLIENT(field, type, help)                                                        \
+    fprintf(f, "# HELP kvcd_client_" #field " " help "\n# TYPE kvcd_client_" #field " " type   \
+               "\n");                                                                          \
+    for (uint32_t i = 0; i < ncl; i++) {                                                       \
+        fprintf(f, "kvcd_client_" #field "{conn=\"%u\",pid=\"%u\",uid=\"%u\",name=\"",          \
+                cl[i].conn_id, cl[i].pid, cl[i].uid);                                          \
+        admin_label(f, cl[i].name);                                                            \
+        fprintf(f, "\"} %" PRIu64 "\n", (uint64_t)cl[i].field);                                \
     }
     ADMIN_CLIENT(pins, "gauge", "block pins this client holds")
     ADMIN_CLIENT(reservations, "gauge", "reservations this client holds open")
@@ -184,8 +181,7 @@ int admin_metrics_render(const struct admin_ctx *x, char **text, size_t *len)
     ADMIN_CLIENT(bytes_in, "counter", "bytes this client committed")
     ADMIN_CLIENT(bytes_out, "counter", "bytes handed to this client as hits")
     ADMIN_CLIENT(errors, "counter", "requests of this client answered with an error")
-    ADMIN_CLIENT(refusals, "counter",
-                 "requests of this client refused (access, admin, quota, limits)")
+    ADMIN_CLIENT(refusals, "counter", "requests of this client refused (access, admin, quota, limits)")
 #undef ADMIN_CLIENT
     free(cl);
     return fclose(f) ? -ENOMEM : 0;
@@ -211,8 +207,8 @@ static int admin_metrics(const struct admin_ctx *x, const struct kvc_admin_req *
             while (n > 0 && text[q->cursor + n - 1] != '\n')
                 n--;
         }
-        rc = admin_text(out, cap, 0, len, q->cursor + n < len ? q->cursor + n : 0, text + q->cursor,
-                        n);
+        rc = admin_text(out, cap, 0, len, q->cursor + n < len ? q->cursor + n : 0,
+                        text + q->cursor, n);
     }
     free(text);
     return rc;
@@ -283,8 +279,8 @@ static int admin_policy(const struct admin_ctx *x, bool set, const struct kvc_ad
             return -EINVAL;
         if (q->scope) {
             store_ns_policy_set(s, q->scope, k, STORE_POLICY_SRC_ADMIN);
-            log_info("admin: namespace %u '%s' policy set to %s (until the next reload)", q->scope,
-                     ns->layout.model_id, policy_name(ns->policy));
+            log_info("admin: namespace %u '%s' policy set to %s (until the next reload)",
+                     q->scope, ns->layout.model_id, policy_name(ns->policy));
         } else {
             struct store_params p = s->p;
             p.policy = (enum policy_kind)k;
@@ -313,8 +309,7 @@ static int admin_policy(const struct admin_ctx *x, bool set, const struct kvc_ad
         for (uint32_t k = 0; k < n->rungs; k++)
             total += (double)n->rung_bytes[k];
         for (uint32_t k = 0; k < n->rungs; k++)
-            fprintf(f, "%s%s:%.2f", k ? "," : "",
-                    kern_codec_name((enum kern_codec)n->rung_format[k]),
+            fprintf(f, "%s%s:%.2f", k ? "," : "", kern_codec_name((enum kern_codec)n->rung_format[k]),
                     total > 0 ? (double)n->rung_bytes[k] / total : 0.0);
         fprintf(f, "%s\n", n->rungs < 2 ? "-" : "");
     }
@@ -386,8 +381,8 @@ int admin_handle(const struct admin_ctx *x, const struct proto_req *r, void *out
         if (rc == -EBUSY) {
             static const char busy[] = "a client holds a lease or reservation on it, or a "
                                        "block of it is moving";
-            log_info("admin: namespace %u not dropped (%s); %llu of its blocks dropped", q->scope,
-                     busy, (unsigned long long)n);
+            log_info("admin: namespace %u not dropped (%s); %llu of its blocks dropped",
+                     q->scope, busy, (unsigned long long)n);
             return admin_text(out, cap, rc, n, 0, busy, sizeof(busy) - 1);
         }
         if (rc)

@@ -50,16 +50,8 @@ static bool config_is_string(const struct config_option *o)
 }
 
 const struct config_option config_options[] = {
-#define CONFIG_ROW(sec, nm, type, def, lo, hi, reload, choices, help)                              \
-    {#sec,                                                                                         \
-     #nm,                                                                                          \
-     CONFIG_TYPE_##type,                                                                           \
-     def,                                                                                          \
-     lo,                                                                                           \
-     hi,                                                                                           \
-     reload,                                                                                       \
-     choices,                                                                                      \
-     help,                                                                                         \
+#define CONFIG_ROW(sec, nm, type, def, lo, hi, reload, choices, help)                          \
+    {#sec, #nm, CONFIG_TYPE_##type, def, lo, hi, reload, choices, help,                        \
      offsetof(struct config, sec##_##nm)},
     CONFIG_OPTIONS(CONFIG_ROW)
 #undef CONFIG_ROW
@@ -312,27 +304,17 @@ int config_parse_size(const char *s, uint64_t *out)
     if (rc < 0)
         return rc;
     switch (config_lower((unsigned char)*p)) {
-    case 'k':
-        shift = 10;
-        break;
-    case 'm':
-        shift = 20;
-        break;
-    case 'g':
-        shift = 30;
-        break;
-    case 't':
-        shift = 40;
-        break;
-    case '\0':
-        break;
+    case 'k': shift = 10; break;
+    case 'm': shift = 20; break;
+    case 'g': shift = 30; break;
+    case 't': shift = 40; break;
+    case '\0': break;
     case 'b': /* bytes: "512b" */
         if (p[1])
             return -EINVAL;
         *out = v;
         return 0;
-    default:
-        return -EINVAL;
+    default: return -EINVAL;
     }
     if (shift) {
         p++;
@@ -472,8 +454,8 @@ static const char *config_string_problem(const char *s)
 }
 
 /* s -> *v by o's type; why gets the reason on -EINVAL. */
-static int config_value_parse(const struct config_option *o, const char *s, union config_value *v,
-                              char *why, size_t whylen)
+static int config_value_parse(const struct config_option *o, const char *s,
+                              union config_value *v, char *why, size_t whylen)
 {
     static const char *const yes[] = {"yes", "true", "on", "1"};
     static const char *const no[] = {"no", "false", "off", "0"};
@@ -496,7 +478,8 @@ static int config_value_parse(const struct config_option *o, const char *s, unio
             }
         }
         if (rc)
-            config_err(why, whylen, "'%s' is not a boolean (yes/no, true/false, on/off, 1/0)", s);
+            config_err(why, whylen, "'%s' is not a boolean (yes/no, true/false, on/off, 1/0)",
+                       s);
         break;
     case CONFIG_TYPE_INT:
         rc = config_parse_digits(s + (*s == '-'), &u, &end);
@@ -523,15 +506,11 @@ static int config_value_parse(const struct config_option *o, const char *s, unio
                        o->type == CONFIG_TYPE_SIZE ? "units (1536m, not 1.5g)"
                                                    : "units (1500ms, not 1.5s)");
         else if (rc && o->type == CONFIG_TYPE_SIZE)
-            config_err(why, whylen,
-                       "'%s' is not a size (bytes, or a number with k, m, g or "
-                       "t: 64k, 512m, 4g)",
-                       s);
+            config_err(why, whylen, "'%s' is not a size (bytes, or a number with k, m, g or "
+                                    "t: 64k, 512m, 4g)", s);
         else if (rc)
-            config_err(why, whylen,
-                       "'%s' is not a duration (a number with ms, s, m or h: "
-                       "500ms, 10s; a plain number is ms)",
-                       s);
+            config_err(why, whylen, "'%s' is not a duration (a number with ms, s, m or h: "
+                                    "500ms, 10s; a plain number is ms)", s);
         rc = rc ? -EINVAL : 0;
         break;
     case CONFIG_TYPE_DOUBLE:
@@ -598,21 +577,12 @@ static bool config_value_number(const struct config_option *o, const union confi
     if (!config_has_bounds(o))
         return false;
     switch (o->type) {
-    case CONFIG_TYPE_INT:
-        *d = (double)v->i;
-        return true;
+    case CONFIG_TYPE_INT: *d = (double)v->i; return true;
     case CONFIG_TYPE_SIZE:
-    case CONFIG_TYPE_DURATION:
-        *d = (double)v->u;
-        return true;
-    case CONFIG_TYPE_DOUBLE:
-        *d = v->d;
-        return true;
-    case CONFIG_TYPE_MODE:
-        *d = v->mode;
-        return true;
-    default:
-        return false;
+    case CONFIG_TYPE_DURATION: *d = (double)v->u; return true;
+    case CONFIG_TYPE_DOUBLE: *d = v->d; return true;
+    case CONFIG_TYPE_MODE: *d = v->mode; return true;
+    default: return false;
     }
 }
 
@@ -621,55 +591,30 @@ static void config_value_format(const struct config_option *o, const union confi
                                 char *buf, size_t len)
 {
     switch (o->type) {
-    case CONFIG_TYPE_BOOL:
-        snprintf(buf, len, "%s", v->b ? "yes" : "no");
-        break;
-    case CONFIG_TYPE_INT:
-        snprintf(buf, len, "%" PRId64, v->i);
-        break;
-    case CONFIG_TYPE_SIZE:
-        config_format_size(v->u, buf, len);
-        break;
-    case CONFIG_TYPE_DURATION:
-        config_format_duration(v->u, buf, len);
-        break;
-    case CONFIG_TYPE_DOUBLE:
-        config_format_double(v->d, buf, len);
-        break;
-    case CONFIG_TYPE_STRING:
-        snprintf(buf, len, "%s", v->s);
-        break;
-    case CONFIG_TYPE_SECRET:
-        snprintf(buf, len, "%s", *v->s ? CONFIG_SECRET_SET : "");
-        break;
-    case CONFIG_TYPE_MODE:
-        snprintf(buf, len, "%04" PRIo32, v->mode);
-        break;
-    case CONFIG_TYPE_ENUM:
-        config_choice_name(o->choices, v->e, buf, len);
-        break;
+    case CONFIG_TYPE_BOOL: snprintf(buf, len, "%s", v->b ? "yes" : "no"); break;
+    case CONFIG_TYPE_INT: snprintf(buf, len, "%" PRId64, v->i); break;
+    case CONFIG_TYPE_SIZE: config_format_size(v->u, buf, len); break;
+    case CONFIG_TYPE_DURATION: config_format_duration(v->u, buf, len); break;
+    case CONFIG_TYPE_DOUBLE: config_format_double(v->d, buf, len); break;
+    case CONFIG_TYPE_STRING: snprintf(buf, len, "%s", v->s); break;
+    case CONFIG_TYPE_SECRET: snprintf(buf, len, "%s", *v->s ? CONFIG_SECRET_SET : ""); break;
+    case CONFIG_TYPE_MODE: snprintf(buf, len, "%04" PRIo32, v->mode); break;
+    case CONFIG_TYPE_ENUM: config_choice_name(o->choices, v->e, buf, len); break;
     }
 }
 
 /* A bound (a double in the table) in the option's own notation: 16m, 0777, 1h. */
-static void config_bound_format(const struct config_option *o, double bound, char *buf, size_t len)
+static void config_bound_format(const struct config_option *o, double bound, char *buf,
+                                size_t len)
 {
     union config_value v;
 
     switch (o->type) {
-    case CONFIG_TYPE_INT:
-        v.i = (int64_t)bound;
-        break;
+    case CONFIG_TYPE_INT: v.i = (int64_t)bound; break;
     case CONFIG_TYPE_SIZE:
-    case CONFIG_TYPE_DURATION:
-        v.u = (uint64_t)bound;
-        break;
-    case CONFIG_TYPE_MODE:
-        v.mode = (uint32_t)bound;
-        break;
-    default:
-        v.d = bound;
-        break;
+    case CONFIG_TYPE_DURATION: v.u = (uint64_t)bound; break;
+    case CONFIG_TYPE_MODE: v.mode = (uint32_t)bound; break;
+    default: v.d = bound; break;
     }
     config_value_format(o, &v, buf, len);
 }
@@ -680,29 +625,15 @@ static void config_value_load(const struct config *c, const struct config_option
     const void *f = config_field_const(c, o);
 
     switch (o->type) {
-    case CONFIG_TYPE_BOOL:
-        v->b = *(const bool *)f;
-        break;
-    case CONFIG_TYPE_INT:
-        v->i = *(const int64_t *)f;
-        break;
+    case CONFIG_TYPE_BOOL: v->b = *(const bool *)f; break;
+    case CONFIG_TYPE_INT: v->i = *(const int64_t *)f; break;
     case CONFIG_TYPE_SIZE:
-    case CONFIG_TYPE_DURATION:
-        v->u = *(const uint64_t *)f;
-        break;
-    case CONFIG_TYPE_DOUBLE:
-        v->d = *(const double *)f;
-        break;
+    case CONFIG_TYPE_DURATION: v->u = *(const uint64_t *)f; break;
+    case CONFIG_TYPE_DOUBLE: v->d = *(const double *)f; break;
     case CONFIG_TYPE_STRING:
-    case CONFIG_TYPE_SECRET:
-        v->s = *(char *const *)f;
-        break;
-    case CONFIG_TYPE_MODE:
-        v->mode = *(const uint32_t *)f;
-        break;
-    case CONFIG_TYPE_ENUM:
-        v->e = *(const int *)f;
-        break;
+    case CONFIG_TYPE_SECRET: v->s = *(char *const *)f; break;
+    case CONFIG_TYPE_MODE: v->mode = *(const uint32_t *)f; break;
+    case CONFIG_TYPE_ENUM: v->e = *(const int *)f; break;
     }
 }
 
@@ -713,30 +644,18 @@ static void config_value_store(struct config *c, const struct config_option *o,
     void *f = config_field(c, o);
 
     switch (o->type) {
-    case CONFIG_TYPE_BOOL:
-        *(bool *)f = v->b;
-        break;
-    case CONFIG_TYPE_INT:
-        *(int64_t *)f = v->i;
-        break;
+    case CONFIG_TYPE_BOOL: *(bool *)f = v->b; break;
+    case CONFIG_TYPE_INT: *(int64_t *)f = v->i; break;
     case CONFIG_TYPE_SIZE:
-    case CONFIG_TYPE_DURATION:
-        *(uint64_t *)f = v->u;
-        break;
-    case CONFIG_TYPE_DOUBLE:
-        *(double *)f = v->d;
-        break;
+    case CONFIG_TYPE_DURATION: *(uint64_t *)f = v->u; break;
+    case CONFIG_TYPE_DOUBLE: *(double *)f = v->d; break;
     case CONFIG_TYPE_STRING:
     case CONFIG_TYPE_SECRET:
         free(*(char **)f);
         *(char **)f = v->s;
         break;
-    case CONFIG_TYPE_MODE:
-        *(uint32_t *)f = v->mode;
-        break;
-    case CONFIG_TYPE_ENUM:
-        *(int *)f = v->e;
-        break;
+    case CONFIG_TYPE_MODE: *(uint32_t *)f = v->mode; break;
+    case CONFIG_TYPE_ENUM: *(int *)f = v->e; break;
     }
 }
 
@@ -744,29 +663,22 @@ static bool config_value_equal(const struct config_option *o, const union config
                                const union config_value *b)
 {
     switch (o->type) {
-    case CONFIG_TYPE_BOOL:
-        return a->b == b->b;
-    case CONFIG_TYPE_INT:
-        return a->i == b->i;
+    case CONFIG_TYPE_BOOL: return a->b == b->b;
+    case CONFIG_TYPE_INT: return a->i == b->i;
     case CONFIG_TYPE_SIZE:
-    case CONFIG_TYPE_DURATION:
-        return a->u == b->u;
-    case CONFIG_TYPE_DOUBLE:
-        return a->d == b->d;
+    case CONFIG_TYPE_DURATION: return a->u == b->u;
+    case CONFIG_TYPE_DOUBLE: return a->d == b->d;
     case CONFIG_TYPE_STRING:
-    case CONFIG_TYPE_SECRET:
-        return strcmp(a->s, b->s) == 0;
-    case CONFIG_TYPE_MODE:
-        return a->mode == b->mode;
-    case CONFIG_TYPE_ENUM:
-        return a->e == b->e;
+    case CONFIG_TYPE_SECRET: return strcmp(a->s, b->s) == 0;
+    case CONFIG_TYPE_MODE: return a->mode == b->mode;
+    case CONFIG_TYPE_ENUM: return a->e == b->e;
     }
     return false;
 }
 
 /* "out of bounds (16m .. 4t)" into why, or 0. */
-static int config_value_check(const struct config_option *o, const union config_value *v, char *why,
-                              size_t whylen)
+static int config_value_check(const struct config_option *o, const union config_value *v,
+                              char *why, size_t whylen)
 {
     char text[CONFIG_TEXT_MAX], lo[64], hi[64];
     double d;
@@ -881,9 +793,9 @@ struct config_parse {
     const char *name; /* file name in messages */
     const char *buf;  /* borrowed for the parse */
     size_t len, pos;
-    int lineno;   /* of the line inih is processing */
-    int err_line; /* of the first error; 0 while none */
-    int rc;       /* 0, -EINVAL or -ENOMEM */
+    int lineno;      /* of the line inih is processing */
+    int err_line;    /* of the first error; 0 while none */
+    int rc;          /* 0, -EINVAL or -ENOMEM */
     char *err;
     size_t errlen;
     int set_line[CONFIG_NOPTIONS]; /* where each option was set, to refuse duplicates */
@@ -995,8 +907,8 @@ static int config_parse_handler(void *user, const char *section, const char *nam
     }
     idx = (size_t)(o - config_options);
     if (p->set_line[idx]) {
-        config_parse_fail(p, -EINVAL, "duplicate key '%s' in [%s] (first set on line %d)", name,
-                          section, p->set_line[idx]);
+        config_parse_fail(p, -EINVAL, "duplicate key '%s' in [%s] (first set on line %d)",
+                          name, section, p->set_line[idx]);
         goto out;
     }
     p->set_line[idx] = p->lineno;
@@ -1008,16 +920,11 @@ out:
     return 1;
 }
 
-int config_load_buffer(struct config *c, const char *name, const char *buf, size_t len, char *err,
-                       size_t errlen)
+int config_load_buffer(struct config *c, const char *name, const char *buf, size_t len,
+                       char *err, size_t errlen)
 {
     struct config_parse p = {
-        .c = c,
-        .name = name,
-        .buf = buf,
-        .len = len,
-        .err = err,
-        .errlen = errlen,
+        .c = c, .name = name, .buf = buf, .len = len, .err = err, .errlen = errlen,
     };
     int line;
 
@@ -1028,8 +935,8 @@ int config_load_buffer(struct config *c, const char *name, const char *buf, size
         config_err(err, errlen, "%s: out of memory", name);
         p.rc = -ENOMEM;
     } else if (line > 0 && (!p.err_line || line < p.err_line)) {
-        config_err(err, errlen, "%s:%d: syntax error (expected [section] or key = value)", name,
-                   line);
+        config_err(err, errlen, "%s:%d: syntax error (expected [section] or key = value)",
+                   name, line);
         p.rc = -EINVAL;
     }
     return p.rc;
@@ -1102,16 +1009,16 @@ int config_set(struct config *c, const char *key, const char *value, char *err, 
 }
 
 /* The string options by who may read them (config_option_access). */
-#define CONFIG_STRING_ACCESS(X)                                                                    \
-    X("server.socket", ANYONE)                                                                     \
-    X("server.socket_group", ADMIN)                                                                \
-    X("server.admin_group", ADMIN)                                                                 \
-    X("disk.path", ADMIN)                                                                          \
-    X("disk.checkpoint_path", ADMIN)                                                               \
-    X("remote.nodes", ADMIN)                                                                       \
-    X("remote.user", ADMIN)                                                                        \
-    X("remote.password", ADMIN)                                                                    \
-    X("remote.password_file", ADMIN)                                                               \
+#define CONFIG_STRING_ACCESS(X)                                                                \
+    X("server.socket", ANYONE)                                                                 \
+    X("server.socket_group", ADMIN)                                                            \
+    X("server.admin_group", ADMIN)                                                             \
+    X("disk.path", ADMIN)                                                                      \
+    X("disk.checkpoint_path", ADMIN)                                                           \
+    X("remote.nodes", ADMIN)                                                                   \
+    X("remote.user", ADMIN)                                                                    \
+    X("remote.password", ADMIN)                                                                \
+    X("remote.password_file", ADMIN)                                                           \
     X("remote.key_file", ADMIN)
 
 enum config_access config_option_access(const struct config_option *o)
@@ -1165,8 +1072,7 @@ static int config_validate_unsealed(const struct config *c, char *err, size_t er
                        "holds only namespaces open to everyone)",
                        ns->pattern,
                        ns->remote_key_file[0] ? "remote_key_file"
-                                              : "remote = yes with read or "
-                                                "write lists");
+                                              : "remote = yes with read or write lists");
             return -EINVAL;
         }
     }
@@ -1206,7 +1112,8 @@ int config_validate(const struct config *c, char *err, size_t errlen)
         char page[64];
         config_format_size(c->host_size, why, sizeof(why));
         config_format_size(c->host_page_size, page, sizeof(page));
-        config_err(err, errlen, "host.size (%s) must be at least host.page_size (%s)", why, page);
+        config_err(err, errlen, "host.size (%s) must be at least host.page_size (%s)", why,
+                   page);
         rc = -EINVAL;
     } else if (c->remote_part_size && c->remote_part_size < REMOTE_REC_PART_MIN) {
         config_format_size(c->remote_part_size, why, sizeof(why));

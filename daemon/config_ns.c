@@ -58,7 +58,8 @@ static int config_ns_parse_id(const char *tok, bool group, uint32_t *id)
 }
 
 /* "alice 1001 @video @44 *": users, @groups, anyone. Commas separate as well as spaces. */
-static int config_ns_parse_ids(const char *value, struct config_ns_ids *l, char *why, size_t whylen)
+static int config_ns_parse_ids(const char *value, struct config_ns_ids *l, char *why,
+                               size_t whylen)
 {
     char buf[sizeof(l->text)];
     char *save = NULL;
@@ -135,8 +136,8 @@ int config_ns_set(struct config *c, const char *pattern, const char *key, const 
                                  "quest default):",
                                  value);
     } else if (k == CONFIG_NS_KEY_read || k == CONFIG_NS_KEY_write) {
-        int rc = config_ns_parse_ids(value, k == CONFIG_NS_KEY_read ? &ns->read : &ns->write, why,
-                                     whylen);
+        int rc = config_ns_parse_ids(value, k == CONFIG_NS_KEY_read ? &ns->read : &ns->write,
+                                     why, whylen);
         if (rc)
             return rc;
         if (k == CONFIG_NS_KEY_read)
@@ -179,7 +180,8 @@ int config_ns_set(struct config *c, const char *pattern, const char *key, const 
         snprintf(ns->remote_key_file, sizeof(ns->remote_key_file), "%s", value);
     } else {
         int rc = k == CONFIG_NS_KEY_max_pins || k == CONFIG_NS_KEY_max_reservations
-                     ? (*value && strspn(value, "0123456789") == strlen(value) && strlen(value) < 16
+                     ? (*value && strspn(value, "0123456789") == strlen(value) &&
+                                strlen(value) < 16
                             ? (v = strtoull(value, NULL, 10), 0)
                             : -EINVAL)
                      : config_parse_size(value, &v);
@@ -301,7 +303,8 @@ int config_ns_check_reload(const struct config *cur, const struct config *next, 
     return 0;
 }
 
-const struct config_ns *config_ns_match(const struct config *c, const char *model_id, size_t *idx)
+const struct config_ns *config_ns_match(const struct config *c, const char *model_id,
+                                        size_t *idx)
 {
     for (size_t i = 0; i < c->nns; i++)
         if (fnmatch(c->ns[i].pattern, model_id, 0) == 0) {

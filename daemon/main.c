@@ -127,27 +127,27 @@ static void kvcd_server_params(const struct kvcd *d, const struct config *c,
                                struct server_params *p)
 {
     struct group *g = *c->server_admin_group ? getgrnam(c->server_admin_group) : NULL;
-    *p =
-        (struct server_params){.socket_path = c->server_socket,
-                               .socket_mode = c->server_socket_mode,
-                               .socket_group = c->server_socket_group,
-                               .max_clients = (uint32_t)c->server_max_clients,
-                               .adopt = d->adopt,
-                               .adopt_fd = d->adopt_fd,
-                               .has_admin_gid = g != NULL,
-                               .admin_gid = g ? g->gr_gid : 0,
-                               .cfg = c,
-                               .acl = d->acl,
-                               .max_clients_per_uid = (uint32_t)c->server_max_clients_per_uid,
-                               .hello_timeout_ms = c->server_hello_timeout,
-                               .idle_timeout_ms = c->server_idle_timeout,
-                               .reservation_timeout_ms = c->server_reservation_timeout,
-                               .max_waits = (uint32_t)c->server_max_waits,
-                               .max_namespaces_per_uid = (uint32_t)c->server_max_namespaces_per_uid,
-                               .client_pins = (uint64_t)c->quota_client_pins,
-                               .uid_pins = (uint64_t)c->quota_uid_pins,
-                               .uid_leases = (uint64_t)c->quota_uid_leases,
-                               .uid_reserved_share = (uint32_t)c->quota_uid_reserved_share};
+    *p = (struct server_params){.socket_path = c->server_socket,
+                                .socket_mode = c->server_socket_mode,
+                                .socket_group = c->server_socket_group,
+                                .max_clients = (uint32_t)c->server_max_clients,
+                                .adopt = d->adopt,
+                                .adopt_fd = d->adopt_fd,
+                                .has_admin_gid = g != NULL,
+                                .admin_gid = g ? g->gr_gid : 0,
+                                .cfg = c,
+                                .acl = d->acl,
+                                .max_clients_per_uid = (uint32_t)c->server_max_clients_per_uid,
+                                .hello_timeout_ms = c->server_hello_timeout,
+                                .idle_timeout_ms = c->server_idle_timeout,
+                                .reservation_timeout_ms = c->server_reservation_timeout,
+                                .max_waits = (uint32_t)c->server_max_waits,
+                                .max_namespaces_per_uid =
+                                    (uint32_t)c->server_max_namespaces_per_uid,
+                                .client_pins = (uint64_t)c->quota_client_pins,
+                                .uid_pins = (uint64_t)c->quota_uid_pins,
+                                .uid_leases = (uint64_t)c->quota_uid_leases,
+                                .uid_reserved_share = (uint32_t)c->quota_uid_reserved_share};
 }
 
 /* Applies a complete, validated configuration whose changes are all reloadable, or refuses
@@ -170,7 +170,8 @@ static int kvcd_apply(struct kvcd *d, struct config *next, char *msg, size_t len
         acl_reload(d->acl, d->cfg);
     engine_disk_reload(d->store, (uint32_t)d->cfg->disk_admit_hits);
     engine_disk_compress_set(d->store, (int)d->cfg->disk_compress);
-    engine_remote_reload(d->store, (uint32_t)d->cfg->remote_min_hits, d->cfg->remote_negative_ttl);
+    engine_remote_reload(d->store, (uint32_t)d->cfg->remote_min_hits,
+                         d->cfg->remote_negative_ttl);
     kvcd_server_params(d, d->cfg, &vp);
     server_reload(d->server, &vp);
     server_ns_policies(d->server);
@@ -350,7 +351,8 @@ static int kvcd_remote_attach(struct kvcd *d)
         .ns_seal_arg = d};
     int rc = engine_remote_attach(d->store, &rp);
     if (rc) {
-        log_err("remote: cannot start the remote tier on %s (%s)", c->remote_nodes, strerror(-rc));
+        log_err("remote: cannot start the remote tier on %s (%s)", c->remote_nodes,
+                strerror(-rc));
         return rc;
     }
     if (remote_keys_sealed(d->rkeys))
@@ -391,23 +393,22 @@ static int kvcd_disk_attach(struct kvcd *d)
                                       [CONFIG_DISK_FORMAT_FORCE] = TIER_DISK_FORMAT_FORCE};
     const struct config *c = d->cfg;
     struct engine_disk_params tp = {.size = c->disk_capacity,
-                                    .page_size = c->disk_page,
-                                    .queue_depth = (uint32_t)c->disk_queue_depth,
-                                    .write_rate = c->disk_write_rate,
-                                    .admit_hits = (uint32_t)c->disk_admit_hits,
-                                    .compact_below = (uint32_t)c->disk_compact_below,
-                                    .compress_level = (int)c->disk_compress,
-                                    .ns_level = kvcd_disk_level,
-                                    .ns_level_arg = d,
-                                    .ns_open = kvcd_disk_ns_open,
-                                    .ns_open_arg = d,
-                                    .workers = (uint32_t)c->disk_workers,
-                                    .progress = kvcd_disk_progress,
-                                    .format = format[c->disk_format],
-                                    .ckpt_path = !c->disk_checkpoint_interval ? ""
-                                                 : *c->disk_checkpoint_path
-                                                     ? c->disk_checkpoint_path
-                                                     : NULL};
+                                .page_size = c->disk_page,
+                                .queue_depth = (uint32_t)c->disk_queue_depth,
+                                .write_rate = c->disk_write_rate,
+                                .admit_hits = (uint32_t)c->disk_admit_hits,
+                                .compact_below = (uint32_t)c->disk_compact_below,
+                                .compress_level = (int)c->disk_compress,
+                                .ns_level = kvcd_disk_level,
+                                .ns_level_arg = d,
+                                .ns_open = kvcd_disk_ns_open,
+                                .ns_open_arg = d,
+                                .workers = (uint32_t)c->disk_workers,
+                                .progress = kvcd_disk_progress,
+                                .format = format[c->disk_format],
+                                .ckpt_path = !c->disk_checkpoint_interval ? ""
+                                             : *c->disk_checkpoint_path ? c->disk_checkpoint_path
+                                                                        : NULL};
     char *list = strdup(c->disk_path), *save = NULL;
     int rc = -ENOMEM;
     if (!list)
@@ -588,8 +589,8 @@ int main(int argc, char **argv)
                                                       .reload = kvcd_reload_verdict,
                                                       .config_set = kvcd_config_set_hook,
                                                       .shutdown = kvcd_shutdown_hook});
-    log_info("kvcd %s: ready on %s (pid %d%s)", KVCD_VERSION, server_path(d.server), (int)getpid(),
-             d.adopt ? ", socket from systemd" : "");
+    log_info("kvcd %s: ready on %s (pid %d%s)", KVCD_VERSION, server_path(d.server),
+             (int)getpid(), d.adopt ? ", socket from systemd" : "");
     {
         char status[160];
         uint64_t wd = notify_watchdog_period_ms();

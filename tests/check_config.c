@@ -98,9 +98,9 @@ START_TEST(test_policy_choices)
     struct config *c = config_new();
     char err[256];
     for (int k = 0; k < POLICY_KIND_COUNT; k++) {
-        ck_assert_msg(
-            config_set(c, "cache.policy", policy_name((enum policy_kind)k), err, sizeof(err)) == 0,
-            "%s", err);
+        ck_assert_msg(config_set(c, "cache.policy", policy_name((enum policy_kind)k), err,
+                                 sizeof(err)) == 0,
+                      "%s", err);
         ck_assert_int_eq(c->cache_policy, k);
     }
     ck_assert_int_ne(config_set(c, "cache.policy", "nonesuch", err, sizeof(err)), 0);
@@ -118,7 +118,8 @@ START_TEST(test_policy_choices)
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         ck_assert_int_eq(config_ns_set(c, "o*", "max_error", bad[i], err, sizeof(err)), -EINVAL);
         ck_assert_ptr_nonnull(strstr(err, "max_error"));
-        ck_assert_int_eq(config_ns_set(c, "o*", "lossy_weight", bad[i], err, sizeof(err)), -EINVAL);
+        ck_assert_int_eq(config_ns_set(c, "o*", "lossy_weight", bad[i], err, sizeof(err)),
+                         -EINVAL);
         ck_assert_ptr_nonnull(strstr(err, "lossy_weight"));
     }
     config_free(c);
@@ -158,26 +159,20 @@ END_TEST
 START_TEST(test_limits)
 {
     static const char *const shown[][2] = {
-        {"server.max_clients_per_uid", "64"}, {"server.hello_timeout", "5s"},
-        {"server.idle_timeout", "1h"},        {"server.max_waits", "16"},
-        {"server.reservation_timeout", "1m"}, {"server.max_namespaces_per_uid", "16"},
-        {"quota.client_pins", "262144"},      {"quota.client_reservations", "1024"},
-        {"quota.uid_pins", "1048576"},        {"quota.uid_leases", "16384"},
+        {"server.max_clients_per_uid", "64"},  {"server.hello_timeout", "5s"},
+        {"server.idle_timeout", "1h"},         {"server.max_waits", "16"},
+        {"server.reservation_timeout", "1m"},  {"server.max_namespaces_per_uid", "16"},
+        {"quota.client_pins", "262144"},       {"quota.client_reservations", "1024"},
+        {"quota.uid_pins", "1048576"},         {"quota.uid_leases", "16384"},
         {"quota.uid_reserved_share", "25"},
     };
     static const char *const bad[][2] = {
-        {"server.max_clients_per_uid", "0"},
-        {"server.hello_timeout", "99ms"},
-        {"server.hello_timeout", "2h"},
-        {"server.idle_timeout", "999"},
-        {"server.max_waits", "0"},
-        {"server.reservation_timeout", "50ms"},
-        {"server.max_namespaces_per_uid", "0"},
-        {"quota.uid_pins", "0"},
-        {"quota.uid_leases", "0"},
-        {"quota.uid_reserved_share", "0"},
-        {"quota.uid_reserved_share", "101"},
-        {"server.idle_timeout", "-1s"},
+        {"server.max_clients_per_uid", "0"}, {"server.hello_timeout", "99ms"},
+        {"server.hello_timeout", "2h"},      {"server.idle_timeout", "999"},
+        {"server.max_waits", "0"},           {"server.reservation_timeout", "50ms"},
+        {"server.max_namespaces_per_uid", "0"}, {"quota.uid_pins", "0"},
+        {"quota.uid_leases", "0"},           {"quota.uid_reserved_share", "0"},
+        {"quota.uid_reserved_share", "101"}, {"server.idle_timeout", "-1s"},
     };
     struct config *c = config_new(), *next;
     char err[256], buf[64];
@@ -380,26 +375,27 @@ END_TEST
 
 START_TEST(test_load_good)
 {
-    static const char text[] = "\xef\xbb\xbf# a comment\r\n"
-                               "; another\n"
-                               "\n"
-                               "[server]\n"
-                               "socket = /run/kvcd/test.sock\n"
-                               "  socket_mode = 600   ; indented, with an inline comment\n"
-                               "\tmax_clients=17\n"
-                               "socket_group: kvc\n"
-                               "[host]\n"
-                               "size = 4GiB\n"
-                               "page_size = 64K\n"
-                               "prefault = Off\n"
-                               "hugepages = ON\n"
-                               "high_watermark = 0.8\n"
-                               "low_watermark = 5e-1\n"
-                               "[log]\n"
-                               "level = debug\n"
-                               "[server]\n" /* a section may be opened again */
-                               "max_leases = 1\n"
-                               "max_namespaces = 65535";
+    static const char text[] =
+        "\xef\xbb\xbf# a comment\r\n"
+        "; another\n"
+        "\n"
+        "[server]\n"
+        "socket = /run/kvcd/test.sock\n"
+        "  socket_mode = 600   ; indented, with an inline comment\n"
+        "\tmax_clients=17\n"
+        "socket_group: kvc\n"
+        "[host]\n"
+        "size = 4GiB\n"
+        "page_size = 64K\n"
+        "prefault = Off\n"
+        "hugepages = ON\n"
+        "high_watermark = 0.8\n"
+        "low_watermark = 5e-1\n"
+        "[log]\n"
+        "level = debug\n"
+        "[server]\n" /* a section may be opened again */
+        "max_leases = 1\n"
+        "max_namespaces = 65535";
     struct config *c = config_new();
     char err[256];
     const char *path = tmp_write_str("good.ini", text);
@@ -458,8 +454,7 @@ static const struct bad_case bad_cases[] = {
      "t.ini:2: unknown key 'zzzzzzzzzz' in [log] (keys in [log]: level rate_limit)"},
     {"[hots]\nsize = 1g\n", "t.ini:1: unknown section [hots] (did you mean [host]?)"},
     {"[server]\nmax_clients = 2\n[zzzzzzzz]\n",
-     "t.ini:3: unknown section [zzzzzzzz] (sections: [server] [log] [host] [cache] [quota] [disk] "
-     "[remote] [gpu])"},
+     "t.ini:3: unknown section [zzzzzzzz] (sections: [server] [log] [host] [cache] [quota] [disk] [remote] [gpu])"},
     {"size = 1g\n", "t.ini:1: key 'size' outside of any [section]"},
     {"[host]\nprefault = maybe\n", "t.ini:2: host.prefault: 'maybe' is not a boolean*"},
     {"[host]\nprefault = 2\n", "t.ini:2: host.prefault: '2' is not a boolean*"},
@@ -478,7 +473,8 @@ static const struct bad_case bad_cases[] = {
      "t.ini:2: server.socket_mode: 1777 is out of bounds (0000 .. 0777)"},
     {"[log]\nlevel = verbose\n",
      "t.ini:2: log.level: 'verbose' is not one of error/warning/info/debug"},
-    {"[server]\nmax_clients = 0\n", "t.ini:2: server.max_clients: 0 is out of bounds (1 .. 65536)"},
+    {"[server]\nmax_clients = 0\n",
+     "t.ini:2: server.max_clients: 0 is out of bounds (1 .. 65536)"},
     {"[server]\nmax_clients = 12abc\n", "t.ini:2: server.max_clients: '12abc' is not an integer"},
     {"[server]\nmax_clients = 99999999999999999999\n",
      "t.ini:2: server.max_clients: '99999999999999999999' is out of range"},
@@ -533,7 +529,8 @@ START_TEST(test_load_bad_file)
     const char *path = tmp_write_str("bad.ini", "[host]\n\nszie = 1g\n");
 
     ck_assert_int_eq(config_load_file(c, path, err, sizeof(err)), -EINVAL);
-    snprintf(want, sizeof(want), "%s:3: unknown key 'szie' in [host] (did you mean 'size'?)", path);
+    snprintf(want, sizeof(want), "%s:3: unknown key 'szie' in [host] (did you mean 'size'?)",
+             path);
     ck_assert_str_eq(err, want);
     config_free(c);
 }
@@ -703,10 +700,9 @@ START_TEST(test_size_format)
     static const struct {
         const char *in, *out;
     } cases[] = {
-        {"1073741824", "1g"}, {"1536m", "1536m"}, {"16777217", "16777217"},
-        {"4t", "4t"},         {"4096g", "4t"},    {"2047m", "2047m"},
-        {"3g", "3g"},         {"17m", "17m"},     {"16385k", "16385k"},
-        {"1024MiB", "1g"},
+        {"1073741824", "1g"}, {"1536m", "1536m"}, {"16777217", "16777217"}, {"4t", "4t"},
+        {"4096g", "4t"},      {"2047m", "2047m"}, {"3g", "3g"},             {"17m", "17m"},
+        {"16385k", "16385k"}, {"1024MiB", "1g"},
     };
     struct config *c = config_new();
     char err[256];
@@ -842,8 +838,7 @@ START_TEST(test_validate)
     /* remote.part_size: 0 (never split) or at least 64k, at most 1g. */
     ck_assert_int_eq(config_set(c, "remote.part_size", "32k", NULL, 0), 0);
     ck_assert_int_eq(config_validate(c, err, sizeof(err)), -EINVAL);
-    ck_assert_str_eq(err,
-                     "remote.part_size (32k) must be 0 (a block is one value) or at least 64k");
+    ck_assert_str_eq(err, "remote.part_size (32k) must be 0 (a block is one value) or at least 64k");
     ck_assert_int_eq(config_set(c, "remote.part_size", "0", NULL, 0), 0);
     ck_assert_int_eq(config_validate(c, err, sizeof(err)), 0);
     ck_assert_int_eq(config_set(c, "remote.part_size", "64k", NULL, 0), 0);
