@@ -11,6 +11,12 @@
  * forged to their limits are refused without overflow. Cuts: bounds of the part size and
  * count. Keys and slots: the key texts, the cluster's slot hash on its published test vector
  * and on hash tags, and part keys in evenly spaced, distinct slots (every slot reachable).
+ * Sealed records (tiers/remote_seal.h): a part seals and opens back to its bytes; a flip of
+ * any byte of the sealed header, of the data or of the tag, the part opened under another
+ * key, block, index, cut, namespace or group, the bytes of another write under this header,
+ * and an unsealed record are all refused; the key names are keyed and spread like the
+ * unsealed ones; secret files are refused when others may read them, when too short, not
+ * regular or missing.
  */
 #include <check.h>
 #include <errno.h>
@@ -20,7 +26,12 @@
 #include <string.h>
 #include <xxhash.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include "tiers/remote_rec.h"
+#include "tiers/remote_seal.h"
 
 #define LEN 4096u
 #define PART (64u << 10)
@@ -433,7 +444,9 @@ START_TEST(test_key_and_slot)
     /* The cluster specification's vector: CRC16 of "123456789" is 0x31c3. */
     ck_assert_uint_eq(remote_rec_slot("123456789", 9), 0x31c3u & 16383u);
     ck_assert_uint_eq(remote_rec_slot("{user1000}.following", 20), remote_rec_slot("user1000", 8));
-    ck_assert_uint_eq(remote_rec_slot("foo{}{bar}", 10), remote_rec_slot("foo{}{bar}", 10));
+    /* An empty first tag: the whole key is hashed (CRC16-XMODEM of "foo{}{bar}" is 0x20ab;
+     * redis-cli CLUSTER KEYSLOT "foo{}{bar}" says 8363). */
+    ck_assert_uint_eq(remote_rec_slot("foo{}{bar}", 10), 8363u);
     ck_assert_uint_ne(remote_rec_slot("foo{}{bar}", 10), remote_rec_slot("bar", 3));
     ck_assert_uint_eq(remote_rec_slot("foo{{bar}}zap", 13), remote_rec_slot("{bar", 4));
 }
@@ -476,6 +489,290 @@ START_TEST(test_part_keys)
 }
 END_TEST
 
+/* ---- sealed records ---------------------------------------------------------------------- */
+
+struct sealed {
+    uint8_t hdr[REMOTE_REC_HDR];   /* the plaintext header */
+    uint8_t shdr[REMOTE_SEAL_HDR]; /* as it travels */
+    uint8_t tag[REMOTE_SEAL_TAG];
+    uint8_t *ct; /* len bytes */
+    uint8_t *pt;
+    uint64_t len;
+};
+
+static void seal_keys(struct remote_seal *k, uint8_t master_byte, const uint8_t *group_secret,
+                      const uint8_t *ns)
+{
+    uint8_t master[REMOTE_SEAL_KEY_BYTES], group[REMOTE_SEAL_KEY_BYTES];
+    memset(master, master_byte, sizeof(master));
+    remote_seal_group(master, group_secret, group);
+    remote_seal_ns(group, ns, k);
+}
+
+/* Seals part index of the block m cut as g, bytes from seed. */
+static void seal_part(struct sealed *x, const struct remote_seal *k, struct remote_rec_meta *m,
+                      const struct remote_rec_geom *g, uint32_t index, uint8_t seed)
+{
+    uint64_t pxh[8];
+    uint8_t nonce[24];
+    uint8_t *block = malloc(g->len);
+    ck_assert_ptr_nonnull(block);
+    for (uint64_t i = 0; i < g->len; i++)
+        block[i] = (uint8_t)(i * 13 + seed);
+    ck_assert_uint_le(g->count, 8);
+    m->data_xxh = remote_rec_hash(g, block, pxh);
+    x->len = remote_rec_part_len(g, index);
+    x->pt = malloc(x->len);
+    x->ct = malloc(x->len);
+    ck_assert(x->pt && x->ct);
+    memcpy(x->pt, block + remote_rec_part_off(g, index), x->len);
+    remote_rec_encode(x->hdr, m, g, index, pxh[index]);
+    remote_seal_nonce(nonce);
+    remote_seal_part(x->shdr, x->ct, x->tag, x->hdr, x->pt, x->len, k, m, g, index, nonce);
+    free(block);
+}
+
+static void sealed_free(struct sealed *x)
+{
+    free(x->ct);
+    free(x->pt);
+}
+
+/* Opens x as a reader expecting want (index) would: 0 and the bytes back, or the error. */
+static int seal_open(const struct sealed *x, const struct remote_seal *k,
+                     const struct remote_rec_meta *want, const struct remote_rec_geom *g,
+                     uint32_t index)
+{
+    uint8_t hdr[REMOTE_REC_HDR], *data = malloc(x->len);
+    size_t svlen = REMOTE_SEAL_HDR + x->len + REMOTE_SEAL_TAG;
+    struct remote_rec_meta got;
+    uint64_t pxh;
+    int rc;
+    ck_assert_ptr_nonnull(data);
+    memcpy(data, x->ct, x->len);
+    rc = remote_seal_open_header(x->shdr, svlen, k, want, g, index, hdr);
+    if (!rc)
+        rc = remote_rec_check_header(hdr, REMOTE_REC_HDR + remote_rec_part_len(g, index), want, g,
+                                     index, &got, &pxh);
+    if (!rc)
+        rc = remote_seal_open_data(x->shdr, hdr, k, data, x->len, x->tag);
+    if (!rc)
+        rc = remote_rec_check_data(pxh, data, x->len);
+    if (!rc)
+        ck_assert_int_eq(memcmp(data, x->pt, x->len), 0);
+    free(data);
+    return rc;
+}
+
+START_TEST(test_sealed_roundtrip)
+{
+    struct remote_seal k;
+    struct remote_rec_meta m;
+    struct remote_rec_geom g;
+    struct sealed x;
+    rec_meta(&m, BIG);
+    ck_assert_int_eq(remote_rec_geom(BIG, PART, &g), 0);
+    seal_keys(&k, 1, NULL, m.ns);
+    for (uint32_t i = 0; i < g.count; i++) {
+        seal_part(&x, &k, &m, &g, i, 3);
+        ck_assert_int_eq(seal_open(&x, &k, &m, &g, i), 0);
+        /* The bytes in the value are not the block's. */
+        ck_assert_int_ne(memcmp(x.ct, x.pt, x.len < 64 ? x.len : 64), 0);
+        ck_assert_ptr_null(memmem(x.shdr, sizeof(x.shdr), m.ns, 32));
+        sealed_free(&x);
+    }
+    /* In place, as the tier opens a part in its slot. */
+    rec_meta(&m, LEN);
+    ck_assert_int_eq(remote_rec_geom(LEN, 0, &g), 0);
+    seal_part(&x, &k, &m, &g, 0, 9);
+    uint8_t hdr[REMOTE_REC_HDR];
+    ck_assert_int_eq(remote_seal_open_header(x.shdr, REMOTE_SEAL_HDR + LEN + REMOTE_SEAL_TAG, &k,
+                                             &m, &g, 0, hdr),
+                     0);
+    ck_assert_int_eq(memcmp(hdr, x.hdr, REMOTE_REC_HDR), 0);
+    ck_assert_int_eq(remote_seal_open_data(x.shdr, hdr, &k, x.ct, LEN, x.tag), 0);
+    ck_assert_int_eq(memcmp(x.ct, x.pt, LEN), 0);
+    sealed_free(&x);
+}
+END_TEST
+
+/* Every byte of the sealed header flipped, a byte of the data, of the tag: refused, and the
+ * header's fields are not trusted before it opens. */
+START_TEST(test_sealed_flips_refused)
+{
+    struct remote_seal k;
+    struct remote_rec_meta m;
+    struct remote_rec_geom g;
+    struct sealed x;
+    rec_meta(&m, LEN);
+    ck_assert_int_eq(remote_rec_geom(LEN, 0, &g), 0);
+    seal_keys(&k, 1, NULL, m.ns);
+    seal_part(&x, &k, &m, &g, 0, 5);
+    for (size_t i = 0; i < REMOTE_SEAL_HDR; i++) {
+        x.shdr[i] ^= 0x01;
+        int rc = seal_open(&x, &k, &m, &g, 0);
+        ck_assert_msg(rc == -EPROTO || rc == -EPROTONOSUPPORT || rc == -EKEYREJECTED,
+                      "header byte %zu: %d", i, rc);
+        x.shdr[i] ^= 0x01;
+    }
+    for (size_t i = 0; i < LEN; i += 97) {
+        x.ct[i] ^= 0x80;
+        ck_assert_int_eq(seal_open(&x, &k, &m, &g, 0), -EKEYREJECTED);
+        x.ct[i] ^= 0x80;
+    }
+    for (size_t i = 0; i < REMOTE_SEAL_TAG; i++) {
+        x.tag[i] ^= 0x04;
+        ck_assert_int_eq(seal_open(&x, &k, &m, &g, 0), -EKEYREJECTED);
+        x.tag[i] ^= 0x04;
+    }
+    ck_assert_int_eq(seal_open(&x, &k, &m, &g, 0), 0);
+    /* Lengths: short of a sealed header and tag, or not this part's. */
+    uint8_t hdr[REMOTE_REC_HDR];
+    ck_assert_int_eq(remote_seal_open_header(x.shdr, REMOTE_SEAL_HDR, &k, &m, &g, 0, hdr), -EPROTO);
+    ck_assert_int_eq(remote_seal_open_header(x.shdr, REMOTE_SEAL_HDR + LEN + REMOTE_SEAL_TAG - 1,
+                                             &k, &m, &g, 0, hdr),
+                     -EMSGSIZE);
+    ck_assert_int_eq(remote_seal_open_header(x.shdr, 3, &k, &m, &g, 0, hdr), -EPROTO);
+    ck_assert_int_eq(remote_seal_open_header(NULL, 0, &k, &m, &g, 0, hdr), -EPROTO);
+    /* An unsealed record in a sealed tier: another version. */
+    ck_assert_int_eq(remote_seal_open_header(val, REMOTE_SEAL_HDR + LEN + REMOTE_SEAL_TAG, &k,
+                                             &meta, &geom, 0, hdr),
+                     -EPROTONOSUPPORT);
+    sealed_free(&x);
+}
+END_TEST
+
+/* A sealed part read where it was not written: another key, another block, another part of
+ * the block, another cut, another namespace, another group, another deployment; and the
+ * bytes of another write of the same part under this one's header. */
+START_TEST(test_sealed_elsewhere_refused)
+{
+    struct remote_seal k, other;
+    struct remote_rec_meta m, w;
+    struct remote_rec_geom g, g2;
+    struct sealed x, y;
+    uint8_t gs[REMOTE_SEAL_KEY_BYTES], zero[REMOTE_SEAL_KEY_BYTES] = {0};
+    rec_meta(&m, BIG);
+    ck_assert_int_eq(remote_rec_geom(BIG, PART, &g), 0);
+    seal_keys(&k, 1, NULL, m.ns);
+    seal_part(&x, &k, &m, &g, 1, 7);
+    ck_assert_int_eq(seal_open(&x, &k, &m, &g, 1), 0);
+    ck_assert_int_eq(seal_open(&x, &k, &m, &g, 2), -EKEYREJECTED); /* another part's place */
+    w = m;
+    w.key[0] ^= 1;
+    ck_assert_int_eq(seal_open(&x, &k, &w, &g, 1), -EKEYREJECTED); /* another block */
+    ck_assert_int_eq(remote_rec_geom(BIG, 2 * PART, &g2), 0);
+    uint8_t hdr[REMOTE_REC_HDR];
+    /* Another cut: the value is not of that part's length; with a length to match, the cut
+     * is bound into the tag. */
+    ck_assert_int_eq(remote_seal_open_header(x.shdr, REMOTE_SEAL_HDR + x.len + REMOTE_SEAL_TAG, &k,
+                                             &m, &g2, 1, hdr),
+                     -EMSGSIZE);
+    ck_assert_int_eq(remote_seal_open_header(
+                         x.shdr, REMOTE_SEAL_HDR + remote_rec_part_len(&g2, 1) + REMOTE_SEAL_TAG,
+                         &k, &m, &g2, 1, hdr),
+                     -EKEYREJECTED);
+    w = m;
+    w.ns[5] ^= 1;
+    seal_keys(&other, 1, NULL, w.ns);
+    ck_assert_int_eq(seal_open(&x, &other, &w, &g, 1), -EKEYREJECTED); /* another namespace */
+    ck_assert_int_eq(seal_open(&x, &k, &w, &g, 1), -EKEYREJECTED);     /* its layout, our keys */
+    memset(gs, 0x42, sizeof(gs));
+    seal_keys(&other, 1, gs, m.ns);
+    ck_assert_int_eq(seal_open(&x, &other, &m, &g, 1), -EKEYREJECTED); /* another group */
+    seal_keys(&other, 1, zero, m.ns);
+    ck_assert_int_eq(seal_open(&x, &other, &m, &g, 1), -EKEYREJECTED); /* a zero group secret */
+    seal_keys(&other, 2, NULL, m.ns);
+    ck_assert_int_eq(seal_open(&x, &other, &m, &g, 1), -EKEYREJECTED); /* another deployment */
+    /* Another write of the same part (same bytes: same plaintext header, another nonce):
+     * its data under this header does not open; whole, it does. */
+    w = m;
+    seal_part(&y, &k, &w, &g, 1, 7);
+    ck_assert_int_eq(memcmp(x.hdr, y.hdr, REMOTE_REC_HDR), 0);
+    ck_assert_int_eq(seal_open(&y, &k, &m, &g, 1), 0);
+    memcpy(y.shdr, x.shdr, REMOTE_SEAL_HDR);
+    ck_assert_int_eq(seal_open(&y, &k, &m, &g, 1), -EKEYREJECTED);
+    sealed_free(&y);
+    sealed_free(&x);
+}
+END_TEST
+
+/* Sealed names: "kvc3:" and 32 hex digits, the same for the same keys, another for another
+ * namespace, group or deployment, never the block key; parts spread as unsealed ones. */
+START_TEST(test_sealed_keys)
+{
+    struct remote_seal k, other;
+    struct remote_rec_meta m;
+    struct remote_rec_geom one, g;
+    char a[REMOTE_REC_KEY_MAX], b[REMOTE_REC_KEY_MAX], hex[33];
+    uint8_t gs[REMOTE_SEAL_KEY_BYTES];
+    rec_meta(&m, LEN);
+    ck_assert_int_eq(remote_rec_geom(LEN, 0, &one), 0);
+    seal_keys(&k, 1, NULL, m.ns);
+    size_t n = remote_seal_key(a, &k, m.key, &one, 0);
+    ck_assert_uint_eq(n, 37);
+    ck_assert_int_eq(strncmp(a, "kvc3:", 5), 0);
+    ck_assert_uint_eq(strspn(a + 5, "0123456789abcdef"), 32);
+    ck_assert_uint_eq(remote_seal_key(b, &k, m.key, &one, 0), n);
+    ck_assert_str_eq(a, b);
+    snprintf(hex, sizeof(hex), "%016llx", (unsigned long long)m.key[0]);
+    ck_assert_ptr_null(strstr(a, hex));
+    memset(gs, 0x42, sizeof(gs));
+    seal_keys(&other, 1, gs, m.ns);
+    remote_seal_key(b, &other, m.key, &one, 0);
+    ck_assert_str_ne(a, b);
+    seal_keys(&other, 2, NULL, m.ns);
+    remote_seal_key(b, &other, m.key, &one, 0);
+    ck_assert_str_ne(a, b);
+    m.ns[0] ^= 1;
+    seal_keys(&other, 1, NULL, m.ns);
+    remote_seal_key(b, &other, m.key, &one, 0);
+    ck_assert_str_ne(a, b);
+    /* Parts: the block's name, then the unsealed parts' suffix, slots spaced evenly. */
+    ck_assert_int_eq(remote_rec_geom(BIG, PART, &g), 0);
+    unsigned base = remote_rec_slot(a, n);
+    for (uint32_t i = 0; i < g.count; i++) {
+        size_t pn = remote_seal_key(b, &k, m.key, &g, i);
+        ck_assert_int_eq(strncmp(a, b, n), 0);
+        ck_assert_uint_eq(remote_rec_slot(b, pn), (base + i * 16384u / g.count) % 16384u);
+    }
+}
+END_TEST
+
+/* Secret files: only kvcd's user (or root) may read them, 32 bytes at least. */
+START_TEST(test_secret_files)
+{
+    char dir[] = "/tmp/kvcd-seal.XXXXXX", path[256], why[512];
+    uint8_t key[REMOTE_SEAL_KEY_BYTES], key2[REMOTE_SEAL_KEY_BYTES];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(path, sizeof(path), "%s/k", dir);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, "0123456789abcdef0123456789abcdef", 32), 32);
+    close(fd);
+    ck_assert_int_eq(remote_seal_secret_load(path, key, why, sizeof(why)), 0);
+    ck_assert_int_eq(remote_seal_secret_load(path, key2, why, sizeof(why)), 0);
+    ck_assert_int_eq(memcmp(key, key2, sizeof(key)), 0);
+    ck_assert_int_eq(chmod(path, 0640), 0);
+    ck_assert_int_eq(remote_seal_secret_load(path, key, why, sizeof(why)), -EPERM);
+    ck_assert_ptr_nonnull(strstr(why, "chmod 0600"));
+    ck_assert_int_eq(chmod(path, 0602), 0);
+    ck_assert_int_eq(remote_seal_secret_load(path, key, why, sizeof(why)), -EPERM);
+    ck_assert_int_eq(chmod(path, 0400), 0);
+    ck_assert_int_eq(remote_seal_secret_load(path, key, why, sizeof(why)), 0);
+    ck_assert_int_eq(truncate(path, 31), 0);
+    ck_assert_int_eq(chmod(path, 0600), 0);
+    ck_assert_int_eq(remote_seal_secret_load(path, key, why, sizeof(why)), -EMSGSIZE);
+    ck_assert_int_eq(truncate(path, REMOTE_SEAL_SECRET_MAX + 1), 0);
+    ck_assert_int_eq(remote_seal_secret_load(path, key, why, sizeof(why)), -EMSGSIZE);
+    ck_assert_int_eq(remote_seal_secret_load(dir, key, why, sizeof(why)), -EINVAL);
+    unlink(path);
+    ck_assert_int_eq(remote_seal_secret_load(path, key, why, sizeof(why)), -ENOENT);
+    ck_assert_ptr_nonnull(strstr(why, path));
+    rmdir(dir);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("remote_rec");
@@ -493,6 +790,11 @@ int main(void)
     tcase_add_test(tc, test_parts_refused);
     tcase_add_test(tc, test_key_and_slot);
     tcase_add_test(tc, test_part_keys);
+    tcase_add_test(tc, test_sealed_roundtrip);
+    tcase_add_test(tc, test_sealed_flips_refused);
+    tcase_add_test(tc, test_sealed_elsewhere_refused);
+    tcase_add_test(tc, test_sealed_keys);
+    tcase_add_test(tc, test_secret_files);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

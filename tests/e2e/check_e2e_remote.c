@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <grp.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <netinet/in.h>
@@ -114,7 +115,6 @@ static void kvcd_upv(struct daemon *d, const char *ini, const char *const *extra
     int n = 20;
     snprintf(o_nodes, sizeof(o_nodes), "remote.nodes=%s", rc.seeds);
     snprintf(o_key, sizeof(o_key), "remote.key_file=%s", rc.key_file);
-    memset(d, 0, sizeof(*d));
     if (ini) {
         ck_assert_int_eq(daemon_dir_init(d), 0);
         ck_assert_int_eq(daemon_file_write(d, "kvcd.ini", ini, path), 0);
@@ -131,6 +131,7 @@ static void kvcd_upv(struct daemon *d, const char *ini, const char *const *extra
 
 static void kvcd_up(struct daemon *d, const char *extra)
 {
+    memset(d, 0, sizeof(*d));
     kvcd_upv(d, NULL, (const char *const[]){extra, NULL});
 }
 
@@ -797,6 +798,397 @@ START_TEST(test_master_killed)
 }
 END_TEST
 
+/* ---- trust: sealed records (docs/remote.md, docs/security.md) --------------------------- */
+
+/* Whether the len bytes at v hold a 64-byte run of the block of k (at 0, the middle, the
+ * end): the block's bytes in clear. */
+static bool holds_plaintext(const char *v, size_t len, const struct kvc_key *k, size_t bb)
+{
+    uint8_t *blk = malloc(bb);
+    bool found = false;
+    ck_assert_ptr_nonnull(blk);
+    daemon_block_fill(k, blk, bb);
+    for (size_t at = 0; at + 64 <= bb && !found; at += bb / 2 - 32)
+        found = memmem(v, len, blk + at, 64) != NULL;
+    free(blk);
+    return found;
+}
+
+/* Every key of the cluster (SCAN on every master) into one text, a line each. */
+static char *cluster_keys(void)
+{
+    size_t cap = 1 << 16, n = 0;
+    char *all = malloc(cap);
+    ck_assert_ptr_nonnull(all);
+    all[0] = '\0';
+    for (int i = 0; i < NODES; i++) {
+        redisContext *c = redis_at(ports[i]);
+        unsigned long long cursor = 0;
+        ck_assert_ptr_nonnull(c);
+        do {
+            redisReply *r = redisCommand(c, "SCAN %llu COUNT 1000", cursor);
+            ck_assert(r && r->type == REDIS_REPLY_ARRAY && r->elements == 2);
+            cursor = strtoull(r->element[0]->str, NULL, 10);
+            for (size_t j = 0; j < r->element[1]->elements; j++) {
+                const redisReply *k = r->element[1]->element[j];
+                while (n + k->len + 2 > cap) {
+                    cap *= 2;
+                    all = realloc(all, cap);
+                    ck_assert_ptr_nonnull(all);
+                }
+                memcpy(all + n, k->str, k->len);
+                n += k->len;
+                all[n++] = '\n';
+                all[n] = '\0';
+            }
+            freeReplyObject(r);
+        } while (cursor);
+        redisFree(c);
+    }
+    return all;
+}
+
+/* What anyone who reaches the cluster sees of a sealed block: a value of the sealed length
+ * under a name that does not give the block key away, holding neither the block's bytes nor
+ * the model id; the names an unsealed kvcd would use hold nothing. */
+START_TEST(test_sealed_cluster_holds_ciphertext)
+{
+    static const char model[] = "e2e/remote-sealed-model";
+    struct daemon a;
+    struct client ca;
+    struct kvc_key keys[2];
+    char k[REMOTE_REC_KEY_MAX], hex[33];
+    size_t len = 0;
+    kvcd_up(&a, NULL);
+    client_open(&ca, &a, model);
+    ck_assert_int_eq(daemon_chain_keys(ca.ns, 20, 0, 2, 2, keys), 0);
+    client_put(&ca, keys, 2);
+    ck_assert(stat_wait(&a, "remote_written_blocks", 2, 10000));
+    ck_assert_uint_eq(stat_of(&a, "remote_sealed"), 1);
+    char *names = cluster_keys();
+    for (int i = 0; i < 2; i++) {
+        redis_key_of(model, &keys[i], k);
+        ck_assert_int_eq(strncmp(k, "kvc3:", 5), 0);
+        char *v = redis_get(k, &len);
+        ck_assert_ptr_nonnull(v);
+        ck_assert_uint_eq(len, VLEN(ca.bb));
+        ck_assert_msg(!holds_plaintext(v, len, &keys[i], ca.bb), "block %d in clear", i);
+        ck_assert_ptr_null(memmem(v, len, model, strlen(model)));
+        free(v);
+        /* Neither the block key nor the layout's fingerprint names it. */
+        snprintf(hex, sizeof(hex), "%016llx%016llx", (unsigned long long)keys[i].hi,
+                 (unsigned long long)keys[i].lo);
+        ck_assert_msg(!strstr(names, hex), "the block key is in a Redis key name");
+        redis_part_key_in(NULL, NULL, model, BT, &keys[i], 0, 0, k);
+        ck_assert_ptr_null(redis_get(k, &len));
+        ck_assert_msg(!strstr(names, k), "an unsealed name exists: %s", k);
+    }
+    free(names);
+    down((struct client *[]){&ca}, (struct daemon *[]){&a}, 1);
+}
+END_TEST
+
+/* Records planted by a kvcd without this deployment's secret — one of another deployment
+ * (another key), one of an unsealed tier — under the names this deployment reads: each a
+ * miss and a refusal counted, never served; left under their own names, a plain miss. */
+START_TEST(test_planted_records_refused)
+{
+    static const char model[] = "e2e/remote-planted";
+    struct daemon p, u, b;
+    struct client cp, cu, cb;
+    struct kvc_key keys[2];
+    char kb0[REMOTE_REC_KEY_MAX], kb1[REMOTE_REC_KEY_MAX], kp[REMOTE_REC_KEY_MAX],
+        ku[REMOTE_REC_KEY_MAX], o_other[400];
+    size_t len = 0;
+    snprintf(o_other, sizeof(o_other), "remote.key_file=%s", rc.other_key_file);
+    kvcd_up(&p, o_other);
+    kvcd_up(&u, "remote.seal=no");
+    kvcd_up(&b, NULL);
+    client_open(&cp, &p, model);
+    client_open(&cu, &u, model);
+    client_open(&cb, &b, model);
+    ck_assert_int_eq(daemon_chain_keys(cb.ns, 21, 0, 2, 2, keys), 0);
+    client_put(&cp, keys, 2); /* another deployment's blocks, sealed under its key */
+    client_put(&cu, keys, 2); /* an unsealed kvcd's */
+    ck_assert(stat_wait(&p, "remote_written_blocks", 2, 10000));
+    ck_assert(stat_wait(&u, "remote_written_blocks", 2, 10000));
+    ck_assert_uint_eq(stat_of(&u, "remote_sealed"), 0);
+    /* Under their own names: not this deployment's, a miss with nothing refused. */
+    ck_assert_int_eq(client_get(&cb, keys, 2), 0);
+    ck_assert_uint_eq(stat_of(&b, "remote_bad_records"), 0);
+    /* Planted under this deployment's names. */
+    redis_key_of(model, &keys[0], kb0);
+    redis_key_of(model, &keys[1], kb1);
+    redis_part_key_in(rc.other_key_file, NULL, model, BT, &keys[0], 0, 0, kp);
+    redis_part_key_in(NULL, NULL, model, BT, &keys[1], 0, 0, ku);
+    char *vp = redis_get(kp, &len);
+    ck_assert_ptr_nonnull(vp);
+    ck_assert_uint_eq(len, VLEN(cb.bb));
+    ck_assert(redis_set(kb0, vp, len));
+    free(vp);
+    char *vu = redis_get(ku, &len);
+    ck_assert_ptr_nonnull(vu);
+    ck_assert_uint_eq(len, VLEN_UNSEALED(cb.bb));
+    ck_assert(redis_set(kb1, vu, len));
+    free(vu);
+    negative_ttl_wait();
+    ck_assert_int_eq(client_get(&cb, keys, 2), 0); /* both read in one batch, both refused */
+    ck_assert_uint_eq(stat_of(&b, "remote_bad_records"), 2);
+    ck_assert_uint_eq(stat_of(&b, "remote_seal_refused"), 1); /* the unsealed one: a version */
+    ck_assert_uint_eq(stat_of(&b, "remote_hit_blocks"), 0);
+    /* Block 0 put properly by this deployment: block 1, the unsealed record, is refused. */
+    client_put(&cb, keys, 1);
+    struct daemon c;
+    struct client cc;
+    kvcd_up(&c, NULL);
+    client_open(&cc, &c, model);
+    ck_assert(stat_wait(&b, "remote_written_blocks", 1, 10000));
+    ck_assert_int_eq(client_get(&cc, keys, 2), 1);
+    ck_assert_uint_eq(stat_of(&c, "remote_hit_blocks"), 1);
+    ck_assert_uint_eq(stat_of(&c, "remote_bad_records"), 1);
+    ck_assert_uint_eq(stat_of(&c, "remote_seal_refused"), 0); /* not sealed at all */
+    down((struct client *[]){&cp, &cu, &cb, &cc}, (struct daemon *[]){&p, &u, &b, &c}, 4);
+}
+END_TEST
+
+/* A block stored in one value (every block up to the part size) with one byte of its data
+ * flipped, then cut short: refused both times, sealed or not; put back, served. */
+static void one_value_damaged(const char *extra, const char *model, bool sealed)
+{
+    struct daemon a, b;
+    struct client ca, cb;
+    struct kvc_key keys[2];
+    char k[REMOTE_REC_KEY_MAX];
+    size_t len = 0;
+    kvcd_up(&a, extra);
+    kvcd_up(&b, extra);
+    client_open(&ca, &a, model);
+    client_open(&cb, &b, model);
+    ck_assert_int_eq(daemon_chain_keys(ca.ns, 22, 0, 2, 2, keys), 0);
+    client_put(&ca, keys, 2);
+    ck_assert(stat_wait(&a, "remote_written_blocks", 2, 10000));
+    redis_part_key_in(sealed ? rc.key_file : NULL, NULL, model, BT, &keys[1], 0, 0, k);
+    char *v = redis_get(k, &len);
+    ck_assert_ptr_nonnull(v);
+    ck_assert_uint_eq(len, sealed ? VLEN(ca.bb) : VLEN_UNSEALED(ca.bb));
+    size_t at = len - (sealed ? REMOTE_SEAL_TAG : 0) - ca.bb / 2; /* in the block's bytes */
+    v[at] ^= 0x10;
+    ck_assert(redis_set(k, v, len));
+    v[at] ^= 0x10;
+    ck_assert_int_eq(client_get(&cb, keys, 2), 1);
+    ck_assert_uint_eq(stat_of(&b, "remote_bad_records"), 1);
+    ck_assert_uint_eq(stat_of(&b, "remote_seal_refused"), sealed ? 1 : 0);
+    /* The same record cut short (its own layout, its own key): refused. */
+    negative_ttl_wait();
+    ck_assert(redis_set(k, v, len - 1000));
+    ck_assert_int_eq(client_get(&cb, keys, 2), 1);
+    ck_assert_uint_eq(stat_of(&b, "remote_bad_records"), 2);
+    negative_ttl_wait();
+    ck_assert(redis_set(k, v, len));
+    ck_assert_int_eq(client_get(&cb, keys, 2), 2);
+    ck_assert_uint_eq(stat_of(&b, "remote_bad_records"), 2);
+    free(v);
+    down((struct client *[]){&ca, &cb}, (struct daemon *[]){&a, &b}, 2);
+}
+
+START_TEST(test_one_value_damaged_sealed)
+{
+    one_value_damaged(NULL, "e2e/remote-one-value-sealed", true);
+}
+END_TEST
+
+START_TEST(test_one_value_damaged_unsealed)
+{
+    one_value_damaged("remote.seal=no", "e2e/remote-one-value-plain", false);
+}
+END_TEST
+
+/* Namespaces whose section restricts who may read or write them: kept out of the remote
+ * tier by default; with remote = yes and a group secret, shared by the daemons holding that
+ * secret only; a daemon of the deployment without it finds nothing under its names. */
+START_TEST(test_restricted_namespaces)
+{
+    struct daemon a, b, c;
+    struct client ca, cb, cc, cs;
+    struct kvc_key keys[NPFX];
+    char group_file[400], ini[1024], ini_nogroup[1024], k[REMOTE_REC_KEY_MAX];
+    size_t len = 0;
+    unsigned uid = (unsigned)getuid();
+    snprintf(group_file, sizeof(group_file), "%s/group-e2e.key", rc.dir);
+    ck_assert_int_eq(rcluster_secret_write(group_file), 0);
+    snprintf(ini, sizeof(ini),
+             "[namespace.e2e/secret*]\nread = %u\nwrite = %u\nhost_size = 8m\n"
+             "[namespace.e2e/grouped*]\nread = %u\nwrite = %u\nhost_size = 8m\n"
+             "remote = yes\nremote_key_file = %s\n",
+             uid, uid, uid, uid, group_file);
+    snprintf(ini_nogroup, sizeof(ini_nogroup),
+             "[namespace.e2e/secret*]\nread = %u\nwrite = %u\nhost_size = 8m\n"
+             "[namespace.e2e/grouped*]\nread = %u\nwrite = %u\nhost_size = 8m\n"
+             "remote = yes\n",
+             uid, uid, uid, uid);
+    memset(&a, 0, sizeof(a));
+    memset(&b, 0, sizeof(b));
+    memset(&c, 0, sizeof(c));
+    kvcd_upv(&a, ini, NULL);
+    kvcd_upv(&b, ini, NULL);
+    kvcd_upv(&c, ini_nogroup, NULL);
+    /* Restricted, no remote = yes: never written. */
+    client_open(&cs, &a, "e2e/secret-model");
+    ck_assert_int_eq(daemon_chain_keys(cs.ns, 23, 0, NPFX, NPFX, keys), 0);
+    client_put(&cs, keys, NPFX);
+    ck_assert_int_eq(daemon_roundtrip(&a), 0); /* an open namespace's blocks do go */
+    ck_assert(stat_wait(&a, "remote_written_blocks", 3, 10000));
+    msleep(daemon_ms(200));
+    ck_assert_uint_eq(stat_of(&a, "remote_puts"), 3);
+    redis_part_key_of("e2e/secret-model", BT, &keys[0], 0, 0, k);
+    ck_assert_ptr_null(redis_get(k, &len));
+    /* Its own group: A writes, B (same secrets) reads, C (no group secret) does not. */
+    client_open(&ca, &a, "e2e/grouped-model");
+    client_open(&cb, &b, "e2e/grouped-model");
+    client_open(&cc, &c, "e2e/grouped-model");
+    ck_assert_int_eq(daemon_chain_keys(ca.ns, 24, 0, NPFX, NPFX, keys), 0);
+    client_put(&ca, keys, NPFX);
+    ck_assert(stat_wait(&a, "remote_written_blocks", 3 + NPFX, 10000));
+    ck_assert_int_eq(client_get(&cb, keys, NPFX), NPFX);
+    ck_assert_uint_eq(stat_of(&b, "remote_hit_blocks"), NPFX);
+    ck_assert_int_eq(client_get(&cc, keys, NPFX), 0);
+    ck_assert_uint_eq(stat_of(&c, "remote_hit_blocks"), 0);
+    ck_assert_uint_eq(stat_of(&c, "remote_bad_records"), 0);
+    /* Under the group's names: ciphertext; under the default group's: nothing. */
+    redis_part_key_in(rc.key_file, group_file, "e2e/grouped-model", BT, &keys[0], 0, 0, k);
+    char *v = redis_get(k, &len);
+    ck_assert_ptr_nonnull(v);
+    ck_assert(!holds_plaintext(v, len, &keys[0], ca.bb));
+    free(v);
+    redis_part_key_of("e2e/grouped-model", BT, &keys[0], 0, 0, k);
+    ck_assert_ptr_null(redis_get(k, &len));
+    down((struct client *[]){&cs, &ca, &cb, &cc}, (struct daemon *[]){&a, &b, &c}, 3);
+}
+END_TEST
+
+/* What another user sees of the configuration: the remote tier's password, nodes, files
+ * and every placement are for admins; a secret is "(set)" even for them, and it is in no
+ * reply, metric or log line. */
+struct tenant_view {
+    const char *sock;
+};
+
+static int tenant_config(void *arg)
+{
+    const struct tenant_view *t = arg;
+    kvc_client *c = NULL;
+    char buf[16384];
+    if (setgroups(0, NULL) || setresgid(65502, 65502, 65502) || setresuid(65502, 65502, 65502))
+        return 120;
+    if (kvc_connect(t->sock, &c))
+        return 10;
+    if (kvc_config_get(c, "remote.password", buf, sizeof(buf)) != -EACCES)
+        return 11;
+    if (kvc_config_get(c, "remote.nodes", buf, sizeof(buf)) != -EACCES)
+        return 12;
+    if (kvc_config_get(c, "host.size", buf, sizeof(buf)) != 0)
+        return 13;
+    if (kvc_config_get(c, NULL, buf, sizeof(buf)) != 0 || strstr(buf, "s3cret") ||
+        strstr(buf, "127.0.0.1") || !strstr(buf, "remote.password = (admin only)") ||
+        !strstr(buf, "remote.key_file = (admin only)") || !strstr(buf, "host.size = 32m"))
+        return 14;
+    char *m = NULL;
+    if (kvc_metrics(c, &m) || strstr(m, "s3cret"))
+        return 15;
+    free(m);
+    kvc_disconnect(c);
+    return 0;
+}
+
+START_TEST(test_secrets_hidden)
+{
+    struct daemon d;
+    char parent[DAEMON_PATH_MAX], out[16384], err[1024];
+    memset(&d, 0, sizeof(d));
+    ck_assert_int_eq(daemon_dir_init(&d), 0);
+    snprintf(parent, sizeof(parent), "%s", d.dir);
+    *strrchr(parent, '/') = 0;
+    ck_assert_int_eq(chmod(parent, 0711), 0);
+    ck_assert_int_eq(chmod(d.dir, 0711), 0);
+    kvcd_upv(
+        &d, NULL,
+        (const char *const[]){"remote.password=s3cret-pw-77", "server.socket_mode=0666", NULL});
+    /* The cluster wants no password: the tier says why it is degraded, not what was sent. */
+    struct tenant_view t = {.sock = d.sock};
+    ck_assert_int_eq(
+        daemon_child_wait(daemon_child_spawn(tenant_config, &t), daemon_ms(30000), NULL), 0);
+    ck_assert_int_eq(daemon_kvcctl(&d, out, sizeof(out), err, sizeof(err), "config", "get",
+                                   "remote.password", NULL),
+                     0);
+    ck_assert_msg(strstr(out, "(set)") && !strstr(out, "s3cret"), "%s", out);
+    ck_assert_int_eq(daemon_kvcctl(&d, out, sizeof(out), err, sizeof(err), "config", "get", NULL),
+                     0);
+    ck_assert(!strstr(out, "s3cret") && strstr(out, "remote.nodes = 127.0.0.1"));
+    ck_assert_int_eq(daemon_kvcctl(&d, out, sizeof(out), err, sizeof(err), "metrics", NULL), 0);
+    ck_assert(!strstr(out, "s3cret"));
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    FILE *f = fopen(d.log, "r");
+    ck_assert_ptr_nonnull(f);
+    size_t n = fread(out, 1, sizeof(out) - 1, f);
+    out[n] = '\0';
+    fclose(f);
+    ck_assert_msg(!strstr(out, "s3cret"), "the log shows the password");
+    daemon_cleanup(&d);
+}
+END_TEST
+
+/* A deployment secret anyone else can read, one that is too short, or none at all while
+ * records are sealed: kvcd refuses to start and says why (nothing is written to the
+ * cluster); --check-config says the same. */
+static void start_refused(const char *const *extra, const char *why)
+{
+    struct daemon d;
+    pid_t pid;
+    char o_nodes[300], text[4096];
+    const char *args[16] = {"-o", "host.size=16m", "-o", "host.prefault=no", "-o", o_nodes};
+    int n = 6, st;
+    snprintf(o_nodes, sizeof(o_nodes), "remote.nodes=%s", rc.seeds);
+    for (; *extra; extra++) {
+        args[n++] = "-o";
+        args[n++] = *extra;
+    }
+    args[n] = NULL;
+    memset(&d, 0, sizeof(d));
+    ck_assert_int_eq(daemon_dir_init(&d), 0);
+    ck_assert_int_eq(daemon_spawn(&d, args, &pid), 0);
+    st = daemon_child_wait(pid, daemon_ms(10000), NULL);
+    ck_assert_int_eq(st, 1);
+    FILE *f = fopen(d.log, "r");
+    ck_assert_ptr_nonnull(f);
+    n = (int)fread(text, 1, sizeof(text) - 1, f);
+    text[n] = '\0';
+    fclose(f);
+    ck_assert_msg(strstr(text, why), "%s", text);
+    daemon_cleanup(&d);
+}
+
+START_TEST(test_bad_secret_refused)
+{
+    char loose[400], shrt[400], o_loose[500], o_short[500];
+    snprintf(loose, sizeof(loose), "%s/loose.key", rc.dir);
+    snprintf(shrt, sizeof(shrt), "%s/short.key", rc.dir);
+    ck_assert_int_eq(rcluster_secret_write(loose), 0);
+    ck_assert_int_eq(chmod(loose, 0644), 0);
+    FILE *f = fopen(shrt, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("tooshort", f);
+    fclose(f);
+    ck_assert_int_eq(chmod(shrt, 0600), 0);
+    snprintf(o_loose, sizeof(o_loose), "remote.key_file=%s", loose);
+    snprintf(o_short, sizeof(o_short), "remote.key_file=%s", shrt);
+    start_refused((const char *const[]){o_loose, NULL}, "chmod 0600");
+    start_refused((const char *const[]){o_short, NULL}, "fewer than 32");
+    start_refused((const char *const[]){NULL}, "remote.seal needs the deployment secret");
+    start_refused((const char *const[]){"remote.key_file=/nonexistent/kvcd.key", NULL},
+                  "No such file");
+}
+END_TEST
+
 int main(void)
 {
     char why[256];
@@ -829,6 +1221,13 @@ int main(void)
     tcase_add_test(tc, test_split_off);
     tcase_add_test(tc, test_lookup_then_put_holding_lease);
     tcase_add_test(tc, test_cluster_unreachable);
+    tcase_add_test(tc, test_sealed_cluster_holds_ciphertext);
+    tcase_add_test(tc, test_planted_records_refused);
+    tcase_add_test(tc, test_one_value_damaged_sealed);
+    tcase_add_test(tc, test_one_value_damaged_unsealed);
+    tcase_add_test(tc, test_restricted_namespaces);
+    tcase_add_test(tc, test_secrets_hidden);
+    tcase_add_test(tc, test_bad_secret_refused);
     tcase_add_test(tc, test_slot_migration);
     tcase_add_test(tc, test_master_killed); /* last: it restarts a node */
     suite_add_tcase(s, tc);

@@ -190,6 +190,44 @@ mutation quant-walk-over-ladder daemon/quant.c "check_e2e_quant" \
 '            bool ladder = ns->rungs >= 2 && ns->policy != POLICY_LRU;' \
 '            bool ladder = false;'
 
+# The remote tier: a block stored in one value (every block up to remote.part_size) whose
+# bytes are not checked against its checksum.
+mutation remote-one-value-unchecked tiers/remote.c "check_e2e_remote" \
+'            if (!rc)
+                rc = remote_rec_check_data(p->xxh, at0, len);' \
+'            if (!rc && q->geom.count > 1)
+                rc = remote_rec_check_data(p->xxh, at0, len);'
+
+# A sealed part's data taken whatever its tag says (the plaintext checksum still stands
+# behind it, but a forged part must be refused as not sealed under the key).
+mutation remote-seal-tag-ignored tiers/remote.c "check_e2e_remote" \
+'            rc = q->sealed ? remote_seal_open_data(p->sealed, p->hdr, &q->seal, at0, len, p->tag)
+                           : 0;' \
+'            rc = q->sealed ? (remote_seal_open_data(p->sealed, p->hdr, &q->seal, at0, len,
+                                                    p->tag), 0)
+                           : 0;'
+
+# A sealed header not bound to the part's index: a part sealed for one place opens in
+# another.
+mutation remote-seal-index-unbound tiers/remote_seal.c "check_remote_rec check_e2e_remote" \
+'    remote_seal_put32(p, index);' \
+'    remote_seal_put32(p, index & 0);'
+
+# A secret shown: config_get writes a SECRET option's value.
+mutation config-secret-shown daemon/config.c "check_config" \
+'    case CONFIG_TYPE_SECRET: snprintf(buf, len, "%s", *v->s ? CONFIG_SECRET_SET : ""); break;' \
+'    case CONFIG_TYPE_SECRET: snprintf(buf, len, "%s", v->s); break;'
+
+# Placement and access options shown to anyone through CONFIG_GET.
+mutation config-get-not-admin-only daemon/admin.c "check_e2e_remote" \
+'    return config_option_access(o) == CONFIG_ACCESS_ANYONE || admin_all(x);' \
+'    return o != NULL || admin_all(x);'
+
+# A namespace with access lists on the remote tier although its section does not say so.
+mutation remote-restricted-by-default daemon/config_ns.c "check_config check_e2e_remote" \
+'        return ns->remote == 1 && c->remote_seal;' \
+'        return ns->remote != 0;'
+
 # ---- machinery ------------------------------------------------------------------------------
 
 key() { echo "$1" | tr -- '-.' '__'; }
