@@ -12,6 +12,9 @@
  *  - remote_get_256k / remote_get_2m / remote_get_16m: the same prefix loaded through daemon
  *    B (kvc_lookup, which waits for B's reads from the cluster, then kvc_lease_copy of every
  *    block);
+ *  - the same six with _unsealed: daemons with remote.seal = no, so that the cost of sealing
+ *    (the records sealed and opened on the tier's worker, docs/remote.md) reads off the two
+ *    (both against the plain client of their own run);
  * baseline: a plain client in this process moving the same values to the same cluster with
  * hiredis, pipelined: slot map from CLUSTER SLOTS, every node's SETs (GETs) appended, every
  * node written, then every reply read (a GET's value copied to the caller's buffer).
@@ -201,10 +204,11 @@ static int plain_move(struct plain *p, int rep, int n, size_t bb, uint8_t **src,
 
 /* ---- kvcd ------------------------------------------------------------------------------ */
 
-static int bench_kvcd(struct daemon *d, const char *extra)
+static int bench_kvcd(struct daemon *d, const char *extra, bool sealed)
 {
-    char o_nodes[300];
+    char o_nodes[300], o_key[400];
     snprintf(o_nodes, sizeof(o_nodes), "remote.nodes=%s", cl.seeds);
+    snprintf(o_key, sizeof(o_key), "remote.key_file=%s", cl.key_file);
     char o_part[64];
     const char *part = getenv("KVC_BENCH_PART_SIZE");
     snprintf(o_part, sizeof(o_part), "remote.part_size=%s", part && *part ? part : "1m");
@@ -216,6 +220,8 @@ static int bench_kvcd(struct daemon *d, const char *extra)
                           "-o", "remote.batch=256",
                           "-o", "log.level=warning",
                           "-o", "cache.policy=lru",
+                          "-o", o_key,
+                          "-o", sealed ? "remote.seal=yes" : "remote.seal=no",
                           NULL};
     memset(d, 0, sizeof(*d));
     return daemon_start(d, args);
@@ -582,7 +588,7 @@ static void bench_peers(const struct daemon *k, size_t bb, const char *tag, stru
 
 int main(int argc, char **argv)
 {
-    struct bench_row rows[16];
+    struct bench_row rows[24];
     size_t nrows = 0;
     struct daemon a, b;
     char why[256];
@@ -600,13 +606,20 @@ int main(int argc, char **argv)
         printf("%s: bench_remote: %s\n", up > 0 ? "SKIP" : "FAIL", why);
         return up > 0 ? bench_finish(out, rows, 0) : 1;
     }
-    if (bench_kvcd(&a, "remote") || bench_kvcd(&b, "remote")) {
-        bench_fail("kvcd did not start");
-    } else {
+    for (int sealed = 1; sealed >= 0 && !bench_failed(); sealed--) {
+        const char *sfx = sealed ? "" : "_unsealed";
+        char tag[32];
+        if (bench_kvcd(&a, "remote", sealed) || bench_kvcd(&b, "remote", sealed)) {
+            bench_fail("kvcd did not start");
+            break;
+        }
         snprintf(bdir, sizeof(bdir), "%s", a.sock);
-        bench_remote_case(&a, &b, 256u << 10, "256k", rows, 16, &nrows);
-        bench_remote_case(&a, &b, 2u << 20, "2m", rows, 16, &nrows);
-        bench_remote_case(&a, &b, 16u << 20, "16m", rows, 16, &nrows);
+        snprintf(tag, sizeof(tag), "256k%s", sfx);
+        bench_remote_case(&a, &b, 256u << 10, tag, rows, 24, &nrows);
+        snprintf(tag, sizeof(tag), "2m%s", sfx);
+        bench_remote_case(&a, &b, 2u << 20, tag, rows, 24, &nrows);
+        snprintf(tag, sizeof(tag), "16m%s", sfx);
+        bench_remote_case(&a, &b, 16u << 20, tag, rows, 24, &nrows);
         daemon_stop(&a);
         daemon_stop(&b);
         daemon_cleanup(&a);
@@ -614,10 +627,10 @@ int main(int argc, char **argv)
     }
     /* The peers: a kvcd with no remote tier. */
     struct daemon k;
-    if (!bench_failed() && bench_kvcd(&k, NULL) == 0) {
+    if (!bench_failed() && bench_kvcd(&k, NULL, true) == 0) {
         snprintf(bdir, sizeof(bdir), "%s", k.sock);
-        bench_peers(&k, 256u << 10, "256k", rows, 16, &nrows);
-        bench_peers(&k, 2u << 20, "2m", rows, 16, &nrows);
+        bench_peers(&k, 256u << 10, "256k", rows, 24, &nrows);
+        bench_peers(&k, 2u << 20, "2m", rows, 24, &nrows);
         daemon_stop(&k);
         daemon_cleanup(&k);
     }
