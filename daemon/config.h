@@ -163,6 +163,9 @@
       "without the key wrote or changed are misses, and the cluster holds only ciphertext "        \
       "(docs/remote.md). no: plain records anyone who reaches the cluster can read or forge; "     \
       "then namespaces with read or write lists never go to the remote tier.")                     \
+    X(remote, seal_threads, INT, "4", 0, 64, 0, NULL,                                              \
+      "Threads that seal and open records beside the remote tier's network thread (about 1 GB/s "  \
+      "each); 0: the network thread does it. Idle threads cost nothing.")                          \
     X(remote, key_file, STRING, "", 0, 0, 0, NULL,                                                 \
       "File of the deployment secret that seals records: 32 to 4096 random bytes (head -c 32 "     \
       "/dev/urandom), mode 0600, owned by kvcd's user or root; the same on every kvcd sharing "    \

@@ -337,6 +337,7 @@ static int kvcd_remote_attach(struct kvcd *d)
                  .user = c->remote_user,
                  .password = remote_keys_password(d->rkeys),
                  .sealed = remote_keys_sealed(d->rkeys),
+                 .seal_threads = (uint32_t)c->remote_seal_threads,
                  .connect_timeout_ms = (uint32_t)c->remote_connect_timeout,
                  .timeout_ms = (uint32_t)c->remote_timeout,
                  .max_inflight = (uint32_t)c->remote_max_inflight,

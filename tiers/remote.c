@@ -3,6 +3,7 @@
  * every master at once, circuit breaker (tiers/remote.h).
  */
 #include "tiers/remote.h"
+#include "tiers/remote_pool.h"
 
 #include <errno.h>
 #include <hiredis/hiredis.h>
@@ -27,6 +28,9 @@
 #define REMOTE_IOV 64                     /* iovecs per sendmsg */
 #define REMOTE_DIRECT (16u << 10) /* data left at least this: recv straight into its place */
 
+#define remote_container_of(ptr, type, member)                                                     \
+    ((type *)(void *)((char *)(ptr)-offsetof(type, member)))
+
 enum remote_op { REMOTE_OP_GET = 1, REMOTE_OP_PUT = 2 };
 
 struct remote_req;
@@ -50,6 +54,8 @@ struct remote_part {
     /* A sealed tier: the header as it travels, and the tag after the part's bytes. */
     uint8_t sealed[REMOTE_SEAL_HDR];
     uint8_t tag[REMOTE_SEAL_TAG];
+    struct remote_job open_job; /* a sealed GET: its bytes opened on the pool */
+    int open_status;
 };
 
 /* A block: its parts, and what the caller is told once the last of them is done. */
@@ -67,7 +73,9 @@ struct remote_req {
     uint8_t *ct;        /* PUT in a sealed tier: the parts' bytes sealed (worker; owned) */
     uint64_t *part_xxh; /* PUT: scratch for the parts' hashes (geom.count), in this block */
     bool sealed;
-    struct remote_seal seal; /* a sealed tier: the namespace's keys (wiped at free) */
+    bool sealing;               /* PUT: its seal job is on the pool (worker) */
+    struct remote_job seal_job; /* PUT: hashed and sealed on the pool */
+    struct remote_seal seal;    /* a sealed tier: the namespace's keys (wiped at free) */
     tier_remote_done_fn done;
     void *arg;
     struct remote_part parts[]; /* geom.count */
@@ -127,6 +135,8 @@ struct tier_remote {
     uint32_t nnodes, nseeds;
     uint16_t slot_node[REMOTE_SLOTS];
     uint16_t map_new[REMOTE_SLOTS]; /* the map being read from CLUSTER SLOTS */
+    struct remote_pool *pool;       /* a sealed tier's CPU threads (NULL: the worker seals) */
+    uint32_t jobs;                  /* submitted to the pool, not collected (worker) */
     bool map_ok;
     uint64_t retry_at;   /* ms: degraded until then */
     uint64_t backoff_ms; /* the next backoff */
@@ -426,12 +436,13 @@ static int remote_req_settle(struct remote_req *q)
     return 0;
 }
 
-/* A part answered (or failed): the block is done with its last part. */
+/* A part answered (or failed): the block is done with its last part (and, a PUT, once
+ * the pool no longer seals it). */
 static void remote_part_done(struct tier_remote *t, struct remote_part *p, int status)
 {
     struct remote_req *q = p->req;
     p->status = status;
-    if (--q->left == 0)
+    if (--q->left == 0 && !q->sealing)
         remote_req_finish(t, q, remote_req_settle(q));
 }
 
@@ -455,6 +466,56 @@ static void remote_req_encode(struct remote_req *q)
         }
     }
     q->encoded = true;
+}
+
+/* The pool's jobs: a PUT's block sealed, a sealed GET's part opened in place. */
+static void remote_seal_run(struct remote_job *j)
+{
+    remote_req_encode(remote_container_of(j, struct remote_req, seal_job));
+}
+
+/* A sealed part's bytes, in their place as ciphertext with their tag: opened in place (the
+ * tag checked before a byte is decrypted), then checked against the plaintext's checksum,
+ * as an unsealed part's bytes are. */
+static int remote_part_open(struct remote_part *p)
+{
+    struct remote_req *q = p->req;
+    uint8_t *at = q->buf + remote_rec_part_off(&q->geom, p->index);
+    uint64_t len = remote_rec_part_len(&q->geom, p->index);
+    int rc = remote_seal_open_data(p->sealed, p->hdr, &q->seal, at, len, p->tag);
+    return rc ? rc : remote_rec_check_data(p->xxh, at, len);
+}
+
+static void remote_open_run(struct remote_job *j)
+{
+    struct remote_part *p = remote_container_of(j, struct remote_part, open_job);
+    p->open_status = remote_part_open(p);
+}
+
+/* Finished jobs back from the pool: a sealed block may go out (or, all its parts failed
+ * meanwhile, be done); an opened part is answered. */
+static void remote_jobs_collect(struct tier_remote *t)
+{
+    struct remote_job *j = remote_pool_collect(t->pool), *next;
+    for (; j; j = next) {
+        next = j->next;
+        t->jobs--;
+        if (j->run == remote_seal_run) {
+            struct remote_req *q = remote_container_of(j, struct remote_req, seal_job);
+            q->sealing = false;
+            if (q->left == 0)
+                remote_req_finish(t, q, remote_req_settle(q));
+        } else {
+            struct remote_part *p = remote_container_of(j, struct remote_part, open_job);
+            remote_part_done(t, p, p->open_status);
+        }
+    }
+}
+
+/* Whether p's command may go out: a PUT's block sealed (a sealed tier with a pool). */
+static bool remote_part_ready(const struct remote_part *p)
+{
+    return !p->req->sealing;
 }
 
 /* The bytes of p's value: its header as it travels, its bytes, a sealed part's tag. */
@@ -529,12 +590,13 @@ static int remote_part_iov(struct remote_part *p, struct iovec *iov, uint64_t sk
  * took less than it was given found the socket full: the next one waits for poll. */
 static int remote_tx(struct remote_node *n)
 {
-    while (n->tx) {
+    while (n->tx && remote_part_ready(n->tx)) {
         struct iovec iov[REMOTE_IOV];
         struct msghdr mh = {.msg_iov = iov};
         uint64_t skip = n->tx_off, given = 0;
         int cnt = 0;
-        for (struct remote_part *p = n->tx; p && cnt <= REMOTE_IOV - 5; p = p->next) {
+        for (struct remote_part *p = n->tx; p && remote_part_ready(p) && cnt <= REMOTE_IOV - 5;
+             p = p->next) {
             cnt += remote_part_iov(p, iov + cnt, skip);
             skip = 0;
         }
@@ -805,16 +867,21 @@ static int remote_rx(struct tier_remote *t, struct remote_node *n, struct remote
             n->rx_state = REMOTE_RX_CRLF;
             n->rx_left = 2;
         } else if (n->rx_state == REMOTE_RX_CRLF) {
-            uint8_t *at0 = q->buf + remote_rec_part_off(&q->geom, p->index);
-            uint64_t len = remote_rec_part_len(&q->geom, p->index);
             if (n->crlf[0] != '\r' || n->crlf[1] != '\n')
                 return -1;
-            /* Sealed: the tag is checked before a byte is decrypted (in place); then the
-             * checksum of the plaintext, as for an unsealed part. */
-            rc = q->sealed ? remote_seal_open_data(p->sealed, p->hdr, &q->seal, at0, len, p->tag)
-                           : 0;
-            if (!rc)
-                rc = remote_rec_check_data(p->xxh, at0, len);
+            if (q->sealed && t->pool) {
+                /* Opened on the pool; the reader goes on to the next reply meanwhile. */
+                n->rx = p->next;
+                n->rx_state = n->rx && n->rx->asking ? REMOTE_RX_ASKING : REMOTE_RX_LINE;
+                p->open_job.run = remote_open_run;
+                t->jobs++;
+                remote_pool_submit(t->pool, &p->open_job);
+                continue;
+            }
+            rc = q->sealed ? remote_part_open(p)
+                           : remote_rec_check_data(p->xxh,
+                                                   q->buf + remote_rec_part_off(&q->geom, p->index),
+                                                   remote_rec_part_len(&q->geom, p->index));
             remote_rx_answered(t, n, p, rc);
         } else { /* SKIP */
             remote_rx_answered(t, n, p, n->rx_status);
@@ -859,6 +926,13 @@ static bool remote_round(struct tier_remote *t, struct remote_part *list,
             remote_part_done(t, p, -ENOMEM);
             continue;
         }
+        /* sealing first: while it is set, q->encoded is the pool's to write. */
+        if (q->op == REMOTE_OP_PUT && q->sealed && t->pool && !q->sealing && !q->encoded) {
+            q->sealing = true; /* its parts wait for the pool before they go out */
+            q->seal_job.run = remote_seal_run;
+            t->jobs++;
+            remote_pool_submit(t->pool, &q->seal_job);
+        }
         if (node == REMOTE_NO_NODE || node < 0) {
             remote_error(t, "slot %u has no master in the map", p->slot);
             bad = true;
@@ -888,7 +962,7 @@ static bool remote_round(struct tier_remote *t, struct remote_part *list,
             remote_node_fail(t, n, "cannot connect");
     }
     for (;;) {
-        struct pollfd pfd[TIER_REMOTE_MAX_NODES];
+        struct pollfd pfd[TIER_REMOTE_MAX_NODES + 1];
         uint32_t at[TIER_REMOTE_MAX_NODES];
         uint64_t wait = t->cfg.timeout_ms;
         nfds_t k = 0;
@@ -897,23 +971,37 @@ static bool remote_round(struct tier_remote *t, struct remote_part *list,
             struct remote_node *n = &t->nodes[i];
             if (n->failed || (!n->tx && !n->rx))
                 continue;
+            if (n->tx && n->rx == n->tx && !remote_part_ready(n->tx))
+                n->moved_ms = now; /* waiting for the pool, not for the network */
             if (now - n->moved_ms >= t->cfg.timeout_ms) {
                 remote_node_fail(t, n, "timed out");
                 continue;
             }
             if (n->moved_ms + t->cfg.timeout_ms - now < wait)
                 wait = n->moved_ms + t->cfg.timeout_ms - now;
-            pfd[k] =
-                (struct pollfd){.fd = n->c->fd, .events = (short)((n->tx ? POLLOUT : 0) | POLLIN)};
+            pfd[k] = (struct pollfd){
+                .fd = n->c->fd,
+                .events = (short)((n->tx && remote_part_ready(n->tx) ? POLLOUT : 0) | POLLIN)};
             at[k++] = i;
         }
-        if (!k)
+        if (!k && !t->jobs)
             break;
+        nfds_t nk = k; /* the nodes; then the pool's fd while it holds jobs */
+        if (t->jobs)
+            pfd[k++] = (struct pollfd){.fd = remote_pool_fd(t->pool), .events = POLLIN};
         if (poll(pfd, k, (int)wait) < 0 && errno != EINTR) {
-            for (nfds_t j = 0; j < k; j++)
+            for (nfds_t j = 0; j < nk; j++)
                 remote_node_fail(t, &t->nodes[at[j]], strerror(errno));
+            while (t->jobs) { /* what the pool holds must come back before the round ends */
+                struct pollfd pp = {.fd = remote_pool_fd(t->pool), .events = POLLIN};
+                (void)poll(&pp, 1, 100);
+                remote_jobs_collect(t);
+            }
             break;
         }
+        if (nk < k && (pfd[nk].revents & POLLIN))
+            remote_jobs_collect(t);
+        k = nk;
         for (nfds_t j = 0; j < k; j++) {
             struct remote_node *n = &t->nodes[at[j]];
             short ev = pfd[j].revents;
@@ -1281,6 +1369,9 @@ struct tier_remote *tier_remote_new(const struct tier_remote_config *cfg, int *e
     }
     if (t->cfg.sealed && (rc = remote_seal_init()) != 0)
         goto fail;
+    if (t->cfg.sealed && t->cfg.seal_threads &&
+        !(t->pool = remote_pool_new(t->cfg.seal_threads, &rc)))
+        goto fail;
     rc = -ENOMEM;
     if (!t->cfg.backoff_min_ms)
         t->cfg.backoff_min_ms = 100;
@@ -1313,9 +1404,12 @@ fail_sync:
     pthread_mutex_destroy(&t->mu);
 fail:
     if (t) {
+        remote_pool_free(t->pool);
         if (t->efd >= 0)
             close(t->efd);
         free(t->user);
+        if (t->password)
+            remote_seal_wipe(t->password, strlen(t->password));
         free(t->password);
         free(t);
     }
@@ -1334,7 +1428,8 @@ void tier_remote_free(struct tier_remote *t)
     pthread_cond_signal(&t->cv);
     pthread_mutex_unlock(&t->mu);
     pthread_join(t->thr, NULL);
-    tier_remote_poll(t); /* their callbacks release what the requests held */
+    remote_pool_free(t->pool); /* every round ended with nothing on it */
+    tier_remote_poll(t);       /* their callbacks release what the requests held */
     for (uint32_t i = 0; i < t->nnodes; i++)
         remote_node_close(&t->nodes[i]);
     close(t->efd);

@@ -23,7 +23,10 @@
  * of the block's bytes held while its batch runs, and sends the copy; a GET's sealed header
  * is opened before it is checked, and the part's bytes, received into their place as
  * ciphertext, are opened in place once their tag has come: nothing of a part counts before
- * both opened. Sealing is the worker's CPU time: it adds to a batch's time (docs/remote.md).
+ * both opened. That CPU work runs on seal_threads threads beside the worker
+ * (tiers/remote_pool.h): a PUT's block is sealed there while the worker sends what is ready
+ * (its parts wait in their connections' queues), and a GET's part is opened there while the
+ * worker reads the next replies; a round ends when the network and the pool are done.
  * Routing: the slot map comes from CLUSTER SLOTS of any node that answers (seeds first);
  * MOVED updates the slot's entry and retries there (the map is refreshed after the batch),
  * ASK retries once on the named node behind ASKING; a part is redirected at most
@@ -61,6 +64,7 @@ struct tier_remote_config {
     uint32_t batch;              /* parts per pipelined batch (a block's parts stay together) */
     uint64_t part_size;          /* 0: a block is one value; else >= REMOTE_REC_PART_MIN */
     bool sealed; /* every record sealed (remote_seal.h): each get and put names its keys */
+    uint32_t seal_threads; /* a sealed tier: threads that seal and open (0: the worker) */
     uint32_t backoff_min_ms, backoff_max_ms;
 };
 

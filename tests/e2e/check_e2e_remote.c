@@ -440,7 +440,8 @@ END_TEST
 /* ---- blocks in parts ------------------------------------------------------------------ */
 
 /* A block larger than remote.part_size goes to the cluster in parts, each on its own master,
- * and comes back through another daemon with the same bytes. */
+ * and comes back through another daemon with the same bytes. A seals on its threads, B
+ * opens on its network thread (remote.seal_threads = 0). */
 START_TEST(test_split_cross_daemon_hit)
 {
     static const char model[] = "e2e/remote-split";
@@ -451,7 +452,8 @@ START_TEST(test_split_cross_daemon_hit)
     int ports_used[NODES] = {0};
     size_t len = 0;
     kvcd_up(&a, SPLIT);
-    kvcd_up(&b, SPLIT);
+    memset(&b, 0, sizeof(b));
+    kvcd_upv(&b, NULL, (const char *const[]){SPLIT, "remote.seal_threads=0", NULL});
     client_open_bt(&ca, &a, model, SBT);
     client_open_bt(&cb, &b, model, SBT);
     ck_assert_uint_eq(ca.bb, (size_t)SBT << 10);
@@ -960,7 +962,8 @@ static void one_value_damaged(const char *extra, const char *model, bool sealed)
     struct kvc_key keys[2];
     char k[REMOTE_REC_KEY_MAX];
     size_t len = 0;
-    kvcd_up(&a, extra);
+    memset(&a, 0, sizeof(a));
+    kvcd_upv(&a, NULL, (const char *const[]){"remote.seal_threads=0", extra, NULL}); /* inline */
     kvcd_up(&b, extra);
     client_open(&ca, &a, model);
     client_open(&cb, &b, model);
@@ -1062,7 +1065,8 @@ START_TEST(test_restricted_namespaces)
     free(v);
     redis_part_key_of("e2e/grouped-model", BT, &keys[0], 0, 0, k);
     ck_assert_ptr_null(redis_get(k, &len));
-    down((struct client *[]){&cs, &ca, &cb, &cc}, (struct daemon *[]){&a, &b, &c}, 3);
+    client_close(&cs);
+    down((struct client *[]){&ca, &cb, &cc}, (struct daemon *[]){&a, &b, &c}, 3);
 }
 END_TEST
 
