@@ -7,7 +7,8 @@
  * refuse a flipped byte, and incompressible blocks are stored raw. The index checkpoint:
  * a restart takes its records plus what was written since (and not what a reused page
  * lost), and a torn, corrupt or foreign one is refused for the full walk. Hardening: a
- * symbolic link or foreign data as the path is refused, a short transfer is an error.
+ * symbolic link or foreign data as the path is refused, a short transfer is an error, a
+ * path already open (by another tier, through a link, or listed twice) is refused.
  */
 #include <check.h>
 #include <errno.h>
@@ -1179,6 +1180,94 @@ START_TEST(test_symlink_refused)
 }
 END_TEST
 
+/* XXH3 of a whole file, read through the page cache. */
+static uint64_t file_hash(const char *path)
+{
+    XXH3_state_t *xs = XXH3_createState();
+    char buf[65536];
+    ssize_t n;
+    uint64_t h;
+    int fd = open(path, O_RDONLY);
+    ck_assert_int_ge(fd, 0);
+    XXH3_64bits_reset(xs);
+    while ((n = read(fd, buf, sizeof(buf))) > 0)
+        XXH3_64bits_update(xs, buf, (size_t)n);
+    close(fd);
+    h = XXH3_64bits_digest(xs);
+    XXH3_freeState(xs);
+    return h;
+}
+
+/* One tier per path: a second open of a path in use is refused (-EBUSY) before it reads or
+ * writes anything, whether through the same name, a hard link, or the path listed twice; the
+ * holder's pid is readable from its lock; once the first is gone the path opens, records
+ * and all. */
+START_TEST(test_second_open_refused)
+{
+    char path[300], hard[300];
+    uint8_t *src = aligned_alloc(4096, 32 * KiB);
+    struct tier_disk_config cfg = {
+        .npaths = 1, .size = 2 * MiB, .page_size = 256 * KiB, .queue_depth = 8, .ckpt_path = ""};
+    struct tier_disk_meta m = meta(5, 28 * KiB);
+    struct flock fl = {.l_type = F_WRLCK,
+                       .l_whence = SEEK_SET,
+                       .l_start = (off_t)1 << 62,
+                       .l_len = (off_t)1 << 32};
+    struct found f = {0};
+    struct tier_loc loc;
+    struct tier *t, *t2;
+    uint64_t h0;
+    int err = 0, fd;
+    fresh_path(path, sizeof(path));
+    fresh_path(hard, sizeof(hard));
+    t = disk_open(path, 2 * MiB, 256 * KiB, NULL);
+    fill(src, 28 * KiB, 5);
+    ck_assert_int_eq(t->ops->alloc(t, 28 * KiB, &loc), 0);
+    ck_assert_int_eq(put(t, &loc, &m, src), 0);
+    h0 = file_hash(path);
+    cfg.paths[0] = path;
+    t2 = tier_disk_new(&cfg, &err);
+    ck_assert_ptr_null(t2);
+    ck_assert_int_eq(err, -EBUSY);
+    ck_assert_int_eq(link(path, hard), 0);
+    cfg.paths[0] = hard;
+    err = 0;
+    t2 = tier_disk_new(&cfg, &err);
+    ck_assert_ptr_null(t2);
+    ck_assert_int_eq(err, -EBUSY);
+    ck_assert_uint_eq(file_hash(path), h0); /* refused before anything was written */
+    /* the holder's pid, where a refused daemon reads it */
+    fd = open(path, O_RDONLY);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(fcntl(fd, F_OFD_GETLK, &fl), 0);
+    ck_assert_int_eq(fl.l_type, F_WRLCK);
+    ck_assert_int_eq(fl.l_start - ((off_t)1 << 62), getpid());
+    close(fd);
+    tier_destroy(t);
+    unlink(hard);
+    /* the lock went with the tier; the record is there */
+    cfg.paths[0] = path;
+    cfg.scan = found_cb;
+    cfg.scan_arg = &f;
+    t = tier_disk_new(&cfg, &err);
+    ck_assert_ptr_nonnull(t);
+    ck_assert_int_eq(f.n, 1);
+    ck_assert_uint_eq(f.m[0].key[0], 5);
+    tier_destroy(t);
+    /* one path named twice */
+    cfg.paths[1] = path;
+    cfg.npaths = 2;
+    f.n = 0;
+    err = 0;
+    t = tier_disk_new(&cfg, &err);
+    ck_assert_ptr_null(t);
+    ck_assert_int_eq(err, -EBUSY);
+    ck_assert_int_eq(f.n, 0);
+    unlink(path);
+    free(src);
+}
+END_TEST
+
 /* An existing file holding something else is refused (not overwritten, not resized) unless
  * format says FORCE; an empty or all-zero file is formatted; NEVER creates nothing and takes
  * only a kvcd disk. */
@@ -1344,6 +1433,7 @@ static Suite *disk_suite(void)
     tcase_add_test(tc, test_checkpoint_other_disk_refused);
     tcase_add_test(tc, test_checkpoint_path_and_due);
     tcase_add_test(tc, test_symlink_refused);
+    tcase_add_test(tc, test_second_open_refused);
     tcase_add_test(tc, test_foreign_data_refused);
     tcase_add_test(tc, test_short_read_is_error);
     tcase_add_test(tc, test_short_write_is_error);

@@ -6,6 +6,7 @@
 #include <linux/fs.h>
 #include <liburing.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1471,6 +1472,97 @@ static int tier_disk_open_fd(struct tier_disk *d, uint32_t i)
     return -errno;
 }
 
+/* One kvcd per path. An OFD write lock on byte 0 of the path is held for as long as the
+ * descriptor is open (the ring's registered copy included), so it goes with the process
+ * however it ends and never goes stale. F_OFD_GETLK reports no pid for OFD locks, so the
+ * holder also locks one byte at TIER_DISK_LOCK_PID + its pid: a refused daemon reads the pid
+ * from the offset of that lock. Both lie far past the end of any file or device: locks are
+ * ranges, not bytes, and nothing is written there. */
+#define TIER_DISK_LOCK_PID ((off_t)1 << 62)
+#define TIER_DISK_LOCK_PIDS ((off_t)1 << 32)
+#define TIER_DISK_LOCK_WAIT_MS 10000u
+
+/* The pid that holds path i's lock (as its own pid namespace numbers it), or 0. */
+static pid_t tier_disk_lock_holder(const struct tier_disk *d, uint32_t i)
+{
+    struct flock fl = {.l_type = F_WRLCK,
+                       .l_whence = SEEK_SET,
+                       .l_start = TIER_DISK_LOCK_PID,
+                       .l_len = TIER_DISK_LOCK_PIDS};
+    if (fcntl(d->fds[i], F_OFD_GETLK, &fl) < 0 || fl.l_type == F_UNLCK ||
+        fl.l_start < TIER_DISK_LOCK_PID || fl.l_start - TIER_DISK_LOCK_PID > INT32_MAX)
+        return 0;
+    return (pid_t)(fl.l_start - TIER_DISK_LOCK_PID);
+}
+
+/* Whether pid runs (signal 0 reaches it, or it exists and refuses us). */
+static bool tier_disk_pid_alive(pid_t pid)
+{
+    return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM);
+}
+
+/* Takes path i's lock before anything is read or written there: 0, -EBUSY (another kvcd, or
+ * this one through another path naming the same file, holds it), or -errno. A holder that has
+ * exited may hold it a little longer: the kernel lets go of a killed daemon's io_uring, and
+ * the descriptors registered with it, after the process is gone. So a lock whose holder is
+ * dead (or unknown) is tried again for up to TIER_DISK_LOCK_WAIT_MS. */
+static int tier_disk_lock(struct tier_disk *d, uint32_t i)
+{
+    const char *path = d->cfg.paths[i];
+    uint64_t until = tier_disk_now_ns() + TIER_DISK_LOCK_WAIT_MS * 1000000ull;
+    pid_t holder;
+    int rc;
+    for (;;) {
+        struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
+        if (fcntl(d->fds[i], F_OFD_SETLK, &fl) == 0) {
+            d->locked[i] = true;
+            fl.l_start = TIER_DISK_LOCK_PID + getpid();
+            if (fcntl(d->fds[i], F_OFD_SETLK, &fl) == 0)
+                return 0;
+        }
+        rc = -errno;
+        if (rc != -EAGAIN && rc != -EACCES) {
+            fprintf(stderr,
+                    "kvcd: disk: %s: cannot lock it (%s); refusing to use it "
+                    "unlocked\n",
+                    path, strerror(-rc));
+            return rc;
+        }
+        holder = tier_disk_lock_holder(d, i);
+        if (holder == getpid() || tier_disk_pid_alive(holder) || tier_disk_now_ns() >= until)
+            break;
+        usleep(10000);
+    }
+    if (holder == getpid())
+        fprintf(stderr,
+                "kvcd: disk: %s names a file this kvcd already uses (listed twice in "
+                "disk.path?)\n",
+                path);
+    else if (tier_disk_pid_alive(holder))
+        fprintf(stderr,
+                "kvcd: disk: %s is in use by another kvcd (pid %d); refusing to start on "
+                "it (one daemon per disk file)\n",
+                path, (int)holder);
+    else
+        fprintf(stderr,
+                "kvcd: disk: %s is still locked %u s after its holder (pid %d) is "
+                "gone; refusing to start on it (one daemon per disk file)\n",
+                path, TIER_DISK_LOCK_WAIT_MS / 1000, (int)holder);
+    return -EBUSY;
+}
+
+/* Gives path i's lock back. Explicitly: the ring's registered copy of the descriptor is let go
+ * asynchronously after io_uring_queue_exit, and with it the lock, so a tier opened right after
+ * this one was destroyed (a restart in one process) could find it still held. */
+static void tier_disk_unlock(struct tier_disk *d, uint32_t i)
+{
+    struct flock fl = {.l_type = F_UNLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
+    fcntl(d->fds[i], F_OFD_SETLK, &fl);
+    fl.l_start = TIER_DISK_LOCK_PID;
+    fl.l_len = TIER_DISK_LOCK_PIDS;
+    fcntl(d->fds[i], F_OFD_SETLK, &fl);
+}
+
 /* Whether path i may be used as it is, formatted, or not at all (cfg.format). */
 static int tier_disk_sb_load(struct tier_disk *d, uint32_t i, enum tier_disk_sb_kind kind)
 {
@@ -1494,6 +1586,8 @@ static int tier_disk_open_path(struct tier_disk *d, uint32_t i, uint64_t *size, 
     struct stat st;
     enum tier_disk_sb_kind kind = TIER_DISK_SB_FOREIGN;
     int rc = tier_disk_open_fd(d, i);
+    if (rc == 0)
+        rc = tier_disk_lock(d, i);
     if (rc)
         return rc;
     if (fstat(d->fds[i], &st) < 0)
@@ -1539,8 +1633,11 @@ static void tier_disk_destroy(struct tier *t)
     if (d->efd >= 0)
         close(d->efd);
     for (uint32_t i = 0; i < TIER_DISK_MAX_PATHS; i++)
-        if (d->fds[i] >= 0)
+        if (d->fds[i] >= 0) {
+            if (d->locked[i])
+                tier_disk_unlock(d, i);
             close(d->fds[i]);
+        }
     tier_disk_ckpt_fini(d);
     free(d->pages);
     free(d->ckpt_path);

@@ -9,7 +9,8 @@
  * under the same pressure has blocks quantized in place, some of them written to disk as
  * they are, read back quantized (the location's format says so) within q8_0's bound, and
  * found again after a restart. The disk index checkpoint: a SIGTERM restart reads it and walks
- * nothing; after SIGKILL, every block on disk at the last checkpoint is back.
+ * nothing; after SIGKILL, every block on disk at the last checkpoint is back. A second kvcd on
+ * the same disk file is refused, naming the first one's pid, and the file is left untouched.
  */
 #include <check.h>
 #include <errno.h>
@@ -759,6 +760,82 @@ START_TEST(test_checkpoint_restart_sigkill)
 }
 END_TEST
 
+/* A digest of a whole file (FNV-1a): equal before and after means no byte changed. */
+static uint64_t file_digest(const char *path)
+{
+    static uint8_t buf[65536];
+    uint64_t h = 0xcbf29ce484222325ull;
+    ssize_t n;
+    int fd = open(path, O_RDONLY);
+    ck_assert_int_ge(fd, 0);
+    while ((n = read(fd, buf, sizeof(buf))) > 0)
+        for (ssize_t i = 0; i < n; i++)
+            h = (h ^ buf[i]) * 0x100000001b3ull;
+    close(fd);
+    return h;
+}
+
+/* One daemon per disk file: a second kvcd on the same disk.path (its own socket) while the
+ * first runs is refused at start, naming the first one's pid, with a non-zero exit status
+ * and the disk file untouched; the first keeps serving every block. Once the first is gone
+ * the file opens again. */
+START_TEST(test_second_daemon_refused)
+{
+    int hits[NPREFIX], st = -1;
+    char sock2[320], log2[320], o_sock2[400], o_path[400], want[64], text[8192];
+    uint64_t before;
+    kvc_client *c;
+    kvc_ns *ns;
+    pid_t pid2;
+    FILE *f;
+    size_t n;
+    kvcd_start("128m");
+    c = kvcd_connect();
+    ck_assert_int_eq(kvc_ns_open(c, &layout, &ns), 0);
+    put_all(c, ns);
+    settle(c);
+    ck_assert_uint_gt(stat_get(c, "disk_records"), 100);
+    before = file_digest(dpath);
+    snprintf(sock2, sizeof(sock2), "%s/second.sock", dir);
+    snprintf(log2, sizeof(log2), "%s/second.log", dir);
+    snprintf(o_sock2, sizeof(o_sock2), "server.socket=%s", sock2);
+    snprintf(o_path, sizeof(o_path), "disk.path=%s", dpath);
+    pid2 = daemon_fork();
+    ck_assert_int_ge(pid2, 0);
+    if (pid2 == 0) {
+        int fd = open(log2, O_WRONLY | O_CREAT | O_APPEND, 0600);
+        if (fd >= 0)
+            dup2(fd, 2);
+        execl(KVC_BUILD_BIN "/kvcd", "kvcd", "-c", "/dev/null", "-o", o_sock2, "-o",
+              "host.size=16m", "-o", "host.prefault=no", "-o", o_path, "-o", "disk.capacity=128m",
+              "-o", "disk.page=1m", (char *)NULL);
+        _exit(127);
+    }
+    st = daemon_child_wait(pid2, daemon_ms(DAEMON_START_MS), NULL);
+    ck_assert_msg(st > 0, "the second kvcd: exit status %d, expected a refusal", st);
+    f = fopen(log2, "r");
+    ck_assert_ptr_nonnull(f);
+    n = fread(text, 1, sizeof(text) - 1, f);
+    text[n] = 0;
+    fclose(f);
+    snprintf(want, sizeof(want), "in use by another kvcd (pid %d)", (int)kvcd_pid);
+    ck_assert_msg(strstr(text, want), "no '%s' in the second kvcd's log:\n%s", want, text);
+    ck_assert_int_ne(access(sock2, F_OK), 0); /* it never listened */
+    ck_assert_uint_eq(file_digest(dpath), before);
+    /* the first one serves every block, bytes right */
+    ck_assert_int_eq(get_all(ns, hits), NPREFIX * PLEN);
+    ck_assert_uint_eq(stat_get(c, "checksum_failures"), 0);
+    kvc_disconnect(c);
+    kvcd_stop(SIGTERM);
+    /* its lock went with it */
+    kvcd_start("128m");
+    c = kvcd_connect();
+    ck_assert_uint_gt(stat_get(c, "disk_records_found"), 100);
+    kvc_disconnect(c);
+    kvcd_stop(SIGTERM);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("e2e_disk");
@@ -790,6 +867,7 @@ int main(void)
     tcase_add_test(tc, test_quantized_blocks_on_disk);
     tcase_add_test(tc, test_checkpoint_restart_sigterm);
     tcase_add_test(tc, test_checkpoint_restart_sigkill);
+    tcase_add_test(tc, test_second_daemon_refused);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
