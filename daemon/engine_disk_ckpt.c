@@ -130,9 +130,9 @@ void engine_disk_checkpoint_started(const struct store *s)
                  (unsigned long long)st.start_reads);
     else
         log_info("disk: index loaded in %llu ms without a checkpoint: %llu records walked, %llu "
-                 "header reads",
+                 "header reads (%llu MiB read)",
                  (unsigned long long)(st.start_us / 1000), (unsigned long long)st.records_walked,
-                 (unsigned long long)st.start_reads);
+                 (unsigned long long)st.start_reads, (unsigned long long)(st.start_bytes >> 20));
 }
 
 void engine_disk_checkpoint_stats(const struct store *s,
@@ -154,6 +154,7 @@ void engine_disk_checkpoint_stats(const struct store *s,
     put(arg, "disk_start_records_checkpoint", st.records_ckpt);
     put(arg, "disk_start_records_walked", st.records_walked);
     put(arg, "disk_start_header_reads", st.start_reads);
+    put(arg, "disk_start_read_bytes", st.start_bytes);
     put(arg, "disk_start_us", st.start_us);
     put(arg, "disk_short_io", st.short_io);
 }

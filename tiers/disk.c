@@ -1286,80 +1286,26 @@ bool tier_disk_found(struct tier_disk *d, uint32_t p, uint32_t ver,
     return true;
 }
 
-static bool tier_disk_skip_has(const uint64_t *skip, size_t n, uint64_t off)
-{
-    size_t lo = 0, hi = n;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (skip[mid] == off)
-            return true;
-        if (skip[mid] < off)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return false;
-}
-
-uint64_t tier_disk_page_walk(struct tier_disk *d, struct tier_disk_hdr *h, uint32_t p,
-                             uint64_t at, uint32_t *ver, const uint64_t *skip, size_t nskip)
-{
-    uint32_t path = tier_disk_page_path(d, p);
-    uint64_t base = tier_disk_path_off(d, tier_disk_page_base(d, p));
-    while (at + TIER_DISK_HDR <= d->cfg.page_size) {
-        struct tier_disk_meta m;
-        struct tier_loc loc;
-        d->st.start_reads++;
-        if (pread(d->fds[path], h, TIER_DISK_HDR, (off_t)(base + at)) != TIER_DISK_HDR ||
-            !tier_disk_hdr_ok(d, path, h, at))
-            break;
-        /* A header of another version ends the chain: it belongs to another life of the
-         * page (stale bytes behind the records of this one). */
-        if (*ver == 0)
-            *ver = h->page_version;
-        else if (h->page_version != *ver)
-            break;
-        m = (struct tier_disk_meta){.key = {h->key[0], h->key[1]},
-                                    .parent = {h->parent[0], h->parent[1]},
-                                    .depth = h->depth,
-                                    .codec = h->codec,
-                                    .len = h->raw_len,
-                                    .stored = h->len,
-                                    .format = h->block_format};
-        memcpy(m.ns, h->ns, sizeof(m.ns));
-        loc = (struct tier_loc){.arena = path,
-                                .cls = *ver,
-                                .off = tier_disk_page_base(d, p) + at + TIER_DISK_HDR,
-                                .len = tier_disk_round(h->len)};
-        if (!tier_disk_skip_has(skip, nskip, loc.off) && tier_disk_found(d, p, *ver, &m, &loc))
-            d->st.records_walked++;
-        at += tier_disk_record_bytes(h->len);
-    }
-    return at;
-}
-
-/* Walks the record chain of every page with synchronous header reads (no checkpoint, or
- * one that was refused). */
+/* Walks the record chain of every page (no checkpoint, or one that was refused). */
 static int tier_disk_scan(struct tier_disk *d)
 {
-    struct tier_disk_hdr *h = tier_disk_aligned(TIER_DISK_HDR);
+    struct tier_disk_walk *w = calloc(d->npages, sizeof(*w));
     uint32_t maxv = 0;
-    if (!h)
+    int rc;
+    if (!w)
         return -ENOMEM;
-    for (uint32_t p = 0; p < d->npages; p++) {
+    for (uint32_t p = 0; p < d->npages; p++)
+        w[p] = (struct tier_disk_walk){.page = p};
+    rc = tier_disk_walk(d, w, d->npages, NULL, 0);
+    for (uint32_t p = 0; p < d->npages && rc == 0; p++) {
         struct tier_disk_page *pg = &d->pages[p];
-        uint32_t ver = 0;
-        uint64_t end;
-        if (d->cfg.progress && p % 64 == 0)
-            d->cfg.progress(d->cfg.progress_arg, p, d->npages);
-        end = tier_disk_page_walk(d, h, p, 0, &ver, NULL, 0);
         /* Every page opened later gets a newer version than any record left anywhere. */
-        if (ver > maxv)
-            maxv = ver;
+        if (w[p].ver > maxv)
+            maxv = w[p].ver;
         if (pg->live) {
             pg->state = TIER_DISK_PAGE_FULL;
-            pg->version = ver;
-            pg->used = end;
+            pg->version = w[p].ver;
+            pg->used = w[p].at;
         } else {
             pg->state = TIER_DISK_PAGE_FREE;
             pg->version = 0;
@@ -1368,8 +1314,8 @@ static int tier_disk_scan(struct tier_disk *d)
         }
     }
     d->next_version = maxv;
-    free(h);
-    return 0;
+    free(w);
+    return rc;
 }
 
 /* What the first 4 KiB of a path hold. */

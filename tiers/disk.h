@@ -133,7 +133,9 @@ struct tier_disk_stats {
     uint64_t records_found;         /* at start: kept by scan, in all */
     uint64_t records_ckpt;          /* at start: of them, taken from the checkpoint */
     uint64_t records_walked;        /* at start: of them, found walking page chains */
-    uint64_t start_reads;           /* at start: 4 KiB header reads */
+    uint64_t start_reads;           /* at start: reads of record headers (each a 4 KiB header,
+                                       or a window of up to 1 MiB of a page's records) */
+    uint64_t start_bytes;           /* at start: bytes those reads brought */
     uint64_t start_us;              /* at start: time to load the index */
     bool ckpt_loaded;               /* at start: a valid checkpoint was used */
     uint64_t ckpt_writes, ckpt_errors;
