@@ -89,14 +89,14 @@ int engine_disk_checkpoint(struct store *s)
     return rc;
 }
 
-void engine_disk_checkpoint_tick(struct store *s, uint64_t interval_ms)
+void engine_disk_checkpoint_tick(struct store *s, uint64_t interval_ms, uint64_t every_bytes)
 {
     struct tier *disk = engine_disk_ckpt_disk(s);
     if (!disk || !interval_ms)
         return;
     /* The previous one's fsync and rename ran on a helper thread: its verdict first. */
     engine_disk_ckpt_result(disk, false, LOG_LEVEL_DEBUG);
-    if (tier_disk_checkpoint_due(disk, interval_ms))
+    if (tier_disk_checkpoint_due(disk, interval_ms, every_bytes))
         engine_disk_checkpoint(s);
 }
 

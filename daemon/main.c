@@ -330,7 +330,8 @@ static void kvcd_tick(void *arg)
     engine_trim(d->store, loop_now_ms(d->loop));
     notify_watchdog(loop_now_ms(d->loop));
     server_tick(d->server);
-    engine_disk_checkpoint_tick(d->store, d->cfg->disk_checkpoint_interval);
+    engine_disk_checkpoint_tick(d->store, d->cfg->disk_checkpoint_interval,
+                                d->cfg->disk_checkpoint_bytes);
 }
 
 /* While the disk index loads, systemd is asked for more start time (no-op without it). */

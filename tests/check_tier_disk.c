@@ -1232,21 +1232,32 @@ START_TEST(test_checkpoint_path_and_due)
     ck_assert_ptr_nonnull(t);
     ck_assert_ptr_null(tier_disk_checkpoint_path(t));
     ck_assert_int_eq(ckpt_write(t, &c), -ENOENT);
-    ck_assert(!tier_disk_checkpoint_due(t, 0));
+    ck_assert(!tier_disk_checkpoint_due(t, 0, 0));
     tier_destroy(t);
     cfg.ckpt_path = named;
     t = tier_disk_new(&cfg, &err);
     ck_assert_ptr_nonnull(t);
     ck_assert_str_eq(tier_disk_checkpoint_path(t), named);
-    ck_assert(tier_disk_checkpoint_due(t, 0)); /* never written */
+    ck_assert(tier_disk_checkpoint_due(t, 0, 0)); /* never written */
+    /* the first one of a run comes a second after the start once there are records, not
+     * after the interval */
+    usleep(1100 * 1000);
+    ck_assert(!tier_disk_checkpoint_due(t, 3600 * 1000, 0)); /* no record yet */
     fill(src, 28 * KiB, 1);
     ckpt_add(t, &c, 1, src, true, &d);
+    ck_assert(tier_disk_checkpoint_due(t, 3600 * 1000, 0));
     ck_assert_int_eq(ckpt_write(t, &c), 1);
-    ck_assert(!tier_disk_checkpoint_due(t, 0)); /* nothing changed since */
+    ck_assert(!tier_disk_checkpoint_due(t, 0, 0)); /* nothing changed since */
     fill(src, 28 * KiB, 2);
     ckpt_add(t, &c, 2, src, true, &d);
-    ck_assert(tier_disk_checkpoint_due(t, 0));
-    ck_assert(!tier_disk_checkpoint_due(t, 3600 * 1000)); /* not yet */
+    ck_assert(tier_disk_checkpoint_due(t, 0, 0));
+    ck_assert(!tier_disk_checkpoint_due(t, 3600 * 1000, 0)); /* not yet */
+    /* then one every every_bytes written, no sooner than a second after the last */
+    ck_assert(!tier_disk_checkpoint_due(t, 3600 * 1000, 4 * KiB));
+    usleep(1100 * 1000);
+    ck_assert(tier_disk_checkpoint_due(t, 3600 * 1000, 4 * KiB));  /* 32 KiB written */
+    ck_assert(!tier_disk_checkpoint_due(t, 3600 * 1000, 1 * MiB)); /* not that much */
+    ck_assert(!tier_disk_checkpoint_due(t, 3600 * 1000, 0));
     /* a failing write (the temporary name is a directory) leaves the previous one whole */
     char tmp[340];
     snprintf(tmp, sizeof(tmp), "%s.tmp", named);

@@ -226,11 +226,25 @@ int tier_disk_checkpoint_result(struct tier *t, bool wait)
     return tier_disk_ckpt_reap(tier_disk_of(t), wait);
 }
 
-bool tier_disk_checkpoint_due(const struct tier *t, uint64_t interval_ms)
+bool tier_disk_checkpoint_due(const struct tier *t, uint64_t interval_ms, uint64_t every_bytes)
 {
     const struct tier_disk *d = tier_disk_of(t);
-    return d->ckpt_path && !d->ckpt_sync && d->gen != d->ckpt_gen &&
-           tier_disk_now_ns() - d->ckpt_try_ns >= interval_ms * 1000000ull;
+    uint64_t since, gap;
+    if (!d->ckpt_path || d->ckpt_sync || d->gen == d->ckpt_gen)
+        return false;
+    since = tier_disk_now_ns() - d->ckpt_try_ns;
+    if (since >= interval_ms * 1000000ull)
+        return true;
+    /* Sooner than the interval, no more than once a second and for at most 1/20 of the
+     * caller's time (a checkpoint lists every record on its thread): the first one of this
+     * run once there are records (a crash before it would walk every page written), and one
+     * every every_bytes written (what a crash leaves to walk). */
+    gap = d->st.ckpt_loop_us * 20 * 1000;
+    if (since < TIER_DISK_CKPT_SOON_NS || since < gap)
+        return false;
+    if (!d->ckpt_tried && d->st.used)
+        return true;
+    return every_bytes && d->st.bytes_written - d->ckpt_written >= every_bytes;
 }
 
 /* ---- writing --------------------------------------------------------------------------- */
@@ -351,6 +365,8 @@ int tier_disk_checkpoint(struct tier *t, tier_disk_ckpt_next_fn next, void *arg)
     /* One at a time: the previous one is on the device and named before this one starts. */
     tier_disk_ckpt_reap(d, true);
     d->ckpt_try_ns = t0;
+    d->ckpt_tried = true;
+    d->ckpt_written = d->st.bytes_written;
     rc = -ENOMEM;
     if (asprintf(&tmp, "%s.tmp", d->ckpt_path) < 0) {
         tmp = NULL;

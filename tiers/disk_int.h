@@ -24,6 +24,7 @@
 #define TIER_DISK_SB_MAGIC 0x3142535344435653ull /* "SVCDSSB1": kvcd disk superblock */
 #define TIER_DISK_MAX_BUFS 64u
 #define TIER_DISK_WORKERS_MAX 16u
+#define TIER_DISK_CKPT_SOON_NS 1000000000ull /* the soonest a checkpoint follows another */
 
 enum tier_disk_page_state {
     TIER_DISK_PAGE_FREE = 0,
@@ -137,6 +138,8 @@ struct tier_disk {
     char *ckpt_path;          /* owned; NULL: none */
     uint64_t gen, ckpt_gen;   /* ckpt_gen: gen when the latest checkpoint was written */
     uint64_t ckpt_try_ns;     /* the latest attempt (or the start) */
+    bool ckpt_tried;          /* one was attempted since the start */
+    uint64_t ckpt_written;    /* st.bytes_written at the latest attempt */
     struct tier_disk_ckpt_sync *ckpt_sync; /* the latest one's fsync and rename, running */
 };
 

@@ -12,7 +12,8 @@
  * a window of TIER_DISK_WALK_WINDOW bytes from the next header on, so a window of small
  * records yields dozens of headers per read and the drive streams. Where records are large
  * (fewer than four headers would fit a window) a cursor reads the next header alone: the
- * data between headers is never read, and the cursors in flight keep the device busy. Records
+ * data between headers is never read, and the cursors in flight keep the device busy; the
+ * first read of a page is its first header alone, so an empty page costs 4 KiB. Records
  * are offered to the scan callback as their window lands (the daemon sorts them by depth
  * before it takes them back), never twice, and a header is taken only if it verifies (its
  * checksum, seeded with the path's secret, its page version) exactly as before. Runs on the
@@ -97,15 +98,16 @@ static bool tier_disk_walk_parse(struct tier_disk *d, struct tier_disk_walk *w,
     return false;
 }
 
-/* Prepares the cursor's next read: a window from w->at, or the next header alone when the
- * page's records are large. */
+/* Prepares the cursor's next read: the page's first header alone (most pages of a new or
+ * sparse disk hold none: no window is read for them), then a window from w->at, or the next
+ * header alone when the page's records are large. */
 static void tier_disk_walk_read(struct tier_disk *d, const struct tier_disk_walk *w,
                                 struct tier_disk_walk_cursor *c, uint32_t k,
                                 struct io_uring_sqe *sqe)
 {
     uint64_t room = d->cfg.page_size - w->at;
     uint64_t want =
-        c->last && c->last * 4 > TIER_DISK_WALK_WINDOW ? TIER_DISK_HDR : TIER_DISK_WALK_WINDOW;
+        !c->last || c->last * 4 > TIER_DISK_WALK_WINDOW ? TIER_DISK_HDR : TIER_DISK_WALK_WINDOW;
     c->want = want < room ? want : room;
     c->buf_at = w->at;
     c->busy = true;

@@ -760,6 +760,57 @@ START_TEST(test_checkpoint_restart_sigkill)
 }
 END_TEST
 
+/* A crash in the first minute of filling a disk does not cost a walk of every page: the first
+ * checkpoint comes a second after the first records, and one follows every
+ * disk.checkpoint_bytes written, well within the 60 s interval; after SIGKILL the restart
+ * takes its records from the latest one (and walks what was written since), and every block
+ * on disk at the kill is back. */
+START_TEST(test_checkpoint_soon_and_every_bytes)
+{
+    int hits[NPREFIX], runs[NPREFIX];
+    uint64_t writes = 0, written;
+    kvc_client *c;
+    kvc_ns *ns;
+    extra_opt = "disk.checkpoint_bytes=8m"; /* checkpoint_interval: the default, 60 s */
+    kvcd_start("128m");
+    c = kvcd_connect();
+    ck_assert_int_eq(kvc_ns_open(c, &layout, &ns), 0);
+    put_all(c, ns);
+    settle(c);
+    for (int i = 0; i < 50 && writes < 1; i++) {
+        writes = stat_get(c, "disk_checkpoint_writes");
+        msleep(100);
+    }
+    ck_assert_uint_ge(writes, 1);           /* the first, within seconds */
+    put_range(c, ns, NPREFIX, NPREFIX + 5); /* 25 MiB more, most of it to disk */
+    settle(c);
+    written = stat_get(c, "disk_bytes_written");
+    ck_assert_uint_gt(written, 32 << 20);
+    for (int i = 0; i < 50 && writes < 2; i++) {
+        writes = stat_get(c, "disk_checkpoint_writes");
+        msleep(100);
+    }
+    printf("e2e_disk: %llu checkpoints within seconds of the start, %llu MiB written\n",
+           (unsigned long long)writes, (unsigned long long)(written >> 20));
+    ck_assert_uint_ge(writes, 2); /* the first, and at least one for the bytes since */
+    on_disk_runs(c, ns, runs);
+    kvc_disconnect(c);
+    kvcd_stop(SIGKILL);
+    kvcd_start("128m");
+    c = kvcd_connect();
+    ck_assert_int_eq(kvc_ns_open(c, &layout, &ns), 0);
+    ck_assert_uint_eq(stat_get(c, "disk_start_checkpoint"), 1);
+    ck_assert_uint_gt(stat_get(c, "disk_start_records_checkpoint"), 100);
+    get_all(ns, hits);
+    for (int p = 0; p < NPREFIX; p++)
+        ck_assert_msg(hits[p] >= runs[p], "prefix %d: %d hits after restart, %d were on disk", p,
+                      hits[p], runs[p]);
+    ck_assert_uint_eq(stat_get(c, "checksum_failures"), 0);
+    kvc_disconnect(c);
+    kvcd_stop(SIGTERM);
+}
+END_TEST
+
 /* A digest of a whole file (FNV-1a): equal before and after means no byte changed. */
 static uint64_t file_digest(const char *path)
 {
@@ -868,6 +919,7 @@ int main(void)
     tcase_add_test(tc, test_checkpoint_restart_sigterm);
     tcase_add_test(tc, test_checkpoint_restart_sigkill);
     tcase_add_test(tc, test_second_daemon_refused);
+    tcase_add_test(tc, test_checkpoint_soon_and_every_bytes);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
