@@ -123,7 +123,9 @@ enum kvc_slot {
     KVC_SLOT_PRESENT = 1,  /* already cached: nothing to write */
     KVC_SLOT_RESERVED = 2, /* a slot is yours: write it, then commit */
     KVC_SLOT_BUSY = 3,     /* another client is writing this block now */
-    KVC_SLOT_SKIPPED = 4,  /* follows a busy key; try again after that one is committed */
+    KVC_SLOT_SKIPPED = 4,  /* not reserved: its parent is not cached (evicted) or still being
+                              written, or it follows a key that was busy or found no room; try
+                              again once that one is committed */
     KVC_SLOT_NOSPACE = 5,  /* no room could be made (everything else pinned) */
 };
 

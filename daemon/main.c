@@ -11,11 +11,13 @@
 #include <errno.h>
 #include <getopt.h>
 #include <grp.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "daemon/acl.h"
@@ -98,6 +100,64 @@ static struct config *kvcd_config_build(const struct kvcd *d, char *err, size_t 
 fail:
     config_free(c);
     return NULL;
+}
+
+/* Whether `path` names a file kvcd can create or use: it exists (a regular file or a block
+ * device; `file_only`: a regular file), or its directory does. 0, or -1 with the reason. */
+static int kvcd_path_check(const char *opt, const char *path, bool file_only, char *err,
+                           size_t errlen)
+{
+    struct stat st;
+    const char *slash = strrchr(path, '/');
+    char dir[PATH_MAX];
+    if (stat(path, &st) == 0) {
+        if (S_ISREG(st.st_mode) || (!file_only && S_ISBLK(st.st_mode)))
+            return 0;
+        snprintf(err, errlen, "%s: %.200s is neither a regular file%s", opt, path,
+                 file_only ? "" : " nor a block device");
+        return -1;
+    }
+    if (errno != ENOENT) {
+        snprintf(err, errlen, "%s: %.200s: %s", opt, path, strerror(errno));
+        return -1;
+    }
+    if (!slash)
+        snprintf(dir, sizeof(dir), ".");
+    else
+        snprintf(dir, sizeof(dir), "%.*s", slash == path ? 1 : (int)(slash - path), path);
+    if (stat(dir, &st) < 0) {
+        snprintf(err, errlen, "%s: %.200s cannot be created: its directory %.200s %s", opt, path,
+                 dir, errno == ENOENT || errno == ENOTDIR ? "does not exist" : strerror(errno));
+        return -1;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        snprintf(err, errlen, "%s: %.200s cannot be created: %.200s is not a directory", opt, path,
+                 dir);
+        return -1;
+    }
+    return 0;
+}
+
+/* The disk tier's files, checked where the configuration cannot: each disk.path and the
+ * checkpoint file must exist or be creatable in an existing directory (a typo there would
+ * otherwise show only when kvcd starts). 0, or -1 with err. */
+static int kvcd_paths_check(const struct config *c, char *err, size_t errlen)
+{
+    char *list, *save = NULL;
+    int rc = 0;
+    if (!c->disk_path[0])
+        return 0;
+    list = strdup(c->disk_path);
+    if (!list) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    for (char *p = strtok_r(list, ",", &save); p && rc == 0; p = strtok_r(NULL, ",", &save))
+        rc = kvcd_path_check("disk.path", p, false, err, errlen);
+    free(list);
+    if (rc == 0 && c->disk_checkpoint_interval && c->disk_checkpoint_path[0])
+        rc = kvcd_path_check("disk.checkpoint_path", c->disk_checkpoint_path, true, err, errlen);
+    return rc;
 }
 
 static void kvcd_store_params(const struct config *c, struct store_params *p)
@@ -272,7 +332,8 @@ static void kvcd_tick(void *arg)
     engine_trim(d->store, loop_now_ms(d->loop));
     notify_watchdog(loop_now_ms(d->loop));
     server_tick(d->server);
-    engine_disk_checkpoint_tick(d->store, d->cfg->disk_checkpoint_interval);
+    engine_disk_checkpoint_tick(d->store, d->cfg->disk_checkpoint_interval,
+                                d->cfg->disk_checkpoint_bytes);
 }
 
 /* While the disk index loads, systemd is asked for more start time (no-op without it). */
@@ -487,6 +548,10 @@ int main(int argc, char **argv)
     }
     d.cfg = kvcd_config_build(&d, err, sizeof(err));
     if (!d.cfg) {
+        fprintf(stderr, "kvcd: %s\n", err);
+        goto out;
+    }
+    if (!print && kvcd_paths_check(d.cfg, err, sizeof(err))) {
         fprintf(stderr, "kvcd: %s\n", err);
         goto out;
     }
