@@ -3,7 +3,7 @@
  * benchmarks need.
  *
  * DESIGN
- * Encode: one launch per block, one thread block per unit of kern_encb.h (a run of 1024
+ * Encode: one launch per block, one thread block per unit of kern_encb.h (a run of 256
  * groups of a token-major section, 32 KiB of a raw one, a head of an fp8 one, a 32-token
  * group of one head of KIVI keys) plus one that writes the header and the sections' padding;
  * the section table travels by value in the launch. Threads run the reference's per-group

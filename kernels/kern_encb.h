@@ -8,7 +8,7 @@
  * in one grid, found by a search of the section table the launch carries by value (struct
  * kern_enc_args: each section's codec, offset and first unit), plus a last unit that writes
  * the header and zeroes the sections' alignment padding. Units by codec:
- *  - token-major codecs (q8_0, q4_1, q5_1, KIVI values): KERN_ENC_GROUPS consecutive groups
+ *  - token-major codecs (q8_0, q4_1, q5_1, KIVI values): KERN_ENC_GROUPS (256) consecutive groups
  *    of the section's [T][H][G] groups, so a unit's output is one contiguous run. A thread
  *    encodes a group at a time — its 32 values read as four 16-byte loads where the layout
  *    allows, the reference's group function into registers, the bytes into shared memory —
@@ -34,7 +34,7 @@
 #include "kernels/kern_fmt.h"
 
 #define KERN_ENC_THREADS 256
-#define KERN_ENC_GROUPS 1024     /* groups per token-major unit */
+#define KERN_ENC_GROUPS 256      /* groups per token-major unit: one a thread */
 #define KERN_ENC_RAW_BYTES 32768 /* bytes per raw unit */
 #define KERN_ENC_MAX_SECT (2 * KERN_MAX_LAYERS)
 #define KERN_ENC_PHASES 3
