@@ -265,8 +265,8 @@ int kern_batch_decode_raw(struct kern_batch_args *a, const struct kern_layout *k
 {
     /* Raw blocks back to back are an engine: one page per block, the table the positions. */
     void *k[KERN_MAX_LAYERS], *v[KERN_MAX_LAYERS];
-    int32_t tab[KERN_BATCH_WORDS * 2];
-    if (!klay || kern_layout_check(klay) < 0 || !dst || nblocks > KERN_BATCH_WORDS)
+    int32_t tab[KERN_COPY_BATCH_MAX];
+    if (!klay || kern_layout_check(klay) < 0 || !dst || nblocks > KERN_COPY_BATCH_MAX)
         return -EINVAL;
     uint64_t rs = kern_raw_size(klay);
     for (uint32_t l = 0; l < klay->layers; l++) {

@@ -28,6 +28,8 @@ extern "C" {
 struct kern_layout;
 
 #define KERN_PACK_MAX_LAYERS 4096
+/* Pieces of one copy batch, blocks of one decode into raw blocks. */
+#define KERN_COPY_BATCH_MAX 1024
 
 struct kern_pack_layout {
     uint32_t layers;
@@ -139,8 +141,8 @@ int kern_batch_decode(struct kern_batch_args *a, const struct kern_layout *klay,
                       uint32_t layer_first, uint32_t layer_count,
                       const struct kern_pack_engine *eng, uint64_t first_token, uint32_t nblocks,
                       const void *const *src, const uint64_t *src_len, uint32_t out_dtype);
-/* A decode of nblocks whole blocks into raw blocks: block j into dst + pos[j] * raw size
- * (pos NULL: j), as kern_decode_* write one. */
+/* A decode of nblocks (at most KERN_COPY_BATCH_MAX) whole blocks into raw blocks: block j
+ * into dst + pos[j] * raw size (pos NULL: j), as kern_decode_* write one. */
 int kern_batch_decode_raw(struct kern_batch_args *a, const struct kern_layout *klay, void *dst,
                           const uint32_t *pos, uint32_t nblocks, const void *const *src,
                           const uint64_t *src_len, uint32_t out_dtype);
@@ -156,7 +158,6 @@ int kern_batch_cuda(const struct kern_batch_args *a, void *stream);
 /* Copies n pieces of device memory (dst[i] <- src[i], len[i] bytes) as one kernel on stream
  * (pieces that continue each other first merged; one piece left: cudaMemcpyAsync). Host
  * arrays; at most KERN_COPY_BATCH_MAX pieces. -EINVAL, -ENOTSUP without CUDA, -EIO. */
-#define KERN_COPY_BATCH_MAX 1024
 int kern_copy_batch_cuda(void *const *dst, const void *const *src, const uint64_t *len, uint32_t n,
                          void *stream);
 

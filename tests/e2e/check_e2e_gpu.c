@@ -1585,7 +1585,8 @@ END_TEST
 /* Issue 25: lossy host hits of every codec scattered into paged device tensors are decoded by
  * one kernel straight into them (no raw staging copy), bit-identical to the CPU decoder and
  * pack: one host-to-device batch of the stored bytes, one decode kernel, one record; with
- * raw hits in the same call, one scatter kernel more; a layer range decodes only its layers. */
+ * raw hits in the same call, one scatter kernel more; a layer range decodes only its layers;
+ * a range copy into one device buffer decodes the same way. */
 START_TEST(test_scatter_lossy_every_codec)
 {
     kvc_client *c;
@@ -1667,6 +1668,23 @@ START_TEST(test_scatter_lossy_every_codec)
             gb_engine_fini(&dst);
             gb_engine_fini(&ref);
         }
+        /* the same hits into one contiguous device buffer: one batch of their stored bytes,
+         * one decode kernel, one record; the CPU decoder's bytes */
+        uint8_t *buf = NULL;
+        ck_assert_int_eq(fake_dev_ops.mem_alloc((void **)&buf, n * bb), 0);
+        ck_assert_int_eq(kvc_lookup(ns, keys, n, 0, &l), (int)n);
+        for (uint32_t j = 0; j < n; j++) {
+            l->hits[j].data = enc + j * es;
+            l->hits[j].len = (uint64_t)es;
+            l->hits[j].format = (uint8_t)codec;
+        }
+        uint64_t o0 = gb_ops();
+        ck_assert_int_eq(kvc_lease_copy_range_async(l, 0, n, buf, n * bb, stream), (int)n);
+        ck_assert_uint_eq(gb_ops() - o0, 3);
+        ck_assert_int_eq(kvc_release(l), 0);
+        ck_assert_msg(memcmp(buf, dec, n * bb) == 0, "%s range copy",
+                      kern_codec_name((enum kern_codec)codec));
+        fake_dev_ops.mem_free(buf);
         /* raw and lossy hits in one call: a scatter kernel and a decode kernel */
         gb_engine_init(&dst, 4, 1, 0, 0);
         ck_assert_int_eq(kvc_lookup(ns, keys, n, 0, &l), (int)n);
