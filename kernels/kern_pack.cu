@@ -67,6 +67,8 @@ template <int W> struct batch_params {
     struct kern_batch h;
     uint64_t w[W];
 };
+/* CUDA's limit on a kernel's parameters (12.1 and later, Volta and later). */
+static_assert(sizeof(batch_params<KERN_BATCH_WORDS>) <= 32764, "batch tables too large");
 
 /* Gathers and scatters, and decodes: two kernels, so that each gets the registers of its own
  * work (one kernel holding both would run at the occupancy of the larger). */
@@ -192,6 +194,7 @@ template <int N> struct copy_params {
     uint32_t vec;
     struct copy_piece p[N];
 };
+static_assert(sizeof(copy_params<KERN_COPY_BATCH_MAX>) <= 32764, "copy tables too large");
 
 template <typename T, int N>
 __global__ void __launch_bounds__(KERN_BATCH_THREADS)
