@@ -680,20 +680,23 @@ static int kvc_gpu_copy_range(kvc_lease *l, size_t first, size_t n, void *dst, v
     uint64_t stage = 0;
     int rc, dev = dev_only || ops->pointer_device(dst) >= 0;
     kvc_gpu_kern_layout(l->ns, &kl);
-    /* Everything that can be refused is, before anything is queued. */
+    if (kvc_gpu_plan_new(&p, n))
+        return -ENOMEM;
+    /* Everything that can be refused is, before anything is queued; the stored lengths are
+     * read once (a writer of the arena may change the header after this). */
     for (size_t j = 0; j < n; j++) {
         const struct kvc_hit *h = &l->hits[first + j];
         if (h->format == KVC_WIRE_FORMAT_RAW)
             continue;
-        if (h->tier == KVC_WIRE_TIER_GPU)
-            return -ENOTSUP; /* the pool holds raw blocks only */
-        int64_t e = kvc_gpu_enc_len(l->ns, h);
-        if (e < 0)
+        int64_t e = h->tier == KVC_WIRE_TIER_GPU ? -ENOTSUP /* the pool holds raw blocks */
+                                                 : kvc_gpu_enc_len(l->ns, h);
+        if (e < 0) {
+            free(p.mem);
             return (int)e;
+        }
+        p.enc_len[j] = (uint64_t)e;
         stage += KVC_GPU_ALIGN((uint64_t)e);
     }
-    if (kvc_gpu_plan_new(&p, n))
-        return -ENOMEM;
     if (!dev) {
         /* Host memory: a lossy hit is decoded right there, now. */
         for (size_t j = 0; j < n; j++) {
@@ -720,13 +723,13 @@ static int kvc_gpu_copy_range(kvc_lease *l, size_t first, size_t n, void *dst, v
         } else if (h->format == KVC_WIRE_FORMAT_RAW) {
             kvc_gpu_piece(&p, to, h->data, bb);
         } else if (dev) {
-            int64_t e = kern_block_info(h->data, h->len, NULL, NULL);
+            uint64_t e = p.enc_len[j]; /* j >= nenc: the packed entries trail the indices */
             uint8_t *at = s->dev + off;
-            kvc_gpu_piece(&p, at, h->data, (uint64_t)e);
+            kvc_gpu_piece(&p, at, h->data, e);
             p.enc[p.nenc] = at;
-            p.enc_len[p.nenc] = (uint64_t)e;
+            p.enc_len[p.nenc] = e;
             p.pos[p.nenc++] = (uint32_t)j;
-            off += KVC_GPU_ALIGN((uint64_t)e);
+            off += KVC_GPU_ALIGN(e);
         }
     }
     int queued = 0;
@@ -804,25 +807,31 @@ KVC_API int kvc_lease_scatter_layers(kvc_lease *l, size_t first, size_t n,
     kvc_gpu_kern_layout(l->ns, &kl);
     if (kv->on_device && !c->gpu)
         return -ENOTSUP;
-    /* Everything that can be refused is, before anything is queued. */
+    if (kvc_gpu_plan_new(&p, n))
+        return -ENOMEM;
+    /* Everything that can be refused is, before anything is queued; the stored lengths are
+     * read once (a writer of the arena may change the header after this). */
     uint64_t stage = 0;
     size_t nlossy = 0;
-    for (size_t j = 0; j < n; j++) {
+    for (size_t j = 0; j < n && rc == 0; j++) {
         const struct kvc_hit *h = &l->hits[first + j];
-        if (h->tier == KVC_WIRE_TIER_GPU && (!kv->on_device || h->format != KVC_WIRE_FORMAT_RAW))
-            return -ENOTSUP; /* pool hits are device memory, and raw */
-        if (h->format != KVC_WIRE_FORMAT_RAW) {
+        if (h->tier == KVC_WIRE_TIER_GPU && (!kv->on_device || h->format != KVC_WIRE_FORMAT_RAW)) {
+            rc = -ENOTSUP; /* pool hits are device memory, and raw */
+        } else if (h->format != KVC_WIRE_FORMAT_RAW) {
             int64_t len = kvc_gpu_enc_len(l->ns, h);
             if (len < 0)
-                return (int)len;
-            stage += KVC_GPU_ALIGN((uint64_t)len);
+                rc = (int)len;
+            p.enc_len[j] = len < 0 ? 0 : (uint64_t)len;
+            stage += KVC_GPU_ALIGN(p.enc_len[j]);
             nlossy++;
         } else if (h->tier != KVC_WIRE_TIER_GPU) {
             stage += KVC_GPU_ALIGN(rbytes);
         }
     }
-    if (kvc_gpu_plan_new(&p, n))
-        return -ENOMEM;
+    if (rc) {
+        free(p.mem);
+        return rc;
+    }
     if (!kv->on_device) {
         /* Host tensors: a CPU copy; a lossy hit decoded on the CPU into a private block. */
         if (nlossy && !(dec = malloc(nlossy * bb))) {
@@ -860,11 +869,9 @@ KVC_API int kvc_lease_scatter_layers(kvc_lease *l, size_t first, size_t n,
             off += KVC_GPU_ALIGN(rbytes);
             p.nraw++;
         } else {
-            int64_t len = kern_block_info(h->data, h->len, NULL, NULL);
             p.enc[j] = s->dev + off;
-            p.enc_len[j] = (uint64_t)len;
-            kvc_gpu_piece(&p, s->dev + off, h->data, (uint64_t)len);
-            off += KVC_GPU_ALIGN((uint64_t)len);
+            kvc_gpu_piece(&p, s->dev + off, h->data, p.enc_len[j]);
+            off += KVC_GPU_ALIGN(p.enc_len[j]);
             p.nenc++;
         }
     }
