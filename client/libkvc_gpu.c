@@ -95,7 +95,8 @@ const struct kern_dev_ops *kvci_gpu_ops_get(void)
 
 int kvci_gpu_cuda_used(void)
 {
-    return kvc_gpu_cuda_pid != 0 && kvc_gpu_cuda_pid == getpid();
+    pid_t pid = __atomic_load_n(&kvc_gpu_cuda_pid, __ATOMIC_RELAXED);
+    return pid != 0 && pid == getpid();
 }
 
 static struct kvc_gpu *kvc_gpu_of(const kvc_client *c)
@@ -306,8 +307,8 @@ KVC_API int kvc_gpu_attach(kvc_client *c)
         goto out;
     }
     g->ops = kvc_gpu_ops_override ? kvc_gpu_ops_override : kern_dev_cuda();
-    if (!kvc_gpu_ops_override)
-        kvc_gpu_cuda_pid = getpid();
+    if (!kvc_gpu_ops_override) /* clients of several threads may attach at once */
+        __atomic_store_n(&kvc_gpu_cuda_pid, getpid(), __ATOMIC_RELAXED);
     g->pool.fd = -1;
     g->args = malloc(sizeof(*g->args));
     if (!g->args) {
