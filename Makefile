@@ -44,6 +44,9 @@ PKGS := liburing inih libxxhash libzstd libsystemd hiredis libsodium
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 CHECK_LIBS = $(shell pkg-config --libs check 2>/dev/null)
+# The trace format's one reader (client/kvcreplay_trace.c: kvcreplay, kvcsim, the tests) and
+# the tests' JSON checks use jansson; libkvc and kvcd do not.
+JSON_LIBS = $(shell pkg-config --libs jansson 2>/dev/null)
 
 WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
 	-Wformat=2 -Wformat-security -Wpointer-arith -Wvla -Wundef
@@ -88,7 +91,7 @@ LIBKVCD_OBJS := $(call obj,$(LIBKVCD_SRCS)) $(patsubst %.cu,$(B)/obj/%.cu.o,$(CU
 # libkvc dequantizes hits (kvc_lease_copy, kvc_lease_copy_cuda): it carries the kernels.
 LIBKVC_OBJS := $(call obj,$(LIBKVC_SRCS) $(wildcard kernels/*.c)) \
 	$(patsubst %.cu,$(B)/obj/%.cu.o,$(filter kernels/%,$(CU_SRCS)))
-TESTLIB_OBJS := $(call obj,$(TESTLIB_SRCS))
+TESTLIB_OBJS := $(call obj,$(TESTLIB_SRCS)) $(B)/obj/client/kvcreplay_trace.o
 CHECK_BINS := $(patsubst %.c,$(B)/tests/%,$(notdir $(CHECK_SRCS)))
 BENCH_BINS := $(patsubst tests/bench/%.c,$(B)/bench/%,$(BENCH_SRCS))
 
@@ -158,7 +161,7 @@ $(B)/bin/kvcctl: $(B)/obj/client/kvcctl.o $(B)/lib/libkvc.a
 
 $(B)/bin/kvcreplay: $(B)/obj/client/kvcreplay.o $(B)/obj/client/kvcreplay_trace.o $(B)/lib/libkvc.a
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) $(CUDA_LIBS) -pthread -lm
+	$(CC) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) $(JSON_LIBS) $(CUDA_LIBS) -pthread -lm
 
 $(B)/bin/kvc-demo: $(B)/obj/tests/demo/kvc-demo.o $(B)/lib/libkvc.a
 	@mkdir -p $(dir $@)
@@ -167,15 +170,16 @@ $(B)/bin/kvc-demo: $(B)/obj/tests/demo/kvc-demo.o $(B)/lib/libkvc.a
 # Check suites link the daemon as a library plus libkvc and the shared test helpers.
 $(B)/tests/%: $(B)/obj/tests/%.o $(TESTLIB_OBJS) $(B)/lib/libkvcd.a $(B)/lib/libkvc.a
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(PKG_LIBS) $(CUDA_LIBS) -pthread -lm
+	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(PKG_LIBS) $(JSON_LIBS) $(CUDA_LIBS) -pthread -lm
 $(B)/tests/check_e2e_%: $(B)/obj/tests/e2e/check_e2e_%.o $(TESTLIB_OBJS) $(B)/lib/libkvcd.a $(B)/lib/libkvc.a
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(PKG_LIBS) $(CUDA_LIBS) -pthread -lm
+	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(PKG_LIBS) $(JSON_LIBS) $(CUDA_LIBS) -pthread -lm
 
 # tests/lib holds Check-based helpers too (the tier conformance cases), hence CHECK_LIBS.
 $(B)/bench/%: $(B)/obj/tests/bench/%.o $(TESTLIB_OBJS) $(B)/lib/libkvcd.a $(B)/lib/libkvc.a
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(PKG_LIBS) $(BENCH_LIBS) $(CUDA_LIBS) -pthread -lm
+	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(PKG_LIBS) $(JSON_LIBS) $(BENCH_LIBS) $(CUDA_LIBS) \
+		-pthread -lm
 # bench_remote measures memcached as a peer through libmemcached (etc/install-deps.sh).
 $(B)/bench/bench_remote: BENCH_LIBS = $(shell pkg-config --libs libmemcached 2>/dev/null)
 
@@ -187,9 +191,10 @@ endif
 # The trace simulator (docs/policies.md): the policies of libkvcd over tests/lib/sim.c.
 .PHONY: kvcsim
 kvcsim: $(B)/bin/kvcsim
-$(B)/bin/kvcsim: $(B)/obj/tests/bench/kvcsim.o $(B)/obj/tests/lib/sim.o $(B)/lib/libkvcd.a
+$(B)/bin/kvcsim: $(B)/obj/tests/bench/kvcsim.o $(B)/obj/tests/lib/sim.o \
+		$(B)/obj/client/kvcreplay_trace.o $(B)/lib/libkvcd.a
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ -lm
+	$(CC) $(LDFLAGS) -o $@ $^ $(JSON_LIBS) -lm
 
 # ---- the Python package (python/, issue 14) -------------------------------------------------
 # The package's variables are set with the sources above, before `all` reads them.

@@ -3,7 +3,7 @@
 # it installs only what is missing. As non-root it prints the command to run.
 set -eu
 pkgs="build-essential pkg-config liburing-dev libinih-dev libzstd-dev libxxhash-dev \
-libsystemd-dev libsodium-dev check gnuplot-nox fio redis-server memcached python3-dev python3-numpy \
+libsystemd-dev libsodium-dev libjansson-dev check gnuplot-nox fio redis-server memcached python3-dev python3-numpy \
 python3-pytest python3-torch libhiredis-dev libmemcached-dev libasan8 libubsan1 libtsan2"
 missing=""
 for p in $pkgs; do
