@@ -29,7 +29,9 @@ class Client:
 
     closed: bool
     def __init__(self, socket_path: Union[str, bytes, PathLike, None] = None) -> None:
-        """Connects; raises Error (ENOENT, ECONNREFUSED, EACCES, EUSERS...)."""
+        """Connects; raises Error (ENOENT, ECONNREFUSED, EACCES, EUSERS...). A Client
+        connects once: calling __init__ again (even after close()) raises RuntimeError;
+        make a new Client instead."""
     def namespace(self, model_id: str, layers: int, kv_heads: int, head_dim: int,
                   block_tokens: int, dtype: str = "fp16", k_only: bool = False,
                   k_codec: Optional[str] = None, v_codec: Optional[str] = None,
@@ -121,10 +123,14 @@ class Lease:
     def __len__(self) -> int:
         """Number of hits."""
     def __getitem__(self, i: int) -> memoryview:
-        """A read-only memoryview of hit i inside the shared arena, without a copy:
-        ``numpy.frombuffer(lease[i], numpy.float16)`` views it. The view holds the lease:
-        it stays valid (the block stays pinned and mapped) after release() or close(),
-        until the view and everything made from it are gone. ValueError once released."""
+        """A read-only memoryview of hit i (negative i counts from the end) inside the
+        shared arena, without a copy: ``numpy.frombuffer(lease[i], numpy.float16)`` views
+        it. It is the hit as stored: block_bytes of raw KV, or, for a hit the daemon
+        quantized, the encoded block (smaller; ``lease[i].obj.encoded`` is True and
+        ``lease[i].obj.codec`` names the codec, as stored(i) does; copy_into() decodes).
+        The view holds the lease: it stays valid (the block stays pinned and mapped) after
+        release() or close(), until the view and everything made from it are gone.
+        ValueError once released; BufferError for a hit in the GPU pool."""
     def copy_into(self, i: int, buffer: Buffer) -> None:
         """Copies hit i (dequantized if stored lossy) into a writable buffer of at least
         block_bytes; the GIL is released during the copy."""

@@ -55,9 +55,9 @@ typedef struct client_object client_object;
 
 /* The common head of Lease and Reservation: a libkvc handle on its client's list. */
 struct handle {
-    PyObject_HEAD
-    client_object *client;      /* strong reference */
-    struct handle *prev, *next; /* the client's list of live handles (borrowed) */
+    PyObject_HEAD client_object *client; /* strong reference */
+    uint64_t conn;                       /* the connection it came from (client->conn) */
+    struct handle *prev, *next;          /* the client's list of live handles (borrowed) */
     enum handle_kind kind;
     void *h;            /* kvc_lease or kvc_resv; NULL once freed */
     int finished;       /* released, committed or aborted by the caller */
@@ -67,17 +67,17 @@ struct handle {
 };
 
 struct client_object {
-    PyObject_HEAD
-    kvc_client *c; /* NULL once disconnected */
-    int closed;
-    Py_ssize_t inflight;   /* calls running with the GIL released */
+    PyObject_HEAD kvc_client *c; /* NULL once disconnected */
+    uint64_t conn;       /* this process's serial of the connection; 0 before __init__ connected */
+    int closed;          /* for good: a Client connects once (__init__ again is refused) */
+    Py_ssize_t inflight; /* calls running with the GIL released */
     struct handle handles; /* list head of handles with h != NULL */
 };
 
 typedef struct {
-    PyObject_HEAD
-    client_object *client; /* strong reference */
-    kvc_ns *ns;            /* owned by the client's kvc_client */
+    PyObject_HEAD client_object *client; /* strong reference */
+    uint64_t conn;                       /* the connection it came from (client->conn) */
+    kvc_ns *ns; /* owned by the client's kvc_client: valid while ns_check passes */
     PyObject *model_id;
 } ns_object;
 
@@ -87,12 +87,15 @@ typedef struct {
 } resv_object;
 
 typedef struct {
-    PyObject_HEAD
-    struct handle *owner; /* strong reference */
+    PyObject_HEAD struct handle *owner; /* strong reference */
     size_t i;
+    int codec; /* a lease's hit: enum kvc_codec as stored; a reservation's slot: raw */
 } slot_object;
 
 static PyTypeObject client_type, ns_type, lease_type, resv_type, slot_type;
+
+/* Serials of the connections this process made (client_object.conn); under the GIL. */
+static uint64_t client_serial;
 
 /* ---- the client's lifetime rule ---------------------------------------------------------- */
 
@@ -155,7 +158,7 @@ static void client_leave(client_object *c)
 
 static int handle_check(struct handle *h)
 {
-    if (h->client->closed) {
+    if (h->client->closed || h->conn != h->client->conn) {
         PyErr_SetString(PyExc_ValueError, "kvcd: the client is closed");
         return -1;
     }
@@ -173,6 +176,7 @@ static void handle_init(struct handle *h, client_object *c, enum handle_kind kin
 {
     Py_INCREF(c);
     h->client = c;
+    h->conn = c->conn;
     h->kind = kind;
     h->h = p;
     h->n = n;
@@ -210,6 +214,7 @@ static void handle_dealloc(PyObject *self)
     Py_TYPE(self)->tp_free(self);
 }
 
+/* An index as Python counts: negative from the end. */
 static Py_ssize_t handle_index(struct handle *h, Py_ssize_t i)
 {
     if (i < 0)
@@ -221,18 +226,72 @@ static Py_ssize_t handle_index(struct handle *h, Py_ssize_t i)
     return i;
 }
 
+/* The index of h[key]. Subscripts come through the mapping slot, so a negative index
+ * arrives as written and is counted from the end once (the sequence slot gets it with the
+ * length already added: counting again made lease[-2] of one hit hit 0). May run Python
+ * code (__index__): check the handle after it. */
+static Py_ssize_t handle_subscript(struct handle *h, PyObject *key)
+{
+    Py_ssize_t i;
+    if (!PyIndex_Check(key)) {
+        PyErr_Format(PyExc_TypeError, "kvcd: indices must be integers, not %.200s",
+                     Py_TYPE(key)->tp_name);
+        return -1;
+    }
+    i = PyNumber_AsSsize_t(key, PyExc_IndexError);
+    if (i == -1 && PyErr_Occurred())
+        return -1;
+    return handle_index(h, i);
+}
+
+/* The sequence slot (iteration): i is already adjusted, a negative one is out of range. */
+static Py_ssize_t handle_item(struct handle *h, Py_ssize_t i)
+{
+    if (i < 0 || (size_t)i >= h->n) {
+        PyErr_SetString(PyExc_IndexError, "kvcd: index out of range");
+        return -1;
+    }
+    return i;
+}
+
 /* ---- key and buffer arguments ------------------------------------------------------------ */
+
+/*
+ * Arguments are read into C memory before any libkvc handle is used: reading them may run
+ * Python code (__iter__, __len__, __index__, __float__, buffer exporters, finalizers run by
+ * the garbage collector), which may close the client, release a lease or change the very
+ * list being read. So sequences are copied into a tuple first (a list changed under the
+ * loop would be read past its end), and every handle is checked after the last argument
+ * was read (handle_check, ns_check, client_enter), never before.
+ */
+
+/* A tuple of seq's items (any iterable), or NULL with TypeError(what) when it is none. */
+static PyObject *seq_tuple(PyObject *seq, const char *what)
+{
+    PyObject *it, *t;
+    if (PyList_CheckExact(seq) || PyTuple_CheckExact(seq))
+        return PySequence_Tuple(seq);
+    it = PyObject_GetIter(seq);
+    if (!it) {
+        if (PyErr_ExceptionMatches(PyExc_TypeError))
+            PyErr_SetString(PyExc_TypeError, what);
+        return NULL;
+    }
+    t = PySequence_Tuple(it);
+    Py_DECREF(it);
+    return t;
+}
 
 /* keys: a sequence of 16-byte bytes-like objects. *out is PyMem_Malloc'd. */
 static int keys_parse(PyObject *seq, struct kvc_key **out, size_t *n)
 {
-    PyObject *fast = PySequence_Fast(seq, "kvcd: keys must be a sequence of 16-byte keys");
+    PyObject *fast = seq_tuple(seq, "kvcd: keys must be a sequence of 16-byte keys");
     struct kvc_key *keys = NULL;
     Py_ssize_t i, len;
     int rc = -1;
     if (!fast)
         return -1;
-    len = PySequence_Fast_GET_SIZE(fast);
+    len = PyTuple_GET_SIZE(fast);
     keys = PyMem_Malloc(sizeof(*keys) * (size_t)(len ? len : 1));
     if (!keys) {
         PyErr_NoMemory();
@@ -240,7 +299,7 @@ static int keys_parse(PyObject *seq, struct kvc_key **out, size_t *n)
     }
     for (i = 0; i < len; i++) {
         Py_buffer b;
-        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(fast, i), &b, PyBUF_SIMPLE) < 0)
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(fast, i), &b, PyBUF_SIMPLE) < 0)
             goto out;
         if (b.len != (Py_ssize_t)sizeof(struct kvc_key)) {
             PyBuffer_Release(&b);
@@ -316,16 +375,15 @@ static int block_buffer_get(PyObject *o, Py_buffer *b, size_t block_bytes, int w
 static int buffers_get(PyObject *seq, size_t n, size_t block_bytes, int writable, Py_buffer **bufs,
                        void ***ptrs)
 {
-    PyObject *fast = PySequence_Fast(seq, "kvcd: buffers must be a sequence");
+    PyObject *fast = seq_tuple(seq, "kvcd: buffers must be a sequence");
     Py_ssize_t i, got = 0;
     int rc = -1;
     *bufs = NULL;
     *ptrs = NULL;
     if (!fast)
         return -1;
-    if ((size_t)PySequence_Fast_GET_SIZE(fast) != n) {
-        PyErr_Format(PyExc_ValueError, "kvcd: %zd buffers for %zu keys",
-                     PySequence_Fast_GET_SIZE(fast), n);
+    if ((size_t)PyTuple_GET_SIZE(fast) != n) {
+        PyErr_Format(PyExc_ValueError, "kvcd: %zd buffers for %zu keys", PyTuple_GET_SIZE(fast), n);
         goto out;
     }
     *bufs = PyMem_Calloc(n ? n : 1, sizeof(Py_buffer));
@@ -335,8 +393,7 @@ static int buffers_get(PyObject *seq, size_t n, size_t block_bytes, int writable
         goto out;
     }
     for (i = 0; i < (Py_ssize_t)n; i++, got++) {
-        if (block_buffer_get(PySequence_Fast_GET_ITEM(fast, i), &(*bufs)[i], block_bytes,
-                             writable) < 0)
+        if (block_buffer_get(PyTuple_GET_ITEM(fast, i), &(*bufs)[i], block_bytes, writable) < 0)
             goto out;
         (*ptrs)[i] = (*bufs)[i].buf;
     }
@@ -365,26 +422,50 @@ static void buffers_release(Py_buffer *bufs, void **ptrs, size_t n)
 
 /* ---- _Slot: the exporter of one block's view ---------------------------------------------- */
 
+/* The bytes of block i as it is stored: a raw hit or a reserved slot is block_bytes of the
+ * namespace's layout; a lossy hit is its encoded block, kvc_lease_stored() bytes long (never
+ * block_bytes over a smaller slot: that would cover its neighbours, and past the mapping at
+ * the arena's end). A hit in the GPU pool is device memory: no view. */
+static int slot_bytes(struct handle *h, size_t i, void **p, size_t *len, int *codec)
+{
+    if (h->kind == HANDLE_KIND_RESV) {
+        *p = kvc_resv_data(h->h, i);
+        *len = h->block_bytes;
+        *codec = KVC_CODEC_RAW;
+    } else {
+        const void *d = NULL;
+        int f = kvc_lease_stored(h->h, i, &d, len);
+        if (f < 0) {
+            kvcd_raise(f);
+            return -1;
+        }
+        if (kvc_lease_tier(h->h, i) == KVC_TIER_GPU) {
+            PyErr_SetString(PyExc_BufferError,
+                            "kvcd: this hit is in the GPU pool (device memory): use copy_into or "
+                            "scatter");
+            return -1;
+        }
+        *p = (void *)d;
+        *codec = f;
+    }
+    if (!*p) {
+        PyErr_SetString(PyExc_ValueError, "kvcd: no block at this index");
+        return -1;
+    }
+    return 0;
+}
+
 static int slot_getbuffer(PyObject *self, Py_buffer *view, int flags)
 {
     slot_object *s = (slot_object *)self;
     struct handle *h = s->owner;
     void *p;
-    if (handle_check(h) < 0) {
-        view->obj = NULL;
+    size_t len;
+    int codec;
+    view->obj = NULL;
+    if (handle_check(h) < 0 || slot_bytes(h, s->i, &p, &len, &codec) < 0)
         return -1;
-    }
-    if (h->kind == HANDLE_KIND_LEASE)
-        p = (void *)kvc_lease_data(h->h, s->i);
-    else
-        p = kvc_resv_data(h->h, s->i);
-    if (!p) {
-        PyErr_SetString(PyExc_ValueError, "kvcd: no block at this index");
-        view->obj = NULL;
-        return -1;
-    }
-    if (PyBuffer_FillInfo(view, self, p, (Py_ssize_t)h->block_bytes, h->kind == HANDLE_KIND_LEASE,
-                          flags) < 0)
+    if (PyBuffer_FillInfo(view, self, p, (Py_ssize_t)len, h->kind == HANDLE_KIND_LEASE, flags) < 0)
         return -1;
     h->exports++;
     return 0;
@@ -405,9 +486,44 @@ static void slot_dealloc(PyObject *self)
     Py_TYPE(self)->tp_free(self);
 }
 
+/* Codec names as kvcctl and docs/kernels.md write them, indexed by enum kvc_codec. */
+static const char *const codec_names[] = {
+    [KVC_CODEC_RAW] = "raw",   [KVC_CODEC_Q8_0] = "q8_0",   [KVC_CODEC_Q4_1] = "q4_1",
+    [KVC_CODEC_Q5_1] = "q5_1", [KVC_CODEC_KIVI2] = "kivi2", [KVC_CODEC_KIVI4] = "kivi4",
+    [KVC_CODEC_FP8] = "fp8",
+};
+#define CODEC_COUNT ((int)(sizeof(codec_names) / sizeof(codec_names[0])))
+
+static PyObject *codec_name(int f)
+{
+    if (f < 0 || f >= CODEC_COUNT || !codec_names[f])
+        return PyUnicode_FromFormat("codec-%d", f);
+    return PyUnicode_FromString(codec_names[f]);
+}
+
+static PyObject *slot_get_codec(PyObject *self, void *closure)
+{
+    (void)closure;
+    return codec_name(((slot_object *)self)->codec);
+}
+
+static PyObject *slot_get_encoded(PyObject *self, void *closure)
+{
+    (void)closure;
+    return PyBool_FromLong(((slot_object *)self)->codec != KVC_CODEC_RAW);
+}
+
 static PyBufferProcs slot_as_buffer = {
     .bf_getbuffer = slot_getbuffer,
     .bf_releasebuffer = slot_releasebuffer,
+};
+
+static PyGetSetDef slot_getset[] = {
+    {"codec", slot_get_codec, NULL, "How the viewed bytes are stored: 'raw' or a codec name.",
+     NULL},
+    {"encoded", slot_get_encoded, NULL,
+     "True when the view holds an encoded (lossy) block, not block_bytes of raw KV.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
 };
 
 static PyTypeObject slot_type = {
@@ -416,15 +532,20 @@ static PyTypeObject slot_type = {
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_dealloc = slot_dealloc,
     .tp_as_buffer = &slot_as_buffer,
-    .tp_doc = "The exporter of one block's memory (lease[i], reservation[i]).",
+    .tp_getset = slot_getset,
+    .tp_doc = "The exporter of one block's memory (lease[i], reservation[i]): the view's .obj, "
+              "whose codec and encoded say how the viewed bytes are stored.",
 };
 
-/* A memoryview over block i of a lease or slot i of a reservation. */
+/* A memoryview over block i of a lease or slot i of a reservation (i already in range). */
 static PyObject *slot_view(struct handle *h, Py_ssize_t i)
 {
     slot_object *s;
     PyObject *mv;
-    if ((i = handle_index(h, i)) < 0 || handle_check(h) < 0)
+    void *p;
+    size_t len;
+    int codec;
+    if (handle_check(h) < 0 || slot_bytes(h, (size_t)i, &p, &len, &codec) < 0)
         return NULL;
     s = PyObject_New(slot_object, &slot_type);
     if (!s)
@@ -432,18 +553,11 @@ static PyObject *slot_view(struct handle *h, Py_ssize_t i)
     Py_INCREF(h);
     s->owner = h;
     s->i = (size_t)i;
+    s->codec = codec;
     mv = PyMemoryView_FromObject((PyObject *)s);
     Py_DECREF(s);
     return mv;
 }
-
-/* Codec names as kvcctl and docs/kernels.md write them, indexed by enum kvc_codec. */
-static const char *const codec_names[] = {
-    [KVC_CODEC_RAW] = "raw",   [KVC_CODEC_Q8_0] = "q8_0",   [KVC_CODEC_Q4_1] = "q4_1",
-    [KVC_CODEC_Q5_1] = "q5_1", [KVC_CODEC_KIVI2] = "kivi2", [KVC_CODEC_KIVI4] = "kivi4",
-    [KVC_CODEC_FP8] = "fp8",
-};
-#define CODEC_COUNT ((int)(sizeof(codec_names) / sizeof(codec_names[0])))
 
 /* ---- Lease -------------------------------------------------------------------------------- */
 
@@ -454,6 +568,16 @@ static Py_ssize_t lease_len(PyObject *self)
 
 static PyObject *lease_item(PyObject *self, Py_ssize_t i)
 {
+    if ((i = handle_item((struct handle *)self, i)) < 0)
+        return NULL;
+    return slot_view((struct handle *)self, i);
+}
+
+static PyObject *lease_subscript(PyObject *self, PyObject *key)
+{
+    Py_ssize_t i = handle_subscript((struct handle *)self, key);
+    if (i < 0)
+        return NULL;
     return slot_view((struct handle *)self, i);
 }
 
@@ -473,10 +597,8 @@ static PyObject *lease_copy_into(PyObject *self, PyObject *args)
         PyBuffer_Release(&b);
         return NULL;
     }
-    Py_BEGIN_ALLOW_THREADS
-    rc = kvc_lease_copy(h->h, (size_t)i, b.buf, (size_t)b.len);
-    Py_END_ALLOW_THREADS
-    client_leave(h->client);
+    Py_BEGIN_ALLOW_THREADS rc = kvc_lease_copy(h->h, (size_t)i, b.buf, (size_t)b.len);
+    Py_END_ALLOW_THREADS client_leave(h->client);
     PyBuffer_Release(&b);
     if (rc < 0)
         return kvcd_raise(rc);
@@ -495,9 +617,7 @@ static PyObject *lease_stored(PyObject *self, PyObject *arg)
     f = kvc_lease_stored(h->h, (size_t)i, &data, &len);
     if (f < 0)
         return kvcd_raise(f);
-    if (f >= CODEC_COUNT || !codec_names[f])
-        return PyUnicode_FromFormat("codec-%d", f);
-    return PyUnicode_FromString(codec_names[f]);
+    return codec_name(f);
 }
 
 static PyObject *lease_release(PyObject *self, PyObject *unused)
@@ -556,12 +676,18 @@ static PySequenceMethods lease_as_sequence = {
     .sq_item = lease_item,
 };
 
+static PyMappingMethods lease_as_mapping = {
+    .mp_length = lease_len,
+    .mp_subscript = lease_subscript,
+};
+
 static PyTypeObject lease_type = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kvcd.Lease",
     .tp_basicsize = sizeof(struct handle),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_dealloc = handle_dealloc,
     .tp_as_sequence = &lease_as_sequence,
+    .tp_as_mapping = &lease_as_mapping,
     .tp_methods = lease_methods,
     .tp_getset = lease_getset,
     .tp_doc = "Pinned hits of one lookup; lease[i] is a read-only memoryview of hit i.",
@@ -569,10 +695,10 @@ static PyTypeObject lease_type = {
 
 /* ---- Reservation -------------------------------------------------------------------------- */
 
-static PyObject *resv_item(PyObject *self, Py_ssize_t i)
+/* resv[i] with i in range: checked here, after whatever Python code the index ran. */
+static PyObject *resv_view(struct handle *h, Py_ssize_t i)
 {
-    struct handle *h = (struct handle *)self;
-    if (handle_check(h) < 0 || (i = handle_index(h, i)) < 0)
+    if (handle_check(h) < 0)
         return NULL;
     if (kvc_resv_status(h->h, (size_t)i) != KVC_SLOT_RESERVED) {
         PyErr_Format(PyExc_ValueError, "kvcd: key %zd has no reserved slot", i);
@@ -581,10 +707,25 @@ static PyObject *resv_item(PyObject *self, Py_ssize_t i)
     return slot_view(h, i);
 }
 
+static PyObject *resv_item(PyObject *self, Py_ssize_t i)
+{
+    if ((i = handle_item((struct handle *)self, i)) < 0)
+        return NULL;
+    return resv_view((struct handle *)self, i);
+}
+
+static PyObject *resv_subscript(PyObject *self, PyObject *key)
+{
+    Py_ssize_t i = handle_subscript((struct handle *)self, key);
+    if (i < 0)
+        return NULL;
+    return resv_view((struct handle *)self, i);
+}
+
 static PyObject *resv_status(PyObject *self, PyObject *arg)
 {
     struct handle *h = (struct handle *)self;
-    Py_ssize_t i = PyLong_AsSsize_t(arg);
+    Py_ssize_t i = PyNumber_AsSsize_t(arg, PyExc_IndexError);
     int st;
     if (i == -1 && PyErr_Occurred())
         return NULL;
@@ -611,10 +752,8 @@ static PyObject *resv_write(PyObject *self, PyObject *args)
         PyBuffer_Release(&b);
         return NULL;
     }
-    Py_BEGIN_ALLOW_THREADS
-    rc = kvc_resv_write(h->h, (size_t)i, b.buf, h->block_bytes);
-    Py_END_ALLOW_THREADS
-    client_leave(h->client);
+    Py_BEGIN_ALLOW_THREADS rc = kvc_resv_write(h->h, (size_t)i, b.buf, h->block_bytes);
+    Py_END_ALLOW_THREADS client_leave(h->client);
     PyBuffer_Release(&b);
     if (rc < 0)
         return kvcd_raise(rc);
@@ -627,10 +766,9 @@ static int resv_commit_n(struct handle *h, PyObject *nobj, int *committed)
     size_t n = SIZE_MAX;
     kvc_resv *r;
     int rc;
-    if (handle_check(h) < 0)
-        return -1;
     if (nobj && nobj != Py_None) {
-        Py_ssize_t v = PyLong_AsSsize_t(nobj);
+        Py_ssize_t v =
+            PyNumber_AsSsize_t(nobj, PyExc_OverflowError); /* may run Python code: checked below */
         if (v == -1 && PyErr_Occurred())
             return -1;
         if (v < 0) {
@@ -639,6 +777,8 @@ static int resv_commit_n(struct handle *h, PyObject *nobj, int *committed)
         }
         n = (size_t)v;
     }
+    if (handle_check(h) < 0)
+        return -1;
     if (h->exports > 0) {
         PyErr_SetString(PyExc_BufferError,
                         "kvcd: release the views of the reservation's slots before commit");
@@ -650,10 +790,8 @@ static int resv_commit_n(struct handle *h, PyObject *nobj, int *committed)
     h->h = NULL; /* kvc_commit frees it, whatever it returns */
     h->finished = 1;
     handle_unlink(h);
-    Py_BEGIN_ALLOW_THREADS
-    rc = kvc_commit(r, n);
-    Py_END_ALLOW_THREADS
-    client_leave(h->client);
+    Py_BEGIN_ALLOW_THREADS rc = kvc_commit(r, n);
+    Py_END_ALLOW_THREADS client_leave(h->client);
     if (rc < 0) {
         kvcd_raise(rc);
         return -1;
@@ -752,12 +890,18 @@ static PySequenceMethods resv_as_sequence = {
     .sq_item = resv_item,
 };
 
+static PyMappingMethods resv_as_mapping = {
+    .mp_length = lease_len,
+    .mp_subscript = resv_subscript,
+};
+
 static PyTypeObject resv_type = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kvcd.Reservation",
     .tp_basicsize = sizeof(resv_object),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_dealloc = handle_dealloc,
     .tp_as_sequence = &resv_as_sequence,
+    .tp_as_mapping = &resv_as_mapping,
     .tp_methods = resv_methods,
     .tp_getset = resv_getset,
     .tp_doc = "Slots of one reservation; resv[i] is a writable memoryview of reserved slot i.",
@@ -765,13 +909,22 @@ static PyTypeObject resv_type = {
 
 /* ---- Namespace ---------------------------------------------------------------------------- */
 
+/* ns->ns is usable: its connection is open (ns->ns is freed with it). Call it after the
+ * last argument was read, with no Python code between it and the use. */
 static int ns_check(ns_object *ns)
 {
-    if (ns->client->closed || !ns->client->c) {
+    client_object *c = ns->client;
+    if (c->closed || !c->c || ns->conn != c->conn) {
         PyErr_SetString(PyExc_ValueError, "kvcd: the client is closed");
         return -1;
     }
     return 0;
+}
+
+/* ns_check, then client_enter: before a call that releases the GIL. */
+static int ns_enter(ns_object *ns)
+{
+    return ns_check(ns) < 0 ? -1 : client_enter(ns->client);
 }
 
 static PyObject *ns_keys_from_tokens(PyObject *self, PyObject *args, PyObject *kw)
@@ -788,21 +941,20 @@ static PyObject *ns_keys_from_tokens(PyObject *self, PyObject *args, PyObject *k
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O|Oy*:keys_from_tokens", kwlist, &tokens,
                                      &parent_obj, &extra))
         return NULL;
-    if (ns_check(ns) < 0 || key_parse_opt(parent_obj, &parent, &have_parent) < 0)
+    if (key_parse_opt(parent_obj, &parent, &have_parent) < 0)
         goto out;
-    fast = PySequence_Fast(tokens, "kvcd: tokens must be a sequence of ints");
+    /* A tuple of the tokens: __index__ below runs Python code, which may change a list. */
+    fast = seq_tuple(tokens, "kvcd: tokens must be a sequence of ints");
     if (!fast)
         goto out;
-    ntok = PySequence_Fast_GET_SIZE(fast);
+    ntok = PyTuple_GET_SIZE(fast);
     tok = PyMem_Malloc(sizeof(*tok) * (size_t)(ntok ? ntok : 1));
-    maxkeys = (size_t)ntok / kvc_ns_block_tokens(ns->ns) + 1;
-    keys = PyMem_Malloc(sizeof(*keys) * maxkeys);
-    if (!tok || !keys) {
+    if (!tok) {
         PyErr_NoMemory();
         goto out;
     }
     for (i = 0; i < ntok; i++) {
-        PyObject *ix = PyNumber_Index(PySequence_Fast_GET_ITEM(fast, i)); /* numpy ints too */
+        PyObject *ix = PyNumber_Index(PyTuple_GET_ITEM(fast, i)); /* numpy ints too */
         unsigned long v;
         if (!ix)
             goto out;
@@ -815,6 +967,16 @@ static PyObject *ns_keys_from_tokens(PyObject *self, PyObject *args, PyObject *k
             goto out;
         }
         tok[i] = (uint32_t)v;
+    }
+    /* Every argument is read: from here on no Python code runs until the keys are made, so
+     * the namespace checked now is the one used (an __index__ above may have closed it). */
+    if (ns_check(ns) < 0)
+        goto out;
+    maxkeys = (size_t)ntok / kvc_ns_block_tokens(ns->ns) + 1;
+    keys = PyMem_Malloc(sizeof(*keys) * maxkeys);
+    if (!keys) {
+        PyErr_NoMemory();
+        goto out;
     }
     rc = kvc_keys_from_tokens(ns->ns, have_parent ? &parent : NULL, tok, (size_t)ntok, extra.buf,
                               extra.buf ? (size_t)extra.len : 0, keys, maxkeys);
@@ -847,7 +1009,7 @@ static PyObject *ns_lookup(PyObject *self, PyObject *args, PyObject *kw)
     if (ns_check(ns) < 0 || keys_parse(keys_obj, &keys, &n) < 0)
         return NULL;
     h = PyObject_New(struct handle, &lease_type);
-    if (!h || client_enter(ns->client) < 0) {
+    if (!h || ns_enter(ns) < 0) {
         PyMem_Free(keys);
         if (h) {
             h->client = NULL;
@@ -857,10 +1019,9 @@ static PyObject *ns_lookup(PyObject *self, PyObject *args, PyObject *kw)
         }
         return NULL;
     }
-    Py_BEGIN_ALLOW_THREADS
-    rc = kvc_lookup(ns->ns, keys, n, ready_only ? KVC_LOOKUP_READY_ONLY : 0, &l);
-    Py_END_ALLOW_THREADS
-    PyMem_Free(keys);
+    Py_BEGIN_ALLOW_THREADS rc =
+        kvc_lookup(ns->ns, keys, n, ready_only ? KVC_LOOKUP_READY_ONLY : 0, &l);
+    Py_END_ALLOW_THREADS PyMem_Free(keys);
     handle_init(h, ns->client, HANDLE_KIND_LEASE, rc > 0 ? l : NULL, rc > 0 ? (size_t)rc : 0,
                 kvc_ns_block_bytes(ns->ns));
     client_leave(ns->client);
@@ -875,18 +1036,18 @@ static PyObject *ns_lookup(PyObject *self, PyObject *args, PyObject *kw)
  * it in the TypeError. 0 or -1 with an exception set. */
 static int floats_parse(PyObject *seq, const char *what, float **out, size_t *n)
 {
-    PyObject *fast = PySequence_Fast(seq, what);
+    PyObject *fast = seq_tuple(seq, what);
     float *v = NULL;
     if (!fast)
         return -1;
-    *n = (size_t)PySequence_Fast_GET_SIZE(fast);
+    *n = (size_t)PyTuple_GET_SIZE(fast);
     v = PyMem_Malloc((*n ? *n : 1) * sizeof(*v));
     if (!v) {
         PyErr_NoMemory();
         goto fail;
     }
     for (size_t i = 0; i < *n; i++) {
-        double d = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(fast, (Py_ssize_t)i));
+        double d = PyFloat_AsDouble(PyTuple_GET_ITEM(fast, (Py_ssize_t)i));
         if (d == -1.0 && PyErr_Occurred())
             goto fail;
         v[i] = (float)d;
@@ -919,25 +1080,22 @@ static PyObject *ns_hint(PyObject *self, PyObject *args, PyObject *kw)
     } else if (strcmp(kind_s, "snapkv") == 0) {
         kind = KVC_HINT_SNAPKV;
     } else {
-        PyErr_Format(PyExc_ValueError, "kvcd: unknown hint kind '%s' (attention, snapkv)",
-                     kind_s);
+        PyErr_Format(PyExc_ValueError, "kvcd: unknown hint kind '%s' (attention, snapkv)", kind_s);
         return NULL;
     }
     if (ns_check(ns) < 0 || keys_parse(keys_obj, &keys, &n) < 0)
         return NULL;
-    if (floats_parse(scores_obj, "kvcd: scores must be a sequence of numbers", &scores,
-                     &nscores) < 0)
+    if (floats_parse(scores_obj, "kvcd: scores must be a sequence of numbers", &scores, &nscores) <
+        0)
         goto fail;
     if (nscores != n) {
         PyErr_SetString(PyExc_ValueError, "kvcd: one score per key");
         goto fail;
     }
-    if (client_enter(ns->client) < 0)
+    if (ns_enter(ns) < 0)
         goto fail;
-    Py_BEGIN_ALLOW_THREADS
-    rc = kvc_hint(ns->ns, kind, keys, scores, n);
-    Py_END_ALLOW_THREADS
-    client_leave(ns->client);
+    Py_BEGIN_ALLOW_THREADS rc = kvc_hint(ns->ns, kind, keys, scores, n);
+    Py_END_ALLOW_THREADS client_leave(ns->client);
     PyMem_Free(keys);
     PyMem_Free(scores);
     return rc < 0 ? kvcd_raise(rc) : PyLong_FromLong(rc);
@@ -962,8 +1120,8 @@ static PyObject *ns_lookup_budget(PyObject *self, PyObject *args, PyObject *kw)
     struct handle *h = NULL;
     kvc_lease *l = NULL;
     int rc;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "On|zIIO:lookup_budget", kwlist, &keys_obj,
-                                     &budget, &policy, &sinks, &recent, &query_obj))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "On|zIIO:lookup_budget", kwlist, &keys_obj, &budget,
+                                     &policy, &sinks, &recent, &query_obj))
         return NULL;
     if (budget < 1) {
         PyErr_SetString(PyExc_ValueError, "kvcd: budget must be at least 1");
@@ -992,13 +1150,11 @@ static PyObject *ns_lookup_budget(PyObject *self, PyObject *args, PyObject *kw)
     h->client = NULL;
     h->h = NULL;
     h->prev = h->next = NULL;
-    if (client_enter(ns->client) < 0)
+    if (ns_enter(ns) < 0)
         goto fail;
-    Py_BEGIN_ALLOW_THREADS
-    rc = kvc_lookup_budget(ns->ns, keys, n, &b, pos, &nprefix, &l);
-    Py_END_ALLOW_THREADS
-    handle_init(h, ns->client, HANDLE_KIND_LEASE, rc > 0 ? l : NULL, rc > 0 ? (size_t)rc : 0,
-                kvc_ns_block_bytes(ns->ns));
+    Py_BEGIN_ALLOW_THREADS rc = kvc_lookup_budget(ns->ns, keys, n, &b, pos, &nprefix, &l);
+    Py_END_ALLOW_THREADS handle_init(h, ns->client, HANDLE_KIND_LEASE, rc > 0 ? l : NULL,
+                                     rc > 0 ? (size_t)rc : 0, kvc_ns_block_bytes(ns->ns));
     client_leave(ns->client);
     if (rc < 0) {
         kvcd_raise(rc);
@@ -1042,7 +1198,7 @@ static PyObject *ns_reserve(PyObject *self, PyObject *args, PyObject *kw)
         keys_parse(keys_obj, &keys, &n) < 0)
         return NULL;
     r = PyObject_New(resv_object, &resv_type);
-    if (!r || client_enter(ns->client) < 0) {
+    if (!r || ns_enter(ns) < 0) {
         PyMem_Free(keys);
         if (r) {
             r->head.client = NULL;
@@ -1052,10 +1208,8 @@ static PyObject *ns_reserve(PyObject *self, PyObject *args, PyObject *kw)
         }
         return NULL;
     }
-    Py_BEGIN_ALLOW_THREADS
-    rc = kvc_reserve(ns->ns, have_parent ? &parent : NULL, keys, n, &resv);
-    Py_END_ALLOW_THREADS
-    PyMem_Free(keys);
+    Py_BEGIN_ALLOW_THREADS rc = kvc_reserve(ns->ns, have_parent ? &parent : NULL, keys, n, &resv);
+    Py_END_ALLOW_THREADS PyMem_Free(keys);
     if (rc < 0)
         resv = NULL; /* not set on failure */
     handle_init(&r->head, ns->client, HANDLE_KIND_RESV, resv, n, kvc_ns_block_bytes(ns->ns));
@@ -1083,24 +1237,22 @@ static PyObject *ns_prefix(ns_object *ns, PyObject *args, PyObject *kw, int put)
                                      put ? put_kwlist : get_kwlist, &keys_obj, &bufs_obj,
                                      &parent_obj))
         return NULL;
-    if (ns_check(ns) < 0 || key_parse_opt(parent_obj, &parent, &have_parent) < 0 ||
-        keys_parse(keys_obj, &keys, &n) < 0)
+    if (key_parse_opt(parent_obj, &parent, &have_parent) < 0 || keys_parse(keys_obj, &keys, &n) < 0)
         return NULL;
+    if (ns_check(ns) < 0) { /* the keys' __iter__ may have closed it */
+        PyMem_Free(keys);
+        return NULL;
+    }
     block_bytes = kvc_ns_block_bytes(ns->ns);
-    if (buffers_get(bufs_obj, n, block_bytes, !put, &bufs, &ptrs) < 0 ||
-        client_enter(ns->client) < 0) {
+    if (buffers_get(bufs_obj, n, block_bytes, !put, &bufs, &ptrs) < 0 || ns_enter(ns) < 0) {
         buffers_release(bufs, ptrs, n);
         PyMem_Free(keys);
         return NULL;
     }
-    Py_BEGIN_ALLOW_THREADS
-    if (put)
-        rc = kvc_put_prefix(ns->ns, have_parent ? &parent : NULL, keys, n,
-                            (const void *const *)ptrs);
-    else
-        rc = kvc_get_prefix(ns->ns, keys, n, ptrs);
-    Py_END_ALLOW_THREADS
-    client_leave(ns->client);
+    Py_BEGIN_ALLOW_THREADS if (put) rc =
+        kvc_put_prefix(ns->ns, have_parent ? &parent : NULL, keys, n, (const void *const *)ptrs);
+    else rc = kvc_get_prefix(ns->ns, keys, n, ptrs);
+    Py_END_ALLOW_THREADS client_leave(ns->client);
     buffers_release(bufs, ptrs, n);
     PyMem_Free(keys);
     if (rc < 0)
@@ -1169,8 +1321,7 @@ static PyMethodDef ns_methods[] = {
     {"hint", (PyCFunction)(void (*)(void))ns_hint, METH_VARARGS | METH_KEYWORDS,
      "hint(keys, scores, kind='attention'): per-block importance for the policies (H2O "
      "attention mass, or 'snapkv' scores); returns the cached blocks that took one."},
-    {"lookup_budget", (PyCFunction)(void (*)(void))ns_lookup_budget,
-     METH_VARARGS | METH_KEYWORDS,
+    {"lookup_budget", (PyCFunction)(void (*)(void))ns_lookup_budget, METH_VARARGS | METH_KEYWORDS,
      "lookup_budget(keys, budget, policy=None, sinks=0, recent=0, query=None): at most budget "
      "blocks of the cached prefix chosen by a policy; returns (positions, prefix_len, Lease)."},
     {"reserve", (PyCFunction)(void (*)(void))ns_reserve, METH_VARARGS | METH_KEYWORDS,
@@ -1212,8 +1363,12 @@ static int client_init(PyObject *self, PyObject *args, PyObject *kw)
     int rc;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "|O:Client", kwlist, &path_obj))
         return -1;
-    if (c->c) {
-        PyErr_SetString(PyExc_RuntimeError, "kvcd: Client is already connected");
+    /* Once: the namespaces, leases and views of a closed connection must never meet a new
+     * one (their libkvc handles died with the old), so a used Client stays closed. */
+    if (c->conn) {
+        PyErr_SetString(PyExc_RuntimeError, c->closed
+                                                ? "kvcd: this Client was closed: make a new one"
+                                                : "kvcd: this Client is already connected");
         return -1;
     }
     if (path_obj != Py_None) {
@@ -1221,15 +1376,14 @@ static int client_init(PyObject *self, PyObject *args, PyObject *kw)
             return -1;
         path = PyBytes_AS_STRING(path_bytes);
     }
-    Py_BEGIN_ALLOW_THREADS
-    rc = kvc_connect(path, &kc);
-    Py_END_ALLOW_THREADS
-    Py_XDECREF(path_bytes);
+    Py_BEGIN_ALLOW_THREADS rc = kvc_connect(path, &kc);
+    Py_END_ALLOW_THREADS Py_XDECREF(path_bytes);
     if (rc < 0) {
         kvcd_raise(rc);
         return -1;
     }
     c->c = kc;
+    c->conn = ++client_serial;
     c->closed = 0;
     return 0;
 }
@@ -1280,6 +1434,24 @@ static PyObject *client_enter_cm(PyObject *self, PyObject *unused)
     return self;
 }
 
+/* The UTF-8 of a str argument (the object's own storage), refusing a NUL inside: C would
+ * read the name up to it (namespace("a\x00b") opened "a"). */
+static const char *str_arg(PyObject *o, const char *what)
+{
+    Py_ssize_t len;
+    const char *s;
+    if (!PyUnicode_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "kvcd: %s must be a str", what);
+        return NULL;
+    }
+    s = PyUnicode_AsUTF8AndSize(o, &len);
+    if (s && strlen(s) != (size_t)len) {
+        PyErr_Format(PyExc_ValueError, "kvcd: %s contains a NUL character", what);
+        return NULL;
+    }
+    return s;
+}
+
 static int dtype_parse(const char *s, enum kvc_dtype *d)
 {
     static const struct {
@@ -1309,7 +1481,7 @@ static int codec_parse(PyObject *o, int *codec)
     *codec = -1;
     if (o == Py_None)
         return 0;
-    if (!(name = PyUnicode_AsUTF8(o)))
+    if (!(name = str_arg(o, "codec")))
         return -1;
     for (i = 0; i < CODEC_COUNT; i++) {
         if (codec_names[i] && strcmp(name, codec_names[i]) == 0) {
@@ -1340,7 +1512,7 @@ static PyObject *client_namespace(PyObject *self, PyObject *args, PyObject *kw)
                                      &v_obj, &raw_layers))
         return NULL;
     memset(&layout, 0, sizeof(layout));
-    layout.model_id = PyUnicode_AsUTF8(model_id);
+    layout.model_id = str_arg(model_id, "model_id");
     if (!layout.model_id || dtype_parse(dtype, &layout.dtype) < 0 || codec_parse(k_obj, &kc) < 0 ||
         codec_parse(v_obj, &vc) < 0)
         return NULL;
@@ -1357,13 +1529,9 @@ static PyObject *client_namespace(PyObject *self, PyObject *args, PyObject *kw)
     q.raw_layers = raw_layers;
     if (client_enter(c) < 0)
         return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    if (kc >= 0 || vc >= 0)
-        rc = kvc_ns_open_quant(c->c, &layout, &q, &kns);
-    else
-        rc = kvc_ns_open(c->c, &layout, &kns);
-    Py_END_ALLOW_THREADS
-    client_leave(c);
+    Py_BEGIN_ALLOW_THREADS if (kc >= 0 || vc >= 0) rc = kvc_ns_open_quant(c->c, &layout, &q, &kns);
+    else rc = kvc_ns_open(c->c, &layout, &kns);
+    Py_END_ALLOW_THREADS client_leave(c);
     if (rc < 0)
         return kvcd_raise(rc);
     ns = PyObject_New(ns_object, &ns_type);
@@ -1371,6 +1539,7 @@ static PyObject *client_namespace(PyObject *self, PyObject *args, PyObject *kw)
         return NULL;
     Py_INCREF(c);
     ns->client = c;
+    ns->conn = c->conn;
     ns->ns = kns;
     Py_INCREF(model_id);
     ns->model_id = model_id;
@@ -1388,10 +1557,8 @@ static PyObject *client_evict(PyObject *self, PyObject *args, PyObject *kw)
         return NULL;
     if (client_enter(c) < 0)
         return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    rc = kvc_evict(c->c, ns_id, tier, &evicted);
-    Py_END_ALLOW_THREADS
-    client_leave(c);
+    Py_BEGIN_ALLOW_THREADS rc = kvc_evict(c->c, ns_id, tier, &evicted);
+    Py_END_ALLOW_THREADS client_leave(c);
     if (rc < 0)
         return kvcd_raise(rc);
     return PyLong_FromUnsignedLongLong(evicted);
@@ -1409,10 +1576,8 @@ static PyObject *client_stats(PyObject *self, PyObject *args)
         return NULL;
     if (client_enter(c) < 0)
         return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    rc = kvc_stats(c->c, scope, &st, &n);
-    Py_END_ALLOW_THREADS
-    client_leave(c);
+    Py_BEGIN_ALLOW_THREADS rc = kvc_stats(c->c, scope, &st, &n);
+    Py_END_ALLOW_THREADS client_leave(c);
     if (rc < 0)
         return kvcd_raise(rc);
     d = PyDict_New();
@@ -1435,10 +1600,8 @@ static PyObject *client_metrics(PyObject *self, PyObject *unused)
     (void)unused;
     if (client_enter(c) < 0)
         return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    rc = kvc_metrics(c->c, &text);
-    Py_END_ALLOW_THREADS
-    client_leave(c);
+    Py_BEGIN_ALLOW_THREADS rc = kvc_metrics(c->c, &text);
+    Py_END_ALLOW_THREADS client_leave(c);
     if (rc < 0)
         return kvcd_raise(rc);
     PyObject *o = PyUnicode_DecodeUTF8(text, (Py_ssize_t)strlen(text), "replace");
@@ -1448,7 +1611,8 @@ static PyObject *client_metrics(PyObject *self, PyObject *unused)
 
 static PyObject *client_namespaces(PyObject *self, PyObject *unused)
 {
-    static const char *const dtypes[] = {[KVC_DTYPE_FP16] = "fp16", [KVC_DTYPE_BF16] = "bf16",
+    static const char *const dtypes[] = {[KVC_DTYPE_FP16] = "fp16",
+                                         [KVC_DTYPE_BF16] = "bf16",
                                          [KVC_DTYPE_FP32] = "fp32",
                                          [KVC_DTYPE_FP8_E4M3] = "fp8_e4m3",
                                          [KVC_DTYPE_INT8] = "int8"};
@@ -1459,26 +1623,24 @@ static PyObject *client_namespaces(PyObject *self, PyObject *unused)
     (void)unused;
     if (client_enter(c) < 0)
         return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    rc = kvc_ns_list(c->c, &ns, &n);
-    Py_END_ALLOW_THREADS
-    client_leave(c);
+    Py_BEGIN_ALLOW_THREADS rc = kvc_ns_list(c->c, &ns, &n);
+    Py_END_ALLOW_THREADS client_leave(c);
     if (rc < 0)
         return kvcd_raise(rc);
     PyObject *list = PyList_New((Py_ssize_t)n);
     for (size_t i = 0; list && i < n; i++) {
-        const char *dt = (unsigned)ns[i].dtype < sizeof(dtypes) / sizeof(dtypes[0]) &&
-                                 dtypes[ns[i].dtype]
-                             ? dtypes[ns[i].dtype]
-                             : "?";
+        const char *dt =
+            (unsigned)ns[i].dtype < sizeof(dtypes) / sizeof(dtypes[0]) && dtypes[ns[i].dtype]
+                ? dtypes[ns[i].dtype]
+                : "?";
         ns[i].model_id[sizeof(ns[i].model_id) - 1] = 0;
         PyObject *d = Py_BuildValue(
             "{s:I,s:I,s:s,s:I,s:I,s:I,s:I,s:s,s:s,s:K,s:K,s:K}", "id", ns[i].ns_id, "arena",
             ns[i].arena_id, "model_id", ns[i].model_id, "layers", ns[i].layers, "kv_heads",
-            ns[i].kv_heads, "head_dim", ns[i].head_dim, "block_tokens", ns[i].block_tokens,
-            "dtype", dt, "kv_kind", ns[i].kv_kind == KVC_KV_KIND_K_ONLY ? "k_only" : "kv",
-            "block_bytes", (unsigned long long)ns[i].block_bytes, "blocks",
-            (unsigned long long)ns[i].blocks, "bytes", (unsigned long long)ns[i].bytes);
+            ns[i].kv_heads, "head_dim", ns[i].head_dim, "block_tokens", ns[i].block_tokens, "dtype",
+            dt, "kv_kind", ns[i].kv_kind == KVC_KV_KIND_K_ONLY ? "k_only" : "kv", "block_bytes",
+            (unsigned long long)ns[i].block_bytes, "blocks", (unsigned long long)ns[i].blocks,
+            "bytes", (unsigned long long)ns[i].bytes);
         if (!d) {
             Py_CLEAR(list);
             break;
@@ -1496,10 +1658,8 @@ static PyObject *client_flush(PyObject *self, PyObject *unused)
     (void)unused;
     if (client_enter(c) < 0)
         return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    rc = kvc_flush(c->c);
-    Py_END_ALLOW_THREADS
-    client_leave(c);
+    Py_BEGIN_ALLOW_THREADS rc = kvc_flush(c->c);
+    Py_END_ALLOW_THREADS client_leave(c);
     if (rc < 0)
         return kvcd_raise(rc);
     Py_RETURN_NONE;
