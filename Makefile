@@ -199,11 +199,14 @@ $(B)/bin/kvcsim: $(B)/obj/tests/bench/kvcsim.o $(B)/obj/tests/lib/sim.o $(B)/lib
 
 python: $(PY_EXT) $(PY_FILES)
 
-$(PY_EXT): python/kvcd/_kvcd.c client/kvc.h $(B)/lib/libkvc.a
+# One file per Python type (python/kvcd/_kvcd.h), built with hidden visibility: the module
+# exports PyInit__kvcd alone (and the symbols of libkvc.a it links).
+PY_EXT_SRCS := $(wildcard python/kvcd/_kvcd*.c)
+$(PY_EXT): $(PY_EXT_SRCS) python/kvcd/_kvcd.h client/kvc.h $(B)/lib/libkvc.a
 	@test -n "$(PY_EXT_SUFFIX)" -a -f "$(PY_INCLUDE)/Python.h" || \
 		{ echo "python: no Python headers for $(PYTHON) (make deps installs python3-dev)"; exit 1; }
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -isystem $(PY_INCLUDE) -shared -o $@ python/kvcd/_kvcd.c \
+	$(CC) $(ALL_CFLAGS) -fvisibility=hidden -isystem $(PY_INCLUDE) -shared -o $@ $(PY_EXT_SRCS) \
 		$(B)/lib/libkvc.a $(shell pkg-config --libs libxxhash) $(CUDA_LIBS) -pthread -lm
 
 $(PY_PKG)/%: python/kvcd/%

@@ -1,4 +1,4 @@
-# DESIGN: type stub of the kvcd package (python/kvcd/_kvcd.c); the docstrings are the API's
+# DESIGN: type stub of the kvcd package (python/kvcd/_kvcd*.c); the docstrings are the API's
 # reference. Keys are 16-byte bytes objects (libkvc's struct kvc_key); blocks are buffers of
 # Namespace.block_bytes bytes in the namespace's layout and dtype.
 from types import TracebackType
