@@ -217,8 +217,10 @@ static int client_init(PyObject *self, PyObject *args, PyObject *kw)
             return -1;
         path = PyBytes_AS_STRING(path_bytes);
     }
-    Py_BEGIN_ALLOW_THREADS rc = kvc_connect(path, &kc);
-    Py_END_ALLOW_THREADS Py_XDECREF(path_bytes);
+    Py_BEGIN_ALLOW_THREADS;
+    rc = kvc_connect(path, &kc);
+    Py_END_ALLOW_THREADS;
+    Py_XDECREF(path_bytes);
     if (rc < 0) {
         kvcd_raise(rc);
         return -1;
@@ -352,9 +354,13 @@ static PyObject *client_namespace(PyObject *self, PyObject *args, PyObject *kw)
     q.raw_layers = raw_layers;
     if (client_enter(c) < 0)
         return NULL;
-    Py_BEGIN_ALLOW_THREADS if (kc >= 0 || vc >= 0) rc = kvc_ns_open_quant(c->c, &layout, &q, &kns);
-    else rc = kvc_ns_open(c->c, &layout, &kns);
-    Py_END_ALLOW_THREADS client_leave(c);
+    Py_BEGIN_ALLOW_THREADS;
+    if (kc >= 0 || vc >= 0)
+        rc = kvc_ns_open_quant(c->c, &layout, &q, &kns);
+    else
+        rc = kvc_ns_open(c->c, &layout, &kns);
+    Py_END_ALLOW_THREADS;
+    client_leave(c);
     if (rc < 0)
         return kvcd_raise(rc);
     ns = PyObject_New(ns_object, &ns_type);
@@ -380,8 +386,10 @@ static PyObject *client_evict(PyObject *self, PyObject *args, PyObject *kw)
         return NULL;
     if (client_enter(c) < 0)
         return NULL;
-    Py_BEGIN_ALLOW_THREADS rc = kvc_evict(c->c, ns_id, tier, &evicted);
-    Py_END_ALLOW_THREADS client_leave(c);
+    Py_BEGIN_ALLOW_THREADS;
+    rc = kvc_evict(c->c, ns_id, tier, &evicted);
+    Py_END_ALLOW_THREADS;
+    client_leave(c);
     if (rc < 0)
         return kvcd_raise(rc);
     return PyLong_FromUnsignedLongLong(evicted);
@@ -399,8 +407,10 @@ static PyObject *client_stats(PyObject *self, PyObject *args)
         return NULL;
     if (client_enter(c) < 0)
         return NULL;
-    Py_BEGIN_ALLOW_THREADS rc = kvc_stats(c->c, scope, &st, &n);
-    Py_END_ALLOW_THREADS client_leave(c);
+    Py_BEGIN_ALLOW_THREADS;
+    rc = kvc_stats(c->c, scope, &st, &n);
+    Py_END_ALLOW_THREADS;
+    client_leave(c);
     if (rc < 0)
         return kvcd_raise(rc);
     d = PyDict_New();
@@ -423,8 +433,10 @@ static PyObject *client_metrics(PyObject *self, PyObject *unused)
     (void)unused;
     if (client_enter(c) < 0)
         return NULL;
-    Py_BEGIN_ALLOW_THREADS rc = kvc_metrics(c->c, &text);
-    Py_END_ALLOW_THREADS client_leave(c);
+    Py_BEGIN_ALLOW_THREADS;
+    rc = kvc_metrics(c->c, &text);
+    Py_END_ALLOW_THREADS;
+    client_leave(c);
     if (rc < 0)
         return kvcd_raise(rc);
     PyObject *o = PyUnicode_DecodeUTF8(text, (Py_ssize_t)strlen(text), "replace");
@@ -446,8 +458,10 @@ static PyObject *client_namespaces(PyObject *self, PyObject *unused)
     (void)unused;
     if (client_enter(c) < 0)
         return NULL;
-    Py_BEGIN_ALLOW_THREADS rc = kvc_ns_list(c->c, &ns, &n);
-    Py_END_ALLOW_THREADS client_leave(c);
+    Py_BEGIN_ALLOW_THREADS;
+    rc = kvc_ns_list(c->c, &ns, &n);
+    Py_END_ALLOW_THREADS;
+    client_leave(c);
     if (rc < 0)
         return kvcd_raise(rc);
     PyObject *list = PyList_New((Py_ssize_t)n);
@@ -481,8 +495,10 @@ static PyObject *client_flush(PyObject *self, PyObject *unused)
     (void)unused;
     if (client_enter(c) < 0)
         return NULL;
-    Py_BEGIN_ALLOW_THREADS rc = kvc_flush(c->c);
-    Py_END_ALLOW_THREADS client_leave(c);
+    Py_BEGIN_ALLOW_THREADS;
+    rc = kvc_flush(c->c);
+    Py_END_ALLOW_THREADS;
+    client_leave(c);
     if (rc < 0)
         return kvcd_raise(rc);
     Py_RETURN_NONE;

@@ -169,8 +169,10 @@ static PyObject *lease_copy_into(PyObject *self, PyObject *args)
         PyBuffer_Release(&b);
         return NULL;
     }
-    Py_BEGIN_ALLOW_THREADS rc = kvc_lease_copy(h->h, (size_t)i, b.buf, (size_t)b.len);
-    Py_END_ALLOW_THREADS client_leave(h->client);
+    Py_BEGIN_ALLOW_THREADS;
+    rc = kvc_lease_copy(h->h, (size_t)i, b.buf, (size_t)b.len);
+    Py_END_ALLOW_THREADS;
+    client_leave(h->client);
     PyBuffer_Release(&b);
     if (rc < 0)
         return kvcd_raise(rc);

@@ -119,9 +119,10 @@ static PyObject *ns_lookup(PyObject *self, PyObject *args, PyObject *kw)
         }
         return NULL;
     }
-    Py_BEGIN_ALLOW_THREADS rc =
-        kvc_lookup(ns->ns, keys, n, ready_only ? KVC_LOOKUP_READY_ONLY : 0, &l);
-    Py_END_ALLOW_THREADS PyMem_Free(keys);
+    Py_BEGIN_ALLOW_THREADS;
+    rc = kvc_lookup(ns->ns, keys, n, ready_only ? KVC_LOOKUP_READY_ONLY : 0, &l);
+    Py_END_ALLOW_THREADS;
+    PyMem_Free(keys);
     handle_init(h, ns->client, HANDLE_KIND_LEASE, rc > 0 ? l : NULL, rc > 0 ? (size_t)rc : 0,
                 kvc_ns_block_bytes(ns->ns));
     client_leave(ns->client);
@@ -165,8 +166,10 @@ static PyObject *ns_hint(PyObject *self, PyObject *args, PyObject *kw)
     }
     if (ns_enter(ns) < 0)
         goto fail;
-    Py_BEGIN_ALLOW_THREADS rc = kvc_hint(ns->ns, kind, keys, scores, n);
-    Py_END_ALLOW_THREADS client_leave(ns->client);
+    Py_BEGIN_ALLOW_THREADS;
+    rc = kvc_hint(ns->ns, kind, keys, scores, n);
+    Py_END_ALLOW_THREADS;
+    client_leave(ns->client);
     PyMem_Free(keys);
     PyMem_Free(scores);
     return rc < 0 ? kvcd_raise(rc) : PyLong_FromLong(rc);
@@ -223,9 +226,11 @@ static PyObject *ns_lookup_budget(PyObject *self, PyObject *args, PyObject *kw)
     h->prev = h->next = NULL;
     if (ns_enter(ns) < 0)
         goto fail;
-    Py_BEGIN_ALLOW_THREADS rc = kvc_lookup_budget(ns->ns, keys, n, &b, pos, &nprefix, &l);
-    Py_END_ALLOW_THREADS handle_init(h, ns->client, HANDLE_KIND_LEASE, rc > 0 ? l : NULL,
-                                     rc > 0 ? (size_t)rc : 0, kvc_ns_block_bytes(ns->ns));
+    Py_BEGIN_ALLOW_THREADS;
+    rc = kvc_lookup_budget(ns->ns, keys, n, &b, pos, &nprefix, &l);
+    Py_END_ALLOW_THREADS;
+    handle_init(h, ns->client, HANDLE_KIND_LEASE, rc > 0 ? l : NULL, rc > 0 ? (size_t)rc : 0,
+                kvc_ns_block_bytes(ns->ns));
     client_leave(ns->client);
     if (rc < 0) {
         kvcd_raise(rc);
@@ -279,8 +284,10 @@ static PyObject *ns_reserve(PyObject *self, PyObject *args, PyObject *kw)
         }
         return NULL;
     }
-    Py_BEGIN_ALLOW_THREADS rc = kvc_reserve(ns->ns, have_parent ? &parent : NULL, keys, n, &resv);
-    Py_END_ALLOW_THREADS PyMem_Free(keys);
+    Py_BEGIN_ALLOW_THREADS;
+    rc = kvc_reserve(ns->ns, have_parent ? &parent : NULL, keys, n, &resv);
+    Py_END_ALLOW_THREADS;
+    PyMem_Free(keys);
     if (rc < 0)
         resv = NULL; /* not set on failure */
     handle_init(&r->head, ns->client, HANDLE_KIND_RESV, resv, n, kvc_ns_block_bytes(ns->ns));
@@ -320,10 +327,14 @@ static PyObject *ns_prefix(ns_object *ns, PyObject *args, PyObject *kw, int put)
         PyMem_Free(keys);
         return NULL;
     }
-    Py_BEGIN_ALLOW_THREADS if (put) rc =
-        kvc_put_prefix(ns->ns, have_parent ? &parent : NULL, keys, n, (const void *const *)ptrs);
-    else rc = kvc_get_prefix(ns->ns, keys, n, ptrs);
-    Py_END_ALLOW_THREADS client_leave(ns->client);
+    Py_BEGIN_ALLOW_THREADS;
+    if (put)
+        rc = kvc_put_prefix(ns->ns, have_parent ? &parent : NULL, keys, n,
+                            (const void *const *)ptrs);
+    else
+        rc = kvc_get_prefix(ns->ns, keys, n, ptrs);
+    Py_END_ALLOW_THREADS;
+    client_leave(ns->client);
     buffers_release(bufs, ptrs, n);
     PyMem_Free(keys);
     if (rc < 0)

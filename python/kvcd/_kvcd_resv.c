@@ -65,8 +65,10 @@ static PyObject *resv_write(PyObject *self, PyObject *args)
         PyBuffer_Release(&b);
         return NULL;
     }
-    Py_BEGIN_ALLOW_THREADS rc = kvc_resv_write(h->h, (size_t)i, b.buf, h->block_bytes);
-    Py_END_ALLOW_THREADS client_leave(h->client);
+    Py_BEGIN_ALLOW_THREADS;
+    rc = kvc_resv_write(h->h, (size_t)i, b.buf, h->block_bytes);
+    Py_END_ALLOW_THREADS;
+    client_leave(h->client);
     PyBuffer_Release(&b);
     if (rc < 0)
         return kvcd_raise(rc);
@@ -103,8 +105,10 @@ static int resv_commit_n(struct handle *h, PyObject *nobj, int *committed)
     h->h = NULL; /* kvc_commit frees it, whatever it returns */
     h->finished = 1;
     handle_unlink(h);
-    Py_BEGIN_ALLOW_THREADS rc = kvc_commit(r, n);
-    Py_END_ALLOW_THREADS client_leave(h->client);
+    Py_BEGIN_ALLOW_THREADS;
+    rc = kvc_commit(r, n);
+    Py_END_ALLOW_THREADS;
+    client_leave(h->client);
     if (rc < 0) {
         kvcd_raise(rc);
         return -1;
