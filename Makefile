@@ -213,8 +213,18 @@ $(PY_PKG)/%: python/kvcd/%
 	@mkdir -p $(dir $@)
 	cp $< $@
 
+# The strict fake device for the Python tests' CUDA paths (python/tests/fake_dev_py.c): a
+# test-only shared object, never installed, loaded by the tests with ctypes.
+PY_FAKEDEV := $(B)/tests/libkvc_fakedev_py.so
+$(PY_FAKEDEV): python/tests/fake_dev_py.c $(B)/obj/tests/lib/fake_dev.o $(B)/lib/libkvc.a
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -fvisibility=hidden -shared -o $@ python/tests/fake_dev_py.c \
+		$(B)/obj/tests/lib/fake_dev.o $(B)/lib/libkvc.a $(shell pkg-config --libs libxxhash) \
+		$(CUDA_LIBS) -pthread -lm
+
 # The pytest suite as one more suite of tests/run-checks.sh (python/tests/check_python.sh.in).
-$(B)/tests/check_python: python/tests/check_python.sh.in $(PY_EXT) $(PY_FILES) $(B)/bin/kvcd
+$(B)/tests/check_python: python/tests/check_python.sh.in $(PY_EXT) $(PY_FILES) $(B)/bin/kvcd \
+		$(PY_FAKEDEV)
 	@mkdir -p $(dir $@)
 	sed -e 's|@PYTHON@|$(PYTHON)|g' -e 's|@TOP@|$(TOP)|g' -e 's|@B@|$(B)|g' \
 		-e 's|@PRELOAD@|$(PY_PRELOAD)|g' $< > $@.tmp

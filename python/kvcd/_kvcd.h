@@ -30,6 +30,14 @@
 
 #include "client/kvc.h"
 
+/* A namespace's layout, as the calls that take engine tensors check them against it. */
+struct ns_layout {
+    uint32_t layers, kv_heads, head_dim, block_tokens;
+    enum kvc_dtype dtype;
+    int k_only;    /* MLA latent: one kind, no V */
+    uint32_t elem; /* bytes of one element of dtype */
+};
+
 enum handle_kind {
     HANDLE_KIND_LEASE = 1,
     HANDLE_KIND_RESV = 2,
@@ -49,6 +57,9 @@ struct handle {
     Py_ssize_t exports; /* views exported from it */
     size_t n;           /* hits of a lease, keys of a reservation */
     size_t block_bytes;
+    struct ns_layout lay;
+    int device_work; /* device copies were queued on it: release and abort wait for them */
+    int gpu;         /* looked up or reserved for the GPU pool: its blocks may be device memory */
 };
 
 struct client_object {
@@ -58,6 +69,7 @@ struct client_object {
     int closed;            /* for good: a Client connects once (__init__ again is refused) */
     Py_ssize_t inflight;   /* calls running with the GIL released */
     struct handle handles; /* list head of handles with h != NULL */
+    int gpu_state;         /* kvc_gpu_attach()'s answer (0 host copies, 1 pool); -1 not yet */
 };
 
 typedef struct {
@@ -66,6 +78,7 @@ typedef struct {
     uint64_t conn;         /* the connection it came from (client->conn) */
     kvc_ns *ns;            /* owned by the client's kvc_client: valid while ns_check passes */
     PyObject *model_id;
+    struct ns_layout lay;
 } ns_object;
 
 typedef struct {
@@ -95,7 +108,7 @@ int client_enter(client_object *c);
 void client_leave(client_object *c);
 int handle_check(struct handle *h);
 void handle_init(struct handle *h, client_object *c, enum handle_kind kind, void *p, size_t n,
-                 size_t block_bytes);
+                 const ns_object *ns);
 void handle_finish(struct handle *h);
 void handle_dealloc(PyObject *self);
 Py_ssize_t handle_index(struct handle *h, Py_ssize_t i);
@@ -112,10 +125,6 @@ PyObject *seq_tuple(PyObject *seq, const char *what);
 int keys_parse(PyObject *seq, struct kvc_key **out, size_t *n);
 int key_parse_opt(PyObject *o, struct kvc_key *key, int *have);
 PyObject *keys_to_list(const struct kvc_key *keys, size_t n);
-int block_buffer_get(PyObject *o, Py_buffer *b, size_t block_bytes, int writable);
-int buffers_get(PyObject *seq, size_t n, size_t block_bytes, int writable, Py_buffer **bufs,
-                void ***ptrs);
-void buffers_release(Py_buffer *bufs, void **ptrs, size_t n);
 int floats_parse(PyObject *seq, const char *what, float **out, size_t *n);
 const char *str_arg(PyObject *o, const char *what);
 extern const char *const codec_names[];
@@ -129,5 +138,36 @@ PyObject *slot_view(struct handle *h, Py_ssize_t i);
 /* _kvcd_ns.c */
 int ns_check(ns_object *ns);
 int ns_enter(ns_object *ns);
+
+/* _kvcd_dev.c: engine memory (host buffers, torch tensors on the CPU or a GPU), streams,
+ * paged KV, and the calls that move blocks between them and kvcd. */
+
+/* One block-sized argument: a buffer (the buffer protocol) or a tensor (data_ptr()). */
+struct mem {
+    void *ptr;
+    size_t len;
+    int device;       /* -1: host memory; else a CUDA device (its memory) */
+    PyObject *tensor; /* strong reference to a tensor argument */
+    Py_buffer buf;    /* buf.obj set: taken from the buffer protocol */
+};
+int mem_get(PyObject *o, struct mem *m, size_t min_len, int writable);
+void mem_release(struct mem *m);
+/* n memories from a sequence; *out PyMem_Malloc'd, released by mems_release(). *device: 1
+ * when one of them is device memory. */
+int mems_get(PyObject *seq, size_t n, size_t min_len, int writable, struct mem **out, int *device);
+void mems_release(struct mem *m, size_t n);
+/* stream: None (torch's current stream of `tensor` when it is a torch CUDA tensor, else the
+ * legacy default stream), an int (a cudaStream_t) or an object with .cuda_stream. */
+int stream_get(PyObject *o, PyObject *tensor, void **stream);
+/* Within client_enter/leave, GIL released: attaches the client's GPU use once. */
+int client_gpu_attach_nogil(client_object *c, int *state);
+void client_gpu_state_set(client_object *c, int state);
+void ns_layout_fill(struct ns_layout *l, const struct kvc_layout *k);
+/* 1 when libkvc has layer ranges (kvc_lease_scatter_layers, kvc_resv_gather_layers). */
+int dev_layer_ranges(void);
+PyObject *lease_scatter(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *resv_gather(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *ns_prefix_dev(ns_object *ns, const struct kvc_key *keys, size_t n,
+                        const struct kvc_key *parent, struct mem *m, PyObject *stream, int put);
 
 #endif

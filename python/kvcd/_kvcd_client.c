@@ -28,30 +28,50 @@ void handle_unlink(struct handle *h)
     }
 }
 
-/* Frees the libkvc handle now. GIL held; no call of the client in flight. */
+/* Frees the libkvc handle now. GIL held; no call of the client in flight. A handle with
+ * device work queued on it waits for that work inside kvc_release()/kvc_abort(): that wait
+ * runs with the GIL released and the client counted in flight (nothing else of it is
+ * freed meanwhile), so the client's list may change across this call. */
 void handle_free(struct handle *h)
 {
-    if (h->h) {
-        if (h->kind == HANDLE_KIND_LEASE)
-            kvc_release(h->h);
-        else
-            kvc_abort(h->h);
-        h->h = NULL;
-    }
+    void *p = h->h;
+    h->h = NULL;
     handle_unlink(h);
+    if (!p)
+        return;
+    if (h->device_work) {
+        client_object *c = h->client;
+        enum handle_kind kind = h->kind;
+        c->inflight++;
+        Py_BEGIN_ALLOW_THREADS;
+        if (kind == HANDLE_KIND_LEASE)
+            kvc_release(p);
+        else
+            kvc_abort(p);
+        Py_END_ALLOW_THREADS;
+        c->inflight--;
+    } else if (h->kind == HANDLE_KIND_LEASE) {
+        kvc_release(p);
+    } else {
+        kvc_abort(p);
+    }
 }
 
 /* Frees what was finished and is no longer viewed, and disconnects a closed client once
  * nothing of it is left. GIL held. */
 void client_settle(client_object *c)
 {
-    struct handle *h, *next;
+    struct handle *h;
     if (c->inflight > 0)
         return;
-    for (h = c->handles.next; h != &c->handles; h = next) {
-        next = h->next;
-        if ((h->finished || c->closed) && h->exports == 0)
-            handle_free(h);
+restart:
+    for (h = c->handles.next; h != &c->handles; h = h->next) {
+        if ((h->finished || c->closed) && h->exports == 0) {
+            handle_free(h); /* may let other threads run: the list is read again */
+            if (c->inflight > 0)
+                return; /* another thread's call began meanwhile: its leave settles */
+            goto restart;
+        }
     }
     if (c->closed && c->c && c->handles.next == &c->handles) {
         kvc_disconnect(c->c);
@@ -92,7 +112,7 @@ int handle_check(struct handle *h)
 }
 
 void handle_init(struct handle *h, client_object *c, enum handle_kind kind, void *p, size_t n,
-                 size_t block_bytes)
+                 const ns_object *ns)
 {
     Py_INCREF(c);
     h->client = c;
@@ -100,7 +120,11 @@ void handle_init(struct handle *h, client_object *c, enum handle_kind kind, void
     h->kind = kind;
     h->h = p;
     h->n = n;
-    h->block_bytes = block_bytes;
+    h->lay = ns->lay;
+    h->block_bytes = (size_t)ns->lay.layers * (ns->lay.k_only ? 1 : 2) * ns->lay.block_tokens *
+                     ns->lay.kv_heads * ns->lay.head_dim * ns->lay.elem;
+    h->device_work = 0;
+    h->gpu = 0;
     h->finished = p == NULL;
     h->exports = 0;
     h->prev = h->next = NULL;
@@ -239,6 +263,7 @@ static PyObject *client_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     if (c) {
         c->handles.next = c->handles.prev = &c->handles;
         c->closed = 1; /* until __init__ connects */
+        c->gpu_state = -1;
     }
     return (PyObject *)c;
 }
@@ -370,6 +395,7 @@ static PyObject *client_namespace(PyObject *self, PyObject *args, PyObject *kw)
     ns->client = c;
     ns->conn = c->conn;
     ns->ns = kns;
+    ns_layout_fill(&ns->lay, &layout);
     Py_INCREF(model_id);
     ns->model_id = model_id;
     return (PyObject *)ns;
@@ -504,6 +530,23 @@ static PyObject *client_flush(PyObject *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+static PyObject *client_gpu_attach(PyObject *self, PyObject *unused)
+{
+    client_object *c = (client_object *)self;
+    int rc, state = -1;
+    (void)unused;
+    if (client_enter(c) < 0)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    rc = client_gpu_attach_nogil(c, &state);
+    Py_END_ALLOW_THREADS;
+    client_gpu_state_set(c, state);
+    client_leave(c);
+    if (rc < 0)
+        return kvcd_raise(rc);
+    return PyLong_FromLong(state);
+}
+
 static PyObject *client_get_closed(PyObject *self, void *closure)
 {
     (void)closure;
@@ -528,6 +571,10 @@ static PyMethodDef client_methods[] = {
     {"flush", client_flush, METH_NOARGS,
      "flush(): waits until every block put_prefix stored is visible to every client; raises "
      "the error of a commit that failed since the last report."},
+    {"gpu_attach", client_gpu_attach, METH_NOARGS,
+     "gpu_attach(): attaches to the daemon's GPU pool and registers the host arenas for DMA "
+     "(done by the first call that needs it); 1: the pool is mapped here, 0: host copies. "
+     "Call it from a thread whose current CUDA device is the engine's."},
     {"close", client_close, METH_NOARGS,
      "Closes the connection (once the views still exported are released)."},
     {"__enter__", client_enter_cm, METH_NOARGS, NULL},

@@ -18,6 +18,11 @@
 static int slot_bytes(struct handle *h, size_t i, void **p, size_t *len, int *codec)
 {
     if (h->kind == HANDLE_KIND_RESV) {
+        if (h->gpu) { /* its slots may be in the GPU pool: kvc_resv_data() is device memory */
+            PyErr_SetString(PyExc_BufferError, "kvcd: a reservation for the GPU pool has no "
+                                               "views: use write or gather");
+            return -1;
+        }
         *p = kvc_resv_data(h->h, i);
         *len = h->block_bytes;
         *codec = KVC_CODEC_RAW;
@@ -32,6 +37,11 @@ static int slot_bytes(struct handle *h, size_t i, void **p, size_t *len, int *co
             PyErr_SetString(PyExc_BufferError,
                             "kvcd: this hit is in the GPU pool (device memory): use copy_into or "
                             "scatter");
+            return -1;
+        }
+        if (i >= (size_t)kvc_lease_ready(h->h)) {
+            PyErr_SetString(PyExc_ValueError,
+                            "kvcd: this hit is still being read from disk (lease.wait() first)");
             return -1;
         }
         *p = (void *)d;
@@ -153,30 +163,94 @@ static PyObject *lease_subscript(PyObject *self, PyObject *key)
     return slot_view((struct handle *)self, i);
 }
 
-static PyObject *lease_copy_into(PyObject *self, PyObject *args)
+static PyObject *lease_copy_into(PyObject *self, PyObject *args, PyObject *kw)
 {
+    static char *kwlist[] = {"i", "buffer", "stream", NULL};
     struct handle *h = (struct handle *)self;
     Py_ssize_t i;
-    PyObject *dst;
-    Py_buffer b;
-    int rc;
-    if (!PyArg_ParseTuple(args, "nO:copy_into", &i, &dst))
+    PyObject *dst, *stream_obj = Py_None;
+    struct mem m;
+    void *stream = NULL;
+    int rc, state = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "nO|O:copy_into", kwlist, &i, &dst, &stream_obj))
         return NULL;
-    if ((i = handle_index(h, i)) < 0 || block_buffer_get(dst, &b, h->block_bytes, 1) < 0)
+    if (mem_get(dst, &m, h->block_bytes, 1) < 0)
         return NULL;
-    /* Checked after taking the buffer, right before the GIL goes: nothing runs between. */
-    if (handle_check(h) < 0 || client_enter(h->client) < 0) {
-        PyBuffer_Release(&b);
-        return NULL;
+    if (m.device != -1 && stream_get(stream_obj, m.tensor, &stream) < 0)
+        goto fail;
+    /* Checked after the last argument was read, right before the GIL goes. */
+    if (handle_check(h) < 0 || (i = handle_index(h, i)) < 0)
+        goto fail;
+    if ((size_t)i >= (size_t)kvc_lease_ready(h->h)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "kvcd: this hit is still being read from disk (lease.wait() first)");
+        goto fail;
     }
+    if (client_enter(h->client) < 0)
+        goto fail;
     Py_BEGIN_ALLOW_THREADS;
-    rc = kvc_lease_copy(h->h, (size_t)i, b.buf, (size_t)b.len);
+    if (m.device == -1) {
+        rc = kvc_lease_copy(h->h, (size_t)i, m.ptr, m.len);
+    } else {
+        rc = client_gpu_attach_nogil(h->client, &state);
+        if (rc >= 0)
+            rc = kvc_lease_copy_async(h->h, (size_t)i, m.ptr, m.len, stream);
+    }
     Py_END_ALLOW_THREADS;
+    client_gpu_state_set(h->client, state);
+    if (m.device != -1)
+        h->device_work = 1;
     client_leave(h->client);
-    PyBuffer_Release(&b);
+    mem_release(&m);
     if (rc < 0)
         return kvcd_raise(rc);
     Py_RETURN_NONE;
+fail:
+    mem_release(&m);
+    return NULL;
+}
+
+static PyObject *lease_ready(PyObject *self, PyObject *unused)
+{
+    struct handle *h = (struct handle *)self;
+    (void)unused;
+    if (handle_check(h) < 0)
+        return NULL;
+    return PyLong_FromLong(kvc_lease_ready(h->h));
+}
+
+static PyObject *lease_wait(PyObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"timeout_ms", NULL};
+    struct handle *h = (struct handle *)self;
+    unsigned int timeout_ms = 10000;
+    int rc;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|I:wait", kwlist, &timeout_ms))
+        return NULL;
+    if (handle_check(h) < 0 || client_enter(h->client) < 0)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    rc = kvc_lease_wait(h->h, timeout_ms);
+    Py_END_ALLOW_THREADS;
+    /* Once no read is left, hits after one that failed are dropped from the lease. */
+    h->n = kvc_lease_count(h->h);
+    client_leave(h->client);
+    if (rc < 0)
+        return kvcd_raise(rc);
+    return PyLong_FromLong(rc);
+}
+
+static PyObject *lease_tier(PyObject *self, PyObject *arg)
+{
+    struct handle *h = (struct handle *)self;
+    Py_ssize_t i = PyNumber_AsSsize_t(arg, PyExc_IndexError);
+    int t;
+    if ((i == -1 && PyErr_Occurred()) || handle_check(h) < 0 || (i = handle_index(h, i)) < 0)
+        return NULL;
+    t = kvc_lease_tier(h->h, (size_t)i);
+    if (t < 0)
+        return kvcd_raise(t);
+    return PyUnicode_FromString(t == KVC_TIER_GPU ? "gpu" : "host");
 }
 
 static PyObject *lease_stored(PyObject *self, PyObject *arg)
@@ -209,8 +283,20 @@ static PyObject *lease_exit(PyObject *self, PyObject *args)
 }
 
 static PyMethodDef lease_methods[] = {
-    {"copy_into", lease_copy_into, METH_VARARGS,
-     "copy_into(i, buffer): copies hit i into a writable buffer of at least block_bytes."},
+    {"copy_into", (PyCFunction)(void (*)(void))lease_copy_into, METH_VARARGS | METH_KEYWORDS,
+     "copy_into(i, buffer, stream=None): copies hit i, decoded, into a writable buffer or "
+     "tensor of at least block_bytes; into a CUDA tensor it is queued on the stream and "
+     "release() waits for it."},
+    {"scatter", (PyCFunction)(void (*)(void))lease_scatter, METH_VARARGS | METH_KEYWORDS,
+     "scatter(k_caches, v_caches, block_table, *, first=0, n=None, first_token=0, layers=None, "
+     "stream=None, event=None, kv_dim=0): hits [first, first+n) into an engine's paged KV "
+     "cache; returns n."},
+    {"ready", lease_ready, METH_NOARGS,
+     "ready(): the leading hits in memory now (lookup(nowait=True) returns hits still being "
+     "read from disk)."},
+    {"wait", (PyCFunction)(void (*)(void))lease_wait, METH_VARARGS | METH_KEYWORDS,
+     "wait(timeout_ms=10000): waits for the hits being read from disk; returns ready()."},
+    {"tier", lease_tier, METH_O, "tier(i): 'host' or 'gpu' (the daemon's GPU pool)."},
     {"stored", lease_stored, METH_O,
      "stored(i): how hit i is stored: 'raw' or a codec name ('q8_0', 'fp8', 'kivi4'...)."},
     {"release", lease_release, METH_NOARGS, "Unpins the hits (once no view of them is left)."},

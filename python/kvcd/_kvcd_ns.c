@@ -96,16 +96,20 @@ out:
 
 static PyObject *ns_lookup(PyObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"keys", "ready_only", NULL};
+    static char *kwlist[] = {"keys", "ready_only", "nowait", "gpu", NULL};
     ns_object *ns = (ns_object *)self;
     PyObject *keys_obj;
     struct kvc_key *keys = NULL;
     struct handle *h;
     kvc_lease *l = NULL;
     size_t n;
-    int ready_only = 0, rc;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|p:lookup", kwlist, &keys_obj, &ready_only))
+    unsigned flags = 0;
+    int ready_only = 0, nowait = 0, gpu = 0, rc, state = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|ppp:lookup", kwlist, &keys_obj, &ready_only,
+                                     &nowait, &gpu))
         return NULL;
+    flags = (ready_only ? KVC_LOOKUP_READY_ONLY : 0) | (nowait ? KVC_LOOKUP_NOWAIT : 0) |
+            (gpu ? KVC_LOOKUP_GPU : 0);
     if (ns_check(ns) < 0 || keys_parse(keys_obj, &keys, &n) < 0)
         return NULL;
     h = PyObject_New(struct handle, &lease_type);
@@ -120,11 +124,14 @@ static PyObject *ns_lookup(PyObject *self, PyObject *args, PyObject *kw)
         return NULL;
     }
     Py_BEGIN_ALLOW_THREADS;
-    rc = kvc_lookup(ns->ns, keys, n, ready_only ? KVC_LOOKUP_READY_ONLY : 0, &l);
+    rc = gpu ? client_gpu_attach_nogil(ns->client, &state) : 0;
+    if (rc >= 0)
+        rc = kvc_lookup(ns->ns, keys, n, flags, &l);
     Py_END_ALLOW_THREADS;
+    client_gpu_state_set(ns->client, state);
     PyMem_Free(keys);
-    handle_init(h, ns->client, HANDLE_KIND_LEASE, rc > 0 ? l : NULL, rc > 0 ? (size_t)rc : 0,
-                kvc_ns_block_bytes(ns->ns));
+    handle_init(h, ns->client, HANDLE_KIND_LEASE, rc > 0 ? l : NULL, rc > 0 ? (size_t)rc : 0, ns);
+    h->gpu = gpu;
     client_leave(ns->client);
     if (rc < 0) {
         Py_DECREF(h);
@@ -229,8 +236,7 @@ static PyObject *ns_lookup_budget(PyObject *self, PyObject *args, PyObject *kw)
     Py_BEGIN_ALLOW_THREADS;
     rc = kvc_lookup_budget(ns->ns, keys, n, &b, pos, &nprefix, &l);
     Py_END_ALLOW_THREADS;
-    handle_init(h, ns->client, HANDLE_KIND_LEASE, rc > 0 ? l : NULL, rc > 0 ? (size_t)rc : 0,
-                kvc_ns_block_bytes(ns->ns));
+    handle_init(h, ns->client, HANDLE_KIND_LEASE, rc > 0 ? l : NULL, rc > 0 ? (size_t)rc : 0, ns);
     client_leave(ns->client);
     if (rc < 0) {
         kvcd_raise(rc);
@@ -260,15 +266,16 @@ fail:
 
 static PyObject *ns_reserve(PyObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"keys", "parent", NULL};
+    static char *kwlist[] = {"keys", "parent", "gpu", NULL};
     ns_object *ns = (ns_object *)self;
     PyObject *keys_obj, *parent_obj = Py_None;
     struct kvc_key *keys = NULL, parent;
     resv_object *r;
     kvc_resv *resv = NULL;
     size_t n;
-    int have_parent, rc;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:reserve", kwlist, &keys_obj, &parent_obj))
+    int have_parent, rc, gpu = 0, state = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|Op:reserve", kwlist, &keys_obj, &parent_obj,
+                                     &gpu))
         return NULL;
     if (ns_check(ns) < 0 || key_parse_opt(parent_obj, &parent, &have_parent) < 0 ||
         keys_parse(keys_obj, &keys, &n) < 0)
@@ -285,12 +292,17 @@ static PyObject *ns_reserve(PyObject *self, PyObject *args, PyObject *kw)
         return NULL;
     }
     Py_BEGIN_ALLOW_THREADS;
-    rc = kvc_reserve(ns->ns, have_parent ? &parent : NULL, keys, n, &resv);
+    rc = gpu ? client_gpu_attach_nogil(ns->client, &state) : 0;
+    if (rc >= 0)
+        rc = gpu ? kvc_reserve_gpu(ns->ns, have_parent ? &parent : NULL, keys, n, &resv)
+                 : kvc_reserve(ns->ns, have_parent ? &parent : NULL, keys, n, &resv);
     Py_END_ALLOW_THREADS;
+    client_gpu_state_set(ns->client, state);
     PyMem_Free(keys);
     if (rc < 0)
         resv = NULL; /* not set on failure */
-    handle_init(&r->head, ns->client, HANDLE_KIND_RESV, resv, n, kvc_ns_block_bytes(ns->ns));
+    handle_init(&r->head, ns->client, HANDLE_KIND_RESV, resv, n, ns);
+    r->head.gpu = gpu;
     r->reserved = rc > 0 ? rc : 0;
     client_leave(ns->client);
     if (rc < 0) {
@@ -300,20 +312,23 @@ static PyObject *ns_reserve(PyObject *self, PyObject *args, PyObject *kw)
     return (PyObject *)r;
 }
 
-/* put_prefix and get_prefix: keys and one block buffer per key. */
+/* put_prefix and get_prefix: keys and one block buffer or tensor per key. Host memory
+ * takes libkvc's whole-prefix calls (the fast path for gets); device tensors the device
+ * path of _kvcd_dev.c. */
 static PyObject *ns_prefix(ns_object *ns, PyObject *args, PyObject *kw, int put)
 {
-    static char *put_kwlist[] = {"keys", "buffers", "parent", NULL};
-    static char *get_kwlist[] = {"keys", "buffers", NULL};
-    PyObject *keys_obj, *bufs_obj, *parent_obj = Py_None;
+    static char *put_kwlist[] = {"keys", "buffers", "parent", "stream", NULL};
+    static char *get_kwlist[] = {"keys", "buffers", "stream", NULL};
+    PyObject *keys_obj, *bufs_obj, *parent_obj = Py_None, *stream_obj = Py_None, *res;
     struct kvc_key *keys = NULL, parent;
-    Py_buffer *bufs = NULL;
+    struct mem *m = NULL;
     void **ptrs = NULL;
     size_t n = 0, block_bytes;
-    int have_parent = 0, rc;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, put ? "OO|O:put_prefix" : "OO:get_prefix",
-                                     put ? put_kwlist : get_kwlist, &keys_obj, &bufs_obj,
-                                     &parent_obj))
+    int have_parent = 0, device = 0, rc;
+    if (put ? !PyArg_ParseTupleAndKeywords(args, kw, "OO|OO:put_prefix", put_kwlist, &keys_obj,
+                                           &bufs_obj, &parent_obj, &stream_obj)
+            : !PyArg_ParseTupleAndKeywords(args, kw, "OO|O:get_prefix", get_kwlist, &keys_obj,
+                                           &bufs_obj, &stream_obj))
         return NULL;
     if (key_parse_opt(parent_obj, &parent, &have_parent) < 0 || keys_parse(keys_obj, &keys, &n) < 0)
         return NULL;
@@ -322,11 +337,27 @@ static PyObject *ns_prefix(ns_object *ns, PyObject *args, PyObject *kw, int put)
         return NULL;
     }
     block_bytes = kvc_ns_block_bytes(ns->ns);
-    if (buffers_get(bufs_obj, n, block_bytes, !put, &bufs, &ptrs) < 0 || ns_enter(ns) < 0) {
-        buffers_release(bufs, ptrs, n);
+    if (mems_get(bufs_obj, n, block_bytes, !put, &m, &device) < 0) {
         PyMem_Free(keys);
         return NULL;
     }
+    if (device) {
+        res = ns_prefix_dev(ns, keys, n, have_parent ? &parent : NULL, m, stream_obj, put);
+        mems_release(m, n);
+        PyMem_Free(keys);
+        return res;
+    }
+    ptrs = PyMem_Calloc(n ? n : 1, sizeof(*ptrs));
+    if (!ptrs || ns_enter(ns) < 0) {
+        if (!ptrs)
+            PyErr_NoMemory();
+        PyMem_Free(ptrs);
+        mems_release(m, n);
+        PyMem_Free(keys);
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++)
+        ptrs[i] = m[i].ptr;
     Py_BEGIN_ALLOW_THREADS;
     if (put)
         rc = kvc_put_prefix(ns->ns, have_parent ? &parent : NULL, keys, n,
@@ -335,7 +366,8 @@ static PyObject *ns_prefix(ns_object *ns, PyObject *args, PyObject *kw, int put)
         rc = kvc_get_prefix(ns->ns, keys, n, ptrs);
     Py_END_ALLOW_THREADS;
     client_leave(ns->client);
-    buffers_release(bufs, ptrs, n);
+    PyMem_Free(ptrs);
+    mems_release(m, n);
     PyMem_Free(keys);
     if (rc < 0)
         return kvcd_raise(rc);

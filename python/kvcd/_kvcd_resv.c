@@ -50,29 +50,43 @@ static PyObject *resv_status(PyObject *self, PyObject *arg)
     return PyLong_FromLong(st);
 }
 
-static PyObject *resv_write(PyObject *self, PyObject *args)
+static PyObject *resv_write(PyObject *self, PyObject *args, PyObject *kw)
 {
+    static char *kwlist[] = {"i", "buffer", "stream", NULL};
     struct handle *h = (struct handle *)self;
     Py_ssize_t i;
-    PyObject *src;
-    Py_buffer b;
-    int rc;
-    if (!PyArg_ParseTuple(args, "nO:write", &i, &src))
+    PyObject *src, *stream_obj = Py_None;
+    struct mem m;
+    void *stream = NULL;
+    int rc, state = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "nO|O:write", kwlist, &i, &src, &stream_obj))
         return NULL;
-    if ((i = handle_index(h, i)) < 0 || block_buffer_get(src, &b, h->block_bytes, 0) < 0)
+    if (mem_get(src, &m, h->block_bytes, 0) < 0)
         return NULL;
-    if (handle_check(h) < 0 || client_enter(h->client) < 0) {
-        PyBuffer_Release(&b);
-        return NULL;
-    }
+    if (m.device != -1 && stream_get(stream_obj, m.tensor, &stream) < 0)
+        goto fail;
+    if (handle_check(h) < 0 || (i = handle_index(h, i)) < 0 || client_enter(h->client) < 0)
+        goto fail;
     Py_BEGIN_ALLOW_THREADS;
-    rc = kvc_resv_write(h->h, (size_t)i, b.buf, h->block_bytes);
+    if (m.device == -1) {
+        rc = kvc_resv_write(h->h, (size_t)i, m.ptr, h->block_bytes);
+    } else {
+        rc = client_gpu_attach_nogil(h->client, &state);
+        if (rc >= 0)
+            rc = kvc_resv_write_async(h->h, (size_t)i, m.ptr, h->block_bytes, stream);
+    }
     Py_END_ALLOW_THREADS;
+    client_gpu_state_set(h->client, state);
+    if (m.device != -1)
+        h->device_work = 1;
     client_leave(h->client);
-    PyBuffer_Release(&b);
+    mem_release(&m);
     if (rc < 0)
         return kvcd_raise(rc);
     Py_RETURN_NONE;
+fail:
+    mem_release(&m);
+    return NULL;
 }
 
 /* Commits the first n reserved slots (None: all). */
@@ -185,7 +199,13 @@ static PyObject *resv_get_statuses(PyObject *self, void *closure)
 
 static PyMethodDef resv_methods[] = {
     {"status", resv_status, METH_O, "status(i): the SLOT_* status of key i."},
-    {"write", resv_write, METH_VARARGS, "write(i, buffer): copies a block into slot i."},
+    {"write", (PyCFunction)(void (*)(void))resv_write, METH_VARARGS | METH_KEYWORDS,
+     "write(i, buffer, stream=None): copies a block (a buffer or tensor) into slot i; from a "
+     "CUDA tensor it is queued on the stream and commit() waits for it."},
+    {"gather", (PyCFunction)(void (*)(void))resv_gather, METH_VARARGS | METH_KEYWORDS,
+     "gather(k_caches, v_caches, block_table, *, first=0, n=None, first_token=0, layers=None, "
+     "stream=None, event=None, kv_dim=0): the slots of keys [first, first+n) from an engine's "
+     "paged KV cache (keys not RESERVED skipped); returns the slots written."},
     {"commit", resv_commit, METH_VARARGS,
      "commit(n=None): publishes the first n reserved slots (None: all); returns the count."},
     {"abort", resv_abort, METH_NOARGS, "Frees every slot unseen."},

@@ -154,6 +154,33 @@ ATTACKS = {
         r = ns.reserve(more)
         expect(ValueError, r.commit, Closer(2))
     """,
+    # A tensor whose data_ptr() closes the client, as get_prefix reads it.
+    "tensor_data_ptr_closes": """
+        import ctypes
+        from types import SimpleNamespace
+        buf = ctypes.create_string_buffer(ns.block_bytes)
+        class T:
+            device = SimpleNamespace(type="cpu", index=None)
+            def is_contiguous(self): return True
+            def element_size(self): return 1
+            def numel(self): return ns.block_bytes
+            def data_ptr(self):
+                c.close()
+                return ctypes.addressof(buf)
+        expect(ValueError, ns.get_prefix, keys[:1], [T()])
+    """,
+    # A paged call whose block table's __index__ releases the lease, then closes the client.
+    "scatter_table_releases": """
+        import array
+        k = [bytearray(4 * 4 * 2 * 16 * 2) for _ in range(2)]
+        v = [bytearray(4 * 4 * 2 * 16 * 2) for _ in range(2)]
+        kv = [memoryview(b).cast("B").cast("H", (4, 4, 2, 16)) for b in k]
+        vv = [memoryview(b).cast("B").cast("H", (4, 4, 2, 16)) for b in v]
+        l = ns.lookup(keys)
+        expect(ValueError, l.scatter, kv, vv, [0, 1, 2, Releaser(3, l)], n=4)
+        l = ns.lookup(keys)
+        expect(ValueError, l.scatter, kv, vv, [0, 1, 2, Closer(3)], n=4)
+    """,
     # A finalizer run by the collector while the binding allocates closes the client.
     "finalizer_closes": """
         class Bomb:
