@@ -127,9 +127,10 @@ $(B)/obj/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(DEPFLAGS) -c $< -o $@
 
+# nvcc writes its dependency list beside the object (x.cu.d): a header change rebuilds it.
 $(B)/obj/%.cu.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -I$(TOP) -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) -MMD -MP -I$(TOP) -c $< -o $@
 
 $(B)/lib/libkvcd.a: $(LIBKVCD_OBJS)
 	@mkdir -p $(dir $@)
