@@ -245,14 +245,13 @@ check-run: all tests
 
 # GPU suites: the same binaries; CUDA cases skip where no device is found.
 # compute-sanitizer (where installed) runs the suites that launch kernels and copy through
-# the pool.
+# the pool, each in one process with its limits scaled (tests/gpu-sanitizer.sh: memcheck,
+# racecheck and synccheck).
 SANITIZER ?= $(firstword $(shell command -v compute-sanitizer 2>/dev/null) \
 	$(wildcard $(CUDA_HOME)/bin/compute-sanitizer))
 check-gpu: all tests
 	KVC_REQUIRE_GPU=$(KVC_REQUIRE_GPU) sh tests/run-checks.sh $(B) gpu
-	@if [ -n "$(SANITIZER)" ]; then for t in check_pack check_tier_gpu check_e2e_gpu; do \
-		CK_FORK=no $(SANITIZER) --error-exitcode 1 --target-processes all $(B)/tests/$$t \
-		|| exit 1; done; else echo "SKIP: check-gpu: compute-sanitizer: not installed"; fi
+	sh tests/gpu-sanitizer.sh $(B) $(SANITIZER)
 
 demo: deps
 	$(MAKE) all

@@ -79,10 +79,23 @@ struct kvc_gpu {
 };
 
 static const struct kern_dev_ops *kvc_gpu_ops_override;
+/* The process that last attached with this build's own CUDA table (0: none): a process that
+ * forks clients must not have started CUDA itself (tests check it, kvci_gpu_cuda_used). */
+static pid_t kvc_gpu_cuda_pid;
 
 void kvci_gpu_ops_set(const struct kern_dev_ops *ops)
 {
     kvc_gpu_ops_override = ops;
+}
+
+const struct kern_dev_ops *kvci_gpu_ops_get(void)
+{
+    return kvc_gpu_ops_override;
+}
+
+int kvci_gpu_cuda_used(void)
+{
+    return kvc_gpu_cuda_pid != 0 && kvc_gpu_cuda_pid == getpid();
 }
 
 static struct kvc_gpu *kvc_gpu_of(const kvc_client *c)
@@ -293,6 +306,8 @@ KVC_API int kvc_gpu_attach(kvc_client *c)
         goto out;
     }
     g->ops = kvc_gpu_ops_override ? kvc_gpu_ops_override : kern_dev_cuda();
+    if (!kvc_gpu_ops_override)
+        kvc_gpu_cuda_pid = getpid();
     g->pool.fd = -1;
     g->args = malloc(sizeof(*g->args));
     if (!g->args) {

@@ -175,9 +175,13 @@ int kvci_resv_layers_mark(kvc_resv *r, size_t first, size_t n, uint32_t lf, uint
 /* kvc_reserve with RESERVE flags (KVC_RESERVE_F_GPU). */
 int kvci_reserve_flags(kvc_ns *ns, const struct kvc_key *parent, const struct kvc_key *keys,
                        size_t n, uint32_t flags, kvc_resv **out);
-/* Tests install a fake device table here before kvc_gpu_attach(). */
+/* Tests install a fake device table here before kvc_gpu_attach() (NULL: the build's own). */
 struct kern_dev_ops;
 void kvci_gpu_ops_set(const struct kern_dev_ops *ops);
+const struct kern_dev_ops *kvci_gpu_ops_get(void);
+/* 1 when this process attached with the build's own CUDA table (CUDA may have started in it;
+ * a child it forks must not use CUDA then). */
+int kvci_gpu_cuda_used(void);
 
 /* The fast path: copies the leading run of keys[0..n) it can serve from the shared index
  * into dst[] and returns how many (0 when it is off or the first key is not there). */
