@@ -11,6 +11,8 @@
 #   make bench      every benchmark; make bench-NAME runs tests/bench/bench_NAME.c
 #                   (make bench-python: the Python package and reference engine, apart)
 #   make chaos      clients and kvcd SIGKILLed at random under load (docs/chaos.md)
+#   make device-bundle  the GPU suites, benchmarks, kvcd and their libraries in one folder for
+#                   a GPU host (etc/device-check.sh OUTDIR runs them there; docs/gpu.md)
 #   make CUDA=0     build without nvcc;  make SAN=1  sanitizer build into build/asan
 #                   (make SAN=thread: ThreadSanitizer into build/tsan)
 #   make python     the kvcd Python package into build/python (part of make when the headers
@@ -252,6 +254,19 @@ SANITIZER ?= $(firstword $(shell command -v compute-sanitizer 2>/dev/null) \
 check-gpu: all tests
 	KVC_REQUIRE_GPU=$(KVC_REQUIRE_GPU) sh tests/run-checks.sh $(B) gpu
 	sh tests/gpu-sanitizer.sh $(B) $(SANITIZER)
+
+# A GPU check for a GPU host without Debian's libraries (docs/gpu.md): `make device-bundle`
+# here, then `sh etc/device-check.sh OUTDIR` there, in a copy of this tree with
+# build/device-bundle carried along (etc/device-bundle.sh says what the folder holds).
+BUNDLE ?= build/device-bundle
+BUNDLE_SUITES := check_pack check_tier_gpu check_store_gpu check_kernels check_e2e_gpu \
+	check_e2e_quant check_e2e_fast
+BUNDLE_BENCHES := bench_gpu bench_kernels bench_host
+.PHONY: device-bundle
+device-bundle: $(B)/bin/kvcd $(B)/bin/kvcctl $(patsubst %,$(B)/tests/%,$(BUNDLE_SUITES)) \
+		$(patsubst %,$(B)/bench/%,$(BUNDLE_BENCHES))
+	@test "$(CUDA)" = 1 || { echo "device-bundle: needs a CUDA build (nvcc)"; exit 1; }
+	NVCC=$(NVCC) sh etc/device-bundle.sh $(B) $(BUNDLE) "$(BUNDLE_SUITES)" "$(BUNDLE_BENCHES)"
 
 demo: deps
 	$(MAKE) all
