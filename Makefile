@@ -11,6 +11,8 @@
 #   make bench      every benchmark; make bench-NAME runs tests/bench/bench_NAME.c
 #                   (make bench-python: the Python package and reference engine, apart)
 #   make chaos      clients and kvcd SIGKILLed at random under load (docs/chaos.md)
+#   make device-bundle  the GPU suites, benchmarks, kvcd and their libraries in one folder for
+#                   a GPU host (etc/device-check.sh OUTDIR runs them there; docs/gpu.md)
 #   make CUDA=0     build without nvcc;  make SAN=1  sanitizer build into build/asan
 #                   (make SAN=thread: ThreadSanitizer into build/tsan)
 #   make python     the kvcd Python package into build/python (part of make when the headers
@@ -133,9 +135,10 @@ $(B)/obj/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(DEPFLAGS) -c $< -o $@
 
+# nvcc writes its dependency list beside the object (x.cu.d): a header change rebuilds it.
 $(B)/obj/%.cu.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -I$(TOP) -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) -MMD -MP -I$(TOP) -c $< -o $@
 
 $(B)/lib/libkvcd.a: $(LIBKVCD_OBJS)
 	@mkdir -p $(dir $@)
@@ -264,14 +267,26 @@ check-run: all tests
 
 # GPU suites: the same binaries; CUDA cases skip where no device is found.
 # compute-sanitizer (where installed) runs the suites that launch kernels and copy through
-# the pool.
+# the pool, each in one process with its limits scaled (tests/gpu-sanitizer.sh: memcheck,
+# racecheck and synccheck).
 SANITIZER ?= $(firstword $(shell command -v compute-sanitizer 2>/dev/null) \
 	$(wildcard $(CUDA_HOME)/bin/compute-sanitizer))
 check-gpu: all tests
 	KVC_REQUIRE_GPU=$(KVC_REQUIRE_GPU) sh tests/run-checks.sh $(B) gpu
-	@if [ -n "$(SANITIZER)" ]; then for t in check_pack check_tier_gpu check_e2e_gpu; do \
-		CK_FORK=no $(SANITIZER) --error-exitcode 1 --target-processes all $(B)/tests/$$t \
-		|| exit 1; done; else echo "SKIP: check-gpu: compute-sanitizer: not installed"; fi
+	sh tests/gpu-sanitizer.sh $(B) $(SANITIZER)
+
+# A GPU check for a GPU host without Debian's libraries (docs/gpu.md): `make device-bundle`
+# here, then `sh etc/device-check.sh OUTDIR` there, in a copy of this tree with
+# build/device-bundle carried along (etc/device-bundle.sh says what the folder holds).
+BUNDLE ?= build/device-bundle
+BUNDLE_SUITES := check_pack check_tier_gpu check_store_gpu check_kernels check_e2e_gpu \
+	check_e2e_quant check_e2e_fast
+BUNDLE_BENCHES := bench_gpu bench_kernels bench_host
+.PHONY: device-bundle
+device-bundle: $(B)/bin/kvcd $(B)/bin/kvcctl $(patsubst %,$(B)/tests/%,$(BUNDLE_SUITES)) \
+		$(patsubst %,$(B)/bench/%,$(BUNDLE_BENCHES))
+	@test "$(CUDA)" = 1 || { echo "device-bundle: needs a CUDA build (nvcc)"; exit 1; }
+	NVCC=$(NVCC) sh etc/device-bundle.sh $(B) $(BUNDLE) "$(BUNDLE_SUITES)" "$(BUNDLE_BENCHES)"
 
 demo: deps
 	$(MAKE) all
