@@ -1,7 +1,6 @@
 # DESIGN: the kvcd package is the C extension kvcd._kvcd (python/kvcd/_kvcd*.c) over libkvc;
 # this file only re-exports it, so `import kvcd` is the whole API (typed in __init__.pyi).
 from kvcd._kvcd import (  # noqa: F401
-    LAYER_RANGES,
     SLOT_BUSY,
     SLOT_NOSPACE,
     SLOT_PRESENT,
@@ -18,5 +17,4 @@ from kvcd._kvcd import (  # noqa: F401
 __all__ = [
     "Client", "Namespace", "Lease", "Reservation", "Error", "default_socket",
     "SLOT_PRESENT", "SLOT_RESERVED", "SLOT_BUSY", "SLOT_SKIPPED", "SLOT_NOSPACE",
-    "LAYER_RANGES",
 ]

@@ -66,8 +66,7 @@ PyMODINIT_FUNC PyInit__kvcd(void)
         PyModule_AddIntConstant(m, "SLOT_RESERVED", KVC_SLOT_RESERVED) < 0 ||
         PyModule_AddIntConstant(m, "SLOT_BUSY", KVC_SLOT_BUSY) < 0 ||
         PyModule_AddIntConstant(m, "SLOT_SKIPPED", KVC_SLOT_SKIPPED) < 0 ||
-        PyModule_AddIntConstant(m, "SLOT_NOSPACE", KVC_SLOT_NOSPACE) < 0 ||
-        PyModule_AddObjectRef(m, "LAYER_RANGES", dev_layer_ranges() ? Py_True : Py_False) < 0)
+        PyModule_AddIntConstant(m, "SLOT_NOSPACE", KVC_SLOT_NOSPACE) < 0)
         goto fail;
     return m;
 fail:

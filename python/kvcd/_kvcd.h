@@ -109,6 +109,7 @@ void client_leave(client_object *c);
 int handle_check(struct handle *h);
 void handle_init(struct handle *h, client_object *c, enum handle_kind kind, void *p, size_t n,
                  const ns_object *ns);
+void handle_link(struct handle *h, void *p);
 void handle_finish(struct handle *h);
 void handle_dealloc(PyObject *self);
 Py_ssize_t handle_index(struct handle *h, Py_ssize_t i);
@@ -163,8 +164,6 @@ int stream_get(PyObject *o, PyObject *tensor, void **stream);
 int client_gpu_attach_nogil(client_object *c, int *state);
 void client_gpu_state_set(client_object *c, int state);
 void ns_layout_fill(struct ns_layout *l, const struct kvc_layout *k);
-/* 1 when libkvc has layer ranges (kvc_lease_scatter_layers, kvc_resv_gather_layers). */
-int dev_layer_ranges(void);
 PyObject *lease_scatter(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *resv_gather(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *ns_prefix_dev(ns_object *ns, const struct kvc_key *keys, size_t n,

@@ -128,12 +128,19 @@ void handle_init(struct handle *h, client_object *c, enum handle_kind kind, void
     h->finished = p == NULL;
     h->exports = 0;
     h->prev = h->next = NULL;
-    if (p) {
-        h->next = &c->handles;
-        h->prev = c->handles.prev;
-        c->handles.prev->next = h;
-        c->handles.prev = h;
-    }
+    if (p)
+        handle_link(h, p);
+}
+
+/* Puts libkvc handle p on h and h on its client's list. */
+void handle_link(struct handle *h, void *p)
+{
+    client_object *c = h->client;
+    h->h = p;
+    h->next = &c->handles;
+    h->prev = c->handles.prev;
+    c->handles.prev->next = h;
+    c->handles.prev = h;
 }
 
 /* Marks a handle finished and frees it when the rule allows. */

@@ -9,7 +9,8 @@
  * .index), read through those attributes; a stream is a raw cudaStream_t (an int, or
  * .cuda_stream of a torch.cuda.Stream), an event a raw cudaEvent_t. libkvc's GPU calls
  * (kvc_gpu_attach, kvc_lease_copy_async, kvc_lease_scatter, kvc_resv_gather,
- * kvc_resv_write_async) get those pointers as they are; the client attaches to the GPU the
+ * kvc_resv_write_async, and the layer ranges kvc_lease_scatter_layers and
+ * kvc_resv_gather_layers) get those pointers as they are; the client attaches to the GPU the
  * first time a device tensor or a GPU lookup needs it, inside the call, with the GIL
  * released. Device work is queued on the caller's stream and tracked on its lease or
  * reservation: nothing here waits for the device, except release()/abort() and the
@@ -29,23 +30,6 @@
 #define DEV_MAX_KEYS 2048u
 /* Dimensions of a tensor argument this file reads. */
 #define DEV_MAX_DIMS 6
-
-/* Layer ranges in libkvc (kvc_lease_scatter_layers, kvc_resv_gather_layers): bound weakly,
- * so this package builds and runs against a libkvc without them (NULL: a layer range then
- * raises NotImplementedError; all layers take kvc_lease_scatter/kvc_resv_gather). */
-#pragma weak kvc_lease_scatter_layers
-#pragma weak kvc_resv_gather_layers
-int kvc_lease_scatter_layers(kvc_lease *l, size_t first, size_t n, const struct kvc_paged_kv *kv,
-                             uint64_t first_token, uint32_t layer_first, uint32_t layer_count,
-                             void *stream, void *event);
-int kvc_resv_gather_layers(kvc_resv *r, size_t first, size_t n, const struct kvc_paged_kv *kv,
-                           uint64_t first_token, uint32_t layer_first, uint32_t layer_count,
-                           void *stream, void *event);
-
-int dev_layer_ranges(void)
-{
-    return kvc_lease_scatter_layers != NULL && kvc_resv_gather_layers != NULL;
-}
 
 void ns_layout_fill(struct ns_layout *l, const struct kvc_layout *k)
 {
@@ -725,12 +709,6 @@ static PyObject *handle_paged(struct handle *h, PyObject *args, PyObject *kw, in
         stream_get(stream_obj, p.device != -1 ? p.t[0].tensor : NULL, &stream) < 0 ||
         event_get(event_obj, &event) < 0)
         goto fail;
-    if (lcount != h->lay.layers &&
-        !(scatter ? (void *)kvc_lease_scatter_layers : (void *)kvc_resv_gather_layers)) {
-        PyErr_SetString(PyExc_NotImplementedError,
-                        "kvcd: this libkvc has no layer ranges (kvc_lease_scatter_layers)");
-        goto fail;
-    }
     /* Every argument read: the handle is checked now, nothing runs before its use. */
     if (handle_check(h) < 0)
         goto fail;

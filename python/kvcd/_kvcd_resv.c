@@ -116,12 +116,16 @@ static int resv_commit_n(struct handle *h, PyObject *nobj, int *committed)
     if (client_enter(h->client) < 0)
         return -1;
     r = h->h;
-    h->h = NULL; /* kvc_commit frees it, whatever it returns */
+    h->h = NULL; /* kvc_commit frees it, whatever it returns but -EBUSY */
     h->finished = 1;
     handle_unlink(h);
     Py_BEGIN_ALLOW_THREADS;
     rc = kvc_commit(r, n);
     Py_END_ALLOW_THREADS;
+    if (rc == -EBUSY) { /* a slot gathered layer by layer is not whole: still ours */
+        h->finished = 0;
+        handle_link(h, r);
+    }
     client_leave(h->client);
     if (rc < 0) {
         kvcd_raise(rc);
@@ -207,7 +211,9 @@ static PyMethodDef resv_methods[] = {
      "stream=None, event=None, kv_dim=0): the slots of keys [first, first+n) from an engine's "
      "paged KV cache (keys not RESERVED skipped); returns the slots written."},
     {"commit", resv_commit, METH_VARARGS,
-     "commit(n=None): publishes the first n reserved slots (None: all); returns the count."},
+     "commit(n=None): publishes the first n reserved slots (None: all); returns the count. "
+     "kvcd.Error EBUSY (nothing done, still yours) while a slot gathered layer by layer lacks "
+     "layers."},
     {"abort", resv_abort, METH_NOARGS, "Frees every slot unseen."},
     {"__enter__", handle_enter, METH_NOARGS, NULL},
     {"__exit__", resv_exit, METH_VARARGS, NULL},

@@ -33,9 +33,9 @@
 # new full prompt blocks, on the compute stream; wait_for_save hands the reservations to a
 # committing thread (kvc_commit waits for the gathers, then publishes) and returns;
 # get_finished reports a finished request once its commits are done, and request_finished
-# on the scheduler side keeps its blocks until then. Without layer ranges in libkvc
-# (kvcd.LAYER_RANGES False) a load is one scatter of all layers and a save one gather at
-# wait_for_save. CPU tensors work the same, synchronously.
+# on the scheduler side keeps its blocks until then. With "layerwise": false in the extra
+# config a load is one scatter of all layers and a save one gather at wait_for_save. CPU
+# tensors work the same, synchronously.
 import collections
 import queue
 import threading
@@ -186,7 +186,7 @@ class KvcdConnector(KVConnectorBase_V1):
         self._bs = self._lay.block_size
         self._client = kvcd.Client(extra.get("socket"))
         self._disk_wait = float(extra.get("disk_wait_s", DISK_WAIT_S))
-        self._layerwise = bool(extra.get("layerwise", True)) and kvcd.LAYER_RANGES
+        self._layerwise = bool(extra.get("layerwise", True))
         self._async_save = bool(extra.get("async_save", True))
         if role == KVConnectorRole.SCHEDULER:
             self._sched_init()
@@ -348,6 +348,7 @@ class KvcdConnector(KVConnectorBase_V1):
         self._pending = collections.Counter()  # req_id -> commits not done
         self._finishing: Set[str] = set()
         self._lock = threading.Lock()
+        self._done = threading.Condition(self._lock)  # a commit finished
         self._commit_q: "queue.Queue" = queue.Queue()
         self._committer = None
         self._load_stream = None
@@ -469,10 +470,17 @@ class KvcdConnector(KVConnectorBase_V1):
 
     def _reserve(self, saves):
         for span in saves:
+            # A chunk hangs from the last one's blocks: the daemon reserves keys only after
+            # a committed parent, so the request's earlier commits must have landed (the
+            # committing thread usually finished them during the last step).
+            with self._done:
+                self._done.wait_for(lambda: self._pending[span.req_id] <= 0, timeout=30)
             keys = span_keys(self._ns, span.tokens, span.extras, span.first + span.count)
             r = self._ns.reserve(keys[span.first:],
                                  parent=keys[span.first - 1] if span.first else None)
             self.stats["save_reserved"] += r.reserved
+            self.stats["save_not_reserved"] += sum(
+                st not in (kvcd.SLOT_RESERVED, kvcd.SLOT_PRESENT) for st in r.statuses)
             if r.reserved:
                 self._resvs.append((r, span))
             else:
@@ -517,6 +525,7 @@ class KvcdConnector(KVConnectorBase_V1):
                 self.stats["save_failed"] += 1
             with self._lock:
                 self._pending[span.req_id] -= 1
+                self._done.notify_all()
 
     def _release_held(self):
         for lease in self._held:

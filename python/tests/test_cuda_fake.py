@@ -175,8 +175,6 @@ def test_layer_ranges_land_only_their_layers(client, dev):
     keys = ns.keys_from_tokens(range(2 * BT))
     kc, vc, _, kv, vv = make_cache("vllm", L, 4, BT, H, D, seed=4, alloc=dev.empty)
     s = dev.stream()
-    if not kvcd.LAYER_RANGES:
-        pytest.skip("libkvc has no layer ranges (kvc_lease_scatter_layers: branch gpu-speed)")
     with ns.reserve(keys) as r:
         for layer in range(L):
             r.gather(kc, vc, [0, 1], layers=range(layer, layer + 1), stream=s)

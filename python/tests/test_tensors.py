@@ -8,6 +8,8 @@
 # element with the canonical blocks computed from the engine's tensors in torch
 # (kvtensors.canonical), and what a scatter writes with the source, pages it must not touch
 # included. Bad shapes, dtypes and block tables are refused before anything is written.
+import errno
+
 import numpy as np
 import pytest
 
@@ -208,18 +210,17 @@ def test_bad_paged_arguments_are_refused(client):
 
 
 def test_layer_ranges(client):
-    """A layer range moves only its layers (libkvc with kvc_lease_scatter_layers)."""
+    """A layer range moves only its layers; a reservation filled layer by layer publishes
+    once every layer was written."""
     ns = ns_of(client)
     keys = ns.keys_from_tokens(range(2 * BT))
     kc, vc, _, kviews, vviews = make_cache("vllm", L, 4, BT, H, D, seed=6)
-    if not kvcd.LAYER_RANGES:
-        with ns.reserve(keys) as r:
-            with pytest.raises(NotImplementedError):
-                r.gather(kc, vc, [0, 1], layers=range(1, 2))
-            r.gather(kc, vc, [0, 1], layers=range(0, L))  # the whole range is all layers
-        pytest.skip("libkvc has no layer ranges (kvc_lease_scatter_layers: branch gpu-speed)")
     with ns.reserve(keys) as r:
-        for layer in range(L):
+        assert r.gather(kc, vc, [0, 1], layers=range(0, 1)) == 2
+        with pytest.raises(kvcd.Error) as e:  # not every layer written: nothing published
+            r.commit()
+        assert e.value.errno == errno.EBUSY and not r.finished
+        for layer in range(1, L):
             assert r.gather(kc, vc, [0, 1], layers=range(layer, layer + 1)) == 2
     want = canonical(kviews, vviews, [0, 1], 0, 2, BT)
     with ns.lookup(keys) as lease:

@@ -205,6 +205,8 @@ def test_chunked_prefill_saves_each_chunk_and_async_commit_holds_blocks(setup):
     outs = s.run(Request("A", a))
     saves = [[(sp.first, sp.count) for sp in o.kv_connector_metadata.saves] for o, _ in outs]
     assert [x for x in saves if x] == [[(0, 2)], [(2, 3)], [(5, 2)], [(7, 1)]]
+    # Each chunk hangs from the last one's blocks: all 8 stored, none skipped.
+    assert s.stats[0]["saved_blocks"] == 8 and s.stats[0]["save_not_reserved"] == 0
     # request_finished kept the blocks until every rank reported the commits done.
     assert any(kv.finished_sending == {"A"} for _, kv in outs)
     assert not s.sched.delayed and len(s.sched.free) == s.p["num_blocks"]
