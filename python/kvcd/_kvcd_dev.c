@@ -776,9 +776,22 @@ static int prefix_dev_nogil(kvc_ns *kns, const struct kvc_key *keys, size_t n,
         int hits = kvc_lookup(kns, keys, n, 0, &l);
         if (hits <= 0)
             return hits;
-        for (int i = 0; i < hits && rc == 0; i++)
-            rc = m[i].device != -1 ? kvc_lease_copy_async(l, (size_t)i, m[i].ptr, m[i].len, stream)
-                                   : kvc_lease_copy(l, (size_t)i, m[i].ptr, m[i].len);
+        for (int i = 0, j; i < hits && rc >= 0; i = j) {
+            j = i + 1;
+            if (m[i].device == -1) {
+                rc = kvc_lease_copy(l, (size_t)i, m[i].ptr, m[i].len);
+                continue;
+            }
+            /* Device blocks that follow each other in memory (rows of one tensor): one
+             * range copy, a bounded number of device operations whatever their count. */
+            while (j < hits && m[j].device != -1 &&
+                   (char *)m[j].ptr == (char *)m[i].ptr + (size_t)(j - i) * block_bytes)
+                j++;
+            rc = j - i > 1 ? kvc_lease_copy_range_async(l, (size_t)i, (size_t)(j - i), m[i].ptr,
+                                                        (size_t)(j - i) * block_bytes, stream)
+                           : kvc_lease_copy_async(l, (size_t)i, m[i].ptr, m[i].len, stream);
+        }
+        rc = rc < 0 ? rc : 0;
         int rrc = kvc_release(l);
         rc = rc ? rc : rrc;
         return rc ? rc : hits;

@@ -189,7 +189,8 @@ class FakeDevice:
     def stats(self):
         return {k: self.stat(k) for k in ("allocs", "frees", "device_syncs", "legacy_syncs",
                                            "waits", "copies", "packs", "decodes", "bad_packs",
-                                           "queued", "bad_kinds", "events_live")}
+                                           "queued", "bad_kinds", "events_live", "ops",
+                                           "records")}
 
     def set(self, name, v):
         assert self.lib.fdp_set(name.encode(), v) == 0

@@ -196,3 +196,27 @@ def test_layer_ranges_land_only_their_layers(client, dev):
             assert torch.equal(t, o) != (i % L == layer)
         dev.sync(s)
     assert torch.equal(canonical(dk, dv, [2, 3], 0, 2, BT), want)
+
+
+def test_device_operations_per_call_are_bounded(client, dev):
+    """Whatever the number of blocks, a get_prefix into rows of one device tensor and a
+    scatter queue the same few device operations (libkvc's batched copies and kernels)."""
+    ns = ns_of(client)
+    keys = ns.keys_from_tokens(range(8 * BT))
+    blocks = filled(ns, keys, seed=5)
+    s = dev.stream()
+    ops = {}
+    for n in (2, 8):
+        rows = dev.empty((n, ns.block_bytes // 2))
+        before = dev.stat("ops")
+        assert ns.get_prefix(keys[:n], [rows[i] for i in range(n)], stream=s) == n
+        ops["get", n] = dev.stat("ops") - before
+        assert all(torch.equal(rows.alias[i], blocks[i]) for i in range(n))
+        kc, vc, _, kv, vv = make_cache("vllm", L, 8, BT, H, D, seed=6, alloc=dev.empty)
+        with ns.lookup(keys[:n]) as lease:
+            before = dev.stat("ops")
+            assert lease.scatter(kc, vc, list(range(n)), stream=s) == n
+            ops["scatter", n] = dev.stat("ops") - before
+        got = canonical(kv, vv, list(range(n)), 0, n, BT)
+        assert torch.equal(got.view(n, -1), torch.stack(blocks[:n]))
+    assert ops["get", 2] == ops["get", 8] and ops["scatter", 2] == ops["scatter", 8], ops

@@ -124,3 +124,24 @@ def test_quantized_hits_fidelity(codecs):
         rel, agree = QUANT_BOUNDS[codec]
         assert 0 < m["rel"] <= rel, (codec, m)
         assert m["agree"] >= agree, (codec, m)
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="no CUDA device")
+def test_cuda_engine_loads_hits_into_its_gpu_cache(raw_daemon):
+    """On a GPU: the engine's paged cache in device memory, hits scattered into it by kvcd
+    (DMA from the pinned host arena), and the same greedy tokens as the CPU engine without
+    kvcd; on the same device the logits with hits equal those without, bit for bit."""
+    import torch
+    from kvcd.engine import Engine, Model, tiny_config
+    prompts = prompt_sets()["shared-system"]
+    cpu = Engine(model=Model(tiny_config(), "cpu"), block_tokens=16, max_tokens=512)
+    ref = [cpu.generate(p, NEW, use_cache=False, put=False).tokens for p in prompts]
+    gpu = Engine(model=Model(tiny_config(), "cuda"), block_tokens=16, max_tokens=512,
+                 socket_path=raw_daemon.socket, model_id="kvcd-ref/test-cuda")
+    assert gpu.cache.pages.is_cuda
+    for p, want in zip(prompts, ref):
+        cold = gpu.generate(p, NEW, keep_logits=True)  # computes and puts (device pages)
+        hit = gpu.generate(p, NEW, put=False, keep_logits=True)
+        assert hit.loaded_tokens > 0 and hit.tokens == cold.tokens == want
+        assert all(torch.equal(a, b) for a, b in zip(hit.logits, cold.logits))
+    gpu.close()
