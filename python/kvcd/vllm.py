@@ -406,7 +406,9 @@ class KvcdConnector(KVConnectorBase_V1):
         self._loads = []
         for span in getattr(meta, "loads", ()):
             keys = span_keys(self._ns, span.tokens, span.extras, span.first + span.count)
-            lease = self._ns.lookup(keys[span.first:])  # waits for blocks read from disk
+            # Waits for blocks read back from disk; on a GPU hits may be in kvcd's pool
+            # (scattered device to device).
+            lease = self._ns.lookup(keys[span.first:], gpu=self._cuda)
             hits = len(lease)
             self.stats["load_lookups"] += 1
             if hits < span.count:  # evicted since the scheduler looked: vLLM recomputes
@@ -477,7 +479,8 @@ class KvcdConnector(KVConnectorBase_V1):
                 self._done.wait_for(lambda: self._pending[span.req_id] <= 0, timeout=30)
             keys = span_keys(self._ns, span.tokens, span.extras, span.first + span.count)
             r = self._ns.reserve(keys[span.first:],
-                                 parent=keys[span.first - 1] if span.first else None)
+                                 parent=keys[span.first - 1] if span.first else None,
+                                 gpu=self._cuda)  # on a GPU, slots may be in kvcd's pool
             self.stats["save_reserved"] += r.reserved
             self.stats["save_not_reserved"] += sum(
                 st not in (kvcd.SLOT_RESERVED, kvcd.SLOT_PRESENT) for st in r.statuses)
