@@ -10,11 +10,12 @@ from kvcd._kvcd import (  # noqa: F401
     Error,
     Lease,
     Namespace,
+    PagedKV,
     Reservation,
     default_socket,
 )
 
 __all__ = [
-    "Client", "Namespace", "Lease", "Reservation", "Error", "default_socket",
+    "Client", "Namespace", "Lease", "Reservation", "PagedKV", "Error", "default_socket",
     "SLOT_PRESENT", "SLOT_RESERVED", "SLOT_BUSY", "SLOT_SKIPPED", "SLOT_NOSPACE",
 ]

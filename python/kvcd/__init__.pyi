@@ -122,6 +122,11 @@ class Namespace:
         ("h2o", "snapkv", "quest" with a ``query`` of head_dim floats, ...; None: the
         namespace's). Returns (positions of the selected blocks in keys, ascending; the
         cached prefix's length; a Lease whose hit i is the block at positions[i])."""
+    def paged_kv(self, k_caches: KVCaches, v_caches: Optional[KVCaches] = None,
+                 kv_dim: int = 0) -> PagedKV:
+        """An engine's paged KV cache (as Lease.scatter takes it) read and checked against
+        this namespace once, for the scatters and gathers of every step: pass it as
+        k_caches with v_caches None. It holds the tensors; they must not be resized."""
     def reserve(self, keys: Sequence[bytes], parent: Optional[bytes] = None,
                 gpu: bool = False) -> Reservation:
         """Reserves slots for the keys of the chain parent -> keys[0] -> ... not cached yet.
@@ -143,6 +148,13 @@ class Namespace:
         Into CUDA tensors the copies are queued on ``stream`` (rows of one tensor: one range
         copy) and the call returns once they landed (its release waits for its own copies,
         never the whole device)."""
+
+class PagedKV:
+    """An engine's paged KV cache checked once (Namespace.paged_kv)."""
+
+    pages: int  #: pages of the cache
+    page_tokens: int  #: tokens per page
+    on_device: bool  #: CUDA tensors
 
 class Lease:
     """Pinned hits of one lookup. A context manager: the with block releases it."""

@@ -45,8 +45,9 @@ static struct PyModuleDef kvcd_module = {
 PyMODINIT_FUNC PyInit__kvcd(void);
 PyMODINIT_FUNC PyInit__kvcd(void)
 {
-    PyTypeObject *types[] = {&client_type, &ns_type, &lease_type, &resv_type, &slot_type};
-    const char *names[] = {"Client", "Namespace", "Lease", "Reservation", "_Slot"};
+    PyTypeObject *types[] = {&client_type, &ns_type,   &lease_type,
+                             &resv_type,   &slot_type, &paged_type};
+    const char *names[] = {"Client", "Namespace", "Lease", "Reservation", "_Slot", "PagedKV"};
     PyObject *m;
     size_t i;
     for (i = 0; i < sizeof(types) / sizeof(types[0]); i++)

@@ -164,6 +164,8 @@ int stream_get(PyObject *o, PyObject *tensor, void **stream);
 int client_gpu_attach_nogil(client_object *c, int *state);
 void client_gpu_state_set(client_object *c, int state);
 void ns_layout_fill(struct ns_layout *l, const struct kvc_layout *k);
+extern PyTypeObject paged_type;
+PyObject *ns_paged_kv(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *lease_scatter(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *resv_gather(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *ns_prefix_dev(ns_object *ns, const struct kvc_key *keys, size_t n,

@@ -400,16 +400,19 @@ struct paged {
     struct tinfo *t; /* every tensor read, released by paged_release() */
     size_t nt;
     Py_ssize_t pages;
-    int device; /* -1 host, else CUDA */
+    int device;   /* -1 host, else CUDA */
+    int borrowed; /* t, k and v belong to a kvcd.PagedKV: only the table is this call's */
 };
 
 static void paged_release(struct paged *p)
 {
-    for (size_t i = 0; p->t && i < p->nt; i++)
-        tinfo_release(&p->t[i]);
-    PyMem_Free(p->t);
-    PyMem_Free(p->k);
-    PyMem_Free(p->v);
+    if (!p->borrowed) {
+        for (size_t i = 0; p->t && i < p->nt; i++)
+            tinfo_release(&p->t[i]);
+        PyMem_Free(p->t);
+        PyMem_Free(p->k);
+        PyMem_Free(p->v);
+    }
     PyMem_Free(p->table);
     memset(p, 0, sizeof(*p));
 }
@@ -537,8 +540,8 @@ static int paged_table(struct paged *p, PyObject *o, uint64_t first_token, uint6
 
 /* k_caches / v_caches (one tensor per layer; v None: K+V tensors split on kv_dim, or a K-only
  * namespace) and the block table, for tokens [first_token, first_token + n blocks). */
-static int paged_get(const struct ns_layout *lay, PyObject *k_obj, PyObject *v_obj, PyObject *table,
-                     int kv_dim, uint64_t first_token, size_t n, int writable, struct paged *p)
+static int paged_get(const struct ns_layout *lay, PyObject *k_obj, PyObject *v_obj, int kv_dim,
+                     int writable, struct paged *p)
 {
     PyObject *ks = NULL, *vs = NULL;
     int combined = 0, rc = -1;
@@ -612,13 +615,87 @@ static int paged_get(const struct ns_layout *lay, PyObject *k_obj, PyObject *v_o
         PyErr_SetString(PyExc_ValueError, "kvcd: too many tokens per page");
         goto out;
     }
-    rc = paged_table(p, table, first_token, first_token + (uint64_t)n * lay->block_tokens);
+    rc = 0;
 out:
     Py_XDECREF(ks);
     Py_XDECREF(vs);
     if (rc < 0)
         paged_release(p);
     return rc;
+}
+
+/* ---- kvcd.PagedKV: an engine's paged KV cache read once ------------------------------------ */
+
+/* The tensors of a cache are read (attributes, shapes, strides, checks) once, when the
+ * PagedKV is made, instead of at every scatter and gather: an engine that loads layer by
+ * layer calls them per layer and step. It holds its tensors (and the buffers of arrays). */
+typedef struct {
+    PyObject ob_base;
+    struct paged p;
+    struct ns_layout lay;
+} paged_object;
+
+static void paged_dealloc(PyObject *self)
+{
+    paged_release(&((paged_object *)self)->p);
+    Py_TYPE(self)->tp_free(self);
+}
+
+static PyObject *paged_get_pages(PyObject *self, void *closure)
+{
+    (void)closure;
+    return PyLong_FromSsize_t(((paged_object *)self)->p.pages);
+}
+
+static PyObject *paged_get_page_tokens(PyObject *self, void *closure)
+{
+    (void)closure;
+    return PyLong_FromUnsignedLong(((paged_object *)self)->p.kv.page_tokens);
+}
+
+static PyObject *paged_get_on_device(PyObject *self, void *closure)
+{
+    (void)closure;
+    return PyBool_FromLong(((paged_object *)self)->p.device != -1);
+}
+
+static PyGetSetDef paged_getset[] = {
+    {"pages", paged_get_pages, NULL, "Pages of the cache.", NULL},
+    {"page_tokens", paged_get_page_tokens, NULL, "Tokens per page.", NULL},
+    {"on_device", paged_get_on_device, NULL, "True for CUDA tensors.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyTypeObject paged_type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kvcd.PagedKV",
+    .tp_basicsize = sizeof(paged_object),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_dealloc = paged_dealloc,
+    .tp_getset = paged_getset,
+    .tp_doc = "An engine's paged KV cache checked against a namespace once "
+              "(Namespace.paged_kv()); pass it as k_caches (v_caches None) to scatter and "
+              "gather.",
+};
+
+PyObject *ns_paged_kv(PyObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"k_caches", "v_caches", "kv_dim", NULL};
+    ns_object *ns = (ns_object *)self;
+    PyObject *k_obj, *v_obj = Py_None;
+    int kv_dim = 0;
+    paged_object *o;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|Oi:paged_kv", kwlist, &k_obj, &v_obj, &kv_dim))
+        return NULL;
+    o = PyObject_New(paged_object, &paged_type);
+    if (!o)
+        return NULL;
+    memset(&o->p, 0, sizeof(o->p));
+    o->lay = ns->lay; /* the layout is the namespace object's own copy: no handle is used */
+    if (paged_get(&o->lay, k_obj, v_obj, kv_dim, 1, &o->p) < 0) {
+        Py_DECREF(o);
+        return NULL;
+    }
+    return (PyObject *)o;
 }
 
 /* layers: None (all), an int, or a range of step 1 within the namespace's layers. */
@@ -703,8 +780,21 @@ static PyObject *handle_paged(struct handle *h, PyObject *args, PyObject *kw, in
             return NULL;
         }
     }
-    if (paged_get(&h->lay, k_obj, v_obj, table, kv_dim, first_token, n, scatter, &p) < 0)
+    if (PyObject_TypeCheck(k_obj, &paged_type)) {
+        paged_object *po = (paged_object *)k_obj;
+        if (v_obj != Py_None || memcmp(&po->lay, &h->lay, sizeof(h->lay)) != 0) {
+            PyErr_SetString(PyExc_ValueError, "kvcd: a PagedKV of another layout (or with "
+                                              "v_caches given)");
+            return NULL;
+        }
+        p = po->p; /* borrowed: k_obj is held by the call's arguments */
+        p.borrowed = 1;
+        p.table = NULL;
+    } else if (paged_get(&h->lay, k_obj, v_obj, kv_dim, scatter, &p) < 0) {
         return NULL;
+    }
+    if (paged_table(&p, table, first_token, first_token + (uint64_t)n * h->lay.block_tokens) < 0)
+        goto fail;
     if (layers_get(layers, h->lay.layers, &lfirst, &lcount) < 0 ||
         stream_get(stream_obj, p.device != -1 ? p.t[0].tensor : NULL, &stream) < 0 ||
         event_get(event_obj, &event) < 0)

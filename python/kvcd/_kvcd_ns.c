@@ -438,6 +438,10 @@ static PyMethodDef ns_methods[] = {
     {"lookup_budget", (PyCFunction)(void (*)(void))ns_lookup_budget, METH_VARARGS | METH_KEYWORDS,
      "lookup_budget(keys, budget, policy=None, sinks=0, recent=0, query=None): at most budget "
      "blocks of the cached prefix chosen by a policy; returns (positions, prefix_len, Lease)."},
+    {"paged_kv", (PyCFunction)(void (*)(void))ns_paged_kv, METH_VARARGS | METH_KEYWORDS,
+     "paged_kv(k_caches, v_caches=None, kv_dim=0): an engine's paged KV cache (as scatter "
+     "and gather take it) read and checked against this namespace once; pass it as k_caches "
+     "(v_caches None) to Lease.scatter and Reservation.gather."},
     {"reserve", (PyCFunction)(void (*)(void))ns_reserve, METH_VARARGS | METH_KEYWORDS,
      "reserve(keys, parent=None): slots for the keys not cached; returns a Reservation."},
     {"put_prefix", (PyCFunction)(void (*)(void))ns_put_prefix, METH_VARARGS | METH_KEYWORDS,

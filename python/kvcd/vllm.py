@@ -385,6 +385,8 @@ class KvcdConnector(KVConnectorBase_V1):
             self._load_stream = torch.cuda.Stream(device=t.device)
             self._client.gpu_attach()  # this thread's current device is the worker's
         self._layer_of = {n: i for i, n in enumerate(self._names)}
+        # The tensors read and checked once: every scatter and gather of a step takes this.
+        self._paged = self._ns.paged_kv(self._k, self._v, kv_dim=self._kv_dim)
 
     def _event(self, stream):
         import torch
@@ -430,9 +432,9 @@ class KvcdConnector(KVConnectorBase_V1):
         for r in ranges:
             for lease, span, hits in list(self._loads):
                 try:
-                    lease.scatter(self._k, self._v, span.block_ids, n=hits,
+                    lease.scatter(self._paged, None, span.block_ids, n=hits,
                                   first_token=span.first * self._bs, layers=r,
-                                  kv_dim=self._kv_dim, **({"stream": stream} if stream else {}))
+                                  **({"stream": stream} if stream else {}))
                 except (kvcd.Error, ValueError):
                     self._errors.update(span.block_ids[span.first:span.first + span.count])
                     self._loads.remove((lease, span, hits))
@@ -467,8 +469,8 @@ class KvcdConnector(KVConnectorBase_V1):
             return  # one gather of every layer at wait_for_save
         layer = self._layer_of[layer_name]
         for r, span in self._resvs:
-            r.gather(self._k, self._v, span.block_ids, first_token=span.first * self._bs,
-                     layers=layer, kv_dim=self._kv_dim, **self._stream_args())
+            r.gather(self._paged, None, span.block_ids, first_token=span.first * self._bs,
+                     layers=layer, **self._stream_args())
 
     def _reserve(self, saves):
         for span in saves:
@@ -499,8 +501,8 @@ class KvcdConnector(KVConnectorBase_V1):
             self._reserve(meta.saves)
         if not self._layerwise:
             for r, span in self._resvs:
-                r.gather(self._k, self._v, span.block_ids, first_token=span.first * self._bs,
-                         kv_dim=self._kv_dim, **self._stream_args())
+                r.gather(self._paged, None, span.block_ids, first_token=span.first * self._bs,
+                         **self._stream_args())
         resvs, self._resvs = self._resvs, []
         if not self._async_save:
             for r, span in resvs:

@@ -231,3 +231,33 @@ def test_layer_ranges(client):
     for layer in range(L):
         moved = torch.equal(dk[layer][2:4], kc[layer][0:2])
         assert moved == (layer == 1) and (layer == 1 or not dk[layer].any())
+
+
+def test_paged_kv_read_once(client):
+    """Namespace.paged_kv reads a cache's tensors once; scatter and gather take it as
+    k_caches and move the same bytes as with the tensors themselves."""
+    ns = ns_of(client)
+    keys = ns.keys_from_tokens(range(3 * BT))
+    kc, vc, kv_dim, kviews, vviews = make_cache("flash_attn", L, 6, 4, H, D, seed=11)
+    paged = ns.paged_kv(kc, vc, kv_dim=kv_dim)
+    assert isinstance(paged, kvcd.PagedKV) and paged.pages == 6 and paged.page_tokens == 4
+    assert not paged.on_device
+    table = [5, 3, 1, 0, 2, 4]
+    with ns.reserve(keys) as r:
+        assert r.gather(paged, None, table) == 3
+    want = canonical(kviews, vviews, table, 0, 3, BT)
+    with ns.lookup(keys) as lease:
+        assert torch.equal(stored_blocks(lease, 3).view(want.shape), want)
+        dkc, dvc, _, dk, dv = make_cache("flash_attn", L, 6, 4, H, D, seed=12)
+        dpaged = ns.paged_kv(dkc, dvc, kv_dim=kv_dim)
+        del dkc  # the PagedKV holds its tensors
+        assert lease.scatter(dpaged, None, [1, 0, 4, 5, 3, 2], layers=range(1, L)) == 3
+        assert lease.scatter(dpaged, None, [1, 0, 4, 5, 3, 2], layers=0) == 3
+        other = client.namespace("tensors-other-%d" % next(_ids), L, H, D, BT * 2)
+        with pytest.raises(ValueError):  # made for another layout
+            lease.scatter(other.paged_kv(kc, vc, kv_dim=kv_dim), None, table)
+        with pytest.raises(ValueError):
+            lease.scatter(paged, kc, table)  # v_caches with a PagedKV
+        with pytest.raises(ValueError):  # pages are checked per call all the same
+            lease.scatter(paged, None, [6, 0, 1, 2, 3, 4])
+    assert torch.equal(canonical(dk, dv, [1, 0, 4, 5, 3, 2], 0, 3, BT), want)

@@ -15,8 +15,8 @@
 #    timings.
 #  - scatter into an engine's paged KV cache (vLLM's per-layer K and V tensors [pages, 16,
 #    8, 128], a shuffled block table; 2 MiB blocks, 16 MiB per lookup): Python's
-#    lookup + Lease.scatter + release against kvc_lookup + kvc_lease_scatter + kvc_release in
-#    C, same tensors, same daemon, alternating; on the CPU, and on a CUDA device when torch
+#    lookup + Lease.scatter (of a Namespace.paged_kv made once, as C's struct kvc_paged_kv)
+#    + release against kvc_lookup + kvc_lease_scatter + kvc_release in C, same tensors, same daemon, alternating; on the CPU, and on a CUDA device when torch
 #    sees one (there also get_prefix into the rows of a CUDA tensor against kvc_lookup +
 #    kvc_lease_copy_range_async + kvc_release); each run's tensors checked against the
 #    blocks put. Target: ratio >= 0.9.
@@ -204,6 +204,7 @@ def paged_case(c, cpath, device):
         raise RuntimeError("kvc_gpu_attach failed")
     rows = torch.zeros(n, bb // 2, dtype=torch.float16, device=device)
     t = {x: [] for x in ("py_scatter", "c_scatter", "py_get", "c_get")}
+    paged = ns.paged_kv(k, v)  # read once, as C's struct kvc_paged_kv is built once
 
     def check(label, what):
         if what == "scatter":
@@ -230,7 +231,7 @@ def paged_case(c, cpath, device):
                     with ns.lookup(keys[j:j + per_op]) as lease:
                         if len(lease) != per_op:
                             raise RuntimeError("lookup short")
-                        lease.scatter(k, v, table, first_token=j * tokens, stream=stream)
+                        lease.scatter(paged, None, table, first_token=j * tokens, stream=stream)
             else:
                 for q, j in enumerate(range(0, n, per_op)):
                     lease = ctypes.c_void_p()

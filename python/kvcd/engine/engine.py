@@ -81,6 +81,8 @@ class Engine:
             if self.ns.block_bytes != self.cache.page_bytes:
                 raise RuntimeError("kvcd block of %d bytes, page of %d" %
                                    (self.ns.block_bytes, self.cache.page_bytes))
+            # The paged cache as kvcd's scatter takes it, read and checked once.
+            self.paged = self.ns.paged_kv(self.cache.k_layers, self.cache.v_layers)
 
     def _sync(self):
         """Times on a GPU count the device's work: wait for it."""
@@ -133,7 +135,7 @@ class Engine:
             with self.ns.lookup(usable) as lease:
                 g.hit_blocks = len(lease)
                 if g.hit_blocks:  # into the pages, on the current stream on a GPU
-                    lease.scatter(self.cache.k_layers, self.cache.v_layers, self.cache.table)
+                    lease.scatter(self.paged, None, self.cache.table)
                 for i in range(g.hit_blocks):
                     formats[lease.stored(i)] += 1
             self.cache.loaded(0, g.hit_blocks)
