@@ -101,8 +101,11 @@ LIBS := $(B)/lib/libkvcd.a $(B)/lib/libkvc.a $(B)/lib/libkvc.so
 
 # The Python package (python/, issue 14; built by the rules under its heading below).
 # A CPython extension over libkvc.a, for /usr/bin/python3 (Debian's, which sees python3-numpy
-# and python3-pytest; a python3 earlier on PATH may be another interpreter). The sanitizer
-# build leaves it out: an ASan extension cannot load into an uninstrumented interpreter.
+# and python3-pytest; a python3 earlier on PATH may be another interpreter). The ASan build
+# (SAN=1) builds it instrumented too, and its check_python runs the interpreter with the
+# ASan runtime preloaded (PY_PRELOAD: an instrumented extension cannot load into an
+# uninstrumented interpreter otherwise), so a bad read in the binding fails the suite; the
+# TSan build leaves it out.
 PYTHON ?= /usr/bin/python3
 PY_CFG = $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.$(1))' 2>/dev/null)
 PY_INCLUDE := $(call PY_CFG,get_paths()["include"])
@@ -113,9 +116,12 @@ PY_EXT := $(PY_PKG)/_kvcd$(PY_EXT_SUFFIX)
 PY_SRCS := $(wildcard python/kvcd/*.py python/kvcd/*.pyi python/kvcd/engine/*.py) \
 	python/kvcd/py.typed
 PY_FILES := $(patsubst python/kvcd/%,$(PY_PKG)/%,$(PY_SRCS))
-ifeq ($(SAN),0)
+ifneq ($(SAN),thread)
 PY_ALL := $(if $(wildcard $(PY_INCLUDE)/Python.h),$(PY_EXT) $(PY_FILES))
 PY_CHECK := $(B)/tests/check_python
+endif
+ifeq ($(SAN),1)
+PY_PRELOAD := $(shell $(CC) -print-file-name=libasan.so)
 endif
 
 .PHONY: all check check-run check-gpu deps demo demo-engine bench bench-python benches clean tests config-ini fuzz \
@@ -201,21 +207,35 @@ $(B)/bin/kvcsim: $(B)/obj/tests/bench/kvcsim.o $(B)/obj/tests/lib/sim.o \
 
 python: $(PY_EXT) $(PY_FILES)
 
-$(PY_EXT): python/kvcd/_kvcd.c client/kvc.h $(B)/lib/libkvc.a
+# One file per Python type (python/kvcd/_kvcd.h), built with hidden visibility: the module
+# exports PyInit__kvcd alone (and the symbols of libkvc.a it links).
+PY_EXT_SRCS := $(wildcard python/kvcd/_kvcd*.c)
+$(PY_EXT): $(PY_EXT_SRCS) python/kvcd/_kvcd.h client/kvc.h $(B)/lib/libkvc.a
 	@test -n "$(PY_EXT_SUFFIX)" -a -f "$(PY_INCLUDE)/Python.h" || \
 		{ echo "python: no Python headers for $(PYTHON) (make deps installs python3-dev)"; exit 1; }
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -isystem $(PY_INCLUDE) -shared -o $@ python/kvcd/_kvcd.c \
+	$(CC) $(ALL_CFLAGS) -fvisibility=hidden -isystem $(PY_INCLUDE) -shared -o $@ $(PY_EXT_SRCS) \
 		$(B)/lib/libkvc.a $(shell pkg-config --libs libxxhash) $(CUDA_LIBS) -pthread -lm
 
 $(PY_PKG)/%: python/kvcd/%
 	@mkdir -p $(dir $@)
 	cp $< $@
 
-# The pytest suite as one more suite of tests/run-checks.sh (python/tests/check_python.sh.in).
-$(B)/tests/check_python: python/tests/check_python.sh.in $(PY_EXT) $(PY_FILES) $(B)/bin/kvcd
+# The strict fake device for the Python tests' CUDA paths (python/tests/fake_dev_py.c): a
+# test-only shared object, never installed, loaded by the tests with ctypes.
+PY_FAKEDEV := $(B)/tests/libkvc_fakedev_py.so
+$(PY_FAKEDEV): python/tests/fake_dev_py.c $(B)/obj/tests/lib/fake_dev.o $(B)/lib/libkvc.a
 	@mkdir -p $(dir $@)
-	sed -e 's|@PYTHON@|$(PYTHON)|g' -e 's|@TOP@|$(TOP)|g' -e 's|@B@|$(B)|g' $< > $@.tmp
+	$(CC) $(ALL_CFLAGS) -fvisibility=hidden -shared -o $@ python/tests/fake_dev_py.c \
+		$(B)/obj/tests/lib/fake_dev.o $(B)/lib/libkvc.a $(shell pkg-config --libs libxxhash) \
+		$(CUDA_LIBS) -pthread -lm
+
+# The pytest suite as one more suite of tests/run-checks.sh (python/tests/check_python.sh.in).
+$(B)/tests/check_python: python/tests/check_python.sh.in $(PY_EXT) $(PY_FILES) $(B)/bin/kvcd \
+		$(PY_FAKEDEV)
+	@mkdir -p $(dir $@)
+	sed -e 's|@PYTHON@|$(PYTHON)|g' -e 's|@TOP@|$(TOP)|g' -e 's|@B@|$(B)|g' \
+		-e 's|@PRELOAD@|$(PY_PRELOAD)|g' $< > $@.tmp
 	chmod 0755 $@.tmp && mv $@.tmp $@
 
 # ---- the README's commands -----------------------------------------------
