@@ -973,7 +973,7 @@ KVC_API int kvc_lease_copy(const kvc_lease *l, size_t i, void *dst, size_t len)
         return grc;
     }
     if (l->hits[i].format == KVC_WIRE_FORMAT_RAW) {
-        memcpy(dst, l->hits[i].data, l->ns->block_bytes);
+        kvci_copy_from_arena(dst, l->hits[i].data, l->ns->block_bytes);
         kvc_lease_account(l, t0);
         return 0;
     }
