@@ -6,7 +6,10 @@
 #                   seconds, then the suites again under ASan+UBSan, and the threaded
 #                   ones under TSan
 #   make mutation   apply deliberate bugs to a copy of the tree; the suites must catch each
-#   make demo       start kvcd with defaults and run two engine processes sharing a prefix
+#   make demo       start kvcd with defaults and run engine processes sharing a prefix; a line
+#                   per engine and a three-line summary (DEMO_STATS=1: kvcctl status and stats
+#                   too). Installs only the build set of etc/install-deps.sh
+#   make deps       install every missing package (deps-build, deps-test, deps-bench: one set)
 #   make demo-engine  the PyTorch reference engine in several processes sharing prefixes
 #   make bench      every benchmark; make bench-NAME runs tests/bench/bench_NAME.c
 #                   (make bench-python: the Python package and reference engine, apart)
@@ -113,7 +116,7 @@ PY_ALL := $(if $(wildcard $(PY_INCLUDE)/Python.h),$(PY_EXT) $(PY_FILES))
 PY_CHECK := $(B)/tests/check_python
 endif
 
-.PHONY: all check check-run check-gpu deps demo demo-engine bench bench-python benches clean tests config-ini fuzz \
+.PHONY: all check check-run check-gpu deps deps-build deps-test deps-bench demo demo-engine bench bench-python benches clean tests config-ini fuzz \
 	fuzz-build fuzz-smoke mutation python
 all: $(BINS) $(LIBS) $(PY_ALL)
 tests: $(CHECK_BINS) $(PY_CHECK)
@@ -211,8 +214,11 @@ $(B)/tests/check_python: python/tests/check_python.sh.in $(PY_EXT) $(PY_FILES) $
 	chmod 0755 $@.tmp && mv $@.tmp $@
 
 # ---- the README's commands -----------------------------------------------
+# etc/install-deps.sh's sets: build (make, make demo), test (make check's suites), bench.
 deps:
-	@sh etc/install-deps.sh
+	@sh etc/install-deps.sh build test bench
+deps-%:
+	@sh etc/install-deps.sh $*
 
 # `make check`: deps, the normal build and suites, every benchmark once with KVC_BENCH_SMOKE=1
 # and the fuzz targets for FUZZ_SMOKE_SECONDS each (so neither can rot), then the sanitizer
@@ -253,9 +259,11 @@ check-gpu: all tests
 		CK_FORK=no $(SANITIZER) --error-exitcode 1 --target-processes all $(B)/tests/$$t \
 		|| exit 1; done; else echo "SKIP: check-gpu: compute-sanitizer: not installed"; fi
 
-demo: deps
+# The C demo needs the build set alone (no PyTorch, redis, memcached, fio or gnuplot).
+DEMO_STATS ?= 0
+demo: deps-build
 	$(MAKE) all
-	sh tests/demo/demo.sh $(B)
+	sh tests/demo/demo.sh $(if $(filter 1,$(DEMO_STATS)),--stats) $(B)
 
 # The reference engine (python/kvcd/engine) in several processes against a private kvcd:
 # prefill with and without hits, and every generated token checked against the no-cache run.
