@@ -469,6 +469,8 @@ KVC_API const char *kvc_strerror(int err)
         return "not allowed by the namespace's access list";
     case -EPERM:
         return "admin request refused (not root, kvcd's user or its admin group)";
+    case -EROFS:
+        return "the option cannot change while kvcd runs (restart kvcd to apply it)";
     case -EBUSY:
         return "in use (pinned, reserved or moving blocks, or a WAIT already pending)";
     default:

@@ -1061,6 +1061,46 @@ int config_get(const struct config *c, const char *key, char *buf, size_t len)
     return n >= 0 && (size_t)n < len ? 0 : -ENOSPC;
 }
 
+int config_get_json(const struct config *c, const struct config_option *o, char *buf, size_t len)
+{
+    union config_value v;
+    char text[CONFIG_TEXT_MAX];
+    const char *s = text;
+    size_t n = 0;
+
+    config_value_load(c, o, &v);
+    switch (o->type) {
+    case CONFIG_TYPE_BOOL: n = (size_t)snprintf(buf, len, "%s", v.b ? "true" : "false"); break;
+    case CONFIG_TYPE_INT: n = (size_t)snprintf(buf, len, "%" PRId64, v.i); break;
+    case CONFIG_TYPE_SIZE:
+    case CONFIG_TYPE_DURATION: n = (size_t)snprintf(buf, len, "%" PRIu64, v.u); break;
+    case CONFIG_TYPE_DOUBLE: n = (size_t)snprintf(buf, len, "%.17g", v.d); break;
+    default:
+        /* a JSON string: quotes, backslashes and control characters escaped */
+        if (o->type == CONFIG_TYPE_STRING)
+            s = v.s;
+        else
+            config_value_format(o, &v, text, sizeof(text));
+        if (len)
+            buf[n++] = '"';
+        for (; *s && n + 8 < len; s++) {
+            unsigned char ch = (unsigned char)*s;
+            if (ch == '"' || ch == '\\')
+                n += (size_t)snprintf(buf + n, len - n, "\\%c", ch);
+            else if (ch < 0x20)
+                n += (size_t)snprintf(buf + n, len - n, "\\u%04x", ch);
+            else
+                buf[n++] = (char)ch;
+        }
+        if (*s || n + 2 > len)
+            return -ENOSPC;
+        buf[n++] = '"';
+        buf[n] = '\0';
+        return 0;
+    }
+    return n < len ? 0 : -ENOSPC;
+}
+
 /* An unsealed remote tier takes no namespace with access lists, and no group secret. */
 static int config_validate_unsealed(const struct config *c, char *err, size_t errlen)
 {
@@ -1154,7 +1194,7 @@ int config_check_reload(const struct config *cur, const struct config *next, cha
         config_err(err, errlen,
                    "%s.%s cannot change on reload ('%s' -> '%s'); restart kvcd to apply it",
                    o->section, o->name, ta, tb);
-        return -EPERM;
+        return -EROFS;
     }
     return config_ns_check_reload(cur, next, err, errlen);
 }

@@ -307,6 +307,11 @@ int config_print(const struct config *c, FILE *f);
  * unknown key, -ENOSPC when len is too small (buf then holds a truncated, terminated text). */
 int config_get(const struct config *c, const char *key, char *buf, size_t len);
 
+/* The same value as one JSON value, typed: booleans true/false, integers and doubles as
+ * numbers, sizes in bytes and durations in milliseconds (numbers), modes, enums and strings
+ * as strings (a secret: "(set)" or ""). Returns as config_get. */
+int config_get_json(const struct config *c, const struct config_option *o, char *buf, size_t len);
+
 /* Who may see an option's value through CONFIG_GET. Every string option is classified in
  * config.c's CONFIG_STRING_ACCESS (check_config fails on one that is not): those naming
  * where data lives or who may reach it (paths, cluster nodes and users, groups) are for
@@ -316,7 +321,7 @@ enum config_access { CONFIG_ACCESS_NONE, CONFIG_ACCESS_ANYONE, CONFIG_ACCESS_ADM
 enum config_access config_option_access(const struct config_option *o);
 
 /* Reload check: 0 if every option that differs between cur and next is reloadable; else
- * -EPERM with the first offender named in err. */
+ * -EROFS with the first offender named in err. */
 int config_check_reload(const struct config *cur, const struct config *next, char *err,
                         size_t errlen);
 

@@ -16,6 +16,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "daemon/acl.h"
@@ -150,8 +154,94 @@ static void kvcd_server_params(const struct kvcd *d, const struct config *c,
                                 .uid_reserved_share = (uint32_t)c->quota_uid_reserved_share};
 }
 
+/* Checks of the places kvcd will use, made before anything slow (pre-faulting the arena
+ * takes about a second per GiB) and by --check-config, so that a start that cannot succeed
+ * fails at once and leaves nothing behind. */
+
+/* Each disk.path: a block device, or a file that exists or whose directory does (where kvcd
+ * may create it), on a file system with room for disk.capacity beyond what the file
+ * already holds. 0, or -errno with the cause in err. */
+static int kvcd_check_disk(const struct config *c, char *err, size_t len)
+{
+    char *list = strdup(c->disk_path), *save = NULL;
+    int rc = list ? 0 : -ENOMEM;
+    for (char *p = list ? strtok_r(list, ",", &save) : NULL; p && !rc;
+         p = strtok_r(NULL, ",", &save)) {
+        char dir[4096];
+        struct stat st;
+        struct statvfs fs;
+        uint64_t have = 0, need = c->disk_capacity + TIER_DISK_SB;
+        const char *slash = strrchr(p, '/');
+        snprintf(dir, sizeof(dir), "%.*s", slash ? (slash == p ? 1 : (int)(slash - p)) : 1,
+                 slash ? p : ".");
+        if (lstat(p, &st) == 0) {
+            if (S_ISBLK(st.st_mode))
+                continue;
+            if (!S_ISREG(st.st_mode)) {
+                snprintf(err, len, "disk.path %.200s is %s, not a file or block device", p,
+                         S_ISDIR(st.st_mode)   ? "a directory (name a file in it)"
+                         : S_ISLNK(st.st_mode) ? "a symbolic link (name what it points to)"
+                                               : "a special file");
+                rc = -EINVAL;
+                break;
+            }
+            have = (uint64_t)st.st_blocks * 512;
+        } else if (errno != ENOENT) {
+            rc = -errno;
+            snprintf(err, len, "disk.path %.200s: %s", p, strerror(errno));
+            break;
+        } else if (stat(dir, &st) < 0 || !S_ISDIR(st.st_mode)) {
+            snprintf(err, len, "disk.path %.200s: its directory %.200s does not exist", p, dir);
+            rc = -ENOENT;
+            break;
+        } else if (c->disk_format == CONFIG_DISK_FORMAT_NEVER) {
+            snprintf(err, len, "disk.path %.200s does not exist and disk.format is never", p);
+            rc = -ENOENT;
+            break;
+        } else if (access(dir, W_OK | X_OK) < 0) {
+            rc = -errno;
+            snprintf(err, len, "disk.path %.200s: cannot create it in %.200s (%s)", p, dir,
+                     strerror(errno));
+            break;
+        }
+        if (need > have && statvfs(dir, &fs) == 0 &&
+            (uint64_t)fs.f_bavail * fs.f_frsize < need - have) {
+            snprintf(err, len,
+                     "disk.path %.200s: its file system has %llu MiB free, disk.capacity needs "
+                     "%llu MiB more there (lower disk.capacity or free space)",
+                     p, (unsigned long long)((uint64_t)fs.f_bavail * fs.f_frsize >> 20),
+                     (unsigned long long)((need - have + (1u << 20) - 1) >> 20));
+            rc = -ENOSPC;
+        }
+    }
+    free(list);
+    return rc;
+}
+
+/* The socket path: not served by another kvcd. 0, or -EADDRINUSE with the cause in err
+ * (a stale socket file is left for the server to replace). */
+static int kvcd_check_socket(const struct config *c, char *err, size_t len)
+{
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    char path[sizeof(a.sun_path)];
+    int fd, rc = 0;
+    if (server_socket_path(c->server_socket, path, sizeof(path)) < 0) {
+        snprintf(err, len, "server.socket: the path is longer than %zu bytes", sizeof(path) - 1);
+        return -ENAMETOOLONG;
+    }
+    memcpy(a.sun_path, path, sizeof(path));
+    fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0) {
+        snprintf(err, len, "another kvcd is serving %s; not starting", path);
+        rc = -EADDRINUSE;
+    }
+    if (fd >= 0)
+        close(fd);
+    return rc;
+}
+
 /* Applies a complete, validated configuration whose changes are all reloadable, or refuses
- * it (-EPERM, reason in msg) leaving everything as it was. Takes next either way. */
+ * it (-EROFS, reason in msg) leaving everything as it was. Takes next either way. */
 static int kvcd_apply(struct kvcd *d, struct config *next, char *msg, size_t len)
 {
     struct config *old = d->cfg;
@@ -500,6 +590,11 @@ int main(int argc, char **argv)
             goto out;
         }
     }
+    if ((check || !print) && d.cfg->disk_path[0] && kvcd_check_disk(d.cfg, err, sizeof(err))) {
+        fprintf(stderr, "kvcd: disk: %s\n", err);
+        rc = 1;
+        goto out;
+    }
     if (check) {
         printf("kvcd: configuration OK\n");
         rc = 0;
@@ -526,6 +621,17 @@ int main(int argc, char **argv)
     }
     loop_add(d.loop, d.sigfd, EPOLLIN, kvcd_on_signal, &d);
 
+    rc = notify_listen_fd(&d.adopt_fd);
+    if (rc < 0) {
+        rc = 1;
+        goto out;
+    }
+    d.adopt = rc == 1;
+    if (!d.adopt && kvcd_check_socket(d.cfg, err, sizeof(err))) {
+        log_err("server: %s", err);
+        rc = 1;
+        goto out;
+    }
     kvcd_store_params(d.cfg, &sp);
     /* Pre-faulting a large arena takes a while: ask systemd for the time (1 s per GiB
      * is ample), so a big host tier does not trip the start timeout. */
@@ -539,9 +645,10 @@ int main(int argc, char **argv)
         rc = 1;
         goto out;
     }
-    log_info("host: arena of %llu MiB ready (%s pages, page size %llu KiB)",
+    log_info("host: arena of %llu MiB ready (memory pages: %s; host.page_size, the "
+             "allocator's unit: %llu KiB)",
              (unsigned long long)(store_host_capacity(d.store) >> 20),
-             tier_host_hugetlb(d.store->arenas[0].tier) ? "huge" : "normal",
+             tier_host_hugetlb(d.store->arenas[0].tier) ? "hugetlb" : "4 KiB",
              (unsigned long long)(sp.host_page_size >> 10));
     if (engine_gpu_fd(d.store) >= 0 &&
         (rc = loop_add(d.loop, engine_gpu_fd(d.store), EPOLLIN, kvcd_on_gpu, &d)) != 0) {
@@ -560,12 +667,6 @@ int main(int argc, char **argv)
         rc = 1;
         goto out;
     }
-    rc = notify_listen_fd(&d.adopt_fd);
-    if (rc < 0) {
-        rc = 1;
-        goto out;
-    }
-    d.adopt = rc == 1;
     if (d.cfg->disk_path[0] && kvcd_disk_attach(&d)) {
         rc = 1;
         goto out;

@@ -885,15 +885,15 @@ START_TEST(test_reload)
     /* The first non-reloadable one that differs is named. */
     ck_assert_int_eq(config_set(next, "host.size", "2g", NULL, 0), 0);
     ck_assert_int_eq(config_set(next, "host.prefault", "no", NULL, 0), 0);
-    ck_assert_int_eq(config_check_reload(cur, next, err, sizeof(err)), -EPERM);
+    ck_assert_int_eq(config_check_reload(cur, next, err, sizeof(err)), -EROFS);
     ck_assert_str_eq(err, "host.size cannot change on reload ('1g' -> '2g'); restart kvcd to "
                           "apply it");
     ck_assert_int_eq(config_set(next, "host.size", "1g", NULL, 0), 0);
-    ck_assert_int_eq(config_check_reload(cur, next, err, sizeof(err)), -EPERM);
+    ck_assert_int_eq(config_check_reload(cur, next, err, sizeof(err)), -EROFS);
     assert_err(err, "host.prefault cannot change on reload ('yes' -> 'no')*");
     ck_assert_int_eq(config_set(next, "host.prefault", "yes", NULL, 0), 0);
     ck_assert_int_eq(config_set(next, "server.socket", "/run/x.sock", NULL, 0), 0);
-    ck_assert_int_eq(config_check_reload(cur, next, err, sizeof(err)), -EPERM);
+    ck_assert_int_eq(config_check_reload(cur, next, err, sizeof(err)), -EROFS);
     assert_err(err, "server.socket cannot change on reload ('' -> '/run/x.sock')*");
     config_free(cur);
     config_free(next);
