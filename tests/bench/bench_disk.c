@@ -466,12 +466,12 @@ int main(int argc, char **argv)
              * open by the pass before, and slack for pages whose records were just freed. */
             const uint64_t pg = bench_smoke() ? 4 * MiB : 64 * MiB;
             const uint64_t per_page = pg / tier_disk_record_bytes(bs);
-            struct tier_disk_config cfg = {
-                .paths = {path},
-                .npaths = 1,
-                .size = ((PER_CASE / bs + per_page - 1) / per_page + 2) * pg,
-                .page_size = pg,
-                .queue_depth = (uint32_t)qd};
+            struct tier_disk_config cfg = {.paths = {path},
+                                           .npaths = 1,
+                                           .size =
+                                               ((PER_CASE / bs + per_page - 1) / per_page + 2) * pg,
+                                           .page_size = pg,
+                                           .queue_depth = (uint32_t)qd};
             uint64_t n = PER_CASE / bs;
             struct tier_loc *locs = calloc(n, sizeof(*locs));
             double wbw = 0, rbw = 0, fw = 0, fr = 0;
