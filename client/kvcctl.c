@@ -681,7 +681,7 @@ static int ctl_policy(struct ctl *x, int argc, char **argv)
         printf("default policy: %s\n", line ? line : "");
     int k = 0, mw = 40;
     /* the MODEL column as wide as the longest id */
-    for (const char *l = line ? line + strlen(line) + 1 : NULL; l && l < text + sizeof(text) && *l;
+    for (const char *l = line ? save : NULL; l && *l; /* the lines strtok_r has not cut yet */
          l += strcspn(l, "\n") + (l[strcspn(l, "\n")] ? 1 : 0)) {
         unsigned id;
         int a = 0, b = 0;
