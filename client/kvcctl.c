@@ -772,7 +772,7 @@ static void ctl_config_nearest(struct ctl *x, const char *key, char *out, size_t
 static int ctl_config(struct ctl *x, int argc, char **argv)
 {
     static char buf[65536];
-    char msg[512], near[128], why[256];
+    char msg[512], near[128], why[320];
     int rc;
     bool get = argc >= 2 && argc <= 3 && strcmp(argv[1], "get") == 0;
     bool set = argc == 4 && strcmp(argv[1], "set") == 0;
