@@ -367,6 +367,16 @@ mutation:
 config-ini: $(B)/bin/kvcd
 	$(B)/bin/kvcd --print-config > etc/kvcd.ini
 
+# kvcd.ini(5)'s OPTIONS are the option table too (kvcd --print-man), between its markers;
+# check_config fails when the page drifts.
+.PHONY: man-ini
+man-ini: $(B)/bin/kvcd
+	$(B)/bin/kvcd --print-man > $(B)/kvcd.ini.5.options
+	awk -v gen=$(B)/kvcd.ini.5.options '/^\.\\" END kvcd --print-man/ { skip = 0 } \
+		!skip { print } /^\.\\" BEGIN kvcd --print-man/ { skip = 1; \
+		while ((getline l < gen) > 0) print l }' docs/man/kvcd.ini.5 > $(B)/kvcd.ini.5.tmp
+	mv $(B)/kvcd.ini.5.tmp docs/man/kvcd.ini.5
+
 clean:
 	rm -rf build
 

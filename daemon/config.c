@@ -1222,7 +1222,8 @@ static void config_print_comment(FILE *f, const char *text)
     }
 }
 
-static void config_print_option(FILE *f, const struct config *c, const struct config_option *o)
+/* "TYPE[ CHOICES][, MIN .. MAX]; default: D; reloadable: yes|no" of an option, into line. */
+static void config_option_line(const struct config_option *o, char *line, size_t len)
 {
     static const char *const type_names[] = {
         [CONFIG_TYPE_BOOL] = "boolean (yes/no)",
@@ -1235,18 +1236,17 @@ static void config_print_option(FILE *f, const struct config *c, const struct co
         [CONFIG_TYPE_MODE] = "octal mode",
         [CONFIG_TYPE_ENUM] = "one of",
     };
-    char line[2 * CONFIG_TEXT_MAX], lo[64], hi[64], def[CONFIG_TEXT_MAX];
+    char lo[64], hi[64], def[CONFIG_TEXT_MAX];
     union config_value v;
     int n;
 
-    config_print_comment(f, o->help);
-    n = snprintf(line, sizeof(line), "%s", type_names[o->type]);
+    n = snprintf(line, len, "%s", type_names[o->type]);
     if (o->type == CONFIG_TYPE_ENUM)
-        n += snprintf(line + n, sizeof(line) - (size_t)n, " %s", o->choices);
+        n += snprintf(line + n, len - (size_t)n, " %s", o->choices);
     if (config_has_bounds(o)) {
         config_bound_format(o, o->min, lo, sizeof(lo));
         config_bound_format(o, o->max, hi, sizeof(hi));
-        n += snprintf(line + n, sizeof(line) - (size_t)n, ", %s .. %s", lo, hi);
+        n += snprintf(line + n, len - (size_t)n, ", %s .. %s", lo, hi);
     }
     /* The default as config_get would write it: 0.9, not the table's 0.90. */
     if (config_value_parse(o, o->def, &v, def, sizeof(def)) == 0) {
@@ -1256,8 +1256,17 @@ static void config_print_option(FILE *f, const struct config *c, const struct co
     }
     if (!*def)
         snprintf(def, sizeof(def), "empty");
-    snprintf(line + n, sizeof(line) - (size_t)n, "; default: %s; reloadable: %s", def,
+    snprintf(line + n, len - (size_t)n, "; default: %s; reloadable: %s", def,
              o->reloadable ? "yes" : "no");
+}
+
+static void config_print_option(FILE *f, const struct config *c, const struct config_option *o)
+{
+    char line[2 * CONFIG_TEXT_MAX], def[CONFIG_TEXT_MAX];
+    union config_value v;
+
+    config_print_comment(f, o->help);
+    config_option_line(o, line, sizeof(line));
     config_print_comment(f, line);
     config_value_load(c, o, &v);
     if (config_is_string(o) && !*v.s) {
@@ -1270,6 +1279,48 @@ static void config_print_option(FILE *f, const struct config *c, const struct co
         config_value_format(o, &v, def, sizeof(def));
         fprintf(f, "%s = %s\n", o->name, def);
     }
+}
+
+/* Text for a troff paragraph: a backslash as \e, hyphens as \-, no leading . or '. */
+static void config_man_text(FILE *f, const char *s)
+{
+    if (*s == '.' || *s == '\'')
+        fputs("\\&", f);
+    for (; *s; s++) {
+        if (*s == '\\')
+            fputs("\\e", f);
+        else if (*s == '-')
+            fputs("\\-", f);
+        else
+            fputc(*s, f);
+    }
+}
+
+int config_print_man(FILE *f)
+{
+    char line[2 * CONFIG_TEXT_MAX];
+    for (size_t i = 0; i < config_noptions; i++) {
+        size_t first = 0;
+        while (strcmp(config_options[first].section, config_options[i].section) != 0)
+            first++;
+        if (first != i)
+            continue; /* section already printed */
+        fprintf(f, ".SS [%s]\n", config_options[i].section);
+        for (size_t j = i; j < config_noptions; j++) {
+            const struct config_option *o = &config_options[j];
+            if (strcmp(o->section, config_options[i].section) != 0)
+                continue;
+            fputs(".TP\n.B ", f);
+            config_man_text(f, o->name);
+            fputc('\n', f);
+            config_man_text(f, o->help);
+            fputs("\n.br\n", f);
+            config_option_line(o, line, sizeof(line));
+            config_man_text(f, line);
+            fputc('\n', f);
+        }
+    }
+    return ferror(f) ? -EIO : 0;
 }
 
 int config_print(const struct config *c, FILE *f)

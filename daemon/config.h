@@ -302,6 +302,11 @@ int config_validate(const struct config *c, char *err, size_t errlen);
  * the output gives back c. 0 or -EIO. */
 int config_print(const struct config *c, FILE *f);
 
+/* Every option as troff (kvcd.ini(5)'s OPTIONS, between its generated markers): per section
+ * ".SS [section]", per option its name, help, type, bounds, default and reloadability.
+ * `kvcd --print-man` writes it; `make man-ini` puts it in docs/man/kvcd.ini.5. 0 or -EIO. */
+int config_print_man(FILE *f);
+
 /* The value of "section.name" as text (what a config file would hold: sizes with the largest
  * exact suffix, 1g; durations likewise, 90s; modes 0660; enums by name). 0, -ENOENT for an
  * unknown key, -ENOSPC when len is too small (buf then holds a truncated, terminated text). */

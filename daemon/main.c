@@ -59,12 +59,14 @@ struct kvcd {
 
 static void kvcd_usage(FILE *f)
 {
-    fprintf(f, "usage: kvcd [-c FILE] [-o SECTION.KEY=VALUE]... [--check-config | --print-config]\n"
+    fprintf(f, "usage: kvcd [-c FILE] [-o SECTION.KEY=VALUE]... [--check-config | --print-config | "
+               "--print-man]\n"
                "\n"
                "  -c, --config FILE    read FILE (default: built-in defaults only)\n"
                "  -o SECTION.KEY=VAL   override one option (repeatable)\n"
                "      --check-config   validate the configuration and exit\n"
                "      --print-config   print the effective configuration as an ini file\n"
+               "      --print-man      print the option table as troff (kvcd.ini(5))\n"
                "  -V, --version        print the version\n"
                "  -h, --help           this text\n");
 }
@@ -528,10 +530,13 @@ out:
 
 int main(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"config", required_argument, NULL, 'c'}, {"check-config", no_argument, NULL, 'C'},
-        {"print-config", no_argument, NULL, 'P'}, {"version", no_argument, NULL, 'V'},
-        {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {{"config", required_argument, NULL, 'c'},
+                                         {"check-config", no_argument, NULL, 'C'},
+                                         {"print-config", no_argument, NULL, 'P'},
+                                         {"version", no_argument, NULL, 'V'},
+                                         {"print-man", no_argument, NULL, 'M'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
     struct kvcd d = {.sigfd = -1};
     struct store_params sp;
     struct server_params vp;
@@ -553,6 +558,9 @@ int main(int argc, char **argv)
         case 'C':
             check = 1;
             break;
+        case 'M':
+            free(d.overrides);
+            return config_print_man(stdout) ? 1 : 0;
         case 'P':
             print = 1;
             break;
