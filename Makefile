@@ -14,6 +14,8 @@
 #   make bench      every benchmark; make bench-NAME runs tests/bench/bench_NAME.c
 #                   (make bench-python: the Python package and reference engine, apart)
 #   make chaos      clients and kvcd SIGKILLed at random under load (docs/chaos.md)
+#   make device-bundle  the GPU suites, benchmarks, kvcd and their libraries in one folder for
+#                   a GPU host (etc/device-check.sh OUTDIR runs them there; docs/gpu.md)
 #   make CUDA=0     build without nvcc;  make SAN=1  sanitizer build into build/asan
 #                   (make SAN=thread: ThreadSanitizer into build/tsan)
 #   make python     the kvcd Python package into build/python (part of make when the headers
@@ -45,6 +47,9 @@ PKGS := liburing inih libxxhash libzstd libsystemd hiredis libsodium
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 CHECK_LIBS = $(shell pkg-config --libs check 2>/dev/null)
+# The trace format's one reader (client/kvcreplay_trace.c: kvcreplay, kvcsim, the tests) and
+# the tests' JSON checks use jansson; libkvc and kvcd do not.
+JSON_LIBS = $(shell pkg-config --libs jansson 2>/dev/null)
 
 WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
 	-Wformat=2 -Wformat-security -Wpointer-arith -Wvla -Wundef
@@ -89,7 +94,7 @@ LIBKVCD_OBJS := $(call obj,$(LIBKVCD_SRCS)) $(patsubst %.cu,$(B)/obj/%.cu.o,$(CU
 # libkvc dequantizes hits (kvc_lease_copy, kvc_lease_copy_cuda): it carries the kernels.
 LIBKVC_OBJS := $(call obj,$(LIBKVC_SRCS) $(wildcard kernels/*.c)) \
 	$(patsubst %.cu,$(B)/obj/%.cu.o,$(filter kernels/%,$(CU_SRCS)))
-TESTLIB_OBJS := $(call obj,$(TESTLIB_SRCS))
+TESTLIB_OBJS := $(call obj,$(TESTLIB_SRCS)) $(B)/obj/client/kvcreplay_trace.o
 CHECK_BINS := $(patsubst %.c,$(B)/tests/%,$(notdir $(CHECK_SRCS)))
 BENCH_BINS := $(patsubst tests/bench/%.c,$(B)/bench/%,$(BENCH_SRCS))
 
@@ -130,9 +135,10 @@ $(B)/obj/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(DEPFLAGS) -c $< -o $@
 
+# nvcc writes its dependency list beside the object (x.cu.d): a header change rebuilds it.
 $(B)/obj/%.cu.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -I$(TOP) -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) -MMD -MP -I$(TOP) -c $< -o $@
 
 $(B)/lib/libkvcd.a: $(LIBKVCD_OBJS)
 	@mkdir -p $(dir $@)
@@ -175,7 +181,7 @@ $(B)/bin/kvcctl: $(B)/obj/client/kvcctl.o $(B)/lib/libkvc.a
 
 $(B)/bin/kvcreplay: $(B)/obj/client/kvcreplay.o $(B)/obj/client/kvcreplay_trace.o $(B)/lib/libkvc.a
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) $(CUDA_LIBS) -pthread -lm
+	$(CC) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) $(JSON_LIBS) $(CUDA_LIBS) -pthread -lm
 
 $(B)/bin/kvc-demo: $(B)/obj/tests/demo/kvc-demo.o $(B)/lib/libkvc.a
 	@mkdir -p $(dir $@)
@@ -184,15 +190,16 @@ $(B)/bin/kvc-demo: $(B)/obj/tests/demo/kvc-demo.o $(B)/lib/libkvc.a
 # Check suites link the daemon as a library plus libkvc and the shared test helpers.
 $(B)/tests/%: $(B)/obj/tests/%.o $(TESTLIB_OBJS) $(B)/lib/libkvcd.a $(B)/lib/libkvc.a
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(PKG_LIBS) $(CUDA_LIBS) -pthread -lm
+	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(PKG_LIBS) $(JSON_LIBS) $(CUDA_LIBS) -pthread -lm
 $(B)/tests/check_e2e_%: $(B)/obj/tests/e2e/check_e2e_%.o $(TESTLIB_OBJS) $(B)/lib/libkvcd.a $(B)/lib/libkvc.a
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(PKG_LIBS) $(CUDA_LIBS) -pthread -lm
+	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(PKG_LIBS) $(JSON_LIBS) $(CUDA_LIBS) -pthread -lm
 
 # tests/lib holds Check-based helpers too (the tier conformance cases), hence CHECK_LIBS.
 $(B)/bench/%: $(B)/obj/tests/bench/%.o $(TESTLIB_OBJS) $(B)/lib/libkvcd.a $(B)/lib/libkvc.a
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(PKG_LIBS) $(BENCH_LIBS) $(CUDA_LIBS) -pthread -lm
+	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(PKG_LIBS) $(JSON_LIBS) $(BENCH_LIBS) $(CUDA_LIBS) \
+		-pthread -lm
 # bench_remote measures memcached as a peer through libmemcached (etc/install-deps.sh).
 $(B)/bench/bench_remote: BENCH_LIBS = $(shell pkg-config --libs libmemcached 2>/dev/null)
 
@@ -204,9 +211,10 @@ endif
 # The trace simulator (docs/policies.md): the policies of libkvcd over tests/lib/sim.c.
 .PHONY: kvcsim
 kvcsim: $(B)/bin/kvcsim
-$(B)/bin/kvcsim: $(B)/obj/tests/bench/kvcsim.o $(B)/obj/tests/lib/sim.o $(B)/lib/libkvcd.a
+$(B)/bin/kvcsim: $(B)/obj/tests/bench/kvcsim.o $(B)/obj/tests/lib/sim.o \
+		$(B)/obj/client/kvcreplay_trace.o $(B)/lib/libkvcd.a
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ -lm
+	$(CC) $(LDFLAGS) -o $@ $^ $(JSON_LIBS) -lm
 
 # ---- the Python package (python/, issue 14) -------------------------------------------------
 # The package's variables are set with the sources above, before `all` reads them.
@@ -267,14 +275,26 @@ check-run: all tests
 
 # GPU suites: the same binaries; CUDA cases skip where no device is found.
 # compute-sanitizer (where installed) runs the suites that launch kernels and copy through
-# the pool.
+# the pool, each in one process with its limits scaled (tests/gpu-sanitizer.sh: memcheck,
+# racecheck and synccheck).
 SANITIZER ?= $(firstword $(shell command -v compute-sanitizer 2>/dev/null) \
 	$(wildcard $(CUDA_HOME)/bin/compute-sanitizer))
 check-gpu: all tests
 	KVC_REQUIRE_GPU=$(KVC_REQUIRE_GPU) sh tests/run-checks.sh $(B) gpu
-	@if [ -n "$(SANITIZER)" ]; then for t in check_pack check_tier_gpu check_e2e_gpu; do \
-		CK_FORK=no $(SANITIZER) --error-exitcode 1 --target-processes all $(B)/tests/$$t \
-		|| exit 1; done; else echo "SKIP: check-gpu: compute-sanitizer: not installed"; fi
+	sh tests/gpu-sanitizer.sh $(B) $(SANITIZER)
+
+# A GPU check for a GPU host without Debian's libraries (docs/gpu.md): `make device-bundle`
+# here, then `sh etc/device-check.sh OUTDIR` there, in a copy of this tree with
+# build/device-bundle carried along (etc/device-bundle.sh says what the folder holds).
+BUNDLE ?= build/device-bundle
+BUNDLE_SUITES := check_pack check_tier_gpu check_store_gpu check_kernels check_e2e_gpu \
+	check_e2e_quant check_e2e_fast
+BUNDLE_BENCHES := bench_gpu bench_kernels bench_host
+.PHONY: device-bundle
+device-bundle: $(B)/bin/kvcd $(B)/bin/kvcctl $(patsubst %,$(B)/tests/%,$(BUNDLE_SUITES)) \
+		$(patsubst %,$(B)/bench/%,$(BUNDLE_BENCHES))
+	@test "$(CUDA)" = 1 || { echo "device-bundle: needs a CUDA build (nvcc)"; exit 1; }
+	NVCC=$(NVCC) sh etc/device-bundle.sh $(B) $(BUNDLE) "$(BUNDLE_SUITES)" "$(BUNDLE_BENCHES)"
 
 # The C demo needs the build set alone (no PyTorch, redis, memcached, fio or gnuplot).
 DEMO_STATS ?= 0

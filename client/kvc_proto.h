@@ -241,7 +241,10 @@ struct kvc_release_rep {
 /*
  * RESERVE: keys[0] is the child of `parent` (all-zero for a root), keys[i] of keys[i-1].
  * Per key the reply says present (already cached), reserved (a slot to write), busy
- * (another client is writing it) or skipped (after a busy key: its parent is not cached yet).
+ * (another client is writing it), nospace (no room, or past what a quota allows) or skipped
+ * (its parent is not cached, or is still being written; or it follows a key that was busy,
+ * found no room, or got no slot). The daemon counts every key by that fate (kvcctl stats:
+ * reserved_blocks, dedup_blocks, busy_blocks, nospace_blocks, quota_cut_blocks, skipped_*).
  */
 struct kvc_reserve_req {
     uint32_t ns_id;

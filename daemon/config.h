@@ -142,8 +142,13 @@
       "creates no file); force formats it, losing what it holds.")                                 \
     X(disk, checkpoint_interval, DURATION, "60s", 0, 86400000, 0, NULL,                            \
       "How often the disk index is checkpointed when it changed, and at a clean stop: a restart "  \
-      "reads it and the pages written since instead of every record header (docs/disk.md). 0: "    \
-      "none is written or read.")                                                                  \
+      "reads it and the pages written since instead of every record header (docs/disk.md). The "   \
+      "first one comes a second after start once the disk holds records. 0: none is written or "  \
+      "read.")                                                                                     \
+    X(disk, checkpoint_bytes, SIZE, "1g", 0, 1ull << 50, 1, NULL,                                  \
+      "A checkpoint also follows every this many bytes written to disk (at most one a second, "    \
+      "and one taking at most 1/20 of the daemon's time), which bounds what a restart after a "   \
+      "crash walks. 0: checkpoint_interval alone.")                                                \
     X(disk, checkpoint_path, STRING, "", 0, 0, 0, NULL,                                            \
       "File of the disk index checkpoint. Empty: the first disk.path with .ckpt appended when it " \
       "is a file; a block device gets none unless a file is named here.")                          \

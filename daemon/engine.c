@@ -837,6 +837,10 @@ int engine_lookup_flags(struct store *s, struct store_owner *o, uint32_t ns_id,
     if (hits && s->disk)
         hits = engine_disk_lookup_prepare(s, (uint16_t)ns_id, keys, hits, flags, now,
                                           &o->lookup_short);
+    /* Cut short for room, and the caller waits for it and asks again: nothing is pinned or
+     * counted for this try, so the lookup counts once, as answered. */
+    if ((flags & ENGINE_LOOKUP_F_DEFER) && o->lookup_short)
+        return -EAGAIN;
     /* Past the local run, the remote tier: reads into fresh slots, not ready until they
      * land (engine_remote.h). */
     if (s->remote && hits == run && hits < n)

@@ -42,11 +42,15 @@ void engine_attach(struct store *s);
 void engine_stop(struct store *s);
 
 /* Longest committed prefix of keys[0..n): GPU moves and reads from disk as needed, then the
- * hits pinned under a new lease (*lease_id, 0 if none) with their locations in locs. With
- * KVC_LOOKUP_F_* flags: hits on disk start a read into a fresh host slot, and pool blocks a
- * client cannot read a copy into one (their locs lack KVC_LOC_F_READY); READY_ONLY stops the
- * hits at the first such block. Returns hits, or
- * -ENOENT (ns), -EMFILE (too many handles), -ENOMEM. */
+ * hits pinned under a new lease (*lease_id, 0 if none) with their locations in locs, and
+ * counted (lookups, hits, misses: once per answered LOOKUP). With KVC_LOOKUP_F_* flags: hits
+ * on disk start a read into a fresh host slot, and pool blocks a client cannot read a copy
+ * into one (their locs lack KVC_LOC_F_READY); READY_ONLY stops the hits at the first such
+ * block. With ENGINE_LOOKUP_F_DEFER (the caller waits for room rather than answer a lookup
+ * cut short for lack of it): a lookup cut short so returns -EAGAIN before anything is pinned
+ * or counted (the reads it started go on), and is asked again later. Returns hits, or
+ * -ENOENT (ns), -EMFILE (too many handles), -ENOMEM, -EAGAIN (ENGINE_LOOKUP_F_DEFER). */
+#define ENGINE_LOOKUP_F_DEFER 0x80000000u
 int engine_lookup(struct store *s, struct store_owner *o, uint32_t ns_id,
                   const struct kvc_wire_key *keys, uint32_t n, uint64_t now, uint64_t *lease_id,
                   struct kvc_wire_loc *locs);

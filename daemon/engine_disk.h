@@ -134,10 +134,11 @@ void engine_disk_meta(const struct store *s, const struct block *b, struct tier_
 /* engine_disk_ckpt.c: checkpoints of the disk index. engine_disk_checkpoint writes one now:
  * the records written, or -ENOENT (no disk tier or no checkpoint file), -errno (logged).
  * engine_disk_checkpoint_tick writes one when records changed and interval_ms passed (0:
- * never); engine_disk_checkpoint_stop waits for the disk's requests, then writes one (at
- * SIGTERM). */
+ * never), and sooner: the first one once records exist, then one every every_bytes written
+ * (tier_disk_checkpoint_due); engine_disk_checkpoint_stop waits for the disk's requests, then
+ * writes one (at SIGTERM). */
 int engine_disk_checkpoint(struct store *s);
-void engine_disk_checkpoint_tick(struct store *s, uint64_t interval_ms);
+void engine_disk_checkpoint_tick(struct store *s, uint64_t interval_ms, uint64_t every_bytes);
 int engine_disk_checkpoint_stop(struct store *s);
 /* Logs how the disk index was loaded at start (checkpoint, walk, time). */
 void engine_disk_checkpoint_started(const struct store *s);

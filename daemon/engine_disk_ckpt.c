@@ -89,14 +89,14 @@ int engine_disk_checkpoint(struct store *s)
     return rc;
 }
 
-void engine_disk_checkpoint_tick(struct store *s, uint64_t interval_ms)
+void engine_disk_checkpoint_tick(struct store *s, uint64_t interval_ms, uint64_t every_bytes)
 {
     struct tier *disk = engine_disk_ckpt_disk(s);
     if (!disk || !interval_ms)
         return;
     /* The previous one's fsync and rename ran on a helper thread: its verdict first. */
     engine_disk_ckpt_result(disk, false, LOG_LEVEL_DEBUG);
-    if (tier_disk_checkpoint_due(disk, interval_ms))
+    if (tier_disk_checkpoint_due(disk, interval_ms, every_bytes))
         engine_disk_checkpoint(s);
 }
 
@@ -130,9 +130,9 @@ void engine_disk_checkpoint_started(const struct store *s)
                  (unsigned long long)st.start_reads);
     else
         log_info("disk: index loaded in %llu ms without a checkpoint: %llu records walked, %llu "
-                 "header reads",
+                 "header reads (%llu MiB read)",
                  (unsigned long long)(st.start_us / 1000), (unsigned long long)st.records_walked,
-                 (unsigned long long)st.start_reads);
+                 (unsigned long long)st.start_reads, (unsigned long long)(st.start_bytes >> 20));
 }
 
 void engine_disk_checkpoint_stats(const struct store *s,
@@ -154,6 +154,7 @@ void engine_disk_checkpoint_stats(const struct store *s,
     put(arg, "disk_start_records_checkpoint", st.records_ckpt);
     put(arg, "disk_start_records_walked", st.records_walked);
     put(arg, "disk_start_header_reads", st.start_reads);
+    put(arg, "disk_start_read_bytes", st.start_bytes);
     put(arg, "disk_start_us", st.start_us);
     put(arg, "disk_short_io", st.short_io);
 }

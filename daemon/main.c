@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <grp.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,6 +107,64 @@ fail:
     return NULL;
 }
 
+/* Whether `path` names a file kvcd can create or use: it exists (a regular file or a block
+ * device; `file_only`: a regular file), or its directory does. 0, or -1 with the reason. */
+static int kvcd_path_check(const char *opt, const char *path, bool file_only, char *err,
+                           size_t errlen)
+{
+    struct stat st;
+    const char *slash = strrchr(path, '/');
+    char dir[PATH_MAX];
+    if (stat(path, &st) == 0) {
+        if (S_ISREG(st.st_mode) || (!file_only && S_ISBLK(st.st_mode)))
+            return 0;
+        snprintf(err, errlen, "%s: %.200s is neither a regular file%s", opt, path,
+                 file_only ? "" : " nor a block device");
+        return -1;
+    }
+    if (errno != ENOENT) {
+        snprintf(err, errlen, "%s: %.200s: %s", opt, path, strerror(errno));
+        return -1;
+    }
+    if (!slash)
+        snprintf(dir, sizeof(dir), ".");
+    else
+        snprintf(dir, sizeof(dir), "%.*s", slash == path ? 1 : (int)(slash - path), path);
+    if (stat(dir, &st) < 0) {
+        snprintf(err, errlen, "%s: %.200s cannot be created: its directory %.200s %s", opt, path,
+                 dir, errno == ENOENT || errno == ENOTDIR ? "does not exist" : strerror(errno));
+        return -1;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        snprintf(err, errlen, "%s: %.200s cannot be created: %.200s is not a directory", opt, path,
+                 dir);
+        return -1;
+    }
+    return 0;
+}
+
+/* The disk tier's files, checked where the configuration cannot: each disk.path and the
+ * checkpoint file must exist or be creatable in an existing directory (a typo there would
+ * otherwise show only when kvcd starts). 0, or -1 with err. */
+static int kvcd_paths_check(const struct config *c, char *err, size_t errlen)
+{
+    char *list, *save = NULL;
+    int rc = 0;
+    if (!c->disk_path[0])
+        return 0;
+    list = strdup(c->disk_path);
+    if (!list) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    for (char *p = strtok_r(list, ",", &save); p && rc == 0; p = strtok_r(NULL, ",", &save))
+        rc = kvcd_path_check("disk.path", p, false, err, errlen);
+    free(list);
+    if (rc == 0 && c->disk_checkpoint_interval && c->disk_checkpoint_path[0])
+        rc = kvcd_path_check("disk.checkpoint_path", c->disk_checkpoint_path, true, err, errlen);
+    return rc;
+}
+
 static void kvcd_store_params(const struct config *c, struct store_params *p)
 {
     static const int huge[] = {[CONFIG_HUGEPAGES_AUTO] = TIER_HOST_HUGE_AUTO,
@@ -160,9 +219,9 @@ static void kvcd_server_params(const struct kvcd *d, const struct config *c,
  * takes about a second per GiB) and by --check-config, so that a start that cannot succeed
  * fails at once and leaves nothing behind. */
 
-/* Each disk.path: a block device, or a file that exists or whose directory does (where kvcd
- * may create it), on a file system with room for disk.capacity beyond what the file
- * already holds. 0, or -errno with the cause in err. */
+/* Each disk.path (existing or creatable: kvcd_paths_check) on a file system with room for
+ * disk.capacity beyond what its file already holds, so that a start that cannot size it
+ * fails before it creates anything. 0, or -ENOSPC (or -errno) with the cause in err. */
 static int kvcd_check_disk(const struct config *c, char *err, size_t len)
 {
     char *list = strdup(c->disk_path), *save = NULL;
@@ -176,30 +235,10 @@ static int kvcd_check_disk(const struct config *c, char *err, size_t len)
         const char *slash = strrchr(p, '/');
         snprintf(dir, sizeof(dir), "%.*s", slash ? (slash == p ? 1 : (int)(slash - p)) : 1,
                  slash ? p : ".");
-        if (lstat(p, &st) == 0) {
-            if (S_ISBLK(st.st_mode))
-                continue;
-            if (!S_ISREG(st.st_mode)) {
-                snprintf(err, len, "disk.path %.200s is %s, not a file or block device", p,
-                         S_ISDIR(st.st_mode)   ? "a directory (name a file in it)"
-                         : S_ISLNK(st.st_mode) ? "a symbolic link (name what it points to)"
-                                               : "a special file");
-                rc = -EINVAL;
-                break;
-            }
+        if (stat(p, &st) == 0) {
+            if (!S_ISREG(st.st_mode))
+                continue; /* a block device: its size bounds the tier */
             have = (uint64_t)st.st_blocks * 512;
-        } else if (errno != ENOENT) {
-            rc = -errno;
-            snprintf(err, len, "disk.path %.200s: %s", p, strerror(errno));
-            break;
-        } else if (stat(dir, &st) < 0 || !S_ISDIR(st.st_mode)) {
-            snprintf(err, len, "disk.path %.200s: its directory %.200s does not exist", p, dir);
-            rc = -ENOENT;
-            break;
-        } else if (c->disk_format == CONFIG_DISK_FORMAT_NEVER) {
-            snprintf(err, len, "disk.path %.200s does not exist and disk.format is never", p);
-            rc = -ENOENT;
-            break;
         } else if (access(dir, W_OK | X_OK) < 0) {
             rc = -errno;
             snprintf(err, len, "disk.path %.200s: cannot create it in %.200s (%s)", p, dir,
@@ -364,7 +403,8 @@ static void kvcd_tick(void *arg)
     engine_trim(d->store, loop_now_ms(d->loop));
     notify_watchdog(loop_now_ms(d->loop));
     server_tick(d->server);
-    engine_disk_checkpoint_tick(d->store, d->cfg->disk_checkpoint_interval);
+    engine_disk_checkpoint_tick(d->store, d->cfg->disk_checkpoint_interval,
+                                d->cfg->disk_checkpoint_bytes);
 }
 
 /* While the disk index loads, systemd is asked for more start time (no-op without it). */
@@ -588,6 +628,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "kvcd: %s\n", err);
         goto out;
     }
+    if (!print && kvcd_paths_check(d.cfg, err, sizeof(err))) {
+        fprintf(stderr, "kvcd: %s\n", err);
+        goto out;
+    }
     /* The remote tier's secrets before anything slow: a key file that cannot be read stops
      * the start at once (and fails --check-config). */
     if (d.cfg->remote_nodes[0]) {
@@ -598,7 +642,7 @@ int main(int argc, char **argv)
             goto out;
         }
     }
-    if ((check || !print) && d.cfg->disk_path[0] && kvcd_check_disk(d.cfg, err, sizeof(err))) {
+    if (!print && d.cfg->disk_path[0] && kvcd_check_disk(d.cfg, err, sizeof(err))) {
         fprintf(stderr, "kvcd: disk: %s\n", err);
         rc = 1;
         goto out;

@@ -570,19 +570,19 @@ static int server_on_lookup(struct server *sv, struct conn *c, const struct prot
         if (n < want)
             sv->store->total.refused_quota++;
     }
+    /* Cut short because memory had no room for its reads from disk while blocks are being
+     * written out: it waits for that room like a put (the reads it started go on). The engine
+     * then pins and counts nothing: a lookup's hits are counted once, when it is answered. */
+    bool defer =
+        may_wait && !(q->flags & KVC_LOOKUP_F_READY_ONLY) && server_may_wait(sv, c, q->ns_id, now);
     c->owner.lookup_short = false;
-    int hits = engine_lookup_flags(sv->store, &c->owner, q->ns_id, r->tail, n, q->flags, now,
-                                  &lease, (struct kvc_wire_loc *)(p + 1));
+    int hits = engine_lookup_flags(sv->store, &c->owner, q->ns_id, r->tail, n,
+                                   q->flags | (defer ? ENGINE_LOOKUP_F_DEFER : 0), now, &lease,
+                                   (struct kvc_wire_loc *)(p + 1));
+    if (hits == -EAGAIN && defer)
+        return SERVER_DEFERRED;
     if (hits < 0)
         return server_store_rc(sv, c, hits);
-    /* Cut short because memory had no room for its reads from disk while blocks are being
-     * written out: it waits for that room like a put (the reads it started go on). */
-    if (c->owner.lookup_short && may_wait && !(q->flags & KVC_LOOKUP_F_READY_ONLY) &&
-        server_may_wait(sv, c, q->ns_id, now)) {
-        if (lease)
-            store_release(sv->store, &c->owner, lease);
-        return SERVER_DEFERRED;
-    }
     *p = (struct kvc_lookup_rep){.nhit = (uint32_t)hits, .lease_id = lease};
     return (int)(sizeof(*p) + (size_t)hits * sizeof(struct kvc_wire_loc));
 }
@@ -913,6 +913,34 @@ static int server_reserve_room(struct server *sv, struct conn *c, const struct s
     return 0;
 }
 
+/* The counters a RESERVE moves. A try the server defers (its slots aborted, the request run
+ * again later) leaves them as they were, so each key is counted once, with the answer its
+ * client gets, however many times the request waited. */
+#define SERVER_RESV_STATS(X)                                                                       \
+    X(reserves) X(reserve_keys) X(reserved_blocks) X(dedup_blocks) X(busy_blocks)                  \
+    X(nospace_blocks) X(skipped_parent_blocks) X(skipped_parent_busy_blocks)                       \
+    X(skipped_busy_blocks) X(skipped_nospace_blocks) X(skipped_failed_blocks) X(aborted_blocks)
+
+struct server_resv_stats {
+#define SERVER_RESV_FIELD(f) uint64_t f;
+    SERVER_RESV_STATS(SERVER_RESV_FIELD)
+#undef SERVER_RESV_FIELD
+};
+
+static void server_resv_stats_save(struct server_resv_stats *to, const struct stats *from)
+{
+#define SERVER_RESV_SAVE(f) to->f = from->f;
+    SERVER_RESV_STATS(SERVER_RESV_SAVE)
+#undef SERVER_RESV_SAVE
+}
+
+static void server_resv_stats_restore(struct stats *to, const struct server_resv_stats *from)
+{
+#define SERVER_RESV_RESTORE(f) to->f = from->f;
+    SERVER_RESV_STATS(SERVER_RESV_RESTORE)
+#undef SERVER_RESV_RESTORE
+}
+
 static int server_on_reserve(struct server *sv, struct conn *c, const struct proto_req *r,
                              uint64_t now, bool may_wait)
 {
@@ -948,6 +976,10 @@ static int server_on_reserve(struct server *sv, struct conn *c, const struct pro
     /* Room made here is made while the client waits: counted, so that a trim that falls
      * behind the puts (server_trim_due, the tick) shows. */
     uint64_t ev0 = sv->store->total.evicted_blocks + sv->store->total.demoted_clean;
+    struct server_resv_stats tot0, ns0 = {0};
+    server_resv_stats_save(&tot0, &sv->store->total);
+    if (ns)
+        server_resv_stats_save(&ns0, &ns->stats);
     int n = store_reserve(sv->store, &c->owner, q->ns_id, &q->parent, r->tail, want, now,
                           &resv, sv->st, sv->locs);
     uint64_t ev = sv->store->total.evicted_blocks + sv->store->total.demoted_clean - ev0;
@@ -962,6 +994,9 @@ static int server_on_reserve(struct server *sv, struct conn *c, const struct pro
          * one piece (a chain cut at NOSPACE loses its tail for good). */
         if (resv)
             store_abort(sv->store, &c->owner, resv);
+        server_resv_stats_restore(&sv->store->total, &tot0);
+        if (ns)
+            server_resv_stats_restore(&store_ns_get(sv->store, q->ns_id)->stats, &ns0);
         return SERVER_DEFERRED;
     }
     if (sv->retrying && sv->retrying->c == c && (uint32_t)n < want)
@@ -971,6 +1006,14 @@ static int server_on_reserve(struct server *sv, struct conn *c, const struct pro
             (struct server_resv){.id = resv, .deadline_ms = now + sv->lim.reservation_timeout_ms};
     for (uint32_t i = want; i < r->ntail; i++)
         sv->st[i] = KVC_WIRE_SLOT_NOSPACE; /* cut by a quota */
+    if (want < r->ntail && ns) {
+        /* Counted as keys of the request too, so that every key asked for has its verdict. */
+        struct store_ns *sn = store_ns_get(sv->store, q->ns_id);
+        sn->stats.reserve_keys += r->ntail - want;
+        sn->stats.quota_cut_blocks += r->ntail - want;
+        sv->store->total.reserve_keys += r->ntail - want;
+        sv->store->total.quota_cut_blocks += r->ntail - want;
+    }
     *p = (struct kvc_reserve_rep){.resv_id = resv, .nkeys = r->ntail, .nreserved = (uint32_t)n};
     for (uint32_t i = 0; i < r->ntail; i++) {
         memset(&slots[i], 0, sizeof(slots[i]));

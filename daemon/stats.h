@@ -39,6 +39,12 @@
     X(dedup_blocks, "keys already cached at RESERVE (no write needed)")                       \
     X(busy_blocks, "keys being written by another client at RESERVE")                         \
     X(nospace_blocks, "keys refused for lack of room")                                        \
+    X(skipped_parent_blocks, "keys skipped at RESERVE: their parent is not cached (evicted)")  \
+    X(skipped_parent_busy_blocks, "keys skipped at RESERVE: their parent is being written")    \
+    X(skipped_busy_blocks, "keys skipped at RESERVE behind a key another client is writing")   \
+    X(skipped_nospace_blocks, "keys skipped at RESERVE behind a key that found no room")       \
+    X(skipped_failed_blocks, "keys skipped at RESERVE behind a slot that could not be made")   \
+    X(quota_cut_blocks, "keys answered NOSPACE because a quota cut their RESERVE short")       \
     X(committed_blocks, "blocks made visible")                                                \
     X(aborted_blocks, "reserved slots freed unwritten (abort, partial commit, client exit)")  \
     X(evicted_blocks, "blocks evicted to make room")                                          \

@@ -780,6 +780,7 @@ int store_reserve(struct store *s, struct store_owner *o, uint32_t ns_id,
     struct store_handle *h = NULL;
     uint32_t prev = INDEX_NONE; /* committed block the next key hangs from */
     uint32_t depth = 0, i = 0;
+    bool after_nospace = false, after_busy = false;
     int rc;
     *resv_id = 0;
     if (!ns)
@@ -792,6 +793,10 @@ int store_reserve(struct store *s, struct store_owner *o, uint32_t ns_id,
             /* The chain would hang from nothing: an orphan is never cached. */
             for (; i < n; i++)
                 st[i] = KVC_WIRE_SLOT_SKIPPED;
+            if (prev == INDEX_NONE)
+                STORE_STAT_ADD(s, ns, skipped_parent_blocks, n);
+            else
+                STORE_STAT_ADD(s, ns, skipped_parent_busy_blocks, n);
             return 0;
         }
         depth = s->ix.blocks[prev].depth + 1;
@@ -818,7 +823,8 @@ int store_reserve(struct store *s, struct store_owner *o, uint32_t ns_id,
             h->parent_pin = prev;
         }
     }
-    /* Then a slot per absent key, until a key is taken or room runs out. */
+    /* Then a slot per absent key, until a key is taken or room runs out. Every key after the
+     * one that stops the chain is skipped, counted by what stopped it. */
     for (; h && i < n; i++) {
         struct tier *t = s->arenas[ns->arena].tier;
         struct tier_loc loc;
@@ -833,6 +839,7 @@ int store_reserve(struct store *s, struct store_owner *o, uint32_t ns_id,
         if (rc == -ENOSPC) {
             st[i++] = KVC_WIRE_SLOT_NOSPACE;
             STORE_STAT_ADD(s, ns, nospace_blocks, 1);
+            after_nospace = true;
             break;
         }
         if (rc)
@@ -873,6 +880,15 @@ int store_reserve(struct store *s, struct store_owner *o, uint32_t ns_id,
     if (i < n && index_find(&s->ix, (uint16_t)ns_id, &keys[i]) != INDEX_NONE) {
         st[i++] = KVC_WIRE_SLOT_BUSY;
         STORE_STAT_ADD(s, ns, busy_blocks, 1);
+        after_busy = true;
+    }
+    if (i < n) {
+        if (after_busy)
+            STORE_STAT_ADD(s, ns, skipped_busy_blocks, n - i);
+        else if (after_nospace)
+            STORE_STAT_ADD(s, ns, skipped_nospace_blocks, n - i);
+        else /* no slot could be made for key i (index full, allocation failed) */
+            STORE_STAT_ADD(s, ns, skipped_failed_blocks, n - i);
     }
     for (; i < n; i++)
         st[i] = KVC_WIRE_SLOT_SKIPPED;

@@ -13,7 +13,7 @@
 #          gnuplot for the policy plots
 set -eu
 build="build-essential pkg-config liburing-dev libinih-dev libzstd-dev libxxhash-dev \
-libsystemd-dev libsodium-dev libhiredis-dev"
+libsystemd-dev libsodium-dev libhiredis-dev libjansson-dev"
 test="check libasan8 libubsan1 libtsan2 python3-dev python3-numpy python3-pytest python3-torch \
 redis-server prometheus"
 bench="fio memcached libmemcached-dev redis-server gnuplot-nox"

@@ -14,6 +14,7 @@
 
 #include "kernels/kern.h"
 #include "kernels/kern_cpu.h"
+#include "kernels/kern_encb.h"
 #include "kernels/kern_fmt.h"
 
 static const char *const kern_codec_names[KERN_CODEC_COUNT] = {
@@ -488,6 +489,34 @@ int64_t kern_decode_cpu(const struct kern_layout *lay, const void *src, size_t s
                         void *dst, size_t dst_cap, enum kern_dtype out_dtype)
 {
     return decode_with(cpu_ops(), lay, src, src_len, dst, dst_cap, out_dtype);
+}
+
+/* The CUDA encoder's units and phases (kern_encb.h), every thread of a unit in turn. */
+int64_t kern_encode_batched_cpu(const struct kern_layout *lay, const struct kern_recipe *rec,
+                                const void *src, void *dst, size_t dst_cap)
+{
+    int64_t sz = kern_encoded_size(lay, rec);
+    if (sz < 0)
+        return sz;
+    if (!src || !dst)
+        return -EINVAL;
+    if ((uint64_t)sz > dst_cap)
+        return -ENOSPC;
+    struct kern_enc_args *a = malloc(sizeof(*a));
+    struct kern_enc_smem *sm = malloc(sizeof(*sm));
+    if (!a || !sm) {
+        free(a);
+        free(sm);
+        return -ENOMEM;
+    }
+    kern_enc_args_fill(a, lay, rec, src);
+    for (uint32_t u = 0; u <= a->nunits; u++)
+        for (int ph = 0; ph < KERN_ENC_PHASES; ph++)
+            for (uint32_t t = 0; t < KERN_ENC_THREADS; t++)
+                kern_enc_unit(a, u, ph, src, dst, sm, t, KERN_ENC_THREADS);
+    free(a);
+    free(sm);
+    return sz;
 }
 
 unsigned kern_supports(void)

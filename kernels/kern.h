@@ -181,6 +181,12 @@ int64_t kern_encode_cuda(const struct kern_layout *lay, const struct kern_recipe
                          const void *src, void *dst, size_t dst_cap,
                          const struct kern_key_stats *stats, void *stream);
 
+/* The CUDA encoder's work (its units, phases and threads, kern_encb.h) run on the CPU, one
+ * thread after another: the kernel's indexing, tested against the reference. No key
+ * statistics. Arguments and errors as kern_encode_ref. */
+int64_t kern_encode_batched_cpu(const struct kern_layout *lay, const struct kern_recipe *rec,
+                                const void *src, void *dst, size_t dst_cap);
+
 /*
  * Decodes an encoded block `src` (src_len bytes) of layout `lay` into `dst`, the raw layout
  * with elements of `out_dtype` (fp16 or bf16, either from either). Returns the raw size.

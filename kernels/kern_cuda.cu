@@ -3,22 +3,31 @@
  * benchmarks need.
  *
  * DESIGN
- * One thread block per (layer, kind, head) slice, the unit the CPU driver walks too. Each
- * thread runs the reference's per-group functions from kern_fmt.h (compiled for the device,
- * with the float operations pinned to single roundings), so the GPU writes the reference's
- * bytes: ggml groups and KIVI value groups one per thread, KIVI key groups one packed code
- * byte column per thread, fp8 one element per thread after a block-wide amax. The header is
- * built on the device by the same function the host uses, so nothing is copied from host
- * memory and nothing synchronises: the caller's stream orders everything. The decoder reads
- * the header from device memory and checks its own section against the layout before it
- * touches it; a mismatch decodes that slice to zeros rather than read out of bounds.
+ * Encode: one launch per block, one thread block per unit of kern_encb.h (a run of 256
+ * groups of a token-major section, 32 KiB of a raw one, a head of an fp8 one, a 32-token
+ * group of one head of KIVI keys) plus one that writes the header and the sections' padding;
+ * the section table travels by value in the launch. Threads run the reference's per-group
+ * functions from kern_fmt.h (compiled for the device, the float operations pinned to single
+ * roundings), read their 32 values with 16-byte loads and write a unit's output as one run of
+ * 16-byte stores out of shared memory, so the GPU writes the reference's bytes at memory
+ * speed. The key statistics, only when asked, are a second kernel (a thread block per layer
+ * and head). Nothing is copied from host memory and nothing synchronises: the caller's
+ * stream orders everything.
+ * Decode: the batched decoder of kern_pack.cu (kern_batch.h), this block as a batch of one
+ * whose engine is the raw block itself; it checks the device-resident header and section
+ * table against the layout before it reads a section, and decodes a block that does not
+ * match to zeros rather than read out of bounds.
  */
 #include <cuda_runtime.h>
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "kernels/kern.h"
+#include "kernels/kern_batch.h"
+#include "kernels/kern_encb.h"
 #include "kernels/kern_fmt.h"
+#include "kernels/kern_pack.h"
 
 #define KERN_CUDA_THREADS 128
 
@@ -34,244 +43,58 @@ __device__ static float dev_value(const uint8_t *raw, uint32_t dtype, uint64_t s
     return kern_sanitize(kern_load(raw, dtype, (uint64_t)t * stride + d));
 }
 
-__global__ void kern_hdr_kernel(struct kern_layout lay, struct kern_recipe rec, uint8_t *dst)
-{
-    if (threadIdx.x == 0)
-        kern_hdr_build(&lay, &rec, dst);
-}
-
-__device__ static uint32_t ggml_bytes(uint32_t codec, int bits)
-{
-    if (bits)
-        return kern_kivi_v_group_bytes(bits);
-    return codec == KERN_CODEC_Q8_0 ? 34 : codec == KERN_CODEC_Q4_1 ? 20 : 24;
-}
-
-__global__ void kern_enc_kernel(struct kern_layout lay, const uint8_t *src, uint8_t *dst,
-                                struct kern_key_stats st)
+/* Key statistics of one (layer, head) of the K kind: per channel min and max over the tokens
+ * (a thread per channel), and the mean over tokens of the key's L2 norm. Only when asked. */
+__global__ void kern_stats_kernel(struct kern_layout lay, const uint8_t *src,
+                                  struct kern_key_stats st)
 {
     __shared__ float red[KERN_CUDA_THREADS];
-    const uint32_t H = lay.heads, D = lay.head_dim, T = lay.tokens, kinds = kern_kinds(&lay);
-    const uint32_t h = blockIdx.x % H, lk = blockIdx.x / H, k = lk % kinds, l = lk / kinds;
+    const uint32_t H = lay.heads, D = lay.head_dim, T = lay.tokens;
+    const uint32_t h = blockIdx.x % H, l = blockIdx.x / H;
     const uint32_t tid = threadIdx.x, nt = blockDim.x;
-    struct kern_block_sect s;
-    memcpy(&s, dst + sizeof(struct kern_block_hdr) + lk * sizeof(s), sizeof(s));
-    uint8_t *sect = dst + s.offset;
-    const uint8_t *raw = src + 2 * kern_raw_index(&lay, l, k, 0, h);
+    const uint8_t *raw = src + 2 * kern_raw_index(&lay, l, 0, 0, h);
     const uint64_t stride = (uint64_t)H * D;
-    const uint32_t codec = s.codec;
-    const int bits = kern_codec_bits(codec);
-
-    if (h == 0) { /* alignment padding after the section */
-        uint32_t end = (s.offset + s.bytes + KERN_ALIGN - 1) & ~(KERN_ALIGN - 1);
-        for (uint32_t i = s.offset + s.bytes + tid; i < end; i += nt)
-            dst[i] = 0;
+    float *kmin = st.kmin + ((uint64_t)l * H + h) * D, *kmax = st.kmax + ((uint64_t)l * H + h) * D;
+    for (uint32_t c = tid; c < D; c += nt) {
+        float mn = dev_value(raw, lay.dtype, stride, 0, c), mx = mn;
+        for (uint32_t t = 1; t < T; t++) {
+            float v = dev_value(raw, lay.dtype, stride, t, c);
+            mn = v < mn ? v : mn;
+            mx = v > mx ? v : mx;
+        }
+        kmin[c] = mn;
+        kmax[c] = mx;
     }
-
-    if (k == 0 && st.kmin) {
-        float *kmin = st.kmin + ((uint64_t)l * H + h) * D, *kmax = st.kmax + ((uint64_t)l * H + h) * D;
-        for (uint32_t c = tid; c < D; c += nt) {
-            float mn = dev_value(raw, lay.dtype, stride, 0, c), mx = mn;
-            for (uint32_t t = 1; t < T; t++) {
-                float v = dev_value(raw, lay.dtype, stride, t, c);
-                mn = v < mn ? v : mn;
-                mx = v > mx ? v : mx;
-            }
-            kmin[c] = mn;
-            kmax[c] = mx;
+    float part = 0.0f;
+    for (uint32_t t = tid; t < T; t += nt) {
+        float ss = 0.0f;
+        for (uint32_t d = 0; d < D; d++) {
+            float v = dev_value(raw, lay.dtype, stride, t, d);
+            ss = KERN_ADD(ss, KERN_MUL(v, v));
         }
-        float part = 0.0f;
-        for (uint32_t t = tid; t < T; t += nt) {
-            float ss = 0.0f;
-            for (uint32_t d = 0; d < D; d++) {
-                float v = dev_value(raw, lay.dtype, stride, t, d);
-                ss = KERN_ADD(ss, KERN_MUL(v, v));
-            }
-            part = KERN_ADD(part, sqrtf(ss));
-        }
-        red[tid] = part;
-        __syncthreads();
-        if (tid == 0) {
-            float sum = 0.0f;
-            for (uint32_t i = 0; i < nt; i++)
-                sum = KERN_ADD(sum, red[i]);
-            st.knorm[(uint64_t)l * H + h] = KERN_DIV(sum, (float)T);
-        }
-        __syncthreads();
+        part = KERN_ADD(part, sqrtf(ss));
     }
-
-    if (codec == KERN_CODEC_RAW) {
-        for (uint64_t i = tid; i < (uint64_t)T * D; i += nt) {
-            uint64_t t = i / D, d = i % D;
-            const uint8_t *from = raw + 2 * (t * stride + d);
-            uint8_t *to = sect + 2 * ((t * H + h) * D + d);
-            to[0] = from[0];
-            to[1] = from[1];
-        }
-    } else if (codec == KERN_CODEC_FP8) {
-        float amax = 0.0f;
-        for (uint64_t i = tid; i < (uint64_t)T * D; i += nt) {
-            float a = fabsf(dev_value(raw, lay.dtype, stride, (uint32_t)(i / D), (uint32_t)(i % D)));
-            amax = a > amax ? a : amax;
-        }
-        red[tid] = amax;
-        __syncthreads();
-        for (uint32_t w = nt / 2; w > 0; w /= 2) {
-            if (tid < w)
-                red[tid] = red[tid + w] > red[tid] ? red[tid + w] : red[tid];
-            __syncthreads();
-        }
-        float scale = kern_fp8_scale(red[0]);
-        if (tid == 0)
-            memcpy(sect + 4 * h, &scale, 4);
-        uint8_t *q = sect + 4 * H;
-        for (uint64_t i = tid; i < (uint64_t)T * D; i += nt) {
-            uint64_t t = i / D, d = i % D;
-            float v = dev_value(raw, lay.dtype, stride, (uint32_t)t, (uint32_t)d);
-            q[(t * H + h) * D + d] = kern_e4m3_enc(KERN_DIV(v, scale));
-        }
-    } else if (bits && k == 0) {
-        const uint32_t rb = kern_kivi_row_bytes(D, bits), per = 8 / (uint32_t)bits;
-        const uint32_t full_gb = kern_kivi_k_group_bytes(D, KERN_GROUP, bits);
-        uint8_t *hb = sect + (uint64_t)h * kern_kivi_k_head_bytes(D, T, bits);
-        for (uint32_t t0 = 0; t0 < T; t0 += KERN_GROUP) {
-            uint32_t rows = T - t0 < KERN_GROUP ? T - t0 : KERN_GROUP;
-            uint32_t gb = kern_kivi_k_group_bytes(D, rows, bits);
-            uint8_t *g = hb + (uint64_t)(t0 / KERN_GROUP) * full_gb;
-            for (uint32_t i = 4 * D + rows * rb + tid; i < gb; i += nt)
-                g[i] = 0;
-            for (uint32_t cb = tid; cb < rb; cb += nt) {
-                float mnf[4], id[4];
-                uint32_t nc = D - cb * per < per ? D - cb * per : per;
-                for (uint32_t j = 0; j < nc; j++) {
-                    uint32_t c = cb * per + j;
-                    float mn = dev_value(raw, lay.dtype, stride, t0, c), mx = mn;
-                    for (uint32_t r = 1; r < rows; r++) {
-                        float v = dev_value(raw, lay.dtype, stride, t0 + r, c);
-                        mn = v < mn ? v : mn;
-                        mx = v > mx ? v : mx;
-                    }
-                    uint16_t mn_h, sc_h;
-                    kern_kivi_params(mn, mx, bits, &mn_h, &sc_h, &mnf[j], &id[j]);
-                    memcpy(g + 2 * c, &sc_h, 2);
-                    memcpy(g + 2 * D + 2 * c, &mn_h, 2);
-                }
-                for (uint32_t r = 0; r < rows; r++) {
-                    uint32_t byte = 0;
-                    for (uint32_t j = 0; j < nc; j++) {
-                        float v = dev_value(raw, lay.dtype, stride, t0 + r, cb * per + j);
-                        byte |= kern_kivi_code(v, mnf[j], id[j], bits) << (j * bits);
-                    }
-                    g[4 * D + (uint64_t)r * rb + cb] = (uint8_t)byte;
-                }
-            }
-        }
-    } else {
-        const uint32_t G = kern_ngroups(D), gb = ggml_bytes(codec, bits);
-        for (uint64_t u = tid; u < (uint64_t)T * G; u += nt) {
-            uint32_t t = (uint32_t)(u / G), g = (uint32_t)(u % G);
-            int n = (int)(D - g * KERN_GROUP < KERN_GROUP ? D - g * KERN_GROUP : KERN_GROUP);
-            float x[KERN_GROUP];
-            for (int j = 0; j < n; j++)
-                x[j] = dev_value(raw, lay.dtype, stride, t, g * KERN_GROUP + j);
-            uint8_t *blk = sect + (((uint64_t)t * H + h) * G + g) * gb;
-            if (bits)
-                kern_kivi_v_enc(x, n, blk, bits);
-            else if (codec == KERN_CODEC_Q8_0)
-                kern_q8_0_enc(x, n, blk);
-            else
-                kern_qx_1_enc(x, n, blk, codec == KERN_CODEC_Q5_1 ? 5 : 4);
-        }
+    red[tid] = part;
+    __syncthreads();
+    if (tid == 0) {
+        float sum = 0.0f;
+        for (uint32_t i = 0; i < nt; i++)
+            sum = KERN_ADD(sum, red[i]);
+        st.knorm[(uint64_t)l * H + h] = KERN_DIV(sum, (float)T);
     }
 }
 
-/* Does the device-resident header describe `lay`, with section lk inside src_len? */
-__device__ static int dev_sect_ok(const struct kern_layout *lay, const uint8_t *src,
-                                  uint64_t src_len, uint32_t lk, struct kern_block_sect *s)
+static_assert(sizeof(struct kern_enc_args) <= 32764, "encode tables too large");
+
+/* One unit of kern_encb.h per thread block; its phases apart by barriers. */
+__global__ void __launch_bounds__(KERN_ENC_THREADS)
+    kern_enc_kernel(const __grid_constant__ struct kern_enc_args a, const uint8_t *src,
+                    uint8_t *dst)
 {
-    struct kern_block_hdr hd;
-    if (src_len < kern_hdr_bytes(lay))
-        return 0;
-    memcpy(&hd, src, sizeof(hd));
-    if (hd.magic != KERN_BLOCK_MAGIC || hd.version != KERN_BLOCK_VERSION ||
-        hd.kinds != kern_kinds(lay) || hd.layers != lay->layers || hd.heads != lay->heads ||
-        hd.head_dim != lay->head_dim || hd.tokens != lay->tokens || hd.dtype != lay->dtype)
-        return 0;
-    memcpy(s, src + sizeof(hd) + lk * sizeof(*s), sizeof(*s));
-    if (s->codec >= KERN_CODEC_COUNT || s->bytes != kern_sect_bytes(lay, s->codec, lk % hd.kinds) ||
-        s->offset < kern_hdr_bytes(lay) || (uint64_t)s->offset + s->bytes > src_len)
-        return 0;
-    return 1;
-}
-
-__global__ void kern_dec_kernel(struct kern_layout lay, const uint8_t *src, uint64_t src_len,
-                                uint8_t *dst, uint32_t out)
-{
-    const uint32_t H = lay.heads, D = lay.head_dim, T = lay.tokens, kinds = kern_kinds(&lay);
-    const uint32_t h = blockIdx.x % H, lk = blockIdx.x / H, k = lk % kinds, l = lk / kinds;
-    const uint32_t tid = threadIdx.x, nt = blockDim.x;
-    uint8_t *o = dst + 2 * kern_raw_index(&lay, l, k, 0, h);
-    const uint64_t stride = (uint64_t)H * D;
-    struct kern_block_sect s;
-
-    if (!dev_sect_ok(&lay, src, src_len, lk, &s)) {
-        for (uint64_t i = tid; i < (uint64_t)T * D; i += nt)
-            kern_store(o, out, (i / D) * stride + i % D, 0.0f);
-        return;
-    }
-    const uint8_t *sect = src + s.offset;
-    const uint32_t codec = s.codec;
-    const int bits = kern_codec_bits(codec);
-
-    if (codec == KERN_CODEC_RAW) {
-        for (uint64_t i = tid; i < (uint64_t)T * D; i += nt) {
-            uint64_t t = i / D, d = i % D, from = (t * H + h) * D + d, to = t * stride + d;
-            if (out == lay.dtype) {
-                o[2 * to] = sect[2 * from];
-                o[2 * to + 1] = sect[2 * from + 1];
-            } else {
-                kern_store(o, out, to, kern_load(sect, lay.dtype, from));
-            }
-        }
-    } else if (codec == KERN_CODEC_FP8) {
-        float scale;
-        memcpy(&scale, sect + 4 * h, 4);
-        const uint8_t *q = sect + 4 * H;
-        for (uint64_t i = tid; i < (uint64_t)T * D; i += nt) {
-            uint64_t t = i / D, d = i % D;
-            kern_store(o, out, t * stride + d, KERN_MUL(kern_e4m3_dec(q[(t * H + h) * D + d]), scale));
-        }
-    } else if (bits && k == 0) {
-        const uint32_t rb = kern_kivi_row_bytes(D, bits);
-        const uint32_t full_gb = kern_kivi_k_group_bytes(D, KERN_GROUP, bits);
-        const uint8_t *hb = sect + (uint64_t)h * kern_kivi_k_head_bytes(D, T, bits);
-        const uint32_t ng = (T + KERN_GROUP - 1) / KERN_GROUP;
-        for (uint64_t u = tid; u < (uint64_t)ng * D; u += nt) {
-            uint32_t gi = (uint32_t)(u / D), c = (uint32_t)(u % D), t0 = gi * KERN_GROUP;
-            uint32_t rows = T - t0 < KERN_GROUP ? T - t0 : KERN_GROUP;
-            const uint8_t *g = hb + (uint64_t)gi * full_gb;
-            float sc = kern_get_h(g + 2 * c), mnf = kern_get_h(g + 2 * D + 2 * c);
-            for (uint32_t r = 0; r < rows; r++) {
-                uint32_t q = kern_kivi_get(g + 4 * D + (uint64_t)r * rb, c, bits);
-                kern_store(o, out, (uint64_t)(t0 + r) * stride + c, kern_kivi_val(q, sc, mnf));
-            }
-        }
-    } else {
-        const uint32_t G = kern_ngroups(D), gb = ggml_bytes(codec, bits);
-        for (uint64_t u = tid; u < (uint64_t)T * G; u += nt) {
-            uint32_t t = (uint32_t)(u / G), g = (uint32_t)(u % G);
-            int n = (int)(D - g * KERN_GROUP < KERN_GROUP ? D - g * KERN_GROUP : KERN_GROUP);
-            float y[KERN_GROUP];
-            const uint8_t *blk = sect + (((uint64_t)t * H + h) * G + g) * gb;
-            if (bits)
-                kern_kivi_v_dec(blk, n, y, bits);
-            else if (codec == KERN_CODEC_Q8_0)
-                kern_q8_0_dec(blk, n, y);
-            else
-                kern_qx_1_dec(blk, n, y, codec == KERN_CODEC_Q5_1 ? 5 : 4);
-            for (int j = 0; j < n; j++)
-                kern_store(o, out, (uint64_t)t * stride + g * KERN_GROUP + j, y[j]);
-        }
+    __shared__ struct kern_enc_smem sm;
+    for (int ph = 0; ph < KERN_ENC_PHASES; ph++) {
+        kern_enc_unit(&a, blockIdx.x, ph, src, dst, &sm, threadIdx.x, blockDim.x);
+        __syncthreads();
     }
 }
 
@@ -293,10 +116,16 @@ extern "C" int64_t kern_encode_cuda(const struct kern_layout *lay, const struct 
     if ((uint64_t)sz > dst_cap)
         return -ENOSPC;
     cudaStream_t s = (cudaStream_t)stream;
-    uint32_t blocks = lay->layers * kern_kinds(lay) * lay->heads;
-    kern_hdr_kernel<<<1, 1, 0, s>>>(*lay, *rec, (uint8_t *)dst);
-    kern_enc_kernel<<<blocks, KERN_CUDA_THREADS, 0, s>>>(*lay, (const uint8_t *)src,
-                                                         (uint8_t *)dst, st);
+    struct kern_enc_args *a = (struct kern_enc_args *)malloc(sizeof(*a));
+    if (!a)
+        return -ENOMEM;
+    kern_enc_args_fill(a, lay, rec, src);
+    kern_enc_kernel<<<a->nunits + 1, KERN_ENC_THREADS, 0, s>>>(*a, (const uint8_t *)src,
+                                                                (uint8_t *)dst);
+    free(a);
+    if (st.kmin)
+        kern_stats_kernel<<<lay->layers * lay->heads, KERN_CUDA_THREADS, 0, s>>>(
+            *lay, (const uint8_t *)src, st);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)
         return cuda_fail("encode launch", e);
@@ -313,13 +142,16 @@ extern "C" int64_t kern_decode_cuda(const struct kern_layout *lay, const void *s
     uint64_t rs = kern_raw_size(lay);
     if (rs > dst_cap)
         return -ENOSPC;
-    uint32_t blocks = lay->layers * kern_kinds(lay) * lay->heads;
-    kern_dec_kernel<<<blocks, KERN_CUDA_THREADS, 0, (cudaStream_t)stream>>>(
-        *lay, (const uint8_t *)src, src_len, (uint8_t *)dst, out_dtype);
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess)
-        return cuda_fail("decode launch", e);
-    return (int64_t)rs;
+    struct kern_batch_args *a = (struct kern_batch_args *)malloc(sizeof(*a));
+    if (!a)
+        return -ENOMEM;
+    const void *srcs[1] = {src};
+    const uint64_t lens[1] = {src_len};
+    int rc = kern_batch_decode_raw(a, lay, dst, NULL, 1, srcs, lens, out_dtype);
+    if (rc == 0)
+        rc = kern_batch_cuda(a, stream);
+    free(a);
+    return rc ? rc : (int64_t)rs;
 }
 
 extern "C" int kern_cuda_device_count(void)

@@ -20,7 +20,9 @@
 
 #include "kernels/kern.h"
 #include "kernels/kern_cpu.h"
+#include "kernels/kern_batch.h"
 #include "kernels/kern_fmt.h"
+#include "kernels/kern_pack.h"
 #include "tests/lib/daemon.h"
 #include "tests/lib/kern_oracle.h"
 
@@ -541,6 +543,59 @@ START_TEST(test_supports)
                          -ENOTSUP);
         ck_assert_int_eq(kern_cuda_device_count(), 0);
     }
+}
+END_TEST
+
+/* ---- the CUDA twins' indexing on the CPU ----------------------------------------------- */
+
+/* The encode and decode kernels' work (kern_encb.h, kern_batch.h: units, phases, rows, lanes),
+ * run here one thread after another, writes the reference's bytes: every codec and shape,
+ * NaN and Inf in the input, and shapes with several units per section (many groups, raw
+ * sections above one unit, KIVI keys with several token groups). What runs on a GPU differs
+ * only in which thread does what. */
+static const struct shape emul_shapes[] = {
+    {1, 8, 128, 256, KERN_DTYPE_FP16, 0},
+    {2, 4, 96, 70, KERN_DTYPE_BF16, 0},
+};
+#define NEMUL (NSHAPES + sizeof(emul_shapes) / sizeof(emul_shapes[0]))
+
+START_TEST(test_cuda_indexing_matches_ref)
+{
+    uint32_t codec = (uint32_t)_i % KERN_CODEC_COUNT, si = (uint32_t)_i / KERN_CODEC_COUNT;
+    const struct shape *sh = si < NSHAPES ? &shapes[si] : &emul_shapes[si - NSHAPES];
+    struct kern_layout lay =
+        layout(sh->layers, sh->heads, sh->dim, sh->tokens, sh->dtype, sh->k_only);
+    struct kern_recipe rec;
+    kern_recipe_fill(&rec, codec, codec == KERN_CODEC_RAW ? KERN_CODEC_Q8_0 : codec, 0);
+    if (lay.layers > 1)
+        rec.codec[0][0] = KERN_CODEC_RAW;
+    uint16_t *raw = make_block(&lay, 700 + (uint64_t)_i);
+    raw[2] = lay.dtype == KERN_DTYPE_FP16 ? 0x7c00 : 0x7f80;
+    raw[9] = lay.dtype == KERN_DTYPE_FP16 ? 0x7e00 : 0x7fc0;
+    int64_t sz = kern_encoded_size(&lay, &rec);
+    uint64_t rs = kern_raw_size(&lay);
+    uint8_t *e_ref = malloc((size_t)sz), *e_emu = malloc((size_t)sz);
+    uint8_t *d_ref = malloc(rs), *d_emu = malloc(rs);
+    ck_assert_int_eq(kern_encode_ref(&lay, &rec, raw, e_ref, (size_t)sz, NULL), sz);
+    memset(e_emu, 0xa5, (size_t)sz); /* every byte must be written, padding too */
+    ck_assert_int_eq(kern_encode_batched_cpu(&lay, &rec, raw, e_emu, (size_t)sz), sz);
+    ck_assert_mem_eq(e_emu, e_ref, (size_t)sz);
+    struct kern_batch_args *a = malloc(sizeof(*a));
+    const void *srcs[1] = {e_ref};
+    uint64_t lens[1] = {(uint64_t)sz};
+    for (uint32_t out = KERN_DTYPE_FP16; out <= KERN_DTYPE_BF16; out++) {
+        ck_assert_int_eq(kern_decode_ref(&lay, e_ref, (size_t)sz, d_ref, rs, out), (int64_t)rs);
+        memset(d_emu, 0xa5, rs);
+        ck_assert_int_eq(kern_batch_decode_raw(a, &lay, d_emu, NULL, 1, srcs, lens, out), 0);
+        kern_batch_run_cpu(a);
+        ck_assert_mem_eq(d_emu, d_ref, rs);
+    }
+    free(a);
+    free(e_ref);
+    free(e_emu);
+    free(d_ref);
+    free(d_emu);
+    free(raw);
 }
 END_TEST
 
@@ -1142,6 +1197,9 @@ static Suite *kernels_suite(void)
                         (int)((KERN_CODEC_COUNT - 1) * NDEC_SHAPES));
     suite_add_tcase(s, tc);
 
+    tc = tcase_create("cuda-emulation");
+    tcase_add_loop_test(tc, test_cuda_indexing_matches_ref, 0, (int)(KERN_CODEC_COUNT * NEMUL));
+    suite_add_tcase(s, tc);
     tc = tcase_create("oracle");
     tcase_set_timeout(tc, daemon_slow() * 120);
     tcase_add_test(tc, test_oracle_scalars);

@@ -7,7 +7,8 @@
  * refuse a flipped byte, and incompressible blocks are stored raw. The index checkpoint:
  * a restart takes its records plus what was written since (and not what a reused page
  * lost), and a torn, corrupt or foreign one is refused for the full walk. Hardening: a
- * symbolic link or foreign data as the path is refused, a short transfer is an error.
+ * symbolic link or foreign data as the path is refused, a short transfer is an error, a
+ * path already open (by another tier, through a link, or listed twice) is refused.
  */
 #include <check.h>
 #include <errno.h>
@@ -302,6 +303,133 @@ START_TEST(test_torn_record_not_found)
     t = disk_open(path, 2 * MiB, 1 * MiB, &f);
     ck_assert_int_eq(f.n, 1);
     ck_assert_uint_eq(f.m[0].key[0], 1);
+    tier_destroy(t);
+    unlink(path);
+    free(src);
+    free(dst);
+}
+END_TEST
+
+static void fresh_path(char *buf, size_t len);
+
+/* Every record found by a walk, by key (keys 1..max). */
+struct walk_found {
+    uint64_t max, n, dup;
+    struct tier_loc *loc; /* [key]; len 0: not found */
+    uint64_t *len;        /* [key]: the record's length in memory */
+};
+
+static int walk_found_cb(void *arg, const struct tier_disk_meta *m, const struct tier_loc *loc)
+{
+    struct walk_found *w = arg;
+    uint64_t k = m->key[0];
+    if (k == 0 || k > w->max || m->key[1] != ~k || m->depth != (uint32_t)k)
+        return 1;
+    if (w->loc[k].len)
+        w->dup++;
+    w->loc[k] = *loc;
+    w->len[k] = m->len;
+    w->n++;
+    return 0;
+}
+
+/* A start without a checkpoint walks every page's chain through windows of headers (small
+ * records, many per read, chains crossing windows) or header by header (large records), many
+ * pages at once: every committed record is found once, at its location, with its metadata,
+ * in far fewer reads than records; a torn header ends its page's chain there (the records
+ * behind it on that page are not found, every other page's are); a record whose data is torn
+ * is found and then refused when read. */
+START_TEST(test_walk_finds_every_record)
+{
+    enum { SMALL = 900, LARGE = 6, MAXK = SMALL + LARGE + 40 };
+    char path[300];
+    const uint64_t small = 12 * KiB + 5, large = 1536 * KiB;
+    uint8_t *src = aligned_alloc(4096, large), *dst = aligned_alloc(4096, large);
+    struct tier_disk_config cfg = {
+        .npaths = 1, .size = 64 * MiB, .page_size = 4 * MiB, .queue_depth = 8, .ckpt_path = ""};
+    static struct tier_loc locs[MAXK + 1], wl[MAXK + 1];
+    static uint64_t wlen[MAXK + 1];
+    struct walk_found w = {.max = MAXK, .loc = wl, .len = wlen};
+    struct tier_disk_stats st;
+    uint64_t k = 0, torn_key;
+    struct tier *t;
+    int err = 0, fd;
+    fresh_path(path, sizeof(path));
+    cfg.paths[0] = path;
+    t = tier_disk_new(&cfg, &err);
+    ck_assert_ptr_nonnull(t);
+    /* small records over several pages, a page of large ones, then both mixed */
+    for (int i = 0; i < SMALL; i++) {
+        struct tier_disk_meta m = meta(++k, small);
+        fill(src, small, (unsigned)k);
+        ck_assert_int_eq(t->ops->alloc(t, small, &locs[k]), 0);
+        ck_assert_int_eq(put(t, &locs[k], &m, src), 0);
+    }
+    for (int i = 0; i < LARGE + 40; i++) {
+        uint64_t len = i < LARGE || i % 8 == 0 ? large : small;
+        struct tier_disk_meta m = meta(++k, len);
+        fill(src, len, (unsigned)k);
+        ck_assert_int_eq(t->ops->alloc(t, len, &locs[k]), 0);
+        ck_assert_int_eq(put(t, &locs[k], &m, src), 0);
+    }
+    ck_assert_uint_eq(k, MAXK);
+    tier_destroy(t);
+    cfg.scan = walk_found_cb;
+    cfg.scan_arg = &w;
+    t = tier_disk_new(&cfg, &err);
+    ck_assert_ptr_nonnull(t);
+    tier_disk_stats_get(t, &st);
+    ck_assert(!st.ckpt_loaded);
+    ck_assert_uint_eq(w.n, MAXK);
+    ck_assert_uint_eq(w.dup, 0);
+    ck_assert_uint_eq(st.records_walked, MAXK);
+    for (k = 1; k <= MAXK; k++) {
+        ck_assert_uint_eq(wl[k].off, locs[k].off);
+        ck_assert_uint_eq(wl[k].len, locs[k].len);
+        ck_assert_uint_eq(wl[k].cls, locs[k].cls);
+    }
+    /* windows: the small records' headers came dozens to a read */
+    ck_assert_uint_lt(st.start_reads, MAXK / 4);
+    ck_assert_uint_gt(st.start_bytes, 0);
+    /* each reads back intact from where the walk found it */
+    for (k = 1; k <= MAXK; k += 37) {
+        struct tier_disk_meta m = meta(k, wlen[k]);
+        ck_assert_int_eq(get(t, &wl[k], &m, dst, large), 0);
+        fill(src, wlen[k], (unsigned)k);
+        ck_assert_int_eq(memcmp(src, dst, wlen[k]), 0);
+    }
+    tier_destroy(t);
+    /* a torn header in the middle of the second page: its chain ends there */
+    torn_key = 0;
+    for (k = 1; k <= MAXK && !torn_key; k++)
+        if (locs[k].off / (4 * MiB) == 1 && locs[k].off % (4 * MiB) > 2 * MiB)
+            torn_key = k;
+    ck_assert_uint_gt(torn_key, 0);
+    fd = open(path, O_RDWR);
+    ck_assert_int_ge(fd, 0);
+    uint8_t junk[64];
+    memset(junk, 0xa5, sizeof(junk));
+    ck_assert_int_eq(pwrite(fd, junk, sizeof(junk),
+                            (off_t)(TIER_DISK_SB + locs[torn_key].off - TIER_DISK_HDR + 40)),
+                     64);
+    /* and the data of the last small record torn: found, then refused when read */
+    ck_assert_int_eq(pwrite(fd, junk, sizeof(junk), (off_t)(TIER_DISK_SB + locs[MAXK].off + 100)),
+                     64);
+    close(fd);
+    memset(wl, 0, sizeof(wl));
+    w.n = w.dup = 0;
+    t = tier_disk_new(&cfg, &err);
+    ck_assert_ptr_nonnull(t);
+    for (k = 1; k <= MAXK; k++) {
+        bool lost = locs[k].off / (4 * MiB) == 1 && locs[k].off >= locs[torn_key].off;
+        ck_assert_msg((wl[k].len != 0) == !lost, "record %llu: found %d, torn behind %llu",
+                      (unsigned long long)k, wl[k].len != 0, (unsigned long long)torn_key);
+    }
+    {
+        struct tier_disk_meta m = meta(MAXK, wlen[MAXK]);
+        ck_assert_uint_ne(wl[MAXK].len, 0);
+        ck_assert_int_eq(get(t, &wl[MAXK], &m, dst, large), -EBADMSG);
+    }
     tier_destroy(t);
     unlink(path);
     free(src);
@@ -1104,21 +1232,32 @@ START_TEST(test_checkpoint_path_and_due)
     ck_assert_ptr_nonnull(t);
     ck_assert_ptr_null(tier_disk_checkpoint_path(t));
     ck_assert_int_eq(ckpt_write(t, &c), -ENOENT);
-    ck_assert(!tier_disk_checkpoint_due(t, 0));
+    ck_assert(!tier_disk_checkpoint_due(t, 0, 0));
     tier_destroy(t);
     cfg.ckpt_path = named;
     t = tier_disk_new(&cfg, &err);
     ck_assert_ptr_nonnull(t);
     ck_assert_str_eq(tier_disk_checkpoint_path(t), named);
-    ck_assert(tier_disk_checkpoint_due(t, 0)); /* never written */
+    ck_assert(tier_disk_checkpoint_due(t, 0, 0)); /* never written */
+    /* the first one of a run comes a second after the start once there are records, not
+     * after the interval */
+    usleep(1100 * 1000);
+    ck_assert(!tier_disk_checkpoint_due(t, 3600 * 1000, 0)); /* no record yet */
     fill(src, 28 * KiB, 1);
     ckpt_add(t, &c, 1, src, true, &d);
+    ck_assert(tier_disk_checkpoint_due(t, 3600 * 1000, 0));
     ck_assert_int_eq(ckpt_write(t, &c), 1);
-    ck_assert(!tier_disk_checkpoint_due(t, 0)); /* nothing changed since */
+    ck_assert(!tier_disk_checkpoint_due(t, 0, 0)); /* nothing changed since */
     fill(src, 28 * KiB, 2);
     ckpt_add(t, &c, 2, src, true, &d);
-    ck_assert(tier_disk_checkpoint_due(t, 0));
-    ck_assert(!tier_disk_checkpoint_due(t, 3600 * 1000)); /* not yet */
+    ck_assert(tier_disk_checkpoint_due(t, 0, 0));
+    ck_assert(!tier_disk_checkpoint_due(t, 3600 * 1000, 0)); /* not yet */
+    /* then one every every_bytes written, no sooner than a second after the last */
+    ck_assert(!tier_disk_checkpoint_due(t, 3600 * 1000, 4 * KiB));
+    usleep(1100 * 1000);
+    ck_assert(tier_disk_checkpoint_due(t, 3600 * 1000, 4 * KiB));  /* 32 KiB written */
+    ck_assert(!tier_disk_checkpoint_due(t, 3600 * 1000, 1 * MiB)); /* not that much */
+    ck_assert(!tier_disk_checkpoint_due(t, 3600 * 1000, 0));
     /* a failing write (the temporary name is a directory) leaves the previous one whole */
     char tmp[340];
     snprintf(tmp, sizeof(tmp), "%s.tmp", named);
@@ -1176,6 +1315,94 @@ START_TEST(test_symlink_refused)
     ck_assert_int_eq(err, -ELOOP);
     ck_assert_int_ne(access(target, F_OK), 0);
     unlink(link_path);
+}
+END_TEST
+
+/* XXH3 of a whole file, read through the page cache. */
+static uint64_t file_hash(const char *path)
+{
+    XXH3_state_t *xs = XXH3_createState();
+    char buf[65536];
+    ssize_t n;
+    uint64_t h;
+    int fd = open(path, O_RDONLY);
+    ck_assert_int_ge(fd, 0);
+    XXH3_64bits_reset(xs);
+    while ((n = read(fd, buf, sizeof(buf))) > 0)
+        XXH3_64bits_update(xs, buf, (size_t)n);
+    close(fd);
+    h = XXH3_64bits_digest(xs);
+    XXH3_freeState(xs);
+    return h;
+}
+
+/* One tier per path: a second open of a path in use is refused (-EBUSY) before it reads or
+ * writes anything, whether through the same name, a hard link, or the path listed twice; the
+ * holder's pid is readable from its lock; once the first is gone the path opens, records
+ * and all. */
+START_TEST(test_second_open_refused)
+{
+    char path[300], hard[300];
+    uint8_t *src = aligned_alloc(4096, 32 * KiB);
+    struct tier_disk_config cfg = {
+        .npaths = 1, .size = 2 * MiB, .page_size = 256 * KiB, .queue_depth = 8, .ckpt_path = ""};
+    struct tier_disk_meta m = meta(5, 28 * KiB);
+    struct flock fl = {.l_type = F_WRLCK,
+                       .l_whence = SEEK_SET,
+                       .l_start = (off_t)1 << 62,
+                       .l_len = (off_t)1 << 32};
+    struct found f = {0};
+    struct tier_loc loc;
+    struct tier *t, *t2;
+    uint64_t h0;
+    int err = 0, fd;
+    fresh_path(path, sizeof(path));
+    fresh_path(hard, sizeof(hard));
+    t = disk_open(path, 2 * MiB, 256 * KiB, NULL);
+    fill(src, 28 * KiB, 5);
+    ck_assert_int_eq(t->ops->alloc(t, 28 * KiB, &loc), 0);
+    ck_assert_int_eq(put(t, &loc, &m, src), 0);
+    h0 = file_hash(path);
+    cfg.paths[0] = path;
+    t2 = tier_disk_new(&cfg, &err);
+    ck_assert_ptr_null(t2);
+    ck_assert_int_eq(err, -EBUSY);
+    ck_assert_int_eq(link(path, hard), 0);
+    cfg.paths[0] = hard;
+    err = 0;
+    t2 = tier_disk_new(&cfg, &err);
+    ck_assert_ptr_null(t2);
+    ck_assert_int_eq(err, -EBUSY);
+    ck_assert_uint_eq(file_hash(path), h0); /* refused before anything was written */
+    /* the holder's pid, where a refused daemon reads it */
+    fd = open(path, O_RDONLY);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(fcntl(fd, F_OFD_GETLK, &fl), 0);
+    ck_assert_int_eq(fl.l_type, F_WRLCK);
+    ck_assert_int_eq(fl.l_start - ((off_t)1 << 62), getpid());
+    close(fd);
+    tier_destroy(t);
+    unlink(hard);
+    /* the lock went with the tier; the record is there */
+    cfg.paths[0] = path;
+    cfg.scan = found_cb;
+    cfg.scan_arg = &f;
+    t = tier_disk_new(&cfg, &err);
+    ck_assert_ptr_nonnull(t);
+    ck_assert_int_eq(f.n, 1);
+    ck_assert_uint_eq(f.m[0].key[0], 5);
+    tier_destroy(t);
+    /* one path named twice */
+    cfg.paths[1] = path;
+    cfg.npaths = 2;
+    f.n = 0;
+    err = 0;
+    t = tier_disk_new(&cfg, &err);
+    ck_assert_ptr_null(t);
+    ck_assert_int_eq(err, -EBUSY);
+    ck_assert_int_eq(f.n, 0);
+    unlink(path);
+    free(src);
 }
 END_TEST
 
@@ -1333,6 +1560,7 @@ static Suite *disk_suite(void)
     tcase_add_test(tc, test_record_roundtrip_and_reopen);
     tcase_add_test(tc, test_checksum_flip);
     tcase_add_test(tc, test_torn_record_not_found);
+    tcase_add_test(tc, test_walk_finds_every_record);
     tcase_add_test(tc, test_fixed_buffers_and_rate);
     tcase_add_test(tc, test_pages_reclaimed);
     tcase_add_test(tc, test_forged_header_in_stale_page);
@@ -1344,6 +1572,7 @@ static Suite *disk_suite(void)
     tcase_add_test(tc, test_checkpoint_other_disk_refused);
     tcase_add_test(tc, test_checkpoint_path_and_due);
     tcase_add_test(tc, test_symlink_refused);
+    tcase_add_test(tc, test_second_open_refused);
     tcase_add_test(tc, test_foreign_data_refused);
     tcase_add_test(tc, test_short_read_is_error);
     tcase_add_test(tc, test_short_write_is_error);

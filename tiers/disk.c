@@ -6,6 +6,7 @@
 #include <linux/fs.h>
 #include <liburing.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1285,80 +1286,26 @@ bool tier_disk_found(struct tier_disk *d, uint32_t p, uint32_t ver,
     return true;
 }
 
-static bool tier_disk_skip_has(const uint64_t *skip, size_t n, uint64_t off)
-{
-    size_t lo = 0, hi = n;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (skip[mid] == off)
-            return true;
-        if (skip[mid] < off)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return false;
-}
-
-uint64_t tier_disk_page_walk(struct tier_disk *d, struct tier_disk_hdr *h, uint32_t p,
-                             uint64_t at, uint32_t *ver, const uint64_t *skip, size_t nskip)
-{
-    uint32_t path = tier_disk_page_path(d, p);
-    uint64_t base = tier_disk_path_off(d, tier_disk_page_base(d, p));
-    while (at + TIER_DISK_HDR <= d->cfg.page_size) {
-        struct tier_disk_meta m;
-        struct tier_loc loc;
-        d->st.start_reads++;
-        if (pread(d->fds[path], h, TIER_DISK_HDR, (off_t)(base + at)) != TIER_DISK_HDR ||
-            !tier_disk_hdr_ok(d, path, h, at))
-            break;
-        /* A header of another version ends the chain: it belongs to another life of the
-         * page (stale bytes behind the records of this one). */
-        if (*ver == 0)
-            *ver = h->page_version;
-        else if (h->page_version != *ver)
-            break;
-        m = (struct tier_disk_meta){.key = {h->key[0], h->key[1]},
-                                    .parent = {h->parent[0], h->parent[1]},
-                                    .depth = h->depth,
-                                    .codec = h->codec,
-                                    .len = h->raw_len,
-                                    .stored = h->len,
-                                    .format = h->block_format};
-        memcpy(m.ns, h->ns, sizeof(m.ns));
-        loc = (struct tier_loc){.arena = path,
-                                .cls = *ver,
-                                .off = tier_disk_page_base(d, p) + at + TIER_DISK_HDR,
-                                .len = tier_disk_round(h->len)};
-        if (!tier_disk_skip_has(skip, nskip, loc.off) && tier_disk_found(d, p, *ver, &m, &loc))
-            d->st.records_walked++;
-        at += tier_disk_record_bytes(h->len);
-    }
-    return at;
-}
-
-/* Walks the record chain of every page with synchronous header reads (no checkpoint, or
- * one that was refused). */
+/* Walks the record chain of every page (no checkpoint, or one that was refused). */
 static int tier_disk_scan(struct tier_disk *d)
 {
-    struct tier_disk_hdr *h = tier_disk_aligned(TIER_DISK_HDR);
+    struct tier_disk_walk *w = calloc(d->npages, sizeof(*w));
     uint32_t maxv = 0;
-    if (!h)
+    int rc;
+    if (!w)
         return -ENOMEM;
-    for (uint32_t p = 0; p < d->npages; p++) {
+    for (uint32_t p = 0; p < d->npages; p++)
+        w[p] = (struct tier_disk_walk){.page = p};
+    rc = tier_disk_walk(d, w, d->npages, NULL, 0);
+    for (uint32_t p = 0; p < d->npages && rc == 0; p++) {
         struct tier_disk_page *pg = &d->pages[p];
-        uint32_t ver = 0;
-        uint64_t end;
-        if (d->cfg.progress && p % 64 == 0)
-            d->cfg.progress(d->cfg.progress_arg, p, d->npages);
-        end = tier_disk_page_walk(d, h, p, 0, &ver, NULL, 0);
         /* Every page opened later gets a newer version than any record left anywhere. */
-        if (ver > maxv)
-            maxv = ver;
+        if (w[p].ver > maxv)
+            maxv = w[p].ver;
         if (pg->live) {
             pg->state = TIER_DISK_PAGE_FULL;
-            pg->version = ver;
-            pg->used = end;
+            pg->version = w[p].ver;
+            pg->used = w[p].at;
         } else {
             pg->state = TIER_DISK_PAGE_FREE;
             pg->version = 0;
@@ -1367,8 +1314,8 @@ static int tier_disk_scan(struct tier_disk *d)
         }
     }
     d->next_version = maxv;
-    free(h);
-    return 0;
+    free(w);
+    return rc;
 }
 
 /* What the first 4 KiB of a path hold. */
@@ -1471,6 +1418,97 @@ static int tier_disk_open_fd(struct tier_disk *d, uint32_t i)
     return -errno;
 }
 
+/* One kvcd per path. An OFD write lock on byte 0 of the path is held for as long as the
+ * descriptor is open (the ring's registered copy included), so it goes with the process
+ * however it ends and never goes stale. F_OFD_GETLK reports no pid for OFD locks, so the
+ * holder also locks one byte at TIER_DISK_LOCK_PID + its pid: a refused daemon reads the pid
+ * from the offset of that lock. Both lie far past the end of any file or device: locks are
+ * ranges, not bytes, and nothing is written there. */
+#define TIER_DISK_LOCK_PID ((off_t)1 << 62)
+#define TIER_DISK_LOCK_PIDS ((off_t)1 << 32)
+#define TIER_DISK_LOCK_WAIT_MS 10000u
+
+/* The pid that holds path i's lock (as its own pid namespace numbers it), or 0. */
+static pid_t tier_disk_lock_holder(const struct tier_disk *d, uint32_t i)
+{
+    struct flock fl = {.l_type = F_WRLCK,
+                       .l_whence = SEEK_SET,
+                       .l_start = TIER_DISK_LOCK_PID,
+                       .l_len = TIER_DISK_LOCK_PIDS};
+    if (fcntl(d->fds[i], F_OFD_GETLK, &fl) < 0 || fl.l_type == F_UNLCK ||
+        fl.l_start < TIER_DISK_LOCK_PID || fl.l_start - TIER_DISK_LOCK_PID > INT32_MAX)
+        return 0;
+    return (pid_t)(fl.l_start - TIER_DISK_LOCK_PID);
+}
+
+/* Whether pid runs (signal 0 reaches it, or it exists and refuses us). */
+static bool tier_disk_pid_alive(pid_t pid)
+{
+    return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM);
+}
+
+/* Takes path i's lock before anything is read or written there: 0, -EBUSY (another kvcd, or
+ * this one through another path naming the same file, holds it), or -errno. A holder that has
+ * exited may hold it a little longer: the kernel lets go of a killed daemon's io_uring, and
+ * the descriptors registered with it, after the process is gone. So a lock whose holder is
+ * dead (or unknown) is tried again for up to TIER_DISK_LOCK_WAIT_MS. */
+static int tier_disk_lock(struct tier_disk *d, uint32_t i)
+{
+    const char *path = d->cfg.paths[i];
+    uint64_t until = tier_disk_now_ns() + TIER_DISK_LOCK_WAIT_MS * 1000000ull;
+    pid_t holder;
+    int rc;
+    for (;;) {
+        struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
+        if (fcntl(d->fds[i], F_OFD_SETLK, &fl) == 0) {
+            d->locked[i] = true;
+            fl.l_start = TIER_DISK_LOCK_PID + getpid();
+            if (fcntl(d->fds[i], F_OFD_SETLK, &fl) == 0)
+                return 0;
+        }
+        rc = -errno;
+        if (rc != -EAGAIN && rc != -EACCES) {
+            fprintf(stderr,
+                    "kvcd: disk: %s: cannot lock it (%s); refusing to use it "
+                    "unlocked\n",
+                    path, strerror(-rc));
+            return rc;
+        }
+        holder = tier_disk_lock_holder(d, i);
+        if (holder == getpid() || tier_disk_pid_alive(holder) || tier_disk_now_ns() >= until)
+            break;
+        usleep(10000);
+    }
+    if (holder == getpid())
+        fprintf(stderr,
+                "kvcd: disk: %s names a file this kvcd already uses (listed twice in "
+                "disk.path?)\n",
+                path);
+    else if (tier_disk_pid_alive(holder))
+        fprintf(stderr,
+                "kvcd: disk: %s is in use by another kvcd (pid %d); refusing to start on "
+                "it (one daemon per disk file)\n",
+                path, (int)holder);
+    else
+        fprintf(stderr,
+                "kvcd: disk: %s is still locked %u s after its holder (pid %d) is "
+                "gone; refusing to start on it (one daemon per disk file)\n",
+                path, TIER_DISK_LOCK_WAIT_MS / 1000, (int)holder);
+    return -EBUSY;
+}
+
+/* Gives path i's lock back. Explicitly: the ring's registered copy of the descriptor is let go
+ * asynchronously after io_uring_queue_exit, and with it the lock, so a tier opened right after
+ * this one was destroyed (a restart in one process) could find it still held. */
+static void tier_disk_unlock(struct tier_disk *d, uint32_t i)
+{
+    struct flock fl = {.l_type = F_UNLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
+    fcntl(d->fds[i], F_OFD_SETLK, &fl);
+    fl.l_start = TIER_DISK_LOCK_PID;
+    fl.l_len = TIER_DISK_LOCK_PIDS;
+    fcntl(d->fds[i], F_OFD_SETLK, &fl);
+}
+
 /* Whether path i may be used as it is, formatted, or not at all (cfg.format). */
 static int tier_disk_sb_load(struct tier_disk *d, uint32_t i, enum tier_disk_sb_kind kind)
 {
@@ -1494,6 +1532,8 @@ static int tier_disk_open_path(struct tier_disk *d, uint32_t i, uint64_t *size, 
     struct stat st;
     enum tier_disk_sb_kind kind = TIER_DISK_SB_FOREIGN;
     int rc = tier_disk_open_fd(d, i);
+    if (rc == 0)
+        rc = tier_disk_lock(d, i);
     if (rc)
         return rc;
     if (fstat(d->fds[i], &st) < 0)
@@ -1539,8 +1579,11 @@ static void tier_disk_destroy(struct tier *t)
     if (d->efd >= 0)
         close(d->efd);
     for (uint32_t i = 0; i < TIER_DISK_MAX_PATHS; i++)
-        if (d->fds[i] >= 0)
+        if (d->fds[i] >= 0) {
+            if (d->locked[i])
+                tier_disk_unlock(d, i);
             close(d->fds[i]);
+        }
     tier_disk_ckpt_fini(d);
     free(d->pages);
     free(d->ckpt_path);

@@ -133,7 +133,9 @@ struct tier_disk_stats {
     uint64_t records_found;         /* at start: kept by scan, in all */
     uint64_t records_ckpt;          /* at start: of them, taken from the checkpoint */
     uint64_t records_walked;        /* at start: of them, found walking page chains */
-    uint64_t start_reads;           /* at start: 4 KiB header reads */
+    uint64_t start_reads;           /* at start: reads of record headers (each a 4 KiB header,
+                                       or a window of up to 1 MiB of a page's records) */
+    uint64_t start_bytes;           /* at start: bytes those reads brought */
     uint64_t start_us;              /* at start: time to load the index */
     bool ckpt_loaded;               /* at start: a valid checkpoint was used */
     uint64_t ckpt_writes, ckpt_errors;
@@ -243,8 +245,10 @@ int tier_disk_checkpoint(struct tier *t, tier_disk_ckpt_next_fn next, void *arg)
 int tier_disk_checkpoint_result(struct tier *t, bool wait);
 /* Whether a checkpoint is worth writing: none is syncing, records were allocated, written or
  * freed since the last one written (or the start walked pages), and interval_ms passed since
- * the last try. */
-bool tier_disk_checkpoint_due(const struct tier *t, uint64_t interval_ms);
+ * the last try; or, at least a second after the last try and twenty times the loop time the
+ * last one took, either none was tried since the start and records exist (the first one comes
+ * soon after start), or every_bytes (0: never) of records were written since the last try. */
+bool tier_disk_checkpoint_due(const struct tier *t, uint64_t interval_ms, uint64_t every_bytes);
 /* The checkpoint file, or NULL when there is none. Owned by the tier. */
 const char *tier_disk_checkpoint_path(const struct tier *t);
 

@@ -226,11 +226,25 @@ int tier_disk_checkpoint_result(struct tier *t, bool wait)
     return tier_disk_ckpt_reap(tier_disk_of(t), wait);
 }
 
-bool tier_disk_checkpoint_due(const struct tier *t, uint64_t interval_ms)
+bool tier_disk_checkpoint_due(const struct tier *t, uint64_t interval_ms, uint64_t every_bytes)
 {
     const struct tier_disk *d = tier_disk_of(t);
-    return d->ckpt_path && !d->ckpt_sync && d->gen != d->ckpt_gen &&
-           tier_disk_now_ns() - d->ckpt_try_ns >= interval_ms * 1000000ull;
+    uint64_t since, gap;
+    if (!d->ckpt_path || d->ckpt_sync || d->gen == d->ckpt_gen)
+        return false;
+    since = tier_disk_now_ns() - d->ckpt_try_ns;
+    if (since >= interval_ms * 1000000ull)
+        return true;
+    /* Sooner than the interval, no more than once a second and for at most 1/20 of the
+     * caller's time (a checkpoint lists every record on its thread): the first one of this
+     * run once there are records (a crash before it would walk every page written), and one
+     * every every_bytes written (what a crash leaves to walk). */
+    gap = d->st.ckpt_loop_us * 20 * 1000;
+    if (since < TIER_DISK_CKPT_SOON_NS || since < gap)
+        return false;
+    if (!d->ckpt_tried && d->st.used)
+        return true;
+    return every_bytes && d->st.bytes_written - d->ckpt_written >= every_bytes;
 }
 
 /* ---- writing --------------------------------------------------------------------------- */
@@ -351,6 +365,8 @@ int tier_disk_checkpoint(struct tier *t, tier_disk_ckpt_next_fn next, void *arg)
     /* One at a time: the previous one is on the device and named before this one starts. */
     tier_disk_ckpt_reap(d, true);
     d->ckpt_try_ns = t0;
+    d->ckpt_tried = true;
+    d->ckpt_written = d->st.bytes_written;
     rc = -ENOMEM;
     if (asprintf(&tmp, "%s.tmp", d->ckpt_path) < 0) {
         tmp = NULL;
@@ -780,10 +796,12 @@ static int tier_disk_skip_cmp(const void *a, const void *b)
  * changed since, and settles every page. Cannot fail any more: a read error while offering
  * costs the records not offered yet (logged), never a wrong one. */
 static void tier_disk_ckpt_apply(struct tier_disk *d, struct tier_disk_ckpt_in *in,
-                                 struct tier_disk_ckpt_load *l, struct tier_disk_hdr *h)
+                                 struct tier_disk_ckpt_load *l)
 {
-    uint32_t maxv = l->head.next_version;
+    uint32_t maxv = l->head.next_version, *at = NULL;
+    struct tier_disk_walk *w = NULL;
     const char *why = NULL;
+    size_t nw = 0;
     int rc;
     for (uint32_t p = 0; p < d->npages; p++) {
         /* A first header newer than the checkpoint's counter: the page was reused since,
@@ -809,23 +827,45 @@ static void tier_disk_ckpt_apply(struct tier_disk *d, struct tier_disk_ckpt_in *
                 d->ckpt_path, why ? why : strerror(-rc));
     if (l->nskip)
         qsort(l->skip, l->nskip, sizeof(*l->skip), tier_disk_skip_cmp);
+    /* The pages to walk: reused since (in full), or live and possibly grown since (from
+     * `from`). All at once, through the ring. */
+    w = calloc(d->npages, sizeof(*w));
+    at = calloc(d->npages, sizeof(*at));
+    if (w && at) {
+        for (uint32_t p = 0; p < d->npages; p++) {
+            const struct tier_disk_ckpt_page *cp = &l->pages[p];
+            at[p] = UINT32_MAX;
+            if (l->first[p] > l->head.next_version)
+                w[nw] = (struct tier_disk_walk){.page = p};
+            else if (l->keep[p] && cp->from != UINT32_MAX)
+                w[nw] = (struct tier_disk_walk){.page = p, .ver = cp->version, .at = cp->from};
+            else
+                continue;
+            at[p] = (uint32_t)nw++;
+        }
+        rc = tier_disk_walk(d, w, nw, l->skip, l->nskip);
+    } else {
+        rc = -ENOMEM;
+    }
+    if (rc)
+        fprintf(stderr,
+                "kvcd: disk: checkpoint %s: the walk of the pages written since failed "
+                "(%s); records written after it may be lost\n",
+                d->ckpt_path, strerror(-rc));
     for (uint32_t p = 0; p < d->npages; p++) {
         struct tier_disk_page *pg = &d->pages[p];
         const struct tier_disk_ckpt_page *cp = &l->pages[p];
+        const struct tier_disk_walk *wp = rc == 0 && at[p] != UINT32_MAX ? &w[at[p]] : NULL;
         uint32_t ver = 0;
         uint64_t end = 0;
-        if (d->cfg.progress && p % 64 == 0)
-            d->cfg.progress(d->cfg.progress_arg, p, d->npages);
         if (l->first[p] > l->head.next_version) {
-            end = tier_disk_page_walk(d, h, p, 0, &ver, NULL, 0);
+            ver = wp ? wp->ver : 0;
+            end = wp ? wp->at : 0;
         } else if (l->keep[p]) {
             ver = cp->version;
             end = cp->used;
-            if (cp->from != UINT32_MAX) {
-                uint64_t e = tier_disk_page_walk(d, h, p, cp->from, &ver, l->skip, l->nskip);
-                if (e > end)
-                    end = e;
-            }
+            if (wp && wp->at > end)
+                end = wp->at;
         }
         if (ver > maxv)
             maxv = ver;
@@ -841,6 +881,8 @@ static void tier_disk_ckpt_apply(struct tier_disk *d, struct tier_disk_ckpt_in *
             d->st.pages_free++;
         }
     }
+    free(w);
+    free(at);
     d->next_version = maxv;
 }
 
@@ -848,7 +890,6 @@ int tier_disk_ckpt_load(struct tier_disk *d)
 {
     struct tier_disk_ckpt_load l = {0};
     struct tier_disk_ckpt_in in = {.d = d, .fd = -1};
-    struct tier_disk_hdr *h = NULL;
     const char *why = NULL;
     struct stat st;
     int rc = -ENOENT;
@@ -867,8 +908,7 @@ int tier_disk_ckpt_load(struct tier_disk *d)
     l.pages = malloc(d->npages * sizeof(*l.pages));
     l.first = calloc(d->npages, sizeof(*l.first));
     l.keep = calloc(d->npages, 1);
-    h = tier_disk_aligned(TIER_DISK_HDR);
-    if (!in.buf || !in.xs || !l.pages || !l.first || !l.keep || !h) {
+    if (!in.buf || !in.xs || !l.pages || !l.first || !l.keep) {
         why = "out of memory";
         goto out;
     }
@@ -897,7 +937,7 @@ int tier_disk_ckpt_load(struct tier_disk *d)
         why = "reading the pages' first headers failed";
         goto out;
     }
-    tier_disk_ckpt_apply(d, &in, &l, h);
+    tier_disk_ckpt_apply(d, &in, &l);
 out:
     if (why)
         fprintf(stderr, "kvcd: disk: checkpoint %s ignored (%s); walking every page\n",
@@ -906,7 +946,6 @@ out:
         close(in.fd);
     XXH3_freeState(in.xs);
     free(in.buf);
-    free(h);
     tier_disk_ckpt_load_free(&l);
     return rc;
 }

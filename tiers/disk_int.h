@@ -24,6 +24,7 @@
 #define TIER_DISK_SB_MAGIC 0x3142535344435653ull /* "SVCDSSB1": kvcd disk superblock */
 #define TIER_DISK_MAX_BUFS 64u
 #define TIER_DISK_WORKERS_MAX 16u
+#define TIER_DISK_CKPT_SOON_NS 1000000000ull /* the soonest a checkpoint follows another */
 
 enum tier_disk_page_state {
     TIER_DISK_PAGE_FREE = 0,
@@ -97,6 +98,7 @@ struct tier_disk {
     struct tier_disk_config cfg;
     int fds[TIER_DISK_MAX_PATHS];
     bool failed[TIER_DISK_MAX_PATHS];
+    bool locked[TIER_DISK_MAX_PATHS]; /* this tier holds the path's lock (one kvcd a path) */
     uint64_t secret[TIER_DISK_MAX_PATHS];
     uint32_t npaths;
     uint64_t path_size;      /* bytes per path, whole pages */
@@ -136,6 +138,8 @@ struct tier_disk {
     char *ckpt_path;          /* owned; NULL: none */
     uint64_t gen, ckpt_gen;   /* ckpt_gen: gen when the latest checkpoint was written */
     uint64_t ckpt_try_ns;     /* the latest attempt (or the start) */
+    bool ckpt_tried;          /* one was attempted since the start */
+    uint64_t ckpt_written;    /* st.bytes_written at the latest attempt */
     struct tier_disk_ckpt_sync *ckpt_sync; /* the latest one's fsync and rename, running */
 };
 
@@ -162,12 +166,19 @@ bool tier_disk_hdr_ok(const struct tier_disk *d, uint32_t path, const struct tie
  * (version ver, append point at least up to the record's end). Returns whether it was kept. */
 bool tier_disk_found(struct tier_disk *d, uint32_t p, uint32_t ver,
                      const struct tier_disk_meta *m, const struct tier_loc *loc);
-/* Walks page p's chain from byte `at` with synchronous header reads, offering every intact
- * record of version *ver (0: whatever the header at `at` says, which then sets *ver) to
- * tier_disk_found, except those whose data offset is in skip[0..nskip) (sorted). Returns
- * where the chain ends. */
-uint64_t tier_disk_page_walk(struct tier_disk *d, struct tier_disk_hdr *h, uint32_t p,
-                             uint64_t at, uint32_t *ver, const uint64_t *skip, size_t nskip);
+/* One page's chain to walk at start (disk_walk.c). */
+struct tier_disk_walk {
+    uint32_t page;
+    uint32_t ver; /* in: the version its records must carry (0: whatever the first header
+                     says); out: the chain's */
+    uint64_t at;  /* in: where the chain starts (bytes into the page); out: where it ends */
+};
+/* Walks the chains of pages w[0..n) at once through the ring (many pages in flight, each
+ * read a window of headers), offering every intact record of the page's version to
+ * tier_disk_found, except those whose data offset is in skip[0..nskip) (sorted). 0, or
+ * -errno of the ring (-ENOMEM): then the start fails. */
+int tier_disk_walk(struct tier_disk *d, struct tier_disk_walk *w, size_t n, const uint64_t *skip,
+                   size_t nskip);
 /* Where each page may hold records the caller of a checkpoint does not know yet: the open
  * page's fill, or a page's oldest record write still in flight (UINT32_MAX: none). */
 void tier_disk_pages_pending(const struct tier_disk *d, uint32_t *from);

@@ -5,7 +5,10 @@
  * then the latency of reading one block back into the arena (what a promoting lookup waits
  * for), p50 and p99; then a whole lookup that promotes one block from disk through a real
  * kvcd over its socket (kvc_lookup waiting for the read), p50 and p99, beside a lookup of a
- * block in memory, raw and with disk.compress=1 on fp16-like data. Usage: bench_disk OUT.json
+ * block in memory, raw and with disk.compress=1 on fp16-like data; and the walk at a start
+ * without a checkpoint (43,000 records of 16 KiB found by reading the pages' record headers),
+ * records/s and MB/s beside fio's sequential read of the same bytes
+ * (KVC_BENCH_ONLY=walk: that case alone). Usage: bench_disk OUT.json
  * [DIR] (DIR defaults to $KVC_BENCH_DIR or /var/tmp; it must take O_DIRECT).
  *
  * DESIGN
@@ -423,6 +426,85 @@ static struct tier *disk_new(const struct tier_disk_config *cfg, const char *pat
     return t;
 }
 
+static int walk_cb(void *arg, const struct tier_disk_meta *m, const struct tier_loc *loc)
+{
+    (void)m;
+    (void)loc;
+    ++*(uint64_t *)arg;
+    return 0;
+}
+
+/* A start without a checkpoint (a crash before the first one): n records of 16 KiB are
+ * written, then the tier is opened again KVC_BENCH_ROUNDS times with no checkpoint and every
+ * record must be found by walking the pages. Records per second and MB/s of the pages
+ * holding records, median and best, beside fio's sequential read of the same bytes (1 MiB
+ * requests at depth 8, O_DIRECT). */
+static void walk_bench(const char *path, int rounds)
+{
+    const uint64_t bs = 16 * 1024, n = bench_smoke() ? 2048 : 43000;
+    const uint64_t span = n * (bs + TIER_DISK_SB); /* each record: a 4 KiB header and 16 KiB */
+    struct tier_disk_config cfg = {.paths = {path},
+                                   .npaths = 1,
+                                   .size = (span + 64 * MiB) & ~(16 * MiB - 1),
+                                   .page_size = 16 * MiB,
+                                   .queue_depth = 32,
+                                   .ckpt_path = ""};
+    struct tier_loc *locs = calloc(n, sizeof(*locs));
+    double secs[16], fbest = 0, fr[16];
+    char name[96];
+    int ok = 1, nr = rounds < 1 ? 1 : rounds > 16 ? 16 : rounds;
+    struct tier *t = locs ? disk_new(&cfg, path) : NULL;
+    if (!t) {
+        free(locs);
+        return;
+    }
+    snprintf(phase, sizeof(phase), "walk: write");
+    ok = write_pass(t, locs, n, bs, arena) > 0;
+    tier_destroy(t);
+    free(locs);
+    for (int r = 0; r < nr && ok; r++) {
+        struct tier_disk_stats st;
+        uint64_t found = 0;
+        int err = 0;
+        cfg.scan = walk_cb;
+        cfg.scan_arg = &found;
+        t = tier_disk_new(&cfg, &err);
+        if (!t) {
+            bench_fail("disk: walk: %s: %s", path, strerror(-err));
+            ok = 0;
+            break;
+        }
+        tier_disk_stats_get(t, &st);
+        tier_destroy(t);
+        if (found != n || st.records_walked != n || st.ckpt_loaded) {
+            bench_fail("disk: walk: %llu of %llu records found", (unsigned long long)found,
+                       (unsigned long long)n);
+            ok = 0;
+            break;
+        }
+        secs[r] = (double)st.start_us / 1e6;
+        fr[r] = fio_bw(path, TIER_DISK_SB, "read", 1 * MiB, 8, span & ~(MiB - 1));
+        fbest = fr[r] > fbest ? fr[r] : fbest;
+        printf("walk round %d: %llu records in %.3f s (%llu header reads), fio %.0f MB/s\n",
+               r + 1, (unsigned long long)n, secs[r], (unsigned long long)st.start_reads,
+               fr[r] / 1e6);
+        if (!(fr[r] > 0))
+            ok = 0;
+    }
+    if (!ok)
+        return;
+    qsort(secs, (size_t)nr, sizeof(secs[0]), cmp_d);
+    qsort(fr, (size_t)nr, sizeof(fr[0]), cmp_d);
+    snprintf(name, sizeof(name), "walk 16k records/s median");
+    add(name, (double)n / secs[nr / 2], "rec/s", NULL, 0);
+    snprintf(name, sizeof(name), "walk 16k records/s best");
+    add(name, (double)n / secs[0], "rec/s", NULL, 0);
+    snprintf(name, sizeof(name), "walk 16k median");
+    add(name, (double)span / secs[nr / 2] / 1e6, "MB/s", "fio seq read median", fr[nr / 2] / 1e6);
+    snprintf(name, sizeof(name), "walk 16k best");
+    add(name, (double)span / secs[0] / 1e6, "MB/s", "fio seq read best", fbest / 1e6);
+}
+
 static int fio_present(void)
 {
     return system("fio --version >/dev/null 2>&1") == 0;
@@ -452,6 +534,9 @@ int main(int argc, char **argv)
         bench_fail("disk: fio is not installed (etc/install-deps.sh): the throughput cases "
                    "have no baseline");
     printf("%-40s %10s %-6s  %-22s %10s\n", "case", "value", "unit", "baseline", "value");
+    if (fio && !getenv("KVC_BENCH_LOOKUP_ONLY") &&
+        (!getenv("KVC_BENCH_ONLY") || strcmp(getenv("KVC_BENCH_ONLY"), "walk") == 0))
+        walk_bench(path, rounds < 3 ? 3 : rounds);
     for (int si = 0; si < nsizes && fio; si++) {
         for (int qi = 0; qi < nqds; qi++) {
             uint64_t bs = sizes[si];

@@ -9,7 +9,8 @@
  * under the same pressure has blocks quantized in place, some of them written to disk as
  * they are, read back quantized (the location's format says so) within q8_0's bound, and
  * found again after a restart. The disk index checkpoint: a SIGTERM restart reads it and walks
- * nothing; after SIGKILL, every block on disk at the last checkpoint is back.
+ * nothing; after SIGKILL, every block on disk at the last checkpoint is back. A second kvcd on
+ * the same disk file is refused, naming the first one's pid, and the file is left untouched.
  */
 #include <check.h>
 #include <errno.h>
@@ -20,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -68,6 +70,7 @@ static void kvcd_start(const char *capacity)
         fputs(conf, f);
         fclose(f);
     }
+    const char *kvcd = daemon_bin("kvcd"); /* before the fork: it takes a lock */
     kvcd_pid = daemon_fork(); /* dies with this test process */
     ck_assert_int_ge(kvcd_pid, 0);
     if (kvcd_pid == 0) {
@@ -76,7 +79,7 @@ static void kvcd_start(const char *capacity)
         int fd = open(logp, O_WRONLY | O_CREAT | O_APPEND, 0600);
         if (fd >= 0)
             dup2(fd, 2);
-        execl(KVC_BUILD_BIN "/kvcd", "kvcd", "-c", conf ? o_conf : "/dev/null", "-o", o_sock, "-o", "host.size=16m", "-o",
+        execl(kvcd, "kvcd", "-c", conf ? o_conf : "/dev/null", "-o", o_sock, "-o", "host.size=16m", "-o",
               "host.page_size=256k", "-o", "host.hugepages=off", "-o", "host.prefault=no", "-o",
               o_path, "-o", o_cap, "-o", "disk.page=1m", "-o", "disk.admit_hits=0", "-o",
               "disk.write_rate=0", "-o", "cache.policy=lru", "-o", "host.high_watermark=0.6", "-o",
@@ -358,6 +361,44 @@ END_TEST
 START_TEST(test_offload_restart_sigkill)
 {
     restart_case(SIGKILL);
+}
+END_TEST
+
+/* A crash with no checkpoint at all (disk.checkpoint_interval = 0): the restart walks every
+ * page and takes back every record that was on disk (the counts match), every byte right. */
+START_TEST(test_walk_restart_sigkill)
+{
+    int hits[NPREFIX], runs[NPREFIX];
+    uint64_t ondisk;
+    kvc_client *c;
+    kvc_ns *ns;
+    extra_opt = "disk.checkpoint_interval=0";
+    kvcd_start("128m");
+    c = kvcd_connect();
+    ck_assert_int_eq(kvc_ns_open(c, &layout, &ns), 0);
+    put_all(c, ns);
+    settle(c);
+    ondisk = stat_get(c, "disk_records");
+    ck_assert_uint_gt(ondisk, 100);
+    ck_assert_uint_eq(stat_get(c, "disk_checkpoint_writes"), 0);
+    on_disk_runs(c, ns, runs);
+    kvc_disconnect(c);
+    kvcd_stop(SIGKILL);
+    kvcd_start("128m");
+    c = kvcd_connect();
+    ck_assert_int_eq(kvc_ns_open(c, &layout, &ns), 0);
+    ck_assert_uint_eq(stat_get(c, "disk_start_checkpoint"), 0);
+    ck_assert_uint_eq(stat_get(c, "disk_start_records_walked"), ondisk);
+    ck_assert_uint_eq(stat_get(c, "disk_records_found"), ondisk);
+    /* 256 KiB records: read header by header, one read each and one per page's end */
+    ck_assert_uint_le(stat_get(c, "disk_start_header_reads"), 2 * 128 + ondisk);
+    get_all(ns, hits);
+    for (int p = 0; p < NPREFIX; p++)
+        ck_assert_msg(hits[p] >= runs[p], "prefix %d: %d hits after restart, %d were on disk", p,
+                      hits[p], runs[p]);
+    ck_assert_uint_eq(stat_get(c, "checksum_failures"), 0);
+    kvc_disconnect(c);
+    kvcd_stop(SIGTERM);
 }
 END_TEST
 
@@ -759,6 +800,274 @@ START_TEST(test_checkpoint_restart_sigkill)
 }
 END_TEST
 
+/* A crash in the first minute of filling a disk does not cost a walk of every page: the first
+ * checkpoint comes a second after the first records, and one follows every
+ * disk.checkpoint_bytes written, well within the 60 s interval; after SIGKILL the restart
+ * takes its records from the latest one (and walks what was written since), and every block
+ * on disk at the kill is back. */
+START_TEST(test_checkpoint_soon_and_every_bytes)
+{
+    int hits[NPREFIX], runs[NPREFIX];
+    uint64_t writes = 0, written;
+    kvc_client *c;
+    kvc_ns *ns;
+    extra_opt = "disk.checkpoint_bytes=8m"; /* checkpoint_interval: the default, 60 s */
+    kvcd_start("128m");
+    c = kvcd_connect();
+    ck_assert_int_eq(kvc_ns_open(c, &layout, &ns), 0);
+    put_all(c, ns);
+    settle(c);
+    for (int i = 0; i < 50 && writes < 1; i++) {
+        writes = stat_get(c, "disk_checkpoint_writes");
+        msleep(100);
+    }
+    ck_assert_uint_ge(writes, 1);           /* the first, within seconds */
+    put_range(c, ns, NPREFIX, NPREFIX + 5); /* 25 MiB more, most of it to disk */
+    settle(c);
+    written = stat_get(c, "disk_bytes_written");
+    ck_assert_uint_gt(written, 32 << 20);
+    for (int i = 0; i < 50 && writes < 2; i++) {
+        writes = stat_get(c, "disk_checkpoint_writes");
+        msleep(100);
+    }
+    printf("e2e_disk: %llu checkpoints within seconds of the start, %llu MiB written\n",
+           (unsigned long long)writes, (unsigned long long)(written >> 20));
+    ck_assert_uint_ge(writes, 2); /* the first, and at least one for the bytes since */
+    on_disk_runs(c, ns, runs);
+    kvc_disconnect(c);
+    kvcd_stop(SIGKILL);
+    kvcd_start("128m");
+    c = kvcd_connect();
+    ck_assert_int_eq(kvc_ns_open(c, &layout, &ns), 0);
+    ck_assert_uint_eq(stat_get(c, "disk_start_checkpoint"), 1);
+    ck_assert_uint_gt(stat_get(c, "disk_start_records_checkpoint"), 100);
+    get_all(ns, hits);
+    for (int p = 0; p < NPREFIX; p++)
+        ck_assert_msg(hits[p] >= runs[p], "prefix %d: %d hits after restart, %d were on disk", p,
+                      hits[p], runs[p]);
+    ck_assert_uint_eq(stat_get(c, "checksum_failures"), 0);
+    kvc_disconnect(c);
+    kvcd_stop(SIGTERM);
+}
+END_TEST
+
+/* ---- hits counted once ------------------------------------------------------------------ */
+
+#define HC_CLIENTS 6
+#define HC_ROUNDS 40
+
+struct hc_shared {
+    uint64_t hits;     /* blocks the clients got, fast path and socket together */
+    uint64_t wrong;    /* blocks with a wrong byte */
+    uint64_t put_keys; /* keys the clients' puts named */
+};
+
+/* A client: lookups of random prefixes (on disk, in memory, partly both) through
+ * kvc_get_prefix (the shared index first, the rest through the socket, waiting for reads from
+ * disk) and through kvc_lookup, every hit's bytes checked, and a put of its own now and then;
+ * the hits it got added to sh->hits. Exit status 0, or 1 on an error. */
+static int hc_client(int id, struct hc_shared *sh)
+{
+    uint64_t rs = 0x9e3779b97f4a7c15ull * (uint64_t)(id + 1), hits = 0;
+    uint8_t *want = malloc(BLOCK), *bufs = malloc((size_t)PLEN * BLOCK);
+    void *dst[PLEN];
+    const void *src[PLEN];
+    struct kvc_key keys[PLEN];
+    kvc_client *c = NULL;
+    kvc_ns *ns = NULL;
+    int rc = 1;
+    if (!want || !bufs || kvc_connect(sock, &c) || kvc_ns_open(c, &layout, &ns))
+        goto out;
+    for (int i = 0; i < PLEN; i++)
+        dst[i] = bufs + (size_t)i * BLOCK;
+    for (int r = 0; r < HC_ROUNDS; r++) {
+        int p, n, h;
+        rs ^= rs << 13, rs ^= rs >> 7, rs ^= rs << 17;
+        p = (int)(rs % NPREFIX);
+        n = 1 + (int)((rs >> 16) % PLEN);
+        keys_of(ns, p, keys);
+        if (r % 8 == 7) { /* a put of its own: memory churns, and puts wait for room too */
+            keys_of(ns, 1000 + id * HC_ROUNDS + r, keys);
+            for (int i = 0; i < PLEN; i++) {
+                block_fill(bufs + (size_t)i * BLOCK, &keys[i]);
+                src[i] = bufs + (size_t)i * BLOCK;
+            }
+            if (kvc_put_prefix(ns, NULL, keys, PLEN, src) < 0)
+                goto out;
+            __atomic_fetch_add(&sh->put_keys, PLEN, __ATOMIC_RELAXED);
+            continue;
+        }
+        if (r % 2) {
+            h = kvc_get_prefix(ns, keys, (size_t)n, dst);
+            if (h < 0)
+                goto out;
+            for (int i = 0; i < h; i++) {
+                block_fill(want, &keys[i]);
+                if (memcmp(dst[i], want, BLOCK) != 0)
+                    __atomic_fetch_add(&sh->wrong, 1, __ATOMIC_RELAXED);
+            }
+        } else {
+            kvc_lease *l = NULL;
+            h = kvc_lookup(ns, keys, (size_t)n, 0, &l);
+            if (h < 0)
+                goto out;
+            for (int i = 0; i < h; i++) {
+                block_fill(want, &keys[i]);
+                if (kvc_lease_copy(l, (size_t)i, dst[0], BLOCK) < 0 ||
+                    memcmp(dst[0], want, BLOCK) != 0)
+                    __atomic_fetch_add(&sh->wrong, 1, __ATOMIC_RELAXED);
+            }
+            kvc_release(l);
+        }
+        hits += (uint64_t)h;
+    }
+    __atomic_fetch_add(&sh->hits, hits, __ATOMIC_RELAXED);
+    rc = kvc_flush(c) == 0 ? 0 : 1;
+out:
+    kvc_disconnect(c); /* the daemon reads the hits its ring still holds */
+    free(want);
+    free(bufs);
+    return rc;
+}
+
+/* The daemon's hit count is the clients' (issue 28: 78,266 against 77,891): several clients
+ * read prefixes on disk and in memory, through the shared index and the socket, while memory
+ * is short enough that lookups wait for room to read their blocks back from disk (a lookup
+ * that waited used to be counted at every try, and so was a put). Once they are gone,
+ * hit_blocks grew by exactly the blocks they got, and reserve_keys by the keys they put. */
+START_TEST(test_hits_counted_once)
+{
+    struct hc_shared *sh =
+        mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    uint64_t hits0, fast0, waits0, keys0, hits, fast, waits, prom, keys;
+    pid_t kids[HC_CLIENTS];
+    const char *nf = getenv("KVC_NO_FASTPATH");
+    kvc_client *c;
+    kvc_ns *ns;
+    ck_assert_ptr_ne(sh, MAP_FAILED);
+    memset(sh, 0, sizeof(*sh));
+    kvcd_start("256m");
+    c = kvcd_connect();
+    ck_assert_int_eq(kvc_ns_open(c, &layout, &ns), 0);
+    put_all(c, ns);
+    settle(c);
+    hits0 = stat_get(c, "hit_blocks");
+    fast0 = stat_get(c, "fast_hits");
+    waits0 = stat_get(c, "put_waits");
+    keys0 = stat_get(c, "reserve_keys");
+    for (int i = 0; i < HC_CLIENTS; i++) {
+        kids[i] = daemon_fork();
+        ck_assert_int_ge(kids[i], 0);
+        if (kids[i] == 0)
+            _exit(hc_client(i, sh));
+    }
+    for (int i = 0; i < HC_CLIENTS; i++)
+        ck_assert_int_eq(daemon_child_wait(kids[i], daemon_ms(120000), NULL), 0);
+    /* their connections closed: every ring was read */
+    for (int i = 0; i < 200 && stat_get(c, "clients_now") > 1; i++)
+        msleep(25);
+    ck_assert_uint_eq(stat_get(c, "clients_now"), 1);
+    hits = stat_get(c, "hit_blocks") - hits0;
+    fast = stat_get(c, "fast_hits") - fast0;
+    waits = stat_get(c, "put_waits") - waits0;
+    prom = stat_get(c, "promoted_blocks");
+    keys = stat_get(c, "reserve_keys") - keys0;
+    printf("e2e_disk: hits: clients %llu, daemon %llu (%llu through the shared index), %llu "
+           "waits for room, %llu blocks read back from disk; keys put %llu, counted %llu\n",
+           (unsigned long long)sh->hits, (unsigned long long)hits, (unsigned long long)fast,
+           (unsigned long long)waits, (unsigned long long)prom, (unsigned long long)sh->put_keys,
+           (unsigned long long)keys);
+    ck_assert_uint_eq(sh->wrong, 0);
+    ck_assert_uint_gt(sh->hits, 0);
+    ck_assert_uint_gt(prom, 0);
+    if (!nf || !*nf || strcmp(nf, "0") == 0)
+        ck_assert_uint_gt(fast, 0);
+    ck_assert_uint_eq(hits, sh->hits);
+    /* a put that waited for room is counted once too, with the answer it got */
+    ck_assert_uint_eq(keys, sh->put_keys);
+    ck_assert_uint_eq(stat_get(c, "fast_refused"), 0);
+    kvc_disconnect(c);
+    kvcd_stop(SIGTERM);
+    munmap(sh, sizeof(*sh));
+}
+END_TEST
+
+/* A digest of a whole file (FNV-1a): equal before and after means no byte changed. */
+static uint64_t file_digest(const char *path)
+{
+    static uint8_t buf[65536];
+    uint64_t h = 0xcbf29ce484222325ull;
+    ssize_t n;
+    int fd = open(path, O_RDONLY);
+    ck_assert_int_ge(fd, 0);
+    while ((n = read(fd, buf, sizeof(buf))) > 0)
+        for (ssize_t i = 0; i < n; i++)
+            h = (h ^ buf[i]) * 0x100000001b3ull;
+    close(fd);
+    return h;
+}
+
+/* One daemon per disk file: a second kvcd on the same disk.path (its own socket) while the
+ * first runs is refused at start, naming the first one's pid, with a non-zero exit status
+ * and the disk file untouched; the first keeps serving every block. Once the first is gone
+ * the file opens again. */
+START_TEST(test_second_daemon_refused)
+{
+    int hits[NPREFIX], st = -1;
+    char sock2[320], log2[320], o_sock2[400], o_path[400], want[64], text[8192];
+    uint64_t before;
+    kvc_client *c;
+    kvc_ns *ns;
+    pid_t pid2;
+    FILE *f;
+    size_t n;
+    kvcd_start("128m");
+    c = kvcd_connect();
+    ck_assert_int_eq(kvc_ns_open(c, &layout, &ns), 0);
+    put_all(c, ns);
+    settle(c);
+    ck_assert_uint_gt(stat_get(c, "disk_records"), 100);
+    before = file_digest(dpath);
+    snprintf(sock2, sizeof(sock2), "%s/second.sock", dir);
+    snprintf(log2, sizeof(log2), "%s/second.log", dir);
+    snprintf(o_sock2, sizeof(o_sock2), "server.socket=%s", sock2);
+    snprintf(o_path, sizeof(o_path), "disk.path=%s", dpath);
+    pid2 = daemon_fork();
+    ck_assert_int_ge(pid2, 0);
+    if (pid2 == 0) {
+        int fd = open(log2, O_WRONLY | O_CREAT | O_APPEND, 0600);
+        if (fd >= 0)
+            dup2(fd, 2);
+        execl(KVC_BUILD_BIN "/kvcd", "kvcd", "-c", "/dev/null", "-o", o_sock2, "-o",
+              "host.size=16m", "-o", "host.prefault=no", "-o", o_path, "-o", "disk.capacity=128m",
+              "-o", "disk.page=1m", (char *)NULL);
+        _exit(127);
+    }
+    st = daemon_child_wait(pid2, daemon_ms(DAEMON_START_MS), NULL);
+    ck_assert_msg(st > 0, "the second kvcd: exit status %d, expected a refusal", st);
+    f = fopen(log2, "r");
+    ck_assert_ptr_nonnull(f);
+    n = fread(text, 1, sizeof(text) - 1, f);
+    text[n] = 0;
+    fclose(f);
+    snprintf(want, sizeof(want), "in use by another kvcd (pid %d)", (int)kvcd_pid);
+    ck_assert_msg(strstr(text, want), "no '%s' in the second kvcd's log:\n%s", want, text);
+    ck_assert_int_ne(access(sock2, F_OK), 0); /* it never listened */
+    ck_assert_uint_eq(file_digest(dpath), before);
+    /* the first one serves every block, bytes right */
+    ck_assert_int_eq(get_all(ns, hits), NPREFIX * PLEN);
+    ck_assert_uint_eq(stat_get(c, "checksum_failures"), 0);
+    kvc_disconnect(c);
+    kvcd_stop(SIGTERM);
+    /* its lock went with it */
+    kvcd_start("128m");
+    c = kvcd_connect();
+    ck_assert_uint_gt(stat_get(c, "disk_records_found"), 100);
+    kvc_disconnect(c);
+    kvcd_stop(SIGTERM);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("e2e_disk");
@@ -781,6 +1090,7 @@ int main(void)
     tcase_set_timeout(tc, daemon_slow() * 60);
     tcase_add_test(tc, test_offload_restart_sigterm);
     tcase_add_test(tc, test_offload_restart_sigkill);
+    tcase_add_test(tc, test_walk_restart_sigkill);
     tcase_add_test(tc, test_compressed_restart);
     tcase_add_test(tc, test_default_policy_offloads);
     tcase_add_test(tc, test_corrupt_block_is_a_miss);
@@ -790,6 +1100,9 @@ int main(void)
     tcase_add_test(tc, test_quantized_blocks_on_disk);
     tcase_add_test(tc, test_checkpoint_restart_sigterm);
     tcase_add_test(tc, test_checkpoint_restart_sigkill);
+    tcase_add_test(tc, test_second_daemon_refused);
+    tcase_add_test(tc, test_checkpoint_soon_and_every_bytes);
+    tcase_add_test(tc, test_hits_counted_once);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -160,6 +160,20 @@ START_TEST(test_lifecycle_check_config)
     snprintf(want, sizeof(want), "%s:3", bad);
     ck_assert_msg(strstr(err, want), "no '%s' in: %s", want, err);
     ck_assert_int_eq(access(d.sock, F_OK), -1); /* checking starts nothing */
+    /* a disk path whose directory is missing is reported, naming the directory; one whose
+     * directory is there passes (the file is created at start) */
+    {
+        char opt[DAEMON_PATH_MAX + 64], missing[DAEMON_PATH_MAX + 32];
+        const char *argv_disk[] = {DAEMON_KVCD, "--check-config", "-o", opt, NULL};
+        snprintf(missing, sizeof(missing), "%s/no-such-dir", d.dir);
+        snprintf(opt, sizeof(opt), "disk.path=%s/disk0.kvc", missing);
+        ck_assert_int_gt(daemon_run(argv_disk, out, sizeof(out), err, sizeof(err), 20000), 0);
+        snprintf(want, sizeof(want), "its directory %s does not exist", missing);
+        ck_assert_msg(strstr(err, want), "no '%s' in: %s", want, err);
+        snprintf(opt, sizeof(opt), "disk.path=%s/disk0.kvc", d.dir);
+        ck_assert_int_eq(daemon_run(argv_disk, out, sizeof(out), err, sizeof(err), 20000), 0);
+        ck_assert_int_ne(access(opt + strlen("disk.path="), F_OK), 0); /* nor creates it */
+    }
     daemon_cleanup(&d);
 }
 END_TEST

@@ -13,7 +13,8 @@
  *   the daemon, leaks no reservation, pin or slot: the daemon handles the commit a client
  *   sent before it closed, and drops a reservation nobody committed;
  * - blocks large enough to be copied with non-temporal stores read back the same elsewhere;
- * - SYNC and the COMMIT flags are checked like every other field.
+ * - SYNC and the COMMIT flags are checked like every other field;
+ * - every key of a RESERVE is counted once by its fate, a skipped key by why it was skipped.
  *
  * A put is made to take longer than the reservation timeout by a source block in a page
  * that is not readable yet: the copy faults, and the SIGSEGV handler sleeps (or stops the
@@ -584,6 +585,164 @@ START_TEST(test_put_sync_and_commit_flags_checked)
 }
 END_TEST
 
+/* ---- every key of a RESERVE is counted by its fate ------------------------------------ */
+
+/* The counters of a key's fate at RESERVE (docs: kvcctl stats). */
+static const char *const pt_fates[] = {"reserved_blocks",
+                                       "dedup_blocks",
+                                       "busy_blocks",
+                                       "nospace_blocks",
+                                       "quota_cut_blocks",
+                                       "skipped_parent_blocks",
+                                       "skipped_parent_busy_blocks",
+                                       "skipped_busy_blocks",
+                                       "skipped_nospace_blocks",
+                                       "skipped_failed_blocks",
+                                       "reserve_keys",
+                                       NULL};
+enum { PT_FATES = 11 };
+
+static void pt_fates_get(kvc_client *c, uint64_t *v)
+{
+    for (int i = 0; pt_fates[i]; i++)
+        v[i] = pt_stat(c, pt_fates[i]);
+}
+
+/* What the client saw, by status (enum kvc_slot), added to tally[]. */
+static void pt_tally(const kvc_resv *r, size_t n, uint64_t *tally)
+{
+    for (size_t i = 0; i < n; i++) {
+        int st = kvc_resv_status(r, i);
+        ck_assert(st >= KVC_SLOT_PRESENT && st <= KVC_SLOT_NOSPACE);
+        tally[st]++;
+    }
+}
+
+/* A reservation of keys[0..n) under parent, tallied; returned for commit or abort. */
+static kvc_resv *pt_reserve(kvc_ns *ns, const struct kvc_key *parent, const struct kvc_key *keys,
+                            size_t n, uint64_t *tally)
+{
+    kvc_resv *r = NULL;
+    ck_assert_int_ge(kvc_reserve(ns, parent, keys, n, &r), 0);
+    ck_assert_ptr_nonnull(r);
+    pt_tally(r, n, tally);
+    return r;
+}
+
+/* Every key a RESERVE names is counted once by what became of it: reserved, already there,
+ * busy, no room, cut by a quota, or skipped, and a skipped key by why (a parent not cached, a
+ * parent still being written, behind a busy key, behind a key that found no room). The
+ * counters add up to reserve_keys, and match the statuses the client got. */
+START_TEST(test_put_every_key_counted)
+{
+    static const char *const args[] = {"-o", "host.size=16m", "-o", "host.page_size=64k", NULL};
+    enum {
+        F_RESV,
+        F_DEDUP,
+        F_BUSY,
+        F_NOSPACE,
+        F_QUOTA,
+        F_PARENT,
+        F_PARENT_BUSY,
+        F_SK_BUSY,
+        F_SK_NOSPACE,
+        F_SK_FAILED,
+        F_KEYS
+    };
+    static struct kvc_key big[3][KVC_PROTO_MAX_KEYS];
+    uint64_t v0[PT_FATES], v1[PT_FATES], tally[8] = {0}, asked = 0, skipped_nospace = 0;
+    struct kvc_key a[4], b[4], p[1], orphan[3], q[12];
+    kvc_client *c, *c2;
+    kvc_ns *ns, *ns2;
+    kvc_resv *ra, *rb, *rp, *rbig[3];
+    char msg[256];
+    pt_start(args);
+    pt_open(&c, &ns);
+    pt_open(&c2, &ns2);
+    ck_assert_int_eq(daemon_chain_keys(ns, 1, 0, 4, 4, a), 0);
+    ck_assert_int_eq(daemon_chain_keys(ns, 2, 0, 4, 4, b), 0);
+    ck_assert_int_eq(daemon_chain_keys(ns, 3, 0, 1, 1, p), 0);
+    ck_assert_int_eq(daemon_chain_keys(ns, 4, 0, 3, 3, orphan), 0);
+    ck_assert_int_eq(daemon_chain_keys(ns, 5, 0, 12, 12, q), 0);
+    pt_fates_get(c, v0);
+    /* a: two committed, then the same chain again: two there, two new */
+    rb = pt_reserve(ns, NULL, a, 2, tally);
+    ck_assert_int_eq(kvc_commit(rb, SIZE_MAX), 2);
+    ra = pt_reserve(ns, NULL, a, 4, tally);
+    ck_assert_int_eq(kvc_commit(ra, SIZE_MAX), 2);
+    asked += 6;
+    /* a parent that was never cached (or was evicted): every key skipped */
+    ra = pt_reserve(ns, &b[3], orphan, 3, tally);
+    ck_assert_int_eq(kvc_resv_status(ra, 0), KVC_SLOT_SKIPPED);
+    kvc_abort(ra);
+    asked += 3;
+    /* a parent another client is still writing */
+    rp = pt_reserve(ns2, NULL, p, 1, tally);
+    ra = pt_reserve(ns, &p[0], orphan, 2, tally);
+    kvc_abort(ra);
+    asked += 3;
+    /* behind a key another client is writing: busy, then skipped */
+    rb = pt_reserve(ns2, NULL, b, 2, tally);
+    ra = pt_reserve(ns, NULL, b, 4, tally);
+    ck_assert_int_eq(kvc_resv_status(ra, 0), KVC_SLOT_BUSY);
+    kvc_abort(ra);
+    kvc_abort(rb);
+    kvc_abort(rp);
+    asked += 6;
+    /* no room: every slot of the arena reserved and held, then a key finds none and the rest
+     * of its chain is skipped */
+    for (int i = 0; i < 3; i++) {
+        uint64_t t[8] = {0};
+        ck_assert_int_eq(daemon_chain_keys(ns, 10 + (uint32_t)i, 0, KVC_PROTO_MAX_KEYS,
+                                           KVC_PROTO_MAX_KEYS, big[i]),
+                         0);
+        rbig[i] = pt_reserve(ns, NULL, big[i], KVC_PROTO_MAX_KEYS, t);
+        for (int k = 0; k < 8; k++)
+            tally[k] += t[k];
+        if (t[KVC_SLOT_NOSPACE])
+            skipped_nospace += t[KVC_SLOT_SKIPPED];
+        asked += KVC_PROTO_MAX_KEYS;
+    }
+    ck_assert_uint_gt(tally[KVC_SLOT_NOSPACE], 0);
+    ck_assert_uint_gt(skipped_nospace, 0);
+    for (int i = 0; i < 3; i++)
+        kvc_abort(rbig[i]);
+    /* a quota cuts the request: the keys past it come back NOSPACE */
+    ck_assert_int_eq(kvc_config_set(c, "quota.client_reserved_bytes", "32k", msg, sizeof(msg)), 0);
+    ra = pt_reserve(ns, NULL, q, 12, tally);
+    ck_assert_int_eq(kvc_resv_status(ra, 11), KVC_SLOT_NOSPACE);
+    kvc_abort(ra);
+    asked += 12;
+    pt_fates_get(c, v1);
+    for (int i = 0; i < PT_FATES; i++)
+        v1[i] -= v0[i];
+    ck_assert_uint_eq(v1[F_KEYS], asked);
+    ck_assert_uint_eq(v1[F_RESV], tally[KVC_SLOT_RESERVED]);
+    ck_assert_uint_eq(v1[F_DEDUP], tally[KVC_SLOT_PRESENT]);
+    ck_assert_uint_eq(v1[F_BUSY], tally[KVC_SLOT_BUSY]);
+    ck_assert_uint_eq(v1[F_NOSPACE] + v1[F_QUOTA], tally[KVC_SLOT_NOSPACE]);
+    ck_assert_uint_eq(v1[F_PARENT] + v1[F_PARENT_BUSY] + v1[F_SK_BUSY] + v1[F_SK_NOSPACE] +
+                          v1[F_SK_FAILED],
+                      tally[KVC_SLOT_SKIPPED]);
+    ck_assert_uint_eq(v1[F_DEDUP], 2);
+    ck_assert_uint_eq(v1[F_PARENT], 3);
+    ck_assert_uint_eq(v1[F_PARENT_BUSY], 2);
+    ck_assert_uint_eq(v1[F_BUSY], 1);
+    ck_assert_uint_eq(v1[F_SK_BUSY], 3);
+    ck_assert_uint_eq(v1[F_SK_NOSPACE], skipped_nospace);
+    ck_assert_uint_eq(v1[F_QUOTA], 4);
+    ck_assert_uint_eq(v1[F_SK_FAILED], 0);
+    /* every key counted once */
+    uint64_t sum = 0;
+    for (int i = 0; i < F_KEYS; i++)
+        sum += v1[i];
+    ck_assert_uint_eq(sum, v1[F_KEYS]);
+    kvc_disconnect(c2);
+    kvc_disconnect(c);
+    pt_stop();
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("e2e_put");
@@ -602,6 +761,7 @@ int main(void)
     tcase_add_test(tc, test_put_closed_with_error_reply_unread);
     tcase_add_test(tc, test_put_closed_with_commit_unread);
     tcase_add_test(tc, test_put_sync_and_commit_flags_checked);
+    tcase_add_test(tc, test_put_every_key_counted);
     suite_add_tcase(s, tc);
     if (daemon_suite_init("e2e-put"))
         return 1;

@@ -1,0 +1,393 @@
+/*
+ * kern_encb.h — the encode kernel's work, unit by unit and thread by thread, shared by the
+ * CUDA kernel (kern_cuda.cu) and its CPU emulation (kern_encode_batched_cpu, kern.c).
+ * Internal to kernels/.
+ *
+ * DESIGN
+ * One launch encodes a block: its sections are cut into units, one thread block each, all
+ * in one grid, found by a search of the section table the launch carries by value (struct
+ * kern_enc_args: each section's codec, offset and first unit), plus a last unit that writes
+ * the header and zeroes the sections' alignment padding. Units by codec:
+ *  - token-major codecs (q8_0, q4_1, q5_1, KIVI values): KERN_ENC_GROUPS (256) consecutive groups
+ *    of the section's [T][H][G] groups, so a unit's output is one contiguous run. A thread
+ *    encodes a group at a time — its 32 values read as four 16-byte loads where the layout
+ *    allows, the reference's group function into registers, the bytes into shared memory —
+ *    and then the block writes the run out with 16-byte stores (phase 2);
+ *  - raw: KERN_ENC_RAW_BYTES of the section, copied 16 bytes a thread;
+ *  - fp8: one head of the section: the amax of its T x D values (phase 1, a max per thread,
+ *    order-free), the scale (phase 2, one thread), the codes (phase 3);
+ *  - KIVI keys: one 32-token group of one head: per channel min, max and the fp16 scale and
+ *    min (phase 1: a thread per channel, reads coalesced across channels), then the packed
+ *    code bytes, a thread per (row, byte) (phase 2).
+ * The arithmetic is the reference's group functions (kern_fmt.h), so the bytes are the
+ * reference's. A phase ends where the CUDA kernel has a __syncthreads(); the emulation runs
+ * every thread's phase 1, then every thread's phase 2, and so on, over the same functions.
+ */
+#ifndef KVC_KERN_ENCB_H
+#define KVC_KERN_ENCB_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels/kern.h"
+#include "kernels/kern_batch.h"
+#include "kernels/kern_fmt.h"
+
+#define KERN_ENC_THREADS 256
+#define KERN_ENC_GROUPS 256      /* groups per token-major unit: one a thread */
+#define KERN_ENC_RAW_BYTES 32768 /* bytes per raw unit */
+#define KERN_ENC_MAX_SECT (2 * KERN_MAX_LAYERS)
+#define KERN_ENC_PHASES 3
+
+struct kern_enc_sect {
+    uint32_t offset; /* from the block's start */
+    uint32_t bytes;  /* payload */
+    uint32_t unit0;  /* its first unit */
+    uint32_t codec;
+};
+
+/* What the launch carries by value. */
+struct kern_enc_args {
+    struct kern_layout lay;
+    struct kern_recipe rec;
+    uint32_t nsect;
+    uint32_t nunits;  /* the sections' units; unit nunits writes the header */
+    uint32_t aligned; /* every group of 32 values starts 16-byte aligned in the input */
+    uint32_t pad;
+    struct kern_enc_sect s[KERN_ENC_MAX_SECT];
+};
+
+/* A thread block's shared memory. */
+struct kern_enc_smem {
+    uint8_t out[KERN_ENC_GROUPS * 34]; /* a token-major unit's output run */
+    float red[KERN_ENC_THREADS];       /* fp8: each thread's amax */
+    float mnf[KERN_MAX_HEAD_DIM];      /* KIVI keys: each channel's fp16 min, as float */
+    float id[KERN_MAX_HEAD_DIM];       /* and 1 / scale */
+};
+
+KERN_HD uint32_t kern_enc_group_bytes(uint32_t codec)
+{
+    int bits = kern_codec_bits(codec);
+    if (bits)
+        return kern_kivi_v_group_bytes(bits);
+    return codec == KERN_CODEC_Q8_0 ? 34u : codec == KERN_CODEC_Q4_1 ? 20u : 24u;
+}
+
+KERN_HD uint32_t kern_enc_units(const struct kern_layout *lay, uint32_t codec, int is_v)
+{
+    const uint64_t T = lay->tokens, H = lay->heads, D = lay->head_dim;
+    if (codec == KERN_CODEC_RAW)
+        return (uint32_t)((T * H * D * 2 + KERN_ENC_RAW_BYTES - 1) / KERN_ENC_RAW_BYTES);
+    if (codec == KERN_CODEC_FP8)
+        return (uint32_t)H;
+    if (kern_codec_bits(codec) && !is_v)
+        return (uint32_t)(H * ((T + KERN_GROUP - 1) / KERN_GROUP));
+    return (uint32_t)((T * H * kern_ngroups((uint32_t)D) + KERN_ENC_GROUPS - 1) / KERN_ENC_GROUPS);
+}
+
+/* Fills a from a layout and recipe that kern_encoded_size() accepted; src is the input (its
+ * address decides the load width). Returns the encoded size. */
+KERN_HD uint64_t kern_enc_args_fill(struct kern_enc_args *a, const struct kern_layout *lay,
+                                    const struct kern_recipe *rec, const void *src)
+{
+    const uint32_t kinds = kern_kinds(lay);
+    uint64_t off = kern_hdr_bytes(lay);
+    uint32_t units = 0;
+    memset(a, 0, sizeof(*a));
+    a->lay = *lay;
+    for (uint32_t l = 0; l < lay->layers; l++) {
+        a->rec.codec[l][0] = rec->codec[l][0];
+        a->rec.codec[l][1] = rec->codec[l][1];
+        for (uint32_t k = 0; k < kinds; k++) {
+            struct kern_enc_sect *s = &a->s[l * kinds + k];
+            s->codec = rec->codec[l][k];
+            s->offset = (uint32_t)off;
+            s->bytes = (uint32_t)kern_sect_bytes(lay, s->codec, k == 1);
+            s->unit0 = units;
+            units += kern_enc_units(lay, s->codec, k == 1);
+            off = (off + s->bytes + KERN_ALIGN - 1) & ~(uint64_t)(KERN_ALIGN - 1);
+        }
+    }
+    a->nsect = lay->layers * kinds;
+    a->nunits = units;
+    a->aligned = (((uint64_t)(uintptr_t)src | (2ull * lay->head_dim)) & 15) == 0;
+    return off;
+}
+
+/* The section of unit u (u < a->nunits). */
+KERN_HD uint32_t kern_enc_sect_of(const struct kern_enc_args *a, uint32_t u)
+{
+    uint32_t lo = 0, hi = a->nsect - 1;
+    while (lo < hi) {
+        uint32_t mid = (lo + hi + 1) / 2;
+        if (a->s[mid].unit0 <= u)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+/* Value (t, c) of head h of the (layer, kind) slab `raw` as a lossy codec sees it. */
+KERN_HD float kern_enc_value(const struct kern_layout *lay, const uint8_t *raw, uint32_t t,
+                             uint32_t h, uint32_t c)
+{
+    return kern_sanitize(
+        kern_load(raw, lay->dtype, ((uint64_t)t * lay->heads + h) * lay->head_dim + c));
+}
+
+/* ---- token-major units: groups of 32 values of one token and head ----------------------- */
+
+KERN_HD void kern_enc_tm_phase1(const struct kern_enc_args *a, const struct kern_enc_sect *s,
+                                uint32_t unit, const uint8_t *raw, struct kern_enc_smem *sm,
+                                uint32_t tid, uint32_t nt)
+{
+    const struct kern_layout *lay = &a->lay;
+    const uint32_t H = lay->heads, D = lay->head_dim, G = kern_ngroups(D);
+    const uint64_t total = (uint64_t)lay->tokens * H * G, u0 = (uint64_t)unit * KERN_ENC_GROUPS;
+    const uint32_t ng = (uint32_t)(total - u0 < KERN_ENC_GROUPS ? total - u0 : KERN_ENC_GROUPS);
+    const uint32_t codec = s->codec, gb = kern_enc_group_bytes(codec);
+    const int bits = kern_codec_bits(codec);
+    for (uint32_t i = tid; i < ng; i += nt) {
+        const uint64_t u = u0 + i;
+        const uint32_t t = (uint32_t)(u / ((uint64_t)H * G));
+        const uint32_t rem = (uint32_t)(u % ((uint64_t)H * G)), h = rem / G, g = rem % G;
+        const int n = (int)(D - g * KERN_GROUP < KERN_GROUP ? D - g * KERN_GROUP : KERN_GROUP);
+        const uint8_t *p = raw + 2 * (((uint64_t)t * H + h) * D + (uint64_t)g * KERN_GROUP);
+        uint16_t v[KERN_GROUP];
+        float x[KERN_GROUP];
+        if (a->aligned && n == KERN_GROUP) {
+            kern_batch_v16 q[4];
+            KERN_UNROLL
+            for (int j = 0; j < 4; j++)
+                KERN_BATCH_LOAD(kern_batch_v16, q[j], p + 16 * j);
+            memcpy(v, q, sizeof(v));
+        } else {
+            KERN_UNROLL
+            for (int j = 0; j < KERN_GROUP; j++)
+                v[j] = j < n ? (uint16_t)kern_batch_u16(p + 2 * j) : 0;
+        }
+        KERN_UNROLL
+        for (int j = 0; j < KERN_GROUP; j++) {
+            uint16_t one = v[j];
+            x[j] = j < n ? kern_sanitize(kern_load(&one, lay->dtype, 0)) : 0.0f;
+        }
+        uint8_t blk[34];
+        if (bits)
+            kern_kivi_v_enc(x, n, blk, bits);
+        else if (codec == KERN_CODEC_Q8_0)
+            kern_q8_0_enc(x, n, blk);
+        else
+            kern_qx_1_enc(x, n, blk, codec == KERN_CODEC_Q5_1 ? 5 : 4);
+        memcpy(sm->out + (uint64_t)i * gb, blk, gb);
+    }
+}
+
+/* The unit's run out of shared memory: 16 bytes a thread (the run starts 16-byte aligned:
+ * sections do, and KERN_ENC_GROUPS groups are a multiple of 16 bytes), the tail by bytes. */
+KERN_HD void kern_enc_tm_phase2(const struct kern_enc_args *a, const struct kern_enc_sect *s,
+                                uint32_t unit, uint8_t *dst, const struct kern_enc_smem *sm,
+                                uint32_t tid, uint32_t nt)
+{
+    const struct kern_layout *lay = &a->lay;
+    const uint64_t total = (uint64_t)lay->tokens * lay->heads * kern_ngroups(lay->head_dim);
+    const uint64_t u0 = (uint64_t)unit * KERN_ENC_GROUPS;
+    const uint32_t ng = (uint32_t)(total - u0 < KERN_ENC_GROUPS ? total - u0 : KERN_ENC_GROUPS);
+    const uint32_t bytes = ng * kern_enc_group_bytes(s->codec);
+    uint8_t *to = dst + s->offset + u0 * kern_enc_group_bytes(s->codec);
+    for (uint32_t i = tid; i < bytes / 16; i += nt) {
+        kern_batch_v16 v;
+        memcpy(&v, sm->out + 16 * i, 16);
+        KERN_BATCH_STORE(kern_batch_v16, to + 16 * i, v);
+    }
+    for (uint32_t i = bytes / 16 * 16 + tid; i < bytes; i += nt)
+        to[i] = sm->out[i];
+}
+
+/* ---- raw units ------------------------------------------------------------------------ */
+
+KERN_HD void kern_enc_raw(const struct kern_enc_sect *s, uint32_t unit, const uint8_t *raw,
+                          uint8_t *dst, uint32_t tid, uint32_t nt)
+{
+    const uint64_t from = (uint64_t)unit * KERN_ENC_RAW_BYTES;
+    const uint64_t n = s->bytes - from < KERN_ENC_RAW_BYTES ? s->bytes - from : KERN_ENC_RAW_BYTES;
+    const uint8_t *p = raw + from;
+    uint8_t *q = dst + s->offset + from;
+    if ((((uint64_t)(uintptr_t)p | (uint64_t)(uintptr_t)q) & 15) == 0) {
+        for (uint64_t i = tid; i < n / 16; i += nt) {
+            kern_batch_v16 v;
+            KERN_BATCH_LOAD(kern_batch_v16, v, p + 16 * i);
+            KERN_BATCH_STORE(kern_batch_v16, q + 16 * i, v);
+        }
+        for (uint64_t i = n / 16 * 16 + tid; i < n; i += nt)
+            q[i] = p[i];
+    } else {
+        for (uint64_t i = tid; i < n; i += nt)
+            q[i] = p[i];
+    }
+}
+
+/* ---- fp8 units: one head ------------------------------------------------------------------ */
+
+KERN_HD void kern_enc_fp8_phase1(const struct kern_enc_args *a, uint32_t h, const uint8_t *raw,
+                                 struct kern_enc_smem *sm, uint32_t tid, uint32_t nt)
+{
+    const struct kern_layout *lay = &a->lay;
+    const uint64_t n = (uint64_t)lay->tokens * lay->head_dim;
+    float amax = 0.0f;
+    for (uint64_t i = tid; i < n; i += nt) {
+        float v = fabsf(kern_enc_value(lay, raw, (uint32_t)(i / lay->head_dim), h,
+                                       (uint32_t)(i % lay->head_dim)));
+        amax = v > amax ? v : amax;
+    }
+    sm->red[tid] = amax;
+}
+
+KERN_HD void kern_enc_fp8_phase2(const struct kern_enc_args *a, const struct kern_enc_sect *s,
+                                 uint32_t h, uint8_t *dst, struct kern_enc_smem *sm, uint32_t tid,
+                                 uint32_t nt)
+{
+    (void)a;
+    if (tid != 0)
+        return;
+    float amax = 0.0f;
+    for (uint32_t i = 0; i < nt; i++)
+        amax = sm->red[i] > amax ? sm->red[i] : amax;
+    float scale = kern_fp8_scale(amax);
+    sm->mnf[0] = scale;
+    memcpy(dst + s->offset + 4 * h, &scale, 4);
+}
+
+KERN_HD void kern_enc_fp8_phase3(const struct kern_enc_args *a, const struct kern_enc_sect *s,
+                                 uint32_t h, const uint8_t *raw, uint8_t *dst,
+                                 const struct kern_enc_smem *sm, uint32_t tid, uint32_t nt)
+{
+    const struct kern_layout *lay = &a->lay;
+    const uint32_t H = lay->heads, D = lay->head_dim;
+    const uint64_t n = (uint64_t)lay->tokens * D;
+    const float scale = sm->mnf[0];
+    uint8_t *q = dst + s->offset + 4 * H;
+    for (uint64_t i = tid; i < n; i += nt) {
+        uint32_t t = (uint32_t)(i / D), d = (uint32_t)(i % D);
+        q[((uint64_t)t * H + h) * D + d] =
+            kern_e4m3_enc(KERN_DIV(kern_enc_value(lay, raw, t, h, d), scale));
+    }
+}
+
+/* ---- KIVI key units: one 32-token group of one head ---------------------------------------- */
+
+KERN_HD uint8_t *kern_enc_kk_group(const struct kern_enc_args *a, const struct kern_enc_sect *s,
+                                   uint32_t unit, uint8_t *dst, uint32_t *h, uint32_t *t0,
+                                   uint32_t *rows)
+{
+    const struct kern_layout *lay = &a->lay;
+    const int bits = kern_codec_bits(s->codec);
+    const uint32_t ngr = (lay->tokens + KERN_GROUP - 1) / KERN_GROUP, gi = unit % ngr;
+    *h = unit / ngr;
+    *t0 = gi * KERN_GROUP;
+    *rows = lay->tokens - *t0 < KERN_GROUP ? lay->tokens - *t0 : KERN_GROUP;
+    return dst + s->offset +
+           (uint64_t)*h * kern_kivi_k_head_bytes(lay->head_dim, lay->tokens, bits) +
+           (uint64_t)gi * kern_kivi_k_group_bytes(lay->head_dim, KERN_GROUP, bits);
+}
+
+KERN_HD void kern_enc_kk_phase1(const struct kern_enc_args *a, const struct kern_enc_sect *s,
+                                uint32_t unit, const uint8_t *raw, uint8_t *dst,
+                                struct kern_enc_smem *sm, uint32_t tid, uint32_t nt)
+{
+    const struct kern_layout *lay = &a->lay;
+    const int bits = kern_codec_bits(s->codec);
+    const uint32_t D = lay->head_dim;
+    uint32_t h, t0, rows;
+    uint8_t *g = kern_enc_kk_group(a, s, unit, dst, &h, &t0, &rows);
+    for (uint32_t c = tid; c < D; c += nt) {
+        float mn = kern_enc_value(lay, raw, t0, h, c), mx = mn;
+        for (uint32_t r = 1; r < rows; r++) {
+            float v = kern_enc_value(lay, raw, t0 + r, h, c);
+            mn = v < mn ? v : mn;
+            mx = v > mx ? v : mx;
+        }
+        uint16_t mn_h, sc_h;
+        kern_kivi_params(mn, mx, bits, &mn_h, &sc_h, &sm->mnf[c], &sm->id[c]);
+        memcpy(g + 2 * c, &sc_h, 2);
+        memcpy(g + 2 * D + 2 * c, &mn_h, 2);
+    }
+}
+
+KERN_HD void kern_enc_kk_phase2(const struct kern_enc_args *a, const struct kern_enc_sect *s,
+                                uint32_t unit, const uint8_t *raw, uint8_t *dst,
+                                const struct kern_enc_smem *sm, uint32_t tid, uint32_t nt)
+{
+    const struct kern_layout *lay = &a->lay;
+    const int bits = kern_codec_bits(s->codec);
+    const uint32_t D = lay->head_dim, rb = kern_kivi_row_bytes(D, bits), per = 8 / (uint32_t)bits;
+    uint32_t h, t0, rows;
+    uint8_t *g = kern_enc_kk_group(a, s, unit, dst, &h, &t0, &rows);
+    const uint32_t gb = kern_kivi_k_group_bytes(D, rows, bits);
+    for (uint32_t i = tid; i < rows * rb; i += nt) {
+        uint32_t r = i / rb, cb = i % rb, byte = 0;
+        for (uint32_t j = 0; j < per && cb * per + j < D; j++) {
+            uint32_t c = cb * per + j;
+            float v = kern_enc_value(lay, raw, t0 + r, h, c);
+            byte |= kern_kivi_code(v, sm->mnf[c], sm->id[c], bits) << (j * bits);
+        }
+        g[4 * D + i] = (uint8_t)byte;
+    }
+    for (uint32_t i = 4 * D + rows * rb + tid; i < gb; i += nt)
+        g[i] = 0;
+}
+
+/* ---- the header unit ------------------------------------------------------------------------ */
+
+KERN_HD void kern_enc_hdr(const struct kern_enc_args *a, uint8_t *dst, uint32_t tid, uint32_t nt)
+{
+    if (tid == 0)
+        kern_hdr_build(&a->lay, &a->rec, dst);
+    for (uint32_t i = tid; i < a->nsect; i += nt) {
+        const struct kern_enc_sect *s = &a->s[i];
+        uint32_t end = (s->offset + s->bytes + KERN_ALIGN - 1) & ~(KERN_ALIGN - 1);
+        for (uint32_t b = s->offset + s->bytes; b < end; b++)
+            dst[b] = 0;
+    }
+}
+
+/* ---- one unit, one phase ------------------------------------------------------------------- */
+
+/* Phase `phase` (0..KERN_ENC_PHASES-1) of unit u for thread tid of nt: what the kernel runs
+ * between two barriers. src is the raw block, dst the encoded one. */
+KERN_HD void kern_enc_unit(const struct kern_enc_args *a, uint32_t u, int phase, const uint8_t *src,
+                           uint8_t *dst, struct kern_enc_smem *sm, uint32_t tid, uint32_t nt)
+{
+    if (u >= a->nunits) {
+        if (phase == 0)
+            kern_enc_hdr(a, dst, tid, nt);
+        return;
+    }
+    const uint32_t si = kern_enc_sect_of(a, u), kinds = kern_kinds(&a->lay);
+    const struct kern_enc_sect *s = &a->s[si];
+    const uint32_t unit = u - s->unit0, l = si / kinds, k = si % kinds;
+    const uint8_t *raw = src + 2 * kern_raw_index(&a->lay, l, k, 0, 0);
+    if (s->codec == KERN_CODEC_RAW) {
+        if (phase == 0)
+            kern_enc_raw(s, unit, raw, dst, tid, nt);
+    } else if (s->codec == KERN_CODEC_FP8) {
+        if (phase == 0)
+            kern_enc_fp8_phase1(a, unit, raw, sm, tid, nt);
+        else if (phase == 1)
+            kern_enc_fp8_phase2(a, s, unit, dst, sm, tid, nt);
+        else
+            kern_enc_fp8_phase3(a, s, unit, raw, dst, sm, tid, nt);
+    } else if (kern_codec_bits(s->codec) && k == 0) {
+        if (phase == 0)
+            kern_enc_kk_phase1(a, s, unit, raw, dst, sm, tid, nt);
+        else if (phase == 1)
+            kern_enc_kk_phase2(a, s, unit, raw, dst, sm, tid, nt);
+    } else {
+        if (phase == 0)
+            kern_enc_tm_phase1(a, s, unit, raw, sm, tid, nt);
+        else if (phase == 1)
+            kern_enc_tm_phase2(a, s, unit, dst, sm, tid, nt);
+    }
+}
+
+#endif
