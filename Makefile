@@ -6,7 +6,10 @@
 #                   seconds, then the suites again under ASan+UBSan, and the threaded
 #                   ones under TSan
 #   make mutation   apply deliberate bugs to a copy of the tree; the suites must catch each
-#   make demo       start kvcd with defaults and run two engine processes sharing a prefix
+#   make demo       start kvcd with defaults and run engine processes sharing a prefix; a line
+#                   per engine and a three-line summary (DEMO_STATS=1: kvcctl status and stats
+#                   too). Installs only the build set of etc/install-deps.sh
+#   make deps       install every missing package (deps-build, deps-test, deps-bench: one set)
 #   make demo-engine  the PyTorch reference engine in several processes sharing prefixes
 #   make bench      every benchmark; make bench-NAME runs tests/bench/bench_NAME.c
 #                   (make bench-python: the Python package and reference engine, apart)
@@ -124,7 +127,7 @@ ifeq ($(SAN),1)
 PY_PRELOAD := $(shell $(CC) -print-file-name=libasan.so)
 endif
 
-.PHONY: all check check-run check-gpu deps demo demo-engine bench bench-python benches clean tests config-ini fuzz \
+.PHONY: all check check-run check-gpu deps deps-build deps-test deps-bench demo demo-engine bench bench-python benches clean tests config-ini fuzz \
 	fuzz-build fuzz-smoke mutation python
 all: $(BINS) $(LIBS) $(PY_ALL)
 tests: $(CHECK_BINS) $(PY_CHECK)
@@ -150,6 +153,23 @@ $(B)/lib/libkvcd.a: $(LIBKVCD_OBJS)
 $(B)/lib/libkvc.a: $(LIBKVC_OBJS)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
+
+# The static libkvc that is installed carries no CUDA, so a program linked with
+# `pkg-config --static --libs libkvc` needs no CUDA toolkit: in a CUDA build it is libkvc's
+# objects with the kernels' CUDA-less twins (kernels/*.c built with KVC_CUDA=0, no .cu
+# objects); libkvc-cuda.a (libkvc-cuda.pc) is the one with the device paths.
+ifeq ($(CUDA),1)
+KERN_NOCUDA_OBJS := $(patsubst %.c,$(B)/obj-nocuda/%.o,$(wildcard kernels/*.c))
+$(B)/obj-nocuda/%.o: %.c $(FLAGS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -UKVC_CUDA -DKVC_CUDA=0 $(DEPFLAGS) -c $< -o $@
+$(B)/lib/libkvc-nocuda.a: $(call obj,$(LIBKVC_SRCS)) $(KERN_NOCUDA_OBJS)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+LIBKVC_STATIC := $(B)/lib/libkvc-nocuda.a
+else
+LIBKVC_STATIC := $(B)/lib/libkvc.a
+endif
 
 $(B)/lib/libkvc.so: $(LIBKVC_OBJS) client/libkvc.map
 	@mkdir -p $(dir $@)
@@ -239,8 +259,11 @@ $(B)/tests/check_python: python/tests/check_python.sh.in $(PY_EXT) $(PY_FILES) $
 	chmod 0755 $@.tmp && mv $@.tmp $@
 
 # ---- the README's commands -----------------------------------------------
+# etc/install-deps.sh's sets: build (make, make demo), test (make check's suites), bench.
 deps:
-	@sh etc/install-deps.sh
+	@sh etc/install-deps.sh build test bench
+deps-%:
+	@sh etc/install-deps.sh $*
 
 # `make check`: deps, the normal build and suites, every benchmark once with KVC_BENCH_SMOKE=1
 # and the fuzz targets for FUZZ_SMOKE_SECONDS each (so neither can rot), then the sanitizer
@@ -293,9 +316,11 @@ device-bundle: $(B)/bin/kvcd $(B)/bin/kvcctl $(patsubst %,$(B)/tests/%,$(BUNDLE_
 	@test "$(CUDA)" = 1 || { echo "device-bundle: needs a CUDA build (nvcc)"; exit 1; }
 	NVCC=$(NVCC) sh etc/device-bundle.sh $(B) $(BUNDLE) "$(BUNDLE_SUITES)" "$(BUNDLE_BENCHES)"
 
-demo: deps
+# The C demo needs the build set alone (no PyTorch, redis, memcached, fio or gnuplot).
+DEMO_STATS ?= 0
+demo: deps-build
 	$(MAKE) all
-	sh tests/demo/demo.sh $(B)
+	sh tests/demo/demo.sh $(if $(filter 1,$(DEMO_STATS)),--stats) $(B)
 
 # The reference engine (python/kvcd/engine) in several processes against a private kvcd:
 # prefill with and without hits, and every generated token checked against the no-cache run.
@@ -382,14 +407,29 @@ mutation:
 config-ini: $(B)/bin/kvcd
 	$(B)/bin/kvcd --print-config > etc/kvcd.ini
 
+# kvcd.ini(5)'s OPTIONS are the option table too (kvcd --print-man), between its markers;
+# check_config fails when the page drifts.
+.PHONY: man-ini
+man-ini: $(B)/bin/kvcd
+	$(B)/bin/kvcd --print-man > $(B)/kvcd.ini.5.options
+	awk -v gen=$(B)/kvcd.ini.5.options '/^\.\\" END kvcd --print-man/ { skip = 0 } \
+		!skip { print } /^\.\\" BEGIN kvcd --print-man/ { skip = 1; \
+		while ((getline l < gen) > 0) print l }' docs/man/kvcd.ini.5 > $(B)/kvcd.ini.5.tmp
+	mv $(B)/kvcd.ini.5.tmp docs/man/kvcd.ini.5
+
 clean:
 	rm -rf build
 
--include $(shell find $(B)/obj -name '*.d' 2>/dev/null)
+-include $(shell find $(B)/obj $(B)/obj-nocuda -name '*.d' 2>/dev/null)
 
 # ---- install (issue 6) ---------------------------------------------------------------------
-# make install [PREFIX=/usr/local] [DESTDIR=/tmp/stage]; paths inside the installed units and
-# the pkg-config file are the final ones (PREFIX), files land under DESTDIR.
+# make install [PREFIX=/usr/local] [DESTDIR=/tmp/stage] [INSTALL_STRIP=0]; paths inside the
+# installed units and the pkg-config file are the final ones (PREFIX), files land under
+# DESTDIR. The programs, libkvc.so.1 and the Python extension are installed stripped, their
+# debug info beside in DEBUGDIR (PREFIX/lib/debug + the file's own path, as .debug files the
+# stripped ones name in a .gnu_debuglink: where gdb looks), libkvc.a without debug info.
+# INSTALL_STRIP=0 installs them as built (for packagers whose tools strip); STRIP and
+# OBJCOPY name the tools (a cross toolchain's).
 PREFIX ?= /usr/local
 BINDIR ?= $(PREFIX)/bin
 LIBDIR ?= $(PREFIX)/lib
@@ -401,32 +441,59 @@ SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
 TMPFILESDIR ?= $(PREFIX)/lib/tmpfiles.d
 # The remote tier's drop-in for kvcd.service (docs/remote.md), installed inactive.
 REMOTEDROPINDIR ?= $(PREFIX)/share/kvcd/systemd/kvcd.service.d
+DEBUGDIR ?= $(PREFIX)/lib/debug
 KVC_VERSION := 0.1.0
 INSTALL ?= install
+INSTALL_STRIP ?= 1
+STRIP ?= strip
+OBJCOPY ?= objcopy
 SUBST = sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' \
 	-e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' \
 	-e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' -e 's|@VERSION@|$(KVC_VERSION)|g' \
-	-e 's|@LIBS_PRIVATE@|$(strip $(CUDA_LIBS))|g'
+	-e 's|@CUDA_LIBS@|-lcudart_static -lstdc++ -ldl -lrt|g'
 MAN8 := docs/man/kvcd.8 docs/man/kvcctl.8 docs/man/kvcreplay.8
 MAN5 := docs/man/kvcd.ini.5
 MAN3 := docs/man/libkvc.3
+# Installs the executable or shared object $(1) as $(2) (a path under DESTDIR): stripped with
+# its debug info in DEBUGDIR (INSTALL_STRIP=1), or as built.
+define install_elf
+	if [ "$(INSTALL_STRIP)" = 1 ]; then \
+		$(INSTALL) -d $(dir $(DESTDIR)$(DEBUGDIR)$(2)) && \
+		$(OBJCOPY) --only-keep-debug $(1) $(DESTDIR)$(DEBUGDIR)$(2).debug && \
+		chmod 0644 $(DESTDIR)$(DEBUGDIR)$(2).debug && \
+		$(STRIP) --strip-unneeded -o $(DESTDIR)$(2).tmp $(1) && \
+		$(OBJCOPY) --add-gnu-debuglink=$(DESTDIR)$(DEBUGDIR)$(2).debug $(DESTDIR)$(2).tmp && \
+		chmod $(3) $(DESTDIR)$(2).tmp && mv -f $(DESTDIR)$(2).tmp $(DESTDIR)$(2); \
+	else $(INSTALL) -m $(3) $(1) $(DESTDIR)$(2); fi
+endef
+INSTALL_BINS := kvcd kvcctl kvcreplay kvcsim
+
 # The kvcd Python package, where /usr/bin/python3 finds it: Debian's dist-packages (/usr: the
 # version-less dir of distribution packages; other prefixes: the versioned one of /usr/local).
 PY_LIBDIR = $(if $(filter /usr,$(PREFIX)),python3,python$(PY_VERSION))
 PYTHONDIR ?= $(PREFIX)/lib/$(PY_LIBDIR)/dist-packages
 
 .PHONY: install uninstall
-install: all
+install: all $(LIBKVC_STATIC)
 	$(INSTALL) -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCLUDEDIR) \
 		$(DESTDIR)$(MANDIR)/man3 $(DESTDIR)$(MANDIR)/man5 $(DESTDIR)$(MANDIR)/man8 \
 		$(DESTDIR)$(SYSCONFDIR)/kvcd $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSUSERSDIR) \
 		$(DESTDIR)$(TMPFILESDIR) $(DESTDIR)$(REMOTEDROPINDIR)
-	$(INSTALL) -m 0755 $(B)/bin/kvcd $(B)/bin/kvcctl $(B)/bin/kvcreplay $(DESTDIR)$(BINDIR)/
-	$(INSTALL) -m 0755 $(B)/lib/libkvc.so.1 $(DESTDIR)$(LIBDIR)/libkvc.so.1
+	$(call install_elf,$(B)/bin/kvcd,$(BINDIR)/kvcd,0755)
+	$(call install_elf,$(B)/bin/kvcctl,$(BINDIR)/kvcctl,0755)
+	$(call install_elf,$(B)/bin/kvcreplay,$(BINDIR)/kvcreplay,0755)
+	$(call install_elf,$(B)/bin/kvcsim,$(BINDIR)/kvcsim,0755)
+	$(call install_elf,$(B)/lib/libkvc.so.1,$(LIBDIR)/libkvc.so.1,0755)
 	ln -sf libkvc.so.1 $(DESTDIR)$(LIBDIR)/libkvc.so
-	$(INSTALL) -m 0644 $(B)/lib/libkvc.a $(DESTDIR)$(LIBDIR)/libkvc.a
+	$(INSTALL) -m 0644 $(LIBKVC_STATIC) $(DESTDIR)$(LIBDIR)/libkvc.a
+	if [ "$(INSTALL_STRIP)" = 1 ]; then $(STRIP) --strip-debug $(DESTDIR)$(LIBDIR)/libkvc.a; fi
 	$(INSTALL) -m 0644 client/kvc.h $(DESTDIR)$(INCLUDEDIR)/kvc.h
 	$(SUBST) etc/systemd/libkvc.pc.in > $(DESTDIR)$(LIBDIR)/pkgconfig/libkvc.pc
+	$(if $(filter 1,$(CUDA)),$(INSTALL) -m 0644 $(B)/lib/libkvc.a $(DESTDIR)$(LIBDIR)/libkvc-cuda.a)
+	$(if $(filter 1,$(CUDA)),if [ "$(INSTALL_STRIP)" = 1 ]; then \
+		$(STRIP) --strip-debug $(DESTDIR)$(LIBDIR)/libkvc-cuda.a; fi)
+	$(if $(filter 1,$(CUDA)),$(SUBST) etc/systemd/libkvc-cuda.pc.in > \
+		$(DESTDIR)$(LIBDIR)/pkgconfig/libkvc-cuda.pc)
 	test -e $(DESTDIR)$(SYSCONFDIR)/kvcd/kvcd.ini || \
 		$(INSTALL) -m 0644 etc/kvcd.ini $(DESTDIR)$(SYSCONFDIR)/kvcd/kvcd.ini
 	$(SUBST) etc/systemd/kvcd.service.in > $(DESTDIR)$(UNITDIR)/kvcd.service
@@ -438,20 +505,24 @@ install: all
 	$(INSTALL) -m 0644 $(MAN5) $(DESTDIR)$(MANDIR)/man5/
 	$(INSTALL) -m 0644 $(MAN8) $(DESTDIR)$(MANDIR)/man8/
 	$(if $(PY_ALL),$(INSTALL) -d $(DESTDIR)$(PYTHONDIR)/kvcd/engine)
-	$(if $(PY_ALL),$(INSTALL) -m 0644 $(PY_EXT) $(filter-out $(PY_PKG)/engine/%,$(PY_FILES)) \
+	$(if $(PY_ALL),$(call install_elf,$(PY_EXT),$(PYTHONDIR)/kvcd/$(notdir $(PY_EXT)),0644))
+	$(if $(PY_ALL),$(INSTALL) -m 0644 $(filter-out $(PY_PKG)/engine/%,$(PY_FILES)) \
 		$(DESTDIR)$(PYTHONDIR)/kvcd/)
 	$(if $(PY_ALL),$(INSTALL) -m 0644 $(filter $(PY_PKG)/engine/%,$(PY_FILES)) \
 		$(DESTDIR)$(PYTHONDIR)/kvcd/engine/)
 
 # The configuration file stays: it may hold the operator's edits.
 uninstall:
-	rm -f $(DESTDIR)$(BINDIR)/kvcd $(DESTDIR)$(BINDIR)/kvcctl $(DESTDIR)$(BINDIR)/kvcreplay \
+	rm -f $(addprefix $(DESTDIR)$(BINDIR)/,$(INSTALL_BINS)) \
+		$(addprefix $(DESTDIR)$(DEBUGDIR)$(BINDIR)/,$(addsuffix .debug,$(INSTALL_BINS))) \
 		$(DESTDIR)$(LIBDIR)/libkvc.so.1 $(DESTDIR)$(LIBDIR)/libkvc.so $(DESTDIR)$(LIBDIR)/libkvc.a \
-		$(DESTDIR)$(LIBDIR)/pkgconfig/libkvc.pc $(DESTDIR)$(INCLUDEDIR)/kvc.h \
+		$(DESTDIR)$(DEBUGDIR)$(LIBDIR)/libkvc.so.1.debug $(DESTDIR)$(LIBDIR)/libkvc-cuda.a \
+		$(DESTDIR)$(LIBDIR)/pkgconfig/libkvc.pc $(DESTDIR)$(LIBDIR)/pkgconfig/libkvc-cuda.pc \
+		$(DESTDIR)$(INCLUDEDIR)/kvc.h \
 		$(DESTDIR)$(UNITDIR)/kvcd.service $(DESTDIR)$(UNITDIR)/kvcd.socket \
 		$(DESTDIR)$(SYSUSERSDIR)/kvcd.conf $(DESTDIR)$(TMPFILESDIR)/kvcd.conf \
 		$(DESTDIR)$(REMOTEDROPINDIR)/remote.conf \
 		$(addprefix $(DESTDIR)$(MANDIR)/man3/,$(notdir $(MAN3))) \
 		$(addprefix $(DESTDIR)$(MANDIR)/man5/,$(notdir $(MAN5))) \
 		$(addprefix $(DESTDIR)$(MANDIR)/man8/,$(notdir $(MAN8)))
-	rm -rf $(DESTDIR)$(PYTHONDIR)/kvcd
+	rm -rf $(DESTDIR)$(PYTHONDIR)/kvcd $(DESTDIR)$(DEBUGDIR)$(PYTHONDIR)/kvcd

@@ -438,15 +438,22 @@ KVC_API int kvc_metrics(kvc_client *c, char **text);
  * -ENOSPC (buf too small; it holds a truncated text). */
 KVC_API int kvc_config_get(kvc_client *c, const char *key, char *buf, size_t len);
 
+/* The same as JSON, typed: a key's value (true/false; integers and doubles as numbers, sizes
+ * in bytes and durations in milliseconds as numbers; modes, enums and strings as strings),
+ * or without a key one object {"section.name": value, ...} where an option the caller may
+ * not see is null. Errors as kvc_config_get, and -EACCES for a key the caller may not see. */
+KVC_API int kvc_config_get_json(kvc_client *c, const char *key, char *buf, size_t len);
+
 /* (admin) Sets a reloadable option in the running daemon, checked like a reload; it holds
- * until the next reload rereads the file. 0, or the refusal (-EINVAL bad value, -EPERM not
- * reloadable or not an admin) with the daemon's reason in msg. */
+ * until the next reload rereads the file. 0, or the refusal with the daemon's reason in msg:
+ * -ENOENT no such option, -EINVAL bad value, -EROFS the option cannot change while kvcd
+ * runs (a restart applies it), -EPERM not an admin. */
 KVC_API int kvc_config_set(kvc_client *c, const char *key, const char *value, char *msg,
                            size_t len);
 
 /* (admin) Reloads the configuration file, all or nothing, and waits for the verdict:
- * 0 applied; -EINVAL (the file does not parse or validate) or -EPERM (an option that needs
- * a restart changed) with the daemon's reason in msg. */
+ * 0 applied; -EINVAL (the file does not parse or validate) or -EROFS (an option that needs
+ * a restart changed) with the daemon's reason in msg; -EPERM not an admin. */
 KVC_API int kvc_reload(kvc_client *c, char *msg, size_t len);
 
 /* Policies (docs/policies.md). scope 0: get writes the default (cache.policy) on the first

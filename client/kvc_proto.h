@@ -385,11 +385,12 @@ struct kvc_block_list_rep {
  */
 struct kvc_admin_req {
     uint32_t scope;
-    uint32_t tier;
+    uint32_t tier; /* EVICT: the tier; CONFIG_GET: 0 text, KVC_CONFIG_GET_JSON typed JSON */
     uint64_t cursor;
     char key[64];    /* NUL-terminated within the array */
     char value[192]; /* NUL-terminated within the array */
 };
+#define KVC_CONFIG_GET_JSON 1u
 /* Reply of METRICS, CONFIG_*, RELOAD, POLICY_*, EVICT, SHUTDOWN: a verdict, a number and a
  * text (a value, a refusal's reason, a page of metrics). */
 struct kvc_text_rep {

@@ -469,6 +469,8 @@ KVC_API const char *kvc_strerror(int err)
         return "not allowed by the namespace's access list";
     case -EPERM:
         return "admin request refused (not root, kvcd's user or its admin group)";
+    case -EROFS:
+        return "the option cannot change while kvcd runs (restart kvcd to apply it)";
     case -EBUSY:
         return "in use (pinned, reserved or moving blocks, or a WAIT already pending)";
     default:
@@ -971,7 +973,7 @@ KVC_API int kvc_lease_copy(const kvc_lease *l, size_t i, void *dst, size_t len)
         return grc;
     }
     if (l->hits[i].format == KVC_WIRE_FORMAT_RAW) {
-        memcpy(dst, l->hits[i].data, l->ns->block_bytes);
+        kvci_copy_from_arena(dst, l->hits[i].data, l->ns->block_bytes);
         kvc_lease_account(l, t0);
         return 0;
     }

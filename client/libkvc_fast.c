@@ -202,7 +202,7 @@ static int kvc_fast_copy(const kvc_ns *ns, const uint8_t *base, const struct kvc
     if (e->format == KVC_WIRE_FORMAT_RAW) {
         if (e->len < ns->block_bytes)
             return -1;
-        memcpy(dst, base + e->off, ns->block_bytes);
+        kvci_copy_from_arena(dst, base + e->off, ns->block_bytes);
         __atomic_thread_fence(__ATOMIC_ACQUIRE);
         return __atomic_load_n(gen, __ATOMIC_RELAXED) == e->gen ? 0 : -1;
     }

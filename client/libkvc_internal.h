@@ -197,6 +197,12 @@ void kvci_fast_fini(kvc_client *c);
  * publishes them is sent; else memcpy. */
 #define KVCI_STREAM_MIN (32u << 10)
 void kvci_copy_to_arena(void *dst, const void *src, size_t len);
+/* Copies a hit's bytes out of an arena slot into the caller's memory (libkvc_copy.c): at the
+ * speed of an aligned memcpy whatever the destination's alignment (a copy of KVCI_ALIGN_MIN
+ * bytes or more not 64-byte aligned on both sides aligns its destination first); else
+ * memcpy. */
+#define KVCI_ALIGN_MIN (1u << 10)
+void kvci_copy_from_arena(void *dst, const void *src, size_t len);
 
 uint64_t kvc_layout_salt(const struct kvc_wire_layout *l);
 void kvc_key_chain(uint64_t salt, const struct kvc_key *parent, const uint32_t *tokens,

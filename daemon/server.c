@@ -399,6 +399,13 @@ static int server_on_ns_open(struct server *sv, struct conn *c, const struct pro
     bool created, exists = false;
     int rc;
     bool named = memchr(q->layout.model_id, 0, sizeof(q->layout.model_id)) != NULL;
+    /* Refused before anything logs or matches the id: a newline in it would break lines. */
+    if (named && !store_model_id_ok(q->layout.model_id)) {
+        log_limited(LOG_LEVEL_WARNING,
+                    "server: client %u: NS_OPEN refused (model id holds a control character)",
+                    c->id);
+        return -EINVAL;
+    }
     for (uint32_t i = 1; named && i < sv->store->nns && !exists; i++)
         exists = sv->store->ns[i] &&
                  strcmp(sv->store->ns[i]->layout.model_id, q->layout.model_id) == 0;

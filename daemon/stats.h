@@ -50,7 +50,7 @@
     X(evicted_blocks, "blocks evicted to make room")                                          \
     X(evicted_bytes, "bytes evicted")                                                         \
     X(reserve_evictions, "blocks evicted (or their memory dropped) inside a RESERVE, a put waiting") \
-    X(load_us, "microseconds clients reported copying hits out of the cache")                \
+    X(load_us, "time clients reported copying hits out of the cache (us)")                   \
     X(pins, "block pins taken by lookups")                                                    \
     X(unpins, "block pins dropped (release or client exit)")                                  \
     X(quantized_blocks, "raw blocks quantized in place")                                           \

@@ -319,6 +319,14 @@ static const char *store_quant_check(const struct kvc_wire_layout *l)
     return NULL;
 }
 
+bool store_model_id_ok(const char *id)
+{
+    for (; *id; id++)
+        if ((unsigned char)*id < 0x20 || *id == 0x7f)
+            return false;
+    return true;
+}
+
 int store_layout_check(const struct kvc_wire_layout *l, uint64_t arena_bytes,
                        uint64_t *block_bytes, const char **why)
 {
@@ -327,6 +335,8 @@ int store_layout_check(const struct kvc_wire_layout *l, uint64_t arena_bytes,
     *why = NULL;
     if (idlen == 0 || idlen == sizeof(l->model_id))
         *why = "model id empty or not NUL-terminated";
+    else if (!store_model_id_ok(l->model_id))
+        *why = "model id holds a control character (newline, tab, ...)";
     else if (l->dtype == 0 || l->dtype >= sizeof(store_dtype_bytes) / sizeof(store_dtype_bytes[0]))
         *why = "unknown dtype";
     else if (l->kv_kind != KVC_WIRE_KV_KIND_KV && l->kv_kind != KVC_WIRE_KV_KIND_K_ONLY)

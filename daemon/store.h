@@ -246,6 +246,10 @@ void store_free(struct store *s); /* NULL is a no-op */
 /* Applies the reloadable parameters (watermarks, policy, max_handles). */
 void store_reload(struct store *s, const struct store_params *p);
 
+/* Whether a (NUL-terminated) model id is free of control characters: an id is printed in
+ * kvcctl's tables, logs and metric labels, where a newline or tab would break lines. */
+bool store_model_id_ok(const char *id);
+
 /* Checks a layout and computes its block size. 0 or -EINVAL (with a reason in *why). */
 int store_layout_check(const struct kvc_wire_layout *l, uint64_t arena_bytes,
                        uint64_t *block_bytes, const char **why);
