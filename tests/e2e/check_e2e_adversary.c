@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "client/kvc.h"
+#include "client/kvc_fast.h"
 #include "client/kvc_proto.h"
 #include "client/libkvc_internal.h"
 #include "daemon/engine.h"
@@ -150,8 +151,11 @@ static void adv_start(const char *const *extra)
                               "read = 65503\n"
                               "write = 65501\n"
                               "host_size = 16m\n";
-    const char *args[64] = {"-c", NULL, "-o", "server.socket_mode=0666", "-o", "host.size=32m",
-                            "-o", "host.page_size=64k", "-o", "log.rate_limit=1000"};
+    const char *args[64] = {"-c", NULL,
+                            "-o", "server.socket_mode=0666",
+                            "-o", "host.size=32m",
+                            "-o", "host.page_size=64k",
+                            "-o", "log.rate_limit=1000"};
     char path[DAEMON_PATH_MAX];
     int n = 10;
     adv_dir_open();
@@ -175,6 +179,12 @@ static uint64_t adv_stat(const char *name)
     uint64_t v = UINT64_MAX;
     ck_assert_int_eq(daemon_stat(&adv_d, name, &v), 0);
     return v;
+}
+
+static uint64_t adv_stat_or0(const char *name)
+{
+    uint64_t v = 0;
+    return daemon_stat(&adv_d, name, &v) == 0 ? v : 0;
 }
 
 /* Once every child is gone: alive, and every pin and reservation given back. */
@@ -427,9 +437,9 @@ static int adv_flood_attacker(void *arg)
 
 START_TEST(test_pin_and_lease_flood)
 {
-    static const char *const extra[] = {
-        "-o", "quota.client_pins=256", "-o", "quota.uid_pins=512", "-o", "server.max_leases=32",
-        "-o", "quota.uid_leases=48", NULL};
+    static const char *const extra[] = {"-o", "quota.client_pins=256", "-o", "quota.uid_pins=512",
+                                        "-o", "server.max_leases=32",  "-o", "quota.uid_leases=48",
+                                        NULL};
     struct adv_flood f;
     adv_start(extra);
     adv_sync_init(&f.sync);
@@ -541,9 +551,9 @@ static int adv_idle_attacker(void *arg)
 
 START_TEST(test_idle_connections)
 {
-    static const char *const extra[] = {"-o", "server.max_clients_per_uid=8",
-                                        "-o", "server.hello_timeout=200ms",
-                                        "-o", "server.idle_timeout=1500ms", NULL};
+    static const char *const extra[] = {
+        "-o", "server.max_clients_per_uid=8", "-o", "server.hello_timeout=200ms",
+        "-o", "server.idle_timeout=1500ms",   NULL};
     struct adv_sync s;
     adv_start(extra);
     adv_sync_init(&s);
@@ -621,8 +631,8 @@ static int adv_bystander(void *arg)
 
 START_TEST(test_reservation_hoarding)
 {
-    static const char *const extra[] = {"-o", "quota.uid_reserved_share=25",
-                                        "-o", "server.reservation_timeout=1s", NULL};
+    static const char *const extra[] = {"-o", "quota.uid_reserved_share=25", "-o",
+                                        "server.reservation_timeout=1s", NULL};
     struct adv_sync s;
     adv_start(extra);
     adv_sync_init(&s);
@@ -736,9 +746,8 @@ START_TEST(test_namespace_flood)
     ck_assert_uint_ge(adv_stat("refused_namespaces"), 1);
     /* The admin drops one of the attacker's. */
     snprintf(id, sizeof(id), "%u", adv_ns_id("flood-0"));
-    ck_assert_int_eq(daemon_kvcctl(&adv_d, out, sizeof(out), err, sizeof(err), "ns", "drop", id,
-                                   NULL),
-                     0);
+    ck_assert_int_eq(
+        daemon_kvcctl(&adv_d, out, sizeof(out), err, sizeof(err), "ns", "drop", id, NULL), 0);
     ck_assert_msg(strstr(out, "dropped"), "%s", out);
     adv_signal(s.down[1], 'g');
     ck_assert_int_eq(daemon_child_wait(a, 30000, NULL), 0);
@@ -746,15 +755,13 @@ START_TEST(test_namespace_flood)
     pid_t b = adv_spawn(ADV_VICTIM, adv_victim_holding, &v);
     ck_assert_int_eq(adv_await(v.up[0]), 'h');
     snprintf(id, sizeof(id), "%u", adv_ns_id("victim-model"));
-    ck_assert_int_eq(daemon_kvcctl(&adv_d, out, sizeof(out), err, sizeof(err), "ns", "drop", id,
-                                   NULL),
-                     1);
+    ck_assert_int_eq(
+        daemon_kvcctl(&adv_d, out, sizeof(out), err, sizeof(err), "ns", "drop", id, NULL), 1);
     ck_assert_msg(strstr(err, "in use"), "%s", err);
     adv_signal(v.down[1], 'g');
     ck_assert_int_eq(daemon_child_wait(b, 30000, NULL), 0);
-    ck_assert_int_eq(daemon_kvcctl(&adv_d, out, sizeof(out), err, sizeof(err), "ns", "drop", id,
-                                   NULL),
-                     0);
+    ck_assert_int_eq(
+        daemon_kvcctl(&adv_d, out, sizeof(out), err, sizeof(err), "ns", "drop", id, NULL), 0);
     ck_assert_uint_eq(adv_stat("dropped_namespaces"), 2);
     adv_victim_served(); /* it creates it again */
     adv_sync_fini(&s);
@@ -883,8 +890,11 @@ static int adv_hole_attacker(void *arg)
     kvc_client *c;
     int fd = -1;
     memset(&q, 0, sizeof(q));
-    q.layout = (struct kvc_wire_layout){.layers = 2, .kv_heads = 2, .head_dim = 64,
-                                        .block_tokens = ADV_BT, .dtype = KVC_WIRE_DTYPE_FP16,
+    q.layout = (struct kvc_wire_layout){.layers = 2,
+                                        .kv_heads = 2,
+                                        .head_dim = 64,
+                                        .block_tokens = ADV_BT,
+                                        .dtype = KVC_WIRE_DTYPE_FP16,
                                         .kv_kind = KVC_WIRE_KV_KIND_KV};
     snprintf(q.layout.model_id, sizeof(q.layout.model_id), "attacker-model");
     if (kvc_connect(adv_d.sock, &c))
@@ -901,8 +911,7 @@ static int adv_hole_attacker(void *arg)
     if (adv_huge_free()) /* take the huge pages a hole would need */
         for (int i = 0; i < 4096; i++)
             if (mmap(NULL, 2u << 20, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB | MAP_POPULATE, -1, 0) ==
-                MAP_FAILED)
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB | MAP_POPULATE, -1, 0) == MAP_FAILED)
                 break;
     adv_signal(s->up[1], 'h');
     for (int round = 0; round < 200; round++) {
@@ -966,8 +975,10 @@ static int adv_hole_bystander(void *arg)
 static void adv_hole_case(bool huge)
 {
     char disk[DAEMON_PATH_MAX + 32], diskopt[DAEMON_PATH_MAX + 64];
-    const char *extra[] = {"-o", diskopt, "-o", "disk.capacity=64m", "-o", "disk.page=1m",
-                           "-o", huge ? "host.hugepages=on" : "host.hugepages=off", NULL};
+    const char *extra[] = {
+        "-o", diskopt,        "-o", "disk.capacity=64m",
+        "-o", "disk.page=1m", "-o", huge ? "host.hugepages=on" : "host.hugepages=off",
+        NULL};
     struct adv_sync s;
     ck_assert_int_eq(daemon_dir_init(&adv_d), 0);
     snprintf(disk, sizeof(disk), "%s/disk", adv_d.dir);
@@ -988,8 +999,9 @@ static void adv_hole_case(bool huge)
                   "bystander: %d, signal %d", brc, sig);
     printf("e2e_adversary: holes (%s pages): the shared arena's other client %s\n",
            huge ? "huge" : "normal",
-           brc == 0 ? "was served" : brc == ADV_HOLE_NOMAP ? "could not map it (ENOMEM)"
-                                                           : "died of SIGBUS");
+           brc == 0                ? "was served"
+           : brc == ADV_HOLE_NOMAP ? "could not map it (ENOMEM)"
+                                   : "died of SIGBUS");
     ck_assert_int_eq(adv_await(s.up[0]), 'd');
     ck_assert(daemon_alive(&adv_d));
     adv_signal(s.down[1], 'g');
@@ -1412,6 +1424,195 @@ START_TEST(test_wait_flood)
 }
 END_TEST
 
+/* ---- the fast path: hit rings ----------------------------------------------------------- */
+
+/* Ring flood (issue 28 row 4): ADV_RF_CONNS connections of the attacker each advance their
+ * hit ring by a ring's worth of valid hits and send FAST_ATTACH SYNC, over and over, while
+ * the victim times LOOKUPs of its restricted prefix; in the rounds between, the same
+ * connections send plain LOOKUPs (and RELEASEs) of their blocks instead. The rounds
+ * alternate (plain, flood, plain, flood) so the host's noise falls on both, and the victim's
+ * p99 under the flood must stay within 2x of its p99 under the plain lookups, over the same
+ * number of samples. */
+#define ADV_RF_CONNS 8
+#define ADV_RF_ROUNDS 4
+#define ADV_RF_SAMPLES 1500 /* per round, at most */
+#define ADV_RF_ROUND_MS 6000
+#define ADV_RF_KEYS 16
+
+struct adv_rf {
+    int ready;      /* children set up */
+    int round;      /* running: 1..ADV_RF_ROUNDS (odd: plain, even: flood); -1: the end */
+    int round_done; /* the last round the victim finished */
+    int failed;     /* a child's step that went wrong */
+    uint64_t msgs[ADV_RF_ROUNDS][ADV_RF_CONNS];
+    uint32_t n[ADV_RF_ROUNDS];
+    uint32_t lat_ns[ADV_RF_ROUNDS][ADV_RF_SAMPLES];
+};
+
+static struct adv_rf *adv_rf;
+static int adv_rf_idx; /* the attacker's number, set before each spawn */
+
+static uint64_t adv_mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Until round r is announced (or the end). */
+static int adv_rf_wait_round(int after)
+{
+    int r;
+    while ((r = __atomic_load_n(&adv_rf->round, __ATOMIC_ACQUIRE)) >= 0 && r <= after)
+        adv_msleep(1);
+    return r;
+}
+
+static int adv_rf_attacker(void *arg)
+{
+    struct adv_rf *rf = adv_rf;
+    struct kvc_layout lay = daemon_layout("attacker-model", ADV_BT);
+    struct kvc_key keys[ADV_RF_KEYS];
+    struct kvc_fast_hit tmpl[ADV_RF_KEYS];
+    kvc_client *c;
+    kvc_ns *ns;
+    int idx = adv_rf_idx, r = 0;
+    (void)arg;
+    if (kvc_connect(adv_d.sock, &c) || kvc_ns_open(c, &lay, &ns))
+        return 200;
+    /* Its blocks, read once through the index: the ring's last entries are valid hits. */
+    if (adv_roundtrip_ns(ns, 0x300 + (uint32_t)idx, ADV_RF_KEYS))
+        return 201;
+    adv_keys(ns, 0x300 + (uint32_t)idx, ADV_RF_KEYS, keys);
+    struct kvc_fast_ring *ring = c->ring;
+    if (!ring || ring->head < ADV_RF_KEYS)
+        return 202;
+    struct kvc_fast_hit *ents = (struct kvc_fast_hit *)(ring + 1);
+    for (uint32_t i = 0; i < ADV_RF_KEYS; i++)
+        tmpl[i] = ents[(ring->head - ADV_RF_KEYS + i) % KVC_FAST_RING_ENTS];
+    if (tmpl[0].nkeys != ADV_RF_KEYS)
+        return 203;
+    __atomic_fetch_add(&rf->ready, 1, __ATOMIC_ACQ_REL);
+    while ((r = adv_rf_wait_round(r)) > 0) {
+        bool flood = (r & 1) == 0;
+        while (__atomic_load_n(&rf->round_done, __ATOMIC_ACQUIRE) < r) {
+            if (flood) {
+                uint64_t head = ring->head;
+                for (uint32_t i = 0; i < KVC_FAST_RING_ENTS; i++)
+                    ents[(head + i) % KVC_FAST_RING_ENTS] = tmpl[i % ADV_RF_KEYS];
+                __atomic_store_n(&ring->head, head + KVC_FAST_RING_ENTS, __ATOMIC_RELEASE);
+                struct kvc_fast_attach_req q = {.what = KVC_FAST_SYNC};
+                if (adv_call(c, KVC_OP_FAST_ATTACH, &q, sizeof(q), NULL, NULL, NULL))
+                    return 204;
+            } else {
+                kvc_lease *l;
+                if (kvc_lookup(ns, keys, ADV_RF_KEYS, 0, &l) != ADV_RF_KEYS || kvc_release(l))
+                    return 205;
+            }
+            rf->msgs[r - 1][idx]++;
+        }
+    }
+    kvc_disconnect(c);
+    return 0;
+}
+
+/* Times LOOKUPs of its 8-block prefix in each round, and runs the rounds. */
+static int adv_rf_victim(void *arg)
+{
+    struct adv_rf *rf = adv_rf;
+    struct kvc_layout lay = daemon_layout("victim-model", ADV_BT);
+    struct kvc_key keys[8];
+    kvc_client *c;
+    kvc_ns *ns;
+    (void)arg;
+    if (kvc_connect(adv_d.sock, &c) || kvc_ns_open(c, &lay, &ns) || adv_roundtrip_ns(ns, 0x7300, 8))
+        return 210;
+    adv_keys(ns, 0x7300, 8, keys);
+    for (int i = 0; i < 60000 && __atomic_load_n(&rf->ready, __ATOMIC_ACQUIRE) < ADV_RF_CONNS; i++)
+        adv_msleep(1);
+    if (rf->ready < ADV_RF_CONNS)
+        return 211;
+    for (int r = 1; r <= ADV_RF_ROUNDS; r++) {
+        __atomic_store_n(&rf->round, r, __ATOMIC_RELEASE);
+        adv_msleep(200); /* the attackers under way */
+        uint64_t end = daemon_now_ms() + ADV_RF_ROUND_MS;
+        uint32_t n = 0;
+        while (n < ADV_RF_SAMPLES && daemon_now_ms() < end) {
+            kvc_lease *l;
+            uint64_t t0 = adv_mono_ns();
+            int h = kvc_lookup(ns, keys, 8, 0, &l);
+            uint64_t t1 = adv_mono_ns();
+            if (h != 8 || kvc_release(l))
+                return 212;
+            rf->lat_ns[r - 1][n++] = (uint32_t)(t1 - t0 > UINT32_MAX ? UINT32_MAX : t1 - t0);
+        }
+        rf->n[r - 1] = n;
+        __atomic_store_n(&rf->round_done, r, __ATOMIC_RELEASE);
+    }
+    __atomic_store_n(&rf->round, -1, __ATOMIC_RELEASE);
+    kvc_disconnect(c);
+    return 0;
+}
+
+static int adv_u32_cmp(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The q-quantile of v[0..n) (sorted in place), in ms. */
+static double adv_quantile_ms(uint32_t *v, uint32_t n, double q)
+{
+    qsort(v, n, sizeof(*v), adv_u32_cmp);
+    uint32_t i = (uint32_t)(q * n + 0.999999);
+    return v[i ? i - 1 : 0] / 1e6;
+}
+
+START_TEST(test_ring_flood)
+{
+    pid_t att[ADV_RF_CONNS], vic;
+    adv_rf = mmap(NULL, sizeof(*adv_rf), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    ck_assert_ptr_ne(adv_rf, MAP_FAILED);
+    memset(adv_rf, 0, sizeof(*adv_rf));
+    adv_start(NULL);
+    for (int i = 0; i < ADV_RF_CONNS; i++) {
+        adv_rf_idx = i;
+        att[i] = adv_spawn(ADV_ATTACKER, adv_rf_attacker, NULL);
+    }
+    vic = adv_spawn(ADV_VICTIM, adv_rf_victim, NULL);
+    ck_assert_int_eq(daemon_child_wait(vic, 120000, NULL), 0);
+    for (int i = 0; i < ADV_RF_CONNS; i++)
+        ck_assert_int_eq(daemon_child_wait(att[i], 30000, NULL), 0);
+    /* The same number of samples of each kind: the fewest any round took, from every one. */
+    uint32_t n = ADV_RF_SAMPLES;
+    for (int r = 0; r < ADV_RF_ROUNDS; r++)
+        n = adv_rf->n[r] < n ? adv_rf->n[r] : n;
+    static uint32_t plain[2 * ADV_RF_SAMPLES], flood[2 * ADV_RF_SAMPLES];
+    uint64_t mplain = 0, mflood = 0;
+    for (int r = 0; r < ADV_RF_ROUNDS; r++) {
+        memcpy((r & 1 ? flood : plain) + (r / 2) * n, adv_rf->lat_ns[r], n * sizeof(uint32_t));
+        for (int i = 0; i < ADV_RF_CONNS; i++)
+            *(r & 1 ? &mflood : &mplain) += adv_rf->msgs[r][i];
+    }
+    double p50p = adv_quantile_ms(plain, 2 * n, 0.5), p99p = adv_quantile_ms(plain, 2 * n, 0.99);
+    double p50f = adv_quantile_ms(flood, 2 * n, 0.5), p99f = adv_quantile_ms(flood, 2 * n, 0.99);
+    printf("e2e_adversary: ring flood: victim LOOKUP p50 %.3f ms, p99 %.3f ms under %llu plain "
+           "lookups; p50 %.3f ms, p99 %.3f ms under %llu ring floods of %u hits (%u samples "
+           "each); fast_hits %llu, fast_dropped %llu\n",
+           p50p, p99p, (unsigned long long)mplain, p50f, p99f, (unsigned long long)mflood,
+           KVC_FAST_RING_ENTS, 2 * n, (unsigned long long)adv_stat("fast_hits"),
+           (unsigned long long)adv_stat_or0("fast_dropped"));
+    fflush(stdout);
+    ck_assert_uint_ge(n, 200);
+    ck_assert_msg(p99f <= 2 * p99p,
+                  "victim p99 %.3f ms under the ring flood, %.3f ms under plain "
+                  "lookups",
+                  p99f, p99p);
+    munmap(adv_rf, sizeof(*adv_rf));
+    adv_check_clean();
+}
+END_TEST
+
 /* ---- the reader's decode ------------------------------------------------------------------- */
 
 /* A writer of the arena rewrites a quantized block's section table while a reader decodes
@@ -1440,8 +1641,8 @@ static pid_t adv_race_writer(struct adv_race *r)
 
 START_TEST(test_reader_private_copy)
 {
-    struct kern_layout kl = {.layers = 2, .heads = 2, .head_dim = 64, .tokens = 32,
-                             .dtype = KERN_DTYPE_FP16};
+    struct kern_layout kl = {
+        .layers = 2, .heads = 2, .head_dim = 64, .tokens = 32, .dtype = KERN_DTYPE_FP16};
     struct kern_recipe rec;
     struct kvc_ns ns;
     struct adv_race race;
@@ -1452,19 +1653,25 @@ START_TEST(test_reader_private_copy)
     uint16_t *src = malloc(raw), *dst = malloc(raw);
     struct kvc_key k = {.lo = 1, .hi = 2};
     daemon_smooth_fill(&k, src, raw / 2);
-    race.shared = mmap(NULL, (size_t)enc, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    race.shared =
+        mmap(NULL, (size_t)enc, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     ck_assert(race.shared != MAP_FAILED);
     ck_assert_int_eq(kern_encode_cpu(&kl, &rec, src, race.shared, (size_t)enc, NULL), enc);
     memset(&ns, 0, sizeof(ns));
     ns.block_bytes = raw;
-    ns.layout = (struct kvc_wire_layout){.layers = 2, .kv_heads = 2, .head_dim = 64,
-                                         .block_tokens = 32, .dtype = KVC_WIRE_DTYPE_FP16,
+    ns.layout = (struct kvc_wire_layout){.layers = 2,
+                                         .kv_heads = 2,
+                                         .head_dim = 64,
+                                         .block_tokens = 32,
+                                         .dtype = KVC_WIRE_DTYPE_FP16,
                                          .kv_kind = KVC_WIRE_KV_KIND_KV};
     kvc_lease *l = calloc(1, sizeof(*l) + sizeof(l->hits[0]));
     l->ns = &ns;
     l->n = 1;
-    l->hits[0] = (struct kvc_hit){.data = race.shared, .len = (uint64_t)enc,
-                                  .format = KVC_WIRE_FORMAT_Q8_0, .ready = true,
+    l->hits[0] = (struct kvc_hit){.data = race.shared,
+                                  .len = (uint64_t)enc,
+                                  .format = KVC_WIRE_FORMAT_Q8_0,
+                                  .ready = true,
                                   .tier = KVC_WIRE_TIER_HOST};
     ck_assert_int_eq(kvc_lease_copy(l, 0, dst, raw), 0);
     ck_assert(daemon_smooth_err(&k, dst, raw / 2) < 0.01);
@@ -1495,47 +1702,63 @@ END_TEST
 
 /* ---- the suite ---------------------------------------------------------------------------------- */
 
+/* One test case per attack, named after it, so that CK_RUN_CASE=test_NAME runs one. */
+static void adv_case(Suite *s, const char *name, const TTest *t)
+{
+    TCase *tc = tcase_create(name);
+    tcase_set_timeout(tc, 120);
+    tcase_add_checked_fixture(tc, NULL, adv_teardown);
+    tcase_add_test(tc, t);
+    suite_add_tcase(s, tc);
+}
+
 int main(void)
 {
+    /* fast: an attack on the fast path's shared memory, skipped in the run with the fast
+     * path off (tests/run-checks.sh runs the suite again with KVC_NO_FASTPATH=1). */
     const struct {
         const char *name;
         const TTest *t;
+        bool fast;
     } cases[] = {
-        {"test_duplicate_keys", test_duplicate_keys},
-        {"test_pin_and_lease_flood", test_pin_and_lease_flood},
-        {"test_connection_flood", test_connection_flood},
-        {"test_idle_connections", test_idle_connections},
-        {"test_reservation_hoarding", test_reservation_hoarding},
-        {"test_namespace_flood", test_namespace_flood},
-        {"test_names_leak", test_names_leak},
-        {"test_hole_punch", test_hole_punch},
-        {"test_gpu_pool_access", test_gpu_pool_access},
-        {"test_wait_flood", test_wait_flood},
+        {"test_duplicate_keys", test_duplicate_keys, false},
+        {"test_pin_and_lease_flood", test_pin_and_lease_flood, false},
+        {"test_connection_flood", test_connection_flood, false},
+        {"test_idle_connections", test_idle_connections, false},
+        {"test_reservation_hoarding", test_reservation_hoarding, false},
+        {"test_namespace_flood", test_namespace_flood, false},
+        {"test_names_leak", test_names_leak, false},
+        {"test_hole_punch", test_hole_punch, false},
+        {"test_gpu_pool_access", test_gpu_pool_access, false},
+        {"test_wait_flood", test_wait_flood, false},
+        {"test_ring_flood", test_ring_flood, true},
     };
     Suite *s = suite_create("e2e_adversary");
-    TCase *tc = tcase_create("adversary");
     SRunner *sr;
     int failed;
     bool root = geteuid() == 0;
-    tcase_set_timeout(tc, 120);
-    tcase_add_checked_fixture(tc, NULL, adv_teardown);
+    const char *nf = getenv("KVC_NO_FASTPATH");
+    bool nofast = nf && *nf && strcmp(nf, "0") != 0;
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        if (root)
-            tcase_add_test(tc, cases[i].t);
-        else
+        if (!root)
             printf("SKIP: e2e_adversary: %s: not root (the clients run as other uids)\n",
                    cases[i].name);
+        else if (cases[i].fast && nofast)
+            printf("SKIP: e2e_adversary: %s: the fast path is off (KVC_NO_FASTPATH): the run "
+                   "with it on has this case\n",
+                   cases[i].name);
+        else
+            adv_case(s, cases[i].name, cases[i].t);
     }
-    tcase_add_test(tc, test_reader_private_copy); /* no other uid needed */
+    adv_case(s, "test_reader_private_copy", test_reader_private_copy); /* no other uid */
     if (!root)
         printf("SKIP: e2e_adversary: test_hole_punch_hugetlb: not root\n");
     else if (adv_huge_free() >= (64u << 20))
-        tcase_add_test(tc, test_hole_punch_hugetlb);
+        adv_case(s, "test_hole_punch_hugetlb", test_hole_punch_hugetlb);
     else
         printf("SKIP: e2e_adversary: test_hole_punch_hugetlb: fewer than 64 MiB of huge "
                "pages free (HugePages_Free * Hugepagesize = %llu bytes)\n",
                (unsigned long long)adv_huge_free());
-    suite_add_tcase(s, tc);
     fflush(stdout);
     if (daemon_suite_init("e2e-adversary"))
         return 1;
