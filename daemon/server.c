@@ -56,6 +56,19 @@
 #define SERVER_BUF (KVC_PROTO_MAX_MSG + 64)
 /* A handler's answer that there is no reply yet (WAIT on reads in flight). */
 #define SERVER_DEFERRED (-EINPROGRESS)
+/* Hit rings (client/kvc_fast.h) are read a bounded step at a time: at most SERVER_FAST_REQ
+ * entries of a connection's own ring before each of its requests (so that its own requests
+ * see its latest hits), at most SERVER_FAST_PASS of one ring in a pass over the rings after
+ * each batch of requests and SERVER_FAST_PASS_ALL in the whole pass, and no ring faster than
+ * server.fast_ring_rate entries a second (docs/security.md). */
+#define SERVER_FAST_REQ 64u
+#define SERVER_FAST_PASS 256u
+#define SERVER_FAST_PASS_ALL 512u
+/* Copy time a connection may report (load_us): at most SERVER_LOAD_PARALLEL microseconds per
+ * microsecond it has been connected (as many threads copying all the time), a minute of that
+ * banked at most. */
+#define SERVER_LOAD_PARALLEL 64u
+#define SERVER_LOAD_BANK_US (SERVER_LOAD_PARALLEL * 60ull * 1000000)
 
 /* The connections of one uid and what they hold together. */
 struct server_uid {
@@ -104,6 +117,10 @@ struct conn {
     uint64_t expired[SERVER_EXPIRED_KEEP]; /* ring of aborted reservation ids */
     uint32_t nexpired;
     struct fast_ring *ring; /* FAST_ATTACH: the hits it took through the shared index */
+    /* Copy time it may still report (load_us of RELEASE and of its ring), refilled at
+     * SERVER_LOAD_PARALLEL microseconds per microsecond since load_ms. */
+    uint64_t load_credit_us;
+    uint64_t load_ms;
 };
 
 /* A WAIT answered when its lease's reads from disk end or its time runs out. */
@@ -157,7 +174,9 @@ struct server {
     struct acl *acl;
     struct server_hooks hooks;
     struct kvc_fast_hit fast_hits[KVC_FAST_RING_ENTS]; /* a hit ring's entries, being read */
-    uint64_t fast_drained_ms; /* 1 + when server_fast_drain_all last ran */
+    uint64_t fast_drained_ms;                          /* 1 + when server_fast_evict last ran */
+    struct conn *fast_next; /* the ring server_fast_pass reads first next time */
+    bool fast_in_pass;
     struct stats fast_excl; /* counted by drains since fast_excl_any was last cleared */
     bool fast_excl_any;
     bool trim_due; /* a commit wants engine_trim once its connection's requests are answered */
@@ -182,6 +201,8 @@ static void server_limits_set(struct server *sv, const struct server_params *p)
     sv->lim.cfg = NULL;
     sv->lim.acl = NULL;
     sv->lim.socket_path = sv->lim.socket_group = NULL;
+    if (!sv->lim.fast_ring_rate)
+        sv->lim.fast_ring_rate = 65536; /* server.fast_ring_rate's default */
 }
 
 /* ---- per-uid accounting ------------------------------------------------------------------ */
@@ -255,11 +276,14 @@ static void server_trim_due(struct server *sv)
     engine_trim(sv->store, loop_now_ms(sv->loop));
 }
 
-static void server_fast_drain(struct server *sv, struct conn *c, uint64_t now);
+static uint32_t server_fast_drain(struct server *sv, struct conn *c, uint64_t now, uint32_t max);
 
 static void server_conn_close(struct server *sv, struct conn *c, const char *why)
 {
-    server_fast_drain(sv, c, loop_now_ms(sv->loop)); /* the hits it took before it went */
+    /* The hits it took before it went, as far as one pass goes. */
+    server_fast_drain(sv, c, loop_now_ms(sv->loop), SERVER_FAST_PASS);
+    if (sv->fast_next == c)
+        sv->fast_next = c->next;
     if (why)
         log_limited(LOG_LEVEL_WARNING, "server: closing client %u (pid %d, uid %u): %s", c->id,
                     (int)c->cred.pid, (unsigned)c->cred.uid, why);
@@ -789,7 +813,6 @@ void server_tick(struct server *sv)
         }
         if (c->nresv)
             server_resv_expire(sv, c, now);
-        server_fast_drain(sv, c, now);
     }
     if (sv->waits && now >= sv->waits_deadline)
         server_waits_check(sv, now);
@@ -800,6 +823,27 @@ void server_tick(struct server *sv)
     server_arena_faults(sv);
 }
 
+/* Adds us of copy time that c reports for namespace ns, as far as c's credit goes (the
+ * rest is counted in load_us_refused): a client cannot drive the daemon's load_us past what
+ * its connections could have spent. */
+static void server_load_add(struct server *sv, struct conn *c, struct store_ns *ns, uint64_t us,
+                            uint64_t now)
+{
+    if (now > c->load_ms) {
+        uint64_t add = (now - c->load_ms) * 1000 * SERVER_LOAD_PARALLEL;
+        c->load_credit_us = add >= SERVER_LOAD_BANK_US - c->load_credit_us
+                                ? SERVER_LOAD_BANK_US
+                                : c->load_credit_us + add;
+        c->load_ms = now;
+    }
+    uint64_t ok = us < c->load_credit_us ? us : c->load_credit_us;
+    c->load_credit_us -= ok;
+    ns->stats.load_us += ok;
+    sv->store->total.load_us += ok;
+    if (us > ok)
+        sv->store->total.load_us_refused += us - ok;
+}
+
 static int server_on_release(struct server *sv, struct conn *c, const struct proto_req *r)
 {
     struct kvc_release_rep *p = (struct kvc_release_rep *)((struct kvc_msg_hdr *)sv->tx + 1);
@@ -808,16 +852,14 @@ static int server_on_release(struct server *sv, struct conn *c, const struct pro
     uint32_t done = 0;
     int rc = 0;
     struct store_ns *ns = store_ns_get(sv->store, store_lease_ns(&c->owner, ids[0]));
-    if (ns && q->load_us) {
-        ns->stats.load_us += q->load_us;
-        sv->store->total.load_us += q->load_us;
-    }
     for (uint32_t i = 0; i < r->ntail; i++) {
         if (store_release(sv->store, &c->owner, ids[i]) == 0)
             done++;
         else
             rc = -ENOENT;
     }
+    if (ns && done && q->load_us) /* the copy time of leases it held */
+        server_load_add(sv, c, ns, q->load_us, loop_now_ms(sv->loop));
     if (rc)
         return rc; /* the known ones were released; the reply says some were not */
     *p = (struct kvc_release_rep){.released = done};
@@ -1173,21 +1215,26 @@ static int server_on_gpu_attach(struct server *sv, struct conn *c, const struct 
 
 /* ---- the fast path (client/kvc_fast.h) ------------------------------------------------ */
 
-/* Counts the hits c took through the shared index since the last call, as LOOKUP would:
- * each entry must name a cached block of a namespace c opened and may read; the rest are
- * refused (counted). At most a ring's worth per call, so a client cannot keep the loop. */
+/* Counts at most max of the hits c took through the shared index (fewer when its allowance,
+ * server.fast_ring_rate, is spent), as LOOKUP would: each entry must name a cached block of
+ * a namespace c opened and may read; the rest are refused (counted). The entries read. */
 static void server_stats_delta(struct stats *st, const struct stats *before,
                                const struct stats *after);
 
-static void server_fast_drain(struct server *sv, struct conn *c, uint64_t now)
+static uint32_t server_fast_drain(struct server *sv, struct conn *c, uint64_t now, uint32_t max)
 {
     struct kvc_fast_hit *h = sv->fast_hits;
     struct stats before;
     uint32_t n;
-    if (!c->ring || !(n = fast_ring_take(c->ring, h, KVC_FAST_RING_ENTS)))
-        return;
+    bool lied;
+    if (!c->ring || !fast_ring_unread(c->ring))
+        return 0;
     before = sv->store->total;
-    c->t_last = now; /* a client that only hits through the index is not idle */
+    fast_ring_refill(c->ring, now, (uint32_t)sv->lim.fast_ring_rate);
+    n = fast_ring_take(c->ring, h, max, &lied);
+    if (lied) /* a head moved backwards or past a ring's worth: one lie */
+        sv->store->total.fast_refused++;
+    /* Hits through the index are not requests: they keep no connection from idling out. */
     for (uint32_t first = 0, end; first < n; first = end) {
         /* A request's hits: from one with nkeys set to the next one. */
         for (end = first + 1; end < n && !h[end].nkeys; end++)
@@ -1201,11 +1248,8 @@ static void server_fast_drain(struct server *sv, struct conn *c, uint64_t now)
                 h[i].pos = UINT16_MAX; /* not fed to the tuner */
                 continue;
             }
-            if (h[i].nkeys && h[i].load_us) { /* as RELEASE reports a lease's copy time */
-                struct store_ns *ns = store_ns_get(sv->store, h[i].ns);
-                ns->stats.load_us += h[i].load_us;
-                sv->store->total.load_us += h[i].load_us;
-            }
+            if (h[i].nkeys && h[i].load_us) /* as RELEASE reports a lease's copy time */
+                server_load_add(sv, c, store_ns_get(sv->store, h[i].ns), h[i].load_us, now);
         }
         for (uint32_t i = first; i < end; i++)
             if (h[i].pos != UINT16_MAX) {
@@ -1218,19 +1262,59 @@ static void server_fast_drain(struct server *sv, struct conn *c, uint64_t now)
     server_stats_delta(&c->st, &before, &sv->store->total);
     server_stats_delta(&sv->fast_excl, &before, &sv->store->total);
     sv->fast_excl_any = true;
+    return n;
 }
 
-/* Every connection's unread hits, before the engine evicts (store.on_evict): at most once
- * per loop millisecond, so a burst of evictions costs one pass over the connections. */
-static void server_fast_drain_all(void *arg)
+/* One pass over the connections' rings, round robin from where the last one stopped: at most
+ * SERVER_FAST_PASS entries of each, `budget` in all. Returns in how many ms a ring will have
+ * entries it may be read for (0: now), or -1 when no ring has unread entries. */
+static int server_fast_pass(struct server *sv, uint32_t budget)
+{
+    uint64_t now = loop_now_ms(sv->loop), rate = sv->lim.fast_ring_rate;
+    struct conn *start = sv->fast_next ? sv->fast_next : sv->conns, *c = start;
+    int again = -1;
+    if (!c || sv->fast_in_pass)
+        return -1;
+    sv->fast_in_pass = true;
+    do {
+        struct conn *next = c->next ? c->next : sv->conns;
+        if (c->ring && fast_ring_unread(c->ring)) {
+            if (budget) {
+                budget -= server_fast_drain(sv, c, now,
+                                            budget < SERVER_FAST_PASS ? budget : SERVER_FAST_PASS);
+                sv->fast_next = next;
+            }
+            /* Left unread for want of budget (the next pass reads on at once), or of
+             * allowance (once the rate has given it a pass's worth). */
+            if (fast_ring_unread(c->ring)) {
+                int ms = fast_ring_allowance(c->ring)
+                             ? 0
+                             : (int)((SERVER_FAST_PASS * 1000 + rate - 1) / rate);
+                again = again < 0 || ms < again ? ms : again;
+            }
+        }
+        c = next;
+    } while (c != start);
+    sv->fast_in_pass = false;
+    return again;
+}
+
+/* After every batch of requests (loop_after): a pass over the rings. */
+static int server_fast_after(void *arg)
+{
+    return server_fast_pass(arg, SERVER_FAST_PASS_ALL);
+}
+
+/* Before the engine evicts (store.on_evict): a pass, so that the hits clients took through
+ * the index count for the blocks they keep using; at most once per loop millisecond. */
+static void server_fast_evict(void *arg)
 {
     struct server *sv = arg;
     uint64_t now = loop_now_ms(sv->loop);
     if (sv->fast_drained_ms == now + 1)
         return;
     sv->fast_drained_ms = now + 1;
-    for (struct conn *c = sv->conns; c; c = c->next)
-        server_fast_drain(sv, c, now);
+    (void)server_fast_pass(sv, SERVER_FAST_PASS_ALL);
 }
 
 static int server_on_fast_attach(struct server *sv, struct conn *c, const struct proto_req *r,
@@ -1241,7 +1325,14 @@ static int server_on_fast_attach(struct server *sv, struct conn *c, const struct
     int rc = 0;
     *p = (struct kvc_fast_attach_rep){.what = q->what, .arena_id = q->arena_id};
     if (q->what == KVC_FAST_SYNC) {
-        server_fast_drain(sv, c, now);
+        /* The client needs room (half its ring is unread). What its allowance covers is read
+         * in the passes; the rest goes unread now, counted: no more work than the rate. */
+        bool lied;
+        if (c->ring) {
+            fast_ring_refill(c->ring, now, (uint32_t)sv->lim.fast_ring_rate);
+            sv->store->total.fast_dropped += fast_ring_shed(c->ring, &lied);
+            sv->store->total.fast_refused += lied;
+        }
         return sizeof(*p);
     }
     if (!sv->store->fast[0])
@@ -1388,7 +1479,8 @@ static bool server_handle(struct server *sv, struct conn *c, size_t n)
         return true;
     }
     c->t_last = now;
-    server_fast_drain(sv, c, now); /* its hits through the index come before this request */
+    /* Its latest hits through the index before this request; the passes read the rest. */
+    server_fast_drain(sv, c, now, SERVER_FAST_REQ);
     if (r.dup_key)
         sv->store->total.refused_duplicates++;
     if (rc == 0 && !c->hello && r.hdr->opcode != KVC_OP_HELLO) {
@@ -1659,7 +1751,8 @@ static void server_on_accept(struct loop *l, int fd, uint32_t events, void *arg)
         }
         c->u->nconns++;
         c->id = ++sv->next_id;
-        c->t_connect = c->t_last = loop_now_ms(l);
+        c->t_connect = c->t_last = c->load_ms = loop_now_ms(l);
+        c->load_credit_us = 1000 * SERVER_LOAD_PARALLEL; /* a millisecond's worth */
         store_owner_init(&c->owner);
         c->next = sv->conns;
         if (sv->conns)
@@ -1725,8 +1818,9 @@ struct server *server_new(struct loop *l, struct store *s, const struct server_p
     s->on_ready_arg = sv;
     s->on_room = server_on_room;
     s->on_room_arg = sv;
-    s->on_evict = server_fast_drain_all;
+    s->on_evict = server_fast_evict;
     s->on_evict_arg = sv;
+    loop_after(l, server_fast_after, sv);
     if (p->adopt) {
         struct sockaddr_un got = {0};
         socklen_t gl = sizeof(got);
@@ -1818,6 +1912,7 @@ fail:
     s->on_ready = NULL;
     s->on_room = NULL;
     s->on_evict = NULL;
+    loop_after(l, NULL, NULL);
     if (sv && sv->fd >= 0)
         close(sv->fd);
     if (sv)
@@ -1836,6 +1931,7 @@ void server_free(struct server *sv)
     sv->store->on_ready = NULL;
     sv->store->on_room = NULL;
     sv->store->on_evict = NULL;
+    loop_after(sv->loop, NULL, NULL);
     loop_del(sv->loop, sv->fd);
     close(sv->fd);
     if (!sv->adopted)
@@ -1942,7 +2038,6 @@ int server_ns_drop(struct server *sv, uint32_t ns_id, uint64_t *dropped)
         engine_disk_checkpoint(sv->store);
     return 0;
 }
-
 
 const char *server_path(const struct server *sv)
 {

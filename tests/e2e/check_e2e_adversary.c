@@ -151,11 +151,8 @@ static void adv_start(const char *const *extra)
                               "read = 65503\n"
                               "write = 65501\n"
                               "host_size = 16m\n";
-    const char *args[64] = {"-c", NULL,
-                            "-o", "server.socket_mode=0666",
-                            "-o", "host.size=32m",
-                            "-o", "host.page_size=64k",
-                            "-o", "log.rate_limit=1000"};
+    const char *args[64] = {"-c", NULL, "-o", "server.socket_mode=0666", "-o", "host.size=32m",
+                            "-o", "host.page_size=64k", "-o", "log.rate_limit=1000"};
     char path[DAEMON_PATH_MAX];
     int n = 10;
     adv_dir_open();
@@ -437,9 +434,9 @@ static int adv_flood_attacker(void *arg)
 
 START_TEST(test_pin_and_lease_flood)
 {
-    static const char *const extra[] = {"-o", "quota.client_pins=256", "-o", "quota.uid_pins=512",
-                                        "-o", "server.max_leases=32",  "-o", "quota.uid_leases=48",
-                                        NULL};
+    static const char *const extra[] = {
+        "-o", "quota.client_pins=256", "-o", "quota.uid_pins=512", "-o", "server.max_leases=32",
+        "-o", "quota.uid_leases=48", NULL};
     struct adv_flood f;
     adv_start(extra);
     adv_sync_init(&f.sync);
@@ -551,9 +548,9 @@ static int adv_idle_attacker(void *arg)
 
 START_TEST(test_idle_connections)
 {
-    static const char *const extra[] = {
-        "-o", "server.max_clients_per_uid=8", "-o", "server.hello_timeout=200ms",
-        "-o", "server.idle_timeout=1500ms",   NULL};
+    static const char *const extra[] = {"-o", "server.max_clients_per_uid=8",
+                                        "-o", "server.hello_timeout=200ms",
+                                        "-o", "server.idle_timeout=1500ms", NULL};
     struct adv_sync s;
     adv_start(extra);
     adv_sync_init(&s);
@@ -631,8 +628,8 @@ static int adv_bystander(void *arg)
 
 START_TEST(test_reservation_hoarding)
 {
-    static const char *const extra[] = {"-o", "quota.uid_reserved_share=25", "-o",
-                                        "server.reservation_timeout=1s", NULL};
+    static const char *const extra[] = {"-o", "quota.uid_reserved_share=25",
+                                        "-o", "server.reservation_timeout=1s", NULL};
     struct adv_sync s;
     adv_start(extra);
     adv_sync_init(&s);
@@ -746,8 +743,9 @@ START_TEST(test_namespace_flood)
     ck_assert_uint_ge(adv_stat("refused_namespaces"), 1);
     /* The admin drops one of the attacker's. */
     snprintf(id, sizeof(id), "%u", adv_ns_id("flood-0"));
-    ck_assert_int_eq(
-        daemon_kvcctl(&adv_d, out, sizeof(out), err, sizeof(err), "ns", "drop", id, NULL), 0);
+    ck_assert_int_eq(daemon_kvcctl(&adv_d, out, sizeof(out), err, sizeof(err), "ns", "drop", id,
+                                   NULL),
+                     0);
     ck_assert_msg(strstr(out, "dropped"), "%s", out);
     adv_signal(s.down[1], 'g');
     ck_assert_int_eq(daemon_child_wait(a, 30000, NULL), 0);
@@ -755,13 +753,15 @@ START_TEST(test_namespace_flood)
     pid_t b = adv_spawn(ADV_VICTIM, adv_victim_holding, &v);
     ck_assert_int_eq(adv_await(v.up[0]), 'h');
     snprintf(id, sizeof(id), "%u", adv_ns_id("victim-model"));
-    ck_assert_int_eq(
-        daemon_kvcctl(&adv_d, out, sizeof(out), err, sizeof(err), "ns", "drop", id, NULL), 1);
+    ck_assert_int_eq(daemon_kvcctl(&adv_d, out, sizeof(out), err, sizeof(err), "ns", "drop", id,
+                                   NULL),
+                     1);
     ck_assert_msg(strstr(err, "in use"), "%s", err);
     adv_signal(v.down[1], 'g');
     ck_assert_int_eq(daemon_child_wait(b, 30000, NULL), 0);
-    ck_assert_int_eq(
-        daemon_kvcctl(&adv_d, out, sizeof(out), err, sizeof(err), "ns", "drop", id, NULL), 0);
+    ck_assert_int_eq(daemon_kvcctl(&adv_d, out, sizeof(out), err, sizeof(err), "ns", "drop", id,
+                                   NULL),
+                     0);
     ck_assert_uint_eq(adv_stat("dropped_namespaces"), 2);
     adv_victim_served(); /* it creates it again */
     adv_sync_fini(&s);
@@ -890,11 +890,8 @@ static int adv_hole_attacker(void *arg)
     kvc_client *c;
     int fd = -1;
     memset(&q, 0, sizeof(q));
-    q.layout = (struct kvc_wire_layout){.layers = 2,
-                                        .kv_heads = 2,
-                                        .head_dim = 64,
-                                        .block_tokens = ADV_BT,
-                                        .dtype = KVC_WIRE_DTYPE_FP16,
+    q.layout = (struct kvc_wire_layout){.layers = 2, .kv_heads = 2, .head_dim = 64,
+                                        .block_tokens = ADV_BT, .dtype = KVC_WIRE_DTYPE_FP16,
                                         .kv_kind = KVC_WIRE_KV_KIND_KV};
     snprintf(q.layout.model_id, sizeof(q.layout.model_id), "attacker-model");
     if (kvc_connect(adv_d.sock, &c))
@@ -911,7 +908,8 @@ static int adv_hole_attacker(void *arg)
     if (adv_huge_free()) /* take the huge pages a hole would need */
         for (int i = 0; i < 4096; i++)
             if (mmap(NULL, 2u << 20, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB | MAP_POPULATE, -1, 0) == MAP_FAILED)
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB | MAP_POPULATE, -1, 0) ==
+                MAP_FAILED)
                 break;
     adv_signal(s->up[1], 'h');
     for (int round = 0; round < 200; round++) {
@@ -975,10 +973,8 @@ static int adv_hole_bystander(void *arg)
 static void adv_hole_case(bool huge)
 {
     char disk[DAEMON_PATH_MAX + 32], diskopt[DAEMON_PATH_MAX + 64];
-    const char *extra[] = {
-        "-o", diskopt,        "-o", "disk.capacity=64m",
-        "-o", "disk.page=1m", "-o", huge ? "host.hugepages=on" : "host.hugepages=off",
-        NULL};
+    const char *extra[] = {"-o", diskopt, "-o", "disk.capacity=64m", "-o", "disk.page=1m",
+                           "-o", huge ? "host.hugepages=on" : "host.hugepages=off", NULL};
     struct adv_sync s;
     ck_assert_int_eq(daemon_dir_init(&adv_d), 0);
     snprintf(disk, sizeof(disk), "%s/disk", adv_d.dir);
@@ -999,9 +995,8 @@ static void adv_hole_case(bool huge)
                   "bystander: %d, signal %d", brc, sig);
     printf("e2e_adversary: holes (%s pages): the shared arena's other client %s\n",
            huge ? "huge" : "normal",
-           brc == 0                ? "was served"
-           : brc == ADV_HOLE_NOMAP ? "could not map it (ENOMEM)"
-                                   : "died of SIGBUS");
+           brc == 0 ? "was served" : brc == ADV_HOLE_NOMAP ? "could not map it (ENOMEM)"
+                                                           : "died of SIGBUS");
     ck_assert_int_eq(adv_await(s.up[0]), 'd');
     ck_assert(daemon_alive(&adv_d));
     adv_signal(s.down[1], 'g');
@@ -1641,8 +1636,8 @@ static pid_t adv_race_writer(struct adv_race *r)
 
 START_TEST(test_reader_private_copy)
 {
-    struct kern_layout kl = {
-        .layers = 2, .heads = 2, .head_dim = 64, .tokens = 32, .dtype = KERN_DTYPE_FP16};
+    struct kern_layout kl = {.layers = 2, .heads = 2, .head_dim = 64, .tokens = 32,
+                             .dtype = KERN_DTYPE_FP16};
     struct kern_recipe rec;
     struct kvc_ns ns;
     struct adv_race race;
@@ -1653,25 +1648,19 @@ START_TEST(test_reader_private_copy)
     uint16_t *src = malloc(raw), *dst = malloc(raw);
     struct kvc_key k = {.lo = 1, .hi = 2};
     daemon_smooth_fill(&k, src, raw / 2);
-    race.shared =
-        mmap(NULL, (size_t)enc, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    race.shared = mmap(NULL, (size_t)enc, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     ck_assert(race.shared != MAP_FAILED);
     ck_assert_int_eq(kern_encode_cpu(&kl, &rec, src, race.shared, (size_t)enc, NULL), enc);
     memset(&ns, 0, sizeof(ns));
     ns.block_bytes = raw;
-    ns.layout = (struct kvc_wire_layout){.layers = 2,
-                                         .kv_heads = 2,
-                                         .head_dim = 64,
-                                         .block_tokens = 32,
-                                         .dtype = KVC_WIRE_DTYPE_FP16,
+    ns.layout = (struct kvc_wire_layout){.layers = 2, .kv_heads = 2, .head_dim = 64,
+                                         .block_tokens = 32, .dtype = KVC_WIRE_DTYPE_FP16,
                                          .kv_kind = KVC_WIRE_KV_KIND_KV};
     kvc_lease *l = calloc(1, sizeof(*l) + sizeof(l->hits[0]));
     l->ns = &ns;
     l->n = 1;
-    l->hits[0] = (struct kvc_hit){.data = race.shared,
-                                  .len = (uint64_t)enc,
-                                  .format = KVC_WIRE_FORMAT_Q8_0,
-                                  .ready = true,
+    l->hits[0] = (struct kvc_hit){.data = race.shared, .len = (uint64_t)enc,
+                                  .format = KVC_WIRE_FORMAT_Q8_0, .ready = true,
                                   .tier = KVC_WIRE_TIER_HOST};
     ck_assert_int_eq(kvc_lease_copy(l, 0, dst, raw), 0);
     ck_assert(daemon_smooth_err(&k, dst, raw / 2) < 0.01);
