@@ -193,6 +193,56 @@ START_TEST(test_fast_hits_keep_blocks)
 }
 END_TEST
 
+/* The same at the tightest: the arena exactly full, a reader's hits through the index
+ * written to its ring just before another client's RESERVE must evict, with no wake-up of
+ * the daemon in between. The eviction reads the rings first, so the blocks just read are
+ * the newest and others go. */
+START_TEST(test_fast_hits_before_eviction)
+{
+    static const char *const args[] = {
+        "-o", "host.size=16m",           "-o", "host.page_size=64k",      "-o", "cache.policy=lru",
+        "-o", "host.high_watermark=1.0", "-o", "host.low_watermark=0.99", NULL};
+    struct daemon d = {0};
+    kvc_client *c, *w;
+    kvc_ns *ns, *wns;
+    struct kvc_layout lay = daemon_layout("e2e-fast-evict", 64); /* 64 KiB blocks */
+    struct kvc_key hot[4], fill[64], more[4];
+    uint64_t evicted = 0, room = 0, used = 0;
+    ck_assert_int_eq(daemon_start(&d, args), 0);
+    ck_assert_int_eq(kvc_connect(d.sock, &c), 0);
+    ck_assert_int_eq(kvc_ns_open(c, &lay, &ns), 0);
+    ck_assert_int_eq(kvc_connect(d.sock, &w), 0);
+    ck_assert_int_eq(kvc_ns_open(w, &lay, &wns), 0);
+    fp_put(wns, 12, 4, hot);
+    ck_assert_int_eq(fp_get_check(ns, hot, 4), 4); /* maps the index */
+    /* Fill the rest of the arena with newer blocks, evicting nothing. */
+    ck_assert_int_eq(daemon_client_stat(w, 0, "host_capacity", &room), 0);
+    for (uint32_t f = 0;; f++) {
+        ck_assert_int_eq(daemon_client_stat(w, 0, "host_used", &used), 0);
+        uint64_t left = (room - used) / (64u << 10);
+        if (!left)
+            break;
+        fp_put(wns, 200 + f, left < 64 ? (uint32_t)left : 64, fill);
+        ck_assert_int_eq(kvc_flush(w), 0);
+    }
+    ck_assert_int_eq(daemon_client_stat(w, 0, "evicted_blocks", &evicted), 0);
+    ck_assert_uint_eq(evicted, 0);
+    /* The read, then at once a put that must evict 4. */
+    ck_assert_int_eq(fp_get_check(ns, hot, 4), 4);
+    fp_put(wns, 300, 4, more);
+    ck_assert_int_eq(kvc_flush(w), 0);
+    ck_assert_int_eq(daemon_client_stat(w, 0, "evicted_blocks", &evicted), 0);
+    ck_assert_uint_ge(evicted, 4);
+    kvc_lease *l;
+    ck_assert_int_eq(kvc_lookup(wns, hot, 4, 0, &l), 4); /* the blocks just read stayed */
+    kvc_release(l);
+    kvc_disconnect(w);
+    kvc_disconnect(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_cleanup(&d);
+}
+END_TEST
+
 /* Threads of one client copy a cached prefix through the index over and over while the
  * daemon reads their hits (each drain touches the blocks): no copy falls back to the socket,
  * since a touch leaves a block's index entry in place. */
@@ -382,7 +432,7 @@ static int fp_reader(void *arg)
 
 /* Puts new chains as fast as it can: the arena (16 MiB, 256 blocks of 64 KiB) turns over
  * constantly. With readback, it also gets an older chain (8 to 15 chains back: 256 to 480
- * blocks, out of memory by then where a disk tier holds it) after each put, every hit
+ * blocks, out of memory by then, on disk where a disk tier holds it) after each put, every hit
  * checked, so blocks are read back from disk while the readers copy. */
 static int fp_writer(void *arg)
 {
@@ -400,13 +450,15 @@ static int fp_writer(void *arg)
         blk[i] = malloc(bb);
         dst[i] = malloc(bb);
     }
-    for (uint32_t f = 1000; daemon_now_ms() < end; f++) {
+    /* With readback, at least 24 chains (16 read back) however slow the host, in 30 s more. */
+    for (uint32_t f = 1000;
+         daemon_now_ms() < end || (t->readback && f < 1024 && daemon_now_ms() < end + 30000); f++) {
         if (daemon_chain_keys(ns, f, 0, 32, 32, k))
             return 3;
         for (int i = 0; i < 32; i++)
             fp_torture_fill(t, &k[i], (void *)blk[i], bb);
         (void)kvc_put_prefix(ns, NULL, k, 32, blk);
-        if (t->readback && f >= 1015) {
+        if (t->readback && f >= 1008) {
             if (daemon_chain_keys(ns, f - 8 - f % 8, 0, 32, 32, k))
                 return 3;
             if (fp_torture_get(t, ns, k, 32, dst) < 0)
@@ -437,7 +489,7 @@ static void fp_torture_run(struct daemon *d, bool lossy, bool readback, int secs
     ck_assert_int_gt(pw, 0);
     for (int i = 0; i < 3; i++)
         ck_assert_int_eq(daemon_child_wait(pr[i], daemon_ms(secs * 1000 + 30000), NULL), 0);
-    ck_assert_int_eq(daemon_child_wait(pw, daemon_ms(secs * 1000 + 30000), NULL), 0);
+    ck_assert_int_eq(daemon_child_wait(pw, daemon_ms(secs * 1000 + 60000), NULL), 0);
 }
 
 START_TEST(test_fast_torture)
@@ -690,6 +742,7 @@ int main(void)
     tcase_add_test(tc, test_fast_hits_counted);
     tcase_add_test(tc, test_fast_off_in_daemon);
     tcase_add_test(tc, test_fast_hits_keep_blocks);
+    tcase_add_test(tc, test_fast_hits_before_eviction);
     tcase_add_test(tc, test_fast_threads_never_fall_back);
     tcase_add_test(tc, test_fast_ring_rate);
     tcase_add_test(tc, test_fast_torture);
