@@ -31,9 +31,10 @@
  *   daemon validates every entry (a namespace the connection opened with read access, a
  *   committed block of that key; its load_us within what the connection could have spent):
  *   a client can only lie about its own hits, boundedly. The daemon writes how far it has
- *   read (tail); a client whose ring is half full asks for room (FAST_ATTACH with
- *   KVC_FAST_SYNC), and the daemon skips, counted (fast_dropped), the unread entries its
- *   rate does not cover. Entries are not requests: they keep no connection from idling out.
+ *   read (tail); a client whose ring is half full, or that disconnects, asks for room
+ *   (FAST_ATTACH with KVC_FAST_SYNC): the daemon skips, counted (fast_dropped), the unread
+ *   entries its rate does not cover and answers once it has read the rest. Entries are not
+ *   requests: they keep no connection from idling out.
  */
 #ifndef KVC_FAST_H
 #define KVC_FAST_H
@@ -108,7 +109,8 @@ _Static_assert(sizeof(struct kvc_fast_ring) == 64, "fast ring header layout");
 
 /* FAST_ATTACH: what = INDEX: arena_id's index (a read-only descriptor), for a connection
  * that holds that arena; RING: the connection's hit ring (read-write, made on the first
- * call); SYNC: read the connection's ring now (no descriptor). */
+ * call); SYNC: answered once the connection's ring has been read, past what its rate
+ * covers skipped (no descriptor). */
 #define KVC_FAST_INDEX 1u
 #define KVC_FAST_RING 2u
 #define KVC_FAST_SYNC 3u

@@ -121,6 +121,8 @@ struct conn {
      * SERVER_LOAD_PARALLEL microseconds per microsecond since load_ms. */
     uint64_t load_credit_us;
     uint64_t load_ms;
+    bool sync_wait;    /* a FAST_ATTACH SYNC waits until its ring is read */
+    uint32_t sync_req; /* its request id */
 };
 
 /* A WAIT answered when its lease's reads from disk end or its time runs out. */
@@ -280,8 +282,12 @@ static uint32_t server_fast_drain(struct server *sv, struct conn *c, uint64_t no
 
 static void server_conn_close(struct server *sv, struct conn *c, const char *why)
 {
-    /* The hits it took before it went, as far as one pass goes. */
-    server_fast_drain(sv, c, loop_now_ms(sv->loop), SERVER_FAST_PASS);
+    /* The hits it took before it went, as far as one pass goes; the rest are not read
+     * (libkvc's kvc_disconnect has them read first). */
+    if (c->ring) {
+        server_fast_drain(sv, c, loop_now_ms(sv->loop), SERVER_FAST_PASS);
+        sv->store->total.fast_dropped += fast_ring_unread(c->ring);
+    }
     if (sv->fast_next == c)
         sv->fast_next = c->next;
     if (why)
@@ -1265,10 +1271,22 @@ static uint32_t server_fast_drain(struct server *sv, struct conn *c, uint64_t no
     return n;
 }
 
+/* Answers c's FAST_ATTACH SYNC: its ring has been read. Outside any request's handling
+ * (the reply is built in sv->tx). */
+static void server_fast_synced(struct server *sv, struct conn *c)
+{
+    struct kvc_msg_hdr req = {.opcode = KVC_OP_FAST_ATTACH, .req_id = c->sync_req};
+    struct kvc_fast_attach_rep *p = server_reply_init(sv, &req, 0, sizeof(*p));
+    *p = (struct kvc_fast_attach_rep){.what = KVC_FAST_SYNC};
+    c->sync_wait = false;
+    server_send(sv, c, -1); /* a client that does not read is dropped at its next request */
+}
+
 /* One pass over the connections' rings, round robin from where the last one stopped: at most
- * SERVER_FAST_PASS entries of each, `budget` in all. Returns in how many ms a ring will have
- * entries it may be read for (0: now), or -1 when no ring has unread entries. */
-static int server_fast_pass(struct server *sv, uint32_t budget)
+ * SERVER_FAST_PASS entries of each, `budget` in all; with `reply`, the SYNCs whose rings are
+ * read are answered. Returns in how many ms a ring will have entries it may be read for (0:
+ * now), or -1 when no ring has unread entries. */
+static int server_fast_pass(struct server *sv, uint32_t budget, bool reply)
 {
     uint64_t now = loop_now_ms(sv->loop), rate = sv->lim.fast_ring_rate;
     struct conn *start = sv->fast_next ? sv->fast_next : sv->conns, *c = start;
@@ -1278,7 +1296,7 @@ static int server_fast_pass(struct server *sv, uint32_t budget)
     sv->fast_in_pass = true;
     do {
         struct conn *next = c->next ? c->next : sv->conns;
-        if (c->ring && fast_ring_unread(c->ring)) {
+        if (c->ring && (fast_ring_unread(c->ring) || c->sync_wait)) {
             if (budget) {
                 budget -= server_fast_drain(sv, c, now,
                                             budget < SERVER_FAST_PASS ? budget : SERVER_FAST_PASS);
@@ -1291,6 +1309,8 @@ static int server_fast_pass(struct server *sv, uint32_t budget)
                              ? 0
                              : (int)((SERVER_FAST_PASS * 1000 + rate - 1) / rate);
                 again = again < 0 || ms < again ? ms : again;
+            } else if (c->sync_wait && reply) {
+                server_fast_synced(sv, c);
             }
         }
         c = next;
@@ -1302,7 +1322,7 @@ static int server_fast_pass(struct server *sv, uint32_t budget)
 /* After every batch of requests (loop_after): a pass over the rings. */
 static int server_fast_after(void *arg)
 {
-    return server_fast_pass(arg, SERVER_FAST_PASS_ALL);
+    return server_fast_pass(arg, SERVER_FAST_PASS_ALL, true);
 }
 
 /* Before the engine evicts (store.on_evict): a pass, so that the hits clients took through
@@ -1314,7 +1334,7 @@ static void server_fast_evict(void *arg)
     if (sv->fast_drained_ms == now + 1)
         return;
     sv->fast_drained_ms = now + 1;
-    (void)server_fast_pass(sv, SERVER_FAST_PASS_ALL);
+    (void)server_fast_pass(sv, SERVER_FAST_PASS_ALL, false);
 }
 
 static int server_on_fast_attach(struct server *sv, struct conn *c, const struct proto_req *r,
@@ -1325,15 +1345,20 @@ static int server_on_fast_attach(struct server *sv, struct conn *c, const struct
     int rc = 0;
     *p = (struct kvc_fast_attach_rep){.what = q->what, .arena_id = q->arena_id};
     if (q->what == KVC_FAST_SYNC) {
-        /* The client needs room (half its ring is unread). What its allowance covers is read
-         * in the passes; the rest goes unread now, counted: no more work than the rate. */
+        /* The client needs room (half its ring is unread, or it is leaving). What its
+         * allowance covers is read in the passes, and the answer waits for that; the rest
+         * goes unread now, counted: no more work than the rate. */
         bool lied;
-        if (c->ring) {
-            fast_ring_refill(c->ring, now, (uint32_t)sv->lim.fast_ring_rate);
-            sv->store->total.fast_dropped += fast_ring_shed(c->ring, &lied);
-            sv->store->total.fast_refused += lied;
-        }
-        return sizeof(*p);
+        if (!c->ring || c->sync_wait)
+            return sizeof(*p); /* nothing to read, or one SYNC waits already */
+        fast_ring_refill(c->ring, now, (uint32_t)sv->lim.fast_ring_rate);
+        sv->store->total.fast_dropped += fast_ring_shed(c->ring, &lied);
+        sv->store->total.fast_refused += lied;
+        if (!fast_ring_unread(c->ring))
+            return sizeof(*p);
+        c->sync_wait = true;
+        c->sync_req = r->hdr->req_id;
+        return SERVER_DEFERRED;
     }
     if (!sv->store->fast[0])
         return -EOPNOTSUPP; /* server.fast_path = no */
@@ -1460,6 +1485,19 @@ void server_retry(struct server *sv, uint64_t now)
     }
 }
 
+/* Takes out of c's counters what ring reads during its request added (each drain counted
+ * them for its own connection already). */
+static void server_fast_excl_take(struct server *sv, struct conn *c)
+{
+    if (!sv->fast_excl_any)
+        return;
+#define SERVER_STAT_EXCL(name, help) c->st.name -= sv->fast_excl.name;
+    STATS_COUNTERS(SERVER_STAT_EXCL)
+#undef SERVER_STAT_EXCL
+    memset(&sv->fast_excl, 0, sizeof(sv->fast_excl));
+    sv->fast_excl_any = false;
+}
+
 /* Handles one request; returns true if the connection was closed (c is gone). */
 static bool server_handle(struct server *sv, struct conn *c, size_t n)
 {
@@ -1568,6 +1606,12 @@ static bool server_handle(struct server *sv, struct conn *c, size_t n)
             break;
         case KVC_OP_FAST_ATTACH:
             rc = server_on_fast_attach(sv, c, &r, now, &send_fd, &send_fd_owned);
+            if (rc == SERVER_DEFERRED) { /* SYNC: answered once its ring is read */
+                server_count(sv, 0);
+                server_stats_delta(&c->st, &before, &sv->store->total);
+                server_fast_excl_take(sv, c);
+                return false;
+            }
             break;
         case KVC_OP_SYNC:
             rc = 0; /* every request before it has been handled: that is the answer */
@@ -1592,13 +1636,7 @@ static bool server_handle(struct server *sv, struct conn *c, size_t n)
     server_uid_sync(c);
     server_count(sv, rc);
     server_stats_delta(&c->st, &before, &sv->store->total);
-    if (sv->fast_excl_any) { /* each drain counted for its own connection */
-#define SERVER_STAT_EXCL(name, help) c->st.name -= sv->fast_excl.name;
-        STATS_COUNTERS(SERVER_STAT_EXCL)
-#undef SERVER_STAT_EXCL
-        memset(&sv->fast_excl, 0, sizeof(sv->fast_excl));
-        sv->fast_excl_any = false;
-    }
+    server_fast_excl_take(sv, c);
     bool quiet = rc >= 0 && r.hdr && r.hdr->opcode == KVC_OP_COMMIT &&
                  (((const struct kvc_commit_req *)r.body)->flags & KVC_COMMIT_F_QUIET);
     if (rc < 0) {

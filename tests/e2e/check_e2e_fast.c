@@ -116,6 +116,34 @@ START_TEST(test_fast_hits_counted)
 }
 END_TEST
 
+/* A client that leaves with hits still unread in its ring (fewer than half a ring: it never
+ * asked for room) has them read before its connection closes: every one counts. */
+START_TEST(test_fast_hits_counted_at_disconnect)
+{
+    struct daemon d = {0};
+    kvc_client *c;
+    kvc_ns *ns;
+    struct kvc_layout lay = daemon_layout("e2e-fast-bye", 16);
+    struct kvc_key k[FP_BLOCKS];
+    uint64_t fast0 = 0, fast = 0, dropped = 0;
+    ck_assert_int_eq(daemon_start(&d, fp_args), 0);
+    ck_assert_int_eq(kvc_connect(d.sock, &c), 0);
+    ck_assert_int_eq(kvc_ns_open(c, &lay, &ns), 0);
+    fp_put(ns, 3, FP_BLOCKS, k);
+    ck_assert_int_eq(fp_get_check(ns, k, FP_BLOCKS), FP_BLOCKS);
+    ck_assert_int_eq(daemon_client_stat(c, 0, "fast_hits", &fast0), 0); /* those 16 read */
+    for (int r = 0; r < 120; r++) /* 1,920 hits, then straight out */
+        ck_assert_int_eq(fp_get_check(ns, k, FP_BLOCKS), FP_BLOCKS);
+    kvc_disconnect(c);
+    ck_assert_int_eq(daemon_stat(&d, "fast_hits", &fast), 0);
+    ck_assert_int_eq(daemon_stat(&d, "fast_dropped", &dropped), 0);
+    ck_assert_uint_eq(fast - fast0, 120 * FP_BLOCKS);
+    ck_assert_uint_eq(dropped, 0);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_cleanup(&d);
+}
+END_TEST
+
 START_TEST(test_fast_off_in_daemon)
 {
     static const char *const args[] = {"-o", "host.size=16m", "-o", "server.fast_path=no",
@@ -740,6 +768,7 @@ int main(void)
         return 1;
     tcase_set_timeout(tc, daemon_slow() * 120);
     tcase_add_test(tc, test_fast_hits_counted);
+    tcase_add_test(tc, test_fast_hits_counted_at_disconnect);
     tcase_add_test(tc, test_fast_off_in_daemon);
     tcase_add_test(tc, test_fast_hits_keep_blocks);
     tcase_add_test(tc, test_fast_hits_before_eviction);
