@@ -176,7 +176,7 @@ struct server {
     struct acl *acl;
     struct server_hooks hooks;
     struct kvc_fast_hit fast_hits[KVC_FAST_RING_ENTS]; /* a hit ring's entries, being read */
-    uint64_t fast_drained_ms;                          /* 1 + when server_fast_evict last ran */
+    bool fast_evict_passed; /* server_fast_evict ran since the last request or batch began */
     struct conn *fast_next; /* the ring server_fast_pass reads first next time */
     bool fast_in_pass;
     struct stats fast_excl; /* counted by drains since fast_excl_any was last cleared */
@@ -1322,18 +1322,21 @@ static int server_fast_pass(struct server *sv, uint32_t budget, bool reply)
 /* After every batch of requests (loop_after): a pass over the rings. */
 static int server_fast_after(void *arg)
 {
-    return server_fast_pass(arg, SERVER_FAST_PASS_ALL, true);
+    struct server *sv = arg;
+    sv->fast_evict_passed = false;
+    return server_fast_pass(sv, SERVER_FAST_PASS_ALL, true);
 }
 
 /* Before the engine evicts (store.on_evict): a pass, so that the hits clients took through
- * the index count for the blocks they keep using; at most once per loop millisecond. */
+ * the index before this request count for the blocks they keep using; once per request
+ * handled (or batch) however many evictions it makes. (Once per loop millisecond, as this
+ * was, skipped the pass for a request that came in the millisecond of an earlier one.) */
 static void server_fast_evict(void *arg)
 {
     struct server *sv = arg;
-    uint64_t now = loop_now_ms(sv->loop);
-    if (sv->fast_drained_ms == now + 1)
+    if (sv->fast_evict_passed)
         return;
-    sv->fast_drained_ms = now + 1;
+    sv->fast_evict_passed = true;
     (void)server_fast_pass(sv, SERVER_FAST_PASS_ALL, false);
 }
 
@@ -1511,6 +1514,7 @@ static bool server_handle(struct server *sv, struct conn *c, size_t n)
         memset(&sv->fast_excl, 0, sizeof(sv->fast_excl));
         sv->fast_excl_any = false;
     }
+    sv->fast_evict_passed = false; /* rings written since the last request: an eviction reads */
     int rc = proto_decode(sv->rx, n, &r, &why);
     if (rc == -EPROTO) {
         server_conn_close(sv, c, why);
