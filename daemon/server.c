@@ -34,6 +34,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "daemon/acl.h"
@@ -57,13 +58,17 @@
 /* A handler's answer that there is no reply yet (WAIT on reads in flight). */
 #define SERVER_DEFERRED (-EINPROGRESS)
 /* Hit rings (client/kvc_fast.h) are read a bounded step at a time: at most SERVER_FAST_REQ
- * entries of a connection's own ring before each of its requests (so that its own requests
- * see its latest hits), at most SERVER_FAST_PASS of one ring in a pass over the rings after
- * each batch of requests and SERVER_FAST_PASS_ALL in the whole pass, and no ring faster than
- * server.fast_ring_rate entries a second (docs/security.md). */
+ * entries of a connection's own ring before each of its requests but SYNC (so that its own
+ * requests see its latest hits); the rest in a pass over the rings after each batch of
+ * requests, SERVER_FAST_CHUNK of one ring at a time round robin, SERVER_FAST_PASS_ALL
+ * entries and SERVER_FAST_PASS_US microseconds in all (give or take a chunk, whatever an
+ * entry costs on this host), and no ring faster than server.fast_ring_rate entries a second
+ * (docs/security.md). A closing connection has SERVER_FAST_CLOSE read. */
 #define SERVER_FAST_REQ 64u
-#define SERVER_FAST_PASS 256u
+#define SERVER_FAST_CHUNK 16u
 #define SERVER_FAST_PASS_ALL 512u
+#define SERVER_FAST_PASS_US 200u
+#define SERVER_FAST_CLOSE 256u
 /* Copy time a connection may report (load_us): at most SERVER_LOAD_PARALLEL microseconds per
  * microsecond it has been connected (as many threads copying all the time), a minute of that
  * banked at most. */
@@ -285,7 +290,7 @@ static void server_conn_close(struct server *sv, struct conn *c, const char *why
     /* The hits it took before it went, as far as one pass goes; the rest are not read
      * (libkvc's kvc_disconnect has them read first). */
     if (c->ring) {
-        server_fast_drain(sv, c, loop_now_ms(sv->loop), SERVER_FAST_PASS);
+        server_fast_drain(sv, c, loop_now_ms(sv->loop), SERVER_FAST_CLOSE);
         sv->store->total.fast_dropped += fast_ring_unread(c->ring);
     }
     if (sv->fast_next == c)
@@ -1282,39 +1287,57 @@ static void server_fast_synced(struct server *sv, struct conn *c)
     server_send(sv, c, -1); /* a client that does not read is dropped at its next request */
 }
 
-/* One pass over the connections' rings, round robin from where the last one stopped: at most
- * SERVER_FAST_PASS entries of each, `budget` in all; with `reply`, the SYNCs whose rings are
- * read are answered. Returns in how many ms a ring will have entries it may be read for (0:
- * now), or -1 when no ring has unread entries. */
+static uint64_t server_mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+}
+
+/* One pass over the connections' rings: rounds of at most SERVER_FAST_CHUNK entries of each
+ * ring, round robin from where the last pass stopped, until `budget` entries are read or
+ * SERVER_FAST_PASS_US went by; then, with `reply`, the SYNCs whose rings are read are
+ * answered. Returns in how many ms a ring will have entries it may be read for (0: now), or
+ * -1 when no ring has unread entries. */
 static int server_fast_pass(struct server *sv, uint32_t budget, bool reply)
 {
     uint64_t now = loop_now_ms(sv->loop), rate = sv->lim.fast_ring_rate;
-    struct conn *start = sv->fast_next ? sv->fast_next : sv->conns, *c = start;
+    uint64_t end = server_mono_us() + SERVER_FAST_PASS_US;
     int again = -1;
-    if (!c || sv->fast_in_pass)
+    if (!sv->conns || sv->fast_in_pass)
         return -1;
     sv->fast_in_pass = true;
-    do {
-        struct conn *next = c->next ? c->next : sv->conns;
-        if (c->ring && (fast_ring_unread(c->ring) || c->sync_wait)) {
-            if (budget) {
-                budget -= server_fast_drain(sv, c, now,
-                                            budget < SERVER_FAST_PASS ? budget : SERVER_FAST_PASS);
+    for (bool more = true; more && budget && server_mono_us() < end;) {
+        struct conn *start = sv->fast_next ? sv->fast_next : sv->conns, *c = start;
+        more = false;
+        do {
+            struct conn *next = c->next ? c->next : sv->conns;
+            if (c->ring && fast_ring_unread(c->ring)) {
+                uint32_t n = server_fast_drain(
+                    sv, c, now, budget < SERVER_FAST_CHUNK ? budget : SERVER_FAST_CHUNK);
+                budget -= n;
+                more = more || n > 0;
                 sv->fast_next = next;
+                if (!budget || server_mono_us() >= end)
+                    break;
             }
-            /* Left unread for want of budget (the next pass reads on at once), or of
-             * allowance (once the rate has given it a pass's worth). */
-            if (fast_ring_unread(c->ring)) {
-                int ms = fast_ring_allowance(c->ring)
-                             ? 0
-                             : (int)((SERVER_FAST_PASS * 1000 + rate - 1) / rate);
-                again = again < 0 || ms < again ? ms : again;
-            } else if (c->sync_wait && reply) {
-                server_fast_synced(sv, c);
-            }
+            c = next;
+        } while (c != start);
+    }
+    /* Left unread for want of budget or time (the next pass reads on at once), or of
+     * allowance (once the rate has given a chunk's worth). */
+    for (struct conn *c = sv->conns; c; c = c->next) {
+        if (!c->ring)
+            continue;
+        if (fast_ring_unread(c->ring)) {
+            int ms = fast_ring_allowance(c->ring)
+                         ? 0
+                         : (int)((SERVER_FAST_CHUNK * 1000 + rate - 1) / rate);
+            again = again < 0 || ms < again ? ms : again;
+        } else if (c->sync_wait && reply) {
+            server_fast_synced(sv, c);
         }
-        c = next;
-    } while (c != start);
+    }
     sv->fast_in_pass = false;
     return again;
 }
@@ -1521,8 +1544,11 @@ static bool server_handle(struct server *sv, struct conn *c, size_t n)
         return true;
     }
     c->t_last = now;
-    /* Its latest hits through the index before this request; the passes read the rest. */
-    server_fast_drain(sv, c, now, SERVER_FAST_REQ);
+    /* Its latest hits through the index before this request; the passes read the rest (a
+     * SYNC's answer waits for them anyway). */
+    if (rc || r.hdr->opcode != KVC_OP_FAST_ATTACH ||
+        ((const struct kvc_fast_attach_req *)r.body)->what != KVC_FAST_SYNC)
+        server_fast_drain(sv, c, now, SERVER_FAST_REQ);
     if (r.dup_key)
         sv->store->total.refused_duplicates++;
     if (rc == 0 && !c->hello && r.hdr->opcode != KVC_OP_HELLO) {
