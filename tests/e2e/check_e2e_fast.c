@@ -375,6 +375,42 @@ START_TEST(test_fast_ring_rate)
 }
 END_TEST
 
+/* Reading a ring is kept off the requests' path: a client with 2,000 hits unread in its
+ * ring (valid ones, written straight into it) has at most 64 of them read before its next
+ * request is answered; the passes between requests read the rest. */
+START_TEST(test_fast_ring_steps)
+{
+    struct daemon d = {0};
+    kvc_client *c;
+    kvc_ns *ns;
+    struct kvc_layout lay = daemon_layout("e2e-fast-steps", 16);
+    struct kvc_key k[4];
+    uint64_t fast0 = 0, fast = 0, dropped = 0;
+    ck_assert_int_eq(daemon_start(&d, fp_args), 0);
+    ck_assert_int_eq(kvc_connect(d.sock, &c), 0);
+    ck_assert_int_eq(kvc_ns_open(c, &lay, &ns), 0);
+    fp_put(ns, 4, 4, k);
+    ck_assert_int_eq(fp_get_check(ns, k, 4), 4);
+    ck_assert_int_eq(daemon_client_stat(c, 0, "fast_hits", &fast0), 0);
+    struct kvc_fast_ring *r = c->ring;
+    struct kvc_fast_hit *e = (struct kvc_fast_hit *)(r + 1), t[4];
+    for (int i = 0; i < 4; i++)
+        t[i] = e[(r->head - 4 + i) % KVC_FAST_RING_ENTS];
+    uint64_t head = r->head;
+    for (uint32_t i = 0; i < 2000; i++)
+        e[(head + i) % KVC_FAST_RING_ENTS] = t[i % 4];
+    __atomic_store_n(&r->head, head + 2000, __ATOMIC_RELEASE);
+    ck_assert_int_eq(daemon_client_stat(c, 0, "fast_hits", &fast), 0);
+    ck_assert_uint_le(fast - fast0, 64);
+    fp_settle(c, fast0 + 2000, &fast, &dropped);
+    ck_assert_uint_eq(fast - fast0, 2000);
+    ck_assert_uint_eq(dropped, 0);
+    kvc_disconnect(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_cleanup(&d);
+}
+END_TEST
+
 /* ---- torture: readers against eviction and slot reuse --------------------------------- */
 
 struct fp_torture {
@@ -774,6 +810,7 @@ int main(void)
     tcase_add_test(tc, test_fast_hits_before_eviction);
     tcase_add_test(tc, test_fast_threads_never_fall_back);
     tcase_add_test(tc, test_fast_ring_rate);
+    tcase_add_test(tc, test_fast_ring_steps);
     tcase_add_test(tc, test_fast_torture);
     tcase_add_test(tc, test_fast_torture_moves);
     tcase_add_test(tc, test_fast_stopped_reader);

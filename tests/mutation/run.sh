@@ -185,6 +185,18 @@ mutation fast-ring-drain-uncapped daemon/fast.c "check_e2e_fast check_e2e_advers
 '    (void)allow;
     max = KVC_FAST_RING_ENTS;'
 
+# Hit rings read a whole ring at a time (before each request, and in passes without a size
+# or time bound), at server.fast_ring_rate still.
+mutation fast-ring-steps-unbounded daemon/server.c "check_e2e_fast check_e2e_adversary" \
+'#define SERVER_FAST_REQ 64u
+#define SERVER_FAST_CHUNK 16u
+#define SERVER_FAST_PASS_ALL 512u
+#define SERVER_FAST_PASS_US 200u' \
+'#define SERVER_FAST_REQ 4096u
+#define SERVER_FAST_CHUNK 4096u
+#define SERVER_FAST_PASS_ALL (1u << 20)
+#define SERVER_FAST_PASS_US 1000000u'
+
 # Ring entries count as requests: a connection that only writes its ring never idles out.
 mutation fast-ring-keeps-idle daemon/server.c "check_e2e_adversary" \
 '    n = fast_ring_take(c->ring, h, max, &lied);' \
