@@ -68,6 +68,11 @@
 #define SERVER_FAST_CHUNK 16u
 #define SERVER_FAST_PASS_ALL 512u
 #define SERVER_FAST_PASS_US 200u
+/* ... and the passes together take at most SERVER_FAST_SHARE_US of every
+ * SERVER_FAST_WINDOW_US of the loop's time, so that rings never keep the daemon busy
+ * (a busy daemon is scheduled late, and its clients wait for it). */
+#define SERVER_FAST_WINDOW_US 100000u
+#define SERVER_FAST_SHARE_US 25000u
 #define SERVER_FAST_CLOSE 256u
 /* Copy time a connection may report (load_us): at most SERVER_LOAD_PARALLEL microseconds per
  * microsecond it has been connected (as many threads copying all the time), a minute of that
@@ -184,6 +189,8 @@ struct server {
     bool fast_evict_passed; /* server_fast_evict ran since the last request or batch began */
     struct conn *fast_next; /* the ring server_fast_pass reads first next time */
     bool fast_in_pass;
+    uint64_t fast_window_us;      /* when the passes' current time window began */
+    uint64_t fast_window_busy_us; /* their time in it */
     struct stats fast_excl; /* counted by drains since fast_excl_any was last cleared */
     bool fast_excl_any;
     bool trim_due; /* a commit wants engine_trim once its connection's requests are answered */
@@ -1302,11 +1309,21 @@ static uint64_t server_mono_us(void)
 static int server_fast_pass(struct server *sv, uint32_t budget, bool reply)
 {
     uint64_t now = loop_now_ms(sv->loop), rate = sv->lim.fast_ring_rate;
-    uint64_t end = server_mono_us() + SERVER_FAST_PASS_US;
-    int again = -1;
+    uint64_t t0 = server_mono_us(), end = t0 + SERVER_FAST_PASS_US;
+    int again = -1, rest = 0;
     if (!sv->conns || sv->fast_in_pass)
         return -1;
     sv->fast_in_pass = true;
+    /* The passes' share of the loop's time: when they took it all in this window, they read
+     * nothing until the next one (the loop may sleep till then). */
+    if (t0 - sv->fast_window_us >= SERVER_FAST_WINDOW_US) {
+        sv->fast_window_us = t0;
+        sv->fast_window_busy_us = 0;
+    }
+    if (sv->fast_window_busy_us >= SERVER_FAST_SHARE_US) {
+        budget = 0;
+        rest = (int)((sv->fast_window_us + SERVER_FAST_WINDOW_US - t0 + 999) / 1000);
+    }
     for (bool more = true; more && budget && server_mono_us() < end;) {
         struct conn *start = sv->fast_next ? sv->fast_next : sv->conns, *c = start;
         more = false;
@@ -1331,13 +1348,14 @@ static int server_fast_pass(struct server *sv, uint32_t budget, bool reply)
             continue;
         if (fast_ring_unread(c->ring)) {
             int ms = fast_ring_allowance(c->ring)
-                         ? 0
+                         ? rest
                          : (int)((SERVER_FAST_CHUNK * 1000 + rate - 1) / rate);
             again = again < 0 || ms < again ? ms : again;
         } else if (c->sync_wait && reply) {
             server_fast_synced(sv, c);
         }
     }
+    sv->fast_window_busy_us += server_mono_us() - t0;
     sv->fast_in_pass = false;
     return again;
 }

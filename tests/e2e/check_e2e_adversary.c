@@ -1862,13 +1862,13 @@ END_TEST
  * hit ring by a ring's worth of valid hits and send FAST_ATTACH SYNC, over and over, while
  * the victim times LOOKUPs of its restricted prefix; in the rounds between, the same
  * connections send plain LOOKUPs (and RELEASEs) of their blocks instead. The rounds
- * alternate (plain, flood, three times each) so the host's noise falls on both, and the
+ * alternate (plain, flood, five times each) so the host's noise falls on both, and the
  * victim's p99 under the flood must stay within 2x of its p99 under the plain lookups, over
  * the same number of samples. */
 #define ADV_RF_CONNS 8
-#define ADV_RF_ROUNDS 6
-#define ADV_RF_SAMPLES 1500 /* per round, at most */
-#define ADV_RF_ROUND_MS 6000
+#define ADV_RF_ROUNDS 10
+#define ADV_RF_SAMPLES 900 /* per round, at most */
+#define ADV_RF_ROUND_MS 4000
 #define ADV_RF_KEYS 16
 
 struct adv_rf {
@@ -1966,7 +1966,7 @@ static int adv_rf_victim(void *arg)
         return 211;
     for (int r = 1; r <= ADV_RF_ROUNDS; r++) {
         __atomic_store_n(&rf->round, r, __ATOMIC_RELEASE);
-        adv_msleep(200); /* the attackers under way */
+        adv_msleep(100); /* the attackers under way */
         uint64_t end = daemon_now_ms() + ADV_RF_ROUND_MS;
         uint32_t n = 0;
         while (n < ADV_RF_SAMPLES && daemon_now_ms() < end) {
