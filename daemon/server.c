@@ -1351,8 +1351,16 @@ static int server_fast_pass(struct server *sv, uint32_t budget, bool reply)
                          ? rest
                          : (int)((SERVER_FAST_CHUNK * 1000 + rate - 1) / rate);
             again = again < 0 || ms < again ? ms : again;
-        } else if (c->sync_wait && reply) {
-            server_fast_synced(sv, c);
+        } else if (c->sync_wait) {
+            /* Read; answered once its rate allows it another entry, so that a client over
+             * its rate waits for it rather than spin through SYNCs. */
+            fast_ring_refill(c->ring, now, (uint32_t)rate);
+            if (!fast_ring_allowance(c->ring)) {
+                int ms = (int)((1000 + rate - 1) / rate);
+                again = again < 0 || ms < again ? ms : again;
+            } else if (reply) {
+                server_fast_synced(sv, c);
+            }
         }
     }
     sv->fast_window_busy_us += server_mono_us() - t0;
@@ -1390,15 +1398,16 @@ static int server_on_fast_attach(struct server *sv, struct conn *c, const struct
     *p = (struct kvc_fast_attach_rep){.what = q->what, .arena_id = q->arena_id};
     if (q->what == KVC_FAST_SYNC) {
         /* The client needs room (half its ring is unread, or it is leaving). What its
-         * allowance covers is read in the passes, and the answer waits for that; the rest
-         * goes unread now, counted: no more work than the rate. */
+         * allowance covers is read in the passes, and the answer waits for that (and for
+         * the rate to allow one entry more); the rest goes unread now, counted: no more
+         * work than the rate. */
         bool lied;
         if (!c->ring || c->sync_wait)
             return sizeof(*p); /* nothing to read, or one SYNC waits already */
         fast_ring_refill(c->ring, now, (uint32_t)sv->lim.fast_ring_rate);
         sv->store->total.fast_dropped += fast_ring_shed(c->ring, &lied);
         sv->store->total.fast_refused += lied;
-        if (!fast_ring_unread(c->ring))
+        if (!fast_ring_unread(c->ring) && fast_ring_allowance(c->ring))
             return sizeof(*p);
         c->sync_wait = true;
         c->sync_req = r->hdr->req_id;
