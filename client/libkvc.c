@@ -395,14 +395,18 @@ KVC_API void kvc_disconnect(kvc_client *c)
 {
     if (!c)
         return;
-    if (c->ndefer && !c->dead && c->fd >= 0) {
+    if ((c->ndefer || kvci_fast_unread(c)) && !c->dead && c->fd >= 0) {
         /* Commits in flight land anyway (the daemon handles what the connection sent before
          * its end); waiting for them, at most KVC_DISCONNECT_WAIT_MS, makes them visible to
-         * every client by the time this returns. */
+         * every client by the time this returns. The hits still in the ring are read then
+         * too, so they count for the policies. */
         struct timeval tv = {.tv_sec = KVC_DISCONNECT_WAIT_MS / 1000,
                              .tv_usec = (KVC_DISCONNECT_WAIT_MS % 1000) * 1000};
-        if (setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) == 0)
-            kvc_flush(c);
+        if (setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) == 0) {
+            if (c->ndefer)
+                kvc_flush(c);
+            kvci_fast_flush(c);
+        }
     }
     if (c->gpu_hooks)
         c->gpu_hooks->fini(c); /* before the arenas it registered are unmapped */

@@ -189,6 +189,11 @@ size_t kvci_fast_get(kvc_ns *ns, const struct kvc_key *keys, size_t n, void *con
 /* Resolves one key through the index (benchmarks): 1 with where its stored bytes are now
  * (valid until the daemon reuses the slot: copy them, then check), 0 when not there. */
 int kvci_fast_resolve(kvc_ns *ns, const struct kvc_key *k, const void **data, size_t *len);
+/* Whether the hit ring holds hits the daemon has not read yet. */
+bool kvci_fast_unread(const kvc_client *c);
+/* Asks the daemon to read the ring (FAST_ATTACH SYNC, answered once it did) so that the hits
+ * in it count: kvc_disconnect, before it closes. */
+void kvci_fast_flush(kvc_client *c);
 /* Unmaps the indexes and the hit ring (kvc_disconnect). */
 void kvci_fast_fini(kvc_client *c);
 

@@ -54,6 +54,11 @@
       "Publish each arena's cached blocks in a read-only shared index, so clients copy hits "  \
       "with no round trip (docs/performance.md). Clients also turn it off with "              \
       "KVC_NO_FASTPATH=1.")                                                                   \
+    X(server, fast_ring_rate, INT, "65536", 1000, 16777216, 1, NULL,                          \
+      "Hits per second the daemon reads from one connection's hit ring (the fast path's "     \
+      "record of its hits, for the policies), a ring's worth (4096) banked; hits past it "    \
+      "are not counted (fast_dropped). Rings are read in bounded passes between requests "    \
+      "(docs/security.md).")                                                                  \
     X(server, max_namespaces_per_uid, INT, "16", 1, 65535, 1, NULL,                           \
       "Namespaces one user (uid) may create; more are refused (EDQUOT). Admins are exempt; "  \
       "kvcctl ns drop frees them.")                                                           \

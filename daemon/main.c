@@ -212,7 +212,8 @@ static void kvcd_server_params(const struct kvcd *d, const struct config *c,
                                 .client_pins = (uint64_t)c->quota_client_pins,
                                 .uid_pins = (uint64_t)c->quota_uid_pins,
                                 .uid_leases = (uint64_t)c->quota_uid_leases,
-                                .uid_reserved_share = (uint32_t)c->quota_uid_reserved_share};
+                                .uid_reserved_share = (uint32_t)c->quota_uid_reserved_share,
+                                .fast_ring_rate = (uint32_t)c->server_fast_ring_rate};
 }
 
 /* Checks of the places kvcd will use, made before anything slow (pre-faulting the arena

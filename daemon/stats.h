@@ -29,6 +29,7 @@
     X(hit_blocks_fp8, "blocks found stored in fp8 (e4m3)")                                    \
     X(fast_hits, "of those, blocks copied through the shared index (no round trip)")         \
     X(fast_refused, "hit-ring entries refused (not a cached block the client may read)")      \
+    X(fast_dropped, "hit-ring entries left unread past server.fast_ring_rate (not counted)")  \
     X(miss_blocks, "blocks asked for and not found")                                          \
     X(miss_tokens, "tokens asked for and not found")                                          \
     X(bytes_out, "bytes handed out as hits")                                                  \
@@ -51,6 +52,7 @@
     X(evicted_bytes, "bytes evicted")                                                         \
     X(reserve_evictions, "blocks evicted (or their memory dropped) inside a RESERVE, a put waiting") \
     X(load_us, "time clients reported copying hits out of the cache (us)")                   \
+    X(load_refused_us, "copy time reported past what a client could spend (us)")           \
     X(pins, "block pins taken by lookups")                                                    \
     X(unpins, "block pins dropped (release or client exit)")                                  \
     X(quantized_blocks, "raw blocks quantized in place")                                           \
