@@ -11,6 +11,8 @@
 #   make bench      every benchmark; make bench-NAME runs tests/bench/bench_NAME.c
 #                   (make bench-python: the Python package and reference engine, apart)
 #   make chaos      clients and kvcd SIGKILLed at random under load (docs/chaos.md)
+#   make device-bundle  the GPU suites, benchmarks, kvcd and their libraries in one folder for
+#                   a GPU host (etc/device-check.sh OUTDIR runs them there; docs/gpu.md)
 #   make CUDA=0     build without nvcc;  make SAN=1  sanitizer build into build/asan
 #                   (make SAN=thread: ThreadSanitizer into build/tsan)
 #   make python     the kvcd Python package into build/python (part of make when the headers
@@ -96,8 +98,11 @@ LIBS := $(B)/lib/libkvcd.a $(B)/lib/libkvc.a $(B)/lib/libkvc.so
 
 # The Python package (python/, issue 14; built by the rules under its heading below).
 # A CPython extension over libkvc.a, for /usr/bin/python3 (Debian's, which sees python3-numpy
-# and python3-pytest; a python3 earlier on PATH may be another interpreter). The sanitizer
-# build leaves it out: an ASan extension cannot load into an uninstrumented interpreter.
+# and python3-pytest; a python3 earlier on PATH may be another interpreter). The ASan build
+# (SAN=1) builds it instrumented too, and its check_python runs the interpreter with the
+# ASan runtime preloaded (PY_PRELOAD: an instrumented extension cannot load into an
+# uninstrumented interpreter otherwise), so a bad read in the binding fails the suite; the
+# TSan build leaves it out.
 PYTHON ?= /usr/bin/python3
 PY_CFG = $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.$(1))' 2>/dev/null)
 PY_INCLUDE := $(call PY_CFG,get_paths()["include"])
@@ -108,9 +113,12 @@ PY_EXT := $(PY_PKG)/_kvcd$(PY_EXT_SUFFIX)
 PY_SRCS := $(wildcard python/kvcd/*.py python/kvcd/*.pyi python/kvcd/engine/*.py) \
 	python/kvcd/py.typed
 PY_FILES := $(patsubst python/kvcd/%,$(PY_PKG)/%,$(PY_SRCS))
-ifeq ($(SAN),0)
+ifneq ($(SAN),thread)
 PY_ALL := $(if $(wildcard $(PY_INCLUDE)/Python.h),$(PY_EXT) $(PY_FILES))
 PY_CHECK := $(B)/tests/check_python
+endif
+ifeq ($(SAN),1)
+PY_PRELOAD := $(shell $(CC) -print-file-name=libasan.so)
 endif
 
 .PHONY: all check check-run check-gpu deps demo demo-engine bench bench-python benches clean tests config-ini fuzz \
@@ -127,9 +135,10 @@ $(B)/obj/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(DEPFLAGS) -c $< -o $@
 
+# nvcc writes its dependency list beside the object (x.cu.d): a header change rebuilds it.
 $(B)/obj/%.cu.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -I$(TOP) -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) -MMD -MP -I$(TOP) -c $< -o $@
 
 $(B)/lib/libkvcd.a: $(LIBKVCD_OBJS)
 	@mkdir -p $(dir $@)
@@ -193,21 +202,35 @@ $(B)/bin/kvcsim: $(B)/obj/tests/bench/kvcsim.o $(B)/obj/tests/lib/sim.o $(B)/lib
 
 python: $(PY_EXT) $(PY_FILES)
 
-$(PY_EXT): python/kvcd/_kvcd.c client/kvc.h $(B)/lib/libkvc.a
+# One file per Python type (python/kvcd/_kvcd.h), built with hidden visibility: the module
+# exports PyInit__kvcd alone (and the symbols of libkvc.a it links).
+PY_EXT_SRCS := $(wildcard python/kvcd/_kvcd*.c)
+$(PY_EXT): $(PY_EXT_SRCS) python/kvcd/_kvcd.h client/kvc.h $(B)/lib/libkvc.a
 	@test -n "$(PY_EXT_SUFFIX)" -a -f "$(PY_INCLUDE)/Python.h" || \
 		{ echo "python: no Python headers for $(PYTHON) (make deps installs python3-dev)"; exit 1; }
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -isystem $(PY_INCLUDE) -shared -o $@ python/kvcd/_kvcd.c \
+	$(CC) $(ALL_CFLAGS) -fvisibility=hidden -isystem $(PY_INCLUDE) -shared -o $@ $(PY_EXT_SRCS) \
 		$(B)/lib/libkvc.a $(shell pkg-config --libs libxxhash) $(CUDA_LIBS) -pthread -lm
 
 $(PY_PKG)/%: python/kvcd/%
 	@mkdir -p $(dir $@)
 	cp $< $@
 
-# The pytest suite as one more suite of tests/run-checks.sh (python/tests/check_python.sh.in).
-$(B)/tests/check_python: python/tests/check_python.sh.in $(PY_EXT) $(PY_FILES) $(B)/bin/kvcd
+# The strict fake device for the Python tests' CUDA paths (python/tests/fake_dev_py.c): a
+# test-only shared object, never installed, loaded by the tests with ctypes.
+PY_FAKEDEV := $(B)/tests/libkvc_fakedev_py.so
+$(PY_FAKEDEV): python/tests/fake_dev_py.c $(B)/obj/tests/lib/fake_dev.o $(B)/lib/libkvc.a
 	@mkdir -p $(dir $@)
-	sed -e 's|@PYTHON@|$(PYTHON)|g' -e 's|@TOP@|$(TOP)|g' -e 's|@B@|$(B)|g' $< > $@.tmp
+	$(CC) $(ALL_CFLAGS) -fvisibility=hidden -shared -o $@ python/tests/fake_dev_py.c \
+		$(B)/obj/tests/lib/fake_dev.o $(B)/lib/libkvc.a $(shell pkg-config --libs libxxhash) \
+		$(CUDA_LIBS) -pthread -lm
+
+# The pytest suite as one more suite of tests/run-checks.sh (python/tests/check_python.sh.in).
+$(B)/tests/check_python: python/tests/check_python.sh.in $(PY_EXT) $(PY_FILES) $(B)/bin/kvcd \
+		$(PY_FAKEDEV)
+	@mkdir -p $(dir $@)
+	sed -e 's|@PYTHON@|$(PYTHON)|g' -e 's|@TOP@|$(TOP)|g' -e 's|@B@|$(B)|g' \
+		-e 's|@PRELOAD@|$(PY_PRELOAD)|g' $< > $@.tmp
 	chmod 0755 $@.tmp && mv $@.tmp $@
 
 # ---- the README's commands -----------------------------------------------
@@ -244,14 +267,26 @@ check-run: all tests
 
 # GPU suites: the same binaries; CUDA cases skip where no device is found.
 # compute-sanitizer (where installed) runs the suites that launch kernels and copy through
-# the pool.
+# the pool, each in one process with its limits scaled (tests/gpu-sanitizer.sh: memcheck,
+# racecheck and synccheck).
 SANITIZER ?= $(firstword $(shell command -v compute-sanitizer 2>/dev/null) \
 	$(wildcard $(CUDA_HOME)/bin/compute-sanitizer))
 check-gpu: all tests
 	KVC_REQUIRE_GPU=$(KVC_REQUIRE_GPU) sh tests/run-checks.sh $(B) gpu
-	@if [ -n "$(SANITIZER)" ]; then for t in check_pack check_tier_gpu check_e2e_gpu; do \
-		CK_FORK=no $(SANITIZER) --error-exitcode 1 --target-processes all $(B)/tests/$$t \
-		|| exit 1; done; else echo "SKIP: check-gpu: compute-sanitizer: not installed"; fi
+	sh tests/gpu-sanitizer.sh $(B) $(SANITIZER)
+
+# A GPU check for a GPU host without Debian's libraries (docs/gpu.md): `make device-bundle`
+# here, then `sh etc/device-check.sh OUTDIR` there, in a copy of this tree with
+# build/device-bundle carried along (etc/device-bundle.sh says what the folder holds).
+BUNDLE ?= build/device-bundle
+BUNDLE_SUITES := check_pack check_tier_gpu check_store_gpu check_kernels check_e2e_gpu \
+	check_e2e_quant check_e2e_fast
+BUNDLE_BENCHES := bench_gpu bench_kernels bench_host
+.PHONY: device-bundle
+device-bundle: $(B)/bin/kvcd $(B)/bin/kvcctl $(patsubst %,$(B)/tests/%,$(BUNDLE_SUITES)) \
+		$(patsubst %,$(B)/bench/%,$(BUNDLE_BENCHES))
+	@test "$(CUDA)" = 1 || { echo "device-bundle: needs a CUDA build (nvcc)"; exit 1; }
+	NVCC=$(NVCC) sh etc/device-bundle.sh $(B) $(BUNDLE) "$(BUNDLE_SUITES)" "$(BUNDLE_BENCHES)"
 
 demo: deps
 	$(MAKE) all

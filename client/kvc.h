@@ -213,9 +213,10 @@ KVC_API int kvc_keys_from_tokens(const kvc_ns *ns, const struct kvc_key *parent,
 
 /* kvc_lookup flags. Blocks on disk are read back into memory by the daemon; by default
  * kvc_lookup waits for those reads, so every hit it returns is readable. */
-#define KVC_LOOKUP_READY_ONLY 0x1u /* hits stop at the first block not in memory now (the
+#define KVC_LOOKUP_READY_ONLY                                                                      \
+    0x1u                       /* hits stop at the first block not in memory now (the
                                       reads of the blocks after it still start) */
-#define KVC_LOOKUP_NOWAIT 0x2u     /* return hits still being read: see kvc_lease_ready() */
+#define KVC_LOOKUP_NOWAIT 0x2u /* return hits still being read: see kvc_lease_ready() */
 
 /* Finds the longest cached prefix of keys[0..n) and pins those blocks for this client.
  * Returns the number of hits (0..n). When it is above zero, *out is a lease that must be
@@ -274,9 +275,11 @@ KVC_API int kvc_release(kvc_lease *l);
 /* ---- policies: hints and budgeted reads (docs/policies.md) ---------------------------- */
 
 /* Hint kinds for kvc_hint. */
-#define KVC_HINT_ATTENTION 1u /* H2O: attention mass the block received (summed over its tokens,
+#define KVC_HINT_ATTENTION                                                                         \
+    1u /* H2O: attention mass the block received (summed over its tokens,
                                  layers and heads); added to the block's mass, which decays */
-#define KVC_HINT_SNAPKV 2u    /* SnapKV: the observation window's pooled score at prefill end;
+#define KVC_HINT_SNAPKV                                                                            \
+    2u /* SnapKV: the observation window's pooled score at prefill end;
                                  replaces the block's score */
 
 /* Reports importance scores of n committed blocks of ns (keys[i] gets scores[i], finite and
@@ -338,7 +341,9 @@ KVC_API int kvc_resv_write(kvc_resv *r, size_t i, const void *src, size_t len);
  * Returns the number of blocks committed. -ETIMEDOUT: the daemon had aborted the
  * reservation (older than server.reservation_timeout); nothing was committed. -EIO: device
  * work queued on the reservation (kvc_resv_write_async, kvc_resv_gather) failed; the
- * reservation is aborted and nothing was committed. */
+ * reservation is aborted and nothing was committed. -EBUSY: one of those n slots was written
+ * layer by layer (kvc_resv_gather_layers) and not all its layers yet; nothing was done, r is
+ * still yours (write the rest, or kvc_abort()). */
 KVC_API int kvc_commit(kvc_resv *r, size_t n);
 
 /* Frees every slot of r unseen, and r itself. NULL is a no-op. -ETIMEDOUT as kvc_commit. */
@@ -398,8 +403,7 @@ KVC_API int kvc_block_list(kvc_client *c, uint32_t ns_id, uint64_t *cursor, uint
                            struct kvc_block_info **out, size_t *n);
 
 /* Pid of the daemon and this connection's credentials as the daemon saw them. */
-KVC_API int kvc_peer_info(const kvc_client *c, uint32_t *daemon_pid, uint32_t *uid,
-                          uint32_t *gid);
+KVC_API int kvc_peer_info(const kvc_client *c, uint32_t *daemon_pid, uint32_t *uid, uint32_t *gid);
 
 /* ---- operating kvcd ------------------------------------------------------------------ */
 /*
@@ -523,10 +527,23 @@ KVC_API int kvc_lease_tier(const kvc_lease *l, size_t i);
  * -ENOTSUP (no kvc_gpu_attach). */
 KVC_API int kvc_lease_copy_async(kvc_lease *l, size_t i, void *dst, size_t len, void *stream);
 
+/* Queues the copy of hits [first, first+n) into dst, hit j at dst + j * block size (len at
+ * least n block sizes), on stream, as kvc_lease_copy_async() does for one hit, in a bounded
+ * number of device operations whatever n is: into device memory, one device-to-device copy
+ * batch for the pool hits (pieces that continue each other merged; one kernel), one
+ * host-to-device batch for the host hits, and one decode kernel for the quantized host hits
+ * (their stored bytes cross in the same batch and are decoded straight into dst); then one
+ * event record. Into host memory: raw hits as one batch, quantized hits decoded on the CPU
+ * before the call returns. kvc_release() waits for it. Returns n.
+ * Errors: -EINVAL (NULL, len below n blocks), -ERANGE (first, n), -ENOTSUP (no
+ * kvc_gpu_attach; a quantized pool hit), -EBADMSG (a quantized block that is not of the
+ * namespace's layout; nothing was queued), -EIO, -ENOMEM. */
+KVC_API int kvc_lease_copy_range_async(kvc_lease *l, size_t first, size_t n, void *dst, size_t len,
+                                       void *stream);
+
 /* Queues the copy of src into the slot of key i (status RESERVED; src device or host
  * memory) on stream; kvc_commit() waits for it. Errors: -EINVAL, -ERANGE, -EIO. */
-KVC_API int kvc_resv_write_async(kvc_resv *r, size_t i, const void *src, size_t len,
-                                 void *stream);
+KVC_API int kvc_resv_write_async(kvc_resv *r, size_t i, const void *src, size_t len, void *stream);
 
 /* An engine's paged KV: per-layer K and V tensors with a block table. Token p of the
  * sequence is at  k[layer] + block_table[p / page_tokens] * page_stride
@@ -546,17 +563,30 @@ struct kvc_paged_kv {
 };
 
 /* Loads hits [first, first+n) of a lease into the engine's paged KV, hit j covering
- * sequence tokens [first_token + j*block_tokens, ...). With on_device: pool hits are
- * scattered by a kernel straight from the pool, host hits are DMA-copied to the device and
- * scattered there; `event` is recorded after the last of it. Without on_device: a CPU copy
- * from host hits (pool hits are -ENOTSUP: look up without KVC_LOOKUP_GPU). A lossy hit
- * (a block the daemon quantized) is decoded on the CPU first, as kvc_lease_copy does; on the
- * device that scatter waits for its stream before returning. Returns n.
- * Errors: -EINVAL (shape, strides, table), -ERANGE, -ENOTSUP, -EIO, -EBADMSG (a lossy hit
- * that does not decode). */
-KVC_API int kvc_lease_scatter(kvc_lease *l, size_t first, size_t n,
-                              const struct kvc_paged_kv *kv, uint64_t first_token,
-                              void *stream, void *event);
+ * sequence tokens [first_token + j*block_tokens, ...). With on_device, one call queues at
+ * most: one host-to-device batch (the host hits, staged in the client's device scratch),
+ * one scatter kernel (every raw hit, pool hits read straight from the pool), one decode
+ * kernel (every lossy hit — a block the daemon quantized — decoded straight into the
+ * tensors), and the event records; `event` is recorded after the last of it. No call waits.
+ * Without on_device: a CPU copy from host hits (pool hits are -ENOTSUP: look up without
+ * KVC_LOOKUP_GPU), lossy hits decoded on the CPU first. Returns n.
+ * Errors: -EINVAL (shape, strides, table), -ERANGE, -ENOTSUP (host tensors and a pool hit;
+ * device tensors without kvc_gpu_attach), -EIO, -EBADMSG (a lossy hit that is not an
+ * encoded block of the namespace's layout; nothing was queued), -ENOMEM. */
+KVC_API int kvc_lease_scatter(kvc_lease *l, size_t first, size_t n, const struct kvc_paged_kv *kv,
+                              uint64_t first_token, void *stream, void *event);
+
+/* kvc_lease_scatter() of layers [layer_first, layer_first + layer_count) only, so that a load
+ * can be split by layer and its first layers used while the next are in flight: kv->k and
+ * kv->v still index every layer of the namespace; the other layers of the engine's tensors
+ * are not touched. Host hits cross only the layers moved. kvc_lease_scatter() is the whole
+ * range. The same bounded device operations per call (one scatter and one decode kernel
+ * whatever n and the range). Errors as kvc_lease_scatter(), and -EINVAL (layer_count 0),
+ * -ERANGE (layer_first + layer_count above the namespace's layers). */
+KVC_API int kvc_lease_scatter_layers(kvc_lease *l, size_t first, size_t n,
+                                     const struct kvc_paged_kv *kv, uint64_t first_token,
+                                     uint32_t layer_first, uint32_t layer_count, void *stream,
+                                     void *event);
 
 /* kvc_reserve() that may hand out slots in the GPU pool (after kvc_gpu_attach() returned
  * 1); the daemon puts them in host memory when the pool is full. */
@@ -565,12 +595,26 @@ KVC_API int kvc_reserve_gpu(kvc_ns *ns, const struct kvc_key *parent, const stru
 
 /* Stores the engine's KV of sequence tokens [first_token, first_token + n*block_tokens)
  * into the reserved slots of keys [first, first+n) (keys whose status is not RESERVED are
- * skipped). Device tensors: a kernel gathers into pool slots, or into device scratch that
- * is then DMA-copied to host slots; `event` is recorded after it; kvc_commit() waits.
- * Host tensors: a CPU copy into host slots. Returns the number of slots written.
- * Errors as kvc_lease_scatter(). */
+ * skipped). Device tensors: one gather kernel for every slot of the call, writing pool slots
+ * directly and host slots through device scratch, then one device-to-host batch into the
+ * host slots; `event` is recorded after it; kvc_commit() waits. Host tensors: a CPU copy into
+ * host slots. Returns the number of slots written. Errors as kvc_lease_scatter(). */
 KVC_API int kvc_resv_gather(kvc_resv *r, size_t first, size_t n, const struct kvc_paged_kv *kv,
                             uint64_t first_token, void *stream, void *event);
+
+/* kvc_resv_gather() of layers [layer_first, layer_first + layer_count) only: a slot may be
+ * filled layer by layer over several calls (on any streams; kvc_commit() waits for all of
+ * them). kv->k and kv->v index every layer of the namespace. Once a call has written some
+ * layers of a slot and not others, kvc_commit() refuses with -EBUSY, and does nothing (the
+ * reservation stays yours: write the missing layers, or kvc_abort()), to publish that slot
+ * before all its layers are written by gathers or by kvc_resv_write()/kvc_resv_write_async()
+ * (a whole block); bytes written through kvc_resv_data() are not seen by this count. Slots
+ * past the `n` kvc_commit() publishes are not checked. Errors as kvc_lease_scatter_layers(),
+ * -ENOMEM. */
+KVC_API int kvc_resv_gather_layers(kvc_resv *r, size_t first, size_t n,
+                                   const struct kvc_paged_kv *kv, uint64_t first_token,
+                                   uint32_t layer_first, uint32_t layer_count, void *stream,
+                                   void *event);
 
 #ifdef __cplusplus
 }

@@ -130,8 +130,9 @@ static int kvc_dead(kvc_client *c, int rc)
 static int kvc_fail(kvc_client *c, int e)
 {
     int notice = e == -ECONNRESET || e == -EPIPE ? kvc_notice(c) : 0;
-    return kvc_dead(c, notice ? notice
-                              : e == -ECONNRESET || e == -EPIPE || e == -EPROTO ? e : -EPIPE);
+    return kvc_dead(c, notice                                            ? notice
+                       : e == -ECONNRESET || e == -EPIPE || e == -EPROTO ? e
+                                                                         : -EPIPE);
 }
 
 /* Reads one message into c->rx. A descriptor riding along goes to *fd if fd is not NULL and
@@ -229,8 +230,8 @@ static int kvc_defer_drain(kvc_client *c, bool wait)
  * (kvc_defer_take): quiet if the daemon answers only a failure, expect what a COMMIT's reply
  * must say (blocks committed), tag the kvc_put_prefix call that sent it. The caller made room
  * (kvc_defer_room) before it built the request. 0 or a transport error. c->mu held. */
-static int kvc_send_nowait(kvc_client *c, uint16_t op, uint32_t len, bool quiet,
-                           uint32_t expect, uint64_t tag)
+static int kvc_send_nowait(kvc_client *c, uint16_t op, uint32_t len, bool quiet, uint32_t expect,
+                           uint64_t tag)
 {
     if (c->ndefer == KVC_DEFER_MAX)
         return -EAGAIN; /* a caller that did not make room: nothing sent */
@@ -422,8 +423,7 @@ KVC_API void kvc_disconnect(kvc_client *c)
     free(c);
 }
 
-KVC_API int kvc_peer_info(const kvc_client *c, uint32_t *daemon_pid, uint32_t *uid,
-                          uint32_t *gid)
+KVC_API int kvc_peer_info(const kvc_client *c, uint32_t *daemon_pid, uint32_t *uid, uint32_t *gid)
 {
     if (!c)
         return -EINVAL;
@@ -495,10 +495,8 @@ KVC_API int kvc_ns_open_quant(kvc_client *c, const struct kvc_layout *layout,
     if (!q || q->allowed > 0xffu || (unsigned)q->k_codec > 15 || (unsigned)q->v_codec > 15 ||
         q->raw_layers > 0xffu)
         return -EINVAL;
-    return kvc_ns_open_flags(c, layout,
-                             KVC_WIRE_QUANT_FLAGS(q->allowed, q->k_codec, q->v_codec,
-                                                  q->raw_layers),
-                             out);
+    return kvc_ns_open_flags(
+        c, layout, KVC_WIRE_QUANT_FLAGS(q->allowed, q->k_codec, q->v_codec, q->raw_layers), out);
 }
 
 static int kvc_ns_open_flags(kvc_client *c, const struct kvc_layout *layout, uint32_t flags,
@@ -799,8 +797,8 @@ KVC_API int kvc_hint(kvc_ns *ns, unsigned kind, const struct kvc_key *keys, cons
     kvc_client *c;
     uint32_t len;
     int rc;
-    if (!ns || (kind != KVC_HINT_ATTENTION && kind != KVC_HINT_SNAPKV) || (n && (!keys || !scores)) ||
-        n > KVC_HINT_MAX)
+    if (!ns || (kind != KVC_HINT_ATTENTION && kind != KVC_HINT_SNAPKV) ||
+        (n && (!keys || !scores)) || n > KVC_HINT_MAX)
         return -EINVAL;
     for (size_t i = 0; i < n; i++)
         if (!(scores[i] >= 0) || scores[i] > 3.4e38f)
@@ -829,8 +827,8 @@ KVC_API int kvc_hint(kvc_ns *ns, unsigned kind, const struct kvc_key *keys, cons
 }
 
 /* Policy numbers of LOOKUP_BUDGET: the daemon's order (kvcctl policy). */
-static const char *const kvc_policy_names[] = {"lru",     "lfu",     "prefix", "streaming", "h2o",
-                                               "snapkv",  "keynorm", "quest",  "default"};
+static const char *const kvc_policy_names[] = {"lru",    "lfu",     "prefix", "streaming", "h2o",
+                                               "snapkv", "keynorm", "quest",  "default"};
 
 KVC_API int kvc_lookup_budget(kvc_ns *ns, const struct kvc_key *keys, size_t n,
                               const struct kvc_budget *b, size_t *pos, size_t *nprefix,
@@ -870,10 +868,10 @@ KVC_API int kvc_lookup_budget(kvc_ns *ns, const struct kvc_key *keys, size_t n,
     memcpy(q + 1, keys, n * sizeof(struct kvc_wire_key));
     if (b->query_dim)
         memcpy((struct kvc_wire_key *)(q + 1) + n, b->query, b->query_dim * sizeof(float));
-    rc = kvc_call(c, KVC_OP_LOOKUP_BUDGET,
-                  (uint32_t)(sizeof(*q) + n * sizeof(struct kvc_wire_key) +
-                             b->query_dim * sizeof(float)),
-                  NULL);
+    rc = kvc_call(
+        c, KVC_OP_LOOKUP_BUDGET,
+        (uint32_t)(sizeof(*q) + n * sizeof(struct kvc_wire_key) + b->query_dim * sizeof(float)),
+        NULL);
     if (rc)
         goto out;
     const struct kvc_lookup_budget_rep *p = kvc_rep(c, &len);
@@ -967,8 +965,8 @@ KVC_API int kvc_lease_copy(const kvc_lease *l, size_t i, void *dst, size_t len)
         return -EINVAL;
     uint64_t t0 = kvc_mono_ns();
     if (l->hits[i].tier == KVC_WIRE_TIER_GPU && l->hits[i].format == KVC_WIRE_FORMAT_RAW) {
-        int grc = l->ns->c->gpu_hooks->copy_sync(l->ns->c, dst, l->hits[i].data,
-                                                 l->ns->block_bytes);
+        int grc =
+            l->ns->c->gpu_hooks->copy_sync(l->ns->c, dst, l->hits[i].data, l->ns->block_bytes);
         kvc_lease_account(l, t0);
         return grc;
     }
@@ -1024,11 +1022,9 @@ KVC_API int kvc_lease_copy_cuda(const kvc_lease *l, size_t i, void *dst_dev, siz
      * waits for it); a pool hit is device memory, so the copy is device to device. The
      * lease's record of queued work is the only state that changes. */
     if (l->hits[i].format == KVC_WIRE_FORMAT_RAW && l->ns->c->gpu_hooks)
-        return l->ns->c->gpu_hooks->lease_copy((kvc_lease *)l, i, dst_dev,
-                                               l->hits[i].tier == KVC_WIRE_TIER_GPU
-                                                   ? KERN_DEV_COPY_D2D
-                                                   : KERN_DEV_COPY_H2D,
-                                               stream);
+        return l->ns->c->gpu_hooks->lease_copy(
+            (kvc_lease *)l, i, dst_dev,
+            l->hits[i].tier == KVC_WIRE_TIER_GPU ? KERN_DEV_COPY_D2D : KERN_DEV_COPY_H2D, stream);
     if (l->ns->c->gpu_hooks && l->hits[i].tier != KVC_WIRE_TIER_GPU)
         return l->ns->c->gpu_hooks->lease_decode((kvc_lease *)l, i, dst_dev, stream);
     if (l->hits[i].tier == KVC_WIRE_TIER_GPU)
@@ -1037,8 +1033,7 @@ KVC_API int kvc_lease_copy_cuda(const kvc_lease *l, size_t i, void *dst_dev, siz
         return -ENOTSUP;
     if (l->hits[i].format == KVC_WIRE_FORMAT_RAW) {
         /* Nothing tracks it on the lease: it has landed before the call returns. */
-        rc = kern_cuda_copy(dst_dev, l->hits[i].data, l->ns->block_bytes, KERN_CUDA_H2D,
-                            stream);
+        rc = kern_cuda_copy(dst_dev, l->hits[i].data, l->ns->block_bytes, KERN_CUDA_H2D, stream);
         return rc ? rc : kern_cuda_stream_sync(stream);
     }
     /* the stored (2-4x smaller) block crosses PCIe, the GPU dequantizes it */
@@ -1068,9 +1063,9 @@ KVC_API int kvc_release(kvc_lease *l)
     if (l->gpu.nev || l->gpu.scratch || l->gpu.err) /* copies out of the pins first */
         wrc = c->gpu_hooks->wait(c, &l->gpu);
     pthread_mutex_lock(&c->mu);
-    rc = l->nids ? kvc_release_ids(c, l->ids, l->nids,
-                                   __atomic_load_n(&l->load_ns, __ATOMIC_RELAXED))
-                 : 0;
+    rc = l->nids
+             ? kvc_release_ids(c, l->ids, l->nids, __atomic_load_n(&l->load_ns, __ATOMIC_RELAXED))
+             : 0;
     pthread_mutex_unlock(&c->mu);
     free(l);
     return wrc ? wrc : rc;
@@ -1093,9 +1088,8 @@ static int kvc_abort_id(kvc_client *c, uint64_t id)
 }
 
 /* kvci_reserve_flags with c->mu held by the caller; *out NULL on error. */
-static int kvc_reserve_locked(kvc_ns *ns, const struct kvc_key *parent,
-                              const struct kvc_key *keys, size_t n, uint32_t flags,
-                              kvc_resv **out)
+static int kvc_reserve_locked(kvc_ns *ns, const struct kvc_key *parent, const struct kvc_key *keys,
+                              size_t n, uint32_t flags, kvc_resv **out)
 {
     kvc_client *c = ns->c;
     kvc_resv *r;
@@ -1194,10 +1188,62 @@ KVC_API int kvc_resv_write(kvc_resv *r, size_t i, const void *src, size_t len)
         return -ERANGE;
     if (!r->slots[i].data || len != r->ns->block_bytes)
         return -EINVAL;
-    if (r->slots[i].tier == KVC_WIRE_TIER_GPU)
-        return r->ns->c->gpu_hooks->copy_sync(r->ns->c, r->slots[i].data, src, len);
+    if (r->slots[i].tier == KVC_WIRE_TIER_GPU) {
+        int rc = r->ns->c->gpu_hooks->copy_sync(r->ns->c, r->slots[i].data, src, len);
+        return rc ? rc : kvci_resv_layers_mark(r, i, 1, 0, r->ns->layout.layers);
+    }
     kvci_copy_to_arena(r->slots[i].data, src, len);
-    return 0;
+    return kvci_resv_layers_mark(r, i, 1, 0, r->ns->layout.layers);
+}
+
+/* ---- layer-wise puts ---------------------------------------------------------------------
+ * A slot may be written layer by layer (kvc_resv_gather_layers). Nothing is tracked until a
+ * gather writes only some layers of a slot; from then on each slot of the reservation has a
+ * bitmap of the layers written, and kvc_commit() refuses (-EBUSY, nothing done) to publish a
+ * slot some of whose layers were written and others not: its bytes would mix this put's
+ * layers with whatever the slot held before. */
+
+int kvci_resv_layers_mark(kvc_resv *r, size_t first, size_t n, uint32_t lf, uint32_t lc)
+{
+    kvc_client *c = r->ns->c;
+    const uint32_t layers = r->ns->layout.layers;
+    int rc = 0;
+    pthread_mutex_lock(&c->mu);
+    if (!r->layer_bits && lc < layers) {
+        r->layer_words = (layers + 63) / 64;
+        r->layer_bits = calloc(r->n ? r->n : 1, r->layer_words * sizeof(uint64_t));
+        if (!r->layer_bits)
+            rc = -ENOMEM;
+    }
+    for (size_t j = first; rc == 0 && r->layer_bits && j < first + n; j++) {
+        if (!r->slots[j].data)
+            continue;
+        uint64_t *bits = r->layer_bits + j * r->layer_words;
+        for (uint32_t x = lf; x < lf + lc; x++)
+            bits[x / 64] |= 1ull << (x % 64);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+/* 1 when a slot among the first n reserved ones has some layers written and not all. */
+static int kvc_resv_partial(kvc_resv *r, size_t n)
+{
+    const uint32_t layers = r->ns->layout.layers;
+    int partial = 0;
+    pthread_mutex_lock(&r->ns->c->mu);
+    for (size_t j = 0, k = 0; r->layer_bits && j < r->n && k < n && !partial; j++) {
+        if (!r->slots[j].data)
+            continue;
+        k++;
+        const uint64_t *bits = r->layer_bits + j * r->layer_words;
+        uint32_t set = 0;
+        for (uint32_t w = 0; w < r->layer_words; w++)
+            set += (uint32_t)__builtin_popcountll(bits[w]);
+        partial = set != 0 && set != layers;
+    }
+    pthread_mutex_unlock(&r->ns->c->mu);
+    return partial;
 }
 
 KVC_API int kvc_commit(kvc_resv *r, size_t n)
@@ -1208,6 +1254,8 @@ KVC_API int kvc_commit(kvc_resv *r, size_t n)
     if (!r)
         return -EINVAL;
     c = r->ns->c;
+    if (kvc_resv_partial(r, n))
+        return -EBUSY; /* a slot written layer by layer, not all its layers yet */
     if (r->gpu.nev || r->gpu.scratch || r->gpu.err) {
         /* The bytes land before commit; a copy or kernel that faulted publishes nothing. */
         int wrc = c->gpu_hooks->wait(c, &r->gpu);
@@ -1217,6 +1265,7 @@ KVC_API int kvc_commit(kvc_resv *r, size_t n)
         }
     }
     if (!r->id) {
+        free(r->layer_bits);
         free(r);
         return 0;
     }
@@ -1231,6 +1280,7 @@ KVC_API int kvc_commit(kvc_resv *r, size_t n)
         rc = len == sizeof(*p) ? (int)p->committed : -EPROTO;
     }
     pthread_mutex_unlock(&c->mu);
+    free(r->layer_bits);
     free(r);
     return rc;
 }
@@ -1249,6 +1299,7 @@ KVC_API int kvc_abort(kvc_resv *r)
         rc = kvc_abort_id(c, r->id);
         pthread_mutex_unlock(&c->mu);
     }
+    free(r->layer_bits);
     free(r);
     return rc;
 }
@@ -1350,8 +1401,8 @@ KVC_API int kvc_put_prefix(kvc_ns *ns, const struct kvc_key *parent, const struc
                 struct kvc_commit_req *q = kvc_req(c);
                 *q = (struct kvc_commit_req){
                     .resv_id = r->id, .ncommit = UINT32_MAX, .flags = KVC_COMMIT_F_QUIET};
-                rc = kvc_send_nowait(c, KVC_OP_COMMIT, sizeof(*q), true,
-                                     (uint32_t)r->nreserved, tag);
+                rc = kvc_send_nowait(c, KVC_OP_COMMIT, sizeof(*q), true, (uint32_t)r->nreserved,
+                                     tag);
             }
             pthread_mutex_unlock(&c->mu);
             if (rc < 0) {

@@ -36,6 +36,7 @@
 #include "client/kvc.h"
 #include "client/libkvc_internal.h"
 #include "kernels/kern.h"
+#include "kernels/kern_batch.h"
 #include "kernels/kern_dev.h"
 #include "kernels/kern_pack.h"
 
@@ -74,13 +75,27 @@ struct kvc_gpu {
     struct kvc_gpu_scratch *idle;       /* scratch no queued work reads; freed at disconnect */
     void *ev_idle[KVC_GPU_IDLE_EVENTS]; /* events whose last record has been waited for */
     uint32_t nev_idle;
+    struct kern_batch_args *args; /* the tables of the batch being queued, under c->mu */
 };
 
 static const struct kern_dev_ops *kvc_gpu_ops_override;
+/* The process that last attached with this build's own CUDA table (0: none): a process that
+ * forks clients must not have started CUDA itself (tests check it, kvci_gpu_cuda_used). */
+static pid_t kvc_gpu_cuda_pid;
 
 void kvci_gpu_ops_set(const struct kern_dev_ops *ops)
 {
     kvc_gpu_ops_override = ops;
+}
+
+const struct kern_dev_ops *kvci_gpu_ops_get(void)
+{
+    return kvc_gpu_ops_override;
+}
+
+int kvci_gpu_cuda_used(void)
+{
+    return kvc_gpu_cuda_pid != 0 && kvc_gpu_cuda_pid == getpid();
 }
 
 static struct kvc_gpu *kvc_gpu_of(const kvc_client *c)
@@ -201,6 +216,8 @@ static int kvc_gpu_wait(kvc_client *c, struct kvc_gpu_work *w)
 }
 
 static int kvc_gpu_copy_sync(kvc_client *c, void *dst, const void *src, uint64_t len);
+static int kvc_gpu_copy_range(kvc_lease *l, size_t first, size_t n, void *dst, void *stream,
+                              int dev_only);
 static int kvc_gpu_lease_copy(kvc_lease *l, size_t i, void *dst, int kind, void *stream);
 static int kvc_gpu_lease_decode(kvc_lease *l, size_t i, void *dst, void *stream);
 
@@ -222,6 +239,7 @@ static void kvc_gpu_fini(kvc_client *c)
         g->ops->host_unregister(g->reg[i]);
     if (g->pool_live)
         g->ops->pool_destroy(&g->pool);
+    free(g->args);
     free(g);
     c->gpu = NULL;
     c->gpu_base = NULL;
@@ -288,9 +306,18 @@ KVC_API int kvc_gpu_attach(kvc_client *c)
         goto out;
     }
     g->ops = kvc_gpu_ops_override ? kvc_gpu_ops_override : kern_dev_cuda();
+    if (!kvc_gpu_ops_override)
+        kvc_gpu_cuda_pid = getpid();
     g->pool.fd = -1;
+    g->args = malloc(sizeof(*g->args));
+    if (!g->args) {
+        free(g);
+        rc = -ENOMEM;
+        goto out;
+    }
     if (!g->ops || g->ops->device_count() <= 0 || g->ops->device_get(&g->device) ||
         g->ops->stream_new(g->device, &g->stream)) {
+        free(g->args);
         free(g); /* nothing to undo: host copies, and later calls ask again */
         goto out;
     }
@@ -401,8 +428,7 @@ static int kvc_gpu_track(kvc_client *c, struct kvc_gpu_work *w, struct kvc_gpu_s
 static int kvc_gpu_lease_copy_locked(kvc_lease *l, size_t i, void *dst, int kind, void *stream)
 {
     kvc_client *c = l->ns->c;
-    int rc = kvc_gpu_of(c)->ops->copy_async(dst, l->hits[i].data, l->ns->block_bytes, kind,
-                                            stream);
+    int rc = kvc_gpu_of(c)->ops->copy_async(dst, l->hits[i].data, l->ns->block_bytes, kind, stream);
     if (rc == 0)
         rc = kvc_gpu_track(c, &l->gpu, NULL, stream);
     return rc;
@@ -419,77 +445,46 @@ static int kvc_gpu_lease_copy(kvc_lease *l, size_t i, void *dst, int kind, void 
 
 static int kvc_gpu_lease_decode(kvc_lease *l, size_t i, void *dst, void *stream)
 {
-    kvc_client *c = l->ns->c;
-    struct kvc_gpu *g = kvc_gpu_of(c);
-    struct kvc_gpu_scratch *s;
-    struct kern_layout kl = {.layers = l->ns->layout.layers,
-                             .heads = l->ns->layout.kv_heads,
-                             .head_dim = l->ns->layout.head_dim,
-                             .tokens = l->ns->layout.block_tokens,
-                             .dtype = l->ns->layout.dtype,
-                             .k_only = l->ns->layout.kv_kind == KVC_WIRE_KV_KIND_K_ONLY};
-    uint64_t n = l->hits[i].len;
-    struct kern_layout bl;
-    if (n == 0)
-        return -EBADMSG;
-    pthread_mutex_lock(&c->mu);
-    int rc = kvc_gpu_scratch_take(g, n, n, &s);
-    if (rc == 0) {
-        /* Writers of the arena can change the stored bytes: what crosses is a private copy,
-         * checked against the namespace's layout here so a bad block is an error now (the
-         * kernel checks the header again and writes zeros for a block it cannot decode). */
-        memcpy(s->host, l->hits[i].data, n);
-        if (kern_block_info(s->host, n, &bl, NULL) < 0 || bl.layers != kl.layers ||
-            bl.heads != kl.heads || bl.head_dim != kl.head_dim || bl.tokens != kl.tokens ||
-            bl.k_only != kl.k_only) {
-            rc = -EBADMSG;
-            s->next = g->idle;
-            g->idle = s;
-        }
-    }
-    if (rc == 0) {
-        /* The scratch's host copy is what crosses: checked, and stable until the lease's
-         * work is waited for (the scratch is tracked with it). */
-        rc = g->ops->copy_async(s->dev, s->host, n, KERN_DEV_COPY_H2D, stream);
-        if (rc == 0)
-            rc = g->ops->decode(&kl, s->dev, n, dst, l->ns->block_bytes, kl.dtype, stream);
-        int trc = kvc_gpu_track(c, &l->gpu, s, stream);
-        rc = rc ? rc : trc;
-    }
-    pthread_mutex_unlock(&c->mu);
-    return rc;
+    return kvc_gpu_copy_range(l, i, 1, dst, stream, 1);
 }
 
 /*
  * A quantized hit is never handed out as it is stored. Into device memory it crosses in its
- * stored size to a pooled device scratch and is decoded there (kvc_gpu_lease_decode),
- * tracked on the lease like a raw copy; into host memory it is decoded on the CPU, in place.
+ * stored size to a pooled device scratch and is decoded there by one kernel for all such hits
+ * of the call (kvc_gpu_copy_range), tracked on the lease like a raw copy; into host memory it
+ * is decoded on the CPU, in place.
  */
 KVC_API int kvc_lease_copy_async(kvc_lease *l, size_t i, void *dst, size_t len, void *stream)
 {
-    kvc_client *c;
-    int rc;
     if (!l || !dst)
         return -EINVAL;
     if (i >= l->n)
         return -ERANGE;
     if (len < l->ns->block_bytes)
         return -EINVAL;
-    c = l->ns->c;
-    if (!c->gpu)
+    if (!l->ns->c->gpu)
         return -ENOTSUP;
-    if (l->hits[i].format == KVC_WIRE_FORMAT_RAW)
-        return kvc_gpu_lease_copy(l, i, dst, KERN_DEV_COPY_DEFAULT, stream);
-    if (l->hits[i].tier == KVC_WIRE_TIER_GPU)
-        return -ENOTSUP; /* the pool holds raw blocks only */
-    if (kvc_gpu_of(c)->ops->pointer_device(dst) >= 0)
-        return kvc_gpu_lease_decode(l, i, dst, stream);
-    rc = kvc_lease_copy(l, i, dst, l->ns->block_bytes); /* host memory: decoded right there */
-    return rc == -EINVAL ? -EBADMSG : rc;
+    return kvc_gpu_copy_range(l, i, 1, dst, stream, 0);
 }
 
-KVC_API int kvc_resv_write_async(kvc_resv *r, size_t i, const void *src, size_t len,
-                                 void *stream)
+KVC_API int kvc_lease_copy_range_async(kvc_lease *l, size_t first, size_t n, void *dst, size_t len,
+                                       void *stream)
+{
+    if (!l || !dst)
+        return -EINVAL;
+    if (first > l->n || n > l->n - first)
+        return -ERANGE;
+    if (n == 0)
+        return 0;
+    if (n > INT32_MAX || len / l->ns->block_bytes < n)
+        return -EINVAL;
+    if (!l->ns->c->gpu)
+        return -ENOTSUP;
+    int rc = kvc_gpu_copy_range(l, first, n, dst, stream, 0);
+    return rc ? rc : (int)n;
+}
+
+KVC_API int kvc_resv_write_async(kvc_resv *r, size_t i, const void *src, size_t len, void *stream)
 {
     kvc_client *c;
     int rc;
@@ -503,12 +498,11 @@ KVC_API int kvc_resv_write_async(kvc_resv *r, size_t i, const void *src, size_t 
     if (!c->gpu)
         return -ENOTSUP;
     pthread_mutex_lock(&c->mu);
-    rc = kvc_gpu_of(c)->ops->copy_async(r->slots[i].data, src, len, KERN_DEV_COPY_DEFAULT,
-                                        stream);
+    rc = kvc_gpu_of(c)->ops->copy_async(r->slots[i].data, src, len, KERN_DEV_COPY_DEFAULT, stream);
     if (rc == 0)
         rc = kvc_gpu_track(c, &r->gpu, NULL, stream);
     pthread_mutex_unlock(&c->mu);
-    return rc;
+    return rc ? rc : kvci_resv_layers_mark(r, i, 1, 0, r->ns->layout.layers);
 }
 
 KVC_API int kvc_reserve_gpu(kvc_ns *ns, const struct kvc_key *parent, const struct kvc_key *keys,
@@ -517,12 +511,23 @@ KVC_API int kvc_reserve_gpu(kvc_ns *ns, const struct kvc_key *parent, const stru
     return kvci_reserve_flags(ns, parent, keys, n, KVC_RESERVE_F_GPU, out);
 }
 
-/* ---- gather / scatter ------------------------------------------------------------------ */
+/* ---- batched moves: a prefix in a bounded number of device operations -------------------
+ *
+ * A load or put of n blocks queues at most: one copy batch to or from host memory (the host
+ * hits or slots, staged in one device scratch), one device-to-device copy batch (a range copy
+ * of pool hits), one gather or scatter kernel (every raw block of the call), one decode kernel
+ * (every lossy block of the call, decoded straight into the destination), and one event
+ * record — whatever n is (kern_batch.h: the kernels take their tables by value, so nothing
+ * else is queued; more than KERN_COPY_BATCH_MAX pieces, or tables beyond one launch's
+ * parameters, are split). A block a batch does not move is a NULL in its table.
+ */
 
 static int kvc_gpu_layout(const kvc_ns *ns, struct kern_pack_layout *lay)
 {
-    static const uint32_t elem[] = {[KVC_DTYPE_FP16] = 2, [KVC_DTYPE_BF16] = 2,
-                                    [KVC_DTYPE_FP32] = 4, [KVC_DTYPE_FP8_E4M3] = 1,
+    static const uint32_t elem[] = {[KVC_DTYPE_FP16] = 2,
+                                    [KVC_DTYPE_BF16] = 2,
+                                    [KVC_DTYPE_FP32] = 4,
+                                    [KVC_DTYPE_FP8_E4M3] = 1,
                                     [KVC_DTYPE_INT8] = 1};
     const struct kvc_wire_layout *w = &ns->layout;
     if (w->dtype == 0 || w->dtype >= sizeof(elem) / sizeof(elem[0]))
@@ -536,10 +541,21 @@ static int kvc_gpu_layout(const kvc_ns *ns, struct kern_pack_layout *lay)
     return kern_pack_block_bytes(lay) == ns->block_bytes ? 0 : -EINVAL;
 }
 
-static void kvc_gpu_engine(const struct kvc_paged_kv *kv, struct kern_pack_engine *e)
+static void kvc_gpu_kern_layout(const kvc_ns *ns, struct kern_layout *kl)
 {
-    *e = (struct kern_pack_engine){.k = kv->k,
-                                   .v = kv->v,
+    *kl = (struct kern_layout){.layers = ns->layout.layers,
+                               .heads = ns->layout.kv_heads,
+                               .head_dim = ns->layout.head_dim,
+                               .tokens = ns->layout.block_tokens,
+                               .dtype = ns->layout.dtype,
+                               .k_only = ns->layout.kv_kind == KVC_WIRE_KV_KIND_K_ONLY};
+}
+
+/* The engine's tensors of layers [lf, ...): kv's own arrays, advanced. */
+static void kvc_gpu_engine(const struct kvc_paged_kv *kv, uint32_t lf, struct kern_pack_engine *e)
+{
+    *e = (struct kern_pack_engine){.k = kv->k + lf,
+                                   .v = kv->v ? kv->v + lf : NULL,
                                    .block_table = kv->block_table,
                                    .table_len = kv->table_len,
                                    .page_tokens = kv->page_tokens,
@@ -548,69 +564,231 @@ static void kvc_gpu_engine(const struct kvc_paged_kv *kv, struct kern_pack_engin
                                    .head_stride = kv->head_stride};
 }
 
-/*
- * The device side of one gather or scatter over blocks[0..n) (each a host or pool
- * pointer, host ones flagged in is_host): one scratch borrowed from the client's pool holds
- * the pointer tables, the block table and a staging block per host block. Scatter: host
- * blocks are DMA-copied to staging, then one kernel. Gather: one kernel, then staging is
- * DMA-copied to host blocks. The work and its scratch are tracked on w (also after a
- * failure: what was queued before it reads the scratch). Caller holds c->mu.
- */
-static int kvc_gpu_pack(kvc_client *c, struct kvc_gpu_work *w, const struct kern_pack_layout *lay,
-                        const struct kvc_paged_kv *kv, uint64_t first_token, uint8_t **blocks,
-                        const uint8_t *is_host, uint32_t n, int dir, void *stream)
+/* Bytes of lossy hit h as stored: -EBADMSG unless it is an encoded block of ns's layout (the
+ * kernel checks the header again on the device and writes zeros for a block it cannot
+ * decode: what crosses may have been changed by a writer of the arena since). */
+static int64_t kvc_gpu_enc_len(const kvc_ns *ns, const struct kvc_hit *h)
 {
-    struct kvc_gpu *g = kvc_gpu_of(c);
-    const struct kern_dev_ops *ops = g->ops;
-    const uint64_t bb = kern_pack_block_bytes(lay);
-    struct kvc_gpu_scratch *s;
-    uint32_t nhost = 0;
-    for (uint32_t j = 0; j < n; j++)
-        nhost += is_host[j];
-    /* [k ptrs][v ptrs][block ptrs][table][pad to 256][staging] */
-    uint64_t ptrs = ((uint64_t)lay->layers * 2 + n) * sizeof(void *);
-    uint64_t table = (uint64_t)kv->table_len * sizeof(int32_t);
-    uint64_t meta = (ptrs + table + 255) & ~255ull;
-    int rc = kvc_gpu_scratch_take(g, meta + nhost * bb, ptrs + table, &s);
-    if (rc)
-        return rc;
-    uint8_t *host = s->host, *dev = s->dev;
-    memset(host, 0, ptrs + table);
-    void **hk = (void **)host, **hv = hk + lay->layers, **hb = hv + lay->layers;
-    memcpy(hk, kv->k, lay->layers * sizeof(void *));
-    if (kv->v)
-        memcpy(hv, kv->v, lay->layers * sizeof(void *));
-    memcpy(host + ptrs, kv->block_table, table);
-    for (uint32_t j = 0, k = 0; j < n; j++)
-        hb[j] = is_host[j] ? dev + meta + (uint64_t)k++ * bb : blocks[j];
-    /* From pageable memory: staged before the call returns, so the next call may refill
-     * `host` (it stays with the scratch until the wait all the same). */
-    rc = ops->copy_async(dev, host, ptrs + table, KERN_DEV_COPY_H2D, stream);
-    for (uint32_t j = 0; rc == 0 && dir == KERN_PACK_SCATTER && j < n; j++)
-        if (is_host[j])
-            rc = ops->copy_async(hb[j], blocks[j], bb, KERN_DEV_COPY_H2D, stream);
-    struct kern_pack_engine de;
-    kvc_gpu_engine(kv, &de);
-    de.k = (void *const *)dev;
-    de.v = kv->v ? (void *const *)(dev + lay->layers * sizeof(void *)) : NULL;
-    de.block_table = (const int32_t *)(dev + ptrs);
-    if (rc == 0)
-        rc = ops->pack(lay, &de, first_token, n,
-                       (void *const *)(dev + 2 * lay->layers * sizeof(void *)), dir, stream);
-    for (uint32_t j = 0; rc == 0 && dir == KERN_PACK_GATHER && j < n; j++)
-        if (is_host[j])
-            rc = ops->copy_async(blocks[j], hb[j], bb, KERN_DEV_COPY_D2H, stream);
-    int trc = kvc_gpu_track(c, w, s, stream);
-    return rc ? rc : trc;
+    struct kern_layout kl, bl;
+    kvc_gpu_kern_layout(ns, &kl);
+    int64_t n = kern_block_info(h->data, h->len, &bl, NULL);
+    if (n <= 0 || (uint64_t)n > h->len || bl.layers != kl.layers || bl.heads != kl.heads ||
+        bl.head_dim != kl.head_dim || bl.tokens != kl.tokens || bl.k_only != kl.k_only ||
+        bl.dtype != kl.dtype)
+        return -EBADMSG;
+    return n;
 }
 
-KVC_API int kvc_lease_scatter(kvc_lease *l, size_t first, size_t n,
-                              const struct kvc_paged_kv *kv, uint64_t first_token,
-                              void *stream, void *event)
+#define KVC_GPU_ALIGN(x) (((x) + 255) & ~(uint64_t)255)
+
+/* Host arrays of one call: copy pieces (up to n of each direction) and a batch's tables. */
+struct kvc_gpu_plan {
+    void **dst;
+    const void **src;
+    uint64_t *len;
+    uint32_t npieces;
+    void **ddst; /* device to device */
+    const void **dsrc;
+    uint64_t *dlen;
+    uint32_t nd;
+    void **blocks;    /* raw blocks of a gather or scatter, NULL: not in that batch */
+    const void **enc; /* lossy blocks staged on the device, NULL: not in the decode */
+    uint64_t *enc_len;
+    uint32_t *pos; /* range copy: position of each decoded block */
+    uint32_t nraw, nenc;
+    void *mem;
+};
+
+static int kvc_gpu_plan_new(struct kvc_gpu_plan *p, size_t n)
 {
-    struct kern_pack_layout lay;
+    size_t per = 3 * sizeof(void *) + 2 * sizeof(uint64_t) + 3 * sizeof(void *) + sizeof(uint64_t) +
+                 sizeof(uint32_t) + sizeof(void *);
+    memset(p, 0, sizeof(*p));
+    uint8_t *m = calloc(n ? n : 1, per);
+    if (!m)
+        return -ENOMEM;
+    p->mem = m;
+    p->dst = (void **)m;
+    p->src = (const void **)(p->dst + n);
+    p->ddst = (void **)(p->src + n);
+    p->dsrc = (const void **)(p->ddst + n);
+    p->blocks = (void **)(p->dsrc + n);
+    p->enc = (const void **)(p->blocks + n);
+    p->len = (uint64_t *)(p->enc + n);
+    p->dlen = p->len + n;
+    p->enc_len = p->dlen + n;
+    p->pos = (uint32_t *)(p->enc_len + n);
+    return 0;
+}
+
+static void kvc_gpu_piece(struct kvc_gpu_plan *p, void *dst, const void *src, uint64_t len)
+{
+    p->dst[p->npieces] = dst;
+    p->src[p->npieces] = src;
+    p->len[p->npieces++] = len;
+}
+
+/* Queues n pieces of one kind, KERN_COPY_BATCH_MAX per operation. */
+static int kvc_gpu_copies(const struct kern_dev_ops *ops, void **dst, const void **src,
+                          const uint64_t *len, uint32_t n, int kind, void *stream)
+{
+    for (uint32_t i = 0; i < n; i += KERN_COPY_BATCH_MAX) {
+        uint32_t m = n - i < KERN_COPY_BATCH_MAX ? n - i : KERN_COPY_BATCH_MAX;
+        int rc = ops->copy_batch(dst + i, (const void *const *)(src + i), len + i, m, kind, stream);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+struct kvc_gpu_run {
+    const struct kern_dev_ops *ops;
+    void *stream;
+};
+
+static int kvc_gpu_run_batch(const struct kern_batch_args *a, void *arg)
+{
+    struct kvc_gpu_run *r = arg;
+    return r->ops->batch(a, r->stream);
+}
+
+/* Takes a scratch of len bytes when len > 0. Caller holds c->mu. */
+static int kvc_gpu_stage(struct kvc_gpu *g, uint64_t len, struct kvc_gpu_scratch **s)
+{
+    *s = NULL;
+    return len ? kvc_gpu_scratch_take(g, len, 0, s) : 0;
+}
+
+/*
+ * Hits [first, first+n) of l into dst (block j at dst + j * block size), queued on stream and
+ * tracked on the lease. Into device memory (or any dst when dev_only): pool hits as one
+ * device-to-device batch, raw host hits as one host-to-device batch straight into dst, lossy
+ * host hits crossing in their stored size to a scratch (in the same batch) and decoded by one
+ * kernel. Into host memory: raw hits as one batch of the default kind, lossy hits decoded on
+ * the CPU before the call returns.
+ */
+static int kvc_gpu_copy_range(kvc_lease *l, size_t first, size_t n, void *dst, void *stream,
+                              int dev_only)
+{
+    kvc_client *c = l->ns->c;
+    struct kvc_gpu *g = kvc_gpu_of(c);
+    const struct kern_dev_ops *ops = g->ops;
+    const uint64_t bb = l->ns->block_bytes;
+    struct kvc_gpu_scratch *s = NULL;
+    struct kvc_gpu_plan p;
+    struct kern_layout kl;
+    uint64_t stage = 0;
+    int rc, dev = dev_only || ops->pointer_device(dst) >= 0;
+    kvc_gpu_kern_layout(l->ns, &kl);
+    /* Everything that can be refused is, before anything is queued. */
+    for (size_t j = 0; j < n; j++) {
+        const struct kvc_hit *h = &l->hits[first + j];
+        if (h->format == KVC_WIRE_FORMAT_RAW)
+            continue;
+        if (h->tier == KVC_WIRE_TIER_GPU)
+            return -ENOTSUP; /* the pool holds raw blocks only */
+        int64_t e = kvc_gpu_enc_len(l->ns, h);
+        if (e < 0)
+            return (int)e;
+        stage += KVC_GPU_ALIGN((uint64_t)e);
+    }
+    if (kvc_gpu_plan_new(&p, n))
+        return -ENOMEM;
+    if (!dev) {
+        /* Host memory: a lossy hit is decoded right there, now. */
+        for (size_t j = 0; j < n; j++) {
+            if (l->hits[first + j].format == KVC_WIRE_FORMAT_RAW)
+                continue;
+            rc = kvc_lease_copy(l, first + j, (uint8_t *)dst + j * bb, bb);
+            if (rc) {
+                free(p.mem);
+                return rc == -EINVAL ? -EBADMSG : rc;
+            }
+        }
+        stage = 0;
+    }
+    pthread_mutex_lock(&c->mu);
+    rc = kvc_gpu_stage(g, stage, &s);
+    uint64_t off = 0;
+    for (size_t j = 0; rc == 0 && j < n; j++) {
+        const struct kvc_hit *h = &l->hits[first + j];
+        uint8_t *to = (uint8_t *)dst + j * bb;
+        if (h->format == KVC_WIRE_FORMAT_RAW && h->tier == KVC_WIRE_TIER_GPU && dev) {
+            p.ddst[p.nd] = to;
+            p.dsrc[p.nd] = h->data;
+            p.dlen[p.nd++] = bb;
+        } else if (h->format == KVC_WIRE_FORMAT_RAW) {
+            kvc_gpu_piece(&p, to, h->data, bb);
+        } else if (dev) {
+            int64_t e = kern_block_info(h->data, h->len, NULL, NULL);
+            uint8_t *at = s->dev + off;
+            kvc_gpu_piece(&p, at, h->data, (uint64_t)e);
+            p.enc[p.nenc] = at;
+            p.enc_len[p.nenc] = (uint64_t)e;
+            p.pos[p.nenc++] = (uint32_t)j;
+            off += KVC_GPU_ALIGN((uint64_t)e);
+        }
+    }
+    int queued = 0;
+    if (rc == 0 && p.nd) {
+        rc = kvc_gpu_copies(ops, p.ddst, p.dsrc, p.dlen, p.nd, KERN_DEV_COPY_D2D, stream);
+        queued = 1;
+    }
+    if (rc == 0 && p.npieces) {
+        rc = kvc_gpu_copies(ops, p.dst, p.src, p.len, p.npieces,
+                            dev ? KERN_DEV_COPY_H2D : KERN_DEV_COPY_DEFAULT, stream);
+        queued = 1;
+    }
+    for (uint32_t i = 0; rc == 0 && i < p.nenc; i += KERN_COPY_BATCH_MAX) {
+        uint32_t m = p.nenc - i < KERN_COPY_BATCH_MAX ? p.nenc - i : KERN_COPY_BATCH_MAX;
+        rc = kern_batch_decode_raw(g->args, &kl, dst, p.pos + i, m, p.enc + i, p.enc_len + i,
+                                   kl.dtype);
+        if (rc == 0)
+            rc = ops->batch(g->args, stream);
+        queued = 1;
+    }
+    if (queued || s) {
+        int trc = kvc_gpu_track(c, &l->gpu, s, stream);
+        rc = rc ? rc : trc;
+    }
+    pthread_mutex_unlock(&c->mu);
+    free(p.mem);
+    return rc;
+}
+
+/* Checks shared by scatter and gather: the layout, the layer range and the engine's shape
+ * against the tokens of n blocks from first_token. Fills *lay (whole blocks), *sub (the
+ * layers moved) and *e (their tensors). */
+static int kvc_gpu_check(const kvc_ns *ns, const struct kvc_paged_kv *kv, uint64_t first_token,
+                         size_t n, uint32_t lf, uint32_t lc, struct kern_pack_layout *lay,
+                         struct kern_pack_layout *sub, struct kern_pack_engine *e)
+{
+    int rc = kvc_gpu_layout(ns, lay);
+    if (rc)
+        return rc;
+    if (lc == 0 || !kv->k || !kv->block_table)
+        return -EINVAL;
+    if (lf >= lay->layers || lc > lay->layers - lf)
+        return -ERANGE;
+    if (n > UINT32_MAX)
+        return -EINVAL;
+    *sub = *lay;
+    sub->layers = lc;
+    kvc_gpu_engine(kv, lf, e);
+    return kern_pack_check(sub, e, first_token, (uint32_t)n, 1);
+}
+
+KVC_API int kvc_lease_scatter_layers(kvc_lease *l, size_t first, size_t n,
+                                     const struct kvc_paged_kv *kv, uint64_t first_token,
+                                     uint32_t layer_first, uint32_t layer_count, void *stream,
+                                     void *event)
+{
+    struct kern_pack_layout lay, sub;
     struct kern_pack_engine e;
-    uint8_t **blocks = NULL, *is_host = NULL, **dec = NULL;
+    struct kvc_gpu_scratch *s = NULL;
+    struct kvc_gpu_plan p;
+    struct kern_layout kl;
+    uint8_t *dec = NULL;
     kvc_client *c;
     int rc;
     if (!l || !kv)
@@ -618,86 +796,125 @@ KVC_API int kvc_lease_scatter(kvc_lease *l, size_t first, size_t n,
     if (first > l->n || n > l->n - first)
         return -ERANGE;
     c = l->ns->c;
-    rc = kvc_gpu_layout(l->ns, &lay);
-    if (rc)
-        return rc;
-    kvc_gpu_engine(kv, &e);
-    rc = kern_pack_check(&lay, &e, first_token, (uint32_t)n, 1);
+    rc = kvc_gpu_check(l->ns, kv, first_token, n, layer_first, layer_count, &lay, &sub, &e);
     if (rc || n == 0)
         return rc;
-    blocks = calloc(n, sizeof(*blocks));
-    is_host = calloc(n, 1);
-    if (!blocks || !is_host) {
-        rc = -ENOMEM;
-        goto out;
-    }
+    const uint64_t bb = l->ns->block_bytes, lbytes = bb / lay.layers;
+    const uint64_t from = (uint64_t)layer_first * lbytes, rbytes = (uint64_t)layer_count * lbytes;
+    kvc_gpu_kern_layout(l->ns, &kl);
+    if (kv->on_device && !c->gpu)
+        return -ENOTSUP;
+    /* Everything that can be refused is, before anything is queued. */
+    uint64_t stage = 0;
+    size_t nlossy = 0;
     for (size_t j = 0; j < n; j++) {
         const struct kvc_hit *h = &l->hits[first + j];
+        if (h->tier == KVC_WIRE_TIER_GPU && (!kv->on_device || h->format != KVC_WIRE_FORMAT_RAW))
+            return -ENOTSUP; /* pool hits are device memory, and raw */
         if (h->format != KVC_WIRE_FORMAT_RAW) {
-            /* A lossy hit (the precision ladder): decoded on the CPU into a private raw copy,
-             * which is scattered as a host block; kept until the copies from it have run. */
-            if (h->tier == KVC_WIRE_TIER_GPU) {
-                rc = -ENOTSUP; /* the pool holds raw blocks only */
-                goto out;
-            }
-            if (!dec && !(dec = calloc(n, sizeof(*dec)))) {
-                rc = -ENOMEM;
-                goto out;
-            }
-            dec[j] = malloc(l->ns->block_bytes);
-            if (!dec[j]) {
-                rc = -ENOMEM;
-                goto out;
-            }
-            rc = kvc_lease_copy(l, first + j, dec[j], l->ns->block_bytes);
-            if (rc)
-                goto out;
-            blocks[j] = dec[j];
-            is_host[j] = 1;
-            continue;
+            int64_t len = kvc_gpu_enc_len(l->ns, h);
+            if (len < 0)
+                return (int)len;
+            stage += KVC_GPU_ALIGN((uint64_t)len);
+            nlossy++;
+        } else if (h->tier != KVC_WIRE_TIER_GPU) {
+            stage += KVC_GPU_ALIGN(rbytes);
         }
-        blocks[j] = (uint8_t *)h->data;
-        is_host[j] = h->tier != KVC_WIRE_TIER_GPU;
-        if (!kv->on_device && !is_host[j]) {
-            rc = -ENOTSUP;
+    }
+    if (kvc_gpu_plan_new(&p, n))
+        return -ENOMEM;
+    if (!kv->on_device) {
+        /* Host tensors: a CPU copy; a lossy hit decoded on the CPU into a private block. */
+        if (nlossy && !(dec = malloc(nlossy * bb))) {
+            rc = -ENOMEM;
             goto out;
         }
-    }
-    if (!kv->on_device) {
-        rc = kern_pack_cpu(&lay, &e, first_token, (uint32_t)n, (void *const *)blocks,
-                           KERN_PACK_SCATTER);
+        for (size_t j = 0, k = 0; j < n && rc == 0; j++) {
+            const struct kvc_hit *h = &l->hits[first + j];
+            if (h->format == KVC_WIRE_FORMAT_RAW) {
+                p.blocks[j] = (uint8_t *)h->data + from;
+                continue;
+            }
+            rc = kvc_lease_copy(l, first + j, dec + k * bb, bb);
+            rc = rc == -EINVAL ? -EBADMSG : rc;
+            p.blocks[j] = dec + k++ * bb + from;
+        }
+        if (rc == 0)
+            rc = kern_pack_cpu(&sub, &e, first_token, (uint32_t)n, p.blocks, KERN_PACK_SCATTER);
         goto out;
     }
-    if (!c->gpu) {
-        rc = -ENOTSUP;
-        goto out;
-    }
+    struct kvc_gpu *g = kvc_gpu_of(c);
+    struct kvc_gpu_run run = {g->ops, stream};
     pthread_mutex_lock(&c->mu);
-    rc = kvc_gpu_pack(c, &l->gpu, &lay, kv, first_token, blocks, is_host, (uint32_t)n,
-                      KERN_PACK_SCATTER, stream);
-    /* The DMA from the decoded copies must have run before they are freed: the one wait a
-     * lossy scatter costs (raw hits are copied from the arena, which outlives the lease). */
-    if (dec) {
-        int src = kvc_gpu_of(c)->ops->stream_sync(stream);
-        rc = rc ? rc : src;
+    rc = kvc_gpu_stage(g, stage, &s);
+    uint64_t off = 0;
+    for (size_t j = 0; rc == 0 && j < n; j++) {
+        const struct kvc_hit *h = &l->hits[first + j];
+        if (h->format == KVC_WIRE_FORMAT_RAW && h->tier == KVC_WIRE_TIER_GPU) {
+            p.blocks[j] = (uint8_t *)h->data + from; /* straight from the pool */
+            p.nraw++;
+        } else if (h->format == KVC_WIRE_FORMAT_RAW) {
+            /* the layers moved, staged: they cross once, the kernel reads them there */
+            p.blocks[j] = s->dev + off;
+            kvc_gpu_piece(&p, s->dev + off, h->data + from, rbytes);
+            off += KVC_GPU_ALIGN(rbytes);
+            p.nraw++;
+        } else {
+            int64_t len = kern_block_info(h->data, h->len, NULL, NULL);
+            p.enc[j] = s->dev + off;
+            p.enc_len[j] = (uint64_t)len;
+            kvc_gpu_piece(&p, s->dev + off, h->data, (uint64_t)len);
+            off += KVC_GPU_ALIGN((uint64_t)len);
+            p.nenc++;
+        }
+    }
+    int queued = 0;
+    if (rc == 0 && p.npieces) {
+        rc = kvc_gpu_copies(g->ops, p.dst, p.src, p.len, p.npieces, KERN_DEV_COPY_H2D, stream);
+        queued = 1;
+    }
+    if (rc == 0 && p.nraw) {
+        rc = kern_pack_batches(g->args, &sub, &e, first_token, (uint32_t)n, p.blocks,
+                               KERN_PACK_SCATTER, kvc_gpu_run_batch, &run);
+        queued = 1;
+    }
+    if (rc == 0 && p.nenc) {
+        /* lossy hits: decoded straight into the engine's tensors, one kernel */
+        rc = kern_decode_batches(g->args, &kl, layer_first, layer_count, &e, first_token,
+                                 (uint32_t)n, p.enc, p.enc_len, kl.dtype, kvc_gpu_run_batch, &run);
+        queued = 1;
+    }
+    if (queued || s) {
+        int trc = kvc_gpu_track(c, &l->gpu, s, stream);
+        rc = rc ? rc : trc;
     }
     if (rc == 0 && event)
-        rc = kvc_gpu_of(c)->ops->event_record(event, stream);
+        rc = g->ops->event_record(event, stream);
     pthread_mutex_unlock(&c->mu);
 out:
-    for (size_t j = 0; dec && j < n; j++)
-        free(dec[j]);
     free(dec);
-    free(blocks);
-    free(is_host);
+    free(p.mem);
     return rc ? rc : (int)n;
 }
 
-KVC_API int kvc_resv_gather(kvc_resv *r, size_t first, size_t n, const struct kvc_paged_kv *kv,
-                            uint64_t first_token, void *stream, void *event)
+KVC_API int kvc_lease_scatter(kvc_lease *l, size_t first, size_t n, const struct kvc_paged_kv *kv,
+                              uint64_t first_token, void *stream, void *event)
 {
-    struct kern_pack_layout lay;
+    if (!l)
+        return -EINVAL;
+    return kvc_lease_scatter_layers(l, first, n, kv, first_token, 0, l->ns->layout.layers, stream,
+                                    event);
+}
+
+KVC_API int kvc_resv_gather_layers(kvc_resv *r, size_t first, size_t n,
+                                   const struct kvc_paged_kv *kv, uint64_t first_token,
+                                   uint32_t layer_first, uint32_t layer_count, void *stream,
+                                   void *event)
+{
+    struct kern_pack_layout lay, sub;
     struct kern_pack_engine e;
+    struct kvc_gpu_scratch *s = NULL;
+    struct kvc_gpu_plan p;
     kvc_client *c;
     int rc, written = 0;
     if (!r || !kv)
@@ -705,51 +922,82 @@ KVC_API int kvc_resv_gather(kvc_resv *r, size_t first, size_t n, const struct kv
     if (first > r->n || n > r->n - first)
         return -ERANGE;
     c = r->ns->c;
-    rc = kvc_gpu_layout(r->ns, &lay);
-    if (rc)
-        return rc;
-    kvc_gpu_engine(kv, &e);
-    rc = kern_pack_check(&lay, &e, first_token, (uint32_t)n, 1);
+    rc = kvc_gpu_check(r->ns, kv, first_token, n, layer_first, layer_count, &lay, &sub, &e);
     if (rc || n == 0)
         return rc;
     if (kv->on_device && !c->gpu)
         return -ENOTSUP;
-    for (size_t j = 0; j < n; j++)
-        if (r->slots[first + j].data && r->slots[first + j].tier == KVC_WIRE_TIER_GPU &&
-            !kv->on_device)
-            return -ENOTSUP;
-    if (kv->on_device)
-        pthread_mutex_lock(&c->mu);
-    /* One pack per run of consecutive reserved slots: their tokens are consecutive. */
-    for (size_t j = 0; j < n && rc == 0;) {
-        if (!r->slots[first + j].data) {
-            j++;
+    const uint64_t bb = r->ns->block_bytes, lbytes = bb / lay.layers;
+    const uint64_t from = (uint64_t)layer_first * lbytes, rbytes = (uint64_t)layer_count * lbytes;
+    uint64_t stage = 0;
+    for (size_t j = 0; j < n; j++) {
+        if (!r->slots[first + j].data)
             continue;
-        }
-        size_t run = 0;
-        uint8_t *blocks[64], is_host[64];
-        while (j + run < n && run < 64 && r->slots[first + j + run].data) {
-            blocks[run] = r->slots[first + j + run].data;
-            is_host[run] = r->slots[first + j + run].tier != KVC_WIRE_TIER_GPU;
-            run++;
-        }
-        uint64_t tok = first_token + (uint64_t)j * lay.block_tokens;
-        if (!kv->on_device) {
-            rc = kern_pack_cpu(&lay, &e, tok, (uint32_t)run, (void *const *)blocks,
+        if (r->slots[first + j].tier == KVC_WIRE_TIER_GPU && !kv->on_device)
+            return -ENOTSUP;
+        if (r->slots[first + j].tier != KVC_WIRE_TIER_GPU)
+            stage += KVC_GPU_ALIGN(rbytes);
+    }
+    if (kvc_gpu_plan_new(&p, n))
+        return -ENOMEM;
+    if (!kv->on_device) {
+        /* Host tensors into host slots: a CPU copy per reserved slot. */
+        for (size_t j = 0; j < n && rc == 0; j++) {
+            void *blk = r->slots[first + j].data;
+            if (!blk)
+                continue;
+            blk = (uint8_t *)blk + from;
+            rc = kern_pack_cpu(&sub, &e, first_token + (uint64_t)j * lay.block_tokens, 1, &blk,
                                KERN_PACK_GATHER);
-        } else {
-            /* Several runs: each borrows its own scratch, all in flight together. */
-            rc = kvc_gpu_pack(c, &r->gpu, &lay, kv, tok, blocks, is_host, (uint32_t)run,
-                              KERN_PACK_GATHER, stream);
+            written += rc == 0;
         }
-        if (rc == 0)
-            written += (int)run;
-        j += run;
+        goto out;
     }
-    if (kv->on_device) {
-        if (rc == 0 && event)
-            rc = kvc_gpu_of(c)->ops->event_record(event, stream);
-        pthread_mutex_unlock(&c->mu);
+    struct kvc_gpu *g = kvc_gpu_of(c);
+    struct kvc_gpu_run run = {g->ops, stream};
+    pthread_mutex_lock(&c->mu);
+    rc = kvc_gpu_stage(g, stage, &s);
+    uint64_t off = 0;
+    for (size_t j = 0; rc == 0 && j < n; j++) {
+        uint8_t *slot = r->slots[first + j].data;
+        if (!slot)
+            continue; /* not reserved here: NULL, the kernel leaves it */
+        if (r->slots[first + j].tier == KVC_WIRE_TIER_GPU) {
+            p.blocks[j] = slot + from; /* straight into the pool */
+        } else {
+            p.blocks[j] = s->dev + off; /* staged, then one DMA each into the host slot */
+            kvc_gpu_piece(&p, slot + from, s->dev + off, rbytes);
+            off += KVC_GPU_ALIGN(rbytes);
+        }
+        written++;
     }
+    int queued = 0;
+    if (rc == 0 && written) {
+        rc = kern_pack_batches(g->args, &sub, &e, first_token, (uint32_t)n, p.blocks,
+                               KERN_PACK_GATHER, kvc_gpu_run_batch, &run);
+        queued = 1;
+    }
+    if (rc == 0 && p.npieces)
+        rc = kvc_gpu_copies(g->ops, p.dst, p.src, p.len, p.npieces, KERN_DEV_COPY_D2H, stream);
+    if (queued || s) {
+        int trc = kvc_gpu_track(c, &r->gpu, s, stream);
+        rc = rc ? rc : trc;
+    }
+    if (rc == 0 && event)
+        rc = g->ops->event_record(event, stream);
+    pthread_mutex_unlock(&c->mu);
+out:
+    free(p.mem);
+    if (rc == 0)
+        rc = kvci_resv_layers_mark(r, first, n, layer_first, layer_count);
     return rc ? rc : written;
+}
+
+KVC_API int kvc_resv_gather(kvc_resv *r, size_t first, size_t n, const struct kvc_paged_kv *kv,
+                            uint64_t first_token, void *stream, void *event)
+{
+    if (!r)
+        return -EINVAL;
+    return kvc_resv_gather_layers(r, first, n, kv, first_token, 0, r->ns->layout.layers, stream,
+                                  event);
 }

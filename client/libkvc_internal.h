@@ -152,6 +152,10 @@ struct kvc_resv {
     size_t n;
     size_t nreserved;
     struct kvc_gpu_work gpu; /* device work queued here; waited for before commit/abort */
+    /* Layers written per slot, once a gather wrote only some layers of a slot: n bitmaps of
+     * layer_words words (kvci_resv_layers_mark). NULL until then. Under the client's mutex. */
+    uint64_t *layer_bits;
+    uint32_t layer_words;
     struct {
         uint8_t status;
         uint8_t tier; /* KVC_WIRE_TIER_* of data */
@@ -165,12 +169,19 @@ int kvci_call(kvc_client *c, uint16_t op, uint32_t len, int *fd);
 /* The request payload buffer, and the reply payload with its length (libkvc_gpu.c). */
 void *kvci_req(kvc_client *c);
 const void *kvci_rep(const kvc_client *c, uint32_t *len);
+/* Records that layers [lf, lf+lc) of the reserved slots among [first, first+n) were written
+ * (a whole slot: lf 0, lc all). Bitmaps start at the first partial write. 0 or -ENOMEM. */
+int kvci_resv_layers_mark(kvc_resv *r, size_t first, size_t n, uint32_t lf, uint32_t lc);
 /* kvc_reserve with RESERVE flags (KVC_RESERVE_F_GPU). */
 int kvci_reserve_flags(kvc_ns *ns, const struct kvc_key *parent, const struct kvc_key *keys,
                        size_t n, uint32_t flags, kvc_resv **out);
-/* Tests install a fake device table here before kvc_gpu_attach(). */
+/* Tests install a fake device table here before kvc_gpu_attach() (NULL: the build's own). */
 struct kern_dev_ops;
 void kvci_gpu_ops_set(const struct kern_dev_ops *ops);
+const struct kern_dev_ops *kvci_gpu_ops_get(void);
+/* 1 when this process attached with the build's own CUDA table (CUDA may have started in it;
+ * a child it forks must not use CUDA then). */
+int kvci_gpu_cuda_used(void);
 
 /* The fast path: copies the leading run of keys[0..n) it can serve from the shared index
  * into dst[] and returns how many (0 when it is off or the first key is not there). */

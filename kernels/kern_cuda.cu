@@ -16,9 +16,12 @@
 #include <cuda_runtime.h>
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "kernels/kern.h"
+#include "kernels/kern_batch.h"
 #include "kernels/kern_fmt.h"
+#include "kernels/kern_pack.h"
 
 #define KERN_CUDA_THREADS 128
 
@@ -185,96 +188,6 @@ __global__ void kern_enc_kernel(struct kern_layout lay, const uint8_t *src, uint
     }
 }
 
-/* Does the device-resident header describe `lay`, with section lk inside src_len? */
-__device__ static int dev_sect_ok(const struct kern_layout *lay, const uint8_t *src,
-                                  uint64_t src_len, uint32_t lk, struct kern_block_sect *s)
-{
-    struct kern_block_hdr hd;
-    if (src_len < kern_hdr_bytes(lay))
-        return 0;
-    memcpy(&hd, src, sizeof(hd));
-    if (hd.magic != KERN_BLOCK_MAGIC || hd.version != KERN_BLOCK_VERSION ||
-        hd.kinds != kern_kinds(lay) || hd.layers != lay->layers || hd.heads != lay->heads ||
-        hd.head_dim != lay->head_dim || hd.tokens != lay->tokens || hd.dtype != lay->dtype)
-        return 0;
-    memcpy(s, src + sizeof(hd) + lk * sizeof(*s), sizeof(*s));
-    if (s->codec >= KERN_CODEC_COUNT || s->bytes != kern_sect_bytes(lay, s->codec, lk % hd.kinds) ||
-        s->offset < kern_hdr_bytes(lay) || (uint64_t)s->offset + s->bytes > src_len)
-        return 0;
-    return 1;
-}
-
-__global__ void kern_dec_kernel(struct kern_layout lay, const uint8_t *src, uint64_t src_len,
-                                uint8_t *dst, uint32_t out)
-{
-    const uint32_t H = lay.heads, D = lay.head_dim, T = lay.tokens, kinds = kern_kinds(&lay);
-    const uint32_t h = blockIdx.x % H, lk = blockIdx.x / H, k = lk % kinds, l = lk / kinds;
-    const uint32_t tid = threadIdx.x, nt = blockDim.x;
-    uint8_t *o = dst + 2 * kern_raw_index(&lay, l, k, 0, h);
-    const uint64_t stride = (uint64_t)H * D;
-    struct kern_block_sect s;
-
-    if (!dev_sect_ok(&lay, src, src_len, lk, &s)) {
-        for (uint64_t i = tid; i < (uint64_t)T * D; i += nt)
-            kern_store(o, out, (i / D) * stride + i % D, 0.0f);
-        return;
-    }
-    const uint8_t *sect = src + s.offset;
-    const uint32_t codec = s.codec;
-    const int bits = kern_codec_bits(codec);
-
-    if (codec == KERN_CODEC_RAW) {
-        for (uint64_t i = tid; i < (uint64_t)T * D; i += nt) {
-            uint64_t t = i / D, d = i % D, from = (t * H + h) * D + d, to = t * stride + d;
-            if (out == lay.dtype) {
-                o[2 * to] = sect[2 * from];
-                o[2 * to + 1] = sect[2 * from + 1];
-            } else {
-                kern_store(o, out, to, kern_load(sect, lay.dtype, from));
-            }
-        }
-    } else if (codec == KERN_CODEC_FP8) {
-        float scale;
-        memcpy(&scale, sect + 4 * h, 4);
-        const uint8_t *q = sect + 4 * H;
-        for (uint64_t i = tid; i < (uint64_t)T * D; i += nt) {
-            uint64_t t = i / D, d = i % D;
-            kern_store(o, out, t * stride + d, KERN_MUL(kern_e4m3_dec(q[(t * H + h) * D + d]), scale));
-        }
-    } else if (bits && k == 0) {
-        const uint32_t rb = kern_kivi_row_bytes(D, bits);
-        const uint32_t full_gb = kern_kivi_k_group_bytes(D, KERN_GROUP, bits);
-        const uint8_t *hb = sect + (uint64_t)h * kern_kivi_k_head_bytes(D, T, bits);
-        const uint32_t ng = (T + KERN_GROUP - 1) / KERN_GROUP;
-        for (uint64_t u = tid; u < (uint64_t)ng * D; u += nt) {
-            uint32_t gi = (uint32_t)(u / D), c = (uint32_t)(u % D), t0 = gi * KERN_GROUP;
-            uint32_t rows = T - t0 < KERN_GROUP ? T - t0 : KERN_GROUP;
-            const uint8_t *g = hb + (uint64_t)gi * full_gb;
-            float sc = kern_get_h(g + 2 * c), mnf = kern_get_h(g + 2 * D + 2 * c);
-            for (uint32_t r = 0; r < rows; r++) {
-                uint32_t q = kern_kivi_get(g + 4 * D + (uint64_t)r * rb, c, bits);
-                kern_store(o, out, (uint64_t)(t0 + r) * stride + c, kern_kivi_val(q, sc, mnf));
-            }
-        }
-    } else {
-        const uint32_t G = kern_ngroups(D), gb = ggml_bytes(codec, bits);
-        for (uint64_t u = tid; u < (uint64_t)T * G; u += nt) {
-            uint32_t t = (uint32_t)(u / G), g = (uint32_t)(u % G);
-            int n = (int)(D - g * KERN_GROUP < KERN_GROUP ? D - g * KERN_GROUP : KERN_GROUP);
-            float y[KERN_GROUP];
-            const uint8_t *blk = sect + (((uint64_t)t * H + h) * G + g) * gb;
-            if (bits)
-                kern_kivi_v_dec(blk, n, y, bits);
-            else if (codec == KERN_CODEC_Q8_0)
-                kern_q8_0_dec(blk, n, y);
-            else
-                kern_qx_1_dec(blk, n, y, codec == KERN_CODEC_Q5_1 ? 5 : 4);
-            for (int j = 0; j < n; j++)
-                kern_store(o, out, (uint64_t)t * stride + g * KERN_GROUP + j, y[j]);
-        }
-    }
-}
-
 extern "C" int64_t kern_encode_cuda(const struct kern_layout *lay, const struct kern_recipe *rec,
                                     const void *src, void *dst, size_t dst_cap,
                                     const struct kern_key_stats *stats, void *stream)
@@ -303,6 +216,8 @@ extern "C" int64_t kern_encode_cuda(const struct kern_layout *lay, const struct 
     return sz;
 }
 
+/* The decoder is the batched one (kern_pack.cu, kern_batch.h): this block as the only block
+ * of a batch whose "engine" is the raw block itself. */
 extern "C" int64_t kern_decode_cuda(const struct kern_layout *lay, const void *src,
                                     size_t src_len, void *dst, size_t dst_cap,
                                     enum kern_dtype out_dtype, void *stream)
@@ -313,13 +228,16 @@ extern "C" int64_t kern_decode_cuda(const struct kern_layout *lay, const void *s
     uint64_t rs = kern_raw_size(lay);
     if (rs > dst_cap)
         return -ENOSPC;
-    uint32_t blocks = lay->layers * kern_kinds(lay) * lay->heads;
-    kern_dec_kernel<<<blocks, KERN_CUDA_THREADS, 0, (cudaStream_t)stream>>>(
-        *lay, (const uint8_t *)src, src_len, (uint8_t *)dst, out_dtype);
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess)
-        return cuda_fail("decode launch", e);
-    return (int64_t)rs;
+    struct kern_batch_args *a = (struct kern_batch_args *)malloc(sizeof(*a));
+    if (!a)
+        return -ENOMEM;
+    const void *srcs[1] = {src};
+    const uint64_t lens[1] = {src_len};
+    int rc = kern_batch_decode_raw(a, lay, dst, NULL, 1, srcs, lens, out_dtype);
+    if (rc == 0)
+        rc = kern_batch_cuda(a, stream);
+    free(a);
+    return rc ? rc : (int64_t)rs;
 }
 
 extern "C" int kern_cuda_device_count(void)

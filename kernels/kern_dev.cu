@@ -547,18 +547,30 @@ static void dev_mem_free(void *p)
         cudaFree(p);
 }
 
-static int dev_pack(const struct kern_pack_layout *lay, const struct kern_pack_engine *eng,
-                    uint64_t first_token, uint32_t nblocks, void *const *blocks, int dir,
-                    void *stream)
+static int dev_batch(const struct kern_batch_args *a, void *stream)
 {
-    return kern_pack_cuda(lay, eng, first_token, nblocks, blocks, dir, stream);
+    return kern_batch_cuda(a, stream);
 }
 
-static int dev_decode(const struct kern_layout *lay, const void *src, uint64_t src_len, void *dst,
-                      uint64_t dst_cap, int dtype, void *stream)
+static int dev_copy_batch(void *const *dst, const void *const *src, const uint64_t *len,
+                          uint32_t n, int kind, void *stream)
 {
-    int64_t rc = kern_decode_cuda(lay, src, src_len, dst, dst_cap, (enum kern_dtype)dtype, stream);
-    return rc < 0 ? (int)rc : 0;
+    if (n > KERN_COPY_BATCH_MAX || (n && (!dst || !src || !len)))
+        return -EINVAL;
+    if (kind == KERN_DEV_COPY_D2D)
+        return kern_copy_batch_cuda(dst, src, len, n, stream);
+    /* DMA: one copy per contiguous range; a piece that continues the one before joins it */
+    for (uint32_t i = 0; i < n;) {
+        uint8_t *d = (uint8_t *)dst[i];
+        const uint8_t *s = (const uint8_t *)src[i];
+        uint64_t l = len[i++];
+        while (i < n && (uint8_t *)dst[i] == d + l && (const uint8_t *)src[i] == s + l)
+            l += len[i++];
+        int rc = dev_copy_async(d, s, l, kind, stream);
+        if (rc)
+            return rc;
+    }
+    return 0;
 }
 
 static const struct kern_dev_ops dev_cuda_ops = {
@@ -582,8 +594,8 @@ static const struct kern_dev_ops dev_cuda_ops = {
     dev_pointer_device,
     dev_mem_alloc,
     dev_mem_free,
-    dev_pack,
-    dev_decode,
+    dev_batch,
+    dev_copy_batch,
     dev_event_new,
     dev_event_query,
     dev_event_free,

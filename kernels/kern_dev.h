@@ -45,9 +45,7 @@
 extern "C" {
 #endif
 
-struct kern_pack_layout;
-struct kern_pack_engine;
-struct kern_layout;
+struct kern_batch_args;
 
 enum kern_dev_handle {
     KERN_DEV_HANDLE_NONE = 0,
@@ -121,17 +119,17 @@ struct kern_dev_ops {
      * whole device first, so callers keep such memory and never free it on a hot path. */
     int (*mem_alloc)(void **p, uint64_t len);
     void (*mem_free)(void *p);
-    /* Queues kern_pack_cuda (gather or scatter; eng's arrays, the table and blocks are
-     * device arrays) on stream: the kernel behind the table, so that code above it runs
-     * against a fake device too. */
-    int (*pack)(const struct kern_pack_layout *lay, const struct kern_pack_engine *eng,
-                uint64_t first_token, uint32_t nblocks, void *const *blocks, int dir,
-                void *stream);
-    /* Queues kern_decode_cuda on stream: the encoded block src (src_len bytes of device
-     * memory) decoded into dst (device memory, dst_cap bytes) as dtype (enum kern_dtype).
-     * 0 or -errno; a block that does not decode leaves dst's bytes unspecified. */
-    int (*decode)(const struct kern_layout *lay, const void *src, uint64_t src_len, void *dst,
-                  uint64_t dst_cap, int dtype, void *stream);
+    /* Queues one batch (kern_batch.h: a gather, a scatter or a decode into the engine's
+     * tensors, its tables by value in *a, which is read before the call returns) as one
+     * kernel on stream. */
+    int (*batch)(const struct kern_batch_args *a, void *stream);
+    /* Queues n copies (dst[i] <- src[i], len[i] bytes; host arrays read before the call
+     * returns) of one kind on stream, as one operation where the kind allows it: device to
+     * device, one kernel (kern_copy_batch_cuda); to or from host memory, one DMA per piece
+     * that does not continue the one before (the copy engines take a descriptor per
+     * contiguous range). At most KERN_COPY_BATCH_MAX pieces. */
+    int (*copy_batch)(void *const *dst, const void *const *src, const uint64_t *len, uint32_t n,
+                      int kind, void *stream);
     /* An event on device dev (made current for the call only), not recorded yet: record it
      * with event_record on a stream of the same device, ask it with event_query, free it with
      * event_free (*ev owned by the caller). For work that a thread must not wait for. */

@@ -1,10 +1,15 @@
 /*
  * kern_pack.c — gather/scatter on the CPU: the scalar reference and the row-wise version
- * (see kern_pack.h), and the CUDA twin's stand-in in a build without CUDA.
+ * (see kern_pack.h); the batches of the CUDA twins (kern_batch.h: built here, run here row
+ * by row for the emulation and the fake device); decoding into the engine's tensors; and the
+ * CUDA twins' stand-ins in a build without CUDA.
  */
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "kernels/kern.h"
+#include "kernels/kern_batch.h"
 #include "kernels/kern_pack.h"
 
 uint64_t kern_pack_block_bytes(const struct kern_pack_layout *lay)
@@ -19,7 +24,8 @@ int kern_pack_check(const struct kern_pack_layout *lay, const struct kern_pack_e
     uint64_t row;
     if (!lay || !eng || lay->layers == 0 || lay->layers > KERN_PACK_MAX_LAYERS ||
         (lay->kinds != 1 && lay->kinds != 2) || lay->block_tokens == 0 || lay->heads == 0 ||
-        lay->head_dim == 0 || (lay->elem_bytes != 1 && lay->elem_bytes != 2 && lay->elem_bytes != 4))
+        lay->head_dim == 0 ||
+        (lay->elem_bytes != 1 && lay->elem_bytes != 2 && lay->elem_bytes != 4))
         return -EINVAL;
     if (!eng->k || (lay->kinds == 2 && !eng->v) || !eng->block_table || eng->page_tokens == 0)
         return -EINVAL;
@@ -33,8 +39,8 @@ int kern_pack_check(const struct kern_pack_layout *lay, const struct kern_pack_e
     if (nblocks && (end - 1) / eng->page_tokens >= eng->table_len)
         return -EINVAL;
     if (check_table)
-        for (uint64_t pg = first_token / eng->page_tokens; nblocks && pg <= (end - 1) / eng->page_tokens;
-             pg++)
+        for (uint64_t pg = first_token / eng->page_tokens;
+             nblocks && pg <= (end - 1) / eng->page_tokens; pg++)
             if (eng->block_table[pg] < 0)
                 return -EINVAL;
     return 0;
@@ -114,12 +120,386 @@ int kern_pack_cpu(const struct kern_pack_layout *lay, const struct kern_pack_eng
     return 0;
 }
 
+/* ---- batches ------------------------------------------------------------------------ */
+
+/* The pages the tokens of nblocks blocks from first_token touch: [*page0, *page0 + *npages). */
+static void kern_batch_pages(const struct kern_pack_engine *eng, uint32_t block_tokens,
+                             uint64_t first_token, uint32_t nblocks, uint64_t *page0,
+                             uint32_t *npages)
+{
+    uint64_t end = first_token + (uint64_t)nblocks * block_tokens;
+    *page0 = first_token / eng->page_tokens;
+    *npages = nblocks ? (uint32_t)((end - 1) / eng->page_tokens - *page0 + 1) : 0;
+}
+
+/* The header and the K/V, block and table words shared by both kinds of batch. blocks[j] +
+ * block_off is block j's first byte; lens (decode only) its length. */
+static int kern_batch_fill(struct kern_batch_args *a, uint32_t op,
+                           const struct kern_pack_layout *lay, const struct kern_pack_engine *eng,
+                           uint64_t first_token, uint32_t nblocks, const void *const *blocks,
+                           uint64_t block_off, const uint64_t *lens)
+{
+    struct kern_batch *b = &a->h;
+    uint64_t page0;
+    uint32_t npages;
+    kern_batch_pages(eng, lay->block_tokens, first_token, nblocks, &page0, &npages);
+    uint64_t kv = (uint64_t)lay->layers * lay->kinds;
+    uint64_t words = kv + (uint64_t)nblocks * (lens ? 2 : 1) + (npages + 1ull) / 2;
+    if (words > KERN_BATCH_WORDS)
+        return -E2BIG;
+    memset(b, 0, sizeof(*b));
+    b->op = op;
+    b->layers = lay->layers;
+    b->kinds = lay->kinds;
+    b->block_tokens = lay->block_tokens;
+    b->heads = lay->heads;
+    b->head_dim = lay->head_dim;
+    b->elem_bytes = lay->elem_bytes;
+    b->nblocks = nblocks;
+    b->page_tokens = eng->page_tokens;
+    b->page0 = page0;
+    b->npages = npages;
+    b->page_stride = eng->page_stride;
+    b->token_stride = eng->token_stride;
+    b->head_stride = eng->head_stride;
+    b->first_token = first_token;
+    b->nwords = (uint32_t)words;
+    uint64_t *w = a->w;
+    for (uint32_t l = 0; l < lay->layers; l++) {
+        w[l] = (uint64_t)(uintptr_t)eng->k[l];
+        if (lay->kinds == 2)
+            w[lay->layers + l] = (uint64_t)(uintptr_t)eng->v[l];
+    }
+    for (uint32_t j = 0; j < nblocks; j++) {
+        /* NULL: a block this batch does not move */
+        w[kv + j] = blocks[j] ? (uint64_t)(uintptr_t)blocks[j] + block_off : 0;
+        if (lens)
+            w[kv + nblocks + j] = blocks[j] ? lens[j] : 0;
+    }
+    uint32_t tab = (uint32_t)(kv + (uint64_t)nblocks * (lens ? 2 : 1));
+    if (npages & 1)
+        w[tab + npages / 2] = 0; /* the last word's unused half */
+    memcpy((uint8_t *)(w + tab), eng->block_table + page0, (size_t)npages * 4);
+    /* Bits every address the kernel forms is a sum of: their lowest set bit bounds the
+     * access width. */
+    uint64_t bits = lay->heads > 1 ? eng->head_stride : 0;
+    bits |= eng->token_stride | (npages > 1 ? eng->page_stride : 0);
+    for (uint32_t i = 0; i < kv; i++)
+        bits |= w[i];
+    b->vec = (uint32_t)bits; /* finished by the callers */
+    return 0;
+}
+
+int kern_batch_pack(struct kern_batch_args *a, const struct kern_pack_layout *lay,
+                    const struct kern_pack_engine *eng, uint64_t first_token, uint32_t nblocks,
+                    void *const *blocks, uint64_t block_off, int dir)
+{
+    int rc = kern_pack_check(lay, eng, first_token, nblocks, 1);
+    if (rc)
+        return rc;
+    if ((dir != KERN_PACK_GATHER && dir != KERN_PACK_SCATTER) || (nblocks && !blocks))
+        return -EINVAL;
+    rc = kern_batch_fill(a, dir == KERN_PACK_GATHER ? KERN_BATCH_GATHER : KERN_BATCH_SCATTER, lay,
+                         eng, first_token, nblocks, (const void *const *)blocks, block_off, NULL);
+    if (rc)
+        return rc;
+    uint64_t bits = a->h.vec | ((uint64_t)lay->head_dim * lay->elem_bytes);
+    uint32_t kv = lay->layers * lay->kinds;
+    for (uint32_t j = 0; j < nblocks; j++)
+        bits |= a->w[kv + j];
+    uint32_t vec = 16;
+    while (vec > 1 && (bits & (vec - 1)))
+        vec >>= 1;
+    a->h.vec = vec;
+    return 0;
+}
+
+/* The engine side of a decode as a pack layout (2-byte elements), for kern_pack_check. */
+static struct kern_pack_layout kern_decode_lay(const struct kern_layout *klay, uint32_t layers)
+{
+    return (struct kern_pack_layout){.layers = layers,
+                                     .kinds = kern_kinds(klay),
+                                     .block_tokens = klay->tokens,
+                                     .heads = klay->heads,
+                                     .head_dim = klay->head_dim,
+                                     .elem_bytes = 2};
+}
+
+/* The arguments of a decode of nblocks blocks, checked (not the blocks themselves). */
+int kern_decode_check(const struct kern_layout *klay, uint32_t layer_first, uint32_t layer_count,
+                      const struct kern_pack_engine *eng, uint64_t first_token, uint32_t nblocks,
+                      const void *const *src, const uint64_t *src_len, uint32_t out_dtype)
+{
+    if (!klay || kern_layout_check(klay) < 0 || layer_count == 0 || layer_first >= klay->layers ||
+        layer_count > klay->layers - layer_first ||
+        (out_dtype != KERN_DTYPE_FP16 && out_dtype != KERN_DTYPE_BF16) ||
+        (nblocks && (!src || !src_len)))
+        return -EINVAL;
+    struct kern_pack_layout lay = kern_decode_lay(klay, layer_count);
+    return kern_pack_check(&lay, eng, first_token, nblocks, 1);
+}
+
+int kern_batch_decode(struct kern_batch_args *a, const struct kern_layout *klay,
+                      uint32_t layer_first, uint32_t layer_count,
+                      const struct kern_pack_engine *eng, uint64_t first_token, uint32_t nblocks,
+                      const void *const *src, const uint64_t *src_len, uint32_t out_dtype)
+{
+    int rc = kern_decode_check(klay, layer_first, layer_count, eng, first_token, nblocks, src,
+                               src_len, out_dtype);
+    if (rc)
+        return rc;
+    struct kern_pack_layout lay = kern_decode_lay(klay, layer_count);
+    rc = kern_batch_fill(a, KERN_BATCH_DECODE, &lay, eng, first_token, nblocks, src, 0, src_len);
+    if (rc)
+        return rc;
+    a->h.klay = *klay;
+    a->h.layer_first = layer_first;
+    a->h.out_dtype = out_dtype;
+    a->h.vec = (a->h.vec & 15) == 0 ? 16 : 2;
+    return 0;
+}
+
+int kern_batch_decode_raw(struct kern_batch_args *a, const struct kern_layout *klay, void *dst,
+                          const uint32_t *pos, uint32_t nblocks, const void *const *src,
+                          const uint64_t *src_len, uint32_t out_dtype)
+{
+    /* Raw blocks back to back are an engine: one page per block, the table the positions. */
+    void *k[KERN_MAX_LAYERS], *v[KERN_MAX_LAYERS];
+    int32_t tab[KERN_BATCH_WORDS * 2];
+    if (!klay || kern_layout_check(klay) < 0 || !dst || nblocks > KERN_BATCH_WORDS)
+        return -EINVAL;
+    uint64_t rs = kern_raw_size(klay);
+    for (uint32_t l = 0; l < klay->layers; l++) {
+        k[l] = (uint8_t *)dst + 2 * kern_raw_index(klay, l, 0, 0, 0);
+        v[l] = klay->k_only ? NULL : (uint8_t *)dst + 2 * kern_raw_index(klay, l, 1, 0, 0);
+    }
+    for (uint32_t j = 0; j < nblocks; j++) {
+        if (pos && pos[j] > INT32_MAX)
+            return -EINVAL;
+        tab[j] = (int32_t)(pos ? pos[j] : j);
+    }
+    struct kern_pack_engine eng = {.k = k,
+                                   .v = klay->k_only ? NULL : v,
+                                   .block_table = tab,
+                                   .table_len = nblocks ? nblocks : 1,
+                                   .page_tokens = klay->tokens,
+                                   .page_stride = rs,
+                                   .token_stride = 2ull * klay->heads * klay->head_dim,
+                                   .head_stride = 2ull * klay->head_dim};
+    if (nblocks == 0)
+        tab[0] = 0;
+    return kern_batch_decode(a, klay, 0, klay->layers, &eng, 0, nblocks, src, src_len, out_dtype);
+}
+
+void kern_batch_run_cpu(const struct kern_batch_args *a)
+{
+    uint64_t rows = kern_batch_rows(&a->h);
+    for (uint64_t r = 0; r < rows; r++)
+        kern_batch_row(&a->h, a->w, r, 0, 1);
+}
+
+uint64_t kern_batch_nrows(const struct kern_batch_args *a)
+{
+    return kern_batch_rows(&a->h);
+}
+
+uint32_t kern_batch_nptrs(const struct kern_batch_args *a)
+{
+    return kern_batch_kv_words(&a->h) + a->h.nblocks;
+}
+
+const void *kern_batch_ptr_at(const struct kern_batch_args *a, uint32_t i, uint64_t *len)
+{
+    const struct kern_batch *b = &a->h;
+    uint32_t kv = kern_batch_kv_words(b);
+    if (i < kv) {
+        *len = 1; /* a tensor's base: its extent is the engine's */
+    } else if (b->op == KERN_BATCH_DECODE) {
+        *len = a->w[kv + b->nblocks + (i - kv)];
+    } else {
+        *len = (uint64_t)b->layers * b->kinds * b->block_tokens * b->heads * b->head_dim *
+               b->elem_bytes;
+    }
+    return (const void *)(uintptr_t)a->w[i];
+}
+
+/* Layers per batch: their K and V bases take at most a quarter of the words. */
+static uint32_t kern_batch_layers_max(uint32_t kinds)
+{
+    return KERN_BATCH_WORDS / 4 / kinds;
+}
+
+int kern_pack_batches(struct kern_batch_args *a, const struct kern_pack_layout *lay,
+                      const struct kern_pack_engine *eng, uint64_t first_token, uint32_t nblocks,
+                      void *const *blocks, int dir,
+                      int (*run)(const struct kern_batch_args *a, void *arg), void *arg)
+{
+    int rc = kern_pack_check(lay, eng, first_token, nblocks, 1);
+    if (rc || nblocks == 0)
+        return rc;
+    const uint64_t lbytes = kern_pack_block_bytes(lay) / lay->layers;
+    const uint32_t lmax = kern_batch_layers_max(lay->kinds);
+    for (uint32_t l0 = 0; l0 < lay->layers; l0 += lmax) {
+        struct kern_pack_layout sub = *lay;
+        struct kern_pack_engine se = *eng;
+        sub.layers = lay->layers - l0 < lmax ? lay->layers - l0 : lmax;
+        se.k = eng->k + l0;
+        se.v = eng->v ? eng->v + l0 : NULL;
+        for (uint32_t j = 0; j < nblocks;) {
+            uint32_t nb = nblocks - j;
+            uint64_t tok = first_token + (uint64_t)j * lay->block_tokens;
+            while ((rc = kern_batch_pack(a, &sub, &se, tok, nb, blocks + j, l0 * lbytes, dir)) ==
+                       -E2BIG &&
+                   nb > 1)
+                nb = (nb + 1) / 2;
+            if (rc == 0)
+                rc = run(a, arg);
+            if (rc)
+                return rc;
+            j += nb;
+        }
+    }
+    return 0;
+}
+
+int kern_decode_batches(struct kern_batch_args *a, const struct kern_layout *klay,
+                        uint32_t layer_first, uint32_t layer_count,
+                        const struct kern_pack_engine *eng, uint64_t first_token, uint32_t nblocks,
+                        const void *const *src, const uint64_t *src_len, uint32_t out_dtype,
+                        int (*run)(const struct kern_batch_args *a, void *arg), void *arg)
+{
+    int rc = 0;
+    for (uint32_t j = 0; j < nblocks;) {
+        uint32_t nb = nblocks - j;
+        uint64_t tok = first_token + (uint64_t)j * (klay ? klay->tokens : 0);
+        while ((rc = kern_batch_decode(a, klay, layer_first, layer_count, eng, tok, nb, src + j,
+                                       src_len + j, out_dtype)) == -E2BIG &&
+               nb > 1)
+            nb = (nb + 1) / 2;
+        if (rc == 0)
+            rc = run(a, arg);
+        if (rc)
+            return rc;
+        j += nb;
+    }
+    return 0;
+}
+
+static int kern_batch_run_cpu_cb(const struct kern_batch_args *a, void *arg)
+{
+    (void)arg;
+    kern_batch_run_cpu(a);
+    return 0;
+}
+
+int kern_pack_batched_cpu(const struct kern_pack_layout *lay, const struct kern_pack_engine *eng,
+                          uint64_t first_token, uint32_t nblocks, void *const *blocks, int dir)
+{
+    struct kern_batch_args *a = malloc(sizeof(*a));
+    if (!a)
+        return -ENOMEM;
+    int rc = (dir != KERN_PACK_GATHER && dir != KERN_PACK_SCATTER) || (nblocks && !blocks)
+                 ? -EINVAL
+                 : kern_pack_batches(a, lay, eng, first_token, nblocks, blocks, dir,
+                                     kern_batch_run_cpu_cb, NULL);
+    free(a);
+    return rc;
+}
+
+/* Every block of a decode, checked as the reference decoder checks it. */
+static int kern_decode_blocks_ok(const struct kern_layout *klay, uint32_t nblocks,
+                                 const void *const *src, const uint64_t *src_len)
+{
+    for (uint32_t j = 0; j < nblocks; j++) {
+        struct kern_layout bl;
+        if (kern_block_info(src[j], src_len[j], &bl, NULL) < 0 || bl.layers != klay->layers ||
+            bl.heads != klay->heads || bl.head_dim != klay->head_dim || bl.tokens != klay->tokens ||
+            bl.k_only != klay->k_only || bl.dtype != klay->dtype)
+            return -EBADMSG;
+    }
+    return 0;
+}
+
+int kern_pack_decode_cpu(const struct kern_layout *klay, uint32_t layer_first, uint32_t layer_count,
+                         const struct kern_pack_engine *eng, uint64_t first_token, uint32_t nblocks,
+                         const void *const *src, const uint64_t *src_len, uint32_t out_dtype)
+{
+    struct kern_batch_args *a = malloc(sizeof(*a));
+    int rc;
+    if (!a)
+        return -ENOMEM;
+    /* the arguments first (as the reference), then the blocks */
+    rc = kern_decode_check(klay, layer_first, layer_count, eng, first_token, nblocks, src, src_len,
+                           out_dtype);
+    if (rc == 0)
+        rc = kern_decode_blocks_ok(klay, nblocks, src, src_len);
+    if (rc == 0)
+        rc = kern_decode_batches(a, klay, layer_first, layer_count, eng, first_token, nblocks, src,
+                                 src_len, out_dtype, kern_batch_run_cpu_cb, NULL);
+    free(a);
+    return rc;
+}
+
+int kern_pack_decode_ref(const struct kern_layout *klay, uint32_t layer_first, uint32_t layer_count,
+                         const struct kern_pack_engine *eng, uint64_t first_token, uint32_t nblocks,
+                         const void *const *src, const uint64_t *src_len, uint32_t out_dtype)
+{
+    int rc = kern_decode_check(klay, layer_first, layer_count, eng, first_token, nblocks, src,
+                               src_len, out_dtype);
+    if (rc)
+        return rc;
+    struct kern_pack_layout lay = kern_decode_lay(klay, layer_count);
+    rc = kern_decode_blocks_ok(klay, nblocks, src, src_len);
+    if (rc)
+        return rc;
+    /* Decoded whole with the reference decoder, the layers scattered by the reference pack. */
+    uint64_t rs = kern_raw_size(klay), lbytes = rs / klay->layers;
+    uint8_t *raw = malloc(rs ? rs : 1);
+    if (!raw)
+        return -ENOMEM;
+    for (uint32_t j = 0; j < nblocks && rc == 0; j++) {
+        int64_t d = kern_decode_ref(klay, src[j], src_len[j], raw, rs, (enum kern_dtype)out_dtype);
+        if (d < 0) {
+            rc = (int)d;
+            break;
+        }
+        void *blk = raw + (uint64_t)layer_first * lbytes;
+        rc = kern_pack_ref(&lay, eng, first_token + (uint64_t)j * klay->tokens, 1, &blk,
+                           KERN_PACK_SCATTER);
+    }
+    free(raw);
+    return rc;
+}
+
 #if !KVC_CUDA
 int kern_pack_cuda(const struct kern_pack_layout *lay, const struct kern_pack_engine *eng,
                    uint64_t first_token, uint32_t nblocks, void *const *blocks, int dir,
                    void *stream)
 {
     (void)lay, (void)eng, (void)first_token, (void)nblocks, (void)blocks, (void)dir, (void)stream;
+    return -ENOTSUP;
+}
+
+int kern_pack_decode_cuda(const struct kern_layout *klay, uint32_t layer_first,
+                          uint32_t layer_count, const struct kern_pack_engine *eng,
+                          uint64_t first_token, uint32_t nblocks, const void *const *src,
+                          const uint64_t *src_len, uint32_t out_dtype, void *stream)
+{
+    (void)klay, (void)layer_first, (void)layer_count, (void)eng, (void)first_token;
+    (void)nblocks, (void)src, (void)src_len, (void)out_dtype, (void)stream;
+    return -ENOTSUP;
+}
+
+int kern_batch_cuda(const struct kern_batch_args *a, void *stream)
+{
+    (void)a, (void)stream;
+    return -ENOTSUP;
+}
+
+int kern_copy_batch_cuda(void *const *dst, const void *const *src, const uint64_t *len, uint32_t n,
+                         void *stream)
+{
+    (void)dst, (void)src, (void)len, (void)n, (void)stream;
     return -ENOTSUP;
 }
 #endif

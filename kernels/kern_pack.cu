@@ -1,108 +1,289 @@
 /*
- * kern_pack.cu — the CUDA twin of kern_pack_cpu (see kern_pack.h).
+ * kern_pack.cu — the CUDA twins of the batched moves (kern_batch.h): gather and scatter
+ * between an engine's paged tensors and canonical blocks, decoding encoded blocks straight
+ * into the engine's tensors, and batched device-to-device copies.
  *
  * DESIGN
- * One thread block per (block, layer, kind, token): it moves that token's heads*head_dim
- * elements, head rows apart in the engine and back to back in the canonical block. The
- * widest access that every address and stride of the thread block allows (16, 4 or 1
- * bytes) is chosen once per thread block, so a uniform branch, and the copy is bit-exact
- * whatever the element type. The block table is read on the device; the host checked the
- * shape, the engine owns the table's contents (an entry below zero skips the token).
+ * One launch per batch, its tables by value in the kernel's parameters (a __grid_constant__
+ * struct, so the kernel reads them in place; two sizes, 2 KiB for the usual call and 30 KiB
+ * for large ones, because a launch copies its whole parameter block). A warp takes one row
+ * (block, layer, kind, token) at a time and walks the rows grid-stride over a grid of at most
+ * 8 blocks of 256 threads per multiprocessor (a persistent grid: the row count of a prefix is
+ * in the tens of thousands). The row function is kern_batch_row, the one the CPU emulation
+ * runs: a lane moves up to four 16-byte chunks per step, loads before stores, so a warp has
+ * 2 KiB in flight, and its stores are one coalesced run per head row (per token when the
+ * engine's heads are packed). A decode lane produces 8 elements of a head row and stores
+ * them as one 16-byte access.
+ *
+ * The batched device-to-device copy (pool hits into one contiguous destination) merges
+ * pieces that continue each other, then gives each piece a row of thread blocks
+ * (blockIdx.y) whose threads stride over its 16-byte chunks four at a time; one piece left
+ * after merging is a cudaMemcpyAsync, which is what the caller compares against anyway.
  */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
+#include "kernels/kern_batch.h"
 #include "kernels/kern_pack.h"
 
-#define KERN_PACK_THREADS 128
+#define KERN_BATCH_THREADS 256
+#define KERN_BATCH_BLOCKS_PER_SM 8
+#define KERN_COPY_SMALL 64
 
-struct pack_args {
-    struct kern_pack_layout lay;
-    uint32_t page_tokens;
-    uint64_t page_stride, token_stride, head_stride;
-    uint64_t first_token;
-    void *const *k, *const *v, *const *blocks;
-    const int32_t *table;
-    int gather;
+static int pack_fail(const char *what, cudaError_t e)
+{
+    fprintf(stderr, "kern_pack: %s failed (%s)\n", what, cudaGetErrorString(e));
+    (void)cudaGetLastError();
+    return -EIO;
+}
+
+/* Multiprocessors of the calling thread's current device (asked once per device). */
+static int pack_sms(void)
+{
+    static int sms[64];
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 80;
+    }
+    if (dev >= 0 && dev < 64 && sms[dev] > 0)
+        return sms[dev];
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) {
+        (void)cudaGetLastError();
+        n = 80;
+    }
+    if (dev >= 0 && dev < 64)
+        sms[dev] = n;
+    return n;
+}
+
+template <int W> struct batch_params {
+    struct kern_batch h;
+    uint64_t w[W];
 };
 
-template <typename T>
-__device__ static void pack_rows(char *eng, char *blk, uint64_t head_stride, uint32_t heads,
-                                 uint64_t row, int gather)
+/* Gathers and scatters, and decodes: two kernels, so that each gets the registers of its own
+ * work (one kernel holding both would run at the occupancy of the larger). */
+template <int W, int V>
+__global__ void __launch_bounds__(KERN_BATCH_THREADS, 4)
+    kern_pack_kernel(const __grid_constant__ batch_params<W> p)
 {
-    const uint64_t per_row = row / sizeof(T), n = per_row * heads;
-    for (uint64_t i = threadIdx.x; i < n; i += blockDim.x) {
-        uint64_t h = i / per_row, j = i % per_row;
-        T *e = (T *)(eng + h * head_stride) + j;
-        T *c = (T *)(blk + h * row) + j;
-        if (gather)
-            *c = *e;
+    const uint32_t lane = threadIdx.x & 31;
+    const uint64_t nw = ((uint64_t)gridDim.x * blockDim.x) >> 5;
+    const uint64_t rows = kern_batch_rows(&p.h);
+    for (uint64_t r = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; r < rows; r += nw) {
+        if (V == 16)
+            kern_batch_pack_row16(&p.h, p.w, r, lane, 32);
+        else if (V == 8)
+            kern_batch_pack_row8(&p.h, p.w, r, lane, 32);
+        else if (V == 4)
+            kern_batch_pack_row4(&p.h, p.w, r, lane, 32);
+        else if (V == 2)
+            kern_batch_pack_row2(&p.h, p.w, r, lane, 32);
         else
-            *e = *c;
+            kern_batch_pack_row1(&p.h, p.w, r, lane, 32);
     }
 }
 
-__global__ void kern_pack_kernel(struct pack_args a)
+template <int W>
+__global__ void __launch_bounds__(KERN_BATCH_THREADS, 4)
+    kern_decode_kernel(const __grid_constant__ batch_params<W> p)
 {
-    const struct kern_pack_layout &L = a.lay;
-    uint64_t x = blockIdx.x;
-    const uint32_t t = x % L.block_tokens;
-    x /= L.block_tokens;
-    const uint32_t k = x % L.kinds;
-    x /= L.kinds;
-    const uint32_t l = x % L.layers;
-    const uint64_t b = x / L.layers;
-    const uint64_t p = a.first_token + b * L.block_tokens + t;
-    const int32_t page = a.table[p / a.page_tokens];
-    if (page < 0)
-        return;
-    const uint64_t row = (uint64_t)L.head_dim * L.elem_bytes;
-    char *eng = (char *)(k ? a.v[l] : a.k[l]) + (uint64_t)page * a.page_stride +
-                (p % a.page_tokens) * a.token_stride;
-    char *blk = (char *)a.blocks[b] + ((((uint64_t)l * L.kinds + k) * L.block_tokens + t) *
-                                       L.heads) * row;
-    const uint64_t bits = (uint64_t)(uintptr_t)eng | (uint64_t)(uintptr_t)blk | row |
-                          (L.heads > 1 ? a.head_stride : 0);
-    if ((bits & 15) == 0)
-        pack_rows<uint4>(eng, blk, a.head_stride, L.heads, row, a.gather);
-    else if ((bits & 3) == 0)
-        pack_rows<uint32_t>(eng, blk, a.head_stride, L.heads, row, a.gather);
-    else
-        pack_rows<uint8_t>(eng, blk, a.head_stride, L.heads, row, a.gather);
+    const uint32_t lane = threadIdx.x & 31;
+    const uint64_t nw = ((uint64_t)gridDim.x * blockDim.x) >> 5;
+    const uint64_t rows = kern_batch_rows(&p.h);
+    for (uint64_t r = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; r < rows; r += nw)
+        kern_batch_decode_row(&p.h, p.w, r, lane, 32);
 }
 
-int kern_pack_cuda(const struct kern_pack_layout *lay, const struct kern_pack_engine *eng,
-                   uint64_t first_token, uint32_t nblocks, void *const *blocks, int dir,
-                   void *stream)
+template <int W> static int batch_launch(const struct kern_batch_args *a, cudaStream_t s)
 {
-    int rc = kern_pack_check(lay, eng, first_token, nblocks, 0);
-    if (rc)
-        return rc;
+    static batch_params<W> p; /* 30 KiB: not on the caller's stack; filled under the lock */
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    const uint64_t rows = kern_batch_rows(&a->h);
+    if (rows == 0)
+        return 0;
+    uint64_t grid = (rows + KERN_BATCH_THREADS / 32 - 1) / (KERN_BATCH_THREADS / 32);
+    uint64_t cap = (uint64_t)pack_sms() * KERN_BATCH_BLOCKS_PER_SM;
+    if (grid > cap)
+        grid = cap;
+    pthread_mutex_lock(&mu);
+    p.h = a->h;
+    memcpy(p.w, a->w, (size_t)a->h.nwords * sizeof(uint64_t));
+    const dim3 g((unsigned)grid), t(KERN_BATCH_THREADS);
+    if (p.h.op == KERN_BATCH_DECODE)
+        kern_decode_kernel<W><<<g, t, 0, s>>>(p);
+    else if (p.h.vec == 16)
+        kern_pack_kernel<W, 16><<<g, t, 0, s>>>(p);
+    else if (p.h.vec == 8)
+        kern_pack_kernel<W, 8><<<g, t, 0, s>>>(p);
+    else if (p.h.vec == 4)
+        kern_pack_kernel<W, 4><<<g, t, 0, s>>>(p);
+    else if (p.h.vec == 2)
+        kern_pack_kernel<W, 2><<<g, t, 0, s>>>(p);
+    else
+        kern_pack_kernel<W, 1><<<g, t, 0, s>>>(p);
+    cudaError_t e = cudaGetLastError();
+    pthread_mutex_unlock(&mu);
+    return e == cudaSuccess ? 0 : pack_fail("batch launch", e);
+}
+
+extern "C" int kern_batch_cuda(const struct kern_batch_args *a, void *stream)
+{
+    if (!a || a->h.nwords > KERN_BATCH_WORDS)
+        return -EINVAL;
+    if (a->h.nwords <= KERN_BATCH_SMALL_WORDS)
+        return batch_launch<KERN_BATCH_SMALL_WORDS>(a, (cudaStream_t)stream);
+    return batch_launch<KERN_BATCH_WORDS>(a, (cudaStream_t)stream);
+}
+
+static int batch_run_cuda(const struct kern_batch_args *a, void *stream)
+{
+    return kern_batch_cuda(a, stream);
+}
+
+extern "C" int kern_pack_cuda(const struct kern_pack_layout *lay,
+                              const struct kern_pack_engine *eng, uint64_t first_token,
+                              uint32_t nblocks, void *const *blocks, int dir, void *stream)
+{
     if ((dir != KERN_PACK_GATHER && dir != KERN_PACK_SCATTER) || (nblocks && !blocks))
         return -EINVAL;
-    if (nblocks == 0)
-        return 0;
-    uint64_t grid = (uint64_t)nblocks * lay->layers * lay->kinds * lay->block_tokens;
-    if (grid > 0x7fffffffull)
-        return -EINVAL;
-    struct pack_args a;
-    a.lay = *lay;
-    a.page_tokens = eng->page_tokens;
-    a.page_stride = eng->page_stride;
-    a.token_stride = eng->token_stride;
-    a.head_stride = eng->head_stride;
-    a.first_token = first_token;
-    a.k = eng->k;
-    a.v = eng->v;
-    a.blocks = blocks;
-    a.table = eng->block_table;
-    a.gather = dir == KERN_PACK_GATHER;
-    kern_pack_kernel<<<(unsigned)grid, KERN_PACK_THREADS, 0, (cudaStream_t)stream>>>(a);
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) {
-        fprintf(stderr, "kern_pack: launch failed (%s)\n", cudaGetErrorString(e));
-        return -EIO;
+    struct kern_batch_args *a = (struct kern_batch_args *)malloc(sizeof(*a));
+    if (!a)
+        return -ENOMEM;
+    int rc = kern_pack_batches(a, lay, eng, first_token, nblocks, blocks, dir, batch_run_cuda,
+                               stream);
+    free(a);
+    return rc;
+}
+
+extern "C" int kern_pack_decode_cuda(const struct kern_layout *klay, uint32_t layer_first,
+                                     uint32_t layer_count, const struct kern_pack_engine *eng,
+                                     uint64_t first_token, uint32_t nblocks,
+                                     const void *const *src, const uint64_t *src_len,
+                                     uint32_t out_dtype, void *stream)
+{
+    struct kern_batch_args *a = (struct kern_batch_args *)malloc(sizeof(*a));
+    if (!a)
+        return -ENOMEM;
+    int rc = kern_decode_check(klay, layer_first, layer_count, eng, first_token, nblocks, src,
+                               src_len, out_dtype);
+    if (rc == 0)
+        rc = kern_decode_batches(a, klay, layer_first, layer_count, eng, first_token, nblocks,
+                                 src, src_len, out_dtype, batch_run_cuda, stream);
+    free(a);
+    return rc;
+}
+
+/* ---- batched device-to-device copies ---------------------------------------------------- */
+
+struct copy_piece {
+    uint64_t dst, src, len;
+};
+
+template <int N> struct copy_params {
+    uint32_t n;
+    uint32_t vec;
+    struct copy_piece p[N];
+};
+
+template <typename T, int N>
+__global__ void __launch_bounds__(KERN_BATCH_THREADS)
+    kern_copy_kernel(const __grid_constant__ copy_params<N> a)
+{
+    const struct copy_piece &pc = a.p[blockIdx.y];
+    const uint64_t nch = pc.len / sizeof(T);
+    const T *src = (const T *)(uintptr_t)pc.src;
+    T *dst = (T *)(uintptr_t)pc.dst;
+    const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    for (uint64_t c0 = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; c0 < nch;
+         c0 += 4 * stride) {
+        T v[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            if (c0 + u * stride < nch)
+                v[u] = src[c0 + u * stride];
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            if (c0 + u * stride < nch)
+                dst[c0 + u * stride] = v[u];
     }
-    return 0;
+}
+
+template <typename T, int N> static void copy_launch(const copy_params<N> &a, uint64_t maxlen,
+                                                     cudaStream_t s)
+{
+    uint64_t per_block = (uint64_t)KERN_BATCH_THREADS * 4 * sizeof(T);
+    uint64_t gx = (maxlen + per_block - 1) / per_block;
+    uint64_t cap = ((uint64_t)pack_sms() * KERN_BATCH_BLOCKS_PER_SM + a.n - 1) / a.n;
+    if (gx > cap)
+        gx = cap;
+    if (gx == 0)
+        gx = 1;
+    kern_copy_kernel<T, N><<<dim3((unsigned)gx, a.n), KERN_BATCH_THREADS, 0, s>>>(a);
+}
+
+template <int N> static int copy_run(const struct copy_piece *pc, uint32_t n, cudaStream_t s)
+{
+    static copy_params<N> a; /* large: not on the caller's stack; filled under the lock */
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    uint64_t bits = 0, maxlen = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        bits |= pc[i].dst | pc[i].src | pc[i].len;
+        maxlen = pc[i].len > maxlen ? pc[i].len : maxlen;
+    }
+    pthread_mutex_lock(&mu);
+    a.n = n;
+    memcpy(a.p, pc, n * sizeof(*pc));
+    if ((bits & 15) == 0)
+        copy_launch<uint4, N>(a, maxlen, s);
+    else if ((bits & 7) == 0)
+        copy_launch<uint2, N>(a, maxlen, s);
+    else if ((bits & 3) == 0)
+        copy_launch<uint32_t, N>(a, maxlen, s);
+    else
+        copy_launch<uint8_t, N>(a, maxlen, s);
+    cudaError_t e = cudaGetLastError();
+    pthread_mutex_unlock(&mu);
+    return e == cudaSuccess ? 0 : pack_fail("copy launch", e);
+}
+
+extern "C" int kern_copy_batch_cuda(void *const *dst, const void *const *src, const uint64_t *len,
+                                    uint32_t n, void *stream)
+{
+    if (n > KERN_COPY_BATCH_MAX || (n && (!dst || !src || !len)))
+        return -EINVAL;
+    struct copy_piece *pc = (struct copy_piece *)malloc((n ? n : 1) * sizeof(*pc));
+    uint32_t m = 0;
+    int rc = 0;
+    if (!pc)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < n; i++) {
+        if (len[i] == 0)
+            continue;
+        uint64_t d = (uint64_t)(uintptr_t)dst[i], sr = (uint64_t)(uintptr_t)src[i];
+        if (m && pc[m - 1].dst + pc[m - 1].len == d && pc[m - 1].src + pc[m - 1].len == sr) {
+            pc[m - 1].len += len[i]; /* continues the piece before */
+            continue;
+        }
+        pc[m++] = (struct copy_piece){d, sr, len[i]};
+    }
+    if (m == 1) {
+        cudaError_t e = cudaMemcpyAsync((void *)(uintptr_t)pc[0].dst,
+                                        (const void *)(uintptr_t)pc[0].src, pc[0].len,
+                                        cudaMemcpyDeviceToDevice, (cudaStream_t)stream);
+        rc = e == cudaSuccess ? 0 : pack_fail("cudaMemcpyAsync", e);
+    } else if (m > 1 && m <= KERN_COPY_SMALL) {
+        rc = copy_run<KERN_COPY_SMALL>(pc, m, (cudaStream_t)stream);
+    } else if (m > 1) {
+        rc = copy_run<KERN_COPY_BATCH_MAX>(pc, m, (cudaStream_t)stream);
+    }
+    free(pc);
+    return rc;
 }

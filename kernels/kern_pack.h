@@ -25,6 +25,8 @@
 extern "C" {
 #endif
 
+struct kern_layout;
+
 #define KERN_PACK_MAX_LAYERS 4096
 
 struct kern_pack_layout {
@@ -68,12 +70,95 @@ int kern_pack_ref(const struct kern_pack_layout *lay, const struct kern_pack_eng
 int kern_pack_cpu(const struct kern_pack_layout *lay, const struct kern_pack_engine *eng,
                   uint64_t first_token, uint32_t nblocks, void *const *blocks, int dir);
 
-/* CUDA twin: eng->k, eng->v, eng->block_table and blocks are DEVICE arrays (of device
- * pointers for k, v and blocks); queued on stream (a cudaStream_t). -EINVAL, -ENOTSUP
- * (built without CUDA), -EIO (CUDA error, one line on stderr). */
+/* CUDA twin: eng->k, eng->v, eng->block_table and blocks are HOST arrays (read before the
+ * call returns; k, v and blocks hold device pointers), the tensors and blocks device memory;
+ * queued on stream (a cudaStream_t) as one kernel per KERN_BATCH_WORDS of tables (one for
+ * any prefix an engine loads in practice). -EINVAL, -ENOTSUP (built without CUDA), -EIO (CUDA
+ * error, one line on stderr). */
 int kern_pack_cuda(const struct kern_pack_layout *lay, const struct kern_pack_engine *eng,
                    uint64_t first_token, uint32_t nblocks, void *const *blocks, int dir,
                    void *stream);
+/* kern_pack_cpu through the batches the CUDA twin launches (kern_batch.h), run row by row on
+ * the CPU: the kernel's indexing, tested here against the reference. Host pointers. */
+int kern_pack_batched_cpu(const struct kern_pack_layout *lay, const struct kern_pack_engine *eng,
+                          uint64_t first_token, uint32_t nblocks, void *const *blocks, int dir);
+
+/* ---- decoding straight into the engine's tensors -----------------------------------------
+ * Encoded blocks (kern.h) src[0..nblocks) of layout klay, src_len[j] bytes each, decoded for
+ * layers [layer_first, layer_first + layer_count) into the engine's paged tensors as out_dtype
+ * (fp16 or bf16): eng->k[i] and eng->v[i] are the bases of layer layer_first + i (the
+ * engine's other layers are not touched), its elements 2 bytes. Block j covers sequence
+ * tokens [first_token + j * klay->tokens, ...), as kern_pack_* do. 0, -EINVAL (shape, range,
+ * table, dtype), -EBADMSG (ref and cpu: a block that is not an encoded block of klay, or whose
+ * section table points outside src_len; the CUDA twin and the batches write zeros for such a
+ * block's rows instead, as kern_decode_cuda does), -ENOMEM. */
+int kern_pack_decode_ref(const struct kern_layout *klay, uint32_t layer_first, uint32_t layer_count,
+                         const struct kern_pack_engine *eng, uint64_t first_token, uint32_t nblocks,
+                         const void *const *src, const uint64_t *src_len, uint32_t out_dtype);
+/* The batches of the CUDA twin, run on the CPU (host pointers). */
+int kern_pack_decode_cpu(const struct kern_layout *klay, uint32_t layer_first, uint32_t layer_count,
+                         const struct kern_pack_engine *eng, uint64_t first_token, uint32_t nblocks,
+                         const void *const *src, const uint64_t *src_len, uint32_t out_dtype);
+/* CUDA twin: host arrays of device pointers, queued on stream, one kernel per batch. */
+int kern_pack_decode_cuda(const struct kern_layout *klay, uint32_t layer_first,
+                          uint32_t layer_count, const struct kern_pack_engine *eng,
+                          uint64_t first_token, uint32_t nblocks, const void *const *src,
+                          const uint64_t *src_len, uint32_t out_dtype, void *stream);
+
+/* ---- batches (kern_batch.h): what one kernel launch moves ---------------------------------
+ * The caller fills one with a builder and queues it (kern_batch_cuda, or the device table's
+ * batch op), or runs it on the CPU. A builder answers -E2BIG when the tables of nblocks
+ * blocks do not fit one launch (fewer blocks, or fewer layers, do), -EINVAL as kern_pack_check
+ * for a bad shape or table. */
+struct kern_batch_args;
+/* A gather or scatter: blocks[j] points at the first byte of block j this batch moves (the
+ * canonical offset of the batch's first layer), lay->layers the layers it moves, eng->k and
+ * eng->v their bases. */
+int kern_batch_pack(struct kern_batch_args *a, const struct kern_pack_layout *lay,
+                    const struct kern_pack_engine *eng, uint64_t first_token, uint32_t nblocks,
+                    void *const *blocks, uint64_t block_off, int dir);
+/* Cuts a gather or scatter of whole blocks (layers [0, lay->layers) of blocks[j], eng's k and
+ * v for those layers) into batches that fit, built in *a, and hands each to run(a, arg):
+ * one call for any shape that fits one launch. The first error of a builder or of run. */
+int kern_pack_batches(struct kern_batch_args *a, const struct kern_pack_layout *lay,
+                      const struct kern_pack_engine *eng, uint64_t first_token, uint32_t nblocks,
+                      void *const *blocks, int dir,
+                      int (*run)(const struct kern_batch_args *a, void *arg), void *arg);
+/* The arguments of a decode checked as kern_pack_decode_ref does (not the blocks). */
+int kern_decode_check(const struct kern_layout *klay, uint32_t layer_first, uint32_t layer_count,
+                      const struct kern_pack_engine *eng, uint64_t first_token, uint32_t nblocks,
+                      const void *const *src, const uint64_t *src_len, uint32_t out_dtype);
+/* The same for a decode (arguments as kern_pack_decode_ref). */
+int kern_decode_batches(struct kern_batch_args *a, const struct kern_layout *klay,
+                        uint32_t layer_first, uint32_t layer_count,
+                        const struct kern_pack_engine *eng, uint64_t first_token, uint32_t nblocks,
+                        const void *const *src, const uint64_t *src_len, uint32_t out_dtype,
+                        int (*run)(const struct kern_batch_args *a, void *arg), void *arg);
+/* A decode, arguments as kern_pack_decode_ref. */
+int kern_batch_decode(struct kern_batch_args *a, const struct kern_layout *klay,
+                      uint32_t layer_first, uint32_t layer_count,
+                      const struct kern_pack_engine *eng, uint64_t first_token, uint32_t nblocks,
+                      const void *const *src, const uint64_t *src_len, uint32_t out_dtype);
+/* A decode of nblocks whole blocks into raw blocks: block j into dst + pos[j] * raw size
+ * (pos NULL: j), as kern_decode_* write one. */
+int kern_batch_decode_raw(struct kern_batch_args *a, const struct kern_layout *klay, void *dst,
+                          const uint32_t *pos, uint32_t nblocks, const void *const *src,
+                          const uint64_t *src_len, uint32_t out_dtype);
+/* Runs a batch on the CPU, one row after another with one lane: the kernel's indexing. */
+void kern_batch_run_cpu(const struct kern_batch_args *a);
+/* Rows of a batch (kernel work items), and the pointers it dereferences: the K and V bases,
+ * then the blocks (for the fake device's checks). */
+uint64_t kern_batch_nrows(const struct kern_batch_args *a);
+uint32_t kern_batch_nptrs(const struct kern_batch_args *a);
+const void *kern_batch_ptr_at(const struct kern_batch_args *a, uint32_t i, uint64_t *len);
+/* Queues a batch as one kernel on stream. -ENOTSUP without CUDA, -EIO. */
+int kern_batch_cuda(const struct kern_batch_args *a, void *stream);
+/* Copies n pieces of device memory (dst[i] <- src[i], len[i] bytes) as one kernel on stream
+ * (pieces that continue each other first merged; one piece left: cudaMemcpyAsync). Host
+ * arrays; at most KERN_COPY_BATCH_MAX pieces. -EINVAL, -ENOTSUP without CUDA, -EIO. */
+#define KERN_COPY_BATCH_MAX 1024
+int kern_copy_batch_cuda(void *const *dst, const void *const *src, const uint64_t *len, uint32_t n,
+                         void *stream);
 
 #ifdef __cplusplus
 }

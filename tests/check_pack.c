@@ -2,7 +2,10 @@
  * check_pack.c — gather/scatter between engine page layouts and kvcd's canonical block
  * layout: the reference against hand-written expectations for vLLM-style paged tensors and
  * contiguous tensors, the CPU version against the reference, round trips, the argument
- * checks, and the CUDA twin against the CPU where a device is found.
+ * checks; the batches the CUDA kernels run (kern_batch.h), run here row by row, against the
+ * reference: gathers and scatters, layer ranges, tables split over several launches, and
+ * every codec decoded straight into paged tensors; and the CUDA twins against the CPU where
+ * a device is found.
  */
 #include <check.h>
 #include <errno.h>
@@ -11,6 +14,7 @@
 #include <string.h>
 
 #include "kernels/kern.h"
+#include "kernels/kern_batch.h"
 #include "kernels/kern_pack.h"
 #include "tests/lib/daemon.h"
 
@@ -80,7 +84,8 @@ static const uint8_t *eng_elem(const struct eng *g, uint32_t b, uint64_t first, 
     uint32_t page = (uint32_t)g->table[p / g->e.page_tokens];
     uint32_t slot = (uint32_t)(p % g->e.page_tokens);
     const uint8_t *base = k ? g->v[l] : g->k[l];
-    uint64_t idx = (((uint64_t)page * g->e.page_tokens + slot) * g->lay.heads + h) * g->head_pad + d;
+    uint64_t idx =
+        (((uint64_t)page * g->e.page_tokens + slot) * g->lay.heads + h) * g->head_pad + d;
     return base + idx * g->lay.elem_bytes;
 }
 
@@ -94,9 +99,9 @@ static void check_blocks(const struct eng *g, uint64_t first, uint32_t nblocks, 
                 for (uint32_t t = 0; t < L->block_tokens; t++)
                     for (uint32_t h = 0; h < L->heads; h++)
                         for (uint32_t d = 0; d < L->head_dim; d++, c += L->elem_bytes)
-                            ck_assert_msg(memcmp(c, eng_elem(g, b, first, l, k, t, h, d),
-                                                 L->elem_bytes) == 0,
-                                          "block %u l%u k%u t%u h%u d%u", b, l, k, t, h, d);
+                            ck_assert_msg(
+                                memcmp(c, eng_elem(g, b, first, l, k, t, h, d), L->elem_bytes) == 0,
+                                "block %u l%u k%u t%u h%u d%u", b, l, k, t, h, d);
     }
 }
 
@@ -126,6 +131,12 @@ static void run_case(struct eng *g, uint64_t first, uint32_t nblocks)
     ck_assert_int_eq(kern_pack_cpu(&g->lay, &g->e, first, nblocks, c, KERN_PACK_GATHER), 0);
     for (uint32_t i = 0; i < nblocks; i++)
         ck_assert_mem_eq(r[i], c[i], bb);
+    /* the kernel's batches, row by row */
+    for (uint32_t i = 0; i < nblocks; i++)
+        memset(c[i], 0, bb);
+    ck_assert_int_eq(kern_pack_batched_cpu(&g->lay, &g->e, first, nblocks, c, KERN_PACK_GATHER), 0);
+    for (uint32_t i = 0; i < nblocks; i++)
+        ck_assert_mem_eq(r[i], c[i], bb);
     for (uint32_t l = 0; l < g->lay.layers; l++) {
         memset(g->k[l], 0, g->tensor_bytes);
         if (g->v[l])
@@ -149,6 +160,19 @@ static void run_case(struct eng *g, uint64_t first, uint32_t nblocks)
         }
     }
     ck_assert_int_eq(kern_pack_ref(&g->lay, &g->e, first, nblocks, c2, KERN_PACK_SCATTER), 0);
+    for (uint32_t l = 0; l < g->lay.layers; l++) {
+        ck_assert_mem_eq(g->k[l], snap_k[l], g->tensor_bytes);
+        if (g->v[l])
+            ck_assert_mem_eq(g->v[l], snap_v[l], g->tensor_bytes);
+    }
+    /* and the batches' scatter, into a zeroed engine, the same bytes */
+    for (uint32_t l = 0; l < g->lay.layers; l++) {
+        memset(g->k[l], 0, g->tensor_bytes);
+        if (g->v[l])
+            memset(g->v[l], 0, g->tensor_bytes);
+    }
+    ck_assert_int_eq(kern_pack_batched_cpu(&g->lay, &g->e, first, nblocks, c2, KERN_PACK_SCATTER),
+                     0);
     for (uint32_t l = 0; l < g->lay.layers; l++) {
         ck_assert_mem_eq(g->k[l], snap_k[l], g->tensor_bytes);
         if (g->v[l])
@@ -232,6 +256,326 @@ START_TEST(test_bad_args)
 }
 END_TEST
 
+/* Layer ranges through the batches: a scatter of layers [1, 3) of four writes exactly those
+ * layers' tokens and leaves the other layers' tensors as they were; a gather of the range
+ * fills exactly that range of each block. */
+START_TEST(test_batch_layer_range)
+{
+    struct eng g;
+    eng_init(&g, 4, 2, 16, 2, 32, 2, 8, 16, 40, 7); /* padded heads: head_stride > row */
+    const uint32_t n = 3, lf = 1, lc = 2;
+    uint64_t bb = kern_pack_block_bytes(&g.lay), lbytes = bb / g.lay.layers;
+    void **full = blocks_new(&g, n), **part = blocks_new(&g, n);
+    ck_assert_int_eq(kern_pack_ref(&g.lay, &g.e, 16, n, full, KERN_PACK_GATHER), 0);
+    struct kern_pack_layout sub = g.lay;
+    sub.layers = lc;
+    struct kern_pack_engine se = g.e;
+    se.k = g.k + lf;
+    se.v = g.v + lf;
+    struct kern_batch_args *a = malloc(sizeof(*a));
+    ck_assert_ptr_nonnull(a);
+    for (uint32_t i = 0; i < n; i++)
+        memset(part[i], 0xa5, bb);
+    ck_assert_int_eq(kern_batch_pack(a, &sub, &se, 16, n, part, lf * lbytes, KERN_PACK_GATHER), 0);
+    kern_batch_run_cpu(a);
+    for (uint32_t i = 0; i < n; i++) {
+        const uint8_t *p = part[i], *f = full[i];
+        ck_assert_mem_eq(p + lf * lbytes, f + lf * lbytes, lc * lbytes);
+        for (uint64_t x = 0; x < lf * lbytes; x++)
+            ck_assert_uint_eq(p[x], 0xa5);
+        for (uint64_t x = (lf + lc) * lbytes; x < bb; x++)
+            ck_assert_uint_eq(p[x], 0xa5);
+    }
+    /* scatter the range from other blocks: only layers 1 and 2 change */
+    void *before_k[4], *before_v[4];
+    for (uint32_t l = 0; l < 4; l++) {
+        before_k[l] = malloc(g.tensor_bytes);
+        before_v[l] = malloc(g.tensor_bytes);
+        memcpy(before_k[l], g.k[l], g.tensor_bytes);
+        memcpy(before_v[l], g.v[l], g.tensor_bytes);
+    }
+    for (uint32_t i = 0; i < n; i++)
+        for (uint64_t x = 0; x < bb; x++)
+            ((uint8_t *)part[i])[x] = (uint8_t)(x * 7 + i);
+    ck_assert_int_eq(kern_batch_pack(a, &sub, &se, 16, n, part, lf * lbytes, KERN_PACK_SCATTER), 0);
+    kern_batch_run_cpu(a);
+    for (uint32_t l = 0; l < 4; l++) {
+        int in = l >= lf && l < lf + lc;
+        ck_assert_int_eq(memcmp(before_k[l], g.k[l], g.tensor_bytes) != 0, in);
+        ck_assert_int_eq(memcmp(before_v[l], g.v[l], g.tensor_bytes) != 0, in);
+    }
+    /* what landed is what the reference gathers back from the range */
+    void **back = blocks_new(&g, n);
+    ck_assert_int_eq(kern_pack_ref(&g.lay, &g.e, 16, n, back, KERN_PACK_GATHER), 0);
+    for (uint32_t i = 0; i < n; i++)
+        ck_assert_mem_eq((uint8_t *)back[i] + lf * lbytes, (uint8_t *)part[i] + lf * lbytes,
+                         lc * lbytes);
+    for (uint32_t l = 0; l < 4; l++) {
+        free(before_k[l]);
+        free(before_v[l]);
+    }
+    /* a NULL block is not this batch's: its tokens are left alone */
+    void *keep = part[1];
+    part[1] = NULL;
+    memcpy(before_k[0] = malloc(g.tensor_bytes), g.k[lf], g.tensor_bytes);
+    for (uint32_t i = 0; i < n; i++)
+        if (part[i])
+            memset(part[i], 0x11, bb);
+    ck_assert_int_eq(kern_batch_pack(a, &sub, &se, 16, n, part, lf * lbytes, KERN_PACK_SCATTER), 0);
+    kern_batch_run_cpu(a);
+    part[1] = keep;
+    ck_assert_int_eq(kern_pack_ref(&g.lay, &g.e, 16, n, back, KERN_PACK_GATHER), 0);
+    ck_assert_uint_eq(((uint8_t *)back[0])[lf * lbytes], 0x11);
+    ck_assert_uint_ne(((uint8_t *)back[1])[lf * lbytes], 0x11);
+    ck_assert_uint_eq(((uint8_t *)back[2])[lf * lbytes], 0x11);
+    free(before_k[0]);
+    free(a);
+    blocks_free(back, n);
+    blocks_free(full, n);
+    blocks_free(part, n);
+    eng_fini(&g);
+}
+END_TEST
+
+/* The access width the batch picks: 16 bytes where everything allows it, narrower where a
+ * stride or a base does not; the bytes are the same either way. */
+START_TEST(test_batch_access_width)
+{
+    struct eng g;
+    struct kern_batch_args *a = malloc(sizeof(*a));
+    void **b;
+    ck_assert_ptr_nonnull(a);
+    eng_init(&g, 2, 2, 16, 4, 64, 2, 16, 4, 64, 9);
+    b = blocks_new(&g, 2);
+    ck_assert_int_eq(kern_batch_pack(a, &g.lay, &g.e, 0, 2, b, 0, KERN_PACK_GATHER), 0);
+    ck_assert_uint_eq(a->h.vec, 16);
+    ck_assert_uint_eq(kern_batch_nrows(a), 2ull * 2 * 2 * 16);
+    ck_assert_int_eq(kern_batch_pack(a, &g.lay, &g.e, 0, 2, b, 2, KERN_PACK_GATHER), 0);
+    ck_assert_uint_eq(a->h.vec, 2);
+    blocks_free(b, 2);
+    eng_fini(&g);
+    eng_init(&g, 2, 2, 8, 3, 5, 1, 12, 8, 7, 3); /* 5-byte rows, 7-byte heads */
+    b = blocks_new(&g, 2);
+    ck_assert_int_eq(kern_batch_pack(a, &g.lay, &g.e, 0, 2, b, 0, KERN_PACK_GATHER), 0);
+    ck_assert_uint_eq(a->h.vec, 1);
+    blocks_free(b, 2);
+    eng_fini(&g);
+    free(a);
+}
+END_TEST
+
+/* Tables that do not fit one launch (SGLang's one-token pages: an entry per token) are
+ * split over several batches; every byte is still the reference's. */
+START_TEST(test_batch_split)
+{
+    const uint32_t T = 64, nb = 160, tokens = T * nb, H = 1, D = 8;
+    struct kern_pack_layout lay = {2, 2, T, H, D, 2};
+    uint64_t row = (uint64_t)H * D * 2, tensor = row * tokens;
+    int32_t *table = malloc(tokens * sizeof(int32_t));
+    void *k[2], *v[2];
+    ck_assert_ptr_nonnull(table);
+    for (uint32_t i = 0; i < tokens; i++)
+        table[i] = (int32_t)((i * 7919u) % tokens);
+    for (int l = 0; l < 2; l++) {
+        k[l] = malloc(tensor);
+        v[l] = malloc(tensor);
+        for (uint64_t x = 0; x < tensor; x++) {
+            ((uint8_t *)k[l])[x] = (uint8_t)(x * 13 + l);
+            ((uint8_t *)v[l])[x] = (uint8_t)(x * 29 + l + 1);
+        }
+    }
+    struct kern_pack_engine e = {k, v, table, tokens, 1, row, row, row};
+    uint64_t bb = kern_pack_block_bytes(&lay);
+    void **r = calloc(nb, sizeof(void *)), **c = calloc(nb, sizeof(void *));
+    for (uint32_t i = 0; i < nb; i++) {
+        r[i] = calloc(1, bb);
+        c[i] = calloc(1, bb);
+    }
+    struct kern_batch_args *a = malloc(sizeof(*a));
+    ck_assert_int_eq(kern_batch_pack(a, &lay, &e, 0, nb, c, 0, KERN_PACK_GATHER), -E2BIG);
+    free(a);
+    ck_assert_int_eq(kern_pack_ref(&lay, &e, 0, nb, r, KERN_PACK_GATHER), 0);
+    ck_assert_int_eq(kern_pack_batched_cpu(&lay, &e, 0, nb, c, KERN_PACK_GATHER), 0);
+    for (uint32_t i = 0; i < nb; i++) {
+        ck_assert_mem_eq(r[i], c[i], bb);
+        free(r[i]);
+        free(c[i]);
+    }
+    free(r);
+    free(c);
+    for (int l = 0; l < 2; l++) {
+        free(k[l]);
+        free(v[l]);
+    }
+    free(table);
+}
+END_TEST
+
+/* ---- decoding into the engine's tensors ------------------------------------------------ */
+
+/* A decode case: blocks of layout kl encoded under codec (layer 0 raw where there are
+ * several layers), an engine of fp16/bf16 tensors in pages (shuffled, padded heads where
+ * pad > dim), decoded for layers [lf, lf+lc) by the batches and by the reference. */
+static void decode_case(uint32_t layers, uint32_t heads, uint32_t dim, uint32_t tokens,
+                        uint32_t dtype, uint32_t k_only, uint32_t codec, uint32_t out,
+                        uint32_t page_tokens, uint32_t pad, uint32_t lf, uint32_t lc,
+                        uint32_t nblocks, unsigned seed)
+{
+    struct kern_layout kl = {layers, heads, dim, tokens, dtype, k_only};
+    struct kern_recipe rec;
+    kern_recipe_fill(&rec, codec, codec == KERN_CODEC_RAW ? KERN_CODEC_Q8_0 : codec, 0);
+    if (layers > 1)
+        rec.codec[0][0] = KERN_CODEC_RAW;
+    int64_t es = kern_encoded_size(&kl, &rec);
+    ck_assert_int_gt(es, 0);
+    uint64_t rs = kern_raw_size(&kl);
+    uint16_t *raw = malloc(rs);
+    const void **src = calloc(nblocks, sizeof(void *));
+    uint64_t *len = calloc(nblocks, sizeof(uint64_t));
+    srand(seed);
+    for (uint32_t b = 0; b < nblocks; b++) {
+        for (uint64_t i = 0; i < rs / 2; i++) {
+            float x = (float)(rand() % 2001 - 1000) / 250.0f;
+            raw[i] = dtype == KERN_DTYPE_BF16 ? kern_f2bf(x) : kern_f2h(x);
+        }
+        raw[3] = dtype == KERN_DTYPE_FP16 ? 0x7e01 : 0x7fc1; /* a NaN: raw sections keep it */
+        void *e = malloc((size_t)es);
+        ck_assert_int_eq(kern_encode_ref(&kl, &rec, raw, e, (size_t)es, NULL), es);
+        src[b] = e;
+        len[b] = (uint64_t)es;
+    }
+    /* the engine: pages of page_tokens, heads pad elements apart */
+    uint32_t kinds = k_only ? 1 : 2, ntok = tokens * nblocks + 5;
+    uint32_t npages = (ntok + page_tokens - 1) / page_tokens;
+    uint64_t hs = 2ull * pad, ts = hs * heads, ps = ts * page_tokens, tb = ps * npages;
+    int32_t *table = malloc(npages * sizeof(int32_t));
+    for (uint32_t i = 0; i < npages; i++)
+        table[i] = (int32_t)((i * 5 + 3) % npages);
+    void *ka[8], *va[8], *kb[8], *vb[8];
+    for (uint32_t l = 0; l < lc; l++) {
+        ka[l] = malloc(tb);
+        kb[l] = malloc(tb);
+        va[l] = malloc(tb);
+        vb[l] = malloc(tb);
+        memset(ka[l], 0x3c, tb);
+        memset(kb[l], 0x3c, tb);
+        memset(va[l], 0x3c, tb);
+        memset(vb[l], 0x3c, tb);
+    }
+    struct kern_pack_engine ea = {ka, k_only ? NULL : va, table, npages, page_tokens, ps, ts, hs};
+    struct kern_pack_engine eb = ea;
+    eb.k = kb;
+    eb.v = k_only ? NULL : vb;
+    ck_assert_int_eq(kern_pack_decode_ref(&kl, lf, lc, &ea, 5, nblocks, src, len, out), 0);
+    ck_assert_int_eq(kern_pack_decode_cpu(&kl, lf, lc, &eb, 5, nblocks, src, len, out), 0);
+    for (uint32_t l = 0; l < lc; l++) {
+        ck_assert_msg(memcmp(ka[l], kb[l], tb) == 0, "codec %u layer %u K", codec, lf + l);
+        if (kinds == 2)
+            ck_assert_msg(memcmp(va[l], vb[l], tb) == 0, "codec %u layer %u V", codec, lf + l);
+        free(ka[l]);
+        free(kb[l]);
+        free(va[l]);
+        free(vb[l]);
+    }
+    for (uint32_t b = 0; b < nblocks; b++)
+        free((void *)src[b]);
+    free(src);
+    free(len);
+    free(table);
+    free(raw);
+    (void)kinds;
+}
+
+/* Every codec, straight into vLLM-style pages, fp16 and bf16 out, a layer range. */
+START_TEST(test_decode_paged_every_codec)
+{
+    uint32_t codec = (uint32_t)_i / 2, out = 1 + (uint32_t)_i % 2;
+    decode_case(4, 2, 64, 32, KERN_DTYPE_FP16, 0, codec, out, 16, 64, 1, 3, 3, 10 + _i);
+    decode_case(3, 2, 128, 16, KERN_DTYPE_BF16, 0, codec, out, 8, 136, 0, 3, 2, 20 + _i);
+}
+END_TEST
+
+/* Odd shapes: head_dim not a multiple of 8 (or of 32), tokens not a multiple of 32 (KIVI
+ * key groups with a tail), pages that do not divide blocks, K only (MLA: one 576-wide
+ * latent), one layer of many. */
+START_TEST(test_decode_paged_odd_shapes)
+{
+    uint32_t codec = (uint32_t)_i;
+    decode_case(2, 3, 20, 40, KERN_DTYPE_FP16, 0, codec, KERN_DTYPE_FP16, 12, 21, 0, 2, 3, 30 + _i);
+    decode_case(2, 1, 576, 8, KERN_DTYPE_BF16, 1, codec, KERN_DTYPE_BF16, 16, 576, 1, 1, 2,
+                40 + _i);
+    decode_case(5, 2, 40, 33, KERN_DTYPE_FP16, 0, codec, KERN_DTYPE_BF16, 7, 48, 4, 1, 2, 50 + _i);
+}
+END_TEST
+
+/* The decode of one block into one raw block (kern_decode_cuda's batch) is the reference
+ * decoder's output; a block that is not one of the layout decodes to zeros there (the
+ * device cannot return an error), where the reference says -EBADMSG. */
+START_TEST(test_decode_raw_batch)
+{
+    struct kern_layout kl = {3, 2, 64, 32, KERN_DTYPE_FP16, 0};
+    struct kern_recipe rec;
+    kern_recipe_fill(&rec, KERN_CODEC_KIVI4, KERN_CODEC_Q4_1, 1);
+    int64_t es = kern_encoded_size(&kl, &rec);
+    uint64_t rs = kern_raw_size(&kl);
+    uint16_t *raw = malloc(rs);
+    uint8_t *enc = malloc((size_t)es), *d1 = malloc(2 * rs), *d2 = malloc(2 * rs);
+    for (uint64_t i = 0; i < rs / 2; i++)
+        raw[i] = kern_f2h((float)((int)(i * 37 % 301) - 150) / 40.0f);
+    ck_assert_int_eq(kern_encode_ref(&kl, &rec, raw, enc, (size_t)es, NULL), es);
+    ck_assert_int_eq(kern_decode_ref(&kl, enc, (size_t)es, d1, rs, KERN_DTYPE_BF16), (int64_t)rs);
+    struct kern_batch_args *a = malloc(sizeof(*a));
+    const void *src[2] = {enc, enc};
+    uint64_t len[2] = {(uint64_t)es, (uint64_t)es};
+    uint32_t pos[2] = {1, 0};
+    memset(d2, 0x77, 2 * rs);
+    ck_assert_int_eq(kern_batch_decode_raw(a, &kl, d2, pos, 2, src, len, KERN_DTYPE_BF16), 0);
+    kern_batch_run_cpu(a);
+    ck_assert_mem_eq(d2, d1, rs);
+    ck_assert_mem_eq(d2 + rs, d1, rs);
+    /* a corrupt header: zeros from the batch, -EBADMSG from the reference */
+    enc[0] ^= 0xff;
+    memset(d2, 0x77, rs);
+    ck_assert_int_eq(kern_batch_decode_raw(a, &kl, d2, NULL, 1, src, len, KERN_DTYPE_BF16), 0);
+    kern_batch_run_cpu(a);
+    for (uint64_t i = 0; i < rs; i++)
+        ck_assert_uint_eq(d2[i], 0);
+    ck_assert_int_eq(kern_decode_ref(&kl, enc, (size_t)es, d1, rs, KERN_DTYPE_BF16), -EBADMSG);
+    /* a length that cuts the last section: zeros for the rows that would read past it */
+    enc[0] ^= 0xff;
+    len[0] = (uint64_t)es - 16;
+    ck_assert_int_eq(kern_batch_decode_raw(a, &kl, d2, NULL, 1, src, len, KERN_DTYPE_BF16), 0);
+    kern_batch_run_cpu(a);
+    free(a);
+    free(raw);
+    free(enc);
+    free(d1);
+    free(d2);
+}
+END_TEST
+
+/* Arguments the decode refuses: layer ranges, dtypes, tables. */
+START_TEST(test_decode_bad_args)
+{
+    struct kern_layout kl = {2, 1, 32, 16, KERN_DTYPE_FP16, 0};
+    int32_t table[2] = {0, 1};
+    uint8_t t0[4096], t1[4096];
+    void *k[2] = {t0, t1}, *v[2] = {t1, t0};
+    struct kern_pack_engine e = {k, v, table, 2, 16, 1024, 64, 64};
+    const void *src[1] = {t0};
+    uint64_t len[1] = {sizeof(t0)};
+    ck_assert_int_eq(kern_pack_decode_cpu(&kl, 0, 0, &e, 0, 1, src, len, 1), -EINVAL);
+    ck_assert_int_eq(kern_pack_decode_cpu(&kl, 1, 2, &e, 0, 1, src, len, 1), -EINVAL);
+    ck_assert_int_eq(kern_pack_decode_cpu(&kl, 2, 1, &e, 0, 1, src, len, 1), -EINVAL);
+    ck_assert_int_eq(kern_pack_decode_cpu(&kl, 0, 2, &e, 0, 1, src, len, 3), -EINVAL);
+    ck_assert_int_eq(kern_pack_decode_cpu(&kl, 0, 2, &e, 32, 1, src, len, 1), -EINVAL);
+    ck_assert_int_eq(kern_pack_decode_cpu(&kl, 0, 2, &e, 0, 1, src, len, 1), -EBADMSG);
+    ck_assert_int_eq(kern_pack_decode_ref(&kl, 0, 2, &e, 0, 1, src, len, 1), -EBADMSG);
+    table[1] = -1;
+    ck_assert_int_eq(kern_pack_decode_ref(&kl, 0, 2, &e, 16, 1, src, len, 1), -EINVAL);
+}
+END_TEST
+
 #if KVC_CUDA
 /* The CUDA twin against the CPU, bit for bit, both directions. */
 static void cuda_case(struct eng *g, uint64_t first, uint32_t nblocks)
@@ -239,31 +583,25 @@ static void cuda_case(struct eng *g, uint64_t first, uint32_t nblocks)
     uint64_t bb = kern_pack_block_bytes(&g->lay);
     uint32_t L = g->lay.layers;
     void **host = blocks_new(g, nblocks), **dev_blocks = calloc(nblocks, sizeof(void *));
-    void *dk[8] = {0}, *dv[8] = {0}, *d_k_arr, *d_v_arr, *d_blk_arr, *d_table, *out = malloc(bb);
+    void *dk[8] = {0}, *dv[8] = {0}, *out = malloc(bb);
     ck_assert_int_eq(kern_pack_cpu(&g->lay, &g->e, first, nblocks, host, KERN_PACK_GATHER), 0);
     for (uint32_t l = 0; l < L; l++) {
         ck_assert_int_eq(kern_cuda_alloc(&dk[l], g->tensor_bytes), 0);
         ck_assert_int_eq(kern_cuda_copy(dk[l], g->k[l], g->tensor_bytes, KERN_CUDA_H2D, NULL), 0);
         if (g->v[l]) {
             ck_assert_int_eq(kern_cuda_alloc(&dv[l], g->tensor_bytes), 0);
-            ck_assert_int_eq(kern_cuda_copy(dv[l], g->v[l], g->tensor_bytes, KERN_CUDA_H2D, NULL), 0);
+            ck_assert_int_eq(kern_cuda_copy(dv[l], g->v[l], g->tensor_bytes, KERN_CUDA_H2D, NULL),
+                             0);
         }
     }
     for (uint32_t i = 0; i < nblocks; i++)
         ck_assert_int_eq(kern_cuda_alloc(&dev_blocks[i], bb), 0);
-    ck_assert_int_eq(kern_cuda_alloc(&d_k_arr, sizeof(dk)), 0);
-    ck_assert_int_eq(kern_cuda_alloc(&d_v_arr, sizeof(dv)), 0);
-    ck_assert_int_eq(kern_cuda_alloc(&d_blk_arr, nblocks * sizeof(void *)), 0);
-    ck_assert_int_eq(kern_cuda_alloc(&d_table, sizeof(g->table)), 0);
-    kern_cuda_copy(d_k_arr, dk, sizeof(dk), KERN_CUDA_H2D, NULL);
-    kern_cuda_copy(d_v_arr, dv, sizeof(dv), KERN_CUDA_H2D, NULL);
-    kern_cuda_copy(d_blk_arr, dev_blocks, nblocks * sizeof(void *), KERN_CUDA_H2D, NULL);
-    kern_cuda_copy(d_table, g->table, sizeof(g->table), KERN_CUDA_H2D, NULL);
+    /* host arrays of device pointers: the kernel takes its tables by value */
     struct kern_pack_engine de = g->e;
-    de.k = d_k_arr;
-    de.v = g->lay.kinds == 2 ? d_v_arr : NULL;
-    de.block_table = d_table;
-    ck_assert_int_eq(kern_pack_cuda(&g->lay, &de, first, nblocks, d_blk_arr, KERN_PACK_GATHER, NULL), 0);
+    de.k = dk;
+    de.v = g->lay.kinds == 2 ? dv : NULL;
+    ck_assert_int_eq(
+        kern_pack_cuda(&g->lay, &de, first, nblocks, dev_blocks, KERN_PACK_GATHER, NULL), 0);
     ck_assert_int_eq(kern_cuda_stream_sync(NULL), 0);
     for (uint32_t i = 0; i < nblocks; i++) {
         kern_cuda_copy(out, dev_blocks[i], bb, KERN_CUDA_D2H, NULL);
@@ -280,7 +618,8 @@ static void cuda_case(struct eng *g, uint64_t first, uint32_t nblocks)
         }
     }
     ck_assert_int_eq(kern_pack_cpu(&g->lay, &g->e, first, nblocks, host, KERN_PACK_SCATTER), 0);
-    ck_assert_int_eq(kern_pack_cuda(&g->lay, &de, first, nblocks, d_blk_arr, KERN_PACK_SCATTER, NULL), 0);
+    ck_assert_int_eq(
+        kern_pack_cuda(&g->lay, &de, first, nblocks, dev_blocks, KERN_PACK_SCATTER, NULL), 0);
     ck_assert_int_eq(kern_cuda_stream_sync(NULL), 0);
     for (uint32_t l = 0; l < L; l++) {
         kern_cuda_copy(gpu_k, dk[l], g->tensor_bytes, KERN_CUDA_D2H, NULL);
@@ -294,16 +633,91 @@ static void cuda_case(struct eng *g, uint64_t first, uint32_t nblocks)
     }
     for (uint32_t i = 0; i < nblocks; i++)
         kern_cuda_free(dev_blocks[i]);
-    kern_cuda_free(d_k_arr);
-    kern_cuda_free(d_v_arr);
-    kern_cuda_free(d_blk_arr);
-    kern_cuda_free(d_table);
     free(cpu_k);
     free(gpu_k);
     free(out);
     free(dev_blocks);
     blocks_free(host, nblocks);
 }
+
+/* The decode kernel into paged device tensors against the reference, every codec, a layer
+ * range, fp16 and bf16 out; the 16-byte store path (aligned, D % 8 == 0) and the element
+ * path (D = 20, heads 21 elements apart). */
+static void cuda_decode_case(uint32_t layers, uint32_t heads, uint32_t dim, uint32_t tokens,
+                             uint32_t codec, uint32_t out, uint32_t pad, uint32_t lf, uint32_t lc,
+                             uint32_t nblocks)
+{
+    struct kern_layout kl = {layers, heads, dim, tokens, KERN_DTYPE_FP16, 0};
+    struct kern_recipe rec;
+    kern_recipe_fill(&rec, codec, codec == KERN_CODEC_RAW ? KERN_CODEC_Q8_0 : codec, 0);
+    rec.codec[0][0] = KERN_CODEC_RAW;
+    int64_t es = kern_encoded_size(&kl, &rec);
+    uint64_t rs = kern_raw_size(&kl);
+    uint16_t *raw = malloc(rs);
+    const void *hsrc[8], *dsrc[8];
+    uint64_t len[8];
+    for (uint32_t b = 0; b < nblocks; b++) {
+        for (uint64_t i = 0; i < rs / 2; i++)
+            raw[i] = kern_f2h((float)((int)((i + b) * 7919 % 2001) - 1000) / 250.0f);
+        void *e = malloc((size_t)es), *d = NULL;
+        ck_assert_int_eq(kern_encode_ref(&kl, &rec, raw, e, (size_t)es, NULL), es);
+        ck_assert_int_eq(kern_cuda_alloc(&d, (size_t)es), 0);
+        ck_assert_int_eq(kern_cuda_copy(d, e, (size_t)es, KERN_CUDA_H2D, NULL), 0);
+        hsrc[b] = e;
+        dsrc[b] = d;
+        len[b] = (uint64_t)es;
+    }
+    uint32_t pt = 16, ntok = tokens * nblocks, npages = (ntok + pt - 1) / pt;
+    uint64_t hs = 2ull * pad, ts = hs * heads, ps = ts * pt, tb = ps * npages;
+    int32_t table[256];
+    for (uint32_t i = 0; i < npages; i++)
+        table[i] = (int32_t)((i * 5 + 3) % npages);
+    void *hk[8], *hv[8], *dk[8], *dv[8], *back = malloc(tb);
+    for (uint32_t l = 0; l < lc; l++) {
+        hk[l] = malloc(tb);
+        hv[l] = malloc(tb);
+        memset(hk[l], 0x3c, tb);
+        memset(hv[l], 0x3c, tb);
+        ck_assert_int_eq(kern_cuda_alloc(&dk[l], tb), 0);
+        ck_assert_int_eq(kern_cuda_alloc(&dv[l], tb), 0);
+        ck_assert_int_eq(kern_cuda_copy(dk[l], hk[l], tb, KERN_CUDA_H2D, NULL), 0);
+        ck_assert_int_eq(kern_cuda_copy(dv[l], hv[l], tb, KERN_CUDA_H2D, NULL), 0);
+    }
+    struct kern_pack_engine he = {hk, hv, table, npages, pt, ps, ts, hs}, de = he;
+    de.k = dk;
+    de.v = dv;
+    ck_assert_int_eq(kern_pack_decode_ref(&kl, lf, lc, &he, 0, nblocks, hsrc, len, out), 0);
+    ck_assert_int_eq(kern_pack_decode_cuda(&kl, lf, lc, &de, 0, nblocks, dsrc, len, out, NULL), 0);
+    ck_assert_int_eq(kern_cuda_stream_sync(NULL), 0);
+    for (uint32_t l = 0; l < lc; l++) {
+        ck_assert_int_eq(kern_cuda_copy(back, dk[l], tb, KERN_CUDA_D2H, NULL), 0);
+        ck_assert_int_eq(kern_cuda_stream_sync(NULL), 0);
+        ck_assert_msg(memcmp(back, hk[l], tb) == 0, "codec %u layer %u K", codec, lf + l);
+        ck_assert_int_eq(kern_cuda_copy(back, dv[l], tb, KERN_CUDA_D2H, NULL), 0);
+        ck_assert_int_eq(kern_cuda_stream_sync(NULL), 0);
+        ck_assert_msg(memcmp(back, hv[l], tb) == 0, "codec %u layer %u V", codec, lf + l);
+        free(hk[l]);
+        free(hv[l]);
+        kern_cuda_free(dk[l]);
+        kern_cuda_free(dv[l]);
+    }
+    for (uint32_t b = 0; b < nblocks; b++) {
+        free((void *)hsrc[b]);
+        kern_cuda_free((void *)dsrc[b]);
+    }
+    free(back);
+    free(raw);
+}
+
+START_TEST(test_cuda_decode_paged)
+{
+    for (uint32_t codec = 0; codec < KERN_CODEC_COUNT; codec++)
+        for (uint32_t out = KERN_DTYPE_FP16; out <= KERN_DTYPE_BF16; out++) {
+            cuda_decode_case(4, 2, 128, 32, codec, out, 128, 1, 3, 3);
+            cuda_decode_case(3, 3, 20, 40, codec, out, 21, 0, 3, 2);
+        }
+}
+END_TEST
 
 START_TEST(test_cuda_vs_cpu)
 {
@@ -330,17 +744,30 @@ static Suite *pack_suite(void)
     tcase_add_test(tc, test_odd_shapes);
     tcase_add_test(tc, test_bad_args);
     suite_add_tcase(s, tc);
+    TCase *tb = tcase_create("batch");
+    tcase_add_test(tb, test_batch_layer_range);
+    tcase_add_test(tb, test_batch_access_width);
+    tcase_add_test(tb, test_batch_split);
+    tcase_add_loop_test(tb, test_decode_paged_every_codec, 0, 2 * KERN_CODEC_COUNT);
+    tcase_add_loop_test(tb, test_decode_paged_odd_shapes, 0, KERN_CODEC_COUNT);
+    tcase_add_test(tb, test_decode_raw_batch);
+    tcase_add_test(tb, test_decode_bad_args);
+    suite_add_tcase(s, tb);
 #if KVC_CUDA
     if (daemon_cuda_devices() > 0) { /* asked in a child: CUDA starts in the case only */
         TCase *tg = tcase_create("cuda");
         tcase_add_test(tg, test_cuda_vs_cpu);
+        tcase_add_test(tg, test_cuda_decode_paged);
         suite_add_tcase(s, tg);
     } else {
-        printf("SKIP: pack: test_cuda_vs_cpu: %s\n",
-               daemon_cuda_devices() < 0 ? "the CUDA probe died" : "no CUDA device found");
+        const char *why =
+            daemon_cuda_devices() < 0 ? "the CUDA probe died" : "no CUDA device found";
+        printf("SKIP: pack: test_cuda_vs_cpu: %s\n", why);
+        printf("SKIP: pack: test_cuda_decode_paged: %s\n", why);
     }
 #else
     printf("SKIP: pack: test_cuda_vs_cpu: built without CUDA\n");
+    printf("SKIP: pack: test_cuda_decode_paged: built without CUDA\n");
 #endif
     return s;
 }

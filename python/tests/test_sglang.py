@@ -140,8 +140,10 @@ be = KvcdHiCacheStorage(config(%(sock)r, model="shared"), pool)
 keys = ["shared-%%d" %% i for i in range(5)]
 n = be.batch_exists(keys)
 ok = be.batch_get_v1(keys, torch.arange(5 * PAGE))
-print(json.dumps(dict(exists=n, ok=ok, sums=[float(pool.get_data_page(i * PAGE).float().sum())
-                                             for i in range(n)])))
+# page_first [2][token][layer][head][dim] as layer_first's [2][layer][token][head][dim]
+pages = [pool.get_data_page(i * PAGE, flat=False).permute(0, 2, 1, 3, 4).contiguous()
+         .view(torch.int16).flatten().tolist() for i in range(n)]
+print(json.dumps(dict(exists=n, ok=ok, pages=pages)))
 """
 
 
@@ -156,7 +158,9 @@ def test_second_instance_in_another_process_sees_the_pages(daemon):
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout)
     assert r["exists"] == 4 and r["ok"] == [True] * 4 + [False]
-    # Another layout in that process, the same page contents.
-    want = [float(pool.get_data_page(i * PAGE).float().sum()) for i in range(4)]
-    assert r["sums"] == pytest.approx(want, rel=1e-6)
+    # Another layout in that process, the same page contents, element by element (the
+    # pages' fp16 bits, in layer_first order: a sum would not see two elements swapped).
+    for i in range(4):
+        got = torch.tensor(r["pages"][i], dtype=torch.int16).view(torch.float16)
+        assert torch.equal(got, pool.get_data_page(i * PAGE)), i
     be.close()

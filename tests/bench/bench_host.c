@@ -642,6 +642,7 @@ static pid_t bench_daemon_start(const char *dir, const char *sock)
     snprintf(opt_sock, sizeof(opt_sock), "server.socket=%s", sock);
     snprintf(log, sizeof(log), "%s/kvcd.log", dir);
     snprintf(opt_size, sizeof(opt_size), "host.size=%s", BENCH_ARENA);
+    const char *kvcd = daemon_bin("kvcd"); /* before the fork: it takes a lock */
     pid_t pid = daemon_fork(); /* dies with the benchmark */
     if (pid < 0)
         return -1;
@@ -649,7 +650,7 @@ static pid_t bench_daemon_start(const char *dir, const char *sock)
         int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
         if (fd >= 0)
             dup2(fd, 2);
-        execl(KVC_BUILD_BIN "/kvcd", "kvcd", "-o", opt_sock, "-o", opt_size,
+        execl(kvcd, "kvcd", "-o", opt_sock, "-o", opt_size,
               "-o", "log.level=warning", (char *)NULL);
         _exit(127);
     }
@@ -666,7 +667,7 @@ static pid_t bench_daemon_start(const char *dir, const char *sock)
     }
     kill(pid, SIGKILL);
     waitpid(pid, NULL, 0);
-    fprintf(stderr, "bench_host: kvcd did not start (%s); its log:\n", KVC_BUILD_BIN "/kvcd");
+    fprintf(stderr, "bench_host: kvcd did not start (%s); its log:\n", kvcd);
     FILE *f = fopen(log, "re");
     if (f) {
         char line[256];

@@ -2,19 +2,28 @@
 # C path, and the reference engine's prefill with and without a full hit; rows in
 # build/bench/python.json like every benchmark here ({"case", "value", "unit", "baseline",
 # "baseline_value", "ratio"}, ratio = value / baseline_value).
-#  - get_prefix / put_prefix from Python into / out of preallocated torch tensors (numpy
-#    views of them, no copy), for 2 MiB and 16 MiB blocks (the layouts of bench_host.c),
-#    256 MiB of blocks per case and 16 MiB per round trip, as bench_host.c does. The
-#    baseline is the C path doing the same operation (kvc_get_prefix: lookup, kvc_lease_copy
-#    of each hit, release; kvc_put_prefix) called straight into libkvc.so (ctypes: one call
-#    per 16 MiB, its overhead is microseconds) on its own connection to the same daemon,
-#    with the same buffers, alternating with the Python run repetition by repetition, so
-#    both see the same machine. Best of 11 repetitions after a warm-up, median beside it.
-#    Target: ratio >= 0.9. Puts use fresh keys each repetition; the namespace is evicted
-#    between repetitions, outside the timings.
-#  - the engine (default ModelConfig, 16-token blocks) on a 4096-token prompt: prefill time
-#    with every full block but the last loaded from kvcd (value) against no cache
-#    (baseline); the speed-up is baseline / value. Generated tokens are checked equal.
+#  - get_prefix / put_prefix from Python into / out of preallocated torch tensors (the rows
+#    of one tensor, passed as tensors: the binding reads data_ptr()), for 2 MiB and 16 MiB
+#    blocks (the layouts of bench_host.c), 256 MiB of blocks per case and 16 MiB per round
+#    trip, as bench_host.c does. The baseline is the C path doing the same operation
+#    (kvc_get_prefix: lookup, kvc_lease_copy of each hit, release; kvc_put_prefix) called
+#    straight into libkvc.so (ctypes: one call per 16 MiB, its overhead is microseconds) on
+#    its own connection to the same daemon, with the same buffers, alternating with the
+#    Python run repetition by repetition, so both see the same machine. Best of 11
+#    repetitions after a warm-up, median beside it. Target: ratio >= 0.9. Puts use fresh
+#    keys each repetition; the namespace is evicted between repetitions, outside the
+#    timings.
+#  - scatter into an engine's paged KV cache (vLLM's per-layer K and V tensors [pages, 16,
+#    8, 128], a shuffled block table; 2 MiB blocks, 16 MiB per lookup): Python's
+#    lookup + Lease.scatter + release against kvc_lookup + kvc_lease_scatter + kvc_release in
+#    C, same tensors, same daemon, alternating; on the CPU, and on a CUDA device when torch
+#    sees one (there also get_prefix into the rows of a CUDA tensor against kvc_lookup +
+#    kvc_lease_copy_range_async + kvc_release); each run's tensors checked against the
+#    blocks put. Target: ratio >= 0.9.
+#  - the engine (default ModelConfig, 16-token blocks) on a 4096-token prompt, on the GPU
+#    when there is one: prefill time with every full block but the last loaded from kvcd
+#    (scattered into its paged cache) against no cache (baseline); the speed-up is baseline
+#    / value. Generated tokens are checked equal.
 # Exit status 1 when something broke (a short hit, wrong bytes, different tokens), 0 with
 # figures otherwise (a missed target is reported, not failed).
 import ctypes
@@ -53,12 +62,23 @@ class CPath:
                     ("block_tokens", ctypes.c_uint32), ("dtype", ctypes.c_int),
                     ("kv_kind", ctypes.c_int)]
 
+    class PagedKV(ctypes.Structure):  # struct kvc_paged_kv
+        _fields_ = [("k", ctypes.c_void_p), ("v", ctypes.c_void_p),
+                    ("block_table", ctypes.c_void_p), ("table_len", ctypes.c_uint32),
+                    ("page_tokens", ctypes.c_uint32), ("page_stride", ctypes.c_uint64),
+                    ("token_stride", ctypes.c_uint64), ("head_stride", ctypes.c_uint64),
+                    ("on_device", ctypes.c_int)]
+
     def __init__(self, build, sock):
+        vp, sz = ctypes.c_void_p, ctypes.c_size_t
         self.lib = ctypes.CDLL(os.path.join(build, "lib", "libkvc.so"))
-        self.lib.kvc_put_prefix.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_size_t,
-                                                                     ctypes.c_void_p]
-        self.lib.kvc_get_prefix.argtypes = [ctypes.c_void_p, ctypes.c_void_p,
-                                            ctypes.c_size_t, ctypes.c_void_p]
+        self.lib.kvc_put_prefix.argtypes = [vp] * 3 + [sz, vp]
+        self.lib.kvc_get_prefix.argtypes = [vp, vp, sz, vp]
+        self.lib.kvc_lookup.argtypes = [vp, vp, sz, ctypes.c_uint, vp]
+        self.lib.kvc_lease_scatter.argtypes = [vp, sz, sz, vp, ctypes.c_uint64, vp, vp]
+        self.lib.kvc_lease_copy_range_async.argtypes = [vp, sz, sz, vp, sz, vp]
+        self.lib.kvc_release.argtypes = [vp]
+        self.lib.kvc_gpu_attach.argtypes = [vp]
         self.c = ctypes.c_void_p()
         rc = self.lib.kvc_connect(sock.encode(), ctypes.byref(self.c))
         if rc < 0:
@@ -76,8 +96,18 @@ class CPath:
         self.lib.kvc_disconnect(self.c)
 
 
-def ptrs(arrays):
-    return (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
+def ptrs(tensors):
+    return (ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors])
+
+
+def ckey_chunks(keys, per_op):
+    return [(ctypes.c_char * (16 * per_op)).from_buffer_copy(b"".join(keys[j:j + per_op]))
+            for j in range(0, len(keys), per_op)]
+
+
+def sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
 
 
 def host_case(c, cpath, size):
@@ -88,8 +118,8 @@ def host_case(c, cpath, size):
     n, per_op = WS // bb, max(1, OP // bb)
     src = torch.randn(n, bb // 2).half()
     dst = torch.zeros(n, bb // 2, dtype=torch.float16)
-    srcs = [src[i].numpy() for i in range(n)]
-    dsts = [dst[i].numpy() for i in range(n)]
+    srcs = [src[i] for i in range(n)]  # torch tensors: the binding's tensor path
+    dsts = [dst[i] for i in range(n)]
     ops = range(0, n, per_op)
     csrc = [ptrs(srcs[j:j + per_op]) for j in ops]
     cdst = [ptrs(dsts[j:j + per_op]) for j in ops]
@@ -138,6 +168,116 @@ def host_case(c, cpath, size):
     return t
 
 
+def put_blocks(ns, keys, blocks, per_op):
+    for j in range(0, len(keys), per_op):
+        if ns.put_prefix(keys[j:j + per_op], blocks[j:j + per_op],
+                         parent=keys[j - 1] if j else None) != len(keys[j:j + per_op]):
+            raise RuntimeError("put_prefix short")
+
+
+def paged_case(c, cpath, device):
+    """Lookup + scatter into a paged cache (and, on a GPU, get_prefix into the rows of a
+    device tensor), Python against C, alternating."""
+    model, layers, heads, dim, tokens = SIZES["2MiB"]
+    model += "-paged"
+    ns = c.namespace(model, layers, heads, dim, tokens)
+    cns = cpath.ns(model, layers, heads, dim, tokens)
+    bb = ns.block_bytes
+    n, per_op = WS // bb, max(1, OP // bb)
+    src = torch.randn(n, bb // 2).half()
+    keys = ns.keys_from_tokens(range(n * tokens))
+    put_blocks(ns, keys, [src[i] for i in range(n)], per_op)
+    c.flush()
+    ckeys = ckey_chunks(keys, per_op)
+    k = [torch.zeros(n, tokens, heads, dim, dtype=torch.float16, device=device)
+         for _ in range(layers)]
+    v = [torch.zeros_like(t) for t in k]
+    table = torch.randperm(n, generator=torch.Generator().manual_seed(1)).tolist()
+    ctable = (ctypes.c_int32 * n)(*table)
+    ck, cv = ptrs(k), ptrs(v)
+    es = 2
+    kv = CPath.PagedKV(ctypes.cast(ck, ctypes.c_void_p), ctypes.cast(cv, ctypes.c_void_p),
+                       ctypes.cast(ctable, ctypes.c_void_p), n, tokens, k[0].stride(0) * es,
+                       k[0].stride(1) * es, k[0].stride(2) * es, int(device == "cuda"))
+    stream = torch.cuda.current_stream().cuda_stream if device == "cuda" else None
+    if device == "cuda" and cpath.lib.kvc_gpu_attach(cpath.c) < 0:
+        raise RuntimeError("kvc_gpu_attach failed")
+    rows = torch.zeros(n, bb // 2, dtype=torch.float16, device=device)
+    t = {x: [] for x in ("py_scatter", "c_scatter", "py_get", "c_get")}
+
+    def check(label, what):
+        if what == "scatter":
+            pos = torch.arange(n * tokens)
+            pg, off = torch.tensor(table)[pos // tokens], pos % tokens
+            got = torch.stack([torch.stack([kk[lay].cpu()[pg, off] for kk in (k, v)])
+                               for lay in range(layers)])  # [L, 2, n*T, H, D]
+            got = got.view(layers, 2, n, tokens, heads, dim).permute(2, 0, 1, 3, 4, 5)
+            ok = torch.equal(got.reshape(n, -1), src)
+            for x in k + v:
+                x.zero_()
+        else:
+            ok = torch.equal(rows.cpu(), src)
+            rows.zero_()
+        if not ok:
+            raise RuntimeError("%s %s gave other bytes than put" % (label, what))
+
+    for rep in range(REPS + 1):
+        for who in (("py", "c") if rep % 2 else ("c", "py")):
+            sync(device)
+            t0 = time.perf_counter()
+            if who == "py":
+                for j in range(0, n, per_op):
+                    with ns.lookup(keys[j:j + per_op]) as lease:
+                        if len(lease) != per_op:
+                            raise RuntimeError("lookup short")
+                        lease.scatter(k, v, table, first_token=j * tokens, stream=stream)
+            else:
+                for q, j in enumerate(range(0, n, per_op)):
+                    lease = ctypes.c_void_p()
+                    if cpath.lib.kvc_lookup(cns, ckeys[q], per_op, 0,
+                                            ctypes.byref(lease)) != per_op:
+                        raise RuntimeError("kvc_lookup short")
+                    rc = cpath.lib.kvc_lease_scatter(lease, 0, per_op, ctypes.byref(kv),
+                                                     j * tokens, stream, None)
+                    cpath.lib.kvc_release(lease)
+                    if rc != per_op:
+                        raise RuntimeError("kvc_lease_scatter: %d" % rc)
+            sync(device)
+            t1 = time.perf_counter()
+            if rep in (0, REPS):
+                check(who, "scatter")
+            if rep:
+                t[who + "_scatter"].append(gbps(WS, t1 - t0))
+            if device != "cuda":
+                continue
+            sync(device)
+            t0 = time.perf_counter()
+            if who == "py":
+                for j in range(0, n, per_op):
+                    if ns.get_prefix(keys[j:j + per_op], [rows[i] for i in range(j, j + per_op)],
+                                     stream=stream) != per_op:
+                        raise RuntimeError("get_prefix short")
+            else:
+                for q, j in enumerate(range(0, n, per_op)):
+                    lease = ctypes.c_void_p()
+                    if cpath.lib.kvc_lookup(cns, ckeys[q], per_op, 0,
+                                            ctypes.byref(lease)) != per_op:
+                        raise RuntimeError("kvc_lookup short")
+                    rc = cpath.lib.kvc_lease_copy_range_async(lease, 0, per_op, rows[j].data_ptr(),
+                                                              per_op * bb, stream)
+                    cpath.lib.kvc_release(lease)
+                    if rc < 0:
+                        raise RuntimeError("kvc_lease_copy_range_async: %d" % rc)
+            sync(device)
+            t1 = time.perf_counter()
+            if rep in (0, REPS):
+                check(who, "get")
+            if rep:
+                t[who + "_get"].append(gbps(WS, t1 - t0))
+    c.evict(ns.id)
+    return t
+
+
 def engine_case(sock):
     prompt = system_prompt(0, PROMPT)
     with Engine(ModelConfig(), block_tokens=16, max_tokens=PROMPT + 8, socket_path=sock,
@@ -178,20 +318,32 @@ def main():
     with PrivateDaemon(["host.size=1g", "host.prefault=yes"]) as d:
         with kvcd.Client(d.socket) as c:
             cpath = CPath(build, d.socket)
+            def pair(name, t, key):
+                py, cc = t["py_" + key], t["c_" + key]
+                row(name, max(py), statistics.median(py), "GB/s", "C (libkvc)", max(cc))
+                print("%-34s %9s %9.3f (C median; median ratio %.3f)" %
+                      ("", "", statistics.median(cc),
+                       statistics.median(py) / statistics.median(cc)))
+
             for size in SIZES:
                 t = host_case(c, cpath, size)
                 for op, key in (("get", "get"), ("put_prefix", "put")):
-                    py, cc = t["py_" + key], t["c_" + key]
-                    row("%s_%s_python" % (op, size), max(py), statistics.median(py), "GB/s",
-                        "C (libkvc)", max(cc))
-                    print("%-34s %9s %9.3f (C median; median ratio %.3f)" %
-                          ("", "", statistics.median(cc),
-                           statistics.median(py) / statistics.median(cc)))
+                    pair("%s_%s_python" % (op, size), t, key)
+            devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+            for device in devices:
+                t = paged_case(c, cpath, device)
+                pair("scatter_paged_2MiB_%s_python" % device, t, "scatter")
+                if device == "cuda":
+                    pair("get_cuda_tensor_2MiB_python", t, "get")
+            if "cuda" not in devices:
+                print("%-34s skipped: no CUDA device (the CUDA rows run on a GPU host)" %
+                      "scatter_paged/get_cuda_tensor")
             cpath.close()
-        print("\nreference engine, default model, %d-token prompt, 16-token blocks: prefill "
-              "seconds, best of runs (median beside)" % PROMPT)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        print("\nreference engine on %s, default model, %d-token prompt, 16-token blocks: "
+              "prefill seconds, best of runs (median beside)" % (device, PROMPT))
         hit, nohit = engine_case(d.socket)
-    case = "engine_prefill_%dtok_full_hit" % PROMPT
+    case = "engine_prefill_%dtok_full_hit_%s" % (PROMPT, device)
     rows.append(dict(case=case, value=min(hit), unit="s",
                      baseline="no cache", baseline_value=min(nohit),
                      ratio=min(hit) / min(nohit)))

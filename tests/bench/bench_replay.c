@@ -64,7 +64,7 @@
 #define BENCH_OUT (64u << 10)
 #define BENCH_CHAIN 32 /* blocks per chain of the restart fill */
 #define BENCH_SAMPLE 64 /* chains read back after a restart */
-#define KVCREPLAY KVC_BUILD_BIN "/kvcreplay"
+#define KVCREPLAY daemon_bin("kvcreplay")
 
 static struct bench_row rows[32];
 static size_t nrows;

@@ -70,6 +70,7 @@ static void kvcd_start(const char *capacity)
         fputs(conf, f);
         fclose(f);
     }
+    const char *kvcd = daemon_bin("kvcd"); /* before the fork: it takes a lock */
     kvcd_pid = daemon_fork(); /* dies with this test process */
     ck_assert_int_ge(kvcd_pid, 0);
     if (kvcd_pid == 0) {
@@ -78,7 +79,7 @@ static void kvcd_start(const char *capacity)
         int fd = open(logp, O_WRONLY | O_CREAT | O_APPEND, 0600);
         if (fd >= 0)
             dup2(fd, 2);
-        execl(KVC_BUILD_BIN "/kvcd", "kvcd", "-c", conf ? o_conf : "/dev/null", "-o", o_sock, "-o", "host.size=16m", "-o",
+        execl(kvcd, "kvcd", "-c", conf ? o_conf : "/dev/null", "-o", o_sock, "-o", "host.size=16m", "-o",
               "host.page_size=256k", "-o", "host.hugepages=off", "-o", "host.prefault=no", "-o",
               o_path, "-o", o_cap, "-o", "disk.page=1m", "-o", "disk.admit_hits=0", "-o",
               "disk.write_rate=0", "-o", "cache.policy=lru", "-o", "host.high_watermark=0.6", "-o",

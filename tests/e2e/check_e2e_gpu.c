@@ -36,15 +36,16 @@
 #include "daemon/store.h"
 #include "kernels/kern.h"
 #include "kernels/kern_dev.h"
+#include "kernels/kern_fmt.h"
+#include "kernels/kern_pack.h"
 #include "tests/lib/daemon.h"
 #include "tests/lib/fake_dev.h"
-
 
 #define GE_LAYERS 2
 #define GE_HEADS 2
 #define GE_DIM 64
-#define GE_BT 32          /* tokens per kvcd block */
-#define GE_BLOCKS 6       /* the shared prefix */
+#define GE_BT 32    /* tokens per kvcd block */
+#define GE_BLOCKS 6 /* the shared prefix */
 #define GE_TOKENS (GE_BT * GE_BLOCKS)
 #define GE_ROW (GE_DIM * 2) /* fp16 */
 
@@ -77,8 +78,12 @@ static void ge_engine_init(struct ge_engine *e, uint32_t page_tokens, int shuffl
         for (uint32_t t = 0; fill && t < GE_TOKENS; t++)
             for (uint32_t h = 0; h < GE_HEADS; h++)
                 for (uint32_t d = 0; d < GE_DIM; d++) {
-                    uint64_t at = (((uint64_t)e->table[t / page_tokens] * page_tokens +
-                                    t % page_tokens) * GE_HEADS + h) * GE_DIM + d;
+                    uint64_t at =
+                        (((uint64_t)e->table[t / page_tokens] * page_tokens + t % page_tokens) *
+                             GE_HEADS +
+                         h) *
+                            GE_DIM +
+                        d;
                     ((uint16_t *)e->k[l])[at] = ge_val(l, 0, t, h, d);
                     ((uint16_t *)e->v[l])[at] = ge_val(l, 1, t, h, d);
                 }
@@ -109,7 +114,11 @@ static int ge_engine_check(const struct ge_engine *e, uint32_t ntok)
             for (uint32_t h = 0; h < GE_HEADS; h++)
                 for (uint32_t d = 0; d < GE_DIM; d++) {
                     uint64_t at = (((uint64_t)e->table[t / e->page_tokens] * e->page_tokens +
-                                    t % e->page_tokens) * GE_HEADS + h) * GE_DIM + d;
+                                    t % e->page_tokens) *
+                                       GE_HEADS +
+                                   h) *
+                                      GE_DIM +
+                                  d;
                     if (((uint16_t *)e->k[l])[at] != ge_val(l, 0, t, h, d) ||
                         ((uint16_t *)e->v[l])[at] != ge_val(l, 1, t, h, d))
                         return -1;
@@ -139,8 +148,7 @@ static int ge_open(kvc_client **c, kvc_ns **ns, struct kvc_key *keys)
         tokens[i] = 1000 + i;
     if (kvc_connect(ge_d.sock, c) || kvc_ns_open(*c, &lay, ns))
         return -1;
-    return kvc_keys_from_tokens(*ns, NULL, tokens, GE_TOKENS, NULL, 0, keys, GE_BLOCKS) ==
-                   GE_BLOCKS
+    return kvc_keys_from_tokens(*ns, NULL, tokens, GE_TOKENS, NULL, 0, keys, GE_BLOCKS) == GE_BLOCKS
                ? 0
                : -1;
 }
@@ -154,6 +162,9 @@ static void ge_setup(void)
 
 static void ge_teardown(void)
 {
+    /* A fake case that failed half way must not leave its table to the cases after it (one
+     * process runs them all when CK_FORK=no, as under compute-sanitizer). */
+    kvci_gpu_ops_set(NULL);
     ck_assert_int_eq(daemon_stop(&ge_d), 0);
     daemon_cleanup(&ge_d);
 }
@@ -223,6 +234,22 @@ START_TEST(test_paged_host_two_processes)
 }
 END_TEST
 
+/* Child: this build's own table against a daemon without a GPU tier means host copies (0),
+ * with a device here or without, and the same answer when asked again. */
+static int ge_attach_own_table(void *arg)
+{
+    kvc_client *c;
+    kvc_ns *ns;
+    struct kvc_key keys[GE_BLOCKS];
+    (void)arg;
+    if (ge_open(&c, &ns, keys))
+        return 10;
+    if (kvc_gpu_attach(c) != 0 || kvc_gpu_attach(c) != 0)
+        return 11;
+    kvc_disconnect(c);
+    return kvci_gpu_cuda_used() ? 0 : 12;
+}
+
 /* No GPU tier in the daemon: attach says "host copies" (0), pins each arena chunk once,
  * asks again with the same answer, and gives the registrations back at disconnect. */
 START_TEST(test_attach_without_tier)
@@ -261,12 +288,11 @@ START_TEST(test_attach_without_tier)
     ck_assert_int_eq(fake_dev.registered, 0);
     ck_assert_int_eq(fake_dev.events_live, 0);
     kvci_gpu_ops_set(NULL);
-    /* This build's own table: a daemon without a GPU tier means host copies (0), with a
-     * device here or without, and the same answer when asked again. */
-    ck_assert_int_eq(ge_open(&c, &ns, keys), 0);
-    ck_assert_int_eq(kvc_gpu_attach(c), 0);
-    ck_assert_int_eq(kvc_gpu_attach(c), 0);
-    kvc_disconnect(c);
+    /* This build's own table, in a child: CUDA may start there, and must not in this
+     * process, which forks the clients of the cases after it when CK_FORK=no. */
+    pid_t p = daemon_child_spawn(ge_attach_own_table, NULL);
+    ck_assert_int_eq(daemon_child_wait(p, daemon_ms(60000), NULL), 0);
+    ck_assert(!kvci_gpu_cuda_used());
 }
 END_TEST
 
@@ -614,8 +640,7 @@ START_TEST(test_hits_in_a_row_allocate_nothing)
         ck_assert_int_eq(kvc_lookup(ns, keys, GE_BLOCKS, 0, &l), GE_BLOCKS);
         ge_fake_clear(&fdst);
         memset(blocks, 0, bb * GE_BLOCKS);
-        ck_assert_int_eq(kvc_lease_scatter(l, 0, GE_BLOCKS, &fdst.kv, 0, stream, NULL),
-                         GE_BLOCKS);
+        ck_assert_int_eq(kvc_lease_scatter(l, 0, GE_BLOCKS, &fdst.kv, 0, stream, NULL), GE_BLOCKS);
         for (size_t i = 0; i < GE_BLOCKS; i++)
             ck_assert_int_eq(i % 2 ? kvc_lease_copy_async(l, i, blocks + i * bb, bb, stream)
                                    : kvc_lease_copy_cuda(l, i, blocks + i * bb, bb, stream),
@@ -866,6 +891,7 @@ static void gf_setup(void)
 
 static void gf_teardown(void)
 {
+    kvci_gpu_ops_set(NULL);
     ck_assert_uint_eq(gf.s->pins_now, 0);
     ck_assert_uint_eq(gf.s->reserved_now, 0);
     server_free(gf.sv);
@@ -903,8 +929,7 @@ static int gf_client(int dev, kvc_client **c, kvc_ns **ns, struct kvc_key *keys)
         tokens[i] = 2000 + i;
     if (kvc_connect(gf.d.sock, c) || kvc_ns_open(*c, &lay, ns))
         return -1;
-    return kvc_keys_from_tokens(*ns, NULL, tokens, GE_TOKENS, NULL, 0, keys, GE_BLOCKS) ==
-                   GE_BLOCKS
+    return kvc_keys_from_tokens(*ns, NULL, tokens, GE_TOKENS, NULL, 0, keys, GE_BLOCKS) == GE_BLOCKS
                ? 0
                : -1;
 }
@@ -1002,9 +1027,8 @@ static int gf_pool_put_load(void *arg)
     free(src);
     free(dst);
     kvc_disconnect(c); /* gives back the events libkvc keeps for reuse */
-    return fake_dev.pools_live == 0 && fake_dev.streams_live == 0 && fake_dev.events_live == 0
-               ? 0
-               : 36;
+    return fake_dev.pools_live == 0 && fake_dev.streams_live == 0 && fake_dev.events_live == 0 ? 0
+                                                                                               : 36;
 }
 
 START_TEST(test_pool_copies_land_in_order)
@@ -1181,7 +1205,644 @@ START_TEST(test_fake_refuses_forked_child)
 }
 END_TEST
 
+/* ---- issue 25: a prefix in a bounded number of device operations; layer ranges ------------
+ *
+ * The engine side: per-layer K and V tensors of GB_PAGES pages of GB_PAGE tokens, a shuffled
+ * block table, in fake device memory (or host memory), GB_BLOCKS blocks of tokens. Device
+ * operations of a call = what it queued (copies, copy batches, kernels) plus the events it
+ * recorded (fake_dev.ops + fake_dev.records), counted for 1, 4 and 64 blocks. */
+
+#define GB_MAX_LAYERS 4
+#define GB_BLOCKS 64
+#define GB_TOKENS (GE_BT * GB_BLOCKS)
+#define GB_PAGE 16
+#define GB_PAGES (GB_TOKENS / GB_PAGE)
+
+struct gb_engine {
+    uint32_t layers;
+    int dev; /* tensors in fake device memory */
+    void *k[GB_MAX_LAYERS], *v[GB_MAX_LAYERS];
+    int32_t table[GB_PAGES];
+    uint64_t bytes;
+    struct kvc_paged_kv kv;
+};
+
+static uint8_t gb_byte(uint32_t l, uint32_t k, uint64_t off, unsigned salt)
+{
+    return (uint8_t)((off * 2654435761u >> 7) ^ (l * 29u + k * 101u + salt * 7u));
+}
+
+static void gb_engine_init(struct gb_engine *e, uint32_t layers, int dev, int fill, unsigned salt)
+{
+    memset(e, 0, sizeof(*e));
+    e->layers = layers;
+    e->dev = dev;
+    e->bytes = (uint64_t)GB_TOKENS * GE_HEADS * GE_ROW;
+    for (uint32_t i = 0; i < GB_PAGES; i++)
+        e->table[i] = (int32_t)((i * 37 + 11) % GB_PAGES);
+    for (uint32_t l = 0; l < layers; l++) {
+        if (dev) {
+            ck_assert_int_eq(fake_dev_ops.mem_alloc(&e->k[l], e->bytes), 0);
+            ck_assert_int_eq(fake_dev_ops.mem_alloc(&e->v[l], e->bytes), 0);
+        } else {
+            e->k[l] = malloc(e->bytes);
+            e->v[l] = malloc(e->bytes);
+            ck_assert(e->k[l] && e->v[l]);
+        }
+        for (uint64_t x = 0; x < e->bytes; x++) {
+            ((uint8_t *)e->k[l])[x] = fill ? gb_byte(l, 0, x, salt) : 0x5a;
+            ((uint8_t *)e->v[l])[x] = fill ? gb_byte(l, 1, x, salt) : 0x5a;
+        }
+    }
+    e->kv = (struct kvc_paged_kv){.k = e->k,
+                                  .v = e->v,
+                                  .block_table = e->table,
+                                  .table_len = GB_PAGES,
+                                  .page_tokens = GB_PAGE,
+                                  .page_stride = (uint64_t)GB_PAGE * GE_HEADS * GE_ROW,
+                                  .token_stride = GE_HEADS * GE_ROW,
+                                  .head_stride = GE_ROW,
+                                  .on_device = dev};
+}
+
+static void gb_engine_fini(struct gb_engine *e)
+{
+    for (uint32_t l = 0; l < e->layers; l++) {
+        if (e->dev) {
+            fake_dev_ops.mem_free(e->k[l]);
+            fake_dev_ops.mem_free(e->v[l]);
+        } else {
+            free(e->k[l]);
+            free(e->v[l]);
+        }
+    }
+}
+
+static struct kern_pack_layout gb_pack_layout(uint32_t layers)
+{
+    return (struct kern_pack_layout){layers, 2, GE_BT, GE_HEADS, GE_DIM, 2};
+}
+
+static struct kern_pack_engine gb_pack_engine(const struct gb_engine *e)
+{
+    return (struct kern_pack_engine){e->k,
+                                     e->v,
+                                     e->table,
+                                     GB_PAGES,
+                                     GB_PAGE,
+                                     e->kv.page_stride,
+                                     e->kv.token_stride,
+                                     e->kv.head_stride};
+}
+
+/* The canonical blocks of e's first n blocks (the reference gather), malloc'd. */
+static uint8_t *gb_blocks(const struct gb_engine *e, uint32_t n, size_t bb)
+{
+    struct kern_pack_layout lay = gb_pack_layout(e->layers);
+    struct kern_pack_engine pe = gb_pack_engine(e);
+    uint8_t *b = malloc(n * bb);
+    void *ptrs[GB_BLOCKS];
+    ck_assert_ptr_nonnull(b);
+    for (uint32_t j = 0; j < n; j++)
+        ptrs[j] = b + j * bb;
+    ck_assert_int_eq(kern_pack_ref(&lay, &pe, 0, n, ptrs, KERN_PACK_GATHER), 0);
+    return b;
+}
+
+static struct kvc_layout gb_layout(uint32_t layers)
+{
+    static char names[GB_MAX_LAYERS + 1][32];
+    snprintf(names[layers], sizeof(names[layers]), "e2e-gpu-batch-%u", layers);
+    struct kvc_layout lay = ge_layout();
+    lay.model_id = names[layers];
+    lay.layers = layers;
+    return lay;
+}
+
+static void gb_keys(kvc_ns *ns, uint32_t base, uint32_t n, struct kvc_key *keys)
+{
+    static uint32_t tokens[GB_TOKENS];
+    for (uint32_t i = 0; i < n * GE_BT; i++)
+        tokens[i] = base + i;
+    ck_assert_int_eq(kvc_keys_from_tokens(ns, NULL, tokens, n * GE_BT, NULL, 0, keys, n), (int)n);
+}
+
+static uint64_t gb_ops(void)
+{
+    return fake_dev.ops + fake_dev.records;
+}
+
+/* Layers [lf, lf+lc) of dst hold src's tokens [0, ntok) and everything else of dst is still
+ * 0x5a: 0, else -1. */
+static int gb_engine_check(const struct gb_engine *dst, const struct gb_engine *src, uint32_t ntok,
+                           uint32_t lf, uint32_t lc)
+{
+    const uint64_t tb = GE_HEADS * GE_ROW;
+    for (uint32_t l = 0; l < dst->layers; l++)
+        for (uint32_t k = 0; k < 2; k++) {
+            const uint8_t *d = k ? dst->v[l] : dst->k[l], *s = k ? src->v[l] : src->k[l];
+            int in = l >= lf && l < lf + lc;
+            for (uint32_t t = 0; t < GB_TOKENS; t++) {
+                uint64_t at = ((uint64_t)dst->table[t / GB_PAGE] * GB_PAGE + t % GB_PAGE) * tb;
+                int want = in && t < ntok;
+                for (uint64_t x = 0; x < tb; x++)
+                    if (want ? d[at + x] != s[at + x] : d[at + x] != 0x5a)
+                        return -1;
+            }
+        }
+    return 0;
+}
+
+static void gb_engine_clear(struct gb_engine *e)
+{
+    for (uint32_t l = 0; l < e->layers; l++) {
+        memset(e->k[l], 0x5a, e->bytes);
+        memset(e->v[l], 0x5a, e->bytes);
+    }
+}
+
+/* Issue 25: host-tier hits and slots (a daemon without a pool, the fake device) move in as
+ * many device operations for 64 blocks as for one. Per call, whatever the count:
+ *   kvc_resv_gather (a put into host slots): gather kernel, one device-to-host batch, record;
+ *   kvc_lease_copy_range_async: one host-to-device batch, record;
+ *   kvc_lease_scatter and kvc_lease_scatter_layers: one host-to-device batch (the layers
+ *   moved, staged), scatter kernel, record.
+ * (Before: a copy and an event record per hit for the copies, a copy per host block per
+ * scatter and gather, the tables copied per call, and a kernel per 64 slots of a gather.)
+ * Every byte checked. */
+START_TEST(test_host_hits_bounded_ops)
+{
+    static const uint32_t counts[] = {1, 4, GB_BLOCKS};
+    kvc_client *c;
+    kvc_ns *ns;
+    kvc_resv *r;
+    kvc_lease *l;
+    struct kvc_layout lay = gb_layout(2);
+    struct kvc_key keys[GB_BLOCKS];
+    struct gb_engine src, dst;
+    uint64_t ops[3][4];
+    ck_assert_int_eq(kvc_connect(ge_d.sock, &c), 0);
+    ck_assert_int_eq(kvc_ns_open(c, &lay, &ns), 0);
+    fake_dev_reset(1);
+    kvci_gpu_ops_set(&fake_dev_ops);
+    ck_assert_int_eq(kvc_gpu_attach(c), 0);
+    void *stream = fake_dev_stream(0);
+    size_t bb = kvc_ns_block_bytes(ns);
+    uint8_t *buf = NULL;
+    ck_assert_int_eq(fake_dev_ops.mem_alloc((void **)&buf, GB_BLOCKS * bb), 0);
+    gb_engine_init(&src, 2, 1, 1, 1);
+    gb_engine_init(&dst, 2, 1, 0, 0);
+    uint8_t *want = gb_blocks(&src, GB_BLOCKS, bb);
+    for (int i = 0; i < 3; i++) {
+        uint32_t n = counts[i];
+        uint64_t o;
+        gb_keys(ns, 300000 + 10000 * n, n, keys);
+        ck_assert_int_eq(kvc_reserve(ns, NULL, keys, n, &r), (int)n);
+        o = gb_ops();
+        ck_assert_int_eq(kvc_resv_gather(r, 0, n, &src.kv, 0, stream, NULL), (int)n);
+        ops[i][0] = gb_ops() - o;
+        ck_assert_int_eq(kvc_commit(r, SIZE_MAX), (int)n);
+        ck_assert_int_eq(kvc_lookup(ns, keys, n, 0, &l), (int)n);
+        memset(buf, 0, n * bb);
+        o = gb_ops();
+        ck_assert_int_eq(kvc_lease_copy_range_async(l, 0, n, buf, n * bb, stream), (int)n);
+        ops[i][1] = gb_ops() - o;
+        gb_engine_clear(&dst);
+        o = gb_ops();
+        ck_assert_int_eq(kvc_lease_scatter(l, 0, n, &dst.kv, 0, stream, NULL), (int)n);
+        ops[i][2] = gb_ops() - o;
+        ck_assert_int_eq(kvc_release(l), 0);
+        ck_assert(memcmp(buf, want, n * bb) == 0);
+        ck_assert_int_eq(gb_engine_check(&dst, &src, n * GE_BT, 0, 2), 0);
+        gb_engine_clear(&dst);
+        ck_assert_int_eq(kvc_lookup(ns, keys, n, 0, &l), (int)n);
+        o = gb_ops();
+        ck_assert_int_eq(kvc_lease_scatter_layers(l, 0, n, &dst.kv, 0, 1, 1, stream, NULL), (int)n);
+        ops[i][3] = gb_ops() - o;
+        ck_assert_int_eq(kvc_release(l), 0);
+        ck_assert_int_eq(gb_engine_check(&dst, &src, n * GE_BT, 1, 1), 0);
+    }
+    printf("e2e_gpu: host hits, device operations per call (1/4/64 blocks): gather %llu/%llu/%llu, "
+           "copy range %llu/%llu/%llu, scatter %llu/%llu/%llu, scatter of a layer "
+           "%llu/%llu/%llu\n",
+           (unsigned long long)ops[0][0], (unsigned long long)ops[1][0],
+           (unsigned long long)ops[2][0], (unsigned long long)ops[0][1],
+           (unsigned long long)ops[1][1], (unsigned long long)ops[2][1],
+           (unsigned long long)ops[0][2], (unsigned long long)ops[1][2],
+           (unsigned long long)ops[2][2], (unsigned long long)ops[0][3],
+           (unsigned long long)ops[1][3], (unsigned long long)ops[2][3]);
+    for (int k = 0; k < 4; k++) {
+        ck_assert_uint_eq(ops[0][k], ops[1][k]);
+        ck_assert_uint_eq(ops[0][k], ops[2][k]);
+    }
+    ck_assert_uint_eq(ops[0][0], 3); /* gather kernel, device-to-host batch, record */
+    ck_assert_uint_eq(ops[0][1], 2); /* host-to-device batch, record */
+    ck_assert_uint_eq(ops[0][2], 3); /* host-to-device batch, scatter kernel, record */
+    ck_assert_uint_eq(ops[0][3], 3);
+    ck_assert_uint_eq(fake_dev.bad_kinds + fake_dev.bad_packs, 0);
+    ck_assert_int_eq(fake_dev_last_error(), 0);
+    free(want);
+    fake_dev_ops.mem_free(buf);
+    gb_engine_fini(&src);
+    gb_engine_fini(&dst);
+    fake_dev_stream_free(stream);
+    kvc_disconnect(c);
+    ck_assert_int_eq(fake_dev.events_live, 0);
+    kvci_gpu_ops_set(NULL);
+}
+END_TEST
+
+/* Issue 26: kvc_lease_scatter_layers moves only the layers asked for — into fake device
+ * tensors and into host tensors (on_device 0) — and leaves the others as they were; bad
+ * ranges are refused before anything moves. */
+START_TEST(test_scatter_layers_only_those)
+{
+    kvc_client *c;
+    kvc_ns *ns;
+    kvc_lease *l;
+    struct kvc_layout lay = gb_layout(4);
+    struct kvc_key keys[GB_BLOCKS];
+    struct gb_engine src, dst;
+    const uint32_t n = 5;
+    ck_assert_int_eq(kvc_connect(ge_d.sock, &c), 0);
+    ck_assert_int_eq(kvc_ns_open(c, &lay, &ns), 0);
+    fake_dev_reset(1);
+    kvci_gpu_ops_set(&fake_dev_ops);
+    ck_assert_int_eq(kvc_gpu_attach(c), 0);
+    void *stream = fake_dev_stream(0);
+    size_t bb = kvc_ns_block_bytes(ns);
+    gb_engine_init(&src, 4, 0, 1, 3);
+    uint8_t *blocks = gb_blocks(&src, n, bb);
+    const void *bp[GB_BLOCKS];
+    for (uint32_t j = 0; j < n; j++)
+        bp[j] = blocks + j * bb;
+    gb_keys(ns, 700000, n, keys);
+    ck_assert_int_eq(kvc_put_prefix(ns, NULL, keys, n, bp), (int)n);
+    for (int dev = 0; dev < 2; dev++) {
+        gb_engine_init(&dst, 4, dev, 0, 0);
+        ck_assert_int_eq(kvc_lookup(ns, keys, n, 0, &l), (int)n);
+        ck_assert_int_eq(kvc_lease_scatter_layers(l, 0, n, &dst.kv, 0, 1, 2, stream, NULL), (int)n);
+        ck_assert_int_eq(kvc_release(l), 0);
+        ck_assert_msg(gb_engine_check(&dst, &src, n * GE_BT, 1, 2) == 0, "dev %d", dev);
+        /* the last layer alone, then the first: every layer, and still nothing else */
+        ck_assert_int_eq(kvc_lookup(ns, keys, n, 0, &l), (int)n);
+        ck_assert_int_eq(kvc_lease_scatter_layers(l, 0, n, &dst.kv, 0, 3, 1, stream, NULL), (int)n);
+        ck_assert_int_eq(kvc_lease_scatter_layers(l, 0, n, &dst.kv, 0, 0, 1, stream, NULL), (int)n);
+        /* bad ranges: nothing queued, nothing written */
+        uint64_t o = gb_ops();
+        ck_assert_int_eq(kvc_lease_scatter_layers(l, 0, n, &dst.kv, 0, 1, 0, stream, NULL),
+                         -EINVAL);
+        ck_assert_int_eq(kvc_lease_scatter_layers(l, 0, n, &dst.kv, 0, 3, 2, stream, NULL),
+                         -ERANGE);
+        ck_assert_int_eq(kvc_lease_scatter_layers(l, 0, n, &dst.kv, 0, 4, 1, stream, NULL),
+                         -ERANGE);
+        ck_assert_int_eq(kvc_lease_scatter_layers(l, 0, n, &dst.kv, 0, UINT32_MAX, 2, stream, NULL),
+                         -ERANGE);
+        ck_assert_int_eq(kvc_lease_scatter_layers(l, 2, n, &dst.kv, 0, 0, 1, stream, NULL),
+                         -ERANGE);
+        ck_assert_uint_eq(gb_ops(), o);
+        ck_assert_int_eq(kvc_release(l), 0);
+        ck_assert_int_eq(gb_engine_check(&dst, &src, n * GE_BT, 0, 4), 0);
+        gb_engine_fini(&dst);
+    }
+    ck_assert_int_eq(fake_dev_last_error(), 0);
+    free(blocks);
+    gb_engine_fini(&src);
+    fake_dev_stream_free(stream);
+    kvc_disconnect(c);
+    kvci_gpu_ops_set(NULL);
+}
+END_TEST
+
+/* Issue 26: a reservation filled layer by layer (kvc_resv_gather_layers, device and host
+ * tensors): kvc_commit refuses -EBUSY while a slot has some layers and not all, and the
+ * reservation stays usable; once every layer is written it commits and every byte is the
+ * whole gather's. A commit of fewer slots than the partial ones publishes them. */
+START_TEST(test_gather_layers_commit)
+{
+    kvc_client *c;
+    kvc_ns *ns;
+    kvc_resv *r;
+    kvc_lease *l;
+    struct kvc_layout lay = gb_layout(4);
+    struct kvc_key keys[GB_BLOCKS];
+    struct gb_engine src;
+    const uint32_t n = 6;
+    ck_assert_int_eq(kvc_connect(ge_d.sock, &c), 0);
+    ck_assert_int_eq(kvc_ns_open(c, &lay, &ns), 0);
+    fake_dev_reset(1);
+    kvci_gpu_ops_set(&fake_dev_ops);
+    ck_assert_int_eq(kvc_gpu_attach(c), 0);
+    void *stream = fake_dev_stream(0), *other = fake_dev_stream(0);
+    size_t bb = kvc_ns_block_bytes(ns);
+    for (int dev = 0; dev < 2; dev++) {
+        gb_engine_init(&src, 4, dev, 1, 5 + (unsigned)dev);
+        uint8_t *want = gb_blocks(&src, n, bb);
+        gb_keys(ns, 800000 + 10000 * (uint32_t)dev, n, keys);
+        ck_assert_int_eq(kvc_reserve(ns, NULL, keys, n, &r), (int)n);
+        ck_assert_int_eq(kvc_resv_gather_layers(r, 0, n, &src.kv, 0, 0, 2, stream, NULL), (int)n);
+        ck_assert_int_eq(kvc_commit(r, SIZE_MAX), -EBUSY);
+        ck_assert_int_eq(kvc_resv_gather_layers(r, 0, n, &src.kv, 0, 3, 1, other, NULL), (int)n);
+        ck_assert_int_eq(kvc_commit(r, SIZE_MAX), -EBUSY);
+        /* bad ranges refused */
+        ck_assert_int_eq(kvc_resv_gather_layers(r, 0, n, &src.kv, 0, 2, 0, stream, NULL), -EINVAL);
+        ck_assert_int_eq(kvc_resv_gather_layers(r, 0, n, &src.kv, 0, 2, 3, stream, NULL), -ERANGE);
+        ck_assert_int_eq(kvc_resv_gather_layers(r, 1, n, &src.kv, 0, 2, 1, stream, NULL), -ERANGE);
+        ck_assert_int_eq(kvc_lookup(ns, keys, 1, 0, &l), 0); /* nothing published */
+        kvc_release(l);
+        ck_assert_int_eq(kvc_resv_gather_layers(r, 0, n, &src.kv, 0, 2, 1, stream, NULL), (int)n);
+        ck_assert_int_eq(kvc_commit(r, SIZE_MAX), (int)n);
+        ck_assert_int_eq(kvc_lookup(ns, keys, n, 0, &l), (int)n);
+        for (uint32_t j = 0; j < n; j++)
+            ck_assert_msg(memcmp(kvc_lease_data(l, j), want + j * bb, bb) == 0, "block %u", j);
+        ck_assert_int_eq(kvc_release(l), 0);
+        /* partial slots past the committed ones do not matter; kvc_resv_write completes a
+         * slot as a whole */
+        gb_keys(ns, 900000 + 10000 * (uint32_t)dev, n, keys);
+        ck_assert_int_eq(kvc_reserve(ns, NULL, keys, n, &r), (int)n);
+        ck_assert_int_eq(kvc_resv_gather(r, 0, 2, &src.kv, 0, stream, NULL), 2);
+        ck_assert_int_eq(kvc_resv_gather_layers(r, 2, 1, &src.kv, 2 * GE_BT, 0, 1, stream, NULL),
+                         1);
+        ck_assert_int_eq(kvc_commit(r, 3), -EBUSY);
+        ck_assert_int_eq(kvc_resv_write(r, 2, want + 2 * bb, bb), 0);
+        ck_assert_int_eq(kvc_resv_gather_layers(r, 3, 1, &src.kv, 3 * GE_BT, 1, 1, stream, NULL),
+                         1);
+        ck_assert_int_eq(kvc_commit(r, 3), 3);
+        ck_assert_int_eq(kvc_lookup(ns, keys, n, 0, &l), 3);
+        ck_assert(memcmp(kvc_lease_data(l, 2), want + 2 * bb, bb) == 0);
+        ck_assert_int_eq(kvc_release(l), 0);
+        free(want);
+        gb_engine_fini(&src);
+    }
+    ck_assert_int_eq(fake_dev_last_error(), 0);
+    fake_dev_stream_free(other);
+    fake_dev_stream_free(stream);
+    kvc_disconnect(c);
+    kvci_gpu_ops_set(NULL);
+}
+END_TEST
+
+/* Issue 25: lossy host hits of every codec scattered into paged device tensors are decoded by
+ * one kernel straight into them (no raw staging copy), bit-identical to the CPU decoder and
+ * pack: one host-to-device batch of the stored bytes, one decode kernel, one record; with
+ * raw hits in the same call, one scatter kernel more; a layer range decodes only its layers. */
+START_TEST(test_scatter_lossy_every_codec)
+{
+    kvc_client *c;
+    kvc_ns *ns;
+    kvc_lease *l;
+    struct kvc_layout lay = gb_layout(4);
+    struct kvc_key keys[GB_BLOCKS];
+    struct gb_engine src, dst, ref;
+    const uint32_t n = 4;
+    ck_assert_int_eq(kvc_connect(ge_d.sock, &c), 0);
+    ck_assert_int_eq(kvc_ns_open(c, &lay, &ns), 0);
+    fake_dev_reset(1);
+    kvci_gpu_ops_set(&fake_dev_ops);
+    ck_assert_int_eq(kvc_gpu_attach(c), 0);
+    void *stream = fake_dev_stream(0);
+    size_t bb = kvc_ns_block_bytes(ns);
+    gb_engine_init(&src, 4, 0, 1, 9);
+    /* smooth fp16 values, so every codec sees finite data */
+    for (uint32_t li = 0; li < 4; li++)
+        for (uint64_t x = 0; x < src.bytes / 2; x++) {
+            ((uint16_t *)src.k[li])[x] = kern_f2h((float)((int)(x * 7 % 401) - 200) / 64.0f);
+            ((uint16_t *)src.v[li])[x] = kern_f2h((float)((int)(x * 13 % 301) - 150) / 32.0f);
+        }
+    uint8_t *blocks = gb_blocks(&src, n, bb);
+    const void *bp[GB_BLOCKS];
+    for (uint32_t j = 0; j < n; j++)
+        bp[j] = blocks + j * bb;
+    gb_keys(ns, 1000000, n, keys);
+    ck_assert_int_eq(kvc_put_prefix(ns, NULL, keys, n, bp), (int)n);
+    struct kern_layout kl = {4, GE_HEADS, GE_DIM, GE_BT, KERN_DTYPE_FP16, 0};
+    struct kern_pack_layout pl = gb_pack_layout(4);
+    for (int codec = KERN_CODEC_Q8_0; codec < KERN_CODEC_COUNT; codec++) {
+        struct kern_recipe rec;
+        kern_recipe_fill(&rec, (enum kern_codec)codec, (enum kern_codec)codec, 1);
+        int64_t es = kern_encoded_size(&kl, &rec);
+        ck_assert_int_gt(es, 0);
+        uint8_t *enc = malloc(n * (size_t)es), *dec = malloc(n * bb);
+        for (uint32_t j = 0; j < n; j++) {
+            ck_assert_int_eq(
+                kern_encode_cpu(&kl, &rec, blocks + j * bb, enc + j * es, (size_t)es, NULL), es);
+            ck_assert_int_eq(
+                kern_decode_cpu(&kl, enc + j * es, (size_t)es, dec + j * bb, bb, KERN_DTYPE_FP16),
+                (int64_t)bb);
+        }
+        for (int range = 0; range < 2; range++) {
+            uint32_t lf = range ? 1 : 0, lc = range ? 2 : 4;
+            gb_engine_init(&dst, 4, 1, 0, 0);
+            gb_engine_init(&ref, 4, 0, 0, 0);
+            /* the reference: the CPU decoder's blocks, packed by the reference */
+            struct kern_pack_layout sub = pl;
+            sub.layers = lc;
+            struct kern_pack_engine re = gb_pack_engine(&ref);
+            re.k = ref.k + lf;
+            re.v = ref.v + lf;
+            for (uint32_t j = 0; j < n; j++) {
+                void *b = dec + j * bb + (uint64_t)lf * (bb / 4);
+                ck_assert_int_eq(
+                    kern_pack_ref(&sub, &re, (uint64_t)j * GE_BT, 1, &b, KERN_PACK_SCATTER), 0);
+            }
+            ck_assert_int_eq(kvc_lookup(ns, keys, n, 0, &l), (int)n);
+            for (uint32_t j = 0; j < n; j++) { /* as if the daemon had quantized them */
+                l->hits[j].data = enc + j * es;
+                l->hits[j].len = (uint64_t)es;
+                l->hits[j].format = (uint8_t)codec;
+            }
+            uint64_t o = gb_ops(), decodes = fake_dev.decodes, packs = fake_dev.packs;
+            ck_assert_int_eq(kvc_lease_scatter_layers(l, 0, n, &dst.kv, 0, lf, lc, stream, NULL),
+                             (int)n);
+            ck_assert_uint_eq(gb_ops() - o, 3);
+            ck_assert_uint_eq(fake_dev.decodes - decodes, 1);
+            ck_assert_uint_eq(fake_dev.packs - packs, 0);
+            ck_assert_int_eq(kvc_release(l), 0);
+            for (uint32_t li = 0; li < 4; li++) {
+                ck_assert_msg(memcmp(dst.k[li], ref.k[li], dst.bytes) == 0, "%s layer %u K",
+                              kern_codec_name((enum kern_codec)codec), li);
+                ck_assert_msg(memcmp(dst.v[li], ref.v[li], dst.bytes) == 0, "%s layer %u V",
+                              kern_codec_name((enum kern_codec)codec), li);
+            }
+            gb_engine_fini(&dst);
+            gb_engine_fini(&ref);
+        }
+        /* raw and lossy hits in one call: a scatter kernel and a decode kernel */
+        gb_engine_init(&dst, 4, 1, 0, 0);
+        ck_assert_int_eq(kvc_lookup(ns, keys, n, 0, &l), (int)n);
+        l->hits[1].data = enc + es;
+        l->hits[1].len = (uint64_t)es;
+        l->hits[1].format = (uint8_t)codec;
+        uint64_t o = gb_ops();
+        ck_assert_int_eq(kvc_lease_scatter(l, 0, n, &dst.kv, 0, stream, NULL), (int)n);
+        ck_assert_uint_eq(gb_ops() - o, 4);
+        ck_assert_int_eq(kvc_release(l), 0);
+        gb_engine_fini(&dst);
+        free(enc);
+        free(dec);
+    }
+    ck_assert_uint_eq(fake_dev.bad_kinds + fake_dev.bad_packs, 0);
+    ck_assert_int_eq(fake_dev_last_error(), 0);
+    free(blocks);
+    gb_engine_fini(&src);
+    fake_dev_stream_free(stream);
+    kvc_disconnect(c);
+    kvci_gpu_ops_set(NULL);
+}
+END_TEST
+
+/* Child of test_pool_bounded_ops: pool hits and slots (a pool-mapped client of the fake pool),
+ * 1, 4 and 64 blocks: a gather into pool slots (gather kernel, record), a range copy into one
+ * device buffer (one device-to-device batch, record), a scatter and a scatter of one layer
+ * (scatter kernel, record): the same count for every block count, every byte right. The exit
+ * status says which check failed. */
+static int gf_pool_bounded_ops(void *arg)
+{
+    static const uint32_t counts[] = {1, 4, GB_BLOCKS};
+    kvc_client *c;
+    kvc_ns *ns;
+    kvc_resv *r;
+    kvc_lease *l;
+    struct kvc_key keys[GB_BLOCKS];
+    struct gb_engine src, dst;
+    uint64_t ops[3][4];
+    (void)arg;
+    if (gf_client(0, &c, &ns, keys) || kvc_gpu_attach(c) != 1)
+        return 90;
+    void *stream = fake_dev_stream(0);
+    size_t bb = kvc_ns_block_bytes(ns);
+    uint8_t *buf = NULL;
+    if (!stream || fake_dev_ops.mem_alloc((void **)&buf, GB_BLOCKS * bb))
+        return 91;
+    gb_engine_init(&src, GE_LAYERS, 1, 1, 2);
+    gb_engine_init(&dst, GE_LAYERS, 1, 0, 0);
+    uint8_t *want = gb_blocks(&src, GB_BLOCKS, bb);
+    for (int i = 0; i < 3; i++) {
+        uint32_t n = counts[i];
+        uint64_t o;
+        gb_keys(ns, 500000 + 10000 * n, n, keys);
+        if (kvc_reserve_gpu(ns, NULL, keys, n, &r) != (int)n)
+            return 92;
+        for (uint32_t j = 0; j < n; j++)
+            if (fake_dev_ops.pointer_device(kvc_resv_data(r, j)) != 0)
+                return 93; /* a pool slot */
+        o = gb_ops();
+        if (kvc_resv_gather(r, 0, n, &src.kv, 0, stream, NULL) != (int)n)
+            return 94;
+        ops[i][0] = gb_ops() - o;
+        if (kvc_commit(r, SIZE_MAX) != (int)n)
+            return 95;
+        if (kvc_lookup(ns, keys, n, KVC_LOOKUP_GPU, &l) != (int)n)
+            return 96;
+        for (uint32_t j = 0; j < n; j++)
+            if (kvc_lease_tier(l, j) != KVC_TIER_GPU)
+                return 97;
+        memset(buf, 0, n * bb);
+        o = gb_ops();
+        if (kvc_lease_copy_range_async(l, 0, n, buf, n * bb, stream) != (int)n)
+            return 98;
+        ops[i][1] = gb_ops() - o;
+        gb_engine_clear(&dst);
+        o = gb_ops();
+        if (kvc_lease_scatter(l, 0, n, &dst.kv, 0, stream, NULL) != (int)n)
+            return 99;
+        ops[i][2] = gb_ops() - o;
+        if (fake_dev.queued == 0)
+            return 100; /* queued, not performed before the release */
+        if (kvc_release(l) || memcmp(buf, want, n * bb) ||
+            gb_engine_check(&dst, &src, n * GE_BT, 0, GE_LAYERS))
+            return 101;
+        gb_engine_clear(&dst);
+        if (kvc_lookup(ns, keys, n, KVC_LOOKUP_GPU, &l) != (int)n)
+            return 102;
+        o = gb_ops();
+        if (kvc_lease_scatter_layers(l, 0, n, &dst.kv, 0, 1, 1, stream, NULL) != (int)n)
+            return 103;
+        ops[i][3] = gb_ops() - o;
+        if (kvc_release(l) || gb_engine_check(&dst, &src, n * GE_BT, 1, 1))
+            return 104;
+    }
+    printf("e2e_gpu: pool hits, device operations per call (1/4/64 blocks): gather %llu/%llu/%llu, "
+           "copy range %llu/%llu/%llu, scatter %llu/%llu/%llu, scatter of a layer "
+           "%llu/%llu/%llu\n",
+           (unsigned long long)ops[0][0], (unsigned long long)ops[1][0],
+           (unsigned long long)ops[2][0], (unsigned long long)ops[0][1],
+           (unsigned long long)ops[1][1], (unsigned long long)ops[2][1],
+           (unsigned long long)ops[0][2], (unsigned long long)ops[1][2],
+           (unsigned long long)ops[2][2], (unsigned long long)ops[0][3],
+           (unsigned long long)ops[1][3], (unsigned long long)ops[2][3]);
+    fflush(stdout);
+    for (int k = 0; k < 4; k++)
+        if (ops[0][k] != ops[1][k] || ops[0][k] != ops[2][k] || ops[0][k] != 2)
+            return 110 + k;
+    if (fake_dev.bad_kinds || fake_dev.bad_packs || fake_dev_last_error())
+        return 120;
+    free(want);
+    fake_dev_ops.mem_free(buf);
+    gb_engine_fini(&src);
+    gb_engine_fini(&dst);
+    fake_dev_stream_free(stream);
+    kvc_disconnect(c);
+    return fake_dev.pools_live == 0 && fake_dev.events_live == 0 ? 0 : 121;
+}
+
+START_TEST(test_pool_bounded_ops)
+{
+    ck_assert_int_eq(gf_run(gf_pool_bounded_ops, NULL), 0);
+}
+END_TEST
+
 /* ---- with a device ---------------------------------------------------------------------- */
+
+/* What the device cases need of the process that forks their clients: the build's own device
+ * table (no fake left installed by an earlier case), and no CUDA started in this process
+ * (CUDA does not survive fork(): a child would hang or fail). With CK_FORK=no every case runs
+ * in this one process, so an earlier case's state is here (issue 25: under compute-sanitizer
+ * the device cases' children did not finish). */
+static void ge_device_preconditions(void)
+{
+    ck_assert_msg(kvci_gpu_ops_get() == NULL, "a fake device table is still installed");
+    ck_assert_msg(!kvci_gpu_cuda_used(), "CUDA was started in the process that forks clients");
+    ck_assert_uint_eq(fake_dev.queued, 0);
+}
+
+/* Runs after the fake cases (in the same process when CK_FORK=no): the device cases would
+ * find what they need. */
+START_TEST(test_device_cases_start_clean)
+{
+    ge_device_preconditions();
+}
+END_TEST
+
+/* Regression (issue 25): the fake cases and then the device cases in one process, as
+ * compute-sanitizer runs the suite (CK_FORK=no): this binary again, every case tagged
+ * "nofork" (the host and fake-pool cases, then test_device_cases_start_clean), in one
+ * process; it must pass. Before the fix, test_attach_without_tier started CUDA in the test
+ * process and the device cases forked their clients from it. */
+START_TEST(test_nofork_fake_then_device_cases)
+{
+    char exe[512], out[16384], err[16384];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    ck_assert_int_gt(n, 0);
+    exe[n] = 0;
+    const char *argv[] = {"/usr/bin/env",
+                          "-u",
+                          "CK_RUN_CASE",
+                          "-u",
+                          "CK_RUN_SUITE",
+                          "-u",
+                          "CK_EXCLUDE_TAGS",
+                          "CK_FORK=no",
+                          "CK_INCLUDE_TAGS=nofork",
+                          exe,
+                          NULL};
+    int rc = daemon_run(argv, out, sizeof(out), err, sizeof(err), daemon_ms(120000));
+    const char *sum = strstr(out, "100%: Checks: ");
+    ck_assert_msg(rc == 0 && sum, "rc %d\n%s\n%s", rc, out, err);
+    /* every case tagged nofork ran: the host, fake-pool and batch cases and the guard */
+    ck_assert_msg(atoi(sum + strlen("100%: Checks: ")) >= 15, "%s", out);
+}
+END_TEST
 
 /* Device copies of a host engine (same pages, same table). */
 struct ge_dev_engine {
@@ -1303,11 +1964,155 @@ static int ge_pin_and_die(void *arg)
 
 static void ge_gpu_setup(void)
 {
-    static const char *const args[] = {"-o", "host.size=32m", "-o", "host.page_size=64k",
+    static const char *const args[] = {"-o", "host.size=32m",     "-o", "host.page_size=64k",
                                        "-o", "gpu.pool_size=64m", NULL};
+    ge_device_preconditions();
     memset(&ge_d, 0, sizeof(ge_d));
     ck_assert_int_eq(daemon_start(&ge_d, args), 0);
 }
+
+/* Child of test_gpu_batched_moves: a pool-mapped client puts GB_BLOCKS blocks from paged
+ * device tensors into the pool (one gather kernel), then loads them back: a range copy into one
+ * device buffer (one batched device-to-device copy), a paged scatter and a scatter of layer 1
+ * (one kernel each), and lossy host hits of every codec decoded by the kernel straight into
+ * paged device tensors; every byte compared with the CPU's. */
+static int ge_batched_device(void *arg)
+{
+    kvc_client *c;
+    kvc_ns *ns;
+    kvc_resv *r;
+    kvc_lease *l;
+    struct kvc_key keys[GB_BLOCKS];
+    struct gb_engine hsrc, hdst;
+    (void)arg;
+    if (ge_open(&c, &ns, keys) || kvc_gpu_attach(c) != 1)
+        return 60;
+    size_t bb = kvc_ns_block_bytes(ns);
+    gb_engine_init(&hsrc, GE_LAYERS, 0, 1, 4);
+    gb_engine_init(&hdst, GE_LAYERS, 0, 0, 0);
+    uint8_t *want = gb_blocks(&hsrc, GB_BLOCKS, bb), *back = malloc(GB_BLOCKS * bb);
+    void *dk[GE_LAYERS], *dv[GE_LAYERS], *ok[GE_LAYERS], *ov[GE_LAYERS], *buf = NULL;
+    for (uint32_t i = 0; i < GE_LAYERS; i++)
+        if (kern_cuda_alloc(&dk[i], hsrc.bytes) || kern_cuda_alloc(&dv[i], hsrc.bytes) ||
+            kern_cuda_alloc(&ok[i], hsrc.bytes) || kern_cuda_alloc(&ov[i], hsrc.bytes) ||
+            kern_cuda_copy(dk[i], hsrc.k[i], hsrc.bytes, KERN_CUDA_H2D, NULL) ||
+            kern_cuda_copy(dv[i], hsrc.v[i], hsrc.bytes, KERN_CUDA_H2D, NULL))
+            return 61;
+    if (!back || kern_cuda_alloc(&buf, GB_BLOCKS * bb) || kern_cuda_stream_sync(NULL))
+        return 62;
+    struct kvc_paged_kv skv = hsrc.kv, dkv = hsrc.kv;
+    skv.k = dk;
+    skv.v = dv;
+    skv.on_device = 1;
+    dkv.k = ok;
+    dkv.v = ov;
+    dkv.on_device = 1;
+    gb_keys(ns, 1200000, GB_BLOCKS, keys);
+    if (kvc_reserve_gpu(ns, NULL, keys, GB_BLOCKS, &r) != GB_BLOCKS ||
+        kvc_resv_gather(r, 0, GB_BLOCKS, &skv, 0, NULL, NULL) != GB_BLOCKS ||
+        kvc_commit(r, SIZE_MAX) != GB_BLOCKS)
+        return 63;
+    if (kvc_lookup(ns, keys, GB_BLOCKS, KVC_LOOKUP_GPU, &l) != GB_BLOCKS ||
+        kvc_lease_tier(l, 0) != KVC_TIER_GPU)
+        return 64;
+    if (kvc_lease_copy_range_async(l, 0, GB_BLOCKS, buf, GB_BLOCKS * bb, NULL) != GB_BLOCKS)
+        return 65;
+    for (uint32_t i = 0; i < GE_LAYERS; i++) /* 0x5a everywhere first */
+        if (kern_cuda_copy(ok[i], hdst.k[i], hsrc.bytes, KERN_CUDA_H2D, NULL) ||
+            kern_cuda_copy(ov[i], hdst.v[i], hsrc.bytes, KERN_CUDA_H2D, NULL))
+            return 66;
+    if (kvc_lease_scatter_layers(l, 0, GB_BLOCKS, &dkv, 0, 1, 1, NULL, NULL) != GB_BLOCKS ||
+        kvc_release(l))
+        return 67;
+    if (kern_cuda_copy(back, buf, GB_BLOCKS * bb, KERN_CUDA_D2H, NULL) ||
+        kern_cuda_stream_sync(NULL) || memcmp(back, want, GB_BLOCKS * bb))
+        return 68;
+    for (uint32_t i = 0; i < GE_LAYERS; i++)
+        if (kern_cuda_copy(hdst.k[i], ok[i], hsrc.bytes, KERN_CUDA_D2H, NULL) ||
+            kern_cuda_copy(hdst.v[i], ov[i], hsrc.bytes, KERN_CUDA_D2H, NULL))
+            return 69;
+    if (kern_cuda_stream_sync(NULL) || gb_engine_check(&hdst, &hsrc, GB_TOKENS, 1, 1))
+        return 70;
+    /* lossy hits of every codec (the lease pointed at blocks encoded here, as the daemon's
+     * quantized blocks would be), decoded into the paged device tensors */
+    struct kern_layout kl = {GE_LAYERS, GE_HEADS, GE_DIM, GE_BT, KERN_DTYPE_FP16, 0};
+    struct kern_pack_layout pl = gb_pack_layout(GE_LAYERS);
+    const uint32_t n = 8;
+    for (int codec = KERN_CODEC_Q8_0; codec < KERN_CODEC_COUNT; codec++) {
+        struct kern_recipe rec;
+        kern_recipe_fill(&rec, (enum kern_codec)codec, (enum kern_codec)codec, 1);
+        int64_t es = kern_encoded_size(&kl, &rec);
+        uint8_t *enc = malloc(n * (size_t)es), *dec = malloc(n * bb);
+        struct gb_engine ref;
+        if (!enc || !dec)
+            return 71;
+        gb_engine_init(&ref, GE_LAYERS, 0, 0, 0);
+        struct kern_pack_engine re = gb_pack_engine(&ref);
+        for (uint32_t j = 0; j < n; j++) {
+            void *b = dec + j * bb;
+            if (kern_encode_cpu(&kl, &rec, want + j * bb, enc + j * es, (size_t)es, NULL) != es ||
+                kern_decode_cpu(&kl, enc + j * es, (size_t)es, b, bb, KERN_DTYPE_FP16) !=
+                    (int64_t)bb ||
+                kern_pack_ref(&pl, &re, (uint64_t)j * GE_BT, 1, &b, KERN_PACK_SCATTER))
+                return 72;
+        }
+        for (uint32_t i = 0; i < GE_LAYERS; i++)
+            if (kern_cuda_copy(ok[i], ref.k[i], hsrc.bytes, KERN_CUDA_H2D, NULL) ||
+                kern_cuda_copy(ov[i], ref.v[i], hsrc.bytes, KERN_CUDA_H2D, NULL) ||
+                kern_cuda_stream_sync(NULL))
+                return 73;
+        /* ref was all 0x5a before the pack above: reset the device copy to that */
+        struct gb_engine blank;
+        gb_engine_init(&blank, GE_LAYERS, 0, 0, 0);
+        for (uint32_t i = 0; i < GE_LAYERS; i++)
+            if (kern_cuda_copy(ok[i], blank.k[i], hsrc.bytes, KERN_CUDA_H2D, NULL) ||
+                kern_cuda_copy(ov[i], blank.v[i], hsrc.bytes, KERN_CUDA_H2D, NULL))
+                return 74;
+        gb_engine_fini(&blank);
+        if (kvc_lookup(ns, keys, n, 0, &l) != (int)n)
+            return 75;
+        for (uint32_t j = 0; j < n; j++) {
+            l->hits[j].data = enc + j * es;
+            l->hits[j].len = (uint64_t)es;
+            l->hits[j].tier = KVC_WIRE_TIER_HOST;
+            l->hits[j].format = (uint8_t)codec;
+        }
+        if (kvc_lease_scatter(l, 0, n, &dkv, 0, NULL, NULL) != (int)n || kvc_release(l))
+            return 76;
+        for (uint32_t i = 0; i < GE_LAYERS; i++)
+            if (kern_cuda_copy(hdst.k[i], ok[i], hsrc.bytes, KERN_CUDA_D2H, NULL) ||
+                kern_cuda_copy(hdst.v[i], ov[i], hsrc.bytes, KERN_CUDA_D2H, NULL) ||
+                kern_cuda_stream_sync(NULL) || memcmp(hdst.k[i], ref.k[i], hsrc.bytes) ||
+                memcmp(hdst.v[i], ref.v[i], hsrc.bytes)) {
+                fprintf(stderr, "e2e_gpu: %s decode into paged device tensors differs\n",
+                        kern_codec_name((enum kern_codec)codec));
+                return 77;
+            }
+        gb_engine_fini(&ref);
+        free(enc);
+        free(dec);
+    }
+    for (uint32_t i = 0; i < GE_LAYERS; i++) {
+        kern_cuda_free(dk[i]);
+        kern_cuda_free(dv[i]);
+        kern_cuda_free(ok[i]);
+        kern_cuda_free(ov[i]);
+    }
+    kern_cuda_free(buf);
+    free(want);
+    free(back);
+    gb_engine_fini(&hsrc);
+    gb_engine_fini(&hdst);
+    kvc_disconnect(c);
+    return 0;
+}
+
+START_TEST(test_gpu_batched_moves)
+{
+    pid_t a = daemon_child_spawn(ge_batched_device, NULL);
+    ck_assert_int_eq(daemon_child_wait(a, daemon_ms(60000), NULL), 0);
+}
+END_TEST
 
 START_TEST(test_gpu_two_processes_through_pool)
 {
@@ -1383,17 +2188,46 @@ int main(void)
     tcase_add_test(tf, test_fake_refuses_forked_child);
     tcase_add_test(tf, test_pool_moves_off_the_loop);
     suite_add_tcase(s, tf);
+    TCase *tb = tcase_create("batch");
+    tcase_set_timeout(tb, daemon_slow() * 60);
+    tcase_add_checked_fixture(tb, ge_setup, ge_teardown);
+    tcase_add_test(tb, test_host_hits_bounded_ops);
+    tcase_add_test(tb, test_scatter_layers_only_those);
+    tcase_add_test(tb, test_gather_layers_commit);
+    tcase_add_test(tb, test_scatter_lossy_every_codec);
+    suite_add_tcase(s, tb);
+    TCase *tp = tcase_create("batch-pool");
+    tcase_set_timeout(tp, daemon_slow() * 60);
+    tcase_add_checked_fixture(tp, gf_setup, gf_teardown);
+    tcase_add_test(tp, test_pool_bounded_ops);
+    suite_add_tcase(s, tp);
+    TCase *tn = tcase_create("nofork");
+    tcase_add_test(tn, test_device_cases_start_clean);
+    suite_add_tcase(s, tn);
+    TCase *tr = tcase_create("nofork-regression");
+    tcase_set_timeout(tr, daemon_slow() * 180);
+    tcase_add_test(tr, test_nofork_fake_then_device_cases);
+    tcase_set_tags(tr, "regression"); /* the compute-sanitizer stage leaves it out */
+    suite_add_tcase(s, tr);
+    tcase_set_tags(tc, "nofork");
+    tcase_set_tags(tf, "nofork");
+    tcase_set_tags(tb, "nofork");
+    tcase_set_tags(tp, "nofork");
+    tcase_set_tags(tn, "nofork");
     if (devices > 0) {
         TCase *tg = tcase_create("gpu");
         tcase_set_timeout(tg, daemon_slow() * 120);
         tcase_add_checked_fixture(tg, ge_gpu_setup, ge_teardown);
         tcase_add_test(tg, test_gpu_two_processes_through_pool);
         tcase_add_test(tg, test_gpu_killed_with_pins);
+        tcase_add_test(tg, test_gpu_batched_moves);
+        tcase_set_tags(tg, "nofork device");
         suite_add_tcase(s, tg);
     } else {
         const char *why = devices < 0 ? "the CUDA probe died" : "no CUDA device found";
         printf("SKIP: e2e_gpu: test_gpu_two_processes_through_pool: %s\n", why);
         printf("SKIP: e2e_gpu: test_gpu_killed_with_pins: %s\n", why);
+        printf("SKIP: e2e_gpu: test_gpu_batched_moves: %s\n", why);
     }
     fflush(stdout);
     if (daemon_suite_init("e2e-gpu"))

@@ -277,6 +277,7 @@ START_TEST(test_socket_activation)
     ck_assert_int_eq(listen(ls, 16), 0);
     /* server.socket points elsewhere: the adopted socket must win. */
     snprintf(sockopt, sizeof(sockopt), "server.socket=%s/unused.sock", dir);
+    const char *kvcd = daemon_bin("kvcd"); /* before the fork: it takes a lock */
     pid_t pid = daemon_fork();
     if (pid == 0) {
         char pidenv[32];
@@ -286,7 +287,7 @@ START_TEST(test_socket_activation)
         setenv("LISTEN_FDS", "1", 1);
         int null = open("/dev/null", O_WRONLY);
         dup2(null, 2);
-        execl(KVC_BUILD_BIN "/kvcd", "kvcd", "-o", sockopt, "-o", "host.size=16m", "-o",
+        execl(kvcd, "kvcd", "-o", sockopt, "-o", "host.size=16m", "-o",
               "host.prefault=no", (char *)NULL);
         _exit(127);
     }

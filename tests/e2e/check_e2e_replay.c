@@ -26,7 +26,7 @@
 #define TRACE_MAX_BLOCKS 24 /* per request */
 #define TRACE_GAP 8         /* a conversation returns at least this many requests later */
 #define REPLAY_OUT 16384
-#define KVCREPLAY KVC_BUILD_BIN "/kvcreplay"
+#define KVCREPLAY daemon_bin("kvcreplay")
 
 struct trace_req {
     uint64_t ids[TRACE_MAX_BLOCKS];

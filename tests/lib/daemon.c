@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -101,6 +102,28 @@ int daemon_file_write(const struct daemon *d, const char *name, const char *text
 }
 
 /* ---- processes ------------------------------------------------------------------------- */
+
+const char *daemon_bin(const char *name)
+{
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static char paths[8][DAEMON_PATH_MAX + 64];
+    static char names[8][32];
+    static int n;
+    const char *path = NULL;
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < n && !path; i++)
+        if (strcmp(names[i], name) == 0)
+            path = paths[i];
+    if (!path && n < 8) {
+        const char *dir = getenv("KVC_TEST_BIN_DIR");
+        snprintf(paths[n], sizeof(paths[n]), "%.200s/%.31s", dir && *dir ? dir : KVC_BUILD_BIN,
+                 name);
+        snprintf(names[n], sizeof(names[n]), "%.31s", name);
+        path = paths[n++];
+    }
+    pthread_mutex_unlock(&mu);
+    return path ? path : "/nonexistent";
+}
 
 int daemon_slow(void)
 {
@@ -403,8 +426,7 @@ int daemon_run(const char *const *argv, char *out, size_t outlen, char *err, siz
     }
 }
 
-int daemon_kvcctl(const struct daemon *d, char *out, size_t outlen, char *err, size_t errlen,
-                  ...)
+int daemon_kvcctl(const struct daemon *d, char *out, size_t outlen, char *err, size_t errlen, ...)
 {
     const char *argv[DAEMON_MAX_ARGS];
     int n = 0;

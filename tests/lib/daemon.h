@@ -50,8 +50,12 @@ pid_t daemon_fork(void);
  * The count (0 without CUDA or a device), or -1 when the probe died (print it as a skip). */
 int daemon_cuda_devices(void);
 
-#define DAEMON_KVCD KVC_BUILD_BIN "/kvcd"
-#define DAEMON_KVCCTL KVC_BUILD_BIN "/kvcctl"
+/* The path of one of the build's programs ("kvcd", "kvcctl", "kvcreplay"):
+ * $KVC_TEST_BIN_DIR/name when that is set (a bundle of the binaries moved to another host:
+ * etc/device-check.sh), else the build's own bin directory (KVC_BUILD_BIN). Static storage. */
+const char *daemon_bin(const char *name);
+#define DAEMON_KVCD daemon_bin("kvcd")
+#define DAEMON_KVCCTL daemon_bin("kvcctl")
 #define DAEMON_PATH_MAX 200
 
 struct daemon {
@@ -90,8 +94,8 @@ int daemon_wait_ready(const struct daemon *d, int timeout_ms);
 int daemon_run(const char *const *argv, char *out, size_t outlen, char *err, size_t errlen,
                int timeout_ms);
 /* kvcctl -s d->sock ARGS... (NULL-terminated), as daemon_run with a 20 s limit (scaled). */
-int daemon_kvcctl(const struct daemon *d, char *out, size_t outlen, char *err, size_t errlen,
-                  ...) __attribute__((sentinel));
+int daemon_kvcctl(const struct daemon *d, char *out, size_t outlen, char *err, size_t errlen, ...)
+    __attribute__((sentinel));
 
 /* Forks a child that runs fn(arg) and _exit()s with its return value. Pid or -errno. */
 pid_t daemon_child_spawn(int (*fn)(void *), void *arg);

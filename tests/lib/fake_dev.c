@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "kernels/kern.h"
+#include "kernels/kern_batch.h"
 #include "kernels/kern_pack.h"
 #include "tests/lib/fake_dev.h"
 
@@ -22,32 +23,22 @@ struct fake_stream {
 
 struct fake_event {
     uint32_t magic;
-    int dev;      /* event_new's device (recorded only on its streams); -1: not checked */
+    int dev; /* event_new's device (recorded only on its streams); -1: not checked */
     void *stream;
     uint64_t seq; /* copies of stream up to this one */
 };
 
-/* One queued copy (pack == 0) or gather/scatter kernel, performed at the wait that covers
- * it. A kernel keeps its arguments by value and reads the arrays they point to when it
- * runs, as the device would. */
+/* One queued copy (batch == NULL) or batch kernel, performed at the wait that covers it. A
+ * kernel keeps its tables (copied at the call, as a launch copies its parameters) and reads
+ * the memory they point to when it runs, as the device would. */
 struct fake_op {
     void *stream;
     void *dst;
     const void *src;
     uint64_t len;
     uint64_t seq;
-    void *staged; /* owned: a pageable source, copied when the copy was queued */
-    int pack;
-    int decode; /* a decode kernel: src (len bytes) into dst (cap bytes) as dtype */
-    struct kern_layout klay;
-    uint64_t cap;
-    int dtype;
-    struct kern_pack_layout lay;
-    struct kern_pack_engine eng;
-    uint64_t first_token;
-    uint32_t nblocks;
-    void *const *blocks;
-    int dir;
+    void *staged;                  /* owned: a pageable source, copied when the copy was queued */
+    struct kern_batch_args *batch; /* owned: a kernel's arguments */
     struct fake_op *next;
 };
 
@@ -73,6 +64,7 @@ void fake_dev_reset(int devices)
         struct fake_op *o = fake_ops_head;
         fake_ops_head = o->next;
         free(o->staged);
+        free(o->batch);
         free(o);
     }
     fake_ops_tail = &fake_ops_head;
@@ -146,23 +138,17 @@ static int fake_range_dev(const void *p, uint64_t len)
     return -1;
 }
 
-/* 1 when every pointer a queued kernel dereferences is device memory now. */
-static int fake_pack_ok(const struct fake_op *o)
+/* 1 when every tensor base and block a queued kernel dereferences is device memory now. */
+static int fake_batch_ok(const struct kern_batch_args *a)
 {
-    const struct kern_pack_layout *l = &o->lay;
-    uint64_t ptrs = (uint64_t)l->layers * sizeof(void *);
-    if (fake_range_dev(o->eng.k, ptrs) < 0 ||
-        fake_range_dev(o->blocks, (uint64_t)o->nblocks * sizeof(void *)) < 0 ||
-        fake_range_dev(o->eng.block_table, o->eng.table_len * sizeof(int32_t)) < 0 ||
-        (l->kinds == 2 && fake_range_dev(o->eng.v, ptrs) < 0))
-        return 0;
-    for (uint32_t i = 0; i < l->layers; i++)
-        if (fake_range_dev(o->eng.k[i], 1) < 0 ||
-            (l->kinds == 2 && fake_range_dev(o->eng.v[i], 1) < 0))
+    for (uint32_t i = 0; i < kern_batch_nptrs(a); i++) {
+        uint64_t len;
+        const void *p = kern_batch_ptr_at(a, i, &len);
+        if (!p && i >= a->h.layers * a->h.kinds)
+            continue; /* a block the batch does not move */
+        if (fake_range_dev(p, len ? len : 1) < 0)
             return 0;
-    for (uint32_t j = 0; j < o->nblocks; j++)
-        if (fake_range_dev(o->blocks[j], kern_pack_block_bytes(l)) < 0)
-            return 0;
+    }
     return 1;
 }
 
@@ -274,11 +260,9 @@ static int fake_stream_ok(void *stream)
     return !stream || ((struct fake_stream *)stream)->magic == FAKE_STREAM_MAGIC;
 }
 
-static int fake_copy_async(void *dst, const void *src, uint64_t len, int kind, void *stream)
+/* Checks one copy like cudaMemcpyAsync and queues it (not yet counted as an operation). */
+static int fake_copy_queue(void *dst, const void *src, uint64_t len, int kind, void *stream)
 {
-    int rc = fake_enter();
-    if (rc)
-        return rc;
     if (!fake_stream_ok(stream) || !dst || !src)
         return -EINVAL;
     int ddev = fake_range_dev(dst, len), sdev = fake_range_dev(src, len);
@@ -329,6 +313,34 @@ static int fake_copy_async(void *dst, const void *src, uint64_t len, int kind, v
     return 0;
 }
 
+static int fake_copy_async(void *dst, const void *src, uint64_t len, int kind, void *stream)
+{
+    int rc = fake_enter();
+    if (rc)
+        return rc;
+    rc = fake_copy_queue(dst, src, len, kind, stream);
+    if (rc == 0)
+        fake_dev.ops++;
+    return rc;
+}
+
+/* n copies as one operation: each checked and queued as cudaMemcpyAsync would be (a piece
+ * refused leaves the pieces before it queued, as a real batch may have started them). */
+static int fake_copy_batch(void *const *dst, const void *const *src, const uint64_t *len,
+                           uint32_t n, int kind, void *stream)
+{
+    int rc = fake_enter();
+    if (rc)
+        return rc;
+    if (n > KERN_COPY_BATCH_MAX || (n && (!dst || !src || !len)))
+        return -EINVAL;
+    for (uint32_t i = 0; i < n && rc == 0; i++)
+        rc = fake_copy_queue(dst[i], src[i], len[i], kind, stream);
+    fake_dev.ops++;
+    fake_dev.copy_batches++;
+    return rc;
+}
+
 /* Performs (or, with fail_wait set, loses) stream's work up to seq; every stream's with
  * all set. A kernel that meets host memory faults: the wait answers -EIO and what follows
  * on the stream is lost. */
@@ -342,21 +354,11 @@ static int fake_drain(void *stream, uint64_t upto, int all)
             pp = &o->next;
             continue;
         }
-        if (rc == 0 && o->pack && !fake_pack_ok(o)) {
-            fake_dev.bad_packs++;
+        if (rc == 0 && o->batch && !fake_batch_ok(o->batch)) {
+            fake_dev.bad_packs++; /* a kernel reads and writes device memory only */
             rc = -EIO;
-        } else if (rc == 0 && o->pack) {
-            kern_pack_cpu(&o->lay, &o->eng, o->first_token, o->nblocks, o->blocks, o->dir);
-        } else if (rc == 0 && o->decode) {
-            /* A kernel reads and writes device memory only; a block that does not decode
-             * leaves garbage, as the real kernel would (the caller checked it before). */
-            if (fake_range_dev(o->src, o->len) < 0 || fake_range_dev(o->dst, o->cap) < 0) {
-                fake_dev.bad_packs++;
-                rc = -EIO;
-            } else {
-                (void)kern_decode_cpu(&o->klay, o->src, o->len, o->dst, o->cap,
-                                      (enum kern_dtype)o->dtype);
-            }
+        } else if (rc == 0 && o->batch) {
+            kern_batch_run_cpu(o->batch);
         } else if (rc == 0) {
             memmove(o->dst, o->src, o->len);
             fake_dev.bytes += o->len;
@@ -364,6 +366,7 @@ static int fake_drain(void *stream, uint64_t upto, int all)
         fake_dev.queued--;
         *pp = o->next;
         free(o->staged);
+        free(o->batch);
         free(o);
     }
     fake_ops_tail = &fake_ops_head;
@@ -436,6 +439,7 @@ static int fake_event_record(void *event, void *stream)
         e->stream = stream;
         e->seq = fake_seq;
     }
+    fake_dev.records++;
     return 0;
 }
 
@@ -453,6 +457,7 @@ static int fake_event_new_record(void **ev, void *stream)
     *ev = e;
     fake_dev.events_live++;
     fake_dev.events_created++;
+    fake_dev.records++;
     return 0;
 }
 
@@ -631,49 +636,31 @@ static struct fake_op *fake_kernel_op(void *stream)
     return o;
 }
 
-static int fake_pack(const struct kern_pack_layout *lay, const struct kern_pack_engine *eng,
-                     uint64_t first_token, uint32_t nblocks, void *const *blocks, int dir,
-                     void *stream)
+static int fake_batch(const struct kern_batch_args *a, void *stream)
 {
     int rc = fake_enter();
     if (rc)
         return rc;
-    if (!fake_stream_ok(stream) || !lay || !eng || !blocks ||
-        (dir != KERN_PACK_GATHER && dir != KERN_PACK_SCATTER))
+    if (!fake_stream_ok(stream) || !a || a->h.nwords > KERN_BATCH_WORDS ||
+        (a->h.op != KERN_BATCH_GATHER && a->h.op != KERN_BATCH_SCATTER &&
+         a->h.op != KERN_BATCH_DECODE))
         return -EINVAL;
-    struct fake_op *o = fake_kernel_op(stream);
-    if (!o)
+    struct kern_batch_args *copy = malloc(sizeof(*copy));
+    if (!copy)
         return -ENOMEM;
-    o->pack = 1;
-    o->lay = *lay;
-    o->eng = *eng;
-    o->first_token = first_token;
-    o->nblocks = nblocks;
-    o->blocks = blocks;
-    o->dir = dir;
-    fake_dev.packs++;
-    return 0;
-}
-
-static int fake_decode(const struct kern_layout *lay, const void *src, uint64_t src_len,
-                       void *dst, uint64_t dst_cap, int dtype, void *stream)
-{
-    int rc = fake_enter();
-    if (rc)
-        return rc;
-    if (!fake_stream_ok(stream) || !lay || !src || !dst)
-        return -EINVAL;
+    copy->h = a->h;
+    memcpy(copy->w, a->w, (size_t)a->h.nwords * sizeof(uint64_t));
     struct fake_op *o = fake_kernel_op(stream);
-    if (!o)
+    if (!o) {
+        free(copy);
         return -ENOMEM;
-    o->decode = 1;
-    o->klay = *lay;
-    o->src = src;
-    o->len = src_len;
-    o->dst = dst;
-    o->cap = dst_cap;
-    o->dtype = dtype;
-    fake_dev.decodes++;
+    }
+    o->batch = copy;
+    fake_dev.ops++;
+    if (a->h.op == KERN_BATCH_DECODE)
+        fake_dev.decodes++;
+    else
+        fake_dev.packs++;
     return 0;
 }
 
@@ -698,8 +685,8 @@ const struct kern_dev_ops fake_dev_ops = {
     .pointer_device = fake_pointer_device,
     .mem_alloc = fake_mem_alloc,
     .mem_free = fake_mem_free,
-    .pack = fake_pack,
-    .decode = fake_decode,
+    .batch = fake_batch,
+    .copy_batch = fake_copy_batch,
     .event_new = fake_event_new,
     .event_query = fake_event_query,
     .event_free = fake_event_free,

@@ -21,10 +21,12 @@
  *   process is refused every call (-EIO), as CUDA is undefined there, until it calls
  *   fake_dev_reset() (what an exec'd process would start from).
  * - Pools live in a memfd, so a process the descriptor is passed to can import them.
- * - The gather/scatter kernel (pack) is queued like a copy and run at the wait that covers
- *   it, with kern_pack_cpu over the arrays as they are then; every array and pointer it is
- *   given must be device memory, else the wait reports the fault (-EIO), as a real kernel
- *   reading host or freed memory would.
+ * - A batch kernel (gather, scatter, decode into the engine: kern_batch.h) is queued like a
+ *   copy, its tables copied at the call as the launch copies its parameters, and run at the
+ *   wait that covers it by kern_batch_run_cpu, the kernel's own row function with one lane;
+ *   every tensor base and block it is given must be device memory then, else the wait
+ *   reports the fault (-EIO), as a real kernel reading host or freed memory would.
+ * - A copy batch (copy_batch) is one operation of n copies, each checked like copy_async.
  * - mem_free is cudaFree: it waits for the whole device first (every stream's work is
  *   performed) and counts a device-wide synchronisation.
  * - event_query never waits: when work before the event is still queued it performs that
@@ -34,8 +36,10 @@
  *   the device is done). An event from event_new belongs to a device and may only be
  *   recorded on a stream of that device.
  * - host_register can be refused (fail_register), as it is where memory cannot be locked.
- * Counters let a test check that everything it caused was given back, and that a hit costs
- * no allocation, no free, no device-wide synchronisation and no wait before the release.
+ * Counters let a test check that everything it caused was given back, that a hit costs
+ * no allocation, no free, no device-wide synchronisation and no wait before the release, and
+ * how many device operations a call queued (ops: copies, copy batches and kernels, each one;
+ * records: events recorded), whatever the number of blocks it moved.
  * One test thread drives the fake at a time; the current device alone is per thread.
  */
 #ifndef KVC_TESTS_FAKE_DEV_H
@@ -47,34 +51,37 @@
 #include "kernels/kern_dev.h"
 
 struct fake_dev_state {
-    int devices;          /* device_count() answers this */
-    int fail_create;      /* pool_create answers this errno when non-zero */
-    int fail_wait;        /* the next wait answers -fail_wait; its copies are lost */
-    int readonly_unsup;   /* host_register(readonly) answers -ENOTSUP */
-    int sticky;           /* a sticky error: every call fails -EIO */
-    int hold;             /* event_query answers -EAGAIN for queued work (device busy) */
-    int fail_register;    /* host_register answers -fail_register when non-zero */
-    int pools_live;       /* created or imported, not destroyed */
-    int registered;       /* host_register minus host_unregister */
-    int events_live;      /* event_new_record and event_new, minus their frees */
-    int streams_live;     /* stream_new minus stream_free */
-    uint64_t allocs;      /* mem_alloc calls */
-    uint64_t frees;       /* mem_free calls */
-    uint64_t device_syncs; /* waits for the whole device (cudaFree does one) */
-    uint64_t legacy_syncs; /* waits on the legacy default stream (device-wide ordering) */
-    uint64_t waits;       /* host waits: stream_sync, event_wait, event_wait_free */
-    uint64_t queries;     /* event_query calls (never a wait) */
+    int devices;             /* device_count() answers this */
+    int fail_create;         /* pool_create answers this errno when non-zero */
+    int fail_wait;           /* the next wait answers -fail_wait; its copies are lost */
+    int readonly_unsup;      /* host_register(readonly) answers -ENOTSUP */
+    int sticky;              /* a sticky error: every call fails -EIO */
+    int hold;                /* event_query answers -EAGAIN for queued work (device busy) */
+    int fail_register;       /* host_register answers -fail_register when non-zero */
+    int pools_live;          /* created or imported, not destroyed */
+    int registered;          /* host_register minus host_unregister */
+    int events_live;         /* event_new_record and event_new, minus their frees */
+    int streams_live;        /* stream_new minus stream_free */
+    uint64_t allocs;         /* mem_alloc calls */
+    uint64_t frees;          /* mem_free calls */
+    uint64_t device_syncs;   /* waits for the whole device (cudaFree does one) */
+    uint64_t legacy_syncs;   /* waits on the legacy default stream (device-wide ordering) */
+    uint64_t waits;          /* host waits: stream_sync, event_wait, event_wait_free */
+    uint64_t queries;        /* event_query calls (never a wait) */
     uint64_t events_created; /* event_new_record calls */
-    uint64_t copies;      /* copies queued */
-    uint64_t packs;       /* gather/scatter kernels queued */
-    uint64_t decodes;     /* decode kernels queued */
-    uint64_t bad_packs;   /* kernels that met a pointer outside device memory */
-    uint64_t bytes;       /* bytes they moved once performed */
-    uint64_t queued;      /* copies and kernels queued, not yet performed nor lost */
-    uint64_t bad_kinds;   /* copies refused for a wrong kind */
-    uint64_t fork_refused; /* calls refused in a forked child */
-    int last_error;       /* pending error (negative errno), 0 if none */
-    pid_t init_pid;       /* process whose first call initialised the fake; 0: none yet */
+    uint64_t ops;            /* device operations queued: copy_async, copy_batch, batch */
+    uint64_t records;        /* events recorded: event_record, event_new_record */
+    uint64_t copies;         /* copies queued (each piece of a copy batch counts) */
+    uint64_t copy_batches;   /* copy_batch calls */
+    uint64_t packs;          /* gather/scatter kernels queued */
+    uint64_t decodes;        /* decode kernels queued */
+    uint64_t bad_packs;      /* kernels that met a pointer outside device memory */
+    uint64_t bytes;          /* bytes they moved once performed */
+    uint64_t queued;         /* copies and kernels queued, not yet performed nor lost */
+    uint64_t bad_kinds;      /* copies refused for a wrong kind */
+    uint64_t fork_refused;   /* calls refused in a forked child */
+    int last_error;          /* pending error (negative errno), 0 if none */
+    pid_t init_pid;          /* process whose first call initialised the fake; 0: none yet */
 };
 
 extern struct fake_dev_state fake_dev;

@@ -34,7 +34,7 @@ int ops_daemon_start(struct ops_daemon *d, const char *const *args, const char *
     snprintf(d->sock, sizeof(d->sock), "%s/kvcd.sock", d->dir);
     snprintf(d->log, sizeof(d->log), "%s/kvcd.log", d->dir);
     snprintf(sockopt, sizeof(sockopt), "server.socket=%s", d->sock);
-    argv[n++] = (char *)KVC_BUILD_BIN "/kvcd";
+    argv[n++] = (char *)daemon_bin("kvcd");
     argv[n++] = (char *)"-o";
     argv[n++] = sockopt;
     argv[n++] = (char *)"-o";
@@ -106,7 +106,7 @@ int ops_kvcctl(const struct ops_daemon *d, char *out, size_t len, const char *co
     int pfd[2], n = 0, status;
     size_t got = 0;
     pid_t pid;
-    argv[n++] = (char *)KVC_BUILD_BIN "/kvcctl";
+    argv[n++] = (char *)daemon_bin("kvcctl");
     argv[n++] = (char *)"-s";
     argv[n++] = (char *)d->sock;
     for (; *args && n < 31; args++)

@@ -268,6 +268,26 @@ mutation disk-checkpoint-first-late tiers/disk_ckpt.c "check_tier_disk" \
 '    if (0 && !d->ckpt_tried && d->st.used)
         return true;'
 
+# The Python binding: a lossy hit viewed at the raw block size (its view covers the slots
+# after it, and can reach past the arena's mapping).
+mutation python-view-block-bytes python/kvcd/_kvcd_lease.c "check_python" \
+'    if (PyBuffer_FillInfo(view, self, p, (Py_ssize_t)len, h->kind == HANDLE_KIND_LEASE, flags) < 0)' \
+'    if (PyBuffer_FillInfo(view, self, p, (Py_ssize_t)h->block_bytes, h->kind == HANDLE_KIND_LEASE, flags) < 0)'
+
+# The Python binding: the namespace not checked again after the tokens' __index__ ran (one
+# that closed the client leaves keys_from_tokens reading a freed namespace).
+mutation python-ns-unchecked-after-python python/kvcd/_kvcd_ns.c "check_python" \
+'    if (ns_check(ns) < 0)
+        goto out;
+    maxkeys =' \
+'    maxkeys ='
+
+# The Python binding: a closed Client may be initialised again (its old namespaces then
+# meet the new connection).
+mutation python-reinit-after-close python/kvcd/_kvcd_client.c "check_python" \
+'    if (c->conn) {' \
+'    if (c->c) {'
+
 # ---- machinery ------------------------------------------------------------------------------
 
 key() { echo "$1" | tr -- '-.' '__'; }

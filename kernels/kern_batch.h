@@ -1,0 +1,421 @@
+/*
+ * kern_batch.h — the argument block of the batched device moves and the per-row work they
+ * do, shared by the CUDA kernels (kern_pack.cu) and their CPU emulation (kern_pack.c, the
+ * fake device of the tests). Internal to kernels/ and tests/lib.
+ *
+ * DESIGN
+ * A load or put of a prefix is one kernel launch, whatever the number of blocks: a gather or
+ * scatter between the engine's paged tensors and canonical blocks (pool slots, or device
+ * staging of host blocks), or a decode of encoded blocks straight into the engine's tensors.
+ * Everything the kernel needs besides the bytes it moves — per-layer K and V base pointers of
+ * the layers moved, one pointer (and, for a decode, one length) per block, and the slice of
+ * the engine's block table that the tokens touch — travels by value in the launch's
+ * parameters (struct kern_batch: a header and up to KERN_BATCH_WORDS 8-byte words), so no
+ * table is copied to the device before the launch, nothing is staged from pageable memory,
+ * and no device scratch holds tables whose lifetime would have to be tracked. CUDA takes up
+ * to 32 KiB of kernel parameters (CUDA 12.1 and later, Volta and later); a move whose tables
+ * do not fit is split by the caller (kern_batch_pack/_decode answer -E2BIG).
+ *
+ * The work is cut into rows: one (block, layer, kind, token) each, all heads of one token of
+ * one layer's K or V, H * head_dim elements — contiguous in the canonical block, and in the
+ * engine's tensor too when its heads are packed. The kernel gives a row to a warp (a lane
+ * per 16-byte chunk or per 8 decoded elements, so a warp's stores are one coalesced run) and
+ * walks the rows grid-stride; the CPU emulation runs the very same row function with one
+ * lane. So the indexing the GPU runs — row decomposition, table slice, layer range, the
+ * section walk of the encoded format, the access width — is what the tests run here, on any
+ * machine, against the scalar reference (kern_pack_ref, kern_decode_ref).
+ *
+ * Access width (pack): the host ORs every pointer, stride and row length once and picks the
+ * widest of 16, 8, 4, 2, 1 bytes that divides them all; each lane moves up to four chunks
+ * per step, loads before stores, so a warp has 2 KiB in flight per step. Decode: each lane
+ * produces 8 consecutive elements of one head row (16 bytes of fp16/bf16) and stores them
+ * with one 16-byte store where the engine's addresses allow it (vec16), else element by
+ * element; the arithmetic is the reference's, per element, in the same order (kern_fmt.h),
+ * so the output is bit-identical.
+ */
+#ifndef KVC_KERN_BATCH_H
+#define KVC_KERN_BATCH_H
+
+#include <stdint.h>
+#include <string.h>
+
+#ifdef __CUDACC__
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#endif
+
+#include "kernels/kern.h"
+#include "kernels/kern_fmt.h"
+
+/* 30 KiB of words: with the header, under CUDA's 32764-byte limit on kernel parameters. */
+#define KERN_BATCH_WORDS 3840
+/* The launch most calls take: a 2 KiB parameter block is cheaper to launch than 30 KiB. */
+#define KERN_BATCH_SMALL_WORDS 224
+
+enum kern_batch_op {
+    KERN_BATCH_GATHER = 1,  /* engine -> canonical blocks */
+    KERN_BATCH_SCATTER = 2, /* canonical blocks -> engine */
+    KERN_BATCH_DECODE = 3,  /* encoded blocks -> engine */
+};
+
+struct kern_batch {
+    uint32_t op;           /* enum kern_batch_op */
+    uint32_t layers;       /* layers moved by this batch */
+    uint32_t kinds;        /* 2: K and V, 1: K only */
+    uint32_t block_tokens; /* tokens per block */
+    uint32_t heads, head_dim;
+    uint32_t elem_bytes; /* 1, 2 or 4 (decode: 2) */
+    uint32_t nblocks;
+    uint32_t page_tokens;
+    int32_t pad0;
+    uint64_t page0; /* the table slice in words[tab..] starts at this page of the sequence */
+    uint32_t npages;
+    uint32_t vec; /* pack: bytes per access; decode: 16 when every head row allows 16-byte
+                     stores, else 2 */
+    uint64_t page_stride, token_stride, head_stride;
+    uint64_t first_token; /* sequence token of block 0's first token */
+    /* decode: the encoded blocks' layout, the first layer of this batch inside them, and
+     * the output dtype (enum kern_dtype) */
+    struct kern_layout klay;
+    uint32_t layer_first;
+    uint32_t out_dtype;
+    /* words: [K base x layers][V base x layers if kinds == 2][block x nblocks]
+     *        [length x nblocks if decode][table slice: npages int32, two per word] */
+    uint32_t nwords;
+    uint32_t pad1;
+};
+
+/* A batch as the launch takes it: the header and its words (only nwords are used). */
+struct kern_batch_args {
+    struct kern_batch h;
+    uint64_t w[KERN_BATCH_WORDS];
+};
+
+/* ---- word layout --------------------------------------------------------------------- */
+
+KERN_HD uint32_t kern_batch_kv_words(const struct kern_batch *b)
+{
+    return b->layers * b->kinds;
+}
+
+KERN_HD uint32_t kern_batch_tab_word(const struct kern_batch *b)
+{
+    return kern_batch_kv_words(b) + b->nblocks * (b->op == KERN_BATCH_DECODE ? 2u : 1u);
+}
+
+KERN_HD uint64_t kern_batch_rows(const struct kern_batch *b)
+{
+    return (uint64_t)b->nblocks * b->layers * b->kinds * b->block_tokens;
+}
+
+/* Physical page of sequence page `pg` (in [page0, page0+npages)), from the slice. */
+KERN_HD int32_t kern_batch_page(const struct kern_batch *b, const uint64_t *w, uint64_t pg)
+{
+    int32_t e;
+    memcpy(&e, (const uint8_t *)(w + kern_batch_tab_word(b)) + 4 * (pg - b->page0), 4);
+    return e;
+}
+
+KERN_HD uint8_t *kern_batch_ptr(const uint64_t *w, uint32_t i)
+{
+    return (uint8_t *)(uintptr_t)w[i];
+}
+
+/* ---- accesses ------------------------------------------------------------------------- */
+
+/* Moves of one access width: on the device typed loads (the host chose a width every
+ * address divides), on the host memcpy (what the emulation means by the same access). */
+#ifdef __CUDA_ARCH__
+#define KERN_UNROLL _Pragma("unroll")
+#define KERN_BATCH_LOAD(T, v, p) ((v) = *(const T *)(p))
+#define KERN_BATCH_STORE(T, p, v) (*(T *)(p) = (v))
+typedef uint4 kern_batch_v16;
+#else
+#define KERN_UNROLL
+#define KERN_BATCH_LOAD(T, v, p) memcpy(&(v), (p), sizeof(T))
+#define KERN_BATCH_STORE(T, p, v) memcpy((p), &(v), sizeof(T))
+typedef struct {
+    uint64_t a, b;
+} kern_batch_v16;
+#endif
+
+/* Lane `lane` of `nlanes` moves its chunks of one row: `nch` chunks of sizeof(T) bytes, `cph`
+ * per head row (all of them when the heads are packed: cph == nch), heads `hs` bytes apart in
+ * the engine and `row` apart in the block. Four chunks per step, loaded before they are
+ * stored. */
+#define KERN_BATCH_ROW_LOOP(T)                                                                     \
+    for (uint32_t c0 = lane; c0 < nch; c0 += 4 * nlanes) {                                         \
+        T v[4];                                                                                    \
+        uint8_t *to[4];                                                                            \
+        KERN_UNROLL                                                                                \
+        for (uint32_t u = 0; u < 4; u++) {                                                         \
+            uint32_t c = c0 + u * nlanes;                                                          \
+            to[u] = 0;                                                                             \
+            if (c < nch) {                                                                         \
+                uint32_t h = c / cph, cc = c - h * cph;                                            \
+                uint8_t *e = eng + h * hs + (uint64_t)cc * sizeof(T);                              \
+                uint8_t *q = blk + h * row + (uint64_t)cc * sizeof(T);                             \
+                const uint8_t *from = gather ? e : q;                                              \
+                to[u] = gather ? q : e;                                                            \
+                KERN_BATCH_LOAD(T, v[u], from);                                                    \
+            }                                                                                      \
+        }                                                                                          \
+        KERN_UNROLL                                                                                \
+        for (uint32_t u = 0; u < 4; u++)                                                           \
+            if (to[u])                                                                             \
+                KERN_BATCH_STORE(T, to[u], v[u]);                                                  \
+    }
+
+/* Where row r of a gather or scatter batch lives: its engine and block addresses. 0 when the
+ * engine's table has no page for the token (the row is left as it is). */
+KERN_HD int kern_batch_pack_at(const struct kern_batch *b, const uint64_t *w, uint64_t r,
+                               uint8_t **eng, uint8_t **blk)
+{
+    const uint32_t T = b->block_tokens, K = b->kinds, L = b->layers;
+    const uint32_t t = (uint32_t)(r % T);
+    uint64_t x = r / T;
+    const uint32_t k = (uint32_t)(x % K);
+    x /= K;
+    const uint32_t l = (uint32_t)(x % L);
+    const uint32_t bi = (uint32_t)(x / L);
+    const uint64_t p = b->first_token + (uint64_t)bi * T + t;
+    const int32_t page = kern_batch_page(b, w, p / b->page_tokens);
+    if (page < 0 || w[K * L + bi] == 0)
+        return 0; /* no page for the token, or a block this batch does not move */
+    const uint64_t row = (uint64_t)b->head_dim * b->elem_bytes;
+    *eng = kern_batch_ptr(w, k * L + l) + (uint64_t)page * b->page_stride +
+           (p % b->page_tokens) * b->token_stride;
+    *blk = kern_batch_ptr(w, K * L + bi) + (((uint64_t)l * K + k) * T + t) * b->heads * row;
+    return 1;
+}
+
+/* kern_batch_pack_row_<T>: row r moved in accesses of sizeof(T) bytes (the batch's vec). */
+#define KERN_BATCH_PACK_ROW_FN(name, T)                                                            \
+    KERN_HD void name(const struct kern_batch *b, const uint64_t *w, uint64_t r, uint32_t lane,    \
+                      uint32_t nlanes)                                                             \
+    {                                                                                              \
+        uint8_t *eng, *blk;                                                                        \
+        if (!kern_batch_pack_at(b, w, r, &eng, &blk))                                              \
+            return;                                                                                \
+        const uint64_t row = (uint64_t)b->head_dim * b->elem_bytes;                                \
+        const uint32_t H = b->heads;                                                               \
+        const int gather = b->op == KERN_BATCH_GATHER;                                             \
+        const int packed = H == 1 || b->head_stride == row;                                        \
+        const uint64_t hs = b->head_stride;                                                        \
+        const uint32_t cph = (uint32_t)((packed ? row * H : row) / sizeof(T));                     \
+        const uint32_t nch = packed ? cph : cph * H;                                               \
+        KERN_BATCH_ROW_LOOP(T)                                                                     \
+    }
+
+KERN_BATCH_PACK_ROW_FN(kern_batch_pack_row16, kern_batch_v16)
+KERN_BATCH_PACK_ROW_FN(kern_batch_pack_row8, uint64_t)
+KERN_BATCH_PACK_ROW_FN(kern_batch_pack_row4, uint32_t)
+KERN_BATCH_PACK_ROW_FN(kern_batch_pack_row2, uint16_t)
+KERN_BATCH_PACK_ROW_FN(kern_batch_pack_row1, uint8_t)
+
+/* Row r of a gather or scatter batch, lanes [lane] of nlanes. */
+KERN_HD void kern_batch_pack_row(const struct kern_batch *b, const uint64_t *w, uint64_t r,
+                                 uint32_t lane, uint32_t nlanes)
+{
+    switch (b->vec) {
+    case 16:
+        kern_batch_pack_row16(b, w, r, lane, nlanes);
+        break;
+    case 8:
+        kern_batch_pack_row8(b, w, r, lane, nlanes);
+        break;
+    case 4:
+        kern_batch_pack_row4(b, w, r, lane, nlanes);
+        break;
+    case 2:
+        kern_batch_pack_row2(b, w, r, lane, nlanes);
+        break;
+    default:
+        kern_batch_pack_row1(b, w, r, lane, nlanes);
+        break;
+    }
+}
+
+/* ---- decode --------------------------------------------------------------------------- */
+
+/* fp16 / bf16 bits of a decoded value: round to nearest even, NaN as kern_f2h/kern_f2bf.
+ * On the device the conversion instruction (RNE, the same bits for every non-NaN input). */
+KERN_HD uint16_t kern_batch_out(float x, uint32_t out)
+{
+#ifdef __CUDA_ARCH__
+    if (x == x)
+        return out == KERN_DTYPE_BF16 ? __bfloat16_as_ushort(__float2bfloat16_rn(x))
+                                      : __half_as_ushort(__float2half_rn(x));
+#endif
+    return out == KERN_DTYPE_BF16 ? kern_f2bf(x) : kern_f2h(x);
+}
+
+/* Does the encoded block src (src_len bytes) describe `lay`, with section lk inside it?
+ * Fills *s. The decoder's own check: a block that fails it decodes to zeros. */
+KERN_HD int kern_batch_sect(const struct kern_layout *lay, const uint8_t *src, uint64_t src_len,
+                            uint32_t lk, struct kern_block_sect *s)
+{
+    struct kern_block_hdr hd;
+    if (!src || src_len < kern_hdr_bytes(lay))
+        return 0;
+    memcpy(&hd, src, sizeof(hd));
+    if (hd.magic != KERN_BLOCK_MAGIC || hd.version != KERN_BLOCK_VERSION ||
+        hd.kinds != kern_kinds(lay) || hd.layers != lay->layers || hd.heads != lay->heads ||
+        hd.head_dim != lay->head_dim || hd.tokens != lay->tokens || hd.dtype != lay->dtype)
+        return 0;
+    memcpy(s, src + sizeof(hd) + lk * sizeof(*s), sizeof(*s));
+    if (s->codec >= KERN_CODEC_COUNT || s->bytes != kern_sect_bytes(lay, s->codec, lk % hd.kinds) ||
+        s->offset < kern_hdr_bytes(lay) || (uint64_t)s->offset + s->bytes > src_len)
+        return 0;
+    return 1;
+}
+
+KERN_HD uint32_t kern_batch_u16(const uint8_t *p)
+{
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+/* Elements [d0, d0+n) (n <= 8) of token t, head h of a section (codec, sect: its payload)
+ * of kind k, as out-dtype bits: the reference's arithmetic, element by element. */
+KERN_HD void kern_batch_dec8(const struct kern_layout *lay, uint32_t codec, const uint8_t *sect,
+                             uint32_t k, uint32_t t, uint32_t h, uint32_t d0, uint32_t n,
+                             uint32_t out, uint16_t *y)
+{
+    const uint32_t H = lay->heads, D = lay->head_dim, T = lay->tokens;
+    const int bits = kern_codec_bits(codec);
+    if (codec == KERN_CODEC_RAW) {
+        const uint8_t *src = sect + 2 * (((uint64_t)t * H + h) * D + d0);
+        KERN_UNROLL
+        for (uint32_t j = 0; j < 8; j++)
+            if (j < n)
+                y[j] = out == lay->dtype
+                           ? (uint16_t)kern_batch_u16(src + 2 * j)
+                           : (out == KERN_DTYPE_BF16 ? kern_f2bf(kern_load(src, lay->dtype, j))
+                                                     : kern_f2h(kern_load(src, lay->dtype, j)));
+        return;
+    }
+    if (codec == KERN_CODEC_FP8) {
+        float scale;
+        memcpy(&scale, sect + 4 * h, 4);
+        const uint8_t *q = sect + 4 * H + ((uint64_t)t * H + h) * D + d0;
+        KERN_UNROLL
+        for (uint32_t j = 0; j < 8; j++)
+            if (j < n)
+                y[j] = kern_batch_out(KERN_MUL(kern_e4m3_dec(q[j]), scale), out);
+        return;
+    }
+    if (bits && (k == 0 || lay->k_only)) {
+        /* KIVI keys: per channel over groups of 32 tokens, [H][groups] */
+        const uint32_t rb = kern_kivi_row_bytes(D, bits);
+        const uint32_t full_gb = kern_kivi_k_group_bytes(D, KERN_GROUP, bits);
+        const uint8_t *g = sect + (uint64_t)h * kern_kivi_k_head_bytes(D, T, bits) +
+                           (uint64_t)(t / KERN_GROUP) * full_gb;
+        const uint8_t *codes = g + 4 * D + (uint64_t)(t % KERN_GROUP) * rb;
+        KERN_UNROLL
+        for (uint32_t j = 0; j < 8; j++) {
+            if (j >= n)
+                continue;
+            uint32_t c = d0 + j;
+            float sc = kern_get_h(g + 2 * c), mn = kern_get_h(g + 2 * D + 2 * c);
+            y[j] = kern_batch_out(kern_kivi_val(kern_kivi_get(codes, c, bits), sc, mn), out);
+        }
+        return;
+    }
+    /* ggml groups and KIVI values: [T][H][G] groups of 32 channels; d0 is a multiple of 8,
+     * so the n elements lie in one group */
+    const uint32_t G = kern_ngroups(D);
+    const uint32_t gb = bits                       ? kern_kivi_v_group_bytes(bits)
+                        : codec == KERN_CODEC_Q8_0 ? 34u
+                        : codec == KERN_CODEC_Q4_1 ? 20u
+                                                   : 24u;
+    const uint32_t g = d0 / KERN_GROUP, e0 = d0 % KERN_GROUP;
+    const uint8_t *blk = sect + (((uint64_t)t * H + h) * G + g) * gb;
+    const float d = kern_get_h(blk), m = kern_get_h(blk + 2);
+    if (bits) {
+        KERN_UNROLL
+        for (uint32_t j = 0; j < 8; j++)
+            if (j < n)
+                y[j] =
+                    kern_batch_out(kern_kivi_val(kern_kivi_get(blk + 4, e0 + j, bits), d, m), out);
+    } else if (codec == KERN_CODEC_Q8_0) {
+        KERN_UNROLL
+        for (uint32_t j = 0; j < 8; j++)
+            if (j < n)
+                y[j] = kern_batch_out(KERN_MUL((float)(int8_t)blk[2 + e0 + j], d), out);
+    } else {
+        const int five = codec == KERN_CODEC_Q5_1;
+        const uint8_t *qs = blk + (five ? 8 : 4);
+        uint32_t qh = 0;
+        if (five)
+            memcpy(&qh, blk + 4, 4);
+        KERN_UNROLL
+        for (uint32_t j = 0; j < 8; j++) {
+            if (j >= n)
+                continue;
+            uint32_t e = e0 + j;
+            uint32_t q = e < 16 ? (qs[e & 15] & 0xfu) : (uint32_t)(qs[e & 15] >> 4);
+            q |= ((qh >> e) & 1u) << 4;
+            y[j] = kern_batch_out(KERN_ADD(KERN_MUL((float)q, d), m), out);
+        }
+    }
+}
+
+/* Row r of a decode batch: token t of (block, layer, kind), every head, into the engine;
+ * lanes take 8 elements of a head row each. A block that is not an encoded block of the
+ * layout (or whose section lies outside its length) decodes to zeros; a NULL block is not
+ * this batch's and is left alone. */
+KERN_HD void kern_batch_decode_row(const struct kern_batch *b, const uint64_t *w, uint64_t r,
+                                   uint32_t lane, uint32_t nlanes)
+{
+    const struct kern_layout *lay = &b->klay;
+    const uint32_t T = b->block_tokens, K = b->kinds, L = b->layers, H = b->heads;
+    const uint32_t D = b->head_dim;
+    const uint32_t t = (uint32_t)(r % T);
+    uint64_t x = r / T;
+    const uint32_t k = (uint32_t)(x % K);
+    x /= K;
+    const uint32_t l = (uint32_t)(x % L);
+    const uint32_t bi = (uint32_t)(x / L);
+    const uint64_t p = b->first_token + (uint64_t)bi * T + t;
+    const int32_t page = kern_batch_page(b, w, p / b->page_tokens);
+    const uint8_t *src = kern_batch_ptr(w, K * L + bi);
+    if (page < 0 || !src)
+        return; /* no page for the token, or a block this batch does not decode */
+    uint8_t *eng = kern_batch_ptr(w, k * L + l) + (uint64_t)page * b->page_stride +
+                   (p % b->page_tokens) * b->token_stride;
+    const uint64_t src_len = w[K * L + b->nblocks + bi];
+    struct kern_block_sect s;
+    const int ok = kern_batch_sect(lay, src, src_len, (b->layer_first + l) * K + k, &s);
+    const uint32_t O = (D + 7) / 8, noct = O * H;
+    for (uint32_t c = lane; c < noct; c += nlanes) {
+        const uint32_t h = c / O, o = c - h * O, d0 = 8 * o;
+        const uint32_t n = D - d0 < 8 ? D - d0 : 8;
+        uint16_t y[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        if (ok)
+            kern_batch_dec8(lay, s.codec, src + s.offset, k, t, h, d0, n, b->out_dtype, y);
+        uint8_t *to = eng + (uint64_t)h * b->head_stride + 2ull * d0;
+        if (b->vec == 16 && n == 8) {
+            kern_batch_v16 v;
+            memcpy(&v, y, 16);
+            KERN_BATCH_STORE(kern_batch_v16, to, v);
+        } else {
+            KERN_UNROLL
+            for (uint32_t j = 0; j < 8; j++)
+                if (j < n)
+                    memcpy(to + 2 * j, &y[j], 2);
+        }
+    }
+}
+
+KERN_HD void kern_batch_row(const struct kern_batch *b, const uint64_t *w, uint64_t r,
+                            uint32_t lane, uint32_t nlanes)
+{
+    if (b->op == KERN_BATCH_DECODE)
+        kern_batch_decode_row(b, w, r, lane, nlanes);
+    else
+        kern_batch_pack_row(b, w, r, lane, nlanes);
+}
+
+#endif
