@@ -90,6 +90,8 @@ def run_rank(spec, r, group, out):
         extra["tp_lcm_size"] = spec["tp_lcm_size"]
     if spec.get("allocator"):
         extra["allocator"] = spec["allocator"]
+    if "extra_config" in spec:  # as given (the socket still the test's)
+        extra = dict(spec["extra_config"], socket=spec["socket"])
     kw = dict(storage_backend="dynamic", model_name=spec["model"],
               storage_backend_extra_config=extra, enable_storage_metrics=spec.get("metrics"),
               tp_rank=r["tp_rank"], tp_size=r["tp_size"],

@@ -94,6 +94,19 @@ def test_v1_two_instances_share_pages_with_metrics(daemon):
     assert a["stats"]["set_orphan"] == 0 and a["stats"]["set_failed"] == 0
 
 
+def test_the_documented_configuration_takes_the_zero_copy_path(daemon):
+    """The extra config docs/engines.md gives users, as SGLang reads it: the controller
+    chooses batch_get_v1/batch_set_v1 and the backend gets extra_info."""
+    doc = open(os.path.join(HERE, "..", "..", "docs", "engines.md")).read()
+    line = next(ln for ln in doc.splitlines() if "--hicache-storage-backend-extra-config" in ln
+                and "{" in ln)
+    extra = json.loads(line[line.index("'") + 1:line.rindex("'")])
+    toks = tokens(3, salt=11)
+    a = instance(daemon, [dict(op="backup", tokens=toks), dict(op="prefetch", tokens=toks)],
+                 extra_config=extra, model="ctl/docs")[0]
+    assert a["zero_copy"] and a["ops"][1]["pages_ok"] == [True] * 3
+
+
 def test_generic_path_without_interface_v1(daemon):
     """No "interface_v1": SGLang calls batch_set with flat pages and batch_get into dummy
     pages; the pages still arrive right."""
