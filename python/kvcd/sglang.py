@@ -94,6 +94,7 @@ _RANK_REPLICATED_EXCEPT = ("mamba",)  # TP-sharded pools of rank-replicated (MLA
 _LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")
 # pools laid out like the KV pool (kvcd's canonical KV namespaces); others are stored as bytes
 _KV_SHAPED = ("kv", "swa", "draft", "draft_swa")
+_STATE_POOLS = ("mamba",)  # pools of recurrent state: kvcd namespaces of kind "state"
 _DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 # fp8 by name: older torch has no float8 dtypes (SGLang's pools then hold the bytes as uint8)
 _FP8 = {"torch.float8_e4m3fn": "fp8_e4m3"}
@@ -157,6 +158,7 @@ class _PoolMap:
         self.nlayers = nlayers
         self.layout = layout or getattr(pool, "layout", "layer_first")
         self.block_bytes = None
+        self.state = False  # a kvcd "state" namespace: one lookup per key
         # page_head keeps a page's heads outside its tokens, which libkvc's paged copies do
         # not take: its pages move one strided torch copy each (canonical_page)
         self.per_page = self.layout == "page_head"
@@ -354,12 +356,23 @@ class KvcdHiCacheStorage(_Base):
         dummy = pool.get_dummy_flat_data_page()
         nbytes = dummy.numel() * dummy.element_size()
         L, H, D = self._bytes_shape(nbytes)
-        desc = "%sbytes-%d" % (prefix, nbytes)
-        shards = [(self._model_id(r, desc), dict(layers=L, kv_heads=H, head_dim=D,
-                                                 block_tokens=1, dtype="int8", k_only=True))
+        if name in _STATE_POOLS:
+            # A recurrent state taken at the end of the page it is stored under: kvcd's state
+            # kind, whose lookup answers with the longest prefix that has one.
+            P = int(getattr(self.pools.get(KV), "page_size", 1) or 1)
+            desc = "%sstate-%d" % (prefix, nbytes)
+            args = dict(layers=L, kv_heads=H, head_dim=D, block_tokens=P, dtype="int8",
+                        kind="state")
+        else:
+            desc = "%sbytes-%d" % (prefix, nbytes)
+            args = dict(layers=L, kv_heads=H, head_dim=D, block_tokens=1, dtype="int8",
+                        k_only=True)
+        shards = [(self._model_id(r, desc), args)
                   for r, _ in self._shards(replicated, 1, split=False)]
-        return _PoolMap(name, pool, "bytes", int(getattr(pool, "page_size", 1) or 1), shards,
-                        replicated=replicated)
+        m = _PoolMap(name, pool, "bytes", int(getattr(pool, "page_size", 1) or 1), shards,
+                     replicated=replicated)
+        m.state = name in _STATE_POOLS
+        return m
 
     def _map_mla(self, name, pool, buf, layout, P, dtype, prefix):
         # [layer][token][1][dim], [token][layer][1][dim] or [page][layer][P][1][dim]
@@ -467,7 +480,8 @@ class KvcdHiCacheStorage(_Base):
         mid, args = m.shards[shard]
         ns = self._tls.ns.get(mid)
         if ns is None:
-            ns = self._tls.ns[mid] = c.namespace(mid, **args)
+            ns = self._tls.ns[mid] = (c.namespace_kind(mid, **args) if "kind" in args
+                                      else c.namespace(mid, **args))
             m.block_bytes = ns.block_bytes
         return ns
 
@@ -537,6 +551,20 @@ class KvcdHiCacheStorage(_Base):
                 n = min(n, len(leases[-1]))
             if n == 0:
                 return 0
+            if m.kind == "bytes" and m.state:
+                # A state lookup answers with the last state of the keys: each key alone.
+                ns = self._ns(m, 0)
+                for lease in leases:
+                    lease.release()
+                leases = []
+                for i in range(len(kb)):
+                    leases.append(ns.lookup(kb[i:i + 1]))
+                    if len(leases[-1]) == 0:
+                        return i
+                    page = m.pool.get_dummy_flat_data_page()
+                    leases[-1].copy_into(0, page)
+                    m.pool.set_from_flat_data_page(int(idx[i * m.page_size]), page)
+                return len(kb)
             if m.kind == "bytes":
                 lease = leases[0]
                 for i in range(n):
@@ -742,6 +770,10 @@ class KvcdHiCacheStorage(_Base):
                 m = self._pool(_name(t.name))
                 if _policy(t) == "all_pages":
                     b = self._exists(m, kb[:kv])
+                elif m.state and (len(t.keys) if t.keys else 1) == 1:
+                    # The state of the longest prefix of the KV hit that has one: one lookup.
+                    with self._ns(m, 0).lookup(kb[:kv], ready_only=True) as lease:
+                        b = lease.first + 1 if len(lease) else 0
                 else:
                     w, b = max(1, len(t.keys) if t.keys else 1), 0
                     for end in range(kv, 0, -1):

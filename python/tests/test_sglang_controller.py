@@ -202,6 +202,7 @@ def test_hybrid_v2_pools(daemon):
                  hybrid=hy, model="ctl/hybrid")[0]
     assert [o["completed_tokens"] for o in a["ops"]] == [5 * P, 10 * P]
     assert set(a["namespaces"]) == {"kv", "mamba", "swa", "indexer"}
+    assert "/mamba-state-" in a["namespaces"]["mamba"][0]  # kvcd's state kind
     # 12 pages asked, 10 cached: the state and window at page 10 are there.
     b = instance(daemon, [dict(op="prefetch", tokens=toks + tokens(2, salt=10)),
                           dict(op="prefetch", tokens=toks[:7 * P], rid="short"),
