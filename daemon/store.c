@@ -898,6 +898,13 @@ int store_reserve(struct store *s, struct store_owner *o, uint32_t ns_id,
         b->off = loc.off;
         b->len = loc.len;
         b->depth = depth++;
+        if (ns->layout.kv_kind == KVC_WIRE_KV_KIND_KV_WINDOW) {
+            /* Every block of a window is a leaf: a prefix needs only its last window, and a
+             * window lookup touches those blocks alone, so the blocks behind every cached
+             * window grow cold and are evicted first (a chain would keep them as parents). */
+            b->parent = (struct kvc_wire_key){0, 0};
+            b->depth = 0;
+        }
         b->ns = (uint16_t)ns_id;
         b->arena = (uint8_t)loc.arena;
         b->cls = (uint8_t)loc.cls;
@@ -956,7 +963,8 @@ static uint32_t store_resv_end(struct store *s, struct store_owner *o, struct st
 {
     struct store_ns *ns = s->ns[h->ns];
     uint32_t committed = 0;
-    uint32_t parent = h->parent_pin;
+    /* Window blocks hang from nothing (store_reserve). */
+    uint32_t parent = ns->layout.kv_kind == KVC_WIRE_KV_KIND_KV_WINDOW ? INDEX_NONE : h->parent_pin;
     for (uint32_t i = 0; i < h->n; i++) {
         uint32_t idx = h->blocks[i];
         struct block *b = &s->ix.blocks[idx];
@@ -977,7 +985,8 @@ static uint32_t store_resv_end(struct store *s, struct store_owner *o, struct st
             store_meta_commit(s, idx, now);
             if (s->on_commit)
                 s->on_commit(s, idx, now);
-            parent = idx;
+            if (ns->layout.kv_kind != KVC_WIRE_KV_KIND_KV_WINDOW)
+                parent = idx;
         } else {
             store_block_drop(s, idx);
             STORE_STAT_ADD(s, ns, aborted_blocks, 1);
