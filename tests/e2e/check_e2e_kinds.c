@@ -234,6 +234,21 @@ START_TEST(test_blocks_behind_the_window_go_first)
     }
     ck_assert_int_eq(kvc_put_prefix(w, NULL, wk, 20, p), 20); /* one chain, as an engine does */
     ck_assert_int_eq(kvc_flush(c), 0);
+    /* Recorded as leaves too (what the disk records and a restart take back). */
+    static char out[65536], err[1024], nsid[16];
+    snprintf(nsid, sizeof(nsid), "%u", kvc_ns_id(w));
+    ck_assert_int_eq(
+        daemon_kvcctl(&d, out, sizeof(out), err, sizeof(err), "--json", "ls", "--ns", nsid, NULL),
+        0);
+    ck_assert_ptr_nonnull(strstr(out, "\"parent\": \"00000000000000000000000000000000\""));
+    ck_assert_msg(strstr(out, "\"depth\": 1,") == NULL && strstr(out, "\"children\": 1,") == NULL,
+                  "window blocks chained: %s", out);
+    for (int i = 1; i < 20; i++) {
+        char par[64];
+        snprintf(par, sizeof(par), "\"parent\": \"%016llx%016llx\"",
+                 (unsigned long long)wk[i - 1].hi, (unsigned long long)wk[i - 1].lo);
+        ck_assert_msg(strstr(out, par) == NULL, "block %d hangs from block %d", i, i - 1);
+    }
     keys_of(kk, 64, 8);
     for (int j = 0; j < 64; j += 4) { /* 16 MiB of other prompts while this one is in use */
         for (int i = 0; i < 4; i++)
