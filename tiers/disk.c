@@ -49,7 +49,7 @@ struct tier_disk_op {
     struct iovec iov[2]; /* PUT/GET: header and data, one request */
     bool has_expect;
     struct tier_disk_meta expect; /* GET: what the record must say; PUT: what it says */
-    /* Worker stages (docs/design/disk.md): a PUT is hashed, and compressed when asked, before it
+    /* Worker stages (docs/disk.md): a PUT is hashed, and compressed when asked, before it
      * is submitted; a GET is hashed, and decompressed, after its read completed. */
     struct tier_disk_op *next; /* worker queue / done list */
     uint8_t stage;             /* enum tier_disk_stage */
@@ -308,7 +308,7 @@ static int tier_disk_prep(struct tier_disk *d, struct tier_disk_op *op, bool wri
 
 /* Prepares one vectored request: the 4 KiB header at off and the data right behind it. The
  * data then travels without the registered buffer (the header is not inside it), which
- * costs a page pin per request but saves a second request per record (docs/design/disk.md). */
+ * costs a page pin per request but saves a second request per record (docs/disk.md). */
 static int tier_disk_prep_record(struct tier_disk *d, struct tier_disk_op *op, bool write,
                                  void *data, uint64_t len, uint64_t off)
 {
