@@ -214,6 +214,8 @@ struct store *store_new(const struct store_params *p, int *err)
         .page_size = p->host_page_size,
         .huge = (enum tier_host_huge)p->host_huge,
         .prefault = p->host_prefault,
+        .prefault_first = STORE_PREFAULT_FIRST,
+        .prefault_threads = p->host_prefault_threads,
     };
     struct store *s = calloc(1, sizeof(*s));
     int rc = -ENOMEM;
@@ -1000,6 +1002,16 @@ uint64_t store_host_capacity(const struct store *s)
     return t->ops->capacity(t);
 }
 
+void store_host_faulted(const struct store *s, uint64_t *faulted, uint64_t *total)
+{
+    *faulted = *total = 0;
+    for (uint32_t a = 0; a < s->narenas; a++) {
+        const struct tier *t = s->arenas[a].tier;
+        *faulted += s->p.host_prefault ? tier_host_faulted(t) : tier_host_size(t);
+        *total += tier_host_size(t);
+    }
+}
+
 /* ---- operator and access-list support (issue 6) -------------------------------------- */
 
 int store_arena_add(struct store *s, uint64_t size, uint32_t *id)
@@ -1012,6 +1024,8 @@ int store_arena_add(struct store *s, uint64_t size, uint32_t *id)
         .page_size = s->p.host_page_size,
         .huge = (enum tier_host_huge)s->p.host_huge,
         .prefault = s->p.host_prefault,
+        .prefault_first = STORE_PREFAULT_FIRST,
+        .prefault_threads = s->p.host_prefault_threads,
     };
     int rc = 0;
     if (s->narenas == STORE_MAX_ARENAS)

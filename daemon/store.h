@@ -48,12 +48,16 @@ struct fast_index;
 #define STORE_ARENA_DISK STORE_MAX_ARENAS
 /* arenas[STORE_ARENA_GPU] holds the GPU tier (when there is one) and its LRU list. */
 #define STORE_ARENA_GPU (STORE_MAX_ARENAS + 1)
+/* Bytes of each host arena faulted in before store_new (store_arena_add) returns when the
+ * rest is faulted in the background (store_params.host_prefault_threads). */
+#define STORE_PREFAULT_FIRST (64ull << 20)
 
 struct store_params {
     uint64_t host_size;
     uint64_t host_page_size;
     int host_huge; /* enum tier_host_huge */
     bool host_prefault;
+    uint32_t host_prefault_threads; /* 0: every page before store_new returns */
     double high_watermark;
     double low_watermark;
     uint32_t max_namespaces;
@@ -349,6 +353,9 @@ void store_fast_stats(const struct store *s, uint64_t *published, uint64_t *full
 /* Gauges for STATS (see STATS_GAUGES). */
 uint64_t store_host_used(const struct store *s);
 uint64_t store_host_capacity(const struct store *s);
+/* Bytes of the host arenas faulted in so far, and in all (every arena; the capacity above is
+ * arena 0's). */
+void store_host_faulted(const struct store *s, uint64_t *faulted, uint64_t *total);
 uint64_t store_gpu_used(const struct store *s);     /* 0 without a GPU tier */
 uint64_t store_gpu_capacity(const struct store *s); /* 0 without a GPU tier */
 
