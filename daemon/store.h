@@ -227,8 +227,10 @@ struct store {
     uint64_t ghost_salt;
     bool heap_defer; /* store_ns_policy_set leaves the heap rebuild to its caller */
     /* The fast path's shared index of each host arena (NULL: off), kept in step by
-     * store_fast_sync; fast_full counts blocks left out of a full set. */
+     * store_fast_sync, sized for every block the arena can hold (grown when a namespace with
+     * smaller blocks comes to it). */
     struct fast_index *fast[STORE_MAX_ARENAS];
+    uint64_t fast_full_before; /* fast_full of indexes replaced by larger ones */
     bool fast_keep; /* store_touch: the unlink leaves the block's index entry alone */
     /* Which block's slot starts at an offset of a host arena: per 4 KiB unit (the smallest
      * slot), 1 + the index of the committed block there, 0 none (kept by the LRU link and
@@ -347,7 +349,7 @@ void store_fast_ref(struct store *s, uint32_t ns_id, const struct kvc_wire_key *
                     uint64_t now);
 
 /* The fast path's indexes: blocks published now, and publications refused so far because
- * the block's set was full (its hits take the socket). */
+ * the block found no room (its hits take the socket; keys chosen to collide). */
 void store_fast_stats(const struct store *s, uint64_t *published, uint64_t *full);
 
 /* Gauges for STATS (see STATS_GAUGES). */
