@@ -60,8 +60,8 @@
 #define KVC_FAST_MAGIC 0x5844494641564b43ull /* "CKVAFIDX" */
 #define KVC_FAST_RING_MAGIC 0x474e495241564b43ull
 #define KVC_FAST_VERSION 2u
-#define KVC_FAST_WAYS 4u   /* entries per bucket */
-#define KVC_FAST_STASH 64u /* entries behind the buckets, for keys whose buckets are full */
+#define KVC_FAST_WAYS 4u       /* entries per bucket */
+#define KVC_FAST_STASH 64u     /* entries behind the buckets, for keys whose buckets are full */
 #define KVC_FAST_UNIT_SHIFT 12 /* a generation per 4 KiB of the arena */
 
 /* At offset 0 of an index mapping. Every offset is from the start of the mapping. */

@@ -77,7 +77,7 @@ struct kvc_fastview {
     struct kvc_fastview *older; /* the views this one replaced (their index was retired) */
 };
 struct kvc_fastmap {
-    int state; /* 0 not tried yet, 1 view mapped, -1 off for this arena */
+    int state;                 /* 0 not tried yet, 1 view mapped, -1 off for this arena */
     struct kvc_fastview *view; /* the latest index, read with acquire without mu */
 };
 

@@ -188,8 +188,8 @@ static int store_fast_open(struct store *s, uint32_t a)
     tier_host_gens_set(s->arenas[a].tier, fast_index_gens(fi), KVC_FAST_UNIT_SHIFT);
     s->fast[a] = fi;
     for (int clean = 0; clean < 2; clean++)
-        for (uint32_t i = clean ? s->arenas[a].clean_head : s->arenas[a].lru_head;
-             i != INDEX_NONE; i = s->ix.blocks[i].lru_next)
+        for (uint32_t i = clean ? s->arenas[a].clean_head : s->arenas[a].lru_head; i != INDEX_NONE;
+             i = s->ix.blocks[i].lru_next)
             store_fast_sync(s, i);
     fast_index_free(old);
     return 0;

@@ -147,13 +147,14 @@ static uint32_t fp_cached(kvc_ns *ns, const struct kvc_key *keys, uint32_t n)
  * and still copies its blocks through it. */
 START_TEST(test_fast_full_arena_4k)
 {
-    static const char *const args[] = {"-o", "host.size=64m", "-o", "host.page_size=64k",
+    static const char *const args[] = {"-o", "host.size=64m",    "-o", "host.page_size=64k",
                                        "-o", "cache.policy=lru", NULL};
     enum { CHAINS = 288, LEN = 64 }; /* 18432 blocks of 4 KiB: more than the arena holds */
     struct daemon d = {0};
     kvc_client *c, *c2;
     kvc_ns *big, *small;
-    struct kvc_layout lbig = daemon_layout("e2e-fast-64k", 64), lsmall = daemon_layout("e2e-fast-4k", 4);
+    struct kvc_layout lbig = daemon_layout("e2e-fast-64k", 64),
+                      lsmall = daemon_layout("e2e-fast-4k", 4);
     struct kvc_key kb[16], *ks = calloc((size_t)CHAINS * LEN, sizeof(*ks));
     uint64_t fast0, fast1, dropped, blocks, pub, full;
     ck_assert_ptr_nonnull(ks);
