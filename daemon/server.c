@@ -1427,7 +1427,15 @@ static int server_fast_after(void *arg)
 {
     struct server *sv = arg;
     sv->fast_evict_passed = false;
-    return server_fast_pass(sv, SERVER_FAST_PASS_ALL, true);
+    int again = server_fast_pass(sv, SERVER_FAST_PASS_ALL, true);
+    /* An eviction left half done at its time budget goes on between batches of requests,
+     * so none waits behind all of it. */
+    if (sv->store->trim_more) {
+        engine_trim(sv->store, loop_now_ms(sv->loop));
+        if (sv->store->trim_more)
+            again = 0;
+    }
+    return again;
 }
 
 /* Before the engine evicts (store.on_evict): a pass, so that the hits clients took through

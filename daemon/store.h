@@ -239,6 +239,9 @@ struct store {
     /* Bytes the reservation being made still wants (store_reserve): the room a ladder makes
      * at once when a put finds its arena full, so a chain waits for its room once. */
     uint64_t room_want;
+    /* The last engine_trim stopped at its time budget above the low watermark: the next one
+     * (the server runs it after the next batch of requests) goes on from there. */
+    bool trim_more;
     /* Room is coming in an arena: a quantize job landed (set by the server, which runs the
      * puts that wait for room again). */
     void (*on_room)(void *arg);

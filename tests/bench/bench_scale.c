@@ -162,6 +162,29 @@ static uint64_t sc_rss(pid_t pid)
     return (uint64_t)kb * 1024;
 }
 
+/* KVC_SCALE_SMAPS=1: the daemon's mappings by resident size (what its memory is). */
+static void sc_smaps(pid_t pid)
+{
+    char path[64], line[256], name[200] = "";
+    unsigned long long kb;
+    if (!getenv("KVC_SCALE_SMAPS"))
+        return;
+    snprintf(path, sizeof(path), "/proc/%d/smaps", (int)pid);
+    FILE *f = fopen(path, "re");
+    while (f && fgets(line, sizeof(line), f)) {
+        unsigned long long a, b;
+        if (sscanf(line, "%llx-%llx", &a, &b) == 2) {
+            char *sp = strrchr(line, ' ');
+            snprintf(name, sizeof(name), "%s", sp && sp[1] != '\n' ? sp + 1 : "[anon]\n");
+            name[strcspn(name, "\n")] = 0;
+        } else if (sscanf(line, "Rss: %llu kB", &kb) == 1 && kb >= 1024) {
+            printf("  smaps: %8llu KiB  %s\n", kb, name);
+        }
+    }
+    if (f)
+        fclose(f);
+}
+
 static uint64_t sc_stat(kvc_client *c, const char *name)
 {
     uint64_t v = 0;
@@ -556,6 +579,7 @@ static void sc_level(size_t bb, struct sc_level *lv, uint64_t tag)
     blocks = sc_stat(c, "blocks_now");
     uint64_t pub = sc_stat(c, "fast_index_blocks"), full = sc_stat(c, "fast_index_full");
     uint64_t rss1 = sc_rss(d.pid);
+    sc_smaps(d.pid);
     char name[96], base[96];
     snprintf(name, sizeof(name), "fast_coverage_%zuk_%llu", bb / 1024, (unsigned long long)lv->n);
     sc_row(name, blocks ? (double)pub / (double)blocks : 0, "share", "target", 0.99);
@@ -591,10 +615,16 @@ static void sc_levels(size_t bb, const uint64_t *ns, int nlev)
     struct sc_level lv[8] = {{0}};
     uint64_t cap = getenv("KVC_SCALE_MAX_BLOCKS") ? strtoull(getenv("KVC_SCALE_MAX_BLOCKS"), 0, 10)
                                                   : UINT64_MAX;
+    const char *only = getenv("KVC_SCALE_BLOCK"); /* 4 or 64: that block size alone */
     int first = -1;
+    if (only && strtoull(only, NULL, 10) * 1024 != bb)
+        return;
     for (int i = 0; i < nlev; i++) {
         lv[i].n = ns[i];
         uint64_t need = ns[i] * (bb + 512) + GiB;
+        if (getenv("KVC_SCALE_MIN_BLOCKS") &&
+            ns[i] < strtoull(getenv("KVC_SCALE_MIN_BLOCKS"), NULL, 10))
+            continue;
         if (ns[i] > cap || need * 3 / 2 > sc_mem_available()) {
             printf("level %zuk %llu: not run (%llu MiB free here, about %llu MiB needed)\n",
                    bb / 1024, (unsigned long long)ns[i],
