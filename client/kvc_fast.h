@@ -152,6 +152,7 @@ static inline uint64_t kvc_fast_layout_id(const struct kvc_wire_layout *l)
     c.block_tokens = l->block_tokens;
     c.dtype = l->dtype;
     c.kv_kind = l->kv_kind;
+    c.window_tokens = l->window_tokens;
     uint64_t h = XXH3_64bits(&c, sizeof(c));
     return h ? h : 1;
 }

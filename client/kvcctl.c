@@ -314,6 +314,16 @@ static int ctl_ns_drop(struct ctl *x, int argc, char **argv)
     return 0;
 }
 
+/* A namespace's kind as ns, ls and show print it. */
+static const char *ctl_kind_name(enum kvc_kv_kind k)
+{
+    return k == KVC_KV_KIND_KV          ? "kv"
+           : k == KVC_KV_KIND_K_ONLY    ? "k"
+           : k == KVC_KV_KIND_KV_WINDOW ? "kv_window"
+           : k == KVC_KV_KIND_STATE     ? "state"
+                                        : "?";
+}
+
 static int ctl_ns(struct ctl *x, int argc, char **argv)
 {
     struct kvc_ns_info *ns;
@@ -338,16 +348,22 @@ static int ctl_ns(struct ctl *x, int argc, char **argv)
                "HEADS", "DIM", "TOKENS", "DTYPE", "KIND", "BLOCK_BYTES", "BLOCKS", "BYTES");
     for (size_t i = 0; i < n; i++) {
         const struct kvc_ns_info *o = &ns[i];
-        const char *kind = o->kv_kind == KVC_KV_KIND_KV ? "kv" : "k";
+        const char *kind = ctl_kind_name(o->kv_kind);
+        uint32_t window = 0;
+        char kbuf[24];
+        if (o->kv_kind == KVC_KV_KIND_KV_WINDOW && kvc_ns_window(x->c, o->ns_id, &window) == 0) {
+            snprintf(kbuf, sizeof(kbuf), "kv_window:%u", window);
+            kind = x->json ? kind : kbuf;
+        }
         if (x->json) {
             printf("%s{\"id\": %u, \"model\": ", i ? ", " : "", o->ns_id);
             ctl_json_str(o->model_id);
             printf(", \"layers\": %u, \"kv_heads\": %u, \"head_dim\": %u, \"block_tokens\": %u, "
-                   "\"dtype\": \"%s\", \"kv_kind\": \"%s\", \"block_bytes\": %" PRIu64
-                   ", \"blocks\": %" PRIu64 ", \"bytes\": %" PRIu64 ", \"arena\": %u}",
-                   o->layers, o->kv_heads, o->head_dim, o->block_tokens,
-                   ctl_dtype_name(o->dtype), kind, o->block_bytes, o->blocks, o->bytes,
-                   o->arena_id);
+                   "\"dtype\": \"%s\", \"kv_kind\": \"%s\", \"window_tokens\": %u, "
+                   "\"block_bytes\": %" PRIu64 ", \"blocks\": %" PRIu64 ", \"bytes\": %" PRIu64
+                   ", \"arena\": %u}",
+                   o->layers, o->kv_heads, o->head_dim, o->block_tokens, ctl_dtype_name(o->dtype),
+                   kind, window, o->block_bytes, o->blocks, o->bytes, o->arena_id);
         } else {
             printf("%-4u %-*s %6u %5u %5u %6u %-8s %-4s %12" PRIu64 " %8" PRIu64 " %12" PRIu64 "\n",
                    o->ns_id, mw, o->model_id, o->layers, o->kv_heads, o->head_dim, o->block_tokens,
@@ -455,12 +471,14 @@ static int ctl_ls(struct ctl *x, int argc, char **argv)
                     continue;
                 shown++;
                 if (x->json)
-                    printf("%s{\"ns\": %u, \"key\": \"%s\", \"parent\": \"%s\", \"depth\": %u, "
+                    printf("%s{\"ns\": %u, \"kind\": \"%s\", \"key\": \"%s\", \"parent\": "
+                           "\"%s\", \"depth\": %u, "
                            "\"bytes\": %" PRIu64 ", \"hits\": %u, \"pins\": %u, \"children\": %u, "
                            "\"last_access_ms\": %" PRIu64 ", \"tier\": \"%s\", \"codec\": \"%s\"}",
-                           first ? "" : ", ", ns[k].ns_id, key, parent, b[i].depth, b[i].bytes,
-                           b[i].hits, b[i].pins, b[i].children, b[i].last_access_ms,
-                           ctl_tier_name(b[i].tier), ctl_codec_name(b[i].format));
+                           first ? "" : ", ", ns[k].ns_id, ctl_kind_name(ns[k].kv_kind), key,
+                           parent, b[i].depth, b[i].bytes, b[i].hits, b[i].pins, b[i].children,
+                           b[i].last_access_ms, ctl_tier_name(b[i].tier),
+                           ctl_codec_name(b[i].format));
                 else
                     printf("%-4u %-32s %-32s %5u %10" PRIu64 " %6u %5u %5u %10" PRIu64 "\n",
                            ns[k].ns_id, key, parent, b[i].depth, b[i].bytes, b[i].hits,
@@ -560,20 +578,22 @@ static int ctl_show(struct ctl *x, int argc, char **argv)
     if (x->json) {
         printf("[{\"ns\": %u, \"model\": ", o->ns_id);
         ctl_json_str(o->model_id);
-        printf(", \"key\": \"%s\", \"parent\": \"%s\", \"depth\": %u, \"bytes\": %" PRIu64
+        printf(", \"kind\": \"%s\", \"key\": \"%s\", \"parent\": \"%s\", \"depth\": %u, "
+               "\"bytes\": %" PRIu64
                ", \"tokens\": %u, \"hits\": %u, \"pins\": %u, \"children\": %u, "
                "\"last_access_ms\": %" PRIu64 ", \"tier\": \"%s\", \"arena\": %u, "
                "\"codec\": \"%s\"}]\n",
-               first, parent, one.depth, one.bytes, o->block_tokens, one.hits, one.pins,
+               ctl_kind_name(o->kv_kind), first, parent, one.depth, one.bytes, o->block_tokens, one.hits, one.pins,
                one.children, one.last_access_ms, ctl_tier_name(one.tier), o->arena_id,
                ctl_codec_name(one.format));
     } else {
-        printf("key          %s\nparent       %s\nnamespace    %u (%s)\n"
+        printf("key          %s\nparent       %s\nnamespace    %u (%s, %s)\n"
                "depth        %u (tokens %u..%u of its prefix)\nbytes        %" PRIu64
                "\nhits         %u\npins         %u\nchildren     %u\n"
                "last access  %" PRIu64 " ms after start\nlives in     %s tier, "
                "arena %u, codec %s\n",
-               first, parent, o->ns_id, o->model_id, one.depth, one.depth * o->block_tokens,
+               first, parent, o->ns_id, o->model_id, ctl_kind_name(o->kv_kind), one.depth,
+               one.depth * o->block_tokens,
                (one.depth + 1) * o->block_tokens - 1, one.bytes, one.hits, one.pins, one.children,
                one.last_access_ms, ctl_tier_name(one.tier), o->arena_id,
                ctl_codec_name(one.format));

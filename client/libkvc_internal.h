@@ -148,6 +148,7 @@ struct kvc_hit {
 struct kvc_lease {
     kvc_ns *ns;
     uint64_t load_ns; /* time spent copying hits out, reported at release */
+    size_t first;     /* position in the looked-up keys of hit 0 (KV_WINDOW, STATE) */
     size_t n;
     size_t nids;
     uint64_t ids[8];         /* one per chunk of KVC_PROTO_MAX_KEYS */

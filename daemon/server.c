@@ -618,14 +618,15 @@ static int server_on_lookup(struct server *sv, struct conn *c, const struct prot
     bool defer =
         may_wait && !(q->flags & KVC_LOOKUP_F_READY_ONLY) && server_may_wait(sv, c, q->ns_id, now);
     c->owner.lookup_short = false;
-    int hits = engine_lookup_flags(sv->store, &c->owner, q->ns_id, r->tail, n,
-                                   q->flags | (defer ? ENGINE_LOOKUP_F_DEFER : 0), now, &lease,
-                                   (struct kvc_wire_loc *)(p + 1));
+    uint32_t first = 0;
+    int hits = engine_lookup_kind(sv->store, &c->owner, q->ns_id, r->tail, n,
+                                  q->flags | (defer ? ENGINE_LOOKUP_F_DEFER : 0), now, &lease,
+                                  &first, (struct kvc_wire_loc *)(p + 1));
     if (hits == -EAGAIN && defer)
         return SERVER_DEFERRED;
     if (hits < 0)
         return server_store_rc(sv, c, hits);
-    *p = (struct kvc_lookup_rep){.nhit = (uint32_t)hits, .lease_id = lease};
+    *p = (struct kvc_lookup_rep){.nhit = (uint32_t)hits, .first = first, .lease_id = lease};
     return (int)(sizeof(*p) + (size_t)hits * sizeof(struct kvc_wire_loc));
 }
 

@@ -285,6 +285,12 @@ void store_owner_fini(struct store *s, struct store_owner *o);
  * KVC_PROTO_MAX_KEYS): the hits a lookup may hand out before the engine moves any. */
 uint32_t store_lookup_run(struct store *s, uint32_t ns_id, const struct kvc_wire_key *keys,
                           uint32_t n);
+/* The span of keys[0..n) a lookup of namespace ns_id answers with: keys[first..first+count),
+ * returned as first with *count set. KV and K_ONLY: the run of committed blocks from keys[0]
+ * (store_lookup_run); KV_WINDOW: the window of the longest prefix whose window is cached;
+ * STATE: the state of the longest prefix that has one (count 0 or 1). */
+uint32_t store_lookup_span(struct store *s, uint32_t ns_id, const struct kvc_wire_key *keys,
+                           uint32_t n, uint32_t *count);
 /* Pins keys[0..hits) under a new lease of o (*lease_id, 0 if no hit), fills locs[0..hits)
  * from where each block is now and counts the lookup of n keys (tier[i]: where hit i was
  * found, for the per-tier counters). Returns hits, or -ENOENT (ns), -EMFILE, -ENOMEM. The

@@ -57,6 +57,19 @@ class Client:
         of q8_0, q4_1, q5_1, kivi2, kivi4, fp8; None keeps that kind raw), layers
         [0, raw_layers) raw; fp16 and bf16 only. The creator's setting stays with the
         namespace: another one under the same model id is EEXIST."""
+    def namespace_kind(self, model_id: str, layers: int, kv_heads: int, head_dim: int,
+                       block_tokens: int, dtype: str = "fp16", kind: str = "kv",
+                       window_tokens: int = 0) -> Namespace:
+        """Opens (creating if new) the namespace of one kind of layer of a hybrid model (one
+        namespace per kind, under the same keys; docs/engines.md "Hybrid models"): "kv",
+        "k_only", "kv_window" (sliding-window layers laid out as KV; window_tokens the window,
+        1..65535: a lookup answers with the window of the longest prefix whose window is
+        cached, Lease.first where it starts) or "state" (a fixed-size state per layer,
+        layers x kv_heads x head_dim elements, valid at the end of the block it is stored
+        under: a lookup answers with the state of the longest prefix that has one). The kind
+        and window are part of the layout (another under the same model id is EEXIST); a
+        state namespace takes no codec. ValueError for an unknown kind or a window given to
+        another kind (or missing for kv_window)."""
     def evict(self, ns_id: int = 0, tier: int = 0) -> int:
         """(admin) Evicts every unpinned block of namespace ns_id (0: all) in tier (0: all,
         1: host); returns how many. Error EPERM for a client that is not an admin, ENOENT
@@ -65,7 +78,8 @@ class Client:
         """Every counter the caller may see, in the Prometheus text format (kvc_metrics)."""
     def namespaces(self) -> list[dict]:
         """The namespaces the caller may see: a dict each with id, arena, model_id, layers,
-        kv_heads, head_dim, block_tokens, dtype, kv_kind, block_bytes, blocks, bytes."""
+        kv_heads, head_dim, block_tokens, dtype, kv_kind ("kv", "k_only", "kv_window",
+        "state"), block_bytes, blocks, bytes."""
     def stats(self, scope: int = 0) -> dict[str, int]:
         """The daemon's counters (scope 0) or a namespace's (scope = Namespace.id)."""
     def flush(self) -> None:
@@ -95,6 +109,8 @@ class Namespace:
     block_tokens: int  #: tokens per block
     id: int  #: the daemon's namespace id
     model_id: str
+    kind: str  #: "kv", "k_only", "kv_window" or "state"
+    window_tokens: int  #: the window of a kv_window namespace (0 for the other kinds)
     def keys_from_tokens(self, tokens: Sequence[int], parent: Optional[bytes] = None,
                          extra: bytes = b"") -> list[bytes]:
         """Chained keys of the full blocks of ``tokens`` (the tail of fewer than
@@ -161,6 +177,7 @@ class Lease:
 
     released: bool  #: True after release() or the client's close() (and for 0 hits)
     block_bytes: int
+    first: int  #: position in the looked-up keys of hit 0 (kv_window, state; 0 otherwise)
     def __len__(self) -> int:
         """Number of hits."""
     def __getitem__(self, i: int) -> memoryview:

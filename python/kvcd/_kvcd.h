@@ -60,6 +60,7 @@ struct handle {
     struct ns_layout lay;
     int device_work; /* device copies were queued on it: release and abort wait for them */
     int gpu;         /* looked up or reserved for the GPU pool: its blocks may be device memory */
+    size_t first;    /* a lease: position in the looked-up keys of hit 0 (kvc_lease_first) */
 };
 
 struct client_object {
@@ -166,6 +167,7 @@ void client_gpu_state_set(client_object *c, int state);
 void ns_layout_fill(struct ns_layout *l, const struct kvc_layout *k);
 extern PyTypeObject paged_type;
 PyObject *ns_paged_kv(PyObject *self, PyObject *args, PyObject *kw);
+const char *kind_name(int kind); /* enum kvc_kv_kind as the binding names it */
 PyObject *lease_scatter(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *resv_gather(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *ns_prefix_dev(ns_object *ns, const struct kvc_key *keys, size_t n,

@@ -125,6 +125,7 @@ void handle_init(struct handle *h, client_object *c, enum handle_kind kind, void
                      ns->lay.kv_heads * ns->lay.head_dim * ns->lay.elem;
     h->device_work = 0;
     h->gpu = 0;
+    h->first = 0;
     h->finished = p == NULL;
     h->exports = 0;
     h->prev = h->next = NULL;
@@ -408,6 +409,82 @@ static PyObject *client_namespace(PyObject *self, PyObject *args, PyObject *kw)
     return (PyObject *)ns;
 }
 
+/* The kind names of the binding (enum kvc_kv_kind). */
+static const char *const kind_names[] = {[KVC_KV_KIND_KV] = "kv",
+                                         [KVC_KV_KIND_K_ONLY] = "k_only",
+                                         [KVC_KV_KIND_KV_WINDOW] = "kv_window",
+                                         [KVC_KV_KIND_STATE] = "state"};
+
+const char *kind_name(int kind)
+{
+    return kind > 0 && (size_t)kind < sizeof(kind_names) / sizeof(kind_names[0]) ? kind_names[kind]
+                                                                                 : "?";
+}
+
+/* Client.namespace_kind(): a namespace of one kind of layer of a hybrid model. */
+static PyObject *client_namespace_kind(PyObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"model_id", "layers", "kv_heads",      "head_dim", "block_tokens",
+                             "dtype",    "kind",   "window_tokens", NULL};
+    client_object *c = (client_object *)self;
+    PyObject *model_id;
+    const char *dtype = "fp16", *kind = "kv";
+    unsigned int layers, kv_heads, head_dim, block_tokens, window = 0;
+    struct kvc_layout layout;
+    kvc_ns *kns = NULL;
+    ns_object *ns;
+    int k = 0, rc;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "UIIII|ssI:namespace_kind", kwlist, &model_id,
+                                     &layers, &kv_heads, &head_dim, &block_tokens, &dtype, &kind,
+                                     &window))
+        return NULL;
+    for (int i = 1; i < (int)(sizeof(kind_names) / sizeof(kind_names[0])); i++)
+        if (strcmp(kind, kind_names[i]) == 0)
+            k = i;
+    if (!k) {
+        PyErr_Format(PyExc_ValueError, "kvcd: kind %s (kv, k_only, kv_window, state)", kind);
+        return NULL;
+    }
+    if ((k == KVC_KV_KIND_KV_WINDOW) != (window != 0)) {
+        PyErr_SetString(PyExc_ValueError, "kvcd: window_tokens is for (and needed by) kind "
+                                          "kv_window");
+        return NULL;
+    }
+    memset(&layout, 0, sizeof(layout));
+    layout.model_id = str_arg(model_id, "model_id");
+    if (!layout.model_id || dtype_parse(dtype, &layout.dtype) < 0)
+        return NULL;
+    layout.layers = layers;
+    layout.kv_heads = kv_heads;
+    layout.head_dim = head_dim;
+    layout.block_tokens = block_tokens;
+    layout.kv_kind = (enum kvc_kv_kind)k;
+    if (client_enter(c) < 0)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    rc = k == KVC_KV_KIND_KV_WINDOW ? kvc_ns_open_window(c->c, &layout, window, &kns)
+                                    : kvc_ns_open(c->c, &layout, &kns);
+    Py_END_ALLOW_THREADS;
+    client_leave(c);
+    if (rc < 0)
+        return kvcd_raise(rc);
+    ns = PyObject_New(ns_object, &ns_type);
+    if (!ns)
+        return NULL;
+    Py_INCREF(c);
+    ns->client = c;
+    ns->conn = c->conn;
+    ns->ns = kns;
+    ns_layout_fill(&ns->lay, &layout);
+    if (k == KVC_KV_KIND_STATE) { /* one state: no token dimension, one section */
+        ns->lay.block_tokens = 1;
+        ns->lay.k_only = 1;
+    }
+    Py_INCREF(model_id);
+    ns->model_id = model_id;
+    return (PyObject *)ns;
+}
+
 static PyObject *client_evict(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"ns_id", "tier", NULL};
@@ -508,7 +585,7 @@ static PyObject *client_namespaces(PyObject *self, PyObject *unused)
             "{s:I,s:I,s:s,s:I,s:I,s:I,s:I,s:s,s:s,s:K,s:K,s:K}", "id", ns[i].ns_id, "arena",
             ns[i].arena_id, "model_id", ns[i].model_id, "layers", ns[i].layers, "kv_heads",
             ns[i].kv_heads, "head_dim", ns[i].head_dim, "block_tokens", ns[i].block_tokens, "dtype",
-            dt, "kv_kind", ns[i].kv_kind == KVC_KV_KIND_K_ONLY ? "k_only" : "kv", "block_bytes",
+            dt, "kv_kind", kind_name(ns[i].kv_kind), "block_bytes",
             (unsigned long long)ns[i].block_bytes, "blocks", (unsigned long long)ns[i].blocks,
             "bytes", (unsigned long long)ns[i].bytes);
         if (!d) {
@@ -561,6 +638,13 @@ static PyObject *client_get_closed(PyObject *self, void *closure)
 }
 
 static PyMethodDef client_methods[] = {
+    {"namespace_kind", (PyCFunction)(void (*)(void))client_namespace_kind,
+     METH_VARARGS | METH_KEYWORDS,
+     "namespace_kind(model_id, layers, kv_heads, head_dim, block_tokens, dtype='fp16', "
+     "kind='kv', window_tokens=0): opens (creating if new) the namespace of one kind of layer "
+     "of a hybrid model: 'kv', 'k_only', 'kv_window' (sliding-window layers; window_tokens "
+     "the window) or 'state' (a fixed-size state per layer of layers x kv_heads x head_dim "
+     "elements, valid at the end of the block it is stored under)."},
     {"namespace", (PyCFunction)(void (*)(void))client_namespace, METH_VARARGS | METH_KEYWORDS,
      "namespace(model_id, layers, kv_heads, head_dim, block_tokens, dtype='fp16', "
      "k_only=False, k_codec=None, v_codec=None, raw_layers=0): opens (creating if new) a "

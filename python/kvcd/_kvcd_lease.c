@@ -305,7 +305,16 @@ static PyMethodDef lease_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyObject *lease_get_first(PyObject *self, void *closure)
+{
+    struct handle *h = (struct handle *)self;
+    (void)closure;
+    return PyLong_FromSize_t(h->first);
+}
+
 static PyGetSetDef lease_getset[] = {
+    {"first", lease_get_first, NULL,
+     "Position in the looked-up keys of hit 0 (kv_window, state; 0 otherwise).", NULL},
     {"released", handle_get_released, NULL, "True after release() or the client's close().", NULL},
     {"block_bytes", handle_get_block_bytes, NULL, "Bytes of one block.", NULL},
     {NULL, NULL, NULL, NULL, NULL},

@@ -132,6 +132,7 @@ static PyObject *ns_lookup(PyObject *self, PyObject *args, PyObject *kw)
     PyMem_Free(keys);
     handle_init(h, ns->client, HANDLE_KIND_LEASE, rc > 0 ? l : NULL, rc > 0 ? (size_t)rc : 0, ns);
     h->gpu = gpu;
+    h->first = rc > 0 ? kvc_lease_first(l) : 0;
     client_leave(ns->client);
     if (rc < 0) {
         Py_DECREF(h);
@@ -451,7 +452,27 @@ static PyMethodDef ns_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyObject *ns_get_kind(PyObject *self, void *closure)
+{
+    ns_object *ns = (ns_object *)self;
+    (void)closure;
+    if (ns_check(ns) < 0)
+        return NULL;
+    return PyUnicode_FromString(kind_name(kvc_ns_kind(ns->ns)));
+}
+
+static PyObject *ns_get_window_tokens(PyObject *self, void *closure)
+{
+    ns_object *ns = (ns_object *)self;
+    (void)closure;
+    if (ns_check(ns) < 0)
+        return NULL;
+    return PyLong_FromUnsignedLong(kvc_ns_window_tokens(ns->ns));
+}
+
 static PyGetSetDef ns_getset[] = {
+    {"kind", ns_get_kind, NULL, "kv, k_only, kv_window or state.", NULL},
+    {"window_tokens", ns_get_window_tokens, NULL, "The window of a kv_window namespace.", NULL},
     {"block_bytes", ns_get_block_bytes, NULL, "Bytes of one block.", NULL},
     {"block_tokens", ns_get_block_tokens, NULL, "Tokens per block.", NULL},
     {"id", ns_get_id, NULL, "The daemon's id of the namespace.", NULL},

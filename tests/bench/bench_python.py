@@ -20,6 +20,10 @@
 #    sees one (there also get_prefix into the rows of a CUDA tensor against kvc_lookup +
 #    kvc_lease_copy_range_async + kvc_release); each run's tensors checked against the
 #    blocks put. Target: ratio >= 0.9.
+#  - SGLang's zero-copy L3 calls (kvcd.sglang, issue 27): batch_set_v1 / batch_get_v1 of 64
+#    pages of 2 MiB between a layer_first host pool and kvcd, against the C path moving the
+#    same bytes between the same tensors (kvc_reserve + kvc_resv_gather + kvc_commit;
+#    kvc_lookup + kvc_lease_scatter + kvc_release), alternating. Target: ratio >= 0.9.
 #  - the engine (default ModelConfig, 16-token blocks) on a 4096-token prompt, on the GPU
 #    when there is one: prefill time with every full block but the last loaded from kvcd
 #    (scattered into its paged cache) against no cache (baseline); the speed-up is baseline
@@ -279,6 +283,107 @@ def paged_case(c, cpath, device):
     return t
 
 
+def sglang_case(c, cpath, sock):
+    """SGLang's zero-copy L3 calls (kvcd.sglang: batch_set_v1 / batch_get_v1 of 64 pages of
+    a layer_first host pool, pages in shuffled order) against the C path moving the same
+    bytes between the same pool tensors (kvc_reserve + kvc_resv_gather + kvc_commit;
+    kvc_lookup + kvc_lease_scatter + kvc_release), alternating, fresh keys each
+    repetition."""
+    from types import SimpleNamespace
+
+    from kvcd.sglang import KvcdHiCacheStorage, _key
+
+    L, H, D, P, N = 32, 8, 128, 16, 64  # 2 MiB pages, SGLang's default host layout
+
+    class Pool:  # SGLang's MHA host pool, layout layer_first: [2][layer][token][head][dim]
+        layout, page_size, dtype = "layer_first", P, torch.float16
+
+        def __init__(self, fill):
+            self.kv_buffer = (torch.randn if fill else torch.zeros)(
+                (2, L, N * P, H, D), dtype=torch.float32 if fill else torch.float16).half()
+
+    src, dst = Pool(True), Pool(False)
+    cfg = SimpleNamespace(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0,
+                          attn_cp_size=1, is_mla_model=False, enable_storage_metrics=False,
+                          model_name="bench/sglang", dp_rank=0, tp_lcm_size=None,
+                          should_split_heads=False,
+                          extra_config=dict(socket=sock, interface_v1=1))
+    be = KvcdHiCacheStorage(cfg, src)
+    (model,) = be.namespaces()["kv"]
+    ns = c.namespace(model, L, H, D, P)
+    cns = cpath.ns(model, L, H, D, P)
+    perm = torch.randperm(N, generator=torch.Generator().manual_seed(2)).tolist()
+    idx = torch.tensor([p * P + t for p in perm for t in range(P)], dtype=torch.int64)
+    ctable = (ctypes.c_int32 * N)(*perm)
+    es, nbytes = 2, N * 2 * L * P * H * D * 2
+
+    def paged(pool):
+        k = ptrs([pool.kv_buffer[0, l] for l in range(L)])
+        v = ptrs([pool.kv_buffer[1, l] for l in range(L)])
+        st = pool.kv_buffer[0, 0].stride()
+        kv = CPath.PagedKV(ctypes.cast(k, ctypes.c_void_p), ctypes.cast(v, ctypes.c_void_p),
+                           ctypes.cast(ctable, ctypes.c_void_p), N, P, P * st[0] * es,
+                           st[0] * es, st[1] * es, 0)
+        return kv, (k, v)
+
+    ckv_src, keep_src = paged(src)
+    ckv_dst, keep_dst = paged(dst)
+    cpath.lib.kvc_reserve.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_size_t, ctypes.c_void_p]
+    cpath.lib.kvc_resv_gather.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t,
+                                          ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p,
+                                          ctypes.c_void_p]
+    cpath.lib.kvc_commit.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    t = {x: [] for x in ("py_set", "c_set", "py_get", "c_get")}
+
+    def check(label):
+        got = dst.kv_buffer[:, :, idx]
+        if not torch.equal(got, src.kv_buffer[:, :, idx]):
+            raise RuntimeError("%s: the host pool got other bytes than were set" % label)
+        dst.kv_buffer.zero_()
+
+    for rep in range(REPS + 1):
+        for who in (("py", "c") if rep % 2 else ("c", "py")):
+            keys = ["sglang-bench-%s-%d-%d" % (who, rep, i) for i in range(N)]
+            if who == "py":
+                be.register_mem_pool_host(src)
+                t0 = time.perf_counter()
+                if be.batch_set_v1(keys, idx) != [True] * N:
+                    raise RuntimeError("batch_set_v1 short")
+                t1 = time.perf_counter()
+                be.register_mem_pool_host(dst)
+                t2 = time.perf_counter()
+                if be.batch_get_v1(keys, idx) != [True] * N:
+                    raise RuntimeError("batch_get_v1 short")
+                t3 = time.perf_counter()
+            else:
+                ck = (ctypes.c_char * (16 * N)).from_buffer_copy(b"".join(_key(k) for k in keys))
+                t0 = time.perf_counter()
+                resv = ctypes.c_void_p()
+                if cpath.lib.kvc_reserve(cns, None, ck, N, ctypes.byref(resv)) != N:
+                    raise RuntimeError("kvc_reserve short")
+                rc = cpath.lib.kvc_resv_gather(resv, 0, N, ctypes.byref(ckv_src), 0, None, None)
+                if rc != N or cpath.lib.kvc_commit(resv, ctypes.c_size_t(-1).value) != N:
+                    raise RuntimeError("kvc_resv_gather / kvc_commit: %d" % rc)
+                t1 = t2 = time.perf_counter()
+                lease = ctypes.c_void_p()
+                if cpath.lib.kvc_lookup(cns, ck, N, 0, ctypes.byref(lease)) != N:
+                    raise RuntimeError("kvc_lookup short")
+                rc = cpath.lib.kvc_lease_scatter(lease, 0, N, ctypes.byref(ckv_dst), 0, None,
+                                                 None)
+                cpath.lib.kvc_release(lease)
+                if rc != N:
+                    raise RuntimeError("kvc_lease_scatter: %d" % rc)
+                t3 = time.perf_counter()
+            check(who)
+            c.evict(ns.id)
+            if rep:
+                t[who + "_set"].append(gbps(nbytes, t1 - t0))
+                t[who + "_get"].append(gbps(nbytes, t3 - t2))
+    be.close()
+    del keep_src, keep_dst
+    return t
+
+
 def engine_case(sock):
     prompt = system_prompt(0, PROMPT)
     with Engine(ModelConfig(), block_tokens=16, max_tokens=PROMPT + 8, socket_path=sock,
@@ -339,6 +444,9 @@ def main():
             if "cuda" not in devices:
                 print("%-34s skipped: no CUDA device (the CUDA rows run on a GPU host)" %
                       "scatter_paged/get_cuda_tensor")
+            t = sglang_case(c, cpath, d.socket)
+            pair("sglang_batch_set_v1_64x2MiB", t, "set")
+            pair("sglang_batch_get_v1_64x2MiB", t, "get")
             cpath.close()
         device = "cuda" if torch.cuda.is_available() else "cpu"
         print("\nreference engine on %s, default model, %d-token prompt, 16-token blocks: "

@@ -342,6 +342,32 @@ mutation python-reinit-after-close python/kvcd/_kvcd_client.c "check_python" \
 '    if (c->conn) {' \
 '    if (c->c) {'
 
+
+# Hybrid kinds: a state lookup answered from the keys' leading run (a state taken at another
+# boundary, or none where one is cached).
+mutation kinds-state-from-run daemon/store.c "check_e2e_kinds" \
+'        for (end = n; end > 0 && !store_key_cached(s, ns_id, &keys[end - 1]); end--)' \
+'        for (end = store_lookup_run(s, ns_id, keys, n); end > 0 && !store_key_cached(s, ns_id, &keys[end - 1]); end--)'
+
+# Hybrid kinds: a window lookup that ends at the first gap (the blocks before a window are
+# required again).
+mutation kinds-window-needs-whole-prefix daemon/store.c "check_e2e_kinds" \
+'        run = store_key_cached(s, ns_id, &keys[i]) ? run + 1 : 0;' \
+'        run = store_key_cached(s, ns_id, &keys[i]) && run == i ? run + 1 : 0;'
+
+# Hybrid kinds: window blocks chained to their parents (the blocks behind a window kept alive
+# as parents, the window's own tip evicted first).
+mutation kinds-window-chained daemon/store.c "check_e2e_kinds" \
+'        if (ns->layout.kv_kind == KVC_WIRE_KV_KIND_KV_WINDOW) {
+            /* Every block' \
+'        if (0) {
+            /* Every block'
+
+# kvcd.sglang: batch_exists waits for disk reads in SGLang's prefetch thread.
+mutation sglang-exists-waits python/kvcd/sglang.py "check_python" \
+'            with self._ns(m, s).lookup(kb[:n], ready_only=True) as lease:' \
+'            with self._ns(m, s).lookup(kb[:n]) as lease:'
+
 # ---- machinery ------------------------------------------------------------------------------
 
 key() { echo "$1" | tr -- '-.' '__'; }
