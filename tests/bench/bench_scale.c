@@ -377,6 +377,8 @@ enum {
     SC_F_PUT64_P50,
     SC_F_PUT64_P99,
     SC_F_LOOP_US_PER_PUT_BLOCK,
+    SC_F_COPY1_P50,
+    SC_F_COPY64_P50,
     SC_F_COUNT
 };
 static const char *const sc_fname[SC_F_COUNT] = {"hit1_fast_p50",
@@ -391,7 +393,9 @@ static const char *const sc_fname[SC_F_COUNT] = {"hit1_fast_p50",
                                                  "put1_p99",
                                                  "put64_p50",
                                                  "put64_p99",
-                                                 "loop_us_per_block_put_evicted"};
+                                                 "loop_us_per_block_put_evicted",
+                                                 "copy1_floor_p50",
+                                                 "copy64_floor_p50"};
 
 /* Blocks for one chain of 64, filled from their keys. */
 struct sc_bufs {
@@ -460,6 +464,36 @@ static double sc_get(kvc_ns *ns, const struct kvc_key *k, uint32_t n, struct sc_
         if (daemon_block_check(&k[i], b->blk[i], b->bb) >= 0)
             bench_fail("get: wrong bytes in block %u", i);
     return t;
+}
+
+/* The machine's floor for a hit at this level: memcpy of one block, and of 64 blocks each
+ * at its own place, from random places in memory as large as the arena (1 GiB at most:
+ * past any cache either way), into the same buffers; p50 in us into v[SC_F_COPY*]. A hit
+ * that grows with the level as this does grows with the memory, not the daemon. */
+static void sc_floor(uint64_t arena, struct sc_bufs *b, size_t nsamp, size_t nsamp64, double *lat,
+                     double *v)
+{
+    size_t len = arena < GiB ? (size_t)arena : (size_t)GiB, nb = len / b->bb, m = 0;
+    uint8_t *p =
+        mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    if (p == MAP_FAILED || nb == 0)
+        return;
+    memset(p, 0x5a, len);
+    for (size_t i = 0; i < nsamp; i++) {
+        double t = sc_now();
+        memcpy(b->blk[0], p + (sc_rand() % nb) * b->bb, b->bb);
+        lat[m++] = (sc_now() - t) * 1e6;
+    }
+    v[SC_F_COPY1_P50] = sc_pct(lat, m, 0.5);
+    m = 0;
+    for (size_t i = 0; i < nsamp64; i++) {
+        double t = sc_now();
+        for (int j = 0; j < SC_CHAIN; j++)
+            memcpy(b->blk[j], p + (sc_rand() % nb) * b->bb, b->bb);
+        lat[m++] = (sc_now() - t) * 1e6;
+    }
+    v[SC_F_COPY64_P50] = sc_pct(lat, m, 0.5);
+    munmap(p, len);
 }
 
 /* One level: an arena holding about lv->n blocks of bb bytes, filled past full, measured. */
@@ -546,6 +580,7 @@ static void sc_level(size_t bb, struct sc_level *lv, uint64_t tag)
         lv->v[fast ? SC_F_HIT64_FAST_P50 : SC_F_HIT64_SOCK_P50] = sc_pct(lat, m, 0.5);
         lv->v[fast ? SC_F_HIT64_FAST_P99 : SC_F_HIT64_SOCK_P99] = sc_pct(lat, m, 0.99);
     }
+    sc_floor(arena, &b, nsamp, nsamp64, lat, lv->v);
     /* Puts of fresh keys into the full arena: each evicts as much (after its reply). */
     uint64_t put0 = sc_stat(c, "committed_blocks"), ev0 = sc_stat(c, "evicted_blocks");
     double cpu0 = sc_loop_cpu(d.pid);
