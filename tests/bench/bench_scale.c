@@ -195,7 +195,14 @@ static uint64_t sc_stat(kvc_client *c, const char *name)
 
 static void sc_row(const char *name, double value, const char *unit, const char *base, double basev)
 {
-    bench_row_add(rows, SC_ROWS, &nrows, name, value, unit, base, basev);
+    /* The row keeps the baseline's name by pointer, and callers format it on their stack:
+     * a copy for the run's life. */
+    char *keep = base ? strdup(base) : NULL;
+    if (base && !keep) {
+        bench_fail("no memory");
+        return;
+    }
+    bench_row_add(rows, SC_ROWS, &nrows, name, value, unit, keep, basev);
     if (base)
         printf("%-40s %12.3f %-6s vs %-34s %12.3f  ratio %.3f\n", name, value, unit, base, basev,
                basev > 0 ? value / basev : 0);
