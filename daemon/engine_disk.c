@@ -30,6 +30,7 @@
     } while (0)
 
 struct engine_disk {
+    bool bufs_done; /* engine_disk_buffers_register ran (registered or refused) */
     struct tier *disk;
     uint32_t admit_hits;
     uint32_t npaths;
@@ -1152,13 +1153,8 @@ int engine_disk_attach(struct store *s, const struct engine_disk_params *p)
         log_warn("disk: O_DIRECT is not supported on %s: BUFFERED I/O in use (counted as "
                  "disk_buffered)",
                  p->paths[0]);
-    rc = tier_disk_buffers_register(ed->disk, tier_host_base(s->arenas[0].tier),
-                                    tier_host_size(s->arenas[0].tier));
-    if (rc)
-        log_warn("disk: cannot register the host arena with io_uring (%s); transfers pin "
-                 "pages per request",
-                 strerror(-rc));
     s->disk = ed;
+    engine_disk_buffers_register(s);
     s->arenas[STORE_ARENA_DISK].tier = ed->disk;
     /* Parents first, so every block finds its parent already back. */
     if (sc.n)
@@ -1179,6 +1175,23 @@ out:
         free(ed);
     }
     return rc;
+}
+
+void engine_disk_buffers_register(struct store *s)
+{
+    struct engine_disk *ed = s->disk;
+    int rc;
+    /* Registering pins every page, faulting in those not yet: not while the arena is still
+     * being faulted in the background, or the start would wait for all of it. */
+    if (!ed || ed->bufs_done || !tier_host_fault_done(s->arenas[0].tier, NULL))
+        return;
+    ed->bufs_done = true;
+    rc = tier_disk_buffers_register(ed->disk, tier_host_base(s->arenas[0].tier),
+                                    tier_host_size(s->arenas[0].tier));
+    if (rc)
+        log_warn("disk: cannot register the host arena with io_uring (%s); transfers pin "
+                 "pages per request",
+                 strerror(-rc));
 }
 
 void engine_disk_free(struct store *s)
