@@ -78,7 +78,7 @@ endif
 LIBKVCD_SRCS := $(filter-out daemon/main.c,$(wildcard daemon/*.c)) \
 	$(wildcard tiers/*.c) $(wildcard policies/*.c) $(wildcard kernels/*.c)
 CU_SRCS := $(if $(filter 1,$(CUDA)),$(wildcard kernels/*.cu) $(wildcard tiers/*.cu))
-LIBKVC_SRCS := $(filter-out client/kvcctl.c client/kvcreplay%.c,$(wildcard client/*.c))
+LIBKVC_SRCS := $(filter-out client/kvcctl%.c client/kvcreplay%.c,$(wildcard client/*.c))
 CHECK_SRCS := $(wildcard tests/check_*.c) $(wildcard tests/e2e/check_*.c)
 BENCH_SRCS := $(wildcard tests/bench/bench_*.c)
 TESTLIB_SRCS := $(wildcard tests/lib/*.c)
@@ -181,7 +181,9 @@ $(B)/bin/kvcd: $(B)/obj/daemon/main.o $(B)/lib/libkvcd.a $(B)/lib/libkvc.a
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) $(CUDA_LIBS) -pthread -lm
 
-$(B)/bin/kvcctl: $(B)/obj/client/kvcctl.o $(B)/lib/libkvc.a
+# kvcctl: the command table and its helpers (kvcctl.c) and one file per command family.
+KVCCTL_OBJS := $(call obj,$(wildcard client/kvcctl*.c))
+$(B)/bin/kvcctl: $(KVCCTL_OBJS) $(B)/lib/libkvc.a
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) $(CUDA_LIBS) -pthread -lm
 
