@@ -47,8 +47,10 @@ PKGS := liburing inih libxxhash libzstd libsystemd hiredis libsodium
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 CHECK_LIBS = $(shell pkg-config --libs check 2>/dev/null)
-# The trace format's one reader (client/kvcreplay_trace.c: kvcreplay, kvcsim, the tests) and
-# the tests' JSON checks use jansson; libkvc and kvcd do not.
+# JSON is read and written with jansson: the trace format's one reader
+# (client/kvcreplay_trace.c: kvcreplay, kvcsim, the tests), kvcctl's and kvcreplay's --json,
+# the benchmarks' results (tests/lib/bench.c) and the tests' JSON checks; libkvc and kvcd do
+# not link it.
 JSON_LIBS = $(shell pkg-config --libs jansson 2>/dev/null)
 
 WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
@@ -185,7 +187,7 @@ $(B)/bin/kvcd: $(B)/obj/daemon/main.o $(B)/lib/libkvcd.a $(B)/lib/libkvc.a
 KVCCTL_OBJS := $(call obj,$(wildcard client/kvcctl*.c))
 $(B)/bin/kvcctl: $(KVCCTL_OBJS) $(B)/lib/libkvc.a
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) $(CUDA_LIBS) -pthread -lm
+	$(CC) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) $(JSON_LIBS) $(CUDA_LIBS) -pthread -lm
 
 $(B)/bin/kvcreplay: $(B)/obj/client/kvcreplay.o $(B)/obj/client/kvcreplay_trace.o $(B)/lib/libkvc.a
 	@mkdir -p $(dir $@)

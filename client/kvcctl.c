@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,18 +69,48 @@ int ctl_bad_option(const char *cmd, char **argv, int opt)
     return ctl_bad(cmd, "unknown option %s", arg);
 }
 
-void ctl_json_str(const char *s)
+/* Reals are written with 15 significant digits: a value rounded to the decimals a field
+ * promises (ctl_json_fixed) prints as exactly those digits. */
+#define CTL_JSON_FLAGS (JSON_ENCODE_ANY | JSON_REAL_PRECISION(15))
+
+int ctl_json_print(json_t *doc)
 {
-    putchar('"');
-    for (; *s; s++) {
-        if (*s == '"' || *s == '\\')
-            printf("\\%c", *s);
-        else if ((unsigned char)*s < 0x20)
-            printf("\\u%04x", *s);
-        else
-            putchar(*s);
+    char *text = doc ? json_dumps(doc, CTL_JSON_FLAGS) : NULL;
+    json_decref(doc);
+    if (!text) {
+        fprintf(stderr, "kvcctl: cannot write JSON (out of memory)\n");
+        return 1;
     }
-    putchar('"');
+    printf("%s\n", text);
+    free(text);
+    return 0;
+}
+
+json_t *ctl_json_text(const char *s)
+{
+    return json_stringn_nocheck(s, strlen(s));
+}
+
+json_t *ctl_json_u64(uint64_t v)
+{
+    return v <= INT64_MAX ? json_integer((json_int_t)v) : json_real((double)v);
+}
+
+json_t *ctl_json_fixed(double v, int decimals)
+{
+    double scale = 1;
+    for (int i = 0; i < decimals; i++)
+        scale *= 10;
+    if (!isfinite(v))
+        return json_null();
+    if (decimals == 0 && fabs(v) < 9.2e18)
+        return json_integer((json_int_t)llround(v));
+    return json_real(round(v * scale) / scale);
+}
+
+int ctl_json_add(json_t *obj, const char *key, json_t *v)
+{
+    return obj && json_object_set_new(obj, key, v) == 0 ? 0 : -1;
 }
 
 /* Prints a refusal on one line and returns the exit status (1): msg, the cause (the

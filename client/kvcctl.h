@@ -6,6 +6,7 @@
 #ifndef KVC_KVCCTL_H
 #define KVC_KVCCTL_H
 
+#include <jansson.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -37,7 +38,22 @@ int ctl_bad_option(const char *cmd, char **argv, int opt);
 int ctl_fail(const char *what, int rc, const char *msg);
 /* A namespace id (1 to 65535), or 0 when s is not one. */
 uint32_t ctl_parse_ns(const char *s);
-void ctl_json_str(const char *s);
+
+/* --json output is built with jansson and written by ctl_json_print: one document on one
+ * line, members separated by ", " and ": " (jansson's layout, which kvcctl's output has
+ * always had). ctl_json_print takes the reference to doc (NULL: a failed build) and
+ * returns 0, or 1 with a line on stderr. */
+int ctl_json_print(json_t *doc);
+/* A string of s's bytes as they are (a model id or a label is not checked for UTF-8 here:
+ * the daemon validates what it accepts). */
+json_t *ctl_json_text(const char *s);
+/* A counter: an integer (a real past INT64_MAX, where jansson's integers end). */
+json_t *ctl_json_u64(uint64_t v);
+/* v rounded to `decimals` digits after the point: an integer for 0 (bytes per second),
+ * else a real; null when v is not finite. */
+json_t *ctl_json_fixed(double v, int decimals);
+/* Sets obj[key] = v, taking v's reference; -1 when either is NULL (out of memory). */
+int ctl_json_add(json_t *obj, const char *key, json_t *v);
 
 /* The commands (argv[0] is the command's name). kvcctl_watch.c: */
 int ctl_status(struct ctl *x, int argc, char **argv);

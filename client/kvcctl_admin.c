@@ -68,18 +68,24 @@ int ctl_policy(struct ctl *x, int argc, char **argv)
         return ctl_fail("policy", rc, rc == -ENOENT ? "no such namespace" : NULL);
     if (ns) {
         if (x->json)
-            printf("{\"ns\": %u, \"policy\": \"%s\"}\n", ns, text);
-        else
-            printf("%s\n", text);
+            return ctl_json_print(
+                json_pack("{s:I, s:o}", "ns", (json_int_t)ns, "policy", ctl_json_text(text)));
+        printf("%s\n", text);
         return 0;
     }
     /* The default on the first line, then "ID MODEL POLICY SOURCE [LADDER]" per namespace
      * (LADDER: "-" or "codec:share,..." of its precision ladder; older daemons omit it). */
     char *save = NULL, *line = strtok_r(text, "\n", &save);
-    if (x->json)
-        printf("{\"policy\": \"%s\", \"namespaces\": [", line ? line : "");
-    else
+    json_t *doc = NULL, *list = NULL;
+    bool ok = true;
+    if (x->json) {
+        list = json_array();
+        doc =
+            json_pack("{s:o, s:o}", "policy", ctl_json_text(line ? line : ""), "namespaces", list);
+        list = doc ? list : NULL; /* json_pack took it, and let it go */
+    } else {
         printf("default policy: %s\n", line ? line : "");
+    }
     int k = 0, mw = 40;
     /* the MODEL column as wide as the longest id */
     for (const char *l = line ? save : NULL; l && *l; /* the lines strtok_r has not cut yet */
@@ -95,23 +101,21 @@ int ctl_policy(struct ctl *x, int argc, char **argv)
         if (sscanf(line, "%u %159s %31s %15s %159s", &id, model, pol, src, lad) < 4)
             continue;
         if (x->json) {
-            printf("%s{\"ns\": %u, \"model\": ", k ? ", " : "", id);
-            ctl_json_str(model);
-            printf(", \"policy\": \"%s\", \"source\": \"%s\", \"ladder\": {", pol, src);
+            json_t *ladder = json_object();
             /* "raw:0.05,q8_0:0.95" -> {"raw": 0.05, "q8_0": 0.95} */
             char *s2 = NULL;
-            int r = 0;
             for (char *t = strcmp(lad, "-") ? strtok_r(lad, ",", &s2) : NULL; t;
                  t = strtok_r(NULL, ",", &s2)) {
                 char *colon = strchr(t, ':');
                 if (!colon)
                     continue;
                 *colon = 0;
-                printf("%s", r++ ? ", " : "");
-                ctl_json_str(t);
-                printf(": %.2f", strtod(colon + 1, NULL));
+                ok &= ctl_json_add(ladder, t, ctl_json_fixed(strtod(colon + 1, NULL), 2)) == 0;
             }
-            printf("}}");
+            ok &= json_array_append_new(
+                      list, json_pack("{s:I, s:o, s:o, s:o, s:o}", "ns", (json_int_t)id, "model",
+                                      ctl_json_text(model), "policy", ctl_json_text(pol), "source",
+                                      ctl_json_text(src), "ladder", ladder)) == 0;
         } else {
             if (!k)
                 printf("%-5s %-*s %-10s %-7s %s\n", "NS", mw, "MODEL", "POLICY", "FROM",
@@ -120,8 +124,13 @@ int ctl_policy(struct ctl *x, int argc, char **argv)
         }
         k++;
     }
-    if (x->json)
-        printf("]}\n");
+    if (x->json) {
+        if (!ok) {
+            json_decref(doc);
+            doc = NULL;
+        }
+        return ctl_json_print(doc);
+    }
     return 0;
 }
 
@@ -185,15 +194,11 @@ int ctl_config(struct ctl *x, int argc, char **argv)
         rc = kvc_config_set(x->c, argv[2], argv[3], msg, sizeof(msg));
         if (rc)
             return ctl_fail("config set", rc, msg);
-        if (x->json) {
-            printf("{\"applied\": true, \"key\": ");
-            ctl_json_str(argv[2]);
-            printf(", \"value\": ");
-            ctl_json_str(argv[3]);
-            printf("}\n");
-        } else {
-            printf("%s\n", msg);
-        }
+        if (x->json)
+            return ctl_json_print(json_pack("{s:b, s:o, s:o}", "applied", 1, "key",
+                                            ctl_json_text(argv[2]), "value",
+                                            ctl_json_text(argv[3])));
+        printf("%s\n", msg);
         return 0;
     }
     /* --json: the daemon writes the values typed (numbers, booleans, strings). */
@@ -218,14 +223,16 @@ int ctl_config(struct ctl *x, int argc, char **argv)
         printf("%s%s", buf, argc == 3 ? "\n" : "");
         return 0;
     }
-    if (argc == 3) {
-        printf("{");
-        ctl_json_str(argv[2]);
-        printf(": %s}\n", buf);
-        return 0;
+    /* The daemon's JSON: one object of every option, or one option's value. */
+    json_error_t err;
+    json_t *v = json_loads(buf, JSON_DECODE_ANY, &err);
+    if (!v) {
+        snprintf(why, sizeof(why), "the daemon's answer is not JSON (%.200s)", err.text);
+        return ctl_fail("config get", -EPROTO, why);
     }
-    fputs(buf, stdout); /* one object, already JSON */
-    return 0;
+    if (argc == 3)
+        return ctl_json_print(json_pack("{s:o}", argv[2], v));
+    return ctl_json_print(v);
 }
 
 int ctl_reload(struct ctl *x, int argc, char **argv)
@@ -237,11 +244,9 @@ int ctl_reload(struct ctl *x, int argc, char **argv)
     if (ctl_connect(x))
         return 1;
     rc = kvc_reload(x->c, msg, sizeof(msg));
-    if (x->json) {
-        printf("{\"applied\": %s, \"message\": ", rc ? "false" : "true");
-        ctl_json_str(msg);
-        printf("}\n");
-    }
+    if (x->json && ctl_json_print(json_pack("{s:b, s:o}", "applied", rc ? 0 : 1, "message",
+                                            ctl_json_text(msg))))
+        return 1;
     if (rc)
         return ctl_fail("reload refused", rc, msg);
     if (!x->json)
@@ -260,9 +265,8 @@ static int ctl_evict_run(struct ctl *x, const char *what, uint32_t ns, uint32_t 
     if (rc)
         return ctl_fail(what, rc, rc == -ENOENT ? "no such namespace" : NULL);
     if (x->json)
-        printf("{\"evicted_blocks\": %" PRIu64 "}\n", n);
-    else
-        printf("evicted %" PRIu64 " blocks (pinned blocks and their parents stay)\n", n);
+        return ctl_json_print(json_pack("{s:o}", "evicted_blocks", ctl_json_u64(n)));
+    printf("evicted %" PRIu64 " blocks (pinned blocks and their parents stay)\n", n);
     return 0;
 }
 
@@ -325,8 +329,7 @@ int ctl_shutdown(struct ctl *x, int argc, char **argv)
     if (rc)
         return ctl_fail("shutdown", rc, NULL);
     if (x->json)
-        printf("{\"stopping\": true}\n");
-    else
-        printf("kvcd is stopping\n");
+        return ctl_json_print(json_pack("{s:b}", "stopping", 1));
+    printf("kvcd is stopping\n");
     return 0;
 }

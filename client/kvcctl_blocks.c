@@ -96,9 +96,9 @@ static int ctl_ns_drop(struct ctl *x, int argc, char **argv)
                                          "or a block of it is moving (try again)"
                                        : NULL);
     if (x->json)
-        printf("{\"dropped\": %u, \"blocks\": %" PRIu64 "}\n", id, n);
-    else
-        printf("namespace %u dropped with its %" PRIu64 " blocks\n", id, n);
+        return ctl_json_print(
+            json_pack("{s:I, s:o}", "dropped", (json_int_t)id, "blocks", ctl_json_u64(n)));
+    printf("namespace %u dropped with its %" PRIu64 " blocks\n", id, n);
     return 0;
 }
 
@@ -129,9 +129,9 @@ int ctl_ns(struct ctl *x, int argc, char **argv)
         return 1;
     }
     int mw = ctl_model_width(ns, n, 32);
-    if (x->json)
-        printf("[");
-    else
+    json_t *list = x->json ? json_array() : NULL;
+    bool ok = true;
+    if (!x->json)
         printf("%-4s %-*s %6s %5s %5s %6s %-8s %-4s %12s %8s %12s\n", "ID", mw, "MODEL", "LAYERS",
                "HEADS", "DIM", "TOKENS", "DTYPE", "KIND", "BLOCK_BYTES", "BLOCKS", "BYTES");
     for (size_t i = 0; i < n; i++) {
@@ -144,23 +144,32 @@ int ctl_ns(struct ctl *x, int argc, char **argv)
             kind = x->json ? kind : kbuf;
         }
         if (x->json) {
-            printf("%s{\"id\": %u, \"model\": ", i ? ", " : "", o->ns_id);
-            ctl_json_str(o->model_id);
-            printf(", \"layers\": %u, \"kv_heads\": %u, \"head_dim\": %u, \"block_tokens\": %u, "
-                   "\"dtype\": \"%s\", \"kv_kind\": \"%s\", \"window_tokens\": %u, "
-                   "\"block_bytes\": %" PRIu64 ", \"blocks\": %" PRIu64 ", \"bytes\": %" PRIu64
-                   ", \"arena\": %u}",
-                   o->layers, o->kv_heads, o->head_dim, o->block_tokens, ctl_dtype_name(o->dtype),
-                   kind, window, o->block_bytes, o->blocks, o->bytes, o->arena_id);
+            ok &=
+                json_array_append_new(
+                    list, json_pack("{s:I, s:o, s:I, s:I, s:I, s:I, s:s, s:s, s:I, s:o, s:o, "
+                                    "s:o, s:I}",
+                                    "id", (json_int_t)o->ns_id, "model", ctl_json_text(o->model_id),
+                                    "layers", (json_int_t)o->layers, "kv_heads",
+                                    (json_int_t)o->kv_heads, "head_dim", (json_int_t)o->head_dim,
+                                    "block_tokens", (json_int_t)o->block_tokens, "dtype",
+                                    ctl_dtype_name(o->dtype), "kv_kind", kind, "window_tokens",
+                                    (json_int_t)window, "block_bytes", ctl_json_u64(o->block_bytes),
+                                    "blocks", ctl_json_u64(o->blocks), "bytes",
+                                    ctl_json_u64(o->bytes), "arena", (json_int_t)o->arena_id)) == 0;
         } else {
             printf("%-4u %-*s %6u %5u %5u %6u %-8s %-4s %12" PRIu64 " %8" PRIu64 " %12" PRIu64 "\n",
                    o->ns_id, mw, o->model_id, o->layers, o->kv_heads, o->head_dim, o->block_tokens,
                    ctl_dtype_name(o->dtype), kind, o->block_bytes, o->blocks, o->bytes);
         }
     }
-    if (x->json)
-        printf("]\n");
     free(ns);
+    if (x->json) {
+        if (!ok) {
+            json_decref(list);
+            list = NULL;
+        }
+        return ctl_json_print(list);
+    }
     return 0;
 }
 
@@ -175,7 +184,6 @@ int ctl_ls(struct ctl *x, int argc, char **argv)
     long want_ns = 0, limit = 1000;
     const char *want_tier = NULL, *want_codec = NULL, *want_prefix = NULL;
     int opt, rc;
-    bool first = true;
     optind = 1;
     while ((opt = getopt_long(argc, argv, ":n:l:t:c:p:", opts, NULL)) != -1) {
         char *end;
@@ -229,9 +237,9 @@ int ctl_ls(struct ctl *x, int argc, char **argv)
         fprintf(stderr, "kvcctl: ls: %s\n", kvc_strerror(rc));
         return 1;
     }
-    if (x->json)
-        printf("[");
-    else
+    json_t *list = x->json ? json_array() : NULL;
+    bool ok = true;
+    if (!x->json)
         printf("%-4s %-32s %-32s %5s %10s %6s %5s %5s %10s\n", "NS", "KEY", "PARENT", "DEPTH",
                "BYTES", "HITS", "PINS", "CHILD", "LAST_MS");
     for (size_t k = 0; k < nns && shown < (size_t)limit; k++) {
@@ -244,6 +252,7 @@ int ctl_ls(struct ctl *x, int argc, char **argv)
             rc = kvc_block_list(x->c, ns[k].ns_id, &cursor, 512, &b, &n);
             if (rc) {
                 fprintf(stderr, "kvcctl: ls: %s\n", kvc_strerror(rc));
+                json_decref(list);
                 free(ns);
                 return 1;
             }
@@ -257,26 +266,35 @@ int ctl_ls(struct ctl *x, int argc, char **argv)
                     continue;
                 shown++;
                 if (x->json)
-                    printf("%s{\"ns\": %u, \"kind\": \"%s\", \"key\": \"%s\", \"parent\": "
-                           "\"%s\", \"depth\": %u, "
-                           "\"bytes\": %" PRIu64 ", \"hits\": %u, \"pins\": %u, \"children\": %u, "
-                           "\"last_access_ms\": %" PRIu64 ", \"tier\": \"%s\", \"codec\": \"%s\"}",
-                           first ? "" : ", ", ns[k].ns_id, ctl_kind_name(ns[k].kv_kind), key,
-                           parent, b[i].depth, b[i].bytes, b[i].hits, b[i].pins, b[i].children,
-                           b[i].last_access_ms, ctl_tier_name(b[i].tier),
-                           ctl_codec_name(b[i].format));
+                    ok &= json_array_append_new(
+                              list,
+                              json_pack("{s:I, s:s, s:s, s:s, s:I, s:o, s:I, s:I, s:I, s:o, s:s, "
+                                        "s:s}",
+                                        "ns", (json_int_t)ns[k].ns_id, "kind",
+                                        ctl_kind_name(ns[k].kv_kind), "key", key, "parent", parent,
+                                        "depth", (json_int_t)b[i].depth, "bytes",
+                                        ctl_json_u64(b[i].bytes), "hits", (json_int_t)b[i].hits,
+                                        "pins", (json_int_t)b[i].pins, "children",
+                                        (json_int_t)b[i].children, "last_access_ms",
+                                        ctl_json_u64(b[i].last_access_ms), "tier",
+                                        ctl_tier_name(b[i].tier), "codec",
+                                        ctl_codec_name(b[i].format))) == 0;
                 else
                     printf("%-4u %-32s %-32s %5u %10" PRIu64 " %6u %5u %5u %10" PRIu64 "\n",
                            ns[k].ns_id, key, parent, b[i].depth, b[i].bytes, b[i].hits, b[i].pins,
                            b[i].children, b[i].last_access_ms);
-                first = false;
             }
             free(b);
         } while (cursor && shown < (size_t)limit);
     }
-    if (x->json)
-        printf("]\n");
     free(ns);
+    if (x->json) {
+        if (!ok) {
+            json_decref(list);
+            list = NULL;
+        }
+        return ctl_json_print(list);
+    }
     return 0;
 }
 
@@ -341,16 +359,17 @@ int ctl_show(struct ctl *x, int argc, char **argv)
     char parent[33];
     ctl_key(&one.parent, parent);
     if (x->json) {
-        printf("[{\"ns\": %u, \"model\": ", o->ns_id);
-        ctl_json_str(o->model_id);
-        printf(", \"kind\": \"%s\", \"key\": \"%s\", \"parent\": \"%s\", \"depth\": %u, "
-               "\"bytes\": %" PRIu64
-               ", \"tokens\": %u, \"hits\": %u, \"pins\": %u, \"children\": %u, "
-               "\"last_access_ms\": %" PRIu64 ", \"tier\": \"%s\", \"arena\": %u, "
-               "\"codec\": \"%s\"}]\n",
-               ctl_kind_name(o->kv_kind), first, parent, one.depth, one.bytes, o->block_tokens,
-               one.hits, one.pins, one.children, one.last_access_ms, ctl_tier_name(one.tier),
-               o->arena_id, ctl_codec_name(one.format));
+        json_t *doc = json_pack(
+            "[{s:I, s:o, s:s, s:s, s:s, s:I, s:o, s:I, s:I, s:I, s:I, s:o, s:s, s:I, s:s}]", "ns",
+            (json_int_t)o->ns_id, "model", ctl_json_text(o->model_id), "kind",
+            ctl_kind_name(o->kv_kind), "key", first, "parent", parent, "depth",
+            (json_int_t)one.depth, "bytes", ctl_json_u64(one.bytes), "tokens",
+            (json_int_t)o->block_tokens, "hits", (json_int_t)one.hits, "pins", (json_int_t)one.pins,
+            "children", (json_int_t)one.children, "last_access_ms",
+            ctl_json_u64(one.last_access_ms), "tier", ctl_tier_name(one.tier), "arena",
+            (json_int_t)o->arena_id, "codec", ctl_codec_name(one.format));
+        free(ns);
+        return ctl_json_print(doc);
     } else {
         printf("key          %s\nparent       %s\nnamespace    %u (%s, %s)\n"
                "depth        %u (tokens %u..%u of its prefix)\nbytes        %" PRIu64

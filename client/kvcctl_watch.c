@@ -54,18 +54,20 @@ int ctl_status(struct ctl *x, int argc, char **argv)
     kvc_peer_info(x->c, &pid, NULL, NULL);
     uint64_t lt = ctl_stat(s, n, "lookup_tokens"), ht = ctl_stat(s, n, "hit_tokens");
     if (x->json) {
-        printf("{\"pid\": %u, \"socket\": ", pid);
-        ctl_json_str(x->socket ? x->socket : kvc_default_socket());
-        printf(", \"uptime_s\": %" PRIu64 ", \"clients\": %" PRIu64 ", \"namespaces\": %" PRIu64
-               ", \"blocks\": %" PRIu64 ", \"host_used\": %" PRIu64 ", \"host_capacity\": %" PRIu64
-               ", \"tokens_requested\": %" PRIu64 ", \"tokens_hit\": %" PRIu64
-               ", \"token_hit_ratio\": %.4f, \"load_us\": %" PRIu64
-               ", \"recompute_saved_est_us\": %" PRIu64 "}\n",
-               ctl_stat(s, n, "uptime_s"), ctl_stat(s, n, "clients_now"),
-               ctl_stat(s, n, "namespaces_now"), ctl_stat(s, n, "blocks_now"),
-               ctl_stat(s, n, "host_used"), ctl_stat(s, n, "host_capacity"), lt, ht,
-               ctl_ratio(ht, lt), ctl_stat(s, n, "load_us"),
-               ctl_stat(s, n, "recompute_saved_est_us"));
+        json_t *doc = json_pack(
+            "{s:I, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "pid",
+            (json_int_t)pid, "socket", ctl_json_text(x->socket ? x->socket : kvc_default_socket()),
+            "uptime_s", ctl_json_u64(ctl_stat(s, n, "uptime_s")), "clients",
+            ctl_json_u64(ctl_stat(s, n, "clients_now")), "namespaces",
+            ctl_json_u64(ctl_stat(s, n, "namespaces_now")), "blocks",
+            ctl_json_u64(ctl_stat(s, n, "blocks_now")), "host_used",
+            ctl_json_u64(ctl_stat(s, n, "host_used")), "host_capacity",
+            ctl_json_u64(ctl_stat(s, n, "host_capacity")), "tokens_requested", ctl_json_u64(lt),
+            "tokens_hit", ctl_json_u64(ht), "token_hit_ratio", ctl_json_fixed(ctl_ratio(ht, lt), 4),
+            "load_us", ctl_json_u64(ctl_stat(s, n, "load_us")), "recompute_saved_est_us",
+            ctl_json_u64(ctl_stat(s, n, "recompute_saved_est_us")));
+        free(s);
+        return ctl_json_print(doc);
     } else {
         printf("kvcd pid %u on %s, up %" PRIu64 " s\n", pid,
                x->socket ? x->socket : kvc_default_socket(), ctl_stat(s, n, "uptime_s"));
@@ -87,17 +89,23 @@ int ctl_status(struct ctl *x, int argc, char **argv)
     return 0;
 }
 
-/* One line per tier: capacity, use, and whether it is on (the gpu tier is off without a
- * pool or a device; its capacity is 0 then). */
-static void ctl_stats_print(const struct kvc_stat *s, size_t n, bool json)
+/* Every counter of s, one line each. */
+static void ctl_stats_print(const struct kvc_stat *s, size_t n)
 {
-    for (size_t i = 0; i < n; i++) {
-        if (json) {
-            printf("%s\"%s\": %" PRIu64, i ? ", " : "", s[i].name, s[i].value);
-        } else {
-            printf("  %-28s %" PRIu64 "\n", s[i].name, s[i].value);
+    for (size_t i = 0; i < n; i++)
+        printf("  %-28s %" PRIu64 "\n", s[i].name, s[i].value);
+}
+
+/* Every counter of s as an object {NAME: N}; NULL when out of memory. */
+static json_t *ctl_stats_json(const struct kvc_stat *s, size_t n)
+{
+    json_t *o = json_object();
+    for (size_t i = 0; i < n; i++)
+        if (ctl_json_add(o, s[i].name, ctl_json_u64(s[i].value))) {
+            json_decref(o);
+            return NULL;
         }
-    }
+    return o;
 }
 
 int ctl_stats(struct ctl *x, int argc, char **argv)
@@ -118,37 +126,44 @@ int ctl_stats(struct ctl *x, int argc, char **argv)
         free(s);
         return 1;
     }
+    json_t *doc = NULL, *list = NULL;
+    bool ok = true;
     if (x->json) {
-        printf("{\"total\": {");
-        ctl_stats_print(s, n, true);
-        printf("}, \"namespaces\": [");
+        list = json_array();
+        doc = json_pack("{s:o, s:o}", "total", ctl_stats_json(s, n), "namespaces", list);
+        list = doc ? list : NULL; /* json_pack took it, and let it go */
     } else {
         printf("total:\n");
-        ctl_stats_print(s, n, false);
+        ctl_stats_print(s, n);
     }
     free(s);
     for (size_t i = 0; i < nns; i++) {
         rc = kvc_stats(x->c, ns[i].ns_id, &s, &n);
         if (rc) {
             fprintf(stderr, "kvcctl: stats of namespace %u: %s\n", ns[i].ns_id, kvc_strerror(rc));
+            json_decref(doc);
             free(ns);
             return 1;
         }
         if (x->json) {
-            printf("%s{\"id\": %u, \"model\": ", i ? ", " : "", ns[i].ns_id);
-            ctl_json_str(ns[i].model_id);
-            printf(", \"stats\": {");
-            ctl_stats_print(s, n, true);
-            printf("}}");
+            ok &= json_array_append_new(list,
+                                        json_pack("{s:I, s:o, s:o}", "id", (json_int_t)ns[i].ns_id,
+                                                  "model", ctl_json_text(ns[i].model_id), "stats",
+                                                  ctl_stats_json(s, n))) == 0;
         } else {
             printf("namespace %u (%s):\n", ns[i].ns_id, ns[i].model_id);
-            ctl_stats_print(s, n, false);
+            ctl_stats_print(s, n);
         }
         free(s);
     }
-    if (x->json)
-        printf("]}\n");
     free(ns);
+    if (x->json) {
+        if (!ok) {
+            json_decref(doc);
+            doc = NULL;
+        }
+        return ctl_json_print(doc);
+    }
     return 0;
 }
 
@@ -164,26 +179,31 @@ int ctl_clients(struct ctl *x, int argc, char **argv)
     rc = kvc_clients(x->c, &cl, &n);
     if (rc)
         return ctl_fail("clients", rc, NULL);
-    if (x->json)
-        printf("[");
-    else
+    json_t *list = x->json ? json_array() : NULL;
+    bool ok = true;
+    if (!x->json)
         printf("%-5s %-8s %-6s %-6s %-16s %6s %5s %8s %12s %8s %7s %6s %7s %s\n", "ID", "PID",
                "UID", "GID", "NAME", "LEASES", "RESV", "PINS", "RESV_BYTES", "REQS", "HIT%", "ERRS",
                "REFUSED", "FLAGS");
     for (size_t i = 0; i < n; i++) {
         const struct kvc_client_info *o = &cl[i];
         if (x->json) {
-            printf("%s{\"id\": %u, \"pid\": %u, \"uid\": %u, \"gid\": %u, \"name\": ",
-                   i ? ", " : "", o->conn_id, o->pid, o->uid, o->gid);
-            ctl_json_str(o->name);
-            printf(", \"leases\": %u, \"reservations\": %u, \"pins\": %" PRIu64
-                   ", \"reserved_bytes\": %" PRIu64 ", \"requests\": %" PRIu64
-                   ", \"lookup_tokens\": %" PRIu64 ", \"hit_tokens\": %" PRIu64
-                   ", \"bytes_in\": %" PRIu64 ", \"bytes_out\": %" PRIu64 ", \"errors\": %" PRIu64
-                   ", \"refusals\": %" PRIu64 ", \"admin\": %s, \"self\": %s}",
-                   o->leases, o->reservations, o->pins, o->reserved_bytes, o->requests,
-                   o->lookup_tokens, o->hit_tokens, o->bytes_in, o->bytes_out, o->errors,
-                   o->refusals, o->admin ? "true" : "false", o->self ? "true" : "false");
+            ok &= json_array_append_new(
+                      list,
+                      json_pack("{s:I, s:I, s:I, s:I, s:o, s:I, s:I, s:o, s:o, s:o, s:o, s:o, s:o, "
+                                "s:o, s:o, s:o, s:b, s:b}",
+                                "id", (json_int_t)o->conn_id, "pid", (json_int_t)o->pid, "uid",
+                                (json_int_t)o->uid, "gid", (json_int_t)o->gid, "name",
+                                ctl_json_text(o->name), "leases", (json_int_t)o->leases,
+                                "reservations", (json_int_t)o->reservations, "pins",
+                                ctl_json_u64(o->pins), "reserved_bytes",
+                                ctl_json_u64(o->reserved_bytes), "requests",
+                                ctl_json_u64(o->requests), "lookup_tokens",
+                                ctl_json_u64(o->lookup_tokens), "hit_tokens",
+                                ctl_json_u64(o->hit_tokens), "bytes_in", ctl_json_u64(o->bytes_in),
+                                "bytes_out", ctl_json_u64(o->bytes_out), "errors",
+                                ctl_json_u64(o->errors), "refusals", ctl_json_u64(o->refusals),
+                                "admin", (int)o->admin, "self", (int)o->self)) == 0;
         } else {
             printf("%-5u %-8u %-6u %-6u %-16.16s %6u %5u %8" PRIu64 " %12" PRIu64 " %8" PRIu64
                    " %6.1f%% %6" PRIu64 " %7" PRIu64 " %s%s\n",
@@ -193,51 +213,66 @@ int ctl_clients(struct ctl *x, int argc, char **argv)
                    o->admin ? "admin" : "-", o->self ? ",self" : "");
         }
     }
-    if (x->json)
-        printf("]\n");
     free(cl);
+    if (x->json) {
+        if (!ok) {
+            json_decref(list);
+            list = NULL;
+        }
+        return ctl_json_print(list);
+    }
     return 0;
 }
 
 /* The labels of a sample, `a="x",b="y"` as the exposition writes them (values escaped with
- * \\, \" and \n), as a JSON object {"a": "x", "b": "y"}. */
-static void ctl_metric_labels(const char *l)
+ * \\, \" and \n), as an object {"a": "x", "b": "y"} of the values unescaped; NULL when out
+ * of memory. l is changed (values are unescaped in place). */
+static json_t *ctl_metric_labels(char *l)
 {
-    bool first = true;
-    putchar('{');
+    json_t *o = json_object();
     while (*l) {
-        const char *eq = strchr(l, '=');
+        char *eq = strchr(l, '='), *v, *w;
         if (!eq || eq[1] != '"')
             break;
-        printf("%s\"%.*s\": \"", first ? "" : ", ", (int)(eq - l), l);
-        for (l = eq + 2; *l && *l != '"'; l++) {
-            if (*l == '\\' && l[1]) {
-                l++;
-                if (*l == 'n')
-                    fputs("\\n", stdout);
-                else
-                    printf("\\%c", *l);
-            } else if ((unsigned char)*l < 0x20) {
-                printf("\\u%04x", *l);
-            } else {
-                putchar(*l);
-            }
+        *eq = 0;
+        for (v = w = eq + 2; *v && *v != '"'; v++)
+            *w++ = *v == '\\' && v[1] ? (*++v == 'n' ? '\n' : *v) : *v;
+        if (ctl_json_add(o, l, json_stringn_nocheck(eq + 2, (size_t)(w - (eq + 2))))) {
+            json_decref(o);
+            return NULL;
         }
-        putchar('"');
-        first = false;
+        l = v;
         if (*l == '"')
             l++;
         if (*l == ',')
             l++;
     }
-    putchar('}');
+    return o;
+}
+
+/* A sample's value: an integer or a real as the exposition wrote it, or a string where JSON
+ * has no number for it (NaN, +Inf, -Inf). */
+static json_t *ctl_metric_value(const char *v)
+{
+    char *end;
+    bool digits = isdigit((unsigned char)v[v[0] == '-']);
+    double d = strtod(v, &end);
+    if (*end || !digits)
+        return json_string(v);
+    if (v[strspn(v + (v[0] == '-'), "0123456789") + (v[0] == '-')] == 0) {
+        errno = 0;
+        long long i = strtoll(v, &end, 10);
+        if (errno == 0)
+            return json_integer(i);
+    }
+    return json_real(d);
 }
 
 int ctl_metrics(struct ctl *x, int argc, char **argv)
 {
     char *text;
     int rc;
-    bool first = true;
+    bool ok = true;
     if (argc != 1)
         return ctl_bad(argv[0], "takes no arguments ('%s')", argv[1]);
     if (ctl_connect(x))
@@ -250,36 +285,30 @@ int ctl_metrics(struct ctl *x, int argc, char **argv)
         free(text);
         return 0;
     }
-    /* Samples as {"name", "labels": {NAME: VALUE}, "value"}; a value JSON has no number for
-     * (NaN, +Inf, -Inf) is a string. */
-    printf("[");
-    for (char *save = NULL, *line = strtok_r(text, "\n", &save); line;
+    /* Samples as {"name", "labels": {NAME: VALUE}, "value"}. */
+    json_t *list = json_array();
+    for (char *save = NULL, *line = strtok_r(text, "\n", &save); line && ok;
          line = strtok_r(NULL, "\n", &save)) {
         char *sp, *brace;
         if (line[0] == '#' || !(sp = strrchr(line, ' ')))
             continue;
         *sp = 0;
         brace = strchr(line, '{');
-        if (brace)
-            *brace = 0;
-        printf("%s{\"name\": \"%s\", \"labels\": ", first ? "" : ", ", line);
         if (brace) {
+            *brace = 0;
             brace[strlen(brace + 1)] = 0; /* drop the closing brace */
-            ctl_metric_labels(brace + 1);
-        } else {
-            printf("{}");
         }
-        char *end;
-        (void)strtod(sp + 1, &end);
-        if (*end || !isdigit((unsigned char)sp[1 + (sp[1] == '-')]))
-            printf(", \"value\": \"%s\"}", sp + 1);
-        else
-            printf(", \"value\": %s}", sp + 1);
-        first = false;
+        ok = json_array_append_new(
+                 list, json_pack("{s:o, s:o, s:o}", "name", ctl_json_text(line), "labels",
+                                 brace ? ctl_metric_labels(brace + 1) : json_object(), "value",
+                                 ctl_metric_value(sp + 1))) == 0;
     }
-    printf("]\n");
     free(text);
-    return 0;
+    if (!ok) {
+        json_decref(list);
+        list = NULL;
+    }
+    return ctl_json_print(list);
 }
 
 /* ---- top ---------------------------------------------------------------------------------- */
@@ -313,17 +342,19 @@ static int ctl_top_frame(struct ctl *x, const struct ctl_sample *a, const struct
     if (kvc_clients(x->c, &cl, &ncl))
         ncl = 0;
     if (x->json) {
-        printf("{\"token_hit_ratio\": %.4f, \"tokens_requested\": %" PRIu64
-               ", \"tokens_hit\": %" PRIu64 ", \"tokens_requested_per_s\": %.1f, "
-                                            "\"tokens_hit_per_s\": %.1f, \"lookups_per_s\": %.1f"
-               ", \"bytes_in_per_s\": %.0f, \"bytes_out_per_s\": %.0f, \"evicted_per_s\": %.1f"
-               ", \"host_used\": %" PRIu64 ", \"host_capacity\": %" PRIu64 ", \"clients\": %zu}\n",
-               ctl_ratio(ht, lt), lt, ht, dl, dh, ctl_rate(a, b, "lookups"),
-               ctl_rate(a, b, "bytes_in"), ctl_rate(a, b, "bytes_out"),
-               ctl_rate(a, b, "evicted_blocks"), ctl_stat(b->s, b->n, "host_used"),
-               ctl_stat(b->s, b->n, "host_capacity"), ncl);
+        json_t *doc = json_pack(
+            "{s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "token_hit_ratio",
+            ctl_json_fixed(ctl_ratio(ht, lt), 4), "tokens_requested", ctl_json_u64(lt),
+            "tokens_hit", ctl_json_u64(ht), "tokens_requested_per_s", ctl_json_fixed(dl, 1),
+            "tokens_hit_per_s", ctl_json_fixed(dh, 1), "lookups_per_s",
+            ctl_json_fixed(ctl_rate(a, b, "lookups"), 1), "bytes_in_per_s",
+            ctl_json_fixed(ctl_rate(a, b, "bytes_in"), 0), "bytes_out_per_s",
+            ctl_json_fixed(ctl_rate(a, b, "bytes_out"), 0), "evicted_per_s",
+            ctl_json_fixed(ctl_rate(a, b, "evicted_blocks"), 1), "host_used",
+            ctl_json_u64(ctl_stat(b->s, b->n, "host_used")), "host_capacity",
+            ctl_json_u64(ctl_stat(b->s, b->n, "host_capacity")), "clients", ctl_json_u64(ncl));
         free(cl);
-        return 0;
+        return ctl_json_print(doc);
     }
     if (tty)
         printf("\033[H\033[2J");
@@ -399,12 +430,14 @@ int ctl_top(struct ctl *x, int argc, char **argv)
             return ctl_fail("top", rc, NULL);
         }
         b.t = ctl_now();
-        ctl_top_frame(x, &a, &b, tty);
+        rc = ctl_top_frame(x, &a, &b, tty);
         free(a.s);
         a = b;
+        if (rc)
+            break;
     }
     free(a.s);
-    return 0;
+    return rc;
 }
 
 /* ---- tiers ------------------------------------------------------------------------------- */
@@ -428,46 +461,65 @@ struct ctl_tier_row {
     const char *errors2;
 };
 
-static void ctl_tier_print(struct ctl *x, const struct ctl_sample *a, const struct ctl_sample *b,
-                           const struct ctl_tier_row *r, bool first)
+/* The row's counters, in the order of keys (below): NULL where the tier has none. */
+static void ctl_tier_values(const struct ctl_sample *cur, const struct ctl_tier_row *r,
+                            uint64_t v[9], bool has[9])
 {
-    const struct ctl_sample *cur = b;
     const char *names[] = {r->capacity, r->used,  r->blocks, r->pages, r->frag,
                            r->rinfl,    r->winfl, r->errors, r->csum};
-    const char *keys[] = {"capacity",          "used",           "blocks",          "pages",
-                          "fragmentation_pct", "reads_inflight", "writes_inflight", "errors",
-                          "checksum_failures"};
+    for (size_t i = 0; i < 9; i++) {
+        has[i] = names[i] != NULL;
+        v[i] = names[i] ? ctl_stat(cur->s, cur->n, names[i]) : 0;
+        if (names[i] && i == 7 && r->errors2)
+            v[i] += ctl_stat(cur->s, cur->n, r->errors2);
+    }
+}
+
+/* The row as an object {tier, enabled, the counters (null where the tier has none), rates};
+ * NULL when out of memory. */
+static json_t *ctl_tier_json(const struct ctl_sample *a, const struct ctl_sample *b,
+                             const struct ctl_tier_row *r)
+{
+    static const char *const keys[] = {
+        "capacity",          "used",           "blocks",          "pages",
+        "fragmentation_pct", "reads_inflight", "writes_inflight", "errors",
+        "checksum_failures"};
+    uint64_t v[9];
+    bool has[9];
+    int bad = 0;
+    json_t *o = json_pack("{s:s, s:b}", "tier", r->tier, "enabled", 1);
+    ctl_tier_values(b, r, v, has);
+    for (size_t i = 0; i < 9; i++)
+        bad |= ctl_json_add(o, keys[i], has[i] ? ctl_json_u64(v[i]) : json_null());
+    bad |= ctl_json_add(o, "read_bytes_per_s",
+                        r->rbytes ? ctl_json_fixed(ctl_rate(a, b, r->rbytes), 0) : json_null());
+    bad |= ctl_json_add(o, "write_bytes_per_s",
+                        r->wbytes ? ctl_json_fixed(ctl_rate(a, b, r->wbytes), 0) : json_null());
+    if (bad) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
+static void ctl_tier_print(const struct ctl_sample *a, const struct ctl_sample *b,
+                           const struct ctl_tier_row *r)
+{
+    const struct ctl_sample *cur = b;
     double rd = r->rbytes ? ctl_rate(a, b, r->rbytes) : -1;
     double wr = r->wbytes ? ctl_rate(a, b, r->wbytes) : -1;
     char cap[32] = "-", used[32] = "-", rs[32] = "-", ws[32] = "-";
     char cells[9][32];
-    if (x->json) {
-        printf("%s{\"tier\": \"%s\", \"enabled\": true", first ? "" : ", ", r->tier);
-        for (size_t i = 0; i < 9; i++) {
-            uint64_t v = names[i] ? ctl_stat(cur->s, cur->n, names[i]) : 0;
-            if (names[i] && i == 7 && r->errors2)
-                v += ctl_stat(cur->s, cur->n, r->errors2);
-            if (names[i])
-                printf(", \"%s\": %" PRIu64, keys[i], v);
-            else
-                printf(", \"%s\": null", keys[i]);
-        }
-        if (rd >= 0)
-            printf(", \"read_bytes_per_s\": %.0f, \"write_bytes_per_s\": %.0f}", rd, wr);
-        else
-            printf(", \"read_bytes_per_s\": null, \"write_bytes_per_s\": null}");
-        return;
-    }
+    uint64_t v[9];
+    bool has[9];
+    ctl_tier_values(cur, r, v, has);
     for (size_t i = 0; i < 9; i++) {
-        uint64_t v = names[i] ? ctl_stat(cur->s, cur->n, names[i]) : 0;
-        if (names[i] && i == 7 && r->errors2)
-            v += ctl_stat(cur->s, cur->n, r->errors2);
-        if (!names[i])
+        if (!has[i])
             snprintf(cells[i], sizeof(cells[i]), "-");
         else if (i == 4)
-            snprintf(cells[i], sizeof(cells[i]), "%" PRIu64 "%%", v);
+            snprintf(cells[i], sizeof(cells[i]), "%" PRIu64 "%%", v[i]);
         else
-            snprintf(cells[i], sizeof(cells[i]), "%" PRIu64, v);
+            snprintf(cells[i], sizeof(cells[i]), "%" PRIu64, v[i]);
     }
     if (r->capacity)
         ctl_human(cap, sizeof(cap), (double)ctl_stat(cur->s, cur->n, r->capacity), "");
@@ -501,17 +553,17 @@ static void ctl_tiers_host_blocks(struct ctl_sample *b)
 
 /* The remote tier (remote.nodes): its own row, since it has no capacity of its own (the
  * cluster's maxmemory is) but nodes, slots covered and a degraded state. */
-static void ctl_tiers_remote(struct ctl *x, const struct ctl_sample *a, const struct ctl_sample *b)
+/* json: the row as an object (NULL when out of memory); else printed, and NULL. */
+static json_t *ctl_tiers_remote(bool json, const struct ctl_sample *a, const struct ctl_sample *b)
 {
     bool on = false;
     for (size_t i = 0; i < b->n; i++)
         on |= strcmp(b->s[i].name, "remote_slots") == 0;
     if (!on) {
-        if (x->json)
-            printf(", {\"tier\": \"remote\", \"enabled\": false}");
-        else
-            printf("%-6s disabled\n", "remote");
-        return;
+        if (json)
+            return json_pack("{s:s, s:b}", "tier", "remote", "enabled", 0);
+        printf("%-6s disabled\n", "remote");
+        return NULL;
     }
     uint64_t nodes = ctl_stat(b->s, b->n, "remote_nodes"),
              slots = ctl_stat(b->s, b->n, "remote_slots");
@@ -524,16 +576,15 @@ static void ctl_tiers_remote(struct ctl *x, const struct ctl_sample *a, const st
     uint64_t errs = ctl_stat(b->s, b->n, "remote_errors");
     uint64_t deg = ctl_stat(b->s, b->n, "remote_degraded");
     double rd = ctl_rate(a, b, "remote_bytes_read"), wr = ctl_rate(a, b, "remote_bytes_written");
-    if (x->json) {
-        printf(", {\"tier\": \"remote\", \"enabled\": true, \"nodes\": %" PRIu64
-               ", \"slots\": %" PRIu64 ", \"inflight\": %" PRIu64 ", \"hits\": %" PRIu64
-               ", \"misses\": %" PRIu64 ", \"bad_records\": %" PRIu64
-               ", \"parts_missing\": %" PRIu64 ", \"parts_mixed\": %" PRIu64
-               ", \"errors\": %" PRIu64
-               ", \"degraded\": %s, \"read_bytes_per_s\": %.0f, \"write_bytes_per_s\": %.0f}",
-               nodes, slots, infl, hits, misses, bad, pmiss, pmix, errs, deg ? "true" : "false", rd,
-               wr);
-        return;
+    if (json) {
+        return json_pack("{s:s, s:b, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:b, s:o, s:o}",
+                         "tier", "remote", "enabled", 1, "nodes", ctl_json_u64(nodes), "slots",
+                         ctl_json_u64(slots), "inflight", ctl_json_u64(infl), "hits",
+                         ctl_json_u64(hits), "misses", ctl_json_u64(misses), "bad_records",
+                         ctl_json_u64(bad), "parts_missing", ctl_json_u64(pmiss), "parts_mixed",
+                         ctl_json_u64(pmix), "errors", ctl_json_u64(errs), "degraded", deg ? 1 : 0,
+                         "read_bytes_per_s", ctl_json_fixed(rd, 0), "write_bytes_per_s",
+                         ctl_json_fixed(wr, 0));
     }
     char rs[32], ws[32];
     ctl_human(rs, sizeof(rs), rd, "/s");
@@ -543,6 +594,7 @@ static void ctl_tiers_remote(struct ctl *x, const struct ctl_sample *a, const st
            ", parts missing %" PRIu64 ", mixed %" PRIu64 ", errors %" PRIu64 "%s\n",
            "remote", nodes, slots, infl, rs, ws, hits, misses, bad, pmiss, pmix, errs,
            deg ? ", DEGRADED" : "");
+    return NULL;
 }
 
 int ctl_tiers(struct ctl *x, int argc, char **argv)
@@ -609,32 +661,31 @@ int ctl_tiers(struct ctl *x, int argc, char **argv)
     has_gpu = ctl_stat(b.s, b.n, "gpu_capacity") > 0;
     has_disk = ctl_stat(b.s, b.n, "disk_capacity") > 0;
     if (x->json) {
-        printf("{\"interval_s\": %.3f, \"tiers\": [", interval);
+        json_t *off = json_pack("{s:s, s:b}", "tier", "gpu", "enabled", 0);
+        json_t *tiers = json_pack("[o, o, o, o]", has_gpu ? ctl_tier_json(&a, &b, &gpu) : off,
+                                  ctl_tier_json(&a, &b, &host),
+                                  has_disk ? ctl_tier_json(&a, &b, &disk)
+                                           : json_pack("{s:s, s:b}", "tier", "disk", "enabled", 0),
+                                  ctl_tiers_remote(true, &a, &b));
         if (has_gpu)
-            ctl_tier_print(x, &a, &b, &gpu, true);
-        else
-            printf("{\"tier\": \"gpu\", \"enabled\": false}");
-        printf(", ");
-        ctl_tier_print(x, &a, &b, &host, true);
-        if (has_disk)
-            ctl_tier_print(x, &a, &b, &disk, false);
-        else
-            printf(", {\"tier\": \"disk\", \"enabled\": false}");
-        ctl_tiers_remote(x, &a, &b);
-        printf("]}\n");
+            json_decref(off);
+        free(a.s);
+        free(b.s);
+        return ctl_json_print(
+            json_pack("{s:o, s:o}", "interval_s", ctl_json_fixed(interval, 3), "tiers", tiers));
     } else {
         printf("%-5s %10s %10s %8s %6s %5s %5s %5s %12s %12s %6s %6s\n", "TIER", "CAPACITY", "USED",
                "BLOCKS", "PAGES", "FRAG", "RD_IF", "WR_IF", "READ", "WRITE", "ERRORS", "CSUM");
         if (has_gpu)
-            ctl_tier_print(x, &a, &b, &gpu, true);
+            ctl_tier_print(&a, &b, &gpu);
         else
             printf("%-5s disabled\n", "gpu");
-        ctl_tier_print(x, &a, &b, &host, true);
+        ctl_tier_print(&a, &b, &host);
         if (has_disk)
-            ctl_tier_print(x, &a, &b, &disk, false);
+            ctl_tier_print(&a, &b, &disk);
         else
             printf("%-5s disabled\n", "disk");
-        ctl_tiers_remote(x, &a, &b);
+        ctl_tiers_remote(false, &a, &b);
         printf("(rates %s)\n",
                interval > 0 ? "over the sampling interval" : "averaged since the daemon started");
     }
