@@ -62,7 +62,8 @@ static int kvc_fast_check(const struct kvc_fast_hdr *h, uint64_t bytes, uint32_t
         h->ns_off < sizeof(*h) || h->ns_off > bytes || h->nns > (bytes - h->ns_off) / 8 ||
         h->ents_off < h->ns_off + (uint64_t)h->nns * 8 || h->ents_off > bytes ||
         (uint64_t)h->nsets * KVC_FAST_WAYS > (bytes - h->ents_off) / sizeof(struct kvc_fast_ent) ||
-        h->gens_off < h->ents_off + (uint64_t)h->nsets * KVC_FAST_WAYS * sizeof(struct kvc_fast_ent) ||
+        h->gens_off <
+            h->ents_off + (uint64_t)h->nsets * KVC_FAST_WAYS * sizeof(struct kvc_fast_ent) ||
         h->gens_off > bytes || units > (bytes - h->gens_off) / sizeof(uint32_t) ||
         (h->ns_off | h->ents_off | h->gens_off) % 8)
         return -EPROTO;
