@@ -319,27 +319,46 @@ static int tier_disk_sb_write(struct tier_disk *d, uint32_t i)
     return rc;
 }
 
-/* Opens path i. The last component must not be a symbolic link (O_NOFOLLOW): a link planted
- * where the tier's file belongs would make the daemon write wherever it points. With
- * TIER_DISK_FORMAT_NEVER a missing file is not created. */
-static int tier_disk_open_fd(struct tier_disk *d, uint32_t i)
+/* open(2) with O_DIRECT, or without it where the file system refuses it (*buffered). */
+static int tier_disk_open_direct(const char *path, int flags, bool *buffered)
 {
-    const char *path = d->cfg.paths[i];
-    int flags =
-        O_RDWR | O_CLOEXEC | O_NOFOLLOW | (d->cfg.format == TIER_DISK_FORMAT_NEVER ? 0 : O_CREAT);
-    struct stat ls;
     int fd = open(path, flags | O_DIRECT, 0600);
     if (fd < 0 && errno == EINVAL) {
         fd = open(path, flags, 0600);
-        if (fd >= 0) {
+        if (fd < 0 && errno == EEXIST && (flags & O_EXCL)) {
+            /* Some file systems create the file, then refuse O_DIRECT: it is this start's. */
+            fd = open(path, flags & ~(O_CREAT | O_EXCL), 0600);
+        }
+        *buffered = fd >= 0;
+    }
+    return fd;
+}
+
+/* Opens path i. The last component must not be a symbolic link (O_NOFOLLOW): a link planted
+ * where the tier's file belongs would make the daemon write wherever it points. With
+ * TIER_DISK_FORMAT_NEVER a missing file is not created. A file this start creates (O_EXCL
+ * tells) is marked, so that a start that fails removes it (tier_disk_new). */
+static int tier_disk_open_fd(struct tier_disk *d, uint32_t i)
+{
+    const char *path = d->cfg.paths[i];
+    int flags = O_RDWR | O_CLOEXEC | O_NOFOLLOW;
+    bool buffered = false;
+    struct stat ls;
+    int fd = -1;
+    if (d->cfg.format != TIER_DISK_FORMAT_NEVER) {
+        fd = tier_disk_open_direct(path, flags | O_CREAT | O_EXCL, &buffered);
+        d->created[i] = fd >= 0;
+    }
+    if (fd < 0 && (errno == EEXIST || d->cfg.format == TIER_DISK_FORMAT_NEVER))
+        fd = tier_disk_open_direct(path, flags, &buffered);
+    if (fd >= 0) {
+        if (buffered) {
             fprintf(stderr,
                     "kvcd: disk: %s: O_DIRECT refused by the file system; using BUFFERED "
                     "I/O (slower, and the page cache holds a second copy)\n",
                     path);
             d->st.buffered = true;
         }
-    }
-    if (fd >= 0) {
         d->fds[i] = fd;
         return 0;
     }
@@ -356,6 +375,18 @@ static int tier_disk_open_fd(struct tier_disk *d, uint32_t i)
                 "creating it\n",
                 path);
     return -errno;
+}
+
+/* Removes the files this start created (a start that failed): they hold nothing but a
+ * superblock. Only while the name still leads to the file this tier opened. */
+static void tier_disk_uncreate(struct tier_disk *d)
+{
+    for (uint32_t i = 0; i < d->npaths; i++) {
+        struct stat a, b;
+        if (d->created[i] && d->fds[i] >= 0 && fstat(d->fds[i], &a) == 0 &&
+            lstat(d->cfg.paths[i], &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+            unlink(d->cfg.paths[i]);
+    }
 }
 
 /* One kvcd per path. An OFD write lock on byte 0 of the path is held for as long as the
@@ -633,8 +664,10 @@ struct tier *tier_disk_new(const struct tier_disk_config *cfg, int *err)
     d->st.start_us = (d->ckpt_try_ns - t0) / 1000;
     return &d->base;
 fail:
-    if (d)
+    if (d) {
+        tier_disk_uncreate(d);
         tier_disk_destroy(&d->base);
+    }
     *err = rc;
     return NULL;
 }

@@ -99,7 +99,8 @@ struct tier_disk {
     struct tier_disk_config cfg;
     int fds[TIER_DISK_MAX_PATHS];
     bool failed[TIER_DISK_MAX_PATHS];
-    bool locked[TIER_DISK_MAX_PATHS]; /* this tier holds the path's lock (one kvcd a path) */
+    bool locked[TIER_DISK_MAX_PATHS];  /* this tier holds the path's lock (one kvcd a path) */
+    bool created[TIER_DISK_MAX_PATHS]; /* this start created the path's file */
     uint64_t secret[TIER_DISK_MAX_PATHS];
     uint32_t npaths;
     uint64_t path_size; /* bytes per path, whole pages */
