@@ -363,15 +363,19 @@ FUZZ_PROTO_SRCS := tests/fuzz/fuzz_proto.c daemon/proto.c
 FUZZ_CONFIG_SRCS := tests/fuzz/fuzz_config.c daemon/config.c daemon/config_ns.c \
 	$(wildcard policies/*.c)
 # The server target drives a real store and server (every daemon source but main.c) through
-# client connections; its seeds are tests/fuzz/corpus/server. kern_avx2.c passes a const int
-# where clang wants an immediate, so the C compiler builds it, uninstrumented.
-FUZZ_SERVER_SRCS := tests/fuzz/fuzz_server.c $(filter-out kernels/kern_avx2.c,$(LIBKVCD_SRCS))
+# client connections; its seeds are tests/fuzz/corpus/server. kern_avx2*.c pass a const int
+# where clang wants an immediate, so the C compiler builds them, uninstrumented.
+FUZZ_AVX2_SRCS := $(wildcard kernels/kern_avx2*.c)
+FUZZ_SERVER_SRCS := tests/fuzz/fuzz_server.c $(filter-out $(FUZZ_AVX2_SRCS),$(LIBKVCD_SRCS))
 FUZZ_SERVER_CORPUS := tests/fuzz/corpus/server
 fuzz-build:
 	@mkdir -p build/fuzz
-	$(CC) -std=gnu11 -O2 -g -D_GNU_SOURCE -I$(TOP) -DKVC_CUDA=0 -c kernels/kern_avx2.c \
-		-o build/fuzz/kern_avx2.o
-	clang $(FUZZ_FLAGS) -DKVC_CUDA=0 -pthread $(FUZZ_SERVER_SRCS) build/fuzz/kern_avx2.o \
+	for f in $(FUZZ_AVX2_SRCS); do \
+		$(CC) -std=gnu11 -O2 -g -D_GNU_SOURCE -I$(TOP) -DKVC_CUDA=0 -c $$f \
+			-o build/fuzz/$$(basename $$f .c).o || exit 1; \
+	done
+	clang $(FUZZ_FLAGS) -DKVC_CUDA=0 -pthread $(FUZZ_SERVER_SRCS) \
+		$(patsubst kernels/%.c,build/fuzz/%.o,$(FUZZ_AVX2_SRCS)) \
 		-o build/fuzz/fuzz_server $(PKG_LIBS) -pthread -lm
 	clang $(FUZZ_FLAGS) $(FUZZ_PROTO_SRCS) -o build/fuzz/fuzz_proto
 	clang $(FUZZ_FLAGS) $(FUZZ_CONFIG_SRCS) -o build/fuzz/fuzz_config \
