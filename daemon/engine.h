@@ -16,9 +16,14 @@
  * dirty, and which list it is on;
  * every path that frees, moves, quantizes or evicts asks store_block_idle() first, so a
  * block in motion is never freed by a policy, a quota, an operator or a namespace drop.
- * Layering: server, admin, acl → engine (engine.c, engine_disk.c, engine_gpu.c: one
- * module; the disk and pool halves use the memory half's victim choice and room) → store →
- * tiers, policies, kernels.
+ * LAYERS. The daemon's files point down, never up: main → server → admin → acl → engine
+ * (engine.c) → engine_disk, engine_gpu, engine_remote → quant → store (store.c,
+ * store_policy.c) → index, fast, stats.h → log; config (with config_ns), loop, notify,
+ * proto and remote_keys beside them; tiers/, policies/ and kernels/ below them all. A file
+ * includes and calls only files below its own. tests/check_layers.py (a suite of make
+ * check) reads the includes and the calls the linker resolves and fails on a circle not in
+ * its list of those left: the tier engines' calls up for room and eviction (engine_alloc,
+ * engine_evict, engine_ladder_evict, engine_victim), admin ↔ server, config ↔ config_ns.
  * Owned by the loop thread.
  */
 #ifndef KVC_ENGINE_H
