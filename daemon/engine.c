@@ -335,7 +335,7 @@ static enum engine_ladder_r engine_ladder_slab(struct store *s, struct store_ns 
     struct engine_ladder_ctx c = {.ns = ns, .rung = k};
     uint32_t idx[ENGINE_LADDER_SLAB_MAX], nslots, used;
     uint64_t start, slot;
-    int64_t enc = quant_format_bytes(ns, ns->rung_format[k + 1]);
+    int64_t enc = store_format_bytes(ns, ns->rung_format[k + 1]);
     /* Only a slab whose pages hold every block of it at the smaller size. */
     if (enc > 0 && slab_span(sl, b->off, &start, &slot, &nslots, &used) == 0 &&
         used <= ENGINE_LADDER_SLAB_MAX && slab_fit(sl, b->off, (uint64_t)enc) >= used &&

@@ -111,7 +111,7 @@ static void engine_disk_rec_set(struct block *b, const struct tier_loc *l)
 static uint64_t engine_disk_block_bytes(const struct store *s, const struct block *b)
 {
     const struct store_ns *ns = s->ns[b->ns];
-    int64_t n = quant_format_bytes(ns, b->format);
+    int64_t n = store_format_bytes(ns, b->format);
     return n > 0 ? (uint64_t)n : ns->block_bytes;
 }
 
@@ -1056,7 +1056,7 @@ static int engine_disk_adopt(struct store *s, const struct engine_disk_params *p
     if (rc)
         return rc;
     ns = s->ns[ns_id];
-    int64_t want = quant_format_bytes(ns, (uint8_t)f->m.format);
+    int64_t want = store_format_bytes(ns, (uint8_t)f->m.format);
     if (want <= 0 || f->m.len != (uint64_t)want)
         return -EINVAL; /* not a block this namespace holds (its recipe changed?) */
     if (f->loc.len > UINT32_MAX || f->loc.off / TIER_DISK_ALIGN > UINT32_MAX)

@@ -31,9 +31,6 @@ ALLOWED = {
     "engine_disk -> engine": "engine_alloc, engine_evict, engine_ladder_evict, engine_victim",
     "engine_gpu -> engine": "engine_alloc, engine_evict",
     "engine_remote -> engine": "engine_alloc",
-    # quantization's bookkeeping on both sides of the store
-    "quant -> store": "pins, drops, the ladder's accounts",
-    "store -> quant": "quant_format_bytes",
     # the [namespace.PATTERN] sections parse sizes with the option table's parser
     "config -> config_ns": "the namespace sections",
     "config_ns -> config": "config_parse_size",
