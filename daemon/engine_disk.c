@@ -191,7 +191,7 @@ static int engine_disk_level(struct store *s, uint16_t ns_id)
     return ed->levels[ns_id] >= 0 ? ed->levels[ns_id] : ed->compress_level;
 }
 
-/* Byte planes for raw 16-bit floats (docs/disk.md: 1.18x vs 1.09x on fp16), plain zstd for
+/* Byte planes for raw 16-bit floats (docs/design/disk.md: 1.18x vs 1.09x on fp16), plain zstd for
  * anything else (quantized blocks are bytes already). */
 static int engine_disk_codec(const struct store *s, const struct block *b)
 {

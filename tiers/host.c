@@ -230,7 +230,7 @@ static int tier_host_map(struct tier_host *h, const struct tier_host_config *cfg
      * them for shared memory: /sys/kernel/mm/transparent_hugepage/shmem_enabled = advise
      * or within_size). A block in physically contiguous memory is one segment of a disk
      * request instead of one per 4 KiB page: bench-disk moves a fifth to two fifths more
-     * per second from a huge-page arena on this VM (docs/disk.md). Best effort. */
+     * per second from a huge-page arena on this VM (docs/design/disk.md). Best effort. */
     if (!huge)
         (void)madvise(map, size, MADV_HUGEPAGE);
     if (cfg->prefault) {
