@@ -905,9 +905,17 @@ static int engine_room(struct store *s, struct store_ns *ns, bool gpu, uint64_t 
     return engine_alloc_put(s, ns, now, loc);
 }
 
+static const struct engine_core engine_core_ops = {
+    .victim = engine_victim,
+    .evict = engine_evict,
+    .ladder_evict = engine_ladder_evict,
+    .alloc = engine_alloc,
+};
+
 void engine_attach(struct store *s)
 {
     s->room = engine_room;
+    s->core = &engine_core_ops;
 }
 
 void engine_stop(struct store *s)

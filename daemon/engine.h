@@ -22,8 +22,9 @@
  * proto and remote_keys beside them; tiers/, policies/ and kernels/ below them all. A file
  * includes and calls only files below its own. tests/check_layers.py (a suite of make
  * check) reads the includes and the calls the linker resolves and fails on a circle not in
- * its list of those left: the tier engines' calls up for room and eviction (engine_alloc,
- * engine_evict, engine_ladder_evict, engine_victim), admin ↔ server, config ↔ config_ns.
+ * its list of those left (admin ↔ server, config ↔ config_ns). The tier engines reach the
+ * core's room and eviction through struct engine_core (engine_core.h), passed down in the
+ * store, not by calling up.
  * Owned by the loop thread.
  */
 #ifndef KVC_ENGINE_H
@@ -33,6 +34,7 @@
 #include <stdint.h>
 
 #include "client/kvc_proto.h"
+#include "daemon/engine_core.h"
 
 struct store;
 struct store_ns;
@@ -88,14 +90,7 @@ uint32_t engine_victim(struct store *s, uint32_t arena, int cls, uint64_t now);
 /* Frees the room of a victim: a clean block in memory gives up its memory and stays cached
  * on disk; anything else is dropped (counted as evicted). Nothing for a block in motion. */
 void engine_evict(struct store *s, uint32_t idx);
-/* What a step of a namespace's precision ladder did (engine_ladder_evict). */
-enum engine_ladder_r {
-    ENGINE_LADDER_NONE = 0, /* nothing it may act on: the caller evicts as without a ladder */
-    ENGINE_LADDER_FREED,    /* a block left the tier: room now */
-    ENGINE_LADDER_QUEUED,   /* a block goes one rung down: room when its job lands */
-    ENGINE_LADDER_WAIT,     /* a step down is due but the worker is full, or the disk asks
-                               to wait: room comes with the jobs (and writes) in flight */
-};
+/* enum engine_ladder_r: what a step of a namespace's precision ladder did (engine_core.h). */
 /* Instead of evicting victim v of host arena `arena`: when v's namespace keeps a precision
  * ladder there, its ladder steps (store_ladder_pick's rung goes one rung down, or its coldest
  * leaf out) until the room coming in the arena covers `need` bytes or a block left. NONE:

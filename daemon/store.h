@@ -33,6 +33,7 @@
 
 struct tier;
 struct tier_loc;
+struct engine_core;
 struct engine_disk;
 struct engine_remote;
 struct engine_gpu;
@@ -186,6 +187,8 @@ struct store {
      * allocator, no eviction), the disk tier's state, the quantize worker. */
     int (*room)(struct store *s, struct store_ns *ns, bool gpu, uint64_t now,
                 struct tier_loc *loc);
+    /* The engine core's services for the tier engines (daemon/engine_core.h; engine_attach). */
+    const struct engine_core *core;
     struct engine_disk *disk; /* the disk tier engine (daemon/engine_disk.h); NULL: none */
     struct engine_remote *remote; /* the remote tier engine (engine_remote.h); NULL: none */
     /* Called for every block a commit makes visible (the remote tier's write-behind). */
