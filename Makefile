@@ -189,7 +189,8 @@ $(B)/bin/kvcctl: $(KVCCTL_OBJS) $(B)/lib/libkvc.a
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) $(JSON_LIBS) $(CUDA_LIBS) -pthread -lm
 
-$(B)/bin/kvcreplay: $(B)/obj/client/kvcreplay.o $(B)/obj/client/kvcreplay_trace.o $(B)/lib/libkvc.a
+$(B)/bin/kvcreplay: $(B)/obj/client/kvcreplay.o $(B)/obj/client/kvcreplay_opts.o \
+		$(B)/obj/client/kvcreplay_trace.o $(B)/lib/libkvc.a
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) $(JSON_LIBS) $(CUDA_LIBS) -pthread -lm
 
