@@ -1106,21 +1106,8 @@ static void adv_ip_start(uint64_t gpu_size)
     ck_assert_ptr_nonnull(ip.acl);
     ip.l = loop_new(&rc);
     ck_assert_ptr_nonnull(ip.l);
-    struct server_params vp = {.socket_path = adv_d.sock,
-                               .socket_mode = 0666,
-                               .max_clients = 64,
-                               .cfg = ip.cfg,
-                               .acl = ip.acl,
-                               .max_clients_per_uid = 8,
-                               .hello_timeout_ms = 5000,
-                               .idle_timeout_ms = 60000,
-                               .reservation_timeout_ms = 60000,
-                               .max_waits = 2,
-                               .max_namespaces_per_uid = 8,
-                               .client_pins = 4096,
-                               .uid_pins = 8192,
-                               .uid_leases = 64,
-                               .uid_reserved_share = 50};
+    struct server_params vp;
+    daemon_server_params(&vp, adv_d.sock, 0666, 64, ip.cfg, ip.acl);
     ip.sv = server_new(ip.l, ip.s, &vp, &rc);
     ck_assert_msg(ip.sv, "server_new: %d", rc);
     ck_assert_int_eq(pipe(ip.ctl), 0);

@@ -870,21 +870,8 @@ static void gf_setup(void)
     gf.l = loop_new(&rc);
     ck_assert_ptr_nonnull(gf.l);
     ck_assert_int_eq(loop_add(gf.l, engine_gpu_fd(gf.s), EPOLLIN, gf_on_gpu, &gf), 0);
-    struct server_params vp = {.socket_path = gf.d.sock,
-                               .socket_mode = 0600,
-                               .max_clients = 16,
-                               .cfg = gf.cfg,
-                               .acl = gf.acl,
-                               .max_clients_per_uid = 8,
-                               .hello_timeout_ms = 5000,
-                               .idle_timeout_ms = 60000,
-                               .reservation_timeout_ms = 60000,
-                               .max_waits = 2,
-                               .max_namespaces_per_uid = 8,
-                               .client_pins = 4096,
-                               .uid_pins = 8192,
-                               .uid_leases = 64,
-                               .uid_reserved_share = 50};
+    struct server_params vp;
+    daemon_server_params(&vp, gf.d.sock, 0600, 16, gf.cfg, gf.acl);
     gf.sv = server_new(gf.l, gf.s, &vp, &rc);
     ck_assert_msg(gf.sv, "server_new: %d", rc);
 }

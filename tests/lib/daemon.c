@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "daemon/server.h"
 #include "kernels/kern.h"
 #include "tests/lib/daemon.h"
 
@@ -694,4 +695,24 @@ double daemon_smooth_err(const struct kvc_key *k, const uint16_t *got, size_t n)
     }
     free(want);
     return sqrt(e / r);
+}
+
+void daemon_server_params(struct server_params *vp, const char *sock, uint32_t mode,
+                          uint32_t max_clients, const struct config *cfg, struct acl *acl)
+{
+    *vp = (struct server_params){.socket_path = sock,
+                                 .socket_mode = mode,
+                                 .max_clients = max_clients,
+                                 .cfg = cfg,
+                                 .acl = acl,
+                                 .max_clients_per_uid = 8,
+                                 .hello_timeout_ms = 5000,
+                                 .idle_timeout_ms = 60000,
+                                 .reservation_timeout_ms = 60000,
+                                 .max_waits = 2,
+                                 .max_namespaces_per_uid = 8,
+                                 .client_pins = 4096,
+                                 .uid_pins = 8192,
+                                 .uid_leases = 64,
+                                 .uid_reserved_share = 50};
 }
