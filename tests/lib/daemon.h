@@ -135,6 +135,8 @@ int daemon_chain_keys(const kvc_ns *ns, uint32_t family, uint32_t variant, uint3
 int daemon_roundtrip(const struct daemon *d);
 /* One global counter through a fresh client. */
 int daemon_stat(const struct daemon *d, const char *name, uint64_t *v);
+/* How many times needle stands in the first MiB of d's log (0 when it cannot be read). */
+int daemon_log_count(const struct daemon *d, const char *needle);
 /* The same from a connected client. */
 int daemon_client_stat(kvc_client *c, uint32_t scope, const char *name, uint64_t *v);
 
