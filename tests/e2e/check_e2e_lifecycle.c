@@ -301,6 +301,27 @@ START_TEST(test_lifecycle_failed_start_removes_created_file)
 }
 END_TEST
 
+/* A start that fails on its second disk.path (it holds someone's data: the tier refuses to
+ * format it) removes the first, which it had just created. */
+START_TEST(test_lifecycle_refused_path_removes_created_file)
+{
+    struct daemon d = {0};
+    char fresh[DAEMON_PATH_MAX + 16], foreign[DAEMON_PATH_MAX], opt[2 * DAEMON_PATH_MAX + 32];
+    pid_t pid;
+    ck_assert_int_eq(daemon_dir_init(&d), 0);
+    ck_assert_int_eq(daemon_file_write(&d, "data.bin", "someone's data\n", foreign), 0);
+    snprintf(fresh, sizeof(fresh), "%s/kvc.dat", d.dir);
+    snprintf(opt, sizeof(opt), "disk.path=%s,%s", fresh, foreign);
+    const char *args[] = {"-o", "host.size=16m", "-o", opt, "-o", "disk.capacity=16m", NULL};
+    ck_assert_int_eq(daemon_spawn(&d, args, &pid), 0);
+    ck_assert_int_eq(daemon_child_wait(pid, daemon_ms(20000), NULL), 1);
+    ck_assert(lc_log_has(&d, "refusing to overwrite it"));
+    ck_assert_msg(access(fresh, F_OK) != 0, "a refused start left the %s it created", fresh);
+    ck_assert_int_eq(access(foreign, F_OK), 0);
+    daemon_cleanup(&d);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("e2e_lifecycle");
@@ -317,6 +338,7 @@ int main(void)
     tcase_add_test(tc, test_lifecycle_second_daemon_refused_before_prefault);
     tcase_add_test(tc, test_lifecycle_check_config_disk_path);
     tcase_add_test(tc, test_lifecycle_failed_start_removes_created_file);
+    tcase_add_test(tc, test_lifecycle_refused_path_removes_created_file);
     if (geteuid() == 0)
         tcase_add_test(tc, test_lifecycle_full_fs_leaves_no_file);
     else
