@@ -22,9 +22,10 @@
  * proto and remote_keys beside them; tiers/, policies/ and kernels/ below them all. A file
  * includes and calls only files below its own. tests/check_layers.py (a suite of make
  * check) reads the includes and the calls the linker resolves and fails on a circle not in
- * its list of those left (admin ↔ server, config ↔ config_ns). The tier engines reach the
- * core's room and eviction through struct engine_core (engine_core.h), passed down in the
- * store, not by calling up.
+ * its list of those left (config ↔ config_ns: one option table in two files). The tier
+ * engines reach the core's room and eviction through struct engine_core (engine_core.h),
+ * passed down in the store, and admin the server's clients through struct
+ * admin_server_ops (admin.h), passed down in its context: neither calls up.
  * Owned by the loop thread.
  */
 #ifndef KVC_ENGINE_H

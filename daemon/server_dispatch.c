@@ -1010,7 +1010,12 @@ bool server_handle(struct server *sv, struct conn *c, size_t n)
             rc = server_on_block_list(sv, c, &r);
             break;
         case KVC_OP_CLIENTS ... KVC_OP_NS_DROP: {
+            static const struct admin_server_ops server_admin_ops = {.clients = server_clients,
+                                                                     .clients_fill =
+                                                                         server_clients_fill,
+                                                                     .ns_drop = server_ns_drop};
             struct admin_ctx ax = {.sv = sv,
+                                   .server = &server_admin_ops,
                                    .store = sv->store,
                                    .cfg = sv->cfg,
                                    .hooks = &sv->hooks,

@@ -28,9 +28,6 @@ ALLOWED = {
     # the [namespace.PATTERN] sections parse sizes with the option table's parser
     "config -> config_ns": "the namespace sections",
     "config_ns -> config": "config_parse_size",
-    # the operator requests list the server's clients; the server dispatches them to admin
-    "admin -> server": "server_clients, server_clients_fill, server_ns_drop",
-    "server -> admin": "admin_handle",
 }
 
 
