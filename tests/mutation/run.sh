@@ -34,7 +34,7 @@ mutation() {
 
 # A wrong rounding mode in a codec: the AVX2 q8_0 encoder rounds half to even, not away
 # from zero as roundf (and ggml) do.
-mutation codec-q8_0-round-half-even kernels/kern_avx2.c "check_kernels" \
+mutation codec-q8_0-round-half-even kernels/kern_avx2_ggml.h "check_kernels" \
 '        q[i] = _mm256_cvttps_epi32(v_roundf_pre(_mm256_mul_ps(v[i], vid)));' \
 '        q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], vid));'
 
