@@ -221,7 +221,7 @@ struct tier_disk_op {
     struct iovec iov[2]; /* PUT/GET: header and data, one request */
     bool has_expect;
     struct tier_disk_meta expect; /* GET: what the record must say; PUT: what it says */
-    /* Worker stages (docs/disk.md): a PUT is hashed, and compressed when asked, before it
+    /* Worker stages (docs/design/disk.md): a PUT is hashed, and compressed when asked, before it
      * is submitted; a GET is hashed, and decompressed, after its read completed. */
     struct tier_disk_op *next;    /* worker queue / done list */
     uint8_t stage;                /* enum tier_disk_stage */

@@ -85,7 +85,7 @@ static int tier_disk_prep(struct tier_disk *d, struct tier_disk_op *op, bool wri
 
 /* Prepares one vectored request: the 4 KiB header at off and the data right behind it. The
  * data then travels without the registered buffer (the header is not inside it), which
- * costs a page pin per request but saves a second request per record (docs/disk.md). */
+ * costs a page pin per request but saves a second request per record (docs/design/disk.md). */
 static int tier_disk_prep_record(struct tier_disk *d, struct tier_disk_op *op, bool write,
                                  void *data, uint64_t len, uint64_t off)
 {
