@@ -403,6 +403,12 @@ void store_ladder_account(struct store *s, uint32_t idx, int sign);
 uint32_t store_ladder_rung(const struct store_ns *ns, uint32_t format);
 int store_ladder_pick(struct store *s, struct store_ns *ns, int *out);
 uint32_t store_ladder_first(struct store *s, struct store_ns *ns, uint32_t rung);
+/* The rung block v of rung k comes to rest on when it steps down now: k + 1, or further
+ * while the rung it reaches stays over its target with it and it would be the block that
+ * rung gives next (every block when the target is 0, else its coldest). kvcsim's ladder,
+ * which steps instantly, takes such a block down again at once; one job straight to that
+ * rung saves the worker the intermediate encode and the tier the intermediate slot. */
+uint32_t store_ladder_dest(struct store *s, struct store_ns *ns, uint32_t v, uint32_t k);
 void store_ladder_free(struct store_ns *ns);
 /* A pin taken on a block, or given back: a pinned block is out of its namespace's heap. */
 void store_block_pin(struct store *s, uint32_t idx);

@@ -659,6 +659,44 @@ int store_ladder_pick(struct store *s, struct store_ns *ns, int *out)
     return policy_ladder_pick(&ns->ladder, bytes, cap, ready, out);
 }
 
+uint32_t store_ladder_dest(struct store *s, struct store_ns *ns, uint32_t v, uint32_t k)
+{
+    double bytes[POLICY_LADDER_RUNGS] = {0}, cap = 0, key, vb;
+    uint32_t j = k + 1;
+    if (ns->rungs < 2 || k + 1 >= ns->rungs)
+        return k;
+    for (uint32_t r = 0; r < ns->rungs; r++) {
+        double b =
+            (double)ns->rung_bytes[r] - (double)ns->rung_moving[r] + (double)ns->rung_coming[r];
+        bytes[r] = b > 0 ? b : 0;
+        cap += bytes[r];
+    }
+    key = store_heap_key(s, ns, v);
+    vb = (double)s->ix.blocks[v].len;
+    bytes[k] = bytes[k] > vb ? bytes[k] - vb : 0;
+    for (;; j++) {
+        double sz = (double)quant_format_bytes(ns, ns->rung_format[j]), cum = 0;
+        bytes[j] += sz;
+        cap += sz - vb;
+        vb = sz;
+        if (j + 1 >= ns->rungs)
+            break;
+        for (uint32_t r = 0; r <= j; r++)
+            cum += bytes[r];
+        if (cum <= ns->ladder.below[j] * cap)
+            break; /* rungs 0..j within their target with it: it rests on j */
+        /* Rung j is over its target: its coldest block goes down next. Under a target of 0
+         * every block of it does, so v too; otherwise v goes on only if it is the coldest. */
+        if (ns->ladder.below[j] > 0) {
+            uint32_t w = store_ladder_first(s, ns, j);
+            if (w != INDEX_NONE && store_heap_key(s, ns, w) < key)
+                break;
+        }
+        bytes[j] -= sz;
+    }
+    return j;
+}
+
 static bool store_ladder_ok(const struct store *s, uint32_t idx, void *arg)
 {
     (void)arg;
