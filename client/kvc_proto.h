@@ -142,14 +142,17 @@ struct kvc_wire_layout {
  * creator's value stays with the namespace; a later NS_OPEN may pass 0 or the same value. The
  * daemon refuses (EINVAL) unknown bits, a recipe codec outside the allowed set, and codecs on
  * a dtype or shape the kernels do not take (fp16/bf16 only). */
-#define KVC_WIRE_QUANT_ALLOWED(f) ((f) & 0xffu) /* bit c: format c may be stored */
+/* Bit c of the allowed set: format c may be stored; formats 0-7 in bits 0-7, formats 8-15 in
+ * bits 24-31 (added with ROT4, MERGE and LOWRANK: a flags word without them reads as before). */
+#define KVC_WIRE_QUANT_ALLOWED(f) (((f)&0xffu) | (((f) >> 16) & 0xff00u))
 #define KVC_WIRE_QUANT_K(f) (((f) >> 8) & 0xfu)
 #define KVC_WIRE_QUANT_V(f) (((f) >> 12) & 0xfu)
 #define KVC_WIRE_QUANT_RAW_LAYERS(f) (((f) >> 16) & 0xffu)
-#define KVC_WIRE_QUANT_MASK 0x00ffffffu
-#define KVC_WIRE_QUANT_FLAGS(allowed, k, v, raw_layers)                                        \
-    (((uint32_t)(allowed) & 0xffu) | (((uint32_t)(k) & 0xfu) << 8) |                            \
-     (((uint32_t)(v) & 0xfu) << 12) | (((uint32_t)(raw_layers) & 0xffu) << 16))
+#define KVC_WIRE_QUANT_MASK 0xffffffffu
+#define KVC_WIRE_QUANT_FLAGS(allowed, k, v, raw_layers)                                            \
+    (((uint32_t)(allowed)&0xffu) | (((uint32_t)(allowed)&0xff00u) << 16) |                         \
+     (((uint32_t)(k)&0xfu) << 8) | (((uint32_t)(v)&0xfu) << 12) |                                  \
+     (((uint32_t)(raw_layers)&0xffu) << 16))
 struct kvc_ns_open_req {
     struct kvc_wire_layout layout;
 };
@@ -186,7 +189,11 @@ struct kvc_wire_loc {
 #define KVC_WIRE_FORMAT_KIVI2 4
 #define KVC_WIRE_FORMAT_KIVI4 5
 #define KVC_WIRE_FORMAT_FP8 6
-#define KVC_WIRE_FORMAT_COUNT 7
+#define KVC_WIRE_FORMAT_ROT2 7
+#define KVC_WIRE_FORMAT_ROT4 8
+#define KVC_WIRE_FORMAT_MERGE 9
+#define KVC_WIRE_FORMAT_LOWRANK 10
+#define KVC_WIRE_FORMAT_COUNT 11
 #define KVC_LOC_F_READY 0x1u /* the bytes are in place now; else after WAIT says so */
 
 /* LOOKUP: the hits are the longest run of committed blocks from keys[0]. A hit on disk is

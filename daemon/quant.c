@@ -82,6 +82,14 @@ struct quant_job {
                                   (store_quantize_later) */
     float key_norm, key_absmax;
     float *quest; /* per channel key min then max, summed over (layer, head): 2 * head_dim */
+    /* MERGE: a block with more runs than the codec stores (kern_merge_forced) goes to the
+     * rung after it instead (alt_format, alt_rec; 0: none, the step fails and the block
+     * goes), smaller, so it fits the slot allocated */
+    uint8_t alt_format;
+    bool alt_used;
+    bool refused;
+    int64_t alt_len;
+    struct kern_recipe alt_rec;
 };
 
 /* The jobs of one slab's blocks: encoded into private memory, placed together once the last
@@ -127,9 +135,25 @@ static void quant_encode(struct quant_job *j)
             goto out;
         src = raw;
     }
+    if (j->format == KVC_WIRE_FORMAT_MERGE) {
+        int64_t f = kern_merge_forced(lay, &j->rec, src);
+        if (f != 0) {
+            j->refused = true;
+            if (f < 0 || !j->alt_format) {
+                j->rc = f < 0 ? f : -ERANGE;
+                goto out;
+            }
+            j->alt_used = true;
+            j->rc = kern_encode_cpu(lay, &j->alt_rec, src, j->dst, j->enc.len, buf ? &ks : NULL);
+            if (j->rc < 0 || !buf)
+                goto out;
+            goto stats;
+        }
+    }
     j->rc = kern_encode_cpu(lay, &j->rec, src, j->dst, j->enc.len, buf ? &ks : NULL);
     if (j->rc < 0 || !buf)
         goto out;
+stats:;
     double norm = 0;
     float amax = 0.0f;
     for (size_t i = 0; i < nlh; i++)
@@ -297,6 +321,12 @@ static void quant_apply(struct quant *q, struct quant_job *j)
     struct tier *t = s->arenas[j->arena].tier;
     bool usable;
     quant_settle(q, j);
+    if (j->refused)
+        s->total.merge_refused_blocks++;
+    if (j->alt_used && j->rc >= 0) { /* the rung after merge: its format and size */
+        j->format = j->alt_format;
+        j->enc.len = (uint64_t)j->rc;
+    }
     usable = quant_usable(s, j);
     if (usable && !j->later) {
         quant_place(q, j, false);
@@ -307,11 +337,16 @@ static void quant_apply(struct quant *q, struct quant_job *j)
         s->pins_now--;
         if (usable)
             s->total.ladder_missed++;
-        if (j->rc < 0)
+        if (j->rc < 0 && j->rc != -ERANGE)
             log_limited(LOG_LEVEL_WARNING, "quant: block %u not quantized (%s)", j->idx,
                         strerror((int)-j->rc));
         if (!j->later)
             t->ops->free(t, &j->enc);
+        /* merge, the last rung, cannot take it: it leaves, as past the last rung (else the
+         * ladder would pick it again at once) */
+        if (j->rc == -ERANGE && j->refused && !s->ix.blocks[j->idx].children &&
+            store_block_idle(s, j->idx))
+            (void)store_block_drop(s, j->idx);
     }
     quant_job_free(j);
 }
@@ -481,6 +516,12 @@ static void quant_recipe(const struct store_ns *ns, uint8_t format, struct kern_
         v = v ? format : 0;
     }
     kern_recipe_fill(rec, k, v, KVC_WIRE_QUANT_RAW_LAYERS(f));
+    /* ROT's rotation is fixed per namespace: its seed from the model id (FNV-1a) */
+    uint32_t seed = 2166136261u;
+    for (const char *c = ns->layout.model_id;
+         *c && c < ns->layout.model_id + sizeof(ns->layout.model_id); c++)
+        seed = (seed ^ (uint8_t)*c) * 16777619u;
+    rec->seed = seed;
 }
 
 int64_t quant_format_bytes(const struct store_ns *ns, uint8_t format)
@@ -566,6 +607,11 @@ static int quant_job_make(struct store *s, uint32_t idx, uint8_t format, bool pr
     if (ns->rungs >= 2 && b->arena == ns->arena) {
         j->from_rung = (uint8_t)store_ladder_rung(ns, b->format);
         j->to_rung = (uint8_t)store_ladder_rung(ns, format);
+        if (format == KVC_WIRE_FORMAT_MERGE && j->to_rung + 1u < ns->rungs &&
+            ns->rung_format[j->to_rung] == KVC_WIRE_FORMAT_MERGE) {
+            j->alt_format = ns->rung_format[j->to_rung + 1];
+            quant_recipe(ns, j->alt_format, &j->alt_rec);
+        }
     }
     *out = j;
     return 0;

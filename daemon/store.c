@@ -310,6 +310,11 @@ static const char *store_quant_check(const struct kvc_wire_layout *l)
         return "a quantization recipe without allowed codecs";
     if ((k && !(allowed & (1u << k))) || (v && !(allowed & (1u << v))))
         return "recipe codec not in the allowed set";
+    for (uint32_t c = 1; c < KVC_WIRE_FORMAT_COUNT; c++)
+        if ((allowed & (1u << c)) && kern_layout_check(&kl) == 0 &&
+            !kern_codec_supports(&kl, (enum kern_codec)c))
+            return "an allowed codec does not take this shape (rot2/rot4: head_dim a power of "
+                   "two 8..256; lowrank: min(block_tokens, head_dim) <= 64)";
     if (!k && (!v || l->kv_kind == KVC_WIRE_KV_KIND_K_ONLY))
         return "recipe quantizes nothing";
     if (KVC_WIRE_QUANT_RAW_LAYERS(f) >= l->layers)

@@ -590,7 +590,10 @@ void store_ladder_setup(struct store *s, struct store_ns *ns)
                                               ns->max_error))
                     continue;
                 n = quant_format_bytes(ns, (uint8_t)c);
-                if (n > 0 && n < last && n > best) {
+                /* of equal sizes the more precise (rot4 before kivi4 and q4_1) */
+                if (n > 0 && n < last &&
+                    (n > best || (n == best && kern_codec_attn_error((enum kern_codec)c) <
+                                                   kern_codec_attn_error((enum kern_codec)pick)))) {
                     best = n;
                     pick = c;
                 }

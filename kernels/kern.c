@@ -15,21 +15,24 @@
 #include "kernels/kern.h"
 #include "kernels/kern_cpu.h"
 #include "kernels/kern_encb.h"
+#include "kernels/kern_ext.h"
 #include "kernels/kern_fmt.h"
 
 static const char *const kern_codec_names[KERN_CODEC_COUNT] = {
-    [KERN_CODEC_RAW] = "raw",     [KERN_CODEC_Q8_0] = "q8_0",   [KERN_CODEC_Q4_1] = "q4_1",
-    [KERN_CODEC_Q5_1] = "q5_1",   [KERN_CODEC_KIVI2] = "kivi2", [KERN_CODEC_KIVI4] = "kivi4",
-    [KERN_CODEC_FP8] = "fp8",
+    [KERN_CODEC_RAW] = "raw",     [KERN_CODEC_Q8_0] = "q8_0",       [KERN_CODEC_Q4_1] = "q4_1",
+    [KERN_CODEC_Q5_1] = "q5_1",   [KERN_CODEC_KIVI2] = "kivi2",     [KERN_CODEC_KIVI4] = "kivi4",
+    [KERN_CODEC_FP8] = "fp8",     [KERN_CODEC_ROT2] = "rot2",       [KERN_CODEC_ROT4] = "rot4",
+    [KERN_CODEC_MERGE] = "merge", [KERN_CODEC_LOWRANK] = "lowrank",
 };
 
 /* Attention relative error of each codec, K and V both in it, on the synthetic KV of
  * docs/kernels.md (outlier key channels; mean over seeds 1-3): what a namespace's fidelity
  * budget is compared with. */
 static const double kern_codec_attn[KERN_CODEC_COUNT] = {
-    [KERN_CODEC_RAW] = 0.0,      [KERN_CODEC_Q8_0] = 0.0281, [KERN_CODEC_Q4_1] = 0.2845,
-    [KERN_CODEC_Q5_1] = 0.1349,  [KERN_CODEC_KIVI2] = 0.6200, [KERN_CODEC_KIVI4] = 0.1143,
-    [KERN_CODEC_FP8] = 0.0678,
+    [KERN_CODEC_RAW] = 0.0,      [KERN_CODEC_Q8_0] = 0.0281,    [KERN_CODEC_Q4_1] = 0.2845,
+    [KERN_CODEC_Q5_1] = 0.1349,  [KERN_CODEC_KIVI2] = 0.6200,   [KERN_CODEC_KIVI4] = 0.1143,
+    [KERN_CODEC_FP8] = 0.0678,   [KERN_CODEC_ROT2] = 0.3340,    [KERN_CODEC_ROT4] = 0.0640,
+    [KERN_CODEC_MERGE] = 0.0930, [KERN_CODEC_LOWRANK] = 0.1600,
 };
 
 double kern_codec_attn_error(enum kern_codec c)
@@ -68,9 +71,19 @@ uint64_t kern_raw_size(const struct kern_layout *lay)
            2;
 }
 
+int kern_codec_supports(const struct kern_layout *lay, enum kern_codec c)
+{
+    if (kern_layout_check(lay) < 0 || (unsigned)c >= KERN_CODEC_COUNT)
+        return 0;
+    return kern_sect_bytes(lay, c, 0) > 0 && (lay->k_only || kern_sect_bytes(lay, c, 1) > 0);
+}
+
 void kern_recipe_fill(struct kern_recipe *rec, enum kern_codec k, enum kern_codec v,
                       uint32_t raw_layers)
 {
+    rec->seed = 0;
+    rec->merge_cos = 0.0f;
+    rec->lowrank_energy = 0.0f;
     for (uint32_t l = 0; l < KERN_MAX_LAYERS; l++) {
         rec->codec[l][0] = (uint8_t)(l < raw_layers ? KERN_CODEC_RAW : k);
         rec->codec[l][1] = (uint8_t)(l < raw_layers ? KERN_CODEC_RAW : v);
@@ -321,6 +334,64 @@ const struct kern_cpu_ops kern_ref_ops = {
 
 /* ---- driver -------------------------------------------------------------------------- */
 
+/* A transform codec's section (kern_codec_ext) of layer l. */
+static int kern_ext_enc(const struct kern_cpu_ops *ops, uint32_t codec, int is_v,
+                        const struct kern_layout *lay, const struct kern_recipe *rec, uint32_t l,
+                        const void *src, uint8_t *sect)
+{
+    const struct kern_ext_ctx c = {
+        .lay = lay,
+        .rec = rec,
+        .layer = l,
+        .rawk = (const uint8_t *)src + 2 * kern_raw_index(lay, l, 0, 0, 0),
+        .rawv = lay->k_only ? NULL : (const uint8_t *)src + 2 * kern_raw_index(lay, l, 1, 0, 0),
+    };
+    if (codec == KERN_CODEC_MERGE)
+        return kern_merge_enc(ops, is_v, &c, sect);
+    if (codec == KERN_CODEC_LOWRANK)
+        return kern_lowrank_enc(ops, &c, sect);
+    return kern_rot_enc(ops, codec, &c, sect);
+}
+
+static int kern_ext_dec(const struct kern_cpu_ops *ops, uint32_t codec,
+                        const struct kern_layout *lay, const uint8_t *sect, void *raw,
+                        uint32_t out_dtype)
+{
+    if (codec == KERN_CODEC_MERGE)
+        return kern_merge_dec(ops, lay, sect, raw, out_dtype);
+    if (codec == KERN_CODEC_LOWRANK)
+        return kern_lowrank_dec(ops, lay, sect, raw, out_dtype);
+    return kern_rot_dec(ops, codec, lay, sect, raw, out_dtype);
+}
+
+int64_t kern_merge_forced(const struct kern_layout *lay, const struct kern_recipe *rec,
+                          const void *src)
+{
+    int64_t n = kern_encoded_size(lay, rec);
+    uint64_t forced = 0;
+    if (n < 0)
+        return n;
+    if (!src)
+        return -EINVAL;
+    for (uint32_t l = 0; l < lay->layers; l++) {
+        if (rec->codec[l][0] != KERN_CODEC_MERGE &&
+            (lay->k_only || rec->codec[l][1] != KERN_CODEC_MERGE))
+            continue;
+        const struct kern_ext_ctx c = {
+            .lay = lay,
+            .rec = rec,
+            .layer = l,
+            .rawk = (const uint8_t *)src + 2 * kern_raw_index(lay, l, 0, 0, 0),
+            .rawv = lay->k_only ? NULL : (const uint8_t *)src + 2 * kern_raw_index(lay, l, 1, 0, 0),
+        };
+        uint64_t f = kern_merge_count_forced(&c);
+        if (f == UINT64_MAX)
+            return -ENOMEM;
+        forced += f;
+    }
+    return (int64_t)forced;
+}
+
 static int64_t encode_with(const struct kern_cpu_ops *ops, const struct kern_layout *lay,
                            const struct kern_recipe *rec, const void *src, void *dst,
                            size_t dst_cap, const struct kern_key_stats *st)
@@ -361,19 +432,35 @@ static int64_t encode_with(const struct kern_cpu_ops *ops, const struct kern_lay
             memset(sect + s.bytes, 0, end - s.offset - s.bytes);
             const uint8_t *raw = (const uint8_t *)src + 2 * kern_raw_index(lay, l, k, 0, 0);
             int stats_here = want_stats && k == 0;
-            if (s.codec == KERN_CODEC_RAW)
+            /* a transform codec's section, or the plain codec a section of it is */
+            const uint32_t codec = kern_codec_as(s.codec, k == 1);
+            if (codec == KERN_CODEC_RAW)
                 memcpy(sect, raw, s.bytes);
-            if (s.codec == KERN_CODEC_RAW && !stats_here)
+            if (codec == KERN_CODEC_RAW && !stats_here)
                 continue;
+            if (kern_codec_ext(s.codec, k == 1)) {
+                for (uint32_t h = 0; stats_here && h < H; h++) {
+                    uint64_t lh = (uint64_t)l * H + h;
+                    ops->load(raw + 2ull * h * D, lay->dtype, stride, lay->tokens, D, x);
+                    ops->stats(x, lay->tokens, D, st->kmin + lh * D, st->kmax + lh * D,
+                               st->knorm + lh);
+                }
+                int rc = kern_ext_enc(ops, codec, k == 1, lay, rec, l, src, sect);
+                if (rc < 0) {
+                    ret = rc;
+                    goto out;
+                }
+                continue;
+            }
             uint64_t lhd = (uint64_t)l * H * D;
             if (ops->enc_sect &&
-                ops->enc_sect(s.codec, k == 1, raw, lay, sect, x, stats_here ? st->kmin + lhd : NULL,
+                ops->enc_sect(codec, k == 1, raw, lay, sect, x, stats_here ? st->kmin + lhd : NULL,
                               stats_here ? st->kmax + lhd : NULL,
                               stats_here ? st->knorm + (uint64_t)l * H : NULL))
                 continue;
             for (uint32_t h = 0; h < H; h++) {
                 if (!stats_here && ops->enc_raw &&
-                    ops->enc_raw(s.codec, k == 1, raw + 2ull * h * D, lay, h, sect))
+                    ops->enc_raw(codec, k == 1, raw + 2ull * h * D, lay, h, sect))
                     continue;
                 ops->load(raw + 2ull * h * D, lay->dtype, stride, lay->tokens, D, x);
                 if (stats_here) {
@@ -381,8 +468,8 @@ static int64_t encode_with(const struct kern_cpu_ops *ops, const struct kern_lay
                     ops->stats(x, lay->tokens, D, st->kmin + lh * D, st->kmax + lh * D,
                                st->knorm + lh);
                 }
-                if (s.codec != KERN_CODEC_RAW)
-                    ops->enc(s.codec, k == 1, x, lay, h, sect);
+                if (codec != KERN_CODEC_RAW)
+                    ops->enc(codec, k == 1, x, lay, h, sect);
             }
         }
     }
@@ -436,19 +523,26 @@ static int64_t decode_with(const struct kern_cpu_ops *ops, const struct kern_lay
             const uint8_t *sect = in + s.offset;
             uint64_t base = kern_raw_index(lay, l, k, 0, 0);
             uint8_t *raw = (uint8_t *)dst + 2 * base;
-            if (s.codec == KERN_CODEC_RAW && lay->dtype == out_dtype) {
+            const uint32_t codec = kern_codec_as(s.codec, k == 1);
+            if (codec == KERN_CODEC_RAW && lay->dtype == out_dtype) {
                 memcpy(raw, sect, s.bytes);
-            } else if (s.codec == KERN_CODEC_RAW) {
+            } else if (codec == KERN_CODEC_RAW) {
                 /* a dtype change keeps NaN and Inf: raw sections are never sanitised */
                 for (uint64_t i = 0; i < (uint64_t)lay->tokens * stride; i++)
                     kern_store(raw, out_dtype, i, kern_load(sect, lay->dtype, i));
+            } else if (kern_codec_ext(s.codec, k == 1)) {
+                int rc = kern_ext_dec(ops, codec, lay, sect, raw, out_dtype);
+                if (rc < 0) {
+                    ret = rc;
+                    goto out;
+                }
             } else if (!ops->dec_sect ||
-                       !ops->dec_sect(s.codec, k == 1, sect, lay, raw, out_dtype, y)) {
+                       !ops->dec_sect(codec, k == 1, sect, lay, raw, out_dtype, y)) {
                 for (uint32_t h = 0; h < H; h++) {
                     if (ops->dec_raw &&
-                        ops->dec_raw(s.codec, k == 1, sect, lay, h, raw + 2ull * h * D, out_dtype))
+                        ops->dec_raw(codec, k == 1, sect, lay, h, raw + 2ull * h * D, out_dtype))
                         continue;
-                    ops->dec(s.codec, k == 1, sect, lay, h, y);
+                    ops->dec(codec, k == 1, sect, lay, h, y);
                     ops->store(y, lay->tokens, D, raw + 2ull * h * D, out_dtype, stride);
                 }
             }

@@ -45,6 +45,7 @@
 #endif
 
 #include "kernels/kern.h"
+#include "kernels/kern_ext.h"
 #include "kernels/kern_fmt.h"
 
 /* 30 KiB of words: with the header, under CUDA's 32764-byte limit on kernel parameters. */
@@ -284,7 +285,51 @@ KERN_HD void kern_batch_dec8(const struct kern_layout *lay, uint32_t codec, cons
                              uint32_t out, uint16_t *y)
 {
     const uint32_t H = lay->heads, D = lay->head_dim, T = lay->tokens;
+    codec = kern_codec_as(codec, k == 1 && !lay->k_only);
     const int bits = kern_codec_bits(codec);
+    if (kern_rot_bits(codec)) {
+        /* ROT keys: the whole rotated row of (t, h) from its KIVI value groups, rotated back;
+         * this lane keeps its 8 elements (every lane of the row repeats the transform: the
+         * row is at most 256 values, and the butterfly's sums must be the reference's) */
+        const int rbits = kern_rot_bits(codec);
+        const uint32_t G = kern_ngroups(D), gb = kern_kivi_v_group_bytes(rbits);
+        const uint8_t *row0 = sect + KERN_ROT_PREFIX + ((uint64_t)t * H + h) * G * gb;
+        float row[KERN_ROT_MAX_DIM];
+        for (uint32_t g = 0; g < G; g++) {
+            const int m = (int)(D - g * KERN_GROUP < KERN_GROUP ? D - g * KERN_GROUP : KERN_GROUP);
+            kern_kivi_v_dec(row0 + (uint64_t)g * gb, m, row + g * KERN_GROUP, rbits);
+        }
+        kern_rot_inv(row, kern_rot_get_seed(sect), h, D);
+        KERN_UNROLL
+        for (uint32_t j = 0; j < 8; j++)
+            if (j < n)
+                y[j] = kern_batch_out(row[d0 + j], out);
+        return;
+    }
+    if (codec == KERN_CODEC_MERGE) {
+        const uint8_t *head = sect + (uint64_t)h * kern_merge_head_bytes(D, T);
+        const uint32_t r0 = kern_merge_row_of(head + 16, t);
+        const uint32_t r = r0 < kern_merge_rows(T) ? r0 : 0;
+        const uint8_t *row = head + 16 + kern_merge_map_bytes(T) + 2ull * r * D + 2ull * d0;
+        KERN_UNROLL
+        for (uint32_t j = 0; j < 8; j++)
+            if (j < n)
+                y[j] = out == lay->dtype
+                           ? (uint16_t)kern_batch_u16(row + 2 * j)
+                           : (out == KERN_DTYPE_BF16 ? kern_f2bf(kern_load(row, lay->dtype, j))
+                                                     : kern_f2h(kern_load(row, lay->dtype, j)));
+        return;
+    }
+    if (codec == KERN_CODEC_LOWRANK) {
+        const uint32_t cap = kern_lowrank_cap(D, T);
+        const uint8_t *head = sect + (uint64_t)h * kern_lowrank_head_bytes(D, T);
+        const uint32_t rank = kern_lowrank_get_rank(head, cap);
+        KERN_UNROLL
+        for (uint32_t j = 0; j < 8; j++)
+            if (j < n)
+                y[j] = kern_batch_out(kern_lowrank_val(head, rank, cap, T, D, t, d0 + j), out);
+        return;
+    }
     if (codec == KERN_CODEC_RAW) {
         const uint8_t *src = sect + 2 * (((uint64_t)t * H + h) * D + d0);
         KERN_UNROLL

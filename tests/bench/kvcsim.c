@@ -13,7 +13,8 @@
  * quest, default) plus min (Belady, offline) and inf (infinite cache).
  * --half-life: the initial (with --fixed-half-life, the fixed) half-life in requests;
  * --tune 0|1: policy_tune's half-life off/on (default: on for `default` only).
- * --quant CODECS: comma list of codecs (q8_0, fp8, kivi4, q4_1, kivi2): the precision ladder
+ * --quant CODECS: comma list of codecs (q8_0, fp8, merge, lowrank, rot4, kivi4, q4_1, rot2,
+ * kivi2): the precision ladder
  * (policies/policy_ladder.c), a block stepping down one codec at a time before it leaves;
  * --lossy-weight W: what a lossy hit costs against a miss (default 0: the most hits);
  * --victim-quant CODEC: instead, policy_decide may quantize the eviction victim (the daemon's
@@ -79,9 +80,11 @@ static int kvcsim_split(char *s, char **out, int max)
 static int kvcsim_kern_codec(enum policy_codec c)
 {
     static const int map[POLICY_CODEC_COUNT] = {
-        [POLICY_CODEC_RAW] = KERN_CODEC_RAW, [POLICY_CODEC_Q8] = KERN_CODEC_Q8_0,
-        [POLICY_CODEC_FP8] = KERN_CODEC_FP8, [POLICY_CODEC_KIVI4] = KERN_CODEC_KIVI4,
-        [POLICY_CODEC_Q4] = KERN_CODEC_Q4_1, [POLICY_CODEC_KIVI2] = KERN_CODEC_KIVI2,
+        [POLICY_CODEC_RAW] = KERN_CODEC_RAW,     [POLICY_CODEC_Q8] = KERN_CODEC_Q8_0,
+        [POLICY_CODEC_FP8] = KERN_CODEC_FP8,     [POLICY_CODEC_KIVI4] = KERN_CODEC_KIVI4,
+        [POLICY_CODEC_Q4] = KERN_CODEC_Q4_1,     [POLICY_CODEC_KIVI2] = KERN_CODEC_KIVI2,
+        [POLICY_CODEC_ROT4] = KERN_CODEC_ROT4,   [POLICY_CODEC_ROT2] = KERN_CODEC_ROT2,
+        [POLICY_CODEC_MERGE] = KERN_CODEC_MERGE, [POLICY_CODEC_LOWRANK] = KERN_CODEC_LOWRANK,
     };
     return (unsigned)c < POLICY_CODEC_COUNT ? map[c] : -1;
 }

@@ -75,7 +75,7 @@ struct sim_result {
     uint64_t token_hits;  /* tokens of blocks hit */
     uint64_t disk_writes; /* blocks written to disk */
     double half_life;     /* final decay half-life (requests) */
-    uint64_t hits_codec[8]; /* lossy hits by the codec that served them (enum policy_codec) */
+    uint64_t hits_codec[POLICY_CODEC_COUNT]; /* lossy hits by the codec that served them */
     uint64_t ladder_steps;  /* steps down the ladder (quantizations, raw to a codec or down) */
     double raw_share;       /* the ladder's final raw share (1 without one) */
     uint64_t busy;          /* references to a block another request was still writing */
