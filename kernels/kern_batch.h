@@ -288,22 +288,24 @@ KERN_HD void kern_batch_dec8(const struct kern_layout *lay, uint32_t codec, cons
     codec = kern_codec_as(codec, k == 1 && !lay->k_only);
     const int bits = kern_codec_bits(codec);
     if (kern_rot_bits(codec)) {
-        /* ROT keys: the whole rotated row of (t, h) from its KIVI value groups, rotated back;
+        /* ROT keys: the whole rotated row of (t, h) from its KIVI value groups, rotated back
+         * and the channels' means added;
          * this lane keeps its 8 elements (every lane of the row repeats the transform: the
          * row is at most 256 values, and the butterfly's sums must be the reference's) */
         const int rbits = kern_rot_bits(codec);
         const uint32_t G = kern_ngroups(D), gb = kern_kivi_v_group_bytes(rbits);
-        const uint8_t *row0 = sect + KERN_ROT_PREFIX + ((uint64_t)t * H + h) * G * gb;
+        const uint8_t *row0 = sect + kern_rot_groups_off(lay) + ((uint64_t)t * H + h) * G * gb;
         float row[KERN_ROT_MAX_DIM];
         for (uint32_t g = 0; g < G; g++) {
             const int m = (int)(D - g * KERN_GROUP < KERN_GROUP ? D - g * KERN_GROUP : KERN_GROUP);
             kern_kivi_v_dec(row0 + (uint64_t)g * gb, m, row + g * KERN_GROUP, rbits);
         }
         kern_rot_inv(row, kern_rot_get_seed(sect), h, D);
+        const uint8_t *mean = kern_rot_means(sect) + 2ull * h * D;
         KERN_UNROLL
         for (uint32_t j = 0; j < 8; j++)
             if (j < n)
-                y[j] = kern_batch_out(row[d0 + j], out);
+                y[j] = kern_batch_out(KERN_ADD(row[d0 + j], kern_get_h(mean + 2 * (d0 + j))), out);
         return;
     }
     if (codec == KERN_CODEC_MERGE) {

@@ -19,9 +19,9 @@
  *  - KIVI keys: one 32-token group of one head: per channel min, max and the fp16 scale and
  *    min (phase 1: a thread per channel, reads coalesced across channels), then the packed
  *    code bytes, a thread per (row, byte) (phase 2).
- *  - ROT keys: KERN_ROT_ROWS consecutive (token, head) rows: each rotated by a thread into
- *    shared memory (phase 1; the section's first unit writes its seed), then their KIVI
- *    value groups, a thread per group (phase 2);
+ *  - ROT keys: one head: its channels' means, a thread per channel (phase 1; the section's
+ *    first unit writes its seed), then each token's row centred, rotated and encoded into
+ *    its KIVI value groups by a thread (phase 2);
  *  - MERGE: one head of the section: the plan by one thread (a serial scan, as the
  *    reference) while the others clear the head's bytes (phase 1), then the map and each
  *    run's mean, a thread per (row, channel) (phase 2);
@@ -71,7 +71,6 @@ struct kern_enc_args {
 struct kern_enc_smem {
     union {
         uint8_t out[KERN_ENC_GROUPS * 34];           /* a token-major unit's output run */
-        float rot[KERN_ROT_ROWS * KERN_ROT_MAX_DIM]; /* ROT keys: the unit's rotated rows */
         uint32_t starts[KERN_MAX_TOKENS / 2 + 2];    /* MERGE: each run's first token */
         float gram[2 * KERN_LOWRANK_MAX_N * KERN_LOWRANK_MAX_N]; /* LOWRANK: Gram, vectors */
     } u;
@@ -96,7 +95,7 @@ KERN_HD uint32_t kern_enc_units(const struct kern_layout *lay, uint32_t codec, i
     const uint64_t T = lay->tokens, H = lay->heads, D = lay->head_dim;
     codec = kern_codec_as(codec, is_v);
     if (kern_rot_bits(codec))
-        return (uint32_t)((T * H + KERN_ROT_ROWS - 1) / KERN_ROT_ROWS);
+        return (uint32_t)H;
     if (codec == KERN_CODEC_MERGE || codec == KERN_CODEC_LOWRANK)
         return (uint32_t)H;
     if (codec == KERN_CODEC_RAW)
@@ -363,49 +362,49 @@ KERN_HD void kern_enc_kk_phase2(const struct kern_enc_args *a, const struct kern
         g[i] = 0;
 }
 
-/* ---- ROT key units: KERN_ROT_ROWS (token, head) rows, rotated, then their groups ---------- */
+/* ---- ROT key units: one head ------------------------------------------------------------------ */
 
 KERN_HD void kern_enc_rot_phase1(const struct kern_enc_args *a, const struct kern_enc_sect *s,
-                                 uint32_t unit, uint32_t layer, const uint8_t *raw, uint8_t *dst,
+                                 uint32_t h, uint32_t layer, const uint8_t *raw, uint8_t *dst,
                                  struct kern_enc_smem *sm, uint32_t tid, uint32_t nt)
 {
     const struct kern_layout *lay = &a->lay;
-    const uint32_t H = lay->heads, D = lay->head_dim,
-                   sseed = kern_rot_sect_seed(a->rec.seed, layer);
-    const uint64_t total = (uint64_t)lay->tokens * H, r0 = (uint64_t)unit * KERN_ROT_ROWS;
-    const uint32_t rows = (uint32_t)(total - r0 < KERN_ROT_ROWS ? total - r0 : KERN_ROT_ROWS);
-    if (unit == 0 && tid == 0) {
-        uint8_t *p = dst + s->offset;
+    const uint32_t D = lay->head_dim, sseed = kern_rot_sect_seed(a->rec.seed, layer);
+    uint8_t *p = dst + s->offset;
+    if (h == 0 && tid == 0) {
         memcpy(p, &sseed, 4);
         for (int i = 4; i < KERN_ROT_PREFIX; i++)
             p[i] = 0;
+        for (uint64_t i = 2ull * lay->heads * D; i < kern_rot_mean_bytes(lay->heads, D); i++)
+            p[KERN_ROT_PREFIX + i] = 0;
     }
-    for (uint32_t r = tid; r < rows; r += nt) {
-        const uint32_t t = (uint32_t)((r0 + r) / H), h = (uint32_t)((r0 + r) % H);
-        float x[KERN_ROT_MAX_DIM];
-        for (uint32_t c = 0; c < D; c++)
-            x[c] = kern_enc_value(lay, raw, t, h, c);
-        kern_rot_fwd(x, sm->u.rot + (uint64_t)r * D, sseed, h, D);
+    for (uint32_t c = tid; c < D; c += nt) {
+        sm->mnf[c] = kern_rot_mean(lay, raw, h, c);
+        kern_put_h(p + KERN_ROT_PREFIX + 2ull * ((uint64_t)h * D + c), sm->mnf[c]);
     }
 }
 
 KERN_HD void kern_enc_rot_phase2(const struct kern_enc_args *a, const struct kern_enc_sect *s,
-                                 uint32_t unit, uint8_t *dst, const struct kern_enc_smem *sm,
-                                 uint32_t tid, uint32_t nt)
+                                 uint32_t h, uint32_t layer, const uint8_t *raw, uint8_t *dst,
+                                 const struct kern_enc_smem *sm, uint32_t tid, uint32_t nt)
 {
     const struct kern_layout *lay = &a->lay;
     const int bits = kern_rot_bits(s->codec);
     const uint32_t H = lay->heads, D = lay->head_dim, G = kern_ngroups(D);
-    const uint32_t gb = kern_kivi_v_group_bytes(bits);
-    const uint64_t total = (uint64_t)lay->tokens * H, r0 = (uint64_t)unit * KERN_ROT_ROWS;
-    const uint32_t rows = (uint32_t)(total - r0 < KERN_ROT_ROWS ? total - r0 : KERN_ROT_ROWS);
-    uint8_t *out = dst + s->offset + KERN_ROT_PREFIX + r0 * G * gb;
-    for (uint32_t i = tid; i < rows * G; i += nt) {
-        const uint32_t r = i / G, g = i % G;
-        const int n = (int)(D - g * KERN_GROUP < KERN_GROUP ? D - g * KERN_GROUP : KERN_GROUP);
-        uint8_t blk[4 + 4 * 4];
-        kern_kivi_v_enc(sm->u.rot + (uint64_t)r * D + (uint64_t)g * KERN_GROUP, n, blk, bits);
-        memcpy(out + (uint64_t)i * gb, blk, gb);
+    const uint32_t gb = kern_kivi_v_group_bytes(bits),
+                   sseed = kern_rot_sect_seed(a->rec.seed, layer);
+    uint8_t *out = dst + s->offset + kern_rot_groups_off(lay);
+    for (uint32_t t = tid; t < lay->tokens; t += nt) {
+        float x[KERN_ROT_MAX_DIM], y[KERN_ROT_MAX_DIM];
+        for (uint32_t c = 0; c < D; c++)
+            x[c] = KERN_SUB(kern_enc_value(lay, raw, t, h, c), sm->mnf[c]);
+        kern_rot_fwd(x, y, sseed, h, D);
+        for (uint32_t g = 0; g < G; g++) {
+            const int n = (int)(D - g * KERN_GROUP < KERN_GROUP ? D - g * KERN_GROUP : KERN_GROUP);
+            uint8_t blk[4 + 4 * 4];
+            kern_kivi_v_enc(y + g * KERN_GROUP, n, blk, bits);
+            memcpy(out + (((uint64_t)t * H + h) * G + g) * gb, blk, gb);
+        }
     }
 }
 
@@ -577,7 +576,7 @@ KERN_HD void kern_enc_unit(const struct kern_enc_args *a, uint32_t u, int phase,
         if (phase == 0)
             kern_enc_rot_phase1(a, s, unit, l, raw, dst, sm, tid, nt);
         else if (phase == 1)
-            kern_enc_rot_phase2(a, s, unit, dst, sm, tid, nt);
+            kern_enc_rot_phase2(a, s, unit, l, raw, dst, sm, tid, nt);
     } else if (s->codec == KERN_CODEC_MERGE) {
         const uint8_t *rawk = src + 2 * kern_raw_index(&a->lay, l, 0, 0, 0);
         const uint8_t *rawv = kinds == 2 ? src + 2 * kern_raw_index(&a->lay, l, 1, 0, 0) : NULL;

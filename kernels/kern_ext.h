@@ -10,18 +10,18 @@
  * defined in the order it takes: eight partial sums, element i into partial i % 8, then
  * ((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7)) (kern_sum8_*).
  *
- * ROT (QuaRot-style outlier spreading): a K section's head h in layer l is rotated per token,
- * y = c * H (s .* x), H the Sylvester Hadamard matrix of order D (a power of two), s a sign
- * per channel from the section's seed (kern_rot_neg), c = 1 / sqrt(D) (exact power of two
- * times a rounded sqrt 2): orthonormal up to rounding, and its own inverse up to the signs.
- * H is applied as the in-place butterfly (kern_fwht: for len = 1, 2, ..., D / 2, v[j] and
- * v[j + len] become their sum and difference). The rotated keys, clamped to the fp16 range,
- * are quantized per token, in KIVI's value groups (32 channels, fp16 scale and min, b-bit
- * codes): a rotated row has no outlier channel left to stretch its groups' ranges, where
- * keys kept as they are need KIVI's per-channel groups (which the rotation does not improve:
- * a channel's range and its share of the error move together). The decoder applies
- * x = s .* (c * H y^).
- *
+ * ROT (QuaRot-style outlier spreading): a K section's head h in layer l is centred and
+ * rotated per token. Centred: each channel's mean over the block's tokens (summed in token
+ * order, divided by T, stored as fp16: mean^) is subtracted, x' = x - mean^, which takes the
+ * constant offsets of outlier channels out (what KIVI's per-channel groups handle).
+ * Rotated: y = c * H (s .* x'), H the Sylvester Hadamard matrix of order D (a power of two),
+ * s a sign per channel from the section's seed (kern_rot_neg), c = 1 / sqrt(D) (an exact
+ * power of two times a rounded sqrt 2): orthonormal up to rounding, its own inverse up to
+ * the signs; H is applied as the in-place butterfly (kern_fwht: for len = 1, 2, ..., D / 2,
+ * v[j] and v[j + len] become their sum and difference). The rotation spreads what varies
+ * from token to token (massive activations) over all channels. The rows, clamped to the fp16
+ * range, are quantized per token in KIVI's value groups (32 channels, fp16 scale and min,
+ * b-bit codes). Decode: x = s .* (c * H y^) + mean^.
  * MERGE (token merging of cold blocks): per head, tokens are scanned in order; token t joins
  * the run that starts at token s when its key (and, K+V, its value) row is within the chord
  * of the cosine threshold of the run's first row — |x_t - x_s|^2 <= 2 (1 - cos) |x_s|^2,
@@ -109,7 +109,7 @@ KERN_HD void kern_fwht(float *v, uint32_t dim)
             }
 }
 
-/* y = clamp(c * H (s .* x)): one token's row of head h (x sanitised). */
+/* y = clamp(c * H (s .* x)): one token's row of head h (x centred). */
 KERN_HD void kern_rot_fwd(const float *x, float *y, uint32_t sseed, uint32_t h, uint32_t dim)
 {
     const float c = kern_rot_scale(dim);
@@ -136,6 +136,27 @@ KERN_HD uint32_t kern_rot_get_seed(const uint8_t *sect)
     uint32_t s;
     memcpy(&s, sect, 4);
     return s;
+}
+
+/* The fp16 mean^ of channel c of head h over the T tokens of the slab (tokens in order). */
+KERN_HD float kern_rot_mean(const struct kern_layout *lay, const uint8_t *raw, uint32_t h,
+                            uint32_t c)
+{
+    float sum = 0.0f;
+    for (uint32_t t = 0; t < lay->tokens; t++)
+        sum = KERN_ADD(sum, kern_ext_value(lay, raw, t, h, c));
+    return kern_h2f(kern_f2h(KERN_DIV(sum, (float)lay->tokens)));
+}
+
+/* Where a ROT K section's means and groups are. */
+KERN_HD const uint8_t *kern_rot_means(const uint8_t *sect)
+{
+    return sect + KERN_ROT_PREFIX;
+}
+
+KERN_HD uint64_t kern_rot_groups_off(const struct kern_layout *lay)
+{
+    return KERN_ROT_PREFIX + kern_rot_mean_bytes(lay->heads, lay->head_dim);
 }
 
 /* ---- MERGE ----------------------------------------------------------------------------- */

@@ -364,6 +364,13 @@ KERN_HD int kern_rot_dim_ok(uint32_t dim)
     return dim >= 8 && dim <= KERN_ROT_MAX_DIM && (dim & (dim - 1)) == 0;
 }
 
+/* ROT K: the per-channel means of each head over the block's tokens, fp16 [H][D], padded to
+ * 16 bytes; the [T][H][G] groups follow. */
+KERN_HD uint64_t kern_rot_mean_bytes(uint32_t heads, uint32_t dim)
+{
+    return (2ull * heads * dim + 15) & ~15ull;
+}
+
 /* The codec whose layout a section of `codec` has where a transform codec stores it plainly:
  * ROT values are KIVI values, LOWRANK values q8_0; every other section is its own codec. */
 KERN_HD uint32_t kern_codec_as(uint32_t codec, int is_v)
@@ -454,7 +461,8 @@ KERN_HD uint64_t kern_sect_bytes(const struct kern_layout *lay, uint32_t codec, 
         if (!kern_rot_dim_ok(lay->head_dim))
             return 0;
         /* keys: the seed, then the rotated rows in KIVI value groups (per token) */
-        return (is_v ? 0 : KERN_ROT_PREFIX) + g * kern_kivi_v_group_bytes(kern_rot_bits(codec));
+        return (is_v ? 0 : KERN_ROT_PREFIX + kern_rot_mean_bytes(lay->heads, lay->head_dim)) +
+               g * kern_kivi_v_group_bytes(kern_rot_bits(codec));
     case KERN_CODEC_MERGE:
         return (uint64_t)lay->heads * kern_merge_head_bytes(lay->head_dim, lay->tokens);
     case KERN_CODEC_LOWRANK:

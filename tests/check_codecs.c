@@ -231,7 +231,8 @@ static double worst_err(const struct kern_layout *lay, const struct kern_recipe 
 
 /* The bounds, per codec, on the data each is for (docs/kernels.md):
  *  - rot4 0.12, rot2 0.5 (KIVI's at the same bits: the rotation is orthonormal, so the error
- *    of the rotated keys is the keys' error) on outlier-structured blocks;
+ *    of the rotated keys is the keys' error, and the means are exact to fp16) on
+ *    outlier-structured blocks;
  *  - merge on runs of near-identical tokens: every token's row is its run's mean, within
  *    2 d / (1 - d) of it, d = sqrt(2 (1 - cos)) (0.2 at the default 0.98): 0.5, and no
  *    merge beyond the threshold (kern_merge_forced 0);
@@ -416,7 +417,8 @@ START_TEST(test_lowrank_rank)
 END_TEST
 
 /* Shapes a codec does not take are refused (-EINVAL), the others' sizes are what the format
- * says: ROT keys are KIVI keys behind 16 bytes, values KIVI values; LOWRANK values q8_0. */
+ * says: ROT keys are the seed, the channels' means and KIVI value groups, values KIVI values;
+ * LOWRANK values q8_0. */
 START_TEST(test_sizes_and_shapes)
 {
     struct kern_layout odd = {1, 2, 80, 32, KERN_DTYPE_FP16, 0};
@@ -426,8 +428,11 @@ START_TEST(test_sizes_and_shapes)
     kern_recipe_fill(&rec, KERN_CODEC_ROT4, KERN_CODEC_ROT4, 0);
     ck_assert_int_eq(kern_encoded_size(&odd, &rec), -EINVAL);
     ck_assert(!kern_codec_supports(&odd, KERN_CODEC_ROT4));
+    /* header 80; K: seed 16, means 2 x 128 x 2, 32 x 2 x 4 groups of 20; V: the groups */
     kern_recipe_fill(&base, KERN_CODEC_KIVI4, KERN_CODEC_KIVI4, 0);
-    ck_assert_int_eq(kern_encoded_size(&lay, &rec), kern_encoded_size(&lay, &base) + 16);
+    ck_assert_int_eq(kern_encoded_size(&lay, &rec), 80 + 16 + 512 + 5120 + 5120);
+    ck_assert_int_eq(kern_encoded_size(&lay, &rec) - kern_encoded_size(&lay, &base),
+                     16 + 512 + 5120 - (int64_t)kern_sect_bytes(&lay, KERN_CODEC_KIVI4, 0));
     kern_recipe_fill(&rec, KERN_CODEC_LOWRANK, KERN_CODEC_LOWRANK, 0);
     ck_assert_int_eq(kern_encoded_size(&big, &rec), -EINVAL);
     ck_assert(kern_codec_supports(&odd, KERN_CODEC_LOWRANK));
