@@ -115,6 +115,100 @@ KT static void mrg_mean_avx2(const struct kern_layout *lay, const uint8_t *raw, 
     }
 }
 
+/* The eight partial sums of a row's squares (|x_s|^2's partials of kern_merge_near). */
+KT static __m256 mrg_norm_avx2(const float *x, uint32_t dim)
+{
+    __m256 p = _mm256_setzero_ps();
+    for (uint32_t c = 0; c < dim; c += 8) {
+        __m256 v = _mm256_loadu_ps(x + c);
+        p = _mm256_add_ps(p, _mm256_mul_ps(v, v));
+    }
+    return p;
+}
+
+/* |x - s|^2 <= lim |s|^2 with kern_merge_near's sums; x, s padded to a multiple of 8. */
+KT static int mrg_within(const float *x, const float *st, __m256 pn, uint32_t dim, float lim)
+{
+    __m256 pd = _mm256_setzero_ps();
+    float a[8], b[8];
+    for (uint32_t c = 0; c < dim; c += 8) {
+        __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + c), _mm256_loadu_ps(st + c));
+        pd = _mm256_add_ps(pd, _mm256_mul_ps(d, d));
+    }
+    _mm256_storeu_ps(a, pd);
+    _mm256_storeu_ps(b, pn);
+    return kern_sum8_fold(a) <= KERN_MUL(lim, kern_sum8_fold(b));
+}
+
+KT static void mrg_row_avx2(const struct kern_layout *lay, const uint8_t *raw, uint32_t t,
+                            uint32_t h, float *x)
+{
+    for (uint32_t c = 0; c < lay->head_dim; c += 8)
+        _mm256_storeu_ps(x + c, mrg_load8(lay, raw, t, h, c,
+                                          lay->head_dim - c < 8 ? lay->head_dim - c : 8));
+}
+
+/* One pass over head h: the plan (kern_merge_plan's joins, rows and forced count) and the
+ * running sums of `own`'s rows for the means, each token's rows loaded once. */
+KT static void mrg_head_fused(const struct kern_ext_ctx *c, uint32_t h, const uint8_t *own,
+                              uint8_t *head, float *buf)
+{
+    const struct kern_layout *lay = c->lay;
+    const uint32_t T = lay->tokens, D = lay->head_dim, Dp = (D + 7) & ~7u, R = kern_merge_rows(T);
+    const float lim = kern_merge_lim(c->rec->merge_cos);
+    float *xk = buf, *xv = buf + Dp, *sk = buf + 2 * Dp, *sv = buf + 3 * Dp, *sum = buf + 4 * Dp;
+    float *xo = own == c->rawk ? xk : xv, *mean = buf + 5 * Dp;
+    uint32_t *map = (uint32_t *)(head + 16), rows = 1, a = 0, r = 0;
+    uint8_t *row0 = head + 16 + kern_merge_map_bytes(T);
+    __m256 nk = _mm256_setzero_ps(), nv = _mm256_setzero_ps();
+    memset(head, 0, kern_merge_head_bytes(D, T));
+    memset(buf, 0, 6 * Dp * sizeof(float));
+    map[0] = 1u;
+    for (uint32_t t = 0; t <= T; t++) {
+        int join = 0;
+        if (t < T) {
+            mrg_row_avx2(lay, c->rawk, t, h, xk);
+            if (c->rawv)
+                mrg_row_avx2(lay, c->rawv, t, h, xv);
+            if (t > 0) {
+                join = mrg_within(xk, sk, nk, Dp, lim) && (!c->rawv || mrg_within(xv, sv, nv, Dp, lim));
+                if (!join && rows >= R)
+                    join = 1; /* forced: the head has no room for another row */
+            }
+        }
+        if (t > 0 && !join) { /* the run [a, t) closes: its mean */
+            const __m256 n = _mm256_set1_ps((float)(t - a));
+            for (uint32_t d = 0; d < Dp; d += 8)
+                _mm256_storeu_ps(mean + d, _mm256_div_ps(_mm256_loadu_ps(sum + d), n));
+            for (uint32_t d = 0; d < D; d++)
+                kern_store(row0 + 2ull * r * D, lay->dtype, d, mean[d]);
+            r++;
+        }
+        if (t == T)
+            break;
+        if (join) {
+            for (uint32_t d = 0; d < Dp; d += 8)
+                _mm256_storeu_ps(sum + d, _mm256_add_ps(_mm256_loadu_ps(sum + d), _mm256_loadu_ps(xo + d)));
+            continue;
+        }
+        if (t > 0) { /* a new run from t */
+            rows++;
+            map[t >> 5] |= 1u << (t & 31);
+        }
+        a = t;
+        memcpy(sk, xk, Dp * sizeof(float));
+        nk = mrg_norm_avx2(sk, Dp);
+        if (c->rawv) {
+            memcpy(sv, xv, Dp * sizeof(float));
+            nv = mrg_norm_avx2(sv, Dp);
+        }
+        /* the first row of a run: 0 + x, as the reference's sum starts */
+        for (uint32_t d = 0; d < Dp; d += 8)
+            _mm256_storeu_ps(sum + d, _mm256_add_ps(_mm256_setzero_ps(), _mm256_loadu_ps(xo + d)));
+    }
+    memcpy(head, &rows, 4);
+}
+
 /* Head h of a MERGE section from the layer's slabs; `own` is this section's slab. */
 static void mrg_head(int vec, const struct kern_ext_ctx *c, uint32_t h, const uint8_t *own,
                      uint8_t *head, uint64_t *forced)
@@ -145,6 +239,15 @@ int kern_merge_enc(const struct kern_cpu_ops *ops, int is_v, const struct kern_e
 {
     const int vec = ops != &kern_ref_ops;
     const uint8_t *own = is_v ? c->rawv : c->rawk;
+    if (vec) {
+        float *buf = malloc(6 * (size_t)((c->lay->head_dim + 7) & ~7u) * sizeof(float));
+        if (!buf)
+            return -ENOMEM;
+        for (uint32_t h = 0; h < c->lay->heads; h++)
+            mrg_head_fused(c, h, own, kern_merge_head(sect, c->lay, h), buf);
+        free(buf);
+        return 0;
+    }
     for (uint32_t h = 0; h < c->lay->heads; h++)
         mrg_head(vec, c, h, own, kern_merge_head(sect, c->lay, h), NULL);
     return 0;
