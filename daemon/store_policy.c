@@ -576,7 +576,7 @@ void store_ladder_setup(struct store *s, struct store_ns *ns)
     memset(ns->rung_format, 0, sizeof(ns->rung_format));
     if (allowed) {
         /* Rung 1: the creator's recipe; then each allowed codec smaller than the rung above,
-         * largest first, within the fidelity budget. */
+         * largest first, within the fidelity budget; the smallest always last. */
         uint32_t first = KVC_WIRE_QUANT_K(f) ? KVC_WIRE_QUANT_K(f) : KVC_WIRE_QUANT_V(f);
         ns->rung_format[0] = KVC_WIRE_FORMAT_RAW;
         ns->rungs = 1;
@@ -598,8 +598,12 @@ void store_ladder_setup(struct store *s, struct store_ns *ns)
                     pick = c;
                 }
             }
-            if (!pick || ns->rungs == POLICY_LADDER_RUNGS)
+            if (!pick)
                 break;
+            /* More codecs than rungs: the smallest stays the last rung (what the tier's
+             * capacity comes from) in place of the one before it. */
+            if (ns->rungs == POLICY_LADDER_RUNGS)
+                ns->rungs--;
             ns->rung_format[ns->rungs++] = (uint8_t)pick;
             last = best;
         }

@@ -200,6 +200,25 @@ START_TEST(test_ladder_rungs)
     ck_assert_int_eq(store_ns_ladder_set(s, a, 0.0, 0.0), 0);
     ck_assert_uint_eq(store_ns_get(s, a)->rungs, 3);
     ck_assert_int_eq(store_ns_ladder_set(s, 99, 0.0, 0.0), -ENOENT);
+    /* every codec allowed: more than the rungs hold; each rung smaller than the one above,
+     * and the smallest encoded size of them all is the last rung */
+    uint32_t every = 0;
+    for (uint32_t c = 1; c < KVC_WIRE_FORMAT_COUNT; c++)
+        every |= 1u << c;
+    uint32_t all =
+        ns_open("all", KVC_WIRE_QUANT_FLAGS(every, KVC_WIRE_FORMAT_Q8_0, KVC_WIRE_FORMAT_Q8_0, 0));
+    const struct store_ns *an = store_ns_get(s, all);
+    int64_t smallest = INT64_MAX;
+    for (uint32_t c = 1; c < KVC_WIRE_FORMAT_COUNT; c++) {
+        int64_t n = quant_format_bytes(an, (uint8_t)c);
+        if (n > 0 && n < smallest)
+            smallest = n;
+    }
+    ck_assert_uint_eq(an->rungs, POLICY_LADDER_RUNGS);
+    for (uint32_t k = 2; k < an->rungs; k++)
+        ck_assert_int_lt(quant_format_bytes(an, an->rung_format[k]),
+                         quant_format_bytes(an, an->rung_format[k - 1]));
+    ck_assert_int_eq(quant_format_bytes(an, an->rung_format[an->rungs - 1]), smallest);
     teardown();
 }
 END_TEST

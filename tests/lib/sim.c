@@ -890,13 +890,33 @@ int sim_run(const struct sim_trace *t, const struct sim_config *c, struct sim_re
     {
         uint32_t rungs = 1;
         s.codec_at[0] = POLICY_CODEC_RAW;
-        for (enum policy_codec k = policy_ladder_next(c->ladder, POLICY_CODEC_RAW);
-             k != POLICY_CODEC_RAW && rungs < POLICY_LADDER_RUNGS;
-             k = policy_ladder_next(c->ladder, k)) {
-            s.rung_of[k] = (uint8_t)rungs;
-            s.codec_at[rungs++] = (uint8_t)k;
+        /* The rungs: each allowed codec smaller than the rung above, largest first (the
+         * more precise of equal sizes), by what it costs (codec_room) or its ratio, the
+         * smallest always last, as the daemon's store_ladder_setup takes them by their
+         * encoded size. */
+        double last = 1.0;
+        for (;;) {
+            int pick = -1;
+            double best = 0;
+            for (int k = 1; k < POLICY_CODEC_COUNT; k++) {
+                double room = c->codec_room[k] > 0 ? c->codec_room[k]
+                                                   : policy_codec_ratio((enum policy_codec)k);
+                if ((c->ladder & (1u << k)) && room < last && room > best) {
+                    best = room;
+                    pick = k;
+                }
+            }
+            if (pick < 0)
+                break;
+            if (rungs == POLICY_LADDER_RUNGS) /* the smallest stays last (store_ladder_setup) */
+                rungs--;
+            s.rung_of[pick] = (uint8_t)rungs;
+            s.codec_at[rungs++] = (uint8_t)pick;
+            last = best;
         }
         policy_ladder_init(&s.ladder, rungs, c->lossy_weight, c->capacity);
+        r->rungs = rungs;
+        memcpy(r->rung_codec, s.codec_at, sizeof(r->rung_codec));
     }
     s.blk = calloc(nb, sizeof(*s.blk));
     s.key = calloc(nb, sizeof(*s.key));

@@ -79,6 +79,8 @@ struct sim_result {
     uint64_t ladder_steps;  /* steps down the ladder (quantizations, raw to a codec or down) */
     double raw_share;       /* the ladder's final raw share (1 without one) */
     uint64_t busy;          /* references to a block another request was still writing */
+    uint32_t rungs;         /* the ladder's rungs (raw included), their codecs by rung */
+    uint8_t rung_codec[POLICY_LADDER_RUNGS];
 };
 
 static inline double sim_ratio(uint64_t a, uint64_t b)
