@@ -23,8 +23,10 @@
 
 #define KT __attribute__((target("avx2,f16c")))
 
-KT static __m256 mrg_load8(const struct kern_layout *lay, const uint8_t *raw, uint32_t t,
-                           uint32_t h, uint32_t c0, uint32_t n)
+KT static inline __attribute__((always_inline)) __m256 mrg_load8(const struct kern_layout *lay,
+                                                                 const uint8_t *raw, uint32_t t,
+                                                                 uint32_t h, uint32_t c0,
+                                                                 uint32_t n)
 {
     float f[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     const uint16_t *p = (const uint16_t *)raw + ((uint64_t)t * lay->heads + h) * lay->head_dim + c0;
@@ -115,6 +117,21 @@ KT static void mrg_mean_avx2(const struct kern_layout *lay, const uint8_t *raw, 
     }
 }
 
+/* Eight means to the dtype, rounded to nearest even as kern_store (means are finite). */
+KT static void mrg_store8(uint16_t *p, __m256 x, uint32_t dtype)
+{
+    if (dtype == KERN_DTYPE_FP16) {
+        _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+        return;
+    }
+    __m256i u = _mm256_castps_si256(x);
+    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    u = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), odd),
+                          16);
+    _mm_storeu_si128((__m128i *)p,
+                     _mm_packus_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1)));
+}
+
 /* The eight partial sums of a row's squares (|x_s|^2's partials of kern_merge_near). */
 KT static __m256 mrg_norm_avx2(const float *x, uint32_t dim)
 {
@@ -178,10 +195,14 @@ KT static void mrg_head_fused(const struct kern_ext_ctx *c, uint32_t h, const ui
         }
         if (t > 0 && !join) { /* the run [a, t) closes: its mean */
             const __m256 n = _mm256_set1_ps((float)(t - a));
-            for (uint32_t d = 0; d < Dp; d += 8)
+            uint16_t *o = (uint16_t *)(row0 + 2ull * r * D);
+            uint32_t d = 0;
+            for (; d + 8 <= D; d += 8)
+                mrg_store8(o + d, _mm256_div_ps(_mm256_loadu_ps(sum + d), n), lay->dtype);
+            for (; d < Dp; d += 8)
                 _mm256_storeu_ps(mean + d, _mm256_div_ps(_mm256_loadu_ps(sum + d), n));
-            for (uint32_t d = 0; d < D; d++)
-                kern_store(row0 + 2ull * r * D, lay->dtype, d, mean[d]);
+            for (uint32_t e = D & ~7u; e < D; e++)
+                kern_store(o, lay->dtype, e, mean[e]);
             r++;
         }
         if (t == T)
