@@ -6,7 +6,10 @@
 #                   seconds, then the suites again under ASan+UBSan, and the threaded
 #                   ones under TSan
 #   make mutation   apply deliberate bugs to a copy of the tree; the suites must catch each
-#   make demo       start kvcd with defaults and run two engine processes sharing a prefix
+#   make demo       start kvcd with defaults and run engine processes sharing a prefix; a line
+#                   per engine and a three-line summary (DEMO_STATS=1: kvcctl status and stats
+#                   too). Installs only the build set of etc/install-deps.sh
+#   make deps       install every missing package (deps-build, deps-test, deps-bench: one set)
 #   make demo-engine  the PyTorch reference engine in several processes sharing prefixes
 #   make bench      every benchmark; make bench-NAME runs tests/bench/bench_NAME.c
 #                   (make bench-python: the Python package and reference engine, apart)
@@ -44,6 +47,9 @@ PKGS := liburing inih libxxhash libzstd libsystemd hiredis libsodium
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 CHECK_LIBS = $(shell pkg-config --libs check 2>/dev/null)
+# The trace format's one reader (client/kvcreplay_trace.c: kvcreplay, kvcsim, the tests) and
+# the tests' JSON checks use jansson; libkvc and kvcd do not.
+JSON_LIBS = $(shell pkg-config --libs jansson 2>/dev/null)
 
 WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
 	-Wformat=2 -Wformat-security -Wpointer-arith -Wvla -Wundef
@@ -88,7 +94,7 @@ LIBKVCD_OBJS := $(call obj,$(LIBKVCD_SRCS)) $(patsubst %.cu,$(B)/obj/%.cu.o,$(CU
 # libkvc dequantizes hits (kvc_lease_copy, kvc_lease_copy_cuda): it carries the kernels.
 LIBKVC_OBJS := $(call obj,$(LIBKVC_SRCS) $(wildcard kernels/*.c)) \
 	$(patsubst %.cu,$(B)/obj/%.cu.o,$(filter kernels/%,$(CU_SRCS)))
-TESTLIB_OBJS := $(call obj,$(TESTLIB_SRCS))
+TESTLIB_OBJS := $(call obj,$(TESTLIB_SRCS)) $(B)/obj/client/kvcreplay_trace.o
 CHECK_BINS := $(patsubst %.c,$(B)/tests/%,$(notdir $(CHECK_SRCS)))
 BENCH_BINS := $(patsubst tests/bench/%.c,$(B)/bench/%,$(BENCH_SRCS))
 
@@ -98,8 +104,11 @@ LIBS := $(B)/lib/libkvcd.a $(B)/lib/libkvc.a $(B)/lib/libkvc.so
 
 # The Python package (python/, issue 14; built by the rules under its heading below).
 # A CPython extension over libkvc.a, for /usr/bin/python3 (Debian's, which sees python3-numpy
-# and python3-pytest; a python3 earlier on PATH may be another interpreter). The sanitizer
-# build leaves it out: an ASan extension cannot load into an uninstrumented interpreter.
+# and python3-pytest; a python3 earlier on PATH may be another interpreter). The ASan build
+# (SAN=1) builds it instrumented too, and its check_python runs the interpreter with the
+# ASan runtime preloaded (PY_PRELOAD: an instrumented extension cannot load into an
+# uninstrumented interpreter otherwise), so a bad read in the binding fails the suite; the
+# TSan build leaves it out.
 PYTHON ?= /usr/bin/python3
 PY_CFG = $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.$(1))' 2>/dev/null)
 PY_INCLUDE := $(call PY_CFG,get_paths()["include"])
@@ -110,12 +119,15 @@ PY_EXT := $(PY_PKG)/_kvcd$(PY_EXT_SUFFIX)
 PY_SRCS := $(wildcard python/kvcd/*.py python/kvcd/*.pyi python/kvcd/engine/*.py) \
 	python/kvcd/py.typed
 PY_FILES := $(patsubst python/kvcd/%,$(PY_PKG)/%,$(PY_SRCS))
-ifeq ($(SAN),0)
+ifneq ($(SAN),thread)
 PY_ALL := $(if $(wildcard $(PY_INCLUDE)/Python.h),$(PY_EXT) $(PY_FILES))
 PY_CHECK := $(B)/tests/check_python
 endif
+ifeq ($(SAN),1)
+PY_PRELOAD := $(shell $(CC) -print-file-name=libasan.so)
+endif
 
-.PHONY: all check check-run check-gpu deps demo demo-engine bench bench-python benches clean tests config-ini fuzz \
+.PHONY: all check check-run check-gpu deps deps-build deps-test deps-bench demo demo-engine bench bench-python benches clean tests config-ini fuzz \
 	fuzz-build fuzz-smoke mutation python
 all: $(BINS) $(LIBS) $(PY_ALL)
 tests: $(CHECK_BINS) $(PY_CHECK)
@@ -142,6 +154,23 @@ $(B)/lib/libkvc.a: $(LIBKVC_OBJS)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
+# The static libkvc that is installed carries no CUDA, so a program linked with
+# `pkg-config --static --libs libkvc` needs no CUDA toolkit: in a CUDA build it is libkvc's
+# objects with the kernels' CUDA-less twins (kernels/*.c built with KVC_CUDA=0, no .cu
+# objects); libkvc-cuda.a (libkvc-cuda.pc) is the one with the device paths.
+ifeq ($(CUDA),1)
+KERN_NOCUDA_OBJS := $(patsubst %.c,$(B)/obj-nocuda/%.o,$(wildcard kernels/*.c))
+$(B)/obj-nocuda/%.o: %.c $(FLAGS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -UKVC_CUDA -DKVC_CUDA=0 $(DEPFLAGS) -c $< -o $@
+$(B)/lib/libkvc-nocuda.a: $(call obj,$(LIBKVC_SRCS)) $(KERN_NOCUDA_OBJS)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+LIBKVC_STATIC := $(B)/lib/libkvc-nocuda.a
+else
+LIBKVC_STATIC := $(B)/lib/libkvc.a
+endif
+
 $(B)/lib/libkvc.so: $(LIBKVC_OBJS) client/libkvc.map
 	@mkdir -p $(dir $@)
 	$(CC) -shared -Wl,-soname,libkvc.so.1 -Wl,--version-script=client/libkvc.map \
@@ -158,7 +187,7 @@ $(B)/bin/kvcctl: $(B)/obj/client/kvcctl.o $(B)/lib/libkvc.a
 
 $(B)/bin/kvcreplay: $(B)/obj/client/kvcreplay.o $(B)/obj/client/kvcreplay_trace.o $(B)/lib/libkvc.a
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) $(CUDA_LIBS) -pthread -lm
+	$(CC) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) $(JSON_LIBS) $(CUDA_LIBS) -pthread -lm
 
 $(B)/bin/kvc-demo: $(B)/obj/tests/demo/kvc-demo.o $(B)/lib/libkvc.a
 	@mkdir -p $(dir $@)
@@ -167,15 +196,16 @@ $(B)/bin/kvc-demo: $(B)/obj/tests/demo/kvc-demo.o $(B)/lib/libkvc.a
 # Check suites link the daemon as a library plus libkvc and the shared test helpers.
 $(B)/tests/%: $(B)/obj/tests/%.o $(TESTLIB_OBJS) $(B)/lib/libkvcd.a $(B)/lib/libkvc.a
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(PKG_LIBS) $(CUDA_LIBS) -pthread -lm
+	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(PKG_LIBS) $(JSON_LIBS) $(CUDA_LIBS) -pthread -lm
 $(B)/tests/check_e2e_%: $(B)/obj/tests/e2e/check_e2e_%.o $(TESTLIB_OBJS) $(B)/lib/libkvcd.a $(B)/lib/libkvc.a
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(PKG_LIBS) $(CUDA_LIBS) -pthread -lm
+	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(PKG_LIBS) $(JSON_LIBS) $(CUDA_LIBS) -pthread -lm
 
 # tests/lib holds Check-based helpers too (the tier conformance cases), hence CHECK_LIBS.
 $(B)/bench/%: $(B)/obj/tests/bench/%.o $(TESTLIB_OBJS) $(B)/lib/libkvcd.a $(B)/lib/libkvc.a
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(PKG_LIBS) $(BENCH_LIBS) $(CUDA_LIBS) -pthread -lm
+	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(PKG_LIBS) $(JSON_LIBS) $(BENCH_LIBS) $(CUDA_LIBS) \
+		-pthread -lm
 # bench_remote measures memcached as a peer through libmemcached (etc/install-deps.sh).
 $(B)/bench/bench_remote: BENCH_LIBS = $(shell pkg-config --libs libmemcached 2>/dev/null)
 
@@ -187,35 +217,53 @@ endif
 # The trace simulator (docs/policies.md): the policies of libkvcd over tests/lib/sim.c.
 .PHONY: kvcsim
 kvcsim: $(B)/bin/kvcsim
-$(B)/bin/kvcsim: $(B)/obj/tests/bench/kvcsim.o $(B)/obj/tests/lib/sim.o $(B)/lib/libkvcd.a
+$(B)/bin/kvcsim: $(B)/obj/tests/bench/kvcsim.o $(B)/obj/tests/lib/sim.o \
+		$(B)/obj/client/kvcreplay_trace.o $(B)/lib/libkvcd.a
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ -lm
+	$(CC) $(LDFLAGS) -o $@ $^ $(JSON_LIBS) -lm
 
 # ---- the Python package (python/, issue 14) -------------------------------------------------
 # The package's variables are set with the sources above, before `all` reads them.
 
 python: $(PY_EXT) $(PY_FILES)
 
-$(PY_EXT): python/kvcd/_kvcd.c client/kvc.h $(B)/lib/libkvc.a
+# One file per Python type (python/kvcd/_kvcd.h), built with hidden visibility: the module
+# exports PyInit__kvcd alone (and the symbols of libkvc.a it links).
+PY_EXT_SRCS := $(wildcard python/kvcd/_kvcd*.c)
+$(PY_EXT): $(PY_EXT_SRCS) python/kvcd/_kvcd.h client/kvc.h $(B)/lib/libkvc.a
 	@test -n "$(PY_EXT_SUFFIX)" -a -f "$(PY_INCLUDE)/Python.h" || \
 		{ echo "python: no Python headers for $(PYTHON) (make deps installs python3-dev)"; exit 1; }
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -isystem $(PY_INCLUDE) -shared -o $@ python/kvcd/_kvcd.c \
+	$(CC) $(ALL_CFLAGS) -fvisibility=hidden -isystem $(PY_INCLUDE) -shared -o $@ $(PY_EXT_SRCS) \
 		$(B)/lib/libkvc.a $(shell pkg-config --libs libxxhash) $(CUDA_LIBS) -pthread -lm
 
 $(PY_PKG)/%: python/kvcd/%
 	@mkdir -p $(dir $@)
 	cp $< $@
 
-# The pytest suite as one more suite of tests/run-checks.sh (python/tests/check_python.sh.in).
-$(B)/tests/check_python: python/tests/check_python.sh.in $(PY_EXT) $(PY_FILES) $(B)/bin/kvcd
+# The strict fake device for the Python tests' CUDA paths (python/tests/fake_dev_py.c): a
+# test-only shared object, never installed, loaded by the tests with ctypes.
+PY_FAKEDEV := $(B)/tests/libkvc_fakedev_py.so
+$(PY_FAKEDEV): python/tests/fake_dev_py.c $(B)/obj/tests/lib/fake_dev.o $(B)/lib/libkvc.a
 	@mkdir -p $(dir $@)
-	sed -e 's|@PYTHON@|$(PYTHON)|g' -e 's|@TOP@|$(TOP)|g' -e 's|@B@|$(B)|g' $< > $@.tmp
+	$(CC) $(ALL_CFLAGS) -fvisibility=hidden -shared -o $@ python/tests/fake_dev_py.c \
+		$(B)/obj/tests/lib/fake_dev.o $(B)/lib/libkvc.a $(shell pkg-config --libs libxxhash) \
+		$(CUDA_LIBS) -pthread -lm
+
+# The pytest suite as one more suite of tests/run-checks.sh (python/tests/check_python.sh.in).
+$(B)/tests/check_python: python/tests/check_python.sh.in $(PY_EXT) $(PY_FILES) $(B)/bin/kvcd \
+		$(PY_FAKEDEV)
+	@mkdir -p $(dir $@)
+	sed -e 's|@PYTHON@|$(PYTHON)|g' -e 's|@TOP@|$(TOP)|g' -e 's|@B@|$(B)|g' \
+		-e 's|@PRELOAD@|$(PY_PRELOAD)|g' $< > $@.tmp
 	chmod 0755 $@.tmp && mv $@.tmp $@
 
 # ---- the README's commands -----------------------------------------------
+# etc/install-deps.sh's sets: build (make, make demo), test (make check's suites), bench.
 deps:
-	@sh etc/install-deps.sh
+	@sh etc/install-deps.sh build test bench
+deps-%:
+	@sh etc/install-deps.sh $*
 
 # `make check`: deps, the normal build and suites, every benchmark once with KVC_BENCH_SMOKE=1
 # and the fuzz targets for FUZZ_SMOKE_SECONDS each (so neither can rot), then the sanitizer
@@ -268,9 +316,11 @@ device-bundle: $(B)/bin/kvcd $(B)/bin/kvcctl $(patsubst %,$(B)/tests/%,$(BUNDLE_
 	@test "$(CUDA)" = 1 || { echo "device-bundle: needs a CUDA build (nvcc)"; exit 1; }
 	NVCC=$(NVCC) sh etc/device-bundle.sh $(B) $(BUNDLE) "$(BUNDLE_SUITES)" "$(BUNDLE_BENCHES)"
 
-demo: deps
+# The C demo needs the build set alone (no PyTorch, redis, memcached, fio or gnuplot).
+DEMO_STATS ?= 0
+demo: deps-build
 	$(MAKE) all
-	sh tests/demo/demo.sh $(B)
+	sh tests/demo/demo.sh $(if $(filter 1,$(DEMO_STATS)),--stats) $(B)
 
 # The reference engine (python/kvcd/engine) in several processes against a private kvcd:
 # prefill with and without hits, and every generated token checked against the no-cache run.
@@ -357,14 +407,29 @@ mutation:
 config-ini: $(B)/bin/kvcd
 	$(B)/bin/kvcd --print-config > etc/kvcd.ini
 
+# kvcd.ini(5)'s OPTIONS are the option table too (kvcd --print-man), between its markers;
+# check_config fails when the page drifts.
+.PHONY: man-ini
+man-ini: $(B)/bin/kvcd
+	$(B)/bin/kvcd --print-man > $(B)/kvcd.ini.5.options
+	awk -v gen=$(B)/kvcd.ini.5.options '/^\.\\" END kvcd --print-man/ { skip = 0 } \
+		!skip { print } /^\.\\" BEGIN kvcd --print-man/ { skip = 1; \
+		while ((getline l < gen) > 0) print l }' docs/man/kvcd.ini.5 > $(B)/kvcd.ini.5.tmp
+	mv $(B)/kvcd.ini.5.tmp docs/man/kvcd.ini.5
+
 clean:
 	rm -rf build
 
--include $(shell find $(B)/obj -name '*.d' 2>/dev/null)
+-include $(shell find $(B)/obj $(B)/obj-nocuda -name '*.d' 2>/dev/null)
 
 # ---- install (issue 6) ---------------------------------------------------------------------
-# make install [PREFIX=/usr/local] [DESTDIR=/tmp/stage]; paths inside the installed units and
-# the pkg-config file are the final ones (PREFIX), files land under DESTDIR.
+# make install [PREFIX=/usr/local] [DESTDIR=/tmp/stage] [INSTALL_STRIP=0]; paths inside the
+# installed units and the pkg-config file are the final ones (PREFIX), files land under
+# DESTDIR. The programs, libkvc.so.1 and the Python extension are installed stripped, their
+# debug info beside in DEBUGDIR (PREFIX/lib/debug + the file's own path, as .debug files the
+# stripped ones name in a .gnu_debuglink: where gdb looks), libkvc.a without debug info.
+# INSTALL_STRIP=0 installs them as built (for packagers whose tools strip); STRIP and
+# OBJCOPY name the tools (a cross toolchain's).
 PREFIX ?= /usr/local
 BINDIR ?= $(PREFIX)/bin
 LIBDIR ?= $(PREFIX)/lib
@@ -376,32 +441,59 @@ SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
 TMPFILESDIR ?= $(PREFIX)/lib/tmpfiles.d
 # The remote tier's drop-in for kvcd.service (docs/remote.md), installed inactive.
 REMOTEDROPINDIR ?= $(PREFIX)/share/kvcd/systemd/kvcd.service.d
+DEBUGDIR ?= $(PREFIX)/lib/debug
 KVC_VERSION := 0.1.0
 INSTALL ?= install
+INSTALL_STRIP ?= 1
+STRIP ?= strip
+OBJCOPY ?= objcopy
 SUBST = sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' \
 	-e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' \
 	-e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' -e 's|@VERSION@|$(KVC_VERSION)|g' \
-	-e 's|@LIBS_PRIVATE@|$(strip $(CUDA_LIBS))|g'
+	-e 's|@CUDA_LIBS@|-lcudart_static -lstdc++ -ldl -lrt|g'
 MAN8 := docs/man/kvcd.8 docs/man/kvcctl.8 docs/man/kvcreplay.8
 MAN5 := docs/man/kvcd.ini.5
 MAN3 := docs/man/libkvc.3
+# Installs the executable or shared object $(1) as $(2) (a path under DESTDIR): stripped with
+# its debug info in DEBUGDIR (INSTALL_STRIP=1), or as built.
+define install_elf
+	if [ "$(INSTALL_STRIP)" = 1 ]; then \
+		$(INSTALL) -d $(dir $(DESTDIR)$(DEBUGDIR)$(2)) && \
+		$(OBJCOPY) --only-keep-debug $(1) $(DESTDIR)$(DEBUGDIR)$(2).debug && \
+		chmod 0644 $(DESTDIR)$(DEBUGDIR)$(2).debug && \
+		$(STRIP) --strip-unneeded -o $(DESTDIR)$(2).tmp $(1) && \
+		$(OBJCOPY) --add-gnu-debuglink=$(DESTDIR)$(DEBUGDIR)$(2).debug $(DESTDIR)$(2).tmp && \
+		chmod $(3) $(DESTDIR)$(2).tmp && mv -f $(DESTDIR)$(2).tmp $(DESTDIR)$(2); \
+	else $(INSTALL) -m $(3) $(1) $(DESTDIR)$(2); fi
+endef
+INSTALL_BINS := kvcd kvcctl kvcreplay kvcsim
+
 # The kvcd Python package, where /usr/bin/python3 finds it: Debian's dist-packages (/usr: the
 # version-less dir of distribution packages; other prefixes: the versioned one of /usr/local).
 PY_LIBDIR = $(if $(filter /usr,$(PREFIX)),python3,python$(PY_VERSION))
 PYTHONDIR ?= $(PREFIX)/lib/$(PY_LIBDIR)/dist-packages
 
 .PHONY: install uninstall
-install: all
+install: all $(LIBKVC_STATIC)
 	$(INSTALL) -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCLUDEDIR) \
 		$(DESTDIR)$(MANDIR)/man3 $(DESTDIR)$(MANDIR)/man5 $(DESTDIR)$(MANDIR)/man8 \
 		$(DESTDIR)$(SYSCONFDIR)/kvcd $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSUSERSDIR) \
 		$(DESTDIR)$(TMPFILESDIR) $(DESTDIR)$(REMOTEDROPINDIR)
-	$(INSTALL) -m 0755 $(B)/bin/kvcd $(B)/bin/kvcctl $(B)/bin/kvcreplay $(DESTDIR)$(BINDIR)/
-	$(INSTALL) -m 0755 $(B)/lib/libkvc.so.1 $(DESTDIR)$(LIBDIR)/libkvc.so.1
+	$(call install_elf,$(B)/bin/kvcd,$(BINDIR)/kvcd,0755)
+	$(call install_elf,$(B)/bin/kvcctl,$(BINDIR)/kvcctl,0755)
+	$(call install_elf,$(B)/bin/kvcreplay,$(BINDIR)/kvcreplay,0755)
+	$(call install_elf,$(B)/bin/kvcsim,$(BINDIR)/kvcsim,0755)
+	$(call install_elf,$(B)/lib/libkvc.so.1,$(LIBDIR)/libkvc.so.1,0755)
 	ln -sf libkvc.so.1 $(DESTDIR)$(LIBDIR)/libkvc.so
-	$(INSTALL) -m 0644 $(B)/lib/libkvc.a $(DESTDIR)$(LIBDIR)/libkvc.a
+	$(INSTALL) -m 0644 $(LIBKVC_STATIC) $(DESTDIR)$(LIBDIR)/libkvc.a
+	if [ "$(INSTALL_STRIP)" = 1 ]; then $(STRIP) --strip-debug $(DESTDIR)$(LIBDIR)/libkvc.a; fi
 	$(INSTALL) -m 0644 client/kvc.h $(DESTDIR)$(INCLUDEDIR)/kvc.h
 	$(SUBST) etc/systemd/libkvc.pc.in > $(DESTDIR)$(LIBDIR)/pkgconfig/libkvc.pc
+	$(if $(filter 1,$(CUDA)),$(INSTALL) -m 0644 $(B)/lib/libkvc.a $(DESTDIR)$(LIBDIR)/libkvc-cuda.a)
+	$(if $(filter 1,$(CUDA)),if [ "$(INSTALL_STRIP)" = 1 ]; then \
+		$(STRIP) --strip-debug $(DESTDIR)$(LIBDIR)/libkvc-cuda.a; fi)
+	$(if $(filter 1,$(CUDA)),$(SUBST) etc/systemd/libkvc-cuda.pc.in > \
+		$(DESTDIR)$(LIBDIR)/pkgconfig/libkvc-cuda.pc)
 	test -e $(DESTDIR)$(SYSCONFDIR)/kvcd/kvcd.ini || \
 		$(INSTALL) -m 0644 etc/kvcd.ini $(DESTDIR)$(SYSCONFDIR)/kvcd/kvcd.ini
 	$(SUBST) etc/systemd/kvcd.service.in > $(DESTDIR)$(UNITDIR)/kvcd.service
@@ -413,20 +505,24 @@ install: all
 	$(INSTALL) -m 0644 $(MAN5) $(DESTDIR)$(MANDIR)/man5/
 	$(INSTALL) -m 0644 $(MAN8) $(DESTDIR)$(MANDIR)/man8/
 	$(if $(PY_ALL),$(INSTALL) -d $(DESTDIR)$(PYTHONDIR)/kvcd/engine)
-	$(if $(PY_ALL),$(INSTALL) -m 0644 $(PY_EXT) $(filter-out $(PY_PKG)/engine/%,$(PY_FILES)) \
+	$(if $(PY_ALL),$(call install_elf,$(PY_EXT),$(PYTHONDIR)/kvcd/$(notdir $(PY_EXT)),0644))
+	$(if $(PY_ALL),$(INSTALL) -m 0644 $(filter-out $(PY_PKG)/engine/%,$(PY_FILES)) \
 		$(DESTDIR)$(PYTHONDIR)/kvcd/)
 	$(if $(PY_ALL),$(INSTALL) -m 0644 $(filter $(PY_PKG)/engine/%,$(PY_FILES)) \
 		$(DESTDIR)$(PYTHONDIR)/kvcd/engine/)
 
 # The configuration file stays: it may hold the operator's edits.
 uninstall:
-	rm -f $(DESTDIR)$(BINDIR)/kvcd $(DESTDIR)$(BINDIR)/kvcctl $(DESTDIR)$(BINDIR)/kvcreplay \
+	rm -f $(addprefix $(DESTDIR)$(BINDIR)/,$(INSTALL_BINS)) \
+		$(addprefix $(DESTDIR)$(DEBUGDIR)$(BINDIR)/,$(addsuffix .debug,$(INSTALL_BINS))) \
 		$(DESTDIR)$(LIBDIR)/libkvc.so.1 $(DESTDIR)$(LIBDIR)/libkvc.so $(DESTDIR)$(LIBDIR)/libkvc.a \
-		$(DESTDIR)$(LIBDIR)/pkgconfig/libkvc.pc $(DESTDIR)$(INCLUDEDIR)/kvc.h \
+		$(DESTDIR)$(DEBUGDIR)$(LIBDIR)/libkvc.so.1.debug $(DESTDIR)$(LIBDIR)/libkvc-cuda.a \
+		$(DESTDIR)$(LIBDIR)/pkgconfig/libkvc.pc $(DESTDIR)$(LIBDIR)/pkgconfig/libkvc-cuda.pc \
+		$(DESTDIR)$(INCLUDEDIR)/kvc.h \
 		$(DESTDIR)$(UNITDIR)/kvcd.service $(DESTDIR)$(UNITDIR)/kvcd.socket \
 		$(DESTDIR)$(SYSUSERSDIR)/kvcd.conf $(DESTDIR)$(TMPFILESDIR)/kvcd.conf \
 		$(DESTDIR)$(REMOTEDROPINDIR)/remote.conf \
 		$(addprefix $(DESTDIR)$(MANDIR)/man3/,$(notdir $(MAN3))) \
 		$(addprefix $(DESTDIR)$(MANDIR)/man5/,$(notdir $(MAN5))) \
 		$(addprefix $(DESTDIR)$(MANDIR)/man8/,$(notdir $(MAN8)))
-	rm -rf $(DESTDIR)$(PYTHONDIR)/kvcd
+	rm -rf $(DESTDIR)$(PYTHONDIR)/kvcd $(DESTDIR)$(DEBUGDIR)$(PYTHONDIR)/kvcd

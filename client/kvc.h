@@ -78,9 +78,18 @@ enum kvc_dtype {
     KVC_DTYPE_INT8 = 5,
 };
 
+/* The kind of a namespace's layers. A hybrid model keeps one namespace per kind of layer
+ * (as vLLM's KV cache groups and SGLang's host pools do), under the same keys; a lookup of
+ * each answers for the same prefix (docs/engines.md, "Hybrid models"). */
 enum kvc_kv_kind {
-    KVC_KV_KIND_KV = 1,     /* keys and values, [layer][k/v][token][head][dim] */
-    KVC_KV_KIND_K_ONLY = 2, /* one latent per token (MLA), [layer][token][head][dim] */
+    KVC_KV_KIND_KV = 1,        /* keys and values, [layer][k/v][token][head][dim] */
+    KVC_KV_KIND_K_ONLY = 2,    /* one latent per token (MLA), [layer][token][head][dim] */
+    KVC_KV_KIND_KV_WINDOW = 3, /* sliding-window attention layers, laid out as KV: a prefix
+                                  needs only its last window's blocks (kvc_ns_open_window) */
+    KVC_KV_KIND_STATE = 4,     /* a fixed-size recurrent state per layer (Mamba, gated delta
+                                  net, linear attention), [layer][head][dim] (kv_heads x
+                                  head_dim elements a layer, any factoring), valid only at the
+                                  end of the block whose key it is stored under */
 };
 
 /* One model's KV layout. Everything that changes the KV bytes belongs here or in the key. */
@@ -200,7 +209,26 @@ KVC_API int kvc_ns_open(kvc_client *c, const struct kvc_layout *layout, kvc_ns *
 KVC_API int kvc_ns_open_quant(kvc_client *c, const struct kvc_layout *layout,
                               const struct kvc_quant *q, kvc_ns **out);
 
-/* Bytes of one block of this namespace. */
+/* A KVC_KV_KIND_KV_WINDOW namespace (layout->kv_kind must say so): sliding-window layers
+ * whose prefixes need only the blocks of their last window_tokens tokens (1..65535). A
+ * lookup answers with the window of the longest prefix whose window is cached
+ * (kvc_lease_first says where it starts); blocks before it may be gone. The window is part
+ * of the layout: another window under the same model id is -EEXIST. Errors as kvc_ns_open;
+ * -EINVAL for a window of 0 or over 65535 tokens. */
+KVC_API int kvc_ns_open_window(kvc_client *c, const struct kvc_layout *layout,
+                               uint32_t window_tokens, kvc_ns **out);
+
+/* The kind of an open namespace (enum kvc_kv_kind), and the window of a KV_WINDOW one (0
+ * for other kinds). */
+KVC_API int kvc_ns_kind(const kvc_ns *ns);
+KVC_API uint32_t kvc_ns_window_tokens(const kvc_ns *ns);
+
+/* The window of namespace ns_id as kvc_ns_list would show it (0: not a KV_WINDOW one), for
+ * tools that list namespaces they did not open. One round trip. Errors: -ENOENT, -EPIPE. */
+KVC_API int kvc_ns_window(kvc_client *c, uint32_t ns_id, uint32_t *window_tokens);
+
+/* Bytes of one block of this namespace (a STATE namespace: one state, layers x kv_heads x
+ * head_dim elements). */
 KVC_API size_t kvc_ns_block_bytes(const kvc_ns *ns);
 
 /* Tokens per block of this namespace. */
@@ -227,10 +255,22 @@ KVC_API int kvc_keys_from_tokens(const kvc_ns *ns, const struct kvc_key *parent,
 /* Finds the longest cached prefix of keys[0..n) and pins those blocks for this client.
  * Returns the number of hits (0..n). When it is above zero, *out is a lease that must be
  * released with kvc_release(); when zero, *out is NULL. Fewer hits than cached when the
- * client or its user is near its pin quota. Errors: -EINVAL (a key repeated in keys), -EPIPE,
+ * client or its user is near its pin quota. Of a KV_WINDOW namespace the hits are the blocks
+ * of the window of the longest prefix keys[0..e) whose window is cached, keys[e - w..e)
+ * (w = window_tokens in blocks, fewer when e is shorter); of a STATE namespace the one state
+ * of the longest prefix keys[0..e) that has one, keys[e-1]: kvc_lease_first() gives the
+ * position of hit 0 in keys, so the prefix is first + hits long. Those two kinds take at
+ * most KVC_LOOKUP_MAX_SPAN keys (pass the last ones of a longer prompt: a window or a state
+ * is judged by the keys before it only as far back as the window). Errors: -EINVAL (a key
+ * repeated in keys; more than KVC_LOOKUP_MAX_SPAN keys for a window or state), -EPIPE,
  * -EDQUOT (no pin left under quota.client_pins / quota.uid_pins), -EMFILE (leases). */
 KVC_API int kvc_lookup(kvc_ns *ns, const struct kvc_key *keys, size_t n, unsigned flags,
                        kvc_lease **out);
+
+#define KVC_LOOKUP_MAX_SPAN 2048u
+
+/* Position in the looked-up keys of hit 0 (0 but for KV_WINDOW and STATE namespaces). */
+KVC_API size_t kvc_lease_first(const kvc_lease *l);
 
 /* Hits of the lease, from the first, whose bytes are in memory now (kvc_lookup with
  * KVC_LOOKUP_NOWAIT may return hits still being read from disk; do not read those).
@@ -358,7 +398,9 @@ KVC_API int kvc_abort(kvc_resv *r);
 /* ---- whole prefixes ----------------------------------------------------------------- */
 
 /* Loads the longest cached prefix of keys into dst[0..hit) (each dst[i] block-sized).
- * Returns the number of blocks loaded. Hits in the host arena are copied through the
+ * Returns the number of blocks loaded. KV_WINDOW and STATE namespaces: the blocks of the
+ * span kvc_lookup answers with go to dst[first..first+hits), and the prefix's length
+ * first + hits is returned (0: none), through the socket. Hits in the host arena are copied through the
  * arena's shared index with no round trip (checked against reuse before and after each
  * copy); the rest of the prefix takes one lookup and one release. KVC_NO_FASTPATH=1 in the
  * environment (read at kvc_connect) sends everything through the socket. */
@@ -444,15 +486,22 @@ KVC_API int kvc_metrics(kvc_client *c, char **text);
  * -ENOSPC (buf too small; it holds a truncated text). */
 KVC_API int kvc_config_get(kvc_client *c, const char *key, char *buf, size_t len);
 
+/* The same as JSON, typed: a key's value (true/false; integers and doubles as numbers, sizes
+ * in bytes and durations in milliseconds as numbers; modes, enums and strings as strings),
+ * or without a key one object {"section.name": value, ...} where an option the caller may
+ * not see is null. Errors as kvc_config_get, and -EACCES for a key the caller may not see. */
+KVC_API int kvc_config_get_json(kvc_client *c, const char *key, char *buf, size_t len);
+
 /* (admin) Sets a reloadable option in the running daemon, checked like a reload; it holds
- * until the next reload rereads the file. 0, or the refusal (-EINVAL bad value, -EPERM not
- * reloadable or not an admin) with the daemon's reason in msg. */
+ * until the next reload rereads the file. 0, or the refusal with the daemon's reason in msg:
+ * -ENOENT no such option, -EINVAL bad value, -EROFS the option cannot change while kvcd
+ * runs (a restart applies it), -EPERM not an admin. */
 KVC_API int kvc_config_set(kvc_client *c, const char *key, const char *value, char *msg,
                            size_t len);
 
 /* (admin) Reloads the configuration file, all or nothing, and waits for the verdict:
- * 0 applied; -EINVAL (the file does not parse or validate) or -EPERM (an option that needs
- * a restart changed) with the daemon's reason in msg. */
+ * 0 applied; -EINVAL (the file does not parse or validate) or -EROFS (an option that needs
+ * a restart changed) with the daemon's reason in msg; -EPERM not an admin. */
 KVC_API int kvc_reload(kvc_client *c, char *msg, size_t len);
 
 /* Policies (docs/policies.md). scope 0: get writes the default (cache.policy) on the first

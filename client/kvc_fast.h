@@ -10,8 +10,10 @@
  *   format, generation) of every committed block that sits ready in that arena, in a
  *   table of sets of KVC_FAST_WAYS entries, the set chosen by a seeded XXH3 of the key and
  *   the namespace (the seed is in the header). Only the daemon writes it; clients map it
- *   read-only. Each entry is guarded by a sequence count, odd while the daemon rewrites it:
- *   a reader that sees it odd or changed across its read of the entry reads again.
+ *   read-only (the memfd is mode 0600 and sealed with F_SEAL_FUTURE_WRITE once the daemon
+ *   mapped it: no other writable mapping can exist). Each entry is guarded by a sequence
+ *   count, odd while the daemon rewrites it: a reader that sees it odd or changed across its
+ *   read of the entry reads again.
  * - Slot generations. After the entries, one 32-bit generation per 4 KiB of the arena
  *   (every slot starts on its own 4 KiB unit: tiers/slab.h). The host tier bumps the
  *   generation of a slot's first unit before the slot is freed, so before it can be
@@ -22,12 +24,17 @@
  *   are complete (committed, not being read from disk).
  * - The hit ring. Hits taken through the index are written by the client into a ring in a
  *   memfd the daemon made for its connection (sealed against resizing) and read by the
- *   daemon on its tick and before each request of that connection, so the policies see
- *   every hit without a round trip per hit. The daemon validates every entry (a namespace
- *   the connection opened with read access, a committed block of that key) and reads at
- *   most the ring's size per pass: a client can only lie about its own hits, boundedly.
- *   The daemon writes how far it has read (tail); a client whose ring is half full asks for
- *   a drain (FAST_ATTACH with KVC_FAST_SYNC) instead of overwriting unread hits.
+ *   daemon a bounded step at a time: a few dozen entries before each request of that
+ *   connection, the rest in round-robin passes between requests, and no ring faster than
+ *   server.fast_ring_rate entries a second, so the policies see the hits without a round
+ *   trip per hit and no client's ring costs the others more than its requests would. The
+ *   daemon validates every entry (a namespace the connection opened with read access, a
+ *   committed block of that key; its load_us within what the connection could have spent):
+ *   a client can only lie about its own hits, boundedly. The daemon writes how far it has
+ *   read (tail); a client whose ring is half full, or that disconnects, asks for room
+ *   (FAST_ATTACH with KVC_FAST_SYNC): the daemon skips, counted (fast_dropped), the unread
+ *   entries its rate does not cover and answers once it has read the rest. Entries are not
+ *   requests: they keep no connection from idling out.
  */
 #ifndef KVC_FAST_H
 #define KVC_FAST_H
@@ -102,7 +109,8 @@ _Static_assert(sizeof(struct kvc_fast_ring) == 64, "fast ring header layout");
 
 /* FAST_ATTACH: what = INDEX: arena_id's index (a read-only descriptor), for a connection
  * that holds that arena; RING: the connection's hit ring (read-write, made on the first
- * call); SYNC: read the connection's ring now (no descriptor). */
+ * call); SYNC: answered once the connection's ring has been read, past what its rate
+ * covers skipped (no descriptor). */
 #define KVC_FAST_INDEX 1u
 #define KVC_FAST_RING 2u
 #define KVC_FAST_SYNC 3u
@@ -129,6 +137,7 @@ static inline uint64_t kvc_fast_layout_id(const struct kvc_wire_layout *l)
     c.block_tokens = l->block_tokens;
     c.dtype = l->dtype;
     c.kv_kind = l->kv_kind;
+    c.window_tokens = l->window_tokens;
     uint64_t h = XXH3_64bits(&c, sizeof(c));
     return h ? h : 1;
 }

@@ -122,21 +122,42 @@ enum kvc_wire_dtype {
     KVC_WIRE_DTYPE_FP8_E4M3 = 4,
     KVC_WIRE_DTYPE_INT8 = 5,
 };
+/* The kind of a namespace's layers. Hybrid models (sliding-window attention, Mamba / linear
+ * attention) keep one namespace per kind, under the same keys. */
 enum kvc_wire_kv_kind {
-    KVC_WIRE_KV_KIND_KV = 1,     /* keys and values */
-    KVC_WIRE_KV_KIND_K_ONLY = 2, /* one latent (MLA) */
+    KVC_WIRE_KV_KIND_KV = 1,        /* keys and values */
+    KVC_WIRE_KV_KIND_K_ONLY = 2,    /* one latent (MLA) */
+    KVC_WIRE_KV_KIND_KV_WINDOW = 3, /* keys and values of sliding-window layers: a prefix needs
+                                       only the blocks of its last window_tokens tokens */
+    KVC_WIRE_KV_KIND_STATE = 4,     /* a fixed-size state per layer (layers x kv_heads x
+                                       head_dim), valid at the end of the block whose key it
+                                       is stored under; no token dimension */
 };
 struct kvc_wire_layout {
     char model_id[KVC_PROTO_MODEL_ID_MAX]; /* NUL-terminated within the array */
     uint32_t layers;
     uint32_t kv_heads;
     uint32_t head_dim;
-    uint32_t block_tokens;
+    uint32_t block_tokens; /* tokens per key (a state block holds none: its prefix's end) */
     uint8_t dtype;   /* enum kvc_wire_dtype */
     uint8_t kv_kind; /* enum kvc_wire_kv_kind */
-    uint16_t pad;
+    uint16_t window_tokens; /* KV_WINDOW: the window (1..65535 tokens); 0 for other kinds */
     uint32_t flags; /* KVC_WIRE_QUANT_*: 0 keeps every block raw */
 };
+/* Tokens of one stored block, and its K/V sections (2: K and V, 1: one). */
+static inline uint32_t kvc_wire_layout_tokens(const struct kvc_wire_layout *l)
+{
+    return l->kv_kind == KVC_WIRE_KV_KIND_STATE ? 1u : l->block_tokens;
+}
+static inline uint32_t kvc_wire_layout_kinds(const struct kvc_wire_layout *l)
+{
+    return l->kv_kind == KVC_WIRE_KV_KIND_KV || l->kv_kind == KVC_WIRE_KV_KIND_KV_WINDOW ? 2u : 1u;
+}
+/* Blocks of a KV_WINDOW namespace a prefix needs: those its window's tokens touch. */
+static inline uint32_t kvc_wire_window_blocks(const struct kvc_wire_layout *l)
+{
+    return ((uint32_t)l->window_tokens + l->block_tokens - 1) / l->block_tokens;
+}
 /* layout.flags at NS_OPEN: which codecs the namespace allows and the recipe quantize-in-place
  * uses (codec of the K and of the V sections, the first raw_layers layers kept raw). The
  * creator's value stays with the namespace; a later NS_OPEN may pass 0 or the same value. The
@@ -196,7 +217,11 @@ struct kvc_wire_loc {
 #define KVC_WIRE_FORMAT_COUNT 11
 #define KVC_LOC_F_READY 0x1u /* the bytes are in place now; else after WAIT says so */
 
-/* LOOKUP: the hits are the longest run of committed blocks from keys[0]. A hit on disk is
+/* LOOKUP: the hits are the longest run of committed blocks from keys[0] (KV, K_ONLY). Of a
+ * KV_WINDOW namespace: the blocks of the window of the longest prefix keys[0..e) whose
+ * window is cached (keys[e - window_blocks..e), fewer when e is shorter); of a STATE
+ * namespace: the one state of the longest prefix keys[0..e) whose last key has one
+ * (keys[e-1]). The reply's `first` is the position in keys of the first hit. A hit on disk is
  * being read into the host slot its location names (flags without READY): WAIT for it. With
  * KVC_LOOKUP_F_READY_ONLY the hits stop at the first block not in memory now (reads of the
  * blocks after it still start, so a later lookup finds them ready). */
@@ -212,7 +237,7 @@ struct kvc_lookup_req {
 };
 struct kvc_lookup_rep {
     uint32_t nhit;
-    uint32_t pad;
+    uint32_t first;    /* position in keys of hit 0 (0 but for KV_WINDOW and STATE) */
     uint64_t lease_id; /* 0 when nhit == 0 */
     /* struct kvc_wire_loc locs[nhit]; */
 };
@@ -392,11 +417,12 @@ struct kvc_block_list_rep {
  */
 struct kvc_admin_req {
     uint32_t scope;
-    uint32_t tier;
+    uint32_t tier; /* EVICT: the tier; CONFIG_GET: 0 text, KVC_CONFIG_GET_JSON typed JSON */
     uint64_t cursor;
     char key[64];    /* NUL-terminated within the array */
     char value[192]; /* NUL-terminated within the array */
 };
+#define KVC_CONFIG_GET_JSON 1u
 /* Reply of METRICS, CONFIG_*, RELOAD, POLICY_*, EVICT, SHUTDOWN: a verdict, a number and a
  * text (a value, a refusal's reason, a page of metrics). */
 struct kvc_text_rep {

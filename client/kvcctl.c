@@ -2,10 +2,13 @@
  * kvcctl — inspect and steer a running kvcd through libkvc.
  *
  * DESIGN
- * One table of commands drives dispatch and `kvcctl help`. Every command that prints data
- * has a --json form. Exit codes: 0 ok, 1 the daemon refused or could not be reached,
- * 2 usage.
+ * One table of commands drives dispatch, `kvcctl help` and each command's --help. Every
+ * command that prints data has a --json form. Exit codes: 0 ok, 1 an error (the daemon
+ * refused, could not be reached, or has nothing that matches), 2 usage (kvcctl's own
+ * arguments: one line saying which and why, never silence). Every error is one line on
+ * stderr naming its cause.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -13,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdarg.h>
 #include <strings.h>
 #include <time.h>
 #include <unistd.h>
@@ -30,17 +34,69 @@ struct ctl_cmd {
     const char *args;
     const char *help;
     int (*run)(struct ctl *x, int argc, char **argv);
+    const char *detail; /* options and output forms, for `kvcctl CMD --help`; may be NULL */
 };
 
 static int ctl_connect(struct ctl *x)
 {
+    const char *path = x->socket ? x->socket : kvc_default_socket();
     int rc = kvc_connect(x->socket, &x->c);
     if (rc) {
-        fprintf(stderr, "kvcctl: cannot reach kvcd at %s: %s\n",
-                x->socket ? x->socket : kvc_default_socket(), kvc_strerror(rc));
+        fprintf(stderr, "kvcctl: cannot reach kvcd at %s: %s\n", path,
+                rc == -ENOENT ? "no socket there (kvcd not running, or -s / $KVCD_SOCKET name "
+                                "another path)"
+                : rc == -ECONNREFUSED ? "nothing listens there (a stale socket: kvcd is not "
+                                        "running)"
+                : rc == -EACCES       ? "permission denied (the socket's group or mode: "
+                                        "server.socket_group, server.socket_mode)"
+                                      : kvc_strerror(rc));
         return 1;
     }
     return 0;
+}
+
+/* A usage error of command cmd: one line on stderr, exit status 2. */
+__attribute__((format(printf, 2, 3))) static int ctl_bad(const char *cmd, const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "kvcctl %s: ", cmd);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, " (kvcctl %s --help)\n", cmd);
+    return 2;
+}
+
+/* After getopt_long (opterr 0, optstring starting with ':') returned '?' or ':'. */
+static int ctl_bad_option(const char *cmd, char **argv, int opt)
+{
+    const char *arg = argv[optind - 1];
+    if (opt == ':')
+        return ctl_bad(cmd, "%s needs a value", arg);
+    if (optopt && strncmp(arg, "--", 2) != 0)
+        return ctl_bad(cmd, "unknown option -%c", optopt);
+    return ctl_bad(cmd, "unknown option %s", arg);
+}
+
+/* Whether s is 1 to 32 hex digits (a key or a prefix of one). */
+static bool ctl_hex(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > 32)
+        return false;
+    for (; *s; s++)
+        if (!isxdigit((unsigned char)*s))
+            return false;
+    return true;
+}
+
+/* Width of a MODEL column: the longest id of the table (at least `min`). */
+static int ctl_model_width(const struct kvc_ns_info *ns, size_t n, int min)
+{
+    size_t w = (size_t)min;
+    for (size_t i = 0; i < n; i++)
+        w = strlen(ns[i].model_id) > w ? strlen(ns[i].model_id) : w;
+    return (int)w;
 }
 
 static const char *ctl_dtype_name(enum kvc_dtype d)
@@ -113,8 +169,8 @@ static int ctl_status(struct ctl *x, int argc, char **argv)
     size_t n;
     uint32_t pid;
     int rc;
-    (void)argc;
-    (void)argv;
+    if (argc != 1)
+        return ctl_bad(argv[0], "takes no arguments ('%s')", argv[1]);
     if (ctl_connect(x))
         return 1;
     rc = kvc_stats(x->c, 0, &s, &n);
@@ -177,8 +233,8 @@ static int ctl_stats(struct ctl *x, int argc, char **argv)
     struct kvc_ns_info *ns = NULL;
     size_t n, nns = 0;
     int rc;
-    (void)argc;
-    (void)argv;
+    if (argc != 1)
+        return ctl_bad(argv[0], "takes no arguments ('%s')", argv[1]);
     if (ctl_connect(x))
         return 1;
     rc = kvc_stats(x->c, 0, &s, &n);
@@ -233,10 +289,8 @@ static int ctl_ns_drop(struct ctl *x, int argc, char **argv)
     uint32_t id = argc == 3 ? ctl_parse_ns(argv[2]) : 0;
     uint64_t n = 0;
     int rc;
-    if (!id) {
-        fprintf(stderr, "kvcctl ns drop: takes one namespace id\n");
-        return 2;
-    }
+    if (!id)
+        return ctl_bad("ns", "drop takes one namespace id (a number from kvcctl ns)");
     if (ctl_connect(x))
         return 1;
     rc = kvc_ns_drop(x->c, id, &n);
@@ -253,6 +307,16 @@ static int ctl_ns_drop(struct ctl *x, int argc, char **argv)
     return 0;
 }
 
+/* A namespace's kind as ns, ls and show print it. */
+static const char *ctl_kind_name(enum kvc_kv_kind k)
+{
+    return k == KVC_KV_KIND_KV          ? "kv"
+           : k == KVC_KV_KIND_K_ONLY    ? "k"
+           : k == KVC_KV_KIND_KV_WINDOW ? "kv_window"
+           : k == KVC_KV_KIND_STATE     ? "state"
+                                        : "?";
+}
+
 static int ctl_ns(struct ctl *x, int argc, char **argv)
 {
     struct kvc_ns_info *ns;
@@ -260,10 +324,8 @@ static int ctl_ns(struct ctl *x, int argc, char **argv)
     int rc;
     if (argc >= 2 && strcmp(argv[1], "drop") == 0)
         return ctl_ns_drop(x, argc, argv);
-    if (argc != 1) {
-        fprintf(stderr, "kvcctl ns: takes no arguments, or drop ID\n");
-        return 2;
-    }
+    if (argc != 1)
+        return ctl_bad("ns", "takes no arguments, or drop ID ('%s')", argv[1]);
     if (ctl_connect(x))
         return 1;
     rc = kvc_ns_list(x->c, &ns, &n);
@@ -271,27 +333,33 @@ static int ctl_ns(struct ctl *x, int argc, char **argv)
         fprintf(stderr, "kvcctl: ns: %s\n", kvc_strerror(rc));
         return 1;
     }
+    int mw = ctl_model_width(ns, n, 32);
     if (x->json)
         printf("[");
     else
-        printf("%-4s %-32s %6s %5s %5s %6s %-8s %-4s %12s %8s %12s\n", "ID", "MODEL", "LAYERS",
+        printf("%-4s %-*s %6s %5s %5s %6s %-8s %-4s %12s %8s %12s\n", "ID", mw, "MODEL", "LAYERS",
                "HEADS", "DIM", "TOKENS", "DTYPE", "KIND", "BLOCK_BYTES", "BLOCKS", "BYTES");
     for (size_t i = 0; i < n; i++) {
         const struct kvc_ns_info *o = &ns[i];
-        const char *kind = o->kv_kind == KVC_KV_KIND_KV ? "kv" : "k";
+        const char *kind = ctl_kind_name(o->kv_kind);
+        uint32_t window = 0;
+        char kbuf[24];
+        if (o->kv_kind == KVC_KV_KIND_KV_WINDOW && kvc_ns_window(x->c, o->ns_id, &window) == 0) {
+            snprintf(kbuf, sizeof(kbuf), "kv_window:%u", window);
+            kind = x->json ? kind : kbuf;
+        }
         if (x->json) {
             printf("%s{\"id\": %u, \"model\": ", i ? ", " : "", o->ns_id);
             ctl_json_str(o->model_id);
             printf(", \"layers\": %u, \"kv_heads\": %u, \"head_dim\": %u, \"block_tokens\": %u, "
-                   "\"dtype\": \"%s\", \"kv_kind\": \"%s\", \"block_bytes\": %" PRIu64
-                   ", \"blocks\": %" PRIu64 ", \"bytes\": %" PRIu64 ", \"arena\": %u}",
-                   o->layers, o->kv_heads, o->head_dim, o->block_tokens,
-                   ctl_dtype_name(o->dtype), kind, o->block_bytes, o->blocks, o->bytes,
-                   o->arena_id);
+                   "\"dtype\": \"%s\", \"kv_kind\": \"%s\", \"window_tokens\": %u, "
+                   "\"block_bytes\": %" PRIu64 ", \"blocks\": %" PRIu64 ", \"bytes\": %" PRIu64
+                   ", \"arena\": %u}",
+                   o->layers, o->kv_heads, o->head_dim, o->block_tokens, ctl_dtype_name(o->dtype),
+                   kind, window, o->block_bytes, o->blocks, o->bytes, o->arena_id);
         } else {
-            printf("%-4u %-32s %6u %5u %5u %6u %-8s %-4s %12" PRIu64 " %8" PRIu64 " %12" PRIu64
-                   "\n",
-                   o->ns_id, o->model_id, o->layers, o->kv_heads, o->head_dim, o->block_tokens,
+            printf("%-4u %-*s %6u %5u %5u %6u %-8s %-4s %12" PRIu64 " %8" PRIu64 " %12" PRIu64 "\n",
+                   o->ns_id, mw, o->model_id, o->layers, o->kv_heads, o->head_dim, o->block_tokens,
                    ctl_dtype_name(o->dtype), kind, o->block_bytes, o->blocks, o->bytes);
         }
     }
@@ -316,36 +384,51 @@ static int ctl_ls(struct ctl *x, int argc, char **argv)
     int opt, rc;
     bool first = true;
     optind = 1;
-    while ((opt = getopt_long(argc, argv, "n:l:t:c:p:", opts, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, ":n:l:t:c:p:", opts, NULL)) != -1) {
         char *end;
         switch (opt) {
         case 't':
             want_tier = optarg;
+            if (strcmp(optarg, "gpu") && strcmp(optarg, "host") && strcmp(optarg, "disk"))
+                return ctl_bad("ls", "--tier takes gpu, host or disk, not '%s'", optarg);
             break;
-        case 'c':
+        case 'c': {
+            bool known = false;
             want_codec = optarg;
+            for (uint8_t f = 0; strcmp(ctl_codec_name(f), "?") != 0; f++)
+                known |= strcmp(optarg, ctl_codec_name(f)) == 0;
+            if (!known)
+                return ctl_bad("ls",
+                               "--codec takes raw, q8_0, q4_1, q5_1, kivi2, kivi4 or fp8, not "
+                               "'%s'",
+                               optarg);
             break;
+        }
         case 'p':
             want_prefix = optarg;
+            if (!ctl_hex(optarg))
+                return ctl_bad("ls", "--prefix takes 1 to 32 hex digits of a key, not '%s'",
+                               optarg);
             break;
         case 'n':
             want_ns = strtol(optarg, &end, 10);
-            if (*end || want_ns <= 0) {
-                fprintf(stderr, "kvcctl ls: --ns takes a namespace id\n");
-                return 2;
-            }
+            if (*end || want_ns <= 0 || want_ns > 65535)
+                return ctl_bad("ls",
+                               "--ns takes a namespace id (a number from kvcctl ns), not "
+                               "'%s'",
+                               optarg);
             break;
         case 'l':
             limit = strtol(optarg, &end, 10);
-            if (*end || limit <= 0) {
-                fprintf(stderr, "kvcctl ls: --limit takes a positive number\n");
-                return 2;
-            }
+            if (*end || limit <= 0)
+                return ctl_bad("ls", "--limit takes a number above 0, not '%s'", optarg);
             break;
         default:
-            return 2;
+            return ctl_bad_option("ls", argv, opt);
         }
     }
+    if (optind != argc)
+        return ctl_bad("ls", "takes options only ('%s')", argv[optind]);
     if (ctl_connect(x))
         return 1;
     rc = kvc_ns_list(x->c, &ns, &nns);
@@ -381,12 +464,14 @@ static int ctl_ls(struct ctl *x, int argc, char **argv)
                     continue;
                 shown++;
                 if (x->json)
-                    printf("%s{\"ns\": %u, \"key\": \"%s\", \"parent\": \"%s\", \"depth\": %u, "
+                    printf("%s{\"ns\": %u, \"kind\": \"%s\", \"key\": \"%s\", \"parent\": "
+                           "\"%s\", \"depth\": %u, "
                            "\"bytes\": %" PRIu64 ", \"hits\": %u, \"pins\": %u, \"children\": %u, "
                            "\"last_access_ms\": %" PRIu64 ", \"tier\": \"%s\", \"codec\": \"%s\"}",
-                           first ? "" : ", ", ns[k].ns_id, key, parent, b[i].depth, b[i].bytes,
-                           b[i].hits, b[i].pins, b[i].children, b[i].last_access_ms,
-                           ctl_tier_name(b[i].tier), ctl_codec_name(b[i].format));
+                           first ? "" : ", ", ns[k].ns_id, ctl_kind_name(ns[k].kv_kind), key,
+                           parent, b[i].depth, b[i].bytes, b[i].hits, b[i].pins, b[i].children,
+                           b[i].last_access_ms, ctl_tier_name(b[i].tier),
+                           ctl_codec_name(b[i].format));
                 else
                     printf("%-4u %-32s %-32s %5u %10" PRIu64 " %6u %5u %5u %10" PRIu64 "\n",
                            ns[k].ns_id, key, parent, b[i].depth, b[i].bytes, b[i].hits,
@@ -402,15 +487,17 @@ static int ctl_ls(struct ctl *x, int argc, char **argv)
     return 0;
 }
 
-/* Prints the daemon's refusal and returns the exit status. */
+/* Prints a refusal on one line and returns the exit status (1): msg, the cause (the
+ * daemon's reason, or what kvcctl knows the errno means here), else kvc_strerror. */
 static int ctl_fail(const char *what, int rc, const char *msg)
 {
-    if (rc == -EPERM && (!msg || !*msg))
+    if (msg && *msg)
+        fprintf(stderr, "kvcctl: %s: %s\n", what, msg);
+    else if (rc == -EPERM)
         fprintf(stderr, "kvcctl: %s: not permitted (admin requests need root, kvcd's user or "
                         "its server.admin_group)\n", what);
     else
-        fprintf(stderr, "kvcctl: %s: %s%s%s\n", what, kvc_strerror(rc), msg && *msg ? ": " : "",
-                msg ? msg : "");
+        fprintf(stderr, "kvcctl: %s: %s\n", what, kvc_strerror(rc));
     return 1;
 }
 
@@ -421,23 +508,26 @@ static uint32_t ctl_parse_ns(const char *s)
     return *end || v <= 0 || v > 65535 ? 0 : (uint32_t)v;
 }
 
+/* show KEY: the block whose key is KEY, or the one key that starts with KEY. A prefix that
+ * more keys start with is refused (exit 1) once a second is seen, not listed. */
 static int ctl_show(struct ctl *x, int argc, char **argv)
 {
     struct kvc_ns_info *ns = NULL;
-    size_t nns = 0;
+    struct kvc_block_info one = {0};
+    size_t nns = 0, one_ns = 0, klen;
+    char first[33] = "", second[33] = "";
     int rc, found = 0;
-    if (argc != 2 || strlen(argv[1]) == 0 || strlen(argv[1]) > 32) {
-        fprintf(stderr, "kvcctl show: takes one KEY (32 hex digits, or a unique prefix)\n");
-        return 2;
-    }
+    if (argc != 2)
+        return ctl_bad("show", "takes one KEY (32 hex digits, or a prefix of them)");
+    if (!ctl_hex(argv[1]))
+        return ctl_bad("show", "KEY is 1 to 32 hex digits, not '%s'", argv[1]);
+    klen = strlen(argv[1]);
     if (ctl_connect(x))
         return 1;
     rc = kvc_ns_list(x->c, &ns, &nns);
     if (rc)
         return ctl_fail("show", rc, NULL);
-    if (x->json)
-        printf("[");
-    for (size_t k = 0; k < nns; k++) {
+    for (size_t k = 0; k < nns && found < 2; k++) {
         uint64_t cursor = 0;
         do {
             struct kvc_block_info *b;
@@ -447,46 +537,61 @@ static int ctl_show(struct ctl *x, int argc, char **argv)
                 free(ns);
                 return ctl_fail("show", rc, NULL);
             }
-            for (size_t i = 0; i < n; i++) {
-                char key[33], parent[33];
+            for (size_t i = 0; i < n && found < 2; i++) {
+                char key[33];
                 ctl_key(&b[i].key, key);
-                ctl_key(&b[i].parent, parent);
-                if (strncasecmp(key, argv[1], strlen(argv[1])) != 0)
+                if (strncasecmp(key, argv[1], klen) != 0)
                     continue;
-                if (x->json) {
-                    printf("%s{\"ns\": %u, \"model\": ", found ? ", " : "", ns[k].ns_id);
-                    ctl_json_str(ns[k].model_id);
-                    printf(", \"key\": \"%s\", \"parent\": \"%s\", \"depth\": %u, \"bytes\": %" PRIu64
-                           ", \"tokens\": %u, \"hits\": %u, \"pins\": %u, \"children\": %u, "
-                           "\"last_access_ms\": %" PRIu64 ", \"tier\": \"%s\", \"arena\": %u, "
-                           "\"codec\": \"%s\"}",
-                           key, parent, b[i].depth, b[i].bytes, ns[k].block_tokens, b[i].hits,
-                           b[i].pins, b[i].children, b[i].last_access_ms,
-                           ctl_tier_name(b[i].tier), ns[k].arena_id, ctl_codec_name(b[i].format));
+                if (found++ == 0) {
+                    one = b[i];
+                    one_ns = k;
+                    memcpy(first, key, sizeof(first));
                 } else {
-                    printf("key          %s\nparent       %s\nnamespace    %u (%s)\n"
-                           "depth        %u (tokens %u..%u of its prefix)\nbytes        %" PRIu64
-                           "\nhits         %u\npins         %u\nchildren     %u\n"
-                           "last access  %" PRIu64 " ms after start\nlives in     %s tier, "
-                           "arena %u, codec %s\n\n",
-                           key, parent, ns[k].ns_id, ns[k].model_id, b[i].depth,
-                           b[i].depth * ns[k].block_tokens,
-                           (b[i].depth + 1) * ns[k].block_tokens - 1, b[i].bytes, b[i].hits,
-                           b[i].pins, b[i].children, b[i].last_access_ms,
-                           ctl_tier_name(b[i].tier), ns[k].arena_id, ctl_codec_name(b[i].format));
+                    memcpy(second, key, sizeof(second));
                 }
-                found++;
             }
             free(b);
-        } while (cursor);
+        } while (cursor && found < 2 && !(found && klen == 32));
     }
-    if (x->json)
-        printf("]\n");
-    free(ns);
-    if (!found) {
-        fprintf(stderr, "kvcctl show: no cached block has key %s\n", argv[1]);
+    if (found != 1) {
+        if (found)
+            fprintf(stderr,
+                    "kvcctl show: %s is ambiguous: keys %s and %s (at least) start "
+                    "with it; give more digits\n",
+                    argv[1], first, second);
+        else
+            fprintf(stderr, "kvcctl show: no cached block has a key %s %s\n",
+                    klen == 32 ? "equal to" : "starting with", argv[1]);
+        free(ns);
         return 1;
     }
+    const struct kvc_ns_info *o = &ns[one_ns];
+    char parent[33];
+    ctl_key(&one.parent, parent);
+    if (x->json) {
+        printf("[{\"ns\": %u, \"model\": ", o->ns_id);
+        ctl_json_str(o->model_id);
+        printf(", \"kind\": \"%s\", \"key\": \"%s\", \"parent\": \"%s\", \"depth\": %u, "
+               "\"bytes\": %" PRIu64
+               ", \"tokens\": %u, \"hits\": %u, \"pins\": %u, \"children\": %u, "
+               "\"last_access_ms\": %" PRIu64 ", \"tier\": \"%s\", \"arena\": %u, "
+               "\"codec\": \"%s\"}]\n",
+               ctl_kind_name(o->kv_kind), first, parent, one.depth, one.bytes, o->block_tokens, one.hits, one.pins,
+               one.children, one.last_access_ms, ctl_tier_name(one.tier), o->arena_id,
+               ctl_codec_name(one.format));
+    } else {
+        printf("key          %s\nparent       %s\nnamespace    %u (%s, %s)\n"
+               "depth        %u (tokens %u..%u of its prefix)\nbytes        %" PRIu64
+               "\nhits         %u\npins         %u\nchildren     %u\n"
+               "last access  %" PRIu64 " ms after start\nlives in     %s tier, "
+               "arena %u, codec %s\n",
+               first, parent, o->ns_id, o->model_id, ctl_kind_name(o->kv_kind), one.depth,
+               one.depth * o->block_tokens,
+               (one.depth + 1) * o->block_tokens - 1, one.bytes, one.hits, one.pins, one.children,
+               one.last_access_ms, ctl_tier_name(one.tier), o->arena_id,
+               ctl_codec_name(one.format));
+    }
+    free(ns);
     return 0;
 }
 
@@ -495,8 +600,8 @@ static int ctl_clients(struct ctl *x, int argc, char **argv)
     struct kvc_client_info *cl;
     size_t n;
     int rc;
-    (void)argc;
-    (void)argv;
+    if (argc != 1)
+        return ctl_bad(argv[0], "takes no arguments ('%s')", argv[1]);
     if (ctl_connect(x))
         return 1;
     rc = kvc_clients(x->c, &cl, &n);
@@ -553,10 +658,11 @@ static int ctl_policy(struct ctl *x, int argc, char **argv)
             v = argv[++i];
         else if (strncmp(argv[i], "--ns=", 5) == 0)
             v = argv[i] + 5;
-        if (v && !(ns = ctl_parse_ns(v))) {
-            fprintf(stderr, "kvcctl policy: --ns takes a namespace id\n");
-            return 2;
-        }
+        if (v && !(ns = ctl_parse_ns(v)))
+            return ctl_bad("policy",
+                           "--ns takes a namespace id (a number from kvcctl ns), not "
+                           "'%s'",
+                           v);
         if (!v && npos == 3) {
             npos++;
             break;
@@ -567,10 +673,8 @@ static int ctl_policy(struct ctl *x, int argc, char **argv)
     argc = npos;
     argv = (char **)pos;
     set = argc == 3 && strcmp(argv[1], "set") == 0;
-    if (!set && !(argc == 1 || (argc == 2 && strcmp(argv[1], "get") == 0))) {
-        fprintf(stderr, "kvcctl policy: [get] [--ns ID] | set [--ns ID] NAME\n");
-        return 2;
-    }
+    if (!set && !(argc == 1 || (argc == 2 && strcmp(argv[1], "get") == 0)))
+        return ctl_bad("policy", "takes [get] [--ns ID] or set [--ns ID] NAME");
     if (ctl_connect(x))
         return 1;
     if (set && (rc = kvc_policy_set(x->c, ns, argv[2])))
@@ -595,7 +699,15 @@ static int ctl_policy(struct ctl *x, int argc, char **argv)
         printf("{\"policy\": \"%s\", \"namespaces\": [", line ? line : "");
     else
         printf("default policy: %s\n", line ? line : "");
-    int k = 0;
+    int k = 0, mw = 40;
+    /* the MODEL column as wide as the longest id */
+    for (const char *l = line ? save : NULL; l && *l; /* the lines strtok_r has not cut yet */
+         l += strcspn(l, "\n") + (l[strcspn(l, "\n")] ? 1 : 0)) {
+        unsigned id;
+        int a = 0, b = 0;
+        if (sscanf(l, "%u %n%*s%n", &id, &a, &b) >= 1 && b - a > mw)
+            mw = b - a;
+    }
     while ((line = strtok_r(NULL, "\n", &save))) {
         char model[160], pol[32], src[16], lad[160] = "-";
         unsigned id;
@@ -621,9 +733,9 @@ static int ctl_policy(struct ctl *x, int argc, char **argv)
             printf("}}");
         } else {
             if (!k)
-                printf("%-5s %-40s %-10s %-7s %s\n", "NS", "MODEL", "POLICY", "FROM",
+                printf("%-5s %-*s %-10s %-7s %s\n", "NS", mw, "MODEL", "POLICY", "FROM",
                        "LADDER (share of its bytes by codec)");
-            printf("%-5u %-40s %-10s %-7s %s\n", id, model, pol, src, lad);
+            printf("%-5u %-*s %-10s %-7s %s\n", id, mw, model, pol, src, lad);
         }
         k++;
     }
@@ -632,16 +744,60 @@ static int ctl_policy(struct ctl *x, int argc, char **argv)
     return 0;
 }
 
+/* Edit distance of a and b (for "did you mean"), capped at 99. */
+static int ctl_distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    int row[128];
+    if (la >= 127 || lb >= 127)
+        return 99;
+    for (size_t j = 0; j <= lb; j++)
+        row[j] = (int)j;
+    for (size_t i = 1; i <= la; i++) {
+        int diag = row[0];
+        row[0] = (int)i;
+        for (size_t j = 1; j <= lb; j++) {
+            int up = row[j], best = diag + (a[i - 1] != b[j - 1]);
+            best = up + 1 < best ? up + 1 : best;
+            best = row[j - 1] + 1 < best ? row[j - 1] + 1 : best;
+            diag = up;
+            row[j] = best;
+        }
+    }
+    return row[lb];
+}
+
+/* The option of the daemon's list nearest to key, into out (empty if none is near). */
+static void ctl_config_nearest(struct ctl *x, const char *key, char *out, size_t len)
+{
+    static char all[65536];
+    int best = 5;
+    out[0] = 0;
+    if (kvc_config_get(x->c, NULL, all, sizeof(all)))
+        return;
+    for (char *save = NULL, *line = strtok_r(all, "\n", &save); line;
+         line = strtok_r(NULL, "\n", &save)) {
+        char *eq = strstr(line, " = ");
+        if (!eq)
+            continue;
+        *eq = 0;
+        int d = ctl_distance(key, line);
+        if (d < best) {
+            best = d;
+            snprintf(out, len, "%s", line);
+        }
+    }
+}
+
 static int ctl_config(struct ctl *x, int argc, char **argv)
 {
-    char buf[16384], msg[512];
+    static char buf[65536];
+    char msg[512], near[128], why[320];
     int rc;
     bool get = argc >= 2 && argc <= 3 && strcmp(argv[1], "get") == 0;
     bool set = argc == 4 && strcmp(argv[1], "set") == 0;
-    if (!get && !set) {
-        fprintf(stderr, "kvcctl config: get [SECTION.KEY] | set SECTION.KEY VALUE\n");
-        return 2;
-    }
+    if (!get && !set)
+        return ctl_bad("config", "takes get [SECTION.KEY] or set SECTION.KEY VALUE");
     if (ctl_connect(x))
         return 1;
     if (set) {
@@ -659,9 +815,24 @@ static int ctl_config(struct ctl *x, int argc, char **argv)
         }
         return 0;
     }
-    rc = kvc_config_get(x->c, argc == 3 ? argv[2] : NULL, buf, sizeof(buf));
+    /* --json: the daemon writes the values typed (numbers, booleans, strings). */
+    rc = x->json ? kvc_config_get_json(x->c, argc == 3 ? argv[2] : NULL, buf, sizeof(buf))
+                 : kvc_config_get(x->c, argc == 3 ? argv[2] : NULL, buf, sizeof(buf));
+    if (rc == -ENOENT && argc == 3) {
+        ctl_config_nearest(x, argv[2], near, sizeof(near));
+        snprintf(why, sizeof(why), "no option named %.100s%s%s%s (kvcctl config get lists them)",
+                 argv[2], near[0] ? "; did you mean " : "", near, near[0] ? "?" : "");
+        return ctl_fail("config get", rc, why);
+    }
+    if (rc == -EACCES && argc == 3) {
+        snprintf(why, sizeof(why),
+                 "%.100s is shown to admins only (root, kvcd's user or its "
+                 "server.admin_group)",
+                 argv[2]);
+        return ctl_fail("config get", rc, why);
+    }
     if (rc)
-        return ctl_fail("config get", rc, rc == -ENOENT ? "no such option" : NULL);
+        return ctl_fail("config get", rc, NULL);
     if (!x->json) {
         printf("%s%s", buf, argc == 3 ? "\n" : "");
         return 0;
@@ -669,30 +840,10 @@ static int ctl_config(struct ctl *x, int argc, char **argv)
     if (argc == 3) {
         printf("{");
         ctl_json_str(argv[2]);
-        printf(": ");
-        ctl_json_str(buf);
-        printf("}\n");
+        printf(": %s}\n", buf);
         return 0;
     }
-    /* "section.name = value[\t(restart)]" lines into one object. */
-    printf("{");
-    bool first = true;
-    for (char *save = NULL, *line = strtok_r(buf, "\n", &save); line;
-         line = strtok_r(NULL, "\n", &save)) {
-        char *eq = strstr(line, " = ");
-        char *tab;
-        if (!eq)
-            continue;
-        *eq = 0;
-        if ((tab = strchr(eq + 3, '\t')))
-            *tab = 0;
-        printf("%s", first ? "" : ", ");
-        ctl_json_str(line);
-        printf(": ");
-        ctl_json_str(eq + 3);
-        first = false;
-    }
-    printf("}\n");
+    fputs(buf, stdout); /* one object, already JSON */
     return 0;
 }
 
@@ -700,8 +851,8 @@ static int ctl_reload(struct ctl *x, int argc, char **argv)
 {
     char msg[512];
     int rc;
-    (void)argc;
-    (void)argv;
+    if (argc != 1)
+        return ctl_bad(argv[0], "takes no arguments ('%s')", argv[1]);
     if (ctl_connect(x))
         return 1;
     rc = kvc_reload(x->c, msg, sizeof(msg));
@@ -757,32 +908,27 @@ static int ctl_evict(struct ctl *x, int argc, char **argv)
     bool any = false;
     int opt;
     optind = 1;
-    while ((opt = getopt_long(argc, argv, "n:t:a", opts, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, ":n:t:a", opts, NULL)) != -1) {
         any = true;
-        if (opt == 'n' && !(ns = ctl_parse_ns(optarg))) {
-            fprintf(stderr, "kvcctl evict: --ns takes a namespace id\n");
-            return 2;
-        }
-        if (opt == 't' && ctl_parse_tier(optarg, &tier)) {
-            fprintf(stderr, "kvcctl evict: --tier takes host, disk or all\n");
-            return 2;
-        }
-        if (opt == '?')
-            return 2;
+        if (opt == 'n' && !(ns = ctl_parse_ns(optarg)))
+            return ctl_bad("evict",
+                           "--ns takes a namespace id (a number from kvcctl ns), not "
+                           "'%s'",
+                           optarg);
+        if (opt == 't' && ctl_parse_tier(optarg, &tier))
+            return ctl_bad("evict", "--tier takes host, disk or all, not '%s'", optarg);
+        if (opt == '?' || opt == ':')
+            return ctl_bad_option("evict", argv, opt);
     }
-    if (!any || optind != argc) {
-        fprintf(stderr, "kvcctl evict: say what: --ns ID, --tier T or --all\n");
-        return 2;
-    }
+    if (!any || optind != argc)
+        return ctl_bad("evict", "say what: --ns ID, --tier T or --all");
     return ctl_evict_run(x, "evict", ns, tier);
 }
 
 static int ctl_flush(struct ctl *x, int argc, char **argv)
 {
-    if (argc != 1) {
-        fprintf(stderr, "kvcctl flush: takes no arguments (see evict)\n");
-        return 2;
-    }
+    if (argc != 1)
+        return ctl_bad("flush", "takes no arguments (see kvcctl evict)");
     (void)argv;
     return ctl_evict_run(x, "flush", 0, 0);
 }
@@ -790,8 +936,8 @@ static int ctl_flush(struct ctl *x, int argc, char **argv)
 static int ctl_shutdown(struct ctl *x, int argc, char **argv)
 {
     int rc;
-    (void)argc;
-    (void)argv;
+    if (argc != 1)
+        return ctl_bad(argv[0], "takes no arguments ('%s')", argv[1]);
     if (ctl_connect(x))
         return 1;
     rc = kvc_shutdown(x->c);
@@ -804,13 +950,47 @@ static int ctl_shutdown(struct ctl *x, int argc, char **argv)
     return 0;
 }
 
+/* The labels of a sample, `a="x",b="y"` as the exposition writes them (values escaped with
+ * \\, \" and \n), as a JSON object {"a": "x", "b": "y"}. */
+static void ctl_metric_labels(const char *l)
+{
+    bool first = true;
+    putchar('{');
+    while (*l) {
+        const char *eq = strchr(l, '=');
+        if (!eq || eq[1] != '"')
+            break;
+        printf("%s\"%.*s\": \"", first ? "" : ", ", (int)(eq - l), l);
+        for (l = eq + 2; *l && *l != '"'; l++) {
+            if (*l == '\\' && l[1]) {
+                l++;
+                if (*l == 'n')
+                    fputs("\\n", stdout);
+                else
+                    printf("\\%c", *l);
+            } else if ((unsigned char)*l < 0x20) {
+                printf("\\u%04x", *l);
+            } else {
+                putchar(*l);
+            }
+        }
+        putchar('"');
+        first = false;
+        if (*l == '"')
+            l++;
+        if (*l == ',')
+            l++;
+    }
+    putchar('}');
+}
+
 static int ctl_metrics(struct ctl *x, int argc, char **argv)
 {
     char *text;
     int rc;
     bool first = true;
-    (void)argc;
-    (void)argv;
+    if (argc != 1)
+        return ctl_bad(argv[0], "takes no arguments ('%s')", argv[1]);
     if (ctl_connect(x))
         return 1;
     rc = kvc_metrics(x->c, &text);
@@ -821,7 +1001,8 @@ static int ctl_metrics(struct ctl *x, int argc, char **argv)
         free(text);
         return 0;
     }
-    /* Samples as {"name", "labels", "value"}; labels kept as the exposition writes them. */
+    /* Samples as {"name", "labels": {NAME: VALUE}, "value"}; a value JSON has no number for
+     * (NaN, +Inf, -Inf) is a string. */
     printf("[");
     for (char *save = NULL, *line = strtok_r(text, "\n", &save); line;
          line = strtok_r(NULL, "\n", &save)) {
@@ -835,11 +1016,16 @@ static int ctl_metrics(struct ctl *x, int argc, char **argv)
         printf("%s{\"name\": \"%s\", \"labels\": ", first ? "" : ", ", line);
         if (brace) {
             brace[strlen(brace + 1)] = 0; /* drop the closing brace */
-            ctl_json_str(brace + 1);
+            ctl_metric_labels(brace + 1);
         } else {
-            printf("\"\"");
+            printf("{}");
         }
-        printf(", \"value\": %s}", sp + 1);
+        char *end;
+        (void)strtod(sp + 1, &end);
+        if (*end || !isdigit((unsigned char)sp[1 + (sp[1] == '-')]))
+            printf(", \"value\": \"%s\"}", sp + 1);
+        else
+            printf(", \"value\": %s}", sp + 1);
         first = false;
     }
     printf("]\n");
@@ -929,20 +1115,26 @@ static int ctl_top(struct ctl *x, int argc, char **argv)
     double interval = 1.0;
     int opt, rc = 0;
     optind = 1;
-    while ((opt = getopt_long(argc, argv, "n:i:", opts, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, ":n:i:", opts, NULL)) != -1) {
         char *end;
         if (opt == 'n') {
             count = strtol(optarg, &end, 10);
-            if (*end || count < 0)
-                return 2;
+            if (*end || !*optarg || count < 0)
+                return ctl_bad("top",
+                               "--count takes a whole number of frames, 0 for until "
+                               "interrupted, not '%s'",
+                               optarg);
         } else if (opt == 'i') {
             interval = strtod(optarg, &end);
-            if (*end || interval < 0.05 || interval > 3600)
-                return 2;
+            if (*end || !*optarg || !(interval >= 0.05 && interval <= 3600))
+                return ctl_bad("top", "--interval takes seconds from 0.05 to 3600, not '%s'",
+                               optarg);
         } else {
-            return 2;
+            return ctl_bad_option("top", argv, opt);
         }
     }
+    if (optind != argc)
+        return ctl_bad("top", "takes options only ('%s')", argv[optind]);
     if (ctl_connect(x))
         return 1;
     if ((rc = kvc_stats(x->c, 0, &a.s, &a.n)))
@@ -1121,14 +1313,19 @@ static int ctl_tiers(struct ctl *x, int argc, char **argv)
     bool has_gpu, has_disk;
     int opt, rc;
     optind = 1;
-    while ((opt = getopt_long(argc, argv, "i:", opts, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, ":i:", opts, NULL)) != -1) {
         char *end;
         if (opt != 'i')
-            return 2;
+            return ctl_bad_option("tiers", argv, opt);
         interval = strtod(optarg, &end);
-        if (*end || interval < 0 || interval > 3600)
-            return 2;
+        if (*end || !*optarg || !(interval >= 0 && interval <= 3600))
+            return ctl_bad("tiers",
+                           "--interval takes seconds from 0 to 3600 (0: averages "
+                           "since the daemon started), not '%s'",
+                           optarg);
     }
+    if (optind != argc)
+        return ctl_bad("tiers", "takes options only ('%s')", argv[optind]);
     if (ctl_connect(x))
         return 1;
     if ((rc = kvc_stats(x->c, 0, &b.s, &b.n)))
@@ -1190,41 +1387,99 @@ static int ctl_tiers(struct ctl *x, int argc, char **argv)
 static int ctl_help(struct ctl *x, int argc, char **argv);
 
 static const struct ctl_cmd ctl_cmds[] = {
-    {"status", "", "daemon pid, uptime, clients, tier usage, token hit ratio", ctl_status},
-    {"stats", "", "every counter, in total and per namespace", ctl_stats},
+    {"status", "", "daemon pid, uptime, clients, tier usage, token hit ratio", ctl_status,
+     "--json: one object {pid, socket, uptime_s, clients, namespaces, blocks, host_used,\n"
+     "host_capacity, tokens_requested, tokens_hit, token_hit_ratio, load_us,\n"
+     "recompute_saved_est_us}."},
+    {"stats", "", "every counter, in total and per namespace", ctl_stats,
+     "--json: {\"total\": {NAME: N}, \"namespaces\": [{id, model, stats: {NAME: N}}]}."},
     {"ns", "[drop ID]",
      "namespaces: model, layout, block size, blocks cached; drop one and its blocks (admin)",
-     ctl_ns},
+     ctl_ns,
+     "drop ID: every block of namespace ID in every tier, then the namespace (admin);\n"
+     "refused while a client holds a lease or reservation on it."},
     {"ls", "[--ns ID] [--tier T] [--codec C] [--prefix HEX] [--limit N]",
-     "cached blocks with their metadata", ctl_ls},
-    {"show", "KEY", "one block: metadata and where it lives (KEY or a unique prefix)", ctl_show},
+     "cached blocks with their metadata", ctl_ls,
+     "  --ns ID       blocks of namespace ID (kvcctl ns)\n"
+     "  --tier T      gpu, host or disk\n"
+     "  --codec C     raw, q8_0, q4_1, q5_1, kivi2, kivi4 or fp8\n"
+     "  --prefix HEX  keys starting with these hex digits (1 to 32)\n"
+     "  --limit N     at most N rows (default 1000)\n"
+     "A filter outside those values is a usage error (exit 2)."},
+    {"show", "KEY", "one block: metadata and where it lives (KEY or a unique prefix)", ctl_show,
+     "KEY: 32 hex digits, or a prefix that one cached key starts with. A prefix more keys\n"
+     "start with is an error (exit 1) naming two of them; none, an error too."},
     {"top", "[--interval S] [--count N]",
-     "live view each second: hit ratio, throughput, tier usage, clients", ctl_top},
-    {"clients", "", "connected clients: pid, uid, pins, reservations, counters", ctl_clients},
+     "live view each second: hit ratio, throughput, tier usage, clients", ctl_top,
+     "  --interval S  seconds between frames, 0.05 to 3600 (default 1)\n"
+     "  --count N     frames, then exit; 0: until interrupted (the default on a terminal;\n"
+     "                otherwise 1)\n"
+     "--json writes one JSON object per frame and line (JSON Lines): {token_hit_ratio,\n"
+     "tokens_requested, tokens_hit, tokens_requested_per_s, tokens_hit_per_s, lookups_per_s,\n"
+     "bytes_in_per_s, bytes_out_per_s, evicted_per_s, host_used, host_capacity, clients}."},
+    {"clients", "", "connected clients: pid, uid, pins, reservations, counters", ctl_clients, NULL},
     {"tiers", "[--interval S]",
      "per tier: capacity, used, blocks, pages, fragmentation, I/O, bytes/s, errors; the "
      "remote tier's nodes, slots, hits and state",
-     ctl_tiers},
+     ctl_tiers,
+     "  --interval S  seconds between the two samples rates come from, 0 to 3600\n"
+     "                (default 1; 0: averages since the daemon started)"},
     {"policy", "[get] [--ns ID] | set [--ns ID] NAME",
-     "the default and each namespace's policy (set: admin)", ctl_policy},
+     "the default and each namespace's policy (set: admin)", ctl_policy,
+     "NAME: lru, lfu, prefix, streaming, h2o, snapkv, keynorm, quest, default; with --ns,\n"
+     "inherit follows the default again. A set lasts until the next reload."},
     {"config", "get [KEY] | set KEY VALUE",
-     "options of the running daemon (set: admin, reloadable options)", ctl_config},
-    {"reload", "", "reload the config file and wait for the verdict (admin)", ctl_reload},
-    {"evict", "--ns ID | --tier T | --all", "evict unpinned blocks (admin)", ctl_evict},
-    {"flush", "", "evict every unpinned block (admin)", ctl_flush},
-    {"metrics", "", "counters in the Prometheus text format", ctl_metrics},
-    {"shutdown", "", "stop the daemon (admin)", ctl_shutdown},
-    {"help", "", "this text", ctl_help},
+     "options of the running daemon (set: admin, reloadable options)", ctl_config,
+     "KEY: SECTION.NAME (kvcctl config get lists them). --json values are typed: numbers,\n"
+     "sizes in bytes, durations in milliseconds, true/false, strings; an option shown to\n"
+     "admins only is null. A set of an option that cannot change while kvcd runs is refused\n"
+     "(exit 1) with the daemon's reason."},
+    {"reload", "", "reload the config file and wait for the verdict (admin)", ctl_reload, NULL},
+    {"evict", "--ns ID | --tier T | --all", "evict unpinned blocks (admin)", ctl_evict,
+     "  --ns ID   every unpinned block of namespace ID\n"
+     "  --tier T  host, disk or all\n"
+     "  --all     every unpinned block"},
+    {"flush", "", "evict every unpinned block (admin)", ctl_flush, NULL},
+    {"metrics", "", "counters in the Prometheus text format", ctl_metrics,
+     "--json: [{\"name\", \"labels\": {NAME: VALUE}, \"value\"}], one per sample."},
+    {"shutdown", "", "stop the daemon (admin)", ctl_shutdown, NULL},
+    {"help", "[COMMAND]", "this text, or one command's", ctl_help, NULL},
 };
+
+static const struct ctl_cmd *ctl_cmd_find(const char *name)
+{
+    for (size_t i = 0; i < sizeof(ctl_cmds) / sizeof(ctl_cmds[0]); i++)
+        if (strcmp(name, ctl_cmds[i].name) == 0)
+            return &ctl_cmds[i];
+    return NULL;
+}
+
+/* `kvcctl CMD --help`, `kvcctl help CMD`. */
+static void ctl_cmd_usage(const struct ctl_cmd *c)
+{
+    printf("usage: kvcctl [-s SOCKET] [--json] %s%s%s\n\n%s.\n", c->name, *c->args ? " " : "",
+           c->args, c->help);
+    if (c->detail)
+        printf("\n%s\n", c->detail);
+    printf("\nexit status: 0 ok, 1 error (one line on stderr says why), 2 usage\n");
+}
 
 static int ctl_help(struct ctl *x, int argc, char **argv)
 {
     (void)x;
-    (void)argc;
-    (void)argv;
+    if (argc == 2) {
+        const struct ctl_cmd *c = ctl_cmd_find(argv[1]);
+        if (!c)
+            return ctl_bad("help", "no command '%s'", argv[1]);
+        ctl_cmd_usage(c);
+        return 0;
+    }
+    if (argc > 2)
+        return ctl_bad("help", "takes at most one COMMAND");
     printf("usage: kvcctl [-s SOCKET] [--json] COMMAND [ARGS]\n\n"
            "  -s, --socket PATH   kvcd's socket (default: $KVCD_SOCKET, else %s)\n"
-           "  -j, --json          machine-readable output\n\ncommands:\n",
+           "  -j, --json          machine-readable output\n\ncommands (kvcctl COMMAND --help "
+           "for one):\n",
            kvc_default_socket());
     for (size_t i = 0; i < sizeof(ctl_cmds) / sizeof(ctl_cmds[0]); i++) {
         char head[64];
@@ -1234,7 +1489,7 @@ static int ctl_help(struct ctl *x, int argc, char **argv)
         else
             printf("  %-28s %s\n", head, ctl_cmds[i].help);
     }
-    printf("\nexit status: 0 ok, 1 daemon error or unreachable, 2 usage\n");
+    printf("\nexit status: 0 ok, 1 error (one line on stderr says why), 2 usage\n");
     return 0;
 }
 
@@ -1246,8 +1501,9 @@ int main(int argc, char **argv)
                                          {NULL, 0, NULL, 0}};
     struct ctl x = {0};
     int opt, rc;
+    opterr = 0; /* usage errors are reported by kvcctl, one line each */
     /* Global options stop at the command name. */
-    while ((opt = getopt_long(argc, argv, "+s:jh", opts, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, "+:s:jh", opts, NULL)) != -1) {
         switch (opt) {
         case 's':
             x.socket = optarg;
@@ -1256,34 +1512,40 @@ int main(int argc, char **argv)
             x.json = true;
             break;
         case 'h':
-            return ctl_help(&x, 0, NULL);
+            return ctl_help(&x, 1, NULL);
+        case ':':
+            fprintf(stderr, "kvcctl: %s needs a value (kvcctl help)\n", argv[optind - 1]);
+            return 2;
         default:
-            ctl_help(&x, 0, NULL);
+            fprintf(stderr, "kvcctl: unknown option %s (kvcctl help)\n", argv[optind - 1]);
             return 2;
         }
     }
     if (optind >= argc) {
-        ctl_help(&x, 0, NULL);
+        fprintf(stderr, "kvcctl: no command given (kvcctl help lists them)\n");
         return 2;
     }
-    for (size_t i = 0; i < sizeof(ctl_cmds) / sizeof(ctl_cmds[0]); i++) {
-        if (strcmp(argv[optind], ctl_cmds[i].name) == 0) {
-            /* Allow --json after the command as well. */
-            int sub_argc = argc - optind;
-            char **sub_argv = argv + optind;
-            for (int k = 1; k < sub_argc; k++)
-                if (strcmp(sub_argv[k], "--json") == 0 || strcmp(sub_argv[k], "-j") == 0) {
-                    x.json = true;
-                    memmove(&sub_argv[k], &sub_argv[k + 1],
-                            (size_t)(sub_argc - k - 1) * sizeof(char *));
-                    sub_argc--;
-                    k--;
-                }
-            rc = ctl_cmds[i].run(&x, sub_argc, sub_argv);
-            kvc_disconnect(x.c);
-            return rc;
+    const struct ctl_cmd *cmd = ctl_cmd_find(argv[optind]);
+    if (!cmd) {
+        fprintf(stderr, "kvcctl: unknown command '%s' (kvcctl help lists them)\n", argv[optind]);
+        return 2;
+    }
+    /* --help anywhere after the command; --json after it as well as before. */
+    int sub_argc = argc - optind;
+    char **sub_argv = argv + optind;
+    for (int k = 1; k < sub_argc; k++) {
+        if (strcmp(sub_argv[k], "--help") == 0 || strcmp(sub_argv[k], "-h") == 0) {
+            ctl_cmd_usage(cmd);
+            return 0;
+        }
+        if (strcmp(sub_argv[k], "--json") == 0 || strcmp(sub_argv[k], "-j") == 0) {
+            x.json = true;
+            memmove(&sub_argv[k], &sub_argv[k + 1], (size_t)(sub_argc - k - 1) * sizeof(char *));
+            sub_argc--;
+            k--;
         }
     }
-    fprintf(stderr, "kvcctl: unknown command '%s' (try 'kvcctl help')\n", argv[optind]);
-    return 2;
+    rc = cmd->run(&x, sub_argc, sub_argv);
+    kvc_disconnect(x.c);
+    return rc;
 }

@@ -5,14 +5,15 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "client/kvcreplay_trace.h"
+#include <jansson.h>
 
-#define REPLAY_JSON_DEPTH 32 /* nesting of the fields kvcreplay skips */
+#include "client/kvcreplay_trace.h"
 
 /* ---- lines ------------------------------------------------------------------------------ */
 
@@ -79,341 +80,101 @@ int replay_reader_next(struct replay_reader *rd, char **line, size_t *len)
 }
 
 /* ---- trace: one JSON object a line ----------------------------------------------------------
- * Strict JSON (RFC 8259) for the object, its keys and the fields kvcreplay reads; any other
- * field is skipped as a well-formed JSON value. */
+ * Parsed by jansson (strict RFC 8259: duplicate keys refused, nesting bounded), then the fields
+ * kvcreplay and kvcsim use are checked for their types and bounds; other fields are ignored.
+ * The one reader of the format: kvcreplay, kvcsim and the tests all come here. */
 
-struct replay_json {
-    const char *s, *p, *end;
-    char err[160];
-};
-
-static int replay_json_fail(struct replay_json *j, const char *what)
+__attribute__((format(printf, 3, 4))) static int replay_fail(char *err, size_t errlen,
+                                                             const char *fmt, ...)
 {
-    if (!j->err[0])
-        snprintf(j->err, sizeof(j->err), "%s (column %zu)", what, (size_t)(j->p - j->s) + 1);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
     return -EINVAL;
 }
 
-static void replay_json_ws(struct replay_json *j)
-{
-    while (j->p < j->end && (*j->p == ' ' || *j->p == '\t' || *j->p == '\r'))
-        j->p++;
-}
-
-/* A string; its first out_len-1 bytes (escapes decoded, \u kept as '?') go to out. */
-static int replay_json_string(struct replay_json *j, char *out, size_t out_len)
-{
-    size_t n = 0;
-    if (j->p >= j->end || *j->p != '"')
-        return replay_json_fail(j, "expected a string");
-    j->p++;
-    for (;;) {
-        char c;
-        if (j->p >= j->end)
-            return replay_json_fail(j, "unterminated string");
-        c = *j->p++;
-        if (c == '"')
-            break;
-        if ((unsigned char)c < 0x20)
-            return replay_json_fail(j, "control character in a string");
-        if (c == '\\') {
-            if (j->p >= j->end)
-                return replay_json_fail(j, "unterminated string");
-            c = *j->p++;
-            switch (c) {
-            case '"': case '\\': case '/': break;
-            case 'b': c = '\b'; break;
-            case 'f': c = '\f'; break;
-            case 'n': c = '\n'; break;
-            case 'r': c = '\r'; break;
-            case 't': c = '\t'; break;
-            case 'u':
-                for (int i = 0; i < 4; i++, j->p++)
-                    if (j->p >= j->end || !*j->p || !strchr("0123456789abcdefABCDEF", *j->p))
-                        return replay_json_fail(j, "bad \\u escape");
-                c = '?';
-                break;
-            default:
-                return replay_json_fail(j, "bad escape in a string");
-            }
-        }
-        if (out && n + 1 < out_len)
-            out[n++] = c;
-    }
-    if (out && out_len)
-        out[n] = 0;
-    return 0;
-}
-
-/* A JSON number. *is_uint: it is a non-negative integer that fits 64 bits (*u then holds it);
- * *d: its value as a double. */
-static int replay_json_number(struct replay_json *j, bool *is_uint, uint64_t *u, double *d)
-{
-    const char *start = j->p;
-    bool integer = true, overflow = false;
-    uint64_t v = 0;
-    char buf[64];
-    if (j->p < j->end && *j->p == '-') {
-        integer = false;
-        j->p++;
-    }
-    if (j->p >= j->end || *j->p < '0' || *j->p > '9')
-        return replay_json_fail(j, "expected a number");
-    if (*j->p == '0') {
-        j->p++;
-    } else {
-        for (; j->p < j->end && *j->p >= '0' && *j->p <= '9'; j->p++) {
-            unsigned digit = (unsigned)(*j->p - '0');
-            if (v > (UINT64_MAX - digit) / 10)
-                overflow = true;
-            v = v * 10 + digit;
-        }
-    }
-    if (j->p < j->end && *j->p == '.') {
-        integer = false;
-        j->p++;
-        if (j->p >= j->end || *j->p < '0' || *j->p > '9')
-            return replay_json_fail(j, "expected a digit after '.'");
-        while (j->p < j->end && *j->p >= '0' && *j->p <= '9')
-            j->p++;
-    }
-    if (j->p < j->end && (*j->p == 'e' || *j->p == 'E')) {
-        integer = false;
-        j->p++;
-        if (j->p < j->end && (*j->p == '+' || *j->p == '-'))
-            j->p++;
-        if (j->p >= j->end || *j->p < '0' || *j->p > '9')
-            return replay_json_fail(j, "expected a digit in the exponent");
-        while (j->p < j->end && *j->p >= '0' && *j->p <= '9')
-            j->p++;
-    }
-    *is_uint = integer && !overflow;
-    *u = v;
-    if ((size_t)(j->p - start) >= sizeof(buf)) {
-        *d = integer ? (double)v : HUGE_VAL;
-    } else {
-        memcpy(buf, start, (size_t)(j->p - start));
-        buf[j->p - start] = 0;
-        *d = strtod(buf, NULL);
-    }
-    return 0;
-}
-
-static int replay_json_skip(struct replay_json *j, int depth);
-
-/* An array or object after its opening bracket, each value skipped. */
-static int replay_json_skip_seq(struct replay_json *j, int depth, char close, bool object)
-{
-    replay_json_ws(j);
-    if (j->p < j->end && *j->p == close) {
-        j->p++;
-        return 0;
-    }
-    for (;;) {
-        replay_json_ws(j);
-        if (object) {
-            if (replay_json_string(j, NULL, 0))
-                return -EINVAL;
-            replay_json_ws(j);
-            if (j->p >= j->end || *j->p != ':')
-                return replay_json_fail(j, "expected ':'");
-            j->p++;
-        }
-        if (replay_json_skip(j, depth + 1))
-            return -EINVAL;
-        replay_json_ws(j);
-        if (j->p < j->end && *j->p == close) {
-            j->p++;
-            return 0;
-        }
-        if (j->p >= j->end || *j->p != ',')
-            return replay_json_fail(j, object ? "expected ',' or '}'" : "expected ',' or ']'");
-        j->p++;
-    }
-}
-
-static int replay_json_skip(struct replay_json *j, int depth)
-{
-    bool is_uint;
-    uint64_t u;
-    double d;
-    if (depth > REPLAY_JSON_DEPTH)
-        return replay_json_fail(j, "nested too deeply");
-    replay_json_ws(j);
-    if (j->p >= j->end)
-        return replay_json_fail(j, "expected a value");
-    switch (*j->p) {
-    case '{':
-        j->p++;
-        return replay_json_skip_seq(j, depth, '}', true);
-    case '[':
-        j->p++;
-        return replay_json_skip_seq(j, depth, ']', false);
-    case '"':
-        return replay_json_string(j, NULL, 0);
-    case 't':
-    case 'f':
-    case 'n': {
-        static const char *const words[] = {"true", "false", "null"};
-        for (int i = 0; i < 3; i++) {
-            size_t wl = strlen(words[i]);
-            if ((size_t)(j->end - j->p) >= wl && memcmp(j->p, words[i], wl) == 0) {
-                j->p += wl;
-                return 0;
-            }
-        }
-        return replay_json_fail(j, "expected a value");
-    }
-    default:
-        return replay_json_number(j, &is_uint, &u, &d);
-    }
-}
-
-/* A field that must hold an unsigned integer of at most `bits` bits. */
-static int replay_json_uint(struct replay_json *j, const char *field, int bits, uint64_t *out)
+/* An unsigned integer field of at most `bits` bits. */
+static int replay_uint(const json_t *v, const char *field, int bits, uint64_t *out, char *err,
+                       size_t errlen)
 {
     uint64_t max = bits == 64 ? UINT64_MAX : (1ull << bits) - 1;
-    bool is_uint = false;
-    double d;
-    char what[96];
-    snprintf(what, sizeof(what), "%s: expected an unsigned %d-bit integer", field, bits);
-    if (j->p >= j->end || *j->p < '0' || *j->p > '9')
-        return replay_json_fail(j, what);
-    if (replay_json_number(j, &is_uint, out, &d))
-        return -EINVAL;
-    if (!is_uint || *out > max)
-        return replay_json_fail(j, what);
+    if (!json_is_integer(v) || json_integer_value(v) < 0 || (uint64_t)json_integer_value(v) > max)
+        return replay_fail(err, errlen, "%s: expected an unsigned %d-bit integer", field, bits);
+    *out = (uint64_t)json_integer_value(v);
     return 0;
 }
 
-static int replay_json_ids(struct replay_json *j, struct replay_req *r)
+/* The timestamp: a number, or a string holding one (published traces write them both ways),
+ * finite and >= 0. */
+static int replay_ts(const json_t *v, double *ts, char *err, size_t errlen)
 {
-    if (j->p >= j->end || *j->p != '[')
-        return replay_json_fail(j, "hash_ids: expected an array");
-    j->p++;
-    r->n = 0;
-    replay_json_ws(j);
-    if (j->p < j->end && *j->p == ']') {
-        j->p++;
-        return 0;
+    if (json_is_number(v)) {
+        *ts = json_number_value(v);
+    } else if (json_is_string(v)) {
+        const char *s = json_string_value(v);
+        char *end;
+        if (!*s || strspn(s, "0123456789.eE+-") != strlen(s))
+            return replay_fail(err, errlen, "timestamp: \"%.40s\" is not a number", s);
+        errno = 0;
+        *ts = strtod(s, &end);
+        if (*end || errno)
+            return replay_fail(err, errlen, "timestamp: \"%.40s\" is not a number", s);
+    } else {
+        return replay_fail(err, errlen, "timestamp: expected a number");
     }
-    for (;;) {
-        uint64_t id;
-        replay_json_ws(j);
-        if (replay_json_uint(j, "hash_ids", 64, &id))
-            return -EINVAL;
-        if (r->n == REPLAY_MAX_BLOCKS)
-            return replay_json_fail(j, "hash_ids: more than 16384 blocks in one request");
-        r->ids[r->n++] = id;
-        replay_json_ws(j);
-        if (j->p < j->end && *j->p == ']') {
-            j->p++;
-            return 0;
-        }
-        if (j->p >= j->end || *j->p != ',')
-            return replay_json_fail(j, "hash_ids: expected ',' or ']'");
-        j->p++;
-    }
+    if (!(*ts >= 0) || !isfinite(*ts))
+        return replay_fail(err, errlen, "timestamp: expected a finite number >= 0");
+    return 0;
 }
 
-/* Parses one line into r (r->ids must hold REPLAY_MAX_BLOCKS). 0, or -EINVAL with the reason
- * in err. */
-int replay_line_parse(const char *s, size_t len, struct replay_req *r, char *err,
-                             size_t errlen)
+int replay_line_parse(const char *s, size_t len, struct replay_req *r, char *err, size_t errlen)
 {
-    struct replay_json j = {.s = s, .p = s, .end = s + len};
-    bool have_ids = false, have_len = false, have_ts = false, have_out = false;
+    json_error_t je;
+    json_t *o, *v;
+    uint64_t u;
     int rc = -EINVAL;
     r->ts = 0;
     r->input_len = 0;
     r->n = 0;
-    replay_json_ws(&j);
-    if (j.p >= j.end || *j.p != '{') {
-        replay_json_fail(&j, "expected a JSON object");
+    o = json_loadb(s, len, JSON_REJECT_DUPLICATES, &je);
+    if (!o)
+        return replay_fail(err, errlen, "%s (column %d)", je.text, je.column);
+    if (!json_is_object(o)) {
+        replay_fail(err, errlen, "expected a JSON object");
         goto out;
     }
-    j.p++;
-    replay_json_ws(&j);
-    if (j.p < j.end && *j.p == '}') {
-        j.p++;
-    } else {
-        for (;;) {
-            char key[32];
-            bool *seen = NULL;
-            uint64_t u;
-            replay_json_ws(&j);
-            if (replay_json_string(&j, key, sizeof(key)))
-                goto out;
-            replay_json_ws(&j);
-            if (j.p >= j.end || *j.p != ':') {
-                replay_json_fail(&j, "expected ':'");
-                goto out;
-            }
-            j.p++;
-            replay_json_ws(&j);
-            if (strcmp(key, "hash_ids") == 0)
-                seen = &have_ids;
-            else if (strcmp(key, "input_length") == 0)
-                seen = &have_len;
-            else if (strcmp(key, "timestamp") == 0)
-                seen = &have_ts;
-            else if (strcmp(key, "output_length") == 0)
-                seen = &have_out;
-            if (seen && *seen) {
-                char what[64];
-                snprintf(what, sizeof(what), "duplicate field \"%s\"", key);
-                replay_json_fail(&j, what);
-                goto out;
-            }
-            if (seen == &have_ids) {
-                if (replay_json_ids(&j, r))
-                    goto out;
-            } else if (seen == &have_len) {
-                if (replay_json_uint(&j, "input_length", 32, &r->input_len))
-                    goto out;
-            } else if (seen == &have_out) {
-                if (replay_json_uint(&j, "output_length", 32, &u))
-                    goto out;
-            } else if (seen == &have_ts) {
-                bool is_uint;
-                if (replay_json_number(&j, &is_uint, &u, &r->ts))
-                    goto out;
-                if (!(r->ts >= 0) || !isfinite(r->ts)) {
-                    replay_json_fail(&j, "timestamp: expected a finite number >= 0");
-                    goto out;
-                }
-            } else if (replay_json_skip(&j, 1)) {
-                goto out;
-            }
-            if (seen)
-                *seen = true;
-            replay_json_ws(&j);
-            if (j.p < j.end && *j.p == '}') {
-                j.p++;
-                break;
-            }
-            if (j.p >= j.end || *j.p != ',') {
-                replay_json_fail(&j, "expected ',' or '}'");
-                goto out;
-            }
-            j.p++;
-        }
-    }
-    replay_json_ws(&j);
-    if (j.p != j.end) {
-        replay_json_fail(&j, "text after the object");
+    v = json_object_get(o, "hash_ids");
+    if (!v) {
+        replay_fail(err, errlen, "no \"hash_ids\" field");
         goto out;
     }
-    if (!have_ids) {
-        replay_json_fail(&j, "no \"hash_ids\" field");
+    if (!json_is_array(v)) {
+        replay_fail(err, errlen, "hash_ids: expected an array");
         goto out;
     }
-    if (!have_len)
+    if (json_array_size(v) > REPLAY_MAX_BLOCKS) {
+        replay_fail(err, errlen, "hash_ids: more than %u blocks in one request", REPLAY_MAX_BLOCKS);
+        goto out;
+    }
+    for (size_t i = 0; i < json_array_size(v); i++) {
+        if (replay_uint(json_array_get(v, i), "hash_ids", 63, &u, err, errlen))
+            goto out;
+        r->ids[r->n++] = u;
+    }
+    if ((v = json_object_get(o, "input_length")) &&
+        replay_uint(v, "input_length", 32, &r->input_len, err, errlen))
+        goto out;
+    if (!v)
         r->input_len = (uint64_t)r->n * REPLAY_BLOCK_TOKENS;
+    if ((v = json_object_get(o, "output_length")) &&
+        replay_uint(v, "output_length", 32, &u, err, errlen))
+        goto out;
+    if ((v = json_object_get(o, "timestamp")) && replay_ts(v, &r->ts, err, errlen))
+        goto out;
     rc = 0;
 out:
-    if (rc)
-        snprintf(err, errlen, "%s", j.err[0] ? j.err : "malformed line");
+    json_decref(o);
     return rc;
 }
 

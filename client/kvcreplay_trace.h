@@ -1,8 +1,11 @@
 /*
- * kvcreplay_trace.h — the trace kvcreplay reads: Mooncake-format JSONL, one request a line
+ * kvcreplay_trace.h — the trace format: Mooncake-format JSONL, one request a line
  * ({"timestamp", "input_length", "output_length", "hash_ids"}), read a line at a time through
- * a fixed buffer and validated strictly (RFC 8259 JSON; the fields kvcreplay uses typed and
- * bounded; unknown fields skipped as well-formed values).
+ * a fixed buffer and validated strictly (RFC 8259 JSON by jansson, duplicate keys refused;
+ * the fields used typed and bounded: hash_ids unsigned integers below 2^63, input_length and
+ * output_length unsigned 32-bit, timestamp a finite number >= 0 or a string holding one;
+ * other fields ignored). The one reader of the format: kvcreplay, kvcsim (tests/lib/sim.c)
+ * and the tests parse every line with replay_line_parse, so they read a trace the same way.
  */
 #ifndef KVC_CLIENT_KVCREPLAY_TRACE_H
 #define KVC_CLIENT_KVCREPLAY_TRACE_H
@@ -44,7 +47,8 @@ void replay_reader_close(struct replay_reader *rd);
 int replay_reader_next(struct replay_reader *rd, char **line, size_t *len);
 
 /* Parses one line into r (r->ids must hold REPLAY_MAX_BLOCKS; r->line is left alone). 0, or
- * -EINVAL with the reason and column in err. A missing input_length is 512 per id. */
+ * -EINVAL with the reason (and, for a JSON error, its column) in err. A missing input_length
+ * is 512 per id; a missing timestamp 0. */
 int replay_line_parse(const char *s, size_t len, struct replay_req *r, char *err, size_t errlen);
 /* Whether a line holds nothing but white space (skipped, not a request). */
 bool replay_line_blank(const char *s, size_t len);

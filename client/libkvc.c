@@ -395,14 +395,18 @@ KVC_API void kvc_disconnect(kvc_client *c)
 {
     if (!c)
         return;
-    if (c->ndefer && !c->dead && c->fd >= 0) {
+    if ((c->ndefer || kvci_fast_unread(c)) && !c->dead && c->fd >= 0) {
         /* Commits in flight land anyway (the daemon handles what the connection sent before
          * its end); waiting for them, at most KVC_DISCONNECT_WAIT_MS, makes them visible to
-         * every client by the time this returns. */
+         * every client by the time this returns. The hits still in the ring are read then
+         * too, so they count for the policies. */
         struct timeval tv = {.tv_sec = KVC_DISCONNECT_WAIT_MS / 1000,
                              .tv_usec = (KVC_DISCONNECT_WAIT_MS % 1000) * 1000};
-        if (setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) == 0)
-            kvc_flush(c);
+        if (setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) == 0) {
+            if (c->ndefer)
+                kvc_flush(c);
+            kvci_fast_flush(c);
+        }
     }
     if (c->gpu_hooks)
         c->gpu_hooks->fini(c); /* before the arenas it registered are unmapped */
@@ -469,6 +473,8 @@ KVC_API const char *kvc_strerror(int err)
         return "not allowed by the namespace's access list";
     case -EPERM:
         return "admin request refused (not root, kvcd's user or its admin group)";
+    case -EROFS:
+        return "the option cannot change while kvcd runs (restart kvcd to apply it)";
     case -EBUSY:
         return "in use (pinned, reserved or moving blocks, or a WAIT already pending)";
     default:
@@ -482,11 +488,19 @@ static const uint32_t kvc_dtype_ok[] = {KVC_DTYPE_FP16, KVC_DTYPE_BF16, KVC_DTYP
                                         KVC_DTYPE_FP8_E4M3, KVC_DTYPE_INT8};
 
 static int kvc_ns_open_flags(kvc_client *c, const struct kvc_layout *layout, uint32_t flags,
-                             kvc_ns **out);
+                             uint32_t window, kvc_ns **out);
 
 KVC_API int kvc_ns_open(kvc_client *c, const struct kvc_layout *layout, kvc_ns **out)
 {
-    return kvc_ns_open_flags(c, layout, 0, out);
+    return kvc_ns_open_flags(c, layout, 0, 0, out);
+}
+
+KVC_API int kvc_ns_open_window(kvc_client *c, const struct kvc_layout *layout,
+                               uint32_t window_tokens, kvc_ns **out)
+{
+    if (!layout || layout->kv_kind != KVC_KV_KIND_KV_WINDOW || window_tokens == 0)
+        return -EINVAL;
+    return kvc_ns_open_flags(c, layout, 0, window_tokens, out);
 }
 
 KVC_API int kvc_ns_open_quant(kvc_client *c, const struct kvc_layout *layout,
@@ -496,11 +510,11 @@ KVC_API int kvc_ns_open_quant(kvc_client *c, const struct kvc_layout *layout,
         (unsigned)q->v_codec > 15 || q->raw_layers > 0xffu)
         return -EINVAL;
     return kvc_ns_open_flags(
-        c, layout, KVC_WIRE_QUANT_FLAGS(q->allowed, q->k_codec, q->v_codec, q->raw_layers), out);
+        c, layout, KVC_WIRE_QUANT_FLAGS(q->allowed, q->k_codec, q->v_codec, q->raw_layers), 0, out);
 }
 
 static int kvc_ns_open_flags(kvc_client *c, const struct kvc_layout *layout, uint32_t flags,
-                             kvc_ns **out)
+                             uint32_t window, kvc_ns **out)
 {
     struct kvc_ns_open_req *q;
     struct kvc_wire_layout wl;
@@ -514,7 +528,8 @@ static int kvc_ns_open_flags(kvc_client *c, const struct kvc_layout *layout, uin
         return -EINVAL;
     for (size_t i = 0; i < sizeof(kvc_dtype_ok) / sizeof(kvc_dtype_ok[0]); i++)
         dtype_ok |= layout->dtype == kvc_dtype_ok[i];
-    if (!dtype_ok || (layout->kv_kind != KVC_KV_KIND_KV && layout->kv_kind != KVC_KV_KIND_K_ONLY))
+    if (!dtype_ok || layout->kv_kind < KVC_KV_KIND_KV || layout->kv_kind > KVC_KV_KIND_STATE ||
+        (layout->kv_kind == KVC_KV_KIND_KV_WINDOW) != (window != 0) || window > UINT16_MAX)
         return -EINVAL;
     memset(&wl, 0, sizeof(wl));
     memcpy(wl.model_id, layout->model_id, strlen(layout->model_id));
@@ -524,6 +539,7 @@ static int kvc_ns_open_flags(kvc_client *c, const struct kvc_layout *layout, uin
     wl.block_tokens = layout->block_tokens;
     wl.dtype = (uint8_t)layout->dtype;
     wl.kv_kind = (uint8_t)layout->kv_kind;
+    wl.window_tokens = (uint16_t)window;
     wl.flags = flags;
 
     pthread_mutex_lock(&c->mu);
@@ -581,6 +597,16 @@ out:
         close(fd); /* the mapping keeps the arena */
     pthread_mutex_unlock(&c->mu);
     return rc;
+}
+
+KVC_API int kvc_ns_kind(const kvc_ns *ns)
+{
+    return ns ? ns->layout.kv_kind : -EINVAL;
+}
+
+KVC_API uint32_t kvc_ns_window_tokens(const kvc_ns *ns)
+{
+    return ns ? ns->layout.window_tokens : 0;
 }
 
 KVC_API size_t kvc_ns_block_bytes(const kvc_ns *ns)
@@ -720,6 +746,11 @@ KVC_API int kvc_lookup(kvc_ns *ns, const struct kvc_key *keys, size_t n, unsigne
         return 0;
     if (n > (size_t)KVC_LEASE_MAX_CHUNKS * KVC_PROTO_MAX_KEYS)
         return -E2BIG;
+    /* A window's or a state's span is found over every key at once: one request. */
+    bool span = ns->layout.kv_kind == KVC_WIRE_KV_KIND_KV_WINDOW ||
+                ns->layout.kv_kind == KVC_WIRE_KV_KIND_STATE;
+    if (span && n > KVC_LOOKUP_MAX_SPAN)
+        return -EINVAL;
     c = ns->c;
     l = calloc(1, sizeof(*l) + n * sizeof(l->hits[0]));
     if (!l)
@@ -744,10 +775,12 @@ KVC_API int kvc_lookup(kvc_ns *ns, const struct kvc_key *keys, size_t n, unsigne
         const struct kvc_lookup_rep *p = kvc_rep(c, &len);
         if (len < sizeof(*p) || p->nhit > chunk ||
             len != sizeof(*p) + (size_t)p->nhit * sizeof(struct kvc_wire_loc) ||
-            (p->nhit > 0) != (p->lease_id != 0)) {
+            (p->nhit > 0) != (p->lease_id != 0) || (p->first && !span) ||
+            p->first > chunk - p->nhit) {
             rc = -EPROTO;
             break;
         }
+        l->first = p->first;
         if (p->lease_id)
             l->ids[l->nids++] = p->lease_id;
         const struct kvc_wire_loc *locs = (const struct kvc_wire_loc *)(p + 1);
@@ -950,6 +983,11 @@ KVC_API size_t kvc_lease_count(const kvc_lease *l)
     return l ? l->n : 0;
 }
 
+KVC_API size_t kvc_lease_first(const kvc_lease *l)
+{
+    return l ? l->first : 0;
+}
+
 KVC_API const void *kvc_lease_data(const kvc_lease *l, size_t i)
 {
     return l && i < l->n ? l->hits[i].data : NULL;
@@ -971,7 +1009,7 @@ KVC_API int kvc_lease_copy(const kvc_lease *l, size_t i, void *dst, size_t len)
         return grc;
     }
     if (l->hits[i].format == KVC_WIRE_FORMAT_RAW) {
-        memcpy(dst, l->hits[i].data, l->ns->block_bytes);
+        kvci_copy_from_arena(dst, l->hits[i].data, l->ns->block_bytes);
         kvc_lease_account(l, t0);
         return 0;
     }
@@ -1315,6 +1353,21 @@ KVC_API int kvc_get_prefix(kvc_ns *ns, const struct kvc_key *keys, size_t n, voi
         return -EINVAL;
     if (n > (size_t)KVC_LEASE_MAX_CHUNKS * KVC_PROTO_MAX_KEYS)
         return -E2BIG;
+    if (ns->layout.kv_kind == KVC_WIRE_KV_KIND_KV_WINDOW ||
+        ns->layout.kv_kind == KVC_WIRE_KV_KIND_STATE) {
+        /* A span, not a run from keys[0]: the daemon finds it (no shared-index walk). */
+        hits = kvc_lookup(ns, keys, n, 0, &l);
+        if (hits <= 0)
+            return hits;
+        size_t first = l->first;
+        for (int i = 0; i < hits; i++)
+            if (kvc_lease_copy(l, (size_t)i, dst[first + i], l->ns->block_bytes) < 0) {
+                hits = i;
+                break;
+            }
+        kvc_release(l);
+        return hits ? (int)(first + (size_t)hits) : 0;
+    }
     /* The leading hits through the shared index, the rest (if any) through the socket. */
     fast = kvci_fast_get(ns, keys, n, dst);
     if (fast == n)
@@ -1518,6 +1571,41 @@ KVC_API int kvc_ns_list(kvc_client *c, struct kvc_ns_info **out, size_t *n)
         *out = NULL;
         *n = 0;
     }
+    return rc;
+}
+
+KVC_API int kvc_ns_window(kvc_client *c, uint32_t ns_id, uint32_t *window_tokens)
+{
+    uint32_t cursor = 0, len;
+    int rc = -ENOENT;
+    if (!c || !window_tokens)
+        return -EINVAL;
+    *window_tokens = 0;
+    pthread_mutex_lock(&c->mu);
+    do {
+        struct kvc_ns_list_req *q = kvc_req(c);
+        memset(q, 0, sizeof(*q));
+        q->cursor = cursor;
+        int r = kvc_call(c, KVC_OP_NS_LIST, sizeof(*q), NULL);
+        if (r) {
+            rc = r;
+            break;
+        }
+        const struct kvc_ns_list_rep *p = kvc_rep(c, &len);
+        const struct kvc_wire_ns *w = (const struct kvc_wire_ns *)(p + 1);
+        if (len < sizeof(*p) || len != sizeof(*p) + (size_t)p->nns * sizeof(*w) ||
+            (p->next_cursor && p->next_cursor <= cursor)) {
+            rc = -EPROTO;
+            break;
+        }
+        for (uint32_t i = 0; i < p->nns && rc == -ENOENT; i++)
+            if (w[i].ns_id == ns_id) {
+                *window_tokens = w[i].layout.window_tokens;
+                rc = 0;
+            }
+        cursor = p->next_cursor;
+    } while (cursor && rc == -ENOENT);
+    pthread_mutex_unlock(&c->mu);
     return rc;
 }
 

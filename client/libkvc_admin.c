@@ -148,14 +148,14 @@ KVC_API int kvc_metrics(kvc_client *c, char **text)
     return rc ? rc : (*text ? 0 : -ENOMEM);
 }
 
-KVC_API int kvc_config_get(kvc_client *c, const char *key, char *buf, size_t len)
+static int kvc_config_get_as(kvc_client *c, uint32_t as, const char *key, char *buf, size_t len)
 {
     const struct kvc_text_rep *p;
     int rc;
     if (!c || !buf || !len)
         return -EINVAL;
     pthread_mutex_lock(&c->mu);
-    rc = kvc_admin_call(c, KVC_OP_CONFIG_GET, 0, 0, 0, key ? key : "", NULL, &p);
+    rc = kvc_admin_call(c, KVC_OP_CONFIG_GET, 0, as, 0, key ? key : "", NULL, &p);
     if (rc == 0) {
         kvc_text_copy(p, buf, len);
         if (p->len >= len)
@@ -163,6 +163,16 @@ KVC_API int kvc_config_get(kvc_client *c, const char *key, char *buf, size_t len
     }
     pthread_mutex_unlock(&c->mu);
     return rc;
+}
+
+KVC_API int kvc_config_get(kvc_client *c, const char *key, char *buf, size_t len)
+{
+    return kvc_config_get_as(c, 0, key, buf, len);
+}
+
+KVC_API int kvc_config_get_json(kvc_client *c, const char *key, char *buf, size_t len)
+{
+    return kvc_config_get_as(c, KVC_CONFIG_GET_JSON, key, buf, len);
 }
 
 /* Requests whose reply carries a verdict and a reason. */

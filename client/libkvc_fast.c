@@ -139,6 +139,19 @@ void kvci_fast_fini(kvc_client *c)
         munmap(c->ring, c->ring_bytes);
 }
 
+bool kvci_fast_unread(const kvc_client *c)
+{
+    return c->ring && c->ring->head != __atomic_load_n(&c->ring->tail, __ATOMIC_ACQUIRE);
+}
+
+void kvci_fast_flush(kvc_client *c)
+{
+    pthread_mutex_lock(&c->mu);
+    if (kvci_fast_unread(c) && !c->dead)
+        (void)kvc_fast_attach_call(c, KVC_FAST_SYNC, 0, NULL, NULL);
+    pthread_mutex_unlock(&c->mu);
+}
+
 /* The entry of (ns, k), read whole under its sequence count. */
 static bool kvc_fast_find(const struct kvc_fastmap *m, uint32_t ns, const struct kvc_key *k,
                           struct kvc_fast_ent *out)
@@ -172,7 +185,8 @@ static bool kvc_fast_find(const struct kvc_fastmap *m, uint32_t ns, const struct
 }
 
 /* Appends a request's hits to the ring; asks the daemon to read it first when it is half
- * full. Hits that find no room are counted as lost (the copies stand). */
+ * full (its answer comes once it has read them, or skipped those past its rate). Hits that
+ * find no room are counted as lost (the copies stand). */
 static void kvc_fast_record(kvc_client *c, struct kvc_fast_hit *rec, size_t n)
 {
     pthread_mutex_lock(&c->mu);
@@ -202,7 +216,7 @@ static int kvc_fast_copy(const kvc_ns *ns, const uint8_t *base, const struct kvc
     if (e->format == KVC_WIRE_FORMAT_RAW) {
         if (e->len < ns->block_bytes)
             return -1;
-        memcpy(dst, base + e->off, ns->block_bytes);
+        kvci_copy_from_arena(dst, base + e->off, ns->block_bytes);
         __atomic_thread_fence(__ATOMIC_ACQUIRE);
         return __atomic_load_n(gen, __ATOMIC_RELAXED) == e->gen ? 0 : -1;
     }

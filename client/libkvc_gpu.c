@@ -534,7 +534,7 @@ static int kvc_gpu_layout(const kvc_ns *ns, struct kern_pack_layout *lay)
     if (w->dtype == 0 || w->dtype >= sizeof(elem) / sizeof(elem[0]))
         return -EINVAL;
     *lay = (struct kern_pack_layout){.layers = w->layers,
-                                     .kinds = w->kv_kind == KVC_WIRE_KV_KIND_KV ? 2 : 1,
+                                     .kinds = kvc_wire_layout_kinds(w),
                                      .block_tokens = w->block_tokens,
                                      .heads = w->kv_heads,
                                      .head_dim = w->head_dim,

@@ -139,6 +139,7 @@ struct kvc_hit {
 struct kvc_lease {
     kvc_ns *ns;
     uint64_t load_ns; /* time spent copying hits out, reported at release */
+    size_t first;     /* position in the looked-up keys of hit 0 (KV_WINDOW, STATE) */
     size_t n;
     size_t nids;
     uint64_t ids[8];         /* one per chunk of KVC_PROTO_MAX_KEYS */
@@ -189,6 +190,11 @@ size_t kvci_fast_get(kvc_ns *ns, const struct kvc_key *keys, size_t n, void *con
 /* Resolves one key through the index (benchmarks): 1 with where its stored bytes are now
  * (valid until the daemon reuses the slot: copy them, then check), 0 when not there. */
 int kvci_fast_resolve(kvc_ns *ns, const struct kvc_key *k, const void **data, size_t *len);
+/* Whether the hit ring holds hits the daemon has not read yet. */
+bool kvci_fast_unread(const kvc_client *c);
+/* Asks the daemon to read the ring (FAST_ATTACH SYNC, answered once it did) so that the hits
+ * in it count: kvc_disconnect, before it closes. */
+void kvci_fast_flush(kvc_client *c);
 /* Unmaps the indexes and the hit ring (kvc_disconnect). */
 void kvci_fast_fini(kvc_client *c);
 
@@ -197,6 +203,12 @@ void kvci_fast_fini(kvc_client *c);
  * publishes them is sent; else memcpy. */
 #define KVCI_STREAM_MIN (32u << 10)
 void kvci_copy_to_arena(void *dst, const void *src, size_t len);
+/* Copies a hit's bytes out of an arena slot into the caller's memory (libkvc_copy.c): at the
+ * speed of an aligned memcpy whatever the destination's alignment (a copy of KVCI_ALIGN_MIN
+ * bytes or more not 64-byte aligned on both sides aligns its destination first); else
+ * memcpy. */
+#define KVCI_ALIGN_MIN (1u << 10)
+void kvci_copy_from_arena(void *dst, const void *src, size_t len);
 
 uint64_t kvc_layout_salt(const struct kvc_wire_layout *l);
 void kvc_key_chain(uint64_t salt, const struct kvc_key *parent, const uint32_t *tokens,

@@ -5,11 +5,14 @@
  * Runs on the loop thread like every handler. Nothing here blocks: a reload parses one
  * small file; METRICS renders the whole text for every page it serves (a few KiB per
  * namespace and client; scrapes are rare) so that no state is kept between pages.
- * Metric names follow the Prometheus conventions: counters end in _total, bytes in _bytes,
- * the daemon totals have no labels, per-namespace and per-client families carry them.
+ * Metric names follow the Prometheus conventions (`promtool check metrics` passes them):
+ * counters end in _total, bytes in _bytes, times are seconds (the load_us counter is
+ * exposed as kvcd_load_seconds_total), the daemon totals have no labels, per-namespace and
+ * per-client families carry them.
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,6 +90,32 @@ static void admin_metric_gpu(void *arg, const char *name, uint64_t v)
             gauge ? "gauge" : "counter", name, gauge ? "" : "_total", v);
 }
 
+/* The metric name of counter `name` into out: a microsecond counter (name_us) becomes
+ * name_seconds (Prometheus names times in base units); returns whether it did. */
+static bool admin_metric_name(const char *name, char *out, size_t len)
+{
+    size_t n = strlen(name);
+    bool us = n > 3 && strcmp(name + n - 3, "_us") == 0;
+    snprintf(out, len, "%.*s%s", (int)(us ? n - 3 : n), name, us ? "_seconds" : "");
+    return us;
+}
+
+/* The length of a counter's help to print: a microsecond counter's without its " (us)". */
+static int admin_help_len(const char *help, bool us)
+{
+    size_t n = strlen(help);
+    return (int)(us && n > 5 && strcmp(help + n - 5, " (us)") == 0 ? n - 5 : n);
+}
+
+/* A counter's sample value and newline: microseconds as seconds when us. */
+static void admin_counter_value(FILE *f, uint64_t v, bool us)
+{
+    if (us)
+        fprintf(f, "%" PRIu64 ".%06" PRIu64 "\n", v / 1000000, v % 1000000);
+    else
+        fprintf(f, "%" PRIu64 "\n", v);
+}
+
 int admin_metrics_render(const struct admin_ctx *x, char **text, size_t *len)
 {
     const struct store *s = x->store;
@@ -106,19 +135,27 @@ int admin_metrics_render(const struct admin_ctx *x, char **text, size_t *len)
             bytes += s->ns[i]->bytes;
             nns++;
         }
-    /* Daemon totals, then the same family per namespace. */
-#define ADMIN_COUNTER(name, help)                                                              \
-    fprintf(f, "# HELP kvcd_" #name "_total " help "\n# TYPE kvcd_" #name "_total counter\n"   \
-               "kvcd_" #name "_total %" PRIu64 "\n",                                           \
-            t->name);                                                                          \
-    fprintf(f, "# HELP kvcd_namespace_" #name "_total " help ", per namespace\n"               \
-               "# TYPE kvcd_namespace_" #name "_total counter\n");                             \
-    for (uint32_t i = 1; i < s->nns; i++)                                                      \
-        if (s->ns[i] && admin_ns_visible(x, i)) {                                              \
-            fputs("kvcd_namespace_" #name "_total{namespace=\"", f);                           \
-            admin_label(f, s->ns[i]->layout.model_id);                                         \
-            fprintf(f, "\"} %" PRIu64 "\n", s->ns[i]->stats.name);                             \
-        }
+        /* Daemon totals, then the same family per namespace. A counter of microseconds (its
+     * name ends in _us) is exposed in seconds under the name ending in _seconds. */
+#define ADMIN_COUNTER(name, help)                                                                  \
+    {                                                                                              \
+        char mn[64];                                                                               \
+        bool us = admin_metric_name(#name, mn, sizeof(mn));                                        \
+        fprintf(f, "# HELP kvcd_%s_total %.*s\n# TYPE kvcd_%s_total counter\nkvcd_%s_total ", mn,  \
+                admin_help_len(help, us), help, mn, mn);                                           \
+        admin_counter_value(f, t->name, us);                                                       \
+        fprintf(f,                                                                                 \
+                "# HELP kvcd_namespace_%s_total %.*s, per namespace\n"                             \
+                "# TYPE kvcd_namespace_%s_total counter\n",                                        \
+                mn, admin_help_len(help, us), help, mn);                                           \
+        for (uint32_t i = 1; i < s->nns; i++)                                                      \
+            if (s->ns[i] && admin_ns_visible(x, i)) {                                              \
+                fprintf(f, "kvcd_namespace_%s_total{namespace=\"", mn);                            \
+                admin_label(f, s->ns[i]->layout.model_id);                                         \
+                fputs("\"} ", f);                                                                  \
+                admin_counter_value(f, s->ns[i]->stats.name, us);                                  \
+            }                                                                                      \
+    }
     STATS_COUNTERS(ADMIN_COUNTER)
 #undef ADMIN_COUNTER
 #define ADMIN_GAUGE(name, help, v)                                                             \
@@ -162,26 +199,28 @@ int admin_metrics_render(const struct admin_ctx *x, char **text, size_t *len)
     }
     engine_remote_stats(s, admin_metric_remote, f);
     engine_gpu_stats(s, admin_metric_gpu, f);
-    /* Per client: labelled by connection id, pid, uid and the name it gave. */
-#define ADMIN_CLIENT(field, type, help)                                                        \
-    fprintf(f, "# HELP kvcd_client_" #field " " help "\n# TYPE kvcd_client_" #field " " type   \
-               "\n");                                                                          \
-    for (uint32_t i = 0; i < ncl; i++) {                                                       \
-        fprintf(f, "kvcd_client_" #field "{conn=\"%u\",pid=\"%u\",uid=\"%u\",name=\"",          \
-                cl[i].conn_id, cl[i].pid, cl[i].uid);                                          \
-        admin_label(f, cl[i].name);                                                            \
-        fprintf(f, "\"} %" PRIu64 "\n", (uint64_t)cl[i].field);                                \
+    /* Per client: labelled by connection id, pid, uid and the name it gave. suffix: "" for a
+     * gauge, "_total" for a counter. */
+#define ADMIN_CLIENT(field, type, suffix, help)                                                    \
+    fprintf(f, "# HELP kvcd_client_" #field suffix " " help "\n# TYPE kvcd_client_" #field suffix  \
+               " " type "\n");                                                                     \
+    for (uint32_t i = 0; i < ncl; i++) {                                                           \
+        fprintf(f, "kvcd_client_" #field suffix "{conn=\"%u\",pid=\"%u\",uid=\"%u\",name=\"",      \
+                cl[i].conn_id, cl[i].pid, cl[i].uid);                                              \
+        admin_label(f, cl[i].name);                                                                \
+        fprintf(f, "\"} %" PRIu64 "\n", (uint64_t)cl[i].field);                                    \
     }
-    ADMIN_CLIENT(pins, "gauge", "block pins this client holds")
-    ADMIN_CLIENT(reservations, "gauge", "reservations this client holds open")
-    ADMIN_CLIENT(reserved_bytes, "gauge", "bytes of its reserved slots")
-    ADMIN_CLIENT(requests, "counter", "requests from this client")
-    ADMIN_CLIENT(lookup_tokens, "counter", "tokens this client asked for")
-    ADMIN_CLIENT(hit_tokens, "counter", "tokens this client found cached")
-    ADMIN_CLIENT(bytes_in, "counter", "bytes this client committed")
-    ADMIN_CLIENT(bytes_out, "counter", "bytes handed to this client as hits")
-    ADMIN_CLIENT(errors, "counter", "requests of this client answered with an error")
-    ADMIN_CLIENT(refusals, "counter", "requests of this client refused (access, admin, quota, limits)")
+    ADMIN_CLIENT(pins, "gauge", "", "block pins this client holds")
+    ADMIN_CLIENT(reservations, "gauge", "", "reservations this client holds open")
+    ADMIN_CLIENT(reserved_bytes, "gauge", "", "bytes of its reserved slots")
+    ADMIN_CLIENT(requests, "counter", "_total", "requests from this client")
+    ADMIN_CLIENT(lookup_tokens, "counter", "_total", "tokens this client asked for")
+    ADMIN_CLIENT(hit_tokens, "counter", "_total", "tokens this client found cached")
+    ADMIN_CLIENT(bytes_in, "counter", "_total", "bytes this client committed")
+    ADMIN_CLIENT(bytes_out, "counter", "_total", "bytes handed to this client as hits")
+    ADMIN_CLIENT(errors, "counter", "_total", "requests of this client answered with an error")
+    ADMIN_CLIENT(refusals, "counter", "_total",
+                 "requests of this client refused (access, admin, quota, limits)")
 #undef ADMIN_CLIENT
     free(cl);
     return fclose(f) ? -ENOMEM : 0;
@@ -225,12 +264,18 @@ static int admin_config_get(const struct admin_ctx *x, const struct kvc_admin_re
                             size_t cap)
 {
     char buf[512];
+    bool json = q->tier == KVC_CONFIG_GET_JSON;
+    if (q->tier > KVC_CONFIG_GET_JSON)
+        return -EINVAL;
     if (q->key[0]) {
         const struct config_option *o = config_option_find(q->key);
         int rc;
-        if (o && !admin_config_visible(x, o))
+        if (!o)
+            return -ENOENT;
+        if (!admin_config_visible(x, o))
             return -EACCES;
-        rc = config_get(x->cfg, q->key, buf, sizeof(buf));
+        rc = json ? config_get_json(x->cfg, o, buf, sizeof(buf))
+                  : config_get(x->cfg, q->key, buf, sizeof(buf));
         if (rc)
             return rc;
         return admin_text(out, cap, 0, 0, 0, buf, strlen(buf));
@@ -242,7 +287,16 @@ static int admin_config_get(const struct admin_ctx *x, const struct kvc_admin_re
     FILE *f = open_memstream(&text, &len);
     if (!f)
         return -ENOMEM;
-    for (size_t i = 0; i < config_noptions; i++) {
+    for (size_t i = 0; json && i < config_noptions; i++) {
+        /* {"section.name": value, ...}; an option the asker may not see is null */
+        const struct config_option *o = &config_options[i];
+        if (!admin_config_visible(x, o) || config_get_json(x->cfg, o, buf, sizeof(buf)))
+            snprintf(buf, sizeof(buf), "null");
+        fprintf(f, "%s\"%s.%s\": %s", i ? ", " : "{", o->section, o->name, buf);
+    }
+    if (json)
+        fputs("}\n", f);
+    for (size_t i = 0; !json && i < config_noptions; i++) {
         char key[128];
         snprintf(key, sizeof(key), "%s.%s", config_options[i].section, config_options[i].name);
         if (!admin_config_visible(x, &config_options[i]))

@@ -1061,6 +1061,46 @@ int config_get(const struct config *c, const char *key, char *buf, size_t len)
     return n >= 0 && (size_t)n < len ? 0 : -ENOSPC;
 }
 
+int config_get_json(const struct config *c, const struct config_option *o, char *buf, size_t len)
+{
+    union config_value v;
+    char text[CONFIG_TEXT_MAX];
+    const char *s = text;
+    size_t n = 0;
+
+    config_value_load(c, o, &v);
+    switch (o->type) {
+    case CONFIG_TYPE_BOOL: n = (size_t)snprintf(buf, len, "%s", v.b ? "true" : "false"); break;
+    case CONFIG_TYPE_INT: n = (size_t)snprintf(buf, len, "%" PRId64, v.i); break;
+    case CONFIG_TYPE_SIZE:
+    case CONFIG_TYPE_DURATION: n = (size_t)snprintf(buf, len, "%" PRIu64, v.u); break;
+    case CONFIG_TYPE_DOUBLE: n = (size_t)snprintf(buf, len, "%.17g", v.d); break;
+    default:
+        /* a JSON string: quotes, backslashes and control characters escaped */
+        if (o->type == CONFIG_TYPE_STRING)
+            s = v.s;
+        else
+            config_value_format(o, &v, text, sizeof(text));
+        if (len)
+            buf[n++] = '"';
+        for (; *s && n + 8 < len; s++) {
+            unsigned char ch = (unsigned char)*s;
+            if (ch == '"' || ch == '\\')
+                n += (size_t)snprintf(buf + n, len - n, "\\%c", ch);
+            else if (ch < 0x20)
+                n += (size_t)snprintf(buf + n, len - n, "\\u%04x", ch);
+            else
+                buf[n++] = (char)ch;
+        }
+        if (*s || n + 2 > len)
+            return -ENOSPC;
+        buf[n++] = '"';
+        buf[n] = '\0';
+        return 0;
+    }
+    return n < len ? 0 : -ENOSPC;
+}
+
 /* An unsealed remote tier takes no namespace with access lists, and no group secret. */
 static int config_validate_unsealed(const struct config *c, char *err, size_t errlen)
 {
@@ -1154,7 +1194,7 @@ int config_check_reload(const struct config *cur, const struct config *next, cha
         config_err(err, errlen,
                    "%s.%s cannot change on reload ('%s' -> '%s'); restart kvcd to apply it",
                    o->section, o->name, ta, tb);
-        return -EPERM;
+        return -EROFS;
     }
     return config_ns_check_reload(cur, next, err, errlen);
 }
@@ -1182,7 +1222,8 @@ static void config_print_comment(FILE *f, const char *text)
     }
 }
 
-static void config_print_option(FILE *f, const struct config *c, const struct config_option *o)
+/* "TYPE[ CHOICES][, MIN .. MAX]; default: D; reloadable: yes|no" of an option, into line. */
+static void config_option_line(const struct config_option *o, char *line, size_t len)
 {
     static const char *const type_names[] = {
         [CONFIG_TYPE_BOOL] = "boolean (yes/no)",
@@ -1195,18 +1236,17 @@ static void config_print_option(FILE *f, const struct config *c, const struct co
         [CONFIG_TYPE_MODE] = "octal mode",
         [CONFIG_TYPE_ENUM] = "one of",
     };
-    char line[2 * CONFIG_TEXT_MAX], lo[64], hi[64], def[CONFIG_TEXT_MAX];
+    char lo[64], hi[64], def[CONFIG_TEXT_MAX];
     union config_value v;
     int n;
 
-    config_print_comment(f, o->help);
-    n = snprintf(line, sizeof(line), "%s", type_names[o->type]);
+    n = snprintf(line, len, "%s", type_names[o->type]);
     if (o->type == CONFIG_TYPE_ENUM)
-        n += snprintf(line + n, sizeof(line) - (size_t)n, " %s", o->choices);
+        n += snprintf(line + n, len - (size_t)n, " %s", o->choices);
     if (config_has_bounds(o)) {
         config_bound_format(o, o->min, lo, sizeof(lo));
         config_bound_format(o, o->max, hi, sizeof(hi));
-        n += snprintf(line + n, sizeof(line) - (size_t)n, ", %s .. %s", lo, hi);
+        n += snprintf(line + n, len - (size_t)n, ", %s .. %s", lo, hi);
     }
     /* The default as config_get would write it: 0.9, not the table's 0.90. */
     if (config_value_parse(o, o->def, &v, def, sizeof(def)) == 0) {
@@ -1216,8 +1256,17 @@ static void config_print_option(FILE *f, const struct config *c, const struct co
     }
     if (!*def)
         snprintf(def, sizeof(def), "empty");
-    snprintf(line + n, sizeof(line) - (size_t)n, "; default: %s; reloadable: %s", def,
+    snprintf(line + n, len - (size_t)n, "; default: %s; reloadable: %s", def,
              o->reloadable ? "yes" : "no");
+}
+
+static void config_print_option(FILE *f, const struct config *c, const struct config_option *o)
+{
+    char line[2 * CONFIG_TEXT_MAX], def[CONFIG_TEXT_MAX];
+    union config_value v;
+
+    config_print_comment(f, o->help);
+    config_option_line(o, line, sizeof(line));
     config_print_comment(f, line);
     config_value_load(c, o, &v);
     if (config_is_string(o) && !*v.s) {
@@ -1230,6 +1279,48 @@ static void config_print_option(FILE *f, const struct config *c, const struct co
         config_value_format(o, &v, def, sizeof(def));
         fprintf(f, "%s = %s\n", o->name, def);
     }
+}
+
+/* Text for a troff paragraph: a backslash as \e, hyphens as \-, no leading . or '. */
+static void config_man_text(FILE *f, const char *s)
+{
+    if (*s == '.' || *s == '\'')
+        fputs("\\&", f);
+    for (; *s; s++) {
+        if (*s == '\\')
+            fputs("\\e", f);
+        else if (*s == '-')
+            fputs("\\-", f);
+        else
+            fputc(*s, f);
+    }
+}
+
+int config_print_man(FILE *f)
+{
+    char line[2 * CONFIG_TEXT_MAX];
+    for (size_t i = 0; i < config_noptions; i++) {
+        size_t first = 0;
+        while (strcmp(config_options[first].section, config_options[i].section) != 0)
+            first++;
+        if (first != i)
+            continue; /* section already printed */
+        fprintf(f, ".SS [%s]\n", config_options[i].section);
+        for (size_t j = i; j < config_noptions; j++) {
+            const struct config_option *o = &config_options[j];
+            if (strcmp(o->section, config_options[i].section) != 0)
+                continue;
+            fputs(".TP\n.B ", f);
+            config_man_text(f, o->name);
+            fputc('\n', f);
+            config_man_text(f, o->help);
+            fputs("\n.br\n", f);
+            config_option_line(o, line, sizeof(line));
+            config_man_text(f, line);
+            fputc('\n', f);
+        }
+    }
+    return ferror(f) ? -EIO : 0;
 }
 
 int config_print(const struct config *c, FILE *f)

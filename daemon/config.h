@@ -54,6 +54,11 @@
       "Publish each arena's cached blocks in a read-only shared index, so clients copy hits "  \
       "with no round trip (docs/performance.md). Clients also turn it off with "              \
       "KVC_NO_FASTPATH=1.")                                                                   \
+    X(server, fast_ring_rate, INT, "65536", 1000, 16777216, 1, NULL,                          \
+      "Hits per second the daemon reads from one connection's hit ring (the fast path's "     \
+      "record of its hits, for the policies), a ring's worth (4096) banked; hits past it "    \
+      "are not counted (fast_dropped). Rings are read in bounded passes between requests "    \
+      "(docs/security.md).")                                                                  \
     X(server, max_namespaces_per_uid, INT, "16", 1, 65535, 1, NULL,                           \
       "Namespaces one user (uid) may create; more are refused (EDQUOT). Admins are exempt; "  \
       "kvcctl ns drop frees them.")                                                           \
@@ -307,10 +312,20 @@ int config_validate(const struct config *c, char *err, size_t errlen);
  * the output gives back c. 0 or -EIO. */
 int config_print(const struct config *c, FILE *f);
 
+/* Every option as troff (kvcd.ini(5)'s OPTIONS, between its generated markers): per section
+ * ".SS [section]", per option its name, help, type, bounds, default and reloadability.
+ * `kvcd --print-man` writes it; `make man-ini` puts it in docs/man/kvcd.ini.5. 0 or -EIO. */
+int config_print_man(FILE *f);
+
 /* The value of "section.name" as text (what a config file would hold: sizes with the largest
  * exact suffix, 1g; durations likewise, 90s; modes 0660; enums by name). 0, -ENOENT for an
  * unknown key, -ENOSPC when len is too small (buf then holds a truncated, terminated text). */
 int config_get(const struct config *c, const char *key, char *buf, size_t len);
+
+/* The same value as one JSON value, typed: booleans true/false, integers and doubles as
+ * numbers, sizes in bytes and durations in milliseconds (numbers), modes, enums and strings
+ * as strings (a secret: "(set)" or ""). Returns as config_get. */
+int config_get_json(const struct config *c, const struct config_option *o, char *buf, size_t len);
 
 /* Who may see an option's value through CONFIG_GET. Every string option is classified in
  * config.c's CONFIG_STRING_ACCESS (check_config fails on one that is not): those naming
@@ -321,7 +336,7 @@ enum config_access { CONFIG_ACCESS_NONE, CONFIG_ACCESS_ANYONE, CONFIG_ACCESS_ADM
 enum config_access config_option_access(const struct config_option *o);
 
 /* Reload check: 0 if every option that differs between cur and next is reloadable; else
- * -EPERM with the first offender named in err. */
+ * -EROFS with the first offender named in err. */
 int config_check_reload(const struct config *cur, const struct config *next, char *err,
                         size_t errlen);
 

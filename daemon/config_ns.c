@@ -287,7 +287,7 @@ int config_ns_check_reload(const struct config *cur, const struct config *next, 
                  "[namespace.*] sections cannot be added or removed on reload (%zu -> %zu); "
                  "restart kvcd to apply it",
                  cur->nns, next->nns);
-        return -EPERM;
+        return -EROFS;
     }
     for (size_t i = 0; i < cur->nns; i++) {
         const struct config_ns *a = &cur->ns[i], *b = &next->ns[i];
@@ -297,7 +297,7 @@ int config_ns_check_reload(const struct config *cur, const struct config *next, 
                      "[namespace.%s]: pattern, read, write, host_size and remote_key_file "
                      "cannot change on reload; restart kvcd to apply it",
                      a->pattern);
-            return -EPERM;
+            return -EROFS;
         }
     }
     return 0;

@@ -870,6 +870,22 @@ int engine_lookup_flags(struct store *s, struct store_owner *o, uint32_t ns_id,
     return rc;
 }
 
+int engine_lookup_kind(struct store *s, struct store_owner *o, uint32_t ns_id,
+                       const struct kvc_wire_key *keys, uint32_t n, uint32_t flags, uint64_t now,
+                       uint64_t *lease_id, uint32_t *first, struct kvc_wire_loc *locs)
+{
+    const struct store_ns *ns = store_ns_get(s, ns_id);
+    uint32_t count = n;
+    *first = 0;
+    *lease_id = 0;
+    if (!ns)
+        return -ENOENT;
+    if (ns->layout.kv_kind == KVC_WIRE_KV_KIND_KV_WINDOW ||
+        ns->layout.kv_kind == KVC_WIRE_KV_KIND_STATE)
+        *first = store_lookup_span(s, ns_id, keys, n, &count);
+    return engine_lookup_flags(s, o, ns_id, keys + *first, count, flags, now, lease_id, locs);
+}
+
 /* ---- arena faults --------------------------------------------------------------------- */
 
 uint32_t engine_arena_fault(struct store *s, uint32_t arena, uint64_t off, uint64_t len)

@@ -58,6 +58,12 @@ int engine_lookup_flags(struct store *s, struct store_owner *o, uint32_t ns_id,
                         const struct kvc_wire_key *keys, uint32_t n, uint32_t flags,
                         uint64_t now, uint64_t *lease_id, struct kvc_wire_loc *locs);
 
+/* engine_lookup_flags over the span of keys[0..n) namespace ns_id's kind answers with
+ * (store_lookup_span): the hits are keys[*first..*first + hits). */
+int engine_lookup_kind(struct store *s, struct store_owner *o, uint32_t ns_id,
+                       const struct kvc_wire_key *keys, uint32_t n, uint32_t flags, uint64_t now,
+                       uint64_t *lease_id, uint32_t *first, struct kvc_wire_loc *locs);
+
 /* Works the arenas down under pressure and ahead of it (after commits, on every tick and
  * disk completion): the GPU pool to its host arenas, quantize-in-place, the disk tier's
  * write-back and demotion, or eviction in policy order. Returns blocks acted on. */

@@ -10,12 +10,18 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+/* Everything the daemon decides about an index is kept here, privately: the shared header
+ * is written once for the clients and never read back. The entries and generations are
+ * read back (to find a key's way, to publish a slot's generation), but only the daemon can
+ * have written them: the memfd is sealed against every writable mapping but this one. */
 struct fast_index {
     int fd;
     uint8_t *map;
     uint64_t bytes;
+    uint64_t arena_bytes;
     struct kvc_fast_hdr *hdr;
     struct kvc_fast_ent *ents;
     uint32_t *gens;
@@ -26,12 +32,16 @@ struct fast_index {
     uint64_t published, full;
 };
 
+/* A connection's ring. The client owns head and the entries and may write anything there;
+ * tail and the allowance are ours. */
 struct fast_ring {
     int fd;
     struct kvc_fast_ring *r;
     struct kvc_fast_hit *ents;
     uint64_t bytes;
-    uint64_t tail; /* ours: the copy in the ring is for the client to read */
+    uint64_t tail;        /* ours: the copy in the ring is for the client to read */
+    uint64_t allow_milli; /* entries the ring may still be read for, in thousandths */
+    uint64_t allow_ms;    /* when allow_milli was last refilled */
 };
 
 static uint64_t fast_round64(uint64_t x)
@@ -39,21 +49,34 @@ static uint64_t fast_round64(uint64_t x)
     return (x + 63) & ~(uint64_t)63;
 }
 
-/* A sealed memfd of `bytes`, mapped read-write into *map. The fd, or -errno. */
-static int fast_memfd(const char *name, uint64_t bytes, void **map)
+/* A memfd of `bytes`, its owner's alone (mode 0600: no other user can open it again through
+ * /proc, as the arenas are), sealed against resizing and mapped read-write into *map. With
+ * `ro`, also sealed against any later writable mapping or write (F_SEAL_FUTURE_WRITE): the
+ * mapping made here stays the only writable one, whoever gets a descriptor, root included.
+ * The fd, or -errno. */
+static int fast_memfd(const char *name, uint64_t bytes, bool ro, void **map)
 {
     int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    int rc = 0;
+    *map = MAP_FAILED;
     if (fd < 0)
         return -errno;
-    if (ftruncate(fd, (off_t)bytes) < 0 ||
-        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
-        int rc = -errno;
-        close(fd);
-        return rc;
+    if (fchmod(fd, 0600) < 0 || ftruncate(fd, (off_t)bytes) < 0 ||
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) < 0) {
+        rc = -errno;
+        goto out;
     }
     *map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (*map == MAP_FAILED) {
-        int rc = -errno;
+        rc = -errno;
+        goto out;
+    }
+    if (fcntl(fd, F_ADD_SEALS, (ro ? F_SEAL_FUTURE_WRITE : 0) | F_SEAL_SEAL) < 0)
+        rc = -errno;
+out:
+    if (rc < 0) {
+        if (*map != MAP_FAILED)
+            munmap(*map, bytes);
         close(fd);
         return rc;
     }
@@ -84,7 +107,7 @@ struct fast_index *fast_index_new(uint32_t arena_id, uint64_t arena_bytes, uint3
         fast_round64(ents_off + (uint64_t)nsets * KVC_FAST_WAYS * sizeof(struct kvc_fast_ent));
     uint64_t bytes = (gens_off + units * sizeof(uint32_t) + 4095) & ~(uint64_t)4095;
     snprintf(name, sizeof(name), "kvcd-index-%u", arena_id);
-    fi->fd = fast_memfd(name, bytes, &map);
+    fi->fd = fast_memfd(name, bytes, true, &map);
     if (fi->fd < 0) {
         *err = fi->fd;
         free(fi);
@@ -94,6 +117,7 @@ struct fast_index *fast_index_new(uint32_t arena_id, uint64_t arena_bytes, uint3
         fi->seed = (uint64_t)(uintptr_t)fi ^ 0x9e3779b97f4a7c15ull;
     fi->map = map;
     fi->bytes = bytes;
+    fi->arena_bytes = arena_bytes;
     fi->nns = nns;
     fi->nsets = nsets;
     fi->hdr = map;
@@ -185,7 +209,7 @@ void fast_publish(struct fast_index *fi, uint16_t ns, const struct kvc_wire_key 
 {
     struct kvc_fast_ent *empty, *e = fast_find(fi, ns, k, &empty);
     uint64_t unit = off >> KVC_FAST_UNIT_SHIFT;
-    if (unit >= (fi->hdr->arena_bytes >> KVC_FAST_UNIT_SHIFT) || (off & 4095))
+    if (unit >= (fi->arena_bytes >> KVC_FAST_UNIT_SHIFT) || (off & 4095))
         return; /* not a slot of this arena: never published */
     uint32_t gen = __atomic_load_n(&fi->gens[unit], __ATOMIC_RELAXED);
     if (e && e->off == off && e->len == len && e->format == format && e->gen == gen &&
@@ -240,7 +264,7 @@ struct fast_ring *fast_ring_new(int *fd, int *err)
         return NULL;
     }
     r->bytes = sizeof(struct kvc_fast_ring) + KVC_FAST_RING_ENTS * sizeof(struct kvc_fast_hit);
-    r->fd = fast_memfd("kvcd-hits", r->bytes, &map);
+    r->fd = fast_memfd("kvcd-hits", r->bytes, false, &map);
     if (r->fd < 0) {
         *err = r->fd;
         free(r);
@@ -249,6 +273,7 @@ struct fast_ring *fast_ring_new(int *fd, int *err)
     r->r = map;
     r->ents = (struct kvc_fast_hit *)(r->r + 1);
     r->r->nents = KVC_FAST_RING_ENTS;
+    r->allow_milli = (uint64_t)KVC_FAST_RING_ENTS * 1000; /* a ring's worth to begin with */
     __atomic_store_n(&r->r->magic, KVC_FAST_RING_MAGIC, __ATOMIC_RELEASE);
     *fd = r->fd;
     return r;
@@ -263,19 +288,70 @@ void fast_ring_free(struct fast_ring *r)
     free(r);
 }
 
-uint32_t fast_ring_take(struct fast_ring *r, struct kvc_fast_hit *out, uint32_t max)
+void fast_ring_refill(struct fast_ring *r, uint64_t now_ms, uint32_t rate)
+{
+    const uint64_t full = (uint64_t)KVC_FAST_RING_ENTS * 1000;
+    if (now_ms <= r->allow_ms)
+        return;
+    uint64_t add = (now_ms - r->allow_ms) * rate; /* thousandths of entries */
+    r->allow_ms = now_ms;
+    r->allow_milli = add >= full - r->allow_milli ? full : r->allow_milli + add;
+}
+
+uint32_t fast_ring_allowance(const struct fast_ring *r)
+{
+    return (uint32_t)(r->allow_milli / 1000);
+}
+
+uint32_t fast_ring_unread(const struct fast_ring *r)
+{
+    uint64_t head = __atomic_load_n(&r->r->head, __ATOMIC_ACQUIRE);
+    if (head <= r->tail)
+        return head == r->tail ? 0 : 1; /* moved backwards: a lie for fast_ring_take to see */
+    return head - r->tail > KVC_FAST_RING_ENTS ? KVC_FAST_RING_ENTS : (uint32_t)(head - r->tail);
+}
+
+/* Puts the read position back in the ring after the client moved head too far either way:
+ * true when it had to (a lie, or hits overwritten before they were read). */
+static bool fast_ring_clamp(struct fast_ring *r, uint64_t head)
+{
+    if (head - r->tail > KVC_FAST_RING_ENTS && head >= r->tail) {
+        r->tail = head - KVC_FAST_RING_ENTS; /* overwritten before we read them (or a lie) */
+        return true;
+    }
+    if (head < r->tail) { /* moved backwards: a lie; start again from there */
+        r->tail = head;
+        return true;
+    }
+    return false;
+}
+
+uint32_t fast_ring_take(struct fast_ring *r, struct kvc_fast_hit *out, uint32_t max, bool *lied)
 {
     /* The client owns head and may write anything there: only our own tail is trusted. */
     uint64_t head = __atomic_load_n(&r->r->head, __ATOMIC_ACQUIRE);
-    uint32_t n = 0;
-    if (head - r->tail > KVC_FAST_RING_ENTS) /* overwritten before we read them (or a lie) */
-        r->tail = head - KVC_FAST_RING_ENTS;
-    if (head < r->tail) /* moved backwards: a lie; start again from there */
-        r->tail = head;
+    uint32_t n = 0, allow = fast_ring_allowance(r);
+    *lied = fast_ring_clamp(r, head);
+    if (max > allow)
+        max = allow;
     while (r->tail != head && n < max) {
         memcpy(&out[n++], &r->ents[r->tail % KVC_FAST_RING_ENTS], sizeof(*out));
         r->tail++;
     }
+    r->allow_milli -= (uint64_t)n * 1000;
+    __atomic_store_n(&r->r->tail, r->tail, __ATOMIC_RELEASE);
+    return n;
+}
+
+uint32_t fast_ring_shed(struct fast_ring *r, bool *lied)
+{
+    uint64_t head = __atomic_load_n(&r->r->head, __ATOMIC_ACQUIRE);
+    uint32_t allow = fast_ring_allowance(r);
+    *lied = fast_ring_clamp(r, head);
+    if (head - r->tail <= allow)
+        return 0;
+    uint32_t n = (uint32_t)(head - r->tail - allow); /* at most a ring's worth: clamped */
+    r->tail += n;
     __atomic_store_n(&r->r->tail, r->tail, __ATOMIC_RELEASE);
     return n;
 }

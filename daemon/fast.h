@@ -3,7 +3,9 @@
  * host arena, and a connection's hit ring.
  *
  * DESIGN
- * The index lives in a sealed memfd the daemon maps read-write and hands out read-only.
+ * The index lives in a memfd of mode 0600, mapped read-write by the daemon and then sealed
+ * against any other writable mapping (F_SEAL_FUTURE_WRITE), handed out read-only; nothing
+ * the daemon relies on is read back from its header (fast.c keeps its own copies).
  * The store keeps it in step with its blocks (store_fast_sync): a block is published when
  * it is committed and ready in a host arena, taken out when it leaves. The slot
  * generations after the entries are bumped by the host tier when it frees a slot
@@ -50,11 +52,23 @@ void fast_unpublish(struct fast_index *fi, uint16_t ns, const struct kvc_wire_ke
 void fast_ns_set(struct fast_index *fi, uint32_t ns, const struct kvc_wire_layout *l);
 
 struct fast_ring;
-/* A new ring; *fd its read-write descriptor (the caller sends then closes it). */
+/* A new ring; *fd its read-write descriptor (the caller sends it; it stays the ring's). */
 struct fast_ring *fast_ring_new(int *fd, int *err);
 void fast_ring_free(struct fast_ring *r); /* NULL is a no-op */
-/* Copies the unread entries (at most max, at most the ring's size in all) into out and
- * marks them read. Entries the client overwrote before they were read are skipped. */
-uint32_t fast_ring_take(struct fast_ring *r, struct kvc_fast_hit *out, uint32_t max);
+/* The ring's allowance: how many entries may still be read from it. It grows by `rate` a
+ * second (fast_ring_refill, at most a ring's worth banked; a new ring starts full) and each
+ * entry read takes one. */
+void fast_ring_refill(struct fast_ring *r, uint64_t now_ms, uint32_t rate);
+uint32_t fast_ring_allowance(const struct fast_ring *r);
+/* Entries written and not read yet as the client's head says (at most a ring's worth; a
+ * head moved backwards counts 1, for fast_ring_take to find): for scheduling only. */
+uint32_t fast_ring_unread(const struct fast_ring *r);
+/* Copies the unread entries, at most max and at most the allowance, into out and marks them
+ * read. Entries the client overwrote before they were read are skipped, and *lied says the
+ * client's head had moved more than a ring's worth ahead or backwards. */
+uint32_t fast_ring_take(struct fast_ring *r, struct kvc_fast_hit *out, uint32_t max, bool *lied);
+/* Marks read, unseen, the unread entries the allowance does not cover (the oldest): how
+ * many. The client asks for room (FAST_ATTACH SYNC) when half its ring is unread. */
+uint32_t fast_ring_shed(struct fast_ring *r, bool *lied);
 
 #endif

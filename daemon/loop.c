@@ -30,6 +30,8 @@ struct loop {
     uint64_t t0;
     void (*before_wait)(void *arg);
     void *before_wait_arg;
+    int (*after)(void *arg);
+    void *after_arg;
 };
 
 static uint64_t loop_mono_ms(void)
@@ -104,11 +106,14 @@ int loop_run(struct loop *l, int tick_ms, void (*tick)(void *arg), void *arg)
 {
     struct epoll_event evs[64];
     uint64_t next_tick = loop_mono_ms() + (uint64_t)tick_ms;
+    int again = -1; /* what `after` asked for last: ms until it runs again, -1 no need */
     l->stop = false;
     while (!l->stop) {
         uint64_t now = loop_mono_ms();
         int timeout = now >= next_tick ? 0 : (int)(next_tick - now);
         int n;
+        if (again >= 0 && again < timeout)
+            timeout = again;
         if (l->before_wait)
             l->before_wait(l->before_wait_arg);
         n = epoll_wait(l->epfd, evs, 64, timeout);
@@ -125,6 +130,8 @@ int loop_run(struct loop *l, int tick_ms, void (*tick)(void *arg), void *arg)
                 continue; /* deleted (or replaced) earlier in this batch */
             e->fn(l, fd, evs[i].events, e->arg);
         }
+        if (l->after && !l->stop)
+            again = l->after(l->after_arg);
         if (tick && loop_mono_ms() >= next_tick) {
             tick(arg);
             next_tick = loop_mono_ms() + (uint64_t)tick_ms;
@@ -137,6 +144,12 @@ void loop_before_wait(struct loop *l, void (*fn)(void *arg), void *arg)
 {
     l->before_wait = fn;
     l->before_wait_arg = arg;
+}
+
+void loop_after(struct loop *l, int (*fn)(void *arg), void *arg)
+{
+    l->after = fn;
+    l->after_arg = arg;
 }
 
 void loop_stop(struct loop *l)

@@ -25,6 +25,11 @@ void loop_stop(struct loop *l);
 /* fn(arg) runs before every wait for events (one per batch of handlers): work the handlers
  * gathered goes out together there. NULL removes it. */
 void loop_before_wait(struct loop *l, void (*fn)(void *arg), void *arg);
+/* fn(arg) runs after every batch of handlers (and after every wait that found none): work
+ * kept off the handlers, done a bounded step at a time. It returns in how many ms it wants
+ * to run again at the latest (0: at once, the next wait does not sleep), or -1 for no
+ * sooner than events or the tick bring it. NULL removes it. */
+void loop_after(struct loop *l, int (*fn)(void *arg), void *arg);
 /* Monotonic milliseconds since the loop was created. */
 uint64_t loop_now_ms(const struct loop *l);
 

@@ -17,7 +17,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "daemon/acl.h"
@@ -57,12 +60,14 @@ struct kvcd {
 
 static void kvcd_usage(FILE *f)
 {
-    fprintf(f, "usage: kvcd [-c FILE] [-o SECTION.KEY=VALUE]... [--check-config | --print-config]\n"
+    fprintf(f, "usage: kvcd [-c FILE] [-o SECTION.KEY=VALUE]... [--check-config | --print-config | "
+               "--print-man]\n"
                "\n"
                "  -c, --config FILE    read FILE (default: built-in defaults only)\n"
                "  -o SECTION.KEY=VAL   override one option (repeatable)\n"
                "      --check-config   validate the configuration and exit\n"
                "      --print-config   print the effective configuration as an ini file\n"
+               "      --print-man      print the option table as troff (kvcd.ini(5))\n"
                "  -V, --version        print the version\n"
                "  -h, --help           this text\n");
 }
@@ -207,11 +212,78 @@ static void kvcd_server_params(const struct kvcd *d, const struct config *c,
                                 .client_pins = (uint64_t)c->quota_client_pins,
                                 .uid_pins = (uint64_t)c->quota_uid_pins,
                                 .uid_leases = (uint64_t)c->quota_uid_leases,
-                                .uid_reserved_share = (uint32_t)c->quota_uid_reserved_share};
+                                .uid_reserved_share = (uint32_t)c->quota_uid_reserved_share,
+                                .fast_ring_rate = (uint32_t)c->server_fast_ring_rate};
+}
+
+/* Checks of the places kvcd will use, made before anything slow (pre-faulting the arena
+ * takes about a second per GiB) and by --check-config, so that a start that cannot succeed
+ * fails at once and leaves nothing behind. */
+
+/* Each disk.path (existing or creatable: kvcd_paths_check) on a file system with room for
+ * disk.capacity beyond what its file already holds, so that a start that cannot size it
+ * fails before it creates anything. 0, or -ENOSPC (or -errno) with the cause in err. */
+static int kvcd_check_disk(const struct config *c, char *err, size_t len)
+{
+    char *list = strdup(c->disk_path), *save = NULL;
+    int rc = list ? 0 : -ENOMEM;
+    for (char *p = list ? strtok_r(list, ",", &save) : NULL; p && !rc;
+         p = strtok_r(NULL, ",", &save)) {
+        char dir[4096];
+        struct stat st;
+        struct statvfs fs;
+        uint64_t have = 0, need = c->disk_capacity + TIER_DISK_SB;
+        const char *slash = strrchr(p, '/');
+        snprintf(dir, sizeof(dir), "%.*s", slash ? (slash == p ? 1 : (int)(slash - p)) : 1,
+                 slash ? p : ".");
+        if (stat(p, &st) == 0) {
+            if (!S_ISREG(st.st_mode))
+                continue; /* a block device: its size bounds the tier */
+            have = (uint64_t)st.st_blocks * 512;
+        } else if (access(dir, W_OK | X_OK) < 0) {
+            rc = -errno;
+            snprintf(err, len, "disk.path %.200s: cannot create it in %.200s (%s)", p, dir,
+                     strerror(errno));
+            break;
+        }
+        if (need > have && statvfs(dir, &fs) == 0 &&
+            (uint64_t)fs.f_bavail * fs.f_frsize < need - have) {
+            snprintf(err, len,
+                     "disk.path %.200s: its file system has %llu MiB free, disk.capacity needs "
+                     "%llu MiB more there (lower disk.capacity or free space)",
+                     p, (unsigned long long)((uint64_t)fs.f_bavail * fs.f_frsize >> 20),
+                     (unsigned long long)((need - have + (1u << 20) - 1) >> 20));
+            rc = -ENOSPC;
+        }
+    }
+    free(list);
+    return rc;
+}
+
+/* The socket path: not served by another kvcd. 0, or -EADDRINUSE with the cause in err
+ * (a stale socket file is left for the server to replace). */
+static int kvcd_check_socket(const struct config *c, char *err, size_t len)
+{
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    char path[sizeof(a.sun_path)];
+    int fd, rc = 0;
+    if (server_socket_path(c->server_socket, path, sizeof(path)) < 0) {
+        snprintf(err, len, "server.socket: the path is longer than %zu bytes", sizeof(path) - 1);
+        return -ENAMETOOLONG;
+    }
+    memcpy(a.sun_path, path, sizeof(path));
+    fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0) {
+        snprintf(err, len, "another kvcd is serving %s; not starting", path);
+        rc = -EADDRINUSE;
+    }
+    if (fd >= 0)
+        close(fd);
+    return rc;
 }
 
 /* Applies a complete, validated configuration whose changes are all reloadable, or refuses
- * it (-EPERM, reason in msg) leaving everything as it was. Takes next either way. */
+ * it (-EROFS, reason in msg) leaving everything as it was. Takes next either way. */
 static int kvcd_apply(struct kvcd *d, struct config *next, char *msg, size_t len)
 {
     struct config *old = d->cfg;
@@ -499,10 +571,13 @@ out:
 
 int main(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"config", required_argument, NULL, 'c'}, {"check-config", no_argument, NULL, 'C'},
-        {"print-config", no_argument, NULL, 'P'}, {"version", no_argument, NULL, 'V'},
-        {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {{"config", required_argument, NULL, 'c'},
+                                         {"check-config", no_argument, NULL, 'C'},
+                                         {"print-config", no_argument, NULL, 'P'},
+                                         {"version", no_argument, NULL, 'V'},
+                                         {"print-man", no_argument, NULL, 'M'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
     struct kvcd d = {.sigfd = -1};
     struct store_params sp;
     struct server_params vp;
@@ -524,6 +599,9 @@ int main(int argc, char **argv)
         case 'C':
             check = 1;
             break;
+        case 'M':
+            free(d.overrides);
+            return config_print_man(stdout) ? 1 : 0;
         case 'P':
             print = 1;
             break;
@@ -565,6 +643,11 @@ int main(int argc, char **argv)
             goto out;
         }
     }
+    if (!print && d.cfg->disk_path[0] && kvcd_check_disk(d.cfg, err, sizeof(err))) {
+        fprintf(stderr, "kvcd: disk: %s\n", err);
+        rc = 1;
+        goto out;
+    }
     if (check) {
         printf("kvcd: configuration OK\n");
         rc = 0;
@@ -591,6 +674,17 @@ int main(int argc, char **argv)
     }
     loop_add(d.loop, d.sigfd, EPOLLIN, kvcd_on_signal, &d);
 
+    rc = notify_listen_fd(&d.adopt_fd);
+    if (rc < 0) {
+        rc = 1;
+        goto out;
+    }
+    d.adopt = rc == 1;
+    if (!d.adopt && kvcd_check_socket(d.cfg, err, sizeof(err))) {
+        log_err("server: %s", err);
+        rc = 1;
+        goto out;
+    }
     kvcd_store_params(d.cfg, &sp);
     /* Pre-faulting a large arena takes a while: ask systemd for the time (1 s per GiB
      * is ample), so a big host tier does not trip the start timeout. */
@@ -604,9 +698,10 @@ int main(int argc, char **argv)
         rc = 1;
         goto out;
     }
-    log_info("host: arena of %llu MiB ready (%s pages, page size %llu KiB)",
+    log_info("host: arena of %llu MiB ready (memory pages: %s; host.page_size, the "
+             "allocator's unit: %llu KiB)",
              (unsigned long long)(store_host_capacity(d.store) >> 20),
-             tier_host_hugetlb(d.store->arenas[0].tier) ? "huge" : "normal",
+             tier_host_hugetlb(d.store->arenas[0].tier) ? "hugetlb" : "4 KiB",
              (unsigned long long)(sp.host_page_size >> 10));
     if (engine_gpu_fd(d.store) >= 0 &&
         (rc = loop_add(d.loop, engine_gpu_fd(d.store), EPOLLIN, kvcd_on_gpu, &d)) != 0) {
@@ -625,12 +720,6 @@ int main(int argc, char **argv)
         rc = 1;
         goto out;
     }
-    rc = notify_listen_fd(&d.adopt_fd);
-    if (rc < 0) {
-        rc = 1;
-        goto out;
-    }
-    d.adopt = rc == 1;
     if (d.cfg->disk_path[0] && kvcd_disk_attach(&d)) {
         rc = 1;
         goto out;

@@ -495,7 +495,7 @@ static void quant_layout(const struct store_ns *ns, struct kern_layout *lay)
                                 .head_dim = ns->layout.head_dim,
                                 .tokens = ns->layout.block_tokens,
                                 .dtype = ns->layout.dtype,
-                                .k_only = ns->layout.kv_kind == KVC_WIRE_KV_KIND_K_ONLY};
+                                .k_only = kvc_wire_layout_kinds(&ns->layout) == 1};
 }
 
 /* The format of ns's first lossy rung: its recipe's key codec, or its value codec when keys

@@ -34,6 +34,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "daemon/acl.h"
@@ -56,6 +57,28 @@
 #define SERVER_BUF (KVC_PROTO_MAX_MSG + 64)
 /* A handler's answer that there is no reply yet (WAIT on reads in flight). */
 #define SERVER_DEFERRED (-EINPROGRESS)
+/* Hit rings (client/kvc_fast.h) are read a bounded step at a time: at most SERVER_FAST_REQ
+ * entries of a connection's own ring before each of its requests but SYNC (so that its own
+ * requests see its latest hits); the rest in a pass over the rings after each batch of
+ * requests, SERVER_FAST_CHUNK of one ring at a time round robin, SERVER_FAST_PASS_ALL
+ * entries and SERVER_FAST_PASS_US microseconds in all (give or take a chunk, whatever an
+ * entry costs on this host), and no ring faster than server.fast_ring_rate entries a second
+ * (docs/security.md). A closing connection has SERVER_FAST_CLOSE read. */
+#define SERVER_FAST_REQ 64u
+#define SERVER_FAST_CHUNK 16u
+#define SERVER_FAST_PASS_ALL 512u
+#define SERVER_FAST_PASS_US 200u
+/* ... and the passes together take at most SERVER_FAST_SHARE_US of every
+ * SERVER_FAST_WINDOW_US of the loop's time, so that rings never keep the daemon busy
+ * (a busy daemon is scheduled late, and its clients wait for it). */
+#define SERVER_FAST_WINDOW_US 100000u
+#define SERVER_FAST_SHARE_US 25000u
+#define SERVER_FAST_CLOSE 256u
+/* Copy time a connection may report (load_us): at most SERVER_LOAD_PARALLEL microseconds per
+ * microsecond it has been connected (as many threads copying all the time), a minute of that
+ * banked at most. */
+#define SERVER_LOAD_PARALLEL 64u
+#define SERVER_LOAD_BANK_US (SERVER_LOAD_PARALLEL * 60ull * 1000000)
 
 /* The connections of one uid and what they hold together. */
 struct server_uid {
@@ -104,6 +127,12 @@ struct conn {
     uint64_t expired[SERVER_EXPIRED_KEEP]; /* ring of aborted reservation ids */
     uint32_t nexpired;
     struct fast_ring *ring; /* FAST_ATTACH: the hits it took through the shared index */
+    /* Copy time it may still report (load_us of RELEASE and of its ring), refilled at
+     * SERVER_LOAD_PARALLEL microseconds per microsecond since load_ms. */
+    uint64_t load_credit_us;
+    uint64_t load_ms;
+    bool sync_wait;    /* a FAST_ATTACH SYNC waits until its ring is read */
+    uint32_t sync_req; /* its request id */
 };
 
 /* A WAIT answered when its lease's reads from disk end or its time runs out. */
@@ -157,7 +186,11 @@ struct server {
     struct acl *acl;
     struct server_hooks hooks;
     struct kvc_fast_hit fast_hits[KVC_FAST_RING_ENTS]; /* a hit ring's entries, being read */
-    uint64_t fast_drained_ms; /* 1 + when server_fast_drain_all last ran */
+    bool fast_evict_passed; /* server_fast_evict ran since the last request or batch began */
+    struct conn *fast_next; /* the ring server_fast_pass reads first next time */
+    bool fast_in_pass;
+    uint64_t fast_window_us;      /* when the passes' current time window began */
+    uint64_t fast_window_busy_us; /* their time in it */
     struct stats fast_excl; /* counted by drains since fast_excl_any was last cleared */
     bool fast_excl_any;
     bool trim_due; /* a commit wants engine_trim once its connection's requests are answered */
@@ -182,6 +215,8 @@ static void server_limits_set(struct server *sv, const struct server_params *p)
     sv->lim.cfg = NULL;
     sv->lim.acl = NULL;
     sv->lim.socket_path = sv->lim.socket_group = NULL;
+    if (!sv->lim.fast_ring_rate)
+        sv->lim.fast_ring_rate = 65536; /* server.fast_ring_rate's default */
 }
 
 /* ---- per-uid accounting ------------------------------------------------------------------ */
@@ -255,11 +290,18 @@ static void server_trim_due(struct server *sv)
     engine_trim(sv->store, loop_now_ms(sv->loop));
 }
 
-static void server_fast_drain(struct server *sv, struct conn *c, uint64_t now);
+static uint32_t server_fast_drain(struct server *sv, struct conn *c, uint64_t now, uint32_t max);
 
 static void server_conn_close(struct server *sv, struct conn *c, const char *why)
 {
-    server_fast_drain(sv, c, loop_now_ms(sv->loop)); /* the hits it took before it went */
+    /* The hits it took before it went, as far as one pass goes; the rest are not read
+     * (libkvc's kvc_disconnect has them read first). */
+    if (c->ring) {
+        server_fast_drain(sv, c, loop_now_ms(sv->loop), SERVER_FAST_CLOSE);
+        sv->store->total.fast_dropped += fast_ring_unread(c->ring);
+    }
+    if (sv->fast_next == c)
+        sv->fast_next = c->next;
     if (why)
         log_limited(LOG_LEVEL_WARNING, "server: closing client %u (pid %d, uid %u): %s", c->id,
                     (int)c->cred.pid, (unsigned)c->cred.uid, why);
@@ -399,6 +441,13 @@ static int server_on_ns_open(struct server *sv, struct conn *c, const struct pro
     bool created, exists = false;
     int rc;
     bool named = memchr(q->layout.model_id, 0, sizeof(q->layout.model_id)) != NULL;
+    /* Refused before anything logs or matches the id: a newline in it would break lines. */
+    if (named && !store_model_id_ok(q->layout.model_id)) {
+        log_limited(LOG_LEVEL_WARNING,
+                    "server: client %u: NS_OPEN refused (model id holds a control character)",
+                    c->id);
+        return -EINVAL;
+    }
     for (uint32_t i = 1; named && i < sv->store->nns && !exists; i++)
         exists = sv->store->ns[i] &&
                  strcmp(sv->store->ns[i]->layout.model_id, q->layout.model_id) == 0;
@@ -569,14 +618,15 @@ static int server_on_lookup(struct server *sv, struct conn *c, const struct prot
     bool defer =
         may_wait && !(q->flags & KVC_LOOKUP_F_READY_ONLY) && server_may_wait(sv, c, q->ns_id, now);
     c->owner.lookup_short = false;
-    int hits = engine_lookup_flags(sv->store, &c->owner, q->ns_id, r->tail, n,
-                                   q->flags | (defer ? ENGINE_LOOKUP_F_DEFER : 0), now, &lease,
-                                   (struct kvc_wire_loc *)(p + 1));
+    uint32_t first = 0;
+    int hits = engine_lookup_kind(sv->store, &c->owner, q->ns_id, r->tail, n,
+                                  q->flags | (defer ? ENGINE_LOOKUP_F_DEFER : 0), now, &lease,
+                                  &first, (struct kvc_wire_loc *)(p + 1));
     if (hits == -EAGAIN && defer)
         return SERVER_DEFERRED;
     if (hits < 0)
         return server_store_rc(sv, c, hits);
-    *p = (struct kvc_lookup_rep){.nhit = (uint32_t)hits, .lease_id = lease};
+    *p = (struct kvc_lookup_rep){.nhit = (uint32_t)hits, .first = first, .lease_id = lease};
     return (int)(sizeof(*p) + (size_t)hits * sizeof(struct kvc_wire_loc));
 }
 
@@ -789,7 +839,6 @@ void server_tick(struct server *sv)
         }
         if (c->nresv)
             server_resv_expire(sv, c, now);
-        server_fast_drain(sv, c, now);
     }
     if (sv->waits && now >= sv->waits_deadline)
         server_waits_check(sv, now);
@@ -800,6 +849,27 @@ void server_tick(struct server *sv)
     server_arena_faults(sv);
 }
 
+/* Adds us of copy time that c reports for namespace ns, as far as c's credit goes (the
+ * rest is counted in load_refused_us): a client cannot drive the daemon's load_us past what
+ * its connections could have spent. */
+static void server_load_add(struct server *sv, struct conn *c, struct store_ns *ns, uint64_t us,
+                            uint64_t now)
+{
+    if (now > c->load_ms) {
+        uint64_t add = (now - c->load_ms) * 1000 * SERVER_LOAD_PARALLEL;
+        c->load_credit_us = add >= SERVER_LOAD_BANK_US - c->load_credit_us
+                                ? SERVER_LOAD_BANK_US
+                                : c->load_credit_us + add;
+        c->load_ms = now;
+    }
+    uint64_t ok = us < c->load_credit_us ? us : c->load_credit_us;
+    c->load_credit_us -= ok;
+    ns->stats.load_us += ok;
+    sv->store->total.load_us += ok;
+    if (us > ok)
+        sv->store->total.load_refused_us += us - ok;
+}
+
 static int server_on_release(struct server *sv, struct conn *c, const struct proto_req *r)
 {
     struct kvc_release_rep *p = (struct kvc_release_rep *)((struct kvc_msg_hdr *)sv->tx + 1);
@@ -808,16 +878,14 @@ static int server_on_release(struct server *sv, struct conn *c, const struct pro
     uint32_t done = 0;
     int rc = 0;
     struct store_ns *ns = store_ns_get(sv->store, store_lease_ns(&c->owner, ids[0]));
-    if (ns && q->load_us) {
-        ns->stats.load_us += q->load_us;
-        sv->store->total.load_us += q->load_us;
-    }
     for (uint32_t i = 0; i < r->ntail; i++) {
         if (store_release(sv->store, &c->owner, ids[i]) == 0)
             done++;
         else
             rc = -ENOENT;
     }
+    if (ns && done && q->load_us) /* the copy time of leases it held */
+        server_load_add(sv, c, ns, q->load_us, loop_now_ms(sv->loop));
     if (rc)
         return rc; /* the known ones were released; the reply says some were not */
     *p = (struct kvc_release_rep){.released = done};
@@ -1216,21 +1284,26 @@ static int server_on_gpu_attach(struct server *sv, struct conn *c, const struct 
 
 /* ---- the fast path (client/kvc_fast.h) ------------------------------------------------ */
 
-/* Counts the hits c took through the shared index since the last call, as LOOKUP would:
- * each entry must name a cached block of a namespace c opened and may read; the rest are
- * refused (counted). At most a ring's worth per call, so a client cannot keep the loop. */
+/* Counts at most max of the hits c took through the shared index (fewer when its allowance,
+ * server.fast_ring_rate, is spent), as LOOKUP would: each entry must name a cached block of
+ * a namespace c opened and may read; the rest are refused (counted). The entries read. */
 static void server_stats_delta(struct stats *st, const struct stats *before,
                                const struct stats *after);
 
-static void server_fast_drain(struct server *sv, struct conn *c, uint64_t now)
+static uint32_t server_fast_drain(struct server *sv, struct conn *c, uint64_t now, uint32_t max)
 {
     struct kvc_fast_hit *h = sv->fast_hits;
     struct stats before;
     uint32_t n;
-    if (!c->ring || !(n = fast_ring_take(c->ring, h, KVC_FAST_RING_ENTS)))
-        return;
+    bool lied;
+    if (!c->ring || !fast_ring_unread(c->ring))
+        return 0;
     before = sv->store->total;
-    c->t_last = now; /* a client that only hits through the index is not idle */
+    fast_ring_refill(c->ring, now, (uint32_t)sv->lim.fast_ring_rate);
+    n = fast_ring_take(c->ring, h, max, &lied);
+    if (lied) /* a head moved backwards or past a ring's worth: one lie */
+        sv->store->total.fast_refused++;
+    /* Hits through the index are not requests: they keep no connection from idling out. */
     for (uint32_t first = 0, end; first < n; first = end) {
         /* A request's hits: from one with nkeys set to the next one. */
         for (end = first + 1; end < n && !h[end].nkeys; end++)
@@ -1244,11 +1317,8 @@ static void server_fast_drain(struct server *sv, struct conn *c, uint64_t now)
                 h[i].pos = UINT16_MAX; /* not fed to the tuner */
                 continue;
             }
-            if (h[i].nkeys && h[i].load_us) { /* as RELEASE reports a lease's copy time */
-                struct store_ns *ns = store_ns_get(sv->store, h[i].ns);
-                ns->stats.load_us += h[i].load_us;
-                sv->store->total.load_us += h[i].load_us;
-            }
+            if (h[i].nkeys && h[i].load_us) /* as RELEASE reports a lease's copy time */
+                server_load_add(sv, c, store_ns_get(sv->store, h[i].ns), h[i].load_us, now);
         }
         for (uint32_t i = first; i < end; i++)
             if (h[i].pos != UINT16_MAX) {
@@ -1261,19 +1331,113 @@ static void server_fast_drain(struct server *sv, struct conn *c, uint64_t now)
     server_stats_delta(&c->st, &before, &sv->store->total);
     server_stats_delta(&sv->fast_excl, &before, &sv->store->total);
     sv->fast_excl_any = true;
+    return n;
 }
 
-/* Every connection's unread hits, before the engine evicts (store.on_evict): at most once
- * per loop millisecond, so a burst of evictions costs one pass over the connections. */
-static void server_fast_drain_all(void *arg)
+/* Answers c's FAST_ATTACH SYNC: its ring has been read. Outside any request's handling
+ * (the reply is built in sv->tx). */
+static void server_fast_synced(struct server *sv, struct conn *c)
+{
+    struct kvc_msg_hdr req = {.opcode = KVC_OP_FAST_ATTACH, .req_id = c->sync_req};
+    struct kvc_fast_attach_rep *p = server_reply_init(sv, &req, 0, sizeof(*p));
+    *p = (struct kvc_fast_attach_rep){.what = KVC_FAST_SYNC};
+    c->sync_wait = false;
+    server_send(sv, c, -1); /* a client that does not read is dropped at its next request */
+}
+
+static uint64_t server_mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+}
+
+/* One pass over the connections' rings: rounds of at most SERVER_FAST_CHUNK entries of each
+ * ring, round robin from where the last pass stopped, until `budget` entries are read or
+ * SERVER_FAST_PASS_US went by; then, with `reply`, the SYNCs whose rings are read are
+ * answered. Returns in how many ms a ring will have entries it may be read for (0: now), or
+ * -1 when no ring has unread entries. */
+static int server_fast_pass(struct server *sv, uint32_t budget, bool reply)
+{
+    uint64_t now = loop_now_ms(sv->loop), rate = sv->lim.fast_ring_rate;
+    uint64_t t0 = server_mono_us(), end = t0 + SERVER_FAST_PASS_US;
+    int again = -1, rest = 0;
+    if (!sv->conns || sv->fast_in_pass)
+        return -1;
+    sv->fast_in_pass = true;
+    /* The passes' share of the loop's time: when they took it all in this window, they read
+     * nothing until the next one (the loop may sleep till then). */
+    if (t0 - sv->fast_window_us >= SERVER_FAST_WINDOW_US) {
+        sv->fast_window_us = t0;
+        sv->fast_window_busy_us = 0;
+    }
+    if (sv->fast_window_busy_us >= SERVER_FAST_SHARE_US) {
+        budget = 0;
+        rest = (int)((sv->fast_window_us + SERVER_FAST_WINDOW_US - t0 + 999) / 1000);
+    }
+    for (bool more = true; more && budget && server_mono_us() < end;) {
+        struct conn *start = sv->fast_next ? sv->fast_next : sv->conns, *c = start;
+        more = false;
+        do {
+            struct conn *next = c->next ? c->next : sv->conns;
+            if (c->ring && fast_ring_unread(c->ring)) {
+                uint32_t n = server_fast_drain(
+                    sv, c, now, budget < SERVER_FAST_CHUNK ? budget : SERVER_FAST_CHUNK);
+                budget -= n;
+                more = more || n > 0;
+                sv->fast_next = next;
+                if (!budget || server_mono_us() >= end)
+                    break;
+            }
+            c = next;
+        } while (c != start);
+    }
+    /* Left unread for want of budget or time (the next pass reads on at once), or of
+     * allowance (once the rate has given a chunk's worth). */
+    for (struct conn *c = sv->conns; c; c = c->next) {
+        if (!c->ring)
+            continue;
+        if (fast_ring_unread(c->ring)) {
+            int ms = fast_ring_allowance(c->ring)
+                         ? rest
+                         : (int)((SERVER_FAST_CHUNK * 1000 + rate - 1) / rate);
+            again = again < 0 || ms < again ? ms : again;
+        } else if (c->sync_wait) {
+            /* Read; answered once its rate allows it another entry, so that a client over
+             * its rate waits for it rather than spin through SYNCs. */
+            fast_ring_refill(c->ring, now, (uint32_t)rate);
+            if (!fast_ring_allowance(c->ring)) {
+                int ms = (int)((1000 + rate - 1) / rate);
+                again = again < 0 || ms < again ? ms : again;
+            } else if (reply) {
+                server_fast_synced(sv, c);
+            }
+        }
+    }
+    sv->fast_window_busy_us += server_mono_us() - t0;
+    sv->fast_in_pass = false;
+    return again;
+}
+
+/* After every batch of requests (loop_after): a pass over the rings. */
+static int server_fast_after(void *arg)
 {
     struct server *sv = arg;
-    uint64_t now = loop_now_ms(sv->loop);
-    if (sv->fast_drained_ms == now + 1)
+    sv->fast_evict_passed = false;
+    return server_fast_pass(sv, SERVER_FAST_PASS_ALL, true);
+}
+
+/* Before the engine evicts (store.on_evict): a pass, so that the hits clients took through
+ * the index before this request count for the blocks they keep using; once per request
+ * handled (or batch) however many evictions it makes. (Once per loop millisecond, as this
+ * was, skipped the pass for a request that came in the millisecond of an earlier one.) */
+static void server_fast_evict(void *arg)
+{
+    struct server *sv = arg;
+    if (sv->fast_evict_passed)
         return;
-    sv->fast_drained_ms = now + 1;
-    for (struct conn *c = sv->conns; c; c = c->next)
-        server_fast_drain(sv, c, now);
+    sv->fast_evict_passed = true;
+    (void)server_fast_pass(sv, SERVER_FAST_PASS_ALL, false);
 }
 
 static int server_on_fast_attach(struct server *sv, struct conn *c, const struct proto_req *r,
@@ -1284,8 +1448,21 @@ static int server_on_fast_attach(struct server *sv, struct conn *c, const struct
     int rc = 0;
     *p = (struct kvc_fast_attach_rep){.what = q->what, .arena_id = q->arena_id};
     if (q->what == KVC_FAST_SYNC) {
-        server_fast_drain(sv, c, now);
-        return sizeof(*p);
+        /* The client needs room (half its ring is unread, or it is leaving). What its
+         * allowance covers is read in the passes, and the answer waits for that (and for
+         * the rate to allow one entry more); the rest goes unread now, counted: no more
+         * work than the rate. */
+        bool lied;
+        if (!c->ring || c->sync_wait)
+            return sizeof(*p); /* nothing to read, or one SYNC waits already */
+        fast_ring_refill(c->ring, now, (uint32_t)sv->lim.fast_ring_rate);
+        sv->store->total.fast_dropped += fast_ring_shed(c->ring, &lied);
+        sv->store->total.fast_refused += lied;
+        if (!fast_ring_unread(c->ring) && fast_ring_allowance(c->ring))
+            return sizeof(*p);
+        c->sync_wait = true;
+        c->sync_req = r->hdr->req_id;
+        return SERVER_DEFERRED;
     }
     if (!sv->store->fast[0])
         return -EOPNOTSUPP; /* server.fast_path = no */
@@ -1412,6 +1589,19 @@ void server_retry(struct server *sv, uint64_t now)
     }
 }
 
+/* Takes out of c's counters what ring reads during its request added (each drain counted
+ * them for its own connection already). */
+static void server_fast_excl_take(struct server *sv, struct conn *c)
+{
+    if (!sv->fast_excl_any)
+        return;
+#define SERVER_STAT_EXCL(name, help) c->st.name -= sv->fast_excl.name;
+    STATS_COUNTERS(SERVER_STAT_EXCL)
+#undef SERVER_STAT_EXCL
+    memset(&sv->fast_excl, 0, sizeof(sv->fast_excl));
+    sv->fast_excl_any = false;
+}
+
 /* Handles one request; returns true if the connection was closed (c is gone). */
 static bool server_handle(struct server *sv, struct conn *c, size_t n)
 {
@@ -1425,13 +1615,18 @@ static bool server_handle(struct server *sv, struct conn *c, size_t n)
         memset(&sv->fast_excl, 0, sizeof(sv->fast_excl));
         sv->fast_excl_any = false;
     }
+    sv->fast_evict_passed = false; /* rings written since the last request: an eviction reads */
     int rc = proto_decode(sv->rx, n, &r, &why);
     if (rc == -EPROTO) {
         server_conn_close(sv, c, why);
         return true;
     }
     c->t_last = now;
-    server_fast_drain(sv, c, now); /* its hits through the index come before this request */
+    /* Its latest hits through the index before this request; the passes read the rest (a
+     * SYNC's answer waits for them anyway). */
+    if (rc || r.hdr->opcode != KVC_OP_FAST_ATTACH ||
+        ((const struct kvc_fast_attach_req *)r.body)->what != KVC_FAST_SYNC)
+        server_fast_drain(sv, c, now, SERVER_FAST_REQ);
     if (r.dup_key)
         sv->store->total.refused_duplicates++;
     if (rc == 0 && !c->hello && r.hdr->opcode != KVC_OP_HELLO) {
@@ -1519,6 +1714,12 @@ static bool server_handle(struct server *sv, struct conn *c, size_t n)
             break;
         case KVC_OP_FAST_ATTACH:
             rc = server_on_fast_attach(sv, c, &r, now, &send_fd, &send_fd_owned);
+            if (rc == SERVER_DEFERRED) { /* SYNC: answered once its ring is read */
+                server_count(sv, 0);
+                server_stats_delta(&c->st, &before, &sv->store->total);
+                server_fast_excl_take(sv, c);
+                return false;
+            }
             break;
         case KVC_OP_SYNC:
             rc = 0; /* every request before it has been handled: that is the answer */
@@ -1543,13 +1744,7 @@ static bool server_handle(struct server *sv, struct conn *c, size_t n)
     server_uid_sync(c);
     server_count(sv, rc);
     server_stats_delta(&c->st, &before, &sv->store->total);
-    if (sv->fast_excl_any) { /* each drain counted for its own connection */
-#define SERVER_STAT_EXCL(name, help) c->st.name -= sv->fast_excl.name;
-        STATS_COUNTERS(SERVER_STAT_EXCL)
-#undef SERVER_STAT_EXCL
-        memset(&sv->fast_excl, 0, sizeof(sv->fast_excl));
-        sv->fast_excl_any = false;
-    }
+    server_fast_excl_take(sv, c);
     bool quiet = rc >= 0 && r.hdr && r.hdr->opcode == KVC_OP_COMMIT &&
                  (((const struct kvc_commit_req *)r.body)->flags & KVC_COMMIT_F_QUIET);
     if (rc < 0) {
@@ -1702,7 +1897,8 @@ static void server_on_accept(struct loop *l, int fd, uint32_t events, void *arg)
         }
         c->u->nconns++;
         c->id = ++sv->next_id;
-        c->t_connect = c->t_last = loop_now_ms(l);
+        c->t_connect = c->t_last = c->load_ms = loop_now_ms(l);
+        c->load_credit_us = 1000 * SERVER_LOAD_PARALLEL; /* a millisecond's worth */
         store_owner_init(&c->owner);
         c->next = sv->conns;
         if (sv->conns)
@@ -1768,8 +1964,9 @@ struct server *server_new(struct loop *l, struct store *s, const struct server_p
     s->on_ready_arg = sv;
     s->on_room = server_on_room;
     s->on_room_arg = sv;
-    s->on_evict = server_fast_drain_all;
+    s->on_evict = server_fast_evict;
     s->on_evict_arg = sv;
+    loop_after(l, server_fast_after, sv);
     if (p->adopt) {
         struct sockaddr_un got = {0};
         socklen_t gl = sizeof(got);
@@ -1861,6 +2058,7 @@ fail:
     s->on_ready = NULL;
     s->on_room = NULL;
     s->on_evict = NULL;
+    loop_after(l, NULL, NULL);
     if (sv && sv->fd >= 0)
         close(sv->fd);
     if (sv)
@@ -1879,6 +2077,7 @@ void server_free(struct server *sv)
     sv->store->on_ready = NULL;
     sv->store->on_room = NULL;
     sv->store->on_evict = NULL;
+    loop_after(sv->loop, NULL, NULL);
     loop_del(sv->loop, sv->fd);
     close(sv->fd);
     if (!sv->adopted)
@@ -1985,7 +2184,6 @@ int server_ns_drop(struct server *sv, uint32_t ns_id, uint64_t *dropped)
         engine_disk_checkpoint(sv->store);
     return 0;
 }
-
 
 const char *server_path(const struct server *sv)
 {

@@ -41,6 +41,7 @@ struct server_params {
     uint64_t uid_pins;               /* lease pins per uid */
     uint64_t uid_leases;             /* leases + reservations per uid */
     uint32_t uid_reserved_share;     /* percent of an arena one uid may hold reserved */
+    uint32_t fast_ring_rate;         /* hit-ring entries read a second a connection (0: 65536) */
 };
 
 /* What the admin requests call back into the daemon for (main.c). */

@@ -16,14 +16,14 @@
 #include "tiers/slab.h"
 #include "tiers/tier.h"
 
-#define STORE_STAT_ADD(s, nsp, field, v)                                                       \
-    do {                                                                                       \
-        (s)->total.field += (v);                                                               \
-        (nsp)->stats.field += (v);                                                             \
+#define STORE_STAT_ADD(s, nsp, field, v)                                                           \
+    do {                                                                                           \
+        (s)->total.field += (v);                                                                   \
+        (nsp)->stats.field += (v);                                                                 \
     } while (0)
 
 static const uint32_t store_dtype_bytes[] = {
-    [KVC_WIRE_DTYPE_FP16] = 2, [KVC_WIRE_DTYPE_BF16] = 2,     [KVC_WIRE_DTYPE_FP32] = 4,
+    [KVC_WIRE_DTYPE_FP16] = 2,     [KVC_WIRE_DTYPE_BF16] = 2, [KVC_WIRE_DTYPE_FP32] = 4,
     [KVC_WIRE_DTYPE_FP8_E4M3] = 1, [KVC_WIRE_DTYPE_INT8] = 1,
 };
 
@@ -190,10 +190,9 @@ static void store_gpu_open(struct store *s)
         return;
     struct tier *g = tier_gpu_new(&gc, &rc);
     if (!g) {
-        log_warn("gpu: tier disabled (%s)",
-                 rc != -ENODEV ? strerror(-rc)
-                 : ops         ? "no CUDA device or driver found"
-                               : "kvcd built without CUDA");
+        log_warn("gpu: tier disabled (%s)", rc != -ENODEV ? strerror(-rc)
+                                            : ops         ? "no CUDA device or driver found"
+                                                          : "kvcd built without CUDA");
         return;
     }
     s->arenas[STORE_ARENA_GPU].tier = g;
@@ -303,7 +302,9 @@ static const char *store_quant_check(const struct kvc_wire_layout *l)
                              .head_dim = l->head_dim,
                              .tokens = l->block_tokens,
                              .dtype = l->dtype,
-                             .k_only = l->kv_kind == KVC_WIRE_KV_KIND_K_ONLY};
+                             .k_only = kvc_wire_layout_kinds(l) == 1};
+    if (l->kv_kind == KVC_WIRE_KV_KIND_STATE)
+        return "a state namespace takes no codec (its blocks stay raw)";
     if (allowed & ~((1u << KVC_WIRE_FORMAT_COUNT) - 2))
         return "unknown codec in the allowed set";
     if (!allowed)
@@ -315,7 +316,7 @@ static const char *store_quant_check(const struct kvc_wire_layout *l)
             !kern_codec_supports(&kl, (enum kern_codec)c))
             return "an allowed codec does not take this shape (rot2/rot4: head_dim a power of "
                    "two 8..256; lowrank: min(block_tokens, head_dim) <= 64)";
-    if (!k && (!v || l->kv_kind == KVC_WIRE_KV_KIND_K_ONLY))
+    if (!k && (!v || kvc_wire_layout_kinds(l) == 1))
         return "recipe quantizes nothing";
     if (KVC_WIRE_QUANT_RAW_LAYERS(f) >= l->layers)
         return "recipe keeps every layer raw";
@@ -324,18 +325,30 @@ static const char *store_quant_check(const struct kvc_wire_layout *l)
     return NULL;
 }
 
-int store_layout_check(const struct kvc_wire_layout *l, uint64_t arena_bytes,
-                       uint64_t *block_bytes, const char **why)
+bool store_model_id_ok(const char *id)
+{
+    for (; *id; id++)
+        if ((unsigned char)*id < 0x20 || *id == 0x7f)
+            return false;
+    return true;
+}
+
+int store_layout_check(const struct kvc_wire_layout *l, uint64_t arena_bytes, uint64_t *block_bytes,
+                       const char **why)
 {
     size_t idlen = strnlen(l->model_id, sizeof(l->model_id));
     unsigned __int128 bytes;
     *why = NULL;
     if (idlen == 0 || idlen == sizeof(l->model_id))
         *why = "model id empty or not NUL-terminated";
+    else if (!store_model_id_ok(l->model_id))
+        *why = "model id holds a control character (newline, tab, ...)";
     else if (l->dtype == 0 || l->dtype >= sizeof(store_dtype_bytes) / sizeof(store_dtype_bytes[0]))
         *why = "unknown dtype";
-    else if (l->kv_kind != KVC_WIRE_KV_KIND_KV && l->kv_kind != KVC_WIRE_KV_KIND_K_ONLY)
+    else if (l->kv_kind < KVC_WIRE_KV_KIND_KV || l->kv_kind > KVC_WIRE_KV_KIND_STATE)
         *why = "unknown kv kind";
+    else if ((l->kv_kind == KVC_WIRE_KV_KIND_KV_WINDOW) != (l->window_tokens != 0))
+        *why = "window_tokens is for (and needed by) a kv_window namespace";
     else if (l->layers == 0 || l->layers > 4096)
         *why = "layers out of range 1..4096";
     else if (l->kv_heads == 0 || l->kv_heads > 4096)
@@ -344,14 +357,14 @@ int store_layout_check(const struct kvc_wire_layout *l, uint64_t arena_bytes,
         *why = "head_dim out of range 1..65536";
     else if (l->block_tokens == 0 || l->block_tokens > 65536)
         *why = "block_tokens out of range 1..65536";
-    else if (l->pad || (l->flags & ~KVC_WIRE_QUANT_MASK))
+    else if (l->flags & ~KVC_WIRE_QUANT_MASK)
         *why = "reserved fields not zero";
     else if (l->flags)
         *why = store_quant_check(l);
     if (*why)
         return -EINVAL;
-    bytes = (unsigned __int128)l->layers * (l->kv_kind == KVC_WIRE_KV_KIND_KV ? 2 : 1) *
-            l->block_tokens * l->kv_heads * l->head_dim * store_dtype_bytes[l->dtype];
+    bytes = (unsigned __int128)l->layers * kvc_wire_layout_kinds(l) * kvc_wire_layout_tokens(l) *
+            l->kv_heads * l->head_dim * store_dtype_bytes[l->dtype];
     if (bytes > arena_bytes) {
         *why = "block larger than the host arena";
         return -EINVAL;
@@ -367,11 +380,11 @@ int store_layout_check(const struct kvc_wire_layout *l, uint64_t arena_bytes,
 static bool store_layout_equal(const struct kvc_wire_layout *a, const struct kvc_wire_layout *b)
 {
     return a->layers == b->layers && a->kv_heads == b->kv_heads && a->head_dim == b->head_dim &&
-           a->block_tokens == b->block_tokens && a->dtype == b->dtype && a->kv_kind == b->kv_kind;
+           a->block_tokens == b->block_tokens && a->dtype == b->dtype && a->kv_kind == b->kv_kind &&
+           a->window_tokens == b->window_tokens;
 }
 
-int store_ns_open(struct store *s, const struct kvc_wire_layout *l, uint32_t *ns_id,
-                  bool *created)
+int store_ns_open(struct store *s, const struct kvc_wire_layout *l, uint32_t *ns_id, bool *created)
 {
     return store_ns_open_in(s, l, 0, ns_id, created);
 }
@@ -473,8 +486,8 @@ struct store_handle *store_handle_get(struct store_owner *o, uint64_t id, uint8_
     return h && h->id == id && h->kind == kind ? h : NULL;
 }
 
-int store_handle_new(struct store *s, struct store_owner *o, uint8_t kind, uint16_t ns,
-                     uint32_t n, struct store_handle **out)
+int store_handle_new(struct store *s, struct store_owner *o, uint8_t kind, uint16_t ns, uint32_t n,
+                     struct store_handle **out)
 {
     uint32_t slot;
     struct store_handle *h;
@@ -514,8 +527,7 @@ static void store_handle_delete(struct store_owner *o, struct store_handle *h)
 
 /* ---- blocks ---------------------------------------------------------------------------- */
 
-static void store_unpin(struct store *s, struct store_owner *o, struct store_ns *ns,
-                        uint32_t idx)
+static void store_unpin(struct store *s, struct store_owner *o, struct store_ns *ns, uint32_t idx)
 {
     struct block *b = &s->ix.blocks[idx];
     store_block_unpin(s, idx);
@@ -542,10 +554,8 @@ void store_record_free(struct store *s, uint32_t idx)
 
 void store_record_loc(const struct block *b, struct tier_loc *l)
 {
-    *l = (struct tier_loc){.arena = 0,
-                           .cls = b->ver,
-                           .off = (uint64_t)b->doff * STORE_RECORD_ALIGN,
-                           .len = b->dlen};
+    *l = (struct tier_loc){
+        .arena = 0, .cls = b->ver, .off = (uint64_t)b->doff * STORE_RECORD_ALIGN, .len = b->dlen};
 }
 
 bool store_block_idle(const struct store *s, uint32_t idx)
@@ -614,13 +624,26 @@ void store_stat_lossy_hit(struct store *s, struct store_ns *ns, uint32_t format)
     if (ns->rungs >= 2)
         policy_ladder_hit(&ns->ladder, store_ladder_rung(ns, format));
     switch (format) {
-    case KVC_WIRE_FORMAT_Q8_0: STORE_STAT_ADD(s, ns, hit_blocks_q8_0, 1); break;
-    case KVC_WIRE_FORMAT_Q4_1: STORE_STAT_ADD(s, ns, hit_blocks_q4_1, 1); break;
-    case KVC_WIRE_FORMAT_Q5_1: STORE_STAT_ADD(s, ns, hit_blocks_q5_1, 1); break;
-    case KVC_WIRE_FORMAT_KIVI2: STORE_STAT_ADD(s, ns, hit_blocks_kivi2, 1); break;
-    case KVC_WIRE_FORMAT_KIVI4: STORE_STAT_ADD(s, ns, hit_blocks_kivi4, 1); break;
-    case KVC_WIRE_FORMAT_FP8: STORE_STAT_ADD(s, ns, hit_blocks_fp8, 1); break;
-    default: break;
+    case KVC_WIRE_FORMAT_Q8_0:
+        STORE_STAT_ADD(s, ns, hit_blocks_q8_0, 1);
+        break;
+    case KVC_WIRE_FORMAT_Q4_1:
+        STORE_STAT_ADD(s, ns, hit_blocks_q4_1, 1);
+        break;
+    case KVC_WIRE_FORMAT_Q5_1:
+        STORE_STAT_ADD(s, ns, hit_blocks_q5_1, 1);
+        break;
+    case KVC_WIRE_FORMAT_KIVI2:
+        STORE_STAT_ADD(s, ns, hit_blocks_kivi2, 1);
+        break;
+    case KVC_WIRE_FORMAT_KIVI4:
+        STORE_STAT_ADD(s, ns, hit_blocks_kivi4, 1);
+        break;
+    case KVC_WIRE_FORMAT_FP8:
+        STORE_STAT_ADD(s, ns, hit_blocks_fp8, 1);
+        break;
+    default:
+        break;
     }
 }
 
@@ -643,10 +666,49 @@ uint32_t store_lookup_run(struct store *s, uint32_t ns_id, const struct kvc_wire
     return hits;
 }
 
+/* Committed and servable (not lost) in namespace ns_id. */
+static bool store_key_cached(struct store *s, uint32_t ns_id, const struct kvc_wire_key *key)
+{
+    uint32_t idx = index_find(&s->ix, (uint16_t)ns_id, key);
+    return idx != INDEX_NONE && s->ix.blocks[idx].state == BLOCK_STATE_COMMITTED &&
+           !(s->ix.blocks[idx].flags & BLOCK_F_LOST);
+}
+
+uint32_t store_lookup_span(struct store *s, uint32_t ns_id, const struct kvc_wire_key *keys,
+                           uint32_t n, uint32_t *count)
+{
+    const struct store_ns *ns = s->ns[ns_id];
+    uint32_t end = 0, w, run = 0;
+    *count = 0;
+    if (n > KVC_PROTO_MAX_KEYS)
+        n = KVC_PROTO_MAX_KEYS;
+    if (ns->layout.kv_kind == KVC_WIRE_KV_KIND_STATE) {
+        /* The state of the longest prefix that has one: it is valid at that prefix's end
+         * alone, and stored under that end's key. */
+        for (end = n; end > 0 && !store_key_cached(s, ns_id, &keys[end - 1]); end--)
+            ;
+        *count = end ? 1 : 0;
+        return end ? end - 1 : 0;
+    }
+    if (ns->layout.kv_kind != KVC_WIRE_KV_KIND_KV_WINDOW) {
+        *count = store_lookup_run(s, ns_id, keys, n);
+        return 0;
+    }
+    /* The longest prefix keys[0..e) whose last min(w, e) blocks are all cached: the blocks
+     * before its window may have gone (evicted, or never stored). */
+    w = kvc_wire_window_blocks(&ns->layout);
+    for (uint32_t i = 0; i < n; i++) {
+        run = store_key_cached(s, ns_id, &keys[i]) ? run + 1 : 0;
+        if (run >= (i + 1 < w ? i + 1 : w))
+            end = i + 1;
+    }
+    *count = end < w ? end : w;
+    return end - *count;
+}
+
 int store_lease_pin(struct store *s, struct store_owner *o, uint32_t ns_id,
-                    const struct kvc_wire_key *keys, uint32_t n, uint32_t hits,
-                    const uint8_t *tier, uint64_t now, uint64_t *lease_id,
-                    struct kvc_wire_loc *locs)
+                    const struct kvc_wire_key *keys, uint32_t n, uint32_t hits, const uint8_t *tier,
+                    uint64_t now, uint64_t *lease_id, struct kvc_wire_loc *locs)
 {
     struct store_ns *ns = store_ns_get(s, ns_id);
     struct store_handle *h = NULL;
@@ -688,10 +750,8 @@ int store_lease_pin(struct store *s, struct store_owner *o, uint32_t ns_id,
     STORE_STAT_ADD(s, ns, lookup_tokens, (uint64_t)n * ns->layout.block_tokens);
     STORE_STAT_ADD(s, ns, hit_blocks, hits);
     STORE_STAT_ADD(s, ns, hit_tokens, (uint64_t)hits * ns->layout.block_tokens);
-    STORE_STAT_ADD(s, ns, hit_tokens_host,
-                   per_tier[KVC_WIRE_TIER_HOST] * ns->layout.block_tokens);
-    STORE_STAT_ADD(s, ns, hit_tokens_disk,
-                   per_tier[KVC_WIRE_TIER_DISK] * ns->layout.block_tokens);
+    STORE_STAT_ADD(s, ns, hit_tokens_host, per_tier[KVC_WIRE_TIER_HOST] * ns->layout.block_tokens);
+    STORE_STAT_ADD(s, ns, hit_tokens_disk, per_tier[KVC_WIRE_TIER_DISK] * ns->layout.block_tokens);
     STORE_STAT_ADD(s, ns, hit_tokens_gpu, per_tier[KVC_WIRE_TIER_GPU] * ns->layout.block_tokens);
     STORE_STAT_ADD(s, ns, miss_blocks, n - hits);
     STORE_STAT_ADD(s, ns, miss_tokens, (uint64_t)(n - hits) * ns->layout.block_tokens);
@@ -782,9 +842,17 @@ int store_reserve(struct store *s, struct store_owner *o, uint32_t ns_id,
         return -ENOENT;
     STORE_STAT_ADD(s, ns, reserves, 1);
     STORE_STAT_ADD(s, ns, reserve_keys, n);
+    /* A window's older blocks may be gone, and states are stored at some block ends only:
+     * there a chain whose parent is not cached starts a root of its own. */
+    bool roots_ok = ns->layout.kv_kind == KVC_WIRE_KV_KIND_KV_WINDOW ||
+                    ns->layout.kv_kind == KVC_WIRE_KV_KIND_STATE;
     if (!index_key_is_zero(parent)) {
         prev = index_find(&s->ix, (uint16_t)ns_id, parent);
-        if (prev == INDEX_NONE || s->ix.blocks[prev].state != BLOCK_STATE_COMMITTED) {
+        if (roots_ok && (prev == INDEX_NONE || s->ix.blocks[prev].state != BLOCK_STATE_COMMITTED)) {
+            static const struct kvc_wire_key none;
+            prev = INDEX_NONE;
+            parent = &none; /* recorded as a root */
+        } else if (prev == INDEX_NONE || s->ix.blocks[prev].state != BLOCK_STATE_COMMITTED) {
             /* The chain would hang from nothing: an orphan is never cached. */
             for (; i < n; i++)
                 st[i] = KVC_WIRE_SLOT_SKIPPED;
@@ -793,8 +861,9 @@ int store_reserve(struct store *s, struct store_owner *o, uint32_t ns_id,
             else
                 STORE_STAT_ADD(s, ns, skipped_parent_busy_blocks, n);
             return 0;
+        } else {
+            depth = s->ix.blocks[prev].depth + 1;
         }
-        depth = s->ix.blocks[prev].depth + 1;
     }
     /* Cached prefix first. */
     for (; i < n; i++) {
@@ -849,6 +918,13 @@ int store_reserve(struct store *s, struct store_owner *o, uint32_t ns_id,
         b->off = loc.off;
         b->len = loc.len;
         b->depth = depth++;
+        if (ns->layout.kv_kind == KVC_WIRE_KV_KIND_KV_WINDOW) {
+            /* Every block of a window is a leaf: a prefix needs only its last window, and a
+             * window lookup touches those blocks alone, so the blocks behind every cached
+             * window grow cold and are evicted first (a chain would keep them as parents). */
+            b->parent = (struct kvc_wire_key){0, 0};
+            b->depth = 0;
+        }
         b->ns = (uint16_t)ns_id;
         b->arena = (uint8_t)loc.arena;
         b->cls = (uint8_t)loc.cls;
@@ -907,7 +983,8 @@ static uint32_t store_resv_end(struct store *s, struct store_owner *o, struct st
 {
     struct store_ns *ns = s->ns[h->ns];
     uint32_t committed = 0;
-    uint32_t parent = h->parent_pin;
+    /* Window blocks hang from nothing (store_reserve). */
+    uint32_t parent = ns->layout.kv_kind == KVC_WIRE_KV_KIND_KV_WINDOW ? INDEX_NONE : h->parent_pin;
     for (uint32_t i = 0; i < h->n; i++) {
         uint32_t idx = h->blocks[i];
         struct block *b = &s->ix.blocks[idx];
@@ -928,7 +1005,8 @@ static uint32_t store_resv_end(struct store *s, struct store_owner *o, struct st
             store_meta_commit(s, idx, now);
             if (s->on_commit)
                 s->on_commit(s, idx, now);
-            parent = idx;
+            if (ns->layout.kv_kind != KVC_WIRE_KV_KIND_KV_WINDOW)
+                parent = idx;
         } else {
             store_block_drop(s, idx);
             STORE_STAT_ADD(s, ns, aborted_blocks, 1);
@@ -1071,8 +1149,8 @@ int store_ns_drop(struct store *s, uint32_t ns_id, uint64_t *dropped)
         while (idx != INDEX_NONE && s->ix.blocks[idx].ns == ns_id &&
                store_block_droppable(s, idx)) {
             struct block *b = &s->ix.blocks[idx];
-            uint32_t p = index_key_is_zero(&b->parent) ? INDEX_NONE
-                                                        : index_find(&s->ix, b->ns, &b->parent);
+            uint32_t p =
+                index_key_is_zero(&b->parent) ? INDEX_NONE : index_find(&s->ix, b->ns, &b->parent);
             STORE_STAT_ADD(s, ns, flushed_blocks, 1);
             STORE_STAT_ADD(s, ns, flushed_bytes, b->len);
             store_block_drop(s, idx);

@@ -246,6 +246,10 @@ void store_free(struct store *s); /* NULL is a no-op */
 /* Applies the reloadable parameters (watermarks, policy, max_handles). */
 void store_reload(struct store *s, const struct store_params *p);
 
+/* Whether a (NUL-terminated) model id is free of control characters: an id is printed in
+ * kvcctl's tables, logs and metric labels, where a newline or tab would break lines. */
+bool store_model_id_ok(const char *id);
+
 /* Checks a layout and computes its block size. 0 or -EINVAL (with a reason in *why). */
 int store_layout_check(const struct kvc_wire_layout *l, uint64_t arena_bytes,
                        uint64_t *block_bytes, const char **why);
@@ -272,6 +276,12 @@ void store_owner_fini(struct store *s, struct store_owner *o);
  * KVC_PROTO_MAX_KEYS): the hits a lookup may hand out before the engine moves any. */
 uint32_t store_lookup_run(struct store *s, uint32_t ns_id, const struct kvc_wire_key *keys,
                           uint32_t n);
+/* The span of keys[0..n) a lookup of namespace ns_id answers with: keys[first..first+count),
+ * returned as first with *count set. KV and K_ONLY: the run of committed blocks from keys[0]
+ * (store_lookup_run); KV_WINDOW: the window of the longest prefix whose window is cached;
+ * STATE: the state of the longest prefix that has one (count 0 or 1). */
+uint32_t store_lookup_span(struct store *s, uint32_t ns_id, const struct kvc_wire_key *keys,
+                           uint32_t n, uint32_t *count);
 /* Pins keys[0..hits) under a new lease of o (*lease_id, 0 if no hit), fills locs[0..hits)
  * from where each block is now and counts the lookup of n keys (tier[i]: where hit i was
  * found, for the per-tier counters). Returns hits, or -ENOENT (ns), -EMFILE, -ENOMEM. The

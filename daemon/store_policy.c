@@ -1059,6 +1059,11 @@ int store_lookup_budget(struct store *s, struct store_owner *o, uint32_t ns_id,
     *nprefix = 0;
     if (!ns)
         return -ENOENT;
+    /* A budget picks blocks of one prefix by their KV's importance: a window's blocks or a
+     * state have no such prefix to pick from. */
+    if (ns->layout.kv_kind == KVC_WIRE_KV_KIND_KV_WINDOW ||
+        ns->layout.kv_kind == KVC_WIRE_KV_KIND_STATE)
+        return -EINVAL;
     if (kind < 0)
         kind = ns->policy;
     if (kind >= POLICY_KIND_COUNT || (dim && dim != ns->layout.head_dim) || !budget)

@@ -9,6 +9,9 @@
 #            librt, libpthread, the loader) nor the driver's (libcuda, loaded by the CUDA
 #            runtime linked into the binaries), copied under its soname; etc/device-check.sh
 #            puts it first on LD_LIBRARY_PATH, which the processes the tests start inherit
+#   pylib/   libkvc.a and CUDA's libcudart_static.a, which device-check.sh links the Python
+#            package's extension against on the host, for the host's own Python (its version
+#            and PyTorch are the host's: the extension cannot be built here)
 #   MANIFEST the commit, the toolchain, and each file's size
 # The tests find kvcd and kvcctl through $KVC_TEST_BIN_DIR (tests/lib/daemon.c), which the
 # check script points at bin/, so the folder works wherever it lands. Fails (non-zero, one
@@ -25,7 +28,7 @@ die() {
     exit 1
 }
 rm -rf "$out"
-mkdir -p "$out/bin" "$out/tests" "$out/bench" "$out/lib"
+mkdir -p "$out/bin" "$out/tests" "$out/bench" "$out/lib" "$out/pylib"
 copy() { # src dst-dir
     [ -x "$1" ] || die "$1 is missing (build it first)"
     cp "$1" "$2/"
@@ -49,6 +52,16 @@ for f in "$out"/bin/* "$out"/tests/* "$out"/bench/*; do
     done
 done
 chmod 0644 "$out"/lib/*
+# The Python extension's static parts (linked on the host by etc/device-check.sh).
+[ -f "$b/lib/libkvc.a" ] || die "$b/lib/libkvc.a is missing (build it first)"
+cp "$b/lib/libkvc.a" "$out/pylib/"
+# bench_python.py's C baseline calls libkvc.so through ctypes.
+[ -f "$b/lib/libkvc.so.1" ] || die "$b/lib/libkvc.so.1 is missing (build it first)"
+cp "$b/lib/libkvc.so.1" "$out/pylib/libkvc.so"
+strip --strip-unneeded "$out/pylib/libkvc.so" || die "strip libkvc.so failed"
+cudart=$(dirname "$(dirname "${NVCC:-/usr/local/cuda/bin/nvcc}")")/lib64/libcudart_static.a
+[ -f "$cudart" ] || die "$cudart is missing (a CUDA build is needed for the device)"
+cp "$cudart" "$out/pylib/"
 # Every binary must resolve into the bundle with the host's libraries hidden.
 for f in "$out"/bin/* "$out"/tests/* "$out"/bench/*; do
     if LD_LIBRARY_PATH="$out/lib" ldd "$f" | grep -q "not found"; then
@@ -61,7 +74,8 @@ done
     echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -n)"
     echo "nvcc: $(${NVCC:-nvcc} --version 2>/dev/null | tail -n 1 || echo unknown)"
     echo "glibc: $(ldd --version | head -n 1)"
-    (cd "$out" && find bin tests bench lib -type f | sort | xargs ls -l | awk '{print $5, $9}')
+    (cd "$out" && find bin tests bench lib pylib -type f | sort | xargs ls -l |
+        awk '{print $5, $9}')
 } >"$out/MANIFEST"
 size=$(du -sb "$out" | cut -f1)
 [ "$size" -lt "$max" ] || die "$out is $size bytes, above the 60 MiB a device host takes"

@@ -9,11 +9,15 @@
 #   suites     the GPU suites (tests/run-checks.sh over the bundle); where a GPU is present,
 #              a GPU case that skips is a failure
 #   benches    bench_gpu, bench_kernels, bench_host
+#   python     the Python package built on the host for its own Python and PyTorch (cc, the
+#              interpreter's headers, the bundle's libkvc.a): python/tests/test_cuda_device.py
+#              and the engine's CUDA case (test_engine.py), then bench_python.py's CUDA rows;
+#              on a GPU host a missing compiler, header or torch.cuda is a failure
 #   sanitizer  tests/gpu-sanitizer.sh (memcheck, racecheck, synccheck) in the time left: a
 #              run that does not fit is listed INCOMPLETE in summary.txt, not failed
 # OUTDIR gets at most 8 files: summary.txt (device, driver, CUDA, each stage's result and
-# time), suites.log, sanitizer.log, bench.txt (the benchmarks' tables), gpu.json,
-# kernels.json, host.json. Exit status 0 when every stage passed; otherwise 1, with one
+# time), suites.log, sanitizer.log, bench.txt (the benchmarks' tables, the Python stage's
+# log and table at its end), gpu.json, kernels.json, host.json, python.json. Exit status 0 when every stage passed; otherwise 1, with one
 # "device-check: FAIL: ..." line per failure on stderr and in summary.txt. Without a GPU the
 # GPU cases report SKIP and the CPU parts run (the sanitizer stage then skips).
 set -u
@@ -111,6 +115,63 @@ if [ "$gpu" -eq 1 ] && grep -qE '^SKIP: bench_(gpu|kernels).*(no CUDA device|no 
     "$out/bench.txt"; then
     fail "a GPU is here but the benchmarks' GPU rows skipped"
 fi
+
+# ---- python: the package on the host's own Python, its CUDA paths for real ------------------
+t0=$(date +%s)
+py=${PYTHON:-python3}
+cc=$(command -v "${CC:-cc}" || command -v gcc || true)
+pytmp=$(mktemp -d /tmp/kvcd-devpy.XXXXXX)
+pyinc=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null)
+pysfx=$("$py" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))' 2>/dev/null)
+pywhy=""
+if ! "$py" -c 'import torch, numpy, pytest' 2>/dev/null; then
+    pywhy="$py cannot import torch, numpy and pytest"
+elif [ -z "$cc" ]; then
+    pywhy="no C compiler (cc, gcc)"
+elif [ ! -f "$pyinc/Python.h" ]; then
+    pywhy="no Python.h for $py (in '$pyinc')"
+elif [ "$gpu" -eq 1 ] && ! "$py" -c 'import torch, sys; sys.exit(not torch.cuda.is_available())'; then
+    pywhy="torch in $py sees no CUDA device"
+fi
+{
+    echo "==== python ($py, $("$py" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__)' 2>/dev/null))"
+} >>"$out/bench.txt"
+if [ -n "$pywhy" ]; then
+    say "python: SKIP ($pywhy)"
+    [ "$gpu" -eq 0 ] || fail "python: $pywhy"
+else
+    mkdir -p "$pytmp/kvcd" && cp -R "$root"/python/kvcd/*.py "$root"/python/kvcd/*.pyi \
+        "$root"/python/kvcd/py.typed "$root"/python/kvcd/engine "$pytmp/kvcd/" &&
+        stage 40 "$cc" -std=gnu11 -O2 -g0 -fPIC -shared -fvisibility=hidden -D_GNU_SOURCE \
+            -DKVC_CUDA=1 -pthread -I"$root" -isystem "$pyinc" -o "$pytmp/kvcd/_kvcd$pysfx" \
+            "$root"/python/kvcd/_kvcd*.c "$bundle/pylib/libkvc.a" "$bundle/lib/libxxhash.so.0" \
+            "$bundle/pylib/libcudart_static.a" "$bundle/lib/libstdc++.so.6" -ldl -lrt -lm \
+            >>"$out/bench.txt" 2>&1
+    rc=$?
+    if [ "$rc" -ne 0 ]; then
+        fail "python: the extension did not build (rc $rc; bench.txt)"
+    else
+        PYTHONPATH="$pytmp" KVCD_BIN="$bundle/bin/kvcd" PYTHONDONTWRITEBYTECODE=1 \
+            stage 90 "$py" -m pytest -p no:cacheprovider -q -rs \
+            "$root/python/tests/test_cuda_device.py" "$root/python/tests/test_engine.py" \
+            >>"$out/bench.txt" 2>&1
+        rc=$?
+        say "python: tests $(grep -E '[0-9]+ (passed|failed)' "$out/bench.txt" | tail -n 1) (rc $rc)"
+        [ "$rc" -eq 0 ] || fail "python: tests rc $rc (bench.txt)"
+        if [ "$gpu" -eq 1 ] && grep -q "SKIPPED.*no CUDA device" "$out/bench.txt"; then
+            fail "python: a GPU is here but CUDA cases skipped"
+        fi
+        mkdir -p "$pytmp/build/lib" && cp "$bundle/pylib/libkvc.so" "$pytmp/build/lib/"
+        PYTHONPATH="$pytmp" KVCD_BIN="$bundle/bin/kvcd" PYTHONDONTWRITEBYTECODE=1 \
+            KVC_BUILD="$pytmp/build" KVC_BENCH_SMOKE=${KVC_BENCH_SMOKE:-} \
+            stage 60 "$py" "$root/tests/bench/bench_python.py" "$out/python.json" \
+            >>"$out/bench.txt" 2>&1
+        rc=$?
+        [ "$rc" -eq 0 ] || fail "python: bench_python rc $rc (bench.txt)"
+    fi
+    say "python: $(($(date +%s) - t0)) s"
+fi
+rm -rf "$pytmp"
 
 # ---- compute-sanitizer: what the 6 minutes leave ---------------------------------------------
 t0=$(date +%s)

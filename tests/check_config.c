@@ -322,7 +322,7 @@ START_TEST(test_table)
 {
     struct config *c = config_new();
 
-    ck_assert_uint_eq(config_noptions, 66);
+    ck_assert_uint_eq(config_noptions, 67);
     for (size_t i = 0; i < config_noptions; i++) {
         const struct config_option *o = &config_options[i];
         char key[128];
@@ -885,15 +885,15 @@ START_TEST(test_reload)
     /* The first non-reloadable one that differs is named. */
     ck_assert_int_eq(config_set(next, "host.size", "2g", NULL, 0), 0);
     ck_assert_int_eq(config_set(next, "host.prefault", "no", NULL, 0), 0);
-    ck_assert_int_eq(config_check_reload(cur, next, err, sizeof(err)), -EPERM);
+    ck_assert_int_eq(config_check_reload(cur, next, err, sizeof(err)), -EROFS);
     ck_assert_str_eq(err, "host.size cannot change on reload ('1g' -> '2g'); restart kvcd to "
                           "apply it");
     ck_assert_int_eq(config_set(next, "host.size", "1g", NULL, 0), 0);
-    ck_assert_int_eq(config_check_reload(cur, next, err, sizeof(err)), -EPERM);
+    ck_assert_int_eq(config_check_reload(cur, next, err, sizeof(err)), -EROFS);
     assert_err(err, "host.prefault cannot change on reload ('yes' -> 'no')*");
     ck_assert_int_eq(config_set(next, "host.prefault", "yes", NULL, 0), 0);
     ck_assert_int_eq(config_set(next, "server.socket", "/run/x.sock", NULL, 0), 0);
-    ck_assert_int_eq(config_check_reload(cur, next, err, sizeof(err)), -EPERM);
+    ck_assert_int_eq(config_check_reload(cur, next, err, sizeof(err)), -EROFS);
     assert_err(err, "server.socket cannot change on reload ('' -> '/run/x.sock')*");
     config_free(cur);
     config_free(next);
@@ -984,6 +984,37 @@ START_TEST(test_print_round_trip)
 }
 END_TEST
 
+/* kvcd.ini(5)'s OPTIONS, between its markers, are config_print_man byte for byte: every
+ * section and option of the table, with its help, type, bounds, default and reloadability. */
+START_TEST(test_man_ini)
+{
+    static const char begin[] = ".\\\" BEGIN kvcd --print-man",
+                      end[] = ".\\\" END kvcd --print-man";
+    char *page = NULL, *want = NULL;
+    size_t page_len = 0, want_len = 0;
+    FILE *f = fopen(KVC_SRC_DIR "/docs/man/kvcd.ini.5", "re");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_gt(getdelim(&page, &page_len, '\0', f), 0);
+    fclose(f);
+    f = open_memstream(&want, &want_len);
+    ck_assert_int_eq(config_print_man(f), 0);
+    ck_assert_int_eq(fclose(f), 0);
+    char *b = strstr(page, begin), *e = strstr(page, end);
+    ck_assert_msg(b && e && e > b, "docs/man/kvcd.ini.5 has no generated OPTIONS markers");
+    b = strchr(b, '\n') + 1;
+    ck_assert_msg((size_t)(e - b) == want_len && memcmp(b, want, want_len) == 0,
+                  "docs/man/kvcd.ini.5 differs from `kvcd --print-man`: run `make man-ini` and "
+                  "commit it");
+    for (size_t i = 0; i < config_noptions; i++) { /* every section is there */
+        char sec[64];
+        snprintf(sec, sizeof(sec), ".SS [%s]\n", config_options[i].section);
+        ck_assert_msg(strstr(want, sec), "no %s", sec);
+    }
+    free(page);
+    free(want);
+}
+END_TEST
+
 /* etc/kvcd.ini is config_print of the defaults, byte for byte. */
 START_TEST(test_shipped_ini)
 {
@@ -1041,6 +1072,7 @@ static Suite *config_suite(void)
     tcase_add_test(tc, test_reload);
     tcase_add_test(tc, test_print_round_trip);
     tcase_add_test(tc, test_shipped_ini);
+    tcase_add_test(tc, test_man_ini);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,7 +1,10 @@
-/* check_copy — libkvc's copy of a put into the arena (client/libkvc_copy.c): the same bytes
+/* check_copy — libkvc's copies (client/libkvc_copy.c). Into the arena (a put): the same bytes
  * as memcpy for every length around the streaming threshold and its 64/128-byte steps, for
  * aligned and unaligned sources and destinations, with nothing written past the end; and
- * with streaming turned off (KVC_PUT_STREAM=0, in a child so the choice is made afresh). */
+ * with streaming turned off (KVC_PUT_STREAM=0, in a child so the choice is made afresh).
+ * Out of the arena (a hit): the same for every destination offset 0..64 from a page and
+ * source offsets 0, 16 and 48, at every length around the aligning threshold, the head
+ * (one 64-byte line) and the 128-byte steps. */
 #include <check.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -23,15 +26,15 @@ static void cp_fill(uint8_t *p, size_t n, uint32_t seed)
     }
 }
 
-/* Copies len bytes from src+so to dst+doff through kvci_copy_to_arena: whether they and the
- * guard bytes around them are right. */
-static bool cp_one(size_t len, size_t so, size_t doff)
+/* Copies len bytes from src+so to dst+doff through fn: whether they and the guard bytes
+ * around them are right. */
+static bool cp_with(void (*fn)(void *, const void *, size_t), size_t len, size_t so, size_t doff)
 {
-    static uint8_t src[CP_MAX + 256] __attribute__((aligned(64)));
-    static uint8_t dst[CP_MAX + 512] __attribute__((aligned(64)));
+    static uint8_t src[CP_MAX + 256] __attribute__((aligned(4096)));
+    static uint8_t dst[CP_MAX + 512] __attribute__((aligned(4096)));
     cp_fill(src, sizeof(src), (uint32_t)(len * 31 + so));
     memset(dst, 0xcc, sizeof(dst));
-    kvci_copy_to_arena(dst + 64 + doff, src + so, len);
+    fn(dst + 64 + doff, src + so, len);
     if (memcmp(dst + 64 + doff, src + so, len) != 0)
         return false;
     for (size_t i = 0; i < 64 + doff; i++)
@@ -41,6 +44,11 @@ static bool cp_one(size_t len, size_t so, size_t doff)
         if (dst[i] != 0xcc)
             return false;
     return true;
+}
+
+static bool cp_one(size_t len, size_t so, size_t doff)
+{
+    return cp_with(kvci_copy_to_arena, len, so, doff);
 }
 
 /* Every length and alignment: 0, or 1 + the index of the first case that failed. */
@@ -68,6 +76,46 @@ static size_t cp_sweep(void)
                     return 1 + (l * no + a) * no + b;
     return 0;
 }
+
+/* The hit side: every destination offset from a 64-byte line (the guard before it is 64
+ * bytes, so dst + 64 + doff is doff bytes past a page), a page-aligned source (an arena
+ * slot) and two unaligned ones (a writer's own memory in tests that copy from anywhere). */
+static size_t cp_sweep_from(void)
+{
+    static const size_t lens[] = {0,
+                                  1,
+                                  63,
+                                  64,
+                                  65,
+                                  KVCI_ALIGN_MIN - 1,
+                                  KVCI_ALIGN_MIN,
+                                  KVCI_ALIGN_MIN + 1,
+                                  KVCI_ALIGN_MIN + 63,
+                                  KVCI_ALIGN_MIN + 64,
+                                  KVCI_ALIGN_MIN + 127,
+                                  KVCI_ALIGN_MIN + 128,
+                                  KVCI_ALIGN_MIN + 129,
+                                  4096,
+                                  4096 + 16,
+                                  KVCI_STREAM_MIN,
+                                  KVCI_STREAM_MIN * 4 + 200};
+    static const size_t soffs[] = {0, 16, 48};
+    size_t ncase = 0;
+    for (size_t l = 0; l < sizeof(lens) / sizeof(lens[0]); l++)
+        for (size_t a = 0; a < sizeof(soffs) / sizeof(soffs[0]); a++)
+            for (size_t doff = 0; doff <= 64; doff++) {
+                ncase++;
+                if (!cp_with(kvci_copy_from_arena, lens[l], soffs[a], doff))
+                    return ncase;
+            }
+    return 0;
+}
+
+START_TEST(test_copy_from_arena_every_alignment)
+{
+    ck_assert_uint_eq(cp_sweep_from(), 0);
+}
+END_TEST
 
 START_TEST(test_copy_same_bytes)
 {
@@ -98,6 +146,7 @@ int main(void)
     tcase_set_timeout(tc, daemon_slow() * 60);
     tcase_add_test(tc, test_copy_same_bytes);
     tcase_add_test(tc, test_copy_without_streaming);
+    tcase_add_test(tc, test_copy_from_arena_every_alignment);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

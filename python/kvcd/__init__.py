@@ -1,4 +1,4 @@
-# DESIGN: the kvcd package is the C extension kvcd._kvcd (python/kvcd/_kvcd.c) over libkvc;
+# DESIGN: the kvcd package is the C extension kvcd._kvcd (python/kvcd/_kvcd*.c) over libkvc;
 # this file only re-exports it, so `import kvcd` is the whole API (typed in __init__.pyi).
 from kvcd._kvcd import (  # noqa: F401
     SLOT_BUSY,
@@ -10,11 +10,12 @@ from kvcd._kvcd import (  # noqa: F401
     Error,
     Lease,
     Namespace,
+    PagedKV,
     Reservation,
     default_socket,
 )
 
 __all__ = [
-    "Client", "Namespace", "Lease", "Reservation", "Error", "default_socket",
+    "Client", "Namespace", "Lease", "Reservation", "PagedKV", "Error", "default_socket",
     "SLOT_PRESENT", "SLOT_RESERVED", "SLOT_BUSY", "SLOT_SKIPPED", "SLOT_NOSPACE",
 ]

@@ -8,15 +8,18 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
 pytest.importorskip("torch")
+pytestmark = pytest.mark.skipif(bool(os.environ.get("KVC_PY_SANITIZER")),
+                                reason="the engine's runs are left to the normal build (ASan: "
+                                       "test_binding and test_crash cover the binding)")
 
 import kvcd  # noqa: E402
 from kvcd.engine.daemon import PrivateDaemon  # noqa: E402
 from kvcd.engine.prompts import chat_prompt, encode  # noqa: E402
+from quantfill import QUANT_OPTIONS, fill_until_quantizing  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NEW = 12
@@ -71,46 +74,13 @@ def test_raw_hits_generate_the_no_cache_tokens(raw_daemon, block_tokens):
            sum(r["computed"] for r in second)))
 
 
-# Quantized blocks: the lru policy quantizes the coldest blocks of namespaces that allow a
-# codec once an arena is over its high watermark, down to the low one, and evicts only what
-# is still over the high watermark after that (as tests/e2e/check_e2e_quant.c gets the daemon
-# to quantize). The engine's blocks go in first (the coldest), raw filler blocks follow one
-# at a time until the daemon starts quantizing: quantizing every engine block then brings
-# the arena back under the high watermark without an eviction.
-QUANT_OPTIONS = ["host.size=16m", "host.page_size=64k", "cache.policy=lru",
-                 "host.high_watermark=0.95", "host.low_watermark=0.90",
-                 "host.quantize_inflight=1024"]
+# Quantized blocks: the daemon quantizes the engine's blocks under pressure (quantfill.py).
 QUANT_MODEL = dict(head_dim=32)  # 2 layers x 2 kv heads x 32: a 32-token block is 16 KiB
 # codec: (max |logit difference| / logit scale, least token agreement) in the bounds.
 # Measured on this model and these prompts: q8_0 0.0024 / 1.000, fp8 0.0078 / 0.944, kivi4
 # 0.0368 / 0.944, q4_1 0.0388 / 0.944 (a random model's logits are flat, so near-ties flip).
 QUANT_BOUNDS = {"q8_0": (0.01, 0.9), "fp8": (0.03, 0.8), "kivi4": (0.15, 0.6),
                 "q4_1": (0.15, 0.6)}
-
-
-def fill_until_quantizing(c, blocks, block_bytes, deadline_s=20):
-    """Puts raw filler blocks until the daemon has quantized the `blocks` engine blocks (of
-    block_bytes each); returns the count it reached."""
-    ns = c.namespace("kvcd-ref/test-quant-filler", 2, 2, 32, 64)
-    fill = bytearray(ns.block_bytes)
-    bulk = int((16 << 20) * 0.9) // ns.block_bytes - blocks * block_bytes // ns.block_bytes
-    i = 0
-    for i in range(0, bulk, 64):  # to about 90 %, quickly
-        keys = ns.keys_from_tokens(range(i * 64, min(bulk, i + 64) * 64), extra=b"fill")
-        ns.put_prefix(keys, [fill] * len(keys))
-    i = bulk
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        q = c.stats().get("quantized_blocks", 0)
-        if q >= blocks:
-            return q
-        if q == 0:  # one more block at a time, until the first quantization
-            keys = ns.keys_from_tokens(range(i * 64, (i + 1) * 64), extra=b"fill")
-            ns.put_prefix(keys, [fill])
-            i += 1
-        else:
-            time.sleep(0.01)
-    return c.stats().get("quantized_blocks", 0)
 
 
 def quant_measure(codecs, block_tokens=32, nprompts=3, model=QUANT_MODEL):
@@ -154,3 +124,24 @@ def test_quantized_hits_fidelity(codecs):
         rel, agree = QUANT_BOUNDS[codec]
         assert 0 < m["rel"] <= rel, (codec, m)
         assert m["agree"] >= agree, (codec, m)
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="no CUDA device")
+def test_cuda_engine_loads_hits_into_its_gpu_cache(raw_daemon):
+    """On a GPU: the engine's paged cache in device memory, hits scattered into it by kvcd
+    (DMA from the pinned host arena), and the same greedy tokens as the CPU engine without
+    kvcd; on the same device the logits with hits equal those without, bit for bit."""
+    import torch
+    from kvcd.engine import Engine, Model, tiny_config
+    prompts = prompt_sets()["shared-system"]
+    cpu = Engine(model=Model(tiny_config(), "cpu"), block_tokens=16, max_tokens=512)
+    ref = [cpu.generate(p, NEW, use_cache=False, put=False).tokens for p in prompts]
+    gpu = Engine(model=Model(tiny_config(), "cuda"), block_tokens=16, max_tokens=512,
+                 socket_path=raw_daemon.socket, model_id="kvcd-ref/test-cuda")
+    assert gpu.cache.pages.is_cuda
+    for p, want in zip(prompts, ref):
+        cold = gpu.generate(p, NEW, keep_logits=True)  # computes and puts (device pages)
+        hit = gpu.generate(p, NEW, put=False, keep_logits=True)
+        assert hit.loaded_tokens > 0 and hit.tokens == cold.tokens == want
+        assert all(torch.equal(a, b) for a, b in zip(hit.logits, cold.logits))
+    gpu.close()

@@ -2,19 +2,32 @@
 # C path, and the reference engine's prefill with and without a full hit; rows in
 # build/bench/python.json like every benchmark here ({"case", "value", "unit", "baseline",
 # "baseline_value", "ratio"}, ratio = value / baseline_value).
-#  - get_prefix / put_prefix from Python into / out of preallocated torch tensors (numpy
-#    views of them, no copy), for 2 MiB and 16 MiB blocks (the layouts of bench_host.c),
-#    256 MiB of blocks per case and 16 MiB per round trip, as bench_host.c does. The
-#    baseline is the C path doing the same operation (kvc_get_prefix: lookup, kvc_lease_copy
-#    of each hit, release; kvc_put_prefix) called straight into libkvc.so (ctypes: one call
-#    per 16 MiB, its overhead is microseconds) on its own connection to the same daemon,
-#    with the same buffers, alternating with the Python run repetition by repetition, so
-#    both see the same machine. Best of 11 repetitions after a warm-up, median beside it.
-#    Target: ratio >= 0.9. Puts use fresh keys each repetition; the namespace is evicted
-#    between repetitions, outside the timings.
-#  - the engine (default ModelConfig, 16-token blocks) on a 4096-token prompt: prefill time
-#    with every full block but the last loaded from kvcd (value) against no cache
-#    (baseline); the speed-up is baseline / value. Generated tokens are checked equal.
+#  - get_prefix / put_prefix from Python into / out of preallocated torch tensors (the rows
+#    of one tensor, passed as tensors: the binding reads data_ptr()), for 2 MiB and 16 MiB
+#    blocks (the layouts of bench_host.c), 256 MiB of blocks per case and 16 MiB per round
+#    trip, as bench_host.c does. The baseline is the C path doing the same operation
+#    (kvc_get_prefix: lookup, kvc_lease_copy of each hit, release; kvc_put_prefix) called
+#    straight into libkvc.so (ctypes: one call per 16 MiB, its overhead is microseconds) on
+#    its own connection to the same daemon, with the same buffers, alternating with the
+#    Python run repetition by repetition, so both see the same machine. Best of 11
+#    repetitions after a warm-up, median beside it. Target: ratio >= 0.9. Puts use fresh
+#    keys each repetition; the namespace is evicted between repetitions, outside the
+#    timings.
+#  - scatter into an engine's paged KV cache (vLLM's per-layer K and V tensors [pages, 16,
+#    8, 128], a shuffled block table; 2 MiB blocks, 16 MiB per lookup): Python's
+#    lookup + Lease.scatter (of a Namespace.paged_kv made once, as C's struct kvc_paged_kv)
+#    + release against kvc_lookup + kvc_lease_scatter + kvc_release in C, same tensors, same daemon, alternating; on the CPU, and on a CUDA device when torch
+#    sees one (there also get_prefix into the rows of a CUDA tensor against kvc_lookup +
+#    kvc_lease_copy_range_async + kvc_release); each run's tensors checked against the
+#    blocks put. Target: ratio >= 0.9.
+#  - SGLang's zero-copy L3 calls (kvcd.sglang, issue 27): batch_set_v1 / batch_get_v1 of 64
+#    pages of 2 MiB between a layer_first host pool and kvcd, against the C path moving the
+#    same bytes between the same tensors (kvc_reserve + kvc_resv_gather + kvc_commit;
+#    kvc_lookup + kvc_lease_scatter + kvc_release), alternating. Target: ratio >= 0.9.
+#  - the engine (default ModelConfig, 16-token blocks) on a 4096-token prompt, on the GPU
+#    when there is one: prefill time with every full block but the last loaded from kvcd
+#    (scattered into its paged cache) against no cache (baseline); the speed-up is baseline
+#    / value. Generated tokens are checked equal.
 # Exit status 1 when something broke (a short hit, wrong bytes, different tokens), 0 with
 # figures otherwise (a missed target is reported, not failed).
 import ctypes
@@ -53,12 +66,23 @@ class CPath:
                     ("block_tokens", ctypes.c_uint32), ("dtype", ctypes.c_int),
                     ("kv_kind", ctypes.c_int)]
 
+    class PagedKV(ctypes.Structure):  # struct kvc_paged_kv
+        _fields_ = [("k", ctypes.c_void_p), ("v", ctypes.c_void_p),
+                    ("block_table", ctypes.c_void_p), ("table_len", ctypes.c_uint32),
+                    ("page_tokens", ctypes.c_uint32), ("page_stride", ctypes.c_uint64),
+                    ("token_stride", ctypes.c_uint64), ("head_stride", ctypes.c_uint64),
+                    ("on_device", ctypes.c_int)]
+
     def __init__(self, build, sock):
+        vp, sz = ctypes.c_void_p, ctypes.c_size_t
         self.lib = ctypes.CDLL(os.path.join(build, "lib", "libkvc.so"))
-        self.lib.kvc_put_prefix.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_size_t,
-                                                                     ctypes.c_void_p]
-        self.lib.kvc_get_prefix.argtypes = [ctypes.c_void_p, ctypes.c_void_p,
-                                            ctypes.c_size_t, ctypes.c_void_p]
+        self.lib.kvc_put_prefix.argtypes = [vp] * 3 + [sz, vp]
+        self.lib.kvc_get_prefix.argtypes = [vp, vp, sz, vp]
+        self.lib.kvc_lookup.argtypes = [vp, vp, sz, ctypes.c_uint, vp]
+        self.lib.kvc_lease_scatter.argtypes = [vp, sz, sz, vp, ctypes.c_uint64, vp, vp]
+        self.lib.kvc_lease_copy_range_async.argtypes = [vp, sz, sz, vp, sz, vp]
+        self.lib.kvc_release.argtypes = [vp]
+        self.lib.kvc_gpu_attach.argtypes = [vp]
         self.c = ctypes.c_void_p()
         rc = self.lib.kvc_connect(sock.encode(), ctypes.byref(self.c))
         if rc < 0:
@@ -76,8 +100,18 @@ class CPath:
         self.lib.kvc_disconnect(self.c)
 
 
-def ptrs(arrays):
-    return (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
+def ptrs(tensors):
+    return (ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors])
+
+
+def ckey_chunks(keys, per_op):
+    return [(ctypes.c_char * (16 * per_op)).from_buffer_copy(b"".join(keys[j:j + per_op]))
+            for j in range(0, len(keys), per_op)]
+
+
+def sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
 
 
 def host_case(c, cpath, size):
@@ -88,8 +122,8 @@ def host_case(c, cpath, size):
     n, per_op = WS // bb, max(1, OP // bb)
     src = torch.randn(n, bb // 2).half()
     dst = torch.zeros(n, bb // 2, dtype=torch.float16)
-    srcs = [src[i].numpy() for i in range(n)]
-    dsts = [dst[i].numpy() for i in range(n)]
+    srcs = [src[i] for i in range(n)]  # torch tensors: the binding's tensor path
+    dsts = [dst[i] for i in range(n)]
     ops = range(0, n, per_op)
     csrc = [ptrs(srcs[j:j + per_op]) for j in ops]
     cdst = [ptrs(dsts[j:j + per_op]) for j in ops]
@@ -138,6 +172,218 @@ def host_case(c, cpath, size):
     return t
 
 
+def put_blocks(ns, keys, blocks, per_op):
+    for j in range(0, len(keys), per_op):
+        if ns.put_prefix(keys[j:j + per_op], blocks[j:j + per_op],
+                         parent=keys[j - 1] if j else None) != len(keys[j:j + per_op]):
+            raise RuntimeError("put_prefix short")
+
+
+def paged_case(c, cpath, device):
+    """Lookup + scatter into a paged cache (and, on a GPU, get_prefix into the rows of a
+    device tensor), Python against C, alternating."""
+    model, layers, heads, dim, tokens = SIZES["2MiB"]
+    model += "-paged"
+    ns = c.namespace(model, layers, heads, dim, tokens)
+    cns = cpath.ns(model, layers, heads, dim, tokens)
+    bb = ns.block_bytes
+    n, per_op = WS // bb, max(1, OP // bb)
+    src = torch.randn(n, bb // 2).half()
+    keys = ns.keys_from_tokens(range(n * tokens))
+    put_blocks(ns, keys, [src[i] for i in range(n)], per_op)
+    c.flush()
+    ckeys = ckey_chunks(keys, per_op)
+    k = [torch.zeros(n, tokens, heads, dim, dtype=torch.float16, device=device)
+         for _ in range(layers)]
+    v = [torch.zeros_like(t) for t in k]
+    table = torch.randperm(n, generator=torch.Generator().manual_seed(1)).tolist()
+    ctable = (ctypes.c_int32 * n)(*table)
+    ck, cv = ptrs(k), ptrs(v)
+    es = 2
+    kv = CPath.PagedKV(ctypes.cast(ck, ctypes.c_void_p), ctypes.cast(cv, ctypes.c_void_p),
+                       ctypes.cast(ctable, ctypes.c_void_p), n, tokens, k[0].stride(0) * es,
+                       k[0].stride(1) * es, k[0].stride(2) * es, int(device == "cuda"))
+    stream = torch.cuda.current_stream().cuda_stream if device == "cuda" else None
+    if device == "cuda" and cpath.lib.kvc_gpu_attach(cpath.c) < 0:
+        raise RuntimeError("kvc_gpu_attach failed")
+    rows = torch.zeros(n, bb // 2, dtype=torch.float16, device=device)
+    t = {x: [] for x in ("py_scatter", "c_scatter", "py_get", "c_get")}
+    paged = ns.paged_kv(k, v)  # read once, as C's struct kvc_paged_kv is built once
+
+    def check(label, what):
+        if what == "scatter":
+            pos = torch.arange(n * tokens)
+            pg, off = torch.tensor(table)[pos // tokens], pos % tokens
+            got = torch.stack([torch.stack([kk[lay].cpu()[pg, off] for kk in (k, v)])
+                               for lay in range(layers)])  # [L, 2, n*T, H, D]
+            got = got.view(layers, 2, n, tokens, heads, dim).permute(2, 0, 1, 3, 4, 5)
+            ok = torch.equal(got.reshape(n, -1), src)
+            for x in k + v:
+                x.zero_()
+        else:
+            ok = torch.equal(rows.cpu(), src)
+            rows.zero_()
+        if not ok:
+            raise RuntimeError("%s %s gave other bytes than put" % (label, what))
+
+    for rep in range(REPS + 1):
+        for who in (("py", "c") if rep % 2 else ("c", "py")):
+            sync(device)
+            t0 = time.perf_counter()
+            if who == "py":
+                for j in range(0, n, per_op):
+                    with ns.lookup(keys[j:j + per_op]) as lease:
+                        if len(lease) != per_op:
+                            raise RuntimeError("lookup short")
+                        lease.scatter(paged, None, table, first_token=j * tokens, stream=stream)
+            else:
+                for q, j in enumerate(range(0, n, per_op)):
+                    lease = ctypes.c_void_p()
+                    if cpath.lib.kvc_lookup(cns, ckeys[q], per_op, 0,
+                                            ctypes.byref(lease)) != per_op:
+                        raise RuntimeError("kvc_lookup short")
+                    rc = cpath.lib.kvc_lease_scatter(lease, 0, per_op, ctypes.byref(kv),
+                                                     j * tokens, stream, None)
+                    cpath.lib.kvc_release(lease)
+                    if rc != per_op:
+                        raise RuntimeError("kvc_lease_scatter: %d" % rc)
+            sync(device)
+            t1 = time.perf_counter()
+            if rep in (0, REPS):
+                check(who, "scatter")
+            if rep:
+                t[who + "_scatter"].append(gbps(WS, t1 - t0))
+            if device != "cuda":
+                continue
+            sync(device)
+            t0 = time.perf_counter()
+            if who == "py":
+                for j in range(0, n, per_op):
+                    if ns.get_prefix(keys[j:j + per_op], [rows[i] for i in range(j, j + per_op)],
+                                     stream=stream) != per_op:
+                        raise RuntimeError("get_prefix short")
+            else:
+                for q, j in enumerate(range(0, n, per_op)):
+                    lease = ctypes.c_void_p()
+                    if cpath.lib.kvc_lookup(cns, ckeys[q], per_op, 0,
+                                            ctypes.byref(lease)) != per_op:
+                        raise RuntimeError("kvc_lookup short")
+                    rc = cpath.lib.kvc_lease_copy_range_async(lease, 0, per_op, rows[j].data_ptr(),
+                                                              per_op * bb, stream)
+                    cpath.lib.kvc_release(lease)
+                    if rc < 0:
+                        raise RuntimeError("kvc_lease_copy_range_async: %d" % rc)
+            sync(device)
+            t1 = time.perf_counter()
+            if rep in (0, REPS):
+                check(who, "get")
+            if rep:
+                t[who + "_get"].append(gbps(WS, t1 - t0))
+    c.evict(ns.id)
+    return t
+
+
+def sglang_case(c, cpath, sock):
+    """SGLang's zero-copy L3 calls (kvcd.sglang: batch_set_v1 / batch_get_v1 of 64 pages of
+    a layer_first host pool, pages in shuffled order) against the C path moving the same
+    bytes between the same pool tensors (kvc_reserve + kvc_resv_gather + kvc_commit;
+    kvc_lookup + kvc_lease_scatter + kvc_release), alternating, fresh keys each
+    repetition."""
+    from types import SimpleNamespace
+
+    from kvcd.sglang import KvcdHiCacheStorage, _key
+
+    L, H, D, P, N = 32, 8, 128, 16, 64  # 2 MiB pages, SGLang's default host layout
+
+    class Pool:  # SGLang's MHA host pool, layout layer_first: [2][layer][token][head][dim]
+        layout, page_size, dtype = "layer_first", P, torch.float16
+
+        def __init__(self, fill):
+            self.kv_buffer = (torch.randn if fill else torch.zeros)(
+                (2, L, N * P, H, D), dtype=torch.float32 if fill else torch.float16).half()
+
+    src, dst = Pool(True), Pool(False)
+    cfg = SimpleNamespace(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0,
+                          attn_cp_size=1, is_mla_model=False, enable_storage_metrics=False,
+                          model_name="bench/sglang", dp_rank=0, tp_lcm_size=None,
+                          should_split_heads=False,
+                          extra_config=dict(socket=sock, interface_v1=1))
+    be = KvcdHiCacheStorage(cfg, src)
+    (model,) = be.namespaces()["kv"]
+    ns = c.namespace(model, L, H, D, P)
+    cns = cpath.ns(model, L, H, D, P)
+    perm = torch.randperm(N, generator=torch.Generator().manual_seed(2)).tolist()
+    idx = torch.tensor([p * P + t for p in perm for t in range(P)], dtype=torch.int64)
+    ctable = (ctypes.c_int32 * N)(*perm)
+    es, nbytes = 2, N * 2 * L * P * H * D * 2
+
+    def paged(pool):
+        k = ptrs([pool.kv_buffer[0, l] for l in range(L)])
+        v = ptrs([pool.kv_buffer[1, l] for l in range(L)])
+        st = pool.kv_buffer[0, 0].stride()
+        kv = CPath.PagedKV(ctypes.cast(k, ctypes.c_void_p), ctypes.cast(v, ctypes.c_void_p),
+                           ctypes.cast(ctable, ctypes.c_void_p), N, P, P * st[0] * es,
+                           st[0] * es, st[1] * es, 0)
+        return kv, (k, v)
+
+    ckv_src, keep_src = paged(src)
+    ckv_dst, keep_dst = paged(dst)
+    cpath.lib.kvc_reserve.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_size_t, ctypes.c_void_p]
+    cpath.lib.kvc_resv_gather.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t,
+                                          ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p,
+                                          ctypes.c_void_p]
+    cpath.lib.kvc_commit.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    t = {x: [] for x in ("py_set", "c_set", "py_get", "c_get")}
+
+    def check(label):
+        got = dst.kv_buffer[:, :, idx]
+        if not torch.equal(got, src.kv_buffer[:, :, idx]):
+            raise RuntimeError("%s: the host pool got other bytes than were set" % label)
+        dst.kv_buffer.zero_()
+
+    for rep in range(REPS + 1):
+        for who in (("py", "c") if rep % 2 else ("c", "py")):
+            keys = ["sglang-bench-%s-%d-%d" % (who, rep, i) for i in range(N)]
+            if who == "py":
+                be.register_mem_pool_host(src)
+                t0 = time.perf_counter()
+                if be.batch_set_v1(keys, idx) != [True] * N:
+                    raise RuntimeError("batch_set_v1 short")
+                t1 = time.perf_counter()
+                be.register_mem_pool_host(dst)
+                t2 = time.perf_counter()
+                if be.batch_get_v1(keys, idx) != [True] * N:
+                    raise RuntimeError("batch_get_v1 short")
+                t3 = time.perf_counter()
+            else:
+                ck = (ctypes.c_char * (16 * N)).from_buffer_copy(b"".join(_key(k) for k in keys))
+                t0 = time.perf_counter()
+                resv = ctypes.c_void_p()
+                if cpath.lib.kvc_reserve(cns, None, ck, N, ctypes.byref(resv)) != N:
+                    raise RuntimeError("kvc_reserve short")
+                rc = cpath.lib.kvc_resv_gather(resv, 0, N, ctypes.byref(ckv_src), 0, None, None)
+                if rc != N or cpath.lib.kvc_commit(resv, ctypes.c_size_t(-1).value) != N:
+                    raise RuntimeError("kvc_resv_gather / kvc_commit: %d" % rc)
+                t1 = t2 = time.perf_counter()
+                lease = ctypes.c_void_p()
+                if cpath.lib.kvc_lookup(cns, ck, N, 0, ctypes.byref(lease)) != N:
+                    raise RuntimeError("kvc_lookup short")
+                rc = cpath.lib.kvc_lease_scatter(lease, 0, N, ctypes.byref(ckv_dst), 0, None,
+                                                 None)
+                cpath.lib.kvc_release(lease)
+                if rc != N:
+                    raise RuntimeError("kvc_lease_scatter: %d" % rc)
+                t3 = time.perf_counter()
+            check(who)
+            c.evict(ns.id)
+            if rep:
+                t[who + "_set"].append(gbps(nbytes, t1 - t0))
+                t[who + "_get"].append(gbps(nbytes, t3 - t2))
+    be.close()
+    del keep_src, keep_dst
+    return t
+
+
 def engine_case(sock):
     prompt = system_prompt(0, PROMPT)
     with Engine(ModelConfig(), block_tokens=16, max_tokens=PROMPT + 8, socket_path=sock,
@@ -178,20 +424,35 @@ def main():
     with PrivateDaemon(["host.size=1g", "host.prefault=yes"]) as d:
         with kvcd.Client(d.socket) as c:
             cpath = CPath(build, d.socket)
+            def pair(name, t, key):
+                py, cc = t["py_" + key], t["c_" + key]
+                row(name, max(py), statistics.median(py), "GB/s", "C (libkvc)", max(cc))
+                print("%-34s %9s %9.3f (C median; median ratio %.3f)" %
+                      ("", "", statistics.median(cc),
+                       statistics.median(py) / statistics.median(cc)))
+
             for size in SIZES:
                 t = host_case(c, cpath, size)
                 for op, key in (("get", "get"), ("put_prefix", "put")):
-                    py, cc = t["py_" + key], t["c_" + key]
-                    row("%s_%s_python" % (op, size), max(py), statistics.median(py), "GB/s",
-                        "C (libkvc)", max(cc))
-                    print("%-34s %9s %9.3f (C median; median ratio %.3f)" %
-                          ("", "", statistics.median(cc),
-                           statistics.median(py) / statistics.median(cc)))
+                    pair("%s_%s_python" % (op, size), t, key)
+            devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+            for device in devices:
+                t = paged_case(c, cpath, device)
+                pair("scatter_paged_2MiB_%s_python" % device, t, "scatter")
+                if device == "cuda":
+                    pair("get_cuda_tensor_2MiB_python", t, "get")
+            if "cuda" not in devices:
+                print("%-34s skipped: no CUDA device (the CUDA rows run on a GPU host)" %
+                      "scatter_paged/get_cuda_tensor")
+            t = sglang_case(c, cpath, d.socket)
+            pair("sglang_batch_set_v1_64x2MiB", t, "set")
+            pair("sglang_batch_get_v1_64x2MiB", t, "get")
             cpath.close()
-        print("\nreference engine, default model, %d-token prompt, 16-token blocks: prefill "
-              "seconds, best of runs (median beside)" % PROMPT)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        print("\nreference engine on %s, default model, %d-token prompt, 16-token blocks: "
+              "prefill seconds, best of runs (median beside)" % (device, PROMPT))
         hit, nohit = engine_case(d.socket)
-    case = "engine_prefill_%dtok_full_hit" % PROMPT
+    case = "engine_prefill_%dtok_full_hit_%s" % (PROMPT, device)
     rows.append(dict(case=case, value=min(hit), unit="s",
                      baseline="no cache", baseline_value=min(nohit),
                      ratio=min(hit) / min(nohit)))

@@ -15,9 +15,13 @@
  *  - the same six with _unsealed: daemons with remote.seal = no, so that the cost of sealing
  *    (the records sealed and opened on the tier's worker, docs/remote.md) reads off the two
  *    (both against the plain client of their own run);
- * baseline: a plain client in this process moving the same values to the same cluster with
- * hiredis, pipelined: slot map from CLUSTER SLOTS, every node's SETs (GETs) appended, every
- * node written, then every reply read (a GET's value copied to the caller's buffer).
+ * baseline: a plain client in this process doing the same work on the same cluster with
+ * hiredis, pipelined: each block cut into the parts kvcd cuts it into (remote.part_size,
+ * remote_rec_geom), each part under a key made as kvcd makes it (remote_rec_key: the parts
+ * of a block spread over the slot space, so over every master) and sent to the master of
+ * its slot (slot map from CLUSTER SLOTS); every node's SETs (GETs) appended, every node
+ * written, then every reply read (a GET's part copied to its place in the caller's buffer).
+ * Only kvcd's 384-byte record header per part is not sent by the plain client.
  *  - peers_256k / peers_2m: process A stores a 4096-token prefix (64 MiB) and process B
  *    loads it, through kvcd's host tier (B maps the arena and copies once), through a local
  *    redis-server and a local memcached, both over Unix sockets (hiredis pipelined GETs;
@@ -47,6 +51,7 @@
 #include "client/kvc.h"
 #include "tests/lib/bench.h"
 #include "tests/lib/daemon.h"
+#include "daemon/config.h"
 #include "tests/lib/rcluster.h"
 #include "tiers/remote_rec.h"
 
@@ -164,42 +169,71 @@ static void plain_close(struct plain *p)
             redisFree(p->c[i]);
 }
 
-/* SETs (dst NULL) or GETs of n values: pipelined per node, every node written first. */
+/* The daemons' remote.part_size (KVC_BENCH_PART_SIZE, else 1m), in bytes. */
+static uint64_t bench_part_size(void)
+{
+    const char *e = getenv("KVC_BENCH_PART_SIZE");
+    uint64_t v = 1u << 20;
+    if (e && *e && config_parse_size(e, &v))
+        bench_fail("KVC_BENCH_PART_SIZE=%s is not a size", e);
+    return v;
+}
+
+/* SETs (dst NULL) or GETs of n blocks of bb bytes, each cut into kvcd's parts, each part to
+ * the master of its slot: pipelined per node, every node written first. */
 static int plain_move(struct plain *p, int rep, int n, size_t bb, uint8_t **src, uint8_t **dst)
 {
-    char key[64];
-    int node_of[BENCH_MAX_BLOCKS];
-    for (int i = 0; i < n; i++) {
-        int kl = snprintf(key, sizeof(key), "plain:%d:%zu:%d", rep, bb, i);
-        node_of[i] = p->slot_node[remote_rec_slot(key, (size_t)kl)];
-        if (dst)
-            redisAppendCommand(p->c[node_of[i]], "GET %b", key, (size_t)kl);
-        else
-            redisAppendCommand(p->c[node_of[i]], "SET %b %b", key, (size_t)kl, src[i], bb);
-    }
+    struct remote_rec_geom g;
+    char key[REMOTE_REC_KEY_MAX];
+    int rc = -EIO;
+    if (remote_rec_geom(bb, bench_part_size(), &g))
+        return -EINVAL;
+    size_t nparts = (size_t)n * g.count;
+    int *node_of = calloc(nparts, sizeof(*node_of));
+    if (!node_of)
+        return -ENOMEM;
+    for (int i = 0; i < n; i++)
+        for (uint32_t k = 0; k < g.count; k++) {
+            /* this run's own namespace fingerprint and keys: (rep, block) */
+            uint64_t bkey[2] = {(uint64_t)i, (uint64_t)rep}, fp = 0x706c61696e000000ull | bb;
+            size_t kl = remote_rec_key(key, fp, bkey, &g, k);
+            int node = p->slot_node[remote_rec_slot(key, kl)];
+            uint8_t *at = (dst ? dst[i] : src[i]) + remote_rec_part_off(&g, k);
+            node_of[(size_t)i * g.count + k] = node;
+            if (dst)
+                redisAppendCommand(p->c[node], "GET %b", key, kl);
+            else
+                redisAppendCommand(p->c[node], "SET %b %b", key, kl, at,
+                                   (size_t)remote_rec_part_len(&g, k));
+        }
     for (int j = 0; j < p->n; j++) {
         int done = 0;
         while (!done)
             if (redisBufferWrite(p->c[j], &done) != REDIS_OK)
-                return -EIO;
+                goto out;
     }
     for (int j = 0; j < p->n; j++)
-        for (int i = 0; i < n; i++) {
+        for (size_t q = 0; q < nparts; q++) {
             redisReply *r;
-            if (node_of[i] != j)
+            if (node_of[q] != j)
                 continue;
             if (redisGetReply(p->c[j], (void **)&r) != REDIS_OK)
-                return -EIO;
+                goto out;
             if (dst) {
-                if (r->type != REDIS_REPLY_STRING || r->len != bb) {
+                uint32_t k = (uint32_t)(q % g.count);
+                size_t len = (size_t)remote_rec_part_len(&g, k);
+                if (r->type != REDIS_REPLY_STRING || r->len != len) {
                     freeReplyObject(r);
-                    return -EIO;
+                    goto out;
                 }
-                memcpy(dst[i], r->str, bb);
+                memcpy(dst[q / g.count] + remote_rec_part_off(&g, k), r->str, len);
             }
             freeReplyObject(r);
         }
-    return 0;
+    rc = 0;
+out:
+    free(node_of);
+    return rc;
 }
 
 /* ---- kvcd ------------------------------------------------------------------------------ */
@@ -210,8 +244,8 @@ static int bench_kvcd(struct daemon *d, const char *extra, bool sealed)
     snprintf(o_nodes, sizeof(o_nodes), "remote.nodes=%s", cl.seeds);
     snprintf(o_key, sizeof(o_key), "remote.key_file=%s", cl.key_file);
     char o_part[64];
-    const char *part = getenv("KVC_BENCH_PART_SIZE");
-    snprintf(o_part, sizeof(o_part), "remote.part_size=%s", part && *part ? part : "1m");
+    snprintf(o_part, sizeof(o_part), "remote.part_size=%llu",
+             (unsigned long long)bench_part_size());
     const char *args[] = {"-o", "host.size=1g",
                           "-o", "host.hugepages=off",
                           "-o", extra ? o_nodes : "log.level=warning",
@@ -254,6 +288,12 @@ static void bench_remote_case(const struct daemon *a, const struct daemon *b, si
         bench_fail("remote %s: setup failed", tag);
         return;
     }
+    struct remote_rec_geom g = {0};
+    if (remote_rec_geom(bb, bench_part_size(), &g) == 0)
+        printf("remote %s: %d blocks, each in %u part%s of at most %llu KiB, kvcd and the plain "
+               "client alike\n",
+               tag, n, g.count, g.count > 1 ? "s" : "",
+               (unsigned long long)((g.count > 1 ? g.size : g.len) >> 10));
     for (int rep = 0; rep < BENCH_REPS; rep++) {
         struct kvc_key keys[BENCH_MAX_BLOCKS];
         uint8_t **src, **dst;

@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "client/kvc.h"
+#include "client/kvc_fast.h"
 #include "client/kvc_proto.h"
 #include "client/libkvc_internal.h"
 #include "daemon/engine.h"
@@ -175,6 +176,12 @@ static uint64_t adv_stat(const char *name)
     uint64_t v = UINT64_MAX;
     ck_assert_int_eq(daemon_stat(&adv_d, name, &v), 0);
     return v;
+}
+
+static uint64_t adv_stat_or0(const char *name)
+{
+    uint64_t v = 0;
+    return daemon_stat(&adv_d, name, &v) == 0 ? v : 0;
 }
 
 /* Once every child is gone: alive, and every pin and reservation given back. */
@@ -1412,6 +1419,636 @@ START_TEST(test_wait_flood)
 }
 END_TEST
 
+/* ---- namespaces restored from disk ---------------------------------------------------------- */
+
+/* issue 28 row 6 (docs/security.md said otherwise): a restricted namespace brought back from
+ * the disk tier at start goes to its own arena, as when it was opened, so its blocks read
+ * back from disk are never in arena 0, which every client maps. The victim puts a chain, the
+ * daemon restarts, the victim reads it back (from disk), and the attacker, who maps arena 0
+ * read-write, finds none of its bytes there. */
+struct adv_rs {
+    struct kvc_key keys[8]; /* the victim's chain, for the attacker to look for */
+    uint64_t block_bytes;
+};
+
+static struct adv_rs *adv_rs;
+
+static int adv_rs_victim(void *arg)
+{
+    struct kvc_layout lay = daemon_layout("victim-model", ADV_BT);
+    void *blocks[8];
+    kvc_client *c;
+    kvc_ns *ns;
+    int rc = 0, want = arg ? 8 : 0;
+    if (kvc_connect(adv_d.sock, &c) || kvc_ns_open(c, &lay, &ns))
+        return 180;
+    size_t bb = kvc_ns_block_bytes(ns);
+    adv_keys_shared(ns, 0x2600, 8, adv_rs->keys);
+    adv_rs->block_bytes = bb;
+    for (int i = 0; i < 8; i++) {
+        blocks[i] = malloc(bb);
+        daemon_block_fill(&adv_rs->keys[i], blocks[i], bb);
+    }
+    if (!arg && kvc_put_prefix(ns, NULL, adv_rs->keys, 8, (const void *const *)blocks) != 8)
+        rc = 181;
+    /* Then 1.25 times its arena (16 MiB) of other chains: the first one goes to disk. */
+    for (uint32_t f = 0; f < 20 && !arg && !rc; f++) {
+        struct kvc_key fill[64];
+        void *fb[64];
+        adv_keys_shared(ns, 0x2700 + f, 64, fill);
+        for (int i = 0; i < 64; i++) {
+            fb[i] = malloc(bb);
+            daemon_block_fill(&fill[i], fb[i], bb);
+        }
+        if (kvc_put_prefix(ns, NULL, fill, 64, (const void *const *)fb) != 64)
+            rc = 186;
+        for (int i = 0; i < 64; i++)
+            free(fb[i]);
+    }
+    if (!rc && kvc_flush(c))
+        rc = 182;
+    for (int i = 0; i < 8 && arg; i++)
+        memset(blocks[i], 0, bb);
+    if (!rc && arg && kvc_get_prefix(ns, adv_rs->keys, 8, blocks) != want)
+        rc = 183;
+    for (int i = 0; i < 8 && !rc; i++)
+        if (daemon_block_check(&adv_rs->keys[i], blocks[i], bb) >= 0)
+            rc = 184;
+    if (!rc && arg && ns->arena == 0)
+        rc = 185;
+    for (int i = 0; i < 8; i++)
+        free(blocks[i]);
+    kvc_disconnect(c);
+    return rc;
+}
+
+/* Maps arena 0 (it opens a namespace without lists) and looks for the first 256 bytes of
+ * each of the victim's blocks in all of it (finding its own there). */
+static int adv_rs_attacker(void *arg)
+{
+    struct kvc_layout lay = daemon_layout("attacker-model", ADV_BT);
+    uint8_t want[256];
+    kvc_client *c;
+    kvc_ns *ns;
+    (void)arg;
+    if (kvc_connect(adv_d.sock, &c) || kvc_ns_open(c, &lay, &ns) || adv_roundtrip_ns(ns, 0x27, 4))
+        return 190;
+    const struct kvc_arena *a = &c->arenas[0];
+    if (!a->base || !a->writable)
+        return 191;
+    uint8_t *blk = malloc(adv_rs->block_bytes);
+    struct kvc_key own;
+    adv_keys(ns, 0x27, 1, &own); /* the scan finds what is there: its own first block */
+    daemon_block_fill(&own, blk, adv_rs->block_bytes);
+    if (!memmem(a->base, a->size, blk, sizeof(want)))
+        return 193;
+    for (int i = 0; i < 8; i++) {
+        daemon_block_fill(&adv_rs->keys[i], blk, adv_rs->block_bytes);
+        memcpy(want, blk, sizeof(want));
+        if (memmem(a->base, a->size, want, sizeof(want)))
+            return 192;
+    }
+    free(blk);
+    kvc_disconnect(c);
+    return 0;
+}
+
+START_TEST(test_restored_ns_arena)
+{
+    char o_disk[DAEMON_PATH_MAX + 32];
+    adv_rs = mmap(NULL, sizeof(*adv_rs), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    ck_assert_ptr_ne(adv_rs, MAP_FAILED);
+    ck_assert_int_eq(daemon_dir_init(&adv_d), 0);
+    snprintf(o_disk, sizeof(o_disk), "disk.path=%s/disk", adv_d.dir);
+    const char *const extra[] = {"-o", o_disk, "-o", "disk.capacity=64m", "-o", "disk.admit_hits=0",
+                                 NULL};
+    adv_start(extra);
+    ck_assert_int_eq(adv_run(ADV_VICTIM, adv_rs_victim, NULL), 0);
+    for (int i = 0; i < 500 && adv_stat("demoted_blocks") < 8; i++)
+        adv_msleep(10);
+    ck_assert_uint_ge(adv_stat("demoted_blocks"), 8);
+    ck_assert_int_eq(daemon_stop(&adv_d), 0);
+    adv_start(extra);
+    ck_assert_int_eq(adv_run(ADV_VICTIM, adv_rs_victim, (void *)1), 0);
+    ck_assert_uint_ge(adv_stat("promoted_blocks"), 8); /* they came from disk */
+    ck_assert_int_eq(adv_run(ADV_ATTACKER, adv_rs_attacker, NULL), 0);
+    munmap(adv_rs, sizeof(*adv_rs));
+    adv_check_clean();
+}
+END_TEST
+
+/* ---- the fast path: the shared index ----------------------------------------------------- */
+
+/* The victim's 4 blocks for the index cases: the same chain in every process. */
+static int adv_ix_victim(void *arg)
+{
+    struct kvc_layout lay = daemon_layout("victim-model", ADV_BT);
+    struct kvc_key keys[4];
+    void *blocks[4], *got[4];
+    kvc_client *c;
+    kvc_ns *ns;
+    int rc = 0;
+    size_t bb;
+    (void)arg;
+    if (kvc_connect(adv_d.sock, &c) || kvc_ns_open(c, &lay, &ns))
+        return 220;
+    bb = kvc_ns_block_bytes(ns);
+    adv_keys_shared(ns, 0x1d00, 4, keys);
+    for (int i = 0; i < 4; i++) {
+        blocks[i] = malloc(bb);
+        got[i] = calloc(1, bb);
+        daemon_block_fill(&keys[i], blocks[i], bb);
+    }
+    if (arg && kvc_put_prefix(ns, NULL, keys, 4, (const void *const *)blocks) != 4)
+        rc = 221;
+    /* Twice: the second copy goes through the index, mapped by the first. */
+    for (int r = 0; r < 2 && !rc; r++)
+        if (kvc_get_prefix(ns, keys, 4, got) != 4)
+            rc = 222;
+    for (int i = 0; i < 4 && !rc; i++)
+        if (daemon_block_check(&keys[i], got[i], bb) >= 0)
+            rc = 223;
+    for (int i = 0; i < 4; i++) {
+        free(blocks[i]);
+        free(got[i]);
+    }
+    kvc_disconnect(c);
+    return rc;
+}
+
+/* The reader of the victim's namespace (issue 28 row 2): it holds the index of the victim's
+ * arena, read-only, and tries every way to write it (reopening its descriptor read-write
+ * through /proc, a writable shared mapping, making its mapping writable, writing, punching,
+ * changing the mode). Had any worked, it would swap the entries of the first two keys so
+ * the victim's copies of key 1 would be block 2's bytes. */
+static int adv_ix_reader(void *arg)
+{
+    struct kvc_layout lay = daemon_layout("victim-model", ADV_BT);
+    struct kvc_fast_attach_req q = {.what = KVC_FAST_INDEX};
+    const struct kvc_fast_attach_rep *p;
+    uint32_t plen;
+    char path[64];
+    kvc_client *c;
+    kvc_ns *ns;
+    int fd = -1, rw;
+    (void)arg;
+    if (kvc_connect(adv_d.sock, &c) || kvc_ns_open(c, &lay, &ns))
+        return 230;
+    q.arena_id = ns->arena;
+    if (q.arena_id == 0 ||
+        adv_call(c, KVC_OP_FAST_ATTACH, &q, sizeof(q), &fd, (const void **)&p, &plen) || fd < 0 ||
+        plen < sizeof(*p))
+        return 231;
+    size_t bytes = p->bytes;
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+    rw = open(path, O_RDWR | O_CLOEXEC);
+    if (rw >= 0 || errno != EACCES)
+        return 232; /* the inode is the daemon's, 0600 */
+    if (mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) != MAP_FAILED)
+        return 233;
+    void *ro = mmap(NULL, bytes, PROT_READ, MAP_SHARED, fd, 0);
+    if (ro == MAP_FAILED || mprotect(ro, bytes, PROT_READ | PROT_WRITE) == 0)
+        return 234;
+    if (write(fd, "x", 1) >= 0 ||
+        fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, 4096) == 0)
+        return 235;
+    if (fchmod(fd, 0666) == 0)
+        return 236;
+    munmap(ro, bytes);
+    close(fd);
+    kvc_disconnect(c);
+    return 0;
+}
+
+/* The daemon's own user or root (an admin here) can reopen the index read-write, as they can
+ * do anything to the daemon; even so the kernel refuses every writable mapping and write but
+ * the daemon's own (F_SEAL_FUTURE_WRITE). */
+static void adv_ix_sealed(void)
+{
+    struct kvc_layout lay = daemon_layout("attacker-model", ADV_BT);
+    struct kvc_fast_attach_req q = {.what = KVC_FAST_INDEX, .arena_id = 0};
+    const struct kvc_fast_attach_rep *p;
+    uint32_t plen;
+    char path[64];
+    kvc_client *c;
+    kvc_ns *ns;
+    int fd = -1, rw;
+    ck_assert_int_eq(kvc_connect(adv_d.sock, &c), 0);
+    ck_assert_int_eq(kvc_ns_open(c, &lay, &ns), 0);
+    ck_assert_int_eq(adv_call(c, KVC_OP_FAST_ATTACH, &q, sizeof(q), &fd, (const void **)&p, &plen),
+                     0);
+    ck_assert_int_ge(fd, 0);
+    size_t bytes = p->bytes;
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+    rw = open(path, O_RDWR | O_CLOEXEC);
+    ck_assert_int_ge(rw, 0); /* root passes the mode */
+    ck_assert_ptr_eq(mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, rw, 0), MAP_FAILED);
+    ck_assert_int_eq(errno, EPERM);
+    ck_assert_int_eq(write(rw, "x", 1), -1);
+    ck_assert_int_eq(errno, EPERM);
+    ck_assert_int_eq(fallocate(rw, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, 4096), -1);
+    ck_assert_int_eq(errno, EPERM);
+    struct stat st;
+    ck_assert_int_eq(fstat(rw, &st), 0);
+    ck_assert_uint_eq(st.st_mode & 0777, 0600);
+    close(rw);
+    close(fd);
+    kvc_disconnect(c);
+}
+
+/* The address of the daemon's writable mapping of arena 0's index, from /proc/PID/maps. */
+static uint64_t adv_ix_daemon_map(void)
+{
+    char path[64], line[512];
+    unsigned long long lo = 0, hi;
+    char perms[8];
+    snprintf(path, sizeof(path), "/proc/%d/maps", (int)adv_d.pid);
+    FILE *f = fopen(path, "re");
+    ck_assert_ptr_nonnull(f);
+    while (fgets(line, sizeof(line), f)) {
+        if (!strstr(line, "memfd:kvcd-index-0 ") ||
+            sscanf(line, "%llx-%llx %7s", &lo, &hi, perms) != 3 || strcmp(perms, "rw-s") != 0) {
+            lo = 0;
+            continue;
+        }
+        break;
+    }
+    fclose(f);
+    ck_assert_uint_ne(lo, 0);
+    return lo;
+}
+
+/* Nothing the daemon decides is read back from the index's header: with arena_bytes, the
+ * set count and the seed overwritten in the daemon's own mapping (through /proc/PID/mem, as
+ * root: the only writer the kernel leaves), the daemon goes on publishing new blocks, and a
+ * client that mapped the index before reads them through it. */
+static void adv_ix_header_spoiled(void)
+{
+    struct kvc_layout lay = daemon_layout("attacker-model", ADV_BT);
+    struct kvc_key keys[8];
+    void *blocks[8];
+    kvc_client *c;
+    kvc_ns *ns;
+    uint64_t fast0 = 0, fast1 = 0, dropped = 0;
+    char path[64];
+    ck_assert_int_eq(kvc_connect(adv_d.sock, &c), 0);
+    ck_assert_int_eq(kvc_ns_open(c, &lay, &ns), 0);
+    ck_assert_int_eq(adv_roundtrip_ns(ns, 0x1e00, 4), 0); /* maps the index */
+    ck_assert_int_eq(c->fast[0].state, 1);
+    uint64_t hdr = adv_ix_daemon_map();
+    snprintf(path, sizeof(path), "/proc/%d/mem", (int)adv_d.pid);
+    int mem = open(path, O_RDWR | O_CLOEXEC);
+    ck_assert_int_ge(mem, 0);
+    struct kvc_fast_hdr bad;
+    ck_assert_int_eq(pread(mem, &bad, sizeof(bad), (off_t)hdr), (ssize_t)sizeof(bad));
+    ck_assert_uint_eq(bad.magic, KVC_FAST_MAGIC);
+    bad.arena_bytes = 0;
+    bad.nsets = 1;
+    bad.seed ^= 0x5555;
+    bad.ents_off = bad.gens_off = ~0ull;
+    ck_assert_int_eq(pwrite(mem, &bad, sizeof(bad), (off_t)hdr), (ssize_t)sizeof(bad));
+    close(mem);
+    /* New blocks after that: every one published and copied through the index. */
+    ck_assert_int_eq(daemon_client_stat(c, 0, "fast_hits", &fast0), 0);
+    adv_keys(ns, 0x1f00, 8, keys);
+    size_t bb = kvc_ns_block_bytes(ns);
+    for (int i = 0; i < 8; i++) {
+        blocks[i] = malloc(bb);
+        daemon_block_fill(&keys[i], blocks[i], bb);
+    }
+    ck_assert_int_eq(kvc_put_prefix(ns, NULL, keys, 8, (const void *const *)blocks), 8);
+    ck_assert_int_eq(kvc_flush(c), 0); /* the put's commit answered: published */
+    for (int i = 0; i < 8; i++)
+        memset(blocks[i], 0, bb);
+    ck_assert_int_eq(kvc_get_prefix(ns, keys, 8, blocks), 8);
+    for (int i = 0; i < 8; i++) {
+        ck_assert_int_eq(daemon_block_check(&keys[i], blocks[i], bb), -1);
+        free(blocks[i]);
+    }
+    for (int i = 0; i < 500 && fast1 < fast0 + 8; i++) {
+        ck_assert_int_eq(daemon_client_stat(c, 0, "fast_hits", &fast1), 0);
+        ck_assert_int_eq(daemon_client_stat(c, 0, "fast_dropped", &dropped), 0);
+        fast1 += dropped;
+        adv_msleep(10);
+    }
+    ck_assert_uint_eq(fast1 - fast0, 8);
+    kvc_disconnect(c);
+}
+
+START_TEST(test_index_writes)
+{
+    adv_start(NULL);
+    ck_assert_int_eq(adv_run(ADV_VICTIM, adv_ix_victim, (void *)1), 0);
+    ck_assert_int_eq(adv_run(ADV_READER, adv_ix_reader, NULL), 0);
+    ck_assert_int_eq(adv_run(ADV_VICTIM, adv_ix_victim, NULL), 0); /* its bytes, as put */
+    adv_ix_sealed();
+    adv_ix_header_spoiled();
+    adv_check_clean();
+}
+END_TEST
+
+/* ---- the fast path: what a ring can claim ------------------------------------------------- */
+
+/* A connection whose only traffic is its hit ring (valid hits, a few a millisecond, never
+ * more than half a ring unread: as libkvc writes them) for twice server.idle_timeout: it is
+ * closed for idleness like any other, its hits counted meanwhile. */
+static int adv_ring_idle(void *arg)
+{
+    struct kvc_layout lay = daemon_layout("attacker-model", ADV_BT);
+    struct kvc_fast_hit tmpl[4];
+    kvc_client *c;
+    kvc_ns *ns;
+    struct kvc_stat *st;
+    size_t n;
+    (void)arg;
+    if (kvc_connect(adv_d.sock, &c) || kvc_ns_open(c, &lay, &ns) || adv_roundtrip_ns(ns, 0x20, 4))
+        return 240;
+    struct kvc_fast_ring *ring = c->ring;
+    if (!ring || ring->head < 4)
+        return 241;
+    struct kvc_fast_hit *ents = (struct kvc_fast_hit *)(ring + 1);
+    for (uint32_t i = 0; i < 4; i++)
+        tmpl[i] = ents[(ring->head - 4 + i) % KVC_FAST_RING_ENTS];
+    uint64_t end = daemon_now_ms() + 2500;
+    while (daemon_now_ms() < end) {
+        uint64_t head = ring->head;
+        if (head - __atomic_load_n(&ring->tail, __ATOMIC_ACQUIRE) < KVC_FAST_RING_ENTS / 2) {
+            for (uint32_t i = 0; i < 4; i++)
+                ents[(head + i) % KVC_FAST_RING_ENTS] = tmpl[i];
+            __atomic_store_n(&ring->head, head + 4, __ATOMIC_RELEASE);
+        }
+        adv_msleep(5);
+    }
+    if (kvc_stats(c, 0, &st, &n) != -ETIMEDOUT)
+        return 242;
+    kvc_disconnect(c);
+    return 0;
+}
+
+START_TEST(test_ring_idle)
+{
+    static const char *const extra[] = {"-o", "server.idle_timeout=1000ms", NULL};
+    adv_start(extra);
+    uint64_t closed = adv_stat("closed_idle");
+    ck_assert_int_eq(adv_run(ADV_ATTACKER, adv_ring_idle, NULL), 0);
+    ck_assert_uint_eq(adv_stat("closed_idle"), closed + 1);
+    ck_assert_uint_gt(adv_stat("fast_hits"), 100); /* its ring was read all along */
+    ck_assert_int_ge(adv_log_count("idle for server.idle_timeout"), 1);
+    adv_check_clean();
+}
+END_TEST
+
+/* Copy times made up (issue 28 row 6): ring entries and RELEASEs that each claim 2^32-1 us.
+ * A connection is credited at most 64 us per us it has been connected (a minute of that
+ * banked), the rest counted in load_refused_us. */
+static int adv_load_liar(void *arg)
+{
+    struct kvc_layout lay = daemon_layout("attacker-model", ADV_BT);
+    struct kvc_fast_hit tmpl[4];
+    struct kvc_key keys[4];
+    kvc_client *c;
+    kvc_ns *ns;
+    (void)arg;
+    if (kvc_connect(adv_d.sock, &c) || kvc_ns_open(c, &lay, &ns) || adv_roundtrip_ns(ns, 0x21, 4))
+        return 250;
+    adv_keys(ns, 0x21, 4, keys);
+    struct kvc_fast_ring *ring = c->ring;
+    if (!ring || ring->head < 4)
+        return 251;
+    struct kvc_fast_hit *ents = (struct kvc_fast_hit *)(ring + 1);
+    for (uint32_t i = 0; i < 4; i++)
+        tmpl[i] = ents[(ring->head - 4 + i) % KVC_FAST_RING_ENTS];
+    tmpl[0].load_us = UINT32_MAX;
+    for (int r = 0; r < 200; r++) {
+        uint64_t head = ring->head;
+        for (uint32_t i = 0; i < 64; i++)
+            ents[(head + i) % KVC_FAST_RING_ENTS] = tmpl[i % 4];
+        __atomic_store_n(&ring->head, head + 64, __ATOMIC_RELEASE);
+        kvc_lease *l;
+        if (kvc_lookup(ns, keys, 4, 0, &l) != 4)
+            return 252;
+        struct {
+            struct kvc_release_req q;
+            uint64_t id;
+        } rel = {.q = {.nleases = 1, .load_us = UINT32_MAX}, .id = l->ids[0]};
+        if (adv_call(c, KVC_OP_RELEASE, &rel, sizeof(rel), NULL, NULL, NULL))
+            return 253;
+        free(l); /* released above */
+    }
+    kvc_disconnect(c);
+    return 0;
+}
+
+START_TEST(test_load_us_bounded)
+{
+    adv_start(NULL);
+    uint64_t t0 = daemon_now_ms();
+    ck_assert_int_eq(adv_run(ADV_ATTACKER, adv_load_liar, NULL), 0);
+    uint64_t ms = daemon_now_ms() - t0 + 1;
+    uint64_t load = adv_stat("load_us"), refused = adv_stat("load_refused_us");
+    printf("e2e_adversary: made-up copy times: load_us %llu (%llu ms of test), %llu refused\n",
+           (unsigned long long)load, (unsigned long long)ms, (unsigned long long)refused);
+    /* The attacker's one connection: 64 us per us it was connected, a millisecond's worth at
+     * connect (with room to spare for the test's own timing). */
+    ck_assert_uint_le(load, 64 * 1000 * (ms + 1) * 4);
+    ck_assert_uint_gt(refused, 100ull * UINT32_MAX);
+    adv_check_clean();
+}
+END_TEST
+
+/* ---- the fast path: hit rings ----------------------------------------------------------- */
+
+/* Ring flood (issue 28 row 4): ADV_RF_CONNS connections of the attacker each advance their
+ * hit ring by a ring's worth of valid hits and send FAST_ATTACH SYNC, over and over, while
+ * the victim times LOOKUPs of its restricted prefix; in the rounds between, the same
+ * connections send plain LOOKUPs (and RELEASEs) of their blocks instead. The rounds
+ * alternate (plain, flood, five times each) so the host's noise falls on both, and the
+ * victim's p99 under the flood must stay within 2x of its p99 under the plain lookups, over
+ * the same number of samples. */
+#define ADV_RF_CONNS 8
+#define ADV_RF_ROUNDS 10
+#define ADV_RF_SAMPLES 900 /* per round, at most */
+#define ADV_RF_ROUND_MS 4000
+#define ADV_RF_KEYS 16
+
+struct adv_rf {
+    int ready;      /* children set up */
+    int round;      /* running: 1..ADV_RF_ROUNDS (odd: plain, even: flood); -1: the end */
+    int round_done; /* the last round the victim finished */
+    int failed;     /* a child's step that went wrong */
+    uint64_t msgs[ADV_RF_ROUNDS][ADV_RF_CONNS];
+    uint32_t n[ADV_RF_ROUNDS];
+    uint32_t lat_ns[ADV_RF_ROUNDS][ADV_RF_SAMPLES];
+};
+
+static struct adv_rf *adv_rf;
+static int adv_rf_idx; /* the attacker's number, set before each spawn */
+
+static uint64_t adv_mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Until round r is announced (or the end). */
+static int adv_rf_wait_round(int after)
+{
+    int r;
+    while ((r = __atomic_load_n(&adv_rf->round, __ATOMIC_ACQUIRE)) >= 0 && r <= after)
+        adv_msleep(1);
+    return r;
+}
+
+static int adv_rf_attacker(void *arg)
+{
+    struct adv_rf *rf = adv_rf;
+    struct kvc_layout lay = daemon_layout("attacker-model", ADV_BT);
+    struct kvc_key keys[ADV_RF_KEYS];
+    struct kvc_fast_hit tmpl[ADV_RF_KEYS];
+    kvc_client *c;
+    kvc_ns *ns;
+    int idx = adv_rf_idx, r = 0;
+    (void)arg;
+    if (kvc_connect(adv_d.sock, &c) || kvc_ns_open(c, &lay, &ns))
+        return 200;
+    /* Its blocks, read once through the index: the ring's last entries are valid hits. */
+    if (adv_roundtrip_ns(ns, 0x300 + (uint32_t)idx, ADV_RF_KEYS))
+        return 201;
+    adv_keys(ns, 0x300 + (uint32_t)idx, ADV_RF_KEYS, keys);
+    struct kvc_fast_ring *ring = c->ring;
+    if (!ring || ring->head < ADV_RF_KEYS)
+        return 202;
+    struct kvc_fast_hit *ents = (struct kvc_fast_hit *)(ring + 1);
+    for (uint32_t i = 0; i < ADV_RF_KEYS; i++)
+        tmpl[i] = ents[(ring->head - ADV_RF_KEYS + i) % KVC_FAST_RING_ENTS];
+    if (tmpl[0].nkeys != ADV_RF_KEYS)
+        return 203;
+    __atomic_fetch_add(&rf->ready, 1, __ATOMIC_ACQ_REL);
+    while ((r = adv_rf_wait_round(r)) > 0) {
+        bool flood = (r & 1) == 0;
+        while (__atomic_load_n(&rf->round_done, __ATOMIC_ACQUIRE) < r) {
+            if (flood) {
+                uint64_t head = ring->head;
+                for (uint32_t i = 0; i < KVC_FAST_RING_ENTS; i++)
+                    ents[(head + i) % KVC_FAST_RING_ENTS] = tmpl[i % ADV_RF_KEYS];
+                __atomic_store_n(&ring->head, head + KVC_FAST_RING_ENTS, __ATOMIC_RELEASE);
+                struct kvc_fast_attach_req q = {.what = KVC_FAST_SYNC};
+                if (adv_call(c, KVC_OP_FAST_ATTACH, &q, sizeof(q), NULL, NULL, NULL))
+                    return 204;
+            } else {
+                kvc_lease *l;
+                if (kvc_lookup(ns, keys, ADV_RF_KEYS, 0, &l) != ADV_RF_KEYS || kvc_release(l))
+                    return 205;
+            }
+            rf->msgs[r - 1][idx]++;
+        }
+    }
+    kvc_disconnect(c);
+    return 0;
+}
+
+/* Times LOOKUPs of its 8-block prefix in each round, and runs the rounds. */
+static int adv_rf_victim(void *arg)
+{
+    struct adv_rf *rf = adv_rf;
+    struct kvc_layout lay = daemon_layout("victim-model", ADV_BT);
+    struct kvc_key keys[8];
+    kvc_client *c;
+    kvc_ns *ns;
+    (void)arg;
+    if (kvc_connect(adv_d.sock, &c) || kvc_ns_open(c, &lay, &ns) || adv_roundtrip_ns(ns, 0x7300, 8))
+        return 210;
+    adv_keys(ns, 0x7300, 8, keys);
+    for (int i = 0; i < 60000 && __atomic_load_n(&rf->ready, __ATOMIC_ACQUIRE) < ADV_RF_CONNS; i++)
+        adv_msleep(1);
+    if (rf->ready < ADV_RF_CONNS)
+        return 211;
+    for (int r = 1; r <= ADV_RF_ROUNDS; r++) {
+        __atomic_store_n(&rf->round, r, __ATOMIC_RELEASE);
+        adv_msleep(100); /* the attackers under way */
+        uint64_t end = daemon_now_ms() + ADV_RF_ROUND_MS;
+        uint32_t n = 0;
+        while (n < ADV_RF_SAMPLES && daemon_now_ms() < end) {
+            kvc_lease *l;
+            uint64_t t0 = adv_mono_ns();
+            int h = kvc_lookup(ns, keys, 8, 0, &l);
+            uint64_t t1 = adv_mono_ns();
+            if (h != 8 || kvc_release(l))
+                return 212;
+            rf->lat_ns[r - 1][n++] = (uint32_t)(t1 - t0 > UINT32_MAX ? UINT32_MAX : t1 - t0);
+        }
+        rf->n[r - 1] = n;
+        __atomic_store_n(&rf->round_done, r, __ATOMIC_RELEASE);
+    }
+    __atomic_store_n(&rf->round, -1, __ATOMIC_RELEASE);
+    kvc_disconnect(c);
+    return 0;
+}
+
+static int adv_u32_cmp(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The q-quantile of v[0..n) (sorted in place), in ms. */
+static double adv_quantile_ms(uint32_t *v, uint32_t n, double q)
+{
+    qsort(v, n, sizeof(*v), adv_u32_cmp);
+    uint32_t i = (uint32_t)(q * n + 0.999999);
+    return v[i ? i - 1 : 0] / 1e6;
+}
+
+START_TEST(test_ring_flood)
+{
+    pid_t att[ADV_RF_CONNS], vic;
+    adv_rf = mmap(NULL, sizeof(*adv_rf), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    ck_assert_ptr_ne(adv_rf, MAP_FAILED);
+    memset(adv_rf, 0, sizeof(*adv_rf));
+    adv_start(NULL);
+    for (int i = 0; i < ADV_RF_CONNS; i++) {
+        adv_rf_idx = i;
+        att[i] = adv_spawn(ADV_ATTACKER, adv_rf_attacker, NULL);
+    }
+    vic = adv_spawn(ADV_VICTIM, adv_rf_victim, NULL);
+    ck_assert_int_eq(daemon_child_wait(vic, 120000, NULL), 0);
+    for (int i = 0; i < ADV_RF_CONNS; i++)
+        ck_assert_int_eq(daemon_child_wait(att[i], 30000, NULL), 0);
+    /* The same number of samples of each kind: the fewest any round took, from every one. */
+    uint32_t n = ADV_RF_SAMPLES;
+    for (int r = 0; r < ADV_RF_ROUNDS; r++)
+        n = adv_rf->n[r] < n ? adv_rf->n[r] : n;
+    static uint32_t plain[ADV_RF_ROUNDS / 2 * ADV_RF_SAMPLES],
+        flood[ADV_RF_ROUNDS / 2 * ADV_RF_SAMPLES];
+    const uint32_t kinds = ADV_RF_ROUNDS / 2;
+    uint64_t mplain = 0, mflood = 0;
+    for (int r = 0; r < ADV_RF_ROUNDS; r++) {
+        memcpy((r & 1 ? flood : plain) + (r / 2) * n, adv_rf->lat_ns[r], n * sizeof(uint32_t));
+        for (int i = 0; i < ADV_RF_CONNS; i++)
+            *(r & 1 ? &mflood : &mplain) += adv_rf->msgs[r][i];
+    }
+    double p50p = adv_quantile_ms(plain, kinds * n, 0.5),
+           p99p = adv_quantile_ms(plain, kinds * n, 0.99);
+    double p50f = adv_quantile_ms(flood, kinds * n, 0.5),
+           p99f = adv_quantile_ms(flood, kinds * n, 0.99);
+    printf("e2e_adversary: ring flood: victim LOOKUP p50 %.3f ms, p99 %.3f ms under %llu plain "
+           "lookups; p50 %.3f ms, p99 %.3f ms under %llu ring floods of %u hits (%u samples "
+           "each); fast_hits %llu, fast_dropped %llu\n",
+           p50p, p99p, (unsigned long long)mplain, p50f, p99f, (unsigned long long)mflood,
+           KVC_FAST_RING_ENTS, kinds * n, (unsigned long long)adv_stat("fast_hits"),
+           (unsigned long long)adv_stat_or0("fast_dropped"));
+    fflush(stdout);
+    ck_assert_uint_ge(n, 200);
+    ck_assert_msg(p99f <= 2 * p99p,
+                  "victim p99 %.3f ms under the ring flood, %.3f ms under plain "
+                  "lookups",
+                  p99f, p99p);
+    munmap(adv_rf, sizeof(*adv_rf));
+    adv_check_clean();
+}
+END_TEST
+
 /* ---- the reader's decode ------------------------------------------------------------------- */
 
 /* A writer of the arena rewrites a quantized block's section table while a reader decodes
@@ -1495,47 +2132,67 @@ END_TEST
 
 /* ---- the suite ---------------------------------------------------------------------------------- */
 
+/* One test case per attack, named after it, so that CK_RUN_CASE=test_NAME runs one. */
+static void adv_case(Suite *s, const char *name, const TTest *t)
+{
+    TCase *tc = tcase_create(name);
+    tcase_set_timeout(tc, 120);
+    tcase_add_checked_fixture(tc, NULL, adv_teardown);
+    tcase_add_test(tc, t);
+    suite_add_tcase(s, tc);
+}
+
 int main(void)
 {
+    /* fast: an attack on the fast path's shared memory, skipped in the run with the fast
+     * path off (tests/run-checks.sh runs the suite again with KVC_NO_FASTPATH=1). */
     const struct {
         const char *name;
         const TTest *t;
+        bool fast;
     } cases[] = {
-        {"test_duplicate_keys", test_duplicate_keys},
-        {"test_pin_and_lease_flood", test_pin_and_lease_flood},
-        {"test_connection_flood", test_connection_flood},
-        {"test_idle_connections", test_idle_connections},
-        {"test_reservation_hoarding", test_reservation_hoarding},
-        {"test_namespace_flood", test_namespace_flood},
-        {"test_names_leak", test_names_leak},
-        {"test_hole_punch", test_hole_punch},
-        {"test_gpu_pool_access", test_gpu_pool_access},
-        {"test_wait_flood", test_wait_flood},
+        {"test_duplicate_keys", test_duplicate_keys, false},
+        {"test_pin_and_lease_flood", test_pin_and_lease_flood, false},
+        {"test_connection_flood", test_connection_flood, false},
+        {"test_idle_connections", test_idle_connections, false},
+        {"test_reservation_hoarding", test_reservation_hoarding, false},
+        {"test_namespace_flood", test_namespace_flood, false},
+        {"test_names_leak", test_names_leak, false},
+        {"test_hole_punch", test_hole_punch, false},
+        {"test_gpu_pool_access", test_gpu_pool_access, false},
+        {"test_wait_flood", test_wait_flood, false},
+        {"test_restored_ns_arena", test_restored_ns_arena, false},
+        {"test_index_writes", test_index_writes, true},
+        {"test_ring_idle", test_ring_idle, true},
+        {"test_load_us_bounded", test_load_us_bounded, true},
+        {"test_ring_flood", test_ring_flood, true},
     };
     Suite *s = suite_create("e2e_adversary");
-    TCase *tc = tcase_create("adversary");
     SRunner *sr;
     int failed;
     bool root = geteuid() == 0;
-    tcase_set_timeout(tc, 120);
-    tcase_add_checked_fixture(tc, NULL, adv_teardown);
+    const char *nf = getenv("KVC_NO_FASTPATH");
+    bool nofast = nf && *nf && strcmp(nf, "0") != 0;
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        if (root)
-            tcase_add_test(tc, cases[i].t);
-        else
+        if (!root)
             printf("SKIP: e2e_adversary: %s: not root (the clients run as other uids)\n",
                    cases[i].name);
+        else if (cases[i].fast && nofast)
+            printf("SKIP: e2e_adversary: %s: the fast path is off (KVC_NO_FASTPATH): the run "
+                   "with it on has this case\n",
+                   cases[i].name);
+        else
+            adv_case(s, cases[i].name, cases[i].t);
     }
-    tcase_add_test(tc, test_reader_private_copy); /* no other uid needed */
+    adv_case(s, "test_reader_private_copy", test_reader_private_copy); /* no other uid */
     if (!root)
         printf("SKIP: e2e_adversary: test_hole_punch_hugetlb: not root\n");
     else if (adv_huge_free() >= (64u << 20))
-        tcase_add_test(tc, test_hole_punch_hugetlb);
+        adv_case(s, "test_hole_punch_hugetlb", test_hole_punch_hugetlb);
     else
         printf("SKIP: e2e_adversary: test_hole_punch_hugetlb: fewer than 64 MiB of huge "
                "pages free (HugePages_Free * Hugepagesize = %llu bytes)\n",
                (unsigned long long)adv_huge_free());
-    suite_add_tcase(s, tc);
     fflush(stdout);
     if (daemon_suite_init("e2e-adversary"))
         return 1;

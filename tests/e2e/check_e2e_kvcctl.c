@@ -1,8 +1,11 @@
 /*
  * check_e2e_kvcctl.c — kvcctl's commands against a real kvcd, in text and JSON, and its
- * exit codes (0 ok, 1 no daemon, 2 usage).
+ * exit codes (0 ok, 1 error, 2 usage): every rough edge a newcomer met (issue 29) as a case,
+ * each error one line naming its cause; JSON outputs typed; the Prometheus exposition
+ * linted by promtool (a SKIP without it); model ids with control characters refused.
  */
 #include <check.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -228,6 +231,225 @@ START_TEST(test_kvcctl_exit_codes)
 }
 END_TEST
 
+/* kvcctl ARGS... (NULL-terminated, at most 8) against ct_d; checks the exit status, and for a
+ * failure that stderr is one line holding `cause`. */
+static void ct_expect(int want, const char *cause, const char *a0, const char *a1, const char *a2,
+                      const char *a3)
+{
+    int rc = daemon_kvcctl(&ct_d, ct_out, CT_OUT, ct_err, CT_OUT, a0, a1, a2, a3, NULL);
+    ck_assert_msg(rc == want, "kvcctl %s %s %s %s: exit %d, not %d\n%s%s", a0, a1 ? a1 : "",
+                  a2 ? a2 : "", a3 ? a3 : "", rc, want, ct_out, ct_err);
+    if (want == 0)
+        return;
+    ck_assert_msg(ct_count(ct_err, "\n") == 1 && ct_err[strlen(ct_err) - 1] == '\n',
+                  "kvcctl %s %s: not one line: '%s'", a0, a1 ? a1 : "", ct_err);
+    ck_assert_msg(strstr(ct_err, cause), "kvcctl %s %s %s: '%s' does not say '%s'", a0,
+                  a1 ? a1 : "", a2 ? a2 : "", ct_err, cause);
+}
+
+/* Puts a chain of n blocks in namespace model; 0. */
+static void ct_put_chain(const char *model, uint32_t n)
+{
+    kvc_client *c;
+    kvc_ns *ns;
+    struct kvc_layout lay = daemon_layout(model, 16);
+    struct kvc_key keys[64];
+    static uint8_t buf[64][16384];
+    const void *blocks[64];
+    ck_assert_uint_le(n, 64);
+    ck_assert_int_eq(kvc_connect(ct_d.sock, &c), 0);
+    ck_assert_int_eq(kvc_ns_open(c, &lay, &ns), 0);
+    ck_assert_uint_eq(kvc_ns_block_bytes(ns), sizeof(buf[0]));
+    ck_assert_int_eq(daemon_chain_keys(ns, 7, 0, 0, n, keys), 0);
+    for (uint32_t i = 0; i < n; i++) {
+        daemon_block_fill(&keys[i], buf[i], sizeof(buf[i]));
+        blocks[i] = buf[i];
+    }
+    ck_assert_int_eq(kvc_put_prefix(ns, NULL, keys, n, blocks), (int)n);
+    ck_assert_int_eq(kvc_flush(c), 0);
+    kvc_disconnect(c);
+}
+
+/* `kvcctl show` of a prefix two keys start with: refused at once, naming two of them, the
+ * blocks not listed; of a whole key: that block. (It printed every match and exited 0.) */
+START_TEST(test_kvcctl_show_ambiguous_prefix)
+{
+    char keys[40][33], pre[2] = "", full[33];
+    size_t nk = 0;
+    ct_put_chain("e2e-show", 20); /* 23 keys: two share a first digit */
+    ck_assert_int_eq(daemon_kvcctl(&ct_d, ct_out, CT_OUT, ct_err, CT_OUT, "ls", "--json", NULL), 0);
+    for (const char *p = strstr(ct_out, "\"key\": \""); p && nk < 40;
+         p = strstr(p + 1, "\"key\": \""))
+        snprintf(keys[nk++], sizeof(keys[0]), "%.32s", p + 8);
+    ck_assert_uint_eq(nk, 23);
+    for (size_t i = 0; i < nk && !pre[0]; i++)
+        for (size_t j = i + 1; j < nk; j++)
+            if (keys[i][0] == keys[j][0])
+                pre[0] = keys[i][0];
+    ck_assert(pre[0]);
+    ct_expect(1, "is ambiguous", "show", pre, NULL, NULL);
+    ck_assert_str_eq(ct_out, "");
+    snprintf(full, sizeof(full), "%s", keys[5]);
+    ct_expect(0, NULL, "show", full, NULL, NULL);
+    ck_assert_ptr_nonnull(strstr(ct_out, full));
+    ck_assert_uint_eq(ct_count(ct_out, "key          "), 1);
+    ct_expect(1, "no cached block has a key equal to", "show", "0123456789abcdef0123456789abcdef",
+              NULL, NULL);
+    ct_expect(2, "hex digits", "show", "zz", NULL, NULL);
+}
+END_TEST
+
+/* Usage errors say which argument and why (they exited 2 in silence, or listed nothing and
+ * exited 0); --help works per command; errors name their real cause. */
+START_TEST(test_kvcctl_usage_errors_named)
+{
+    ct_expect(2, "--count", "top", "--count", "-1", NULL);
+    ct_expect(2, "--interval", "tiers", "--interval", "x", NULL);
+    ct_expect(2, "--interval", "top", "--interval", "0", NULL);
+    ct_expect(2, "--tier takes gpu, host or disk, not 'ssd'", "ls", "--tier", "ssd", NULL);
+    ct_expect(2, "--codec", "ls", "--codec", "zzz", NULL);
+    ct_expect(2, "--prefix", "ls", "--prefix", "xyz", NULL);
+    ct_expect(2, "unknown option --bogus", "ls", "--bogus", NULL, NULL);
+    ct_expect(2, "--ns needs a value", "ls", "--ns", NULL, NULL);
+    ct_expect(2, "takes no arguments", "status", "extra", NULL, NULL);
+    ct_expect(2, "unknown command", "frobnicate", NULL, NULL, NULL);
+    static const char *const cmds[] = {"ls",     "show",  "top", "tiers",  "config",
+                                       "policy", "evict", "ns",  "status", "metrics"};
+    for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++) {
+        char want[64];
+        ct_expect(0, NULL, cmds[i], "--help", NULL, NULL);
+        snprintf(want, sizeof(want), "usage: kvcctl [-s SOCKET] [--json] %s", cmds[i]);
+        ck_assert_msg(strstr(ct_out, want), "%s --help: %s", cmds[i], ct_out);
+        ct_expect(0, NULL, "help", cmds[i], NULL, NULL);
+        ck_assert(strstr(ct_out, want));
+    }
+    ct_expect(1, "no option named nope.key", "config", "get", "nope.key", NULL);
+    ck_assert_ptr_null(strstr(ct_err, "no daemon"));
+    ct_expect(1, "did you mean host.size?", "config", "get", "host.siz", NULL);
+    /* a restart-only option, asked by root: not a permission error */
+    ct_expect(1, "host.size cannot change", "config", "set", "host.size", "64m");
+    ck_assert_ptr_null(strstr(ct_err, "not root"));
+    ck_assert_ptr_null(strstr(ct_err, "not permitted"));
+    kvc_client *c;
+    char msg[256];
+    ck_assert_int_eq(kvc_connect(ct_d.sock, &c), 0);
+    ck_assert_int_eq(kvc_config_set(c, "host.size", "64m", msg, sizeof(msg)), -EROFS);
+    kvc_disconnect(c);
+}
+END_TEST
+
+/* JSON: config values typed, metric labels an object, top one object per line. */
+START_TEST(test_kvcctl_json_typed)
+{
+    ct_expect(0, NULL, "--json", "config", "get", NULL);
+    ck_assert_msg(daemon_json_valid(ct_out), "not JSON: %s", ct_out);
+    ck_assert_msg(strstr(ct_out, "\"host.size\": 33554432,") &&
+                      strstr(ct_out, "\"host.page_size\": 65536,") &&
+                      strstr(ct_out, "\"cache.policy\": \"default\"") &&
+                      (strstr(ct_out, "\"host.prefault\": true") ||
+                       strstr(ct_out, "\"host.prefault\": false")) &&
+                      strstr(ct_out, "\"server.hello_timeout\": 5000,"),
+                  "%s", ct_out);
+    ct_expect(0, NULL, "--json", "config", "get", "host.size");
+    ck_assert_str_eq(ct_out, "{\"host.size\": 33554432}\n");
+    ct_expect(0, NULL, "--json", "metrics", NULL, NULL);
+    ck_assert_msg(daemon_json_valid(ct_out), "not JSON: %.2000s", ct_out);
+    ck_assert_msg(strstr(ct_out, "\"labels\": {\"namespace\": \"e2e-roundtrip\"}"), "%.3000s",
+                  ct_out);
+    ck_assert_ptr_nonnull(strstr(ct_out, "\"labels\": {}"));
+    ct_expect(0, NULL, "--json", "top", "--count", "2");
+    ck_assert_uint_eq(ct_count(ct_out, "\n"), 2);
+    char *nl = strchr(ct_out, '\n');
+    *nl = 0;
+    ck_assert_msg(daemon_json_valid(ct_out) && daemon_json_valid(nl + 1), "%s", ct_out);
+}
+END_TEST
+
+/* Whether every line of ct_out that is not empty has the length of the first. */
+static bool ct_rows_aligned(void)
+{
+    size_t first = strcspn(ct_out, "\n");
+    for (const char *p = ct_out; *p; p += strcspn(p, "\n") + (p[strcspn(p, "\n")] != 0))
+        if (strcspn(p, "\n") != first)
+            return false;
+    return true;
+}
+
+/* A real Hugging Face id with a revision (77 characters) keeps the ns table's columns. */
+START_TEST(test_kvcctl_long_model_id_columns)
+{
+    static const char id[] =
+        "meta-llama/Meta-Llama-3.1-70B-Instruct@0e9e39f249a16976918f6564b8830bc894c89659";
+    ct_put_chain(id, 2);
+    ct_expect(0, NULL, "ns", NULL, NULL, NULL);
+    ck_assert_ptr_nonnull(strstr(ct_out, id));
+    ck_assert_msg(ct_rows_aligned(), "rows of different widths:\n%s", ct_out);
+    /* policy: every row's POLICY column starts where its header does */
+    ct_expect(0, NULL, "policy", NULL, NULL, NULL);
+    const char *head = strstr(ct_out, "NS ");
+    ck_assert_ptr_nonnull(head);
+    size_t col = (size_t)(strstr(head, "POLICY") - head), rows = 0;
+    for (const char *p = strchr(head, '\n') + 1; *p; p = strchr(p, '\n') + 1, rows++)
+        ck_assert_msg(strlen(p) > col && p[col - 1] == ' ' && p[col] != ' ' &&
+                          strncmp(p + col, "default", 7) == 0,
+                      "a row out of its columns:\n%s", ct_out);
+    ck_assert_uint_eq(rows, 2);
+}
+END_TEST
+
+/* Ids with a newline or tab are refused at NS_OPEN (EINVAL), and nothing of them shows. */
+START_TEST(test_ns_open_control_characters_refused)
+{
+    static const char *const bad[] = {"evil\nkvcd_fake_total 1", "tab\there", "bell\a", "del\x7f"};
+    kvc_client *c;
+    kvc_ns *ns;
+    ck_assert_int_eq(kvc_connect(ct_d.sock, &c), 0);
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        struct kvc_layout lay = daemon_layout(bad[i], 16);
+        ck_assert_int_eq(kvc_ns_open(c, &lay, &ns), -EINVAL);
+    }
+    kvc_disconnect(c);
+    ct_expect(0, NULL, "--json", "ns", NULL, NULL);
+    ck_assert_uint_eq(ct_count(ct_out, "\"id\""), 1); /* e2e-roundtrip alone */
+    FILE *f = fopen(ct_d.log, "re");
+    char line[512];
+    bool said = false;
+    ck_assert_ptr_nonnull(f);
+    while (fgets(line, sizeof(line), f))
+        said |= strstr(line, "model id holds a control character") != NULL;
+    fclose(f);
+    ck_assert(said);
+}
+END_TEST
+
+/* `promtool check metrics` (Debian's prometheus) passes the exposition: counters end in
+ * _total, times in seconds (seven kvcd_client_* counters and kvcd_load_us_total failed). */
+START_TEST(test_metrics_promtool)
+{
+    char cmd[1200];
+    ct_put_chain("e2e-prom", 3);
+    snprintf(cmd, sizeof(cmd),
+             "'%s' -s '%s' metrics > '%s/m.prom' && promtool check metrics < '%s/m.prom' 2>&1",
+             DAEMON_KVCCTL, ct_d.sock, ct_d.dir, ct_d.dir);
+    const char *argv[] = {"/bin/sh", "-c", cmd, NULL};
+    int rc = daemon_run(argv, ct_out, CT_OUT, ct_err, CT_OUT, daemon_ms(60000));
+    ck_assert_msg(rc == 0, "promtool: exit %d\n%s%s", rc, ct_out, ct_err);
+    snprintf(cmd, sizeof(cmd),
+             "grep -c '^kvcd_client_requests_total{\\|^kvcd_load_seconds_total ' "
+             "'%s/m.prom'",
+             ct_d.dir);
+    rc = daemon_run(argv, ct_out, CT_OUT, ct_err, CT_OUT, daemon_ms(60000));
+    ck_assert_int_eq(rc, 0);
+    ck_assert_int_ge(atoi(ct_out), 2);
+}
+END_TEST
+
+static bool ct_have_promtool(void)
+{
+    const char *argv[] = {"/bin/sh", "-c", "command -v promtool", NULL};
+    return daemon_run(argv, ct_out, CT_OUT, ct_err, CT_OUT, 10000) == 0;
+}
+
 int main(void)
 {
     Suite *s = suite_create("e2e_kvcctl");
@@ -244,6 +466,16 @@ int main(void)
     tcase_add_test(tc, test_kvcctl_ls);
     tcase_add_test(tc, test_kvcctl_exit_codes);
     tcase_add_test(tc, test_load_vs_recompute_counters);
+    tcase_add_test(tc, test_kvcctl_show_ambiguous_prefix);
+    tcase_add_test(tc, test_kvcctl_usage_errors_named);
+    tcase_add_test(tc, test_kvcctl_json_typed);
+    tcase_add_test(tc, test_kvcctl_long_model_id_columns);
+    tcase_add_test(tc, test_ns_open_control_characters_refused);
+    if (ct_have_promtool())
+        tcase_add_test(tc, test_metrics_promtool);
+    else
+        printf("SKIP: e2e_kvcctl: test_metrics_promtool: promtool not installed (Debian's "
+               "prometheus package, etc/install-deps.sh test)\n");
     suite_add_tcase(s, tc);
     if (daemon_suite_init("e2e-kvcctl"))
         return 1;

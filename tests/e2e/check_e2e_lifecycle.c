@@ -1,5 +1,8 @@
 /*
- * check_e2e_lifecycle.c — start, refuse, replace, stop, reload and check-config of kvcd.
+ * check_e2e_lifecycle.c — start, refuse, replace, stop, reload and check-config of kvcd;
+ * the checks a start makes before anything slow (another kvcd on the socket, the disk
+ * path's directory and file system), so a start that cannot succeed fails at once and
+ * leaves nothing behind.
  */
 #include <check.h>
 #include <errno.h>
@@ -7,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -174,6 +178,85 @@ START_TEST(test_lifecycle_check_config)
 }
 END_TEST
 
+/* Whether the log holds text now. */
+static bool lc_log_has(const struct daemon *d, const char *text)
+{
+    return lc_log_wait(d, text, 0);
+}
+
+/* A second kvcd with a 2 GiB arena on a served socket learns so before it pre-faults
+ * anything (it took 12 s to say so, after touching its whole arena). */
+START_TEST(test_lifecycle_second_daemon_refused_before_prefault)
+{
+    static const char *const big[] = {"-o", "host.size=2g",       "-o", "host.prefault=yes",
+                                      "-o", "host.hugepages=off", NULL};
+    struct daemon d = {0};
+    pid_t second;
+    ck_assert_int_eq(daemon_start(&d, lc_args), 0);
+    uint64_t t0 = daemon_now_ms();
+    ck_assert_int_eq(daemon_spawn(&d, big, &second), 0);
+    ck_assert_int_eq(daemon_child_wait(second, daemon_ms(20000), NULL), 1);
+    printf("e2e_lifecycle: the second kvcd gave up after %llu ms\n",
+           (unsigned long long)(daemon_now_ms() - t0));
+    ck_assert(lc_log_has(&d, "another kvcd is serving"));
+    ck_assert_msg(!lc_log_has(&d, "arena of 2048 MiB"), "the second kvcd made its arena first");
+    ck_assert_int_eq(daemon_roundtrip(&d), 0);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_cleanup(&d);
+}
+END_TEST
+
+/* --check-config (the unit's ExecStartPre) fails a disk.path whose directory is missing, or
+ * whose file system cannot hold disk.capacity; passes one it can create. */
+START_TEST(test_lifecycle_check_config_disk_path)
+{
+    struct daemon d = {0};
+    char path[DAEMON_PATH_MAX + 32], opt[DAEMON_PATH_MAX + 64], out[4096], err[4096];
+    const char *argv[] = {DAEMON_KVCD, "--check-config",    "-o", opt,
+                          "-o",        "disk.capacity=64m", NULL};
+    const char *huge[] = {DAEMON_KVCD, "--check-config",         "-o", opt,
+                          "-o",        "disk.capacity=1000000g", NULL};
+    ck_assert_int_eq(daemon_dir_init(&d), 0);
+    snprintf(path, sizeof(path), "%s/missing/kvc.dat", d.dir);
+    snprintf(opt, sizeof(opt), "disk.path=%s", path);
+    ck_assert_int_eq(daemon_run(argv, out, sizeof(out), err, sizeof(err), 20000), 1);
+    ck_assert_msg(strstr(err, "does not exist") && strstr(err, "/missing"), "%s", err);
+    snprintf(path, sizeof(path), "%s/kvc.dat", d.dir);
+    snprintf(opt, sizeof(opt), "disk.path=%s", path);
+    ck_assert_int_eq(daemon_run(argv, out, sizeof(out), err, sizeof(err), 20000), 0);
+    ck_assert_int_eq(daemon_run(huge, out, sizeof(out), err, sizeof(err), 20000), 1);
+    ck_assert_msg(strstr(err, "file system has"), "%s", err);
+    ck_assert_int_eq(access(path, F_OK), -1); /* checking creates nothing */
+    daemon_cleanup(&d);
+}
+END_TEST
+
+/* A start whose disk.capacity does not fit its file system (a 2 MiB tmpfs) fails before it
+ * creates anything: no 4 KiB kvc.dat is left behind. Needs root (mount). */
+START_TEST(test_lifecycle_full_fs_leaves_no_file)
+{
+    struct daemon d = {0};
+    char fs[DAEMON_PATH_MAX], path[DAEMON_PATH_MAX + 16], opt[DAEMON_PATH_MAX + 32];
+    pid_t pid;
+    ck_assert_int_eq(daemon_dir_init(&d), 0);
+    snprintf(fs, sizeof(fs), "%.150s/fs", d.dir);
+    ck_assert_int_eq(mkdir(fs, 0700), 0);
+    ck_assert_int_eq(mount("tmpfs", fs, "tmpfs", 0, "size=2m"), 0);
+    snprintf(path, sizeof(path), "%s/kvc.dat", fs);
+    snprintf(opt, sizeof(opt), "disk.path=%s", path);
+    const char *args[] = {"-o", "host.size=32m", "-o", opt, "-o", "disk.capacity=16m", NULL};
+    ck_assert_int_eq(daemon_spawn(&d, args, &pid), 0);
+    int rc = daemon_child_wait(pid, daemon_ms(20000), NULL);
+    bool left = access(path, F_OK) == 0;
+    ck_assert_int_eq(umount(fs), 0);
+    ck_assert_int_eq(rc, 1);
+    ck_assert(lc_log_has(&d, "file system has"));
+    ck_assert_msg(!left, "a failed start left %s", path);
+    ck_assert(!lc_log_has(&d, "arena of"));
+    daemon_cleanup(&d);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("e2e_lifecycle");
@@ -187,6 +270,13 @@ int main(void)
     tcase_add_test(tc, test_lifecycle_sigterm_removes_socket);
     tcase_add_test(tc, test_lifecycle_sighup_reload);
     tcase_add_test(tc, test_lifecycle_check_config);
+    tcase_add_test(tc, test_lifecycle_second_daemon_refused_before_prefault);
+    tcase_add_test(tc, test_lifecycle_check_config_disk_path);
+    if (geteuid() == 0)
+        tcase_add_test(tc, test_lifecycle_full_fs_leaves_no_file);
+    else
+        printf("SKIP: e2e_lifecycle: test_lifecycle_full_fs_leaves_no_file: not root (it "
+               "mounts a small tmpfs)\n");
     suite_add_tcase(s, tc);
     if (daemon_suite_init("e2e-lifecycle"))
         return 1;

@@ -95,9 +95,9 @@ START_TEST(test_kvcctl_commands)
         {{"policy", "get", NULL}, 0, "default policy: default", "{\"policy\": \"default\""},
         {{"policy", "set", "lfu", NULL}, 0, "lfu", "\"lfu\""},
         {{"policy", "set", "nonesuch", NULL}, 1, "unknown policy", NULL},
-        {{"config", "get", "host.size", NULL}, 0, "32m", "{\"host.size\": \"32m\"}"},
+        {{"config", "get", "host.size", NULL}, 0, "32m", "{\"host.size\": 33554432}"},
         {{"config", "get", NULL}, 0, "quota.client_pins = 262144", "\"log.level\": \"info\""},
-        {{"config", "get", "host.nonesuch", NULL}, 1, "no such option", NULL},
+        {{"config", "get", "host.nonesuch", NULL}, 1, "no option named host.nonesuch", NULL},
         {{"config", "set", "log.level", "debug", NULL}, 0, "log.level = debug", "\"applied\": true"},
         {{"config", "set", "host.size", "64m", NULL}, 1, "cannot change on reload", NULL},
         {{"reload", NULL}, 0, "configuration reloaded", "\"applied\": true"},
@@ -476,7 +476,7 @@ START_TEST(test_namespace_sections)
     d->ns[0].max_pins = 20;
     ck_assert_int_eq(config_check_reload(c, d, err, sizeof(err)), 0);
     d->ns[0].write.uids[0] = 1;
-    ck_assert_int_eq(config_check_reload(c, d, err, sizeof(err)), -EPERM);
+    ck_assert_int_eq(config_check_reload(c, d, err, sizeof(err)), -EROFS);
     ck_assert_msg(strstr(err, "[namespace.llama-*]"), "%s", err);
     config_free(d);
     /* The printed configuration loads back with the section. */

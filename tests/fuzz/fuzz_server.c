@@ -12,16 +12,25 @@
  * connection is closed and the store must hold nothing for anyone: no pin, no reservation,
  * no reserved block, each namespace's block count equal to its committed blocks in the
  * index, every committed block found under its key, its parent cached, its child count
- * right. Run with `make fuzz` (clang, ASan+UBSan). */
+ * right.
+ * The fast path is on: FAST_ATTACH hands out hit rings (mapped here, then filled with
+ * entries made of real blocks of the store, of namespaces and blocks of nobody, with
+ * made-up counts and copy times, and heads moved on, backwards or far ahead) and indexes
+ * (mapped read-only; a writable mapping must be refused). At the end the daemon must have
+ * counted no more ring entries than it could have read, credited no more copy time than its
+ * connections could have spent, and every entry of arena 0's index must name a committed
+ * block at that place. Run with `make fuzz` (clang, ASan+UBSan). */
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "client/kvc_fast.h"
 #include "client/kvc_proto.h"
 #include "daemon/config.h"
 #include "daemon/engine.h"
@@ -53,7 +62,8 @@ enum fz_op {
     FZ_OP_HINT,
     FZ_OP_STATS,
     FZ_OP_RECONNECT,
-    FZ_OP_PUT, /* RESERVE then COMMIT of the same chain: fills the cache quickly */
+    FZ_OP_PUT,  /* RESERVE then COMMIT of the same chain: fills the cache quickly */
+    FZ_OP_FAST, /* FAST_ATTACH (ring, index, SYNC), or entries written into the ring */
     FZ_OP_COUNT
 };
 
@@ -64,6 +74,7 @@ struct fz_conn {
     uint32_t nleases, nresvs; /* ring positions (ids stay after release: stale ids) */
     uint32_t answered;        /* replies seen for the request in flight */
     uint64_t last_resv;
+    struct kvc_fast_ring *ring; /* this connection's hit ring, mapped; NULL: none */
 };
 
 struct fz {
@@ -76,6 +87,11 @@ struct fz {
     uint32_t req_id;
     int ticks;
     int max_ticks; /* of this fz_serve: FZ_MAX_TICKS, or 1 after a quiet COMMIT (no reply) */
+    const uint8_t *index; /* arena 0's index, mapped read-only on the first INDEX reply */
+    uint64_t index_bytes;
+    uint64_t ring_heads; /* ring entries written, heads moved ahead and back, as claimed */
+    uint64_t conns_made; /* connections opened, for the copy time they may claim */
+    uint64_t t0_ms;
 };
 
 static char fz_dir[64];
@@ -196,11 +212,38 @@ static void fz_close(struct fz_conn *c)
         close(c->fd);
     c->fd = -1;
     memset(c->ns, 0, sizeof(c->ns));
+    if (c->ring)
+        munmap(c->ring, sizeof(*c->ring) + KVC_FAST_RING_ENTS * sizeof(struct kvc_fast_hit));
+    c->ring = NULL;
 }
 
-/* Reads every reply waiting on c (closing the descriptors NS_OPEN attaches); notes the
- * lease and reservation ids they carry. A closed connection is closed here too. */
-static void fz_drain(struct fz_conn *c, uint32_t layout)
+/* A FAST_ATTACH reply's descriptor: the ring is kept mapped, the index mapped once (and a
+ * writable mapping of it must fail). */
+static void fz_fast_fd(struct fz *f, struct fz_conn *c, const struct kvc_fast_attach_rep *p, int fd)
+{
+    if (p->what == KVC_FAST_RING && !c->ring &&
+        p->bytes == sizeof(*c->ring) + KVC_FAST_RING_ENTS * sizeof(struct kvc_fast_hit)) {
+        void *m = mmap(NULL, p->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (m == MAP_FAILED)
+            fz_fail("hit ring not mappable read-write", errno, p->bytes);
+        c->ring = m;
+    } else if (p->what == KVC_FAST_INDEX && p->bytes) {
+        if (mmap(NULL, p->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) != MAP_FAILED)
+            fz_fail("index mapped writable", p->arena_id, p->bytes);
+        if (p->arena_id == 0 && !f->index) {
+            void *m = mmap(NULL, p->bytes, PROT_READ, MAP_SHARED, fd, 0);
+            if (m == MAP_FAILED)
+                fz_fail("index not mappable", errno, p->bytes);
+            f->index = m;
+            f->index_bytes = p->bytes;
+        }
+    }
+}
+
+/* Reads every reply waiting on c (closing the descriptors NS_OPEN and FAST_ATTACH attach,
+ * after mapping FAST_ATTACH's); notes the lease and reservation ids they carry. A closed
+ * connection is closed here too. */
+static void fz_drain(struct fz *f, struct fz_conn *c, uint32_t layout)
 {
     while (c->fd >= 0) {
         union {
@@ -219,13 +262,18 @@ static void fz_drain(struct fz_conn *c, uint32_t layout)
             fz_close(c);
             return;
         }
+        const struct kvc_msg_hdr *rh = (const struct kvc_msg_hdr *)fz_rep;
         for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm))
             if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
                 size_t nfd = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
                 int fds[4];
                 memcpy(fds, CMSG_DATA(cm), nfd * sizeof(int));
-                for (size_t i = 0; i < nfd; i++)
+                for (size_t i = 0; i < nfd; i++) {
+                    if (i == 0 && (size_t)n >= sizeof(*rh) + sizeof(struct kvc_fast_attach_rep) &&
+                        rh->opcode == KVC_OP_FAST_ATTACH && rh->status == 0)
+                        fz_fast_fd(f, c, (const struct kvc_fast_attach_rep *)(rh + 1), fds[i]);
                     close(fds[i]);
+                }
             }
         c->answered++;
         if ((size_t)n < sizeof(struct kvc_msg_hdr))
@@ -251,7 +299,7 @@ static void fz_drain(struct fz_conn *c, uint32_t layout)
     }
 }
 
-static int fz_connect(struct fz_conn *c)
+static int fz_connect(struct fz *f, struct fz_conn *c)
 {
     struct sockaddr_un a = {.sun_family = AF_UNIX};
     c->fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
@@ -264,6 +312,7 @@ static int fz_connect(struct fz_conn *c)
         return rc;
     }
     memset(c->ns, 0, sizeof(c->ns));
+    f->conns_made++;
     return 0;
 }
 
@@ -358,7 +407,7 @@ static void fz_send(struct fz *f, struct fz_conn *c, uint16_t op, size_t len, ui
         return;
     c->answered = 0;
     if (send(c->fd, fz_msg, total, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
-        fz_drain(c, layout);
+        fz_drain(f, c, layout);
         if (c->fd >= 0 && errno != EAGAIN)
             fz_close(c);
         return;
@@ -371,7 +420,58 @@ static void fz_send(struct fz *f, struct fz_conn *c, uint16_t op, size_t len, ui
                        : FZ_MAX_TICKS;
     fz_serve(f, c->fd);
     f->max_ticks = FZ_MAX_TICKS;
-    fz_drain(c, layout);
+    fz_drain(f, c, layout);
+}
+
+/* Writes up to 47 entries into c's hit ring, as the next bytes say: real blocks of the store
+ * (their namespace, index and key, or one of them off by one), or made-up ones; positions,
+ * counts and copy times as given; then moves the head on by as many, or also far ahead, or
+ * backwards. */
+static void fz_ring_write(struct fz *f, struct fz_conn *c)
+{
+    struct kvc_fast_ring *r = c->ring;
+    struct kvc_fast_hit *e = (struct kvc_fast_hit *)(r + 1);
+    uint32_t n = fz_u8(f) % 48, nb = f->s->ix.nblocks;
+    uint64_t head = r->head, was = head;
+    for (uint32_t i = 0; i < n; i++) {
+        uint8_t b = fz_u8(f);
+        struct kvc_fast_hit h = {0};
+        if ((b & 3) != 3 && nb) {
+            uint32_t idx = fz_u8(f) % nb;
+            const struct block *bl = &f->s->ix.blocks[idx];
+            h = (struct kvc_fast_hit){
+                .ns = bl->ns, .block = idx, .klo = bl->key.lo, .khi = bl->key.hi};
+            if (b & 4)
+                h.block ^= 1;
+            if (b & 8)
+                h.klo ^= 1;
+        } else {
+            struct kvc_wire_key k = fz_key(b >> 6, fz_u8(f) % FZ_NKEYS);
+            h = (struct kvc_fast_hit){.ns = fz_u8(f), .block = fz_u32(f), .klo = k.lo, .khi = k.hi};
+        }
+        h.pos = (b & 0x10) ? fz_u8(f) : (uint16_t)i;
+        h.nkeys = (i == 0 || (b & 0x20)) ? ((b & 0x40) ? 0xffff : (uint16_t)(n - i)) : 0;
+        h.load_us = (b & 0x80) ? fz_u32(f) : fz_u8(f);
+        e[(head + i) % KVC_FAST_RING_ENTS] = h;
+    }
+    head += n;
+    switch (fz_u8(f) & 7) {
+    case 5:
+        head += fz_u32(f); /* past what was written: entries overwritten, or a lie */
+        break;
+    case 6:
+        head -= fz_u8(f) % 64; /* backwards */
+        break;
+    case 7:
+        head = (uint64_t)fz_u32(f) << 32;
+        break;
+    default:
+        break;
+    }
+    /* What the daemon may count from this move: at most a ring's worth, and one lie. */
+    f->ring_heads +=
+        (head > was ? (head - was < KVC_FAST_RING_ENTS ? head - was : KVC_FAST_RING_ENTS) : 0) + 1;
+    __atomic_store_n(&r->head, head, __ATOMIC_RELEASE);
 }
 
 static void fz_op(struct fz *f)
@@ -381,7 +481,7 @@ static void fz_op(struct fz *f)
     enum fz_op op = (enum fz_op)((b >> 2) % FZ_OP_COUNT);
     uint8_t *pl = fz_msg + sizeof(struct kvc_msg_hdr);
     uint32_t layout = FZ_NLAYOUTS;
-    if (c->fd < 0 && op != FZ_OP_RECONNECT && fz_connect(c))
+    if (c->fd < 0 && op != FZ_OP_RECONNECT && fz_connect(f, c))
         return;
     switch (op) {
     case FZ_OP_HELLO: {
@@ -498,13 +598,29 @@ static void fz_op(struct fz *f)
             fz_send(f, c, KVC_OP_STATS, sizeof(*q), FZ_NLAYOUTS);
         break;
     }
+    case FZ_OP_FAST: {
+        struct kvc_fast_attach_req *q = (struct kvc_fast_attach_req *)pl;
+        uint8_t k = fz_u8(f);
+        static const uint32_t what[] = {KVC_FAST_RING, KVC_FAST_INDEX, KVC_FAST_SYNC};
+        if ((k & 3) == 3 && c->ring) {
+            fz_ring_write(f, c);
+            f->max_ticks = 1; /* a pass or two over the rings; nothing is answered */
+            fz_serve(f, -1);
+            f->max_ticks = FZ_MAX_TICKS;
+            break;
+        }
+        *q = (struct kvc_fast_attach_req){.what = (k & 0x80) ? fz_u8(f) % 5 : what[k % 3],
+                                          .arena_id = (k & 0x40) ? (k >> 2) & 3 : 0};
+        fz_send(f, c, KVC_OP_FAST_ATTACH, sizeof(*q), FZ_NLAYOUTS);
+        break;
+    }
     case FZ_OP_RECONNECT:
     default:
         fz_close(c);
         if (fz_u8(f) & 1) {
             /* Let the server see the close before the next one connects. */
             fz_serve(f, -1);
-            fz_connect(c);
+            fz_connect(f, c);
         }
         break;
     }
@@ -551,6 +667,39 @@ static void fz_check(struct fz *f)
     }
     if (live != s->ix.live)
         fz_fail("index live count", s->ix.live, live);
+    /* Rings: no more entries counted than could be read, no more copy time credited than
+     * the connections could have spent (64 us per us each, a millisecond's worth at start). */
+    uint64_t counted = s->total.fast_hits + s->total.fast_refused + s->total.fast_dropped;
+    if (fz_verbose)
+        fprintf(stderr,
+                "fuzz_server: rings: %llu hits, %llu refused, %llu dropped of %llu "
+                "claimed; load_us %llu\n",
+                (unsigned long long)s->total.fast_hits, (unsigned long long)s->total.fast_refused,
+                (unsigned long long)s->total.fast_dropped, (unsigned long long)f->ring_heads,
+                (unsigned long long)s->total.load_us);
+    if (counted > f->ring_heads)
+        fz_fail("ring entries counted past those written", counted, f->ring_heads);
+    uint64_t spend = 64000 * (loop_now_ms(f->l) + 2) * (f->conns_made + 1);
+    if (s->total.load_us > spend)
+        fz_fail("copy time credited past what could be spent", s->total.load_us, spend);
+    /* Arena 0's index: every entry names a committed block of the store, in arena 0, where
+     * the entry says. */
+    if (f->index) {
+        const struct kvc_fast_hdr *h = (const struct kvc_fast_hdr *)f->index;
+        const struct kvc_fast_ent *e = (const struct kvc_fast_ent *)(f->index + h->ents_off);
+        for (uint64_t i = 0; i < (uint64_t)h->nsets * KVC_FAST_WAYS; i++) {
+            if (!e[i].used)
+                continue;
+            const struct block *b = e[i].block < s->ix.nblocks ? &s->ix.blocks[e[i].block] : NULL;
+            if (e[i].seq & 1)
+                fz_fail("index entry left half written", i, e[i].seq);
+            if (!b || b->state != BLOCK_STATE_COMMITTED || b->ns != e[i].ns ||
+                b->key.lo != e[i].klo || b->key.hi != e[i].khi)
+                fz_fail("index entry of no committed block", i, e[i].block);
+            if (b->arena != 0 || b->off != e[i].off || b->format != e[i].format)
+                fz_fail("index entry elsewhere than its block", e[i].off, b->off);
+        }
+    }
     for (uint32_t n = 1; n < s->nns; n++)
         if (s->ns[n] && s->ns[n]->blocks != blocks[n])
             fz_fail("namespace block count", s->ns[n]->blocks, blocks[n]);
@@ -587,6 +736,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                               .low_watermark = 0.8,
                               .max_namespaces = 8,
                               .max_handles = 16,
+                              .fast_path = true,
                               .policy = POLICY_LRU};
     struct fz f = {.p = data, .end = data + size};
     int rc = 0;
@@ -628,6 +778,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (server_clients(f.sv) > 0)
         fz_fail("connections the server never saw close", server_clients(f.sv), 0);
     fz_check(&f);
+    if (f.index)
+        munmap((void *)f.index, f.index_bytes);
     server_free(f.sv);
     engine_stop(f.s);
     store_free(f.s);

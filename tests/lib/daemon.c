@@ -2,6 +2,7 @@
  * daemon.c — see daemon.h.
  */
 #include <errno.h>
+#include <jansson.h>
 #include <math.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -607,144 +608,61 @@ out:
     return rc;
 }
 
-/* ---- JSON ------------------------------------------------------------------------------ */
-
-static const char *daemon_json_ws(const char *s)
-{
-    while (*s == ' ' || *s == '\t' || *s == '\n' || *s == '\r')
-        s++;
-    return s;
-}
-
-static const char *daemon_json_value(const char *s, int depth);
-
-static const char *daemon_json_string(const char *s)
-{
-    if (*s++ != '"')
-        return NULL;
-    while (*s != '"') {
-        if ((unsigned char)*s < 0x20)
-            return NULL;
-        if (*s == '\\') {
-            s++;
-            if (*s == 'u') {
-                for (int i = 1; i <= 4; i++)
-                    if (!strchr("0123456789abcdefABCDEF", s[i]) || !s[i])
-                        return NULL;
-                s += 4;
-            } else if (!*s || !strchr("\"\\/bfnrt", *s)) {
-                return NULL;
-            }
-        }
-        s++;
-    }
-    return s + 1;
-}
-
-static const char *daemon_json_number(const char *s)
-{
-    const char *d;
-    if (*s == '-')
-        s++;
-    if (*s == '0')
-        s++;
-    else if (*s >= '1' && *s <= '9')
-        while (*s >= '0' && *s <= '9')
-            s++;
-    else
-        return NULL;
-    if (*s == '.') {
-        d = ++s;
-        while (*s >= '0' && *s <= '9')
-            s++;
-        if (s == d)
-            return NULL;
-    }
-    if (*s == 'e' || *s == 'E') {
-        s++;
-        if (*s == '+' || *s == '-')
-            s++;
-        d = s;
-        while (*s >= '0' && *s <= '9')
-            s++;
-        if (s == d)
-            return NULL;
-    }
-    return s;
-}
-
-static const char *daemon_json_seq(const char *s, int depth, char close, bool object)
-{
-    s = daemon_json_ws(s + 1);
-    if (*s == close)
-        return s + 1;
-    for (;;) {
-        if (object) {
-            s = daemon_json_string(s);
-            if (!s)
-                return NULL;
-            s = daemon_json_ws(s);
-            if (*s++ != ':')
-                return NULL;
-        }
-        s = daemon_json_value(s, depth + 1);
-        if (!s)
-            return NULL;
-        s = daemon_json_ws(s);
-        if (*s == close)
-            return s + 1;
-        if (*s++ != ',')
-            return NULL;
-        s = daemon_json_ws(s);
-    }
-}
-
-static const char *daemon_json_value(const char *s, int depth)
-{
-    if (depth > 64)
-        return NULL;
-    s = daemon_json_ws(s);
-    switch (*s) {
-    case '{':
-        return daemon_json_seq(s, depth, '}', true);
-    case '[':
-        return daemon_json_seq(s, depth, ']', false);
-    case '"':
-        return daemon_json_string(s);
-    case 't':
-        return strncmp(s, "true", 4) ? NULL : s + 4;
-    case 'f':
-        return strncmp(s, "false", 5) ? NULL : s + 5;
-    case 'n':
-        return strncmp(s, "null", 4) ? NULL : s + 4;
-    default:
-        return daemon_json_number(s);
-    }
-}
+/* ---- JSON (jansson) ------------------------------------------------------------------- */
 
 bool daemon_json_valid(const char *s)
 {
-    const char *e = daemon_json_value(s, 0);
-    return e && *daemon_json_ws(e) == 0;
+    json_error_t e;
+    json_t *v = json_loads(s, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &e);
+    json_decref(v);
+    return v != NULL;
+}
+
+/* The first member `key` holding an unsigned integer, depth first in document order. */
+static const json_t *daemon_json_find(const json_t *v, const char *key, int depth)
+{
+    const char *k;
+    const json_t *m, *hit;
+    size_t i;
+    if (depth > 64)
+        return NULL;
+    if (json_is_object(v)) {
+        json_object_foreach((json_t *)v, k, m)
+        {
+            if (strcmp(k, key) == 0 && json_is_integer(m) && json_integer_value(m) >= 0)
+                return m;
+            if ((hit = daemon_json_find(m, key, depth + 1)))
+                return hit;
+        }
+    } else if (json_is_array(v)) {
+        json_array_foreach(v, i, m) if ((hit = daemon_json_find(m, key, depth + 1))) return hit;
+    }
+    return NULL;
 }
 
 int daemon_json_u64(const char *s, const char *key, uint64_t *v)
 {
-    char pat[128];
-    const char *p;
-    snprintf(pat, sizeof(pat), "\"%s\"", key);
-    for (p = strstr(s, pat); p; p = strstr(p + 1, pat)) {
-        const char *q = daemon_json_ws(p + strlen(pat));
-        char *end;
-        if (*q != ':')
-            continue;
-        q = daemon_json_ws(q + 1);
-        if (*q < '0' || *q > '9')
-            continue;
-        errno = 0;
-        *v = strtoull(q, &end, 10);
-        if (errno == 0)
+    /* One JSON value, or several in a row (JSON Lines): the first match in any. */
+    size_t len = strlen(s), at = 0;
+    while (at < len) {
+        json_error_t e;
+        json_t *doc;
+        const json_t *hit;
+        at += strspn(s + at, " \t\r\n");
+        if (at == len)
+            break;
+        doc = json_loadb(s + at, len - at, JSON_DECODE_ANY | JSON_DISABLE_EOF_CHECK, &e);
+        if (!doc)
+            return -ENOENT;
+        hit = daemon_json_find(doc, key, 0);
+        if (hit)
+            *v = (uint64_t)json_integer_value(hit);
+        json_decref(doc);
+        if (hit)
             return 0;
+        if (e.position <= 0)
+            break;
+        at += (size_t)e.position;
     }
     return -ENOENT;
 }

@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "client/kvcreplay_trace.h"
 #include "policies/policy.h"
 #include "tests/lib/sim.h"
 
@@ -96,58 +97,32 @@ static uint32_t sim_map_get(struct sim_map *m, uint64_t key)
     return m->val[h];
 }
 
-static const char *sim_field(const char *s, const char *end, const char *name)
-{
-    size_t nl = strlen(name);
-    for (const char *p = s; p + nl + 2 <= end; p++)
-        if (*p == '"' && memcmp(p + 1, name, nl) == 0 && p[nl + 1] == '"') {
-            p += nl + 2;
-            while (p < end && (*p == ' ' || *p == ':'))
-                p++;
-            return p;
-        }
-    return NULL;
-}
-
-static int sim_num(const char **pp, const char *end, uint64_t *out)
-{
-    const char *p = *pp;
-    uint64_t v = 0;
-    int digits = 0;
-    while (p < end && *p == ' ')
-        p++;
-    while (p < end && *p >= '0' && *p <= '9') {
-        v = v * 10 + (uint64_t)(*p - '0');
-        p++;
-        digits++;
-    }
-    if (p < end && *p == '.') /* fractional timestamps: keep the integer part */
-        for (p++; p < end && *p >= '0' && *p <= '9'; p++)
-            ;
-    *pp = p;
-    *out = v;
-    return digits ? 0 : -EINVAL;
-}
-
 int sim_trace_parse(struct sim_trace *t, const char *text, size_t len)
 {
     struct sim_map map = { 0 };
+    struct replay_req q = {0};
     size_t rcap = 0, icap = 0;
     int rc = 0;
     const char *p = text, *end = text + len;
+    char err[160];
 
     memset(t, 0, sizeof(*t));
+    q.ids = malloc(REPLAY_MAX_BLOCKS * sizeof(*q.ids));
+    if (!q.ids)
+        return -ENOMEM;
     while (p < end) {
         const char *eol = memchr(p, '\n', (size_t)(end - p));
         if (!eol)
             eol = end;
-        const char *q = p;
-        while (q < eol && (*q == ' ' || *q == '\r' || *q == '\t'))
-            q++;
-        if (q == eol) {
+        if (replay_line_blank(p, (size_t)(eol - p))) {
             p = eol + 1;
             continue;
         }
+        /* The one reader of the format (client/kvcreplay_trace.c): kvcreplay reads the
+         * same lines the same way. */
+        rc = replay_line_parse(p, (size_t)(eol - p), &q, err, sizeof(err));
+        if (rc)
+            goto out;
         if (t->nreq == rcap) {
             rcap = rcap ? rcap * 2 : 1024;
             struct sim_req *nr = realloc(t->req, rcap * sizeof(*nr));
@@ -158,28 +133,11 @@ int sim_trace_parse(struct sim_trace *t, const char *text, size_t len)
             t->req = nr;
         }
         struct sim_req *r = &t->req[t->nreq];
-        uint64_t v = 0;
-        const char *f = sim_field(p, eol, "timestamp");
-        r->ts = f && sim_num(&f, eol, &v) == 0 ? v : 0;
-        f = sim_field(p, eol, "input_length");
-        r->input_len = f && sim_num(&f, eol, &v) == 0 ? (uint32_t)v : 0;
-        f = sim_field(p, eol, "hash_ids");
-        if (!f || *f != '[') {
-            rc = -EINVAL;
-            goto out;
-        }
-        f++;
+        r->ts = (uint64_t)q.ts; /* ms: fractions dropped */
+        r->input_len = (uint32_t)q.input_len;
         r->off = (uint32_t)t->nref;
         r->len = 0;
-        for (;;) {
-            while (f < eol && (*f == ' ' || *f == ','))
-                f++;
-            if (f < eol && *f == ']')
-                break;
-            if (sim_num(&f, eol, &v) < 0) {
-                rc = -EINVAL;
-                goto out;
-            }
+        for (uint32_t j = 0; j < q.n; j++) {
             if (t->nref == icap) {
                 icap = icap ? icap * 2 : 65536;
                 uint32_t *ni = realloc(t->ids, icap * sizeof(*ni));
@@ -189,7 +147,7 @@ int sim_trace_parse(struct sim_trace *t, const char *text, size_t len)
                 }
                 t->ids = ni;
             }
-            uint32_t id = sim_map_get(&map, v);
+            uint32_t id = sim_map_get(&map, q.ids[j]);
             if (id == UINT32_MAX) {
                 rc = -ENOMEM;
                 goto out;
@@ -204,6 +162,7 @@ int sim_trace_parse(struct sim_trace *t, const char *text, size_t len)
     }
     t->nblocks = (uint32_t)map.n;
 out:
+    free(q.ids);
     free(map.key);
     free(map.val);
     if (rc < 0)

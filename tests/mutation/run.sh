@@ -154,12 +154,66 @@ mutation fast-ring-unvalidated daemon/server.c "check_e2e_fast" \
                 store_fast_hit(' \
 '            if (store_fast_hit('
 
-# Hits through the index reach the policy only on the tick: another client's puts evict the
-# blocks a reader keeps using.
+# Hits through the index reach the policy only after the batch that evicts: another
+# client's puts evict the blocks a reader keeps using.
 mutation fast-no-drain-before-evict daemon/server.c "check_e2e_fast" \
-'    s->on_evict = server_fast_drain_all;' \
+'    s->on_evict = server_fast_evict;' \
 '    s->on_evict = NULL;
-    (void)server_fast_drain_all;'
+    (void)server_fast_evict;'
+
+# The shared index's inode left at mode 0777: a reader of the arena reopens its read-only
+# descriptor read-write through /proc/self/fd (issue 28 row 2).
+mutation fast-index-mode-open daemon/fast.c "check_e2e_adversary" \
+'    if (fchmod(fd, 0600) < 0 || ftruncate(fd, (off_t)bytes) < 0 ||' \
+'    if (ftruncate(fd, (off_t)bytes) < 0 ||'
+
+# The shared index not sealed against later writable mappings: whoever can reopen it
+# read-write (root, the daemon's user) maps it writable.
+mutation fast-index-unsealed daemon/fast.c "check_e2e_adversary" \
+'    if (fcntl(fd, F_ADD_SEALS, (ro ? F_SEAL_FUTURE_WRITE : 0) | F_SEAL_SEAL) < 0)' \
+'    if (fcntl(fd, F_ADD_SEALS, (ro ? 0 : 0) | F_SEAL_SEAL) < 0)'
+
+# The daemon reads back what it decided from the shared header (arena_bytes): a writer of
+# the header stops every publication.
+mutation fast-index-header-trusted daemon/fast.c "check_e2e_adversary" \
+'    if (unit >= (fi->arena_bytes >> KVC_FAST_UNIT_SHIFT) || (off & 4095))' \
+'    if (unit >= (fi->hdr->arena_bytes >> KVC_FAST_UNIT_SHIFT) || (off & 4095))'
+
+# Hit rings read without a cap: every pass reads all a ring holds, whatever the rate
+# (issue 28 row 4: one tenant's flood slowed every other one's lookups 200-1,000 times).
+mutation fast-ring-drain-uncapped daemon/fast.c "check_e2e_fast check_e2e_adversary" \
+'    if (max > allow)
+        max = allow;' \
+'    (void)allow;
+    max = KVC_FAST_RING_ENTS;'
+
+# Hit rings read a whole ring at a time (before each request, and in passes without a size
+# or time bound), at server.fast_ring_rate still.
+mutation fast-ring-steps-unbounded daemon/server.c "check_e2e_fast check_e2e_adversary" \
+'#define SERVER_FAST_REQ 64u
+#define SERVER_FAST_CHUNK 16u
+#define SERVER_FAST_PASS_ALL 512u
+#define SERVER_FAST_PASS_US 200u' \
+'#define SERVER_FAST_REQ 4096u
+#define SERVER_FAST_CHUNK 4096u
+#define SERVER_FAST_PASS_ALL (1u << 20)
+#define SERVER_FAST_PASS_US 1000000u'
+
+# Ring entries count as requests: a connection that only writes its ring never idles out.
+mutation fast-ring-keeps-idle daemon/server.c "check_e2e_adversary" \
+'    n = fast_ring_take(c->ring, h, max, &lied);' \
+'    n = fast_ring_take(c->ring, h, max, &lied);
+    c->t_last = now;'
+
+# Copy times taken on trust: RELEASE and ring entries drive load_us where they like.
+mutation load-us-unbounded daemon/server.c "check_e2e_adversary" \
+'    uint64_t ok = us < c->load_credit_us ? us : c->load_credit_us;' \
+'    uint64_t ok = us;'
+
+# A namespace found on disk at start is placed in arena 0 whatever its access lists say.
+mutation restored-ns-arena0 daemon/main.c "check_e2e_adversary" \
+'    int rc = acl_ns_open(d->acl, l, ns_id, created);' \
+'    int rc = store_ns_open(d->store, l, ns_id, created);'
 
 # The precision ladder: a step down leaves its rung's bytes uncounted at the new rung (the
 # decision then works from wrong shares).
@@ -267,6 +321,52 @@ mutation disk-checkpoint-first-late tiers/disk_ckpt.c "check_tier_disk" \
         return true;' \
 '    if (0 && !d->ckpt_tried && d->st.used)
         return true;'
+
+# The Python binding: a lossy hit viewed at the raw block size (its view covers the slots
+# after it, and can reach past the arena's mapping).
+mutation python-view-block-bytes python/kvcd/_kvcd_lease.c "check_python" \
+'    if (PyBuffer_FillInfo(view, self, p, (Py_ssize_t)len, h->kind == HANDLE_KIND_LEASE, flags) < 0)' \
+'    if (PyBuffer_FillInfo(view, self, p, (Py_ssize_t)h->block_bytes, h->kind == HANDLE_KIND_LEASE, flags) < 0)'
+
+# The Python binding: the namespace not checked again after the tokens' __index__ ran (one
+# that closed the client leaves keys_from_tokens reading a freed namespace).
+mutation python-ns-unchecked-after-python python/kvcd/_kvcd_ns.c "check_python" \
+'    if (ns_check(ns) < 0)
+        goto out;
+    maxkeys =' \
+'    maxkeys ='
+
+# The Python binding: a closed Client may be initialised again (its old namespaces then
+# meet the new connection).
+mutation python-reinit-after-close python/kvcd/_kvcd_client.c "check_python" \
+'    if (c->conn) {' \
+'    if (c->c) {'
+
+
+# Hybrid kinds: a state lookup answered from the keys' leading run (a state taken at another
+# boundary, or none where one is cached).
+mutation kinds-state-from-run daemon/store.c "check_e2e_kinds" \
+'        for (end = n; end > 0 && !store_key_cached(s, ns_id, &keys[end - 1]); end--)' \
+'        for (end = store_lookup_run(s, ns_id, keys, n); end > 0 && !store_key_cached(s, ns_id, &keys[end - 1]); end--)'
+
+# Hybrid kinds: a window lookup that ends at the first gap (the blocks before a window are
+# required again).
+mutation kinds-window-needs-whole-prefix daemon/store.c "check_e2e_kinds" \
+'        run = store_key_cached(s, ns_id, &keys[i]) ? run + 1 : 0;' \
+'        run = store_key_cached(s, ns_id, &keys[i]) && run == i ? run + 1 : 0;'
+
+# Hybrid kinds: window blocks chained to their parents (the blocks behind a window kept alive
+# as parents, the window's own tip evicted first).
+mutation kinds-window-chained daemon/store.c "check_e2e_kinds" \
+'        if (ns->layout.kv_kind == KVC_WIRE_KV_KIND_KV_WINDOW) {
+            /* Every block' \
+'        if (0) {
+            /* Every block'
+
+# kvcd.sglang: batch_exists waits for disk reads in SGLang's prefetch thread.
+mutation sglang-exists-waits python/kvcd/sglang.py "check_python" \
+'            with self._ns(m, s).lookup(kb[:n], ready_only=True) as lease:' \
+'            with self._ns(m, s).lookup(kb[:n]) as lease:'
 
 # ---- machinery ------------------------------------------------------------------------------
 

@@ -1,12 +1,28 @@
 # DESIGN: a private kvcd for demos, tests and benchmarks: the real daemon started on a Unix
 # socket in a fresh temporary directory, waited for (bounded), and stopped by its pid
-# (SIGTERM, then SIGKILL after a bounded wait); the directory goes with it.
+# (SIGTERM, then SIGKILL after a bounded wait); the directory goes with it. KVC_NO_FASTPATH
+# set in the environment (libkvc's switch for its clients) turns the fast path off in the
+# daemon too (server.fast_path=no), as tests/lib/daemon.c does for the C suites.
 import os
 import shutil
 import signal
 import subprocess
 import tempfile
 import time
+
+
+def fast_path_off():
+    """True when $KVC_NO_FASTPATH asks for no fast path (libkvc reads it the same way)."""
+    return os.environ.get("KVC_NO_FASTPATH", "") not in ("", "0")
+
+
+def daemon_options(options=()):
+    """The -o options of a private kvcd: small-host defaults, the fast path as the
+    environment says, then `options` (later ones win)."""
+    base = ["host.prefault=no", "host.hugepages=off"]
+    if fast_path_off():
+        base.append("server.fast_path=no")
+    return base + list(options)
 
 
 def kvcd_binary():
@@ -34,7 +50,7 @@ class PrivateDaemon:
         self.dir = tempfile.mkdtemp(prefix="kvcd-py.")
         self.socket = os.path.join(self.dir, "kvcd.sock")
         args = [self.binary, "-o", "server.socket=" + self.socket]
-        for o in ["host.prefault=no", "host.hugepages=off"] + self.options:
+        for o in daemon_options(self.options):
             args += ["-o", o]
         self._log = open(os.path.join(self.dir, "kvcd.log"), "wb")
         self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=self._log,

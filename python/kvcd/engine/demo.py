@@ -1,5 +1,6 @@
 # DESIGN: `make demo-engine`: several reference-engine processes against one real kvcd
-# started in a temporary directory. Each process builds a prompt from a shared system prompt,
+# started in a temporary directory, on the GPU when torch sees one (hits scattered straight
+# into the engine's paged cache in device memory), else on the CPU. Each process builds a prompt from a shared system prompt,
 # a shared few-shot header and a question of its own, generates with kvcd (loading what
 # others computed, putting what it computed) and again without it, and prints both prefill
 # times and the tokens loaded and computed. A process exits 1 when any generated token
@@ -27,14 +28,16 @@ def worker(a):
         hit = e.generate(prompt, a.new)
         ref = e.generate(prompt, a.new, use_cache=False, put=False)
     same = hit.tokens == ref.tokens
-    print("%s: %d-token prompt: prefill %.3f s with kvcd (%d tokens loaded, %d computed), "
-          "%.3f s without (%d computed): %.1fx; %d tokens generated, %s" %
-          (a.name, len(prompt), hit.prefill_s, hit.loaded_tokens, hit.computed_tokens,
+    print("%s (%s): %d-token prompt: prefill %.3f s with kvcd (%d tokens loaded, %d "
+          "computed), %.3f s without (%d computed): %.1fx; %d tokens generated, %s" %
+          (a.name, e.device.type, len(prompt), hit.prefill_s, hit.loaded_tokens,
+           hit.computed_tokens,
            ref.prefill_s, ref.computed_tokens, ref.prefill_s / hit.prefill_s, a.new,
            "all equal to the run without kvcd" if same else
            "DIFFERENT from the run without kvcd: %s vs %s" % (hit.tokens, ref.tokens)),
           flush=True)
-    print(json.dumps(dict(name=a.name, prompt=len(prompt), prefill_hit_s=hit.prefill_s,
+    print(json.dumps(dict(name=a.name, device=e.device.type, prompt=len(prompt),
+                          prefill_hit_s=hit.prefill_s,
                           prefill_nocache_s=ref.prefill_s, loaded=hit.loaded_tokens,
                           computed=hit.computed_tokens, put_blocks=hit.put_blocks,
                           same=same)), file=sys.stderr)

@@ -2,7 +2,9 @@
 # rotary position embedding, grouped-query attention, SwiGLU), its weights drawn from a fixed
 # seed, so every process builds the same model without a checkpoint. It computes in fp32 and
 # keeps its KV in fp16, the dtype of its kvcd namespace; forward() reads and writes the KV
-# through a cache object (cache.py), never owning it.
+# through a cache object (cache.py), never owning it. The weights are drawn on the CPU and
+# moved to the model's device (a CUDA device when the engine runs on one), so the same seed
+# gives the same model everywhere.
 import math
 from dataclasses import dataclass
 
@@ -42,10 +44,11 @@ class Model:
     """The decoder. forward() runs n new tokens at positions [pos, pos + n) against the
     cache's KV of [0, pos), writes theirs into it and returns the logits of the n tokens."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, device="cpu"):
         if cfg.heads % cfg.kv_heads:
             raise ValueError("heads must be a multiple of kv_heads")
         self.cfg = cfg
+        self.device = torch.device(device)
         g = torch.Generator().manual_seed(cfg.seed)
 
         def w(rows, cols):
@@ -65,6 +68,12 @@ class Model:
         self.lm_head = w(cfg.vocab, cfg.dim)
         inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2).float() / cfg.head_dim))
         self._inv_freq = inv
+        if self.device.type != "cpu":
+            dev = self.device
+            self.embed, self.norm, self.lm_head = (self.embed.to(dev), self.norm.to(dev),
+                                                   self.lm_head.to(dev))
+            self._inv_freq = inv.to(dev)
+            self.blocks = [{k: v.to(dev) for k, v in b.items()} for b in self.blocks]
 
     def rms_norm(self, x, weight):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.cfg.norm_eps) * weight
@@ -72,7 +81,8 @@ class Model:
     def rope(self, x, pos):
         """Rotates pairs (2i, 2i+1) of each head of x [n, heads, head_dim] by pos * freq_i."""
         n = x.shape[0]
-        angles = torch.arange(pos, pos + n, dtype=torch.float32)[:, None] * self._inv_freq
+        angles = (torch.arange(pos, pos + n, dtype=torch.float32, device=self.device)[:, None] *
+                  self._inv_freq)
         cos, sin = angles.cos()[:, None, :], angles.sin()[:, None, :]
         x0, x1 = x[..., 0::2], x[..., 1::2]
         out = torch.empty_like(x)
@@ -86,9 +96,10 @@ class Model:
         n = len(tokens)
         end = pos + n
         group = cfg.heads // cfg.kv_heads
-        x = self.embed[torch.as_tensor(tokens, dtype=torch.long)]
+        x = self.embed[torch.as_tensor(tokens, dtype=torch.long, device=self.device)]
         # Causal mask of the n queries over keys [0, end).
-        mask = torch.arange(end)[None, :] > torch.arange(pos, end)[:, None]
+        mask = (torch.arange(end, device=self.device)[None, :] >
+                torch.arange(pos, end, device=self.device)[:, None])
         for layer, b in enumerate(self.blocks):
             h = self.rms_norm(x, b["attn_norm"])
             q = self.rope((h @ b["wq"].T).view(n, cfg.heads, cfg.head_dim), pos)

@@ -1,0 +1,570 @@
+# DESIGN: kvcd as vLLM's KV connector: KvcdConnector implements KVConnectorBase_V1
+# (vllm/distributed/kv_transfer/kv_connector/v1/base.py), written against vLLM's main
+# branch as read at commit 003df29 (after v0.20: SchedulerOutput with CachedRequestData's
+# resumed_req_ids, KVCacheBlocks.get_block_ids() per group, request_finished(request,
+# block_ids), get_block_ids_with_load_errors). vLLM loads it with
+#   --kv-transfer-config '{"kv_connector": "KvcdConnector",
+#                          "kv_connector_module_path": "kvcd.vllm", "kv_role": "kv_both",
+#                          "kv_connector_extra_config": {"socket": "/run/kvcd/kvcd.sock"}}'
+# (docs/engines.md lists every extra option and what was not exercised against a real vLLM).
+#
+# vLLM runs the scheduler and each tensor-parallel worker in processes of their own, and a
+# kvcd lease (pins on a connection) never leaves its process: the scheduler side asks kvcd
+# how long a prefix is cached with a non-blocking lookup (nowait: hits still being read from
+# disk are counted as not yet there, and the request is asked again while they come back)
+# and releases it at once; the worker looks the same keys up again when it loads (one more
+# round trip per request and step, tens of microseconds against a prefill's milliseconds). A
+# block evicted in between is a miss in the worker: its vLLM block id is reported through
+# get_block_ids_with_load_errors and vLLM recomputes it, so nothing wrong is ever served.
+#
+# Keys are kvcd's own chained hashes of the token ids (ns.keys_from_tokens), the same in
+# every process and run; extra bytes mix in what changes the KV for the same tokens: the LoRA
+# adapter's name, the request's cache_salt, and from the block holding a multimodal input on,
+# that input's hash. (vLLM's own block hashes start from a seed that differs between
+# processes unless PYTHONHASHSEED is set, which would make instances miss each other.) Each
+# tensor-parallel rank keeps its shard of the heads in a namespace of its own
+# (<model_id>/tp<rank>-<size>); the scheduler counts a hit only where every rank has it. MLA
+# models keep one latent cache for all ranks: rank 0 saves, every rank loads.
+#
+# Worker side, per step: start_load_kv looks up each load and queues its scatter into vLLM's
+# paged KV cache layer by layer on a load stream, an event after each layer;
+# wait_for_layer_load(layer) makes the compute stream wait for that layer's event (never the
+# host). save_kv_layer gathers the layer vLLM just wrote into a reservation of the request's
+# new full prompt blocks, on the compute stream; wait_for_save hands the reservations to a
+# committing thread (kvc_commit waits for the gathers, then publishes) and returns;
+# get_finished reports a finished request once its commits are done, and request_finished
+# on the scheduler side keeps its blocks until then. With "layerwise": false in the extra
+# config a load is one scatter of all layers and a save one gather at wait_for_save. CPU
+# tensors work the same, synchronously.
+import collections
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Set, Tuple
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1,
+                                                                KVConnectorMetadata,
+                                                                KVConnectorRole)
+
+import kvcd
+
+# How long the scheduler lets a request wait for its blocks coming back from kvcd's disk
+# tier before it takes what is in memory (seconds), by default.
+DISK_WAIT_S = 0.5
+
+
+@dataclass
+class KvcdSpan:
+    """One request's run of blocks to load or to save, as the worker needs it: the tokens
+    its keys chain over (from the first token of the sequence), the extra bytes of each key
+    from a block on, and vLLM's block ids of the request from block 0."""
+
+    req_id: str
+    tokens: List[int]
+    extras: List[Tuple[int, bytes]]
+    block_ids: List[int]
+    first: int  # first block of the run
+    count: int  # blocks in the run
+
+
+@dataclass
+class KvcdConnectorMetadata(KVConnectorMetadata):
+    loads: List[KvcdSpan] = field(default_factory=list)
+    saves: List[KvcdSpan] = field(default_factory=list)
+
+
+def _dtype_name(dtype):
+    s = str(dtype).replace("torch.", "")
+    return {"float16": "fp16", "half": "fp16", "bfloat16": "bf16", "float32": "fp32",
+            "float": "fp32", "float8_e4m3fn": "fp8_e4m3", "fp8": "fp8_e4m3",
+            "fp8_e4m3": "fp8_e4m3", "int8": "int8", "auto": "fp16"}.get(s, s)
+
+
+def request_extras(request, block_size):
+    """The extra bytes of a request's keys by block: [(first block, extra), ...]. LoRA name
+    and cache salt from block 0; each multimodal input's hash from the block holding its
+    first placeholder token on."""
+    base = b""
+    lora = getattr(request, "lora_request", None)
+    if lora is not None:
+        base += b"lora=" + str(getattr(lora, "lora_name", None) or
+                               getattr(lora, "lora_int_id", "")).encode() + b";"
+    salt = getattr(request, "cache_salt", None)
+    if salt:
+        base += b"salt=" + str(salt).encode() + b";"
+    mm = []
+    for f in getattr(request, "mm_features", None) or []:
+        pos = getattr(f, "mm_position", None)
+        ident = getattr(f, "identifier", None) or getattr(f, "mm_hash", None)
+        if pos is not None and ident is not None:
+            mm.append((int(pos.offset), str(ident).encode()))
+    extras = [(0, base)]
+    acc = base
+    for offset, ident in sorted(mm):
+        acc += b"mm=" + ident + b";"
+        blk = offset // block_size
+        if extras[-1][0] == blk:
+            extras[-1] = (blk, acc)
+        else:
+            extras.append((blk, acc))
+    return extras
+
+
+def span_keys(ns, tokens, extras, nblocks):
+    """The chained keys of blocks [0, nblocks) of tokens, with each segment's extra."""
+    bs = ns.block_tokens
+    keys: List[bytes] = []
+    for j, (start, extra) in enumerate(extras):
+        end = extras[j + 1][0] if j + 1 < len(extras) else nblocks
+        end = min(end, nblocks)
+        if end <= start:
+            continue
+        keys += ns.keys_from_tokens(tokens[start * bs:end * bs],
+                                    parent=keys[-1] if keys else None, extra=extra)
+    return keys[:nblocks]
+
+
+class _Layout:
+    """The namespace layout of one rank: from the KV cache config, checked against the
+    tensors at register_kv_caches."""
+
+    def __init__(self, vllm_config, kv_cache_config, extra):
+        cache = vllm_config.cache_config
+        model = vllm_config.model_config
+        par = vllm_config.parallel_config
+        self.block_size = int(cache.block_size)
+        self.tp_size = int(getattr(par, "tensor_parallel_size", 1) or 1)
+        if int(getattr(par, "pipeline_parallel_size", 1) or 1) > 1:
+            raise ValueError("kvcd.vllm: pipeline parallelism is not supported")
+        self.mla = bool(getattr(model, "use_mla", False))
+        spec = None
+        layers = None
+        if kv_cache_config is not None and getattr(kv_cache_config, "kv_cache_groups", None):
+            group = kv_cache_config.kv_cache_groups[0]
+            if len(kv_cache_config.kv_cache_groups) > 1:
+                raise ValueError("kvcd.vllm: hybrid models (several KV cache groups) are not "
+                                 "supported")
+            spec = group.kv_cache_spec
+            layers = len(group.layer_names)
+        if spec is not None:
+            self.heads = int(spec.num_kv_heads)
+            self.head_size = int(spec.head_size)
+            self.dtype = _dtype_name(spec.dtype)
+            self.block_size = int(spec.block_size)
+        else:
+            self.heads = int(model.get_num_kv_heads(par))
+            self.head_size = int(model.get_head_size())
+            self.dtype = _dtype_name(getattr(cache, "cache_dtype", "auto") if
+                                     getattr(cache, "cache_dtype", "auto") != "auto" else
+                                     model.dtype)
+        self.layers = int(extra.get("layers") or layers or model.get_num_layers(par))
+        if self.mla:
+            self.heads = 1
+        base = extra.get("model_id") or "vllm/%s@%s/%s" % (
+            model.model, getattr(model, "revision", None) or "main", self.dtype)
+        self.model_id = base
+
+    def ns_name(self, rank):
+        if self.mla:
+            return "%s/mla" % self.model_id
+        return "%s/tp%d-%d" % (self.model_id, rank, self.tp_size)
+
+    def open(self, client, rank):
+        return client.namespace(self.ns_name(rank), self.layers, self.heads, self.head_size,
+                                self.block_size, self.dtype, k_only=self.mla)
+
+
+class KvcdConnector(KVConnectorBase_V1):
+    """vLLM KV connector over kvcd (see the DESIGN comment of kvcd/vllm.py)."""
+
+    def __init__(self, vllm_config, role, kv_cache_config=None):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        extra = dict(getattr(self._kv_transfer_config, "kv_connector_extra_config", None) or {})
+        self._extra = extra
+        self._lay = _Layout(vllm_config, kv_cache_config, extra)
+        self._bs = self._lay.block_size
+        self._client = kvcd.Client(extra.get("socket"))
+        self._disk_wait = float(extra.get("disk_wait_s", DISK_WAIT_S))
+        self._layerwise = bool(extra.get("layerwise", True))
+        self._async_save = bool(extra.get("async_save", True))
+        if role == KVConnectorRole.SCHEDULER:
+            self._sched_init()
+        else:
+            self._worker_init()
+
+    # ==== scheduler side =======================================================
+
+    def _sched_init(self):
+        ranks = 1 if self._lay.mla else self._lay.tp_size
+        self._nss = [self._lay.open(self._client, r) for r in range(ranks)]
+        self._asked: Dict[str, Tuple[int, List[int], list, float]] = {}
+        self._loads: Dict[str, Tuple[int, int, List[int]]] = {}
+        self._reqs: Dict[str, dict] = {}
+        self._saving: Set[str] = set()
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        """Tokens beyond num_computed_tokens that kvcd holds for every rank, from a lookup
+        that waits for nothing and pins nothing past the call; None while blocks are still
+        coming back from disk (for at most disk_wait_s), so vLLM asks again later."""
+        tokens = list(request.prompt_token_ids or [])
+        bs = self._bs
+        usable = (len(tokens) - 1) // bs  # the last prompt token is always computed
+        first = num_computed_tokens // bs
+        extras = request_extras(request, bs)
+        now = time.monotonic()
+        since = self._asked.get(request.request_id, (0, None, None, now))[3]
+        self._asked[request.request_id] = (num_computed_tokens, tokens, extras, since)
+        if usable <= first:
+            return 0, False
+        hits = usable
+        pending = False
+        for ns in self._nss:
+            keys = span_keys(ns, tokens, extras, usable)
+            with ns.lookup(keys, nowait=True) as lease:
+                n, ready = len(lease), lease.ready() if len(lease) else 0
+            pending |= ready < n
+            hits = min(hits, ready)
+        if pending and now - since < self._disk_wait:
+            return None, False
+        if hits <= first:
+            return 0, False
+        return (hits - first) * bs, False
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens):
+        if num_external_tokens <= 0:
+            return
+        local = self._asked.get(request.request_id, (0,))[0]
+        first = local // self._bs
+        count = num_external_tokens // self._bs
+        block_ids = list(blocks.get_block_ids()[0]) if blocks is not None else []
+        self._loads[request.request_id] = (first, count, block_ids)
+
+    def _req_state(self, req_id, tokens=None, block_ids=None, computed=0):
+        st = self._reqs.get(req_id)
+        if st is None:
+            asked = self._asked.pop(req_id, None)
+            st = self._reqs[req_id] = dict(
+                tokens=list(tokens if tokens is not None else (asked[1] if asked else [])),
+                extras=asked[2] if asked else [(0, b"")],
+                block_ids=list(block_ids or []),
+                saved=computed // self._bs)
+        return st
+
+    def _save_span(self, req_id, st, end_tokens):
+        """The run of full prompt blocks that become computed by end_tokens, not saved yet."""
+        bs = self._bs
+        full = min(end_tokens, len(st["tokens"])) // bs
+        full = min(full, len(st["block_ids"]))
+        if full <= st["saved"]:
+            return None
+        span = KvcdSpan(req_id, st["tokens"][:full * bs], st["extras"], list(st["block_ids"]),
+                        st["saved"], full - st["saved"])
+        st["saved"] = full
+        self._saving.add(req_id)
+        return span
+
+    def build_connector_meta(self, scheduler_output):
+        meta = KvcdConnectorMetadata()
+        bs = self._bs
+        for new in scheduler_output.scheduled_new_reqs:
+            block_ids = list(new.block_ids[0]) if new.block_ids else []
+            load = self._loads.pop(new.req_id, None)
+            self._reqs.pop(new.req_id, None)  # a request scheduled anew starts over
+            st = self._req_state(new.req_id, new.prompt_token_ids, block_ids,
+                                 new.num_computed_tokens)
+            if load:
+                first, count, _ = load
+                meta.loads.append(KvcdSpan(new.req_id, st["tokens"][:(first + count) * bs],
+                                           st["extras"], block_ids, first, count))
+            end = new.num_computed_tokens + scheduler_output.num_scheduled_tokens.get(
+                new.req_id, 0)
+            span = self._save_span(new.req_id, st, end)
+            if span:
+                meta.saves.append(span)
+        cached = scheduler_output.scheduled_cached_reqs
+        resumed = set(getattr(cached, "resumed_req_ids", None) or ())
+        for i, req_id in enumerate(cached.req_ids):
+            st = self._reqs.get(req_id)
+            if st is None:
+                continue
+            new_ids = cached.new_block_ids[i]
+            if req_id in resumed:
+                st["block_ids"] = list(new_ids[0]) if new_ids else []
+                st["saved"] = min(st["saved"], cached.num_computed_tokens[i] // bs)
+            elif new_ids:
+                st["block_ids"] += list(new_ids[0])
+            load = self._loads.pop(req_id, None)
+            if load:
+                first, count, _ = load
+                meta.loads.append(KvcdSpan(req_id, st["tokens"][:(first + count) * bs],
+                                           st["extras"], list(st["block_ids"]), first, count))
+            end = cached.num_computed_tokens[i] + scheduler_output.num_scheduled_tokens.get(
+                req_id, 0)
+            span = self._save_span(req_id, st, end)
+            if span:
+                meta.saves.append(span)
+        self._loads.clear()
+        return meta
+
+    def update_connector_output(self, connector_output):
+        for req_id in getattr(connector_output, "finished_sending", None) or ():
+            self._saving.discard(req_id)
+
+    def request_finished(self, request, block_ids):
+        """Keeps the request's blocks while its saves may still be committing (the workers
+        report it through get_finished)."""
+        req_id = request.request_id
+        self._reqs.pop(req_id, None)
+        self._asked.pop(req_id, None)
+        self._loads.pop(req_id, None)
+        delay = self._async_save and req_id in self._saving
+        return delay, None
+
+    # ==== worker side ==========================================================
+
+    def _worker_init(self):
+        try:
+            from vllm.distributed.parallel_state import (get_tensor_model_parallel_rank,
+                                                         get_tensor_model_parallel_world_size)
+            self._rank = int(get_tensor_model_parallel_rank())
+            if int(get_tensor_model_parallel_world_size()) != self._lay.tp_size:
+                raise ValueError("kvcd.vllm: the worker's TP size differs from the config's")
+        except (ImportError, AssertionError):
+            self._rank = int(self._extra.get("tp_rank", 0))
+        self._ns = self._lay.open(self._client, 0 if self._lay.mla else self._rank)
+        self._saves_here = not self._lay.mla or self._rank == 0
+        self._names: List[str] = []
+        self._k = self._v = None
+        self._kv_dim = 0
+        self._cuda = False
+        self._errors: Set[int] = set()
+        self._held: List[Any] = []  # leases of the previous step, released at the next
+        self._events: Dict[int, Any] = {}
+        self._all_event = None
+        self._loads: List[Tuple[Any, KvcdSpan, int]] = []
+        self._resvs: List[Tuple[Any, KvcdSpan]] = []
+        self._saved_reqs: Set[str] = set()
+        self._pending = collections.Counter()  # req_id -> commits not done
+        self._finishing: Set[str] = set()
+        self._lock = threading.Lock()
+        self._done = threading.Condition(self._lock)  # a commit finished
+        self._commit_q: "queue.Queue" = queue.Queue()
+        self._committer = None
+        self._load_stream = None
+        self.stats = collections.Counter()
+
+    def register_kv_caches(self, kv_caches):
+        """Keeps vLLM's per-layer KV tensors (in model order) and checks them against the
+        namespace: flash-attn [2, blocks, block_size, heads, dim], FlashInfer
+        [blocks, 2, ...], MLA [blocks, block_size, dim]."""
+        self._names = list(kv_caches)
+        tensors = [kv_caches[n] for n in self._names]
+        t = tensors[0]
+        if len(tensors) != self._lay.layers:
+            raise ValueError("kvcd.vllm: %d KV cache layers, the namespace has %d" %
+                             (len(tensors), self._lay.layers))
+        if self._lay.mla:
+            self._k, self._v = tensors, None
+            shape = tuple(t.shape)
+            ok = len(shape) == 3 and shape[1] == self._bs and shape[2] == self._lay.head_size
+        else:
+            shape = tuple(t.shape)
+            self._kv_dim = 0 if shape[0] == 2 else 1
+            self._k, self._v = tensors, None
+            rest = shape[:self._kv_dim] + shape[self._kv_dim + 1:]
+            ok = len(shape) == 5 and shape[self._kv_dim] == 2 and rest[1:] == (
+                self._bs, self._lay.heads, self._lay.head_size)
+        if not ok:
+            raise ValueError("kvcd.vllm: a KV cache tensor of shape %s does not match the "
+                             "namespace (block_size %d, %d heads of %d)" %
+                             (shape, self._bs, self._lay.heads, self._lay.head_size))
+        self._cuda = getattr(getattr(t, "device", None), "type", "cpu") == "cuda"
+        if self._cuda:
+            import torch
+            self._load_stream = torch.cuda.Stream(device=t.device)
+            self._client.gpu_attach()  # this thread's current device is the worker's
+        self._layer_of = {n: i for i, n in enumerate(self._names)}
+        # The tensors read and checked once: every scatter and gather of a step takes this.
+        self._paged = self._ns.paged_kv(self._k, self._v, kv_dim=self._kv_dim)
+
+    def _event(self, stream):
+        import torch
+        ev = torch.cuda.Event()
+        ev.record(stream)
+        return ev
+
+    def _stream_args(self):
+        if not self._cuda:
+            return {}
+        import torch
+        return dict(stream=torch.cuda.current_stream())
+
+    def start_load_kv(self, forward_context, **kwargs):
+        meta = self._get_connector_metadata()
+        self._release_held()  # the last step's loads were consumed by its forward
+        self._events = {}
+        self._all_event = None
+        self._loads = []
+        for span in getattr(meta, "loads", ()):
+            keys = span_keys(self._ns, span.tokens, span.extras, span.first + span.count)
+            # Waits for blocks read back from disk; on a GPU hits may be in kvcd's pool
+            # (scattered device to device).
+            lease = self._ns.lookup(keys[span.first:], gpu=self._cuda)
+            hits = len(lease)
+            self.stats["load_lookups"] += 1
+            if hits < span.count:  # evicted since the scheduler looked: vLLM recomputes
+                self._errors.update(span.block_ids[span.first + hits:span.first + span.count])
+                self.stats["load_missing_blocks"] += span.count - hits
+            if hits:
+                self._loads.append((lease, span, hits))
+                self._held.append(lease)
+            else:
+                lease.release()
+        if not self._loads:
+            return
+        stream = None
+        if self._cuda:
+            import torch
+            stream = self._load_stream
+            stream.wait_stream(torch.cuda.current_stream())  # the blocks' last readers first
+        ranges = [range(i, i + 1) for i in range(self._lay.layers)] if self._layerwise else [None]
+        for r in ranges:
+            for lease, span, hits in list(self._loads):
+                try:
+                    lease.scatter(self._paged, None, span.block_ids, n=hits,
+                                  first_token=span.first * self._bs, layers=r,
+                                  **({"stream": stream} if stream else {}))
+                except (kvcd.Error, ValueError):
+                    self._errors.update(span.block_ids[span.first:span.first + span.count])
+                    self._loads.remove((lease, span, hits))
+                    self.stats["load_failed"] += 1
+            if stream is not None:
+                ev = self._event(stream)
+                if r is None:
+                    self._all_event = ev
+                else:
+                    self._events[r.start] = ev
+        self.stats["loaded_blocks"] += sum(h for _, _, h in self._loads)
+
+    def wait_for_layer_load(self, layer_name):
+        """The compute stream waits for this layer's load; the host never does."""
+        if not self._cuda:
+            return
+        import torch
+        ev = self._events.get(self._layer_of.get(layer_name, -1), self._all_event)
+        if ev is not None:
+            torch.cuda.current_stream().wait_event(ev)
+
+    def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
+        if not self._saves_here:
+            return
+        meta = self._get_connector_metadata()
+        saves = getattr(meta, "saves", ())
+        if not saves:
+            return
+        if not self._resvs:
+            self._reserve(saves)
+        if not self._layerwise:
+            return  # one gather of every layer at wait_for_save
+        layer = self._layer_of[layer_name]
+        for r, span in self._resvs:
+            r.gather(self._paged, None, span.block_ids, first_token=span.first * self._bs,
+                     layers=layer, **self._stream_args())
+
+    def _reserve(self, saves):
+        for span in saves:
+            # A chunk hangs from the last one's blocks: the daemon reserves keys only after
+            # a committed parent, so the request's earlier commits must have landed (the
+            # committing thread usually finished them during the last step).
+            with self._done:
+                self._done.wait_for(lambda: self._pending[span.req_id] <= 0, timeout=30)
+            keys = span_keys(self._ns, span.tokens, span.extras, span.first + span.count)
+            r = self._ns.reserve(keys[span.first:],
+                                 parent=keys[span.first - 1] if span.first else None,
+                                 gpu=self._cuda)  # on a GPU, slots may be in kvcd's pool
+            self.stats["save_reserved"] += r.reserved
+            self.stats["save_not_reserved"] += sum(
+                st not in (kvcd.SLOT_RESERVED, kvcd.SLOT_PRESENT) for st in r.statuses)
+            if r.reserved:
+                self._resvs.append((r, span))
+            else:
+                r.abort()  # every block present (or busy in another writer)
+
+    def wait_for_save(self):
+        """The gathers are queued; their commits go to a thread (async_save) that waits for
+        them and publishes, or run here."""
+        meta = self._get_connector_metadata() if self.has_connector_metadata() else None
+        for span in getattr(meta, "saves", ()) or ():
+            self._saved_reqs.add(span.req_id)
+        if self._saves_here and meta is not None and meta.saves and not self._resvs:
+            self._reserve(meta.saves)
+        if not self._layerwise:
+            for r, span in self._resvs:
+                r.gather(self._paged, None, span.block_ids, first_token=span.first * self._bs,
+                         **self._stream_args())
+        resvs, self._resvs = self._resvs, []
+        if not self._async_save:
+            for r, span in resvs:
+                self.stats["saved_blocks"] += r.commit()
+            return
+        with self._lock:
+            for _, span in resvs:
+                self._pending[span.req_id] += 1
+        if self._committer is None and resvs:
+            self._committer = threading.Thread(target=self._commit_loop, daemon=True,
+                                               name="kvcd-commit")
+            self._committer.start()
+        for item in resvs:
+            self._commit_q.put(item)
+
+    def _commit_loop(self):
+        while True:
+            item = self._commit_q.get()
+            if item is None:
+                return
+            r, span = item
+            try:
+                self.stats["saved_blocks"] += r.commit()
+            except (kvcd.Error, ValueError):
+                self.stats["save_failed"] += 1
+            with self._lock:
+                self._pending[span.req_id] -= 1
+                self._done.notify_all()
+
+    def _release_held(self):
+        for lease in self._held:
+            lease.release()
+        self._held = []
+
+    def get_finished(self, finished_req_ids):
+        """Requests whose saves are all committed, among those vLLM said finished (every
+        rank reports them: the scheduler waits for all). Loads into host tensors are done by
+        now: their pins go here; loads into device tensors keep theirs until the next step's
+        start_load_kv, where their copies have long landed (kvc_release waits for them)."""
+        if not self._cuda:
+            self._release_held()
+        with self._lock:
+            self._finishing |= {r for r in finished_req_ids if r in self._saved_reqs}
+            done = {r for r in self._finishing if self._pending[r] <= 0}
+            self._finishing -= done
+            for r in done:
+                self._pending.pop(r, None)
+                self._saved_reqs.discard(r)
+        return (done or None), None
+
+    def get_block_ids_with_load_errors(self):
+        errors, self._errors = self._errors, set()
+        return errors
+
+    def shutdown(self):
+        if getattr(self, "_committer", None) is not None:
+            self._commit_q.put(None)
+            self._committer.join(timeout=30)
+            self._committer = None
+        if hasattr(self, "_held"):
+            self._release_held()
+        self._client.close()
+
+
+__all__ = ["KvcdConnector", "KvcdConnectorMetadata", "KvcdSpan", "request_extras", "span_keys"]

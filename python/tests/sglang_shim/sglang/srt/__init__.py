@@ -1,0 +1,1 @@
+# Package layout of SGLang (see sglang/__init__.py).

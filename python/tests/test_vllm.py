@@ -1,0 +1,231 @@
+# DESIGN: conformance of kvcd.vllm.KvcdConnector with vLLM's connector protocol, without
+# vLLM (not installable here): the scheduler side runs in this process and each worker
+# (tensor-parallel rank) in a process of its own (vllm_worker.py), both sides sharing one
+# real kvcd, driven exactly as vLLM's v1 scheduler and model runner drive a connector
+# (vllm_driver.py: the same call order, SchedulerOutput / NewRequestData / CachedRequestData
+# built the same way and pickled to the workers, the KVConnectorOutput coming back). The
+# worker's "model" writes KV that is a pure function of the tokens before it, so its
+# attention checks every token it reads: a second request with the same prefix gets
+# num_external_tokens > 0 and loads exactly what the first one saved; a block evicted
+# between scheduling and loading comes back through get_block_ids_with_load_errors and is
+# recomputed, never read wrong; LoRA, cache salt and multimodal inputs change the keys;
+# saves commit asynchronously and hold the request's blocks until get_finished says so;
+# with two ranks each keeps its own namespace shard and a hit needs both.
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import vllm_driver as drv  # noqa: E402  (puts the vLLM stand-in on sys.path)
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
+from vllm.lora.request import LoRARequest  # noqa: E402
+from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange  # noqa: E402
+from vllm.v1.request import Request  # noqa: E402
+
+import kvcd  # noqa: E402
+from kvcd.engine.daemon import PrivateDaemon  # noqa: E402
+
+BS = 16
+_models = iter(range(10**6))
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    with PrivateDaemon(["host.size=64m"]) as d:
+        yield d
+
+
+class Setup:
+    """A scheduler-side connector in this process, `tp` worker processes, one kvcd."""
+
+    def __init__(self, daemon, tp=1, budget=1 << 30, **extra):
+        self.p = dict(model="test/vllm-%d" % next(_models), block_size=BS, layers=2,
+                      heads=2 * tp, head_size=16, num_blocks=64, tp=tp,
+                      extra=dict(dict(socket=daemon.socket), **extra))
+        vc, kc, _ = drv.configs(self.p)
+        self.sched_conn = drv.load_connector(vc, KVConnectorRole.SCHEDULER, kc)
+        self.sched = drv.MiniScheduler(self.sched_conn, self.p["num_blocks"], BS, budget)
+        self.workers = [drv.Worker(self.p, r) for r in range(tp)]
+        self.wrong = 0
+        self.stats = [dict() for _ in self.workers]
+        self.steps = 0
+
+    def step(self, before_workers=None):
+        out = self.sched.schedule()
+        if before_workers:
+            before_workers(out)
+        replies = [w.step(out) for w in self.workers]
+        self.steps += 1
+        kv_out = replies[0]["kv_out"]
+        # vLLM aggregates its workers' outputs: a request is finished sending when every
+        # rank says so; a block failed when one rank failed it.
+        sending = set.intersection(*[set(r["kv_out"].finished_sending or ()) for r in replies])
+        kv_out.finished_sending = sending or None
+        kv_out.invalid_block_ids = set().union(*[r["kv_out"].invalid_block_ids for r in replies])
+        for i, r in enumerate(replies):
+            self.wrong += r["wrong"]
+            self.stats[i] = r["stats"]
+        self.sched.update_from_output(out, kv_out)
+        return out, kv_out
+
+    def run(self, *reqs, limit=1000, before_workers=None, deadline_s=60):
+        """Steps until every request is done and its blocks are freed (a save committing in
+        the background keeps them: vLLM keeps stepping meanwhile)."""
+        for r in reqs:
+            self.sched.add(r)
+        outs = []
+        end = time.monotonic() + deadline_s
+        while not self.sched.idle() and len(outs) < limit and time.monotonic() < end:
+            busy = self.sched.waiting or self.sched.running
+            outs.append(self.step(before_workers))
+            before_workers = None
+            if not busy:
+                time.sleep(0.005)  # only commits in flight: an idle engine step
+        assert self.sched.idle(), "requests left after %d steps" % len(outs)
+        return outs
+
+    def ns(self, client, rank=0):
+        lay = self.sched_conn._lay
+        return lay.open(client, rank)
+
+    def close(self):
+        for w in self.workers:
+            w.close()
+        self.sched_conn._client.close()
+
+
+@pytest.fixture
+def setup(daemon, request):
+    made = []
+
+    def make(**kw):
+        s = Setup(daemon, **kw)
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.close()
+
+
+def prompt(n, seed=0, prefix=None):
+    g = torch.Generator().manual_seed(seed)
+    toks = torch.randint(0, 30000, (n,), generator=g).tolist()
+    if prefix:
+        toks[:len(prefix)] = prefix
+    return toks
+
+
+def check_kv(s, req_id, n):
+    """Tokens [0, n) of a finished request hold the model's KV on every rank."""
+    for w in s.workers:
+        assert w.call("expect", req_id, n) == 0
+
+
+def test_second_request_loads_what_the_first_saved(setup, daemon):
+    s = setup()
+    a = prompt(100, seed=1)
+    s.run(Request("A", a))
+    assert s.stats[0]["saved_blocks"] == 6  # 100 tokens: 6 full blocks
+    b = prompt(120, seed=2, prefix=a[:96])
+    req_b = Request("B", b)
+    # The scheduler asks as vLLM does (side-effect free, may repeat).
+    assert s.sched_conn.get_num_new_matched_tokens(req_b, 0) == (96, False)
+    assert s.sched_conn.get_num_new_matched_tokens(req_b, 0) == (96, False)
+    assert s.sched_conn.get_num_new_matched_tokens(req_b, 32) == (64, False)
+    outs = s.run(req_b)
+    out, kv_out = outs[0]
+    assert req_b.num_external_computed_tokens == 96
+    assert [sp.count for sp in out.kv_connector_metadata.loads] == [6]
+    assert not kv_out.invalid_block_ids
+    assert s.stats[0]["loaded_blocks"] == 6 and s.stats[0]["load_lookups"] == 1
+    assert s.wrong == 0  # every token attention read held the model's KV
+    check_kv(s, "B", 120)
+    # The bytes in kvcd are the first request's KV, element by element.
+    with kvcd.Client(daemon.socket) as c:
+        ns = s.ns(c)
+        from kvcd.vllm import span_keys
+        keys = span_keys(ns, a, [(0, b"")], 6)
+        with ns.lookup(keys) as lease:
+            assert len(lease) == 6
+            blk = torch.frombuffer(bytearray(lease[5]), dtype=torch.float16).view(
+                2, 2, BS, 2, 16)  # [layer][k/v][token][head][dim]
+        for layer in range(2):
+            for kind in range(2):
+                for t in range(BS):
+                    assert torch.equal(blk[layer, kind, t],
+                                       drv.kv_value(a, 5 * BS + t, layer, kind, 0, 2, 16))
+
+
+def test_block_evicted_between_scheduling_and_loading(setup, daemon):
+    s = setup()
+    a = prompt(80, seed=3)
+    s.run(Request("A", a))
+    b = prompt(90, seed=4, prefix=a[:64])
+    seen = {}
+
+    def evict(out):  # after build_connector_meta, before the workers load
+        seen["loads"] = [sp.count for sp in out.kv_connector_metadata.loads]
+        with kvcd.Client(daemon.socket) as c:
+            assert c.evict(s.ns(c).id) >= 4  # this user started kvcd: an admin here
+    req_b = Request("B", b)
+    outs = s.run(req_b, before_workers=evict)
+    assert seen["loads"] == [4]
+    ids = s.sched.done["B"][1]
+    assert outs[0][1].invalid_block_ids == set(ids[:4])  # reported, every one of them
+    assert s.stats[0]["load_missing_blocks"] == 4 and s.stats[0].get("loaded_blocks", 0) == 0
+    assert len(outs) >= 2  # recomputed in a later step
+    assert s.wrong == 0
+    check_kv(s, "B", 90)
+
+
+def test_lora_salt_and_multimodal_change_the_keys(setup):
+    s = setup()
+    a = prompt(100, seed=5)
+    s.run(Request("A", a))
+    c = s.sched_conn
+    assert c.get_num_new_matched_tokens(Request("x1", a), 0) == (96, False)
+    assert c.get_num_new_matched_tokens(
+        Request("x2", a, lora_request=LoRARequest("adapter-1", 1)), 0) == (0, False)
+    assert c.get_num_new_matched_tokens(Request("x3", a, cache_salt="tenant-2"), 0) == (0, False)
+    image = MultiModalFeatureSpec(None, "image", "img-hash-1", PlaceholderRange(40, 10))
+    # Blocks before the image's (block 2) are shared; from it on the image is in the keys.
+    assert c.get_num_new_matched_tokens(Request("x4", a, mm_features=[image]), 0) == (32, False)
+    s.run(Request("M", a, mm_features=[image]))
+    other = MultiModalFeatureSpec(None, "image", "img-hash-2", PlaceholderRange(40, 10))
+    assert c.get_num_new_matched_tokens(Request("x5", a, mm_features=[image]), 0) == (96, False)
+    assert c.get_num_new_matched_tokens(Request("x6", a, mm_features=[other]), 0) == (32, False)
+    assert s.wrong == 0
+
+
+def test_chunked_prefill_saves_each_chunk_and_async_commit_holds_blocks(setup):
+    s = setup(budget=40)  # 40 tokens a step: the prompt in chunks
+    a = prompt(130, seed=6)
+    outs = s.run(Request("A", a))
+    saves = [[(sp.first, sp.count) for sp in o.kv_connector_metadata.saves] for o, _ in outs]
+    assert [x for x in saves if x] == [[(0, 2)], [(2, 3)], [(5, 2)], [(7, 1)]]
+    # Each chunk hangs from the last one's blocks: all 8 stored, none skipped.
+    assert s.stats[0]["saved_blocks"] == 8 and s.stats[0]["save_not_reserved"] == 0
+    # request_finished kept the blocks until every rank reported the commits done.
+    assert any(kv.finished_sending == {"A"} for _, kv in outs)
+    assert not s.sched.delayed and len(s.sched.free) == s.p["num_blocks"]
+    b = prompt(140, seed=7, prefix=a[:128])
+    s.run(Request("B", b))
+    assert s.stats[0]["loaded_blocks"] == 8 and s.wrong == 0
+    check_kv(s, "B", 140)
+
+
+def test_two_tensor_parallel_ranks(setup, daemon):
+    s = setup(tp=2)
+    a = prompt(70, seed=8)
+    s.run(Request("A", a))
+    assert [st["saved_blocks"] for st in s.stats] == [4, 4]  # each rank its shard
+    b = prompt(75, seed=9, prefix=a[:64])
+    s.run(Request("B", b))
+    assert [st["loaded_blocks"] for st in s.stats] == [4, 4] and s.wrong == 0
+    check_kv(s, "B", 75)
+    # A hit counts only where every rank has it: rank 1's shard gone, no external tokens.
+    with kvcd.Client(daemon.socket) as c:
+        assert c.evict(s.ns(c, 1).id) >= 4
+    assert s.sched_conn.get_num_new_matched_tokens(Request("C", b), 0) == (0, False)

@@ -1,0 +1,233 @@
+# DESIGN: the vLLM side of the connector conformance test (test_vllm.py), for tests only:
+# the configuration both processes build, the connector loaded as vLLM's KVConnectorFactory
+# does (kv_connector_module_path + kv_connector), a scheduler that calls the connector in
+# vLLM's v1 order (Scheduler.schedule: get_num_new_matched_tokens for a waiting request,
+# block allocation, update_state_after_alloc, NewRequestData.from_request, then
+# build_connector_meta into SchedulerOutput.kv_connector_metadata; update_from_output:
+# invalid blocks roll the request back to its first failed block for recompute,
+# update_connector_output, request_finished when a request is done, its blocks freed at
+# once or when the workers report it finished sending), and the model runner of a worker
+# process (vllm_worker.py) that receives the pickled SchedulerOutput as vLLM's workers do.
+# The "model" writes, for each token, KV that is a pure function of the tokens up to it
+# (kv_value), so a loaded block holds right bytes exactly when they equal that function.
+import functools
+import importlib
+import os
+import pickle
+import struct
+import subprocess
+import sys
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SHIM = os.path.join(HERE, "vllm_shim")
+if SHIM not in sys.path:
+    sys.path.insert(0, SHIM)
+
+from vllm.config import (CacheConfig, KVTransferConfig, ModelConfig,  # noqa: E402
+                         ParallelConfig, VllmConfig)
+from vllm.v1.core.kv_cache_manager import KVCacheBlock, KVCacheBlocks  # noqa: E402
+from vllm.v1.core.sched.output import (CachedRequestData, NewRequestData,  # noqa: E402
+                                       SchedulerOutput)
+from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,  # noqa: E402
+                                        KVCacheGroupSpec)
+
+
+def configs(p):
+    """(VllmConfig, KVCacheConfig) of a test setup p (a dict, the same in every process)."""
+    vc = VllmConfig(
+        model_config=ModelConfig(model=p["model"], dtype="float16"),
+        cache_config=CacheConfig(block_size=p["block_size"]),
+        parallel_config=ParallelConfig(tensor_parallel_size=p["tp"]),
+        kv_transfer_config=KVTransferConfig(
+            kv_connector="KvcdConnector", kv_connector_module_path="kvcd.vllm",
+            kv_role="kv_both", kv_connector_extra_config=dict(p["extra"])))
+    names = ["model.layers.%d.self_attn.attn" % i for i in range(p["layers"])]
+    kc = KVCacheConfig(num_blocks=p["num_blocks"], kv_cache_groups=[KVCacheGroupSpec(
+        names, FullAttentionSpec(p["block_size"], p["heads"] // p["tp"], p["head_size"],
+                                 torch.float16))])
+    return vc, kc, names
+
+
+def load_connector(vllm_config, role, kv_cache_config):
+    """As vLLM's KVConnectorFactory does for an out-of-tree connector."""
+    ktc = vllm_config.kv_transfer_config
+    cls = getattr(importlib.import_module(ktc.kv_connector_module_path), ktc.kv_connector)
+    return cls(vllm_config, role, kv_cache_config)
+
+
+@functools.lru_cache(maxsize=64)
+def _prefix_hashes(tokens):
+    out, h = [], 0
+    for t in tokens:
+        h = (h * 1000003 + t + 1) % (1 << 61)
+        out.append(h % 100003)
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def kv_values(tokens, layer, kind, rank, heads, dim):
+    """The KV [len(tokens), heads, dim] the model computes for each token in (layer, K/V) on
+    `rank`: token p's is a function of tokens[:p + 1]."""
+    base = _prefix_hashes(tuple(tokens)) * 1e-3 + layer * 1.3 + kind * 2.1 + rank * 0.7
+    x = base[:, None] + torch.arange(heads * dim, dtype=torch.float64)[None, :] * 0.37
+    return torch.sin(x).view(len(tokens), heads, dim).half()
+
+
+def kv_value(tokens, pos, layer, kind, rank, heads, dim):
+    """kv_values of one token."""
+    return kv_values(tuple(tokens[:pos + 1]), layer, kind, rank, heads, dim)[pos]
+
+
+# ---- pickled messages over a pipe, as vLLM sends SchedulerOutput to its workers ----------
+
+
+def send(f, obj):
+    data = pickle.dumps(obj)
+    f.write(struct.pack("<Q", len(data)) + data)
+    f.flush()
+
+
+def recv(f):
+    head = f.read(8)
+    if len(head) < 8:
+        raise EOFError
+    (n,) = struct.unpack("<Q", head)
+    return pickle.loads(f.read(n))
+
+
+class Worker:
+    """One worker process (a tensor-parallel rank) of vllm_worker.py."""
+
+    def __init__(self, p, rank):
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([SHIM, HERE] + env.get("PYTHONPATH", "").split(
+            os.pathsep))
+        self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "vllm_worker.py")],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        send(self.proc.stdin, dict(p, rank=rank))
+        assert recv(self.proc.stdout) == "ready"
+
+    def step(self, out):
+        send(self.proc.stdin, ("step", out))
+        return recv(self.proc.stdout)
+
+    def call(self, *msg):
+        send(self.proc.stdin, msg)
+        return recv(self.proc.stdout)
+
+    def close(self):
+        try:
+            send(self.proc.stdin, ("exit",))
+            self.proc.wait(timeout=60)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class MiniScheduler:
+    """vLLM's v1 scheduler, cut down to what the connector sees: no local prefix cache,
+    one KV cache group, prefill only (each request ends after its prompt), a token budget per
+    step (chunked prefill)."""
+
+    def __init__(self, connector, num_blocks, block_size, budget=1 << 30):
+        self.c = connector
+        self.bs = block_size
+        self.free = list(range(num_blocks))
+        self.budget = budget
+        self.waiting, self.running = [], []
+        self.blocks = {}  # req_id -> block ids
+        self.new_blocks = {}  # req_id -> blocks allocated since the last step
+        self.delayed = {}  # req_id -> blocks kept for a save in flight
+        self.finished_ids = set()
+        self.done = {}  # req_id -> Request
+        self.asked_again = 0  # get_num_new_matched_tokens answered None
+
+    def add(self, req):
+        self.waiting.append(req)
+
+    def _alloc(self, n):
+        ids, self.free = self.free[:n], self.free[n:]
+        assert len(ids) == n, "out of blocks"
+        return ids
+
+    def schedule(self):
+        new_reqs, num_sched = [], {}
+        cached = CachedRequestData.make_empty()
+        budget = self.budget
+        for req in self.running:
+            left = req.num_tokens - req.num_computed_tokens
+            if left <= 0 or budget <= 0:
+                continue
+            n = min(left, budget)
+            budget -= n
+            num_sched[req.request_id] = n
+            cached.req_ids.append(req.request_id)
+            cached.new_block_ids.append(None)
+            cached.num_computed_tokens.append(req.num_computed_tokens)
+            cached.num_output_tokens.append(0)
+            cached.new_token_ids.append([])
+        still = []
+        for req in self.waiting:
+            if budget <= 0:
+                still.append(req)
+                continue
+            ext, load_async = self.c.get_num_new_matched_tokens(req, 0)
+            if ext is None:  # the connector needs more time: asked again next step
+                self.asked_again += 1
+                still.append(req)
+                continue
+            assert not load_async and ext % self.bs == 0
+            ids = self._alloc(-(-req.num_tokens // self.bs))
+            self.blocks[req.request_id] = ids
+            self.c.update_state_after_alloc(req, KVCacheBlocks(([KVCacheBlock(i) for i in ids],)),
+                                            ext)
+            req.num_external_computed_tokens = ext
+            req.num_computed_tokens = ext
+            n = min(req.num_tokens - ext, budget)
+            budget -= n
+            num_sched[req.request_id] = n
+            new_reqs.append(NewRequestData.from_request(req, (list(ids),)))
+            self.running.append(req)
+        self.waiting = still
+        out = SchedulerOutput(
+            scheduled_new_reqs=new_reqs, scheduled_cached_reqs=cached,
+            num_scheduled_tokens=num_sched, total_num_scheduled_tokens=sum(num_sched.values()),
+            scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={},
+            num_common_prefix_blocks=[0], finished_req_ids=self.finished_ids,
+            free_encoder_mm_hashes=[])
+        self.finished_ids = set()
+        out.kv_connector_metadata = self.c.build_connector_meta(out)
+        return out
+
+    def update_from_output(self, out, kv_out):
+        invalid = set(kv_out.invalid_block_ids or ())
+        for req in list(self.running):
+            n = out.num_scheduled_tokens.get(req.request_id)
+            if n is None:
+                continue
+            ids = self.blocks[req.request_id]
+            bad = [i for i, b in enumerate(ids) if b in invalid]
+            if bad and bad[0] * self.bs < req.num_computed_tokens + n:
+                # vLLM's recompute policy: back to the first block that failed to load.
+                req.num_computed_tokens = min(req.num_computed_tokens, bad[0] * self.bs)
+                continue
+            req.num_computed_tokens += n
+        self.c.update_connector_output(kv_out)
+        for req_id in kv_out.finished_sending or ():
+            self.free += self.delayed.pop(req_id)
+        for req in list(self.running):
+            if req.num_computed_tokens >= req.num_tokens:
+                self.running.remove(req)
+                ids = self.blocks.pop(req.request_id)
+                delay, _ = self.c.request_finished(req, ids)
+                if delay:
+                    self.delayed[req.request_id] = ids
+                else:
+                    self.free += ids
+                self.finished_ids.add(req.request_id)
+                self.done[req.request_id] = (req, ids)
+
+    def idle(self):
+        return not self.waiting and not self.running and not self.delayed

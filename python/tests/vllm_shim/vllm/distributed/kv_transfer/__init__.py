@@ -1,0 +1,1 @@
+# Part of the vLLM stand-in (see vllm/__init__.py).

@@ -1,0 +1,102 @@
+# DESIGN: one vLLM worker process (a tensor-parallel rank) of the connector conformance test
+# (test_vllm.py, vllm_driver.py): the connector built with role WORKER as vLLM's factory
+# does, its KV caches registered as the model runner does (one flash-attn tensor
+# [2, num_blocks, block_size, heads, dim] per layer, CPU here), and each step run in the
+# model runner's order: bind_connector_metadata, start_load_kv, per layer
+# wait_for_layer_load, the attention (which first checks that every token it reads holds
+# the KV the model would compute, kv_value, then writes the KV of the scheduled tokens) and
+# save_kv_layer, then wait_for_save, get_finished, get_block_ids_with_load_errors,
+# clear_connector_metadata. It answers with the KVConnectorOutput and what it saw: tokens
+# read with wrong KV (which must stay 0), tokens loaded.
+import sys
+
+import torch
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.distributed.parallel_state import set_tensor_model_parallel
+from vllm.forward_context import ForwardContext
+from vllm.v1.outputs import KVConnectorOutput
+from vllm_driver import configs, kv_values, load_connector, recv, send
+
+
+def main():
+    inp, outp = sys.stdin.buffer, sys.stdout.buffer
+    p = recv(inp)
+    rank, tp = p["rank"], p["tp"]
+    set_tensor_model_parallel(rank, tp)
+    vc, kc, names = configs(p)
+    heads, dim, bs = p["heads"] // tp, p["head_size"], p["block_size"]
+    conn = load_connector(vc, KVConnectorRole.WORKER, kc)
+    caches = {n: torch.zeros(2, p["num_blocks"], bs, heads, dim, dtype=torch.float16)
+              for n in names}
+    conn.register_kv_caches(caches)
+    reqs = {}  # req_id -> dict(tokens, blocks)
+    send(outp, "ready")
+    while True:
+        msg = recv(inp)
+        if msg[0] == "exit":
+            conn.shutdown()
+            send(outp, "bye")
+            return
+        if msg[0] == "expect":  # tokens [0, n) against kv_value: the wrong ones
+            _, req_id, n = msg
+            send(outp, wrong_tokens(caches, names, reqs[req_id], n, rank, heads, dim, bs))
+            continue
+        out = msg[1]
+        for new in out.scheduled_new_reqs:
+            reqs[new.req_id] = dict(tokens=list(new.prompt_token_ids),
+                                    blocks=list(new.block_ids[0]))
+        for i, rid in enumerate(out.scheduled_cached_reqs.req_ids):
+            nb = out.scheduled_cached_reqs.new_block_ids[i]
+            if nb:
+                reqs[rid]["blocks"] += list(nb[0])
+        starts = {n.req_id: n.num_computed_tokens for n in out.scheduled_new_reqs}
+        for i, rid in enumerate(out.scheduled_cached_reqs.req_ids):
+            starts[rid] = out.scheduled_cached_reqs.num_computed_tokens[i]
+        conn.bind_connector_metadata(out.kv_connector_metadata)
+        conn.start_load_kv(ForwardContext())
+        wrong_at = []  # blocks of tokens attention read with wrong KV
+        for li, name in enumerate(names):
+            conn.wait_for_layer_load(name)
+            for rid, n in out.num_scheduled_tokens.items():
+                r, start = reqs[rid], starts[rid]
+                pages, offs = slots(r, start + n, bs)
+                for kind in (0, 1):
+                    want = kv_values(tuple(r["tokens"][:start + n]), li, kind, rank, heads,
+                                     dim)
+                    # What attention reads: every earlier token.
+                    got = caches[name][kind, pages[:start], offs[:start]]
+                    bad = (got != want[:start]).flatten(1).any(1).nonzero().flatten().tolist()
+                    wrong_at += [r["blocks"][t // bs] for t in bad]
+                    caches[name][kind, pages[start:], offs[start:]] = want[start:]
+            conn.save_kv_layer(name, caches[name], None)
+        conn.wait_for_save()
+        sending, recving = conn.get_finished(out.finished_req_ids)
+        # Sync loads report their failures in the same step; vLLM then discards the step's
+        # work of those requests: what attention read there does not count.
+        failed = conn.get_block_ids_with_load_errors()
+        wrong = sum(b not in failed for b in wrong_at)
+        kv_out = KVConnectorOutput(finished_sending=sending, finished_recving=recving,
+                                   invalid_block_ids=set(failed))
+        conn.clear_connector_metadata()
+        send(outp, dict(kv_out=kv_out, wrong=wrong, stats=dict(conn.stats)))
+
+
+def slots(r, n, bs):
+    """(pages, offsets) of a request's tokens [0, n) in the paged cache."""
+    pos = torch.arange(n)
+    return torch.tensor(r["blocks"], dtype=torch.long)[pos // bs], pos % bs
+
+
+def wrong_tokens(caches, names, r, n, rank, heads, dim, bs):
+    pages, offs = slots(r, n, bs)
+    bad = 0
+    for li, name in enumerate(names):
+        for kind in (0, 1):
+            want = kv_values(tuple(r["tokens"][:n]), li, kind, rank, heads, dim)
+            bad += int((caches[name][kind, pages, offs] != want).flatten(1).any(1).sum())
+    return bad
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+/*
+ * check_readme — README.md's folder table against the tree: every folder (and every folder
+ * one level below it) that holds files is named in the table as `path/`, and every C and
+ * CUDA source of the daemon and its libraries (daemon/, client/, tiers/, policies/,
+ * kernels/) is named in its folder's row. A new file or folder without its line fails here.
+ * Hidden folders, build outputs (build*), shared/ and __pycache__ are not part of the tree.
+ */
+#include <check.h>
+#include <dirent.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define RM_TEXT (1 << 20)
+
+static char rm_readme[RM_TEXT];
+static char rm_table[RM_TEXT]; /* the folder table's rows */
+
+static void rm_load(void)
+{
+    FILE *f = fopen(KVC_SRC_DIR "/README.md", "re");
+    ck_assert_ptr_nonnull(f);
+    size_t n = fread(rm_readme, 1, sizeof(rm_readme) - 1, f);
+    rm_readme[n] = 0;
+    fclose(f);
+    const char *start = strstr(rm_readme, "| folder | holds |");
+    ck_assert_msg(start != NULL, "README.md has no folder table");
+    const char *end = strstr(start, "\n\n");
+    size_t len = end ? (size_t)(end - start) : strlen(start);
+    memcpy(rm_table, start, len);
+    rm_table[len] = 0;
+}
+
+/* Whether a directory entry is part of the source tree. */
+static bool rm_skip(const char *name)
+{
+    return name[0] == '.' || strncmp(name, "build", 5) == 0 || strcmp(name, "shared") == 0 ||
+           strcmp(name, "__pycache__") == 0;
+}
+
+/* Whether dir (under the source tree) holds a file, at any depth. */
+static bool rm_has_files(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    bool any = false;
+    while (d && !any && (e = readdir(d))) {
+        char path[1024];
+        struct stat st;
+        if (rm_skip(e->d_name))
+            continue;
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        if (stat(path, &st) == 0)
+            any = S_ISDIR(st.st_mode) ? rm_has_files(path) : true;
+    }
+    if (d)
+        closedir(d);
+    return any;
+}
+
+/* The folders (relative, depth 1 and 2) that hold files, into out (NUL-separated); count. */
+static size_t rm_folders(char out[][128], size_t cap)
+{
+    size_t n = 0;
+    DIR *top = opendir(KVC_SRC_DIR);
+    struct dirent *e;
+    ck_assert_ptr_nonnull(top);
+    while ((e = readdir(top))) {
+        char path[1024];
+        struct stat st;
+        if (rm_skip(e->d_name))
+            continue;
+        snprintf(path, sizeof(path), "%s/%s", KVC_SRC_DIR, e->d_name);
+        if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode) || !rm_has_files(path))
+            continue;
+        ck_assert_uint_lt(n, cap);
+        snprintf(out[n++], 128, "%.100s", e->d_name);
+        DIR *sub = opendir(path);
+        struct dirent *s2;
+        while (sub && (s2 = readdir(sub))) {
+            char p2[1200];
+            if (rm_skip(s2->d_name))
+                continue;
+            snprintf(p2, sizeof(p2), "%.900s/%.200s", path, s2->d_name);
+            if (stat(p2, &st) != 0 || !S_ISDIR(st.st_mode) || !rm_has_files(p2))
+                continue;
+            ck_assert_uint_lt(n, cap);
+            snprintf(out[n++], 128, "%.60s/%.60s", e->d_name, s2->d_name);
+        }
+        if (sub)
+            closedir(sub);
+    }
+    closedir(top);
+    return n;
+}
+
+START_TEST(test_readme_names_every_folder)
+{
+    static char folders[256][128];
+    size_t n = rm_folders(folders, 256);
+    ck_assert_uint_gt(n, 10); /* the walk itself works */
+    rm_load();
+    for (size_t i = 0; i < n; i++) {
+        char want[160];
+        snprintf(want, sizeof(want), "`%s/`", folders[i]);
+        ck_assert_msg(strstr(rm_table, want), "README.md's folder table does not name %s", want);
+    }
+}
+END_TEST
+
+/* The row of folder `dir/` in the table, as a string (static). */
+static const char *rm_row(const char *dir)
+{
+    static char row[RM_TEXT];
+    char head[64];
+    snprintf(head, sizeof(head), "| `%s/` |", dir);
+    const char *p = strstr(rm_table, head);
+    ck_assert_msg(p != NULL, "README.md's folder table has no row for %s/", dir);
+    size_t len = strcspn(p, "\n");
+    memcpy(row, p, len);
+    row[len] = 0;
+    return row;
+}
+
+START_TEST(test_readme_names_every_source_file)
+{
+    static const char *const dirs[] = {"daemon", "client", "tiers", "policies", "kernels"};
+    size_t checked = 0;
+    rm_load();
+    for (size_t i = 0; i < sizeof(dirs) / sizeof(dirs[0]); i++) {
+        char path[512];
+        const char *row = rm_row(dirs[i]);
+        snprintf(path, sizeof(path), "%s/%s", KVC_SRC_DIR, dirs[i]);
+        DIR *d = opendir(path);
+        struct dirent *e;
+        ck_assert_ptr_nonnull(d);
+        while ((e = readdir(d))) {
+            size_t l = strlen(e->d_name);
+            char want[300];
+            if (!((l > 2 && strcmp(e->d_name + l - 2, ".c") == 0) ||
+                  (l > 3 && strcmp(e->d_name + l - 3, ".cu") == 0)))
+                continue;
+            snprintf(want, sizeof(want), "`%s`", e->d_name);
+            ck_assert_msg(strstr(row, want), "README.md's row of %s/ does not name %s", dirs[i],
+                          want);
+            checked++;
+        }
+        closedir(d);
+    }
+    ck_assert_uint_gt(checked, 40);
+}
+END_TEST
+
+/* The checks can fail: a table without a folder, a row without a file. */
+START_TEST(test_readme_check_can_fail)
+{
+    rm_load();
+    char *p = strstr(rm_table, "`tests/lib/`");
+    ck_assert_ptr_nonnull(p);
+    memcpy(p, "`tests/xxx/", 11);
+    ck_assert_ptr_null(strstr(rm_table, "`tests/lib/`"));
+    ck_assert_ptr_null(strstr(rm_row("tiers"), "`nonesuch.c`"));
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("readme");
+    TCase *tc = tcase_create("readme");
+    SRunner *sr;
+    int failed;
+    tcase_add_test(tc, test_readme_names_every_folder);
+    tcase_add_test(tc, test_readme_names_every_source_file);
+    tcase_add_test(tc, test_readme_check_can_fail);
+    suite_add_tcase(s, tc);
+    sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
