@@ -861,7 +861,7 @@ KVC_API int kvc_hint(kvc_ns *ns, unsigned kind, const struct kvc_key *keys, cons
 
 /* Policy numbers of LOOKUP_BUDGET: the daemon's order (kvcctl policy). */
 static const char *const kvc_policy_names[] = {"lru",    "lfu",     "prefix", "streaming", "h2o",
-                                               "snapkv", "keynorm", "quest",  "default"};
+                                               "snapkv", "keynorm", "quest",  "default",   "vatp"};
 
 KVC_API int kvc_lookup_budget(kvc_ns *ns, const struct kvc_key *keys, size_t n,
                               const struct kvc_budget *b, size_t *pos, size_t *nprefix,

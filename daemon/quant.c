@@ -81,6 +81,7 @@ struct quant_job {
     bool later;                /* encoded into private memory, its slot taken when it lands
                                   (store_quantize_later) */
     float key_norm, key_absmax;
+    float value_norm; /* VATP: mean value L1 norm of the raw block */
     float *quest; /* per channel key min then max, summed over (layer, head): 2 * head_dim */
     /* MERGE: a block with more runs than the codec stores (kern_merge_forced) goes to the
      * rung after it instead (alt_format, alt_rec; 0: none, the step fails and the block
@@ -163,6 +164,7 @@ stats:;
         amax = fmaxf(amax, fabsf(ks.kmax[i]));
     }
     j->key_norm = (float)(norm / (double)nlh);
+    j->value_norm = (float)kern_value_l1(lay, src);
     j->key_absmax = amax;
     /* Quest's summary for budgeted reads (store_policy.c): the bound of a query against the
      * sum over layers and heads is the sum of their bounds' channel terms' upper envelope. */
@@ -273,6 +275,7 @@ static void quant_place(struct quant *q, struct quant_job *j, bool raw_freed)
     if (j->idx < q->s->nkeysum)
         q->s->keysum[j->idx] = (uint32_t)quant_bf16(j->key_norm) << 16 | quant_bf16(j->key_absmax);
     ns->bytes = ns->bytes - j->raw.len + j->enc.len;
+    store_meta_vnorm_set(s, j->idx, j->value_norm);
     if (j->quest) {
         store_meta_quest_set(s, j->idx, j->quest, j->lay.head_dim);
         j->quest = NULL;

@@ -137,8 +137,10 @@ struct store_meta {
     uint32_t quest;  /* 1 + index into store.qsum: the block's key min/max; 0 none */
     uint32_t hpos;   /* 1 + its position in its namespace's heap; 0: not in it */
     uint32_t rpos;   /* 1 + its position in its rung's heap (the ladder); 0: not in it */
+    uint16_t vnorm;  /* bf16 mean value L1 norm (quant.c, VATP); 0: not measured */
 };
 #define STORE_META_TSHIFT 4 /* 16 ms: 2^32 ticks last 2.2 years */
+_Static_assert(sizeof(struct store_meta) == 32, "the policy side table is 32 bytes a block");
 
 /* A lease or a reservation: what an owner holds by id. */
 enum store_handle_kind { STORE_HANDLE_LEASE = 1, STORE_HANDLE_RESV = 2 };
@@ -433,6 +435,8 @@ void store_ghost_note(struct store *s, uint32_t idx);
 void store_meta_ref(struct store *s, struct store_ns *ns, const struct kvc_wire_key *k,
                     uint32_t depth, uint64_t now);
 /* Takes kmin/kmax (2 * dim floats, malloc'd; owned from here) as the Quest summary of idx. */
+/* The block's mean value L1 norm, measured by the quantize pass (VATP's signal). */
+void store_meta_vnorm_set(struct store *s, uint32_t idx, float vnorm);
 void store_meta_quest_set(struct store *s, uint32_t idx, float *kminmax, uint32_t dim);
 void store_meta_free(struct store *s);
 

@@ -15,13 +15,15 @@
  *
  * Metadata. struct block is at its budget (96 bytes + ~6 of map, 128 in all), so what the
  * policies need beyond it (decayed frequency, H2O mass and its time, SnapKV score, a handle
- * to a Quest summary) is a 20-byte side table by block index, reset at commit. Hits call
+ * to a Quest summary, heap positions, the value norm) is a 32-byte side table by block
+ * index, reset at commit. Hits call
  * policy_touch, hints policy_hint; the key norm is the quantize pass's (store.keysum, written by quant.c);
  * depth 0 is the sink flag. Quest summaries (per channel key min and max of a block, summed
  * over its layers and heads) come from the same pass, so only quantized blocks have one:
  * the daemon never reads a raw block's bytes on the loop thread. A block without one gets
  * an unbounded Quest bound (it may hold the largest score, so a budgeted read never drops
- * it on no evidence).
+ * it on no evidence). The same pass measures the mean value L1 norm (store_meta.vnorm, bf16)
+ * that VATP multiplies with the H2O mass; a block never quantized ranks as under H2O.
  *
  * Eviction order (engine_victim, daemon/engine.c). Under LRU the sample is the 16 coldest
  * evictable leaves, as before. Under any other policy the namespace of the coldest evictable
@@ -919,6 +921,16 @@ void store_meta_ref(struct store *s, struct store_ns *ns, const struct kvc_wire_
     }
 }
 
+void store_meta_vnorm_set(struct store *s, uint32_t idx, float vnorm)
+{
+    struct store_meta *m = store_meta_at(s, idx);
+    uint32_t u;
+    if (!m)
+        return;
+    memcpy(&u, &vnorm, sizeof(u));
+    m->vnorm = (uint16_t)(u >> 16);
+}
+
 void store_meta_quest_set(struct store *s, uint32_t idx, float *kminmax, uint32_t dim)
 {
     struct store_meta *m = store_meta_at(s, idx);
@@ -996,6 +1008,8 @@ void store_policy_block(const struct store *s, uint32_t idx, struct policy_block
         pb->hint = m->hint;
         pb->snap = m->snap;
         pb->hint_time = (uint64_t)m->hint_t << STORE_META_TSHIFT;
+        uint32_t v = (uint32_t)m->vnorm << 16; /* bf16 value norm (quant.c) */
+        memcpy(&pb->value_norm, &v, sizeof(v));
     }
     if (b->format != KVC_WIRE_FORMAT_RAW && idx < s->nkeysum) {
         uint32_t u = s->keysum[idx] & 0xffff0000u; /* bf16 key norm (quant.c) */

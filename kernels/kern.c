@@ -73,6 +73,20 @@ uint64_t kern_raw_size(const struct kern_layout *lay)
            2;
 }
 
+double kern_value_l1(const struct kern_layout *lay, const void *src)
+{
+    if (!src || lay->k_only || kern_layout_check(lay) < 0)
+        return 0.0;
+    uint64_t row = (uint64_t)lay->tokens * lay->heads * lay->head_dim;
+    double sum = 0.0;
+    for (uint32_t l = 0; l < lay->layers; l++) {
+        uint64_t base = (2 * (uint64_t)l + 1) * row; /* [layer][k/v][token][head][dim] */
+        for (uint64_t i = 0; i < row; i++)
+            sum += fabsf(kern_sanitize(kern_load(src, lay->dtype, base + i)));
+    }
+    return sum / ((double)lay->layers * lay->heads * lay->tokens);
+}
+
 int kern_codec_supports(const struct kern_layout *lay, enum kern_codec c)
 {
     if (kern_layout_check(lay) < 0 || (unsigned)c >= KERN_CODEC_COUNT)

@@ -166,6 +166,11 @@ uint64_t kern_raw_size(const struct kern_layout *lay);
  * 8 to 256; LOWRANK: min(tokens, head_dim) <= 64; the others: any valid layout). */
 int kern_codec_supports(const struct kern_layout *lay, enum kern_codec c);
 
+/* The mean over (layer, head, token) of the value vector's L1 norm in raw block `src`
+ * (kern_raw_size(lay) bytes), values sanitised as for a lossy codec: the signal of VATP.
+ * 0 for K-only layouts or an invalid layout. */
+double kern_value_l1(const struct kern_layout *lay, const void *src);
+
 /* MERGE: tokens of block `src` (raw, lay) that recipe rec's MERGE sections would have to merge
  * beyond its cosine threshold because a head has more distinct runs than the codec stores
  * (ceil(tokens / 2)): 0 means every merge is within the threshold and the codec's error

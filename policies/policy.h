@@ -38,6 +38,7 @@ enum policy_kind {
     POLICY_KEYNORM,   /* low mean key L2 norm = important */
     POLICY_QUEST,     /* query-aware bound from per-channel key min/max (budgeted reads) */
     POLICY_DEFAULT,   /* composite: recency, decayed frequency, prefix value, hints */
+    POLICY_VATP,      /* value-aware: H2O attention mass x mean value L1 norm */
     POLICY_KIND_COUNT
 };
 
@@ -62,6 +63,8 @@ struct policy_block {
     float hint;           /* H2O: accumulated attention mass as of hint_time (decays) */
     float snap;           /* SnapKV: pooled observation-window score, set once at prefill */
     float key_norm;       /* mean key L2 norm, computed by the daemon at commit; 0 = unknown */
+    float value_norm;     /* mean value L1 norm per (token, layer, head), from the daemon's
+                             quantize pass (VATP); 0 = unknown */
     uint64_t hint_time;   /* when `hint` was last updated */
 };
 

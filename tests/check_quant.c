@@ -159,6 +159,47 @@ START_TEST(test_quantize_block)
 }
 END_TEST
 
+/* VATP through the daemon: two blocks with equal attention hints, one whose values are 1/16
+ * of the other's; the quantize pass measures their value norms and the vatp key ranks the
+ * small-valued block first, where H2O sees a tie. */
+START_TEST(test_vatp_value_norm)
+{
+    uint32_t ns = ns_open("vatp", Q8);
+    uint32_t big = put(ns, 0), small = put(ns, 1);
+    struct kern_layout kl = klay(ns);
+    uint64_t row = (uint64_t)kl.tokens * kl.heads * kl.head_dim;
+    uint16_t *p = (uint16_t *)slot(&(struct kvc_wire_loc){.arena_id = s->ix.blocks[small].arena,
+                                                          .offset = s->ix.blocks[small].off});
+    for (uint32_t l = 0; l < kl.layers; l++)
+        for (uint64_t i = 0; i < row; i++) { /* the V section of layer l, scaled by 1/16 */
+            _Float16 h;
+            memcpy(&h, &p[(2 * l + 1) * row + i], 2);
+            h = (_Float16)((float)h / 16.0f);
+            memcpy(&p[(2 * l + 1) * row + i], &h, 2);
+        }
+    struct kvc_wire_hint h[2] = {{.key = key(ns, 0), .score = 3.0f},
+                                 {.key = key(ns, 1), .score = 3.0f}};
+    ck_assert_int_eq(store_hint(s, ns, KVC_HINT_H2O, h, 2, 100), 2);
+    ck_assert_int_eq(store_ns_policy_set(s, ns, POLICY_VATP, STORE_POLICY_SRC_ADMIN), 0);
+    struct policy_block pb, ps;
+    store_policy_block(s, big, &pb);
+    ck_assert_float_eq(pb.value_norm, 0.0f); /* raw: not read by the pass yet */
+    ck_assert_int_eq(store_quantize(s, big), 0);
+    ck_assert_int_eq(store_quantize(s, small), 0);
+    ck_assert_int_eq(quant_drain(q), 2);
+    store_policy_block(s, big, &pb);
+    store_policy_block(s, small, &ps);
+    ck_assert_float_gt(pb.value_norm, 1.0f);
+    ck_assert_float_lt(ps.value_norm, pb.value_norm / 15.0f);
+    ck_assert_float_gt(ps.value_norm, pb.value_norm / 17.0f);
+    struct policy_params pp = store_ns_get(s, ns)->pp;
+    ps.flags = pb.flags = 0; /* the sink flag of depth 0 aside: the key itself */
+    ps.depth = pb.depth = 1;
+    ck_assert_double_eq(policy_key(POLICY_H2O, &ps, &pp), policy_key(POLICY_H2O, &pb, &pp));
+    ck_assert_double_lt(policy_key(POLICY_VATP, &ps, &pp), policy_key(POLICY_VATP, &pb, &pp));
+}
+END_TEST
+
 START_TEST(test_refusals)
 {
     uint32_t plain = ns_open("plain", 0), qn = ns_open("q", Q8);
@@ -262,6 +303,7 @@ int main(void)
     TCase *tc = tcase_create("core");
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_quantize_block);
+    tcase_add_test(tc, test_vatp_value_norm);
     tcase_add_test(tc, test_refusals);
     tcase_add_test(tc, test_lookup_during_encode);
     tcase_add_test(tc, test_pressure);

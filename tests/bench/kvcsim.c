@@ -10,7 +10,7 @@
  *
  * CAPS: comma list of capacities in blocks, or in bytes (suffix k/m/g/t) with --block-bytes.
  * POLICIES: comma list of policy names (lru, lfu, prefix, streaming, h2o, snapkv, keynorm,
- * quest, default) plus min (Belady, offline) and inf (infinite cache).
+ * quest, default, vatp) plus min (Belady, offline) and inf (infinite cache).
  * --half-life: the initial (with --fixed-half-life, the fixed) half-life in requests;
  * --tune 0|1: policy_tune's half-life off/on (default: on for `default` only).
  * --quant CODECS: comma list of codecs (q8_0, fp8, merge, lowrank, rot4, kivi4, q4_1, rot2,
