@@ -336,6 +336,17 @@ KVC_API int kvc_release(kvc_lease *l);
 KVC_API int kvc_hint(kvc_ns *ns, unsigned kind, const struct kvc_key *keys, const float *scores,
                      size_t n);
 
+/* Per-head hints: scores[n][layers * heads] (layer-major; finite, >= 0), one per (layer, kv
+ * head) of each block, layers and heads the namespace's layers and kv_heads. A block takes
+ * the sum of its scores as kvc_hint would; the daemon also learns the namespace's head
+ * profiles (sink-only, local, full: docs/policies.md) and a block's head concentration.
+ * Sent in as many requests as the protocol's message size needs. Returns the blocks that
+ * took a score. Errors: -EINVAL (kind, a score, layers or heads 0 or not the namespace's,
+ * layers * heads above KVC_HINT_HEADS_MAX, n above KVC_HINT_MAX), -EACCES, -EPIPE. */
+#define KVC_HINT_HEADS_MAX 8192u
+KVC_API int kvc_hint_heads(kvc_ns *ns, unsigned kind, const struct kvc_key *keys,
+                           const float *scores, size_t n, unsigned layers, unsigned heads);
+
 /* A budgeted read: what to select from the cached prefix. */
 struct kvc_budget {
     size_t budget;      /* at most this many blocks (>= 1) */

@@ -645,6 +645,22 @@ static int server_on_hint(struct server *sv, struct conn *c, const struct proto_
     return sizeof(*p);
 }
 
+static int server_on_hint_heads(struct server *sv, struct conn *c, const struct proto_req *r,
+                                uint64_t now)
+{
+    const struct kvc_hint_heads_req *q = r->body;
+    struct kvc_hint_rep *p = (struct kvc_hint_rep *)((struct kvc_msg_hdr *)sv->tx + 1);
+    int arc = server_ns_use(sv, c, q->ns_id, KVC_ACCESS_READ);
+    if (arc)
+        return arc;
+    int n = store_hint_heads(sv->store, q->ns_id, q->kind, r->tail, r->tail2, r->ntail, q->layers,
+                             q->heads, now);
+    if (n < 0)
+        return n;
+    *p = (struct kvc_hint_rep){.applied = (uint32_t)n};
+    return sizeof(*p);
+}
+
 static int server_on_lookup_budget(struct server *sv, struct conn *c, const struct proto_req *r,
                                    uint64_t now)
 {
@@ -1711,6 +1727,9 @@ static bool server_handle(struct server *sv, struct conn *c, size_t n)
             break;
         case KVC_OP_HINT:
             rc = server_on_hint(sv, c, &r, now);
+            break;
+        case KVC_OP_HINT_HEADS:
+            rc = server_on_hint_heads(sv, c, &r, now);
             break;
         case KVC_OP_FAST_ATTACH:
             rc = server_on_fast_attach(sv, c, &r, now, &send_fd, &send_fd_owned);

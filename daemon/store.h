@@ -96,6 +96,10 @@ struct store_ns {
     uint8_t policy_src; /* enum store_policy_src */
     struct policy_params pp;
     struct policy_tune *tune;
+    /* Per-head hint mass (HINT_HEADS, store_hint_heads): [3][layers * kv_heads] floats, the
+     * mass each head put on sink blocks, on the last blocks of each hinted run and on all;
+     * NULL until the first per-head hint. store_head_profile() reads categories from it. */
+    float *head_mass;
     /* Under any policy but LRU, its evictable blocks (in its arena's memory, no cached child,
      * not lost) in a binary heap by policy_key, lowest first (store_policy.c), keyed with
      * half-life heap_hl. Pinned or moving blocks stay in it and are skipped. */
@@ -138,6 +142,9 @@ struct store_meta {
     uint32_t hpos;   /* 1 + its position in its namespace's heap; 0: not in it */
     uint32_t rpos;   /* 1 + its position in its rung's heap (the ladder); 0: not in it */
     uint16_t vnorm;  /* bf16 mean value L1 norm (quant.c, VATP); 0: not measured */
+    uint16_t hpeak;  /* bf16 head concentration of its last HINT_HEADS: the largest (layer,
+                        head) score over their mean (1: spread evenly, layers * heads: one head);
+                        0: none */
 };
 #define STORE_META_TSHIFT 4 /* 16 ms: 2^32 ticks last 2.2 years */
 _Static_assert(sizeof(struct store_meta) == 32, "the policy side table is 32 bytes a block");
@@ -445,6 +452,25 @@ void store_meta_free(struct store *s);
  * took one, or -ENOENT (namespace), -EINVAL (kind). */
 int store_hint(struct store *s, uint32_t ns_id, uint32_t kind, const struct kvc_wire_hint *h,
                uint32_t n, uint64_t now);
+/* Per-head hints (HINT_HEADS): score[n][layers * heads]. Each block takes the sum of its
+ * scores as store_hint would and keeps its head concentration (store_meta.hpeak); the
+ * namespace's head_mass learns where each head looks. -EINVAL when layers/heads are not the
+ * namespace's layers/kv_heads or the kind is unknown; -ENOMEM. */
+int store_hint_heads(struct store *s, uint32_t ns_id, uint32_t kind,
+                     const struct kvc_wire_key *keys, const float *score, uint32_t n,
+                     uint32_t layers, uint32_t heads, uint64_t now);
+
+/* FastGen's head categories (Ge et al., arXiv 2310.01801), learnt from per-head hints. */
+enum store_head_kind {
+    STORE_HEAD_UNKNOWN = 0, /* no per-head hint mass yet: treated as FULL */
+    STORE_HEAD_SINK = 1,    /* >= STORE_HEAD_RECOVER of its mass on sink blocks */
+    STORE_HEAD_LOCAL = 2,   /* >= STORE_HEAD_RECOVER on sinks plus the most recent blocks */
+    STORE_HEAD_FULL = 3,    /* spreads its attention: a retrieval head */
+};
+#define STORE_HEAD_RECOVER 0.9
+/* The namespace's head categories, out[layers * kv_heads] (layer-major). Returns the count
+ * of FULL heads (UNKNOWN counted as FULL), -ENOENT for an unknown namespace. */
+int store_head_profile(const struct store *s, uint32_t ns_id, uint8_t *out);
 
 /* Budgeted lookup: of the longest run of committed blocks of keys[0..n) in memory, selects
  * at most `budget` with policy `kind` (< 0: the namespace's) by policy_select (sinks and

@@ -479,6 +479,8 @@ uint32_t store_heap_victim(struct store *s, struct store_ns *ns,
 
 void store_heap_free(struct store_ns *ns)
 {
+    free(ns->head_mass);
+    ns->head_mass = NULL;
     free(ns->heap.a);
     ns->heap = (struct store_heap){0};
     store_ladder_free(ns);
@@ -1050,6 +1052,90 @@ int store_hint(struct store *s, uint32_t ns_id, uint32_t kind, const struct kvc_
     s->total.hint_blocks += (uint64_t)applied;
     ns->stats.hint_blocks += (uint64_t)applied;
     return applied;
+}
+
+/* Per-head hints. A run of hinted blocks is one sequence's: the blocks of depth < sinks (or
+ * 0) are its sinks, the STORE_HEAD_LOCAL_BLOCKS deepest of the call its local window. A head
+ * whose mass falls on the sinks (resp. sinks plus window) for STORE_HEAD_RECOVER of its total
+ * is sink-only (resp. local), as FastGen profiles heads by the attention they recover. */
+#define STORE_HEAD_LOCAL_BLOCKS 2
+
+int store_hint_heads(struct store *s, uint32_t ns_id, uint32_t kind,
+                     const struct kvc_wire_key *keys, const float *score, uint32_t n,
+                     uint32_t layers, uint32_t heads, uint64_t now)
+{
+    struct store_ns *ns = store_ns_get(s, ns_id);
+    struct kvc_wire_hint one;
+    uint32_t lh = layers * heads, maxdepth = 0, d;
+    int applied = 0;
+    if (!ns)
+        return -ENOENT;
+    if (kind != KVC_HINT_H2O && kind != KVC_HINT_SNAPKV)
+        return -EINVAL;
+    if (layers != ns->layout.layers || heads != ns->layout.kv_heads)
+        return -EINVAL;
+    if (!ns->head_mass && !(ns->head_mass = calloc(3 * (size_t)lh, sizeof(float))))
+        return -ENOMEM;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t idx = index_find(&s->ix, (uint16_t)ns_id, &keys[i]);
+        if (idx != INDEX_NONE && s->ix.blocks[idx].depth > maxdepth)
+            maxdepth = s->ix.blocks[idx].depth;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        const float *sc = score + (size_t)i * lh;
+        uint32_t idx = index_find(&s->ix, (uint16_t)ns_id, &keys[i]);
+        double sum = 0.0;
+        float peak = 0.0f;
+        for (uint32_t j = 0; j < lh; j++) {
+            sum += sc[j];
+            peak = sc[j] > peak ? sc[j] : peak;
+        }
+        one = (struct kvc_wire_hint){.key = keys[i], .score = (float)sum};
+        if (store_hint(s, ns_id, kind, &one, 1, now) != 1)
+            continue;
+        applied++;
+        if (sum > 0) {
+            float conc = (float)(peak / (sum / lh));
+            struct store_meta *m = store_meta_at(s, idx); /* store_hint made it */
+            uint32_t u;
+            memcpy(&u, &conc, sizeof(u));
+            if (m)
+                m->hpeak = (uint16_t)(u >> 16);
+        }
+        d = s->ix.blocks[idx].depth;
+        bool sink = d == 0 || d < ns->pp.sinks;
+        bool local = d + STORE_HEAD_LOCAL_BLOCKS > maxdepth;
+        for (uint32_t j = 0; j < lh; j++) {
+            if (sink)
+                ns->head_mass[j] += sc[j];
+            else if (local)
+                ns->head_mass[lh + j] += sc[j];
+            ns->head_mass[2 * (size_t)lh + j] += sc[j];
+        }
+    }
+    return applied;
+}
+
+int store_head_profile(const struct store *s, uint32_t ns_id, uint8_t *out)
+{
+    const struct store_ns *ns = store_ns_get(s, ns_id);
+    int full = 0;
+    if (!ns)
+        return -ENOENT;
+    uint32_t lh = ns->layout.layers * ns->layout.kv_heads;
+    for (uint32_t j = 0; j < lh; j++) {
+        const float *m = ns->head_mass;
+        uint8_t k = STORE_HEAD_UNKNOWN;
+        if (m && m[2 * (size_t)lh + j] > 0) {
+            double all = m[2 * (size_t)lh + j];
+            k = m[j] >= STORE_HEAD_RECOVER * all               ? STORE_HEAD_SINK
+                : m[j] + m[lh + j] >= STORE_HEAD_RECOVER * all ? STORE_HEAD_LOCAL
+                                                               : STORE_HEAD_FULL;
+        }
+        full += k == STORE_HEAD_FULL || k == STORE_HEAD_UNKNOWN;
+        out[j] = k;
+    }
+    return full;
 }
 
 /* ---- budgeted lookup ----------------------------------------------------------------- */

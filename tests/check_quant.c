@@ -200,6 +200,43 @@ START_TEST(test_vatp_value_norm)
 }
 END_TEST
 
+/* Per-head hints: each block's H2O mass is the sum of its head scores, its head concentration
+ * is kept, and the namespace's profile sorts heads into FastGen's categories. */
+START_TEST(test_head_profile)
+{
+    uint32_t ns = ns_open("heads", Q8); /* 2 layers x 4 kv heads */
+    enum { NB = 6, LH = 8 };
+    struct kvc_wire_key k[NB];
+    float sc[NB][LH];
+    uint8_t prof[LH];
+    uint32_t idx[NB];
+    for (uint32_t i = 0; i < NB; i++) {
+        idx[i] = put(ns, i);
+        k[i] = key(ns, i);
+        for (uint32_t j = 0; j < LH; j++)
+            sc[i][j] = 1.0f;                  /* heads 2..7: everywhere */
+        sc[i][0] = i == 0 ? 10.0f : 0.0f;     /* head 0: the sink */
+        sc[i][1] = i >= NB - 2 ? 4.0f : 0.0f; /* head 1: the last two blocks */
+    }
+    ck_assert_int_eq(store_head_profile(s, ns, prof), LH); /* nothing learnt: all full */
+    ck_assert_uint_eq(prof[0], STORE_HEAD_UNKNOWN);
+    ck_assert_int_eq(store_hint_heads(s, ns, KVC_HINT_H2O, k, &sc[0][0], NB, 4, 2, 100), -EINVAL);
+    ck_assert_int_eq(store_hint_heads(s, ns, KVC_HINT_H2O, k, &sc[0][0], NB, 2, 8, 100), -EINVAL);
+    ck_assert_int_eq(store_hint_heads(s, ns, 7, k, &sc[0][0], NB, 2, 4, 100), -EINVAL);
+    ck_assert_int_eq(store_hint_heads(s, ns, KVC_HINT_H2O, k, &sc[0][0], NB, 2, 4, 100), NB);
+    ck_assert_int_eq(store_head_profile(s, ns, prof), LH - 2);
+    ck_assert_uint_eq(prof[0], STORE_HEAD_SINK);
+    ck_assert_uint_eq(prof[1], STORE_HEAD_LOCAL);
+    for (uint32_t j = 2; j < LH; j++)
+        ck_assert_uint_eq(prof[j], STORE_HEAD_FULL);
+    /* block 0: 10 + 6 x 1 = 16, mean 2, peak 10: concentration 5 (bf16 0x40a0) */
+    ck_assert_float_eq(s->meta[idx[0]].hint, 16.0f);
+    ck_assert_uint_eq(s->meta[idx[0]].hpeak, 0x40a0);
+    ck_assert_float_eq(s->meta[idx[2]].hint, 6.0f);
+    ck_assert_uint_eq(s->meta[idx[2]].hpeak, 0x3faa); /* 1 / (6 / 8) = 1.333 */
+}
+END_TEST
+
 START_TEST(test_refusals)
 {
     uint32_t plain = ns_open("plain", 0), qn = ns_open("q", Q8);
@@ -304,6 +341,7 @@ int main(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_quantize_block);
     tcase_add_test(tc, test_vatp_value_norm);
+    tcase_add_test(tc, test_head_profile);
     tcase_add_test(tc, test_refusals);
     tcase_add_test(tc, test_lookup_during_encode);
     tcase_add_test(tc, test_pressure);

@@ -404,6 +404,41 @@ def test_close_while_other_thread_copies(daemon):
     assert not t.is_alive() and seen == ["closed"]
 
 
+def test_hint_heads(client):
+    """Per-(layer, head) hints through the daemon: a block's H2O mass is the sum of its head
+    scores (the heaviest block wins an h2o budget), and every count is checked."""
+    ns = new_ns(client)
+    lh = LAYOUT["layers"] * LAYOUT["kv_heads"]
+    keys = ns.keys_from_tokens(tokens(8 * ns.block_tokens))
+    assert ns.put_prefix(keys, blocks_for(ns, 8)) == 8
+    scores = np.zeros((8, lh), dtype=np.float32)
+    scores[3, 1] = 9.0  # one head looks at block 3 only
+    scores[5, :] = 1.0  # every head a little at block 5: sum 4 < 9
+    assert ns.hint_heads(keys, scores.ravel().tolist(), LAYOUT["layers"], LAYOUT["kv_heads"]) == 8
+    pos, nprefix, lease = ns.lookup_budget(keys, 3, policy="h2o", sinks=1, recent=1)
+    with lease:
+        assert pos == [0, 3, 7]
+    assert ns.hint_heads(keys[:3], [1.0] * (3 * lh), LAYOUT["layers"], LAYOUT["kv_heads"],
+                         kind="snapkv") == 3
+    # 64 x 64 heads: 16 KiB of scores a block, so 12 blocks go in three requests
+    big = new_ns(client, layers=64, kv_heads=64, head_dim=8, block_tokens=1)
+    bkeys = big.keys_from_tokens(tokens(12))
+    assert big.put_prefix(bkeys, blocks_for(big, 12)) == 12
+    assert big.hint_heads(bkeys, [0.5] * (12 * 64 * 64), 64, 64) == 12
+    with pytest.raises(ValueError):
+        ns.hint_heads(keys, [1.0] * lh, LAYOUT["layers"], LAYOUT["kv_heads"])  # per key
+    with pytest.raises(ValueError):
+        ns.hint_heads(keys[:1], [], 0, LAYOUT["kv_heads"])
+    with pytest.raises(ValueError):
+        ns.hint_heads(keys[:1], [1.0] * 8193, 8193, 1)  # past KVC_HINT_HEADS_MAX
+    with pytest.raises(kvcd.Error) as e:  # not the namespace's shape
+        ns.hint_heads(keys[:1], [1.0] * lh, LAYOUT["kv_heads"] * 2, LAYOUT["layers"] // 2)
+    assert e.value.errno == errno.EINVAL
+    with pytest.raises(kvcd.Error) as e:
+        ns.hint_heads(keys[:1], [-1.0] * lh, LAYOUT["layers"], LAYOUT["kv_heads"])
+    assert e.value.errno == errno.EINVAL
+
+
 def test_hint_and_lookup_budget(client):
     ns = new_ns(client)
     keys = ns.keys_from_tokens(tokens(16 * ns.block_tokens))
