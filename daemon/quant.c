@@ -82,6 +82,7 @@ struct quant_job {
                                   (store_quantize_later) */
     float key_norm, key_absmax;
     float value_norm; /* VATP: mean value L1 norm of the raw block */
+    uint8_t *raw_heads; /* rec.raw_heads: the namespace's retrieval heads (store_head_raw) */
     float *quest; /* per channel key min then max, summed over (layer, head): 2 * head_dim */
     /* MERGE: a block with more runs than the codec stores (kern_merge_forced) goes to the
      * rung after it instead (alt_format, alt_rec; 0: none, the step fails and the block
@@ -315,6 +316,7 @@ static void quant_job_free(struct quant_job *j)
     if (j->group || j->later)
         free(j->dst); /* private memory */
     free(j->quest);
+    free(j->raw_heads);
     free(j);
 }
 
@@ -581,6 +583,11 @@ static int quant_job_make(struct store *s, uint32_t idx, uint8_t format, bool pr
         return -ENOMEM;
     quant_layout(ns, &j->lay);
     quant_recipe(ns, format, &j->rec);
+    if (ns->head_mass) { /* per-head precision: the retrieval heads stay raw (store_head_raw) */
+        j->raw_heads = malloc((size_t)ns->layout.layers * ns->layout.kv_heads);
+        if (j->raw_heads && store_head_raw(s, b->ns, j->raw_heads) > 0)
+            j->rec.raw_heads = j->raw_heads;
+    }
     j->format = format;
     j->src_format = b->format;
     int64_t eb = kern_encoded_size(&j->lay, &j->rec);
@@ -619,6 +626,7 @@ static int quant_job_make(struct store *s, uint32_t idx, uint8_t format, bool pr
     *out = j;
     return 0;
 fail:
+    free(j->raw_heads);
     free(j);
     return rc;
 }

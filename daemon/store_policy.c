@@ -1138,6 +1138,24 @@ int store_head_profile(const struct store *s, uint32_t ns_id, uint8_t *out)
     return full;
 }
 
+int store_head_raw(const struct store *s, uint32_t ns_id, uint8_t *out)
+{
+    const struct store_ns *ns = store_ns_get(s, ns_id);
+    if (!ns || !ns->head_mass)
+        return ns ? 0 : -ENOENT;
+    uint32_t lh = ns->layout.layers * ns->layout.kv_heads, n = 0;
+    store_head_profile(s, ns_id, out);
+    for (uint32_t j = 0; j < lh; j++) {
+        out[j] = out[j] == STORE_HEAD_FULL;
+        n += out[j];
+    }
+    if (2 * n > lh) {
+        memset(out, 0, lh);
+        n = 0;
+    }
+    return (int)n;
+}
+
 /* ---- budgeted lookup ----------------------------------------------------------------- */
 
 int store_lookup_budget(struct store *s, struct store_owner *o, uint32_t ns_id,

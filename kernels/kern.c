@@ -100,6 +100,7 @@ void kern_recipe_fill(struct kern_recipe *rec, enum kern_codec k, enum kern_code
     rec->seed = 0;
     rec->merge_cos = 0.0f;
     rec->lowrank_energy = 0.0f;
+    rec->raw_heads = NULL;
     for (uint32_t l = 0; l < KERN_MAX_LAYERS; l++) {
         rec->codec[l][0] = (uint8_t)(l < raw_layers ? KERN_CODEC_RAW : k);
         rec->codec[l][1] = (uint8_t)(l < raw_layers ? KERN_CODEC_RAW : v);
@@ -111,7 +112,36 @@ int64_t kern_encoded_size(const struct kern_layout *lay, const struct kern_recip
     if (kern_layout_check(lay) < 0 || !rec)
         return -EINVAL;
     uint64_t n = kern_hdr_build(lay, rec, NULL);
-    return n ? (int64_t)n : -EINVAL;
+    if (!n)
+        return -EINVAL;
+    n += kern_rawh_bytes(lay, kern_rawh_count(lay, rec));
+    return n < 0xffffffffull ? (int64_t)n : -EINVAL;
+}
+
+/* The appendix of a block whose header h passed the section checks (base: the end of the
+ * sections): 0 and *n = 0 without one, else its offset and head count; -EBADMSG when it is
+ * not the one an encoder writes. */
+static int64_t rawh_check(const struct kern_block_hdr *h, const struct kern_layout *l,
+                          uint64_t base, const uint8_t *src, size_t src_len, uint32_t *n)
+{
+    uint32_t off = (uint32_t)h->reserved, cnt = (uint32_t)(h->reserved >> 32), next = 1;
+    uint64_t lh = (uint64_t)l->layers * l->heads;
+    *n = 0;
+    if (!h->reserved)
+        return h->total_bytes == base ? 0 : -EBADMSG;
+    if (off != base || cnt == 0 || cnt > lh || h->total_bytes != base + kern_rawh_bytes(l, cnt) ||
+        h->total_bytes > src_len)
+        return -EBADMSG;
+    for (uint64_t i = 0; i < lh; i++) { /* slots number the raw heads 1..cnt in order */
+        uint16_t s;
+        memcpy(&s, src + off + 2 * i, 2);
+        if (s && s != next++)
+            return -EBADMSG;
+    }
+    if (next != cnt + 1)
+        return -EBADMSG;
+    *n = cnt;
+    return off;
 }
 
 int64_t kern_block_info(const void *src, size_t src_len, struct kern_layout *lay,
@@ -156,10 +186,19 @@ int64_t kern_block_info(const void *src, size_t src_len, struct kern_layout *lay
     if (kern_hdr_build(&l, &r, NULL) == 0)
         goto out;
     uint64_t total = kern_hdr_build(&l, &r, expect);
-    if (memcmp(expect, src, h.hdr_bytes) != 0 || total > src_len)
+    uint32_t nraw;
+    struct kern_block_hdr eh;
+    memcpy(&eh, expect, sizeof(eh)); /* the appendix's fields are checked by rawh_check */
+    eh.reserved = h.reserved;
+    eh.total_bytes = h.total_bytes;
+    memcpy(expect, &eh, sizeof(eh));
+    if (memcmp(expect, src, h.hdr_bytes) != 0 || total > src_len ||
+        rawh_check(&h, &l, total, src, src_len, &nraw) < 0)
         goto out;
+    total = h.total_bytes;
     if (lay)
         *lay = l;
+    r.raw_heads = NULL;
     if (rec)
         *rec = r;
     ret = (int64_t)total;
@@ -380,6 +419,83 @@ static int kern_ext_dec(const struct kern_cpu_ops *ops, uint32_t codec,
     return kern_rot_dec(ops, codec, lay, sect, raw, out_dtype);
 }
 
+int kern_block_raw_heads(const void *src, size_t src_len, uint8_t *out)
+{
+    struct kern_layout l;
+    struct kern_block_hdr h;
+    int64_t sz = kern_block_info(src, src_len, &l, NULL);
+    if (sz < 0)
+        return (int)sz;
+    memcpy(&h, src, sizeof(h));
+    uint64_t lh = (uint64_t)l.layers * l.heads;
+    for (uint64_t i = 0; i < lh; i++) {
+        uint16_t s = 0;
+        if (h.reserved)
+            memcpy(&s, (const uint8_t *)src + (uint32_t)h.reserved + 2 * i, 2);
+        out[i] = s != 0;
+    }
+    return (int)(h.reserved >> 32);
+}
+
+/* Writes the raw-head appendix of rec into the encoded block dst (its sections written). */
+static void rawh_write(const struct kern_layout *lay, const struct kern_recipe *rec,
+                       const void *src, uint8_t *dst)
+{
+    uint32_t n = kern_rawh_count(lay, rec), kinds = kern_kinds(lay), slot = 0;
+    struct kern_block_hdr h;
+    if (!n)
+        return;
+    memcpy(&h, dst, sizeof(h));
+    uint64_t off = h.total_bytes, tab = kern_rawh_table_bytes(lay);
+    uint64_t hb = kern_rawh_head_bytes(lay), rowb = 2ull * lay->head_dim;
+    memset(dst + off, 0, kern_rawh_bytes(lay, n));
+    for (uint32_t l = 0; l < lay->layers; l++)
+        for (uint32_t hd = 0; hd < lay->heads; hd++) {
+            if (!rec->raw_heads[(uint64_t)l * lay->heads + hd])
+                continue;
+            uint16_t s = (uint16_t)++slot;
+            memcpy(dst + off + 2 * ((uint64_t)l * lay->heads + hd), &s, 2);
+            uint8_t *rows = dst + off + tab + (uint64_t)(slot - 1) * hb;
+            for (uint32_t k = 0; k < kinds; k++)
+                for (uint32_t t = 0; t < lay->tokens; t++)
+                    memcpy(rows + ((uint64_t)k * lay->tokens + t) * rowb,
+                           (const uint8_t *)src + 2 * kern_raw_index(lay, l, k, t, hd), rowb);
+        }
+    h.reserved = (uint64_t)n << 32 | (uint32_t)off;
+    h.total_bytes = off + kern_rawh_bytes(lay, n);
+    memcpy(dst, &h, sizeof(h));
+}
+
+/* Overwrites the raw heads of the decoded block dst with the appendix's bytes. */
+static void rawh_apply(const struct kern_layout *lay, const uint8_t *src, void *dst,
+                       enum kern_dtype out_dtype)
+{
+    struct kern_block_hdr h;
+    memcpy(&h, src, sizeof(h));
+    if (!h.reserved)
+        return;
+    uint64_t off = (uint32_t)h.reserved, tab = kern_rawh_table_bytes(lay);
+    uint64_t hb = kern_rawh_head_bytes(lay), D = lay->head_dim;
+    for (uint32_t l = 0; l < lay->layers; l++)
+        for (uint32_t hd = 0; hd < lay->heads; hd++) {
+            uint16_t s;
+            memcpy(&s, src + off + 2 * ((uint64_t)l * lay->heads + hd), 2);
+            if (!s)
+                continue;
+            const uint8_t *rows = src + off + tab + (uint64_t)(s - 1) * hb;
+            for (uint32_t k = 0; k < kern_kinds(lay); k++)
+                for (uint32_t t = 0; t < lay->tokens; t++) {
+                    const uint8_t *from = rows + ((uint64_t)k * lay->tokens + t) * 2 * D;
+                    uint64_t to = kern_raw_index(lay, l, k, t, hd);
+                    if (out_dtype == lay->dtype)
+                        memcpy((uint8_t *)dst + 2 * to, from, 2 * D);
+                    else /* as raw sections: NaN and Inf kept */
+                        for (uint64_t d = 0; d < D; d++)
+                            kern_store(dst, out_dtype, to + d, kern_load(from, lay->dtype, d));
+                }
+        }
+}
+
 int64_t kern_merge_forced(const struct kern_layout *lay, const struct kern_recipe *rec,
                           const void *src)
 {
@@ -489,6 +605,7 @@ static int64_t encode_with(const struct kern_cpu_ops *ops, const struct kern_lay
             }
         }
     }
+    rawh_write(lay, rec, src, out);
 out:
     free(x);
     return ret;
@@ -564,6 +681,7 @@ static int64_t decode_with(const struct kern_cpu_ops *ops, const struct kern_lay
             }
         }
     }
+    rawh_apply(lay, in, dst, out_dtype);
 out:
     free(y);
     return ret;
@@ -610,6 +728,8 @@ int64_t kern_encode_batched_cpu(const struct kern_layout *lay, const struct kern
         return sz;
     if (!src || !dst)
         return -EINVAL;
+    if (kern_rawh_count(lay, rec))
+        return -ENOTSUP; /* the CUDA encoder's units write no raw-head appendix */
     if ((uint64_t)sz > dst_cap)
         return -ENOSPC;
     struct kern_enc_args *a = malloc(sizeof(*a));

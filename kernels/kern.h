@@ -37,6 +37,11 @@
  *   enter d/m, the slots past the tail hold code 0 and are ignored on decode.
  *   FP8    fp32 scale[H] (amax / 448 of the head's values in this section, 1 if all zero),
  *          then [T][H][D] OCP E4M3 (e4m3fn) codes, x = e4m3(code) * scale[h]
+ *   Raw-head appendix (kern_recipe.raw_heads): the header's `reserved` holds its offset (low
+ *          32 bits, the end of the last section) and its head count n (high 32); it is
+ *          uint16 slot[layers * heads] (0: coded only, i: the i-th raw head, numbered in
+ *          (layer, head) order), padded to 16, then per raw head its K (and V) rows,
+ *          [kinds][tokens][head_dim] elements of the header's dtype; total_bytes covers it.
  *   ROT2, ROT4, MERGE, LOWRANK: kern_ext.h and docs/kernels.md (keys rotated by a randomized
  *          Hadamard transform then KIVI; adjacent tokens within a cosine threshold stored once;
  *          keys per head as rank-r factors).
@@ -112,6 +117,12 @@ struct kern_recipe {
     uint32_t seed;        /* ROT2/ROT4: the rotation's seed (per namespace); 0 is a seed too */
     float merge_cos;      /* MERGE: cosine threshold, 0: KERN_MERGE_COS_DEFAULT */
     float lowrank_energy; /* LOWRANK: share of the keys' energy kept, 0: the default */
+    /* Per-head precision: raw_heads[layer * heads + head] != 0 keeps that head's K and V
+     * bit-exact in a raw-head appendix after the sections (the sections still code every
+     * head), NULL or all zero: none. Unlike the parameters above it changes the block's size.
+     * The CPU encoders (kern_encode_ref, kern_encode_cpu) write it; kern_encode_cuda and
+     * kern_encode_batched_cpu refuse it (-ENOTSUP); every decoder applies it. */
+    const uint8_t *raw_heads;
 };
 #define KERN_MERGE_COS_DEFAULT 0.98f
 #define KERN_LOWRANK_ENERGY_DEFAULT 0.99f
@@ -187,11 +198,15 @@ void kern_recipe_fill(struct kern_recipe *rec, enum kern_codec k, enum kern_code
  * before encoding. -EINVAL: invalid layout or unknown codec in the recipe's first layers. */
 int64_t kern_encoded_size(const struct kern_layout *lay, const struct kern_recipe *rec);
 
-/* Reads an encoded block's header (host memory): fills *lay and *rec (either may be NULL).
+/* Reads an encoded block's header (host memory): fills *lay and *rec (either may be NULL;
+ * rec->raw_heads is set NULL: kern_block_raw_heads() reads the appendix).
  * Returns the encoded size. -EBADMSG: not an encoded block, a version this build does not
  * know, or a section table that disagrees with the layout; -EINVAL: NULL src. */
 int64_t kern_block_info(const void *src, size_t src_len, struct kern_layout *lay,
                         struct kern_recipe *rec);
+/* The raw heads of a (kern_block_info-valid) encoded block: out[layers * heads] set to 1 for
+ * the heads kept raw, 0 for the others. Returns their count, -EBADMSG as kern_block_info. */
+int kern_block_raw_heads(const void *src, size_t src_len, uint8_t *out);
 
 /*
  * Encodes one raw block `src` (kern_raw_size(lay) bytes, borrowed for the call) into `dst`

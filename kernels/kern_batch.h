@@ -435,12 +435,37 @@ KERN_HD void kern_batch_decode_row(const struct kern_batch *b, const uint64_t *w
     const uint64_t src_len = w[K * L + b->nblocks + bi];
     struct kern_block_sect s;
     const int ok = kern_batch_sect(lay, src, src_len, (b->layer_first + l) * K + k, &s);
+    /* the raw-head appendix (kern.h): its offset and count, 0 when absent or out of bounds */
+    uint64_t rh = 0;
+    uint32_t rcnt = 0;
+    if (ok) {
+        struct kern_block_hdr hd;
+        memcpy(&hd, src, sizeof(hd));
+        rh = (uint32_t)hd.reserved;
+        rcnt = (uint32_t)(hd.reserved >> 32);
+        if (rh && rh + kern_rawh_bytes(lay, rcnt) > src_len)
+            rh = 0;
+    }
     const uint32_t O = (D + 7) / 8, noct = O * H;
     for (uint32_t c = lane; c < noct; c += nlanes) {
         const uint32_t h = c / O, o = c - h * O, d0 = 8 * o;
         const uint32_t n = D - d0 < 8 ? D - d0 : 8;
         uint16_t y[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        if (ok)
+        uint32_t slot = 0;
+        if (rh)
+            slot = kern_batch_u16(src + rh + 2 * ((uint64_t)(b->layer_first + l) * H + h));
+        if (slot && slot <= rcnt) {
+            const uint8_t *row = src + rh + kern_rawh_table_bytes(lay) +
+                                 (uint64_t)(slot - 1) * kern_rawh_head_bytes(lay) +
+                                 ((uint64_t)k * T + t) * 2ull * D + 2ull * d0;
+            for (uint32_t j = 0; j < n; j++) {
+                const uint32_t v = kern_batch_u16(row + 2 * j);
+                y[j] =
+                    (uint16_t)(b->out_dtype == lay->dtype
+                                   ? v
+                                   : kern_batch_out(kern_load(row, lay->dtype, j), b->out_dtype));
+            }
+        } else if (ok)
             kern_batch_dec8(lay, s.codec, src + s.offset, k, t, h, d0, n, b->out_dtype, y);
         uint8_t *to = eng + (uint64_t)h * b->head_stride + 2ull * d0;
         if (b->vec == 16 && n == 8) {

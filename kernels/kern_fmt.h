@@ -539,6 +539,36 @@ KERN_HD uint64_t kern_hdr_build(const struct kern_layout *lay, const struct kern
     return off;
 }
 
+/* Raw-head appendix (kern.h): bytes of its slot table, and of one raw head's rows. */
+KERN_HD uint64_t kern_rawh_table_bytes(const struct kern_layout *lay)
+{
+    return (2ull * lay->layers * lay->heads + KERN_ALIGN - 1) & ~(uint64_t)(KERN_ALIGN - 1);
+}
+
+KERN_HD uint64_t kern_rawh_head_bytes(const struct kern_layout *lay)
+{
+    return 2ull * kern_kinds(lay) * lay->tokens * lay->head_dim;
+}
+
+/* Heads a recipe keeps raw (host memory). */
+static inline uint32_t kern_rawh_count(const struct kern_layout *lay, const struct kern_recipe *rec)
+{
+    uint32_t n = 0;
+    if (rec->raw_heads)
+        for (uint64_t i = 0; i < (uint64_t)lay->layers * lay->heads; i++)
+            n += rec->raw_heads[i] != 0;
+    return n;
+}
+
+/* Bytes of an appendix of n raw heads (0 for none), a multiple of 16. */
+KERN_HD uint64_t kern_rawh_bytes(const struct kern_layout *lay, uint32_t n)
+{
+    if (!n)
+        return 0;
+    return kern_rawh_table_bytes(lay) +
+           ((n * kern_rawh_head_bytes(lay) + KERN_ALIGN - 1) & ~(uint64_t)(KERN_ALIGN - 1));
+}
+
 /* Element offset of (layer, kind, token, head, 0) in the raw block. */
 KERN_HD uint64_t kern_raw_index(const struct kern_layout *lay, uint32_t l, uint32_t k,
                                 uint32_t t, uint32_t h)

@@ -603,6 +603,83 @@ START_TEST(test_cuda_indexing_matches_ref)
 }
 END_TEST
 
+/* Per-head precision: heads marked raw come back bit-exact from every decoder (reference,
+ * vectorised, the CUDA decoder's rows on the CPU), in both output dtypes' own dtype; the
+ * others decode as the codec alone; the CPU encoders agree byte for byte; the header check
+ * refuses a tampered appendix; the encoders without an appendix refuse the recipe. */
+START_TEST(test_raw_heads_bit_exact)
+{
+    static const uint32_t codecs[] = {KERN_CODEC_Q4_1, KERN_CODEC_KIVI2, KERN_CODEC_ROT4,
+                                      KERN_CODEC_FP8};
+    uint32_t codec = codecs[_i % 4];
+    struct kern_layout lay = layout(3, 4, 64, 32, _i < 4 ? KERN_DTYPE_FP16 : KERN_DTYPE_BF16, 0);
+    struct kern_recipe rec, plain;
+    uint8_t mask[12] = {0}, got[12];
+    mask[1] = mask[6] = mask[11] = 1; /* (0,1), (1,2), (2,3) */
+    kern_recipe_fill(&plain, codec, codec, 0);
+    rec = plain;
+    rec.raw_heads = mask;
+    uint16_t *raw = make_block(&lay, 900 + (uint64_t)_i);
+    int64_t sz = kern_encoded_size(&lay, &rec), psz = kern_encoded_size(&lay, &plain);
+    ck_assert_int_eq(sz, psz + 16 * 2 /* slot table, 24 B */ + 3 * 2 * 32 * 64 * 2);
+    uint64_t rs = kern_raw_size(&lay);
+    uint8_t *e_ref = malloc((size_t)sz), *e_cpu = malloc((size_t)sz), *e_plain = malloc(psz);
+    uint16_t *d = malloc(rs), *dp = malloc(rs), *de = malloc(rs);
+    ck_assert_int_eq(kern_encode_ref(&lay, &rec, raw, e_ref, (size_t)sz, NULL), sz);
+    memset(e_cpu, 0xa5, (size_t)sz);
+    ck_assert_int_eq(kern_encode_cpu(&lay, &rec, raw, e_cpu, (size_t)sz, NULL), sz);
+    ck_assert_mem_eq(e_cpu, e_ref, (size_t)sz);
+    ck_assert_int_eq(kern_encode_ref(&lay, &plain, raw, e_plain, (size_t)psz, NULL), psz);
+    ck_assert_int_eq(kern_block_info(e_ref, (size_t)sz, NULL, NULL), sz);
+    ck_assert_int_eq(kern_block_raw_heads(e_ref, (size_t)sz, got), 3);
+    ck_assert_mem_eq(got, mask, sizeof(mask));
+    ck_assert_int_eq(kern_decode_ref(&lay, e_plain, (size_t)psz, dp, rs, lay.dtype), (int64_t)rs);
+    ck_assert_int_eq(kern_decode_ref(&lay, e_ref, (size_t)sz, d, rs, lay.dtype), (int64_t)rs);
+    for (uint32_t l = 0; l < 3; l++)
+        for (uint32_t k = 0; k < 2; k++)
+            for (uint32_t t = 0; t < 32; t++)
+                for (uint32_t h = 0; h < 4; h++) {
+                    uint64_t i = (((uint64_t)l * 2 + k) * 32 + t) * 4 * 64 + (uint64_t)h * 64;
+                    const uint16_t *want = mask[l * 4 + h] ? raw + i : dp + i;
+                    ck_assert_mem_eq(d + i, want, 64 * 2);
+                }
+    ck_assert_int_eq(kern_decode_cpu(&lay, e_ref, (size_t)sz, de, rs, lay.dtype), (int64_t)rs);
+    ck_assert_mem_eq(de, d, rs);
+    struct kern_batch_args *a = malloc(sizeof(*a));
+    const void *srcs[1] = {e_ref};
+    uint64_t lens[1] = {(uint64_t)sz};
+    for (uint32_t out = KERN_DTYPE_FP16; out <= KERN_DTYPE_BF16; out++) {
+        ck_assert_int_eq(kern_decode_ref(&lay, e_ref, (size_t)sz, d, rs, out), (int64_t)rs);
+        memset(de, 0xa5, rs);
+        ck_assert_int_eq(kern_batch_decode_raw(a, &lay, de, NULL, 1, srcs, lens, out), 0);
+        kern_batch_run_cpu(a);
+        ck_assert_mem_eq(de, d, rs);
+    }
+    free(a);
+    ck_assert_int_eq(kern_encode_batched_cpu(&lay, &rec, raw, e_cpu, (size_t)sz), -ENOTSUP);
+    /* a tampered appendix: a slot out of order, then a count past the table */
+    struct kern_block_hdr h;
+    memcpy(&h, e_ref, sizeof(h));
+    uint16_t s2 = 2;
+    memcpy(e_cpu, e_ref, (size_t)sz);
+    memcpy(e_cpu + (uint32_t)h.reserved + 2 * 1, &s2, 2);
+    ck_assert_int_eq(kern_block_info(e_cpu, (size_t)sz, NULL, NULL), -EBADMSG);
+    ck_assert_int_eq(kern_decode_cpu(&lay, e_cpu, (size_t)sz, de, rs, lay.dtype), -EBADMSG);
+    memcpy(e_cpu, e_ref, (size_t)sz);
+    h.reserved += 1ull << 32;
+    memcpy(e_cpu, &h, sizeof(h));
+    ck_assert_int_eq(kern_block_info(e_cpu, (size_t)sz, NULL, NULL), -EBADMSG);
+    ck_assert_int_eq(kern_block_info(e_ref, (size_t)sz - 16, NULL, NULL), -EBADMSG);
+    free(e_ref);
+    free(e_cpu);
+    free(e_plain);
+    free(d);
+    free(dp);
+    free(de);
+    free(raw);
+}
+END_TEST
+
 /* ---- CUDA: the same bytes as the reference ------------------------------------------- */
 
 START_TEST(test_cuda_matches_ref)
@@ -1202,6 +1279,7 @@ static Suite *kernels_suite(void)
 
     tc = tcase_create("cuda-emulation");
     tcase_add_loop_test(tc, test_cuda_indexing_matches_ref, 0, (int)(NCODEC_V1 * NEMUL));
+    tcase_add_loop_test(tc, test_raw_heads_bit_exact, 0, 8);
     suite_add_tcase(s, tc);
     tc = tcase_create("oracle");
     tcase_set_timeout(tc, daemon_slow() * 120);

@@ -237,6 +237,71 @@ START_TEST(test_head_profile)
 }
 END_TEST
 
+/* Hints of pattern `full` (layer-major head indices that spread their attention; the rest
+ * look at the sink only) on blocks 0..5 of a new namespace; then block 3 quantized. Returns
+ * its index, the heads its encoding keeps raw in *mask. */
+static uint32_t per_head_block(const char *model, const uint32_t *full, uint32_t nfull,
+                               uint8_t *mask)
+{
+    uint32_t ns = ns_open(model, Q8), idx = 0;
+    struct kvc_wire_key k[6];
+    float sc[6][8];
+    for (uint32_t i = 0; i < 6; i++) {
+        uint32_t x = put(ns, i);
+        idx = i == 3 ? x : idx;
+        k[i] = key(ns, i);
+        for (uint32_t j = 0; j < 8; j++)
+            sc[i][j] = i == 0 ? 5.0f : 0.0f;
+        for (uint32_t f = 0; f < nfull; f++)
+            sc[i][full[f]] = 1.0f;
+    }
+    if (nfull)
+        ck_assert_int_eq(store_hint_heads(s, ns, KVC_HINT_H2O, k, &sc[0][0], 6, 2, 4, 100), 6);
+    ck_assert_int_eq(store_quantize(s, idx), 0);
+    ck_assert_int_eq(quant_drain(q), 1);
+    const struct block *b = &s->ix.blocks[idx];
+    const uint8_t *enc = (const uint8_t *)tier_host_base(s->arenas[b->arena].tier) + b->off;
+    ck_assert_uint_eq(b->format, KVC_WIRE_FORMAT_Q8_0);
+    int n = kern_block_raw_heads(enc, b->len, mask);
+    ck_assert_int_eq(n, (int)nfull);
+    /* decoded: the raw heads bit for bit, the others q8_0's (some value differs) */
+    struct kern_layout kl = klay(ns);
+    uint64_t rs = kern_raw_size(&kl), row = (uint64_t)kl.heads * kl.head_dim;
+    uint16_t *want = malloc(rs), *got = malloc(rs);
+    fill(want, rs / 2, 3);
+    ck_assert_int_eq(kern_decode_cpu(&kl, enc, b->len, got, rs, KERN_DTYPE_FP16), (int64_t)rs);
+    for (uint32_t l = 0; l < kl.layers; l++)
+        for (uint32_t h = 0; h < kl.heads; h++) {
+            bool same = true;
+            for (uint32_t kv = 0; kv < 2; kv++)
+                for (uint32_t t = 0; t < kl.tokens; t++) {
+                    uint64_t i = ((uint64_t)(2 * l + kv) * kl.tokens + t) * row + h * kl.head_dim;
+                    same = same && memcmp(got + i, want + i, 2 * kl.head_dim) == 0;
+                }
+            ck_assert_msg(same == (mask[l * kl.heads + h] != 0), "layer %u head %u", l, h);
+        }
+    free(want);
+    free(got);
+    return idx;
+}
+
+/* Per-head recipes: the retrieval heads the hints show are kept bit-exact in the quantized
+ * block, the others quantized; other hints, other heads; no per-head hint, no raw head. */
+START_TEST(test_per_head_recipe)
+{
+    static const uint32_t a[] = {0, 1}, b[] = {6, 7, 2};
+    uint8_t ma[8], mb[8], mn[8];
+    static const uint8_t wa[8] = {1, 1, 0, 0, 0, 0, 0, 0}, wb[8] = {0, 0, 1, 0, 0, 0, 1, 1};
+    per_head_block("perhead-a", a, 2, ma);
+    per_head_block("perhead-b", b, 3, mb);
+    per_head_block("perhead-none", NULL, 0, mn);
+    ck_assert_mem_eq(ma, wa, 8);
+    ck_assert_mem_eq(mb, wb, 8);
+    for (int j = 0; j < 8; j++)
+        ck_assert_uint_eq(mn[j], 0);
+}
+END_TEST
+
 START_TEST(test_refusals)
 {
     uint32_t plain = ns_open("plain", 0), qn = ns_open("q", Q8);
@@ -342,6 +407,7 @@ int main(void)
     tcase_add_test(tc, test_quantize_block);
     tcase_add_test(tc, test_vatp_value_norm);
     tcase_add_test(tc, test_head_profile);
+    tcase_add_test(tc, test_per_head_recipe);
     tcase_add_test(tc, test_refusals);
     tcase_add_test(tc, test_lookup_during_encode);
     tcase_add_test(tc, test_pressure);
