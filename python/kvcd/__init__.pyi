@@ -54,7 +54,7 @@ class Client:
 
         k_codec / v_codec (kvc_ns_open_quant): let the daemon store cold blocks of this
         namespace lossy under memory pressure, keys in k_codec and values in v_codec (one
-        of q8_0, q4_1, q5_1, kivi2, kivi4, fp8; None keeps that kind raw), layers
+        of q8_0, q4_1, q5_1, kivi2, kivi4, fp8, rot2, rot4, merge, lowrank; None keeps that kind raw), layers
         [0, raw_layers) raw; fp16 and bf16 only. The creator's setting stays with the
         namespace: another one under the same model id is EEXIST."""
     def namespace_kind(self, model_id: str, layers: int, kv_heads: int, head_dim: int,
