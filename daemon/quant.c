@@ -583,7 +583,10 @@ static int quant_job_make(struct store *s, uint32_t idx, uint8_t format, bool pr
         return -ENOMEM;
     quant_layout(ns, &j->lay);
     quant_recipe(ns, format, &j->rec);
-    if (ns->head_mass) { /* per-head precision: the retrieval heads stay raw (store_head_raw) */
+    /* Per-head precision: the retrieval heads stay raw (store_head_raw). Not with a disk
+     * tier (its records are sized by format: engine_disk_block_bytes) nor in a whole-slab
+     * step (its pages are planned at the format's size). */
+    if (ns->head_mass && !s->disk && !private_dst) {
         j->raw_heads = malloc((size_t)ns->layout.layers * ns->layout.kv_heads);
         if (j->raw_heads && store_head_raw(s, b->ns, j->raw_heads) > 0)
             j->rec.raw_heads = j->raw_heads;

@@ -474,7 +474,9 @@ int store_head_profile(const struct store *s, uint32_t ns_id, uint8_t *out);
 /* The heads the quantize pass keeps raw (bit-exact) inside a lossy block: out[layers *
  * kv_heads] = 1 for the FULL heads of a learnt profile when they are at most half of all
  * (more, and the block would be mostly raw: none then). Returns their count. The ladder
- * chooses its rungs by the codecs' sizes without them; a step takes the block's real size. */
+ * chooses its rungs by the codecs' sizes without them; a step takes the block's real size.
+ * The quantize pass applies them only without a disk tier and outside whole-slab steps
+ * (both size blocks by their format). */
 int store_head_raw(const struct store *s, uint32_t ns_id, uint8_t *out);
 
 /* Budgeted lookup: of the longest run of committed blocks of keys[0..n) in memory, selects
