@@ -81,7 +81,7 @@ struct quant_job {
     bool later;                /* encoded into private memory, its slot taken when it lands
                                   (store_quantize_later) */
     float key_norm, key_absmax;
-    float value_norm; /* VATP: mean value L1 norm of the raw block */
+    float value_norm;   /* VATP: mean value L1 norm of the raw block */
     uint8_t *raw_heads; /* rec.raw_heads: the namespace's retrieval heads (store_head_raw) */
     float *quest; /* per channel key min then max, summed over (layer, head): 2 * head_dim */
     /* MERGE: a block with more runs than the codec stores (kern_merge_forced) goes to the
