@@ -108,7 +108,8 @@ def quant_measure(codecs, block_tokens=32, nprompts=3, model=QUANT_MODEL, system
             rel=max(r["max_abs_diff"] / r["logit_scale"] for r in rows),
             diff=max(r["max_abs_diff"] for r in rows),
             scale=max(r["logit_scale"] for r in rows),
-            agree=sum(r["agree"] for r in rows) / float(sum(len(r["tokens"]) for r in rows)))
+            agree=sum(r["agree"] for r in rows) / float(sum(len(r["tokens"]) for r in rows)),
+            attn=[max(r["attn_rel"][i] for r in rows) for i in range(len(rows[0]["attn_rel"]))])
     return res, quantized, blocks
 
 

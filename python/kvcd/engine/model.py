@@ -58,6 +58,9 @@ class Model:
             raise ValueError("heads must be a multiple of kv_heads")
         self.cfg = cfg
         self.device = torch.device(device)
+        # None, or a list forward() appends (layer, attention output of its last query
+        # [kv_heads, group, head_dim]) to: fidelity measurements compare them per layer.
+        self.trace = None
         g = torch.Generator().manual_seed(cfg.seed)
 
         def w(rows, cols):
@@ -128,6 +131,8 @@ class Model:
             scores = qg @ keys.permute(1, 2, 0)[:, None] / math.sqrt(cfg.head_dim)
             scores = scores.masked_fill(mask, float("-inf"))
             att = torch.softmax(scores, dim=-1) @ values.permute(1, 0, 2)[:, None]
+            if self.trace is not None:
+                self.trace.append((layer, att[:, :, -1].detach().clone()))
             x = x + att.permute(2, 0, 1, 3).reshape(n, -1) @ b["wo"].T
             h = self.rms_norm(x, b["ffn_norm"])
             x = x + (torch.nn.functional.silu(h @ b["w1"].T) * (h @ b["w3"].T)) @ b["w2"].T
