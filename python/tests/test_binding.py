@@ -439,6 +439,35 @@ def test_hint_heads(client):
     assert e.value.errno == errno.EINVAL
 
 
+def test_hint_heads_keep_retrieval_heads_raw():
+    """Per-head hints pick the heads a quantized block keeps bit-exact: the daemon quantizes
+    the blocks under pressure and the one head the hints show attending everywhere (a
+    retrieval head) comes back bit for bit, the sink-only heads as q8_0 gives them."""
+    from quantfill import QUANT_OPTIONS, fill_until_quantizing
+    shape = (2, 2, 32, 2, 32)  # layers, K/V, tokens, kv heads, dim
+    with PrivateDaemon(QUANT_OPTIONS) as d, kvcd.Client(d.socket) as c:
+        ns = c.namespace("python-test-per-head", layers=2, kv_heads=2, head_dim=32,
+                         block_tokens=32, k_codec="q8_0", v_codec="q8_0")
+        keys = ns.keys_from_tokens(tokens(6 * 32))
+        data = blocks_for(ns, 6, seed=5)
+        assert ns.put_prefix(keys, data) == 6
+        sc = np.zeros((6, 4), dtype=np.float32)
+        sc[0, :] = 5.0  # every head on the sink block...
+        sc[:, 1] = 1.0  # ...but (layer 0, head 1), which looks everywhere
+        assert ns.hint_heads(keys, sc.ravel().tolist(), 2, 2) == 6
+        assert fill_until_quantizing(c, 6, ns.block_bytes) >= 6
+        with ns.lookup(keys) as lease:
+            assert len(lease) == 6
+            for i in range(6):
+                assert lease.stored(i) == "q8_0"
+                got = np.empty(ns.block_bytes // 2, dtype=np.float16)
+                lease.copy_into(i, got)
+                got, want = got.reshape(shape).view(np.uint16), data[i].reshape(shape).view(np.uint16)
+                assert np.array_equal(got[0, :, :, 1], want[0, :, :, 1])  # the raw head
+                for layer, head in ((0, 0), (1, 0), (1, 1)):
+                    assert not np.array_equal(got[layer, :, :, head], want[layer, :, :, head])
+
+
 def test_hint_and_lookup_budget(client):
     ns = new_ns(client)
     keys = ns.keys_from_tokens(tokens(16 * ns.block_tokens))
