@@ -130,6 +130,13 @@ class Namespace:
         attention mass each block received, added to its decayed mass) or "snapkv" (the
         observation window's score). Returns how many cached blocks took one. Error EINVAL
         (a negative or non-finite score, more than 2048 keys)."""
+    def hint_heads(self, keys: Sequence[bytes], scores: Sequence[float], layers: int,
+                   heads: int, kind: str = "attention") -> int:
+        """hint() with one score per (layer, KV head): ``scores`` flat, len(keys) x layers x
+        heads, layer-major; layers and heads the namespace's. A block takes the sum of its
+        scores; the daemon learns which heads look at sinks, a local window or everything and
+        keeps the latter raw in quantized blocks (docs/policies.md). ValueError for a count
+        that does not match; Error EINVAL (a negative or non-finite score, another shape)."""
     def lookup_budget(self, keys: Sequence[bytes], budget: int, policy: Optional[str] = None,
                       sinks: int = 0, recent: int = 0,
                       query: Optional[Sequence[float]] = None) -> tuple[list[int], int, Lease]:
