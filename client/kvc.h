@@ -108,12 +108,18 @@ struct kvc_layout {
  * kernels (docs/kernels.md: header, per (layer, K/V) sections), named by their K codec. */
 enum kvc_codec {
     KVC_CODEC_RAW = 0,
-    KVC_CODEC_Q8_0 = 1,  /* ggml q8_0, 8.5 bits/value */
-    KVC_CODEC_Q4_1 = 2,  /* ggml q4_1, 5 bits/value */
-    KVC_CODEC_Q5_1 = 3,  /* ggml q5_1, 6 bits/value */
-    KVC_CODEC_KIVI2 = 4, /* KIVI 2-bit: keys per channel, values per token */
-    KVC_CODEC_KIVI4 = 5, /* KIVI 4-bit */
-    KVC_CODEC_FP8 = 6,   /* E4M3 with a scale per (block, layer, K/V, head) */
+    KVC_CODEC_Q8_0 = 1,     /* ggml q8_0, 8.5 bits/value */
+    KVC_CODEC_Q4_1 = 2,     /* ggml q4_1, 5 bits/value */
+    KVC_CODEC_Q5_1 = 3,     /* ggml q5_1, 6 bits/value */
+    KVC_CODEC_KIVI2 = 4,    /* KIVI 2-bit: keys per channel, values per token */
+    KVC_CODEC_KIVI4 = 5,    /* KIVI 4-bit */
+    KVC_CODEC_FP8 = 6,      /* E4M3 with a scale per (block, layer, K/V, head) */
+    KVC_CODEC_ROT2 = 7,     /* keys rotated (randomized Hadamard per head) then KIVI 2-bit;
+                            values KIVI 2-bit; head_dim a power of two, 8..256 */
+    KVC_CODEC_ROT4 = 8,     /* the same at 4 bits */
+    KVC_CODEC_MERGE = 9,    /* adjacent tokens within a cosine threshold stored once */
+    KVC_CODEC_LOWRANK = 10, /* keys per head as rank-r factors, values q8_0;
+                               min(block_tokens, head_dim) <= 64 */
 };
 
 /* What a namespace allows to be stored lossy (kvc_ns_open_quant). Default (kvc_ns_open):
@@ -121,7 +127,7 @@ enum kvc_codec {
  * block in place to k_codec for keys and v_codec for values (KVC_CODEC_RAW keeps that
  * kind raw), layers [0, raw_layers) kept raw. fp16 and bf16 namespaces only. */
 struct kvc_quant {
-    uint32_t allowed; /* bits 1u << KVC_CODEC_* (RAW excluded) */
+    uint32_t allowed; /* bits 1u << KVC_CODEC_* (RAW excluded), up to KVC_CODEC_LOWRANK */
     enum kvc_codec k_codec;
     enum kvc_codec v_codec;
     uint32_t raw_layers;
@@ -329,6 +335,17 @@ KVC_API int kvc_release(kvc_lease *l);
 #define KVC_HINT_MAX 2048u
 KVC_API int kvc_hint(kvc_ns *ns, unsigned kind, const struct kvc_key *keys, const float *scores,
                      size_t n);
+
+/* Per-head hints: scores[n][layers * heads] (layer-major; finite, >= 0), one per (layer, kv
+ * head) of each block, layers and heads the namespace's layers and kv_heads. A block takes
+ * the sum of its scores as kvc_hint would; the daemon also learns the namespace's head
+ * profiles (sink-only, local, full: docs/policies.md) and a block's head concentration.
+ * Sent in as many requests as the protocol's message size needs. Returns the blocks that
+ * took a score. Errors: -EINVAL (kind, a score, layers or heads 0 or not the namespace's,
+ * layers * heads above KVC_HINT_HEADS_MAX, n above KVC_HINT_MAX), -EACCES, -EPIPE. */
+#define KVC_HINT_HEADS_MAX 8192u
+KVC_API int kvc_hint_heads(kvc_ns *ns, unsigned kind, const struct kvc_key *keys,
+                           const float *scores, size_t n, unsigned layers, unsigned heads);
 
 /* A budgeted read: what to select from the cached prefix. */
 struct kvc_budget {

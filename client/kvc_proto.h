@@ -47,23 +47,24 @@
  * The opcode list. One table feeds the daemon's dispatcher, libkvc and `kvcctl help`:
  * X(NAME, number, admin-only, summary)
  */
-#define KVC_OPCODES(X)                                                                          \
-    X(HELLO, 1, 0, "negotiate the protocol version; learn the peer credentials")              \
-    X(NS_OPEN, 2, 0, "open or create a namespace (model id + KV layout); receive its arena")  \
-    X(LOOKUP, 3, 0, "longest cached prefix of a key chain; hits are pinned under a lease")    \
-    X(RELEASE, 4, 0, "drop leases taken by LOOKUP")                                           \
-    X(RESERVE, 5, 0, "slots for the keys of a chain not yet cached")                          \
-    X(COMMIT, 6, 0, "make reserved blocks visible")                                           \
-    X(ABORT, 7, 0, "free a reservation")                                                      \
-    X(STATS, 8, 0, "counters, global or per namespace")                                       \
-    X(NS_LIST, 9, 0, "namespaces and their layouts")                                          \
-    X(BLOCK_LIST, 10, 0, "blocks of a namespace with their metadata")                        \
+#define KVC_OPCODES(X)                                                                             \
+    X(HELLO, 1, 0, "negotiate the protocol version; learn the peer credentials")                   \
+    X(NS_OPEN, 2, 0, "open or create a namespace (model id + KV layout); receive its arena")       \
+    X(LOOKUP, 3, 0, "longest cached prefix of a key chain; hits are pinned under a lease")         \
+    X(RELEASE, 4, 0, "drop leases taken by LOOKUP")                                                \
+    X(RESERVE, 5, 0, "slots for the keys of a chain not yet cached")                               \
+    X(COMMIT, 6, 0, "make reserved blocks visible")                                                \
+    X(ABORT, 7, 0, "free a reservation")                                                           \
+    X(STATS, 8, 0, "counters, global or per namespace")                                            \
+    X(NS_LIST, 9, 0, "namespaces and their layouts")                                               \
+    X(BLOCK_LIST, 10, 0, "blocks of a namespace with their metadata")                              \
     X(WAIT, 11, 0, "wait until the hits of a lease that were on disk are in memory")               \
-    X(GPU_ATTACH, 12, 0, "the GPU pool: export handle (descriptor attached) and device")          \
-    X(HINT, 16, 0, "per-block importance scores for the policies (H2O mass, SnapKV score)")       \
-    X(LOOKUP_BUDGET, 17, 0, "at most N blocks of a cached prefix, chosen by a policy; pinned")    \
-    X(FAST_ATTACH, 18, 0, "the fast path: an arena's shared index or this client's hit ring")    \
-    X(SYNC, 19, 0, "a barrier: answered once every earlier request of the connection is handled") \
+    X(GPU_ATTACH, 12, 0, "the GPU pool: export handle (descriptor attached) and device")           \
+    X(HINT, 16, 0, "per-block importance scores for the policies (H2O mass, SnapKV score)")        \
+    X(LOOKUP_BUDGET, 17, 0, "at most N blocks of a cached prefix, chosen by a policy; pinned")     \
+    X(FAST_ATTACH, 18, 0, "the fast path: an arena's shared index or this client's hit ring")      \
+    X(SYNC, 19, 0, "a barrier: answered once every earlier request of the connection is handled")  \
+    X(HINT_HEADS, 20, 0, "HINT with a score per (layer, head): head profiles, per-head codecs")    \
     X(CLIENTS, 32, 0, "connected clients: pid, uid, pins, reservations, counters")                 \
     X(METRICS, 33, 0, "every counter in the Prometheus text format, paged")                        \
     X(CONFIG_GET, 34, 0, "the value of one option")                                                \
@@ -163,14 +164,17 @@ static inline uint32_t kvc_wire_window_blocks(const struct kvc_wire_layout *l)
  * creator's value stays with the namespace; a later NS_OPEN may pass 0 or the same value. The
  * daemon refuses (EINVAL) unknown bits, a recipe codec outside the allowed set, and codecs on
  * a dtype or shape the kernels do not take (fp16/bf16 only). */
-#define KVC_WIRE_QUANT_ALLOWED(f) ((f) & 0xffu) /* bit c: format c may be stored */
+/* Bit c of the allowed set: format c may be stored; formats 0-7 in bits 0-7, formats 8-15 in
+ * bits 24-31 (added with ROT4, MERGE and LOWRANK: a flags word without them reads as before). */
+#define KVC_WIRE_QUANT_ALLOWED(f) (((f)&0xffu) | (((f) >> 16) & 0xff00u))
 #define KVC_WIRE_QUANT_K(f) (((f) >> 8) & 0xfu)
 #define KVC_WIRE_QUANT_V(f) (((f) >> 12) & 0xfu)
 #define KVC_WIRE_QUANT_RAW_LAYERS(f) (((f) >> 16) & 0xffu)
-#define KVC_WIRE_QUANT_MASK 0x00ffffffu
-#define KVC_WIRE_QUANT_FLAGS(allowed, k, v, raw_layers)                                        \
-    (((uint32_t)(allowed) & 0xffu) | (((uint32_t)(k) & 0xfu) << 8) |                            \
-     (((uint32_t)(v) & 0xfu) << 12) | (((uint32_t)(raw_layers) & 0xffu) << 16))
+#define KVC_WIRE_QUANT_MASK 0xffffffffu
+#define KVC_WIRE_QUANT_FLAGS(allowed, k, v, raw_layers)                                            \
+    (((uint32_t)(allowed)&0xffu) | (((uint32_t)(allowed)&0xff00u) << 16) |                         \
+     (((uint32_t)(k)&0xfu) << 8) | (((uint32_t)(v)&0xfu) << 12) |                                  \
+     (((uint32_t)(raw_layers)&0xffu) << 16))
 struct kvc_ns_open_req {
     struct kvc_wire_layout layout;
 };
@@ -207,7 +211,11 @@ struct kvc_wire_loc {
 #define KVC_WIRE_FORMAT_KIVI2 4
 #define KVC_WIRE_FORMAT_KIVI4 5
 #define KVC_WIRE_FORMAT_FP8 6
-#define KVC_WIRE_FORMAT_COUNT 7
+#define KVC_WIRE_FORMAT_ROT2 7
+#define KVC_WIRE_FORMAT_ROT4 8
+#define KVC_WIRE_FORMAT_MERGE 9
+#define KVC_WIRE_FORMAT_LOWRANK 10
+#define KVC_WIRE_FORMAT_COUNT 11
 #define KVC_LOC_F_READY 0x1u /* the bytes are in place now; else after WAIT says so */
 
 /* LOOKUP: the hits are the longest run of committed blocks from keys[0] (KV, K_ONLY). Of a
@@ -504,6 +512,25 @@ struct kvc_hint_rep {
 };
 
 /*
+ * HINT_HEADS: HINT with one score per (layer, head) of each block: keys[nhints], then
+ * score[nhints][layers * heads] floats (layer-major), finite and >= 0. layers and heads must
+ * be the namespace's layers and kv_heads (else -EINVAL), layers * heads at most
+ * KVC_PROTO_MAX_HINT_HEADS. A block's H2O mass / SnapKV score takes the sum of its scores as
+ * HINT would; the daemon also keeps the block's head concentration (store.h) and learns the
+ * namespace's head profiles (docs/policies.md, "Per-head hints").
+ */
+#define KVC_PROTO_MAX_HINT_HEADS 8192u
+struct kvc_hint_heads_req {
+    uint32_t ns_id;
+    uint32_t kind; /* KVC_HINT_H2O or KVC_HINT_SNAPKV */
+    uint32_t nhints;
+    uint32_t layers;
+    uint32_t heads;
+    uint32_t pad;
+    /* struct kvc_wire_key keys[nhints]; float score[nhints][layers * heads]; */
+};
+
+/*
  * LOOKUP_BUDGET: of the longest run of committed in-memory blocks of keys[0..nkeys), at most
  * `budget` blocks chosen by `policy` (KVC_POLICY_NS: the namespace's; else a policy number,
  * the order of `kvcctl policy`): the first `sinks` and the last `recent` first, the rest by
@@ -539,6 +566,7 @@ struct kvc_lookup_budget_rep {
 /* Layout checks: both ends compile these. */
 _Static_assert(sizeof(struct kvc_wire_hint) == 24, "hint layout");
 _Static_assert(sizeof(struct kvc_wire_sel) == 32, "sel layout");
+_Static_assert(sizeof(struct kvc_hint_heads_req) == 24, "hint heads layout");
 _Static_assert(sizeof(struct kvc_lookup_budget_req) == 32, "budget layout");
 _Static_assert(sizeof(struct kvc_lookup_budget_req) +
                        KVC_PROTO_MAX_KEYS * sizeof(struct kvc_wire_key) +

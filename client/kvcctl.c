@@ -178,7 +178,7 @@ static const struct ctl_cmd ctl_cmds[] = {
      "                (default 1; 0: averages since the daemon started)"},
     {"policy", "[get] [--ns ID] | set [--ns ID] NAME",
      "the default and each namespace's policy (set: admin)", ctl_policy,
-     "NAME: lru, lfu, prefix, streaming, h2o, snapkv, keynorm, quest, default; with --ns,\n"
+     "NAME: lru, lfu, prefix, streaming, h2o, snapkv, keynorm, quest, default, vatp; with --ns,\n"
      "inherit follows the default again. A set lasts until the next reload."},
     {"config", "get [KEY] | set KEY VALUE",
      "options of the running daemon (set: admin, reloadable options)", ctl_config,

@@ -793,7 +793,8 @@ struct replay_sim {
     bool ok;
     char policy[32];
     double capacity, disk, block_hit, token_hit;
-    char why[160]; /* when !ok */
+    char page_size[32]; /* the daemon's host.page_size ("" unknown: kvcsim's default) */
+    char why[160];      /* when !ok */
 };
 
 /* kvcsim next to this binary. */
@@ -818,8 +819,9 @@ static int replay_sim_path(char *out, size_t len)
 static void replay_sim_run(const struct replay_opts *o, const struct replay_scan *sc,
                            unsigned admit_hits, struct replay_sim *sim)
 {
-    char path[PATH_MAX], cap[32], disk[32], admit[16], trace[64], *out = NULL;
-    const char *argv[20];
+    char path[PATH_MAX], cap[32], disk[32], admit[16], trace[64], layout[64], procs[16];
+    char *out = NULL;
+    const char *argv[28];
     int pfd[2] = {-1, -1}, st, n = 0;
     size_t used = 0;
     pid_t pid;
@@ -854,9 +856,29 @@ static void replay_sim_run(const struct replay_opts *o, const struct replay_scan
         /* The daemon's namespace climbs down the same precision ladder. */
         argv[n++] = "--quant";
         argv[n++] = o->quant;
+        /* What the daemon spends on a block of each codec: its slot (kvcsim --layout), not
+         * the codec's nominal ratio (a q4_1 copy of a 64 KiB block takes a 24 KiB slot). */
+        struct kvc_layout lay;
+        if (replay_layout(o->model, o->block_bytes, &lay) == 0) {
+            snprintf(layout, sizeof(layout), "%ux%ux%ux%u", lay.layers, lay.kv_heads, lay.head_dim,
+                     lay.block_tokens);
+            argv[n++] = "--layout";
+            argv[n++] = layout;
+            if (sim->page_size[0]) {
+                argv[n++] = "--page-size";
+                argv[n++] = sim->page_size;
+            }
+        }
     } else if (o->quant_allowed) { /* under lru the fixed order quantizes the coldest */
         argv[n++] = "--victim-quant";
         argv[n++] = replay_codec_names[o->quant_codec];
+    }
+    if (o->procs > 1) {
+        /* Requests overlap as the processes take them: each one's puts hold their room and
+         * are nobody's hits until the next procs - 1 requests have looked up. */
+        snprintf(procs, sizeof(procs), "%d", o->procs);
+        argv[n++] = "--procs";
+        argv[n++] = procs;
     }
     argv[n++] = sc->sim_fd >= 0 ? trace : o->trace;
     argv[n] = NULL;
@@ -1079,7 +1101,8 @@ static void replay_report_text(const struct replay_opts *o, const struct replay_
 /* Opens the namespace once (so a refusal stops the run before any process starts) and reads
  * what the prediction needs. 0 or 1 (reported). */
 static int replay_prepare(const struct replay_opts *o, uint32_t *ns_id, struct replay_stats *st,
-                          char *policy, size_t policy_len, unsigned *admit_hits)
+                          char *policy, size_t policy_len, unsigned *admit_hits, char *page_size,
+                          size_t page_size_len)
 {
     struct kvc_layout lay;
     kvc_client *c = NULL;
@@ -1119,6 +1142,13 @@ static int replay_prepare(const struct replay_opts *o, uint32_t *ns_id, struct r
         const char *eq = strchr(buf, '=');
         *admit_hits = (unsigned)strtoul(eq ? eq + 1 : buf, NULL, 10);
     }
+    page_size[0] = 0;
+    if (kvc_config_get(c, "host.page_size", buf, sizeof(buf)) == 0) {
+        const char *eq = strchr(buf, '=');
+        eq = eq ? eq + 1 : buf;
+        eq += strspn(eq, " ");
+        snprintf(page_size, page_size_len, "%.*s", (int)strcspn(eq, " \n"), eq);
+    }
 out:
     kvc_disconnect(c);
     return rc ? 1 : 0;
@@ -1146,7 +1176,8 @@ int main(int argc, char **argv)
     rc = replay_scan_run(&o, &res.sc);
     if (rc)
         goto out;
-    rc = replay_prepare(&o, &ns_id, &res.before, ns_policy, sizeof(ns_policy), &admit_hits);
+    rc = replay_prepare(&o, &ns_id, &res.before, ns_policy, sizeof(ns_policy), &admit_hits,
+                        res.sim.page_size, sizeof(res.sim.page_size));
     if (rc)
         goto out;
     snprintf(res.sim.policy, sizeof(res.sim.policy), "%s", o.sim_policy ? o.sim_policy : ns_policy);

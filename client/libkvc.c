@@ -512,8 +512,8 @@ KVC_API int kvc_ns_open_window(kvc_client *c, const struct kvc_layout *layout,
 KVC_API int kvc_ns_open_quant(kvc_client *c, const struct kvc_layout *layout,
                               const struct kvc_quant *q, kvc_ns **out)
 {
-    if (!q || q->allowed > 0xffu || (unsigned)q->k_codec > 15 || (unsigned)q->v_codec > 15 ||
-        q->raw_layers > 0xffu)
+    if (!q || q->allowed >= 1u << (KVC_CODEC_LOWRANK + 1) || (unsigned)q->k_codec > 15 ||
+        (unsigned)q->v_codec > 15 || q->raw_layers > 0xffu)
         return -EINVAL;
     return kvc_ns_open_flags(
         c, layout, KVC_WIRE_QUANT_FLAGS(q->allowed, q->k_codec, q->v_codec, q->raw_layers), 0, out);

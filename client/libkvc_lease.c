@@ -246,9 +246,57 @@ KVC_API int kvc_hint(kvc_ns *ns, unsigned kind, const struct kvc_key *keys, cons
     return rc;
 }
 
+_Static_assert(KVC_HINT_HEADS_MAX == KVC_PROTO_MAX_HINT_HEADS, "one bound at both ends");
+
+KVC_API int kvc_hint_heads(kvc_ns *ns, unsigned kind, const struct kvc_key *keys,
+                           const float *scores, size_t n, unsigned layers, unsigned heads)
+{
+    kvc_client *c;
+    uint32_t len;
+    size_t lh = (size_t)layers * heads, per, done = 0;
+    int rc = 0, applied = 0;
+    if (!ns || (kind != KVC_HINT_ATTENTION && kind != KVC_HINT_SNAPKV) ||
+        (n && (!keys || !scores)) || n > KVC_HINT_MAX || !layers || !heads ||
+        lh > KVC_HINT_HEADS_MAX)
+        return -EINVAL;
+    for (size_t i = 0; i < n * lh; i++)
+        if (!(scores[i] >= 0) || scores[i] > 3.4e38f)
+            return -EINVAL;
+    /* blocks per request: the keys and their scores within one message */
+    per = (KVC_PROTO_MAX_MSG - sizeof(struct kvc_msg_hdr) - sizeof(struct kvc_hint_heads_req)) /
+          (sizeof(struct kvc_wire_key) + lh * sizeof(float));
+    c = ns->c;
+    pthread_mutex_lock(&c->mu);
+    while (done < n && rc == 0) {
+        size_t m = n - done < per ? n - done : per;
+        struct kvc_hint_heads_req *q = kvci_req(c);
+        struct kvc_wire_key *k = (struct kvc_wire_key *)(q + 1);
+        *q = (struct kvc_hint_heads_req){.ns_id = ns->id,
+                                         .kind = kind == KVC_HINT_ATTENTION ? KVC_HINT_H2O
+                                                                            : KVC_HINT_SNAPKV,
+                                         .nhints = (uint32_t)m,
+                                         .layers = layers,
+                                         .heads = heads};
+        memcpy(k, keys + done, m * sizeof(*k));
+        memcpy(k + m, scores + done * lh, m * lh * sizeof(float));
+        rc = kvci_call(c, KVC_OP_HINT_HEADS,
+                       (uint32_t)(sizeof(*q) + m * sizeof(*k) + m * lh * sizeof(float)), NULL);
+        if (rc == 0) {
+            const struct kvc_hint_rep *p = kvci_rep(c, &len);
+            if (len != sizeof(*p) || p->applied > m)
+                rc = -EPROTO;
+            else
+                applied += (int)p->applied;
+        }
+        done += m;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return rc < 0 ? rc : applied;
+}
+
 /* Policy numbers of LOOKUP_BUDGET: the daemon's order (kvcctl policy). */
 static const char *const kvc_policy_names[] = {"lru",    "lfu",     "prefix", "streaming", "h2o",
-                                               "snapkv", "keynorm", "quest",  "default"};
+                                               "snapkv", "keynorm", "quest",  "default",   "vatp"};
 
 KVC_API int kvc_lookup_budget(kvc_ns *ns, const struct kvc_key *keys, size_t n,
                               const struct kvc_budget *b, size_t *pos, size_t *nprefix,

@@ -90,7 +90,7 @@
       "Blocks quantized in place at once above high_watermark, before evicting, in "          \
       "namespaces whose creator allowed a codec (0: never quantize, evict).")                 \
     X(cache, policy, ENUM, "default", 0, 0, 1,                                                     \
-      "lru|lfu|prefix|streaming|h2o|snapkv|keynorm|quest|default",                                 \
+      "lru|lfu|prefix|streaming|h2o|snapkv|keynorm|quest|default|vatp",                            \
       "Policy of the namespaces no [namespace.PATTERN] section names one for: their eviction "     \
       "order and, with codecs or a disk tier, what leaves memory how (docs/policies.md). lru "      \
       "keeps the original order: quantize, then demote to disk, then drop, coldest first.")        \

@@ -133,7 +133,7 @@ int config_ns_set(struct config *c, const char *pattern, const char *key, const 
         if (ns->policy < 0)
             return config_ns_why(why, whylen,
                                  "unknown policy (lru lfu prefix streaming h2o snapkv keynorm "
-                                 "quest default):",
+                                 "quest default vatp):",
                                  value);
     } else if (k == CONFIG_NS_KEY_read || k == CONFIG_NS_KEY_write) {
         int rc = config_ns_parse_ids(value, k == CONFIG_NS_KEY_read ? &ns->read : &ns->write,

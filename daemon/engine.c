@@ -300,24 +300,26 @@ static bool engine_compact(struct store *s, uint32_t a, int want)
 struct engine_ladder_ctx {
     const struct store_ns *ns;
     uint32_t rung;
-    bool any; /* any rung */
+    bool any;      /* any rung */
+    uint32_t keep; /* a block that may not go (the one a slot is made for), or INDEX_NONE */
 };
 
 static bool engine_ladder_out_ok(const struct store *s, uint32_t i, void *arg)
 {
     const struct engine_ladder_ctx *c = arg;
     const struct block *b = &s->ix.blocks[i];
-    return store_block_idle(s, i) && !b->children && b->arena == c->ns->arena &&
+    return i != c->keep && store_block_idle(s, i) && !b->children && b->arena == c->ns->arena &&
            (c->any || store_ladder_rung(c->ns, b->format) == c->rung);
 }
 
-/* The coldest leaf of rung `rung` (else of any rung), or block v when it is not INDEX_NONE,
- * leaves the tier: to disk when the policy offloads it there, else dropped; as kvcsim's ladder
- * takes a rung's coldest block out. */
-static enum engine_ladder_r engine_ladder_out(struct store *s, struct store_ns *ns, uint32_t rung,
-                                              uint32_t v, uint64_t now)
+/* The coldest leaf of rung `rung` (else of any rung) but `keep`, or block v when it is not
+ * INDEX_NONE, leaves the tier: to disk when the policy offloads it there, else dropped; as
+ * kvcsim's ladder takes a rung's coldest block out. */
+static enum engine_ladder_r engine_ladder_out_but(struct store *s, struct store_ns *ns,
+                                                  uint32_t rung, uint32_t v, uint32_t keep,
+                                                  uint64_t now)
 {
-    struct engine_ladder_ctx c = {.ns = ns, .rung = rung};
+    struct engine_ladder_ctx c = {.ns = ns, .rung = rung, .keep = keep};
     if (v == INDEX_NONE && !store_heap_first(s, ns, engine_ladder_out_ok, &c, &v, 1)) {
         c.any = true;
         if (!store_heap_first(s, ns, engine_ladder_out_ok, &c, &v, 1))
@@ -346,10 +348,16 @@ static enum engine_ladder_r engine_ladder_out(struct store *s, struct store_ns *
     return ENGINE_LADDER_FREED;
 }
 
-/* A step down from rung k found no free slot of the smaller size: the slab of block v steps
- * down whole when every block in it may (of ns, idle, on rung k, not a sink), so its pages
- * serve the smaller size once it is empty, as a slab allocator's rebalancing moves a page
- * between sizes. QUEUED, or NONE when that slab may not. */
+static enum engine_ladder_r engine_ladder_out(struct store *s, struct store_ns *ns, uint32_t rung,
+                                              uint32_t v, uint64_t now)
+{
+    return engine_ladder_out_but(s, ns, rung, v, INDEX_NONE, now);
+}
+
+/* A step down from rung k to rung d found no free slot of the smaller size: the slab of block
+ * v steps down whole when every block in it may (of ns, idle, on rung k, not a sink), so its
+ * pages serve the smaller size once it is empty, as a slab allocator's rebalancing moves a
+ * page between sizes. QUEUED, or NONE when that slab may not. */
 static bool engine_ladder_slab_ok(const struct store *s, uint32_t idx, const void *arg)
 {
     const struct engine_ladder_ctx *c = arg;
@@ -359,51 +367,55 @@ static bool engine_ladder_slab_ok(const struct store *s, uint32_t idx, const voi
 }
 
 static enum engine_ladder_r engine_ladder_slab(struct store *s, struct store_ns *ns, uint32_t v,
-                                               uint32_t k)
+                                               uint32_t k, uint32_t d)
 {
     const struct block *b = &s->ix.blocks[v];
     struct slab *sl = tier_host_slab(s->arenas[b->arena].tier);
-    struct engine_ladder_ctx c = {.ns = ns, .rung = k};
+    struct engine_ladder_ctx c = {.ns = ns, .rung = k, .keep = INDEX_NONE};
     uint32_t idx[ENGINE_LADDER_SLAB_MAX], nslots, used;
     uint64_t start, slot;
-    int64_t enc = store_format_bytes(ns, ns->rung_format[k + 1]);
+    int64_t enc = store_format_bytes(ns, ns->rung_format[d]);
     /* Only a slab whose pages hold every block of it at the smaller size. */
     if (enc > 0 && slab_span(sl, b->off, &start, &slot, &nslots, &used) == 0 &&
         used <= ENGINE_LADDER_SLAB_MAX && slab_fit(sl, b->off, (uint64_t)enc) >= used &&
         engine_slab_blocks(s, b->arena, start, slot, nslots, used, engine_ladder_slab_ok, &c,
                            idx) &&
-        store_quantize_slab(s, idx, used, ns->rung_format[k + 1]) == 0) {
-        ENGINE_STAT_ADD(s, ns, ladder_steps, used);
+        store_quantize_slab(s, idx, used, ns->rung_format[d]) == 0) {
+        ENGINE_STAT_ADD(s, ns, ladder_steps, (uint64_t)used * (d - k));
         ENGINE_STAT_ADD(s, ns, ladder_slab_steps, 1);
         return ENGINE_LADDER_QUEUED;
     }
     return ENGINE_LADDER_NONE;
 }
 
-/* Block v of rung k goes one rung down, its smaller copy made room for as it must: a slot of
- * that size now; else its slab steps down whole (engine_ladder_slab); else the copy is placed
- * when its job lands, and a slot of the next rung's size is made to come before: the coldest
- * block of rung k + 1 steps down in turn (queued before it, so it lands first), or, from the
- * last rung, leaves the tier. In bytes what kvcsim's ladder does when the rungs below are
- * over their targets too. */
+/* Block v of rung k goes down to the rung it comes to rest on (store_ladder_dest), its smaller
+ * copy made room for as it must: a slot of that size now; else its slab steps down whole
+ * (engine_ladder_slab); else the copy is placed when its job lands, and a slot of that size is
+ * made to come before: the coldest block of that rung steps down in turn (queued before it,
+ * so it lands first), or, from the last rung, leaves the tier. In bytes what kvcsim's ladder
+ * does when the rungs below are over their targets too. */
 static enum engine_ladder_r engine_ladder_down(struct store *s, struct store_ns *ns, uint32_t v,
                                                uint32_t k, uint64_t now, uint32_t depth)
 {
-    uint8_t to = ns->rung_format[k + 1];
+    uint32_t d;
+    uint8_t to;
     int rc;
     if (!s->quant || !s->p.quantize_inflight)
         return engine_ladder_out(s, ns, k, INDEX_NONE, now);
     if (quant_inflight(s->quant) >= s->p.quantize_inflight)
         return ENGINE_LADDER_WAIT;
+    d = store_ladder_dest(s, ns, v, k);
+    to = ns->rung_format[d];
     rc = store_quantize_to(s, v, to);
-    if (rc == -ENOSPC && engine_ladder_slab(s, ns, v, k) == ENGINE_LADDER_QUEUED)
+    if (rc == -ENOSPC && engine_ladder_slab(s, ns, v, k, d) == ENGINE_LADDER_QUEUED)
         return ENGINE_LADDER_QUEUED;
-    if (rc == -ENOSPC && k + 1 < ns->rungs && depth < POLICY_LADDER_RUNGS) {
-        /* A slot of rung k + 1's size first, then this block's job behind it. */
-        uint32_t w = k + 2 < ns->rungs ? store_ladder_first(s, ns, k + 1) : INDEX_NONE;
-        enum engine_ladder_r r = w != INDEX_NONE && w != v
-                                     ? engine_ladder_down(s, ns, w, k + 1, now, depth + 1)
-                                     : engine_ladder_out(s, ns, ns->rungs - 1u, INDEX_NONE, now);
+    if (rc == -ENOSPC && d < ns->rungs && depth < POLICY_LADDER_RUNGS) {
+        /* A slot of rung d's size first, then this block's job behind it. */
+        uint32_t w = d + 1 < ns->rungs ? store_ladder_first(s, ns, d) : INDEX_NONE;
+        enum engine_ladder_r r =
+            w != INDEX_NONE && w != v
+                ? engine_ladder_down(s, ns, w, d, now, depth + 1)
+                : engine_ladder_out_but(s, ns, ns->rungs - 1u, INDEX_NONE, v, now);
         if (r == ENGINE_LADDER_WAIT || r == ENGINE_LADDER_NONE)
             return r;
         rc = store_quantize_to(s, v, to); /* a slot may be free now (the block left) */
@@ -412,14 +424,14 @@ static enum engine_ladder_r engine_ladder_down(struct store *s, struct store_ns 
     }
     if (rc)
         return engine_ladder_out(s, ns, k, INDEX_NONE, now);
-    ENGINE_STAT_ADD(s, ns, ladder_steps, 1);
+    ENGINE_STAT_ADD(s, ns, ladder_steps, d - k);
     return ENGINE_LADDER_QUEUED;
 }
 
 /* One step of ns's ladder (store_ladder_pick, the decision kvcsim's ladder makes): the
- * coldest block of the rung it names goes one rung down, or out of the tier. A step down
- * that cannot start now (the worker full) waits: evicting instead is what keeps a ladder
- * from ever holding its rungs. */
+ * coldest block of the rung it names goes down, or out of the tier. A step down that cannot
+ * start now (the worker full) waits: evicting instead is what keeps a ladder from ever
+ * holding its rungs. */
 static enum engine_ladder_r engine_ladder_step(struct store *s, struct store_ns *ns, uint64_t now)
 {
     int out, k = store_ladder_pick(s, ns, &out);
@@ -650,10 +662,17 @@ out:
 static uint8_t engine_policy_codec(uint32_t f)
 {
     static const uint8_t map[KVC_WIRE_FORMAT_COUNT] = {
-        [KVC_WIRE_FORMAT_RAW] = POLICY_CODEC_RAW,   [KVC_WIRE_FORMAT_Q8_0] = POLICY_CODEC_Q8,
-        [KVC_WIRE_FORMAT_Q4_1] = POLICY_CODEC_Q4,   [KVC_WIRE_FORMAT_Q5_1] = POLICY_CODEC_Q4,
-        [KVC_WIRE_FORMAT_KIVI2] = POLICY_CODEC_KIVI2, [KVC_WIRE_FORMAT_KIVI4] = POLICY_CODEC_KIVI4,
+        [KVC_WIRE_FORMAT_RAW] = POLICY_CODEC_RAW,
+        [KVC_WIRE_FORMAT_Q8_0] = POLICY_CODEC_Q8,
+        [KVC_WIRE_FORMAT_Q4_1] = POLICY_CODEC_Q4,
+        [KVC_WIRE_FORMAT_Q5_1] = POLICY_CODEC_Q4,
+        [KVC_WIRE_FORMAT_KIVI2] = POLICY_CODEC_KIVI2,
+        [KVC_WIRE_FORMAT_KIVI4] = POLICY_CODEC_KIVI4,
         [KVC_WIRE_FORMAT_FP8] = POLICY_CODEC_FP8,
+        [KVC_WIRE_FORMAT_ROT2] = POLICY_CODEC_ROT2,
+        [KVC_WIRE_FORMAT_ROT4] = POLICY_CODEC_ROT4,
+        [KVC_WIRE_FORMAT_MERGE] = POLICY_CODEC_MERGE,
+        [KVC_WIRE_FORMAT_LOWRANK] = POLICY_CODEC_LOWRANK,
     };
     return f < KVC_WIRE_FORMAT_COUNT ? map[f] : POLICY_CODEC_RAW;
 }

@@ -40,16 +40,19 @@ static const struct proto_shape proto_shapes[KVC_OP_MAX] = {
     [KVC_OP_BLOCK_LIST] = {sizeof(struct kvc_block_list_req), 0, 0, 0},
 #define PROTO_ADMIN_SHAPE(name) [KVC_OP_##name] = {sizeof(struct kvc_admin_req), 0, 0, 0},
     PROTO_ADMIN_SHAPE(CLIENTS) PROTO_ADMIN_SHAPE(METRICS) PROTO_ADMIN_SHAPE(CONFIG_GET)
-    PROTO_ADMIN_SHAPE(CONFIG_SET) PROTO_ADMIN_SHAPE(RELOAD) PROTO_ADMIN_SHAPE(POLICY_GET)
-    PROTO_ADMIN_SHAPE(POLICY_SET) PROTO_ADMIN_SHAPE(EVICT) PROTO_ADMIN_SHAPE(SHUTDOWN)
-    PROTO_ADMIN_SHAPE(NS_DROP)
+        PROTO_ADMIN_SHAPE(CONFIG_SET) PROTO_ADMIN_SHAPE(RELOAD) PROTO_ADMIN_SHAPE(POLICY_GET)
+            PROTO_ADMIN_SHAPE(POLICY_SET) PROTO_ADMIN_SHAPE(EVICT) PROTO_ADMIN_SHAPE(SHUTDOWN)
+                PROTO_ADMIN_SHAPE(NS_DROP)
 #undef PROTO_ADMIN_SHAPE
-    [KVC_OP_WAIT] = {sizeof(struct kvc_wait_req), 0, 0, 0},
+                    [KVC_OP_WAIT] = {sizeof(struct kvc_wait_req), 0, 0, 0},
     [KVC_OP_GPU_ATTACH] = {sizeof(struct kvc_gpu_attach_req), 0, 0, 0},
     [KVC_OP_FAST_ATTACH] = {sizeof(struct kvc_fast_attach_req), 0, 0, 0},
     [KVC_OP_SYNC] = {sizeof(struct kvc_sync_req), 0, 0, 0},
     [KVC_OP_HINT] = {sizeof(struct kvc_hint_req), sizeof(struct kvc_wire_hint),
                      offsetof(struct kvc_hint_req, nhints), KVC_PROTO_MAX_KEYS},
+    /* keys, then nhints * layers * heads floats: the length is checked in proto_decode() */
+    [KVC_OP_HINT_HEADS] = {sizeof(struct kvc_hint_heads_req), sizeof(struct kvc_wire_key),
+                           offsetof(struct kvc_hint_heads_req, nhints), KVC_PROTO_MAX_KEYS},
     /* keys, then qdim floats: the length is checked in proto_decode_budget() */
     [KVC_OP_LOOKUP_BUDGET] = {sizeof(struct kvc_lookup_budget_req), sizeof(struct kvc_wire_key),
                               offsetof(struct kvc_lookup_budget_req, nkeys), KVC_PROTO_MAX_KEYS},
@@ -216,6 +219,16 @@ static int proto_check_body(uint32_t op, const void *body, const char **why)
         }
         break;
     }
+    case KVC_OP_HINT_HEADS: {
+        const struct kvc_hint_heads_req *q = body;
+        if (q->pad)
+            goto reserved;
+        if (q->kind != KVC_HINT_H2O && q->kind != KVC_HINT_SNAPKV) {
+            *why = "unknown hint kind";
+            return -EINVAL;
+        }
+        break;
+    }
     case KVC_OP_LOOKUP_BUDGET: {
         const struct kvc_lookup_budget_req *q = body;
         if (q->flags)
@@ -317,6 +330,37 @@ int proto_decode(const void *buf, size_t n, struct proto_req *r, const char **wh
                 *why = "query not finite";
                 return -EINVAL;
             }
+    } else if (h->opcode == KVC_OP_HINT_HEADS) {
+        const struct kvc_hint_heads_req *q = r->body;
+        uint64_t lh = (uint64_t)q->layers * q->heads, nf;
+        const float *v;
+        if (q->nhints == 0) {
+            *why = "empty batch";
+            return -EINVAL;
+        }
+        if (q->layers == 0 || q->heads == 0) {
+            *why = "hint heads: layers or heads is 0";
+            return -EINVAL;
+        }
+        if (q->nhints > KVC_PROTO_MAX_KEYS || lh > KVC_PROTO_MAX_HINT_HEADS) {
+            *why = "more keys or heads per block than the protocol allows";
+            return -E2BIG;
+        }
+        nf = (uint64_t)q->nhints * lh;
+        if ((uint64_t)h->len != sh->body + (uint64_t)q->nhints * sh->entry + nf * sizeof(float)) {
+            *why = "payload length does not match the key and head counts";
+            return -EBADMSG;
+        }
+        r->tail = (const char *)r->body + sh->body;
+        r->ntail = q->nhints;
+        r->tail2 = (const char *)r->tail + (size_t)q->nhints * sh->entry;
+        r->ntail2 = (uint32_t)nf;
+        v = r->tail2;
+        for (uint64_t i = 0; i < nf; i++)
+            if (!isfinite(v[i]) || v[i] < 0) {
+                *why = "hint score not finite or negative";
+                return -EINVAL;
+            }
     } else if (sh->entry) {
         memcpy(&count, (const char *)r->body + sh->count_off, sizeof(count));
         if (count == 0) {
@@ -343,14 +387,16 @@ int proto_decode(const void *buf, size_t n, struct proto_req *r, const char **wh
      * fuzz_server, tests/fuzz/crashes/server-zero-key-in-chain). */
     if (rc == 0 && r->ntail &&
         (h->opcode == KVC_OP_LOOKUP || h->opcode == KVC_OP_RESERVE ||
-         h->opcode == KVC_OP_LOOKUP_BUDGET || h->opcode == KVC_OP_HINT) &&
+         h->opcode == KVC_OP_LOOKUP_BUDGET || h->opcode == KVC_OP_HINT ||
+         h->opcode == KVC_OP_HINT_HEADS) &&
         proto_keys_zero(r->tail, r->ntail, sh->entry)) {
         *why = "an all-zero key (it means no parent)";
         rc = -EINVAL;
     }
     if (rc == 0 && r->ntail > 1 &&
         (h->opcode == KVC_OP_LOOKUP || h->opcode == KVC_OP_RESERVE ||
-         h->opcode == KVC_OP_LOOKUP_BUDGET || h->opcode == KVC_OP_HINT) &&
+         h->opcode == KVC_OP_LOOKUP_BUDGET || h->opcode == KVC_OP_HINT ||
+         h->opcode == KVC_OP_HINT_HEADS) &&
         proto_keys_repeat(r->tail, r->ntail, sh->entry)) {
         r->dup_key = true;
         *why = "a key repeated within the batch";

@@ -16,7 +16,8 @@ struct proto_req {
     const void *body; /* the fixed part of the payload */
     const void *tail; /* the array after it (keys, lease ids) */
     uint32_t ntail;   /* entries in tail */
-    const void *tail2; /* LOOKUP_BUDGET: the query vector after the keys, or NULL */
+    const void *tail2; /* LOOKUP_BUDGET: the query vector after the keys, or NULL;
+                          HINT_HEADS: the scores after the keys */
     uint32_t ntail2;   /* its floats */
     bool dup_key;      /* refused (-EINVAL) for naming one key twice in its batch */
 };

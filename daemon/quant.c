@@ -81,7 +81,17 @@ struct quant_job {
     bool later;                /* encoded into private memory, its slot taken when it lands
                                   (store_quantize_later) */
     float key_norm, key_absmax;
+    float value_norm;   /* VATP: mean value L1 norm of the raw block */
+    uint8_t *raw_heads; /* rec.raw_heads: the namespace's retrieval heads (store_head_raw) */
     float *quest; /* per channel key min then max, summed over (layer, head): 2 * head_dim */
+    /* MERGE: a block with more runs than the codec stores (kern_merge_forced) goes to the
+     * rung after it instead (alt_format, alt_rec; 0: none, the step fails and the block
+     * goes), smaller, so it fits the slot allocated */
+    uint8_t alt_format;
+    bool alt_used;
+    bool refused;
+    int64_t alt_len;
+    struct kern_recipe alt_rec;
 };
 
 /* The jobs of one slab's blocks: encoded into private memory, placed together once the last
@@ -127,9 +137,25 @@ static void quant_encode(struct quant_job *j)
             goto out;
         src = raw;
     }
+    if (j->format == KVC_WIRE_FORMAT_MERGE) {
+        int64_t f = kern_merge_forced(lay, &j->rec, src);
+        if (f != 0) {
+            j->refused = true;
+            if (f < 0 || !j->alt_format) {
+                j->rc = f < 0 ? f : -ERANGE;
+                goto out;
+            }
+            j->alt_used = true;
+            j->rc = kern_encode_cpu(lay, &j->alt_rec, src, j->dst, j->enc.len, buf ? &ks : NULL);
+            if (j->rc < 0 || !buf)
+                goto out;
+            goto stats;
+        }
+    }
     j->rc = kern_encode_cpu(lay, &j->rec, src, j->dst, j->enc.len, buf ? &ks : NULL);
     if (j->rc < 0 || !buf)
         goto out;
+stats:;
     double norm = 0;
     float amax = 0.0f;
     for (size_t i = 0; i < nlh; i++)
@@ -139,6 +165,7 @@ static void quant_encode(struct quant_job *j)
         amax = fmaxf(amax, fabsf(ks.kmax[i]));
     }
     j->key_norm = (float)(norm / (double)nlh);
+    j->value_norm = (float)kern_value_l1(lay, src);
     j->key_absmax = amax;
     /* Quest's summary for budgeted reads (store_policy.c): the bound of a query against the
      * sum over layers and heads is the sum of their bounds' channel terms' upper envelope. */
@@ -249,6 +276,7 @@ static void quant_place(struct quant *q, struct quant_job *j, bool raw_freed)
     if (j->idx < q->s->nkeysum)
         q->s->keysum[j->idx] = (uint32_t)quant_bf16(j->key_norm) << 16 | quant_bf16(j->key_absmax);
     ns->bytes = ns->bytes - j->raw.len + j->enc.len;
+    store_meta_vnorm_set(s, j->idx, j->value_norm);
     if (j->quest) {
         store_meta_quest_set(s, j->idx, j->quest, j->lay.head_dim);
         j->quest = NULL;
@@ -288,6 +316,7 @@ static void quant_job_free(struct quant_job *j)
     if (j->group || j->later)
         free(j->dst); /* private memory */
     free(j->quest);
+    free(j->raw_heads);
     free(j);
 }
 
@@ -297,6 +326,12 @@ static void quant_apply(struct quant *q, struct quant_job *j)
     struct tier *t = s->arenas[j->arena].tier;
     bool usable;
     quant_settle(q, j);
+    if (j->refused)
+        s->total.merge_refused_blocks++;
+    if (j->alt_used && j->rc >= 0) { /* the rung after merge: its format and size */
+        j->format = j->alt_format;
+        j->enc.len = (uint64_t)j->rc;
+    }
     usable = quant_usable(s, j);
     if (usable && !j->later) {
         quant_place(q, j, false);
@@ -307,11 +342,16 @@ static void quant_apply(struct quant *q, struct quant_job *j)
         s->pins_now--;
         if (usable)
             s->total.ladder_missed++;
-        if (j->rc < 0)
+        if (j->rc < 0 && j->rc != -ERANGE)
             log_limited(LOG_LEVEL_WARNING, "quant: block %u not quantized (%s)", j->idx,
                         strerror((int)-j->rc));
         if (!j->later)
             t->ops->free(t, &j->enc);
+        /* merge, the last rung, cannot take it: it leaves, as past the last rung (else the
+         * ladder would pick it again at once) */
+        if (j->rc == -ERANGE && j->refused && !s->ix.blocks[j->idx].children &&
+            store_block_idle(s, j->idx))
+            (void)store_block_drop(s, j->idx);
     }
     quant_job_free(j);
 }
@@ -493,6 +533,14 @@ static int quant_job_make(struct store *s, uint32_t idx, uint8_t format, bool pr
         return -ENOMEM;
     store_ns_kern_layout(ns, &j->lay);
     store_ns_kern_recipe(ns, format, &j->rec);
+    /* Per-head precision: the retrieval heads stay raw (store_head_raw). Not with a disk
+     * tier (its records are sized by format: engine_disk_block_bytes) nor in a whole-slab
+     * step (its pages are planned at the format's size). */
+    if (ns->head_mass && !s->disk && !private_dst) {
+        j->raw_heads = malloc((size_t)ns->layout.layers * ns->layout.kv_heads);
+        if (j->raw_heads && store_head_raw(s, b->ns, j->raw_heads) > 0)
+            j->rec.raw_heads = j->raw_heads;
+    }
     j->format = format;
     j->src_format = b->format;
     int64_t eb = kern_encoded_size(&j->lay, &j->rec);
@@ -522,10 +570,16 @@ static int quant_job_make(struct store *s, uint32_t idx, uint8_t format, bool pr
     if (ns->rungs >= 2 && b->arena == ns->arena) {
         j->from_rung = (uint8_t)store_ladder_rung(ns, b->format);
         j->to_rung = (uint8_t)store_ladder_rung(ns, format);
+        if (format == KVC_WIRE_FORMAT_MERGE && j->to_rung + 1u < ns->rungs &&
+            ns->rung_format[j->to_rung] == KVC_WIRE_FORMAT_MERGE) {
+            j->alt_format = ns->rung_format[j->to_rung + 1];
+            store_ns_kern_recipe(ns, j->alt_format, &j->alt_rec);
+        }
     }
     *out = j;
     return 0;
 fail:
+    free(j->raw_heads);
     free(j);
     return rc;
 }

@@ -295,6 +295,22 @@ static int server_on_hint(struct server *sv, struct conn *c, const struct proto_
     return sizeof(*p);
 }
 
+static int server_on_hint_heads(struct server *sv, struct conn *c, const struct proto_req *r,
+                                uint64_t now)
+{
+    const struct kvc_hint_heads_req *q = r->body;
+    struct kvc_hint_rep *p = (struct kvc_hint_rep *)((struct kvc_msg_hdr *)sv->tx + 1);
+    int arc = server_ns_use(sv, c, q->ns_id, KVC_ACCESS_READ);
+    if (arc)
+        return arc;
+    int n = store_hint_heads(sv->store, q->ns_id, q->kind, r->tail, r->tail2, r->ntail, q->layers,
+                             q->heads, now);
+    if (n < 0)
+        return n;
+    *p = (struct kvc_hint_rep){.applied = (uint32_t)n};
+    return sizeof(*p);
+}
+
 static int server_on_lookup_budget(struct server *sv, struct conn *c, const struct proto_req *r,
                                    uint64_t now)
 {
@@ -505,9 +521,10 @@ static int server_reserve_room(struct server *sv, struct conn *c, const struct s
  * client gets, however many times the request waited. */
 #define SERVER_RESV_STATS(X)                                                                       \
     X(reserves)                                                                                    \
-    X(reserve_keys) X(reserved_blocks) X(dedup_blocks) X(busy_blocks) X(nospace_blocks)            \
-        X(skipped_parent_blocks) X(skipped_parent_busy_blocks) X(skipped_busy_blocks)              \
-            X(skipped_nospace_blocks) X(skipped_failed_blocks) X(aborted_blocks)
+    X(reserve_keys)                                                                                \
+    X(reserved_blocks) X(dedup_blocks) X(busy_blocks) X(nospace_blocks) X(skipped_parent_blocks)   \
+        X(skipped_parent_busy_blocks) X(skipped_busy_blocks) X(skipped_nospace_blocks)             \
+            X(skipped_failed_blocks) X(aborted_blocks)
 
 struct server_resv_stats {
 #define SERVER_RESV_FIELD(f) uint64_t f;
@@ -1037,6 +1054,9 @@ bool server_handle(struct server *sv, struct conn *c, size_t n)
             break;
         case KVC_OP_HINT:
             rc = server_on_hint(sv, c, &r, now);
+            break;
+        case KVC_OP_HINT_HEADS:
+            rc = server_on_hint_heads(sv, c, &r, now);
             break;
         case KVC_OP_FAST_ATTACH:
             rc = server_on_fast_attach(sv, c, &r, now, &send_fd, &send_fd_owned);

@@ -16,14 +16,14 @@
 #include "tiers/slab.h"
 #include "tiers/tier.h"
 
-#define STORE_STAT_ADD(s, nsp, field, v)                                                       \
-    do {                                                                                       \
-        (s)->total.field += (v);                                                               \
-        (nsp)->stats.field += (v);                                                             \
+#define STORE_STAT_ADD(s, nsp, field, v)                                                           \
+    do {                                                                                           \
+        (s)->total.field += (v);                                                                   \
+        (nsp)->stats.field += (v);                                                                 \
     } while (0)
 
 static const uint32_t store_dtype_bytes[] = {
-    [KVC_WIRE_DTYPE_FP16] = 2, [KVC_WIRE_DTYPE_BF16] = 2,     [KVC_WIRE_DTYPE_FP32] = 4,
+    [KVC_WIRE_DTYPE_FP16] = 2,     [KVC_WIRE_DTYPE_BF16] = 2, [KVC_WIRE_DTYPE_FP32] = 4,
     [KVC_WIRE_DTYPE_FP8_E4M3] = 1, [KVC_WIRE_DTYPE_INT8] = 1,
 };
 
@@ -252,10 +252,9 @@ static void store_gpu_open(struct store *s)
         return;
     struct tier *g = tier_gpu_new(&gc, &rc);
     if (!g) {
-        log_warn("gpu: tier disabled (%s)",
-                 rc != -ENODEV ? strerror(-rc)
-                 : ops         ? "no CUDA device or driver found"
-                               : "kvcd built without CUDA");
+        log_warn("gpu: tier disabled (%s)", rc != -ENODEV ? strerror(-rc)
+                                            : ops         ? "no CUDA device or driver found"
+                                                          : "kvcd built without CUDA");
         return;
     }
     s->arenas[STORE_ARENA_GPU].tier = g;
@@ -376,6 +375,11 @@ static const char *store_quant_check(const struct kvc_wire_layout *l)
         return "a quantization recipe without allowed codecs";
     if ((k && !(allowed & (1u << k))) || (v && !(allowed & (1u << v))))
         return "recipe codec not in the allowed set";
+    for (uint32_t c = 1; c < KVC_WIRE_FORMAT_COUNT; c++)
+        if ((allowed & (1u << c)) && kern_layout_check(&kl) == 0 &&
+            !kern_codec_supports(&kl, (enum kern_codec)c))
+            return "an allowed codec does not take this shape (rot2/rot4: head_dim a power of "
+                   "two 8..256; lowrank: min(block_tokens, head_dim) <= 64)";
     if (!k && (!v || kvc_wire_layout_kinds(l) == 1))
         return "recipe quantizes nothing";
     if (KVC_WIRE_QUANT_RAW_LAYERS(f) >= l->layers)
@@ -393,8 +397,8 @@ bool store_model_id_ok(const char *id)
     return true;
 }
 
-int store_layout_check(const struct kvc_wire_layout *l, uint64_t arena_bytes,
-                       uint64_t *block_bytes, const char **why)
+int store_layout_check(const struct kvc_wire_layout *l, uint64_t arena_bytes, uint64_t *block_bytes,
+                       const char **why)
 {
     size_t idlen = strnlen(l->model_id, sizeof(l->model_id));
     unsigned __int128 bytes;
@@ -444,8 +448,7 @@ static bool store_layout_equal(const struct kvc_wire_layout *a, const struct kvc
            a->window_tokens == b->window_tokens;
 }
 
-int store_ns_open(struct store *s, const struct kvc_wire_layout *l, uint32_t *ns_id,
-                  bool *created)
+int store_ns_open(struct store *s, const struct kvc_wire_layout *l, uint32_t *ns_id, bool *created)
 {
     return store_ns_open_in(s, l, 0, ns_id, created);
 }
@@ -548,8 +551,8 @@ struct store_handle *store_handle_get(struct store_owner *o, uint64_t id, uint8_
     return h && h->id == id && h->kind == kind ? h : NULL;
 }
 
-int store_handle_new(struct store *s, struct store_owner *o, uint8_t kind, uint16_t ns,
-                     uint32_t n, struct store_handle **out)
+int store_handle_new(struct store *s, struct store_owner *o, uint8_t kind, uint16_t ns, uint32_t n,
+                     struct store_handle **out)
 {
     uint32_t slot;
     struct store_handle *h;
@@ -589,8 +592,7 @@ static void store_handle_delete(struct store_owner *o, struct store_handle *h)
 
 /* ---- blocks ---------------------------------------------------------------------------- */
 
-static void store_unpin(struct store *s, struct store_owner *o, struct store_ns *ns,
-                        uint32_t idx)
+static void store_unpin(struct store *s, struct store_owner *o, struct store_ns *ns, uint32_t idx)
 {
     struct block *b = &s->ix.blocks[idx];
     store_block_unpin(s, idx);
@@ -617,10 +619,8 @@ void store_record_free(struct store *s, uint32_t idx)
 
 void store_record_loc(const struct block *b, struct tier_loc *l)
 {
-    *l = (struct tier_loc){.arena = 0,
-                           .cls = b->ver,
-                           .off = (uint64_t)b->doff * STORE_RECORD_ALIGN,
-                           .len = b->dlen};
+    *l = (struct tier_loc){
+        .arena = 0, .cls = b->ver, .off = (uint64_t)b->doff * STORE_RECORD_ALIGN, .len = b->dlen};
 }
 
 bool store_block_idle(const struct store *s, uint32_t idx)
@@ -689,13 +689,26 @@ void store_stat_lossy_hit(struct store *s, struct store_ns *ns, uint32_t format)
     if (ns->rungs >= 2)
         policy_ladder_hit(&ns->ladder, store_ladder_rung(ns, format));
     switch (format) {
-    case KVC_WIRE_FORMAT_Q8_0: STORE_STAT_ADD(s, ns, hit_blocks_q8_0, 1); break;
-    case KVC_WIRE_FORMAT_Q4_1: STORE_STAT_ADD(s, ns, hit_blocks_q4_1, 1); break;
-    case KVC_WIRE_FORMAT_Q5_1: STORE_STAT_ADD(s, ns, hit_blocks_q5_1, 1); break;
-    case KVC_WIRE_FORMAT_KIVI2: STORE_STAT_ADD(s, ns, hit_blocks_kivi2, 1); break;
-    case KVC_WIRE_FORMAT_KIVI4: STORE_STAT_ADD(s, ns, hit_blocks_kivi4, 1); break;
-    case KVC_WIRE_FORMAT_FP8: STORE_STAT_ADD(s, ns, hit_blocks_fp8, 1); break;
-    default: break;
+    case KVC_WIRE_FORMAT_Q8_0:
+        STORE_STAT_ADD(s, ns, hit_blocks_q8_0, 1);
+        break;
+    case KVC_WIRE_FORMAT_Q4_1:
+        STORE_STAT_ADD(s, ns, hit_blocks_q4_1, 1);
+        break;
+    case KVC_WIRE_FORMAT_Q5_1:
+        STORE_STAT_ADD(s, ns, hit_blocks_q5_1, 1);
+        break;
+    case KVC_WIRE_FORMAT_KIVI2:
+        STORE_STAT_ADD(s, ns, hit_blocks_kivi2, 1);
+        break;
+    case KVC_WIRE_FORMAT_KIVI4:
+        STORE_STAT_ADD(s, ns, hit_blocks_kivi4, 1);
+        break;
+    case KVC_WIRE_FORMAT_FP8:
+        STORE_STAT_ADD(s, ns, hit_blocks_fp8, 1);
+        break;
+    default:
+        break;
     }
 }
 
@@ -759,9 +772,8 @@ uint32_t store_lookup_span(struct store *s, uint32_t ns_id, const struct kvc_wir
 }
 
 int store_lease_pin(struct store *s, struct store_owner *o, uint32_t ns_id,
-                    const struct kvc_wire_key *keys, uint32_t n, uint32_t hits,
-                    const uint8_t *tier, uint64_t now, uint64_t *lease_id,
-                    struct kvc_wire_loc *locs)
+                    const struct kvc_wire_key *keys, uint32_t n, uint32_t hits, const uint8_t *tier,
+                    uint64_t now, uint64_t *lease_id, struct kvc_wire_loc *locs)
 {
     struct store_ns *ns = store_ns_get(s, ns_id);
     struct store_handle *h = NULL;
@@ -803,10 +815,8 @@ int store_lease_pin(struct store *s, struct store_owner *o, uint32_t ns_id,
     STORE_STAT_ADD(s, ns, lookup_tokens, (uint64_t)n * ns->layout.block_tokens);
     STORE_STAT_ADD(s, ns, hit_blocks, hits);
     STORE_STAT_ADD(s, ns, hit_tokens, (uint64_t)hits * ns->layout.block_tokens);
-    STORE_STAT_ADD(s, ns, hit_tokens_host,
-                   per_tier[KVC_WIRE_TIER_HOST] * ns->layout.block_tokens);
-    STORE_STAT_ADD(s, ns, hit_tokens_disk,
-                   per_tier[KVC_WIRE_TIER_DISK] * ns->layout.block_tokens);
+    STORE_STAT_ADD(s, ns, hit_tokens_host, per_tier[KVC_WIRE_TIER_HOST] * ns->layout.block_tokens);
+    STORE_STAT_ADD(s, ns, hit_tokens_disk, per_tier[KVC_WIRE_TIER_DISK] * ns->layout.block_tokens);
     STORE_STAT_ADD(s, ns, hit_tokens_gpu, per_tier[KVC_WIRE_TIER_GPU] * ns->layout.block_tokens);
     STORE_STAT_ADD(s, ns, miss_blocks, n - hits);
     STORE_STAT_ADD(s, ns, miss_tokens, (uint64_t)(n - hits) * ns->layout.block_tokens);
@@ -1217,8 +1227,8 @@ int store_ns_drop(struct store *s, uint32_t ns_id, uint64_t *dropped)
         while (idx != INDEX_NONE && s->ix.blocks[idx].ns == ns_id &&
                store_block_droppable(s, idx)) {
             struct block *b = &s->ix.blocks[idx];
-            uint32_t p = index_key_is_zero(&b->parent) ? INDEX_NONE
-                                                        : index_find(&s->ix, b->ns, &b->parent);
+            uint32_t p =
+                index_key_is_zero(&b->parent) ? INDEX_NONE : index_find(&s->ix, b->ns, &b->parent);
             STORE_STAT_ADD(s, ns, flushed_blocks, 1);
             STORE_STAT_ADD(s, ns, flushed_bytes, b->len);
             store_block_drop(s, idx);

@@ -103,6 +103,10 @@ struct store_ns {
     uint8_t policy_src; /* enum store_policy_src */
     struct policy_params pp;
     struct policy_tune *tune;
+    /* Per-head hint mass (HINT_HEADS, store_hint_heads): [3][layers * kv_heads] floats, the
+     * mass each head put on sink blocks, on the last blocks of each hinted run and on all;
+     * NULL until the first per-head hint. store_head_profile() reads categories from it. */
+    float *head_mass;
     /* Under any policy but LRU, its evictable blocks (in its arena's memory, no cached child,
      * not lost) in a binary heap by policy_key, lowest first (store_policy.c), keyed with
      * half-life heap_hl. Pinned or moving blocks stay in it and are skipped. */
@@ -144,8 +148,13 @@ struct store_meta {
     uint32_t quest;  /* 1 + index into store.qsum: the block's key min/max; 0 none */
     uint32_t hpos;   /* 1 + its position in its namespace's heap; 0: not in it */
     uint32_t rpos;   /* 1 + its position in its rung's heap (the ladder); 0: not in it */
+    uint16_t vnorm;  /* bf16 mean value L1 norm (quant.c, VATP); 0: not measured */
+    uint16_t hpeak;  /* bf16 head concentration of its last HINT_HEADS: the largest (layer,
+                        head) score over their mean (1: spread evenly, layers * heads: one head);
+                        0: none */
 };
 #define STORE_META_TSHIFT 4 /* 16 ms: 2^32 ticks last 2.2 years */
+_Static_assert(sizeof(struct store_meta) == 32, "the policy side table is 32 bytes a block");
 
 /* A lease or a reservation: what an owner holds by id. */
 enum store_handle_kind { STORE_HANDLE_LEASE = 1, STORE_HANDLE_RESV = 2 };
@@ -443,6 +452,12 @@ void store_ladder_account(struct store *s, uint32_t idx, int sign);
 uint32_t store_ladder_rung(const struct store_ns *ns, uint32_t format);
 int store_ladder_pick(struct store *s, struct store_ns *ns, int *out);
 uint32_t store_ladder_first(struct store *s, struct store_ns *ns, uint32_t rung);
+/* The rung block v of rung k comes to rest on when it steps down now: k + 1, or further
+ * while the rung it reaches stays over its target with it and it would be the block that
+ * rung gives next (every block when the target is 0, else its coldest). kvcsim's ladder,
+ * which steps instantly, takes such a block down again at once; one job straight to that
+ * rung saves the worker the intermediate encode and the tier the intermediate slot. */
+uint32_t store_ladder_dest(struct store *s, struct store_ns *ns, uint32_t v, uint32_t k);
 void store_ladder_free(struct store_ns *ns);
 /* A pin taken on a block, or given back: a pinned block is out of its namespace's heap. */
 void store_block_pin(struct store *s, uint32_t idx);
@@ -457,6 +472,8 @@ void store_ghost_note(struct store *s, uint32_t idx);
 void store_meta_ref(struct store *s, struct store_ns *ns, const struct kvc_wire_key *k,
                     uint32_t depth, uint64_t now);
 /* Takes kmin/kmax (2 * dim floats, malloc'd; owned from here) as the Quest summary of idx. */
+/* The block's mean value L1 norm, measured by the quantize pass (VATP's signal). */
+void store_meta_vnorm_set(struct store *s, uint32_t idx, float vnorm);
 void store_meta_quest_set(struct store *s, uint32_t idx, float *kminmax, uint32_t dim);
 void store_meta_free(struct store *s);
 
@@ -465,6 +482,32 @@ void store_meta_free(struct store *s);
  * took one, or -ENOENT (namespace), -EINVAL (kind). */
 int store_hint(struct store *s, uint32_t ns_id, uint32_t kind, const struct kvc_wire_hint *h,
                uint32_t n, uint64_t now);
+/* Per-head hints (HINT_HEADS): score[n][layers * heads]. Each block takes the sum of its
+ * scores as store_hint would and keeps its head concentration (store_meta.hpeak); the
+ * namespace's head_mass learns where each head looks. -EINVAL when layers/heads are not the
+ * namespace's layers/kv_heads or the kind is unknown; -ENOMEM. */
+int store_hint_heads(struct store *s, uint32_t ns_id, uint32_t kind,
+                     const struct kvc_wire_key *keys, const float *score, uint32_t n,
+                     uint32_t layers, uint32_t heads, uint64_t now);
+
+/* FastGen's head categories (Ge et al., arXiv 2310.01801), learnt from per-head hints. */
+enum store_head_kind {
+    STORE_HEAD_UNKNOWN = 0, /* no per-head hint mass yet: treated as FULL */
+    STORE_HEAD_SINK = 1,    /* >= STORE_HEAD_RECOVER of its mass on sink blocks */
+    STORE_HEAD_LOCAL = 2,   /* >= STORE_HEAD_RECOVER on sinks plus the most recent blocks */
+    STORE_HEAD_FULL = 3,    /* spreads its attention: a retrieval head */
+};
+#define STORE_HEAD_RECOVER 0.9
+/* The namespace's head categories, out[layers * kv_heads] (layer-major). Returns the count
+ * of FULL heads (UNKNOWN counted as FULL), -ENOENT for an unknown namespace. */
+int store_head_profile(const struct store *s, uint32_t ns_id, uint8_t *out);
+/* The heads the quantize pass keeps raw (bit-exact) inside a lossy block: out[layers *
+ * kv_heads] = 1 for the FULL heads of a learnt profile when they are at most half of all
+ * (more, and the block would be mostly raw: none then). Returns their count. The ladder
+ * chooses its rungs by the codecs' sizes without them; a step takes the block's real size.
+ * The quantize pass applies them only without a disk tier and outside whole-slab steps
+ * (both size blocks by their format). */
+int store_head_raw(const struct store *s, uint32_t ns_id, uint8_t *out);
 
 /* Budgeted lookup: of the longest run of committed blocks of keys[0..n) in memory, selects
  * at most `budget` with policy `kind` (< 0: the namespace's) by policy_select (sinks and

@@ -15,13 +15,15 @@
  *
  * Metadata. struct block is at its budget (96 bytes + ~6 of map, 128 in all), so what the
  * policies need beyond it (decayed frequency, H2O mass and its time, SnapKV score, a handle
- * to a Quest summary) is a 20-byte side table by block index, reset at commit. Hits call
+ * to a Quest summary, heap positions, the value norm) is a 32-byte side table by block
+ * index, reset at commit. Hits call
  * policy_touch, hints policy_hint; the key norm is the quantize pass's (store.keysum, written by quant.c);
  * depth 0 is the sink flag. Quest summaries (per channel key min and max of a block, summed
  * over its layers and heads) come from the same pass, so only quantized blocks have one:
  * the daemon never reads a raw block's bytes on the loop thread. A block without one gets
  * an unbounded Quest bound (it may hold the largest score, so a budgeted read never drops
- * it on no evidence).
+ * it on no evidence). The same pass measures the mean value L1 norm (store_meta.vnorm, bf16)
+ * that VATP multiplies with the H2O mass; a block never quantized ranks as under H2O.
  *
  * Eviction order (engine_victim, daemon/engine.c). Under LRU the sample is the 16 coldest
  * evictable leaves, as before. Under any other policy the namespace of the coldest evictable
@@ -476,6 +478,8 @@ uint32_t store_heap_victim(struct store *s, struct store_ns *ns,
 
 void store_heap_free(struct store_ns *ns)
 {
+    free(ns->head_mass);
+    ns->head_mass = NULL;
     free(ns->heap.a);
     ns->heap = (struct store_heap){0};
     store_ladder_free(ns);
@@ -567,6 +571,12 @@ void store_ns_kern_recipe(const struct store_ns *ns, uint8_t format, struct kern
         v = v ? format : 0;
     }
     kern_recipe_fill(rec, k, v, KVC_WIRE_QUANT_RAW_LAYERS(f));
+    /* ROT's rotation is fixed per namespace: its seed from the model id (FNV-1a) */
+    uint32_t seed = 2166136261u;
+    for (const char *c = ns->layout.model_id;
+         *c && c < ns->layout.model_id + sizeof(ns->layout.model_id); c++)
+        seed = (seed ^ (uint8_t)*c) * 16777619u;
+    rec->seed = seed;
 }
 
 int64_t store_format_bytes(const struct store_ns *ns, uint8_t format)
@@ -622,7 +632,7 @@ void store_ladder_setup(struct store *s, struct store_ns *ns)
     memset(ns->rung_format, 0, sizeof(ns->rung_format));
     if (allowed) {
         /* Rung 1: the creator's recipe; then each allowed codec smaller than the rung above,
-         * largest first, within the fidelity budget. */
+         * largest first, within the fidelity budget; the smallest always last. */
         uint32_t first = KVC_WIRE_QUANT_K(f) ? KVC_WIRE_QUANT_K(f) : KVC_WIRE_QUANT_V(f);
         ns->rung_format[0] = KVC_WIRE_FORMAT_RAW;
         ns->rungs = 1;
@@ -636,13 +646,20 @@ void store_ladder_setup(struct store *s, struct store_ns *ns)
                                               ns->max_error))
                     continue;
                 n = store_format_bytes(ns, (uint8_t)c);
-                if (n > 0 && n < last && n > best) {
+                /* of equal sizes the more precise (rot4 before kivi4 and q4_1) */
+                if (n > 0 && n < last &&
+                    (n > best || (n == best && kern_codec_attn_error((enum kern_codec)c) <
+                                                   kern_codec_attn_error((enum kern_codec)pick)))) {
                     best = n;
                     pick = c;
                 }
             }
-            if (!pick || ns->rungs == POLICY_LADDER_RUNGS)
+            if (!pick)
                 break;
+            /* More codecs than rungs: the smallest stays the last rung (what the tier's
+             * capacity comes from) in place of the one before it. */
+            if (ns->rungs == POLICY_LADDER_RUNGS)
+                ns->rungs--;
             ns->rung_format[ns->rungs++] = (uint8_t)pick;
             last = best;
         }
@@ -703,6 +720,44 @@ int store_ladder_pick(struct store *s, struct store_ns *ns, int *out)
                                      : ns->rung_bytes[k] > 0;
     }
     return policy_ladder_pick(&ns->ladder, bytes, cap, ready, out);
+}
+
+uint32_t store_ladder_dest(struct store *s, struct store_ns *ns, uint32_t v, uint32_t k)
+{
+    double bytes[POLICY_LADDER_RUNGS] = {0}, cap = 0, key, vb;
+    uint32_t j = k + 1;
+    if (ns->rungs < 2 || k + 1 >= ns->rungs)
+        return k;
+    for (uint32_t r = 0; r < ns->rungs; r++) {
+        double b =
+            (double)ns->rung_bytes[r] - (double)ns->rung_moving[r] + (double)ns->rung_coming[r];
+        bytes[r] = b > 0 ? b : 0;
+        cap += bytes[r];
+    }
+    key = store_heap_key(s, ns, v);
+    vb = (double)s->ix.blocks[v].len;
+    bytes[k] = bytes[k] > vb ? bytes[k] - vb : 0;
+    for (;; j++) {
+        double sz = (double)store_format_bytes(ns, ns->rung_format[j]), cum = 0;
+        bytes[j] += sz;
+        cap += sz - vb;
+        vb = sz;
+        if (j + 1 >= ns->rungs)
+            break;
+        for (uint32_t r = 0; r <= j; r++)
+            cum += bytes[r];
+        if (cum <= ns->ladder.below[j] * cap)
+            break; /* rungs 0..j within their target with it: it rests on j */
+        /* Rung j is over its target: its coldest block goes down next. Under a target of 0
+         * every block of it does, so v too; otherwise v goes on only if it is the coldest. */
+        if (ns->ladder.below[j] > 0) {
+            uint32_t w = store_ladder_first(s, ns, j);
+            if (w != INDEX_NONE && store_heap_key(s, ns, w) < key)
+                break;
+        }
+        bytes[j] -= sz;
+    }
+    return j;
 }
 
 static bool store_ladder_ok(const struct store *s, uint32_t idx, void *arg)
@@ -942,6 +997,16 @@ void store_meta_ref(struct store *s, struct store_ns *ns, const struct kvc_wire_
     }
 }
 
+void store_meta_vnorm_set(struct store *s, uint32_t idx, float vnorm)
+{
+    struct store_meta *m = store_meta_at(s, idx);
+    uint32_t u;
+    if (!m)
+        return;
+    memcpy(&u, &vnorm, sizeof(u));
+    m->vnorm = (uint16_t)(u >> 16);
+}
+
 void store_meta_quest_set(struct store *s, uint32_t idx, float *kminmax, uint32_t dim)
 {
     struct store_meta *m = store_meta_at(s, idx);
@@ -1019,6 +1084,8 @@ void store_policy_block(const struct store *s, uint32_t idx, struct policy_block
         pb->hint = m->hint;
         pb->snap = m->snap;
         pb->hint_time = (uint64_t)m->hint_t << STORE_META_TSHIFT;
+        uint32_t v = (uint32_t)m->vnorm << 16; /* bf16 value norm (quant.c) */
+        memcpy(&pb->value_norm, &v, sizeof(v));
     }
     if (b->format != KVC_WIRE_FORMAT_RAW && idx < s->nkeysum) {
         uint32_t u = s->keysum[idx] & 0xffff0000u; /* bf16 key norm (quant.c) */
@@ -1059,6 +1126,108 @@ int store_hint(struct store *s, uint32_t ns_id, uint32_t kind, const struct kvc_
     s->total.hint_blocks += (uint64_t)applied;
     ns->stats.hint_blocks += (uint64_t)applied;
     return applied;
+}
+
+/* Per-head hints. A run of hinted blocks is one sequence's: the blocks of depth < sinks (or
+ * 0) are its sinks, the STORE_HEAD_LOCAL_BLOCKS deepest of the call its local window. A head
+ * whose mass falls on the sinks (resp. sinks plus window) for STORE_HEAD_RECOVER of its total
+ * is sink-only (resp. local), as FastGen profiles heads by the attention they recover. */
+#define STORE_HEAD_LOCAL_BLOCKS 2
+
+int store_hint_heads(struct store *s, uint32_t ns_id, uint32_t kind,
+                     const struct kvc_wire_key *keys, const float *score, uint32_t n,
+                     uint32_t layers, uint32_t heads, uint64_t now)
+{
+    struct store_ns *ns = store_ns_get(s, ns_id);
+    struct kvc_wire_hint one;
+    uint32_t lh = layers * heads, maxdepth = 0, d;
+    int applied = 0;
+    if (!ns)
+        return -ENOENT;
+    if (kind != KVC_HINT_H2O && kind != KVC_HINT_SNAPKV)
+        return -EINVAL;
+    if (layers != ns->layout.layers || heads != ns->layout.kv_heads)
+        return -EINVAL;
+    if (!ns->head_mass && !(ns->head_mass = calloc(3 * (size_t)lh, sizeof(float))))
+        return -ENOMEM;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t idx = index_find(&s->ix, (uint16_t)ns_id, &keys[i]);
+        if (idx != INDEX_NONE && s->ix.blocks[idx].depth > maxdepth)
+            maxdepth = s->ix.blocks[idx].depth;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        const float *sc = score + (size_t)i * lh;
+        uint32_t idx = index_find(&s->ix, (uint16_t)ns_id, &keys[i]);
+        double sum = 0.0;
+        float peak = 0.0f;
+        for (uint32_t j = 0; j < lh; j++) {
+            sum += sc[j];
+            peak = sc[j] > peak ? sc[j] : peak;
+        }
+        one = (struct kvc_wire_hint){.key = keys[i], .score = (float)sum};
+        if (store_hint(s, ns_id, kind, &one, 1, now) != 1)
+            continue;
+        applied++;
+        if (sum > 0) {
+            float conc = (float)(peak / (sum / lh));
+            struct store_meta *m = store_meta_at(s, idx); /* store_hint made it */
+            uint32_t u;
+            memcpy(&u, &conc, sizeof(u));
+            if (m)
+                m->hpeak = (uint16_t)(u >> 16);
+        }
+        d = s->ix.blocks[idx].depth;
+        bool sink = d == 0 || d < ns->pp.sinks;
+        bool local = d + STORE_HEAD_LOCAL_BLOCKS > maxdepth;
+        for (uint32_t j = 0; j < lh; j++) {
+            if (sink)
+                ns->head_mass[j] += sc[j];
+            else if (local)
+                ns->head_mass[lh + j] += sc[j];
+            ns->head_mass[2 * (size_t)lh + j] += sc[j];
+        }
+    }
+    return applied;
+}
+
+int store_head_profile(const struct store *s, uint32_t ns_id, uint8_t *out)
+{
+    const struct store_ns *ns = store_ns_get(s, ns_id);
+    int full = 0;
+    if (!ns)
+        return -ENOENT;
+    uint32_t lh = ns->layout.layers * ns->layout.kv_heads;
+    for (uint32_t j = 0; j < lh; j++) {
+        const float *m = ns->head_mass;
+        uint8_t k = STORE_HEAD_UNKNOWN;
+        if (m && m[2 * (size_t)lh + j] > 0) {
+            double all = m[2 * (size_t)lh + j];
+            k = m[j] >= STORE_HEAD_RECOVER * all               ? STORE_HEAD_SINK
+                : m[j] + m[lh + j] >= STORE_HEAD_RECOVER * all ? STORE_HEAD_LOCAL
+                                                               : STORE_HEAD_FULL;
+        }
+        full += k == STORE_HEAD_FULL || k == STORE_HEAD_UNKNOWN;
+        out[j] = k;
+    }
+    return full;
+}
+
+int store_head_raw(const struct store *s, uint32_t ns_id, uint8_t *out)
+{
+    const struct store_ns *ns = store_ns_get(s, ns_id);
+    if (!ns || !ns->head_mass)
+        return ns ? 0 : -ENOENT;
+    uint32_t lh = ns->layout.layers * ns->layout.kv_heads, n = 0;
+    store_head_profile(s, ns_id, out);
+    for (uint32_t j = 0; j < lh; j++) {
+        out[j] = out[j] == STORE_HEAD_FULL;
+        n += out[j];
+    }
+    if (2 * n > lh) {
+        memset(out, 0, lh);
+        n = 0;
+    }
+    return (int)n;
 }
 
 /* ---- budgeted lookup ----------------------------------------------------------------- */

@@ -15,21 +15,26 @@
 #include "kernels/kern.h"
 #include "kernels/kern_cpu.h"
 #include "kernels/kern_encb.h"
+#include "kernels/kern_ext.h"
 #include "kernels/kern_fmt.h"
 
 static const char *const kern_codec_names[KERN_CODEC_COUNT] = {
-    [KERN_CODEC_RAW] = "raw",     [KERN_CODEC_Q8_0] = "q8_0",   [KERN_CODEC_Q4_1] = "q4_1",
-    [KERN_CODEC_Q5_1] = "q5_1",   [KERN_CODEC_KIVI2] = "kivi2", [KERN_CODEC_KIVI4] = "kivi4",
-    [KERN_CODEC_FP8] = "fp8",
+    [KERN_CODEC_RAW] = "raw",     [KERN_CODEC_Q8_0] = "q8_0",       [KERN_CODEC_Q4_1] = "q4_1",
+    [KERN_CODEC_Q5_1] = "q5_1",   [KERN_CODEC_KIVI2] = "kivi2",     [KERN_CODEC_KIVI4] = "kivi4",
+    [KERN_CODEC_FP8] = "fp8",     [KERN_CODEC_ROT2] = "rot2",       [KERN_CODEC_ROT4] = "rot4",
+    [KERN_CODEC_MERGE] = "merge", [KERN_CODEC_LOWRANK] = "lowrank",
 };
 
 /* Attention relative error of each codec, K and V both in it, on the synthetic KV of
  * docs/kernels.md (outlier key channels; mean over seeds 1-3): what a namespace's fidelity
- * budget is compared with. */
+ * budget is compared with. MERGE and LOWRANK on that Gaussian KV are their worst case (no
+ * runs to merge, no low rank to keep); the daemon keeps a merge only where no token joins
+ * past the threshold (kern_merge_forced). */
 static const double kern_codec_attn[KERN_CODEC_COUNT] = {
-    [KERN_CODEC_RAW] = 0.0,      [KERN_CODEC_Q8_0] = 0.0281, [KERN_CODEC_Q4_1] = 0.2845,
-    [KERN_CODEC_Q5_1] = 0.1349,  [KERN_CODEC_KIVI2] = 0.6200, [KERN_CODEC_KIVI4] = 0.1143,
-    [KERN_CODEC_FP8] = 0.0678,
+    [KERN_CODEC_RAW] = 0.0,      [KERN_CODEC_Q8_0] = 0.0281,    [KERN_CODEC_Q4_1] = 0.2845,
+    [KERN_CODEC_Q5_1] = 0.1349,  [KERN_CODEC_KIVI2] = 0.6200,   [KERN_CODEC_KIVI4] = 0.1143,
+    [KERN_CODEC_FP8] = 0.0678,   [KERN_CODEC_ROT2] = 0.6260,    [KERN_CODEC_ROT4] = 0.1145,
+    [KERN_CODEC_MERGE] = 0.6173, [KERN_CODEC_LOWRANK] = 0.6401,
 };
 
 double kern_codec_attn_error(enum kern_codec c)
@@ -68,9 +73,34 @@ uint64_t kern_raw_size(const struct kern_layout *lay)
            2;
 }
 
+double kern_value_l1(const struct kern_layout *lay, const void *src)
+{
+    if (!src || lay->k_only || kern_layout_check(lay) < 0)
+        return 0.0;
+    uint64_t row = (uint64_t)lay->tokens * lay->heads * lay->head_dim;
+    double sum = 0.0;
+    for (uint32_t l = 0; l < lay->layers; l++) {
+        uint64_t base = (2 * (uint64_t)l + 1) * row; /* [layer][k/v][token][head][dim] */
+        for (uint64_t i = 0; i < row; i++)
+            sum += fabsf(kern_sanitize(kern_load(src, lay->dtype, base + i)));
+    }
+    return sum / ((double)lay->layers * lay->heads * lay->tokens);
+}
+
+int kern_codec_supports(const struct kern_layout *lay, enum kern_codec c)
+{
+    if (kern_layout_check(lay) < 0 || (unsigned)c >= KERN_CODEC_COUNT)
+        return 0;
+    return kern_sect_bytes(lay, c, 0) > 0 && (lay->k_only || kern_sect_bytes(lay, c, 1) > 0);
+}
+
 void kern_recipe_fill(struct kern_recipe *rec, enum kern_codec k, enum kern_codec v,
                       uint32_t raw_layers)
 {
+    rec->seed = 0;
+    rec->merge_cos = 0.0f;
+    rec->lowrank_energy = 0.0f;
+    rec->raw_heads = NULL;
     for (uint32_t l = 0; l < KERN_MAX_LAYERS; l++) {
         rec->codec[l][0] = (uint8_t)(l < raw_layers ? KERN_CODEC_RAW : k);
         rec->codec[l][1] = (uint8_t)(l < raw_layers ? KERN_CODEC_RAW : v);
@@ -82,7 +112,36 @@ int64_t kern_encoded_size(const struct kern_layout *lay, const struct kern_recip
     if (kern_layout_check(lay) < 0 || !rec)
         return -EINVAL;
     uint64_t n = kern_hdr_build(lay, rec, NULL);
-    return n ? (int64_t)n : -EINVAL;
+    if (!n)
+        return -EINVAL;
+    n += kern_rawh_bytes(lay, kern_rawh_count(lay, rec));
+    return n < 0xffffffffull ? (int64_t)n : -EINVAL;
+}
+
+/* The appendix of a block whose header h passed the section checks (base: the end of the
+ * sections): 0 and *n = 0 without one, else its offset and head count; -EBADMSG when it is
+ * not the one an encoder writes. */
+static int64_t rawh_check(const struct kern_block_hdr *h, const struct kern_layout *l,
+                          uint64_t base, const uint8_t *src, size_t src_len, uint32_t *n)
+{
+    uint32_t off = (uint32_t)h->reserved, cnt = (uint32_t)(h->reserved >> 32), next = 1;
+    uint64_t lh = (uint64_t)l->layers * l->heads;
+    *n = 0;
+    if (!h->reserved)
+        return h->total_bytes == base ? 0 : -EBADMSG;
+    if (off != base || cnt == 0 || cnt > lh || h->total_bytes != base + kern_rawh_bytes(l, cnt) ||
+        h->total_bytes > src_len)
+        return -EBADMSG;
+    for (uint64_t i = 0; i < lh; i++) { /* slots number the raw heads 1..cnt in order */
+        uint16_t s;
+        memcpy(&s, src + off + 2 * i, 2);
+        if (s && s != next++)
+            return -EBADMSG;
+    }
+    if (next != cnt + 1)
+        return -EBADMSG;
+    *n = cnt;
+    return off;
 }
 
 int64_t kern_block_info(const void *src, size_t src_len, struct kern_layout *lay,
@@ -127,10 +186,19 @@ int64_t kern_block_info(const void *src, size_t src_len, struct kern_layout *lay
     if (kern_hdr_build(&l, &r, NULL) == 0)
         goto out;
     uint64_t total = kern_hdr_build(&l, &r, expect);
-    if (memcmp(expect, src, h.hdr_bytes) != 0 || total > src_len)
+    uint32_t nraw;
+    struct kern_block_hdr eh;
+    memcpy(&eh, expect, sizeof(eh)); /* the appendix's fields are checked by rawh_check */
+    eh.reserved = h.reserved;
+    eh.total_bytes = h.total_bytes;
+    memcpy(expect, &eh, sizeof(eh));
+    if (memcmp(expect, src, h.hdr_bytes) != 0 || total > src_len ||
+        rawh_check(&h, &l, total, src, src_len, &nraw) < 0)
         goto out;
+    total = h.total_bytes;
     if (lay)
         *lay = l;
+    r.raw_heads = NULL;
     if (rec)
         *rec = r;
     ret = (int64_t)total;
@@ -321,6 +389,141 @@ const struct kern_cpu_ops kern_ref_ops = {
 
 /* ---- driver -------------------------------------------------------------------------- */
 
+/* A transform codec's section (kern_codec_ext) of layer l. */
+static int kern_ext_enc(const struct kern_cpu_ops *ops, uint32_t codec, int is_v,
+                        const struct kern_layout *lay, const struct kern_recipe *rec, uint32_t l,
+                        const void *src, uint8_t *sect)
+{
+    const struct kern_ext_ctx c = {
+        .lay = lay,
+        .rec = rec,
+        .layer = l,
+        .rawk = (const uint8_t *)src + 2 * kern_raw_index(lay, l, 0, 0, 0),
+        .rawv = lay->k_only ? NULL : (const uint8_t *)src + 2 * kern_raw_index(lay, l, 1, 0, 0),
+    };
+    if (codec == KERN_CODEC_MERGE)
+        return kern_merge_enc(ops, is_v, &c, sect);
+    if (codec == KERN_CODEC_LOWRANK)
+        return kern_lowrank_enc(ops, &c, sect);
+    return kern_rot_enc(ops, codec, &c, sect);
+}
+
+static int kern_ext_dec(const struct kern_cpu_ops *ops, uint32_t codec,
+                        const struct kern_layout *lay, const uint8_t *sect, void *raw,
+                        uint32_t out_dtype)
+{
+    if (codec == KERN_CODEC_MERGE)
+        return kern_merge_dec(ops, lay, sect, raw, out_dtype);
+    if (codec == KERN_CODEC_LOWRANK)
+        return kern_lowrank_dec(ops, lay, sect, raw, out_dtype);
+    return kern_rot_dec(ops, codec, lay, sect, raw, out_dtype);
+}
+
+int kern_block_raw_heads(const void *src, size_t src_len, uint8_t *out)
+{
+    struct kern_layout l;
+    struct kern_block_hdr h;
+    int64_t sz = kern_block_info(src, src_len, &l, NULL);
+    if (sz < 0)
+        return (int)sz;
+    memcpy(&h, src, sizeof(h));
+    uint64_t lh = (uint64_t)l.layers * l.heads;
+    for (uint64_t i = 0; i < lh; i++) {
+        uint16_t s = 0;
+        if (h.reserved)
+            memcpy(&s, (const uint8_t *)src + (uint32_t)h.reserved + 2 * i, 2);
+        out[i] = s != 0;
+    }
+    return (int)(h.reserved >> 32);
+}
+
+/* Writes the raw-head appendix of rec into the encoded block dst (its sections written). */
+static void rawh_write(const struct kern_layout *lay, const struct kern_recipe *rec,
+                       const void *src, uint8_t *dst)
+{
+    uint32_t n = kern_rawh_count(lay, rec), kinds = kern_kinds(lay), slot = 0;
+    struct kern_block_hdr h;
+    if (!n)
+        return;
+    memcpy(&h, dst, sizeof(h));
+    uint64_t off = h.total_bytes, tab = kern_rawh_table_bytes(lay);
+    uint64_t hb = kern_rawh_head_bytes(lay), rowb = 2ull * lay->head_dim;
+    memset(dst + off, 0, kern_rawh_bytes(lay, n));
+    for (uint32_t l = 0; l < lay->layers; l++)
+        for (uint32_t hd = 0; hd < lay->heads; hd++) {
+            if (!rec->raw_heads[(uint64_t)l * lay->heads + hd])
+                continue;
+            uint16_t s = (uint16_t)++slot;
+            memcpy(dst + off + 2 * ((uint64_t)l * lay->heads + hd), &s, 2);
+            uint8_t *rows = dst + off + tab + (uint64_t)(slot - 1) * hb;
+            for (uint32_t k = 0; k < kinds; k++)
+                for (uint32_t t = 0; t < lay->tokens; t++)
+                    memcpy(rows + ((uint64_t)k * lay->tokens + t) * rowb,
+                           (const uint8_t *)src + 2 * kern_raw_index(lay, l, k, t, hd), rowb);
+        }
+    h.reserved = (uint64_t)n << 32 | (uint32_t)off;
+    h.total_bytes = off + kern_rawh_bytes(lay, n);
+    memcpy(dst, &h, sizeof(h));
+}
+
+/* Overwrites the raw heads of the decoded block dst with the appendix's bytes. */
+static void rawh_apply(const struct kern_layout *lay, const uint8_t *src, void *dst,
+                       enum kern_dtype out_dtype)
+{
+    struct kern_block_hdr h;
+    memcpy(&h, src, sizeof(h));
+    if (!h.reserved)
+        return;
+    uint64_t off = (uint32_t)h.reserved, tab = kern_rawh_table_bytes(lay);
+    uint64_t hb = kern_rawh_head_bytes(lay), D = lay->head_dim;
+    for (uint32_t l = 0; l < lay->layers; l++)
+        for (uint32_t hd = 0; hd < lay->heads; hd++) {
+            uint16_t s;
+            memcpy(&s, src + off + 2 * ((uint64_t)l * lay->heads + hd), 2);
+            if (!s)
+                continue;
+            const uint8_t *rows = src + off + tab + (uint64_t)(s - 1) * hb;
+            for (uint32_t k = 0; k < kern_kinds(lay); k++)
+                for (uint32_t t = 0; t < lay->tokens; t++) {
+                    const uint8_t *from = rows + ((uint64_t)k * lay->tokens + t) * 2 * D;
+                    uint64_t to = kern_raw_index(lay, l, k, t, hd);
+                    if (out_dtype == lay->dtype)
+                        memcpy((uint8_t *)dst + 2 * to, from, 2 * D);
+                    else /* as raw sections: NaN and Inf kept */
+                        for (uint64_t d = 0; d < D; d++)
+                            kern_store(dst, out_dtype, to + d, kern_load(from, lay->dtype, d));
+                }
+        }
+}
+
+int64_t kern_merge_forced(const struct kern_layout *lay, const struct kern_recipe *rec,
+                          const void *src)
+{
+    int64_t n = kern_encoded_size(lay, rec);
+    uint64_t forced = 0;
+    if (n < 0)
+        return n;
+    if (!src)
+        return -EINVAL;
+    for (uint32_t l = 0; l < lay->layers; l++) {
+        if (rec->codec[l][0] != KERN_CODEC_MERGE &&
+            (lay->k_only || rec->codec[l][1] != KERN_CODEC_MERGE))
+            continue;
+        const struct kern_ext_ctx c = {
+            .lay = lay,
+            .rec = rec,
+            .layer = l,
+            .rawk = (const uint8_t *)src + 2 * kern_raw_index(lay, l, 0, 0, 0),
+            .rawv = lay->k_only ? NULL : (const uint8_t *)src + 2 * kern_raw_index(lay, l, 1, 0, 0),
+        };
+        uint64_t f = kern_merge_count_forced(&c);
+        if (f == UINT64_MAX)
+            return -ENOMEM;
+        forced += f;
+    }
+    return (int64_t)forced;
+}
+
 static int64_t encode_with(const struct kern_cpu_ops *ops, const struct kern_layout *lay,
                            const struct kern_recipe *rec, const void *src, void *dst,
                            size_t dst_cap, const struct kern_key_stats *st)
@@ -361,19 +564,35 @@ static int64_t encode_with(const struct kern_cpu_ops *ops, const struct kern_lay
             memset(sect + s.bytes, 0, end - s.offset - s.bytes);
             const uint8_t *raw = (const uint8_t *)src + 2 * kern_raw_index(lay, l, k, 0, 0);
             int stats_here = want_stats && k == 0;
-            if (s.codec == KERN_CODEC_RAW)
+            /* a transform codec's section, or the plain codec a section of it is */
+            const uint32_t codec = kern_codec_as(s.codec, k == 1);
+            if (codec == KERN_CODEC_RAW)
                 memcpy(sect, raw, s.bytes);
-            if (s.codec == KERN_CODEC_RAW && !stats_here)
+            if (codec == KERN_CODEC_RAW && !stats_here)
                 continue;
+            if (kern_codec_ext(s.codec, k == 1)) {
+                for (uint32_t h = 0; stats_here && h < H; h++) {
+                    uint64_t lh = (uint64_t)l * H + h;
+                    ops->load(raw + 2ull * h * D, lay->dtype, stride, lay->tokens, D, x);
+                    ops->stats(x, lay->tokens, D, st->kmin + lh * D, st->kmax + lh * D,
+                               st->knorm + lh);
+                }
+                int rc = kern_ext_enc(ops, codec, k == 1, lay, rec, l, src, sect);
+                if (rc < 0) {
+                    ret = rc;
+                    goto out;
+                }
+                continue;
+            }
             uint64_t lhd = (uint64_t)l * H * D;
             if (ops->enc_sect &&
-                ops->enc_sect(s.codec, k == 1, raw, lay, sect, x, stats_here ? st->kmin + lhd : NULL,
+                ops->enc_sect(codec, k == 1, raw, lay, sect, x, stats_here ? st->kmin + lhd : NULL,
                               stats_here ? st->kmax + lhd : NULL,
                               stats_here ? st->knorm + (uint64_t)l * H : NULL))
                 continue;
             for (uint32_t h = 0; h < H; h++) {
                 if (!stats_here && ops->enc_raw &&
-                    ops->enc_raw(s.codec, k == 1, raw + 2ull * h * D, lay, h, sect))
+                    ops->enc_raw(codec, k == 1, raw + 2ull * h * D, lay, h, sect))
                     continue;
                 ops->load(raw + 2ull * h * D, lay->dtype, stride, lay->tokens, D, x);
                 if (stats_here) {
@@ -381,11 +600,12 @@ static int64_t encode_with(const struct kern_cpu_ops *ops, const struct kern_lay
                     ops->stats(x, lay->tokens, D, st->kmin + lh * D, st->kmax + lh * D,
                                st->knorm + lh);
                 }
-                if (s.codec != KERN_CODEC_RAW)
-                    ops->enc(s.codec, k == 1, x, lay, h, sect);
+                if (codec != KERN_CODEC_RAW)
+                    ops->enc(codec, k == 1, x, lay, h, sect);
             }
         }
     }
+    rawh_write(lay, rec, src, out);
 out:
     free(x);
     return ret;
@@ -436,24 +656,32 @@ static int64_t decode_with(const struct kern_cpu_ops *ops, const struct kern_lay
             const uint8_t *sect = in + s.offset;
             uint64_t base = kern_raw_index(lay, l, k, 0, 0);
             uint8_t *raw = (uint8_t *)dst + 2 * base;
-            if (s.codec == KERN_CODEC_RAW && lay->dtype == out_dtype) {
+            const uint32_t codec = kern_codec_as(s.codec, k == 1);
+            if (codec == KERN_CODEC_RAW && lay->dtype == out_dtype) {
                 memcpy(raw, sect, s.bytes);
-            } else if (s.codec == KERN_CODEC_RAW) {
+            } else if (codec == KERN_CODEC_RAW) {
                 /* a dtype change keeps NaN and Inf: raw sections are never sanitised */
                 for (uint64_t i = 0; i < (uint64_t)lay->tokens * stride; i++)
                     kern_store(raw, out_dtype, i, kern_load(sect, lay->dtype, i));
+            } else if (kern_codec_ext(s.codec, k == 1)) {
+                int rc = kern_ext_dec(ops, codec, lay, sect, raw, out_dtype);
+                if (rc < 0) {
+                    ret = rc;
+                    goto out;
+                }
             } else if (!ops->dec_sect ||
-                       !ops->dec_sect(s.codec, k == 1, sect, lay, raw, out_dtype, y)) {
+                       !ops->dec_sect(codec, k == 1, sect, lay, raw, out_dtype, y)) {
                 for (uint32_t h = 0; h < H; h++) {
                     if (ops->dec_raw &&
-                        ops->dec_raw(s.codec, k == 1, sect, lay, h, raw + 2ull * h * D, out_dtype))
+                        ops->dec_raw(codec, k == 1, sect, lay, h, raw + 2ull * h * D, out_dtype))
                         continue;
-                    ops->dec(s.codec, k == 1, sect, lay, h, y);
+                    ops->dec(codec, k == 1, sect, lay, h, y);
                     ops->store(y, lay->tokens, D, raw + 2ull * h * D, out_dtype, stride);
                 }
             }
         }
     }
+    rawh_apply(lay, in, dst, out_dtype);
 out:
     free(y);
     return ret;
@@ -500,6 +728,8 @@ int64_t kern_encode_batched_cpu(const struct kern_layout *lay, const struct kern
         return sz;
     if (!src || !dst)
         return -EINVAL;
+    if (kern_rawh_count(lay, rec))
+        return -ENOTSUP; /* the CUDA encoder's units write no raw-head appendix */
     if ((uint64_t)sz > dst_cap)
         return -ENOSPC;
     struct kern_enc_args *a = malloc(sizeof(*a));

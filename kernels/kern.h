@@ -37,6 +37,14 @@
  *   enter d/m, the slots past the tail hold code 0 and are ignored on decode.
  *   FP8    fp32 scale[H] (amax / 448 of the head's values in this section, 1 if all zero),
  *          then [T][H][D] OCP E4M3 (e4m3fn) codes, x = e4m3(code) * scale[h]
+ *   Raw-head appendix (kern_recipe.raw_heads): the header's `reserved` holds its offset (low
+ *          32 bits, the end of the last section) and its head count n (high 32); it is
+ *          uint16 slot[layers * heads] (0: coded only, i: the i-th raw head, numbered in
+ *          (layer, head) order), padded to 16, then per raw head its K (and V) rows,
+ *          [kinds][tokens][head_dim] elements of the header's dtype; total_bytes covers it.
+ *   ROT2, ROT4, MERGE, LOWRANK: kern_ext.h and docs/kernels.md (keys rotated by a randomized
+ *          Hadamard transform then KIVI; adjacent tokens within a cosine threshold stored once;
+ *          keys per head as rank-r factors).
  *   KIVI2, KIVI4 (b = 2 or 4 bits, Q = 2^b - 1; scale = fp16((max - min) / Q), min =
  *          fp16(min), q = clamp(floor((x - min) / scale + 0.5), 0, Q) computed with the fp16
  *          rounded min and scale as x * (1 / scale), x^ = q * scale + min; codes packed in
@@ -69,13 +77,19 @@ enum kern_dtype {
 };
 
 enum kern_codec {
-    KERN_CODEC_RAW = 0,   /* the input bytes, lossless */
-    KERN_CODEC_Q8_0 = 1,  /* ggml q8_0, 8.5 bits/value */
-    KERN_CODEC_Q4_1 = 2,  /* ggml q4_1, 5.0 bits/value */
-    KERN_CODEC_Q5_1 = 3,  /* ggml q5_1, 6.0 bits/value */
-    KERN_CODEC_KIVI2 = 4, /* KIVI 2-bit: K per channel, V per token */
-    KERN_CODEC_KIVI4 = 5, /* KIVI 4-bit */
-    KERN_CODEC_FP8 = 6,   /* E4M3 with an fp32 scale per (block, layer, kind, head) */
+    KERN_CODEC_RAW = 0,      /* the input bytes, lossless */
+    KERN_CODEC_Q8_0 = 1,     /* ggml q8_0, 8.5 bits/value */
+    KERN_CODEC_Q4_1 = 2,     /* ggml q4_1, 5.0 bits/value */
+    KERN_CODEC_Q5_1 = 3,     /* ggml q5_1, 6.0 bits/value */
+    KERN_CODEC_KIVI2 = 4,    /* KIVI 2-bit: K per channel, V per token */
+    KERN_CODEC_KIVI4 = 5,    /* KIVI 4-bit */
+    KERN_CODEC_FP8 = 6,      /* E4M3 with an fp32 scale per (block, layer, kind, head) */
+    KERN_CODEC_ROT2 = 7,     /* keys: randomized Hadamard rotation per head, then KIVI 2-bit;
+                             values KIVI 2-bit (head_dim a power of two, 8..256) */
+    KERN_CODEC_ROT4 = 8,     /* the same at 4 bits */
+    KERN_CODEC_MERGE = 9,    /* adjacent tokens within a cosine threshold stored once (K and V) */
+    KERN_CODEC_LOWRANK = 10, /* keys per head as rank-r factors (r by an energy threshold);
+                                values q8_0 (min(tokens, head_dim) <= 64) */
     KERN_CODEC_COUNT
 };
 
@@ -95,10 +109,23 @@ struct kern_layout {
 };
 
 /* Which codec each (layer, kind) gets: codec[layer][0] for K, codec[layer][1] for V
- * (ignored for K-only layouts). A plain value; entries past `layers` are ignored. */
+ * (ignored for K-only layouts). A plain value; entries past `layers` are ignored. The
+ * parameters after it only steer encoders (kern_recipe_fill sets them to 0, the defaults):
+ * a block's size never depends on them and a decoder never needs them. */
 struct kern_recipe {
     uint8_t codec[KERN_MAX_LAYERS][2];
+    uint32_t seed;        /* ROT2/ROT4: the rotation's seed (per namespace); 0 is a seed too */
+    float merge_cos;      /* MERGE: cosine threshold, 0: KERN_MERGE_COS_DEFAULT */
+    float lowrank_energy; /* LOWRANK: share of the keys' energy kept, 0: the default */
+    /* Per-head precision: raw_heads[layer * heads + head] != 0 keeps that head's K and V
+     * bit-exact in a raw-head appendix after the sections (the sections still code every
+     * head), NULL or all zero: none. Unlike the parameters above it changes the block's size.
+     * The CPU encoders (kern_encode_ref, kern_encode_cpu) write it; kern_encode_cuda and
+     * kern_encode_batched_cpu refuse it (-ENOTSUP); every decoder applies it. */
+    const uint8_t *raw_heads;
 };
+#define KERN_MERGE_COS_DEFAULT 0.98f
+#define KERN_LOWRANK_ENERGY_DEFAULT 0.99f
 
 /* Key statistics, written by the encoders when the pointers are not NULL (all three or
  * none). Host memory for *_ref and *_cpu, device memory for *_cuda. Computed on the
@@ -146,7 +173,24 @@ int kern_layout_check(const struct kern_layout *lay);
 /* Bytes of the raw block; 0 if the layout is invalid. */
 uint64_t kern_raw_size(const struct kern_layout *lay);
 
-/* Fills a recipe: layers [0, raw_layers) raw, the others `k` for keys and `v` for values. */
+/* Whether codec c can encode blocks of this layout (ROT2/ROT4: head_dim a power of two from
+ * 8 to 256; LOWRANK: min(tokens, head_dim) <= 64; the others: any valid layout). */
+int kern_codec_supports(const struct kern_layout *lay, enum kern_codec c);
+
+/* The mean over (layer, head, token) of the value vector's L1 norm in raw block `src`
+ * (kern_raw_size(lay) bytes), values sanitised as for a lossy codec: the signal of VATP.
+ * 0 for K-only layouts or an invalid layout. */
+double kern_value_l1(const struct kern_layout *lay, const void *src);
+
+/* MERGE: tokens of block `src` (raw, lay) that recipe rec's MERGE sections would have to merge
+ * beyond its cosine threshold because a head has more distinct runs than the codec stores
+ * (ceil(tokens / 2)): 0 means every merge is within the threshold and the codec's error
+ * bound holds. -EINVAL as kern_encoded_size. */
+int64_t kern_merge_forced(const struct kern_layout *lay, const struct kern_recipe *rec,
+                          const void *src);
+
+/* Fills a recipe: layers [0, raw_layers) raw, the others `k` for keys and `v` for values;
+ * the encoder parameters 0 (their defaults). */
 void kern_recipe_fill(struct kern_recipe *rec, enum kern_codec k, enum kern_codec v,
                       uint32_t raw_layers);
 
@@ -154,11 +198,15 @@ void kern_recipe_fill(struct kern_recipe *rec, enum kern_codec k, enum kern_code
  * before encoding. -EINVAL: invalid layout or unknown codec in the recipe's first layers. */
 int64_t kern_encoded_size(const struct kern_layout *lay, const struct kern_recipe *rec);
 
-/* Reads an encoded block's header (host memory): fills *lay and *rec (either may be NULL).
+/* Reads an encoded block's header (host memory): fills *lay and *rec (either may be NULL;
+ * rec->raw_heads is set NULL: kern_block_raw_heads() reads the appendix).
  * Returns the encoded size. -EBADMSG: not an encoded block, a version this build does not
  * know, or a section table that disagrees with the layout; -EINVAL: NULL src. */
 int64_t kern_block_info(const void *src, size_t src_len, struct kern_layout *lay,
                         struct kern_recipe *rec);
+/* The raw heads of a (kern_block_info-valid) encoded block: out[layers * heads] set to 1 for
+ * the heads kept raw, 0 for the others. Returns their count, -EBADMSG as kern_block_info. */
+int kern_block_raw_heads(const void *src, size_t src_len, uint8_t *out);
 
 /*
  * Encodes one raw block `src` (kern_raw_size(lay) bytes, borrowed for the call) into `dst`

@@ -45,6 +45,7 @@
 #endif
 
 #include "kernels/kern.h"
+#include "kernels/kern_ext.h"
 #include "kernels/kern_fmt.h"
 
 /* 30 KiB of words: with the header, under CUDA's 32764-byte limit on kernel parameters. */
@@ -284,7 +285,53 @@ KERN_HD void kern_batch_dec8(const struct kern_layout *lay, uint32_t codec, cons
                              uint32_t out, uint16_t *y)
 {
     const uint32_t H = lay->heads, D = lay->head_dim, T = lay->tokens;
+    codec = kern_codec_as(codec, k == 1 && !lay->k_only);
     const int bits = kern_codec_bits(codec);
+    if (kern_rot_bits(codec)) {
+        /* ROT keys: the whole rotated row of (t, h) from its KIVI value groups, rotated back
+         * and the channels' means added;
+         * this lane keeps its 8 elements (every lane of the row repeats the transform: the
+         * row is at most 256 values, and the butterfly's sums must be the reference's) */
+        const int rbits = kern_rot_bits(codec);
+        const uint32_t G = kern_ngroups(D), gb = kern_kivi_v_group_bytes(rbits);
+        const uint8_t *row0 = sect + kern_rot_groups_off(lay) + ((uint64_t)t * H + h) * G * gb;
+        float row[KERN_ROT_MAX_DIM];
+        for (uint32_t g = 0; g < G; g++) {
+            const int m = (int)(D - g * KERN_GROUP < KERN_GROUP ? D - g * KERN_GROUP : KERN_GROUP);
+            kern_kivi_v_dec(row0 + (uint64_t)g * gb, m, row + g * KERN_GROUP, rbits);
+        }
+        kern_rot_inv(row, kern_rot_get_seed(sect), h, D);
+        const uint8_t *mean = kern_rot_means(sect) + 2ull * h * D;
+        KERN_UNROLL
+        for (uint32_t j = 0; j < 8; j++)
+            if (j < n)
+                y[j] = kern_batch_out(KERN_ADD(row[d0 + j], kern_get_h(mean + 2 * (d0 + j))), out);
+        return;
+    }
+    if (codec == KERN_CODEC_MERGE) {
+        const uint8_t *head = sect + (uint64_t)h * kern_merge_head_bytes(D, T);
+        const uint32_t r0 = kern_merge_row_of(head + 16, t);
+        const uint32_t r = r0 < kern_merge_rows(T) ? r0 : 0;
+        const uint8_t *row = head + 16 + kern_merge_map_bytes(T) + 2ull * r * D + 2ull * d0;
+        KERN_UNROLL
+        for (uint32_t j = 0; j < 8; j++)
+            if (j < n)
+                y[j] = out == lay->dtype
+                           ? (uint16_t)kern_batch_u16(row + 2 * j)
+                           : (out == KERN_DTYPE_BF16 ? kern_f2bf(kern_load(row, lay->dtype, j))
+                                                     : kern_f2h(kern_load(row, lay->dtype, j)));
+        return;
+    }
+    if (codec == KERN_CODEC_LOWRANK) {
+        const uint32_t cap = kern_lowrank_cap(D, T);
+        const uint8_t *head = sect + (uint64_t)h * kern_lowrank_head_bytes(D, T);
+        const uint32_t rank = kern_lowrank_get_rank(head, cap);
+        KERN_UNROLL
+        for (uint32_t j = 0; j < 8; j++)
+            if (j < n)
+                y[j] = kern_batch_out(kern_lowrank_val(head, rank, cap, T, D, t, d0 + j), out);
+        return;
+    }
     if (codec == KERN_CODEC_RAW) {
         const uint8_t *src = sect + 2 * (((uint64_t)t * H + h) * D + d0);
         KERN_UNROLL
@@ -388,12 +435,37 @@ KERN_HD void kern_batch_decode_row(const struct kern_batch *b, const uint64_t *w
     const uint64_t src_len = w[K * L + b->nblocks + bi];
     struct kern_block_sect s;
     const int ok = kern_batch_sect(lay, src, src_len, (b->layer_first + l) * K + k, &s);
+    /* the raw-head appendix (kern.h): its offset and count, 0 when absent or out of bounds */
+    uint64_t rh = 0;
+    uint32_t rcnt = 0;
+    if (ok) {
+        struct kern_block_hdr hd;
+        memcpy(&hd, src, sizeof(hd));
+        rh = (uint32_t)hd.reserved;
+        rcnt = (uint32_t)(hd.reserved >> 32);
+        if (rh && rh + kern_rawh_bytes(lay, rcnt) > src_len)
+            rh = 0;
+    }
     const uint32_t O = (D + 7) / 8, noct = O * H;
     for (uint32_t c = lane; c < noct; c += nlanes) {
         const uint32_t h = c / O, o = c - h * O, d0 = 8 * o;
         const uint32_t n = D - d0 < 8 ? D - d0 : 8;
         uint16_t y[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        if (ok)
+        uint32_t slot = 0;
+        if (rh)
+            slot = kern_batch_u16(src + rh + 2 * ((uint64_t)(b->layer_first + l) * H + h));
+        if (slot && slot <= rcnt) {
+            const uint8_t *row = src + rh + kern_rawh_table_bytes(lay) +
+                                 (uint64_t)(slot - 1) * kern_rawh_head_bytes(lay) +
+                                 ((uint64_t)k * T + t) * 2ull * D + 2ull * d0;
+            for (uint32_t j = 0; j < n; j++) {
+                const uint32_t v = kern_batch_u16(row + 2 * j);
+                y[j] =
+                    (uint16_t)(b->out_dtype == lay->dtype
+                                   ? v
+                                   : kern_batch_out(kern_load(row, lay->dtype, j), b->out_dtype));
+            }
+        } else if (ok)
             kern_batch_dec8(lay, s.codec, src + s.offset, k, t, h, d0, n, b->out_dtype, y);
         uint8_t *to = eng + (uint64_t)h * b->head_stride + 2ull * d0;
         if (b->vec == 16 && n == 8) {

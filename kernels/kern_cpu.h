@@ -55,6 +55,31 @@ const struct kern_cpu_ops *kern_avx2_ops(void);
  * FMA) or not (0); returns the previous setting. Not thread-safe against running decodes. */
 int kern_avx2_fma(int on);
 
+/* The transform codecs (ROT2/ROT4 kern_rot.c, MERGE kern_merge.c, LOWRANK kern_lowrank.c):
+ * whole sections, with the CPU path's ops for loads, stores and the plain codecs they build
+ * on (ops == &kern_ref_ops: the reference; else the AVX2 versions of their own work). Their
+ * encoders see the layer's K and V slabs ([T][H][D] each, rawv NULL for K-only layouts). 0 or
+ * -ENOMEM. */
+struct kern_ext_ctx {
+    const struct kern_layout *lay;
+    const struct kern_recipe *rec;
+    uint32_t layer;
+    const uint8_t *rawk, *rawv;
+};
+int kern_rot_enc(const struct kern_cpu_ops *ops, uint32_t codec, const struct kern_ext_ctx *c,
+                 uint8_t *sect);
+int kern_rot_dec(const struct kern_cpu_ops *ops, uint32_t codec, const struct kern_layout *lay,
+                 const uint8_t *sect, void *raw, uint32_t out_dtype);
+int kern_merge_enc(const struct kern_cpu_ops *ops, int is_v, const struct kern_ext_ctx *c,
+                   uint8_t *sect);
+int kern_merge_dec(const struct kern_cpu_ops *ops, const struct kern_layout *lay,
+                   const uint8_t *sect, void *raw, uint32_t out_dtype);
+/* Tokens a layer's MERGE plan joins past the threshold (UINT64_MAX: no memory). */
+uint64_t kern_merge_count_forced(const struct kern_ext_ctx *c);
+int kern_lowrank_enc(const struct kern_cpu_ops *ops, const struct kern_ext_ctx *c, uint8_t *sect);
+int kern_lowrank_dec(const struct kern_cpu_ops *ops, const struct kern_layout *lay,
+                     const uint8_t *sect, void *raw, uint32_t out_dtype);
+
 /* Reference pieces the AVX2 version reuses for tails. */
 void kern_ref_enc(uint32_t codec, int is_v, const float *x, const struct kern_layout *lay,
                   uint32_t h, uint8_t *sect);

@@ -106,6 +106,8 @@ extern "C" int64_t kern_encode_cuda(const struct kern_layout *lay, const struct 
     int64_t sz = kern_encoded_size(lay, rec);
     if (sz < 0)
         return sz;
+    if (kern_rawh_count(lay, rec))
+        return -ENOTSUP; /* no raw-head appendix on the device (kern.h) */
     if (stats && (stats->kmin || stats->kmax || stats->knorm)) {
         if (!stats->kmin || !stats->kmax || !stats->knorm)
             return -EINVAL;

@@ -19,8 +19,17 @@
  *  - KIVI keys: one 32-token group of one head: per channel min, max and the fp16 scale and
  *    min (phase 1: a thread per channel, reads coalesced across channels), then the packed
  *    code bytes, a thread per (row, byte) (phase 2).
- * The arithmetic is the reference's group functions (kern_fmt.h), so the bytes are the
- * reference's. A phase ends where the CUDA kernel has a __syncthreads(); the emulation runs
+ *  - ROT keys: one head: its channels' means, a thread per channel (phase 1; the section's
+ *    first unit writes its seed), then each token's row centred, rotated and encoded into
+ *    its KIVI value groups by a thread (phase 2);
+ *  - MERGE: one head of the section: the plan by one thread (a serial scan, as the
+ *    reference) while the others clear the head's bytes (phase 1), then the map and each
+ *    run's mean, a thread per (row, channel) (phase 2);
+ *  - LOWRANK keys: one head: the Gram matrix, a thread per entry, and the head's bytes
+ *    cleared (phase 1), Jacobi's sweeps and the rank by one thread (phase 2), the factors, a
+ *    thread per (factor, element) (phase 3).
+ * ROT and LOWRANK values are KIVI and q8_0 sections (kern_codec_as). The arithmetic is the
+ * reference's group functions (kern_fmt.h, kern_ext.h), so the bytes are the reference's. A phase ends where the CUDA kernel has a __syncthreads(); the emulation runs
  * every thread's phase 1, then every thread's phase 2, and so on, over the same functions.
  */
 #ifndef KVC_KERN_ENCB_H
@@ -31,6 +40,7 @@
 
 #include "kernels/kern.h"
 #include "kernels/kern_batch.h"
+#include "kernels/kern_ext.h"
 #include "kernels/kern_fmt.h"
 
 #define KERN_ENC_THREADS 256
@@ -59,14 +69,21 @@ struct kern_enc_args {
 
 /* A thread block's shared memory. */
 struct kern_enc_smem {
-    uint8_t out[KERN_ENC_GROUPS * 34]; /* a token-major unit's output run */
-    float red[KERN_ENC_THREADS];       /* fp8: each thread's amax */
-    float mnf[KERN_MAX_HEAD_DIM];      /* KIVI keys: each channel's fp16 min, as float */
-    float id[KERN_MAX_HEAD_DIM];       /* and 1 / scale */
+    union {
+        uint8_t out[KERN_ENC_GROUPS * 34];           /* a token-major unit's output run */
+        uint32_t starts[KERN_MAX_TOKENS / 2 + 2];    /* MERGE: each run's first token */
+        float gram[2 * KERN_LOWRANK_MAX_N * KERN_LOWRANK_MAX_N]; /* LOWRANK: Gram, vectors */
+    } u;
+    float red[KERN_ENC_THREADS];        /* fp8: each thread's amax; LOWRANK: sigma */
+    float mnf[KERN_MAX_HEAD_DIM];       /* KIVI keys: each channel's fp16 min, as float */
+    float id[KERN_MAX_HEAD_DIM];        /* and 1 / scale */
+    uint32_t map[KERN_MAX_TOKENS / 32]; /* MERGE: the run-start bitmap */
+    uint32_t ord[KERN_LOWRANK_MAX_N];   /* LOWRANK: eigenvalues by size */
+    uint32_t nrows;                     /* MERGE: rows; LOWRANK: rank */
 };
 
 KERN_HD uint32_t kern_enc_group_bytes(uint32_t codec)
-{
+{ /* codec: as kern_codec_as gives it */
     int bits = kern_codec_bits(codec);
     if (bits)
         return kern_kivi_v_group_bytes(bits);
@@ -76,6 +93,11 @@ KERN_HD uint32_t kern_enc_group_bytes(uint32_t codec)
 KERN_HD uint32_t kern_enc_units(const struct kern_layout *lay, uint32_t codec, int is_v)
 {
     const uint64_t T = lay->tokens, H = lay->heads, D = lay->head_dim;
+    codec = kern_codec_as(codec, is_v);
+    if (kern_rot_bits(codec))
+        return (uint32_t)H;
+    if (codec == KERN_CODEC_MERGE || codec == KERN_CODEC_LOWRANK)
+        return (uint32_t)H;
     if (codec == KERN_CODEC_RAW)
         return (uint32_t)((T * H * D * 2 + KERN_ENC_RAW_BYTES - 1) / KERN_ENC_RAW_BYTES);
     if (codec == KERN_CODEC_FP8)
@@ -95,6 +117,9 @@ KERN_HD uint64_t kern_enc_args_fill(struct kern_enc_args *a, const struct kern_l
     uint32_t units = 0;
     memset(a, 0, sizeof(*a));
     a->lay = *lay;
+    a->rec.seed = rec->seed;
+    a->rec.merge_cos = rec->merge_cos;
+    a->rec.lowrank_energy = rec->lowrank_energy;
     for (uint32_t l = 0; l < lay->layers; l++) {
         a->rec.codec[l][0] = rec->codec[l][0];
         a->rec.codec[l][1] = rec->codec[l][1];
@@ -179,7 +204,7 @@ KERN_HD void kern_enc_tm_phase1(const struct kern_enc_args *a, const struct kern
             kern_q8_0_enc(x, n, blk);
         else
             kern_qx_1_enc(x, n, blk, codec == KERN_CODEC_Q5_1 ? 5 : 4);
-        memcpy(sm->out + (uint64_t)i * gb, blk, gb);
+        memcpy(sm->u.out + (uint64_t)i * gb, blk, gb);
     }
 }
 
@@ -197,11 +222,11 @@ KERN_HD void kern_enc_tm_phase2(const struct kern_enc_args *a, const struct kern
     uint8_t *to = dst + s->offset + u0 * kern_enc_group_bytes(s->codec);
     for (uint32_t i = tid; i < bytes / 16; i += nt) {
         kern_batch_v16 v;
-        memcpy(&v, sm->out + 16 * i, 16);
+        memcpy(&v, sm->u.out + 16 * i, 16);
         KERN_BATCH_STORE(kern_batch_v16, to + 16 * i, v);
     }
     for (uint32_t i = bytes / 16 * 16 + tid; i < bytes; i += nt)
-        to[i] = sm->out[i];
+        to[i] = sm->u.out[i];
 }
 
 /* ---- raw units ------------------------------------------------------------------------ */
@@ -337,6 +362,182 @@ KERN_HD void kern_enc_kk_phase2(const struct kern_enc_args *a, const struct kern
         g[i] = 0;
 }
 
+/* ---- ROT key units: one head ------------------------------------------------------------------ */
+
+KERN_HD void kern_enc_rot_phase1(const struct kern_enc_args *a, const struct kern_enc_sect *s,
+                                 uint32_t h, uint32_t layer, const uint8_t *raw, uint8_t *dst,
+                                 struct kern_enc_smem *sm, uint32_t tid, uint32_t nt)
+{
+    const struct kern_layout *lay = &a->lay;
+    const uint32_t D = lay->head_dim, sseed = kern_rot_sect_seed(a->rec.seed, layer);
+    uint8_t *p = dst + s->offset;
+    if (h == 0 && tid == 0) {
+        memcpy(p, &sseed, 4);
+        for (int i = 4; i < KERN_ROT_PREFIX; i++)
+            p[i] = 0;
+        for (uint64_t i = 2ull * lay->heads * D; i < kern_rot_mean_bytes(lay->heads, D); i++)
+            p[KERN_ROT_PREFIX + i] = 0;
+    }
+    for (uint32_t c = tid; c < D; c += nt) {
+        sm->mnf[c] = kern_rot_mean(lay, raw, h, c);
+        kern_put_h(p + KERN_ROT_PREFIX + 2ull * ((uint64_t)h * D + c), sm->mnf[c]);
+    }
+}
+
+KERN_HD void kern_enc_rot_phase2(const struct kern_enc_args *a, const struct kern_enc_sect *s,
+                                 uint32_t h, uint32_t layer, const uint8_t *raw, uint8_t *dst,
+                                 const struct kern_enc_smem *sm, uint32_t tid, uint32_t nt)
+{
+    const struct kern_layout *lay = &a->lay;
+    const int bits = kern_rot_bits(s->codec);
+    const uint32_t H = lay->heads, D = lay->head_dim, G = kern_ngroups(D);
+    const uint32_t gb = kern_kivi_v_group_bytes(bits),
+                   sseed = kern_rot_sect_seed(a->rec.seed, layer);
+    uint8_t *out = dst + s->offset + kern_rot_groups_off(lay);
+    for (uint32_t t = tid; t < lay->tokens; t += nt) {
+        float x[KERN_ROT_MAX_DIM], y[KERN_ROT_MAX_DIM];
+        for (uint32_t c = 0; c < D; c++)
+            x[c] = KERN_SUB(kern_enc_value(lay, raw, t, h, c), sm->mnf[c]);
+        kern_rot_fwd(x, y, sseed, h, D);
+        for (uint32_t g = 0; g < G; g++) {
+            const int n = (int)(D - g * KERN_GROUP < KERN_GROUP ? D - g * KERN_GROUP : KERN_GROUP);
+            uint8_t blk[4 + 4 * 4];
+            kern_kivi_v_enc(y + g * KERN_GROUP, n, blk, bits);
+            memcpy(out + (((uint64_t)t * H + h) * G + g) * gb, blk, gb);
+        }
+    }
+}
+
+/* ---- MERGE units: one head of a section ------------------------------------------------------ */
+
+KERN_HD void kern_enc_merge_phase1(const struct kern_enc_args *a, const struct kern_enc_sect *s,
+                                   uint32_t h, const uint8_t *rawk, const uint8_t *rawv,
+                                   uint8_t *dst, struct kern_enc_smem *sm, uint32_t tid,
+                                   uint32_t nt)
+{
+    const struct kern_layout *lay = &a->lay;
+    const uint64_t hb = kern_merge_head_bytes(lay->head_dim, lay->tokens);
+    uint8_t *head = dst + s->offset + (uint64_t)h * hb;
+    for (uint64_t i = tid; i < hb; i += nt)
+        head[i] = 0;
+    if (tid != 0)
+        return;
+    sm->nrows = kern_merge_plan(lay, rawk, rawv, h, a->rec.merge_cos, sm->map, NULL);
+    uint32_t r = 0;
+    for (uint32_t t = 0; t < lay->tokens; t++)
+        if (sm->map[t >> 5] >> (t & 31) & 1u)
+            sm->u.starts[r++] = t;
+    sm->u.starts[r] = lay->tokens;
+}
+
+KERN_HD void kern_enc_merge_phase2(const struct kern_enc_args *a, const struct kern_enc_sect *s,
+                                   uint32_t h, const uint8_t *own, uint8_t *dst,
+                                   const struct kern_enc_smem *sm, uint32_t tid, uint32_t nt)
+{
+    const struct kern_layout *lay = &a->lay;
+    const uint32_t T = lay->tokens, D = lay->head_dim;
+    uint8_t *head = dst + s->offset + (uint64_t)h * kern_merge_head_bytes(D, T);
+    uint8_t *row0 = head + 16 + kern_merge_map_bytes(T);
+    if (tid == 0)
+        memcpy(head, &sm->nrows, 4);
+    for (uint32_t i = tid; i < (T + 31) / 32; i += nt)
+        memcpy(head + 16 + 4 * i, &sm->map[i], 4);
+    for (uint64_t i = tid; i < (uint64_t)sm->nrows * D; i += nt) {
+        const uint32_t r = (uint32_t)(i / D), c = (uint32_t)(i % D);
+        const uint32_t t0 = sm->u.starts[r], t1 = sm->u.starts[r + 1];
+        float sum = 0.0f;
+        for (uint32_t t = t0; t < t1; t++)
+            sum = KERN_ADD(sum, kern_enc_value(lay, own, t, h, c));
+        kern_store(row0 + 2ull * r * D, lay->dtype, c, KERN_DIV(sum, (float)(t1 - t0)));
+    }
+}
+
+/* ---- LOWRANK key units: one head ------------------------------------------------------------ */
+
+KERN_HD void kern_enc_lr_phase1(const struct kern_enc_args *a, const struct kern_enc_sect *s,
+                                uint32_t h, const uint8_t *raw, uint8_t *dst,
+                                struct kern_enc_smem *sm, uint32_t tid, uint32_t nt)
+{
+    const struct kern_layout *lay = &a->lay;
+    const uint32_t T = lay->tokens, D = lay->head_dim, n = T <= D ? T : D, m = T <= D ? D : T;
+    const uint64_t hb = kern_lowrank_head_bytes(D, T);
+    uint8_t *head = dst + s->offset + (uint64_t)h * hb;
+    for (uint64_t i = tid; i < hb; i += nt)
+        head[i] = 0;
+    for (uint32_t e = tid; e < n * n; e += nt) {
+        const uint32_t i = e / n, j = e % n;
+        float p[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (uint32_t k = 0; k < m; k++) {
+            float x =
+                T <= D ? kern_enc_value(lay, raw, i, h, k) : kern_enc_value(lay, raw, k, h, i);
+            float y =
+                T <= D ? kern_enc_value(lay, raw, j, h, k) : kern_enc_value(lay, raw, k, h, j);
+            p[k & 7] = KERN_ADD(p[k & 7], KERN_MUL(x, y));
+        }
+        sm->u.gram[e] = kern_sum8_fold(p);
+    }
+}
+
+KERN_HD void kern_enc_lr_phase2(const struct kern_enc_args *a, const struct kern_enc_sect *s,
+                                uint32_t h, uint8_t *dst, struct kern_enc_smem *sm, uint32_t tid)
+{
+    const struct kern_layout *lay = &a->lay;
+    const uint32_t T = lay->tokens, D = lay->head_dim, n = T <= D ? T : D;
+    const uint32_t cap = kern_lowrank_cap(D, T);
+    if (tid != 0)
+        return;
+    float *g = sm->u.gram, *v = sm->u.gram + n * n;
+    uint8_t *head = dst + s->offset + (uint64_t)h * kern_lowrank_head_bytes(D, T);
+    kern_jacobi(g, v, n);
+    sm->nrows = kern_lowrank_rank(g, n, kern_lowrank_keep(a->rec.lowrank_energy), cap, sm->ord);
+    memcpy(head, &sm->nrows, 4);
+    for (uint32_t i = 0; i < sm->nrows; i++) {
+        float e = g[sm->ord[i] * n + sm->ord[i]];
+        sm->red[i] = sqrtf(e > 0.0f ? e : 0.0f);
+        memcpy(head + 16 + 4 * i, &sm->red[i], 4);
+    }
+}
+
+KERN_HD void kern_enc_lr_phase3(const struct kern_enc_args *a, const struct kern_enc_sect *s,
+                                uint32_t h, const uint8_t *raw, uint8_t *dst,
+                                const struct kern_enc_smem *sm, uint32_t tid, uint32_t nt)
+{
+    const struct kern_layout *lay = &a->lay;
+    const uint32_t T = lay->tokens, D = lay->head_dim, n = T <= D ? T : D;
+    const uint32_t cap = kern_lowrank_cap(D, T);
+    const float *v = sm->u.gram + n * n;
+    uint8_t *head = dst + s->offset + (uint64_t)h * kern_lowrank_head_bytes(D, T);
+    uint8_t *uo = head + 16 + 4 * cap, *wo = uo + 2ull * T * cap;
+    for (uint64_t q = tid; q < (uint64_t)sm->nrows * (T + D); q += nt) {
+        const uint32_t i = (uint32_t)(q / (T + D)), k = (uint32_t)(q % (T + D));
+        const uint32_t e = sm->ord[i];
+        const float sigma = sm->red[i];
+        float val;
+        if (k < T && T <= D) {
+            val = v[k * n + e]; /* u = the eigenvector */
+        } else if (k >= T && T > D) {
+            val = v[(k - T) * n + e]; /* w = the eigenvector */
+        } else if (k >= T) {          /* w[d] = sum_t u[t] x[t][d] / sigma */
+            const uint32_t d = k - T;
+            float p[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            for (uint32_t t = 0; t < T; t++)
+                p[t & 7] =
+                    KERN_ADD(p[t & 7], KERN_MUL(v[t * n + e], kern_enc_value(lay, raw, t, h, d)));
+            val = sigma > 0.0f ? KERN_DIV(kern_sum8_fold(p), sigma) : 0.0f;
+        } else { /* u[t] = sum_d x[t][d] w[d] / sigma */
+            float p[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            for (uint32_t d = 0; d < D; d++)
+                p[d & 7] =
+                    KERN_ADD(p[d & 7], KERN_MUL(kern_enc_value(lay, raw, k, h, d), v[d * n + e]));
+            val = sigma > 0.0f ? KERN_DIV(kern_sum8_fold(p), sigma) : 0.0f;
+        }
+        if (k < T)
+            kern_put_h(uo + 2 * ((uint64_t)k * cap + i), kern_sanitize(val));
+        else
+            kern_put_h(wo + 2 * ((uint64_t)i * D + (k - T)), kern_sanitize(val));
+    }
+}
+
 /* ---- the header unit ------------------------------------------------------------------------ */
 
 KERN_HD void kern_enc_hdr(const struct kern_enc_args *a, uint8_t *dst, uint32_t tid, uint32_t nt)
@@ -364,10 +565,33 @@ KERN_HD void kern_enc_unit(const struct kern_enc_args *a, uint32_t u, int phase,
         return;
     }
     const uint32_t si = kern_enc_sect_of(a, u), kinds = kern_kinds(&a->lay);
-    const struct kern_enc_sect *s = &a->s[si];
-    const uint32_t unit = u - s->unit0, l = si / kinds, k = si % kinds;
+    const struct kern_enc_sect *s0 = &a->s[si];
+    const uint32_t unit = u - s0->unit0, l = si / kinds, k = si % kinds;
     const uint8_t *raw = src + 2 * kern_raw_index(&a->lay, l, k, 0, 0);
-    if (s->codec == KERN_CODEC_RAW) {
+    /* the plain codec a ROT or LOWRANK value section is */
+    struct kern_enc_sect sv = *s0;
+    sv.codec = kern_codec_as(s0->codec, k == 1);
+    const struct kern_enc_sect *s = &sv;
+    if (kern_rot_bits(s->codec)) {
+        if (phase == 0)
+            kern_enc_rot_phase1(a, s, unit, l, raw, dst, sm, tid, nt);
+        else if (phase == 1)
+            kern_enc_rot_phase2(a, s, unit, l, raw, dst, sm, tid, nt);
+    } else if (s->codec == KERN_CODEC_MERGE) {
+        const uint8_t *rawk = src + 2 * kern_raw_index(&a->lay, l, 0, 0, 0);
+        const uint8_t *rawv = kinds == 2 ? src + 2 * kern_raw_index(&a->lay, l, 1, 0, 0) : NULL;
+        if (phase == 0)
+            kern_enc_merge_phase1(a, s, unit, rawk, rawv, dst, sm, tid, nt);
+        else if (phase == 1)
+            kern_enc_merge_phase2(a, s, unit, raw, dst, sm, tid, nt);
+    } else if (s->codec == KERN_CODEC_LOWRANK) {
+        if (phase == 0)
+            kern_enc_lr_phase1(a, s, unit, raw, dst, sm, tid, nt);
+        else if (phase == 1)
+            kern_enc_lr_phase2(a, s, unit, dst, sm, tid);
+        else
+            kern_enc_lr_phase3(a, s, unit, raw, dst, sm, tid, nt);
+    } else if (s->codec == KERN_CODEC_RAW) {
         if (phase == 0)
             kern_enc_raw(s, unit, raw, dst, tid, nt);
     } else if (s->codec == KERN_CODEC_FP8) {

@@ -347,6 +347,86 @@ KERN_HD int kern_codec_bits(uint32_t codec)
     return codec == KERN_CODEC_KIVI2 ? 2 : codec == KERN_CODEC_KIVI4 ? 4 : 0;
 }
 
+/* ---- the transform codecs' shapes (their arithmetic: kern_ext.h) ----------------------- */
+
+#define KERN_ROT_PREFIX 16    /* ROT K section: u32 seed, 12 bytes 0, then [T][H][G] KIVI groups */
+#define KERN_ROT_MAX_DIM 256  /* the rotated rows of a unit (KERN_ROT_ROWS) fit its shared memory */
+#define KERN_ROT_ROWS 32      /* (token, head) rows per unit of the CUDA encoder */
+#define KERN_LOWRANK_MAX_N 64 /* min(tokens, head_dim): the Gram matrix fits the same */
+
+KERN_HD int kern_rot_bits(uint32_t codec)
+{
+    return codec == KERN_CODEC_ROT2 ? 2 : codec == KERN_CODEC_ROT4 ? 4 : 0;
+}
+
+KERN_HD int kern_rot_dim_ok(uint32_t dim)
+{
+    return dim >= 8 && dim <= KERN_ROT_MAX_DIM && (dim & (dim - 1)) == 0;
+}
+
+/* ROT K: the per-channel means of each head over the block's tokens, fp16 [H][D], padded to
+ * 16 bytes; the [T][H][G] groups follow. */
+KERN_HD uint64_t kern_rot_mean_bytes(uint32_t heads, uint32_t dim)
+{
+    return (2ull * heads * dim + 15) & ~15ull;
+}
+
+/* The codec whose layout a section of `codec` has where a transform codec stores it plainly:
+ * ROT values are KIVI values, LOWRANK values q8_0; every other section is its own codec. */
+KERN_HD uint32_t kern_codec_as(uint32_t codec, int is_v)
+{
+    if (is_v && codec == KERN_CODEC_ROT2)
+        return KERN_CODEC_KIVI2;
+    if (is_v && codec == KERN_CODEC_ROT4)
+        return KERN_CODEC_KIVI4;
+    if (is_v && codec == KERN_CODEC_LOWRANK)
+        return KERN_CODEC_Q8_0;
+    return codec;
+}
+
+/* A section whose bytes the transform codecs' own code writes and reads (ROT keys, MERGE,
+ * LOWRANK keys); the others take the plain codecs' paths under kern_codec_as(). */
+KERN_HD int kern_codec_ext(uint32_t codec, int is_v)
+{
+    uint32_t c = kern_codec_as(codec, is_v);
+    return c == KERN_CODEC_ROT2 || c == KERN_CODEC_ROT4 || c == KERN_CODEC_MERGE ||
+           c == KERN_CODEC_LOWRANK;
+}
+
+/* MERGE: per head 16 bytes (u32 rows used, 12 bytes 0), the run-start bitmap (bit t of
+ * word t / 32: token t starts a stored row), then ceil(T / 2) rows of D values of the
+ * block's dtype; the head padded to 16 bytes. */
+KERN_HD uint32_t kern_merge_rows(uint32_t tokens)
+{
+    return (tokens + 1) / 2;
+}
+
+KERN_HD uint32_t kern_merge_map_bytes(uint32_t tokens)
+{
+    return 4 * ((tokens + 31) / 32);
+}
+
+KERN_HD uint64_t kern_merge_head_bytes(uint32_t dim, uint32_t tokens)
+{
+    uint64_t b = 16 + kern_merge_map_bytes(tokens) + 2ull * kern_merge_rows(tokens) * dim;
+    return (b + 15) & ~15ull;
+}
+
+/* LOWRANK keys: per head 16 bytes (u32 rank r, 12 bytes 0), fp32 sigma[R], fp16 u[T][R],
+ * fp16 w[R][D], padded to 16 bytes; R = ceil(min(T, D) / 4) the rank it has room for. */
+KERN_HD uint32_t kern_lowrank_cap(uint32_t dim, uint32_t tokens)
+{
+    uint32_t n = tokens < dim ? tokens : dim;
+    return (n + 3) / 4;
+}
+
+KERN_HD uint64_t kern_lowrank_head_bytes(uint32_t dim, uint32_t tokens)
+{
+    uint64_t r = kern_lowrank_cap(dim, tokens);
+    uint64_t b = 16 + 4 * r + 2 * r * ((uint64_t)tokens + dim);
+    return (b + 15) & ~15ull;
+}
+
 /* ---- sections and header ------------------------------------------------------------- */
 
 KERN_HD uint32_t kern_ngroups(uint32_t dim)
@@ -376,6 +456,21 @@ KERN_HD uint64_t kern_sect_bytes(const struct kern_layout *lay, uint32_t codec, 
             return g * kern_kivi_v_group_bytes(kern_codec_bits(codec));
         return (uint64_t)lay->heads *
                kern_kivi_k_head_bytes(lay->head_dim, lay->tokens, kern_codec_bits(codec));
+    case KERN_CODEC_ROT2:
+    case KERN_CODEC_ROT4:
+        if (!kern_rot_dim_ok(lay->head_dim))
+            return 0;
+        /* keys: the seed, then the rotated rows in KIVI value groups (per token) */
+        return (is_v ? 0 : KERN_ROT_PREFIX + kern_rot_mean_bytes(lay->heads, lay->head_dim)) +
+               g * kern_kivi_v_group_bytes(kern_rot_bits(codec));
+    case KERN_CODEC_MERGE:
+        return (uint64_t)lay->heads * kern_merge_head_bytes(lay->head_dim, lay->tokens);
+    case KERN_CODEC_LOWRANK:
+        if ((lay->tokens < lay->head_dim ? lay->tokens : lay->head_dim) > KERN_LOWRANK_MAX_N)
+            return 0;
+        if (is_v)
+            return g * 34;
+        return (uint64_t)lay->heads * kern_lowrank_head_bytes(lay->head_dim, lay->tokens);
     default:
         return 0;
     }
@@ -442,6 +537,36 @@ KERN_HD uint64_t kern_hdr_build(const struct kern_layout *lay, const struct kern
                h.hdr_bytes - sizeof(h) - h.nsect * sizeof(struct kern_block_sect));
     }
     return off;
+}
+
+/* Raw-head appendix (kern.h): bytes of its slot table, and of one raw head's rows. */
+KERN_HD uint64_t kern_rawh_table_bytes(const struct kern_layout *lay)
+{
+    return (2ull * lay->layers * lay->heads + KERN_ALIGN - 1) & ~(uint64_t)(KERN_ALIGN - 1);
+}
+
+KERN_HD uint64_t kern_rawh_head_bytes(const struct kern_layout *lay)
+{
+    return 2ull * kern_kinds(lay) * lay->tokens * lay->head_dim;
+}
+
+/* Heads a recipe keeps raw (host memory). */
+static inline uint32_t kern_rawh_count(const struct kern_layout *lay, const struct kern_recipe *rec)
+{
+    uint32_t n = 0;
+    if (rec->raw_heads)
+        for (uint64_t i = 0; i < (uint64_t)lay->layers * lay->heads; i++)
+            n += rec->raw_heads[i] != 0;
+    return n;
+}
+
+/* Bytes of an appendix of n raw heads (0 for none), a multiple of 16. */
+KERN_HD uint64_t kern_rawh_bytes(const struct kern_layout *lay, uint32_t n)
+{
+    if (!n)
+        return 0;
+    return kern_rawh_table_bytes(lay) +
+           ((n * kern_rawh_head_bytes(lay) + KERN_ALIGN - 1) & ~(uint64_t)(KERN_ALIGN - 1));
 }
 
 /* Element offset of (layer, kind, token, head, 0) in the raw block. */

@@ -22,9 +22,11 @@
 #include "policies/policy_internal.h"
 
 static const char *const policy_names[POLICY_KIND_COUNT] = {
-    [POLICY_LRU] = "lru",         [POLICY_LFU] = "lfu",       [POLICY_PREFIX] = "prefix",
-    [POLICY_STREAMING] = "streaming", [POLICY_H2O] = "h2o",   [POLICY_SNAPKV] = "snapkv",
-    [POLICY_KEYNORM] = "keynorm", [POLICY_QUEST] = "quest",   [POLICY_DEFAULT] = "default",
+    [POLICY_LRU] = "lru",         [POLICY_LFU] = "lfu",
+    [POLICY_PREFIX] = "prefix",   [POLICY_STREAMING] = "streaming",
+    [POLICY_H2O] = "h2o",         [POLICY_SNAPKV] = "snapkv",
+    [POLICY_KEYNORM] = "keynorm", [POLICY_QUEST] = "quest",
+    [POLICY_DEFAULT] = "default", [POLICY_VATP] = "vatp",
 };
 
 int policy_from_name(const char *name)
@@ -127,6 +129,8 @@ double policy_key(enum policy_kind k, const struct policy_block *b,
         return policy_keynorm_key(b, p);
     case POLICY_DEFAULT:
         return policy_default_key(b, p);
+    case POLICY_VATP:
+        return policy_vatp_key(b, p);
     case POLICY_LRU:
     default:
         return policy_lru_key(b, p);

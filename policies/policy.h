@@ -38,6 +38,7 @@ enum policy_kind {
     POLICY_KEYNORM,   /* low mean key L2 norm = important */
     POLICY_QUEST,     /* query-aware bound from per-channel key min/max (budgeted reads) */
     POLICY_DEFAULT,   /* composite: recency, decayed frequency, prefix value, hints */
+    POLICY_VATP,      /* value-aware: H2O attention mass x mean value L1 norm */
     POLICY_KIND_COUNT
 };
 
@@ -62,6 +63,8 @@ struct policy_block {
     float hint;           /* H2O: accumulated attention mass as of hint_time (decays) */
     float snap;           /* SnapKV: pooled observation-window score, set once at prefill */
     float key_norm;       /* mean key L2 norm, computed by the daemon at commit; 0 = unknown */
+    float value_norm;     /* mean value L1 norm per (token, layer, head), from the daemon's
+                             quantize pass (VATP); 0 = unknown */
     uint64_t hint_time;   /* when `hint` was last updated */
 };
 
@@ -179,14 +182,19 @@ enum policy_action_kind {
     POLICY_ACTION_DROP,     /* free it */
 };
 
-/* Codecs, from most to least precise. RAW is the namespace dtype. */
+/* Codecs, from most to least precise (attention error on keys with outlier channels,
+ * docs/kernels.md). RAW is the namespace dtype. The numbers are the policies' own. */
 enum policy_codec {
     POLICY_CODEC_RAW = 0,
-    POLICY_CODEC_Q8,    /* q8_0: 34 B / 32 values */
-    POLICY_CODEC_FP8,   /* e4m3 */
-    POLICY_CODEC_KIVI4, /* keys per channel, values per token, 4 bit */
-    POLICY_CODEC_Q4,    /* q4_1: 20 B / 32 values */
-    POLICY_CODEC_KIVI2, /* 2 bit */
+    POLICY_CODEC_Q8,      /* q8_0: 34 B / 32 values */
+    POLICY_CODEC_FP8,     /* e4m3 */
+    POLICY_CODEC_ROT4,    /* rotated keys, KIVI 4 bit */
+    POLICY_CODEC_KIVI4,   /* keys per channel, values per token, 4 bit */
+    POLICY_CODEC_MERGE,   /* adjacent similar tokens stored once: half a block */
+    POLICY_CODEC_LOWRANK, /* low-rank keys, q8_0 values */
+    POLICY_CODEC_Q4,      /* q4_1: 20 B / 32 values */
+    POLICY_CODEC_ROT2,    /* rotated keys, KIVI 2 bit */
+    POLICY_CODEC_KIVI2,   /* 2 bit */
     POLICY_CODEC_COUNT
 };
 #define POLICY_MAX_LAYERS 256
@@ -194,7 +202,8 @@ enum policy_codec {
 /* Size of a codec relative to fp16 RAW. */
 double policy_codec_ratio(enum policy_codec c);
 /* The next rung below cur among the codecs mask allows (1u << POLICY_CODEC_*), smaller than
- * cur, from the most precise: q8_0, fp8, kivi4, q4_1, kivi2; RAW when none is left (the
+ * cur, largest first, the more precise of equal sizes first: q8_0, fp8, merge, lowrank,
+ * rot4, kivi4, q4_1, rot2, kivi2; RAW when none is left (the
  * next step is out of the tier). From RAW: the first allowed. */
 enum policy_codec policy_ladder_next(uint32_t codecs, enum policy_codec cur);
 const char *policy_codec_name(enum policy_codec c);

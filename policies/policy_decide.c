@@ -23,14 +23,25 @@
  */
 #include "policies/policy_internal.h"
 
+/* At head_dim 128 and 32 tokens a block (the daemon measures its own layout's). */
 static const double policy_codec_ratios[POLICY_CODEC_COUNT] = {
-    [POLICY_CODEC_RAW] = 1.0,         [POLICY_CODEC_Q8] = 34.0 / 64.0,
-    [POLICY_CODEC_FP8] = 0.5,         [POLICY_CODEC_KIVI4] = 0.25 + 0.0625,
-    [POLICY_CODEC_Q4] = 20.0 / 64.0,  [POLICY_CODEC_KIVI2] = 0.125 + 0.0625,
+    [POLICY_CODEC_RAW] = 1.0,
+    [POLICY_CODEC_Q8] = 34.0 / 64.0,
+    [POLICY_CODEC_FP8] = 0.5,
+    [POLICY_CODEC_ROT4] = 0.25 + 0.0625,
+    [POLICY_CODEC_KIVI4] = 0.25 + 0.0625,
+    [POLICY_CODEC_MERGE] = 0.5,
+    [POLICY_CODEC_LOWRANK] = 0.425,
+    [POLICY_CODEC_Q4] = 20.0 / 64.0,
+    [POLICY_CODEC_ROT2] = 0.125 + 0.0625,
+    [POLICY_CODEC_KIVI2] = 0.125 + 0.0625,
 };
 static const char *const policy_codec_names[POLICY_CODEC_COUNT] = {
-    [POLICY_CODEC_RAW] = "raw", [POLICY_CODEC_Q8] = "q8_0", [POLICY_CODEC_FP8] = "fp8",
-    [POLICY_CODEC_KIVI4] = "kivi4", [POLICY_CODEC_Q4] = "q4_1", [POLICY_CODEC_KIVI2] = "kivi2",
+    [POLICY_CODEC_RAW] = "raw",         [POLICY_CODEC_Q8] = "q8_0",
+    [POLICY_CODEC_FP8] = "fp8",         [POLICY_CODEC_ROT4] = "rot4",
+    [POLICY_CODEC_KIVI4] = "kivi4",     [POLICY_CODEC_MERGE] = "merge",
+    [POLICY_CODEC_LOWRANK] = "lowrank", [POLICY_CODEC_Q4] = "q4_1",
+    [POLICY_CODEC_ROT2] = "rot2",       [POLICY_CODEC_KIVI2] = "kivi2",
 };
 
 double policy_codec_ratio(enum policy_codec c)

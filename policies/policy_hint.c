@@ -1,5 +1,5 @@
 /*
- * policy_hint.c — importance from signals: H2O, SnapKV, key-norm.
+ * policy_hint.c — importance from signals: H2O, SnapKV, key-norm, VATP.
  *
  * DESIGN
  * H2O (Zhang et al., arXiv 2306.14048): heavy hitters are the tokens with the largest
@@ -13,7 +13,13 @@
  * Key-norm (Devoto et al., arXiv 2406.11430): keys with a low L2 norm draw the most
  * attention; the daemon computes the mean key norm at commit, no client help needed. A high
  * norm is evicted first; an unknown norm (0) ranks with the important blocks rather than be
- * evicted on no evidence. Sinks are kept under all three, as in the papers.
+ * evicted on no evidence. Sinks are kept under all four, as in the papers.
+ * VATP (Guo et al., arXiv 2406.12335): a token's importance is its attention times the L1
+ * norm of its value vector, since a token with a small value adds little to the output
+ * whatever its attention. Per block: the decayed H2O mass times the mean value L1 norm the
+ * daemon measures where it reads the block (the quantize pass); the key is
+ * log2(mass) + log2(norm) + hint_time / half_life, time-invariant as H2O's. An unknown norm
+ * (0: the block was never read by the pass) counts as 1, so such a block ranks as under H2O.
  */
 #include <math.h>
 
@@ -45,4 +51,12 @@ double policy_keynorm_key(const struct policy_block *b, const struct policy_para
     if (policy_hint_is_sink(b, p))
         return POLICY_KEY_KEEP;
     return b->key_norm > 0 ? -(double)b->key_norm : 0.0;
+}
+
+double policy_vatp_key(const struct policy_block *b, const struct policy_params *p)
+{
+    double k = policy_h2o_key(b, p);
+    if (k == POLICY_KEY_KEEP || !(b->value_norm > 0))
+        return k;
+    return k + log2((double)b->value_norm);
 }

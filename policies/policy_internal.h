@@ -20,6 +20,7 @@ double policy_streaming_key(const struct policy_block *b, const struct policy_pa
 double policy_h2o_key(const struct policy_block *b, const struct policy_params *p);
 double policy_snapkv_key(const struct policy_block *b, const struct policy_params *p);
 double policy_keynorm_key(const struct policy_block *b, const struct policy_params *p);
+double policy_vatp_key(const struct policy_block *b, const struct policy_params *p);
 double policy_default_key(const struct policy_block *b, const struct policy_params *p);
 
 #endif

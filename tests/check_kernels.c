@@ -26,6 +26,10 @@
 #include "tests/lib/daemon.h"
 #include "tests/lib/kern_oracle.h"
 
+/* The codecs every shape takes and the oracle knows (raw .. fp8); the transform codecs
+ * (ROT2/ROT4, MERGE, LOWRANK) have cases of their own below. */
+#define NCODEC_V1 (KERN_CODEC_FP8 + 1)
+
 /* ---- data ---------------------------------------------------------------------------- */
 
 static uint64_t rng_next(uint64_t *s)
@@ -320,8 +324,8 @@ static uint8_t *roundtrip(const struct kern_layout *lay, const struct kern_recip
 
 START_TEST(test_codec_roundtrip)
 {
-    uint32_t codec = (uint32_t)_i % KERN_CODEC_COUNT;
-    const struct shape *sh = &shapes[(uint32_t)_i / KERN_CODEC_COUNT];
+    uint32_t codec = (uint32_t)_i % NCODEC_V1;
+    const struct shape *sh = &shapes[(uint32_t)_i / NCODEC_V1];
     struct kern_layout lay =
         layout(sh->layers, sh->heads, sh->dim, sh->tokens, sh->dtype, sh->k_only);
     struct kern_recipe rec;
@@ -430,8 +434,8 @@ END_TEST
 /* NaN -> 0, +-Inf and huge -> +-65504 before a lossy codec; decoded output stays finite. */
 START_TEST(test_nonfinite)
 {
-    uint32_t codec = 1 + (uint32_t)_i % (KERN_CODEC_COUNT - 1);
-    uint32_t dtype = _i < KERN_CODEC_COUNT - 1 ? KERN_DTYPE_FP16 : KERN_DTYPE_BF16;
+    uint32_t codec = 1 + (uint32_t)_i % (NCODEC_V1 - 1);
+    uint32_t dtype = _i < NCODEC_V1 - 1 ? KERN_DTYPE_FP16 : KERN_DTYPE_BF16;
     struct kern_layout lay = layout(1, 2, 64, 32, dtype, 0);
     struct kern_recipe rec;
     kern_recipe_fill(&rec, codec, codec, 0);
@@ -561,7 +565,7 @@ static const struct shape emul_shapes[] = {
 
 START_TEST(test_cuda_indexing_matches_ref)
 {
-    uint32_t codec = (uint32_t)_i % KERN_CODEC_COUNT, si = (uint32_t)_i / KERN_CODEC_COUNT;
+    uint32_t codec = (uint32_t)_i % NCODEC_V1, si = (uint32_t)_i / NCODEC_V1;
     const struct shape *sh = si < NSHAPES ? &shapes[si] : &emul_shapes[si - NSHAPES];
     struct kern_layout lay =
         layout(sh->layers, sh->heads, sh->dim, sh->tokens, sh->dtype, sh->k_only);
@@ -599,12 +603,89 @@ START_TEST(test_cuda_indexing_matches_ref)
 }
 END_TEST
 
+/* Per-head precision: heads marked raw come back bit-exact from every decoder (reference,
+ * vectorised, the CUDA decoder's rows on the CPU), in both output dtypes' own dtype; the
+ * others decode as the codec alone; the CPU encoders agree byte for byte; the header check
+ * refuses a tampered appendix; the encoders without an appendix refuse the recipe. */
+START_TEST(test_raw_heads_bit_exact)
+{
+    static const uint32_t codecs[] = {KERN_CODEC_Q4_1, KERN_CODEC_KIVI2, KERN_CODEC_ROT4,
+                                      KERN_CODEC_FP8};
+    uint32_t codec = codecs[_i % 4];
+    struct kern_layout lay = layout(3, 4, 64, 32, _i < 4 ? KERN_DTYPE_FP16 : KERN_DTYPE_BF16, 0);
+    struct kern_recipe rec, plain;
+    uint8_t mask[12] = {0}, got[12];
+    mask[1] = mask[6] = mask[11] = 1; /* (0,1), (1,2), (2,3) */
+    kern_recipe_fill(&plain, codec, codec, 0);
+    rec = plain;
+    rec.raw_heads = mask;
+    uint16_t *raw = make_block(&lay, 900 + (uint64_t)_i);
+    int64_t sz = kern_encoded_size(&lay, &rec), psz = kern_encoded_size(&lay, &plain);
+    ck_assert_int_eq(sz, psz + 16 * 2 /* slot table, 24 B */ + 3 * 2 * 32 * 64 * 2);
+    uint64_t rs = kern_raw_size(&lay);
+    uint8_t *e_ref = malloc((size_t)sz), *e_cpu = malloc((size_t)sz), *e_plain = malloc(psz);
+    uint16_t *d = malloc(rs), *dp = malloc(rs), *de = malloc(rs);
+    ck_assert_int_eq(kern_encode_ref(&lay, &rec, raw, e_ref, (size_t)sz, NULL), sz);
+    memset(e_cpu, 0xa5, (size_t)sz);
+    ck_assert_int_eq(kern_encode_cpu(&lay, &rec, raw, e_cpu, (size_t)sz, NULL), sz);
+    ck_assert_mem_eq(e_cpu, e_ref, (size_t)sz);
+    ck_assert_int_eq(kern_encode_ref(&lay, &plain, raw, e_plain, (size_t)psz, NULL), psz);
+    ck_assert_int_eq(kern_block_info(e_ref, (size_t)sz, NULL, NULL), sz);
+    ck_assert_int_eq(kern_block_raw_heads(e_ref, (size_t)sz, got), 3);
+    ck_assert_mem_eq(got, mask, sizeof(mask));
+    ck_assert_int_eq(kern_decode_ref(&lay, e_plain, (size_t)psz, dp, rs, lay.dtype), (int64_t)rs);
+    ck_assert_int_eq(kern_decode_ref(&lay, e_ref, (size_t)sz, d, rs, lay.dtype), (int64_t)rs);
+    for (uint32_t l = 0; l < 3; l++)
+        for (uint32_t k = 0; k < 2; k++)
+            for (uint32_t t = 0; t < 32; t++)
+                for (uint32_t h = 0; h < 4; h++) {
+                    uint64_t i = (((uint64_t)l * 2 + k) * 32 + t) * 4 * 64 + (uint64_t)h * 64;
+                    const uint16_t *want = mask[l * 4 + h] ? raw + i : dp + i;
+                    ck_assert_mem_eq(d + i, want, 64 * 2);
+                }
+    ck_assert_int_eq(kern_decode_cpu(&lay, e_ref, (size_t)sz, de, rs, lay.dtype), (int64_t)rs);
+    ck_assert_mem_eq(de, d, rs);
+    struct kern_batch_args *a = malloc(sizeof(*a));
+    const void *srcs[1] = {e_ref};
+    uint64_t lens[1] = {(uint64_t)sz};
+    for (uint32_t out = KERN_DTYPE_FP16; out <= KERN_DTYPE_BF16; out++) {
+        ck_assert_int_eq(kern_decode_ref(&lay, e_ref, (size_t)sz, d, rs, out), (int64_t)rs);
+        memset(de, 0xa5, rs);
+        ck_assert_int_eq(kern_batch_decode_raw(a, &lay, de, NULL, 1, srcs, lens, out), 0);
+        kern_batch_run_cpu(a);
+        ck_assert_mem_eq(de, d, rs);
+    }
+    free(a);
+    ck_assert_int_eq(kern_encode_batched_cpu(&lay, &rec, raw, e_cpu, (size_t)sz), -ENOTSUP);
+    /* a tampered appendix: a slot out of order, then a count past the table */
+    struct kern_block_hdr h;
+    memcpy(&h, e_ref, sizeof(h));
+    uint16_t s2 = 2;
+    memcpy(e_cpu, e_ref, (size_t)sz);
+    memcpy(e_cpu + (uint32_t)h.reserved + 2 * 1, &s2, 2);
+    ck_assert_int_eq(kern_block_info(e_cpu, (size_t)sz, NULL, NULL), -EBADMSG);
+    ck_assert_int_eq(kern_decode_cpu(&lay, e_cpu, (size_t)sz, de, rs, lay.dtype), -EBADMSG);
+    memcpy(e_cpu, e_ref, (size_t)sz);
+    h.reserved += 1ull << 32;
+    memcpy(e_cpu, &h, sizeof(h));
+    ck_assert_int_eq(kern_block_info(e_cpu, (size_t)sz, NULL, NULL), -EBADMSG);
+    ck_assert_int_eq(kern_block_info(e_ref, (size_t)sz - 16, NULL, NULL), -EBADMSG);
+    free(e_ref);
+    free(e_cpu);
+    free(e_plain);
+    free(d);
+    free(dp);
+    free(de);
+    free(raw);
+}
+END_TEST
+
 /* ---- CUDA: the same bytes as the reference ------------------------------------------- */
 
 START_TEST(test_cuda_matches_ref)
 {
-    uint32_t codec = (uint32_t)_i % KERN_CODEC_COUNT;
-    const struct shape *sh = &shapes[(uint32_t)_i / KERN_CODEC_COUNT];
+    uint32_t codec = (uint32_t)_i % NCODEC_V1;
+    const struct shape *sh = &shapes[(uint32_t)_i / NCODEC_V1];
     struct kern_layout lay =
         layout(sh->layers, sh->heads, sh->dim, sh->tokens, sh->dtype, sh->k_only);
     struct kern_recipe rec;
@@ -720,7 +801,7 @@ START_TEST(test_edge_inputs_match_reference)
                                     (lay.dtype == KERN_DTYPE_FP16 ? 0x3c00 : 0x3f80));
         nc = (uint64_t)lay.layers * lay.heads * lay.head_dim;
         nl = (uint64_t)lay.layers * lay.heads;
-        for (int c = 0; c < KERN_CODEC_COUNT; c++) {
+        for (int c = 0; c < NCODEC_V1; c++) {
             for (int stats = 0; stats < 2; stats++) {
                 struct kern_recipe rec;
                 kern_recipe_fill(&rec, c, c, (uint32_t)(it % 2));
@@ -786,7 +867,7 @@ START_TEST(test_subnormal_scale_codes)
                 float x = ldexpf((float)(rng_next(&st) % (kmax[ki] + 1)), -24);
                 raw[i] = lay.dtype == KERN_DTYPE_FP16 ? kern_f2h(x) : kern_f2bf(x);
             }
-            for (int c = 1; c < KERN_CODEC_COUNT; c++)
+            for (int c = 1; c < NCODEC_V1; c++)
                 for (int stats = 0; stats < 2; stats++) {
                     struct kern_recipe rec;
                     kern_recipe_fill(&rec, c, c, 0);
@@ -953,8 +1034,8 @@ static void *tie_block(const struct kern_layout *lay, int mode, uint64_t seed)
 
 START_TEST(test_codecs_match_oracle)
 {
-    uint32_t codec = (uint32_t)_i % KERN_CODEC_COUNT;
-    const struct shape *sh = &shapes[(uint32_t)_i / KERN_CODEC_COUNT];
+    uint32_t codec = (uint32_t)_i % NCODEC_V1;
+    const struct shape *sh = &shapes[(uint32_t)_i / NCODEC_V1];
     struct kern_layout lay =
         layout(sh->layers, sh->heads, sh->dim, sh->tokens, sh->dtype, sh->k_only);
     struct kern_recipe rec;
@@ -1017,8 +1098,8 @@ static uint16_t rand_half(uint64_t *s, int e)
 
 START_TEST(test_decode_random_payload)
 {
-    uint32_t codec = 1 + (uint32_t)_i % (KERN_CODEC_COUNT - 1);
-    struct kern_layout lay = dec_shapes[(uint32_t)_i / (KERN_CODEC_COUNT - 1)];
+    uint32_t codec = 1 + (uint32_t)_i % (NCODEC_V1 - 1);
+    struct kern_layout lay = dec_shapes[(uint32_t)_i / (NCODEC_V1 - 1)];
     struct kern_recipe rec;
     kern_recipe_fill(&rec, codec, codec, 0);
     int64_t sz = kern_encoded_size(&lay, &rec);
@@ -1184,26 +1265,26 @@ static Suite *kernels_suite(void)
 
     tc = tcase_create("cpu");
     tcase_set_timeout(tc, daemon_slow() * 120);
-    tcase_add_loop_test(tc, test_codec_roundtrip, 0, (int)(KERN_CODEC_COUNT * NSHAPES));
+    tcase_add_loop_test(tc, test_codec_roundtrip, 0, (int)(NCODEC_V1 * NSHAPES));
     tcase_add_test(tc, test_encoded_sizes);
     tcase_add_test(tc, test_recipe_mixed);
-    tcase_add_loop_test(tc, test_nonfinite, 0, 2 * (KERN_CODEC_COUNT - 1));
+    tcase_add_loop_test(tc, test_nonfinite, 0, 2 * (NCODEC_V1 - 1));
     tcase_add_loop_test(tc, test_key_stats, 0, (int)NSHAPES);
     tcase_add_test(tc, test_supports);
     tcase_add_test(tc, test_edge_inputs_match_reference);
     tcase_add_test(tc, test_subnormal_scale_codes);
     tcase_add_loop_test(tc, test_decode_nonfinite_scalars, 0, 4);
-    tcase_add_loop_test(tc, test_decode_random_payload, 0,
-                        (int)((KERN_CODEC_COUNT - 1) * NDEC_SHAPES));
+    tcase_add_loop_test(tc, test_decode_random_payload, 0, (int)((NCODEC_V1 - 1) * NDEC_SHAPES));
     suite_add_tcase(s, tc);
 
     tc = tcase_create("cuda-emulation");
-    tcase_add_loop_test(tc, test_cuda_indexing_matches_ref, 0, (int)(KERN_CODEC_COUNT * NEMUL));
+    tcase_add_loop_test(tc, test_cuda_indexing_matches_ref, 0, (int)(NCODEC_V1 * NEMUL));
+    tcase_add_loop_test(tc, test_raw_heads_bit_exact, 0, 8);
     suite_add_tcase(s, tc);
     tc = tcase_create("oracle");
     tcase_set_timeout(tc, daemon_slow() * 120);
     tcase_add_test(tc, test_oracle_scalars);
-    tcase_add_loop_test(tc, test_codecs_match_oracle, 0, (int)(KERN_CODEC_COUNT * NSHAPES));
+    tcase_add_loop_test(tc, test_codecs_match_oracle, 0, (int)(NCODEC_V1 * NSHAPES));
     tcase_add_loop_test(tc, test_recipe_mixed_matches_oracle, 0, 2);
     suite_add_tcase(s, tc);
     if (!(kern_supports() & KERN_SUPPORT_CPU_AVX2))
@@ -1213,7 +1294,7 @@ static Suite *kernels_suite(void)
     if (daemon_cuda_devices() > 0) { /* asked in a child: CUDA starts in the cases only */
         tc = tcase_create("cuda");
         tcase_set_timeout(tc, daemon_slow() * 120);
-        tcase_add_loop_test(tc, test_cuda_matches_ref, 0, (int)(KERN_CODEC_COUNT * NSHAPES));
+        tcase_add_loop_test(tc, test_cuda_matches_ref, 0, (int)(NCODEC_V1 * NSHAPES));
         suite_add_tcase(s, tc);
     } else {
         printf("SKIP: check_kernels: cuda: %s\n",

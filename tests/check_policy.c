@@ -114,6 +114,19 @@ START_TEST(test_signal_policies)
     m.key_norm = 9.0f;
     h.key_norm = 2.0f;
     ck_assert_double_lt(policy_key(POLICY_KEYNORM, &m, &p), policy_key(POLICY_KEYNORM, &h, &p));
+    /* VATP: equal attention, the block with small values goes first; a tenfold attention
+     * outweighs a value norm eight times as large; no norm measured ranks as H2O. */
+    struct policy_block a = blk(4, 10, 6), b = blk(5, 10, 6);
+    policy_hint(&a, 2.0f, 10, &p);
+    policy_hint(&b, 2.0f, 10, &p);
+    ck_assert_double_eq(policy_key(POLICY_VATP, &a, &p), policy_key(POLICY_H2O, &a, &p));
+    a.value_norm = 0.5f;
+    b.value_norm = 8.0f;
+    ck_assert_double_lt(policy_key(POLICY_VATP, &a, &p), policy_key(POLICY_VATP, &b, &p));
+    ck_assert_double_eq(policy_key(POLICY_H2O, &a, &p), policy_key(POLICY_H2O, &b, &p));
+    policy_hint(&a, 18.0f, 10, &p); /* mass 20 x norm 1 against 2 x 8 */
+    a.value_norm = 1.0f;
+    ck_assert_double_gt(policy_key(POLICY_VATP, &a, &p), policy_key(POLICY_VATP, &b, &p));
 }
 END_TEST
 

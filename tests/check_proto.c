@@ -169,6 +169,77 @@ START_TEST(test_hint)
 }
 END_TEST
 
+/* HINT_HEADS: keys, then nhints * layers * heads floats; every count validated. */
+static size_t hint_heads_msg(const struct kvc_hint_heads_req *q, uint32_t nkeys, uint64_t nf,
+                             const float *v)
+{
+    static uint8_t tail[KVC_PROTO_MAX_MSG];
+    memcpy(tail, keys, nkeys * sizeof(keys[0]));
+    memcpy(tail + nkeys * sizeof(keys[0]), v, nf * sizeof(float));
+    return msg(KVC_OP_HINT_HEADS, q, sizeof(*q), tail,
+               nkeys * sizeof(keys[0]) + nf * sizeof(float));
+}
+
+START_TEST(test_hint_heads)
+{
+    struct proto_req r;
+    const char *why;
+    static float v[4096];
+    struct kvc_hint_heads_req q = {
+        .ns_id = 1, .kind = KVC_HINT_H2O, .nhints = 3, .layers = 2, .heads = 4};
+    for (int i = 0; i < 4096; i++)
+        v[i] = (float)(i % 7);
+    ck_assert_int_eq(proto_decode(buf, hint_heads_msg(&q, 3, 24, v), &r, &why), 0);
+    ck_assert_uint_eq(r.ntail, 3);
+    ck_assert_uint_eq(r.ntail2, 24);
+    ck_assert_ptr_eq(r.tail2, (const char *)r.tail + 3 * sizeof(keys[0]));
+    ck_assert(memcmp(r.tail2, v, 24 * sizeof(float)) == 0);
+    /* lengths: a float short, a float over, a key short */
+    ck_assert_int_eq(decode(hint_heads_msg(&q, 3, 23, v)), -EBADMSG);
+    ck_assert_int_eq(decode(hint_heads_msg(&q, 3, 25, v)), -EBADMSG);
+    ck_assert_int_eq(decode(hint_heads_msg(&q, 2, 24, v)), -EBADMSG);
+    ck_assert_int_eq(decode(msg(KVC_OP_HINT_HEADS, &q, sizeof(q) - 4, NULL, 0)), -EBADMSG);
+    /* counts: none, zero heads or layers, over the bounds, a product that wraps 32 bits */
+    q.nhints = 0;
+    ck_assert_int_eq(decode(hint_heads_msg(&q, 0, 0, v)), -EINVAL);
+    q.nhints = 1;
+    q.heads = 0;
+    ck_assert_int_eq(decode(hint_heads_msg(&q, 1, 0, v)), -EINVAL);
+    q.heads = 4;
+    q.layers = 0;
+    ck_assert_int_eq(decode(hint_heads_msg(&q, 1, 0, v)), -EINVAL);
+    q.layers = KVC_PROTO_MAX_HINT_HEADS / 4 + 1;
+    ck_assert_int_eq(decode(hint_heads_msg(&q, 1, 0, v)), -E2BIG);
+    q.layers = 0x10000;
+    q.heads = 0x10000; /* 2^32: zero in 32 bits */
+    ck_assert_int_eq(decode(hint_heads_msg(&q, 1, 0, v)), -E2BIG);
+    q.layers = 2;
+    q.heads = 4;
+    q.nhints = KVC_PROTO_MAX_KEYS + 1;
+    ck_assert_int_eq(decode(hint_heads_msg(&q, 1, 8, v)), -E2BIG);
+    q.nhints = 1;
+    /* scores, kind, reserved field, keys */
+    v[5] = -1.0f;
+    ck_assert_int_eq(decode(hint_heads_msg(&q, 1, 8, v)), -EINVAL);
+    v[5] = __builtin_nanf("");
+    ck_assert_int_eq(decode(hint_heads_msg(&q, 1, 8, v)), -EINVAL);
+    v[5] = __builtin_inff();
+    ck_assert_int_eq(decode(hint_heads_msg(&q, 1, 8, v)), -EINVAL);
+    v[5] = 1.0f;
+    ck_assert_int_eq(decode(hint_heads_msg(&q, 1, 8, v)), 0);
+    q.kind = 3;
+    ck_assert_int_eq(decode(hint_heads_msg(&q, 1, 8, v)), -EINVAL);
+    q.kind = KVC_HINT_SNAPKV;
+    q.pad = 1;
+    ck_assert_int_eq(decode(hint_heads_msg(&q, 1, 8, v)), -EINVAL);
+    q.pad = 0;
+    q.nhints = 2;
+    keys[1] = keys[0];
+    ck_assert_int_eq(decode(hint_heads_msg(&q, 2, 16, v)), -EINVAL); /* repeated key */
+    keys_init();
+}
+END_TEST
+
 /* LOOKUP_BUDGET: keys, then qdim floats; both counts bound the length exactly. */
 static size_t budget_msg(const struct kvc_lookup_budget_req *q, uint32_t nkeys, uint32_t nq,
                          const float *v)
@@ -428,6 +499,7 @@ int main(void)
     tcase_add_test(tc, test_zero_key_refused);
     tcase_add_test(tc, test_ns_drop);
     tcase_add_test(tc, test_fast_attach);
+    tcase_add_test(tc, test_hint_heads);
     tcase_add_test(tc, test_sync_and_quiet_commit);
     tcase_add_test(tc, test_mutations_never_crash);
     suite_add_tcase(s, tc);

@@ -159,6 +159,149 @@ START_TEST(test_quantize_block)
 }
 END_TEST
 
+/* VATP through the daemon: two blocks with equal attention hints, one whose values are 1/16
+ * of the other's; the quantize pass measures their value norms and the vatp key ranks the
+ * small-valued block first, where H2O sees a tie. */
+START_TEST(test_vatp_value_norm)
+{
+    uint32_t ns = ns_open("vatp", Q8);
+    uint32_t big = put(ns, 0), small = put(ns, 1);
+    struct kern_layout kl = klay(ns);
+    uint64_t row = (uint64_t)kl.tokens * kl.heads * kl.head_dim;
+    uint16_t *p = (uint16_t *)slot(&(struct kvc_wire_loc){.arena_id = s->ix.blocks[small].arena,
+                                                          .offset = s->ix.blocks[small].off});
+    for (uint32_t l = 0; l < kl.layers; l++)
+        for (uint64_t i = 0; i < row; i++) { /* the V section of layer l, scaled by 1/16 */
+            _Float16 h;
+            memcpy(&h, &p[(2 * l + 1) * row + i], 2);
+            h = (_Float16)((float)h / 16.0f);
+            memcpy(&p[(2 * l + 1) * row + i], &h, 2);
+        }
+    struct kvc_wire_hint h[2] = {{.key = key(ns, 0), .score = 3.0f},
+                                 {.key = key(ns, 1), .score = 3.0f}};
+    ck_assert_int_eq(store_hint(s, ns, KVC_HINT_H2O, h, 2, 100), 2);
+    ck_assert_int_eq(store_ns_policy_set(s, ns, POLICY_VATP, STORE_POLICY_SRC_ADMIN), 0);
+    struct policy_block pb, ps;
+    store_policy_block(s, big, &pb);
+    ck_assert_float_eq(pb.value_norm, 0.0f); /* raw: not read by the pass yet */
+    ck_assert_int_eq(store_quantize(s, big), 0);
+    ck_assert_int_eq(store_quantize(s, small), 0);
+    ck_assert_int_eq(quant_drain(q), 2);
+    store_policy_block(s, big, &pb);
+    store_policy_block(s, small, &ps);
+    ck_assert_float_gt(pb.value_norm, 1.0f);
+    ck_assert_float_lt(ps.value_norm, pb.value_norm / 15.0f);
+    ck_assert_float_gt(ps.value_norm, pb.value_norm / 17.0f);
+    struct policy_params pp = store_ns_get(s, ns)->pp;
+    ps.flags = pb.flags = 0; /* the sink flag of depth 0 aside: the key itself */
+    ps.depth = pb.depth = 1;
+    ck_assert_double_eq(policy_key(POLICY_H2O, &ps, &pp), policy_key(POLICY_H2O, &pb, &pp));
+    ck_assert_double_lt(policy_key(POLICY_VATP, &ps, &pp), policy_key(POLICY_VATP, &pb, &pp));
+}
+END_TEST
+
+/* Per-head hints: each block's H2O mass is the sum of its head scores, its head concentration
+ * is kept, and the namespace's profile sorts heads into FastGen's categories. */
+START_TEST(test_head_profile)
+{
+    uint32_t ns = ns_open("heads", Q8); /* 2 layers x 4 kv heads */
+    enum { NB = 6, LH = 8 };
+    struct kvc_wire_key k[NB];
+    float sc[NB][LH];
+    uint8_t prof[LH];
+    uint32_t idx[NB];
+    for (uint32_t i = 0; i < NB; i++) {
+        idx[i] = put(ns, i);
+        k[i] = key(ns, i);
+        for (uint32_t j = 0; j < LH; j++)
+            sc[i][j] = 1.0f;                  /* heads 2..7: everywhere */
+        sc[i][0] = i == 0 ? 10.0f : 0.0f;     /* head 0: the sink */
+        sc[i][1] = i >= NB - 2 ? 4.0f : 0.0f; /* head 1: the last two blocks */
+    }
+    ck_assert_int_eq(store_head_profile(s, ns, prof), LH); /* nothing learnt: all full */
+    ck_assert_uint_eq(prof[0], STORE_HEAD_UNKNOWN);
+    ck_assert_int_eq(store_hint_heads(s, ns, KVC_HINT_H2O, k, &sc[0][0], NB, 4, 2, 100), -EINVAL);
+    ck_assert_int_eq(store_hint_heads(s, ns, KVC_HINT_H2O, k, &sc[0][0], NB, 2, 8, 100), -EINVAL);
+    ck_assert_int_eq(store_hint_heads(s, ns, 7, k, &sc[0][0], NB, 2, 4, 100), -EINVAL);
+    ck_assert_int_eq(store_hint_heads(s, ns, KVC_HINT_H2O, k, &sc[0][0], NB, 2, 4, 100), NB);
+    ck_assert_int_eq(store_head_profile(s, ns, prof), LH - 2);
+    ck_assert_uint_eq(prof[0], STORE_HEAD_SINK);
+    ck_assert_uint_eq(prof[1], STORE_HEAD_LOCAL);
+    for (uint32_t j = 2; j < LH; j++)
+        ck_assert_uint_eq(prof[j], STORE_HEAD_FULL);
+    /* block 0: 10 + 6 x 1 = 16, mean 2, peak 10: concentration 5 (bf16 0x40a0) */
+    ck_assert_float_eq(s->meta[idx[0]].hint, 16.0f);
+    ck_assert_uint_eq(s->meta[idx[0]].hpeak, 0x40a0);
+    ck_assert_float_eq(s->meta[idx[2]].hint, 6.0f);
+    ck_assert_uint_eq(s->meta[idx[2]].hpeak, 0x3faa); /* 1 / (6 / 8) = 1.333 */
+}
+END_TEST
+
+/* Hints of pattern `full` (layer-major head indices that spread their attention; the rest
+ * look at the sink only) on blocks 0..5 of a new namespace; then block 3 quantized. Returns
+ * its index, the heads its encoding keeps raw in *mask. */
+static uint32_t per_head_block(const char *model, const uint32_t *full, uint32_t nfull,
+                               uint8_t *mask)
+{
+    uint32_t ns = ns_open(model, Q8), idx = 0;
+    struct kvc_wire_key k[6];
+    float sc[6][8];
+    for (uint32_t i = 0; i < 6; i++) {
+        uint32_t x = put(ns, i);
+        idx = i == 3 ? x : idx;
+        k[i] = key(ns, i);
+        for (uint32_t j = 0; j < 8; j++)
+            sc[i][j] = i == 0 ? 5.0f : 0.0f;
+        for (uint32_t f = 0; f < nfull; f++)
+            sc[i][full[f]] = 1.0f;
+    }
+    if (nfull)
+        ck_assert_int_eq(store_hint_heads(s, ns, KVC_HINT_H2O, k, &sc[0][0], 6, 2, 4, 100), 6);
+    ck_assert_int_eq(store_quantize(s, idx), 0);
+    ck_assert_int_eq(quant_drain(q), 1);
+    const struct block *b = &s->ix.blocks[idx];
+    const uint8_t *enc = (const uint8_t *)tier_host_base(s->arenas[b->arena].tier) + b->off;
+    ck_assert_uint_eq(b->format, KVC_WIRE_FORMAT_Q8_0);
+    int n = kern_block_raw_heads(enc, b->len, mask);
+    ck_assert_int_eq(n, (int)nfull);
+    /* decoded: the raw heads bit for bit, the others q8_0's (some value differs) */
+    struct kern_layout kl = klay(ns);
+    uint64_t rs = kern_raw_size(&kl), row = (uint64_t)kl.heads * kl.head_dim;
+    uint16_t *want = malloc(rs), *got = malloc(rs);
+    fill(want, rs / 2, 3);
+    ck_assert_int_eq(kern_decode_cpu(&kl, enc, b->len, got, rs, KERN_DTYPE_FP16), (int64_t)rs);
+    for (uint32_t l = 0; l < kl.layers; l++)
+        for (uint32_t h = 0; h < kl.heads; h++) {
+            bool same = true;
+            for (uint32_t kv = 0; kv < 2; kv++)
+                for (uint32_t t = 0; t < kl.tokens; t++) {
+                    uint64_t i = ((uint64_t)(2 * l + kv) * kl.tokens + t) * row + h * kl.head_dim;
+                    same = same && memcmp(got + i, want + i, 2 * kl.head_dim) == 0;
+                }
+            ck_assert_msg(same == (mask[l * kl.heads + h] != 0), "layer %u head %u", l, h);
+        }
+    free(want);
+    free(got);
+    return idx;
+}
+
+/* Per-head recipes: the retrieval heads the hints show are kept bit-exact in the quantized
+ * block, the others quantized; other hints, other heads; no per-head hint, no raw head. */
+START_TEST(test_per_head_recipe)
+{
+    static const uint32_t a[] = {0, 1}, b[] = {6, 7, 2};
+    uint8_t ma[8], mb[8], mn[8];
+    static const uint8_t wa[8] = {1, 1, 0, 0, 0, 0, 0, 0}, wb[8] = {0, 0, 1, 0, 0, 0, 1, 1};
+    per_head_block("perhead-a", a, 2, ma);
+    per_head_block("perhead-b", b, 3, mb);
+    per_head_block("perhead-none", NULL, 0, mn);
+    ck_assert_mem_eq(ma, wa, 8);
+    ck_assert_mem_eq(mb, wb, 8);
+    for (int j = 0; j < 8; j++)
+        ck_assert_uint_eq(mn[j], 0);
+}
+END_TEST
+
 START_TEST(test_refusals)
 {
     uint32_t plain = ns_open("plain", 0), qn = ns_open("q", Q8);
@@ -262,6 +405,9 @@ int main(void)
     TCase *tc = tcase_create("core");
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_quantize_block);
+    tcase_add_test(tc, test_vatp_value_norm);
+    tcase_add_test(tc, test_head_profile);
+    tcase_add_test(tc, test_per_head_recipe);
     tcase_add_test(tc, test_refusals);
     tcase_add_test(tc, test_lookup_during_encode);
     tcase_add_test(tc, test_pressure);

@@ -212,6 +212,61 @@ START_TEST(test_ladder_hand)
 }
 END_TEST
 
+/* What a codec costs the tier (codec_room, kvcsim --layout): test_ladder_hand's trace at
+ * 2.55 blocks. Charged its ratio (34/64), q8_0 block 2 leaves room for 3 beside the sink
+ * (1 + 0.53 + 1) and r3 hits it lossy; charged 0.6 (a store's slot), it does not
+ * (1 + 0.6 + 1 > 2.55): 2 leaves and r3 hits the sink only. */
+START_TEST(test_codec_room)
+{
+    const char *t = "{\"timestamp\": 0, \"input_length\": 1024, \"hash_ids\": [1, 2]}\n"
+                    "{\"timestamp\": 1, \"input_length\": 1024, \"hash_ids\": [1, 3]}\n"
+                    "{\"timestamp\": 2, \"input_length\": 1024, \"hash_ids\": [1, 2]}\n";
+    struct sim_trace tr;
+    struct sim_config c;
+    struct sim_result r;
+    ck_assert_int_eq(sim_trace_parse(&tr, t, strlen(t)), 0);
+    sim_config_init(&c);
+    c.policy = POLICY_LRU;
+    c.capacity = 2.55;
+    c.ladder = 1u << POLICY_CODEC_Q8;
+    ck_assert_int_eq(sim_run(&tr, &c, &r), 0);
+    ck_assert_uint_eq(r.hits_lossy, 1);
+    c.codec_room[POLICY_CODEC_Q8] = 0.6;
+    ck_assert_int_eq(sim_run(&tr, &c, &r), 0);
+    ck_assert_uint_eq(r.hits_lossy, 0);
+    ck_assert_uint_eq(r.hits_full, 2);
+    sim_trace_free(&tr);
+}
+END_TEST
+
+/* Clients replaying in turn (procs): r1 writes [1,2]; with 2 clients r2 [1,2,3] looks up
+ * while r1's put is not committed: 1 and 2 are busy misses and nothing is put below them
+ * (3 neither); r3 [1,2] comes after r1's commit and hits both. With one client r2 hits 1
+ * and 2 too. */
+START_TEST(test_procs)
+{
+    const char *t = "{\"timestamp\": 0, \"input_length\": 1024, \"hash_ids\": [1, 2]}\n"
+                    "{\"timestamp\": 1, \"input_length\": 1536, \"hash_ids\": [1, 2, 3]}\n"
+                    "{\"timestamp\": 2, \"input_length\": 1024, \"hash_ids\": [1, 2]}\n";
+    struct sim_trace tr;
+    struct sim_config c;
+    struct sim_result r;
+    ck_assert_int_eq(sim_trace_parse(&tr, t, strlen(t)), 0);
+    sim_config_init(&c);
+    c.policy = POLICY_LRU;
+    c.capacity = 10;
+    ck_assert_int_eq(sim_run(&tr, &c, &r), 0);
+    ck_assert_uint_eq(r.hits_full, 4);
+    ck_assert_uint_eq(r.busy, 0);
+    c.procs = 2;
+    ck_assert_int_eq(sim_run(&tr, &c, &r), 0);
+    ck_assert_uint_eq(r.busy, 2);
+    ck_assert_uint_eq(r.hits_full, 2);
+    ck_assert_uint_eq(r.prefix_hits, 2);
+    sim_trace_free(&tr);
+}
+END_TEST
+
 /* A synthetic trace with shared prefixes (40 documents, each asked again with new
  * questions): the ladder turns capacity into hits, one rung more gives more, only the
  * allowed codecs serve, and the lossy weight trades lossy hits for raw ones. */
@@ -301,6 +356,8 @@ int main(void)
     tcase_add_test(tc, test_default_tunes);
     tcase_add_test(tc, test_ladder_hand);
     tcase_add_test(tc, test_ladder_trace);
+    tcase_add_test(tc, test_codec_room);
+    tcase_add_test(tc, test_procs);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -104,6 +104,39 @@ START_TEST(test_slots_per_slab)
 }
 END_TEST
 
+/* slab_slot_cost (what kvcsim charges a block, docs/replay.md) is what the allocator
+ * spends: pages taken over slots given, once its slabs are full, for small, odd and large
+ * slots on small and large pages; 0 for bad arguments. */
+START_TEST(test_slot_cost)
+{
+    static const uint64_t pages[] = {4 * KiB, 256 * KiB, 2 * MiB};
+    static const uint64_t lens[] = {1,        4 * KiB,  20560,     24 * KiB + 1,
+                                    36 * KiB, 64 * KiB, 700 * KiB, 3 * MiB};
+    for (size_t p = 0; p < sizeof(pages) / sizeof(pages[0]); p++)
+        for (size_t l = 0; l < sizeof(lens) / sizeof(lens[0]); l++) {
+            struct slab *s = slab_new(64 * MiB, pages[p]);
+            uint64_t off, slot, n = 0;
+            int cls;
+            ck_assert_ptr_nonnull(s);
+            ck_assert_int_eq(slab_alloc(s, lens[l], &off, &slot, &cls), 0);
+            n = 1 + slab_class_free_slots(s, cls); /* one slab, full */
+            for (uint64_t i = 1; i < n; i++)
+                ck_assert_int_eq(slab_alloc(s, lens[l], &off, &slot, &cls), 0);
+            struct slab_stats st = stats_of(s);
+            double spent = (double)((st.pages - st.pages_free) * pages[p]) / (double)n;
+            ck_assert_msg(slab_slot_cost(pages[p], lens[l]) == spent,
+                          "len %llu on %llu pages: cost %.1f, spent %.1f",
+                          (unsigned long long)lens[l], (unsigned long long)pages[p],
+                          slab_slot_cost(pages[p], lens[l]), spent);
+            slab_free(s);
+        }
+    ck_assert(slab_slot_cost(256 * KiB, 0) == 0);
+    ck_assert(slab_slot_cost(3 * KiB, 4 * KiB) == 0);
+    ck_assert(slab_slot_cost(3 * 4 * KiB, 4 * KiB) == 0);
+    ck_assert(slab_slot_cost(256 * KiB, 36 * KiB) == 256.0 * KiB / 7);
+}
+END_TEST
+
 START_TEST(test_big_slot_runs)
 {
     /* 3 MiB on 2 MiB pages: 2 pages would waste 1 MiB of 4, so slabs are 3 pages, 2 slots */
@@ -396,6 +429,7 @@ static Suite *slab_suite(void)
     tcase_add_test(tc, test_classes);
     tcase_add_test(tc, test_slots_per_slab);
     tcase_add_test(tc, test_big_slot_runs);
+    tcase_add_test(tc, test_slot_cost);
     tcase_add_test(tc, test_pages_move_between_classes);
     tcase_add_test(tc, test_run_first_fit);
     tcase_add_test(tc, test_bad_release);

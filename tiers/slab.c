@@ -30,12 +30,12 @@
 #define SLAB_RUN_EXTRA_MAX 64u
 
 struct slab_desc {
-    uint32_t npages;  /* 0 when this page starts no slab */
+    uint32_t npages; /* 0 when this page starts no slab */
     uint32_t cls;
     uint32_t nslots;
     uint32_t nfree;
-    uint32_t hint;    /* lowest slot word that may hold a free slot */
-    uint32_t prev;    /* partial list of the class, by first page */
+    uint32_t hint; /* lowest slot word that may hold a free slot */
+    uint32_t prev; /* partial list of the class, by first page */
     uint32_t next;
     uint32_t draining; /* off the partial list until it empties (slab_drain) */
 };
@@ -54,16 +54,16 @@ struct slab {
     unsigned page_shift;
     uint32_t npages;
     uint32_t pages_free;
-    uint32_t page_hint;    /* no free page below it */
+    uint32_t page_hint; /* no free page below it */
     uint32_t words_per_page;
     uint32_t nclasses;
     uint32_t nslabs;
-    uint32_t last_cls;     /* class of the last lookup: blocks come in runs of one size */
+    uint32_t last_cls; /* class of the last lookup: blocks come in runs of one size */
     uint64_t used;
-    uint64_t *page_free;   /* npages bits */
-    uint32_t *page_owner;  /* first page of the owning slab, SLAB_NONE if free */
+    uint64_t *page_free;  /* npages bits */
+    uint32_t *page_owner; /* first page of the owning slab, SLAB_NONE if free */
     struct slab_desc *desc;
-    uint64_t *slot_bits;   /* npages * words_per_page words */
+    uint64_t *slot_bits; /* npages * words_per_page words */
     struct slab_class cls[SLAB_MAX_CLASSES];
 };
 
@@ -132,22 +132,23 @@ static uint32_t slab_run_find(const struct slab *s, uint32_t n)
     return SLAB_NONE;
 }
 
-/* Pages per slab for a slot size: the smallest run from the minimum that wastes at most an
- * eighth of itself; if none does within the cap, the least wasteful one. 0 if the slot
- * cannot fit in the range. */
-static uint32_t slab_run_pick(const struct slab *s, uint64_t slot)
+/* Pages per slab for a slot size, in a range of npages pages of 1 << page_shift bytes: the
+ * smallest run from the minimum that wastes at most an eighth of itself; if none does within
+ * the cap, the least wasteful one. 0 if the slot cannot fit in the range. */
+static uint32_t slab_run_for(unsigned page_shift, uint64_t npages, uint64_t slot)
 {
-    uint64_t min = (slot + s->page_size - 1) >> s->page_shift;
-    if (min == 0 || min > s->npages)
+    uint64_t page_size = 1ull << page_shift;
+    uint64_t min = (slot + page_size - 1) >> page_shift;
+    if (min == 0 || min > npages)
         return 0;
     uint64_t max = min + SLAB_RUN_EXTRA_MAX;
-    if (max > s->npages)
-        max = s->npages;
+    if (max > npages)
+        max = npages;
     uint64_t best = min;
     /* waste(best)/bytes(best) minimal, compared by cross-multiplying in 128 bits */
-    unsigned __int128 best_waste = ((min << s->page_shift) % slot), best_bytes = min << s->page_shift;
+    unsigned __int128 best_waste = ((min << page_shift) % slot), best_bytes = min << page_shift;
     for (uint64_t m = min; m <= max; m++) {
-        uint64_t bytes = m << s->page_shift;
+        uint64_t bytes = m << page_shift;
         uint64_t waste = bytes % slot;
         if (waste * 8 <= bytes)
             return (uint32_t)m;
@@ -158,6 +159,27 @@ static uint32_t slab_run_pick(const struct slab *s, uint64_t slot)
         }
     }
     return (uint32_t)best;
+}
+
+static uint32_t slab_run_pick(const struct slab *s, uint64_t slot)
+{
+    return slab_run_for(s->page_shift, s->npages, slot);
+}
+
+static uint64_t slab_slot_round(uint64_t len)
+{
+    return (len + SLAB_MIN_SLOT - 1) & ~(uint64_t)(SLAB_MIN_SLOT - 1);
+}
+
+double slab_slot_cost(uint64_t page_size, uint64_t len)
+{
+    if (len == 0 || page_size < SLAB_MIN_SLOT || (page_size & (page_size - 1)))
+        return 0;
+    unsigned shift = (unsigned)__builtin_ctzll(page_size);
+    uint64_t slot = slab_slot_round(len);
+    uint32_t run = slab_run_for(shift, UINT32_MAX, slot);
+    uint64_t per = run ? ((uint64_t)run << shift) / slot : 0;
+    return per ? (double)((uint64_t)run << shift) / (double)per : 0;
 }
 
 struct slab *slab_new(uint64_t capacity, uint64_t page_size)
@@ -208,7 +230,7 @@ int slab_class_get(struct slab *s, uint64_t len)
 {
     if (len == 0 || len > s->capacity)
         return -EINVAL;
-    uint64_t slot = (len + SLAB_MIN_SLOT - 1) & ~(uint64_t)(SLAB_MIN_SLOT - 1);
+    uint64_t slot = slab_slot_round(len);
     if (s->last_cls < s->nclasses && s->cls[s->last_cls].slot == slot)
         return (int)s->last_cls;
     for (uint32_t c = 0; c < s->nclasses; c++) {
@@ -232,8 +254,8 @@ int slab_class_get(struct slab *s, uint64_t len)
     return (int)s->nclasses++;
 }
 
-int slab_span(const struct slab *s, uint64_t off, uint64_t *start, uint64_t *slot,
-              uint32_t *nslots, uint32_t *used)
+int slab_span(const struct slab *s, uint64_t off, uint64_t *start, uint64_t *slot, uint32_t *nslots,
+              uint32_t *used)
 {
     if (off >= s->capacity)
         return -EINVAL;
@@ -307,14 +329,12 @@ int slab_drain(struct slab *s, uint64_t off, bool on)
     return 0;
 }
 
-int slab_sparsest(const struct slab *s, int cls, uint32_t max_scan, uint64_t *start,
-                  uint32_t *used)
+int slab_sparsest(const struct slab *s, int cls, uint32_t max_scan, uint64_t *start, uint32_t *used)
 {
     uint32_t best = SLAB_NONE, n = 0;
     if (cls < 0 || (uint32_t)cls >= s->nclasses)
         return -ENOENT;
-    for (uint32_t f = s->cls[cls].partial; f != SLAB_NONE && n < max_scan;
-         f = s->desc[f].next, n++)
+    for (uint32_t f = s->cls[cls].partial; f != SLAB_NONE && n < max_scan; f = s->desc[f].next, n++)
         if (best == SLAB_NONE || s->desc[f].nfree > s->desc[best].nfree)
             best = f;
     if (best == SLAB_NONE)

@@ -40,6 +40,12 @@ void slab_free(struct slab *s); /* NULL is a no-op */
  * of that size cannot fit in the range, -ENOSPC if the class table is full. */
 int slab_class_get(struct slab *s, uint64_t len);
 
+/* Bytes of the range one slot for len bytes takes in an allocator of page_size pages once
+ * its slabs are full (the slot rounded up to 4 KiB, plus its share of its slab's tail): what
+ * a block of len bytes costs the tier. Pure: the rule slab_class_get applies (for a range of
+ * more pages than a slab of that size needs). 0 on bad arguments. */
+double slab_slot_cost(uint64_t page_size, uint64_t len);
+
 /* Slot size of a class. */
 uint64_t slab_class_slot(const struct slab *s, int cls);
 

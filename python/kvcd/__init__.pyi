@@ -54,7 +54,7 @@ class Client:
 
         k_codec / v_codec (kvc_ns_open_quant): let the daemon store cold blocks of this
         namespace lossy under memory pressure, keys in k_codec and values in v_codec (one
-        of q8_0, q4_1, q5_1, kivi2, kivi4, fp8; None keeps that kind raw), layers
+        of q8_0, q4_1, q5_1, kivi2, kivi4, fp8, rot2, rot4, merge, lowrank; None keeps that kind raw), layers
         [0, raw_layers) raw; fp16 and bf16 only. The creator's setting stays with the
         namespace: another one under the same model id is EEXIST."""
     def namespace_kind(self, model_id: str, layers: int, kv_heads: int, head_dim: int,
@@ -130,6 +130,13 @@ class Namespace:
         attention mass each block received, added to its decayed mass) or "snapkv" (the
         observation window's score). Returns how many cached blocks took one. Error EINVAL
         (a negative or non-finite score, more than 2048 keys)."""
+    def hint_heads(self, keys: Sequence[bytes], scores: Sequence[float], layers: int,
+                   heads: int, kind: str = "attention") -> int:
+        """hint() with one score per (layer, KV head): ``scores`` flat, len(keys) x layers x
+        heads, layer-major; layers and heads the namespace's. A block takes the sum of its
+        scores; the daemon learns which heads look at sinks, a local window or everything and
+        keeps the latter raw in quantized blocks (docs/policies.md). ValueError for a count
+        that does not match; Error EINVAL (a negative or non-finite score, another shape)."""
     def lookup_budget(self, keys: Sequence[bytes], budget: int, policy: Optional[str] = None,
                       sinks: int = 0, recent: int = 0,
                       query: Optional[Sequence[float]] = None) -> tuple[list[int], int, Lease]:

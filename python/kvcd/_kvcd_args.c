@@ -160,12 +160,13 @@ const char *str_arg(PyObject *o, const char *what)
 
 /* Codec names as kvcctl and docs/kernels.md write them, indexed by enum kvc_codec. */
 const char *const codec_names[] = {
-    [KVC_CODEC_RAW] = "raw",   [KVC_CODEC_Q8_0] = "q8_0",   [KVC_CODEC_Q4_1] = "q4_1",
-    [KVC_CODEC_Q5_1] = "q5_1", [KVC_CODEC_KIVI2] = "kivi2", [KVC_CODEC_KIVI4] = "kivi4",
-    [KVC_CODEC_FP8] = "fp8",
+    [KVC_CODEC_RAW] = "raw",     [KVC_CODEC_Q8_0] = "q8_0",       [KVC_CODEC_Q4_1] = "q4_1",
+    [KVC_CODEC_Q5_1] = "q5_1",   [KVC_CODEC_KIVI2] = "kivi2",     [KVC_CODEC_KIVI4] = "kivi4",
+    [KVC_CODEC_FP8] = "fp8",     [KVC_CODEC_ROT2] = "rot2",       [KVC_CODEC_ROT4] = "rot4",
+    [KVC_CODEC_MERGE] = "merge", [KVC_CODEC_LOWRANK] = "lowrank",
 };
 
-const int codec_count = KVC_CODEC_FP8 + 1;
+const int codec_count = KVC_CODEC_LOWRANK + 1;
 
 PyObject *codec_name(int f)
 {

@@ -187,6 +187,56 @@ fail:
     return NULL;
 }
 
+static PyObject *ns_hint_heads(PyObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"keys", "scores", "layers", "heads", "kind", NULL};
+    ns_object *ns = (ns_object *)self;
+    PyObject *keys_obj, *scores_obj;
+    const char *kind_s = "attention";
+    struct kvc_key *keys = NULL;
+    float *scores = NULL;
+    size_t n, nscores;
+    unsigned kind, layers, heads;
+    int rc;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOII|s:hint_heads", kwlist, &keys_obj, &scores_obj,
+                                     &layers, &heads, &kind_s))
+        return NULL;
+    if (strcmp(kind_s, "attention") == 0 || strcmp(kind_s, "h2o") == 0) {
+        kind = KVC_HINT_ATTENTION;
+    } else if (strcmp(kind_s, "snapkv") == 0) {
+        kind = KVC_HINT_SNAPKV;
+    } else {
+        PyErr_Format(PyExc_ValueError, "kvcd: unknown hint kind '%s' (attention, snapkv)", kind_s);
+        return NULL;
+    }
+    if (layers == 0 || heads == 0 || (uint64_t)layers * heads > KVC_HINT_HEADS_MAX) {
+        PyErr_Format(PyExc_ValueError, "kvcd: layers * heads must be 1..%u", KVC_HINT_HEADS_MAX);
+        return NULL;
+    }
+    if (ns_check(ns) < 0 || keys_parse(keys_obj, &keys, &n) < 0)
+        return NULL;
+    if (floats_parse(scores_obj, "kvcd: scores must be a flat sequence of numbers", &scores,
+                     &nscores) < 0)
+        goto fail;
+    if (nscores != n * (size_t)layers * heads) {
+        PyErr_SetString(PyExc_ValueError, "kvcd: layers * heads scores per key");
+        goto fail;
+    }
+    if (ns_enter(ns) < 0)
+        goto fail;
+    Py_BEGIN_ALLOW_THREADS;
+    rc = kvc_hint_heads(ns->ns, kind, keys, scores, n, layers, heads);
+    Py_END_ALLOW_THREADS;
+    client_leave(ns->client);
+    PyMem_Free(keys);
+    PyMem_Free(scores);
+    return rc < 0 ? kvcd_raise(rc) : PyLong_FromLong(rc);
+fail:
+    PyMem_Free(keys);
+    PyMem_Free(scores);
+    return NULL;
+}
+
 static PyObject *ns_lookup_budget(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"keys", "budget", "policy", "sinks", "recent", "query", NULL};
@@ -436,6 +486,10 @@ static PyMethodDef ns_methods[] = {
     {"hint", (PyCFunction)(void (*)(void))ns_hint, METH_VARARGS | METH_KEYWORDS,
      "hint(keys, scores, kind='attention'): per-block importance for the policies (H2O "
      "attention mass, or 'snapkv' scores); returns the cached blocks that took one."},
+    {"hint_heads", (PyCFunction)(void (*)(void))ns_hint_heads, METH_VARARGS | METH_KEYWORDS,
+     "hint_heads(keys, scores, layers, heads, kind='attention'): per-(layer, head) importance, "
+     "scores flat [len(keys)][layers][heads]; feeds the policies and the namespace's head "
+     "profiles; returns the cached blocks that took one."},
     {"lookup_budget", (PyCFunction)(void (*)(void))ns_lookup_budget, METH_VARARGS | METH_KEYWORDS,
      "lookup_budget(keys, budget, policy=None, sinks=0, recent=0, query=None): at most budget "
      "blocks of the cached prefix chosen by a policy; returns (positions, prefix_len, Lease)."},

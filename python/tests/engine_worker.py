@@ -26,8 +26,10 @@ def main():
                      block_bytes=eng.ns.block_bytes)
             ref = None
             if job.get("compare"):
+                model.trace = []
                 ref = eng.generate(prompt, job["new"], use_cache=False, put=False,
                                    keep_logits=True)
+                ref_trace, model.trace = model.trace, []
             hit = eng.generate(prompt, job["new"], use_cache=job.get("use_cache", True),
                                put=job.get("put", True), keep_logits=True,
                                forced=ref.tokens if ref else None)
@@ -35,6 +37,19 @@ def main():
                      computed=hit.computed_tokens, put_blocks=hit.put_blocks,
                      formats=hit.formats, tokens=hit.tokens)
             if ref:
+                # attention output of each step's query (the prompt's last token, then one
+                # per generated token: the last layers x new forward entries of both runs,
+                # whose prefills differ in length), per layer: relative error
+                # |hit - ref| / |ref|, the largest over the steps
+                attn = [0.0] * model.cfg.layers
+                k = model.cfg.layers * job["new"]
+                assert len(model.trace) >= k and len(ref_trace) >= k
+                for (layer, a), (lb, b) in zip(model.trace[-k:], ref_trace[-k:]):
+                    assert layer == lb
+                    e = float((a - b).norm() / b.norm().clamp_min(1e-30))
+                    attn[layer] = max(attn[layer], e)
+                model.trace = None
+                r.update(attn_rel=attn)
                 diff = max(float((a - b).abs().max()) for a, b in zip(hit.logits, ref.logits))
                 scale = max(float(b.abs().max()) for b in ref.logits)
                 r.update(ref_tokens=ref.tokens, max_abs_diff=diff, logit_scale=scale,

@@ -404,6 +404,70 @@ def test_close_while_other_thread_copies(daemon):
     assert not t.is_alive() and seen == ["closed"]
 
 
+def test_hint_heads(client):
+    """Per-(layer, head) hints through the daemon: a block's H2O mass is the sum of its head
+    scores (the heaviest block wins an h2o budget), and every count is checked."""
+    ns = new_ns(client)
+    lh = LAYOUT["layers"] * LAYOUT["kv_heads"]
+    keys = ns.keys_from_tokens(tokens(8 * ns.block_tokens))
+    assert ns.put_prefix(keys, blocks_for(ns, 8)) == 8
+    scores = np.zeros((8, lh), dtype=np.float32)
+    scores[3, 1] = 9.0  # one head looks at block 3 only
+    scores[5, :] = 1.0  # every head a little at block 5: sum 4 < 9
+    assert ns.hint_heads(keys, scores.ravel().tolist(), LAYOUT["layers"], LAYOUT["kv_heads"]) == 8
+    pos, nprefix, lease = ns.lookup_budget(keys, 3, policy="h2o", sinks=1, recent=1)
+    with lease:
+        assert pos == [0, 3, 7]
+    assert ns.hint_heads(keys[:3], [1.0] * (3 * lh), LAYOUT["layers"], LAYOUT["kv_heads"],
+                         kind="snapkv") == 3
+    # 64 x 64 heads: 16 KiB of scores a block, so 12 blocks go in three requests
+    big = new_ns(client, layers=64, kv_heads=64, head_dim=8, block_tokens=1)
+    bkeys = big.keys_from_tokens(tokens(12))
+    assert big.put_prefix(bkeys, blocks_for(big, 12)) == 12
+    assert big.hint_heads(bkeys, [0.5] * (12 * 64 * 64), 64, 64) == 12
+    with pytest.raises(ValueError):
+        ns.hint_heads(keys, [1.0] * lh, LAYOUT["layers"], LAYOUT["kv_heads"])  # per key
+    with pytest.raises(ValueError):
+        ns.hint_heads(keys[:1], [], 0, LAYOUT["kv_heads"])
+    with pytest.raises(ValueError):
+        ns.hint_heads(keys[:1], [1.0] * 8193, 8193, 1)  # past KVC_HINT_HEADS_MAX
+    with pytest.raises(kvcd.Error) as e:  # not the namespace's shape
+        ns.hint_heads(keys[:1], [1.0] * lh, LAYOUT["kv_heads"] * 2, LAYOUT["layers"] // 2)
+    assert e.value.errno == errno.EINVAL
+    with pytest.raises(kvcd.Error) as e:
+        ns.hint_heads(keys[:1], [-1.0] * lh, LAYOUT["layers"], LAYOUT["kv_heads"])
+    assert e.value.errno == errno.EINVAL
+
+
+def test_hint_heads_keep_retrieval_heads_raw():
+    """Per-head hints pick the heads a quantized block keeps bit-exact: the daemon quantizes
+    the blocks under pressure and the one head the hints show attending everywhere (a
+    retrieval head) comes back bit for bit, the sink-only heads as q8_0 gives them."""
+    from quantfill import QUANT_OPTIONS, fill_until_quantizing
+    shape = (2, 2, 32, 2, 32)  # layers, K/V, tokens, kv heads, dim
+    with PrivateDaemon(QUANT_OPTIONS) as d, kvcd.Client(d.socket) as c:
+        ns = c.namespace("python-test-per-head", layers=2, kv_heads=2, head_dim=32,
+                         block_tokens=32, k_codec="q8_0", v_codec="q8_0")
+        keys = ns.keys_from_tokens(tokens(6 * 32))
+        data = blocks_for(ns, 6, seed=5)
+        assert ns.put_prefix(keys, data) == 6
+        sc = np.zeros((6, 4), dtype=np.float32)
+        sc[0, :] = 5.0  # every head on the sink block...
+        sc[:, 1] = 1.0  # ...but (layer 0, head 1), which looks everywhere
+        assert ns.hint_heads(keys, sc.ravel().tolist(), 2, 2) == 6
+        assert fill_until_quantizing(c, 6, ns.block_bytes) >= 6
+        with ns.lookup(keys) as lease:
+            assert len(lease) == 6
+            for i in range(6):
+                assert lease.stored(i) == "q8_0"
+                got = np.empty(ns.block_bytes // 2, dtype=np.float16)
+                lease.copy_into(i, got)
+                got, want = got.reshape(shape).view(np.uint16), data[i].reshape(shape).view(np.uint16)
+                assert np.array_equal(got[0, :, :, 1], want[0, :, :, 1])  # the raw head
+                for layer, head in ((0, 0), (1, 0), (1, 1)):
+                    assert not np.array_equal(got[layer, :, :, head], want[layer, :, :, head])
+
+
 def test_hint_and_lookup_budget(client):
     ns = new_ns(client)
     keys = ns.keys_from_tokens(tokens(16 * ns.block_tokens))

@@ -6,15 +6,86 @@
  * Then hit ratio per byte (case bytes/POLICY+CODECS@BUDGET): the precision ladder at a byte
  * budget of 1k and 10k raw blocks against raw LRU at 1.8x (q8_0) and 2.5x (q8_0, q4_1) the
  * bytes, and against the raw default at the same budget; targets: ratio >= 1.0.
+ * Then the new rungs (case rungs/BUDGET@CAP): the ladder of every codec whose attention
+ * error (kern_codec_attn_error) is within a fidelity budget of 0.3 and of 0.7, against the
+ * ladder of the codecs it had before rot2/rot4/merge/lowrank at the same budget, both
+ * charging each codec what the store's slot costs for a Llama-3-8B block of 16 tokens
+ * (32 x 8 x 128, 2 MiB pages); the rungs each ladder took are printed. A ratio of 1 is a
+ * new rung that never pays.
  * KVC_BENCH_SMOKE=1: the smallest capacity only.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/kern.h"
 #include "policies/policy.h"
 #include "tests/lib/bench.h"
 #include "tests/lib/sim.h"
+#include "tiers/slab.h"
+
+/* The kernel codec of a policy codec. */
+static int bench_kern_codec(int c)
+{
+    static const int map[POLICY_CODEC_COUNT] = {
+        [POLICY_CODEC_RAW] = KERN_CODEC_RAW,     [POLICY_CODEC_Q8] = KERN_CODEC_Q8_0,
+        [POLICY_CODEC_FP8] = KERN_CODEC_FP8,     [POLICY_CODEC_KIVI4] = KERN_CODEC_KIVI4,
+        [POLICY_CODEC_Q4] = KERN_CODEC_Q4_1,     [POLICY_CODEC_KIVI2] = KERN_CODEC_KIVI2,
+        [POLICY_CODEC_ROT4] = KERN_CODEC_ROT4,   [POLICY_CODEC_ROT2] = KERN_CODEC_ROT2,
+        [POLICY_CODEC_MERGE] = KERN_CODEC_MERGE, [POLICY_CODEC_LOWRANK] = KERN_CODEC_LOWRANK,
+    };
+    return map[c];
+}
+
+/* The new rungs at a fidelity budget against the old codecs' ladder at the same budget. */
+static int bench_rungs(const struct sim_trace *t, struct bench_row *rows, size_t *nrows)
+{
+    static const double budgets[] = {0.3, 0.7}, bcaps[] = {1000, 10000};
+    const uint32_t old = 1u << POLICY_CODEC_Q8 | 1u << POLICY_CODEC_FP8 | 1u << POLICY_CODEC_KIVI4 |
+                         1u << POLICY_CODEC_Q4 | 1u << POLICY_CODEC_KIVI2;
+    struct kern_layout lay = {32, 8, 128, 16, KERN_DTYPE_FP16, 0};
+    struct sim_config c;
+    sim_config_init(&c);
+    double raw = slab_slot_cost(2u << 20, kern_raw_size(&lay));
+    for (int k = 1; k < POLICY_CODEC_COUNT; k++) {
+        struct kern_recipe rec;
+        kern_recipe_fill(&rec, (enum kern_codec)bench_kern_codec(k),
+                         (enum kern_codec)bench_kern_codec(k), 0);
+        c.codec_room[k] = slab_slot_cost(2u << 20, (uint64_t)kern_encoded_size(&lay, &rec)) / raw;
+    }
+    printf("%-40s %8s %8s %8s  %s\n", "case", "new", "old", "ratio", "rungs new | old");
+    for (size_t bi = 0; bi < sizeof(budgets) / sizeof(budgets[0]); bi++)
+        for (size_t ci = 0; ci < (bench_smoke() ? 1u : 2u); ci++) {
+            uint32_t all = 0;
+            for (int k = 1; k < POLICY_CODEC_COUNT; k++)
+                if (kern_codec_attn_error((enum kern_codec)bench_kern_codec(k)) <= budgets[bi])
+                    all |= 1u << k;
+            struct sim_result rn, ro;
+            char names[2][160] = {"", ""};
+            c.policy = POLICY_DEFAULT;
+            c.capacity = bcaps[ci];
+            for (int w = 0; w < 2; w++) {
+                c.ladder = w == 0 ? all : all & old;
+                if (sim_run(t, &c, w == 0 ? &rn : &ro) < 0) {
+                    bench_fail("sim: rungs at %.0f failed", bcaps[ci]);
+                    return -1;
+                }
+                const struct sim_result *rr = w == 0 ? &rn : &ro;
+                for (uint32_t k = 1; k < rr->rungs; k++)
+                    snprintf(names[w] + strlen(names[w]), sizeof(names[w]) - strlen(names[w]),
+                             "%s%s", names[w][0] ? "," : "",
+                             policy_codec_name((enum policy_codec)rr->rung_codec[k]));
+            }
+            double vn = sim_ratio(rn.hits_full + rn.hits_lossy, rn.refs);
+            double vo = sim_ratio(ro.hits_full + ro.hits_lossy, ro.refs);
+            char name[64];
+            snprintf(name, sizeof(name), "rungs/budget%.1f@%.0f", budgets[bi], bcaps[ci]);
+            printf("%-40s %8.4f %8.4f %8.3f  %s | %s\n", name, vn, vo, vo > 0 ? vn / vo : 0,
+                   names[0], names[1]);
+            bench_row_add(rows, 256, nrows, name, vn, "hit_ratio", "old_rungs", vo);
+        }
+    return 0;
+}
 
 int main(int argc, char **argv)
 {
@@ -112,6 +183,8 @@ int main(int argc, char **argv)
                           bname, bv);
         }
     }
+    if (bench_rungs(&t, rows, &nrows) < 0)
+        goto out;
 out:
     rc = bench_finish(out, rows, nrows);
     sim_trace_free(&t);

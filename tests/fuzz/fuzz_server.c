@@ -576,6 +576,29 @@ static void fz_op(struct fz *f)
         uint8_t kind = fz_u8(f);
         *q = (struct kvc_hint_req){.ns_id = fz_pick_ns(f, c, &layout), .kind = kind % 4};
         q->nhints = fz_keys(f, keys, FZ_NKEYS);
+        if (kind & 0x40) { /* HINT_HEADS: the layout's shape, or another; scores after keys */
+            struct kvc_hint_heads_req *hq = (struct kvc_hint_heads_req *)pl;
+            struct kvc_wire_layout w;
+            uint8_t sh = fz_u8(f);
+            uint32_t n = q->nhints, ns_id = q->ns_id;
+            fz_layout(layout, &w);
+            *hq = (struct kvc_hint_heads_req){.ns_id = ns_id,
+                                              .kind = kind % 4,
+                                              .nhints = n,
+                                              .layers = (sh & 1) ? w.layers : sh % 5,
+                                              .heads = (sh & 1) ? w.kv_heads : (sh >> 4) % 5};
+            memcpy(hq + 1, keys, n * sizeof(keys[0]));
+            float *sc = (float *)((struct kvc_wire_key *)(hq + 1) + n);
+            uint64_t nf = (uint64_t)n * hq->layers * hq->heads;
+            if (nf > 4096)
+                nf = 4096; /* a length that does not match: refused */
+            for (uint64_t i = 0; i < nf; i++)
+                sc[i] = (kind & 0x80) && i == 0 ? -1.0f : (float)fz_u8(f) / 16.0f;
+            fz_send(f, c, KVC_OP_HINT_HEADS,
+                    (uint32_t)(sizeof(*hq) + n * sizeof(keys[0]) + nf * sizeof(float)),
+                    FZ_NLAYOUTS);
+            break;
+        }
         for (uint32_t i = 0; i < q->nhints; i++) {
             uint32_t raw = (kind & 0x80) ? fz_u32(f) : 0;
             memset(&hs[i], 0, sizeof(hs[i]));

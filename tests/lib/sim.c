@@ -26,6 +26,7 @@
  * invariant, but a parent's next use never comes after its child's, so it keeps it anyway.
  */
 #include <errno.h>
+#include <stdbool.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -352,6 +353,7 @@ struct sim_state {
     uint32_t *parent;
     uint8_t *where;
     uint8_t *pinned;
+    uint32_t *writer;    /* the request still writing the block (c->procs > 1), else UINT32_MAX */
     uint64_t *ghost_seq; /* eviction sequence + 1 when last evicted; 0 = never */
     float *ghost_freq;
     uint64_t *ghost_time;
@@ -377,7 +379,10 @@ struct sim_state {
 
 static double sim_room(const struct sim_state *s, uint32_t x)
 {
-    return s->where[x] == SIM_QUANT ? policy_codec_ratio((enum policy_codec)s->rung[x]) : 1.0;
+    if (s->where[x] != SIM_QUANT)
+        return 1.0;
+    double r = s->c->codec_room[s->rung[x]];
+    return r > 0 ? r : policy_codec_ratio((enum policy_codec)s->rung[x]);
 }
 
 /* The heap a cached, unpinned block waits in. */
@@ -586,6 +591,24 @@ static int sim_host_room(struct sim_state *s, double need, uint64_t now)
     return s->c->ladder ? sim_host_room_ladder(s, need, now) : sim_host_room_victim(s, need, now);
 }
 
+/* Request q is done with x: unpinned unless q wrote it and its commit is still to come
+ * (`commit`: it comes now). */
+static void sim_unpin(struct sim_state *s, uint32_t x, uint32_t q, bool commit)
+{
+    if (s->writer && s->writer[x] == q) {
+        if (!commit)
+            return;
+        s->writer[x] = UINT32_MAX;
+    }
+    if (!s->pinned[x])
+        return;
+    s->pinned[x] = 0;
+    if (s->where[x] == SIM_NONE)
+        return;
+    sim_rekey(s, x);
+    sim_heap_push(sim_heap_of(s, x), x);
+}
+
 static int sim_policy_run(struct sim_state *s)
 {
     const struct sim_trace *t = s->t;
@@ -604,6 +627,14 @@ static int sim_policy_run(struct sim_state *s)
             s->r->tokens += tok;
             if (s->tuning)
                 policy_tune_access(&s->tune, x, j, now);
+            if (s->writer && s->writer[x] != UINT32_MAX && s->writer[x] != qi) {
+                /* Another client's put of it is not committed yet: a miss, and nothing hangs
+                 * from it in this request (the daemon answers BUSY and skips the rest). */
+                s->r->busy++;
+                prefix = 0;
+                parent = UINT32_MAX;
+                continue;
+            }
             if (s->where[x] == SIM_NONE) {
                 prefix = 0;
                 /* Cached only below a cached parent (the request's previous block). */
@@ -633,6 +664,8 @@ static int sim_policy_run(struct sim_state *s)
                                          &s->p);
                 }
                 sim_enter_fast(s, x, POLICY_CODEC_RAW);
+                if (s->writer)
+                    s->writer[x] = (uint32_t)qi;
                 s->parent[x] = j > 0 ? parent : UINT32_MAX;
                 if (j > 0) {
                     s->blk[parent].children++;
@@ -676,16 +709,14 @@ static int sim_policy_run(struct sim_state *s)
             sim_rekey(s, x);
             parent = x;
         }
-        /* Unpin: the request's blocks become candidates again. */
-        for (j = 0; j < rq->len; j++) {
-            uint32_t x = ids[j];
-            if (!s->pinned[x])
-                continue;
-            s->pinned[x] = 0;
-            if (s->where[x] == SIM_NONE)
-                continue;
-            sim_rekey(s, x);
-            sim_heap_push(sim_heap_of(s, x), x);
+        /* Unpin: the request's blocks become candidates again; with several clients the
+         * ones it wrote only once procs - 1 more requests have looked up (their commit). */
+        for (j = 0; j < rq->len; j++)
+            sim_unpin(s, ids[j], (uint32_t)qi, false);
+        if (s->writer && qi + 1 >= s->c->procs) {
+            const struct sim_req *done = &t->req[qi + 1 - s->c->procs];
+            for (j = 0; j < done->len; j++)
+                sim_unpin(s, t->ids[done->off + j], (uint32_t)(qi + 1 - s->c->procs), true);
         }
         if (s->tuning && policy_tune_half_life(&s->tune) > 0)
             s->p.half_life = policy_tune_half_life(&s->tune);
@@ -818,13 +849,33 @@ int sim_run(const struct sim_trace *t, const struct sim_config *c, struct sim_re
     {
         uint32_t rungs = 1;
         s.codec_at[0] = POLICY_CODEC_RAW;
-        for (enum policy_codec k = policy_ladder_next(c->ladder, POLICY_CODEC_RAW);
-             k != POLICY_CODEC_RAW && rungs < POLICY_LADDER_RUNGS;
-             k = policy_ladder_next(c->ladder, k)) {
-            s.rung_of[k] = (uint8_t)rungs;
-            s.codec_at[rungs++] = (uint8_t)k;
+        /* The rungs: each allowed codec smaller than the rung above, largest first (the
+         * more precise of equal sizes), by what it costs (codec_room) or its ratio, the
+         * smallest always last, as the daemon's store_ladder_setup takes them by their
+         * encoded size. */
+        double last = 1.0;
+        for (;;) {
+            int pick = -1;
+            double best = 0;
+            for (int k = 1; k < POLICY_CODEC_COUNT; k++) {
+                double room = c->codec_room[k] > 0 ? c->codec_room[k]
+                                                   : policy_codec_ratio((enum policy_codec)k);
+                if ((c->ladder & (1u << k)) && room < last && room > best) {
+                    best = room;
+                    pick = k;
+                }
+            }
+            if (pick < 0)
+                break;
+            if (rungs == POLICY_LADDER_RUNGS) /* the smallest stays last (store_ladder_setup) */
+                rungs--;
+            s.rung_of[pick] = (uint8_t)rungs;
+            s.codec_at[rungs++] = (uint8_t)pick;
+            last = best;
         }
         policy_ladder_init(&s.ladder, rungs, c->lossy_weight, c->capacity);
+        r->rungs = rungs;
+        memcpy(r->rung_codec, s.codec_at, sizeof(r->rung_codec));
     }
     s.blk = calloc(nb, sizeof(*s.blk));
     s.key = calloc(nb, sizeof(*s.key));
@@ -839,6 +890,15 @@ int sim_run(const struct sim_trace *t, const struct sim_config *c, struct sim_re
     s.disk.a = malloc(nb * sizeof(uint32_t));
     s.disk.pos = malloc(nb * sizeof(uint32_t));
     s.rung = calloc(nb, 1);
+    if (c->procs > 1) {
+        s.writer = malloc(nb * sizeof(*s.writer));
+        if (!s.writer) {
+            rc = -ENOMEM;
+            goto out;
+        }
+        for (size_t i = 0; i < nb; i++)
+            s.writer[i] = UINT32_MAX;
+    }
     for (uint32_t k = 1; k < s.ladder.rungs; k++) {
         s.lossy[k].a = malloc(nb * sizeof(uint32_t));
         s.lossy[k].pos = malloc(nb * sizeof(uint32_t));
@@ -873,6 +933,7 @@ out:
     free(s.parent);
     free(s.where);
     free(s.pinned);
+    free(s.writer);
     free(s.ghost_seq);
     free(s.ghost_freq);
     free(s.ghost_time);

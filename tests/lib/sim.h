@@ -8,6 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "policies/policy.h"
+
 #define SIM_BLOCK_TOKENS 512
 
 struct sim_req {
@@ -53,6 +55,12 @@ struct sim_config {
     uint32_t ladder;      /* codecs (1u << POLICY_CODEC_*) of the precision ladder
                              (policy_ladder.c); 0: none (then `codec` quantizes victims) */
     double lossy_weight;  /* the ladder's cost of a lossy hit against a miss */
+    uint32_t procs;       /* clients replaying in turn (kvcreplay -p): a request's new blocks
+                             hold their room raw and pinned, and are nobody's hit, until the
+                             next procs - 1 requests have looked up (0 or 1: at once) */
+    double codec_room[POLICY_CODEC_COUNT]; /* room a block in codec c takes, in raw blocks
+                                              (what the store's slots cost, kvcsim --layout);
+                                              0: policy_codec_ratio(c) */
 };
 
 void sim_config_init(struct sim_config *c);
@@ -67,9 +75,12 @@ struct sim_result {
     uint64_t token_hits;  /* tokens of blocks hit */
     uint64_t disk_writes; /* blocks written to disk */
     double half_life;     /* final decay half-life (requests) */
-    uint64_t hits_codec[8]; /* lossy hits by the codec that served them (enum policy_codec) */
+    uint64_t hits_codec[POLICY_CODEC_COUNT]; /* lossy hits by the codec that served them */
     uint64_t ladder_steps;  /* steps down the ladder (quantizations, raw to a codec or down) */
     double raw_share;       /* the ladder's final raw share (1 without one) */
+    uint64_t busy;          /* references to a block another request was still writing */
+    uint32_t rungs;         /* the ladder's rungs (raw included), their codecs by rung */
+    uint8_t rung_codec[POLICY_LADDER_RUNGS];
 };
 
 static inline double sim_ratio(uint64_t a, uint64_t b)

@@ -25,12 +25,21 @@ class ModelConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     seed: int = 0
+    # The channel structure of real keys (KIVI, KVQuant: a few channels of Llama-family keys
+    # are an order of magnitude larger): key_outliers channels of each KV head, chosen from
+    # a generator of their own, get their wk rows scaled by outlier_scale. 0: none (the
+    # weights are then those of earlier versions, bit for bit).
+    key_outliers: int = 0
+    outlier_scale: float = 10.0
 
     def model_id(self):
         """The model id of the kvcd namespace: everything that changes the KV is in it."""
-        return ("kvcd-ref/llama-v%d-d%d-l%d-h%d-kv%d-hd%d-f%d-s%d" %
-                (self.vocab, self.dim, self.layers, self.heads, self.kv_heads, self.head_dim,
-                 self.ffn_dim, self.seed))
+        mid = ("kvcd-ref/llama-v%d-d%d-l%d-h%d-kv%d-hd%d-f%d-s%d" %
+               (self.vocab, self.dim, self.layers, self.heads, self.kv_heads, self.head_dim,
+                self.ffn_dim, self.seed))
+        if self.key_outliers:
+            mid += "-ko%d-x%g" % (self.key_outliers, self.outlier_scale)
+        return mid
 
 
 def tiny_config(**kw):
@@ -49,6 +58,9 @@ class Model:
             raise ValueError("heads must be a multiple of kv_heads")
         self.cfg = cfg
         self.device = torch.device(device)
+        # None, or a list forward() appends (layer, attention output of its last query
+        # [kv_heads, group, head_dim]) to: fidelity measurements compare them per layer.
+        self.trace = None
         g = torch.Generator().manual_seed(cfg.seed)
 
         def w(rows, cols):
@@ -64,6 +76,14 @@ class Model:
                 ffn_norm=1 + 0.1 * torch.randn(cfg.dim, generator=g),
                 w1=w(cfg.ffn_dim, cfg.dim), w3=w(cfg.ffn_dim, cfg.dim),
                 w2=w(cfg.dim, cfg.ffn_dim)))
+        if cfg.key_outliers:
+            if not 0 < cfg.key_outliers <= cfg.head_dim:
+                raise ValueError("key_outliers must be in [0, head_dim]")
+            go = torch.Generator().manual_seed(cfg.seed + 0x6b6f)
+            for b in self.blocks:
+                for h in range(cfg.kv_heads):
+                    ch = torch.randperm(cfg.head_dim, generator=go)[:cfg.key_outliers]
+                    b["wk"][h * cfg.head_dim + ch] *= cfg.outlier_scale
         self.norm = 1 + 0.1 * torch.randn(cfg.dim, generator=g)
         self.lm_head = w(cfg.vocab, cfg.dim)
         inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2).float() / cfg.head_dim))
@@ -111,6 +131,8 @@ class Model:
             scores = qg @ keys.permute(1, 2, 0)[:, None] / math.sqrt(cfg.head_dim)
             scores = scores.masked_fill(mask, float("-inf"))
             att = torch.softmax(scores, dim=-1) @ values.permute(1, 0, 2)[:, None]
+            if self.trace is not None:
+                self.trace.append((layer, att[:, :, -1].detach().clone()))
             x = x + att.permute(2, 0, 1, 3).reshape(n, -1) @ b["wo"].T
             h = self.rms_norm(x, b["ffn_norm"])
             x = x + (torch.nn.functional.silu(h @ b["w1"].T) * (h @ b["w3"].T)) @ b["w2"].T

@@ -1,0 +1,271 @@
+/*
+ * kern_lowrank.c — LOWRANK: each head's keys as rank-r factors, r the smallest rank that
+ * holds the recipe's share of their energy (kern_ext.h has the format and the arithmetic).
+ * Values are q8_0 sections (kern_codec_as) and never come here.
+ *
+ * DESIGN
+ * Keys of a head span few directions (their spectrum decays fast: Loki, Palu, "Eigen
+ * Attention"), so a block's K, T x D, is close to a rank-r product. The factors come from the
+ * eigenvectors of the smaller Gram matrix (T x T or D x D, at most 64 x 64: a real block has
+ * 16-32 tokens), found by Jacobi's method with a fixed order of rotations, so every version
+ * gives the same factors to the bit. The reference runs kern_ext.h as it is; the AVX2 version
+ * forms the Gram matrix, the projections and the decoded rows a vector at a time with the
+ * format's eight partial sums in the eight lanes (or eight vectors, where the sum runs across
+ * rows), and shares the Jacobi sweeps (O(n^3) on n <= 64, the rest is O(n T D)).
+ */
+#include <errno.h>
+#include <immintrin.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/kern_cpu.h"
+#include "kernels/kern_ext.h"
+
+#define KT __attribute__((target("avx2,f16c")))
+
+/* ---- reference ---------------------------------------------------------------------------- */
+
+/* g[n][n] = K K^T (T <= D: n = T, sum over channels) or K^T K (n = D, sum over tokens). */
+static void lr_gram_ref(const float *x, uint32_t T, uint32_t D, float *g)
+{
+    const int by_tok = T <= D;
+    const uint32_t n = by_tok ? T : D, m = by_tok ? D : T;
+    for (uint32_t i = 0; i < n; i++)
+        for (uint32_t j = 0; j < n; j++) {
+            float p[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            for (uint32_t k = 0; k < m; k++) {
+                float a = by_tok ? x[(uint64_t)i * D + k] : x[(uint64_t)k * D + i];
+                float b = by_tok ? x[(uint64_t)j * D + k] : x[(uint64_t)k * D + j];
+                p[k & 7] = KERN_ADD(p[k & 7], KERN_MUL(a, b));
+            }
+            g[i * n + j] = kern_sum8_fold(p);
+        }
+}
+
+/* The projection of factor e: T <= D: w[d] = sum_t u[t] x[t][d] / sigma (u = column e of v);
+ * else u[t] = sum_d x[t][d] w[d] / sigma (w = column e of v). */
+static void lr_project_ref(const float *x, uint32_t T, uint32_t D, const float *v, uint32_t e,
+                           float sigma, float *u, float *w)
+{
+    const uint32_t n = T <= D ? T : D;
+    if (T <= D) {
+        for (uint32_t t = 0; t < T; t++)
+            u[t] = v[t * n + e];
+        for (uint32_t d = 0; d < D; d++) {
+            float p[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            for (uint32_t t = 0; t < T; t++)
+                p[t & 7] = KERN_ADD(p[t & 7], KERN_MUL(u[t], x[(uint64_t)t * D + d]));
+            w[d] = sigma > 0.0f ? KERN_DIV(kern_sum8_fold(p), sigma) : 0.0f;
+        }
+    } else {
+        for (uint32_t d = 0; d < D; d++)
+            w[d] = v[d * n + e];
+        for (uint32_t t = 0; t < T; t++) {
+            float p[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            for (uint32_t d = 0; d < D; d++)
+                p[d & 7] = KERN_ADD(p[d & 7], KERN_MUL(x[(uint64_t)t * D + d], w[d]));
+            u[t] = sigma > 0.0f ? KERN_DIV(kern_sum8_fold(p), sigma) : 0.0f;
+        }
+    }
+}
+
+/* ---- AVX2: the same sums, a vector at a time -------------------------------------------- */
+
+KT static __m256 lr_load(const float *p, uint32_t n)
+{
+    if (n >= 8)
+        return _mm256_loadu_ps(p);
+    float f[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    memcpy(f, p, n * sizeof(float));
+    return _mm256_loadu_ps(f);
+}
+
+KT static void lr_store(float *p, __m256 v, uint32_t n)
+{
+    float f[8];
+    if (n >= 8) {
+        _mm256_storeu_ps(p, v);
+        return;
+    }
+    _mm256_storeu_ps(f, v);
+    memcpy(p, f, n * sizeof(float));
+}
+
+/* Eight vectors of partial sums (one per class k % 8) folded lane by lane as kern_sum8_fold. */
+KT static __m256 lr_fold8(const __m256 *p)
+{
+    return _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(p[0], p[1]), _mm256_add_ps(p[2], p[3])),
+                         _mm256_add_ps(_mm256_add_ps(p[4], p[5]), _mm256_add_ps(p[6], p[7])));
+}
+
+KT static void lr_gram_avx2(const float *x, uint32_t T, uint32_t D, float *g)
+{
+    if (T <= D) { /* sum over channels: channel k in lane k % 8 of one vector */
+        const uint32_t n = T;
+        float f[8];
+        for (uint32_t i = 0; i < n; i++)
+            for (uint32_t j = 0; j < n; j++) {
+                __m256 p = _mm256_setzero_ps();
+                for (uint32_t k = 0; k < D; k += 8)
+                    p = _mm256_add_ps(p, _mm256_mul_ps(lr_load(x + (uint64_t)i * D + k, D - k),
+                                                       lr_load(x + (uint64_t)j * D + k, D - k)));
+                _mm256_storeu_ps(f, p);
+                g[i * n + j] = kern_sum8_fold(f);
+            }
+        return;
+    }
+    /* sum over tokens: token k into partial vector k % 8, eight entries j at a time */
+    const uint32_t n = D;
+    for (uint32_t i = 0; i < n; i++)
+        for (uint32_t j = 0; j < n; j += 8) {
+            __m256 p[8];
+            for (int c = 0; c < 8; c++)
+                p[c] = _mm256_setzero_ps();
+            for (uint32_t k = 0; k < T; k++) {
+                __m256 a = _mm256_set1_ps(x[(uint64_t)k * D + i]);
+                p[k & 7] = _mm256_add_ps(p[k & 7],
+                                         _mm256_mul_ps(a, lr_load(x + (uint64_t)k * D + j, n - j)));
+            }
+            lr_store(g + i * n + j, lr_fold8(p), n - j);
+        }
+}
+
+KT static void lr_project_avx2(const float *x, uint32_t T, uint32_t D, const float *v, uint32_t e,
+                               float sigma, float *u, float *w)
+{
+    const uint32_t n = T <= D ? T : D;
+    if (T <= D) {
+        for (uint32_t t = 0; t < T; t++)
+            u[t] = v[t * n + e];
+        for (uint32_t d = 0; d < D; d += 8) {
+            __m256 p[8];
+            float f[8];
+            for (int c = 0; c < 8; c++)
+                p[c] = _mm256_setzero_ps();
+            for (uint32_t t = 0; t < T; t++)
+                p[t & 7] =
+                    _mm256_add_ps(p[t & 7], _mm256_mul_ps(_mm256_set1_ps(u[t]),
+                                                          lr_load(x + (uint64_t)t * D + d, D - d)));
+            _mm256_storeu_ps(f, sigma > 0.0f ? _mm256_div_ps(lr_fold8(p), _mm256_set1_ps(sigma))
+                                             : _mm256_setzero_ps());
+            memcpy(w + d, f, (D - d < 8 ? D - d : 8) * sizeof(float));
+        }
+    } else {
+        float f[8];
+        for (uint32_t d = 0; d < D; d++)
+            w[d] = v[d * n + e];
+        for (uint32_t t = 0; t < T; t++) {
+            __m256 p = _mm256_setzero_ps();
+            for (uint32_t d = 0; d < D; d += 8)
+                p = _mm256_add_ps(p, _mm256_mul_ps(lr_load(x + (uint64_t)t * D + d, D - d),
+                                                   lr_load(w + d, D - d)));
+            _mm256_storeu_ps(f, p);
+            u[t] = sigma > 0.0f ? KERN_DIV(kern_sum8_fold(f), sigma) : 0.0f;
+        }
+    }
+}
+
+/* Rows of head h of a LOWRANK section into y[T][D] (decoded floats). */
+KT static void lr_rows_avx2(const uint8_t *head, uint32_t rank, uint32_t cap, uint32_t T,
+                            uint32_t D, float *y)
+{
+    const uint8_t *u = kern_lowrank_u(head, cap), *w = kern_lowrank_w(head, cap, T);
+    for (uint32_t t = 0; t < T; t++)
+        for (uint32_t d = 0; d < D; d += 8) {
+            const uint32_t m = D - d < 8 ? D - d : 8;
+            __m256 acc = _mm256_setzero_ps();
+            for (uint32_t i = 0; i < rank; i++) {
+                float su = KERN_MUL(kern_lowrank_sigma(head, i),
+                                    kern_get_h(u + 2 * ((uint64_t)t * cap + i)));
+                const uint8_t *wr = w + 2 * ((uint64_t)i * D + d);
+                __m256 wv;
+                if (m == 8) {
+                    wv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wr));
+                } else {
+                    float f[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                    for (uint32_t j = 0; j < m; j++)
+                        f[j] = kern_get_h(wr + 2 * j);
+                    wv = _mm256_loadu_ps(f);
+                }
+                acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(su), wv));
+            }
+            lr_store(y + (uint64_t)t * D + d, acc, m);
+        }
+}
+
+static void lr_rows_ref(const uint8_t *head, uint32_t rank, uint32_t cap, uint32_t T, uint32_t D,
+                        float *y)
+{
+    for (uint32_t t = 0; t < T; t++)
+        for (uint32_t d = 0; d < D; d++)
+            y[(uint64_t)t * D + d] = kern_lowrank_val(head, rank, cap, T, D, t, d);
+}
+
+/* ---- the section ------------------------------------------------------------------------- */
+
+int kern_lowrank_enc(const struct kern_cpu_ops *ops, const struct kern_ext_ctx *c, uint8_t *sect)
+{
+    const struct kern_layout *lay = c->lay;
+    const uint32_t T = lay->tokens, H = lay->heads, D = lay->head_dim;
+    const uint32_t n = T <= D ? T : D, cap = kern_lowrank_cap(D, T);
+    const uint64_t hb = kern_lowrank_head_bytes(D, T);
+    const float keep = kern_lowrank_keep(c->rec->lowrank_energy);
+    const int vec = ops != &kern_ref_ops;
+    float *x =
+        malloc(((size_t)T * D + 2 * (size_t)n * n + T + D) * sizeof(float) + n * sizeof(uint32_t));
+    if (!x)
+        return -ENOMEM;
+    float *g = x + (size_t)T * D, *v = g + (size_t)n * n, *u = v + (size_t)n * n, *w = u + T;
+    uint32_t *ord = (uint32_t *)(w + D);
+    for (uint32_t h = 0; h < H; h++) {
+        uint8_t *head = sect + h * hb;
+        memset(head, 0, hb);
+        ops->load(c->rawk + 2ull * h * D, lay->dtype, (uint64_t)H * D, T, D, x);
+        if (vec)
+            lr_gram_avx2(x, T, D, g);
+        else
+            lr_gram_ref(x, T, D, g);
+        kern_jacobi(g, v, n);
+        uint32_t r = kern_lowrank_rank(g, n, keep, cap, ord);
+        memcpy(head, &r, 4);
+        uint8_t *uo = head + 16 + 4 * cap, *wo = uo + 2ull * T * cap;
+        for (uint32_t i = 0; i < r; i++) {
+            float e = g[ord[i] * n + ord[i]];
+            float sigma = sqrtf(e > 0.0f ? e : 0.0f);
+            memcpy(head + 16 + 4 * i, &sigma, 4);
+            if (vec)
+                lr_project_avx2(x, T, D, v, ord[i], sigma, u, w);
+            else
+                lr_project_ref(x, T, D, v, ord[i], sigma, u, w);
+            for (uint32_t t = 0; t < T; t++)
+                kern_put_h(uo + 2 * ((uint64_t)t * cap + i), kern_sanitize(u[t]));
+            for (uint32_t d = 0; d < D; d++)
+                kern_put_h(wo + 2 * ((uint64_t)i * D + d), kern_sanitize(w[d]));
+        }
+    }
+    free(x);
+    return 0;
+}
+
+int kern_lowrank_dec(const struct kern_cpu_ops *ops, const struct kern_layout *lay,
+                     const uint8_t *sect, void *raw, uint32_t out_dtype)
+{
+    const uint32_t T = lay->tokens, H = lay->heads, D = lay->head_dim;
+    const uint32_t cap = kern_lowrank_cap(D, T);
+    const uint64_t hb = kern_lowrank_head_bytes(D, T);
+    const int vec = ops != &kern_ref_ops;
+    float *y = malloc((size_t)T * D * sizeof(float));
+    if (!y)
+        return -ENOMEM;
+    for (uint32_t h = 0; h < H; h++) {
+        const uint8_t *head = sect + h * hb;
+        uint32_t r = kern_lowrank_get_rank(head, cap);
+        if (vec)
+            lr_rows_avx2(head, r, cap, T, D, y);
+        else
+            lr_rows_ref(head, r, cap, T, D, y);
+        ops->store(y, T, D, (uint8_t *)raw + 2ull * h * D, out_dtype, (uint64_t)H * D);
+    }
+    free(y);
+    return 0;
+}

@@ -1,0 +1,313 @@
+/*
+ * kern_merge.c — MERGE: adjacent tokens whose keys (and values) lie within a cosine
+ * threshold stored once; decode writes every token back, so engines see the block's shape
+ * (kern_ext.h has the format and the arithmetic).
+ *
+ * DESIGN
+ * A cold block of repetitive text (templates, padding, repeated tool output) holds runs of
+ * near-identical KV rows; storing a run once halves such a block at worst-case fidelity
+ * bounded by the threshold (token merging, as in CaM / D2O, applied at block level). The plan
+ * (which tokens start a run) reads both K and V of a head, so the K and V sections of a layer
+ * agree; each section then stores its runs' mean rows. The reference runs kern_ext.h's
+ * functions as they are; the AVX2 version computes the same eight partial sums of the plan
+ * in the eight lanes of a vector (channel c into lane c % 8, in order), and the means a
+ * vector of channels at a time (tokens summed in order), so the bytes are the reference's.
+ */
+#include <errno.h>
+#include <immintrin.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/kern_cpu.h"
+#include "kernels/kern_ext.h"
+
+#define KT __attribute__((target("avx2,f16c")))
+
+KT static inline __attribute__((always_inline)) __m256 mrg_load8(const struct kern_layout *lay,
+                                                                 const uint8_t *raw, uint32_t t,
+                                                                 uint32_t h, uint32_t c0,
+                                                                 uint32_t n)
+{
+    float f[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    const uint16_t *p = (const uint16_t *)raw + ((uint64_t)t * lay->heads + h) * lay->head_dim + c0;
+    if (n == 8) {
+        __m128i v = _mm_loadu_si128((const __m128i *)p);
+        __m256 x = lay->dtype == KERN_DTYPE_BF16
+                       ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16))
+                       : _mm256_cvtph_ps(v);
+        x = _mm256_and_ps(x, _mm256_cmp_ps(x, x, _CMP_ORD_Q));
+        x = _mm256_min_ps(x, _mm256_set1_ps(KERN_FP16_MAX));
+        return _mm256_max_ps(x, _mm256_set1_ps(-KERN_FP16_MAX));
+    }
+    for (uint32_t j = 0; j < n; j++)
+        f[j] = kern_ext_value(lay, raw, t, h, c0 + j);
+    return _mm256_loadu_ps(f);
+}
+
+/* kern_merge_near with the partial sums in a vector's lanes (a lane past the row's end adds
+ * 0 to its partial, which changes nothing). */
+KT static int mrg_near_avx2(const struct kern_layout *lay, const uint8_t *raw, uint32_t h,
+                            uint32_t t, uint32_t s, float lim)
+{
+    __m256 pd = _mm256_setzero_ps(), pn = _mm256_setzero_ps();
+    float a[8], b[8];
+    for (uint32_t c = 0; c < lay->head_dim; c += 8) {
+        uint32_t n = lay->head_dim - c < 8 ? lay->head_dim - c : 8;
+        __m256 x = mrg_load8(lay, raw, t, h, c, n), y = mrg_load8(lay, raw, s, h, c, n);
+        __m256 d = _mm256_sub_ps(x, y);
+        pd = _mm256_add_ps(pd, _mm256_mul_ps(d, d));
+        pn = _mm256_add_ps(pn, _mm256_mul_ps(y, y));
+    }
+    _mm256_storeu_ps(a, pd);
+    _mm256_storeu_ps(b, pn);
+    return kern_sum8_fold(a) <= KERN_MUL(lim, kern_sum8_fold(b));
+}
+
+/* kern_merge_plan with mrg_near_avx2. */
+KT static uint32_t mrg_plan_avx2(const struct kern_layout *lay, const uint8_t *rawk,
+                                 const uint8_t *rawv, uint32_t h, float cos, uint32_t *map,
+                                 uint64_t *forced)
+{
+    const uint32_t T = lay->tokens, R = kern_merge_rows(T);
+    const float lim = kern_merge_lim(cos);
+    uint32_t rows = 1, s = 0;
+    memset(map, 0, kern_merge_map_bytes(T));
+    map[0] = 1u;
+    for (uint32_t t = 1; t < T; t++) {
+        int join = mrg_near_avx2(lay, rawk, h, t, s, lim) &&
+                   (!rawv || mrg_near_avx2(lay, rawv, h, t, s, lim));
+        if (join)
+            continue;
+        if (rows < R) {
+            s = t;
+            rows++;
+            map[t >> 5] |= 1u << (t & 31);
+        } else if (forced) {
+            (*forced)++;
+        }
+    }
+    return rows;
+}
+
+/* Run [a, b) of head h's rows in `raw` as its mean, into row `out` of the dtype. */
+static void mrg_mean_ref(const struct kern_layout *lay, const uint8_t *raw, uint32_t h, uint32_t a,
+                         uint32_t b, uint8_t *out)
+{
+    for (uint32_t c = 0; c < lay->head_dim; c++) {
+        float sum = 0.0f;
+        for (uint32_t t = a; t < b; t++)
+            sum = KERN_ADD(sum, kern_ext_value(lay, raw, t, h, c));
+        kern_store(out, lay->dtype, c, KERN_DIV(sum, (float)(b - a)));
+    }
+}
+
+KT static void mrg_mean_avx2(const struct kern_layout *lay, const uint8_t *raw, uint32_t h,
+                             uint32_t a, uint32_t b, uint8_t *out)
+{
+    const __m256 n = _mm256_set1_ps((float)(b - a));
+    float f[8];
+    for (uint32_t c = 0; c < lay->head_dim; c += 8) {
+        uint32_t m = lay->head_dim - c < 8 ? lay->head_dim - c : 8;
+        __m256 sum = _mm256_setzero_ps();
+        for (uint32_t t = a; t < b; t++)
+            sum = _mm256_add_ps(sum, mrg_load8(lay, raw, t, h, c, m));
+        _mm256_storeu_ps(f, _mm256_div_ps(sum, n));
+        for (uint32_t j = 0; j < m; j++)
+            kern_store(out, lay->dtype, c + j, f[j]);
+    }
+}
+
+/* Eight means to the dtype, rounded to nearest even as kern_store (means are finite). */
+KT static void mrg_store8(uint16_t *p, __m256 x, uint32_t dtype)
+{
+    if (dtype == KERN_DTYPE_FP16) {
+        _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+        return;
+    }
+    __m256i u = _mm256_castps_si256(x);
+    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    u = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), odd),
+                          16);
+    _mm_storeu_si128((__m128i *)p,
+                     _mm_packus_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1)));
+}
+
+/* The eight partial sums of a row's squares (|x_s|^2's partials of kern_merge_near). */
+KT static __m256 mrg_norm_avx2(const float *x, uint32_t dim)
+{
+    __m256 p = _mm256_setzero_ps();
+    for (uint32_t c = 0; c < dim; c += 8) {
+        __m256 v = _mm256_loadu_ps(x + c);
+        p = _mm256_add_ps(p, _mm256_mul_ps(v, v));
+    }
+    return p;
+}
+
+/* |x - s|^2 <= lim |s|^2 with kern_merge_near's sums; x, s padded to a multiple of 8. */
+KT static int mrg_within(const float *x, const float *st, __m256 pn, uint32_t dim, float lim)
+{
+    __m256 pd = _mm256_setzero_ps();
+    float a[8], b[8];
+    for (uint32_t c = 0; c < dim; c += 8) {
+        __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + c), _mm256_loadu_ps(st + c));
+        pd = _mm256_add_ps(pd, _mm256_mul_ps(d, d));
+    }
+    _mm256_storeu_ps(a, pd);
+    _mm256_storeu_ps(b, pn);
+    return kern_sum8_fold(a) <= KERN_MUL(lim, kern_sum8_fold(b));
+}
+
+KT static void mrg_row_avx2(const struct kern_layout *lay, const uint8_t *raw, uint32_t t,
+                            uint32_t h, float *x)
+{
+    for (uint32_t c = 0; c < lay->head_dim; c += 8)
+        _mm256_storeu_ps(x + c, mrg_load8(lay, raw, t, h, c,
+                                          lay->head_dim - c < 8 ? lay->head_dim - c : 8));
+}
+
+/* One pass over head h: the plan (kern_merge_plan's joins, rows and forced count) and the
+ * running sums of `own`'s rows for the means, each token's rows loaded once. */
+KT static void mrg_head_fused(const struct kern_ext_ctx *c, uint32_t h, const uint8_t *own,
+                              uint8_t *head, float *buf)
+{
+    const struct kern_layout *lay = c->lay;
+    const uint32_t T = lay->tokens, D = lay->head_dim, Dp = (D + 7) & ~7u, R = kern_merge_rows(T);
+    const float lim = kern_merge_lim(c->rec->merge_cos);
+    float *xk = buf, *xv = buf + Dp, *sk = buf + 2 * Dp, *sv = buf + 3 * Dp, *sum = buf + 4 * Dp;
+    float *xo = own == c->rawk ? xk : xv, *mean = buf + 5 * Dp;
+    uint32_t *map = (uint32_t *)(head + 16), rows = 1, a = 0, r = 0;
+    uint8_t *row0 = head + 16 + kern_merge_map_bytes(T);
+    __m256 nk = _mm256_setzero_ps(), nv = _mm256_setzero_ps();
+    memset(head, 0, kern_merge_head_bytes(D, T));
+    memset(buf, 0, 6 * Dp * sizeof(float));
+    map[0] = 1u;
+    for (uint32_t t = 0; t <= T; t++) {
+        int join = 0;
+        if (t < T) {
+            mrg_row_avx2(lay, c->rawk, t, h, xk);
+            if (c->rawv)
+                mrg_row_avx2(lay, c->rawv, t, h, xv);
+            if (t > 0) {
+                join = mrg_within(xk, sk, nk, Dp, lim) && (!c->rawv || mrg_within(xv, sv, nv, Dp, lim));
+                if (!join && rows >= R)
+                    join = 1; /* forced: the head has no room for another row */
+            }
+        }
+        if (t > 0 && !join) { /* the run [a, t) closes: its mean */
+            const __m256 n = _mm256_set1_ps((float)(t - a));
+            uint16_t *o = (uint16_t *)(row0 + 2ull * r * D);
+            uint32_t d = 0;
+            for (; d + 8 <= D; d += 8)
+                mrg_store8(o + d, _mm256_div_ps(_mm256_loadu_ps(sum + d), n), lay->dtype);
+            for (; d < Dp; d += 8)
+                _mm256_storeu_ps(mean + d, _mm256_div_ps(_mm256_loadu_ps(sum + d), n));
+            for (uint32_t e = D & ~7u; e < D; e++)
+                kern_store(o, lay->dtype, e, mean[e]);
+            r++;
+        }
+        if (t == T)
+            break;
+        if (join) {
+            for (uint32_t d = 0; d < Dp; d += 8)
+                _mm256_storeu_ps(sum + d, _mm256_add_ps(_mm256_loadu_ps(sum + d), _mm256_loadu_ps(xo + d)));
+            continue;
+        }
+        if (t > 0) { /* a new run from t */
+            rows++;
+            map[t >> 5] |= 1u << (t & 31);
+        }
+        a = t;
+        memcpy(sk, xk, Dp * sizeof(float));
+        nk = mrg_norm_avx2(sk, Dp);
+        if (c->rawv) {
+            memcpy(sv, xv, Dp * sizeof(float));
+            nv = mrg_norm_avx2(sv, Dp);
+        }
+        /* the first row of a run: 0 + x, as the reference's sum starts */
+        for (uint32_t d = 0; d < Dp; d += 8)
+            _mm256_storeu_ps(sum + d, _mm256_add_ps(_mm256_setzero_ps(), _mm256_loadu_ps(xo + d)));
+    }
+    memcpy(head, &rows, 4);
+}
+
+/* Head h of a MERGE section from the layer's slabs; `own` is this section's slab. */
+static void mrg_head(int vec, const struct kern_ext_ctx *c, uint32_t h, const uint8_t *own,
+                     uint8_t *head, uint64_t *forced)
+{
+    const struct kern_layout *lay = c->lay;
+    const uint32_t T = lay->tokens, D = lay->head_dim;
+    uint32_t *map = (uint32_t *)(head + 16), rows, a = 0, r = 0;
+    uint8_t *row0 = head + 16 + kern_merge_map_bytes(T);
+    memset(head, 0, kern_merge_head_bytes(D, T));
+    rows = vec ? mrg_plan_avx2(lay, c->rawk, c->rawv, h, c->rec->merge_cos, map, forced)
+               : kern_merge_plan(lay, c->rawk, c->rawv, h, c->rec->merge_cos, map, forced);
+    memcpy(head, &rows, 4);
+    for (uint32_t t = 1; t <= T; t++) {
+        if (t < T && !(map[t >> 5] >> (t & 31) & 1u))
+            continue;
+        uint8_t *out = row0 + 2ull * r * D;
+        if (vec)
+            mrg_mean_avx2(lay, own, h, a, t, out);
+        else
+            mrg_mean_ref(lay, own, h, a, t, out);
+        r++;
+        a = t;
+    }
+}
+
+int kern_merge_enc(const struct kern_cpu_ops *ops, int is_v, const struct kern_ext_ctx *c,
+                   uint8_t *sect)
+{
+    const int vec = ops != &kern_ref_ops;
+    const uint8_t *own = is_v ? c->rawv : c->rawk;
+    if (vec) {
+        float *buf = malloc(6 * (size_t)((c->lay->head_dim + 7) & ~7u) * sizeof(float));
+        if (!buf)
+            return -ENOMEM;
+        for (uint32_t h = 0; h < c->lay->heads; h++)
+            mrg_head_fused(c, h, own, kern_merge_head(sect, c->lay, h), buf);
+        free(buf);
+        return 0;
+    }
+    for (uint32_t h = 0; h < c->lay->heads; h++)
+        mrg_head(vec, c, h, own, kern_merge_head(sect, c->lay, h), NULL);
+    return 0;
+}
+
+uint64_t kern_merge_count_forced(const struct kern_ext_ctx *c)
+{
+    uint32_t *map = malloc(kern_merge_map_bytes(c->lay->tokens));
+    uint64_t forced = 0;
+    if (!map)
+        return UINT64_MAX;
+    for (uint32_t h = 0; h < c->lay->heads; h++)
+        kern_merge_plan(c->lay, c->rawk, c->rawv, h, c->rec->merge_cos, map, &forced);
+    free(map);
+    return forced;
+}
+
+int kern_merge_dec(const struct kern_cpu_ops *ops, const struct kern_layout *lay,
+                   const uint8_t *sect, void *raw, uint32_t out_dtype)
+{
+    const uint32_t T = lay->tokens, H = lay->heads, D = lay->head_dim;
+    (void)ops;
+    for (uint32_t h = 0; h < H; h++) {
+        const uint8_t *head = kern_merge_head((uint8_t *)(uintptr_t)sect, lay, h);
+        const uint8_t *map = head + 16, *row0 = map + kern_merge_map_bytes(T);
+        uint32_t n = 0, w;
+        for (uint32_t t = 0; t < T; t++) {
+            memcpy(&w, map + 4 * (t >> 5), 4);
+            n += w >> (t & 31) & 1u;
+            /* kern_merge_row_of's row, n - 1 (a damaged map that starts no row reads row 0) */
+            const uint32_t r = n - 1 < kern_merge_rows(T) ? n - 1 : 0;
+            const uint8_t *row = row0 + 2ull * r * D;
+            uint8_t *to = (uint8_t *)raw + 2 * (((uint64_t)t * H + h) * D);
+            if (out_dtype == lay->dtype)
+                memcpy(to, row, 2ull * D);
+            else
+                for (uint32_t d = 0; d < D; d++)
+                    kern_store(to, out_dtype, d, kern_load(row, lay->dtype, d));
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,399 @@
+/*
+ * kern_rot.c — ROT2/ROT4: keys rotated by a randomized Hadamard transform per head, then
+ * 2/4-bit per token in KIVI's value groups (kern_ext.h has the format and the arithmetic).
+ *
+ * DESIGN
+ * A few channels of a key carry most of its magnitude in real models (KIVI, KVQuant); a
+ * per-channel quantizer spends its range on them. An orthonormal rotation spreads every
+ * outlier over all channels of the head (QuaRot, SpinQuant), so a per-token quantizer's
+ * groups lose their stretched ranges: the same bits cost less error; the rotation is fixed
+ * per namespace (its seed) and undone on decode. The section is KIVI value groups of the
+ * rotated rows behind a 16-byte prefix with the section's seed, so the KIVI encoders and
+ * decoders of the CPU path in use (the reference's or the AVX2 ones) do the quantization:
+ * only the rotation is here, scalar (the reference) and AVX2 (the butterfly's
+ * strides of 8 and more as whole-vector adds, the three below inside a vector; the same
+ * single-rounded sums in the same pairs, so the same bits). Values are plain KIVI sections
+ * (kern_codec_as) and never come here.
+ */
+#include <errno.h>
+#include <immintrin.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/kern_cpu.h"
+#include "kernels/kern_ext.h"
+
+#define KT __attribute__((target("avx2,f16c")))
+
+/* y[T][D] = the rotated rows x[T][D] of head h (reference). */
+static void rot_fwd_ref(const float *x, float *y, uint32_t tokens, uint32_t dim, uint32_t sseed,
+                        uint32_t h)
+{
+    for (uint32_t t = 0; t < tokens; t++)
+        kern_rot_fwd(x + (uint64_t)t * dim, y + (uint64_t)t * dim, sseed, h, dim);
+}
+
+static void rot_inv_ref(float *y, uint32_t tokens, uint32_t dim, uint32_t sseed, uint32_t h)
+{
+    for (uint32_t t = 0; t < tokens; t++)
+        kern_rot_inv(y + (uint64_t)t * dim, sseed, h, dim);
+}
+
+/* The butterfly on one row of dim (a power of two >= 8) floats, in place. Stages of stride
+ * 1, 2, 4 inside each vector of 8, then the strides of 8 and more between vectors: every
+ * stage's pairs and operations are the reference's. */
+KT static void rot_fwht_avx2(float *v, uint32_t dim)
+{
+    const __m256 neg1 = _mm256_castsi256_ps(_mm256_setr_epi32(
+        0, (int)0x80000000, 0, (int)0x80000000, 0, (int)0x80000000, 0, (int)0x80000000));
+    const __m256 neg2 = _mm256_castsi256_ps(_mm256_setr_epi32(
+        0, 0, (int)0x80000000, (int)0x80000000, 0, 0, (int)0x80000000, (int)0x80000000));
+    for (uint32_t i = 0; i < dim; i += 8) {
+        __m256 a = _mm256_loadu_ps(v + i);
+        /* stride 1: (a0 + a1, a0 - a1): partner by a swap of neighbours, sign on the odd */
+        __m256 p = _mm256_permute_ps(a, 0xb1);
+        a = _mm256_add_ps(_mm256_xor_ps(a, neg1), p);
+        /* an odd lane held -a1 + a0 = a0 - a1 exactly (negation is exact, addition
+         * commutes): the reference's difference */
+        p = _mm256_permute_ps(a, 0x4e);
+        a = _mm256_add_ps(_mm256_xor_ps(a, neg2), p);
+        /* stride 4: the halves of the vector */
+        __m256 lo = _mm256_permute2f128_ps(a, a, 0x00), hi = _mm256_permute2f128_ps(a, a, 0x11);
+        __m256 sum = _mm256_add_ps(lo, hi), dif = _mm256_sub_ps(lo, hi);
+        a = _mm256_permute2f128_ps(sum, dif, 0x20);
+        _mm256_storeu_ps(v + i, a);
+    }
+    for (uint32_t len = 8; len < dim; len <<= 1)
+        for (uint32_t i = 0; i < dim; i += 2 * len)
+            for (uint32_t j = i; j < i + len; j += 8) {
+                __m256 a = _mm256_loadu_ps(v + j), b = _mm256_loadu_ps(v + j + len);
+                _mm256_storeu_ps(v + j, _mm256_add_ps(a, b));
+                _mm256_storeu_ps(v + j + len, _mm256_sub_ps(a, b));
+            }
+}
+
+/* The signs of head h's channels as a float mask of sign bits: 0x80000000 where -1. */
+static void rot_signs(uint32_t *mask, uint32_t sseed, uint32_t h, uint32_t dim)
+{
+    for (uint32_t j = 0; j < dim; j++)
+        mask[j] = kern_rot_neg(sseed, h, j) ? 0x80000000u : 0u;
+}
+
+KT static __m256 rot_sanitize(__m256 x)
+{
+    x = _mm256_and_ps(x, _mm256_cmp_ps(x, x, _CMP_ORD_Q));
+    x = _mm256_min_ps(x, _mm256_set1_ps(KERN_FP16_MAX));
+    return _mm256_max_ps(x, _mm256_set1_ps(-KERN_FP16_MAX));
+}
+
+KT static void rot_fwd_avx2(const float *x, float *y, uint32_t tokens, uint32_t dim, uint32_t sseed,
+                            uint32_t h, uint32_t *mask)
+{
+    const __m256 c = _mm256_set1_ps(kern_rot_scale(dim));
+    rot_signs(mask, sseed, h, dim);
+    for (uint32_t t = 0; t < tokens; t++) {
+        const float *xr = x + (uint64_t)t * dim;
+        float *yr = y + (uint64_t)t * dim;
+        for (uint32_t j = 0; j < dim; j += 8)
+            _mm256_storeu_ps(yr + j, _mm256_xor_ps(_mm256_loadu_ps(xr + j),
+                                                   _mm256_loadu_ps((const float *)mask + j)));
+        rot_fwht_avx2(yr, dim);
+        for (uint32_t j = 0; j < dim; j += 8)
+            _mm256_storeu_ps(yr + j, rot_sanitize(_mm256_mul_ps(_mm256_loadu_ps(yr + j), c)));
+    }
+}
+
+KT static void rot_inv_avx2(float *y, uint32_t tokens, uint32_t dim, uint32_t sseed, uint32_t h,
+                            uint32_t *mask)
+{
+    const __m256 c = _mm256_set1_ps(kern_rot_scale(dim));
+    rot_signs(mask, sseed, h, dim);
+    for (uint32_t t = 0; t < tokens; t++) {
+        float *yr = y + (uint64_t)t * dim;
+        rot_fwht_avx2(yr, dim);
+        for (uint32_t j = 0; j < dim; j += 8)
+            _mm256_storeu_ps(yr + j, _mm256_xor_ps(_mm256_mul_ps(_mm256_loadu_ps(yr + j), c),
+                                                   _mm256_loadu_ps((const float *)mask + j)));
+    }
+}
+
+/* ---- AVX2, fused: a (token, head) row at a time, from the raw rows to the groups --------- */
+
+KT static __m256 rot_load8(const uint16_t *p, uint32_t dtype)
+{
+    __m128i v = _mm_loadu_si128((const __m128i *)p);
+    __m256 x = dtype == KERN_DTYPE_BF16
+                   ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16))
+                   : _mm256_cvtph_ps(v);
+    return rot_sanitize(x);
+}
+
+KT static void rot_store8(uint16_t *p, __m256 x, uint32_t dtype)
+{
+    if (dtype == KERN_DTYPE_FP16) {
+        _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+        return;
+    }
+    /* bf16, round to nearest even as kern_f2bf (decoded values are never NaN) */
+    __m256i u = _mm256_castps_si256(x);
+    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    u = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), odd),
+                          16);
+    __m128i lo = _mm256_castsi256_si128(u), hi = _mm256_extracti128_si256(u, 1);
+    _mm_storeu_si128((__m128i *)p, _mm_packus_epi32(lo, hi));
+}
+
+KT static float rot_hmin(__m256 v)
+{
+    __m128 m = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_min_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_min_ss(m, _mm_shuffle_ps(m, m, 1));
+    return _mm_cvtss_f32(m);
+}
+
+KT static float rot_hmax(__m256 v)
+{
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+    return _mm_cvtss_f32(m);
+}
+
+/* kern_kivi_v_enc of a full group of 32 (x in four vectors): the same min, max, fp16 scale
+ * and min, and codes floor((x - min) * (1 / scale) + 0.5) clamped, packed as the format. */
+KT static void rot_group_enc(const __m256 *x, uint8_t *blk, int bits)
+{
+    __m256 mnv = _mm256_min_ps(_mm256_min_ps(x[0], x[1]), _mm256_min_ps(x[2], x[3]));
+    __m256 mxv = _mm256_max_ps(_mm256_max_ps(x[0], x[1]), _mm256_max_ps(x[2], x[3]));
+    /* kern_kivi_params with F16C's conversions (the reference's, RNE): min and
+     * (max - min) / qmax to fp16 together, back to float, 1 / scale unless 0 */
+    const float mn = rot_hmin(mnv), mx = rot_hmax(mxv);
+    const __m128 pr = _mm_setr_ps(mn, (mx - mn) / (float)((1 << bits) - 1), 0.0f, 0.0f);
+    const __m128i ph = _mm_cvtps_ph(pr, _MM_FROUND_TO_NEAREST_INT);
+    const __m128 back = _mm_cvtph_ps(ph);
+    const uint32_t pair = (uint32_t)_mm_cvtsi128_si32(ph); /* min low, scale high */
+    const uint16_t mn_h = (uint16_t)pair, sc_h = (uint16_t)(pair >> 16);
+    const float mnf = _mm_cvtss_f32(back), sc = _mm_cvtss_f32(_mm_shuffle_ps(back, back, 1));
+    const float id = sc != 0.0f ? 1.0f / sc : 0.0f;
+    memcpy(blk, &sc_h, 2);
+    memcpy(blk + 2, &mn_h, 2);
+    const __m256 vm = _mm256_set1_ps(mnf), vi = _mm256_set1_ps(id), half = _mm256_set1_ps(0.5f);
+    const __m256 qmax = _mm256_set1_ps((float)((1 << bits) - 1));
+    __m256i q[4];
+    for (int j = 0; j < 4; j++) {
+        __m256 t = _mm256_floor_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(x[j], vm), vi), half));
+        t = _mm256_min_ps(_mm256_max_ps(t, _mm256_setzero_ps()), qmax);
+        q[j] = _mm256_cvttps_epi32(t);
+    }
+    /* 32 codes to bytes in order: the packs leave 4-byte runs q0[0-3] q1[0-3] q2[0-3]
+     * q3[0-3] q0[4-7] ...; one dword permute puts them back */
+    __m256i w = _mm256_packs_epi32(q[0], q[1]), z = _mm256_packs_epi32(q[2], q[3]);
+    __m256i b = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(w, z),
+                                            _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    /* pairs: b[2i] + 16 b[2i+1] (4 bits); for 2 bits, b[2i] + 4 b[2i+1] then pairs again */
+    __m256i p = _mm256_maddubs_epi16(b, _mm256_set1_epi16(bits == 4 ? 0x1001 : 0x0401));
+    __m128i p8 = _mm_packus_epi16(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+    if (bits == 4) {
+        _mm_storeu_si128((__m128i *)(blk + 4), p8);
+        return;
+    }
+    __m128i p4 = _mm_maddubs_epi16(p8, _mm_set1_epi16(0x1001));
+    _mm_storel_epi64((__m128i *)(blk + 4), _mm_packus_epi16(p4, p4));
+}
+
+/* kern_kivi_v_dec of a full group into four vectors: q * scale + min, in that order. */
+KT static void rot_group_dec(const uint8_t *blk, __m256 *y, int bits)
+{
+    const __m128 sm =
+        _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)blk[0] | (uint32_t)blk[1] << 8 |
+                                             (uint32_t)blk[2] << 16 | (uint32_t)blk[3] << 24)));
+    const __m256 sc = _mm256_broadcastss_ps(sm),
+                 mn = _mm256_broadcastss_ps(_mm_shuffle_ps(sm, sm, 1));
+    __m128i q0, q1; /* the 32 codes in order, as bytes */
+    if (bits == 4) {
+        const __m128i b = _mm_loadu_si128((const __m128i *)(blk + 4)), m4 = _mm_set1_epi8(0xf);
+        const __m128i lo = _mm_and_si128(b, m4), hi = _mm_and_si128(_mm_srli_epi16(b, 4), m4);
+        q0 = _mm_unpacklo_epi8(lo, hi);
+        q1 = _mm_unpackhi_epi8(lo, hi);
+    } else {
+        const __m128i b = _mm_loadl_epi64((const __m128i *)(blk + 4)), m2 = _mm_set1_epi8(3);
+        const __m128i c0 = _mm_and_si128(b, m2), c1 = _mm_and_si128(_mm_srli_epi16(b, 2), m2);
+        const __m128i c2 = _mm_and_si128(_mm_srli_epi16(b, 4), m2);
+        const __m128i c3 = _mm_and_si128(_mm_srli_epi16(b, 6), m2);
+        const __m128i p01 = _mm_unpacklo_epi8(c0, c1), p23 = _mm_unpacklo_epi8(c2, c3);
+        q0 = _mm_unpacklo_epi16(p01, p23);
+        q1 = _mm_unpackhi_epi16(p01, p23);
+    }
+    y[0] = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q0)), sc), mn);
+    y[1] = _mm256_add_ps(
+        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q0, 8))), sc), mn);
+    y[2] = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q1)), sc), mn);
+    y[3] = _mm256_add_ps(
+        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q1, 8))), sc), mn);
+}
+
+/* Fused encode of the K section: every row loaded, signed, transformed, scaled, and its
+ * groups encoded while it is in registers and L1; rows in memory order. D >= 32 (a full
+ * group); smaller heads take the unfused path. */
+/* The channels' means of every head (kern_rot_mean: tokens summed in order), as fp16 into
+ * the section and as the float they round to into mean[H][D]. */
+KT static void rot_means_avx2(const struct kern_layout *lay, const uint8_t *rawk, uint8_t *out,
+                              float *mean)
+{
+    const uint32_t T = lay->tokens, H = lay->heads, D = lay->head_dim;
+    const __m256 n = _mm256_set1_ps((float)T);
+    for (uint32_t h = 0; h < H; h++)
+        for (uint32_t j = 0; j < D; j += 8) {
+            __m256 sum = _mm256_setzero_ps();
+            for (uint32_t t = 0; t < T; t++)
+                sum = _mm256_add_ps(
+                    sum,
+                    rot_load8((const uint16_t *)rawk + ((uint64_t)t * H + h) * D + j, lay->dtype));
+            __m128i hv = _mm256_cvtps_ph(_mm256_div_ps(sum, n), _MM_FROUND_TO_NEAREST_INT);
+            _mm_storeu_si128((__m128i *)(out + 2 * ((uint64_t)h * D + j)), hv);
+            _mm256_storeu_ps(mean + (uint64_t)h * D + j, _mm256_cvtph_ps(hv));
+        }
+}
+
+KT static void rot_enc_fused(const struct kern_layout *lay, const uint8_t *rawk, uint32_t sseed,
+                             int bits, uint8_t *sect, uint32_t *mask)
+{
+    const uint32_t T = lay->tokens, H = lay->heads, D = lay->head_dim, G = D / KERN_GROUP;
+    const uint32_t gb = kern_kivi_v_group_bytes(bits);
+    const __m256 c = _mm256_set1_ps(kern_rot_scale(D));
+    float row[KERN_ROT_MAX_DIM] __attribute__((aligned(32)));
+    float *mean = (float *)(mask + (uint64_t)H * D);
+    uint8_t *out = sect + kern_rot_groups_off(lay);
+    for (uint32_t h = 0; h < H; h++)
+        rot_signs(mask + (uint64_t)h * D, sseed, h, D);
+    rot_means_avx2(lay, rawk, sect + KERN_ROT_PREFIX, mean);
+    for (uint32_t t = 0; t < T; t++)
+        for (uint32_t h = 0; h < H; h++) {
+            const uint16_t *r = (const uint16_t *)rawk + ((uint64_t)t * H + h) * D;
+            const uint32_t *m = mask + (uint64_t)h * D;
+            const float *mu = mean + (uint64_t)h * D;
+            for (uint32_t j = 0; j < D; j += 8)
+                _mm256_store_ps(row + j, _mm256_xor_ps(_mm256_sub_ps(rot_load8(r + j, lay->dtype),
+                                                                     _mm256_loadu_ps(mu + j)),
+                                                       _mm256_loadu_ps((const float *)m + j)));
+            rot_fwht_avx2(row, D);
+            uint8_t *o = out + ((uint64_t)t * H + h) * G * gb;
+            for (uint32_t g = 0; g < G; g++) {
+                __m256 x[4];
+                for (int j = 0; j < 4; j++)
+                    x[j] = rot_sanitize(_mm256_mul_ps(_mm256_load_ps(row + 32 * g + 8 * j), c));
+                rot_group_enc(x, o + (uint64_t)g * gb, bits);
+            }
+        }
+}
+
+KT static void rot_dec_fused(const struct kern_layout *lay, const uint8_t *sect, int bits,
+                             void *raw, uint32_t out_dtype, uint32_t *mask)
+{
+    const uint32_t T = lay->tokens, H = lay->heads, D = lay->head_dim, G = D / KERN_GROUP;
+    const uint32_t gb = kern_kivi_v_group_bytes(bits), sseed = kern_rot_get_seed(sect);
+    const __m256 c = _mm256_set1_ps(kern_rot_scale(D));
+    float row[KERN_ROT_MAX_DIM] __attribute__((aligned(32)));
+    const uint8_t *in = sect + kern_rot_groups_off(lay), *means = kern_rot_means(sect);
+    for (uint32_t h = 0; h < H; h++)
+        rot_signs(mask + (uint64_t)h * D, sseed, h, D);
+    for (uint32_t t = 0; t < T; t++)
+        for (uint32_t h = 0; h < H; h++) {
+            const uint8_t *g0 = in + ((uint64_t)t * H + h) * G * gb;
+            for (uint32_t g = 0; g < G; g++) {
+                __m256 y[4];
+                rot_group_dec(g0 + (uint64_t)g * gb, y, bits);
+                for (int j = 0; j < 4; j++)
+                    _mm256_store_ps(row + 32 * g + 8 * j, y[j]);
+            }
+            rot_fwht_avx2(row, D);
+            const uint32_t *m = mask + (uint64_t)h * D;
+            const uint8_t *mu = means + 2ull * h * D;
+            uint16_t *o = (uint16_t *)raw + ((uint64_t)t * H + h) * D;
+            for (uint32_t j = 0; j < D; j += 8)
+                rot_store8(
+                    o + j,
+                    _mm256_add_ps(_mm256_xor_ps(_mm256_mul_ps(_mm256_load_ps(row + j), c),
+                                                _mm256_loadu_ps((const float *)m + j)),
+                                  _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mu + 2 * j)))),
+                    out_dtype);
+        }
+}
+
+int kern_rot_enc(const struct kern_cpu_ops *ops, uint32_t codec, const struct kern_ext_ctx *c,
+                 uint8_t *sect)
+{
+    const struct kern_layout *lay = c->lay;
+    const uint32_t T = lay->tokens, H = lay->heads, D = lay->head_dim;
+    const uint32_t kivi = codec == KERN_CODEC_ROT2 ? KERN_CODEC_KIVI2 : KERN_CODEC_KIVI4;
+    const uint32_t sseed = kern_rot_sect_seed(c->rec->seed, c->layer);
+    const int vec = ops != &kern_ref_ops;
+    memset(sect, 0, KERN_ROT_PREFIX);
+    memcpy(sect, &sseed, 4);
+    memset(sect + KERN_ROT_PREFIX, 0, kern_rot_mean_bytes(H, D));
+    if (vec && D >= KERN_GROUP) {
+        uint32_t *m = malloc(2 * (size_t)H * D * sizeof(uint32_t));
+        if (!m)
+            return -ENOMEM;
+        rot_enc_fused(lay, c->rawk, sseed, codec == KERN_CODEC_ROT2 ? 2 : 4, sect, m);
+        free(m);
+        return 0;
+    }
+    float *x = malloc(2 * (size_t)T * D * sizeof(float) + D * sizeof(uint32_t));
+    if (!x)
+        return -ENOMEM;
+    float *y = x + (size_t)T * D;
+    uint32_t *mask = (uint32_t *)(y + (size_t)T * D);
+    for (uint32_t h = 0; h < H; h++) {
+        ops->load(c->rawk + 2ull * h * D, lay->dtype, (uint64_t)H * D, T, D, x);
+        for (uint32_t d = 0; d < D; d++) {
+            float mu = kern_rot_mean(lay, c->rawk, h, d);
+            kern_put_h(sect + KERN_ROT_PREFIX + 2ull * ((uint64_t)h * D + d), mu);
+            for (uint32_t t = 0; t < T; t++)
+                x[(uint64_t)t * D + d] = KERN_SUB(x[(uint64_t)t * D + d], mu);
+        }
+        if (vec)
+            rot_fwd_avx2(x, y, T, D, sseed, h, mask);
+        else
+            rot_fwd_ref(x, y, T, D, sseed, h);
+        ops->enc(kivi, 1, y, lay, h, sect + kern_rot_groups_off(lay));
+    }
+    free(x);
+    return 0;
+}
+
+int kern_rot_dec(const struct kern_cpu_ops *ops, uint32_t codec, const struct kern_layout *lay,
+                 const uint8_t *sect, void *raw, uint32_t out_dtype)
+{
+    const uint32_t T = lay->tokens, H = lay->heads, D = lay->head_dim;
+    const uint32_t kivi = codec == KERN_CODEC_ROT2 ? KERN_CODEC_KIVI2 : KERN_CODEC_KIVI4;
+    const uint32_t sseed = kern_rot_get_seed(sect);
+    const int vec = ops != &kern_ref_ops;
+    if (vec && D >= KERN_GROUP) {
+        uint32_t *m = malloc((size_t)H * D * sizeof(uint32_t));
+        if (!m)
+            return -ENOMEM;
+        rot_dec_fused(lay, sect, codec == KERN_CODEC_ROT2 ? 2 : 4, raw, out_dtype, m);
+        free(m);
+        return 0;
+    }
+    float *y = malloc((size_t)T * D * sizeof(float) + D * sizeof(uint32_t));
+    if (!y)
+        return -ENOMEM;
+    uint32_t *mask = (uint32_t *)(y + (size_t)T * D);
+    for (uint32_t h = 0; h < H; h++) {
+        ops->dec(kivi, 1, sect + kern_rot_groups_off(lay), lay, h, y);
+        if (vec)
+            rot_inv_avx2(y, T, D, sseed, h, mask);
+        else
+            rot_inv_ref(y, T, D, sseed, h);
+        for (uint32_t d = 0; d < D; d++) {
+            float mu = kern_get_h(kern_rot_means(sect) + 2ull * ((uint64_t)h * D + d));
+            for (uint32_t t = 0; t < T; t++)
+                y[(uint64_t)t * D + d] = KERN_ADD(y[(uint64_t)t * D + d], mu);
+        }
+        ops->store(y, T, D, (uint8_t *)raw + 2ull * h * D, out_dtype, (uint64_t)H * D);
+    }
+    free(y);
+    return 0;
+}
