@@ -304,7 +304,7 @@ mutation put-wait-counted-twice daemon/server.c "check_e2e_disk" \
 '        (void)tot0;'
 
 # Two daemons on one disk file: the lock is not taken.
-mutation disk-lock-not-taken tiers/disk.c "check_tier_disk check_e2e_disk" \
+mutation disk-lock-not-taken tiers/disk.c "check_tier_disk_open check_e2e_disk" \
 '    if (rc == 0)
         rc = tier_disk_lock(d, i);' \
 '    if (0)
@@ -316,7 +316,7 @@ mutation disk-walk-stops-at-window tiers/disk_walk.c "check_tier_disk" \
 '            return false;'
 
 # The first checkpoint waits for the interval (a crash in the first minute walks every page).
-mutation disk-checkpoint-first-late tiers/disk_ckpt.c "check_tier_disk" \
+mutation disk-checkpoint-first-late tiers/disk_ckpt.c "check_tier_disk_open" \
 '    if (!d->ckpt_tried && d->st.used)
         return true;' \
 '    if (0 && !d->ckpt_tried && d->st.used)
