@@ -226,34 +226,38 @@ START_TEST(test_notify_protocol)
     const char *env[] = {env_sock, "WATCHDOG_USEC=400000", NULL};
     ck_assert_int_eq(ops_daemon_start(&d, NULL, env), 0);
 
+    /* Ready first: without a GPU pool the start faults in only the arena's first pages and
+     * needs no more start time from systemd (the rest is faulted in while it serves). */
     ops_notify_next(fd, msg, sizeof(msg));
-    ck_assert_msg(strncmp(msg, "EXTEND_TIMEOUT_USEC=", 20) == 0, "first: %s", msg);
-    ops_notify_next(fd, msg, sizeof(msg));
-    ck_assert_msg(strncmp(msg, "READY=1\nSTATUS=serving ", 23) == 0, "then: %s", msg);
-    /* Keep-alives at half of WatchdogSec (200 ms here). */
-    ops_notify_next(fd, msg, sizeof(msg));
-    ck_assert_str_eq(msg, "WATCHDOG=1");
-    ops_notify_next(fd, msg, sizeof(msg));
-    ck_assert_str_eq(msg, "WATCHDOG=1");
+    ck_assert_msg(strncmp(msg, "READY=1\nSTATUS=serving ", 23) == 0, "first: %s", msg);
+    /* Keep-alives at half of WatchdogSec (200 ms here); between them only the status of the
+     * arena's fault-in, which goes on in the background ("serving …"). */
+    for (int dogs = 0; dogs < 2;) {
+        ops_notify_next(fd, msg, sizeof(msg));
+        if (strcmp(msg, "WATCHDOG=1") == 0)
+            dogs++;
+        else
+            ck_assert_msg(strncmp(msg, "STATUS=serving ", 15) == 0, "keep-alive: %s", msg);
+    }
 
     /* A reload: RELOADING=1 with MONOTONIC_USEC, then READY=1 (keep-alives may interleave). */
     const char *reload[] = {"reload", NULL};
     ck_assert_int_eq(ops_kvcctl(&d, out, sizeof(out), reload), 0);
     do
         ops_notify_next(fd, msg, sizeof(msg));
-    while (strcmp(msg, "WATCHDOG=1") == 0);
+    while (strcmp(msg, "WATCHDOG=1") == 0 || strncmp(msg, "STATUS=serving ", 15) == 0);
     ck_assert_msg(strncmp(msg, "RELOADING=1\n", 12) == 0 && strstr(msg, "MONOTONIC_USEC="), "%s",
                   msg);
     do
         ops_notify_next(fd, msg, sizeof(msg));
-    while (strcmp(msg, "WATCHDOG=1") == 0);
+    while (strcmp(msg, "WATCHDOG=1") == 0 || strncmp(msg, "STATUS=serving ", 15) == 0);
     ck_assert_msg(strncmp(msg, "READY=1\nSTATUS=serving; configuration reloaded", 46) == 0, "%s",
                   msg);
 
     kill(d.pid, SIGTERM);
     do
         ops_notify_next(fd, msg, sizeof(msg));
-    while (strcmp(msg, "WATCHDOG=1") == 0);
+    while (strcmp(msg, "WATCHDOG=1") == 0 || strncmp(msg, "STATUS=serving ", 15) == 0);
     ck_assert_msg(strncmp(msg, "STOPPING=1", 10) == 0, "%s", msg);
     ck_assert_int_eq(ops_daemon_wait(&d), 0); /* no second SIGTERM: that one exits at once */
     close(fd);
