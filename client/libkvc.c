@@ -732,6 +732,9 @@ static int kvc_lease_wait_locked(kvc_lease *l, uint32_t timeout_ms)
     return (int)ready;
 }
 
+/* Tries of a window's or a state's lookup whose reads failed, the last of the local tiers. */
+#define KVC_LOOKUP_SPAN_TRIES 4
+
 KVC_API int kvc_lookup(kvc_ns *ns, const struct kvc_key *keys, size_t n, unsigned flags,
                        kvc_lease **out)
 {
@@ -749,6 +752,7 @@ KVC_API int kvc_lookup(kvc_ns *ns, const struct kvc_key *keys, size_t n, unsigne
     /* A window's or a state's span is found over every key at once: one request. */
     bool span = ns->layout.kv_kind == KVC_WIRE_KV_KIND_KV_WINDOW ||
                 ns->layout.kv_kind == KVC_WIRE_KV_KIND_STATE;
+    uint32_t tries = 0, local = 0; /* KVC_LOOKUP_F_LOCAL on the last try of a span */
     if (span && n > KVC_LOOKUP_MAX_SPAN)
         return -EINVAL;
     c = ns->c;
@@ -757,6 +761,7 @@ KVC_API int kvc_lookup(kvc_ns *ns, const struct kvc_key *keys, size_t n, unsigne
         return -ENOMEM;
     l->ns = ns;
     pthread_mutex_lock(&c->mu);
+again:
     for (size_t done = 0; done < n;) {
         uint32_t chunk = n - done > KVC_PROTO_MAX_KEYS ? KVC_PROTO_MAX_KEYS : (uint32_t)(n - done);
         struct kvc_lookup_req *q = kvc_req(c);
@@ -767,6 +772,7 @@ KVC_API int kvc_lookup(kvc_ns *ns, const struct kvc_key *keys, size_t n, unsigne
         q->flags = (flags & KVC_LOOKUP_READY_ONLY) ? KVC_LOOKUP_F_READY_ONLY : 0;
         if ((flags & KVC_LOOKUP_GPU) && c->gpu_base) /* else host locations only */
             q->flags |= KVC_LOOKUP_F_GPU;
+        q->flags |= local;
         memcpy(q + 1, keys + done, chunk * sizeof(struct kvc_key));
         rc = kvc_call(c, KVC_OP_LOOKUP, (uint32_t)(sizeof(*q) + chunk * sizeof(struct kvc_key)),
                       NULL);
@@ -809,9 +815,23 @@ KVC_API int kvc_lookup(kvc_ns *ns, const struct kvc_key *keys, size_t n, unsigne
     /* Unless asked not to, hits read from disk are waited for here, so that every hit
      * handed out is readable. */
     if (rc == 0 && !(flags & KVC_LOOKUP_NOWAIT) && l->n) {
+        size_t asked = l->n;
         int r = kvc_lease_wait_locked(l, KVC_LOOKUP_WAIT_MS);
-        if (r < 0)
+        if (r < 0) {
             rc = r;
+        } else if (span && l->n < asked) {
+            /* A read of a window's or a state's span failed (not in the remote tier after
+             * all, a record refused, a checksum): what is left is no prefix's span. Asked
+             * again: the daemon knows those keys missing now and answers a shorter prefix;
+             * the last try of the local tiers alone. */
+            if (!c->dead)
+                kvc_release_ids(c, l->ids, l->nids, 0);
+            l->n = l->nids = l->first = 0;
+            if (!local) {
+                local = ++tries < KVC_LOOKUP_SPAN_TRIES ? 0 : KVC_LOOKUP_F_LOCAL;
+                goto again;
+            }
+        }
     }
     if ((rc || l->n == 0) && l->nids && !c->dead)
         kvc_release_ids(c, l->ids, l->nids, 0);
