@@ -901,6 +901,13 @@ int engine_lookup_kind(struct store *s, struct store_owner *o, uint32_t ns_id,
         if (count && s->disk)
             (void)engine_disk_lookup_prepare(s, (uint16_t)ns_id, keys + span, count, 0, now,
                                              &dummy);
+        /* Pool blocks of a client that cannot read the pool: their copies to the host start
+         * (engine_gpu_move declines any other block). */
+        for (uint32_t i = span; s->gpu && !o->gpu && i < span + count; i++) {
+            uint32_t idx = index_find(&s->ix, (uint16_t)ns_id, &keys[i]);
+            if (idx != INDEX_NONE)
+                (void)engine_gpu_move(s, idx, false, now);
+        }
         span = store_lookup_span(s, ns_id, keys, n, base,
                                  STORE_SPAN_READY | (o->gpu ? STORE_SPAN_GPU : 0), &count);
         memset(fetched, 0, n);
