@@ -256,7 +256,9 @@ KVC_API int kvc_keys_from_tokens(const kvc_ns *ns, const struct kvc_key *parent,
  * position of hit 0 in keys, so the prefix is first + hits long. Of those two kinds, keys
  * beyond KVC_LOOKUP_MAX_SPAN are searched from the end, one request per KVC_LOOKUP_MAX_SPAN
  * keys until a span is found (a window's requests overlap by the window), and a read from
- * the remote tier that fails is asked again (docs/remote.md). Errors: -EINVAL (a key
+ * the remote tier that fails is asked again (docs/remote.md); with KVC_LOOKUP_NOWAIT that is
+ * the caller's: a window or a state whose hits are not all ready once kvc_lease_wait()
+ * returns is no prefix's answer (release it and look up again). Errors: -EINVAL (a key
  * repeated in keys), -E2BIG (more than 8 x 2048 keys), -EPIPE,
  * -EDQUOT (no pin left under quota.client_pins / quota.uid_pins), -EMFILE (leases). */
 KVC_API int kvc_lookup(kvc_ns *ns, const struct kvc_key *keys, size_t n, unsigned flags,
