@@ -279,7 +279,8 @@ class HybridHit:
 def hybrid_lookup(namespaces: Sequence[Namespace], keys: Sequence[bytes],
                   ready_only: bool = False, gpu: bool = False,
                   limit: Optional[int] = None) -> HybridHit:
-    """The longest prefix of ``keys`` (at most ``limit``) every namespace (one per kind of
-    layer of a hybrid model, under the same keys) can give: the full-attention hit length
-    intersected with the window's and the state's availability at that position. A few
-    round trips: one per namespace, one more per namespace each time the prefix shrinks."""
+    """The longest prefix of ``keys`` (at most ``limit``, and 8 x 2048) every namespace (one
+    per kind of layer of a hybrid model, under the same keys) can give: the full-attention
+    hit length intersected with the window's and the state's availability at that position.
+    A few round trips: one per namespace, one more per namespace each time the prefix
+    shrinks."""

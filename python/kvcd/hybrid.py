@@ -10,6 +10,8 @@ from typing import List, Optional, Sequence
 
 from kvcd._kvcd import Lease, Namespace
 
+_LEASE_KEYS = 8 * 2048  # keys one lookup takes (libkvc: 8 requests of 2048)
+
 
 class HybridHit:
     """The usable prefix of a hybrid lookup: ``length`` keys, and one lease per namespace
@@ -41,10 +43,12 @@ def hybrid_lookup(namespaces: Sequence[Namespace], keys: Sequence[bytes],
     """The longest prefix of ``keys`` (at most ``limit`` keys) that every namespace in
     ``namespaces`` (one per kind of layer of the model, the same keys in each) can give:
     the full-attention hit length intersected with the window's and the state's
-    availability at that position. ready_only and gpu as Namespace.lookup."""
+    availability at that position. ready_only and gpu as Namespace.lookup; at most 8 x
+    2048 keys are looked at (a lease's: pass ``limit``, or the keys up to it, for longer
+    prompts)."""
     if not namespaces:
         raise ValueError("kvcd.hybrid_lookup: no namespace")
-    e = len(keys) if limit is None else min(len(keys), max(0, limit))
+    e = min(len(keys) if limit is None else min(len(keys), max(0, limit)), _LEASE_KEYS)
     leases: List[Lease] = []
     i = 0
     try:

@@ -794,9 +794,11 @@ class KvcdHiCacheStorage(_Base):
                 if _policy(t) == "all_pages":
                     b = self._exists(m, kb[:kv])
                 elif m.state and (len(t.keys) if t.keys else 1) == 1:
-                    # The state of the longest prefix of the KV hit that has one: one lookup.
-                    with self._ns(m, 0).lookup(kb[:kv], ready_only=True) as lease:
-                        b = lease.first + 1 if len(lease) else 0
+                    # The state of the longest prefix of the KV hit that has one: one lookup
+                    # (of the last keys a lease takes).
+                    lo = max(0, kv - _LOOKUP_KEYS)
+                    with self._ns(m, 0).lookup(kb[lo:kv], ready_only=True) as lease:
+                        b = lo + lease.first + 1 if len(lease) else 0
                 else:
                     w, b = max(1, len(t.keys) if t.keys else 1), 0
                     for end in range(kv, 0, -1):
