@@ -13,9 +13,9 @@
 #   make demo-engine  the PyTorch reference engine in several processes sharing prefixes
 #   make bench      every benchmark; make bench-NAME runs tests/bench/bench_NAME.c
 #                   (make bench-python: the Python package and reference engine, apart)
-#   make chaos      clients and kvcd SIGKILLed at random under load (docs/chaos.md)
+#   make chaos      clients and kvcd SIGKILLed at random under load (docs/design/chaos.md)
 #   make device-bundle  the GPU suites, benchmarks, kvcd and their libraries in one folder for
-#                   a GPU host (etc/device-check.sh OUTDIR runs them there; docs/gpu.md)
+#                   a GPU host (etc/device-check.sh OUTDIR runs them there; docs/design/gpu.md)
 #   make CUDA=0     build without nvcc;  make SAN=1  sanitizer build into build/asan
 #                   (make SAN=thread: ThreadSanitizer into build/tsan)
 #   make python     the kvcd Python package into build/python (part of make when the headers
@@ -303,7 +303,7 @@ check-gpu: all tests
 	KVC_REQUIRE_GPU=$(KVC_REQUIRE_GPU) sh tests/run-checks.sh $(B) gpu
 	sh tests/gpu-sanitizer.sh $(B) $(SANITIZER)
 
-# A GPU check for a GPU host without Debian's libraries (docs/gpu.md): `make device-bundle`
+# A GPU check for a GPU host without Debian's libraries (docs/design/gpu.md): `make device-bundle`
 # here, then `sh etc/device-check.sh OUTDIR` there, in a copy of this tree with
 # build/device-bundle carried along (etc/device-bundle.sh says what the folder holds).
 BUNDLE ?= build/device-bundle

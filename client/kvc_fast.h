@@ -7,13 +7,25 @@
  * client copy a hit out of an arena with no system call:
  *
  * - The index. The daemon publishes, per host arena, (namespace, key) → (offset, length,
- *   format, generation) of every committed block that sits ready in that arena, in a
- *   table of sets of KVC_FAST_WAYS entries, the set chosen by a seeded XXH3 of the key and
- *   the namespace (the seed is in the header). Only the daemon writes it; clients map it
+ *   format, generation) of every committed block that sits ready in that arena. It is a
+ *   cuckoo hash table: buckets of KVC_FAST_WAYS entries, a key in one of two buckets chosen
+ *   by a seeded XXH3 of the key and the namespace (the seed is in the header), and a small
+ *   stash behind them for the rare key whose two buckets are full. The daemon sizes it for
+ *   every block the arena can hold at the smallest slot its namespaces use (at a load of at
+ *   most 0.9, where a cuckoo table of 4-way buckets places every key) and makes room by
+ *   moving entries to their other bucket; an entry being moved may be missed for a moment,
+ *   which only sends that hit to the socket. Only the daemon writes it; clients map it
  *   read-only (the memfd is mode 0600 and sealed with F_SEAL_FUTURE_WRITE once the daemon
  *   mapped it: no other writable mapping can exist). Each entry is guarded by a sequence
  *   count, odd while the daemon rewrites it: a reader that sees it odd or changed across its
  *   read of the entry reads again.
+ * - Growth. When a namespace with smaller blocks comes to an arena, the daemon makes a larger
+ *   index (a new memfd), publishes every block there, and marks the old one retired; from
+ *   then on it no longer keeps the old one (nor its generations) in step. A reader checks
+ *   `retired` after its copy, with the generation, so what it copied through a retired
+ *   index is never used; it then maps the new one (FAST_ATTACH INDEX again). Its old mapping
+ *   stays valid (the reader unmaps it when it disconnects), so other threads reading through
+ *   it never fault.
  * - Slot generations. After the entries, one 32-bit generation per 4 KiB of the arena
  *   (every slot starts on its own 4 KiB unit: tiers/slab.h). The host tier bumps the
  *   generation of a slot's first unit before the slot is freed, so before it can be
@@ -47,8 +59,9 @@
 
 #define KVC_FAST_MAGIC 0x5844494641564b43ull /* "CKVAFIDX" */
 #define KVC_FAST_RING_MAGIC 0x474e495241564b43ull
-#define KVC_FAST_VERSION 1u
-#define KVC_FAST_WAYS 8u
+#define KVC_FAST_VERSION 2u
+#define KVC_FAST_WAYS 4u       /* entries per bucket */
+#define KVC_FAST_STASH 64u     /* entries behind the buckets, for keys whose buckets are full */
 #define KVC_FAST_UNIT_SHIFT 12 /* a generation per 4 KiB of the arena */
 
 /* At offset 0 of an index mapping. Every offset is from the start of the mapping. */
@@ -56,38 +69,40 @@ struct kvc_fast_hdr {
     uint64_t magic;
     uint32_t version;
     uint32_t arena_id;
-    uint64_t seed;        /* of the set hash */
+    uint64_t seed;        /* of the bucket hash */
     uint64_t arena_bytes; /* the arena this indexes */
-    uint64_t ents_off;    /* struct kvc_fast_ent[nsets * KVC_FAST_WAYS] */
+    uint64_t ents_off;    /* struct kvc_fast_ent[nbuckets * KVC_FAST_WAYS + nstash] */
     uint64_t gens_off;    /* uint32_t[arena_bytes >> KVC_FAST_UNIT_SHIFT] */
     uint64_t total;       /* bytes of the mapping */
     uint64_t ns_off;      /* uint64_t[nns]: kvc_fast_layout_id of namespace id i, 0 none */
     uint32_t nns;
-    uint32_t nsets; /* a power of two */
-    uint32_t ways;  /* KVC_FAST_WAYS */
-    uint32_t pad;
+    uint32_t nbuckets; /* >= 2 */
+    uint32_t ways;     /* KVC_FAST_WAYS */
+    uint32_t nstash;   /* KVC_FAST_STASH: entries after the buckets */
+    /* Written by the daemon as it goes (read by clients, never by the daemon): */
+    uint32_t stash_used; /* nonzero: the stash may hold entries (look there after a miss) */
+    uint32_t retired;    /* nonzero: a newer index replaced this one (see Growth above) */
 };
 
-/* One published block. used = 0: empty. */
+/* One published block. klo = khi = 0: empty (no key is all zero). */
 struct kvc_fast_ent {
-    uint32_t seq; /* odd while the daemon rewrites the entry */
+    uint16_t seq; /* odd while the daemon rewrites the entry */
     uint16_t ns;
-    uint8_t format; /* KVC_WIRE_FORMAT_* */
-    uint8_t used;
     uint32_t gen; /* its slot's generation when published */
-    uint32_t len; /* bytes stored (raw: the block size; quantized: the slot) */
-    uint64_t off;
     uint64_t klo, khi;
-    uint32_t block; /* the daemon's block index (hit ring entries name it) */
-    uint32_t pad;
+    uint32_t unit; /* offset in the arena >> KVC_FAST_UNIT_SHIFT (slots start on a unit) */
+    uint32_t fmt;  /* KVC_WIRE_FORMAT_* in the low 8 bits; quantized: the slot's units above */
 };
-_Static_assert(sizeof(struct kvc_fast_ent) == 48, "fast index entry layout");
+_Static_assert(sizeof(struct kvc_fast_ent) == 32, "fast index entry layout");
+#define KVC_FAST_FMT(format, units) ((uint32_t)(format) | (uint32_t)(units) << 8)
+#define KVC_FAST_FMT_FORMAT(fmt) ((fmt)&0xffu)
+#define KVC_FAST_FMT_UNITS(fmt) ((fmt) >> 8)
 
 /* The hit ring: a client writes ents[head % nents], then advances head (release); the
  * daemon reads up to head and stores tail. */
 struct kvc_fast_hit {
     uint32_t ns;
-    uint32_t block; /* the entry's block index */
+    uint32_t block; /* a hint of the daemon's block index, or UINT32_MAX (it finds the key) */
     uint64_t klo, khi;
     uint16_t pos;     /* position of the key in its request (< KVC_LEASE_MAX_CHUNKS * 2048) */
     uint16_t nkeys;   /* on a request's first hit: the keys it served (a lookup); else 0 */
@@ -142,12 +157,17 @@ static inline uint64_t kvc_fast_layout_id(const struct kvc_wire_layout *l)
     return h ? h : 1;
 }
 
-/* The set of (ns, key): a seeded XXH3 of the two key words and the namespace. */
-static inline uint32_t kvc_fast_set(uint64_t seed, uint32_t nsets, uint32_t ns, uint64_t lo,
-                                    uint64_t hi)
+/* The two buckets of (ns, key), never the same: a seeded XXH3 of the two key words and the
+ * namespace, each half mapped onto [0, nbuckets) by a multiply (nbuckets >= 2). */
+static inline void kvc_fast_buckets(uint64_t seed, uint32_t nbuckets, uint32_t ns, uint64_t lo,
+                                    uint64_t hi, uint32_t *b1, uint32_t *b2)
 {
     uint64_t in[3] = {lo, hi, ns};
-    return (uint32_t)XXH3_64bits_withSeed(in, sizeof(in), seed) & (nsets - 1);
+    uint64_t h = XXH3_64bits_withSeed(in, sizeof(in), seed);
+    *b1 = (uint32_t)(((h & 0xffffffffu) * nbuckets) >> 32);
+    *b2 = (uint32_t)(((h >> 32) * (nbuckets - 1)) >> 32);
+    if (*b2 >= *b1)
+        (*b2)++; /* uniform over the other nbuckets - 1 */
 }
 
 #endif

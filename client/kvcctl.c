@@ -187,12 +187,14 @@ static int ctl_status(struct ctl *x, int argc, char **argv)
                ", \"blocks\": %" PRIu64 ", \"host_used\": %" PRIu64 ", \"host_capacity\": %" PRIu64
                ", \"tokens_requested\": %" PRIu64 ", \"tokens_hit\": %" PRIu64
                ", \"token_hit_ratio\": %.4f, \"load_us\": %" PRIu64
-               ", \"recompute_saved_est_us\": %" PRIu64 "}\n",
+               ", \"recompute_saved_est_us\": %" PRIu64 ", \"host_faulted\": %" PRIu64
+               ", \"host_arenas_bytes\": %" PRIu64 "}\n",
                ctl_stat(s, n, "uptime_s"), ctl_stat(s, n, "clients_now"),
                ctl_stat(s, n, "namespaces_now"), ctl_stat(s, n, "blocks_now"),
                ctl_stat(s, n, "host_used"), ctl_stat(s, n, "host_capacity"), lt, ht,
                ctl_ratio(ht, lt), ctl_stat(s, n, "load_us"),
-               ctl_stat(s, n, "recompute_saved_est_us"));
+               ctl_stat(s, n, "recompute_saved_est_us"), ctl_stat(s, n, "host_faulted"),
+               ctl_stat(s, n, "host_arenas_bytes"));
     } else {
         printf("kvcd pid %u on %s, up %" PRIu64 " s\n", pid,
                x->socket ? x->socket : kvc_default_socket(), ctl_stat(s, n, "uptime_s"));
@@ -203,6 +205,11 @@ static int ctl_status(struct ctl *x, int argc, char **argv)
                (double)ctl_stat(s, n, "host_used") / 1048576.0,
                (double)ctl_stat(s, n, "host_capacity") / 1048576.0,
                100.0 * ctl_ratio(ctl_stat(s, n, "host_used"), ctl_stat(s, n, "host_capacity")));
+        uint64_t hf = ctl_stat(s, n, "host_faulted"), ha = ctl_stat(s, n, "host_arenas_bytes");
+        if (hf < ha)
+            printf("host arenas faulted in: %.1f / %.1f MiB (%.1f%%, the rest in the "
+                   "background)\n",
+                   (double)hf / 1048576.0, (double)ha / 1048576.0, 100.0 * ctl_ratio(hf, ha));
         printf("tokens hit %" PRIu64 " of %" PRIu64 " requested (%.1f%%)\n", ht, lt,
                100.0 * ctl_ratio(ht, lt));
         printf("hits loaded in %.1f ms (as clients report) vs ~%.1f ms to recompute them "

@@ -12,9 +12,12 @@
  * commit and none is lost; kvc_flush sends SYNC to settle what is in flight. So a put is one
  * round trip (the RESERVE of the whole prefix), and the commit rides ahead of the next
  * request, handled in the daemon's same wake-up.
- * Arenas arrive as descriptors on the NS_OPEN reply and are mapped once (MAP_POPULATE, so
- * the first copies do not fault page by page); every location the daemon sends is checked
- * against the mapping before it is turned into a pointer. Lookups and reservations longer
+ * Arenas arrive as descriptors on the NS_OPEN reply and are mapped once; arenas up to
+ * KVC_ARENA_POPULATE_MAX with MAP_POPULATE, so the first copies do not fault page by page.
+ * Larger ones are mapped as they are touched: populating hundreds of GiB would take as long
+ * as the daemon's own fault-in (which goes on in the background after it starts serving) and
+ * cost every client process page tables for the whole arena. Every location the daemon
+ * sends is checked against the mapping before it is turned into a pointer. Lookups and reservations longer
  * than one message are split into chunks.
  */
 #include <errno.h>
@@ -37,6 +40,7 @@
 #include "kernels/kern_dev.h"
 
 #define KVC_LEASE_MAX_CHUNKS 8
+#define KVC_ARENA_POPULATE_MAX (2ull << 30)
 /* How long kvc_disconnect waits for the commits in flight. */
 #define KVC_DISCONNECT_WAIT_MS 2000
 /* How long kvc_lookup waits for reads from disk before giving up on them. */
@@ -558,8 +562,9 @@ static int kvc_ns_open_flags(kvc_client *c, const struct kvc_layout *layout, uin
     struct kvc_arena *a = &c->arenas[p->arena_id];
     if (fd >= 0 && !a->base) {
         bool w = p->access & KVC_ACCESS_WRITE;
+        int populate = p->arena_bytes <= KVC_ARENA_POPULATE_MAX ? MAP_POPULATE : 0;
         void *m = mmap(NULL, p->arena_bytes, PROT_READ | (w ? PROT_WRITE : 0),
-                       MAP_SHARED | MAP_POPULATE, fd, 0);
+                       MAP_SHARED | populate, fd, 0);
         if (m == MAP_FAILED) {
             rc = -errno;
             goto out;

@@ -56,49 +56,59 @@ static int kvc_fast_check(const struct kvc_fast_hdr *h, uint64_t bytes, uint32_t
                           uint64_t arena_bytes)
 {
     uint64_t units = (arena_bytes + (1u << KVC_FAST_UNIT_SHIFT) - 1) >> KVC_FAST_UNIT_SHIFT;
+    const uint64_t esz = sizeof(struct kvc_fast_ent);
     if (bytes < sizeof(*h) || h->magic != KVC_FAST_MAGIC || h->version != KVC_FAST_VERSION ||
         h->arena_id != arena || h->arena_bytes != arena_bytes || h->total != bytes ||
-        h->ways != KVC_FAST_WAYS || !h->nsets || (h->nsets & (h->nsets - 1)) ||
+        h->ways != KVC_FAST_WAYS || h->nbuckets < 2 || h->nstash != KVC_FAST_STASH ||
         h->ns_off < sizeof(*h) || h->ns_off > bytes || h->nns > (bytes - h->ns_off) / 8 ||
         h->ents_off < h->ns_off + (uint64_t)h->nns * 8 || h->ents_off > bytes ||
-        (uint64_t)h->nsets * KVC_FAST_WAYS > (bytes - h->ents_off) / sizeof(struct kvc_fast_ent) ||
-        h->gens_off < h->ents_off + (uint64_t)h->nsets * KVC_FAST_WAYS * sizeof(struct kvc_fast_ent) ||
+        (uint64_t)h->nbuckets * KVC_FAST_WAYS + KVC_FAST_STASH > (bytes - h->ents_off) / esz ||
+        h->gens_off <
+            h->ents_off + ((uint64_t)h->nbuckets * KVC_FAST_WAYS + KVC_FAST_STASH) * esz ||
         h->gens_off > bytes || units > (bytes - h->gens_off) / sizeof(uint32_t) ||
         (h->ns_off | h->ents_off | h->gens_off) % 8)
         return -EPROTO;
     return 0;
 }
 
-/* Maps arena a's index and, once per client, the hit ring, into c->fast[a]: true when
- * both are there. c->mu held. */
+/* Maps the hit ring, once per client: true when it is there. c->mu held. */
+static bool kvc_fast_ring_map(kvc_client *c)
+{
+    int fd = -1;
+    uint64_t bytes = 0;
+    if (c->ring)
+        return true;
+    if (kvc_fast_attach_call(c, KVC_FAST_RING, 0, &fd, &bytes)) {
+        if (fd >= 0)
+            close(fd);
+        /* an old daemon, or server.fast_path = no */
+        __atomic_store_n(&c->fast_off, true, __ATOMIC_RELAXED);
+        return false;
+    }
+    struct kvc_fast_ring *r = kvc_fast_map(fd, bytes, PROT_READ | PROT_WRITE);
+    if (!r)
+        return false;
+    if (bytes != sizeof(*r) + (uint64_t)KVC_FAST_RING_ENTS * sizeof(struct kvc_fast_hit) ||
+        r->magic != KVC_FAST_RING_MAGIC || r->nents != KVC_FAST_RING_ENTS) {
+        munmap(r, bytes);
+        __atomic_store_n(&c->fast_off, true, __ATOMIC_RELAXED);
+        return false;
+    }
+    c->ring = r;
+    c->ring_bytes = bytes;
+    return true;
+}
+
+/* Maps arena a's index (the daemon's latest) and, once per client, the hit ring; the new view
+ * replaces c->fast[a].view, which it keeps as older. true when both are there. c->mu held. */
 static bool kvc_fast_attach_maps(kvc_client *c, uint32_t a)
 {
     struct kvc_fastmap *m = &c->fast[a];
+    struct kvc_fastview *v;
     int fd = -1;
     uint64_t bytes = 0;
-    if (c->dead || !c->arenas[a].base)
+    if (c->dead || !c->arenas[a].base || !kvc_fast_ring_map(c))
         return false;
-    if (!c->ring) {
-        if (kvc_fast_attach_call(c, KVC_FAST_RING, 0, &fd, &bytes)) {
-            if (fd >= 0)
-                close(fd);
-            /* an old daemon, or server.fast_path = no */
-            __atomic_store_n(&c->fast_off, true, __ATOMIC_RELAXED);
-            return false;
-        }
-        struct kvc_fast_ring *r = kvc_fast_map(fd, bytes, PROT_READ | PROT_WRITE);
-        if (!r)
-            return false;
-        if (bytes != sizeof(*r) + (uint64_t)KVC_FAST_RING_ENTS * sizeof(struct kvc_fast_hit) ||
-            r->magic != KVC_FAST_RING_MAGIC || r->nents != KVC_FAST_RING_ENTS) {
-            munmap(r, bytes);
-            __atomic_store_n(&c->fast_off, true, __ATOMIC_RELAXED);
-            return false;
-        }
-        c->ring = r;
-        c->ring_bytes = bytes;
-    }
-    fd = -1;
     if (kvc_fast_attach_call(c, KVC_FAST_INDEX, a, &fd, &bytes)) {
         if (fd >= 0)
             close(fd);
@@ -107,19 +117,23 @@ static bool kvc_fast_attach_maps(kvc_client *c, uint32_t a)
     const struct kvc_fast_hdr *h = kvc_fast_map(fd, bytes, PROT_READ);
     if (!h)
         return false;
-    if (kvc_fast_check(h, bytes, a, c->arenas[a].size)) {
+    if (kvc_fast_check(h, bytes, a, c->arenas[a].size) || !(v = calloc(1, sizeof(*v)))) {
         munmap((void *)h, bytes);
         return false;
     }
-    m->map = (const uint8_t *)h;
-    m->bytes = bytes;
-    m->seed = h->seed;
-    m->nsets = h->nsets;
-    m->nns = h->nns;
-    m->units = (h->arena_bytes + (1u << KVC_FAST_UNIT_SHIFT) - 1) >> KVC_FAST_UNIT_SHIFT;
-    m->nslay = (const uint64_t *)(m->map + h->ns_off);
-    m->ents = (const struct kvc_fast_ent *)(m->map + h->ents_off);
-    m->gens = (const uint32_t *)(m->map + h->gens_off);
+    v->map = (const uint8_t *)h;
+    v->bytes = bytes;
+    v->hdr = h;
+    v->seed = h->seed;
+    v->nbuckets = h->nbuckets;
+    v->nns = h->nns;
+    v->units = (h->arena_bytes + (1u << KVC_FAST_UNIT_SHIFT) - 1) >> KVC_FAST_UNIT_SHIFT;
+    v->nslay = (const uint64_t *)(v->map + h->ns_off);
+    v->ents = (const struct kvc_fast_ent *)(v->map + h->ents_off);
+    v->stash = v->ents + (uint64_t)v->nbuckets * KVC_FAST_WAYS;
+    v->gens = (const uint32_t *)(v->map + h->gens_off);
+    v->older = m->view;
+    __atomic_store_n(&m->view, v, __ATOMIC_RELEASE);
     return true;
 }
 
@@ -133,8 +147,11 @@ static void kvc_fast_attach(kvc_client *c, uint32_t a)
 void kvci_fast_fini(kvc_client *c)
 {
     for (int a = 0; a < KVC_MAX_ARENAS; a++)
-        if (c->fast[a].map)
-            munmap((void *)c->fast[a].map, c->fast[a].bytes);
+        for (struct kvc_fastview *v = c->fast[a].view, *o; v; v = o) {
+            o = v->older;
+            munmap((void *)v->map, v->bytes);
+            free(v);
+        }
     if (c->ring)
         munmap(c->ring, c->ring_bytes);
 }
@@ -152,35 +169,48 @@ void kvci_fast_flush(kvc_client *c)
     pthread_mutex_unlock(&c->mu);
 }
 
-/* The entry of (ns, k), read whole under its sequence count. */
-static bool kvc_fast_find(const struct kvc_fastmap *m, uint32_t ns, const struct kvc_key *k,
+/* Entry e read whole under its sequence count into *out: whether it is (ns, k)'s. */
+static bool kvc_fast_read(const struct kvc_fast_ent *e, uint32_t ns, const struct kvc_key *k,
                           struct kvc_fast_ent *out)
 {
-    const struct kvc_fast_ent *set =
-        m->ents + (uint64_t)kvc_fast_set(m->seed, m->nsets, ns, k->lo, k->hi) * KVC_FAST_WAYS;
-    for (uint32_t w = 0; w < KVC_FAST_WAYS; w++) {
-        const struct kvc_fast_ent *e = &set[w];
-        for (int tries = 0; tries < 64; tries++) {
-            uint32_t s1 = __atomic_load_n(&e->seq, __ATOMIC_ACQUIRE);
-            if (s1 & 1)
-                continue; /* being rewritten */
-            out->used = __atomic_load_n(&e->used, __ATOMIC_RELAXED);
-            out->ns = __atomic_load_n(&e->ns, __ATOMIC_RELAXED);
-            out->klo = __atomic_load_n(&e->klo, __ATOMIC_RELAXED);
-            out->khi = __atomic_load_n(&e->khi, __ATOMIC_RELAXED);
-            out->format = __atomic_load_n(&e->format, __ATOMIC_RELAXED);
-            out->gen = __atomic_load_n(&e->gen, __ATOMIC_RELAXED);
-            out->len = __atomic_load_n(&e->len, __ATOMIC_RELAXED);
-            out->off = __atomic_load_n(&e->off, __ATOMIC_RELAXED);
-            out->block = __atomic_load_n(&e->block, __ATOMIC_RELAXED);
-            __atomic_thread_fence(__ATOMIC_ACQUIRE);
-            if (__atomic_load_n(&e->seq, __ATOMIC_RELAXED) != s1)
-                continue;
-            if (out->used && out->ns == ns && out->klo == k->lo && out->khi == k->hi)
-                return true;
-            break; /* a consistent entry of another key */
-        }
+    for (int tries = 0; tries < 64; tries++) {
+        uint16_t s1 = __atomic_load_n(&e->seq, __ATOMIC_ACQUIRE);
+        if (s1 & 1)
+            continue; /* being rewritten */
+        out->ns = __atomic_load_n(&e->ns, __ATOMIC_RELAXED);
+        out->klo = __atomic_load_n(&e->klo, __ATOMIC_RELAXED);
+        out->khi = __atomic_load_n(&e->khi, __ATOMIC_RELAXED);
+        out->gen = __atomic_load_n(&e->gen, __ATOMIC_RELAXED);
+        out->unit = __atomic_load_n(&e->unit, __ATOMIC_RELAXED);
+        out->fmt = __atomic_load_n(&e->fmt, __ATOMIC_RELAXED);
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        if (__atomic_load_n(&e->seq, __ATOMIC_RELAXED) != s1)
+            continue;
+        return out->klo == k->lo && out->khi == k->hi && out->ns == ns;
     }
+    return false;
+}
+
+/* The entry of (ns, k): in one of its two buckets, or in the stash when the daemon has put
+ * entries there. */
+static bool kvc_fast_find(const struct kvc_fastview *v, uint32_t ns, const struct kvc_key *k,
+                          struct kvc_fast_ent *out)
+{
+    uint32_t b[2];
+    kvc_fast_buckets(v->seed, v->nbuckets, ns, k->lo, k->hi, &b[0], &b[1]);
+    for (int i = 0; i < 2; i++) {
+        const struct kvc_fast_ent *e = v->ents + (uint64_t)b[i] * KVC_FAST_WAYS;
+        for (uint32_t w = 0; w < KVC_FAST_WAYS; w++)
+            if (__atomic_load_n(&e[w].klo, __ATOMIC_RELAXED) == k->lo &&
+                kvc_fast_read(&e[w], ns, k, out))
+                return true;
+    }
+    if (!__atomic_load_n(&v->hdr->stash_used, __ATOMIC_ACQUIRE))
+        return false;
+    for (uint32_t i = 0; i < KVC_FAST_STASH; i++)
+        if (__atomic_load_n(&v->stash[i].klo, __ATOMIC_RELAXED) == k->lo &&
+            kvc_fast_read(&v->stash[i], ns, k, out))
+            return true;
     return false;
 }
 
@@ -209,16 +239,31 @@ static void kvc_fast_record(kvc_client *c, struct kvc_fast_hit *rec, size_t n)
     pthread_mutex_unlock(&c->mu);
 }
 
-/* Copies the block of entry e into dst: 0, or -1 when it is not what e says any more. */
-static int kvc_fast_copy(const kvc_ns *ns, const uint8_t *base, const struct kvc_fast_ent *e,
-                         const uint32_t *gen, void *dst)
+/* A published block, checked against the arena: where and how it is stored, and the word of
+ * its slot's generation (gen when published), to check around the copy. */
+struct kvc_fast_loc {
+    uint64_t off, len;
+    const uint32_t *genp;
+    uint32_t gen;
+    uint8_t format;
+};
+
+/* Whether what was read through view v still stands: the slot's generation unchanged and the
+ * index not retired (after a retirement the daemon no longer keeps its generations). */
+static bool kvc_fast_still(const struct kvc_fastview *v, const struct kvc_fast_loc *l)
 {
-    if (e->format == KVC_WIRE_FORMAT_RAW) {
-        if (e->len < ns->block_bytes)
-            return -1;
-        kvci_copy_from_arena(dst, base + e->off, ns->block_bytes);
-        __atomic_thread_fence(__ATOMIC_ACQUIRE);
-        return __atomic_load_n(gen, __ATOMIC_RELAXED) == e->gen ? 0 : -1;
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    return __atomic_load_n(l->genp, __ATOMIC_RELAXED) == l->gen &&
+           !__atomic_load_n(&v->hdr->retired, __ATOMIC_RELAXED);
+}
+
+/* Copies the block at l into dst: 0, or -1 when it is not what the entry said any more. */
+static int kvc_fast_copy(const kvc_ns *ns, const struct kvc_fastview *v, const uint8_t *base,
+                         const struct kvc_fast_loc *l, void *dst)
+{
+    if (l->format == KVC_WIRE_FORMAT_RAW) {
+        kvci_copy_from_arena(dst, base + l->off, ns->block_bytes);
+        return kvc_fast_still(v, l) ? 0 : -1;
     }
     /* Quantized: copied to private memory, checked, then decoded (as kvc_lease_copy). */
     struct kern_layout kl = {.layers = ns->layout.layers,
@@ -227,64 +272,75 @@ static int kvc_fast_copy(const kvc_ns *ns, const uint8_t *base, const struct kvc
                              .tokens = ns->layout.block_tokens,
                              .dtype = ns->layout.dtype,
                              .k_only = ns->layout.kv_kind == KVC_WIRE_KV_KIND_K_ONLY};
-    void *priv = malloc(e->len ? e->len : 1);
+    void *priv = malloc(l->len ? l->len : 1);
     int rc = -1;
     if (!priv)
         return -1;
-    memcpy(priv, base + e->off, e->len);
-    __atomic_thread_fence(__ATOMIC_ACQUIRE);
-    if (__atomic_load_n(gen, __ATOMIC_RELAXED) == e->gen &&
-        kern_decode_cpu(&kl, priv, e->len, dst, ns->block_bytes, (enum kern_dtype)kl.dtype) >= 0)
+    memcpy(priv, base + l->off, l->len);
+    if (kvc_fast_still(v, l) &&
+        kern_decode_cpu(&kl, priv, l->len, dst, ns->block_bytes, (enum kern_dtype)kl.dtype) >= 0)
         rc = 0;
     free(priv);
     return rc;
 }
 
-/* ns's arena index, mapped on first use, when ns may be read through it; else NULL. */
-static const struct kvc_fastmap *kvc_fast_map_of(kvc_ns *ns)
+/* ns's arena index, mapped on first use (and again when the daemon replaced it by a larger
+ * one), when ns may be read through it; else NULL. */
+static const struct kvc_fastview *kvc_fast_view_of(kvc_ns *ns)
 {
     kvc_client *c = ns->c;
     struct kvc_fastmap *m = &c->fast[ns->arena];
+    const struct kvc_fastview *v;
     /* A connection found dead (a failed call: the ring's drain requests are calls too) stops
      * the fast path, so an engine whose daemon went away hears of it from the socket path
      * instead of reading an orphaned index forever. */
     if (__atomic_load_n(&c->fast_off, __ATOMIC_RELAXED) ||
         __atomic_load_n(&c->dead, __ATOMIC_RELAXED))
         return NULL;
-    if (__atomic_load_n(&m->state, __ATOMIC_ACQUIRE) == 0) {
+    v = __atomic_load_n(&m->view, __ATOMIC_ACQUIRE);
+    if (__atomic_load_n(&m->state, __ATOMIC_ACQUIRE) == 0 ||
+        (v && __atomic_load_n(&v->hdr->retired, __ATOMIC_ACQUIRE))) {
         pthread_mutex_lock(&c->mu);
-        if (m->state == 0 && !c->fast_off)
+        if (!c->fast_off && (m->state == 0 || (m->state == 1 && m->view == v)))
             kvc_fast_attach(c, ns->arena);
         pthread_mutex_unlock(&c->mu);
+        v = __atomic_load_n(&m->view, __ATOMIC_ACQUIRE);
     }
-    if (__atomic_load_n(&m->state, __ATOMIC_ACQUIRE) != 1 || ns->id >= m->nns ||
-        __atomic_load_n(&m->nslay[ns->id], __ATOMIC_ACQUIRE) != ns->fast_lay)
+    if (__atomic_load_n(&m->state, __ATOMIC_ACQUIRE) != 1 || !v || ns->id >= v->nns ||
+        __atomic_load_n(&v->nslay[ns->id], __ATOMIC_ACQUIRE) != ns->fast_lay)
         return NULL; /* not our namespace under that id (dropped, or never in the index) */
-    return m;
+    return v;
 }
 
-/* The entry of k, checked against the arena and its slot's generation now; *gen: that
- * generation's word, to check again after the copy. */
-static bool kvc_fast_entry(const kvc_ns *ns, const struct kvc_fastmap *m, const struct kvc_key *k,
-                           struct kvc_fast_ent *e, const uint32_t **gen)
+/* Where k's block is, checked against the arena and its slot's generation now. */
+static bool kvc_fast_entry(const kvc_ns *ns, const struct kvc_fastview *v, const struct kvc_key *k,
+                           struct kvc_fast_loc *l)
 {
     uint64_t asize = ns->c->arenas[ns->arena].size;
-    if (!kvc_fast_find(m, ns->id, k, e) || e->off > asize || e->len > asize - e->off ||
-        (e->off >> KVC_FAST_UNIT_SHIFT) >= m->units || e->format >= KVC_WIRE_FORMAT_COUNT)
+    struct kvc_fast_ent e;
+    if (!kvc_fast_find(v, ns->id, k, &e) || e.unit >= v->units)
         return false;
-    *gen = &m->gens[e->off >> KVC_FAST_UNIT_SHIFT];
-    return __atomic_load_n(*gen, __ATOMIC_ACQUIRE) == e->gen;
+    l->format = (uint8_t)KVC_FAST_FMT_FORMAT(e.fmt);
+    l->off = (uint64_t)e.unit << KVC_FAST_UNIT_SHIFT;
+    l->len = l->format == KVC_WIRE_FORMAT_RAW
+                 ? ns->block_bytes
+                 : (uint64_t)KVC_FAST_FMT_UNITS(e.fmt) << KVC_FAST_UNIT_SHIFT;
+    if (KVC_FAST_FMT_FORMAT(e.fmt) >= KVC_WIRE_FORMAT_COUNT || l->off > asize ||
+        l->len > asize - l->off)
+        return false;
+    l->gen = e.gen;
+    l->genp = &v->gens[e.unit];
+    return __atomic_load_n(l->genp, __ATOMIC_ACQUIRE) == l->gen;
 }
 
 int kvci_fast_resolve(kvc_ns *ns, const struct kvc_key *k, const void **data, size_t *len)
 {
-    const struct kvc_fastmap *m = kvc_fast_map_of(ns);
-    struct kvc_fast_ent e;
-    const uint32_t *gen;
-    if (!m || !kvc_fast_entry(ns, m, k, &e, &gen))
+    const struct kvc_fastview *v = kvc_fast_view_of(ns);
+    struct kvc_fast_loc l;
+    if (!v || !kvc_fast_entry(ns, v, k, &l))
         return 0;
-    *data = ns->c->arenas[ns->arena].base + e.off;
-    *len = e.len;
+    *data = ns->c->arenas[ns->arena].base + l.off;
+    *len = l.len;
     return 1;
 }
 
@@ -305,10 +361,10 @@ size_t kvci_fast_get(kvc_ns *ns, const struct kvc_key *keys, size_t n, void *con
      * (a window cut short or a state of another boundary must never be served). */
     bool run = ns->layout.kv_kind != KVC_WIRE_KV_KIND_KV_WINDOW &&
                ns->layout.kv_kind != KVC_WIRE_KV_KIND_STATE;
-    const struct kvc_fastmap *m = n && run ? kvc_fast_map_of(ns) : NULL;
+    const struct kvc_fastview *v = n && run ? kvc_fast_view_of(ns) : NULL;
     struct kvc_fast_hit stackrec[64], *rec = stackrec;
     size_t hits = 0;
-    if (!m)
+    if (!v)
         return 0;
     const uint8_t *base = c->arenas[ns->arena].base;
     if (n > 64 && !(rec = malloc((n < KVC_PROTO_MAX_KEYS ? n : KVC_PROTO_MAX_KEYS) * sizeof(*rec))))
@@ -319,13 +375,11 @@ size_t kvci_fast_get(kvc_ns *ns, const struct kvc_key *keys, size_t n, void *con
     clock_gettime(CLOCK_MONOTONIC, &ts);
     uint64_t t0 = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
     while (hits < n) {
-        struct kvc_fast_ent e;
-        const uint32_t *gen;
-        if (!kvc_fast_entry(ns, m, &keys[hits], &e, &gen) ||
-            kvc_fast_copy(ns, base, &e, gen, dst[hits]))
+        struct kvc_fast_loc l;
+        if (!kvc_fast_entry(ns, v, &keys[hits], &l) || kvc_fast_copy(ns, v, base, &l, dst[hits]))
             break;
         rec[nrec++] = (struct kvc_fast_hit){.ns = ns->id,
-                                            .block = e.block,
+                                            .block = UINT32_MAX,
                                             .klo = keys[hits].lo,
                                             .khi = keys[hits].hi,
                                             .pos = (uint16_t)hits};

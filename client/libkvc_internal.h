@@ -60,16 +60,25 @@ struct kvc_arena {
 
 /* An arena's shared index as this client maps it (libkvc_fast.c). state: 0 not tried, 1
  * mapped (the fields are set before state, which is read with acquire), -1 not available. */
-struct kvc_fastmap {
-    int state;
+/* One mapped index of an arena; never changed once published in kvc_fastmap.view, and never
+ * unmapped before kvc_disconnect, so a reader that loaded the pointer may use it for as long
+ * as its call lasts. */
+struct kvc_fastview {
     const uint8_t *map;
     uint64_t bytes;
+    const struct kvc_fast_hdr *hdr;
     uint64_t seed;
-    uint32_t nsets, nns;
+    uint32_t nbuckets, nns;
     uint64_t units;
     const uint64_t *nslay;
-    const struct kvc_fast_ent *ents;
+    const struct kvc_fast_ent *ents;  /* the buckets */
+    const struct kvc_fast_ent *stash; /* KVC_FAST_STASH entries */
     const uint32_t *gens;
+    struct kvc_fastview *older; /* the views this one replaced (their index was retired) */
+};
+struct kvc_fastmap {
+    int state;                 /* 0 not tried yet, 1 view mapped, -1 off for this arena */
+    struct kvc_fastview *view; /* the latest index, read with acquire without mu */
 };
 
 /* A request sent without waiting for its reply (kvc_put_prefix's COMMIT). */

@@ -171,6 +171,10 @@ int admin_metrics_render(const struct admin_ctx *x, char **text, size_t *len)
     ADMIN_GAUGE("namespaces", "namespaces", nns);
     ADMIN_GAUGE("uptime_seconds", "seconds since start", x->now / 1000);
     ADMIN_GAUGE("log_suppressed_lines", "log lines dropped by the rate limit", log_suppressed());
+    uint64_t faulted, arenas;
+    store_host_faulted(s, &faulted, &arenas);
+    ADMIN_GAUGE("host_faulted_bytes", "bytes of the host arenas faulted in", faulted);
+    ADMIN_GAUGE("host_arenas_bytes", "bytes of every host arena together", arenas);
     uint64_t fpub, ffull;
     store_fast_stats(s, &fpub, &ffull);
     ADMIN_GAUGE("fast_index_blocks", "blocks published in the arenas' shared indexes", fpub);

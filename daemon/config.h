@@ -70,13 +70,16 @@
     X(log, rate_limit, INT, "20", 1, 100000, 1, NULL,                                         \
       "Lines per second a client can trigger; the rest are counted and summarised.")          \
     X(host, size, SIZE, "1g", 16 << 20, 1ull << 42, 0, NULL,                                  \
-      "Bytes of the host-tier arena (shared memory, pre-faulted at start).")                  \
+      "Bytes of the host-tier arena (shared memory, faulted in while kvcd serves).")          \
     X(host, page_size, SIZE, "2m", 64 << 10, 1 << 30, 0, NULL,                                \
       "Allocator page: a power of two; 2m matches huge pages.")                               \
     X(host, hugepages, ENUM, "auto", 0, 0, 0, "auto|on|off",                                  \
       "Back the arena with hugetlb pages: auto uses them when enough are free.")              \
     X(host, prefault, BOOL, "yes", 0, 0, 0, NULL,                                             \
-      "Touch every arena page at start so that the first copies run at full speed.")          \
+      "Fault every arena page in so that copies run at full speed: the first 64 MiB before "  \
+      "kvcd serves, the rest in the background, the pages handed out first first.")           \
+    X(host, prefault_threads, INT, "0", 0, 64, 0, NULL,                                       \
+      "Threads that fault the arena in while kvcd serves (0: one per CPU, at most 8).")       \
     X(host, high_watermark, DOUBLE, "0.99", 0.05, 1.0, 1, NULL,                               \
       "Fraction of the arena in use above which unpinned blocks are evicted (after a commit, "\
       "off the client's path), down to low_watermark. A put that finds the arena full evicts "\
@@ -93,7 +96,7 @@
       "keeps the original order: quantize, then demote to disk, then drop, coldest first.")        \
     X(cache, ghosts, DOUBLE, "8", 0.0, 64.0, 1, NULL,                                            \
       "Evicted blocks remembered, as a multiple of a namespace's capacity in blocks (at most "     \
-      "1/64 of the host memory): one committed again soon after its eviction gets its decayed "    \
+      "1/128 of the host memory): one committed again soon after its eviction gets its decayed "    \
       "access count back, as ARC's ghost lists do. 0: none. Ignored under lru.")                   \
     X(cache, recompute_tokens_per_s, INT, "8000", 1, 100000000, 1, NULL,                           \
       "Prefill throughput of the engines, in tokens per second: kvcd reports the time its "        \

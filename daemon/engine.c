@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "daemon/engine.h"
 #include "daemon/engine_disk.h"
@@ -25,6 +26,36 @@
 #define ENGINE_EVICT_WINDOW 64
 /* Random probes into the block pool per eviction under a policy other than LRU. */
 #define ENGINE_EVICT_PROBES 16
+/* What one trim may spend evicting before it lets the loop answer requests again: the band
+ * between the watermarks is 1 % of an arena, which is 10,000 blocks of 4 KiB in 4 GiB (tens
+ * of milliseconds of work, and every request waited behind it). The rest goes on after the
+ * next batch of requests (store.trim_more); a put that finds the arena full meanwhile evicts
+ * what it needs itself. */
+#define ENGINE_TRIM_BUDGET_NS 200000
+/* Actions one trim always takes before its budget counts, so that a trim of a few blocks
+ * (tests, small arenas) finishes whatever the machine's load. */
+#define ENGINE_TRIM_MIN_ACTIONS 256
+
+static uint64_t engine_mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Whether this trim has spent its budget (a clock read per action: tens of nanoseconds
+ * against microseconds): then the rest is left for the next one, which goes on down to the
+ * low watermark. */
+static bool engine_trim_spent(struct store *s, uint64_t t0, int acted)
+{
+    if (acted < ENGINE_TRIM_MIN_ACTIONS || engine_mono_ns() - t0 < ENGINE_TRIM_BUDGET_NS)
+        return false;
+    s->trim_more = true;
+    return true;
+}
+
+static int engine_policy_trim_from(struct store *s, uint32_t a, uint64_t now, bool more,
+                                   uint64_t t0, int before);
 
 /* The policy engine (engine_policy_trim): see store_policy.c's DESIGN. */
 #define ENGINE_POLICY_SAMPLE 32     /* candidates per engine round from the LRU tail */
@@ -497,6 +528,9 @@ static int engine_alloc_put(struct store *s, struct store_ns *ns, uint64_t now,
 int engine_trim(struct store *s, uint64_t now)
 {
     int n = 0;
+    uint64_t t0 = engine_mono_ns();
+    bool more = s->trim_more; /* the last trim stopped above the low watermark */
+    s->trim_more = false;
     engine_gpu_refresh(s); /* moves that landed, or waited for their pins to go */
     if (s->on_evict)
         s->on_evict(s->on_evict_arg);
@@ -520,9 +554,10 @@ int engine_trim(struct store *s, uint64_t now)
         struct tier *t = s->arenas[a].tier;
         double cap = (double)t->ops->capacity(t);
         uint64_t pend = quant_pending_bytes(s->quant, a);
-        if ((double)(t->ops->usage(t) - pend) <= s->p.high_watermark * cap)
+        if (!more && (double)(t->ops->usage(t) - pend) <= s->p.high_watermark * cap)
             continue;
-        while ((double)(t->ops->usage(t) - pend) > s->p.low_watermark * cap) {
+        while ((double)(t->ops->usage(t) - pend) > s->p.low_watermark * cap &&
+               !engine_trim_spent(s, t0, n)) {
             uint32_t v = engine_victim(s, a, -1, now);
             if (v == INDEX_NONE)
                 break;
@@ -535,7 +570,7 @@ engine:
     /* A namespace ranks with another policy than LRU: its actions come from policy_decide
      * (engine_policy_trim), arena by arena. */
     for (uint32_t a = 0; a < s->narenas; a++)
-        n += engine_policy_trim(s, a, now);
+        n += engine_policy_trim_from(s, a, now, more, t0, n);
     return n;
 }
 
@@ -766,15 +801,19 @@ static int engine_policy_round(struct store *s, uint32_t a, uint64_t to_free, ui
     return acted;
 }
 
-int engine_policy_trim(struct store *s, uint32_t a, uint64_t now)
+/* engine_policy_trim within engine_trim's budget (t0, and `before` actions already taken):
+ * `more` goes on below the high watermark, where the last trim stopped. */
+static int engine_policy_trim_from(struct store *s, uint32_t a, uint64_t now, bool more,
+                                   uint64_t t0, int before)
 {
     struct tier *t = s->arenas[a].tier;
     double cap = (double)t->ops->capacity(t);
     int acted = 0;
-    if ((double)(t->ops->usage(t) - quant_pending_bytes(s->quant, a)) <=
-        s->p.high_watermark * cap)
+    if (!more &&
+        (double)(t->ops->usage(t) - quant_pending_bytes(s->quant, a)) <= s->p.high_watermark * cap)
         return 0;
-    for (int round = 0; round < ENGINE_POLICY_ROUNDS; round++) {
+    for (int round = 0; round < ENGINE_POLICY_ROUNDS && !engine_trim_spent(s, t0, before + acted);
+         round++) {
         uint64_t pend = quant_pending_bytes(s->quant, a) + engine_disk_pending_bytes(s);
         uint64_t used = t->ops->usage(t);
         double over = (double)(used > pend ? used - pend : 0) - s->p.low_watermark * cap;
@@ -793,6 +832,11 @@ int engine_policy_trim(struct store *s, uint32_t a, uint64_t now)
         acted += r;
     }
     return acted;
+}
+
+int engine_policy_trim(struct store *s, uint32_t a, uint64_t now)
+{
+    return engine_policy_trim_from(s, a, now, false, engine_mono_ns(), 0);
 }
 
 /* ---- lookup ------------------------------------------------------------------------------ */

@@ -30,6 +30,7 @@
     } while (0)
 
 struct engine_disk {
+    bool bufs_done; /* engine_disk_buffers_register ran (registered or refused) */
     struct tier *disk;
     uint32_t admit_hits;
     uint32_t npaths;
@@ -191,7 +192,7 @@ static int engine_disk_level(struct store *s, uint16_t ns_id)
     return ed->levels[ns_id] >= 0 ? ed->levels[ns_id] : ed->compress_level;
 }
 
-/* Byte planes for raw 16-bit floats (docs/disk.md: 1.18x vs 1.09x on fp16), plain zstd for
+/* Byte planes for raw 16-bit floats (docs/design/disk.md: 1.18x vs 1.09x on fp16), plain zstd for
  * anything else (quantized blocks are bytes already). */
 static int engine_disk_codec(const struct store *s, const struct block *b)
 {
@@ -1152,13 +1153,8 @@ int engine_disk_attach(struct store *s, const struct engine_disk_params *p)
         log_warn("disk: O_DIRECT is not supported on %s: BUFFERED I/O in use (counted as "
                  "disk_buffered)",
                  p->paths[0]);
-    rc = tier_disk_buffers_register(ed->disk, tier_host_base(s->arenas[0].tier),
-                                    tier_host_size(s->arenas[0].tier));
-    if (rc)
-        log_warn("disk: cannot register the host arena with io_uring (%s); transfers pin "
-                 "pages per request",
-                 strerror(-rc));
     s->disk = ed;
+    engine_disk_buffers_register(s);
     s->arenas[STORE_ARENA_DISK].tier = ed->disk;
     /* Parents first, so every block finds its parent already back. */
     if (sc.n)
@@ -1179,6 +1175,23 @@ out:
         free(ed);
     }
     return rc;
+}
+
+void engine_disk_buffers_register(struct store *s)
+{
+    struct engine_disk *ed = s->disk;
+    int rc;
+    /* Registering pins every page, faulting in those not yet: not while the arena is still
+     * being faulted in the background, or the start would wait for all of it. */
+    if (!ed || ed->bufs_done || !tier_host_fault_done(s->arenas[0].tier, NULL))
+        return;
+    ed->bufs_done = true;
+    rc = tier_disk_buffers_register(ed->disk, tier_host_base(s->arenas[0].tier),
+                                    tier_host_size(s->arenas[0].tier));
+    if (rc)
+        log_warn("disk: cannot register the host arena with io_uring (%s); transfers pin "
+                 "pages per request",
+                 strerror(-rc));
 }
 
 void engine_disk_free(struct store *s)

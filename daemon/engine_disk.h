@@ -77,6 +77,10 @@ struct engine_disk_params {
 int engine_disk_attach(struct store *s, const struct engine_disk_params *p);
 /* Waits for the I/O in flight and closes the disk tier. No disk tier is a no-op. */
 void engine_disk_free(struct store *s);
+/* Registers host arena 0 with the disk tier's io_uring (fixed buffers) once it is faulted in;
+ * until then transfers pin pages per request. Called at attach and on the tick; no-op
+ * without a disk tier or once done. */
+void engine_disk_buffers_register(struct store *s);
 /* Reloadable: admission and write rate are read from here. */
 void engine_disk_reload(struct store *s, uint32_t admit_hits);
 /* Hits a block needs to be written to disk rather than dropped (disk.admit_hits). */

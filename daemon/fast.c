@@ -14,22 +14,27 @@
 #include <unistd.h>
 
 /* Everything the daemon decides about an index is kept here, privately: the shared header
- * is written once for the clients and never read back. The entries and generations are
- * read back (to find a key's way, to publish a slot's generation), but only the daemon can
- * have written them: the memfd is sealed against every writable mapping but this one. */
+ * is written once for the clients (and its two running fields, stash_used and retired, are
+ * only ever written) and never read back. The entries and generations are read back (to find
+ * a key, to publish a slot's generation), but only the daemon can have written them: the
+ * memfd is sealed against every writable mapping but this one. */
 struct fast_index {
     int fd;
     uint8_t *map;
     uint64_t bytes;
     uint64_t arena_bytes;
+    uint64_t units; /* arena_bytes >> KVC_FAST_UNIT_SHIFT */
+    uint64_t capacity;
     struct kvc_fast_hdr *hdr;
-    struct kvc_fast_ent *ents;
+    struct kvc_fast_ent *ents;  /* nbuckets * KVC_FAST_WAYS, then the stash */
+    struct kvc_fast_ent *stash; /* KVC_FAST_STASH */
     uint32_t *gens;
     uint64_t *nslay;
     uint32_t nns;
-    uint32_t nsets;
+    uint32_t nbuckets;
     uint64_t seed;
-    uint64_t published, full;
+    uint32_t stash_used; /* entries in the stash (the header's copy is for the readers) */
+    uint64_t published, full, moves;
 };
 
 /* A connection's ring. The client owns head and the entries and may write anything there;
@@ -84,27 +89,29 @@ out:
 }
 
 struct fast_index *fast_index_new(uint32_t arena_id, uint64_t arena_bytes, uint32_t nns,
-                                  int *err)
+                                  uint64_t capacity, int *err)
 {
     struct fast_index *fi = calloc(1, sizeof(*fi));
     uint64_t units = (arena_bytes + (1u << KVC_FAST_UNIT_SHIFT) - 1) >> KVC_FAST_UNIT_SHIFT;
-    /* An entry per 64 KiB of arena: every block of 64 KiB or more has room (a set full of
-     * smaller ones leaves some out: fast_index_full); with the generations, 1/600 of the
-     * arena in all. */
-    uint64_t want = arena_bytes / (64u << 10);
-    uint32_t nsets = 128;
     void *map;
     char name[32];
     if (!fi) {
         *err = -ENOMEM;
         return NULL;
     }
-    while ((uint64_t)nsets * KVC_FAST_WAYS < want && nsets < (1u << 20))
-        nsets *= 2;
+    /* Every block there can be: no more than one per unit. */
+    if (capacity > units)
+        capacity = units;
+    uint64_t nb = (uint64_t)((double)capacity / FAST_INDEX_LOAD / KVC_FAST_WAYS) + 2;
+    if (nb > UINT32_MAX) {
+        free(fi);
+        *err = -EFBIG;
+        return NULL;
+    }
     uint64_t ns_off = fast_round64(sizeof(struct kvc_fast_hdr));
     uint64_t ents_off = fast_round64(ns_off + (uint64_t)nns * sizeof(uint64_t));
-    uint64_t gens_off =
-        fast_round64(ents_off + (uint64_t)nsets * KVC_FAST_WAYS * sizeof(struct kvc_fast_ent));
+    uint64_t nents = nb * KVC_FAST_WAYS + KVC_FAST_STASH;
+    uint64_t gens_off = fast_round64(ents_off + nents * sizeof(struct kvc_fast_ent));
     uint64_t bytes = (gens_off + units * sizeof(uint32_t) + 4095) & ~(uint64_t)4095;
     snprintf(name, sizeof(name), "kvcd-index-%u", arena_id);
     fi->fd = fast_memfd(name, bytes, true, &map);
@@ -118,11 +125,14 @@ struct fast_index *fast_index_new(uint32_t arena_id, uint64_t arena_bytes, uint3
     fi->map = map;
     fi->bytes = bytes;
     fi->arena_bytes = arena_bytes;
+    fi->units = arena_bytes >> KVC_FAST_UNIT_SHIFT;
+    fi->capacity = capacity;
     fi->nns = nns;
-    fi->nsets = nsets;
+    fi->nbuckets = (uint32_t)nb;
     fi->hdr = map;
     fi->nslay = (uint64_t *)(fi->map + ns_off);
     fi->ents = (struct kvc_fast_ent *)(fi->map + ents_off);
+    fi->stash = fi->ents + nb * KVC_FAST_WAYS;
     fi->gens = (uint32_t *)(fi->map + gens_off);
     *fi->hdr = (struct kvc_fast_hdr){.version = KVC_FAST_VERSION,
                                      .arena_id = arena_id,
@@ -133,8 +143,9 @@ struct fast_index *fast_index_new(uint32_t arena_id, uint64_t arena_bytes, uint3
                                      .total = bytes,
                                      .ns_off = ns_off,
                                      .nns = nns,
-                                     .nsets = nsets,
-                                     .ways = KVC_FAST_WAYS};
+                                     .nbuckets = (uint32_t)nb,
+                                     .ways = KVC_FAST_WAYS,
+                                     .nstash = KVC_FAST_STASH};
     __atomic_store_n(&fi->hdr->magic, KVC_FAST_MAGIC, __ATOMIC_RELEASE);
     return fi;
 }
@@ -146,6 +157,18 @@ void fast_index_free(struct fast_index *fi)
     munmap(fi->map, fi->bytes);
     close(fi->fd);
     free(fi);
+}
+
+uint64_t fast_index_capacity(const struct fast_index *fi)
+{
+    return fi->capacity;
+}
+
+void fast_index_retire(struct fast_index *fi)
+{
+    /* Before any slot it names is freed without its generation moving (the host tier bumps
+     * the newer index's from now on): the readers' check after their copy sees it. */
+    __atomic_store_n(&fi->hdr->retired, 1, __ATOMIC_SEQ_CST);
 }
 
 uint32_t *fast_index_gens(struct fast_index *fi)
@@ -170,24 +193,40 @@ void fast_index_stats_get(const struct fast_index *fi, struct fast_index_stats *
 {
     st->published = fi->published;
     st->full = fi->full;
+    st->stash = fi->stash_used;
+    st->moves = fi->moves;
 }
 
-/* The entry of (ns, k) in its set, or NULL; *empty gets the set's first free way. */
-static struct kvc_fast_ent *fast_find(struct fast_index *fi, uint16_t ns,
-                                      const struct kvc_wire_key *k, struct kvc_fast_ent **empty)
+static bool fast_ent_is(const struct kvc_fast_ent *e, uint16_t ns, const struct kvc_wire_key *k)
 {
-    struct kvc_fast_ent *e = fi->ents + (uint64_t)kvc_fast_set(fi->seed, fi->nsets, ns, k->lo,
-                                                               k->hi) * KVC_FAST_WAYS;
-    *empty = NULL;
+    return e->klo == k->lo && e->khi == k->hi && e->ns == ns && (k->lo | k->hi);
+}
+
+static bool fast_ent_empty(const struct kvc_fast_ent *e)
+{
+    return (e->klo | e->khi) == 0;
+}
+
+static struct kvc_fast_ent *fast_bucket(struct fast_index *fi, uint32_t b)
+{
+    return fi->ents + (uint64_t)b * KVC_FAST_WAYS;
+}
+
+/* The entry of (ns, k) in its two buckets or the stash, or NULL. */
+static struct kvc_fast_ent *fast_find(struct fast_index *fi, uint16_t ns,
+                                      const struct kvc_wire_key *k, uint32_t *b1, uint32_t *b2)
+{
+    kvc_fast_buckets(fi->seed, fi->nbuckets, ns, k->lo, k->hi, b1, b2);
+    struct kvc_fast_ent *e1 = fast_bucket(fi, *b1), *e2 = fast_bucket(fi, *b2);
     for (uint32_t w = 0; w < KVC_FAST_WAYS; w++) {
-        if (!e[w].used) {
-            if (!*empty)
-                *empty = &e[w];
-            continue;
-        }
-        if (e[w].ns == ns && e[w].klo == k->lo && e[w].khi == k->hi)
-            return &e[w];
+        if (fast_ent_is(&e1[w], ns, k))
+            return &e1[w];
+        if (fast_ent_is(&e2[w], ns, k))
+            return &e2[w];
     }
+    for (uint32_t i = 0; fi->stash_used && i < KVC_FAST_STASH; i++)
+        if (fast_ent_is(&fi->stash[i], ns, k))
+            return &fi->stash[i];
     return NULL;
 }
 
@@ -195,56 +234,184 @@ static struct kvc_fast_ent *fast_find(struct fast_index *fi, uint16_t ns,
  * only writer; the fields are stored atomically so readers never see a torn word. */
 static void fast_write_begin(struct kvc_fast_ent *e)
 {
-    __atomic_store_n(&e->seq, e->seq + 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->seq, (uint16_t)(e->seq + 1), __ATOMIC_RELAXED);
     __atomic_thread_fence(__ATOMIC_RELEASE);
 }
 
 static void fast_write_end(struct kvc_fast_ent *e)
 {
-    __atomic_store_n(&e->seq, e->seq + 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&e->seq, (uint16_t)(e->seq + 1), __ATOMIC_RELEASE);
+}
+
+/* Writes the fields of src into entry e (under its sequence count). */
+static void fast_ent_write(struct kvc_fast_ent *e, const struct kvc_fast_ent *src)
+{
+    fast_write_begin(e);
+    __atomic_store_n(&e->ns, src->ns, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->gen, src->gen, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->klo, src->klo, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->khi, src->khi, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->unit, src->unit, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->fmt, src->fmt, __ATOMIC_RELAXED);
+    fast_write_end(e);
+}
+
+static void fast_ent_clear(struct kvc_fast_ent *e)
+{
+    fast_write_begin(e);
+    __atomic_store_n(&e->klo, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->khi, 0, __ATOMIC_RELAXED);
+    fast_write_end(e);
+}
+
+/* The other bucket of the entry that sits in bucket b. */
+static uint32_t fast_alt(const struct fast_index *fi, const struct kvc_fast_ent *e, uint32_t b)
+{
+    uint32_t b1, b2;
+    kvc_fast_buckets(fi->seed, fi->nbuckets, e->ns, e->klo, e->khi, &b1, &b2);
+    return b == b1 ? b2 : b1;
+}
+
+static struct kvc_fast_ent *fast_free_way(struct fast_index *fi, uint32_t b)
+{
+    struct kvc_fast_ent *e = fast_bucket(fi, b);
+    for (uint32_t w = 0; w < KVC_FAST_WAYS; w++)
+        if (fast_ent_empty(&e[w]))
+            return &e[w];
+    return NULL;
+}
+
+/* A free way of the emptier of b1 and b2 (two choices keep buckets even, so later inserts
+ * seldom need moves), or NULL when both are full. */
+static struct kvc_fast_ent *fast_free_way2(struct fast_index *fi, uint32_t b1, uint32_t b2)
+{
+    struct kvc_fast_ent *e1 = fast_bucket(fi, b1), *e2 = fast_bucket(fi, b2), *f1 = NULL;
+    uint32_t n1 = 0, n2 = 0, w;
+    struct kvc_fast_ent *f2 = NULL;
+    for (w = 0; w < KVC_FAST_WAYS; w++) {
+        if (fast_ent_empty(&e1[w]) && n1++ == 0)
+            f1 = &e1[w];
+        if (fast_ent_empty(&e2[w]) && n2++ == 0)
+            f2 = &e2[w];
+    }
+    return n2 > n1 ? f2 : f1;
+}
+
+/* Makes a way free in bucket b1 or b2 by moving entries along a path to a bucket with room,
+ * found breadth first (the shortest, so the fewest moves): that way, or NULL. Each move
+ * writes the entry into its other bucket before it clears the old place, so a reader misses
+ * it at worst for that moment (and takes the socket). */
+#define FAST_BFS_NODES 512
+static struct kvc_fast_ent *fast_make_room(struct fast_index *fi, uint32_t b1, uint32_t b2)
+{
+    struct {
+        uint32_t bucket;
+        int32_t parent; /* node whose entry at way `way` would move into this bucket */
+        uint32_t way;
+    } q[FAST_BFS_NODES];
+    uint32_t head = 0, tail = 0;
+    q[tail++] = (typeof(q[0])){b1, -1, 0};
+    q[tail++] = (typeof(q[0])){b2, -1, 0};
+    while (head < tail) {
+        uint32_t x = head++;
+        struct kvc_fast_ent *e = fast_bucket(fi, q[x].bucket);
+        for (uint32_t w = 0; w < KVC_FAST_WAYS; w++) {
+            uint32_t alt = fast_alt(fi, &e[w], q[x].bucket);
+            struct kvc_fast_ent *room = fast_free_way(fi, alt);
+            if (room) {
+                /* Move e[w] there, then each entry on the path into the way it left. */
+                struct kvc_fast_ent *dst = room, *src = &e[w];
+                int32_t node = (int32_t)x;
+                for (;;) {
+                    struct kvc_fast_ent copy = *src;
+                    fast_ent_write(dst, &copy);
+                    fast_ent_clear(src);
+                    fi->moves++;
+                    if (q[node].parent < 0)
+                        return src;
+                    dst = src;
+                    src = fast_bucket(fi, q[q[node].parent].bucket) + q[node].way;
+                    node = q[node].parent;
+                }
+            }
+            if (tail < FAST_BFS_NODES)
+                q[tail++] = (typeof(q[0])){alt, (int32_t)x, w};
+        }
+    }
+    return NULL;
+}
+
+/* A stash entry whose bucket has room now goes back there (after a removal from bucket b). */
+static void fast_stash_drain(struct fast_index *fi, uint32_t b)
+{
+    for (uint32_t i = 0; i < KVC_FAST_STASH && fi->stash_used; i++) {
+        struct kvc_fast_ent *s = &fi->stash[i];
+        uint32_t b1, b2;
+        if (fast_ent_empty(s))
+            continue;
+        kvc_fast_buckets(fi->seed, fi->nbuckets, s->ns, s->klo, s->khi, &b1, &b2);
+        if (b1 != b && b2 != b)
+            continue;
+        struct kvc_fast_ent *room = fast_free_way(fi, b), copy = *s;
+        if (!room)
+            return;
+        fast_ent_write(room, &copy);
+        fast_ent_clear(s);
+        if (--fi->stash_used == 0)
+            __atomic_store_n(&fi->hdr->stash_used, 0, __ATOMIC_RELEASE);
+    }
 }
 
 void fast_publish(struct fast_index *fi, uint16_t ns, const struct kvc_wire_key *k, uint64_t off,
-                  uint32_t len, uint8_t format, uint32_t idx)
+                  uint64_t len, uint8_t format)
 {
-    struct kvc_fast_ent *empty, *e = fast_find(fi, ns, k, &empty);
+    uint32_t b1, b2;
+    struct kvc_fast_ent *e = fast_find(fi, ns, k, &b1, &b2);
     uint64_t unit = off >> KVC_FAST_UNIT_SHIFT;
-    if (unit >= (fi->arena_bytes >> KVC_FAST_UNIT_SHIFT) || (off & 4095))
+    uint64_t lunits = (len + (1u << KVC_FAST_UNIT_SHIFT) - 1) >> KVC_FAST_UNIT_SHIFT;
+    if (unit >= fi->units || (off & 4095) || lunits >= (1u << 24) || !(k->lo | k->hi))
         return; /* not a slot of this arena: never published */
-    uint32_t gen = __atomic_load_n(&fi->gens[unit], __ATOMIC_RELAXED);
-    if (e && e->off == off && e->len == len && e->format == format && e->gen == gen &&
-        e->block == idx)
-        return; /* unchanged (a touch): readers keep their entry */
-    if (!e && !(e = empty)) {
-        fi->full++;
-        return;
+    struct kvc_fast_ent want = {
+        .ns = ns,
+        .gen = __atomic_load_n(&fi->gens[unit], __ATOMIC_RELAXED),
+        .klo = k->lo,
+        .khi = k->hi,
+        .unit = (uint32_t)unit,
+        .fmt = KVC_FAST_FMT(format, format == KVC_WIRE_FORMAT_RAW ? 0 : lunits)};
+    if (e) {
+        if (e->unit != want.unit || e->gen != want.gen || e->fmt != want.fmt)
+            fast_ent_write(e, &want);
+        return; /* else unchanged (a touch): readers keep their entry */
     }
-    if (!e->used)
-        fi->published++;
-    fast_write_begin(e);
-    __atomic_store_n(&e->ns, ns, __ATOMIC_RELAXED);
-    __atomic_store_n(&e->format, format, __ATOMIC_RELAXED);
-    __atomic_store_n(&e->gen, gen, __ATOMIC_RELAXED);
-    __atomic_store_n(&e->len, len, __ATOMIC_RELAXED);
-    __atomic_store_n(&e->off, off, __ATOMIC_RELAXED);
-    __atomic_store_n(&e->klo, k->lo, __ATOMIC_RELAXED);
-    __atomic_store_n(&e->khi, k->hi, __ATOMIC_RELAXED);
-    __atomic_store_n(&e->block, idx, __ATOMIC_RELAXED);
-    __atomic_store_n(&e->used, 1, __ATOMIC_RELAXED);
-    fast_write_end(e);
+    if (!(e = fast_free_way2(fi, b1, b2)) && !(e = fast_make_room(fi, b1, b2))) {
+        for (uint32_t i = 0; i < KVC_FAST_STASH && !e; i++)
+            if (fast_ent_empty(&fi->stash[i]))
+                e = &fi->stash[i];
+        if (!e) {
+            fi->full++;
+            return;
+        }
+        if (fi->stash_used++ == 0)
+            __atomic_store_n(&fi->hdr->stash_used, 1, __ATOMIC_RELEASE);
+    }
+    fast_ent_write(e, &want);
+    fi->published++;
 }
 
 void fast_unpublish(struct fast_index *fi, uint16_t ns, const struct kvc_wire_key *k)
 {
-    struct kvc_fast_ent *empty, *e = fast_find(fi, ns, k, &empty);
+    uint32_t b1, b2;
+    struct kvc_fast_ent *e = fast_find(fi, ns, k, &b1, &b2);
     if (!e)
         return;
-    fast_write_begin(e);
-    __atomic_store_n(&e->used, 0, __ATOMIC_RELAXED);
-    __atomic_store_n(&e->klo, 0, __ATOMIC_RELAXED);
-    __atomic_store_n(&e->khi, 0, __ATOMIC_RELAXED);
-    fast_write_end(e);
+    fast_ent_clear(e);
     fi->published--;
+    if (e >= fi->stash) {
+        if (--fi->stash_used == 0)
+            __atomic_store_n(&fi->hdr->stash_used, 0, __ATOMIC_RELEASE);
+    } else if (fi->stash_used) {
+        fast_stash_drain(fi, (uint32_t)((uint64_t)(e - fi->ents) / KVC_FAST_WAYS));
+    }
 }
 
 void fast_ns_set(struct fast_index *fi, uint32_t ns, const struct kvc_wire_layout *l)

@@ -10,8 +10,12 @@
  * it is committed and ready in a host arena, taken out when it leaves. The slot
  * generations after the entries are bumped by the host tier when it frees a slot
  * (tier_host_gens_set), which is what makes a stale entry harmless: a reader checks them
- * around its copy. A set that is full leaves a block unpublished (counted): its hits take
- * the socket. Owned by the loop thread; readers in other processes never block it.
+ * around its copy. The table is a cuckoo hash with a stash (client/kvc_fast.h), sized by
+ * the store for every block its arena can hold (fast_index_capacity); a key that finds no
+ * room even so (keys chosen to collide) is left unpublished, counted: its hits take the
+ * socket. A larger index replaces a smaller one whole (store_fast_resize): the old one is
+ * retired (fast_index_retire) and freed, its readers move. Owned by the loop thread;
+ * readers in other processes never block it.
  */
 #ifndef KVC_FAST_DAEMON_H
 #define KVC_FAST_DAEMON_H
@@ -26,13 +30,22 @@ struct fast_index;
 
 struct fast_index_stats {
     uint64_t published; /* entries in use */
-    uint64_t full;      /* publications refused: the block's set was full */
+    uint64_t full;      /* publications refused: no room in the key's buckets nor the stash */
+    uint64_t stash;     /* entries in the stash now */
+    uint64_t moves;     /* entries moved to their other bucket to make room */
 };
 
-/* An index for arena arena_id of arena_bytes, with room for namespace ids below nns.
- * NULL and *err = -errno on failure. */
+/* The load a table is sized for: a 4-way cuckoo table places every key up to about 0.97. */
+#define FAST_INDEX_LOAD 0.9
+
+/* An index for arena arena_id of arena_bytes, with room for namespace ids below nns and
+ * `capacity` blocks (at FAST_INDEX_LOAD). NULL and *err = -errno on failure. */
 struct fast_index *fast_index_new(uint32_t arena_id, uint64_t arena_bytes, uint32_t nns,
-                                  int *err);
+                                  uint64_t capacity, int *err);
+/* The blocks it was sized for. */
+uint64_t fast_index_capacity(const struct fast_index *fi);
+/* Tells its readers that a newer index replaced it (they check after every copy). */
+void fast_index_retire(struct fast_index *fi);
 void fast_index_free(struct fast_index *fi); /* NULL is a no-op */
 /* The slot generations, for the host tier to bump. */
 uint32_t *fast_index_gens(struct fast_index *fi);
@@ -41,10 +54,10 @@ int fast_index_fd_ro(const struct fast_index *fi);
 uint64_t fast_index_bytes(const struct fast_index *fi);
 void fast_index_stats_get(const struct fast_index *fi, struct fast_index_stats *st);
 
-/* Publishes (or updates) the block idx of namespace ns under key k at [off, off + len),
- * stored in format; its generation is the slot's now. */
+/* Publishes (or updates) the block of namespace ns under key k at off, stored in format in a
+ * slot of len bytes; its generation is the slot's now. */
 void fast_publish(struct fast_index *fi, uint16_t ns, const struct kvc_wire_key *k, uint64_t off,
-                  uint32_t len, uint8_t format, uint32_t idx);
+                  uint64_t len, uint8_t format);
 /* Takes (ns, k) out of the index; nothing if it is not there. */
 void fast_unpublish(struct fast_index *fi, uint16_t ns, const struct kvc_wire_key *k);
 /* Namespace id ns now holds layout l (NULL: none), so a client that opened another one under

@@ -7,8 +7,14 @@
  * builds a complete new configuration (file + the same -o overrides), validates it and
  * checks that only reloadable options changed; then it is applied whole, or refused with
  * one log line and the running configuration untouched.
+ * Start: the socket path is claimed first (a lock beside it, then a connect), before any
+ * memory is touched, so a second kvcd learns at once that the path is taken whatever
+ * host.size says; the arenas' first pages are faulted in, the socket serves, and the rest
+ * of the arenas is faulted in by threads in the background (tiers/host.c), its progress in
+ * the systemd status, `kvcctl status` and the STATS gauge host_faulted.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <grp.h>
 #include <limits.h>
@@ -16,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -56,6 +63,9 @@ struct kvcd {
     bool adopt; /* socket activation: serve adopt_fd */
     int adopt_fd;
     struct remote_keys *rkeys; /* the remote tier's secrets (remote.nodes set); owned */
+    int lock_fd;               /* the socket path's lock (kvcd_claim_socket), or -1 */
+    char lock_path[128];
+    bool faulted; /* every host arena is faulted in (or prefault is off) */
 };
 
 static void kvcd_usage(FILE *f)
@@ -165,6 +175,15 @@ static int kvcd_paths_check(const struct config *c, char *err, size_t errlen)
     return rc;
 }
 
+/* host.prefault_threads, 0 meaning one per CPU (at most 8). */
+static uint32_t kvcd_prefault_threads(const struct config *c)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    if (c->host_prefault_threads)
+        return (uint32_t)c->host_prefault_threads;
+    return n < 1 ? 1 : n > 8 ? 8 : (uint32_t)n;
+}
+
 static void kvcd_store_params(const struct config *c, struct store_params *p)
 {
     static const int huge[] = {[CONFIG_HUGEPAGES_AUTO] = TIER_HOST_HUGE_AUTO,
@@ -174,6 +193,7 @@ static void kvcd_store_params(const struct config *c, struct store_params *p)
                                .host_page_size = c->host_page_size,
                                .host_huge = huge[c->host_hugepages],
                                .host_prefault = c->host_prefault,
+                               .host_prefault_threads = kvcd_prefault_threads(c),
                                .high_watermark = c->host_high_watermark,
                                .low_watermark = c->host_low_watermark,
                                .max_namespaces = (uint32_t)c->server_max_namespaces,
@@ -280,6 +300,54 @@ static int kvcd_check_socket(const struct config *c, char *err, size_t len)
     if (fd >= 0)
         close(fd);
     return rc;
+}
+
+/* Claims the socket path for this process before anything slow: a connect (a kvcd serving
+ * it), then a lock on PATH.lock, held until exit (a kvcd still starting, not yet listening,
+ * holds it too). 0, or -EADDRINUSE with the cause in err. Where the lock file can be neither
+ * made nor opened (a directory only the socket's owner may write) the connect alone decides. */
+static int kvcd_claim_socket(struct kvcd *d, char *err, size_t len)
+{
+    char path[108];
+    int rc = kvcd_check_socket(d->cfg, err, len);
+    if (rc)
+        return rc;
+    if (server_socket_path(d->cfg->server_socket, path, sizeof(path)) < 0)
+        return 0; /* kvcd_check_socket said so already */
+    if (strncmp(path, "/run/kvcd/", 10) == 0)
+        mkdir("/run/kvcd", 0755);
+    snprintf(d->lock_path, sizeof(d->lock_path), "%s.lock", path);
+    d->lock_fd = open(d->lock_path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (d->lock_fd < 0)
+        d->lock_fd = open(d->lock_path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (d->lock_fd < 0) {
+        d->lock_path[0] = 0;
+        return 0;
+    }
+    if (flock(d->lock_fd, LOCK_EX | LOCK_NB) < 0) {
+        rc = errno == EWOULDBLOCK ? -EADDRINUSE : 0;
+        if (rc)
+            snprintf(err, len,
+                     "another kvcd is starting or serving %s (it holds %s); not "
+                     "starting",
+                     path, d->lock_path);
+        close(d->lock_fd);
+        d->lock_fd = -1;
+        d->lock_path[0] = 0;
+    }
+    return rc;
+}
+
+/* Lets the socket path go at exit: the lock file is removed while still held, so no kvcd
+ * can take a lock on a file that is no longer the path's. */
+static void kvcd_release_socket(struct kvcd *d)
+{
+    if (d->lock_fd < 0)
+        return;
+    if (d->lock_path[0])
+        unlink(d->lock_path);
+    close(d->lock_fd);
+    d->lock_fd = -1;
 }
 
 /* Applies a complete, validated configuration whose changes are all reloadable, or refuses
@@ -398,9 +466,47 @@ static void kvcd_on_signal(struct loop *l, int fd, uint32_t events, void *arg)
     }
 }
 
+/* While the arenas are faulted in: the systemd status says how far; once they are, one log
+ * line with the rate, and the disk tier registers arena 0 with io_uring (pinning it). */
+static void kvcd_fault_tick(struct kvcd *d)
+{
+    uint64_t faulted, total, ns = 0;
+    uint32_t threads = 0;
+    bool done = true;
+    char status[192];
+    if (d->faulted)
+        return;
+    for (uint32_t a = 0; a < d->store->narenas; a++) {
+        struct tier_host_fault_stats st;
+        done &= tier_host_fault_done(d->store->arenas[a].tier, &st);
+        ns = st.ns > ns ? st.ns : ns;
+        threads = st.threads > threads ? st.threads : threads;
+    }
+    store_host_faulted(d->store, &faulted, &total);
+    if (!done) {
+        snprintf(status, sizeof(status),
+                 "serving %s, host tier %llu MiB, %llu MiB faulted in (%.0f%%)",
+                 server_path(d->server), (unsigned long long)(total >> 20),
+                 (unsigned long long)(faulted >> 20), 100.0 * (double)faulted / (double)total);
+        notify_status(status);
+        return;
+    }
+    d->faulted = true;
+    if (d->cfg->host_prefault && threads)
+        log_info("host: %llu MiB faulted in within %.1f s of the start (%.2f GB/s, %u threads "
+                 "in the background)",
+                 (unsigned long long)(total >> 20), (double)ns / 1e9,
+                 ns ? (double)total / (double)ns : 0.0, threads);
+    engine_disk_buffers_register(d->store);
+    snprintf(status, sizeof(status), "serving %s, host tier %llu MiB", server_path(d->server),
+             (unsigned long long)(store_host_capacity(d->store) >> 20));
+    notify_status(status);
+}
+
 static void kvcd_tick(void *arg)
 {
     struct kvcd *d = arg;
+    kvcd_fault_tick(d);
     engine_trim(d->store, loop_now_ms(d->loop));
     notify_watchdog(loop_now_ms(d->loop));
     server_tick(d->server);
@@ -578,7 +684,7 @@ int main(int argc, char **argv)
                                          {"print-man", no_argument, NULL, 'M'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
-    struct kvcd d = {.sigfd = -1};
+    struct kvcd d = {.sigfd = -1, .lock_fd = -1};
     struct store_params sp;
     struct server_params vp;
     char err[512];
@@ -680,15 +786,17 @@ int main(int argc, char **argv)
         goto out;
     }
     d.adopt = rc == 1;
-    if (!d.adopt && kvcd_check_socket(d.cfg, err, sizeof(err))) {
+    if (!d.adopt && kvcd_claim_socket(&d, err, sizeof(err))) {
         log_err("server: %s", err);
         rc = 1;
         goto out;
     }
     kvcd_store_params(d.cfg, &sp);
-    /* Pre-faulting a large arena takes a while: ask systemd for the time (1 s per GiB
-     * is ample), so a big host tier does not trip the start timeout. */
-    notify_extend_timeout(((sp.host_size >> 30) + 30) * 1000000ull);
+    /* Only the arena's first pages are faulted in before kvcd serves; but the GPU pool
+     * registers the arena with the device, which faults it all in: ask systemd for the time
+     * then (1 s per GiB is ample), so a big host tier does not trip the start timeout. */
+    if (sp.gpu_size)
+        notify_extend_timeout(((sp.host_size >> 30) + 30) * 1000000ull);
     d.store = store_new(&sp, &rc);
     if (d.store)
         engine_attach(d.store);
@@ -699,10 +807,13 @@ int main(int argc, char **argv)
         goto out;
     }
     log_info("host: arena of %llu MiB ready (memory pages: %s; host.page_size, the "
-             "allocator's unit: %llu KiB)",
+             "allocator's unit: %llu KiB; %llu MiB faulted in, the rest by %u threads while "
+             "kvcd serves)",
              (unsigned long long)(store_host_capacity(d.store) >> 20),
              tier_host_hugetlb(d.store->arenas[0].tier) ? "hugetlb" : "4 KiB",
-             (unsigned long long)(sp.host_page_size >> 10));
+             (unsigned long long)(sp.host_page_size >> 10),
+             (unsigned long long)(tier_host_faulted(d.store->arenas[0].tier) >> 20),
+             sp.host_prefault ? sp.host_prefault_threads : 0);
     if (engine_gpu_fd(d.store) >= 0 &&
         (rc = loop_add(d.loop, engine_gpu_fd(d.store), EPOLLIN, kvcd_on_gpu, &d)) != 0) {
         log_err("gpu: cannot watch the pool's copies (%s)", strerror(-rc));
@@ -752,6 +863,7 @@ int main(int argc, char **argv)
         snprintf(status, sizeof(status), "serving %s, host tier %llu MiB", server_path(d.server),
                  (unsigned long long)(store_host_capacity(d.store) >> 20));
         notify_ready(status);
+        kvcd_fault_tick(&d); /* the status with the fault-in's progress */
         notify_watchdog(loop_now_ms(d.loop));
         rc = loop_run(d.loop, wd && wd < 1000 ? (int)wd : 1000, kvcd_tick, &d);
     }
@@ -776,6 +888,7 @@ out:
     if (d.sigfd >= 0)
         close(d.sigfd);
     remote_keys_free(d.rkeys);
+    kvcd_release_socket(&d);
     config_free(d.cfg);
     free(d.overrides);
     return rc;

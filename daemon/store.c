@@ -8,6 +8,7 @@
 
 #include "daemon/fast.h"
 #include "daemon/log.h"
+#include "daemon/quant.h"
 #include "daemon/store.h"
 #include "kernels/kern_dev.h"
 #include "tiers/gpu.h"
@@ -125,25 +126,87 @@ void store_fast_sync(struct store *s, uint32_t idx)
         return;
     if (b->state == BLOCK_STATE_COMMITTED && b->tier == KVC_WIRE_TIER_HOST &&
         !(b->flags & (BLOCK_F_PROMOTING | BLOCK_F_LOST)))
-        fast_publish(fi, b->ns, &b->key, b->off,
-                     b->format == KVC_WIRE_FORMAT_RAW ? (uint32_t)ns->block_bytes : b->len,
-                     b->format, idx);
+        fast_publish(fi, b->ns, &b->key, b->off, b->len, b->format);
     else
         fast_unpublish(fi, b->ns, &b->key);
 }
 
-/* The index of host arena a, when the fast path is on: its slot generations are the
- * arena's. 0 or -errno. */
+static uint64_t store_round_unit(uint64_t n)
+{
+    return (n + SLAB_MIN_SLOT - 1) & ~(uint64_t)(SLAB_MIN_SLOT - 1);
+}
+
+/* The smallest slot a block of ns can take: its raw block's, or its smallest codec's. */
+static uint64_t store_ns_min_slot(const struct store_ns *ns)
+{
+    uint64_t m = store_round_unit(ns->block_bytes);
+    uint32_t allowed = KVC_WIRE_QUANT_ALLOWED(ns->layout.flags);
+    for (uint32_t c = 1; c < KVC_WIRE_FORMAT_COUNT; c++) {
+        int64_t n = allowed & (1u << c) ? quant_format_bytes(ns, (uint8_t)c) : 0;
+        if (n > 0 && store_round_unit((uint64_t)n) < m)
+            m = store_round_unit((uint64_t)n);
+    }
+    return m;
+}
+
+/* The blocks host arena a can hold at the smallest slot its namespaces use (64 KiB while it
+ * has none): what its shared index is sized for. */
+static uint64_t store_fast_capacity(const struct store *s, uint32_t a)
+{
+    uint64_t slot = 0;
+    for (uint32_t i = 1; i < s->nns; i++)
+        if (s->ns[i] && s->ns[i]->arena == a) {
+            uint64_t m = store_ns_min_slot(s->ns[i]);
+            slot = !slot || m < slot ? m : slot;
+        }
+    return tier_host_size(s->arenas[a].tier) / (slot ? slot : 64u << 10);
+}
+
+/* A new shared index for host arena a, sized by store_fast_capacity, in place of the one
+ * there (if any): the namespace table and every block ready in the arena published in it,
+ * the host tier bumping its generations from now on; the old one retired (its readers move,
+ * client/kvc_fast.h "Growth") and freed. 0 or -errno (the old one stays then). */
 static int store_fast_open(struct store *s, uint32_t a)
 {
+    struct fast_index *old = s->fast[a], *fi;
+    struct fast_index_stats st;
     int rc = 0;
     if (!s->p.fast_path)
         return 0;
-    s->fast[a] = fast_index_new(a, tier_host_size(s->arenas[a].tier), s->nns, &rc);
-    if (!s->fast[a])
+    fi = fast_index_new(a, tier_host_size(s->arenas[a].tier), s->nns, store_fast_capacity(s, a),
+                        &rc);
+    if (!fi)
         return rc;
-    tier_host_gens_set(s->arenas[a].tier, fast_index_gens(s->fast[a]), KVC_FAST_UNIT_SHIFT);
+    for (uint32_t i = 1; i < s->nns; i++)
+        if (s->ns[i] && s->ns[i]->arena == a)
+            fast_ns_set(fi, i, &s->ns[i]->layout);
+    if (old) {
+        fast_index_stats_get(old, &st);
+        s->fast_full_before += st.full;
+        fast_index_retire(old);
+    }
+    tier_host_gens_set(s->arenas[a].tier, fast_index_gens(fi), KVC_FAST_UNIT_SHIFT);
+    s->fast[a] = fi;
+    for (int clean = 0; clean < 2; clean++)
+        for (uint32_t i = clean ? s->arenas[a].clean_head : s->arenas[a].lru_head; i != INDEX_NONE;
+             i = s->ix.blocks[i].lru_next)
+            store_fast_sync(s, i);
+    fast_index_free(old);
     return 0;
+}
+
+/* A namespace came to host arena a: its index grows when the arena can now hold more blocks
+ * than it was sized for. */
+static void store_fast_grow(struct store *s, uint32_t a)
+{
+    int rc;
+    if (!s->fast[a] || store_fast_capacity(s, a) <= fast_index_capacity(s->fast[a]))
+        return;
+    rc = store_fast_open(s, a);
+    if (rc)
+        log_warn("fast: the shared index of arena %u stays at %llu blocks (%s): blocks past "
+                 "that take the socket",
+                 a, (unsigned long long)fast_index_capacity(s->fast[a]), strerror(-rc));
 }
 
 void store_touch(struct store *s, uint32_t idx, uint64_t now)
@@ -214,6 +277,8 @@ struct store *store_new(const struct store_params *p, int *err)
         .page_size = p->host_page_size,
         .huge = (enum tier_host_huge)p->host_huge,
         .prefault = p->host_prefault,
+        .prefault_first = STORE_PREFAULT_FIRST,
+        .prefault_threads = p->host_prefault_threads,
     };
     struct store *s = calloc(1, sizeof(*s));
     int rc = -ENOMEM;
@@ -432,6 +497,7 @@ int store_ns_open_in(struct store *s, const struct kvc_wire_layout *l, uint32_t 
         fast_ns_set(s->fast[arena], free_id, l);
     store_ns_policy_set(s, free_id, -1, STORE_POLICY_SRC_DEFAULT);
     store_ladder_setup(s, n);
+    store_fast_grow(s, arena);
     *ns_id = free_id;
     *created = true;
     return 0;
@@ -1073,6 +1139,16 @@ uint64_t store_host_capacity(const struct store *s)
     return t->ops->capacity(t);
 }
 
+void store_host_faulted(const struct store *s, uint64_t *faulted, uint64_t *total)
+{
+    *faulted = *total = 0;
+    for (uint32_t a = 0; a < s->narenas; a++) {
+        const struct tier *t = s->arenas[a].tier;
+        *faulted += s->p.host_prefault ? tier_host_faulted(t) : tier_host_size(t);
+        *total += tier_host_size(t);
+    }
+}
+
 /* ---- operator and access-list support (issue 6) -------------------------------------- */
 
 int store_arena_add(struct store *s, uint64_t size, uint32_t *id)
@@ -1085,6 +1161,8 @@ int store_arena_add(struct store *s, uint64_t size, uint32_t *id)
         .page_size = s->p.host_page_size,
         .huge = (enum tier_host_huge)s->p.host_huge,
         .prefault = s->p.host_prefault,
+        .prefault_first = STORE_PREFAULT_FIRST,
+        .prefault_threads = s->p.host_prefault_threads,
     };
     int rc = 0;
     if (s->narenas == STORE_MAX_ARENAS)
@@ -1107,7 +1185,8 @@ int store_arena_add(struct store *s, uint64_t size, uint32_t *id)
 
 void store_fast_stats(const struct store *s, uint64_t *published, uint64_t *full)
 {
-    *published = *full = 0;
+    *published = 0;
+    *full = s->fast_full_before;
     for (uint32_t a = 0; a < s->narenas; a++)
         if (s->fast[a]) {
             struct fast_index_stats st;

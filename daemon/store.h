@@ -48,12 +48,16 @@ struct fast_index;
 #define STORE_ARENA_DISK STORE_MAX_ARENAS
 /* arenas[STORE_ARENA_GPU] holds the GPU tier (when there is one) and its LRU list. */
 #define STORE_ARENA_GPU (STORE_MAX_ARENAS + 1)
+/* Bytes of each host arena faulted in before store_new (store_arena_add) returns when the
+ * rest is faulted in the background (store_params.host_prefault_threads). */
+#define STORE_PREFAULT_FIRST (64ull << 20)
 
 struct store_params {
     uint64_t host_size;
     uint64_t host_page_size;
     int host_huge; /* enum tier_host_huge */
     bool host_prefault;
+    uint32_t host_prefault_threads; /* 0: every page before store_new returns */
     double high_watermark;
     double low_watermark;
     uint32_t max_namespaces;
@@ -223,8 +227,10 @@ struct store {
     uint64_t ghost_salt;
     bool heap_defer; /* store_ns_policy_set leaves the heap rebuild to its caller */
     /* The fast path's shared index of each host arena (NULL: off), kept in step by
-     * store_fast_sync; fast_full counts blocks left out of a full set. */
+     * store_fast_sync, sized for every block the arena can hold (grown when a namespace with
+     * smaller blocks comes to it). */
     struct fast_index *fast[STORE_MAX_ARENAS];
+    uint64_t fast_full_before; /* fast_full of indexes replaced by larger ones */
     bool fast_keep; /* store_touch: the unlink leaves the block's index entry alone */
     /* Which block's slot starts at an offset of a host arena: per 4 KiB unit (the smallest
      * slot), 1 + the index of the committed block there, 0 none (kept by the LRU link and
@@ -233,6 +239,9 @@ struct store {
     /* Bytes the reservation being made still wants (store_reserve): the room a ladder makes
      * at once when a put finds its arena full, so a chain waits for its room once. */
     uint64_t room_want;
+    /* The last engine_trim stopped at its time budget above the low watermark: the next one
+     * (the server runs it after the next batch of requests) goes on from there. */
+    bool trim_more;
     /* Room is coming in an arena: a quantize job landed (set by the server, which runs the
      * puts that wait for room again). */
     void (*on_room)(void *arg);
@@ -360,12 +369,15 @@ void store_fast_ref(struct store *s, uint32_t ns_id, const struct kvc_wire_key *
                     uint64_t now);
 
 /* The fast path's indexes: blocks published now, and publications refused so far because
- * the block's set was full (its hits take the socket). */
+ * the block found no room (its hits take the socket; keys chosen to collide). */
 void store_fast_stats(const struct store *s, uint64_t *published, uint64_t *full);
 
 /* Gauges for STATS (see STATS_GAUGES). */
 uint64_t store_host_used(const struct store *s);
 uint64_t store_host_capacity(const struct store *s);
+/* Bytes of the host arenas faulted in so far, and in all (every arena; the capacity above is
+ * arena 0's). */
+void store_host_faulted(const struct store *s, uint64_t *faulted, uint64_t *total);
 uint64_t store_gpu_used(const struct store *s);     /* 0 without a GPU tier */
 uint64_t store_gpu_capacity(const struct store *s); /* 0 without a GPU tier */
 

@@ -678,14 +678,35 @@ uint32_t store_ladder_first(struct store *s, struct store_ns *ns, uint32_t rung)
 
 #define STORE_GHOST_WAYS 4      /* entries per set: the oldest of a full set is replaced */
 #define STORE_GHOST_MIN 1024u   /* entries at least */
-#define STORE_GHOST_MEM_DIV 64u /* ghost memory at most 1/64 of the host arenas' */
+/* Ghost memory at most 1/128 of the host arenas': 16 bytes per 2 KiB, so at least one ghost
+ * per block at 4 KiB blocks (16 B a block at a million of them; 24-byte ghosts at 1/64 took
+ * 50), and the whole window of cache.ghosts = 8 from blocks of 32 KiB up. */
+#define STORE_GHOST_MEM_DIV 128u
+#define STORE_GHOST_TAG_MASK 0xffffffffffff0000ull /* the tag's bits in store_ghost.tf */
 
+/* 16 bytes: the tag's top 48 bits share a word with the count as a bfloat16, the time is
+ * kept in STORE_META_TSHIFT units as store_meta's. */
 struct store_ghost {
-    uint64_t tag; /* store_ghost_tag(namespace, key); 0: empty */
-    uint64_t t;   /* the block's last access before it went */
-    float freq;   /* its decayed count as of t */
+    uint64_t tf;  /* store_ghost_tag(namespace, key) (its top 48 bits; 0: empty) | bf16 freq */
+    uint32_t t;   /* the block's last access before it went >> STORE_META_TSHIFT */
     uint32_t seq; /* store.ghost_seq when it went */
 };
+_Static_assert(sizeof(struct store_ghost) == 16, "a ghost is 16 bytes");
+
+static uint16_t store_ghost_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof(u));
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16); /* rounded to nearest even */
+}
+
+static float store_ghost_freq(const struct store_ghost *g)
+{
+    uint32_t u = (uint32_t)(g->tf & 0xffffu) << 16;
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
 
 /* Evictions within which a ghost of ns still counts: cache.ghosts x its capacity in blocks. */
 static uint32_t store_ghost_window(const struct store *s, const struct store_ns *ns)
@@ -704,7 +725,7 @@ static uint64_t store_ghost_tag(const struct store *s, uint16_t ns, const struct
     x ^= x >> 33;
     x *= 0xc4ceb9fe1a85ec53ull;
     x ^= x >> 33;
-    return x | 1;
+    return (x & STORE_GHOST_TAG_MASK) | 0x10000u; /* never 0 in the tag's bits */
 }
 
 static struct store_ghost *store_ghost_set(const struct store *s, uint64_t tag)
@@ -715,9 +736,10 @@ static struct store_ghost *store_ghost_set(const struct store *s, uint64_t tag)
 
 static void store_ghost_put(struct store *s, const struct store_ghost *g)
 {
-    struct store_ghost *set = store_ghost_set(s, g->tag), *v = set;
+    uint64_t tag = g->tf & STORE_GHOST_TAG_MASK;
+    struct store_ghost *set = store_ghost_set(s, tag), *v = set;
     for (uint32_t w = 0; w < STORE_GHOST_WAYS; w++) {
-        if (set[w].tag == g->tag || set[w].tag == 0) {
+        if ((set[w].tf & STORE_GHOST_TAG_MASK) == tag || set[w].tf == 0) {
             v = &set[w];
             break;
         }
@@ -760,7 +782,7 @@ static int store_ghost_fit(struct store *s, const struct store_ns *ns)
     s->ghost = g;
     s->nghost = (uint32_t)want;
     for (uint32_t i = 0; i < nold; i++)
-        if (old[i].tag)
+        if (old[i].tf)
             store_ghost_put(s, &old[i]);
     free(old);
     return 0;
@@ -773,12 +795,11 @@ void store_ghost_note(struct store *s, uint32_t idx)
     if (!ns || ns->policy == POLICY_LRU || s->p.ghosts <= 0 ||
         b->state != BLOCK_STATE_COMMITTED || store_ghost_fit(s, ns))
         return;
+    float freq = idx < s->nmeta && s->meta[idx].freq > 0 ? s->meta[idx].freq : 1.0f;
     s->ghost_seq++;
     store_ghost_put(s, &(struct store_ghost){
-                           .tag = store_ghost_tag(s, b->ns, &b->key),
-                           .t = b->last_access,
-                           .freq = idx < s->nmeta && s->meta[idx].freq > 0 ? s->meta[idx].freq
-                                                                            : 1.0f,
+                           .tf = store_ghost_tag(s, b->ns, &b->key) | store_ghost_bf16(freq),
+                           .t = (uint32_t)(b->last_access >> STORE_META_TSHIFT),
                            .seq = s->ghost_seq,
                        });
 }
@@ -792,10 +813,10 @@ static bool store_ghost_take(struct store *s, const struct store_ns *ns, const s
     uint64_t tag = store_ghost_tag(s, b->ns, &b->key);
     struct store_ghost *set = store_ghost_set(s, tag);
     for (uint32_t w = 0; w < STORE_GHOST_WAYS; w++) {
-        if (set[w].tag != tag)
+        if ((set[w].tf & STORE_GHOST_TAG_MASK) != tag)
             continue;
         *out = set[w];
-        set[w].tag = 0;
+        set[w].tf = 0;
         return (uint32_t)(s->ghost_seq - out->seq) < store_ghost_window(s, ns);
     }
     return false;
@@ -815,9 +836,10 @@ void store_meta_commit(struct store *s, uint32_t idx, uint64_t now)
      * is a reuse interval the half-life learns from. */
     if (ns && store_ghost_take(s, ns, b, &g)) {
         struct policy_block pb = {.freq = 1.0f, .last_access = now};
-        if (ns->pp.adapt && now > g.t)
-            policy_params_observe_reuse(&ns->pp, now - g.t);
-        policy_ghost_restore(&pb, g.freq, g.t, now, &ns->pp);
+        uint64_t gt = (uint64_t)g.t << STORE_META_TSHIFT;
+        if (ns->pp.adapt && now > gt)
+            policy_params_observe_reuse(&ns->pp, now - gt);
+        policy_ghost_restore(&pb, store_ghost_freq(&g), gt, now, &ns->pp);
         m->freq = pb.freq;
         s->total.ghost_hits++;
         ns->stats.ghost_hits++;

@@ -4,8 +4,12 @@
  * CUDA source of the daemon and its libraries (daemon/, client/, tiers/, policies/,
  * kernels/) is named in its folder's row. A new file or folder without its line fails here.
  * Hidden folders, build outputs (build*), shared/ and __pycache__ are not part of the tree.
+ * And the documentation's references hold: every relative link of README.md and of the pages
+ * under docs/ leads to a file, and every `docs/….md` path they name exists (a page moved or
+ * removed without its references fails here; a path named after `git log -- ` is history).
  */
 #include <check.h>
+#include <ctype.h>
 #include <dirent.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -165,6 +169,113 @@ START_TEST(test_readme_check_can_fail)
 }
 END_TEST
 
+/* Whether path (relative to base, a folder under the source tree) names a file or folder. */
+static bool rm_exists(const char *base, const char *path, size_t len)
+{
+    char full[2048];
+    struct stat st;
+    if (len == 0 || len > 900)
+        return false;
+    snprintf(full, sizeof(full), "%s/%.*s", base, (int)len, path);
+    return stat(full, &st) == 0;
+}
+
+/*
+ * The broken references of one page's text (dir: its folder, under the source tree): relative
+ * link targets `](target)` and `docs/….md` paths; each broken one is reported in msg. Count.
+ */
+static size_t rm_broken_refs(const char *text, const char *dir, const char *page, char *msg,
+                             size_t cap)
+{
+    size_t broken = 0;
+    for (const char *p = strstr(text, "]("); p; p = strstr(p + 2, "](")) {
+        const char *t = p + 2;
+        size_t len = strcspn(t, ")# \n");
+        if (len == 0 || strncmp(t, "http:", 5) == 0 || strncmp(t, "https:", 6) == 0 ||
+            strncmp(t, "mailto:", 7) == 0)
+            continue;
+        if (!rm_exists(dir, t, len) && broken++ == 0)
+            snprintf(msg, cap, "%s links to %.*s, which does not exist", page, (int)len, t);
+    }
+    for (const char *p = strstr(text, "docs/"); p; p = strstr(p + 5, "docs/")) {
+        size_t len =
+            strspn(p, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./");
+        bool history = p - text >= 8 && strncmp(p - 8, "git log ", 8) == 0;
+        history = history || (p - text >= 11 && strncmp(p - 11, "git log -- ", 11) == 0);
+        if ((p > text && (p[-1] == '/' || isalnum((unsigned char)p[-1]))) || history)
+            continue; /* part of a longer path (…/docs/…), or a pointer into git history */
+        while (len > 0 && p[len - 1] == '.')
+            len--;
+        if (len < 8 || strncmp(p + len - 3, ".md", 3) != 0)
+            continue;
+        if (!rm_exists(KVC_SRC_DIR, p, len) && broken++ == 0)
+            snprintf(msg, cap, "%s names %.*s, which does not exist", page, (int)len, p);
+    }
+    return broken;
+}
+
+/* Every Markdown page under dir (recursively), checked; the number of pages read. */
+static size_t rm_check_pages(const char *dir)
+{
+    static char text[RM_TEXT];
+    size_t pages = 0;
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    ck_assert_msg(d != NULL, "cannot open %s", dir);
+    while ((e = readdir(d))) {
+        char path[1024];
+        struct stat st;
+        size_t l = strlen(e->d_name);
+        if (rm_skip(e->d_name))
+            continue;
+        snprintf(path, sizeof(path), "%.800s/%.200s", dir, e->d_name);
+        if (stat(path, &st) != 0)
+            continue;
+        if (S_ISDIR(st.st_mode)) {
+            pages += rm_check_pages(path);
+            continue;
+        }
+        if (l < 4 || strcmp(e->d_name + l - 3, ".md") != 0)
+            continue;
+        FILE *f = fopen(path, "re");
+        ck_assert_ptr_nonnull(f);
+        size_t n = fread(text, 1, sizeof(text) - 1, f);
+        text[n] = 0;
+        fclose(f);
+        char msg[1400] = "";
+        ck_assert_msg(rm_broken_refs(text, dir, path, msg, sizeof(msg)) == 0, "%s", msg);
+        pages++;
+    }
+    closedir(d);
+    return pages;
+}
+
+START_TEST(test_doc_references_resolve)
+{
+    char msg[1400] = "";
+    rm_load();
+    ck_assert_msg(rm_broken_refs(rm_readme, KVC_SRC_DIR, "README.md", msg, sizeof(msg)) == 0, "%s",
+                  msg);
+    ck_assert_uint_gt(rm_check_pages(KVC_SRC_DIR "/docs"), 10);
+    ck_assert_uint_ge(rm_check_pages(KVC_SRC_DIR "/python"), 1);
+}
+END_TEST
+
+/* The reference check can fail: a link and a path to pages that are not there. */
+START_TEST(test_doc_references_check_can_fail)
+{
+    char msg[1400] = "";
+    const char *good = "see [engines](engines.md), docs/remote.md and `git log -- docs/gone.md`";
+    ck_assert_uint_eq(rm_broken_refs(good, KVC_SRC_DIR "/docs", "good", msg, sizeof(msg)), 0);
+    ck_assert_uint_eq(rm_broken_refs("[x](nope.md)", KVC_SRC_DIR "/docs", "a", msg, sizeof(msg)),
+                      1);
+    ck_assert_ptr_nonnull(strstr(msg, "nope.md"));
+    ck_assert_uint_eq(
+        rm_broken_refs("read docs/policies-ship.md.", KVC_SRC_DIR, "b", msg, sizeof(msg)), 1);
+    ck_assert_ptr_nonnull(strstr(msg, "docs/policies-ship.md,"));
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("readme");
@@ -174,6 +285,8 @@ int main(void)
     tcase_add_test(tc, test_readme_names_every_folder);
     tcase_add_test(tc, test_readme_names_every_source_file);
     tcase_add_test(tc, test_readme_check_can_fail);
+    tcase_add_test(tc, test_doc_references_resolve);
+    tcase_add_test(tc, test_doc_references_check_can_fail);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -302,6 +302,45 @@ START_TEST(test_watermarks_trim)
 }
 END_TEST
 
+/* A trim of a band larger than a few hundred blocks stops at its time budget (200 us, after
+ * its first 256 actions) above the low watermark and says so (trim_more), so no request
+ * waits behind the whole band; the trims after go on from there, below the high watermark,
+ * down to the low one. (Without the budget the first trim evicted all 3,500.) */
+START_TEST(test_trim_budget)
+{
+    struct store_owner o;
+    struct store_params p = s->p;
+    struct kvc_wire_layout l = layout_fp16("m", 2, 0);
+    bool created;
+    int err = 0, first, n, rounds = 0;
+    teardown();
+    p.host_size = 256u << 20; /* 4,096 blocks */
+    s = store_new(&p, &err);
+    ck_assert_msg(s, "store_new: %d", err);
+    engine_attach(s);
+    ck_assert_int_eq(store_ns_open(s, &l, &ns, &created), 0);
+    store_owner_init(&o);
+    for (uint32_t c = 0; c < 64; c++)
+        ck_assert_int_eq(put(&o, 1000 + c, 64, 0, c + 1), 64);
+    p.high_watermark = 0.9;
+    p.low_watermark = 0.05;
+    store_reload(s, &p);
+    first = engine_trim(s, 100);
+    ck_assert_int_ge(first, 256);
+    ck_assert_int_lt(first, 3500);
+    ck_assert(s->trim_more);
+    ck_assert_uint_gt(store_host_used(s), store_host_capacity(s) / 20);
+    for (n = first; s->trim_more && rounds < 10000; rounds++)
+        n += engine_trim(s, 100);
+    ck_assert(!s->trim_more);
+    ck_assert_int_ge(n, 3800);
+    ck_assert_uint_le(store_host_used(s), store_host_capacity(s) / 20);
+    printf("check_store: a trim of %d blocks in %d steps, the first %d\n", n, rounds + 1, first);
+    check_invariants();
+    store_owner_fini(s, &o);
+}
+END_TEST
+
 START_TEST(test_namespaces_and_layouts)
 {
     struct kvc_wire_layout l = layout_fp16("m", 2, 0), other = layout_fp16("m", 3, 0), bad;
@@ -468,6 +507,7 @@ int main(void)
     tcase_add_test(tc, test_eviction_keeps_prefix_tree);
     tcase_add_test(tc, test_nospace_when_all_pinned);
     tcase_add_test(tc, test_watermarks_trim);
+    tcase_add_test(tc, test_trim_budget);
     tcase_add_test(tc, test_namespaces_and_layouts);
     tcase_add_test(tc, test_handle_limits);
     tcase_add_test(tc, test_pin_count_cannot_wrap);

@@ -6,7 +6,7 @@
  * of the mantissa) repeat a lot; their low bytes are close to noise. Plain zstd sees the two
  * interleaved and finds little (about 1.09x on normally distributed fp16); splitting the
  * block into a plane of high bytes and a plane of low bytes first lets it model the high
- * plane alone (docs/disk.md has the measured table). The codec ids are what a record
+ * plane alone (docs/design/disk.md has the measured table). The codec ids are what a record
  * header stores: TIER_DISK_CODEC_RAW (0), _ZSTD (1), _ZSTD_PLANES (2). Pure functions, safe
  * from any thread; a context (struct disk_codec) is used by one thread at a time.
  */

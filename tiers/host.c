@@ -7,8 +7,19 @@
  * daemon's next copy SIGBUS), and F_SEAL_SEAL stops a client from adding a write seal that
  * would lock out every other writer. Its mode is set to 0600 so that a reader of another
  * user cannot turn its read-only descriptor into a writable one by reopening
- * /proc/self/fd/N. Pages are faulted in at creation when asked: the first touch of a
- * shmem page costs far more than the copy into it, and a put should run at memcpy speed.
+ * /proc/self/fd/N. Pages are faulted in when asked: the first touch of a shmem page costs
+ * far more than the copy into it, and a put should run at memcpy speed.
+ *
+ * Fault-in. At 0.3-1 GB/s (what a VM faults shmem pages at) a 256 GiB arena takes minutes,
+ * so with prefault_threads the arena is faulted in by that many threads in the background
+ * after a first part (prefault_first bytes) is faulted before tier_host_new returns. The
+ * threads take 2 MiB chunks (or huge pages) in ascending order and populate them with
+ * MADV_POPULATE_WRITE, which makes the pages resident and writable without changing a byte
+ * (clients may already be writing there). The slab allocator hands out the lowest free pages
+ * first, so it takes faulted memory first; a slot it hands out before its pages are faulted
+ * (a chunk still in a thread's hands, or an arena faulted out of order) is populated on the
+ * spot, in tier_host_alloc. tier_host_faulted says how far it got; the threads are joined
+ * when they are done or when the tier goes.
  * Hugetlb backing is used when configured ON, or when AUTO and /proc/meminfo shows enough
  * free huge pages; AUTO falls back to normal pages on any hugetlb failure.
  * The allocator's metadata is on the daemon's heap, out of the clients' reach. Reads and
@@ -30,6 +41,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -37,6 +49,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "tiers/host.h"
@@ -70,6 +83,25 @@ struct tier_host_held {
     uint64_t off, len;
 };
 
+/* The background fault-in (see "Fault-in" above). The threads write only the atomics. */
+#define TIER_HOST_FAULT_CHUNK (2u << 20)
+#define TIER_HOST_FAULT_THREADS_MAX 64
+struct tier_host_fault {
+    uint64_t chunk; /* bytes a thread takes at once (a multiple of the page) */
+    uint64_t nchunks;
+    _Atomic uint64_t next;     /* first chunk no thread has taken yet */
+    _Atomic uint64_t *done;    /* a bit per chunk: populated */
+    _Atomic uint64_t ndone;    /* chunks populated */
+    _Atomic int stop;          /* the tier goes: threads leave after their chunk */
+    _Atomic uint64_t t_end_ns; /* CLOCK_MONOTONIC when the last chunk was done (0: not yet) */
+    uint64_t t_start_ns;
+    pthread_t threads[TIER_HOST_FAULT_THREADS_MAX];
+    uint32_t nthreads; /* not joined yet */
+    uint32_t nstarted;
+    bool complete;       /* loop thread's view: every chunk done, threads joined */
+    bool populate_write; /* MADV_POPULATE_WRITE works here (else a locked add of 0) */
+};
+
 struct tier_host {
     struct tier base;
     struct slab *slab;
@@ -85,6 +117,7 @@ struct tier_host {
     uint32_t nheld, capheld;
     uint32_t *gens; /* slot generations (tier_host_gens_set), or NULL */
     unsigned gen_shift;
+    struct tier_host_fault *fault; /* background fault-in in progress or done; NULL: none */
 };
 
 /* ---- the SIGBUS guard -------------------------------------------------------------------- */
@@ -197,8 +230,128 @@ out:
     return nfree * kb * 1024;
 }
 
-/* memfd, size, seals, mapping and prefault for one backing; 0 or -errno, nothing left
- * behind on failure. */
+/* ---- fault-in --------------------------------------------------------------------------- */
+
+static uint64_t tier_host_mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Makes [p, p + len) resident and writable without changing a byte: MADV_POPULATE_WRITE, or
+ * on a kernel without it a locked add of 0 to a byte of each page (atomic against a client
+ * writing the same byte). Errors (a hole nobody can fill on hugetlb) are left to the SIGBUS
+ * guard; the populate never raises one. */
+static void tier_host_populate(char *p, uint64_t len, uint64_t page, bool populate_write)
+{
+    if (populate_write && madvise(p, len, MADV_POPULATE_WRITE) == 0)
+        return;
+    if (populate_write && errno != EINVAL)
+        return;
+    for (uint64_t o = 0; o < len; o += page)
+        __atomic_fetch_add(p + o, 0, __ATOMIC_RELAXED);
+}
+
+static void tier_host_fault_chunk(struct tier_host *h, uint64_t c)
+{
+    struct tier_host_fault *f = h->fault;
+    uint64_t off = c * f->chunk, len = h->size - off < f->chunk ? h->size - off : f->chunk;
+    uint64_t page = h->guard ? h->guard->unit : 4096;
+    tier_host_populate((char *)h->map + off, len, page, f->populate_write);
+    atomic_fetch_or(&f->done[c / 64], UINT64_C(1) << (c % 64));
+    if (atomic_fetch_add(&f->ndone, 1) + 1 == f->nchunks)
+        atomic_store(&f->t_end_ns, tier_host_mono_ns());
+}
+
+static void *tier_host_fault_main(void *arg)
+{
+    struct tier_host *h = arg;
+    struct tier_host_fault *f = h->fault;
+    while (!atomic_load(&f->stop)) {
+        uint64_t c = atomic_fetch_add(&f->next, 1);
+        if (c >= f->nchunks)
+            break;
+        tier_host_fault_chunk(h, c);
+    }
+    return NULL;
+}
+
+static bool tier_host_chunk_done(const struct tier_host_fault *f, uint64_t c)
+{
+    return atomic_load_explicit(&f->done[c / 64], memory_order_acquire) >> (c % 64) & 1;
+}
+
+/* Faults in the first `first` bytes now and starts `threads` threads for the rest (none: all
+ * of it now). 0 or -errno; on failure nothing is left running. */
+static int tier_host_fault_start(struct tier_host *h, uint64_t first, uint32_t threads)
+{
+    struct tier_host_fault *f = calloc(1, sizeof(*f));
+    if (!f)
+        return -ENOMEM;
+    uint64_t page = h->guard ? h->guard->unit : 4096;
+    f->chunk = page > TIER_HOST_FAULT_CHUNK ? page : TIER_HOST_FAULT_CHUNK;
+    f->nchunks = (h->size + f->chunk - 1) / f->chunk;
+    f->done = calloc((f->nchunks + 63) / 64, sizeof(*f->done));
+    if (!f->done) {
+        free(f);
+        return -ENOMEM;
+    }
+    f->t_start_ns = tier_host_mono_ns();
+    /* Probe once: a kernel before 5.14 answers EINVAL. */
+    f->populate_write = madvise(h->map, 0, MADV_POPULATE_WRITE) == 0 || errno != EINVAL;
+    h->fault = f;
+    if (threads > TIER_HOST_FAULT_THREADS_MAX)
+        threads = TIER_HOST_FAULT_THREADS_MAX;
+    uint64_t nfirst = threads ? (first + f->chunk - 1) / f->chunk : f->nchunks;
+    if (nfirst > f->nchunks)
+        nfirst = f->nchunks;
+    for (uint64_t c = 0; c < nfirst; c++)
+        tier_host_fault_chunk(h, c);
+    atomic_store(&f->next, nfirst);
+    for (uint32_t i = 0; i < threads && nfirst < f->nchunks; i++) {
+        if (pthread_create(&f->threads[f->nthreads], NULL, tier_host_fault_main, h) != 0)
+            break;
+        f->nthreads++;
+    }
+    f->nstarted = f->nthreads;
+    if (nfirst < f->nchunks && f->nthreads == 0) /* no thread: the rest now, as before */
+        for (uint64_t c = atomic_exchange(&f->next, f->nchunks); c < f->nchunks; c++)
+            tier_host_fault_chunk(h, c);
+    return 0;
+}
+
+/* Stops the threads (after their chunk) and joins them. */
+static void tier_host_fault_stop(struct tier_host *h)
+{
+    struct tier_host_fault *f = h->fault;
+    if (!f)
+        return;
+    atomic_store(&f->stop, 1);
+    for (uint32_t i = 0; i < f->nthreads; i++)
+        pthread_join(f->threads[i], NULL);
+    f->nthreads = 0;
+}
+
+/* A slot about to be handed out: its pages faulted in now if a thread has not yet. */
+static void tier_host_fault_slot(struct tier_host *h, uint64_t off, uint64_t len)
+{
+    struct tier_host_fault *f = h->fault;
+    if (!f || f->complete)
+        return;
+    uint64_t page = h->guard ? h->guard->unit : 4096;
+    for (uint64_t c = off / f->chunk; c <= (off + len - 1) / f->chunk; c++) {
+        if (tier_host_chunk_done(f, c))
+            continue;
+        uint64_t a = off & ~(page - 1), e = (off + len + page - 1) & ~(page - 1);
+        tier_host_populate((char *)h->map + a, (e < h->size ? e : h->size) - a, page,
+                           f->populate_write);
+        return;
+    }
+}
+
+/* memfd, size, seals and mapping for one backing; 0 or -errno, nothing left behind on
+ * failure. */
 static int tier_host_map(struct tier_host *h, const struct tier_host_config *cfg, bool huge,
                          uint64_t size)
 {
@@ -215,9 +368,9 @@ static int tier_host_map(struct tier_host *h, const struct tier_host_config *cfg
         ret = -errno;
         goto out;
     }
-    /* Small pages are faulted in below, after the huge-page advice. */
-    int mflags = MAP_SHARED | (cfg->prefault && huge ? MAP_POPULATE : 0);
-    map = mmap(NULL, size, PROT_READ | PROT_WRITE, mflags, fd, 0);
+    /* Pages are faulted in after the huge-page advice (tier_host_fault_start). A hugetlb
+     * mapping reserves its pages here, so populating it later cannot run out of them. */
+    map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (map == MAP_FAILED) {
         ret = -errno;
         goto out;
@@ -230,17 +383,9 @@ static int tier_host_map(struct tier_host *h, const struct tier_host_config *cfg
      * them for shared memory: /sys/kernel/mm/transparent_hugepage/shmem_enabled = advise
      * or within_size). A block in physically contiguous memory is one segment of a disk
      * request instead of one per 4 KiB page: bench-disk moves a fifth to two fifths more
-     * per second from a huge-page arena on this VM (docs/disk.md). Best effort. */
+     * per second from a huge-page arena on this VM (docs/design/disk.md). Best effort. */
     if (!huge)
         (void)madvise(map, size, MADV_HUGEPAGE);
-    if (cfg->prefault) {
-        /* MAP_POPULATE is best effort; a write per page makes every page resident and
-         * writable in the page tables before the first put. */
-        long ps = sysconf(_SC_PAGESIZE);
-        uint64_t step = ps > 0 ? (uint64_t)ps : 4096;
-        for (uint64_t o = 0; o < size; o += step)
-            ((volatile char *)map)[o] = 0;
-    }
 out:
     if (ret < 0) {
         if (map != MAP_FAILED)
@@ -279,6 +424,7 @@ static int tier_host_alloc(struct tier *t, uint64_t len, struct tier_loc *loc)
     }
     if (ret < 0)
         return ret;
+    tier_host_fault_slot(h, off, slot);
     loc->arena = h->arena_id;
     loc->cls = (uint32_t)cls;
     loc->off = off;
@@ -359,6 +505,11 @@ static uint64_t tier_host_usage(const struct tier *t)
 static void tier_host_destroy(struct tier *t)
 {
     struct tier_host *h = tier_host_of(t);
+    tier_host_fault_stop(h);
+    if (h->fault) {
+        free((void *)h->fault->done);
+        free(h->fault);
+    }
     if (h->guard) {
         _Atomic uint64_t *bits = h->guard->bits;
         atomic_store(&h->guard->base, 0);
@@ -438,6 +589,11 @@ struct tier *tier_host_new(const struct tier_host_config *cfg, int *err)
         if (h->hugetlb && huge_page)
             unit = huge_page;
         h->guard = tier_host_guard_add(h->map, h->size, unit);
+    }
+    if (cfg->prefault) {
+        ret = tier_host_fault_start(h, cfg->prefault_first, cfg->prefault_threads);
+        if (ret < 0)
+            goto out;
     }
 out:
     if (ret < 0) {
@@ -561,4 +717,36 @@ uint32_t tier_host_repair(struct tier *t)
         }
     }
     return h->nquar;
+}
+
+uint64_t tier_host_faulted(const struct tier *t)
+{
+    const struct tier_host *h = tier_host_of(t);
+    const struct tier_host_fault *f = h->fault;
+    if (!f)
+        return 0;
+    uint64_t n = atomic_load(&f->ndone);
+    return n == f->nchunks ? h->size : n * f->chunk;
+}
+
+bool tier_host_fault_done(struct tier *t, struct tier_host_fault_stats *st)
+{
+    struct tier_host *h = tier_host_of(t);
+    struct tier_host_fault *f = h->fault;
+    if (st)
+        *st = (struct tier_host_fault_stats){0};
+    if (!f)
+        return true;
+    bool done = atomic_load(&f->ndone) == f->nchunks;
+    if (done && !f->complete) {
+        tier_host_fault_stop(h); /* every thread has left its loop or is about to */
+        f->complete = true;
+    }
+    if (st) {
+        uint64_t end = atomic_load(&f->t_end_ns);
+        st->faulted = tier_host_faulted(t);
+        st->threads = f->nstarted;
+        st->ns = (end ? end : tier_host_mono_ns()) - f->t_start_ns;
+    }
+    return done;
 }

@@ -3,8 +3,9 @@
  *
  * DESIGN
  * The arena is a memfd (hugetlb pages when asked or available, normal pages otherwise),
- * mapped once by the daemon and pre-faulted at creation: copying into fresh pages runs at a
- * tenth of memcpy speed. Clients receive the descriptor over the socket and map it
+ * mapped once by the daemon and faulted in when asked (copying into fresh pages runs at a
+ * tenth of memcpy speed): a first part at creation, the rest by background threads, the
+ * allocator's lowest pages (those it hands out first) first. Clients receive the descriptor over the socket and map it
  * themselves; a read-only descriptor (the memfd reopened O_RDONLY) is what readers get, so
  * the kernel enforces what the daemon's ACL says. Namespaces with the same access list share
  * an arena. The daemon's loop thread owns the arena's allocator.
@@ -29,7 +30,10 @@ struct tier_host_config {
     uint64_t size;      /* bytes; rounded up to page_size */
     uint64_t page_size; /* allocator page, power of two (2 MiB matches huge pages) */
     enum tier_host_huge huge;
-    bool prefault; /* touch every page at creation */
+    bool prefault; /* fault every page in: prefault_first bytes at creation, the rest by
+                      prefault_threads threads in the background (0 threads: all at creation) */
+    uint64_t prefault_first;
+    uint32_t prefault_threads;
 };
 
 /* Creates the arena. On failure returns NULL and sets *err to a negative errno. */
@@ -52,6 +56,17 @@ struct slab *tier_host_slab(const struct tier *t);
  * slot starts on its own 1 << shift unit), so readers outside the daemon can tell that
  * bytes they copied may have been reused. NULL: none. */
 void tier_host_gens_set(struct tier *t, uint32_t *gens, unsigned shift);
+
+/* Bytes of the arena faulted in so far (the whole size once done; 0 without prefault). */
+uint64_t tier_host_faulted(const struct tier *t);
+struct tier_host_fault_stats {
+    uint64_t faulted; /* bytes */
+    uint64_t ns;      /* since the fault-in started, until it ended (or now) */
+    uint32_t threads; /* background threads it ran with */
+};
+/* Whether the fault-in is over (or was never asked for); its figures into *st (may be NULL).
+ * Joins the finished threads: loop thread. */
+bool tier_host_fault_done(struct tier *t, struct tier_host_fault_stats *st);
 
 /*
  * Faults of the daemon's own accesses (see host.c, "Holes"): a SIGBUS inside the arena's

@@ -402,7 +402,7 @@ static long info_find(const struct kvc_block_info *bi, const uint32_t *tab, size
 
 /* Keys of the namespace's blocks, a reservoir sample of at most max. With disk_only, only
  * blocks whose record and every ancestor's record are on disk: kvcd takes a record back at
- * start only when its parent is there (docs/disk.md, Persistence), so a record under a
+ * start only when its parent is there (docs/design/disk.md, Persistence), so a record under a
  * parent held only in memory is dropped by design; those are counted in *orphans. Count, or
  * -errno. */
 static long blocks_sample(struct chaos_conn *cc, bool disk_only, struct kvc_key *out, long max,

@@ -1679,7 +1679,7 @@ static uint64_t adv_ix_daemon_map(void)
 }
 
 /* Nothing the daemon decides is read back from the index's header: with arena_bytes, the
- * set count and the seed overwritten in the daemon's own mapping (through /proc/PID/mem, as
+ * bucket count and the seed overwritten in the daemon's own mapping (through /proc/PID/mem, as
  * root: the only writer the kernel leaves), the daemon goes on publishing new blocks, and a
  * client that mapped the index before reads them through it. */
 static void adv_ix_header_spoiled(void)
@@ -1703,7 +1703,7 @@ static void adv_ix_header_spoiled(void)
     ck_assert_int_eq(pread(mem, &bad, sizeof(bad), (off_t)hdr), (ssize_t)sizeof(bad));
     ck_assert_uint_eq(bad.magic, KVC_FAST_MAGIC);
     bad.arena_bytes = 0;
-    bad.nsets = 1;
+    bad.nbuckets = 1;
     bad.seed ^= 0x5555;
     bad.ents_off = bad.gens_off = ~0ull;
     ck_assert_int_eq(pwrite(mem, &bad, sizeof(bad), (off_t)hdr), (ssize_t)sizeof(bad));

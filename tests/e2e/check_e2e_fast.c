@@ -4,8 +4,10 @@
  * blocks while another process forces eviction and slot reuse never get another block's
  * bytes; a stopped or killed reader never holds the daemon; a client that writes lies into
  * its hit ring is refused entry by entry; the index cannot be written by a client; a
- * namespace id dropped and reused for another layout is not read through a stale index; and
- * with the fast path off (daemon option or KVC_NO_FASTPATH) everything still works.
+ * namespace id dropped and reused for another layout is not read through a stale index;
+ * an arena full of 4 KiB blocks has every block in the index, which grew when the namespace
+ * of small blocks came (its readers moving to the larger one); and with the fast path off
+ * (daemon option or KVC_NO_FASTPATH) everything still works.
  */
 #include <check.h>
 #include <errno.h>
@@ -109,6 +111,120 @@ START_TEST(test_fast_hits_counted)
     ck_assert_int_eq(fp_get_check(ns2, k, FP_BLOCKS), FP_BLOCKS);
     ck_assert_int_eq(daemon_client_stat(c2, 0, "fast_hits", &fast), 0);
     ck_assert_uint_eq(fast, 2 * FP_BLOCKS + 5);
+    kvc_disconnect(c2);
+    kvc_disconnect(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_cleanup(&d);
+}
+END_TEST
+
+/* How many of keys[0..n) a reader finds through the index now (kvci_fast_resolve). */
+static uint32_t fp_index_count(kvc_ns *ns, const struct kvc_key *keys, uint32_t n)
+{
+    uint32_t found = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const void *data;
+        size_t len;
+        found += kvci_fast_resolve(ns, &keys[i], &data, &len) == 1;
+    }
+    return found;
+}
+
+/* The cached prefix of keys[0..n), through the socket (a lookup, released at once). */
+static uint32_t fp_cached(kvc_ns *ns, const struct kvc_key *keys, uint32_t n)
+{
+    kvc_lease *l = NULL;
+    int h = kvc_lookup(ns, keys, n, 0, &l);
+    ck_assert_int_ge(h, 0);
+    if (l)
+        ck_assert_int_eq(kvc_release(l), 0);
+    return (uint32_t)h;
+}
+
+/* Every block of an arena full of 4 KiB blocks is in the shared index (counted: a reader
+ * finds each one the socket finds), and the index grew for them: it was sized for the 64 KiB
+ * blocks of the namespace there first, whose client moves to the new index on its next get
+ * and still copies its blocks through it. */
+START_TEST(test_fast_full_arena_4k)
+{
+    static const char *const args[] = {"-o", "host.size=64m",    "-o", "host.page_size=64k",
+                                       "-o", "cache.policy=lru", NULL};
+    enum { CHAINS = 288, LEN = 64 }; /* 18432 blocks of 4 KiB: more than the arena holds */
+    struct daemon d = {0};
+    kvc_client *c, *c2;
+    kvc_ns *big, *small;
+    struct kvc_layout lbig = daemon_layout("e2e-fast-64k", 64),
+                      lsmall = daemon_layout("e2e-fast-4k", 4);
+    struct kvc_key kb[16], *ks = calloc((size_t)CHAINS * LEN, sizeof(*ks));
+    uint64_t fast0, fast1, dropped, blocks, pub, full;
+    ck_assert_ptr_nonnull(ks);
+    ck_assert_int_eq(daemon_start(&d, args), 0);
+    ck_assert_int_eq(kvc_connect(d.sock, &c), 0);
+    ck_assert_int_eq(kvc_ns_open(c, &lbig, &big), 0);
+    ck_assert_uint_eq(kvc_ns_block_bytes(big), 64 << 10);
+    fp_put(big, 1, 16, kb);
+    ck_assert_int_eq(fp_get_check(big, kb, 16), 16); /* through the first index */
+    const struct kvc_fastview *first = c->fast[0].view;
+    ck_assert_ptr_nonnull(first);
+    fp_settle(c, 16, &fast0, &dropped);
+    ck_assert_uint_eq(fast0, 16);
+
+    /* The 4 KiB namespace: the arena can now hold 16 times as many blocks. */
+    ck_assert_int_eq(kvc_connect(d.sock, &c2), 0);
+    ck_assert_int_eq(kvc_ns_open(c2, &lsmall, &small), 0);
+    ck_assert_uint_eq(kvc_ns_block_bytes(small), 4 << 10);
+    ck_assert_uint_ne(first->hdr->retired, 0);
+    ck_assert_int_eq(fp_get_check(big, kb, 16), 16); /* moved to the new index */
+    ck_assert_ptr_ne(c->fast[0].view, first);
+    ck_assert_uint_eq(c->fast[0].view->hdr->retired, 0);
+    fp_settle(c, 32, &fast1, &dropped);
+    ck_assert_uint_eq(fast1 + dropped, 32);
+    ck_assert_uint_ge(fast1, 16 + 15); /* the first block may take the socket once */
+
+    /* Fill the arena (and past it: the cold chains go) with 4 KiB blocks. */
+    size_t bb = kvc_ns_block_bytes(small);
+    void **blk = calloc(LEN, sizeof(*blk));
+    for (uint32_t i = 0; i < LEN; i++)
+        blk[i] = malloc(bb);
+    for (uint32_t ch = 0; ch < CHAINS; ch++) {
+        struct kvc_key *k = ks + (size_t)ch * LEN;
+        ck_assert_int_eq(daemon_chain_keys(small, 100 + ch, 0, LEN, LEN, k), 0);
+        for (uint32_t i = 0; i < LEN; i++)
+            daemon_block_fill(&k[i], blk[i], bb);
+        int rc = kvc_put_prefix(small, NULL, k, LEN, (const void *const *)blk);
+        ck_assert_int_ge(rc, 0);
+    }
+    ck_assert_int_eq(kvc_flush(c2), 0);
+    uint32_t cached = 0, found = 0;
+    for (uint32_t ch = 0; ch < CHAINS; ch++) {
+        cached += fp_cached(small, ks + (size_t)ch * LEN, LEN);
+        found += fp_index_count(small, ks + (size_t)ch * LEN, LEN);
+    }
+    uint32_t bcached = fp_cached(big, kb, 16), bfound = fp_index_count(big, kb, 16);
+    ck_assert_int_eq(daemon_client_stat(c2, 0, "blocks_now", &blocks), 0);
+    ck_assert_int_eq(daemon_client_stat(c2, 0, "fast_index_blocks", &pub), 0);
+    ck_assert_int_eq(daemon_client_stat(c2, 0, "fast_index_full", &full), 0);
+    printf("e2e_fast: arena of 4 KiB blocks: %u cached, %u found through the index; %u/%u of "
+           "the 64 KiB ones; %llu blocks, %llu published, %llu refused\n",
+           cached, found, bfound, bcached, (unsigned long long)blocks, (unsigned long long)pub,
+           (unsigned long long)full);
+    ck_assert_uint_ge(cached, (64u << 20) / bb * 9 / 10); /* the arena is full */
+    ck_assert_uint_eq(found, cached);
+    ck_assert_uint_eq(bfound, bcached);
+    ck_assert_uint_eq(blocks, cached + bcached);
+    ck_assert_uint_eq(pub, blocks);
+    ck_assert_uint_eq(full, 0);
+    /* and copied through it, byte for byte */
+    ck_assert_int_eq(daemon_client_stat(c2, 0, "fast_hits", &fast0), 0);
+    uint32_t got = 0;
+    for (uint32_t ch = 0; ch < CHAINS; ch += 16)
+        got += (uint32_t)fp_get_check(small, ks + (size_t)ch * LEN, 32);
+    fp_settle(c2, fast0 + got, &fast1, &dropped);
+    ck_assert_uint_eq(fast1 - fast0, got);
+    for (uint32_t i = 0; i < LEN; i++)
+        free(blk[i]);
+    free(blk);
+    free(ks);
     kvc_disconnect(c2);
     kvc_disconnect(c);
     ck_assert_int_eq(daemon_stop(&d), 0);
@@ -770,7 +886,7 @@ START_TEST(test_fast_ring_lies)
     ck_assert_uint_le(refused, 4 + KVC_FAST_RING_ENTS);
     ck_assert_int_eq(daemon_roundtrip(&d), 0);
     /* the index is read-only for clients */
-    struct kvc_fastmap *m = &c->fast[0];
+    struct kvc_fastview *m = c->fast[0].view;
     ck_assert_int_eq(mprotect((void *)m->map, m->bytes, PROT_READ | PROT_WRITE), -1);
     ck_assert_int_eq(errno, EACCES);
     kvc_disconnect(c);
@@ -876,6 +992,7 @@ int main(void)
     tcase_add_test(tc, test_fast_ring_lies);
     tcase_add_test(tc, test_fast_ns_reused);
     tcase_add_test(tc, test_fast_daemon_gone);
+    tcase_add_test(tc, test_fast_full_arena_4k);
     tcase_add_test(tc, test_fast_refuses_spans);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);

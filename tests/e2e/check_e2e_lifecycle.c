@@ -2,14 +2,16 @@
  * check_e2e_lifecycle.c — start, refuse, replace, stop, reload and check-config of kvcd;
  * the checks a start makes before anything slow (another kvcd on the socket, the disk
  * path's directory and file system), so a start that cannot succeed fails at once and
- * leaves nothing behind.
+ * leaves nothing behind; a large arena serving while it is still faulted in.
  */
 #include <check.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -97,9 +99,13 @@ START_TEST(test_lifecycle_sigterm_removes_socket)
     struct stat st;
     ck_assert_int_eq(daemon_start(&d, lc_args), 0);
     ck_assert_int_eq(daemon_roundtrip(&d), 0);
+    char lock[DAEMON_PATH_MAX + 8];
+    snprintf(lock, sizeof(lock), "%s.lock", d.sock);
+    ck_assert_int_eq(stat(lock, &st), 0); /* held while it serves */
     ck_assert_int_eq(daemon_stop(&d), 0);
     ck_assert_int_eq(stat(d.sock, &st), -1);
     ck_assert_int_eq(errno, ENOENT);
+    ck_assert_int_eq(stat(lock, &st), -1); /* and gone with it */
     ck_assert(lc_log_wait(&d, "kvcd: stopped", 1000));
     daemon_cleanup(&d);
 }
@@ -185,7 +191,8 @@ static bool lc_log_has(const struct daemon *d, const char *text)
 }
 
 /* A second kvcd with a 2 GiB arena on a served socket learns so before it pre-faults
- * anything (it took 12 s to say so, after touching its whole arena). */
+ * anything, within a second (scaled for sanitizer builds; it took 12 s to say so, after
+ * touching its whole arena). */
 START_TEST(test_lifecycle_second_daemon_refused_before_prefault)
 {
     static const char *const big[] = {"-o", "host.size=2g",       "-o", "host.prefault=yes",
@@ -195,13 +202,117 @@ START_TEST(test_lifecycle_second_daemon_refused_before_prefault)
     ck_assert_int_eq(daemon_start(&d, lc_args), 0);
     uint64_t t0 = daemon_now_ms();
     ck_assert_int_eq(daemon_spawn(&d, big, &second), 0);
-    ck_assert_int_eq(daemon_child_wait(second, daemon_ms(20000), NULL), 1);
+    ck_assert_int_eq(daemon_child_wait(second, daemon_ms(1000), NULL), 1);
     printf("e2e_lifecycle: the second kvcd gave up after %llu ms\n",
            (unsigned long long)(daemon_now_ms() - t0));
     ck_assert(lc_log_has(&d, "another kvcd is serving"));
     ck_assert_msg(!lc_log_has(&d, "arena of 2048 MiB"), "the second kvcd made its arena first");
     ck_assert_int_eq(daemon_roundtrip(&d), 0);
     ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_cleanup(&d);
+}
+END_TEST
+
+/* A kvcd that has not bound its socket yet (still creating its arena) holds SOCK.lock: a
+ * second one learns at once that the path is taken, before it makes an arena, whatever
+ * host.size says. The test holds the lock as the first kvcd would; nothing serves. */
+START_TEST(test_lifecycle_second_daemon_refused_while_first_starts)
+{
+    static const char *const big[] = {"-o", "host.size=8g", "-o", "host.prefault=yes",
+                                      "-o", "host.hugepages=off", NULL};
+    struct daemon d = {0};
+    char lock[DAEMON_PATH_MAX + 8];
+    pid_t second;
+    ck_assert_int_eq(daemon_dir_init(&d), 0);
+    snprintf(lock, sizeof(lock), "%s.lock", d.sock);
+    int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(flock(fd, LOCK_EX | LOCK_NB), 0);
+    uint64_t t0 = daemon_now_ms();
+    ck_assert_int_eq(daemon_spawn(&d, big, &second), 0);
+    /* A second at most (scaled for sanitizer builds): nothing it could do takes longer. */
+    ck_assert_int_eq(daemon_child_wait(second, daemon_ms(1000), NULL), 1);
+    printf("e2e_lifecycle: the second kvcd gave up after %llu ms (the first still starting)\n",
+           (unsigned long long)(daemon_now_ms() - t0));
+    ck_assert(lc_log_has(&d, "another kvcd is starting or serving"));
+    ck_assert_msg(!lc_log_has(&d, "arena of"), "the second kvcd made its arena first");
+    ck_assert_int_eq(access(d.sock, F_OK), -1);
+    close(fd);
+    /* The lock let go, a kvcd starts there. */
+    ck_assert_int_eq(daemon_start(&d, lc_args), 0);
+    ck_assert_int_eq(daemon_roundtrip(&d), 0);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_cleanup(&d);
+}
+END_TEST
+
+/* host_faulted and host_arenas_bytes from `kvcctl status --json`. */
+static void lc_faulted(const struct daemon *d, uint64_t *faulted, uint64_t *total)
+{
+    char out[4096], err[1024];
+    ck_assert_int_eq(daemon_kvcctl(d, out, sizeof(out), err, sizeof(err), "--json", "status",
+                                   NULL),
+                     0);
+    ck_assert_int_eq(daemon_json_u64(out, "host_faulted", faulted), 0);
+    ck_assert_int_eq(daemon_json_u64(out, "host_arenas_bytes", total), 0);
+}
+
+/* A 4 GiB arena (one fault-in thread, so it takes seconds on any host): kvcd answers status
+ * while the arena is still being faulted in, serves puts that reach past the faulted part
+ * (their slots faulted on the spot) and gets of them byte for byte meanwhile, and says when
+ * it is done. Under ASan too. */
+START_TEST(test_lifecycle_large_arena_serves_while_faulting)
+{
+    static const char *const args[] = {"-o", "host.size=4g", "-o", "host.prefault_threads=1",
+                                       "-o", "host.hugepages=off", NULL};
+    enum { NB = 12288 }; /* 192 MiB of 16 KiB blocks: past the 64 MiB faulted before serving */
+    struct daemon d = {0};
+    struct kvc_layout lay = daemon_layout("lc-faulting", 16);
+    kvc_client *c;
+    kvc_ns *ns;
+    uint64_t faulted, total;
+    ck_assert_int_eq(daemon_start(&d, args), 0);
+    lc_faulted(&d, &faulted, &total);
+    printf("e2e_lifecycle: status answered with %llu of %llu MiB faulted in\n",
+           (unsigned long long)(faulted >> 20), (unsigned long long)(total >> 20));
+    ck_assert_uint_eq(total, 4ull << 30);
+    ck_assert_uint_lt(faulted, total);
+
+    ck_assert_int_eq(kvc_connect(d.sock, &c), 0);
+    ck_assert_int_eq(kvc_ns_open(c, &lay, &ns), 0);
+    size_t bb = kvc_ns_block_bytes(ns);
+    struct kvc_key *keys = calloc(NB, sizeof(*keys));
+    void **blocks = calloc(NB, sizeof(*blocks));
+    uint8_t *mem = malloc((size_t)NB * bb);
+    ck_assert(keys && blocks && mem);
+    ck_assert_int_eq(daemon_chain_keys(ns, 77, 1, 0, NB, keys), 0);
+    for (int i = 0; i < NB; i++) {
+        blocks[i] = mem + (size_t)i * bb;
+        daemon_block_fill(&keys[i], blocks[i], bb);
+    }
+    ck_assert_int_eq(kvc_put_prefix(ns, NULL, keys, NB, (const void *const *)blocks), NB);
+    ck_assert_int_eq(kvc_flush(c), 0);
+    memset(mem, 0, (size_t)NB * bb);
+    ck_assert_int_eq(kvc_get_prefix(ns, keys, NB, blocks), NB);
+    for (int i = 0; i < NB; i++)
+        ck_assert_int_lt(daemon_block_check(&keys[i], blocks[i], bb), 0);
+    kvc_disconnect(c);
+    lc_faulted(&d, &faulted, &total);
+    printf("e2e_lifecycle: put and got %d blocks with %llu MiB faulted in\n", NB,
+           (unsigned long long)(faulted >> 20));
+    ck_assert_uint_lt(faulted, total); /* all of it while the fault-in went on */
+    uint64_t end = daemon_now_ms() + (uint64_t)daemon_ms(120000);
+    while (faulted < total && daemon_now_ms() < end) {
+        usleep(200000);
+        lc_faulted(&d, &faulted, &total);
+    }
+    ck_assert_uint_eq(faulted, total);
+    ck_assert(lc_log_wait(&d, "faulted in within", daemon_ms(5000)));
+    ck_assert_int_eq(daemon_roundtrip(&d), 0);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    free(keys);
+    free(blocks);
+    free(mem);
     daemon_cleanup(&d);
 }
 END_TEST
@@ -271,6 +382,8 @@ int main(void)
     tcase_add_test(tc, test_lifecycle_sighup_reload);
     tcase_add_test(tc, test_lifecycle_check_config);
     tcase_add_test(tc, test_lifecycle_second_daemon_refused_before_prefault);
+    tcase_add_test(tc, test_lifecycle_second_daemon_refused_while_first_starts);
+    tcase_add_test(tc, test_lifecycle_large_arena_serves_while_faulting);
     tcase_add_test(tc, test_lifecycle_check_config_disk_path);
     if (geteuid() == 0)
         tcase_add_test(tc, test_lifecycle_full_fs_leaves_no_file);

@@ -682,22 +682,29 @@ static void fz_check(struct fz *f)
     uint64_t spend = 64000 * (loop_now_ms(f->l) + 2) * (f->conns_made + 1);
     if (s->total.load_us > spend)
         fz_fail("copy time credited past what could be spent", s->total.load_us, spend);
-    /* Arena 0's index: every entry names a committed block of the store, in arena 0, where
-     * the entry says. */
-    if (f->index) {
+    /* Arena 0's index (unless a larger one replaced it): every entry names a committed block
+     * of the store, in arena 0, where the entry says, and sits in one of its two buckets or
+     * the stash. */
+    if (f->index && !((const struct kvc_fast_hdr *)f->index)->retired) {
         const struct kvc_fast_hdr *h = (const struct kvc_fast_hdr *)f->index;
         const struct kvc_fast_ent *e = (const struct kvc_fast_ent *)(f->index + h->ents_off);
-        for (uint64_t i = 0; i < (uint64_t)h->nsets * KVC_FAST_WAYS; i++) {
-            if (!e[i].used)
+        uint64_t nb = (uint64_t)h->nbuckets * KVC_FAST_WAYS;
+        for (uint64_t i = 0; i < nb + h->nstash; i++) {
+            if (!(e[i].klo | e[i].khi))
                 continue;
-            const struct block *b = e[i].block < s->ix.nblocks ? &s->ix.blocks[e[i].block] : NULL;
+            struct kvc_wire_key k = {.lo = e[i].klo, .hi = e[i].khi};
+            uint32_t idx = index_find(&s->ix, e[i].ns, &k), b1, b2;
+            const struct block *b = idx != INDEX_NONE ? &s->ix.blocks[idx] : NULL;
             if (e[i].seq & 1)
                 fz_fail("index entry left half written", i, e[i].seq);
-            if (!b || b->state != BLOCK_STATE_COMMITTED || b->ns != e[i].ns ||
-                b->key.lo != e[i].klo || b->key.hi != e[i].khi)
-                fz_fail("index entry of no committed block", i, e[i].block);
-            if (b->arena != 0 || b->off != e[i].off || b->format != e[i].format)
-                fz_fail("index entry elsewhere than its block", e[i].off, b->off);
+            if (!b || b->state != BLOCK_STATE_COMMITTED)
+                fz_fail("index entry of no committed block", i, e[i].ns);
+            if (b->arena != 0 || b->off != (uint64_t)e[i].unit << KVC_FAST_UNIT_SHIFT ||
+                b->format != KVC_FAST_FMT_FORMAT(e[i].fmt))
+                fz_fail("index entry elsewhere than its block", e[i].unit, b->off);
+            kvc_fast_buckets(h->seed, h->nbuckets, e[i].ns, e[i].klo, e[i].khi, &b1, &b2);
+            if (i < nb && i / KVC_FAST_WAYS != b1 && i / KVC_FAST_WAYS != b2)
+                fz_fail("index entry outside its buckets", i, b1);
         }
     }
     for (uint32_t n = 1; n < s->nns; n++)

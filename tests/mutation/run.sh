@@ -376,8 +376,8 @@ mutation kinds-remote-cut-window client/libkvc.c "check_e2e_remote" \
 
 # Hybrid kinds: a window or a state served from the shared index as a run from keys[0].
 mutation kinds-fast-run client/libkvc_fast.c "check_e2e_fast" \
-'    const struct kvc_fastmap *m = n && run ? kvc_fast_map_of(ns) : NULL;' \
-'    const struct kvc_fastmap *m = n && (run || 1) ? kvc_fast_map_of(ns) : NULL;'
+'    const struct kvc_fastview *v = n && run ? kvc_fast_view_of(ns) : NULL;' \
+'    const struct kvc_fastview *v = n && (run || 1) ? kvc_fast_view_of(ns) : NULL;'
 
 # Hybrid kinds: a READY_ONLY span lookup by a client that cannot read the GPU pool never
 # starts the copies of the span's pool blocks (it answers nothing, forever).
