@@ -36,6 +36,7 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <jansson.h>
 #include <limits.h>
 #include <math.h>
 #include <signal.h>
@@ -52,35 +53,14 @@
 #include <xxhash.h>
 
 #include "client/kvc.h"
+#include "client/kvcreplay.h"
 #include "client/kvcreplay_trace.h"
 
-#define REPLAY_MAX_PROCS 256
-#define REPLAY_RESERVE_CHUNK 2048u    /* keys per RESERVE (the protocol's batch) */
+#define REPLAY_RESERVE_CHUNK 2048u     /* keys per RESERVE (the protocol's batch) */
 #define REPLAY_SIM_OUT_MAX (64u << 10) /* bytes of kvcsim's output read */
 
-/* Run-wide settings, fixed before the processes fork. */
-struct replay_opts {
-    const char *socket;
-    const char *trace;
-    const char *model;
-    const char *kvcsim;     /* path, or NULL: next to this binary */
-    const char *sim_policy; /* NULL: the namespace's policy */
-    uint64_t limit;         /* requests replayed; UINT64_MAX: all */
-    uint64_t block_bytes;
-    uint64_t seed, verify_seed;
-    double sim_capacity, sim_disk; /* blocks; < 0: from the daemon's gauges */
-    const char *quant;      /* --quant CODECS as given, or NULL: raw blocks */
-    uint32_t quant_allowed; /* 1u << KVC_CODEC_* of --quant */
-    int quant_codec;        /* the first of them: the namespace's recipe for K and V */
-    unsigned wait_ms;
-    int procs;
-    bool chain, json, no_sim;
-    char model_buf[64];
-};
-
-/* Names of the codecs by KVC_CODEC_* (kvcsim's names). */
-static const char *const replay_codec_names[] = {"raw", "q8_0", "q4_1", "q5_1",
-                                                 "kivi2", "kivi4", "fp8"};
+const char *const replay_codec_names[REPLAY_NCODECS] = {"raw",   "q8_0",  "q4_1", "q5_1",
+                                                        "kivi2", "kivi4", "fp8"};
 
 /* Counters of one replay process, in a MAP_SHARED page the parent reads after waitpid. */
 struct replay_counts {
@@ -166,8 +146,8 @@ static void replay_smooth_init(void)
     }
     for (int i = 0; i < REPLAY_SINE; i++)
         for (int n = 0; n < 16; n++) {
-            _Float16 h = (_Float16)(3.0 * sin(6.283185307179586 * i / REPLAY_SINE) +
-                                    (n + 0.5) / 8.0 - 1.0);
+            _Float16 h =
+                (_Float16)(3.0 * sin(6.283185307179586 * i / REPLAY_SINE) + (n + 0.5) / 8.0 - 1.0);
             memcpy(&replay_smooth_tab[i][n], &h, 2);
         }
 }
@@ -187,8 +167,8 @@ static void replay_fill_smooth(const struct kvc_key *k, uint64_t seed, void *buf
 }
 
 /* Normalised RMS error of buf against the smooth block of k. */
-static double replay_smooth_err(const struct kvc_key *k, uint64_t seed, const void *buf,
-                                size_t len, void *scratch)
+static double replay_smooth_err(const struct kvc_key *k, uint64_t seed, const void *buf, size_t len,
+                                void *scratch)
 {
     const uint16_t *want = scratch, *got = buf;
     double e = 0, r = 0;
@@ -205,13 +185,19 @@ static double replay_smooth_err(const struct kvc_key *k, uint64_t seed, const vo
 static double replay_codec_bound(int codec)
 {
     switch (codec) {
-    case KVC_CODEC_Q8_0: return 0.02;
-    case KVC_CODEC_FP8: return 0.05;
-    case KVC_CODEC_Q5_1: return 0.06;
+    case KVC_CODEC_Q8_0:
+        return 0.02;
+    case KVC_CODEC_FP8:
+        return 0.05;
+    case KVC_CODEC_Q5_1:
+        return 0.06;
     case KVC_CODEC_Q4_1:
-    case KVC_CODEC_KIVI4: return 0.12;
-    case KVC_CODEC_KIVI2: return 0.5;
-    default: return 0.0;
+    case KVC_CODEC_KIVI4:
+        return 0.12;
+    case KVC_CODEC_KIVI2:
+        return 0.5;
+    default:
+        return 0.0;
     }
 }
 
@@ -234,8 +220,8 @@ static uint64_t replay_check(const struct kvc_key *k, uint64_t seed, const void 
 
 /* The replay's namespace: raw, or with --quant the codecs allowed and the first as the recipe
  * of K and V (the daemon quantizes in place under pressure). */
-static int replay_ns_open(const struct replay_opts *o, kvc_client *c,
-                          const struct kvc_layout *lay, kvc_ns **ns)
+static int replay_ns_open(const struct replay_opts *o, kvc_client *c, const struct kvc_layout *lay,
+                          kvc_ns **ns)
 {
     struct kvc_quant q = {.allowed = o->quant_allowed,
                           .k_codec = (uint32_t)o->quant_codec,
@@ -317,6 +303,29 @@ static int replay_set_add(struct replay_set *s, const struct kvc_key *k)
     return 0;
 }
 
+/* One request of the trace kvcreplay hands kvcsim, a line as the trace format has it. kvcsim
+ * takes an id as naming a whole prefix: with --chain (keys not NULL) the key does, and its
+ * low half, shifted below 2^63 as the format bounds ids (kvcreplay_trace.c), stands for it.
+ * 0, or -ENOMEM. */
+static int replay_sim_line(FILE *sim, const struct replay_req *r, const struct kvc_key *keys)
+{
+    json_t *ids = json_array(), *line;
+    char *text;
+    int rc = -ENOMEM;
+    for (uint32_t i = 0; i < r->n; i++)
+        json_array_append_new(ids, json_integer((json_int_t)(keys ? keys[i].lo >> 1 : r->ids[i])));
+    line = json_pack("{s:I, s:I, s:o}", "timestamp", (json_int_t)floor(r->ts), "input_length",
+                     (json_int_t)r->input_len, "hash_ids", ids);
+    text = line && json_array_size(ids) == r->n ? json_dumps(line, 0) : NULL;
+    if (text) {
+        fprintf(sim, "%s\n", text);
+        rc = 0;
+    }
+    free(text);
+    json_decref(line);
+    return rc;
+}
+
 /* Reads the whole trace (up to the request limit): validates every line, counts, and replays
  * it against an infinite cache. With --chain or -n, also writes the trace as kvcsim must see
  * it (ids naming prefixes, the first N requests) into a memfd. 0, or 2 (reported). */
@@ -350,8 +359,7 @@ static int replay_scan_run(const struct replay_opts *o, struct replay_scan *sc)
         int dupfd = sc->sim_fd >= 0 ? dup(sc->sim_fd) : -1;
         sim = dupfd >= 0 ? fdopen(dupfd, "w") : NULL;
         if (!sim) {
-            fprintf(stderr, "kvcreplay: cannot make the simulator's trace (%s)\n",
-                    strerror(errno));
+            fprintf(stderr, "kvcreplay: cannot make the simulator's trace (%s)\n", strerror(errno));
             if (dupfd >= 0)
                 close(dupfd);
             goto out;
@@ -378,13 +386,9 @@ static int replay_scan_run(const struct replay_opts *o, struct replay_scan *sc)
         }
         sc->blocks += r.n;
         sc->requests++;
-        if (sim) {
-            fprintf(sim, "{\"timestamp\": %.0f, \"input_length\": %" PRIu64 ", \"hash_ids\": [",
-                    floor(r.ts), r.input_len);
-            /* kvcsim takes an id as naming a whole prefix: with --chain the key does. */
-            for (uint32_t i = 0; i < r.n; i++)
-                fprintf(sim, "%s%" PRIu64, i ? ", " : "", o->chain ? keys[i].lo : r.ids[i]);
-            fputs("]}\n", sim);
+        if (sim && replay_sim_line(sim, &r, o->chain ? keys : NULL)) {
+            fprintf(stderr, "kvcreplay: out of memory (the trace for kvcsim)\n");
+            goto out;
         }
     }
     if (got < 0) {
@@ -477,8 +481,8 @@ static int replay_worker_get(struct replay_worker *w, const struct replay_req *r
             const void *data;
             size_t slen;
             int f = kvc_lease_stored(l, (size_t)i, &data, &slen);
-            double err = replay_smooth_err(&w->keys[i], w->o->verify_seed, w->buf, w->bb,
-                                           w->scratch);
+            double err =
+                replay_smooth_err(&w->keys[i], w->o->verify_seed, w->buf, w->bb, w->scratch);
             w->cnt->hits_lossy += f > 0;
             /* raw: exact; lossy: within its codec's bound; else the whole block is wrong */
             wrong = (f == KVC_CODEC_RAW ? err == 0.0 : f > 0 && err <= replay_codec_bound(f))
@@ -540,7 +544,7 @@ static int replay_worker_put(struct replay_worker *w, const struct replay_req *r
                     goto out;
                 }
                 (w->o->quant_allowed ? replay_fill_smooth : replay_fill)(&w->keys[from + i],
-                                                                        w->o->seed, slot, w->bb);
+                                                                         w->o->seed, slot, w->bb);
                 reserved++;
                 ok = i + 1;
                 break;
@@ -682,23 +686,23 @@ out:
 
 /* Counters read around the run: namespace scope where the daemon keeps them per namespace
  * (hits), daemon scope for the disk tier's. */
-#define REPLAY_STATS(X)                                                                         \
-    X(hit_blocks, 1)                                                                           \
-    X(hit_tokens_host, 1)                                                                      \
-    X(hit_tokens_disk, 1)                                                                      \
-    X(hit_tokens_gpu, 1)                                                                       \
-    X(promoted_blocks, 1)                                                                      \
-    X(demoted_blocks, 1)                                                                       \
-    X(demote_dropped, 1)                                                                       \
-    X(evicted_blocks, 1)                                                                       \
-    X(bytes_out, 1)                                                                            \
-    X(committed_blocks, 1)                                                                     \
-    X(nospace_blocks, 1)                                                                       \
-    X(busy_blocks, 1)                                                                          \
-    X(checksum_failures, 0)                                                                    \
-    X(disk_evicted_blocks, 0)                                                                  \
-    X(disk_writes, 0)                                                                          \
-    X(disk_reads, 0)                                                                           \
+#define REPLAY_STATS(X)                                                                            \
+    X(hit_blocks, 1)                                                                               \
+    X(hit_tokens_host, 1)                                                                          \
+    X(hit_tokens_disk, 1)                                                                          \
+    X(hit_tokens_gpu, 1)                                                                           \
+    X(promoted_blocks, 1)                                                                          \
+    X(demoted_blocks, 1)                                                                           \
+    X(demote_dropped, 1)                                                                           \
+    X(evicted_blocks, 1)                                                                           \
+    X(bytes_out, 1)                                                                                \
+    X(committed_blocks, 1)                                                                         \
+    X(nospace_blocks, 1)                                                                           \
+    X(busy_blocks, 1)                                                                              \
+    X(checksum_failures, 0)                                                                        \
+    X(disk_evicted_blocks, 0)                                                                      \
+    X(disk_writes, 0)                                                                              \
+    X(disk_reads, 0)                                                                               \
     X(disk_bytes_written, 0)
 
 enum replay_stat {
@@ -918,20 +922,6 @@ static double replay_ratio(uint64_t a, uint64_t b)
     return b ? (double)a / (double)b : 0.0;
 }
 
-static void replay_json_str(const char *s)
-{
-    putchar('"');
-    for (; *s; s++) {
-        if (*s == '"' || *s == '\\')
-            printf("\\%c", *s);
-        else if ((unsigned char)*s < 0x20)
-            printf("\\u%04x", *s);
-        else
-            putchar(*s);
-    }
-    putchar('"');
-}
-
 struct replay_result {
     const struct replay_opts *o;
     struct replay_counts t; /* summed over processes */
@@ -950,52 +940,72 @@ static int64_t replay_delta(const struct replay_result *res, enum replay_stat i)
     return (int64_t)(res->after.v[i] - res->before.v[i]);
 }
 
-static void replay_report_json(const struct replay_opts *o, const struct replay_result *res)
+/* A fraction with the 6 decimals the report has always printed. */
+static json_t *replay_json_ratio(double v)
+{
+    return json_real(round(v * 1e6) / 1e6);
+}
+
+/* Seconds with 3 decimals. */
+static json_t *replay_json_s(double v)
+{
+    return json_real(round(v * 1e3) / 1e3);
+}
+
+/* The report as one JSON object on one line (jansson; reals with 15 significant digits, so a
+ * value rounded to its decimals prints as exactly those). 0, or -ENOMEM. */
+static int replay_report_json(const struct replay_opts *o, const struct replay_result *res)
 {
     const struct replay_counts *t = &res->t;
-    printf("{\"trace\": ");
-    replay_json_str(o->trace);
-    printf(", \"model\": ");
-    replay_json_str(o->model);
-    printf(", \"processes\": %d, \"block_bytes\": %" PRIu64 ", \"chain\": %s"
-           ", \"requests\": %" PRIu64 ", \"blocks_looked_up\": %" PRIu64
-           ", \"blocks_hit\": %" PRIu64 ", \"block_hit_ratio\": %.6f"
-           ", \"tokens\": %" PRIu64 ", \"tokens_hit\": %" PRIu64 ", \"token_hit_ratio\": %.6f"
-           ", \"hits_in_memory\": %" PRIu64 ", \"hits_waited\": %" PRIu64
-           ", \"bytes_loaded\": %" PRIu64 ", \"blocks_put\": %" PRIu64
-           ", \"blocks_present\": %" PRIu64 ", \"blocks_busy\": %" PRIu64
-           ", \"puts_refused\": %" PRIu64 ", \"lookups_refused\": %" PRIu64
-           ", \"wrong_bytes\": %" PRIu64 ", \"wrong_blocks\": %" PRIu64 ", \"errors\": %" PRIu64
-           ", \"hits_lossy\": %" PRIu64
-           ", \"failed_processes\": %d, \"wall_s\": %.3f, \"lookup_s\": %.3f, \"put_s\": %.3f"
-           ", \"distinct_blocks\": %" PRIu64 ", \"infinite_hits\": %" PRIu64
-           ", \"infinite_hit_ratio\": %.6f, \"infinite_token_hit_ratio\": %.6f, \"daemon\": {",
-           o->procs, o->block_bytes, o->chain ? "true" : "false", t->requests, t->blocks, t->hits,
-           replay_ratio(t->hits, t->blocks), t->tokens, t->tokens_hit,
-           replay_ratio(t->tokens_hit, t->tokens), t->hits_ready, t->hits - t->hits_ready,
-           t->bytes_loaded, t->put_blocks, t->put_present, t->put_busy, t->put_refused,
-           t->lookups_refused, t->wrong_bytes, t->wrong_blocks, t->errors, t->hits_lossy,
-           res->failed_procs,
-           res->wall_s, t->lookup_s, t->put_s, res->sc.distinct, res->sc.inf_hits,
-           replay_ratio(res->sc.inf_hits, res->sc.blocks),
-           replay_ratio(res->sc.inf_tokens_hit, res->sc.tokens));
+    json_t *daemon = json_object(), *sim = json_null(), *doc;
+    char *text;
+    int bad = 0;
     for (int i = 0; i < REPLAY_STAT_COUNT; i++) {
         int64_t d = replay_delta(res, (enum replay_stat)i);
-        printf("%s\"%s\": ", i ? ", " : "", replay_stat_names[i]);
-        if (d < 0)
-            printf("null");
-        else
-            printf("%" PRId64, d);
+        bad |= json_object_set_new(daemon, replay_stat_names[i],
+                                   d < 0 ? json_null() : json_integer(d));
     }
-    printf("}, \"kvcsim\": ");
     if (res->sim.ok)
-        printf("{\"policy\": \"%s\", \"capacity_blocks\": %.0f, \"disk_blocks\": %.0f"
-               ", \"block_hit_ratio\": %.6f, \"token_hit_ratio\": %.6f}",
-               res->sim.policy, res->sim.capacity, res->sim.disk, res->sim.block_hit,
-               res->sim.token_hit);
-    else
-        printf("null");
-    printf("}\n");
+        sim = json_pack("{s:s, s:I, s:I, s:o, s:o}", "policy", res->sim.policy, "capacity_blocks",
+                        (json_int_t)llround(res->sim.capacity), "disk_blocks",
+                        (json_int_t)llround(res->sim.disk), "block_hit_ratio",
+                        replay_json_ratio(res->sim.block_hit), "token_hit_ratio",
+                        replay_json_ratio(res->sim.token_hit));
+    doc = json_pack(
+        "{s:o, s:o, s:i, s:I, s:b, s:I, s:I, s:I, s:o, s:I, s:I, s:o, s:I, s:I, s:I, s:I, s:I, "
+        "s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:i, s:o, s:o, s:o, s:I, s:I, s:o, s:o, s:o, s:o}",
+        "trace", json_stringn_nocheck(o->trace, strlen(o->trace)), "model",
+        json_stringn_nocheck(o->model, strlen(o->model)), "processes", o->procs, "block_bytes",
+        (json_int_t)o->block_bytes, "chain", (int)o->chain, "requests", (json_int_t)t->requests,
+        "blocks_looked_up", (json_int_t)t->blocks, "blocks_hit", (json_int_t)t->hits,
+        "block_hit_ratio", replay_json_ratio(replay_ratio(t->hits, t->blocks)), "tokens",
+        (json_int_t)t->tokens, "tokens_hit", (json_int_t)t->tokens_hit, "token_hit_ratio",
+        replay_json_ratio(replay_ratio(t->tokens_hit, t->tokens)), "hits_in_memory",
+        (json_int_t)t->hits_ready, "hits_waited", (json_int_t)(t->hits - t->hits_ready),
+        "bytes_loaded", (json_int_t)t->bytes_loaded, "blocks_put", (json_int_t)t->put_blocks,
+        "blocks_present", (json_int_t)t->put_present, "blocks_busy", (json_int_t)t->put_busy,
+        "puts_refused", (json_int_t)t->put_refused, "lookups_refused",
+        (json_int_t)t->lookups_refused, "wrong_bytes", (json_int_t)t->wrong_bytes, "wrong_blocks",
+        (json_int_t)t->wrong_blocks, "errors", (json_int_t)t->errors, "hits_lossy",
+        (json_int_t)t->hits_lossy, "failed_processes", res->failed_procs, "wall_s",
+        replay_json_s(res->wall_s), "lookup_s", replay_json_s(t->lookup_s), "put_s",
+        replay_json_s(t->put_s), "distinct_blocks", (json_int_t)res->sc.distinct, "infinite_hits",
+        (json_int_t)res->sc.inf_hits, "infinite_hit_ratio",
+        replay_json_ratio(replay_ratio(res->sc.inf_hits, res->sc.blocks)),
+        "infinite_token_hit_ratio",
+        replay_json_ratio(replay_ratio(res->sc.inf_tokens_hit, res->sc.tokens)), "daemon",
+        bad ? NULL : daemon, "kvcsim", sim);
+    if (bad)
+        json_decref(daemon);
+    text = doc ? json_dumps(doc, JSON_REAL_PRECISION(15)) : NULL;
+    json_decref(doc);
+    if (!text) {
+        fprintf(stderr, "kvcreplay: cannot write the report (out of memory)\n");
+        return -ENOMEM;
+    }
+    printf("%s\n", text);
+    free(text);
+    return 0;
 }
 
 static void replay_report_text(const struct replay_opts *o, const struct replay_result *res)
@@ -1023,8 +1033,7 @@ static void replay_report_text(const struct replay_opts *o, const struct replay_
     else
         printf("%12s ", "-");
     printf("%12.4f\n", replay_ratio(res->sc.inf_tokens_hit, res->sc.tokens));
-    printf("%-28s %12" PRIu64 " %12s %12" PRIu64 "\n", "blocks hit", t->hits, "",
-           res->sc.inf_hits);
+    printf("%-28s %12" PRIu64 " %12s %12" PRIu64 "\n", "blocks hit", t->hits, "", res->sc.inf_hits);
     printf("%-28s %12" PRIu64 "\n", "blocks looked up", t->blocks);
     printf("%-28s %12" PRIu64 "\n", "distinct blocks", res->sc.distinct);
     printf("%-28s %12" PRIu64 " (in memory at lookup %" PRIu64 ", waited for %" PRIu64 ")\n",
@@ -1042,8 +1051,8 @@ static void replay_report_text(const struct replay_opts *o, const struct replay_
     printf("%-28s %12.1f MiB\n", "bytes loaded", (double)t->bytes_loaded / 1048576.0);
     printf("%-28s %12" PRIu64 " (present %" PRIu64 ", busy %" PRIu64 ")\n", "blocks put",
            t->put_blocks, t->put_present, t->put_busy);
-    printf("%-28s %12" PRIu64 " (lookups refused %" PRIu64 ")\n", "puts refused",
-           t->put_refused, t->lookups_refused);
+    printf("%-28s %12" PRIu64 " (lookups refused %" PRIu64 ")\n", "puts refused", t->put_refused,
+           t->lookups_refused);
     if (dw >= 0)
         printf("%-28s %12" PRId64 " (%.3f per distinct block)\n", "disk writes (daemon)", dw,
                replay_ratio((uint64_t)dw, res->sc.distinct));
@@ -1066,211 +1075,6 @@ static void replay_report_text(const struct replay_opts *o, const struct replay_
 }
 
 /* ---- main ----------------------------------------------------------------------------------- */
-
-static void replay_usage(FILE *f)
-{
-    fprintf(f,
-            "usage: kvcreplay [-s SOCKET] [-p PROCS] [-n REQUESTS] [--block-bytes N] [--model ID]\n"
-            "                 [--chain] [--json] [--seed S] [--verify-seed S] [--wait-ms MS]\n"
-            "                 [--kvcsim PATH | --no-sim] [--sim-policy NAME]\n"
-            "                 [--sim-capacity BLOCKS] [--sim-disk BLOCKS] [--quant CODECS]\n"
-            "                 TRACE.jsonl\n"
-            "  -s, --socket PATH     kvcd's socket (default: $KVCD_SOCKET, then kvcd's default)\n"
-            "  -p, --processes P     client processes, each with its own connection; request i\n"
-            "                        goes to process i %% P (default 1, at most 256)\n"
-            "  -n, --requests N      replay the first N requests only\n"
-            "      --block-bytes N   bytes of one 512-token trace block (multiple of 2k; k/m\n"
-            "                        suffixes; default 16k)\n"
-            "      --model ID        namespace model id (default kvcreplay-BYTES)\n"
-            "      --chain           ids are per-block content hashes: key_i = H(key_i-1, id_i)\n"
-            "      --json            one JSON object instead of the table\n"
-            "      --seed S          seed of the block bytes written (default 0)\n"
-            "      --verify-seed S   seed the hits are checked against (default: --seed)\n"
-            "      --wait-ms MS      longest wait for blocks read back from disk (default 60000)\n"
-            "      --kvcsim PATH     the simulator (default: kvcsim next to kvcreplay)\n"
-            "      --no-sim          no kvcsim prediction\n"
-            "      --sim-policy NAME kvcsim policy (default: the namespace's policy)\n"
-            "      --sim-capacity N  kvcsim host capacity in blocks (default: host tier / block)\n"
-            "      --sim-disk N      kvcsim disk capacity in blocks (default: disk tier / block)\n"
-            "      --quant CODECS    the namespace allows these codecs (q8_0,q4_1,q5_1,kivi2,\n"
-            "                        kivi4,fp8; the first is its recipe): blocks are smooth fp16,\n"
-            "                        a raw hit must be exact, a lossy one within its codec's bound\n"
-            "                        (needs --block-bytes 64k or more)\n"
-            "exit status: 0 ok; 1 wrong bytes, an error from kvcd or a failed process; 2 usage or\n"
-            "a malformed trace\n");
-}
-
-/* A size: digits with an optional k/m/g suffix (powers of 1024). */
-static int replay_size_parse(const char *s, uint64_t *out)
-{
-    char *end;
-    unsigned long long v;
-    int shift = 0;
-    if (!s || *s < '0' || *s > '9')
-        return -EINVAL;
-    errno = 0;
-    v = strtoull(s, &end, 10);
-    if (errno)
-        return -EINVAL;
-    switch (*end) {
-    case 'k': case 'K': shift = 10; end++; break;
-    case 'm': case 'M': shift = 20; end++; break;
-    case 'g': case 'G': shift = 30; end++; break;
-    default: break;
-    }
-    if (*end || v > (UINT64_MAX >> shift))
-        return -EINVAL;
-    *out = (uint64_t)v << shift;
-    return 0;
-}
-
-static int replay_uint_parse(const char *s, uint64_t max, uint64_t *out)
-{
-    char *end;
-    unsigned long long v;
-    if (!s || *s < '0' || *s > '9')
-        return -EINVAL;
-    errno = 0;
-    v = strtoull(s, &end, 0);
-    if (errno || *end || v > max)
-        return -EINVAL;
-    *out = v;
-    return 0;
-}
-
-/* --quant CODECS: a comma list; the first is the namespace's recipe. 0 or -EINVAL. */
-static int replay_quant_parse(const char *arg, struct replay_opts *o)
-{
-    char buf[128], *save = NULL;
-    if (strlen(arg) >= sizeof(buf))
-        return -EINVAL;
-    snprintf(buf, sizeof(buf), "%s", arg);
-    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        int c = -1;
-        for (int k = 1; k < (int)(sizeof(replay_codec_names) / sizeof(*replay_codec_names)); k++)
-            if (strcmp(t, replay_codec_names[k]) == 0)
-                c = k;
-        if (c < 0)
-            return -EINVAL;
-        if (!o->quant_allowed)
-            o->quant_codec = c;
-        o->quant_allowed |= 1u << c;
-    }
-    o->quant = o->quant_allowed ? arg : NULL;
-    return o->quant_allowed ? 0 : -EINVAL;
-}
-
-static int replay_opts_parse(int argc, char **argv, struct replay_opts *o)
-{
-    enum { O_BLOCK = 256, O_MODEL, O_CHAIN, O_JSON, O_SEED, O_VSEED, O_WAIT, O_KVCSIM, O_NOSIM,
-           O_SPOL, O_SCAP, O_SDISK, O_QUANT };
-    static const struct option opts[] = {{"socket", required_argument, NULL, 's'},
-                                         {"processes", required_argument, NULL, 'p'},
-                                         {"requests", required_argument, NULL, 'n'},
-                                         {"block-bytes", required_argument, NULL, O_BLOCK},
-                                         {"model", required_argument, NULL, O_MODEL},
-                                         {"chain", no_argument, NULL, O_CHAIN},
-                                         {"json", no_argument, NULL, O_JSON},
-                                         {"seed", required_argument, NULL, O_SEED},
-                                         {"verify-seed", required_argument, NULL, O_VSEED},
-                                         {"wait-ms", required_argument, NULL, O_WAIT},
-                                         {"kvcsim", required_argument, NULL, O_KVCSIM},
-                                         {"no-sim", no_argument, NULL, O_NOSIM},
-                                         {"sim-policy", required_argument, NULL, O_SPOL},
-                                         {"sim-capacity", required_argument, NULL, O_SCAP},
-                                         {"sim-disk", required_argument, NULL, O_SDISK},
-                                         {"quant", required_argument, NULL, O_QUANT},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
-    bool vseed = false;
-    uint64_t v;
-    int opt;
-    *o = (struct replay_opts){.limit = UINT64_MAX, .block_bytes = 16384, .procs = 1,
-                              .wait_ms = 60000, .sim_capacity = -1, .sim_disk = -1};
-    while ((opt = getopt_long(argc, argv, "s:p:n:h", opts, NULL)) != -1) {
-        const char *bad = NULL;
-        switch (opt) {
-        case 's': o->socket = optarg; break;
-        case 'p':
-            if (replay_uint_parse(optarg, REPLAY_MAX_PROCS, &v) || v == 0)
-                bad = "-p takes 1..256";
-            o->procs = (int)v;
-            break;
-        case 'n':
-            if (replay_uint_parse(optarg, UINT64_MAX - 1, &o->limit))
-                bad = "-n takes a count of requests";
-            break;
-        case O_BLOCK:
-            if (replay_size_parse(optarg, &o->block_bytes) || o->block_bytes == 0 ||
-                o->block_bytes % 2048 || o->block_bytes > (1ull << 30))
-                bad = "--block-bytes takes a multiple of 2048 up to 1g";
-            break;
-        case O_MODEL:
-            if (!*optarg || strlen(optarg) > 127)
-                bad = "--model takes 1..127 bytes";
-            o->model = optarg;
-            break;
-        case O_CHAIN: o->chain = true; break;
-        case O_JSON: o->json = true; break;
-        case O_SEED:
-            if (replay_uint_parse(optarg, UINT64_MAX, &o->seed))
-                bad = "--seed takes an unsigned integer";
-            break;
-        case O_VSEED:
-            if (replay_uint_parse(optarg, UINT64_MAX, &o->verify_seed))
-                bad = "--verify-seed takes an unsigned integer";
-            vseed = true;
-            break;
-        case O_WAIT:
-            if (replay_uint_parse(optarg, UINT_MAX, &v))
-                bad = "--wait-ms takes milliseconds";
-            o->wait_ms = (unsigned)v;
-            break;
-        case O_KVCSIM: o->kvcsim = optarg; break;
-        case O_NOSIM: o->no_sim = true; break;
-        case O_SPOL:
-            if (strlen(optarg) >= 32)
-                bad = "--sim-policy: unknown policy";
-            o->sim_policy = optarg;
-            break;
-        case O_SCAP:
-        case O_SDISK:
-            if (replay_uint_parse(optarg, 1ull << 50, &v))
-                bad = "--sim-capacity and --sim-disk take a count of blocks";
-            *(opt == O_SCAP ? &o->sim_capacity : &o->sim_disk) = (double)v;
-            break;
-        case O_QUANT:
-            if (replay_quant_parse(optarg, o))
-                bad = "--quant takes codecs among q8_0,q4_1,q5_1,kivi2,kivi4,fp8";
-            break;
-        case 'h': replay_usage(stdout); exit(0);
-        default: replay_usage(stderr); return 2;
-        }
-        if (bad) {
-            fprintf(stderr, "kvcreplay: %s\n", bad);
-            return 2;
-        }
-    }
-    if (optind != argc - 1) {
-        replay_usage(stderr);
-        return 2;
-    }
-    o->trace = argv[optind];
-    if (o->quant_allowed && o->block_bytes < 65536) {
-        /* The layout's head_dim is block_bytes / 2048 up to 128: below 32 the codecs' groups
-         * would pad every head, the encoded block is no smaller, and kvcd keeps it raw. */
-        fprintf(stderr, "kvcreplay: --quant needs --block-bytes 64k or more (a head_dim of 32 "
-                        "or more, which the codecs' groups need)\n");
-        return 2;
-    }
-    if (!vseed)
-        o->verify_seed = o->seed;
-    if (!o->model) {
-        snprintf(o->model_buf, sizeof(o->model_buf), "kvcreplay-%" PRIu64, o->block_bytes);
-        o->model = o->model_buf;
-    }
-    return 0;
-}
 
 /* Opens the namespace once (so a refusal stops the run before any process starts) and reads
  * what the prediction needs. 0 or 1 (reported). */
@@ -1296,8 +1100,8 @@ static int replay_prepare(const struct replay_opts *o, uint32_t *ns_id, struct r
         goto out;
     }
     if (kvc_ns_block_bytes(ns) != o->block_bytes) {
-        fprintf(stderr, "kvcreplay: namespace %s has %zu-byte blocks, not %" PRIu64 "\n",
-                o->model, kvc_ns_block_bytes(ns), o->block_bytes);
+        fprintf(stderr, "kvcreplay: namespace %s has %zu-byte blocks, not %" PRIu64 "\n", o->model,
+                kvc_ns_block_bytes(ns), o->block_bytes);
         rc = -EPROTO;
         goto out;
     }
@@ -1434,12 +1238,13 @@ int main(int argc, char **argv)
     } else {
         snprintf(res.sim.why, sizeof(res.sim.why), "--no-sim");
     }
+    rc = 0;
     if (o.json)
-        replay_report_json(&o, &res);
+        rc = replay_report_json(&o, &res) ? 1 : 0;
     else
         replay_report_text(&o, &res);
     fflush(stdout);
-    rc = res.t.wrong_bytes || res.t.errors || res.failed_procs ? 1 : 0;
+    rc |= res.t.wrong_bytes || res.t.errors || res.failed_procs ? 1 : 0;
 out:
     if (cnt != MAP_FAILED)
         munmap(cnt, (size_t)o.procs * sizeof(*cnt));

@@ -1,7 +1,8 @@
 /*
  * libkvc_admin.c — the operator calls of libkvc (kvc.h, "operating kvcd"): one request
  * body for all of them (struct kvc_admin_req) and, except CLIENTS, one reply shape
- * (struct kvc_text_rep).
+ * (struct kvc_text_rep); then the inspection calls any client may make (kvc_stats,
+ * kvc_ns_list, kvc_ns_window, kvc_block_list), each a request of its own.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -197,8 +198,7 @@ static int kvc_verdict(kvc_client *c, uint16_t op, uint32_t scope, const char *k
     return rc;
 }
 
-KVC_API int kvc_config_set(kvc_client *c, const char *key, const char *value, char *msg,
-                           size_t len)
+KVC_API int kvc_config_set(kvc_client *c, const char *key, const char *value, char *msg, size_t len)
 {
     if (!key || !value)
         return -EINVAL;
@@ -250,5 +250,178 @@ KVC_API int kvc_ns_drop(kvc_client *c, uint32_t ns_id, uint64_t *dropped)
     rc = kvc_verdict(c, KVC_OP_NS_DROP, ns_id, NULL, NULL, NULL, 0, &n);
     if (dropped)
         *dropped = n;
+    return rc;
+}
+
+/* ---- inspection ----------------------------------------------------------------------- */
+
+KVC_API int kvc_stats(kvc_client *c, uint32_t scope, struct kvc_stat **out, size_t *n)
+{
+    uint32_t len;
+    int rc;
+    if (!c || !out || !n)
+        return -EINVAL;
+    *out = NULL;
+    *n = 0;
+    pthread_mutex_lock(&c->mu);
+    struct kvc_stats_req *q = kvci_req(c);
+    memset(q, 0, sizeof(*q));
+    q->scope = scope;
+    rc = kvci_call(c, KVC_OP_STATS, sizeof(*q), NULL);
+    if (rc == 0) {
+        const struct kvc_stats_rep *p = kvci_rep(c, &len);
+        const struct kvc_wire_stat *w = (const struct kvc_wire_stat *)(p + 1);
+        if (len < sizeof(*p) || len != sizeof(*p) + (size_t)p->nstats * sizeof(*w)) {
+            rc = -EPROTO;
+        } else if (p->nstats && !(*out = calloc(p->nstats, sizeof(**out)))) {
+            rc = -ENOMEM;
+        } else {
+            for (uint32_t i = 0; i < p->nstats; i++) {
+                memcpy((*out)[i].name, w[i].name, sizeof((*out)[i].name) - 1);
+                (*out)[i].value = w[i].value;
+            }
+            *n = p->nstats;
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+KVC_API int kvc_ns_list(kvc_client *c, struct kvc_ns_info **out, size_t *n)
+{
+    uint32_t cursor = 0, len;
+    int rc = 0;
+    if (!c || !out || !n)
+        return -EINVAL;
+    *out = NULL;
+    *n = 0;
+    pthread_mutex_lock(&c->mu);
+    do {
+        struct kvc_ns_list_req *q = kvci_req(c);
+        memset(q, 0, sizeof(*q));
+        q->cursor = cursor;
+        rc = kvci_call(c, KVC_OP_NS_LIST, sizeof(*q), NULL);
+        if (rc)
+            break;
+        const struct kvc_ns_list_rep *p = kvci_rep(c, &len);
+        const struct kvc_wire_ns *w = (const struct kvc_wire_ns *)(p + 1);
+        if (len < sizeof(*p) || len != sizeof(*p) + (size_t)p->nns * sizeof(*w) ||
+            (p->next_cursor && p->next_cursor <= cursor)) {
+            rc = -EPROTO;
+            break;
+        }
+        struct kvc_ns_info *grown = realloc(*out, (*n + p->nns + 1) * sizeof(**out));
+        if (!grown) {
+            rc = -ENOMEM;
+            break;
+        }
+        *out = grown;
+        for (uint32_t i = 0; i < p->nns; i++) {
+            struct kvc_ns_info *o = &(*out)[(*n)++];
+            memset(o, 0, sizeof(*o));
+            o->ns_id = w[i].ns_id;
+            o->arena_id = w[i].arena_id;
+            memcpy(o->model_id, w[i].layout.model_id, sizeof(o->model_id) - 1);
+            o->layers = w[i].layout.layers;
+            o->kv_heads = w[i].layout.kv_heads;
+            o->head_dim = w[i].layout.head_dim;
+            o->block_tokens = w[i].layout.block_tokens;
+            o->dtype = (enum kvc_dtype)w[i].layout.dtype;
+            o->kv_kind = (enum kvc_kv_kind)w[i].layout.kv_kind;
+            o->block_bytes = w[i].block_bytes;
+            o->blocks = w[i].blocks;
+            o->bytes = w[i].bytes;
+        }
+        cursor = p->next_cursor;
+    } while (cursor);
+    pthread_mutex_unlock(&c->mu);
+    if (rc) {
+        free(*out);
+        *out = NULL;
+        *n = 0;
+    }
+    return rc;
+}
+
+KVC_API int kvc_ns_window(kvc_client *c, uint32_t ns_id, uint32_t *window_tokens)
+{
+    uint32_t cursor = 0, len;
+    int rc = -ENOENT;
+    if (!c || !window_tokens)
+        return -EINVAL;
+    *window_tokens = 0;
+    pthread_mutex_lock(&c->mu);
+    do {
+        struct kvc_ns_list_req *q = kvci_req(c);
+        memset(q, 0, sizeof(*q));
+        q->cursor = cursor;
+        int r = kvci_call(c, KVC_OP_NS_LIST, sizeof(*q), NULL);
+        if (r) {
+            rc = r;
+            break;
+        }
+        const struct kvc_ns_list_rep *p = kvci_rep(c, &len);
+        const struct kvc_wire_ns *w = (const struct kvc_wire_ns *)(p + 1);
+        if (len < sizeof(*p) || len != sizeof(*p) + (size_t)p->nns * sizeof(*w) ||
+            (p->next_cursor && p->next_cursor <= cursor)) {
+            rc = -EPROTO;
+            break;
+        }
+        for (uint32_t i = 0; i < p->nns && rc == -ENOENT; i++)
+            if (w[i].ns_id == ns_id) {
+                *window_tokens = w[i].layout.window_tokens;
+                rc = 0;
+            }
+        cursor = p->next_cursor;
+    } while (cursor && rc == -ENOENT);
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+KVC_API int kvc_block_list(kvc_client *c, uint32_t ns_id, uint64_t *cursor, uint32_t max,
+                           struct kvc_block_info **out, size_t *n)
+{
+    uint32_t len;
+    int rc;
+    if (!c || !cursor || !out || !n || max == 0)
+        return -EINVAL;
+    *out = NULL;
+    *n = 0;
+    pthread_mutex_lock(&c->mu);
+    struct kvc_block_list_req *q = kvci_req(c);
+    memset(q, 0, sizeof(*q));
+    q->ns_id = ns_id;
+    q->max = max;
+    q->cursor = *cursor;
+    rc = kvci_call(c, KVC_OP_BLOCK_LIST, sizeof(*q), NULL);
+    if (rc == 0) {
+        const struct kvc_block_list_rep *p = kvci_rep(c, &len);
+        const struct kvc_wire_block *w = (const struct kvc_wire_block *)(p + 1);
+        if (len < sizeof(*p) || len != sizeof(*p) + (size_t)p->nblocks * sizeof(*w) ||
+            p->nblocks > max || (p->next_cursor && p->next_cursor <= *cursor)) {
+            rc = -EPROTO;
+        } else if (p->nblocks && !(*out = calloc(p->nblocks, sizeof(**out)))) {
+            rc = -ENOMEM;
+        } else {
+            for (uint32_t i = 0; i < p->nblocks; i++) {
+                struct kvc_block_info *o = &(*out)[i];
+                o->key = (struct kvc_key){w[i].key.lo, w[i].key.hi};
+                o->parent = (struct kvc_key){w[i].parent.lo, w[i].parent.hi};
+                o->bytes = w[i].bytes;
+                o->last_access_ms = w[i].last_access_ms;
+                o->hits = w[i].hits;
+                o->pins = w[i].pins;
+                o->children = w[i].children;
+                o->depth = w[i].depth;
+                o->tier = w[i].tier;
+                o->format = w[i].format;
+                o->state = w[i].state;
+                o->on_disk = (w[i].flags & KVC_WIRE_BLOCK_F_DISK) != 0;
+            }
+            *n = p->nblocks;
+            *cursor = p->next_cursor;
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
     return rc;
 }

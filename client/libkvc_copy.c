@@ -59,8 +59,7 @@ static void kvc_copy_sse2(uint8_t *d, const uint8_t *s, size_t len)
 }
 
 /* 128 bytes a step with AVX2 (d 32-byte aligned). */
-__attribute__((target("avx2"))) static void kvc_copy_avx2(uint8_t *d, const uint8_t *s,
-                                                           size_t len)
+__attribute__((target("avx2"))) static void kvc_copy_avx2(uint8_t *d, const uint8_t *s, size_t len)
 {
     size_t i = 0;
     for (; i + 128 <= len; i += 128) {

@@ -176,6 +176,22 @@ struct kvc_resv {
 /* One round trip: request in c->tx (payload of len bytes), reply in c->rx. The reply status
  * or a transport error. Caller holds c->mu. (kvci_: kept out of the kvc_* exports.) */
 int kvci_call(kvc_client *c, uint16_t op, uint32_t len, int *fd);
+/* The longest lookup: this many chunks of KVC_PROTO_MAX_KEYS keys (one lease id each). */
+#define KVC_LEASE_MAX_CHUNKS 8
+/* Requests sent without waiting for their replies (libkvc.c's DESIGN), c->mu held:
+ * kvci_defer_room makes room for one more before the caller builds it in c->tx;
+ * kvci_send_nowait sends it (quiet: the daemon answers only a failure; expect: the blocks a
+ * COMMIT's reply must say were committed; tag: the kvc_put_prefix call); kvci_defer_drain
+ * reads the replies that have come (wait: all of them); kvci_defer_settle settles every
+ * one (a SYNC after a quiet last). 0 or the error that ended the connection. */
+int kvci_defer_room(kvc_client *c);
+int kvci_send_nowait(kvc_client *c, uint16_t op, uint32_t len, bool quiet, uint32_t expect,
+                     uint64_t tag);
+int kvci_defer_drain(kvc_client *c, bool wait);
+int kvci_defer_settle(kvc_client *c);
+/* A daemon location as a pointer into this client's mapping of its arena (or the GPU pool),
+ * after checking the block lies inside it; NULL when it does not. */
+uint8_t *kvci_loc_ptr(const kvc_ns *ns, const struct kvc_wire_loc *l);
 /* The request payload buffer, and the reply payload with its length (libkvc_gpu.c). */
 void *kvci_req(kvc_client *c);
 const void *kvci_rep(const kvc_client *c, uint32_t *len);

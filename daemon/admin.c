@@ -26,7 +26,6 @@
 #include "daemon/engine_remote.h"
 #include "daemon/log.h"
 #include "daemon/proto.h"
-#include "daemon/server.h"
 #include "daemon/stats.h"
 #include "daemon/store.h"
 #include "kernels/kern.h"
@@ -128,7 +127,7 @@ int admin_metrics_render(const struct admin_ctx *x, char **text, size_t *len)
         return -ENOMEM;
     cl = calloc(4096, sizeof(*cl));
     if (cl)
-        ncl = server_clients_fill(x->sv, 0, x->conn_id, admin_all(x), x->uid, cl, 4096, &next);
+        ncl = x->server->clients_fill(x->sv, 0, x->conn_id, admin_all(x), x->uid, cl, 4096, &next);
     for (uint32_t i = 1; i < s->nns; i++)
         if (s->ns[i]) {
             blocks += s->ns[i]->blocks;
@@ -167,7 +166,7 @@ int admin_metrics_render(const struct admin_ctx *x, char **text, size_t *len)
     ADMIN_GAUGE("pins", "block pins held now", s->pins_now);
     ADMIN_GAUGE("reserved_blocks", "slots reserved and not yet committed", s->reserved_now);
     ADMIN_GAUGE("reserved_bytes", "bytes of those slots", s->reserved_bytes_now);
-    ADMIN_GAUGE("clients", "connected clients", server_clients(x->sv));
+    ADMIN_GAUGE("clients", "connected clients", x->server->clients(x->sv));
     ADMIN_GAUGE("namespaces", "namespaces", nns);
     ADMIN_GAUGE("uptime_seconds", "seconds since start", x->now / 1000);
     ADMIN_GAUGE("log_suppressed_lines", "log lines dropped by the rate limit", log_suppressed());
@@ -389,8 +388,8 @@ int admin_handle(const struct admin_ctx *x, const struct proto_req *r, void *out
     case KVC_OP_CLIENTS: {
         struct kvc_clients_rep *p = out;
         uint32_t max = (uint32_t)((cap - sizeof(*p)) / sizeof(struct kvc_wire_client)), next;
-        uint32_t n = server_clients_fill(x->sv, (uint32_t)q->cursor, x->conn_id, admin_all(x),
-                                         x->uid, (struct kvc_wire_client *)(p + 1), max, &next);
+        uint32_t n = x->server->clients_fill(x->sv, (uint32_t)q->cursor, x->conn_id, admin_all(x),
+                                             x->uid, (struct kvc_wire_client *)(p + 1), max, &next);
         *p = (struct kvc_clients_rep){.nclients = n, .next_cursor = next};
         return (int)(sizeof(*p) + n * sizeof(struct kvc_wire_client));
     }
@@ -435,7 +434,7 @@ int admin_handle(const struct admin_ctx *x, const struct proto_req *r, void *out
         uint64_t n = 0;
         if (!q->scope)
             return -EINVAL;
-        rc = server_ns_drop(x->sv, q->scope, &n);
+        rc = x->server->ns_drop(x->sv, q->scope, &n);
         if (rc == -EBUSY) {
             static const char busy[] = "a client holds a lease or reservation on it, or a "
                                        "block of it is moving";

@@ -366,7 +366,7 @@ static enum engine_ladder_r engine_ladder_slab(struct store *s, struct store_ns 
     struct engine_ladder_ctx c = {.ns = ns, .rung = k};
     uint32_t idx[ENGINE_LADDER_SLAB_MAX], nslots, used;
     uint64_t start, slot;
-    int64_t enc = quant_format_bytes(ns, ns->rung_format[k + 1]);
+    int64_t enc = store_format_bytes(ns, ns->rung_format[k + 1]);
     /* Only a slab whose pages hold every block of it at the smaller size. */
     if (enc > 0 && slab_span(sl, b->off, &start, &slot, &nslots, &used) == 0 &&
         used <= ENGINE_LADDER_SLAB_MAX && slab_fit(sl, b->off, (uint64_t)enc) >= used &&
@@ -1001,9 +1001,17 @@ static int engine_room(struct store *s, struct store_ns *ns, bool gpu, uint64_t 
     return engine_alloc_put(s, ns, now, loc);
 }
 
+static const struct engine_core engine_core_ops = {
+    .victim = engine_victim,
+    .evict = engine_evict,
+    .ladder_evict = engine_ladder_evict,
+    .alloc = engine_alloc,
+};
+
 void engine_attach(struct store *s)
 {
     s->room = engine_room;
+    s->core = &engine_core_ops;
 }
 
 void engine_stop(struct store *s)

@@ -16,9 +16,16 @@
  * dirty, and which list it is on;
  * every path that frees, moves, quantizes or evicts asks store_block_idle() first, so a
  * block in motion is never freed by a policy, a quota, an operator or a namespace drop.
- * Layering: server, admin, acl → engine (engine.c, engine_disk.c, engine_gpu.c: one
- * module; the disk and pool halves use the memory half's victim choice and room) → store →
- * tiers, policies, kernels.
+ * LAYERS. The daemon's files point down, never up: main → server → admin → acl → engine
+ * (engine.c) → engine_disk, engine_gpu, engine_remote → quant → store (store.c,
+ * store_policy.c) → index, fast, stats.h → log; config (with config_ns), loop, notify,
+ * proto and remote_keys beside them; tiers/, policies/ and kernels/ below them all. A file
+ * includes and calls only files below its own. tests/check_layers.py (a suite of make
+ * check) reads the includes and the calls the linker resolves and fails on a circle not in
+ * its list of those left (config ↔ config_ns: one option table in two files). The tier
+ * engines reach the core's room and eviction through struct engine_core (engine_core.h),
+ * passed down in the store, and admin the server's clients through struct
+ * admin_server_ops (admin.h), passed down in its context: neither calls up.
  * Owned by the loop thread.
  */
 #ifndef KVC_ENGINE_H
@@ -28,6 +35,7 @@
 #include <stdint.h>
 
 #include "client/kvc_proto.h"
+#include "daemon/engine_core.h"
 
 struct store;
 struct store_ns;
@@ -88,14 +96,7 @@ uint32_t engine_victim(struct store *s, uint32_t arena, int cls, uint64_t now);
 /* Frees the room of a victim: a clean block in memory gives up its memory and stays cached
  * on disk; anything else is dropped (counted as evicted). Nothing for a block in motion. */
 void engine_evict(struct store *s, uint32_t idx);
-/* What a step of a namespace's precision ladder did (engine_ladder_evict). */
-enum engine_ladder_r {
-    ENGINE_LADDER_NONE = 0, /* nothing it may act on: the caller evicts as without a ladder */
-    ENGINE_LADDER_FREED,    /* a block left the tier: room now */
-    ENGINE_LADDER_QUEUED,   /* a block goes one rung down: room when its job lands */
-    ENGINE_LADDER_WAIT,     /* a step down is due but the worker is full, or the disk asks
-                               to wait: room comes with the jobs (and writes) in flight */
-};
+/* enum engine_ladder_r: what a step of a namespace's precision ladder did (engine_core.h). */
 /* Instead of evicting victim v of host arena `arena`: when v's namespace keeps a precision
  * ladder there, its ladder steps (store_ladder_pick's rung goes one rung down, or its coldest
  * leaf out) until the room coming in the arena covers `need` bytes or a block left. NONE:

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/engine.h"
+#include "daemon/engine_core.h"
 #include "daemon/engine_disk.h"
 #include "daemon/log.h"
 #include "daemon/quant.h"
@@ -112,7 +112,7 @@ static void engine_disk_rec_set(struct block *b, const struct tier_loc *l)
 static uint64_t engine_disk_block_bytes(const struct store *s, const struct block *b)
 {
     const struct store_ns *ns = s->ns[b->ns];
-    int64_t n = quant_format_bytes(ns, b->format);
+    int64_t n = store_format_bytes(ns, b->format);
     return n > 0 ? (uint64_t)n : ns->block_bytes;
 }
 
@@ -218,11 +218,11 @@ static void engine_disk_ready(struct store *s)
  * can go. */
 static bool engine_disk_disk_evict_one(struct store *s, uint64_t now)
 {
-    uint32_t v = engine_victim(s, STORE_ARENA_DISK, -1, now);
+    uint32_t v = s->core->victim(s, STORE_ARENA_DISK, -1, now);
     if (v == INDEX_NONE)
         return false;
     ENGINE_DISK_STAT_ADD(s, s->ns[s->ix.blocks[v].ns], disk_evicted_blocks, 1);
-    engine_evict(s, v);
+    s->core->evict(s, v);
     return true;
 }
 
@@ -326,7 +326,7 @@ static int engine_disk_write_one(struct store *s, uint32_t idx, bool demote, uin
     if (rc)
         return rc;
     if (!tier_disk_can_alloc(ed->disk, m.len) &&
-        engine_victim(s, STORE_ARENA_DISK, -1, now) == INDEX_NONE) {
+        s->core->victim(s, STORE_ARENA_DISK, -1, now) == INDEX_NONE) {
         ed->disk_full++;
         ed->stuck = true;
         ed->stuck_len = m.len;
@@ -410,7 +410,7 @@ static int engine_disk_write_back(struct store *s, uint32_t a, uint64_t bytes, b
             if (demote && !b->children && store_block_idle(s, i)) {
                 ENGINE_DISK_STAT_ADD(s, s->ns[b->ns], demote_dropped, 1);
                 started += b->len;
-                engine_evict(s, i);
+                s->core->evict(s, i);
                 acted++;
             }
             i = prev;
@@ -498,7 +498,7 @@ int engine_disk_trim(struct store *s, uint64_t now)
     engine_disk_rates(s, now);
     /* A full disk takes records again once it has room or can make some. */
     if (ed->stuck && (tier_disk_can_alloc(ed->disk, ed->stuck_len) ||
-                      engine_victim(s, STORE_ARENA_DISK, -1, now) != INDEX_NONE))
+                      s->core->victim(s, STORE_ARENA_DISK, -1, now) != INDEX_NONE))
         ed->stuck = false;
     engine_disk_compact(s);
     /* Quantize first where a namespace allows it (the raw slots its jobs will free count as
@@ -521,14 +521,14 @@ int engine_disk_trim(struct store *s, uint64_t now)
                 used = t->ops->usage(t);
                 if ((double)engine_disk_sub(used, pend) <= low)
                     break;
-                uint32_t v = engine_victim(s, a, -1, now);
+                uint32_t v = s->core->victim(s, a, -1, now);
                 if (v == INDEX_NONE)
                     break;
                 enum engine_ladder_r r =
-                    engine_ladder_evict(s, a, v, (uint64_t)((double)used - low) + 1, now);
+                    s->core->ladder_evict(s, a, v, (uint64_t)((double)used - low) + 1, now);
                 acted++;
                 if (r == ENGINE_LADDER_NONE)
-                    engine_evict(s, v);
+                    s->core->evict(s, v);
                 else if (r != ENGINE_LADDER_FREED)
                     break; /* room comes with the jobs in flight; the next trim goes on */
             }
@@ -566,7 +566,7 @@ bool engine_disk_room_coming(struct store *s, uint32_t arena)
             !(s->ix.blocks[i].flags & (BLOCK_F_BUSY | BLOCK_F_LOST)) && engine_disk_takes(s, i))
             /* ... and the disk has room for it, or can make some. */
             return tier_disk_can_alloc(ed->disk, s->ix.blocks[i].len) ||
-                   engine_victim(s, STORE_ARENA_DISK, -1, 0) != INDEX_NONE;
+                   s->core->victim(s, STORE_ARENA_DISK, -1, 0) != INDEX_NONE;
     return false;
 }
 
@@ -838,16 +838,16 @@ static int engine_disk_host_alloc(struct store *s, struct store_ns *ns, uint64_t
     struct tier *t = s->arenas[ns->arena].tier;
     int cls = tier_host_class(t, len);
     if (len == ns->block_bytes)
-        return engine_alloc(s, ns, now, loc);
+        return s->core->alloc(s, ns, now, loc);
     for (;;) {
         int rc = t->ops->alloc(t, len, loc);
         uint32_t v;
         if (rc != -ENOSPC)
             return rc;
-        v = engine_victim(s, ns->arena, cls, now);
+        v = s->core->victim(s, ns->arena, cls, now);
         if (v == INDEX_NONE)
             return -ENOSPC;
-        engine_evict(s, v);
+        s->core->evict(s, v);
     }
 }
 
@@ -1057,7 +1057,7 @@ static int engine_disk_adopt(struct store *s, const struct engine_disk_params *p
     if (rc)
         return rc;
     ns = s->ns[ns_id];
-    int64_t want = quant_format_bytes(ns, (uint8_t)f->m.format);
+    int64_t want = store_format_bytes(ns, (uint8_t)f->m.format);
     if (want <= 0 || f->m.len != (uint64_t)want)
         return -EINVAL; /* not a block this namespace holds (its recipe changed?) */
     if (f->loc.len > UINT32_MAX || f->loc.off / TIER_DISK_ALIGN > UINT32_MAX)

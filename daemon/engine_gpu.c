@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/engine.h"
+#include "daemon/engine_core.h"
 #include "daemon/index.h"
 #include "daemon/log.h"
 #include "daemon/store.h"
@@ -223,7 +223,7 @@ int engine_gpu_move(struct store *s, uint32_t idx, bool to_gpu, uint64_t now)
         rc = engine_gpu_alloc(s, ns->block_bytes, &loc);
     } else {
         store_block_pin(s, idx); /* making host room must not evict the block being moved */
-        rc = engine_alloc(s, ns, now, &loc);
+        rc = s->core->alloc(s, ns, now, &loc);
         store_block_unpin(s, idx);
     }
     if (rc)
@@ -306,7 +306,7 @@ int engine_gpu_demote(struct store *s, uint64_t now)
         if (rc) {
             if (s->ix.blocks[v].children && !(s->ix.blocks[v].flags & BLOCK_F_DISK))
                 break;
-            engine_evict(s, v);
+            s->core->evict(s, v);
         }
         n++;
     }

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <xxhash.h>
 
-#include "daemon/engine.h"
+#include "daemon/engine_core.h"
 #include "daemon/index.h"
 #include "daemon/log.h"
 #include "daemon/store.h"
@@ -432,7 +432,7 @@ static int engine_remote_fetch(struct store *s, struct store_ns *ns,
     op = malloc(sizeof(*op));
     if (!op)
         return -ENOMEM;
-    rc = engine_alloc(s, ns, now, &loc);
+    rc = s->core->alloc(s, ns, now, &loc);
     if (rc)
         goto fail_op;
     rc = index_block_new(&s->ix, &idx);

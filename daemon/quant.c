@@ -452,50 +452,6 @@ uint64_t quant_pending_bytes(const struct quant *q, uint32_t arena)
     return q && arena < STORE_MAX_ARENAS ? q->pending[arena] : 0;
 }
 
-/* The kernel layout of namespace ns's blocks. */
-static void quant_layout(const struct store_ns *ns, struct kern_layout *lay)
-{
-    *lay = (struct kern_layout){.layers = ns->layout.layers,
-                                .heads = ns->layout.kv_heads,
-                                .head_dim = ns->layout.head_dim,
-                                .tokens = ns->layout.block_tokens,
-                                .dtype = ns->layout.dtype,
-                                .k_only = kvc_wire_layout_kinds(&ns->layout) == 1};
-}
-
-/* The format of ns's first lossy rung: its recipe's key codec, or its value codec when keys
- * stay raw. */
-static uint8_t quant_first_format(const struct store_ns *ns)
-{
-    uint32_t f = ns->layout.flags;
-    return (uint8_t)(KVC_WIRE_QUANT_K(f) ? KVC_WIRE_QUANT_K(f) : KVC_WIRE_QUANT_V(f));
-}
-
-/* The recipe of ns's blocks in `format`: the creator's recipe for its first format; for the
- * others the same shape (raw layers, which of keys and values are quantized) in that codec. */
-static void quant_recipe(const struct store_ns *ns, uint8_t format, struct kern_recipe *rec)
-{
-    uint32_t f = ns->layout.flags, k = KVC_WIRE_QUANT_K(f), v = KVC_WIRE_QUANT_V(f);
-    if (format != quant_first_format(ns)) {
-        k = k ? format : 0;
-        v = v ? format : 0;
-    }
-    kern_recipe_fill(rec, k, v, KVC_WIRE_QUANT_RAW_LAYERS(f));
-}
-
-int64_t quant_format_bytes(const struct store_ns *ns, uint8_t format)
-{
-    struct kern_layout lay;
-    struct kern_recipe rec;
-    if (format == KVC_WIRE_FORMAT_RAW)
-        return (int64_t)ns->block_bytes;
-    if (format >= KVC_WIRE_FORMAT_COUNT || !(KVC_WIRE_QUANT_ALLOWED(ns->layout.flags) & (1u << format)))
-        return -EINVAL;
-    quant_layout(ns, &lay);
-    quant_recipe(ns, format, &rec);
-    return kern_encoded_size(&lay, &rec);
-}
-
 int store_quantize(struct store *s, uint32_t idx)
 {
     if (idx >= s->ix.nblocks || s->ix.blocks[idx].state != BLOCK_STATE_COMMITTED)
@@ -503,7 +459,7 @@ int store_quantize(struct store *s, uint32_t idx)
     const struct store_ns *ns = s->ns[s->ix.blocks[idx].ns];
     if (s->ix.blocks[idx].format != KVC_WIRE_FORMAT_RAW)
         return -EALREADY;
-    return store_quantize_to(s, idx, quant_first_format(ns));
+    return store_quantize_to(s, idx, store_ns_first_format(ns));
 }
 
 /* A job for block idx into `format`, its encoded slot allocated now (private memory when
@@ -535,8 +491,8 @@ static int quant_job_make(struct store *s, uint32_t idx, uint8_t format, bool pr
     j = calloc(1, sizeof(*j));
     if (!j)
         return -ENOMEM;
-    quant_layout(ns, &j->lay);
-    quant_recipe(ns, format, &j->rec);
+    store_ns_kern_layout(ns, &j->lay);
+    store_ns_kern_recipe(ns, format, &j->rec);
     j->format = format;
     j->src_format = b->format;
     int64_t eb = kern_encoded_size(&j->lay, &j->rec);

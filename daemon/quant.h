@@ -49,12 +49,6 @@ int store_quantize_later(struct store *s, uint32_t idx, uint8_t format);
  * otherwise). All or nothing at queue time; the errors as store_quantize_to. */
 int store_quantize_slab(struct store *s, const uint32_t *idx, uint32_t n, uint8_t format);
 
-/* Bytes of a block of namespace ns held as `format`: its block size for
- * KVC_WIRE_FORMAT_RAW, the encoded size for the format of the namespace's recipe; -EINVAL
- * for a format the namespace does not produce. (The disk tier records a block's format and
- * restores it as it was.) */
-int64_t quant_format_bytes(const struct store_ns *ns, uint8_t format);
-
 /* Pressure trigger, called by engine_trim() before it evicts: for every arena above its high
  * watermark, queues the coldest unpinned raw blocks of namespaces that allow a codec until
  * the arena would be at its low watermark once they are done, or `inflight` jobs are queued.

@@ -11,6 +11,7 @@
 #include <stdbool.h>
 
 #include "client/kvc_proto.h"
+#include "daemon/admin.h"
 
 struct acl;
 struct config;
@@ -42,17 +43,6 @@ struct server_params {
     uint64_t uid_leases;             /* leases + reservations per uid */
     uint32_t uid_reserved_share;     /* percent of an arena one uid may hold reserved */
     uint32_t fast_ring_rate;         /* hit-ring entries read a second a connection (0: 65536) */
-};
-
-/* What the admin requests call back into the daemon for (main.c). */
-struct server_hooks {
-    void *arg;
-    /* RELOAD: the same all-or-nothing reload as SIGHUP. 0 applied, or -errno and a reason. */
-    int (*reload)(void *arg, char *msg, size_t len);
-    /* CONFIG_SET: the running configuration with one option changed, checked like a reload. */
-    int (*config_set)(void *arg, const char *key, const char *value, char *msg, size_t len);
-    /* SHUTDOWN: stop the loop after this reply. */
-    void (*shutdown)(void *arg);
 };
 
 /* The path a configured value resolves to: the value itself, else $XDG_RUNTIME_DIR/kvcd.sock

@@ -8,7 +8,6 @@
 
 #include "daemon/fast.h"
 #include "daemon/log.h"
-#include "daemon/quant.h"
 #include "daemon/store.h"
 #include "kernels/kern_dev.h"
 #include "tiers/gpu.h"
@@ -142,7 +141,7 @@ static uint64_t store_ns_min_slot(const struct store_ns *ns)
     uint64_t m = store_round_unit(ns->block_bytes);
     uint32_t allowed = KVC_WIRE_QUANT_ALLOWED(ns->layout.flags);
     for (uint32_t c = 1; c < KVC_WIRE_FORMAT_COUNT; c++) {
-        int64_t n = allowed & (1u << c) ? quant_format_bytes(ns, (uint8_t)c) : 0;
+        int64_t n = allowed & (1u << c) ? store_format_bytes(ns, (uint8_t)c) : 0;
         if (n > 0 && store_round_unit((uint64_t)n) < m)
             m = store_round_unit((uint64_t)n);
     }

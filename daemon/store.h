@@ -33,10 +33,13 @@
 
 struct tier;
 struct tier_loc;
+struct engine_core;
 struct engine_disk;
 struct engine_remote;
 struct engine_gpu;
 struct kern_dev_ops;
+struct kern_layout;
+struct kern_recipe;
 struct fast_index;
 
 #define STORE_MAX_ARENAS 16
@@ -188,6 +191,8 @@ struct store {
      * allocator, no eviction), the disk tier's state, the quantize worker. */
     int (*room)(struct store *s, struct store_ns *ns, bool gpu, uint64_t now,
                 struct tier_loc *loc);
+    /* The engine core's services for the tier engines (daemon/engine_core.h; engine_attach). */
+    const struct engine_core *core;
     struct engine_disk *disk; /* the disk tier engine (daemon/engine_disk.h); NULL: none */
     struct engine_remote *remote; /* the remote tier engine (engine_remote.h); NULL: none */
     /* Called for every block a commit makes visible (the remote tier's write-behind). */
@@ -418,6 +423,19 @@ uint32_t store_heap_victim(struct store *s, struct store_ns *ns,
  * is set (store_reload sets every namespace's policy first, then rebuilds once). */
 void store_heap_rebuild_stale(struct store *s);
 void store_heap_free(struct store_ns *ns);
+/* ---- what a block costs in a format (store_policy.c) ----
+ * Quantization's bookkeeping, on the store's side (quant.c carries the jobs out): the
+ * kernel layout of ns's blocks; the format of ns's first lossy rung (its recipe's key codec,
+ * or its value codec when keys stay raw); the recipe of ns's blocks in `format`. */
+void store_ns_kern_layout(const struct store_ns *ns, struct kern_layout *lay);
+uint8_t store_ns_first_format(const struct store_ns *ns);
+void store_ns_kern_recipe(const struct store_ns *ns, uint8_t format, struct kern_recipe *rec);
+/* Bytes of a block of namespace ns held as `format`: its block size for
+ * KVC_WIRE_FORMAT_RAW, the encoded size for the format of the namespace's recipe; -EINVAL
+ * for a format the namespace does not produce. (The disk tier records a block's format and
+ * restores it as it was.) */
+int64_t store_format_bytes(const struct store_ns *ns, uint8_t format);
+
 /* ---- the precision ladder (store_policy.c) ----
  * store_ladder_setup: the namespace's rungs from the codecs its creator allowed (the
  * recipe's first, then every smaller one by encoded size), without those above max_error;

@@ -64,7 +64,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/quant.h"
 #include "daemon/store.h"
 #include "kernels/kern.h"
 #include "tiers/tier.h"
@@ -537,6 +536,53 @@ const char *store_heap_check(const struct store *s)
     return total ? "heap entries counted twice" : NULL;
 }
 
+/* ---- what a block costs in a format --------------------------------------------------- */
+
+/* The kernel layout of namespace ns's blocks. */
+void store_ns_kern_layout(const struct store_ns *ns, struct kern_layout *lay)
+{
+    *lay = (struct kern_layout){.layers = ns->layout.layers,
+                                .heads = ns->layout.kv_heads,
+                                .head_dim = ns->layout.head_dim,
+                                .tokens = ns->layout.block_tokens,
+                                .dtype = ns->layout.dtype,
+                                .k_only = kvc_wire_layout_kinds(&ns->layout) == 1};
+}
+
+/* The format of ns's first lossy rung: its recipe's key codec, or its value codec when keys
+ * stay raw. */
+uint8_t store_ns_first_format(const struct store_ns *ns)
+{
+    uint32_t f = ns->layout.flags;
+    return (uint8_t)(KVC_WIRE_QUANT_K(f) ? KVC_WIRE_QUANT_K(f) : KVC_WIRE_QUANT_V(f));
+}
+
+/* The recipe of ns's blocks in `format`: the creator's recipe for its first format; for the
+ * others the same shape (raw layers, which of keys and values are quantized) in that codec. */
+void store_ns_kern_recipe(const struct store_ns *ns, uint8_t format, struct kern_recipe *rec)
+{
+    uint32_t f = ns->layout.flags, k = KVC_WIRE_QUANT_K(f), v = KVC_WIRE_QUANT_V(f);
+    if (format != store_ns_first_format(ns)) {
+        k = k ? format : 0;
+        v = v ? format : 0;
+    }
+    kern_recipe_fill(rec, k, v, KVC_WIRE_QUANT_RAW_LAYERS(f));
+}
+
+int64_t store_format_bytes(const struct store_ns *ns, uint8_t format)
+{
+    struct kern_layout lay;
+    struct kern_recipe rec;
+    if (format == KVC_WIRE_FORMAT_RAW)
+        return (int64_t)ns->block_bytes;
+    if (format >= KVC_WIRE_FORMAT_COUNT ||
+        !(KVC_WIRE_QUANT_ALLOWED(ns->layout.flags) & (1u << format)))
+        return -EINVAL;
+    store_ns_kern_layout(ns, &lay);
+    store_ns_kern_recipe(ns, format, &rec);
+    return kern_encoded_size(&lay, &rec);
+}
+
 /* ---- the precision ladder --------------------------------------------------------------- */
 
 uint32_t store_ladder_rung(const struct store_ns *ns, uint32_t format)
@@ -589,7 +635,7 @@ void store_ladder_setup(struct store *s, struct store_ns *ns)
                     (ns->max_error > 0 && kern_codec_attn_error((enum kern_codec)c) >
                                               ns->max_error))
                     continue;
-                n = quant_format_bytes(ns, (uint8_t)c);
+                n = store_format_bytes(ns, (uint8_t)c);
                 if (n > 0 && n < last && n > best) {
                     best = n;
                     pick = c;

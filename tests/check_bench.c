@@ -4,6 +4,7 @@
  * Each case runs in its own process (Check's fork mode): the failure state is global.
  */
 #include <check.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,6 +40,31 @@ START_TEST(test_good_rows)
     fclose(f);
     ck_assert_ptr_nonnull(strstr(buf, "\"ratio\": 0.5}"));
     ck_assert_ptr_nonnull(strstr(buf, "\"baseline\": null"));
+}
+END_TEST
+
+/* The file is JSON whatever a case is named (a name with a quote and a backslash was written
+ * as it was, and no JSON reader took the file), each row's numbers numbers and its missing
+ * baseline nulls. */
+START_TEST(test_rows_are_json)
+{
+    struct bench_row rows[2];
+    size_t n = 0;
+    json_error_t err;
+    ck_assert_ptr_nonnull(
+        bench_row_add(rows, 2, &n, "get \"16 MiB\" \\ x2", 3.0, "GB/s", "memcpy", 4.0));
+    ck_assert_ptr_nonnull(bench_row_add(rows, 2, &n, "plain", 1e-3, "us", NULL, 0));
+    ck_assert_int_eq(bench_finish(path, rows, n), 0);
+    json_t *doc = json_load_file(path, 0, &err);
+    ck_assert_msg(doc != NULL, "%s: %s", path, err.text);
+    ck_assert_uint_eq(json_array_size(doc), 2);
+    json_t *a = json_array_get(doc, 0), *b = json_array_get(doc, 1);
+    ck_assert_str_eq(json_string_value(json_object_get(a, "case")), "get \"16 MiB\" \\ x2");
+    ck_assert_double_eq(json_number_value(json_object_get(a, "ratio")), 0.75);
+    ck_assert_double_eq(json_number_value(json_object_get(a, "baseline_value")), 4.0);
+    ck_assert_double_eq_tol(json_number_value(json_object_get(b, "value")), 1e-3, 1e-12);
+    ck_assert(json_is_null(json_object_get(b, "ratio")));
+    json_decref(doc);
 }
 END_TEST
 
@@ -78,6 +104,7 @@ int main(void)
     TCase *tc = tcase_create("rows");
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_good_rows);
+    tcase_add_test(tc, test_rows_are_json);
     tcase_add_loop_test(tc, test_refused_rows, 0, 7);
     tcase_add_test(tc, test_fail_fails_the_run);
     suite_add_tcase(s, tc);

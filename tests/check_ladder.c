@@ -380,7 +380,7 @@ START_TEST(test_ladder_vs_sim)
            "%.4f at %.1f\n",
            hit, (unsigned long long)lossy, sim_hit, (unsigned long long)r.hits_lossy, cap,
            sim_low, cap * 34.0 / 36.0);
-    ck_assert_int_eq((quant_format_bytes(store_ns_get(s, ns), KVC_WIRE_FORMAT_Q8_0) + 4095) & ~4095,
+    ck_assert_int_eq((store_format_bytes(store_ns_get(s, ns), KVC_WIRE_FORMAT_Q8_0) + 4095) & ~4095,
                      36 << 10);
     ck_assert_uint_gt(lossy, 0);
     ck_assert_uint_gt(r.hits_lossy, 0);

@@ -1,5 +1,8 @@
 /*
- * disk.c — the disk tier; see disk.h for the design.
+ * disk.c — the disk tier; see disk.h for the design. This file: pages and their allocation,
+ * and the tier's start and stop (paths, superblocks, the lock, the index walk); the records
+ * are in disk_rec.c, the requests to the device in disk_io.c, the checkpoint in disk_ckpt.c
+ * (disk_int.h holds what they share).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -24,72 +27,6 @@
 #include "tiers/disk_codec.h"
 #include "tiers/disk_int.h"
 
-enum tier_disk_op_kind {
-    TIER_DISK_OP_READ = 1,  /* raw bytes (generic op) */
-    TIER_DISK_OP_WRITE = 2, /* raw bytes (generic op) */
-    TIER_DISK_OP_PUT = 3,   /* header + data */
-    TIER_DISK_OP_GET = 4,   /* header + data, verified */
-};
-
-struct tier_disk_op {
-    tier_done_fn done;
-    void *arg;
-    uint8_t kind;
-    uint8_t pending; /* requests not completed */
-    int status;
-    uint32_t page;
-    uint32_t path;
-    uint64_t bytes;   /* counted when done */
-    void *buf;        /* aligned: the header (PUT/GET) or a bounce buffer */
-    uint64_t buf_len;
-    void *dst;        /* READ via bounce / GET: where the data goes */
-    uint64_t skip;    /* READ via bounce: offset of the wanted bytes inside buf */
-    uint64_t len;     /* READ: wanted bytes; GET: dst bytes */
-    void *data_bounce; /* GET/PUT: the data passed through buf_len-sized bounce */
-    struct iovec iov[2]; /* PUT/GET: header and data, one request */
-    bool has_expect;
-    struct tier_disk_meta expect; /* GET: what the record must say; PUT: what it says */
-    /* Worker stages (docs/disk.md): a PUT is hashed, and compressed when asked, before it
-     * is submitted; a GET is hashed, and decompressed, after its read completed. */
-    struct tier_disk_op *next; /* worker queue / done list */
-    uint8_t stage;             /* enum tier_disk_stage */
-    bool on_dev;               /* PUT/GET: holds one of the direction's device slots */
-    void *io_data;             /* PUT/GET: the data part of the request, kept while the */
-    uint64_t io_len, io_off;   /* op waits for a device slot */
-    bool submit_at_loc;        /* PUT via tier_disk_put: submit at loc once encoded */
-    int level;                 /* PUT: zstd level, 0: store raw */
-    uint8_t codec_req;         /* PUT: codec to try */
-    const void *src;           /* PUT: the block in memory (m.len bytes) */
-    void *enc;                 /* PUT: compressed bytes, rounded up with zeros */
-    const void *data;          /* PUT: what goes to the device (src, enc or data_bounce) */
-    uint64_t data_csum;        /* PUT: XXH3 of the stored bytes */
-    struct tier_loc loc;       /* PUT: the record */
-    tier_disk_encoded_fn encoded; /* PUT via tier_disk_encode */
-    uint64_t tokens;           /* PUT via tier_disk_encode: budget taken at submission */
-    uint64_t want, got;        /* bytes asked of the device, and bytes it transferred */
-    /* PUT at a location: the list of record writes in flight (d->puts), which a checkpoint
-     * asks where each page may still grow. */
-    struct tier_disk_op *put_prev, *put_next;
-    bool put_listed;
-};
-
-/* An encoded record handed to the caller between tier_disk_encode and tier_disk_rec_put. */
-struct tier_disk_rec {
-    struct tier_disk_op op;
-};
-
-enum tier_disk_stage {
-    TIER_DISK_STAGE_IO = 0,     /* in io_uring, or not queued */
-    TIER_DISK_STAGE_ENCODE = 1, /* PUT: hash (and compress) on a worker */
-    TIER_DISK_STAGE_VERIFY = 2, /* GET: hash (and decompress) on a worker */
-    TIER_DISK_STAGE_WAIT = 3,   /* PUT/GET: ready, waiting for a device slot */
-};
-
-static uint64_t tier_disk_round(uint64_t len)
-{
-    return (len + TIER_DISK_ALIGN - 1) & ~(uint64_t)(TIER_DISK_ALIGN - 1);
-}
-
 uint64_t tier_disk_record_bytes(uint64_t len)
 {
     return TIER_DISK_HDR + tier_disk_round(len);
@@ -110,8 +47,7 @@ void *tier_disk_aligned(uint64_t len)
     return p;
 }
 
-static uint64_t tier_disk_hdr_csum(const struct tier_disk *d, uint32_t path,
-                                   const struct tier_disk_hdr *h)
+uint64_t tier_disk_hdr_csum(const struct tier_disk *d, uint32_t path, const struct tier_disk_hdr *h)
 {
     return XXH3_64bits_withSeed(h, offsetof(struct tier_disk_hdr, hdr_csum), d->secret[path]);
 }
@@ -134,7 +70,7 @@ uint64_t tier_disk_path_off(const struct tier_disk *d, uint64_t off)
     return TIER_DISK_SB + off % d->path_size;
 }
 
-static void tier_disk_page_maybe_free(struct tier_disk *d, uint32_t p)
+void tier_disk_page_maybe_free(struct tier_disk *d, uint32_t p)
 {
     struct tier_disk_page *pg = &d->pages[p];
     if (pg->state == TIER_DISK_PAGE_FULL && pg->live == 0 && pg->inflight == 0) {
@@ -188,9 +124,8 @@ static int tier_disk_alloc(struct tier *t, uint64_t len, struct tier_loc *loc)
     if (len == 0 || len > d->cfg.page_size - TIER_DISK_HDR)
         return -EINVAL;
     rec = tier_disk_record_bytes(len);
-    if (d->open_page != UINT32_MAX &&
-        (d->failed[tier_disk_page_path(d, d->open_page)] ||
-         d->pages[d->open_page].used + rec > d->cfg.page_size))
+    if (d->open_page != UINT32_MAX && (d->failed[tier_disk_page_path(d, d->open_page)] ||
+                                       d->pages[d->open_page].used + rec > d->cfg.page_size))
         tier_disk_page_close(d);
     if (d->open_page == UINT32_MAX) {
         rc = tier_disk_page_open(d);
@@ -200,8 +135,7 @@ static int tier_disk_alloc(struct tier *t, uint64_t len, struct tier_loc *loc)
     pg = &d->pages[d->open_page];
     *loc = (struct tier_loc){.arena = tier_disk_page_path(d, d->open_page),
                              .cls = pg->version,
-                             .off = tier_disk_page_base(d, d->open_page) + pg->used +
-                                    TIER_DISK_HDR,
+                             .off = tier_disk_page_base(d, d->open_page) + pg->used + TIER_DISK_HDR,
                              .len = rec - TIER_DISK_HDR};
     pg->used += rec;
     pg->live++;
@@ -256,1003 +190,6 @@ static void tier_disk_free(struct tier *t, const struct tier_loc *loc)
     tier_disk_page_maybe_free(d, p);
 }
 
-/* ---- submission ------------------------------------------------------------------------ */
-
-/* Index of the registered buffer holding [p, p+len), or -1. */
-static int tier_disk_buf_index(const struct tier_disk *d, const void *p, uint64_t len)
-{
-    const uint8_t *a = p;
-    for (uint32_t i = 0; i < d->nbufs; i++)
-        if (a >= d->bufs[i].base && len <= d->bufs[i].len &&
-            (uint64_t)(a - d->bufs[i].base) <= d->bufs[i].len - len)
-            return (int)i;
-    return -1;
-}
-
-static struct io_uring_sqe *tier_disk_sqe(struct tier_disk *d)
-{
-    struct io_uring_sqe *sqe = io_uring_get_sqe(&d->ring);
-    if (!sqe) {
-        io_uring_submit(&d->ring);
-        sqe = io_uring_get_sqe(&d->ring);
-    }
-    return sqe;
-}
-
-/* Prepares one read or write of len bytes at global offset off from/to buf. */
-static int tier_disk_prep(struct tier_disk *d, struct tier_disk_op *op, bool write, void *buf,
-                          uint64_t len, uint64_t off)
-{
-    struct io_uring_sqe *sqe = tier_disk_sqe(d);
-    uint32_t path = (uint32_t)(off / d->path_size);
-    int fd = d->fixed_files ? (int)path : d->fds[path];
-    int bi = tier_disk_buf_index(d, buf, len);
-    uint64_t poff = tier_disk_path_off(d, off);
-    if (!sqe)
-        return -EAGAIN;
-    if (bi >= 0 && write)
-        io_uring_prep_write_fixed(sqe, fd, buf, (unsigned)len, poff, bi);
-    else if (bi >= 0)
-        io_uring_prep_read_fixed(sqe, fd, buf, (unsigned)len, poff, bi);
-    else if (write)
-        io_uring_prep_write(sqe, fd, buf, (unsigned)len, poff);
-    else
-        io_uring_prep_read(sqe, fd, buf, (unsigned)len, poff);
-    if (d->fixed_files)
-        sqe->flags |= IOSQE_FIXED_FILE;
-    io_uring_sqe_set_data(sqe, op);
-    op->pending++;
-    op->want += len;
-    return 0;
-}
-
-/* Prepares one vectored request: the 4 KiB header at off and the data right behind it. The
- * data then travels without the registered buffer (the header is not inside it), which
- * costs a page pin per request but saves a second request per record (docs/disk.md). */
-static int tier_disk_prep_record(struct tier_disk *d, struct tier_disk_op *op, bool write,
-                                 void *data, uint64_t len, uint64_t off)
-{
-    struct io_uring_sqe *sqe = tier_disk_sqe(d);
-    uint32_t path = (uint32_t)(off / d->path_size);
-    int fd = d->fixed_files ? (int)path : d->fds[path];
-    uint64_t poff = tier_disk_path_off(d, off);
-    if (!sqe)
-        return -EAGAIN;
-    op->iov[0] = (struct iovec){.iov_base = op->buf, .iov_len = TIER_DISK_HDR};
-    op->iov[1] = (struct iovec){.iov_base = data, .iov_len = len};
-    if (write)
-        io_uring_prep_writev(sqe, fd, op->iov, 2, poff);
-    else
-        io_uring_prep_readv(sqe, fd, op->iov, 2, poff);
-    if (d->fixed_files)
-        sqe->flags |= IOSQE_FIXED_FILE;
-    io_uring_sqe_set_data(sqe, op);
-    op->pending++;
-    op->want += TIER_DISK_HDR + len;
-    return 0;
-}
-
-static struct tier_disk_op *tier_disk_op_new(struct tier_disk *d, uint8_t kind, uint32_t page,
-                                             tier_done_fn done, void *arg)
-{
-    struct tier_disk_op *op = calloc(1, sizeof(*op));
-    if (!op)
-        return NULL;
-    op->kind = kind;
-    op->page = page;
-    op->path = page == UINT32_MAX ? 0 : tier_disk_page_path(d, page);
-    op->done = done;
-    op->arg = arg;
-    return op;
-}
-
-/* Hands every prepared request to the kernel. */
-static void tier_disk_submit(struct tier_disk *d)
-{
-    io_uring_submit(&d->ring);
-    d->unsubmitted = 0;
-}
-
-static void tier_disk_op_start(struct tier_disk *d, struct tier_disk_op *op)
-{
-    d->inflight++;
-    d->pages[op->page].inflight++;
-    if (op->kind == TIER_DISK_OP_READ || op->kind == TIER_DISK_OP_GET)
-        d->st.reads_inflight++;
-    else
-        d->st.writes_inflight++;
-}
-
-static void tier_disk_op_free(struct tier_disk_op *op)
-{
-    free(op->buf);
-    free(op->data_bounce);
-    free(op->enc);
-    free(op);
-}
-
-/* Ops admitted per direction: queue_depth on the device and as many again being hashed,
- * waiting for a device slot, or handed back encoded. */
-static uint32_t tier_disk_ops_max(const struct tier_disk *d)
-{
-    return 2 * d->cfg.queue_depth;
-}
-
-static void tier_disk_op_end(struct tier_disk *d, struct tier_disk_op *op);
-
-/* Puts a PUT or GET (header and data, one request) on the device, or in line for it when
- * queue_depth records of its direction are there already. 0 or -errno (nothing queued). */
-static int tier_disk_dev_submit(struct tier_disk *d, struct tier_disk_op *op)
-{
-    bool write = op->kind == TIER_DISK_OP_PUT;
-    int rc;
-    if (d->dev[write] >= d->cfg.queue_depth) {
-        op->stage = TIER_DISK_STAGE_WAIT;
-        op->next = NULL;
-        if (d->waitq_tail[write])
-            d->waitq_tail[write]->next = op;
-        else
-            d->waitq[write] = op;
-        d->waitq_tail[write] = op;
-        return 0;
-    }
-    rc = tier_disk_prep_record(d, op, write, op->io_data, op->io_len, op->io_off);
-    if (rc)
-        return rc;
-    op->stage = TIER_DISK_STAGE_IO;
-    op->on_dev = true;
-    d->dev[write]++;
-    d->unsubmitted++;
-    return 0;
-}
-
-/* A device slot of one direction came free: the oldest waiting op takes it. */
-static void tier_disk_dev_pump(struct tier_disk *d, bool write)
-{
-    while (d->waitq[write] && d->dev[write] < d->cfg.queue_depth) {
-        struct tier_disk_op *op = d->waitq[write];
-        d->waitq[write] = op->next;
-        if (!d->waitq[write])
-            d->waitq_tail[write] = NULL;
-        op->next = NULL;
-        op->status = tier_disk_dev_submit(d, op);
-        if (op->status)
-            tier_disk_op_end(d, op); /* done sees the error */
-    }
-}
-
-/* Sleeps until the eventfd says a completion (ring or worker) may be ready, at most 100 ms. */
-static void tier_disk_wait(struct tier_disk *d)
-{
-    struct pollfd pfd = {.fd = d->efd, .events = POLLIN};
-    if (d->unsubmitted)
-        tier_disk_submit(d);
-    if (poll(&pfd, 1, 100) < 0) {
-        /* EINTR: the caller looks again */
-    }
-}
-
-/* Room for one more op, reaping completions when the ring is full (generic ops only: they
- * have no -EAGAIN in their contract). */
-static void tier_disk_wait_room(struct tier_disk *d)
-{
-    while ((d->st.reads_inflight >= tier_disk_ops_max(d) ||
-            d->st.writes_inflight >= tier_disk_ops_max(d)) && d->inflight)
-        if (tier_disk_poll(&d->base) == 0)
-            tier_disk_wait(d);
-}
-
-static bool tier_disk_range_ok(const struct tier_loc *loc, uint64_t off, uint64_t len)
-{
-    return len != 0 && off < loc->len && len <= loc->len - off;
-}
-
-/* Synchronous read-modify-write of an unaligned range through a bounce buffer. */
-static int tier_disk_rmw(struct tier_disk *d, uint32_t path, uint64_t off, const void *src,
-                         uint64_t len)
-{
-    uint64_t a0 = off & ~(uint64_t)(TIER_DISK_ALIGN - 1);
-    uint64_t a1 = tier_disk_round(off + len);
-    uint8_t *b = tier_disk_aligned(a1 - a0);
-    int rc = 0;
-    if (!b)
-        return -ENOMEM;
-    if (pread(d->fds[path], b, a1 - a0, (off_t)tier_disk_path_off(d, a0)) != (ssize_t)(a1 - a0)) {
-        rc = -EIO;
-        goto out;
-    }
-    memcpy(b + (off - a0), src, len);
-    if (pwrite(d->fds[path], b, a1 - a0, (off_t)tier_disk_path_off(d, a0)) !=
-        (ssize_t)(a1 - a0))
-        rc = -EIO;
-out:
-    free(b);
-    return rc;
-}
-
-static int tier_disk_write(struct tier *t, const struct tier_loc *loc, uint64_t off,
-                           const void *src, uint64_t len, tier_done_fn done, void *arg)
-{
-    struct tier_disk *d = tier_disk_of(t);
-    uint32_t p = tier_disk_loc_page(d, loc);
-    uint64_t at = loc->off + off;
-    struct tier_disk_op *op;
-    int rc;
-    if (p == UINT32_MAX || !tier_disk_range_ok(loc, off, len))
-        return -EINVAL;
-    if (at % TIER_DISK_ALIGN || len % TIER_DISK_ALIGN) {
-        rc = tier_disk_rmw(d, tier_disk_page_path(d, p), at, src, len);
-        if (rc == 0) {
-            d->st.bytes_written += len;
-            d->st.writes++;
-        } else {
-            d->st.write_errors++;
-        }
-        done(arg, rc);
-        return 0;
-    }
-    tier_disk_wait_room(d);
-    op = tier_disk_op_new(d, TIER_DISK_OP_WRITE, p, done, arg);
-    if (!op)
-        return -ENOMEM;
-    op->bytes = len;
-    if ((uintptr_t)src % TIER_DISK_ALIGN && tier_disk_buf_index(d, src, len) < 0) {
-        op->buf = tier_disk_aligned(len);
-        if (!op->buf) {
-            tier_disk_op_free(op);
-            return -ENOMEM;
-        }
-        memcpy(op->buf, src, len);
-        src = op->buf;
-    }
-    rc = tier_disk_prep(d, op, true, (void *)src, len, at);
-    if (rc) {
-        tier_disk_op_free(op);
-        return rc;
-    }
-    tier_disk_op_start(d, op);
-    tier_disk_submit(d);
-    return 0;
-}
-
-static int tier_disk_read(struct tier *t, const struct tier_loc *loc, uint64_t off, void *dst,
-                          uint64_t len, tier_done_fn done, void *arg)
-{
-    struct tier_disk *d = tier_disk_of(t);
-    uint32_t p = tier_disk_loc_page(d, loc);
-    uint64_t at = loc->off + off, a0, a1;
-    struct tier_disk_op *op;
-    int rc;
-    if (p == UINT32_MAX || !tier_disk_range_ok(loc, off, len))
-        return -EINVAL;
-    tier_disk_wait_room(d);
-    op = tier_disk_op_new(d, TIER_DISK_OP_READ, p, done, arg);
-    if (!op)
-        return -ENOMEM;
-    op->bytes = len;
-    a0 = at & ~(uint64_t)(TIER_DISK_ALIGN - 1);
-    a1 = tier_disk_round(at + len);
-    if (a0 != at || a1 != at + len ||
-        ((uintptr_t)dst % TIER_DISK_ALIGN && tier_disk_buf_index(d, dst, len) < 0)) {
-        op->buf = tier_disk_aligned(a1 - a0);
-        if (!op->buf) {
-            tier_disk_op_free(op);
-            return -ENOMEM;
-        }
-        op->dst = dst;
-        op->skip = at - a0;
-        op->len = len;
-        rc = tier_disk_prep(d, op, false, op->buf, a1 - a0, a0);
-    } else {
-        rc = tier_disk_prep(d, op, false, dst, len, at);
-    }
-    if (rc) {
-        tier_disk_op_free(op);
-        return rc;
-    }
-    tier_disk_op_start(d, op);
-    tier_disk_submit(d);
-    return 0;
-}
-
-/* ---- records --------------------------------------------------------------------------- */
-
-/* The bucket holds a quarter second of writes, and at least one page. */
-static double tier_disk_burst(const struct tier_disk *d)
-{
-    return (double)d->cfg.write_rate / 4 > (double)d->cfg.page_size
-               ? (double)d->cfg.write_rate / 4
-               : (double)d->cfg.page_size;
-}
-
-static void tier_disk_refill(struct tier_disk *d)
-{
-    uint64_t now = tier_disk_now_ns();
-    double burst = tier_disk_burst(d);
-    d->tokens += (double)(now - d->last_refill_ns) * 1e-9 * (double)d->cfg.write_rate;
-    if (d->tokens > burst)
-        d->tokens = burst;
-    d->last_refill_ns = now;
-}
-
-static bool tier_disk_write_budget(struct tier_disk *d, uint64_t bytes)
-{
-    if (!d->cfg.write_rate)
-        return true;
-    tier_disk_refill(d);
-    if (d->tokens < (double)bytes)
-        return false;
-    d->tokens -= (double)bytes;
-    return true;
-}
-
-int tier_disk_put_ready(struct tier *t, uint64_t len)
-{
-    struct tier_disk *d = tier_disk_of(t);
-    if (d->st.writes_inflight >= tier_disk_ops_max(d))
-        return -EAGAIN;
-    if (d->cfg.write_rate) {
-        tier_disk_refill(d);
-        if (d->tokens < (double)tier_disk_record_bytes(len))
-            return -EAGAIN;
-    }
-    return 0;
-}
-
-/* ---- workers --------------------------------------------------------------------------- */
-
-struct tier_disk_worker_arg {
-    struct tier_disk *d;
-    uint32_t i;
-};
-
-/* PUT: picks what goes to the device (the block itself, a bounce copy of it, or its zstd
- * form when that saves at least 4 KiB) and hashes it. Worker thread: touches the op, the
- * block's bytes and the immutable registered-buffer table only. */
-static void tier_disk_work_encode(struct tier_disk *d, struct disk_codec *c, struct tier_disk_op *op)
-{
-    struct tier_disk_meta *m = &op->expect;
-    uint64_t dlen = tier_disk_round(m->len);
-    op->data = op->src;
-    m->stored = m->len;
-    m->codec = TIER_DISK_CODEC_RAW;
-    if (op->level > 0 && c) {
-        uint64_t cap = tier_disk_round(disk_codec_bound(m->len));
-        op->enc = tier_disk_aligned(cap);
-        if (op->enc) {
-            long n = disk_codec_compress(c, (enum tier_disk_codec)op->codec_req, op->level,
-                                         op->src, m->len, op->enc, cap);
-            if (n > 0 && tier_disk_round((uint64_t)n) < dlen) {
-                memset((uint8_t *)op->enc + n, 0, tier_disk_round((uint64_t)n) - (uint64_t)n);
-                op->data = op->enc;
-                m->stored = (uint64_t)n;
-                m->codec = op->codec_req;
-            } else {
-                free(op->enc);
-                op->enc = NULL;
-            }
-        }
-    }
-    /* Raw data leaves from the arena itself unless it is unaligned or its last 4 KiB would
-     * reach past a registered buffer. */
-    if (op->data == op->src &&
-        ((uintptr_t)op->src % TIER_DISK_ALIGN ||
-         (d->nbufs && tier_disk_buf_index(d, op->src, dlen) < 0 &&
-          tier_disk_buf_index(d, op->src, 1) >= 0))) {
-        op->data_bounce = tier_disk_aligned(dlen);
-        if (!op->data_bounce) {
-            op->status = -ENOMEM;
-            return;
-        }
-        memset((uint8_t *)op->data_bounce + m->len, 0, dlen - m->len);
-        memcpy(op->data_bounce, op->src, m->len);
-        op->data = op->data_bounce;
-    }
-    op->data_csum = XXH3_64bits(op->data, m->stored);
-}
-
-/* GET, once the header checked out on the loop: the data's checksum, then the block. */
-static void tier_disk_work_verify(struct disk_codec *c, struct tier_disk_op *op)
-{
-    const struct tier_disk_hdr *h = op->buf;
-    const uint8_t *data = op->data_bounce ? op->data_bounce : op->dst;
-    void *copy = NULL;
-    int rc;
-    if (XXH3_64bits(data, h->len) != h->data_csum) {
-        op->status = -EBADMSG;
-        return;
-    }
-    if (h->codec == TIER_DISK_CODEC_RAW) {
-        if (op->data_bounce)
-            memcpy(op->dst, op->data_bounce, h->len);
-        return;
-    }
-    if (!op->data_bounce) { /* read straight into dst: decompress from a copy */
-        copy = malloc(h->len);
-        if (!copy) {
-            op->status = -ENOMEM;
-            return;
-        }
-        memcpy(copy, data, h->len);
-        data = copy;
-    }
-    rc = c ? disk_codec_decompress(c, (enum tier_disk_codec)h->codec, data, h->len, op->dst,
-                                   h->raw_len)
-           : -ENOMEM;
-    if (rc)
-        op->status = rc == -ENOMEM ? -ENOMEM : -EBADMSG;
-    free(copy);
-}
-
-static void *tier_disk_worker_main(void *arg)
-{
-    struct tier_disk_worker_arg *w = arg;
-    struct tier_disk *d = w->d;
-    struct tier_disk_pool *pl = &d->pool;
-    struct disk_codec *c = pl->codec[w->i];
-    free(w);
-    pthread_mutex_lock(&pl->mu);
-    for (;;) {
-        struct tier_disk_op *op;
-        while (!pl->todo && !pl->stop)
-            pthread_cond_wait(&pl->cv, &pl->mu);
-        if (!pl->todo)
-            break;
-        op = pl->todo;
-        pl->todo = op->next;
-        if (!pl->todo)
-            pl->todo_tail = NULL;
-        pthread_mutex_unlock(&pl->mu);
-        if (op->stage == TIER_DISK_STAGE_ENCODE)
-            tier_disk_work_encode(d, c, op);
-        else
-            tier_disk_work_verify(c, op);
-        pthread_mutex_lock(&pl->mu);
-        op->next = pl->done;
-        pl->done = op;
-        {
-            uint64_t one = 1;
-            ssize_t wr = write(d->efd, &one, sizeof(one));
-            (void)wr; /* a full counter still wakes the loop */
-        }
-    }
-    pthread_mutex_unlock(&pl->mu);
-    return NULL;
-}
-
-static void tier_disk_queue(struct tier_disk *d, struct tier_disk_op *op, uint8_t stage)
-{
-    struct tier_disk_pool *pl = &d->pool;
-    op->stage = stage;
-    op->next = NULL;
-    d->queued++;
-    pthread_mutex_lock(&pl->mu);
-    if (pl->todo_tail)
-        pl->todo_tail->next = op;
-    else
-        pl->todo = op;
-    pl->todo_tail = op;
-    pthread_cond_signal(&pl->cv);
-    pthread_mutex_unlock(&pl->mu);
-}
-
-static int tier_disk_pool_start(struct tier_disk *d)
-{
-    struct tier_disk_pool *pl = &d->pool;
-    uint32_t n = d->cfg.workers ? d->cfg.workers : 2;
-    if (n > TIER_DISK_WORKERS_MAX)
-        n = TIER_DISK_WORKERS_MAX;
-    pthread_mutex_init(&pl->mu, NULL);
-    pthread_cond_init(&pl->cv, NULL);
-    d->pool_ok = true;
-    for (uint32_t i = 0; i < n; i++) {
-        struct tier_disk_worker_arg *w = malloc(sizeof(*w));
-        int rc;
-        pl->codec[i] = disk_codec_new();
-        if (!w || !pl->codec[i]) {
-            free(w);
-            disk_codec_free(pl->codec[i]);
-            pl->codec[i] = NULL;
-            return -ENOMEM;
-        }
-        *w = (struct tier_disk_worker_arg){.d = d, .i = i};
-        rc = pthread_create(&pl->th[i], NULL, tier_disk_worker_main, w);
-        if (rc) {
-            free(w);
-            disk_codec_free(pl->codec[i]);
-            pl->codec[i] = NULL;
-            return -rc;
-        }
-        pl->nthreads++;
-    }
-    return 0;
-}
-
-static void tier_disk_pool_stop(struct tier_disk *d)
-{
-    struct tier_disk_pool *pl = &d->pool;
-    if (!d->pool_ok)
-        return;
-    pthread_mutex_lock(&pl->mu);
-    pl->stop = true;
-    pthread_cond_broadcast(&pl->cv);
-    pthread_mutex_unlock(&pl->mu);
-    for (uint32_t i = 0; i < pl->nthreads; i++) {
-        pthread_join(pl->th[i], NULL);
-        disk_codec_free(pl->codec[i]);
-    }
-    pthread_mutex_destroy(&pl->mu);
-    pthread_cond_destroy(&pl->cv);
-    d->pool_ok = false;
-}
-
-/* ---- record writes --------------------------------------------------------------------- */
-
-/* A record write at a known location joins the list of writes in flight until op_end. */
-static void tier_disk_put_list(struct tier_disk *d, struct tier_disk_op *op)
-{
-    op->put_prev = NULL;
-    op->put_next = d->puts;
-    if (d->puts)
-        d->puts->put_prev = op;
-    d->puts = op;
-    op->put_listed = true;
-}
-
-void tier_disk_pages_pending(const struct tier_disk *d, uint32_t *from)
-{
-    for (uint64_t p = 0; p < d->npages; p++)
-        from[p] = UINT32_MAX;
-    if (d->open_page != UINT32_MAX)
-        from[d->open_page] = (uint32_t)d->pages[d->open_page].used;
-    /* A record allocated and not yet handed to tier_disk_put lies before the fill too. */
-    if (d->last_alloc && !d->last_alloc_put) {
-        uint32_t p = (uint32_t)((d->last_alloc - TIER_DISK_HDR) / d->cfg.page_size);
-        uint32_t at = (uint32_t)(d->last_alloc - TIER_DISK_HDR - tier_disk_page_base(d, p));
-        if (p < d->npages && at < from[p])
-            from[p] = at;
-    }
-    for (const struct tier_disk_op *op = d->puts; op; op = op->put_next) {
-        uint32_t at = (uint32_t)(op->loc.off - TIER_DISK_HDR - tier_disk_page_base(d, op->page));
-        if (at < from[op->page])
-            from[op->page] = at;
-    }
-}
-
-/* Fills the header of an encoded PUT for its location and submits header and data. */
-static int tier_disk_put_submit(struct tier_disk *d, struct tier_disk_op *op)
-{
-    const struct tier_disk_meta *m = &op->expect;
-    struct tier_disk_hdr *h = op->buf;
-    memset(op->buf, 0, TIER_DISK_HDR);
-    *h = (struct tier_disk_hdr){.magic = TIER_DISK_MAGIC,
-                                .format = TIER_DISK_VERSION,
-                                .page_version = (uint32_t)op->loc.cls,
-                                .len = m->stored,
-                                .data_csum = op->data_csum,
-                                .key = {m->key[0], m->key[1]},
-                                .parent = {m->parent[0], m->parent[1]},
-                                .depth = m->depth,
-                                .codec = m->codec,
-                                .raw_len = m->len,
-                                .block_format = m->format};
-    memcpy(h->ns, m->ns, sizeof(h->ns));
-    h->hdr_csum = tier_disk_hdr_csum(d, op->path, h);
-    op->io_data = (void *)op->data;
-    op->io_len = tier_disk_round(m->stored);
-    op->io_off = op->loc.off - TIER_DISK_HDR;
-    return tier_disk_dev_submit(d, op);
-}
-
-/* A PUT back from its worker (loop thread). */
-static void tier_disk_encoded(struct tier_disk *d, struct tier_disk_op *op)
-{
-    const struct tier_disk_meta *m = &op->expect;
-    if (op->status == 0 && op->level > 0) {
-        d->st.codec_in += m->len;
-        d->st.codec_out += m->stored;
-        if (m->codec != TIER_DISK_CODEC_RAW)
-            d->st.compressed++;
-        else
-            d->st.incompressible++;
-    }
-    if (op->submit_at_loc) {
-        if (op->status == 0)
-            op->status = tier_disk_put_submit(d, op);
-        if (op->status)
-            tier_disk_op_end(d, op);
-        return;
-    }
-    d->inflight--;
-    if (op->status) {
-        int st = op->status;
-        d->st.writes_inflight--;
-        if (d->cfg.write_rate)
-            d->tokens += (double)op->tokens;
-        op->encoded(op->arg, NULL, st);
-        tier_disk_op_free(op);
-        return;
-    }
-    op->encoded(op->arg, (struct tier_disk_rec *)op, 0);
-}
-
-int tier_disk_put(struct tier *t, const struct tier_loc *loc, const struct tier_disk_meta *m,
-                  const void *src, tier_done_fn done, void *arg)
-{
-    struct tier_disk *d = tier_disk_of(t);
-    uint32_t p = tier_disk_loc_page(d, loc);
-    uint64_t dlen = tier_disk_round(m->len);
-    struct tier_disk_op *op = NULL;
-    if (p == UINT32_MAX || m->len == 0 || dlen > loc->len)
-        return -EINVAL;
-    if (d->failed[tier_disk_page_path(d, p)])
-        return -EIO;
-    if (d->st.writes_inflight >= tier_disk_ops_max(d)) {
-        d->st.queue_full++;
-        return -EAGAIN;
-    }
-    if (!tier_disk_write_budget(d, dlen + TIER_DISK_HDR)) {
-        d->st.throttled++;
-        return -EAGAIN;
-    }
-    op = tier_disk_op_new(d, TIER_DISK_OP_PUT, p, done, arg);
-    if (!op)
-        return -ENOMEM;
-    op->bytes = dlen + TIER_DISK_HDR;
-    op->buf = tier_disk_aligned(TIER_DISK_HDR);
-    if (!op->buf) {
-        tier_disk_op_free(op);
-        return -ENOMEM;
-    }
-    op->expect = *m;
-    op->src = src;
-    op->loc = *loc;
-    op->submit_at_loc = true;
-    if (loc->off == d->last_alloc)
-        d->last_alloc_put = true;
-    tier_disk_put_list(d, op);
-    d->inflight++;
-    d->pages[p].inflight++;
-    d->st.writes_inflight++;
-    tier_disk_queue(d, op, TIER_DISK_STAGE_ENCODE);
-    return 0;
-}
-
-int tier_disk_encode(struct tier *t, const struct tier_disk_meta *m, const void *src,
-                     int codec, int level, tier_disk_encoded_fn done, void *arg)
-{
-    struct tier_disk *d = tier_disk_of(t);
-    uint64_t rec = tier_disk_record_bytes(m->len);
-    struct tier_disk_op *op;
-    if (m->len == 0 || m->len > d->cfg.page_size - TIER_DISK_HDR ||
-        (level > 0 && codec != TIER_DISK_CODEC_ZSTD && codec != TIER_DISK_CODEC_ZSTD_PLANES))
-        return -EINVAL;
-    if (d->st.writes_inflight >= tier_disk_ops_max(d)) {
-        d->st.queue_full++;
-        return -EAGAIN;
-    }
-    if (!tier_disk_write_budget(d, rec)) {
-        d->st.throttled++;
-        return -EAGAIN;
-    }
-    op = tier_disk_op_new(d, TIER_DISK_OP_PUT, UINT32_MAX, NULL, arg);
-    if (!op)
-        goto nomem;
-    op->buf = tier_disk_aligned(TIER_DISK_HDR);
-    if (!op->buf)
-        goto nomem;
-    op->expect = *m;
-    op->src = src;
-    op->level = level;
-    op->codec_req = (uint8_t)codec;
-    op->encoded = done;
-    op->tokens = d->cfg.write_rate ? rec : 0;
-    d->inflight++;
-    d->st.writes_inflight++;
-    tier_disk_queue(d, op, TIER_DISK_STAGE_ENCODE);
-    return 0;
-nomem:
-    if (op)
-        tier_disk_op_free(op);
-    if (d->cfg.write_rate)
-        d->tokens += (double)rec;
-    return -ENOMEM;
-}
-
-uint64_t tier_disk_rec_len(const struct tier_disk_rec *r)
-{
-    return r->op.expect.stored;
-}
-
-const struct tier_disk_meta *tier_disk_rec_meta(const struct tier_disk_rec *r)
-{
-    return &r->op.expect;
-}
-
-void tier_disk_rec_free(struct tier *t, struct tier_disk_rec *r)
-{
-    struct tier_disk *d = tier_disk_of(t);
-    if (!r)
-        return;
-    d->st.writes_inflight--;
-    if (d->cfg.write_rate)
-        d->tokens += (double)r->op.tokens;
-    tier_disk_op_free(&r->op);
-}
-
-int tier_disk_rec_put(struct tier *t, const struct tier_loc *loc, struct tier_disk_rec *r,
-                      tier_done_fn done, void *arg)
-{
-    struct tier_disk *d = tier_disk_of(t);
-    struct tier_disk_op *op = &r->op;
-    uint32_t p = tier_disk_loc_page(d, loc);
-    uint64_t dlen = tier_disk_round(op->expect.stored);
-    if (p == UINT32_MAX || dlen > loc->len) {
-        tier_disk_rec_free(t, r);
-        return -EINVAL;
-    }
-    if (d->failed[tier_disk_page_path(d, p)]) {
-        tier_disk_rec_free(t, r);
-        return -EIO;
-    }
-    /* The budget was taken for the raw record: give back what compression saved. */
-    if (d->cfg.write_rate)
-        d->tokens += (double)op->tokens - (double)(dlen + TIER_DISK_HDR);
-    op->tokens = 0;
-    op->page = p;
-    op->path = tier_disk_page_path(d, p);
-    op->loc = *loc;
-    op->done = done;
-    op->arg = arg;
-    op->bytes = dlen + TIER_DISK_HDR;
-    if (loc->off == d->last_alloc)
-        d->last_alloc_put = true;
-    tier_disk_put_list(d, op);
-    d->inflight++;
-    d->pages[p].inflight++;
-    op->status = tier_disk_put_submit(d, op);
-    if (op->status)
-        tier_disk_op_end(d, op); /* done sees the error */
-    return 0;
-}
-
-/* ---- record reads ---------------------------------------------------------------------- */
-
-int tier_disk_get(struct tier *t, const struct tier_loc *loc, const struct tier_disk_meta *expect,
-                  void *dst, uint64_t dst_len, tier_done_fn done, void *arg)
-{
-    struct tier_disk *d = tier_disk_of(t);
-    uint32_t p = tier_disk_loc_page(d, loc);
-    struct tier_disk_op *op;
-    void *into = dst;
-    int rc;
-    if (p == UINT32_MAX || dst_len == 0 || (expect && expect->len > dst_len))
-        return -EINVAL;
-    if (d->st.reads_inflight >= tier_disk_ops_max(d)) {
-        d->st.queue_full++;
-        return -EAGAIN;
-    }
-    op = tier_disk_op_new(d, TIER_DISK_OP_GET, p, done, arg);
-    if (!op)
-        return -ENOMEM;
-    op->bytes = loc->len + TIER_DISK_HDR;
-    op->buf_len = loc->len;
-    op->dst = dst;
-    op->len = dst_len;
-    if (expect) {
-        op->has_expect = true;
-        op->expect = *expect;
-    }
-    op->buf = tier_disk_aligned(TIER_DISK_HDR);
-    if (!op->buf) {
-        rc = -ENOMEM;
-        goto fail;
-    }
-    /* A record smaller than the block is compressed: it is read aside and decompressed
-     * into dst. */
-    if ((uintptr_t)dst % TIER_DISK_ALIGN || dst_len < loc->len ||
-        (expect && tier_disk_round(expect->len) != loc->len) ||
-        (tier_disk_buf_index(d, dst, 1) >= 0 && tier_disk_buf_index(d, dst, loc->len) < 0)) {
-        op->data_bounce = tier_disk_aligned(loc->len);
-        if (!op->data_bounce) {
-            rc = -ENOMEM;
-            goto fail;
-        }
-        into = op->data_bounce;
-    }
-    op->io_data = into;
-    op->io_len = loc->len;
-    op->io_off = loc->off - TIER_DISK_HDR;
-    rc = tier_disk_dev_submit(d, op);
-    if (rc)
-        goto fail;
-    tier_disk_op_start(d, op);
-    return 0;
-fail:
-    tier_disk_op_free(op);
-    return rc;
-}
-
-/* Header checks of a GET (loop thread: they need the page table); 0 or -EBADMSG. The data
- * is checked by a worker next. */
-static int tier_disk_get_verify(struct tier_disk *d, struct tier_disk_op *op)
-{
-    const struct tier_disk_hdr *h = op->buf;
-    const struct tier_disk_page *pg = &d->pages[op->page];
-    if (h->magic != TIER_DISK_MAGIC || h->format != TIER_DISK_VERSION ||
-        h->hdr_csum != tier_disk_hdr_csum(d, op->path, h) || h->page_version != pg->version)
-        return -EBADMSG;
-    if (h->raw_len > op->len || tier_disk_round(h->len) > op->buf_len || h->len == 0)
-        return -EBADMSG;
-    if (h->codec == TIER_DISK_CODEC_RAW ? h->raw_len != h->len
-                                        : h->codec != TIER_DISK_CODEC_ZSTD &&
-                                              h->codec != TIER_DISK_CODEC_ZSTD_PLANES)
-        return -EBADMSG;
-    if (op->has_expect &&
-        (h->raw_len != op->expect.len || h->key[0] != op->expect.key[0] ||
-         h->key[1] != op->expect.key[1] || h->block_format != op->expect.format ||
-         memcmp(h->ns, op->expect.ns, sizeof(h->ns)) != 0))
-        return -EBADMSG;
-    return 0;
-}
-
-static void tier_disk_op_end(struct tier_disk *d, struct tier_disk_op *op)
-{
-    struct tier_disk_page *pg = &d->pages[op->page];
-    bool reading = op->kind == TIER_DISK_OP_READ || op->kind == TIER_DISK_OP_GET;
-    if (op->put_listed) {
-        if (op->put_prev)
-            op->put_prev->put_next = op->put_next;
-        else
-            d->puts = op->put_next;
-        if (op->put_next)
-            op->put_next->put_prev = op->put_prev;
-        op->put_listed = false;
-        d->gen++;
-    }
-    d->inflight--;
-    pg->inflight--;
-    if (reading)
-        d->st.reads_inflight--;
-    else
-        d->st.writes_inflight--;
-    if (op->status == 0 && op->kind == TIER_DISK_OP_READ && op->dst)
-        memcpy(op->dst, (uint8_t *)op->buf + op->skip, op->len);
-    if (op->status == 0) {
-        if (reading) {
-            d->st.reads++;
-            d->st.bytes_read += op->bytes;
-        } else {
-            d->st.writes++;
-            d->st.bytes_written += op->bytes;
-        }
-    } else if (op->status == -EBADMSG) {
-        d->st.checksum_failures++;
-    } else if (reading) {
-        d->st.read_errors++;
-    } else {
-        d->st.write_errors++;
-        /* A write that fails leaves the path suspect: stop placing records there. */
-        if (op->status == -EIO || op->status == -ENOSPC) {
-            if (!d->failed[op->path])
-                d->st.failed_paths++;
-            d->failed[op->path] = true;
-        }
-    }
-    tier_disk_page_maybe_free(d, op->page);
-    op->done(op->arg, op->status);
-    tier_disk_op_free(op);
-}
-
-int tier_disk_poll(struct tier *t)
-{
-    struct tier_disk *d = tier_disk_of(t);
-    struct io_uring_cqe *cqe;
-    struct tier_disk_op *done = NULL;
-    uint64_t v;
-    int n = 0;
-    if (read(d->efd, &v, sizeof(v)) < 0) {
-        /* Nothing signalled: completions may still be there (the eventfd is a hint). */
-    }
-    while (io_uring_peek_cqe(&d->ring, &cqe) == 0) {
-        struct tier_disk_op *op = io_uring_cqe_get_data(cqe);
-        int res = cqe->res;
-        io_uring_cqe_seen(&d->ring, cqe);
-        if (!op)
-            continue;
-        if (res < 0 && op->status == 0)
-            op->status = res == -ENOSPC ? -ENOSPC : -EIO;
-        else if (res > 0)
-            op->got += (uint64_t)res;
-        if (--op->pending)
-            continue;
-        /* A transfer that completed short is an error however it is aligned: the bytes
-         * behind it were never read or written (a file cut short, a device that gave up). */
-        if (op->status == 0 && op->got != op->want) {
-            op->status = -EIO;
-            d->st.short_io++;
-        }
-        if (op->on_dev) {
-            bool write = op->kind == TIER_DISK_OP_PUT;
-            op->on_dev = false;
-            d->dev[write]--;
-            tier_disk_dev_pump(d, write);
-        }
-        if (op->kind == TIER_DISK_OP_GET && op->status == 0) {
-            op->status = tier_disk_get_verify(d, op);
-            if (op->status == 0) {
-                tier_disk_queue(d, op, TIER_DISK_STAGE_VERIFY);
-                continue;
-            }
-        }
-        tier_disk_op_end(d, op);
-        n++;
-    }
-    if (d->queued) {
-        pthread_mutex_lock(&d->pool.mu);
-        done = d->pool.done;
-        d->pool.done = NULL;
-        pthread_mutex_unlock(&d->pool.mu);
-    }
-    while (done) {
-        struct tier_disk_op *op = done;
-        done = op->next;
-        d->queued--;
-        if (op->stage == TIER_DISK_STAGE_ENCODE)
-            tier_disk_encoded(d, op);
-        else
-            tier_disk_op_end(d, op);
-        n++;
-    }
-    if (d->unsubmitted)
-        tier_disk_submit(d);
-    return n;
-}
-
-void tier_disk_flush(struct tier *t)
-{
-    struct tier_disk *d = tier_disk_of(t);
-    if (d->unsubmitted)
-        tier_disk_submit(d);
-}
-
-void tier_disk_drain(struct tier *t)
-{
-    struct tier_disk *d = tier_disk_of(t);
-    while (d->inflight)
-        if (tier_disk_poll(t) == 0)
-            tier_disk_wait(d);
-}
-
-int tier_disk_fd(const struct tier *t)
-{
-    return tier_disk_of(t)->efd;
-}
-
-int tier_disk_buffers_register(struct tier *t, void *base, uint64_t len)
-{
-    struct tier_disk *d = tier_disk_of(t);
-    struct iovec iov[TIER_DISK_MAX_BUFS] = {{0}};
-    const uint64_t chunk = 1ull << 30; /* the kernel's limit per fixed buffer */
-    uint32_t n = 0;
-    int rc;
-    if (d->nbufs)
-        return -EBUSY;
-    for (uint64_t o = 0; o < len && n < TIER_DISK_MAX_BUFS; o += chunk, n++)
-        iov[n] = (struct iovec){.iov_base = (uint8_t *)base + o,
-                                .iov_len = len - o < chunk ? len - o : chunk};
-    if (n * chunk < len)
-        return -E2BIG;
-    rc = io_uring_register_buffers(&d->ring, iov, n);
-    if (rc < 0)
-        return rc;
-    for (uint32_t i = 0; i < n; i++)
-        d->bufs[i] = (struct tier_disk_buf){.base = iov[i].iov_base, .len = iov[i].iov_len};
-    d->nbufs = n;
-    d->st.fixed_buffers = true;
-    return 0;
-}
-
 /* ---- start ----------------------------------------------------------------------------- */
 
 bool tier_disk_hdr_ok(const struct tier_disk *d, uint32_t path, const struct tier_disk_hdr *h,
@@ -1265,8 +202,8 @@ bool tier_disk_hdr_ok(const struct tier_disk *d, uint32_t path, const struct tie
            (h->codec != TIER_DISK_CODEC_RAW || h->raw_len == h->len);
 }
 
-bool tier_disk_found(struct tier_disk *d, uint32_t p, uint32_t ver,
-                     const struct tier_disk_meta *m, const struct tier_loc *loc)
+bool tier_disk_found(struct tier_disk *d, uint32_t p, uint32_t ver, const struct tier_disk_meta *m,
+                     const struct tier_loc *loc)
 {
     struct tier_disk_page *pg = &d->pages[p];
     uint64_t end = loc->off + loc->len - tier_disk_page_base(d, p);
@@ -1382,40 +319,74 @@ static int tier_disk_sb_write(struct tier_disk *d, uint32_t i)
     return rc;
 }
 
-/* Opens path i. The last component must not be a symbolic link (O_NOFOLLOW): a link planted
- * where the tier's file belongs would make the daemon write wherever it points. With
- * TIER_DISK_FORMAT_NEVER a missing file is not created. */
-static int tier_disk_open_fd(struct tier_disk *d, uint32_t i)
+/* open(2) with O_DIRECT, or without it where the file system refuses it (*buffered). */
+static int tier_disk_open_direct(const char *path, int flags, bool *buffered)
 {
-    const char *path = d->cfg.paths[i];
-    int flags = O_RDWR | O_CLOEXEC | O_NOFOLLOW |
-                (d->cfg.format == TIER_DISK_FORMAT_NEVER ? 0 : O_CREAT);
-    struct stat ls;
     int fd = open(path, flags | O_DIRECT, 0600);
     if (fd < 0 && errno == EINVAL) {
         fd = open(path, flags, 0600);
-        if (fd >= 0) {
-            fprintf(stderr, "kvcd: disk: %s: O_DIRECT refused by the file system; using BUFFERED "
-                            "I/O (slower, and the page cache holds a second copy)\n",
+        if (fd < 0 && errno == EEXIST && (flags & O_EXCL)) {
+            /* Some file systems create the file, then refuse O_DIRECT: it is this start's. */
+            fd = open(path, flags & ~(O_CREAT | O_EXCL), 0600);
+        }
+        *buffered = fd >= 0;
+    }
+    return fd;
+}
+
+/* Opens path i. The last component must not be a symbolic link (O_NOFOLLOW): a link planted
+ * where the tier's file belongs would make the daemon write wherever it points. With
+ * TIER_DISK_FORMAT_NEVER a missing file is not created. A file this start creates (O_EXCL
+ * tells) is marked, so that a start that fails removes it (tier_disk_new). */
+static int tier_disk_open_fd(struct tier_disk *d, uint32_t i)
+{
+    const char *path = d->cfg.paths[i];
+    int flags = O_RDWR | O_CLOEXEC | O_NOFOLLOW;
+    bool buffered = false;
+    struct stat ls;
+    int fd = -1;
+    if (d->cfg.format != TIER_DISK_FORMAT_NEVER) {
+        fd = tier_disk_open_direct(path, flags | O_CREAT | O_EXCL, &buffered);
+        d->created[i] = fd >= 0;
+    }
+    if (fd < 0 && (errno == EEXIST || d->cfg.format == TIER_DISK_FORMAT_NEVER))
+        fd = tier_disk_open_direct(path, flags, &buffered);
+    if (fd >= 0) {
+        if (buffered) {
+            fprintf(stderr,
+                    "kvcd: disk: %s: O_DIRECT refused by the file system; using BUFFERED "
+                    "I/O (slower, and the page cache holds a second copy)\n",
                     path);
             d->st.buffered = true;
         }
-    }
-    if (fd >= 0) {
         d->fds[i] = fd;
         return 0;
     }
     if ((errno == ELOOP || errno == EMLINK) && lstat(path, &ls) == 0 && S_ISLNK(ls.st_mode)) {
-        fprintf(stderr, "kvcd: disk: %s is a symbolic link; refusing it (name the file or "
-                        "device itself, e.g. the output of readlink -f)\n",
+        fprintf(stderr,
+                "kvcd: disk: %s is a symbolic link; refusing it (name the file or "
+                "device itself, e.g. the output of readlink -f)\n",
                 path);
         return -ELOOP;
     }
     if (errno == ENOENT && d->cfg.format == TIER_DISK_FORMAT_NEVER)
-        fprintf(stderr, "kvcd: disk: %s does not exist and disk.format is never; not "
-                        "creating it\n",
+        fprintf(stderr,
+                "kvcd: disk: %s does not exist and disk.format is never; not "
+                "creating it\n",
                 path);
     return -errno;
+}
+
+/* Removes the files this start created (a start that failed): they hold nothing but a
+ * superblock. Only while the name still leads to the file this tier opened. */
+static void tier_disk_uncreate(struct tier_disk *d)
+{
+    for (uint32_t i = 0; i < d->npaths; i++) {
+        struct stat a, b;
+        if (d->created[i] && d->fds[i] >= 0 && fstat(d->fds[i], &a) == 0 &&
+            lstat(d->cfg.paths[i], &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+            unlink(d->cfg.paths[i]);
+    }
 }
 
 /* One kvcd per path. An OFD write lock on byte 0 of the path is held for as long as the
@@ -1517,8 +488,9 @@ static int tier_disk_sb_load(struct tier_disk *d, uint32_t i, enum tier_disk_sb_
         return 0;
     if (d->cfg.format == TIER_DISK_FORMAT_NEVER ||
         (kind == TIER_DISK_SB_FOREIGN && d->cfg.format != TIER_DISK_FORMAT_FORCE)) {
-        fprintf(stderr, "kvcd: disk: %s holds %s; refusing to overwrite it (disk.format=force "
-                        "formats it, losing what it holds)\n",
+        fprintf(stderr,
+                "kvcd: disk: %s holds %s; refusing to overwrite it (disk.format=force "
+                "formats it, losing what it holds)\n",
                 path,
                 kind == TIER_DISK_SB_FOREIGN ? "data that is not a kvcd disk tier"
                                              : "no kvcd disk tier of this format");
@@ -1627,8 +599,8 @@ struct tier *tier_disk_new(const struct tier_disk_config *cfg, int *err)
     d->open_page = UINT32_MAX;
     rc = -EINVAL;
     if (cfg->npaths == 0 || cfg->npaths > TIER_DISK_MAX_PATHS || cfg->page_size < (64u << 10) ||
-        cfg->page_size % TIER_DISK_ALIGN || cfg->page_size > (1u << 30) ||
-        cfg->queue_depth == 0 || cfg->queue_depth > 4096 || cfg->format > TIER_DISK_FORMAT_FORCE)
+        cfg->page_size % TIER_DISK_ALIGN || cfg->page_size > (1u << 30) || cfg->queue_depth == 0 ||
+        cfg->queue_depth > 4096 || cfg->format > TIER_DISK_FORMAT_FORCE)
         goto fail;
     d->npaths = cfg->npaths;
     for (uint32_t i = 0; i < d->npaths; i++) {
@@ -1692,8 +664,10 @@ struct tier *tier_disk_new(const struct tier_disk_config *cfg, int *err)
     d->st.start_us = (d->ckpt_try_ns - t0) / 1000;
     return &d->base;
 fail:
-    if (d)
+    if (d) {
+        tier_disk_uncreate(d);
         tier_disk_destroy(&d->base);
+    }
     *err = rc;
     return NULL;
 }

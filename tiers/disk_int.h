@@ -1,6 +1,7 @@
 /*
- * disk_int.h — the disk tier's own types, shared by disk.c (pages, records, I/O) and
- * disk_ckpt.c (the checkpoint of the index); nothing outside tiers/disk*.c includes it.
+ * disk_int.h — the disk tier's own types, shared by disk.c (pages, start), disk_rec.c
+ * (records), disk_io.c (requests to the device), disk_walk.c and disk_ckpt.c (the index's
+ * walk and checkpoint); nothing outside tiers/disk*.c includes it.
  *
  * DESIGN
  * One struct tier_disk per tier, owned by the daemon's loop thread (the worker pool's
@@ -35,9 +36,9 @@ enum tier_disk_page_state {
 struct tier_disk_page {
     uint32_t version;
     uint8_t state;
-    uint32_t live;      /* records */
-    uint32_t inflight;  /* requests touching the page */
-    uint64_t used;      /* append point, bytes from the page start */
+    uint32_t live;     /* records */
+    uint32_t inflight; /* requests touching the page */
+    uint64_t used;     /* append point, bytes from the page start */
     uint64_t live_bytes;
 };
 
@@ -51,9 +52,9 @@ struct tier_disk_hdr {
     uint64_t key[2];
     uint64_t parent[2];
     uint32_t depth;
-    uint32_t codec;     /* enum tier_disk_codec */
+    uint32_t codec; /* enum tier_disk_codec */
     uint8_t ns[TIER_DISK_NS_BYTES];
-    uint64_t raw_len;   /* the block's bytes in memory (format 3) */
+    uint64_t raw_len;      /* the block's bytes in memory (format 3) */
     uint32_t block_format; /* the block's own encoding, opaque to the tier (format 3) */
     uint32_t reserved;
     uint64_t hdr_csum; /* XXH3-64 of everything above, seeded with the path's secret */
@@ -98,28 +99,29 @@ struct tier_disk {
     struct tier_disk_config cfg;
     int fds[TIER_DISK_MAX_PATHS];
     bool failed[TIER_DISK_MAX_PATHS];
-    bool locked[TIER_DISK_MAX_PATHS]; /* this tier holds the path's lock (one kvcd a path) */
+    bool locked[TIER_DISK_MAX_PATHS];  /* this tier holds the path's lock (one kvcd a path) */
+    bool created[TIER_DISK_MAX_PATHS]; /* this start created the path's file */
     uint64_t secret[TIER_DISK_MAX_PATHS];
     uint32_t npaths;
-    uint64_t path_size;      /* bytes per path, whole pages */
+    uint64_t path_size; /* bytes per path, whole pages */
     uint64_t pages_per_path;
     uint64_t npages;
     struct tier_disk_page *pages;
-    uint32_t open_page;      /* UINT32_MAX: none */
+    uint32_t open_page; /* UINT32_MAX: none */
     uint32_t next_version;
-    uint32_t rr;             /* next path to open a page on */
+    uint32_t rr; /* next path to open a page on */
     struct io_uring ring;
     bool ring_ok;
     bool fixed_files;
     int efd;
-    uint32_t inflight;       /* ops */
-    uint64_t last_alloc;     /* data offset of the latest alloc (0: none) */
-    bool last_alloc_put;     /* whether a write to it was submitted */
+    uint32_t inflight;   /* ops */
+    uint64_t last_alloc; /* data offset of the latest alloc (0: none) */
+    bool last_alloc_put; /* whether a write to it was submitted */
     struct tier_disk_buf bufs[TIER_DISK_MAX_BUFS];
     uint32_t nbufs;
-    double tokens;           /* write budget, bytes */
+    double tokens; /* write budget, bytes */
     uint64_t last_refill_ns;
-    uint32_t queued;         /* ops with the workers (encode or verify) */
+    uint32_t queued; /* ops with the workers (encode or verify) */
     /* Queue depth is what the device sees, as fio's iodepth: at most queue_depth records
      * of each direction are in io_uring. Hashing runs beside them, so an op is admitted
      * while fewer than twice that many are in flight; the ones ready for the device while
@@ -135,11 +137,11 @@ struct tier_disk {
     struct tier_disk_stats st;
     struct tier_disk_op *puts; /* record writes at a location, in flight */
     /* Checkpoint (disk_ckpt.c). gen counts changes to the records (alloc, write, free). */
-    char *ckpt_path;          /* owned; NULL: none */
-    uint64_t gen, ckpt_gen;   /* ckpt_gen: gen when the latest checkpoint was written */
-    uint64_t ckpt_try_ns;     /* the latest attempt (or the start) */
-    bool ckpt_tried;          /* one was attempted since the start */
-    uint64_t ckpt_written;    /* st.bytes_written at the latest attempt */
+    char *ckpt_path;        /* owned; NULL: none */
+    uint64_t gen, ckpt_gen; /* ckpt_gen: gen when the latest checkpoint was written */
+    uint64_t ckpt_try_ns;   /* the latest attempt (or the start) */
+    bool ckpt_tried;        /* one was attempted since the start */
+    uint64_t ckpt_written;  /* st.bytes_written at the latest attempt */
     struct tier_disk_ckpt_sync *ckpt_sync; /* the latest one's fsync and rename, running */
 };
 
@@ -164,8 +166,8 @@ bool tier_disk_hdr_ok(const struct tier_disk *d, uint32_t path, const struct tie
                       uint64_t at);
 /* Offers one record found at start to cfg->scan and, when kept, counts it live on page p
  * (version ver, append point at least up to the record's end). Returns whether it was kept. */
-bool tier_disk_found(struct tier_disk *d, uint32_t p, uint32_t ver,
-                     const struct tier_disk_meta *m, const struct tier_loc *loc);
+bool tier_disk_found(struct tier_disk *d, uint32_t p, uint32_t ver, const struct tier_disk_meta *m,
+                     const struct tier_loc *loc);
 /* One page's chain to walk at start (disk_walk.c). */
 struct tier_disk_walk {
     uint32_t page;
@@ -191,5 +193,102 @@ int tier_disk_ckpt_load(struct tier_disk *d);
 int tier_disk_ckpt_init(struct tier_disk *d, bool first_is_file);
 /* Waits for a checkpoint's fsync and rename still running, at destroy. */
 void tier_disk_ckpt_fini(struct tier_disk *d);
+
+/* ---- shared by disk.c, disk_io.c and disk_rec.c ----------------------------------------- */
+
+enum tier_disk_op_kind {
+    TIER_DISK_OP_READ = 1,  /* raw bytes (generic op) */
+    TIER_DISK_OP_WRITE = 2, /* raw bytes (generic op) */
+    TIER_DISK_OP_PUT = 3,   /* header + data */
+    TIER_DISK_OP_GET = 4,   /* header + data, verified */
+};
+
+struct tier_disk_op {
+    tier_done_fn done;
+    void *arg;
+    uint8_t kind;
+    uint8_t pending; /* requests not completed */
+    int status;
+    uint32_t page;
+    uint32_t path;
+    uint64_t bytes; /* counted when done */
+    void *buf;      /* aligned: the header (PUT/GET) or a bounce buffer */
+    uint64_t buf_len;
+    void *dst;           /* READ via bounce / GET: where the data goes */
+    uint64_t skip;       /* READ via bounce: offset of the wanted bytes inside buf */
+    uint64_t len;        /* READ: wanted bytes; GET: dst bytes */
+    void *data_bounce;   /* GET/PUT: the data passed through buf_len-sized bounce */
+    struct iovec iov[2]; /* PUT/GET: header and data, one request */
+    bool has_expect;
+    struct tier_disk_meta expect; /* GET: what the record must say; PUT: what it says */
+    /* Worker stages (docs/design/disk.md): a PUT is hashed, and compressed when asked, before it
+     * is submitted; a GET is hashed, and decompressed, after its read completed. */
+    struct tier_disk_op *next;    /* worker queue / done list */
+    uint8_t stage;                /* enum tier_disk_stage */
+    bool on_dev;                  /* PUT/GET: holds one of the direction's device slots */
+    void *io_data;                /* PUT/GET: the data part of the request, kept while the */
+    uint64_t io_len, io_off;      /* op waits for a device slot */
+    bool submit_at_loc;           /* PUT via tier_disk_put: submit at loc once encoded */
+    int level;                    /* PUT: zstd level, 0: store raw */
+    uint8_t codec_req;            /* PUT: codec to try */
+    const void *src;              /* PUT: the block in memory (m.len bytes) */
+    void *enc;                    /* PUT: compressed bytes, rounded up with zeros */
+    const void *data;             /* PUT: what goes to the device (src, enc or data_bounce) */
+    uint64_t data_csum;           /* PUT: XXH3 of the stored bytes */
+    struct tier_loc loc;          /* PUT: the record */
+    tier_disk_encoded_fn encoded; /* PUT via tier_disk_encode */
+    uint64_t tokens;              /* PUT via tier_disk_encode: budget taken at submission */
+    uint64_t want, got;           /* bytes asked of the device, and bytes it transferred */
+    /* PUT at a location: the list of record writes in flight (d->puts), which a checkpoint
+     * asks where each page may still grow. */
+    struct tier_disk_op *put_prev, *put_next;
+    bool put_listed;
+};
+
+/* An encoded record handed to the caller between tier_disk_encode and tier_disk_rec_put. */
+struct tier_disk_rec {
+    struct tier_disk_op op;
+};
+
+enum tier_disk_stage {
+    TIER_DISK_STAGE_IO = 0,     /* in io_uring, or not queued */
+    TIER_DISK_STAGE_ENCODE = 1, /* PUT: hash (and compress) on a worker */
+    TIER_DISK_STAGE_VERIFY = 2, /* GET: hash (and decompress) on a worker */
+    TIER_DISK_STAGE_WAIT = 3,   /* PUT/GET: ready, waiting for a device slot */
+};
+
+static inline uint64_t tier_disk_round(uint64_t len)
+{
+    return (len + TIER_DISK_ALIGN - 1) & ~(uint64_t)(TIER_DISK_ALIGN - 1);
+}
+
+/* disk.c: a record header's checksum (keyed by the path's secret); frees page p once it is
+ * full, holds no record and no request touches it. */
+uint64_t tier_disk_hdr_csum(const struct tier_disk *d, uint32_t path,
+                            const struct tier_disk_hdr *h);
+void tier_disk_page_maybe_free(struct tier_disk *d, uint32_t p);
+/* disk_io.c: ops and their submission. buf_index: the registered buffer holding [p, p+len),
+ * or -1. op_start takes a device slot of the op's direction or queues it; op_end finishes a
+ * completed op. tier_disk_write and tier_disk_read are the tier interface's. */
+int tier_disk_buf_index(const struct tier_disk *d, const void *p, uint64_t len);
+struct tier_disk_op *tier_disk_op_new(struct tier_disk *d, uint8_t kind, uint32_t page,
+                                      tier_done_fn done, void *arg);
+void tier_disk_op_start(struct tier_disk *d, struct tier_disk_op *op);
+void tier_disk_op_free(struct tier_disk_op *op);
+uint32_t tier_disk_ops_max(const struct tier_disk *d);
+int tier_disk_dev_submit(struct tier_disk *d, struct tier_disk_op *op);
+void tier_disk_op_end(struct tier_disk *d, struct tier_disk_op *op);
+int tier_disk_write(struct tier *t, const struct tier_loc *loc, uint64_t off, const void *src,
+                    uint64_t len, tier_done_fn done, void *arg);
+int tier_disk_read(struct tier *t, const struct tier_loc *loc, uint64_t off, void *dst,
+                   uint64_t len, tier_done_fn done, void *arg);
+/* disk_rec.c: the write bucket's size; the worker pool; queue hands an op to a worker stage;
+ * encoded submits a PUT a worker encoded, get_verify ends a GET a worker verified. */
+double tier_disk_burst(const struct tier_disk *d);
+int tier_disk_pool_start(struct tier_disk *d);
+void tier_disk_pool_stop(struct tier_disk *d);
+void tier_disk_queue(struct tier_disk *d, struct tier_disk_op *op, uint8_t stage);
+void tier_disk_encoded(struct tier_disk *d, struct tier_disk_op *op);
+int tier_disk_get_verify(struct tier_disk *d, struct tier_disk_op *op);
 
 #endif

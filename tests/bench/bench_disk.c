@@ -31,6 +31,7 @@
  * round, short latency runs.
  */
 #include <errno.h>
+#include <jansson.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,15 +47,14 @@
 
 #define MiB (1024ull * 1024)
 #define ARENA (bench_smoke() ? 16 * MiB : 128 * MiB)
-#define PER_CASE                                                                               \
-    (bench_smoke() ? 8 * MiB : getenv("KVC_BENCH_QUICK") ? 64 * MiB : 512 * MiB)
+#define PER_CASE (bench_smoke() ? 8 * MiB : getenv("KVC_BENCH_QUICK") ? 64 * MiB : 512 * MiB)
 
 static struct bench_row res[64];
 static size_t nres;
-static uint8_t *arena; /* the host tier's mapping, ARENA bytes */
+static uint8_t *arena;     /* the host tier's mapping, ARENA bytes */
 static char arena_tag[16]; /* "hugetlb", "thp", "4k": what the arena's pages are */
 static uint64_t inflight;
-static int errors; /* requests or encodes that failed in the case running */
+static int errors;     /* requests or encodes that failed in the case running */
 static char phase[64]; /* the case running, for error lines */
 
 /* Runs completions, or sleeps until some may be ready. */
@@ -185,8 +185,8 @@ static double read_pass(struct tier *t, const struct tier_loc *locs, uint64_t n,
     errors = 0;
     for (uint64_t i = 0; i < n && !errors; i++) {
         m.key[0] = i + 1;
-        while ((rc = tier_disk_get(t, &locs[i], &m, base + (i % (ARENA / bs)) * bs, bs,
-                                   done_cb, NULL)) == -EAGAIN)
+        while ((rc = tier_disk_get(t, &locs[i], &m, base + (i % (ARENA / bs)) * bs, bs, done_cb,
+                                   NULL)) == -EAGAIN)
             reap(t);
         if (rc) {
             bench_fail("disk: %s: read refused (%s)", phase, strerror(-rc));
@@ -207,7 +207,6 @@ static double fio_bw(const char *file, uint64_t offset, const char *rw, uint64_t
     char cmd[1024];
     FILE *p;
     double bw = 0;
-    char line[512];
     snprintf(cmd, sizeof(cmd),
              "fio --name=kvcd --filename=%s --ioengine=io_uring --direct=1 --rw=%s --bs=%llu "
              "--iodepth=%d --offset=%llu --size=%llu --output-format=json 2>/dev/null",
@@ -216,16 +215,13 @@ static double fio_bw(const char *file, uint64_t offset, const char *rw, uint64_t
     p = popen(cmd, "r");
     if (!p)
         return 0;
-    /* The first "bw_bytes" of the direction asked for. */
-    const char *dir = strcmp(rw, "read") == 0 ? "\"read\"" : "\"write\"";
-    int in_dir = 0;
-    while (fgets(line, sizeof(line), p)) {
-        if (strstr(line, dir))
-            in_dir = 1;
-        char *at = strstr(line, "\"bw_bytes\"");
-        if (in_dir && at && bw == 0)
-            bw = strtod(strchr(at, ':') + 1, NULL);
-    }
+    /* jobs[0].read.bw_bytes (or .write): the one job's bandwidth in the direction asked. */
+    json_t *doc = json_loadf(p, 0, NULL);
+    const json_t *v = json_object_get(
+        json_object_get(json_array_get(json_object_get(doc, "jobs"), 0), rw), "bw_bytes");
+    if (json_is_number(v))
+        bw = json_number_value(v);
+    json_decref(doc);
     int st = pclose(p);
     if (st != 0 || !(bw > 0))
         bench_fail("disk: fio %s bs=%llu iodepth=%d failed (status %d, %g bytes/s)", rw,
@@ -256,15 +252,25 @@ static void lookup_bench(const char *dir, uint64_t bs, bool compress)
 {
     struct daemon d = {0};
     char o_path[600], o_host[64], o_page[64];
-    const char *args[] = {"-o", o_path, "-o", o_host, "-o", "host.page_size=256k", "-o",
-                          "host.hugepages=off", "-o", "disk.capacity=1g", "-o", o_page, "-o",
-                          "disk.write_rate=0", "-o", "host.high_watermark=0.6", "-o",
-                          "host.low_watermark=0.4", "-o",
-                          compress ? "disk.compress=1" : "disk.compress=0", NULL};
+    const char *args[] = {"-o", o_path,
+                          "-o", o_host,
+                          "-o", "host.page_size=256k",
+                          "-o", "host.hugepages=off",
+                          "-o", "disk.capacity=1g",
+                          "-o", o_page,
+                          "-o", "disk.write_rate=0",
+                          "-o", "host.high_watermark=0.6",
+                          "-o", "host.low_watermark=0.4",
+                          "-o", compress ? "disk.compress=1" : "disk.compress=0",
+                          NULL};
     uint32_t tokens = (uint32_t)(bs / (4 * 4 * 128 * 2 * 2));
-    struct kvc_layout lay = {.model_id = "bench/disk", .layers = 4, .kv_heads = 4,
-                             .head_dim = 128, .block_tokens = tokens,
-                             .dtype = KVC_DTYPE_FP16, .kv_kind = KVC_KV_KIND_KV};
+    struct kvc_layout lay = {.model_id = "bench/disk",
+                             .layers = 4,
+                             .kv_heads = 4,
+                             .head_dim = 128,
+                             .block_tokens = tokens,
+                             .dtype = KVC_DTYPE_FP16,
+                             .kv_kind = KVC_KV_KIND_KV};
     enum { NB_MAX = 160 };
     const int NB = bench_smoke() ? 40 : NB_MAX;
     static struct kvc_key keys[NB_MAX];
@@ -322,8 +328,7 @@ static void lookup_bench(const char *dir, uint64_t bs, bool compress)
         int h = kvc_lookup(ns, &keys[i], 1, 0, &l);
         double us = (now_s() - t0) * 1e6;
         if (h < 0) {
-            bench_fail("disk: lookup %lluk: %s", (unsigned long long)(bs >> 10),
-                       kvc_strerror(h));
+            bench_fail("disk: lookup %lluk: %s", (unsigned long long)(bs >> 10), kvc_strerror(h));
             goto out;
         }
         if (h == 1 && tier == 2)
@@ -343,9 +348,11 @@ static void lookup_bench(const char *dir, uint64_t bs, bool compress)
         qsort(disk_lat, (size_t)nd, sizeof(double), cmp_d);
         qsort(mem_lat, (size_t)nm, sizeof(double), cmp_d);
         const char *z = compress ? " zstd-1" : "";
-        snprintf(name, sizeof(name), "lookup promote %lluk%s p50", (unsigned long long)(bs >> 10), z);
+        snprintf(name, sizeof(name), "lookup promote %lluk%s p50", (unsigned long long)(bs >> 10),
+                 z);
         add(name, disk_lat[nd / 2], "us", "lookup in memory p50", mem_lat[nm / 2]);
-        snprintf(name, sizeof(name), "lookup promote %lluk%s p99", (unsigned long long)(bs >> 10), z);
+        snprintf(name, sizeof(name), "lookup promote %lluk%s p99", (unsigned long long)(bs >> 10),
+                 z);
         add(name, disk_lat[nd * 99 / 100], "us", "lookup in memory p99", mem_lat[nm * 99 / 100]);
         printf("  (%d promoting lookups, %d in memory)\n", nd, nm);
     } else if (!bench_failed()) {
@@ -379,15 +386,16 @@ static struct tier *arena_new(void)
     uint64_t shmem0 = proc_kib("/proc/self/smaps_rollup", "ShmemPmdMapped");
     struct tier *t = tier_host_new(&hc, &err);
     if (!t) {
-        bench_fail("disk: the arena (host tier, %s pages): %s", hp ? hp : "auto",
-                   strerror(-err));
+        bench_fail("disk: the arena (host tier, %s pages): %s", hp ? hp : "auto", strerror(-err));
         return NULL;
     }
     arena = tier_host_base(t);
     uint64_t pmd = proc_kib("/proc/self/smaps_rollup", "ShmemPmdMapped") - shmem0;
     sysfs_choice("/sys/kernel/mm/transparent_hugepage/shmem_enabled", thp, sizeof(thp));
     snprintf(arena_tag, sizeof(arena_tag), "%s",
-             tier_host_hugetlb(t) ? "hugetlb" : pmd * 1024 >= ARENA / 2 ? "thp" : "4k");
+             tier_host_hugetlb(t)      ? "hugetlb"
+             : pmd * 1024 >= ARENA / 2 ? "thp"
+                                       : "4k");
     printf("arena: the daemon's host arena (tiers/host.c memfd), %llu MiB, allocator page "
            "%llu KiB, host.hugepages=%s: %s (hugetlb %s; shmem THP '%s', %llu MiB mapped "
            "huge)\n",
@@ -415,14 +423,16 @@ static struct tier *disk_new(const struct tier_disk_config *cfg, const char *pat
     tier_disk_stats_get(t, &st);
     if (st.buffered) {
         bench_fail("disk: %s refuses O_DIRECT: buffered I/O is not what is measured "
-                   "(set KVC_BENCH_DIR)", path);
+                   "(set KVC_BENCH_DIR)",
+                   path);
         tier_destroy(t);
         return NULL;
     }
     err = tier_disk_buffers_register(t, arena, ARENA);
     if (err)
         printf("note: the arena is not registered as fixed buffers (%s): requests pin pages "
-               "as the daemon's then do\n", strerror(-err));
+               "as the daemon's then do\n",
+               strerror(-err));
     return t;
 }
 
@@ -485,9 +495,8 @@ static void walk_bench(const char *path, int rounds)
         secs[r] = (double)st.start_us / 1e6;
         fr[r] = fio_bw(path, TIER_DISK_SB, "read", 1 * MiB, 8, span & ~(MiB - 1));
         fbest = fr[r] > fbest ? fr[r] : fbest;
-        printf("walk round %d: %llu records in %.3f s (%llu header reads), fio %.0f MB/s\n",
-               r + 1, (unsigned long long)n, secs[r], (unsigned long long)st.start_reads,
-               fr[r] / 1e6);
+        printf("walk round %d: %llu records in %.3f s (%llu header reads), fio %.0f MB/s\n", r + 1,
+               (unsigned long long)n, secs[r], (unsigned long long)st.start_reads, fr[r] / 1e6);
         if (!(fr[r] > 0))
             ok = 0;
     }
@@ -512,8 +521,9 @@ static int fio_present(void)
 
 int main(int argc, char **argv)
 {
-    const char *dir = argc > 2 ? argv[2] : getenv("KVC_BENCH_DIR") ? getenv("KVC_BENCH_DIR")
-                                                                     : "/var/tmp";
+    const char *dir = argc > 2                  ? argv[2]
+                      : getenv("KVC_BENCH_DIR") ? getenv("KVC_BENCH_DIR")
+                                                : "/var/tmp";
     const uint64_t sizes[2] = {256 * 1024, 2 * MiB};
     const int qds[3] = {1, 8, 32};
     const int nsizes = bench_smoke() ? 1 : 2, nqds = bench_smoke() ? 2 : 3;

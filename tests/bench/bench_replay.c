@@ -38,6 +38,7 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <jansson.h>
 #include <math.h>
 #include <poll.h>
 #include <signal.h>
@@ -57,12 +58,12 @@
 #include "tests/lib/sim.h"
 
 #define BENCH_BLOCK ((uint64_t)16384)
-#define BENCH_RECORD (BENCH_BLOCK + 4096)/* a disk record: 4 KiB header + the data */
+#define BENCH_RECORD (BENCH_BLOCK + 4096) /* a disk record: 4 KiB header + the data */
 #define BENCH_HOST_DISK_BLOCKS 2048ull
 #define BENCH_HOST_BLOCKS 10000ull
 #define BENCH_QUICK_REQUESTS 400
 #define BENCH_OUT (64u << 10)
-#define BENCH_CHAIN 32 /* blocks per chain of the restart fill */
+#define BENCH_CHAIN 32  /* blocks per chain of the restart fill */
 #define BENCH_SAMPLE 64 /* chains read back after a restart */
 #define KVCREPLAY daemon_bin("kvcreplay")
 
@@ -173,19 +174,17 @@ struct replay_out {
     double sim_ratio, wall_s;
 };
 
-static double json_double(const char *s, const char *from, const char *key, bool *have)
+/* The number at obj.key of kvcreplay's report (obj NULL: at the top); *have says whether it
+ * is there. */
+static double json_double(const char *s, const char *obj, const char *key, bool *have)
 {
-    char pat[64];
-    const char *p = from ? strstr(s, from) : s;
-    *have = false;
-    if (!p)
-        return 0;
-    snprintf(pat, sizeof(pat), "\"%s\": ", key);
-    p = strstr(p, pat);
-    if (!p || (p[strlen(pat)] != '-' && (p[strlen(pat)] < '0' || p[strlen(pat)] > '9')))
-        return 0;
-    *have = true;
-    return strtod(p + strlen(pat), NULL);
+    json_t *doc = json_loads(s, 0, NULL);
+    const json_t *v =
+        obj ? json_object_get(json_object_get(doc, obj), key) : json_object_get(doc, key);
+    double d = json_is_number(v) ? json_number_value(v) : 0;
+    *have = json_is_number(v);
+    json_decref(doc);
+    return d;
 }
 
 /* Runs kvcreplay -p procs on daemon d and reads its report. 0, or -1 (reported). The wrong
@@ -254,7 +253,7 @@ static int replay_run_args(const char *name, const struct daemon *d, int procs,
     o->have_disk_writes = daemon_json_u64(out, "disk_writes", &o->disk_writes) == 0;
     daemon_json_u64(out, "demote_dropped", &o->dropped);
     daemon_json_u64(out, "evicted_blocks", &o->evicted);
-    o->sim_ratio = json_double(out, "\"kvcsim\": {", "block_hit_ratio", &o->have_sim);
+    o->sim_ratio = json_double(out, "kvcsim", "block_hit_ratio", &o->have_sim);
     o->wall_s = json_double(out, NULL, "wall_s", &have);
     if (rc != 0 || o->wrong || o->errors || o->failed || o->requests == 0) {
         fprintf(stderr,
@@ -268,11 +267,11 @@ static int replay_run_args(const char *name, const struct daemon *d, int procs,
            " blocks), infinite %.4f, kvcsim %s%.4f, puts refused %" PRIu64 ", busy %" PRIu64
            ", disk writes %" PRIu64 ", evicted %" PRIu64 ", dropped unwritten %" PRIu64
            ", wall %.1f s\n",
-           name, o->requests, procs, procs == 1 ? "" : "es",
-           (double)o->hits / (double)o->looked_up, o->hits_host_tokens / 512,
-           o->hits_disk_tokens / 512, (double)o->inf_hits / (double)o->looked_up,
-           o->have_sim ? "" : "n/a ", o->have_sim ? o->sim_ratio : 0.0, o->refused, o->busy,
-           o->disk_writes, o->evicted, o->dropped, o->wall_s);
+           name, o->requests, procs, procs == 1 ? "" : "es", (double)o->hits / (double)o->looked_up,
+           o->hits_host_tokens / 512, o->hits_disk_tokens / 512,
+           (double)o->inf_hits / (double)o->looked_up, o->have_sim ? "" : "n/a ",
+           o->have_sim ? o->sim_ratio : 0.0, o->refused, o->busy, o->disk_writes, o->evicted,
+           o->dropped, o->wall_s);
     fflush(stdout);
     return 0;
 }
@@ -373,8 +372,8 @@ static void bench_disk_cases(uint64_t distinct)
                       (double)o.inf_hits / (double)o.looked_up);
         if (procs[i] == 4)
             bench_row_add(rows, 32, &nrows, "disk_writes_p4",
-                          (double)o.disk_writes / (double)o.distinct, "writes_per_block",
-                          "limit", 1.1);
+                          (double)o.disk_writes / (double)o.distinct, "writes_per_block", "limit",
+                          1.1);
     }
 }
 
@@ -395,8 +394,8 @@ static void bench_host_case(void)
         case_fail(name, "kvcreplay gave no kvcsim prediction");
         return;
     }
-    bench_row_add(rows, 32, &nrows, name, (double)o.hits / (double)o.looked_up,
-                  "block_hit_ratio", "kvcsim", o.sim_ratio);
+    bench_row_add(rows, 32, &nrows, name, (double)o.hits / (double)o.looked_up, "block_hit_ratio",
+                  "kvcsim", o.sim_ratio);
 }
 
 /* The precision ladder through the daemon (docs/policies.md): the host tier of 10000 blocks
@@ -420,8 +419,8 @@ static void bench_ladder_case(const char *name, const char *codecs)
         case_fail(name, "kvcreplay gave no kvcsim prediction");
         return;
     }
-    bench_row_add(rows, 32, &nrows, name, (double)o.hits / (double)o.looked_up,
-                  "block_hit_ratio", "kvcsim", o.sim_ratio);
+    bench_row_add(rows, 32, &nrows, name, (double)o.hits / (double)o.looked_up, "block_hit_ratio",
+                  "kvcsim", o.sim_ratio);
 }
 
 /* ---- restart ------------------------------------------------------------------------------- */
@@ -830,14 +829,14 @@ int main(int argc, char **argv)
            "base value", "ratio", "target");
     for (size_t i = 0; i < nrows; i++) {
         const struct bench_row *r = &rows[i];
-        const char *target = strncmp(r->name, "disk_p", 6) == 0 || strcmp(r->name, "host_p4_10k") == 0
-                                 ? "ratio >= 0.97"
-                             : strncmp(r->name, "ladder", 6) == 0 ? "|value - base| <= 0.02"
-                             : strcmp(r->name, "disk_writes_p4") == 0 ? "value <= 1.1"
-                             : strncmp(r->name, "restart", 7) == 0
-                                 ? (strstr(r->name, "8g") || strstr(r->name, "256m") ? "<= 2 s"
-                                                                                   : "<= 1 s")
-                                 : "0";
+        const char *target =
+            strncmp(r->name, "disk_p", 6) == 0 || strcmp(r->name, "host_p4_10k") == 0
+                ? "ratio >= 0.97"
+            : strncmp(r->name, "ladder", 6) == 0     ? "|value - base| <= 0.02"
+            : strcmp(r->name, "disk_writes_p4") == 0 ? "value <= 1.1"
+            : strncmp(r->name, "restart", 7) == 0
+                ? (strstr(r->name, "8g") || strstr(r->name, "256m") ? "<= 2 s" : "<= 1 s")
+                : "0";
         printf("%-16s %12.4f %-16s %-16s %12.4f %8.3f %s\n", r->name, r->value, r->unit,
                r->baseline ? r->baseline : "-", r->base, r->base > 0 ? r->value / r->base : 0.0,
                target);

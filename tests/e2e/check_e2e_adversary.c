@@ -197,20 +197,6 @@ static void adv_check_clean(void)
     ck_assert_int_eq(daemon_roundtrip(&adv_d), 0);
 }
 
-static int adv_log_count(const char *needle)
-{
-    static char buf[1 << 20];
-    FILE *f = fopen(adv_d.log, "r");
-    size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
-    int count = 0;
-    if (f)
-        fclose(f);
-    buf[n] = 0;
-    for (const char *p = buf; (p = strstr(p, needle)); p++)
-        count++;
-    return count;
-}
-
 /* ---- the victim ---------------------------------------------------------------------------- */
 
 /* Keys of a chain of n blocks of ns, unique per (family, pid). */
@@ -342,7 +328,7 @@ START_TEST(test_duplicate_keys)
     ck_assert_int_eq(adv_run(ADV_ATTACKER, adv_dup_attacker, NULL), 0);
     adv_victim_served();
     ck_assert_uint_ge(adv_stat("refused_duplicates"), 5);
-    ck_assert_int_ge(adv_log_count("a key repeated within the batch"), 5);
+    ck_assert_int_ge(daemon_log_count(&adv_d, "a key repeated within the batch"), 5);
     adv_check_clean();
 }
 END_TEST
@@ -453,8 +439,8 @@ START_TEST(test_pin_and_lease_flood)
     adv_signal(f.sync.down[1], 'g');
     ck_assert_int_eq(daemon_child_wait(a, 30000, NULL), 0);
     adv_sync_fini(&f.sync);
-    ck_assert_int_ge(adv_log_count("quota.uid_pins reached"), 1);
-    ck_assert_int_ge(adv_log_count("quota.uid_leases reached"), 1);
+    ck_assert_int_ge(daemon_log_count(&adv_d, "quota.uid_pins reached"), 1);
+    ck_assert_int_ge(daemon_log_count(&adv_d, "quota.uid_leases reached"), 1);
     adv_check_clean();
 }
 END_TEST
@@ -495,7 +481,7 @@ START_TEST(test_connection_flood)
     adv_victim_served();
     ck_assert_int_eq(daemon_roundtrip(&adv_d), 0); /* the admin too */
     ck_assert_uint_ge(adv_stat("refused_connections"), 1);
-    ck_assert_int_ge(adv_log_count("max_clients_per_uid 8 reached"), 1);
+    ck_assert_int_ge(daemon_log_count(&adv_d, "max_clients_per_uid 8 reached"), 1);
     adv_signal(s.down[1], 'g');
     ck_assert_int_eq(daemon_child_wait(a, 30000, NULL), 0);
     adv_sync_fini(&s);
@@ -570,7 +556,7 @@ START_TEST(test_idle_connections)
     adv_signal(s.down[1], 'g');
     ck_assert_int_eq(daemon_child_wait(a, 30000, NULL), 0);
     adv_sync_fini(&s);
-    ck_assert_int_ge(adv_log_count("no HELLO within server.hello_timeout"), 8);
+    ck_assert_int_ge(daemon_log_count(&adv_d, "no HELLO within server.hello_timeout"), 8);
     adv_check_clean();
 }
 END_TEST
@@ -647,7 +633,7 @@ START_TEST(test_reservation_hoarding)
     adv_signal(s.down[1], 'g');
     ck_assert_int_eq(daemon_child_wait(a, 30000, NULL), 0);
     adv_sync_fini(&s);
-    ck_assert_int_ge(adv_log_count("aborted after server.reservation_timeout"), 1);
+    ck_assert_int_ge(daemon_log_count(&adv_d, "aborted after server.reservation_timeout"), 1);
     adv_check_clean();
 }
 END_TEST
@@ -1106,21 +1092,8 @@ static void adv_ip_start(uint64_t gpu_size)
     ck_assert_ptr_nonnull(ip.acl);
     ip.l = loop_new(&rc);
     ck_assert_ptr_nonnull(ip.l);
-    struct server_params vp = {.socket_path = adv_d.sock,
-                               .socket_mode = 0666,
-                               .max_clients = 64,
-                               .cfg = ip.cfg,
-                               .acl = ip.acl,
-                               .max_clients_per_uid = 8,
-                               .hello_timeout_ms = 5000,
-                               .idle_timeout_ms = 60000,
-                               .reservation_timeout_ms = 60000,
-                               .max_waits = 2,
-                               .max_namespaces_per_uid = 8,
-                               .client_pins = 4096,
-                               .uid_pins = 8192,
-                               .uid_leases = 64,
-                               .uid_reserved_share = 50};
+    struct server_params vp;
+    daemon_server_params(&vp, adv_d.sock, 0666, 64, ip.cfg, ip.acl);
     ip.sv = server_new(ip.l, ip.s, &vp, &rc);
     ck_assert_msg(ip.sv, "server_new: %d", rc);
     ck_assert_int_eq(pipe(ip.ctl), 0);
@@ -1793,7 +1766,7 @@ START_TEST(test_ring_idle)
     ck_assert_int_eq(adv_run(ADV_ATTACKER, adv_ring_idle, NULL), 0);
     ck_assert_uint_eq(adv_stat("closed_idle"), closed + 1);
     ck_assert_uint_gt(adv_stat("fast_hits"), 100); /* its ring was read all along */
-    ck_assert_int_ge(adv_log_count("idle for server.idle_timeout"), 1);
+    ck_assert_int_ge(daemon_log_count(&adv_d, "idle for server.idle_timeout"), 1);
     adv_check_clean();
 }
 END_TEST

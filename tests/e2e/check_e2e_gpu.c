@@ -296,20 +296,6 @@ START_TEST(test_attach_without_tier)
 }
 END_TEST
 
-static int ge_log_count(const char *needle)
-{
-    char buf[65536];
-    FILE *f = fopen(ge_d.log, "r");
-    size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
-    int count = 0;
-    if (f)
-        fclose(f);
-    buf[n] = 0;
-    for (const char *p = buf; (p = strstr(p, needle)); p++)
-        count++;
-    return count;
-}
-
 static uint64_t ge_stat(kvc_client *c, const char *name)
 {
     struct kvc_stat *st;
@@ -335,7 +321,7 @@ START_TEST(test_configured_without_device)
     daemon_cleanup(&ge_d);
     memset(&ge_d, 0, sizeof(ge_d));
     ck_assert_int_eq(daemon_start(&ge_d, args), 0);
-    ck_assert_int_eq(ge_log_count("gpu: tier disabled"), 1);
+    ck_assert_int_eq(daemon_log_count(&ge_d, "gpu: tier disabled"), 1);
     ck_assert_int_eq(ge_open(&c, &ns, keys), 0);
     ck_assert_uint_eq(ge_stat(c, "gpu_capacity"), 0);
     ck_assert_uint_eq(ge_stat(c, "gpu_used"), 0);
@@ -870,21 +856,8 @@ static void gf_setup(void)
     gf.l = loop_new(&rc);
     ck_assert_ptr_nonnull(gf.l);
     ck_assert_int_eq(loop_add(gf.l, engine_gpu_fd(gf.s), EPOLLIN, gf_on_gpu, &gf), 0);
-    struct server_params vp = {.socket_path = gf.d.sock,
-                               .socket_mode = 0600,
-                               .max_clients = 16,
-                               .cfg = gf.cfg,
-                               .acl = gf.acl,
-                               .max_clients_per_uid = 8,
-                               .hello_timeout_ms = 5000,
-                               .idle_timeout_ms = 60000,
-                               .reservation_timeout_ms = 60000,
-                               .max_waits = 2,
-                               .max_namespaces_per_uid = 8,
-                               .client_pins = 4096,
-                               .uid_pins = 8192,
-                               .uid_leases = 64,
-                               .uid_reserved_share = 50};
+    struct server_params vp;
+    daemon_server_params(&vp, gf.d.sock, 0600, 16, gf.cfg, gf.acl);
     gf.sv = server_new(gf.l, gf.s, &vp, &rc);
     ck_assert_msg(gf.sv, "server_new: %d", rc);
 }

@@ -6,6 +6,7 @@
  */
 #include <check.h>
 #include <errno.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,8 +56,7 @@ START_TEST(test_kvcctl_status)
 {
     ck_assert_int_eq(daemon_kvcctl(&ct_d, ct_out, CT_OUT, ct_err, CT_OUT, "status", NULL), 0);
     ck_assert_msg(strstr(ct_out, "kvcd pid") && strstr(ct_out, "host tier"), "%s", ct_out);
-    ck_assert_int_eq(daemon_kvcctl(&ct_d, ct_out, CT_OUT, ct_err, CT_OUT, "--json", "status",
-                                   NULL),
+    ck_assert_int_eq(daemon_kvcctl(&ct_d, ct_out, CT_OUT, ct_err, CT_OUT, "--json", "status", NULL),
                      0);
     ck_assert_msg(daemon_json_valid(ct_out), "not JSON: %s", ct_out);
     ck_assert_uint_eq(ct_json_u64("pid"), (uint64_t)ct_d.pid);
@@ -75,8 +75,7 @@ START_TEST(test_kvcctl_stats)
                       strstr(ct_out, "e2e-roundtrip"),
                   "%s", ct_out);
     /* --json after the command works as well as before it. */
-    ck_assert_int_eq(daemon_kvcctl(&ct_d, ct_out, CT_OUT, ct_err, CT_OUT, "stats", "--json",
-                                   NULL),
+    ck_assert_int_eq(daemon_kvcctl(&ct_d, ct_out, CT_OUT, ct_err, CT_OUT, "stats", "--json", NULL),
                      0);
     ck_assert_msg(daemon_json_valid(ct_out), "not JSON: %s", ct_out);
     ck_assert_uint_eq(ct_json_u64("committed_blocks"), 3);
@@ -117,21 +116,19 @@ START_TEST(test_kvcctl_ls)
     ck_assert_int_eq(daemon_kvcctl(&ct_d, ct_out, CT_OUT, ct_err, CT_OUT, "ls", NULL), 0);
     ck_assert_msg(strstr(ct_out, "KEY") && strstr(ct_out, "PARENT"), "%s", ct_out);
     ck_assert_uint_eq(ct_count(ct_out, "\n"), 4); /* header and 3 blocks */
-    ck_assert_int_eq(daemon_kvcctl(&ct_d, ct_out, CT_OUT, ct_err, CT_OUT, "ls", "--json", NULL),
-                     0);
+    ck_assert_int_eq(daemon_kvcctl(&ct_d, ct_out, CT_OUT, ct_err, CT_OUT, "ls", "--json", NULL), 0);
     ck_assert_msg(daemon_json_valid(ct_out), "not JSON: %s", ct_out);
     ck_assert_uint_eq(ct_count(ct_out, "\"key\""), 3);
     ck_assert_uint_eq(ct_count(ct_out, "\"depth\": 0"), 1);
     ck_assert_uint_eq(ct_count(ct_out, "\"depth\": 2"), 1);
     ck_assert_uint_eq(ct_count(ct_out, "\"parent\": \"00000000000000000000000000000000\""), 1);
-    ck_assert_int_eq(daemon_kvcctl(&ct_d, ct_out, CT_OUT, ct_err, CT_OUT, "ls", "--json",
-                                   "--limit", "2", NULL),
-                     0);
+    ck_assert_int_eq(
+        daemon_kvcctl(&ct_d, ct_out, CT_OUT, ct_err, CT_OUT, "ls", "--json", "--limit", "2", NULL),
+        0);
     ck_assert(daemon_json_valid(ct_out));
     ck_assert_uint_eq(ct_count(ct_out, "\"key\""), 2);
-    ck_assert_int_eq(daemon_kvcctl(&ct_d, ct_out, CT_OUT, ct_err, CT_OUT, "ls", "--json", "--ns",
-                                   "7", NULL),
-                     0);
+    ck_assert_int_eq(
+        daemon_kvcctl(&ct_d, ct_out, CT_OUT, ct_err, CT_OUT, "ls", "--json", "--ns", "7", NULL), 0);
     ck_assert(daemon_json_valid(ct_out));
     ck_assert_uint_eq(ct_count(ct_out, "\"key\""), 0);
 }
@@ -161,9 +158,9 @@ START_TEST(test_kvcctl_tiers)
 {
     struct daemon dd;
     char opt[DAEMON_PATH_MAX + 32];
-    ck_assert_int_eq(daemon_kvcctl(&ct_d, ct_out, CT_OUT, ct_err, CT_OUT, "tiers", "--interval",
-                                   "0.2", NULL),
-                     0);
+    ck_assert_int_eq(
+        daemon_kvcctl(&ct_d, ct_out, CT_OUT, ct_err, CT_OUT, "tiers", "--interval", "0.2", NULL),
+        0);
     ck_assert_msg(strstr(ct_out, "TIER") && strstr(ct_out, "gpu   disabled") &&
                       strstr(ct_out, "\nhost ") && strstr(ct_out, "disk  disabled"),
                   "%s", ct_out);
@@ -174,18 +171,16 @@ START_TEST(test_kvcctl_tiers)
     ck_assert_msg(strstr(ct_out, "{\"tier\": \"gpu\", \"enabled\": false}"), "%s", ct_out);
     ck_assert_uint_ge(ct_json_u64("capacity"), 16u << 20); /* the host row comes first */
     ck_assert_uint_eq(ct_json_u64("blocks"), 3);
-    ck_assert_int_eq(daemon_kvcctl(&ct_d, ct_out, CT_OUT, ct_err, CT_OUT, "tiers", "--bogus",
-                                   NULL),
+    ck_assert_int_eq(daemon_kvcctl(&ct_d, ct_out, CT_OUT, ct_err, CT_OUT, "tiers", "--bogus", NULL),
                      2);
 
     memset(&dd, 0, sizeof(dd));
     snprintf(opt, sizeof(opt), "disk.path=%s/disk.kvc", ct_d.dir);
-    const char *const args[] = {"-o", "host.size=16m", "-o", "host.page_size=64k", "-o", opt,
-                                "-o", "disk.capacity=8m", "-o", "disk.page=1m", NULL};
+    const char *const args[] = {"-o", "host.size=16m",    "-o", "host.page_size=64k", "-o", opt,
+                                "-o", "disk.capacity=8m", "-o", "disk.page=1m",       NULL};
     ck_assert_int_eq(daemon_start(&dd, args), 0);
-    ck_assert_int_eq(daemon_kvcctl(&dd, ct_out, CT_OUT, ct_err, CT_OUT, "tiers", "--interval",
-                                   "0.1", NULL),
-                     0);
+    ck_assert_int_eq(
+        daemon_kvcctl(&dd, ct_out, CT_OUT, ct_err, CT_OUT, "tiers", "--interval", "0.1", NULL), 0);
     ck_assert_msg(strstr(ct_out, "\ndisk ") && strstr(ct_out, "8.0 MiB") &&
                       !strstr(ct_out, "disk  disabled"),
                   "%s", ct_out);
@@ -193,8 +188,8 @@ START_TEST(test_kvcctl_tiers)
                      0);
     ck_assert_msg(daemon_json_valid(ct_out), "not JSON: %s", ct_out);
     const char *drow = strstr(ct_out, "\"tier\": \"disk\"");
-    ck_assert_msg(drow && strstr(drow, "\"capacity\": 8388608") &&
-                      strstr(drow, "\"pages\": 8") && strstr(drow, "\"checksum_failures\": 0") &&
+    ck_assert_msg(drow && strstr(drow, "\"capacity\": 8388608") && strstr(drow, "\"pages\": 8") &&
+                      strstr(drow, "\"checksum_failures\": 0") &&
                       strstr(drow, "\"write_bytes_per_s\": "),
                   "%s", ct_out);
     ck_assert_int_eq(daemon_stop(&dd), 0);
@@ -217,14 +212,11 @@ START_TEST(test_kvcctl_exit_codes)
     /* Usage errors, with the daemon there. */
     ck_assert_int_eq(daemon_kvcctl(&ct_d, ct_out, CT_OUT, ct_err, CT_OUT, NULL), 2);
     ck_assert_int_eq(daemon_kvcctl(&ct_d, ct_out, CT_OUT, ct_err, CT_OUT, "frobnicate", NULL), 2);
-    ck_assert_int_eq(daemon_kvcctl(&ct_d, ct_out, CT_OUT, ct_err, CT_OUT, "--bogus", "stats",
-                                   NULL),
+    ck_assert_int_eq(daemon_kvcctl(&ct_d, ct_out, CT_OUT, ct_err, CT_OUT, "--bogus", "stats", NULL),
                      2);
-    ck_assert_int_eq(daemon_kvcctl(&ct_d, ct_out, CT_OUT, ct_err, CT_OUT, "ls", "--limit", "x",
-                                   NULL),
-                     2);
-    ck_assert_int_eq(daemon_kvcctl(&ct_d, ct_out, CT_OUT, ct_err, CT_OUT, "ls", "--ns", "0",
-                                   NULL),
+    ck_assert_int_eq(
+        daemon_kvcctl(&ct_d, ct_out, CT_OUT, ct_err, CT_OUT, "ls", "--limit", "x", NULL), 2);
+    ck_assert_int_eq(daemon_kvcctl(&ct_d, ct_out, CT_OUT, ct_err, CT_OUT, "ls", "--ns", "0", NULL),
                      2);
     ck_assert_int_eq(daemon_kvcctl(&ct_d, ct_out, CT_OUT, ct_err, CT_OUT, "help", NULL), 0);
     ck_assert_ptr_nonnull(strstr(ct_out, "usage: kvcctl"));
@@ -365,6 +357,263 @@ START_TEST(test_kvcctl_json_typed)
 }
 END_TEST
 
+/* ---- the --json outputs' shapes --------------------------------------------------------
+ * Every --json output, as its layout and types: ct_shape() writes a value as its type (int,
+ * real, str, bool, null), an object as its keys in order with their shapes, a list as the
+ * distinct shapes of its items (sorted, joined by |), and the objects that map names to
+ * values (stats' counters, metric labels, config get's options) as {*:the distinct shapes of
+ * their values}. The expected shapes below were taken from kvcctl's hand-written JSON before
+ * kvcctl wrote it with jansson, so a change of a key, its order or a value's type fails here.
+ * ct_layout_same() checks the text itself is laid out as jansson lays it out (", " and ": "
+ * between members, one line per document), numbers aside (a %.4f ratio and a real jansson
+ * writes differ in digits only). */
+
+static int ct_cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static bool ct_is_map(const char *key)
+{
+    static const char *const maps[] = {"total", "stats", "labels", "*"};
+    for (size_t i = 0; key && i < sizeof(maps) / sizeof(maps[0]); i++)
+        if (strcmp(key, maps[i]) == 0)
+            return true;
+    return false;
+}
+
+/* The distinct strings of parts[0..n) sorted, joined by | into out; frees parts. */
+static void ct_join(char **parts, size_t n, char *out, size_t cap)
+{
+    size_t len = 0;
+    qsort(parts, n, sizeof(parts[0]), ct_cmp_str);
+    out[0] = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (i == 0 || strcmp(parts[i], parts[i - 1]) != 0)
+            len += (size_t)snprintf(out + len, len < cap ? cap - len : 0, "%s%s", len ? "|" : "",
+                                    parts[i]);
+    }
+    for (size_t i = 0; i < n; i++)
+        free(parts[i]);
+    free(parts);
+    ck_assert_uint_lt(len, cap);
+}
+
+/* The shape of v (the value of key, NULL at the top) into out. */
+static void ct_shape(const json_t *v, const char *key, char *out, size_t cap)
+{
+    char sub[4096];
+    size_t len = 0, n = 0;
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: {
+        const char *k;
+        json_t *m;
+        if (ct_is_map(key)) {
+            char **parts = calloc(json_object_size(v) + 1, sizeof(char *));
+            json_object_foreach((json_t *)v, k, m)
+            {
+                ct_shape(m, k, sub, sizeof(sub));
+                parts[n++] = strdup(sub);
+            }
+            ct_join(parts, n, sub, sizeof(sub));
+            len = (size_t)snprintf(out, cap, "{*:%s}", sub);
+            break;
+        }
+        len = (size_t)snprintf(out, cap, "{");
+        json_object_foreach((json_t *)v, k, m)
+        {
+            ct_shape(m, k, sub, sizeof(sub));
+            len += (size_t)snprintf(out + len, len < cap ? cap - len : 0, "%s%s:%s", n++ ? "," : "",
+                                    k, sub);
+        }
+        len += (size_t)snprintf(out + len, len < cap ? cap - len : 0, "}");
+        break;
+    }
+    case JSON_ARRAY: {
+        char **parts = calloc(json_array_size(v) + 1, sizeof(char *));
+        for (size_t i = 0; i < json_array_size(v); i++) {
+            ct_shape(json_array_get(v, i), NULL, sub, sizeof(sub));
+            parts[n++] = strdup(sub);
+        }
+        ct_join(parts, n, sub, sizeof(sub));
+        len = (size_t)snprintf(out, cap, "[%s]", sub);
+        break;
+    }
+    case JSON_STRING:
+        len = (size_t)snprintf(out, cap, "str");
+        break;
+    case JSON_INTEGER:
+        len = (size_t)snprintf(out, cap, "int");
+        break;
+    case JSON_REAL:
+        len = (size_t)snprintf(out, cap, "real");
+        break;
+    case JSON_TRUE:
+    case JSON_FALSE:
+        len = (size_t)snprintf(out, cap, "bool");
+        break;
+    case JSON_NULL:
+        len = (size_t)snprintf(out, cap, "null");
+        break;
+    }
+    ck_assert_uint_lt(len, cap);
+}
+
+/* s with every number outside strings written as I (integer) or R (real), into out. */
+static void ct_numbers_out(const char *s, char *out, size_t cap)
+{
+    size_t o = 0;
+    bool in_str = false;
+    for (; *s && o + 1 < cap; s++) {
+        if (in_str) {
+            out[o++] = *s;
+            if (*s == '\\' && s[1])
+                out[o++] = *++s;
+            else if (*s == '"')
+                in_str = false;
+        } else if (*s == '-' || (*s >= '0' && *s <= '9')) {
+            bool real = false;
+            for (; *s && strchr("-+.eE0123456789", *s); s++)
+                real |= *s == '.' || *s == 'e' || *s == 'E';
+            out[o++] = real ? 'R' : 'I';
+            s--;
+        } else {
+            in_str = *s == '"';
+            out[o++] = *s;
+        }
+    }
+    out[o] = 0;
+}
+
+/* Whether text (one JSON document and a newline) is laid out as jansson writes doc. */
+static bool ct_layout_same(const char *text, const json_t *doc)
+{
+    static char a[CT_OUT], b[CT_OUT];
+    char *dump = json_dumps(doc, JSON_ENCODE_ANY);
+    bool same;
+    ck_assert_ptr_nonnull(dump);
+    ct_numbers_out(text, a, sizeof(a));
+    ct_numbers_out(dump, b, sizeof(b) - 1);
+    strcat(b, "\n");
+    same = strcmp(a, b) == 0;
+    if (!same)
+        fprintf(stderr, "kvcctl wrote:\n%s\njansson writes:\n%s\n", a, b);
+    free(dump);
+    return same;
+}
+
+/* Runs kvcctl --json ARGS against d; checks each line of its output is a JSON document laid
+ * out as jansson writes it, whose shape (the `root` key: "*" for a map) is want. */
+static void ct_json_shape(const struct daemon *d, const char *root, const char *want,
+                          const char *a0, const char *a1, const char *a2, const char *a3)
+{
+    static char got[1 << 14];
+    int rc = daemon_kvcctl(d, ct_out, CT_OUT, ct_err, CT_OUT, "--json", a0, a1, a2, a3, NULL);
+    ck_assert_msg(rc == 0, "kvcctl --json %s: exit %d: %s", a0, rc, ct_err);
+    for (char *line = ct_out, *nl; *line; line = nl + 1) {
+        json_error_t err;
+        nl = strchr(line, '\n');
+        ck_assert_msg(nl, "kvcctl --json %s: no newline after %s", a0, line);
+        *nl = 0;
+        json_t *doc = json_loads(line, JSON_DECODE_ANY, &err);
+        ck_assert_msg(doc, "kvcctl --json %s: not JSON (%s): %s", a0, err.text, line);
+        *nl = '\n';
+        char save = nl[1];
+        nl[1] = 0;
+        ck_assert_msg(ct_layout_same(line, doc), "kvcctl --json %s %s: layout differs", a0,
+                      a1 ? a1 : "");
+        nl[1] = save;
+        ct_shape(doc, root, got, sizeof(got));
+        ck_assert_msg(strcmp(got, want) == 0, "kvcctl --json %s %s:\n got  %s\n want %s", a0,
+                      a1 ? a1 : "", got, want);
+        json_decref(doc);
+    }
+}
+
+START_TEST(test_kvcctl_json_shapes)
+{
+    struct daemon dd;
+    char opt[DAEMON_PATH_MAX + 32], key[33];
+    ct_json_shape(&ct_d, NULL,
+                  "{pid:int,socket:str,uptime_s:int,clients:int,namespaces:int,blocks:int,"
+                  "host_used:int,host_capacity:int,tokens_requested:int,tokens_hit:int,"
+                  "token_hit_ratio:real,load_us:int,recompute_saved_est_us:int,host_faulted:int,host_arenas_bytes:int}",
+                  "status", NULL, NULL, NULL);
+    ct_json_shape(&ct_d, NULL, "{total:{*:int},namespaces:[{id:int,model:str,stats:{*:int}}]}",
+                  "stats", NULL, NULL, NULL);
+    ct_json_shape(&ct_d, NULL,
+                  "[{id:int,model:str,layers:int,kv_heads:int,head_dim:int,block_tokens:int,"
+                  "dtype:str,kv_kind:str,window_tokens:int,block_bytes:int,blocks:int,bytes:int,"
+                  "arena:int}]",
+                  "ns", NULL, NULL, NULL);
+    ct_json_shape(&ct_d, NULL,
+                  "[{ns:int,kind:str,key:str,parent:str,depth:int,bytes:int,hits:int,pins:int,"
+                  "children:int,last_access_ms:int,tier:str,codec:str}]",
+                  "ls", NULL, NULL, NULL);
+    ct_json_shape(&ct_d, NULL, "[]", "ls", "--ns", "7", NULL);
+    ck_assert_int_eq(daemon_kvcctl(&ct_d, ct_out, CT_OUT, ct_err, CT_OUT, "--json", "ls", NULL), 0);
+    snprintf(key, sizeof(key), "%.32s", strstr(ct_out, "\"key\": \"") + 8);
+    ct_json_shape(&ct_d, NULL,
+                  "[{ns:int,model:str,kind:str,key:str,parent:str,depth:int,bytes:int,tokens:int,"
+                  "hits:int,pins:int,children:int,last_access_ms:int,tier:str,arena:int,"
+                  "codec:str}]",
+                  "show", key, NULL, NULL);
+    ct_json_shape(&ct_d, NULL,
+                  "[{id:int,pid:int,uid:int,gid:int,name:str,leases:int,reservations:int,"
+                  "pins:int,reserved_bytes:int,requests:int,lookup_tokens:int,hit_tokens:int,"
+                  "bytes_in:int,bytes_out:int,errors:int,refusals:int,admin:bool,self:bool}]",
+                  "clients", NULL, NULL, NULL);
+    ct_json_shape(&ct_d, NULL,
+                  "{policy:str,namespaces:[{ns:int,model:str,policy:str,source:str,"
+                  "ladder:{}}]}",
+                  "policy", NULL, NULL, NULL);
+    ct_json_shape(&ct_d, NULL, "{ns:int,policy:str}", "policy", "--ns", "1", NULL);
+    ct_json_shape(&ct_d, "*", "{*:bool|int|real|str}", "config", "get", NULL, NULL);
+    ct_json_shape(&ct_d, NULL, "{host.size:int}", "config", "get", "host.size", NULL);
+    ct_json_shape(&ct_d, NULL, "{applied:bool,key:str,value:str}", "config", "set", "cache.policy",
+                  "lru");
+    ct_json_shape(&ct_d, NULL,
+                  "[{name:str,labels:{*:str},value:int}|{name:str,labels:{*:str},value:real}|"
+                  "{name:str,labels:{*:},value:int}|{name:str,labels:{*:},value:real}]",
+                  "metrics", NULL, NULL, NULL);
+    ct_json_shape(&ct_d, NULL,
+                  "{token_hit_ratio:real,tokens_requested:int,tokens_hit:int,"
+                  "tokens_requested_per_s:real,tokens_hit_per_s:real,lookups_per_s:real,"
+                  "bytes_in_per_s:int,bytes_out_per_s:int,evicted_per_s:real,host_used:int,"
+                  "host_capacity:int,clients:int}",
+                  "top", "--count", "2", "--interval=0.05");
+    ct_json_shape(&ct_d, NULL,
+                  "{interval_s:real,tiers:[{tier:str,enabled:bool,capacity:int,used:int,"
+                  "blocks:int,pages:null,fragmentation_pct:null,reads_inflight:null,"
+                  "writes_inflight:null,errors:null,checksum_failures:null,"
+                  "read_bytes_per_s:int,write_bytes_per_s:int}|{tier:str,enabled:bool}]}",
+                  "tiers", "--interval", "0.05", NULL);
+    ct_json_shape(&ct_d, NULL, "{evicted_blocks:int}", "evict", "--ns", "1", NULL);
+    ct_json_shape(&ct_d, NULL, "{dropped:int,blocks:int}", "ns", "drop", "1", NULL);
+
+    memset(&dd, 0, sizeof(dd));
+    snprintf(opt, sizeof(opt), "disk.path=%s/disk.kvc", ct_d.dir);
+    const char *const args[] = {"-o", "host.size=16m",    "-o", "host.page_size=64k", "-o", opt,
+                                "-o", "disk.capacity=8m", "-o", "disk.page=1m",       NULL};
+    ck_assert_int_eq(daemon_start(&dd, args), 0);
+    ck_assert_int_eq(daemon_roundtrip(&dd), 0);
+    ct_json_shape(&dd, NULL,
+                  "{interval_s:real,tiers:[{tier:str,enabled:bool,capacity:int,used:int,"
+                  "blocks:int,pages:int,fragmentation_pct:int,reads_inflight:int,"
+                  "writes_inflight:int,errors:int,checksum_failures:int,read_bytes_per_s:int,"
+                  "write_bytes_per_s:int}|{tier:str,enabled:bool,capacity:int,used:int,"
+                  "blocks:int,pages:null,fragmentation_pct:null,reads_inflight:null,"
+                  "writes_inflight:null,errors:null,checksum_failures:null,"
+                  "read_bytes_per_s:int,write_bytes_per_s:int}|{tier:str,enabled:bool}]}",
+                  "tiers", "--interval", "0", NULL);
+    ct_json_shape(&dd, NULL, "{applied:bool,message:str}", "reload", NULL, NULL, NULL);
+    ct_json_shape(&dd, NULL, "{stopping:bool}", "shutdown", NULL, NULL, NULL);
+    ck_assert_int_eq(daemon_child_wait(dd.pid, daemon_ms(30000), NULL), 0); /* exits 0 itself */
+    dd.pid = 0;
+    daemon_cleanup(&dd);
+}
+END_TEST
+
 /* Whether every line of ct_out that is not empty has the length of the first. */
 static bool ct_rows_aligned(void)
 {
@@ -469,6 +718,7 @@ int main(void)
     tcase_add_test(tc, test_kvcctl_show_ambiguous_prefix);
     tcase_add_test(tc, test_kvcctl_usage_errors_named);
     tcase_add_test(tc, test_kvcctl_json_typed);
+    tcase_add_test(tc, test_kvcctl_json_shapes);
     tcase_add_test(tc, test_kvcctl_long_model_id_columns);
     tcase_add_test(tc, test_ns_open_control_characters_refused);
     if (ct_have_promtool())

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/mount.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -153,14 +154,14 @@ START_TEST(test_lifecycle_check_config)
     const char *argv_good[] = {DAEMON_KVCD, "--check-config", "-c", good, NULL};
     const char *argv_bad[] = {DAEMON_KVCD, "--check-config", "-c", bad, NULL};
     ck_assert_int_eq(daemon_dir_init(&d), 0);
-    ck_assert_int_eq(daemon_file_write(&d, "good.ini",
-                                       "[host]\nsize = 32m\npage_size = 64k\n[log]\nlevel = debug\n",
-                                       good),
-                     0);
-    ck_assert_int_eq(daemon_file_write(&d, "bad.ini",
-                                       "[host]\nsize = 32m\npage_size = banana\n[log]\nlevel = info\n",
-                                       bad),
-                     0);
+    ck_assert_int_eq(
+        daemon_file_write(&d, "good.ini",
+                          "[host]\nsize = 32m\npage_size = 64k\n[log]\nlevel = debug\n", good),
+        0);
+    ck_assert_int_eq(
+        daemon_file_write(&d, "bad.ini",
+                          "[host]\nsize = 32m\npage_size = banana\n[log]\nlevel = info\n", bad),
+        0);
     ck_assert_int_eq(daemon_run(argv_good, out, sizeof(out), err, sizeof(err), 20000), 0);
     ck_assert_int_gt(daemon_run(argv_bad, out, sizeof(out), err, sizeof(err), 20000), 0);
     snprintf(want, sizeof(want), "%s:3", bad);
@@ -368,6 +369,70 @@ START_TEST(test_lifecycle_full_fs_leaves_no_file)
 }
 END_TEST
 
+/* A start that fails after the disk tier created its file (here: the file cannot grow to
+ * disk.capacity, as on a file system that filled after the start's check, through a file
+ * size limit the check cannot see) removes the file it created: no 4 KiB kvc.dat with a
+ * fresh superblock is left behind. A file that was there before the start stays. */
+START_TEST(test_lifecycle_failed_start_removes_created_file)
+{
+    struct daemon d = {0};
+    char path[DAEMON_PATH_MAX + 16], opt[DAEMON_PATH_MAX + 32];
+    struct rlimit old, lim;
+    struct stat st;
+    pid_t pid;
+    int rc;
+    ck_assert_int_eq(daemon_dir_init(&d), 0);
+    snprintf(path, sizeof(path), "%s/kvc.dat", d.dir);
+    snprintf(opt, sizeof(opt), "disk.path=%s", path);
+    const char *args[] = {"-o", "host.size=16m", "-o", opt, "-o", "disk.capacity=64m", NULL};
+    /* The child inherits the limit (32 MiB: the arena's memfd, the superblock and the log
+     * fit, 64 MiB do not) and SIGXFSZ ignored, so growing the file fails with EFBIG instead
+     * of a signal. */
+    ck_assert_int_eq(getrlimit(RLIMIT_FSIZE, &old), 0);
+    lim = old;
+    lim.rlim_cur = 32u << 20;
+    signal(SIGXFSZ, SIG_IGN);
+    ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    rc = daemon_spawn(&d, args, &pid);
+    ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &old), 0);
+    ck_assert_int_eq(rc, 0);
+    rc = daemon_child_wait(pid, daemon_ms(20000), NULL);
+    ck_assert_int_eq(rc, 1);
+    ck_assert(lc_log_has(&d, "cannot open the disk tier"));
+    ck_assert_msg(access(path, F_OK) != 0, "a failed start left the %s it created", path);
+    /* The same failure on a file that existed before the start leaves it where it was. */
+    ck_assert_int_eq(daemon_file_write(&d, "kvc.dat", "", path), 0);
+    ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    rc = daemon_spawn(&d, args, &pid);
+    ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &old), 0);
+    ck_assert_int_eq(rc, 0);
+    ck_assert_int_eq(daemon_child_wait(pid, daemon_ms(20000), NULL), 1);
+    ck_assert_int_eq(stat(path, &st), 0);
+    daemon_cleanup(&d);
+}
+END_TEST
+
+/* A start that fails on its second disk.path (it holds someone's data: the tier refuses to
+ * format it) removes the first, which it had just created. */
+START_TEST(test_lifecycle_refused_path_removes_created_file)
+{
+    struct daemon d = {0};
+    char fresh[DAEMON_PATH_MAX + 16], foreign[DAEMON_PATH_MAX], opt[2 * DAEMON_PATH_MAX + 32];
+    pid_t pid;
+    ck_assert_int_eq(daemon_dir_init(&d), 0);
+    ck_assert_int_eq(daemon_file_write(&d, "data.bin", "someone's data\n", foreign), 0);
+    snprintf(fresh, sizeof(fresh), "%s/kvc.dat", d.dir);
+    snprintf(opt, sizeof(opt), "disk.path=%s,%s", fresh, foreign);
+    const char *args[] = {"-o", "host.size=16m", "-o", opt, "-o", "disk.capacity=16m", NULL};
+    ck_assert_int_eq(daemon_spawn(&d, args, &pid), 0);
+    ck_assert_int_eq(daemon_child_wait(pid, daemon_ms(20000), NULL), 1);
+    ck_assert(lc_log_has(&d, "refusing to overwrite it"));
+    ck_assert_msg(access(fresh, F_OK) != 0, "a refused start left the %s it created", fresh);
+    ck_assert_int_eq(access(foreign, F_OK), 0);
+    daemon_cleanup(&d);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("e2e_lifecycle");
@@ -385,6 +450,8 @@ int main(void)
     tcase_add_test(tc, test_lifecycle_second_daemon_refused_while_first_starts);
     tcase_add_test(tc, test_lifecycle_large_arena_serves_while_faulting);
     tcase_add_test(tc, test_lifecycle_check_config_disk_path);
+    tcase_add_test(tc, test_lifecycle_failed_start_removes_created_file);
+    tcase_add_test(tc, test_lifecycle_refused_path_removes_created_file);
     if (geteuid() == 0)
         tcase_add_test(tc, test_lifecycle_full_fs_leaves_no_file);
     else

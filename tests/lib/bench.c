@@ -2,6 +2,7 @@
  * bench.c — see bench.h.
  */
 #include <errno.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -35,8 +36,7 @@ bool bench_smoke(void)
 }
 
 struct bench_row *bench_row_add(struct bench_row *rows, size_t cap, size_t *n, const char *name,
-                                double value, const char *unit, const char *baseline,
-                                double base)
+                                double value, const char *unit, const char *baseline, double base)
 {
     struct bench_row *r;
     if (*n >= cap) {
@@ -48,8 +48,7 @@ struct bench_row *bench_row_add(struct bench_row *rows, size_t cap, size_t *n, c
         return NULL;
     }
     if (baseline && !(isfinite(base) && base > 0)) {
-        bench_fail("%s: refused: baseline \"%s\" is %g (failed or missing)", name, baseline,
-                   base);
+        bench_fail("%s: refused: baseline \"%s\" is %g (failed or missing)", name, baseline, base);
         return NULL;
     }
     r = &rows[(*n)++];
@@ -61,6 +60,18 @@ struct bench_row *bench_row_add(struct bench_row *rows, size_t cap, size_t *n, c
     return r;
 }
 
+/* A row as an object: value and ratio with the 6 significant digits the file has always had
+ * (JSON_REAL_PRECISION(6) in bench_finish), a row without a baseline with nulls. */
+static json_t *bench_row_json(const struct bench_row *r)
+{
+    if (!r->baseline)
+        return json_pack("{s:s, s:f, s:s, s:n, s:n, s:n}", "case", r->name, "value", r->value,
+                         "unit", r->unit, "baseline", "baseline_value", "ratio");
+    return json_pack("{s:s, s:f, s:s, s:s, s:f, s:f}", "case", r->name, "value", r->value, "unit",
+                     r->unit, "baseline", r->baseline, "baseline_value", r->base, "ratio",
+                     r->value / r->base);
+}
+
 int bench_finish(const char *path, const struct bench_row *rows, size_t n)
 {
     FILE *f = fopen(path, "we");
@@ -68,17 +79,17 @@ int bench_finish(const char *path, const struct bench_row *rows, size_t n)
         bench_fail("%s: %s", path, strerror(errno));
         return 1;
     }
+    /* A list with one row a line, each row written by jansson. */
     fprintf(f, "[\n");
     for (size_t i = 0; i < n; i++) {
-        const struct bench_row *r = &rows[i];
-        fprintf(f, "  {\"case\": \"%s\", \"value\": %.6g, \"unit\": \"%s\", ", r->name, r->value,
-                r->unit);
-        if (!r->baseline)
-            fprintf(f, "\"baseline\": null, \"baseline_value\": null, \"ratio\": null}");
+        json_t *row = bench_row_json(&rows[i]);
+        char *text = row ? json_dumps(row, JSON_REAL_PRECISION(6)) : NULL;
+        if (!text)
+            bench_fail("%s: row %s: cannot write it (out of memory)", path, rows[i].name);
         else
-            fprintf(f, "\"baseline\": \"%s\", \"baseline_value\": %.6g, \"ratio\": %.6g}",
-                    r->baseline, r->base, r->value / r->base);
-        fprintf(f, "%s\n", i + 1 < n ? "," : "");
+            fprintf(f, "  %s%s\n", text, i + 1 < n ? "," : "");
+        free(text);
+        json_decref(row);
     }
     fprintf(f, "]\n");
     if (fclose(f) != 0)

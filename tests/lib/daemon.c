@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "daemon/server.h"
 #include "kernels/kern.h"
 #include "tests/lib/daemon.h"
 
@@ -557,6 +558,23 @@ int daemon_stat(const struct daemon *d, const char *name, uint64_t *v)
     return rc;
 }
 
+int daemon_log_count(const struct daemon *d, const char *needle)
+{
+    char *buf = malloc(1 << 20);
+    FILE *f = buf ? fopen(d->log, "r") : NULL;
+    size_t n = f ? fread(buf, 1, (1 << 20) - 1, f) : 0;
+    int count = 0;
+    if (f)
+        fclose(f);
+    if (!buf)
+        return 0;
+    buf[n] = 0;
+    for (const char *p = buf; (p = strstr(p, needle)); p++)
+        count++;
+    free(buf);
+    return count;
+}
+
 int daemon_roundtrip(const struct daemon *d)
 {
     static uint32_t calls;
@@ -694,4 +712,24 @@ double daemon_smooth_err(const struct kvc_key *k, const uint16_t *got, size_t n)
     }
     free(want);
     return sqrt(e / r);
+}
+
+void daemon_server_params(struct server_params *vp, const char *sock, uint32_t mode,
+                          uint32_t max_clients, const struct config *cfg, struct acl *acl)
+{
+    *vp = (struct server_params){.socket_path = sock,
+                                 .socket_mode = mode,
+                                 .max_clients = max_clients,
+                                 .cfg = cfg,
+                                 .acl = acl,
+                                 .max_clients_per_uid = 8,
+                                 .hello_timeout_ms = 5000,
+                                 .idle_timeout_ms = 60000,
+                                 .reservation_timeout_ms = 60000,
+                                 .max_waits = 2,
+                                 .max_namespaces_per_uid = 8,
+                                 .client_pins = 4096,
+                                 .uid_pins = 8192,
+                                 .uid_leases = 64,
+                                 .uid_reserved_share = 50};
 }

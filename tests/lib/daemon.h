@@ -116,6 +116,15 @@ double daemon_smooth_err(const struct kvc_key *k, const uint16_t *got, size_t n)
 /* The layout the suites use: `block_tokens` tokens of 1 KiB each (2 layers, K and V, 2 heads
  * of 64 fp16) — 16 tokens make a 16 KiB block. */
 struct kvc_layout daemon_layout(const char *model_id, uint32_t block_tokens);
+
+struct config;
+struct acl;
+struct server_params;
+/* The server limits of the suites that serve from their own process (check_e2e_gpu,
+ * check_e2e_adversary: a store, its access lists and a server on sock, the kvcd defaults
+ * for the per-uid limits, two WAITs a connection). */
+void daemon_server_params(struct server_params *vp, const char *sock, uint32_t mode,
+                          uint32_t max_clients, const struct config *cfg, struct acl *acl);
 /* Keys of a chain of n blocks: the first `shared` blocks' tokens depend on `family` alone,
  * the rest on (family, variant) too, so chains of one family share a prefix. */
 int daemon_chain_keys(const kvc_ns *ns, uint32_t family, uint32_t variant, uint32_t shared,
@@ -126,6 +135,8 @@ int daemon_chain_keys(const kvc_ns *ns, uint32_t family, uint32_t variant, uint3
 int daemon_roundtrip(const struct daemon *d);
 /* One global counter through a fresh client. */
 int daemon_stat(const struct daemon *d, const char *name, uint64_t *v);
+/* How many times needle stands in the first MiB of d's log (0 when it cannot be read). */
+int daemon_log_count(const struct daemon *d, const char *needle);
 /* The same from a connected client. */
 int daemon_client_stat(kvc_client *c, uint32_t scope, const char *name, uint64_t *v);
 

@@ -34,7 +34,7 @@ mutation() {
 
 # A wrong rounding mode in a codec: the AVX2 q8_0 encoder rounds half to even, not away
 # from zero as roundf (and ggml) do.
-mutation codec-q8_0-round-half-even kernels/kern_avx2.c "check_kernels" \
+mutation codec-q8_0-round-half-even kernels/kern_avx2_ggml.h "check_kernels" \
 '        q[i] = _mm256_cvttps_epi32(v_roundf_pre(_mm256_mul_ps(v[i], vid)));' \
 '        q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], vid));'
 
@@ -370,7 +370,7 @@ mutation sglang-exists-waits python/kvcd/sglang.py "check_python" \
 
 # Hybrid kinds: a window whose remote read failed handed out cut (what is left of it is no
 # prefix's window) instead of asked again.
-mutation kinds-remote-cut-window client/libkvc.c "check_e2e_remote" \
+mutation kinds-remote-cut-window client/libkvc_lease.c "check_e2e_remote" \
 '        } else if (span && l->n < asked) {' \
 '        } else if (span && l->n < asked && 0) {'
 
@@ -387,7 +387,7 @@ mutation kinds-pool-ready-only-no-move daemon/engine.c "check_e2e_gpu" \
 
 # Hybrid kinds: a long window lookup whose requests do not overlap by the window (a window
 # straddling two requests is judged by neither).
-mutation kinds-long-no-overlap client/libkvc.c "check_e2e_kinds" \
+mutation kinds-long-no-overlap client/libkvc_lease.c "check_e2e_kinds" \
 '            end = at + w - 1;' \
 '            end = at + 0 * w;'
 

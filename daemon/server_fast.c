@@ -1,0 +1,266 @@
+/*
+ * server_fast.c — the fast path's hit rings (client/kvc_fast.h): a client that took hits
+ * through the shared index (daemon/fast.c) reports them in its ring; the server reads them in
+ * bounded steps and counts them as LOOKUP would.
+ *
+ * DESIGN
+ * Loop thread only. Rings are read off the requests' path, at most SERVER_FAST_REQ entries
+ * per request and SERVER_FAST_PASS_ALL per pass, passes taking at most SERVER_FAST_SHARE_US of
+ * every SERVER_FAST_WINDOW_US, each connection at its own rate (server.fast_ring_rate): a
+ * client flooding its ring cannot slow the daemon. Every entry is checked (a cached block of
+ * a namespace the connection opened and may read); the rest are refused and counted.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon/acl.h"
+#include "daemon/admin.h"
+#include "daemon/config.h"
+#include "daemon/config_ns.h"
+#include "daemon/engine.h"
+#include "daemon/engine_disk.h"
+#include "daemon/engine_gpu.h"
+#include "daemon/engine_remote.h"
+#include "daemon/fast.h"
+#include "daemon/log.h"
+#include "daemon/loop.h"
+#include "daemon/proto.h"
+#include "daemon/server.h"
+#include "daemon/server_int.h"
+#include "daemon/store.h"
+#include "tiers/gpu.h"
+#include "tiers/host.h"
+
+/* ---- the fast path (client/kvc_fast.h) ------------------------------------------------ */
+
+/* Counts at most max of the hits c took through the shared index (fewer when its allowance,
+ * server.fast_ring_rate, is spent), as LOOKUP would: each entry must name a cached block of
+ * a namespace c opened and may read; the rest are refused (counted). The entries read. */
+uint32_t server_fast_drain(struct server *sv, struct conn *c, uint64_t now, uint32_t max)
+{
+    struct kvc_fast_hit *h = sv->fast_hits;
+    struct stats before;
+    uint32_t n;
+    bool lied;
+    if (!c->ring || !fast_ring_unread(c->ring))
+        return 0;
+    before = sv->store->total;
+    fast_ring_refill(c->ring, now, (uint32_t)sv->lim.fast_ring_rate);
+    n = fast_ring_take(c->ring, h, max, &lied);
+    if (lied) /* a head moved backwards or past a ring's worth: one lie */
+        sv->store->total.fast_refused++;
+    /* Hits through the index are not requests: they keep no connection from idling out. */
+    for (uint32_t first = 0, end; first < n; first = end) {
+        /* A request's hits: from one with nkeys set to the next one. */
+        for (end = first + 1; end < n && !h[end].nkeys; end++)
+            ;
+        /* Touched last to first, as LOOKUP does; the tuner sees them in prefix order. */
+        for (uint32_t i = end; i-- > first;) {
+            struct kvc_wire_key k = {.lo = h[i].klo, .hi = h[i].khi};
+            if (server_ns_use(sv, c, h[i].ns, KVC_ACCESS_READ) ||
+                store_fast_hit(sv->store, h[i].ns, h[i].block, &k, h[i].nkeys, now)) {
+                sv->store->total.fast_refused++;
+                h[i].pos = UINT16_MAX; /* not fed to the tuner */
+                continue;
+            }
+            if (h[i].nkeys && h[i].load_us) /* as RELEASE reports a lease's copy time */
+                server_load_add(sv, c, store_ns_get(sv->store, h[i].ns), h[i].load_us, now);
+        }
+        for (uint32_t i = first; i < end; i++)
+            if (h[i].pos != UINT16_MAX) {
+                struct kvc_wire_key k = {.lo = h[i].klo, .hi = h[i].khi};
+                store_fast_ref(sv->store, h[i].ns, &k, h[i].pos, now);
+            }
+    }
+    /* Counted as this connection's, and kept out of the request being handled, if any
+     * (server_handle gives a connection the totals' change over its request). */
+    server_stats_delta(&c->st, &before, &sv->store->total);
+    server_stats_delta(&sv->fast_excl, &before, &sv->store->total);
+    sv->fast_excl_any = true;
+    return n;
+}
+
+/* Answers c's FAST_ATTACH SYNC: its ring has been read. Outside any request's handling
+ * (the reply is built in sv->tx). */
+static void server_fast_synced(struct server *sv, struct conn *c)
+{
+    struct kvc_msg_hdr req = {.opcode = KVC_OP_FAST_ATTACH, .req_id = c->sync_req};
+    struct kvc_fast_attach_rep *p = server_reply_init(sv, &req, 0, sizeof(*p));
+    *p = (struct kvc_fast_attach_rep){.what = KVC_FAST_SYNC};
+    c->sync_wait = false;
+    server_send(sv, c, -1); /* a client that does not read is dropped at its next request */
+}
+
+static uint64_t server_mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+}
+
+/* One pass over the connections' rings: rounds of at most SERVER_FAST_CHUNK entries of each
+ * ring, round robin from where the last pass stopped, until `budget` entries are read or
+ * SERVER_FAST_PASS_US went by; then, with `reply`, the SYNCs whose rings are read are
+ * answered. Returns in how many ms a ring will have entries it may be read for (0: now), or
+ * -1 when no ring has unread entries. */
+static int server_fast_pass(struct server *sv, uint32_t budget, bool reply)
+{
+    uint64_t now = loop_now_ms(sv->loop), rate = sv->lim.fast_ring_rate;
+    uint64_t t0 = server_mono_us(), end = t0 + SERVER_FAST_PASS_US;
+    int again = -1, rest = 0;
+    if (!sv->conns || sv->fast_in_pass)
+        return -1;
+    sv->fast_in_pass = true;
+    /* The passes' share of the loop's time: when they took it all in this window, they read
+     * nothing until the next one (the loop may sleep till then). */
+    if (t0 - sv->fast_window_us >= SERVER_FAST_WINDOW_US) {
+        sv->fast_window_us = t0;
+        sv->fast_window_busy_us = 0;
+    }
+    if (sv->fast_window_busy_us >= SERVER_FAST_SHARE_US) {
+        budget = 0;
+        rest = (int)((sv->fast_window_us + SERVER_FAST_WINDOW_US - t0 + 999) / 1000);
+    }
+    for (bool more = true; more && budget && server_mono_us() < end;) {
+        struct conn *start = sv->fast_next ? sv->fast_next : sv->conns, *c = start;
+        more = false;
+        do {
+            struct conn *next = c->next ? c->next : sv->conns;
+            if (c->ring && fast_ring_unread(c->ring)) {
+                uint32_t n = server_fast_drain(
+                    sv, c, now, budget < SERVER_FAST_CHUNK ? budget : SERVER_FAST_CHUNK);
+                budget -= n;
+                more = more || n > 0;
+                sv->fast_next = next;
+                if (!budget || server_mono_us() >= end)
+                    break;
+            }
+            c = next;
+        } while (c != start);
+    }
+    /* Left unread for want of budget or time (the next pass reads on at once), or of
+     * allowance (once the rate has given a chunk's worth). An eviction's pass (no `reply`)
+     * wants none of that: the pass after the batch computes it. */
+    bool waiting = false;
+    for (struct conn *c = reply ? sv->conns : NULL; c; c = c->next) {
+        if (!c->ring)
+            continue;
+        if (fast_ring_unread(c->ring)) {
+            int ms = fast_ring_allowance(c->ring)
+                         ? rest
+                         : (int)((SERVER_FAST_CHUNK * 1000 + rate - 1) / rate);
+            again = again < 0 || ms < again ? ms : again;
+        } else if (c->sync_wait) {
+            /* Read; answered once its rate allows it another entry, so that a client over
+             * its rate waits for it rather than spin through SYNCs. */
+            fast_ring_refill(c->ring, now, (uint32_t)rate);
+            if (!fast_ring_allowance(c->ring)) {
+                int ms = (int)((1000 + rate - 1) / rate);
+                again = again < 0 || ms < again ? ms : again;
+            } else {
+                server_fast_synced(sv, c);
+            }
+        }
+        waiting = waiting || c->sync_wait;
+    }
+    if (reply)
+        sv->fast_sync_any = waiting;
+    sv->fast_window_busy_us += server_mono_us() - t0;
+    sv->fast_in_pass = false;
+    return again;
+}
+
+/* After every batch of requests (loop_after): a pass over the rings. */
+int server_fast_after(void *arg)
+{
+    struct server *sv = arg;
+    uint64_t t = server_mono_us();
+    int again;
+    sv->fast_evict_passed = false;
+    if (!sv->fast_sync_any && !sv->fast_after_due && t - sv->fast_after_us < SERVER_FAST_AFTER_US) {
+        again = (int)((sv->fast_after_us + SERVER_FAST_AFTER_US - t + 999) / 1000);
+    } else {
+        sv->fast_after_us = t;
+        again = server_fast_pass(sv, SERVER_FAST_PASS_ALL, true);
+        sv->fast_after_due = again == 0;
+    }
+    /* An eviction left half done at its time budget goes on between batches of requests,
+     * so none waits behind all of it. */
+    if (sv->store->trim_more) {
+        engine_trim(sv->store, loop_now_ms(sv->loop));
+        if (sv->store->trim_more)
+            again = 0;
+    }
+    return again;
+}
+
+/* Before the engine evicts (store.on_evict): a pass, so that the hits clients took through
+ * the index before this request count for the blocks they keep using; once per request
+ * handled (or batch) however many evictions it makes. (Once per loop millisecond, as this
+ * was, skipped the pass for a request that came in the millisecond of an earlier one.) */
+void server_fast_evict(void *arg)
+{
+    struct server *sv = arg;
+    if (sv->fast_evict_passed)
+        return;
+    sv->fast_evict_passed = true;
+    (void)server_fast_pass(sv, SERVER_FAST_PASS_ALL, false);
+}
+
+int server_on_fast_attach(struct server *sv, struct conn *c, const struct proto_req *r,
+                          uint64_t now, int *send_fd, bool *fd_owned)
+{
+    const struct kvc_fast_attach_req *q = r->body;
+    struct kvc_fast_attach_rep *p =
+        (struct kvc_fast_attach_rep *)((struct kvc_msg_hdr *)sv->tx + 1);
+    int rc = 0;
+    *p = (struct kvc_fast_attach_rep){.what = q->what, .arena_id = q->arena_id};
+    if (q->what == KVC_FAST_SYNC) {
+        /* The client needs room (half its ring is unread, or it is leaving). What its
+         * allowance covers is read in the passes, and the answer waits for that (and for
+         * the rate to allow one entry more); the rest goes unread now, counted: no more
+         * work than the rate. */
+        bool lied;
+        if (!c->ring || c->sync_wait)
+            return sizeof(*p); /* nothing to read, or one SYNC waits already */
+        fast_ring_refill(c->ring, now, (uint32_t)sv->lim.fast_ring_rate);
+        sv->store->total.fast_dropped += fast_ring_shed(c->ring, &lied);
+        sv->store->total.fast_refused += lied;
+        if (!fast_ring_unread(c->ring) && fast_ring_allowance(c->ring))
+            return sizeof(*p);
+        c->sync_wait = true;
+        sv->fast_sync_any = true;
+        c->sync_req = r->hdr->req_id;
+        return SERVER_DEFERRED;
+    }
+    if (!sv->store->fast[0])
+        return -EOPNOTSUPP; /* server.fast_path = no */
+    if (q->what == KVC_FAST_INDEX) {
+        /* The index names where every block of the arena is: for a holder of the arena. */
+        if (q->arena_id >= sv->store->narenas || !(c->arenas_sent & (1u << q->arena_id)))
+            return -EACCES;
+        int fd = fast_index_fd_ro(sv->store->fast[q->arena_id]);
+        if (fd < 0)
+            return fd;
+        *send_fd = fd;
+        *fd_owned = true;
+        p->bytes = fast_index_bytes(sv->store->fast[q->arena_id]);
+        return sizeof(*p);
+    }
+    if (c->ring)
+        return -EEXIST; /* one per connection */
+    if (!(c->ring = fast_ring_new(send_fd, &rc)))
+        return rc; /* the descriptor stays the ring's */
+    p->bytes = sizeof(struct kvc_fast_ring) + KVC_FAST_RING_ENTS * sizeof(struct kvc_fast_hit);
+    return sizeof(*p);
+}
