@@ -295,7 +295,7 @@ check: deps
 # threads — the daemon's quantize, disk, remote and GPU-move workers beside its loop, clients
 # sharing a connection across threads — built with -fsanitize=thread into build/tsan. A race
 # in the daemon makes it exit 66 at its stop (every suite checks the status), one in a client
-# fails its case. (check_e2e_put and check_e2e_adversary pass under TSan too, by hand; they
+# fails its case. (check_e2e_put and the check_e2e_adversary suites pass under TSan too, by hand; they
 # add a minute and no thread the suites above do not run, so make check leaves them out.) -Wno-tsan: the fast path's fences order stores for other processes, which
 # TSan does not model (and cannot see).
 TSAN_SUITES := check_e2e_fast check_e2e_concurrent check_e2e_quant check_e2e_remote \

@@ -36,7 +36,8 @@ run_suite() {
 # The normal build runs these suites a second time with the fast path off in the client and
 # the daemon (KVC_NO_FASTPATH=1, tests/lib/daemon.c): the suites that move block bytes
 # between processes. check_e2e_fast asserts fast hits and runs once.
-NOFAST_SUITES="check_e2e_adversary check_e2e_concurrent check_e2e_disk check_e2e_kvcctl \
+NOFAST_SUITES="check_e2e_adversary check_e2e_adversary_fast check_e2e_adversary_pool \
+check_e2e_concurrent check_e2e_disk check_e2e_kvcctl \
 check_e2e_lifecycle check_e2e_put check_e2e_quant check_python"
 suites=""
 for t in "$b"/tests/check_*; do

@@ -121,7 +121,7 @@ struct config;
 struct acl;
 struct server_params;
 /* The server limits of the suites that serve from their own process (check_e2e_gpu,
- * check_e2e_adversary: a store, its access lists and a server on sock, the kvcd defaults
+ * check_e2e_adversary_pool: a store, its access lists and a server on sock, the kvcd defaults
  * for the per-uid limits, two WAITs a connection). */
 void daemon_server_params(struct server_params *vp, const char *sock, uint32_t mode,
                           uint32_t max_clients, const struct config *cfg, struct acl *acl);

@@ -163,25 +163,25 @@ mutation fast-no-drain-before-evict daemon/server.c "check_e2e_fast" \
 
 # The shared index's inode left at mode 0777: a reader of the arena reopens its read-only
 # descriptor read-write through /proc/self/fd (issue 28 row 2).
-mutation fast-index-mode-open daemon/fast.c "check_e2e_adversary" \
+mutation fast-index-mode-open daemon/fast.c "check_e2e_adversary_fast" \
 '    if (fchmod(fd, 0600) < 0 || ftruncate(fd, (off_t)bytes) < 0 ||' \
 '    if (ftruncate(fd, (off_t)bytes) < 0 ||'
 
 # The shared index not sealed against later writable mappings: whoever can reopen it
 # read-write (root, the daemon's user) maps it writable.
-mutation fast-index-unsealed daemon/fast.c "check_e2e_adversary" \
+mutation fast-index-unsealed daemon/fast.c "check_e2e_adversary_fast" \
 '    if (fcntl(fd, F_ADD_SEALS, (ro ? F_SEAL_FUTURE_WRITE : 0) | F_SEAL_SEAL) < 0)' \
 '    if (fcntl(fd, F_ADD_SEALS, (ro ? 0 : 0) | F_SEAL_SEAL) < 0)'
 
 # The daemon reads back what it decided from the shared header (arena_bytes): a writer of
 # the header stops every publication.
-mutation fast-index-header-trusted daemon/fast.c "check_e2e_adversary" \
+mutation fast-index-header-trusted daemon/fast.c "check_e2e_adversary_fast" \
 '    if (unit >= (fi->arena_bytes >> KVC_FAST_UNIT_SHIFT) || (off & 4095))' \
 '    if (unit >= (fi->hdr->arena_bytes >> KVC_FAST_UNIT_SHIFT) || (off & 4095))'
 
 # Hit rings read without a cap: every pass reads all a ring holds, whatever the rate
 # (issue 28 row 4: one tenant's flood slowed every other one's lookups 200-1,000 times).
-mutation fast-ring-drain-uncapped daemon/fast.c "check_e2e_fast check_e2e_adversary" \
+mutation fast-ring-drain-uncapped daemon/fast.c "check_e2e_fast check_e2e_adversary_fast" \
 '    if (max > allow)
         max = allow;' \
 '    (void)allow;
@@ -189,7 +189,7 @@ mutation fast-ring-drain-uncapped daemon/fast.c "check_e2e_fast check_e2e_advers
 
 # Hit rings read a whole ring at a time (before each request, and in passes without a size
 # or time bound), at server.fast_ring_rate still.
-mutation fast-ring-steps-unbounded daemon/server.c "check_e2e_fast check_e2e_adversary" \
+mutation fast-ring-steps-unbounded daemon/server.c "check_e2e_fast check_e2e_adversary_fast" \
 '#define SERVER_FAST_REQ 64u
 #define SERVER_FAST_CHUNK 16u
 #define SERVER_FAST_PASS_ALL 512u
@@ -200,13 +200,13 @@ mutation fast-ring-steps-unbounded daemon/server.c "check_e2e_fast check_e2e_adv
 #define SERVER_FAST_PASS_US 1000000u'
 
 # Ring entries count as requests: a connection that only writes its ring never idles out.
-mutation fast-ring-keeps-idle daemon/server.c "check_e2e_adversary" \
+mutation fast-ring-keeps-idle daemon/server.c "check_e2e_adversary_fast" \
 '    n = fast_ring_take(c->ring, h, max, &lied);' \
 '    n = fast_ring_take(c->ring, h, max, &lied);
     c->t_last = now;'
 
 # Copy times taken on trust: RELEASE and ring entries drive load_us where they like.
-mutation load-us-unbounded daemon/server.c "check_e2e_adversary" \
+mutation load-us-unbounded daemon/server.c "check_e2e_adversary_fast" \
 '    uint64_t ok = us < c->load_credit_us ? us : c->load_credit_us;' \
 '    uint64_t ok = us;'
 

@@ -1,0 +1,440 @@
+/*
+ * check_e2e_adversary_pool.c — hostile local clients of other uids against a server run in
+ * this process (docs/security.md): the GPU pool (the fake device of tests/lib stands in for
+ * the GPU) attached, reserved and looked up by a client the namespace's access lists do not
+ * name, and a flood of WAITs on disk reads that never finish (made by flagging blocks as
+ * being read). The victim and the other uids' children are tests/lib/adversary.h's. Without
+ * root, every case prints a SKIP line and none is registered.
+ */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client/kvc.h"
+#include "client/kvc_fast.h"
+#include "client/kvc_proto.h"
+#include "client/libkvc_internal.h"
+#include "daemon/engine.h"
+#include "daemon/acl.h"
+#include "daemon/config.h"
+#include "daemon/config_ns.h"
+#include "daemon/log.h"
+#include "daemon/loop.h"
+#include "daemon/server.h"
+#include "daemon/store.h"
+#include "kernels/kern.h"
+#include "tests/lib/adversary.h"
+#include "tests/lib/daemon.h"
+#include "tests/lib/fake_dev.h"
+#include "tiers/gpu.h"
+/* ---- the server in this process: the GPU pool (fake device) and WAITs ------------------------ */
+
+struct adv_ip {
+    struct config *cfg;
+    struct loop *l;
+    struct store *s;
+    struct acl *acl;
+    struct server *sv;
+    pid_t child;
+    int status;
+    int ctl[2]; /* a child asks the server side for something: see adv_ip_on_ctl */
+    int ack[2]; /* and hears back 'k' */
+};
+
+static struct adv_ip ip;
+
+static void adv_ip_tick(void *arg)
+{
+    struct adv_ip *x = arg;
+    int st;
+    server_tick(x->sv);
+    if (x->child > 0 && waitpid(x->child, &st, WNOHANG) == x->child) {
+        x->status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        x->child = 0;
+    }
+    if (x->child == 0 && server_clients(x->sv) == 0) /* its connections are closed too */
+        loop_stop(x->l);
+}
+
+/* 'p': flag every committed block as being read from disk (its WAITs then wait); 'r': the
+ * reads are done (flags cleared, waiting WAITs answered). The reply byte is 'k'. */
+static void adv_ip_on_ctl(struct loop *l, int fd, uint32_t events, void *arg)
+{
+    struct adv_ip *x = arg;
+    char v;
+    (void)l;
+    (void)events;
+    if (read(fd, &v, 1) != 1)
+        return;
+    for (uint32_t i = 0; i < x->s->ix.nblocks; i++) {
+        struct block *b = &x->s->ix.blocks[i];
+        if (b->state != BLOCK_STATE_COMMITTED)
+            continue;
+        if (v == 'p')
+            b->flags |= BLOCK_F_PROMOTING;
+        else
+            b->flags &= (uint8_t)~BLOCK_F_PROMOTING;
+    }
+    if (v == 'r' && x->s->on_ready)
+        x->s->on_ready(x->s->on_ready_arg);
+    adv_signal(x->ack[1], 'k');
+}
+
+static void adv_ip_start(uint64_t gpu_size)
+{
+    struct store_params sp = {.host_size = 16 << 20,
+                              .host_page_size = 64 << 10,
+                              .host_huge = 0,
+                              .high_watermark = 0.95,
+                              .low_watermark = 0.9,
+                              .max_namespaces = 16,
+                              .max_handles = 64,
+                              .policy = POLICY_LRU,
+                              .gpu_size = gpu_size,
+                              .gpu_device = 0,
+                              .gpu_page_size = 64 << 10,
+                              .gpu_ops = &fake_dev_ops};
+    char err[256];
+    int rc = 0;
+    memset(&ip, 0, sizeof(ip));
+    log_setup(LOG_LEVEL_WARNING, 1000); /* the refusals' lines only */
+    adv_dir_open();
+    ip.cfg = config_new();
+    ck_assert_int_eq(config_ns_set(ip.cfg, "victim*", "read", "65503", err, sizeof(err)), 0);
+    ck_assert_int_eq(config_ns_set(ip.cfg, "victim*", "write", "65501", err, sizeof(err)), 0);
+    ck_assert_int_eq(config_ns_set(ip.cfg, "victim*", "host_size", "4m", err, sizeof(err)), 0);
+    fake_dev_reset(1);
+    ip.s = store_new(&sp, &rc);
+    ck_assert_msg(ip.s, "store_new: %d", rc);
+    engine_attach(ip.s);
+    ck_assert(gpu_size == 0 || ip.s->gpu);
+    ip.acl = acl_new(ip.s, ip.cfg, &rc);
+    ck_assert_ptr_nonnull(ip.acl);
+    ip.l = loop_new(&rc);
+    ck_assert_ptr_nonnull(ip.l);
+    struct server_params vp;
+    daemon_server_params(&vp, adv_d.sock, 0666, 64, ip.cfg, ip.acl);
+    ip.sv = server_new(ip.l, ip.s, &vp, &rc);
+    ck_assert_msg(ip.sv, "server_new: %d", rc);
+    ck_assert_int_eq(pipe(ip.ctl), 0);
+    ck_assert_int_eq(pipe(ip.ack), 0);
+}
+
+/* Runs fn as uid in a child while this process serves it. */
+static int adv_ip_run(uint32_t uid, int (*fn)(void *), void *arg)
+{
+    ip.child = adv_spawn(uid, fn, arg);
+    ip.status = -1;
+    loop_run(ip.l, 20, adv_ip_tick, &ip);
+    return ip.status;
+}
+
+static void adv_ip_stop(void)
+{
+    ck_assert_uint_eq(ip.s->pins_now, 0);
+    ck_assert_uint_eq(ip.s->reserved_now, 0);
+    server_free(ip.sv);
+    acl_free(ip.acl);
+    engine_stop(ip.s);
+    store_free(ip.s);
+    loop_free(ip.l);
+    config_free(ip.cfg);
+    close(ip.ctl[0]);
+    close(ip.ctl[1]);
+    close(ip.ack[0]);
+    close(ip.ack[1]);
+    ck_assert_int_eq(fake_dev.pools_live, 0);
+    daemon_cleanup(&adv_d);
+}
+
+static int adv_gpu_attach(kvc_client *c, uint32_t flags, int *fd)
+{
+    struct kvc_gpu_attach_req q = {.flags = flags};
+    int rc = adv_call(c, KVC_OP_GPU_ATTACH, &q, sizeof(q), fd, NULL, NULL);
+    if (fd && *fd >= 0)
+        close(*fd);
+    return rc;
+}
+
+/* RESERVE (GPU flag) of n keys of ns; *tier the tier of the first slot. Commits. */
+static int adv_gpu_reserve(kvc_client *c, kvc_ns *ns, uint32_t family, uint32_t n, int *tier)
+{
+    static uint8_t req[sizeof(struct kvc_reserve_req) + 64 * sizeof(struct kvc_wire_key)];
+    struct kvc_reserve_req *q = (struct kvc_reserve_req *)req;
+    struct kvc_key keys[64];
+    const void *rep;
+    uint32_t len;
+    adv_keys_shared(ns, family, n, keys);
+    memset(req, 0, sizeof(req));
+    q->ns_id = kvc_ns_id(ns);
+    q->flags = KVC_RESERVE_F_GPU;
+    q->nkeys = n;
+    memcpy(q + 1, keys, n * sizeof(keys[0]));
+    int rc = adv_call(c, KVC_OP_RESERVE, req, (uint32_t)(sizeof(*q) + n * sizeof(keys[0])), NULL,
+                      &rep, &len);
+    if (rc)
+        return rc;
+    const struct kvc_reserve_rep *p = rep;
+    const struct kvc_wire_slot_rep *sl = (const struct kvc_wire_slot_rep *)(p + 1);
+    if (p->nreserved != n)
+        return -EIO;
+    *tier = sl[0].loc.tier;
+    struct kvc_commit_req cq = {.resv_id = p->resv_id, .ncommit = UINT32_MAX};
+    return adv_call(c, KVC_OP_COMMIT, &cq, sizeof(cq), NULL, NULL, NULL);
+}
+
+/* LOOKUP (GPU flag) of the chain; *tier of the first hit. Releases. */
+static int adv_gpu_lookup(kvc_client *c, kvc_ns *ns, uint32_t family, uint32_t n, int *tier)
+{
+    static uint8_t req[sizeof(struct kvc_lookup_req) + 64 * sizeof(struct kvc_wire_key)];
+    struct kvc_lookup_req *q = (struct kvc_lookup_req *)req;
+    struct kvc_key keys[64];
+    const void *rep;
+    uint32_t len;
+    adv_keys_shared(ns, family, n, keys);
+    memset(req, 0, sizeof(req));
+    q->ns_id = kvc_ns_id(ns);
+    q->flags = KVC_LOOKUP_F_GPU;
+    q->nkeys = n;
+    memcpy(q + 1, keys, n * sizeof(keys[0]));
+    int rc = adv_call(c, KVC_OP_LOOKUP, req, (uint32_t)(sizeof(*q) + n * sizeof(keys[0])), NULL,
+                      &rep, &len);
+    if (rc)
+        return rc;
+    const struct kvc_lookup_rep *p = rep;
+    const struct kvc_wire_loc *loc = (const struct kvc_wire_loc *)(p + 1);
+    if (p->nhit != n)
+        return -EIO;
+    *tier = loc[0].tier;
+    uint8_t rel[sizeof(struct kvc_release_req) + 8];
+    struct kvc_release_req *rq = (struct kvc_release_req *)rel;
+    *rq = (struct kvc_release_req){.nleases = 1};
+    memcpy(rq + 1, &p->lease_id, 8);
+    return adv_call(c, KVC_OP_RELEASE, rel, sizeof(rel), NULL, NULL, NULL);
+}
+
+static uint64_t adv_client_stat(kvc_client *c, const char *name)
+{
+    uint64_t v = UINT64_MAX;
+    daemon_client_stat(c, 0, name, &v);
+    return v;
+}
+
+/* The victim: its restricted namespace never enters the pool, even when it asks; an open
+ * namespace of its own does (the pool works). */
+static int adv_gpu_victim(void *arg)
+{
+    struct kvc_layout lay = daemon_layout("victim-model", ADV_BT);
+    struct kvc_layout open_lay = daemon_layout("open-victim", ADV_BT);
+    kvc_client *c;
+    kvc_ns *ns, *ons;
+    int fd = -1, tier = 0;
+    (void)arg;
+    if (kvc_connect(adv_d.sock, &c) || kvc_ns_open(c, &lay, &ns))
+        return 140;
+    if (adv_gpu_attach(c, 0, &fd) != -EACCES) /* holds only its private arena */
+        return 141;
+    if (kvc_ns_open(c, &open_lay, &ons) || adv_gpu_attach(c, 0, &fd) ||
+        adv_gpu_attach(c, KVC_GPU_ATTACH_F_MAPPED, NULL))
+        return 142;
+    if (adv_gpu_reserve(c, ns, 1, 4, &tier) || tier != KVC_WIRE_TIER_HOST)
+        return 143;
+    if (adv_gpu_lookup(c, ns, 1, 4, &tier) || tier != KVC_WIRE_TIER_HOST)
+        return 144;
+    if (adv_client_stat(c, "gpu_used") != 0)
+        return 145;
+    if (adv_gpu_reserve(c, ons, 2, 4, &tier) || tier != KVC_WIRE_TIER_GPU)
+        return 146;
+    if (adv_client_stat(c, "gpu_used") != 4 * 16384)
+        return 147;
+    kvc_disconnect(c);
+    return 0;
+}
+
+/* A reader of the victim's namespace asks for its blocks in the pool. */
+static int adv_gpu_reader(void *arg)
+{
+    struct kvc_layout lay = daemon_layout("victim-model", ADV_BT);
+    struct kvc_layout open_lay = daemon_layout("reader-open", ADV_BT);
+    kvc_client *c;
+    kvc_ns *ns, *ons;
+    int fd = -1, tier = 0;
+    (void)arg;
+    if (kvc_connect(adv_d.sock, &c) || kvc_ns_open(c, &lay, &ns))
+        return 150;
+    if (adv_gpu_attach(c, 0, &fd) != -EACCES) /* a read-only descriptor is not enough */
+        return 151;
+    if (kvc_ns_open(c, &open_lay, &ons) || adv_gpu_attach(c, 0, &fd) ||
+        adv_gpu_attach(c, KVC_GPU_ATTACH_F_MAPPED, NULL))
+        return 152;
+    /* Mapped, it looks the victim's blocks up with the pool flag: host locations, and the
+     * pool holds what it held (the victim's open namespace only). */
+    if (adv_gpu_lookup(c, ns, 1, 4, &tier) || tier != KVC_WIRE_TIER_HOST)
+        return 153;
+    if (adv_client_stat(c, "gpu_used") != 4 * 16384)
+        return 154;
+    /* Its own open namespace does go to the pool. */
+    if (adv_gpu_reserve(c, ons, 3, 2, &tier) || tier != KVC_WIRE_TIER_GPU)
+        return 155;
+    kvc_disconnect(c);
+    return 0;
+}
+
+/* The attacker: no namespace, or only ones it cannot open: no pool. */
+static int adv_gpu_attacker(void *arg)
+{
+    struct kvc_layout lay = daemon_layout("victim-model", ADV_BT);
+    kvc_client *c;
+    kvc_ns *ns;
+    int fd = -1;
+    (void)arg;
+    if (kvc_connect(adv_d.sock, &c))
+        return 160;
+    if (adv_gpu_attach(c, 0, &fd) != -EACCES || fd >= 0)
+        return 161;
+    if (adv_gpu_attach(c, KVC_GPU_ATTACH_F_MAPPED, NULL) != -EACCES)
+        return 162;
+    if (kvc_ns_open(c, &lay, &ns) != -EACCES)
+        return 163;
+    if (adv_gpu_attach(c, 0, &fd) != -EACCES)
+        return 164;
+    /* libkvc answers "host copies" for a refused pool. */
+    kvci_gpu_ops_set(&fake_dev_ops);
+    fake_dev_reset(1);
+    if (kvc_gpu_attach(c) != 0)
+        return 165;
+    kvc_disconnect(c);
+    return 0;
+}
+
+START_TEST(test_gpu_pool_access)
+{
+    adv_ip_start(8 << 20);
+    ck_assert_int_eq(adv_ip_run(ADV_VICTIM, adv_gpu_victim, NULL), 0);
+    ck_assert_int_eq(adv_ip_run(ADV_READER, adv_gpu_reader, NULL), 0);
+    ck_assert_int_eq(adv_ip_run(ADV_ATTACKER, adv_gpu_attacker, NULL), 0);
+    /* The pool never held a block of the restricted namespace. */
+    uint32_t vid = 0;
+    for (uint32_t i = 1; i < ip.s->nns; i++)
+        if (ip.s->ns[i] && strcmp(ip.s->ns[i]->layout.model_id, "victim-model") == 0)
+            vid = i;
+    ck_assert_uint_ne(vid, 0);
+    ck_assert_uint_eq(ip.s->ns[vid]->stats.gpu_promoted_blocks, 0);
+    for (uint32_t i = 0; i < ip.s->ix.nblocks; i++)
+        if (ip.s->ix.blocks[i].state != BLOCK_STATE_FREE && ip.s->ix.blocks[i].ns == vid)
+            ck_assert_uint_ne(ip.s->ix.blocks[i].tier, KVC_WIRE_TIER_GPU);
+    ck_assert_uint_ge(ip.s->total.refused_access, 5);
+    adv_ip_stop();
+}
+END_TEST
+
+/* WAITs: one pending per lease, server.max_waits (2 here) per connection. */
+static int adv_wait_attacker(void *arg)
+{
+    struct adv_ip *x = arg;
+    struct kvc_layout lay = daemon_layout("attacker-model", ADV_BT);
+    kvc_client *c, *c2;
+    kvc_ns *ns;
+    kvc_lease *l[3];
+    struct kvc_key keys[4];
+    if (kvc_connect(adv_d.sock, &c) || kvc_ns_open(c, &lay, &ns) || adv_roundtrip_ns(ns, 1, 4))
+        return 170;
+    adv_keys(ns, 1, 4, keys);
+    for (int i = 0; i < 3; i++)
+        if (kvc_lookup(ns, keys, 4, 0, &l[i]) != 4)
+            return 171;
+    /* The server side now says every block is being read from disk. */
+    adv_signal(x->ctl[1], 'p');
+    if (adv_await(x->ack[0]) != 'k')
+        return 172;
+    /* Raw WAITs, pipelined: two wait, the third is refused, a second on a lease too. */
+    struct kvc_wait_req w = {.timeout_ms = 60000};
+    int sfd = c->fd;
+    uint32_t ids[4];
+    uint64_t lease_of[4] = {l[0]->ids[0], l[0]->ids[0], l[1]->ids[0], l[2]->ids[0]};
+    for (int i = 0; i < 4; i++) {
+        struct {
+            struct kvc_msg_hdr h;
+            struct kvc_wait_req q;
+        } m = {.h = {.magic = KVC_PROTO_MAGIC,
+                     .version = KVC_PROTO_VERSION,
+                     .opcode = KVC_OP_WAIT,
+                     .req_id = 1000u + (uint32_t)i,
+                     .len = sizeof(w)},
+               .q = w};
+        m.q.lease_id = lease_of[i];
+        ids[i] = m.h.req_id;
+        if (send(sfd, &m, sizeof(m), MSG_NOSIGNAL) != (ssize_t)sizeof(m))
+            return 173;
+    }
+    /* Two refusals come back at once, the two WAITs stay. */
+    int got[4] = {0, 0, 0, 0}, status[4] = {1, 1, 1, 1};
+    for (int k = 0; k < 2; k++) {
+        struct kvc_msg_hdr h;
+        if (recv(sfd, &h, sizeof(h), 0) < (ssize_t)sizeof(h))
+            return 174;
+        for (int i = 0; i < 4; i++)
+            if (h.req_id == ids[i]) {
+                got[i] = 1;
+                status[i] = h.status;
+            }
+    }
+    if (!got[1] || status[1] != -EBUSY || !got[3] || status[3] != -EMFILE || got[0] || got[2])
+        return 175;
+    /* The reads end: both WAITs answered, every hit ready. */
+    adv_signal(x->ctl[1], 'r');
+    if (adv_await(x->ack[0]) != 'k')
+        return 176;
+    for (int k = 0; k < 2; k++) {
+        struct {
+            struct kvc_msg_hdr h;
+            struct kvc_wait_rep p;
+        } m;
+        if (recv(sfd, &m, sizeof(m), 0) != (ssize_t)sizeof(m) || m.h.status != 0 ||
+            (m.h.req_id != ids[0] && m.h.req_id != ids[2]) || m.p.nready != 4 || m.p.pending)
+            return 177;
+    }
+    (void)c2;
+    return 0;
+}
+
+START_TEST(test_wait_flood)
+{
+    adv_ip_start(0);
+    loop_add(ip.l, ip.ctl[0], EPOLLIN, adv_ip_on_ctl, &ip);
+    ck_assert_int_eq(adv_ip_run(ADV_ATTACKER, adv_wait_attacker, &ip), 0);
+    ck_assert_uint_eq(ip.s->total.refused_waits, 2);
+    /* The child left with its WAITs pending: nothing of them is left. */
+    for (uint32_t i = 0; i < ip.s->ix.nblocks; i++)
+        ip.s->ix.blocks[i].flags &= (uint8_t)~BLOCK_F_PROMOTING;
+    loop_del(ip.l, ip.ctl[0]);
+    adv_ip_stop();
+}
+END_TEST
+
+/* ---- the suite ---------------------------------------------------------------------------------- */
+
+int main(void)
+{
+    const struct adv_case cases[] = {
+        {"test_gpu_pool_access", test_gpu_pool_access, false},
+        {"test_wait_flood", test_wait_flood, false},
+    };
+    Suite *s = suite_create("e2e_adversary_pool");
+    adv_cases_add(s, "e2e_adversary_pool", cases, sizeof(cases) / sizeof(cases[0]));
+    return adv_suite_run(s, "e2e-adversary-pool");
+}
