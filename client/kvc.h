@@ -259,10 +259,13 @@ KVC_API int kvc_keys_from_tokens(const kvc_ns *ns, const struct kvc_key *parent,
  * of the window of the longest prefix keys[0..e) whose window is cached, keys[e - w..e)
  * (w = window_tokens in blocks, fewer when e is shorter); of a STATE namespace the one state
  * of the longest prefix keys[0..e) that has one, keys[e-1]: kvc_lease_first() gives the
- * position of hit 0 in keys, so the prefix is first + hits long. Those two kinds take at
- * most KVC_LOOKUP_MAX_SPAN keys (pass the last ones of a longer prompt: a window or a state
- * is judged by the keys before it only as far back as the window). Errors: -EINVAL (a key
- * repeated in keys; more than KVC_LOOKUP_MAX_SPAN keys for a window or state), -EPIPE,
+ * position of hit 0 in keys, so the prefix is first + hits long. Of those two kinds, keys
+ * beyond KVC_LOOKUP_MAX_SPAN are searched from the end, one request per KVC_LOOKUP_MAX_SPAN
+ * keys until a span is found (a window's requests overlap by the window), and a read from
+ * the remote tier that fails is asked again (docs/remote.md); with KVC_LOOKUP_NOWAIT that is
+ * the caller's: a window or a state whose hits are not all ready once kvc_lease_wait()
+ * returns is no prefix's answer (release it and look up again). Errors: -EINVAL (a key
+ * repeated in keys), -E2BIG (more than 8 x 2048 keys), -EPIPE,
  * -EDQUOT (no pin left under quota.client_pins / quota.uid_pins), -EMFILE (leases). */
 KVC_API int kvc_lookup(kvc_ns *ns, const struct kvc_key *keys, size_t n, unsigned flags,
                        kvc_lease **out);

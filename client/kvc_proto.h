@@ -159,6 +159,10 @@ static inline uint32_t kvc_wire_window_blocks(const struct kvc_wire_layout *l)
 {
     return ((uint32_t)l->window_tokens + l->block_tokens - 1) / l->block_tokens;
 }
+/* The widest window (in blocks) a KV_WINDOW namespace may have: a LOOKUP of a tail of a long
+ * prompt judges the windows that end at least this far into its keys, so each request of a
+ * scan from the end moves it by at least KVC_PROTO_MAX_KEYS - this + 1 keys. */
+#define KVC_PROTO_MAX_WINDOW_BLOCKS (KVC_PROTO_MAX_KEYS / 2)
 /* layout.flags at NS_OPEN: which codecs the namespace allows and the recipe quantize-in-place
  * uses (codec of the K and of the V sections, the first raw_layers layers kept raw). The
  * creator's value stays with the namespace; a later NS_OPEN may pass 0 or the same value. The
@@ -220,20 +224,27 @@ struct kvc_wire_loc {
 
 /* LOOKUP: the hits are the longest run of committed blocks from keys[0] (KV, K_ONLY). Of a
  * KV_WINDOW namespace: the blocks of the window of the longest prefix keys[0..e) whose
- * window is cached (keys[e - window_blocks..e), fewer when e is shorter); of a STATE
+ * window is cached (keys[e - window_blocks..e), fewer when base + e is shorter); of a STATE
  * namespace: the one state of the longest prefix keys[0..e) whose last key has one
- * (keys[e-1]). The reply's `first` is the position in keys of the first hit. A hit on disk is
- * being read into the host slot its location names (flags without READY): WAIT for it. With
- * KVC_LOOKUP_F_READY_ONLY the hits stop at the first block not in memory now (reads of the
- * blocks after it still start, so a later lookup finds them ready). */
+ * (keys[e-1]). The reply's `first` is the position in keys of the first hit. A window is
+ * answered whole or not at all (all its blocks pinned, or none). A hit on disk or in the
+ * remote tier is being read into the host slot its location names (flags without READY):
+ * WAIT for it. With KVC_LOOKUP_F_READY_ONLY the hits stop at the first block not in memory
+ * now (reads of the blocks after it still start, so a later lookup finds them ready); a
+ * window's or a state's span is then the one in memory now. KVC_LOOKUP_F_LOCAL: no read from
+ * the remote tier (libkvc's last try of a span whose reads failed). */
 #define KVC_LOOKUP_F_READY_ONLY 0x1u
-#define KVC_LOOKUP_F_GPU 0x2u  /* hits may be GPU locations (the client mapped the pool) */
-#define KVC_RESERVE_F_GPU 0x1u /* RESERVE: slots may be GPU locations */
+#define KVC_LOOKUP_F_GPU 0x2u   /* hits may be GPU locations (the client mapped the pool) */
+#define KVC_LOOKUP_F_LOCAL 0x4u /* the local tiers only */
+#define KVC_RESERVE_F_GPU 0x1u  /* RESERVE: slots may be GPU locations */
 struct kvc_lookup_req {
     uint32_t ns_id;
     uint32_t flags;
     uint32_t nkeys;
-    uint32_t pad;
+    /* KV_WINDOW: the position in the caller's prompt of keys[0] (the keys are the tail of a
+     * longer prefix: a window is judged only where all its blocks are among keys); 0 for a
+     * whole prefix, and for every other kind. */
+    uint32_t base;
     /* struct kvc_wire_key keys[nkeys]; */
 };
 struct kvc_lookup_rep {

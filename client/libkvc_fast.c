@@ -357,7 +357,11 @@ static uint32_t kvc_fast_us(uint64_t *t0)
 size_t kvci_fast_get(kvc_ns *ns, const struct kvc_key *keys, size_t n, void *const *dst)
 {
     kvc_client *c = ns->c;
-    const struct kvc_fastview *v = n ? kvc_fast_view_of(ns) : NULL;
+    /* A run from keys[0] is no window's and no state's answer: the daemon finds their span
+     * (a window cut short or a state of another boundary must never be served). */
+    bool run = ns->layout.kv_kind != KVC_WIRE_KV_KIND_KV_WINDOW &&
+               ns->layout.kv_kind != KVC_WIRE_KV_KIND_STATE;
+    const struct kvc_fastview *v = n && run ? kvc_fast_view_of(ns) : NULL;
     struct kvc_fast_hit stackrec[64], *rec = stackrec;
     size_t hits = 0;
     if (!v)

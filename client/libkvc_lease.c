@@ -119,6 +119,9 @@ static int kvc_lease_wait_locked(kvc_lease *l, uint32_t timeout_ms)
     return (int)ready;
 }
 
+/* Tries of a window's or a state's lookup whose reads failed, the last of the local tiers. */
+#define KVC_LOOKUP_SPAN_TRIES 4
+
 KVC_API int kvc_lookup(kvc_ns *ns, const struct kvc_key *keys, size_t n, unsigned flags,
                        kvc_lease **out)
 {
@@ -136,25 +139,38 @@ KVC_API int kvc_lookup(kvc_ns *ns, const struct kvc_key *keys, size_t n, unsigne
     /* A window's or a state's span is found over every key at once: one request. */
     bool span = ns->layout.kv_kind == KVC_WIRE_KV_KIND_KV_WINDOW ||
                 ns->layout.kv_kind == KVC_WIRE_KV_KIND_STATE;
-    if (span && n > KVC_LOOKUP_MAX_SPAN)
-        return -EINVAL;
+    uint32_t tries = 0, local = 0; /* KVC_LOOKUP_F_LOCAL on the last try of a span */
+    bool window = ns->layout.kv_kind == KVC_WIRE_KV_KIND_KV_WINDOW;
+    size_t w = window ? kvc_wire_window_blocks(&ns->layout) : 1, end;
     c = ns->c;
     l = calloc(1, sizeof(*l) + n * sizeof(l->hits[0]));
     if (!l)
         return -ENOMEM;
     l->ns = ns;
     pthread_mutex_lock(&c->mu);
+again:
+    end = n;
     for (size_t done = 0; done < n;) {
         uint32_t chunk = n - done > KVC_PROTO_MAX_KEYS ? KVC_PROTO_MAX_KEYS : (uint32_t)(n - done);
+        size_t at = done;
         struct kvc_lookup_req *q = kvci_req(c);
         uint32_t len;
+        if (span) {
+            /* A window's or a state's span is searched from the end: keys[at..end), the
+             * last ones whose prefixes are not judged yet; a window's judged where all its
+             * blocks are among them (base: their position). */
+            at = end > KVC_PROTO_MAX_KEYS ? end - KVC_PROTO_MAX_KEYS : 0;
+            chunk = (uint32_t)(end - at);
+        }
         memset(q, 0, sizeof(*q));
         q->ns_id = ns->id;
         q->nkeys = chunk;
+        q->base = window ? (uint32_t)at : 0;
         q->flags = (flags & KVC_LOOKUP_READY_ONLY) ? KVC_LOOKUP_F_READY_ONLY : 0;
         if ((flags & KVC_LOOKUP_GPU) && c->gpu_base) /* else host locations only */
             q->flags |= KVC_LOOKUP_F_GPU;
-        memcpy(q + 1, keys + done, chunk * sizeof(struct kvc_key));
+        q->flags |= local;
+        memcpy(q + 1, keys + at, chunk * sizeof(struct kvc_key));
         rc = kvci_call(c, KVC_OP_LOOKUP, (uint32_t)(sizeof(*q) + chunk * sizeof(struct kvc_key)),
                        NULL);
         if (rc)
@@ -167,7 +183,7 @@ KVC_API int kvc_lookup(kvc_ns *ns, const struct kvc_key *keys, size_t n, unsigne
             rc = -EPROTO;
             break;
         }
-        l->first = p->first;
+        l->first = at + p->first;
         if (p->lease_id)
             l->ids[l->nids++] = p->lease_id;
         const struct kvc_wire_loc *locs = (const struct kvc_wire_loc *)(p + 1);
@@ -189,16 +205,37 @@ KVC_API int kvc_lookup(kvc_ns *ns, const struct kvc_key *keys, size_t n, unsigne
                 .chunk = (uint32_t)(l->nids - 1),
                 .ready = (locs[i].flags & KVC_LOC_F_READY) != 0};
         }
-        if (rc || p->nhit < chunk)
+        if (span && !rc && !p->nhit && at > 0) {
+            /* None there: the prefixes left end before at + w (a window reaching before
+             * keys[at]) or at at (a state); w <= KVC_PROTO_MAX_WINDOW_BLOCKS, so each
+             * request moves the end back by more than half a request. */
+            end = at + w - 1;
+            continue;
+        }
+        if (rc || p->nhit < chunk || span)
             break;
         done += chunk;
     }
     /* Unless asked not to, hits read from disk are waited for here, so that every hit
      * handed out is readable. */
     if (rc == 0 && !(flags & KVC_LOOKUP_NOWAIT) && l->n) {
+        size_t asked = l->n;
         int r = kvc_lease_wait_locked(l, KVC_LOOKUP_WAIT_MS);
-        if (r < 0)
+        if (r < 0) {
             rc = r;
+        } else if (span && l->n < asked) {
+            /* A read of a window's or a state's span failed (not in the remote tier after
+             * all, a record refused, a checksum): what is left is no prefix's span. Asked
+             * again: the daemon knows those keys missing now and answers a shorter prefix;
+             * the last try of the local tiers alone. */
+            if (!c->dead)
+                kvc_release_ids(c, l->ids, l->nids, 0);
+            l->n = l->nids = l->first = 0;
+            if (!local) {
+                local = ++tries < KVC_LOOKUP_SPAN_TRIES ? 0 : KVC_LOOKUP_F_LOCAL;
+                goto again;
+            }
+        }
     }
     if ((rc || l->n == 0) && l->nids && !c->dead)
         kvc_release_ids(c, l->ids, l->nids, 0);

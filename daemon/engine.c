@@ -867,9 +867,15 @@ int engine_lookup(struct store *s, struct store_owner *o, uint32_t ns_id,
     return engine_lookup_flags(s, o, ns_id, keys, n, 0, now, lease_id, locs);
 }
 
-int engine_lookup_flags(struct store *s, struct store_owner *o, uint32_t ns_id,
-                        const struct kvc_wire_key *keys, uint32_t n, uint32_t flags,
-                        uint64_t now, uint64_t *lease_id, struct kvc_wire_loc *locs)
+/* engine_lookup_flags, and for the kinds' spans: with ENGINE_LOOKUP_F_WHOLE all n hits or
+ * none (a window cut short is no prefix's window), no remote read past the run with
+ * KVC_LOOKUP_F_LOCAL, and fetched[i] set for the keys engine_lookup_kind had read from the
+ * remote tier (counted as its hits, not the host's). */
+#define ENGINE_LOOKUP_F_WHOLE 0x40000000u
+static int engine_lookup_keys(struct store *s, struct store_owner *o, uint32_t ns_id,
+                              const struct kvc_wire_key *keys, uint32_t n, uint32_t flags,
+                              uint64_t now, uint64_t *lease_id, struct kvc_wire_loc *locs,
+                              const uint8_t *fetched)
 {
     uint8_t tier[KVC_PROTO_MAX_KEYS]; /* where each hit was found, before any promotion */
     uint32_t run, hits = 0;
@@ -887,7 +893,7 @@ int engine_lookup_flags(struct store *s, struct store_owner *o, uint32_t ns_id,
         if (s->gpu && s->ix.blocks[idx].tier == KVC_WIRE_TIER_GPU && !o->gpu &&
             engine_gpu_move(s, idx, false, now))
             break;
-        tier[hits] = s->ix.blocks[idx].tier;
+        tier[hits] = fetched && fetched[hits] ? 0 : s->ix.blocks[idx].tier;
         if (s->gpu && s->ix.blocks[idx].tier == KVC_WIRE_TIER_HOST && o->gpu)
             (void)engine_gpu_move(s, idx, true, now);
         if ((flags & KVC_LOOKUP_F_READY_ONLY) &&
@@ -906,28 +912,74 @@ int engine_lookup_flags(struct store *s, struct store_owner *o, uint32_t ns_id,
         return -EAGAIN;
     /* Past the local run, the remote tier: reads into fresh slots, not ready until they
      * land (engine_remote.h). */
-    if (s->remote && hits == run && hits < n)
+    if (s->remote && hits == run && hits < n && !(flags & KVC_LOOKUP_F_LOCAL))
         hits = engine_remote_lookup_prepare(s, (uint16_t)ns_id, keys, hits, n, flags, now, tier);
+    if ((flags & ENGINE_LOOKUP_F_WHOLE) && hits < n)
+        hits = 0;
     int rc = store_lease_pin(s, o, ns_id, keys, n, hits, tier, now, lease_id, locs);
     if (rc > 0 && s->remote)
         engine_remote_lookup_done(s, (uint16_t)ns_id, keys, (uint32_t)rc, now);
     return rc;
 }
 
+int engine_lookup_flags(struct store *s, struct store_owner *o, uint32_t ns_id,
+                        const struct kvc_wire_key *keys, uint32_t n, uint32_t flags, uint64_t now,
+                        uint64_t *lease_id, struct kvc_wire_loc *locs)
+{
+    return engine_lookup_keys(s, o, ns_id, keys, n, flags, now, lease_id, locs, NULL);
+}
+
 int engine_lookup_kind(struct store *s, struct store_owner *o, uint32_t ns_id,
-                       const struct kvc_wire_key *keys, uint32_t n, uint32_t flags, uint64_t now,
-                       uint64_t *lease_id, uint32_t *first, struct kvc_wire_loc *locs)
+                       const struct kvc_wire_key *keys, uint32_t n, uint32_t base, uint32_t flags,
+                       uint64_t now, uint64_t *lease_id, uint32_t *first, struct kvc_wire_loc *locs)
 {
     const struct store_ns *ns = store_ns_get(s, ns_id);
-    uint32_t count = n;
+    uint8_t fetched[KVC_PROTO_MAX_KEYS];
+    uint32_t count = n, span = 0;
+    bool dummy = false;
+    int rc;
     *first = 0;
     *lease_id = 0;
     if (!ns)
         return -ENOENT;
-    if (ns->layout.kv_kind == KVC_WIRE_KV_KIND_KV_WINDOW ||
-        ns->layout.kv_kind == KVC_WIRE_KV_KIND_STATE)
-        *first = store_lookup_span(s, ns_id, keys, n, &count);
-    return engine_lookup_flags(s, o, ns_id, keys + *first, count, flags, now, lease_id, locs);
+    if (ns->layout.kv_kind != KVC_WIRE_KV_KIND_KV_WINDOW && base)
+        return -EINVAL; /* a run from keys[0], or a state: judged by its key alone */
+    if (ns->layout.kv_kind != KVC_WIRE_KV_KIND_KV_WINDOW &&
+        ns->layout.kv_kind != KVC_WIRE_KV_KIND_STATE)
+        return engine_lookup_keys(s, o, ns_id, keys, n, flags, now, lease_id, locs, NULL);
+    if (n > KVC_PROTO_MAX_KEYS)
+        n = KVC_PROTO_MAX_KEYS;
+    if (s->gpu)
+        engine_gpu_refresh(s); /* spans judged on the moves that have landed */
+    /* The span the local tiers answer with; past its end, a longer prefix the remote tier
+     * may complete (its reads start now, not ready until they land). */
+    span = store_lookup_span(s, ns_id, keys, n, base, 0, &count);
+    memset(fetched, 0, n);
+    if (s->remote && !(flags & KVC_LOOKUP_F_LOCAL) && span + count < n)
+        (void)engine_remote_span_prepare(s, (uint16_t)ns_id, keys, n, base, span + count, now,
+                                         &span, &count, fetched);
+    if (flags & KVC_LOOKUP_F_READY_ONLY) {
+        /* The span in memory now; the reads of the longer one's blocks on disk start, so a
+         * later lookup finds them ready. */
+        if (count && s->disk)
+            (void)engine_disk_lookup_prepare(s, (uint16_t)ns_id, keys + span, count, 0, now,
+                                             &dummy);
+        /* Pool blocks of a client that cannot read the pool: their copies to the host start
+         * (engine_gpu_move declines any other block). */
+        for (uint32_t i = span; s->gpu && !o->gpu && i < span + count; i++) {
+            uint32_t idx = index_find(&s->ix, (uint16_t)ns_id, &keys[i]);
+            if (idx != INDEX_NONE)
+                (void)engine_gpu_move(s, idx, false, now);
+        }
+        span = store_lookup_span(s, ns_id, keys, n, base,
+                                 STORE_SPAN_READY | (o->gpu ? STORE_SPAN_GPU : 0), &count);
+        memset(fetched, 0, n);
+    }
+    rc = engine_lookup_keys(s, o, ns_id, keys + span, count,
+                            flags | KVC_LOOKUP_F_LOCAL | ENGINE_LOOKUP_F_WHOLE, now, lease_id, locs,
+                            fetched + span);
+    *first = rc > 0 ? span : 0;
+    return rc;
 }
 
 /* ---- arena faults --------------------------------------------------------------------- */

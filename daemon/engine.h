@@ -66,11 +66,16 @@ int engine_lookup_flags(struct store *s, struct store_owner *o, uint32_t ns_id,
                         const struct kvc_wire_key *keys, uint32_t n, uint32_t flags,
                         uint64_t now, uint64_t *lease_id, struct kvc_wire_loc *locs);
 
-/* engine_lookup_flags over the span of keys[0..n) namespace ns_id's kind answers with
- * (store_lookup_span): the hits are keys[*first..*first + hits). */
+/* A LOOKUP of any kind: engine_lookup_flags for KV and K_ONLY (base must be 0); for
+ * KV_WINDOW and STATE, over the span of keys[0..n) the kind answers with (store_lookup_span;
+ * base: keys[0]'s position in the prompt, KV_WINDOW only), extended past the local tiers'
+ * answer by the remote tier (engine_remote_span_prepare) unless KVC_LOOKUP_F_LOCAL, the span
+ * in memory now with KVC_LOOKUP_F_READY_ONLY. The hits are keys[*first..*first + hits), all
+ * of the span or none. Errors as engine_lookup_flags, and -EINVAL (base on another kind). */
 int engine_lookup_kind(struct store *s, struct store_owner *o, uint32_t ns_id,
-                       const struct kvc_wire_key *keys, uint32_t n, uint32_t flags, uint64_t now,
-                       uint64_t *lease_id, uint32_t *first, struct kvc_wire_loc *locs);
+                       const struct kvc_wire_key *keys, uint32_t n, uint32_t base, uint32_t flags,
+                       uint64_t now, uint64_t *lease_id, uint32_t *first,
+                       struct kvc_wire_loc *locs);
 
 /* Works the arenas down under pressure and ahead of it (after commits, on every tick and
  * disk completion): the GPU pool to its host arenas, quantize-in-place, the disk tier's

@@ -64,6 +64,7 @@ struct engine_remote_op {
     struct store *s;
     uint32_t idx;
     bool first;   /* a read: the lookup's first key (its parent comes from the record) */
+    bool root;    /* a read of a window's or a state's block: kept as a root, no chain */
     uint64_t now; /* a read: when its lookup came */
 };
 
@@ -335,7 +336,8 @@ static void engine_remote_fetch_fail(struct store *s, uint32_t idx)
 
 /* Whether a record that landed is the block that was asked for, and links a lookup's
  * first block to its parent. 0 or -errno. */
-static int engine_remote_fetch_fits(struct store *s, uint32_t idx, bool first,
+static int engine_remote_fetch_fits(struct store *s, uint32_t idx,
+                                    const struct engine_remote_op *op,
                                     const struct remote_rec_meta *got)
 {
     struct block *b = &s->ix.blocks[idx];
@@ -344,7 +346,12 @@ static int engine_remote_fetch_fits(struct store *s, uint32_t idx, bool first,
     uint32_t p;
     if (got->format != KVC_WIRE_FORMAT_RAW || got->len != ns->block_bytes)
         return -EMSGSIZE;
-    if (!first) {
+    /* A window's block or a state is named by its key alone (the record's layout, checked
+     * with it, says which kind and window): whatever chain it was written in, it is a root
+     * here, as the window's blocks and the states whose parent is not cached are. */
+    if (op->root)
+        return 0;
+    if (!op->first) {
         if (parent.lo != b->parent.lo || parent.hi != b->parent.hi)
             return -ESTALE;
         p = index_find(&s->ix, b->ns, &parent);
@@ -378,7 +385,7 @@ static void engine_remote_fetch_done(void *arg, int status, const struct remote_
     er->fetching--;
     b->flags &= (uint8_t)~BLOCK_F_PROMOTING;
     if (status == 0)
-        status = engine_remote_fetch_fits(s, idx, op->first, got);
+        status = engine_remote_fetch_fits(s, idx, op, got);
     if (status == 0) {
         b->flags |= BLOCK_F_REMOTE; /* clean: the remote tier has it */
         er->remote_hit_blocks++;
@@ -404,9 +411,11 @@ static void engine_remote_fetch_done(void *arg, int status, const struct remote_
         s->on_ready(s->on_ready_arg);
 }
 
-/* A block for keys[i] in a fresh slot, reading from the remote tier. 0 or -errno. */
+/* A block for keys[i] in a fresh slot, reading from the remote tier: the child of keys[i-1]
+ * (which the index holds), or with root (a window's or a state's block) a root. 0 or
+ * -errno. */
 static int engine_remote_fetch(struct store *s, struct store_ns *ns,
-                               const struct kvc_wire_key *keys, uint32_t i, uint64_t now)
+                               const struct kvc_wire_key *keys, uint32_t i, bool root, uint64_t now)
 {
     struct engine_remote *er = s->remote;
     struct engine_remote_op *op;
@@ -415,7 +424,7 @@ static int engine_remote_fetch(struct store *s, struct store_ns *ns,
     struct block *b;
     uint32_t idx, p = INDEX_NONE;
     int rc;
-    if (i > 0) {
+    if (i > 0 && !root) {
         p = index_find(&s->ix, (uint16_t)ns->id, &keys[i - 1]);
         if (p == INDEX_NONE)
             return -ENOENT;
@@ -451,7 +460,8 @@ static int engine_remote_fetch(struct store *s, struct store_ns *ns,
         goto fail_slot;
     }
     engine_remote_meta(s, b, &m);
-    *op = (struct engine_remote_op){.s = s, .idx = idx, .first = p == INDEX_NONE, .now = now};
+    *op = (struct engine_remote_op){
+        .s = s, .idx = idx, .first = p == INDEX_NONE, .root = root, .now = now};
     rc = tier_remote_get(er->t, &m, engine_remote_seal(er, b->ns),
                          (uint8_t *)tier_host_base(s->arenas[ns->arena].tier) + loc.off,
                          engine_remote_fetch_done, op);
@@ -497,7 +507,7 @@ uint32_t engine_remote_lookup_prepare(struct store *s, uint16_t ns_id,
             er->remote_negative_hits++;
             break;
         }
-        if (engine_remote_fetch(s, ns, keys, i, now))
+        if (engine_remote_fetch(s, ns, keys, i, false, now))
             break;
         tier[i] = 0;
         end = i + 1;
@@ -506,6 +516,101 @@ uint32_t engine_remote_lookup_prepare(struct store *s, uint16_t ns_id,
     for (uint32_t i = 0; i < hits; i++)
         store_block_unpin(s, index_find(&s->ix, ns_id, &keys[i]));
     return (flags & KVC_LOOKUP_F_READY_ONLY) ? hits : end;
+}
+
+/* ---- reads of a window's or a state's span -------------------------------------------- */
+
+#define ENGINE_REMOTE_KEY_LOCAL 0   /* committed here (ready or on its way) */
+#define ENGINE_REMOTE_KEY_FETCH 1   /* not here: the remote tier may have it */
+#define ENGINE_REMOTE_KEY_NONE 2    /* known missing (negative cache), lost, or being written */
+#define ENGINE_REMOTE_SPAN_MORE 32u /* speculative reads past a span's own, at most */
+
+int engine_remote_span_prepare(struct store *s, uint16_t ns_id, const struct kvc_wire_key *keys,
+                               uint32_t n, uint32_t base, uint32_t end, uint64_t now,
+                               uint32_t *first, uint32_t *count, uint8_t *fetched)
+{
+    struct engine_remote *er = s->remote;
+    struct store_ns *ns = s->ns[ns_id];
+    bool window = ns->layout.kv_kind == KVC_WIRE_KV_KIND_KV_WINDOW;
+    uint32_t w = window ? kvc_wire_window_blocks(&ns->layout) : 1;
+    uint8_t st[KVC_PROTO_MAX_KEYS];
+    /* none_ps[i], fetch_ps[i]: keys of each status among keys[lo..i) */
+    uint16_t none_ps[KVC_PROTO_MAX_KEYS + 1], fetch_ps[KVC_PROTO_MAX_KEYS + 1];
+    uint32_t lo, e, need = 0, budget, half, more, started = 0;
+    bool neg = false;
+    if (!er || end >= n || n > KVC_PROTO_MAX_KEYS || !engine_remote_ns_on(s, ns_id) ||
+        tier_remote_degraded(er->t))
+        return 0;
+    /* Reads a lookup may start: half the tier's requests, as for a run (a whole window even
+     * past that, within what the tier takes). */
+    half = er->p.tier.max_inflight / 2 + 1;
+    budget = er->fetching < half ? half - er->fetching : 0;
+    if (window && budget < w && er->p.tier.max_inflight > er->fetching + er->writing)
+        budget = er->p.tier.max_inflight - er->fetching - er->writing < w
+                     ? er->p.tier.max_inflight - er->fetching - er->writing
+                     : w;
+    if (!budget)
+        return 0;
+    /* Every key a prefix longer than end may need. */
+    lo = end + 1 > w ? end + 1 - w : 0;
+    none_ps[lo] = fetch_ps[lo] = 0;
+    for (uint32_t i = lo; i < n; i++) {
+        uint32_t idx = index_find(&s->ix, ns_id, &keys[i]);
+        if (idx != INDEX_NONE)
+            st[i] = s->ix.blocks[idx].state == BLOCK_STATE_COMMITTED &&
+                            !(s->ix.blocks[idx].flags & BLOCK_F_LOST)
+                        ? ENGINE_REMOTE_KEY_LOCAL
+                        : ENGINE_REMOTE_KEY_NONE;
+        else if (engine_remote_neg_has(er, ns_id, &keys[i], now))
+            st[i] = ENGINE_REMOTE_KEY_NONE, neg = true;
+        else
+            st[i] = ENGINE_REMOTE_KEY_FETCH;
+        none_ps[i + 1] = (uint16_t)(none_ps[i] + (st[i] == ENGINE_REMOTE_KEY_NONE));
+        fetch_ps[i + 1] = (uint16_t)(fetch_ps[i] + (st[i] == ENGINE_REMOTE_KEY_FETCH));
+    }
+    if (neg)
+        er->remote_negative_hits++;
+    /* The longest prefix e whose span (a window: its last blocks; a state: its last key) has
+     * no key known to be missing and something to read, within the budget. */
+    for (e = n; e > end; e--) {
+        need = window ? store_window_need(w, base, e) : 1;
+        if (need > e)
+            continue; /* its window reaches before keys[0]: not judged here */
+        if (none_ps[e] == none_ps[e - need] && fetch_ps[e] != fetch_ps[e - need] &&
+            (uint32_t)(fetch_ps[e] - fetch_ps[e - need]) <= budget)
+            break;
+    }
+    if (e == end)
+        return 0;
+    /* Past the span's own reads, as many keys below it as the keys known missing above it
+     * (the cluster holds less than the prompt: the next candidates are read at once, so a
+     * lookup asked again finds them), within the budget. */
+    more = none_ps[n] - none_ps[e - need];
+    if (more > ENGINE_REMOTE_SPAN_MORE)
+        more = ENGINE_REMOTE_SPAN_MORE;
+    tier_remote_plug(er->t); /* the lookup's reads go out in one batch */
+    for (uint32_t i = e - need; i < e; i++) {
+        if (st[i] != ENGINE_REMOTE_KEY_FETCH)
+            continue;
+        if (engine_remote_fetch(s, ns, keys, i, true, now))
+            break;
+        fetched[i] = 1;
+        started++;
+    }
+    for (uint32_t i = e - need; i-- > lo && more && started < budget;) {
+        if (st[i] != ENGINE_REMOTE_KEY_FETCH)
+            continue;
+        if (engine_remote_fetch(s, ns, keys, i, true, now))
+            break;
+        more--;
+        started++;
+    }
+    tier_remote_unplug(er->t);
+    if (started < (uint32_t)(fetch_ps[e] - fetch_ps[e - need]))
+        return 0; /* some reads did not start: the span is not whole (the rest land anyway) */
+    *first = e - need;
+    *count = need;
+    return 1;
 }
 
 /* ---- life cycle ------------------------------------------------------------------------ */

@@ -154,7 +154,8 @@ static int proto_check_body(uint32_t op, const void *body, const char **why)
     switch (op) {
     case KVC_OP_LOOKUP: {
         const struct kvc_lookup_req *q = body;
-        if ((q->flags & ~(KVC_LOOKUP_F_READY_ONLY | KVC_LOOKUP_F_GPU)) || q->pad)
+        /* base is the namespace's to judge (server: KV_WINDOW namespaces only) */
+        if (q->flags & ~(KVC_LOOKUP_F_READY_ONLY | KVC_LOOKUP_F_GPU | KVC_LOOKUP_F_LOCAL))
             goto reserved;
         break;
     }

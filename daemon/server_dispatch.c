@@ -269,7 +269,7 @@ static int server_on_lookup(struct server *sv, struct conn *c, const struct prot
         may_wait && !(q->flags & KVC_LOOKUP_F_READY_ONLY) && server_may_wait(sv, c, q->ns_id, now);
     c->owner.lookup_short = false;
     uint32_t first = 0;
-    int hits = engine_lookup_kind(sv->store, &c->owner, q->ns_id, r->tail, n,
+    int hits = engine_lookup_kind(sv->store, &c->owner, q->ns_id, r->tail, n, q->base,
                                   q->flags | (defer ? ENGINE_LOOKUP_F_DEFER : 0), now, &lease,
                                   &first, (struct kvc_wire_loc *)(p + 1));
     if (hits == -EAGAIN && defer)

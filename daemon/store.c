@@ -413,6 +413,8 @@ int store_layout_check(const struct kvc_wire_layout *l, uint64_t arena_bytes, ui
         *why = "unknown kv kind";
     else if ((l->kv_kind == KVC_WIRE_KV_KIND_KV_WINDOW) != (l->window_tokens != 0))
         *why = "window_tokens is for (and needed by) a kv_window namespace";
+    else if (l->block_tokens && kvc_wire_window_blocks(l) > KVC_PROTO_MAX_WINDOW_BLOCKS)
+        *why = "window wider than 1024 blocks (KVC_PROTO_MAX_WINDOW_BLOCKS)";
     else if (l->layers == 0 || l->layers > 4096)
         *why = "layers out of range 1..4096";
     else if (l->kv_heads == 0 || l->kv_heads > 4096)
@@ -731,16 +733,23 @@ uint32_t store_lookup_run(struct store *s, uint32_t ns_id, const struct kvc_wire
     return hits;
 }
 
-/* Committed and servable (not lost) in namespace ns_id. */
-static bool store_key_cached(struct store *s, uint32_t ns_id, const struct kvc_wire_key *key)
+/* Committed and servable (not lost) in namespace ns_id; with STORE_SPAN_READY, also in memory
+ * now and readable by the client (STORE_SPAN_GPU: it maps the pool). */
+static bool store_key_cached(struct store *s, uint32_t ns_id, const struct kvc_wire_key *key,
+                             unsigned mode)
 {
     uint32_t idx = index_find(&s->ix, (uint16_t)ns_id, key);
-    return idx != INDEX_NONE && s->ix.blocks[idx].state == BLOCK_STATE_COMMITTED &&
-           !(s->ix.blocks[idx].flags & BLOCK_F_LOST);
+    const struct block *b = idx == INDEX_NONE ? NULL : &s->ix.blocks[idx];
+    if (!b || b->state != BLOCK_STATE_COMMITTED || (b->flags & BLOCK_F_LOST))
+        return false;
+    if (!(mode & STORE_SPAN_READY))
+        return true;
+    return !(b->flags & BLOCK_F_PROMOTING) && b->tier != KVC_WIRE_TIER_DISK &&
+           (b->tier != KVC_WIRE_TIER_GPU || (mode & STORE_SPAN_GPU));
 }
 
 uint32_t store_lookup_span(struct store *s, uint32_t ns_id, const struct kvc_wire_key *keys,
-                           uint32_t n, uint32_t *count)
+                           uint32_t n, uint32_t base, unsigned mode, uint32_t *count)
 {
     const struct store_ns *ns = s->ns[ns_id];
     uint32_t end = 0, w, run = 0;
@@ -750,7 +759,7 @@ uint32_t store_lookup_span(struct store *s, uint32_t ns_id, const struct kvc_wir
     if (ns->layout.kv_kind == KVC_WIRE_KV_KIND_STATE) {
         /* The state of the longest prefix that has one: it is valid at that prefix's end
          * alone, and stored under that end's key. */
-        for (end = n; end > 0 && !store_key_cached(s, ns_id, &keys[end - 1]); end--)
+        for (end = n; end > 0 && !store_key_cached(s, ns_id, &keys[end - 1], mode); end--)
             ;
         *count = end ? 1 : 0;
         return end ? end - 1 : 0;
@@ -759,15 +768,16 @@ uint32_t store_lookup_span(struct store *s, uint32_t ns_id, const struct kvc_wir
         *count = store_lookup_run(s, ns_id, keys, n);
         return 0;
     }
-    /* The longest prefix keys[0..e) whose last min(w, e) blocks are all cached: the blocks
-     * before its window may have gone (evicted, or never stored). */
+    /* The longest prefix keys[0..e) whose last min(w, base + e) blocks are all cached: the
+     * blocks before its window may have gone (evicted, or never stored). Past base, a window
+     * reaching before keys[0] cannot be judged (run <= e < its need). */
     w = kvc_wire_window_blocks(&ns->layout);
     for (uint32_t i = 0; i < n; i++) {
-        run = store_key_cached(s, ns_id, &keys[i]) ? run + 1 : 0;
-        if (run >= (i + 1 < w ? i + 1 : w))
+        run = store_key_cached(s, ns_id, &keys[i], mode) ? run + 1 : 0;
+        if (run >= store_window_need(w, base, i + 1))
             end = i + 1;
     }
-    *count = end < w ? end : w;
+    *count = end ? store_window_need(w, base, end) : 0;
     return end - *count;
 }
 

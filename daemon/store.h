@@ -301,10 +301,21 @@ uint32_t store_lookup_run(struct store *s, uint32_t ns_id, const struct kvc_wire
                           uint32_t n);
 /* The span of keys[0..n) a lookup of namespace ns_id answers with: keys[first..first+count),
  * returned as first with *count set. KV and K_ONLY: the run of committed blocks from keys[0]
- * (store_lookup_run); KV_WINDOW: the window of the longest prefix whose window is cached;
- * STATE: the state of the longest prefix that has one (count 0 or 1). */
+ * (store_lookup_run); KV_WINDOW: the window of the longest prefix whose window is cached
+ * (base: the position of keys[0] in the prompt, kvc_lookup_req.base); STATE: the state of
+ * the longest prefix that has one (count 0 or 1). Cached means committed and not lost; with
+ * STORE_SPAN_READY in mode, also in memory now and readable by the client (a pool block only
+ * with STORE_SPAN_GPU). */
+#define STORE_SPAN_READY 0x1u
+#define STORE_SPAN_GPU 0x2u
 uint32_t store_lookup_span(struct store *s, uint32_t ns_id, const struct kvc_wire_key *keys,
-                           uint32_t n, uint32_t *count);
+                           uint32_t n, uint32_t base, unsigned mode, uint32_t *count);
+/* Blocks the window of a prefix ending at keys[e] needs (w: the window in blocks; base:
+ * keys[0]'s position in the prompt): its last w, or all of a shorter prefix. */
+static inline uint32_t store_window_need(uint32_t w, uint32_t base, uint32_t e)
+{
+    return (uint64_t)base + e < w ? base + e : w;
+}
 /* Pins keys[0..hits) under a new lease of o (*lease_id, 0 if no hit), fills locs[0..hits)
  * from where each block is now and counts the lookup of n keys (tier[i]: where hit i was
  * found, for the per-tier counters). Returns hits, or -ENOENT (ns), -EMFILE, -ENOMEM. The

@@ -108,7 +108,7 @@ START_TEST(test_bad_payload_replies)
     ck_assert_int_eq(decode(lookup_msg(KVC_PROTO_MAX_KEYS + 1, 1)), -E2BIG);
     ck_assert_int_eq(decode(lookup_msg(UINT32_MAX, 1)), -E2BIG);
     n = lookup_msg(1, 1);
-    ((struct kvc_lookup_req *)(h + 1))->pad = 1;
+    ((struct kvc_lookup_req *)(h + 1))->flags = 0x80; /* a flag no daemon knows */
     ck_assert_int_eq(decode(n), -EINVAL);
     n = lookup_msg(1, 1);
     h->status = -5;

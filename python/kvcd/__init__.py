@@ -1,5 +1,6 @@
 # DESIGN: the kvcd package is the C extension kvcd._kvcd (python/kvcd/_kvcd*.c) over libkvc;
-# this file only re-exports it, so `import kvcd` is the whole API (typed in __init__.pyi).
+# this file re-exports it and the pure-Python hybrid_lookup (kvcd/hybrid.py), so `import
+# kvcd` is the whole API (typed in __init__.pyi).
 from kvcd._kvcd import (  # noqa: F401
     SLOT_BUSY,
     SLOT_NOSPACE,
@@ -14,8 +15,10 @@ from kvcd._kvcd import (  # noqa: F401
     Reservation,
     default_socket,
 )
+from kvcd.hybrid import HybridHit, hybrid_lookup  # noqa: F401
 
 __all__ = [
     "Client", "Namespace", "Lease", "Reservation", "PagedKV", "Error", "default_socket",
     "SLOT_PRESENT", "SLOT_RESERVED", "SLOT_BUSY", "SLOT_SKIPPED", "SLOT_NOSPACE",
+    "HybridHit", "hybrid_lookup",
 ]

@@ -269,3 +269,25 @@ class Reservation:
     def __enter__(self) -> Reservation: ...
     def __exit__(self, t: Optional[Type[BaseException]], v: Optional[BaseException],
                  tb: Optional[TracebackType]) -> bool: ...
+
+class HybridHit:
+    """The usable prefix of hybrid_lookup(): ``length`` keys and one Lease per namespace
+    (in the order given): the ``length`` blocks of a kv / k_only namespace, the window's
+    blocks of a kv_window one (Lease.first where they start), the state at ``length - 1``
+    of a state one; none when ``length`` is 0."""
+
+    length: int
+    leases: list[Lease]
+    def release(self) -> None: ...
+    def __enter__(self) -> HybridHit: ...
+    def __exit__(self, t: Optional[Type[BaseException]], v: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> bool: ...
+
+def hybrid_lookup(namespaces: Sequence[Namespace], keys: Sequence[bytes],
+                  ready_only: bool = False, gpu: bool = False,
+                  limit: Optional[int] = None) -> HybridHit:
+    """The longest prefix of ``keys`` (at most ``limit``, and 8 x 2048) every namespace (one
+    per kind of layer of a hybrid model, under the same keys) can give: the full-attention
+    hit length intersected with the window's and the state's availability at that position.
+    A few round trips: one per namespace, one more per namespace each time the prefix
+    shrinks."""

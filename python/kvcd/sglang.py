@@ -95,6 +95,11 @@ _LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")
 # pools laid out like the KV pool (kvcd's canonical KV namespaces); others are stored as bytes
 _KV_SHAPED = ("kv", "swa", "draft", "draft_swa")
 _STATE_POOLS = ("mamba",)  # pools of recurrent state: kvcd namespaces of kind "state"
+# Keys one reservation takes, and one lookup (libkvc: 2048 a request, 8 requests a lease).
+# SGLang hands over as many pages as an operation has (page_size 1: one a token), so longer
+# operations go in pieces of these, each after the one before it went whole.
+_RESERVE_KEYS = 2048
+_LOOKUP_KEYS = 8 * 2048
 _DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 # fp8 by name: older torch has no float8 dtypes (SGLang's pools then hold the bytes as uint8)
 _FP8 = {"torch.float8_e4m3fn": "fp8_e4m3"}
@@ -525,14 +530,19 @@ class KvcdHiCacheStorage(_Base):
         """Leading keys cached in memory now, over every shard: a ready-only lookup, which
         neither the daemon nor libkvc holds for disk reads (SGLang asks from its prefetch
         thread). Pages on disk after that run are not counted; their reads start, so a
-        later request finds them in memory."""
-        n = len(kb)
-        for s in range(len(m.shards)):
-            if n == 0:
+        later request finds them in memory. In lookups of _LOOKUP_KEYS keys at most."""
+        done = 0
+        while done < len(kb):
+            c = n = min(len(kb) - done, _LOOKUP_KEYS)
+            for s in range(len(m.shards)):
+                if n == 0:
+                    break
+                with self._ns(m, s).lookup(kb[done:done + n], ready_only=True) as lease:
+                    n = min(n, len(lease))
+            done += n
+            if n < c:
                 break
-            with self._ns(m, s).lookup(kb[:n], ready_only=True) as lease:
-                n = min(n, len(lease))
-        return n
+        return done
 
     def _table(self, m, idx, npages):
         P = m.page_size
@@ -540,7 +550,20 @@ class KvcdHiCacheStorage(_Base):
 
     def _load(self, m, kb, idx, views=None):
         """Loads the cached leading run of kb into the pool pages at idx[i * page_size]
-        (or into `views`, page i at block table entry i); returns the pages loaded."""
+        (or into `views`, page i at block table entry i); returns the pages loaded. In
+        lookups of _LOOKUP_KEYS keys at most, each after the one before it loaded whole."""
+        done, P = 0, m.page_size
+        while done < len(kb):
+            c = min(len(kb) - done, _LOOKUP_KEYS)
+            got = self._load_run(m, kb[done:done + c],
+                                 idx[done * P:] if idx is not None else None, views, done)
+            done += got
+            if got < c:
+                break
+        return done
+
+    def _load_run(self, m, kb, idx, views, off):
+        """_load of one lookup's keys: page i of kb is page off + i of the operation."""
         leases = []
         try:
             n = len(kb)
@@ -574,7 +597,7 @@ class KvcdHiCacheStorage(_Base):
                 return n
             if m.per_page:
                 buf = m.pool.kv_buffer if views is None else views
-                table = self._table(m, idx, n) if views is None else list(range(n))
+                table = self._table(m, idx, n) if views is None else list(range(off, off + n))
                 for s, lease in enumerate(leases):
                     for i in range(n):
                         self._load_page(m, lease, i, m.canonical_page(buf, table[i], s))
@@ -582,7 +605,7 @@ class KvcdHiCacheStorage(_Base):
             if views is None:
                 views, table = m.pool_views, self._table(m, idx, n)
             else:
-                table = list(range(n))
+                table = list(range(off, off + n))
             for lease, (kc, vc) in zip(leases, views):
                 lease.scatter(kc, vc, table, n=n)
             return n
@@ -629,7 +652,7 @@ class KvcdHiCacheStorage(_Base):
         ok = [False] * n
         i, deadline, pause = 0, None, 0.0005
         while i < n:
-            with ns.reserve(kb[i:], parent=parent) as r:
+            with ns.reserve(kb[i:i + _RESERVE_KEYS], parent=parent) as r:
                 st = r.statuses
                 if r.reserved:
                     if m.kind == "bytes":
@@ -771,9 +794,11 @@ class KvcdHiCacheStorage(_Base):
                 if _policy(t) == "all_pages":
                     b = self._exists(m, kb[:kv])
                 elif m.state and (len(t.keys) if t.keys else 1) == 1:
-                    # The state of the longest prefix of the KV hit that has one: one lookup.
-                    with self._ns(m, 0).lookup(kb[:kv], ready_only=True) as lease:
-                        b = lease.first + 1 if len(lease) else 0
+                    # The state of the longest prefix of the KV hit that has one: one lookup
+                    # (of the last keys a lease takes).
+                    lo = max(0, kv - _LOOKUP_KEYS)
+                    with self._ns(m, 0).lookup(kb[lo:kv], ready_only=True) as lease:
+                        b = lo + lease.first + 1 if len(lease) else 0
                 else:
                     w, b = max(1, len(t.keys) if t.keys else 1), 0
                     for end in range(kv, 0, -1):

@@ -63,3 +63,41 @@ def test_refusals(client):
     with pytest.raises(kvcd.Error) as e:
         client.namespace_kind("py/taken", 1, 1, 8, 4, kind="kv")
     assert e.value.errno == 17  # EEXIST: the kind is part of the layout
+
+
+def test_hybrid_lookup_finds_the_prefix_every_kind_can_give(client):
+    """kvcd.hybrid_lookup over a full-attention, a sliding-window (3 blocks) and a state
+    namespace under the same keys: the KV run is 10, the window of prefix 10 lacks block 6
+    (prefix 6 has its window), the states are at the ends of prefixes 4 and 8: the usable
+    prefix is 4, each lease pins exactly what prefix 4 needs of its kind."""
+    kv = client.namespace_kind("py/hy-full", 2, 2, 16, 4, "fp16")
+    w = client.namespace_kind("py/hy-swa", 2, 2, 16, 4, "fp16", kind="kv_window",
+                              window_tokens=10)
+    s = client.namespace_kind("py/hy-state", 2, 2, 16, 4, "fp16", kind="state")
+    k = keys(12, 7)
+    assert kv.put_prefix(k[:10], [bytes([i]) * kv.block_bytes for i in range(10)]) == 10
+    for i in range(10):
+        if i != 6:
+            w.put_prefix([k[i]], [bytes([0x40 + i]) * w.block_bytes])
+    for i in (3, 7):
+        s.put_prefix([k[i]], [bytes([0x80 + i]) * s.block_bytes])
+    client.flush()
+    with kvcd.hybrid_lookup([kv, w, s], k) as hit:
+        assert hit.length == 4
+        lk, lw, ls = hit.leases
+        assert (lk.first, len(lk)) == (0, 4)
+        assert (lw.first, len(lw)) == (1, 3)
+        assert [bytes(lw[i])[:1] for i in range(3)] == [b"\x41", b"\x42", b"\x43"]
+        assert (ls.first, len(ls)) == (3, 1) and bytes(ls[0])[:1] == b"\x83"
+    # Block 6 of the window stored: prefix 8 has everything.
+    w.put_prefix([k[6]], [b"\x46" * w.block_bytes])
+    client.flush()
+    with kvcd.hybrid_lookup([s, w, kv], k, ready_only=True) as hit:
+        assert hit.length == 8
+        assert [(x.first, len(x)) for x in hit.leases] == [(7, 1), (5, 3), (0, 8)]
+    assert kvcd.hybrid_lookup([kv, w, s], k, limit=7).length == 4
+    # No state at all below the limit: nothing usable, no lease held.
+    hit = kvcd.hybrid_lookup([kv, w, s], k, limit=3)
+    assert (hit.length, hit.leases) == (0, [])
+    with pytest.raises(ValueError):
+        kvcd.hybrid_lookup([], k)

@@ -117,6 +117,30 @@ def test_v1_round_trip_every_host_layout(daemon, kind):
     be.close()
 
 
+def test_operations_past_one_request():
+    """SGLang hands over every page of an operation at once (page_size 1: one a token): a
+    batch_set_v1 of more pages than one reservation takes (2048) and a batch_exists /
+    batch_get_v1 of more than one lease takes (8 x 2048) go in pieces, every page stored,
+    found and loaded byte for byte."""
+    n = 8 * 2048 + 116
+    with PrivateDaemon(["host.size=256m"]) as d:
+        src = HostPool("layer_first", 1, 1, 8, 1, n)
+        be = KvcdHiCacheStorage(config(d.socket, model="past-one-request"), src)
+        keys = ["long-op-%d" % i for i in range(n)]
+        for i, k in enumerate(keys):
+            src.fill(i, k)
+        idx = torch.arange(n, dtype=torch.int64)
+        assert be.batch_set_v1(keys, idx) == [True] * n
+        assert be.batch_exists(keys) == n
+        assert be.batch_exists(keys + ["never-stored"]) == n
+        dst = HostPool("layer_first", 1, 1, 8, 1, n)
+        be.register_mem_pool_host(dst)
+        assert be.batch_get_v1(keys, idx) == [True] * n
+        assert torch.equal(dst.kv_buffer, src.kv_buffer)
+        assert be.stats()["errors"] == 0
+        be.close()
+
+
 def test_value_calls_and_prefix_semantics(daemon):
     """The generic calls SGLang makes without interface_v1: flat pages in the pool's
     get_data_page(flat=True) order."""

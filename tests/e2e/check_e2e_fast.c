@@ -232,6 +232,65 @@ START_TEST(test_fast_full_arena_4k)
 }
 END_TEST
 
+/* Window and state namespaces never take the shared index: their blocks are there (any
+ * ready block is), but a run from keys[0] is no window's and no state's answer. get_prefix
+ * asks the daemon for their span; the index walk itself declines them. */
+START_TEST(test_fast_refuses_spans)
+{
+    struct daemon d = {0};
+    kvc_client *c;
+    kvc_ns *w, *st;
+    struct kvc_layout lw = daemon_layout("e2e-fast-swa", 16), ls = daemon_layout("e2e-fast-st", 16);
+    struct kvc_key k[8];
+    uint64_t fast = 1;
+    ls.kv_kind = KVC_KV_KIND_STATE;
+    lw.kv_kind = KVC_KV_KIND_KV_WINDOW;
+    ck_assert_int_eq(daemon_start(&d, fp_args), 0);
+    ck_assert_int_eq(kvc_connect(d.sock, &c), 0);
+    ck_assert_int_eq(kvc_ns_open_window(c, &lw, 40, &w), 0); /* 3 blocks */
+    ck_assert_int_eq(kvc_ns_open(c, &ls, &st), 0);
+    size_t bb = kvc_ns_block_bytes(w), sb = kvc_ns_block_bytes(st);
+    uint8_t *buf = malloc(bb), *bufs = calloc(8, bb);
+    void *dst[8], *got[8];
+    for (uint32_t i = 0; i < 8; i++) {
+        const void *p = buf;
+        k[i] = (struct kvc_key){.lo = 0x5157a + i, .hi = 77};
+        daemon_block_fill(&k[i], buf, bb);
+        ck_assert_int_eq(kvc_put_prefix(w, NULL, &k[i], 1, &p), 1); /* all 8 cached */
+        if (i == 0 || i == 2) {
+            daemon_block_fill(&k[i], buf, sb);
+            ck_assert_int_eq(kvc_put_prefix(st, NULL, &k[i], 1, &p), 1);
+        }
+        dst[i] = bufs + (size_t)i * bb;
+    }
+    ck_assert_int_eq(kvc_flush(c), 0);
+    /* The window of prefix 8 (blocks 5..7), nothing before it, though 0..4 are cached. */
+    ck_assert_int_eq(kvc_get_prefix(w, k, 8, dst), 8);
+    for (uint32_t i = 5; i < 8; i++)
+        ck_assert_int_eq(daemon_block_check(&k[i], dst[i], bb), -1);
+    for (size_t i = 0; i < 5 * bb; i++)
+        ck_assert_msg(bufs[i] == 0, "get_prefix wrote before the window");
+    /* The state of prefix 3 (at k[2]), not k[0]'s. */
+    memset(bufs, 0, 8 * bb);
+    ck_assert_int_eq(kvc_get_prefix(st, k, 4, dst), 3);
+    ck_assert_int_eq(daemon_block_check(&k[2], dst[2], sb), -1);
+    for (size_t i = 0; i < 2 * bb; i++)
+        ck_assert_msg(bufs[i] == 0, "get_prefix wrote another boundary's state");
+    /* The index walk declines both kinds (k[0] is in the index for each). */
+    for (uint32_t i = 0; i < 8; i++)
+        got[i] = bufs + (size_t)i * bb;
+    ck_assert_uint_eq(kvci_fast_get(w, k, 8, got), 0);
+    ck_assert_uint_eq(kvci_fast_get(st, k, 4, got), 0);
+    ck_assert_int_eq(daemon_client_stat(c, 0, "fast_hits", &fast), 0);
+    ck_assert_uint_eq(fast, 0);
+    free(buf);
+    free(bufs);
+    kvc_disconnect(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_cleanup(&d);
+}
+END_TEST
+
 /* A client that leaves with hits still unread in its ring (fewer than half a ring: it never
  * asked for room) has them read before its connection closes: every one counts. */
 START_TEST(test_fast_hits_counted_at_disconnect)
@@ -934,6 +993,7 @@ int main(void)
     tcase_add_test(tc, test_fast_ns_reused);
     tcase_add_test(tc, test_fast_daemon_gone);
     tcase_add_test(tc, test_fast_full_arena_4k);
+    tcase_add_test(tc, test_fast_refuses_spans);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

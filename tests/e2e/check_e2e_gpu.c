@@ -1004,6 +1004,132 @@ static int gf_pool_put_load(void *arg)
                                                                                                : 36;
 }
 
+/* The window (3 blocks of GE_BT) and the state namespaces of the kinds cases; keys as
+ * gf_client's. */
+#define GF_WIN (3 * GE_BT - 5)
+static int gf_kind_open(kvc_client *c, enum kvc_kv_kind kind, kvc_ns **ns, struct kvc_key *keys)
+{
+    static uint32_t tokens[GE_TOKENS];
+    struct kvc_layout lay = ge_layout();
+    lay.kv_kind = kind;
+    lay.model_id = kind == KVC_KV_KIND_STATE ? "e2e-gpu-state" : "e2e-gpu-swa";
+    for (uint32_t i = 0; i < GE_TOKENS; i++)
+        tokens[i] = 3000 + i;
+    if (kind == KVC_KV_KIND_KV_WINDOW ? kvc_ns_open_window(c, &lay, GF_WIN, ns)
+                                      : kvc_ns_open(c, &lay, ns))
+        return -1;
+    return kvc_keys_from_tokens(*ns, NULL, tokens, GE_TOKENS, NULL, 0, keys, GE_BLOCKS) == GE_BLOCKS
+               ? 0
+               : -1;
+}
+
+/* Child: puts every window block (each a root) and the states at blocks 1 and 3 into the
+ * pool; a pool-mapped lookup answers the window of the whole prefix and the state of prefix
+ * 4 as pool locations, with and without READY_ONLY, every byte the put's. */
+static int gf_kinds_pool_put(void *arg)
+{
+    kvc_client *c;
+    kvc_ns *w, *st;
+    kvc_resv *r;
+    kvc_lease *l;
+    struct kvc_key kw[GE_BLOCKS], ks[GE_BLOCKS];
+    (void)arg;
+    fake_dev_reset(2);
+    fake_dev_current_set(0);
+    kvci_gpu_ops_set(&fake_dev_ops);
+    if (kvc_connect(gf.d.sock, &c) || kvc_gpu_attach(c) != 1 ||
+        gf_kind_open(c, KVC_KV_KIND_KV_WINDOW, &w, kw) ||
+        gf_kind_open(c, KVC_KV_KIND_STATE, &st, ks))
+        return 90;
+    size_t bb = kvc_ns_block_bytes(w), sb = kvc_ns_block_bytes(st);
+    for (size_t i = 0; i < GE_BLOCKS; i++) {
+        if (kvc_reserve_gpu(w, NULL, &kw[i], 1, &r) != 1 ||
+            fake_dev_ops.pointer_device(kvc_resv_data(r, 0)) != 0)
+            return 91;
+        daemon_block_fill(&kw[i], kvc_resv_data(r, 0), bb);
+        if (kvc_commit(r, SIZE_MAX) != 1)
+            return 92;
+        if (i != 1 && i != 3)
+            continue;
+        if (kvc_reserve_gpu(st, NULL, &ks[i], 1, &r) != 1)
+            return 93;
+        daemon_block_fill(&ks[i], kvc_resv_data(r, 0), sb);
+        if (kvc_commit(r, SIZE_MAX) != 1)
+            return 94;
+    }
+    for (unsigned f = 0; f < 2; f++) {
+        unsigned flags = KVC_LOOKUP_GPU | (f ? KVC_LOOKUP_READY_ONLY : 0);
+        if (kvc_lookup(w, kw, GE_BLOCKS, flags, &l) != 3 || kvc_lease_first(l) != GE_BLOCKS - 3)
+            return 95;
+        for (size_t i = 0; i < 3; i++)
+            if (kvc_lease_tier(l, i) != KVC_TIER_GPU ||
+                daemon_block_check(&kw[GE_BLOCKS - 3 + i], kvc_lease_data(l, i), bb) != -1)
+                return 96;
+        kvc_release(l);
+        if (kvc_lookup(st, ks, GE_BLOCKS, flags, &l) != 1 || kvc_lease_first(l) != 3 ||
+            kvc_lease_tier(l, 0) != KVC_TIER_GPU ||
+            daemon_block_check(&ks[3], kvc_lease_data(l, 0), sb) != -1)
+            return 97;
+        kvc_release(l);
+    }
+    kvc_disconnect(c);
+    return 0;
+}
+
+/* Child: a client that cannot read the pool. A READY_ONLY lookup answers no span in the
+ * pool (not readable by it) but starts their copies to the host; a plain lookup waits for
+ * them: the same window and state, host locations, every byte the put's. */
+static int gf_kinds_host_load(void *arg)
+{
+    kvc_client *c;
+    kvc_ns *w, *st;
+    kvc_lease *l;
+    struct kvc_key kw[GE_BLOCKS], ks[GE_BLOCKS];
+    int h;
+    (void)arg;
+    if (kvc_connect(gf.d.sock, &c) || gf_kind_open(c, KVC_KV_KIND_KV_WINDOW, &w, kw) ||
+        gf_kind_open(c, KVC_KV_KIND_STATE, &st, ks))
+        return 100;
+    size_t bb = kvc_ns_block_bytes(w), sb = kvc_ns_block_bytes(st);
+    h = kvc_lookup(w, kw, GE_BLOCKS, KVC_LOOKUP_READY_ONLY, &l);
+    if (h > 0) {
+        /* Whatever it answers is a whole window in host memory. */
+        if (h != 3 || kvc_lease_first(l) != GE_BLOCKS - 3 || kvc_lease_tier(l, 0) != KVC_TIER_HOST)
+            return 101;
+        kvc_release(l);
+    }
+    /* Asked until the copies out of the pool landed: READY_ONLY alone gets there. */
+    for (int i = 0; i < 500 && h <= 0; i++) {
+        usleep(2000);
+        h = kvc_lookup(w, kw, GE_BLOCKS, KVC_LOOKUP_READY_ONLY, &l);
+        if (h > 0)
+            kvc_release(l);
+    }
+    if (h != 3)
+        return 102;
+    if (kvc_lookup(w, kw, GE_BLOCKS, 0, &l) != 3 || kvc_lease_first(l) != GE_BLOCKS - 3)
+        return 103;
+    for (size_t i = 0; i < 3; i++)
+        if (kvc_lease_tier(l, i) != KVC_TIER_HOST ||
+            daemon_block_check(&kw[GE_BLOCKS - 3 + i], kvc_lease_data(l, i), bb) != -1)
+            return 104;
+    kvc_release(l);
+    if (kvc_lookup(st, ks, GE_BLOCKS, 0, &l) != 1 || kvc_lease_first(l) != 3 ||
+        kvc_lease_tier(l, 0) != KVC_TIER_HOST ||
+        daemon_block_check(&ks[3], kvc_lease_data(l, 0), sb) != -1)
+        return 105;
+    kvc_release(l);
+    kvc_disconnect(c);
+    return 0;
+}
+
+START_TEST(test_kinds_through_the_pool)
+{
+    ck_assert_int_eq(gf_run(gf_kinds_pool_put, NULL), 0);
+    ck_assert_int_eq(gf_run(gf_kinds_host_load, NULL), 0);
+}
+END_TEST
+
 START_TEST(test_pool_copies_land_in_order)
 {
     ck_assert_int_eq(gf_run(gf_pool_put_load, NULL), 0);
@@ -2176,6 +2302,7 @@ int main(void)
     tcase_add_checked_fixture(tf, gf_setup, gf_teardown);
     tcase_add_test(tf, test_attach_keeps_current_device);
     tcase_add_test(tf, test_pool_copies_land_in_order);
+    tcase_add_test(tf, test_kinds_through_the_pool);
     tcase_add_test(tf, test_fake_refuses_forked_child);
     tcase_add_test(tf, test_pool_moves_off_the_loop);
     suite_add_tcase(s, tf);

@@ -146,6 +146,40 @@ START_TEST(test_window_lookup_is_exactly_the_window)
 }
 END_TEST
 
+/* Longer prompts than one request: libkvc searches from the end, a window's requests
+ * overlapping by the window (base: where each starts), so a window straddling two requests,
+ * one far back, the short prompt's window at the start and a state far back are found as a
+ * lookup of fewer keys finds them. */
+START_TEST(test_long_prompts_searched_from_the_end)
+{
+    enum { N = 5000 };
+    kvc_client *c = NULL;
+    struct kvc_key *k = calloc(N, sizeof(*k));
+    ck_assert_int_eq(daemon_start(&d, host_args), 0);
+    ck_assert_int_eq(kvc_connect(d.sock, &c), 0);
+    kvc_ns *w = open_kind(c, "kinds/long-swa", KVC_KV_KIND_KV_WINDOW);
+    kvc_ns *st = open_kind(c, "kinds/long-state", KVC_KV_KIND_STATE);
+    keys_of(k, N, 9);
+    put_each(w, k, (const int[]){0, 1}, 2);
+    put_each(st, k, (const int[]){1000}, 1);
+    ck_assert_int_eq(kvc_flush(c), 0);
+    expect_span(w, k, N, 0, 2);     /* down to the first request: the prefix 2 */
+    expect_span(st, k, N, 1000, 1); /* the third request from the end */
+    /* Blocks 2951..2953: the first request (keys 2952..4999) holds two of them only. */
+    put_each(w, k, (const int[]){2951, 2952, 2953}, 3);
+    ck_assert_int_eq(kvc_flush(c), 0);
+    expect_span(w, k, N, 2951, 3);
+    /* And one in the last request, past the others. */
+    put_each(w, k, (const int[]){4990, 4991, 4992}, 3);
+    ck_assert_int_eq(kvc_flush(c), 0);
+    expect_span(w, k, N, 4990, 3);
+    expect_span(w, k, 4992, 2951, 3); /* prefix 4992 needs 4989: the one before */
+    kvc_disconnect(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    free(k);
+}
+END_TEST
+
 START_TEST(test_state_lookup_never_crosses_a_boundary)
 {
     kvc_client *c = NULL;
@@ -489,6 +523,7 @@ int main(void)
     tcase_set_timeout(tc, daemon_slow() * 60);
     tcase_add_test(tc, test_window_lookup_is_exactly_the_window);
     tcase_add_test(tc, test_state_lookup_never_crosses_a_boundary);
+    tcase_add_test(tc, test_long_prompts_searched_from_the_end);
     tcase_add_test(tc, test_kind_and_window_are_the_layout);
     tcase_add_test(tc, test_kvcctl_shows_kinds);
     tcase_add_test(tc, test_blocks_behind_the_window_go_first);

@@ -37,9 +37,10 @@ static struct kvc_layout ops_layout(const char *model)
                                .kv_kind = KVC_KV_KIND_KV};
 }
 
-/* Stores a chain of n blocks (tokens seed, seed+1, ...) in namespace model; keys out. */
-static int ops_put(const char *sock, const char *model, uint32_t seed, size_t n,
-                   struct kvc_key *keys)
+/* Stores a chain of n blocks (tokens seed, seed+1, ...) in namespace model of kind (a
+ * state namespace: the state of the whole prefix alone, under keys[n-1]); keys out. */
+static int ops_put_kind(const char *sock, const char *model, enum kvc_kv_kind kind, uint32_t seed,
+                        size_t n, struct kvc_key *keys)
 {
     kvc_client *c;
     kvc_ns *ns;
@@ -48,6 +49,7 @@ static int ops_put(const char *sock, const char *model, uint32_t seed, size_t n,
     static char data[64][2 * 2 * 2 * 64 * BLOCK_TOKENS * 2];
     struct kvc_layout l = ops_layout(model);
     int rc;
+    l.kv_kind = kind;
     for (size_t i = 0; i < n * BLOCK_TOKENS; i++)
         tok[i] = seed + (uint32_t)i;
     for (size_t i = 0; i < n; i++)
@@ -58,10 +60,18 @@ static int ops_put(const char *sock, const char *model, uint32_t seed, size_t n,
     rc = kvc_ns_open(c, &l, &ns);
     if (rc == 0)
         rc = kvc_keys_from_tokens(ns, NULL, tok, n * BLOCK_TOKENS, NULL, 0, keys, n);
-    if (rc >= 0)
+    if (rc >= 0 && kind == KVC_KV_KIND_STATE)
+        rc = kvc_put_prefix(ns, NULL, &keys[n - 1], 1, blocks) == 1 ? (int)n : -EIO;
+    else if (rc >= 0)
         rc = kvc_put_prefix(ns, NULL, keys, n, blocks);
     kvc_disconnect(c);
     return rc;
+}
+
+static int ops_put(const char *sock, const char *model, uint32_t seed, size_t n,
+                   struct kvc_key *keys)
+{
+    return ops_put_kind(sock, model, KVC_KV_KIND_KV, seed, n, keys);
 }
 
 /* ---- every kvcctl command, text and --json ------------------------------------------- */
@@ -413,12 +423,29 @@ static int ops_acl_child(const char *sock)
     kvc_release(l);
     if (kvc_reserve(ns, NULL, keys, 4, &r) != -EACCES)
         return 18; /* writes do not */
-    if (kvc_ns_list(c, &info, &n) || n != 1 || strcmp(info[0].model_id, "ops/shared") != 0)
-        return 19; /* the private namespace is not even listed */
+    if (kvc_ns_list(c, &info, &n) || n != 2)
+        return 19; /* the private namespaces are not even listed */
+    for (size_t i = 0; i < n; i++)
+        if (strncmp(info[i].model_id, "ops/shared", 10) != 0)
+            return 19;
     free(info);
     if (kvc_block_list(c, 1, &(uint64_t){0}, 16, (struct kvc_block_info **)&info, &n) !=
         -EACCES)
         return 20; /* namespace 1 is ops/private */
+    /* States: the same lists. A private state namespace is not opened, a shared one is
+     * read (the state of the whole prefix, at its last key) and not written. */
+    struct kvc_layout sp = ops_layout("ops/state-private"), ss = ops_layout("ops/shared-state");
+    sp.kv_kind = ss.kv_kind = KVC_KV_KIND_STATE;
+    if (kvc_ns_open(c, &sp, &ns) != -EACCES)
+        return 21;
+    if (kvc_ns_open(c, &ss, &ns))
+        return 22;
+    kvc_keys_from_tokens(ns, NULL, tok, 4 * BLOCK_TOKENS, NULL, 0, keys, 4);
+    if (kvc_lookup(ns, keys, 4, 0, &l) != 1 || kvc_lease_first(l) != 3)
+        return 23;
+    kvc_release(l);
+    if (kvc_reserve(ns, NULL, keys, 4, &r) != -EACCES)
+        return 24;
     kvc_disconnect(c);
     return 0;
 }
@@ -435,11 +462,14 @@ START_TEST(test_access_lists)
     chmod(cfg, 0644);
     ops_write(cfg, "[server]\nsocket_mode = 0666\n"
                    "[namespace.ops/private]\nwrite = root\nhost_size = 4m\n"
-                   "[namespace.ops/shared*]\nread = 65534\nwrite = root\nhost_size = 4m\n");
+                   "[namespace.ops/shared*]\nread = 65534\nwrite = root\nhost_size = 4m\n"
+                   "[namespace.ops/state-private]\nwrite = root\nhost_size = 4m\n");
     const char *args[] = {"-c", cfg, NULL};
     ck_assert_int_eq(ops_daemon_start(&d, args, NULL), 0);
     ck_assert_int_eq(ops_put(d.sock, "ops/private", 1, 4, keys), 4);
     ck_assert_int_eq(ops_put(d.sock, "ops/shared", 1, 4, keys), 4);
+    ck_assert_int_eq(ops_put_kind(d.sock, "ops/state-private", KVC_KV_KIND_STATE, 1, 4, keys), 4);
+    ck_assert_int_eq(ops_put_kind(d.sock, "ops/shared-state", KVC_KV_KIND_STATE, 1, 4, keys), 4);
     snprintf(out, sizeof(out),
              "setpriv --reuid=65534 --regid=65534 --clear-groups /proc/%d/exe --acl-child %s",
              (int)getpid(), d.sock);
@@ -449,7 +479,7 @@ START_TEST(test_access_lists)
     /* Refusals are counted, in total and for the client. */
     const char *stats[] = {"stats", NULL};
     ck_assert_int_eq(ops_kvcctl(&d, out, sizeof(out), stats), 0);
-    ck_assert_msg(strstr(out, "refused_access               4") &&
+    ck_assert_msg(strstr(out, "refused_access               6") &&
                       strstr(out, "refused_admin                2"),
                   "%s", out);
     ck_assert_int_eq(ops_daemon_stop(&d), 0);

@@ -253,9 +253,10 @@ static void seal_keys_of(const uint8_t ns[REMOTE_REC_NS_BYTES], const char *key_
  * that a daemon of the deployment key_file (NULL: an unsealed tier) asks for, in the group
  * of group_file (NULL: the default): the model's raw layout (as libkvc sends it), the block
  * key. */
-static void redis_part_key_in(const char *key_file, const char *group_file, const char *model,
-                              uint32_t bt, const struct kvc_key *k, uint64_t part_size,
-                              uint32_t index, char *out)
+static void redis_kind_key_in(const char *key_file, const char *group_file, const char *model,
+                              uint32_t bt, enum kvc_kv_kind kind, uint16_t window,
+                              const struct kvc_key *k, uint64_t part_size, uint32_t index,
+                              char *out)
 {
     struct kvc_layout l = daemon_layout(model, bt);
     struct kvc_wire_layout wl;
@@ -269,7 +270,8 @@ static void redis_part_key_in(const char *key_file, const char *group_file, cons
     wl.head_dim = l.head_dim;
     wl.block_tokens = l.block_tokens;
     wl.dtype = (uint8_t)l.dtype;
-    wl.kv_kind = (uint8_t)l.kv_kind;
+    wl.kv_kind = (uint8_t)kind;
+    wl.window_tokens = window;
     memcpy(ns, &wl, sizeof(wl));
     ck_assert_int_eq(remote_rec_geom((uint64_t)bt << 10, part_size, &g), 0); /* 1 KiB a token */
     if (key_file) {
@@ -279,6 +281,13 @@ static void redis_part_key_in(const char *key_file, const char *group_file, cons
     } else {
         remote_rec_key(out, remote_rec_ns_fp(ns), key, &g, index);
     }
+}
+
+static void redis_part_key_in(const char *key_file, const char *group_file, const char *model,
+                              uint32_t bt, const struct kvc_key *k, uint64_t part_size,
+                              uint32_t index, char *out)
+{
+    redis_kind_key_in(key_file, group_file, model, bt, KVC_KV_KIND_KV, 0, k, part_size, index, out);
 }
 
 /* The same in the suite's deployment, default group. */
@@ -1018,6 +1027,182 @@ START_TEST(test_one_value_damaged_unsealed)
 }
 END_TEST
 
+/* ---- window and state blocks ----------------------------------------------------------- */
+
+#define KWIN 182 /* window tokens: 3 blocks of BT */
+
+static kvc_ns *kind_open(kvc_client *c, const char *model, enum kvc_kv_kind kind)
+{
+    struct kvc_layout l = daemon_layout(model, BT);
+    kvc_ns *ns = NULL;
+    l.kv_kind = kind;
+    int r = kind == KVC_KV_KIND_KV_WINDOW ? kvc_ns_open_window(c, &l, KWIN, &ns)
+                                          : kvc_ns_open(c, &l, &ns);
+    ck_assert_msg(r == 0, "open %s: %s", model, kvc_strerror(r));
+    return ns;
+}
+
+static void kind_keys(struct kvc_key *k, uint32_t n, uint64_t salt)
+{
+    for (uint32_t i = 0; i < n; i++)
+        k[i] = (struct kvc_key){.lo = salt * 1000 + i + 1, .hi = 0x72656d6b696e64ull ^ salt};
+}
+
+/* Puts keys[i] for every i in idx[0..m), each as its own root (a window's block, a state). */
+static void kind_put(kvc_ns *ns, const struct kvc_key *keys, const int *idx, int m)
+{
+    size_t bb = kvc_ns_block_bytes(ns);
+    uint8_t *buf = malloc(bb);
+    ck_assert_ptr_nonnull(buf);
+    for (int j = 0; j < m; j++) {
+        const void *p = buf;
+        daemon_block_fill(&keys[idx[j]], buf, bb);
+        ck_assert_int_eq(kvc_put_prefix(ns, NULL, &keys[idx[j]], 1, &p), 1);
+    }
+    free(buf);
+}
+
+/* Looks keys[0..n) up: the hits must be keys[first..first + hits), byte for byte. */
+static void kind_expect(kvc_ns *ns, const struct kvc_key *keys, uint32_t n, size_t first, int hits)
+{
+    kvc_lease *l = NULL;
+    int h = kvc_lookup(ns, keys, n, 0, &l);
+    ck_assert_msg(h == hits, "prefix %u: %d hits, want %d", n, h, hits);
+    if (!h)
+        return;
+    ck_assert_msg(kvc_lease_first(l) == first, "prefix %u: first %zu, want %zu", n,
+                  kvc_lease_first(l), first);
+    for (int i = 0; i < h; i++)
+        ck_assert_msg(daemon_block_check(&keys[first + (size_t)i], kvc_lease_data(l, (size_t)i),
+                                         kvc_ns_block_bytes(ns)) < 0,
+                      "prefix %u hit %d: wrong bytes", n, i);
+    ck_assert_int_eq(kvc_release(l), 0);
+}
+
+/* Window blocks and states written behind by A are found by B, which holds none of them: a
+ * window lookup answers exactly the window of the longest prefix whose window the local
+ * tiers and the cluster hold together (its blocks read as roots, whatever chain they were
+ * written in), a state lookup the state of the longest prefix that has one. A window with a
+ * block gone from the cluster is never answered cut short (what is left of it is no
+ * prefix's window): libkvc asks the local tiers again. */
+START_TEST(test_window_and_state_cross_daemon)
+{
+    struct daemon a, b;
+    kvc_client *ca = NULL, *cb = NULL;
+    struct kvc_key k[12];
+    char key[REMOTE_REC_KEY_MAX];
+    kvcd_up(&a, NULL);
+    kvcd_up(&b, NULL);
+    ck_assert_int_eq(kvc_connect(a.sock, &ca), 0);
+    ck_assert_int_eq(kvc_connect(b.sock, &cb), 0);
+    kvc_ns *wa = kind_open(ca, "e2e/remote-swa", KVC_KV_KIND_KV_WINDOW);
+    kvc_ns *wb = kind_open(cb, "e2e/remote-swa", KVC_KV_KIND_KV_WINDOW);
+    kvc_ns *sa = kind_open(ca, "e2e/remote-state", KVC_KV_KIND_STATE);
+    kvc_ns *sb = kind_open(cb, "e2e/remote-state", KVC_KV_KIND_STATE);
+    kind_keys(k, 12, 1);
+    /* Window blocks 0..1 and 4..11 (2 and 3 never stored); states at the ends of 3 and 6. */
+    kind_put(wa, k, (const int[]){0, 1, 4, 5, 6, 7, 8, 9, 10, 11}, 10);
+    kind_put(sa, k, (const int[]){2, 5}, 2);
+    ck_assert_msg(stat_wait(&a, "remote_written_blocks", 12, 10000), "A wrote %llu blocks",
+                  (unsigned long long)stat_of(&a, "remote_written_blocks"));
+    kind_expect(wb, k, 12, 9, 3); /* the longest prefix: its window, from the cluster */
+    ck_assert_uint_eq(stat_of(&b, "remote_hit_blocks"), 3);
+    kind_expect(wb, k, 7, 4, 3); /* blocks 4 and 5 from the cluster, 6 local now */
+    kind_expect(wb, k, 5, 0, 2); /* prefix 5 needs 2..4, 3 needs 2: prefix 2 */
+    kind_expect(sb, k, 12, 5, 1);
+    kind_expect(sb, k, 5, 2, 1); /* never the state of another boundary */
+    kind_expect(sb, k, 2, 0, 0);
+    ck_assert_uint_eq(stat_of(&b, "remote_bad_records"), 0);
+    /* C holds nothing either; block 10 goes from the cluster: the window of prefix 12 (9..11)
+     * cannot be read whole, and what C then holds (9, 11) is no window of any prefix: the
+     * answer is the window of prefix 10 (7..9), not 9 alone. */
+    struct daemon d;
+    kvc_client *cc = NULL;
+    kvcd_up(&d, NULL);
+    ck_assert_int_eq(kvc_connect(d.sock, &cc), 0);
+    kvc_ns *wc = kind_open(cc, "e2e/remote-swa", KVC_KV_KIND_KV_WINDOW);
+    redis_kind_key_in(rc.key_file, NULL, "e2e/remote-swa", BT, KVC_KV_KIND_KV_WINDOW, KWIN, &k[10],
+                      0, 0, key);
+    ck_assert_int_eq(redis_del(key), 1);
+    kind_expect(wc, k, 12, 7, 3);
+    ck_assert_uint_eq(stat_of(&d, "remote_miss_blocks"), 1);
+    kind_expect(wc, k, 10, 7, 3); /* local now */
+    /* 9 and 11, then 7 and 8, and 6 read ahead (one key was missing past the window) */
+    ck_assert_uint_eq(stat_of(&d, "remote_hit_blocks"), 5);
+    kvc_disconnect(cc);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_cleanup(&d);
+    kvc_disconnect(ca);
+    kvc_disconnect(cb);
+    ck_assert_int_eq(daemon_stop(&a), 0);
+    ck_assert_int_eq(daemon_stop(&b), 0);
+    daemon_cleanup(&a);
+    daemon_cleanup(&b);
+}
+END_TEST
+
+/* The kind and the window are part of the namespace's descriptor, so of the record's key and
+ * its seal: a window block's record planted under the key of the same model's KV block (a
+ * daemon that opened the model as plain KV), and a KV block's under a window block's key, are
+ * refused (counted), never served as the other kind. */
+START_TEST(test_kind_records_never_cross)
+{
+    struct daemon a, b, c;
+    kvc_client *ca = NULL, *cb = NULL, *cc = NULL;
+    struct kvc_key k[4];
+    char kw[REMOTE_REC_KEY_MAX], kk[REMOTE_REC_KEY_MAX];
+    size_t len = 0;
+    kvcd_up(&a, NULL);
+    kvcd_up(&b, NULL);
+    kvcd_up(&c, NULL);
+    ck_assert_int_eq(kvc_connect(a.sock, &ca), 0);
+    ck_assert_int_eq(kvc_connect(b.sock, &cb), 0);
+    ck_assert_int_eq(kvc_connect(c.sock, &cc), 0);
+    kvc_ns *wa = kind_open(ca, "e2e/remote-cross", KVC_KV_KIND_KV_WINDOW);
+    kvc_ns *kb = kind_open(cb, "e2e/remote-cross", KVC_KV_KIND_KV);
+    kvc_ns *wc = kind_open(cc, "e2e/remote-cross", KVC_KV_KIND_KV_WINDOW);
+    kind_keys(k, 4, 2);
+    kind_put(wa, k, (const int[]){0}, 1);
+    kind_put(kb, k, (const int[]){1}, 1);
+    ck_assert(stat_wait(&a, "remote_written_blocks", 1, 10000));
+    ck_assert(stat_wait(&b, "remote_written_blocks", 1, 10000));
+    /* A's window block 0 under B's KV key of block 0. */
+    redis_kind_key_in(rc.key_file, NULL, "e2e/remote-cross", BT, KVC_KV_KIND_KV_WINDOW, KWIN, &k[0],
+                      0, 0, kw);
+    redis_kind_key_in(rc.key_file, NULL, "e2e/remote-cross", BT, KVC_KV_KIND_KV, 0, &k[0], 0, 0,
+                      kk);
+    char *v = redis_get(kw, &len);
+    ck_assert_ptr_nonnull(v);
+    ck_assert(redis_set(kk, v, len));
+    free(v);
+    kind_expect(kb, k, 1, 0, 0);
+    ck_assert_uint_eq(stat_of(&b, "remote_bad_records"), 1);
+    ck_assert_uint_eq(stat_of(&b, "remote_seal_refused"), 1);
+    /* B's KV block 1 under the window key of block 1, asked by C as a window. */
+    redis_kind_key_in(rc.key_file, NULL, "e2e/remote-cross", BT, KVC_KV_KIND_KV, 0, &k[1], 0, 0,
+                      kk);
+    redis_kind_key_in(rc.key_file, NULL, "e2e/remote-cross", BT, KVC_KV_KIND_KV_WINDOW, KWIN, &k[1],
+                      0, 0, kw);
+    v = redis_get(kk, &len);
+    ck_assert_ptr_nonnull(v);
+    ck_assert(redis_set(kw, v, len));
+    free(v);
+    kind_expect(wc, k, 2, 0, 1); /* prefix 2 needs 0 and 1: 1 refused; prefix 1 needs 0 */
+    ck_assert_uint_eq(stat_of(&c, "remote_bad_records"), 1);
+    ck_assert_uint_eq(stat_of(&c, "remote_seal_refused"), 1);
+    ck_assert_uint_eq(stat_of(&c, "remote_hit_blocks"), 1); /* A's block 0, its own record */
+    kvc_disconnect(ca);
+    kvc_disconnect(cb);
+    kvc_disconnect(cc);
+    ck_assert_int_eq(daemon_stop(&a), 0);
+    ck_assert_int_eq(daemon_stop(&b), 0);
+    ck_assert_int_eq(daemon_stop(&c), 0);
+    daemon_cleanup(&a);
+    daemon_cleanup(&b);
+    daemon_cleanup(&c);
+}
+END_TEST
+
 /* Namespaces whose section restricts who may read or write them: kept out of the remote
  * tier by default; with remote = yes and a group secret, shared by the daemons holding that
  * secret only; a daemon of the deployment without it finds nothing under its names. */
@@ -1241,6 +1426,8 @@ int main(void)
     tcase_add_test(tc, test_planted_records_refused);
     tcase_add_test(tc, test_one_value_damaged_sealed);
     tcase_add_test(tc, test_one_value_damaged_unsealed);
+    tcase_add_test(tc, test_window_and_state_cross_daemon);
+    tcase_add_test(tc, test_kind_records_never_cross);
     tcase_add_test(tc, test_restricted_namespaces);
     tcase_add_test(tc, test_secrets_hidden);
     tcase_add_test(tc, test_bad_secret_refused);

@@ -346,14 +346,14 @@ mutation python-reinit-after-close python/kvcd/_kvcd_client.c "check_python" \
 # Hybrid kinds: a state lookup answered from the keys' leading run (a state taken at another
 # boundary, or none where one is cached).
 mutation kinds-state-from-run daemon/store.c "check_e2e_kinds" \
-'        for (end = n; end > 0 && !store_key_cached(s, ns_id, &keys[end - 1]); end--)' \
-'        for (end = store_lookup_run(s, ns_id, keys, n); end > 0 && !store_key_cached(s, ns_id, &keys[end - 1]); end--)'
+'        for (end = n; end > 0 && !store_key_cached(s, ns_id, &keys[end - 1], mode); end--)' \
+'        for (end = store_lookup_run(s, ns_id, keys, n); end > 0 && !store_key_cached(s, ns_id, &keys[end - 1], mode); end--)'
 
 # Hybrid kinds: a window lookup that ends at the first gap (the blocks before a window are
 # required again).
 mutation kinds-window-needs-whole-prefix daemon/store.c "check_e2e_kinds" \
-'        run = store_key_cached(s, ns_id, &keys[i]) ? run + 1 : 0;' \
-'        run = store_key_cached(s, ns_id, &keys[i]) && run == i ? run + 1 : 0;'
+'        run = store_key_cached(s, ns_id, &keys[i], mode) ? run + 1 : 0;' \
+'        run = store_key_cached(s, ns_id, &keys[i], mode) && run == i ? run + 1 : 0;'
 
 # Hybrid kinds: window blocks chained to their parents (the blocks behind a window kept alive
 # as parents, the window's own tip evicted first).
@@ -365,8 +365,31 @@ mutation kinds-window-chained daemon/store.c "check_e2e_kinds" \
 
 # kvcd.sglang: batch_exists waits for disk reads in SGLang's prefetch thread.
 mutation sglang-exists-waits python/kvcd/sglang.py "check_python" \
-'            with self._ns(m, s).lookup(kb[:n], ready_only=True) as lease:' \
-'            with self._ns(m, s).lookup(kb[:n]) as lease:'
+'                with self._ns(m, s).lookup(kb[done:done + n], ready_only=True) as lease:' \
+'                with self._ns(m, s).lookup(kb[done:done + n]) as lease:'
+
+# Hybrid kinds: a window whose remote read failed handed out cut (what is left of it is no
+# prefix's window) instead of asked again.
+mutation kinds-remote-cut-window client/libkvc_lease.c "check_e2e_remote" \
+'        } else if (span && l->n < asked) {' \
+'        } else if (span && l->n < asked && 0) {'
+
+# Hybrid kinds: a window or a state served from the shared index as a run from keys[0].
+mutation kinds-fast-run client/libkvc_fast.c "check_e2e_fast" \
+'    const struct kvc_fastview *v = n && run ? kvc_fast_view_of(ns) : NULL;' \
+'    const struct kvc_fastview *v = n && (run || 1) ? kvc_fast_view_of(ns) : NULL;'
+
+# Hybrid kinds: a READY_ONLY span lookup by a client that cannot read the GPU pool never
+# starts the copies of the span's pool blocks (it answers nothing, forever).
+mutation kinds-pool-ready-only-no-move daemon/engine.c "check_e2e_gpu" \
+'        for (uint32_t i = span; s->gpu && !o->gpu && i < span + count; i++) {' \
+'        for (uint32_t i = span; s->gpu && !o->gpu && i < span; i++) {'
+
+# Hybrid kinds: a long window lookup whose requests do not overlap by the window (a window
+# straddling two requests is judged by neither).
+mutation kinds-long-no-overlap client/libkvc_lease.c "check_e2e_kinds" \
+'            end = at + w - 1;' \
+'            end = at + 0 * w;'
 
 # ---- machinery ------------------------------------------------------------------------------
 
