@@ -299,7 +299,7 @@ check: deps
 # add a minute and no thread the suites above do not run, so make check leaves them out.) -Wno-tsan: the fast path's fences order stores for other processes, which
 # TSan does not model (and cannot see).
 TSAN_SUITES := check_e2e_fast check_e2e_concurrent check_e2e_quant check_e2e_remote \
-	check_e2e_gpu check_e2e_pressure check_e2e_crash check_tier_disk check_tier_disk_open
+	check_e2e_gpu check_e2e_gpu_fake check_e2e_pressure check_e2e_crash check_tier_disk check_tier_disk_open
 .PHONY: tsan-tests
 tsan-tests: $(B)/bin/kvcd $(B)/bin/kvcctl $(patsubst %,$(B)/tests/%,$(TSAN_SUITES))
 
@@ -320,7 +320,7 @@ check-gpu: all tests
 # here, then `sh etc/device-check.sh OUTDIR` there, in a copy of this tree with
 # build/device-bundle carried along (etc/device-bundle.sh says what the folder holds).
 BUNDLE ?= build/device-bundle
-BUNDLE_SUITES := check_pack check_tier_gpu check_store_gpu check_kernels check_e2e_gpu \
+BUNDLE_SUITES := check_pack check_tier_gpu check_store_gpu check_kernels check_e2e_gpu check_e2e_gpu_fake \
 	check_e2e_quant check_e2e_fast
 BUNDLE_BENCHES := bench_gpu bench_kernels bench_host
 .PHONY: device-bundle

@@ -1,7 +1,7 @@
 #!/bin/sh
 # compute-sanitizer over the GPU suites (make check-gpu, etc/device-check.sh):
-#   memcheck   check_e2e_gpu, check_tier_gpu, and the CUDA cases of check_pack and
-#              check_kernels
+#   memcheck   check_e2e_gpu, check_e2e_gpu_fake, check_tier_gpu, and the CUDA cases of
+#              check_pack and check_kernels
 #   racecheck  the cases that launch kernels: check_pack cuda, check_kernels cuda
 #   synccheck  the same
 # Every case of a suite in one process (CK_FORK=no): the sanitizer follows the processes the
@@ -58,6 +58,7 @@ run() {
     echo "== sanitizer $what: rc $rc, $(($(date +%s) - start))s"
 }
 run memcheck check_e2e_gpu ""
+run memcheck check_e2e_gpu_fake ""
 run memcheck check_pack cuda
 run racecheck check_pack cuda
 run synccheck check_pack cuda

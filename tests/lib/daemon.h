@@ -120,7 +120,7 @@ struct kvc_layout daemon_layout(const char *model_id, uint32_t block_tokens);
 struct config;
 struct acl;
 struct server_params;
-/* The server limits of the suites that serve from their own process (check_e2e_gpu,
+/* The server limits of the suites that serve from their own process (check_e2e_gpu_fake,
  * check_e2e_adversary_pool: a store, its access lists and a server on sock, the kvcd defaults
  * for the per-uid limits, two WAITs a connection). */
 void daemon_server_params(struct server_params *vp, const char *sock, uint32_t mode,

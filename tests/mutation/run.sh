@@ -119,7 +119,7 @@ mutation gpu-copy-waits tiers/gpu.c "check_tier_gpu check_store_gpu" \
     }'
 
 # A demotion handed out ready: lookups name its host slot before the copy has landed.
-mutation gpu-demotion-ready-early daemon/engine_gpu.c "check_store_gpu check_e2e_gpu" \
+mutation gpu-demotion-ready-early daemon/engine_gpu.c "check_store_gpu check_e2e_gpu_fake" \
 '        b->flags |= BLOCK_F_GPU_MOVING | BLOCK_F_PROMOTING;' \
 '        b->flags |= BLOCK_F_GPU_MOVING;'
 

@@ -1,0 +1,1049 @@
+/*
+ * check_e2e_gpu_fake.c — libkvc's GPU section against a pool over the fake device, and a
+ * prefix in a bounded number of device operations (issue 25).
+ *
+ * With a pool over the fake device (the store and server in this process): the daemon's
+ * moves between the pool and the host arena run while its loop serves other clients (the
+ * fake keeps the device busy until another client's requests were answered), a client that
+ * cannot read the pool gets the pool's blocks when their copies have landed, the window,
+ * state and KV kinds go through the pool, attach keeps the client's current device, and the
+ * fake refuses a forked child that did not reset it.
+ * Issue 25: host-tier hits and slots, and pool hits, move in as many device operations for
+ * 64 blocks as for one; layer ranges scatter and gather only those layers; lossy codecs
+ * decode on the way in. The engines are tests/lib/gpu_engine.h's; no case needs a CUDA
+ * device (the real-device cases are check_e2e_gpu's).
+ */
+#include <check.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "client/kvc.h"
+#include "client/libkvc_internal.h"
+#include "daemon/acl.h"
+#include "daemon/config.h"
+#include "daemon/engine.h"
+#include "daemon/engine_gpu.h"
+#include "daemon/log.h"
+#include "daemon/loop.h"
+#include "daemon/server.h"
+#include "daemon/store.h"
+#include "kernels/kern.h"
+#include "kernels/kern_dev.h"
+#include "kernels/kern_fmt.h"
+#include "kernels/kern_pack.h"
+#include "tests/lib/daemon.h"
+#include "tests/lib/fake_dev.h"
+#include "tests/lib/gpu_engine.h"
+/* ---- a pool over the fake device: the server in this process, clients forked ------------ */
+
+/* The store and server run here with a pool on fake device 0 (a memfd); each client is a
+ * forked child that resets the fake first (a fresh process for the driver) and imports the
+ * pool from the descriptor the server passes, as a real engine process would. */
+struct gf_server {
+    struct daemon d;
+    struct config *cfg;
+    struct loop *l;
+    struct store *s;
+    struct acl *acl;
+    struct server *sv;
+    pid_t child;
+    int status;
+};
+
+static struct gf_server gf;
+
+/* What kvcd's main does with the pool's descriptor: its copies completed on the loop. */
+static void gf_on_gpu(struct loop *l, int fd, uint32_t events, void *arg)
+{
+    struct gf_server *x = arg;
+    (void)fd;
+    (void)events;
+    engine_gpu_poll(x->s, loop_now_ms(l));
+}
+
+static void gf_tick(void *arg)
+{
+    struct gf_server *x = arg;
+    int st;
+    server_tick(x->sv);
+    if (x->child > 0 && waitpid(x->child, &st, WNOHANG) == x->child) {
+        x->status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        x->child = 0;
+    }
+    if (x->child == 0 && server_clients(x->sv) == 0)
+        loop_stop(x->l);
+}
+
+static void gf_setup(void)
+{
+    struct store_params sp = {.host_size = 16 << 20,
+                              .host_page_size = 64 << 10,
+                              .high_watermark = 0.95,
+                              .low_watermark = 0.9,
+                              .max_namespaces = 8,
+                              .max_handles = 64,
+                              .policy = POLICY_LRU,
+                              .gpu_size = 4 << 20,
+                              .gpu_device = 0,
+                              .gpu_page_size = 64 << 10,
+                              .gpu_ops = &fake_dev_ops};
+    int rc = 0;
+    memset(&gf, 0, sizeof(gf));
+    log_setup(LOG_LEVEL_WARNING, 1000);
+    ck_assert_int_eq(daemon_dir_init(&gf.d), 0);
+    fake_dev_reset(2);
+    gf.cfg = config_new();
+    gf.s = store_new(&sp, &rc);
+    ck_assert_msg(gf.s && gf.s->gpu, "store_new: %d", rc);
+    engine_attach(gf.s);
+    gf.acl = acl_new(gf.s, gf.cfg, &rc);
+    ck_assert_ptr_nonnull(gf.acl);
+    gf.l = loop_new(&rc);
+    ck_assert_ptr_nonnull(gf.l);
+    ck_assert_int_eq(loop_add(gf.l, engine_gpu_fd(gf.s), EPOLLIN, gf_on_gpu, &gf), 0);
+    struct server_params vp;
+    daemon_server_params(&vp, gf.d.sock, 0600, 16, gf.cfg, gf.acl);
+    gf.sv = server_new(gf.l, gf.s, &vp, &rc);
+    ck_assert_msg(gf.sv, "server_new: %d", rc);
+}
+
+static void gf_teardown(void)
+{
+    kvci_gpu_ops_set(NULL);
+    ck_assert_uint_eq(gf.s->pins_now, 0);
+    ck_assert_uint_eq(gf.s->reserved_now, 0);
+    server_free(gf.sv);
+    acl_free(gf.acl);
+    engine_stop(gf.s);
+    store_free(gf.s);
+    loop_free(gf.l);
+    config_free(gf.cfg);
+    ck_assert_int_eq(fake_dev.pools_live, 0);
+    ck_assert_int_eq(fake_dev.registered, 0);
+    ck_assert_uint_eq(fake_dev.queued, 0);
+    ck_assert_uint_eq(fake_dev.fork_refused, 0);
+    daemon_cleanup(&gf.d);
+}
+
+/* Runs fn in a forked client while this process serves it; its exit status. */
+static int gf_run(int (*fn)(void *), void *arg)
+{
+    gf.child = daemon_child_spawn(fn, arg);
+    ck_assert_int_gt(gf.child, 0);
+    gf.status = -1;
+    loop_run(gf.l, 20, gf_tick, &gf);
+    return gf.status;
+}
+
+/* A client process: the driver starts here (fake reset), on device `dev`. */
+static int gf_client(int dev, kvc_client **c, kvc_ns **ns, struct kvc_key *keys)
+{
+    static uint32_t tokens[GE_TOKENS];
+    struct kvc_layout lay = ge_layout();
+    fake_dev_reset(2);
+    fake_dev_current_set(dev);
+    kvci_gpu_ops_set(&fake_dev_ops);
+    for (uint32_t i = 0; i < GE_TOKENS; i++)
+        tokens[i] = 2000 + i;
+    if (kvc_connect(gf.d.sock, c) || kvc_ns_open(*c, &lay, ns))
+        return -1;
+    return kvc_keys_from_tokens(*ns, NULL, tokens, GE_TOKENS, NULL, 0, keys, GE_BLOCKS) == GE_BLOCKS
+               ? 0
+               : -1;
+}
+
+/* Child: the engine's thread is on device 1, the pool on device 0. The pool's mapping
+ * would be usable from device 0 only, so attach says host copies and leaves the thread on
+ * device 1; a thread on device 0 maps it. */
+static int gf_attach_other_device(void *arg)
+{
+    kvc_client *c;
+    kvc_ns *ns;
+    struct kvc_key keys[GE_BLOCKS];
+    (void)arg;
+    if (gf_client(1, &c, &ns, keys))
+        return 10;
+    if (kvc_gpu_attach(c) != 0)
+        return 11;
+    if (fake_dev_current() != 1)
+        return 12;
+    if (fake_dev.pools_live != 0)
+        return 13; /* not even imported */
+    kvc_disconnect(c);
+    fake_dev_current_set(0);
+    if (gf_client(0, &c, &ns, keys))
+        return 14;
+    if (kvc_gpu_attach(c) != 1 || fake_dev.pools_live != 1 || fake_dev_current() != 0)
+        return 15;
+    kvc_disconnect(c);
+    if (fake_dev.pools_live != 0 || fake_dev.streams_live != 0 || fake_dev_last_error())
+        return 16;
+    return 0;
+}
+
+START_TEST(test_attach_keeps_current_device)
+{
+    ck_assert_int_eq(gf_run(gf_attach_other_device, NULL), 0);
+}
+END_TEST
+
+/* Child: a put into the pool with kvc_resv_write() and a load of the pool hit with
+ * kvc_lease_copy() (synchronous: the bytes are in place on return), then a load with
+ * kvc_lease_copy_cuda() into device memory on the engine's stream: device to device,
+ * queued (nothing lands before the stream or the lease is waited for), no allocation and no
+ * wait on the legacy default stream per hit, and kvc_release() waits for it. */
+static int gf_pool_put_load(void *arg)
+{
+    kvc_client *c;
+    kvc_ns *ns;
+    kvc_resv *r;
+    kvc_lease *l;
+    struct kvc_key keys[GE_BLOCKS];
+    (void)arg;
+    if (gf_client(0, &c, &ns, keys))
+        return 20;
+    if (kvc_gpu_attach(c) != 1)
+        return 21;
+    size_t bb = kvc_ns_block_bytes(ns);
+    uint8_t *src = malloc(bb), *dst = malloc(bb), *dev = NULL;
+    void *stream = fake_dev_stream(0);
+    if (!src || !dst || !stream || fake_dev_ops.mem_alloc((void **)&dev, bb))
+        return 22;
+    daemon_block_fill(&keys[0], src, bb);
+    if (kvc_reserve_gpu(ns, NULL, keys, 1, &r) != 1 || kvc_resv_data(r, 0) == NULL)
+        return 23;
+    if (fake_dev_ops.pointer_device(kvc_resv_data(r, 0)) != 0)
+        return 24; /* a pool slot */
+    if (kvc_resv_write(r, 0, src, bb) != 0 || kvc_commit(r, SIZE_MAX) != 1)
+        return 25;
+    if (kvc_lookup(ns, keys, 1, KVC_LOOKUP_GPU, &l) != 1 || kvc_lease_tier(l, 0) != KVC_TIER_GPU)
+        return 26;
+    /* The committed bytes are in the pool (the fake's pool reads as host memory). */
+    if (daemon_block_check(&keys[0], kvc_lease_data(l, 0), bb) != -1)
+        return 27;
+    memset(dst, 0, bb);
+    if (kvc_lease_copy(l, 0, dst, bb) != 0 || daemon_block_check(&keys[0], dst, bb) != -1)
+        return 28;
+    memset(dev, 0, bb);
+    uint64_t allocs = fake_dev.allocs, legacy = fake_dev.legacy_syncs;
+    if (kvc_lease_copy_cuda(l, 0, dev, bb, stream) != 0)
+        return 29;
+    if (fake_dev.bad_kinds || fake_dev_last_error())
+        return 30;
+    if (fake_dev.queued != 1 || daemon_block_check(&keys[0], dev, bb) == -1)
+        return 31; /* queued on the engine's stream, not performed yet */
+    if (kvc_release(l) != 0)
+        return 32;
+    if (fake_dev.queued != 0 || daemon_block_check(&keys[0], dev, bb) != -1)
+        return 33; /* the release waited for it */
+    if (fake_dev.allocs != allocs || fake_dev.legacy_syncs != legacy)
+        return 34;
+    if (fake_dev_current() != 0)
+        return 35;
+    fake_dev_ops.mem_free(dev);
+    fake_dev_stream_free(stream);
+    free(src);
+    free(dst);
+    kvc_disconnect(c); /* gives back the events libkvc keeps for reuse */
+    return fake_dev.pools_live == 0 && fake_dev.streams_live == 0 && fake_dev.events_live == 0 ? 0
+                                                                                               : 36;
+}
+
+/* The window (3 blocks of GE_BT) and the state namespaces of the kinds cases; keys as
+ * gf_client's. */
+#define GF_WIN (3 * GE_BT - 5)
+static int gf_kind_open(kvc_client *c, enum kvc_kv_kind kind, kvc_ns **ns, struct kvc_key *keys)
+{
+    static uint32_t tokens[GE_TOKENS];
+    struct kvc_layout lay = ge_layout();
+    lay.kv_kind = kind;
+    lay.model_id = kind == KVC_KV_KIND_STATE ? "e2e-gpu-state" : "e2e-gpu-swa";
+    for (uint32_t i = 0; i < GE_TOKENS; i++)
+        tokens[i] = 3000 + i;
+    if (kind == KVC_KV_KIND_KV_WINDOW ? kvc_ns_open_window(c, &lay, GF_WIN, ns)
+                                      : kvc_ns_open(c, &lay, ns))
+        return -1;
+    return kvc_keys_from_tokens(*ns, NULL, tokens, GE_TOKENS, NULL, 0, keys, GE_BLOCKS) == GE_BLOCKS
+               ? 0
+               : -1;
+}
+
+/* Child: puts every window block (each a root) and the states at blocks 1 and 3 into the
+ * pool; a pool-mapped lookup answers the window of the whole prefix and the state of prefix
+ * 4 as pool locations, with and without READY_ONLY, every byte the put's. */
+static int gf_kinds_pool_put(void *arg)
+{
+    kvc_client *c;
+    kvc_ns *w, *st;
+    kvc_resv *r;
+    kvc_lease *l;
+    struct kvc_key kw[GE_BLOCKS], ks[GE_BLOCKS];
+    (void)arg;
+    fake_dev_reset(2);
+    fake_dev_current_set(0);
+    kvci_gpu_ops_set(&fake_dev_ops);
+    if (kvc_connect(gf.d.sock, &c) || kvc_gpu_attach(c) != 1 ||
+        gf_kind_open(c, KVC_KV_KIND_KV_WINDOW, &w, kw) ||
+        gf_kind_open(c, KVC_KV_KIND_STATE, &st, ks))
+        return 90;
+    size_t bb = kvc_ns_block_bytes(w), sb = kvc_ns_block_bytes(st);
+    for (size_t i = 0; i < GE_BLOCKS; i++) {
+        if (kvc_reserve_gpu(w, NULL, &kw[i], 1, &r) != 1 ||
+            fake_dev_ops.pointer_device(kvc_resv_data(r, 0)) != 0)
+            return 91;
+        daemon_block_fill(&kw[i], kvc_resv_data(r, 0), bb);
+        if (kvc_commit(r, SIZE_MAX) != 1)
+            return 92;
+        if (i != 1 && i != 3)
+            continue;
+        if (kvc_reserve_gpu(st, NULL, &ks[i], 1, &r) != 1)
+            return 93;
+        daemon_block_fill(&ks[i], kvc_resv_data(r, 0), sb);
+        if (kvc_commit(r, SIZE_MAX) != 1)
+            return 94;
+    }
+    for (unsigned f = 0; f < 2; f++) {
+        unsigned flags = KVC_LOOKUP_GPU | (f ? KVC_LOOKUP_READY_ONLY : 0);
+        if (kvc_lookup(w, kw, GE_BLOCKS, flags, &l) != 3 || kvc_lease_first(l) != GE_BLOCKS - 3)
+            return 95;
+        for (size_t i = 0; i < 3; i++)
+            if (kvc_lease_tier(l, i) != KVC_TIER_GPU ||
+                daemon_block_check(&kw[GE_BLOCKS - 3 + i], kvc_lease_data(l, i), bb) != -1)
+                return 96;
+        kvc_release(l);
+        if (kvc_lookup(st, ks, GE_BLOCKS, flags, &l) != 1 || kvc_lease_first(l) != 3 ||
+            kvc_lease_tier(l, 0) != KVC_TIER_GPU ||
+            daemon_block_check(&ks[3], kvc_lease_data(l, 0), sb) != -1)
+            return 97;
+        kvc_release(l);
+    }
+    kvc_disconnect(c);
+    return 0;
+}
+
+/* Child: a client that cannot read the pool. A READY_ONLY lookup answers no span in the
+ * pool (not readable by it) but starts their copies to the host; a plain lookup waits for
+ * them: the same window and state, host locations, every byte the put's. */
+static int gf_kinds_host_load(void *arg)
+{
+    kvc_client *c;
+    kvc_ns *w, *st;
+    kvc_lease *l;
+    struct kvc_key kw[GE_BLOCKS], ks[GE_BLOCKS];
+    int h;
+    (void)arg;
+    if (kvc_connect(gf.d.sock, &c) || gf_kind_open(c, KVC_KV_KIND_KV_WINDOW, &w, kw) ||
+        gf_kind_open(c, KVC_KV_KIND_STATE, &st, ks))
+        return 100;
+    size_t bb = kvc_ns_block_bytes(w), sb = kvc_ns_block_bytes(st);
+    h = kvc_lookup(w, kw, GE_BLOCKS, KVC_LOOKUP_READY_ONLY, &l);
+    if (h > 0) {
+        /* Whatever it answers is a whole window in host memory. */
+        if (h != 3 || kvc_lease_first(l) != GE_BLOCKS - 3 || kvc_lease_tier(l, 0) != KVC_TIER_HOST)
+            return 101;
+        kvc_release(l);
+    }
+    /* Asked until the copies out of the pool landed: READY_ONLY alone gets there. */
+    for (int i = 0; i < 500 && h <= 0; i++) {
+        usleep(2000);
+        h = kvc_lookup(w, kw, GE_BLOCKS, KVC_LOOKUP_READY_ONLY, &l);
+        if (h > 0)
+            kvc_release(l);
+    }
+    if (h != 3)
+        return 102;
+    if (kvc_lookup(w, kw, GE_BLOCKS, 0, &l) != 3 || kvc_lease_first(l) != GE_BLOCKS - 3)
+        return 103;
+    for (size_t i = 0; i < 3; i++)
+        if (kvc_lease_tier(l, i) != KVC_TIER_HOST ||
+            daemon_block_check(&kw[GE_BLOCKS - 3 + i], kvc_lease_data(l, i), bb) != -1)
+            return 104;
+    kvc_release(l);
+    if (kvc_lookup(st, ks, GE_BLOCKS, 0, &l) != 1 || kvc_lease_first(l) != 3 ||
+        kvc_lease_tier(l, 0) != KVC_TIER_HOST ||
+        daemon_block_check(&ks[3], kvc_lease_data(l, 0), sb) != -1)
+        return 105;
+    kvc_release(l);
+    kvc_disconnect(c);
+    return 0;
+}
+
+START_TEST(test_kinds_through_the_pool)
+{
+    ck_assert_int_eq(gf_run(gf_kinds_pool_put, NULL), 0);
+    ck_assert_int_eq(gf_run(gf_kinds_host_load, NULL), 0);
+}
+END_TEST
+
+START_TEST(test_pool_copies_land_in_order)
+{
+    ck_assert_int_eq(gf_run(gf_pool_put_load, NULL), 0);
+    /* The daemon side saw the client's bytes in the pool. */
+    ck_assert_uint_gt(store_gpu_used(gf.s), 0);
+}
+END_TEST
+
+/* Child: puts the prefix into the pool (a pool-mapped client, device 0). */
+static int gf_put_pool(void *arg)
+{
+    kvc_client *c;
+    kvc_ns *ns;
+    kvc_resv *r;
+    struct kvc_key keys[GE_BLOCKS];
+    (void)arg;
+    if (gf_client(0, &c, &ns, keys) || kvc_gpu_attach(c) != 1)
+        return 60;
+    size_t bb = kvc_ns_block_bytes(ns);
+    uint8_t *src = malloc(bb);
+    if (!src || kvc_reserve_gpu(ns, NULL, keys, GE_BLOCKS, &r) != GE_BLOCKS)
+        return 61;
+    for (size_t i = 0; i < GE_BLOCKS; i++) {
+        daemon_block_fill(&keys[i], src, bb);
+        if (kvc_resv_write(r, i, src, bb))
+            return 62;
+    }
+    if (kvc_commit(r, SIZE_MAX) != GE_BLOCKS)
+        return 63;
+    free(src);
+    kvc_disconnect(c);
+    return 0;
+}
+
+/* Child: a client that cannot read the pool loads the prefix: its lookup waits until the
+ * daemon's copies out of the pool have landed, then every byte is the put's. */
+static int gf_load_host(void *arg)
+{
+    kvc_client *c;
+    kvc_ns *ns;
+    kvc_lease *l;
+    struct kvc_key keys[GE_BLOCKS];
+    (void)arg;
+    if (gf_client(0, &c, &ns, keys))
+        return 70;
+    if (kvc_lookup(ns, keys, GE_BLOCKS, 0, &l) != GE_BLOCKS)
+        return 71;
+    size_t bb = kvc_ns_block_bytes(ns);
+    for (size_t i = 0; i < GE_BLOCKS; i++)
+        if (kvc_lease_tier(l, i) != KVC_TIER_HOST ||
+            daemon_block_check(&keys[i], kvc_lease_data(l, i), bb) != -1)
+            return 72;
+    if (kvc_release(l))
+        return 73;
+    kvc_disconnect(c);
+    return 0;
+}
+
+/* Child: another client, with its own prefix in the host arena: a put, a lookup. */
+static int gf_other_client(void *arg)
+{
+    kvc_client *c;
+    kvc_ns *ns;
+    kvc_resv *r;
+    kvc_lease *l;
+    struct kvc_key keys[GE_BLOCKS], mine[2];
+    uint32_t tokens[2 * GE_BT];
+    (void)arg;
+    if (gf_client(0, &c, &ns, keys))
+        return 80;
+    for (uint32_t i = 0; i < 2 * GE_BT; i++)
+        tokens[i] = 900000 + i;
+    if (kvc_keys_from_tokens(ns, NULL, tokens, 2 * GE_BT, NULL, 0, mine, 2) != 2)
+        return 81;
+    size_t bb = kvc_ns_block_bytes(ns);
+    if (kvc_reserve(ns, NULL, mine, 2, &r) != 2)
+        return 82;
+    for (size_t i = 0; i < 2; i++)
+        daemon_block_fill(&mine[i], kvc_resv_data(r, i), bb);
+    if (kvc_commit(r, SIZE_MAX) != 2 || kvc_lookup(ns, mine, 2, 0, &l) != 2)
+        return 83;
+    for (size_t i = 0; i < 2; i++)
+        if (daemon_block_check(&mine[i], kvc_lease_data(l, i), bb) != -1)
+            return 84;
+    kvc_release(l);
+    kvc_disconnect(c);
+    return 0;
+}
+
+struct gf_moves {
+    pid_t loader, other;
+    int loader_status, other_status;
+    bool other_done_while_held; /* the other client finished with the moves still held */
+};
+
+static struct gf_moves gm;
+
+static void gf_moves_stat(void *arg, const char *name, uint64_t v)
+{
+    if (strcmp(name, "gpu_moves_inflight") == 0)
+        *(uint64_t *)arg = v;
+}
+
+/* The loop's tick for test_pool_moves_off_the_loop: once the loader's lookup has started
+ * the moves (held by the fake), the other client runs; when it is done, the device is let
+ * go; the loop stops when both are gone. */
+static void gf_moves_tick(void *arg)
+{
+    struct gf_server *x = arg;
+    uint64_t inflight = 0;
+    int st;
+    server_tick(x->sv);
+    engine_gpu_stats(x->s, gf_moves_stat, &inflight);
+    if (gm.other == 0 && gm.other_status < 0 && inflight == GE_BLOCKS)
+        gm.other = daemon_child_spawn(gf_other_client, NULL);
+    if (gm.other > 0 && waitpid(gm.other, &st, WNOHANG) == gm.other) {
+        gm.other_status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        gm.other = 0;
+        gm.other_done_while_held = inflight == GE_BLOCKS && gm.loader > 0;
+        fake_dev.hold = 0;
+    }
+    if (gm.loader > 0 && waitpid(gm.loader, &st, WNOHANG) == gm.loader) {
+        gm.loader_status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        gm.loader = 0;
+    }
+    if (gm.loader == 0 && gm.other == 0 && server_clients(x->sv) == 0)
+        loop_stop(x->l);
+}
+
+/* The daemon's copies out of the pool are queued and completed by its loop: while the
+ * device is kept busy with them, another client's put and lookup are answered, the loader's
+ * lookup waits (not ready), and once the copies land it gets every byte. The loop thread
+ * waits for no copy. */
+START_TEST(test_pool_moves_off_the_loop)
+{
+    ck_assert_int_eq(gf_run(gf_put_pool, NULL), 0);
+    ck_assert_uint_eq(store_gpu_used(gf.s), GE_BLOCKS * store_ns_get(gf.s, 1)->block_bytes);
+    uint64_t waits = fake_dev.waits;
+    memset(&gm, 0, sizeof(gm));
+    gm.loader_status = gm.other_status = -1;
+    fake_dev.hold = 1;
+    gm.loader = daemon_child_spawn(gf_load_host, NULL);
+    ck_assert_int_gt(gm.loader, 0);
+    loop_run(gf.l, 20, gf_moves_tick, &gf);
+    fake_dev.hold = 0;
+    ck_assert_int_eq(gm.other_status, 0);
+    ck_assert_msg(gm.other_done_while_held, "the other client was not served during the moves");
+    ck_assert_int_eq(gm.loader_status, 0);
+    ck_assert_uint_eq(gf.s->total.gpu_demoted_blocks, GE_BLOCKS);
+    ck_assert_uint_eq(store_gpu_used(gf.s), 0);
+    ck_assert_uint_eq(fake_dev.waits, waits); /* the loop never waited for a copy */
+    ck_assert_int_eq(fake_dev_last_error(), 0);
+}
+END_TEST
+
+/* Check forks each case from main(), and these fork clients: a child of a process whose
+ * driver is started is refused (CUDA is undefined there) until it starts its own. */
+static int gf_forked_without_reset(void *arg)
+{
+    (void)arg;
+    int n = fake_dev_ops.device_count();
+    uint64_t refused = fake_dev.fork_refused;
+    fake_dev_reset(1);
+    return n == 0 && refused == 1 && fake_dev_ops.device_count() == 1 ? 0 : 40;
+}
+
+START_TEST(test_fake_refuses_forked_child)
+{
+    ck_assert_int_eq(fake_dev_ops.device_count(), 2); /* the server's driver is started */
+    pid_t p = daemon_child_spawn(gf_forked_without_reset, NULL);
+    ck_assert_int_eq(daemon_child_wait(p, daemon_ms(10000), NULL), 0);
+}
+END_TEST
+
+/* ---- issue 25: a prefix in a bounded number of device operations; layer ranges ------------
+ *
+ * The engine side: per-layer K and V tensors of GB_PAGES pages of GB_PAGE tokens, a shuffled
+ * block table, in fake device memory (or host memory), GB_BLOCKS blocks of tokens. Device
+ * operations of a call = what it queued (copies, copy batches, kernels) plus the events it
+ * recorded (fake_dev.ops + fake_dev.records), counted for 1, 4 and 64 blocks. The engine is
+ * tests/lib/gpu_engine.h's gb_engine. */
+
+/* Issue 25: host-tier hits and slots (a daemon without a pool, the fake device) move in as
+ * many device operations for 64 blocks as for one. Per call, whatever the count:
+ *   kvc_resv_gather (a put into host slots): gather kernel, one device-to-host batch, record;
+ *   kvc_lease_copy_range_async: one host-to-device batch, record;
+ *   kvc_lease_scatter and kvc_lease_scatter_layers: one host-to-device batch (the layers
+ *   moved, staged), scatter kernel, record.
+ * (Before: a copy and an event record per hit for the copies, a copy per host block per
+ * scatter and gather, the tables copied per call, and a kernel per 64 slots of a gather.)
+ * Every byte checked. */
+START_TEST(test_host_hits_bounded_ops)
+{
+    static const uint32_t counts[] = {1, 4, GB_BLOCKS};
+    kvc_client *c;
+    kvc_ns *ns;
+    kvc_resv *r;
+    kvc_lease *l;
+    struct kvc_layout lay = gb_layout(2);
+    struct kvc_key keys[GB_BLOCKS];
+    struct gb_engine src, dst;
+    uint64_t ops[3][4];
+    ck_assert_int_eq(kvc_connect(ge_d.sock, &c), 0);
+    ck_assert_int_eq(kvc_ns_open(c, &lay, &ns), 0);
+    fake_dev_reset(1);
+    kvci_gpu_ops_set(&fake_dev_ops);
+    ck_assert_int_eq(kvc_gpu_attach(c), 0);
+    void *stream = fake_dev_stream(0);
+    size_t bb = kvc_ns_block_bytes(ns);
+    uint8_t *buf = NULL;
+    ck_assert_int_eq(fake_dev_ops.mem_alloc((void **)&buf, GB_BLOCKS * bb), 0);
+    gb_engine_init(&src, 2, 1, 1, 1);
+    gb_engine_init(&dst, 2, 1, 0, 0);
+    uint8_t *want = gb_blocks(&src, GB_BLOCKS, bb);
+    for (int i = 0; i < 3; i++) {
+        uint32_t n = counts[i];
+        uint64_t o;
+        gb_keys(ns, 300000 + 10000 * n, n, keys);
+        ck_assert_int_eq(kvc_reserve(ns, NULL, keys, n, &r), (int)n);
+        o = gb_ops();
+        ck_assert_int_eq(kvc_resv_gather(r, 0, n, &src.kv, 0, stream, NULL), (int)n);
+        ops[i][0] = gb_ops() - o;
+        ck_assert_int_eq(kvc_commit(r, SIZE_MAX), (int)n);
+        ck_assert_int_eq(kvc_lookup(ns, keys, n, 0, &l), (int)n);
+        memset(buf, 0, n * bb);
+        o = gb_ops();
+        ck_assert_int_eq(kvc_lease_copy_range_async(l, 0, n, buf, n * bb, stream), (int)n);
+        ops[i][1] = gb_ops() - o;
+        gb_engine_clear(&dst);
+        o = gb_ops();
+        ck_assert_int_eq(kvc_lease_scatter(l, 0, n, &dst.kv, 0, stream, NULL), (int)n);
+        ops[i][2] = gb_ops() - o;
+        ck_assert_int_eq(kvc_release(l), 0);
+        ck_assert(memcmp(buf, want, n * bb) == 0);
+        ck_assert_int_eq(gb_engine_check(&dst, &src, n * GE_BT, 0, 2), 0);
+        gb_engine_clear(&dst);
+        ck_assert_int_eq(kvc_lookup(ns, keys, n, 0, &l), (int)n);
+        o = gb_ops();
+        ck_assert_int_eq(kvc_lease_scatter_layers(l, 0, n, &dst.kv, 0, 1, 1, stream, NULL), (int)n);
+        ops[i][3] = gb_ops() - o;
+        ck_assert_int_eq(kvc_release(l), 0);
+        ck_assert_int_eq(gb_engine_check(&dst, &src, n * GE_BT, 1, 1), 0);
+    }
+    printf("e2e_gpu: host hits, device operations per call (1/4/64 blocks): gather %llu/%llu/%llu, "
+           "copy range %llu/%llu/%llu, scatter %llu/%llu/%llu, scatter of a layer "
+           "%llu/%llu/%llu\n",
+           (unsigned long long)ops[0][0], (unsigned long long)ops[1][0],
+           (unsigned long long)ops[2][0], (unsigned long long)ops[0][1],
+           (unsigned long long)ops[1][1], (unsigned long long)ops[2][1],
+           (unsigned long long)ops[0][2], (unsigned long long)ops[1][2],
+           (unsigned long long)ops[2][2], (unsigned long long)ops[0][3],
+           (unsigned long long)ops[1][3], (unsigned long long)ops[2][3]);
+    for (int k = 0; k < 4; k++) {
+        ck_assert_uint_eq(ops[0][k], ops[1][k]);
+        ck_assert_uint_eq(ops[0][k], ops[2][k]);
+    }
+    ck_assert_uint_eq(ops[0][0], 3); /* gather kernel, device-to-host batch, record */
+    ck_assert_uint_eq(ops[0][1], 2); /* host-to-device batch, record */
+    ck_assert_uint_eq(ops[0][2], 3); /* host-to-device batch, scatter kernel, record */
+    ck_assert_uint_eq(ops[0][3], 3);
+    ck_assert_uint_eq(fake_dev.bad_kinds + fake_dev.bad_packs, 0);
+    ck_assert_int_eq(fake_dev_last_error(), 0);
+    free(want);
+    fake_dev_ops.mem_free(buf);
+    gb_engine_fini(&src);
+    gb_engine_fini(&dst);
+    fake_dev_stream_free(stream);
+    kvc_disconnect(c);
+    ck_assert_int_eq(fake_dev.events_live, 0);
+    kvci_gpu_ops_set(NULL);
+}
+END_TEST
+
+/* Issue 26: kvc_lease_scatter_layers moves only the layers asked for — into fake device
+ * tensors and into host tensors (on_device 0) — and leaves the others as they were; bad
+ * ranges are refused before anything moves. */
+START_TEST(test_scatter_layers_only_those)
+{
+    kvc_client *c;
+    kvc_ns *ns;
+    kvc_lease *l;
+    struct kvc_layout lay = gb_layout(4);
+    struct kvc_key keys[GB_BLOCKS];
+    struct gb_engine src, dst;
+    const uint32_t n = 5;
+    ck_assert_int_eq(kvc_connect(ge_d.sock, &c), 0);
+    ck_assert_int_eq(kvc_ns_open(c, &lay, &ns), 0);
+    fake_dev_reset(1);
+    kvci_gpu_ops_set(&fake_dev_ops);
+    ck_assert_int_eq(kvc_gpu_attach(c), 0);
+    void *stream = fake_dev_stream(0);
+    size_t bb = kvc_ns_block_bytes(ns);
+    gb_engine_init(&src, 4, 0, 1, 3);
+    uint8_t *blocks = gb_blocks(&src, n, bb);
+    const void *bp[GB_BLOCKS];
+    for (uint32_t j = 0; j < n; j++)
+        bp[j] = blocks + j * bb;
+    gb_keys(ns, 700000, n, keys);
+    ck_assert_int_eq(kvc_put_prefix(ns, NULL, keys, n, bp), (int)n);
+    for (int dev = 0; dev < 2; dev++) {
+        gb_engine_init(&dst, 4, dev, 0, 0);
+        ck_assert_int_eq(kvc_lookup(ns, keys, n, 0, &l), (int)n);
+        ck_assert_int_eq(kvc_lease_scatter_layers(l, 0, n, &dst.kv, 0, 1, 2, stream, NULL), (int)n);
+        ck_assert_int_eq(kvc_release(l), 0);
+        ck_assert_msg(gb_engine_check(&dst, &src, n * GE_BT, 1, 2) == 0, "dev %d", dev);
+        /* the last layer alone, then the first: every layer, and still nothing else */
+        ck_assert_int_eq(kvc_lookup(ns, keys, n, 0, &l), (int)n);
+        ck_assert_int_eq(kvc_lease_scatter_layers(l, 0, n, &dst.kv, 0, 3, 1, stream, NULL), (int)n);
+        ck_assert_int_eq(kvc_lease_scatter_layers(l, 0, n, &dst.kv, 0, 0, 1, stream, NULL), (int)n);
+        /* bad ranges: nothing queued, nothing written */
+        uint64_t o = gb_ops();
+        ck_assert_int_eq(kvc_lease_scatter_layers(l, 0, n, &dst.kv, 0, 1, 0, stream, NULL),
+                         -EINVAL);
+        ck_assert_int_eq(kvc_lease_scatter_layers(l, 0, n, &dst.kv, 0, 3, 2, stream, NULL),
+                         -ERANGE);
+        ck_assert_int_eq(kvc_lease_scatter_layers(l, 0, n, &dst.kv, 0, 4, 1, stream, NULL),
+                         -ERANGE);
+        ck_assert_int_eq(kvc_lease_scatter_layers(l, 0, n, &dst.kv, 0, UINT32_MAX, 2, stream, NULL),
+                         -ERANGE);
+        ck_assert_int_eq(kvc_lease_scatter_layers(l, 2, n, &dst.kv, 0, 0, 1, stream, NULL),
+                         -ERANGE);
+        ck_assert_uint_eq(gb_ops(), o);
+        ck_assert_int_eq(kvc_release(l), 0);
+        ck_assert_int_eq(gb_engine_check(&dst, &src, n * GE_BT, 0, 4), 0);
+        gb_engine_fini(&dst);
+    }
+    ck_assert_int_eq(fake_dev_last_error(), 0);
+    free(blocks);
+    gb_engine_fini(&src);
+    fake_dev_stream_free(stream);
+    kvc_disconnect(c);
+    kvci_gpu_ops_set(NULL);
+}
+END_TEST
+
+/* Issue 26: a reservation filled layer by layer (kvc_resv_gather_layers, device and host
+ * tensors): kvc_commit refuses -EBUSY while a slot has some layers and not all, and the
+ * reservation stays usable; once every layer is written it commits and every byte is the
+ * whole gather's. A commit of fewer slots than the partial ones publishes them. */
+START_TEST(test_gather_layers_commit)
+{
+    kvc_client *c;
+    kvc_ns *ns;
+    kvc_resv *r;
+    kvc_lease *l;
+    struct kvc_layout lay = gb_layout(4);
+    struct kvc_key keys[GB_BLOCKS];
+    struct gb_engine src;
+    const uint32_t n = 6;
+    ck_assert_int_eq(kvc_connect(ge_d.sock, &c), 0);
+    ck_assert_int_eq(kvc_ns_open(c, &lay, &ns), 0);
+    fake_dev_reset(1);
+    kvci_gpu_ops_set(&fake_dev_ops);
+    ck_assert_int_eq(kvc_gpu_attach(c), 0);
+    void *stream = fake_dev_stream(0), *other = fake_dev_stream(0);
+    size_t bb = kvc_ns_block_bytes(ns);
+    for (int dev = 0; dev < 2; dev++) {
+        gb_engine_init(&src, 4, dev, 1, 5 + (unsigned)dev);
+        uint8_t *want = gb_blocks(&src, n, bb);
+        gb_keys(ns, 800000 + 10000 * (uint32_t)dev, n, keys);
+        ck_assert_int_eq(kvc_reserve(ns, NULL, keys, n, &r), (int)n);
+        ck_assert_int_eq(kvc_resv_gather_layers(r, 0, n, &src.kv, 0, 0, 2, stream, NULL), (int)n);
+        ck_assert_int_eq(kvc_commit(r, SIZE_MAX), -EBUSY);
+        ck_assert_int_eq(kvc_resv_gather_layers(r, 0, n, &src.kv, 0, 3, 1, other, NULL), (int)n);
+        ck_assert_int_eq(kvc_commit(r, SIZE_MAX), -EBUSY);
+        /* bad ranges refused */
+        ck_assert_int_eq(kvc_resv_gather_layers(r, 0, n, &src.kv, 0, 2, 0, stream, NULL), -EINVAL);
+        ck_assert_int_eq(kvc_resv_gather_layers(r, 0, n, &src.kv, 0, 2, 3, stream, NULL), -ERANGE);
+        ck_assert_int_eq(kvc_resv_gather_layers(r, 1, n, &src.kv, 0, 2, 1, stream, NULL), -ERANGE);
+        ck_assert_int_eq(kvc_lookup(ns, keys, 1, 0, &l), 0); /* nothing published */
+        kvc_release(l);
+        ck_assert_int_eq(kvc_resv_gather_layers(r, 0, n, &src.kv, 0, 2, 1, stream, NULL), (int)n);
+        ck_assert_int_eq(kvc_commit(r, SIZE_MAX), (int)n);
+        ck_assert_int_eq(kvc_lookup(ns, keys, n, 0, &l), (int)n);
+        for (uint32_t j = 0; j < n; j++)
+            ck_assert_msg(memcmp(kvc_lease_data(l, j), want + j * bb, bb) == 0, "block %u", j);
+        ck_assert_int_eq(kvc_release(l), 0);
+        /* partial slots past the committed ones do not matter; kvc_resv_write completes a
+         * slot as a whole */
+        gb_keys(ns, 900000 + 10000 * (uint32_t)dev, n, keys);
+        ck_assert_int_eq(kvc_reserve(ns, NULL, keys, n, &r), (int)n);
+        ck_assert_int_eq(kvc_resv_gather(r, 0, 2, &src.kv, 0, stream, NULL), 2);
+        ck_assert_int_eq(kvc_resv_gather_layers(r, 2, 1, &src.kv, 2 * GE_BT, 0, 1, stream, NULL),
+                         1);
+        ck_assert_int_eq(kvc_commit(r, 3), -EBUSY);
+        ck_assert_int_eq(kvc_resv_write(r, 2, want + 2 * bb, bb), 0);
+        ck_assert_int_eq(kvc_resv_gather_layers(r, 3, 1, &src.kv, 3 * GE_BT, 1, 1, stream, NULL),
+                         1);
+        ck_assert_int_eq(kvc_commit(r, 3), 3);
+        ck_assert_int_eq(kvc_lookup(ns, keys, n, 0, &l), 3);
+        ck_assert(memcmp(kvc_lease_data(l, 2), want + 2 * bb, bb) == 0);
+        ck_assert_int_eq(kvc_release(l), 0);
+        free(want);
+        gb_engine_fini(&src);
+    }
+    ck_assert_int_eq(fake_dev_last_error(), 0);
+    fake_dev_stream_free(other);
+    fake_dev_stream_free(stream);
+    kvc_disconnect(c);
+    kvci_gpu_ops_set(NULL);
+}
+END_TEST
+
+/* Issue 25: lossy host hits of every codec scattered into paged device tensors are decoded by
+ * one kernel straight into them (no raw staging copy), bit-identical to the CPU decoder and
+ * pack: one host-to-device batch of the stored bytes, one decode kernel, one record; with
+ * raw hits in the same call, one scatter kernel more; a layer range decodes only its layers;
+ * a range copy into one device buffer decodes the same way. */
+START_TEST(test_scatter_lossy_every_codec)
+{
+    kvc_client *c;
+    kvc_ns *ns;
+    kvc_lease *l;
+    struct kvc_layout lay = gb_layout(4);
+    struct kvc_key keys[GB_BLOCKS];
+    struct gb_engine src, dst, ref;
+    const uint32_t n = 4;
+    ck_assert_int_eq(kvc_connect(ge_d.sock, &c), 0);
+    ck_assert_int_eq(kvc_ns_open(c, &lay, &ns), 0);
+    fake_dev_reset(1);
+    kvci_gpu_ops_set(&fake_dev_ops);
+    ck_assert_int_eq(kvc_gpu_attach(c), 0);
+    void *stream = fake_dev_stream(0);
+    size_t bb = kvc_ns_block_bytes(ns);
+    gb_engine_init(&src, 4, 0, 1, 9);
+    /* smooth fp16 values, so every codec sees finite data */
+    for (uint32_t li = 0; li < 4; li++)
+        for (uint64_t x = 0; x < src.bytes / 2; x++) {
+            ((uint16_t *)src.k[li])[x] = kern_f2h((float)((int)(x * 7 % 401) - 200) / 64.0f);
+            ((uint16_t *)src.v[li])[x] = kern_f2h((float)((int)(x * 13 % 301) - 150) / 32.0f);
+        }
+    uint8_t *blocks = gb_blocks(&src, n, bb);
+    const void *bp[GB_BLOCKS];
+    for (uint32_t j = 0; j < n; j++)
+        bp[j] = blocks + j * bb;
+    gb_keys(ns, 1000000, n, keys);
+    ck_assert_int_eq(kvc_put_prefix(ns, NULL, keys, n, bp), (int)n);
+    struct kern_layout kl = {4, GE_HEADS, GE_DIM, GE_BT, KERN_DTYPE_FP16, 0};
+    struct kern_pack_layout pl = gb_pack_layout(4);
+    for (int codec = KERN_CODEC_Q8_0; codec < KERN_CODEC_COUNT; codec++) {
+        struct kern_recipe rec;
+        kern_recipe_fill(&rec, (enum kern_codec)codec, (enum kern_codec)codec, 1);
+        int64_t es = kern_encoded_size(&kl, &rec);
+        ck_assert_int_gt(es, 0);
+        uint8_t *enc = malloc(n * (size_t)es), *dec = malloc(n * bb);
+        for (uint32_t j = 0; j < n; j++) {
+            ck_assert_int_eq(
+                kern_encode_cpu(&kl, &rec, blocks + j * bb, enc + j * es, (size_t)es, NULL), es);
+            ck_assert_int_eq(
+                kern_decode_cpu(&kl, enc + j * es, (size_t)es, dec + j * bb, bb, KERN_DTYPE_FP16),
+                (int64_t)bb);
+        }
+        for (int range = 0; range < 2; range++) {
+            uint32_t lf = range ? 1 : 0, lc = range ? 2 : 4;
+            gb_engine_init(&dst, 4, 1, 0, 0);
+            gb_engine_init(&ref, 4, 0, 0, 0);
+            /* the reference: the CPU decoder's blocks, packed by the reference */
+            struct kern_pack_layout sub = pl;
+            sub.layers = lc;
+            struct kern_pack_engine re = gb_pack_engine(&ref);
+            re.k = ref.k + lf;
+            re.v = ref.v + lf;
+            for (uint32_t j = 0; j < n; j++) {
+                void *b = dec + j * bb + (uint64_t)lf * (bb / 4);
+                ck_assert_int_eq(
+                    kern_pack_ref(&sub, &re, (uint64_t)j * GE_BT, 1, &b, KERN_PACK_SCATTER), 0);
+            }
+            ck_assert_int_eq(kvc_lookup(ns, keys, n, 0, &l), (int)n);
+            for (uint32_t j = 0; j < n; j++) { /* as if the daemon had quantized them */
+                l->hits[j].data = enc + j * es;
+                l->hits[j].len = (uint64_t)es;
+                l->hits[j].format = (uint8_t)codec;
+            }
+            uint64_t o = gb_ops(), decodes = fake_dev.decodes, packs = fake_dev.packs;
+            ck_assert_int_eq(kvc_lease_scatter_layers(l, 0, n, &dst.kv, 0, lf, lc, stream, NULL),
+                             (int)n);
+            ck_assert_uint_eq(gb_ops() - o, 3);
+            ck_assert_uint_eq(fake_dev.decodes - decodes, 1);
+            ck_assert_uint_eq(fake_dev.packs - packs, 0);
+            ck_assert_int_eq(kvc_release(l), 0);
+            for (uint32_t li = 0; li < 4; li++) {
+                ck_assert_msg(memcmp(dst.k[li], ref.k[li], dst.bytes) == 0, "%s layer %u K",
+                              kern_codec_name((enum kern_codec)codec), li);
+                ck_assert_msg(memcmp(dst.v[li], ref.v[li], dst.bytes) == 0, "%s layer %u V",
+                              kern_codec_name((enum kern_codec)codec), li);
+            }
+            gb_engine_fini(&dst);
+            gb_engine_fini(&ref);
+        }
+        /* the same hits into one contiguous device buffer: one batch of their stored bytes,
+         * one decode kernel, one record; the CPU decoder's bytes */
+        uint8_t *buf = NULL;
+        ck_assert_int_eq(fake_dev_ops.mem_alloc((void **)&buf, n * bb), 0);
+        ck_assert_int_eq(kvc_lookup(ns, keys, n, 0, &l), (int)n);
+        for (uint32_t j = 0; j < n; j++) {
+            l->hits[j].data = enc + j * es;
+            l->hits[j].len = (uint64_t)es;
+            l->hits[j].format = (uint8_t)codec;
+        }
+        uint64_t o0 = gb_ops();
+        ck_assert_int_eq(kvc_lease_copy_range_async(l, 0, n, buf, n * bb, stream), (int)n);
+        ck_assert_uint_eq(gb_ops() - o0, 3);
+        ck_assert_int_eq(kvc_release(l), 0);
+        ck_assert_msg(memcmp(buf, dec, n * bb) == 0, "%s range copy",
+                      kern_codec_name((enum kern_codec)codec));
+        fake_dev_ops.mem_free(buf);
+        /* raw and lossy hits in one call: a scatter kernel and a decode kernel */
+        gb_engine_init(&dst, 4, 1, 0, 0);
+        ck_assert_int_eq(kvc_lookup(ns, keys, n, 0, &l), (int)n);
+        l->hits[1].data = enc + es;
+        l->hits[1].len = (uint64_t)es;
+        l->hits[1].format = (uint8_t)codec;
+        uint64_t o = gb_ops();
+        ck_assert_int_eq(kvc_lease_scatter(l, 0, n, &dst.kv, 0, stream, NULL), (int)n);
+        ck_assert_uint_eq(gb_ops() - o, 4);
+        ck_assert_int_eq(kvc_release(l), 0);
+        gb_engine_fini(&dst);
+        free(enc);
+        free(dec);
+    }
+    ck_assert_uint_eq(fake_dev.bad_kinds + fake_dev.bad_packs, 0);
+    ck_assert_int_eq(fake_dev_last_error(), 0);
+    free(blocks);
+    gb_engine_fini(&src);
+    fake_dev_stream_free(stream);
+    kvc_disconnect(c);
+    kvci_gpu_ops_set(NULL);
+}
+END_TEST
+
+/* Child of test_pool_bounded_ops: pool hits and slots (a pool-mapped client of the fake pool),
+ * 1, 4 and 64 blocks: a gather into pool slots (gather kernel, record), a range copy into one
+ * device buffer (one device-to-device batch, record), a scatter and a scatter of one layer
+ * (scatter kernel, record): the same count for every block count, every byte right. The exit
+ * status says which check failed. */
+static int gf_pool_bounded_ops(void *arg)
+{
+    static const uint32_t counts[] = {1, 4, GB_BLOCKS};
+    kvc_client *c;
+    kvc_ns *ns;
+    kvc_resv *r;
+    kvc_lease *l;
+    struct kvc_key keys[GB_BLOCKS];
+    struct gb_engine src, dst;
+    uint64_t ops[3][4];
+    (void)arg;
+    if (gf_client(0, &c, &ns, keys) || kvc_gpu_attach(c) != 1)
+        return 90;
+    void *stream = fake_dev_stream(0);
+    size_t bb = kvc_ns_block_bytes(ns);
+    uint8_t *buf = NULL;
+    if (!stream || fake_dev_ops.mem_alloc((void **)&buf, GB_BLOCKS * bb))
+        return 91;
+    gb_engine_init(&src, GE_LAYERS, 1, 1, 2);
+    gb_engine_init(&dst, GE_LAYERS, 1, 0, 0);
+    uint8_t *want = gb_blocks(&src, GB_BLOCKS, bb);
+    for (int i = 0; i < 3; i++) {
+        uint32_t n = counts[i];
+        uint64_t o;
+        gb_keys(ns, 500000 + 10000 * n, n, keys);
+        if (kvc_reserve_gpu(ns, NULL, keys, n, &r) != (int)n)
+            return 92;
+        for (uint32_t j = 0; j < n; j++)
+            if (fake_dev_ops.pointer_device(kvc_resv_data(r, j)) != 0)
+                return 93; /* a pool slot */
+        o = gb_ops();
+        if (kvc_resv_gather(r, 0, n, &src.kv, 0, stream, NULL) != (int)n)
+            return 94;
+        ops[i][0] = gb_ops() - o;
+        if (kvc_commit(r, SIZE_MAX) != (int)n)
+            return 95;
+        if (kvc_lookup(ns, keys, n, KVC_LOOKUP_GPU, &l) != (int)n)
+            return 96;
+        for (uint32_t j = 0; j < n; j++)
+            if (kvc_lease_tier(l, j) != KVC_TIER_GPU)
+                return 97;
+        memset(buf, 0, n * bb);
+        o = gb_ops();
+        if (kvc_lease_copy_range_async(l, 0, n, buf, n * bb, stream) != (int)n)
+            return 98;
+        ops[i][1] = gb_ops() - o;
+        gb_engine_clear(&dst);
+        o = gb_ops();
+        if (kvc_lease_scatter(l, 0, n, &dst.kv, 0, stream, NULL) != (int)n)
+            return 99;
+        ops[i][2] = gb_ops() - o;
+        if (fake_dev.queued == 0)
+            return 100; /* queued, not performed before the release */
+        if (kvc_release(l) || memcmp(buf, want, n * bb) ||
+            gb_engine_check(&dst, &src, n * GE_BT, 0, GE_LAYERS))
+            return 101;
+        gb_engine_clear(&dst);
+        if (kvc_lookup(ns, keys, n, KVC_LOOKUP_GPU, &l) != (int)n)
+            return 102;
+        o = gb_ops();
+        if (kvc_lease_scatter_layers(l, 0, n, &dst.kv, 0, 1, 1, stream, NULL) != (int)n)
+            return 103;
+        ops[i][3] = gb_ops() - o;
+        if (kvc_release(l) || gb_engine_check(&dst, &src, n * GE_BT, 1, 1))
+            return 104;
+    }
+    printf("e2e_gpu: pool hits, device operations per call (1/4/64 blocks): gather %llu/%llu/%llu, "
+           "copy range %llu/%llu/%llu, scatter %llu/%llu/%llu, scatter of a layer "
+           "%llu/%llu/%llu\n",
+           (unsigned long long)ops[0][0], (unsigned long long)ops[1][0],
+           (unsigned long long)ops[2][0], (unsigned long long)ops[0][1],
+           (unsigned long long)ops[1][1], (unsigned long long)ops[2][1],
+           (unsigned long long)ops[0][2], (unsigned long long)ops[1][2],
+           (unsigned long long)ops[2][2], (unsigned long long)ops[0][3],
+           (unsigned long long)ops[1][3], (unsigned long long)ops[2][3]);
+    fflush(stdout);
+    for (int k = 0; k < 4; k++)
+        if (ops[0][k] != ops[1][k] || ops[0][k] != ops[2][k] || ops[0][k] != 2)
+            return 110 + k;
+    if (fake_dev.bad_kinds || fake_dev.bad_packs || fake_dev_last_error())
+        return 120;
+    free(want);
+    fake_dev_ops.mem_free(buf);
+    gb_engine_fini(&src);
+    gb_engine_fini(&dst);
+    fake_dev_stream_free(stream);
+    kvc_disconnect(c);
+    return fake_dev.pools_live == 0 && fake_dev.events_live == 0 ? 0 : 121;
+}
+
+START_TEST(test_pool_bounded_ops)
+{
+    ck_assert_int_eq(gf_run(gf_pool_bounded_ops, NULL), 0);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("e2e_gpu_fake");
+    SRunner *sr;
+    int failed;
+    TCase *tf = tcase_create("fake-pool");
+    tcase_set_timeout(tf, daemon_slow() * 60);
+    tcase_add_checked_fixture(tf, gf_setup, gf_teardown);
+    tcase_add_test(tf, test_attach_keeps_current_device);
+    tcase_add_test(tf, test_pool_copies_land_in_order);
+    tcase_add_test(tf, test_kinds_through_the_pool);
+    tcase_add_test(tf, test_fake_refuses_forked_child);
+    tcase_add_test(tf, test_pool_moves_off_the_loop);
+    suite_add_tcase(s, tf);
+    TCase *tb = tcase_create("batch");
+    tcase_set_timeout(tb, daemon_slow() * 60);
+    tcase_add_checked_fixture(tb, ge_setup, ge_teardown);
+    tcase_add_test(tb, test_host_hits_bounded_ops);
+    tcase_add_test(tb, test_scatter_layers_only_those);
+    tcase_add_test(tb, test_gather_layers_commit);
+    tcase_add_test(tb, test_scatter_lossy_every_codec);
+    suite_add_tcase(s, tb);
+    TCase *tp = tcase_create("batch-pool");
+    tcase_set_timeout(tp, daemon_slow() * 60);
+    tcase_add_checked_fixture(tp, gf_setup, gf_teardown);
+    tcase_add_test(tp, test_pool_bounded_ops);
+    suite_add_tcase(s, tp);
+    fflush(stdout);
+    if (daemon_suite_init("e2e-gpu-fake"))
+        return 1;
+    sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    daemon_suite_fini();
+    return failed ? 1 : 0;
+}
