@@ -381,7 +381,7 @@ mutation kinds-fast-run client/libkvc_fast.c "check_e2e_fast" \
 
 # Hybrid kinds: a READY_ONLY span lookup by a client that cannot read the GPU pool never
 # starts the copies of the span's pool blocks (it answers nothing, forever).
-mutation kinds-pool-ready-only-no-move daemon/engine.c "check_e2e_gpu" \
+mutation kinds-pool-ready-only-no-move daemon/engine.c "check_e2e_gpu_fake" \
 '        for (uint32_t i = span; s->gpu && !o->gpu && i < span + count; i++) {' \
 '        for (uint32_t i = span; s->gpu && !o->gpu && i < span; i++) {'
 
