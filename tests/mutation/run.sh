@@ -189,7 +189,7 @@ mutation fast-ring-drain-uncapped daemon/fast.c "check_e2e_fast check_e2e_advers
 
 # Hit rings read a whole ring at a time (before each request, and in passes without a size
 # or time bound), at server.fast_ring_rate still.
-mutation fast-ring-steps-unbounded daemon/server.c "check_e2e_fast check_e2e_adversary_fast" \
+mutation fast-ring-steps-unbounded daemon/server_int.h "check_e2e_fast check_e2e_adversary_fast" \
 '#define SERVER_FAST_REQ 64u
 #define SERVER_FAST_CHUNK 16u
 #define SERVER_FAST_PASS_ALL 512u
@@ -200,13 +200,13 @@ mutation fast-ring-steps-unbounded daemon/server.c "check_e2e_fast check_e2e_adv
 #define SERVER_FAST_PASS_US 1000000u'
 
 # Ring entries count as requests: a connection that only writes its ring never idles out.
-mutation fast-ring-keeps-idle daemon/server.c "check_e2e_adversary_fast" \
+mutation fast-ring-keeps-idle daemon/server_fast.c "check_e2e_adversary_fast" \
 '    n = fast_ring_take(c->ring, h, max, &lied);' \
 '    n = fast_ring_take(c->ring, h, max, &lied);
     c->t_last = now;'
 
 # Copy times taken on trust: RELEASE and ring entries drive load_us where they like.
-mutation load-us-unbounded daemon/server.c "check_e2e_adversary_fast" \
+mutation load-us-unbounded daemon/server_dispatch.c "check_e2e_adversary_fast" \
 '    uint64_t ok = us < c->load_credit_us ? us : c->load_credit_us;' \
 '    uint64_t ok = us;'
 
