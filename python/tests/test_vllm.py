@@ -50,6 +50,7 @@ class Setup:
         self.wrong = 0
         self.stats = [dict() for _ in self.workers]
         self.steps = 0
+        self._sending, self._recving = {}, {}  # ranks yet to report each request
 
     def step(self, before_workers=None):
         out = self.sched.schedule()
@@ -58,10 +59,19 @@ class Setup:
         replies = [w.step(out) for w in self.workers]
         self.steps += 1
         kv_out = replies[0]["kv_out"]
-        # vLLM aggregates its workers' outputs: a request is finished sending when every
-        # rank says so; a block failed when one rank failed it.
-        sending = set.intersection(*[set(r["kv_out"].finished_sending or ()) for r in replies])
-        kv_out.finished_sending = sending or None
+        # vLLM aggregates its workers' outputs (KVOutputAggregator): each rank reports a
+        # request once, in the step its transfer ends, and the request is finished when every
+        # rank has reported it, in whatever steps; a block failed when one rank failed it.
+        for field, left in (("finished_sending", self._sending), ("finished_recving",
+                                                                  self._recving)):
+            done = set()
+            for r in replies:
+                for req_id in getattr(r["kv_out"], field) or ():
+                    left[req_id] = left.get(req_id, len(replies)) - 1
+                    if left[req_id] == 0:
+                        del left[req_id]
+                        done.add(req_id)
+            setattr(kv_out, field, done or None)
         kv_out.invalid_block_ids = set().union(*[r["kv_out"].invalid_block_ids for r in replies])
         for i, r in enumerate(replies):
             self.wrong += r["wrong"]

@@ -520,11 +520,14 @@ START_TEST(test_split_part_missing)
     ck_assert_uint_ge(stat_of(&b, "remote_miss_blocks"), 1);
     ck_assert_uint_eq(stat_of(&b, "remote_bad_records"), 0);
     ck_assert_uint_eq(stat_of(&b, "remote_part_mixed"), 0);
-    /* The miss is remembered (negative cache): asked again, the cluster is not. */
+    /* The miss is remembered: asked again, the cluster is not. What stops the lookup depends
+     * on the order the two reads came back in: block 1 failed first and left the index (the
+     * negative cache stops it: remote_negative_hits), or block 2 landed first as its child
+     * and block 1 stays in the index as lost (a miss for every lookup) until its child goes.
+     * Either way no request goes out; other cases test the negative cache itself. */
     uint64_t gets = stat_of(&b, "remote_gets");
     ck_assert_int_eq(client_get(&cb, keys, 3), 1);
     ck_assert_uint_eq(stat_of(&b, "remote_gets"), gets);
-    ck_assert_uint_ge(stat_of(&b, "remote_negative_hits"), 1);
     /* kvcctl tiers shows it on the remote row */
     char out[8192], err[1024];
     ck_assert_int_eq(daemon_kvcctl(&b, out, sizeof(out), err, sizeof(err), "--json", "tiers", NULL),
