@@ -6,12 +6,13 @@
  * DESIGN
  * Keys of a head span few directions (their spectrum decays fast: Loki, Palu, "Eigen
  * Attention"), so a block's K, T x D, is close to a rank-r product. The factors come from the
- * eigenvectors of the smaller Gram matrix (T x T or D x D, at most 64 x 64: a real block has
- * 16-32 tokens), found by Jacobi's method with a fixed order of rotations, so every version
- * gives the same factors to the bit. The reference runs kern_ext.h as it is; the AVX2 version
- * forms the Gram matrix, the projections and the decoded rows a vector at a time with the
- * format's eight partial sums in the eight lanes (or eight vectors, where the sum runs across
- * rows), and shares the Jacobi sweeps (O(n^3) on n <= 64, the rest is O(n T D)).
+ * leading subspace of the smaller Gram matrix (T x T or D x D, at most 64 x 64: a real block
+ * has 16-32 tokens) by subspace iteration on the R vectors the format can hold
+ * (kern_lowrank_eig: a full eigendecomposition by Jacobi sweeps cost O(n^3) per sweep for
+ * n - R vectors nobody stores). The reference runs kern_ext.h as it is; the AVX2 version
+ * forms the Gram matrix (its upper half, eight entries at a time in registers), the products
+ * G V, the dots of the orthogonalisation, the projections and the decoded rows a vector at a
+ * time, every sum in the order kern_ext.h defines, so both give the same bytes.
  */
 #include <errno.h>
 #include <immintrin.h>

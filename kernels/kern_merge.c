@@ -12,6 +12,8 @@
  * functions as they are; the AVX2 version computes the same eight partial sums of the plan
  * in the eight lanes of a vector (channel c into lane c % 8, in order), and the means a
  * vector of channels at a time (tokens summed in order), so the bytes are the reference's.
+ * It plans once per layer: the V section takes the runs from the K section's map, written
+ * just before in the same encode (kern_ext_ctx.kmerge), and reads only V rows.
  */
 #include <errno.h>
 #include <immintrin.h>
