@@ -392,7 +392,7 @@ const struct kern_cpu_ops kern_ref_ops = {
 /* A transform codec's section (kern_codec_ext) of layer l. */
 static int kern_ext_enc(const struct kern_cpu_ops *ops, uint32_t codec, int is_v,
                         const struct kern_layout *lay, const struct kern_recipe *rec, uint32_t l,
-                        const void *src, uint8_t *sect)
+                        const void *src, uint8_t *sect, const uint8_t *kmerge)
 {
     const struct kern_ext_ctx c = {
         .lay = lay,
@@ -400,6 +400,7 @@ static int kern_ext_enc(const struct kern_cpu_ops *ops, uint32_t codec, int is_v
         .layer = l,
         .rawk = (const uint8_t *)src + 2 * kern_raw_index(lay, l, 0, 0, 0),
         .rawv = lay->k_only ? NULL : (const uint8_t *)src + 2 * kern_raw_index(lay, l, 1, 0, 0),
+        .kmerge = kmerge,
     };
     if (codec == KERN_CODEC_MERGE)
         return kern_merge_enc(ops, is_v, &c, sect);
@@ -555,6 +556,7 @@ static int64_t encode_with(const struct kern_cpu_ops *ops, const struct kern_lay
     uint64_t stride = (uint64_t)H * D;
     kern_hdr_build(lay, rec, out);
     for (uint32_t l = 0; l < lay->layers; l++) {
+        const uint8_t *kmerge = NULL; /* this layer's MERGE K section, once written */
         for (uint32_t k = 0; k < kinds; k++) {
             struct kern_block_sect s;
             memcpy(&s, out + sizeof(struct kern_block_hdr) + (l * kinds + k) * sizeof(s),
@@ -577,11 +579,14 @@ static int64_t encode_with(const struct kern_cpu_ops *ops, const struct kern_lay
                     ops->stats(x, lay->tokens, D, st->kmin + lh * D, st->kmax + lh * D,
                                st->knorm + lh);
                 }
-                int rc = kern_ext_enc(ops, codec, k == 1, lay, rec, l, src, sect);
+                int rc = kern_ext_enc(ops, codec, k == 1, lay, rec, l, src, sect,
+                                      k == 1 ? kmerge : NULL);
                 if (rc < 0) {
                     ret = rc;
                     goto out;
                 }
+                if (k == 0 && codec == KERN_CODEC_MERGE)
+                    kmerge = sect;
                 continue;
             }
             uint64_t lhd = (uint64_t)l * H * D;

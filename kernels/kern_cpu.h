@@ -65,6 +65,8 @@ struct kern_ext_ctx {
     const struct kern_recipe *rec;
     uint32_t layer;
     const uint8_t *rawk, *rawv;
+    const uint8_t *kmerge; /* MERGE's V section: the layer's MERGE K section, already written
+                              (its runs are the V section's), or NULL to plan them again */
 };
 int kern_rot_enc(const struct kern_cpu_ops *ops, uint32_t codec, const struct kern_ext_ctx *c,
                  uint8_t *sect);

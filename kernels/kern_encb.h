@@ -70,8 +70,8 @@ struct kern_enc_args {
 /* A thread block's shared memory. */
 struct kern_enc_smem {
     union {
-        uint8_t out[KERN_ENC_GROUPS * 34];           /* a token-major unit's output run */
-        uint32_t starts[KERN_MAX_TOKENS / 2 + 2];    /* MERGE: each run's first token */
+        uint8_t out[KERN_ENC_GROUPS * 34];        /* a token-major unit's output run */
+        uint32_t starts[KERN_MAX_TOKENS / 2 + 2]; /* MERGE: each run's first token */
         float gram[2 * KERN_LOWRANK_MAX_N * KERN_LOWRANK_MAX_N]; /* LOWRANK: Gram, vectors */
     } u;
     float red[KERN_ENC_THREADS];        /* fp8: each thread's amax; LOWRANK: sigma */
@@ -488,8 +488,7 @@ KERN_HD void kern_enc_lr_phase2(const struct kern_enc_args *a, const struct kern
         return;
     float *g = sm->u.gram, *v = sm->u.gram + n * n;
     uint8_t *head = dst + s->offset + (uint64_t)h * kern_lowrank_head_bytes(D, T);
-    kern_jacobi(g, v, n);
-    sm->nrows = kern_lowrank_rank(g, n, kern_lowrank_keep(a->rec.lowrank_energy), cap, sm->ord);
+    sm->nrows = kern_lowrank_eig(g, v, n, cap, kern_lowrank_keep(a->rec.lowrank_energy), sm->ord);
     memcpy(head, &sm->nrows, 4);
     for (uint32_t i = 0; i < sm->nrows; i++) {
         float e = g[sm->ord[i] * n + sm->ord[i]];

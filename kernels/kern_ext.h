@@ -324,6 +324,153 @@ KERN_HD uint32_t kern_lowrank_rank(const float *a, uint32_t n, float keep, uint3
     return cap < n ? cap : n;
 }
 
+/* The leading subspace of the Gram matrix g (n x n, symmetric) by subspace iteration, which
+ * needs only the c = min(cap, n) vectors the format can store, not all n eigenvectors: start
+ * from the columns of g with the c largest diagonal entries, then KERN_LOWRANK_ITERS times
+ * V = orth(g V). The energy a unit vector v keeps is v . (g v) (|K^T v|^2 or |K v|^2), so the
+ * rank chosen from those energies against the trace holds the recipe's share whether or not v
+ * is an exact eigenvector; the reconstruction is the projection U U^T K (or K W W^T).
+ * Workspace: V and Z = g V column by column in v (2 n c floats, c <= n / 2 for n >= 2);
+ * g V sums over j in order (kern_lowrank_gv), so a version vectorised over i gives the same
+ * bits. Results as kern_jacobi + kern_lowrank_rank left them: vector e in column e of v
+ * (v[k * n + e]), its energy at g[e * n + e], ord by energy (kern_lowrank_pick). */
+#define KERN_LOWRANK_ITERS 3
+
+/* Z[e] = g V[e] for the c columns (column-major, n each): z[i] = sum_j g[j][i] v[j], in j
+ * order from 0. */
+KERN_HD void kern_lowrank_gv(const float *g, const float *V, float *Z, uint32_t n, uint32_t c)
+{
+    for (uint32_t e = 0; e < c; e++)
+        for (uint32_t i = 0; i < n; i++) {
+            float acc = 0.0f;
+            for (uint32_t j = 0; j < n; j++)
+                acc = KERN_ADD(acc, KERN_MUL(g[j * n + i], V[e * n + j]));
+            Z[e * n + i] = acc;
+        }
+}
+
+/* a . b in kern_sum8 order. */
+KERN_HD float kern_lowrank_dot(const float *a, const float *b, uint32_t n)
+{
+    float p[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (uint32_t k = 0; k < n; k++)
+        p[k & 7] = KERN_ADD(p[k & 7], KERN_MUL(a[k], b[k]));
+    return kern_sum8_fold(p);
+}
+
+/* Z's columns made orthonormal into V by modified Gram-Schmidt, each column twice (once is not
+ * enough when columns are nearly parallel); a column left with under 1e-6 of its length (g of
+ * rank < c) becomes zero and keeps no energy. */
+KERN_HD void kern_lowrank_orth(const float *Z, float *V, uint32_t n, uint32_t c)
+{
+    for (uint32_t e = 0; e < c; e++) {
+        float *ve = V + e * n;
+        for (uint32_t k = 0; k < n; k++)
+            ve[k] = Z[e * n + k];
+        const float nrm0 = kern_lowrank_dot(ve, ve, n);
+        for (int pass = 0; pass < 2; pass++)
+            for (uint32_t j = 0; j < e; j++) {
+                const float d = kern_lowrank_dot(V + j * n, ve, n);
+                for (uint32_t k = 0; k < n; k++)
+                    ve[k] = KERN_SUB(ve[k], KERN_MUL(d, V[j * n + k]));
+            }
+        const float nrm = kern_lowrank_dot(ve, ve, n);
+        const float inv = nrm > KERN_MUL(1e-12f, nrm0) ? KERN_DIV(1.0f, sqrtf(nrm)) : 0.0f;
+        for (uint32_t k = 0; k < n; k++)
+            ve[k] = KERN_MUL(ve[k], inv);
+    }
+}
+
+/* Start: Z = the columns of g with the c largest diagonal entries (ties: lower index), made
+ * orthonormal into V; returns the trace (the energy of all of K). */
+KERN_HD float kern_lowrank_start(const float *g, float *V, float *Z, uint32_t n, uint32_t c,
+                                 uint32_t *ord)
+{
+    float total = 0.0f;
+    for (uint32_t i = 0; i < n; i++) {
+        const float e = g[i * n + i];
+        total = KERN_ADD(total, e > 0.0f ? e : 0.0f);
+        ord[i] = i;
+    }
+    for (uint32_t i = 0; i < c; i++) {
+        uint32_t best = i;
+        for (uint32_t j = i + 1; j < n; j++) {
+            float x = g[ord[j] * n + ord[j]], y = g[ord[best] * n + ord[best]];
+            if (x > y || (x == y && ord[j] < ord[best]))
+                best = j;
+        }
+        const uint32_t tmp = ord[i];
+        ord[i] = ord[best];
+        ord[best] = tmp;
+        for (uint32_t k = 0; k < n; k++)
+            Z[i * n + k] = g[ord[i] * n + k];
+    }
+    kern_lowrank_orth(Z, V, n, c);
+    return total;
+}
+
+/* End, after Z = g V: the energies, the vectors moved where kern_jacobi leaves them, ord by
+ * energy (largest first, ties lower index first) and the rank that holds `keep` of `total`
+ * (at most c; 0 when K is zero). Overwrites g. */
+KERN_HD uint32_t kern_lowrank_pick(float *g, float *v, uint32_t n, uint32_t c, float keep,
+                                   float total, uint32_t *ord)
+{
+    float *lam = g, *vc = g + c;
+    for (uint32_t e = 0; e < c; e++) {
+        const float l = kern_lowrank_dot(v + e * n, v + c * n + e * n, n);
+        lam[e] = l > 0.0f ? l : 0.0f;
+    }
+    for (uint32_t k = 0; k < c * n; k++)
+        vc[k] = v[k];
+    for (uint32_t e = 0; e < c; e++)
+        for (uint32_t k = 0; k < n; k++)
+            v[k * n + e] = vc[e * n + k];
+    for (uint32_t e = 0; e < c; e++) {
+        ord[e] = e;
+        g[e * n + e] = lam[e]; /* e * n + e >= e: lam[e] is read before it is overwritten */
+    }
+    for (uint32_t i = 0; i < c; i++) {
+        uint32_t best = i;
+        for (uint32_t j = i + 1; j < c; j++) {
+            float x = g[ord[j] * n + ord[j]], y = g[ord[best] * n + ord[best]];
+            if (x > y || (x == y && ord[j] < ord[best]))
+                best = j;
+        }
+        const uint32_t tmp = ord[i];
+        ord[i] = ord[best];
+        ord[best] = tmp;
+    }
+    if (!(total > 0.0f))
+        return 0;
+    const float want = KERN_MUL(keep, total);
+    float cum = 0.0f;
+    for (uint32_t r = 0; r < c; r++) {
+        cum = KERN_ADD(cum, g[ord[r] * n + ord[r]]);
+        if (cum >= want)
+            return r + 1;
+    }
+    return c;
+}
+
+/* The whole search, scalar (the reference and the CUDA unit); n == 1 is the 1 x 1 case. */
+KERN_HD uint32_t kern_lowrank_eig(float *g, float *v, uint32_t n, uint32_t cap, float keep,
+                                  uint32_t *ord)
+{
+    if (n < 2) {
+        kern_jacobi(g, v, n);
+        return kern_lowrank_rank(g, n, keep, cap, ord);
+    }
+    const uint32_t c = cap < n ? cap : n;
+    float *V = v, *Z = v + c * n;
+    const float total = kern_lowrank_start(g, V, Z, n, c, ord);
+    for (int it = 0; it < KERN_LOWRANK_ITERS; it++) {
+        kern_lowrank_gv(g, V, Z, n, c);
+        kern_lowrank_orth(Z, V, n, c);
+    }
+    kern_lowrank_gv(g, V, Z, n, c);
+    return kern_lowrank_pick(g, v, n, c, keep, total, ord);
+}
+
 /* The parts of head h's LOWRANK bytes. */
 KERN_HD float kern_lowrank_sigma(const uint8_t *head, uint32_t i)
 {

@@ -6,12 +6,13 @@
  * DESIGN
  * Keys of a head span few directions (their spectrum decays fast: Loki, Palu, "Eigen
  * Attention"), so a block's K, T x D, is close to a rank-r product. The factors come from the
- * eigenvectors of the smaller Gram matrix (T x T or D x D, at most 64 x 64: a real block has
- * 16-32 tokens), found by Jacobi's method with a fixed order of rotations, so every version
- * gives the same factors to the bit. The reference runs kern_ext.h as it is; the AVX2 version
- * forms the Gram matrix, the projections and the decoded rows a vector at a time with the
- * format's eight partial sums in the eight lanes (or eight vectors, where the sum runs across
- * rows), and shares the Jacobi sweeps (O(n^3) on n <= 64, the rest is O(n T D)).
+ * leading subspace of the smaller Gram matrix (T x T or D x D, at most 64 x 64: a real block
+ * has 16-32 tokens) by subspace iteration on the R vectors the format can hold
+ * (kern_lowrank_eig: a full eigendecomposition by Jacobi sweeps cost O(n^3) per sweep for
+ * n - R vectors nobody stores). The reference runs kern_ext.h as it is; the AVX2 version
+ * forms the Gram matrix (its upper half, eight entries at a time in registers), the products
+ * G V, the dots of the orthogonalisation, the projections and the decoded rows a vector at a
+ * time, every sum in the order kern_ext.h defines, so both give the same bytes.
  */
 #include <errno.h>
 #include <immintrin.h>
@@ -71,7 +72,7 @@ static void lr_project_ref(const float *x, uint32_t T, uint32_t D, const float *
 
 /* ---- AVX2: the same sums, a vector at a time -------------------------------------------- */
 
-KT static __m256 lr_load(const float *p, uint32_t n)
+KT static inline __attribute__((always_inline)) __m256 lr_load(const float *p, uint32_t n)
 {
     if (n >= 8)
         return _mm256_loadu_ps(p);
@@ -80,7 +81,7 @@ KT static __m256 lr_load(const float *p, uint32_t n)
     return _mm256_loadu_ps(f);
 }
 
-KT static void lr_store(float *p, __m256 v, uint32_t n)
+KT static inline __attribute__((always_inline)) void lr_store(float *p, __m256 v, uint32_t n)
 {
     float f[8];
     if (n >= 8) {
@@ -98,19 +99,47 @@ KT static __m256 lr_fold8(const __m256 *p)
                          _mm256_add_ps(_mm256_add_ps(p[4], p[5]), _mm256_add_ps(p[6], p[7])));
 }
 
+/* kern_sum8_fold of eight vectors at once: lane k of the result folds p[k]'s lanes, as
+ * ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)). */
+KT static __m256 lr_fold8_lanes(const __m256 *p)
+{
+    __m256 q0 = _mm256_hadd_ps(_mm256_hadd_ps(p[0], p[1]), _mm256_hadd_ps(p[2], p[3]));
+    __m256 q1 = _mm256_hadd_ps(_mm256_hadd_ps(p[4], p[5]), _mm256_hadd_ps(p[6], p[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(q0, q1, 0x20),
+                         _mm256_permute2f128_ps(q0, q1, 0x31));
+}
+
 KT static void lr_gram_avx2(const float *x, uint32_t T, uint32_t D, float *g)
 {
-    if (T <= D) { /* sum over channels: channel k in lane k % 8 of one vector */
+    if (T <= D) { /* sum over channels: channel k in lane k % 8 of one vector per entry */
         const uint32_t n = T;
         float f[8];
+        /* g is symmetric and a * b == b * a: entries j >= i, eight at a time, mirrored */
         for (uint32_t i = 0; i < n; i++)
-            for (uint32_t j = 0; j < n; j++) {
-                __m256 p = _mm256_setzero_ps();
-                for (uint32_t k = 0; k < D; k += 8)
-                    p = _mm256_add_ps(p, _mm256_mul_ps(lr_load(x + (uint64_t)i * D + k, D - k),
-                                                       lr_load(x + (uint64_t)j * D + k, D - k)));
-                _mm256_storeu_ps(f, p);
-                g[i * n + j] = kern_sum8_fold(f);
+            for (uint32_t j0 = i; j0 < n; j0 += 8) {
+                const uint32_t m = n - j0 < 8 ? n - j0 : 8;
+                const float *xi = x + (uint64_t)i * D, *xj[8];
+                for (uint32_t c = 0; c < 8; c++) /* rows past n: any row, result unused */
+                    xj[c] = x + (uint64_t)(c < m ? j0 + c : i) * D;
+                __m256 p0 = _mm256_setzero_ps(), p1 = p0, p2 = p0, p3 = p0, p4 = p0, p5 = p0,
+                       p6 = p0, p7 = p0;
+                for (uint32_t k = 0; k < D; k += 8) {
+                    const __m256 a = lr_load(xi + k, D - k);
+#define LR_ACC(P, C) P = _mm256_add_ps(P, _mm256_mul_ps(a, lr_load(xj[C] + k, D - k)))
+                    LR_ACC(p0, 0);
+                    LR_ACC(p1, 1);
+                    LR_ACC(p2, 2);
+                    LR_ACC(p3, 3);
+                    LR_ACC(p4, 4);
+                    LR_ACC(p5, 5);
+                    LR_ACC(p6, 6);
+                    LR_ACC(p7, 7);
+#undef LR_ACC
+                }
+                const __m256 p[8] = {p0, p1, p2, p3, p4, p5, p6, p7};
+                _mm256_storeu_ps(f, lr_fold8_lanes(p));
+                for (uint32_t c = 0; c < m; c++)
+                    g[i * n + j0 + c] = g[(j0 + c) * n + i] = f[c];
             }
         return;
     }
@@ -138,14 +167,26 @@ KT static void lr_project_avx2(const float *x, uint32_t T, uint32_t D, const flo
         for (uint32_t t = 0; t < T; t++)
             u[t] = v[t * n + e];
         for (uint32_t d = 0; d < D; d += 8) {
-            __m256 p[8];
+            __m256 p0 = _mm256_setzero_ps(), p1 = p0, p2 = p0, p3 = p0, p4 = p0, p5 = p0, p6 = p0,
+                   p7 = p0;
             float f[8];
-            for (int c = 0; c < 8; c++)
-                p[c] = _mm256_setzero_ps();
-            for (uint32_t t = 0; t < T; t++)
-                p[t & 7] =
-                    _mm256_add_ps(p[t & 7], _mm256_mul_ps(_mm256_set1_ps(u[t]),
-                                                          lr_load(x + (uint64_t)t * D + d, D - d)));
+            /* token t into partial t % 8, eight tokens a step (registers, not memory) */
+#define LR_ACC(P, C)                                                                               \
+    if (t + C < T)                                                                                 \
+    P = _mm256_add_ps(                                                                             \
+        P, _mm256_mul_ps(_mm256_set1_ps(u[t + C]), lr_load(x + (uint64_t)(t + C) * D + d, D - d)))
+            for (uint32_t t = 0; t < T; t += 8) {
+                LR_ACC(p0, 0);
+                LR_ACC(p1, 1);
+                LR_ACC(p2, 2);
+                LR_ACC(p3, 3);
+                LR_ACC(p4, 4);
+                LR_ACC(p5, 5);
+                LR_ACC(p6, 6);
+                LR_ACC(p7, 7);
+            }
+#undef LR_ACC
+            const __m256 p[8] = {p0, p1, p2, p3, p4, p5, p6, p7};
             _mm256_storeu_ps(f, sigma > 0.0f ? _mm256_div_ps(lr_fold8(p), _mm256_set1_ps(sigma))
                                              : _mm256_setzero_ps());
             memcpy(w + d, f, (D - d < 8 ? D - d : 8) * sizeof(float));
@@ -165,30 +206,144 @@ KT static void lr_project_avx2(const float *x, uint32_t T, uint32_t D, const flo
     }
 }
 
-/* Rows of head h of a LOWRANK section into y[T][D] (decoded floats). */
+/* kern_lowrank_gv, eight rows i at a time (the sum over j keeps its order). */
+KT static void lr_gv_avx2(const float *g, const float *V, float *Z, uint32_t n, uint32_t c)
+{
+    for (uint32_t e = 0; e < c; e++)
+        for (uint32_t i = 0; i < n; i += 8) {
+            __m256 acc = _mm256_setzero_ps();
+            for (uint32_t j = 0; j < n; j++)
+                acc = _mm256_add_ps(acc, _mm256_mul_ps(lr_load(g + j * n + i, n - i),
+                                                       _mm256_set1_ps(V[e * n + j])));
+            lr_store(Z + e * n + i, acc, n - i);
+        }
+}
+
+/* a . b in kern_sum8 order: lane k % 8 sums its elements in order, then the fold. */
+KT static float lr_dot_avx2(const float *a, const float *b, uint32_t n)
+{
+    __m256 p = _mm256_setzero_ps();
+    float f[8];
+    for (uint32_t k = 0; k < n; k += 8)
+        p = _mm256_add_ps(p, _mm256_mul_ps(lr_load(a + k, n - k), lr_load(b + k, n - k)));
+    _mm256_storeu_ps(f, p);
+    return kern_sum8_fold(f);
+}
+
+/* kern_lowrank_orth a vector at a time. */
+KT static void lr_orth_avx2(const float *Z, float *V, uint32_t n, uint32_t c)
+{
+    for (uint32_t e = 0; e < c; e++) {
+        float *ve = V + e * n;
+        memcpy(ve, Z + e * n, n * sizeof(float));
+        const float nrm0 = lr_dot_avx2(ve, ve, n);
+        for (int pass = 0; pass < 2; pass++)
+            for (uint32_t j = 0; j < e; j++) {
+                const __m256 d = _mm256_set1_ps(lr_dot_avx2(V + j * n, ve, n));
+                for (uint32_t k = 0; k < n; k += 8)
+                    lr_store(ve + k,
+                             _mm256_sub_ps(lr_load(ve + k, n - k),
+                                           _mm256_mul_ps(d, lr_load(V + j * n + k, n - k))),
+                             n - k);
+            }
+        const float nrm = lr_dot_avx2(ve, ve, n);
+        const __m256 inv =
+            _mm256_set1_ps(nrm > KERN_MUL(1e-12f, nrm0) ? KERN_DIV(1.0f, sqrtf(nrm)) : 0.0f);
+        for (uint32_t k = 0; k < n; k += 8)
+            lr_store(ve + k, _mm256_mul_ps(lr_load(ve + k, n - k), inv), n - k);
+    }
+}
+
+/* kern_lowrank_start with lr_orth_avx2. */
+static float lr_start_avx2(const float *g, float *V, float *Z, uint32_t n, uint32_t c,
+                           uint32_t *ord)
+{
+    float total = 0.0f;
+    for (uint32_t i = 0; i < n; i++) {
+        const float e = g[i * n + i];
+        total = KERN_ADD(total, e > 0.0f ? e : 0.0f);
+        ord[i] = i;
+    }
+    for (uint32_t i = 0; i < c; i++) {
+        uint32_t best = i;
+        for (uint32_t j = i + 1; j < n; j++) {
+            float x = g[ord[j] * n + ord[j]], y = g[ord[best] * n + ord[best]];
+            if (x > y || (x == y && ord[j] < ord[best]))
+                best = j;
+        }
+        const uint32_t tmp = ord[i];
+        ord[i] = ord[best];
+        ord[best] = tmp;
+        memcpy(Z + i * n, g + ord[i] * n, n * sizeof(float));
+    }
+    lr_orth_avx2(Z, V, n, c);
+    return total;
+}
+
+/* kern_lowrank_eig with the products g V and the orthogonalisation above. */
+static uint32_t lr_eig_avx2(float *g, float *v, uint32_t n, uint32_t cap, float keep, uint32_t *ord)
+{
+    if (n < 2)
+        return kern_lowrank_eig(g, v, n, cap, keep, ord);
+    const uint32_t c = cap < n ? cap : n;
+    float *V = v, *Z = v + c * n;
+    const float total = lr_start_avx2(g, V, Z, n, c, ord);
+    for (int it = 0; it < KERN_LOWRANK_ITERS; it++) {
+        lr_gv_avx2(g, V, Z, n, c);
+        lr_orth_avx2(Z, V, n, c);
+    }
+    lr_gv_avx2(g, V, Z, n, c);
+    return kern_lowrank_pick(g, v, n, c, keep, total, ord);
+}
+
+/* kern_put_h(o + k * stride, kern_sanitize(a[k])) for k < n, eight at a time (F16C rounds
+ * to nearest even as kern_f2h; NaN becomes 0 and the rest is clamped to +-KERN_FP16_MAX,
+ * as kern_sanitize). */
+KT static void lr_put_h_avx2(uint8_t *o, uint64_t stride, const float *a, uint32_t n)
+{
+    const __m256 hi = _mm256_set1_ps(KERN_FP16_MAX), lo = _mm256_set1_ps(-KERN_FP16_MAX);
+    for (uint32_t k = 0; k < n; k += 8) {
+        const uint32_t m = n - k < 8 ? n - k : 8;
+        __m256 v = lr_load(a + k, m);
+        v = _mm256_and_ps(v, _mm256_cmp_ps(v, v, _CMP_ORD_Q));
+        v = _mm256_max_ps(_mm256_min_ps(v, hi), lo);
+        uint16_t hv[8];
+        _mm_storeu_si128((__m128i *)hv, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+        if (stride == 2 && m == 8) {
+            memcpy(o + 2ull * k, hv, 16);
+            continue;
+        }
+        for (uint32_t j = 0; j < m; j++)
+            memcpy(o + (uint64_t)(k + j) * stride, &hv[j], 2);
+    }
+}
+
+/* Rows of head h of a LOWRANK section into y[T][D] (decoded floats); su (rank x T) and wf
+ * (rank x D) scratch: sigma_i * u[t][i] and the w rows as floats, found once per head, then
+ * each row summed over i in order as kern_lowrank_val. */
 KT static void lr_rows_avx2(const uint8_t *head, uint32_t rank, uint32_t cap, uint32_t T,
-                            uint32_t D, float *y)
+                            uint32_t D, float *y, float *su, float *wf)
 {
     const uint8_t *u = kern_lowrank_u(head, cap), *w = kern_lowrank_w(head, cap, T);
+    for (uint32_t i = 0; i < rank; i++) {
+        const float sg = kern_lowrank_sigma(head, i);
+        for (uint32_t t = 0; t < T; t++)
+            su[(uint64_t)i * T + t] = KERN_MUL(sg, kern_get_h(u + 2 * ((uint64_t)t * cap + i)));
+        const uint8_t *wr = w + 2ull * i * D;
+        uint32_t d = 0;
+        for (; d + 8 <= D; d += 8)
+            _mm256_storeu_ps(wf + (uint64_t)i * D + d,
+                             _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wr + 2 * d))));
+        for (; d < D; d++)
+            wf[(uint64_t)i * D + d] = kern_get_h(wr + 2 * d);
+    }
     for (uint32_t t = 0; t < T; t++)
         for (uint32_t d = 0; d < D; d += 8) {
             const uint32_t m = D - d < 8 ? D - d : 8;
             __m256 acc = _mm256_setzero_ps();
-            for (uint32_t i = 0; i < rank; i++) {
-                float su = KERN_MUL(kern_lowrank_sigma(head, i),
-                                    kern_get_h(u + 2 * ((uint64_t)t * cap + i)));
-                const uint8_t *wr = w + 2 * ((uint64_t)i * D + d);
-                __m256 wv;
-                if (m == 8) {
-                    wv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wr));
-                } else {
-                    float f[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-                    for (uint32_t j = 0; j < m; j++)
-                        f[j] = kern_get_h(wr + 2 * j);
-                    wv = _mm256_loadu_ps(f);
-                }
-                acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(su), wv));
-            }
+            for (uint32_t i = 0; i < rank; i++)
+                acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(su[(uint64_t)i * T + t]),
+                                                       lr_load(wf + (uint64_t)i * D + d, m)));
             lr_store(y + (uint64_t)t * D + d, acc, m);
         }
 }
@@ -225,8 +380,8 @@ int kern_lowrank_enc(const struct kern_cpu_ops *ops, const struct kern_ext_ctx *
             lr_gram_avx2(x, T, D, g);
         else
             lr_gram_ref(x, T, D, g);
-        kern_jacobi(g, v, n);
-        uint32_t r = kern_lowrank_rank(g, n, keep, cap, ord);
+        uint32_t r =
+            vec ? lr_eig_avx2(g, v, n, cap, keep, ord) : kern_lowrank_eig(g, v, n, cap, keep, ord);
         memcpy(head, &r, 4);
         uint8_t *uo = head + 16 + 4 * cap, *wo = uo + 2ull * T * cap;
         for (uint32_t i = 0; i < r; i++) {
@@ -237,6 +392,11 @@ int kern_lowrank_enc(const struct kern_cpu_ops *ops, const struct kern_ext_ctx *
                 lr_project_avx2(x, T, D, v, ord[i], sigma, u, w);
             else
                 lr_project_ref(x, T, D, v, ord[i], sigma, u, w);
+            if (vec) {
+                lr_put_h_avx2(uo + 2ull * i, 2ull * cap, u, T);
+                lr_put_h_avx2(wo + 2ull * i * D, 2, w, D);
+                continue;
+            }
             for (uint32_t t = 0; t < T; t++)
                 kern_put_h(uo + 2 * ((uint64_t)t * cap + i), kern_sanitize(u[t]));
             for (uint32_t d = 0; d < D; d++)
@@ -254,14 +414,15 @@ int kern_lowrank_dec(const struct kern_cpu_ops *ops, const struct kern_layout *l
     const uint32_t cap = kern_lowrank_cap(D, T);
     const uint64_t hb = kern_lowrank_head_bytes(D, T);
     const int vec = ops != &kern_ref_ops;
-    float *y = malloc((size_t)T * D * sizeof(float));
+    float *y = malloc(((size_t)T * D + (size_t)cap * (T + D)) * sizeof(float));
     if (!y)
         return -ENOMEM;
+    float *su = y + (size_t)T * D, *wf = su + (size_t)cap * T;
     for (uint32_t h = 0; h < H; h++) {
         const uint8_t *head = sect + h * hb;
         uint32_t r = kern_lowrank_get_rank(head, cap);
         if (vec)
-            lr_rows_avx2(head, r, cap, T, D, y);
+            lr_rows_avx2(head, r, cap, T, D, y, su, wf);
         else
             lr_rows_ref(head, r, cap, T, D, y);
         ops->store(y, T, D, (uint8_t *)raw + 2ull * h * D, out_dtype, (uint64_t)H * D);

@@ -12,6 +12,8 @@
  * functions as they are; the AVX2 version computes the same eight partial sums of the plan
  * in the eight lanes of a vector (channel c into lane c % 8, in order), and the means a
  * vector of channels at a time (tokens summed in order), so the bytes are the reference's.
+ * It plans once per layer: the V section takes the runs from the K section's map, written
+ * just before in the same encode (kern_ext_ctx.kmerge), and reads only V rows.
  */
 #include <errno.h>
 #include <immintrin.h>
@@ -161,73 +163,111 @@ KT static void mrg_row_avx2(const struct kern_layout *lay, const uint8_t *raw, u
                             uint32_t h, float *x)
 {
     for (uint32_t c = 0; c < lay->head_dim; c += 8)
-        _mm256_storeu_ps(x + c, mrg_load8(lay, raw, t, h, c,
-                                          lay->head_dim - c < 8 ? lay->head_dim - c : 8));
+        _mm256_storeu_ps(
+            x + c, mrg_load8(lay, raw, t, h, c, lay->head_dim - c < 8 ? lay->head_dim - c : 8));
 }
 
-/* One pass over head h: the plan (kern_merge_plan's joins, rows and forced count) and the
- * running sums of `own`'s rows for the means, each token's rows loaded once. */
-KT static void mrg_head_fused(const struct kern_ext_ctx *c, uint32_t h, const uint8_t *own,
-                              uint8_t *head, float *buf)
+/* A head's state in the fused pass: its rows, the open run's start a and row r, the run's
+ * first rows (sk, sv) with their partial norms, and the running sum of `own`'s rows. */
+struct mrg_state {
+    uint32_t rows, a, r;
+    __m256 nk, nv;
+    float *sk, *sv, *sum;
+};
+
+/* Token t of head h (t == T closes the last run): kern_merge_plan's join (rows and forced
+ * count) and the running sums for the means, the token's rows loaded once. */
+KT static inline __attribute__((always_inline)) void
+mrg_step(const struct kern_ext_ctx *c, uint32_t h, uint32_t t, const uint8_t *own, uint8_t *head,
+         struct mrg_state *st, float *xk, float *xv, float *mean)
 {
     const struct kern_layout *lay = c->lay;
     const uint32_t T = lay->tokens, D = lay->head_dim, Dp = (D + 7) & ~7u, R = kern_merge_rows(T);
     const float lim = kern_merge_lim(c->rec->merge_cos);
-    float *xk = buf, *xv = buf + Dp, *sk = buf + 2 * Dp, *sv = buf + 3 * Dp, *sum = buf + 4 * Dp;
-    float *xo = own == c->rawk ? xk : xv, *mean = buf + 5 * Dp;
-    uint32_t *map = (uint32_t *)(head + 16), rows = 1, a = 0, r = 0;
+    float *xo = own == c->rawk ? xk : xv, *sum = st->sum;
+    uint32_t *map = (uint32_t *)(head + 16);
     uint8_t *row0 = head + 16 + kern_merge_map_bytes(T);
-    __m256 nk = _mm256_setzero_ps(), nv = _mm256_setzero_ps();
-    memset(head, 0, kern_merge_head_bytes(D, T));
-    memset(buf, 0, 6 * Dp * sizeof(float));
-    map[0] = 1u;
-    for (uint32_t t = 0; t <= T; t++) {
-        int join = 0;
-        if (t < T) {
-            mrg_row_avx2(lay, c->rawk, t, h, xk);
-            if (c->rawv)
-                mrg_row_avx2(lay, c->rawv, t, h, xv);
-            if (t > 0) {
-                join = mrg_within(xk, sk, nk, Dp, lim) && (!c->rawv || mrg_within(xv, sv, nv, Dp, lim));
-                if (!join && rows >= R)
-                    join = 1; /* forced: the head has no room for another row */
-            }
+    int join = 0;
+    if (t < T && c->kmerge) { /* the K section's runs */
+        const uint32_t *km =
+            (const uint32_t *)(kern_merge_head((uint8_t *)(uintptr_t)c->kmerge, lay, h) + 16);
+        mrg_row_avx2(lay, own, t, h, xo);
+        join = t > 0 && !(km[t >> 5] >> (t & 31) & 1u);
+    } else if (t < T) {
+        mrg_row_avx2(lay, c->rawk, t, h, xk);
+        if (c->rawv)
+            mrg_row_avx2(lay, c->rawv, t, h, xv);
+        if (t > 0) {
+            join = mrg_within(xk, st->sk, st->nk, Dp, lim) &&
+                   (!c->rawv || mrg_within(xv, st->sv, st->nv, Dp, lim));
+            if (!join && st->rows >= R)
+                join = 1; /* forced: the head has no room for another row */
         }
-        if (t > 0 && !join) { /* the run [a, t) closes: its mean */
-            const __m256 n = _mm256_set1_ps((float)(t - a));
-            uint16_t *o = (uint16_t *)(row0 + 2ull * r * D);
-            uint32_t d = 0;
-            for (; d + 8 <= D; d += 8)
-                mrg_store8(o + d, _mm256_div_ps(_mm256_loadu_ps(sum + d), n), lay->dtype);
-            for (; d < Dp; d += 8)
-                _mm256_storeu_ps(mean + d, _mm256_div_ps(_mm256_loadu_ps(sum + d), n));
-            for (uint32_t e = D & ~7u; e < D; e++)
-                kern_store(o, lay->dtype, e, mean[e]);
-            r++;
-        }
-        if (t == T)
-            break;
-        if (join) {
-            for (uint32_t d = 0; d < Dp; d += 8)
-                _mm256_storeu_ps(sum + d, _mm256_add_ps(_mm256_loadu_ps(sum + d), _mm256_loadu_ps(xo + d)));
-            continue;
-        }
-        if (t > 0) { /* a new run from t */
-            rows++;
-            map[t >> 5] |= 1u << (t & 31);
-        }
-        a = t;
-        memcpy(sk, xk, Dp * sizeof(float));
-        nk = mrg_norm_avx2(sk, Dp);
-        if (c->rawv) {
-            memcpy(sv, xv, Dp * sizeof(float));
-            nv = mrg_norm_avx2(sv, Dp);
-        }
-        /* the first row of a run: 0 + x, as the reference's sum starts */
-        for (uint32_t d = 0; d < Dp; d += 8)
-            _mm256_storeu_ps(sum + d, _mm256_add_ps(_mm256_setzero_ps(), _mm256_loadu_ps(xo + d)));
     }
-    memcpy(head, &rows, 4);
+    if (t > 0 && !join) { /* the run [a, t) closes: its mean */
+        const __m256 n = _mm256_set1_ps((float)(t - st->a));
+        uint16_t *o = (uint16_t *)(row0 + 2ull * st->r * D);
+        uint32_t d = 0;
+        for (; d + 8 <= D; d += 8)
+            mrg_store8(o + d, _mm256_div_ps(_mm256_loadu_ps(sum + d), n), lay->dtype);
+        for (; d < Dp; d += 8)
+            _mm256_storeu_ps(mean + d, _mm256_div_ps(_mm256_loadu_ps(sum + d), n));
+        for (uint32_t e = D & ~7u; e < D; e++)
+            kern_store(o, lay->dtype, e, mean[e]);
+        st->r++;
+    }
+    if (t == T)
+        return;
+    if (join) {
+        for (uint32_t d = 0; d < Dp; d += 8)
+            _mm256_storeu_ps(sum + d,
+                             _mm256_add_ps(_mm256_loadu_ps(sum + d), _mm256_loadu_ps(xo + d)));
+        return;
+    }
+    if (t > 0) { /* a new run from t */
+        st->rows++;
+        map[t >> 5] |= 1u << (t & 31);
+    }
+    st->a = t;
+    if (!c->kmerge) { /* the rows the next tokens are compared with */
+        memcpy(st->sk, xk, Dp * sizeof(float));
+        st->nk = mrg_norm_avx2(st->sk, Dp);
+        if (c->rawv) {
+            memcpy(st->sv, xv, Dp * sizeof(float));
+            st->nv = mrg_norm_avx2(st->sv, Dp);
+        }
+    }
+    /* the first row of a run: 0 + x, as the reference's sum starts */
+    for (uint32_t d = 0; d < Dp; d += 8)
+        _mm256_storeu_ps(sum + d, _mm256_add_ps(_mm256_setzero_ps(), _mm256_loadu_ps(xo + d)));
+}
+
+/* The whole section in one pass, token by token and the heads of a token in turn, so the
+ * slabs are read in memory order (a head's rows alone are a stride of heads x dim apart).
+ * buf: (3 + 3 H) Dp floats, st: H states. */
+KT static void mrg_sect_fused(const struct kern_ext_ctx *c, const uint8_t *own, uint8_t *sect,
+                              float *buf, struct mrg_state *st)
+{
+    const struct kern_layout *lay = c->lay;
+    const uint32_t T = lay->tokens, H = lay->heads, D = lay->head_dim, Dp = (D + 7) & ~7u;
+    float *xk = buf, *xv = buf + Dp, *mean = buf + 2 * Dp;
+    memset(buf, 0, (3 + 3 * (size_t)H) * Dp * sizeof(float));
+    for (uint32_t h = 0; h < H; h++) {
+        uint8_t *head = kern_merge_head(sect, lay, h);
+        memset(head, 0, kern_merge_head_bytes(D, T));
+        ((uint32_t *)(head + 16))[0] = 1u;
+        st[h].rows = 1;
+        st[h].a = st[h].r = 0;
+        st[h].nk = st[h].nv = _mm256_setzero_ps();
+        st[h].sk = buf + (3 + 3 * (size_t)h) * Dp;
+        st[h].sv = st[h].sk + Dp;
+        st[h].sum = st[h].sv + Dp;
+    }
+    for (uint32_t t = 0; t <= T; t++)
+        for (uint32_t h = 0; h < H; h++)
+            mrg_step(c, h, t, own, kern_merge_head(sect, lay, h), &st[h], xk, xv, mean);
+    for (uint32_t h = 0; h < H; h++)
+        memcpy(kern_merge_head(sect, lay, h), &st[h].rows, 4);
 }
 
 /* Head h of a MERGE section from the layer's slabs; `own` is this section's slab. */
@@ -261,13 +301,15 @@ int kern_merge_enc(const struct kern_cpu_ops *ops, int is_v, const struct kern_e
     const int vec = ops != &kern_ref_ops;
     const uint8_t *own = is_v ? c->rawv : c->rawk;
     if (vec) {
-        float *buf = malloc(6 * (size_t)((c->lay->head_dim + 7) & ~7u) * sizeof(float));
-        if (!buf)
-            return -ENOMEM;
-        for (uint32_t h = 0; h < c->lay->heads; h++)
-            mrg_head_fused(c, h, own, kern_merge_head(sect, c->lay, h), buf);
+        const size_t H = c->lay->heads, Dp = (c->lay->head_dim + 7) & ~7u;
+        struct mrg_state *st = aligned_alloc(32, H * sizeof(*st)); /* holds __m256 */
+        float *buf = malloc((3 + 3 * H) * Dp * sizeof(float));
+        int rc = st && buf ? 0 : -ENOMEM;
+        if (!rc)
+            mrg_sect_fused(c, own, sect, buf, st);
         free(buf);
-        return 0;
+        free(st);
+        return rc;
     }
     for (uint32_t h = 0; h < c->lay->heads; h++)
         mrg_head(vec, c, h, own, kern_merge_head(sect, c->lay, h), NULL);

@@ -72,11 +72,27 @@ KT static void rot_fwht_avx2(float *v, uint32_t dim)
             }
 }
 
-/* The signs of head h's channels as a float mask of sign bits: 0x80000000 where -1. */
-static void rot_signs(uint32_t *mask, uint32_t sseed, uint32_t h, uint32_t dim)
+/* kern_rot_mix on eight lanes. */
+KT static inline __attribute__((always_inline)) __m256i rot_mix8(__m256i x)
 {
-    for (uint32_t j = 0; j < dim; j++)
-        mask[j] = kern_rot_neg(sseed, h, j) ? 0x80000000u : 0u;
+    x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+    x = _mm256_mullo_epi32(x, _mm256_set1_epi32((int)0x85ebca6bu));
+    x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 13));
+    x = _mm256_mullo_epi32(x, _mm256_set1_epi32((int)0xc2b2ae35u));
+    return _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+}
+
+/* The signs of head h's channels as a float mask of sign bits: 0x80000000 where -1
+ * (kern_rot_neg eight channels at a time; dim is a multiple of 8). */
+KT static void rot_signs(uint32_t *mask, uint32_t sseed, uint32_t h, uint32_t dim)
+{
+    const __m256i step = _mm256_setr_epi32(1, 2, 3, 4, 5, 6, 7, 8),
+                  seed = _mm256_set1_epi32((int)sseed);
+    for (uint32_t j = 0; j < dim; j += 8) {
+        __m256i k = _mm256_add_epi32(_mm256_set1_epi32((int)(h * 0x9e3779b1u + j)), step);
+        k = rot_mix8(_mm256_xor_si256(seed, rot_mix8(k)));
+        _mm256_storeu_si256((__m256i *)(mask + j), _mm256_slli_epi32(k, 31));
+    }
 }
 
 KT static __m256 rot_sanitize(__m256 x)
@@ -161,7 +177,8 @@ KT static float rot_hmax(__m256 v)
 
 /* kern_kivi_v_enc of a full group of 32 (x in four vectors): the same min, max, fp16 scale
  * and min, and codes floor((x - min) * (1 / scale) + 0.5) clamped, packed as the format. */
-KT static void rot_group_enc(const __m256 *x, uint8_t *blk, int bits)
+KT static inline __attribute__((always_inline)) void rot_group_enc(const __m256 *x, uint8_t *blk,
+                                                                   int bits)
 {
     __m256 mnv = _mm256_min_ps(_mm256_min_ps(x[0], x[1]), _mm256_min_ps(x[2], x[3]));
     __m256 mxv = _mm256_max_ps(_mm256_max_ps(x[0], x[1]), _mm256_max_ps(x[2], x[3]));
@@ -202,7 +219,8 @@ KT static void rot_group_enc(const __m256 *x, uint8_t *blk, int bits)
 }
 
 /* kern_kivi_v_dec of a full group into four vectors: q * scale + min, in that order. */
-KT static void rot_group_dec(const uint8_t *blk, __m256 *y, int bits)
+KT static inline __attribute__((always_inline)) void rot_group_dec(const uint8_t *blk, __m256 *y,
+                                                                   int bits)
 {
     const __m128 sm =
         _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)blk[0] | (uint32_t)blk[1] << 8 |
@@ -232,6 +250,75 @@ KT static void rot_group_dec(const uint8_t *blk, __m256 *y, int bits)
         _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q1, 8))), sc), mn);
 }
 
+/* The butterfly of rot_fwht_avx2 on a row held in nv registers (dim = 8 nv <= 128): the
+ * same stages, pairs and operations, without the row's trips through memory. Inlined with a
+ * constant nv, the loops unroll and r[] stays in registers. */
+KT static inline __attribute__((always_inline)) void rot_fwht_regs(__m256 *r, const uint32_t nv)
+{
+    const __m256 neg1 = _mm256_castsi256_ps(_mm256_setr_epi32(
+        0, (int)0x80000000, 0, (int)0x80000000, 0, (int)0x80000000, 0, (int)0x80000000));
+    const __m256 neg2 = _mm256_castsi256_ps(_mm256_setr_epi32(
+        0, 0, (int)0x80000000, (int)0x80000000, 0, 0, (int)0x80000000, (int)0x80000000));
+#pragma GCC unroll 16
+    for (uint32_t i = 0; i < nv; i++) {
+        __m256 a = r[i];
+        a = _mm256_add_ps(_mm256_xor_ps(a, neg1), _mm256_permute_ps(a, 0xb1));
+        a = _mm256_add_ps(_mm256_xor_ps(a, neg2), _mm256_permute_ps(a, 0x4e));
+        __m256 lo = _mm256_permute2f128_ps(a, a, 0x00), hi = _mm256_permute2f128_ps(a, a, 0x11);
+        r[i] = _mm256_permute2f128_ps(_mm256_add_ps(lo, hi), _mm256_sub_ps(lo, hi), 0x20);
+    }
+#pragma GCC unroll 4
+    for (uint32_t len = 1; len < nv; len <<= 1)
+#pragma GCC unroll 16
+        for (uint32_t i = 0; i < nv; i += 2 * len)
+#pragma GCC unroll 8
+            for (uint32_t j = i; j < i + len; j++) {
+                const __m256 a = r[j], b = r[j + len];
+                r[j] = _mm256_add_ps(a, b);
+                r[j + len] = _mm256_sub_ps(a, b);
+            }
+}
+
+/* One (token, head) row of rot_enc_fused in registers: load, centre, sign, butterfly,
+ * scale, groups. */
+KT static inline __attribute__((always_inline)) void
+rot_enc_row_regs(const uint16_t *r, uint32_t dtype, const uint32_t *m, const float *mu, __m256 c,
+                 int bits, uint32_t gb, uint8_t *o, const uint32_t nv)
+{
+    __m256 x[16];
+#pragma GCC unroll 16
+    for (uint32_t j = 0; j < nv; j++)
+        x[j] =
+            _mm256_xor_ps(_mm256_sub_ps(rot_load8(r + 8 * j, dtype), _mm256_loadu_ps(mu + 8 * j)),
+                          _mm256_loadu_ps((const float *)m + 8 * j));
+    rot_fwht_regs(x, nv);
+#pragma GCC unroll 16
+    for (uint32_t j = 0; j < nv; j++)
+        x[j] = rot_sanitize(_mm256_mul_ps(x[j], c));
+#pragma GCC unroll 4
+    for (uint32_t g = 0; g < nv / 4; g++)
+        rot_group_enc(x + 4 * g, o + (uint64_t)g * gb, bits);
+}
+
+/* One row of rot_dec_fused in registers: groups, butterfly, scale, sign, mean, store. */
+KT static inline __attribute__((always_inline)) void
+rot_dec_row_regs(const uint8_t *g0, int bits, uint32_t gb, const uint32_t *m, const uint8_t *mu,
+                 __m256 c, uint16_t *o, uint32_t out_dtype, const uint32_t nv)
+{
+    __m256 y[16];
+#pragma GCC unroll 4
+    for (uint32_t g = 0; g < nv / 4; g++)
+        rot_group_dec(g0 + (uint64_t)g * gb, y + 4 * g, bits);
+    rot_fwht_regs(y, nv);
+#pragma GCC unroll 16
+    for (uint32_t j = 0; j < nv; j++)
+        rot_store8(o + 8 * j,
+                   _mm256_add_ps(_mm256_xor_ps(_mm256_mul_ps(y[j], c),
+                                               _mm256_loadu_ps((const float *)m + 8 * j)),
+                                 _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mu + 16 * j)))),
+                   out_dtype);
+}
+
 /* Fused encode of the K section: every row loaded, signed, transformed, scaled, and its
  * groups encoded while it is in registers and L1; rows in memory order. D >= 32 (a full
  * group); smaller heads take the unfused path. */
@@ -242,13 +329,17 @@ KT static void rot_means_avx2(const struct kern_layout *lay, const uint8_t *rawk
 {
     const uint32_t T = lay->tokens, H = lay->heads, D = lay->head_dim;
     const __m256 n = _mm256_set1_ps((float)T);
+    /* summed in token order per channel, the raw rows read in memory order */
+    memset(mean, 0, (size_t)H * D * sizeof(float));
+    for (uint32_t t = 0; t < T; t++)
+        for (uint32_t j = 0; j < H * D; j += 8)
+            _mm256_storeu_ps(
+                mean + j, _mm256_add_ps(_mm256_loadu_ps(mean + j),
+                                        rot_load8((const uint16_t *)rawk + (uint64_t)t * H * D + j,
+                                                  lay->dtype)));
     for (uint32_t h = 0; h < H; h++)
         for (uint32_t j = 0; j < D; j += 8) {
-            __m256 sum = _mm256_setzero_ps();
-            for (uint32_t t = 0; t < T; t++)
-                sum = _mm256_add_ps(
-                    sum,
-                    rot_load8((const uint16_t *)rawk + ((uint64_t)t * H + h) * D + j, lay->dtype));
+            const __m256 sum = _mm256_loadu_ps(mean + (uint64_t)h * D + j);
             __m128i hv = _mm256_cvtps_ph(_mm256_div_ps(sum, n), _MM_FROUND_TO_NEAREST_INT);
             _mm_storeu_si128((__m128i *)(out + 2 * ((uint64_t)h * D + j)), hv);
             _mm256_storeu_ps(mean + (uint64_t)h * D + j, _mm256_cvtph_ps(hv));
@@ -272,12 +363,24 @@ KT static void rot_enc_fused(const struct kern_layout *lay, const uint8_t *rawk,
             const uint16_t *r = (const uint16_t *)rawk + ((uint64_t)t * H + h) * D;
             const uint32_t *m = mask + (uint64_t)h * D;
             const float *mu = mean + (uint64_t)h * D;
+            uint8_t *o = out + ((uint64_t)t * H + h) * G * gb;
+            if (D == 128) {
+                rot_enc_row_regs(r, lay->dtype, m, mu, c, bits, gb, o, 16);
+                continue;
+            }
+            if (D == 64) {
+                rot_enc_row_regs(r, lay->dtype, m, mu, c, bits, gb, o, 8);
+                continue;
+            }
+            if (D == 32) {
+                rot_enc_row_regs(r, lay->dtype, m, mu, c, bits, gb, o, 4);
+                continue;
+            }
             for (uint32_t j = 0; j < D; j += 8)
                 _mm256_store_ps(row + j, _mm256_xor_ps(_mm256_sub_ps(rot_load8(r + j, lay->dtype),
                                                                      _mm256_loadu_ps(mu + j)),
                                                        _mm256_loadu_ps((const float *)m + j)));
             rot_fwht_avx2(row, D);
-            uint8_t *o = out + ((uint64_t)t * H + h) * G * gb;
             for (uint32_t g = 0; g < G; g++) {
                 __m256 x[4];
                 for (int j = 0; j < 4; j++)
@@ -300,6 +403,21 @@ KT static void rot_dec_fused(const struct kern_layout *lay, const uint8_t *sect,
     for (uint32_t t = 0; t < T; t++)
         for (uint32_t h = 0; h < H; h++) {
             const uint8_t *g0 = in + ((uint64_t)t * H + h) * G * gb;
+            const uint32_t *m = mask + (uint64_t)h * D;
+            const uint8_t *mu = means + 2ull * h * D;
+            uint16_t *o = (uint16_t *)raw + ((uint64_t)t * H + h) * D;
+            if (D == 128) {
+                rot_dec_row_regs(g0, bits, gb, m, mu, c, o, out_dtype, 16);
+                continue;
+            }
+            if (D == 64) {
+                rot_dec_row_regs(g0, bits, gb, m, mu, c, o, out_dtype, 8);
+                continue;
+            }
+            if (D == 32) {
+                rot_dec_row_regs(g0, bits, gb, m, mu, c, o, out_dtype, 4);
+                continue;
+            }
             for (uint32_t g = 0; g < G; g++) {
                 __m256 y[4];
                 rot_group_dec(g0 + (uint64_t)g * gb, y, bits);
@@ -307,9 +425,6 @@ KT static void rot_dec_fused(const struct kern_layout *lay, const uint8_t *sect,
                     _mm256_store_ps(row + 32 * g + 8 * j, y[j]);
             }
             rot_fwht_avx2(row, D);
-            const uint32_t *m = mask + (uint64_t)h * D;
-            const uint8_t *mu = means + 2ull * h * D;
-            uint16_t *o = (uint16_t *)raw + ((uint64_t)t * H + h) * D;
             for (uint32_t j = 0; j < D; j += 8)
                 rot_store8(
                     o + j,
