@@ -449,8 +449,10 @@ static void decode_case(uint32_t layers, uint32_t heads, uint32_t dim, uint32_t 
     uint32_t npages = (ntok + page_tokens - 1) / page_tokens;
     uint64_t hs = 2ull * pad, ts = hs * heads, ps = ts * page_tokens, tb = ps * npages;
     int32_t *table = malloc(npages * sizeof(int32_t));
+    /* a permutation of the pages (reversed, then rotated by 2): no two tokens share a page
+     * slot, so the order in which the device's warps write cannot matter */
     for (uint32_t i = 0; i < npages; i++)
-        table[i] = (int32_t)((i * 5 + 3) % npages);
+        table[i] = (int32_t)((npages - 1 - i + 2) % npages);
     void *ka[8], *va[8], *kb[8], *vb[8];
     for (uint32_t l = 0; l < lc; l++) {
         ka[l] = malloc(tb);
@@ -678,8 +680,10 @@ static void cuda_decode_case(uint32_t layers, uint32_t heads, uint32_t dim, uint
     uint32_t pt = 16, ntok = tokens * nblocks, npages = (ntok + pt - 1) / pt;
     uint64_t hs = 2ull * pad, ts = hs * heads, ps = ts * pt, tb = ps * npages;
     int32_t table[256];
+    /* a permutation of the pages (reversed, then rotated by 2): no two tokens share a page
+     * slot, so the order in which the device's warps write cannot matter */
     for (uint32_t i = 0; i < npages; i++)
-        table[i] = (int32_t)((i * 5 + 3) % npages);
+        table[i] = (int32_t)((npages - 1 - i + 2) % npages);
     void *hk[8], *hv[8], *dk[8], *dv[8], *back = malloc(tb);
     for (uint32_t l = 0; l < lc; l++) {
         hk[l] = malloc(tb);

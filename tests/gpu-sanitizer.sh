@@ -4,6 +4,8 @@
 #              check_pack and check_kernels
 #   racecheck  the cases that launch kernels: check_pack cuda, check_kernels cuda
 #   synccheck  the same
+# check_e2e_gpu_fake's own process never initialises CUDA (its device is the fake one; the
+# daemons it starts may): --require-cuda-init no, or the sanitizer fails the run for that.
 # Every case of a suite in one process (CK_FORK=no): the sanitizer follows the processes the
 # cases fork (--target-processes all), and one process per suite keeps its start-up cost
 # once. The waits of the tests are scaled by KVC_TEST_SLOW (default 10 here): a sanitized
@@ -46,7 +48,7 @@ run() {
     start=$(date +%s)
     $limit env CK_FORK=no KVC_TEST_SLOW="$slow" CK_EXCLUDE_TAGS=regression \
         ${case:+CK_RUN_CASE=$case} "$san" --tool "$tool" --error-exitcode 1 \
-        --target-processes all "$b/tests/$suite"
+        --require-cuda-init no --target-processes all "$b/tests/$suite"
     rc=$?
     if [ -n "$limit" ] && [ "$rc" -eq 124 -o "$rc" -eq 137 ]; then
         echo "INCOMPLETE: sanitizer $what: did not finish in the time left"

@@ -832,18 +832,21 @@ static void bg_block_size(struct daemon *d, kvc_client *c, struct bench_row *row
         goto out;
     }
     struct bg_ctx cx = {.n = n, .bb = bb, .dst = buf, .bytes = bytes, .kind = KERN_CUDA_D2D};
-    cx.mdst = buf;
-    /* the baseline copies the same bytes: between two device buffers of that size */
-    void *mb = NULL;
-    if (kern_cuda_alloc(&mb, bytes)) {
+    /* the baseline copies the same bytes between two device buffers of its own (not into
+     * buf: the loads' bytes there are checked after the timed runs) */
+    void *mb = NULL, *mb_dst = NULL;
+    if (kern_cuda_alloc(&mb, bytes) || kern_cuda_alloc(&mb_dst, bytes)) {
         bench_fail("gpu: %s: no device memory", tag);
+        kern_cuda_free(mb);
         goto out;
     }
     cx.msrc = mb;
+    cx.mdst = mb_dst;
     /* the put: gathers into the reserved pool slots, then committed (the loads' prefix) */
     if (kvc_reserve_gpu(ns, NULL, keys, n, &r) != (int)n) {
         bench_fail("gpu: %s: no pool slots", tag);
         kern_cuda_free(mb);
+        kern_cuda_free(mb_dst);
         goto out;
     }
     cx.r = r;
@@ -856,6 +859,7 @@ static void bg_block_size(struct daemon *d, kvc_client *c, struct bench_row *row
         kvc_lease_tier(l, 0) != KVC_TIER_GPU || kvc_lease_tier(l, n - 1) != KVC_TIER_GPU) {
         bench_fail("gpu: %s: the put did not land in the pool (%d)", tag, crc);
         kern_cuda_free(mb);
+        kern_cuda_free(mb_dst);
         goto out;
     }
     cx.l = l;
@@ -867,6 +871,7 @@ static void bg_block_size(struct daemon *d, kvc_client *c, struct bench_row *row
     kvc_release(l);
     l = NULL;
     kern_cuda_free(mb);
+    kern_cuda_free(mb_dst);
     if (kern_cuda_copy(back, buf, bytes, KERN_CUDA_D2H, NULL) || kern_cuda_stream_sync(NULL) ||
         memcmp(back, want, bytes) || bg_engine_same(&dst, &src)) {
         bench_fail("gpu: %s: the loads' bytes are not the put's", tag);
@@ -900,6 +905,7 @@ static void bg_block_size(struct daemon *d, kvc_client *c, struct bench_row *row
     memset(pinned, 1, bytes);
     cx.l = l;
     cx.msrc = pinned;
+    cx.mdst = buf; /* the host rows' destinations are not checked after their timing */
     cx.kind = KERN_CUDA_H2D;
     snprintf(name, sizeof(name), "host-tier hit into device, %s", tag);
     bg_time(rows, nrows, name, bytes, bg_copy_range, bg_memcpy, &cx, "cudaMemcpy H2D pinned");

@@ -209,6 +209,21 @@ static int gpu_time(struct gpu_arg *a, int op, int base, uint64_t bytes, const c
     return 0;
 }
 
+/* Is the device's decode at g_out the CPU decoder's output of the device's encoding at
+ * g_enc (es bytes)? 0 when it is; host and ref are rs-byte scratch (ref keeps the CPU's). */
+static int gpu_check_decode(const struct kern_layout *lay, const void *g_enc, uint64_t es,
+                            const void *g_out, uint64_t rs, uint8_t *host, uint8_t *ref)
+{
+    uint8_t *enc = malloc(es);
+    int bad = !enc || kern_cuda_copy(enc, g_enc, es, KERN_CUDA_D2H, NULL) ||
+              kern_cuda_copy(host, g_out, rs, KERN_CUDA_D2H, NULL) ||
+              kern_cuda_stream_sync(NULL) ||
+              kern_decode_cpu(lay, enc, es, ref, rs, KERN_DTYPE_FP16) != (int64_t)rs ||
+              memcmp(host, ref, rs);
+    free(enc);
+    return bad ? -1 : 0;
+}
+
 /* The GPU rows: per codec, encode and decode of one block beside a device-to-device copy of
  * its raw bytes, and the decode of a prefix of GPU_PREFIX such blocks straight into an
  * engine's paged tensors (one launch; vLLM layout, pages of the block's tokens, the table
@@ -277,22 +292,18 @@ static void bench_gpu(const struct kern_layout *lay, uint8_t **raw, uint64_t rs)
             a.op = op;
             if (gpu_op(&a) < 0 || kern_cuda_stream_sync(NULL) != 0) /* untimed: checked */
                 goto out;
+            /* the decode, checked against the CPU decoder of the GPU's own encoding before
+             * the timed runs: their baseline copies the raw block over g_out */
+            if (op == 2 && gpu_check_decode(lay, g_enc, a.es, g_out, rs, host, ref)) {
+                bench_fail("kernels: gpu: %s: the GPU's decode is not the CPU's",
+                           kern_codec_name(c));
+                goto out;
+            }
             snprintf(name, sizeof(name), "gpu/%s/%s", kern_codec_name(c),
                      op == 1 ? "encode" : "decode");
             if (gpu_time(&a, op, 0, rs, name))
                 goto out;
         }
-        /* the decode, checked against the CPU decoder of the GPU's own encoding */
-        uint8_t *enc = malloc(a.es);
-        if (!enc || kern_cuda_copy(enc, g_enc, a.es, KERN_CUDA_D2H, NULL) ||
-            kern_cuda_copy(host, g_out, rs, KERN_CUDA_D2H, NULL) || kern_cuda_stream_sync(NULL) ||
-            kern_decode_cpu(lay, enc, a.es, ref, rs, KERN_DTYPE_FP16) != (int64_t)rs ||
-            memcmp(host, ref, rs)) {
-            bench_fail("kernels: gpu: %s: the GPU's decode is not the CPU's", kern_codec_name(c));
-            free(enc);
-            goto out;
-        }
-        free(enc);
         /* the prefix: the same encoded block GPU_PREFIX times, into the paged tensors */
         for (int j = 0; j < GPU_PREFIX; j++) {
             lens[j] = a.es;
