@@ -28,6 +28,14 @@
 #    when there is one: prefill time with every full block but the last loaded from kvcd
 #    (scattered into its paged cache) against no cache (baseline); the speed-up is baseline
 #    / value. Generated tokens are checked equal.
+#  - prefill (issue 26; prefill_case): on a GPU an 8B-shaped decoder (kvcd.engine.prefill:
+#    Llama-3-8B's shape, random bf16 weights, vLLM-layout paged cache, 128 KiB of KV a token)
+#    on prompts of 4k and 16k tokens: prefill with no cache, and with a full hit loaded
+#    through kvcd (lookup + scatter into the pages) from the host tier and from the daemon's
+#    GPU pool; each load against a copy of the same bytes in the same run (pinned host to
+#    device; device to device), target ratio <= 1.1, and each hit's prefill against no
+#    cache. Without a GPU the 8B rows print SKIP and the same path runs with a small model on
+#    256 tokens (host tier only). --cases picks parts, --append merges rows into OUT's.
 # Exit status 1 when something broke (a short hit, wrong bytes, different tokens), 0 with
 # figures otherwise (a missed target is reported, not failed).
 import argparse
@@ -440,7 +448,9 @@ def prefill_case(device, cfg, sizes):
     bt, top = PREFILL_BLOCK, sizes[-1]
     nblk = (top - 1) // bt  # blocks a hit can load: the last token is always computed
     kv = nblk * bt * cfg.kv_token_bytes()
-    arena = "%dm" % (max(64, (kv * 5 // 4 >> 20) + 64))  # the longest prompt's KV + room
+    # The longest prompt's KV and a quarter more, in 64 MiB steps (2,624 MiB for 16k tokens
+    # of the 8B shape): the host arena and the GPU pool each.
+    arena = "%dm" % ((((kv * 5 // 4) >> 20) + 64 + 63) // 64 * 64)
     cuda = device == "cuda"
     opts = ["host.size=" + arena, "quota.uid_reserved_share=100"]
     if cuda:
