@@ -216,4 +216,4 @@ def test_prefill_decoder_loads_hits_on_the_gpu(daemon, client, tier):
         assert torch.equal(cache.pages(m), ref)
         hit = model.forward(prompt[m * bt:], m * bt, cache)
         torch.cuda.synchronize()
-        assert float((hit - full).abs().max()) <= 0.02 * float(full.abs().max())
+        assert float((hit - full).abs().max()) <= 0.05 * float(full.abs().max())
