@@ -182,26 +182,25 @@ def test_blocks_in_the_gpu_pool(client):
 @pytest.mark.parametrize("tier", ["host", "pool"])
 def test_prefill_decoder_loads_hits_on_the_gpu(daemon, client, tier):
     """kvcd.engine.prefill on the device, as bench_python.py's 8B rows run it at a small
-    size: a prefill's KV stored through kvcd (into the host arena from a client that did not
-    map the pool, into the pool from one that did), loaded back into zeroed device pages by
-    a scatter on torch's stream, the very bytes computed; the prefill of the rest of the
-    prompt against them gives the no-cache logits to bf16 precision."""
+    size: a prefill's KV stored through kvcd (into the host arena by reservations and
+    lookups without gpu=True, into the pool with it from a client attached to the pool),
+    loaded back into zeroed device pages by a scatter on torch's stream, the very bytes
+    computed; the prefill of the rest of the prompt against them gives the no-cache logits
+    to bf16 precision."""
     from kvcd.engine.prefill import Decoder, PagedCache, load, small_config, store
     cfg = small_config(layers=2, dim=64, heads=4, kv_heads=2, head_dim=16, ffn_dim=128)
     n, bt = 9 * BT + 3, BT
     m = (n - 1) // bt
     with kvcd.Client(daemon.socket) as pc:
         gpu = tier == "pool"
-        c = client
-        if gpu:
-            if pc.gpu_attach() != 1:
-                pytest.skip("the daemon's GPU pool is not mapped here")
-            c = pc
+        c = pc if gpu else client
+        ns = c.namespace("cuda-prefill-%d" % next(_ids), cfg.layers, cfg.kv_heads, cfg.head_dim,
+                         bt, "bf16")
+        if gpu and pc.gpu_attach() != 1:
+            pytest.skip("the daemon's GPU pool is not mapped here")
         model = Decoder(cfg, "cuda", n)
         cache = PagedCache(cfg, bt, n, "cuda")
         prompt = torch.randint(0, cfg.vocab, (n,), generator=torch.Generator().manual_seed(5))
-        ns = c.namespace("cuda-prefill-%d" % next(_ids), cfg.layers, cfg.kv_heads, cfg.head_dim,
-                         bt, "bf16")
         paged = ns.paged_kv(cache.k_layers, cache.v_layers)
         keys = ns.keys_from_tokens(prompt.tolist())[:m]
         prompt = prompt.cuda()

@@ -467,19 +467,18 @@ def prefill_case(device, cfg, sizes):
         prompt = torch.randint(0, cfg.vocab, (top,), generator=torch.Generator().manual_seed(7))
         tokens = prompt.tolist()
         prompt = prompt.to(device)
-        # The host tier through a client that did not map the pool (its lookups never
-        # promote), the pool through one that did (its puts go to the pool).
-        tiers = [("host", hc, False)]
-        if cuda:
-            if pc.gpu_attach() == 1:
-                tiers.append(("pool", pc, True))
-            else:
-                print("SKIP: the pool rows: the daemon's GPU pool is not mapped here "
-                      "(gpu_attach; the daemon's log: %s)" % d.log().strip()[-200:])
+        # The host tier: reservations and lookups without gpu=True (host slots, host hits,
+        # never promoted into the pool, though the binding maps the pool for its first
+        # device call); the pool: a client attached after opening its namespace, reserving
+        # and looking up with gpu=True (pool slots and hits).
         nss = []
-        for name, cl, gpu in tiers:
+        for name, cl, gpu in [("host", hc, False)] + ([("pool", pc, True)] if cuda else []):
             ns = cl.namespace(cfg.model_id("-t%d-%s" % (bt, name)), cfg.layers, cfg.kv_heads,
                               cfg.head_dim, bt, "bf16")
+            if gpu and cl.gpu_attach() != 1:
+                print("SKIP: the pool rows: the daemon's GPU pool is not mapped here "
+                      "(gpu_attach; the daemon's log: %s)" % d.log().strip()[-300:])
+                continue
             nss.append((name, cl, ns, ns.paged_kv(cache.k_layers, cache.v_layers),
                         ns.keys_from_tokens(tokens)[:nblk], gpu))
         # The KV to store: the longest prompt's, computed (also the warm-up).
