@@ -3,8 +3,10 @@
 # (reserve + gather from the paged cache) and loaded back (lookup + scatter into zeroed
 # pages), is the very bytes computed, from the host tier; the prefill of the rest of the
 # prompt against it gives the no-cache logits to bf16 precision, and against zeroed pages
-# (no load) it does not, so the load is what the logits rest on. And bench_python.py's
-# prefill rows run end to end (the CPU smoke `make bench-python` runs) and write their rows.
+# (no load) it does not, so the load is what the logits rest on. The decoder's calls to
+# scaled_dot_product_attention (PyTorch 2, the GPU hosts) checked against SDPA as documented.
+# And bench_python.py's prefill rows run end to end (the CPU smoke `make bench-python` runs)
+# and write their rows.
 # The same calls on a GPU, host tier and pool: test_cuda_device.py.
 import json
 import os
@@ -101,3 +103,36 @@ def test_bench_prefill_rows(tmp_path):
                          env=dict(env, KVC_BENCH_PREFILL_TOKENS="8"), capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 1 and "KVC_BENCH_PREFILL_TOKENS" in bad.stderr
+
+
+def sdpa_as_documented(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False):
+    """torch.nn.functional.scaled_dot_product_attention as PyTorch documents it (2.0 and
+    later): is_causal masks top-left aligned, a bool attn_mask is True where a query may
+    attend."""
+    s = (q.float() @ k.float().transpose(-2, -1)) / (q.shape[-1] ** 0.5)
+    if is_causal:
+        attn_mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+    if attn_mask is not None:
+        s = s.masked_fill(~attn_mask, float("-inf"))
+    return (torch.softmax(s, -1) @ v.float()).to(q.dtype)
+
+
+def test_the_sdpa_path_computes_what_the_explicit_one_does():
+    """The calls the decoder makes to scaled_dot_product_attention where PyTorch has it (on
+    the GPU hosts): its arguments, with SDPA's documented meaning, give the explicit
+    softmax's logits, with and without a loaded prefix."""
+    cfg = small_config(layers=2, dim=64, heads=4, kv_heads=2, head_dim=16, ffn_dim=128)
+    n = 4 * BT + 7
+    m = (n - 1) // BT
+    prompt = torch.randint(0, cfg.vocab, (n,), generator=torch.Generator().manual_seed(9))
+    out = {}
+    for name, fn in (("explicit", None), ("sdpa", sdpa_as_documented)):
+        model = Decoder(cfg, "cpu", n)
+        model.sdpa = fn
+        cache = PagedCache(cfg, BT, n, "cpu")
+        full = model.forward(prompt, 0, cache)
+        tail = model.forward(prompt[m * BT:], m * BT, cache)  # against the KV just computed
+        out[name] = (full, tail, cache.kv.clone())
+    for a, b in zip(out["explicit"], out["sdpa"]):
+        assert torch.allclose(a.float(), b.float(), rtol=0, atol=1e-2)
+    assert close(out["sdpa"][1], out["sdpa"][0])
