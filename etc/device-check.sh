@@ -11,8 +11,11 @@
 #   benches    bench_gpu, bench_kernels, bench_host
 #   python     the Python package built on the host for its own Python and PyTorch (cc, the
 #              interpreter's headers, the bundle's libkvc.a): python/tests/test_cuda_device.py
-#              and the engine's CUDA case (test_engine.py), then bench_python.py's CUDA rows;
-#              on a GPU host a missing compiler, header or torch.cuda is a failure
+#              and the engine's CUDA case (test_engine.py), then bench_python.py's rows (its
+#              CUDA rows among them), then its prefill rows (an 8B-shaped model at 4k and 16k
+#              tokens, host tier and GPU pool against copies and no cache: issue 26) under a
+#              deadline of their own, their lines in summary.txt too; on a GPU host a missing
+#              compiler, header or torch.cuda, or a prefill row that skips, is a failure
 #   sanitizer  tests/gpu-sanitizer.sh (memcheck, racecheck, synccheck) in the time left: a
 #              run that does not fit is listed INCOMPLETE in summary.txt, not failed
 # OUTDIR gets at most 8 files: summary.txt (device, driver, CUDA, each stage's result and
@@ -173,10 +176,28 @@ else
         mkdir -p "$pytmp/build/lib" && cp "$bundle/pylib/libkvc.so" "$pytmp/build/lib/"
         PYTHONPATH="$pytmp" KVCD_BIN="$bundle/bin/kvcd" PYTHONDONTWRITEBYTECODE=1 \
             KVC_BUILD="$pytmp/build" KVC_BENCH_SMOKE=${KVC_BENCH_SMOKE:-} \
-            stage 60 "$py" "$root/tests/bench/bench_python.py" "$out/python.json" \
-            >>"$out/bench.txt" 2>&1
+            stage 60 "$py" "$root/tests/bench/bench_python.py" \
+            --cases host,paged,sglang,engine "$out/python.json" >>"$out/bench.txt" 2>&1
         rc=$?
         [ "$rc" -eq 0 ] || fail "python: bench_python rc $rc (bench.txt)"
+        # The 8B-shaped prefill rows (issue 26), under a deadline of their own, into the
+        # same python.json.
+        t1=$(date +%s)
+        echo "==== python: prefill (bench_python.py --cases prefill)" >>"$out/bench.txt"
+        PYTHONPATH="$pytmp" KVCD_BIN="$bundle/bin/kvcd" PYTHONDONTWRITEBYTECODE=1 \
+            KVC_BENCH_SMOKE=${KVC_BENCH_SMOKE:-} \
+            stage 90 "$py" "$root/tests/bench/bench_python.py" --cases prefill --append \
+            "$out/python.json" >"$pytmp/prefill.txt" 2>&1
+        rc=$?
+        cat "$pytmp/prefill.txt" >>"$out/bench.txt"
+        say "python: prefill rows rc $rc, $(($(date +%s) - t1)) s"
+        grep -E '^(load|prefill)_[a-z0-9]+_[0-9]+tok_' "$pytmp/prefill.txt" | cut -c 1-150 |
+            sed 's/^/  /' | tee -a "$sum"
+        [ "$rc" -eq 0 ] || fail "python: bench_python --cases prefill rc $rc (bench.txt)"
+        if [ "$gpu" -eq 1 ] && grep -q '^SKIP' "$pytmp/prefill.txt"; then
+            fail "python: a GPU is here but prefill rows skipped: $(grep '^SKIP' \
+                "$pytmp/prefill.txt" | head -n 2 | tr '\n' ' ')"
+        fi
     fi
     say "python: $(($(date +%s) - t0)) s"
 fi

@@ -5,7 +5,8 @@
 # copy_into and write; gathers from and scatters into engines' paged CUDA caches (vLLM,
 # flash-attn, FlashInfer, SGLang, MLA) compared element by element with the canonical blocks
 # computed independently; layer ranges moving only their layers; work on a side stream
-# ordered by an event; and blocks in the daemon's own GPU pool moved device to device.
+# ordered by an event; blocks in the daemon's own GPU pool moved device to device; and the
+# prefill benchmark's decoder (kvcd.engine.prefill) storing and loading its KV through both.
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -176,3 +177,42 @@ def test_blocks_in_the_gpu_pool(client):
     for layer in range(L):
         assert torch.equal(dk[layer][[0, 3, 4, 6]], kc[layer][[5, 1, 7, 2]])
         assert torch.equal(dv[layer][[0, 3, 4, 6]], vc[layer][[5, 1, 7, 2]])
+
+
+@pytest.mark.parametrize("tier", ["host", "pool"])
+def test_prefill_decoder_loads_hits_on_the_gpu(daemon, client, tier):
+    """kvcd.engine.prefill on the device, as bench_python.py's 8B rows run it at a small
+    size: a prefill's KV stored through kvcd (into the host arena by reservations and
+    lookups without gpu=True, into the pool with it from a client attached to the pool),
+    loaded back into zeroed device pages by a scatter on torch's stream, the very bytes
+    computed; the prefill of the rest of the prompt against them gives the no-cache logits
+    to bf16 precision."""
+    from kvcd.engine.prefill import Decoder, PagedCache, load, small_config, store
+    cfg = small_config(layers=2, dim=64, heads=4, kv_heads=2, head_dim=16, ffn_dim=128)
+    n, bt = 9 * BT + 3, BT
+    m = (n - 1) // bt
+    with kvcd.Client(daemon.socket) as pc:
+        gpu = tier == "pool"
+        c = pc if gpu else client
+        ns = c.namespace("cuda-prefill-%d" % next(_ids), cfg.layers, cfg.kv_heads, cfg.head_dim,
+                         bt, "bf16")
+        if gpu and pc.gpu_attach() != 1:
+            pytest.skip("the daemon's GPU pool is not mapped here")
+        model = Decoder(cfg, "cuda", n)
+        cache = PagedCache(cfg, bt, n, "cuda")
+        prompt = torch.randint(0, cfg.vocab, (n,), generator=torch.Generator().manual_seed(5))
+        paged = ns.paged_kv(cache.k_layers, cache.v_layers)
+        keys = ns.keys_from_tokens(prompt.tolist())[:m]
+        prompt = prompt.cuda()
+        full = model.forward(prompt, 0, cache)
+        ref = cache.pages(m).clone()
+        assert store(ns, paged, keys, cache.table, bt, gpu=gpu, device="cuda", chunk=4) == m
+        c.flush()
+        cache.kv.zero_()
+        tiers = []
+        assert load(ns, paged, keys, cache.table, gpu=gpu, device="cuda", tiers=tiers) == m
+        assert tiers == ["gpu" if gpu else "host"] * m
+        assert torch.equal(cache.pages(m), ref)
+        hit = model.forward(prompt[m * bt:], m * bt, cache)
+        torch.cuda.synchronize()
+        assert float((hit - full).abs().max()) <= 0.05 * float(full.abs().max())

@@ -28,8 +28,17 @@
 #    when there is one: prefill time with every full block but the last loaded from kvcd
 #    (scattered into its paged cache) against no cache (baseline); the speed-up is baseline
 #    / value. Generated tokens are checked equal.
+#  - prefill (issue 26; prefill_case): on a GPU an 8B-shaped decoder (kvcd.engine.prefill:
+#    Llama-3-8B's shape, random bf16 weights, vLLM-layout paged cache, 128 KiB of KV a token)
+#    on prompts of 4k and 16k tokens: prefill with no cache, and with a full hit loaded
+#    through kvcd (lookup + scatter into the pages) from the host tier and from the daemon's
+#    GPU pool; each load against a copy of the same bytes in the same run (pinned host to
+#    device; device to device), target ratio <= 1.1, and each hit's prefill against no
+#    cache. Without a GPU the 8B rows print SKIP and the same path runs with a small model on
+#    256 tokens (host tier only). --cases picks parts, --append merges rows into OUT's.
 # Exit status 1 when something broke (a short hit, wrong bytes, different tokens), 0 with
 # figures otherwise (a missed target is reported, not failed).
+import argparse
 import ctypes
 import json
 import os
@@ -42,6 +51,8 @@ import torch
 import kvcd
 from kvcd.engine import Engine, ModelConfig
 from kvcd.engine.daemon import PrivateDaemon
+from kvcd.engine.prefill import (LLAMA3_8B, Decoder, PagedCache, load, small_config, store,
+                                 sync)
 from kvcd.engine.prompts import system_prompt
 
 SIZES = {"2MiB": ("bench/py-32l-8h-128d", 32, 8, 128, 16),
@@ -51,6 +62,9 @@ WS = (32 if SMOKE else 256) << 20
 OP = 16 << 20
 REPS = 2 if SMOKE else 11
 PROMPT = 512 if SMOKE else 4096
+CASES = ("host", "paged", "sglang", "engine", "prefill")
+PREFILL_BLOCK = 16
+PREFILL_REPS = 1 if SMOKE else 3
 
 
 def gbps(nbytes, secs):
@@ -107,11 +121,6 @@ def ptrs(tensors):
 def ckey_chunks(keys, per_op):
     return [(ctypes.c_char * (16 * per_op)).from_buffer_copy(b"".join(keys[j:j + per_op]))
             for j in range(0, len(keys), per_op)]
-
-
-def sync(device):
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 def host_case(c, cpath, size):
@@ -404,8 +413,147 @@ def engine_case(sock):
     return hit, nohit
 
 
+def prefill_plan():
+    """(device, model tag, config, prompt sizes) of the prefill rows: on a GPU the 8B shape
+    at 4k and 16k tokens; without one a small model at 256 tokens (the same code path, a
+    smoke whose figures say nothing about a GPU). $KVC_BENCH_PREFILL_MODEL (8b, small) and
+    $KVC_BENCH_PREFILL_TOKENS (comma-separated prompt lengths) override."""
+    cuda = torch.cuda.is_available()
+    tag = os.environ.get("KVC_BENCH_PREFILL_MODEL") or ("8b" if cuda else "small")
+    if tag not in ("8b", "small"):
+        raise RuntimeError("KVC_BENCH_PREFILL_MODEL: 8b or small, not %r" % tag)
+    spec = os.environ.get("KVC_BENCH_PREFILL_TOKENS") or ("4096,16384" if cuda else "256")
+    try:
+        sizes = sorted({int(x) for x in spec.split(",")})
+    except ValueError:
+        raise RuntimeError("KVC_BENCH_PREFILL_TOKENS: prompt lengths, not %r" % spec)
+    if sizes[0] <= PREFILL_BLOCK or sizes[-1] > 65536:
+        raise RuntimeError("KVC_BENCH_PREFILL_TOKENS: lengths in (%d, 65536]" % PREFILL_BLOCK)
+    return "cuda" if cuda else "cpu", tag, LLAMA3_8B if tag == "8b" else small_config(), sizes
+
+
+def timed(device, fn):
+    sync(device)
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - t0
+
+
+def prefill_case(device, cfg, sizes):
+    """Per prompt length: prefill without a cache, and with a full hit loaded through kvcd
+    from the host tier and (on a GPU) from the daemon's GPU pool; each load against a copy
+    of the same bytes (the blocks in kvcd's layout) in the same run: pinned host to device
+    (memcpy on the CPU), device to device. Returns {length: {what: [seconds]}}."""
+    bt, top = PREFILL_BLOCK, sizes[-1]
+    nblk = (top - 1) // bt  # blocks a hit can load: the last token is always computed
+    kv = nblk * bt * cfg.kv_token_bytes()
+    # The longest prompt's KV and a quarter more, in 64 MiB steps (2,624 MiB for 16k tokens
+    # of the 8B shape): the host arena and the GPU pool each.
+    arena = "%dm" % ((((kv * 5 // 4) >> 20) + 64 + 63) // 64 * 64)
+    cuda = device == "cuda"
+    opts = ["host.size=" + arena, "quota.uid_reserved_share=100"]
+    if cuda:
+        opts.append("gpu.pool_size=" + arena)
+    out = {}
+    with PrivateDaemon(opts) as d, kvcd.Client(d.socket) as hc, kvcd.Client(d.socket) as pc:
+        t0 = time.perf_counter()
+        model = Decoder(cfg, device, top)
+        cache = PagedCache(cfg, bt, top, device)
+        sync(device)
+        print("model and cache on %s in %.1f s; kvcd with host.size=%s%s" %
+              (device, time.perf_counter() - t0, arena,
+               " gpu.pool_size=" + arena if cuda else ""), flush=True)
+        prompt = torch.randint(0, cfg.vocab, (top,), generator=torch.Generator().manual_seed(7))
+        tokens = prompt.tolist()
+        prompt = prompt.to(device)
+        # The host tier: reservations and lookups without gpu=True (host slots, host hits,
+        # never promoted into the pool, though the binding maps the pool for its first
+        # device call); the pool: a client attached after opening its namespace, reserving
+        # and looking up with gpu=True (pool slots and hits).
+        nss = []
+        for name, cl, gpu in [("host", hc, False)] + ([("pool", pc, True)] if cuda else []):
+            ns = cl.namespace(cfg.model_id("-t%d-%s" % (bt, name)), cfg.layers, cfg.kv_heads,
+                              cfg.head_dim, bt, "bf16")
+            if gpu and cl.gpu_attach() != 1:
+                print("SKIP: the pool rows: the daemon's GPU pool is not mapped here "
+                      "(gpu_attach; the daemon's log: %s)" % d.log().strip()[-300:])
+                continue
+            nss.append((name, cl, ns, ns.paged_kv(cache.k_layers, cache.v_layers),
+                        ns.keys_from_tokens(tokens)[:nblk], gpu))
+        # The KV to store: the longest prompt's, computed (also the warm-up).
+        model.forward(prompt, 0, cache)
+        sync(device)
+        blocks = cache.pages(nblk).permute(2, 0, 1, 3, 4, 5).contiguous()  # kvcd's layout
+        for name, cl, ns, paged, keys, gpu in nss:
+            if store(ns, paged, keys, cache.table, bt, gpu=gpu, device=device) != nblk:
+                raise RuntimeError("%s: the store wrote fewer than %d blocks" % (name, nblk))
+            cl.flush()
+            where = []
+            load(ns, paged, keys, cache.table, gpu=gpu, device=device, tiers=where)
+            want = "gpu" if gpu else "host"
+            if where != [want] * nblk:
+                raise RuntimeError("%s: %d hits of %d, %d of them in the %s tier" %
+                                   (name, len(where), nblk, where.count(want), want))
+        flat = blocks.view(-1)
+        src = torch.empty(flat.numel(), dtype=flat.dtype, pin_memory=cuda)
+        src.copy_(flat)
+        dst = torch.empty_like(flat)
+        for n in sizes:
+            m = (n - 1) // bt
+            nel = m * cache.page_bytes // 2
+            x, tail = prompt[:n], prompt[m * bt:n]
+            t = {k: [] for k in ("nocache", "copy_h2d", "copy_d2d")}
+
+            def nocache():
+                t["nocache"].append(timed(device, lambda: model.forward(x, 0, cache)))
+
+            def hit(name, ns, paged, keys, gpu):
+                cache.pages(m).zero_()
+                sync(device)
+                t0 = time.perf_counter()
+                if load(ns, paged, keys[:m], cache.table, gpu=gpu, device=device) != m:
+                    raise RuntimeError("%s: a short hit at %d tokens" % (name, n))
+                t1 = time.perf_counter()
+                logits = model.forward(tail, m * bt, cache)
+                sync(device)
+                t2 = time.perf_counter()
+                if not torch.equal(cache.pages(m).permute(2, 0, 1, 3, 4, 5), blocks[:m]):
+                    raise RuntimeError("%s: the pages got other bytes than were stored" % name)
+                if not bool(torch.isfinite(logits).all()):
+                    raise RuntimeError("%s: logits not finite after the hit" % name)
+                t.setdefault(name + "_load", []).append(t1 - t0)
+                t.setdefault(name + "_prefill", []).append(t2 - t0)
+
+            def copies():
+                t["copy_h2d"].append(timed(device, lambda: dst[:nel].copy_(src[:nel],
+                                                                          non_blocking=cuda)))
+                if cuda:
+                    t["copy_d2d"].append(timed(device, lambda: dst[:nel].copy_(flat[:nel])))
+
+            steps = [nocache, copies] + [
+                (lambda a: (lambda: hit(a[0], a[2], a[3], a[4], a[5])))(e) for e in nss]
+            for rep in range(PREFILL_REPS + 1):  # the first is the warm-up
+                for step in steps[rep % len(steps):] + steps[:rep % len(steps)]:
+                    step()
+                if rep == 0:
+                    t = {k: [] for k in t}
+            out[n] = (m * cache.page_bytes, t)
+    return out
+
+
 def main():
-    out = sys.argv[1] if len(sys.argv) > 1 else "build/bench/python.json"
+    ap = argparse.ArgumentParser(description="kvcd's Python package against the C path")
+    ap.add_argument("out", nargs="?", default="build/bench/python.json")
+    ap.add_argument("--cases", default=",".join(CASES),
+                    help="comma-separated, of: %s (default: all)" % ", ".join(CASES))
+    ap.add_argument("--append", action="store_true",
+                    help="add the rows to OUT's (replacing those of the same case)")
+    args = ap.parse_args()
+    cases = [c for c in args.cases.split(",") if c]
+    if not cases or set(cases) - set(CASES):
+        ap.error("--cases: some of %s" % ", ".join(CASES))
+    out = args.out
     build = os.environ.get("KVC_BUILD", "build")
     rows = []
 
@@ -415,55 +563,112 @@ def main():
         print("%-34s %9.3f %9.3f %-4s  %-16s %9.3f  ratio %.3f" %
               (case, best, med, unit, base_name, base, best / base), flush=True)
 
-    print("kvcd from Python (torch tensors) against the same calls in C (libkvc), the same "
-          "daemon and buffers, alternating;\n%d MiB of blocks per case, 16 MiB per round "
-          "trip, %d repetitions; best and median GB/s,\nratio = best Python / best C "
-          "(target >= 0.9)\n" % (WS >> 20, REPS))
-    print("%-34s %9s %9s %-4s  %-16s %9s" % ("case", "best", "median", "unit", "baseline",
-                                             "best"))
-    with PrivateDaemon(["host.size=1g", "host.prefault=yes"]) as d:
-        with kvcd.Client(d.socket) as c:
-            cpath = CPath(build, d.socket)
-            def pair(name, t, key):
-                py, cc = t["py_" + key], t["c_" + key]
-                row(name, max(py), statistics.median(py), "GB/s", "C (libkvc)", max(cc))
-                print("%-34s %9s %9.3f (C median; median ratio %.3f)" %
-                      ("", "", statistics.median(cc),
-                       statistics.median(py) / statistics.median(cc)))
+    if {"host", "paged", "sglang"} & set(cases):
+        print("kvcd from Python (torch tensors) against the same calls in C (libkvc), the same "
+              "daemon and buffers, alternating;\n%d MiB of blocks per case, 16 MiB per round "
+              "trip, %d repetitions; best and median GB/s,\nratio = best Python / best C "
+              "(target >= 0.9)\n" % (WS >> 20, REPS))
+        print("%-34s %9s %9s %-4s  %-16s %9s" % ("case", "best", "median", "unit", "baseline",
+                                                 "best"))
+    if set(CASES[:4]) & set(cases):
+        with PrivateDaemon(["host.size=1g", "host.prefault=yes"]) as d:
+            with kvcd.Client(d.socket) as c:
+                cpath = CPath(build, d.socket)
 
-            for size in SIZES:
-                t = host_case(c, cpath, size)
-                for op, key in (("get", "get"), ("put_prefix", "put")):
-                    pair("%s_%s_python" % (op, size), t, key)
-            devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-            for device in devices:
-                t = paged_case(c, cpath, device)
-                pair("scatter_paged_2MiB_%s_python" % device, t, "scatter")
-                if device == "cuda":
-                    pair("get_cuda_tensor_2MiB_python", t, "get")
-            if "cuda" not in devices:
-                print("%-34s skipped: no CUDA device (the CUDA rows run on a GPU host)" %
-                      "scatter_paged/get_cuda_tensor")
-            t = sglang_case(c, cpath, d.socket)
-            pair("sglang_batch_set_v1_64x2MiB", t, "set")
-            pair("sglang_batch_get_v1_64x2MiB", t, "get")
-            cpath.close()
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        print("\nreference engine on %s, default model, %d-token prompt, 16-token blocks: "
-              "prefill seconds, best of runs (median beside)" % (device, PROMPT))
-        hit, nohit = engine_case(d.socket)
-    case = "engine_prefill_%dtok_full_hit_%s" % (PROMPT, device)
-    rows.append(dict(case=case, value=min(hit), unit="s",
-                     baseline="no cache", baseline_value=min(nohit),
-                     ratio=min(hit) / min(nohit)))
-    print("%-34s %9.3f %9.3f s     %-16s %9.3f  speed-up %.1fx (medians %.1fx)" %
-          (case, min(hit), statistics.median(hit), "no cache",
-           min(nohit), min(nohit) / min(hit), statistics.median(nohit) / statistics.median(hit)))
+                def pair(name, t, key):
+                    py, cc = t["py_" + key], t["c_" + key]
+                    row(name, max(py), statistics.median(py), "GB/s", "C (libkvc)", max(cc))
+                    print("%-34s %9s %9.3f (C median; median ratio %.3f)" %
+                          ("", "", statistics.median(cc),
+                           statistics.median(py) / statistics.median(cc)))
+
+                if "host" in cases:
+                    for size in SIZES:
+                        t = host_case(c, cpath, size)
+                        for op, key in (("get", "get"), ("put_prefix", "put")):
+                            pair("%s_%s_python" % (op, size), t, key)
+                devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+                if "paged" in cases:
+                    for device in devices:
+                        t = paged_case(c, cpath, device)
+                        pair("scatter_paged_2MiB_%s_python" % device, t, "scatter")
+                        if device == "cuda":
+                            pair("get_cuda_tensor_2MiB_python", t, "get")
+                    if "cuda" not in devices:
+                        print("%-34s skipped: no CUDA device (the CUDA rows run on a GPU host)"
+                              % "scatter_paged/get_cuda_tensor")
+                if "sglang" in cases:
+                    t = sglang_case(c, cpath, d.socket)
+                    pair("sglang_batch_set_v1_64x2MiB", t, "set")
+                    pair("sglang_batch_get_v1_64x2MiB", t, "get")
+                cpath.close()
+            if "engine" in cases:
+                device = "cuda" if torch.cuda.is_available() else "cpu"
+                print("\nreference engine on %s, default model, %d-token prompt, 16-token "
+                      "blocks: prefill seconds, best of runs (median beside)" % (device, PROMPT))
+                hit, nohit = engine_case(d.socket)
+                case = "engine_prefill_%dtok_full_hit_%s" % (PROMPT, device)
+                rows.append(dict(case=case, value=min(hit), unit="s",
+                                 baseline="no cache", baseline_value=min(nohit),
+                                 ratio=min(hit) / min(nohit)))
+                print("%-34s %9.3f %9.3f s     %-16s %9.3f  speed-up %.1fx (medians %.1fx)" %
+                      (case, min(hit), statistics.median(hit), "no cache", min(nohit),
+                       min(nohit) / min(hit), statistics.median(nohit) / statistics.median(hit)))
+    if "prefill" in cases:
+        prefill_report(rows)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    if args.append and os.path.exists(out):
+        with open(out) as f:
+            mine = {r["case"] for r in rows}
+            rows = [r for r in json.load(f) if r.get("case") not in mine] + rows
     with open(out, "w") as f:
         json.dump(rows, f, indent=1)
     print("\nwrote %s" % out)
     return 0
+
+
+def prefill_report(rows):
+    device, tag, cfg, sizes = prefill_plan()
+    if device != "cuda":
+        print("\nSKIP: prefill_8b_{4096,16384}tok_* (8B-shaped model, host tier and GPU pool): "
+              "no CUDA device (these rows run on a GPU host)")
+    print("\n%s decoder (%d layers, %d wide, %d query / %d KV heads of %d, MLP %d, vocab %d; "
+          "random bf16 weights) on %s, 16-token blocks, KV %d KiB a token.\nPrefill until the "
+          "last token's logits; a full hit loads every full block but the last token's through "
+          "kvcd (one lookup,\none scatter into the paged cache) and computes the rest. Load "
+          "against a copy of the same bytes in the same run\n(target <= 1.1); prefill with the "
+          "hit against no cache. Best and median seconds of %d runs after a warm-up." %
+          (tag, cfg.layers, cfg.dim, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.ffn_dim,
+           cfg.vocab, device, cfg.kv_token_bytes() >> 10, PREFILL_REPS), flush=True)
+    res = prefill_case(device, cfg, sizes)
+    print("%-34s %9s %9s %-4s  %-16s %9s %9s" % ("case", "best", "median", "unit", "baseline",
+                                                 "best", "median"))
+    copy = {"host": ("copy_h2d", "pinned H2D copy" if device == "cuda" else "memcpy"),
+            "pool": ("copy_d2d", "D2D copy")}
+    for n in sizes:
+        nbytes, t = res[n]
+        for tier in ("host", "pool"):
+            name = "%s_%dtok_%s" % (tag, n, tier)
+            if tier + "_load" not in t:
+                print("SKIP: load_%s_%s, prefill_%s_hit_%s: %s" %
+                      (name, device, name, device, "no CUDA device (the daemon's GPU pool)"
+                       if device != "cuda" else "the daemon's GPU pool is not mapped"))
+                continue
+            for case, val, (bkey, bname), what in (
+                    ("load_%s_%s" % (name, device), t[tier + "_load"], copy[tier], "load"),
+                    ("prefill_%s_hit_%s" % (name, device), t[tier + "_prefill"],
+                     ("nocache", "no cache"), "prefill")):
+                best, med = min(val), statistics.median(val)
+                bbest, bmed = min(t[bkey]), statistics.median(t[bkey])
+                rows.append(dict(case=case, value=best, unit="s", baseline=bname,
+                                 baseline_value=bbest, ratio=best / bbest))
+                if what == "load":
+                    note = "ratio %.3f (medians %.3f); %.1f vs %.1f GB/s" % (
+                        best / bbest, med / bmed, nbytes / best / 1e9, nbytes / bbest / 1e9)
+                else:
+                    note = "speed-up %.1fx (medians %.1fx)" % (bbest / best, bmed / med)
+                print("%-34s %9.6f %9.6f s     %-16s %9.6f %9.6f  %s" %
+                      (case, best, med, bname, bbest, bmed, note), flush=True)
 
 
 if __name__ == "__main__":
