@@ -18,20 +18,36 @@
  *
  * The work is cut into rows: one (block, layer, kind, token) each, all heads of one token of
  * one layer's K or V, H * head_dim elements — contiguous in the canonical block, and in the
- * engine's tensor too when its heads are packed. The kernel gives a row to a warp (a lane
- * per 16-byte chunk or per 8 decoded elements, so a warp's stores are one coalesced run) and
- * walks the rows grid-stride; the CPU emulation runs the very same row function with one
- * lane. So the indexing the GPU runs — row decomposition, table slice, layer range, the
- * section walk of the encoded format, the access width — is what the tests run here, on any
- * machine, against the scalar reference (kern_pack_ref, kern_decode_ref).
+ * engine's tensor too when its heads are packed. A warp works a step at a time, walking the
+ * steps grid-stride: R = 2^rshift consecutive rows of one (block, layer, kind), R chosen by
+ * the host as the largest power of two that divides the block's tokens with R rows in 2 KiB
+ * (KERN_BATCH_STEP_BYTES), so a warp has a step's bytes in flight however small the rows: a
+ * 2 KiB row (8 heads of 128 fp16) is a step, 512-byte rows go four to a step. The lanes
+ * spread over the step's R * items chunks (a lane per 16-byte chunk, or per 8 decoded
+ * elements), so a warp's stores are one coalesced run per head row. The CPU emulation runs
+ * the very same step functions, the 32 lanes of a warp one after another. So the indexing the
+ * GPU runs — step decomposition, table slice, layer range, the section walk of the encoded
+ * format, the access width, the split of a step over the lanes — is what the tests run here,
+ * on any machine, against the scalar reference (kern_pack_ref, kern_decode_ref).
+ *
+ * Indexing is 32-bit: the step index, its decomposition into (block, layer, kind, first
+ * token) by two 32-bit divisions (K, 1 or 2, by a shift), and the token's place in the
+ * table slice, counted from off0, the offset of first_token inside the slice's first page
+ * (computed once on the host): page = (off0 + j) / page_tokens, a shift when page_tokens is a
+ * power of two. The host answers -E2BIG for a batch whose steps or tokens do not fit 32 bits
+ * (KERN_BATCH_MAX_STEPS), and the splitters cut it into smaller batches, as for tables. A
+ * step looks its first token's page up once; a token of the step past that page's end (R
+ * does not divide page_tokens, or the step starts mid-page) looks up its own.
  *
  * Access width (pack): the host ORs every pointer, stride and row length once and picks the
  * widest of 16, 8, 4, 2, 1 bytes that divides them all; each lane moves up to four chunks
- * per step, loads before stores, so a warp has 2 KiB in flight per step. Decode: each lane
+ * per step, loads before stores, so a warp has up to 2 KiB in flight. Decode: each lane
  * produces 8 consecutive elements of one head row (16 bytes of fp16/bf16) and stores them
  * with one 16-byte store where the engine's addresses allow it (vec16), else element by
  * element; the arithmetic is the reference's, per element, in the same order (kern_fmt.h),
- * so the output is bit-identical.
+ * so the output is bit-identical. The block's header, section descriptor and raw-head
+ * appendix are read and checked once per step: by lane 0 and shuffled to the warp on the
+ * device, by every lane alike in the emulation.
  */
 #ifndef KVC_KERN_BATCH_H
 #define KVC_KERN_BATCH_H

@@ -6,14 +6,15 @@
  * DESIGN
  * One launch per batch, its tables by value in the kernel's parameters (a __grid_constant__
  * struct, so the kernel reads them in place; two sizes, 2 KiB for the usual call and 30 KiB
- * for large ones, because a launch copies its whole parameter block). A warp takes one row
- * (block, layer, kind, token) at a time and walks the rows grid-stride over a grid of at most
- * 8 blocks of 256 threads per multiprocessor (a persistent grid: the row count of a prefix is
- * in the tens of thousands). The row function is kern_batch_row, the one the CPU emulation
- * runs: a lane moves up to four 16-byte chunks per step, loads before stores, so a warp has
- * 2 KiB in flight, and its stores are one coalesced run per head row (per token when the
- * engine's heads are packed). A decode lane produces 8 elements of a head row and stores
- * them as one 16-byte access.
+ * for large ones, because a launch copies its whole parameter block). A warp takes one step
+ * (R consecutive rows of one block, layer and kind: kern_batch.h) at a time and walks the
+ * steps grid-stride, in 32-bit indices, over a grid of at most 8 blocks of 256 threads per
+ * multiprocessor (a persistent grid: the step count of a prefix is in the thousands). The
+ * step functions are the ones the CPU emulation runs: a lane moves up to four 16-byte chunks
+ * per step, loads before stores, so a warp has up to 2 KiB in flight, and its stores are one
+ * coalesced run per head row (per token when the engine's heads are packed). A decode lane
+ * produces 8 elements of a head row and stores them as one 16-byte access; lane 0 reads the
+ * block's header and section once per step and shuffles them to the warp.
  *
  * The batched device-to-device copy (pool hits into one contiguous destination) merges
  * pieces that continue each other, then gives each piece a row of thread blocks
