@@ -222,13 +222,23 @@ KERN_HD uint8_t *kern_batch_eng_tok(const struct kern_batch *b, const uint64_t *
  * one lane after another) every lane reads it itself: the same arithmetic on the same bytes.
  * The kernels call the step functions with all 32 lanes of a warp on the same step. */
 #ifdef __CUDA_ARCH__
-#define KERN_BATCH_LANE0(lane) if ((lane) == 0)
+/* Does this lane read the warp's uniform values itself? */
+KERN_HD int kern_batch_reader(uint32_t lane)
+{
+    return lane == 0;
+}
+
 KERN_HD uint32_t kern_batch_bcast(uint32_t v)
 {
     return __shfl_sync(0xffffffffu, v, 0);
 }
 #else
-#define KERN_BATCH_LANE0(lane)
+KERN_HD int kern_batch_reader(uint32_t lane)
+{
+    (void)lane;
+    return 1;
+}
+
 KERN_HD uint32_t kern_batch_bcast(uint32_t v)
 {
     return v;
@@ -551,8 +561,8 @@ KERN_HD void kern_batch_decode_step(const struct kern_batch *b, const uint64_t *
     const uint64_t src_len = w[K * L + b->nblocks + at.bi];
     const uint32_t lg = b->layer_first + at.l;
     struct kern_batch_src hs = {0, 0, 0, 0, 0};
-    KERN_BATCH_LANE0(lane)
-    kern_batch_src_at(lay, src, src_len, lg * K + at.k, &hs);
+    if (kern_batch_reader(lane))
+        kern_batch_src_at(lay, src, src_len, lg * K + at.k, &hs);
     hs.ok = kern_batch_bcast(hs.ok);
     hs.codec = kern_batch_bcast(hs.codec);
     hs.offset = kern_batch_bcast(hs.offset);
