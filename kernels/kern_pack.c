@@ -142,8 +142,10 @@ static uint32_t kern_batch_log2(uint64_t x)
  * kind) per warp step, the largest power of two that divides the block's tokens with R token
  * rows (tok_bytes each) in KERN_BATCH_STEP_BYTES; items per token row. -E2BIG when the steps
  * do not fit the kernel's 32-bit count (the callers split the batch). */
-static int kern_batch_steps_set(struct kern_batch *b, uint64_t tok_bytes, uint32_t items)
+static int kern_batch_steps_set(struct kern_batch *b, uint64_t tok_bytes, uint64_t items)
 {
+    if (items > UINT32_MAX)
+        return -EINVAL; /* a token row of more than 4 G accesses: no engine has one */
     uint32_t r = 0;
     while (r < 31 && (b->block_tokens & ((2u << r) - 1)) == 0 &&
            (tok_bytes << (r + 1)) <= KERN_BATCH_STEP_BYTES)
@@ -154,7 +156,7 @@ static int kern_batch_steps_set(struct kern_batch *b, uint64_t tok_bytes, uint32
     b->rshift = r;
     b->groups = b->block_tokens >> r;
     b->steps = (uint32_t)steps;
-    b->items = items;
+    b->items = (uint32_t)items;
     b->item_shift = kern_batch_log2(items);
     return 0;
 }
@@ -244,7 +246,7 @@ int kern_batch_pack(struct kern_batch_args *a, const struct kern_pack_layout *la
         vec >>= 1;
     a->h.vec = vec;
     uint64_t tok = (uint64_t)lay->heads * lay->head_dim * lay->elem_bytes;
-    return kern_batch_steps_set(&a->h, tok, (uint32_t)(tok / vec));
+    return kern_batch_steps_set(&a->h, tok, tok / vec);
 }
 
 /* The engine side of a decode as a pack layout (2-byte elements), for kern_pack_check. */
@@ -290,7 +292,7 @@ int kern_batch_decode(struct kern_batch_args *a, const struct kern_layout *klay,
     a->h.out_dtype = out_dtype;
     a->h.vec = (a->h.vec & 15) == 0 ? 16 : 2;
     return kern_batch_steps_set(&a->h, 2ull * klay->heads * klay->head_dim,
-                                (klay->head_dim + 7) / 8 * klay->heads);
+                                (klay->head_dim + 7) / 8 * (uint64_t)klay->heads);
 }
 
 int kern_batch_decode_raw(struct kern_batch_args *a, const struct kern_layout *klay, void *dst,
