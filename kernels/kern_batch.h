@@ -18,20 +18,36 @@
  *
  * The work is cut into rows: one (block, layer, kind, token) each, all heads of one token of
  * one layer's K or V, H * head_dim elements — contiguous in the canonical block, and in the
- * engine's tensor too when its heads are packed. The kernel gives a row to a warp (a lane
- * per 16-byte chunk or per 8 decoded elements, so a warp's stores are one coalesced run) and
- * walks the rows grid-stride; the CPU emulation runs the very same row function with one
- * lane. So the indexing the GPU runs — row decomposition, table slice, layer range, the
- * section walk of the encoded format, the access width — is what the tests run here, on any
- * machine, against the scalar reference (kern_pack_ref, kern_decode_ref).
+ * engine's tensor too when its heads are packed. A warp works a step at a time, walking the
+ * steps grid-stride: R = 2^rshift consecutive rows of one (block, layer, kind), R chosen by
+ * the host as the largest power of two that divides the block's tokens with R rows in 2 KiB
+ * (KERN_BATCH_STEP_BYTES), so a warp has a step's bytes in flight however small the rows: a
+ * 2 KiB row (8 heads of 128 fp16) is a step, 512-byte rows go four to a step. The lanes
+ * spread over the step's R * items chunks (a lane per 16-byte chunk, or per 8 decoded
+ * elements), so a warp's stores are one coalesced run per head row. The CPU emulation runs
+ * the very same step functions, the 32 lanes of a warp one after another. So the indexing the
+ * GPU runs — step decomposition, table slice, layer range, the section walk of the encoded
+ * format, the access width, the split of a step over the lanes — is what the tests run here,
+ * on any machine, against the scalar reference (kern_pack_ref, kern_decode_ref).
+ *
+ * Indexing is 32-bit: the step index, its decomposition into (block, layer, kind, first
+ * token) by two 32-bit divisions (K, 1 or 2, by a shift), and the token's place in the
+ * table slice, counted from off0, the offset of first_token inside the slice's first page
+ * (computed once on the host): page = (off0 + j) / page_tokens, a shift when page_tokens is a
+ * power of two. The host answers -E2BIG for a batch whose steps or tokens do not fit 32 bits
+ * (KERN_BATCH_MAX_STEPS), and the splitters cut it into smaller batches, as for tables. A
+ * step looks its first token's page up once; a token of the step past that page's end (R
+ * does not divide page_tokens, or the step starts mid-page) looks up its own.
  *
  * Access width (pack): the host ORs every pointer, stride and row length once and picks the
  * widest of 16, 8, 4, 2, 1 bytes that divides them all; each lane moves up to four chunks
- * per step, loads before stores, so a warp has 2 KiB in flight per step. Decode: each lane
+ * per step, loads before stores, so a warp has up to 2 KiB in flight. Decode: each lane
  * produces 8 consecutive elements of one head row (16 bytes of fp16/bf16) and stores them
  * with one 16-byte store where the engine's addresses allow it (vec16), else element by
  * element; the arithmetic is the reference's, per element, in the same order (kern_fmt.h),
- * so the output is bit-identical.
+ * so the output is bit-identical. The block's header, section descriptor and raw-head
+ * appendix are read and checked once per step: by lane 0 and shuffled to the warp on the
+ * device, by every lane alike in the emulation.
  */
 #ifndef KVC_KERN_BATCH_H
 #define KVC_KERN_BATCH_H
@@ -68,8 +84,8 @@ struct kern_batch {
     uint32_t elem_bytes; /* 1, 2 or 4 (decode: 2) */
     uint32_t nblocks;
     uint32_t page_tokens;
-    int32_t pad0;
-    uint64_t page0; /* the table slice in words[tab..] starts at this page of the sequence */
+    uint32_t pt_shift; /* log2(page_tokens) when a power of two, else 32: divide */
+    uint64_t page0;    /* the table slice in words[tab..] starts at this page of the sequence */
     uint32_t npages;
     uint32_t vec; /* pack: bytes per access; decode: 16 when every head row allows 16-byte
                      stores, else 2 */
@@ -83,7 +99,15 @@ struct kern_batch {
     /* words: [K base x layers][V base x layers if kinds == 2][block x nblocks]
      *        [length x nblocks if decode][table slice: npages int32, two per word] */
     uint32_t nwords;
-    uint32_t pad1;
+    /* steps: the kernel's work items, (block, layer, kind, R consecutive tokens) each, R =
+     * 1 << rshift rows; groups = block_tokens / R steps per (block, layer, kind); items: a
+     * token's chunks (pack) or 8-element pieces (decode), item_shift its log2 or 32 */
+    uint32_t steps;
+    uint32_t rshift, groups;
+    uint32_t items, item_shift;
+    /* offset of first_token inside the slice's first page: token j of the batch lies at
+     * slice-relative token off0 + j (fits 32 bits, the host checks) */
+    uint32_t off0;
 };
 
 /* A batch as the launch takes it: the header and its words (only nwords are used). */
@@ -93,6 +117,16 @@ struct kern_batch_args {
 };
 
 /* ---- word layout --------------------------------------------------------------------- */
+
+/* Steps of a batch are counted in 32 bits: the host splits a batch with more (or whose
+ * tokens reach past 32 bits from its slice's first page), so a grid-stride walk, step +
+ * warps, never wraps either. */
+#define KERN_BATCH_MAX_STEPS 0xfe000000u
+/* Rows per step: R consecutive tokens of one (block, layer, kind), R * token bytes at most
+ * this (a warp's 32 lanes x four 16-byte accesses). */
+#define KERN_BATCH_STEP_BYTES 2048u
+/* Lanes of a warp: the kernels' and the emulation's. */
+#define KERN_BATCH_LANES 32u
 
 KERN_HD uint32_t kern_batch_kv_words(const struct kern_batch *b)
 {
@@ -109,11 +143,11 @@ KERN_HD uint64_t kern_batch_rows(const struct kern_batch *b)
     return (uint64_t)b->nblocks * b->layers * b->kinds * b->block_tokens;
 }
 
-/* Physical page of sequence page `pg` (in [page0, page0+npages)), from the slice. */
-KERN_HD int32_t kern_batch_page(const struct kern_batch *b, const uint64_t *w, uint64_t pg)
+/* Physical page of the slice's page pg (relative: 0 is the page first_token lies in). */
+KERN_HD int32_t kern_batch_page(const struct kern_batch *b, const uint64_t *w, uint32_t pg)
 {
     int32_t e;
-    memcpy(&e, (const uint8_t *)(w + kern_batch_tab_word(b)) + 4 * (pg - b->page0), 4);
+    memcpy(&e, (const uint8_t *)(w + kern_batch_tab_word(b)) + 4ull * pg, 4);
     return e;
 }
 
@@ -121,6 +155,95 @@ KERN_HD uint8_t *kern_batch_ptr(const uint64_t *w, uint32_t i)
 {
     return (uint8_t *)(uintptr_t)w[i];
 }
+
+/* x / d where d == 1 << sh when sh < 32: a shift for the power-of-two divisors the host
+ * found, a 32-bit division for the others. */
+KERN_HD uint32_t kern_batch_div(uint32_t x, uint32_t d, uint32_t sh)
+{
+    return sh < 32 ? x >> sh : x / d;
+}
+
+/* Where step s works: block bi, layer l, kind k, tokens [t0, t0 + R). 32-bit arithmetic, K
+ * (1 or 2) without a division. */
+struct kern_batch_at {
+    uint32_t bi, l, k, t0;
+};
+
+KERN_HD void kern_batch_step_at(const struct kern_batch *b, uint32_t s, struct kern_batch_at *at)
+{
+    const uint32_t x = s / b->groups, g = s - x * b->groups;
+    const uint32_t y = x >> (b->kinds - 1);
+    at->t0 = g << b->rshift;
+    at->k = x - (y << (b->kinds - 1));
+    at->bi = y / b->layers;
+    at->l = y - at->bi * b->layers;
+}
+
+/* The engine side of one step: the layer's base, the slice-relative token of the step's
+ * first token and its page, looked up once; token j of the step is then on that page while
+ * slot0 + j < page_tokens (every token, where the host's R divides the page), else looked up
+ * on its own. */
+struct kern_batch_eng {
+    uint8_t *base;
+    uint32_t rel0, slot0;
+    int32_t page0;
+};
+
+KERN_HD void kern_batch_eng_at(const struct kern_batch *b, const uint64_t *w,
+                               const struct kern_batch_at *at, struct kern_batch_eng *e)
+{
+    e->base = kern_batch_ptr(w, at->k * b->layers + at->l);
+    e->rel0 = b->off0 + at->bi * b->block_tokens + at->t0;
+    const uint32_t pg = kern_batch_div(e->rel0, b->page_tokens, b->pt_shift);
+    e->slot0 = e->rel0 - pg * b->page_tokens;
+    e->page0 = kern_batch_page(b, w, pg);
+}
+
+/* Address of token j of the step in the engine, NULL when the table has no page for it. */
+KERN_HD uint8_t *kern_batch_eng_tok(const struct kern_batch *b, const uint64_t *w,
+                                    const struct kern_batch_eng *e, uint32_t j)
+{
+    uint32_t slot = e->slot0 + j;
+    int32_t page = e->page0;
+    if (slot >= b->page_tokens) { /* the step crosses into a later page */
+        const uint32_t rel = e->rel0 + j;
+        const uint32_t pg = kern_batch_div(rel, b->page_tokens, b->pt_shift);
+        slot = rel - pg * b->page_tokens;
+        page = kern_batch_page(b, w, pg);
+    }
+    if (page < 0)
+        return 0;
+    return e->base + (uint64_t)page * b->page_stride + (uint64_t)slot * b->token_stride;
+}
+
+/* ---- warp-uniform values ----------------------------------------------------------------
+ * What every lane of a step needs alike (a block's header and section) is read by lane 0 of
+ * the warp and handed to the others by a shuffle on the device; on the host (the emulation,
+ * one lane after another) every lane reads it itself: the same arithmetic on the same bytes.
+ * The kernels call the step functions with all 32 lanes of a warp on the same step. */
+#ifdef __CUDA_ARCH__
+/* Does this lane read the warp's uniform values itself? */
+KERN_HD int kern_batch_reader(uint32_t lane)
+{
+    return lane == 0;
+}
+
+KERN_HD uint32_t kern_batch_bcast(uint32_t v)
+{
+    return __shfl_sync(0xffffffffu, v, 0);
+}
+#else
+KERN_HD int kern_batch_reader(uint32_t lane)
+{
+    (void)lane;
+    return 1;
+}
+
+KERN_HD uint32_t kern_batch_bcast(uint32_t v)
+{
+    return v;
+}
+#endif
 
 /* ---- accesses ------------------------------------------------------------------------- */
 
@@ -140,99 +263,83 @@ typedef struct {
 } kern_batch_v16;
 #endif
 
-/* Lane `lane` of `nlanes` moves its chunks of one row: `nch` chunks of sizeof(T) bytes, `cph`
- * per head row (all of them when the heads are packed: cph == nch), heads `hs` bytes apart in
- * the engine and `row` apart in the block. Four chunks per step, loaded before they are
- * stored. */
-#define KERN_BATCH_ROW_LOOP(T)                                                                     \
-    for (uint32_t c0 = lane; c0 < nch; c0 += 4 * nlanes) {                                         \
-        T v[4];                                                                                    \
-        uint8_t *to[4];                                                                            \
-        KERN_UNROLL                                                                                \
-        for (uint32_t u = 0; u < 4; u++) {                                                         \
-            uint32_t c = c0 + u * nlanes;                                                          \
-            to[u] = 0;                                                                             \
-            if (c < nch) {                                                                         \
-                uint32_t h = c / cph, cc = c - h * cph;                                            \
-                uint8_t *e = eng + h * hs + (uint64_t)cc * sizeof(T);                              \
-                uint8_t *q = blk + h * row + (uint64_t)cc * sizeof(T);                             \
-                const uint8_t *from = gather ? e : q;                                              \
-                to[u] = gather ? q : e;                                                            \
-                KERN_BATCH_LOAD(T, v[u], from);                                                    \
-            }                                                                                      \
-        }                                                                                          \
-        KERN_UNROLL                                                                                \
-        for (uint32_t u = 0; u < 4; u++)                                                           \
-            if (to[u])                                                                             \
-                KERN_BATCH_STORE(T, to[u], v[u]);                                                  \
-    }
-
-/* Where row r of a gather or scatter batch lives: its engine and block addresses. 0 when the
- * engine's table has no page for the token (the row is left as it is). */
-KERN_HD int kern_batch_pack_at(const struct kern_batch *b, const uint64_t *w, uint64_t r,
-                               uint8_t **eng, uint8_t **blk)
-{
-    const uint32_t T = b->block_tokens, K = b->kinds, L = b->layers;
-    const uint32_t t = (uint32_t)(r % T);
-    uint64_t x = r / T;
-    const uint32_t k = (uint32_t)(x % K);
-    x /= K;
-    const uint32_t l = (uint32_t)(x % L);
-    const uint32_t bi = (uint32_t)(x / L);
-    const uint64_t p = b->first_token + (uint64_t)bi * T + t;
-    const int32_t page = kern_batch_page(b, w, p / b->page_tokens);
-    if (page < 0 || w[K * L + bi] == 0)
-        return 0; /* no page for the token, or a block this batch does not move */
-    const uint64_t row = (uint64_t)b->head_dim * b->elem_bytes;
-    *eng = kern_batch_ptr(w, k * L + l) + (uint64_t)page * b->page_stride +
-           (p % b->page_tokens) * b->token_stride;
-    *blk = kern_batch_ptr(w, K * L + bi) + (((uint64_t)l * K + k) * T + t) * b->heads * row;
-    return 1;
-}
-
-/* kern_batch_pack_row_<T>: row r moved in accesses of sizeof(T) bytes (the batch's vec). */
-#define KERN_BATCH_PACK_ROW_FN(name, T)                                                            \
-    KERN_HD void name(const struct kern_batch *b, const uint64_t *w, uint64_t r, uint32_t lane,    \
+/* kern_batch_pack_step_<T>: step s of a gather or scatter in accesses of sizeof(T) bytes (the
+ * batch's vec), lane `lane` of `nlanes`. The step's R token rows are contiguous in the block;
+ * its n = R * items chunks are spread over the lanes, chunk c being chunk cc of token
+ * j = c / items, head cc / cph of it (cph chunks per head row; every chunk of the token when
+ * the engine's heads are packed). Four chunks per lane in flight, loaded before they are
+ * stored. A NULL block is not this batch's; a token without a page is left alone. */
+#define KERN_BATCH_PACK_STEP_FN(name, T)                                                           \
+    KERN_HD void name(const struct kern_batch *b, const uint64_t *w, uint32_t s, uint32_t lane,    \
                       uint32_t nlanes)                                                             \
     {                                                                                              \
-        uint8_t *eng, *blk;                                                                        \
-        if (!kern_batch_pack_at(b, w, r, &eng, &blk))                                              \
+        struct kern_batch_at at;                                                                   \
+        kern_batch_step_at(b, s, &at);                                                             \
+        const uint32_t K = b->kinds, L = b->layers, H = b->heads;                                  \
+        uint8_t *blk = kern_batch_ptr(w, K * L + at.bi);                                           \
+        if (!blk)                                                                                  \
             return;                                                                                \
         const uint64_t row = (uint64_t)b->head_dim * b->elem_bytes;                                \
-        const uint32_t H = b->heads;                                                               \
+        blk += (((uint64_t)at.l * K + at.k) * b->block_tokens + at.t0) * H * row;                  \
+        struct kern_batch_eng e;                                                                   \
+        kern_batch_eng_at(b, w, &at, &e);                                                          \
         const int gather = b->op == KERN_BATCH_GATHER;                                             \
         const int packed = H == 1 || b->head_stride == row;                                        \
         const uint64_t hs = b->head_stride;                                                        \
-        const uint32_t cph = (uint32_t)((packed ? row * H : row) / sizeof(T));                     \
-        const uint32_t nch = packed ? cph : cph * H;                                               \
-        KERN_BATCH_ROW_LOOP(T)                                                                     \
+        const uint32_t items = b->items, cph = packed ? items : (uint32_t)(row / sizeof(T));       \
+        const uint32_t n = items << b->rshift;                                                     \
+        for (uint32_t c0 = lane; c0 < n; c0 += 4 * nlanes) {                                       \
+            T v[4];                                                                                \
+            uint8_t *to[4];                                                                        \
+            KERN_UNROLL                                                                            \
+            for (uint32_t u = 0; u < 4; u++) {                                                     \
+                const uint32_t c = c0 + u * nlanes;                                                \
+                to[u] = 0;                                                                         \
+                if (c >= n)                                                                        \
+                    continue;                                                                      \
+                const uint32_t j = kern_batch_div(c, items, b->item_shift);                        \
+                const uint32_t cc = c - j * items;                                                 \
+                uint8_t *q = kern_batch_eng_tok(b, w, &e, j);                                      \
+                if (!q)                                                                            \
+                    continue;                                                                      \
+                const uint32_t h = packed ? 0 : cc / cph;                                          \
+                q += h * hs + (uint64_t)(cc - h * cph) * sizeof(T);                                \
+                uint8_t *p = blk + (uint64_t)c * sizeof(T);                                        \
+                to[u] = gather ? p : q;                                                            \
+                KERN_BATCH_LOAD(T, v[u], gather ? q : p);                                          \
+            }                                                                                      \
+            KERN_UNROLL                                                                            \
+            for (uint32_t u = 0; u < 4; u++)                                                       \
+                if (to[u])                                                                         \
+                    KERN_BATCH_STORE(T, to[u], v[u]);                                              \
+        }                                                                                          \
     }
 
-KERN_BATCH_PACK_ROW_FN(kern_batch_pack_row16, kern_batch_v16)
-KERN_BATCH_PACK_ROW_FN(kern_batch_pack_row8, uint64_t)
-KERN_BATCH_PACK_ROW_FN(kern_batch_pack_row4, uint32_t)
-KERN_BATCH_PACK_ROW_FN(kern_batch_pack_row2, uint16_t)
-KERN_BATCH_PACK_ROW_FN(kern_batch_pack_row1, uint8_t)
+KERN_BATCH_PACK_STEP_FN(kern_batch_pack_step16, kern_batch_v16)
+KERN_BATCH_PACK_STEP_FN(kern_batch_pack_step8, uint64_t)
+KERN_BATCH_PACK_STEP_FN(kern_batch_pack_step4, uint32_t)
+KERN_BATCH_PACK_STEP_FN(kern_batch_pack_step2, uint16_t)
+KERN_BATCH_PACK_STEP_FN(kern_batch_pack_step1, uint8_t)
 
-/* Row r of a gather or scatter batch, lanes [lane] of nlanes. */
-KERN_HD void kern_batch_pack_row(const struct kern_batch *b, const uint64_t *w, uint64_t r,
-                                 uint32_t lane, uint32_t nlanes)
+/* Step s of a gather or scatter batch, lane `lane` of nlanes. */
+KERN_HD void kern_batch_pack_step(const struct kern_batch *b, const uint64_t *w, uint32_t s,
+                                  uint32_t lane, uint32_t nlanes)
 {
     switch (b->vec) {
     case 16:
-        kern_batch_pack_row16(b, w, r, lane, nlanes);
+        kern_batch_pack_step16(b, w, s, lane, nlanes);
         break;
     case 8:
-        kern_batch_pack_row8(b, w, r, lane, nlanes);
+        kern_batch_pack_step8(b, w, s, lane, nlanes);
         break;
     case 4:
-        kern_batch_pack_row4(b, w, r, lane, nlanes);
+        kern_batch_pack_step4(b, w, s, lane, nlanes);
         break;
     case 2:
-        kern_batch_pack_row2(b, w, r, lane, nlanes);
+        kern_batch_pack_step2(b, w, s, lane, nlanes);
         break;
     default:
-        kern_batch_pack_row1(b, w, r, lane, nlanes);
+        kern_batch_pack_step1(b, w, s, lane, nlanes);
         break;
     }
 }
@@ -409,64 +516,85 @@ KERN_HD void kern_batch_dec8(const struct kern_layout *lay, uint32_t codec, cons
     }
 }
 
-/* Row r of a decode batch: token t of (block, layer, kind), every head, into the engine;
- * lanes take 8 elements of a head row each. A block that is not an encoded block of the
- * layout (or whose section lies outside its length) decodes to zeros; a NULL block is not
- * this batch's and is left alone. */
-KERN_HD void kern_batch_decode_row(const struct kern_batch *b, const uint64_t *w, uint64_t r,
-                                   uint32_t lane, uint32_t nlanes)
+/* What a decode step reads once from its block, whatever its rows: whether the block is an
+ * encoded block of the layout with the step's section inside its length (ok), that section's
+ * codec and offset, and the raw-head appendix (kern.h: its offset and count, 0 when absent or
+ * out of bounds). */
+struct kern_batch_src {
+    uint32_t ok, codec, offset, rh, rcnt;
+};
+
+KERN_HD void kern_batch_src_at(const struct kern_layout *lay, const uint8_t *src, uint64_t src_len,
+                               uint32_t lk, struct kern_batch_src *o)
+{
+    struct kern_block_sect s;
+    o->ok = (uint32_t)kern_batch_sect(lay, src, src_len, lk, &s);
+    if (!o->ok)
+        return;
+    o->codec = s.codec;
+    o->offset = s.offset;
+    struct kern_block_hdr hd;
+    memcpy(&hd, src, sizeof(hd));
+    o->rh = (uint32_t)hd.reserved;
+    o->rcnt = (uint32_t)(hd.reserved >> 32);
+    if (o->rh && o->rh + kern_rawh_bytes(lay, o->rcnt) > src_len)
+        o->rh = 0;
+}
+
+/* Step s of a decode batch: tokens [t0, t0 + R) of (block, layer, kind), every head, into the
+ * engine; the step's R * items pieces of 8 elements of a head row are spread over the lanes.
+ * The block's header and section are read once per step (lane 0 on the device, handed to the
+ * warp). A block that is not an encoded block of the layout (or whose section lies outside
+ * its length) decodes to zeros; a NULL block is not this batch's and is left alone, as is a
+ * token without a page. */
+KERN_HD void kern_batch_decode_step(const struct kern_batch *b, const uint64_t *w, uint32_t s,
+                                    uint32_t lane, uint32_t nlanes)
 {
     const struct kern_layout *lay = &b->klay;
     const uint32_t T = b->block_tokens, K = b->kinds, L = b->layers, H = b->heads;
     const uint32_t D = b->head_dim;
-    const uint32_t t = (uint32_t)(r % T);
-    uint64_t x = r / T;
-    const uint32_t k = (uint32_t)(x % K);
-    x /= K;
-    const uint32_t l = (uint32_t)(x % L);
-    const uint32_t bi = (uint32_t)(x / L);
-    const uint64_t p = b->first_token + (uint64_t)bi * T + t;
-    const int32_t page = kern_batch_page(b, w, p / b->page_tokens);
-    const uint8_t *src = kern_batch_ptr(w, K * L + bi);
-    if (page < 0 || !src)
-        return; /* no page for the token, or a block this batch does not decode */
-    uint8_t *eng = kern_batch_ptr(w, k * L + l) + (uint64_t)page * b->page_stride +
-                   (p % b->page_tokens) * b->token_stride;
-    const uint64_t src_len = w[K * L + b->nblocks + bi];
-    struct kern_block_sect s;
-    const int ok = kern_batch_sect(lay, src, src_len, (b->layer_first + l) * K + k, &s);
-    /* the raw-head appendix (kern.h): its offset and count, 0 when absent or out of bounds */
-    uint64_t rh = 0;
-    uint32_t rcnt = 0;
-    if (ok) {
-        struct kern_block_hdr hd;
-        memcpy(&hd, src, sizeof(hd));
-        rh = (uint32_t)hd.reserved;
-        rcnt = (uint32_t)(hd.reserved >> 32);
-        if (rh && rh + kern_rawh_bytes(lay, rcnt) > src_len)
-            rh = 0;
-    }
-    const uint32_t O = (D + 7) / 8, noct = O * H;
-    for (uint32_t c = lane; c < noct; c += nlanes) {
-        const uint32_t h = c / O, o = c - h * O, d0 = 8 * o;
+    struct kern_batch_at at;
+    kern_batch_step_at(b, s, &at);
+    const uint8_t *src = kern_batch_ptr(w, K * L + at.bi);
+    if (!src)
+        return; /* a block this batch does not decode: the same for the whole warp */
+    const uint64_t src_len = w[K * L + b->nblocks + at.bi];
+    const uint32_t lg = b->layer_first + at.l;
+    struct kern_batch_src hs = {0, 0, 0, 0, 0};
+    if (kern_batch_reader(lane))
+        kern_batch_src_at(lay, src, src_len, lg * K + at.k, &hs);
+    hs.ok = kern_batch_bcast(hs.ok);
+    hs.codec = kern_batch_bcast(hs.codec);
+    hs.offset = kern_batch_bcast(hs.offset);
+    hs.rh = kern_batch_bcast(hs.rh);
+    hs.rcnt = kern_batch_bcast(hs.rcnt);
+    struct kern_batch_eng e;
+    kern_batch_eng_at(b, w, &at, &e);
+    const uint32_t O = (D + 7) / 8, items = b->items, nit = items << b->rshift;
+    for (uint32_t c = lane; c < nit; c += nlanes) {
+        const uint32_t j = kern_batch_div(c, items, b->item_shift), cc = c - j * items;
+        uint8_t *eng = kern_batch_eng_tok(b, w, &e, j);
+        if (!eng)
+            continue;
+        const uint32_t t = at.t0 + j, h = cc / O, d0 = 8 * (cc - h * O);
         const uint32_t n = D - d0 < 8 ? D - d0 : 8;
         uint16_t y[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         uint32_t slot = 0;
-        if (rh)
-            slot = kern_batch_u16(src + rh + 2 * ((uint64_t)(b->layer_first + l) * H + h));
-        if (slot && slot <= rcnt) {
-            const uint8_t *row = src + rh + kern_rawh_table_bytes(lay) +
+        if (hs.rh)
+            slot = kern_batch_u16(src + hs.rh + 2 * ((uint64_t)lg * H + h));
+        if (slot && slot <= hs.rcnt) {
+            const uint8_t *row = src + hs.rh + kern_rawh_table_bytes(lay) +
                                  (uint64_t)(slot - 1) * kern_rawh_head_bytes(lay) +
-                                 ((uint64_t)k * T + t) * 2ull * D + 2ull * d0;
-            for (uint32_t j = 0; j < n; j++) {
-                const uint32_t v = kern_batch_u16(row + 2 * j);
-                y[j] =
+                                 ((uint64_t)at.k * T + t) * 2ull * D + 2ull * d0;
+            for (uint32_t i = 0; i < n; i++) {
+                const uint32_t v = kern_batch_u16(row + 2 * i);
+                y[i] =
                     (uint16_t)(b->out_dtype == lay->dtype
                                    ? v
-                                   : kern_batch_out(kern_load(row, lay->dtype, j), b->out_dtype));
+                                   : kern_batch_out(kern_load(row, lay->dtype, i), b->out_dtype));
             }
-        } else if (ok)
-            kern_batch_dec8(lay, s.codec, src + s.offset, k, t, h, d0, n, b->out_dtype, y);
+        } else if (hs.ok)
+            kern_batch_dec8(lay, hs.codec, src + hs.offset, at.k, t, h, d0, n, b->out_dtype, y);
         uint8_t *to = eng + (uint64_t)h * b->head_stride + 2ull * d0;
         if (b->vec == 16 && n == 8) {
             kern_batch_v16 v;
@@ -474,20 +602,21 @@ KERN_HD void kern_batch_decode_row(const struct kern_batch *b, const uint64_t *w
             KERN_BATCH_STORE(kern_batch_v16, to, v);
         } else {
             KERN_UNROLL
-            for (uint32_t j = 0; j < 8; j++)
-                if (j < n)
-                    memcpy(to + 2 * j, &y[j], 2);
+            for (uint32_t i = 0; i < 8; i++)
+                if (i < n)
+                    memcpy(to + 2 * i, &y[i], 2);
         }
     }
 }
 
-KERN_HD void kern_batch_row(const struct kern_batch *b, const uint64_t *w, uint64_t r,
-                            uint32_t lane, uint32_t nlanes)
+/* Step s of any batch, lane `lane` of nlanes (the emulation: every lane of 32 in turn). */
+KERN_HD void kern_batch_step(const struct kern_batch *b, const uint64_t *w, uint32_t s,
+                             uint32_t lane, uint32_t nlanes)
 {
     if (b->op == KERN_BATCH_DECODE)
-        kern_batch_decode_row(b, w, r, lane, nlanes);
+        kern_batch_decode_step(b, w, s, lane, nlanes);
     else
-        kern_batch_pack_row(b, w, r, lane, nlanes);
+        kern_batch_pack_step(b, w, s, lane, nlanes);
 }
 
 #endif

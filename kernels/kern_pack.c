@@ -132,6 +132,35 @@ static void kern_batch_pages(const struct kern_pack_engine *eng, uint32_t block_
     *npages = nblocks ? (uint32_t)((end - 1) / eng->page_tokens - *page0 + 1) : 0;
 }
 
+/* log2(x) when x is a power of two, else 32 (the kernel divides). */
+static uint32_t kern_batch_log2(uint64_t x)
+{
+    return x && (x & (x - 1)) == 0 ? (uint32_t)__builtin_ctzll(x) : 32;
+}
+
+/* Rows per step and the step count: R = 2^rshift consecutive tokens of one (block, layer,
+ * kind) per warp step, the largest power of two that divides the block's tokens with R token
+ * rows (tok_bytes each) in KERN_BATCH_STEP_BYTES; items per token row. -E2BIG when the steps
+ * do not fit the kernel's 32-bit count (the callers split the batch). */
+static int kern_batch_steps_set(struct kern_batch *b, uint64_t tok_bytes, uint64_t items)
+{
+    if (items > UINT32_MAX)
+        return -EINVAL; /* a token row of more than 4 G accesses: no engine has one */
+    uint32_t r = 0;
+    while (r < 31 && (b->block_tokens & ((2u << r) - 1)) == 0 &&
+           (tok_bytes << (r + 1)) <= KERN_BATCH_STEP_BYTES)
+        r++;
+    uint64_t steps = (uint64_t)b->nblocks * b->layers * b->kinds * (b->block_tokens >> r);
+    if (steps > KERN_BATCH_MAX_STEPS)
+        return -E2BIG;
+    b->rshift = r;
+    b->groups = b->block_tokens >> r;
+    b->steps = (uint32_t)steps;
+    b->items = (uint32_t)items;
+    b->item_shift = kern_batch_log2(items);
+    return 0;
+}
+
 /* The header and the K/V, block and table words shared by both kinds of batch. blocks[j] +
  * block_off is block j's first byte; lens (decode only) its length. */
 static int kern_batch_fill(struct kern_batch_args *a, uint32_t op,
@@ -145,7 +174,10 @@ static int kern_batch_fill(struct kern_batch_args *a, uint32_t op,
     kern_batch_pages(eng, lay->block_tokens, first_token, nblocks, &page0, &npages);
     uint64_t kv = (uint64_t)lay->layers * lay->kinds;
     uint64_t words = kv + (uint64_t)nblocks * (lens ? 2 : 1) + (npages + 1ull) / 2;
-    if (words > KERN_BATCH_WORDS)
+    /* the kernel's slice-relative token indices are 32-bit */
+    uint64_t rel_end =
+        first_token - page0 * eng->page_tokens + (uint64_t)nblocks * lay->block_tokens;
+    if (words > KERN_BATCH_WORDS || rel_end > UINT32_MAX)
         return -E2BIG;
     memset(b, 0, sizeof(*b));
     b->op = op;
@@ -157,7 +189,9 @@ static int kern_batch_fill(struct kern_batch_args *a, uint32_t op,
     b->elem_bytes = lay->elem_bytes;
     b->nblocks = nblocks;
     b->page_tokens = eng->page_tokens;
+    b->pt_shift = kern_batch_log2(eng->page_tokens);
     b->page0 = page0;
+    b->off0 = (uint32_t)(first_token - page0 * eng->page_tokens);
     b->npages = npages;
     b->page_stride = eng->page_stride;
     b->token_stride = eng->token_stride;
@@ -211,7 +245,8 @@ int kern_batch_pack(struct kern_batch_args *a, const struct kern_pack_layout *la
     while (vec > 1 && (bits & (vec - 1)))
         vec >>= 1;
     a->h.vec = vec;
-    return 0;
+    uint64_t tok = (uint64_t)lay->heads * lay->head_dim * lay->elem_bytes;
+    return kern_batch_steps_set(&a->h, tok, tok / vec);
 }
 
 /* The engine side of a decode as a pack layout (2-byte elements), for kern_pack_check. */
@@ -256,7 +291,8 @@ int kern_batch_decode(struct kern_batch_args *a, const struct kern_layout *klay,
     a->h.layer_first = layer_first;
     a->h.out_dtype = out_dtype;
     a->h.vec = (a->h.vec & 15) == 0 ? 16 : 2;
-    return 0;
+    return kern_batch_steps_set(&a->h, 2ull * klay->heads * klay->head_dim,
+                                (klay->head_dim + 7) / 8 * (uint64_t)klay->heads);
 }
 
 int kern_batch_decode_raw(struct kern_batch_args *a, const struct kern_layout *klay, void *dst,
@@ -293,9 +329,10 @@ int kern_batch_decode_raw(struct kern_batch_args *a, const struct kern_layout *k
 
 void kern_batch_run_cpu(const struct kern_batch_args *a)
 {
-    uint64_t rows = kern_batch_rows(&a->h);
-    for (uint64_t r = 0; r < rows; r++)
-        kern_batch_row(&a->h, a->w, r, 0, 1);
+    /* a warp's lanes one after another: each does its share of the step, as on the device */
+    for (uint32_t s = 0; s < a->h.steps; s++)
+        for (uint32_t lane = 0; lane < KERN_BATCH_LANES; lane++)
+            kern_batch_step(&a->h, a->w, s, lane, KERN_BATCH_LANES);
 }
 
 uint64_t kern_batch_nrows(const struct kern_batch_args *a)

@@ -6,14 +6,15 @@
  * DESIGN
  * One launch per batch, its tables by value in the kernel's parameters (a __grid_constant__
  * struct, so the kernel reads them in place; two sizes, 2 KiB for the usual call and 30 KiB
- * for large ones, because a launch copies its whole parameter block). A warp takes one row
- * (block, layer, kind, token) at a time and walks the rows grid-stride over a grid of at most
- * 8 blocks of 256 threads per multiprocessor (a persistent grid: the row count of a prefix is
- * in the tens of thousands). The row function is kern_batch_row, the one the CPU emulation
- * runs: a lane moves up to four 16-byte chunks per step, loads before stores, so a warp has
- * 2 KiB in flight, and its stores are one coalesced run per head row (per token when the
- * engine's heads are packed). A decode lane produces 8 elements of a head row and stores
- * them as one 16-byte access.
+ * for large ones, because a launch copies its whole parameter block). A warp takes one step
+ * (R consecutive rows of one block, layer and kind: kern_batch.h) at a time and walks the
+ * steps grid-stride, in 32-bit indices, over a grid of at most 8 blocks of 256 threads per
+ * multiprocessor (a persistent grid: the step count of a prefix is in the thousands). The
+ * step functions are the ones the CPU emulation runs: a lane moves up to four 16-byte chunks
+ * per step, loads before stores, so a warp has up to 2 KiB in flight, and its stores are one
+ * coalesced run per head row (per token when the engine's heads are packed). A decode lane
+ * produces 8 elements of a head row and stores them as one 16-byte access; lane 0 reads the
+ * block's header and section once per step and shuffles them to the warp.
  *
  * The batched device-to-device copy (pool hits into one contiguous destination) merges
  * pieces that continue each other, then gives each piece a row of thread blocks
@@ -69,27 +70,31 @@ template <int W> struct batch_params {
 };
 /* CUDA's limit on a kernel's parameters (12.1 and later, Volta and later). */
 static_assert(sizeof(batch_params<KERN_BATCH_WORDS>) <= 32764, "batch tables too large");
+/* steps + warps of the largest grid stay within 32 bits */
+static_assert(KERN_BATCH_MAX_STEPS <= 0xffffffffu - (1u << 24), "step count too large");
 
 /* Gathers and scatters, and decodes: two kernels, so that each gets the registers of its own
- * work (one kernel holding both would run at the occupancy of the larger). */
+ * work (one kernel holding both would run at the occupancy of the larger). A warp walks the
+ * steps grid-stride, all its lanes on the same step (the step functions' shuffles need the
+ * whole warp); the host keeps steps + warps within 32 bits. */
 template <int W, int V>
 __global__ void __launch_bounds__(KERN_BATCH_THREADS, 4)
     kern_pack_kernel(const __grid_constant__ batch_params<W> p)
 {
     const uint32_t lane = threadIdx.x & 31;
-    const uint64_t nw = ((uint64_t)gridDim.x * blockDim.x) >> 5;
-    const uint64_t rows = kern_batch_rows(&p.h);
-    for (uint64_t r = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; r < rows; r += nw) {
+    const uint32_t nw = (gridDim.x * blockDim.x) >> 5;
+    const uint32_t steps = p.h.steps;
+    for (uint32_t s = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; s < steps; s += nw) {
         if (V == 16)
-            kern_batch_pack_row16(&p.h, p.w, r, lane, 32);
+            kern_batch_pack_step16(&p.h, p.w, s, lane, KERN_BATCH_LANES);
         else if (V == 8)
-            kern_batch_pack_row8(&p.h, p.w, r, lane, 32);
+            kern_batch_pack_step8(&p.h, p.w, s, lane, KERN_BATCH_LANES);
         else if (V == 4)
-            kern_batch_pack_row4(&p.h, p.w, r, lane, 32);
+            kern_batch_pack_step4(&p.h, p.w, s, lane, KERN_BATCH_LANES);
         else if (V == 2)
-            kern_batch_pack_row2(&p.h, p.w, r, lane, 32);
+            kern_batch_pack_step2(&p.h, p.w, s, lane, KERN_BATCH_LANES);
         else
-            kern_batch_pack_row1(&p.h, p.w, r, lane, 32);
+            kern_batch_pack_step1(&p.h, p.w, s, lane, KERN_BATCH_LANES);
     }
 }
 
@@ -98,20 +103,20 @@ __global__ void __launch_bounds__(KERN_BATCH_THREADS, 4)
     kern_decode_kernel(const __grid_constant__ batch_params<W> p)
 {
     const uint32_t lane = threadIdx.x & 31;
-    const uint64_t nw = ((uint64_t)gridDim.x * blockDim.x) >> 5;
-    const uint64_t rows = kern_batch_rows(&p.h);
-    for (uint64_t r = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; r < rows; r += nw)
-        kern_batch_decode_row(&p.h, p.w, r, lane, 32);
+    const uint32_t nw = (gridDim.x * blockDim.x) >> 5;
+    const uint32_t steps = p.h.steps;
+    for (uint32_t s = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; s < steps; s += nw)
+        kern_batch_decode_step(&p.h, p.w, s, lane, KERN_BATCH_LANES);
 }
 
 template <int W> static int batch_launch(const struct kern_batch_args *a, cudaStream_t s)
 {
     static batch_params<W> p; /* 30 KiB: not on the caller's stack; filled under the lock */
     static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-    const uint64_t rows = kern_batch_rows(&a->h);
-    if (rows == 0)
+    const uint64_t steps = a->h.steps;
+    if (steps == 0)
         return 0;
-    uint64_t grid = (rows + KERN_BATCH_THREADS / 32 - 1) / (KERN_BATCH_THREADS / 32);
+    uint64_t grid = (steps + KERN_BATCH_THREADS / 32 - 1) / (KERN_BATCH_THREADS / 32);
     uint64_t cap = (uint64_t)pack_sms() * KERN_BATCH_BLOCKS_PER_SM;
     if (grid > cap)
         grid = cap;
@@ -159,17 +164,16 @@ extern "C" int kern_pack_cuda(const struct kern_pack_layout *lay,
     struct kern_batch_args *a = (struct kern_batch_args *)malloc(sizeof(*a));
     if (!a)
         return -ENOMEM;
-    int rc = kern_pack_batches(a, lay, eng, first_token, nblocks, blocks, dir, batch_run_cuda,
-                               stream);
+    int rc =
+        kern_pack_batches(a, lay, eng, first_token, nblocks, blocks, dir, batch_run_cuda, stream);
     free(a);
     return rc;
 }
 
 extern "C" int kern_pack_decode_cuda(const struct kern_layout *klay, uint32_t layer_first,
                                      uint32_t layer_count, const struct kern_pack_engine *eng,
-                                     uint64_t first_token, uint32_t nblocks,
-                                     const void *const *src, const uint64_t *src_len,
-                                     uint32_t out_dtype, void *stream)
+                                     uint64_t first_token, uint32_t nblocks, const void *const *src,
+                                     const uint64_t *src_len, uint32_t out_dtype, void *stream)
 {
     struct kern_batch_args *a = (struct kern_batch_args *)malloc(sizeof(*a));
     if (!a)
@@ -177,8 +181,8 @@ extern "C" int kern_pack_decode_cuda(const struct kern_layout *klay, uint32_t la
     int rc = kern_decode_check(klay, layer_first, layer_count, eng, first_token, nblocks, src,
                                src_len, out_dtype);
     if (rc == 0)
-        rc = kern_decode_batches(a, klay, layer_first, layer_count, eng, first_token, nblocks,
-                                 src, src_len, out_dtype, batch_run_cuda, stream);
+        rc = kern_decode_batches(a, klay, layer_first, layer_count, eng, first_token, nblocks, src,
+                                 src_len, out_dtype, batch_run_cuda, stream);
     free(a);
     return rc;
 }
@@ -219,8 +223,8 @@ __global__ void __launch_bounds__(KERN_BATCH_THREADS)
     }
 }
 
-template <typename T, int N> static void copy_launch(const copy_params<N> &a, uint64_t maxlen,
-                                                     cudaStream_t s)
+template <typename T, int N>
+static void copy_launch(const copy_params<N> &a, uint64_t maxlen, cudaStream_t s)
 {
     uint64_t per_block = (uint64_t)KERN_BATCH_THREADS * 4 * sizeof(T);
     uint64_t gx = (maxlen + per_block - 1) / per_block;
@@ -278,9 +282,9 @@ extern "C" int kern_copy_batch_cuda(void *const *dst, const void *const *src, co
         pc[m++] = (struct copy_piece){d, sr, len[i]};
     }
     if (m == 1) {
-        cudaError_t e = cudaMemcpyAsync((void *)(uintptr_t)pc[0].dst,
-                                        (const void *)(uintptr_t)pc[0].src, pc[0].len,
-                                        cudaMemcpyDeviceToDevice, (cudaStream_t)stream);
+        cudaError_t e =
+            cudaMemcpyAsync((void *)(uintptr_t)pc[0].dst, (const void *)(uintptr_t)pc[0].src,
+                            pc[0].len, cudaMemcpyDeviceToDevice, (cudaStream_t)stream);
         rc = e == cudaSuccess ? 0 : pack_fail("cudaMemcpyAsync", e);
     } else if (m > 1 && m <= KERN_COPY_SMALL) {
         rc = copy_run<KERN_COPY_SMALL>(pc, m, (cudaStream_t)stream);

@@ -113,7 +113,9 @@ int kern_pack_decode_cuda(const struct kern_layout *klay, uint32_t layer_first,
  * blocks do not fit one launch (fewer blocks, or fewer layers, do), -EINVAL as kern_pack_check
  * for a bad shape or table. */
 struct kern_batch_args;
-/* A gather or scatter: blocks[j] points at the first byte of block j this batch moves (the
+/* -E2BIG also for a batch whose steps or tokens do not fit the kernel's 32-bit indices
+ * (kern_batch.h); the splitters below cut those too.
+ * A gather or scatter: blocks[j] points at the first byte of block j this batch moves (the
  * canonical offset of the batch's first layer), lay->layers the layers it moves, eng->k and
  * eng->v their bases. */
 int kern_batch_pack(struct kern_batch_args *a, const struct kern_pack_layout *lay,
@@ -146,9 +148,11 @@ int kern_batch_decode(struct kern_batch_args *a, const struct kern_layout *klay,
 int kern_batch_decode_raw(struct kern_batch_args *a, const struct kern_layout *klay, void *dst,
                           const uint32_t *pos, uint32_t nblocks, const void *const *src,
                           const uint64_t *src_len, uint32_t out_dtype);
-/* Runs a batch on the CPU, one row after another with one lane: the kernel's indexing. */
+/* Runs a batch on the CPU, one step after another, the 32 lanes of a warp in turn: the
+ * kernel's indexing and its split of a step over the lanes. */
 void kern_batch_run_cpu(const struct kern_batch_args *a);
-/* Rows of a batch (kernel work items), and the pointers it dereferences: the K and V bases,
+/* Rows of a batch ((block, layer, kind, token); the kernel's steps take R of them each), and
+ * the pointers it dereferences: the K and V bases,
  * then the blocks (for the fake device's checks). */
 uint64_t kern_batch_nrows(const struct kern_batch_args *a);
 uint32_t kern_batch_nptrs(const struct kern_batch_args *a);

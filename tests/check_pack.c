@@ -411,6 +411,154 @@ START_TEST(test_batch_split)
 }
 END_TEST
 
+/* Rows per step (R = 1 << rshift) as the host picks them: the largest power of two dividing
+ * the block's tokens with R token rows in 2 KiB. */
+static uint32_t batch_rshift(struct eng *g)
+{
+    struct kern_batch_args *a = malloc(sizeof(*a));
+    void **b = blocks_new(g, 1);
+    ck_assert_ptr_nonnull(a);
+    ck_assert_int_eq(kern_batch_pack(a, &g->lay, &g->e, 0, 1, b, 0, KERN_PACK_GATHER), 0);
+    uint32_t r = a->h.rshift;
+    ck_assert_uint_eq(a->h.groups << r, g->lay.block_tokens);
+    ck_assert_uint_eq(a->h.steps, g->lay.layers * g->lay.kinds * a->h.groups);
+    blocks_free(b, 1);
+    free(a);
+    return r;
+}
+
+/* Small rows: a warp step moves R consecutive tokens of one (block, layer, kind), and pages
+ * that R does not divide make a step's tokens cross pages; packed and padded heads, a
+ * head_dim of 20 (40-byte head rows, 2-byte accesses, a token's chunk count not a power of
+ * two), K only. Every byte the reference's, both directions (run_case). */
+START_TEST(test_batch_rows_per_step)
+{
+    struct eng g;
+    eng_init(&g, 2, 2, 16, 1, 64, 2, 12, 8, 64, 11); /* 128-byte rows: R = 16, pages of 12 */
+    ck_assert_uint_eq(batch_rshift(&g), 4);
+    run_case(&g, 3, 5);
+    eng_fini(&g);
+    eng_init(&g, 3, 2, 32, 2, 128, 2, 5, 16, 128, 12); /* 512-byte rows: R = 4, pages of 5 */
+    ck_assert_uint_eq(batch_rshift(&g), 2);
+    run_case(&g, 3, 2);
+    eng_fini(&g);
+    eng_init(&g, 2, 2, 16, 2, 32, 2, 7, 12, 40, 13); /* padded heads: R = 16, pages of 7 */
+    ck_assert_uint_eq(batch_rshift(&g), 4);
+    run_case(&g, 2, 3);
+    eng_fini(&g);
+    eng_init(&g, 2, 2, 32, 2, 20, 2, 6, 16, 21, 14); /* D = 20, heads 21 apart: R = 16 */
+    ck_assert_uint_eq(batch_rshift(&g), 4);
+    run_case(&g, 1, 2);
+    eng_fini(&g);
+    eng_init(&g, 3, 1, 32, 1, 20, 2, 3, 24, 20, 15); /* K only, 40-byte rows: R = 32 */
+    ck_assert_uint_eq(batch_rshift(&g), 5);
+    run_case(&g, 2, 2);
+    eng_fini(&g);
+}
+END_TEST
+
+/* Rows whose R token rows would pass 2 KiB: R stops below the block's tokens (768-byte rows:
+ * R = 2), or stays 1 (2 KiB and 2.5 KiB rows); blocks of 12 tokens allow R = 4 at most. */
+START_TEST(test_batch_rows_per_step_cap)
+{
+    struct eng g;
+    eng_init(&g, 2, 2, 16, 3, 128, 2, 16, 6, 128, 21);
+    ck_assert_uint_eq(batch_rshift(&g), 1);
+    run_case(&g, 5, 3);
+    eng_fini(&g);
+    eng_init(&g, 2, 2, 8, 8, 128, 2, 16, 3, 128, 22);
+    ck_assert_uint_eq(batch_rshift(&g), 0);
+    run_case(&g, 8, 2);
+    eng_fini(&g);
+    eng_init(&g, 2, 1, 8, 4, 160, 4, 3, 8, 168, 23);
+    ck_assert_uint_eq(batch_rshift(&g), 0);
+    run_case(&g, 1, 2);
+    eng_fini(&g);
+    eng_init(&g, 2, 2, 12, 1, 8, 2, 5, 10, 8, 24); /* 16-byte rows, 12 tokens: R = 4 */
+    ck_assert_uint_eq(batch_rshift(&g), 2);
+    run_case(&g, 7, 3);
+    eng_fini(&g);
+}
+END_TEST
+
+/* The batches a split hands to run: how many, their blocks and first tokens. */
+struct split_rec {
+    uint32_t n, nblocks[8];
+    uint64_t first[8];
+};
+
+static int split_rec_run(const struct kern_batch_args *a, void *arg)
+{
+    struct split_rec *s = arg;
+    ck_assert_uint_lt(s->n, 8);
+    ck_assert_uint_le(a->h.steps, KERN_BATCH_MAX_STEPS);
+    ck_assert_uint_le((uint64_t)a->h.off0 + (uint64_t)a->h.nblocks * a->h.block_tokens, UINT32_MAX);
+    s->nblocks[s->n] = a->h.nblocks;
+    s->first[s->n++] = a->h.first_token;
+    return 0;
+}
+
+/* Batches whose step count, or whose tokens counted from the slice's first page, do not fit
+ * the kernel's 32-bit indices are split by the host (the batches are built, not run: the
+ * tensors they describe would be terabytes); the step decomposition is exact at the top of
+ * the 32-bit range. */
+START_TEST(test_batch_split_32bit)
+{
+    static void *kp[256], *vp[256], *blk[1024];
+    static int32_t table[1024];
+    for (uint32_t i = 0; i < 256; i++) {
+        kp[i] = (void *)(uintptr_t)(0x100000ull * (i + 1));
+        vp[i] = (void *)(uintptr_t)(0x80000000ull + 0x100000ull * i);
+    }
+    for (uint32_t i = 0; i < 1024; i++) {
+        blk[i] = (void *)(uintptr_t)(0x10000000000ull + 0x1000ull * i);
+        table[i] = (int32_t)i;
+    }
+    struct kern_batch_args *a = malloc(sizeof(*a));
+    ck_assert_ptr_nonnull(a);
+    /* 256 layers, K and V, 2^22-token blocks of 2 KiB rows (R = 1): 2^31 steps a block */
+    struct kern_pack_layout lay = {256, 2, 1u << 22, 1, 1024, 2};
+    struct kern_pack_engine e = {kp, vp, table, 4, 1u << 22, 1ull << 33, 2048, 2048};
+    ck_assert_int_eq(kern_batch_pack(a, &lay, &e, 0, 2, blk, 0, KERN_PACK_GATHER), -E2BIG);
+    ck_assert_int_eq(kern_batch_pack(a, &lay, &e, 0, 1, blk, 0, KERN_PACK_GATHER), 0);
+    ck_assert_uint_eq(a->h.steps, 1u << 31);
+    struct kern_batch_at at;
+    kern_batch_step_at(&a->h, (1u << 31) - 1, &at);
+    ck_assert_uint_eq(at.bi, 0);
+    ck_assert_uint_eq(at.l, 255);
+    ck_assert_uint_eq(at.k, 1);
+    ck_assert_uint_eq(at.t0, (1u << 22) - 1);
+    kern_batch_step_at(&a->h, 3u << 22, &at);
+    ck_assert_uint_eq(at.l, 1);
+    ck_assert_uint_eq(at.k, 1);
+    ck_assert_uint_eq(at.t0, 0);
+    struct split_rec rec = {0};
+    ck_assert_int_eq(
+        kern_pack_batches(a, &lay, &e, 0, 3, blk, KERN_PACK_SCATTER, split_rec_run, &rec), 0);
+    ck_assert_uint_eq(rec.n, 3);
+    for (uint32_t i = 0; i < 3; i++) {
+        ck_assert_uint_eq(rec.nblocks[i], 1);
+        ck_assert_uint_eq(rec.first[i], (uint64_t)i << 22);
+    }
+    /* one layer, 16-byte rows (R = 128, few steps), 1024 blocks of 2^22 tokens: 2^32 tokens
+     * from the slice's first page, past 32 bits; two batches of 512 fit */
+    struct kern_pack_layout lay1 = {1, 1, 1u << 22, 1, 8, 2};
+    struct kern_pack_engine e1 = {kp, NULL, table, 1024, 1u << 22, 1ull << 26, 16, 16};
+    ck_assert_int_eq(kern_batch_pack(a, &lay1, &e1, 0, 1024, blk, 0, KERN_PACK_GATHER), -E2BIG);
+    ck_assert_int_eq(kern_batch_pack(a, &lay1, &e1, 0, 512, blk, 0, KERN_PACK_GATHER), 0);
+    ck_assert_uint_eq(a->h.rshift, 7);
+    ck_assert_uint_eq(a->h.steps, 512u << 15);
+    memset(&rec, 0, sizeof(rec));
+    ck_assert_int_eq(
+        kern_pack_batches(a, &lay1, &e1, 0, 1024, blk, KERN_PACK_GATHER, split_rec_run, &rec), 0);
+    ck_assert_uint_eq(rec.n, 2);
+    ck_assert_uint_eq(rec.nblocks[0], 512);
+    ck_assert_uint_eq(rec.nblocks[1], 512);
+    ck_assert_uint_eq(rec.first[1], 512ull << 22);
+    free(a);
+}
+END_TEST
+
 /* ---- decoding into the engine's tensors ------------------------------------------------ */
 
 /* A decode case: blocks of layout kl encoded under codec (layer 0 raw where there are
@@ -494,6 +642,33 @@ START_TEST(test_decode_paged_every_codec)
     uint32_t codec = (uint32_t)_i / 2, out = 1 + (uint32_t)_i % 2;
     decode_case(4, 2, 64, 32, KERN_DTYPE_FP16, 0, codec, out, 16, 64, 1, 3, 3, 10 + _i);
     decode_case(3, 2, 128, 16, KERN_DTYPE_BF16, 0, codec, out, 8, 136, 0, 3, 2, 20 + _i);
+    /* one head: 256-byte rows, 8 per step, crossing pages of 6 */
+    decode_case(2, 1, 128, 16, KERN_DTYPE_FP16, 0, codec, out, 6, 128, 0, 2, 3, 60 + _i);
+}
+END_TEST
+
+/* The rows per step of a decode: R token rows of 2-byte output in 2 KiB, R dividing the
+ * block's tokens; items (8-element pieces) per token row. */
+START_TEST(test_decode_rows_per_step)
+{
+    static const struct {
+        uint32_t layers, heads, dim, tokens, rshift, items;
+    } c[] = {{4, 2, 64, 32, 3, 16}, {32, 8, 128, 32, 0, 128}, {2, 2, 20, 32, 4, 6},
+             {2, 1, 576, 8, 0, 72}, {3, 1, 128, 24, 3, 16},   {2, 2, 128, 16, 2, 32}};
+    struct kern_batch_args *a = malloc(sizeof(*a));
+    ck_assert_ptr_nonnull(a);
+    uint8_t dst[64];
+    const void *src[2] = {dst, dst};
+    uint64_t len[2] = {1, 1};
+    for (uint32_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
+        struct kern_layout kl = {c[i].layers, c[i].heads,      c[i].dim,
+                                 c[i].tokens, KERN_DTYPE_FP16, 0};
+        ck_assert_int_eq(kern_batch_decode_raw(a, &kl, dst, NULL, 2, src, len, KERN_DTYPE_FP16), 0);
+        ck_assert_msg(a->h.rshift == c[i].rshift, "case %u: rshift %u", i, a->h.rshift);
+        ck_assert_uint_eq(a->h.items, c[i].items);
+        ck_assert_uint_eq(a->h.steps, 2 * c[i].layers * 2 * (c[i].tokens >> c[i].rshift));
+    }
+    free(a);
 }
 END_TEST
 
@@ -513,6 +688,9 @@ START_TEST(test_decode_paged_odd_shapes)
     decode_case(2, 1, 576, 8, KERN_DTYPE_BF16, 1, codec, KERN_DTYPE_BF16, 16, 576, 1, 1, 2,
                 40 + _i);
     decode_case(5, 2, 40, 33, KERN_DTYPE_FP16, 0, codec, KERN_DTYPE_BF16, 7, 48, 4, 1, 2, 50 + _i);
+    /* head_dim 20, two heads 21 apart: 80-byte rows, 16 per step, 6 pieces a row (not a
+     * power of two), crossing pages of 6 */
+    decode_case(2, 2, 20, 32, KERN_DTYPE_FP16, 0, codec, KERN_DTYPE_FP16, 6, 21, 0, 2, 2, 70 + _i);
 }
 END_TEST
 
@@ -760,9 +938,13 @@ static Suite *pack_suite(void)
     tcase_add_test(tb, test_batch_layer_range);
     tcase_add_test(tb, test_batch_access_width);
     tcase_add_test(tb, test_batch_split);
+    tcase_add_test(tb, test_batch_rows_per_step);
+    tcase_add_test(tb, test_batch_rows_per_step_cap);
+    tcase_add_test(tb, test_batch_split_32bit);
     tcase_add_loop_test(tb, test_decode_paged_every_codec, 0, 2 * KERN_CODEC_COUNT);
     tcase_add_loop_test(tb, test_decode_paged_odd_shapes, 0, (int)NODD_CODECS);
     tcase_add_test(tb, test_decode_raw_batch);
+    tcase_add_test(tb, test_decode_rows_per_step);
     tcase_add_test(tb, test_decode_bad_args);
     suite_add_tcase(s, tb);
 #if KVC_CUDA
