@@ -114,9 +114,9 @@ static void adv_ip_start(uint64_t gpu_size)
     log_setup(LOG_LEVEL_WARNING, 1000); /* the refusals' lines only */
     adv_dir_open();
     ip.cfg = config_new();
-    ck_assert_int_eq(config_ns_set(ip.cfg, "victim*", "read", "65503", err, sizeof(err)), 0);
-    ck_assert_int_eq(config_ns_set(ip.cfg, "victim*", "write", "65501", err, sizeof(err)), 0);
-    ck_assert_int_eq(config_ns_set(ip.cfg, "victim*", "host_size", "4m", err, sizeof(err)), 0);
+    ck_assert_int_eq(config_ns_set(&ip.cfg->ns, "victim*", "read", "65503", err, sizeof(err)), 0);
+    ck_assert_int_eq(config_ns_set(&ip.cfg->ns, "victim*", "write", "65501", err, sizeof(err)), 0);
+    ck_assert_int_eq(config_ns_set(&ip.cfg->ns, "victim*", "host_size", "4m", err, sizeof(err)), 0);
     fake_dev_reset(1);
     ip.s = store_new(&sp, &rc);
     ck_assert_msg(ip.s, "store_new: %d", rc);
