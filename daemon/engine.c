@@ -879,6 +879,7 @@ static int engine_lookup_keys(struct store *s, struct store_owner *o, uint32_t n
 {
     uint8_t tier[KVC_PROTO_MAX_KEYS]; /* where each hit was found, before any promotion */
     uint32_t run, hits = 0;
+    uint64_t finds0 = s->ix.finds;
     *lease_id = 0;
     if (!store_ns_get(s, ns_id))
         return -ENOENT;
@@ -919,6 +920,9 @@ static int engine_lookup_keys(struct store *s, struct store_owner *o, uint32_t n
     int rc = store_lease_pin(s, o, ns_id, keys, n, hits, tier, now, lease_id, locs);
     if (rc > 0 && s->remote)
         engine_remote_lookup_done(s, (uint16_t)ns_id, keys, (uint32_t)rc, now);
+    /* A KV lookup's resolutions, counted with it (a span's are its kind's own business). */
+    if (rc >= 0 && !(flags & ENGINE_LOOKUP_F_WHOLE))
+        ENGINE_STAT_ADD(s, s->ns[ns_id], lookup_index_finds, s->ix.finds - finds0);
     return rc;
 }
 

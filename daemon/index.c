@@ -91,9 +91,10 @@ void index_block_delete(struct index *ix, uint32_t idx)
     ix->live--;
 }
 
-uint32_t index_find(const struct index *ix, uint16_t ns, const struct kvc_wire_key *key)
+uint32_t index_find(struct index *ix, uint16_t ns, const struct kvc_wire_key *key)
 {
     uint32_t mask = ix->nslots - 1;
+    ix->finds++;
     for (uint32_t s = index_hash(ix, ns, key) & mask;; s = (s + 1) & mask) {
         uint32_t v = ix->slots[s];
         if (v == 0)

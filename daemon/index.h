@@ -87,6 +87,7 @@ struct index {
     uint32_t nslots;    /* power of two */
     uint32_t used;      /* map entries */
     uint64_t seed;      /* of the slot hash, random per start */
+    uint64_t finds;     /* index_find calls so far: the lookups count theirs (stats.h) */
 };
 
 int index_init(struct index *ix, uint32_t initial);
@@ -98,8 +99,8 @@ int index_block_new(struct index *ix, uint32_t *idx);
 /* Returns an entry to the pool; it must not be in the map. */
 void index_block_delete(struct index *ix, uint32_t idx);
 
-/* The block of (ns, key) or INDEX_NONE. */
-uint32_t index_find(const struct index *ix, uint16_t ns, const struct kvc_wire_key *key);
+/* The block of (ns, key) or INDEX_NONE. Counts itself in ix->finds. */
+uint32_t index_find(struct index *ix, uint16_t ns, const struct kvc_wire_key *key);
 /* Maps blocks[idx] under its ns and key. -EEXIST if present, -ENOMEM. */
 int index_insert(struct index *ix, uint32_t idx);
 /* Unmaps blocks[idx]. -ENOENT if it is not mapped. */
