@@ -11,52 +11,51 @@
 #include <stdint.h>
 
 /* X(name, help) — monotonic counters. */
-#define STATS_COUNTERS(X)                                                                          \
-    X(lookups, "LOOKUP requests")                                                                  \
-    X(lookup_blocks, "blocks asked for by lookups")                                                \
-    X(lookup_tokens, "tokens asked for by lookups")                                                \
-    X(lookup_index_finds, "index resolutions by KV lookups (one per key asked for at most)")       \
-    X(hit_blocks, "blocks found (longest cached prefix)")                                          \
-    X(hit_tokens, "tokens found")                                                                  \
-    X(hit_tokens_host, "tokens found in the host tier")                                            \
-    X(hit_tokens_disk, "tokens found on disk (read back into memory for the lookup)")              \
-    X(hit_tokens_gpu, "tokens found in the GPU pool")                                              \
-    X(hit_blocks_lossy, "blocks found stored in a lossy codec (the six below)")                    \
-    X(hit_blocks_q8_0, "blocks found stored in q8_0")                                              \
-    X(hit_blocks_q4_1, "blocks found stored in q4_1")                                              \
-    X(hit_blocks_q5_1, "blocks found stored in q5_1")                                              \
-    X(hit_blocks_kivi2, "blocks found stored in KIVI-2")                                           \
-    X(hit_blocks_kivi4, "blocks found stored in KIVI-4")                                           \
-    X(hit_blocks_fp8, "blocks found stored in fp8 (e4m3)")                                         \
-    X(fast_hits, "of those, blocks copied through the shared index (no round trip)")               \
-    X(fast_refused, "hit-ring entries refused (not a cached block the client may read)")           \
-    X(fast_dropped, "hit-ring entries left unread past server.fast_ring_rate (not counted)")       \
-    X(miss_blocks, "blocks asked for and not found")                                               \
-    X(miss_tokens, "tokens asked for and not found")                                               \
-    X(bytes_out, "bytes handed out as hits")                                                       \
-    X(bytes_in, "bytes committed by clients")                                                      \
-    X(reserves, "RESERVE requests")                                                                \
-    X(reserve_keys, "keys in RESERVE requests")                                                    \
-    X(reserved_blocks, "slots handed out")                                                         \
-    X(dedup_blocks, "keys already cached at RESERVE (no write needed)")                            \
-    X(busy_blocks, "keys being written by another client at RESERVE")                              \
-    X(nospace_blocks, "keys refused for lack of room")                                             \
-    X(skipped_parent_blocks, "keys skipped at RESERVE: their parent is not cached (evicted)")      \
-    X(skipped_parent_busy_blocks, "keys skipped at RESERVE: their parent is being written")        \
-    X(skipped_busy_blocks, "keys skipped at RESERVE behind a key another client is writing")       \
-    X(skipped_nospace_blocks, "keys skipped at RESERVE behind a key that found no room")           \
-    X(skipped_failed_blocks, "keys skipped at RESERVE behind a slot that could not be made")       \
-    X(quota_cut_blocks, "keys answered NOSPACE because a quota cut their RESERVE short")           \
-    X(committed_blocks, "blocks made visible")                                                     \
-    X(aborted_blocks, "reserved slots freed unwritten (abort, partial commit, client exit)")       \
-    X(evicted_blocks, "blocks evicted to make room")                                               \
-    X(evicted_bytes, "bytes evicted")                                                              \
-    X(reserve_evictions,                                                                           \
-      "blocks evicted (or their memory dropped) inside a RESERVE, a put waiting")                  \
-    X(load_us, "time clients reported copying hits out of the cache (us)")                         \
-    X(load_refused_us, "copy time reported past what a client could spend (us)")                   \
-    X(pins, "block pins taken by lookups")                                                         \
-    X(unpins, "block pins dropped (release or client exit)")                                       \
+#define STATS_COUNTERS(X)                                                                      \
+    X(lookups, "LOOKUP requests")                                                             \
+    X(lookup_blocks, "blocks asked for by lookups")                                           \
+    X(lookup_tokens, "tokens asked for by lookups")                                           \
+    X(lookup_index_finds, "index resolutions by KV lookups (at most one a key)")              \
+    X(hit_blocks, "blocks found (longest cached prefix)")                                     \
+    X(hit_tokens, "tokens found")                                                             \
+    X(hit_tokens_host, "tokens found in the host tier")                                       \
+    X(hit_tokens_disk, "tokens found on disk (read back into memory for the lookup)")         \
+    X(hit_tokens_gpu, "tokens found in the GPU pool")                                         \
+    X(hit_blocks_lossy, "blocks found stored in a lossy codec (the six below)")               \
+    X(hit_blocks_q8_0, "blocks found stored in q8_0")                                         \
+    X(hit_blocks_q4_1, "blocks found stored in q4_1")                                         \
+    X(hit_blocks_q5_1, "blocks found stored in q5_1")                                         \
+    X(hit_blocks_kivi2, "blocks found stored in KIVI-2")                                      \
+    X(hit_blocks_kivi4, "blocks found stored in KIVI-4")                                      \
+    X(hit_blocks_fp8, "blocks found stored in fp8 (e4m3)")                                    \
+    X(fast_hits, "of those, blocks copied through the shared index (no round trip)")         \
+    X(fast_refused, "hit-ring entries refused (not a cached block the client may read)")      \
+    X(fast_dropped, "hit-ring entries left unread past server.fast_ring_rate (not counted)")  \
+    X(miss_blocks, "blocks asked for and not found")                                          \
+    X(miss_tokens, "tokens asked for and not found")                                          \
+    X(bytes_out, "bytes handed out as hits")                                                  \
+    X(bytes_in, "bytes committed by clients")                                                 \
+    X(reserves, "RESERVE requests")                                                           \
+    X(reserve_keys, "keys in RESERVE requests")                                               \
+    X(reserved_blocks, "slots handed out")                                                    \
+    X(dedup_blocks, "keys already cached at RESERVE (no write needed)")                       \
+    X(busy_blocks, "keys being written by another client at RESERVE")                         \
+    X(nospace_blocks, "keys refused for lack of room")                                        \
+    X(skipped_parent_blocks, "keys skipped at RESERVE: their parent is not cached (evicted)")  \
+    X(skipped_parent_busy_blocks, "keys skipped at RESERVE: their parent is being written")    \
+    X(skipped_busy_blocks, "keys skipped at RESERVE behind a key another client is writing")   \
+    X(skipped_nospace_blocks, "keys skipped at RESERVE behind a key that found no room")       \
+    X(skipped_failed_blocks, "keys skipped at RESERVE behind a slot that could not be made")   \
+    X(quota_cut_blocks, "keys answered NOSPACE because a quota cut their RESERVE short")       \
+    X(committed_blocks, "blocks made visible")                                                \
+    X(aborted_blocks, "reserved slots freed unwritten (abort, partial commit, client exit)")  \
+    X(evicted_blocks, "blocks evicted to make room")                                          \
+    X(evicted_bytes, "bytes evicted")                                                         \
+    X(reserve_evictions, "blocks evicted (or their memory dropped) inside a RESERVE, a put waiting") \
+    X(load_us, "time clients reported copying hits out of the cache (us)")                   \
+    X(load_refused_us, "copy time reported past what a client could spend (us)")           \
+    X(pins, "block pins taken by lookups")                                                    \
+    X(unpins, "block pins dropped (release or client exit)")                                  \
     X(quantized_blocks, "raw blocks quantized in place")                                           \
     X(quant_bytes_saved, "bytes freed by quantizing in place")                                     \
     X(requantized_blocks, "lossy blocks re-encoded one rung down the precision ladder")            \
@@ -87,10 +86,10 @@
     X(checksum_failures, "disk blocks that failed verification (dropped, served as misses)")       \
     X(disk_io_errors, "disk reads or writes that failed")                                          \
     X(gpu_promoted_blocks, "blocks moved from a host arena into the GPU pool")                     \
-    X(gpu_demoted_blocks, "blocks moved from the GPU pool to a host arena")                        \
-    X(gpu_move_failures, "pool moves whose copy failed (the block stayed where it was)")           \
+    X(gpu_demoted_blocks, "blocks moved from the GPU pool to a host arena")                     \
+    X(gpu_move_failures, "pool moves whose copy failed (the block stayed where it was)")          \
     X(hint_blocks, "blocks that took a client hint (HINT)")                                        \
-    X(ghost_hits, "blocks committed soon after their eviction, their count given back")            \
+    X(ghost_hits, "blocks committed soon after their eviction, their count given back")      \
     X(budget_lookups, "budgeted lookups (LOOKUP_BUDGET)")                                          \
     X(refused_connections, "connections refused: server.max_clients or max_clients_per_uid")       \
     X(closed_hello_timeout, "connections closed for sending no HELLO within server.hello_timeout") \
