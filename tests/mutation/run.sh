@@ -281,7 +281,7 @@ mutation config-get-not-admin-only daemon/admin.c "check_e2e_remote" \
 
 # A namespace with access lists on the remote tier although its section does not say so.
 mutation remote-restricted-by-default daemon/config_ns.c "check_config check_e2e_remote" \
-'        return ns->remote == 1 && c->remote_seal;' \
+'        return ns->remote == 1 && sealed;' \
 '        return ns->remote != 0;'
 
 # A key skipped at RESERVE without its counter: a put whose parent was evicted leaves no trace
@@ -347,7 +347,7 @@ mutation python-reinit-after-close python/kvcd/_kvcd_client.c "check_python" \
 # boundary, or none where one is cached).
 mutation kinds-state-from-run daemon/store.c "check_e2e_kinds" \
 '        for (end = n; end > 0 && !store_key_cached(s, ns_id, &keys[end - 1], mode); end--)' \
-'        for (end = store_lookup_run(s, ns_id, keys, n); end > 0 && !store_key_cached(s, ns_id, &keys[end - 1], mode); end--)'
+'        for (end = store_lookup_run(s, ns_id, keys, n, NULL); end > 0 && !store_key_cached(s, ns_id, &keys[end - 1], mode); end--)'
 
 # Hybrid kinds: a window lookup that ends at the first gap (the blocks before a window are
 # required again).
@@ -382,8 +382,8 @@ mutation kinds-fast-run client/libkvc_fast.c "check_e2e_fast" \
 # Hybrid kinds: a READY_ONLY span lookup by a client that cannot read the GPU pool never
 # starts the copies of the span's pool blocks (it answers nothing, forever).
 mutation kinds-pool-ready-only-no-move daemon/engine.c "check_e2e_gpu_fake" \
-'        for (uint32_t i = span; s->gpu && !o->gpu && i < span + count; i++) {' \
-'        for (uint32_t i = span; s->gpu && !o->gpu && i < span; i++) {'
+'        for (uint32_t i = 0; s->gpu && !o->gpu && i < count; i++)' \
+'        for (uint32_t i = 0; s->gpu && !o->gpu && i < 0; i++)'
 
 # Hybrid kinds: a long window lookup whose requests do not overlap by the window (a window
 # straddling two requests is judged by neither).
