@@ -16,6 +16,14 @@
  * dirty, and which list it is on;
  * every path that frees, moves, quantizes or evicts asks store_block_idle() first, so a
  * block in motion is never freed by a policy, a quota, an operator or a namespace drop.
+ * ONE RESOLUTION PER KEY. A LOOKUP finds each of its keys in the index once: store_lookup_run
+ * fills a struct store_lookup_blocks with the run's blocks and the key it stops at, the
+ * remote step adds the keys past the run (and the blocks it reads for them), and every later
+ * step (the GPU moves, the disk and remote steps, the lease) takes those handles. A step
+ * after one that may make room checks a handle with index_handle_ok (still its key's
+ * committed block) and ends the hits before one that went. The stat lookup_index_finds
+ * counts a KV lookup's finds: at most one per key asked for (tests: e2e_fast, e2e_disk,
+ * e2e_remote).
  * LAYERS. The daemon's files point down, never up: main → server → admin → acl → engine
  * (engine.c) → engine_disk, engine_gpu, engine_remote → quant → store (store.c,
  * store_policy.c) → index, fast, stats.h → log; config (with config_ns), loop, notify,
