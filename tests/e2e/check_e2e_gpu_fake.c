@@ -1010,33 +1010,34 @@ START_TEST(test_pool_bounded_ops)
 }
 END_TEST
 
+/* A case of s under a fixture, with a slow host's timeout. */
+static TCase *gf_case(Suite *s, const char *name, void (*setup)(void), void (*teardown)(void))
+{
+    TCase *tc = tcase_create(name);
+    tcase_set_timeout(tc, daemon_slow() * 60);
+    tcase_add_checked_fixture(tc, setup, teardown);
+    suite_add_tcase(s, tc);
+    return tc;
+}
+
 int main(void)
 {
     Suite *s = suite_create("e2e_gpu_fake");
     SRunner *sr;
     int failed;
-    TCase *tf = tcase_create("fake-pool");
-    tcase_set_timeout(tf, daemon_slow() * 60);
-    tcase_add_checked_fixture(tf, gf_setup, gf_teardown);
+    TCase *tf = gf_case(s, "fake-pool", gf_setup, gf_teardown);
     tcase_add_test(tf, test_attach_keeps_current_device);
     tcase_add_test(tf, test_pool_copies_land_in_order);
     tcase_add_test(tf, test_kinds_through_the_pool);
     tcase_add_test(tf, test_fake_refuses_forked_child);
     tcase_add_test(tf, test_pool_moves_off_the_loop);
-    suite_add_tcase(s, tf);
-    TCase *tb = tcase_create("batch");
-    tcase_set_timeout(tb, daemon_slow() * 60);
-    tcase_add_checked_fixture(tb, ge_setup, ge_teardown);
+    TCase *tb = gf_case(s, "batch", ge_setup, ge_teardown);
     tcase_add_test(tb, test_host_hits_bounded_ops);
     tcase_add_test(tb, test_scatter_layers_only_those);
     tcase_add_test(tb, test_gather_layers_commit);
     tcase_add_test(tb, test_scatter_lossy_every_codec);
-    suite_add_tcase(s, tb);
-    TCase *tp = tcase_create("batch-pool");
-    tcase_set_timeout(tp, daemon_slow() * 60);
-    tcase_add_checked_fixture(tp, gf_setup, gf_teardown);
+    TCase *tp = gf_case(s, "batch-pool", gf_setup, gf_teardown);
     tcase_add_test(tp, test_pool_bounded_ops);
-    suite_add_tcase(s, tp);
     fflush(stdout);
     if (daemon_suite_init("e2e-gpu-fake"))
         return 1;
