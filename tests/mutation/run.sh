@@ -48,6 +48,12 @@ mutation store-swapped-block daemon/store.c "check_store check_e2e_dedup check_e
 '            store_loc_fill(b, &locs[i]);' \
 '            store_loc_fill(b, &locs[(i ^ 1) < hits ? (i ^ 1) : i]);'
 
+# A LOOKUP that resolves its keys again: the lease finds each hit in the index a second time
+# instead of taking the block the lookup found (issue 31: one resolution per key).
+mutation lookup-resolves-twice daemon/store.c "check_e2e_fast" \
+'            struct block *b = &s->ix.blocks[idx[i]];' \
+'            struct block *b = &s->ix.blocks[index_find(&s->ix, (uint16_t)ns_id, &keys[i])];'
+
 # A leaked pin: releasing a lease leaves its first block pinned.
 mutation store-leaked-pin daemon/store.c "check_store check_e2e_crash check_e2e_dedup" \
 '    for (uint32_t i = 0; i < h->n; i++)
