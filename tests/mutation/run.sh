@@ -288,7 +288,7 @@ mutation config-get-not-admin-only daemon/admin.c "check_e2e_remote" \
 # A namespace with access lists on the remote tier although its section does not say so.
 mutation remote-restricted-by-default daemon/config_ns.c "check_config check_e2e_remote" \
 '        return ns->remote == 1 && sealed;' \
-'        return ns->remote != 0;'
+'        return (void)sealed, ns->remote != 0;'
 
 # A key skipped at RESERVE without its counter: a put whose parent was evicted leaves no trace
 # (issue 28: 9,871 of 110,803 keys).
@@ -389,7 +389,7 @@ mutation kinds-fast-run client/libkvc_fast.c "check_e2e_fast" \
 # starts the copies of the span's pool blocks (it answers nothing, forever).
 mutation kinds-pool-ready-only-no-move daemon/engine.c "check_e2e_gpu_fake" \
 '        for (uint32_t i = 0; s->gpu && !o->gpu && i < count; i++)' \
-'        for (uint32_t i = 0; s->gpu && !o->gpu && i < 0; i++)'
+'        for (uint32_t i = 0; s->gpu && !o->gpu && i < count && !count; i++)'
 
 # Hybrid kinds: a long window lookup whose requests do not overlap by the window (a window
 # straddling two requests is judged by neither).
