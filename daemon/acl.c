@@ -33,28 +33,28 @@ struct acl *acl_new(struct store *s, const struct config *c, int *err)
     a->cfg = c;
     a->nns = s->nns;
     a->ns_section = malloc(a->nns * sizeof(*a->ns_section));
-    a->section_arena = calloc(c->nns + 1, sizeof(*a->section_arena));
+    a->section_arena = calloc(c->ns.n + 1, sizeof(*a->section_arena));
     if (!a->ns_section || !a->section_arena)
         goto fail;
     for (uint32_t i = 0; i < a->nns; i++)
         a->ns_section[i] = ACL_NONE;
-    for (size_t i = 0; i < c->nns; i++) {
-        const struct config_ns *r = &c->ns[i];
+    for (size_t i = 0; i < c->ns.n; i++) {
+        const struct config_ns *r = &c->ns.sec[i];
         uint64_t size = r->host_size;
         size_t j;
         if (!r->has_read && !r->has_write)
             continue; /* quotas only: the shared arena */
         for (j = 0; j < i; j++)
-            if (config_ns_same_lists(&c->ns[j], r) && a->section_arena[j])
+            if (config_ns_same_lists(&c->ns.sec[j], r) && a->section_arena[j])
                 break;
         if (j < i) {
             a->section_arena[i] = a->section_arena[j];
             continue;
         }
         /* The largest host_size among the sections sharing these lists. */
-        for (j = i + 1; j < c->nns; j++)
-            if (config_ns_same_lists(&c->ns[j], r) && c->ns[j].host_size > size)
-                size = c->ns[j].host_size;
+        for (j = i + 1; j < c->ns.n; j++)
+            if (config_ns_same_lists(&c->ns.sec[j], r) && c->ns.sec[j].host_size > size)
+                size = c->ns.sec[j].host_size;
         rc = store_arena_add(s, size, &a->section_arena[i]);
         if (rc) {
             log_err("acl: cannot create the arena of [namespace.%s] (%s)", r->pattern,
@@ -114,7 +114,7 @@ static uint32_t acl_rule_access(const struct config_ns *r, const struct acl_peer
 
 uint32_t acl_access_model(const struct acl *a, const struct acl_peer *p, const char *model_id)
 {
-    return acl_rule_access(a ? config_ns_match(a->cfg, model_id, NULL) : NULL, p);
+    return acl_rule_access(a ? config_ns_match(&a->cfg->ns, model_id, NULL) : NULL, p);
 }
 
 static const struct config_ns *acl_ns_rule(const struct acl *a, uint32_t ns_id)
@@ -123,11 +123,11 @@ static const struct config_ns *acl_ns_rule(const struct acl *a, uint32_t ns_id)
     if (!a || ns_id >= a->nns)
         return NULL;
     if (a->ns_section[ns_id] != ACL_NONE)
-        return &a->cfg->ns[a->ns_section[ns_id]];
+        return &a->cfg->ns.sec[a->ns_section[ns_id]];
     /* Not bound (a namespace the disk tier brought back at start): its section by model id,
      * so that its lists hold all the same. */
     ns = store_ns_get(a->s, ns_id);
-    return ns ? config_ns_match(a->cfg, ns->layout.model_id, NULL) : NULL;
+    return ns ? config_ns_match(&a->cfg->ns, ns->layout.model_id, NULL) : NULL;
 }
 
 uint32_t acl_access(const struct acl *a, const struct acl_peer *p, uint32_t ns_id)
@@ -138,7 +138,7 @@ uint32_t acl_access(const struct acl *a, const struct acl_peer *p, uint32_t ns_i
 uint32_t acl_ns_arena(const struct acl *a, const char *model_id)
 {
     size_t idx;
-    if (!a || !config_ns_match(a->cfg, model_id, &idx))
+    if (!a || !config_ns_match(&a->cfg->ns, model_id, &idx))
         return 0;
     return a->section_arena[idx];
 }
@@ -149,7 +149,7 @@ int acl_ns_bind(struct acl *a, uint32_t ns_id)
     size_t idx;
     if (!ns || ns_id >= a->nns)
         return -ENOENT;
-    if (!config_ns_match(a->cfg, ns->layout.model_id, &idx)) {
+    if (!config_ns_match(&a->cfg->ns, ns->layout.model_id, &idx)) {
         a->ns_section[ns_id] = ACL_NONE;
         return ns->arena == 0 ? 0 : -EXDEV;
     }

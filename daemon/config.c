@@ -30,6 +30,7 @@
 
 #include "daemon/config.h"
 #include "daemon/config_ns.h"
+#include "daemon/config_parse.h"
 #include "tiers/remote_rec.h"
 
 #define CONFIG_FILE_MAX (1u << 20) /* a config file is a few KiB; this catches a wrong path */
@@ -102,20 +103,6 @@ static const void *config_field_const(const struct config *c, const struct confi
 
 /* ---- names and suggestions ----------------------------------------------------------- */
 
-static int config_lower(int ch)
-{
-    return ch >= 'A' && ch <= 'Z' ? ch - 'A' + 'a' : ch;
-}
-
-static bool config_streq_nocase(const char *a, const char *b)
-{
-    while (*a && config_lower((unsigned char)*a) == config_lower((unsigned char)*b)) {
-        a++;
-        b++;
-    }
-    return *a == '\0' && *b == '\0';
-}
-
 /* Edit distance with adjacent transpositions (optimal string alignment), ignoring case, so
  * "szie" is one edit from "size". Long strings are never suggested. */
 static unsigned config_distance(const char *a, const char *b)
@@ -132,15 +119,15 @@ static unsigned config_distance(const char *a, const char *b)
         d[0][j] = (unsigned short)j;
     for (size_t i = 1; i <= la; i++) {
         for (size_t j = 1; j <= lb; j++) {
-            int ca = config_lower((unsigned char)a[i - 1]);
-            int cb = config_lower((unsigned char)b[j - 1]);
+            int ca = config_parse_lower((unsigned char)a[i - 1]);
+            int cb = config_parse_lower((unsigned char)b[j - 1]);
             unsigned best = d[i - 1][j - 1] + (ca != cb);
             if (d[i - 1][j] + 1u < best)
                 best = d[i - 1][j] + 1u;
             if (d[i][j - 1] + 1u < best)
                 best = d[i][j - 1] + 1u;
-            if (i > 1 && j > 1 && ca == config_lower((unsigned char)b[j - 2]) &&
-                config_lower((unsigned char)a[i - 2]) == cb && d[i - 2][j - 2] + 1u < best)
+            if (i > 1 && j > 1 && ca == config_parse_lower((unsigned char)b[j - 2]) &&
+                config_parse_lower((unsigned char)a[i - 2]) == cb && d[i - 2][j - 2] + 1u < best)
                 best = d[i - 2][j - 2] + 1u;
             d[i][j] = (unsigned short)best;
         }
@@ -278,82 +265,6 @@ static void config_suggest_option(const char *key, char *out, size_t len)
 
 /* ---- values: parse and format, one pair per type ---------------------------------------- */
 
-/* Digits only, into *v; -EINVAL when there are none, -ERANGE past 2^64 - 1. Sets *end. */
-static int config_parse_digits(const char *s, uint64_t *v, const char **end)
-{
-    uint64_t acc = 0;
-    const char *p = s;
-
-    if (*p < '0' || *p > '9')
-        return -EINVAL;
-    for (; *p >= '0' && *p <= '9'; p++)
-        if (__builtin_mul_overflow(acc, 10, &acc) || __builtin_add_overflow(acc, *p - '0', &acc))
-            return -ERANGE;
-    *v = acc;
-    *end = p;
-    return 0;
-}
-
-int config_parse_size(const char *s, uint64_t *out)
-{
-    uint64_t v;
-    const char *p;
-    unsigned shift = 0;
-    int rc = config_parse_digits(s, &v, &p);
-
-    if (rc < 0)
-        return rc;
-    switch (config_lower((unsigned char)*p)) {
-    case 'k': shift = 10; break;
-    case 'm': shift = 20; break;
-    case 'g': shift = 30; break;
-    case 't': shift = 40; break;
-    case '\0': break;
-    case 'b': /* bytes: "512b" */
-        if (p[1])
-            return -EINVAL;
-        *out = v;
-        return 0;
-    default: return -EINVAL;
-    }
-    if (shift) {
-        p++;
-        if (config_lower((unsigned char)*p) == 'i' && config_lower((unsigned char)p[1]) == 'b')
-            p += 2;
-        else if (config_lower((unsigned char)*p) == 'b')
-            p++;
-    }
-    if (*p)
-        return -EINVAL;
-    if (shift && v > (UINT64_MAX >> shift))
-        return -ERANGE;
-    *out = v << shift;
-    return 0;
-}
-
-int config_parse_duration_ms(const char *s, uint64_t *out)
-{
-    static const struct {
-        const char *suffix;
-        uint64_t ms;
-    } units[] = {{"", 1}, {"ms", 1}, {"s", 1000}, {"m", 60000}, {"h", 3600000}};
-    uint64_t v;
-    const char *p;
-    int rc = config_parse_digits(s, &v, &p);
-
-    if (rc < 0)
-        return rc;
-    for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
-        if (config_streq_nocase(p, units[i].suffix)) {
-            if (__builtin_mul_overflow(v, units[i].ms, &v))
-                return -ERANGE;
-            *out = v;
-            return 0;
-        }
-    }
-    return -EINVAL;
-}
-
 static void config_format_size(uint64_t v, char *buf, size_t len)
 {
     static const char units[] = "kmgt";
@@ -472,8 +383,8 @@ static int config_value_parse(const struct config_option *o, const char *s,
     switch (o->type) {
     case CONFIG_TYPE_BOOL:
         for (size_t i = 0; i < sizeof(yes) / sizeof(yes[0]); i++) {
-            if (config_streq_nocase(s, yes[i]) || config_streq_nocase(s, no[i])) {
-                v->b = config_streq_nocase(s, yes[i]);
+            if (config_parse_streq_nocase(s, yes[i]) || config_parse_streq_nocase(s, no[i])) {
+                v->b = config_parse_streq_nocase(s, yes[i]);
                 rc = 0;
             }
         }
@@ -729,7 +640,7 @@ void config_free(struct config *c)
                 explicit_bzero(v, strlen(v));
             free(v);
         }
-    config_ns_clear(c);
+    config_ns_clear(&c->ns);
     free(c);
 }
 
@@ -767,7 +678,7 @@ struct config *config_dup(const struct config *c)
     for (size_t i = 0; i < config_noptions; i++)
         if (config_is_string(&config_options[i]))
             *(char **)config_field(d, &config_options[i]) = NULL;
-    if (config_ns_copy(d, c)) {
+    if (config_ns_copy(&d->ns, &c->ns)) {
         config_free(d);
         return NULL;
     }
@@ -894,7 +805,7 @@ static int config_parse_handler(void *user, const char *section, const char *nam
         goto out;
     }
     if (strncmp(section, "namespace.", 10) == 0) {
-        rc = config_ns_set(p->c, section + 10, name, value, why, sizeof(why));
+        rc = config_ns_set(&p->c->ns, section + 10, name, value, why, sizeof(why));
         if (rc < 0)
             config_parse_fail(p, rc, "%s", why);
         goto out;
@@ -1104,8 +1015,8 @@ int config_get_json(const struct config *c, const struct config_option *o, char 
 /* An unsealed remote tier takes no namespace with access lists, and no group secret. */
 static int config_validate_unsealed(const struct config *c, char *err, size_t errlen)
 {
-    for (size_t i = 0; i < c->nns; i++) {
-        const struct config_ns *ns = &c->ns[i];
+    for (size_t i = 0; i < c->ns.n; i++) {
+        const struct config_ns *ns = &c->ns.sec[i];
         if (ns->remote_key_file[0] || (ns->remote == 1 && config_ns_restricted(ns))) {
             config_err(err, errlen,
                        "[namespace.%s]: %s needs remote.seal = yes (an unsealed remote tier "
@@ -1196,7 +1107,7 @@ int config_check_reload(const struct config *cur, const struct config *next, cha
                    o->section, o->name, ta, tb);
         return -EROFS;
     }
-    return config_ns_check_reload(cur, next, err, errlen);
+    return config_ns_check_reload(&cur->ns, &next->ns, err, errlen);
 }
 
 /* ---- printing -------------------------------------------------------------------------- */
@@ -1350,6 +1261,6 @@ int config_print(const struct config *c, FILE *f)
             config_print_option(f, c, &config_options[j]);
         }
     }
-    config_ns_print(c, f);
+    config_ns_print(&c->ns, f);
     return ferror(f) ? -EIO : 0;
 }

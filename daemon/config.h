@@ -24,6 +24,9 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "daemon/config_ns.h"
+#include "daemon/config_parse.h" /* config_parse_size and _duration_ms, for their users */
+
 #define CONFIG_OPTIONS(X)                                                                      \
     X(server, socket, STRING, "", 0, 0, 0, NULL,                                              \
       "Unix socket path. Empty: $XDG_RUNTIME_DIR/kvcd.sock for a user, /run/kvcd/kvcd.sock "  \
@@ -243,8 +246,7 @@ struct config {
     CONFIG_OPTIONS(CONFIG_FIELD)
 #undef CONFIG_FIELD
     /* [namespace.PATTERN] sections, in file order (daemon/config_ns.h); owned. */
-    struct config_ns *ns;
-    size_t nns;
+    struct config_ns_table ns;
 };
 
 /* Row of the option table, for code that walks options generically. */
@@ -345,14 +347,5 @@ int config_check_reload(const struct config *cur, const struct config *next, cha
 
 /* Option row for "section.name", or NULL. */
 const struct config_option *config_option_find(const char *key);
-
-/* Parsers shared with kvcctl-facing code. Sizes: digits with an optional suffix k, m, g or t
- * (case-insensitive, binary: 1k = 1024), optionally followed by "b" or "ib" ("4g", "4GiB",
- * "64kb"), or "b" alone for bytes; "1048576" is bytes. Durations: digits with ms, s, m
- * (minutes) or h; a plain number is milliseconds. Neither takes a sign, whitespace or a
- * fraction ("1.5g" is refused: write 1536m). 0, -EINVAL for text that is not one, -ERANGE
- * past 2^64 - 1. *out is written only on success. */
-int config_parse_size(const char *s, uint64_t *out);
-int config_parse_duration_ms(const char *s, uint64_t *out);
 
 #endif

@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/config.h"
 #include "daemon/config_ns.h"
+#include "daemon/config_parse.h"
 #include "policies/policy.h"
 
 enum config_ns_key {
@@ -88,8 +88,8 @@ static int config_ns_parse_ids(const char *value, struct config_ns_ids *l, char 
     return 0;
 }
 
-int config_ns_set(struct config *c, const char *pattern, const char *key, const char *value,
-                  char *why, size_t whylen)
+int config_ns_set(struct config_ns_table *t, const char *pattern, const char *key,
+                  const char *value, char *why, size_t whylen)
 {
     struct config_ns *ns = NULL;
     int k = -1;
@@ -108,15 +108,15 @@ int config_ns_set(struct config *c, const char *pattern, const char *key, const 
     if (!*pattern || strlen(pattern) > CONFIG_NS_PATTERN_MAX)
         return config_ns_why(why, whylen, "namespace pattern empty or longer than 40 bytes",
                              pattern);
-    for (size_t i = 0; i < c->nns; i++)
-        if (strcmp(c->ns[i].pattern, pattern) == 0)
-            ns = &c->ns[i];
+    for (size_t i = 0; i < t->n; i++)
+        if (strcmp(t->sec[i].pattern, pattern) == 0)
+            ns = &t->sec[i];
     if (!ns) {
-        struct config_ns *grown = realloc(c->ns, (c->nns + 1) * sizeof(*grown));
+        struct config_ns *grown = realloc(t->sec, (t->n + 1) * sizeof(*grown));
         if (!grown)
             return -ENOMEM;
-        c->ns = grown;
-        ns = &c->ns[c->nns++];
+        t->sec = grown;
+        ns = &t->sec[t->n++];
         memset(ns, 0, sizeof(*ns));
         snprintf(ns->pattern, sizeof(ns->pattern), "%s", pattern);
         ns->host_size = CONFIG_NS_HOST_SIZE_DEFAULT;
@@ -203,28 +203,28 @@ int config_ns_set(struct config *c, const char *pattern, const char *key, const 
     return 0;
 }
 
-int config_ns_copy(struct config *dst, const struct config *src)
+int config_ns_copy(struct config_ns_table *dst, const struct config_ns_table *src)
 {
-    dst->ns = NULL;
-    dst->nns = 0;
-    if (!src->nns)
+    dst->sec = NULL;
+    dst->n = 0;
+    if (!src->n)
         return 0;
-    dst->ns = malloc(src->nns * sizeof(*dst->ns));
-    if (!dst->ns)
+    dst->sec = malloc(src->n * sizeof(*dst->sec));
+    if (!dst->sec)
         return -ENOMEM;
-    memcpy(dst->ns, src->ns, src->nns * sizeof(*dst->ns));
-    dst->nns = src->nns;
+    memcpy(dst->sec, src->sec, src->n * sizeof(*dst->sec));
+    dst->n = src->n;
     return 0;
 }
 
-void config_ns_clear(struct config *c)
+void config_ns_clear(struct config_ns_table *t)
 {
-    free(c->ns);
-    c->ns = NULL;
-    c->nns = 0;
+    free(t->sec);
+    t->sec = NULL;
+    t->n = 0;
 }
 
-void config_ns_print(const struct config *c, FILE *f)
+void config_ns_print(const struct config_ns_table *t, FILE *f)
 {
     fputs("\n# [namespace.PATTERN] sections (none by default): access lists and quotas for\n"
           "# the namespaces whose model id matches PATTERN (a shell glob); the first\n"
@@ -240,8 +240,8 @@ void config_ns_print(const struct config *c, FILE *f)
     fputs("# Example:\n#   [namespace.llama-3-*]\n#   read = @inference\n#   write = vllm\n"
           "#   host_size = 4g\n#   max_bytes = 3g\n",
           f);
-    for (size_t i = 0; i < c->nns; i++) {
-        const struct config_ns *ns = &c->ns[i];
+    for (size_t i = 0; i < t->n; i++) {
+        const struct config_ns *ns = &t->sec[i];
         fprintf(f, "\n[namespace.%s]\n", ns->pattern);
         if (ns->has_read)
             fprintf(f, "read = %s\n", ns->read.text);
@@ -279,18 +279,18 @@ bool config_ns_same_lists(const struct config_ns *a, const struct config_ns *b)
            config_ns_ids_equal(&a->read, &b->read) && config_ns_ids_equal(&a->write, &b->write);
 }
 
-int config_ns_check_reload(const struct config *cur, const struct config *next, char *err,
-                           size_t errlen)
+int config_ns_check_reload(const struct config_ns_table *cur, const struct config_ns_table *next,
+                           char *err, size_t errlen)
 {
-    if (cur->nns != next->nns) {
+    if (cur->n != next->n) {
         snprintf(err, errlen,
                  "[namespace.*] sections cannot be added or removed on reload (%zu -> %zu); "
                  "restart kvcd to apply it",
-                 cur->nns, next->nns);
+                 cur->n, next->n);
         return -EROFS;
     }
-    for (size_t i = 0; i < cur->nns; i++) {
-        const struct config_ns *a = &cur->ns[i], *b = &next->ns[i];
+    for (size_t i = 0; i < cur->n; i++) {
+        const struct config_ns *a = &cur->sec[i], *b = &next->sec[i];
         if (strcmp(a->pattern, b->pattern) != 0 || !config_ns_same_lists(a, b) ||
             a->host_size != b->host_size || strcmp(a->remote_key_file, b->remote_key_file) != 0) {
             snprintf(err, errlen,
@@ -303,14 +303,14 @@ int config_ns_check_reload(const struct config *cur, const struct config *next, 
     return 0;
 }
 
-const struct config_ns *config_ns_match(const struct config *c, const char *model_id,
+const struct config_ns *config_ns_match(const struct config_ns_table *t, const char *model_id,
                                         size_t *idx)
 {
-    for (size_t i = 0; i < c->nns; i++)
-        if (fnmatch(c->ns[i].pattern, model_id, 0) == 0) {
+    for (size_t i = 0; i < t->n; i++)
+        if (fnmatch(t->sec[i].pattern, model_id, 0) == 0) {
             if (idx)
                 *idx = i;
-            return &c->ns[i];
+            return &t->sec[i];
         }
     return NULL;
 }
@@ -320,19 +320,19 @@ bool config_ns_restricted(const struct config_ns *ns)
     return (ns->has_read && !ns->read.anyone) || (ns->has_write && !ns->write.anyone);
 }
 
-bool config_ns_remote(const struct config *c, const char *model_id)
+bool config_ns_remote(const struct config_ns_table *t, bool sealed, const char *model_id)
 {
-    const struct config_ns *ns = config_ns_match(c, model_id, NULL);
+    const struct config_ns *ns = config_ns_match(t, model_id, NULL);
     if (!ns)
         return true;
     if (config_ns_restricted(ns))
-        return ns->remote == 1 && c->remote_seal;
+        return ns->remote == 1 && sealed;
     return ns->remote != 0;
 }
 
-int config_ns_disk_compress(const struct config *c, const char *model_id)
+int config_ns_disk_compress(const struct config_ns_table *t, const char *model_id)
 {
-    const struct config_ns *ns = config_ns_match(c, model_id, NULL);
+    const struct config_ns *ns = config_ns_match(t, model_id, NULL);
     return ns ? ns->disk_compress : -1;
 }
 

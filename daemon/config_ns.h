@@ -38,8 +38,6 @@
 #include <stdint.h>
 #include <stdio.h>
 
-struct config;
-
 /* X(key, reloadable, help) */
 #define CONFIG_NS_KEYS(X)                                                                      \
     X(read, 0, "users and @groups that may read (names or ids; * anyone)")                     \
@@ -82,28 +80,36 @@ struct config_ns {
     double max_error;    /* lossy codecs above this attention error are not used (0: any) */
 };
 
+/* The sections of one configuration, in file order (struct config's ns). sec is owned by the
+ * table: config_ns_clear frees it. This file knows nothing of struct config: the option
+ * table (config.c) sits above it and hands it the table (no circle, tests/check_layers.py). */
+struct config_ns_table {
+    struct config_ns *sec;
+    size_t n;
+};
+
 /* Sets one key of section [namespace.PATTERN] (created on first use). 0, -EINVAL with a
  * reason in why (unknown key, unknown user, bad size, duplicate), -ENOMEM. */
-int config_ns_set(struct config *c, const char *pattern, const char *key, const char *value,
-                  char *why, size_t whylen);
+int config_ns_set(struct config_ns_table *t, const char *pattern, const char *key,
+                  const char *value, char *why, size_t whylen);
 /* Deep copy of src's sections into dst (whose own are not freed). 0 or -ENOMEM. */
-int config_ns_copy(struct config *dst, const struct config *src);
-void config_ns_clear(struct config *c);
+int config_ns_copy(struct config_ns_table *dst, const struct config_ns_table *src);
+void config_ns_clear(struct config_ns_table *t);
 /* The sections as ini text, preceded by a commented description of the section. */
-void config_ns_print(const struct config *c, FILE *f);
+void config_ns_print(const struct config_ns_table *t, FILE *f);
 /* 0 when next differs from cur only in reloadable keys; else -EPERM naming the first. */
-int config_ns_check_reload(const struct config *cur, const struct config *next, char *err,
-                           size_t errlen);
+int config_ns_check_reload(const struct config_ns_table *cur, const struct config_ns_table *next,
+                           char *err, size_t errlen);
 
 /* The first section matching model_id, or NULL; *idx its index when not NULL. */
-const struct config_ns *config_ns_match(const struct config *c, const char *model_id,
+const struct config_ns *config_ns_match(const struct config_ns_table *t, const char *model_id,
                                         size_t *idx);
 /* The disk_compress level of the first section matching model_id, or -1 (none set). */
-int config_ns_disk_compress(const struct config *c, const char *model_id);
+int config_ns_disk_compress(const struct config_ns_table *t, const char *model_id);
 /* Whether namespaces of model_id use the remote tier: their section's `remote`; when it is
  * not set, yes unless the section restricts who may read or write (config_ns_restricted). A
- * restricted section never does in an unsealed tier (remote.seal = no). */
-bool config_ns_remote(const struct config *c, const char *model_id);
+ * restricted section never does in an unsealed tier (sealed false: remote.seal = no). */
+bool config_ns_remote(const struct config_ns_table *t, bool sealed, const char *model_id);
 /* Whether a section has a read or write list that is not everyone. */
 bool config_ns_restricted(const struct config_ns *ns);
 /* Whether a peer (uid, primary gid, supplementary groups) is in a list. */

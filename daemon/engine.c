@@ -878,15 +878,20 @@ static int engine_lookup_keys(struct store *s, struct store_owner *o, uint32_t n
                               const uint8_t *fetched)
 {
     uint8_t tier[KVC_PROTO_MAX_KEYS]; /* where each hit was found, before any promotion */
+    struct store_lookup_blocks lb;    /* each key found once, handed to every step below */
     uint32_t run, hits = 0;
+    uint64_t finds0 = s->ix.finds;
     *lease_id = 0;
     if (!store_ns_get(s, ns_id))
         return -ENOENT;
     if (s->gpu)
         engine_gpu_refresh(s); /* hits name the places of the moves that have landed */
-    run = store_lookup_run(s, ns_id, keys, n);
+    run = store_lookup_run(s, ns_id, keys, n, &lb);
     while (hits < run) {
-        uint32_t idx = index_find(&s->ix, (uint16_t)ns_id, &keys[hits]);
+        uint32_t idx = lb.idx[hits];
+        /* A move of an earlier hit into the pool may have made room there by dropping it. */
+        if (!index_handle_ok(&s->ix, idx, (uint16_t)ns_id, &keys[hits]))
+            break;
         /* A client that cannot read the pool gets the block in its host arena (not ready
          * until its copy lands), or a miss if it is pinned there; one that can gets it
          * promoted while the pool has room (meanwhile it reads the host slot). */
@@ -904,7 +909,7 @@ static int engine_lookup_keys(struct store *s, struct store_owner *o, uint32_t n
     }
     /* Hits on disk start their reads into fresh slots (not ready until they complete). */
     if (hits && s->disk)
-        hits = engine_disk_lookup_prepare(s, (uint16_t)ns_id, keys, hits, flags, now,
+        hits = engine_disk_lookup_prepare(s, (uint16_t)ns_id, keys, lb.idx, hits, flags, now,
                                           &o->lookup_short);
     /* Cut short for room, and the caller waits for it and asks again: nothing is pinned or
      * counted for this try, so the lookup counts once, as answered. */
@@ -913,12 +918,16 @@ static int engine_lookup_keys(struct store *s, struct store_owner *o, uint32_t n
     /* Past the local run, the remote tier: reads into fresh slots, not ready until they
      * land (engine_remote.h). */
     if (s->remote && hits == run && hits < n && !(flags & KVC_LOOKUP_F_LOCAL))
-        hits = engine_remote_lookup_prepare(s, (uint16_t)ns_id, keys, hits, n, flags, now, tier);
+        hits =
+            engine_remote_lookup_prepare(s, (uint16_t)ns_id, keys, &lb, hits, n, flags, now, tier);
     if ((flags & ENGINE_LOOKUP_F_WHOLE) && hits < n)
         hits = 0;
-    int rc = store_lease_pin(s, o, ns_id, keys, n, hits, tier, now, lease_id, locs);
+    int rc = store_lease_pin(s, o, ns_id, keys, lb.idx, n, hits, tier, now, lease_id, locs);
     if (rc > 0 && s->remote)
-        engine_remote_lookup_done(s, (uint16_t)ns_id, keys, (uint32_t)rc, now);
+        engine_remote_lookup_done(s, lb.idx, (uint32_t)rc, now);
+    /* A KV lookup's resolutions, counted with it (a span's are its kind's own business). */
+    if (rc >= 0 && !(flags & ENGINE_LOOKUP_F_WHOLE))
+        ENGINE_STAT_ADD(s, s->ns[ns_id], lookup_index_finds, s->ix.finds - finds0);
     return rc;
 }
 
@@ -935,6 +944,7 @@ int engine_lookup_kind(struct store *s, struct store_owner *o, uint32_t ns_id,
 {
     const struct store_ns *ns = store_ns_get(s, ns_id);
     uint8_t fetched[KVC_PROTO_MAX_KEYS];
+    uint32_t sidx[KVC_PROTO_MAX_KEYS]; /* the span's blocks, found once for both steps below */
     uint32_t count = n, span = 0;
     bool dummy = false;
     int rc;
@@ -961,16 +971,16 @@ int engine_lookup_kind(struct store *s, struct store_owner *o, uint32_t ns_id,
     if (flags & KVC_LOOKUP_F_READY_ONLY) {
         /* The span in memory now; the reads of the longer one's blocks on disk start, so a
          * later lookup finds them ready. */
+        for (uint32_t i = 0; (s->disk || (s->gpu && !o->gpu)) && i < count; i++)
+            sidx[i] = index_find(&s->ix, (uint16_t)ns_id, &keys[span + i]);
         if (count && s->disk)
-            (void)engine_disk_lookup_prepare(s, (uint16_t)ns_id, keys + span, count, 0, now,
+            (void)engine_disk_lookup_prepare(s, (uint16_t)ns_id, keys + span, sidx, count, 0, now,
                                              &dummy);
         /* Pool blocks of a client that cannot read the pool: their copies to the host start
          * (engine_gpu_move declines any other block). */
-        for (uint32_t i = span; s->gpu && !o->gpu && i < span + count; i++) {
-            uint32_t idx = index_find(&s->ix, (uint16_t)ns_id, &keys[i]);
-            if (idx != INDEX_NONE)
-                (void)engine_gpu_move(s, idx, false, now);
-        }
+        for (uint32_t i = 0; s->gpu && !o->gpu && i < count; i++)
+            if (index_handle_ok(&s->ix, sidx[i], (uint16_t)ns_id, &keys[span + i]))
+                (void)engine_gpu_move(s, sidx[i], false, now);
         span = store_lookup_span(s, ns_id, keys, n, base,
                                  STORE_SPAN_READY | (o->gpu ? STORE_SPAN_GPU : 0), &count);
         memset(fetched, 0, n);

@@ -16,13 +16,23 @@
  * dirty, and which list it is on;
  * every path that frees, moves, quantizes or evicts asks store_block_idle() first, so a
  * block in motion is never freed by a policy, a quota, an operator or a namespace drop.
+ * ONE RESOLUTION PER KEY. A LOOKUP finds each of its keys in the index once: store_lookup_run
+ * fills a struct store_lookup_blocks with the run's blocks and the key it stops at, the
+ * remote step adds the keys past the run (and the blocks it reads for them), and every later
+ * step (the GPU moves, the disk and remote steps, the lease) takes those handles. A step
+ * after one that may make room checks a handle with index_handle_ok (still its key's
+ * committed block) and ends the hits before one that went. The stat lookup_index_finds
+ * counts a KV lookup's finds: at most one per key asked for (tests: e2e_fast, e2e_disk,
+ * e2e_remote).
  * LAYERS. The daemon's files point down, never up: main → server → admin → acl → engine
  * (engine.c) → engine_disk, engine_gpu, engine_remote → quant → store (store.c,
  * store_policy.c) → index, fast, stats.h → log; config (with config_ns), loop, notify,
- * proto and remote_keys beside them; tiers/, policies/ and kernels/ below them all. A file
+ * proto and remote_keys beside them, config itself in three layers (config → config_ns →
+ * config_parse: the option table hands the namespace sections their table, and both read
+ * values with config_parse's parsers); tiers/, policies/ and kernels/ below them all. A file
  * includes and calls only files below its own. tests/check_layers.py (a suite of make
- * check) reads the includes and the calls the linker resolves and fails on a circle not in
- * its list of those left (config ↔ config_ns: one option table in two files). The tier
+ * check) reads the includes and the calls the linker resolves and fails on any circle (it
+ * allows none). The tier
  * engines reach the core's room and eviction through struct engine_core (engine_core.h),
  * passed down in the store, and admin the server's clients through struct
  * admin_server_ops (admin.h), passed down in its context: neither calls up.

@@ -930,16 +930,22 @@ static void engine_disk_read_pump(struct store *s)
 }
 
 uint32_t engine_disk_lookup_prepare(struct store *s, uint16_t ns, const struct kvc_wire_key *keys,
-                                    uint32_t hits, uint32_t flags, uint64_t now,
-                                    bool *short_of_room)
+                                    const uint32_t *idxs, uint32_t hits, uint32_t flags,
+                                    uint64_t now, bool *short_of_room)
 {
-    uint32_t usable = hits;
+    uint32_t usable;
     /* Hold every hit while slots are found for the ones on disk, so making room cannot
-     * evict an earlier hit of this very lookup. */
-    for (uint32_t i = 0; i < hits; i++)
-        store_block_pin(s, index_find(&s->ix, ns, &keys[i]));
+     * evict an earlier hit of this very lookup; the hits end at one gone since it was found. */
     for (uint32_t i = 0; i < hits; i++) {
-        uint32_t idx = index_find(&s->ix, ns, &keys[i]);
+        if (!index_handle_ok(&s->ix, idxs[i], ns, &keys[i])) {
+            hits = i;
+            break;
+        }
+        store_block_pin(s, idxs[i]);
+    }
+    usable = hits;
+    for (uint32_t i = 0; i < hits; i++) {
+        uint32_t idx = idxs[i];
         const struct block *b = &s->ix.blocks[idx];
         if (b->tier == KVC_WIRE_TIER_DISK && !(b->flags & BLOCK_F_BUSY)) {
             int rc = engine_disk_promote(s, idx, now);
@@ -956,12 +962,12 @@ uint32_t engine_disk_lookup_prepare(struct store *s, uint16_t ns, const struct k
     }
     if (flags & KVC_LOOKUP_F_READY_ONLY)
         for (uint32_t i = 0; i < usable; i++)
-            if (s->ix.blocks[index_find(&s->ix, ns, &keys[i])].flags & BLOCK_F_PROMOTING) {
+            if (s->ix.blocks[idxs[i]].flags & BLOCK_F_PROMOTING) {
                 usable = i;
                 break;
             }
     for (uint32_t i = 0; i < hits; i++)
-        store_block_unpin(s, index_find(&s->ix, ns, &keys[i]));
+        store_block_unpin(s, idxs[i]);
     return usable;
 }
 

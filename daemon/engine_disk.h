@@ -95,13 +95,15 @@ void engine_disk_poll(struct store *s, uint64_t now);
  * loop calls it before every wait. */
 void engine_disk_flush(struct store *s);
 
-/* Called by engine_lookup_flags with the run of committed hits: starts the reads of hits on
- * disk (queued behind the read queue when it is full) and returns how many hits to hand out
- * (fewer when a read cannot start — *short_of_room set when memory had no room for it — or
- * with KVC_LOOKUP_F_READY_ONLY). */
+/* Called by engine_lookup_flags with the run of committed hits, keys[0..hits) and the blocks
+ * the lookup found for them, idxs[0..hits) (struct store_lookup_blocks; no key is looked up
+ * again): starts the reads of hits on disk (queued behind the read queue when it is full)
+ * and returns how many hits to hand out (fewer when a read cannot start — *short_of_room set
+ * when memory had no room for it —, at a block gone since it was found, or with
+ * KVC_LOOKUP_F_READY_ONLY). */
 uint32_t engine_disk_lookup_prepare(struct store *s, uint16_t ns, const struct kvc_wire_key *keys,
-                                    uint32_t hits, uint32_t flags, uint64_t now,
-                                    bool *short_of_room);
+                                    const uint32_t *idxs, uint32_t hits, uint32_t flags,
+                                    uint64_t now, bool *short_of_room);
 
 /* The engine under pressure and ahead of it (engine_trim, after commits, every poll): clean
  * blocks leave memory and dirty ones are demoted above the high watermark; write-back keeps

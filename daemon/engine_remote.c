@@ -177,18 +177,15 @@ static void engine_remote_on_commit(struct store *s, uint32_t idx, uint64_t now)
         engine_remote_admit(s, idx);
 }
 
-void engine_remote_lookup_done(struct store *s, uint16_t ns, const struct kvc_wire_key *keys,
-                               uint32_t hits, uint64_t now)
+void engine_remote_lookup_done(struct store *s, const uint32_t *idxs, uint32_t hits, uint64_t now)
 {
     struct engine_remote *er = s->remote;
     (void)now;
     if (!er || !er->p.admit_hits)
         return;
-    for (uint32_t i = 0; i < hits; i++) {
-        uint32_t idx = index_find(&s->ix, ns, &keys[i]);
-        if (idx != INDEX_NONE && s->ix.blocks[idx].hits == er->p.admit_hits)
-            engine_remote_admit(s, idx);
-    }
+    for (uint32_t i = 0; i < hits; i++) /* pinned by the lease: each still its key's block */
+        if (s->ix.blocks[idxs[i]].hits == er->p.admit_hits)
+            engine_remote_admit(s, idxs[i]);
 }
 
 static void engine_remote_put_done(void *arg, int status, const struct remote_rec_meta *got)
@@ -411,11 +408,12 @@ static void engine_remote_fetch_done(void *arg, int status, const struct remote_
         s->on_ready(s->on_ready_arg);
 }
 
-/* A block for keys[i] in a fresh slot, reading from the remote tier: the child of keys[i-1]
- * (which the index holds), or with root (a window's or a state's block) a root. 0 or
- * -errno. */
+/* A block for keys[i] in a fresh slot, reading from the remote tier (its index to *out): the
+ * child of keys[i-1], whose block the caller found (parent), or with root (a window's or a
+ * state's block; parent unused) a root. 0 or -errno. */
 static int engine_remote_fetch(struct store *s, struct store_ns *ns,
-                               const struct kvc_wire_key *keys, uint32_t i, bool root, uint64_t now)
+                               const struct kvc_wire_key *keys, uint32_t i, bool root,
+                               uint32_t parent, uint64_t now, uint32_t *out)
 {
     struct engine_remote *er = s->remote;
     struct engine_remote_op *op;
@@ -425,8 +423,8 @@ static int engine_remote_fetch(struct store *s, struct store_ns *ns,
     uint32_t idx, p = INDEX_NONE;
     int rc;
     if (i > 0 && !root) {
-        p = index_find(&s->ix, (uint16_t)ns->id, &keys[i - 1]);
-        if (p == INDEX_NONE)
+        p = parent;
+        if (!index_handle_ok(&s->ix, p, (uint16_t)ns->id, &keys[i - 1]))
             return -ENOENT;
     }
     op = malloc(sizeof(*op));
@@ -477,6 +475,8 @@ static int engine_remote_fetch(struct store *s, struct store_ns *ns,
     store_meta_commit(s, idx, now); /* before the push: the policy heap keys with it */
     store_lru_push_head(s, idx);
     er->fetching++;
+    if (out)
+        *out = idx;
     return 0;
 fail_slot:
     s->arenas[ns->arena].tier->ops->free(s->arenas[ns->arena].tier, &loc);
@@ -486,7 +486,8 @@ fail_op:
 }
 
 uint32_t engine_remote_lookup_prepare(struct store *s, uint16_t ns_id,
-                                      const struct kvc_wire_key *keys, uint32_t hits, uint32_t n,
+                                      const struct kvc_wire_key *keys,
+                                      struct store_lookup_blocks *lb, uint32_t hits, uint32_t n,
                                       uint32_t flags, uint64_t now, uint8_t *tier)
 {
     struct engine_remote *er = s->remote;
@@ -494,27 +495,36 @@ uint32_t engine_remote_lookup_prepare(struct store *s, uint16_t ns_id,
     uint32_t end = hits;
     if (!er || hits >= n || !engine_remote_ns_on(s, ns_id) || tier_remote_degraded(er->t))
         return hits;
+    /* The run's blocks, as the lookup found them, unless one has gone since (then no read
+     * starts: the run ends before it). */
+    for (uint32_t i = 0; i < hits; i++)
+        if (!index_handle_ok(&s->ix, lb->idx[i], ns_id, &keys[i]))
+            return i;
     /* Hold the local hits while slots are found, so making room cannot evict them. */
     for (uint32_t i = 0; i < hits; i++)
-        store_block_pin(s, index_find(&s->ix, ns_id, &keys[i]));
+        store_block_pin(s, lb->idx[i]);
     tier_remote_plug(er->t); /* the lookup's reads go out in one batch */
     for (uint32_t i = hits; i < n && i < KVC_PROTO_MAX_KEYS; i++) {
         if (er->fetching >= er->p.tier.max_inflight / 2 + 1)
             break;
-        if (index_find(&s->ix, ns_id, &keys[i]) != INDEX_NONE)
+        /* Each key past the run found once: the run's end was, by store_lookup_run. */
+        if (i == lb->n)
+            lb->idx[lb->n++] = index_find(&s->ix, ns_id, &keys[i]);
+        if (lb->idx[i] != INDEX_NONE)
             break; /* reserved, or lost: not a hit */
         if (engine_remote_neg_has(er, ns_id, &keys[i], now)) {
             er->remote_negative_hits++;
             break;
         }
-        if (engine_remote_fetch(s, ns, keys, i, false, now))
+        if (engine_remote_fetch(s, ns, keys, i, false, i ? lb->idx[i - 1] : INDEX_NONE, now,
+                                &lb->idx[i]))
             break;
         tier[i] = 0;
         end = i + 1;
     }
     tier_remote_unplug(er->t);
     for (uint32_t i = 0; i < hits; i++)
-        store_block_unpin(s, index_find(&s->ix, ns_id, &keys[i]));
+        store_block_unpin(s, lb->idx[i]);
     return (flags & KVC_LOOKUP_F_READY_ONLY) ? hits : end;
 }
 
@@ -592,7 +602,7 @@ int engine_remote_span_prepare(struct store *s, uint16_t ns_id, const struct kvc
     for (uint32_t i = e - need; i < e; i++) {
         if (st[i] != ENGINE_REMOTE_KEY_FETCH)
             continue;
-        if (engine_remote_fetch(s, ns, keys, i, true, now))
+        if (engine_remote_fetch(s, ns, keys, i, true, INDEX_NONE, now, NULL))
             break;
         fetched[i] = 1;
         started++;
@@ -600,7 +610,7 @@ int engine_remote_span_prepare(struct store *s, uint16_t ns_id, const struct kvc
     for (uint32_t i = e - need; i-- > lo && more && started < budget;) {
         if (st[i] != ENGINE_REMOTE_KEY_FETCH)
             continue;
-        if (engine_remote_fetch(s, ns, keys, i, true, now))
+        if (engine_remote_fetch(s, ns, keys, i, true, INDEX_NONE, now, NULL))
             break;
         more--;
         started++;

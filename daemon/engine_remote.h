@@ -42,6 +42,7 @@
 #include "tiers/remote.h"
 
 struct store;
+struct store_lookup_blocks;
 
 struct engine_remote_params {
     struct tier_remote_config tier;
@@ -68,13 +69,15 @@ void engine_remote_poll(struct store *s, uint64_t now);
 /* Starts queued writes (after commits, every tick) and logs the tier's state changes. */
 void engine_remote_pump(struct store *s, uint64_t now);
 
-/* Called by engine_lookup_flags when the local run of a lookup ends at `hits` < n: starts
- * reads of the following keys from the remote tier and returns the new number of hits (the
- * ones read count, not ready; with KVC_LOOKUP_F_READY_ONLY they are read but not counted).
- * tier[] gets 0 for them (not a local tier). */
+/* Called by engine_lookup_flags when the local run of a lookup ends at `hits` < n, with the
+ * blocks the lookup found (lb: the run's, and the key it stopped at): starts reads of the
+ * following keys from the remote tier and returns the new number of hits (the ones read
+ * count, not ready; with KVC_LOOKUP_F_READY_ONLY they are read but not counted). Each key
+ * past the run is found in the index once, and its block (or INDEX_NONE) joins lb for the
+ * lease. tier[] gets 0 for them (not a local tier). */
 uint32_t engine_remote_lookup_prepare(struct store *s, uint16_t ns, const struct kvc_wire_key *keys,
-                                      uint32_t hits, uint32_t n, uint32_t flags, uint64_t now,
-                                      uint8_t *tier);
+                                      struct store_lookup_blocks *lb, uint32_t hits, uint32_t n,
+                                      uint32_t flags, uint64_t now, uint8_t *tier);
 /* Called by engine_lookup_kind for a KV_WINDOW or STATE lookup of keys[0..n) (base: keys[0]'s
  * position in the prompt) whose local answer ends at end < n: the longest prefix e in
  * (end, n] whose span (a window: its blocks, a state: keys[e-1]) has no key known missing
@@ -87,9 +90,9 @@ uint32_t engine_remote_lookup_prepare(struct store *s, uint16_t ns, const struct
 int engine_remote_span_prepare(struct store *s, uint16_t ns_id, const struct kvc_wire_key *keys,
                                uint32_t n, uint32_t base, uint32_t end, uint64_t now,
                                uint32_t *first, uint32_t *count, uint8_t *fetched);
-/* After a lookup pinned its hits: admits blocks whose hits reached remote.min_hits. */
-void engine_remote_lookup_done(struct store *s, uint16_t ns, const struct kvc_wire_key *keys,
-                               uint32_t hits, uint64_t now);
+/* After a lookup pinned its hits, idxs[0..hits) (its lease's blocks): admits blocks whose
+ * hits reached remote.min_hits. */
+void engine_remote_lookup_done(struct store *s, const uint32_t *idxs, uint32_t hits, uint64_t now);
 
 /* Calls put(name, value) for every remote gauge and counter (remote_*). Nothing without a
  * remote tier. */

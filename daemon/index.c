@@ -91,7 +91,8 @@ void index_block_delete(struct index *ix, uint32_t idx)
     ix->live--;
 }
 
-uint32_t index_find(const struct index *ix, uint16_t ns, const struct kvc_wire_key *key)
+/* The block of (ns, key) or INDEX_NONE, uncounted: index_insert's probe for a duplicate. */
+static uint32_t index_probe(const struct index *ix, uint16_t ns, const struct kvc_wire_key *key)
 {
     uint32_t mask = ix->nslots - 1;
     for (uint32_t s = index_hash(ix, ns, key) & mask;; s = (s + 1) & mask) {
@@ -101,6 +102,12 @@ uint32_t index_find(const struct index *ix, uint16_t ns, const struct kvc_wire_k
         if (index_match(&ix->blocks[v - 1], ns, key))
             return v - 1;
     }
+}
+
+uint32_t index_find(struct index *ix, uint16_t ns, const struct kvc_wire_key *key)
+{
+    ix->finds++;
+    return index_probe(ix, ns, key);
 }
 
 static void index_place(uint32_t *slots, uint32_t nslots, uint32_t h, uint32_t v)
@@ -134,7 +141,7 @@ static int index_grow(struct index *ix)
 int index_insert(struct index *ix, uint32_t idx)
 {
     const struct block *b = &ix->blocks[idx];
-    if (index_find(ix, b->ns, &b->key) != INDEX_NONE)
+    if (index_probe(ix, b->ns, &b->key) != INDEX_NONE)
         return -EEXIST;
     if ((uint64_t)(ix->used + 1) * 10 > (uint64_t)ix->nslots * 7) {
         int rc = index_grow(ix);

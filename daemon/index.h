@@ -87,6 +87,7 @@ struct index {
     uint32_t nslots;    /* power of two */
     uint32_t used;      /* map entries */
     uint64_t seed;      /* of the slot hash, random per start */
+    uint64_t finds;     /* index_find calls so far: the lookups count theirs (stats.h) */
 };
 
 int index_init(struct index *ix, uint32_t initial);
@@ -98,8 +99,9 @@ int index_block_new(struct index *ix, uint32_t *idx);
 /* Returns an entry to the pool; it must not be in the map. */
 void index_block_delete(struct index *ix, uint32_t idx);
 
-/* The block of (ns, key) or INDEX_NONE. */
-uint32_t index_find(const struct index *ix, uint16_t ns, const struct kvc_wire_key *key);
+/* The block of (ns, key) or INDEX_NONE. Counts itself in ix->finds (index_insert's own probe
+ * for a duplicate is part of the insert, not counted). */
+uint32_t index_find(struct index *ix, uint16_t ns, const struct kvc_wire_key *key);
 /* Maps blocks[idx] under its ns and key. -EEXIST if present, -ENOMEM. */
 int index_insert(struct index *ix, uint32_t idx);
 /* Unmaps blocks[idx]. -ENOENT if it is not mapped. */
@@ -108,6 +110,18 @@ int index_remove(struct index *ix, uint32_t idx);
 static inline bool index_key_is_zero(const struct kvc_wire_key *k)
 {
     return (k->lo | k->hi) == 0;
+}
+
+/* Whether idx, found for (ns, key) earlier in the same request, still names that key's
+ * committed block: what a later step checks instead of a second index_find. A block dropped
+ * in between has its entry FREE, or reused for another key; an entry reused for the same key
+ * is the block the map holds for it now, so no generation number is needed. */
+static inline bool index_handle_ok(const struct index *ix, uint32_t idx, uint16_t ns,
+                                   const struct kvc_wire_key *key)
+{
+    const struct block *b = idx < ix->nblocks ? &ix->blocks[idx] : NULL;
+    return b && b->state == BLOCK_STATE_COMMITTED && b->ns == ns && b->key.lo == key->lo &&
+           b->key.hi == key->hi;
 }
 
 #endif

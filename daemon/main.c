@@ -609,7 +609,7 @@ static int kvcd_remote_attach(struct kvcd *d)
 static int kvcd_disk_level(void *arg, const char *model_id)
 {
     const struct kvcd *d = arg;
-    return config_ns_disk_compress(d->cfg, model_id);
+    return config_ns_disk_compress(&d->cfg->ns, model_id);
 }
 
 /* A namespace of a record found on disk at start: placed and bound to its section as

@@ -99,17 +99,17 @@ struct remote_keys *remote_keys_load(const struct config *c, int *rc, char *err,
     if (*rc)
         goto fail;
     remote_seal_group(master, NULL, k->deflt);
-    k->ngroups = c->nns;
-    k->groups = calloc(c->nns ? c->nns : 1, sizeof(*k->groups));
+    k->ngroups = c->ns.n;
+    k->groups = calloc(c->ns.n ? c->ns.n : 1, sizeof(*k->groups));
     *rc = -ENOMEM;
     if (!k->groups)
         goto fail_master;
-    for (size_t i = 0; i < c->nns; i++) {
-        if (!c->ns[i].remote_key_file[0]) {
+    for (size_t i = 0; i < c->ns.n; i++) {
+        if (!c->ns.sec[i].remote_key_file[0]) {
             memcpy(k->groups[i], k->deflt, sizeof(k->deflt));
             continue;
         }
-        *rc = remote_seal_secret_load(c->ns[i].remote_key_file, group, err, errlen);
+        *rc = remote_seal_secret_load(c->ns.sec[i].remote_key_file, group, err, errlen);
         if (*rc)
             goto fail_master;
         remote_seal_group(master, group, k->groups[i]);
@@ -152,11 +152,11 @@ int remote_keys_ns(const struct remote_keys *k, const struct config *c, const ch
 {
     size_t idx = 0;
     const struct config_ns *sec;
-    if (!config_ns_remote(c, model_id))
+    if (!config_ns_remote(&c->ns, c->remote_seal, model_id))
         return 0;
     if (!k->sealed)
         return 1;
-    sec = config_ns_match(c, model_id, &idx);
+    sec = config_ns_match(&c->ns, model_id, &idx);
     /* Sections cannot be added or removed by a reload: the index is the one read at start. */
     remote_seal_ns(sec && idx < k->ngroups ? k->groups[idx] : k->deflt, ns, seal);
     return 1;

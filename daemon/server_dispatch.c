@@ -69,7 +69,7 @@ static void server_ns_policy(struct server *sv, uint32_t id)
 {
     const struct store_ns *ns = store_ns_get(sv->store, id);
     const struct config_ns *cn =
-        ns && sv->cfg ? config_ns_match(sv->cfg, ns->layout.model_id, NULL) : NULL;
+        ns && sv->cfg ? config_ns_match(&sv->cfg->ns, ns->layout.model_id, NULL) : NULL;
     if (!ns)
         return;
     if (cn && cn->policy >= 0)

@@ -715,11 +715,15 @@ void store_stat_lossy_hit(struct store *s, struct store_ns *ns, uint32_t format)
 }
 
 uint32_t store_lookup_run(struct store *s, uint32_t ns_id, const struct kvc_wire_key *keys,
-                          uint32_t n)
+                          uint32_t n, struct store_lookup_blocks *lb)
 {
     uint32_t hits = 0;
+    if (lb)
+        lb->n = 0;
     while (hits < n && hits < KVC_PROTO_MAX_KEYS) {
         uint32_t idx = index_find(&s->ix, (uint16_t)ns_id, &keys[hits]);
+        if (lb)
+            lb->idx[lb->n++] = idx;
         if (idx == INDEX_NONE || s->ix.blocks[idx].state != BLOCK_STATE_COMMITTED ||
             (s->ix.blocks[idx].flags & BLOCK_F_LOST))
             break;
@@ -765,7 +769,7 @@ uint32_t store_lookup_span(struct store *s, uint32_t ns_id, const struct kvc_wir
         return end ? end - 1 : 0;
     }
     if (ns->layout.kv_kind != KVC_WIRE_KV_KIND_KV_WINDOW) {
-        *count = store_lookup_run(s, ns_id, keys, n);
+        *count = store_lookup_run(s, ns_id, keys, n, NULL);
         return 0;
     }
     /* The longest prefix keys[0..e) whose last min(w, base + e) blocks are all cached: the
@@ -782,8 +786,9 @@ uint32_t store_lookup_span(struct store *s, uint32_t ns_id, const struct kvc_wir
 }
 
 int store_lease_pin(struct store *s, struct store_owner *o, uint32_t ns_id,
-                    const struct kvc_wire_key *keys, uint32_t n, uint32_t hits, const uint8_t *tier,
-                    uint64_t now, uint64_t *lease_id, struct kvc_wire_loc *locs)
+                    const struct kvc_wire_key *keys, const uint32_t *idx, uint32_t n, uint32_t hits,
+                    const uint8_t *tier, uint64_t now, uint64_t *lease_id,
+                    struct kvc_wire_loc *locs)
 {
     struct store_ns *ns = store_ns_get(s, ns_id);
     struct store_handle *h = NULL;
@@ -793,6 +798,9 @@ int store_lease_pin(struct store *s, struct store_owner *o, uint32_t ns_id,
     if (!ns)
         return -ENOENT;
     for (uint32_t i = 0; i < hits; i++)
+        if (!index_handle_ok(&s->ix, idx[i], (uint16_t)ns_id, &keys[i]))
+            hits = i; /* dropped since the lookup found it: the hits end before it */
+    for (uint32_t i = 0; i < hits; i++)
         per_tier[tier[i] & 3]++;
     if (hits) {
         int rc = store_handle_new(s, o, STORE_HANDLE_LEASE, (uint16_t)ns_id, hits, &h);
@@ -801,13 +809,12 @@ int store_lease_pin(struct store *s, struct store_owner *o, uint32_t ns_id,
         h->n = hits;
         /* Last hit first, so every parent ends up more recent than its children. */
         for (uint32_t i = hits; i-- > 0;) {
-            uint32_t idx = index_find(&s->ix, (uint16_t)ns_id, &keys[i]);
-            struct block *b = &s->ix.blocks[idx];
-            h->blocks[i] = idx;
-            store_block_pin(s, idx);
-            store_meta_hit(s, idx, now); /* before the touch: it reads last_access */
+            struct block *b = &s->ix.blocks[idx[i]];
+            h->blocks[i] = idx[i];
+            store_block_pin(s, idx[i]);
+            store_meta_hit(s, idx[i], now); /* before the touch: it reads last_access */
             b->hits++;
-            store_touch(s, idx, now);
+            store_touch(s, idx[i], now);
             store_loc_fill(b, &locs[i]);
             bytes += b->len;
             if (b->format != KVC_WIRE_FORMAT_RAW)

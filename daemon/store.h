@@ -295,10 +295,22 @@ void store_owner_init(struct store_owner *o);
 /* Releases every lease and aborts every reservation of o. */
 void store_owner_fini(struct store *s, struct store_owner *o);
 
+/* The blocks of one LOOKUP's keys, each found in the index once, by store_lookup_run (and the
+ * remote step for the keys past the run), and handed to every later step: the disk and
+ * remote steps, the lease. idx[i] is keys[i]'s block or INDEX_NONE, for i < n. A step that
+ * follows one that may make room (a block not pinned then may go) checks a handle with
+ * index_handle_ok before it uses it. */
+struct store_lookup_blocks {
+    uint32_t n;
+    uint32_t idx[KVC_PROTO_MAX_KEYS];
+};
+
 /* The run of committed, readable blocks of keys[0..n) from the first (at most
- * KVC_PROTO_MAX_KEYS): the hits a lookup may hand out before the engine moves any. */
+ * KVC_PROTO_MAX_KEYS): the hits a lookup may hand out before the engine moves any. With lb,
+ * the blocks of the run and of the key it stops at (lb->n: the run, plus one when it stops
+ * at a key), each found once. */
 uint32_t store_lookup_run(struct store *s, uint32_t ns_id, const struct kvc_wire_key *keys,
-                          uint32_t n);
+                          uint32_t n, struct store_lookup_blocks *lb);
 /* The span of keys[0..n) a lookup of namespace ns_id answers with: keys[first..first+count),
  * returned as first with *count set. KV and K_ONLY: the run of committed blocks from keys[0]
  * (store_lookup_run); KV_WINDOW: the window of the longest prefix whose window is cached
@@ -316,12 +328,14 @@ static inline uint32_t store_window_need(uint32_t w, uint32_t base, uint32_t e)
 {
     return (uint64_t)base + e < w ? base + e : w;
 }
-/* Pins keys[0..hits) under a new lease of o (*lease_id, 0 if no hit), fills locs[0..hits)
- * from where each block is now and counts the lookup of n keys (tier[i]: where hit i was
- * found, for the per-tier counters). Returns hits, or -ENOENT (ns), -EMFILE, -ENOMEM. The
- * engine's lookup (daemon/engine.h) calls it once the hits are where they can be read. */
+/* Pins keys[0..hits), whose blocks are idx[0..hits) (struct store_lookup_blocks), under a new
+ * lease of o (*lease_id, 0 if no hit), fills locs[0..hits) from where each block is now and
+ * counts the lookup of n keys (tier[i]: where hit i was found, for the per-tier counters).
+ * The hits end at the first handle that no longer names its key's block. Returns the hits,
+ * or -ENOENT (ns), -EMFILE, -ENOMEM. The engine's lookup (daemon/engine.h) calls it once the
+ * hits are where they can be read. */
 int store_lease_pin(struct store *s, struct store_owner *o, uint32_t ns_id,
-                    const struct kvc_wire_key *keys, uint32_t n, uint32_t hits,
+                    const struct kvc_wire_key *keys, const uint32_t *idx, uint32_t n, uint32_t hits,
                     const uint8_t *tier, uint64_t now, uint64_t *lease_id,
                     struct kvc_wire_loc *locs);
 

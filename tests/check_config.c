@@ -104,21 +104,22 @@ START_TEST(test_policy_choices)
         ck_assert_int_eq(c->cache_policy, k);
     }
     ck_assert_int_ne(config_set(c, "cache.policy", "nonesuch", err, sizeof(err)), 0);
-    ck_assert_int_eq(config_ns_set(c, "m*", "policy", "h2o", err, sizeof(err)), 0);
-    ck_assert_int_eq(c->ns[0].policy, POLICY_H2O);
-    ck_assert_int_eq(config_ns_set(c, "n*", "policy", "nonesuch", err, sizeof(err)), -EINVAL);
+    ck_assert_int_eq(config_ns_set(&c->ns, "m*", "policy", "h2o", err, sizeof(err)), 0);
+    ck_assert_int_eq(c->ns.sec[0].policy, POLICY_H2O);
+    ck_assert_int_eq(config_ns_set(&c->ns, "n*", "policy", "nonesuch", err, sizeof(err)), -EINVAL);
     /* the precision ladder's keys: numbers >= 0, anything else refused with a reason */
-    ck_assert_int_eq(config_ns_set(c, "m*", "lossy_weight", "2.5", err, sizeof(err)), 0);
-    ck_assert_int_eq(config_ns_set(c, "m*", "max_error", "0.05", err, sizeof(err)), 0);
-    ck_assert_double_eq(c->ns[0].lossy_weight, 2.5);
-    ck_assert_double_eq(c->ns[0].max_error, 0.05);
-    ck_assert_int_eq(config_ns_set(c, "m*", "max_error", "0.1", err, sizeof(err)), -EINVAL);
+    ck_assert_int_eq(config_ns_set(&c->ns, "m*", "lossy_weight", "2.5", err, sizeof(err)), 0);
+    ck_assert_int_eq(config_ns_set(&c->ns, "m*", "max_error", "0.05", err, sizeof(err)), 0);
+    ck_assert_double_eq(c->ns.sec[0].lossy_weight, 2.5);
+    ck_assert_double_eq(c->ns.sec[0].max_error, 0.05);
+    ck_assert_int_eq(config_ns_set(&c->ns, "m*", "max_error", "0.1", err, sizeof(err)), -EINVAL);
     ck_assert_ptr_nonnull(strstr(err, "duplicate"));
     static const char *const bad[] = {"-1", "x", "", "0.5x", "nan", "1e9"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-        ck_assert_int_eq(config_ns_set(c, "o*", "max_error", bad[i], err, sizeof(err)), -EINVAL);
+        ck_assert_int_eq(config_ns_set(&c->ns, "o*", "max_error", bad[i], err, sizeof(err)),
+                         -EINVAL);
         ck_assert_ptr_nonnull(strstr(err, "max_error"));
-        ck_assert_int_eq(config_ns_set(c, "o*", "lossy_weight", bad[i], err, sizeof(err)),
+        ck_assert_int_eq(config_ns_set(&c->ns, "o*", "lossy_weight", bad[i], err, sizeof(err)),
                          -EINVAL);
         ck_assert_ptr_nonnull(strstr(err, "lossy_weight"));
     }
@@ -288,28 +289,29 @@ START_TEST(test_remote_restricted)
 {
     struct config *c = config_new();
     char err[512];
-    ck_assert_int_eq(config_ns_set(c, "open*", "remote", "no", err, sizeof(err)), 0);
-    ck_assert_int_eq(config_ns_set(c, "locked*", "read", "0", err, sizeof(err)), 0);
-    ck_assert_int_eq(config_ns_set(c, "shared*", "read", "0", err, sizeof(err)), 0);
-    ck_assert_int_eq(config_ns_set(c, "shared*", "remote", "yes", err, sizeof(err)), 0);
-    ck_assert_int_eq(config_ns_set(c, "anyone*", "read", "*", err, sizeof(err)), 0);
-    ck_assert(!config_ns_remote(c, "open-model"));
-    ck_assert(!config_ns_remote(c, "locked-model"));
-    ck_assert(config_ns_remote(c, "shared-model"));
-    ck_assert(config_ns_remote(c, "anyone-model")); /* a list of everyone restricts nothing */
-    ck_assert(config_ns_remote(c, "unmatched"));
+    ck_assert_int_eq(config_ns_set(&c->ns, "open*", "remote", "no", err, sizeof(err)), 0);
+    ck_assert_int_eq(config_ns_set(&c->ns, "locked*", "read", "0", err, sizeof(err)), 0);
+    ck_assert_int_eq(config_ns_set(&c->ns, "shared*", "read", "0", err, sizeof(err)), 0);
+    ck_assert_int_eq(config_ns_set(&c->ns, "shared*", "remote", "yes", err, sizeof(err)), 0);
+    ck_assert_int_eq(config_ns_set(&c->ns, "anyone*", "read", "*", err, sizeof(err)), 0);
+    ck_assert(!config_ns_remote(&c->ns, c->remote_seal, "open-model"));
+    ck_assert(!config_ns_remote(&c->ns, c->remote_seal, "locked-model"));
+    ck_assert(config_ns_remote(&c->ns, c->remote_seal, "shared-model"));
+    ck_assert(config_ns_remote(&c->ns, c->remote_seal,
+                               "anyone-model")); /* a list of everyone restricts nothing */
+    ck_assert(config_ns_remote(&c->ns, c->remote_seal, "unmatched"));
     ck_assert_int_eq(config_validate(c, err, sizeof(err)), 0);
     ck_assert_int_eq(config_set(c, "remote.seal", "no", err, sizeof(err)), 0);
     ck_assert_int_eq(config_validate(c, err, sizeof(err)), -EINVAL);
     ck_assert_msg(strstr(err, "[namespace.shared*]") && strstr(err, "remote.seal = yes"), "%s",
                   err);
-    ck_assert(!config_ns_remote(c, "shared-model")); /* never unsealed */
+    ck_assert(!config_ns_remote(&c->ns, c->remote_seal, "shared-model")); /* never unsealed */
     config_free(c);
     c = config_new();
-    ck_assert_int_eq(config_ns_set(c, "g*", "remote_key_file", "relative", err, sizeof(err)),
+    ck_assert_int_eq(config_ns_set(&c->ns, "g*", "remote_key_file", "relative", err, sizeof(err)),
                      -EINVAL);
-    ck_assert_int_eq(config_ns_set(c, "g*", "remote_key_file", "/etc/kvcd/g.key", err, sizeof(err)),
-                     0);
+    ck_assert_int_eq(
+        config_ns_set(&c->ns, "g*", "remote_key_file", "/etc/kvcd/g.key", err, sizeof(err)), 0);
     ck_assert_int_eq(config_validate(c, err, sizeof(err)), 0);
     ck_assert_int_eq(config_set(c, "remote.seal", "no", err, sizeof(err)), 0);
     ck_assert_int_eq(config_validate(c, err, sizeof(err)), -EINVAL);

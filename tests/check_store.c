@@ -64,7 +64,7 @@ static void chain(struct kvc_wire_key *k, uint32_t c, uint32_t n, uint32_t share
 /* Every committed block's parent is committed; children counts and pins add up. */
 static void check_invariants(void)
 {
-    const struct index *ix = &s->ix;
+    struct index *ix = &s->ix;
     uint64_t pins = 0;
     for (uint32_t i = 0; i < ix->nblocks; i++) {
         const struct block *b = &ix->blocks[i];

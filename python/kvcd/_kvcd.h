@@ -136,6 +136,19 @@ PyObject *codec_name(int f);
 /* _kvcd_lease.c */
 Py_ssize_t lease_len(PyObject *self);
 PyObject *slot_view(struct handle *h, Py_ssize_t i);
+struct mem;
+/* One block between a handle's hit or slot and a caller's buffer: lease.copy_into and
+ * resv.write, whose arguments (i, buffer, stream=None) are read and checked alike. */
+struct slot_io_ops {
+    const char *format; /* PyArg_ParseTupleAndKeywords's, with the method's name */
+    int to_buffer;      /* the buffer is written (copy_into), so it must be writable */
+    /* After i is checked, before the client is entered; -1 with an exception. NULL: none. */
+    int (*ready)(struct handle *h, Py_ssize_t i);
+    /* The move with the GIL released, into or from host memory or device memory (stream). */
+    int (*host)(struct handle *h, size_t i, const struct mem *m);
+    int (*device)(struct handle *h, size_t i, const struct mem *m, void *stream);
+};
+PyObject *slot_io(PyObject *self, PyObject *args, PyObject *kw, const struct slot_io_ops *ops);
 
 /* _kvcd_ns.c */
 int ns_check(ns_object *ns);

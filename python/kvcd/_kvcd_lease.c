@@ -163,38 +163,33 @@ static PyObject *lease_subscript(PyObject *self, PyObject *key)
     return slot_view((struct handle *)self, i);
 }
 
-static PyObject *lease_copy_into(PyObject *self, PyObject *args, PyObject *kw)
+PyObject *slot_io(PyObject *self, PyObject *args, PyObject *kw, const struct slot_io_ops *ops)
 {
     static char *kwlist[] = {"i", "buffer", "stream", NULL};
     struct handle *h = (struct handle *)self;
     Py_ssize_t i;
-    PyObject *dst, *stream_obj = Py_None;
+    PyObject *buf, *stream_obj = Py_None;
     struct mem m;
     void *stream = NULL;
     int rc, state = -1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "nO|O:copy_into", kwlist, &i, &dst, &stream_obj))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, ops->format, kwlist, &i, &buf, &stream_obj))
         return NULL;
-    if (mem_get(dst, &m, h->block_bytes, 1) < 0)
+    if (mem_get(buf, &m, h->block_bytes, ops->to_buffer) < 0)
         return NULL;
     if (m.device != -1 && stream_get(stream_obj, m.tensor, &stream) < 0)
         goto fail;
     /* Checked after the last argument was read, right before the GIL goes. */
-    if (handle_check(h) < 0 || (i = handle_index(h, i)) < 0)
+    if (handle_check(h) < 0 || (i = handle_index(h, i)) < 0 || (ops->ready && ops->ready(h, i) < 0))
         goto fail;
-    if ((size_t)i >= (size_t)kvc_lease_ready(h->h)) {
-        PyErr_SetString(PyExc_ValueError,
-                        "kvcd: this hit is still being read from disk (lease.wait() first)");
-        goto fail;
-    }
     if (client_enter(h->client) < 0)
         goto fail;
     Py_BEGIN_ALLOW_THREADS;
     if (m.device == -1) {
-        rc = kvc_lease_copy(h->h, (size_t)i, m.ptr, m.len);
+        rc = ops->host(h, (size_t)i, &m);
     } else {
         rc = client_gpu_attach_nogil(h->client, &state);
         if (rc >= 0)
-            rc = kvc_lease_copy_async(h->h, (size_t)i, m.ptr, m.len, stream);
+            rc = ops->device(h, (size_t)i, &m, stream);
     }
     Py_END_ALLOW_THREADS;
     client_gpu_state_set(h->client, state);
@@ -208,6 +203,35 @@ static PyObject *lease_copy_into(PyObject *self, PyObject *args, PyObject *kw)
 fail:
     mem_release(&m);
     return NULL;
+}
+
+static int lease_copy_ready(struct handle *h, Py_ssize_t i)
+{
+    if ((size_t)i < (size_t)kvc_lease_ready(h->h))
+        return 0;
+    PyErr_SetString(PyExc_ValueError,
+                    "kvcd: this hit is still being read from disk (lease.wait() first)");
+    return -1;
+}
+
+static int lease_copy_host(struct handle *h, size_t i, const struct mem *m)
+{
+    return kvc_lease_copy(h->h, i, m->ptr, m->len);
+}
+
+static int lease_copy_device(struct handle *h, size_t i, const struct mem *m, void *stream)
+{
+    return kvc_lease_copy_async(h->h, i, m->ptr, m->len, stream);
+}
+
+static PyObject *lease_copy_into(PyObject *self, PyObject *args, PyObject *kw)
+{
+    static const struct slot_io_ops ops = {.format = "nO|O:copy_into",
+                                           .to_buffer = 1,
+                                           .ready = lease_copy_ready,
+                                           .host = lease_copy_host,
+                                           .device = lease_copy_device};
+    return slot_io(self, args, kw, &ops);
 }
 
 static PyObject *lease_ready(PyObject *self, PyObject *unused)

@@ -50,43 +50,21 @@ static PyObject *resv_status(PyObject *self, PyObject *arg)
     return PyLong_FromLong(st);
 }
 
+static int resv_write_host(struct handle *h, size_t i, const struct mem *m)
+{
+    return kvc_resv_write(h->h, i, m->ptr, h->block_bytes);
+}
+
+static int resv_write_device(struct handle *h, size_t i, const struct mem *m, void *stream)
+{
+    return kvc_resv_write_async(h->h, i, m->ptr, h->block_bytes, stream);
+}
+
 static PyObject *resv_write(PyObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"i", "buffer", "stream", NULL};
-    struct handle *h = (struct handle *)self;
-    Py_ssize_t i;
-    PyObject *src, *stream_obj = Py_None;
-    struct mem m;
-    void *stream = NULL;
-    int rc, state = -1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "nO|O:write", kwlist, &i, &src, &stream_obj))
-        return NULL;
-    if (mem_get(src, &m, h->block_bytes, 0) < 0)
-        return NULL;
-    if (m.device != -1 && stream_get(stream_obj, m.tensor, &stream) < 0)
-        goto fail;
-    if (handle_check(h) < 0 || (i = handle_index(h, i)) < 0 || client_enter(h->client) < 0)
-        goto fail;
-    Py_BEGIN_ALLOW_THREADS;
-    if (m.device == -1) {
-        rc = kvc_resv_write(h->h, (size_t)i, m.ptr, h->block_bytes);
-    } else {
-        rc = client_gpu_attach_nogil(h->client, &state);
-        if (rc >= 0)
-            rc = kvc_resv_write_async(h->h, (size_t)i, m.ptr, h->block_bytes, stream);
-    }
-    Py_END_ALLOW_THREADS;
-    client_gpu_state_set(h->client, state);
-    if (m.device != -1)
-        h->device_work = 1;
-    client_leave(h->client);
-    mem_release(&m);
-    if (rc < 0)
-        return kvcd_raise(rc);
-    Py_RETURN_NONE;
-fail:
-    mem_release(&m);
-    return NULL;
+    static const struct slot_io_ops ops = {
+        .format = "nO|O:write", .host = resv_write_host, .device = resv_write_device};
+    return slot_io(self, args, kw, &ops);
 }
 
 /* Commits the first n reserved slots (None: all). */

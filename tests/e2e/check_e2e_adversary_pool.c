@@ -13,6 +13,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -114,9 +115,9 @@ static void adv_ip_start(uint64_t gpu_size)
     log_setup(LOG_LEVEL_WARNING, 1000); /* the refusals' lines only */
     adv_dir_open();
     ip.cfg = config_new();
-    ck_assert_int_eq(config_ns_set(ip.cfg, "victim*", "read", "65503", err, sizeof(err)), 0);
-    ck_assert_int_eq(config_ns_set(ip.cfg, "victim*", "write", "65501", err, sizeof(err)), 0);
-    ck_assert_int_eq(config_ns_set(ip.cfg, "victim*", "host_size", "4m", err, sizeof(err)), 0);
+    ck_assert_int_eq(config_ns_set(&ip.cfg->ns, "victim*", "read", "65503", err, sizeof(err)), 0);
+    ck_assert_int_eq(config_ns_set(&ip.cfg->ns, "victim*", "write", "65501", err, sizeof(err)), 0);
+    ck_assert_int_eq(config_ns_set(&ip.cfg->ns, "victim*", "host_size", "4m", err, sizeof(err)), 0);
     fake_dev_reset(1);
     ip.s = store_new(&sp, &rc);
     ck_assert_msg(ip.s, "store_new: %d", rc);
@@ -170,22 +171,32 @@ static int adv_gpu_attach(kvc_client *c, uint32_t flags, int *fd)
     return rc;
 }
 
-/* RESERVE (GPU flag) of n keys of ns; *tier the tier of the first slot. Commits. */
-static int adv_gpu_reserve(kvc_client *c, kvc_ns *ns, uint32_t family, uint32_t n, int *tier)
+/* A RESERVE or LOOKUP (op; its request's header of hdr bytes opens with ns_id, flags and
+ * nkeys, the rest zero) of n keys of family in ns; the reply to *rep. */
+_Static_assert(offsetof(struct kvc_reserve_req, nkeys) == 8 &&
+                   offsetof(struct kvc_lookup_req, nkeys) == 8 &&
+                   sizeof(struct kvc_lookup_req) <= sizeof(struct kvc_reserve_req),
+               "RESERVE and LOOKUP open alike");
+static int adv_keys_call(kvc_client *c, kvc_ns *ns, uint16_t op, size_t hdr, uint32_t flags,
+                         uint32_t family, uint32_t n, const void **rep)
 {
     static uint8_t req[sizeof(struct kvc_reserve_req) + 64 * sizeof(struct kvc_wire_key)];
-    struct kvc_reserve_req *q = (struct kvc_reserve_req *)req;
+    const uint32_t head[3] = {kvc_ns_id(ns), flags, n};
     struct kvc_key keys[64];
-    const void *rep;
     uint32_t len;
     adv_keys_shared(ns, family, n, keys);
     memset(req, 0, sizeof(req));
-    q->ns_id = kvc_ns_id(ns);
-    q->flags = KVC_RESERVE_F_GPU;
-    q->nkeys = n;
-    memcpy(q + 1, keys, n * sizeof(keys[0]));
-    int rc = adv_call(c, KVC_OP_RESERVE, req, (uint32_t)(sizeof(*q) + n * sizeof(keys[0])), NULL,
-                      &rep, &len);
+    memcpy(req, head, sizeof(head));
+    memcpy(req + hdr, keys, n * sizeof(keys[0]));
+    return adv_call(c, op, req, (uint32_t)(hdr + n * sizeof(keys[0])), NULL, rep, &len);
+}
+
+/* RESERVE (GPU flag) of n keys of ns; *tier the tier of the first slot. Commits. */
+static int adv_gpu_reserve(kvc_client *c, kvc_ns *ns, uint32_t family, uint32_t n, int *tier)
+{
+    const void *rep;
+    int rc = adv_keys_call(c, ns, KVC_OP_RESERVE, sizeof(struct kvc_reserve_req), KVC_RESERVE_F_GPU,
+                           family, n, &rep);
     if (rc)
         return rc;
     const struct kvc_reserve_rep *p = rep;
@@ -200,19 +211,9 @@ static int adv_gpu_reserve(kvc_client *c, kvc_ns *ns, uint32_t family, uint32_t 
 /* LOOKUP (GPU flag) of the chain; *tier of the first hit. Releases. */
 static int adv_gpu_lookup(kvc_client *c, kvc_ns *ns, uint32_t family, uint32_t n, int *tier)
 {
-    static uint8_t req[sizeof(struct kvc_lookup_req) + 64 * sizeof(struct kvc_wire_key)];
-    struct kvc_lookup_req *q = (struct kvc_lookup_req *)req;
-    struct kvc_key keys[64];
     const void *rep;
-    uint32_t len;
-    adv_keys_shared(ns, family, n, keys);
-    memset(req, 0, sizeof(req));
-    q->ns_id = kvc_ns_id(ns);
-    q->flags = KVC_LOOKUP_F_GPU;
-    q->nkeys = n;
-    memcpy(q + 1, keys, n * sizeof(keys[0]));
-    int rc = adv_call(c, KVC_OP_LOOKUP, req, (uint32_t)(sizeof(*q) + n * sizeof(keys[0])), NULL,
-                      &rep, &len);
+    int rc = adv_keys_call(c, ns, KVC_OP_LOOKUP, sizeof(struct kvc_lookup_req), KVC_LOOKUP_F_GPU,
+                           family, n, &rep);
     if (rc)
         return rc;
     const struct kvc_lookup_rep *p = rep;

@@ -1011,6 +1011,40 @@ static uint64_t file_digest(const char *path)
  * first runs is refused at start, naming the first one's pid, with a non-zero exit status
  * and the disk file untouched; the first keeps serving every block. Once the first is gone
  * the file opens again. */
+/* A LOOKUP whose hits lie on disk resolves each of its keys in the index once (issue 31):
+ * the disk step and the lease take the blocks the first step found. Socket lookups only
+ * (fast path off), counted by the daemon (lookup_index_finds against lookup_blocks). */
+START_TEST(test_disk_lookup_resolves_once)
+{
+    int hits[NPREFIX];
+    kvc_client *c, *c2;
+    kvc_ns *ns, *ns2;
+    uint64_t f0, b0, d0, f1, b1;
+    kvcd_start("128m");
+    c = kvcd_connect();
+    ck_assert_int_eq(kvc_ns_open(c, &layout, &ns), 0);
+    put_all(c, ns);
+    settle(c);
+    setenv("KVC_NO_FASTPATH", "1", 1);
+    c2 = kvcd_connect();
+    unsetenv("KVC_NO_FASTPATH");
+    ck_assert_int_eq(kvc_ns_open(c2, &layout, &ns2), 0);
+    f0 = stat_get(c2, "lookup_index_finds");
+    b0 = stat_get(c2, "lookup_blocks");
+    d0 = stat_get(c2, "hit_tokens_disk");
+    ck_assert_int_eq(get_all(ns2, hits), NPREFIX * PLEN);
+    f1 = stat_get(c2, "lookup_index_finds");
+    b1 = stat_get(c2, "lookup_blocks");
+    ck_assert_uint_gt(stat_get(c2, "hit_tokens_disk"), d0); /* the disk path was taken */
+    printf("e2e_disk: lookups of %llu keys (hits on disk among them): %llu index resolutions\n",
+           (unsigned long long)(b1 - b0), (unsigned long long)(f1 - f0));
+    ck_assert_uint_le(f1 - f0, b1 - b0);
+    kvc_disconnect(c2);
+    kvc_disconnect(c);
+    kvcd_stop(SIGTERM);
+}
+END_TEST
+
 START_TEST(test_second_daemon_refused)
 {
     int hits[NPREFIX], st = -1;
@@ -1103,6 +1137,7 @@ int main(void)
     tcase_add_test(tc, test_second_daemon_refused);
     tcase_add_test(tc, test_checkpoint_soon_and_every_bytes);
     tcase_add_test(tc, test_hits_counted_once);
+    tcase_add_test(tc, test_disk_lookup_resolves_once);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

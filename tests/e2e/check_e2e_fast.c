@@ -145,6 +145,50 @@ static uint32_t fp_cached(kvc_ns *ns, const struct kvc_key *keys, uint32_t n)
  * finds each one the socket finds), and the index grew for them: it was sized for the 64 KiB
  * blocks of the namespace there first, whose client moves to the new index on its next get
  * and still copies its blocks through it. */
+/* One LOOKUP of n keys asks the daemon's index at most n times (issue 31: each key is
+ * resolved once and its block handed to every later step): the stat lookup_index_finds
+ * around single socket lookups (fast path off, so every key reaches the daemon), all hits,
+ * and hits then misses. */
+static uint64_t fp_lookup_finds(kvc_client *c, kvc_ns *ns, const struct kvc_key *k, uint32_t n,
+                                int want)
+{
+    uint64_t f0 = 0, f1 = 0, b0 = 0, b1 = 0;
+    kvc_lease *l = NULL;
+    ck_assert_int_eq(daemon_client_stat(c, 0, "lookup_index_finds", &f0), 0);
+    ck_assert_int_eq(daemon_client_stat(c, 0, "lookup_blocks", &b0), 0);
+    ck_assert_int_eq(kvc_lookup(ns, k, n, 0, &l), want);
+    kvc_release(l);
+    ck_assert_int_eq(daemon_client_stat(c, 0, "lookup_index_finds", &f1), 0);
+    ck_assert_int_eq(daemon_client_stat(c, 0, "lookup_blocks", &b1), 0);
+    ck_assert_uint_eq(b1 - b0, n); /* one LOOKUP of n keys, counted */
+    printf("e2e_fast: a LOOKUP of %u keys (%d hits): %llu index resolutions\n", n, want,
+           (unsigned long long)(f1 - f0));
+    return f1 - f0;
+}
+
+START_TEST(test_lookup_resolves_once)
+{
+    struct daemon d = {0};
+    kvc_client *c;
+    kvc_ns *ns;
+    struct kvc_layout lay = daemon_layout("e2e-resolve", 16);
+    struct kvc_key k[FP_BLOCKS + 4];
+    ck_assert_int_eq(daemon_start(&d, fp_args), 0);
+    setenv("KVC_NO_FASTPATH", "1", 1);
+    ck_assert_int_eq(kvc_connect(d.sock, &c), 0);
+    unsetenv("KVC_NO_FASTPATH");
+    ck_assert_int_eq(kvc_ns_open(c, &lay, &ns), 0);
+    fp_put(ns, 1, FP_BLOCKS, k);
+    ck_assert_int_eq(daemon_chain_keys(ns, 1, 0, FP_BLOCKS + 4, FP_BLOCKS + 4, k), 0);
+    ck_assert_uint_le(fp_lookup_finds(c, ns, k, FP_BLOCKS, FP_BLOCKS), FP_BLOCKS);
+    ck_assert_uint_le(fp_lookup_finds(c, ns, k, FP_BLOCKS + 4, FP_BLOCKS), FP_BLOCKS + 4);
+    ck_assert_uint_le(fp_lookup_finds(c, ns, k + FP_BLOCKS, 4, 0), 4);
+    kvc_disconnect(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_cleanup(&d);
+}
+END_TEST
+
 START_TEST(test_fast_full_arena_4k)
 {
     static const char *const args[] = {"-o", "host.size=64m",    "-o", "host.page_size=64k",
@@ -984,6 +1028,7 @@ int main(void)
         return 1;
     tcase_set_timeout(tc, daemon_slow() * 120);
     tcase_add_test(tc, test_fast_hits_counted);
+    tcase_add_test(tc, test_lookup_resolves_once);
     tcase_add_test(tc, test_fast_hits_counted_at_disconnect);
     tcase_add_test(tc, test_fast_off_in_daemon);
     tcase_add_test(tc, test_fast_hits_keep_blocks);

@@ -272,6 +272,29 @@ static int gf_kind_open(kvc_client *c, enum kvc_kv_kind kind, kvc_ns **ns, struc
                : -1;
 }
 
+/* A lookup with flags of the window (w, keys kw) and of the state (st, keys ks) that
+ * gf_kinds_pool_put stored: the window of the whole prefix (its last 3 blocks) and the state
+ * of prefix 4, in tier, every byte the put's. 0, or what was wrong: 1 the window's lookup, 2
+ * its blocks, 3 the state. */
+static int gf_kinds_check(kvc_ns *w, const struct kvc_key *kw, kvc_ns *st, const struct kvc_key *ks,
+                          unsigned flags, int tier)
+{
+    size_t bb = kvc_ns_block_bytes(w), sb = kvc_ns_block_bytes(st);
+    kvc_lease *l;
+    if (kvc_lookup(w, kw, GE_BLOCKS, flags, &l) != 3 || kvc_lease_first(l) != GE_BLOCKS - 3)
+        return 1;
+    for (size_t i = 0; i < 3; i++)
+        if (kvc_lease_tier(l, i) != tier ||
+            daemon_block_check(&kw[GE_BLOCKS - 3 + i], kvc_lease_data(l, i), bb) != -1)
+            return 2;
+    kvc_release(l);
+    if (kvc_lookup(st, ks, GE_BLOCKS, flags, &l) != 1 || kvc_lease_first(l) != 3 ||
+        kvc_lease_tier(l, 0) != tier || daemon_block_check(&ks[3], kvc_lease_data(l, 0), sb) != -1)
+        return 3;
+    kvc_release(l);
+    return 0;
+}
+
 /* Child: puts every window block (each a root) and the states at blocks 1 and 3 into the
  * pool; a pool-mapped lookup answers the window of the whole prefix and the state of prefix
  * 4 as pool locations, with and without READY_ONLY, every byte the put's. */
@@ -280,7 +303,6 @@ static int gf_kinds_pool_put(void *arg)
     kvc_client *c;
     kvc_ns *w, *st;
     kvc_resv *r;
-    kvc_lease *l;
     struct kvc_key kw[GE_BLOCKS], ks[GE_BLOCKS];
     (void)arg;
     fake_dev_reset(2);
@@ -307,19 +329,10 @@ static int gf_kinds_pool_put(void *arg)
             return 94;
     }
     for (unsigned f = 0; f < 2; f++) {
-        unsigned flags = KVC_LOOKUP_GPU | (f ? KVC_LOOKUP_READY_ONLY : 0);
-        if (kvc_lookup(w, kw, GE_BLOCKS, flags, &l) != 3 || kvc_lease_first(l) != GE_BLOCKS - 3)
-            return 95;
-        for (size_t i = 0; i < 3; i++)
-            if (kvc_lease_tier(l, i) != KVC_TIER_GPU ||
-                daemon_block_check(&kw[GE_BLOCKS - 3 + i], kvc_lease_data(l, i), bb) != -1)
-                return 96;
-        kvc_release(l);
-        if (kvc_lookup(st, ks, GE_BLOCKS, flags, &l) != 1 || kvc_lease_first(l) != 3 ||
-            kvc_lease_tier(l, 0) != KVC_TIER_GPU ||
-            daemon_block_check(&ks[3], kvc_lease_data(l, 0), sb) != -1)
-            return 97;
-        kvc_release(l);
+        int rc = gf_kinds_check(w, kw, st, ks, KVC_LOOKUP_GPU | (f ? KVC_LOOKUP_READY_ONLY : 0),
+                                KVC_TIER_GPU);
+        if (rc)
+            return 94 + rc;
     }
     kvc_disconnect(c);
     return 0;
@@ -339,7 +352,6 @@ static int gf_kinds_host_load(void *arg)
     if (kvc_connect(gf.d.sock, &c) || gf_kind_open(c, KVC_KV_KIND_KV_WINDOW, &w, kw) ||
         gf_kind_open(c, KVC_KV_KIND_STATE, &st, ks))
         return 100;
-    size_t bb = kvc_ns_block_bytes(w), sb = kvc_ns_block_bytes(st);
     h = kvc_lookup(w, kw, GE_BLOCKS, KVC_LOOKUP_READY_ONLY, &l);
     if (h > 0) {
         /* Whatever it answers is a whole window in host memory. */
@@ -356,18 +368,8 @@ static int gf_kinds_host_load(void *arg)
     }
     if (h != 3)
         return 102;
-    if (kvc_lookup(w, kw, GE_BLOCKS, 0, &l) != 3 || kvc_lease_first(l) != GE_BLOCKS - 3)
-        return 103;
-    for (size_t i = 0; i < 3; i++)
-        if (kvc_lease_tier(l, i) != KVC_TIER_HOST ||
-            daemon_block_check(&kw[GE_BLOCKS - 3 + i], kvc_lease_data(l, i), bb) != -1)
-            return 104;
-    kvc_release(l);
-    if (kvc_lookup(st, ks, GE_BLOCKS, 0, &l) != 1 || kvc_lease_first(l) != 3 ||
-        kvc_lease_tier(l, 0) != KVC_TIER_HOST ||
-        daemon_block_check(&ks[3], kvc_lease_data(l, 0), sb) != -1)
-        return 105;
-    kvc_release(l);
+    if ((h = gf_kinds_check(w, kw, st, ks, 0, KVC_TIER_HOST)))
+        return 102 + h;
     kvc_disconnect(c);
     return 0;
 }
@@ -1010,33 +1012,34 @@ START_TEST(test_pool_bounded_ops)
 }
 END_TEST
 
+/* A case of s under a fixture, with a slow host's timeout. */
+static TCase *gf_case(Suite *s, const char *name, void (*setup)(void), void (*teardown)(void))
+{
+    TCase *tc = tcase_create(name);
+    tcase_set_timeout(tc, daemon_slow() * 60);
+    tcase_add_checked_fixture(tc, setup, teardown);
+    suite_add_tcase(s, tc);
+    return tc;
+}
+
 int main(void)
 {
     Suite *s = suite_create("e2e_gpu_fake");
     SRunner *sr;
     int failed;
-    TCase *tf = tcase_create("fake-pool");
-    tcase_set_timeout(tf, daemon_slow() * 60);
-    tcase_add_checked_fixture(tf, gf_setup, gf_teardown);
+    TCase *tf = gf_case(s, "fake-pool", gf_setup, gf_teardown);
     tcase_add_test(tf, test_attach_keeps_current_device);
     tcase_add_test(tf, test_pool_copies_land_in_order);
     tcase_add_test(tf, test_kinds_through_the_pool);
     tcase_add_test(tf, test_fake_refuses_forked_child);
     tcase_add_test(tf, test_pool_moves_off_the_loop);
-    suite_add_tcase(s, tf);
-    TCase *tb = tcase_create("batch");
-    tcase_set_timeout(tb, daemon_slow() * 60);
-    tcase_add_checked_fixture(tb, ge_setup, ge_teardown);
+    TCase *tb = gf_case(s, "batch", ge_setup, ge_teardown);
     tcase_add_test(tb, test_host_hits_bounded_ops);
     tcase_add_test(tb, test_scatter_layers_only_those);
     tcase_add_test(tb, test_gather_layers_commit);
     tcase_add_test(tb, test_scatter_lossy_every_codec);
-    suite_add_tcase(s, tb);
-    TCase *tp = tcase_create("batch-pool");
-    tcase_set_timeout(tp, daemon_slow() * 60);
-    tcase_add_checked_fixture(tp, gf_setup, gf_teardown);
+    TCase *tp = gf_case(s, "batch-pool", gf_setup, gf_teardown);
     tcase_add_test(tp, test_pool_bounded_ops);
-    suite_add_tcase(s, tp);
     fflush(stdout);
     if (daemon_suite_init("e2e-gpu-fake"))
         return 1;

@@ -496,20 +496,20 @@ START_TEST(test_namespace_sections)
     static const char good[] = "[namespace.llama-*]\nread = 65534 @0 *\nwrite = root\n"
                                "max_bytes = 1g\nmax_pins = 10\n";
     ck_assert_int_eq(config_load_buffer(c, "t.ini", good, strlen(good), err, sizeof(err)), 0);
-    ck_assert_uint_eq(c->nns, 1);
-    ck_assert(c->ns[0].read.anyone);
-    ck_assert_uint_eq(c->ns[0].read.uids[0], 65534);
-    ck_assert_uint_eq(c->ns[0].read.gids[0], 0);
-    ck_assert_uint_eq(c->ns[0].write.uids[0], 0);
-    ck_assert_uint_eq(c->ns[0].max_bytes, 1ull << 30);
-    ck_assert_ptr_nonnull(config_ns_match(c, "llama-3", NULL));
-    ck_assert_ptr_null(config_ns_match(c, "mistral", NULL));
+    ck_assert_uint_eq(c->ns.n, 1);
+    ck_assert(c->ns.sec[0].read.anyone);
+    ck_assert_uint_eq(c->ns.sec[0].read.uids[0], 65534);
+    ck_assert_uint_eq(c->ns.sec[0].read.gids[0], 0);
+    ck_assert_uint_eq(c->ns.sec[0].write.uids[0], 0);
+    ck_assert_uint_eq(c->ns.sec[0].max_bytes, 1ull << 30);
+    ck_assert_ptr_nonnull(config_ns_match(&c->ns, "llama-3", NULL));
+    ck_assert_ptr_null(config_ns_match(&c->ns, "mistral", NULL));
     /* Quotas reload; lists do not. */
     d = config_dup(c);
     ck_assert_ptr_nonnull(d);
-    d->ns[0].max_pins = 20;
+    d->ns.sec[0].max_pins = 20;
     ck_assert_int_eq(config_check_reload(c, d, err, sizeof(err)), 0);
-    d->ns[0].write.uids[0] = 1;
+    d->ns.sec[0].write.uids[0] = 1;
     ck_assert_int_eq(config_check_reload(c, d, err, sizeof(err)), -EROFS);
     ck_assert_msg(strstr(err, "[namespace.llama-*]"), "%s", err);
     config_free(d);
@@ -521,8 +521,8 @@ START_TEST(test_namespace_sections)
     fclose(f);
     d = config_new();
     ck_assert_int_eq(config_load_buffer(d, "p.ini", text, len, err, sizeof(err)), 0);
-    ck_assert_uint_eq(d->nns, 1);
-    ck_assert_uint_eq(d->ns[0].max_pins, 10);
+    ck_assert_uint_eq(d->ns.n, 1);
+    ck_assert_uint_eq(d->ns.sec[0].max_pins, 10);
     free(text);
     config_free(d);
     config_free(c);

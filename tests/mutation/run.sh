@@ -48,6 +48,12 @@ mutation store-swapped-block daemon/store.c "check_store check_e2e_dedup check_e
 '            store_loc_fill(b, &locs[i]);' \
 '            store_loc_fill(b, &locs[(i ^ 1) < hits ? (i ^ 1) : i]);'
 
+# A LOOKUP that resolves its keys again: the lease finds each hit in the index a second time
+# instead of taking the block the lookup found (issue 31: one resolution per key).
+mutation lookup-resolves-twice daemon/store.c "check_e2e_fast" \
+'            struct block *b = &s->ix.blocks[idx[i]];' \
+'            struct block *b = &s->ix.blocks[index_find(&s->ix, (uint16_t)ns_id, &keys[i])];'
+
 # A leaked pin: releasing a lease leaves its first block pinned.
 mutation store-leaked-pin daemon/store.c "check_store check_e2e_crash check_e2e_dedup" \
 '    for (uint32_t i = 0; i < h->n; i++)
@@ -281,8 +287,8 @@ mutation config-get-not-admin-only daemon/admin.c "check_e2e_remote" \
 
 # A namespace with access lists on the remote tier although its section does not say so.
 mutation remote-restricted-by-default daemon/config_ns.c "check_config check_e2e_remote" \
-'        return ns->remote == 1 && c->remote_seal;' \
-'        return ns->remote != 0;'
+'        return ns->remote == 1 && sealed;' \
+'        return (void)sealed, ns->remote != 0;'
 
 # A key skipped at RESERVE without its counter: a put whose parent was evicted leaves no trace
 # (issue 28: 9,871 of 110,803 keys).
@@ -347,7 +353,7 @@ mutation python-reinit-after-close python/kvcd/_kvcd_client.c "check_python" \
 # boundary, or none where one is cached).
 mutation kinds-state-from-run daemon/store.c "check_e2e_kinds" \
 '        for (end = n; end > 0 && !store_key_cached(s, ns_id, &keys[end - 1], mode); end--)' \
-'        for (end = store_lookup_run(s, ns_id, keys, n); end > 0 && !store_key_cached(s, ns_id, &keys[end - 1], mode); end--)'
+'        for (end = store_lookup_run(s, ns_id, keys, n, NULL); end > 0 && !store_key_cached(s, ns_id, &keys[end - 1], mode); end--)'
 
 # Hybrid kinds: a window lookup that ends at the first gap (the blocks before a window are
 # required again).
@@ -382,8 +388,8 @@ mutation kinds-fast-run client/libkvc_fast.c "check_e2e_fast" \
 # Hybrid kinds: a READY_ONLY span lookup by a client that cannot read the GPU pool never
 # starts the copies of the span's pool blocks (it answers nothing, forever).
 mutation kinds-pool-ready-only-no-move daemon/engine.c "check_e2e_gpu_fake" \
-'        for (uint32_t i = span; s->gpu && !o->gpu && i < span + count; i++) {' \
-'        for (uint32_t i = span; s->gpu && !o->gpu && i < span; i++) {'
+'        for (uint32_t i = 0; s->gpu && !o->gpu && i < count; i++)' \
+'        for (uint32_t i = 0; s->gpu && !o->gpu && i < count && !count; i++)'
 
 # Hybrid kinds: a long window lookup whose requests do not overlap by the window (a window
 # straddling two requests is judged by neither).
