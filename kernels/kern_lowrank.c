@@ -340,7 +340,7 @@ KT static inline __attribute__((always_inline)) void lr_store8(uint16_t *r, __m2
 }
 
 /* Head h of a LOWRANK section decoded straight into its raw rows (o: row t at o + t * stride
- * halves, dtype out_dtype). su (rank x T) and wf (rank x D) scratch: sigma_i * u[t][i] and the
+ * halves, dtype out_dtype). su (T x rank) and wf (rank x D) scratch: sigma_i * u[t][i] and the
  * w rows as floats, found once per head; then a blocked product in registers: tiles of four
  * tokens by 16 channels (eight accumulators), each summed over i in order from +0 as
  * kern_lowrank_val (no FMA: the reference rounds the product and the sum apart), rounded to
@@ -350,10 +350,22 @@ KT static void lr_rows_avx2(const uint8_t *head, uint32_t rank, uint32_t cap, ui
                             float *wf)
 {
     const uint8_t *u = kern_lowrank_u(head, cap), *w = kern_lowrank_w(head, cap, T);
+    /* su[t][i] = sigma_i * u[t][i]: row t of u is cap halves in a row, eight at a time */
+    for (uint32_t i = 0; i < rank; i += 8) {
+        const uint32_t m = rank - i < 8 ? rank - i : 8;
+        float sg[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        memcpy(sg, head + 16 + 4 * i, 4 * m);
+        const __m256 sv = _mm256_loadu_ps(sg);
+        for (uint32_t t = 0; t < T; t++) {
+            uint16_t hv[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            memcpy(hv, u + 2 * ((uint64_t)t * cap + i), 2 * m);
+            float f[8];
+            _mm256_storeu_ps(
+                f, _mm256_mul_ps(sv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)hv))));
+            memcpy(su + (uint64_t)t * rank + i, f, 4 * m);
+        }
+    }
     for (uint32_t i = 0; i < rank; i++) {
-        const float sg = kern_lowrank_sigma(head, i);
-        for (uint32_t t = 0; t < T; t++)
-            su[(uint64_t)i * T + t] = KERN_MUL(sg, kern_get_h(u + 2 * ((uint64_t)t * cap + i)));
         const uint8_t *wr = w + 2ull * i * D;
         uint32_t d = 0;
         for (; d + 8 <= D; d += 8)
@@ -369,18 +381,18 @@ KT static void lr_rows_avx2(const uint8_t *head, uint32_t rank, uint32_t cap, ui
                 __m256 a0 = _mm256_setzero_ps(), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0,
                        e0 = a0, e1 = a0;
                 for (uint32_t i = 0; i < rank; i++) {
-                    const float *wi = wf + (uint64_t)i * D + d, *si = su + (uint64_t)i * T + t;
+                    const float *wi = wf + (uint64_t)i * D + d, *si = su + (uint64_t)t * rank + i;
                     const __m256 w0 = _mm256_loadu_ps(wi), w1 = _mm256_loadu_ps(wi + 8);
                     __m256 s = _mm256_broadcast_ss(si);
                     a0 = _mm256_add_ps(a0, _mm256_mul_ps(s, w0));
                     a1 = _mm256_add_ps(a1, _mm256_mul_ps(s, w1));
-                    s = _mm256_broadcast_ss(si + 1);
+                    s = _mm256_broadcast_ss(si + rank);
                     b0 = _mm256_add_ps(b0, _mm256_mul_ps(s, w0));
                     b1 = _mm256_add_ps(b1, _mm256_mul_ps(s, w1));
-                    s = _mm256_broadcast_ss(si + 2);
+                    s = _mm256_broadcast_ss(si + 2 * rank);
                     c0 = _mm256_add_ps(c0, _mm256_mul_ps(s, w0));
                     c1 = _mm256_add_ps(c1, _mm256_mul_ps(s, w1));
-                    s = _mm256_broadcast_ss(si + 3);
+                    s = _mm256_broadcast_ss(si + 3 * rank);
                     e0 = _mm256_add_ps(e0, _mm256_mul_ps(s, w0));
                     e1 = _mm256_add_ps(e1, _mm256_mul_ps(s, w1));
                 }
@@ -399,14 +411,14 @@ KT static void lr_rows_avx2(const uint8_t *head, uint32_t rank, uint32_t cap, ui
         for (; d + 8 <= D; d += 8) {
             __m256 acc = _mm256_setzero_ps();
             for (uint32_t i = 0; i < rank; i++)
-                acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(su[(uint64_t)i * T + t]),
+                acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(su[(uint64_t)t * rank + i]),
                                                        _mm256_loadu_ps(wf + (uint64_t)i * D + d)));
             lr_store8(o + (uint64_t)t * stride + d, acc, out_dtype);
         }
         for (; d < D; d++) {
             float acc = 0.0f;
             for (uint32_t i = 0; i < rank; i++)
-                acc = KERN_ADD(acc, KERN_MUL(su[(uint64_t)i * T + t], wf[(uint64_t)i * D + d]));
+                acc = KERN_ADD(acc, KERN_MUL(su[(uint64_t)t * rank + i], wf[(uint64_t)i * D + d]));
             kern_store(o + (uint64_t)t * stride, out_dtype, d, acc);
         }
     }
