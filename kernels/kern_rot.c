@@ -159,63 +159,96 @@ KT static void rot_store8(uint16_t *p, __m256 x, uint32_t dtype)
     _mm_storeu_si128((__m128i *)p, _mm_packus_epi32(lo, hi));
 }
 
-KT static float rot_hmin(__m256 v)
+/* Lane g of the result: the minimum (max 0) or maximum (max 1) of the four vectors of group g,
+ * for four groups at once. min and max are exact, so any order of the comparisons gives the
+ * reference's value, except which of +0 and -0 (rot_groups_enc redoes such a group). */
+KT static inline __attribute__((always_inline)) __m128 rot_ext4(const __m256 *x, int max)
 {
-    __m128 m = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    m = _mm_min_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_min_ss(m, _mm_shuffle_ps(m, m, 1));
-    return _mm_cvtss_f32(m);
+    __m256 m[4];
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; g++)
+        m[g] = max ? _mm256_max_ps(_mm256_max_ps(x[4 * g], x[4 * g + 1]),
+                                   _mm256_max_ps(x[4 * g + 2], x[4 * g + 3]))
+                   : _mm256_min_ps(_mm256_min_ps(x[4 * g], x[4 * g + 1]),
+                                   _mm256_min_ps(x[4 * g + 2], x[4 * g + 3]));
+#define ROT_EXT(a, b) (max ? _mm256_max_ps((a), (b)) : _mm256_min_ps((a), (b)))
+    /* [g0 g1 g0 g1 | ...] and [g2 g3 g2 g3 | ...], then [g0 g1 g2 g3 | g0 g1 g2 g3] */
+    const __m256 t0 = ROT_EXT(_mm256_unpacklo_ps(m[0], m[1]), _mm256_unpackhi_ps(m[0], m[1]));
+    const __m256 t1 = ROT_EXT(_mm256_unpacklo_ps(m[2], m[3]), _mm256_unpackhi_ps(m[2], m[3]));
+    const __m256 u = ROT_EXT(_mm256_shuffle_ps(t0, t1, 0x44), _mm256_shuffle_ps(t0, t1, 0xee));
+#undef ROT_EXT
+    const __m128 lo = _mm256_castps256_ps128(u), hi = _mm256_extractf128_ps(u, 1);
+    return max ? _mm_max_ps(lo, hi) : _mm_min_ps(lo, hi);
 }
 
-KT static float rot_hmax(__m256 v)
+/* kern_kivi_v_enc of ng (1, 2 or 4) full groups of 32 (x: four vectors per group; group g to
+ * o + g * gb), the four groups' parameters together: kern_kivi_params' min and
+ * (max - min) / qmax to fp16 in one conversion (F16C rounds as kern_f2h), back to float,
+ * 1 / scale unless 0 (vector divisions round as the scalar ones). Codes as v_kivi_code of
+ * kern_avx2_kivi.h: the truncating conversion of (x - mnf) * id + 0.5, negatives saturated to
+ * 0 by the byte packs and an unsigned byte min to qmax, which is the reference's
+ * clamp(floor(t), 0, qmax) as long as |t| < 2^31: x is clamped to the fp16 range, so
+ * |mn - mnf| <= 16, and id is 0 or at most 2^24 with (mx - mn) * id <= 1.5 qmax + 1, so
+ * |t| < 2^29. A group whose minimum or maximum is zero (the reference keeps the first of +0
+ * and -0; the tree keeps either) is encoded by the reference. */
+KT static inline __attribute__((always_inline)) void
+rot_groups_enc(const __m256 *x, const uint32_t ng, uint8_t *o, uint32_t gb, int bits)
 {
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
-    return _mm_cvtss_f32(m);
-}
-
-/* kern_kivi_v_enc of a full group of 32 (x in four vectors): the same min, max, fp16 scale
- * and min, and codes floor((x - min) * (1 / scale) + 0.5) clamped, packed as the format. */
-KT static inline __attribute__((always_inline)) void rot_group_enc(const __m256 *x, uint8_t *blk,
-                                                                   int bits)
-{
-    __m256 mnv = _mm256_min_ps(_mm256_min_ps(x[0], x[1]), _mm256_min_ps(x[2], x[3]));
-    __m256 mxv = _mm256_max_ps(_mm256_max_ps(x[0], x[1]), _mm256_max_ps(x[2], x[3]));
-    /* kern_kivi_params with F16C's conversions (the reference's, RNE): min and
-     * (max - min) / qmax to fp16 together, back to float, 1 / scale unless 0 */
-    const float mn = rot_hmin(mnv), mx = rot_hmax(mxv);
-    const __m128 pr = _mm_setr_ps(mn, (mx - mn) / (float)((1 << bits) - 1), 0.0f, 0.0f);
-    const __m128i ph = _mm_cvtps_ph(pr, _MM_FROUND_TO_NEAREST_INT);
-    const __m128 back = _mm_cvtph_ps(ph);
-    const uint32_t pair = (uint32_t)_mm_cvtsi128_si32(ph); /* min low, scale high */
-    const uint16_t mn_h = (uint16_t)pair, sc_h = (uint16_t)(pair >> 16);
-    const float mnf = _mm_cvtss_f32(back), sc = _mm_cvtss_f32(_mm_shuffle_ps(back, back, 1));
-    const float id = sc != 0.0f ? 1.0f / sc : 0.0f;
-    memcpy(blk, &sc_h, 2);
-    memcpy(blk + 2, &mn_h, 2);
-    const __m256 vm = _mm256_set1_ps(mnf), vi = _mm256_set1_ps(id), half = _mm256_set1_ps(0.5f);
-    const __m256 qmax = _mm256_set1_ps((float)((1 << bits) - 1));
-    __m256i q[4];
-    for (int j = 0; j < 4; j++) {
-        __m256 t = _mm256_floor_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(x[j], vm), vi), half));
-        t = _mm256_min_ps(_mm256_max_ps(t, _mm256_setzero_ps()), qmax);
-        q[j] = _mm256_cvttps_epi32(t);
+    __m256 xs[16];
+#pragma GCC unroll 16
+    for (uint32_t j = 0; j < 16; j++)
+        xs[j] = x[j < 4 * ng ? j : j % 4];
+    const __m128 mn = rot_ext4(xs, 0), mx = rot_ext4(xs, 1);
+    const __m128 qmax = _mm_set1_ps((float)((1 << bits) - 1));
+    const __m128i h = _mm256_cvtps_ph(_mm256_set_m128(_mm_div_ps(_mm_sub_ps(mx, mn), qmax), mn),
+                                      _MM_FROUND_TO_NEAREST_INT);
+    const __m256 back = _mm256_cvtph_ps(h); /* mnf[4], scale[4] */
+    const __m128 sc = _mm256_extractf128_ps(back, 1);
+    const __m128 id =
+        _mm_andnot_ps(_mm_cmpeq_ps(sc, _mm_setzero_ps()), _mm_div_ps(_mm_set1_ps(1.0f), sc));
+    const __m256 idv = _mm256_castps128_ps256(id);
+    /* the headers: scale then min, per group */
+    uint32_t hdr[4];
+    _mm_storeu_si128((__m128i *)hdr, _mm_unpacklo_epi16(_mm_unpackhi_epi64(h, h), h));
+    const int zero = _mm_movemask_ps(
+        _mm_or_ps(_mm_cmpeq_ps(mn, _mm_setzero_ps()), _mm_cmpeq_ps(mx, _mm_setzero_ps())));
+    const __m256 half = _mm256_set1_ps(0.5f);
+    const __m256i qb = _mm256_set1_epi8((char)((1 << bits) - 1));
+#pragma GCC unroll 4
+    for (uint32_t g = 0; g < ng; g++) {
+        uint8_t *blk = o + (uint64_t)g * gb;
+        if (zero >> g & 1) {
+            float f[32];
+            for (int j = 0; j < 4; j++)
+                _mm256_storeu_ps(f + 8 * j, x[4 * g + j]);
+            kern_kivi_v_enc(f, 32, blk, bits);
+            continue;
+        }
+        memcpy(blk, &hdr[g], 4);
+        const __m256i gi = _mm256_set1_epi32((int)g);
+        const __m256 vm = _mm256_permutevar8x32_ps(back, gi),
+                     vi = _mm256_permutevar8x32_ps(idv, gi);
+        __m256i q[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++)
+            q[j] = _mm256_cvttps_epi32(
+                _mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(x[4 * g + j], vm), vi), half));
+        /* 32 codes to bytes in order: the packs leave 4-byte runs q0[0-3] q1[0-3] q2[0-3]
+         * q3[0-3] q0[4-7] ...; one dword permute puts them back */
+        __m256i w = _mm256_packs_epi32(q[0], q[1]), z = _mm256_packs_epi32(q[2], q[3]);
+        __m256i b = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(w, z),
+                                                _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        b = _mm256_min_epu8(b, qb);
+        /* pairs: b[2i] + 16 b[2i+1] (4 bits); for 2 bits, b[2i] + 4 b[2i+1] then pairs again */
+        __m256i p = _mm256_maddubs_epi16(b, _mm256_set1_epi16(bits == 4 ? 0x1001 : 0x0401));
+        __m128i p8 = _mm_packus_epi16(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+        if (bits == 4) {
+            _mm_storeu_si128((__m128i *)(blk + 4), p8);
+            continue;
+        }
+        __m128i p4 = _mm_maddubs_epi16(p8, _mm_set1_epi16(0x1001));
+        _mm_storel_epi64((__m128i *)(blk + 4), _mm_packus_epi16(p4, p4));
     }
-    /* 32 codes to bytes in order: the packs leave 4-byte runs q0[0-3] q1[0-3] q2[0-3]
-     * q3[0-3] q0[4-7] ...; one dword permute puts them back */
-    __m256i w = _mm256_packs_epi32(q[0], q[1]), z = _mm256_packs_epi32(q[2], q[3]);
-    __m256i b = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(w, z),
-                                            _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    /* pairs: b[2i] + 16 b[2i+1] (4 bits); for 2 bits, b[2i] + 4 b[2i+1] then pairs again */
-    __m256i p = _mm256_maddubs_epi16(b, _mm256_set1_epi16(bits == 4 ? 0x1001 : 0x0401));
-    __m128i p8 = _mm_packus_epi16(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
-    if (bits == 4) {
-        _mm_storeu_si128((__m128i *)(blk + 4), p8);
-        return;
-    }
-    __m128i p4 = _mm_maddubs_epi16(p8, _mm_set1_epi16(0x1001));
-    _mm_storel_epi64((__m128i *)(blk + 4), _mm_packus_epi16(p4, p4));
 }
 
 /* kern_kivi_v_dec of a full group into four vectors: q * scale + min, in that order. */
@@ -295,9 +328,7 @@ rot_enc_row_regs(const uint16_t *r, uint32_t dtype, const uint32_t *m, const flo
 #pragma GCC unroll 16
     for (uint32_t j = 0; j < nv; j++)
         x[j] = rot_sanitize(_mm256_mul_ps(x[j], c));
-#pragma GCC unroll 4
-    for (uint32_t g = 0; g < nv / 4; g++)
-        rot_group_enc(x + 4 * g, o + (uint64_t)g * gb, bits);
+    rot_groups_enc(x, nv / 4, o, gb, bits);
 }
 
 /* One row of rot_dec_fused in registers: groups, butterfly, scale, sign, mean, store. */
@@ -385,7 +416,7 @@ KT static void rot_enc_fused(const struct kern_layout *lay, const uint8_t *rawk,
                 __m256 x[4];
                 for (int j = 0; j < 4; j++)
                     x[j] = rot_sanitize(_mm256_mul_ps(_mm256_load_ps(row + 32 * g + 8 * j), c));
-                rot_group_enc(x, o + (uint64_t)g * gb, bits);
+                rot_groups_enc(x, 1, o + (uint64_t)g * gb, gb, bits);
             }
         }
 }
