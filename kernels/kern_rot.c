@@ -48,6 +48,8 @@ KT static void rot_fwht_avx2(float *v, uint32_t dim)
         0, (int)0x80000000, 0, (int)0x80000000, 0, (int)0x80000000, 0, (int)0x80000000));
     const __m256 neg2 = _mm256_castsi256_ps(_mm256_setr_epi32(
         0, 0, (int)0x80000000, (int)0x80000000, 0, 0, (int)0x80000000, (int)0x80000000));
+    const __m256 neg4 = _mm256_castsi256_ps(_mm256_setr_epi32(
+        0, 0, 0, 0, (int)0x80000000, (int)0x80000000, (int)0x80000000, (int)0x80000000));
     for (uint32_t i = 0; i < dim; i += 8) {
         __m256 a = _mm256_loadu_ps(v + i);
         /* stride 1: (a0 + a1, a0 - a1): partner by a swap of neighbours, sign on the odd */
@@ -57,10 +59,8 @@ KT static void rot_fwht_avx2(float *v, uint32_t dim)
          * commutes): the reference's difference */
         p = _mm256_permute_ps(a, 0x4e);
         a = _mm256_add_ps(_mm256_xor_ps(a, neg2), p);
-        /* stride 4: the halves of the vector */
-        __m256 lo = _mm256_permute2f128_ps(a, a, 0x00), hi = _mm256_permute2f128_ps(a, a, 0x11);
-        __m256 sum = _mm256_add_ps(lo, hi), dif = _mm256_sub_ps(lo, hi);
-        a = _mm256_permute2f128_ps(sum, dif, 0x20);
+        /* stride 4: the halves swapped, the high half negated: lo + hi, -hi + lo = lo - hi */
+        a = _mm256_add_ps(_mm256_xor_ps(a, neg4), _mm256_permute2f128_ps(a, a, 0x01));
         _mm256_storeu_ps(v + i, a);
     }
     for (uint32_t len = 8; len < dim; len <<= 1)
@@ -134,6 +134,20 @@ KT static void rot_inv_avx2(float *y, uint32_t tokens, uint32_t dim, uint32_t ss
 }
 
 /* ---- AVX2, fused: a (token, head) row at a time, from the raw rows to the groups --------- */
+
+/* Eight raw halves as floats, sanitized as kern_ext_value (clean: fp16 halves known to be
+ * finite, which F16C gives exactly and inside the fp16 range: nothing to sanitize). */
+KT static inline __attribute__((always_inline)) __m256 rot_load8c(const uint16_t *p, uint32_t dtype,
+                                                                  const int clean)
+{
+    if (clean)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    __m128i v = _mm_loadu_si128((const __m128i *)p);
+    __m256 x = dtype == KERN_DTYPE_BF16
+                   ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16))
+                   : _mm256_cvtph_ps(v);
+    return rot_sanitize(x);
+}
 
 KT static __m256 rot_load8(const uint16_t *p, uint32_t dtype)
 {
@@ -292,13 +306,14 @@ KT static inline __attribute__((always_inline)) void rot_fwht_regs(__m256 *r, co
         0, (int)0x80000000, 0, (int)0x80000000, 0, (int)0x80000000, 0, (int)0x80000000));
     const __m256 neg2 = _mm256_castsi256_ps(_mm256_setr_epi32(
         0, 0, (int)0x80000000, (int)0x80000000, 0, 0, (int)0x80000000, (int)0x80000000));
+    const __m256 neg4 = _mm256_castsi256_ps(_mm256_setr_epi32(
+        0, 0, 0, 0, (int)0x80000000, (int)0x80000000, (int)0x80000000, (int)0x80000000));
 #pragma GCC unroll 16
     for (uint32_t i = 0; i < nv; i++) {
         __m256 a = r[i];
         a = _mm256_add_ps(_mm256_xor_ps(a, neg1), _mm256_permute_ps(a, 0xb1));
         a = _mm256_add_ps(_mm256_xor_ps(a, neg2), _mm256_permute_ps(a, 0x4e));
-        __m256 lo = _mm256_permute2f128_ps(a, a, 0x00), hi = _mm256_permute2f128_ps(a, a, 0x11);
-        r[i] = _mm256_permute2f128_ps(_mm256_add_ps(lo, hi), _mm256_sub_ps(lo, hi), 0x20);
+        r[i] = _mm256_add_ps(_mm256_xor_ps(a, neg4), _mm256_permute2f128_ps(a, a, 0x01));
     }
 #pragma GCC unroll 4
     for (uint32_t len = 1; len < nv; len <<= 1)
@@ -316,14 +331,14 @@ KT static inline __attribute__((always_inline)) void rot_fwht_regs(__m256 *r, co
  * scale, groups. */
 KT static inline __attribute__((always_inline)) void
 rot_enc_row_regs(const uint16_t *r, uint32_t dtype, const uint32_t *m, const float *mu, __m256 c,
-                 int bits, uint32_t gb, uint8_t *o, const uint32_t nv)
+                 int bits, uint32_t gb, uint8_t *o, const uint32_t nv, const int clean)
 {
     __m256 x[16];
 #pragma GCC unroll 16
     for (uint32_t j = 0; j < nv; j++)
-        x[j] =
-            _mm256_xor_ps(_mm256_sub_ps(rot_load8(r + 8 * j, dtype), _mm256_loadu_ps(mu + 8 * j)),
-                          _mm256_loadu_ps((const float *)m + 8 * j));
+        x[j] = _mm256_xor_ps(
+            _mm256_sub_ps(rot_load8c(r + 8 * j, dtype, clean), _mm256_loadu_ps(mu + 8 * j)),
+            _mm256_loadu_ps((const float *)m + 8 * j));
     rot_fwht_regs(x, nv);
 #pragma GCC unroll 16
     for (uint32_t j = 0; j < nv; j++)
@@ -356,24 +371,42 @@ rot_dec_row_regs(const uint8_t *g0, int bits, uint32_t gb, const uint32_t *m, co
 /* The channels' means of every head (kern_rot_mean: tokens summed in order), as fp16 into
  * the section and as the float they round to into mean[H][D]. */
 KT static void rot_means_avx2(const struct kern_layout *lay, const uint8_t *rawk, uint8_t *out,
-                              float *mean)
+                              float *mean, int *clean)
 {
     const uint32_t T = lay->tokens, H = lay->heads, D = lay->head_dim;
     const __m256 n = _mm256_set1_ps((float)T);
-    /* summed in token order per channel, the raw rows read in memory order */
-    memset(mean, 0, (size_t)H * D * sizeof(float));
-    for (uint32_t t = 0; t < T; t++)
-        for (uint32_t j = 0; j < H * D; j += 8)
-            _mm256_storeu_ps(
-                mean + j, _mm256_add_ps(_mm256_loadu_ps(mean + j),
-                                        rot_load8((const uint16_t *)rawk + (uint64_t)t * H * D + j,
-                                                  lay->dtype)));
+    const uint16_t *raw = (const uint16_t *)rawk;
+    /* fp16 rows with no Inf or NaN (exponent all ones) need no sanitizing */
+    __m256i bad = _mm256_setzero_si256();
+    const __m256i ex = _mm256_set1_epi16(0x7c00);
+    if (lay->dtype == KERN_DTYPE_FP16)
+        for (uint64_t i = 0; i + 16 <= (uint64_t)T * H * D; i += 16)
+            bad = _mm256_or_si256(
+                bad, _mm256_cmpeq_epi16(
+                         _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(raw + i)), ex), ex));
+    *clean = lay->dtype == KERN_DTYPE_FP16 && (T * H * D) % 16 == 0 && _mm256_testz_si256(bad, bad);
+    /* summed in token order per channel, eight channels at a time in registers */
     for (uint32_t h = 0; h < H; h++)
-        for (uint32_t j = 0; j < D; j += 8) {
-            const __m256 sum = _mm256_loadu_ps(mean + (uint64_t)h * D + j);
-            __m128i hv = _mm256_cvtps_ph(_mm256_div_ps(sum, n), _MM_FROUND_TO_NEAREST_INT);
-            _mm_storeu_si128((__m128i *)(out + 2 * ((uint64_t)h * D + j)), hv);
-            _mm256_storeu_ps(mean + (uint64_t)h * D + j, _mm256_cvtph_ps(hv));
+        for (uint32_t j = 0; j < D; j += 32) {
+            __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+            const uint32_t w = D - j < 32 ? D - j : 32;
+            for (uint32_t t = 0; t < T; t++) {
+                const uint16_t *r = raw + ((uint64_t)t * H + h) * D + j;
+                s0 = _mm256_add_ps(s0, rot_load8(r, lay->dtype));
+                if (w > 8)
+                    s1 = _mm256_add_ps(s1, rot_load8(r + 8, lay->dtype));
+                if (w > 16) {
+                    s2 = _mm256_add_ps(s2, rot_load8(r + 16, lay->dtype));
+                    s3 = _mm256_add_ps(s3, rot_load8(r + 24, lay->dtype));
+                }
+            }
+            const __m256 sum[4] = {s0, s1, s2, s3};
+            for (uint32_t k = 0; k < w; k += 8) {
+                __m128i hv =
+                    _mm256_cvtps_ph(_mm256_div_ps(sum[k / 8], n), _MM_FROUND_TO_NEAREST_INT);
+                _mm_storeu_si128((__m128i *)(out + 2 * ((uint64_t)h * D + j + k)), hv);
+                _mm256_storeu_ps(mean + (uint64_t)h * D + j + k, _mm256_cvtph_ps(hv));
+            }
         }
 }
 
@@ -388,23 +421,28 @@ KT static void rot_enc_fused(const struct kern_layout *lay, const uint8_t *rawk,
     uint8_t *out = sect + kern_rot_groups_off(lay);
     for (uint32_t h = 0; h < H; h++)
         rot_signs(mask + (uint64_t)h * D, sseed, h, D);
-    rot_means_avx2(lay, rawk, sect + KERN_ROT_PREFIX, mean);
+    int clean;
+    rot_means_avx2(lay, rawk, sect + KERN_ROT_PREFIX, mean, &clean);
     for (uint32_t t = 0; t < T; t++)
         for (uint32_t h = 0; h < H; h++) {
             const uint16_t *r = (const uint16_t *)rawk + ((uint64_t)t * H + h) * D;
             const uint32_t *m = mask + (uint64_t)h * D;
             const float *mu = mean + (uint64_t)h * D;
             uint8_t *o = out + ((uint64_t)t * H + h) * G * gb;
+            if (D == 128 && clean) {
+                rot_enc_row_regs(r, lay->dtype, m, mu, c, bits, gb, o, 16, 1);
+                continue;
+            }
             if (D == 128) {
-                rot_enc_row_regs(r, lay->dtype, m, mu, c, bits, gb, o, 16);
+                rot_enc_row_regs(r, lay->dtype, m, mu, c, bits, gb, o, 16, 0);
                 continue;
             }
             if (D == 64) {
-                rot_enc_row_regs(r, lay->dtype, m, mu, c, bits, gb, o, 8);
+                rot_enc_row_regs(r, lay->dtype, m, mu, c, bits, gb, o, 8, 0);
                 continue;
             }
             if (D == 32) {
-                rot_enc_row_regs(r, lay->dtype, m, mu, c, bits, gb, o, 4);
+                rot_enc_row_regs(r, lay->dtype, m, mu, c, bits, gb, o, 4, 0);
                 continue;
             }
             for (uint32_t j = 0; j < D; j += 8)
