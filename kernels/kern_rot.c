@@ -346,10 +346,11 @@ rot_enc_row_regs(const uint16_t *r, uint32_t dtype, const uint32_t *m, const flo
     rot_groups_enc(x, nv / 4, o, gb, bits);
 }
 
-/* One row of rot_dec_fused in registers: groups, butterfly, scale, sign, mean, store. */
+/* One row of rot_dec_fused in registers: groups, butterfly, then per channel y * cs + mean
+ * (cs: c with the channel's sign, y * -c being -(y * c) exactly), stored. */
 KT static inline __attribute__((always_inline)) void
-rot_dec_row_regs(const uint8_t *g0, int bits, uint32_t gb, const uint32_t *m, const uint8_t *mu,
-                 __m256 c, uint16_t *o, uint32_t out_dtype, const uint32_t nv)
+rot_dec_row_regs(const uint8_t *g0, int bits, uint32_t gb, const float *cs, const float *mf,
+                 uint16_t *o, uint32_t out_dtype, const uint32_t nv)
 {
     __m256 y[16];
 #pragma GCC unroll 4
@@ -359,9 +360,8 @@ rot_dec_row_regs(const uint8_t *g0, int bits, uint32_t gb, const uint32_t *m, co
 #pragma GCC unroll 16
     for (uint32_t j = 0; j < nv; j++)
         rot_store8(o + 8 * j,
-                   _mm256_add_ps(_mm256_xor_ps(_mm256_mul_ps(y[j], c),
-                                               _mm256_loadu_ps((const float *)m + 8 * j)),
-                                 _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mu + 16 * j)))),
+                   _mm256_add_ps(_mm256_mul_ps(y[j], _mm256_loadu_ps(cs + 8 * j)),
+                                 _mm256_loadu_ps(mf + 8 * j)),
                    out_dtype);
 }
 
@@ -467,24 +467,32 @@ KT static void rot_dec_fused(const struct kern_layout *lay, const uint8_t *sect,
     const __m256 c = _mm256_set1_ps(kern_rot_scale(D));
     float row[KERN_ROT_MAX_DIM] __attribute__((aligned(32)));
     const uint8_t *in = sect + kern_rot_groups_off(lay), *means = kern_rot_means(sect);
-    for (uint32_t h = 0; h < H; h++)
+    /* per head and channel: c with the channel's sign, and the mean as a float */
+    float *csa = (float *)mask, *mfa = csa + (uint64_t)H * D;
+    for (uint32_t h = 0; h < H; h++) {
         rot_signs(mask + (uint64_t)h * D, sseed, h, D);
+        for (uint32_t j = 0; j < D; j += 8) {
+            const uint64_t k = (uint64_t)h * D + j;
+            _mm256_storeu_ps(csa + k, _mm256_xor_ps(c, _mm256_loadu_ps(csa + k)));
+            _mm256_storeu_ps(mfa + k,
+                             _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(means + 2 * k))));
+        }
+    }
     for (uint32_t t = 0; t < T; t++)
         for (uint32_t h = 0; h < H; h++) {
             const uint8_t *g0 = in + ((uint64_t)t * H + h) * G * gb;
-            const uint32_t *m = mask + (uint64_t)h * D;
-            const uint8_t *mu = means + 2ull * h * D;
+            const float *cs = csa + (uint64_t)h * D, *mf = mfa + (uint64_t)h * D;
             uint16_t *o = (uint16_t *)raw + ((uint64_t)t * H + h) * D;
             if (D == 128) {
-                rot_dec_row_regs(g0, bits, gb, m, mu, c, o, out_dtype, 16);
+                rot_dec_row_regs(g0, bits, gb, cs, mf, o, out_dtype, 16);
                 continue;
             }
             if (D == 64) {
-                rot_dec_row_regs(g0, bits, gb, m, mu, c, o, out_dtype, 8);
+                rot_dec_row_regs(g0, bits, gb, cs, mf, o, out_dtype, 8);
                 continue;
             }
             if (D == 32) {
-                rot_dec_row_regs(g0, bits, gb, m, mu, c, o, out_dtype, 4);
+                rot_dec_row_regs(g0, bits, gb, cs, mf, o, out_dtype, 4);
                 continue;
             }
             for (uint32_t g = 0; g < G; g++) {
@@ -497,9 +505,8 @@ KT static void rot_dec_fused(const struct kern_layout *lay, const uint8_t *sect,
             for (uint32_t j = 0; j < D; j += 8)
                 rot_store8(
                     o + j,
-                    _mm256_add_ps(_mm256_xor_ps(_mm256_mul_ps(_mm256_load_ps(row + j), c),
-                                                _mm256_loadu_ps((const float *)m + j)),
-                                  _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mu + 2 * j)))),
+                    _mm256_add_ps(_mm256_mul_ps(_mm256_load_ps(row + j), _mm256_loadu_ps(cs + j)),
+                                  _mm256_loadu_ps(mf + j)),
                     out_dtype);
         }
 }
@@ -554,7 +561,7 @@ int kern_rot_dec(const struct kern_cpu_ops *ops, uint32_t codec, const struct ke
     const uint32_t sseed = kern_rot_get_seed(sect);
     const int vec = ops != &kern_ref_ops;
     if (vec && D >= KERN_GROUP) {
-        uint32_t *m = malloc((size_t)H * D * sizeof(uint32_t));
+        uint32_t *m = malloc(2 * (size_t)H * D * sizeof(uint32_t));
         if (!m)
             return -ENOMEM;
         rot_dec_fused(lay, sect, codec == KERN_CODEC_ROT2 ? 2 : 4, raw, out_dtype, m);
