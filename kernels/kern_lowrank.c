@@ -11,8 +11,9 @@
  * (kern_lowrank_eig: a full eigendecomposition by Jacobi sweeps cost O(n^3) per sweep for
  * n - R vectors nobody stores). The reference runs kern_ext.h as it is; the AVX2 version
  * forms the Gram matrix (its upper half, eight entries at a time in registers), the products
- * G V, the dots of the orthogonalisation, the projections and the decoded rows a vector at a
- * time, every sum in the order kern_ext.h defines, so both give the same bytes.
+ * G V, the dots of the orthogonalisation and the projections a vector at a time, and decodes
+ * as a blocked product (4 tokens x 16 channels in registers) stored straight to the raw
+ * halves, every sum in the order kern_ext.h defines, so both give the same bytes.
  */
 #include <errno.h>
 #include <immintrin.h>
