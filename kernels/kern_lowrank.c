@@ -11,8 +11,9 @@
  * (kern_lowrank_eig: a full eigendecomposition by Jacobi sweeps cost O(n^3) per sweep for
  * n - R vectors nobody stores). The reference runs kern_ext.h as it is; the AVX2 version
  * forms the Gram matrix (its upper half, eight entries at a time in registers), the products
- * G V, the dots of the orthogonalisation, the projections and the decoded rows a vector at a
- * time, every sum in the order kern_ext.h defines, so both give the same bytes.
+ * G V, the dots of the orthogonalisation and the projections a vector at a time, and decodes
+ * as a blocked product (4 tokens x 16 channels in registers) stored straight to the raw
+ * halves, every sum in the order kern_ext.h defines, so both give the same bytes.
  */
 #include <errno.h>
 #include <immintrin.h>
@@ -318,17 +319,54 @@ KT static void lr_put_h_avx2(uint8_t *o, uint64_t stride, const float *a, uint32
     }
 }
 
-/* Rows of head h of a LOWRANK section into y[T][D] (decoded floats); su (rank x T) and wf
- * (rank x D) scratch: sigma_i * u[t][i] and the w rows as floats, found once per head, then
- * each row summed over i in order as kern_lowrank_val. */
+/* Eight floats stored as eight halves of dtype, rounded as kern_store() (v_store8 of
+ * kern_avx2.h: bf16 to nearest even, a NaN kept quiet). */
+KT static inline __attribute__((always_inline)) void lr_store8(uint16_t *r, __m256 v,
+                                                               uint32_t dtype)
+{
+    if (dtype == KERN_DTYPE_BF16) {
+        __m256i u = _mm256_castps_si256(v);
+        __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+        __m256i rn = _mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff)));
+        rn = _mm256_srli_epi32(rn, 16);
+        __m256i nan = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+        __m256i isnan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        rn = _mm256_blendv_epi8(rn, nan, isnan);
+        __m256i p = _mm256_packus_epi32(rn, rn);
+        _mm_storeu_si128((__m128i *)r, _mm256_castsi256_si128(_mm256_permute4x64_epi64(p, 0x08)));
+        return;
+    }
+    _mm_storeu_si128((__m128i *)r,
+                     _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+/* Head h of a LOWRANK section decoded straight into its raw rows (o: row t at o + t * stride
+ * halves, dtype out_dtype). su (T x rank) and wf (rank x D) scratch: sigma_i * u[t][i] and the
+ * w rows as floats, found once per head; then a blocked product in registers: tiles of four
+ * tokens by 16 channels (eight accumulators), each summed over i in order from +0 as
+ * kern_lowrank_val (no FMA: the reference rounds the product and the sum apart), rounded to
+ * halves as kern_store. Odd widths (D not a multiple of 16) a vector or a lane at a time. */
 KT static void lr_rows_avx2(const uint8_t *head, uint32_t rank, uint32_t cap, uint32_t T,
-                            uint32_t D, float *y, float *su, float *wf)
+                            uint32_t D, uint16_t *o, uint64_t stride, uint32_t out_dtype, float *su,
+                            float *wf)
 {
     const uint8_t *u = kern_lowrank_u(head, cap), *w = kern_lowrank_w(head, cap, T);
+    /* su[t][i] = sigma_i * u[t][i]: row t of u is cap halves in a row, eight at a time */
+    for (uint32_t i = 0; i < rank; i += 8) {
+        const uint32_t m = rank - i < 8 ? rank - i : 8;
+        float sg[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        memcpy(sg, head + 16 + 4 * i, 4 * m);
+        const __m256 sv = _mm256_loadu_ps(sg);
+        for (uint32_t t = 0; t < T; t++) {
+            uint16_t hv[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            memcpy(hv, u + 2 * ((uint64_t)t * cap + i), 2 * m);
+            float f[8];
+            _mm256_storeu_ps(
+                f, _mm256_mul_ps(sv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)hv))));
+            memcpy(su + (uint64_t)t * rank + i, f, 4 * m);
+        }
+    }
     for (uint32_t i = 0; i < rank; i++) {
-        const float sg = kern_lowrank_sigma(head, i);
-        for (uint32_t t = 0; t < T; t++)
-            su[(uint64_t)i * T + t] = KERN_MUL(sg, kern_get_h(u + 2 * ((uint64_t)t * cap + i)));
         const uint8_t *wr = w + 2ull * i * D;
         uint32_t d = 0;
         for (; d + 8 <= D; d += 8)
@@ -337,15 +375,54 @@ KT static void lr_rows_avx2(const uint8_t *head, uint32_t rank, uint32_t cap, ui
         for (; d < D; d++)
             wf[(uint64_t)i * D + d] = kern_get_h(wr + 2 * d);
     }
-    for (uint32_t t = 0; t < T; t++)
-        for (uint32_t d = 0; d < D; d += 8) {
-            const uint32_t m = D - d < 8 ? D - d : 8;
+    uint32_t t = 0;
+    if (D % 16 == 0)
+        for (; t + 4 <= T; t += 4)
+            for (uint32_t d = 0; d < D; d += 16) {
+                __m256 a0 = _mm256_setzero_ps(), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0,
+                       e0 = a0, e1 = a0;
+                for (uint32_t i = 0; i < rank; i++) {
+                    const float *wi = wf + (uint64_t)i * D + d, *si = su + (uint64_t)t * rank + i;
+                    const __m256 w0 = _mm256_loadu_ps(wi), w1 = _mm256_loadu_ps(wi + 8);
+                    __m256 s = _mm256_broadcast_ss(si);
+                    a0 = _mm256_add_ps(a0, _mm256_mul_ps(s, w0));
+                    a1 = _mm256_add_ps(a1, _mm256_mul_ps(s, w1));
+                    s = _mm256_broadcast_ss(si + rank);
+                    b0 = _mm256_add_ps(b0, _mm256_mul_ps(s, w0));
+                    b1 = _mm256_add_ps(b1, _mm256_mul_ps(s, w1));
+                    s = _mm256_broadcast_ss(si + 2 * rank);
+                    c0 = _mm256_add_ps(c0, _mm256_mul_ps(s, w0));
+                    c1 = _mm256_add_ps(c1, _mm256_mul_ps(s, w1));
+                    s = _mm256_broadcast_ss(si + 3 * rank);
+                    e0 = _mm256_add_ps(e0, _mm256_mul_ps(s, w0));
+                    e1 = _mm256_add_ps(e1, _mm256_mul_ps(s, w1));
+                }
+                uint16_t *r = o + (uint64_t)t * stride + d;
+                lr_store8(r, a0, out_dtype);
+                lr_store8(r + 8, a1, out_dtype);
+                lr_store8(r + stride, b0, out_dtype);
+                lr_store8(r + stride + 8, b1, out_dtype);
+                lr_store8(r + 2 * stride, c0, out_dtype);
+                lr_store8(r + 2 * stride + 8, c1, out_dtype);
+                lr_store8(r + 3 * stride, e0, out_dtype);
+                lr_store8(r + 3 * stride + 8, e1, out_dtype);
+            }
+    for (; t < T; t++) {
+        uint32_t d = 0;
+        for (; d + 8 <= D; d += 8) {
             __m256 acc = _mm256_setzero_ps();
             for (uint32_t i = 0; i < rank; i++)
-                acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(su[(uint64_t)i * T + t]),
-                                                       lr_load(wf + (uint64_t)i * D + d, m)));
-            lr_store(y + (uint64_t)t * D + d, acc, m);
+                acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(su[(uint64_t)t * rank + i]),
+                                                       _mm256_loadu_ps(wf + (uint64_t)i * D + d)));
+            lr_store8(o + (uint64_t)t * stride + d, acc, out_dtype);
         }
+        for (; d < D; d++) {
+            float acc = 0.0f;
+            for (uint32_t i = 0; i < rank; i++)
+                acc = KERN_ADD(acc, KERN_MUL(su[(uint64_t)t * rank + i], wf[(uint64_t)i * D + d]));
+            kern_store(o + (uint64_t)t * stride, out_dtype, d, acc);
+        }
+    }
 }
 
 static void lr_rows_ref(const uint8_t *head, uint32_t rank, uint32_t cap, uint32_t T, uint32_t D,
@@ -421,10 +498,12 @@ int kern_lowrank_dec(const struct kern_cpu_ops *ops, const struct kern_layout *l
     for (uint32_t h = 0; h < H; h++) {
         const uint8_t *head = sect + h * hb;
         uint32_t r = kern_lowrank_get_rank(head, cap);
-        if (vec)
-            lr_rows_avx2(head, r, cap, T, D, y, su, wf);
-        else
-            lr_rows_ref(head, r, cap, T, D, y);
+        if (vec) {
+            lr_rows_avx2(head, r, cap, T, D, (uint16_t *)raw + (uint64_t)h * D, (uint64_t)H * D,
+                         out_dtype, su, wf);
+            continue;
+        }
+        lr_rows_ref(head, r, cap, T, D, y);
         ops->store(y, T, D, (uint8_t *)raw + 2ull * h * D, out_dtype, (uint64_t)H * D);
     }
     free(y);

@@ -159,12 +159,41 @@ KT static int mrg_within(const float *x, const float *st, __m256 pn, uint32_t di
     return kern_sum8_fold(a) <= KERN_MUL(lim, kern_sum8_fold(b));
 }
 
-KT static void mrg_row_avx2(const struct kern_layout *lay, const uint8_t *raw, uint32_t t,
-                            uint32_t h, float *x)
+KT static inline __attribute__((always_inline)) void mrg_row_avx2(const struct kern_layout *lay,
+                                                                  const uint8_t *raw, uint32_t t,
+                                                                  uint32_t h, float *x, int clean)
 {
+    if (clean) {
+        /* clean slabs (mrg_clean): F16C's floats need no sanitizing */
+        const uint16_t *p = (const uint16_t *)raw + ((uint64_t)t * lay->heads + h) * lay->head_dim;
+        for (uint32_t c = 0; c < lay->head_dim; c += 8)
+            _mm256_storeu_ps(x + c, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + c))));
+        return;
+    }
     for (uint32_t c = 0; c < lay->head_dim; c += 8)
         _mm256_storeu_ps(
             x + c, mrg_load8(lay, raw, t, h, c, lay->head_dim - c < 8 ? lay->head_dim - c : 8));
+}
+
+/* Whether the slabs read (b may be NULL) are fp16 with no Inf or NaN (exponent all ones) and
+ * rows of a multiple of 8 halves: their rows load without sanitizing. */
+KT static int mrg_clean(const struct kern_layout *lay, const uint8_t *a, const uint8_t *b)
+{
+    const uint64_t n = (uint64_t)lay->tokens * lay->heads * lay->head_dim;
+    if (lay->dtype != KERN_DTYPE_FP16 || lay->head_dim % 8 || n % 16)
+        return 0;
+    const __m256i ex = _mm256_set1_epi16(0x7c00);
+    __m256i bad = _mm256_setzero_si256();
+    for (int k = 0; k < 2; k++) {
+        const uint16_t *p = (const uint16_t *)(k ? b : a);
+        if (!p)
+            continue;
+        for (uint64_t i = 0; i < n; i += 16)
+            bad = _mm256_or_si256(
+                bad, _mm256_cmpeq_epi16(
+                         _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(p + i)), ex), ex));
+    }
+    return _mm256_testz_si256(bad, bad);
 }
 
 /* A head's state in the fused pass: its rows, the open run's start a and row r, the run's
@@ -179,7 +208,7 @@ struct mrg_state {
  * count) and the running sums for the means, the token's rows loaded once. */
 KT static inline __attribute__((always_inline)) void
 mrg_step(const struct kern_ext_ctx *c, uint32_t h, uint32_t t, const uint8_t *own, uint8_t *head,
-         struct mrg_state *st, float *xk, float *xv, float *mean)
+         struct mrg_state *st, float *xk, float *xv, float *mean, int clean)
 {
     const struct kern_layout *lay = c->lay;
     const uint32_t T = lay->tokens, D = lay->head_dim, Dp = (D + 7) & ~7u, R = kern_merge_rows(T);
@@ -191,12 +220,12 @@ mrg_step(const struct kern_ext_ctx *c, uint32_t h, uint32_t t, const uint8_t *ow
     if (t < T && c->kmerge) { /* the K section's runs */
         const uint32_t *km =
             (const uint32_t *)(kern_merge_head((uint8_t *)(uintptr_t)c->kmerge, lay, h) + 16);
-        mrg_row_avx2(lay, own, t, h, xo);
+        mrg_row_avx2(lay, own, t, h, xo, clean);
         join = t > 0 && !(km[t >> 5] >> (t & 31) & 1u);
     } else if (t < T) {
-        mrg_row_avx2(lay, c->rawk, t, h, xk);
+        mrg_row_avx2(lay, c->rawk, t, h, xk, clean);
         if (c->rawv)
-            mrg_row_avx2(lay, c->rawv, t, h, xv);
+            mrg_row_avx2(lay, c->rawv, t, h, xv, clean);
         if (t > 0) {
             join = mrg_within(xk, st->sk, st->nk, Dp, lim) &&
                    (!c->rawv || mrg_within(xv, st->sv, st->nv, Dp, lim));
@@ -208,6 +237,9 @@ mrg_step(const struct kern_ext_ctx *c, uint32_t h, uint32_t t, const uint8_t *ow
         const __m256 n = _mm256_set1_ps((float)(t - st->a));
         uint16_t *o = (uint16_t *)(row0 + 2ull * st->r * D);
         uint32_t d = 0;
+        if (t - st->a == 1) /* a run of one row: x / 1 is x */
+            for (; d + 8 <= D; d += 8)
+                mrg_store8(o + d, _mm256_loadu_ps(sum + d), lay->dtype);
         for (; d + 8 <= D; d += 8)
             mrg_store8(o + d, _mm256_div_ps(_mm256_loadu_ps(sum + d), n), lay->dtype);
         for (; d < Dp; d += 8)
@@ -263,9 +295,15 @@ KT static void mrg_sect_fused(const struct kern_ext_ctx *c, const uint8_t *own, 
         st[h].sv = st[h].sk + Dp;
         st[h].sum = st[h].sv + Dp;
     }
+    const int clean = mrg_clean(lay, c->kmerge ? own : c->rawk, c->kmerge ? NULL : c->rawv);
     for (uint32_t t = 0; t <= T; t++)
-        for (uint32_t h = 0; h < H; h++)
-            mrg_step(c, h, t, own, kern_merge_head(sect, lay, h), &st[h], xk, xv, mean);
+        for (uint32_t h = 0; h < H; h++) {
+            uint8_t *head = kern_merge_head(sect, lay, h);
+            if (clean)
+                mrg_step(c, h, t, own, head, &st[h], xk, xv, mean, 1);
+            else
+                mrg_step(c, h, t, own, head, &st[h], xk, xv, mean, 0);
+        }
     for (uint32_t h = 0; h < H; h++)
         memcpy(kern_merge_head(sect, lay, h), &st[h].rows, 4);
 }
@@ -328,11 +366,44 @@ uint64_t kern_merge_count_forced(const struct kern_ext_ctx *c)
     return forced;
 }
 
+/* A row of 2 dim bytes copied with AVX loads and stores (dim a multiple of 16). */
+KT static void mrg_copy_rows_avx2(const struct kern_layout *lay, const uint8_t *sect, void *raw)
+{
+    const uint32_t T = lay->tokens, H = lay->heads, D = lay->head_dim;
+    const uint64_t hb = kern_merge_head_bytes(D, T), mb = kern_merge_map_bytes(T);
+    const uint32_t R = kern_merge_rows(T);
+    uint8_t *to = raw;
+    for (uint32_t t = 0; t < T; t++) {
+        /* the raw rows in memory order: every head of token t in turn */
+        const uint8_t *head = sect;
+        for (uint32_t h = 0; h < H; h++, head += hb, to += 2ull * D) {
+            /* kern_merge_row_of's row: the set bits of the map up to t, minus one (a damaged
+             * map that starts no row reads row 0) */
+            uint32_t n = 0, w;
+            for (uint32_t i = 0; i < t >> 5; i++) {
+                memcpy(&w, head + 16 + 4 * i, 4);
+                n += (uint32_t)__builtin_popcount(w);
+            }
+            memcpy(&w, head + 16 + 4 * (t >> 5), 4);
+            w &= (t & 31) == 31 ? 0xffffffffu : ((1u << ((t & 31) + 1)) - 1);
+            n += (uint32_t)__builtin_popcount(w);
+            const uint32_t r = n - 1 < R ? n - 1 : 0;
+            const uint8_t *row = head + 16 + mb + 2ull * r * D;
+            for (uint32_t d = 0; d < 2 * D; d += 32)
+                _mm256_storeu_si256((__m256i *)(to + d),
+                                    _mm256_loadu_si256((const __m256i *)(row + d)));
+        }
+    }
+}
+
 int kern_merge_dec(const struct kern_cpu_ops *ops, const struct kern_layout *lay,
                    const uint8_t *sect, void *raw, uint32_t out_dtype)
 {
     const uint32_t T = lay->tokens, H = lay->heads, D = lay->head_dim;
-    (void)ops;
+    if (ops != &kern_ref_ops && out_dtype == lay->dtype && D % 16 == 0) {
+        mrg_copy_rows_avx2(lay, sect, raw);
+        return 0;
+    }
     for (uint32_t h = 0; h < H; h++) {
         const uint8_t *head = kern_merge_head((uint8_t *)(uintptr_t)sect, lay, h);
         const uint8_t *map = head + 16, *row0 = map + kern_merge_map_bytes(T);

@@ -48,6 +48,8 @@ KT static void rot_fwht_avx2(float *v, uint32_t dim)
         0, (int)0x80000000, 0, (int)0x80000000, 0, (int)0x80000000, 0, (int)0x80000000));
     const __m256 neg2 = _mm256_castsi256_ps(_mm256_setr_epi32(
         0, 0, (int)0x80000000, (int)0x80000000, 0, 0, (int)0x80000000, (int)0x80000000));
+    const __m256 neg4 = _mm256_castsi256_ps(_mm256_setr_epi32(
+        0, 0, 0, 0, (int)0x80000000, (int)0x80000000, (int)0x80000000, (int)0x80000000));
     for (uint32_t i = 0; i < dim; i += 8) {
         __m256 a = _mm256_loadu_ps(v + i);
         /* stride 1: (a0 + a1, a0 - a1): partner by a swap of neighbours, sign on the odd */
@@ -57,10 +59,8 @@ KT static void rot_fwht_avx2(float *v, uint32_t dim)
          * commutes): the reference's difference */
         p = _mm256_permute_ps(a, 0x4e);
         a = _mm256_add_ps(_mm256_xor_ps(a, neg2), p);
-        /* stride 4: the halves of the vector */
-        __m256 lo = _mm256_permute2f128_ps(a, a, 0x00), hi = _mm256_permute2f128_ps(a, a, 0x11);
-        __m256 sum = _mm256_add_ps(lo, hi), dif = _mm256_sub_ps(lo, hi);
-        a = _mm256_permute2f128_ps(sum, dif, 0x20);
+        /* stride 4: the halves swapped, the high half negated: lo + hi, -hi + lo = lo - hi */
+        a = _mm256_add_ps(_mm256_xor_ps(a, neg4), _mm256_permute2f128_ps(a, a, 0x01));
         _mm256_storeu_ps(v + i, a);
     }
     for (uint32_t len = 8; len < dim; len <<= 1)
@@ -135,6 +135,20 @@ KT static void rot_inv_avx2(float *y, uint32_t tokens, uint32_t dim, uint32_t ss
 
 /* ---- AVX2, fused: a (token, head) row at a time, from the raw rows to the groups --------- */
 
+/* Eight raw halves as floats, sanitized as kern_ext_value (clean: fp16 halves known to be
+ * finite, which F16C gives exactly and inside the fp16 range: nothing to sanitize). */
+KT static inline __attribute__((always_inline)) __m256 rot_load8c(const uint16_t *p, uint32_t dtype,
+                                                                  const int clean)
+{
+    if (clean)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    __m128i v = _mm_loadu_si128((const __m128i *)p);
+    __m256 x = dtype == KERN_DTYPE_BF16
+                   ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16))
+                   : _mm256_cvtph_ps(v);
+    return rot_sanitize(x);
+}
+
 KT static __m256 rot_load8(const uint16_t *p, uint32_t dtype)
 {
     __m128i v = _mm_loadu_si128((const __m128i *)p);
@@ -159,63 +173,96 @@ KT static void rot_store8(uint16_t *p, __m256 x, uint32_t dtype)
     _mm_storeu_si128((__m128i *)p, _mm_packus_epi32(lo, hi));
 }
 
-KT static float rot_hmin(__m256 v)
+/* Lane g of the result: the minimum (max 0) or maximum (max 1) of the four vectors of group g,
+ * for four groups at once. min and max are exact, so any order of the comparisons gives the
+ * reference's value, except which of +0 and -0 (rot_groups_enc redoes such a group). */
+KT static inline __attribute__((always_inline)) __m128 rot_ext4(const __m256 *x, int max)
 {
-    __m128 m = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    m = _mm_min_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_min_ss(m, _mm_shuffle_ps(m, m, 1));
-    return _mm_cvtss_f32(m);
+    __m256 m[4];
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; g++)
+        m[g] = max ? _mm256_max_ps(_mm256_max_ps(x[4 * g], x[4 * g + 1]),
+                                   _mm256_max_ps(x[4 * g + 2], x[4 * g + 3]))
+                   : _mm256_min_ps(_mm256_min_ps(x[4 * g], x[4 * g + 1]),
+                                   _mm256_min_ps(x[4 * g + 2], x[4 * g + 3]));
+#define ROT_EXT(a, b) (max ? _mm256_max_ps((a), (b)) : _mm256_min_ps((a), (b)))
+    /* [g0 g1 g0 g1 | ...] and [g2 g3 g2 g3 | ...], then [g0 g1 g2 g3 | g0 g1 g2 g3] */
+    const __m256 t0 = ROT_EXT(_mm256_unpacklo_ps(m[0], m[1]), _mm256_unpackhi_ps(m[0], m[1]));
+    const __m256 t1 = ROT_EXT(_mm256_unpacklo_ps(m[2], m[3]), _mm256_unpackhi_ps(m[2], m[3]));
+    const __m256 u = ROT_EXT(_mm256_shuffle_ps(t0, t1, 0x44), _mm256_shuffle_ps(t0, t1, 0xee));
+#undef ROT_EXT
+    const __m128 lo = _mm256_castps256_ps128(u), hi = _mm256_extractf128_ps(u, 1);
+    return max ? _mm_max_ps(lo, hi) : _mm_min_ps(lo, hi);
 }
 
-KT static float rot_hmax(__m256 v)
+/* kern_kivi_v_enc of ng (1, 2 or 4) full groups of 32 (x: four vectors per group; group g to
+ * o + g * gb), the four groups' parameters together: kern_kivi_params' min and
+ * (max - min) / qmax to fp16 in one conversion (F16C rounds as kern_f2h), back to float,
+ * 1 / scale unless 0 (vector divisions round as the scalar ones). Codes as v_kivi_code of
+ * kern_avx2_kivi.h: the truncating conversion of (x - mnf) * id + 0.5, negatives saturated to
+ * 0 by the byte packs and an unsigned byte min to qmax, which is the reference's
+ * clamp(floor(t), 0, qmax) as long as |t| < 2^31: x is clamped to the fp16 range, so
+ * |mn - mnf| <= 16, and id is 0 or at most 2^24 with (mx - mn) * id <= 1.5 qmax + 1, so
+ * |t| < 2^29. A group whose minimum or maximum is zero (the reference keeps the first of +0
+ * and -0; the tree keeps either) is encoded by the reference. */
+KT static inline __attribute__((always_inline)) void
+rot_groups_enc(const __m256 *x, const uint32_t ng, uint8_t *o, uint32_t gb, int bits)
 {
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
-    return _mm_cvtss_f32(m);
-}
-
-/* kern_kivi_v_enc of a full group of 32 (x in four vectors): the same min, max, fp16 scale
- * and min, and codes floor((x - min) * (1 / scale) + 0.5) clamped, packed as the format. */
-KT static inline __attribute__((always_inline)) void rot_group_enc(const __m256 *x, uint8_t *blk,
-                                                                   int bits)
-{
-    __m256 mnv = _mm256_min_ps(_mm256_min_ps(x[0], x[1]), _mm256_min_ps(x[2], x[3]));
-    __m256 mxv = _mm256_max_ps(_mm256_max_ps(x[0], x[1]), _mm256_max_ps(x[2], x[3]));
-    /* kern_kivi_params with F16C's conversions (the reference's, RNE): min and
-     * (max - min) / qmax to fp16 together, back to float, 1 / scale unless 0 */
-    const float mn = rot_hmin(mnv), mx = rot_hmax(mxv);
-    const __m128 pr = _mm_setr_ps(mn, (mx - mn) / (float)((1 << bits) - 1), 0.0f, 0.0f);
-    const __m128i ph = _mm_cvtps_ph(pr, _MM_FROUND_TO_NEAREST_INT);
-    const __m128 back = _mm_cvtph_ps(ph);
-    const uint32_t pair = (uint32_t)_mm_cvtsi128_si32(ph); /* min low, scale high */
-    const uint16_t mn_h = (uint16_t)pair, sc_h = (uint16_t)(pair >> 16);
-    const float mnf = _mm_cvtss_f32(back), sc = _mm_cvtss_f32(_mm_shuffle_ps(back, back, 1));
-    const float id = sc != 0.0f ? 1.0f / sc : 0.0f;
-    memcpy(blk, &sc_h, 2);
-    memcpy(blk + 2, &mn_h, 2);
-    const __m256 vm = _mm256_set1_ps(mnf), vi = _mm256_set1_ps(id), half = _mm256_set1_ps(0.5f);
-    const __m256 qmax = _mm256_set1_ps((float)((1 << bits) - 1));
-    __m256i q[4];
-    for (int j = 0; j < 4; j++) {
-        __m256 t = _mm256_floor_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(x[j], vm), vi), half));
-        t = _mm256_min_ps(_mm256_max_ps(t, _mm256_setzero_ps()), qmax);
-        q[j] = _mm256_cvttps_epi32(t);
+    __m256 xs[16];
+#pragma GCC unroll 16
+    for (uint32_t j = 0; j < 16; j++)
+        xs[j] = x[j < 4 * ng ? j : j % 4];
+    const __m128 mn = rot_ext4(xs, 0), mx = rot_ext4(xs, 1);
+    const __m128 qmax = _mm_set1_ps((float)((1 << bits) - 1));
+    const __m128i h = _mm256_cvtps_ph(_mm256_set_m128(_mm_div_ps(_mm_sub_ps(mx, mn), qmax), mn),
+                                      _MM_FROUND_TO_NEAREST_INT);
+    const __m256 back = _mm256_cvtph_ps(h); /* mnf[4], scale[4] */
+    const __m128 sc = _mm256_extractf128_ps(back, 1);
+    const __m128 id =
+        _mm_andnot_ps(_mm_cmpeq_ps(sc, _mm_setzero_ps()), _mm_div_ps(_mm_set1_ps(1.0f), sc));
+    const __m256 idv = _mm256_castps128_ps256(id);
+    /* the headers: scale then min, per group */
+    uint32_t hdr[4];
+    _mm_storeu_si128((__m128i *)hdr, _mm_unpacklo_epi16(_mm_unpackhi_epi64(h, h), h));
+    const int zero = _mm_movemask_ps(
+        _mm_or_ps(_mm_cmpeq_ps(mn, _mm_setzero_ps()), _mm_cmpeq_ps(mx, _mm_setzero_ps())));
+    const __m256 half = _mm256_set1_ps(0.5f);
+    const __m256i qb = _mm256_set1_epi8((char)((1 << bits) - 1));
+#pragma GCC unroll 4
+    for (uint32_t g = 0; g < ng; g++) {
+        uint8_t *blk = o + (uint64_t)g * gb;
+        if (zero >> g & 1) {
+            float f[32];
+            for (int j = 0; j < 4; j++)
+                _mm256_storeu_ps(f + 8 * j, x[4 * g + j]);
+            kern_kivi_v_enc(f, 32, blk, bits);
+            continue;
+        }
+        memcpy(blk, &hdr[g], 4);
+        const __m256i gi = _mm256_set1_epi32((int)g);
+        const __m256 vm = _mm256_permutevar8x32_ps(back, gi),
+                     vi = _mm256_permutevar8x32_ps(idv, gi);
+        __m256i q[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++)
+            q[j] = _mm256_cvttps_epi32(
+                _mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(x[4 * g + j], vm), vi), half));
+        /* 32 codes to bytes in order: the packs leave 4-byte runs q0[0-3] q1[0-3] q2[0-3]
+         * q3[0-3] q0[4-7] ...; one dword permute puts them back */
+        __m256i w = _mm256_packs_epi32(q[0], q[1]), z = _mm256_packs_epi32(q[2], q[3]);
+        __m256i b = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(w, z),
+                                                _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        b = _mm256_min_epu8(b, qb);
+        /* pairs: b[2i] + 16 b[2i+1] (4 bits); for 2 bits, b[2i] + 4 b[2i+1] then pairs again */
+        __m256i p = _mm256_maddubs_epi16(b, _mm256_set1_epi16(bits == 4 ? 0x1001 : 0x0401));
+        __m128i p8 = _mm_packus_epi16(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+        if (bits == 4) {
+            _mm_storeu_si128((__m128i *)(blk + 4), p8);
+            continue;
+        }
+        __m128i p4 = _mm_maddubs_epi16(p8, _mm_set1_epi16(0x1001));
+        _mm_storel_epi64((__m128i *)(blk + 4), _mm_packus_epi16(p4, p4));
     }
-    /* 32 codes to bytes in order: the packs leave 4-byte runs q0[0-3] q1[0-3] q2[0-3]
-     * q3[0-3] q0[4-7] ...; one dword permute puts them back */
-    __m256i w = _mm256_packs_epi32(q[0], q[1]), z = _mm256_packs_epi32(q[2], q[3]);
-    __m256i b = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(w, z),
-                                            _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    /* pairs: b[2i] + 16 b[2i+1] (4 bits); for 2 bits, b[2i] + 4 b[2i+1] then pairs again */
-    __m256i p = _mm256_maddubs_epi16(b, _mm256_set1_epi16(bits == 4 ? 0x1001 : 0x0401));
-    __m128i p8 = _mm_packus_epi16(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
-    if (bits == 4) {
-        _mm_storeu_si128((__m128i *)(blk + 4), p8);
-        return;
-    }
-    __m128i p4 = _mm_maddubs_epi16(p8, _mm_set1_epi16(0x1001));
-    _mm_storel_epi64((__m128i *)(blk + 4), _mm_packus_epi16(p4, p4));
 }
 
 /* kern_kivi_v_dec of a full group into four vectors: q * scale + min, in that order. */
@@ -259,13 +306,14 @@ KT static inline __attribute__((always_inline)) void rot_fwht_regs(__m256 *r, co
         0, (int)0x80000000, 0, (int)0x80000000, 0, (int)0x80000000, 0, (int)0x80000000));
     const __m256 neg2 = _mm256_castsi256_ps(_mm256_setr_epi32(
         0, 0, (int)0x80000000, (int)0x80000000, 0, 0, (int)0x80000000, (int)0x80000000));
+    const __m256 neg4 = _mm256_castsi256_ps(_mm256_setr_epi32(
+        0, 0, 0, 0, (int)0x80000000, (int)0x80000000, (int)0x80000000, (int)0x80000000));
 #pragma GCC unroll 16
     for (uint32_t i = 0; i < nv; i++) {
         __m256 a = r[i];
         a = _mm256_add_ps(_mm256_xor_ps(a, neg1), _mm256_permute_ps(a, 0xb1));
         a = _mm256_add_ps(_mm256_xor_ps(a, neg2), _mm256_permute_ps(a, 0x4e));
-        __m256 lo = _mm256_permute2f128_ps(a, a, 0x00), hi = _mm256_permute2f128_ps(a, a, 0x11);
-        r[i] = _mm256_permute2f128_ps(_mm256_add_ps(lo, hi), _mm256_sub_ps(lo, hi), 0x20);
+        r[i] = _mm256_add_ps(_mm256_xor_ps(a, neg4), _mm256_permute2f128_ps(a, a, 0x01));
     }
 #pragma GCC unroll 4
     for (uint32_t len = 1; len < nv; len <<= 1)
@@ -283,27 +331,26 @@ KT static inline __attribute__((always_inline)) void rot_fwht_regs(__m256 *r, co
  * scale, groups. */
 KT static inline __attribute__((always_inline)) void
 rot_enc_row_regs(const uint16_t *r, uint32_t dtype, const uint32_t *m, const float *mu, __m256 c,
-                 int bits, uint32_t gb, uint8_t *o, const uint32_t nv)
+                 int bits, uint32_t gb, uint8_t *o, const uint32_t nv, const int clean)
 {
     __m256 x[16];
 #pragma GCC unroll 16
     for (uint32_t j = 0; j < nv; j++)
-        x[j] =
-            _mm256_xor_ps(_mm256_sub_ps(rot_load8(r + 8 * j, dtype), _mm256_loadu_ps(mu + 8 * j)),
-                          _mm256_loadu_ps((const float *)m + 8 * j));
+        x[j] = _mm256_xor_ps(
+            _mm256_sub_ps(rot_load8c(r + 8 * j, dtype, clean), _mm256_loadu_ps(mu + 8 * j)),
+            _mm256_loadu_ps((const float *)m + 8 * j));
     rot_fwht_regs(x, nv);
 #pragma GCC unroll 16
     for (uint32_t j = 0; j < nv; j++)
         x[j] = rot_sanitize(_mm256_mul_ps(x[j], c));
-#pragma GCC unroll 4
-    for (uint32_t g = 0; g < nv / 4; g++)
-        rot_group_enc(x + 4 * g, o + (uint64_t)g * gb, bits);
+    rot_groups_enc(x, nv / 4, o, gb, bits);
 }
 
-/* One row of rot_dec_fused in registers: groups, butterfly, scale, sign, mean, store. */
+/* One row of rot_dec_fused in registers: groups, butterfly, then per channel y * cs + mean
+ * (cs: c with the channel's sign, y * -c being -(y * c) exactly), stored. */
 KT static inline __attribute__((always_inline)) void
-rot_dec_row_regs(const uint8_t *g0, int bits, uint32_t gb, const uint32_t *m, const uint8_t *mu,
-                 __m256 c, uint16_t *o, uint32_t out_dtype, const uint32_t nv)
+rot_dec_row_regs(const uint8_t *g0, int bits, uint32_t gb, const float *cs, const float *mf,
+                 uint16_t *o, uint32_t out_dtype, const uint32_t nv)
 {
     __m256 y[16];
 #pragma GCC unroll 4
@@ -313,9 +360,8 @@ rot_dec_row_regs(const uint8_t *g0, int bits, uint32_t gb, const uint32_t *m, co
 #pragma GCC unroll 16
     for (uint32_t j = 0; j < nv; j++)
         rot_store8(o + 8 * j,
-                   _mm256_add_ps(_mm256_xor_ps(_mm256_mul_ps(y[j], c),
-                                               _mm256_loadu_ps((const float *)m + 8 * j)),
-                                 _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mu + 16 * j)))),
+                   _mm256_add_ps(_mm256_mul_ps(y[j], _mm256_loadu_ps(cs + 8 * j)),
+                                 _mm256_loadu_ps(mf + 8 * j)),
                    out_dtype);
 }
 
@@ -325,24 +371,42 @@ rot_dec_row_regs(const uint8_t *g0, int bits, uint32_t gb, const uint32_t *m, co
 /* The channels' means of every head (kern_rot_mean: tokens summed in order), as fp16 into
  * the section and as the float they round to into mean[H][D]. */
 KT static void rot_means_avx2(const struct kern_layout *lay, const uint8_t *rawk, uint8_t *out,
-                              float *mean)
+                              float *mean, int *clean)
 {
     const uint32_t T = lay->tokens, H = lay->heads, D = lay->head_dim;
     const __m256 n = _mm256_set1_ps((float)T);
-    /* summed in token order per channel, the raw rows read in memory order */
-    memset(mean, 0, (size_t)H * D * sizeof(float));
-    for (uint32_t t = 0; t < T; t++)
-        for (uint32_t j = 0; j < H * D; j += 8)
-            _mm256_storeu_ps(
-                mean + j, _mm256_add_ps(_mm256_loadu_ps(mean + j),
-                                        rot_load8((const uint16_t *)rawk + (uint64_t)t * H * D + j,
-                                                  lay->dtype)));
+    const uint16_t *raw = (const uint16_t *)rawk;
+    /* fp16 rows with no Inf or NaN (exponent all ones) need no sanitizing */
+    __m256i bad = _mm256_setzero_si256();
+    const __m256i ex = _mm256_set1_epi16(0x7c00);
+    if (lay->dtype == KERN_DTYPE_FP16)
+        for (uint64_t i = 0; i + 16 <= (uint64_t)T * H * D; i += 16)
+            bad = _mm256_or_si256(
+                bad, _mm256_cmpeq_epi16(
+                         _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(raw + i)), ex), ex));
+    *clean = lay->dtype == KERN_DTYPE_FP16 && (T * H * D) % 16 == 0 && _mm256_testz_si256(bad, bad);
+    /* summed in token order per channel, eight channels at a time in registers */
     for (uint32_t h = 0; h < H; h++)
-        for (uint32_t j = 0; j < D; j += 8) {
-            const __m256 sum = _mm256_loadu_ps(mean + (uint64_t)h * D + j);
-            __m128i hv = _mm256_cvtps_ph(_mm256_div_ps(sum, n), _MM_FROUND_TO_NEAREST_INT);
-            _mm_storeu_si128((__m128i *)(out + 2 * ((uint64_t)h * D + j)), hv);
-            _mm256_storeu_ps(mean + (uint64_t)h * D + j, _mm256_cvtph_ps(hv));
+        for (uint32_t j = 0; j < D; j += 32) {
+            __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+            const uint32_t w = D - j < 32 ? D - j : 32;
+            for (uint32_t t = 0; t < T; t++) {
+                const uint16_t *r = raw + ((uint64_t)t * H + h) * D + j;
+                s0 = _mm256_add_ps(s0, rot_load8(r, lay->dtype));
+                if (w > 8)
+                    s1 = _mm256_add_ps(s1, rot_load8(r + 8, lay->dtype));
+                if (w > 16) {
+                    s2 = _mm256_add_ps(s2, rot_load8(r + 16, lay->dtype));
+                    s3 = _mm256_add_ps(s3, rot_load8(r + 24, lay->dtype));
+                }
+            }
+            const __m256 sum[4] = {s0, s1, s2, s3};
+            for (uint32_t k = 0; k < w; k += 8) {
+                __m128i hv =
+                    _mm256_cvtps_ph(_mm256_div_ps(sum[k / 8], n), _MM_FROUND_TO_NEAREST_INT);
+                _mm_storeu_si128((__m128i *)(out + 2 * ((uint64_t)h * D + j + k)), hv);
+                _mm256_storeu_ps(mean + (uint64_t)h * D + j + k, _mm256_cvtph_ps(hv));
+            }
         }
 }
 
@@ -357,23 +421,28 @@ KT static void rot_enc_fused(const struct kern_layout *lay, const uint8_t *rawk,
     uint8_t *out = sect + kern_rot_groups_off(lay);
     for (uint32_t h = 0; h < H; h++)
         rot_signs(mask + (uint64_t)h * D, sseed, h, D);
-    rot_means_avx2(lay, rawk, sect + KERN_ROT_PREFIX, mean);
+    int clean;
+    rot_means_avx2(lay, rawk, sect + KERN_ROT_PREFIX, mean, &clean);
     for (uint32_t t = 0; t < T; t++)
         for (uint32_t h = 0; h < H; h++) {
             const uint16_t *r = (const uint16_t *)rawk + ((uint64_t)t * H + h) * D;
             const uint32_t *m = mask + (uint64_t)h * D;
             const float *mu = mean + (uint64_t)h * D;
             uint8_t *o = out + ((uint64_t)t * H + h) * G * gb;
+            if (D == 128 && clean) {
+                rot_enc_row_regs(r, lay->dtype, m, mu, c, bits, gb, o, 16, 1);
+                continue;
+            }
             if (D == 128) {
-                rot_enc_row_regs(r, lay->dtype, m, mu, c, bits, gb, o, 16);
+                rot_enc_row_regs(r, lay->dtype, m, mu, c, bits, gb, o, 16, 0);
                 continue;
             }
             if (D == 64) {
-                rot_enc_row_regs(r, lay->dtype, m, mu, c, bits, gb, o, 8);
+                rot_enc_row_regs(r, lay->dtype, m, mu, c, bits, gb, o, 8, 0);
                 continue;
             }
             if (D == 32) {
-                rot_enc_row_regs(r, lay->dtype, m, mu, c, bits, gb, o, 4);
+                rot_enc_row_regs(r, lay->dtype, m, mu, c, bits, gb, o, 4, 0);
                 continue;
             }
             for (uint32_t j = 0; j < D; j += 8)
@@ -385,7 +454,7 @@ KT static void rot_enc_fused(const struct kern_layout *lay, const uint8_t *rawk,
                 __m256 x[4];
                 for (int j = 0; j < 4; j++)
                     x[j] = rot_sanitize(_mm256_mul_ps(_mm256_load_ps(row + 32 * g + 8 * j), c));
-                rot_group_enc(x, o + (uint64_t)g * gb, bits);
+                rot_groups_enc(x, 1, o + (uint64_t)g * gb, gb, bits);
             }
         }
 }
@@ -398,24 +467,32 @@ KT static void rot_dec_fused(const struct kern_layout *lay, const uint8_t *sect,
     const __m256 c = _mm256_set1_ps(kern_rot_scale(D));
     float row[KERN_ROT_MAX_DIM] __attribute__((aligned(32)));
     const uint8_t *in = sect + kern_rot_groups_off(lay), *means = kern_rot_means(sect);
-    for (uint32_t h = 0; h < H; h++)
+    /* per head and channel: c with the channel's sign, and the mean as a float */
+    float *csa = (float *)mask, *mfa = csa + (uint64_t)H * D;
+    for (uint32_t h = 0; h < H; h++) {
         rot_signs(mask + (uint64_t)h * D, sseed, h, D);
+        for (uint32_t j = 0; j < D; j += 8) {
+            const uint64_t k = (uint64_t)h * D + j;
+            _mm256_storeu_ps(csa + k, _mm256_xor_ps(c, _mm256_loadu_ps(csa + k)));
+            _mm256_storeu_ps(mfa + k,
+                             _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(means + 2 * k))));
+        }
+    }
     for (uint32_t t = 0; t < T; t++)
         for (uint32_t h = 0; h < H; h++) {
             const uint8_t *g0 = in + ((uint64_t)t * H + h) * G * gb;
-            const uint32_t *m = mask + (uint64_t)h * D;
-            const uint8_t *mu = means + 2ull * h * D;
+            const float *cs = csa + (uint64_t)h * D, *mf = mfa + (uint64_t)h * D;
             uint16_t *o = (uint16_t *)raw + ((uint64_t)t * H + h) * D;
             if (D == 128) {
-                rot_dec_row_regs(g0, bits, gb, m, mu, c, o, out_dtype, 16);
+                rot_dec_row_regs(g0, bits, gb, cs, mf, o, out_dtype, 16);
                 continue;
             }
             if (D == 64) {
-                rot_dec_row_regs(g0, bits, gb, m, mu, c, o, out_dtype, 8);
+                rot_dec_row_regs(g0, bits, gb, cs, mf, o, out_dtype, 8);
                 continue;
             }
             if (D == 32) {
-                rot_dec_row_regs(g0, bits, gb, m, mu, c, o, out_dtype, 4);
+                rot_dec_row_regs(g0, bits, gb, cs, mf, o, out_dtype, 4);
                 continue;
             }
             for (uint32_t g = 0; g < G; g++) {
@@ -428,9 +505,8 @@ KT static void rot_dec_fused(const struct kern_layout *lay, const uint8_t *sect,
             for (uint32_t j = 0; j < D; j += 8)
                 rot_store8(
                     o + j,
-                    _mm256_add_ps(_mm256_xor_ps(_mm256_mul_ps(_mm256_load_ps(row + j), c),
-                                                _mm256_loadu_ps((const float *)m + j)),
-                                  _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mu + 2 * j)))),
+                    _mm256_add_ps(_mm256_mul_ps(_mm256_load_ps(row + j), _mm256_loadu_ps(cs + j)),
+                                  _mm256_loadu_ps(mf + j)),
                     out_dtype);
         }
 }
@@ -485,7 +561,7 @@ int kern_rot_dec(const struct kern_cpu_ops *ops, uint32_t codec, const struct ke
     const uint32_t sseed = kern_rot_get_seed(sect);
     const int vec = ops != &kern_ref_ops;
     if (vec && D >= KERN_GROUP) {
-        uint32_t *m = malloc((size_t)H * D * sizeof(uint32_t));
+        uint32_t *m = malloc(2 * (size_t)H * D * sizeof(uint32_t));
         if (!m)
             return -ENOMEM;
         rot_dec_fused(lay, sect, codec == KERN_CODEC_ROT2 ? 2 : 4, raw, out_dtype, m);

@@ -206,6 +206,32 @@ START_TEST(test_paths_same_bytes)
 }
 END_TEST
 
+/* Heads constant over the block's tokens (every centred value +0, signed by the rotation into
+ * +0 and -0: a ROT group whose minimum or maximum is zero, where the reference keeps the
+ * first of +0 and -0) and heads of zeros, beside ordinary heads: every path gives the
+ * reference's bytes. */
+START_TEST(test_constant_heads_same_bytes)
+{
+    const struct shape *sh = &shapes[(uint32_t)_i / NCODECS];
+    const uint32_t codec = codecs[(uint32_t)_i % NCODECS];
+    struct kern_layout lay = layout_of(sh);
+    struct kern_recipe rec;
+    kern_recipe_fill(&rec, codec, codec, 0);
+    uint16_t *raw = make_data(&lay, DATA_OUTLIER, 70 + (uint64_t)_i);
+    const uint32_t kinds = lay.k_only ? 1 : 2;
+    for (uint32_t l = 0; l < lay.layers; l++)
+        for (uint32_t k = 0; k < kinds; k++)
+            for (uint32_t t = 0; t < lay.tokens; t++)
+                for (uint32_t d = 0; d < lay.head_dim; d++) {
+                    const uint64_t i = kern_raw_index(&lay, l, k, t, 0) + d;
+                    /* head 0: zeros in layer 0, a constant row (some channels 0) after it */
+                    put(&lay, raw, i, l == 0 ? 0.0f : (float)((int)(d % 5) - 2));
+                }
+    free(same_bytes(&lay, &rec, raw));
+    free(raw);
+}
+END_TEST
+
 /* Normalised RMS error of every section of `kind` data decoded. */
 static double worst_err(const struct kern_layout *lay, const struct kern_recipe *rec,
                         const uint16_t *raw, int which_kind)
@@ -493,6 +519,7 @@ static Suite *codecs_suite(void)
     TCase *tc = tcase_create("cpu");
     tcase_set_timeout(tc, daemon_slow() * 120);
     tcase_add_loop_test(tc, test_paths_same_bytes, 0, (int)(NSHAPES * NCODECS));
+    tcase_add_loop_test(tc, test_constant_heads_same_bytes, 0, (int)(NSHAPES * NCODECS));
     tcase_add_loop_test(tc, test_error_bounds, 0, (int)NSHAPES);
     tcase_add_test(tc, test_rotation_lowers_key_error);
     tcase_add_test(tc, test_rotation_orthonormal);
