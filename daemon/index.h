@@ -7,7 +7,7 @@
  * is open addressing with linear probing over 32-bit slots (index + 1, 0 empty) and
  * backward-shift deletion, so a lookup touches one or two cache lines whatever the number
  * of blocks. The slot comes from a seeded XXH3 of (key, namespace) with a seed drawn at
- * start, since keys may be chosen by clients. Metadata per block: the struct below (96 bytes) plus about
+ * start, since keys may be chosen by clients. Metadata per block: the struct below (88 bytes) plus about
  * 6 bytes of map at the maximum load of 0.7. Owned by the loop thread.
  */
 #ifndef KVC_INDEX_H
@@ -26,14 +26,24 @@ enum block_state {
     BLOCK_STATE_COMMITTED = 2, /* visible */
 };
 
+/* 88 bytes: the fields that never need 32 or 64 bits share words. off keeps 48 bits (host.size
+ * is at most 2^42, gpu.pool_size 2^44), last_access 39 (ms since start: 17 years), hits
+ * 24 (it stops counting at 2^24 - 1). */
 struct block {
     struct kvc_wire_key key;
     struct kvc_wire_key parent; /* all-zero for the first block of a prefix */
-    uint64_t off;               /* location in its fastest tier (host, GPU, or disk) */
-    uint64_t last_access;       /* ms since start */
-    uint32_t len;               /* slot bytes there */
+    uint64_t off : 48;          /* location in its fastest tier (host, GPU, or disk) */
+    uint64_t ns : 16;           /* namespace id */
+    uint64_t last_access : 39;  /* ms since start */
+    uint64_t format : 8;        /* KVC_WIRE_FORMAT_* */
+    uint64_t flags : 8;         /* BLOCK_F_* */
+    uint64_t state : 2;         /* enum block_state */
+    uint64_t tier : 2;          /* fastest tier holding it (KVC_WIRE_TIER_*) */
+    uint64_t arena : 5; /* its LRU list: a host arena, STORE_ARENA_GPU or STORE_ARENA_DISK */
+    uint32_t hits : 24; /* saturates at BLOCK_HITS_MAX */
+    uint32_t cls : 8;
+    uint32_t len; /* slot bytes there */
     uint32_t lru_prev, lru_next;
-    uint32_t hits;
     uint32_t pins;
     uint32_t children; /* committed blocks whose parent this is */
     uint32_t depth;
@@ -43,15 +53,11 @@ struct block {
     };
     uint32_t ver;  /* BLOCK_F_DISK: page version of its disk record (tier_loc.cls) */
     uint32_t doff; /* BLOCK_F_DISK: its disk record's offset in 4 KiB units */
-    uint16_t ns;
-    uint8_t state; /* enum block_state */
-    uint8_t tier;  /* fastest tier holding it (KVC_WIRE_TIER_*) */
-    uint8_t format;
-    uint8_t cls;
-    uint8_t arena; /* its LRU list: a host arena, STORE_ARENA_GPU or STORE_ARENA_DISK */
-    uint8_t flags; /* BLOCK_F_* */
 };
-_Static_assert(sizeof(struct block) == 96, "struct block is at its metadata budget");
+_Static_assert(sizeof(struct block) == 88, "struct block is at its metadata budget");
+#define BLOCK_HITS_MAX ((1u << 24) - 1)
+#define BLOCK_OFF_MAX ((1ull << 48) - 1)
+#define BLOCK_ARENA_MAX 31u
 
 /* Where a block is and what is happening to it (daemon/engine_disk.h: the tier engine owns
  * these transitions).
@@ -72,7 +78,8 @@ _Static_assert(sizeof(struct block) == 96, "struct block is at its metadata budg
 #define BLOCK_F_DISK 0x10u
 #define BLOCK_F_COMPACTING 0x20u
 #define BLOCK_F_REMOTE 0x40u /* the remote tier holds it (written, or read from there) */
-#define BLOCK_F_GPU_MOVING 0x80u /* a copy between its host arena and the GPU pool is in flight
+#define BLOCK_F_GPU_MOVING                                                                         \
+    0x80u /* a copy between its host arena and the GPU pool is in flight
                                     (daemon/engine_gpu.h); with PROMOTING: out of the pool */
 #define BLOCK_F_MOVING (BLOCK_F_DEMOTING | BLOCK_F_PROMOTING | BLOCK_F_GPU_MOVING)
 #define BLOCK_F_BUSY (BLOCK_F_MOVING | BLOCK_F_QUANTIZING | BLOCK_F_COMPACTING)
@@ -106,6 +113,13 @@ uint32_t index_find(struct index *ix, uint16_t ns, const struct kvc_wire_key *ke
 int index_insert(struct index *ix, uint32_t idx);
 /* Unmaps blocks[idx]. -ENOENT if it is not mapped. */
 int index_remove(struct index *ix, uint32_t idx);
+
+/* A hit counted on b: the count stops at BLOCK_HITS_MAX instead of wrapping to 0. */
+static inline void block_hit(struct block *b)
+{
+    if (b->hits < BLOCK_HITS_MAX)
+        b->hits++;
+}
 
 static inline bool index_key_is_zero(const struct kvc_wire_key *k)
 {

@@ -16,6 +16,13 @@
 #include "tiers/slab.h"
 #include "tiers/tier.h"
 
+/* struct block's narrow fields hold every value the store puts there. */
+_Static_assert(STORE_ARENA_GPU <= BLOCK_ARENA_MAX && STORE_ARENA_DISK <= BLOCK_ARENA_MAX,
+               "block.arena holds every list");
+_Static_assert(KVC_WIRE_TIER_HOST < 4 && KVC_WIRE_TIER_DISK < 4 && KVC_WIRE_TIER_GPU < 4,
+               "block.tier holds every tier");
+_Static_assert(BLOCK_STATE_COMMITTED < 4, "block.state holds every state");
+
 #define STORE_STAT_ADD(s, nsp, field, v)                                                           \
     do {                                                                                           \
         (s)->total.field += (v);                                                                   \
@@ -250,6 +257,10 @@ static void store_gpu_open(struct store *s)
     int rc;
     if (!s->p.gpu_size)
         return;
+    if (s->p.gpu_size > BLOCK_OFF_MAX) { /* a block's offset keeps 48 bits (struct block) */
+        log_warn("gpu: tier disabled (gpu.pool_size above 2^48 bytes)");
+        return;
+    }
     struct tier *g = tier_gpu_new(&gc, &rc);
     if (!g) {
         log_warn("gpu: tier disabled (%s)", rc != -ENODEV ? strerror(-rc)
@@ -278,8 +289,12 @@ struct store *store_new(const struct store_params *p, int *err)
         .prefault_first = STORE_PREFAULT_FIRST,
         .prefault_threads = p->host_prefault_threads,
     };
-    struct store *s = calloc(1, sizeof(*s));
-    int rc = -ENOMEM;
+    struct store *s = NULL;
+    int rc = -EINVAL;
+    if (p->host_size > BLOCK_OFF_MAX) /* a block's offset keeps 48 bits (struct block) */
+        goto fail;
+    rc = -ENOMEM;
+    s = calloc(1, sizeof(*s));
     if (!s)
         goto fail;
     s->p = *p;
@@ -813,7 +828,7 @@ int store_lease_pin(struct store *s, struct store_owner *o, uint32_t ns_id,
             h->blocks[i] = idx[i];
             store_block_pin(s, idx[i]);
             store_meta_hit(s, idx[i], now); /* before the touch: it reads last_access */
-            b->hits++;
+            block_hit(b);
             store_touch(s, idx[i], now);
             store_loc_fill(b, &locs[i]);
             bytes += b->len;
@@ -872,7 +887,7 @@ int store_fast_hit(struct store *s, uint32_t ns_id, uint32_t idx, const struct k
         STORE_STAT_ADD(s, ns, lookup_tokens, (uint64_t)nkeys * ns->layout.block_tokens);
     }
     store_meta_hit(s, idx, now); /* before the touch: it reads last_access */
-    b->hits++;
+    block_hit(b);
     store_touch(s, idx, now);
     if (b->format != KVC_WIRE_FORMAT_RAW)
         store_stat_lossy_hit(s, ns, b->format);
@@ -1183,6 +1198,8 @@ int store_arena_add(struct store *s, uint64_t size, uint32_t *id)
     int rc = 0;
     if (s->narenas == STORE_MAX_ARENAS)
         return -ENOSPC;
+    if (size > BLOCK_OFF_MAX) /* a block's offset keeps 48 bits (struct block) */
+        return -EINVAL;
     snprintf(name, sizeof(name), "kvcd-host-%u", s->narenas);
     s->arenas[s->narenas].tier = tier_host_new(&hc, &rc);
     if (!s->arenas[s->narenas].tier)

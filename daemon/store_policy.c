@@ -362,9 +362,8 @@ void store_heap_sync(struct store *s, uint32_t idx)
     ns = ns ? ns : rns;
     if (store_heaps_empty(ns))
         ns->heap_hl = ns->pp.half_life;
-    e = (struct store_heap_ent){.key = store_heap_key(s, ns, idx),
-                                .idx = idx,
-                                .depth = s->ix.blocks[idx].depth};
+    e = (struct store_heap_ent){
+        .key = store_heap_key(s, ns, idx), .idx = idx, .depth = s->ix.blocks[idx].depth};
     if (store_heap_owner(s, idx))
         (void)store_heap_in(s, &ns->heap, &e);
     if (rns)
@@ -642,8 +641,8 @@ void store_ladder_setup(struct store *s, struct store_ns *ns)
             for (uint32_t c = 1; c < KVC_WIRE_FORMAT_COUNT; c++) {
                 int64_t n;
                 if (!(allowed & (1u << c)) || (ns->rungs == 1 && c != first) ||
-                    (ns->max_error > 0 && kern_codec_attn_error((enum kern_codec)c) >
-                                              ns->max_error))
+                    (ns->max_error > 0 &&
+                     kern_codec_attn_error((enum kern_codec)c) > ns->max_error))
                     continue;
                 n = store_format_bytes(ns, (uint8_t)c);
                 /* of equal sizes the more precise (rot4 before kivi4 and q4_1) */
@@ -710,14 +709,14 @@ int store_ladder_pick(struct store *s, struct store_ns *ns, int *out)
     if (ns->rungs < 2)
         return -1;
     for (uint32_t k = 0; k < ns->rungs; k++) {
-        double b = (double)ns->rung_bytes[k] - (double)ns->rung_moving[k] +
-                   (double)ns->rung_coming[k];
+        double b =
+            (double)ns->rung_bytes[k] - (double)ns->rung_moving[k] + (double)ns->rung_coming[k];
         bytes[k] = b > 0 ? b : 0;
         cap += bytes[k];
         /* A rung whose blocks are all pinned or in motion is passed over, as kvcsim's rung
          * whose heap is empty. */
-        ready[k] = k + 1 < ns->rungs ? store_ladder_first(s, ns, k) != INDEX_NONE
-                                     : ns->rung_bytes[k] > 0;
+        ready[k] =
+            k + 1 < ns->rungs ? store_ladder_first(s, ns, k) != INDEX_NONE : ns->rung_bytes[k] > 0;
     }
     return policy_ladder_pick(&ns->ladder, bytes, cap, ready, out);
 }
@@ -771,14 +770,13 @@ uint32_t store_ladder_first(struct store *s, struct store_ns *ns, uint32_t rung)
     uint32_t v;
     if (rung + 1 >= ns->rungs)
         return INDEX_NONE;
-    return store_heap_walk(s, ns, &ns->rheap[rung], store_ladder_ok, NULL, &v, 1) ? v
-                                                                                   : INDEX_NONE;
+    return store_heap_walk(s, ns, &ns->rheap[rung], store_ladder_ok, NULL, &v, 1) ? v : INDEX_NONE;
 }
 
 /* ---- ghosts ---------------------------------------------------------------------------- */
 
-#define STORE_GHOST_WAYS 4      /* entries per set: the oldest of a full set is replaced */
-#define STORE_GHOST_MIN 1024u   /* entries at least */
+#define STORE_GHOST_WAYS 4    /* entries per set: the oldest of a full set is replaced */
+#define STORE_GHOST_MIN 1024u /* entries at least */
 /* Ghost memory at most 1/128 of the host arenas': 16 bytes per 2 KiB, so at least one ghost
  * per block at 4 KiB blocks (16 B a block at a million of them; 24-byte ghosts at 1/64 took
  * 50), and the whole window of cache.ghosts = 8 from blocks of 32 KiB up. */
@@ -893,8 +891,8 @@ void store_ghost_note(struct store *s, uint32_t idx)
 {
     const struct block *b = &s->ix.blocks[idx];
     const struct store_ns *ns = s->ns[b->ns];
-    if (!ns || ns->policy == POLICY_LRU || s->p.ghosts <= 0 ||
-        b->state != BLOCK_STATE_COMMITTED || store_ghost_fit(s, ns))
+    if (!ns || ns->policy == POLICY_LRU || s->p.ghosts <= 0 || b->state != BLOCK_STATE_COMMITTED ||
+        store_ghost_fit(s, ns))
         return;
     float freq = idx < s->nmeta && s->meta[idx].freq > 0 ? s->meta[idx].freq : 1.0f;
     s->ghost_seq++;
@@ -1234,8 +1232,8 @@ int store_head_raw(const struct store *s, uint32_t ns_id, uint8_t *out)
 
 int store_lookup_budget(struct store *s, struct store_owner *o, uint32_t ns_id,
                         const struct kvc_wire_key *keys, uint32_t n, uint32_t budget, int kind,
-                        uint32_t sinks, uint32_t recent, const float *q, uint32_t dim,
-                        uint64_t now, uint64_t *lease_id, uint32_t *nprefix, uint32_t *pos,
+                        uint32_t sinks, uint32_t recent, const float *q, uint32_t dim, uint64_t now,
+                        uint64_t *lease_id, uint32_t *nprefix, uint32_t *pos,
                         struct kvc_wire_loc *locs)
 {
     struct store_ns *ns = store_ns_get(s, ns_id);
@@ -1311,8 +1309,8 @@ int store_lookup_budget(struct store *s, struct store_owner *o, uint32_t ns_id,
         pq.kmin = kmm;
         pq.kmax = kmm + (size_t)m * dim;
     }
-    nsel = policy_select((enum policy_kind)kind, pb, m, budget, now, &pp,
-                         pq.kmin ? &pq : NULL, pos);
+    nsel =
+        policy_select((enum policy_kind)kind, pb, m, budget, now, &pp, pq.kmin ? &pq : NULL, pos);
     rc = 0;
     if (nsel == 0)
         goto out;
@@ -1327,7 +1325,7 @@ int store_lookup_budget(struct store *s, struct store_owner *o, uint32_t ns_id,
         h->blocks[i] = idx;
         store_block_pin(s, idx);
         store_meta_hit(s, idx, now);
-        b->hits++;
+        block_hit(b);
         store_touch(s, idx, now);
         store_loc_fill(b, &locs[i]);
         bytes += b->len;
@@ -1355,4 +1353,3 @@ out:
     free(pb);
     return rc;
 }
-
