@@ -76,8 +76,8 @@ struct store_params {
     int gpu_device;
     uint64_t gpu_page_size;             /* 0: 2 MiB */
     const struct kern_dev_ops *gpu_ops; /* NULL: kern_dev_cuda(); tests pass a fake */
-    uint32_t quantize_inflight; /* quantize-in-place jobs the trim may queue (0: none) */
-    bool fast_path; /* each host arena gets a shared index (daemon/fast.h) */
+    uint32_t quantize_inflight;         /* quantize-in-place jobs the trim may queue (0: none) */
+    bool fast_path;                     /* each host arena gets a shared index (daemon/fast.h) */
 };
 
 /* A binary heap of block indexes by policy key, lowest first (store_policy.c). */
@@ -138,23 +138,29 @@ enum store_policy_src {
     STORE_POLICY_SRC_ADMIN = 2,   /* POLICY_SET for this namespace (until the next reload) */
 };
 
-/* What the policies know of a block beyond struct block, kept in a side table by block
- * index (struct block is at its size budget): 24 bytes a block. Valid while committed. */
+/* What the policies know of a block beyond struct block, in two side tables by block index
+ * (struct block is at its size budget). store_meta, 12 bytes, what every policy but LRU ranks
+ * and keeps its heaps with: grown with the block pool. store_meta_x, 20 bytes, what only
+ * client hints and the quantize pass give a block: allocated the first time any block gets
+ * one, so a cache without hints or codecs spends nothing on it. Valid while committed. */
 struct store_meta {
-    float freq;      /* decayed access count as of last_access (policy_touch) */
+    float freq;    /* decayed access count as of last_access (policy_touch) */
+    uint32_t hpos; /* 1 + its position in its namespace's heap; 0: not in it */
+    uint32_t rpos; /* 1 + its position in its rung's heap (the ladder); 0: not in it */
+};
+_Static_assert(sizeof(struct store_meta) == 12, "the policy side table is 12 bytes a block");
+struct store_meta_x {
     float hint;      /* H2O attention mass as of hint_t (policy_hint) */
     float snap;      /* SnapKV observation-window score */
     uint32_t hint_t; /* when `hint` was set, ms since start >> STORE_META_TSHIFT */
     uint32_t quest;  /* 1 + index into store.qsum: the block's key min/max; 0 none */
-    uint32_t hpos;   /* 1 + its position in its namespace's heap; 0: not in it */
-    uint32_t rpos;   /* 1 + its position in its rung's heap (the ladder); 0: not in it */
     uint16_t vnorm;  /* bf16 mean value L1 norm (quant.c, VATP); 0: not measured */
     uint16_t hpeak;  /* bf16 head concentration of its last HINT_HEADS: the largest (layer,
                         head) score over their mean (1: spread evenly, layers * heads: one head);
                         0: none */
 };
+_Static_assert(sizeof(struct store_meta_x) == 20, "the hint and codec side table is 20 bytes");
 #define STORE_META_TSHIFT 4 /* 16 ms: 2^32 ticks last 2.2 years */
-_Static_assert(sizeof(struct store_meta) == 32, "the policy side table is 32 bytes a block");
 
 /* A lease or a reservation: what an owner holds by id. */
 enum store_handle_kind { STORE_HANDLE_LEASE = 1, STORE_HANDLE_RESV = 2 };
@@ -173,8 +179,8 @@ struct store_owner {
     uint32_t nhandles;             /* capacity of handles[] */
     uint32_t live;
     uint32_t gen;
-    uint64_t pins; /* block pins held through leases */
-    bool gpu;      /* this request may get GPU locations (set by the server per request) */
+    uint64_t pins;     /* block pins held through leases */
+    bool gpu;          /* this request may get GPU locations (set by the server per request) */
     bool lookup_short; /* the last lookup stopped at a block that found no room to be read
                           into (set by the engine) */
 };
@@ -194,15 +200,14 @@ struct store {
     struct store_params p;
     struct index ix;
     struct store_arena arenas[STORE_MAX_ARENAS + 2];
-    uint32_t narenas; /* host arenas */
+    uint32_t narenas;    /* host arenas */
     uint64_t ns_serials; /* namespaces created so far (store_ns.serial) */
     /* The engine's (daemon/engine.h): where a reservation finds room (NULL: the arena's
      * allocator, no eviction), the disk tier's state, the quantize worker. */
-    int (*room)(struct store *s, struct store_ns *ns, bool gpu, uint64_t now,
-                struct tier_loc *loc);
+    int (*room)(struct store *s, struct store_ns *ns, bool gpu, uint64_t now, struct tier_loc *loc);
     /* The engine core's services for the tier engines (daemon/engine_core.h; engine_attach). */
     const struct engine_core *core;
-    struct engine_disk *disk; /* the disk tier engine (daemon/engine_disk.h); NULL: none */
+    struct engine_disk *disk;     /* the disk tier engine (daemon/engine_disk.h); NULL: none */
     struct engine_remote *remote; /* the remote tier engine (engine_remote.h); NULL: none */
     /* Called for every block a commit makes visible (the remote tier's write-behind). */
     void (*on_commit)(struct store *s, uint32_t idx, uint64_t now);
@@ -217,11 +222,11 @@ struct store {
     struct stats total;
     uint64_t pins_now;
     uint64_t reserved_now, reserved_bytes_now;
-    struct tier *gpu; /* arenas[STORE_ARENA_GPU].tier, or NULL: no GPU tier */
+    struct tier *gpu;             /* arenas[STORE_ARENA_GPU].tier, or NULL: no GPU tier */
     struct engine_gpu *gpu_moves; /* the pool's moves in flight (daemon/engine_gpu.h) */
     uint32_t gpu_unregistered;    /* host arenas the device could not register (pageable) */
-    struct quant *quant; /* quantize-in-place worker (daemon/quant.h), or NULL */
-    uint32_t *keysum;    /* by block index: bf16 key L2 norm << 16 | bf16 key absmax of a
+    struct quant *quant;          /* quantize-in-place worker (daemon/quant.h), or NULL */
+    uint32_t *keysum;             /* by block index: bf16 key L2 norm << 16 | bf16 key absmax of a
                             quantized block (written by quant.c, read by the policies) */
     uint32_t nkeysum;
     /* Policy metadata (store_policy.c): per block index, and the Quest summaries (per
@@ -229,13 +234,15 @@ struct store {
      * floats each) that the quantize pass computed. */
     struct store_meta *meta;
     uint32_t nmeta;
+    struct store_meta_x *meta_x; /* NULL until a block gets a hint or a codec's signals */
+    uint32_t nmeta_x;
     float **qsum;
     uint32_t *qdim;
     uint32_t nqsum, qcap, *qfree, nqfree;
     uint64_t rng; /* xorshift state of the eviction sample's random probes */
     /* Ghosts (store_policy.c): what the policies knew of recently evicted blocks. */
     struct store_ghost *ghost;
-    uint32_t nghost;   /* entries, a power of two (sets of STORE_GHOST_WAYS) */
+    uint32_t nghost;    /* entries, a power of two (sets of STORE_GHOST_WAYS) */
     uint32_t ghost_cap; /* the most entries the table may have (0: not computed yet) */
     uint32_t ghost_seq; /* evictions noted so far (wraps) */
     uint64_t ghost_salt;
@@ -245,7 +252,7 @@ struct store {
      * smaller blocks comes to it). */
     struct fast_index *fast[STORE_MAX_ARENAS];
     uint64_t fast_full_before; /* fast_full of indexes replaced by larger ones */
-    bool fast_keep; /* store_touch: the unlink leaves the block's index entry alone */
+    bool fast_keep;            /* store_touch: the unlink leaves the block's index entry alone */
     /* Which block's slot starts at an offset of a host arena: per 4 KiB unit (the smallest
      * slot), 1 + the index of the committed block there, 0 none (kept by the LRU link and
      * unlink; store_slot_owner). The ladder empties a whole slab with it. */
@@ -274,13 +281,12 @@ void store_reload(struct store *s, const struct store_params *p);
 bool store_model_id_ok(const char *id);
 
 /* Checks a layout and computes its block size. 0 or -EINVAL (with a reason in *why). */
-int store_layout_check(const struct kvc_wire_layout *l, uint64_t arena_bytes,
-                       uint64_t *block_bytes, const char **why);
+int store_layout_check(const struct kvc_wire_layout *l, uint64_t arena_bytes, uint64_t *block_bytes,
+                       const char **why);
 
 /* Opens or creates the namespace of l->model_id. -EEXIST when it exists with another layout,
  * -ENOSPC when the namespace table is full, -EINVAL for a bad layout. */
-int store_ns_open(struct store *s, const struct kvc_wire_layout *l, uint32_t *ns_id,
-                  bool *created);
+int store_ns_open(struct store *s, const struct kvc_wire_layout *l, uint32_t *ns_id, bool *created);
 /* The same, a namespace created here placed in host arena `arena` from the start (an
  * existing one stays where it was created): placement is all or nothing. -ENOENT for an
  * arena that does not exist, -EINVAL when the block does not fit it. */
@@ -542,8 +548,8 @@ int store_head_raw(const struct store *s, uint32_t ns_id, uint8_t *out);
  * -EMFILE, -ENOMEM. */
 int store_lookup_budget(struct store *s, struct store_owner *o, uint32_t ns_id,
                         const struct kvc_wire_key *keys, uint32_t n, uint32_t budget, int kind,
-                        uint32_t sinks, uint32_t recent, const float *q, uint32_t dim,
-                        uint64_t now, uint64_t *lease_id, uint32_t *nprefix, uint32_t *pos,
+                        uint32_t sinks, uint32_t recent, const float *q, uint32_t dim, uint64_t now,
+                        uint64_t *lease_id, uint32_t *nprefix, uint32_t *pos,
                         struct kvc_wire_loc *locs);
 
 /* Whether any namespace ranks with a policy other than LRU (then engine_trim runs the
@@ -560,10 +566,9 @@ bool store_policy_engine(const struct store *s);
  * without the blocks that could go. */
 int store_ns_drop(struct store *s, uint32_t ns_id, uint64_t *dropped);
 
-
 /* For store_policy.c. */
-int store_handle_new(struct store *s, struct store_owner *o, uint8_t kind, uint16_t ns,
-                     uint32_t n, struct store_handle **out);
+int store_handle_new(struct store *s, struct store_owner *o, uint8_t kind, uint16_t ns, uint32_t n,
+                     struct store_handle **out);
 void store_loc_fill(const struct block *b, struct kvc_wire_loc *loc);
 void store_touch(struct store *s, uint32_t idx, uint64_t now);
 

@@ -132,7 +132,30 @@ static struct store_meta *store_meta_at(struct store *s, uint32_t idx)
     return &s->meta[idx];
 }
 
-static void store_meta_quest_drop(struct store *s, struct store_meta *m)
+/* Block idx's entry of the hint and codec table, grown to hold it. NULL on ENOMEM. */
+static struct store_meta_x *store_meta_x_at(struct store *s, uint32_t idx)
+{
+    if (idx >= s->nmeta_x) {
+        uint64_t n = s->nmeta_x ? s->nmeta_x : 1024;
+        while (n <= idx)
+            n *= 2;
+        struct store_meta_x *m = realloc(s->meta_x, (size_t)n * sizeof(*m));
+        if (!m)
+            return NULL;
+        memset(m + s->nmeta_x, 0, (size_t)(n - s->nmeta_x) * sizeof(*m));
+        s->meta_x = m;
+        s->nmeta_x = (uint32_t)n;
+    }
+    return &s->meta_x[idx];
+}
+
+/* The same without growing it: NULL when idx has none (every field 0). */
+static const struct store_meta_x *store_meta_x_get(const struct store *s, uint32_t idx)
+{
+    return idx < s->nmeta_x ? &s->meta_x[idx] : NULL;
+}
+
+static void store_meta_quest_drop(struct store *s, struct store_meta_x *m)
 {
     if (!m->quest)
         return;
@@ -929,8 +952,11 @@ void store_meta_commit(struct store *s, uint32_t idx, uint64_t now)
     struct store_ghost g;
     if (!m)
         return;
-    store_meta_quest_drop(s, m);
     *m = (struct store_meta){.freq = 1.0f, .hpos = m->hpos};
+    if (idx < s->nmeta_x) {
+        store_meta_quest_drop(s, &s->meta_x[idx]);
+        s->meta_x[idx] = (struct store_meta_x){0};
+    }
     /* Back soon after its eviction: the count it had, decayed, plus this access; the gap
      * is a reuse interval the half-life learns from. */
     if (ns && store_ghost_take(s, ns, b, &g)) {
@@ -953,8 +979,11 @@ void store_meta_drop(struct store *s, uint32_t idx)
     if (idx >= s->nmeta)
         return;
     store_heap_remove(s, idx);
-    store_meta_quest_drop(s, &s->meta[idx]);
     s->meta[idx] = (struct store_meta){0};
+    if (idx < s->nmeta_x) {
+        store_meta_quest_drop(s, &s->meta_x[idx]);
+        s->meta_x[idx] = (struct store_meta_x){0};
+    }
 }
 
 void store_meta_hit(struct store *s, uint32_t idx, uint64_t now)
@@ -997,7 +1026,7 @@ void store_meta_ref(struct store *s, struct store_ns *ns, const struct kvc_wire_
 
 void store_meta_vnorm_set(struct store *s, uint32_t idx, float vnorm)
 {
-    struct store_meta *m = store_meta_at(s, idx);
+    struct store_meta_x *m = store_meta_x_at(s, idx);
     uint32_t u;
     if (!m)
         return;
@@ -1007,7 +1036,7 @@ void store_meta_vnorm_set(struct store *s, uint32_t idx, float vnorm)
 
 void store_meta_quest_set(struct store *s, uint32_t idx, float *kminmax, uint32_t dim)
 {
-    struct store_meta *m = store_meta_at(s, idx);
+    struct store_meta_x *m = store_meta_x_at(s, idx);
     uint32_t slot;
     if (!m)
         goto fail;
@@ -1048,6 +1077,9 @@ void store_meta_free(struct store *s)
     free(s->qdim);
     free(s->qfree);
     free(s->meta);
+    free(s->meta_x);
+    s->meta_x = NULL;
+    s->nmeta_x = 0;
     free(s->ghost);
     s->ghost = NULL;
     s->nghost = 0;
@@ -1079,10 +1111,13 @@ void store_policy_block(const struct store *s, uint32_t idx, struct policy_block
     if (idx < s->nmeta) {
         const struct store_meta *m = &s->meta[idx];
         pb->freq = m->freq > 0 ? m->freq : 1.0f;
-        pb->hint = m->hint;
-        pb->snap = m->snap;
-        pb->hint_time = (uint64_t)m->hint_t << STORE_META_TSHIFT;
-        uint32_t v = (uint32_t)m->vnorm << 16; /* bf16 value norm (quant.c) */
+    }
+    const struct store_meta_x *x = store_meta_x_get(s, idx);
+    if (x) {
+        pb->hint = x->hint;
+        pb->snap = x->snap;
+        pb->hint_time = (uint64_t)x->hint_t << STORE_META_TSHIFT;
+        uint32_t v = (uint32_t)x->vnorm << 16; /* bf16 value norm (quant.c) */
         memcpy(&pb->value_norm, &v, sizeof(v));
     }
     if (b->format != KVC_WIRE_FORMAT_RAW && idx < s->nkeysum) {
@@ -1105,9 +1140,10 @@ int store_hint(struct store *s, uint32_t ns_id, uint32_t kind, const struct kvc_
         return -EINVAL;
     for (uint32_t i = 0; i < n; i++) {
         uint32_t idx = index_find(&s->ix, (uint16_t)ns_id, &h[i].key);
-        struct store_meta *m;
+        struct store_meta_x *m;
         if (idx == INDEX_NONE || s->ix.blocks[idx].state != BLOCK_STATE_COMMITTED ||
-            (s->ix.blocks[idx].flags & BLOCK_F_LOST) || !(m = store_meta_at(s, idx)))
+            (s->ix.blocks[idx].flags & BLOCK_F_LOST) || !store_meta_at(s, idx) ||
+            !(m = store_meta_x_at(s, idx)))
             continue;
         if (kind == KVC_HINT_H2O) {
             struct policy_block pb = {.hint = m->hint,
@@ -1168,7 +1204,7 @@ int store_hint_heads(struct store *s, uint32_t ns_id, uint32_t kind,
         applied++;
         if (sum > 0) {
             float conc = (float)(peak / (sum / lh));
-            struct store_meta *m = store_meta_at(s, idx); /* store_hint made it */
+            struct store_meta_x *m = store_meta_x_at(s, idx); /* store_hint made it */
             uint32_t u;
             memcpy(&u, &conc, sizeof(u));
             if (m)
@@ -1294,7 +1330,7 @@ int store_lookup_budget(struct store *s, struct store_owner *o, uint32_t ns_id,
         if (!kmm)
             goto out;
         for (uint32_t i = 0; i < m; i++) {
-            const struct store_meta *mt = pb[i].id < s->nmeta ? &s->meta[pb[i].id] : NULL;
+            const struct store_meta_x *mt = store_meta_x_get(s, pb[i].id);
             float *lo = kmm + (size_t)i * dim, *hi = kmm + ((size_t)m + i) * dim;
             if (mt && mt->quest && s->qdim[mt->quest - 1] == dim) {
                 memcpy(lo, s->qsum[mt->quest - 1], dim * sizeof(float));

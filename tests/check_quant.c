@@ -16,8 +16,8 @@
 #include "tiers/host.h"
 #include "tiers/tier.h"
 
-#define Q8 KVC_WIRE_QUANT_FLAGS(1u << KVC_WIRE_FORMAT_Q8_0, KVC_WIRE_FORMAT_Q8_0,              \
-                                KVC_WIRE_FORMAT_Q8_0, 0)
+#define Q8                                                                                         \
+    KVC_WIRE_QUANT_FLAGS(1u << KVC_WIRE_FORMAT_Q8_0, KVC_WIRE_FORMAT_Q8_0, KVC_WIRE_FORMAT_Q8_0, 0)
 
 static struct store *s;
 static struct quant *q;
@@ -149,9 +149,9 @@ START_TEST(test_quantize_block)
     ck_assert_uint_eq(loc.format, KVC_WIRE_FORMAT_Q8_0);
     struct kern_layout kl = klay(ns);
     void *out = malloc(kern_raw_size(&kl));
-    ck_assert_int_eq(kern_decode_cpu(&kl, slot(&loc), loc.length, out, kern_raw_size(&kl),
-                                     KERN_DTYPE_FP16),
-                     (int64_t)kern_raw_size(&kl));
+    ck_assert_int_eq(
+        kern_decode_cpu(&kl, slot(&loc), loc.length, out, kern_raw_size(&kl), KERN_DTYPE_FP16),
+        (int64_t)kern_raw_size(&kl));
     ck_assert_double_lt(rel_err(ns, 0, out), 0.02);
     free(out);
     ck_assert_int_eq(store_release(s, &o, lease), 0);
@@ -230,10 +230,10 @@ START_TEST(test_head_profile)
     for (uint32_t j = 2; j < LH; j++)
         ck_assert_uint_eq(prof[j], STORE_HEAD_FULL);
     /* block 0: 10 + 6 x 1 = 16, mean 2, peak 10: concentration 5 (bf16 0x40a0) */
-    ck_assert_float_eq(s->meta[idx[0]].hint, 16.0f);
-    ck_assert_uint_eq(s->meta[idx[0]].hpeak, 0x40a0);
-    ck_assert_float_eq(s->meta[idx[2]].hint, 6.0f);
-    ck_assert_uint_eq(s->meta[idx[2]].hpeak, 0x3faa); /* 1 / (6 / 8) = 1.333 */
+    ck_assert_float_eq(s->meta_x[idx[0]].hint, 16.0f);
+    ck_assert_uint_eq(s->meta_x[idx[0]].hpeak, 0x40a0);
+    ck_assert_float_eq(s->meta_x[idx[2]].hint, 6.0f);
+    ck_assert_uint_eq(s->meta_x[idx[2]].hpeak, 0x3faa); /* 1 / (6 / 8) = 1.333 */
 }
 END_TEST
 

@@ -19,8 +19,8 @@
 #include "tiers/host.h"
 #include "tiers/tier.h"
 
-#define Q8 KVC_WIRE_QUANT_FLAGS(1u << KVC_WIRE_FORMAT_Q8_0, KVC_WIRE_FORMAT_Q8_0,              \
-                                KVC_WIRE_FORMAT_Q8_0, 0)
+#define Q8                                                                                         \
+    KVC_WIRE_QUANT_FLAGS(1u << KVC_WIRE_FORMAT_Q8_0, KVC_WIRE_FORMAT_Q8_0, KVC_WIRE_FORMAT_Q8_0, 0)
 
 static struct store *s;
 static struct quant *q;
@@ -205,8 +205,8 @@ START_TEST(test_random_ops_every_policy)
             uint64_t lease;
             for (uint32_t i = 0; i < CHAIN_LEN; i++)
                 ks[i] = key(ns, (uint32_t)c, i);
-            int n = store_lookup_budget(s, &o, ns, ks, CHAIN_LEN, 1 + rand_r(&seed) % 4, -1, 1,
-                                        1, NULL, 0, now, &lease, &np, pos, locs);
+            int n = store_lookup_budget(s, &o, ns, ks, CHAIN_LEN, 1 + rand_r(&seed) % 4, -1, 1, 1,
+                                        NULL, 0, now, &lease, &np, pos, locs);
             ck_assert_int_ge(n, 0);
             for (int i = 1; i < n; i++)
                 ck_assert_uint_gt(pos[i], pos[i - 1]);
@@ -409,7 +409,7 @@ START_TEST(test_h2o_hint_keeps)
     for (uint32_t i = 0; i < 8; i++)
         hs[i] = (struct kvc_wire_hint){.key = key(ns, 1, i), .score = 50.0f};
     ck_assert_int_eq(store_hint(s, ns, KVC_HINT_H2O, hs, 8, 20), 8);
-    ck_assert_float_gt(s->meta[index_find(&s->ix, (uint16_t)ns, &hs[3].key)].hint, 49.0f);
+    ck_assert_float_gt(s->meta_x[index_find(&s->ix, (uint16_t)ns, &hs[3].key)].hint, 49.0f);
     /* evict 7 blocks through the policy */
     for (int i = 0; i < 7; i++) {
         uint32_t v = engine_victim(s, 0, -1, 30);
@@ -470,9 +470,9 @@ START_TEST(test_budget_select)
     ck_assert_int_eq(store_lookup_budget(s, &o, ns, ks, 10, 3, POLICY_QUEST, 1, 1, qv, 64, 70,
                                          &lease, &np, pos, locs),
                      -EINVAL);
-    ck_assert_int_eq(store_lookup_budget(s, &o, 99, ks, 10, 3, -1, 1, 1, NULL, 0, 70, &lease, &np,
-                                         pos, locs),
-                     -ENOENT);
+    ck_assert_int_eq(
+        store_lookup_budget(s, &o, 99, ks, 10, 3, -1, 1, 1, NULL, 0, 70, &lease, &np, pos, locs),
+        -ENOENT);
 }
 END_TEST
 
@@ -494,8 +494,8 @@ START_TEST(test_quest_summary)
     quant_drain(q);
     for (uint32_t i = 1; i < 5; i++) {
         uint32_t idx = index_find(&s->ix, (uint16_t)ns, &ks[i]);
-        ck_assert_uint_ne(s->meta[idx].quest, 0);
-        const float *sum = s->qsum[s->meta[idx].quest - 1];
+        ck_assert_uint_ne(s->meta_x[idx].quest, 0);
+        const float *sum = s->qsum[s->meta_x[idx].quest - 1];
         for (uint32_t d = 0; d < 128; d++)
             ck_assert_float_le(sum[d], sum[128 + d]); /* min below max */
     }
@@ -535,8 +535,7 @@ START_TEST(test_ns_policy_sources)
     ck_assert_int_eq(store_ns_get(s, b)->policy, POLICY_LFU);
     ck_assert_int_eq(store_ns_get(s, b)->policy_src, STORE_POLICY_SRC_DEFAULT);
     ck_assert_int_eq(store_ns_policy_set(s, 99, POLICY_LRU, STORE_POLICY_SRC_ADMIN), -ENOENT);
-    ck_assert_int_eq(store_ns_policy_set(s, a, POLICY_KIND_COUNT, STORE_POLICY_SRC_ADMIN),
-                     -EINVAL);
+    ck_assert_int_eq(store_ns_policy_set(s, a, POLICY_KIND_COUNT, STORE_POLICY_SRC_ADMIN), -EINVAL);
     /* the default policy's tuner appears with the first reference (a lookup: a commit is
      * not one) and sets the half-life */
     ck_assert_int_eq(store_ns_policy_set(s, a, POLICY_DEFAULT, STORE_POLICY_SRC_ADMIN), 0);
