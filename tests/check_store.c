@@ -79,8 +79,8 @@ static void check_invariants(void)
         }
         for (uint32_t j = 0; j < ix->nblocks; j++) {
             const struct block *c = &ix->blocks[j];
-            if (c->state == BLOCK_STATE_COMMITTED && c->ns == b->ns &&
-                c->parent.lo == b->key.lo && c->parent.hi == b->key.hi)
+            if (c->state == BLOCK_STATE_COMMITTED && c->ns == b->ns && c->parent.lo == b->key.lo &&
+                c->parent.hi == b->key.hi)
                 children++;
         }
         ck_assert_uint_eq(b->children, children);
@@ -424,6 +424,41 @@ START_TEST(test_pin_count_cannot_wrap)
 }
 END_TEST
 
+/* struct block keeps 24 bits of hits: the count stops at BLOCK_HITS_MAX instead of wrapping
+ * to 0 (which would make the most used block look never used). */
+START_TEST(test_hit_count_saturates)
+{
+    struct store_owner o;
+    struct kvc_wire_key k[1];
+    uint64_t lease;
+    store_owner_init(&o);
+    ck_assert_int_eq(put(&o, 1, 1, 0, 1), 1);
+    chain(k, 1, 1, 0);
+    uint32_t b = index_find(&s->ix, (uint16_t)ns, &k[0]);
+    s->ix.blocks[b].hits = BLOCK_HITS_MAX - 1;
+    for (uint64_t t = 2; t < 5; t++) {
+        ck_assert_int_eq(lookup(&o, 1, 1, 0, t, &lease), 1);
+        ck_assert_int_eq(store_release(s, &o, lease), 0);
+    }
+    ck_assert_uint_eq(s->ix.blocks[b].hits, BLOCK_HITS_MAX);
+    store_owner_fini(s, &o);
+}
+END_TEST
+
+/* A block's offset keeps 48 bits: an arena whose offsets would not fit is refused. */
+START_TEST(test_arena_offset_bound)
+{
+    struct store_params p = s->p;
+    uint32_t id;
+    int err = 0;
+    p.host_size = BLOCK_OFF_MAX + 2;
+    ck_assert_ptr_null(store_new(&p, &err));
+    ck_assert_int_eq(err, -EINVAL);
+    ck_assert_int_eq(store_arena_add(s, BLOCK_OFF_MAX + 2, &id), -EINVAL);
+    ck_assert_uint_eq(s->narenas, 1);
+}
+END_TEST
+
 /* kvcctl ns drop: every block of the namespace goes, leaves first up the chains, in one
  * pass; pinned or reserved blocks keep it (-EBUSY, nothing else lost); its id is free after. */
 START_TEST(test_ns_drop)
@@ -488,7 +523,7 @@ START_TEST(test_arena_fault)
     ck_assert_int_eq(lookup(&o, 1, 4, 0, 2, &lease), 3);
     uint32_t b2 = index_find(&s->ix, (uint16_t)ns, &k[2]);
     ck_assert_uint_eq(engine_arena_fault(s, 0, s->ix.blocks[b2].off, 4096), 1);
-    ck_assert_uint_ne(index_find(&s->ix, (uint16_t)ns, &k[2]), INDEX_NONE); /* pinned */
+    ck_assert_uint_ne(index_find(&s->ix, (uint16_t)ns, &k[2]), INDEX_NONE);     /* pinned */
     ck_assert_uint_eq(engine_arena_fault(s, 1, s->ix.blocks[b2].off, 4096), 0); /* other arena */
     ck_assert_int_eq(store_release(s, &o, lease), 0);
     check_invariants();
@@ -511,6 +546,8 @@ int main(void)
     tcase_add_test(tc, test_namespaces_and_layouts);
     tcase_add_test(tc, test_handle_limits);
     tcase_add_test(tc, test_pin_count_cannot_wrap);
+    tcase_add_test(tc, test_hit_count_saturates);
+    tcase_add_test(tc, test_arena_offset_bound);
     tcase_add_test(tc, test_ns_drop);
     tcase_add_test(tc, test_arena_fault);
     suite_add_tcase(su, tc);

@@ -398,6 +398,36 @@ START_TEST(test_ghost_restores_count)
 }
 END_TEST
 
+/* The hint and codec table (store_meta_x) costs nothing until a block gets a hint, and a
+ * block that takes a dropped block's pool entry starts without its hint. */
+START_TEST(test_hint_table_on_demand)
+{
+    uint32_t ns = ns_open("x", 0);
+    struct kvc_wire_loc loc;
+    struct policy_block pb;
+    uint64_t lease;
+    ck_assert_int_eq(store_ns_policy_set(s, ns, POLICY_H2O, STORE_POLICY_SRC_ADMIN), 0);
+    ck_assert_int_eq(put_chain(ns, 0, 0, 4, 10), 4);
+    struct kvc_wire_key kk = key(ns, 0, 3);
+    ck_assert_int_eq(engine_lookup(s, &o, ns, &kk, 1, 11, &lease, &loc), 1);
+    ck_assert_int_eq(store_release(s, &o, lease), 0);
+    ck_assert_ptr_null(s->meta_x);
+    struct kvc_wire_hint h = {.key = kk, .score = 50.0f};
+    ck_assert_int_eq(store_hint(s, ns, KVC_HINT_H2O, &h, 1, 12), 1);
+    ck_assert_ptr_nonnull(s->meta_x);
+    uint32_t idx = index_find(&s->ix, (uint16_t)ns, &kk);
+    store_policy_block(s, idx, &pb);
+    ck_assert_float_eq(pb.hint, 50.0f);
+    ck_assert_int_eq(store_block_drop(s, idx), 0);
+    ck_assert_int_eq(put_chain(ns, 1, 0, 1, 20), 1);
+    kk = key(ns, 1, 0);
+    ck_assert_uint_eq(index_find(&s->ix, (uint16_t)ns, &kk), idx); /* the same pool entry */
+    store_policy_block(s, idx, &pb);
+    ck_assert_float_eq(pb.hint, 0.0f);
+    ck_assert_float_eq(s->meta[idx].freq, 1.0f);
+}
+END_TEST
+
 /* Under h2o, of two equal prefixes the hinted one survives pressure. */
 START_TEST(test_h2o_hint_keeps)
 {
@@ -573,6 +603,7 @@ int main(void)
     tcase_add_test(tc, test_ghost_restores_count);
     tcase_add_checked_fixture(tf, setup, teardown);
     tcase_add_test(tf, test_h2o_hint_keeps);
+    tcase_add_test(tf, test_hint_table_on_demand);
     tcase_add_test(tf, test_budget_select);
     tcase_add_test(tf, test_quest_summary);
     tcase_add_test(tf, test_ns_policy_sources);
