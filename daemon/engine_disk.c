@@ -24,9 +24,9 @@
 #define ENGINE_DISK_RATE_ALPHA 0.3
 
 #define ENGINE_DISK_STAT_ADD(s, nsp, field, v)                                                     \
-    do {                                                                                       \
-        (s)->total.field += (v);                                                               \
-        (nsp)->stats.field += (v);                                                             \
+    do {                                                                                           \
+        (s)->total.field += (v);                                                                   \
+        (nsp)->stats.field += (v);                                                                 \
     } while (0)
 
 struct engine_disk {
@@ -34,24 +34,24 @@ struct engine_disk {
     struct tier *disk;
     uint32_t admit_hits;
     uint32_t npaths;
-    bool down;               /* every path failed: nothing more can be written */
-    bool stuck;              /* the disk is full of what it cannot evict (parents of blocks
+    bool down;          /* every path failed: nothing more can be written */
+    bool stuck;         /* the disk is full of what it cannot evict (parents of blocks
                                 in memory): dirty leaves go as without a disk until it is not */
-    uint64_t stuck_len;      /* the record that found no room */
-    uint64_t moves;          /* writes and reads in flight */
+    uint64_t stuck_len; /* the record that found no room */
+    uint64_t moves;     /* writes and reads in flight */
     uint64_t writing[STORE_MAX_ARENAS + 2]; /* memory bytes of each arena being written */
     uint64_t freeing[STORE_MAX_ARENAS + 2]; /* of those, demotions: freed once written */
     uint64_t demote_cancelled;
-    uint64_t disk_full;      /* writes that found no room even after eviction */
-    uint32_t compact_below;  /* percent of a page still live under which it is compacted */
-    uint32_t compact_page;   /* the page being emptied; UINT32_MAX: none */
-    uint32_t compacting;     /* compaction moves in flight */
+    uint64_t disk_full;     /* writes that found no room even after eviction */
+    uint32_t compact_below; /* percent of a page still live under which it is compacted */
+    uint32_t compact_page;  /* the page being emptied; UINT32_MAX: none */
+    uint32_t compacting;    /* compaction moves in flight */
     uint32_t compact_idx[ENGINE_DISK_COMPACT_INFLIGHT]; /* their blocks; INDEX_NONE: free */
     uint64_t compacted_pages, compacted_blocks, compacted_bytes, compact_aborted;
-    int compress_level;      /* disk.compress: zstd level, 0 raw */
+    int compress_level;                               /* disk.compress: zstd level, 0 raw */
     int (*ns_level)(void *arg, const char *model_id); /* a namespace's level, or -1 */
     void *ns_level_arg;
-    int16_t *levels;         /* by namespace id: its level, -1 the default, INT16_MIN unknown */
+    int16_t *levels; /* by namespace id: its level, -1 the default, INT16_MIN unknown */
     uint32_t nlevels;
     /* What the write-back target follows: committed bytes per second (puts) and bytes the
      * disk wrote per second, both smoothed. */
@@ -76,16 +76,16 @@ struct engine_disk_move {
     struct store *s;
     uint32_t idx;
     uint8_t kind;
-    bool demote;          /* WRITE: free the memory copy once written (pressure) */
-    uint32_t arena;       /* WRITE: the arena it is written from */
-    struct tier_loc host; /* WRITE: the slot being copied; PROMOTE: the new slot;
+    bool demote;             /* WRITE: free the memory copy once written (pressure) */
+    uint32_t arena;          /* WRITE: the arena it is written from */
+    struct tier_loc host;    /* WRITE: the slot being copied; PROMOTE: the new slot;
                              COMPACT: the new record */
-    struct tier_loc disk; /* WRITE: the new record; PROMOTE, COMPACT: the record read */
+    struct tier_loc disk;    /* WRITE: the new record; PROMOTE, COMPACT: the record read */
     struct kvc_wire_key key; /* COMPACT: the block, to know it is still the same one */
     uint16_t ns;
-    void *buf;               /* COMPACT: the record's bytes between read and write */
+    void *buf;                     /* COMPACT: the record's bytes between read and write */
     struct engine_disk_move *next; /* PROMOTE: in the read queue */
-    uint64_t now;            /* WRITE: when it started (to pick disk victims) */
+    uint64_t now;                  /* WRITE: when it started (to pick disk victims) */
 };
 
 /* ---- a block's locations ---------------------------------------------------------------- */
@@ -97,15 +97,6 @@ static struct tier *engine_disk_mem(const struct store *s, const struct block *b
 }
 
 _Static_assert(STORE_RECORD_ALIGN == TIER_DISK_ALIGN, "record offsets in the tier's units");
-
-/* Sets b's disk record (b unlinked when BLOCK_F_DISK changes: it picks the list). */
-static void engine_disk_rec_set(struct block *b, const struct tier_loc *l)
-{
-    b->doff = (uint32_t)(l->off / STORE_RECORD_ALIGN);
-    b->dlen = (uint32_t)l->len;
-    b->ver = l->cls;
-    b->flags |= BLOCK_F_DISK;
-}
 
 /* Bytes of block b in memory: its namespace's block size, or the encoded size of its
  * quantized format. */
@@ -143,7 +134,7 @@ static void engine_disk_memory_release(struct store *s, uint32_t idx)
     ns->bytes = ns->bytes - b->len + b->dlen;
     b->tier = KVC_WIRE_TIER_DISK;
     b->arena = STORE_ARENA_DISK;
-    b->off = (uint64_t)b->doff * TIER_DISK_ALIGN;
+    b->off = (uint64_t)s->rec[idx].doff * TIER_DISK_ALIGN;
     b->len = b->dlen;
     b->cls = 0;
     store_lru_push_head(s, idx);
@@ -273,7 +264,7 @@ static void engine_disk_write_done(void *arg, int status)
     }
     /* DEMOTING kept it in place (no free, move or quantize): the record is its bytes. */
     store_lru_unlink(s, idx);
-    engine_disk_rec_set(b, &mv->disk);
+    store_record_set(s, idx, &mv->disk);
     store_lru_push_head(s, idx);
     ENGINE_DISK_STAT_ADD(s, ns, demoted_blocks, 1);
     engine_disk_write_end(s, mv);
@@ -332,6 +323,9 @@ static int engine_disk_write_one(struct store *s, uint32_t idx, bool demote, uin
         ed->stuck_len = m.len;
         return -ENOSPC; /* nothing on disk can make room: not worth encoding */
     }
+    rc = store_record_reserve(s, idx); /* its record's room, so the write's end cannot fail */
+    if (rc)
+        return rc;
     mv = calloc(1, sizeof(*mv));
     if (!mv)
         return -ENOMEM;
@@ -343,8 +337,8 @@ static int engine_disk_write_one(struct store *s, uint32_t idx, bool demote, uin
     mv->now = now;
     mv->host = (struct tier_loc){.arena = b->arena, .cls = b->cls, .off = b->off, .len = b->len};
     rc = tier_disk_encode(ed->disk, &m, (uint8_t *)tier_host_base(host) + b->off,
-                          engine_disk_codec(s, b), engine_disk_level(s, b->ns), engine_disk_write_encoded,
-                          mv);
+                          engine_disk_codec(s, b), engine_disk_level(s, b->ns),
+                          engine_disk_write_encoded, mv);
     if (rc) {
         free(mv);
         return rc;
@@ -392,7 +386,7 @@ static int engine_disk_write_ancestors(struct store *s, uint32_t idx, uint64_t n
  * has no clean block left) their memory goes once written, and a leaf the disk would not
  * take is dropped. Returns the blocks acted on. */
 static int engine_disk_write_back(struct store *s, uint32_t a, uint64_t bytes, bool demote,
-                              uint64_t now)
+                                  uint64_t now)
 {
     uint32_t walked = 0, i = s->arenas[a].lru_tail;
     uint64_t started = 0;
@@ -601,11 +595,10 @@ static bool engine_disk_compact_same(const struct store *s, const struct engine_
 {
     const struct block *b = &s->ix.blocks[mv->idx];
     struct tier_loc l;
-    if (b->state != BLOCK_STATE_COMMITTED || b->key.lo != mv->key.lo ||
-        b->key.hi != mv->key.hi || b->ns != mv->ns ||
-        (b->flags & (BLOCK_F_LOST | BLOCK_F_DISK)) != BLOCK_F_DISK)
+    if (b->state != BLOCK_STATE_COMMITTED || b->key.lo != mv->key.lo || b->key.hi != mv->key.hi ||
+        b->ns != mv->ns || (b->flags & (BLOCK_F_LOST | BLOCK_F_DISK)) != BLOCK_F_DISK)
         return false;
-    store_record_loc(b, &l);
+    store_record_loc(s, b, &l);
     return l.off == mv->disk.off && l.cls == mv->disk.cls;
 }
 
@@ -643,7 +636,7 @@ static void engine_disk_compact_write_done(void *arg, int status)
             b->off = mv->host.off;
             b->len = (uint32_t)mv->host.len;
         }
-        engine_disk_rec_set(b, &mv->host);
+        store_record_set(s, mv->idx, &mv->host);
         ed->disk->ops->free(ed->disk, &mv->disk);
     } else {
         ed->disk->ops->free(ed->disk, &mv->host);
@@ -680,8 +673,8 @@ static void engine_disk_compact_read_done(void *arg, int status)
         goto abort;
     /* Encoded again (at the namespace's level now) from the block read back. */
     engine_disk_meta(s, b, &m);
-    if (tier_disk_encode(ed->disk, &m, mv->buf, engine_disk_codec(s, b), engine_disk_level(s, b->ns),
-                         engine_disk_compact_encoded, mv))
+    if (tier_disk_encode(ed->disk, &m, mv->buf, engine_disk_codec(s, b),
+                         engine_disk_level(s, b->ns), engine_disk_compact_encoded, mv))
         goto abort;
     return;
 abort:
@@ -716,7 +709,7 @@ static int engine_disk_compact_one(struct store *s, uint32_t idx)
     mv->kind = ENGINE_DISK_MOVE_COMPACT;
     mv->key = b->key;
     mv->ns = b->ns;
-    store_record_loc(b, &mv->disk);
+    store_record_loc(s, b, &mv->disk);
     rc = tier_disk_get(ed->disk, &mv->disk, &m, mv->buf, (m.len + 4095) & ~4095ull,
                        engine_disk_compact_read_done, mv);
     if (rc) {
@@ -764,7 +757,7 @@ static void engine_disk_compact(struct store *s)
             bool busy = false;
             if ((b->flags & (BLOCK_F_DISK | BLOCK_F_LOST)) == BLOCK_F_DISK &&
                 !(b->flags & BLOCK_F_PROMOTING)) {
-                store_record_loc(b, &loc);
+                store_record_loc(s, b, &loc);
                 if (tier_disk_page_of(ed->disk, &loc) == (int)ed->compact_page) {
                     left++;
                     for (uint32_t k = 0; k < ENGINE_DISK_COMPACT_INFLIGHT; k++)
@@ -833,7 +826,7 @@ static void engine_disk_promote_done(void *arg, int status)
 /* A host slot of len bytes in ns's arena, evicting as engine_alloc does (a quantized block
  * comes back into a slot of its encoded size). */
 static int engine_disk_host_alloc(struct store *s, struct store_ns *ns, uint64_t len, uint64_t now,
-                              struct tier_loc *loc)
+                                  struct tier_loc *loc)
 {
     struct tier *t = s->arenas[ns->arena].tier;
     int cls = tier_host_class(t, len);
@@ -872,7 +865,7 @@ static int engine_disk_promote(struct store *s, uint32_t idx, uint64_t now)
     mv->s = s;
     mv->idx = idx;
     mv->kind = ENGINE_DISK_MOVE_PROMOTE;
-    store_record_loc(b, &mv->disk);
+    store_record_loc(s, b, &mv->disk);
     rc = tier_disk_get(ed->disk, &mv->disk, &m, (uint8_t *)tier_host_base(host) + mv->host.off,
                        mv->host.len, engine_disk_promote_done, mv);
     if (rc == -EAGAIN) {
@@ -953,8 +946,10 @@ uint32_t engine_disk_lookup_prepare(struct store *s, uint16_t ns, const struct k
                 if (rc == -ENOSPC)
                     *short_of_room = true;
                 else
-                    log_limited(LOG_LEVEL_WARNING, "disk: a read from disk cannot start (%s); "
-                                "the lookup stops at that block", strerror(-rc));
+                    log_limited(LOG_LEVEL_WARNING,
+                                "disk: a read from disk cannot start (%s); "
+                                "the lookup stops at that block",
+                                strerror(-rc));
                 usable = i;
                 break;
             }
@@ -971,8 +966,8 @@ uint32_t engine_disk_lookup_prepare(struct store *s, uint16_t ns, const struct k
     return usable;
 }
 
-int engine_disk_lease_state(struct store *s, struct store_owner *owner, uint64_t lease_id, uint32_t *nhit,
-                        uint32_t *nready, uint32_t *pending)
+int engine_disk_lease_state(struct store *s, struct store_owner *owner, uint64_t lease_id,
+                            uint32_t *nhit, uint32_t *nready, uint32_t *pending)
 {
     struct store_handle *h = store_handle_get(owner, lease_id, STORE_HANDLE_LEASE);
     bool stop = false;
@@ -1005,7 +1000,8 @@ struct engine_disk_scan {
     size_t n, cap;
 };
 
-static int engine_disk_scan_cb(void *arg, const struct tier_disk_meta *m, const struct tier_loc *loc)
+static int engine_disk_scan_cb(void *arg, const struct tier_disk_meta *m,
+                               const struct tier_loc *loc)
 {
     struct engine_disk_scan *sc = arg;
     if (sc->n == sc->cap) {
@@ -1093,8 +1089,11 @@ static int engine_disk_adopt(struct store *s, const struct engine_disk_params *p
     b->arena = STORE_ARENA_DISK;
     b->off = f->loc.off;
     b->len = (uint32_t)f->loc.len;
-    engine_disk_rec_set(b, &f->loc);
-    rc = index_insert(&s->ix, idx);
+    rc = store_record_reserve(s, idx);
+    if (!rc) {
+        store_record_set(s, idx, &f->loc);
+        rc = index_insert(&s->ix, idx);
+    }
     if (rc) {
         index_block_delete(&s->ix, idx);
         return rc;
@@ -1261,7 +1260,7 @@ void engine_disk_flush(struct store *s)
 }
 
 void engine_disk_stats(const struct store *s, void (*put)(void *arg, const char *name, uint64_t v),
-                   void *arg)
+                       void *arg)
 {
     struct tier_disk_stats st;
     const struct engine_disk *ed = s->disk;

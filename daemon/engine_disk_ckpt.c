@@ -46,7 +46,7 @@ static int engine_disk_ckpt_next(void *arg, struct tier_disk_meta *m, struct tie
             (b->flags & (BLOCK_F_DISK | BLOCK_F_LOST)) != BLOCK_F_DISK)
             continue;
         engine_disk_meta(s, b, m); /* what its record's header says */
-        store_record_loc(b, loc);
+        store_record_loc(s, b, loc);
         return 1;
     }
     return 0;
@@ -66,11 +66,11 @@ static int engine_disk_ckpt_result(struct tier *disk, bool wait, enum log_level 
     }
     tier_disk_stats_get(disk, &st);
     if (st.ckpt_writes && !st.ckpt_stale)
-        log_msg(level, "disk: checkpoint %s: %llu records, %llu KiB in %llu ms (%llu ms on the "
-                       "loop)",
+        log_msg(level,
+                "disk: checkpoint %s: %llu records, %llu KiB in %llu ms (%llu ms on the "
+                "loop)",
                 tier_disk_checkpoint_path(disk), (unsigned long long)st.ckpt_records,
-                (unsigned long long)(st.ckpt_bytes >> 10),
-                (unsigned long long)(st.ckpt_us / 1000),
+                (unsigned long long)(st.ckpt_bytes >> 10), (unsigned long long)(st.ckpt_us / 1000),
                 (unsigned long long)(st.ckpt_loop_us / 1000));
     return 0;
 }
@@ -136,7 +136,7 @@ void engine_disk_checkpoint_started(const struct store *s)
 }
 
 void engine_disk_checkpoint_stats(const struct store *s,
-                              void (*put)(void *arg, const char *name, uint64_t v), void *arg)
+                                  void (*put)(void *arg, const char *name, uint64_t v), void *arg)
 {
     struct tier *disk = engine_disk_ckpt_disk(s);
     struct tier_disk_stats st;

@@ -7,7 +7,7 @@
  * is open addressing with linear probing over 32-bit slots (index + 1, 0 empty) and
  * backward-shift deletion, so a lookup touches one or two cache lines whatever the number
  * of blocks. The slot comes from a seeded XXH3 of (key, namespace) with a seed drawn at
- * start, since keys may be chosen by clients. Metadata per block: the struct below (88 bytes) plus about
+ * start, since keys may be chosen by clients. Metadata per block: the struct below (80 bytes) plus about
  * 6 bytes of map at the maximum load of 0.7. Owned by the loop thread.
  */
 #ifndef KVC_INDEX_H
@@ -26,7 +26,7 @@ enum block_state {
     BLOCK_STATE_COMMITTED = 2, /* visible */
 };
 
-/* 88 bytes: the fields that never need 32 or 64 bits share words. off keeps 48 bits (host.size
+/* 80 bytes: the fields that never need 32 or 64 bits share words. off keeps 48 bits (host.size
  * is at most 2^42, gpu.pool_size 2^44), last_access 39 (ms since start: 17 years), hits
  * 24 (it stops counting at 2^24 - 1). */
 struct block {
@@ -49,19 +49,18 @@ struct block {
     uint32_t depth;
     union {
         uint32_t owner_slot; /* RESERVED: the reservation's handle slot; FREE: next free */
-        uint32_t dlen;       /* COMMITTED with BLOCK_F_DISK: bytes of its disk record */
+        uint32_t dlen;       /* COMMITTED with BLOCK_F_DISK: bytes of its disk record (its
+                                offset and page version: store.rec) */
     };
-    uint32_t ver;  /* BLOCK_F_DISK: page version of its disk record (tier_loc.cls) */
-    uint32_t doff; /* BLOCK_F_DISK: its disk record's offset in 4 KiB units */
 };
-_Static_assert(sizeof(struct block) == 88, "struct block is at its metadata budget");
+_Static_assert(sizeof(struct block) == 80, "struct block is at its metadata budget");
 #define BLOCK_HITS_MAX ((1u << 24) - 1)
 #define BLOCK_OFF_MAX ((1ull << 48) - 1)
 #define BLOCK_ARENA_MAX 31u
 
 /* Where a block is and what is happening to it (daemon/engine_disk.h: the tier engine owns
  * these transitions).
- * DISK: it has a valid record on disk at (doff, dlen, ver). Inclusive hierarchy: a block in
+ * DISK: it has a valid record on disk at (store.rec, dlen). Inclusive hierarchy: a block in
  *   memory with DISK set is clean — its memory copy can go at no cost, and writing it to
  *   disk again costs nothing; without DISK it is dirty.
  * DEMOTING: a disk write of it is in flight (encode or I/O); PROMOTING: its memory slot is

@@ -346,6 +346,7 @@ void store_free(struct store *s)
                 free(s->ns[i]);
             }
     store_meta_free(s);
+    free(s->rec);
     free(s->ns);
     if (s->ix.blocks)
         index_fini(&s->ix);
@@ -628,16 +629,42 @@ void store_record_free(struct store *s, uint32_t idx)
     struct tier_loc l;
     if (!(b->flags & BLOCK_F_DISK))
         return;
-    store_record_loc(b, &l);
+    store_record_loc(s, b, &l);
     if (d)
         d->ops->free(d, &l);
     b->flags &= (uint8_t)~BLOCK_F_DISK;
 }
 
-void store_record_loc(const struct block *b, struct tier_loc *l)
+void store_record_loc(const struct store *s, const struct block *b, struct tier_loc *l)
 {
+    const struct store_rec *r = &s->rec[b - s->ix.blocks]; /* BLOCK_F_DISK: reserved */
     *l = (struct tier_loc){
-        .arena = 0, .cls = b->ver, .off = (uint64_t)b->doff * STORE_RECORD_ALIGN, .len = b->dlen};
+        .arena = 0, .cls = r->ver, .off = (uint64_t)r->doff * STORE_RECORD_ALIGN, .len = b->dlen};
+}
+
+int store_record_reserve(struct store *s, uint32_t idx)
+{
+    if (idx < s->nrec)
+        return 0;
+    uint64_t n = s->nrec ? s->nrec : 1024;
+    while (n <= idx)
+        n *= 2;
+    struct store_rec *r = realloc(s->rec, (size_t)n * sizeof(*r));
+    if (!r)
+        return -ENOMEM;
+    memset(r + s->nrec, 0, (size_t)(n - s->nrec) * sizeof(*r));
+    s->rec = r;
+    s->nrec = (uint32_t)n;
+    return 0;
+}
+
+void store_record_set(struct store *s, uint32_t idx, const struct tier_loc *l)
+{
+    struct block *b = &s->ix.blocks[idx];
+    s->rec[idx] =
+        (struct store_rec){.doff = (uint32_t)(l->off / STORE_RECORD_ALIGN), .ver = l->cls};
+    b->dlen = (uint32_t)l->len;
+    b->flags |= BLOCK_F_DISK;
 }
 
 bool store_block_idle(const struct store *s, uint32_t idx)

@@ -162,6 +162,13 @@ struct store_meta_x {
 _Static_assert(sizeof(struct store_meta_x) == 20, "the hint and codec side table is 20 bytes");
 #define STORE_META_TSHIFT 4 /* 16 ms: 2^32 ticks last 2.2 years */
 
+/* A block's disk record beyond its length (struct block.dlen), by block index: kept only by a
+ * daemon with a disk tier, grown by store_record_reserve before a record is written. */
+struct store_rec {
+    uint32_t doff; /* its offset in 4 KiB units (STORE_RECORD_ALIGN) */
+    uint32_t ver;  /* its page's version (tier_loc.cls) */
+};
+
 /* A lease or a reservation: what an owner holds by id. */
 enum store_handle_kind { STORE_HANDLE_LEASE = 1, STORE_HANDLE_RESV = 2 };
 struct store_handle {
@@ -236,6 +243,8 @@ struct store {
     uint32_t nmeta;
     struct store_meta_x *meta_x; /* NULL until a block gets a hint or a codec's signals */
     uint32_t nmeta_x;
+    struct store_rec *rec; /* disk records (BLOCK_F_DISK) by block index; NULL: none yet */
+    uint32_t nrec;
     float **qsum;
     uint32_t *qdim;
     uint32_t nqsum, qcap, *qfree, nqfree;
@@ -378,8 +387,13 @@ bool store_block_idle(const struct store *s, uint32_t idx);
 int store_block_drop(struct store *s, uint32_t idx);
 /* A block's disk record (BLOCK_F_DISK): its location, and freeing it (clears the flag; the
  * block must be unlinked, or on a list that does not depend on the flag). */
-void store_record_loc(const struct block *b, struct tier_loc *l);
+void store_record_loc(const struct store *s, const struct block *b, struct tier_loc *l);
 void store_record_free(struct store *s, uint32_t idx);
+/* Room for block idx's record in store.rec, made before its record is written or adopted (so
+ * that setting it cannot fail). 0 or -ENOMEM. store_record_set: block idx's record is at l
+ * (sets dlen and BLOCK_F_DISK; b unlinked when the flag changes: it picks the list). */
+int store_record_reserve(struct store *s, uint32_t idx);
+void store_record_set(struct store *s, uint32_t idx, const struct tier_loc *l);
 struct store_handle *store_handle_get(struct store_owner *o, uint64_t id, uint8_t kind);
 
 /* The committed block whose slot starts at offset off of host arena `arena`, or INDEX_NONE. */

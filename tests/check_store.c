@@ -445,6 +445,24 @@ START_TEST(test_hit_count_saturates)
 }
 END_TEST
 
+/* A daemon without a disk tier keeps no disk record table (store.rec: 8 bytes a block index
+ * with one); puts, hits and evictions leave it unallocated. */
+START_TEST(test_no_disk_no_record_table)
+{
+    struct store_owner o;
+    uint64_t lease;
+    store_owner_init(&o);
+    for (uint32_t c = 1; c <= 80; c++) /* 80 chains of 2 in 64 blocks' room: evictions */
+        ck_assert_int_eq(put(&o, c, 2, 0, c), 2);
+    ck_assert_int_eq(lookup(&o, 80, 2, 0, 100, &lease), 2);
+    ck_assert_int_eq(store_release(s, &o, lease), 0);
+    ck_assert_uint_gt(s->total.evicted_blocks, 0);
+    ck_assert_ptr_null(s->rec);
+    ck_assert_uint_eq(s->nrec, 0);
+    store_owner_fini(s, &o);
+}
+END_TEST
+
 /* A block's offset keeps 48 bits: an arena whose offsets would not fit is refused. */
 START_TEST(test_arena_offset_bound)
 {
@@ -548,6 +566,7 @@ int main(void)
     tcase_add_test(tc, test_pin_count_cannot_wrap);
     tcase_add_test(tc, test_hit_count_saturates);
     tcase_add_test(tc, test_arena_offset_bound);
+    tcase_add_test(tc, test_no_disk_no_record_table);
     tcase_add_test(tc, test_ns_drop);
     tcase_add_test(tc, test_arena_fault);
     suite_add_tcase(su, tc);
