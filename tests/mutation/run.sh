@@ -236,8 +236,8 @@ mutation ladder-sink-quantized daemon/engine.c "check_ladder" \
 
 # The precision ladder: the namespace's fidelity budget is not applied to its rungs.
 mutation ladder-budget-ignored daemon/store_policy.c "check_ladder" \
-'                    (ns->max_error > 0 && kern_codec_attn_error((enum kern_codec)c) >
-                                              ns->max_error))' \
+'                    (ns->max_error > 0 &&
+                     kern_codec_attn_error((enum kern_codec)c) > ns->max_error))' \
 '                    (ns->max_error < 0))'
 
 # The precision ladder over a disk tier: the trim drops clean memory copies instead of
