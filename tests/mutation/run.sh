@@ -68,12 +68,12 @@ mutation proto-batch-length-off-by-one daemon/proto.c "check_proto check_e2e_gar
 '        if ((uint64_t)h->len < sh->body + (uint64_t)(count - 1) * sh->entry) {'
 
 # A skipped checksum on disk read: the data's XXH3 is never compared.
-mutation disk-checksum-skipped tiers/disk.c "check_tier_disk check_e2e_disk" \
+mutation disk-checksum-skipped tiers/disk_rec.c "check_tier_disk check_e2e_disk" \
 '    if (XXH3_64bits(data, h->len) != h->data_csum) {' \
 '    if (0 && XXH3_64bits(data, h->len) != h->data_csum) {'
 
 # A wrong byte in the disk tier's read path: a verified raw record's last byte is flipped.
-mutation disk-read-wrong-byte tiers/disk.c "check_tier_disk check_e2e_disk" \
+mutation disk-read-wrong-byte tiers/disk_rec.c "check_tier_disk check_e2e_disk" \
 '            memcpy(op->dst, op->data_bounce, h->len);
         return;' \
 '            memcpy(op->dst, op->data_bounce, h->len);
@@ -155,7 +155,7 @@ mutation fast-no-generation-bump tiers/host.c "check_e2e_fast" \
 '        (void)h->gens;'
 
 # A hit ring taken on trust: entries naming namespaces the client may not read are counted.
-mutation fast-ring-unvalidated daemon/server.c "check_e2e_fast" \
+mutation fast-ring-unvalidated daemon/server_fast.c "check_e2e_fast" \
 '            if (server_ns_use(sv, c, h[i].ns, KVC_ACCESS_READ) ||
                 store_fast_hit(' \
 '            if (store_fast_hit('
@@ -182,8 +182,9 @@ mutation fast-index-unsealed daemon/fast.c "check_e2e_adversary_fast" \
 # The daemon reads back what it decided from the shared header (arena_bytes): a writer of
 # the header stops every publication.
 mutation fast-index-header-trusted daemon/fast.c "check_e2e_adversary_fast" \
-'    if (unit >= (fi->arena_bytes >> KVC_FAST_UNIT_SHIFT) || (off & 4095))' \
-'    if (unit >= (fi->hdr->arena_bytes >> KVC_FAST_UNIT_SHIFT) || (off & 4095))'
+'    if (unit >= fi->units || (off & 4095) || lunits >= (1u << 24) || !(k->lo | k->hi))' \
+'    if (unit >= (fi->hdr->arena_bytes >> KVC_FAST_UNIT_SHIFT) || (off & 4095) ||
+        lunits >= (1u << 24) || !(k->lo | k->hi))'
 
 # Hit rings read without a cap: every pass reads all a ring holds, whatever the rate
 # (issue 28 row 4: one tenant's flood slowed every other one's lookups 200-1,000 times).
@@ -243,7 +244,7 @@ mutation ladder-budget-ignored daemon/store_policy.c "check_ladder" \
 # The precision ladder over a disk tier: the trim drops clean memory copies instead of
 # stepping the ladder (the ladder never holds its rungs where a disk tier is configured).
 mutation ladder-not-in-disk-trim daemon/engine_disk.c "check_e2e_quant" \
-'                    engine_ladder_evict(s, a, v, (uint64_t)((double)used - low) + 1, now);' \
+'                    s->core->ladder_evict(s, a, v, (uint64_t)((double)used - low) + 1, now);' \
 '                    ENGINE_LADDER_NONE;'
 
 # The precision ladder over a disk tier: the LRU-tail quantize walk also takes blocks of a
@@ -255,19 +256,17 @@ mutation quant-walk-over-ladder daemon/quant.c "check_e2e_quant" \
 # The remote tier: a block stored in one value (every block up to remote.part_size) whose
 # bytes are not checked against its checksum.
 mutation remote-one-value-unchecked tiers/remote.c "check_e2e_remote" \
-'            if (!rc)
-                rc = remote_rec_check_data(p->xxh, at0, len);' \
-'            if (!rc && q->geom.count > 1)
-                rc = remote_rec_check_data(p->xxh, at0, len);'
+'            rc = q->sealed ? remote_part_open(p)
+                           : remote_rec_check_data(p->xxh,' \
+'            rc = q->sealed ? remote_part_open(p)
+                 : q->geom.count == 1 ? 0
+                           : remote_rec_check_data(p->xxh,'
 
 # A sealed part's data taken whatever its tag says (the plaintext checksum still stands
 # behind it, but a forged part must be refused as not sealed under the key).
 mutation remote-seal-tag-ignored tiers/remote.c "check_e2e_remote" \
-'            rc = q->sealed ? remote_seal_open_data(p->sealed, p->hdr, &q->seal, at0, len, p->tag)
-                           : 0;' \
-'            rc = q->sealed ? (remote_seal_open_data(p->sealed, p->hdr, &q->seal, at0, len,
-                                                    p->tag), 0)
-                           : 0;'
+'    int rc = remote_seal_open_data(p->sealed, p->hdr, &q->seal, at, len, p->tag);' \
+'    int rc = (remote_seal_open_data(p->sealed, p->hdr, &q->seal, at, len, p->tag), 0);'
 
 # A sealed header not bound to the part's index: a part sealed for one place opens in
 # another.
@@ -301,11 +300,11 @@ mutation put-skip-uncounted daemon/store.c "check_e2e_put" \
 # A chain reserved under a parent that is still being written (not committed): the keys hang
 # from a block that may never be.
 mutation put-parent-unwritten-reserved daemon/store.c "check_e2e_put" \
-'        if (prev == INDEX_NONE || s->ix.blocks[prev].state != BLOCK_STATE_COMMITTED) {' \
-'        if (prev == INDEX_NONE) {'
+'        } else if (prev == INDEX_NONE || s->ix.blocks[prev].state != BLOCK_STATE_COMMITTED) {' \
+'        } else if (prev == INDEX_NONE) {'
 
 # A RESERVE that waits for room is counted at every try (reserve_keys many times the keys put).
-mutation put-wait-counted-twice daemon/server.c "check_e2e_disk" \
+mutation put-wait-counted-twice daemon/server_dispatch.c "check_e2e_disk" \
 '        server_resv_stats_restore(&sv->store->total, &tot0);' \
 '        (void)tot0;'
 
