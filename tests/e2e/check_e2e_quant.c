@@ -292,7 +292,7 @@ START_TEST(test_ladder_with_disk)
     kvc_client *c;
     static struct kvc_key k[QL_CHAINS][QL_LEN];
     int by_codec[KVC_CODEC_KIVI4 + 8] = {0};
-    uint64_t steps = 0, disk_blocks = 0, disk_reads = 0;
+    uint64_t steps = 0, disk_blocks = 0, disk_reads = 0, clean_out = 0;
     char path[DAEMON_PATH_MAX + 16], o_path[DAEMON_PATH_MAX + 32];
     ck_assert_int_eq(daemon_dir_init(&d), 0);
     snprintf(path, sizeof(path), "%.190s/disk.kvc", d.dir);
@@ -309,12 +309,17 @@ START_TEST(test_ladder_with_disk)
     int hits = ql_verify(ns, k, buf, bb, by_codec, true);
     ck_assert_int_eq(daemon_stat(&d, "disk_blocks", &disk_blocks), 0);
     ck_assert_int_eq(daemon_stat(&d, "promoted_blocks", &disk_reads), 0);
+    ck_assert_int_eq(daemon_stat(&d, "demoted_clean", &clean_out), 0);
     printf("e2e_quant: ladder over disk: %d hits, raw %d, q8_0 %d, q4_1 %d; %llu ladder steps, "
-           "%llu blocks on disk, %llu read back\n",
+           "%llu blocks on disk, %llu read back, %llu clean copies out of memory\n",
            hits, by_codec[KVC_CODEC_RAW], by_codec[KVC_CODEC_Q8_0], by_codec[KVC_CODEC_Q4_1],
            (unsigned long long)steps, (unsigned long long)disk_blocks,
-           (unsigned long long)disk_reads);
-    ck_assert_uint_gt(steps, 0);
+           (unsigned long long)disk_reads, (unsigned long long)clean_out);
+    /* The disk tier's trim steps the ladder rather than dropping clean copies from memory:
+     * steps were 0.34-0.89 of the clean copies dropped in runs here (normal, ASan and TSan
+     * builds; 0.56 in a run with no lossy hit left), 0.003-0.05 with the trim's ladder call
+     * removed (the put path's steps alone: mutation ladder-not-in-disk-trim). */
+    ck_assert_uint_gt(steps * 10, clean_out);
     /* Lossy blocks were made (steps > 0) and every lossy hit is within its bound (ql_verify);
      * how many are still lossy when looked up varies: 0 to 262 of the 640 checked hits in
      * runs of make check (a block written back raw before its step keeps that raw record, and
