@@ -316,7 +316,7 @@ START_TEST(test_ladder_with_disk)
            (unsigned long long)steps, (unsigned long long)disk_blocks,
            (unsigned long long)disk_reads, (unsigned long long)clean_out);
     /* The disk tier's trim steps the ladder rather than dropping clean copies from memory:
-     * steps were 0.34-0.89 of the clean copies dropped in runs here (normal, ASan and TSan
+     * steps were 0.34-0.95 of the clean copies dropped in runs here (normal, ASan and TSan
      * builds; 0.56 in a run with no lossy hit left), 0.003-0.05 with the trim's ladder call
      * removed (the put path's steps alone: mutation ladder-not-in-disk-trim). */
     ck_assert_uint_gt(steps * 10, clean_out);
