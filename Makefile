@@ -92,10 +92,18 @@ obj = $(patsubst %.c,$(B)/obj/%.o,$(1))
 FLAGS_SIG := CUDA=$(CUDA) $(CFLAGS) $(NVCCFLAGS)
 FLAGS_STAMP := $(B)/flags.stamp
 $(shell mkdir -p $(B); echo '$(FLAGS_SIG)' | cmp -s - $(FLAGS_STAMP) || echo '$(FLAGS_SIG)' > $(FLAGS_STAMP))
-LIBKVCD_OBJS := $(call obj,$(LIBKVCD_SRCS)) $(patsubst %.cu,$(B)/obj/%.cu.o,$(CU_SRCS))
+# The CUDA objects do not depend on SAN or CFLAGS (nvcc builds them uninstrumented with
+# NVCCFLAGS alone): every build shares one copy in build/cuda, so the sanitizer builds of make
+# check reuse the normal build's instead of running nvcc again.
+CU_B := $(TOP)/build/cuda
+CU_STAMP := $(CU_B)/flags.stamp
+$(shell mkdir -p $(CU_B); echo '$(NVCC) $(NVCCFLAGS)' | cmp -s - $(CU_STAMP) || \
+	echo '$(NVCC) $(NVCCFLAGS)' > $(CU_STAMP))
+cu_obj = $(patsubst %.cu,$(CU_B)/%.cu.o,$(1))
+LIBKVCD_OBJS := $(call obj,$(LIBKVCD_SRCS)) $(call cu_obj,$(CU_SRCS))
 # libkvc dequantizes hits (kvc_lease_copy, kvc_lease_copy_cuda): it carries the kernels.
 LIBKVC_OBJS := $(call obj,$(LIBKVC_SRCS) $(wildcard kernels/*.c)) \
-	$(patsubst %.cu,$(B)/obj/%.cu.o,$(filter kernels/%,$(CU_SRCS)))
+	$(call cu_obj,$(filter kernels/%,$(CU_SRCS)))
 TESTLIB_OBJS := $(call obj,$(TESTLIB_SRCS)) $(B)/obj/client/kvcreplay_trace.o
 CHECK_BINS := $(patsubst %.c,$(B)/tests/%,$(notdir $(CHECK_SRCS)))
 BENCH_BINS := $(patsubst tests/bench/%.c,$(B)/bench/%,$(BENCH_SRCS))
@@ -144,7 +152,7 @@ $(B)/obj/%.o: %.c $(FLAGS_STAMP)
 	$(CC) $(ALL_CFLAGS) $(DEPFLAGS) -c $< -o $@
 
 # nvcc writes its dependency list beside the object (x.cu.d): a header change rebuilds it.
-$(B)/obj/%.cu.o: %.cu $(FLAGS_STAMP)
+$(CU_B)/%.cu.o: %.cu $(CU_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -MMD -MP -I$(TOP) -c $< -o $@
 
@@ -280,15 +288,18 @@ deps-%:
 
 # `make check`: deps, the normal build and suites, every benchmark once with KVC_BENCH_SMOKE=1
 # and the fuzz targets for FUZZ_SMOKE_SECONDS each (so neither can rot), then the sanitizer
-# build and suites.
+# build and suites. The builds use every CPU (CHECK_JOBS, unless make was given -j itself)
+# and the suites run several at a time (tests/run-checks.sh, KVC_CHECK_JOBS).
+CHECK_JOBS ?= $(shell nproc 2>/dev/null || echo 1)
+CHECK_J = $(if $(filter -j%,$(MAKEFLAGS)),,-j$(CHECK_JOBS))
 check: deps
-	$(MAKE) all tests benches
+	$(MAKE) $(CHECK_J) all tests benches
 	sh tests/run-checks.sh $(B) normal
 	sh tests/bench/smoke.sh $(B)
-	$(MAKE) --no-print-directory fuzz-smoke
-	$(MAKE) SAN=1 all tests
+	$(MAKE) --no-print-directory $(CHECK_J) fuzz-smoke
+	$(MAKE) $(CHECK_J) SAN=1 all tests
 	sh tests/run-checks.sh $(abspath build/asan) asan
-	$(MAKE) SAN=thread CUDA=0 tsan-tests
+	$(MAKE) $(CHECK_J) SAN=thread CUDA=0 tsan-tests
 	sh tests/run-checks.sh $(abspath build/tsan) tsan
 
 # ThreadSanitizer (make check's last stage): the daemon and the suites whose processes run
@@ -372,23 +383,30 @@ FUZZ_PROTO_SRCS := tests/fuzz/fuzz_proto.c daemon/proto.c
 FUZZ_CONFIG_SRCS := tests/fuzz/fuzz_config.c daemon/config.c daemon/config_ns.c daemon/config_parse.c \
 	$(wildcard policies/*.c)
 # The server target drives a real store and server (every daemon source but main.c) through
-# client connections; its seeds are tests/fuzz/corpus/server. kern_avx2*.c pass a const int
-# where clang wants an immediate, so the C compiler builds them, uninstrumented.
-FUZZ_AVX2_SRCS := $(wildcard kernels/kern_avx2*.c)
-FUZZ_SERVER_SRCS := tests/fuzz/fuzz_server.c $(filter-out $(FUZZ_AVX2_SRCS),$(LIBKVCD_SRCS))
+# client connections; its seeds are tests/fuzz/corpus/server. The CPU codecs' vector files
+# (kern_avx2*.c, kern_rot.c) are built by the C compiler, uninstrumented: clang wants an
+# immediate where kern_avx2*.c pass a const int, and kern_rot.c's unrolled AVX2 transforms
+# take clang five minutes of CPU under the fuzzer's instrumentation; the codecs' own suites
+# run them under ASan+UBSan.
+FUZZ_PLAIN_SRCS := $(wildcard kernels/kern_avx2*.c) kernels/kern_rot.c
+FUZZ_SERVER_SRCS := tests/fuzz/fuzz_server.c $(filter-out $(FUZZ_PLAIN_SRCS),$(LIBKVCD_SRCS))
 FUZZ_SERVER_CORPUS := tests/fuzz/corpus/server
-fuzz-build:
-	@mkdir -p build/fuzz
-	for f in $(FUZZ_AVX2_SRCS); do \
-		$(CC) -std=gnu11 -O2 -g -D_GNU_SOURCE -I$(TOP) -DKVC_CUDA=0 -c $$f \
-			-o build/fuzz/$$(basename $$f .c).o || exit 1; \
-	done
-	clang $(FUZZ_FLAGS) -DKVC_CUDA=0 -pthread $(FUZZ_SERVER_SRCS) \
-		$(patsubst kernels/%.c,build/fuzz/%.o,$(FUZZ_AVX2_SRCS)) \
-		-o build/fuzz/fuzz_server $(PKG_LIBS) -pthread -lm
-	clang $(FUZZ_FLAGS) $(FUZZ_PROTO_SRCS) -o build/fuzz/fuzz_proto
-	clang $(FUZZ_FLAGS) $(FUZZ_CONFIG_SRCS) -o build/fuzz/fuzz_config \
-		$(shell pkg-config --libs inih) -lm
+# One object per source (clang, instrumented; FUZZ_PLAIN_SRCS with the C compiler), so that the
+# build runs on every CPU make is given and rebuilds only what changed.
+FUZZ_OBJ := build/fuzz/obj
+fuzz_obj = $(patsubst %.c,$(FUZZ_OBJ)/%.o,$(1))
+$(FUZZ_OBJ)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(if $(filter $(FUZZ_PLAIN_SRCS),$<),$(CC) -std=gnu11 -O2 -g -D_GNU_SOURCE -I$(TOP) \
+		-DKVC_CUDA=0 $(PKG_CFLAGS),clang $(FUZZ_FLAGS) -DKVC_CUDA=0 -pthread) -MMD -MP -c $< -o $@
+build/fuzz/fuzz_server: $(call fuzz_obj,$(FUZZ_SERVER_SRCS) $(FUZZ_PLAIN_SRCS))
+	clang $(FUZZ_FLAGS) -pthread $^ -o $@ $(PKG_LIBS) -pthread -lm
+build/fuzz/fuzz_proto: $(call fuzz_obj,$(FUZZ_PROTO_SRCS))
+	clang $(FUZZ_FLAGS) $^ -o $@
+build/fuzz/fuzz_config: $(call fuzz_obj,$(FUZZ_CONFIG_SRCS))
+	clang $(FUZZ_FLAGS) $^ -o $@ $(shell pkg-config --libs inih) -lm
+-include $(shell find $(FUZZ_OBJ) -name '*.d' 2>/dev/null)
+fuzz-build: build/fuzz/fuzz_server build/fuzz/fuzz_proto build/fuzz/fuzz_config
 fuzz: fuzz-build
 	build/fuzz/fuzz_proto -max_total_time=$(FUZZ_SECONDS) -max_len=4096
 	build/fuzz/fuzz_config -max_total_time=$(FUZZ_SECONDS) -max_len=4096
@@ -437,7 +455,7 @@ man-ini: $(B)/bin/kvcd
 clean:
 	rm -rf build
 
--include $(shell find $(B)/obj $(B)/obj-nocuda -name '*.d' 2>/dev/null)
+-include $(shell find $(B)/obj $(B)/obj-nocuda $(if $(CU_SRCS),$(CU_B)) -name '*.d' 2>/dev/null)
 
 # ---- install (issue 6) ---------------------------------------------------------------------
 # make install [PREFIX=/usr/local] [DESTDIR=/tmp/stage] [INSTALL_STRIP=0]; paths inside the

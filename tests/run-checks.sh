@@ -9,12 +9,16 @@
 # As root, check_tier_host (and check_e2e_adversary) run with 2 MiB huge pages reserved for
 # them (and given back), so the hugetlb arena the README recommends is tested on every run;
 # not root, the suite says SKIP. Usage: run-checks.sh BUILD_DIR LABEL
+#
+# Suites run KVC_CHECK_JOBS at a time (default: the CPUs, at most 4; the gpu label one at a
+# time, as the device check's figures want a quiet device): each suite is its own processes,
+# daemons and temporary directories, the longest start first, and a suite's output is printed
+# whole when it ends, with its "== LABEL suite: rc=N, Ns" line. The closing counts are the
+# same whatever the number of jobs.
 set -u
 b=$1
 label=$2
 here=$(cd "$(dirname "$0")" && pwd)
-pass=0 fail=0 skip=0 broken=""
-log=$(mktemp)
 export CK_DEFAULT_TIMEOUT=${CK_DEFAULT_TIMEOUT:-120}
 
 # Huge pages for check_tier_host: HUGE_PAGES more than are free now, under a lock (other
@@ -39,37 +43,109 @@ run_suite() {
 NOFAST_SUITES="check_e2e_adversary check_e2e_adversary_fast check_e2e_adversary_pool \
 check_e2e_concurrent check_e2e_disk check_e2e_kvcctl \
 check_e2e_lifecycle check_e2e_put check_e2e_quant check_python"
-suites=""
+# The suites that take longest (a minute or more under ASan), started first so that the
+# jobs end together.
+LONG_SUITES="check_python nofast:check_python check_e2e_install check_kernels check_e2e_put \
+check_index check_e2e_remote check_e2e_disk nofast:check_e2e_disk check_e2e_lifecycle \
+nofast:check_e2e_lifecycle check_e2e_fast check_pack check_ladder"
+
+all=""
 for t in "$b"/tests/check_*; do
-    suites="$suites $t"
+    [ -x "$t" ] && all="$all $(basename "$t")"
 done
 if [ "$label" = normal ]; then
     for n in $NOFAST_SUITES; do
-        [ -x "$b/tests/$n" ] && suites="$suites nofast:$b/tests/$n"
+        [ -x "$b/tests/$n" ] && all="$all nofast:$n"
     done
 fi
-for t in $suites; do
-    nofast=""
-    case "$t" in
-    nofast:*) t=${t#nofast:}; nofast=1 ;;
-    esac
-    [ -x "$t" ] || continue
-    name=$(basename "$t")${nofast:+ (KVC_NO_FASTPATH=1)}
-    start=$(date +%s)
-    if [ -n "$nofast" ]; then
-        (export KVC_NO_FASTPATH=1; run_suite "$t") >"$log" 2>&1
-    else
-        run_suite "$t" >"$log" 2>&1
+suites=""
+for s in $LONG_SUITES; do
+    case " $all " in *" $s "*) suites="$suites $s" ;; esac
+done
+for s in $all; do
+    case " $LONG_SUITES " in *" $s "*) ;; *) suites="$suites $s" ;; esac
+done
+
+if [ "$label" = gpu ]; then
+    jobs=${KVC_CHECK_JOBS:-1}
+else
+    jobs=${KVC_CHECK_JOBS:-$(nproc 2>/dev/null || echo 1)}
+    [ "$jobs" -gt 4 ] && [ -z "${KVC_CHECK_JOBS:-}" ] && jobs=4
+fi
+command -v flock >/dev/null 2>&1 || jobs=1
+[ "$jobs" -ge 1 ] 2>/dev/null || jobs=1
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+trap 'exit 1' INT TERM
+count=0
+for s in $suites; do
+    count=$((count + 1))
+    eval "suite_$count=\$s"
+done
+echo 1 >"$tmp/next"
+: >"$tmp/lock"
+
+# Prints the number of the next suite to run (1..count), or nothing when none is left.
+next_suite() {
+    flock -x 8
+    n=$(cat "$tmp/next")
+    echo $((n + 1)) >"$tmp/next"
+    [ "$n" -le "$count" ] && echo "$n"
+} 8>>"$tmp/lock"
+
+# One job: takes suites off the list until none is left; each one's output, exit status and
+# seconds go to $tmp/N.log, N.rc and N.name; the output is printed whole when the suite ends.
+job() {
+    while n=$(next_suite) && [ -n "$n" ]; do
+        eval "s=\$suite_$n"
+        t=${s#nofast:}
+        name=$t
+        [ "$t" = "$s" ] || name="$t (KVC_NO_FASTPATH=1)"
+        start=$(date +%s)
+        if [ "$t" != "$s" ]; then
+            (export KVC_NO_FASTPATH=1; run_suite "$b/tests/$t") >"$tmp/$n.log" 2>&1
+        else
+            run_suite "$b/tests/$t" >"$tmp/$n.log" 2>&1
+        fi
+        rc=$?
+        echo "$name" >"$tmp/$n.name"
+        echo "$rc" >"$tmp/$n.rc"
+        {
+            flock -x 9
+            cat "$tmp/$n.log"
+            echo "== $label $name: rc=$rc, $(($(date +%s) - start))s"
+        } 9>>"$tmp/lock"
+    done
+}
+
+i=0
+while [ "$i" -lt "$jobs" ]; do
+    job &
+    i=$((i + 1))
+done
+wait
+
+pass=0 fail=0 skip=0 broken=""
+n=1
+while [ "$n" -le "$count" ]; do
+    eval "s=\$suite_$n"
+    if [ ! -f "$tmp/$n.rc" ]; then
+        fail=$((fail + 1)) # never ran: its job was killed
+        broken="$broken ${s}"
+        n=$((n + 1))
+        continue
     fi
-    rc=$?
-    cat "$log"
+    log=$tmp/$n.log
+    rc=$(cat "$tmp/$n.rc")
+    name=$(cat "$tmp/$n.name")
     line=$(grep -E '^[0-9]+%: Checks: [0-9]+' "$log" | tail -n 1)
     s=$(grep -c '^SKIP:' "$log")
     if [ -n "$line" ]; then
-        n=$(echo "$line" | sed -E 's/.*Checks: ([0-9]+).*/\1/')
+        c=$(echo "$line" | sed -E 's/.*Checks: ([0-9]+).*/\1/')
         f=$(echo "$line" | sed -E 's/.*Failures: ([0-9]+).*/\1/')
         e=$(echo "$line" | sed -E 's/.*Errors: ([0-9]+).*/\1/')
-        pass=$((pass + n - f - e))
+        pass=$((pass + c - f - e))
         fail=$((fail + f + e))
         if [ "$rc" -ne 0 ] && [ $((f + e)) -eq 0 ]; then
             fail=$((fail + 1)) # passed its cases but exited non-zero (a leak, a crash)
@@ -84,9 +160,8 @@ for t in $suites; do
     if [ "$rc" -ne 0 ] || [ $((f + e)) -ne 0 ]; then
         broken="$broken $(echo "$name" | tr -d ' ')"
     fi
-    echo "== $label $name: rc=$rc, $(( $(date +%s) - start ))s"
+    n=$((n + 1))
 done
-rm -f "$log"
 [ -n "$broken" ] && echo "$label: failing suites:$broken"
 echo "$label: $pass passed, $fail failed, $skip skipped"
 [ "$fail" -eq 0 ]
