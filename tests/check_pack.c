@@ -799,6 +799,60 @@ START_TEST(test_decode_raw_batch)
 }
 END_TEST
 
+/* A section that claims a codec its layout cannot take (ROT at a head_dim that is not a power
+ * of two in 8..256, LOWRANK with min(tokens, head_dim) over 64) has size 0 there; the batched
+ * decoder refuses it (zeros for its rows, the other sections as the reference decodes them)
+ * instead of decoding ROT rows wider than a warp's lanes or LOWRANK heads past the block. */
+START_TEST(test_decode_bad_section_size)
+{
+    static const struct {
+        uint32_t heads, dim, tokens, k_only, codec;
+    } c[] = {{1, 576, 8, 1, KERN_CODEC_ROT2},
+             {2, 20, 32, 0, KERN_CODEC_ROT4},
+             {2, 96, 72, 0, KERN_CODEC_LOWRANK}};
+    for (uint32_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
+        struct kern_layout kl = {2,           c[i].heads,      c[i].dim,
+                                 c[i].tokens, KERN_DTYPE_FP16, c[i].k_only};
+        struct kern_recipe rec;
+        kern_recipe_fill(&rec, KERN_CODEC_Q8_0, KERN_CODEC_Q8_0, 0);
+        ck_assert(!kern_codec_supports(&kl, c[i].codec));
+        int64_t es = kern_encoded_size(&kl, &rec);
+        uint64_t rs = kern_raw_size(&kl);
+        uint16_t *raw = malloc(rs);
+        uint8_t *enc = malloc((size_t)es), *d1 = malloc(rs), *d2 = malloc(rs);
+        for (uint64_t j = 0; j < rs / 2; j++)
+            raw[j] = kern_f2h((float)((int)(j * 37 % 301) - 150) / 40.0f);
+        ck_assert_int_eq(kern_encode_ref(&kl, &rec, raw, enc, (size_t)es, NULL), es);
+        ck_assert_int_eq(kern_decode_ref(&kl, enc, (size_t)es, d1, rs, KERN_DTYPE_FP16),
+                         (int64_t)rs);
+        /* layer 1's K section: that codec, size 0 */
+        struct kern_block_sect sect;
+        uint8_t *sp = enc + sizeof(struct kern_block_hdr) + kern_kinds(&kl) * sizeof(sect);
+        memcpy(&sect, sp, sizeof(sect));
+        sect.codec = (uint8_t)c[i].codec;
+        sect.bytes = 0;
+        memcpy(sp, &sect, sizeof(sect));
+        struct kern_batch_args *a = malloc(sizeof(*a));
+        const void *src[1] = {enc};
+        uint64_t len[1] = {(uint64_t)es};
+        memset(d2, 0x77, rs);
+        ck_assert_int_eq(kern_batch_decode_raw(a, &kl, d2, NULL, 1, src, len, KERN_DTYPE_FP16), 0);
+        kern_batch_run_cpu(a);
+        const uint64_t k1 = 2 * kern_raw_index(&kl, 1, 0, 0, 0);
+        const uint64_t kb = 2ull * kl.tokens * kl.heads * kl.head_dim;
+        ck_assert_mem_eq(d2, d1, k1);
+        for (uint64_t j = k1; j < k1 + kb; j++)
+            ck_assert_msg(d2[j] == 0, "case %u: byte %llu of layer 1 K", i, (unsigned long long)j);
+        ck_assert_mem_eq(d2 + k1 + kb, d1 + k1 + kb, rs - k1 - kb);
+        free(a);
+        free(raw);
+        free(enc);
+        free(d1);
+        free(d2);
+    }
+}
+END_TEST
+
 /* Arguments the decode refuses: layer ranges, dtypes, tables. */
 START_TEST(test_decode_bad_args)
 {
@@ -1004,6 +1058,7 @@ static Suite *pack_suite(void)
     tcase_add_loop_test(tb, test_decode_paged_odd_shapes, 0, (int)NODD_CODECS);
     tcase_add_loop_test(tb, test_decode_rot_lowrank_shapes, 0, (int)(3 * NROT_SHAPES));
     tcase_add_test(tb, test_decode_raw_batch);
+    tcase_add_test(tb, test_decode_bad_section_size);
     tcase_add_test(tb, test_decode_rows_per_step);
     tcase_add_test(tb, test_decode_bad_args);
     suite_add_tcase(s, tb);
