@@ -25,10 +25,12 @@
  * 2 KiB row (8 heads of 128 fp16) is a step, 512-byte rows go four to a step. The lanes
  * spread over the step's R * items chunks (a lane per 16-byte chunk, or per 8 decoded
  * elements), so a warp's stores are one coalesced run per head row. The CPU emulation runs
- * the very same step functions, the 32 lanes of a warp one after another. So the indexing the
- * GPU runs — step decomposition, table slice, layer range, the section walk of the encoded
- * format, the access width, the split of a step over the lanes — is what the tests run here,
- * on any machine, against the scalar reference (kern_pack_ref, kern_decode_ref).
+ * the very same step functions, the 32 lanes of a warp one after another (a decode step in
+ * phases, every lane finishing one before any lane starts the next, as the lanes of a ROT row
+ * exchange values in the middle). So the indexing the GPU runs — step decomposition, table
+ * slice, layer range, the section walk of the encoded format, the access width, the split of
+ * a step over the lanes, the lanes' exchange — is what the tests run here, on any machine,
+ * against the scalar reference (kern_pack_ref, kern_decode_ref).
  *
  * Indexing is 32-bit: the step index, its decomposition into (block, layer, kind, first
  * token) by two 32-bit divisions (K, 1 or 2, by a shift), and the token's place in the
@@ -45,9 +47,16 @@
  * produces 8 consecutive elements of one head row (16 bytes of fp16/bf16) and stores them
  * with one 16-byte store where the engine's addresses allow it (vec16), else element by
  * element; the arithmetic is the reference's, per element, in the same order (kern_fmt.h),
- * so the output is bit-identical. The block's header, section descriptor and raw-head
- * appendix are read and checked once per step: by lane 0 and shuffled to the warp on the
- * device, by every lane alike in the emulation.
+ * so the output is bit-identical. A value that depends on a whole head row is computed once
+ * per row, not once per lane: a ROT key row (rotated by a Walsh-Hadamard transform over its
+ * D channels) is decoded by the D / 8 lanes of the row together, the transform's stages
+ * across them by shuffles, with kern_fwht's pairs and order ("a decode step, phase by phase"
+ * below); a LOWRANK element is a sum over the rank of (sigma_i * u[t][i]) * w[i][d], the
+ * first factor loaded and rounded once per lane for its 8 elements. No lane holds a row in
+ * local memory (the decode kernel's stack frame is 0 bytes; it was 1 KiB a thread, a ROT row
+ * per lane). The block's header, section descriptor and raw-head appendix are read and
+ * checked once per step: by lane 0 and shuffled to the warp on the device, once per step for
+ * the warp in the emulation.
  */
 #ifndef KVC_KERN_BATCH_H
 #define KVC_KERN_BATCH_H
@@ -219,8 +228,9 @@ KERN_HD uint8_t *kern_batch_eng_tok(const struct kern_batch *b, const uint64_t *
 /* ---- warp-uniform values ----------------------------------------------------------------
  * What every lane of a step needs alike (a block's header and section) is read by lane 0 of
  * the warp and handed to the others by a shuffle on the device; on the host (the emulation,
- * one lane after another) every lane reads it itself: the same arithmetic on the same bytes.
- * The kernels call the step functions with all 32 lanes of a warp on the same step. */
+ * where one call of the decode step is the whole warp) the call reads it: the same arithmetic
+ * on the same bytes. The kernels call the step functions with all 32 lanes of a warp on the
+ * same step. */
 #ifdef __CUDA_ARCH__
 /* Does this lane read the warp's uniform values itself? */
 KERN_HD int kern_batch_reader(uint32_t lane)
