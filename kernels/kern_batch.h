@@ -25,10 +25,12 @@
  * 2 KiB row (8 heads of 128 fp16) is a step, 512-byte rows go four to a step. The lanes
  * spread over the step's R * items chunks (a lane per 16-byte chunk, or per 8 decoded
  * elements), so a warp's stores are one coalesced run per head row. The CPU emulation runs
- * the very same step functions, the 32 lanes of a warp one after another. So the indexing the
- * GPU runs — step decomposition, table slice, layer range, the section walk of the encoded
- * format, the access width, the split of a step over the lanes — is what the tests run here,
- * on any machine, against the scalar reference (kern_pack_ref, kern_decode_ref).
+ * the very same step functions, the 32 lanes of a warp one after another (a decode step in
+ * phases, every lane finishing one before any lane starts the next, as the lanes of a ROT row
+ * exchange values in the middle). So the indexing the GPU runs — step decomposition, table
+ * slice, layer range, the section walk of the encoded format, the access width, the split of
+ * a step over the lanes, the lanes' exchange — is what the tests run here, on any machine,
+ * against the scalar reference (kern_pack_ref, kern_decode_ref).
  *
  * Indexing is 32-bit: the step index, its decomposition into (block, layer, kind, first
  * token) by two 32-bit divisions (K, 1 or 2, by a shift), and the token's place in the
@@ -45,9 +47,16 @@
  * produces 8 consecutive elements of one head row (16 bytes of fp16/bf16) and stores them
  * with one 16-byte store where the engine's addresses allow it (vec16), else element by
  * element; the arithmetic is the reference's, per element, in the same order (kern_fmt.h),
- * so the output is bit-identical. The block's header, section descriptor and raw-head
- * appendix are read and checked once per step: by lane 0 and shuffled to the warp on the
- * device, by every lane alike in the emulation.
+ * so the output is bit-identical. A value that depends on a whole head row is computed once
+ * per row, not once per lane: a ROT key row (rotated by a Walsh-Hadamard transform over its
+ * D channels) is decoded by the D / 8 lanes of the row together, the transform's stages
+ * across them by shuffles, with kern_fwht's pairs and order ("a decode step, phase by phase"
+ * below); a LOWRANK element is a sum over the rank of (sigma_i * u[t][i]) * w[i][d], the
+ * first factor loaded and rounded once per lane for its 8 elements. No lane holds a row in
+ * local memory (the decode kernel's stack frame is 0 bytes; it was 1 KiB a thread, a ROT row
+ * per lane). The block's header, section descriptor and raw-head appendix are read and
+ * checked once per step: by lane 0 and shuffled to the warp on the device, once per step for
+ * the warp in the emulation.
  */
 #ifndef KVC_KERN_BATCH_H
 #define KVC_KERN_BATCH_H
@@ -219,8 +228,9 @@ KERN_HD uint8_t *kern_batch_eng_tok(const struct kern_batch *b, const uint64_t *
 /* ---- warp-uniform values ----------------------------------------------------------------
  * What every lane of a step needs alike (a block's header and section) is read by lane 0 of
  * the warp and handed to the others by a shuffle on the device; on the host (the emulation,
- * one lane after another) every lane reads it itself: the same arithmetic on the same bytes.
- * The kernels call the step functions with all 32 lanes of a warp on the same step. */
+ * where one call of the decode step is the whole warp) the call reads it: the same arithmetic
+ * on the same bytes. The kernels call the step functions with all 32 lanes of a warp on the
+ * same step. */
 #ifdef __CUDA_ARCH__
 /* Does this lane read the warp's uniform values itself? */
 KERN_HD int kern_batch_reader(uint32_t lane)
@@ -372,7 +382,10 @@ KERN_HD int kern_batch_sect(const struct kern_layout *lay, const uint8_t *src, u
         hd.head_dim != lay->head_dim || hd.tokens != lay->tokens || hd.dtype != lay->dtype)
         return 0;
     memcpy(s, src + sizeof(hd) + lk * sizeof(*s), sizeof(*s));
-    if (s->codec >= KERN_CODEC_COUNT || s->bytes != kern_sect_bytes(lay, s->codec, lk % hd.kinds) ||
+    /* a codec the layout cannot take (a ROT head_dim not a power of two in 8..256, LOWRANK
+     * past its size) has size 0 there: refused, so its decoder never meets such a shape */
+    if (s->codec >= KERN_CODEC_COUNT || s->bytes == 0 ||
+        s->bytes != kern_sect_bytes(lay, s->codec, lk % hd.kinds) ||
         s->offset < kern_hdr_bytes(lay) || (uint64_t)s->offset + s->bytes > src_len)
         return 0;
     return 1;
@@ -386,7 +399,8 @@ KERN_HD uint32_t kern_batch_u16(const uint8_t *p)
 }
 
 /* Elements [d0, d0+n) (n <= 8) of token t, head h of a section (codec, sect: its payload)
- * of kind k, as out-dtype bits: the reference's arithmetic, element by element. */
+ * of kind k, as out-dtype bits: the reference's arithmetic, element by element. Not ROT
+ * keys: the lanes of a row decode those together (kern_batch_decode_step). */
 KERN_HD void kern_batch_dec8(const struct kern_layout *lay, uint32_t codec, const uint8_t *sect,
                              uint32_t k, uint32_t t, uint32_t h, uint32_t d0, uint32_t n,
                              uint32_t out, uint16_t *y)
@@ -394,27 +408,6 @@ KERN_HD void kern_batch_dec8(const struct kern_layout *lay, uint32_t codec, cons
     const uint32_t H = lay->heads, D = lay->head_dim, T = lay->tokens;
     codec = kern_codec_as(codec, k == 1 && !lay->k_only);
     const int bits = kern_codec_bits(codec);
-    if (kern_rot_bits(codec)) {
-        /* ROT keys: the whole rotated row of (t, h) from its KIVI value groups, rotated back
-         * and the channels' means added;
-         * this lane keeps its 8 elements (every lane of the row repeats the transform: the
-         * row is at most 256 values, and the butterfly's sums must be the reference's) */
-        const int rbits = kern_rot_bits(codec);
-        const uint32_t G = kern_ngroups(D), gb = kern_kivi_v_group_bytes(rbits);
-        const uint8_t *row0 = sect + kern_rot_groups_off(lay) + ((uint64_t)t * H + h) * G * gb;
-        float row[KERN_ROT_MAX_DIM];
-        for (uint32_t g = 0; g < G; g++) {
-            const int m = (int)(D - g * KERN_GROUP < KERN_GROUP ? D - g * KERN_GROUP : KERN_GROUP);
-            kern_kivi_v_dec(row0 + (uint64_t)g * gb, m, row + g * KERN_GROUP, rbits);
-        }
-        kern_rot_inv(row, kern_rot_get_seed(sect), h, D);
-        const uint8_t *mean = kern_rot_means(sect) + 2ull * h * D;
-        KERN_UNROLL
-        for (uint32_t j = 0; j < 8; j++)
-            if (j < n)
-                y[j] = kern_batch_out(KERN_ADD(row[d0 + j], kern_get_h(mean + 2 * (d0 + j))), out);
-        return;
-    }
     if (codec == KERN_CODEC_MERGE) {
         const uint8_t *head = sect + (uint64_t)h * kern_merge_head_bytes(D, T);
         const uint32_t r0 = kern_merge_row_of(head + 16, t);
@@ -430,13 +423,27 @@ KERN_HD void kern_batch_dec8(const struct kern_layout *lay, uint32_t codec, cons
         return;
     }
     if (codec == KERN_CODEC_LOWRANK) {
+        /* x^[t][d] = sum_i (sigma_i * u[t][i]) * w[i][d] (kern_lowrank_val): the factor
+         * sigma_i * u[t][i] is the same for the lane's 8 elements, so it is loaded and
+         * rounded once per i, and each element's sum still adds the rank's terms in order,
+         * the same roundings as the reference's */
         const uint32_t cap = kern_lowrank_cap(D, T);
         const uint8_t *head = sect + (uint64_t)h * kern_lowrank_head_bytes(D, T);
         const uint32_t rank = kern_lowrank_get_rank(head, cap);
+        const uint8_t *u = kern_lowrank_u(head, cap) + 2ull * t * cap;
+        const uint8_t *wr = kern_lowrank_w(head, cap, T) + 2ull * d0;
+        float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        for (uint32_t i = 0; i < rank; i++, wr += 2ull * D) {
+            const float f = KERN_MUL(kern_lowrank_sigma(head, i), kern_get_h(u + 2 * i));
+            KERN_UNROLL
+            for (uint32_t j = 0; j < 8; j++)
+                if (j < n)
+                    acc[j] = KERN_ADD(acc[j], KERN_MUL(f, kern_get_h(wr + 2 * j)));
+        }
         KERN_UNROLL
         for (uint32_t j = 0; j < 8; j++)
             if (j < n)
-                y[j] = kern_batch_out(kern_lowrank_val(head, rank, cap, T, D, t, d0 + j), out);
+                y[j] = kern_batch_out(acc[j], out);
         return;
     }
     if (codec == KERN_CODEC_RAW) {
@@ -541,82 +548,229 @@ KERN_HD void kern_batch_src_at(const struct kern_layout *lay, const uint8_t *src
         o->rh = 0;
 }
 
-/* Step s of a decode batch: tokens [t0, t0 + R) of (block, layer, kind), every head, into the
- * engine; the step's R * items pieces of 8 elements of a head row are spread over the lanes.
- * The block's header and section are read once per step (lane 0 on the device, handed to the
- * warp). A block that is not an encoded block of the layout (or whose section lies outside
- * its length) decodes to zeros; a NULL block is not this batch's and is left alone, as is a
- * token without a page. */
-KERN_HD void kern_batch_decode_step(const struct kern_batch *b, const uint64_t *w, uint32_t s,
-                                    uint32_t lane, uint32_t nlanes)
+/* ---- a decode step, phase by phase ------------------------------------------------------
+ * A round of a step gives each of the warp's 32 lanes one item, a piece of 8 elements of a
+ * head row; its phases are run by every lane before any lane starts the next: (1) each lane
+ * locates its piece and decodes it (kern_batch_piece_dec), (2) the lanes of a ROT key row
+ * transform it together (kern_batch_rot_xor, kern_batch_rot_pair), (3) each lane finishes
+ * and stores its piece (kern_batch_piece_put). On the device a call of the step is one lane
+ * (KERN_BATCH_WARP_NL = 1), the phases kept apart by the shuffles' warp-wide exchange; in the
+ * emulation a call is the whole warp, each phase a loop over the 32 lanes, so the tests run
+ * the lanes' exchange as the device does.
+ *
+ * ROT keys. Row (t, h) is D = 2^k rotated values (8 <= D <= 256) in KIVI value groups,
+ * decoded as x = s .* (c * FWHT(y)) + mean (kern_rot_inv, then the channels' means). Its D / 8
+ * pieces are D / 8 consecutive lanes of one round: a round's items start at a multiple of 32,
+ * a token's items are H * D / 8, and D / 8 divides 32. So the row is decoded once per round:
+ * each lane decodes its 8 rotated values and runs the Walsh-Hadamard stages of length 1, 2
+ * and 4 over them (kern_fwht over 8: those pairs lie inside a piece); the stage of length 8m
+ * (m = 1, 2, .., D / 16) pairs lane l with lane l ^ m, kern_fwht's pair (j, j + 8m), the lane
+ * without bit m keeping a + b and the other a - b (a the lower lane's value). Same pairs, same
+ * stage order, same operations as kern_fwht, so every value is the reference's bit for bit;
+ * then each lane scales, signs and adds the means of its own 8 channels. kern_batch_sect
+ * refuses a ROT section for any other D (its size is 0 there), so D / 8 lanes always fit a
+ * warp. */
+#ifdef __CUDA_ARCH__
+#define KERN_BATCH_WARP_NL 1u /* lanes one call of a decode step runs: its own */
+#else
+#define KERN_BATCH_WARP_NL KERN_BATCH_LANES /* the emulation: the whole warp */
+#endif
+/* For each lane l (the i-th of this call's, from lane0) */
+#define KERN_BATCH_FOR_LANES(i, l, lane0)                                                          \
+    for (uint32_t i = 0, l = (lane0); i < KERN_BATCH_WARP_NL; i++, l++)
+
+/* What a decode step knows for all its rounds: its place, block, section, engine side, and
+ * for a ROT key section (rbits != 0) the seed, scale, groups and means. */
+struct kern_batch_dstep {
+    struct kern_batch_at at;
+    struct kern_batch_src hs;
+    struct kern_batch_eng e;
+    const uint8_t *src;
+    uint32_t lg; /* the layer in the encoded block */
+    uint32_t rbits, rseed;
+    float rscale;
+    const uint8_t *rgroups, *rmeans;
+};
+
+/* One lane's piece in a round: where its elements go (NULL: nowhere: past the step, or a
+ * token without a page), how many (<= 8), its head and first channel; y its output bits, or
+ * (rot) x its values of a ROT key row in the middle of the warp's transform. */
+struct kern_batch_piece {
+    uint8_t *to;
+    uint32_t n, h, d0, rot;
+    float x[8];
+    uint16_t y[8];
+};
+
+/* Phase 1: item c of the step (any c: one past the step's items is a piece with no place) */
+KERN_HD void kern_batch_piece_dec(const struct kern_batch *b, const uint64_t *w,
+                                  const struct kern_batch_dstep *st, uint32_t c,
+                                  struct kern_batch_piece *p)
 {
     const struct kern_layout *lay = &b->klay;
-    const uint32_t T = b->block_tokens, K = b->kinds, L = b->layers, H = b->heads;
-    const uint32_t D = b->head_dim;
-    struct kern_batch_at at;
-    kern_batch_step_at(b, s, &at);
-    const uint8_t *src = kern_batch_ptr(w, K * L + at.bi);
-    if (!src)
-        return; /* a block this batch does not decode: the same for the whole warp */
-    const uint64_t src_len = w[K * L + b->nblocks + at.bi];
-    const uint32_t lg = b->layer_first + at.l;
-    struct kern_batch_src hs = {0, 0, 0, 0, 0};
-    if (kern_batch_reader(lane))
-        kern_batch_src_at(lay, src, src_len, lg * K + at.k, &hs);
-    hs.ok = kern_batch_bcast(hs.ok);
-    hs.codec = kern_batch_bcast(hs.codec);
-    hs.offset = kern_batch_bcast(hs.offset);
-    hs.rh = kern_batch_bcast(hs.rh);
-    hs.rcnt = kern_batch_bcast(hs.rcnt);
-    struct kern_batch_eng e;
-    kern_batch_eng_at(b, w, &at, &e);
-    const uint32_t O = (D + 7) / 8, items = b->items, nit = items << b->rshift;
-    for (uint32_t c = lane; c < nit; c += nlanes) {
-        const uint32_t j = kern_batch_div(c, items, b->item_shift), cc = c - j * items;
-        uint8_t *eng = kern_batch_eng_tok(b, w, &e, j);
-        if (!eng)
-            continue;
-        const uint32_t t = at.t0 + j, h = cc / O, d0 = 8 * (cc - h * O);
-        const uint32_t n = D - d0 < 8 ? D - d0 : 8;
-        uint16_t y[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        uint32_t slot = 0;
-        if (hs.rh)
-            slot = kern_batch_u16(src + hs.rh + 2 * ((uint64_t)lg * H + h));
-        if (slot && slot <= hs.rcnt) {
-            const uint8_t *row = src + hs.rh + kern_rawh_table_bytes(lay) +
-                                 (uint64_t)(slot - 1) * kern_rawh_head_bytes(lay) +
-                                 ((uint64_t)at.k * T + t) * 2ull * D + 2ull * d0;
-            for (uint32_t i = 0; i < n; i++) {
-                const uint32_t v = kern_batch_u16(row + 2 * i);
-                y[i] =
-                    (uint16_t)(b->out_dtype == lay->dtype
-                                   ? v
-                                   : kern_batch_out(kern_load(row, lay->dtype, i), b->out_dtype));
-            }
-        } else if (hs.ok)
-            kern_batch_dec8(lay, hs.codec, src + hs.offset, at.k, t, h, d0, n, b->out_dtype, y);
-        uint8_t *to = eng + (uint64_t)h * b->head_stride + 2ull * d0;
-        if (b->vec == 16 && n == 8) {
-            kern_batch_v16 v;
-            memcpy(&v, y, 16);
-            KERN_BATCH_STORE(kern_batch_v16, to, v);
-        } else {
-            KERN_UNROLL
-            for (uint32_t i = 0; i < 8; i++)
-                if (i < n)
-                    memcpy(to + 2 * i, &y[i], 2);
+    const uint32_t T = b->block_tokens, H = b->heads, D = b->head_dim;
+    const uint32_t O = (D + 7) / 8, items = b->items;
+    p->to = 0;
+    p->n = p->h = p->d0 = p->rot = 0;
+    KERN_UNROLL
+    for (uint32_t i = 0; i < 8; i++) {
+        p->x[i] = 0.0f;
+        p->y[i] = 0;
+    }
+    if (c >= items << b->rshift)
+        return;
+    const uint32_t j = kern_batch_div(c, items, b->item_shift), cc = c - j * items;
+    uint8_t *eng = kern_batch_eng_tok(b, w, &st->e, j);
+    if (!eng)
+        return;
+    const uint32_t t = st->at.t0 + j, h = cc / O, d0 = 8 * (cc - h * O);
+    const uint32_t n = D - d0 < 8 ? D - d0 : 8;
+    p->to = eng + (uint64_t)h * b->head_stride + 2ull * d0;
+    p->n = n;
+    p->h = h;
+    p->d0 = d0;
+    uint32_t slot = 0;
+    if (st->hs.rh)
+        slot = kern_batch_u16(st->src + st->hs.rh + 2 * ((uint64_t)st->lg * H + h));
+    if (slot && slot <= st->hs.rcnt) {
+        const uint8_t *row = st->src + st->hs.rh + kern_rawh_table_bytes(lay) +
+                             (uint64_t)(slot - 1) * kern_rawh_head_bytes(lay) +
+                             ((uint64_t)st->at.k * T + t) * 2ull * D + 2ull * d0;
+        for (uint32_t i = 0; i < n; i++) {
+            const uint32_t v = kern_batch_u16(row + 2 * i);
+            p->y[i] = (uint16_t)(b->out_dtype == lay->dtype
+                                     ? v
+                                     : kern_batch_out(kern_load(row, lay->dtype, i), b->out_dtype));
         }
+    } else if (st->rbits) {
+        /* this piece's 8 rotated values (one KIVI value group holds them: 8 divides 32) and
+         * the transform's stages inside it */
+        const uint8_t *g =
+            st->rgroups + (((uint64_t)t * H + h) * kern_ngroups(D) + d0 / KERN_GROUP) *
+                              kern_kivi_v_group_bytes((int)st->rbits);
+        const float sc = kern_get_h(g), mn = kern_get_h(g + 2);
+        KERN_UNROLL
+        for (uint32_t i = 0; i < 8; i++)
+            p->x[i] =
+                kern_kivi_val(kern_kivi_get(g + 4, d0 % KERN_GROUP + i, (int)st->rbits), sc, mn);
+        kern_fwht(p->x, 8);
+        p->rot = 1;
+    } else if (st->hs.ok)
+        kern_batch_dec8(lay, st->hs.codec, st->src + st->hs.offset, st->at.k, t, h, d0, n,
+                        b->out_dtype, p->y);
+}
+
+/* Phase 2a: q[i] = the x of lane l ^ m, for each lane l of this call, as it was before the
+ * stage: a shuffle on the device; in the emulation read from the warp's pieces before any
+ * of them changes. */
+KERN_HD void kern_batch_rot_xor(const struct kern_batch_piece *p, uint32_t m, float (*q)[8])
+{
+#ifdef __CUDA_ARCH__
+    KERN_UNROLL
+    for (uint32_t i = 0; i < 8; i++)
+        q[0][i] = __shfl_xor_sync(0xffffffffu, p[0].x[i], m);
+#else
+    for (uint32_t l = 0; l < KERN_BATCH_LANES; l++)
+        for (uint32_t i = 0; i < 8; i++)
+            q[l][i] = p[l ^ m].x[i];
+#endif
+}
+
+/* Phase 2b: the stage's butterflies on a lane's 8 values x with its partner's q: the lower
+ * lane of the pair (upper == 0) keeps a + b, the upper one a - b, a the lower's value. */
+KERN_HD void kern_batch_rot_pair(float *x, const float *q, uint32_t upper)
+{
+    KERN_UNROLL
+    for (uint32_t i = 0; i < 8; i++)
+        x[i] = upper ? KERN_SUB(q[i], x[i]) : KERN_ADD(x[i], q[i]);
+}
+
+/* Phase 3: a ROT piece's scale, signs and means (kern_rot_inv's last loop, then the mean),
+ * and the store: one 16-byte access where the batch allows it, else element by element. */
+KERN_HD void kern_batch_piece_put(const struct kern_batch *b, const struct kern_batch_dstep *st,
+                                  struct kern_batch_piece *p)
+{
+    if (!p->to)
+        return;
+    if (p->rot) {
+        const uint8_t *mean = st->rmeans + 2ull * ((uint64_t)p->h * b->head_dim + p->d0);
+        KERN_UNROLL
+        for (uint32_t i = 0; i < 8; i++) {
+            const float x = KERN_MUL(p->x[i], st->rscale);
+            const float v = kern_rot_neg(st->rseed, p->h, p->d0 + i) ? -x : x;
+            p->y[i] = kern_batch_out(KERN_ADD(v, kern_get_h(mean + 2 * i)), b->out_dtype);
+        }
+    }
+    if (b->vec == 16 && p->n == 8) {
+        kern_batch_v16 v;
+        memcpy(&v, p->y, 16);
+        KERN_BATCH_STORE(kern_batch_v16, p->to, v);
+    } else {
+        KERN_UNROLL
+        for (uint32_t i = 0; i < 8; i++)
+            if (i < p->n)
+                memcpy(p->to + 2 * i, &p->y[i], 2);
     }
 }
 
-/* Step s of any batch, lane `lane` of nlanes (the emulation: every lane of 32 in turn). */
-KERN_HD void kern_batch_step(const struct kern_batch *b, const uint64_t *w, uint32_t s,
-                             uint32_t lane, uint32_t nlanes)
+/* Step s of a decode batch: tokens [t0, t0 + R) of (block, layer, kind), every head, into the
+ * engine; the step's R * items pieces of 8 elements of a head row are spread over the lanes,
+ * a round of 32 at a time. The block's header and section are read once per step (lane 0 on
+ * the device, handed to the warp). A block that is not an encoded block of the layout (or
+ * whose section lies outside its length) decodes to zeros; a NULL block is not this batch's
+ * and is left alone, as is a token without a page. On the device every lane of the warp
+ * calls it with its lane (the ROT exchange needs all 32); the emulation calls it once per
+ * step with lane 0 and runs the 32 lanes inside, phase by phase. */
+KERN_HD void kern_batch_decode_step(const struct kern_batch *b, const uint64_t *w, uint32_t s,
+                                    uint32_t lane)
 {
-    if (b->op == KERN_BATCH_DECODE)
-        kern_batch_decode_step(b, w, s, lane, nlanes);
-    else
-        kern_batch_pack_step(b, w, s, lane, nlanes);
+    const struct kern_layout *lay = &b->klay;
+    const uint32_t K = b->kinds, L = b->layers, D = b->head_dim;
+    struct kern_batch_dstep st;
+    kern_batch_step_at(b, s, &st.at);
+    st.src = kern_batch_ptr(w, K * L + st.at.bi);
+    if (!st.src)
+        return; /* a block this batch does not decode: the same for the whole warp */
+    const uint64_t src_len = w[K * L + b->nblocks + st.at.bi];
+    st.lg = b->layer_first + st.at.l;
+    struct kern_batch_src hs = {0, 0, 0, 0, 0};
+    if (kern_batch_reader(lane))
+        kern_batch_src_at(lay, st.src, src_len, st.lg * K + st.at.k, &hs);
+    st.hs.ok = kern_batch_bcast(hs.ok);
+    st.hs.codec = kern_batch_bcast(hs.codec);
+    st.hs.offset = kern_batch_bcast(hs.offset);
+    st.hs.rh = kern_batch_bcast(hs.rh);
+    st.hs.rcnt = kern_batch_bcast(hs.rcnt);
+    kern_batch_eng_at(b, w, &st.at, &st.e);
+    st.rbits =
+        st.hs.ok ? (uint32_t)kern_rot_bits(kern_codec_as(st.hs.codec, st.at.k == 1 && !lay->k_only))
+                 : 0;
+    st.rseed = 0;
+    st.rscale = 0.0f;
+    st.rgroups = st.rmeans = 0;
+    if (st.rbits) {
+        const uint8_t *sect = st.src + st.hs.offset;
+        st.rseed = kern_rot_get_seed(sect);
+        st.rscale = kern_rot_scale(D);
+        st.rgroups = sect + kern_rot_groups_off(lay);
+        st.rmeans = kern_rot_means(sect);
+    }
+    /* lanes per ROT row, the partners of its cross-lane stages; 1: no exchange */
+    const uint32_t ro = st.rbits ? D / 8 : 1;
+    const uint32_t nit = b->items << b->rshift;
+    struct kern_batch_piece p[KERN_BATCH_WARP_NL];
+    for (uint32_t c0 = 0; c0 < nit; c0 += KERN_BATCH_LANES) {
+        KERN_BATCH_FOR_LANES(i, l, lane)
+        kern_batch_piece_dec(b, w, &st, c0 + l, &p[i]);
+        for (uint32_t m = 1; m < ro; m <<= 1) {
+            float q[KERN_BATCH_WARP_NL][8];
+            kern_batch_rot_xor(p, m, q);
+            KERN_BATCH_FOR_LANES(i, l, lane)
+            kern_batch_rot_pair(p[i].x, q[i], l & m);
+        }
+        KERN_BATCH_FOR_LANES(i, l, lane)
+        kern_batch_piece_put(b, &st, &p[i]);
+    }
 }
 
 #endif

@@ -329,10 +329,17 @@ int kern_batch_decode_raw(struct kern_batch_args *a, const struct kern_layout *k
 
 void kern_batch_run_cpu(const struct kern_batch_args *a)
 {
-    /* a warp's lanes one after another: each does its share of the step, as on the device */
-    for (uint32_t s = 0; s < a->h.steps; s++)
+    /* a warp's lanes one after another: each does its share of the step, as on the device;
+     * a decode step runs the warp's lanes itself, phase by phase (its ROT rows are
+     * transformed across the lanes) */
+    for (uint32_t s = 0; s < a->h.steps; s++) {
+        if (a->h.op == KERN_BATCH_DECODE) {
+            kern_batch_decode_step(&a->h, a->w, s, 0);
+            continue;
+        }
         for (uint32_t lane = 0; lane < KERN_BATCH_LANES; lane++)
-            kern_batch_step(&a->h, a->w, s, lane, KERN_BATCH_LANES);
+            kern_batch_pack_step(&a->h, a->w, s, lane, KERN_BATCH_LANES);
+    }
 }
 
 uint64_t kern_batch_nrows(const struct kern_batch_args *a)

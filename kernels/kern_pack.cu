@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(KERN_BATCH_THREADS, 4)
     const uint32_t nw = (gridDim.x * blockDim.x) >> 5;
     const uint32_t steps = p.h.steps;
     for (uint32_t s = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; s < steps; s += nw)
-        kern_batch_decode_step(&p.h, p.w, s, lane, KERN_BATCH_LANES);
+        kern_batch_decode_step(&p.h, p.w, s, lane);
 }
 
 template <int W> static int batch_launch(const struct kern_batch_args *a, cudaStream_t s)

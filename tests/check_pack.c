@@ -564,16 +564,17 @@ END_TEST
 /* A decode case: blocks of layout kl encoded under codec (layer 0 raw where there are
  * several layers), an engine of fp16/bf16 tensors in pages (shuffled, padded heads where
  * pad > dim), decoded for layers [lf, lf+lc) by the batches and by the reference. */
-static void decode_case(uint32_t layers, uint32_t heads, uint32_t dim, uint32_t tokens,
-                        uint32_t dtype, uint32_t k_only, uint32_t codec, uint32_t out,
-                        uint32_t page_tokens, uint32_t pad, uint32_t lf, uint32_t lc,
-                        uint32_t nblocks, unsigned seed)
+static void decode_case_rh(uint32_t layers, uint32_t heads, uint32_t dim, uint32_t tokens,
+                           uint32_t dtype, uint32_t k_only, uint32_t codec, uint32_t out,
+                           uint32_t page_tokens, uint32_t pad, uint32_t lf, uint32_t lc,
+                           uint32_t nblocks, unsigned seed, const uint8_t *raw_heads)
 {
     struct kern_layout kl = {layers, heads, dim, tokens, dtype, k_only};
     struct kern_recipe rec;
     kern_recipe_fill(&rec, codec, codec == KERN_CODEC_RAW ? KERN_CODEC_Q8_0 : codec, 0);
     if (layers > 1)
         rec.codec[0][0] = KERN_CODEC_RAW;
+    rec.raw_heads = raw_heads; /* [layers * heads], or NULL */
     int64_t es = kern_encoded_size(&kl, &rec);
     ck_assert_int_gt(es, 0);
     uint64_t rs = kern_raw_size(&kl);
@@ -636,6 +637,15 @@ static void decode_case(uint32_t layers, uint32_t heads, uint32_t dim, uint32_t 
     (void)kinds;
 }
 
+static void decode_case(uint32_t layers, uint32_t heads, uint32_t dim, uint32_t tokens,
+                        uint32_t dtype, uint32_t k_only, uint32_t codec, uint32_t out,
+                        uint32_t page_tokens, uint32_t pad, uint32_t lf, uint32_t lc,
+                        uint32_t nblocks, unsigned seed)
+{
+    decode_case_rh(layers, heads, dim, tokens, dtype, k_only, codec, out, page_tokens, pad, lf, lc,
+                   nblocks, seed, NULL);
+}
+
 /* Every codec, straight into vLLM-style pages, fp16 and bf16 out, a layer range. */
 START_TEST(test_decode_paged_every_codec)
 {
@@ -694,6 +704,55 @@ START_TEST(test_decode_paged_odd_shapes)
 }
 END_TEST
 
+/* ROT keys are decoded by the lanes of a head row together (D / 8 lanes, the Walsh-Hadamard
+ * stages of length >= 8 across them) and LOWRANK keys a piece per lane with the rank's factors
+ * loaded once: bit for bit the reference's, for every head_dim ROT takes (8: one lane a row,
+ * no exchange; 16, 32, 64, 128; 256: the whole warp a row), rounds that hold several heads and
+ * several tokens (R > 1, 5 heads of 16: 10 pieces a token), tokens crossing pages inside a
+ * round, padded heads (vec 16 and element stores), K only, bf16 in and out, and raw heads
+ * (the appendix) beside rotated heads in one round; LOWRANK also at head_dims that are not
+ * powers of two (20: a last piece of 4, 40, 96, 100). */
+static const struct {
+    uint32_t layers, heads, dim, tokens, dtype, k_only, out, page_tokens, pad, nblocks;
+} rot_shapes[] = {
+    {2, 3, 8, 32, KERN_DTYPE_FP16, 0, KERN_DTYPE_FP16, 7, 8, 2},
+    {2, 5, 16, 32, KERN_DTYPE_FP16, 0, KERN_DTYPE_BF16, 7, 16, 3},
+    {3, 2, 32, 16, KERN_DTYPE_BF16, 0, KERN_DTYPE_BF16, 5, 33, 2},
+    {2, 4, 64, 32, KERN_DTYPE_FP16, 0, KERN_DTYPE_FP16, 16, 72, 2},
+    {2, 2, 128, 24, KERN_DTYPE_FP16, 0, KERN_DTYPE_FP16, 6, 129, 2},
+    {2, 8, 128, 32, KERN_DTYPE_BF16, 0, KERN_DTYPE_FP16, 16, 128, 2},
+    {2, 2, 256, 16, KERN_DTYPE_FP16, 0, KERN_DTYPE_BF16, 5, 256, 3},
+    {2, 1, 256, 8, KERN_DTYPE_BF16, 1, KERN_DTYPE_BF16, 3, 264, 2},
+};
+#define NROT_SHAPES (sizeof(rot_shapes) / sizeof(rot_shapes[0]))
+static const uint32_t rot_codecs[] = {KERN_CODEC_ROT2, KERN_CODEC_ROT4, KERN_CODEC_LOWRANK};
+
+START_TEST(test_decode_rot_lowrank_shapes)
+{
+    const uint32_t codec = rot_codecs[(uint32_t)_i / NROT_SHAPES];
+    const uint32_t i = (uint32_t)_i % NROT_SHAPES;
+    uint8_t mask[64] = {0};
+    mask[1] = 1;                                             /* layer 0, head 1 */
+    mask[rot_shapes[i].heads + rot_shapes[i].heads - 1] = 1; /* layer 1, the last head */
+    for (uint32_t rh = 0; rh < 2; rh++)
+        decode_case_rh(rot_shapes[i].layers, rot_shapes[i].heads, rot_shapes[i].dim,
+                       rot_shapes[i].tokens, rot_shapes[i].dtype, rot_shapes[i].k_only, codec,
+                       rot_shapes[i].out, rot_shapes[i].page_tokens, rot_shapes[i].pad, 0,
+                       rot_shapes[i].layers, rot_shapes[i].nblocks, 90 + (unsigned)_i,
+                       rh ? mask : NULL);
+    if (codec == KERN_CODEC_LOWRANK) {
+        decode_case(2, 3, 20, 40, KERN_DTYPE_FP16, 0, codec, KERN_DTYPE_FP16, 12, 21, 0, 2, 3,
+                    95 + (unsigned)_i);
+        decode_case(2, 2, 40, 32, KERN_DTYPE_BF16, 0, codec, KERN_DTYPE_FP16, 6, 40, 0, 2, 2,
+                    96 + (unsigned)_i);
+        decode_case(2, 2, 96, 16, KERN_DTYPE_FP16, 0, codec, KERN_DTYPE_BF16, 5, 96, 0, 2, 2,
+                    97 + (unsigned)_i);
+        decode_case_rh(2, 3, 100, 32, KERN_DTYPE_FP16, 0, codec, KERN_DTYPE_FP16, 7, 101, 0, 2, 2,
+                       98 + (unsigned)_i, mask);
+    }
+}
+END_TEST
+
 /* The decode of one block into one raw block (kern_decode_cuda's batch) is the reference
  * decoder's output; a block that is not one of the layout decodes to zeros there (the
  * device cannot return an error), where the reference says -EBADMSG. */
@@ -737,6 +796,60 @@ START_TEST(test_decode_raw_batch)
     free(enc);
     free(d1);
     free(d2);
+}
+END_TEST
+
+/* A section that claims a codec its layout cannot take (ROT at a head_dim that is not a power
+ * of two in 8..256, LOWRANK with min(tokens, head_dim) over 64) has size 0 there; the batched
+ * decoder refuses it (zeros for its rows, the other sections as the reference decodes them)
+ * instead of decoding ROT rows wider than a warp's lanes or LOWRANK heads past the block. */
+START_TEST(test_decode_bad_section_size)
+{
+    static const struct {
+        uint32_t heads, dim, tokens, k_only, codec;
+    } c[] = {{1, 576, 8, 1, KERN_CODEC_ROT2},
+             {2, 20, 32, 0, KERN_CODEC_ROT4},
+             {2, 96, 72, 0, KERN_CODEC_LOWRANK}};
+    for (uint32_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
+        struct kern_layout kl = {2,           c[i].heads,      c[i].dim,
+                                 c[i].tokens, KERN_DTYPE_FP16, c[i].k_only};
+        struct kern_recipe rec;
+        kern_recipe_fill(&rec, KERN_CODEC_Q8_0, KERN_CODEC_Q8_0, 0);
+        ck_assert(!kern_codec_supports(&kl, c[i].codec));
+        int64_t es = kern_encoded_size(&kl, &rec);
+        uint64_t rs = kern_raw_size(&kl);
+        uint16_t *raw = malloc(rs);
+        uint8_t *enc = malloc((size_t)es), *d1 = malloc(rs), *d2 = malloc(rs);
+        for (uint64_t j = 0; j < rs / 2; j++)
+            raw[j] = kern_f2h((float)((int)(j * 37 % 301) - 150) / 40.0f);
+        ck_assert_int_eq(kern_encode_ref(&kl, &rec, raw, enc, (size_t)es, NULL), es);
+        ck_assert_int_eq(kern_decode_ref(&kl, enc, (size_t)es, d1, rs, KERN_DTYPE_FP16),
+                         (int64_t)rs);
+        /* layer 1's K section: that codec, size 0 */
+        struct kern_block_sect sect;
+        uint8_t *sp = enc + sizeof(struct kern_block_hdr) + kern_kinds(&kl) * sizeof(sect);
+        memcpy(&sect, sp, sizeof(sect));
+        sect.codec = (uint8_t)c[i].codec;
+        sect.bytes = 0;
+        memcpy(sp, &sect, sizeof(sect));
+        struct kern_batch_args *a = malloc(sizeof(*a));
+        const void *src[1] = {enc};
+        uint64_t len[1] = {(uint64_t)es};
+        memset(d2, 0x77, rs);
+        ck_assert_int_eq(kern_batch_decode_raw(a, &kl, d2, NULL, 1, src, len, KERN_DTYPE_FP16), 0);
+        kern_batch_run_cpu(a);
+        const uint64_t k1 = 2 * kern_raw_index(&kl, 1, 0, 0, 0);
+        const uint64_t kb = 2ull * kl.tokens * kl.heads * kl.head_dim;
+        ck_assert_mem_eq(d2, d1, k1);
+        for (uint64_t j = k1; j < k1 + kb; j++)
+            ck_assert_msg(d2[j] == 0, "case %u: byte %llu of layer 1 K", i, (unsigned long long)j);
+        ck_assert_mem_eq(d2 + k1 + kb, d1 + k1 + kb, rs - k1 - kb);
+        free(a);
+        free(raw);
+        free(enc);
+        free(d1);
+        free(d2);
+    }
 }
 END_TEST
 
@@ -943,7 +1056,9 @@ static Suite *pack_suite(void)
     tcase_add_test(tb, test_batch_split_32bit);
     tcase_add_loop_test(tb, test_decode_paged_every_codec, 0, 2 * KERN_CODEC_COUNT);
     tcase_add_loop_test(tb, test_decode_paged_odd_shapes, 0, (int)NODD_CODECS);
+    tcase_add_loop_test(tb, test_decode_rot_lowrank_shapes, 0, (int)(3 * NROT_SHAPES));
     tcase_add_test(tb, test_decode_raw_batch);
+    tcase_add_test(tb, test_decode_bad_section_size);
     tcase_add_test(tb, test_decode_rows_per_step);
     tcase_add_test(tb, test_decode_bad_args);
     suite_add_tcase(s, tb);

@@ -43,6 +43,31 @@ mutation codec-fp8-ties-up kernels/kern_fmt.h "check_kernels" \
 '        uint32_t r = a + 0x7ffffu + ((a >> 20) & 1u);' \
 '        uint32_t r = a + 0x7ffffu + 1u;'
 
+# The batched decoder's ROT rows, transformed across the lanes of a head row: the upper lane
+# of a cross-lane butterfly keeps b - a instead of a - b.
+mutation rot-lanes-butterfly-sign kernels/kern_batch.h "check_pack" \
+'        x[i] = upper ? KERN_SUB(q[i], x[i]) : KERN_ADD(x[i], q[i]);' \
+'        x[i] = upper ? KERN_SUB(x[i], q[i]) : KERN_ADD(x[i], q[i]);'
+
+# The same: the last cross-lane stage left out (the row's halves never meet).
+mutation rot-lanes-last-stage kernels/kern_batch.h "check_pack" \
+'        for (uint32_t m = 1; m < ro; m <<= 1) {' \
+'        for (uint32_t m = 1; m < ro / 2; m <<= 1) {'
+
+# The same, the stage's exchange and butterflies in one phase: each lane reads its partner's
+# values as the lanes before it left them, not as the stage found them (the emulation's
+# lanes run in turn; on the device, a read of another lane's values without the warp-wide
+# exchange).
+mutation rot-lanes-one-phase kernels/kern_batch.h "check_pack" \
+'            kern_batch_rot_pair(p[i].x, q[i], l & m);' \
+'            kern_batch_rot_pair(p[i].x, p[i ^ m].x, l & m);'
+
+# The batched LOWRANK decoder: the rank's factor sigma_i * u[t][i] of term i taken from the
+# token's first factor.
+mutation lowrank-batch-factor kernels/kern_batch.h "check_pack" \
+'            const float f = KERN_MUL(kern_lowrank_sigma(head, i), kern_get_h(u + 2 * i));' \
+'            const float f = KERN_MUL(kern_lowrank_sigma(head, i), kern_get_h(u));'
+
 # A swapped block in the store: a lookup hands out neighbouring hits' locations in pairs.
 mutation store-swapped-block daemon/store.c "check_store check_e2e_dedup check_e2e_concurrent" \
 '            store_loc_fill(b, &locs[i]);' \
