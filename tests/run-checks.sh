@@ -14,7 +14,7 @@
 # time, as the device check's figures want a quiet device): each suite is its own processes,
 # daemons and temporary directories, the longest start first, and a suite's output is printed
 # whole when it ends, with its "== LABEL suite: rc=N, Ns" line. The closing counts are the
-# same whatever the number of jobs.
+# same whatever the number of jobs. The suites that reserve huge pages run last, alone.
 set -u
 b=$1
 label=$2
@@ -58,12 +58,20 @@ if [ "$label" = normal ]; then
         [ -x "$b/tests/$n" ] && all="$all nofast:$n"
     done
 fi
+# The suites that reserve huge pages (tests/lib/hugepages.sh) run last, one at a time with
+# nothing beside them: a kvcd of another suite started meanwhile with host.hugepages=auto
+# (the default) would take the pages reserved for them.
+ALONE_SUITES="check_tier_host check_e2e_adversary nofast:check_e2e_adversary"
 suites=""
 for s in $LONG_SUITES; do
     case " $all " in *" $s "*) suites="$suites $s" ;; esac
 done
 for s in $all; do
-    case " $LONG_SUITES " in *" $s "*) ;; *) suites="$suites $s" ;; esac
+    case " $LONG_SUITES $ALONE_SUITES " in *" $s "*) ;; *) suites="$suites $s" ;; esac
+done
+alone=""
+for s in $ALONE_SUITES; do
+    case " $all " in *" $s "*) alone="$alone $s" ;; esac
 done
 
 if [ "$label" = gpu ]; then
@@ -79,19 +87,18 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 trap 'exit 1' INT TERM
 count=0
-for s in $suites; do
+for s in $suites $alone; do
     count=$((count + 1))
     eval "suite_$count=\$s"
 done
 echo 1 >"$tmp/next"
 : >"$tmp/lock"
 
-# Prints the number of the next suite to run (1..count), or nothing when none is left.
+# Prints the number of the next suite to run (up to $last), or nothing when none is left.
 next_suite() {
     flock -x 8
     n=$(cat "$tmp/next")
-    echo $((n + 1)) >"$tmp/next"
-    [ "$n" -le "$count" ] && echo "$n"
+    [ "$n" -le "$last" ] && echo $((n + 1)) >"$tmp/next" && echo "$n"
 } 8>>"$tmp/lock"
 
 # One job: takes suites off the list until none is left; each one's output, exit status and
@@ -119,12 +126,15 @@ job() {
     done
 }
 
+last=$((count - $(echo $alone | wc -w)))
 i=0
 while [ "$i" -lt "$jobs" ]; do
     job &
     i=$((i + 1))
 done
 wait
+last=$count
+job
 
 pass=0 fail=0 skip=0 broken=""
 n=1
