@@ -639,7 +639,7 @@ void store_record_loc(const struct store *s, const struct block *b, struct tier_
 {
     const struct store_rec *r = &s->rec[b - s->ix.blocks]; /* BLOCK_F_DISK: reserved */
     *l = (struct tier_loc){
-        .arena = 0, .cls = r->ver, .off = (uint64_t)r->doff * STORE_RECORD_ALIGN, .len = b->dlen};
+        .arena = 0, .cls = r->ver, .off = (uint64_t)r->doff * STORE_RECORD_ALIGN, .len = r->len};
 }
 
 int store_record_reserve(struct store *s, uint32_t idx)
@@ -661,9 +661,8 @@ int store_record_reserve(struct store *s, uint32_t idx)
 void store_record_set(struct store *s, uint32_t idx, const struct tier_loc *l)
 {
     struct block *b = &s->ix.blocks[idx];
-    s->rec[idx] =
-        (struct store_rec){.doff = (uint32_t)(l->off / STORE_RECORD_ALIGN), .ver = l->cls};
-    b->dlen = (uint32_t)l->len;
+    s->rec[idx] = (struct store_rec){
+        .doff = (uint32_t)(l->off / STORE_RECORD_ALIGN), .ver = l->cls, .len = (uint32_t)l->len};
     b->flags |= BLOCK_F_DISK;
 }
 
@@ -685,11 +684,11 @@ int store_block_drop(struct store *s, uint32_t idx)
         return -EBUSY;
     if (b->state == BLOCK_STATE_COMMITTED) {
         store_lru_unlink(s, idx);
-        if (!index_key_is_zero(&b->parent)) {
-            uint32_t p = index_find(&s->ix, b->ns, &b->parent);
-            if (p != INDEX_NONE && s->ix.blocks[p].children && !--s->ix.blocks[p].children)
+        if (b->parent != INDEX_NONE) {
+            uint32_t p = b->parent;
+            if (s->ix.blocks[p].children && !--s->ix.blocks[p].children)
                 store_heap_sync(s, p); /* a leaf now */
-            if (p != INDEX_NONE && (s->ix.blocks[p].flags & BLOCK_F_LOST))
+            if (s->ix.blocks[p].flags & BLOCK_F_LOST)
                 lost_parent = p;
         }
         ns->blocks--;
@@ -1013,6 +1012,7 @@ int store_reserve(struct store *s, struct store_owner *o, uint32_t ns_id,
     }
     /* Then a slot per absent key, until a key is taken or room runs out. Every key after the
      * one that stops the chain is skipped, counted by what stopped it. */
+    uint32_t up = prev; /* the block the next slot hangs from */
     for (; h && i < n; i++) {
         struct tier *t = s->arenas[ns->arena].tier;
         struct tier_loc loc;
@@ -1038,7 +1038,7 @@ int store_reserve(struct store *s, struct store_owner *o, uint32_t ns_id,
         }
         struct block *b = &s->ix.blocks[idx];
         b->key = keys[i];
-        b->parent = i ? keys[i - 1] : *parent;
+        b->parent = up; /* keys[i - 1]'s block, or the request's parent's */
         b->off = loc.off;
         b->len = loc.len;
         b->depth = depth++;
@@ -1046,7 +1046,7 @@ int store_reserve(struct store *s, struct store_owner *o, uint32_t ns_id,
             /* Every block of a window is a leaf: a prefix needs only its last window, and a
              * window lookup touches those blocks alone, so the blocks behind every cached
              * window grow cold and are evicted first (a chain would keep them as parents). */
-            b->parent = (struct kvc_wire_key){0, 0};
+            b->parent = INDEX_NONE;
             b->depth = 0;
         }
         b->ns = (uint16_t)ns_id;
@@ -1055,13 +1055,13 @@ int store_reserve(struct store *s, struct store_owner *o, uint32_t ns_id,
         b->tier = s->gpu && loc.arena == STORE_ARENA_GPU ? KVC_WIRE_TIER_GPU : KVC_WIRE_TIER_HOST;
         b->format = KVC_WIRE_FORMAT_RAW;
         b->state = BLOCK_STATE_RESERVED;
-        b->owner_slot = (uint32_t)h->id;
         if (index_insert(&s->ix, idx)) {
             t->ops->free(t, &loc);
             index_block_delete(&s->ix, idx);
             break;
         }
         h->blocks[h->n++] = idx;
+        up = idx;
         s->reserved_now++;
         s->reserved_bytes_now += loc.len;
         st[i] = KVC_WIRE_SLOT_RESERVED;
@@ -1114,7 +1114,6 @@ static uint32_t store_resv_end(struct store *s, struct store_owner *o, struct st
         struct block *b = &s->ix.blocks[idx];
         if (i < ncommit) {
             b->state = BLOCK_STATE_COMMITTED;
-            b->owner_slot = INDEX_NONE;
             b->last_access = now;
             s->reserved_now--;
             s->reserved_bytes_now -= b->len;
@@ -1288,8 +1287,7 @@ int store_ns_drop(struct store *s, uint32_t ns_id, uint64_t *dropped)
         while (idx != INDEX_NONE && s->ix.blocks[idx].ns == ns_id &&
                store_block_droppable(s, idx)) {
             struct block *b = &s->ix.blocks[idx];
-            uint32_t p =
-                index_key_is_zero(&b->parent) ? INDEX_NONE : index_find(&s->ix, b->ns, &b->parent);
+            uint32_t p = b->parent;
             STORE_STAT_ADD(s, ns, flushed_blocks, 1);
             STORE_STAT_ADD(s, ns, flushed_bytes, b->len);
             store_block_drop(s, idx);

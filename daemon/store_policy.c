@@ -149,6 +149,29 @@ static struct store_meta_x *store_meta_x_at(struct store *s, uint32_t idx)
     return &s->meta_x[idx];
 }
 
+/* Block idx's entry of the rung heap positions, grown to hold it. NULL on ENOMEM. */
+static uint32_t *store_rpos_at(struct store *s, uint32_t idx)
+{
+    if (idx >= s->nrpos) {
+        uint64_t n = s->nrpos ? s->nrpos : 1024;
+        while (n <= idx)
+            n *= 2;
+        uint32_t *r = realloc(s->rpos, (size_t)n * sizeof(*r));
+        if (!r)
+            return NULL;
+        memset(r + s->nrpos, 0, (size_t)(n - s->nrpos) * sizeof(*r));
+        s->rpos = r;
+        s->nrpos = (uint32_t)n;
+    }
+    return &s->rpos[idx];
+}
+
+/* Block idx's place in a rung heap (store.rpos), 0 when in none. */
+static uint32_t store_rpos_get(const struct store *s, uint32_t idx)
+{
+    return idx < s->nrpos ? s->rpos[idx] : 0;
+}
+
 /* The same without growing it: NULL when idx has none (every field 0). */
 static const struct store_meta_x *store_meta_x_get(const struct store *s, uint32_t idx)
 {
@@ -174,7 +197,7 @@ struct store_heap_ent {
     uint32_t depth; /* ties: the deeper block first (policy_rank's rule), then the lower index */
 };
 
-/* A block's place in a rung heap (store_meta.rpos): the rung above, 1 + its position below. */
+/* A block's place in a rung heap (store.rpos): the rung above, 1 + its position below. */
 #define STORE_RPOS_SHIFT 29
 #define STORE_RPOS_MASK ((1u << STORE_RPOS_SHIFT) - 1)
 
@@ -189,25 +212,22 @@ static bool store_heap_less(const struct store_heap_ent *a, const struct store_h
 
 static void store_heap_place(struct store *s, struct store_heap *h, uint32_t i)
 {
-    struct store_meta *m = &s->meta[h->a[i].idx];
-    if (h->rung)
-        m->rpos = (uint32_t)(h->rung - 1) << STORE_RPOS_SHIFT | (i + 1);
+    if (h->rung) /* store_heap_in made its entry */
+        s->rpos[h->a[i].idx] = (uint32_t)(h->rung - 1) << STORE_RPOS_SHIFT | (i + 1);
     else
-        m->hpos = i + 1;
+        s->meta[h->a[i].idx].hpos = i + 1;
 }
 
 /* 1 + idx's position in h, 0 when it is not in h. */
 static uint32_t store_heap_at(const struct store *s, const struct store_heap *h, uint32_t idx)
 {
-    const struct store_meta *m;
-    if (idx >= s->nmeta)
-        return 0;
-    m = &s->meta[idx];
+    uint32_t r;
     if (!h->rung)
-        return m->hpos;
-    if (!m->rpos || m->rpos >> STORE_RPOS_SHIFT != (uint32_t)(h->rung - 1))
+        return idx < s->nmeta ? s->meta[idx].hpos : 0;
+    r = store_rpos_get(s, idx);
+    if (!r || r >> STORE_RPOS_SHIFT != (uint32_t)(h->rung - 1))
         return 0;
-    return m->rpos & STORE_RPOS_MASK;
+    return r & STORE_RPOS_MASK;
 }
 
 static void store_heap_up(struct store *s, struct store_heap *h, uint32_t i)
@@ -246,7 +266,7 @@ static void store_heap_out(struct store *s, struct store_heap *h, uint32_t idx)
 {
     uint32_t i = store_heap_at(s, h, idx) - 1;
     if (h->rung)
-        s->meta[idx].rpos = 0;
+        s->rpos[idx] = 0;
     else
         s->meta[idx].hpos = 0;
     if (i >= h->n || --h->n == i)
@@ -267,6 +287,8 @@ static int store_heap_in(struct store *s, struct store_heap *h, const struct sto
         store_heap_down(s, h, store_heap_at(s, h, e->idx) - 1);
         return 0;
     }
+    if (h->rung && !store_rpos_at(s, e->idx))
+        return -ENOMEM;
     if (h->n == h->cap) {
         uint32_t n = h->cap ? h->cap * 2 : 256;
         struct store_heap_ent *a = realloc(h->a, (size_t)n * sizeof(*a));
@@ -344,9 +366,9 @@ static struct store_heap *store_rheap_of(struct store *s, uint32_t idx)
 {
     uint32_t r;
     struct store_ns *ns;
-    if (idx >= s->nmeta || !s->meta[idx].rpos)
+    if (!store_rpos_get(s, idx))
         return NULL;
-    r = s->meta[idx].rpos >> STORE_RPOS_SHIFT;
+    r = s->rpos[idx] >> STORE_RPOS_SHIFT;
     ns = s->ns[s->ix.blocks[idx].ns];
     return ns && r < POLICY_LADDER_RUNGS ? &ns->rheap[r] : NULL;
 }
@@ -397,7 +419,7 @@ static void store_heap_reset(struct store *s, struct store_heap *h)
 {
     for (uint32_t i = 0; i < h->n; i++) {
         if (h->rung)
-            s->meta[h->a[i].idx].rpos = 0;
+            s->rpos[h->a[i].idx] = 0;
         else
             s->meta[h->a[i].idx].hpos = 0;
     }
@@ -552,7 +574,7 @@ const char *store_heap_check(const struct store *s)
     }
     for (uint32_t i = 0; i < s->ix.nblocks; i++) {
         uint32_t r;
-        bool in = i < s->nmeta && s->meta[i].hpos, rin = i < s->nmeta && s->meta[i].rpos;
+        bool in = i < s->nmeta && s->meta[i].hpos, rin = store_rpos_get(s, i) != 0;
         if (store_heap_owner(s, i) && !in)
             return "an evictable block is missing from its namespace's heap";
         if (store_rung_owner(s, i, &r) && !rin)
@@ -953,6 +975,8 @@ void store_meta_commit(struct store *s, uint32_t idx, uint64_t now)
     if (!m)
         return;
     *m = (struct store_meta){.freq = 1.0f, .hpos = m->hpos};
+    if (idx < s->nrpos)
+        s->rpos[idx] = 0;
     if (idx < s->nmeta_x) {
         store_meta_quest_drop(s, &s->meta_x[idx]);
         s->meta_x[idx] = (struct store_meta_x){0};
@@ -980,6 +1004,8 @@ void store_meta_drop(struct store *s, uint32_t idx)
         return;
     store_heap_remove(s, idx);
     s->meta[idx] = (struct store_meta){0};
+    if (idx < s->nrpos)
+        s->rpos[idx] = 0;
     if (idx < s->nmeta_x) {
         store_meta_quest_drop(s, &s->meta_x[idx]);
         s->meta_x[idx] = (struct store_meta_x){0};
@@ -1080,6 +1106,9 @@ void store_meta_free(struct store *s)
     free(s->meta_x);
     s->meta_x = NULL;
     s->nmeta_x = 0;
+    free(s->rpos);
+    s->rpos = NULL;
+    s->nrpos = 0;
     free(s->ghost);
     s->ghost = NULL;
     s->nghost = 0;

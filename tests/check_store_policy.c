@@ -124,14 +124,14 @@ static void check_tree(uint32_t raw_ns)
         uint32_t kids = 0;
         if (b->state != BLOCK_STATE_COMMITTED)
             continue;
-        if (!index_key_is_zero(&b->parent))
-            ck_assert_msg(committed(b->ns, b->parent), "block %u lost its parent", i);
+        if (b->parent != INDEX_NONE)
+            ck_assert_msg(committed(b->ns, s->ix.blocks[b->parent].key), "block %u lost its parent",
+                          i);
         if (b->ns == raw_ns)
             ck_assert_msg(b->format == KVC_WIRE_FORMAT_RAW, "raw namespace block %u lossy", i);
         for (uint32_t j = 0; j < s->ix.nblocks; j++) {
             const struct block *c = &s->ix.blocks[j];
-            kids += c->state == BLOCK_STATE_COMMITTED && c->ns == b->ns &&
-                    c->parent.lo == b->key.lo && c->parent.hi == b->key.hi;
+            kids += c->state == BLOCK_STATE_COMMITTED && c->parent == i;
         }
         ck_assert_uint_eq(kids, b->children);
     }
