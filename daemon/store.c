@@ -48,29 +48,36 @@ void store_slot_own(struct store *s, uint32_t idx, bool on)
 {
     const struct block *b = &s->ix.blocks[idx];
     uint64_t u = b->off >> STORE_OWNER_SHIFT;
-    struct tier *t;
-    if (b->arena >= s->narenas || b->tier != KVC_WIRE_TIER_HOST)
-        return;
-    t = s->arenas[b->arena].tier;
-    if (!s->owner[b->arena]) {
-        if (!on)
-            return;
-        s->owner[b->arena] = calloc(tier_host_size(t) >> STORE_OWNER_SHIFT, sizeof(uint32_t));
-        if (!s->owner[b->arena])
-            return; /* no memory: the ladder steps one block at a time */
-    }
-    if (u >= tier_host_size(t) >> STORE_OWNER_SHIFT)
-        return;
+    if (b->arena >= s->narenas || b->tier != KVC_WIRE_TIER_HOST || !s->owner[b->arena] ||
+        u >= tier_host_size(s->arenas[b->arena].tier) >> STORE_OWNER_SHIFT)
+        return; /* no map yet: store_slot_owner makes it from the lists when first asked */
     if (on)
         s->owner[b->arena][u] = idx + 1;
     else if (s->owner[b->arena][u] == idx + 1)
         s->owner[b->arena][u] = 0;
 }
 
-uint32_t store_slot_owner(const struct store *s, uint32_t arena, uint64_t off)
+/* Arena a's map, made from the blocks its lists hold (what store_slot_own would have set):
+ * once, the first time a slab step asks, so that a cache whose slabs never empty (one slot
+ * size, no codecs) spends nothing on it. 0 or -ENOMEM. */
+static int store_slot_map(struct store *s, uint32_t a)
+{
+    struct tier *t = s->arenas[a].tier;
+    uint64_t n = tier_host_size(t) >> STORE_OWNER_SHIFT;
+    s->owner[a] = calloc(n, sizeof(uint32_t));
+    if (!s->owner[a])
+        return -ENOMEM; /* the ladder steps one block at a time */
+    for (int list = 0; list < 2; list++)
+        for (uint32_t i = list ? s->arenas[a].clean_head : s->arenas[a].lru_head; i != INDEX_NONE;
+             i = s->ix.blocks[i].lru_next)
+            store_slot_own(s, i, true);
+    return 0;
+}
+
+uint32_t store_slot_owner(struct store *s, uint32_t arena, uint64_t off)
 {
     uint64_t u = off >> STORE_OWNER_SHIFT;
-    if (arena >= s->narenas || !s->owner[arena] ||
+    if (arena >= s->narenas || (!s->owner[arena] && store_slot_map(s, arena)) ||
         u >= tier_host_size(s->arenas[arena].tier) >> STORE_OWNER_SHIFT || !s->owner[arena][u])
         return INDEX_NONE;
     return s->owner[arena][u] - 1;

@@ -273,7 +273,8 @@ struct store {
     bool fast_keep;            /* store_touch: the unlink leaves the block's index entry alone */
     /* Which block's slot starts at an offset of a host arena: per 4 KiB unit (the smallest
      * slot), 1 + the index of the committed block there, 0 none (kept by the LRU link and
-     * unlink; store_slot_owner). The ladder empties a whole slab with it. */
+     * unlink; store_slot_owner). The ladder and compaction empty a whole slab with it. NULL
+     * until the first of them asks (a cache with one slot size and no codecs never does). */
     uint32_t *owner[STORE_MAX_ARENAS];
     /* Bytes the reservation being made still wants (store_reserve): the room a ladder makes
      * at once when a put finds its arena full, so a chain waits for its room once. */
@@ -406,7 +407,7 @@ void store_record_set(struct store *s, uint32_t idx, const struct tier_loc *l);
 struct store_handle *store_handle_get(struct store_owner *o, uint64_t id, uint8_t kind);
 
 /* The committed block whose slot starts at offset off of host arena `arena`, or INDEX_NONE. */
-uint32_t store_slot_owner(const struct store *s, uint32_t arena, uint64_t off);
+uint32_t store_slot_owner(struct store *s, uint32_t arena, uint64_t off);
 /* Block idx's slot as its arena's owner map has it: set (on) or cleared; for code that moves
  * a linked block to another slot of the same arena (quant.c). */
 void store_slot_own(struct store *s, uint32_t idx, bool on);

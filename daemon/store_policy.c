@@ -822,10 +822,12 @@ uint32_t store_ladder_first(struct store *s, struct store_ns *ns, uint32_t rung)
 
 #define STORE_GHOST_WAYS 4    /* entries per set: the oldest of a full set is replaced */
 #define STORE_GHOST_MIN 1024u /* entries at least */
-/* Ghost memory at most 1/128 of the host arenas': 16 bytes per 2 KiB, so at least one ghost
- * per block at 4 KiB blocks (16 B a block at a million of them; 24-byte ghosts at 1/64 took
- * 50), and the whole window of cache.ghosts = 8 from blocks of 32 KiB up. */
-#define STORE_GHOST_MEM_DIV 128u
+/* Ghost memory at most 1/512 of the host arenas': 16 bytes per 8 KiB, so a ghost for every
+ * fourth block at 4 KiB blocks (4 B a block at a million of them; 1/128 took 16), one for
+ * every other block at 8 KiB (2Q's A1out: half the cache), at least one per block from
+ * 16 KiB, and the whole window of cache.ghosts = 8 from blocks of 128 KiB up. kvcsim keeps
+ * a ghost for every block it ever evicted; the daemon's table remembers the most recent. */
+#define STORE_GHOST_MEM_DIV 512u
 #define STORE_GHOST_TAG_MASK 0xffffffffffff0000ull /* the tag's bits in store_ghost.tf */
 
 /* 16 bytes: the tag's top 48 bits share a word with the count as a bfloat16, the time is
