@@ -39,7 +39,7 @@
  *
  * Ghosts. A block evicted (engine_evict) under a policy other than LRU leaves its decayed
  * count in a set-associative table (cache.ghosts x the namespace's capacity in blocks, at
- * most 1/64 of host memory); committed again within that window it gets it back
+ * most 1/1024 of host memory); committed again within that window it gets it back
  * (policy_ghost_restore), as kvcsim's ghost entries do.
  *
  * Actions (engine_policy_trim). When a namespace other than LRU exists, engine_trim runs this
@@ -822,12 +822,13 @@ uint32_t store_ladder_first(struct store *s, struct store_ns *ns, uint32_t rung)
 
 #define STORE_GHOST_WAYS 4    /* entries per set: the oldest of a full set is replaced */
 #define STORE_GHOST_MIN 1024u /* entries at least */
-/* Ghost memory at most 1/512 of the host arenas': 16 bytes per 8 KiB, so a ghost for every
- * fourth block at 4 KiB blocks (4 B a block at a million of them; 1/128 took 16), one for
- * every other block at 8 KiB (2Q's A1out: half the cache), at least one per block from
- * 16 KiB, and the whole window of cache.ghosts = 8 from blocks of 128 KiB up. kvcsim keeps
- * a ghost for every block it ever evicted; the daemon's table remembers the most recent. */
-#define STORE_GHOST_MEM_DIV 512u
+/* Ghost memory at most 1/1024 of the host arenas': a 16-byte ghost per 16 KiB, so one for
+ * every fourth block at 4 KiB blocks (4 B a block at a million of them; 1/128 took 16), one
+ * for every other block at 8 KiB (2Q's A1out: half the cache), one per block at 16 KiB (ARC's
+ * ghost lists: the cache's size), and the whole window of cache.ghosts = 8 from blocks of
+ * 256 KiB up. The table keeps the most recent evictions; kvcsim keeps every one within the
+ * window (its --ghost F with F below 1 is what a smaller table does). */
+#define STORE_GHOST_MEM_DIV 1024u
 #define STORE_GHOST_TAG_MASK 0xffffffffffff0000ull /* the tag's bits in store_ghost.tf */
 
 /* 16 bytes: the tag's top 48 bits share a word with the count as a bfloat16, the time is
@@ -876,7 +877,8 @@ static uint64_t store_ghost_tag(const struct store *s, uint16_t ns, const struct
 
 static struct store_ghost *store_ghost_set(const struct store *s, uint64_t tag)
 {
-    uint32_t set = (uint32_t)(tag >> 32) & (s->nghost / STORE_GHOST_WAYS - 1);
+    /* Any number of sets (the budget, not a power of two): the tag's top half scaled. */
+    uint32_t set = (uint32_t)(((tag >> 32) * (s->nghost / STORE_GHOST_WAYS)) >> 32);
     return &s->ghost[(size_t)set * STORE_GHOST_WAYS];
 }
 
@@ -903,16 +905,19 @@ static int store_ghost_fit(struct store *s, const struct store_ns *ns)
     if ((s->nghost && s->nghost >= w + w / 2) || (s->ghost_cap && s->nghost == s->ghost_cap))
         return 0;
     if (!s->ghost_cap) { /* the host arenas are fixed at start: their size once */
-        uint64_t mem = 0, cap = STORE_GHOST_MIN;
+        uint64_t mem = 0, cap;
         for (uint32_t a = 0; a < s->narenas; a++)
             mem += s->arenas[a].tier->ops->capacity(s->arenas[a].tier);
-        while (cap * 2 * sizeof(struct store_ghost) <= mem / STORE_GHOST_MEM_DIV &&
-               cap < (1u << 30))
-            cap *= 2;
-        s->ghost_cap = (uint32_t)cap;
+        cap = mem / STORE_GHOST_MEM_DIV / sizeof(struct store_ghost) / STORE_GHOST_WAYS *
+              STORE_GHOST_WAYS;
+        s->ghost_cap = (uint32_t)(cap < STORE_GHOST_MIN ? STORE_GHOST_MIN
+                                  : cap > (1u << 30)    ? 1u << 30
+                                                        : cap);
     }
     while (want < w + w / 2 && want < s->ghost_cap)
         want *= 2;
+    if (want > s->ghost_cap)
+        want = s->ghost_cap;
     if (want <= s->nghost)
         return 0;
     struct store_ghost *old = s->ghost, *g = calloc(want, sizeof(*g));
