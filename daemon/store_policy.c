@@ -820,8 +820,9 @@ uint32_t store_ladder_first(struct store *s, struct store_ns *ns, uint32_t rung)
 
 /* ---- ghosts ---------------------------------------------------------------------------- */
 
-#define STORE_GHOST_WAYS 4    /* entries per set: the oldest of a full set is replaced */
-#define STORE_GHOST_MIN 1024u /* entries at least */
+#define STORE_GHOST_WAYS 4 /* entries per set: the oldest of a full set is replaced */
+/* Entries at least (64 KiB): a small cache keeps the whole window whatever the budget. */
+#define STORE_GHOST_MIN 4096u
 /* Ghost memory at most 1/1024 of the host arenas': a 16-byte ghost per 16 KiB, so one for
  * every fourth block at 4 KiB blocks (4 B a block at a million of them; 1/128 took 16), one
  * for every other block at 8 KiB (2Q's A1out: half the cache), one per block at 16 KiB (ARC's

@@ -357,12 +357,12 @@ START_TEST(test_victim_exact_order)
 END_TEST
 
 /* The ghost table stays within its byte budget, 1/1024 of the host arenas, whatever window
- * cache.ghosts asks for (here 8 x 768 blocks of 64 KiB, 1.5 x that wanted): 48 MiB holds
- * 3,072 ghosts, in sets that are not a power of two; a block evicted and committed again
+ * cache.ghosts asks for (here 8 x 1,536 blocks of 64 KiB, 1.5 x that wanted): 96 MiB holds
+ * 6,144 ghosts, in sets that are not a power of two; a block evicted and committed again
  * still finds its own. */
 START_TEST(test_ghost_table_budget)
 {
-    struct store_params p = {.host_size = 48 << 20,
+    struct store_params p = {.host_size = 96 << 20,
                              .host_page_size = 64 << 10,
                              .host_huge = TIER_HOST_HUGE_OFF,
                              .high_watermark = 0.9,
@@ -389,7 +389,7 @@ START_TEST(test_ghost_table_budget)
         s->meta[idx].freq = 5.0f;
         engine_evict(s, idx);
     }
-    ck_assert_uint_eq(s->nghost, (48u << 20) / 1024 / 16);
+    ck_assert_uint_eq(s->nghost, (96u << 20) / 1024 / 16);
     for (uint32_t c = 0; c < 64; c++) {
         struct kvc_wire_key kk = key(ns, c, 0);
         ck_assert_int_eq(put_chain(ns, c, 0, 1, 100 + c), 1);
