@@ -12,7 +12,7 @@
  *   by a seeded XXH3 of the key and the namespace (the seed is in the header), and a small
  *   stash behind them for the rare key whose two buckets are full. The daemon sizes it for
  *   every block the arena can hold at the smallest slot its namespaces use (at a load of at
- *   most 0.9, where a cuckoo table of 4-way buckets places every key) and makes room by
+ *   most 0.95, where a cuckoo table of 4-way buckets places every key) and makes room by
  *   moving entries to their other bucket; an entry being moved may be missed for a moment,
  *   which only sends that hit to the socket. Only the daemon writes it; clients map it
  *   read-only (the memfd is mode 0600 and sealed with F_SEAL_FUTURE_WRITE once the daemon

@@ -27,79 +27,78 @@
 #include "daemon/config_ns.h"
 #include "daemon/config_parse.h" /* config_parse_size and _duration_ms, for their users */
 
-#define CONFIG_OPTIONS(X)                                                                      \
-    X(server, socket, STRING, "", 0, 0, 0, NULL,                                              \
-      "Unix socket path. Empty: $XDG_RUNTIME_DIR/kvcd.sock for a user, /run/kvcd/kvcd.sock "  \
-      "for root.")                                                                            \
-    X(server, socket_mode, MODE, "0660", 0, 0777, 0, NULL,                                    \
-      "Permission bits of the socket file.")                                                  \
-    X(server, socket_group, STRING, "", 0, 0, 0, NULL,                                        \
-      "Group owning the socket file. Empty: the daemon's group.")                             \
-    X(server, max_clients, INT, "1024", 1, 65536, 1, NULL,                                    \
-      "Connections accepted at once; more are refused (EUSERS) with a log line.")             \
-    X(server, max_clients_per_uid, INT, "64", 1, 65536, 1, NULL,                              \
-      "Connections one user (uid) may hold at once; more are refused (EUSERS). Admins are "   \
-      "exempt.")                                                                              \
-    X(server, hello_timeout, DURATION, "5s", 100, 3600000, 1, NULL,                           \
-      "A connection that sends no HELLO within this time is closed.")                         \
-    X(server, idle_timeout, DURATION, "1h", 1000, 604800000, 1, NULL,                         \
-      "A connection with no request for this long is closed; its leases and reservations "    \
-      "go back (the client's next call fails with ETIMEDOUT).")                               \
-    X(server, max_leases, INT, "4096", 1, 1048576, 1, NULL,                                   \
-      "Open leases and reservations per client.")                                             \
-    X(server, max_waits, INT, "16", 1, 4096, 1, NULL,                                         \
-      "WAIT requests one client may have pending at once (one per lease).")                   \
-    X(server, reservation_timeout, DURATION, "60s", 100, 86400000, 1, NULL,                   \
-      "A reservation not committed or aborted within this time is aborted; COMMIT or ABORT "  \
-      "of it then fails with ETIMEDOUT.")                                                     \
-    X(server, max_namespaces, INT, "256", 1, 65535, 0, NULL, "Namespaces the daemon holds.")  \
-    X(server, fast_path, BOOL, "yes", 0, 0, 0, NULL,                                          \
-      "Publish each arena's cached blocks in a read-only shared index, so clients copy hits "  \
-      "with no round trip (docs/performance.md). Clients also turn it off with "              \
-      "KVC_NO_FASTPATH=1.")                                                                   \
-    X(server, fast_ring_rate, INT, "65536", 1000, 16777216, 1, NULL,                          \
-      "Hits per second the daemon reads from one connection's hit ring (the fast path's "     \
-      "record of its hits, for the policies), a ring's worth (4096) banked; hits past it "    \
-      "are not counted (fast_dropped). Rings are read in bounded passes between requests "    \
-      "(docs/security.md).")                                                                  \
-    X(server, max_namespaces_per_uid, INT, "16", 1, 65535, 1, NULL,                           \
-      "Namespaces one user (uid) may create; more are refused (EDQUOT). Admins are exempt; "  \
-      "kvcctl ns drop frees them.")                                                           \
-    X(server, admin_group, STRING, "", 0, 0, 1, NULL,                                         \
-      "Group whose members may run admin requests (reload, config set, policy set, evict, "   \
-      "ns drop, shutdown) besides root and the daemon's user. Empty: none.")                  \
-    X(log, level, ENUM, "info", 0, 0, 1, "error|warning|info|debug",                          \
-      "Least severe level written to stderr (the journal under systemd).")                    \
-    X(log, rate_limit, INT, "20", 1, 100000, 1, NULL,                                         \
-      "Lines per second a client can trigger; the rest are counted and summarised.")          \
-    X(host, size, SIZE, "1g", 16 << 20, 1ull << 42, 0, NULL,                                  \
-      "Bytes of the host-tier arena (shared memory, faulted in while kvcd serves).")          \
-    X(host, page_size, SIZE, "2m", 64 << 10, 1 << 30, 0, NULL,                                \
-      "Allocator page: a power of two; 2m matches huge pages.")                               \
-    X(host, hugepages, ENUM, "auto", 0, 0, 0, "auto|on|off",                                  \
-      "Back the arena with hugetlb pages: auto uses them when enough are free.")              \
-    X(host, prefault, BOOL, "yes", 0, 0, 0, NULL,                                             \
-      "Fault every arena page in so that copies run at full speed: the first 64 MiB before "  \
-      "kvcd serves, the rest in the background, the pages handed out first first.")           \
-    X(host, prefault_threads, INT, "0", 0, 64, 0, NULL,                                       \
-      "Threads that fault the arena in while kvcd serves (0: one per CPU, at most 8).")       \
-    X(host, high_watermark, DOUBLE, "0.99", 0.05, 1.0, 1, NULL,                               \
-      "Fraction of the arena in use above which unpinned blocks are evicted (after a commit, "\
-      "off the client's path), down to low_watermark. A put that finds the arena full evicts "\
-      "what it needs itself, so memory below the band is cache lost, not safety.")            \
-    X(host, low_watermark, DOUBLE, "0.98", 0.0, 1.0, 1, NULL,                                 \
-      "Fraction of the arena in use at which eviction stops. Must be below high_watermark.") \
-    X(host, quantize_inflight, INT, "8", 0, 1024, 1, NULL,                                    \
-      "Blocks quantized in place at once above high_watermark, before evicting, in "          \
-      "namespaces whose creator allowed a codec (0: never quantize, evict).")                 \
+#define CONFIG_OPTIONS(X)                                                                          \
+    X(server, socket, STRING, "", 0, 0, 0, NULL,                                                   \
+      "Unix socket path. Empty: $XDG_RUNTIME_DIR/kvcd.sock for a user, /run/kvcd/kvcd.sock "       \
+      "for root.")                                                                                 \
+    X(server, socket_mode, MODE, "0660", 0, 0777, 0, NULL, "Permission bits of the socket file.")  \
+    X(server, socket_group, STRING, "", 0, 0, 0, NULL,                                             \
+      "Group owning the socket file. Empty: the daemon's group.")                                  \
+    X(server, max_clients, INT, "1024", 1, 65536, 1, NULL,                                         \
+      "Connections accepted at once; more are refused (EUSERS) with a log line.")                  \
+    X(server, max_clients_per_uid, INT, "64", 1, 65536, 1, NULL,                                   \
+      "Connections one user (uid) may hold at once; more are refused (EUSERS). Admins are "        \
+      "exempt.")                                                                                   \
+    X(server, hello_timeout, DURATION, "5s", 100, 3600000, 1, NULL,                                \
+      "A connection that sends no HELLO within this time is closed.")                              \
+    X(server, idle_timeout, DURATION, "1h", 1000, 604800000, 1, NULL,                              \
+      "A connection with no request for this long is closed; its leases and reservations "         \
+      "go back (the client's next call fails with ETIMEDOUT).")                                    \
+    X(server, max_leases, INT, "4096", 1, 1048576, 1, NULL,                                        \
+      "Open leases and reservations per client.")                                                  \
+    X(server, max_waits, INT, "16", 1, 4096, 1, NULL,                                              \
+      "WAIT requests one client may have pending at once (one per lease).")                        \
+    X(server, reservation_timeout, DURATION, "60s", 100, 86400000, 1, NULL,                        \
+      "A reservation not committed or aborted within this time is aborted; COMMIT or ABORT "       \
+      "of it then fails with ETIMEDOUT.")                                                          \
+    X(server, max_namespaces, INT, "256", 1, 65535, 0, NULL, "Namespaces the daemon holds.")       \
+    X(server, fast_path, BOOL, "yes", 0, 0, 0, NULL,                                               \
+      "Publish each arena's cached blocks in a read-only shared index, so clients copy hits "      \
+      "with no round trip (docs/performance.md). Clients also turn it off with "                   \
+      "KVC_NO_FASTPATH=1.")                                                                        \
+    X(server, fast_ring_rate, INT, "65536", 1000, 16777216, 1, NULL,                               \
+      "Hits per second the daemon reads from one connection's hit ring (the fast path's "          \
+      "record of its hits, for the policies), a ring's worth (4096) banked; hits past it "         \
+      "are not counted (fast_dropped). Rings are read in bounded passes between requests "         \
+      "(docs/security.md).")                                                                       \
+    X(server, max_namespaces_per_uid, INT, "16", 1, 65535, 1, NULL,                                \
+      "Namespaces one user (uid) may create; more are refused (EDQUOT). Admins are exempt; "       \
+      "kvcctl ns drop frees them.")                                                                \
+    X(server, admin_group, STRING, "", 0, 0, 1, NULL,                                              \
+      "Group whose members may run admin requests (reload, config set, policy set, evict, "        \
+      "ns drop, shutdown) besides root and the daemon's user. Empty: none.")                       \
+    X(log, level, ENUM, "info", 0, 0, 1, "error|warning|info|debug",                               \
+      "Least severe level written to stderr (the journal under systemd).")                         \
+    X(log, rate_limit, INT, "20", 1, 100000, 1, NULL,                                              \
+      "Lines per second a client can trigger; the rest are counted and summarised.")               \
+    X(host, size, SIZE, "1g", 16 << 20, 1ull << 42, 0, NULL,                                       \
+      "Bytes of the host-tier arena (shared memory, faulted in while kvcd serves).")               \
+    X(host, page_size, SIZE, "2m", 64 << 10, 1 << 30, 0, NULL,                                     \
+      "Allocator page: a power of two; 2m matches huge pages.")                                    \
+    X(host, hugepages, ENUM, "auto", 0, 0, 0, "auto|on|off",                                       \
+      "Back the arena with hugetlb pages: auto uses them when enough are free.")                   \
+    X(host, prefault, BOOL, "yes", 0, 0, 0, NULL,                                                  \
+      "Fault every arena page in so that copies run at full speed: the first 64 MiB before "       \
+      "kvcd serves, the rest in the background, the pages handed out first first.")                \
+    X(host, prefault_threads, INT, "0", 0, 64, 0, NULL,                                            \
+      "Threads that fault the arena in while kvcd serves (0: one per CPU, at most 8).")            \
+    X(host, high_watermark, DOUBLE, "0.99", 0.05, 1.0, 1, NULL,                                    \
+      "Fraction of the arena in use above which unpinned blocks are evicted (after a commit, "     \
+      "off the client's path), down to low_watermark. A put that finds the arena full evicts "     \
+      "what it needs itself, so memory below the band is cache lost, not safety.")                 \
+    X(host, low_watermark, DOUBLE, "0.98", 0.0, 1.0, 1, NULL,                                      \
+      "Fraction of the arena in use at which eviction stops. Must be below high_watermark.")       \
+    X(host, quantize_inflight, INT, "8", 0, 1024, 1, NULL,                                         \
+      "Blocks quantized in place at once above high_watermark, before evicting, in "               \
+      "namespaces whose creator allowed a codec (0: never quantize, evict).")                      \
     X(cache, policy, ENUM, "default", 0, 0, 1,                                                     \
       "lru|lfu|prefix|streaming|h2o|snapkv|keynorm|quest|default|vatp",                            \
       "Policy of the namespaces no [namespace.PATTERN] section names one for: their eviction "     \
-      "order and, with codecs or a disk tier, what leaves memory how (docs/policies.md). lru "      \
+      "order and, with codecs or a disk tier, what leaves memory how (docs/policies.md). lru "     \
       "keeps the original order: quantize, then demote to disk, then drop, coldest first.")        \
-    X(cache, ghosts, DOUBLE, "8", 0.0, 64.0, 1, NULL,                                            \
+    X(cache, ghosts, DOUBLE, "8", 0.0, 64.0, 1, NULL,                                              \
       "Evicted blocks remembered, as a multiple of a namespace's capacity in blocks (at most "     \
-      "1/128 of the host memory): one committed again soon after its eviction gets its decayed "    \
+      "1/1024 of the host memory): one committed again soon after its eviction gets its decayed "  \
       "access count back, as ARC's ghost lists do. 0: none. Ignored under lru.")                   \
     X(cache, recompute_tokens_per_s, INT, "8000", 1, 100000000, 1, NULL,                           \
       "Prefill throughput of the engines, in tokens per second: kvcd reports the time its "        \
@@ -140,8 +139,8 @@
       "Hits a block needs before leaving memory for disk instead of being dropped "                \
       "(docs/disk.md).")                                                                           \
     X(disk, compact_below, INT, "50", 0, 100, 0, NULL,                                             \
-      "Percent of a disk page still live under which the compactor moves its blocks to free "     \
-      "it, once fewer than a quarter of the pages are free; 0: never.")                             \
+      "Percent of a disk page still live under which the compactor moves its blocks to free "      \
+      "it, once fewer than a quarter of the pages are free; 0: never.")                            \
     X(disk, compress, INT, "0", 0, 19, 1, NULL,                                                    \
       "zstd level of the blocks written to disk (1-19; 1 is as good as 3 on KV data, "             \
       "docs/disk.md); 0: stored raw. [namespace.PATTERN] disk_compress overrides it.")             \
@@ -154,18 +153,18 @@
     X(disk, checkpoint_interval, DURATION, "60s", 0, 86400000, 0, NULL,                            \
       "How often the disk index is checkpointed when it changed, and at a clean stop: a restart "  \
       "reads it and the pages written since instead of every record header (docs/disk.md). The "   \
-      "first one comes a second after start once the disk holds records. 0: none is written or "  \
+      "first one comes a second after start once the disk holds records. 0: none is written or "   \
       "read.")                                                                                     \
     X(disk, checkpoint_bytes, SIZE, "1g", 0, 1ull << 50, 1, NULL,                                  \
       "A checkpoint also follows every this many bytes written to disk (at most one a second, "    \
-      "and one taking at most 1/20 of the daemon's time), which bounds what a restart after a "   \
+      "and one taking at most 1/20 of the daemon's time), which bounds what a restart after a "    \
       "crash walks. 0: checkpoint_interval alone.")                                                \
     X(disk, checkpoint_path, STRING, "", 0, 0, 0, NULL,                                            \
       "File of the disk index checkpoint. Empty: the first disk.path with .ckpt appended when it " \
       "is a file; a block device gets none unless a file is named here.")                          \
     X(remote, nodes, STRING, "", 0, 0, 0, NULL,                                                    \
       "Seed nodes of the Redis Cluster holding the remote tier, host:port separated by commas "    \
-      "(docs/remote.md). Empty: no remote tier (no thread, no connection).")                      \
+      "(docs/remote.md). Empty: no remote tier (no thread, no connection).")                       \
     X(remote, user, STRING, "", 0, 0, 0, NULL,                                                     \
       "ACL user of AUTH on every connection. Empty: AUTH with the password alone.")                \
     X(remote, password, SECRET, "", 0, 0, 0, NULL,                                                 \
@@ -187,29 +186,29 @@
       "/dev/urandom), mode 0600, owned by kvcd's user or root; the same on every kvcd sharing "    \
       "the cluster. Empty: $CREDENTIALS_DIRECTORY/kvcd-remote-key (systemd LoadCredential=).")     \
     X(remote, connect_timeout, DURATION, "500ms", 1, 60000, 0, NULL,                               \
-      "Time a connection to a cluster node may take.")                                            \
+      "Time a connection to a cluster node may take.")                                             \
     X(remote, timeout, DURATION, "2s", 1, 60000, 0, NULL,                                          \
-      "Time a read or write on a cluster connection may take; past it the tier is degraded.")     \
+      "Time a read or write on a cluster connection may take; past it the tier is degraded.")      \
     X(remote, max_inflight, INT, "256", 2, 65536, 0, NULL,                                         \
       "Remote block reads and writes queued or on the wire at once; half each at most for "        \
       "lookups and for write-behind.")                                                             \
     X(remote, batch, INT, "64", 1, 4096, 0, NULL,                                                  \
       "Values (block parts) pipelined in one batch to the cluster; a block's parts always go "     \
       "in one batch.")                                                                             \
-    X(remote, part_size, SIZE, "1m", 0, 1 << 30, 0, NULL,                                         \
+    X(remote, part_size, SIZE, "1m", 0, 1 << 30, 0, NULL,                                          \
       "A block larger than this is stored as parts of this size, each its own value, spread "      \
-      "over the masters (docs/remote.md); 0 or at least 64k; 0: a block is one value. Set it "    \
+      "over the masters (docs/remote.md); 0 or at least 64k; 0: a block is one value. Set it "     \
       "alike on every kvcd sharing the cluster.")                                                  \
     X(remote, queue, INT, "4096", 1, 1048576, 0, NULL,                                             \
-      "Admitted blocks waiting for their write-behind at most; more are not written (counted).")  \
-    X(remote, min_hits, INT, "0", 0, 1000000, 1, NULL,                                           \
-      "Hits a block needs before it is written to the remote tier; 0: every block at commit.")    \
+      "Admitted blocks waiting for their write-behind at most; more are not written (counted).")   \
+    X(remote, min_hits, INT, "0", 0, 1000000, 1, NULL,                                             \
+      "Hits a block needs before it is written to the remote tier; 0: every block at commit.")     \
     X(remote, negative_ttl, DURATION, "2s", 0, 3600000, 1, NULL,                                   \
-      "How long a key the remote tier did not have is not asked for again; 0: always asked.")     \
+      "How long a key the remote tier did not have is not asked for again; 0: always asked.")      \
     X(remote, backoff_min, DURATION, "100ms", 1, 60000, 0, NULL,                                   \
-      "First wait before a degraded remote tier is probed again; doubled after each failure.")    \
+      "First wait before a degraded remote tier is probed again; doubled after each failure.")     \
     X(remote, backoff_max, DURATION, "10s", 1, 600000, 0, NULL,                                    \
-      "Longest wait between probes of a degraded remote tier.")                                   \
+      "Longest wait between probes of a degraded remote tier.")                                    \
     X(gpu, pool_size, SIZE, "0", 0, 1ull << 44, 0, NULL,                                           \
       "Bytes of the GPU tier's device pool, shared with engines on that GPU. 0: no GPU "           \
       "tier. Without a device or driver the tier is disabled with one log line.")                  \
@@ -222,8 +221,8 @@
 #define CONFIG_CTYPE_SIZE uint64_t
 #define CONFIG_CTYPE_DURATION uint64_t /* milliseconds */
 #define CONFIG_CTYPE_DOUBLE double
-#define CONFIG_CTYPE_STRING char *     /* owned, never NULL */
-#define CONFIG_CTYPE_SECRET char *     /* owned, never NULL */
+#define CONFIG_CTYPE_STRING char * /* owned, never NULL */
+#define CONFIG_CTYPE_SECRET char * /* owned, never NULL */
 #define CONFIG_CTYPE_MODE uint32_t
 #define CONFIG_CTYPE_ENUM int /* index into choices */
 
@@ -241,7 +240,7 @@ enum config_type {
 
 /* The values. Field names are section_name. */
 struct config {
-#define CONFIG_FIELD(sec, name, type, def, min, max, reload, choices, help)                    \
+#define CONFIG_FIELD(sec, name, type, def, min, max, reload, choices, help)                        \
     CONFIG_CTYPE_##type sec##_##name;
     CONFIG_OPTIONS(CONFIG_FIELD)
 #undef CONFIG_FIELD
@@ -297,8 +296,8 @@ int config_load_file(struct config *c, const char *path, char *err, size_t errle
 
 /* Same as config_load_file on len bytes of text in memory (need not be NUL-terminated);
  * name stands for the file in messages. The fuzzing entry point; tests use it too. */
-int config_load_buffer(struct config *c, const char *name, const char *buf, size_t len,
-                       char *err, size_t errlen);
+int config_load_buffer(struct config *c, const char *name, const char *buf, size_t len, char *err,
+                       size_t errlen);
 
 /* Sets one option from "section.name" and a value string, as -o does, with the checks a file
  * value gets. A string value must be writable back to an ini file: at most 128 bytes, no

@@ -110,11 +110,12 @@ static uint64_t engine_disk_block_bytes(const struct store *s, const struct bloc
 void engine_disk_meta(const struct store *s, const struct block *b, struct tier_disk_meta *m)
 {
     const struct store_ns *ns = s->ns[b->ns];
+    struct kvc_wire_key parent = index_parent_key(&s->ix, b);
     memset(m, 0, sizeof(*m));
     m->key[0] = b->key.lo;
     m->key[1] = b->key.hi;
-    m->parent[0] = b->parent.lo;
-    m->parent[1] = b->parent.hi;
+    m->parent[0] = parent.lo;
+    m->parent[1] = parent.hi;
     m->depth = b->depth;
     m->len = engine_disk_block_bytes(s, b);
     m->format = b->format;
@@ -131,11 +132,11 @@ static void engine_disk_memory_release(struct store *s, uint32_t idx)
     struct tier_loc loc = {.arena = b->arena, .cls = b->cls, .off = b->off, .len = b->len};
     store_lru_unlink(s, idx);
     t->ops->free(t, &loc);
-    ns->bytes = ns->bytes - b->len + b->dlen;
+    ns->bytes = ns->bytes - b->len + s->rec[idx].len;
     b->tier = KVC_WIRE_TIER_DISK;
     b->arena = STORE_ARENA_DISK;
     b->off = (uint64_t)s->rec[idx].doff * TIER_DISK_ALIGN;
-    b->len = b->dlen;
+    b->len = s->rec[idx].len;
     b->cls = 0;
     store_lru_push_head(s, idx);
 }
@@ -359,10 +360,8 @@ static int engine_disk_write_ancestors(struct store *s, uint32_t idx, uint64_t n
 {
     uint32_t anc[64], n = 0;
     const struct block *b = &s->ix.blocks[idx];
-    while (n < sizeof(anc) / sizeof(anc[0]) && !index_key_is_zero(&b->parent)) {
-        uint32_t p = index_find(&s->ix, b->ns, &b->parent);
-        if (p == INDEX_NONE)
-            break;
+    while (n < sizeof(anc) / sizeof(anc[0]) && b->parent != INDEX_NONE) {
+        uint32_t p = b->parent;
         b = &s->ix.blocks[p];
         if (b->flags & (BLOCK_F_DISK | BLOCK_F_DEMOTING))
             break; /* on disk, or on its way: so are the ones above it */
@@ -1080,7 +1079,7 @@ static int engine_disk_adopt(struct store *s, const struct engine_disk_params *p
         return rc;
     struct block *b = &s->ix.blocks[idx];
     b->key = key;
-    b->parent = parent;
+    b->parent = p_idx;
     b->depth = f->m.depth;
     b->ns = (uint16_t)ns_id;
     b->state = BLOCK_STATE_COMMITTED;

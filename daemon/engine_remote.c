@@ -140,11 +140,12 @@ static void engine_remote_meta(const struct store *s, const struct block *b,
                                struct remote_rec_meta *m)
 {
     const struct store_ns *ns = s->ns[b->ns];
+    struct kvc_wire_key parent = index_parent_key(&s->ix, b);
     memset(m, 0, sizeof(*m));
     m->key[0] = b->key.lo;
     m->key[1] = b->key.hi;
-    m->parent[0] = b->parent.lo;
-    m->parent[1] = b->parent.hi;
+    m->parent[0] = parent.lo;
+    m->parent[1] = parent.hi;
     m->depth = b->depth;
     m->format = b->format;
     m->codec = REMOTE_REC_CODEC_RAW;
@@ -310,11 +311,11 @@ static void engine_remote_fetch_fail(struct store *s, uint32_t idx)
     struct store_ns *ns = s->ns[b->ns];
     struct tier *host = s->arenas[b->arena].tier;
     struct tier_loc loc = {.arena = b->arena, .cls = b->cls, .off = b->off, .len = b->len};
-    if (!index_key_is_zero(&b->parent)) {
-        uint32_t p = index_find(&s->ix, b->ns, &b->parent);
-        b->parent = (struct kvc_wire_key){0, 0};
+    if (b->parent != INDEX_NONE) {
+        uint32_t p = b->parent;
+        b->parent = INDEX_NONE;
         b->depth = 0;
-        if (p != INDEX_NONE && s->ix.blocks[p].children && !--s->ix.blocks[p].children) {
+        if (s->ix.blocks[p].children && !--s->ix.blocks[p].children) {
             store_heap_sync(s, p); /* a leaf now */
             engine_remote_lost_release(s, p);
         }
@@ -349,9 +350,10 @@ static int engine_remote_fetch_fits(struct store *s, uint32_t idx,
     if (op->root)
         return 0;
     if (!op->first) {
-        if (parent.lo != b->parent.lo || parent.hi != b->parent.hi)
+        struct kvc_wire_key want = index_parent_key(&s->ix, b);
+        if (parent.lo != want.lo || parent.hi != want.hi)
             return -ESTALE;
-        p = index_find(&s->ix, b->ns, &parent);
+        p = b->parent;
         if (p == INDEX_NONE || (s->ix.blocks[p].flags & BLOCK_F_LOST))
             return -ENOLINK; /* its parent's read failed */
         return got->depth == s->ix.blocks[p].depth + 1 ? 0 : -ESTALE;
@@ -364,7 +366,7 @@ static int engine_remote_fetch_fits(struct store *s, uint32_t idx,
         return -ENOLINK; /* an orphan here: never cached */
     if (got->depth != s->ix.blocks[p].depth + 1)
         return -ESTALE;
-    b->parent = parent;
+    b->parent = p;
     b->depth = got->depth;
     if (!s->ix.blocks[p].children++)
         store_heap_sync(s, p);
@@ -439,7 +441,7 @@ static int engine_remote_fetch(struct store *s, struct store_ns *ns,
     b = &s->ix.blocks[idx];
     b->key = keys[i];
     if (p != INDEX_NONE) {
-        b->parent = keys[i - 1];
+        b->parent = p;
         b->depth = s->ix.blocks[p].depth + 1;
     }
     b->ns = (uint16_t)ns->id;

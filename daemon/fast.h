@@ -35,8 +35,9 @@ struct fast_index_stats {
     uint64_t moves;     /* entries moved to their other bucket to make room */
 };
 
-/* The load a table is sized for: a 4-way cuckoo table places every key up to about 0.97. */
-#define FAST_INDEX_LOAD 0.9
+/* The load a table is sized for (every block its arena can hold): a 4-way cuckoo table
+ * places every key up to about 0.97, and the watermarks keep an arena below full. */
+#define FAST_INDEX_LOAD 0.95
 
 /* An index for arena arena_id of arena_bytes, with room for namespace ids below nns and
  * `capacity` blocks (at FAST_INDEX_LOAD). NULL and *err = -errno on failure. */

@@ -58,7 +58,7 @@ int index_block_new(struct index *ix, uint32_t *idx)
     uint32_t i;
     if (ix->free_head != INDEX_NONE) {
         i = ix->free_head;
-        ix->free_head = ix->blocks[i].owner_slot;
+        ix->free_head = ix->blocks[i].lru_next;
     } else {
         if (ix->nblocks == ix->cap) {
             uint32_t ncap = ix->cap * 2;
@@ -75,7 +75,7 @@ int index_block_new(struct index *ix, uint32_t *idx)
     }
     memset(&ix->blocks[i], 0, sizeof(ix->blocks[i]));
     ix->blocks[i].lru_prev = ix->blocks[i].lru_next = INDEX_NONE;
-    ix->blocks[i].owner_slot = INDEX_NONE;
+    ix->blocks[i].parent = INDEX_NONE;
     ix->live++;
     *idx = i;
     return 0;
@@ -86,7 +86,8 @@ void index_block_delete(struct index *ix, uint32_t idx)
     struct block *b = &ix->blocks[idx];
     memset(b, 0, sizeof(*b));
     b->state = BLOCK_STATE_FREE;
-    b->owner_slot = ix->free_head;
+    b->lru_prev = INDEX_NONE;
+    b->lru_next = ix->free_head;
     ix->free_head = idx;
     ix->live--;
 }

@@ -7,7 +7,7 @@
  * is open addressing with linear probing over 32-bit slots (index + 1, 0 empty) and
  * backward-shift deletion, so a lookup touches one or two cache lines whatever the number
  * of blocks. The slot comes from a seeded XXH3 of (key, namespace) with a seed drawn at
- * start, since keys may be chosen by clients. Metadata per block: the struct below (80 bytes) plus about
+ * start, since keys may be chosen by clients. Metadata per block: the struct below (64 bytes) plus about
  * 6 bytes of map at the maximum load of 0.7. Owned by the loop thread.
  */
 #ifndef KVC_INDEX_H
@@ -26,41 +26,40 @@ enum block_state {
     BLOCK_STATE_COMMITTED = 2, /* visible */
 };
 
-/* 80 bytes: the fields that never need 32 or 64 bits share words. off keeps 48 bits (host.size
+/* 64 bytes: the fields that never need 32 or 64 bits share words. off keeps 48 bits (host.size
  * is at most 2^42, gpu.pool_size 2^44), last_access 39 (ms since start: 17 years), hits
- * 24 (it stops counting at 2^24 - 1). */
+ * 24 (it stops counting at 2^24 - 1). The parent is named by its block index: a committed
+ * block's parent is committed and holds it as a child (daemon/store.h), so the index stays
+ * that block's while the link exists; its key is blocks[parent].key. A disk record's place
+ * and length are in store.rec. */
 struct block {
     struct kvc_wire_key key;
-    struct kvc_wire_key parent; /* all-zero for the first block of a prefix */
-    uint64_t off : 48;          /* location in its fastest tier (host, GPU, or disk) */
-    uint64_t ns : 16;           /* namespace id */
-    uint64_t last_access : 39;  /* ms since start */
-    uint64_t format : 8;        /* KVC_WIRE_FORMAT_* */
-    uint64_t flags : 8;         /* BLOCK_F_* */
-    uint64_t state : 2;         /* enum block_state */
-    uint64_t tier : 2;          /* fastest tier holding it (KVC_WIRE_TIER_*) */
-    uint64_t arena : 5; /* its LRU list: a host arena, STORE_ARENA_GPU or STORE_ARENA_DISK */
-    uint32_t hits : 24; /* saturates at BLOCK_HITS_MAX */
+    uint64_t off : 48;         /* location in its fastest tier (host, GPU, or disk) */
+    uint64_t ns : 16;          /* namespace id */
+    uint64_t last_access : 39; /* ms since start */
+    uint64_t format : 8;       /* KVC_WIRE_FORMAT_* */
+    uint64_t flags : 8;        /* BLOCK_F_* */
+    uint64_t state : 2;        /* enum block_state */
+    uint64_t tier : 2;         /* fastest tier holding it (KVC_WIRE_TIER_*) */
+    uint64_t arena : 5;        /* its LRU list: a host arena, STORE_ARENA_GPU or STORE_ARENA_DISK */
+    uint32_t hits : 24;        /* saturates at BLOCK_HITS_MAX */
     uint32_t cls : 8;
-    uint32_t len; /* slot bytes there */
-    uint32_t lru_prev, lru_next;
+    uint32_t len;      /* slot bytes there */
+    uint32_t lru_prev; /* FREE: unused */
+    uint32_t lru_next; /* FREE: the next free entry (index.free_head) */
     uint32_t pins;
     uint32_t children; /* committed blocks whose parent this is */
     uint32_t depth;
-    union {
-        uint32_t owner_slot; /* RESERVED: the reservation's handle slot; FREE: next free */
-        uint32_t dlen;       /* COMMITTED with BLOCK_F_DISK: bytes of its disk record (its
-                                offset and page version: store.rec) */
-    };
+    uint32_t parent; /* the block before it in its prefix, INDEX_NONE for the first */
 };
-_Static_assert(sizeof(struct block) == 80, "struct block is at its metadata budget");
+_Static_assert(sizeof(struct block) == 64, "struct block is at its metadata budget");
 #define BLOCK_HITS_MAX ((1u << 24) - 1)
 #define BLOCK_OFF_MAX ((1ull << 48) - 1)
 #define BLOCK_ARENA_MAX 31u
 
 /* Where a block is and what is happening to it (daemon/engine_disk.h: the tier engine owns
  * these transitions).
- * DISK: it has a valid record on disk at (store.rec, dlen). Inclusive hierarchy: a block in
+ * DISK: it has a valid record on disk at store.rec[its index]. Inclusive hierarchy: a block in
  *   memory with DISK set is clean — its memory copy can go at no cost, and writing it to
  *   disk again costs nothing; without DISK it is dirty.
  * DEMOTING: a disk write of it is in flight (encode or I/O); PROMOTING: its memory slot is
@@ -87,7 +86,7 @@ struct index {
     struct block *blocks; /* pool; entries [0, nblocks) are allocated */
     uint32_t nblocks;
     uint32_t cap;
-    uint32_t free_head; /* free list through owner_slot */
+    uint32_t free_head; /* free list through lru_next */
     uint32_t live;      /* entries not FREE */
     uint32_t *slots;    /* map: block index + 1, 0 empty */
     uint32_t nslots;    /* power of two */
@@ -123,6 +122,13 @@ static inline void block_hit(struct block *b)
 static inline bool index_key_is_zero(const struct kvc_wire_key *k)
 {
     return (k->lo | k->hi) == 0;
+}
+
+/* The key of b's parent, all-zero for the first block of a prefix (what records and replies
+ * carry). */
+static inline struct kvc_wire_key index_parent_key(const struct index *ix, const struct block *b)
+{
+    return b->parent == INDEX_NONE ? (struct kvc_wire_key){0, 0} : ix->blocks[b->parent].key;
 }
 
 /* Whether idx, found for (ns, key) earlier in the same request, still names that key's

@@ -522,7 +522,8 @@ static int server_reserve_room(struct server *sv, struct conn *c, const struct s
 #define SERVER_RESV_STATS(X)                                                                       \
     X(reserves)                                                                                    \
     X(reserve_keys)                                                                                \
-    X(reserved_blocks) X(dedup_blocks) X(busy_blocks) X(nospace_blocks) X(skipped_parent_blocks)   \
+    X(reserved_blocks)                                                                             \
+    X(dedup_blocks) X(busy_blocks) X(nospace_blocks) X(skipped_parent_blocks)                      \
         X(skipped_parent_busy_blocks) X(skipped_busy_blocks) X(skipped_nospace_blocks)             \
             X(skipped_failed_blocks) X(aborted_blocks)
 
@@ -775,7 +776,7 @@ static int server_on_block_list(struct server *sv, struct conn *c, const struct 
             continue;
         out[n++] =
             (struct kvc_wire_block){.key = b->key,
-                                    .parent = b->parent,
+                                    .parent = index_parent_key(ix, b),
                                     .bytes = b->len,
                                     .last_access_ms = b->last_access,
                                     .hits = b->hits,

@@ -48,29 +48,36 @@ void store_slot_own(struct store *s, uint32_t idx, bool on)
 {
     const struct block *b = &s->ix.blocks[idx];
     uint64_t u = b->off >> STORE_OWNER_SHIFT;
-    struct tier *t;
-    if (b->arena >= s->narenas || b->tier != KVC_WIRE_TIER_HOST)
-        return;
-    t = s->arenas[b->arena].tier;
-    if (!s->owner[b->arena]) {
-        if (!on)
-            return;
-        s->owner[b->arena] = calloc(tier_host_size(t) >> STORE_OWNER_SHIFT, sizeof(uint32_t));
-        if (!s->owner[b->arena])
-            return; /* no memory: the ladder steps one block at a time */
-    }
-    if (u >= tier_host_size(t) >> STORE_OWNER_SHIFT)
-        return;
+    if (b->arena >= s->narenas || b->tier != KVC_WIRE_TIER_HOST || !s->owner[b->arena] ||
+        u >= tier_host_size(s->arenas[b->arena].tier) >> STORE_OWNER_SHIFT)
+        return; /* no map yet: store_slot_owner makes it from the lists when first asked */
     if (on)
         s->owner[b->arena][u] = idx + 1;
     else if (s->owner[b->arena][u] == idx + 1)
         s->owner[b->arena][u] = 0;
 }
 
-uint32_t store_slot_owner(const struct store *s, uint32_t arena, uint64_t off)
+/* Arena a's map, made from the blocks its lists hold (what store_slot_own would have set):
+ * once, the first time a slab step asks, so that a cache whose slabs never empty (one slot
+ * size, no codecs) spends nothing on it. 0 or -ENOMEM. */
+static int store_slot_map(struct store *s, uint32_t a)
+{
+    struct tier *t = s->arenas[a].tier;
+    uint64_t n = tier_host_size(t) >> STORE_OWNER_SHIFT;
+    s->owner[a] = calloc(n, sizeof(uint32_t));
+    if (!s->owner[a])
+        return -ENOMEM; /* the ladder steps one block at a time */
+    for (int list = 0; list < 2; list++)
+        for (uint32_t i = list ? s->arenas[a].clean_head : s->arenas[a].lru_head; i != INDEX_NONE;
+             i = s->ix.blocks[i].lru_next)
+            store_slot_own(s, i, true);
+    return 0;
+}
+
+uint32_t store_slot_owner(struct store *s, uint32_t arena, uint64_t off)
 {
     uint64_t u = off >> STORE_OWNER_SHIFT;
-    if (arena >= s->narenas || !s->owner[arena] ||
+    if (arena >= s->narenas || (!s->owner[arena] && store_slot_map(s, arena)) ||
         u >= tier_host_size(s->arenas[arena].tier) >> STORE_OWNER_SHIFT || !s->owner[arena][u])
         return INDEX_NONE;
     return s->owner[arena][u] - 1;
@@ -639,7 +646,7 @@ void store_record_loc(const struct store *s, const struct block *b, struct tier_
 {
     const struct store_rec *r = &s->rec[b - s->ix.blocks]; /* BLOCK_F_DISK: reserved */
     *l = (struct tier_loc){
-        .arena = 0, .cls = r->ver, .off = (uint64_t)r->doff * STORE_RECORD_ALIGN, .len = b->dlen};
+        .arena = 0, .cls = r->ver, .off = (uint64_t)r->doff * STORE_RECORD_ALIGN, .len = r->len};
 }
 
 int store_record_reserve(struct store *s, uint32_t idx)
@@ -661,9 +668,8 @@ int store_record_reserve(struct store *s, uint32_t idx)
 void store_record_set(struct store *s, uint32_t idx, const struct tier_loc *l)
 {
     struct block *b = &s->ix.blocks[idx];
-    s->rec[idx] =
-        (struct store_rec){.doff = (uint32_t)(l->off / STORE_RECORD_ALIGN), .ver = l->cls};
-    b->dlen = (uint32_t)l->len;
+    s->rec[idx] = (struct store_rec){
+        .doff = (uint32_t)(l->off / STORE_RECORD_ALIGN), .ver = l->cls, .len = (uint32_t)l->len};
     b->flags |= BLOCK_F_DISK;
 }
 
@@ -685,11 +691,11 @@ int store_block_drop(struct store *s, uint32_t idx)
         return -EBUSY;
     if (b->state == BLOCK_STATE_COMMITTED) {
         store_lru_unlink(s, idx);
-        if (!index_key_is_zero(&b->parent)) {
-            uint32_t p = index_find(&s->ix, b->ns, &b->parent);
-            if (p != INDEX_NONE && s->ix.blocks[p].children && !--s->ix.blocks[p].children)
+        if (b->parent != INDEX_NONE) {
+            uint32_t p = b->parent;
+            if (s->ix.blocks[p].children && !--s->ix.blocks[p].children)
                 store_heap_sync(s, p); /* a leaf now */
-            if (p != INDEX_NONE && (s->ix.blocks[p].flags & BLOCK_F_LOST))
+            if (s->ix.blocks[p].flags & BLOCK_F_LOST)
                 lost_parent = p;
         }
         ns->blocks--;
@@ -1013,6 +1019,7 @@ int store_reserve(struct store *s, struct store_owner *o, uint32_t ns_id,
     }
     /* Then a slot per absent key, until a key is taken or room runs out. Every key after the
      * one that stops the chain is skipped, counted by what stopped it. */
+    uint32_t up = prev; /* the block the next slot hangs from */
     for (; h && i < n; i++) {
         struct tier *t = s->arenas[ns->arena].tier;
         struct tier_loc loc;
@@ -1038,7 +1045,7 @@ int store_reserve(struct store *s, struct store_owner *o, uint32_t ns_id,
         }
         struct block *b = &s->ix.blocks[idx];
         b->key = keys[i];
-        b->parent = i ? keys[i - 1] : *parent;
+        b->parent = up; /* keys[i - 1]'s block, or the request's parent's */
         b->off = loc.off;
         b->len = loc.len;
         b->depth = depth++;
@@ -1046,7 +1053,7 @@ int store_reserve(struct store *s, struct store_owner *o, uint32_t ns_id,
             /* Every block of a window is a leaf: a prefix needs only its last window, and a
              * window lookup touches those blocks alone, so the blocks behind every cached
              * window grow cold and are evicted first (a chain would keep them as parents). */
-            b->parent = (struct kvc_wire_key){0, 0};
+            b->parent = INDEX_NONE;
             b->depth = 0;
         }
         b->ns = (uint16_t)ns_id;
@@ -1055,13 +1062,13 @@ int store_reserve(struct store *s, struct store_owner *o, uint32_t ns_id,
         b->tier = s->gpu && loc.arena == STORE_ARENA_GPU ? KVC_WIRE_TIER_GPU : KVC_WIRE_TIER_HOST;
         b->format = KVC_WIRE_FORMAT_RAW;
         b->state = BLOCK_STATE_RESERVED;
-        b->owner_slot = (uint32_t)h->id;
         if (index_insert(&s->ix, idx)) {
             t->ops->free(t, &loc);
             index_block_delete(&s->ix, idx);
             break;
         }
         h->blocks[h->n++] = idx;
+        up = idx;
         s->reserved_now++;
         s->reserved_bytes_now += loc.len;
         st[i] = KVC_WIRE_SLOT_RESERVED;
@@ -1114,7 +1121,6 @@ static uint32_t store_resv_end(struct store *s, struct store_owner *o, struct st
         struct block *b = &s->ix.blocks[idx];
         if (i < ncommit) {
             b->state = BLOCK_STATE_COMMITTED;
-            b->owner_slot = INDEX_NONE;
             b->last_access = now;
             s->reserved_now--;
             s->reserved_bytes_now -= b->len;
@@ -1288,8 +1294,7 @@ int store_ns_drop(struct store *s, uint32_t ns_id, uint64_t *dropped)
         while (idx != INDEX_NONE && s->ix.blocks[idx].ns == ns_id &&
                store_block_droppable(s, idx)) {
             struct block *b = &s->ix.blocks[idx];
-            uint32_t p =
-                index_key_is_zero(&b->parent) ? INDEX_NONE : index_find(&s->ix, b->ns, &b->parent);
+            uint32_t p = b->parent;
             STORE_STAT_ADD(s, ns, flushed_blocks, 1);
             STORE_STAT_ADD(s, ns, flushed_bytes, b->len);
             store_block_drop(s, idx);

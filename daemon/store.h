@@ -8,7 +8,9 @@
  *
  * Invariants (checked by tests/check_store.c):
  * - A committed block's parent is committed (or it is a root): the cached blocks form a
- *   prefix tree. Eviction takes only leaves (children == 0), unpinned.
+ *   prefix tree. Eviction takes only leaves (children == 0), unpinned; no path drops a
+ *   block with children, so a block's parent index (struct block.parent) keeps naming its
+ *   parent while it is cached.
  * - Reserved blocks are in the map (so a second writer sees "busy") but never visible to
  *   lookups, never in the LRU list, and belong to exactly one reservation of one owner.
  *   A reservation pins the committed parent of its first slot, so the chain it will
@@ -138,17 +140,18 @@ enum store_policy_src {
     STORE_POLICY_SRC_ADMIN = 2,   /* POLICY_SET for this namespace (until the next reload) */
 };
 
-/* What the policies know of a block beyond struct block, in two side tables by block index
- * (struct block is at its size budget). store_meta, 12 bytes, what every policy but LRU ranks
- * and keeps its heaps with: grown with the block pool. store_meta_x, 20 bytes, what only
- * client hints and the quantize pass give a block: allocated the first time any block gets
- * one, so a cache without hints or codecs spends nothing on it. Valid while committed. */
+/* What the policies know of a block beyond struct block, in side tables by block index
+ * (struct block is at its size budget). store_meta, 8 bytes, what every policy but LRU ranks
+ * and keeps its heaps with: grown with the block pool. store.rpos, 4 bytes, a block's place in
+ * its rung's heap (the ladder): allocated the first time a block enters one, so a cache
+ * without codecs spends nothing on it. store_meta_x, 20 bytes, what only client hints and the
+ * quantize pass give a block: allocated the first time any block gets one, so a cache without
+ * hints or codecs spends nothing on it. Valid while committed. */
 struct store_meta {
     float freq;    /* decayed access count as of last_access (policy_touch) */
     uint32_t hpos; /* 1 + its position in its namespace's heap; 0: not in it */
-    uint32_t rpos; /* 1 + its position in its rung's heap (the ladder); 0: not in it */
 };
-_Static_assert(sizeof(struct store_meta) == 12, "the policy side table is 12 bytes a block");
+_Static_assert(sizeof(struct store_meta) == 8, "the policy side table is 8 bytes a block");
 struct store_meta_x {
     float hint;      /* H2O attention mass as of hint_t (policy_hint) */
     float snap;      /* SnapKV observation-window score */
@@ -162,11 +165,13 @@ struct store_meta_x {
 _Static_assert(sizeof(struct store_meta_x) == 20, "the hint and codec side table is 20 bytes");
 #define STORE_META_TSHIFT 4 /* 16 ms: 2^32 ticks last 2.2 years */
 
-/* A block's disk record beyond its length (struct block.dlen), by block index: kept only by a
- * daemon with a disk tier, grown by store_record_reserve before a record is written. */
+/* A block's disk record, by block index: kept only by a daemon with a disk tier, grown by
+ * store_record_reserve before a record is written. 12 bytes, so a daemon without one spends
+ * nothing on records. */
 struct store_rec {
     uint32_t doff; /* its offset in 4 KiB units (STORE_RECORD_ALIGN) */
     uint32_t ver;  /* its page's version (tier_loc.cls) */
+    uint32_t len;  /* its bytes */
 };
 
 /* A lease or a reservation: what an owner holds by id. */
@@ -243,6 +248,10 @@ struct store {
     uint32_t nmeta;
     struct store_meta_x *meta_x; /* NULL until a block gets a hint or a codec's signals */
     uint32_t nmeta_x;
+    /* The rung above << STORE_RPOS_SHIFT | 1 + its position in that rung's heap; 0: in none.
+     * NULL until a block enters a rung heap. */
+    uint32_t *rpos;
+    uint32_t nrpos;
     struct store_rec *rec; /* disk records (BLOCK_F_DISK) by block index; NULL: none yet */
     uint32_t nrec;
     float **qsum;
@@ -264,7 +273,8 @@ struct store {
     bool fast_keep;            /* store_touch: the unlink leaves the block's index entry alone */
     /* Which block's slot starts at an offset of a host arena: per 4 KiB unit (the smallest
      * slot), 1 + the index of the committed block there, 0 none (kept by the LRU link and
-     * unlink; store_slot_owner). The ladder empties a whole slab with it. */
+     * unlink; store_slot_owner). The ladder and compaction empty a whole slab with it. NULL
+     * until the first of them asks (a cache with one slot size and no codecs never does). */
     uint32_t *owner[STORE_MAX_ARENAS];
     /* Bytes the reservation being made still wants (store_reserve): the room a ladder makes
      * at once when a put finds its arena full, so a chain waits for its room once. */
@@ -391,13 +401,13 @@ void store_record_loc(const struct store *s, const struct block *b, struct tier_
 void store_record_free(struct store *s, uint32_t idx);
 /* Room for block idx's record in store.rec, made before its record is written or adopted (so
  * that setting it cannot fail). 0 or -ENOMEM. store_record_set: block idx's record is at l
- * (sets dlen and BLOCK_F_DISK; b unlinked when the flag changes: it picks the list). */
+ * (sets it and BLOCK_F_DISK; b unlinked when the flag changes: it picks the list). */
 int store_record_reserve(struct store *s, uint32_t idx);
 void store_record_set(struct store *s, uint32_t idx, const struct tier_loc *l);
 struct store_handle *store_handle_get(struct store_owner *o, uint64_t id, uint8_t kind);
 
 /* The committed block whose slot starts at offset off of host arena `arena`, or INDEX_NONE. */
-uint32_t store_slot_owner(const struct store *s, uint32_t arena, uint64_t off);
+uint32_t store_slot_owner(struct store *s, uint32_t arena, uint64_t off);
 /* Block idx's slot as its arena's owner map has it: set (on) or cleared; for code that moves
  * a linked block to another slot of the same arena (quant.c). */
 void store_slot_own(struct store *s, uint32_t idx, bool on);

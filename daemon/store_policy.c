@@ -39,7 +39,7 @@
  *
  * Ghosts. A block evicted (engine_evict) under a policy other than LRU leaves its decayed
  * count in a set-associative table (cache.ghosts x the namespace's capacity in blocks, at
- * most 1/64 of host memory); committed again within that window it gets it back
+ * most 1/1024 of host memory); committed again within that window it gets it back
  * (policy_ghost_restore), as kvcsim's ghost entries do.
  *
  * Actions (engine_policy_trim). When a namespace other than LRU exists, engine_trim runs this
@@ -149,6 +149,29 @@ static struct store_meta_x *store_meta_x_at(struct store *s, uint32_t idx)
     return &s->meta_x[idx];
 }
 
+/* Block idx's entry of the rung heap positions, grown to hold it. NULL on ENOMEM. */
+static uint32_t *store_rpos_at(struct store *s, uint32_t idx)
+{
+    if (idx >= s->nrpos) {
+        uint64_t n = s->nrpos ? s->nrpos : 1024;
+        while (n <= idx)
+            n *= 2;
+        uint32_t *r = realloc(s->rpos, (size_t)n * sizeof(*r));
+        if (!r)
+            return NULL;
+        memset(r + s->nrpos, 0, (size_t)(n - s->nrpos) * sizeof(*r));
+        s->rpos = r;
+        s->nrpos = (uint32_t)n;
+    }
+    return &s->rpos[idx];
+}
+
+/* Block idx's place in a rung heap (store.rpos), 0 when in none. */
+static uint32_t store_rpos_get(const struct store *s, uint32_t idx)
+{
+    return idx < s->nrpos ? s->rpos[idx] : 0;
+}
+
 /* The same without growing it: NULL when idx has none (every field 0). */
 static const struct store_meta_x *store_meta_x_get(const struct store *s, uint32_t idx)
 {
@@ -174,7 +197,7 @@ struct store_heap_ent {
     uint32_t depth; /* ties: the deeper block first (policy_rank's rule), then the lower index */
 };
 
-/* A block's place in a rung heap (store_meta.rpos): the rung above, 1 + its position below. */
+/* A block's place in a rung heap (store.rpos): the rung above, 1 + its position below. */
 #define STORE_RPOS_SHIFT 29
 #define STORE_RPOS_MASK ((1u << STORE_RPOS_SHIFT) - 1)
 
@@ -189,25 +212,22 @@ static bool store_heap_less(const struct store_heap_ent *a, const struct store_h
 
 static void store_heap_place(struct store *s, struct store_heap *h, uint32_t i)
 {
-    struct store_meta *m = &s->meta[h->a[i].idx];
-    if (h->rung)
-        m->rpos = (uint32_t)(h->rung - 1) << STORE_RPOS_SHIFT | (i + 1);
+    if (h->rung) /* store_heap_in made its entry */
+        s->rpos[h->a[i].idx] = (uint32_t)(h->rung - 1) << STORE_RPOS_SHIFT | (i + 1);
     else
-        m->hpos = i + 1;
+        s->meta[h->a[i].idx].hpos = i + 1;
 }
 
 /* 1 + idx's position in h, 0 when it is not in h. */
 static uint32_t store_heap_at(const struct store *s, const struct store_heap *h, uint32_t idx)
 {
-    const struct store_meta *m;
-    if (idx >= s->nmeta)
-        return 0;
-    m = &s->meta[idx];
+    uint32_t r;
     if (!h->rung)
-        return m->hpos;
-    if (!m->rpos || m->rpos >> STORE_RPOS_SHIFT != (uint32_t)(h->rung - 1))
+        return idx < s->nmeta ? s->meta[idx].hpos : 0;
+    r = store_rpos_get(s, idx);
+    if (!r || r >> STORE_RPOS_SHIFT != (uint32_t)(h->rung - 1))
         return 0;
-    return m->rpos & STORE_RPOS_MASK;
+    return r & STORE_RPOS_MASK;
 }
 
 static void store_heap_up(struct store *s, struct store_heap *h, uint32_t i)
@@ -246,7 +266,7 @@ static void store_heap_out(struct store *s, struct store_heap *h, uint32_t idx)
 {
     uint32_t i = store_heap_at(s, h, idx) - 1;
     if (h->rung)
-        s->meta[idx].rpos = 0;
+        s->rpos[idx] = 0;
     else
         s->meta[idx].hpos = 0;
     if (i >= h->n || --h->n == i)
@@ -267,6 +287,8 @@ static int store_heap_in(struct store *s, struct store_heap *h, const struct sto
         store_heap_down(s, h, store_heap_at(s, h, e->idx) - 1);
         return 0;
     }
+    if (h->rung && !store_rpos_at(s, e->idx))
+        return -ENOMEM;
     if (h->n == h->cap) {
         uint32_t n = h->cap ? h->cap * 2 : 256;
         struct store_heap_ent *a = realloc(h->a, (size_t)n * sizeof(*a));
@@ -344,9 +366,9 @@ static struct store_heap *store_rheap_of(struct store *s, uint32_t idx)
 {
     uint32_t r;
     struct store_ns *ns;
-    if (idx >= s->nmeta || !s->meta[idx].rpos)
+    if (!store_rpos_get(s, idx))
         return NULL;
-    r = s->meta[idx].rpos >> STORE_RPOS_SHIFT;
+    r = s->rpos[idx] >> STORE_RPOS_SHIFT;
     ns = s->ns[s->ix.blocks[idx].ns];
     return ns && r < POLICY_LADDER_RUNGS ? &ns->rheap[r] : NULL;
 }
@@ -397,7 +419,7 @@ static void store_heap_reset(struct store *s, struct store_heap *h)
 {
     for (uint32_t i = 0; i < h->n; i++) {
         if (h->rung)
-            s->meta[h->a[i].idx].rpos = 0;
+            s->rpos[h->a[i].idx] = 0;
         else
             s->meta[h->a[i].idx].hpos = 0;
     }
@@ -552,7 +574,7 @@ const char *store_heap_check(const struct store *s)
     }
     for (uint32_t i = 0; i < s->ix.nblocks; i++) {
         uint32_t r;
-        bool in = i < s->nmeta && s->meta[i].hpos, rin = i < s->nmeta && s->meta[i].rpos;
+        bool in = i < s->nmeta && s->meta[i].hpos, rin = store_rpos_get(s, i) != 0;
         if (store_heap_owner(s, i) && !in)
             return "an evictable block is missing from its namespace's heap";
         if (store_rung_owner(s, i, &r) && !rin)
@@ -798,12 +820,16 @@ uint32_t store_ladder_first(struct store *s, struct store_ns *ns, uint32_t rung)
 
 /* ---- ghosts ---------------------------------------------------------------------------- */
 
-#define STORE_GHOST_WAYS 4    /* entries per set: the oldest of a full set is replaced */
-#define STORE_GHOST_MIN 1024u /* entries at least */
-/* Ghost memory at most 1/128 of the host arenas': 16 bytes per 2 KiB, so at least one ghost
- * per block at 4 KiB blocks (16 B a block at a million of them; 24-byte ghosts at 1/64 took
- * 50), and the whole window of cache.ghosts = 8 from blocks of 32 KiB up. */
-#define STORE_GHOST_MEM_DIV 128u
+#define STORE_GHOST_WAYS 4 /* entries per set: the oldest of a full set is replaced */
+/* Entries at least (64 KiB): a small cache keeps the whole window whatever the budget. */
+#define STORE_GHOST_MIN 4096u
+/* Ghost memory at most 1/1024 of the host arenas': a 16-byte ghost per 16 KiB, so one for
+ * every fourth block at 4 KiB blocks (4 B a block at a million of them; 1/128 took 16), one
+ * for every other block at 8 KiB (2Q's A1out: half the cache), one per block at 16 KiB (ARC's
+ * ghost lists: the cache's size), and the whole window of cache.ghosts = 8 from blocks of
+ * 256 KiB up. The table keeps the most recent evictions; kvcsim keeps every one within the
+ * window (its --ghost F with F below 1 is what a smaller table does). */
+#define STORE_GHOST_MEM_DIV 1024u
 #define STORE_GHOST_TAG_MASK 0xffffffffffff0000ull /* the tag's bits in store_ghost.tf */
 
 /* 16 bytes: the tag's top 48 bits share a word with the count as a bfloat16, the time is
@@ -852,7 +878,8 @@ static uint64_t store_ghost_tag(const struct store *s, uint16_t ns, const struct
 
 static struct store_ghost *store_ghost_set(const struct store *s, uint64_t tag)
 {
-    uint32_t set = (uint32_t)(tag >> 32) & (s->nghost / STORE_GHOST_WAYS - 1);
+    /* Any number of sets (the budget, not a power of two): the tag's top half scaled. */
+    uint32_t set = (uint32_t)(((tag >> 32) * (s->nghost / STORE_GHOST_WAYS)) >> 32);
     return &s->ghost[(size_t)set * STORE_GHOST_WAYS];
 }
 
@@ -879,16 +906,19 @@ static int store_ghost_fit(struct store *s, const struct store_ns *ns)
     if ((s->nghost && s->nghost >= w + w / 2) || (s->ghost_cap && s->nghost == s->ghost_cap))
         return 0;
     if (!s->ghost_cap) { /* the host arenas are fixed at start: their size once */
-        uint64_t mem = 0, cap = STORE_GHOST_MIN;
+        uint64_t mem = 0, cap;
         for (uint32_t a = 0; a < s->narenas; a++)
             mem += s->arenas[a].tier->ops->capacity(s->arenas[a].tier);
-        while (cap * 2 * sizeof(struct store_ghost) <= mem / STORE_GHOST_MEM_DIV &&
-               cap < (1u << 30))
-            cap *= 2;
-        s->ghost_cap = (uint32_t)cap;
+        cap = mem / STORE_GHOST_MEM_DIV / sizeof(struct store_ghost) / STORE_GHOST_WAYS *
+              STORE_GHOST_WAYS;
+        s->ghost_cap = (uint32_t)(cap < STORE_GHOST_MIN ? STORE_GHOST_MIN
+                                  : cap > (1u << 30)    ? 1u << 30
+                                                        : cap);
     }
     while (want < w + w / 2 && want < s->ghost_cap)
         want *= 2;
+    if (want > s->ghost_cap)
+        want = s->ghost_cap;
     if (want <= s->nghost)
         return 0;
     struct store_ghost *old = s->ghost, *g = calloc(want, sizeof(*g));
@@ -953,6 +983,8 @@ void store_meta_commit(struct store *s, uint32_t idx, uint64_t now)
     if (!m)
         return;
     *m = (struct store_meta){.freq = 1.0f, .hpos = m->hpos};
+    if (idx < s->nrpos)
+        s->rpos[idx] = 0;
     if (idx < s->nmeta_x) {
         store_meta_quest_drop(s, &s->meta_x[idx]);
         s->meta_x[idx] = (struct store_meta_x){0};
@@ -980,6 +1012,8 @@ void store_meta_drop(struct store *s, uint32_t idx)
         return;
     store_heap_remove(s, idx);
     s->meta[idx] = (struct store_meta){0};
+    if (idx < s->nrpos)
+        s->rpos[idx] = 0;
     if (idx < s->nmeta_x) {
         store_meta_quest_drop(s, &s->meta_x[idx]);
         s->meta_x[idx] = (struct store_meta_x){0};
@@ -1080,6 +1114,9 @@ void store_meta_free(struct store *s)
     free(s->meta_x);
     s->meta_x = NULL;
     s->nmeta_x = 0;
+    free(s->rpos);
+    s->rpos = NULL;
+    s->nrpos = 0;
     free(s->ghost);
     s->ghost = NULL;
     s->nghost = 0;

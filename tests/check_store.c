@@ -72,15 +72,15 @@ static void check_invariants(void)
         if (b->state != BLOCK_STATE_COMMITTED)
             continue;
         pins += b->pins;
-        if (!index_key_is_zero(&b->parent)) {
-            uint32_t p = index_find(ix, b->ns, &b->parent);
-            ck_assert_msg(p != INDEX_NONE && ix->blocks[p].state == BLOCK_STATE_COMMITTED,
+        if (b->parent != INDEX_NONE) {
+            uint32_t p = b->parent;
+            ck_assert_msg(p < ix->nblocks && ix->blocks[p].state == BLOCK_STATE_COMMITTED &&
+                              ix->blocks[p].ns == b->ns && ix->blocks[p].depth + 1 == b->depth,
                           "block %u has no cached parent", i);
         }
         for (uint32_t j = 0; j < ix->nblocks; j++) {
             const struct block *c = &ix->blocks[j];
-            if (c->state == BLOCK_STATE_COMMITTED && c->ns == b->ns && c->parent.lo == b->key.lo &&
-                c->parent.hi == b->key.hi)
+            if (c->state == BLOCK_STATE_COMMITTED && c->parent == i)
                 children++;
         }
         ck_assert_uint_eq(b->children, children);

@@ -124,14 +124,14 @@ static void check_tree(uint32_t raw_ns)
         uint32_t kids = 0;
         if (b->state != BLOCK_STATE_COMMITTED)
             continue;
-        if (!index_key_is_zero(&b->parent))
-            ck_assert_msg(committed(b->ns, b->parent), "block %u lost its parent", i);
+        if (b->parent != INDEX_NONE)
+            ck_assert_msg(committed(b->ns, s->ix.blocks[b->parent].key), "block %u lost its parent",
+                          i);
         if (b->ns == raw_ns)
             ck_assert_msg(b->format == KVC_WIRE_FORMAT_RAW, "raw namespace block %u lossy", i);
         for (uint32_t j = 0; j < s->ix.nblocks; j++) {
             const struct block *c = &s->ix.blocks[j];
-            kids += c->state == BLOCK_STATE_COMMITTED && c->ns == b->ns &&
-                    c->parent.lo == b->key.lo && c->parent.hi == b->key.hi;
+            kids += c->state == BLOCK_STATE_COMMITTED && c->parent == i;
         }
         ck_assert_uint_eq(kids, b->children);
     }
@@ -352,6 +352,84 @@ START_TEST(test_victim_exact_order)
     for (uint32_t c = 0; c < 20 && k == POLICY_LFU; c++)
         ck_assert(committed(ns, key(ns, c, 0)));
     ck_assert_int_eq(store_release(s, &o, hot_lease), 0);
+    teardown();
+}
+END_TEST
+
+/* The ghost table stays within its byte budget, 1/1024 of the host arenas, whatever window
+ * cache.ghosts asks for (here 8 x 1,536 blocks of 64 KiB, 1.5 x that wanted): 96 MiB holds
+ * 6,144 ghosts, in sets that are not a power of two; a block evicted and committed again
+ * still finds its own. */
+START_TEST(test_ghost_table_budget)
+{
+    struct store_params p = {.host_size = 96 << 20,
+                             .host_page_size = 64 << 10,
+                             .host_huge = TIER_HOST_HUGE_OFF,
+                             .high_watermark = 0.9,
+                             .low_watermark = 0.6,
+                             .max_namespaces = 8,
+                             .max_handles = 1024,
+                             .policy = POLICY_LFU,
+                             .recompute_tokens_per_s = 8000,
+                             .quantize_inflight = 8,
+                             .ghosts = 8};
+    int err = 0;
+    s = store_new(&p, &err);
+    ck_assert_msg(s, "store_new: %d", err);
+    engine_attach(s);
+    store_owner_init(&o);
+    uint32_t ns = ns_open("gb", 0);
+    struct store_ns *n = store_ns_get(s, ns);
+    n->pp.half_life = 1e6;
+    n->pp.adapt = 0;
+    for (uint32_t c = 0; c < 64; c++) {
+        struct kvc_wire_key kk = key(ns, c, 0);
+        ck_assert_int_eq(put_chain(ns, c, 0, 1, 10 + c), 1);
+        uint32_t idx = index_find(&s->ix, (uint16_t)ns, &kk);
+        s->meta[idx].freq = 5.0f;
+        engine_evict(s, idx);
+    }
+    ck_assert_uint_eq(s->nghost, (96u << 20) / 1024 / 16);
+    for (uint32_t c = 0; c < 64; c++) {
+        struct kvc_wire_key kk = key(ns, c, 0);
+        ck_assert_int_eq(put_chain(ns, c, 0, 1, 100 + c), 1);
+        ck_assert_float_gt(s->meta[index_find(&s->ix, (uint16_t)ns, &kk)].freq, 5.5f);
+    }
+    ck_assert_uint_eq(s->total.ghost_hits, 64);
+    store_owner_fini(s, &o);
+    engine_stop(s);
+    store_free(s);
+    s = NULL;
+}
+END_TEST
+
+/* The slot-owner map is made the first time a slab step asks, from the arena's lists: until
+ * then a cache spends nothing on it; from then on it follows every link and unlink. */
+START_TEST(test_slot_owner_map_on_demand)
+{
+    setup_policy(POLICY_DEFAULT);
+    uint32_t ns = ns_open("so", 0), a = store_ns_get(s, ns)->arena;
+    for (uint32_t c = 0; c < 8; c++)
+        ck_assert_int_eq(put_chain(ns, c, 0, 4, 10 + c), 4);
+    ck_assert_ptr_null(s->owner[a]);
+    uint32_t seen = 0;
+    for (uint32_t i = 0; i < s->ix.nblocks; i++) {
+        const struct block *b = &s->ix.blocks[i];
+        if (b->state != BLOCK_STATE_COMMITTED || b->arena != a)
+            continue;
+        ck_assert_uint_eq(store_slot_owner(s, a, b->off), i);
+        seen++;
+    }
+    ck_assert_uint_eq(seen, 32);
+    ck_assert_ptr_nonnull(s->owner[a]);
+    struct kvc_wire_key leaf = key(ns, 0, 3);
+    uint32_t idx = index_find(&s->ix, (uint16_t)ns, &leaf);
+    uint64_t off = s->ix.blocks[idx].off;
+    engine_evict(s, idx);
+    ck_assert_uint_eq(store_slot_owner(s, a, off), INDEX_NONE);
+    ck_assert_int_eq(put_chain(ns, 0, 3, 4, 30), 1);
+    idx = index_find(&s->ix, (uint16_t)ns, &leaf);
+    ck_assert_uint_eq(store_slot_owner(s, a, s->ix.blocks[idx].off), idx);
     teardown();
 }
 END_TEST
@@ -601,6 +679,8 @@ int main(void)
     tcase_add_loop_test(tc, test_victim_unpinned_leaf, 0, POLICY_KIND_COUNT);
     tcase_add_loop_test(tc, test_victim_exact_order, 0, 2);
     tcase_add_test(tc, test_ghost_restores_count);
+    tcase_add_test(tc, test_ghost_table_budget);
+    tcase_add_test(tc, test_slot_owner_map_on_demand);
     tcase_add_checked_fixture(tf, setup, teardown);
     tcase_add_test(tf, test_h2o_hint_keeps);
     tcase_add_test(tf, test_hint_table_on_demand);

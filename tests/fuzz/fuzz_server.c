@@ -68,7 +68,7 @@ enum fz_op {
 };
 
 struct fz_conn {
-    int fd; /* -1: not connected */
+    int fd;                   /* -1: not connected */
     uint32_t ns[FZ_NLAYOUTS]; /* ns id learned per layout, 0: none */
     uint64_t leases[FZ_NIDS], resvs[FZ_NIDS];
     uint32_t nleases, nresvs; /* ring positions (ids stay after release: stale ids) */
@@ -86,7 +86,7 @@ struct fz {
     struct fz_conn c[FZ_NCONN];
     uint32_t req_id;
     int ticks;
-    int max_ticks; /* of this fz_serve: FZ_MAX_TICKS, or 1 after a quiet COMMIT (no reply) */
+    int max_ticks;        /* of this fz_serve: FZ_MAX_TICKS, or 1 after a quiet COMMIT (no reply) */
     const uint8_t *index; /* arena 0's index, mapped read-only on the first INDEX reply */
     uint64_t index_bytes;
     uint64_t ring_heads; /* ring entries written, heads moved ahead and back, as claimed */
@@ -135,26 +135,38 @@ static void fz_layout(uint32_t i, struct kvc_wire_layout *w)
     memset(w, 0, sizeof(*w));
     switch (i) {
     case 0: /* 1 KiB blocks */
-        *w = (struct kvc_wire_layout){.layers = 2, .kv_heads = 2, .head_dim = 16,
-                                      .block_tokens = 4, .dtype = KVC_WIRE_DTYPE_FP16,
+        *w = (struct kvc_wire_layout){.layers = 2,
+                                      .kv_heads = 2,
+                                      .head_dim = 16,
+                                      .block_tokens = 4,
+                                      .dtype = KVC_WIRE_DTYPE_FP16,
                                       .kv_kind = KVC_WIRE_KV_KIND_KV};
         strcpy(w->model_id, "fz-small");
         break;
     case 1: /* 32 KiB blocks: the arena fills after a few dozen */
-        *w = (struct kvc_wire_layout){.layers = 4, .kv_heads = 4, .head_dim = 32,
-                                      .block_tokens = 16, .dtype = KVC_WIRE_DTYPE_FP16,
+        *w = (struct kvc_wire_layout){.layers = 4,
+                                      .kv_heads = 4,
+                                      .head_dim = 32,
+                                      .block_tokens = 16,
+                                      .dtype = KVC_WIRE_DTYPE_FP16,
                                       .kv_kind = KVC_WIRE_KV_KIND_KV};
         strcpy(w->model_id, "fz-big");
         break;
     case 2: /* the first model id with another layout: refused */
-        *w = (struct kvc_wire_layout){.layers = 3, .kv_heads = 2, .head_dim = 16,
-                                      .block_tokens = 4, .dtype = KVC_WIRE_DTYPE_FP16,
+        *w = (struct kvc_wire_layout){.layers = 3,
+                                      .kv_heads = 2,
+                                      .head_dim = 16,
+                                      .block_tokens = 4,
+                                      .dtype = KVC_WIRE_DTYPE_FP16,
                                       .kv_kind = KVC_WIRE_KV_KIND_KV};
         strcpy(w->model_id, "fz-small");
         break;
     case 3: /* K-only, fp32, quantized blocks allowed */
-        *w = (struct kvc_wire_layout){.layers = 2, .kv_heads = 1, .head_dim = 64,
-                                      .block_tokens = 8, .dtype = KVC_WIRE_DTYPE_FP32,
+        *w = (struct kvc_wire_layout){.layers = 2,
+                                      .kv_heads = 1,
+                                      .head_dim = 64,
+                                      .block_tokens = 8,
+                                      .dtype = KVC_WIRE_DTYPE_FP32,
                                       .kv_kind = KVC_WIRE_KV_KIND_K_ONLY,
                                       .flags = KVC_WIRE_QUANT_FLAGS(0x3, 1, 1, 0)};
         strcpy(w->model_id, "fz-latent");
@@ -284,7 +296,8 @@ static void fz_drain(struct fz *f, struct fz_conn *c, uint32_t layout)
         if (fz_verbose)
             fprintf(stderr, "fuzz_server: fd %d reply op %u req %u status %d len %zu %08x %08x\n",
                     c->fd, h->opcode, h->req_id, h->status, len,
-                    len >= 4 ? *(const uint32_t *)pl : 0, len >= 12 ? *(const uint32_t *)(pl + 8) : 0);
+                    len >= 4 ? *(const uint32_t *)pl : 0,
+                    len >= 12 ? *(const uint32_t *)(pl + 8) : 0);
         if (h->status != 0)
             continue;
         if (h->opcode == KVC_OP_NS_OPEN && len >= sizeof(struct kvc_ns_open_rep) &&
@@ -521,8 +534,8 @@ static void fz_op(struct fz *f)
         /* The parent: none, the key before the chain (as a writer would say), or another. */
         if (fl & 0x40) {
             const struct kvc_wire_key *k = (const struct kvc_wire_key *)(q + 1);
-            q->parent = fz_key((uint32_t)(k->lo - 0x9e3779b97f4a7c15ull) & 3,
-                               (fl & 0x3f) % FZ_NKEYS);
+            q->parent =
+                fz_key((uint32_t)(k->lo - 0x9e3779b97f4a7c15ull) & 3, (fl & 0x3f) % FZ_NKEYS);
         }
         fz_send(f, c, KVC_OP_RESERVE, sizeof(*q) + q->nkeys * sizeof(struct kvc_wire_key),
                 FZ_NLAYOUTS);
@@ -564,8 +577,7 @@ static void fz_op(struct fz *f)
     }
     case FZ_OP_WAIT: {
         struct kvc_wait_req *q = (struct kvc_wait_req *)pl;
-        *q = (struct kvc_wait_req){.lease_id = fz_pick_id(f, c, true),
-                                   .timeout_ms = fz_u8(f) % 4};
+        *q = (struct kvc_wait_req){.lease_id = fz_pick_id(f, c, true), .timeout_ms = fz_u8(f) % 4};
         fz_send(f, c, KVC_OP_WAIT, sizeof(*q), FZ_NLAYOUTS);
         break;
     }
@@ -657,8 +669,7 @@ static void fz_check(struct fz *f)
     if (s->pins_now != 0)
         fz_fail("pins_now after every connection closed", s->pins_now, 0);
     if (s->reserved_now != 0 || s->reserved_bytes_now != 0)
-        fz_fail("reserved after every connection closed", s->reserved_now,
-                s->reserved_bytes_now);
+        fz_fail("reserved after every connection closed", s->reserved_now, s->reserved_bytes_now);
     for (uint32_t i = 0; i < s->ix.nblocks; i++) {
         const struct block *b = &s->ix.blocks[i];
         if (b->state == BLOCK_STATE_FREE)
@@ -676,15 +687,15 @@ static void fz_check(struct fz *f)
         uint32_t children = 0;
         for (uint32_t j = 0; j < s->ix.nblocks; j++) {
             const struct block *o = &s->ix.blocks[j];
-            if (o->state == BLOCK_STATE_COMMITTED && o->ns == b->ns &&
-                o->parent.lo == b->key.lo && o->parent.hi == b->key.hi)
+            if (o->state == BLOCK_STATE_COMMITTED && o->parent == i)
                 children++;
         }
         if (children != b->children)
             fz_fail("child count", b->children, children);
-        if (!index_key_is_zero(&b->parent)) {
-            uint32_t p = index_find(&s->ix, b->ns, &b->parent);
-            if (p == INDEX_NONE || s->ix.blocks[p].state != BLOCK_STATE_COMMITTED)
+        if (b->parent != INDEX_NONE) {
+            uint32_t p = b->parent;
+            if (p >= s->ix.nblocks || s->ix.blocks[p].state != BLOCK_STATE_COMMITTED ||
+                s->ix.blocks[p].ns != b->ns)
                 fz_fail("cached block whose parent is not", i, p);
         }
     }
