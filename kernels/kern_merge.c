@@ -196,6 +196,46 @@ KT static int mrg_clean(const struct kern_layout *lay, const uint8_t *a, const u
     return _mm256_testz_si256(bad, bad);
 }
 
+/* The clean path's rows (mrg_clean: fp16, no Inf or NaN, D a multiple of 8) read straight
+ * from the slab, F16C's floats exact and in range: the same values mrg_row_avx2 stores, so
+ * the same sums, without the row's trip through a float buffer. */
+KT static inline __attribute__((always_inline)) const uint16_t *
+mrg_raw_row(const struct kern_layout *lay, const uint8_t *raw, uint32_t t, uint32_t h)
+{
+    return (const uint16_t *)raw + ((uint64_t)t * lay->heads + h) * lay->head_dim;
+}
+
+KT static inline __attribute__((always_inline)) __m256 mrg_h8(const uint16_t *p)
+{
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+/* mrg_within of a clean row. */
+KT static int mrg_within_h(const uint16_t *x, const float *st, __m256 pn, uint32_t dim, float lim)
+{
+    __m256 pd = _mm256_setzero_ps();
+    float a[8], b[8];
+    for (uint32_t c = 0; c < dim; c += 8) {
+        __m256 d = _mm256_sub_ps(mrg_h8(x + c), _mm256_loadu_ps(st + c));
+        pd = _mm256_add_ps(pd, _mm256_mul_ps(d, d));
+    }
+    _mm256_storeu_ps(a, pd);
+    _mm256_storeu_ps(b, pn);
+    return kern_sum8_fold(a) <= KERN_MUL(lim, kern_sum8_fold(b));
+}
+
+/* A run's first row of a clean slab into st (as floats); its partial norms returned. */
+KT static __m256 mrg_start_h(const uint16_t *x, float *st, uint32_t dim)
+{
+    __m256 p = _mm256_setzero_ps();
+    for (uint32_t c = 0; c < dim; c += 8) {
+        const __m256 v = mrg_h8(x + c);
+        _mm256_storeu_ps(st + c, v);
+        p = _mm256_add_ps(p, _mm256_mul_ps(v, v));
+    }
+    return p;
+}
+
 /* A head's state in the fused pass: its rows, the open run's start a and row r, the run's
  * first rows (sk, sv) with their partial norms, and the running sum of `own`'s rows. */
 struct mrg_state {
@@ -217,11 +257,23 @@ mrg_step(const struct kern_ext_ctx *c, uint32_t h, uint32_t t, const uint8_t *ow
     uint32_t *map = (uint32_t *)(head + 16);
     uint8_t *row0 = head + 16 + kern_merge_map_bytes(T);
     int join = 0;
+    /* clean: the rows are read from the slabs where used (xr: this section's), the V row only
+     * where K's test passes or a run starts */
+    const uint16_t *xr = t < T && clean ? mrg_raw_row(lay, own, t, h) : NULL;
     if (t < T && c->kmerge) { /* the K section's runs */
         const uint32_t *km =
             (const uint32_t *)(kern_merge_head((uint8_t *)(uintptr_t)c->kmerge, lay, h) + 16);
-        mrg_row_avx2(lay, own, t, h, xo, clean);
+        if (!clean)
+            mrg_row_avx2(lay, own, t, h, xo, clean);
         join = t > 0 && !(km[t >> 5] >> (t & 31) & 1u);
+    } else if (t < T && clean) {
+        if (t > 0) {
+            join =
+                mrg_within_h(xr, st->sk, st->nk, D, lim) &&
+                (!c->rawv || mrg_within_h(mrg_raw_row(lay, c->rawv, t, h), st->sv, st->nv, D, lim));
+            if (!join && st->rows >= R)
+                join = 1; /* forced: the head has no room for another row */
+        }
     } else if (t < T) {
         mrg_row_avx2(lay, c->rawk, t, h, xk, clean);
         if (c->rawv)
@@ -250,6 +302,11 @@ mrg_step(const struct kern_ext_ctx *c, uint32_t h, uint32_t t, const uint8_t *ow
     }
     if (t == T)
         return;
+    if (join && clean) {
+        for (uint32_t d = 0; d < D; d += 8)
+            _mm256_storeu_ps(sum + d, _mm256_add_ps(_mm256_loadu_ps(sum + d), mrg_h8(xr + d)));
+        return;
+    }
     if (join) {
         for (uint32_t d = 0; d < Dp; d += 8)
             _mm256_storeu_ps(sum + d,
@@ -261,6 +318,17 @@ mrg_step(const struct kern_ext_ctx *c, uint32_t h, uint32_t t, const uint8_t *ow
         map[t >> 5] |= 1u << (t & 31);
     }
     st->a = t;
+    if (clean) {
+        if (!c->kmerge) { /* the rows the next tokens are compared with */
+            st->nk = mrg_start_h(mrg_raw_row(lay, c->rawk, t, h), st->sk, D);
+            if (c->rawv)
+                st->nv = mrg_start_h(mrg_raw_row(lay, c->rawv, t, h), st->sv, D);
+        }
+        /* the first row of a run: 0 + x, as the reference's sum starts */
+        for (uint32_t d = 0; d < D; d += 8)
+            _mm256_storeu_ps(sum + d, _mm256_add_ps(_mm256_setzero_ps(), mrg_h8(xr + d)));
+        return;
+    }
     if (!c->kmerge) { /* the rows the next tokens are compared with */
         memcpy(st->sk, xk, Dp * sizeof(float));
         st->nk = mrg_norm_avx2(st->sk, Dp);
@@ -283,10 +351,12 @@ KT static void mrg_sect_fused(const struct kern_ext_ctx *c, const uint8_t *own, 
     const struct kern_layout *lay = c->lay;
     const uint32_t T = lay->tokens, H = lay->heads, D = lay->head_dim, Dp = (D + 7) & ~7u;
     float *xk = buf, *xv = buf + Dp, *mean = buf + 2 * Dp;
-    memset(buf, 0, (3 + 3 * (size_t)H) * Dp * sizeof(float));
+    /* every float of buf is written before it is read (a run's rows and sum where it starts,
+     * xk, xv and mean per token), so buf is not cleared; of a head's bytes only the prefix
+     * and the map are cleared here, and the rows no run used after the pass */
     for (uint32_t h = 0; h < H; h++) {
         uint8_t *head = kern_merge_head(sect, lay, h);
-        memset(head, 0, kern_merge_head_bytes(D, T));
+        memset(head, 0, 16 + kern_merge_map_bytes(T));
         ((uint32_t *)(head + 16))[0] = 1u;
         st[h].rows = 1;
         st[h].a = st[h].r = 0;
@@ -304,8 +374,12 @@ KT static void mrg_sect_fused(const struct kern_ext_ctx *c, const uint8_t *own, 
             else
                 mrg_step(c, h, t, own, head, &st[h], xk, xv, mean, 0);
         }
-    for (uint32_t h = 0; h < H; h++)
-        memcpy(kern_merge_head(sect, lay, h), &st[h].rows, 4);
+    for (uint32_t h = 0; h < H; h++) {
+        uint8_t *head = kern_merge_head(sect, lay, h);
+        memcpy(head, &st[h].rows, 4);
+        const uint64_t used = 16 + kern_merge_map_bytes(T) + 2ull * st[h].r * D;
+        memset(head + used, 0, kern_merge_head_bytes(D, T) - used);
+    }
 }
 
 /* Head h of a MERGE section from the layer's slabs; `own` is this section's slab. */
