@@ -242,6 +242,10 @@ struct mrg_state {
     uint32_t rows, a, r;
     __m256 nk, nv;
     float *sk, *sv, *sum;
+    /* clean path: the open run's first row in `own` (borrowed from the slab for the pass);
+     * its sum is written only once a second row joins (summed) */
+    const uint16_t *first;
+    int summed;
 };
 
 /* Token t of head h (t == T closes the last run): kern_merge_plan's join (rows and forced
@@ -285,7 +289,16 @@ mrg_step(const struct kern_ext_ctx *c, uint32_t h, uint32_t t, const uint8_t *ow
                 join = 1; /* forced: the head has no room for another row */
         }
     }
-    if (t > 0 && !join) { /* the run [a, t) closes: its mean */
+    if (t > 0 && !join && clean && !st->summed) {
+        /* a run of one row: fp16(0 + x) is x's half, but for -0 (0 + -0 = +0) */
+        uint16_t *o = (uint16_t *)(row0 + 2ull * st->r * D);
+        const __m128i nz = _mm_set1_epi16((short)0x8000);
+        for (uint32_t d = 0; d < D; d += 8) {
+            const __m128i v = _mm_loadu_si128((const __m128i *)(st->first + d));
+            _mm_storeu_si128((__m128i *)(o + d), _mm_andnot_si128(_mm_cmpeq_epi16(v, nz), v));
+        }
+        st->r++;
+    } else if (t > 0 && !join) { /* the run [a, t) closes: its mean */
         const __m256 n = _mm256_set1_ps((float)(t - st->a));
         uint16_t *o = (uint16_t *)(row0 + 2ull * st->r * D);
         uint32_t d = 0;
@@ -302,6 +315,14 @@ mrg_step(const struct kern_ext_ctx *c, uint32_t h, uint32_t t, const uint8_t *ow
     }
     if (t == T)
         return;
+    if (join && clean && !st->summed) { /* the run's second row: (0 + x_a) + x_t */
+        for (uint32_t d = 0; d < D; d += 8)
+            _mm256_storeu_ps(
+                sum + d, _mm256_add_ps(_mm256_add_ps(_mm256_setzero_ps(), mrg_h8(st->first + d)),
+                                       mrg_h8(xr + d)));
+        st->summed = 1;
+        return;
+    }
     if (join && clean) {
         for (uint32_t d = 0; d < D; d += 8)
             _mm256_storeu_ps(sum + d, _mm256_add_ps(_mm256_loadu_ps(sum + d), mrg_h8(xr + d)));
@@ -324,9 +345,8 @@ mrg_step(const struct kern_ext_ctx *c, uint32_t h, uint32_t t, const uint8_t *ow
             if (c->rawv)
                 st->nv = mrg_start_h(mrg_raw_row(lay, c->rawv, t, h), st->sv, D);
         }
-        /* the first row of a run: 0 + x, as the reference's sum starts */
-        for (uint32_t d = 0; d < D; d += 8)
-            _mm256_storeu_ps(sum + d, _mm256_add_ps(_mm256_setzero_ps(), mrg_h8(xr + d)));
+        st->first = xr; /* the sum starts as 0 + x, as the reference's, if a row joins */
+        st->summed = 0;
         return;
     }
     if (!c->kmerge) { /* the rows the next tokens are compared with */
