@@ -175,25 +175,19 @@ KT static inline __attribute__((always_inline)) void mrg_row_avx2(const struct k
             x + c, mrg_load8(lay, raw, t, h, c, lay->head_dim - c < 8 ? lay->head_dim - c : 8));
 }
 
-/* Whether the slabs read (b may be NULL) are fp16 with no Inf or NaN (exponent all ones) and
- * rows of a multiple of 8 halves: their rows load without sanitizing. */
-KT static int mrg_clean(const struct kern_layout *lay, const uint8_t *a, const uint8_t *b)
+/* The clean path (fp16 slabs, D a multiple of 8) runs on the assumption that no row it
+ * reads holds Inf or NaN, and checks each row it reads as it goes (exponent all ones into
+ * *bad): a section where one does is done again the sanitizing way. Checking the rows used
+ * instead of scanning the slabs first lets the slabs stream in under the arithmetic (a scan
+ * before the pass waited on memory alone) and skips the V rows the K pass never reads. */
+KT static inline __attribute__((always_inline)) void mrg_check(const uint16_t *r, uint32_t dim,
+                                                               __m128i *bad)
 {
-    const uint64_t n = (uint64_t)lay->tokens * lay->heads * lay->head_dim;
-    if (lay->dtype != KERN_DTYPE_FP16 || lay->head_dim % 8 || n % 16)
-        return 0;
-    const __m256i ex = _mm256_set1_epi16(0x7c00);
-    __m256i bad = _mm256_setzero_si256();
-    for (int k = 0; k < 2; k++) {
-        const uint16_t *p = (const uint16_t *)(k ? b : a);
-        if (!p)
-            continue;
-        for (uint64_t i = 0; i < n; i += 16)
-            bad = _mm256_or_si256(
-                bad, _mm256_cmpeq_epi16(
-                         _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(p + i)), ex), ex));
-    }
-    return _mm256_testz_si256(bad, bad);
+    const __m128i ex = _mm_set1_epi16(0x7c00);
+    for (uint32_t c = 0; c < dim; c += 8)
+        *bad = _mm_or_si128(
+            *bad,
+            _mm_cmpeq_epi16(_mm_and_si128(_mm_loadu_si128((const __m128i *)(r + c)), ex), ex));
 }
 
 /* The clean path's rows (mrg_clean: fp16, no Inf or NaN, D a multiple of 8) read straight
@@ -252,7 +246,7 @@ struct mrg_state {
  * count) and the running sums for the means, the token's rows loaded once. */
 KT static inline __attribute__((always_inline)) void
 mrg_step(const struct kern_ext_ctx *c, uint32_t h, uint32_t t, const uint8_t *own, uint8_t *head,
-         struct mrg_state *st, float *xk, float *xv, float *mean, int clean)
+         struct mrg_state *st, float *xk, float *xv, float *mean, int clean, __m128i *bad)
 {
     const struct kern_layout *lay = c->lay;
     const uint32_t T = lay->tokens, D = lay->head_dim, Dp = (D + 7) & ~7u, R = kern_merge_rows(T);
@@ -264,6 +258,8 @@ mrg_step(const struct kern_ext_ctx *c, uint32_t h, uint32_t t, const uint8_t *ow
     /* clean: the rows are read from the slabs where used (xr: this section's), the V row only
      * where K's test passes or a run starts */
     const uint16_t *xr = t < T && clean ? mrg_raw_row(lay, own, t, h) : NULL;
+    if (xr)
+        mrg_check(xr, D, bad);
     if (t < T && c->kmerge) { /* the K section's runs */
         const uint32_t *km =
             (const uint32_t *)(kern_merge_head((uint8_t *)(uintptr_t)c->kmerge, lay, h) + 16);
@@ -272,9 +268,12 @@ mrg_step(const struct kern_ext_ctx *c, uint32_t h, uint32_t t, const uint8_t *ow
         join = t > 0 && !(km[t >> 5] >> (t & 31) & 1u);
     } else if (t < T && clean) {
         if (t > 0) {
-            join =
-                mrg_within_h(xr, st->sk, st->nk, D, lim) &&
-                (!c->rawv || mrg_within_h(mrg_raw_row(lay, c->rawv, t, h), st->sv, st->nv, D, lim));
+            const uint16_t *xv_r = c->rawv ? mrg_raw_row(lay, c->rawv, t, h) : NULL;
+            join = mrg_within_h(xr, st->sk, st->nk, D, lim);
+            if (join && xv_r) {
+                mrg_check(xv_r, D, bad);
+                join = mrg_within_h(xv_r, st->sv, st->nv, D, lim);
+            }
             if (!join && st->rows >= R)
                 join = 1; /* forced: the head has no room for another row */
         }
@@ -342,8 +341,11 @@ mrg_step(const struct kern_ext_ctx *c, uint32_t h, uint32_t t, const uint8_t *ow
     if (clean) {
         if (!c->kmerge) { /* the rows the next tokens are compared with */
             st->nk = mrg_start_h(mrg_raw_row(lay, c->rawk, t, h), st->sk, D);
-            if (c->rawv)
-                st->nv = mrg_start_h(mrg_raw_row(lay, c->rawv, t, h), st->sv, D);
+            if (c->rawv) {
+                const uint16_t *xv_r = mrg_raw_row(lay, c->rawv, t, h);
+                mrg_check(xv_r, D, bad);
+                st->nv = mrg_start_h(xv_r, st->sv, D);
+            }
         }
         st->first = xr; /* the sum starts as 0 + x, as the reference's, if a row joins */
         st->summed = 0;
@@ -365,8 +367,10 @@ mrg_step(const struct kern_ext_ctx *c, uint32_t h, uint32_t t, const uint8_t *ow
 /* The whole section in one pass, token by token and the heads of a token in turn, so the
  * slabs are read in memory order (a head's rows alone are a stride of heads x dim apart).
  * buf: (3 + 3 H) Dp floats, st: H states. */
-KT static void mrg_sect_fused(const struct kern_ext_ctx *c, const uint8_t *own, uint8_t *sect,
-                              float *buf, struct mrg_state *st)
+KT static __attribute__((always_inline)) inline int mrg_sect_pass(const struct kern_ext_ctx *c,
+                                                                  const uint8_t *own, uint8_t *sect,
+                                                                  float *buf, struct mrg_state *st,
+                                                                  const int clean)
 {
     const struct kern_layout *lay = c->lay;
     const uint32_t T = lay->tokens, H = lay->heads, D = lay->head_dim, Dp = (D + 7) & ~7u;
@@ -385,21 +389,30 @@ KT static void mrg_sect_fused(const struct kern_ext_ctx *c, const uint8_t *own, 
         st[h].sv = st[h].sk + Dp;
         st[h].sum = st[h].sv + Dp;
     }
-    const int clean = mrg_clean(lay, c->kmerge ? own : c->rawk, c->kmerge ? NULL : c->rawv);
+    __m128i bad = _mm_setzero_si128();
     for (uint32_t t = 0; t <= T; t++)
-        for (uint32_t h = 0; h < H; h++) {
-            uint8_t *head = kern_merge_head(sect, lay, h);
-            if (clean)
-                mrg_step(c, h, t, own, head, &st[h], xk, xv, mean, 1);
-            else
-                mrg_step(c, h, t, own, head, &st[h], xk, xv, mean, 0);
-        }
+        for (uint32_t h = 0; h < H; h++)
+            mrg_step(c, h, t, own, kern_merge_head(sect, lay, h), &st[h], xk, xv, mean, clean,
+                     &bad);
+    if (!_mm_testz_si128(bad, bad))
+        return 0;
     for (uint32_t h = 0; h < H; h++) {
         uint8_t *head = kern_merge_head(sect, lay, h);
         memcpy(head, &st[h].rows, 4);
         const uint64_t used = 16 + kern_merge_map_bytes(T) + 2ull * st[h].r * D;
         memset(head + used, 0, kern_merge_head_bytes(D, T) - used);
     }
+    return 1;
+}
+
+KT static void mrg_sect_fused(const struct kern_ext_ctx *c, const uint8_t *own, uint8_t *sect,
+                              float *buf, struct mrg_state *st)
+{
+    const struct kern_layout *lay = c->lay;
+    if (lay->dtype == KERN_DTYPE_FP16 && lay->head_dim % 8 == 0 &&
+        mrg_sect_pass(c, own, sect, buf, st, 1))
+        return;
+    mrg_sect_pass(c, own, sect, buf, st, 0);
 }
 
 /* Head h of a MERGE section from the layer's slabs; `own` is this section's slab. */

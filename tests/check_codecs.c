@@ -234,7 +234,9 @@ END_TEST
 
 /* Inputs with -0 (every third channel, on outlier data whose tokens stay apart and on runs
  * of near-identical tokens): MERGE's clean path copies a run of one row as its halves with
- * -0 made +0 (the reference's 0 + x) and sums longer runs from 0; every path gives the
+ * -0 made +0 (the reference's 0 + x) and sums longer runs from 0. Then runs with one NaN
+ * or Inf in a V row of the middle token (read by MERGE's K pass only where the K rows
+ * join, which is where its clean path finds it and starts again). Every path gives the
  * reference's bytes. */
 START_TEST(test_signed_zeros_same_bytes)
 {
@@ -247,6 +249,15 @@ START_TEST(test_signed_zeros_same_bytes)
         uint16_t *raw = make_data(&lay, (enum data_kind)kind, 110 + (uint64_t)_i);
         for (uint64_t i = 1; i < kern_raw_size(&lay) / 2; i += 3)
             raw[i] = 0x8000; /* -0 in fp16 and bf16 */
+        free(same_bytes(&lay, &rec, raw));
+        free(raw);
+    }
+    for (uint16_t bad = 0; !lay.k_only && bad < 2; bad++) {
+        uint16_t *raw = make_data(&lay, DATA_RUNS, 130 + (uint64_t)_i);
+        const uint16_t nan = lay.dtype == KERN_DTYPE_FP16 ? 0x7e00 : 0x7fc0;
+        const uint16_t inf = lay.dtype == KERN_DTYPE_FP16 ? 0xfc00 : 0xff80;
+        raw[kern_raw_index(&lay, lay.layers - 1, 1, lay.tokens / 2, lay.heads - 1) + 1] =
+            bad ? inf : nan;
         free(same_bytes(&lay, &rec, raw));
         free(raw);
     }
