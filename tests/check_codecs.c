@@ -264,6 +264,37 @@ START_TEST(test_signed_zeros_same_bytes)
 }
 END_TEST
 
+/* Keys of large magnitude (layer 0's scaled by 250: up to ~3000), and then rows of +-60000
+ * with the signs of the rotation (token 0 and 1 of head 0: rotated, one channel reaches
+ * ~680000 and is clamped): ROT's AVX2 encode skips its clamp only where the largest magnitude
+ * of a section proves no rotated value can reach the fp16 range; every path gives the
+ * reference's bytes. */
+START_TEST(test_large_keys_same_bytes)
+{
+    const struct shape *sh = &shapes[(uint32_t)_i / NCODECS];
+    const uint32_t codec = codecs[(uint32_t)_i % NCODECS];
+    struct kern_layout lay = layout_of(sh);
+    struct kern_recipe rec;
+    kern_recipe_fill(&rec, codec, codec, 0);
+    const uint32_t sseed = kern_rot_sect_seed(rec.seed, 0);
+    for (int big = 0; big < 2; big++) {
+        uint16_t *raw = make_data(&lay, DATA_OUTLIER, 150 + (uint64_t)_i);
+        for (uint32_t t = 0; t < lay.tokens; t++)
+            for (uint32_t h = 0; h < lay.heads; h++) {
+                const uint64_t i = kern_raw_index(&lay, 0, 0, t, h);
+                for (uint32_t d = 0; d < lay.head_dim; d++) {
+                    float v = kern_load(raw, lay.dtype, i + d) * 250.0f;
+                    if (big && h == 0 && t < 2)
+                        v = (kern_rot_neg(sseed, 0, d) ? -60000.0f : 60000.0f) * (t ? -1 : 1);
+                    put(&lay, raw, i + d, v);
+                }
+            }
+        free(same_bytes(&lay, &rec, raw));
+        free(raw);
+    }
+}
+END_TEST
+
 /* Normalised RMS error of every section of `kind` data decoded. */
 static double worst_err(const struct kern_layout *lay, const struct kern_recipe *rec,
                         const uint16_t *raw, int which_kind)
@@ -553,6 +584,7 @@ static Suite *codecs_suite(void)
     tcase_add_loop_test(tc, test_paths_same_bytes, 0, (int)(NSHAPES * NCODECS));
     tcase_add_loop_test(tc, test_constant_heads_same_bytes, 0, (int)(NSHAPES * NCODECS));
     tcase_add_loop_test(tc, test_signed_zeros_same_bytes, 0, (int)(NSHAPES * NCODECS));
+    tcase_add_loop_test(tc, test_large_keys_same_bytes, 0, (int)(NSHAPES * NCODECS));
     tcase_add_loop_test(tc, test_error_bounds, 0, (int)NSHAPES);
     tcase_add_test(tc, test_rotation_lowers_key_error);
     tcase_add_test(tc, test_rotation_orthonormal);
