@@ -334,6 +334,14 @@ KT static void lr_rows_avx2(const uint8_t *head, uint32_t rank, uint32_t cap, ui
         float sg[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         memcpy(sg, head + 16 + 4 * i, 4 * m);
         const __m256 sv = _mm256_loadu_ps(sg);
+        if (m == 8) { /* straight from u to su: no bounce through the stack */
+            for (uint32_t t = 0; t < T; t++)
+                _mm256_storeu_ps(
+                    su + (uint64_t)t * rank + i,
+                    _mm256_mul_ps(sv, _mm256_cvtph_ps(_mm_loadu_si128(
+                                          (const __m128i *)(u + 2 * ((uint64_t)t * cap + i))))));
+            continue;
+        }
         for (uint32_t t = 0; t < T; t++) {
             uint16_t hv[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             memcpy(hv, u + 2 * ((uint64_t)t * cap + i), 2 * m);
