@@ -424,8 +424,9 @@ KT static void rot_means_avx2(const struct kern_layout *lay, const uint8_t *rawk
         }
 }
 
-KT static void rot_enc_fused(const struct kern_layout *lay, const uint8_t *rawk, uint32_t sseed,
-                             int bits, uint8_t *sect, uint32_t *mask)
+KT static void rot_enc_fused(const struct kern_layout *lay, const uint8_t *rawk,
+                             const uint8_t *rawv, uint32_t sseed, int bits, uint8_t *sect,
+                             uint32_t *mask)
 {
     const uint32_t T = lay->tokens, H = lay->heads, D = lay->head_dim, G = D / KERN_GROUP;
     const uint32_t gb = kern_kivi_v_group_bytes(bits);
@@ -440,6 +441,12 @@ KT static void rot_enc_fused(const struct kern_layout *lay, const uint8_t *rawk,
     for (uint32_t t = 0; t < T; t++)
         for (uint32_t h = 0; h < H; h++) {
             const uint16_t *r = (const uint16_t *)rawk + ((uint64_t)t * H + h) * D;
+            /* the layer's V slab, which its KIVI encoder reads next, into L2 under this
+             * section's arithmetic: a row's worth of it per row */
+            if (rawv)
+                for (uint32_t j = 0; j < D; j += 32)
+                    _mm_prefetch((const char *)(rawv + 2 * (((uint64_t)t * H + h) * D + j)),
+                                 _MM_HINT_T1);
             const uint32_t *m = mask + (uint64_t)h * D;
             const float *mu = mean + (uint64_t)h * D;
             uint8_t *o = out + ((uint64_t)t * H + h) * G * gb;
@@ -544,7 +551,7 @@ int kern_rot_enc(const struct kern_cpu_ops *ops, uint32_t codec, const struct ke
         uint32_t *m = malloc(2 * (size_t)H * D * sizeof(uint32_t));
         if (!m)
             return -ENOMEM;
-        rot_enc_fused(lay, c->rawk, sseed, codec == KERN_CODEC_ROT2 ? 2 : 4, sect, m);
+        rot_enc_fused(lay, c->rawk, c->rawv, sseed, codec == KERN_CODEC_ROT2 ? 2 : 4, sect, m);
         free(m);
         return 0;
     }
