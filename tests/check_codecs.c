@@ -295,6 +295,50 @@ START_TEST(test_large_keys_same_bytes)
 }
 END_TEST
 
+/* Encode with key statistics (the daemon's call): the reference and the AVX2 path give the
+ * same section bytes and the same channel minima and maxima, bit for bit, and the same key
+ * norms within 1e-5 (summed in another order, as check_kernels allows), every codec and
+ * shape. */
+START_TEST(test_stats_same)
+{
+    const struct shape *sh = &shapes[(uint32_t)_i / NCODECS];
+    const uint32_t codec = codecs[(uint32_t)_i % NCODECS];
+    struct kern_layout lay = layout_of(sh);
+    struct kern_recipe rec;
+    kern_recipe_fill(&rec, codec, codec, 0);
+    uint16_t *raw = make_data(&lay, DATA_OUTLIER, 170 + (uint64_t)_i);
+    raw[5] = lay.dtype == KERN_DTYPE_FP16 ? 0x7c00 : 0x7f80; /* +Inf: sanitised */
+    const int64_t sz = kern_encoded_size(&lay, &rec);
+    const size_t n = (size_t)lay.layers * lay.heads * lay.head_dim,
+                 nh = (size_t)lay.layers * lay.heads;
+    float *f[2][3];
+    uint8_t *e[2];
+    for (int v = 0; v < 2; v++) {
+        e[v] = malloc((size_t)sz);
+        ck_assert_ptr_nonnull(e[v]);
+        for (int j = 0; j < 3; j++) {
+            f[v][j] = malloc(sizeof(float) * (j == 2 ? nh : n));
+            ck_assert_ptr_nonnull(f[v][j]);
+            memset(f[v][j], v ? 0x5a : 0xa5, sizeof(float) * (j == 2 ? nh : n));
+        }
+        const struct kern_key_stats ks = {f[v][0], f[v][1], f[v][2]};
+        ck_assert_int_eq(
+            (v ? kern_encode_cpu : kern_encode_ref)(&lay, &rec, raw, e[v], (size_t)sz, &ks), sz);
+    }
+    ck_assert_mem_eq(e[1], e[0], (size_t)sz);
+    ck_assert_mem_eq(f[1][0], f[0][0], sizeof(float) * n);
+    ck_assert_mem_eq(f[1][1], f[0][1], sizeof(float) * n);
+    for (size_t i = 0; i < nh; i++) /* a float statistic, summed in another order */
+        ck_assert_double_eq_tol(f[1][2][i], f[0][2][i], 1e-5 * f[0][2][i] + 1e-6);
+    for (int v = 0; v < 2; v++) {
+        free(e[v]);
+        for (int j = 0; j < 3; j++)
+            free(f[v][j]);
+    }
+    free(raw);
+}
+END_TEST
+
 /* Normalised RMS error of every section of `kind` data decoded. */
 static double worst_err(const struct kern_layout *lay, const struct kern_recipe *rec,
                         const uint16_t *raw, int which_kind)
@@ -585,6 +629,7 @@ static Suite *codecs_suite(void)
     tcase_add_loop_test(tc, test_constant_heads_same_bytes, 0, (int)(NSHAPES * NCODECS));
     tcase_add_loop_test(tc, test_signed_zeros_same_bytes, 0, (int)(NSHAPES * NCODECS));
     tcase_add_loop_test(tc, test_large_keys_same_bytes, 0, (int)(NSHAPES * NCODECS));
+    tcase_add_loop_test(tc, test_stats_same, 0, (int)(NSHAPES * NCODECS));
     tcase_add_loop_test(tc, test_error_bounds, 0, (int)NSHAPES);
     tcase_add_test(tc, test_rotation_lowers_key_error);
     tcase_add_test(tc, test_rotation_orthonormal);
