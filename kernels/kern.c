@@ -69,8 +69,7 @@ uint64_t kern_raw_size(const struct kern_layout *lay)
 {
     if (kern_layout_check(lay) < 0)
         return 0;
-    return (uint64_t)lay->layers * kern_kinds(lay) * lay->tokens * lay->heads * lay->head_dim *
-           2;
+    return (uint64_t)lay->layers * kern_kinds(lay) * lay->tokens * lay->heads * lay->head_dim * 2;
 }
 
 double kern_value_l1(const struct kern_layout *lay, const void *src)
@@ -251,8 +250,8 @@ static uint32_t ggml_block_bytes(uint32_t codec)
     return codec == KERN_CODEC_Q8_0 ? 34 : codec == KERN_CODEC_Q4_1 ? 20 : 24;
 }
 
-static void ref_kivi_k_enc(const float *x, const struct kern_layout *lay, uint32_t h,
-                           uint8_t *sect, int bits)
+static void ref_kivi_k_enc(const float *x, const struct kern_layout *lay, uint32_t h, uint8_t *sect,
+                           int bits)
 {
     uint32_t dim = lay->head_dim, rb = kern_kivi_row_bytes(dim, bits);
     uint8_t *g = sect + (uint64_t)h * kern_kivi_k_head_bytes(dim, lay->tokens, bits);
@@ -286,8 +285,8 @@ static void ref_kivi_k_enc(const float *x, const struct kern_layout *lay, uint32
     }
 }
 
-static void ref_kivi_k_dec(const uint8_t *sect, const struct kern_layout *lay, uint32_t h,
-                           float *y, int bits)
+static void ref_kivi_k_dec(const uint8_t *sect, const struct kern_layout *lay, uint32_t h, float *y,
+                           int bits)
 {
     uint32_t dim = lay->head_dim, rb = kern_kivi_row_bytes(dim, bits);
     const uint8_t *g = sect + (uint64_t)h * kern_kivi_k_head_bytes(dim, lay->tokens, bits);
@@ -573,6 +572,13 @@ static int64_t encode_with(const struct kern_cpu_ops *ops, const struct kern_lay
             if (codec == KERN_CODEC_RAW && !stats_here)
                 continue;
             if (kern_codec_ext(s.codec, k == 1)) {
+                /* the statistics in one pass in memory order where the ops have it (a RAW
+                 * section's statistics pass: it writes nothing to the section) */
+                if (stats_here && ops->enc_sect &&
+                    ops->enc_sect(KERN_CODEC_RAW, 0, raw, lay, sect, x,
+                                  st->kmin + (uint64_t)l * H * D, st->kmax + (uint64_t)l * H * D,
+                                  st->knorm + (uint64_t)l * H))
+                    stats_here = 0;
                 for (uint32_t h = 0; stats_here && h < H; h++) {
                     uint64_t lh = (uint64_t)l * H + h;
                     ops->load(raw + 2ull * h * D, lay->dtype, stride, lay->tokens, D, x);
@@ -656,8 +662,7 @@ static int64_t decode_with(const struct kern_cpu_ops *ops, const struct kern_lay
     for (uint32_t l = 0; l < lay->layers; l++) {
         for (uint32_t k = 0; k < kinds; k++) {
             struct kern_block_sect s;
-            memcpy(&s, in + sizeof(struct kern_block_hdr) + (l * kinds + k) * sizeof(s),
-                   sizeof(s));
+            memcpy(&s, in + sizeof(struct kern_block_hdr) + (l * kinds + k) * sizeof(s), sizeof(s));
             const uint8_t *sect = in + s.offset;
             uint64_t base = kern_raw_index(lay, l, k, 0, 0);
             uint8_t *raw = (uint8_t *)dst + 2 * base;
@@ -699,8 +704,8 @@ int64_t kern_encode_ref(const struct kern_layout *lay, const struct kern_recipe 
     return encode_with(&kern_ref_ops, lay, rec, src, dst, dst_cap, stats);
 }
 
-int64_t kern_decode_ref(const struct kern_layout *lay, const void *src, size_t src_len,
-                        void *dst, size_t dst_cap, enum kern_dtype out_dtype)
+int64_t kern_decode_ref(const struct kern_layout *lay, const void *src, size_t src_len, void *dst,
+                        size_t dst_cap, enum kern_dtype out_dtype)
 {
     return decode_with(&kern_ref_ops, lay, src, src_len, dst, dst_cap, out_dtype);
 }
@@ -718,8 +723,8 @@ int64_t kern_encode_cpu(const struct kern_layout *lay, const struct kern_recipe 
     return encode_with(cpu_ops(), lay, rec, src, dst, dst_cap, stats);
 }
 
-int64_t kern_decode_cpu(const struct kern_layout *lay, const void *src, size_t src_len,
-                        void *dst, size_t dst_cap, enum kern_dtype out_dtype)
+int64_t kern_decode_cpu(const struct kern_layout *lay, const void *src, size_t src_len, void *dst,
+                        size_t dst_cap, enum kern_dtype out_dtype)
 {
     return decode_with(cpu_ops(), lay, src, src_len, dst, dst_cap, out_dtype);
 }

@@ -1,7 +1,7 @@
 /*
- * kern_avx2.h — what the files of the vectorised CPU codecs share (kernels/kern_avx2*.c
- * include it, nothing else does): the target attributes, the lane helpers, the loads and
- * stores of raw halves, and the entry points each file gives the others.
+ * kern_avx2.h — what the files of the vectorised CPU codecs share (kernels/kern_avx2*.c,
+ * and kern_lowrank.c for the stores of raw halves): the target attributes, the lane helpers,
+ * the loads and stores of raw halves, and the entry points each file gives the others.
  *
  * DESIGN
  * kern_avx2.c holds the design of the whole (bit-identical to kern_fmt.h's reference, no
@@ -159,7 +159,7 @@ KT KERN_AI static inline void v_dm(const uint8_t *blk, __m256 *vd, __m256 *vm)
     *vm = _mm256_broadcastss_ps(_mm_movehdup_ps(f));
 }
 
-static uint32_t block_bytes(uint32_t codec, int bits)
+static inline uint32_t block_bytes(uint32_t codec, int bits)
 {
     if (bits)
         return kern_kivi_v_group_bytes(bits);

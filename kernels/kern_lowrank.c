@@ -20,10 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/kern_cpu.h"
+#include "kernels/kern_avx2.h"
 #include "kernels/kern_ext.h"
-
-#define KT __attribute__((target("avx2,f16c")))
 
 /* ---- reference ---------------------------------------------------------------------------- */
 
@@ -319,27 +317,6 @@ KT static void lr_put_h_avx2(uint8_t *o, uint64_t stride, const float *a, uint32
     }
 }
 
-/* Eight floats stored as eight halves of dtype, rounded as kern_store() (v_store8 of
- * kern_avx2.h: bf16 to nearest even, a NaN kept quiet). */
-KT static inline __attribute__((always_inline)) void lr_store8(uint16_t *r, __m256 v,
-                                                               uint32_t dtype)
-{
-    if (dtype == KERN_DTYPE_BF16) {
-        __m256i u = _mm256_castps_si256(v);
-        __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-        __m256i rn = _mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff)));
-        rn = _mm256_srli_epi32(rn, 16);
-        __m256i nan = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
-        __m256i isnan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-        rn = _mm256_blendv_epi8(rn, nan, isnan);
-        __m256i p = _mm256_packus_epi32(rn, rn);
-        _mm_storeu_si128((__m128i *)r, _mm256_castsi256_si128(_mm256_permute4x64_epi64(p, 0x08)));
-        return;
-    }
-    _mm_storeu_si128((__m128i *)r,
-                     _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-}
-
 /* Head h of a LOWRANK section decoded straight into its raw rows (o: row t at o + t * stride
  * halves, dtype out_dtype). su (T x rank) and wf (rank x D) scratch: sigma_i * u[t][i] and the
  * w rows as floats, found once per head; then a blocked product in registers: tiles of four
@@ -357,6 +334,14 @@ KT static void lr_rows_avx2(const uint8_t *head, uint32_t rank, uint32_t cap, ui
         float sg[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         memcpy(sg, head + 16 + 4 * i, 4 * m);
         const __m256 sv = _mm256_loadu_ps(sg);
+        if (m == 8) { /* straight from u to su: no bounce through the stack */
+            for (uint32_t t = 0; t < T; t++)
+                _mm256_storeu_ps(
+                    su + (uint64_t)t * rank + i,
+                    _mm256_mul_ps(sv, _mm256_cvtph_ps(_mm_loadu_si128(
+                                          (const __m128i *)(u + 2 * ((uint64_t)t * cap + i))))));
+            continue;
+        }
         for (uint32_t t = 0; t < T; t++) {
             uint16_t hv[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             memcpy(hv, u + 2 * ((uint64_t)t * cap + i), 2 * m);
@@ -398,14 +383,14 @@ KT static void lr_rows_avx2(const uint8_t *head, uint32_t rank, uint32_t cap, ui
                     e1 = _mm256_add_ps(e1, _mm256_mul_ps(s, w1));
                 }
                 uint16_t *r = o + (uint64_t)t * stride + d;
-                lr_store8(r, a0, out_dtype);
-                lr_store8(r + 8, a1, out_dtype);
-                lr_store8(r + stride, b0, out_dtype);
-                lr_store8(r + stride + 8, b1, out_dtype);
-                lr_store8(r + 2 * stride, c0, out_dtype);
-                lr_store8(r + 2 * stride + 8, c1, out_dtype);
-                lr_store8(r + 3 * stride, e0, out_dtype);
-                lr_store8(r + 3 * stride + 8, e1, out_dtype);
+                v_store8(r, a0, out_dtype);
+                v_store8(r + 8, a1, out_dtype);
+                v_store8(r + stride, b0, out_dtype);
+                v_store8(r + stride + 8, b1, out_dtype);
+                v_store8(r + 2 * stride, c0, out_dtype);
+                v_store8(r + 2 * stride + 8, c1, out_dtype);
+                v_store8(r + 3 * stride, e0, out_dtype);
+                v_store8(r + 3 * stride + 8, e1, out_dtype);
             }
     for (; t < T; t++) {
         uint32_t d = 0;
@@ -414,7 +399,7 @@ KT static void lr_rows_avx2(const uint8_t *head, uint32_t rank, uint32_t cap, ui
             for (uint32_t i = 0; i < rank; i++)
                 acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(su[(uint64_t)t * rank + i]),
                                                        _mm256_loadu_ps(wf + (uint64_t)i * D + d)));
-            lr_store8(o + (uint64_t)t * stride + d, acc, out_dtype);
+            v_store8(o + (uint64_t)t * stride + d, acc, out_dtype);
         }
         for (; d < D; d++) {
             float acc = 0.0f;

@@ -175,25 +175,59 @@ KT static inline __attribute__((always_inline)) void mrg_row_avx2(const struct k
             x + c, mrg_load8(lay, raw, t, h, c, lay->head_dim - c < 8 ? lay->head_dim - c : 8));
 }
 
-/* Whether the slabs read (b may be NULL) are fp16 with no Inf or NaN (exponent all ones) and
- * rows of a multiple of 8 halves: their rows load without sanitizing. */
-KT static int mrg_clean(const struct kern_layout *lay, const uint8_t *a, const uint8_t *b)
+/* The clean path (fp16 slabs, D a multiple of 8) runs on the assumption that no row it
+ * reads holds Inf or NaN, and checks each row it reads as it goes (exponent all ones into
+ * *bad): a section where one does is done again the sanitizing way. Checking the rows used
+ * instead of scanning the slabs first lets the slabs stream in under the arithmetic (a scan
+ * before the pass waited on memory alone) and skips the V rows the K pass never reads. */
+KT static inline __attribute__((always_inline)) void mrg_check(const uint16_t *r, uint32_t dim,
+                                                               __m128i *bad)
 {
-    const uint64_t n = (uint64_t)lay->tokens * lay->heads * lay->head_dim;
-    if (lay->dtype != KERN_DTYPE_FP16 || lay->head_dim % 8 || n % 16)
-        return 0;
-    const __m256i ex = _mm256_set1_epi16(0x7c00);
-    __m256i bad = _mm256_setzero_si256();
-    for (int k = 0; k < 2; k++) {
-        const uint16_t *p = (const uint16_t *)(k ? b : a);
-        if (!p)
-            continue;
-        for (uint64_t i = 0; i < n; i += 16)
-            bad = _mm256_or_si256(
-                bad, _mm256_cmpeq_epi16(
-                         _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(p + i)), ex), ex));
+    const __m128i ex = _mm_set1_epi16(0x7c00);
+    for (uint32_t c = 0; c < dim; c += 8)
+        *bad = _mm_or_si128(
+            *bad,
+            _mm_cmpeq_epi16(_mm_and_si128(_mm_loadu_si128((const __m128i *)(r + c)), ex), ex));
+}
+
+/* The clean path's rows (mrg_clean: fp16, no Inf or NaN, D a multiple of 8) read straight
+ * from the slab, F16C's floats exact and in range: the same values mrg_row_avx2 stores, so
+ * the same sums, without the row's trip through a float buffer. */
+KT static inline __attribute__((always_inline)) const uint16_t *
+mrg_raw_row(const struct kern_layout *lay, const uint8_t *raw, uint32_t t, uint32_t h)
+{
+    return (const uint16_t *)raw + ((uint64_t)t * lay->heads + h) * lay->head_dim;
+}
+
+KT static inline __attribute__((always_inline)) __m256 mrg_h8(const uint16_t *p)
+{
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+/* mrg_within of a clean row. */
+KT static int mrg_within_h(const uint16_t *x, const float *st, __m256 pn, uint32_t dim, float lim)
+{
+    __m256 pd = _mm256_setzero_ps();
+    float a[8], b[8];
+    for (uint32_t c = 0; c < dim; c += 8) {
+        __m256 d = _mm256_sub_ps(mrg_h8(x + c), _mm256_loadu_ps(st + c));
+        pd = _mm256_add_ps(pd, _mm256_mul_ps(d, d));
     }
-    return _mm256_testz_si256(bad, bad);
+    _mm256_storeu_ps(a, pd);
+    _mm256_storeu_ps(b, pn);
+    return kern_sum8_fold(a) <= KERN_MUL(lim, kern_sum8_fold(b));
+}
+
+/* A run's first row of a clean slab into st (as floats); its partial norms returned. */
+KT static __m256 mrg_start_h(const uint16_t *x, float *st, uint32_t dim)
+{
+    __m256 p = _mm256_setzero_ps();
+    for (uint32_t c = 0; c < dim; c += 8) {
+        const __m256 v = mrg_h8(x + c);
+        _mm256_storeu_ps(st + c, v);
+        p = _mm256_add_ps(p, _mm256_mul_ps(v, v));
+    }
+    return p;
 }
 
 /* A head's state in the fused pass: its rows, the open run's start a and row r, the run's
@@ -202,13 +236,17 @@ struct mrg_state {
     uint32_t rows, a, r;
     __m256 nk, nv;
     float *sk, *sv, *sum;
+    /* clean path: the open run's first row in `own` (borrowed from the slab for the pass);
+     * its sum is written only once a second row joins (summed) */
+    const uint16_t *first;
+    int summed;
 };
 
 /* Token t of head h (t == T closes the last run): kern_merge_plan's join (rows and forced
  * count) and the running sums for the means, the token's rows loaded once. */
 KT static inline __attribute__((always_inline)) void
 mrg_step(const struct kern_ext_ctx *c, uint32_t h, uint32_t t, const uint8_t *own, uint8_t *head,
-         struct mrg_state *st, float *xk, float *xv, float *mean, int clean)
+         struct mrg_state *st, float *xk, float *xv, float *mean, int clean, __m128i *bad)
 {
     const struct kern_layout *lay = c->lay;
     const uint32_t T = lay->tokens, D = lay->head_dim, Dp = (D + 7) & ~7u, R = kern_merge_rows(T);
@@ -217,11 +255,28 @@ mrg_step(const struct kern_ext_ctx *c, uint32_t h, uint32_t t, const uint8_t *ow
     uint32_t *map = (uint32_t *)(head + 16);
     uint8_t *row0 = head + 16 + kern_merge_map_bytes(T);
     int join = 0;
+    /* clean: the rows are read from the slabs where used (xr: this section's), the V row only
+     * where K's test passes or a run starts */
+    const uint16_t *xr = t < T && clean ? mrg_raw_row(lay, own, t, h) : NULL;
+    if (xr)
+        mrg_check(xr, D, bad);
     if (t < T && c->kmerge) { /* the K section's runs */
         const uint32_t *km =
             (const uint32_t *)(kern_merge_head((uint8_t *)(uintptr_t)c->kmerge, lay, h) + 16);
-        mrg_row_avx2(lay, own, t, h, xo, clean);
+        if (!clean)
+            mrg_row_avx2(lay, own, t, h, xo, clean);
         join = t > 0 && !(km[t >> 5] >> (t & 31) & 1u);
+    } else if (t < T && clean) {
+        if (t > 0) {
+            const uint16_t *xv_r = c->rawv ? mrg_raw_row(lay, c->rawv, t, h) : NULL;
+            join = mrg_within_h(xr, st->sk, st->nk, D, lim);
+            if (join && xv_r) {
+                mrg_check(xv_r, D, bad);
+                join = mrg_within_h(xv_r, st->sv, st->nv, D, lim);
+            }
+            if (!join && st->rows >= R)
+                join = 1; /* forced: the head has no room for another row */
+        }
     } else if (t < T) {
         mrg_row_avx2(lay, c->rawk, t, h, xk, clean);
         if (c->rawv)
@@ -233,7 +288,16 @@ mrg_step(const struct kern_ext_ctx *c, uint32_t h, uint32_t t, const uint8_t *ow
                 join = 1; /* forced: the head has no room for another row */
         }
     }
-    if (t > 0 && !join) { /* the run [a, t) closes: its mean */
+    if (t > 0 && !join && clean && !st->summed) {
+        /* a run of one row: fp16(0 + x) is x's half, but for -0 (0 + -0 = +0) */
+        uint16_t *o = (uint16_t *)(row0 + 2ull * st->r * D);
+        const __m128i nz = _mm_set1_epi16((short)0x8000);
+        for (uint32_t d = 0; d < D; d += 8) {
+            const __m128i v = _mm_loadu_si128((const __m128i *)(st->first + d));
+            _mm_storeu_si128((__m128i *)(o + d), _mm_andnot_si128(_mm_cmpeq_epi16(v, nz), v));
+        }
+        st->r++;
+    } else if (t > 0 && !join) { /* the run [a, t) closes: its mean */
         const __m256 n = _mm256_set1_ps((float)(t - st->a));
         uint16_t *o = (uint16_t *)(row0 + 2ull * st->r * D);
         uint32_t d = 0;
@@ -250,6 +314,19 @@ mrg_step(const struct kern_ext_ctx *c, uint32_t h, uint32_t t, const uint8_t *ow
     }
     if (t == T)
         return;
+    if (join && clean && !st->summed) { /* the run's second row: (0 + x_a) + x_t */
+        for (uint32_t d = 0; d < D; d += 8)
+            _mm256_storeu_ps(
+                sum + d, _mm256_add_ps(_mm256_add_ps(_mm256_setzero_ps(), mrg_h8(st->first + d)),
+                                       mrg_h8(xr + d)));
+        st->summed = 1;
+        return;
+    }
+    if (join && clean) {
+        for (uint32_t d = 0; d < D; d += 8)
+            _mm256_storeu_ps(sum + d, _mm256_add_ps(_mm256_loadu_ps(sum + d), mrg_h8(xr + d)));
+        return;
+    }
     if (join) {
         for (uint32_t d = 0; d < Dp; d += 8)
             _mm256_storeu_ps(sum + d,
@@ -261,6 +338,19 @@ mrg_step(const struct kern_ext_ctx *c, uint32_t h, uint32_t t, const uint8_t *ow
         map[t >> 5] |= 1u << (t & 31);
     }
     st->a = t;
+    if (clean) {
+        if (!c->kmerge) { /* the rows the next tokens are compared with */
+            st->nk = mrg_start_h(mrg_raw_row(lay, c->rawk, t, h), st->sk, D);
+            if (c->rawv) {
+                const uint16_t *xv_r = mrg_raw_row(lay, c->rawv, t, h);
+                mrg_check(xv_r, D, bad);
+                st->nv = mrg_start_h(xv_r, st->sv, D);
+            }
+        }
+        st->first = xr; /* the sum starts as 0 + x, as the reference's, if a row joins */
+        st->summed = 0;
+        return;
+    }
     if (!c->kmerge) { /* the rows the next tokens are compared with */
         memcpy(st->sk, xk, Dp * sizeof(float));
         st->nk = mrg_norm_avx2(st->sk, Dp);
@@ -277,16 +367,20 @@ mrg_step(const struct kern_ext_ctx *c, uint32_t h, uint32_t t, const uint8_t *ow
 /* The whole section in one pass, token by token and the heads of a token in turn, so the
  * slabs are read in memory order (a head's rows alone are a stride of heads x dim apart).
  * buf: (3 + 3 H) Dp floats, st: H states. */
-KT static void mrg_sect_fused(const struct kern_ext_ctx *c, const uint8_t *own, uint8_t *sect,
-                              float *buf, struct mrg_state *st)
+KT static __attribute__((always_inline)) inline int mrg_sect_pass(const struct kern_ext_ctx *c,
+                                                                  const uint8_t *own, uint8_t *sect,
+                                                                  float *buf, struct mrg_state *st,
+                                                                  const int clean)
 {
     const struct kern_layout *lay = c->lay;
     const uint32_t T = lay->tokens, H = lay->heads, D = lay->head_dim, Dp = (D + 7) & ~7u;
     float *xk = buf, *xv = buf + Dp, *mean = buf + 2 * Dp;
-    memset(buf, 0, (3 + 3 * (size_t)H) * Dp * sizeof(float));
+    /* every float of buf is written before it is read (a run's rows and sum where it starts,
+     * xk, xv and mean per token), so buf is not cleared; of a head's bytes only the prefix
+     * and the map are cleared here, and the rows no run used after the pass */
     for (uint32_t h = 0; h < H; h++) {
         uint8_t *head = kern_merge_head(sect, lay, h);
-        memset(head, 0, kern_merge_head_bytes(D, T));
+        memset(head, 0, 16 + kern_merge_map_bytes(T));
         ((uint32_t *)(head + 16))[0] = 1u;
         st[h].rows = 1;
         st[h].a = st[h].r = 0;
@@ -295,17 +389,30 @@ KT static void mrg_sect_fused(const struct kern_ext_ctx *c, const uint8_t *own, 
         st[h].sv = st[h].sk + Dp;
         st[h].sum = st[h].sv + Dp;
     }
-    const int clean = mrg_clean(lay, c->kmerge ? own : c->rawk, c->kmerge ? NULL : c->rawv);
+    __m128i bad = _mm_setzero_si128();
     for (uint32_t t = 0; t <= T; t++)
-        for (uint32_t h = 0; h < H; h++) {
-            uint8_t *head = kern_merge_head(sect, lay, h);
-            if (clean)
-                mrg_step(c, h, t, own, head, &st[h], xk, xv, mean, 1);
-            else
-                mrg_step(c, h, t, own, head, &st[h], xk, xv, mean, 0);
-        }
-    for (uint32_t h = 0; h < H; h++)
-        memcpy(kern_merge_head(sect, lay, h), &st[h].rows, 4);
+        for (uint32_t h = 0; h < H; h++)
+            mrg_step(c, h, t, own, kern_merge_head(sect, lay, h), &st[h], xk, xv, mean, clean,
+                     &bad);
+    if (!_mm_testz_si128(bad, bad))
+        return 0;
+    for (uint32_t h = 0; h < H; h++) {
+        uint8_t *head = kern_merge_head(sect, lay, h);
+        memcpy(head, &st[h].rows, 4);
+        const uint64_t used = 16 + kern_merge_map_bytes(T) + 2ull * st[h].r * D;
+        memset(head + used, 0, kern_merge_head_bytes(D, T) - used);
+    }
+    return 1;
+}
+
+KT static void mrg_sect_fused(const struct kern_ext_ctx *c, const uint8_t *own, uint8_t *sect,
+                              float *buf, struct mrg_state *st)
+{
+    const struct kern_layout *lay = c->lay;
+    if (lay->dtype == KERN_DTYPE_FP16 && lay->head_dim % 8 == 0 &&
+        mrg_sect_pass(c, own, sect, buf, st, 1))
+        return;
+    mrg_sect_pass(c, own, sect, buf, st, 0);
 }
 
 /* Head h of a MERGE section from the layer's slabs; `own` is this section's slab. */

@@ -17,6 +17,7 @@
  */
 #include <errno.h>
 #include <immintrin.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -331,7 +332,8 @@ KT static inline __attribute__((always_inline)) void rot_fwht_regs(__m256 *r, co
  * scale, groups. */
 KT static inline __attribute__((always_inline)) void
 rot_enc_row_regs(const uint16_t *r, uint32_t dtype, const uint32_t *m, const float *mu, __m256 c,
-                 int bits, uint32_t gb, uint8_t *o, const uint32_t nv, const int clean)
+                 int bits, uint32_t gb, uint8_t *o, const uint32_t nv, const int clean,
+                 const int small)
 {
     __m256 x[16];
 #pragma GCC unroll 16
@@ -342,7 +344,7 @@ rot_enc_row_regs(const uint16_t *r, uint32_t dtype, const uint32_t *m, const flo
     rot_fwht_regs(x, nv);
 #pragma GCC unroll 16
     for (uint32_t j = 0; j < nv; j++)
-        x[j] = rot_sanitize(_mm256_mul_ps(x[j], c));
+        x[j] = small ? _mm256_mul_ps(x[j], c) : rot_sanitize(_mm256_mul_ps(x[j], c));
     rot_groups_enc(x, nv / 4, o, gb, bits);
 }
 
@@ -371,20 +373,32 @@ rot_dec_row_regs(const uint8_t *g0, int bits, uint32_t gb, const float *cs, cons
 /* The channels' means of every head (kern_rot_mean: tokens summed in order), as fp16 into
  * the section and as the float they round to into mean[H][D]. */
 KT static void rot_means_avx2(const struct kern_layout *lay, const uint8_t *rawk, uint8_t *out,
-                              float *mean, int *clean)
+                              float *mean, int *clean, int *small)
 {
     const uint32_t T = lay->tokens, H = lay->heads, D = lay->head_dim;
     const __m256 n = _mm256_set1_ps((float)T);
     const uint16_t *raw = (const uint16_t *)rawk;
-    /* fp16 rows with no Inf or NaN (exponent all ones) need no sanitizing */
-    __m256i bad = _mm256_setzero_si256();
-    const __m256i ex = _mm256_set1_epi16(0x7c00);
+    /* fp16 rows with no Inf or NaN (exponent all ones) need no sanitizing: the unsigned
+     * maximum of the magnitudes' halves (ordered as the magnitudes, Inf and NaN above every
+     * finite one) says it, and gives amax, the largest magnitude */
+    __m256i mx = _mm256_setzero_si256();
+    const __m256i mag = _mm256_set1_epi16(0x7fff);
     if (lay->dtype == KERN_DTYPE_FP16)
         for (uint64_t i = 0; i + 16 <= (uint64_t)T * H * D; i += 16)
-            bad = _mm256_or_si256(
-                bad, _mm256_cmpeq_epi16(
-                         _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(raw + i)), ex), ex));
-    *clean = lay->dtype == KERN_DTYPE_FP16 && (T * H * D) % 16 == 0 && _mm256_testz_si256(bad, bad);
+            mx = _mm256_max_epu16(
+                mx, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(raw + i)), mag));
+    __m128i m8 = _mm_max_epu16(_mm256_castsi256_si128(mx), _mm256_extracti128_si256(mx, 1));
+    m8 = _mm_max_epu16(m8, _mm_srli_si128(m8, 8));
+    m8 = _mm_max_epu16(m8, _mm_srli_si128(m8, 4));
+    m8 = _mm_max_epu16(m8, _mm_srli_si128(m8, 2));
+    const uint16_t amax_h = (uint16_t)_mm_extract_epi16(m8, 0);
+    *clean = lay->dtype == KERN_DTYPE_FP16 && (T * H * D) % 16 == 0 && amax_h < 0x7c00;
+    /* small: no rotated value of a clean section reaches the fp16 range, so the sanitizing
+     * after the scale changes nothing and is skipped. Centred values are at most 2 amax in
+     * magnitude (a mean of values within amax, rounded to fp16, is within amax), and
+     * |y_i| = c |sum_j +-x'_j| <= c D max|x'| = sqrt(D) 2 amax; the butterfly's roundings
+     * (seven sums, then the scale) grow that by under 1e-6, far inside the 1.01 allowed */
+    *small = *clean && (double)kern_h2f(amax_h) * 2.0 * sqrt((double)D) * 1.01 < KERN_FP16_MAX;
     /* summed in token order per channel, eight channels at a time in registers */
     for (uint32_t h = 0; h < H; h++)
         for (uint32_t j = 0; j < D; j += 32) {
@@ -410,8 +424,9 @@ KT static void rot_means_avx2(const struct kern_layout *lay, const uint8_t *rawk
         }
 }
 
-KT static void rot_enc_fused(const struct kern_layout *lay, const uint8_t *rawk, uint32_t sseed,
-                             int bits, uint8_t *sect, uint32_t *mask)
+KT static void rot_enc_fused(const struct kern_layout *lay, const uint8_t *rawk,
+                             const uint8_t *rawv, uint32_t sseed, int bits, uint8_t *sect,
+                             uint32_t *mask)
 {
     const uint32_t T = lay->tokens, H = lay->heads, D = lay->head_dim, G = D / KERN_GROUP;
     const uint32_t gb = kern_kivi_v_group_bytes(bits);
@@ -421,28 +436,38 @@ KT static void rot_enc_fused(const struct kern_layout *lay, const uint8_t *rawk,
     uint8_t *out = sect + kern_rot_groups_off(lay);
     for (uint32_t h = 0; h < H; h++)
         rot_signs(mask + (uint64_t)h * D, sseed, h, D);
-    int clean;
-    rot_means_avx2(lay, rawk, sect + KERN_ROT_PREFIX, mean, &clean);
+    int clean, small;
+    rot_means_avx2(lay, rawk, sect + KERN_ROT_PREFIX, mean, &clean, &small);
     for (uint32_t t = 0; t < T; t++)
         for (uint32_t h = 0; h < H; h++) {
             const uint16_t *r = (const uint16_t *)rawk + ((uint64_t)t * H + h) * D;
+            /* the layer's V slab, which its KIVI encoder reads next, into L2 under this
+             * section's arithmetic: a row's worth of it per row */
+            if (rawv)
+                for (uint32_t j = 0; j < D; j += 32)
+                    _mm_prefetch((const char *)(rawv + 2 * (((uint64_t)t * H + h) * D + j)),
+                                 _MM_HINT_T1);
             const uint32_t *m = mask + (uint64_t)h * D;
             const float *mu = mean + (uint64_t)h * D;
             uint8_t *o = out + ((uint64_t)t * H + h) * G * gb;
+            if (D == 128 && small) {
+                rot_enc_row_regs(r, lay->dtype, m, mu, c, bits, gb, o, 16, 1, 1);
+                continue;
+            }
             if (D == 128 && clean) {
-                rot_enc_row_regs(r, lay->dtype, m, mu, c, bits, gb, o, 16, 1);
+                rot_enc_row_regs(r, lay->dtype, m, mu, c, bits, gb, o, 16, 1, 0);
                 continue;
             }
             if (D == 128) {
-                rot_enc_row_regs(r, lay->dtype, m, mu, c, bits, gb, o, 16, 0);
+                rot_enc_row_regs(r, lay->dtype, m, mu, c, bits, gb, o, 16, 0, 0);
                 continue;
             }
             if (D == 64) {
-                rot_enc_row_regs(r, lay->dtype, m, mu, c, bits, gb, o, 8, 0);
+                rot_enc_row_regs(r, lay->dtype, m, mu, c, bits, gb, o, 8, 0, 0);
                 continue;
             }
             if (D == 32) {
-                rot_enc_row_regs(r, lay->dtype, m, mu, c, bits, gb, o, 4, 0);
+                rot_enc_row_regs(r, lay->dtype, m, mu, c, bits, gb, o, 4, 0, 0);
                 continue;
             }
             for (uint32_t j = 0; j < D; j += 8)
@@ -526,7 +551,7 @@ int kern_rot_enc(const struct kern_cpu_ops *ops, uint32_t codec, const struct ke
         uint32_t *m = malloc(2 * (size_t)H * D * sizeof(uint32_t));
         if (!m)
             return -ENOMEM;
-        rot_enc_fused(lay, c->rawk, sseed, codec == KERN_CODEC_ROT2 ? 2 : 4, sect, m);
+        rot_enc_fused(lay, c->rawk, c->rawv, sseed, codec == KERN_CODEC_ROT2 ? 2 : 4, sect, m);
         free(m);
         return 0;
     }

@@ -232,6 +232,113 @@ START_TEST(test_constant_heads_same_bytes)
 }
 END_TEST
 
+/* Inputs with -0 (every third channel, on outlier data whose tokens stay apart and on runs
+ * of near-identical tokens): MERGE's clean path copies a run of one row as its halves with
+ * -0 made +0 (the reference's 0 + x) and sums longer runs from 0. Then runs with one NaN
+ * or Inf in a V row of the middle token (read by MERGE's K pass only where the K rows
+ * join, which is where its clean path finds it and starts again). Every path gives the
+ * reference's bytes. */
+START_TEST(test_signed_zeros_same_bytes)
+{
+    const struct shape *sh = &shapes[(uint32_t)_i / NCODECS];
+    const uint32_t codec = codecs[(uint32_t)_i % NCODECS];
+    struct kern_layout lay = layout_of(sh);
+    struct kern_recipe rec;
+    kern_recipe_fill(&rec, codec, codec, 0);
+    for (int kind = DATA_OUTLIER; kind <= DATA_RUNS; kind++) {
+        uint16_t *raw = make_data(&lay, (enum data_kind)kind, 110 + (uint64_t)_i);
+        for (uint64_t i = 1; i < kern_raw_size(&lay) / 2; i += 3)
+            raw[i] = 0x8000; /* -0 in fp16 and bf16 */
+        free(same_bytes(&lay, &rec, raw));
+        free(raw);
+    }
+    for (uint16_t bad = 0; !lay.k_only && bad < 2; bad++) {
+        uint16_t *raw = make_data(&lay, DATA_RUNS, 130 + (uint64_t)_i);
+        const uint16_t nan = lay.dtype == KERN_DTYPE_FP16 ? 0x7e00 : 0x7fc0;
+        const uint16_t inf = lay.dtype == KERN_DTYPE_FP16 ? 0xfc00 : 0xff80;
+        raw[kern_raw_index(&lay, lay.layers - 1, 1, lay.tokens / 2, lay.heads - 1) + 1] =
+            bad ? inf : nan;
+        free(same_bytes(&lay, &rec, raw));
+        free(raw);
+    }
+}
+END_TEST
+
+/* Keys of large magnitude (layer 0's scaled by 250: up to ~3000), and then rows of +-60000
+ * with the signs of the rotation (token 0 and 1 of head 0: rotated, one channel reaches
+ * ~680000 and is clamped): ROT's AVX2 encode skips its clamp only where the largest magnitude
+ * of a section proves no rotated value can reach the fp16 range; every path gives the
+ * reference's bytes. */
+START_TEST(test_large_keys_same_bytes)
+{
+    const struct shape *sh = &shapes[(uint32_t)_i / NCODECS];
+    const uint32_t codec = codecs[(uint32_t)_i % NCODECS];
+    struct kern_layout lay = layout_of(sh);
+    struct kern_recipe rec;
+    kern_recipe_fill(&rec, codec, codec, 0);
+    const uint32_t sseed = kern_rot_sect_seed(rec.seed, 0);
+    for (int big = 0; big < 2; big++) {
+        uint16_t *raw = make_data(&lay, DATA_OUTLIER, 150 + (uint64_t)_i);
+        for (uint32_t t = 0; t < lay.tokens; t++)
+            for (uint32_t h = 0; h < lay.heads; h++) {
+                const uint64_t i = kern_raw_index(&lay, 0, 0, t, h);
+                for (uint32_t d = 0; d < lay.head_dim; d++) {
+                    float v = kern_load(raw, lay.dtype, i + d) * 250.0f;
+                    if (big && h == 0 && t < 2)
+                        v = (kern_rot_neg(sseed, 0, d) ? -60000.0f : 60000.0f) * (t ? -1 : 1);
+                    put(&lay, raw, i + d, v);
+                }
+            }
+        free(same_bytes(&lay, &rec, raw));
+        free(raw);
+    }
+}
+END_TEST
+
+/* Encode with key statistics (the daemon's call): the reference and the AVX2 path give the
+ * same section bytes and the same channel minima and maxima, bit for bit, and the same key
+ * norms within 1e-5 (summed in another order, as check_kernels allows), every codec and
+ * shape. */
+START_TEST(test_stats_same)
+{
+    const struct shape *sh = &shapes[(uint32_t)_i / NCODECS];
+    const uint32_t codec = codecs[(uint32_t)_i % NCODECS];
+    struct kern_layout lay = layout_of(sh);
+    struct kern_recipe rec;
+    kern_recipe_fill(&rec, codec, codec, 0);
+    uint16_t *raw = make_data(&lay, DATA_OUTLIER, 170 + (uint64_t)_i);
+    raw[5] = lay.dtype == KERN_DTYPE_FP16 ? 0x7c00 : 0x7f80; /* +Inf: sanitised */
+    const int64_t sz = kern_encoded_size(&lay, &rec);
+    const size_t n = (size_t)lay.layers * lay.heads * lay.head_dim,
+                 nh = (size_t)lay.layers * lay.heads;
+    float *f[2][3];
+    uint8_t *e[2];
+    for (int v = 0; v < 2; v++) {
+        e[v] = malloc((size_t)sz);
+        ck_assert_ptr_nonnull(e[v]);
+        for (int j = 0; j < 3; j++) {
+            f[v][j] = malloc(sizeof(float) * (j == 2 ? nh : n));
+            ck_assert_ptr_nonnull(f[v][j]);
+            memset(f[v][j], v ? 0x5a : 0xa5, sizeof(float) * (j == 2 ? nh : n));
+        }
+        const struct kern_key_stats ks = {f[v][0], f[v][1], f[v][2]};
+        ck_assert_int_eq(
+            (v ? kern_encode_cpu : kern_encode_ref)(&lay, &rec, raw, e[v], (size_t)sz, &ks), sz);
+    }
+    ck_assert_mem_eq(e[1], e[0], (size_t)sz);
+    ck_assert_mem_eq(f[1][0], f[0][0], sizeof(float) * n);
+    ck_assert_mem_eq(f[1][1], f[0][1], sizeof(float) * n);
+    for (size_t i = 0; i < nh; i++) /* a float statistic, summed in another order */
+        ck_assert_double_eq_tol(f[1][2][i], f[0][2][i], 1e-5 * f[0][2][i] + 1e-6);
+    for (int v = 0; v < 2; v++) {
+        free(e[v]);
+        for (int j = 0; j < 3; j++)
+            free(f[v][j]);
+    }
+    free(raw);
+}
+END_TEST
+
 /* Normalised RMS error of every section of `kind` data decoded. */
 static double worst_err(const struct kern_layout *lay, const struct kern_recipe *rec,
                         const uint16_t *raw, int which_kind)
@@ -520,6 +627,9 @@ static Suite *codecs_suite(void)
     tcase_set_timeout(tc, daemon_slow() * 120);
     tcase_add_loop_test(tc, test_paths_same_bytes, 0, (int)(NSHAPES * NCODECS));
     tcase_add_loop_test(tc, test_constant_heads_same_bytes, 0, (int)(NSHAPES * NCODECS));
+    tcase_add_loop_test(tc, test_signed_zeros_same_bytes, 0, (int)(NSHAPES * NCODECS));
+    tcase_add_loop_test(tc, test_large_keys_same_bytes, 0, (int)(NSHAPES * NCODECS));
+    tcase_add_loop_test(tc, test_stats_same, 0, (int)(NSHAPES * NCODECS));
     tcase_add_loop_test(tc, test_error_bounds, 0, (int)NSHAPES);
     tcase_add_test(tc, test_rotation_lowers_key_error);
     tcase_add_test(tc, test_rotation_orthonormal);
