@@ -21,9 +21,12 @@
  * remote step adds the keys past the run (and the blocks it reads for them), and every later
  * step (the GPU moves, the disk and remote steps, the lease) takes those handles. A step
  * after one that may make room checks a handle with index_handle_ok (still its key's
- * committed block) and ends the hits before one that went. The stat lookup_index_finds
- * counts a KV lookup's finds: at most one per key asked for (tests: e2e_fast, e2e_disk,
- * e2e_remote).
+ * committed block) and ends the hits before one that went. A window's or a state's lookup
+ * (engine_lookup_kind) finds its keys when a step first asks for one (store_lookup_block:
+ * a state's span from the last key back stops at the first it finds) and hands the same
+ * handles to the remote step, the disk and pool steps of READY_ONLY, the span judged again
+ * and the lease. The stat lookup_index_finds counts a lookup's finds, of every kind: at
+ * most one per key asked for (tests: e2e_fast, e2e_disk, e2e_remote).
  * LAYERS. The daemon's files point down, never up: main → server → admin → acl → engine
  * (engine.c) → engine_disk, engine_gpu, engine_remote → quant → store (store.c,
  * store_policy.c) → index, fast, stats.h → log; config (with config_ns), loop, notify,
@@ -73,8 +76,8 @@ int engine_lookup(struct store *s, struct store_owner *o, uint32_t ns_id,
                   const struct kvc_wire_key *keys, uint32_t n, uint64_t now, uint64_t *lease_id,
                   struct kvc_wire_loc *locs);
 int engine_lookup_flags(struct store *s, struct store_owner *o, uint32_t ns_id,
-                        const struct kvc_wire_key *keys, uint32_t n, uint32_t flags,
-                        uint64_t now, uint64_t *lease_id, struct kvc_wire_loc *locs);
+                        const struct kvc_wire_key *keys, uint32_t n, uint32_t flags, uint64_t now,
+                        uint64_t *lease_id, struct kvc_wire_loc *locs);
 
 /* A LOOKUP of any kind: engine_lookup_flags for KV and K_ONLY (base must be 0); for
  * KV_WINDOW and STATE, over the span of keys[0..n) the kind answers with (store_lookup_span;
@@ -111,8 +114,8 @@ void engine_evict(struct store *s, uint32_t idx);
  * ladder there, its ladder steps (store_ladder_pick's rung goes one rung down, or its coldest
  * leaf out) until the room coming in the arena covers `need` bytes or a block left. NONE:
  * evict v as without a ladder. engine_alloc and the disk tier's trim both make room so. */
-enum engine_ladder_r engine_ladder_evict(struct store *s, uint32_t arena, uint32_t v,
-                                         uint64_t need, uint64_t now);
+enum engine_ladder_r engine_ladder_evict(struct store *s, uint32_t arena, uint32_t v, uint64_t need,
+                                         uint64_t now);
 /* A slot of ns's block size in its arena, evicting victims. 0, -ENOSPC (nothing can go:
  * with a disk tier, dirty blocks wait for their write), -errno. */
 int engine_alloc(struct store *s, struct store_ns *ns, uint64_t now, struct tier_loc *loc);

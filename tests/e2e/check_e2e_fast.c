@@ -26,8 +26,8 @@
 
 #define FP_BLOCKS 16
 
-static const char *const fp_args[] = {"-o", "host.size=16m", "-o", "host.page_size=64k", "-o",
-                                      "cache.policy=lru", NULL};
+static const char *const fp_args[] = {"-o", "host.size=16m",    "-o", "host.page_size=64k",
+                                      "-o", "cache.policy=lru", NULL};
 
 /* Puts a chain of n blocks of family f; keys to k. */
 static void fp_put(kvc_ns *ns, uint32_t f, uint32_t n, struct kvc_key *k)
@@ -148,21 +148,23 @@ static uint32_t fp_cached(kvc_ns *ns, const struct kvc_key *keys, uint32_t n)
 /* One LOOKUP of n keys asks the daemon's index at most n times (issue 31: each key is
  * resolved once and its block handed to every later step): the stat lookup_index_finds
  * around single socket lookups (fast path off, so every key reaches the daemon), all hits,
- * and hits then misses. */
+ * and hits then misses; of a window's or a state's span too, whose keys are judged, read
+ * and pinned with the blocks found once. */
 static uint64_t fp_lookup_finds(kvc_client *c, kvc_ns *ns, const struct kvc_key *k, uint32_t n,
-                                int want)
+                                unsigned flags, int want)
 {
-    uint64_t f0 = 0, f1 = 0, b0 = 0, b1 = 0;
+    uint64_t f0 = 0, f1 = 0, l0 = 0, l1 = 0;
     kvc_lease *l = NULL;
     ck_assert_int_eq(daemon_client_stat(c, 0, "lookup_index_finds", &f0), 0);
-    ck_assert_int_eq(daemon_client_stat(c, 0, "lookup_blocks", &b0), 0);
-    ck_assert_int_eq(kvc_lookup(ns, k, n, 0, &l), want);
+    ck_assert_int_eq(daemon_client_stat(c, 0, "lookups", &l0), 0);
+    ck_assert_int_eq(kvc_lookup(ns, k, n, flags, &l), want);
     kvc_release(l);
     ck_assert_int_eq(daemon_client_stat(c, 0, "lookup_index_finds", &f1), 0);
-    ck_assert_int_eq(daemon_client_stat(c, 0, "lookup_blocks", &b1), 0);
-    ck_assert_uint_eq(b1 - b0, n); /* one LOOKUP of n keys, counted */
-    printf("e2e_fast: a LOOKUP of %u keys (%d hits): %llu index resolutions\n", n, want,
-           (unsigned long long)(f1 - f0));
+    ck_assert_int_eq(daemon_client_stat(c, 0, "lookups", &l1), 0);
+    ck_assert_uint_eq(l1 - l0, 1); /* one LOOKUP of n keys, counted */
+    printf("e2e_fast: a LOOKUP of %u keys (kind %d, flags %u, %d hits): %llu index "
+           "resolutions\n",
+           n, kvc_ns_kind(ns), flags, want, (unsigned long long)(f1 - f0));
     return f1 - f0;
 }
 
@@ -180,9 +182,9 @@ START_TEST(test_lookup_resolves_once)
     ck_assert_int_eq(kvc_ns_open(c, &lay, &ns), 0);
     fp_put(ns, 1, FP_BLOCKS, k);
     ck_assert_int_eq(daemon_chain_keys(ns, 1, 0, FP_BLOCKS + 4, FP_BLOCKS + 4, k), 0);
-    ck_assert_uint_le(fp_lookup_finds(c, ns, k, FP_BLOCKS, FP_BLOCKS), FP_BLOCKS);
-    ck_assert_uint_le(fp_lookup_finds(c, ns, k, FP_BLOCKS + 4, FP_BLOCKS), FP_BLOCKS + 4);
-    ck_assert_uint_le(fp_lookup_finds(c, ns, k + FP_BLOCKS, 4, 0), 4);
+    ck_assert_uint_le(fp_lookup_finds(c, ns, k, FP_BLOCKS, 0, FP_BLOCKS), FP_BLOCKS);
+    ck_assert_uint_le(fp_lookup_finds(c, ns, k, FP_BLOCKS + 4, 0, FP_BLOCKS), FP_BLOCKS + 4);
+    ck_assert_uint_le(fp_lookup_finds(c, ns, k + FP_BLOCKS, 4, 0, 0), 4);
     kvc_disconnect(c);
     ck_assert_int_eq(daemon_stop(&d), 0);
     daemon_cleanup(&d);
@@ -335,6 +337,52 @@ START_TEST(test_fast_refuses_spans)
 }
 END_TEST
 
+/* A window's and a state's LOOKUP resolve each key once too (issue 31): the span is judged,
+ * its reads started and its blocks pinned with the blocks found first. Socket lookups (fast
+ * path off): a whole window, one behind a gap, ready-only ones, a state at the far end. */
+START_TEST(test_span_lookup_resolves_once)
+{
+    struct daemon d = {0};
+    kvc_client *c;
+    kvc_ns *w, *st;
+    struct kvc_layout lw = daemon_layout("e2e-span-swa", 16), ls = daemon_layout("e2e-span-st", 16);
+    struct kvc_key k[10];
+    ls.kv_kind = KVC_KV_KIND_STATE;
+    lw.kv_kind = KVC_KV_KIND_KV_WINDOW;
+    ck_assert_int_eq(daemon_start(&d, fp_args), 0);
+    setenv("KVC_NO_FASTPATH", "1", 1);
+    ck_assert_int_eq(kvc_connect(d.sock, &c), 0);
+    unsetenv("KVC_NO_FASTPATH");
+    ck_assert_int_eq(kvc_ns_open_window(c, &lw, 40, &w), 0); /* 3 blocks */
+    ck_assert_int_eq(kvc_ns_open(c, &ls, &st), 0);
+    uint8_t *buf = malloc(kvc_ns_block_bytes(w));
+    ck_assert_ptr_nonnull(buf);
+    for (uint32_t i = 0; i < 10; i++) {
+        const void *p = buf;
+        k[i] = (struct kvc_key){.lo = 0x59a7 + i, .hi = 31};
+        if (i == 8)
+            continue; /* never stored: a gap */
+        daemon_block_fill(&k[i], buf, kvc_ns_block_bytes(w));
+        ck_assert_int_eq(kvc_put_prefix(w, NULL, &k[i], 1, &p), 1);
+        if (i == 0) {
+            daemon_block_fill(&k[i], buf, kvc_ns_block_bytes(st));
+            ck_assert_int_eq(kvc_put_prefix(st, NULL, &k[i], 1, &p), 1);
+        }
+    }
+    ck_assert_int_eq(kvc_flush(c), 0);
+    ck_assert_uint_le(fp_lookup_finds(c, w, k, 8, 0, 3), 8);
+    ck_assert_uint_le(fp_lookup_finds(c, w, k, 8, KVC_LOOKUP_READY_ONLY, 3), 8);
+    ck_assert_uint_le(fp_lookup_finds(c, w, k, 10, 0, 3), 10); /* k[9]'s window has k[8] */
+    ck_assert_uint_le(fp_lookup_finds(c, st, k, 6, 0, 1), 6);  /* the state of prefix 1 */
+    ck_assert_uint_le(fp_lookup_finds(c, st, k, 6, KVC_LOOKUP_READY_ONLY, 1), 6);
+    ck_assert_uint_le(fp_lookup_finds(c, st, k + 1, 4, 0, 0), 4);
+    free(buf);
+    kvc_disconnect(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_cleanup(&d);
+}
+END_TEST
+
 /* A client that leaves with hits still unread in its ring (fewer than half a ring: it never
  * asked for room) has them read before its connection closes: every one counts. */
 START_TEST(test_fast_hits_counted_at_disconnect)
@@ -365,8 +413,7 @@ END_TEST
 
 START_TEST(test_fast_off_in_daemon)
 {
-    static const char *const args[] = {"-o", "host.size=16m", "-o", "server.fast_path=no",
-                                       NULL};
+    static const char *const args[] = {"-o", "host.size=16m", "-o", "server.fast_path=no", NULL};
     struct daemon d = {0};
     kvc_client *c;
     kvc_ns *ns;
@@ -508,7 +555,8 @@ static void *fp_thread_run(void *arg)
         dst[i] = malloc(bb);
     for (int r = 0; r < 1000; r++) {
         int h = kvc_get_prefix(t->ns, t->k, FP_BLOCKS, dst);
-        if (h != FP_BLOCKS || daemon_block_check(&t->k[r % FP_BLOCKS], dst[r % FP_BLOCKS], bb) != -1)
+        if (h != FP_BLOCKS ||
+            daemon_block_check(&t->k[r % FP_BLOCKS], dst[r % FP_BLOCKS], bb) != -1)
             break;
         t->hits += h;
     }
@@ -648,16 +696,14 @@ struct fp_torture {
 static int fp_torture_open(const struct fp_torture *t, kvc_client **c, kvc_ns **ns)
 {
     struct kvc_layout lay = daemon_layout(t->lossy ? "e2e-fast-lossy" : "e2e-fast-torture", 64);
-    struct kvc_quant q = {.allowed = 1u << KVC_CODEC_Q8_0,
-                          .k_codec = KVC_CODEC_Q8_0,
-                          .v_codec = KVC_CODEC_Q8_0};
+    struct kvc_quant q = {
+        .allowed = 1u << KVC_CODEC_Q8_0, .k_codec = KVC_CODEC_Q8_0, .v_codec = KVC_CODEC_Q8_0};
     if (kvc_connect(t->d->sock, c))
         return -1;
     return t->lossy ? kvc_ns_open_quant(*c, &lay, &q, ns) : kvc_ns_open(*c, &lay, ns);
 }
 
-static void fp_torture_fill(const struct fp_torture *t, const struct kvc_key *k, void *b,
-                            size_t bb)
+static void fp_torture_fill(const struct fp_torture *t, const struct kvc_key *k, void *b, size_t bb)
 {
     if (t->lossy)
         daemon_smooth_fill(k, b, bb / 2);
@@ -782,17 +828,17 @@ static void fp_torture_run(struct daemon *d, bool lossy, bool readback, int secs
 
 START_TEST(test_fast_torture)
 {
-    static const char *const args[] = {"-o", "host.size=16m", "-o", "host.page_size=64k", "-o",
-                                       "host.high_watermark=0.9", "-o", "host.low_watermark=0.5",
-                                       NULL};
+    static const char *const args[] = {
+        "-o", "host.size=16m",          "-o", "host.page_size=64k", "-o", "host.high_watermark=0.9",
+        "-o", "host.low_watermark=0.5", NULL};
     struct daemon d = {0};
     uint64_t fast = 0, evicted = 0;
     ck_assert_int_eq(daemon_start(&d, args), 0);
     fp_torture_run(&d, false, false, 4);
     ck_assert_int_eq(daemon_stat(&d, "fast_hits", &fast), 0);
     ck_assert_int_eq(daemon_stat(&d, "evicted_blocks", &evicted), 0);
-    fprintf(stderr, "e2e_fast: torture: %llu fast hits, %llu evictions\n",
-            (unsigned long long)fast, (unsigned long long)evicted);
+    fprintf(stderr, "e2e_fast: torture: %llu fast hits, %llu evictions\n", (unsigned long long)fast,
+            (unsigned long long)evicted);
     ck_assert_uint_gt(fast, 0);
     ck_assert_uint_gt(evicted, 0);
     ck_assert_int_eq(daemon_roundtrip(&d), 0);
@@ -810,10 +856,10 @@ START_TEST(test_fast_torture_moves)
     char o_disk[DAEMON_PATH_MAX + 32];
     ck_assert_int_eq(daemon_dir_init(&d), 0);
     snprintf(o_disk, sizeof(o_disk), "disk.path=%s/disk", d.dir);
-    const char *const args[] = {"-o", "host.size=16m", "-o", "host.page_size=64k", "-o",
-                                "host.high_watermark=0.9", "-o", "host.low_watermark=0.6", "-o",
-                                "cache.policy=lru", "-o", o_disk, "-o", "disk.capacity=64m",
-                                NULL};
+    const char *const args[] = {"-o", "host.size=16m",           "-o", "host.page_size=64k",
+                                "-o", "host.high_watermark=0.9", "-o", "host.low_watermark=0.6",
+                                "-o", "cache.policy=lru",        "-o", o_disk,
+                                "-o", "disk.capacity=64m",       NULL};
     uint64_t fast = 0, quant = 0, promoted = 0, demoted = 0;
     ck_assert_int_eq(daemon_start(&d, args), 0);
     fp_torture_run(&d, true, true, 5);
@@ -914,9 +960,8 @@ START_TEST(test_fast_ring_lies)
     struct kvc_fast_hit *e = (struct kvc_fast_hit *)(r + 1);
     uint64_t head = r->head;
     /* a namespace it never opened; a block index past the pool; a key of nothing; ns 0 */
-    e[head++ % KVC_FAST_RING_ENTS] =
-        (struct kvc_fast_hit){.ns = kvc_ns_id(vns), .block = 0, .klo = vk[0].lo, .khi = vk[0].hi,
-                              .nkeys = 1};
+    e[head++ % KVC_FAST_RING_ENTS] = (struct kvc_fast_hit){
+        .ns = kvc_ns_id(vns), .block = 0, .klo = vk[0].lo, .khi = vk[0].hi, .nkeys = 1};
     e[head++ % KVC_FAST_RING_ENTS] = (struct kvc_fast_hit){
         .ns = kvc_ns_id(ns), .block = 0x7fffffff, .klo = 1, .khi = 2, .nkeys = 1};
     e[head++ % KVC_FAST_RING_ENTS] =
@@ -961,8 +1006,7 @@ START_TEST(test_fast_ns_reused)
     fp_put(na, 30, 4, k);
     ck_assert_int_eq(fp_get_check(na, k, 4), 4);
     snprintf(id, sizeof(id), "%u", kvc_ns_id(na));
-    ck_assert_int_eq(daemon_kvcctl(&d, out, sizeof(out), err, sizeof(err), "ns", "drop", id,
-                                   NULL),
+    ck_assert_int_eq(daemon_kvcctl(&d, out, sizeof(out), err, sizeof(err), "ns", "drop", id, NULL),
                      0);
     ck_assert_int_eq(kvc_connect(d.sock, &b), 0);
     ck_assert_int_eq(kvc_ns_open(b, &lb, &nb), 0);
@@ -1044,6 +1088,7 @@ int main(void)
     tcase_add_test(tc, test_fast_daemon_gone);
     tcase_add_test(tc, test_fast_full_arena_4k);
     tcase_add_test(tc, test_fast_refuses_spans);
+    tcase_add_test(tc, test_span_lookup_resolves_once);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
