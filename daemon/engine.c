@@ -58,17 +58,17 @@ static int engine_policy_trim_from(struct store *s, uint32_t a, uint64_t now, bo
                                    uint64_t t0, int before);
 
 /* The policy engine (engine_policy_trim): see store_policy.c's DESIGN. */
-#define ENGINE_POLICY_SAMPLE 32    /* candidates per engine round from the LRU tail */
-#define ENGINE_POLICY_WINDOW 256   /* tail entries a round looks at past the first */
-#define ENGINE_POLICY_PROBES 16    /* random probes per engine round */
-#define ENGINE_POLICY_ROUNDS 4096  /* rounds per trim of one arena */
-#define ENGINE_POLICY_WALK 65536   /* tail entries looked at for the first candidate */
-#define ENGINE_POLICY_DISK_BPS 2e9 /* bytes per second a disk read is costed at */
+#define ENGINE_POLICY_SAMPLE 32     /* candidates per engine round from the LRU tail */
+#define ENGINE_POLICY_WINDOW 256    /* tail entries a round looks at past the first */
+#define ENGINE_POLICY_PROBES 16     /* random probes per engine round */
+#define ENGINE_POLICY_ROUNDS 4096   /* rounds per trim of one arena */
+#define ENGINE_POLICY_WALK 65536    /* tail entries looked at for the first candidate */
+#define ENGINE_POLICY_DISK_BPS 2e9  /* bytes per second a disk read is costed at */
 
-#define ENGINE_STAT_ADD(s, nsp, field, v)                                                          \
-    do {                                                                                           \
-        (s)->total.field += (v);                                                                   \
-        (nsp)->stats.field += (v);                                                                 \
+#define ENGINE_STAT_ADD(s, nsp, field, v)                                                      \
+    do {                                                                                       \
+        (s)->total.field += (v);                                                               \
+        (nsp)->stats.field += (v);                                                             \
     } while (0)
 
 /* Whether b sits on its arena's clean list (store.c keeps the lists). */
@@ -113,7 +113,7 @@ static bool engine_victim_heap_ok(const struct store *s, uint32_t i, void *arg)
  * clean or the dirty list of `arena`), preferring size class `cls` (its slot serves the
  * pending allocation directly). */
 static uint32_t engine_victim_list(struct store *s, uint32_t arena, bool clean,
-                                   enum engine_victim_mode mode, int cls, uint64_t now)
+                                  enum engine_victim_mode mode, int cls, uint64_t now)
 {
     struct policy_block cand[ENGINE_EVICT_SAMPLE + ENGINE_EVICT_PROBES];
     size_t n = 0;
@@ -327,8 +327,8 @@ static enum engine_ladder_r engine_ladder_out_but(struct store *s, struct store_
     }
     if (s->disk && !engine_clean(&s->ix.blocks[v])) {
         struct policy_pressure pr = {.bytes_to_free = s->ix.blocks[v].len,
-                                     .actions =
-                                         1u << POLICY_ACTION_DROP | 1u << POLICY_ACTION_OFFLOAD,
+                                     .actions = 1u << POLICY_ACTION_DROP |
+                                                1u << POLICY_ACTION_OFFLOAD,
                                      .offload_min_hits = engine_disk_admit_hits(s),
                                      .miss_cost = 1.0,
                                      .disk_cost = 0.1};
@@ -466,8 +466,8 @@ static enum engine_ladder_r engine_ladder_room(struct store *s, struct store_ns 
     return r;
 }
 
-enum engine_ladder_r engine_ladder_evict(struct store *s, uint32_t arena, uint32_t v, uint64_t need,
-                                         uint64_t now)
+enum engine_ladder_r engine_ladder_evict(struct store *s, uint32_t arena, uint32_t v,
+                                         uint64_t need, uint64_t now)
 {
     struct store_ns *vns = s->ns[s->ix.blocks[v].ns];
     if (vns->rungs < 2 || vns->policy == POLICY_LRU || vns->arena != arena)
@@ -529,8 +529,8 @@ static int engine_alloc_put(struct store *s, struct store_ns *ns, uint64_t now,
         uint64_t limit = cap - cap / ENGINE_READ_RESERVE_DIV;
         if (dirty + ns->block_bytes > limit) {
             /* Write-back past its usual target: this put (and the ones behind it) wait. */
-            engine_disk_write_ahead(
-                s, ns->arena, dirty + ns->block_bytes - limit + cap / ENGINE_READ_RESERVE_DIV, now);
+            engine_disk_write_ahead(s, ns->arena, dirty + ns->block_bytes - limit +
+                                                      cap / ENGINE_READ_RESERVE_DIV, now);
             return -ENOSPC;
         }
     }
@@ -587,7 +587,7 @@ engine:
 }
 
 int engine_evict_where(struct store *s, uint32_t ns_id, uint32_t arena, uint64_t keep_bytes,
-                       bool flush, uint64_t now)
+                      bool flush, uint64_t now)
 {
     uint32_t lists[2 * (STORE_MAX_ARENAS + 2)][2], nl = 0, *cand = NULL, ncand, cap = 0;
     int n = 0;
@@ -742,8 +742,8 @@ static int engine_policy_round(struct store *s, uint32_t a, uint64_t to_free, ui
         if (ns->layout.layers <= POLICY_MAX_LAYERS) {
             pr.layers = ns->layout.layers;
             for (uint32_t l = 0; l < pr.layers; l++)
-                plan[l] =
-                    l < KVC_WIRE_QUANT_RAW_LAYERS(f) ? POLICY_CODEC_RAW : engine_policy_codec(c);
+                plan[l] = l < KVC_WIRE_QUANT_RAW_LAYERS(f) ? POLICY_CODEC_RAW
+                                                           : engine_policy_codec(c);
             pr.layer_codec = plan;
         }
     }
@@ -760,8 +760,8 @@ static int engine_policy_round(struct store *s, uint32_t a, uint64_t to_free, ui
      * probes of the pool for younger inner blocks. */
     if (a == ns->arena) {
         uint32_t first[ENGINE_POLICY_PROBES];
-        uint32_t nf =
-            store_heap_first(s, ns, engine_policy_heap_ok, NULL, first, ENGINE_POLICY_PROBES);
+        uint32_t nf = store_heap_first(s, ns, engine_policy_heap_ok, NULL, first,
+                                       ENGINE_POLICY_PROBES);
         for (uint32_t k = 0; k < nf; k++) {
             bool dup = false;
             for (size_t j = 0; j < n && !dup; j++)
@@ -1061,7 +1061,7 @@ void engine_attach(struct store *s)
 
 void engine_stop(struct store *s)
 {
-    engine_gpu_stop(s);   /* its copies read and write the arenas */
+    engine_gpu_stop(s); /* its copies read and write the arenas */
     quant_free(s->quant); /* its jobs hold slots of the arenas */
     s->quant = NULL;
     engine_remote_free(s); /* its reads and writes hold slots and pins */

@@ -15,6 +15,7 @@
 
 #include "client/kvc_fast.h"
 #include "daemon/fast.h"
+#include "tests/lib/daemon.h"
 
 /* A reader's view, mapped from a read-only descriptor as a client maps it. */
 struct fx_view {
@@ -257,9 +258,5 @@ static Suite *fast_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(fast_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return daemon_suite_run(fast_suite());
 }

@@ -9,6 +9,7 @@
 
 #include "client/kvc.h"
 #include "client/libkvc_internal.h"
+#include "tests/lib/daemon.h"
 
 static struct kvc_wire_layout layout(const char *model, uint32_t block_tokens)
 {
@@ -134,9 +135,5 @@ int main(void)
     tcase_add_test(tc, test_long_blocks);
     tcase_add_test(tc, test_key_chain_dirty_stack);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return daemon_suite_run(s);
 }

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "tiers/slab.h"
+#include "tests/lib/daemon.h"
 
 #define KiB (1024ull)
 #define MiB (1024ull * 1024)
@@ -441,9 +442,5 @@ static Suite *slab_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(slab_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return daemon_suite_run(slab_suite());
 }

@@ -1106,7 +1106,6 @@ int main(void)
 {
     Suite *s = suite_create("e2e_disk");
     TCase *tc = tcase_create("disk");
-    int failed;
     dir_make(); /* where the cases will run: does it take O_DIRECT? */
     if (dir[0])
         rmdir(dir);
@@ -1139,9 +1138,5 @@ int main(void)
     tcase_add_test(tc, test_hits_counted_once);
     tcase_add_test(tc, test_disk_lookup_resolves_once);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return daemon_suite_run(s);
 }

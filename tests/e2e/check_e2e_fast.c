@@ -26,8 +26,8 @@
 
 #define FP_BLOCKS 16
 
-static const char *const fp_args[] = {"-o", "host.size=16m",    "-o", "host.page_size=64k",
-                                      "-o", "cache.policy=lru", NULL};
+static const char *const fp_args[] = {"-o", "host.size=16m", "-o", "host.page_size=64k", "-o",
+                                      "cache.policy=lru", NULL};
 
 /* Puts a chain of n blocks of family f; keys to k. */
 static void fp_put(kvc_ns *ns, uint32_t f, uint32_t n, struct kvc_key *k)
@@ -413,7 +413,8 @@ END_TEST
 
 START_TEST(test_fast_off_in_daemon)
 {
-    static const char *const args[] = {"-o", "host.size=16m", "-o", "server.fast_path=no", NULL};
+    static const char *const args[] = {"-o", "host.size=16m", "-o", "server.fast_path=no",
+                                       NULL};
     struct daemon d = {0};
     kvc_client *c;
     kvc_ns *ns;
@@ -555,8 +556,7 @@ static void *fp_thread_run(void *arg)
         dst[i] = malloc(bb);
     for (int r = 0; r < 1000; r++) {
         int h = kvc_get_prefix(t->ns, t->k, FP_BLOCKS, dst);
-        if (h != FP_BLOCKS ||
-            daemon_block_check(&t->k[r % FP_BLOCKS], dst[r % FP_BLOCKS], bb) != -1)
+        if (h != FP_BLOCKS || daemon_block_check(&t->k[r % FP_BLOCKS], dst[r % FP_BLOCKS], bb) != -1)
             break;
         t->hits += h;
     }
@@ -696,14 +696,16 @@ struct fp_torture {
 static int fp_torture_open(const struct fp_torture *t, kvc_client **c, kvc_ns **ns)
 {
     struct kvc_layout lay = daemon_layout(t->lossy ? "e2e-fast-lossy" : "e2e-fast-torture", 64);
-    struct kvc_quant q = {
-        .allowed = 1u << KVC_CODEC_Q8_0, .k_codec = KVC_CODEC_Q8_0, .v_codec = KVC_CODEC_Q8_0};
+    struct kvc_quant q = {.allowed = 1u << KVC_CODEC_Q8_0,
+                          .k_codec = KVC_CODEC_Q8_0,
+                          .v_codec = KVC_CODEC_Q8_0};
     if (kvc_connect(t->d->sock, c))
         return -1;
     return t->lossy ? kvc_ns_open_quant(*c, &lay, &q, ns) : kvc_ns_open(*c, &lay, ns);
 }
 
-static void fp_torture_fill(const struct fp_torture *t, const struct kvc_key *k, void *b, size_t bb)
+static void fp_torture_fill(const struct fp_torture *t, const struct kvc_key *k, void *b,
+                            size_t bb)
 {
     if (t->lossy)
         daemon_smooth_fill(k, b, bb / 2);
@@ -828,17 +830,17 @@ static void fp_torture_run(struct daemon *d, bool lossy, bool readback, int secs
 
 START_TEST(test_fast_torture)
 {
-    static const char *const args[] = {
-        "-o", "host.size=16m",          "-o", "host.page_size=64k", "-o", "host.high_watermark=0.9",
-        "-o", "host.low_watermark=0.5", NULL};
+    static const char *const args[] = {"-o", "host.size=16m", "-o", "host.page_size=64k", "-o",
+                                       "host.high_watermark=0.9", "-o", "host.low_watermark=0.5",
+                                       NULL};
     struct daemon d = {0};
     uint64_t fast = 0, evicted = 0;
     ck_assert_int_eq(daemon_start(&d, args), 0);
     fp_torture_run(&d, false, false, 4);
     ck_assert_int_eq(daemon_stat(&d, "fast_hits", &fast), 0);
     ck_assert_int_eq(daemon_stat(&d, "evicted_blocks", &evicted), 0);
-    fprintf(stderr, "e2e_fast: torture: %llu fast hits, %llu evictions\n", (unsigned long long)fast,
-            (unsigned long long)evicted);
+    fprintf(stderr, "e2e_fast: torture: %llu fast hits, %llu evictions\n",
+            (unsigned long long)fast, (unsigned long long)evicted);
     ck_assert_uint_gt(fast, 0);
     ck_assert_uint_gt(evicted, 0);
     ck_assert_int_eq(daemon_roundtrip(&d), 0);
@@ -856,10 +858,10 @@ START_TEST(test_fast_torture_moves)
     char o_disk[DAEMON_PATH_MAX + 32];
     ck_assert_int_eq(daemon_dir_init(&d), 0);
     snprintf(o_disk, sizeof(o_disk), "disk.path=%s/disk", d.dir);
-    const char *const args[] = {"-o", "host.size=16m",           "-o", "host.page_size=64k",
-                                "-o", "host.high_watermark=0.9", "-o", "host.low_watermark=0.6",
-                                "-o", "cache.policy=lru",        "-o", o_disk,
-                                "-o", "disk.capacity=64m",       NULL};
+    const char *const args[] = {"-o", "host.size=16m", "-o", "host.page_size=64k", "-o",
+                                "host.high_watermark=0.9", "-o", "host.low_watermark=0.6", "-o",
+                                "cache.policy=lru", "-o", o_disk, "-o", "disk.capacity=64m",
+                                NULL};
     uint64_t fast = 0, quant = 0, promoted = 0, demoted = 0;
     ck_assert_int_eq(daemon_start(&d, args), 0);
     fp_torture_run(&d, true, true, 5);
@@ -960,8 +962,9 @@ START_TEST(test_fast_ring_lies)
     struct kvc_fast_hit *e = (struct kvc_fast_hit *)(r + 1);
     uint64_t head = r->head;
     /* a namespace it never opened; a block index past the pool; a key of nothing; ns 0 */
-    e[head++ % KVC_FAST_RING_ENTS] = (struct kvc_fast_hit){
-        .ns = kvc_ns_id(vns), .block = 0, .klo = vk[0].lo, .khi = vk[0].hi, .nkeys = 1};
+    e[head++ % KVC_FAST_RING_ENTS] =
+        (struct kvc_fast_hit){.ns = kvc_ns_id(vns), .block = 0, .klo = vk[0].lo, .khi = vk[0].hi,
+                              .nkeys = 1};
     e[head++ % KVC_FAST_RING_ENTS] = (struct kvc_fast_hit){
         .ns = kvc_ns_id(ns), .block = 0x7fffffff, .klo = 1, .khi = 2, .nkeys = 1};
     e[head++ % KVC_FAST_RING_ENTS] =
@@ -1006,7 +1009,8 @@ START_TEST(test_fast_ns_reused)
     fp_put(na, 30, 4, k);
     ck_assert_int_eq(fp_get_check(na, k, 4), 4);
     snprintf(id, sizeof(id), "%u", kvc_ns_id(na));
-    ck_assert_int_eq(daemon_kvcctl(&d, out, sizeof(out), err, sizeof(err), "ns", "drop", id, NULL),
+    ck_assert_int_eq(daemon_kvcctl(&d, out, sizeof(out), err, sizeof(err), "ns", "drop", id,
+                                   NULL),
                      0);
     ck_assert_int_eq(kvc_connect(d.sock, &b), 0);
     ck_assert_int_eq(kvc_ns_open(b, &lb, &nb), 0);
@@ -1066,8 +1070,6 @@ int main(void)
 {
     Suite *s = suite_create("e2e_fast");
     TCase *tc = tcase_create("fast");
-    SRunner *sr;
-    int failed;
     if (daemon_suite_init("e2e_fast"))
         return 1;
     tcase_set_timeout(tc, daemon_slow() * 120);
@@ -1090,10 +1092,5 @@ int main(void)
     tcase_add_test(tc, test_fast_refuses_spans);
     tcase_add_test(tc, test_span_lookup_resolves_once);
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    daemon_suite_fini();
-    return failed ? 1 : 0;
+    return daemon_suite_run(s);
 }

@@ -1121,8 +1121,6 @@ int main(void)
 {
     Suite *s = suite_create("e2e_gpu");
     TCase *tc = tcase_create("host");
-    SRunner *sr;
-    int failed;
     tcase_set_timeout(tc, daemon_slow() * 60);
     tcase_add_checked_fixture(tc, ge_setup, ge_teardown);
     tcase_add_test(tc, test_paged_host_two_processes);
@@ -1171,10 +1169,5 @@ int main(void)
     fflush(stdout);
     if (daemon_suite_init("e2e-gpu"))
         return 1;
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    daemon_suite_fini();
-    return failed ? 1 : 0;
+    return daemon_suite_run(s);
 }

@@ -1025,8 +1025,6 @@ static TCase *gf_case(Suite *s, const char *name, void (*setup)(void), void (*te
 int main(void)
 {
     Suite *s = suite_create("e2e_gpu_fake");
-    SRunner *sr;
-    int failed;
     TCase *tf = gf_case(s, "fake-pool", gf_setup, gf_teardown);
     tcase_add_test(tf, test_attach_keeps_current_device);
     tcase_add_test(tf, test_pool_copies_land_in_order);
@@ -1043,10 +1041,5 @@ int main(void)
     fflush(stdout);
     if (daemon_suite_init("e2e-gpu-fake"))
         return 1;
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    daemon_suite_fini();
-    return failed ? 1 : 0;
+    return daemon_suite_run(s);
 }

@@ -38,6 +38,7 @@
 #include "client/kvc_proto.h"
 #include "tests/lib/daemon.h"
 #include "tests/lib/rcluster.h"
+#include "tests/lib/kinds.h"
 #include "tiers/remote_rec.h"
 #include "tiers/remote_seal.h"
 
@@ -1043,33 +1044,13 @@ END_TEST
 
 static kvc_ns *kind_open(kvc_client *c, const char *model, enum kvc_kv_kind kind)
 {
-    struct kvc_layout l = daemon_layout(model, BT);
-    kvc_ns *ns = NULL;
-    l.kv_kind = kind;
-    int r = kind == KVC_KV_KIND_KV_WINDOW ? kvc_ns_open_window(c, &l, KWIN, &ns)
-                                          : kvc_ns_open(c, &l, &ns);
-    ck_assert_msg(r == 0, "open %s: %s", model, kvc_strerror(r));
-    return ns;
+    return kinds_open(c, daemon_layout(model, BT), kind, KWIN);
 }
 
 static void kind_keys(struct kvc_key *k, uint32_t n, uint64_t salt)
 {
     for (uint32_t i = 0; i < n; i++)
         k[i] = (struct kvc_key){.lo = salt * 1000 + i + 1, .hi = 0x72656d6b696e64ull ^ salt};
-}
-
-/* Puts keys[i] for every i in idx[0..m), each as its own root (a window's block, a state). */
-static void kind_put(kvc_ns *ns, const struct kvc_key *keys, const int *idx, int m)
-{
-    size_t bb = kvc_ns_block_bytes(ns);
-    uint8_t *buf = malloc(bb);
-    ck_assert_ptr_nonnull(buf);
-    for (int j = 0; j < m; j++) {
-        const void *p = buf;
-        daemon_block_fill(&keys[idx[j]], buf, bb);
-        ck_assert_int_eq(kvc_put_prefix(ns, NULL, &keys[idx[j]], 1, &p), 1);
-    }
-    free(buf);
 }
 
 /* Looks keys[0..n) up in daemon d: the hits must be keys[first..first + hits), byte for
@@ -1079,24 +1060,13 @@ static void kind_put(kvc_ns *ns, const struct kvc_key *keys, const int *idx, int
 static void kind_expect(const struct daemon *d, kvc_ns *ns, const struct kvc_key *keys, uint32_t n,
                         size_t first, int hits)
 {
-    kvc_lease *l = NULL;
     uint64_t f0 = stat_of(d, "lookup_index_finds"), l0 = stat_of(d, "lookups");
-    int h = kvc_lookup(ns, keys, n, 0, &l);
+    kinds_expect(ns, keys, n, first, hits);
     uint64_t f1 = stat_of(d, "lookup_index_finds"), l1 = stat_of(d, "lookups");
     printf("e2e_remote: %llu LOOKUPs of %u keys (kind %d): %llu index resolutions\n",
            (unsigned long long)(l1 - l0), n, kvc_ns_kind(ns), (unsigned long long)(f1 - f0));
     ck_assert_uint_ge(l1 - l0, 1);
     ck_assert_uint_le(f1 - f0, (l1 - l0) * n);
-    ck_assert_msg(h == hits, "prefix %u: %d hits, want %d", n, h, hits);
-    if (!h)
-        return;
-    ck_assert_msg(kvc_lease_first(l) == first, "prefix %u: first %zu, want %zu", n,
-                  kvc_lease_first(l), first);
-    for (int i = 0; i < h; i++)
-        ck_assert_msg(daemon_block_check(&keys[first + (size_t)i], kvc_lease_data(l, (size_t)i),
-                                         kvc_ns_block_bytes(ns)) < 0,
-                      "prefix %u hit %d: wrong bytes", n, i);
-    ck_assert_int_eq(kvc_release(l), 0);
 }
 
 /* Window blocks and states written behind by A are found by B, which holds none of them: a
@@ -1121,8 +1091,8 @@ START_TEST(test_window_and_state_cross_daemon)
     kvc_ns *sb = kind_open(cb, "e2e/remote-state", KVC_KV_KIND_STATE);
     kind_keys(k, 12, 1);
     /* Window blocks 0..1 and 4..11 (2 and 3 never stored); states at the ends of 3 and 6. */
-    kind_put(wa, k, (const int[]){0, 1, 4, 5, 6, 7, 8, 9, 10, 11}, 10);
-    kind_put(sa, k, (const int[]){2, 5}, 2);
+    kinds_put_roots(wa, k, (const int[]){0, 1, 4, 5, 6, 7, 8, 9, 10, 11}, 10);
+    kinds_put_roots(sa, k, (const int[]){2, 5}, 2);
     ck_assert_msg(stat_wait(&a, "remote_written_blocks", 12, 10000), "A wrote %llu blocks",
                   (unsigned long long)stat_of(&a, "remote_written_blocks"));
     kind_expect(&b, wb, k, 12, 9, 3); /* the longest prefix: its window, from the cluster */
@@ -1182,8 +1152,8 @@ START_TEST(test_kind_records_never_cross)
     kvc_ns *kb = kind_open(cb, "e2e/remote-cross", KVC_KV_KIND_KV);
     kvc_ns *wc = kind_open(cc, "e2e/remote-cross", KVC_KV_KIND_KV_WINDOW);
     kind_keys(k, 4, 2);
-    kind_put(wa, k, (const int[]){0}, 1);
-    kind_put(kb, k, (const int[]){1}, 1);
+    kinds_put_roots(wa, k, (const int[]){0}, 1);
+    kinds_put_roots(kb, k, (const int[]){1}, 1);
     ck_assert(stat_wait(&a, "remote_written_blocks", 1, 10000));
     ck_assert(stat_wait(&b, "remote_written_blocks", 1, 10000));
     /* A's window block 0 under B's KV key of block 0. */

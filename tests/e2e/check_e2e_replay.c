@@ -375,8 +375,6 @@ int main(void)
 {
     Suite *s = suite_create("e2e_replay");
     TCase *tc = tcase_create("replay");
-    SRunner *sr;
-    int failed;
     tcase_add_checked_fixture(tc, rep_setup, rep_teardown);
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_replay_one_process_hits_as_infinite_cache);
@@ -389,10 +387,5 @@ int main(void)
     suite_add_tcase(s, tc);
     if (daemon_suite_init("e2e-replay"))
         return 1;
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    daemon_suite_fini();
-    return failed ? 1 : 0;
+    return daemon_suite_run(s);
 }
