@@ -16,6 +16,7 @@
 #include "client/kvc_fast.h"
 #include "daemon/fast.h"
 #include "tests/lib/daemon.h"
+#include "tests/lib/rng.h"
 
 /* A reader's view, mapped from a read-only descriptor as a client maps it. */
 struct fx_view {
@@ -69,10 +70,7 @@ static const struct kvc_fast_ent *fx_find(const struct fx_view *v, uint16_t ns, 
 static uint64_t fx_rng = 0x9e3779b97f4a7c15ull;
 static uint64_t fx_rand(void)
 {
-    fx_rng ^= fx_rng << 13;
-    fx_rng ^= fx_rng >> 7;
-    fx_rng ^= fx_rng << 17;
-    return fx_rng;
+    return rng_next(&fx_rng);
 }
 
 #define MiB (1024ull * 1024)

@@ -10,18 +10,13 @@
 #include "client/kvc.h"
 #include "client/libkvc_internal.h"
 #include "tests/lib/daemon.h"
+#include "tests/lib/layout.h"
 
 static struct kvc_wire_layout layout(const char *model, uint32_t block_tokens)
 {
-    struct kvc_wire_layout l;
-    memset(&l, 0, sizeof(l));
-    snprintf(l.model_id, sizeof(l.model_id), "%s", model);
-    l.layers = 32;
+    struct kvc_wire_layout l = layout_fp16(model, 32, 0); /* fp16 K and V, 128 channels */
     l.kv_heads = 8;
-    l.head_dim = 128;
     l.block_tokens = block_tokens;
-    l.dtype = KVC_WIRE_DTYPE_FP16;
-    l.kv_kind = KVC_WIRE_KV_KIND_KV;
     return l;
 }
 

@@ -57,8 +57,7 @@ static void setup_size(uint64_t host, uint64_t page, double high, double low)
 
 static void teardown(void)
 {
-    store_owner_fini(s, &o);
-    store_fixture_free(s);
+    store_fixture_free(s, &o);
     s = NULL;
     q = NULL;
 }

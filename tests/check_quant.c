@@ -35,8 +35,7 @@ static void setup(void)
 
 static void teardown(void)
 {
-    store_owner_fini(s, &o);
-    store_fixture_free(s); /* frees q */
+    store_fixture_free(s, &o); /* frees q */
     s = NULL;
     q = NULL;
 }

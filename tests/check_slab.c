@@ -9,6 +9,7 @@
 
 #include "tiers/slab.h"
 #include "tests/lib/daemon.h"
+#include "tests/lib/rng.h"
 
 #define KiB (1024ull)
 #define MiB (1024ull * 1024)
@@ -320,10 +321,7 @@ static uint64_t rnd_state;
 
 static uint64_t rnd(void)
 {
-    rnd_state ^= rnd_state << 13;
-    rnd_state ^= rnd_state >> 7;
-    rnd_state ^= rnd_state << 17;
-    return rnd_state;
+    return rng_next(&rnd_state);
 }
 
 /* Thousands of random allocs and frees of mixed sizes against a model: the live slots and

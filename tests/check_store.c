@@ -34,7 +34,7 @@ static void setup(void)
 
 static void teardown(void)
 {
-    store_fixture_free(s);
+    store_fixture_free(s, NULL);
     s = NULL;
 }
 

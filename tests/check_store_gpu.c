@@ -61,7 +61,7 @@ static void setup(void)
 
 static void teardown(void)
 {
-    store_fixture_free(s);
+    store_fixture_free(s, NULL);
     s = NULL;
     ck_assert_int_eq(fake_dev.pools_live, 0);
     ck_assert_int_eq(fake_dev.registered, 0);
@@ -158,11 +158,11 @@ START_TEST(test_no_device)
     ck_assert_ptr_null(st->gpu);
     ck_assert_uint_eq(st->narenas, 1);
     ck_assert_uint_eq(store_gpu_capacity(st), 0);
-    store_fixture_free(st);
+    store_fixture_free(st, NULL);
     st = store_with_gpu(1, 0); /* not configured */
     ck_assert_ptr_null(st->gpu);
     ck_assert_int_eq(fake_dev.pools_live, 0);
-    store_fixture_free(st);
+    store_fixture_free(st, NULL);
 }
 END_TEST
 

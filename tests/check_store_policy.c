@@ -46,8 +46,7 @@ static void setup(void)
 
 static void teardown(void)
 {
-    store_owner_fini(s, &o);
-    store_fixture_free(s);
+    store_fixture_free(s, &o);
     s = NULL;
     q = NULL;
 }

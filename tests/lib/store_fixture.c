@@ -35,10 +35,13 @@ struct store *store_fixture_new(const struct store_params *p, struct quant **q)
     return s;
 }
 
-void store_fixture_free(struct store *s)
+void store_fixture_free(struct store *s, struct store_owner *o)
 {
-    if (s)
-        engine_stop(s);
+    if (!s)
+        return;
+    if (o)
+        store_owner_fini(s, o);
+    engine_stop(s);
     store_free(s);
 }
 

@@ -19,8 +19,9 @@ struct store_params store_fixture_params(void);
 /* store_new(p) with the engine attached; with q, a quantize worker too (quant_new, freed
  * with the store). Fails the case when either cannot start. */
 struct store *store_fixture_new(const struct store_params *p, struct quant **q);
-/* engine_stop() and store_free(); NULL is a no-op. */
-void store_fixture_free(struct store *s);
+/* Releases what o holds (store_owner_fini; o may be NULL), then engine_stop() and
+ * store_free(); a NULL store is a no-op. */
+void store_fixture_free(struct store *s, struct store_owner *o);
 /* Opens layout_fp16(model, layers, flags) in s (created or found): its id. */
 uint32_t store_fixture_ns(struct store *s, const char *model, uint32_t layers, uint32_t flags);
 
