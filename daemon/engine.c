@@ -869,13 +869,14 @@ int engine_lookup(struct store *s, struct store_owner *o, uint32_t ns_id,
 
 /* engine_lookup_flags, and for the kinds' spans: with ENGINE_LOOKUP_F_WHOLE all n hits or
  * none (a window cut short is no prefix's window), no remote read past the run with
- * KVC_LOOKUP_F_LOCAL, and fetched[i] set for the keys engine_lookup_kind had read from the
- * remote tier (counted as its hits, not the host's). */
+ * KVC_LOOKUP_F_LOCAL, fetched[i] set for the keys engine_lookup_kind had read from the
+ * remote tier (counted as its hits, not the host's), and found[0..n) the blocks it had found
+ * for keys[0..n) (NULL: this lookup finds them). */
 #define ENGINE_LOOKUP_F_WHOLE 0x40000000u
 static int engine_lookup_keys(struct store *s, struct store_owner *o, uint32_t ns_id,
                               const struct kvc_wire_key *keys, uint32_t n, uint32_t flags,
                               uint64_t now, uint64_t *lease_id, struct kvc_wire_loc *locs,
-                              const uint8_t *fetched)
+                              const uint8_t *fetched, const uint32_t *found)
 {
     uint8_t tier[KVC_PROTO_MAX_KEYS]; /* where each hit was found, before any promotion */
     struct store_lookup_blocks lb;    /* each key found once, handed to every step below */
@@ -886,7 +887,13 @@ static int engine_lookup_keys(struct store *s, struct store_owner *o, uint32_t n
         return -ENOENT;
     if (s->gpu)
         engine_gpu_refresh(s); /* hits name the places of the moves that have landed */
-    run = store_lookup_run(s, ns_id, keys, n, &lb);
+    if (found) {
+        lb.n = n < KVC_PROTO_MAX_KEYS ? n : KVC_PROTO_MAX_KEYS;
+        memcpy(lb.idx, found, lb.n * sizeof(*found));
+        run = store_lookup_run_found(s, ns_id, keys, n, lb.idx);
+    } else {
+        run = store_lookup_run(s, ns_id, keys, n, &lb);
+    }
     while (hits < run) {
         uint32_t idx = lb.idx[hits];
         /* A move of an earlier hit into the pool may have made room there by dropping it. */
@@ -935,7 +942,7 @@ int engine_lookup_flags(struct store *s, struct store_owner *o, uint32_t ns_id,
                         const struct kvc_wire_key *keys, uint32_t n, uint32_t flags, uint64_t now,
                         uint64_t *lease_id, struct kvc_wire_loc *locs)
 {
-    return engine_lookup_keys(s, o, ns_id, keys, n, flags, now, lease_id, locs, NULL);
+    return engine_lookup_keys(s, o, ns_id, keys, n, flags, now, lease_id, locs, NULL, NULL);
 }
 
 int engine_lookup_kind(struct store *s, struct store_owner *o, uint32_t ns_id,
@@ -944,8 +951,9 @@ int engine_lookup_kind(struct store *s, struct store_owner *o, uint32_t ns_id,
 {
     const struct store_ns *ns = store_ns_get(s, ns_id);
     uint8_t fetched[KVC_PROTO_MAX_KEYS];
-    uint32_t sidx[KVC_PROTO_MAX_KEYS]; /* the span's blocks, found once for both steps below */
+    struct store_lookup_blocks lb; /* each key found once, when a step first asks for it */
     uint32_t count = n, span = 0;
+    uint64_t finds0 = s->ix.finds;
     bool dummy = false;
     int rc;
     *first = 0;
@@ -956,39 +964,47 @@ int engine_lookup_kind(struct store *s, struct store_owner *o, uint32_t ns_id,
         return -EINVAL; /* a run from keys[0], or a state: judged by its key alone */
     if (ns->layout.kv_kind != KVC_WIRE_KV_KIND_KV_WINDOW &&
         ns->layout.kv_kind != KVC_WIRE_KV_KIND_STATE)
-        return engine_lookup_keys(s, o, ns_id, keys, n, flags, now, lease_id, locs, NULL);
+        return engine_lookup_keys(s, o, ns_id, keys, n, flags, now, lease_id, locs, NULL, NULL);
     if (n > KVC_PROTO_MAX_KEYS)
         n = KVC_PROTO_MAX_KEYS;
     if (s->gpu)
         engine_gpu_refresh(s); /* spans judged on the moves that have landed */
     /* The span the local tiers answer with; past its end, a longer prefix the remote tier
-     * may complete (its reads start now, not ready until they land). */
-    span = store_lookup_span(s, ns_id, keys, n, base, 0, &count);
+     * may complete (its reads start now, not ready until they land, their blocks into lb). */
+    store_lookup_blocks_init(&lb, n);
+    span = store_lookup_span(s, ns_id, keys, &lb, base, 0, &count);
     memset(fetched, 0, n);
     if (s->remote && !(flags & KVC_LOOKUP_F_LOCAL) && span + count < n)
-        (void)engine_remote_span_prepare(s, (uint16_t)ns_id, keys, n, base, span + count, now,
+        (void)engine_remote_span_prepare(s, (uint16_t)ns_id, keys, &lb, base, span + count, now,
                                          &span, &count, fetched);
     if (flags & KVC_LOOKUP_F_READY_ONLY) {
         /* The span in memory now; the reads of the longer one's blocks on disk start, so a
          * later lookup finds them ready. */
-        for (uint32_t i = 0; (s->disk || (s->gpu && !o->gpu)) && i < count; i++)
-            sidx[i] = index_find(&s->ix, (uint16_t)ns_id, &keys[span + i]);
+        for (uint32_t i = 0; i < count; i++)
+            (void)store_lookup_block(s, ns_id, keys, &lb, span + i);
         if (count && s->disk)
-            (void)engine_disk_lookup_prepare(s, (uint16_t)ns_id, keys + span, sidx, count, 0, now,
-                                             &dummy);
+            (void)engine_disk_lookup_prepare(s, (uint16_t)ns_id, keys + span, lb.idx + span, count,
+                                             0, now, &dummy);
         /* Pool blocks of a client that cannot read the pool: their copies to the host start
-         * (engine_gpu_move declines any other block). */
+         * (engine_gpu_move declines any other block); the disk step may have made room. */
         for (uint32_t i = 0; s->gpu && !o->gpu && i < count; i++)
-            if (index_handle_ok(&s->ix, sidx[i], (uint16_t)ns_id, &keys[span + i]))
-                (void)engine_gpu_move(s, sidx[i], false, now);
-        span = store_lookup_span(s, ns_id, keys, n, base,
+            if (index_handle_ok(&s->ix, lb.idx[span + i], (uint16_t)ns_id, &keys[span + i]))
+                (void)engine_gpu_move(s, lb.idx[span + i], false, now);
+        span = store_lookup_span(s, ns_id, keys, &lb, base,
                                  STORE_SPAN_READY | (o->gpu ? STORE_SPAN_GPU : 0), &count);
         memset(fetched, 0, n);
     }
+    /* The span's blocks, as found, to the lease (each checked there: the steps above may have
+     * made room). */
+    for (uint32_t i = 0; i < count; i++)
+        (void)store_lookup_block(s, ns_id, keys, &lb, span + i);
     rc = engine_lookup_keys(s, o, ns_id, keys + span, count,
                             flags | KVC_LOOKUP_F_LOCAL | ENGINE_LOOKUP_F_WHOLE, now, lease_id, locs,
-                            fetched + span);
+                            fetched + span, lb.idx + span);
     *first = rc > 0 ? span : 0;
+    /* The span's resolutions, counted with it: each of keys[0..n) at most once. */
+    if (rc >= 0)
+        ENGINE_STAT_ADD(s, s->ns[ns_id], lookup_index_finds, s->ix.finds - finds0);
     return rc;
 }
 

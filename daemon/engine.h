@@ -21,9 +21,12 @@
  * remote step adds the keys past the run (and the blocks it reads for them), and every later
  * step (the GPU moves, the disk and remote steps, the lease) takes those handles. A step
  * after one that may make room checks a handle with index_handle_ok (still its key's
- * committed block) and ends the hits before one that went. The stat lookup_index_finds
- * counts a KV lookup's finds: at most one per key asked for (tests: e2e_fast, e2e_disk,
- * e2e_remote).
+ * committed block) and ends the hits before one that went. A window's or a state's lookup
+ * (engine_lookup_kind) finds its keys when a step first asks for one (store_lookup_block:
+ * a state's span from the last key back stops at the first it finds) and hands the same
+ * handles to the remote step, the disk and pool steps of READY_ONLY, the span judged again
+ * and the lease. The stat lookup_index_finds counts a lookup's finds, of every kind: at
+ * most one per key asked for (tests: e2e_fast, e2e_disk, e2e_remote).
  * LAYERS. The daemon's files point down, never up: main → server → admin → acl → engine
  * (engine.c) → engine_disk, engine_gpu, engine_remote → quant → store (store.c,
  * store_policy.c) → index, fast, stats.h → log; config (with config_ns), loop, notify,

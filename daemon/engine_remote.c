@@ -538,8 +538,8 @@ uint32_t engine_remote_lookup_prepare(struct store *s, uint16_t ns_id,
 #define ENGINE_REMOTE_SPAN_MORE 32u /* speculative reads past a span's own, at most */
 
 int engine_remote_span_prepare(struct store *s, uint16_t ns_id, const struct kvc_wire_key *keys,
-                               uint32_t n, uint32_t base, uint32_t end, uint64_t now,
-                               uint32_t *first, uint32_t *count, uint8_t *fetched)
+                               struct store_lookup_blocks *lb, uint32_t base, uint32_t end,
+                               uint64_t now, uint32_t *first, uint32_t *count, uint8_t *fetched)
 {
     struct engine_remote *er = s->remote;
     struct store_ns *ns = s->ns[ns_id];
@@ -548,7 +548,7 @@ int engine_remote_span_prepare(struct store *s, uint16_t ns_id, const struct kvc
     uint8_t st[KVC_PROTO_MAX_KEYS];
     /* none_ps[i], fetch_ps[i]: keys of each status among keys[lo..i) */
     uint16_t none_ps[KVC_PROTO_MAX_KEYS + 1], fetch_ps[KVC_PROTO_MAX_KEYS + 1];
-    uint32_t lo, e, need = 0, budget, half, more, started = 0;
+    uint32_t n = lb->n, lo, e, need = 0, budget, half, more, started = 0;
     bool neg = false;
     if (!er || end >= n || n > KVC_PROTO_MAX_KEYS || !engine_remote_ns_on(s, ns_id) ||
         tier_remote_degraded(er->t))
@@ -567,7 +567,8 @@ int engine_remote_span_prepare(struct store *s, uint16_t ns_id, const struct kvc
     lo = end + 1 > w ? end + 1 - w : 0;
     none_ps[lo] = fetch_ps[lo] = 0;
     for (uint32_t i = lo; i < n; i++) {
-        uint32_t idx = index_find(&s->ix, ns_id, &keys[i]);
+        /* As the lookup found it (nothing since has made room), or found now, once. */
+        uint32_t idx = store_lookup_block(s, ns_id, keys, lb, i);
         if (idx != INDEX_NONE)
             st[i] = s->ix.blocks[idx].state == BLOCK_STATE_COMMITTED &&
                             !(s->ix.blocks[idx].flags & BLOCK_F_LOST)
@@ -604,7 +605,7 @@ int engine_remote_span_prepare(struct store *s, uint16_t ns_id, const struct kvc
     for (uint32_t i = e - need; i < e; i++) {
         if (st[i] != ENGINE_REMOTE_KEY_FETCH)
             continue;
-        if (engine_remote_fetch(s, ns, keys, i, true, INDEX_NONE, now, NULL))
+        if (engine_remote_fetch(s, ns, keys, i, true, INDEX_NONE, now, &lb->idx[i]))
             break;
         fetched[i] = 1;
         started++;
@@ -612,7 +613,7 @@ int engine_remote_span_prepare(struct store *s, uint16_t ns_id, const struct kvc
     for (uint32_t i = e - need; i-- > lo && more && started < budget;) {
         if (st[i] != ENGINE_REMOTE_KEY_FETCH)
             continue;
-        if (engine_remote_fetch(s, ns, keys, i, true, INDEX_NONE, now, NULL))
+        if (engine_remote_fetch(s, ns, keys, i, true, INDEX_NONE, now, &lb->idx[i]))
             break;
         more--;
         started++;

@@ -78,8 +78,10 @@ void engine_remote_pump(struct store *s, uint64_t now);
 uint32_t engine_remote_lookup_prepare(struct store *s, uint16_t ns, const struct kvc_wire_key *keys,
                                       struct store_lookup_blocks *lb, uint32_t hits, uint32_t n,
                                       uint32_t flags, uint64_t now, uint8_t *tier);
-/* Called by engine_lookup_kind for a KV_WINDOW or STATE lookup of keys[0..n) (base: keys[0]'s
- * position in the prompt) whose local answer ends at end < n: the longest prefix e in
+/* Called by engine_lookup_kind for a KV_WINDOW or STATE lookup of keys[0..lb->n) (base:
+ * keys[0]'s position in the prompt; lb: their blocks as the lookup found them, each key not
+ * looked up yet found here once, each read's fresh block put in) whose local answer ends at
+ * end < n: the longest prefix e in
  * (end, n] whose span (a window: its blocks, a state: keys[e-1]) has no key known missing
  * (negative cache), lost or being written, and whose keys not here (at least one) the tier
  * can read now, gets those reads into fresh slots (roots, not ready until they land;
@@ -88,8 +90,8 @@ uint32_t engine_remote_lookup_prepare(struct store *s, uint16_t ns, const struct
  * than the prompt, and a lookup asked again finds them. 0 (the span stays) when there is no
  * such prefix, or the tier is off for the namespace, degraded or busy. */
 int engine_remote_span_prepare(struct store *s, uint16_t ns_id, const struct kvc_wire_key *keys,
-                               uint32_t n, uint32_t base, uint32_t end, uint64_t now,
-                               uint32_t *first, uint32_t *count, uint8_t *fetched);
+                               struct store_lookup_blocks *lb, uint32_t base, uint32_t end,
+                               uint64_t now, uint32_t *first, uint32_t *count, uint8_t *fetched);
 /* After a lookup pinned its hits, idxs[0..hits) (its lease's blocks): admits blocks whose
  * hits reached remote.min_hits. */
 void engine_remote_lookup_done(struct store *s, const uint32_t *idxs, uint32_t hits, uint64_t now);

@@ -15,7 +15,7 @@
     X(lookups, "LOOKUP requests")                                                             \
     X(lookup_blocks, "blocks asked for by lookups")                                           \
     X(lookup_tokens, "tokens asked for by lookups")                                           \
-    X(lookup_index_finds, "index resolutions by KV lookups (at most one a key)")              \
+    X(lookup_index_finds, "index resolutions by lookups, spans too (at most one a key)")      \
     X(hit_blocks, "blocks found (longest cached prefix)")                                     \
     X(hit_tokens, "tokens found")                                                             \
     X(hit_tokens_host, "tokens found in the host tier")                                       \

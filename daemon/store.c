@@ -762,6 +762,21 @@ void store_stat_lossy_hit(struct store *s, struct store_ns *ns, uint32_t format)
     }
 }
 
+/* Whether idx may be a hit of a run: committed, not lost, and below the pin cap (counted when
+ * it is not). */
+static bool store_run_hit(struct store *s, uint32_t ns_id, uint32_t idx)
+{
+    if (idx == INDEX_NONE || s->ix.blocks[idx].state != BLOCK_STATE_COMMITTED ||
+        (s->ix.blocks[idx].flags & BLOCK_F_LOST))
+        return false;
+    if (s->ix.blocks[idx].pins >= STORE_PIN_MAX) {
+        struct store_ns *ns = s->ns[ns_id];
+        STORE_STAT_ADD(s, ns, pin_saturated, 1);
+        return false;
+    }
+    return true;
+}
+
 uint32_t store_lookup_run(struct store *s, uint32_t ns_id, const struct kvc_wire_key *keys,
                           uint32_t n, struct store_lookup_blocks *lb)
 {
@@ -772,27 +787,49 @@ uint32_t store_lookup_run(struct store *s, uint32_t ns_id, const struct kvc_wire
         uint32_t idx = index_find(&s->ix, (uint16_t)ns_id, &keys[hits]);
         if (lb)
             lb->idx[lb->n++] = idx;
-        if (idx == INDEX_NONE || s->ix.blocks[idx].state != BLOCK_STATE_COMMITTED ||
-            (s->ix.blocks[idx].flags & BLOCK_F_LOST))
+        if (!store_run_hit(s, ns_id, idx))
             break;
-        if (s->ix.blocks[idx].pins >= STORE_PIN_MAX) {
-            struct store_ns *ns = s->ns[ns_id];
-            STORE_STAT_ADD(s, ns, pin_saturated, 1);
-            break;
-        }
         hits++;
     }
     return hits;
 }
 
-/* Committed and servable (not lost) in namespace ns_id; with STORE_SPAN_READY, also in memory
- * now and readable by the client (STORE_SPAN_GPU: it maps the pool). */
-static bool store_key_cached(struct store *s, uint32_t ns_id, const struct kvc_wire_key *key,
-                             unsigned mode)
+uint32_t store_lookup_run_found(struct store *s, uint32_t ns_id, const struct kvc_wire_key *keys,
+                                uint32_t n, const uint32_t *idx)
 {
-    uint32_t idx = index_find(&s->ix, (uint16_t)ns_id, key);
-    const struct block *b = idx == INDEX_NONE ? NULL : &s->ix.blocks[idx];
-    if (!b || b->state != BLOCK_STATE_COMMITTED || (b->flags & BLOCK_F_LOST))
+    uint32_t hits = 0;
+    while (hits < n && hits < KVC_PROTO_MAX_KEYS &&
+           index_handle_ok(&s->ix, idx[hits], (uint16_t)ns_id, &keys[hits]) &&
+           store_run_hit(s, ns_id, idx[hits]))
+        hits++;
+    return hits;
+}
+
+void store_lookup_blocks_init(struct store_lookup_blocks *lb, uint32_t n)
+{
+    lb->n = n < KVC_PROTO_MAX_KEYS ? n : KVC_PROTO_MAX_KEYS;
+    for (uint32_t i = 0; i < lb->n; i++)
+        lb->idx[i] = STORE_LOOKUP_UNSEEN;
+}
+
+uint32_t store_lookup_block(struct store *s, uint32_t ns_id, const struct kvc_wire_key *keys,
+                            struct store_lookup_blocks *lb, uint32_t i)
+{
+    if (lb->idx[i] == STORE_LOOKUP_UNSEEN)
+        lb->idx[i] = index_find(&s->ix, (uint16_t)ns_id, &keys[i]);
+    return lb->idx[i];
+}
+
+/* Committed and servable (not lost) in namespace ns_id, its block as lb has it (looked up
+ * when first asked for); with STORE_SPAN_READY, also in memory now and readable by the client
+ * (STORE_SPAN_GPU: it maps the pool). */
+static bool store_key_cached(struct store *s, uint32_t ns_id, const struct kvc_wire_key *keys,
+                             struct store_lookup_blocks *lb, uint32_t i, unsigned mode)
+{
+    uint32_t idx = store_lookup_block(s, ns_id, keys, lb, i);
+    const struct block *b =
+        index_handle_ok(&s->ix, idx, (uint16_t)ns_id, &keys[i]) ? &s->ix.blocks[idx] : NULL;
+    if (!b || (b->flags & BLOCK_F_LOST))
         return false;
     if (!(mode & STORE_SPAN_READY))
         return true;
@@ -801,23 +838,25 @@ static bool store_key_cached(struct store *s, uint32_t ns_id, const struct kvc_w
 }
 
 uint32_t store_lookup_span(struct store *s, uint32_t ns_id, const struct kvc_wire_key *keys,
-                           uint32_t n, uint32_t base, unsigned mode, uint32_t *count)
+                           struct store_lookup_blocks *lb, uint32_t base, unsigned mode,
+                           uint32_t *count)
 {
     const struct store_ns *ns = s->ns[ns_id];
-    uint32_t end = 0, w, run = 0;
+    uint32_t end = 0, w, run = 0, n = lb->n;
     *count = 0;
-    if (n > KVC_PROTO_MAX_KEYS)
-        n = KVC_PROTO_MAX_KEYS;
     if (ns->layout.kv_kind == KVC_WIRE_KV_KIND_STATE) {
         /* The state of the longest prefix that has one: it is valid at that prefix's end
          * alone, and stored under that end's key. */
-        for (end = n; end > 0 && !store_key_cached(s, ns_id, &keys[end - 1], mode); end--)
+        for (end = n; end > 0 && !store_key_cached(s, ns_id, keys, lb, end - 1, mode); end--)
             ;
         *count = end ? 1 : 0;
         return end ? end - 1 : 0;
     }
     if (ns->layout.kv_kind != KVC_WIRE_KV_KIND_KV_WINDOW) {
-        *count = store_lookup_run(s, ns_id, keys, n, NULL);
+        /* The run from keys[0], each key looked up as the run reaches it. */
+        while (*count < n && (store_lookup_block(s, ns_id, keys, lb, *count),
+                              store_lookup_run_found(s, ns_id, keys + *count, 1, lb->idx + *count)))
+            (*count)++;
         return 0;
     }
     /* The longest prefix keys[0..e) whose last min(w, base + e) blocks are all cached: the
@@ -825,7 +864,7 @@ uint32_t store_lookup_span(struct store *s, uint32_t ns_id, const struct kvc_wir
      * reaching before keys[0] cannot be judged (run <= e < its need). */
     w = kvc_wire_window_blocks(&ns->layout);
     for (uint32_t i = 0; i < n; i++) {
-        run = store_key_cached(s, ns_id, &keys[i], mode) ? run + 1 : 0;
+        run = store_key_cached(s, ns_id, keys, lb, i, mode) ? run + 1 : 0;
         if (run >= store_window_need(w, base, i + 1))
             end = i + 1;
     }

@@ -321,14 +321,16 @@ void store_owner_init(struct store_owner *o);
 void store_owner_fini(struct store *s, struct store_owner *o);
 
 /* The blocks of one LOOKUP's keys, each found in the index once, by store_lookup_run (and the
- * remote step for the keys past the run), and handed to every later step: the disk and
- * remote steps, the lease. idx[i] is keys[i]'s block or INDEX_NONE, for i < n. A step that
- * follows one that may make room (a block not pinned then may go) checks a handle with
- * index_handle_ok before it uses it. */
+ * remote step for the keys past the run), or for a window's or a state's span when a step
+ * first asks for it (store_lookup_block), and handed to every later step: the disk and
+ * remote steps, the lease. idx[i] is keys[i]'s block, INDEX_NONE, or STORE_LOOKUP_UNSEEN
+ * (not looked up yet), for i < n. A step that follows one that may make room (a block not
+ * pinned then may go) checks a handle with index_handle_ok before it uses it. */
 struct store_lookup_blocks {
     uint32_t n;
     uint32_t idx[KVC_PROTO_MAX_KEYS];
 };
+#define STORE_LOOKUP_UNSEEN (INDEX_NONE - 1) /* never a block's index: no handle is ok */
 
 /* The run of committed, readable blocks of keys[0..n) from the first (at most
  * KVC_PROTO_MAX_KEYS): the hits a lookup may hand out before the engine moves any. With lb,
@@ -336,17 +338,28 @@ struct store_lookup_blocks {
  * at a key), each found once. */
 uint32_t store_lookup_run(struct store *s, uint32_t ns_id, const struct kvc_wire_key *keys,
                           uint32_t n, struct store_lookup_blocks *lb);
-/* The span of keys[0..n) a lookup of namespace ns_id answers with: keys[first..first+count),
- * returned as first with *count set. KV and K_ONLY: the run of committed blocks from keys[0]
- * (store_lookup_run); KV_WINDOW: the window of the longest prefix whose window is cached
- * (base: the position of keys[0] in the prompt, kvc_lookup_req.base); STATE: the state of
- * the longest prefix that has one (count 0 or 1). Cached means committed and not lost; with
- * STORE_SPAN_READY in mode, also in memory now and readable by the client (a pool block only
- * with STORE_SPAN_GPU). */
+/* The same run over blocks found already, idx[0..n) (each checked with index_handle_ok): no
+ * key is looked up again. */
+uint32_t store_lookup_run_found(struct store *s, uint32_t ns_id, const struct kvc_wire_key *keys,
+                                uint32_t n, const uint32_t *idx);
+/* Starts lb for keys[0..n) (at most KVC_PROTO_MAX_KEYS), none of them looked up yet. */
+void store_lookup_blocks_init(struct store_lookup_blocks *lb, uint32_t n);
+/* keys[i]'s block in lb (i < lb->n), found in the index the first time a step asks for it. */
+uint32_t store_lookup_block(struct store *s, uint32_t ns_id, const struct kvc_wire_key *keys,
+                            struct store_lookup_blocks *lb, uint32_t i);
+/* The span of keys[0..lb->n) a lookup of namespace ns_id answers with, judged over the
+ * blocks of lb (each key looked up once, when first needed; a handle checked with
+ * index_handle_ok): keys[first..first+count), returned as first with *count set. KV and
+ * K_ONLY: the run of committed blocks from keys[0] (store_lookup_run_found); KV_WINDOW: the
+ * window of the longest prefix whose window is cached (base: the position of keys[0] in the
+ * prompt, kvc_lookup_req.base); STATE: the state of the longest prefix that has one (count 0
+ * or 1). Cached means committed and not lost; with STORE_SPAN_READY in mode, also in memory
+ * now and readable by the client (a pool block only with STORE_SPAN_GPU). */
 #define STORE_SPAN_READY 0x1u
 #define STORE_SPAN_GPU 0x2u
 uint32_t store_lookup_span(struct store *s, uint32_t ns_id, const struct kvc_wire_key *keys,
-                           uint32_t n, uint32_t base, unsigned mode, uint32_t *count);
+                           struct store_lookup_blocks *lb, uint32_t base, unsigned mode,
+                           uint32_t *count);
 /* Blocks the window of a prefix ending at keys[e] needs (w: the window in blocks; base:
  * keys[0]'s position in the prompt): its last w, or all of a shorter prefix. */
 static inline uint32_t store_window_need(uint32_t w, uint32_t base, uint32_t e)

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "tests/lib/bench.h"
+#include "tests/lib/daemon.h"
 
 static char path[64];
 
@@ -108,9 +109,5 @@ int main(void)
     tcase_add_loop_test(tc, test_refused_rows, 0, 7);
     tcase_add_test(tc, test_fail_fails_the_run);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return daemon_suite_run(s);
 }

@@ -21,21 +21,7 @@
 #include "kernels/kern_fmt.h"
 #include "kernels/kern_pack.h"
 #include "tests/lib/daemon.h"
-
-static uint64_t rng_next(uint64_t *s)
-{
-    *s ^= *s << 13;
-    *s ^= *s >> 7;
-    *s ^= *s << 17;
-    return *s;
-}
-
-static float rng_gauss(uint64_t *s)
-{
-    double u1 = ((rng_next(s) >> 11) + 1.0) / 9007199254740993.0;
-    double u2 = (rng_next(s) >> 11) / 9007199254740992.0;
-    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
-}
+#include "tests/lib/rng.h"
 
 enum data_kind {
     DATA_OUTLIER = 0, /* Gaussian, keys with a few large outlier channels (docs/kernels.md) */
@@ -654,9 +640,5 @@ static Suite *codecs_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(codecs_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return daemon_suite_run(codecs_suite());
 }

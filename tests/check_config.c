@@ -17,6 +17,7 @@
 #include "daemon/config.h"
 #include "daemon/config_ns.h"
 #include "policies/policy.h"
+#include "tests/lib/daemon.h"
 
 /* ---- temp files: one mkdtemp directory for the suite -------------------------------------
  * An unchecked fixture, so it runs in the parent: a failing case (whose fork exits at the
@@ -1081,11 +1082,5 @@ static Suite *config_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(config_suite());
-    int failed;
-
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return daemon_suite_run(config_suite());
 }

@@ -141,16 +141,10 @@ int main(void)
 {
     Suite *s = suite_create("copy");
     TCase *tc = tcase_create("copy");
-    SRunner *sr;
-    int failed;
     tcase_set_timeout(tc, daemon_slow() * 60);
     tcase_add_test(tc, test_copy_same_bytes);
     tcase_add_test(tc, test_copy_without_streaming);
     tcase_add_test(tc, test_copy_from_arena_every_alignment);
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return daemon_suite_run(s);
 }

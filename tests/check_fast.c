@@ -15,6 +15,8 @@
 
 #include "client/kvc_fast.h"
 #include "daemon/fast.h"
+#include "tests/lib/daemon.h"
+#include "tests/lib/rng.h"
 
 /* A reader's view, mapped from a read-only descriptor as a client maps it. */
 struct fx_view {
@@ -68,10 +70,7 @@ static const struct kvc_fast_ent *fx_find(const struct fx_view *v, uint16_t ns, 
 static uint64_t fx_rng = 0x9e3779b97f4a7c15ull;
 static uint64_t fx_rand(void)
 {
-    fx_rng ^= fx_rng << 13;
-    fx_rng ^= fx_rng >> 7;
-    fx_rng ^= fx_rng << 17;
-    return fx_rng;
+    return rng_next(&fx_rng);
 }
 
 #define MiB (1024ull * 1024)
@@ -257,9 +256,5 @@ static Suite *fast_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(fast_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return daemon_suite_run(fast_suite());
 }

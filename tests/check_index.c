@@ -105,9 +105,5 @@ int main(void)
     tcase_add_test(tc, test_random_against_model);
     tcase_add_test(tc, test_metadata_per_block);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return daemon_suite_run(s);
 }

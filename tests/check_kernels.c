@@ -25,27 +25,13 @@
 #include "kernels/kern_pack.h"
 #include "tests/lib/daemon.h"
 #include "tests/lib/kern_oracle.h"
+#include "tests/lib/rng.h"
 
 /* The codecs every shape takes and the oracle knows (raw .. fp8); the transform codecs
  * (ROT2/ROT4, MERGE, LOWRANK) have cases of their own below. */
 #define NCODEC_V1 (KERN_CODEC_FP8 + 1)
 
 /* ---- data ---------------------------------------------------------------------------- */
-
-static uint64_t rng_next(uint64_t *s)
-{
-    *s ^= *s << 13;
-    *s ^= *s >> 7;
-    *s ^= *s << 17;
-    return *s;
-}
-
-static float rng_gauss(uint64_t *s)
-{
-    double u1 = ((rng_next(s) >> 11) + 1.0) / 9007199254740993.0;
-    double u2 = (rng_next(s) >> 11) / 9007199254740992.0;
-    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
-}
 
 /* A raw block with KV-like structure: keys have a few large outlier channels. */
 static void *make_block(const struct kern_layout *lay, uint64_t seed)
@@ -1305,9 +1291,5 @@ static Suite *kernels_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(kernels_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return daemon_suite_run(kernels_suite());
 }

@@ -9,18 +9,14 @@
 
 #include "client/kvc.h"
 #include "client/libkvc_internal.h"
+#include "tests/lib/daemon.h"
+#include "tests/lib/layout.h"
 
 static struct kvc_wire_layout layout(const char *model, uint32_t block_tokens)
 {
-    struct kvc_wire_layout l;
-    memset(&l, 0, sizeof(l));
-    snprintf(l.model_id, sizeof(l.model_id), "%s", model);
-    l.layers = 32;
+    struct kvc_wire_layout l = layout_fp16(model, 32, 0); /* fp16 K and V, 128 channels */
     l.kv_heads = 8;
-    l.head_dim = 128;
     l.block_tokens = block_tokens;
-    l.dtype = KVC_WIRE_DTYPE_FP16;
-    l.kv_kind = KVC_WIRE_KV_KIND_KV;
     return l;
 }
 
@@ -134,9 +130,5 @@ int main(void)
     tcase_add_test(tc, test_long_blocks);
     tcase_add_test(tc, test_key_chain_dirty_stack);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return daemon_suite_run(s);
 }

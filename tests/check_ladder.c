@@ -22,6 +22,8 @@
 #include "tiers/host.h"
 #include "tiers/slab.h"
 #include "tiers/tier.h"
+#include "tests/lib/daemon.h"
+#include "tests/lib/store_fixture.h"
 
 /* Allowed q8_0 and q4_1, recipe q8_0 for K and V: two lossy rungs. */
 #define LADDER2                                                                                    \
@@ -39,42 +41,30 @@ static struct store_owner o;
 
 static void setup_size(uint64_t host, uint64_t page, double high, double low)
 {
-    struct store_params p = {.host_size = host,
-                             .host_page_size = page,
-                             .host_huge = TIER_HOST_HUGE_OFF,
-                             .high_watermark = high,
-                             .low_watermark = low,
-                             .max_namespaces = 8,
-                             .max_handles = 1024,
-                             .policy = POLICY_DEFAULT,
-                             .recompute_tokens_per_s = 8000,
-                             .ghosts = 2.0,
-                             .quantize_inflight = 8};
-    int err = 0;
-    s = store_new(&p, &err);
-    ck_assert_msg(s, "store_new: %d", err);
-    engine_attach(s);
-    q = quant_new(NULL, s, &err);
-    ck_assert_msg(q, "quant_new: %d", err);
+    struct store_params p = store_fixture_params();
+    p.host_size = host;
+    p.host_page_size = page;
+    p.high_watermark = high;
+    p.low_watermark = low;
+    p.max_handles = 1024;
+    p.policy = POLICY_DEFAULT;
+    p.recompute_tokens_per_s = 8000;
+    p.ghosts = 2.0;
+    p.quantize_inflight = 8;
+    s = store_fixture_new(&p, &q);
     store_owner_init(&o);
 }
 
 static void teardown(void)
 {
-    store_owner_fini(s, &o);
-    engine_stop(s);
-    store_free(s);
+    store_fixture_free(s, &o);
     s = NULL;
     q = NULL;
 }
 
 static uint32_t ns_open(const char *model, uint32_t flags)
 {
-    struct kvc_wire_layout l = layout_fp16(model, LAYERS, flags);
-    uint32_t id;
-    bool created;
-    ck_assert_int_eq(store_ns_open(s, &l, &id, &created), 0);
-    return id;
+    return store_fixture_ns(s, model, LAYERS, flags);
 }
 
 static struct kvc_wire_key key(uint32_t ns, uint32_t chain, uint32_t i)
@@ -511,9 +501,5 @@ int main(void)
     tcase_add_test(tc, test_ladder_direct);
     tcase_add_test(tc, test_ladder_keeps_its_block);
     suite_add_tcase(su, tc);
-    SRunner *sr = srunner_create(su);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return daemon_suite_run(su);
 }

@@ -1083,10 +1083,5 @@ static Suite *pack_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(pack_suite());
-    fflush(stdout);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return daemon_suite_run(pack_suite());
 }

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "policies/policy.h"
+#include "tests/lib/daemon.h"
 
 static struct policy_block blk(uint32_t id, uint64_t t, uint32_t depth)
 {
@@ -415,9 +416,5 @@ int main(void)
     tcase_add_test(tc, test_tune_follows_load);
     tcase_add_test(tc, test_ladder);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return daemon_suite_run(s);
 }

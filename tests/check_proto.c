@@ -503,9 +503,5 @@ int main(void)
     tcase_add_test(tc, test_sync_and_quiet_commit);
     tcase_add_test(tc, test_mutations_never_crash);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return daemon_suite_run(s);
 }

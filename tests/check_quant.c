@@ -15,6 +15,8 @@
 #include "tests/lib/layout.h"
 #include "tiers/host.h"
 #include "tiers/tier.h"
+#include "tests/lib/daemon.h"
+#include "tests/lib/store_fixture.h"
 
 #define Q8                                                                                         \
     KVC_WIRE_QUANT_FLAGS(1u << KVC_WIRE_FORMAT_Q8_0, KVC_WIRE_FORMAT_Q8_0, KVC_WIRE_FORMAT_Q8_0, 0)
@@ -25,42 +27,22 @@ static struct store_owner o;
 
 static void setup(void)
 {
-    struct store_params p = {.host_size = 4 << 20,
-                             .host_page_size = 64 << 10,
-                             .host_huge = TIER_HOST_HUGE_OFF,
-                             .high_watermark = 0.9,
-                             .low_watermark = 0.5,
-                             .max_namespaces = 8,
-                             .max_handles = 64,
-                             .policy = POLICY_LRU,
-                             .quantize_inflight = 64};
-    int err = 0;
-    s = store_new(&p, &err);
-    if (s)
-        engine_attach(s);
-    ck_assert_msg(s, "store_new: %d", err);
-    q = quant_new(NULL, s, &err);
-    ck_assert_msg(q, "quant_new: %d", err);
+    struct store_params p = store_fixture_params();
+    p.quantize_inflight = 64;
+    s = store_fixture_new(&p, &q);
     store_owner_init(&o);
 }
 
 static void teardown(void)
 {
-    store_owner_fini(s, &o);
-    if (s)
-        engine_stop(s);
-    store_free(s); /* frees q */
+    store_fixture_free(s, &o); /* frees q */
     s = NULL;
     q = NULL;
 }
 
 static uint32_t ns_open(const char *model, uint32_t flags)
 {
-    struct kvc_wire_layout l = layout_fp16(model, 2, flags);
-    uint32_t id;
-    bool created;
-    ck_assert_int_eq(store_ns_open(s, &l, &id, &created), 0);
-    return id;
+    return store_fixture_ns(s, model, 2, flags);
 }
 
 static struct kvc_wire_key key(uint32_t ns, uint32_t i)
@@ -413,9 +395,5 @@ int main(void)
     tcase_add_test(tc, test_pressure);
     tcase_add_test(tc, test_ns_flags);
     suite_add_tcase(su, tc);
-    SRunner *sr = srunner_create(su);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return daemon_suite_run(su);
 }

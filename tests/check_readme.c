@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include "tests/lib/daemon.h"
 
 #define RM_TEXT (1 << 20)
 
@@ -280,17 +281,11 @@ int main(void)
 {
     Suite *s = suite_create("readme");
     TCase *tc = tcase_create("readme");
-    SRunner *sr;
-    int failed;
     tcase_add_test(tc, test_readme_names_every_folder);
     tcase_add_test(tc, test_readme_names_every_source_file);
     tcase_add_test(tc, test_readme_check_can_fail);
     tcase_add_test(tc, test_doc_references_resolve);
     tcase_add_test(tc, test_doc_references_check_can_fail);
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return daemon_suite_run(s);
 }

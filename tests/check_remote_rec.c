@@ -32,6 +32,7 @@
 
 #include "tiers/remote_rec.h"
 #include "tiers/remote_seal.h"
+#include "tests/lib/daemon.h"
 
 #define LEN 4096u
 #define PART (64u << 10)
@@ -796,9 +797,5 @@ int main(void)
     tcase_add_test(tc, test_sealed_keys);
     tcase_add_test(tc, test_secret_files);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return daemon_suite_run(s);
 }

@@ -9,6 +9,7 @@
 
 #include "policies/policy.h"
 #include "tests/lib/sim.h"
+#include "tests/lib/daemon.h"
 
 /* r1 [1,2,3], r2 [1,2,4], r3 [1,2,3]; capacity 3.
  * LRU: r2 evicts 3 for 4, r3 evicts 4 for 3: hits 2 + 2 of 9.
@@ -359,9 +360,5 @@ int main(void)
     tcase_add_test(tc, test_codec_room);
     tcase_add_test(tc, test_procs);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return daemon_suite_run(s);
 }

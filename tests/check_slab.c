@@ -8,6 +8,8 @@
 #include <string.h>
 
 #include "tiers/slab.h"
+#include "tests/lib/daemon.h"
+#include "tests/lib/rng.h"
 
 #define KiB (1024ull)
 #define MiB (1024ull * 1024)
@@ -319,10 +321,7 @@ static uint64_t rnd_state;
 
 static uint64_t rnd(void)
 {
-    rnd_state ^= rnd_state << 13;
-    rnd_state ^= rnd_state >> 7;
-    rnd_state ^= rnd_state << 17;
-    return rnd_state;
+    return rng_next(&rnd_state);
 }
 
 /* Thousands of random allocs and frees of mixed sizes against a model: the live slots and
@@ -441,9 +440,5 @@ static Suite *slab_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(slab_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return daemon_suite_run(slab_suite());
 }

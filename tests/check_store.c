@@ -11,6 +11,8 @@
 #include "tests/lib/layout.h"
 #include "tiers/host.h"
 #include "tiers/tier.h"
+#include "tests/lib/daemon.h"
+#include "tests/lib/store_fixture.h"
 
 #define BLOCK (64 * 1024)
 
@@ -19,22 +21,12 @@ static uint32_t ns;
 
 static void setup(void)
 {
-    struct store_params p = {.host_size = 4 << 20,
-                             .host_page_size = 64 << 10,
-                             .host_huge = TIER_HOST_HUGE_OFF,
-                             .host_prefault = false,
-                             .high_watermark = 1.0,
-                             .low_watermark = 0.9,
-                             .max_namespaces = 8,
-                             .max_handles = 64,
-                             .policy = POLICY_LRU};
+    struct store_params p = store_fixture_params();
     struct kvc_wire_layout l = layout_fp16("m", 2, 0);
     bool created;
-    int err = 0;
-    s = store_new(&p, &err);
-    if (s)
-        engine_attach(s);
-    ck_assert_msg(s, "store_new: %d", err);
+    p.high_watermark = 1.0;
+    p.low_watermark = 0.9;
+    s = store_fixture_new(&p, NULL);
     ck_assert_int_eq(store_ns_open(s, &l, &ns, &created), 0);
     ck_assert(created);
     ck_assert_uint_eq(store_ns_get(s, ns)->block_bytes, BLOCK);
@@ -42,9 +34,7 @@ static void setup(void)
 
 static void teardown(void)
 {
-    if (s)
-        engine_stop(s);
-    store_free(s);
+    store_fixture_free(s, NULL);
     s = NULL;
 }
 
@@ -312,12 +302,10 @@ START_TEST(test_trim_budget)
     struct store_params p = s->p;
     struct kvc_wire_layout l = layout_fp16("m", 2, 0);
     bool created;
-    int err = 0, first, n, rounds = 0;
+    int first, n, rounds = 0;
     teardown();
     p.host_size = 256u << 20; /* 4,096 blocks */
-    s = store_new(&p, &err);
-    ck_assert_msg(s, "store_new: %d", err);
-    engine_attach(s);
+    s = store_fixture_new(&p, NULL);
     ck_assert_int_eq(store_ns_open(s, &l, &ns, &created), 0);
     store_owner_init(&o);
     for (uint32_t c = 0; c < 64; c++)
@@ -570,9 +558,5 @@ int main(void)
     tcase_add_test(tc, test_ns_drop);
     tcase_add_test(tc, test_arena_fault);
     suite_add_tcase(su, tc);
-    SRunner *sr = srunner_create(su);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return daemon_suite_run(su);
 }

@@ -19,7 +19,9 @@
 #include "daemon/engine_disk.h"
 #include "daemon/engine_gpu.h"
 #include "daemon/store.h"
+#include "tests/lib/daemon.h"
 #include "tests/lib/fake_dev.h"
+#include "tests/lib/store_fixture.h"
 #include "tiers/gpu.h"
 #include "tiers/host.h"
 
@@ -30,36 +32,18 @@ static uint32_t ns;
 
 static struct store *store_with_gpu_reg(int devices, uint64_t gpu_size, int fail_register)
 {
-    struct store_params p = {.host_size = 4 << 20,
-                             .host_page_size = 64 << 10,
-                             .host_huge = TIER_HOST_HUGE_OFF,
-                             .high_watermark = 0.75,
-                             .low_watermark = 0.5,
-                             .max_namespaces = 8,
-                             .max_handles = 64,
-                             .policy = POLICY_LRU,
-                             .gpu_size = gpu_size,
-                             .gpu_device = 0,
-                             .gpu_page_size = 64 << 10,
-                             .gpu_ops = &fake_dev_ops};
-    struct kvc_wire_layout l;
-    bool created;
-    int err = 0;
+    struct store_params p = store_fixture_params();
+    struct store *st;
+    p.high_watermark = 0.75;
+    p.gpu_size = gpu_size;
+    p.gpu_device = 0;
+    p.gpu_page_size = 64 << 10;
+    p.gpu_ops = &fake_dev_ops;
     fake_dev_reset(devices);
     fake_dev.fail_register = fail_register;
-    struct store *st = store_new(&p, &err);
-    if (st)
-        engine_attach(st);
-    ck_assert_msg(st, "store_new: %d", err);
-    memset(&l, 0, sizeof(l));
-    snprintf(l.model_id, sizeof(l.model_id), "m");
-    l.layers = 2; /* 2 * 16 tokens * 4 heads * 128 * fp16 = 32 KiB per layer */
-    l.kv_heads = 4;
-    l.head_dim = 128;
-    l.block_tokens = 16;
-    l.dtype = KVC_WIRE_DTYPE_FP16;
-    l.kv_kind = KVC_WIRE_KV_KIND_KV;
-    ck_assert_int_eq(store_ns_open(st, &l, &ns, &created), 0);
+    st = store_fixture_new(&p, NULL);
+    /* 2 layers * 16 tokens * 4 heads * 128 * fp16 * K and V: 64 KiB */
+    ns = store_fixture_ns(st, "m", 2, 0);
     ck_assert_uint_eq(store_ns_get(st, ns)->block_bytes, BLOCK);
     return st;
 }
@@ -77,9 +61,7 @@ static void setup(void)
 
 static void teardown(void)
 {
-    if (s)
-        engine_stop(s);
-    store_free(s);
+    store_fixture_free(s, NULL);
     s = NULL;
     ck_assert_int_eq(fake_dev.pools_live, 0);
     ck_assert_int_eq(fake_dev.registered, 0);
@@ -176,15 +158,11 @@ START_TEST(test_no_device)
     ck_assert_ptr_null(st->gpu);
     ck_assert_uint_eq(st->narenas, 1);
     ck_assert_uint_eq(store_gpu_capacity(st), 0);
-    if (st)
-        engine_stop(st);
-    store_free(st);
+    store_fixture_free(st, NULL);
     st = store_with_gpu(1, 0); /* not configured */
     ck_assert_ptr_null(st->gpu);
     ck_assert_int_eq(fake_dev.pools_live, 0);
-    if (st)
-        engine_stop(st);
-    store_free(st);
+    store_fixture_free(st, NULL);
 }
 END_TEST
 
@@ -802,9 +780,5 @@ static Suite *store_gpu_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(store_gpu_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return daemon_suite_run(store_gpu_suite());
 }

@@ -16,6 +16,7 @@
 #include "daemon/store.h"
 #include "tests/lib/daemon.h"
 #include "tests/lib/layout.h"
+#include "tests/lib/store_fixture.h"
 #include "tiers/host.h"
 #include "tiers/tier.h"
 
@@ -28,23 +29,13 @@ static struct store_owner o;
 
 static void setup_policy(enum policy_kind k)
 {
-    struct store_params p = {.host_size = 4 << 20,
-                             .host_page_size = 64 << 10,
-                             .host_huge = TIER_HOST_HUGE_OFF,
-                             .high_watermark = 0.9,
-                             .low_watermark = 0.6,
-                             .max_namespaces = 8,
-                             .max_handles = 1024,
-                             .policy = k,
-                             .recompute_tokens_per_s = 8000,
-                             .quantize_inflight = 8};
-    int err = 0;
-    s = store_new(&p, &err);
-    if (s)
-        engine_attach(s);
-    ck_assert_msg(s, "store_new: %d", err);
-    q = quant_new(NULL, s, &err);
-    ck_assert_msg(q, "quant_new: %d", err);
+    struct store_params p = store_fixture_params();
+    p.low_watermark = 0.6;
+    p.max_handles = 1024;
+    p.policy = k;
+    p.recompute_tokens_per_s = 8000;
+    p.quantize_inflight = 8;
+    s = store_fixture_new(&p, &q);
     store_owner_init(&o);
 }
 
@@ -55,21 +46,14 @@ static void setup(void)
 
 static void teardown(void)
 {
-    store_owner_fini(s, &o);
-    if (s)
-        engine_stop(s);
-    store_free(s);
+    store_fixture_free(s, &o);
     s = NULL;
     q = NULL;
 }
 
 static uint32_t ns_open(const char *model, uint32_t flags)
 {
-    struct kvc_wire_layout l = layout_fp16(model, 2, flags);
-    uint32_t id;
-    bool created;
-    ck_assert_int_eq(store_ns_open(s, &l, &id, &created), 0);
-    return id;
+    return store_fixture_ns(s, model, 2, flags);
 }
 
 static struct kvc_wire_key key(uint32_t ns, uint32_t chain, uint32_t i)
@@ -689,9 +673,5 @@ int main(void)
     tcase_add_test(tf, test_ns_policy_sources);
     suite_add_tcase(su, tc);
     suite_add_tcase(su, tf);
-    SRunner *sr = srunner_create(su);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return daemon_suite_run(su);
 }

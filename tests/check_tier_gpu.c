@@ -400,10 +400,5 @@ static Suite *tier_gpu_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(tier_gpu_suite());
-    fflush(stdout);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return daemon_suite_run(tier_gpu_suite());
 }

@@ -16,6 +16,7 @@
 #include "tests/lib/tier_conformance.h"
 #include "tiers/host.h"
 #include "tiers/slab.h"
+#include "tests/lib/daemon.h"
 
 #define KiB (1024ull)
 #define MiB (1024ull * 1024)
@@ -439,10 +440,5 @@ static Suite *tier_host_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(tier_host_suite());
-    fflush(stdout); /* SKIP lines once, not again from every forked case */
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return daemon_suite_run(tier_host_suite());
 }

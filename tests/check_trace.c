@@ -15,6 +15,7 @@
 
 #include "client/kvcreplay_trace.h"
 #include "tests/lib/sim.h"
+#include "tests/lib/daemon.h"
 
 static uint64_t ids[REPLAY_MAX_BLOCKS];
 
@@ -179,9 +180,5 @@ int main(void)
     tcase_add_test(tc, test_refused);
     tcase_add_test(tc, test_kvcsim_agrees);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return daemon_suite_run(s);
 }

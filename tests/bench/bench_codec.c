@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "tests/lib/bench.h"
+#include "tests/lib/rng.h"
 #include "tiers/disk_codec.h"
 
 #define BLOCK (2u << 20)
@@ -33,10 +34,7 @@ static uint64_t rng = 0x9e3779b97f4a7c15ull;
 
 static double uniform(void)
 {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return ((double)(rng >> 11) + 0.5) / 9007199254740992.0;
+    return ((double)(rng_next(&rng) >> 11) + 0.5) / 9007199254740992.0;
 }
 
 static double normal(void)

@@ -38,6 +38,7 @@
 #include "kernels/kern_fmt.h"
 #include "kernels/kern_pack.h"
 #include "tests/lib/bench.h"
+#include "tests/lib/rng.h"
 
 #define NBLOCKS 8
 #define MIN_SECONDS (bench_smoke() ? 0.01 : 0.4)
@@ -64,21 +65,6 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(cpu ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static uint64_t rng_next(uint64_t *s)
-{
-    *s ^= *s << 13;
-    *s ^= *s >> 7;
-    *s ^= *s << 17;
-    return *s;
-}
-
-static float rng_gauss(uint64_t *s)
-{
-    double u1 = ((rng_next(s) >> 11) + 1.0) / 9007199254740993.0;
-    double u2 = (rng_next(s) >> 11) / 9007199254740992.0;
-    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
 }
 
 /* Keys: N(0,1) plus, on 4 outlier channels per head, a large per-channel offset and spread;

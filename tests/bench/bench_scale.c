@@ -57,6 +57,7 @@
 #include "client/kvc.h"
 #include "tests/lib/bench.h"
 #include "tests/lib/daemon.h"
+#include "tests/lib/rng.h"
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
@@ -112,10 +113,7 @@ static struct kvc_key sc_key(uint64_t tag, uint64_t i)
 static uint64_t sc_rng = 88172645463325252ull;
 static uint64_t sc_rand(void)
 {
-    sc_rng ^= sc_rng << 13;
-    sc_rng ^= sc_rng >> 7;
-    sc_rng ^= sc_rng << 17;
-    return sc_rng;
+    return rng_next(&sc_rng);
 }
 
 /* MemAvailable, bytes. */

@@ -24,19 +24,6 @@
 #include "tests/lib/sim.h"
 #include "tiers/slab.h"
 
-/* The kernel codec of a policy codec. */
-static int bench_kern_codec(int c)
-{
-    static const int map[POLICY_CODEC_COUNT] = {
-        [POLICY_CODEC_RAW] = KERN_CODEC_RAW,     [POLICY_CODEC_Q8] = KERN_CODEC_Q8_0,
-        [POLICY_CODEC_FP8] = KERN_CODEC_FP8,     [POLICY_CODEC_KIVI4] = KERN_CODEC_KIVI4,
-        [POLICY_CODEC_Q4] = KERN_CODEC_Q4_1,     [POLICY_CODEC_KIVI2] = KERN_CODEC_KIVI2,
-        [POLICY_CODEC_ROT4] = KERN_CODEC_ROT4,   [POLICY_CODEC_ROT2] = KERN_CODEC_ROT2,
-        [POLICY_CODEC_MERGE] = KERN_CODEC_MERGE, [POLICY_CODEC_LOWRANK] = KERN_CODEC_LOWRANK,
-    };
-    return map[c];
-}
-
 /* The new rungs at a fidelity budget against the old codecs' ladder at the same budget. */
 static int bench_rungs(const struct sim_trace *t, struct bench_row *rows, size_t *nrows)
 {
@@ -49,8 +36,8 @@ static int bench_rungs(const struct sim_trace *t, struct bench_row *rows, size_t
     double raw = slab_slot_cost(2u << 20, kern_raw_size(&lay));
     for (int k = 1; k < POLICY_CODEC_COUNT; k++) {
         struct kern_recipe rec;
-        kern_recipe_fill(&rec, (enum kern_codec)bench_kern_codec(k),
-                         (enum kern_codec)bench_kern_codec(k), 0);
+        enum kern_codec kc = (enum kern_codec)sim_kern_codec((enum policy_codec)k);
+        kern_recipe_fill(&rec, kc, kc, 0);
         c.codec_room[k] = slab_slot_cost(2u << 20, (uint64_t)kern_encoded_size(&lay, &rec)) / raw;
     }
     printf("%-40s %8s %8s %8s  %s\n", "case", "new", "old", "ratio", "rungs new | old");
@@ -58,7 +45,8 @@ static int bench_rungs(const struct sim_trace *t, struct bench_row *rows, size_t
         for (size_t ci = 0; ci < (bench_smoke() ? 1u : 2u); ci++) {
             uint32_t all = 0;
             for (int k = 1; k < POLICY_CODEC_COUNT; k++)
-                if (kern_codec_attn_error((enum kern_codec)bench_kern_codec(k)) <= budgets[bi])
+                if (kern_codec_attn_error((enum kern_codec)sim_kern_codec((enum policy_codec)k)) <=
+                    budgets[bi])
                     all |= 1u << k;
             struct sim_result rn, ro;
             char names[2][160] = {"", ""};

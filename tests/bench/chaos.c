@@ -49,6 +49,7 @@
 
 #include "tests/lib/bench.h"
 #include "tests/lib/daemon.h"
+#include "tests/lib/rng.h"
 
 #define CHAOS_MODEL "chaos"
 #define CHAOS_TOKENS 16  /* 16 KiB blocks with daemon_layout */
@@ -82,16 +83,6 @@ static uint64_t env_u64(const char *name, uint64_t def)
 {
     const char *s = getenv(name);
     return s && *s ? strtoull(s, NULL, 10) : def;
-}
-
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t x = *s;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    *s = x;
-    return x;
 }
 
 static void add(uint64_t *p, uint64_t v)

@@ -76,19 +76,6 @@ static int kvcsim_split(char *s, char **out, int max)
     return n;
 }
 
-/* The kernel codec of a policy codec (the daemon's wire format of that rung). */
-static int kvcsim_kern_codec(enum policy_codec c)
-{
-    static const int map[POLICY_CODEC_COUNT] = {
-        [POLICY_CODEC_RAW] = KERN_CODEC_RAW,     [POLICY_CODEC_Q8] = KERN_CODEC_Q8_0,
-        [POLICY_CODEC_FP8] = KERN_CODEC_FP8,     [POLICY_CODEC_KIVI4] = KERN_CODEC_KIVI4,
-        [POLICY_CODEC_Q4] = KERN_CODEC_Q4_1,     [POLICY_CODEC_KIVI2] = KERN_CODEC_KIVI2,
-        [POLICY_CODEC_ROT4] = KERN_CODEC_ROT4,   [POLICY_CODEC_ROT2] = KERN_CODEC_ROT2,
-        [POLICY_CODEC_MERGE] = KERN_CODEC_MERGE, [POLICY_CODEC_LOWRANK] = KERN_CODEC_LOWRANK,
-    };
-    return (unsigned)c < POLICY_CODEC_COUNT ? map[c] : -1;
-}
-
 /* --layout: each codec's room from the store's slot for its encoded block, over the raw
  * block's slot (*raw_cost, bytes; *raw, the raw block's bytes). 0 or -EINVAL. */
 static int kvcsim_rooms(const char *spec, uint64_t page, struct sim_config *c, double *raw_cost,
@@ -104,7 +91,7 @@ static int kvcsim_rooms(const char *spec, uint64_t page, struct sim_config *c, d
     if (*raw_cost <= 0)
         return -EINVAL;
     for (int k = 1; k < POLICY_CODEC_COUNT; k++) {
-        int kc = kvcsim_kern_codec((enum policy_codec)k);
+        int kc = sim_kern_codec((enum policy_codec)k);
         if (kc <= 0)
             continue;
         kern_recipe_fill(&rec, (enum kern_codec)kc, (enum kern_codec)kc, 0);

@@ -41,35 +41,17 @@
 #include "tests/lib/adversary.h"
 #include "tests/lib/daemon.h"
 #include "tests/lib/fake_dev.h"
+#include "tests/lib/inproc.h"
 #include "tiers/gpu.h"
 /* ---- the server in this process: the GPU pool (fake device) and WAITs ------------------------ */
 
 struct adv_ip {
-    struct config *cfg;
-    struct loop *l;
-    struct store *s;
-    struct acl *acl;
-    struct server *sv;
-    pid_t child;
-    int status;
+    struct inproc srv;
     int ctl[2]; /* a child asks the server side for something: see adv_ip_on_ctl */
     int ack[2]; /* and hears back 'k' */
 };
 
 static struct adv_ip ip;
-
-static void adv_ip_tick(void *arg)
-{
-    struct adv_ip *x = arg;
-    int st;
-    server_tick(x->sv);
-    if (x->child > 0 && waitpid(x->child, &st, WNOHANG) == x->child) {
-        x->status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-        x->child = 0;
-    }
-    if (x->child == 0 && server_clients(x->sv) == 0) /* its connections are closed too */
-        loop_stop(x->l);
-}
 
 /* 'p': flag every committed block as being read from disk (its WAITs then wait); 'r': the
  * reads are done (flags cleared, waiting WAITs answered). The reply byte is 'k'. */
@@ -81,8 +63,8 @@ static void adv_ip_on_ctl(struct loop *l, int fd, uint32_t events, void *arg)
     (void)events;
     if (read(fd, &v, 1) != 1)
         return;
-    for (uint32_t i = 0; i < x->s->ix.nblocks; i++) {
-        struct block *b = &x->s->ix.blocks[i];
+    for (uint32_t i = 0; i < x->srv.s->ix.nblocks; i++) {
+        struct block *b = &x->srv.s->ix.blocks[i];
         if (b->state != BLOCK_STATE_COMMITTED)
             continue;
         if (v == 'p')
@@ -90,8 +72,8 @@ static void adv_ip_on_ctl(struct loop *l, int fd, uint32_t events, void *arg)
         else
             b->flags &= (uint8_t)~BLOCK_F_PROMOTING;
     }
-    if (v == 'r' && x->s->on_ready)
-        x->s->on_ready(x->s->on_ready_arg);
+    if (v == 'r' && x->srv.s->on_ready)
+        x->srv.s->on_ready(x->srv.s->on_ready_arg);
     adv_signal(x->ack[1], 'k');
 }
 
@@ -109,28 +91,18 @@ static void adv_ip_start(uint64_t gpu_size)
                               .gpu_device = 0,
                               .gpu_page_size = 64 << 10,
                               .gpu_ops = &fake_dev_ops};
+    struct config *cfg = config_new();
     char err[256];
-    int rc = 0;
     memset(&ip, 0, sizeof(ip));
     log_setup(LOG_LEVEL_WARNING, 1000); /* the refusals' lines only */
     adv_dir_open();
-    ip.cfg = config_new();
-    ck_assert_int_eq(config_ns_set(&ip.cfg->ns, "victim*", "read", "65503", err, sizeof(err)), 0);
-    ck_assert_int_eq(config_ns_set(&ip.cfg->ns, "victim*", "write", "65501", err, sizeof(err)), 0);
-    ck_assert_int_eq(config_ns_set(&ip.cfg->ns, "victim*", "host_size", "4m", err, sizeof(err)), 0);
+    ck_assert_ptr_nonnull(cfg);
+    ck_assert_int_eq(config_ns_set(&cfg->ns, "victim*", "read", "65503", err, sizeof(err)), 0);
+    ck_assert_int_eq(config_ns_set(&cfg->ns, "victim*", "write", "65501", err, sizeof(err)), 0);
+    ck_assert_int_eq(config_ns_set(&cfg->ns, "victim*", "host_size", "4m", err, sizeof(err)), 0);
     fake_dev_reset(1);
-    ip.s = store_new(&sp, &rc);
-    ck_assert_msg(ip.s, "store_new: %d", rc);
-    engine_attach(ip.s);
-    ck_assert(gpu_size == 0 || ip.s->gpu);
-    ip.acl = acl_new(ip.s, ip.cfg, &rc);
-    ck_assert_ptr_nonnull(ip.acl);
-    ip.l = loop_new(&rc);
-    ck_assert_ptr_nonnull(ip.l);
-    struct server_params vp;
-    daemon_server_params(&vp, adv_d.sock, 0666, 64, ip.cfg, ip.acl);
-    ip.sv = server_new(ip.l, ip.s, &vp, &rc);
-    ck_assert_msg(ip.sv, "server_new: %d", rc);
+    inproc_start(&ip.srv, cfg, &sp, adv_d.sock, 0666, 64);
+    ck_assert(gpu_size == 0 || ip.srv.s->gpu);
     ck_assert_int_eq(pipe(ip.ctl), 0);
     ck_assert_int_eq(pipe(ip.ack), 0);
 }
@@ -138,22 +110,12 @@ static void adv_ip_start(uint64_t gpu_size)
 /* Runs fn as uid in a child while this process serves it. */
 static int adv_ip_run(uint32_t uid, int (*fn)(void *), void *arg)
 {
-    ip.child = adv_spawn(uid, fn, arg);
-    ip.status = -1;
-    loop_run(ip.l, 20, adv_ip_tick, &ip);
-    return ip.status;
+    return inproc_run(&ip.srv, adv_spawn(uid, fn, arg));
 }
 
 static void adv_ip_stop(void)
 {
-    ck_assert_uint_eq(ip.s->pins_now, 0);
-    ck_assert_uint_eq(ip.s->reserved_now, 0);
-    server_free(ip.sv);
-    acl_free(ip.acl);
-    engine_stop(ip.s);
-    store_free(ip.s);
-    loop_free(ip.l);
-    config_free(ip.cfg);
+    inproc_stop(&ip.srv);
     close(ip.ctl[0]);
     close(ip.ctl[1]);
     close(ip.ack[0]);
@@ -330,15 +292,15 @@ START_TEST(test_gpu_pool_access)
     ck_assert_int_eq(adv_ip_run(ADV_ATTACKER, adv_gpu_attacker, NULL), 0);
     /* The pool never held a block of the restricted namespace. */
     uint32_t vid = 0;
-    for (uint32_t i = 1; i < ip.s->nns; i++)
-        if (ip.s->ns[i] && strcmp(ip.s->ns[i]->layout.model_id, "victim-model") == 0)
+    for (uint32_t i = 1; i < ip.srv.s->nns; i++)
+        if (ip.srv.s->ns[i] && strcmp(ip.srv.s->ns[i]->layout.model_id, "victim-model") == 0)
             vid = i;
     ck_assert_uint_ne(vid, 0);
-    ck_assert_uint_eq(ip.s->ns[vid]->stats.gpu_promoted_blocks, 0);
-    for (uint32_t i = 0; i < ip.s->ix.nblocks; i++)
-        if (ip.s->ix.blocks[i].state != BLOCK_STATE_FREE && ip.s->ix.blocks[i].ns == vid)
-            ck_assert_uint_ne(ip.s->ix.blocks[i].tier, KVC_WIRE_TIER_GPU);
-    ck_assert_uint_ge(ip.s->total.refused_access, 5);
+    ck_assert_uint_eq(ip.srv.s->ns[vid]->stats.gpu_promoted_blocks, 0);
+    for (uint32_t i = 0; i < ip.srv.s->ix.nblocks; i++)
+        if (ip.srv.s->ix.blocks[i].state != BLOCK_STATE_FREE && ip.srv.s->ix.blocks[i].ns == vid)
+            ck_assert_uint_ne(ip.srv.s->ix.blocks[i].tier, KVC_WIRE_TIER_GPU);
+    ck_assert_uint_ge(ip.srv.s->total.refused_access, 5);
     adv_ip_stop();
 }
 END_TEST
@@ -416,13 +378,13 @@ static int adv_wait_attacker(void *arg)
 START_TEST(test_wait_flood)
 {
     adv_ip_start(0);
-    loop_add(ip.l, ip.ctl[0], EPOLLIN, adv_ip_on_ctl, &ip);
+    loop_add(ip.srv.l, ip.ctl[0], EPOLLIN, adv_ip_on_ctl, &ip);
     ck_assert_int_eq(adv_ip_run(ADV_ATTACKER, adv_wait_attacker, &ip), 0);
-    ck_assert_uint_eq(ip.s->total.refused_waits, 2);
+    ck_assert_uint_eq(ip.srv.s->total.refused_waits, 2);
     /* The child left with its WAITs pending: nothing of them is left. */
-    for (uint32_t i = 0; i < ip.s->ix.nblocks; i++)
-        ip.s->ix.blocks[i].flags &= (uint8_t)~BLOCK_F_PROMOTING;
-    loop_del(ip.l, ip.ctl[0]);
+    for (uint32_t i = 0; i < ip.srv.s->ix.nblocks; i++)
+        ip.srv.s->ix.blocks[i].flags &= (uint8_t)~BLOCK_F_PROMOTING;
+    loop_del(ip.srv.l, ip.ctl[0]);
     adv_ip_stop();
 }
 END_TEST

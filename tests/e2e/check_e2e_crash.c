@@ -186,17 +186,10 @@ int main(void)
 {
     Suite *s = suite_create("e2e_crash");
     TCase *tc = tcase_create("crash");
-    SRunner *sr;
-    int failed;
     tcase_set_timeout(tc, daemon_slow() * 120);
     tcase_add_test(tc, test_crash_killed_clients_leak_nothing);
     suite_add_tcase(s, tc);
     if (daemon_suite_init("e2e-crash"))
         return 1;
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    daemon_suite_fini();
-    return failed ? 1 : 0;
+    return daemon_suite_run(s);
 }

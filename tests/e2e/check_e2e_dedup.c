@@ -184,8 +184,6 @@ int main(void)
 {
     Suite *s = suite_create("e2e_dedup");
     TCase *tc = tcase_create("dedup");
-    SRunner *sr;
-    int failed;
     tcase_set_timeout(tc, daemon_slow() * 60);
     tcase_add_checked_fixture(tc, dd_setup, dd_teardown);
     tcase_add_test(tc, test_dedup_second_writer_busy);
@@ -196,10 +194,5 @@ int main(void)
     suite_add_tcase(s, tc);
     if (daemon_suite_init("e2e-dedup"))
         return 1;
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    daemon_suite_fini();
-    return failed ? 1 : 0;
+    return daemon_suite_run(s);
 }

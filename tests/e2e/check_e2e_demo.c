@@ -158,18 +158,11 @@ int main(void)
 {
     Suite *s = suite_create("e2e_demo");
     TCase *tc = tcase_create("demo");
-    SRunner *sr;
-    int failed;
     if (daemon_suite_init("e2e_demo") < 0)
         return 1;
     tcase_set_timeout(tc, daemon_slow() * 300);
     tcase_add_test(tc, test_demo_summary_three_lines);
     tcase_add_test(tc, test_demo_stats_agree);
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    daemon_suite_fini();
-    return failed ? 1 : 0;
+    return daemon_suite_run(s);
 }

@@ -119,15 +119,9 @@ static void kvcd_stop(int sig)
 
 static uint64_t stat_get(kvc_client *c, const char *name)
 {
-    struct kvc_stat *s;
-    size_t n;
-    uint64_t v = UINT64_MAX;
-    ck_assert_int_eq(kvc_stats(c, 0, &s, &n), 0);
-    for (size_t i = 0; i < n; i++)
-        if (strcmp(s[i].name, name) == 0)
-            v = s[i].value;
-    free(s);
-    ck_assert_msg(v != UINT64_MAX, "no stat %s", name);
+    uint64_t v = 0;
+    int rc = daemon_client_stat(c, 0, name, &v);
+    ck_assert_msg(rc == 0, "stat %s: %s", name, kvc_strerror(rc));
     return v;
 }
 
@@ -1106,7 +1100,6 @@ int main(void)
 {
     Suite *s = suite_create("e2e_disk");
     TCase *tc = tcase_create("disk");
-    int failed;
     dir_make(); /* where the cases will run: does it take O_DIRECT? */
     if (dir[0])
         rmdir(dir);
@@ -1139,9 +1132,5 @@ int main(void)
     tcase_add_test(tc, test_hits_counted_once);
     tcase_add_test(tc, test_disk_lookup_resolves_once);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return daemon_suite_run(s);
 }

@@ -404,8 +404,6 @@ int main(void)
 {
     Suite *s = suite_create("e2e_engine");
     TCase *tc = tcase_create("engine");
-    SRunner *sr;
-    int failed;
     if (daemon_suite_init("e2e_engine"))
         return 1;
     tcase_add_checked_fixture(tc, setup, teardown);
@@ -415,10 +413,5 @@ int main(void)
     tcase_add_test(tc, test_clean_redemotion_writes_nothing);
     tcase_add_test(tc, test_evictions_race_moves);
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    daemon_suite_fini();
-    return failed ? 1 : 0;
+    return daemon_suite_run(s);
 }

@@ -38,6 +38,7 @@
 #include "tests/lib/daemon.h"
 #include "tests/lib/fake_dev.h"
 #include "tests/lib/gpu_engine.h"
+#include "tests/lib/inproc.h"
 /* ---- a pool over the fake device: the server in this process, clients forked ------------ */
 
 /* The store and server run here with a pool on fake device 0 (a memfd); each client is a
@@ -45,13 +46,7 @@
  * pool from the descriptor the server passes, as a real engine process would. */
 struct gf_server {
     struct daemon d;
-    struct config *cfg;
-    struct loop *l;
-    struct store *s;
-    struct acl *acl;
-    struct server *sv;
-    pid_t child;
-    int status;
+    struct inproc ip;
 };
 
 static struct gf_server gf;
@@ -62,20 +57,7 @@ static void gf_on_gpu(struct loop *l, int fd, uint32_t events, void *arg)
     struct gf_server *x = arg;
     (void)fd;
     (void)events;
-    engine_gpu_poll(x->s, loop_now_ms(l));
-}
-
-static void gf_tick(void *arg)
-{
-    struct gf_server *x = arg;
-    int st;
-    server_tick(x->sv);
-    if (x->child > 0 && waitpid(x->child, &st, WNOHANG) == x->child) {
-        x->status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-        x->child = 0;
-    }
-    if (x->child == 0 && server_clients(x->sv) == 0)
-        loop_stop(x->l);
+    engine_gpu_poll(x->ip.s, loop_now_ms(l));
 }
 
 static void gf_setup(void)
@@ -91,37 +73,19 @@ static void gf_setup(void)
                               .gpu_device = 0,
                               .gpu_page_size = 64 << 10,
                               .gpu_ops = &fake_dev_ops};
-    int rc = 0;
     memset(&gf, 0, sizeof(gf));
     log_setup(LOG_LEVEL_WARNING, 1000);
     ck_assert_int_eq(daemon_dir_init(&gf.d), 0);
     fake_dev_reset(2);
-    gf.cfg = config_new();
-    gf.s = store_new(&sp, &rc);
-    ck_assert_msg(gf.s && gf.s->gpu, "store_new: %d", rc);
-    engine_attach(gf.s);
-    gf.acl = acl_new(gf.s, gf.cfg, &rc);
-    ck_assert_ptr_nonnull(gf.acl);
-    gf.l = loop_new(&rc);
-    ck_assert_ptr_nonnull(gf.l);
-    ck_assert_int_eq(loop_add(gf.l, engine_gpu_fd(gf.s), EPOLLIN, gf_on_gpu, &gf), 0);
-    struct server_params vp;
-    daemon_server_params(&vp, gf.d.sock, 0600, 16, gf.cfg, gf.acl);
-    gf.sv = server_new(gf.l, gf.s, &vp, &rc);
-    ck_assert_msg(gf.sv, "server_new: %d", rc);
+    inproc_start(&gf.ip, config_new(), &sp, gf.d.sock, 0600, 16);
+    ck_assert_ptr_nonnull(gf.ip.s->gpu);
+    ck_assert_int_eq(loop_add(gf.ip.l, engine_gpu_fd(gf.ip.s), EPOLLIN, gf_on_gpu, &gf), 0);
 }
 
 static void gf_teardown(void)
 {
     kvci_gpu_ops_set(NULL);
-    ck_assert_uint_eq(gf.s->pins_now, 0);
-    ck_assert_uint_eq(gf.s->reserved_now, 0);
-    server_free(gf.sv);
-    acl_free(gf.acl);
-    engine_stop(gf.s);
-    store_free(gf.s);
-    loop_free(gf.l);
-    config_free(gf.cfg);
+    inproc_stop(&gf.ip);
     ck_assert_int_eq(fake_dev.pools_live, 0);
     ck_assert_int_eq(fake_dev.registered, 0);
     ck_assert_uint_eq(fake_dev.queued, 0);
@@ -132,11 +96,7 @@ static void gf_teardown(void)
 /* Runs fn in a forked client while this process serves it; its exit status. */
 static int gf_run(int (*fn)(void *), void *arg)
 {
-    gf.child = daemon_child_spawn(fn, arg);
-    ck_assert_int_gt(gf.child, 0);
-    gf.status = -1;
-    loop_run(gf.l, 20, gf_tick, &gf);
-    return gf.status;
+    return inproc_run(&gf.ip, daemon_child_spawn(fn, arg));
 }
 
 /* A client process: the driver starts here (fake reset), on device `dev`. */
@@ -385,7 +345,7 @@ START_TEST(test_pool_copies_land_in_order)
 {
     ck_assert_int_eq(gf_run(gf_pool_put_load, NULL), 0);
     /* The daemon side saw the client's bytes in the pool. */
-    ck_assert_uint_gt(store_gpu_used(gf.s), 0);
+    ck_assert_uint_gt(store_gpu_used(gf.ip.s), 0);
 }
 END_TEST
 
@@ -492,8 +452,8 @@ static void gf_moves_tick(void *arg)
     struct gf_server *x = arg;
     uint64_t inflight = 0;
     int st;
-    server_tick(x->sv);
-    engine_gpu_stats(x->s, gf_moves_stat, &inflight);
+    server_tick(x->ip.sv);
+    engine_gpu_stats(x->ip.s, gf_moves_stat, &inflight);
     if (gm.other == 0 && gm.other_status < 0 && inflight == GE_BLOCKS)
         gm.other = daemon_child_spawn(gf_other_client, NULL);
     if (gm.other > 0 && waitpid(gm.other, &st, WNOHANG) == gm.other) {
@@ -506,8 +466,8 @@ static void gf_moves_tick(void *arg)
         gm.loader_status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
         gm.loader = 0;
     }
-    if (gm.loader == 0 && gm.other == 0 && server_clients(x->sv) == 0)
-        loop_stop(x->l);
+    if (gm.loader == 0 && gm.other == 0 && server_clients(x->ip.sv) == 0)
+        loop_stop(x->ip.l);
 }
 
 /* The daemon's copies out of the pool are queued and completed by its loop: while the
@@ -517,20 +477,20 @@ static void gf_moves_tick(void *arg)
 START_TEST(test_pool_moves_off_the_loop)
 {
     ck_assert_int_eq(gf_run(gf_put_pool, NULL), 0);
-    ck_assert_uint_eq(store_gpu_used(gf.s), GE_BLOCKS * store_ns_get(gf.s, 1)->block_bytes);
+    ck_assert_uint_eq(store_gpu_used(gf.ip.s), GE_BLOCKS * store_ns_get(gf.ip.s, 1)->block_bytes);
     uint64_t waits = fake_dev.waits;
     memset(&gm, 0, sizeof(gm));
     gm.loader_status = gm.other_status = -1;
     fake_dev.hold = 1;
     gm.loader = daemon_child_spawn(gf_load_host, NULL);
     ck_assert_int_gt(gm.loader, 0);
-    loop_run(gf.l, 20, gf_moves_tick, &gf);
+    loop_run(gf.ip.l, 20, gf_moves_tick, &gf);
     fake_dev.hold = 0;
     ck_assert_int_eq(gm.other_status, 0);
     ck_assert_msg(gm.other_done_while_held, "the other client was not served during the moves");
     ck_assert_int_eq(gm.loader_status, 0);
-    ck_assert_uint_eq(gf.s->total.gpu_demoted_blocks, GE_BLOCKS);
-    ck_assert_uint_eq(store_gpu_used(gf.s), 0);
+    ck_assert_uint_eq(gf.ip.s->total.gpu_demoted_blocks, GE_BLOCKS);
+    ck_assert_uint_eq(store_gpu_used(gf.ip.s), 0);
     ck_assert_uint_eq(fake_dev.waits, waits); /* the loop never waited for a copy */
     ck_assert_int_eq(fake_dev_last_error(), 0);
 }
@@ -1025,8 +985,6 @@ static TCase *gf_case(Suite *s, const char *name, void (*setup)(void), void (*te
 int main(void)
 {
     Suite *s = suite_create("e2e_gpu_fake");
-    SRunner *sr;
-    int failed;
     TCase *tf = gf_case(s, "fake-pool", gf_setup, gf_teardown);
     tcase_add_test(tf, test_attach_keeps_current_device);
     tcase_add_test(tf, test_pool_copies_land_in_order);
@@ -1043,10 +1001,5 @@ int main(void)
     fflush(stdout);
     if (daemon_suite_init("e2e-gpu-fake"))
         return 1;
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    daemon_suite_fini();
-    return failed ? 1 : 0;
+    return daemon_suite_run(s);
 }

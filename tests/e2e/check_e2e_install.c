@@ -279,8 +279,6 @@ int main(void)
 {
     Suite *s = suite_create("e2e_install");
     TCase *tc = tcase_create("install");
-    SRunner *sr;
-    int failed;
     if (daemon_suite_init("e2e_install") < 0)
         return 1;
     tcase_set_timeout(tc, daemon_slow() * 900);
@@ -289,10 +287,5 @@ int main(void)
     tcase_add_test(tc, test_install_pkgconfig_static_link_no_cuda);
     tcase_add_test(tc, test_install_stripped_debug_beside);
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    daemon_suite_fini();
-    return failed ? 1 : 0;
+    return daemon_suite_run(s);
 }

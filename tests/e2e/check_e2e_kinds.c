@@ -21,6 +21,7 @@
 
 #include "client/kvc.h"
 #include "tests/lib/daemon.h"
+#include "tests/lib/kinds.h"
 
 #define BT 4   /* tokens per block */
 #define WIN 10 /* window tokens: 3 blocks */
@@ -53,50 +54,13 @@ static struct kvc_layout lay(const char *model, enum kvc_kv_kind kind, uint32_t 
 
 static kvc_ns *open_kind(kvc_client *c, const char *model, enum kvc_kv_kind kind)
 {
-    struct kvc_layout l = lay(model, kind, 2, 64);
-    kvc_ns *ns = NULL;
-    int rc = kind == KVC_KV_KIND_KV_WINDOW ? kvc_ns_open_window(c, &l, WIN, &ns)
-                                           : kvc_ns_open(c, &l, &ns);
-    ck_assert_msg(rc == 0, "open %s: %s", model, kvc_strerror(rc));
-    return ns;
+    return kinds_open(c, lay(model, kind, 2, 64), kind, WIN);
 }
 
 static void keys_of(struct kvc_key *k, uint32_t n, uint64_t salt)
 {
     for (uint32_t i = 0; i < n; i++)
         k[i] = (struct kvc_key){.lo = salt * 1000 + i + 1, .hi = 0x6b696e6473ull ^ salt};
-}
-
-/* Puts keys[i] for every i in idx[0..m), each as its own root, its bytes a function of it. */
-static void put_each(kvc_ns *ns, const struct kvc_key *keys, const int *idx, int m)
-{
-    size_t bb = kvc_ns_block_bytes(ns);
-    uint8_t *buf = malloc(bb);
-    for (int j = 0; j < m; j++) {
-        const void *p = buf;
-        daemon_block_fill(&keys[idx[j]], buf, bb);
-        ck_assert_int_eq(kvc_put_prefix(ns, NULL, &keys[idx[j]], 1, &p), 1);
-    }
-    free(buf);
-}
-
-/* Looks keys[0..n) up; checks the hits are keys[want_first..want_first+want_n) byte for
- * byte. */
-static void expect_span(kvc_ns *ns, const struct kvc_key *keys, uint32_t n, size_t want_first,
-                        int want_n)
-{
-    kvc_lease *l = NULL;
-    int h = kvc_lookup(ns, keys, n, 0, &l);
-    ck_assert_msg(h == want_n, "prefix %u: %d hits, want %d", n, h, want_n);
-    if (!h)
-        return;
-    ck_assert_msg(kvc_lease_first(l) == want_first, "prefix %u: first %zu, want %zu", n,
-                  kvc_lease_first(l), want_first);
-    for (int i = 0; i < h; i++)
-        ck_assert_msg(daemon_block_check(&keys[want_first + (size_t)i],
-                                         kvc_lease_data(l, (size_t)i), kvc_ns_block_bytes(ns)) < 0,
-                      "prefix %u hit %d: wrong bytes", n, i);
-    ck_assert_int_eq(kvc_release(l), 0);
 }
 
 START_TEST(test_window_lookup_is_exactly_the_window)
@@ -111,15 +75,15 @@ START_TEST(test_window_lookup_is_exactly_the_window)
     keys_of(k, 12, 1);
     /* Blocks 0..1 and 4..11 cached; 2 and 3 never were (or went). */
     int idx[] = {0, 1, 4, 5, 6, 7, 8, 9, 10, 11};
-    put_each(ns, k, idx, 10);
+    kinds_put_roots(ns, k, idx, 10);
     ck_assert_int_eq(kvc_flush(c), 0);
     /* The window is 3 blocks: a prefix e needs blocks [e-3, e) (all of them when shorter). */
-    expect_span(ns, k, 1, 0, 1);
-    expect_span(ns, k, 2, 0, 2);
-    expect_span(ns, k, 3, 0, 2);  /* e = 3 needs block 2: the longest is e = 2 */
-    expect_span(ns, k, 6, 0, 2);  /* e = 4..6 need block 2 or 3 */
-    expect_span(ns, k, 7, 4, 3);  /* e = 7: blocks 4..6, the blocks before gone */
-    expect_span(ns, k, 12, 9, 3); /* the longest prefix: its window only */
+    kinds_expect(ns, k, 1, 0, 1);
+    kinds_expect(ns, k, 2, 0, 2);
+    kinds_expect(ns, k, 3, 0, 2);  /* e = 3 needs block 2: the longest is e = 2 */
+    kinds_expect(ns, k, 6, 0, 2);  /* e = 4..6 need block 2 or 3 */
+    kinds_expect(ns, k, 7, 4, 3);  /* e = 7: blocks 4..6, the blocks before gone */
+    kinds_expect(ns, k, 12, 9, 3); /* the longest prefix: its window only */
     /* get_prefix puts a span's blocks where they go and answers the prefix's length. */
     size_t bb = kvc_ns_block_bytes(ns);
     uint8_t *bufs = calloc(12, bb);
@@ -160,20 +124,20 @@ START_TEST(test_long_prompts_searched_from_the_end)
     kvc_ns *w = open_kind(c, "kinds/long-swa", KVC_KV_KIND_KV_WINDOW);
     kvc_ns *st = open_kind(c, "kinds/long-state", KVC_KV_KIND_STATE);
     keys_of(k, N, 9);
-    put_each(w, k, (const int[]){0, 1}, 2);
-    put_each(st, k, (const int[]){1000}, 1);
+    kinds_put_roots(w, k, (const int[]){0, 1}, 2);
+    kinds_put_roots(st, k, (const int[]){1000}, 1);
     ck_assert_int_eq(kvc_flush(c), 0);
-    expect_span(w, k, N, 0, 2);     /* down to the first request: the prefix 2 */
-    expect_span(st, k, N, 1000, 1); /* the third request from the end */
+    kinds_expect(w, k, N, 0, 2);     /* down to the first request: the prefix 2 */
+    kinds_expect(st, k, N, 1000, 1); /* the third request from the end */
     /* Blocks 2951..2953: the first request (keys 2952..4999) holds two of them only. */
-    put_each(w, k, (const int[]){2951, 2952, 2953}, 3);
+    kinds_put_roots(w, k, (const int[]){2951, 2952, 2953}, 3);
     ck_assert_int_eq(kvc_flush(c), 0);
-    expect_span(w, k, N, 2951, 3);
+    kinds_expect(w, k, N, 2951, 3);
     /* And one in the last request, past the others. */
-    put_each(w, k, (const int[]){4990, 4991, 4992}, 3);
+    kinds_put_roots(w, k, (const int[]){4990, 4991, 4992}, 3);
     ck_assert_int_eq(kvc_flush(c), 0);
-    expect_span(w, k, N, 4990, 3);
-    expect_span(w, k, 4992, 2951, 3); /* prefix 4992 needs 4989: the one before */
+    kinds_expect(w, k, N, 4990, 3);
+    kinds_expect(w, k, 4992, 2951, 3); /* prefix 4992 needs 4989: the one before */
     kvc_disconnect(c);
     ck_assert_int_eq(daemon_stop(&d), 0);
     free(k);
@@ -191,19 +155,19 @@ START_TEST(test_state_lookup_never_crosses_a_boundary)
     ck_assert_uint_eq(kvc_ns_block_bytes(ns), 2 * 2 * 64 * 2);
     keys_of(k, 10, 3);
     int idx[] = {3, 7}; /* states taken at the end of blocks 3 and 7 */
-    put_each(ns, k, idx, 2);
+    kinds_put_roots(ns, k, idx, 2);
     ck_assert_int_eq(kvc_flush(c), 0);
     for (uint32_t n = 1; n <= 10; n++) {
         int want = n >= 8 ? 7 : n >= 4 ? 3 : -1;
         if (want < 0)
-            expect_span(ns, k, n, 0, 0);
+            kinds_expect(ns, k, n, 0, 0);
         else
-            expect_span(ns, k, n, (size_t)want, 1);
+            kinds_expect(ns, k, n, (size_t)want, 1);
     }
     /* Another prompt sharing no key: no state, whatever its length. */
     struct kvc_key other[10];
     keys_of(other, 10, 4);
-    expect_span(ns, other, 10, 0, 0);
+    kinds_expect(ns, other, 10, 0, 0);
     /* get_prefix: the state lands in dst[e-1], the answer is e. */
     size_t bb = kvc_ns_block_bytes(ns);
     uint8_t *bufs = calloc(10, bb);
@@ -289,7 +253,7 @@ START_TEST(test_blocks_behind_the_window_go_first)
             daemon_block_fill(&kk[j + i], buf + (size_t)i * bb, bb);
         ck_assert_int_eq(kvc_put_prefix(kv, NULL, &kk[j], 4, p), 4);
         ck_assert_int_eq(kvc_flush(c), 0);
-        expect_span(w, wk, 20, 18, 2);
+        kinds_expect(w, wk, 20, 18, 2);
     }
     uint64_t evicted = 0;
     ck_assert_int_eq(daemon_client_stat(c, 0, "evicted_blocks", &evicted), 0);
@@ -313,7 +277,7 @@ START_TEST(test_kind_and_window_are_the_layout)
     kvc_ns *st = open_kind(c, "kinds/adv", KVC_KV_KIND_STATE);
     keys_of(k, 4, 5);
     int idx[] = {1};
-    put_each(st, k, idx, 1);
+    kinds_put_roots(st, k, idx, 1);
     ck_assert_int_eq(kvc_flush(c), 0);
     struct kvc_layout l = lay("kinds/adv", KVC_KV_KIND_KV, 2, 64);
     ck_assert_int_eq(kvc_ns_open(c, &l, &ns), -EEXIST);
@@ -331,10 +295,10 @@ START_TEST(test_kind_and_window_are_the_layout)
     l = lay("kinds/adv-other", KVC_KV_KIND_STATE, 1, 128);
     ck_assert_int_eq(kvc_ns_open(c, &l, &st2), 0);
     ck_assert_uint_eq(kvc_ns_block_bytes(st2), kvc_ns_block_bytes(st));
-    expect_span(st2, k, 4, 0, 0);
+    kinds_expect(st2, k, 4, 0, 0);
     kvc_ns *kvns = open_kind(c, "kinds/adv-kv", KVC_KV_KIND_KV);
-    expect_span(kvns, k, 4, 0, 0);
-    expect_span(st, k, 4, 1, 1);
+    kinds_expect(kvns, k, 4, 0, 0);
+    kinds_expect(st, k, 4, 1, 1);
     /* A layout a client makes up on the wire is refused by the daemon too (the library
      * checks first): an unknown kind, a window on a kind that has none. */
     l = lay("kinds/adv-bad", (enum kvc_kv_kind)5, 2, 64);
@@ -355,9 +319,9 @@ START_TEST(test_kvcctl_shows_kinds)
     kvc_ns *s = open_kind(c, "kinds/ctl-state", KVC_KV_KIND_STATE);
     keys_of(k, 2, 6);
     int idx[] = {0};
-    put_each(w, k, idx, 1);
+    kinds_put_roots(w, k, idx, 1);
     int idx2[] = {1};
-    put_each(s, k, idx2, 1);
+    kinds_put_roots(s, k, idx2, 1);
     ck_assert_int_eq(kvc_flush(c), 0);
     ck_assert_int_eq(daemon_kvcctl(&d, out, sizeof(out), err, sizeof(err), "--json", "ns", NULL),
                      0);
@@ -516,7 +480,6 @@ int main(void)
 {
     Suite *s = suite_create("e2e_kinds");
     TCase *tc = tcase_create("kinds");
-    int failed;
     if (daemon_suite_init("e2e_kinds"))
         return 1;
     tcase_add_checked_fixture(tc, setup, teardown);
@@ -529,10 +492,5 @@ int main(void)
     tcase_add_test(tc, test_blocks_behind_the_window_go_first);
     tcase_add_test(tc, test_every_kind_through_disk_and_restart);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    daemon_suite_fini();
-    return failed ? 1 : 0;
+    return daemon_suite_run(s);
 }

@@ -437,8 +437,6 @@ int main(void)
 {
     Suite *s = suite_create("e2e_lifecycle");
     TCase *tc = tcase_create("lifecycle");
-    SRunner *sr;
-    int failed;
     tcase_set_timeout(tc, daemon_slow() * 60);
     tcase_add_test(tc, test_lifecycle_refuses_second_daemon);
     tcase_add_test(tc, test_lifecycle_replaces_stale_socket);
@@ -460,10 +458,5 @@ int main(void)
     suite_add_tcase(s, tc);
     if (daemon_suite_init("e2e-lifecycle"))
         return 1;
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    daemon_suite_fini();
-    return failed ? 1 : 0;
+    return daemon_suite_run(s);
 }

@@ -615,8 +615,6 @@ int main(int argc, char **argv)
 {
     Suite *s;
     TCase *tc;
-    SRunner *sr;
-    int failed;
     if (argc == 3 && strcmp(argv[1], "--acl-child") == 0)
         return ops_acl_child(argv[2]);
     s = suite_create("e2e_ops");
@@ -640,9 +638,5 @@ int main(int argc, char **argv)
     else
         printf("SKIP: e2e_ops: units_verify: systemd-analyze not installed\n");
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return daemon_suite_run(s);
 }

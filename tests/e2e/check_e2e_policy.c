@@ -158,17 +158,10 @@ int main(void)
 {
     Suite *s = suite_create("e2e_policy");
     TCase *tc = tcase_create("policy");
-    SRunner *sr;
-    int failed;
     tcase_set_timeout(tc, daemon_slow() * 120);
     tcase_add_test(tc, test_hints_keep_and_budget);
     suite_add_tcase(s, tc);
     if (daemon_suite_init("e2e-policy"))
         return 1;
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    daemon_suite_fini();
-    return failed ? 1 : 0;
+    return daemon_suite_run(s);
 }

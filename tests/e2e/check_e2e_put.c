@@ -747,8 +747,6 @@ int main(void)
 {
     Suite *s = suite_create("e2e_put");
     TCase *tc = tcase_create("put");
-    SRunner *sr;
-    int failed;
     tcase_set_timeout(tc, daemon_slow() * 90);
     tcase_add_test(tc, test_put_seen_by_self_at_once);
     tcase_add_test(tc, test_put_flush_without_puts);
@@ -765,10 +763,5 @@ int main(void)
     suite_add_tcase(s, tc);
     if (daemon_suite_init("e2e-put"))
         return 1;
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    daemon_suite_fini();
-    return failed ? 1 : 0;
+    return daemon_suite_run(s);
 }

@@ -433,8 +433,6 @@ int main(void)
 {
     Suite *s = suite_create("e2e_quant");
     TCase *tc = tcase_create("quant");
-    SRunner *sr;
-    int failed;
     tcase_set_timeout(tc, daemon_slow() * 120);
     tcase_add_test(tc, test_quant_under_pressure);
     tcase_add_test(tc, test_ladder_end_to_end);
@@ -443,10 +441,5 @@ int main(void)
     suite_add_tcase(s, tc);
     if (daemon_suite_init("e2e-quant"))
         return 1;
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    daemon_suite_fini();
-    return failed ? 1 : 0;
+    return daemon_suite_run(s);
 }

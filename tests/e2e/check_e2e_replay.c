@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "tests/lib/daemon.h"
+#include "tests/lib/rng.h"
 
 #define TRACE_REQUESTS 300
 #define TRACE_SYSTEMS 6     /* system prompts */
@@ -41,14 +42,6 @@ struct trace_info {
 static struct daemon rep_d;
 static struct trace_info rep_trace;
 
-static uint64_t trace_rand(uint64_t *s)
-{
-    *s ^= *s << 13;
-    *s ^= *s >> 7;
-    *s ^= *s << 17;
-    return *s;
-}
-
 /* Writes the trace into the daemon's directory and counts it: in this format an id names a
  * whole prefix, so a block hits an infinite cache iff its id came before. */
 static void trace_write(const struct daemon *d, struct trace_info *ti)
@@ -64,24 +57,24 @@ static void trace_write(const struct daemon *d, struct trace_info *ti)
     ck_assert_ptr_nonnull(f);
     for (int i = 0; i < TRACE_REQUESTS; i++) {
         struct trace_req *r = &req[i];
-        uint64_t kind = trace_rand(&s) % 10;
+        uint64_t kind = rng_next(&s) % 10;
         int own;
         if (kind < 4 && i >= TRACE_GAP) { /* a conversation comes back with a new turn */
-            const struct trace_req *prev = &req[trace_rand(&s) % (uint64_t)(i - TRACE_GAP + 1)];
+            const struct trace_req *prev = &req[rng_next(&s) % (uint64_t)(i - TRACE_GAP + 1)];
             *r = *prev;
         } else { /* a system prompt, then the request's own blocks */
-            uint64_t sys = trace_rand(&s) % TRACE_SYSTEMS;
+            uint64_t sys = rng_next(&s) % TRACE_SYSTEMS;
             r->n = 0;
             for (int b = 0; b < TRACE_SYSTEM_LEN; b++)
                 r->ids[r->n++] = sys * TRACE_SYSTEM_LEN + (uint64_t)b;
         }
-        own = 1 + (int)(trace_rand(&s) % 4);
+        own = 1 + (int)(rng_next(&s) % 4);
         for (int b = 0; b < own && r->n < TRACE_MAX_BLOCKS; b++)
             r->ids[r->n++] = next_id++;
         fprintf(f,
                 "{\"timestamp\": %d, \"input_length\": %d, \"output_length\": 10, "
                 "\"hash_ids\": [",
-                i * 100, r->n * 512 - (int)(trace_rand(&s) % 500));
+                i * 100, r->n * 512 - (int)(rng_next(&s) % 500));
         for (int b = 0; b < r->n; b++) {
             bool hit = false;
             for (size_t k = 0; k < nseen && !hit; k++)
@@ -311,7 +304,7 @@ static void policy_trace_write(const char *dir, char *path, size_t len)
     ck_assert_ptr_nonnull(f);
     for (int i = 0; i < 3000; i++) {
         /* doc = floor(300 * u^3): the first few often, most rarely */
-        double u = (double)(trace_rand(&s) >> 11) * 0x1p-53;
+        double u = (double)(rng_next(&s) >> 11) * 0x1p-53;
         int doc = (int)(300.0 * u * u * u);
         fprintf(f, "{\"timestamp\": %d, \"input_length\": %d, \"hash_ids\": [", i, 9 * 512);
         for (int b = 0; b < 6; b++)
@@ -375,8 +368,6 @@ int main(void)
 {
     Suite *s = suite_create("e2e_replay");
     TCase *tc = tcase_create("replay");
-    SRunner *sr;
-    int failed;
     tcase_add_checked_fixture(tc, rep_setup, rep_teardown);
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_replay_one_process_hits_as_infinite_cache);
@@ -389,10 +380,5 @@ int main(void)
     suite_add_tcase(s, tc);
     if (daemon_suite_init("e2e-replay"))
         return 1;
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    daemon_suite_fini();
-    return failed ? 1 : 0;
+    return daemon_suite_run(s);
 }

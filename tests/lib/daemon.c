@@ -1,6 +1,7 @@
 /*
  * daemon.c — see daemon.h.
  */
+#include <check.h>
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -72,6 +73,19 @@ void daemon_suite_fini(void)
 {
     daemon_rm_tree(daemon_base);
     daemon_base[0] = 0;
+}
+
+int daemon_suite_run(struct Suite *s)
+{
+    SRunner *sr = srunner_create(s);
+    int failed;
+    fflush(stdout); /* lines printed while the suite was made, once, not from every fork */
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    if (daemon_base[0])
+        daemon_suite_fini();
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }
 
 int daemon_dir_init(struct daemon *d)

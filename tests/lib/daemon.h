@@ -4,12 +4,12 @@
  *
  * DESIGN
  * Each suite calls daemon_suite_init() once in main(): it makes one temporary directory for
- * the whole run (every daemon gets a mkdtemp directory inside it) and daemon_suite_fini()
- * removes it after srunner_run_all(), so even a case killed by Check's timeout leaves no
- * directory behind. Every process a test starts (kvcd, kvcctl, client children) comes from
- * daemon_fork() and gets PR_SET_PDEATHSIG = SIGKILL, so a test process that dies takes them
- * along. All waits have a deadline, scaled by daemon_slow(); on expiry the waited-for
- * process is killed and the wait reports failure.
+ * the whole run (every daemon gets a mkdtemp directory inside it) and daemon_suite_run()
+ * (which ends every suite's main()) removes it after the cases ran, so even a case killed by
+ * Check's timeout leaves no directory behind. Every process a test starts (kvcd, kvcctl,
+ * client children) comes from daemon_fork() and gets PR_SET_PDEATHSIG = SIGKILL, so a test
+ * process that dies takes them along. All waits have a deadline, scaled by daemon_slow(); on
+ * expiry the waited-for process is killed and the wait reports failure.
  * The binaries are those of the build the test belongs to (KVC_BUILD_BIN), so the ASan
  * suites drive the ASan daemon, whose leak check turns a leak into a non-zero exit status
  * that daemon_stop() reports.
@@ -68,6 +68,11 @@ struct daemon {
 /* Once per suite process, around srunner_run_all(). */
 int daemon_suite_init(const char *name);
 void daemon_suite_fini(void);
+/* A suite's main() ends with it: runs every case of s (CK_NORMAL; CK_RUN_SUITE and
+ * CK_RUN_CASE pick as usual), frees the runner, then daemon_suite_fini() if daemon_suite_init()
+ * ran. The process's exit status: EXIT_SUCCESS when no case failed, else EXIT_FAILURE. */
+struct Suite;
+int daemon_suite_run(struct Suite *s);
 
 /* Makes d->dir (if still empty) and fills sock and log. 0 or -errno. */
 int daemon_dir_init(struct daemon *d);

@@ -33,6 +33,7 @@
 #include <string.h>
 
 #include "client/kvcreplay_trace.h"
+#include "kernels/kern.h"
 #include "policies/policy.h"
 #include "tests/lib/sim.h"
 
@@ -947,4 +948,16 @@ out:
         free(s.lossy[k].pos);
     }
     return rc;
+}
+
+int sim_kern_codec(enum policy_codec c)
+{
+    static const int map[POLICY_CODEC_COUNT] = {
+        [POLICY_CODEC_RAW] = KERN_CODEC_RAW,     [POLICY_CODEC_Q8] = KERN_CODEC_Q8_0,
+        [POLICY_CODEC_FP8] = KERN_CODEC_FP8,     [POLICY_CODEC_KIVI4] = KERN_CODEC_KIVI4,
+        [POLICY_CODEC_Q4] = KERN_CODEC_Q4_1,     [POLICY_CODEC_KIVI2] = KERN_CODEC_KIVI2,
+        [POLICY_CODEC_ROT4] = KERN_CODEC_ROT4,   [POLICY_CODEC_ROT2] = KERN_CODEC_ROT2,
+        [POLICY_CODEC_MERGE] = KERN_CODEC_MERGE, [POLICY_CODEC_LOWRANK] = KERN_CODEC_LOWRANK,
+    };
+    return (unsigned)c < POLICY_CODEC_COUNT ? map[c] : -1;
 }

@@ -38,6 +38,10 @@ void sim_trace_free(struct sim_trace *t);
 
 /* Name -> policy_kind, SIM_POLICY_MIN ("min"), SIM_POLICY_INFINITE ("inf"); -1 unknown. */
 int sim_policy_from_name(const char *name);
+
+/* The kernel codec (enum kern_codec) of a ladder rung's policy codec, whose error bounds and
+ * sizes the simulator's ladder is judged by; -1 for no such codec. */
+int sim_kern_codec(enum policy_codec c);
 const char *sim_policy_name(int policy);
 
 struct sim_config {

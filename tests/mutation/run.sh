@@ -79,6 +79,12 @@ mutation lookup-resolves-twice daemon/store.c "check_e2e_fast" \
 '            struct block *b = &s->ix.blocks[idx[i]];' \
 '            struct block *b = &s->ix.blocks[index_find(&s->ix, (uint16_t)ns_id, &keys[i])];'
 
+# A window's or a state's LOOKUP that resolves its keys again: every step finds each key anew
+# instead of taking the block found first (issue 31: one resolution per key, spans too).
+mutation span-lookup-resolves-again daemon/store.c "check_e2e_fast" \
+'    if (lb->idx[i] == STORE_LOOKUP_UNSEEN)' \
+'    if (lb->idx[i] == STORE_LOOKUP_UNSEEN || 1)'
+
 # A leaked pin: releasing a lease leaves its first block pinned.
 mutation store-leaked-pin daemon/store.c "check_store check_e2e_crash check_e2e_dedup" \
 '    for (uint32_t i = 0; i < h->n; i++)
@@ -376,14 +382,14 @@ mutation python-reinit-after-close python/kvcd/_kvcd_client.c "check_python" \
 # Hybrid kinds: a state lookup answered from the keys' leading run (a state taken at another
 # boundary, or none where one is cached).
 mutation kinds-state-from-run daemon/store.c "check_e2e_kinds" \
-'        for (end = n; end > 0 && !store_key_cached(s, ns_id, &keys[end - 1], mode); end--)' \
-'        for (end = store_lookup_run(s, ns_id, keys, n, NULL); end > 0 && !store_key_cached(s, ns_id, &keys[end - 1], mode); end--)'
+'        for (end = n; end > 0 && !store_key_cached(s, ns_id, keys, lb, end - 1, mode); end--)' \
+'        for (end = store_lookup_run(s, ns_id, keys, n, NULL); end > 0 && !store_key_cached(s, ns_id, keys, lb, end - 1, mode); end--)'
 
 # Hybrid kinds: a window lookup that ends at the first gap (the blocks before a window are
 # required again).
 mutation kinds-window-needs-whole-prefix daemon/store.c "check_e2e_kinds" \
-'        run = store_key_cached(s, ns_id, &keys[i], mode) ? run + 1 : 0;' \
-'        run = store_key_cached(s, ns_id, &keys[i], mode) && run == i ? run + 1 : 0;'
+'        run = store_key_cached(s, ns_id, keys, lb, i, mode) ? run + 1 : 0;' \
+'        run = store_key_cached(s, ns_id, keys, lb, i, mode) && run == i ? run + 1 : 0;'
 
 # Hybrid kinds: window blocks chained to their parents (the blocks behind a window kept alive
 # as parents, the window's own tip evicted first).
