@@ -516,9 +516,12 @@ void store_ghost_note(struct store *s, uint32_t idx);
 /* Feeds the namespace's tuner one referenced key (lookup or commit) in prefix order. */
 void store_meta_ref(struct store *s, struct store_ns *ns, const struct kvc_wire_key *k,
                     uint32_t depth, uint64_t now);
-/* Takes kmin/kmax (2 * dim floats, malloc'd; owned from here) as the Quest summary of idx. */
-/* The block's mean value L1 norm, measured by the quantize pass (VATP's signal). */
+/* The block's mean value L1 norm (VATP's signal), measured where the daemon reads the block's
+ * bytes anyway: the quantize pass, or the encode of a raw block's disk record. */
 void store_meta_vnorm_set(struct store *s, uint32_t idx, float vnorm);
+/* Whether idx has a value norm (store_meta_vnorm_set with one > 0). */
+bool store_meta_vnorm_known(const struct store *s, uint32_t idx);
+/* Takes kmin/kmax (2 * dim floats, malloc'd; owned from here) as the Quest summary of idx. */
 void store_meta_quest_set(struct store *s, uint32_t idx, float *kminmax, uint32_t dim);
 void store_meta_free(struct store *s);
 

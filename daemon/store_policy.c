@@ -1034,6 +1034,12 @@ void store_meta_vnorm_set(struct store *s, uint32_t idx, float vnorm)
     m->vnorm = (uint16_t)(u >> 16);
 }
 
+bool store_meta_vnorm_known(const struct store *s, uint32_t idx)
+{
+    const struct store_meta_x *m = store_meta_x_get(s, idx);
+    return m && m->vnorm != 0;
+}
+
 void store_meta_quest_set(struct store *s, uint32_t idx, float *kminmax, uint32_t dim)
 {
     struct store_meta_x *m = store_meta_x_at(s, idx);
