@@ -561,6 +561,15 @@ int store_head_profile(const struct store *s, uint32_t ns_id, uint8_t *out);
  * (both size blocks by their format). */
 int store_head_raw(const struct store *s, uint32_t ns_id, uint8_t *out);
 
+/* Per-head budgets for a budgeted lookup: *full_budget gets the blocks each full (or not yet
+ * profiled) head may keep when every (layer, kv head) has `budget` on average, sink-only heads
+ * keep max(sinks, 1) blocks and local heads those plus `recent` (each charged at most
+ * `budget`, on the request's n keys): budget x layers x kv_heads head-blocks, the bytes of
+ * `budget` whole blocks. prof (layers * kv_heads bytes) gets the categories. -ENOENT,
+ * -EINVAL (budget 0, or layers * kv_heads 0 or above KVC_PROTO_MAX_HINT_HEADS). */
+int store_head_budget(const struct store *s, uint32_t ns_id, uint32_t budget, uint32_t sinks,
+                      uint32_t recent, uint32_t n, uint8_t *prof, uint32_t *full_budget);
+
 /* Budgeted lookup: of the longest run of committed blocks of keys[0..n) in memory, selects
  * at most `budget` with policy `kind` (< 0: the namespace's) by policy_select (sinks and
  * recent window first; Quest with q[dim] when given), pins them under one lease and fills
