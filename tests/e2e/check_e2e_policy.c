@@ -4,7 +4,8 @@
  * H2O attention for survives pressure while the other is evicted; a budgeted lookup returns
  * the sink, the most-attended middle blocks and the recent window, pinned, with the right
  * bytes; kvcctl policy shows and changes each namespace's policy; VATP ranks raw blocks by the
- * value norms their disk writes measured.
+ * value norms their disk writes measured; per-head hints change what a per-head budget
+ * selects.
  */
 #include <check.h>
 #include <errno.h>
@@ -243,6 +244,80 @@ START_TEST(test_vatp_norms_from_disk)
 }
 END_TEST
 
+/* Per-head budgets through the daemon: per-head hints on a chain of 20 blocks of a 2-layer,
+ * 2-head namespace make heads 0 and 1 sink-only, head 2 local (the last two blocks) and head
+ * 3 full (spread, blocks 5, 9 and 13 heavy). A budget of 4 blocks a head is then 16
+ * head-blocks: the sink-only heads keep the sink (1 each), the local one the sink and the
+ * window (3), and the full head the other 11: the lease holds 11 blocks where the same
+ * request before the hints, and kvc_lookup_budget after them, hold 4. */
+#define PH_LEN 20
+START_TEST(test_budget_heads)
+{
+    struct daemon d = {0};
+    kvc_client *c;
+    kvc_ns *ns;
+    char path[DAEMON_PATH_MAX];
+    static struct kvc_key k[PH_LEN];
+    static float sc[PH_LEN][4];
+    unsigned char heads[4] = {9, 9, 9, 9};
+    size_t pos[PH_LEN], np = 0;
+    kvc_lease *l;
+    struct kvc_layout lay = daemon_layout("e2e-heads-model", 16); /* 2 layers x 2 kv heads */
+    ck_assert_int_eq(daemon_dir_init(&d), 0);
+    ck_assert_int_eq(daemon_file_write(&d, "kvcd.ini", pe_ini, path), 0);
+    const char *args[] = {"-c", path, NULL};
+    ck_assert_int_eq(daemon_start(&d, args), 0);
+    ck_assert_int_eq(kvc_connect(d.sock, &c), 0);
+    ck_assert_int_eq(kvc_ns_open(c, &lay, &ns), 0);
+    ck_assert_int_eq(daemon_chain_keys(ns, 7, 0, 0, PH_LEN, k), 0);
+    ck_assert_int_eq(pe_put(ns, k, PH_LEN, kvc_ns_block_bytes(ns)), PH_LEN);
+    struct kvc_budget bud = {.budget = 4, .policy = "h2o", .sinks = 1, .recent = 2};
+    /* no profile yet: every head full, the plain selection */
+    ck_assert_int_eq(kvc_lookup_budget_heads(ns, k, PH_LEN, &bud, pos, heads, &np, &l), 4);
+    ck_assert_uint_eq(np, PH_LEN);
+    for (int j = 0; j < 4; j++)
+        ck_assert_uint_eq(heads[j], KVC_HEAD_UNKNOWN);
+    ck_assert_int_eq(kvc_release(l), 0);
+    for (int i = 0; i < PH_LEN; i++) {
+        sc[i][0] = sc[i][1] = i == 0 ? 10.0f : 0.0f;     /* the sink */
+        sc[i][2] = i >= PH_LEN - 2 ? 10.0f : 0.0f;       /* the last two blocks */
+        sc[i][3] = i == 5 || i == 9 || i == 13 ? 50.0f : 1.0f; /* everywhere */
+    }
+    ck_assert_int_eq(kvc_hint_heads(ns, KVC_HINT_ATTENTION, k, &sc[0][0], PH_LEN, 2, 2), PH_LEN);
+    ck_assert_int_eq(kvc_lookup_budget_heads(ns, k, PH_LEN, &bud, pos, heads, &np, &l), 11);
+    ck_assert_uint_eq(kvc_lease_count(l), 11);
+    ck_assert_uint_eq(heads[0], KVC_HEAD_SINK);
+    ck_assert_uint_eq(heads[1], KVC_HEAD_SINK);
+    ck_assert_uint_eq(heads[2], KVC_HEAD_LOCAL);
+    ck_assert_uint_eq(heads[3], KVC_HEAD_FULL);
+    ck_assert_uint_eq(pos[0], 0);
+    ck_assert_uint_eq(pos[9], PH_LEN - 2);
+    ck_assert_uint_eq(pos[10], PH_LEN - 1);
+    int heavy = 0;
+    for (int i = 0; i < 11; i++)
+        heavy += pos[i] == 5 || pos[i] == 9 || pos[i] == 13;
+    ck_assert_int_eq(heavy, 3);
+    void *buf = malloc(kvc_ns_block_bytes(ns));
+    for (int i = 0; i < 11; i++) { /* the bytes put, at the positions named */
+        ck_assert_int_eq(kvc_lease_copy(l, (size_t)i, buf, kvc_ns_block_bytes(ns)), 0);
+        ck_assert_int_eq(daemon_block_check(&k[pos[i]], buf, kvc_ns_block_bytes(ns)), -1);
+    }
+    free(buf);
+    ck_assert_int_eq(kvc_release(l), 0);
+    /* the plain budgeted read is unchanged by the profile */
+    ck_assert_int_eq(kvc_lookup_budget(ns, k, PH_LEN, &bud, pos, &np, &l), 4);
+    ck_assert_int_eq(kvc_release(l), 0);
+    /* a budget the sink-only and local heads' needs exceed: the full head still gets it */
+    bud.budget = 1;
+    ck_assert_int_eq(kvc_lookup_budget_heads(ns, k, PH_LEN, &bud, pos, NULL, &np, &l), 1);
+    ck_assert_uint_eq(pos[0], 0);
+    ck_assert_int_eq(kvc_release(l), 0);
+    kvc_disconnect(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_cleanup(&d);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("e2e_policy");
@@ -252,6 +327,7 @@ int main(void)
     tcase_set_timeout(tc, daemon_slow() * 120);
     tcase_add_test(tc, test_hints_keep_and_budget);
     tcase_add_test(tc, test_vatp_norms_from_disk);
+    tcase_add_test(tc, test_budget_heads);
     suite_add_tcase(s, tc);
     if (daemon_suite_init("e2e-policy"))
         return 1;
