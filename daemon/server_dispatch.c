@@ -332,8 +332,8 @@ static int server_on_lookup_budget(struct server *sv, struct conn *c, const stru
          * the first block) and the window the sink-only and local heads keep among it. */
         const struct store_ns *ns = store_ns_get(sv->store, q->ns_id);
         uint32_t full = 0;
-        arc = store_head_budget(sv->store, q->ns_id, q->budget, q->sinks, q->recent, n, prof,
-                                &full);
+        arc =
+            store_head_budget(sv->store, q->ns_id, q->budget, q->sinks, q->recent, n, prof, &full);
         if (arc)
             return server_store_rc(sv, c, arc);
         lh = ns->layout.layers * ns->layout.kv_heads;

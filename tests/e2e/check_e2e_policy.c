@@ -279,8 +279,8 @@ START_TEST(test_budget_heads)
         ck_assert_uint_eq(heads[j], KVC_HEAD_UNKNOWN);
     ck_assert_int_eq(kvc_release(l), 0);
     for (int i = 0; i < PH_LEN; i++) {
-        sc[i][0] = sc[i][1] = i == 0 ? 10.0f : 0.0f;     /* the sink */
-        sc[i][2] = i >= PH_LEN - 2 ? 10.0f : 0.0f;       /* the last two blocks */
+        sc[i][0] = sc[i][1] = i == 0 ? 10.0f : 0.0f;           /* the sink */
+        sc[i][2] = i >= PH_LEN - 2 ? 10.0f : 0.0f;             /* the last two blocks */
         sc[i][3] = i == 5 || i == 9 || i == 13 ? 50.0f : 1.0f; /* everywhere */
     }
     ck_assert_int_eq(kvc_hint_heads(ns, KVC_HINT_ATTENTION, k, &sc[0][0], PH_LEN, 2, 2), PH_LEN);
