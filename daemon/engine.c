@@ -388,24 +388,6 @@ static enum engine_ladder_r engine_ladder_slab(struct store *s, struct store_ns 
     return ENGINE_LADDER_NONE;
 }
 
-/* No slot of rung d's size for block v of rung k, and v's own slab may not step whole: the
- * slab of one of the next coldest blocks of rung k does, when it may (ENGINE_LADDER_SLAB_ANY
- * looked at). The pages a slab step frees are cut for the smaller size, so this turns rung
- * k's room into rung d's without taking a block out of the tier, where making the slot
- * otherwise takes the coldest block of the last rung out. True when one was queued. */
-#define ENGINE_LADDER_SLAB_ANY 8
-static bool engine_ladder_slab_any(struct store *s, struct store_ns *ns, uint32_t v, uint32_t k,
-                                   uint32_t d)
-{
-    uint32_t w[ENGINE_LADDER_SLAB_ANY];
-    uint32_t n = store_ladder_coldest(s, ns, k, w, ENGINE_LADDER_SLAB_ANY);
-    for (uint32_t i = 0; i < n; i++)
-        if (w[i] != v && s->ix.blocks[w[i]].depth != 0 &&
-            engine_ladder_slab(s, ns, w[i], k, d) == ENGINE_LADDER_QUEUED)
-            return true;
-    return false;
-}
-
 /* Block v of rung k goes down to the rung it comes to rest on (store_ladder_dest), its smaller
  * copy made room for as it must: a slot of that size now; else its slab steps down whole
  * (engine_ladder_slab); else the copy is placed when its job lands, and a slot of that size is
@@ -427,15 +409,6 @@ static enum engine_ladder_r engine_ladder_down(struct store *s, struct store_ns 
     rc = store_quantize_to(s, v, to);
     if (rc == -ENOSPC && engine_ladder_slab(s, ns, v, k, d) == ENGINE_LADDER_QUEUED)
         return ENGINE_LADDER_QUEUED;
-    if (rc == -ENOSPC && engine_ladder_slab_any(s, ns, v, k, d)) {
-        /* Another slab of rung k went down whole: its pages come back cut for rung d's size,
-         * with slots to spare, before this block's job lands. */
-        rc = store_quantize_later(s, v, to);
-        if (rc == 0) {
-            ENGINE_STAT_ADD(s, ns, ladder_steps, d - k);
-            return ENGINE_LADDER_QUEUED;
-        }
-    }
     if (rc == -ENOSPC && d < ns->rungs && depth < POLICY_LADDER_RUNGS) {
         /* A slot of rung d's size first, then this block's job behind it. */
         uint32_t w = d + 1 < ns->rungs ? store_ladder_first(s, ns, d) : INDEX_NONE;

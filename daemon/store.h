@@ -497,10 +497,6 @@ void store_ladder_account(struct store *s, uint32_t idx, int sign);
 uint32_t store_ladder_rung(const struct store_ns *ns, uint32_t format);
 int store_ladder_pick(struct store *s, struct store_ns *ns, int *out);
 uint32_t store_ladder_first(struct store *s, struct store_ns *ns, uint32_t rung);
-/* Up to max of the coldest blocks of rung `rung` that may step down now, coldest first (the
- * first is store_ladder_first's). Returns their count. */
-uint32_t store_ladder_coldest(struct store *s, struct store_ns *ns, uint32_t rung, uint32_t *out,
-                              uint32_t max);
 /* The rung block v of rung k comes to rest on when it steps down now: k + 1, or further
  * while the rung it reaches stays over its target with it and it would be the block that
  * rung gives next (every block when the target is 0, else its coldest). kvcsim's ladder,

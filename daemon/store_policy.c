@@ -796,14 +796,6 @@ uint32_t store_ladder_first(struct store *s, struct store_ns *ns, uint32_t rung)
     return store_heap_walk(s, ns, &ns->rheap[rung], store_ladder_ok, NULL, &v, 1) ? v : INDEX_NONE;
 }
 
-uint32_t store_ladder_coldest(struct store *s, struct store_ns *ns, uint32_t rung, uint32_t *out,
-                              uint32_t max)
-{
-    if (rung + 1 >= ns->rungs)
-        return 0;
-    return store_heap_walk(s, ns, &ns->rheap[rung], store_ladder_ok, NULL, out, max);
-}
-
 /* ---- ghosts ---------------------------------------------------------------------------- */
 
 #define STORE_GHOST_WAYS 4    /* entries per set: the oldest of a full set is replaced */
