@@ -356,7 +356,10 @@ static int engine_disk_write_one(struct store *s, uint32_t idx, bool demote, uin
     mv->arena = b->arena;
     mv->now = now;
     mv->host = (struct tier_loc){.arena = b->arena, .cls = b->cls, .off = b->off, .len = b->len};
+    /* A norm is worth its pass and its 20 bytes of side table (store_meta_x) where the
+     * namespace ranks with it, or once that table exists anyway (hints, codecs). */
     if (b->format == KVC_WIRE_FORMAT_RAW && !store_meta_vnorm_known(s, idx) &&
+        (s->ns[b->ns]->policy == POLICY_VATP || s->meta_x) &&
         (s->ns[b->ns]->layout.kv_kind == KVC_WIRE_KV_KIND_KV ||
          s->ns[b->ns]->layout.kv_kind == KVC_WIRE_KV_KIND_KV_WINDOW)) {
         store_ns_kern_layout(s->ns[b->ns], &mv->lay);
