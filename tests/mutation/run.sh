@@ -239,7 +239,7 @@ mutation ladder-sink-quantized daemon/engine.c "check_ladder" \
 # quantize pass would, and a namespace without codecs never meets it).
 mutation vatp-no-disk-norms daemon/engine_disk.c "check_e2e_policy" \
 '                               mv->peek ? engine_disk_peek : NULL, engine_disk_write_encoded, mv);' \
-'                               NULL, engine_disk_write_encoded, mv);'
+'                               ((void)engine_disk_peek, NULL), engine_disk_write_encoded, mv);'
 
 # Per-head budgets: the full heads get the plain budget, not what the sink-only and local
 # heads leave of budget x heads.
