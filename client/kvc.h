@@ -372,6 +372,27 @@ KVC_API int kvc_lookup_budget(kvc_ns *ns, const struct kvc_key *keys, size_t n,
                               const struct kvc_budget *b, size_t *pos, size_t *nprefix,
                               kvc_lease **out);
 
+/* Head categories the daemon learns from kvc_hint_heads (FastGen's; docs/policies.md). */
+#define KVC_HEAD_UNKNOWN 0u /* no per-head hint yet: counted as full */
+#define KVC_HEAD_SINK 1u    /* looks at the sink blocks */
+#define KVC_HEAD_LOCAL 2u   /* at the sinks and the most recent blocks */
+#define KVC_HEAD_FULL 3u    /* spreads its attention: a retrieval head */
+
+/* kvc_lookup_budget with per-head budgets (Ada-KV-style, over the namespace's head profile):
+ * b->budget is the blocks each (layer, kv head) keeps on average, budget x layers x kv_heads
+ * head-blocks in all (the bytes of b->budget whole blocks). A sink-only head keeps the sinks
+ * (b->sinks, at least 1: the selection always starts with them), a local head the sinks and
+ * the last b->recent blocks, each charged that (at most b->budget); the full heads (and heads
+ * not profiled yet) share the rest evenly, never less than b->budget each. The lease holds
+ * what a full head keeps: more than b->budget blocks once some heads are sink-only or local;
+ * without a profile exactly what kvc_lookup_budget selects with sinks >= 1. pos holds n
+ * entries; heads (may be NULL) gets layers x kv_heads categories (KVC_HEAD_*, layer-major),
+ * so that the engine knows which heads keep which of the blocks. Errors as
+ * kvc_lookup_budget, and -EINVAL when layers x kv_heads is above KVC_HINT_HEADS_MAX. */
+KVC_API int kvc_lookup_budget_heads(kvc_ns *ns, const struct kvc_key *keys, size_t n,
+                                    const struct kvc_budget *b, size_t *pos, unsigned char *heads,
+                                    size_t *nprefix, kvc_lease **out);
+
 /* ---- writing ------------------------------------------------------------------------ */
 
 /* Reserves slots for the keys of the chain parent → keys[0] → ... → keys[n-1] that are not

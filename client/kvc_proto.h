@@ -551,9 +551,21 @@ struct kvc_hint_heads_req {
  */
 #define KVC_POLICY_NS UINT32_MAX
 #define KVC_PROTO_MAX_QDIM 4096u
+/* flags: per-head budgets. `budget` is then the blocks of each (layer, kv head) on average:
+ * sink-only and local heads (the namespace's head profile, learnt from HINT_HEADS) keep the
+ * sinks (at least 1) and the recent window, the full heads share the rest, and the selection
+ * is what a full head keeps (at most nkeys blocks). The reply carries, after sel[nsel], the
+ * profile: layers * kv_heads bytes (enum kvc_wire_head), at most KVC_PROTO_MAX_HINT_HEADS. */
+#define KVC_BUDGET_F_HEADS 1u
+enum kvc_wire_head {
+    KVC_WIRE_HEAD_UNKNOWN = 0,
+    KVC_WIRE_HEAD_SINK = 1,
+    KVC_WIRE_HEAD_LOCAL = 2,
+    KVC_WIRE_HEAD_FULL = 3,
+};
 struct kvc_lookup_budget_req {
     uint32_t ns_id;
-    uint32_t flags; /* 0 */
+    uint32_t flags; /* 0 or KVC_BUDGET_F_HEADS */
     uint32_t nkeys;
     uint32_t budget; /* >= 1 */
     uint32_t policy;
@@ -571,7 +583,7 @@ struct kvc_lookup_budget_rep {
     uint32_t nsel;
     uint32_t nprefix;  /* length of the cached run the selection came from */
     uint64_t lease_id; /* 0 when nsel == 0 */
-    /* struct kvc_wire_sel sel[nsel]; */
+    /* struct kvc_wire_sel sel[nsel]; with KVC_BUDGET_F_HEADS: uint8_t heads[layers * kv_heads] */
 };
 
 /* Layout checks: both ends compile these. */
@@ -589,6 +601,11 @@ _Static_assert(sizeof(struct kvc_lookup_budget_rep) +
                        sizeof(struct kvc_msg_hdr) <=
                    KVC_PROTO_MAX_MSG,
                "budgeted lookup reply fits");
+_Static_assert(sizeof(struct kvc_lookup_budget_rep) +
+                       KVC_PROTO_MAX_KEYS * sizeof(struct kvc_wire_sel) + KVC_PROTO_MAX_HINT_HEADS +
+                       sizeof(struct kvc_msg_hdr) <=
+                   KVC_PROTO_MAX_MSG,
+               "budgeted lookup reply with the head profile fits");
 _Static_assert(sizeof(struct kvc_admin_req) == 272, "admin layout");
 _Static_assert(sizeof(struct kvc_text_rep) == 24, "text layout");
 _Static_assert(sizeof(struct kvc_wire_client) == 144, "client layout");

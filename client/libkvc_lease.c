@@ -335,13 +335,20 @@ KVC_API int kvc_hint_heads(kvc_ns *ns, unsigned kind, const struct kvc_key *keys
 static const char *const kvc_policy_names[] = {"lru",    "lfu",     "prefix", "streaming", "h2o",
                                                "snapkv", "keynorm", "quest",  "default",   "vatp"};
 
-KVC_API int kvc_lookup_budget(kvc_ns *ns, const struct kvc_key *keys, size_t n,
-                              const struct kvc_budget *b, size_t *pos, size_t *nprefix,
-                              kvc_lease **out)
+_Static_assert(KVC_HEAD_UNKNOWN == KVC_WIRE_HEAD_UNKNOWN && KVC_HEAD_SINK == KVC_WIRE_HEAD_SINK &&
+                   KVC_HEAD_LOCAL == KVC_WIRE_HEAD_LOCAL && KVC_HEAD_FULL == KVC_WIRE_HEAD_FULL,
+               "head categories are the wire's");
+
+/* kvc_lookup_budget and kvc_lookup_budget_heads: flags 0 or KVC_BUDGET_F_HEADS (then pos holds
+ * n entries and heads, when not NULL, gets the profile). */
+static int kvc_lookup_budget_flags(kvc_ns *ns, const struct kvc_key *keys, size_t n,
+                                   const struct kvc_budget *b, uint32_t flags, size_t *pos,
+                                   unsigned char *heads, size_t *nprefix, kvc_lease **out)
 {
     kvc_client *c;
     kvc_lease *l = NULL;
     uint32_t policy = KVC_POLICY_NS, len;
+    size_t lh, most;
     int rc;
     if (out)
         *out = NULL;
@@ -359,12 +366,15 @@ KVC_API int kvc_lookup_budget(kvc_ns *ns, const struct kvc_key *keys, size_t n,
     }
     if (n == 0)
         return 0;
+    lh = flags ? (size_t)ns->layout.layers * ns->layout.kv_heads : 0;
+    most = flags ? n : b->budget; /* what the selection may hold */
     c = ns->c;
     pthread_mutex_lock(&c->mu);
     struct kvc_lookup_budget_req *q = kvci_req(c);
     *q = (struct kvc_lookup_budget_req){
         .ns_id = ns->id,
         .nkeys = (uint32_t)n,
+        .flags = flags,
         .budget = b->budget > KVC_PROTO_MAX_KEYS ? KVC_PROTO_MAX_KEYS : (uint32_t)b->budget,
         .policy = policy,
         .qdim = (uint32_t)b->query_dim,
@@ -381,11 +391,14 @@ KVC_API int kvc_lookup_budget(kvc_ns *ns, const struct kvc_key *keys, size_t n,
         goto out;
     const struct kvc_lookup_budget_rep *p = kvci_rep(c, &len);
     const struct kvc_wire_sel *sel = (const struct kvc_wire_sel *)(p + 1);
-    if (len < sizeof(*p) || p->nsel > b->budget || p->nsel > p->nprefix || p->nprefix > n ||
-        len != sizeof(*p) + (size_t)p->nsel * sizeof(*sel) || (p->nsel > 0) != (p->lease_id != 0)) {
+    if (len < sizeof(*p) || p->nsel > most || p->nsel > p->nprefix || p->nprefix > n ||
+        len != sizeof(*p) + (size_t)p->nsel * sizeof(*sel) + lh ||
+        (p->nsel > 0) != (p->lease_id != 0)) {
         rc = -EPROTO;
         goto out;
     }
+    if (heads)
+        memcpy(heads, (const unsigned char *)(sel + p->nsel), lh);
     if (nprefix)
         *nprefix = p->nprefix;
     if (p->nsel == 0)
@@ -425,6 +438,26 @@ KVC_API int kvc_lookup_budget(kvc_ns *ns, const struct kvc_key *keys, size_t n,
 out:
     pthread_mutex_unlock(&c->mu);
     return rc;
+}
+
+KVC_API int kvc_lookup_budget(kvc_ns *ns, const struct kvc_key *keys, size_t n,
+                              const struct kvc_budget *b, size_t *pos, size_t *nprefix,
+                              kvc_lease **out)
+{
+    return kvc_lookup_budget_flags(ns, keys, n, b, 0, pos, NULL, nprefix, out);
+}
+
+KVC_API int kvc_lookup_budget_heads(kvc_ns *ns, const struct kvc_key *keys, size_t n,
+                                    const struct kvc_budget *b, size_t *pos, unsigned char *heads,
+                                    size_t *nprefix, kvc_lease **out)
+{
+    if (out)
+        *out = NULL;
+    if (nprefix)
+        *nprefix = 0;
+    if (!ns || (size_t)ns->layout.layers * ns->layout.kv_heads > KVC_HINT_HEADS_MAX)
+        return -EINVAL;
+    return kvc_lookup_budget_flags(ns, keys, n, b, KVC_BUDGET_F_HEADS, pos, heads, nprefix, out);
 }
 
 KVC_API int kvc_lease_ready(const kvc_lease *l)

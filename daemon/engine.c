@@ -412,10 +412,14 @@ static enum engine_ladder_r engine_ladder_down(struct store *s, struct store_ns 
     if (rc == -ENOSPC && d < ns->rungs && depth < POLICY_LADDER_RUNGS) {
         /* A slot of rung d's size first, then this block's job behind it. */
         uint32_t w = d + 1 < ns->rungs ? store_ladder_first(s, ns, d) : INDEX_NONE;
-        enum engine_ladder_r r =
-            w != INDEX_NONE && w != v
-                ? engine_ladder_down(s, ns, w, d, now, depth + 1)
-                : engine_ladder_out_but(s, ns, ns->rungs - 1u, INDEX_NONE, v, now);
+        enum engine_ladder_r r;
+        if (w != INDEX_NONE && w != v) {
+            r = engine_ladder_down(s, ns, w, d, now, depth + 1);
+        } else {
+            r = engine_ladder_out_but(s, ns, ns->rungs - 1u, INDEX_NONE, v, now);
+            if (r == ENGINE_LADDER_FREED)
+                ENGINE_STAT_ADD(s, ns, ladder_slot_outs, 1);
+        }
         if (r == ENGINE_LADDER_WAIT || r == ENGINE_LADDER_NONE)
             return r;
         rc = store_quantize_to(s, v, to); /* a slot may be free now (the block left) */

@@ -11,6 +11,7 @@
 #include "daemon/log.h"
 #include "daemon/quant.h"
 #include "daemon/store.h"
+#include "kernels/kern.h"
 #include "tiers/disk.h"
 #include "tiers/host.h"
 #include "tiers/tier.h"
@@ -86,6 +87,13 @@ struct engine_disk_move {
     void *buf;                     /* COMPACT: the record's bytes between read and write */
     struct engine_disk_move *next; /* PROMOTE: in the read queue */
     uint64_t now;                  /* WRITE: when it started (to pick disk victims) */
+    /* WRITE of a raw block with no value norm yet: its layout, and the mean value L1 norm
+     * the encode worker measures (engine_disk_peek) while it reads the bytes to hash them,
+     * applied on the loop once the record is encoded (VATP's signal, as the quantize pass
+     * measures it; a block that never met that pass would have none). */
+    bool peek;
+    struct kern_layout lay;
+    float vnorm;
 };
 
 /* ---- a block's locations ---------------------------------------------------------------- */
@@ -277,6 +285,15 @@ static void engine_disk_write_done(void *arg, int status)
     }
 }
 
+/* Encode worker: the block's value norm from the bytes it is about to hash. Touches the
+ * bytes and mv's own peek fields only. */
+static void engine_disk_peek(void *arg, const void *src, uint64_t len)
+{
+    struct engine_disk_move *mv = arg;
+    if (len >= kern_raw_size(&mv->lay))
+        mv->vnorm = (float)kern_value_l1(&mv->lay, src);
+}
+
 /* The record of a write is encoded (hashed, compressed): now its size is known, the record
  * is allocated and written. */
 static void engine_disk_write_encoded(void *arg, struct tier_disk_rec *r, int status)
@@ -288,6 +305,9 @@ static void engine_disk_write_encoded(void *arg, struct tier_disk_rec *r, int st
         engine_disk_write_end(s, mv);
         return;
     }
+    /* DEMOTING kept the block in place and raw while the worker read it. */
+    if (mv->peek && mv->vnorm > 0)
+        store_meta_vnorm_set(s, mv->idx, mv->vnorm);
     if (engine_disk_disk_alloc(s, tier_disk_rec_len(r), mv->now, &mv->disk)) {
         tier_disk_rec_free(ed->disk, r);
         engine_disk_write_end(s, mv);
@@ -337,9 +357,18 @@ static int engine_disk_write_one(struct store *s, uint32_t idx, bool demote, uin
     mv->arena = b->arena;
     mv->now = now;
     mv->host = (struct tier_loc){.arena = b->arena, .cls = b->cls, .off = b->off, .len = b->len};
-    rc = tier_disk_encode(ed->disk, &m, (uint8_t *)tier_host_base(host) + b->off,
-                          engine_disk_codec(s, b), engine_disk_level(s, b->ns),
-                          engine_disk_write_encoded, mv);
+    /* A norm is worth its pass and its 20 bytes of side table (store_meta_x) where the
+     * namespace ranks with it, or once that table exists anyway (hints, codecs). */
+    if (b->format == KVC_WIRE_FORMAT_RAW && !store_meta_vnorm_known(s, idx) &&
+        (s->ns[b->ns]->policy == POLICY_VATP || s->meta_x) &&
+        (s->ns[b->ns]->layout.kv_kind == KVC_WIRE_KV_KIND_KV ||
+         s->ns[b->ns]->layout.kv_kind == KVC_WIRE_KV_KIND_KV_WINDOW)) {
+        store_ns_kern_layout(s->ns[b->ns], &mv->lay);
+        mv->peek = !mv->lay.k_only && kern_layout_check(&mv->lay) == 0;
+    }
+    rc = tier_disk_encode_peek(ed->disk, &m, (uint8_t *)tier_host_base(host) + b->off,
+                               engine_disk_codec(s, b), engine_disk_level(s, b->ns),
+                               mv->peek ? engine_disk_peek : NULL, engine_disk_write_encoded, mv);
     if (rc) {
         free(mv);
         return rc;

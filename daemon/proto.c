@@ -232,7 +232,7 @@ static int proto_check_body(uint32_t op, const void *body, const char **why)
     }
     case KVC_OP_LOOKUP_BUDGET: {
         const struct kvc_lookup_budget_req *q = body;
-        if (q->flags)
+        if (q->flags & ~KVC_BUDGET_F_HEADS)
             goto reserved;
         if (q->budget == 0) {
             *why = "budget is 0";

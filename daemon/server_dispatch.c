@@ -322,9 +322,24 @@ static int server_on_lookup_budget(struct server *sv, struct conn *c, const stru
     struct kvc_wire_loc locs[KVC_PROTO_MAX_KEYS];
     uint64_t lease;
     uint32_t most = q->budget < n ? q->budget : n; /* pins it can take */
+    uint32_t sinks = q->sinks, lh = 0;
+    uint8_t prof[KVC_PROTO_MAX_HINT_HEADS];
     int arc = server_ns_use(sv, c, q->ns_id, KVC_ACCESS_READ);
     if (arc)
         return arc;
+    if (q->flags & KVC_BUDGET_F_HEADS) {
+        /* Per-head budgets: the selection is what a full head keeps, with the sinks (at least
+         * the first block) and the window the sink-only and local heads keep among it. */
+        const struct store_ns *ns = store_ns_get(sv->store, q->ns_id);
+        uint32_t full = 0;
+        arc =
+            store_head_budget(sv->store, q->ns_id, q->budget, q->sinks, q->recent, n, prof, &full);
+        if (arc)
+            return server_store_rc(sv, c, arc);
+        lh = ns->layout.layers * ns->layout.kv_heads;
+        most = full < n ? full : n;
+        sinks = sinks ? sinks : 1;
+    }
     arc = server_handles_room(sv, c);
     if (arc == 0)
         arc = server_pins_room(sv, c, &most);
@@ -337,7 +352,7 @@ static int server_on_lookup_budget(struct server *sv, struct conn *c, const stru
     }
     int nsel =
         store_lookup_budget(sv->store, &c->owner, q->ns_id, r->tail, n, most,
-                            q->policy == KVC_POLICY_NS ? -1 : (int)q->policy, q->sinks, q->recent,
+                            q->policy == KVC_POLICY_NS ? -1 : (int)q->policy, sinks, q->recent,
                             r->tail2, r->ntail2, now, &lease, &nprefix, pos, locs);
     if (nsel < 0)
         return server_store_rc(sv, c, nsel);
@@ -345,7 +360,8 @@ static int server_on_lookup_budget(struct server *sv, struct conn *c, const stru
         sel[i] = (struct kvc_wire_sel){.pos = pos[i], .loc = locs[i]};
     *p = (struct kvc_lookup_budget_rep){
         .nsel = (uint32_t)nsel, .nprefix = nprefix, .lease_id = lease};
-    return (int)(sizeof(*p) + (size_t)nsel * sizeof(*sel));
+    memcpy(sel + nsel, prof, lh);
+    return (int)(sizeof(*p) + (size_t)nsel * sizeof(*sel) + lh);
 }
 
 /* Fills a WAIT reply for lease_id; SERVER_DEFERRED if reads are in flight and wait is set. */

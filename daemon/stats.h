@@ -62,6 +62,7 @@
     X(ladder_steps, "steps down the precision ladder started (quantize jobs it queued)")           \
     X(ladder_slab_steps, "of those, whole slabs taken down at once (their pages change size)")     \
     X(ladder_missed, "steps placed on landing that found no slot then (the block stayed)")         \
+    X(ladder_slot_outs, "blocks taken out of the last rung to make a step down its slot")          \
     X(merge_refused_blocks, "merge steps whose block had more runs than merge stores (sent past)") \
     X(compacted_slabs, "slabs emptied by moving their blocks to free slots of their size")         \
     X(compacted_blocks, "blocks moved by those compactions")                                       \

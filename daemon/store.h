@@ -539,9 +539,12 @@ void store_ghost_note(struct store *s, uint32_t idx);
 /* Feeds the namespace's tuner one referenced key (lookup or commit) in prefix order. */
 void store_meta_ref(struct store *s, struct store_ns *ns, const struct kvc_wire_key *k,
                     uint32_t depth, uint64_t now);
-/* Takes kmin/kmax (2 * dim floats, malloc'd; owned from here) as the Quest summary of idx. */
-/* The block's mean value L1 norm, measured by the quantize pass (VATP's signal). */
+/* The block's mean value L1 norm (VATP's signal), measured where the daemon reads the block's
+ * bytes anyway: the quantize pass, or the encode of a raw block's disk record. */
 void store_meta_vnorm_set(struct store *s, uint32_t idx, float vnorm);
+/* Whether idx has a value norm (store_meta_vnorm_set with one > 0). */
+bool store_meta_vnorm_known(const struct store *s, uint32_t idx);
+/* Takes kmin/kmax (2 * dim floats, malloc'd; owned from here) as the Quest summary of idx. */
 void store_meta_quest_set(struct store *s, uint32_t idx, float *kminmax, uint32_t dim);
 void store_meta_free(struct store *s);
 
@@ -576,6 +579,15 @@ int store_head_profile(const struct store *s, uint32_t ns_id, uint8_t *out);
  * The quantize pass applies them only without a disk tier and outside whole-slab steps
  * (both size blocks by their format). */
 int store_head_raw(const struct store *s, uint32_t ns_id, uint8_t *out);
+
+/* Per-head budgets for a budgeted lookup: *full_budget gets the blocks each full (or not yet
+ * profiled) head may keep when every (layer, kv head) has `budget` on average, sink-only heads
+ * keep max(sinks, 1) blocks and local heads those plus `recent` (each charged at most
+ * `budget`, on the request's n keys): budget x layers x kv_heads head-blocks, the bytes of
+ * `budget` whole blocks. prof (layers * kv_heads bytes) gets the categories. -ENOENT,
+ * -EINVAL (budget 0, or layers * kv_heads 0 or above KVC_PROTO_MAX_HINT_HEADS). */
+int store_head_budget(const struct store *s, uint32_t ns_id, uint32_t budget, uint32_t sinks,
+                      uint32_t recent, uint32_t n, uint8_t *prof, uint32_t *full_budget);
 
 /* Budgeted lookup: of the longest run of committed blocks of keys[0..n) in memory, selects
  * at most `budget` with policy `kind` (< 0: the namespace's) by policy_select (sinks and

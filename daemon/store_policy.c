@@ -1068,6 +1068,12 @@ void store_meta_vnorm_set(struct store *s, uint32_t idx, float vnorm)
     m->vnorm = (uint16_t)(u >> 16);
 }
 
+bool store_meta_vnorm_known(const struct store *s, uint32_t idx)
+{
+    const struct store_meta_x *m = store_meta_x_get(s, idx);
+    return m && m->vnorm != 0;
+}
+
 void store_meta_quest_set(struct store *s, uint32_t idx, float *kminmax, uint32_t dim)
 {
     struct store_meta_x *m = store_meta_x_at(s, idx);
@@ -1299,6 +1305,46 @@ int store_head_raw(const struct store *s, uint32_t ns_id, uint8_t *out)
         n = 0;
     }
     return (int)n;
+}
+
+/* Per-head budgets (Ada-KV's head-wise allocation over FastGen's categories): `budget` blocks
+ * per (layer, kv head) on average, budget x layers x kv_heads head-blocks in all. A sink-only
+ * head keeps the sinks (max(sinks, 1) blocks), a local head the sinks and the recent window;
+ * each is charged that (at most `budget`), on the request's n keys, and the full heads (and
+ * UNKNOWN ones) share the rest evenly, never less than `budget` each. The selection is what a
+ * full head keeps: every other head's blocks are among it (sinks and window come first). */
+_Static_assert((int)STORE_HEAD_UNKNOWN == (int)KVC_WIRE_HEAD_UNKNOWN &&
+                   (int)STORE_HEAD_SINK == (int)KVC_WIRE_HEAD_SINK &&
+                   (int)STORE_HEAD_LOCAL == (int)KVC_WIRE_HEAD_LOCAL &&
+                   (int)STORE_HEAD_FULL == (int)KVC_WIRE_HEAD_FULL,
+               "head categories are the wire's");
+
+int store_head_budget(const struct store *s, uint32_t ns_id, uint32_t budget, uint32_t sinks,
+                      uint32_t recent, uint32_t n, uint8_t *prof, uint32_t *full_budget)
+{
+    const struct store_ns *ns = store_ns_get(s, ns_id);
+    uint64_t lh, nsink = 0, nlocal = 0, nfull, cs, cl, total, spent, b;
+    if (!ns)
+        return -ENOENT;
+    lh = (uint64_t)ns->layout.layers * ns->layout.kv_heads;
+    if (lh == 0 || lh > KVC_PROTO_MAX_HINT_HEADS || budget == 0)
+        return -EINVAL;
+    store_head_profile(s, ns_id, prof);
+    for (uint64_t j = 0; j < lh; j++) {
+        nsink += prof[j] == STORE_HEAD_SINK;
+        nlocal += prof[j] == STORE_HEAD_LOCAL;
+    }
+    nfull = lh - nsink - nlocal;
+    cs = sinks ? sinks : 1;
+    cs = cs < n ? cs : n;
+    cl = cs + recent < n ? cs + recent : n;
+    total = (uint64_t)budget * lh;
+    spent = nsink * (cs < budget ? cs : budget) + nlocal * (cl < budget ? cl : budget);
+    b = nfull ? (total - spent) / nfull : cl;
+    if (nfull && b < budget)
+        b = budget;
+    *full_budget = b > UINT32_MAX ? UINT32_MAX : (uint32_t)b;
+    return 0;
 }
 
 /* ---- budgeted lookup ----------------------------------------------------------------- */

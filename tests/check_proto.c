@@ -289,8 +289,12 @@ START_TEST(test_lookup_budget)
     q.policy = POLICY_KIND_COUNT;
     ck_assert_int_eq(decode(budget_msg(&q, 6, 0, v)), -EINVAL); /* unknown policy */
     q.policy = KVC_POLICY_NS;
-    q.flags = 1;
+    q.flags = KVC_BUDGET_F_HEADS; /* per-head budgets */
+    ck_assert_int_eq(decode(budget_msg(&q, 6, 0, v)), 0);
+    q.flags = 2;
     ck_assert_int_eq(decode(budget_msg(&q, 6, 0, v)), -EINVAL); /* reserved */
+    q.flags = KVC_BUDGET_F_HEADS | 4;
+    ck_assert_int_eq(decode(budget_msg(&q, 6, 0, v)), -EINVAL);
     q.flags = 0;
     ck_assert_int_eq(decode(msg(KVC_OP_LOOKUP_BUDGET, &q, sizeof(q) - 8, NULL, 0)), -EBADMSG);
     /* the largest request fits in a message */

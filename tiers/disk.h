@@ -194,6 +194,13 @@ int tier_disk_put(struct tier *t, const struct tier_loc *loc, const struct tier_
  * queued), -EINVAL, -ENOMEM, -EIO (every path failed). */
 int tier_disk_encode(struct tier *t, const struct tier_disk_meta *m, const void *src,
                      int codec, int level, tier_disk_encoded_fn done, void *arg);
+/* The same, and peek(arg, src, m->len) runs on the worker before the hash: the caller reads
+ * the block's bytes where the tier reads them anyway (kvcd measures a raw block's value norms
+ * there). peek may touch src and what arg owns alone, never loop state; NULL: none. */
+typedef void (*tier_disk_peek_fn)(void *arg, const void *src, uint64_t len);
+int tier_disk_encode_peek(struct tier *t, const struct tier_disk_meta *m, const void *src,
+                          int codec, int level, tier_disk_peek_fn peek, tier_disk_encoded_fn done,
+                          void *arg);
 /* Data bytes the record needs: what to alloc. */
 uint64_t tier_disk_rec_len(const struct tier_disk_rec *r);
 /* The record's metadata as it will be written (codec, stored, ...). */

@@ -237,6 +237,7 @@ struct tier_disk_op {
     uint64_t data_csum;           /* PUT: XXH3 of the stored bytes */
     struct tier_loc loc;          /* PUT: the record */
     tier_disk_encoded_fn encoded; /* PUT via tier_disk_encode */
+    tier_disk_peek_fn peek;       /* PUT via tier_disk_encode_peek: run before the hash */
     uint64_t tokens;              /* PUT via tier_disk_encode: budget taken at submission */
     uint64_t want, got;           /* bytes asked of the device, and bytes it transferred */
     /* PUT at a location: the list of record writes in flight (d->puts), which a checkpoint

@@ -84,13 +84,16 @@ struct tier_disk_worker_arg {
 };
 
 /* PUT: picks what goes to the device (the block itself, a bounce copy of it, or its zstd
- * form when that saves at least 4 KiB) and hashes it. Worker thread: touches the op, the
- * block's bytes and the immutable registered-buffer table only. */
+ * form when that saves at least 4 KiB) and hashes it, after the caller's peek at the bytes.
+ * Worker thread: touches the op, the block's bytes, the immutable registered-buffer table
+ * and what the peek's argument owns only. */
 static void tier_disk_work_encode(struct tier_disk *d, struct disk_codec *c,
                                   struct tier_disk_op *op)
 {
     struct tier_disk_meta *m = &op->expect;
     uint64_t dlen = tier_disk_round(m->len);
+    if (op->peek)
+        op->peek(op->arg, op->src, m->len);
     op->data = op->src;
     m->stored = m->len;
     m->codec = TIER_DISK_CODEC_RAW;
@@ -398,6 +401,13 @@ int tier_disk_put(struct tier *t, const struct tier_loc *loc, const struct tier_
 int tier_disk_encode(struct tier *t, const struct tier_disk_meta *m, const void *src, int codec,
                      int level, tier_disk_encoded_fn done, void *arg)
 {
+    return tier_disk_encode_peek(t, m, src, codec, level, NULL, done, arg);
+}
+
+int tier_disk_encode_peek(struct tier *t, const struct tier_disk_meta *m, const void *src,
+                          int codec, int level, tier_disk_peek_fn peek, tier_disk_encoded_fn done,
+                          void *arg)
+{
     struct tier_disk *d = tier_disk_of(t);
     uint64_t rec = tier_disk_record_bytes(m->len);
     struct tier_disk_op *op;
@@ -423,6 +433,7 @@ int tier_disk_encode(struct tier *t, const struct tier_disk_meta *m, const void 
     op->level = level;
     op->codec_req = (uint8_t)codec;
     op->encoded = done;
+    op->peek = peek;
     op->tokens = d->cfg.write_rate ? rec : 0;
     d->inflight++;
     d->st.writes_inflight++;

@@ -25,6 +25,10 @@ SLOT_RESERVED: int  #: a slot is yours: write it, then commit
 SLOT_BUSY: int  #: another client is writing this block now
 SLOT_SKIPPED: int  #: follows a busy key; try again after that one is committed
 SLOT_NOSPACE: int  #: no room could be made
+HEAD_UNKNOWN: int  #: a head with no per-head hint yet (counted as full)
+HEAD_SINK: int  #: a head that looks at the sink blocks
+HEAD_LOCAL: int  #: a head that looks at the sinks and the most recent blocks
+HEAD_FULL: int  #: a head that spreads its attention (retrieval)
 
 class Error(OSError):
     """A libkvc call failed. ``errno`` is the error (``errno.EPIPE``...), ``strerror``
@@ -139,12 +143,18 @@ class Namespace:
         that does not match; Error EINVAL (a negative or non-finite score, another shape)."""
     def lookup_budget(self, keys: Sequence[bytes], budget: int, policy: Optional[str] = None,
                       sinks: int = 0, recent: int = 0,
-                      query: Optional[Sequence[float]] = None) -> tuple[list[int], int, Lease]:
+                      query: Optional[Sequence[float]] = None,
+                      per_head: bool = False) -> tuple[Any, ...]:
         """Of the longest cached prefix of ``keys`` in memory, at most ``budget`` blocks:
         the ``sinks`` first and ``recent`` last ones, the rest by ``policy``'s importance
         ("h2o", "snapkv", "quest" with a ``query`` of head_dim floats, ...; None: the
         namespace's). Returns (positions of the selected blocks in keys, ascending; the
-        cached prefix's length; a Lease whose hit i is the block at positions[i])."""
+        cached prefix's length; a Lease whose hit i is the block at positions[i]).
+        ``per_head``: ``budget`` is the blocks of each (layer, kv head) on average over the
+        namespace's head profile (kvc_lookup_budget_heads: sink-only and local heads keep
+        the sinks, at least 1, and the window; the full heads share the rest, so the Lease
+        holds what a full head keeps); returns (positions, prefix length, Lease, profile:
+        layers x kv_heads of HEAD_UNKNOWN/HEAD_SINK/HEAD_LOCAL/HEAD_FULL, layer-major)."""
     def paged_kv(self, k_caches: KVCaches, v_caches: Optional[KVCaches] = None,
                  kv_dim: int = 0) -> PagedKV:
         """An engine's paged KV cache (as Lease.scatter takes it) read and checked against

@@ -67,7 +67,11 @@ PyMODINIT_FUNC PyInit__kvcd(void)
         PyModule_AddIntConstant(m, "SLOT_RESERVED", KVC_SLOT_RESERVED) < 0 ||
         PyModule_AddIntConstant(m, "SLOT_BUSY", KVC_SLOT_BUSY) < 0 ||
         PyModule_AddIntConstant(m, "SLOT_SKIPPED", KVC_SLOT_SKIPPED) < 0 ||
-        PyModule_AddIntConstant(m, "SLOT_NOSPACE", KVC_SLOT_NOSPACE) < 0)
+        PyModule_AddIntConstant(m, "SLOT_NOSPACE", KVC_SLOT_NOSPACE) < 0 ||
+        PyModule_AddIntConstant(m, "HEAD_UNKNOWN", KVC_HEAD_UNKNOWN) < 0 ||
+        PyModule_AddIntConstant(m, "HEAD_SINK", KVC_HEAD_SINK) < 0 ||
+        PyModule_AddIntConstant(m, "HEAD_LOCAL", KVC_HEAD_LOCAL) < 0 ||
+        PyModule_AddIntConstant(m, "HEAD_FULL", KVC_HEAD_FULL) < 0)
         goto fail;
     return m;
 fail:

@@ -239,9 +239,13 @@ fail:
 
 static PyObject *ns_lookup_budget(PyObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"keys", "budget", "policy", "sinks", "recent", "query", NULL};
+    static char *kwlist[] = {"keys",   "budget", "policy",   "sinks",
+                             "recent", "query",  "per_head", NULL};
     ns_object *ns = (ns_object *)self;
-    PyObject *keys_obj, *query_obj = Py_None, *pos_list = NULL;
+    PyObject *keys_obj, *query_obj = Py_None, *pos_list = NULL, *heads_list = NULL;
+    unsigned char *heads = NULL;
+    size_t lh = 0;
+    int per_head = 0;
     const char *policy = NULL;
     struct kvc_key *keys = NULL;
     struct kvc_budget b = {0};
@@ -252,8 +256,8 @@ static PyObject *ns_lookup_budget(PyObject *self, PyObject *args, PyObject *kw)
     struct handle *h = NULL;
     kvc_lease *l = NULL;
     int rc;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "On|zIIO:lookup_budget", kwlist, &keys_obj, &budget,
-                                     &policy, &sinks, &recent, &query_obj))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "On|zIIOp:lookup_budget", kwlist, &keys_obj, &budget,
+                                     &policy, &sinks, &recent, &query_obj, &per_head))
         return NULL;
     if (budget < 1) {
         PyErr_SetString(PyExc_ValueError, "kvcd: budget must be at least 1");
@@ -271,11 +275,16 @@ static PyObject *ns_lookup_budget(PyObject *self, PyObject *args, PyObject *kw)
             goto fail;
         b.query = query;
     }
-    pos = PyMem_Malloc(b.budget * sizeof(*pos));
-    if (!pos) {
+    /* per head: the selection may hold every key, and the profile comes back */
+    lh = per_head ? (size_t)ns->lay.layers * ns->lay.kv_heads : 0;
+    pos = PyMem_Malloc((per_head ? (n ? n : 1) : b.budget) * sizeof(*pos));
+    heads = per_head ? PyMem_Malloc(lh ? lh : 1) : NULL;
+    if (!pos || (per_head && !heads)) {
         PyErr_NoMemory();
         goto fail;
     }
+    if (heads)
+        memset(heads, KVC_HEAD_UNKNOWN, lh ? lh : 1); /* what a call with no keys leaves */
     h = PyObject_New(struct handle, &lease_type);
     if (!h)
         goto fail;
@@ -285,7 +294,8 @@ static PyObject *ns_lookup_budget(PyObject *self, PyObject *args, PyObject *kw)
     if (ns_enter(ns) < 0)
         goto fail;
     Py_BEGIN_ALLOW_THREADS;
-    rc = kvc_lookup_budget(ns->ns, keys, n, &b, pos, &nprefix, &l);
+    rc = per_head ? kvc_lookup_budget_heads(ns->ns, keys, n, &b, pos, heads, &nprefix, &l)
+                  : kvc_lookup_budget(ns->ns, keys, n, &b, pos, &nprefix, &l);
     Py_END_ALLOW_THREADS;
     handle_init(h, ns->client, HANDLE_KIND_LEASE, rc > 0 ? l : NULL, rc > 0 ? (size_t)rc : 0, ns);
     client_leave(ns->client);
@@ -302,16 +312,32 @@ static PyObject *ns_lookup_budget(PyObject *self, PyObject *args, PyObject *kw)
             goto fail;
         PyList_SET_ITEM(pos_list, i, v);
     }
+    if (per_head) {
+        heads_list = PyList_New((Py_ssize_t)lh);
+        if (!heads_list)
+            goto fail;
+        for (size_t j = 0; j < lh; j++) {
+            PyObject *v = PyLong_FromLong(heads[j]);
+            if (!v)
+                goto fail;
+            PyList_SET_ITEM(heads_list, (Py_ssize_t)j, v);
+        }
+    }
     PyMem_Free(keys);
     PyMem_Free(query);
     PyMem_Free(pos);
+    PyMem_Free(heads);
+    if (per_head)
+        return Py_BuildValue("(NnNN)", pos_list, (Py_ssize_t)nprefix, (PyObject *)h, heads_list);
     return Py_BuildValue("(NnN)", pos_list, (Py_ssize_t)nprefix, (PyObject *)h);
 fail:
     Py_XDECREF(pos_list);
+    Py_XDECREF(heads_list);
     Py_XDECREF(h);
     PyMem_Free(keys);
     PyMem_Free(query);
     PyMem_Free(pos);
+    PyMem_Free(heads);
     return NULL;
 }
 
@@ -491,8 +517,10 @@ static PyMethodDef ns_methods[] = {
      "scores flat [len(keys)][layers][heads]; feeds the policies and the namespace's head "
      "profiles; returns the cached blocks that took one."},
     {"lookup_budget", (PyCFunction)(void (*)(void))ns_lookup_budget, METH_VARARGS | METH_KEYWORDS,
-     "lookup_budget(keys, budget, policy=None, sinks=0, recent=0, query=None): at most budget "
-     "blocks of the cached prefix chosen by a policy; returns (positions, prefix_len, Lease)."},
+     "lookup_budget(keys, budget, policy=None, sinks=0, recent=0, query=None, per_head=False): "
+     "at most budget blocks of the cached prefix chosen by a policy; returns (positions, "
+     "prefix_len, Lease). per_head: budget is per (layer, kv head) over the namespace's head "
+     "profile (kvc_lookup_budget_heads); returns (positions, prefix_len, Lease, profile)."},
     {"paged_kv", (PyCFunction)(void (*)(void))ns_paged_kv, METH_VARARGS | METH_KEYWORDS,
      "paged_kv(k_caches, v_caches=None, kv_dim=0): an engine's paged KV cache (as scatter "
      "and gather take it) read and checked against this namespace once; pass it as k_caches "

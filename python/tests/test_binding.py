@@ -420,6 +420,23 @@ def test_hint_heads(client):
         assert pos == [0, 3, 7]
     assert ns.hint_heads(keys[:3], [1.0] * (3 * lh), LAYOUT["layers"], LAYOUT["kv_heads"],
                          kind="snapkv") == 3
+    # per-head budgets: heads 0, 2 and 3 look at the sink only, head 1 spreads (block 3
+    # heaviest): a budget of 3 a head is 12 head-blocks, 1 for each sink-only head, 9 for head 1
+    pos, nprefix, lease, prof = ns.lookup_budget(keys, 3, policy="h2o", sinks=1, per_head=True)
+    with lease:  # every head spread its hints so far: all full, the plain budget
+        assert prof == [kvcd.HEAD_FULL] * lh and len(lease) == 3 and pos == [0, 3, 5]
+    sink = np.zeros((8, lh), dtype=np.float32)
+    sink[0, :] = 50.0
+    sink[:, 1] = 1.0
+    sink[3, 1] = 9.0
+    assert ns.hint_heads(keys, sink.ravel().tolist(), LAYOUT["layers"], LAYOUT["kv_heads"]) == 8
+    pos, nprefix, lease, prof = ns.lookup_budget(keys, 3, policy="h2o", sinks=1, per_head=True)
+    with lease:
+        assert prof == [kvcd.HEAD_SINK, kvcd.HEAD_FULL, kvcd.HEAD_SINK, kvcd.HEAD_SINK]
+        assert nprefix == 8 and pos == list(range(8)) and len(lease) == 8  # 9 > 8 blocks
+    pos, nprefix, lease = ns.lookup_budget(keys, 3, policy="h2o", sinks=1)
+    with lease:
+        assert len(pos) == 3  # the plain budget is unchanged
     # 64 x 64 heads: 16 KiB of scores a block, so 12 blocks go in three requests
     big = new_ns(client, layers=64, kv_heads=64, head_dim=8, block_tokens=1)
     bkeys = big.keys_from_tokens(tokens(12))

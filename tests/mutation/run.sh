@@ -266,6 +266,18 @@ mutation ladder-sink-quantized daemon/engine.c "check_ladder" \
 '        if (v != INDEX_NONE && s->ix.blocks[v].depth == 0 && !s->ix.blocks[v].children)' \
 '        if (v != INDEX_NONE && s->ix.blocks[v].depth == 0 && s->ix.blocks[v].children > 99)'
 
+# VATP over a disk tier: a raw block's disk write does not measure its value norms (only the
+# quantize pass would, and a namespace without codecs never meets it).
+mutation vatp-no-disk-norms daemon/engine_disk.c "check_e2e_policy" \
+'                               mv->peek ? engine_disk_peek : NULL, engine_disk_write_encoded, mv);' \
+'                               ((void)engine_disk_peek, NULL), engine_disk_write_encoded, mv);'
+
+# Per-head budgets: the full heads get the plain budget, not what the sink-only and local
+# heads leave of budget x heads.
+mutation budget-heads-even daemon/store_policy.c "check_e2e_policy" \
+'    b = nfull ? (total - spent) / nfull : cl;' \
+'    b = nfull ? (total - spent) / lh : cl;'
+
 # The precision ladder: the namespace's fidelity budget is not applied to its rungs.
 mutation ladder-budget-ignored daemon/store_policy.c "check_ladder" \
 '                    (ns->max_error > 0 &&
