@@ -368,29 +368,6 @@ KERN_HD uint16_t kern_batch_out(float x, uint32_t out)
     return out == KERN_DTYPE_BF16 ? kern_f2bf(x) : kern_f2h(x);
 }
 
-/* Does the encoded block src (src_len bytes) describe `lay`, with section lk inside it?
- * Fills *s. The decoder's own check: a block that fails it decodes to zeros. */
-KERN_HD int kern_batch_sect(const struct kern_layout *lay, const uint8_t *src, uint64_t src_len,
-                            uint32_t lk, struct kern_block_sect *s)
-{
-    struct kern_block_hdr hd;
-    if (!src || src_len < kern_hdr_bytes(lay))
-        return 0;
-    memcpy(&hd, src, sizeof(hd));
-    if (hd.magic != KERN_BLOCK_MAGIC || hd.version != KERN_BLOCK_VERSION ||
-        hd.kinds != kern_kinds(lay) || hd.layers != lay->layers || hd.heads != lay->heads ||
-        hd.head_dim != lay->head_dim || hd.tokens != lay->tokens || hd.dtype != lay->dtype)
-        return 0;
-    memcpy(s, src + sizeof(hd) + lk * sizeof(*s), sizeof(*s));
-    /* a codec the layout cannot take (a ROT head_dim not a power of two in 8..256, LOWRANK
-     * past its size) has size 0 there: refused, so its decoder never meets such a shape */
-    if (s->codec >= KERN_CODEC_COUNT || s->bytes == 0 ||
-        s->bytes != kern_sect_bytes(lay, s->codec, lk % hd.kinds) ||
-        s->offset < kern_hdr_bytes(lay) || (uint64_t)s->offset + s->bytes > src_len)
-        return 0;
-    return 1;
-}
-
 KERN_HD uint32_t kern_batch_u16(const uint8_t *p)
 {
     uint16_t v;
@@ -411,10 +388,12 @@ KERN_HD uint32_t kern_batch_u16(const uint8_t *p)
  * block at an address not 16-byte aligned gets narrower accesses, down to one byte each (the
  * byte path), and the same values. */
 
-/* Accesses by width, log2: 1, 2, 4, 8 and 16 bytes (the emulation counts them; the tests
- * check which path a step took). */
+/* Accesses by what they read (KERN_BATCH_LD_HDR: a block's header and section descriptor,
+ * once per step; KERN_BATCH_LD_DATA: the pieces' fields) and width, log2: 1, 2, 4, 8 and 16
+ * bytes. The emulation counts them; the tests check which path a step took. */
+enum kern_batch_ld_what { KERN_BATCH_LD_HDR = 0, KERN_BATCH_LD_DATA = 1 };
 #ifndef __CUDACC__
-extern uint64_t kern_batch_ld_count[5];
+extern uint64_t kern_batch_ld_count[2][5];
 #endif
 
 /* The widest access, up to n bytes (n <= 16), at an address whose low bits are those of x
@@ -430,13 +409,16 @@ KERN_HD uint32_t kern_batch_wd(uint32_t x, uint32_t n)
  * of w bytes (kern_batch_wd: p a multiple of w, w dividing n). On the device read-only loads
  * (ld.global.nc) of w bytes; the emulation makes the same accesses, and faults as the device
  * does on one whose address is not a multiple of its width. */
-KERN_HD void kern_batch_ld(const uint8_t *p, uint32_t n, uint32_t w, uint32_t *v)
+KERN_HD void kern_batch_ld_as(const uint8_t *p, uint32_t n, uint32_t w, uint32_t *v,
+                              enum kern_batch_ld_what what)
 {
     v[0] = v[1] = v[2] = v[3] = 0;
 #ifndef __CUDACC__
     if ((uintptr_t)p & (w - 1))
         __builtin_trap();
-    kern_batch_ld_count[w >= 16 ? 4 : w >= 8 ? 3 : w >= 4 ? 2 : w >= 2 ? 1 : 0] += n / w;
+    kern_batch_ld_count[what][w >= 16 ? 4 : w >= 8 ? 3 : w >= 4 ? 2 : w >= 2 ? 1 : 0] += n / w;
+#else
+    (void)what;
 #endif
     if (w == 16) {
 #ifdef __CUDA_ARCH__
@@ -500,6 +482,11 @@ KERN_HD void kern_batch_ld(const uint8_t *p, uint32_t n, uint32_t w, uint32_t *v
     }
 }
 
+KERN_HD void kern_batch_ld(const uint8_t *p, uint32_t n, uint32_t w, uint32_t *v)
+{
+    kern_batch_ld_as(p, n, w, v, KERN_BATCH_LD_DATA);
+}
+
 /* Byte j and 16-bit element j of words loaded by kern_batch_ld. */
 KERN_HD uint32_t kern_batch_b8(const uint32_t *v, uint32_t j)
 {
@@ -543,6 +530,45 @@ KERN_HD uint16_t kern_batch_cvt(uint32_t v, uint32_t dtype, uint32_t out)
         return (uint16_t)v;
     const float f = dtype == KERN_DTYPE_BF16 ? kern_bf2f((uint16_t)v) : kern_h2f((uint16_t)v);
     return out == KERN_DTYPE_BF16 ? kern_f2bf(f) : kern_f2h(f);
+}
+
+/* A block's header (48 bytes at its start: 16-byte accesses from an aligned block). */
+typedef char kern_batch_hdr_is_48[sizeof(struct kern_block_hdr) == 48 ? 1 : -1];
+KERN_HD void kern_batch_hdr(const uint8_t *src, struct kern_block_hdr *hd)
+{
+    uint32_t v[12];
+    const uint32_t w = kern_batch_wd((uint32_t)(uintptr_t)src, 16);
+    KERN_UNROLL
+    for (uint32_t i = 0; i < 3; i++)
+        kern_batch_ld_as(src + 16 * i, 16, w, v + 4 * i, KERN_BATCH_LD_HDR);
+    memcpy(hd, v, sizeof(*hd));
+}
+
+/* Does the encoded block src (src_len bytes) describe `lay`, with section lk inside it?
+ * Fills *s. The decoder's own check: a block that fails it decodes to zeros. */
+KERN_HD int kern_batch_sect(const struct kern_layout *lay, const uint8_t *src, uint64_t src_len,
+                            uint32_t lk, struct kern_block_sect *s)
+{
+    struct kern_block_hdr hd;
+    if (!src || src_len < kern_hdr_bytes(lay))
+        return 0;
+    kern_batch_hdr(src, &hd);
+    if (hd.magic != KERN_BLOCK_MAGIC || hd.version != KERN_BLOCK_VERSION ||
+        hd.kinds != kern_kinds(lay) || hd.layers != lay->layers || hd.heads != lay->heads ||
+        hd.head_dim != lay->head_dim || hd.tokens != lay->tokens || hd.dtype != lay->dtype)
+        return 0;
+    uint32_t v[4];
+    const uint8_t *sp = src + sizeof(hd) + lk * sizeof(*s);
+    kern_batch_ld_as(sp, sizeof(*s), kern_batch_wd((uint32_t)(uintptr_t)sp, sizeof(*s)), v,
+                     KERN_BATCH_LD_HDR);
+    memcpy(s, v, sizeof(*s));
+    /* a codec the layout cannot take (a ROT head_dim not a power of two in 8..256, LOWRANK
+     * past its size) has size 0 there: refused, so its decoder never meets such a shape */
+    if (s->codec >= KERN_CODEC_COUNT || s->bytes == 0 ||
+        s->bytes != kern_sect_bytes(lay, s->codec, lk % hd.kinds) ||
+        s->offset < kern_hdr_bytes(lay) || (uint64_t)s->offset + s->bytes > src_len)
+        return 0;
+    return 1;
 }
 
 /* Elements [d0, d0+n) (n <= 8) of token t, head h of a section (codec, sect: its payload, sa
@@ -720,7 +746,7 @@ KERN_HD void kern_batch_src_at(const struct kern_layout *lay, const uint8_t *src
     o->codec = s.codec;
     o->offset = s.offset;
     struct kern_block_hdr hd;
-    memcpy(&hd, src, sizeof(hd));
+    kern_batch_hdr(src, &hd);
     o->rh = (uint32_t)hd.reserved;
     o->rcnt = (uint32_t)(hd.reserved >> 32);
     if (o->rh && o->rh + kern_rawh_bytes(lay, o->rcnt) > src_len)
@@ -949,7 +975,7 @@ KERN_HD void kern_batch_decode_step(const struct kern_batch *b, const uint64_t *
     st.rgroups = st.rmeans = 0;
     if (st.rbits) {
         const uint8_t *sect = st.src + st.hs.offset;
-        st.rseed = kern_rot_get_seed(sect);
+        st.rseed = kern_batch_ld32(sect, st.sa); /* kern_rot_get_seed */
         st.rscale = kern_rot_scale(D);
         st.rgroups = sect + kern_rot_groups_off(lay);
         st.rmeans = kern_rot_means(sect);

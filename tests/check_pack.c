@@ -787,11 +787,11 @@ static const uint32_t ld_widest[KERN_CODEC_COUNT] = {
 static const uint32_t ld_places[] = {0, 1, 2, 4, 8, 3};
 #define NLD_PLACES (sizeof(ld_places) / sizeof(ld_places[0]))
 
-static uint32_t ld_count_widest(void)
+static uint32_t ld_count_widest(enum kern_batch_ld_what what)
 {
     uint32_t w = 0;
     for (uint32_t i = 0; i < 5; i++)
-        if (kern_batch_ld_count[i])
+        if (kern_batch_ld_count[what][i])
             w = 1u << i;
     return w;
 }
@@ -804,16 +804,19 @@ START_TEST(test_decode_load_widths)
     memset(kern_batch_ld_count, 0, sizeof(kern_batch_ld_count));
     decode_case_at(1, 2, 64, 32, KERN_DTYPE_FP16, 0, codec, KERN_DTYPE_BF16, 16, 64, 0, 1, 3,
                    200 + (unsigned)_i, NULL, place);
-    ck_assert_msg(ld_count_widest() == want, "codec %u at +%u: widest load %u, want %u", codec,
-                  place, ld_count_widest(), want);
+    const uint32_t got = ld_count_widest(KERN_BATCH_LD_DATA);
+    ck_assert_msg(got == want, "codec %u at +%u: widest load %u, want %u", codec, place, got, want);
     if (want > 1) /* every field of these shapes has an even size and offset */
-        ck_assert_uint_eq(kern_batch_ld_count[0], 0);
+        ck_assert_uint_eq(kern_batch_ld_count[KERN_BATCH_LD_DATA][0], 0);
+    /* the header in 16-byte accesses where the block allows, its section descriptor (12
+     * bytes) in 4-byte ones */
+    ck_assert_uint_eq(ld_count_widest(KERN_BATCH_LD_HDR), al);
     /* two layers (layer 0 raw), a raw head in each, both kinds, fp16 out */
     const uint8_t mask[4] = {0, 1, 1, 0};
     memset(kern_batch_ld_count, 0, sizeof(kern_batch_ld_count));
     decode_case_at(2, 2, 64, 32, KERN_DTYPE_BF16, 0, codec, KERN_DTYPE_FP16, 16, 72, 0, 2, 2,
                    300 + (unsigned)_i, mask, place);
-    ck_assert_uint_eq(ld_count_widest(), al);
+    ck_assert_uint_eq(ld_count_widest(KERN_BATCH_LD_DATA), al);
 }
 END_TEST
 
