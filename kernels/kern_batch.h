@@ -61,6 +61,7 @@
 #ifndef KVC_KERN_BATCH_H
 #define KVC_KERN_BATCH_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -532,16 +533,27 @@ KERN_HD uint16_t kern_batch_cvt(uint32_t v, uint32_t dtype, uint32_t out)
     return out == KERN_DTYPE_BF16 ? kern_f2bf(f) : kern_f2h(f);
 }
 
-/* A block's header (48 bytes at its start: 16-byte accesses from an aligned block). */
-typedef char kern_batch_hdr_is_48[sizeof(struct kern_block_hdr) == 48 ? 1 : -1];
-KERN_HD void kern_batch_hdr(const uint8_t *src, struct kern_block_hdr *hd)
+/* What the decoder checks of a block's header: its first 24 bytes (magic; version, dtype
+ * and kinds; layers, heads, head_dim, tokens), as 6 words in v[0..8) (a 16- and an 8-byte
+ * access from an aligned block); and its reserved word (the raw-head appendix, at 40). */
+typedef char kern_batch_hdr_at[offsetof(struct kern_block_hdr, tokens) == 20 &&
+                                       offsetof(struct kern_block_hdr, reserved) == 40 &&
+                                       sizeof(struct kern_block_hdr) == 48
+                                   ? 1
+                                   : -1];
+
+KERN_HD void kern_batch_hdr_words(const uint8_t *src, uint32_t *v)
 {
-    uint32_t v[12];
-    const uint32_t w = kern_batch_wd((uint32_t)(uintptr_t)src, 16);
-    KERN_UNROLL
-    for (uint32_t i = 0; i < 3; i++)
-        kern_batch_ld_as(src + 16 * i, 16, w, v + 4 * i, KERN_BATCH_LD_HDR);
-    memcpy(hd, v, sizeof(*hd));
+    const uint32_t a = (uint32_t)(uintptr_t)src;
+    kern_batch_ld_as(src, 16, kern_batch_wd(a, 16), v, KERN_BATCH_LD_HDR);
+    kern_batch_ld_as(src + 16, 8, kern_batch_wd(a, 8), v + 4, KERN_BATCH_LD_HDR);
+}
+
+KERN_HD uint64_t kern_batch_hdr_reserved(const uint8_t *src)
+{
+    uint32_t v[4];
+    kern_batch_ld_as(src + 40, 8, kern_batch_wd((uint32_t)(uintptr_t)src, 8), v, KERN_BATCH_LD_HDR);
+    return v[0] | (uint64_t)v[1] << 32;
 }
 
 /* Does the encoded block src (src_len bytes) describe `lay`, with section lk inside it?
@@ -549,23 +561,25 @@ KERN_HD void kern_batch_hdr(const uint8_t *src, struct kern_block_hdr *hd)
 KERN_HD int kern_batch_sect(const struct kern_layout *lay, const uint8_t *src, uint64_t src_len,
                             uint32_t lk, struct kern_block_sect *s)
 {
-    struct kern_block_hdr hd;
+    uint32_t hw[8];
     if (!src || src_len < kern_hdr_bytes(lay))
         return 0;
-    kern_batch_hdr(src, &hd);
-    if (hd.magic != KERN_BLOCK_MAGIC || hd.version != KERN_BLOCK_VERSION ||
-        hd.kinds != kern_kinds(lay) || hd.layers != lay->layers || hd.heads != lay->heads ||
-        hd.head_dim != lay->head_dim || hd.tokens != lay->tokens || hd.dtype != lay->dtype)
+    /* struct kern_block_hdr's fields, little-endian */
+    kern_batch_hdr_words(src, hw);
+    if (hw[0] != KERN_BLOCK_MAGIC ||
+        hw[1] != (KERN_BLOCK_VERSION | lay->dtype << 16 | kern_kinds(lay) << 24) ||
+        hw[2] != lay->layers || hw[3] != lay->heads || hw[4] != lay->head_dim ||
+        hw[5] != lay->tokens)
         return 0;
     uint32_t v[4];
-    const uint8_t *sp = src + sizeof(hd) + lk * sizeof(*s);
+    const uint8_t *sp = src + sizeof(struct kern_block_hdr) + lk * sizeof(*s);
     kern_batch_ld_as(sp, sizeof(*s), kern_batch_wd((uint32_t)(uintptr_t)sp, sizeof(*s)), v,
                      KERN_BATCH_LD_HDR);
     memcpy(s, v, sizeof(*s));
     /* a codec the layout cannot take (a ROT head_dim not a power of two in 8..256, LOWRANK
      * past its size) has size 0 there: refused, so its decoder never meets such a shape */
     if (s->codec >= KERN_CODEC_COUNT || s->bytes == 0 ||
-        s->bytes != kern_sect_bytes(lay, s->codec, lk % hd.kinds) ||
+        s->bytes != kern_sect_bytes(lay, s->codec, lk % kern_kinds(lay)) ||
         s->offset < kern_hdr_bytes(lay) || (uint64_t)s->offset + s->bytes > src_len)
         return 0;
     return 1;
@@ -745,10 +759,9 @@ KERN_HD void kern_batch_src_at(const struct kern_layout *lay, const uint8_t *src
         return;
     o->codec = s.codec;
     o->offset = s.offset;
-    struct kern_block_hdr hd;
-    kern_batch_hdr(src, &hd);
-    o->rh = (uint32_t)hd.reserved;
-    o->rcnt = (uint32_t)(hd.reserved >> 32);
+    const uint64_t r = kern_batch_hdr_reserved(src);
+    o->rh = (uint32_t)r;
+    o->rcnt = (uint32_t)(r >> 32);
     if (o->rh && o->rh + kern_rawh_bytes(lay, o->rcnt) > src_len)
         o->rh = 0;
 }
@@ -792,13 +805,23 @@ struct kern_batch_dstep {
     struct kern_batch_eng e;
     const uint8_t *src;
     uint32_t lg; /* the layer in the encoded block */
-    /* the low bits of the section's and of the raw-head appendix's addresses: the widths of
-     * the step's loads (kern_batch_wd), the same for every lane */
-    uint32_t sa, ra;
     uint32_t rbits, rseed;
     float rscale;
     const uint8_t *rgroups, *rmeans;
 };
+
+/* The low bits of the section's and of the raw-head appendix's addresses: the widths of the
+ * step's loads (kern_batch_wd), the same for every lane (recomputed where used: two registers
+ * fewer held through the step). */
+KERN_HD uint32_t kern_batch_dsa(const struct kern_batch_dstep *st)
+{
+    return (uint32_t)(uintptr_t)st->src + st->hs.offset;
+}
+
+KERN_HD uint32_t kern_batch_dra(const struct kern_batch_dstep *st)
+{
+    return (uint32_t)(uintptr_t)st->src + st->hs.rh;
+}
 
 /* One lane's piece in a round: where its elements go (NULL: nowhere: past the step, or a
  * token without a page), how many (<= 8), its head and first channel; y its output bits, or
@@ -840,7 +863,7 @@ KERN_HD void kern_batch_piece_dec(const struct kern_batch *b, const uint64_t *w,
     uint32_t slot = 0, v[4];
     if (st->hs.rh) {
         kern_batch_ld(st->src + st->hs.rh + 2 * ((uint64_t)st->lg * H + h), 2,
-                      kern_batch_wd(st->ra, 2), v);
+                      kern_batch_wd(kern_batch_dra(st), 2), v);
         slot = v[0];
     }
     if (slot && slot <= st->hs.rcnt) {
@@ -849,7 +872,8 @@ KERN_HD void kern_batch_piece_dec(const struct kern_batch *b, const uint64_t *w,
         const uint8_t *row = st->src + st->hs.rh + kern_rawh_table_bytes(lay) +
                              (uint64_t)(slot - 1) * hb + ((uint64_t)st->at.k * T + t) * 2ull * D +
                              2ull * d0;
-        kern_batch_ld(row, 2 * n, kern_batch_wd(st->ra | (uint32_t)hb | 2 * D, 2 * n), v);
+        kern_batch_ld(row, 2 * n, kern_batch_wd(kern_batch_dra(st) | (uint32_t)hb | 2 * D, 2 * n),
+                      v);
         for (uint32_t i = 0; i < n; i++)
             p->y[i] = lay->dtype == b->out_dtype
                           ? (uint16_t)kern_batch_e16(v, i)
@@ -865,18 +889,18 @@ KERN_HD void kern_batch_piece_dec(const struct kern_batch *b, const uint64_t *w,
         const uint32_t rb = st->rbits, gb = kern_kivi_v_group_bytes((int)rb);
         const uint8_t *g =
             st->rgroups + (((uint64_t)t * H + h) * kern_ngroups(D) + d0 / KERN_GROUP) * gb;
-        const uint32_t dm = kern_batch_ld32(g, st->sa | gb);
+        const uint32_t dm = kern_batch_ld32(g, kern_batch_dsa(st) | gb);
         const float sc = kern_h2f((uint16_t)dm), mn = kern_h2f((uint16_t)(dm >> 16));
-        kern_batch_ld(g + 4 + d0 % KERN_GROUP / 8 * rb, rb, kern_batch_wd(st->sa | gb | 4 | rb, rb),
-                      v);
+        kern_batch_ld(g + 4 + d0 % KERN_GROUP / 8 * rb, rb,
+                      kern_batch_wd(kern_batch_dsa(st) | gb | 4 | rb, rb), v);
         KERN_UNROLL
         for (uint32_t i = 0; i < 8; i++)
             p->x[i] = kern_kivi_val((v[0] >> (rb * i)) & ((1u << rb) - 1), sc, mn);
         kern_fwht(p->x, 8);
         p->rot = 1;
     } else if (st->hs.ok)
-        kern_batch_dec8(lay, st->hs.codec, st->src + st->hs.offset, st->sa, st->at.k, t, h, d0, n,
-                        b->out_dtype, p->y);
+        kern_batch_dec8(lay, st->hs.codec, st->src + st->hs.offset, kern_batch_dsa(st), st->at.k, t,
+                        h, d0, n, b->out_dtype, p->y);
 }
 
 /* Phase 2a: q[i] = the x of lane l ^ m, for each lane l of this call, as it was before the
@@ -915,7 +939,7 @@ KERN_HD void kern_batch_piece_put(const struct kern_batch *b, const struct kern_
         /* the means, fp16 [H][D] at 16 in the section: the piece's 16 bytes */
         const uint8_t *mean = st->rmeans + 2ull * ((uint64_t)p->h * b->head_dim + p->d0);
         uint32_t mv[4];
-        kern_batch_ld(mean, 16, kern_batch_wd(st->sa | 2 * b->head_dim, 16), mv);
+        kern_batch_ld(mean, 16, kern_batch_wd(kern_batch_dsa(st) | 2 * b->head_dim, 16), mv);
         KERN_UNROLL
         for (uint32_t i = 0; i < 8; i++) {
             const float x = KERN_MUL(p->x[i], st->rscale);
@@ -965,8 +989,6 @@ KERN_HD void kern_batch_decode_step(const struct kern_batch *b, const uint64_t *
     st.hs.rh = kern_batch_bcast(hs.rh);
     st.hs.rcnt = kern_batch_bcast(hs.rcnt);
     kern_batch_eng_at(b, w, &st.at, &st.e);
-    st.sa = (uint32_t)(uintptr_t)st.src + st.hs.offset;
-    st.ra = (uint32_t)(uintptr_t)st.src + st.hs.rh;
     st.rbits =
         st.hs.ok ? (uint32_t)kern_rot_bits(kern_codec_as(st.hs.codec, st.at.k == 1 && !lay->k_only))
                  : 0;
@@ -975,7 +997,7 @@ KERN_HD void kern_batch_decode_step(const struct kern_batch *b, const uint64_t *
     st.rgroups = st.rmeans = 0;
     if (st.rbits) {
         const uint8_t *sect = st.src + st.hs.offset;
-        st.rseed = kern_batch_ld32(sect, st.sa); /* kern_rot_get_seed */
+        st.rseed = kern_batch_ld32(sect, kern_batch_dsa(&st)); /* kern_rot_get_seed */
         st.rscale = kern_rot_scale(D);
         st.rgroups = sect + kern_rot_groups_off(lay);
         st.rmeans = kern_rot_means(sect);
