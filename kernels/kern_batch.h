@@ -47,14 +47,23 @@
  * produces 8 consecutive elements of one head row (16 bytes of fp16/bf16) and stores them
  * with one 16-byte store where the engine's addresses allow it (vec16), else element by
  * element; the arithmetic is the reference's, per element, in the same order (kern_fmt.h),
- * so the output is bit-identical. A value that depends on a whole head row is computed once
- * per row, not once per lane: a ROT key row (rotated by a Walsh-Hadamard transform over its
- * D channels) is decoded by the D / 8 lanes of the row together, the transform's stages
+ * so the output is bit-identical. A lane reads its piece's fields (a group's scale and min,
+ * its codes, a head row's 16 bytes) with the widest loads their alignment allows, 16, 8, 4
+ * or 2 bytes (ld.global.nc), and unpacks them from registers: sections start 16-byte
+ * aligned in a block, so a field's alignment is the lowest set bit of the section address
+ * and of the strides that lead to it ("the decoder's loads" below), the same for every lane
+ * of a step: it depends on the block pointer, the section offset and the layout alone.
+ * Device staging (256-byte steps, KVC_GPU_ALIGN in libkvc_gpu.c) and pool slots are aligned,
+ * so the byte path (one-byte accesses) is taken only by a block at an odd address. The
+ * emulation makes the same accesses, counts them by width, and faults on a misaligned one as
+ * the device would, so the tests check the width arithmetic too. A value that depends on a
+ * whole head row is computed once per row, not once per lane: a ROT key row (rotated by a
+ * Walsh-Hadamard transform over its D channels) is decoded by the D / 8 lanes of the row together, the transform's stages
  * across them by shuffles, with kern_fwht's pairs and order ("a decode step, phase by phase"
  * below); a LOWRANK element is a sum over the rank of (sigma_i * u[t][i]) * w[i][d], the
  * first factor loaded and rounded once per lane for its 8 elements. No lane holds a row in
- * local memory (the decode kernel's stack frame is 0 bytes; it was 1 KiB a thread, a ROT row
- * per lane). The block's header, section descriptor and raw-head appendix are read and
+ * local memory (it was 1 KiB a thread, a ROT row per lane; the decode kernel's stack frame
+ * is now 24 bytes of register spills under the 64-register cap, docs/design/gpu.md). The block's header, section descriptor and raw-head appendix are read and
  * checked once per step: by lane 0 and shuffled to the warp on the device, once per step for
  * the warp in the emulation.
  */
