@@ -58,9 +58,9 @@
  * emulation makes the same accesses, counts them by width, and faults on a misaligned one as
  * the device would, so the tests check the width arithmetic too. A value that depends on a
  * whole head row is computed once per row, not once per lane: a ROT key row (rotated by a
- * Walsh-Hadamard transform over its D channels) is decoded by the D / 8 lanes of the row together, the transform's stages
- * across them by shuffles, with kern_fwht's pairs and order ("a decode step, phase by phase"
- * below); a LOWRANK element is a sum over the rank of (sigma_i * u[t][i]) * w[i][d], the
+ * Walsh-Hadamard transform over its D channels) is decoded by the D / 8 lanes of the row
+ * together, the transform's stages across them by shuffles, with kern_fwht's pairs and order
+ * ("a decode step, phase by phase" below); a LOWRANK element is a sum over the rank of (sigma_i * u[t][i]) * w[i][d], the
  * first factor loaded and rounded once per lane for its 8 elements. No lane holds a row in
  * local memory (it was 1 KiB a thread, a ROT row per lane; the decode kernel's stack frame
  * is now 24 bytes of register spills under the 64-register cap, docs/design/gpu.md). The block's header, section descriptor and raw-head appendix are read and
