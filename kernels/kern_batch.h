@@ -60,12 +60,13 @@
  * whole head row is computed once per row, not once per lane: a ROT key row (rotated by a
  * Walsh-Hadamard transform over its D channels) is decoded by the D / 8 lanes of the row
  * together, the transform's stages across them by shuffles, with kern_fwht's pairs and order
- * ("a decode step, phase by phase" below); a LOWRANK element is a sum over the rank of (sigma_i * u[t][i]) * w[i][d], the
- * first factor loaded and rounded once per lane for its 8 elements. No lane holds a row in
- * local memory (it was 1 KiB a thread, a ROT row per lane; the decode kernel's stack frame
- * is now 24 bytes of register spills under the 64-register cap, docs/design/gpu.md). The block's header, section descriptor and raw-head appendix are read and
- * checked once per step: by lane 0 and shuffled to the warp on the device, once per step for
- * the warp in the emulation.
+ * ("a decode step, phase by phase" below); a LOWRANK element is a sum over the rank of
+ * (sigma_i * u[t][i]) * w[i][d], the first factor loaded and rounded once per lane for its 8
+ * elements. No lane holds a row in local memory (it was 1 KiB a thread, a ROT row per lane;
+ * the decode kernel's stack frame is now 24 bytes of register spills under the 64-register
+ * cap, docs/design/gpu.md). The block's header, section descriptor and raw-head appendix
+ * are read and checked once per step: by lane 0 and shuffled to the warp on the device, once
+ * per step for the warp in the emulation.
  */
 #ifndef KVC_KERN_BATCH_H
 #define KVC_KERN_BATCH_H
