@@ -47,20 +47,31 @@
  * produces 8 consecutive elements of one head row (16 bytes of fp16/bf16) and stores them
  * with one 16-byte store where the engine's addresses allow it (vec16), else element by
  * element; the arithmetic is the reference's, per element, in the same order (kern_fmt.h),
- * so the output is bit-identical. A value that depends on a whole head row is computed once
- * per row, not once per lane: a ROT key row (rotated by a Walsh-Hadamard transform over its
- * D channels) is decoded by the D / 8 lanes of the row together, the transform's stages
- * across them by shuffles, with kern_fwht's pairs and order ("a decode step, phase by phase"
- * below); a LOWRANK element is a sum over the rank of (sigma_i * u[t][i]) * w[i][d], the
- * first factor loaded and rounded once per lane for its 8 elements. No lane holds a row in
- * local memory (the decode kernel's stack frame is 0 bytes; it was 1 KiB a thread, a ROT row
- * per lane). The block's header, section descriptor and raw-head appendix are read and
- * checked once per step: by lane 0 and shuffled to the warp on the device, once per step for
- * the warp in the emulation.
+ * so the output is bit-identical. A lane reads its piece's fields (a group's scale and min,
+ * its codes, a head row's 16 bytes) with the widest loads their alignment allows, 16, 8, 4
+ * or 2 bytes (ld.global.nc), and unpacks them from registers: sections start 16-byte
+ * aligned in a block, so a field's alignment is the lowest set bit of the section address
+ * and of the strides that lead to it ("the decoder's loads" below), the same for every lane
+ * of a step: it depends on the block pointer, the section offset and the layout alone.
+ * Device staging (256-byte steps, KVC_GPU_ALIGN in libkvc_gpu.c) and pool slots are aligned,
+ * so the byte path (one-byte accesses) is taken only by a block at an odd address. The
+ * emulation makes the same accesses, counts them by width, and faults on a misaligned one as
+ * the device would, so the tests check the width arithmetic too. A value that depends on a
+ * whole head row is computed once per row, not once per lane: a ROT key row (rotated by a
+ * Walsh-Hadamard transform over its D channels) is decoded by the D / 8 lanes of the row
+ * together, the transform's stages across them by shuffles, with kern_fwht's pairs and order
+ * ("a decode step, phase by phase" below); a LOWRANK element is a sum over the rank of
+ * (sigma_i * u[t][i]) * w[i][d], the first factor loaded and rounded once per lane for its 8
+ * elements. No lane holds a row in local memory (it was 1 KiB a thread, a ROT row per lane;
+ * the decode kernel's stack frame is now 24 bytes of register spills under the 64-register
+ * cap, docs/design/gpu.md). The block's header, section descriptor and raw-head appendix
+ * are read and checked once per step: by lane 0 and shuffled to the warp on the device, once
+ * per step for the warp in the emulation.
  */
 #ifndef KVC_KERN_BATCH_H
 #define KVC_KERN_BATCH_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -368,29 +379,6 @@ KERN_HD uint16_t kern_batch_out(float x, uint32_t out)
     return out == KERN_DTYPE_BF16 ? kern_f2bf(x) : kern_f2h(x);
 }
 
-/* Does the encoded block src (src_len bytes) describe `lay`, with section lk inside it?
- * Fills *s. The decoder's own check: a block that fails it decodes to zeros. */
-KERN_HD int kern_batch_sect(const struct kern_layout *lay, const uint8_t *src, uint64_t src_len,
-                            uint32_t lk, struct kern_block_sect *s)
-{
-    struct kern_block_hdr hd;
-    if (!src || src_len < kern_hdr_bytes(lay))
-        return 0;
-    memcpy(&hd, src, sizeof(hd));
-    if (hd.magic != KERN_BLOCK_MAGIC || hd.version != KERN_BLOCK_VERSION ||
-        hd.kinds != kern_kinds(lay) || hd.layers != lay->layers || hd.heads != lay->heads ||
-        hd.head_dim != lay->head_dim || hd.tokens != lay->tokens || hd.dtype != lay->dtype)
-        return 0;
-    memcpy(s, src + sizeof(hd) + lk * sizeof(*s), sizeof(*s));
-    /* a codec the layout cannot take (a ROT head_dim not a power of two in 8..256, LOWRANK
-     * past its size) has size 0 there: refused, so its decoder never meets such a shape */
-    if (s->codec >= KERN_CODEC_COUNT || s->bytes == 0 ||
-        s->bytes != kern_sect_bytes(lay, s->codec, lk % hd.kinds) ||
-        s->offset < kern_hdr_bytes(lay) || (uint64_t)s->offset + s->bytes > src_len)
-        return 0;
-    return 1;
-}
-
 KERN_HD uint32_t kern_batch_u16(const uint8_t *p)
 {
     uint16_t v;
@@ -398,47 +386,270 @@ KERN_HD uint32_t kern_batch_u16(const uint8_t *p)
     return v;
 }
 
-/* Elements [d0, d0+n) (n <= 8) of token t, head h of a section (codec, sect: its payload)
- * of kind k, as out-dtype bits: the reference's arithmetic, element by element. Not ROT
- * keys: the lanes of a row decode those together (kern_batch_decode_step). */
+/* ---- the decoder's loads -----------------------------------------------------------------
+ * A lane reads its piece's fields (a group's scale and min, its 8 codes, a head row's 16
+ * bytes of fp16) with the widest accesses their addresses allow, then unpacks them from
+ * registers. What allows it is the format: sections start 16-byte aligned in a block
+ * (kern_hdr_build), so a field's offset from a 16-aligned section start is a sum of the
+ * section's strides times indices plus constants, and its alignment is the lowest bit set in
+ * the section address and all those strides (kern_batch_wd): 2 for q8_0's codes (34-byte
+ * groups), 4 for q4_1's and KIVI's, 8 for q5_1's, 16 for a raw, MERGE or LOWRANK row and
+ * most KIVI-K scales (docs/design/gpu.md, "Decode loads"). The width depends on the
+ * section's address and the layout alone, so it is the same for every lane of a step; a
+ * block at an address not 16-byte aligned gets narrower accesses, down to one byte each (the
+ * byte path), and the same values. */
+
+/* Accesses by what they read (KERN_BATCH_LD_HDR: a block's header and section descriptor,
+ * once per step; KERN_BATCH_LD_DATA: the pieces' fields) and width, log2: 1, 2, 4, 8 and 16
+ * bytes. The emulation counts them; the tests check which path a step took. */
+enum kern_batch_ld_what { KERN_BATCH_LD_HDR = 0, KERN_BATCH_LD_DATA = 1 };
+#ifndef __CUDACC__
+extern uint64_t kern_batch_ld_count[2][5];
+#endif
+
+/* The widest access, up to n bytes (n <= 16), at an address whose low bits are those of x
+ * (the OR of an address and every stride that may be added to it): x's lowest set bit,
+ * capped by n's, so that the accesses also tile the n bytes. */
+KERN_HD uint32_t kern_batch_wd(uint32_t x, uint32_t n)
+{
+    x |= n;
+    return x & (0u - x);
+}
+
+/* n bytes (n <= 16) at p into v[0..4), little-endian words (bytes past n are 0), in accesses
+ * of w bytes (kern_batch_wd: p a multiple of w, w dividing n). On the device read-only loads
+ * (ld.global.nc) of w bytes; the emulation makes the same accesses, and faults as the device
+ * does on one whose address is not a multiple of its width. */
+KERN_HD void kern_batch_ld_as(const uint8_t *p, uint32_t n, uint32_t w, uint32_t *v,
+                              enum kern_batch_ld_what what)
+{
+    v[0] = v[1] = v[2] = v[3] = 0;
+#ifndef __CUDACC__
+    if ((uintptr_t)p & (w - 1))
+        __builtin_trap();
+    kern_batch_ld_count[what][w >= 16 ? 4 : w >= 8 ? 3 : w >= 4 ? 2 : w >= 2 ? 1 : 0] += n / w;
+#else
+    (void)what;
+#endif
+    if (w == 16) {
+#ifdef __CUDA_ARCH__
+        const uint4 x = __ldg((const uint4 *)p);
+        v[0] = x.x;
+        v[1] = x.y;
+        v[2] = x.z;
+        v[3] = x.w;
+#else
+        memcpy(v, p, 16);
+#endif
+    } else if (w == 8) {
+        KERN_UNROLL
+        for (uint32_t i = 0; i < 2; i++) {
+            if (8 * i >= n)
+                break;
+#ifdef __CUDA_ARCH__
+            const uint2 x = __ldg((const uint2 *)(p + 8 * i));
+            v[2 * i] = x.x;
+            v[2 * i + 1] = x.y;
+#else
+            memcpy(v + 2 * i, p + 8 * i, 8);
+#endif
+        }
+    } else if (w == 4) {
+        KERN_UNROLL
+        for (uint32_t i = 0; i < 4; i++) {
+            if (4 * i >= n)
+                break;
+#ifdef __CUDA_ARCH__
+            v[i] = __ldg((const unsigned int *)(p + 4 * i));
+#else
+            memcpy(v + i, p + 4 * i, 4);
+#endif
+        }
+    } else if (w == 2) {
+        KERN_UNROLL
+        for (uint32_t i = 0; i < 8; i++) {
+            if (2 * i >= n)
+                break;
+#ifdef __CUDA_ARCH__
+            const uint32_t x = __ldg((const unsigned short *)(p + 2 * i));
+#else
+            uint16_t x;
+            memcpy(&x, p + 2 * i, 2);
+#endif
+            v[i >> 1] |= (uint32_t)x << (16 * (i & 1));
+        }
+    } else {
+        KERN_UNROLL
+        for (uint32_t i = 0; i < 16; i++) {
+            if (i >= n)
+                break;
+#ifdef __CUDA_ARCH__
+            const uint32_t x = __ldg(p + i);
+#else
+            const uint32_t x = p[i];
+#endif
+            v[i >> 2] |= x << (8 * (i & 3));
+        }
+    }
+}
+
+KERN_HD void kern_batch_ld(const uint8_t *p, uint32_t n, uint32_t w, uint32_t *v)
+{
+    kern_batch_ld_as(p, n, w, v, KERN_BATCH_LD_DATA);
+}
+
+/* Byte j and 16-bit element j of words loaded by kern_batch_ld. */
+KERN_HD uint32_t kern_batch_b8(const uint32_t *v, uint32_t j)
+{
+    return (v[j >> 2] >> (8 * (j & 3))) & 0xffu;
+}
+
+KERN_HD uint32_t kern_batch_e16(const uint32_t *v, uint32_t j)
+{
+    return (v[j >> 1] >> (16 * (j & 1))) & 0xffffu;
+}
+
+/* The 32-bit word at p (4 bytes; x as for kern_batch_wd) and the fp16 at p. */
+KERN_HD uint32_t kern_batch_ld32(const uint8_t *p, uint32_t x)
+{
+    uint32_t v[4];
+    kern_batch_ld(p, 4, kern_batch_wd(x, 4), v);
+    return v[0];
+}
+
+KERN_HD float kern_batch_ldh(const uint8_t *p, uint32_t x)
+{
+    uint32_t v[4];
+    kern_batch_ld(p, 2, kern_batch_wd(x, 2), v);
+    return kern_h2f((uint16_t)v[0]);
+}
+
+KERN_HD uint32_t kern_batch_popc(uint32_t x)
+{
+#ifdef __CUDA_ARCH__
+    return (uint32_t)__popc(x);
+#else
+    return (uint32_t)__builtin_popcount(x);
+#endif
+}
+
+/* out-dtype bits of a value stored in the block's dtype: the bits themselves, or converted
+ * as the reference does. */
+KERN_HD uint16_t kern_batch_cvt(uint32_t v, uint32_t dtype, uint32_t out)
+{
+    if (out == dtype)
+        return (uint16_t)v;
+    const float f = dtype == KERN_DTYPE_BF16 ? kern_bf2f((uint16_t)v) : kern_h2f((uint16_t)v);
+    return out == KERN_DTYPE_BF16 ? kern_f2bf(f) : kern_f2h(f);
+}
+
+/* What the decoder checks of a block's header: its first 24 bytes (magic; version, dtype
+ * and kinds; layers, heads, head_dim, tokens), as 6 words in v[0..8) (a 16- and an 8-byte
+ * access from an aligned block); and its reserved word (the raw-head appendix, at 40). */
+typedef char kern_batch_hdr_at[offsetof(struct kern_block_hdr, tokens) == 20 &&
+                                       offsetof(struct kern_block_hdr, reserved) == 40 &&
+                                       sizeof(struct kern_block_hdr) == 48
+                                   ? 1
+                                   : -1];
+
+KERN_HD void kern_batch_hdr_words(const uint8_t *src, uint32_t *v)
+{
+    const uint32_t a = (uint32_t)(uintptr_t)src;
+    kern_batch_ld_as(src, 16, kern_batch_wd(a, 16), v, KERN_BATCH_LD_HDR);
+    kern_batch_ld_as(src + 16, 8, kern_batch_wd(a, 8), v + 4, KERN_BATCH_LD_HDR);
+}
+
+KERN_HD uint64_t kern_batch_hdr_reserved(const uint8_t *src)
+{
+    uint32_t v[4];
+    kern_batch_ld_as(src + 40, 8, kern_batch_wd((uint32_t)(uintptr_t)src, 8), v, KERN_BATCH_LD_HDR);
+    return v[0] | (uint64_t)v[1] << 32;
+}
+
+/* Does the encoded block src (src_len bytes) describe `lay`, with section lk inside it?
+ * Fills *s. The decoder's own check: a block that fails it decodes to zeros. */
+KERN_HD int kern_batch_sect(const struct kern_layout *lay, const uint8_t *src, uint64_t src_len,
+                            uint32_t lk, struct kern_block_sect *s)
+{
+    uint32_t hw[8];
+    if (!src || src_len < kern_hdr_bytes(lay))
+        return 0;
+    /* struct kern_block_hdr's fields, little-endian */
+    kern_batch_hdr_words(src, hw);
+    if (hw[0] != KERN_BLOCK_MAGIC ||
+        hw[1] != (KERN_BLOCK_VERSION | lay->dtype << 16 | kern_kinds(lay) << 24) ||
+        hw[2] != lay->layers || hw[3] != lay->heads || hw[4] != lay->head_dim ||
+        hw[5] != lay->tokens)
+        return 0;
+    uint32_t v[4];
+    const uint8_t *sp = src + sizeof(struct kern_block_hdr) + lk * sizeof(*s);
+    kern_batch_ld_as(sp, sizeof(*s), kern_batch_wd((uint32_t)(uintptr_t)sp, sizeof(*s)), v,
+                     KERN_BATCH_LD_HDR);
+    memcpy(s, v, sizeof(*s));
+    /* a codec the layout cannot take (a ROT head_dim not a power of two in 8..256, LOWRANK
+     * past its size) has size 0 there: refused, so its decoder never meets such a shape */
+    if (s->codec >= KERN_CODEC_COUNT || s->bytes == 0 ||
+        s->bytes != kern_sect_bytes(lay, s->codec, lk % kern_kinds(lay)) ||
+        s->offset < kern_hdr_bytes(lay) || (uint64_t)s->offset + s->bytes > src_len)
+        return 0;
+    return 1;
+}
+
+/* Elements [d0, d0+n) (n <= 8) of token t, head h of a section (codec, sect: its payload, sa
+ * its address's low bits) of kind k, as out-dtype bits: the reference's arithmetic, element
+ * by element. Not ROT keys: the lanes of a row decode those together
+ * (kern_batch_decode_step). */
 KERN_HD void kern_batch_dec8(const struct kern_layout *lay, uint32_t codec, const uint8_t *sect,
-                             uint32_t k, uint32_t t, uint32_t h, uint32_t d0, uint32_t n,
-                             uint32_t out, uint16_t *y)
+                             uint32_t sa, uint32_t k, uint32_t t, uint32_t h, uint32_t d0,
+                             uint32_t n, uint32_t out, uint16_t *y)
 {
     const uint32_t H = lay->heads, D = lay->head_dim, T = lay->tokens;
+    uint32_t v[4];
     codec = kern_codec_as(codec, k == 1 && !lay->k_only);
     const int bits = kern_codec_bits(codec);
     if (codec == KERN_CODEC_MERGE) {
+        /* heads are 16-byte multiples: the map's words are 4-byte aligned where sect is */
         const uint8_t *head = sect + (uint64_t)h * kern_merge_head_bytes(D, T);
-        const uint32_t r0 = kern_merge_row_of(head + 16, t);
+        const uint8_t *map = head + 16;
+        const uint32_t mb = kern_merge_map_bytes(T);
+        uint32_t r0 = 0;
+        for (uint32_t i = 0; i < t >> 5; i++)
+            r0 += kern_batch_popc(kern_batch_ld32(map + 4 * i, sa));
+        uint32_t mw = kern_batch_ld32(map + 4 * (t >> 5), sa);
+        mw &= (t & 31) == 31 ? 0xffffffffu : ((1u << ((t & 31) + 1)) - 1);
+        r0 += kern_batch_popc(mw) - 1;
         const uint32_t r = r0 < kern_merge_rows(T) ? r0 : 0;
-        const uint8_t *row = head + 16 + kern_merge_map_bytes(T) + 2ull * r * D + 2ull * d0;
+        const uint8_t *row = map + mb + 2ull * r * D + 2ull * d0;
+        kern_batch_ld(row, 2 * n, kern_batch_wd(sa | mb | 2 * D, 2 * n), v);
         KERN_UNROLL
         for (uint32_t j = 0; j < 8; j++)
             if (j < n)
-                y[j] = out == lay->dtype
-                           ? (uint16_t)kern_batch_u16(row + 2 * j)
-                           : (out == KERN_DTYPE_BF16 ? kern_f2bf(kern_load(row, lay->dtype, j))
-                                                     : kern_f2h(kern_load(row, lay->dtype, j)));
+                y[j] = kern_batch_cvt(kern_batch_e16(v, j), lay->dtype, out);
         return;
     }
     if (codec == KERN_CODEC_LOWRANK) {
         /* x^[t][d] = sum_i (sigma_i * u[t][i]) * w[i][d] (kern_lowrank_val): the factor
          * sigma_i * u[t][i] is the same for the lane's 8 elements, so it is loaded and
          * rounded once per i, and each element's sum still adds the rank's terms in order,
-         * the same roundings as the reference's */
+         * the same roundings as the reference's. Heads are 16-byte multiples; sigma is
+         * fp32 at 16 + 4i, u fp16, w's rows 2D bytes after 16 + 4 cap + 2 T cap. */
         const uint32_t cap = kern_lowrank_cap(D, T);
         const uint8_t *head = sect + (uint64_t)h * kern_lowrank_head_bytes(D, T);
-        const uint32_t rank = kern_lowrank_get_rank(head, cap);
+        const uint32_t r = kern_batch_ld32(head, sa);
+        const uint32_t rank = r < cap ? r : cap;
         const uint8_t *u = kern_lowrank_u(head, cap) + 2ull * t * cap;
         const uint8_t *wr = kern_lowrank_w(head, cap, T) + 2ull * d0;
+        const uint32_t ww = kern_batch_wd(sa | 4 * cap | 2 * T * cap | 2 * D, 2 * n);
         float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
         for (uint32_t i = 0; i < rank; i++, wr += 2ull * D) {
-            const float f = KERN_MUL(kern_lowrank_sigma(head, i), kern_get_h(u + 2 * i));
+            const float f = KERN_MUL(kern_u2f(kern_batch_ld32(head + 16 + 4 * i, sa)),
+                                     kern_batch_ldh(u + 2 * i, sa));
+            kern_batch_ld(wr, 2 * n, ww, v);
             KERN_UNROLL
             for (uint32_t j = 0; j < 8; j++)
                 if (j < n)
-                    acc[j] = KERN_ADD(acc[j], KERN_MUL(f, kern_get_h(wr + 2 * j)));
+                    acc[j] =
+                        KERN_ADD(acc[j], KERN_MUL(f, kern_h2f((uint16_t)kern_batch_e16(v, j))));
         }
         KERN_UNROLL
         for (uint32_t j = 0; j < 8; j++)
@@ -448,44 +659,51 @@ KERN_HD void kern_batch_dec8(const struct kern_layout *lay, uint32_t codec, cons
     }
     if (codec == KERN_CODEC_RAW) {
         const uint8_t *src = sect + 2 * (((uint64_t)t * H + h) * D + d0);
+        kern_batch_ld(src, 2 * n, kern_batch_wd(sa | 2 * D, 2 * n), v);
         KERN_UNROLL
         for (uint32_t j = 0; j < 8; j++)
             if (j < n)
-                y[j] = out == lay->dtype
-                           ? (uint16_t)kern_batch_u16(src + 2 * j)
-                           : (out == KERN_DTYPE_BF16 ? kern_f2bf(kern_load(src, lay->dtype, j))
-                                                     : kern_f2h(kern_load(src, lay->dtype, j)));
+                y[j] = kern_batch_cvt(kern_batch_e16(v, j), lay->dtype, out);
         return;
     }
     if (codec == KERN_CODEC_FP8) {
-        float scale;
-        memcpy(&scale, sect + 4 * h, 4);
+        const float scale = kern_u2f(kern_batch_ld32(sect + 4 * h, sa));
         const uint8_t *q = sect + 4 * H + ((uint64_t)t * H + h) * D + d0;
+        kern_batch_ld(q, n, kern_batch_wd(sa | 4 * H | D, n), v);
         KERN_UNROLL
         for (uint32_t j = 0; j < 8; j++)
             if (j < n)
-                y[j] = kern_batch_out(KERN_MUL(kern_e4m3_dec(q[j]), scale), out);
+                y[j] = kern_batch_out(KERN_MUL(kern_e4m3_dec((uint8_t)kern_batch_b8(v, j)), scale),
+                                      out);
         return;
     }
     if (bits && (k == 0 || lay->k_only)) {
-        /* KIVI keys: per channel over groups of 32 tokens, [H][groups] */
+        /* KIVI keys: per channel over groups of 32 tokens, [H][groups]; a group's scales,
+         * mins and rows at 0, 2D and 4D + row * rb, heads and groups 4-byte multiples. The
+         * piece's codes are its bits bytes from d0 * bits / 8 (d0 a multiple of 8) */
         const uint32_t rb = kern_kivi_row_bytes(D, bits);
         const uint32_t full_gb = kern_kivi_k_group_bytes(D, KERN_GROUP, bits);
-        const uint8_t *g = sect + (uint64_t)h * kern_kivi_k_head_bytes(D, T, bits) +
-                           (uint64_t)(t / KERN_GROUP) * full_gb;
-        const uint8_t *codes = g + 4 * D + (uint64_t)(t % KERN_GROUP) * rb;
+        const uint32_t hb = kern_kivi_k_head_bytes(D, T, bits);
+        const uint8_t *g = sect + (uint64_t)h * hb + (uint64_t)(t / KERN_GROUP) * full_gb;
+        const uint8_t *codes = g + 4 * D + (uint64_t)(t % KERN_GROUP) * rb + d0 / 8 * bits;
+        const uint32_t ga = sa | hb | full_gb;
+        uint32_t sc[4], mn[4];
+        kern_batch_ld(g + 2 * d0, 2 * n, kern_batch_wd(ga, 2 * n), sc);
+        kern_batch_ld(g + 2 * D + 2 * d0, 2 * n, kern_batch_wd(ga | 2 * D, 2 * n), mn);
+        const uint32_t cb = (n * (uint32_t)bits + 7) / 8;
+        kern_batch_ld(codes, cb, kern_batch_wd(ga | 4 * D | rb | (uint32_t)bits, cb), v);
         KERN_UNROLL
-        for (uint32_t j = 0; j < 8; j++) {
-            if (j >= n)
-                continue;
-            uint32_t c = d0 + j;
-            float sc = kern_get_h(g + 2 * c), mn = kern_get_h(g + 2 * D + 2 * c);
-            y[j] = kern_batch_out(kern_kivi_val(kern_kivi_get(codes, c, bits), sc, mn), out);
-        }
+        for (uint32_t j = 0; j < 8; j++)
+            if (j < n)
+                y[j] = kern_batch_out(kern_kivi_val((v[0] >> (bits * j)) & ((1u << bits) - 1),
+                                                    kern_h2f((uint16_t)kern_batch_e16(sc, j)),
+                                                    kern_h2f((uint16_t)kern_batch_e16(mn, j))),
+                                      out);
         return;
     }
-    /* ggml groups and KIVI values: [T][H][G] groups of 32 channels; d0 is a multiple of 8,
-     * so the n elements lie in one group */
+    /* ggml groups and KIVI values: [T][H][G] groups of 32 channels (gb bytes: scale, min,
+     * codes); d0 is a multiple of 8, so the n elements lie in one group, whose bytes are all
+     * there whatever n */
     const uint32_t G = kern_ngroups(D);
     const uint32_t gb = bits                       ? kern_kivi_v_group_bytes(bits)
                         : codec == KERN_CODEC_Q8_0 ? 34u
@@ -493,33 +711,44 @@ KERN_HD void kern_batch_dec8(const struct kern_layout *lay, uint32_t codec, cons
                                                    : 24u;
     const uint32_t g = d0 / KERN_GROUP, e0 = d0 % KERN_GROUP;
     const uint8_t *blk = sect + (((uint64_t)t * H + h) * G + g) * gb;
-    const float d = kern_get_h(blk), m = kern_get_h(blk + 2);
+    const uint32_t ga = sa | gb;
+    if (codec == KERN_CODEC_Q8_0) {
+        const float d = kern_batch_ldh(blk, ga);
+        kern_batch_ld(blk + 2 + e0, 8, kern_batch_wd(ga | 2, 8), v);
+        KERN_UNROLL
+        for (uint32_t j = 0; j < 8; j++)
+            if (j < n)
+                y[j] = kern_batch_out(KERN_MUL((float)(int8_t)kern_batch_b8(v, j), d), out);
+        return;
+    }
+    const uint32_t dm = kern_batch_ld32(blk, ga);
+    const float d = kern_h2f((uint16_t)dm), m = kern_h2f((uint16_t)(dm >> 16));
     if (bits) {
+        /* the piece's 8 codes: bits bytes at 4 + e0 / 8 * bits */
+        kern_batch_ld(blk + 4 + e0 / 8 * bits, (uint32_t)bits,
+                      kern_batch_wd(ga | 4 | (uint32_t)bits, (uint32_t)bits), v);
+        const uint32_t c = v[0];
         KERN_UNROLL
         for (uint32_t j = 0; j < 8; j++)
             if (j < n)
-                y[j] =
-                    kern_batch_out(kern_kivi_val(kern_kivi_get(blk + 4, e0 + j, bits), d, m), out);
-    } else if (codec == KERN_CODEC_Q8_0) {
-        KERN_UNROLL
-        for (uint32_t j = 0; j < 8; j++)
-            if (j < n)
-                y[j] = kern_batch_out(KERN_MUL((float)(int8_t)blk[2 + e0 + j], d), out);
-    } else {
-        const int five = codec == KERN_CODEC_Q5_1;
-        const uint8_t *qs = blk + (five ? 8 : 4);
-        uint32_t qh = 0;
-        if (five)
-            memcpy(&qh, blk + 4, 4);
-        KERN_UNROLL
-        for (uint32_t j = 0; j < 8; j++) {
-            if (j >= n)
-                continue;
-            uint32_t e = e0 + j;
-            uint32_t q = e < 16 ? (qs[e & 15] & 0xfu) : (uint32_t)(qs[e & 15] >> 4);
-            q |= ((qh >> e) & 1u) << 4;
-            y[j] = kern_batch_out(KERN_ADD(KERN_MUL((float)q, d), m), out);
-        }
+                y[j] = kern_batch_out(kern_kivi_val((c >> (bits * j)) & ((1u << bits) - 1), d, m),
+                                      out);
+        return;
+    }
+    /* q4_1 / q5_1: element e's low nibble in byte e & 15 of qs (e < 16) or its high one, the
+     * piece's 8 bytes from e0 & 15 */
+    const int five = codec == KERN_CODEC_Q5_1;
+    const uint32_t qo = five ? 8u : 4u;
+    const uint32_t qh = five ? kern_batch_ld32(blk + 4, ga) : 0;
+    kern_batch_ld(blk + qo + (e0 & 15), 8, kern_batch_wd(ga | qo, 8), v);
+    KERN_UNROLL
+    for (uint32_t j = 0; j < 8; j++) {
+        if (j >= n)
+            continue;
+        const uint32_t e = e0 + j, qb = kern_batch_b8(v, j);
+        uint32_t q = e < 16 ? (qb & 0xfu) : (qb >> 4);
+        q |= ((qh >> e) & 1u) << 4;
+        y[j] = kern_batch_out(KERN_ADD(KERN_MUL((float)q, d), m), out);
     }
 }
 
@@ -540,10 +769,9 @@ KERN_HD void kern_batch_src_at(const struct kern_layout *lay, const uint8_t *src
         return;
     o->codec = s.codec;
     o->offset = s.offset;
-    struct kern_block_hdr hd;
-    memcpy(&hd, src, sizeof(hd));
-    o->rh = (uint32_t)hd.reserved;
-    o->rcnt = (uint32_t)(hd.reserved >> 32);
+    const uint64_t r = kern_batch_hdr_reserved(src);
+    o->rh = (uint32_t)r;
+    o->rcnt = (uint32_t)(r >> 32);
     if (o->rh && o->rh + kern_rawh_bytes(lay, o->rcnt) > src_len)
         o->rh = 0;
 }
@@ -592,6 +820,19 @@ struct kern_batch_dstep {
     const uint8_t *rgroups, *rmeans;
 };
 
+/* The low bits of the section's and of the raw-head appendix's addresses: the widths of the
+ * step's loads (kern_batch_wd), the same for every lane (recomputed where used: two registers
+ * fewer held through the step). */
+KERN_HD uint32_t kern_batch_dsa(const struct kern_batch_dstep *st)
+{
+    return (uint32_t)(uintptr_t)st->src + st->hs.offset;
+}
+
+KERN_HD uint32_t kern_batch_dra(const struct kern_batch_dstep *st)
+{
+    return (uint32_t)(uintptr_t)st->src + st->hs.rh;
+}
+
 /* One lane's piece in a round: where its elements go (NULL: nowhere: past the step, or a
  * token without a page), how many (<= 8), its head and first channel; y its output bits, or
  * (rot) x its values of a ROT key row in the middle of the warp's transform. */
@@ -629,35 +870,47 @@ KERN_HD void kern_batch_piece_dec(const struct kern_batch *b, const uint64_t *w,
     p->n = n;
     p->h = h;
     p->d0 = d0;
-    uint32_t slot = 0;
-    if (st->hs.rh)
-        slot = kern_batch_u16(st->src + st->hs.rh + 2 * ((uint64_t)st->lg * H + h));
+    uint32_t slot = 0, v[4];
+    if (st->hs.rh) {
+        kern_batch_ld(st->src + st->hs.rh + 2 * ((uint64_t)st->lg * H + h), 2,
+                      kern_batch_wd(kern_batch_dra(st), 2), v);
+        slot = v[0];
+    }
     if (slot && slot <= st->hs.rcnt) {
+        /* the slot table and the heads are 16- and 2TD-byte multiples */
+        const uint64_t hb = kern_rawh_head_bytes(lay);
         const uint8_t *row = st->src + st->hs.rh + kern_rawh_table_bytes(lay) +
-                             (uint64_t)(slot - 1) * kern_rawh_head_bytes(lay) +
-                             ((uint64_t)st->at.k * T + t) * 2ull * D + 2ull * d0;
-        for (uint32_t i = 0; i < n; i++) {
-            const uint32_t v = kern_batch_u16(row + 2 * i);
-            p->y[i] = (uint16_t)(b->out_dtype == lay->dtype
-                                     ? v
-                                     : kern_batch_out(kern_load(row, lay->dtype, i), b->out_dtype));
-        }
+                             (uint64_t)(slot - 1) * hb + ((uint64_t)st->at.k * T + t) * 2ull * D +
+                             2ull * d0;
+        kern_batch_ld(row, 2 * n, kern_batch_wd(kern_batch_dra(st) | (uint32_t)hb | 2 * D, 2 * n),
+                      v);
+        for (uint32_t i = 0; i < n; i++)
+            p->y[i] = lay->dtype == b->out_dtype
+                          ? (uint16_t)kern_batch_e16(v, i)
+                          : kern_batch_out(lay->dtype == KERN_DTYPE_BF16
+                                               ? kern_bf2f((uint16_t)kern_batch_e16(v, i))
+                                               : kern_h2f((uint16_t)kern_batch_e16(v, i)),
+                                           b->out_dtype);
     } else if (st->rbits) {
         /* this piece's 8 rotated values (one KIVI value group holds them: 8 divides 32) and
-         * the transform's stages inside it */
+         * the transform's stages inside it; the groups start at a 16-byte multiple of the
+         * section, a group is scale, min and 4 * bits bytes of codes, the piece's bits bytes
+         * from 4 + (d0 % 32) / 8 * bits */
+        const uint32_t rb = st->rbits, gb = kern_kivi_v_group_bytes((int)rb);
         const uint8_t *g =
-            st->rgroups + (((uint64_t)t * H + h) * kern_ngroups(D) + d0 / KERN_GROUP) *
-                              kern_kivi_v_group_bytes((int)st->rbits);
-        const float sc = kern_get_h(g), mn = kern_get_h(g + 2);
+            st->rgroups + (((uint64_t)t * H + h) * kern_ngroups(D) + d0 / KERN_GROUP) * gb;
+        const uint32_t dm = kern_batch_ld32(g, kern_batch_dsa(st) | gb);
+        const float sc = kern_h2f((uint16_t)dm), mn = kern_h2f((uint16_t)(dm >> 16));
+        kern_batch_ld(g + 4 + d0 % KERN_GROUP / 8 * rb, rb,
+                      kern_batch_wd(kern_batch_dsa(st) | gb | 4 | rb, rb), v);
         KERN_UNROLL
         for (uint32_t i = 0; i < 8; i++)
-            p->x[i] =
-                kern_kivi_val(kern_kivi_get(g + 4, d0 % KERN_GROUP + i, (int)st->rbits), sc, mn);
+            p->x[i] = kern_kivi_val((v[0] >> (rb * i)) & ((1u << rb) - 1), sc, mn);
         kern_fwht(p->x, 8);
         p->rot = 1;
     } else if (st->hs.ok)
-        kern_batch_dec8(lay, st->hs.codec, st->src + st->hs.offset, st->at.k, t, h, d0, n,
-                        b->out_dtype, p->y);
+        kern_batch_dec8(lay, st->hs.codec, st->src + st->hs.offset, kern_batch_dsa(st), st->at.k, t,
+                        h, d0, n, b->out_dtype, p->y);
 }
 
 /* Phase 2a: q[i] = the x of lane l ^ m, for each lane l of this call, as it was before the
@@ -693,12 +946,16 @@ KERN_HD void kern_batch_piece_put(const struct kern_batch *b, const struct kern_
     if (!p->to)
         return;
     if (p->rot) {
+        /* the means, fp16 [H][D] at 16 in the section: the piece's 16 bytes */
         const uint8_t *mean = st->rmeans + 2ull * ((uint64_t)p->h * b->head_dim + p->d0);
+        uint32_t mv[4];
+        kern_batch_ld(mean, 16, kern_batch_wd(kern_batch_dsa(st) | 2 * b->head_dim, 16), mv);
         KERN_UNROLL
         for (uint32_t i = 0; i < 8; i++) {
             const float x = KERN_MUL(p->x[i], st->rscale);
             const float v = kern_rot_neg(st->rseed, p->h, p->d0 + i) ? -x : x;
-            p->y[i] = kern_batch_out(KERN_ADD(v, kern_get_h(mean + 2 * i)), b->out_dtype);
+            p->y[i] = kern_batch_out(KERN_ADD(v, kern_h2f((uint16_t)kern_batch_e16(mv, i))),
+                                     b->out_dtype);
         }
     }
     if (b->vec == 16 && p->n == 8) {
@@ -750,7 +1007,7 @@ KERN_HD void kern_batch_decode_step(const struct kern_batch *b, const uint64_t *
     st.rgroups = st.rmeans = 0;
     if (st.rbits) {
         const uint8_t *sect = st.src + st.hs.offset;
-        st.rseed = kern_rot_get_seed(sect);
+        st.rseed = kern_batch_ld32(sect, kern_batch_dsa(&st)); /* kern_rot_get_seed */
         st.rscale = kern_rot_scale(D);
         st.rgroups = sect + kern_rot_groups_off(lay);
         st.rmeans = kern_rot_means(sect);

@@ -12,6 +12,9 @@
 #include "kernels/kern_batch.h"
 #include "kernels/kern_pack.h"
 
+/* The emulated decoder's loads by what and width (kern_batch_ld_as), for the tests. */
+uint64_t kern_batch_ld_count[2][5];
+
 uint64_t kern_pack_block_bytes(const struct kern_pack_layout *lay)
 {
     return (uint64_t)lay->layers * lay->kinds * lay->block_tokens * lay->heads * lay->head_dim *

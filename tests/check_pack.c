@@ -562,12 +562,15 @@ END_TEST
 /* ---- decoding into the engine's tensors ------------------------------------------------ */
 
 /* A decode case: blocks of layout kl encoded under codec (layer 0 raw where there are
- * several layers), an engine of fp16/bf16 tensors in pages (shuffled, padded heads where
- * pad > dim), decoded for layers [lf, lf+lc) by the batches and by the reference. */
-static void decode_case_rh(uint32_t layers, uint32_t heads, uint32_t dim, uint32_t tokens,
+ * several layers), each `place` bytes past a 64-byte boundary (0: aligned as device staging
+ * and pool slots are; else the decoder's narrower loads), ending where its allocation ends,
+ * an engine of fp16/bf16 tensors in pages (shuffled, padded heads where pad > dim), decoded
+ * for layers [lf, lf+lc) by the batches and by the reference. */
+static void decode_case_at(uint32_t layers, uint32_t heads, uint32_t dim, uint32_t tokens,
                            uint32_t dtype, uint32_t k_only, uint32_t codec, uint32_t out,
                            uint32_t page_tokens, uint32_t pad, uint32_t lf, uint32_t lc,
-                           uint32_t nblocks, unsigned seed, const uint8_t *raw_heads)
+                           uint32_t nblocks, unsigned seed, const uint8_t *raw_heads,
+                           uint32_t place)
 {
     struct kern_layout kl = {layers, heads, dim, tokens, dtype, k_only};
     struct kern_recipe rec;
@@ -580,6 +583,7 @@ static void decode_case_rh(uint32_t layers, uint32_t heads, uint32_t dim, uint32
     uint64_t rs = kern_raw_size(&kl);
     uint16_t *raw = malloc(rs);
     const void **src = calloc(nblocks, sizeof(void *));
+    void **mem = calloc(nblocks, sizeof(void *));
     uint64_t *len = calloc(nblocks, sizeof(uint64_t));
     srand(seed);
     for (uint32_t b = 0; b < nblocks; b++) {
@@ -590,7 +594,10 @@ static void decode_case_rh(uint32_t layers, uint32_t heads, uint32_t dim, uint32
         raw[3] = dtype == KERN_DTYPE_FP16 ? 0x7e01 : 0x7fc1; /* a NaN: raw sections keep it */
         void *e = malloc((size_t)es);
         ck_assert_int_eq(kern_encode_ref(&kl, &rec, raw, e, (size_t)es, NULL), es);
-        src[b] = e;
+        ck_assert_int_eq(posix_memalign(&mem[b], 64, (size_t)es + place), 0);
+        memcpy((uint8_t *)mem[b] + place, e, (size_t)es);
+        free(e);
+        src[b] = (uint8_t *)mem[b] + place;
         len[b] = (uint64_t)es;
     }
     /* the engine: pages of page_tokens, heads pad elements apart */
@@ -629,12 +636,22 @@ static void decode_case_rh(uint32_t layers, uint32_t heads, uint32_t dim, uint32
         free(vb[l]);
     }
     for (uint32_t b = 0; b < nblocks; b++)
-        free((void *)src[b]);
+        free(mem[b]);
+    free(mem);
     free(src);
     free(len);
     free(table);
     free(raw);
     (void)kinds;
+}
+
+static void decode_case_rh(uint32_t layers, uint32_t heads, uint32_t dim, uint32_t tokens,
+                           uint32_t dtype, uint32_t k_only, uint32_t codec, uint32_t out,
+                           uint32_t page_tokens, uint32_t pad, uint32_t lf, uint32_t lc,
+                           uint32_t nblocks, unsigned seed, const uint8_t *raw_heads)
+{
+    decode_case_at(layers, heads, dim, tokens, dtype, k_only, codec, out, page_tokens, pad, lf, lc,
+                   nblocks, seed, raw_heads, 0);
 }
 
 static void decode_case(uint32_t layers, uint32_t heads, uint32_t dim, uint32_t tokens,
@@ -750,6 +767,56 @@ START_TEST(test_decode_rot_lowrank_shapes)
         decode_case_rh(2, 3, 100, 32, KERN_DTYPE_FP16, 0, codec, KERN_DTYPE_FP16, 7, 101, 0, 2, 2,
                        98 + (unsigned)_i, mask);
     }
+}
+END_TEST
+
+/* The decoder's loads (kern_batch_ld) are as wide as the format lets them be: from a block
+ * aligned as device staging and pool slots are, each field in accesses of its alignment
+ * (sections start 16-byte aligned; q8_0's codes 2 (34-byte groups), q4_1's 4, q5_1's 8, fp8's
+ * 8, a MERGE row 4 with 32 tokens (its 4-byte bitmap before the rows), raw, KIVI, ROT and
+ * LOWRANK rows 16); from a block 1 byte off, byte accesses only (the fallback: the device
+ * would fault on a wider one); 2, 4 or 8 off, at most that. Bit for bit the reference every
+ * time, raw heads (the appendix) too. The emulation faults on an access not aligned to its
+ * width, as the device does. */
+static const uint32_t ld_widest[KERN_CODEC_COUNT] = {
+    [KERN_CODEC_RAW] = 16,  [KERN_CODEC_Q8_0] = 2,     [KERN_CODEC_Q4_1] = 4,
+    [KERN_CODEC_Q5_1] = 8,  [KERN_CODEC_KIVI2] = 16,   [KERN_CODEC_KIVI4] = 16,
+    [KERN_CODEC_FP8] = 8,   [KERN_CODEC_ROT2] = 16,    [KERN_CODEC_ROT4] = 16,
+    [KERN_CODEC_MERGE] = 4, [KERN_CODEC_LOWRANK] = 16,
+};
+static const uint32_t ld_places[] = {0, 1, 2, 4, 8, 3};
+#define NLD_PLACES (sizeof(ld_places) / sizeof(ld_places[0]))
+
+static uint32_t ld_count_widest(enum kern_batch_ld_what what)
+{
+    uint32_t w = 0;
+    for (uint32_t i = 0; i < 5; i++)
+        if (kern_batch_ld_count[what][i])
+            w = 1u << i;
+    return w;
+}
+
+START_TEST(test_decode_load_widths)
+{
+    const uint32_t codec = (uint32_t)_i / NLD_PLACES, place = ld_places[_i % NLD_PLACES];
+    const uint32_t al = place ? place & (0u - place) : 16;
+    const uint32_t want = ld_widest[codec] < al ? ld_widest[codec] : al;
+    memset(kern_batch_ld_count, 0, sizeof(kern_batch_ld_count));
+    decode_case_at(1, 2, 64, 32, KERN_DTYPE_FP16, 0, codec, KERN_DTYPE_BF16, 16, 64, 0, 1, 3,
+                   200 + (unsigned)_i, NULL, place);
+    const uint32_t got = ld_count_widest(KERN_BATCH_LD_DATA);
+    ck_assert_msg(got == want, "codec %u at +%u: widest load %u, want %u", codec, place, got, want);
+    if (want > 1) /* every field of these shapes has an even size and offset */
+        ck_assert_uint_eq(kern_batch_ld_count[KERN_BATCH_LD_DATA][0], 0);
+    /* the header in 16-byte accesses where the block allows, its section descriptor (12
+     * bytes) in 4-byte ones */
+    ck_assert_uint_eq(ld_count_widest(KERN_BATCH_LD_HDR), al);
+    /* two layers (layer 0 raw), a raw head in each, both kinds, fp16 out */
+    const uint8_t mask[4] = {0, 1, 1, 0};
+    memset(kern_batch_ld_count, 0, sizeof(kern_batch_ld_count));
+    decode_case_at(2, 2, 64, 32, KERN_DTYPE_BF16, 0, codec, KERN_DTYPE_FP16, 16, 72, 0, 2, 2,
+                   300 + (unsigned)_i, mask, place);
+    ck_assert_uint_eq(ld_count_widest(KERN_BATCH_LD_DATA), al);
 }
 END_TEST
 
@@ -1057,6 +1124,7 @@ static Suite *pack_suite(void)
     tcase_add_loop_test(tb, test_decode_paged_every_codec, 0, 2 * KERN_CODEC_COUNT);
     tcase_add_loop_test(tb, test_decode_paged_odd_shapes, 0, (int)NODD_CODECS);
     tcase_add_loop_test(tb, test_decode_rot_lowrank_shapes, 0, (int)(3 * NROT_SHAPES));
+    tcase_add_loop_test(tb, test_decode_load_widths, 0, (int)(KERN_CODEC_COUNT * NLD_PLACES));
     tcase_add_test(tb, test_decode_raw_batch);
     tcase_add_test(tb, test_decode_bad_section_size);
     tcase_add_test(tb, test_decode_rows_per_step);

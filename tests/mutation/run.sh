@@ -65,8 +65,21 @@ mutation rot-lanes-one-phase kernels/kern_batch.h "check_pack" \
 # The batched LOWRANK decoder: the rank's factor sigma_i * u[t][i] of term i taken from the
 # token's first factor.
 mutation lowrank-batch-factor kernels/kern_batch.h "check_pack" \
-'            const float f = KERN_MUL(kern_lowrank_sigma(head, i), kern_get_h(u + 2 * i));' \
-'            const float f = KERN_MUL(kern_lowrank_sigma(head, i), kern_get_h(u));'
+'                                     kern_batch_ldh(u + 2 * i, sa));' \
+'                                     kern_batch_ldh(u, sa));'
+
+# The batched decoder's wide loads (issue 25): a raw section's head row read in accesses as
+# wide as the section's address allows, its row stride (2 * head_dim bytes) forgotten: a
+# 40-byte row read 16 bytes at a time from an address 8 bytes off (the emulation faults, as
+# the device would).
+mutation decode-wide-row-stride kernels/kern_batch.h "check_pack" \
+'        kern_batch_ld(src, 2 * n, kern_batch_wd(sa | 2 * D, 2 * n), v);' \
+'        kern_batch_ld(src, 2 * n, kern_batch_wd(sa, 2 * n), v);'
+
+# The same: an 8-byte access at the wrong offset (the next 8 bytes: q5_1's codes, fp8's).
+mutation decode-wide-8-offset kernels/kern_batch.h "check_pack" \
+'            memcpy(v + 2 * i, p + 8 * i, 8);' \
+'            memcpy(v + 2 * i, p + 8 * i + 8, 8);'
 
 # A swapped block in the store: a lookup hands out neighbouring hits' locations in pairs.
 mutation store-swapped-block daemon/store.c "check_store check_e2e_dedup check_e2e_concurrent" \
