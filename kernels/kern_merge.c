@@ -145,18 +145,47 @@ KT static __m256 mrg_norm_avx2(const float *x, uint32_t dim)
     return p;
 }
 
-/* |x - s|^2 <= lim |s|^2 with kern_merge_near's sums; x, s padded to a multiple of 8. */
-KT static int mrg_within(const float *x, const float *st, __m256 pn, uint32_t dim, float lim)
+/* The clean path's rows (mrg_clean: fp16, no Inf or NaN, D a multiple of 8) read straight
+ * from the slab, F16C's floats exact and in range: the same values mrg_row_avx2 stores, so
+ * the same sums, without the row's trip through a float buffer. */
+KT static inline __attribute__((always_inline)) const uint16_t *
+mrg_raw_row(const struct kern_layout *lay, const uint8_t *raw, uint32_t t, uint32_t h)
+{
+    return (const uint16_t *)raw + ((uint64_t)t * lay->heads + h) * lay->head_dim;
+}
+
+KT static inline __attribute__((always_inline)) __m256 mrg_h8(const uint16_t *p)
+{
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+/* |x - s|^2 <= lim |s|^2 with kern_merge_near's sums; x (floats, or a clean row's halves
+ * when half) and s padded to a multiple of 8. */
+KT static inline __attribute__((always_inline)) int
+mrg_within_any(const void *x, int half, const float *st, __m256 pn, uint32_t dim, float lim)
 {
     __m256 pd = _mm256_setzero_ps();
     float a[8], b[8];
     for (uint32_t c = 0; c < dim; c += 8) {
-        __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + c), _mm256_loadu_ps(st + c));
+        const __m256 v =
+            half ? mrg_h8((const uint16_t *)x + c) : _mm256_loadu_ps((const float *)x + c);
+        __m256 d = _mm256_sub_ps(v, _mm256_loadu_ps(st + c));
         pd = _mm256_add_ps(pd, _mm256_mul_ps(d, d));
     }
     _mm256_storeu_ps(a, pd);
     _mm256_storeu_ps(b, pn);
     return kern_sum8_fold(a) <= KERN_MUL(lim, kern_sum8_fold(b));
+}
+
+KT static int mrg_within(const float *x, const float *st, __m256 pn, uint32_t dim, float lim)
+{
+    return mrg_within_any(x, 0, st, pn, dim, lim);
+}
+
+/* mrg_within of a clean row. */
+KT static int mrg_within_h(const uint16_t *x, const float *st, __m256 pn, uint32_t dim, float lim)
+{
+    return mrg_within_any(x, 1, st, pn, dim, lim);
 }
 
 KT static inline __attribute__((always_inline)) void mrg_row_avx2(const struct kern_layout *lay,
@@ -165,9 +194,9 @@ KT static inline __attribute__((always_inline)) void mrg_row_avx2(const struct k
 {
     if (clean) {
         /* clean slabs (mrg_clean): F16C's floats need no sanitizing */
-        const uint16_t *p = (const uint16_t *)raw + ((uint64_t)t * lay->heads + h) * lay->head_dim;
+        const uint16_t *p = mrg_raw_row(lay, raw, t, h);
         for (uint32_t c = 0; c < lay->head_dim; c += 8)
-            _mm256_storeu_ps(x + c, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + c))));
+            _mm256_storeu_ps(x + c, mrg_h8(p + c));
         return;
     }
     for (uint32_t c = 0; c < lay->head_dim; c += 8)
@@ -188,34 +217,6 @@ KT static inline __attribute__((always_inline)) void mrg_check(const uint16_t *r
         *bad = _mm_or_si128(
             *bad,
             _mm_cmpeq_epi16(_mm_and_si128(_mm_loadu_si128((const __m128i *)(r + c)), ex), ex));
-}
-
-/* The clean path's rows (mrg_clean: fp16, no Inf or NaN, D a multiple of 8) read straight
- * from the slab, F16C's floats exact and in range: the same values mrg_row_avx2 stores, so
- * the same sums, without the row's trip through a float buffer. */
-KT static inline __attribute__((always_inline)) const uint16_t *
-mrg_raw_row(const struct kern_layout *lay, const uint8_t *raw, uint32_t t, uint32_t h)
-{
-    return (const uint16_t *)raw + ((uint64_t)t * lay->heads + h) * lay->head_dim;
-}
-
-KT static inline __attribute__((always_inline)) __m256 mrg_h8(const uint16_t *p)
-{
-    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-}
-
-/* mrg_within of a clean row. */
-KT static int mrg_within_h(const uint16_t *x, const float *st, __m256 pn, uint32_t dim, float lim)
-{
-    __m256 pd = _mm256_setzero_ps();
-    float a[8], b[8];
-    for (uint32_t c = 0; c < dim; c += 8) {
-        __m256 d = _mm256_sub_ps(mrg_h8(x + c), _mm256_loadu_ps(st + c));
-        pd = _mm256_add_ps(pd, _mm256_mul_ps(d, d));
-    }
-    _mm256_storeu_ps(a, pd);
-    _mm256_storeu_ps(b, pn);
-    return kern_sum8_fold(a) <= KERN_MUL(lim, kern_sum8_fold(b));
 }
 
 /* A run's first row of a clean slab into st (as floats); its partial norms returned. */
