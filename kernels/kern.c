@@ -751,7 +751,7 @@ int64_t kern_encode_batched_cpu(const struct kern_layout *lay, const struct kern
     }
     kern_enc_args_fill(a, lay, rec, src);
     for (uint32_t u = 0; u <= a->nunits; u++)
-        for (int ph = 0; ph < KERN_ENC_PHASES; ph++)
+        for (int ph = 0; ph < (int)kern_enc_phases(a, u); ph++)
             for (uint32_t t = 0; t < KERN_ENC_THREADS; t++)
                 kern_enc_unit(a, u, ph, src, dst, sm, t, KERN_ENC_THREADS);
     free(a);

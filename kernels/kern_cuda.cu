@@ -92,7 +92,8 @@ __global__ void __launch_bounds__(KERN_ENC_THREADS)
                     uint8_t *dst)
 {
     __shared__ struct kern_enc_smem sm;
-    for (int ph = 0; ph < KERN_ENC_PHASES; ph++) {
+    const int np = (int)kern_enc_phases(&a, blockIdx.x);
+    for (int ph = 0; ph < np; ph++) {
         kern_enc_unit(&a, blockIdx.x, ph, src, dst, &sm, threadIdx.x, blockDim.x);
         __syncthreads();
     }

@@ -47,7 +47,7 @@
 #define KERN_ENC_GROUPS 256      /* groups per token-major unit: one a thread */
 #define KERN_ENC_RAW_BYTES 32768 /* bytes per raw unit */
 #define KERN_ENC_MAX_SECT (2 * KERN_MAX_LAYERS)
-#define KERN_ENC_PHASES 3
+#define KERN_ENC_ROT_VALS 4096 /* ROT: the values of a round (kern_enc_rot_round) */
 
 struct kern_enc_sect {
     uint32_t offset; /* from the block's start */
@@ -73,13 +73,15 @@ struct kern_enc_smem {
         uint8_t out[KERN_ENC_GROUPS * 34];        /* a token-major unit's output run */
         uint32_t starts[KERN_MAX_TOKENS / 2 + 2]; /* MERGE: each run's first token */
         float gram[2 * KERN_LOWRANK_MAX_N * KERN_LOWRANK_MAX_N]; /* LOWRANK: Gram, vectors */
+        float rot[KERN_ENC_ROT_VALS];                            /* ROT: a round's rows */
     } u;
     float red[KERN_ENC_THREADS];        /* fp8: each thread's amax; LOWRANK: sigma */
     float mnf[KERN_MAX_HEAD_DIM];       /* KIVI keys: each channel's fp16 min, as float */
     float id[KERN_MAX_HEAD_DIM];        /* and 1 / scale */
     uint32_t map[KERN_MAX_TOKENS / 32]; /* MERGE: the run-start bitmap */
     uint32_t ord[KERN_LOWRANK_MAX_N];   /* LOWRANK: eigenvalues by size */
-    uint32_t nrows;                     /* MERGE: rows; LOWRANK: rank */
+    float lr[80];   /* LOWRANK: the orth's partial sums (0..39), the trace (48), energies (64..) */
+    uint32_t nrows; /* MERGE: rows; LOWRANK: rank */
 };
 
 KERN_HD uint32_t kern_enc_group_bytes(uint32_t codec)
@@ -254,33 +256,76 @@ KERN_HD void kern_enc_raw(const struct kern_enc_sect *s, uint32_t unit, const ui
 
 /* ---- fp8 units: one head ------------------------------------------------------------------ */
 
+/* fp8 phases: the amax of each thread's values (0), the amax of the thread block by a tree of
+ * KERN_ENC_FP8_TREE halvings (1..KERN_ENC_FP8_TREE; the last one's thread 0 also takes the
+ * scale), the codes (KERN_ENC_FP8_TREE + 1). max is order-free on the sanitised (finite,
+ * fabsf: non-negative) values, so the tree gives the reference's amax. */
+#define KERN_ENC_FP8_TREE 8 /* log2(KERN_ENC_THREADS) */
+
+/* The 8 values of head h at token t from channel d0 (d0 + 8 <= D), as floats: one 16-byte
+ * load where the block allows (a->aligned, d0 a multiple of 8), else element by element. */
+KERN_HD void kern_enc_load8(const struct kern_enc_args *a, const uint8_t *raw, uint32_t t,
+                            uint32_t h, uint32_t d0, float *x)
+{
+    const struct kern_layout *lay = &a->lay;
+    const uint8_t *p = raw + 2 * (((uint64_t)t * lay->heads + h) * lay->head_dim + d0);
+    uint16_t v[8];
+    if (a->aligned && (d0 & 7) == 0) {
+        kern_batch_v16 q;
+        KERN_BATCH_LOAD(kern_batch_v16, q, p);
+        memcpy(v, &q, sizeof(v));
+    } else {
+        KERN_UNROLL
+        for (int j = 0; j < 8; j++)
+            v[j] = (uint16_t)kern_batch_u16(p + 2 * j);
+    }
+    KERN_UNROLL
+    for (int j = 0; j < 8; j++) {
+        uint16_t one = v[j];
+        x[j] = kern_sanitize(kern_load(&one, lay->dtype, 0));
+    }
+}
+
 KERN_HD void kern_enc_fp8_phase1(const struct kern_enc_args *a, uint32_t h, const uint8_t *raw,
                                  struct kern_enc_smem *sm, uint32_t tid, uint32_t nt)
 {
     const struct kern_layout *lay = &a->lay;
-    const uint64_t n = (uint64_t)lay->tokens * lay->head_dim;
+    const uint32_t D = lay->head_dim, n = lay->tokens * D;
     float amax = 0.0f;
-    for (uint64_t i = tid; i < n; i += nt) {
-        float v = fabsf(kern_enc_value(lay, raw, (uint32_t)(i / lay->head_dim), h,
-                                       (uint32_t)(i % lay->head_dim)));
-        amax = v > amax ? v : amax;
+    if ((D & 7) == 0) { /* 8 values of one token a step */
+        for (uint32_t i = tid; i < n / 8; i += nt) {
+            float x[8];
+            kern_enc_load8(a, raw, i / (D / 8), h, i % (D / 8) * 8, x);
+            KERN_UNROLL
+            for (int j = 0; j < 8; j++) {
+                float v = fabsf(x[j]);
+                amax = v > amax ? v : amax;
+            }
+        }
+    } else {
+        for (uint32_t i = tid; i < n; i += nt) {
+            float v = fabsf(kern_enc_value(lay, raw, i / D, h, i % D));
+            amax = v > amax ? v : amax;
+        }
     }
     sm->red[tid] = amax;
 }
 
-KERN_HD void kern_enc_fp8_phase2(const struct kern_enc_args *a, const struct kern_enc_sect *s,
-                                 uint32_t h, uint8_t *dst, struct kern_enc_smem *sm, uint32_t tid,
-                                 uint32_t nt)
+/* Tree step `step` (1..KERN_ENC_FP8_TREE): the lower half of what is left takes the max of
+ * itself and its partner in the upper half; the last step's thread 0 stores the scale. */
+KERN_HD void kern_enc_fp8_tree(const struct kern_enc_sect *s, uint32_t h, uint8_t *dst,
+                               struct kern_enc_smem *sm, int step, uint32_t tid)
 {
-    (void)a;
-    if (tid != 0)
+    const uint32_t half = KERN_ENC_THREADS >> step;
+    if (tid >= half)
         return;
-    float amax = 0.0f;
-    for (uint32_t i = 0; i < nt; i++)
-        amax = sm->red[i] > amax ? sm->red[i] : amax;
-    float scale = kern_fp8_scale(amax);
-    sm->mnf[0] = scale;
-    memcpy(dst + s->offset + 4 * h, &scale, 4);
+    const float o = sm->red[tid + half];
+    sm->red[tid] = o > sm->red[tid] ? o : sm->red[tid];
+    if (step == KERN_ENC_FP8_TREE) {
+        float scale = kern_fp8_scale(sm->red[0]);
+        sm->mnf[0] = scale;
+        memcpy(dst + s->offset + 4 * h, &scale, 4);
+    }
 }
 
 KERN_HD void kern_enc_fp8_phase3(const struct kern_enc_args *a, const struct kern_enc_sect *s,
@@ -288,12 +333,32 @@ KERN_HD void kern_enc_fp8_phase3(const struct kern_enc_args *a, const struct ker
                                  const struct kern_enc_smem *sm, uint32_t tid, uint32_t nt)
 {
     const struct kern_layout *lay = &a->lay;
-    const uint32_t H = lay->heads, D = lay->head_dim;
-    const uint64_t n = (uint64_t)lay->tokens * D;
+    const uint32_t H = lay->heads, D = lay->head_dim, n = lay->tokens * D;
     const float scale = sm->mnf[0];
     uint8_t *q = dst + s->offset + 4 * H;
-    for (uint64_t i = tid; i < n; i += nt) {
-        uint32_t t = (uint32_t)(i / D), d = (uint32_t)(i % D);
+    if ((D & 7) == 0) { /* 8 codes a step, one 8-byte store where they are 8-byte aligned */
+        for (uint32_t i = tid; i < n / 8; i += nt) {
+            const uint32_t t = i / (D / 8), d0 = i % (D / 8) * 8;
+            uint8_t *o = q + ((uint64_t)t * H + h) * D + d0;
+            float x[8];
+            uint8_t c[8];
+            kern_enc_load8(a, raw, t, h, d0, x);
+            KERN_UNROLL
+            for (int j = 0; j < 8; j++)
+                c[j] = kern_e4m3_enc(KERN_DIV(x[j], scale));
+            if (((uintptr_t)o & 7) == 0) {
+                uint64_t w;
+                memcpy(&w, c, 8);
+                KERN_BATCH_STORE(uint64_t, o, w);
+            } else {
+                for (int j = 0; j < 8; j++)
+                    o[j] = c[j];
+            }
+        }
+        return;
+    }
+    for (uint32_t i = tid; i < n; i += nt) {
+        uint32_t t = i / D, d = i % D;
         q[((uint64_t)t * H + h) * D + d] =
             kern_e4m3_enc(KERN_DIV(kern_enc_value(lay, raw, t, h, d), scale));
     }
@@ -384,26 +449,83 @@ KERN_HD void kern_enc_rot_phase1(const struct kern_enc_args *a, const struct ker
     }
 }
 
-KERN_HD void kern_enc_rot_phase2(const struct kern_enc_args *a, const struct kern_enc_sect *s,
-                                 uint32_t h, uint32_t layer, const uint8_t *raw, uint8_t *dst,
-                                 const struct kern_enc_smem *sm, uint32_t tid, uint32_t nt)
+/* ROT rows are rotated KERN_ENC_ROT_VALS values at a time (a round: KERN_ENC_ROT_VALS / D
+ * whole token rows) in shared memory. A round's phases: load (1), cross stages (xs), encode
+ * (1). Load: a thread takes a chunk of L = min(16, D) values of a row — centred, signed — and
+ * runs the transform's stages of length 1 .. L / 2 on it in registers (kern_fwht over L: those
+ * pairs lie inside the chunk); then each stage of length L, 2L, .. D / 2 is a phase, a thread
+ * per pair (j, j + len), in place (a pair is one thread's alone); encode: a thread per KIVI
+ * value group, scaled and clamped as kern_rot_fwd does. These are kern_fwht's pairs and
+ * operations, each stage complete before the next starts, so every value is the reference's. */
+KERN_HD uint32_t kern_enc_log2(uint32_t x)
+{
+    uint32_t k = 0;
+    while ((1u << k) < x)
+        k++;
+    return k;
+}
+
+/* Phases per round: load, the cross stages, encode. */
+KERN_HD uint32_t kern_enc_rot_round_phases(uint32_t D)
+{
+    const uint32_t L = D < 16 ? D : 16;
+    return 2 + kern_enc_log2(D) - kern_enc_log2(L);
+}
+
+KERN_HD uint32_t kern_enc_rot_phases(const struct kern_layout *lay)
+{
+    const uint32_t rpr = KERN_ENC_ROT_VALS / lay->head_dim;
+    return 1 + (lay->tokens + rpr - 1) / rpr * kern_enc_rot_round_phases(lay->head_dim);
+}
+
+KERN_HD void kern_enc_rot_round(const struct kern_enc_args *a, const struct kern_enc_sect *s,
+                                uint32_t h, uint32_t layer, const uint8_t *raw, uint8_t *dst,
+                                struct kern_enc_smem *sm, uint32_t ph, uint32_t tid, uint32_t nt)
 {
     const struct kern_layout *lay = &a->lay;
     const int bits = kern_rot_bits(s->codec);
-    const uint32_t H = lay->heads, D = lay->head_dim, G = kern_ngroups(D);
-    const uint32_t gb = kern_kivi_v_group_bytes(bits),
-                   sseed = kern_rot_sect_seed(a->rec.seed, layer);
-    uint8_t *out = dst + s->offset + kern_rot_groups_off(lay);
-    for (uint32_t t = tid; t < lay->tokens; t += nt) {
-        float x[KERN_ROT_MAX_DIM], y[KERN_ROT_MAX_DIM];
-        for (uint32_t c = 0; c < D; c++)
-            x[c] = KERN_SUB(kern_enc_value(lay, raw, t, h, c), sm->mnf[c]);
-        kern_rot_fwd(x, y, sseed, h, D);
-        for (uint32_t g = 0; g < G; g++) {
+    const uint32_t H = lay->heads, D = lay->head_dim, G = kern_ngroups(D), ld = kern_enc_log2(D);
+    const uint32_t L = D < 16 ? D : 16, rp = kern_enc_rot_round_phases(D);
+    const uint32_t rpr = KERN_ENC_ROT_VALS / D, round = ph / rp, step = ph % rp;
+    const uint32_t t0 = round * rpr, rows = lay->tokens - t0 < rpr ? lay->tokens - t0 : rpr;
+    const uint32_t sseed = kern_rot_sect_seed(a->rec.seed, layer);
+    float *buf = sm->u.rot;
+    if (step == 0) { /* load: a chunk of L values a thread, stages 1 .. L / 2 */
+        for (uint32_t q = tid; q < rows * D / L; q += nt) {
+            const uint32_t t = t0 + q * L / D, c0 = q * L % D;
+            float y[16];
+            for (uint32_t j = 0; j < L; j += 8)
+                kern_enc_load8(a, raw, t, h, c0 + j, y + j);
+            for (uint32_t j = 0; j < L; j++) {
+                const float x = KERN_SUB(y[j], sm->mnf[c0 + j]);
+                y[j] = kern_rot_neg(sseed, h, c0 + j) ? -x : x;
+            }
+            kern_fwht(y, L);
+            for (uint32_t j = 0; j < L; j++)
+                buf[q * L + j] = y[j];
+        }
+    } else if (step < rp - 1) { /* the stage of length L << (step - 1) */
+        const uint32_t ll = kern_enc_log2(L) + step - 1, len = 1u << ll;
+        for (uint32_t p = tid; p < rows * D / 2; p += nt) {
+            const uint32_t r = p >> (ld - 1), pp = p & (D / 2 - 1);
+            const uint32_t j = r * D + (pp >> ll << (ll + 1)) + (pp & (len - 1));
+            const float x = buf[j], y = buf[j + len];
+            buf[j] = KERN_ADD(x, y);
+            buf[j + len] = KERN_SUB(x, y);
+        }
+    } else { /* encode: a KIVI value group a thread */
+        const uint32_t gb = kern_kivi_v_group_bytes(bits);
+        const float c = kern_rot_scale(D);
+        uint8_t *out = dst + s->offset + kern_rot_groups_off(lay);
+        for (uint32_t i = tid; i < rows * G; i += nt) {
+            const uint32_t r = i / G, g = i % G;
             const int n = (int)(D - g * KERN_GROUP < KERN_GROUP ? D - g * KERN_GROUP : KERN_GROUP);
+            float y[KERN_GROUP];
+            for (int j = 0; j < n; j++)
+                y[j] = kern_sanitize(KERN_MUL(buf[r * D + g * KERN_GROUP + (uint32_t)j], c));
             uint8_t blk[4 + 4 * 4];
-            kern_kivi_v_enc(y + g * KERN_GROUP, n, blk, bits);
-            memcpy(out + (((uint64_t)t * H + h) * G + g) * gb, blk, gb);
+            kern_kivi_v_enc(y, n, blk, bits);
+            memcpy(out + (((uint64_t)(t0 + r) * H + h) * G + g) * gb, blk, gb);
         }
     }
 }
@@ -478,20 +600,216 @@ KERN_HD void kern_enc_lr_phase1(const struct kern_enc_args *a, const struct kern
     }
 }
 
-KERN_HD void kern_enc_lr_phase2(const struct kern_enc_args *a, const struct kern_enc_sect *s,
-                                uint32_t h, uint8_t *dst, struct kern_enc_smem *sm, uint32_t tid)
+/* LOWRANK's search (kern_lowrank_eig, subspace iteration) across the thread block, phase by
+ * phase, each value computed by the reference's expression in the reference's order:
+ *  - start: the trace (thread 0, in order) and the c largest diagonal entries, each thread i
+ *    placing entry i at its rank (value first, ties lower index first: a strict order on
+ *    finite values, so the selection sort's first c places), then Z = those columns;
+ *  - Z = g V: a thread per (column, element), each sum over j in order;
+ *  - orth (modified Gram-Schmidt, twice): the sums are kern_sum8's, eight partial sums over
+ *    the elements k = m mod 8. Thread m < 8 owns those elements of every column, so a column
+ *    needs no other thread's elements, only the eight partials: a phase per projection, in
+ *    which thread m folds the partials of the last phase (kern_sum8_fold, the reference's
+ *    dot), subtracts its elements' projection and computes its partial of the next dot. A
+ *    column e takes 2e + 1 phases (the first also loads Z's column and finishes the column
+ *    before it), c^2 + 1 for the c columns; the partials of consecutive phases are in two
+ *    buffers, so no thread writes what another may still read;
+ *  - pick: each energy v . Z (a thread per column), the vectors copied aside, then moved into
+ *    columns (a thread per element) while thread 0 orders the c energies and takes the rank.
+ * n < 2 (one token or one channel) is kern_lowrank_eig's 1 x 1 case, by thread 0. */
+KERN_HD uint32_t kern_enc_lr_cols(const struct kern_layout *lay)
+{
+    const uint32_t T = lay->tokens, D = lay->head_dim, n = T <= D ? T : D;
+    const uint32_t cap = kern_lowrank_cap(D, T);
+    return cap < n ? cap : n;
+}
+
+KERN_HD uint32_t kern_enc_lr_phases(const struct kern_layout *lay)
+{
+    const uint32_t T = lay->tokens, D = lay->head_dim, n = T <= D ? T : D;
+    const uint32_t c = kern_enc_lr_cols(lay), o = c * c + 1;
+    if (n < 2)
+        return 3;                                    /* Gram, the 1 x 1 search, factors */
+    return 3 + o + KERN_LOWRANK_ITERS * (1 + o) + 4; /* Gram, start x2, orth, (gv, orth) x3,
+                                                       gv, pick x2, factors */
+}
+
+/* The 1 x 1 search by thread 0 (n < 2). */
+KERN_HD void kern_enc_lr_eig1(const struct kern_enc_args *a, const struct kern_enc_sect *s,
+                              uint32_t h, uint8_t *dst, struct kern_enc_smem *sm, uint32_t tid)
 {
     const struct kern_layout *lay = &a->lay;
     const uint32_t T = lay->tokens, D = lay->head_dim, n = T <= D ? T : D;
-    const uint32_t cap = kern_lowrank_cap(D, T);
     if (tid != 0)
         return;
     float *g = sm->u.gram, *v = sm->u.gram + n * n;
     uint8_t *head = dst + s->offset + (uint64_t)h * kern_lowrank_head_bytes(D, T);
-    sm->nrows = kern_lowrank_eig(g, v, n, cap, kern_lowrank_keep(a->rec.lowrank_energy), sm->ord);
+    sm->nrows = kern_lowrank_eig(g, v, n, kern_lowrank_cap(D, T),
+                                 kern_lowrank_keep(a->rec.lowrank_energy), sm->ord);
     memcpy(head, &sm->nrows, 4);
     for (uint32_t i = 0; i < sm->nrows; i++) {
         float e = g[sm->ord[i] * n + sm->ord[i]];
+        sm->red[i] = sqrtf(e > 0.0f ? e : 0.0f);
+        memcpy(head + 16 + 4 * i, &sm->red[i], 4);
+    }
+}
+
+/* Thread m's partial (elements k = m mod 8, in order) of a . b. */
+KERN_HD float kern_enc_lr_part(const float *x, const float *y, uint32_t n, uint32_t m)
+{
+    float p = 0.0f;
+    for (uint32_t k = m; k < n; k += 8)
+        p = KERN_ADD(p, KERN_MUL(x[k], y[k]));
+    return p;
+}
+
+/* Orth phase q (0..c^2) of thread tid: column e = floor(sqrt(q)), step q - e^2. */
+KERN_HD void kern_enc_lr_orth(struct kern_enc_smem *sm, uint32_t n, uint32_t c, uint32_t q,
+                              uint32_t m)
+{
+    float *V = sm->u.gram + n * n, *Z = V + c * n;
+    float *pd = sm->lr, *pn0 = sm->lr + 16, *pn = sm->lr + 32; /* pd, pn0: [2][8]; pn: [8] */
+    uint32_t e = 0;
+    if (m >= 8)
+        return;
+    while ((e + 1) * (e + 1) <= q)
+        e++;
+    const uint32_t st = q - e * e;
+    if (st == 0) {
+        if (e > 0) { /* column e - 1's norm and scale */
+            float *vp = V + (e - 1) * n;
+            const float nrm = kern_sum8_fold(pn), nrm0 = kern_sum8_fold(pn0 + 8 * ((e - 1) & 1));
+            const float inv = nrm > KERN_MUL(1e-12f, nrm0) ? KERN_DIV(1.0f, sqrtf(nrm)) : 0.0f;
+            for (uint32_t k = m; k < n; k += 8)
+                vp[k] = KERN_MUL(vp[k], inv);
+        }
+        if (e == c)
+            return;
+        float *ve = V + e * n;
+        for (uint32_t k = m; k < n; k += 8)
+            ve[k] = Z[e * n + k];
+        pn0[8 * (e & 1) + m] = kern_enc_lr_part(ve, ve, n, m);
+        if (e == 0)
+            pn[m] = kern_enc_lr_part(ve, ve, n, m);
+        else
+            pd[m] = kern_enc_lr_part(V, ve, n, m); /* the first projection's, on V_0 */
+        return;
+    }
+    /* projection st - 1 of column e: on V_j, j = (st - 1) mod e */
+    float *ve = V + e * n;
+    const float *vj = V + ((st - 1) % e) * n;
+    const float d = kern_sum8_fold(pd + 8 * ((st - 1) & 1));
+    for (uint32_t k = m; k < n; k += 8)
+        ve[k] = KERN_SUB(ve[k], KERN_MUL(d, vj[k]));
+    if (st < 2 * e)
+        pd[8 * (st & 1) + m] = kern_enc_lr_part(V + (st % e) * n, ve, n, m);
+    else
+        pn[m] = kern_enc_lr_part(ve, ve, n, m);
+}
+
+KERN_HD void kern_enc_lr_search(const struct kern_enc_args *a, const struct kern_enc_sect *s,
+                                uint32_t h, uint8_t *dst, struct kern_enc_smem *sm, uint32_t ph,
+                                uint32_t tid, uint32_t nt)
+{
+    const struct kern_layout *lay = &a->lay;
+    const uint32_t T = lay->tokens, D = lay->head_dim, n = T <= D ? T : D;
+    const uint32_t c = kern_enc_lr_cols(lay), o = c * c + 1;
+    float *g = sm->u.gram, *V = g + n * n, *Z = V + c * n;
+    if (ph == 1) { /* start: the trace, the c largest diagonal entries in order */
+        if (tid == 0) {
+            float total = 0.0f;
+            for (uint32_t i = 0; i < n; i++) {
+                const float e = g[i * n + i];
+                total = KERN_ADD(total, e > 0.0f ? e : 0.0f);
+            }
+            sm->lr[48] = total;
+        }
+        for (uint32_t i = tid; i < n; i += nt) {
+            const float x = g[i * n + i];
+            uint32_t r = 0;
+            for (uint32_t j = 0; j < n; j++) {
+                const float y = g[j * n + j];
+                r += y > x || (y == x && j < i);
+            }
+            if (r < c)
+                sm->ord[r] = i;
+        }
+        return;
+    }
+    if (ph == 2) {
+        for (uint32_t q = tid; q < c * n; q += nt)
+            Z[q] = g[sm->ord[q / n] * n + q % n];
+        return;
+    }
+    uint32_t q = ph - 3;
+    if (q < o) {
+        kern_enc_lr_orth(sm, n, c, q, tid);
+        return;
+    }
+    q -= o;
+    if (q < KERN_LOWRANK_ITERS * (1 + o) + 1) {
+        if (q % (1 + o)) {
+            kern_enc_lr_orth(sm, n, c, q % (1 + o) - 1, tid);
+            return;
+        }
+        for (uint32_t r = tid; r < c * n; r += nt) { /* Z = g V */
+            const uint32_t e = r / n, i = r % n;
+            float acc = 0.0f;
+            for (uint32_t j = 0; j < n; j++)
+                acc = KERN_ADD(acc, KERN_MUL(g[j * n + i], V[e * n + j]));
+            Z[r] = acc;
+        }
+        return;
+    }
+    q -= KERN_LOWRANK_ITERS * (1 + o) + 1;
+    float *lam = sm->lr + 64, *vc = g;
+    if (q == 0) { /* the energies; the vectors aside */
+        for (uint32_t e = tid; e < c; e += nt) {
+            const float l = kern_lowrank_dot(V + e * n, Z + e * n, n);
+            lam[e] = l > 0.0f ? l : 0.0f;
+        }
+        for (uint32_t k = tid; k < c * n; k += nt)
+            vc[k] = V[k];
+        return;
+    }
+    /* q == 1: the vectors into columns; thread 0 orders the energies and takes the rank */
+    for (uint32_t r = tid; r < c * n; r += nt)
+        V[(r % n) * n + r / n] = vc[r];
+    if (tid != 0)
+        return;
+    uint32_t *ord = sm->ord, rank = c;
+    for (uint32_t e = 0; e < c; e++)
+        ord[e] = e;
+    for (uint32_t i = 0; i < c; i++) {
+        uint32_t best = i;
+        for (uint32_t j = i + 1; j < c; j++) {
+            float x = lam[ord[j]], y = lam[ord[best]];
+            if (x > y || (x == y && ord[j] < ord[best]))
+                best = j;
+        }
+        const uint32_t tmp = ord[i];
+        ord[i] = ord[best];
+        ord[best] = tmp;
+    }
+    const float total = sm->lr[48];
+    if (!(total > 0.0f)) {
+        rank = 0;
+    } else {
+        const float want = KERN_MUL(kern_lowrank_keep(a->rec.lowrank_energy), total);
+        float cum = 0.0f;
+        for (uint32_t r = 0; r < c; r++) {
+            cum = KERN_ADD(cum, lam[ord[r]]);
+            if (cum >= want) {
+                rank = r + 1;
+                break;
+            }
+        }
+    }
+    uint8_t *head = dst + s->offset + (uint64_t)h * kern_lowrank_head_bytes(D, T);
+    sm->nrows = rank;
+    memcpy(head, &sm->nrows, 4);
+    for (uint32_t i = 0; i < rank; i++) {
+        const float e = lam[ord[i]];
         sm->red[i] = sqrtf(e > 0.0f ? e : 0.0f);
         memcpy(head + 16 + 4 * i, &sm->red[i], 4);
     }
@@ -553,7 +871,26 @@ KERN_HD void kern_enc_hdr(const struct kern_enc_args *a, uint8_t *dst, uint32_t 
 
 /* ---- one unit, one phase ------------------------------------------------------------------- */
 
-/* Phase `phase` (0..KERN_ENC_PHASES-1) of unit u for thread tid of nt: what the kernel runs
+/* The phases of unit u: the same for every thread of its block (a function of the launch's
+ * arguments alone), so the kernel's loop of phases and barriers is uniform. */
+KERN_HD uint32_t kern_enc_phases(const struct kern_enc_args *a, uint32_t u)
+{
+    if (u >= a->nunits)
+        return 1;
+    const uint32_t si = kern_enc_sect_of(a, u), kinds = kern_kinds(&a->lay);
+    const uint32_t codec = kern_codec_as(a->s[si].codec, si % kinds == 1);
+    if (kern_rot_bits(codec))
+        return kern_enc_rot_phases(&a->lay);
+    if (codec == KERN_CODEC_LOWRANK)
+        return kern_enc_lr_phases(&a->lay);
+    if (codec == KERN_CODEC_FP8)
+        return KERN_ENC_FP8_TREE + 2;
+    if (codec == KERN_CODEC_RAW)
+        return 1;
+    return 2; /* token-major, KIVI keys, MERGE */
+}
+
+/* Phase `phase` (0..kern_enc_phases(a, u) - 1) of unit u for thread tid of nt: what the kernel runs
  * between two barriers. src is the raw block, dst the encoded one. */
 KERN_HD void kern_enc_unit(const struct kern_enc_args *a, uint32_t u, int phase, const uint8_t *src,
                            uint8_t *dst, struct kern_enc_smem *sm, uint32_t tid, uint32_t nt)
@@ -574,8 +911,8 @@ KERN_HD void kern_enc_unit(const struct kern_enc_args *a, uint32_t u, int phase,
     if (kern_rot_bits(s->codec)) {
         if (phase == 0)
             kern_enc_rot_phase1(a, s, unit, l, raw, dst, sm, tid, nt);
-        else if (phase == 1)
-            kern_enc_rot_phase2(a, s, unit, l, raw, dst, sm, tid, nt);
+        else
+            kern_enc_rot_round(a, s, unit, l, raw, dst, sm, (uint32_t)phase - 1, tid, nt);
     } else if (s->codec == KERN_CODEC_MERGE) {
         const uint8_t *rawk = src + 2 * kern_raw_index(&a->lay, l, 0, 0, 0);
         const uint8_t *rawv = kinds == 2 ? src + 2 * kern_raw_index(&a->lay, l, 1, 0, 0) : NULL;
@@ -584,20 +921,23 @@ KERN_HD void kern_enc_unit(const struct kern_enc_args *a, uint32_t u, int phase,
         else if (phase == 1)
             kern_enc_merge_phase2(a, s, unit, raw, dst, sm, tid, nt);
     } else if (s->codec == KERN_CODEC_LOWRANK) {
+        const uint32_t last = kern_enc_lr_phases(&a->lay) - 1, n1 = last == 2;
         if (phase == 0)
             kern_enc_lr_phase1(a, s, unit, raw, dst, sm, tid, nt);
-        else if (phase == 1)
-            kern_enc_lr_phase2(a, s, unit, dst, sm, tid);
-        else
+        else if ((uint32_t)phase == last)
             kern_enc_lr_phase3(a, s, unit, raw, dst, sm, tid, nt);
+        else if (n1)
+            kern_enc_lr_eig1(a, s, unit, dst, sm, tid);
+        else
+            kern_enc_lr_search(a, s, unit, dst, sm, (uint32_t)phase, tid, nt);
     } else if (s->codec == KERN_CODEC_RAW) {
         if (phase == 0)
             kern_enc_raw(s, unit, raw, dst, tid, nt);
     } else if (s->codec == KERN_CODEC_FP8) {
         if (phase == 0)
             kern_enc_fp8_phase1(a, unit, raw, sm, tid, nt);
-        else if (phase == 1)
-            kern_enc_fp8_phase2(a, s, unit, dst, sm, tid, nt);
+        else if (phase <= KERN_ENC_FP8_TREE)
+            kern_enc_fp8_tree(s, unit, dst, sm, phase, tid);
         else
             kern_enc_fp8_phase3(a, s, unit, raw, dst, sm, tid, nt);
     } else if (kern_codec_bits(s->codec) && k == 0) {
