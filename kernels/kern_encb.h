@@ -80,8 +80,10 @@ struct kern_enc_smem {
     float id[KERN_MAX_HEAD_DIM];        /* and 1 / scale */
     uint32_t map[KERN_MAX_TOKENS / 32]; /* MERGE: the run-start bitmap */
     uint32_t ord[KERN_LOWRANK_MAX_N];   /* LOWRANK: eigenvalues by size */
-    float lr[80];   /* LOWRANK: the orth's partial sums (0..39), the trace (48), energies (64..) */
-    uint32_t nrows; /* MERGE: rows; LOWRANK: rank */
+    float lr[80];    /* LOWRANK: the orth's partial sums (0..39), the trace (48), energies (64..) */
+    uint32_t nrows;  /* MERGE: rows; LOWRANK: rank */
+    uint32_t mst[2]; /* MERGE: the run's first token, the next token */
+    uint8_t flag[KERN_ENC_THREADS]; /* MERGE: whether each token judged starts a run */
 };
 
 KERN_HD uint32_t kern_enc_group_bytes(uint32_t codec)
@@ -532,24 +534,86 @@ KERN_HD void kern_enc_rot_round(const struct kern_enc_args *a, const struct kern
 
 /* ---- MERGE units: one head of a section ------------------------------------------------------ */
 
-KERN_HD void kern_enc_merge_phase1(const struct kern_enc_args *a, const struct kern_enc_sect *s,
-                                   uint32_t h, const uint8_t *rawk, const uint8_t *rawv,
-                                   uint8_t *dst, struct kern_enc_smem *sm, uint32_t tid,
-                                   uint32_t nt)
+/* MERGE's plan (kern_merge_plan) across the thread block. The scan's state — the run's first
+ * token s, the rows so far, the next token to judge — is in shared memory. A round judges
+ * KERN_ENC_THREADS tokens from the next one against s at once, a thread each, by the
+ * reference's test (kern_merge_near, K then V) (eval phase); then thread 0 takes the first
+ * token that does not join: it starts a run (s, a row, its bit), and the next round starts
+ * after it; with none, after the window (decide phase). The tokens judged past a new run's
+ * start are judged again against it, so every decision is the serial scan's. Once the head
+ * has its ceil(T / 2) rows the map cannot change (the scan only counts tokens joined past
+ * the threshold, which the device does not report), and the rounds left do nothing. Rounds:
+ * at most one per row past the first, plus one per window without a new run. */
+KERN_HD uint32_t kern_enc_merge_rounds(const struct kern_layout *lay)
+{
+    const uint32_t T = lay->tokens;
+    return kern_merge_rows(T) - 1 + (T - 1 + KERN_ENC_THREADS - 1) / KERN_ENC_THREADS;
+}
+
+KERN_HD uint32_t kern_enc_merge_phases(const struct kern_layout *lay)
+{
+    return 3 + 2 * kern_enc_merge_rounds(lay); /* start, (eval, decide) x rounds, runs, rows */
+}
+
+KERN_HD uint32_t kern_enc_ctz(uint32_t x)
+{ /* x != 0 */
+    return kern_batch_popc((x & (0u - x)) - 1u);
+}
+
+KERN_HD void kern_enc_merge_plan(const struct kern_enc_args *a, const struct kern_enc_sect *s,
+                                 uint32_t h, const uint8_t *rawk, const uint8_t *rawv, uint8_t *dst,
+                                 struct kern_enc_smem *sm, uint32_t ph, uint32_t tid, uint32_t nt)
 {
     const struct kern_layout *lay = &a->lay;
-    const uint64_t hb = kern_merge_head_bytes(lay->head_dim, lay->tokens);
-    uint8_t *head = dst + s->offset + (uint64_t)h * hb;
-    for (uint64_t i = tid; i < hb; i += nt)
-        head[i] = 0;
-    if (tid != 0)
+    const uint32_t T = lay->tokens, R = kern_merge_rows(T);
+    if (ph == 0) { /* the head's bytes cleared; the scan at token 1, run 0 from token 0 */
+        const uint64_t hb = kern_merge_head_bytes(lay->head_dim, T);
+        uint8_t *head = dst + s->offset + (uint64_t)h * hb;
+        for (uint64_t i = tid; i < hb; i += nt)
+            head[i] = 0;
+        for (uint32_t w = tid; w < (T + 31) / 32; w += nt)
+            sm->map[w] = w == 0 ? 1u : 0u;
+        if (tid == 0) {
+            sm->nrows = 1;
+            sm->mst[0] = 0; /* s */
+            sm->mst[1] = 1; /* the next token */
+        }
         return;
-    sm->nrows = kern_merge_plan(lay, rawk, rawv, h, a->rec.merge_cos, sm->map, NULL);
-    uint32_t r = 0;
-    for (uint32_t t = 0; t < lay->tokens; t++)
-        if (sm->map[t >> 5] >> (t & 31) & 1u)
-            sm->u.starts[r++] = t;
-    sm->u.starts[r] = lay->tokens;
+    }
+    const int last = ph == 2 * kern_enc_merge_rounds(lay) + 1;
+    if (tid != 0 && (last || !(ph & 1)))
+        return; /* the decide and runs phases are thread 0's, which writes the scan's state */
+    const uint32_t run = sm->mst[0], next = sm->mst[1];
+    if (last) { /* each run's first token, in order */
+        uint32_t r = 0;
+        for (uint32_t w = 0; w < (T + 31) / 32; w++)
+            for (uint32_t b = sm->map[w]; b; b &= b - 1)
+                sm->u.starts[r++] = 32 * w + kern_enc_ctz(b);
+        sm->u.starts[r] = T;
+        return;
+    }
+    if (next >= T || sm->nrows >= R)
+        return; /* the plan is complete */
+    const float lim = kern_merge_lim(a->rec.merge_cos);
+    if (ph & 1) { /* eval: whether token next + tid starts a run */
+        const uint32_t t = next + tid;
+        if (tid < KERN_ENC_THREADS)
+            sm->flag[tid] = t < T && !(kern_merge_near(lay, rawk, h, t, run, lim) &&
+                                       (!rawv || kern_merge_near(lay, rawv, h, t, run, lim)));
+        return;
+    }
+    /* decide */
+    const uint32_t n = T - next < KERN_ENC_THREADS ? T - next : KERN_ENC_THREADS;
+    for (uint32_t i = 0; i < n; i++)
+        if (sm->flag[i]) {
+            const uint32_t t = next + i;
+            sm->mst[0] = t;
+            sm->mst[1] = t + 1;
+            sm->nrows++;
+            sm->map[t >> 5] |= 1u << (t & 31);
+            return;
+        }
+    sm->mst[1] = next + n;
 }
 
 KERN_HD void kern_enc_merge_phase2(const struct kern_enc_args *a, const struct kern_enc_sect *s,
@@ -887,7 +951,9 @@ KERN_HD uint32_t kern_enc_phases(const struct kern_enc_args *a, uint32_t u)
         return KERN_ENC_FP8_TREE + 2;
     if (codec == KERN_CODEC_RAW)
         return 1;
-    return 2; /* token-major, KIVI keys, MERGE */
+    if (codec == KERN_CODEC_MERGE)
+        return kern_enc_merge_phases(&a->lay);
+    return 2; /* token-major, KIVI keys */
 }
 
 /* Phase `phase` (0..kern_enc_phases(a, u) - 1) of unit u for thread tid of nt: what the kernel runs
@@ -916,9 +982,9 @@ KERN_HD void kern_enc_unit(const struct kern_enc_args *a, uint32_t u, int phase,
     } else if (s->codec == KERN_CODEC_MERGE) {
         const uint8_t *rawk = src + 2 * kern_raw_index(&a->lay, l, 0, 0, 0);
         const uint8_t *rawv = kinds == 2 ? src + 2 * kern_raw_index(&a->lay, l, 1, 0, 0) : NULL;
-        if (phase == 0)
-            kern_enc_merge_phase1(a, s, unit, rawk, rawv, dst, sm, tid, nt);
-        else if (phase == 1)
+        if ((uint32_t)phase + 1 < kern_enc_merge_phases(&a->lay))
+            kern_enc_merge_plan(a, s, unit, rawk, rawv, dst, sm, (uint32_t)phase, tid, nt);
+        else
             kern_enc_merge_phase2(a, s, unit, raw, dst, sm, tid, nt);
     } else if (s->codec == KERN_CODEC_LOWRANK) {
         const uint32_t last = kern_enc_lr_phases(&a->lay) - 1, n1 = last == 2;

@@ -565,6 +565,92 @@ START_TEST(test_sizes_and_shapes)
 }
 END_TEST
 
+/* ---- the encode kernel's units across the thread block ----------------------------------- */
+
+/* Shapes for the encoder units' parallel structure (kern_encb.h): ROT at every head_dim with
+ * token counts crossing its rounds of KERN_ENC_ROT_VALS values (4096 / head_dim rows: one row
+ * past a round, several rounds, one token); LOWRANK at odd and non-power-of-two head dims,
+ * T above and below D (Gram matrix of keys or of tokens), an odd number of columns, the
+ * largest search (n = 64, 16 columns), one column (n 2..3) and the 1 x 1 case; fp8 at head
+ * dims that are and are not multiples of 8 with 1 and 3 heads (its codes' 8-byte stores at
+ * 8-byte and other alignments); MERGE with token counts past one and two windows of
+ * KERN_ENC_THREADS judged tokens, K+V and K only, 1 and 2 tokens, a window of joins
+ * followed by a run that starts exactly at the next window. */
+struct unit_case {
+    struct shape sh;
+    uint32_t codec;
+};
+static const struct unit_case unit_cases[] = {
+    {{1, 2, 8, 513, KERN_DTYPE_FP16, 0}, KERN_CODEC_ROT2},
+    {{1, 1, 16, 300, KERN_DTYPE_BF16, 1}, KERN_CODEC_ROT4},
+    {{2, 1, 32, 129, KERN_DTYPE_FP16, 0}, KERN_CODEC_ROT4},
+    {{1, 3, 64, 65, KERN_DTYPE_FP16, 1}, KERN_CODEC_ROT2},
+    {{1, 2, 128, 97, KERN_DTYPE_BF16, 0}, KERN_CODEC_ROT4},
+    {{1, 2, 256, 40, KERN_DTYPE_FP16, 0}, KERN_CODEC_ROT2},
+    {{1, 1, 256, 1, KERN_DTYPE_FP16, 1}, KERN_CODEC_ROT4},
+    {{1, 2, 20, 40, KERN_DTYPE_FP16, 0}, KERN_CODEC_LOWRANK},
+    {{1, 1, 33, 70, KERN_DTYPE_BF16, 1}, KERN_CODEC_LOWRANK},
+    {{1, 2, 100, 24, KERN_DTYPE_FP16, 1}, KERN_CODEC_LOWRANK},
+    {{1, 1, 96, 64, KERN_DTYPE_FP16, 1}, KERN_CODEC_LOWRANK},
+    {{1, 2, 40, 48, KERN_DTYPE_BF16, 0}, KERN_CODEC_LOWRANK},
+    {{1, 2, 64, 3, KERN_DTYPE_FP16, 1}, KERN_CODEC_LOWRANK},
+    {{1, 1, 7, 2, KERN_DTYPE_FP16, 1}, KERN_CODEC_LOWRANK},
+    {{1, 2, 24, 1, KERN_DTYPE_FP16, 1}, KERN_CODEC_LOWRANK},
+    {{1, 3, 128, 33, KERN_DTYPE_FP16, 0}, KERN_CODEC_FP8},
+    {{1, 1, 8, 257, KERN_DTYPE_BF16, 0}, KERN_CODEC_FP8},
+    {{1, 3, 20, 9, KERN_DTYPE_FP16, 1}, KERN_CODEC_FP8},
+    {{1, 2, 16, 600, KERN_DTYPE_FP16, 0}, KERN_CODEC_MERGE},
+    {{1, 1, 8, 300, KERN_DTYPE_BF16, 1}, KERN_CODEC_MERGE},
+    {{1, 3, 32, 257, KERN_DTYPE_FP16, 0}, KERN_CODEC_MERGE},
+    {{1, 2, 64, 1, KERN_DTYPE_FP16, 0}, KERN_CODEC_MERGE},
+    {{1, 1, 24, 2, KERN_DTYPE_BF16, 1}, KERN_CODEC_MERGE},
+};
+#define NUNIT_CASES (sizeof(unit_cases) / sizeof(unit_cases[0]))
+
+/* Every path gives the reference's bytes on each unit case (outlier, run and low-rank data:
+ * MERGE's runs of 1-6 tokens, and on outlier data no runs, its rows full halfway), and
+ * the encoder's emulation does so from a source 2 bytes off a 16-byte boundary too (its
+ * element-by-element loads). */
+START_TEST(test_encoder_units_same_bytes)
+{
+    const struct unit_case *uc = &unit_cases[_i];
+    struct kern_layout lay = layout_of(&uc->sh);
+    struct kern_recipe rec;
+    ck_assert(kern_codec_supports(&lay, (enum kern_codec)uc->codec));
+    kern_recipe_fill(&rec, uc->codec, uc->codec, 0);
+    rec.seed = 0x5150u + (uint32_t)_i;
+    for (int kind = DATA_OUTLIER; kind <= DATA_LOWRANK; kind++) {
+        uint16_t *raw = make_data(&lay, (enum data_kind)kind, 200 + (uint64_t)_i);
+        const uint64_t rs = kern_raw_size(&lay);
+        const int64_t sz = kern_encoded_size(&lay, &rec);
+        uint8_t *e1 = same_bytes(&lay, &rec, raw), *e3 = malloc((size_t)sz);
+        uint8_t *off = malloc(rs + 2);
+        ck_assert(e3 && off);
+        memcpy(off + 2, raw, rs);
+        memset(e3, 0x77, (size_t)sz);
+        ck_assert_int_eq(kern_encode_batched_cpu(&lay, &rec, off + 2, e3, (size_t)sz), sz);
+        ck_assert_mem_eq(e3, e1, (size_t)sz);
+        free(off);
+        free(e3);
+        free(e1);
+        free(raw);
+    }
+    if (uc->codec == KERN_CODEC_MERGE) {
+        /* tokens 0..256 alike (a whole window of joins), token 257 the first of a new run:
+         * the second window starts with a run */
+        uint16_t *raw = make_data(&lay, DATA_OUTLIER, 300 + (uint64_t)_i);
+        const uint32_t kinds = lay.k_only ? 1 : 2;
+        for (uint32_t l = 0; l < lay.layers; l++)
+            for (uint32_t k = 0; k < kinds; k++)
+                for (uint32_t t = 1; t < lay.tokens && t < 257; t++)
+                    memcpy(raw + kern_raw_index(&lay, l, k, t, 0),
+                           raw + kern_raw_index(&lay, l, k, 0, 0), 2ull * lay.heads * lay.head_dim);
+        free(same_bytes(&lay, &rec, raw));
+        free(raw);
+    }
+}
+END_TEST
+
 /* ---- CUDA: the device's bytes ------------------------------------------------------------ */
 
 START_TEST(test_cuda_same_bytes)
@@ -616,6 +702,7 @@ static Suite *codecs_suite(void)
     tcase_add_loop_test(tc, test_signed_zeros_same_bytes, 0, (int)(NSHAPES * NCODECS));
     tcase_add_loop_test(tc, test_large_keys_same_bytes, 0, (int)(NSHAPES * NCODECS));
     tcase_add_loop_test(tc, test_stats_same, 0, (int)(NSHAPES * NCODECS));
+    tcase_add_loop_test(tc, test_encoder_units_same_bytes, 0, (int)NUNIT_CASES);
     tcase_add_loop_test(tc, test_error_bounds, 0, (int)NSHAPES);
     tcase_add_test(tc, test_rotation_lowers_key_error);
     tcase_add_test(tc, test_rotation_orthonormal);

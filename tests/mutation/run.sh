@@ -452,6 +452,55 @@ mutation kinds-long-no-overlap client/libkvc_lease.c "check_e2e_kinds" \
 '            end = at + w - 1;' \
 '            end = at + 0 * w;'
 
+# The encode kernel's fp8 unit (issue 25): the amax tree's first halving pairs threads 64
+# apart, not 128, so the amax of threads 128..255's values never reaches the scale.
+mutation enc-fp8-tree-half kernels/kern_encb.h "check_kernels check_codecs" \
+'    const uint32_t half = KERN_ENC_THREADS >> step;' \
+'    const uint32_t half = KERN_ENC_THREADS >> (step + (step == 1));'
+
+# The encode kernel's ROT rows: the cross-chunk stages one length off (each pairs a value
+# with the one 2 len away, the last one with the next row's).
+mutation enc-rot-cross-stage kernels/kern_encb.h "check_codecs" \
+'        const uint32_t ll = kern_enc_log2(L) + step - 1, len = 1u << ll;' \
+'        const uint32_t ll = kern_enc_log2(L) + step, len = 1u << ll;'
+
+# The same, the in-chunk stages stopping one short (lengths 1 .. L / 4 in registers).
+mutation enc-rot-chunk-stages kernels/kern_encb.h "check_codecs" \
+'            kern_fwht(y, L);' \
+'            kern_fwht(y, L / 2);'
+
+# The encode kernel's LOWRANK search: a projection's partial sums written into the buffer
+# the same phase folds (one buffer, not two: on the device a race, here thread 0 overwrites
+# its partial before threads 1..7 fold it).
+mutation enc-lr-partials-one-buffer kernels/kern_encb.h "check_codecs" \
+'        pd[8 * (st & 1) + m] = kern_enc_lr_part(' \
+'        pd[8 * ((st - 1) & 1) + m] = kern_enc_lr_part('
+
+# The same: a thread's partial over a contiguous block of elements instead of k = m mod 8
+# (the same sum in exact arithmetic, rounded in another order than kern_sum8's).
+mutation enc-lr-partial-order kernels/kern_encb.h "check_codecs" \
+'    for (uint32_t k = m; k < n; k += 8)
+        p = KERN_ADD(p, KERN_MUL(x[k], y[k]));' \
+'    for (uint32_t k = m * ((n + 7) / 8); k < n && k < (m + 1) * ((n + 7) / 8); k++)
+        p = KERN_ADD(p, KERN_MUL(x[k], y[k]));'
+
+# The same: the start's ranks counting ties the other way (higher index first), so ties of
+# the Gram matrix's diagonal start from other columns than the reference's.
+mutation enc-lr-start-ties kernels/kern_encb.h "check_codecs" \
+'                r += y > x || (y == x && j < i);' \
+'                r += y > x || (y == x && j > i);'
+
+# The encode kernel's MERGE plan: after a window of tokens that all join, the next window
+# starts one token late (that token joins the run whatever it is).
+mutation enc-merge-window-skip kernels/kern_encb.h "check_codecs" \
+'    sm->mst[1] = next + n;' \
+'    sm->mst[1] = next + n + 1;'
+
+# The same: the scan not stopped when the head's rows are full (runs past ceil(T / 2)).
+mutation enc-merge-rows-full kernels/kern_encb.h "check_codecs" \
+'    if (next >= T || sm->nrows >= R)' \
+'    if (next >= T)'
+
 # ---- machinery ------------------------------------------------------------------------------
 
 key() { echo "$1" | tr -- '-.' '__'; }
