@@ -14,23 +14,32 @@
  *    allows, the reference's group function into registers, the bytes into shared memory —
  *    and then the block writes the run out with 16-byte stores (phase 2);
  *  - raw: KERN_ENC_RAW_BYTES of the section, copied 16 bytes a thread;
- *  - fp8: one head of the section: the amax of its T x D values (phase 1, a max per thread,
- *    order-free), the scale (phase 2, one thread), the codes (phase 3);
+ *  - fp8: one head of the section: the amax of its T x D values (phase 0, a max per thread,
+ *    8 values a load where aligned), the block's amax by a tree of halvings (phases 1..8, max
+ *    is order-free) whose last step stores the scale, the codes (phase 9, 8-byte stores);
  *  - KIVI keys: one 32-token group of one head: per channel min, max and the fp16 scale and
  *    min (phase 1: a thread per channel, reads coalesced across channels), then the packed
  *    code bytes, a thread per (row, byte) (phase 2).
- *  - ROT keys: one head: its channels' means, a thread per channel (phase 1; the section's
- *    first unit writes its seed), then each token's row centred, rotated and encoded into
- *    its KIVI value groups by a thread (phase 2);
- *  - MERGE: one head of the section: the plan by one thread (a serial scan, as the
- *    reference) while the others clear the head's bytes (phase 1), then the map and each
- *    run's mean, a thread per (row, channel) (phase 2);
+ *  - ROT keys: one head: its channels' means, a thread per channel (phase 0; the section's
+ *    first unit writes its seed), then rounds of 4096 / D token rows in shared memory: load,
+ *    centre, sign and the transform's stages inside a 16-value chunk by a thread, each later
+ *    stage a phase (a thread per pair), the KIVI value groups a thread each
+ *    (kern_enc_rot_round);
+ *  - MERGE: one head of the section: the plan in rounds, 256 tokens judged against the run's
+ *    first at once, a thread each, then thread 0 takes the first that starts a run
+ *    (kern_enc_merge_plan), each run's first token, then the map and each run's mean, a
+ *    thread per (row, channel);
  *  - LOWRANK keys: one head: the Gram matrix, a thread per entry, and the head's bytes
- *    cleared (phase 1), Jacobi's sweeps and the rank by one thread (phase 2), the factors, a
- *    thread per (factor, element) (phase 3).
+ *    cleared, the subspace search phase by phase (kern_enc_lr_search: Z = g V a thread per
+ *    element, Gram-Schmidt by 8 threads that own kern_sum8's partial sums), the factors, a
+ *    thread per (factor, element).
+ * A unit's phase count is a function of the launch's arguments (kern_enc_phases), the same
+ * for all its threads: the kernel loops over it with a barrier after each phase.
  * ROT and LOWRANK values are KIVI and q8_0 sections (kern_codec_as). The arithmetic is the
- * reference's group functions (kern_fmt.h, kern_ext.h), so the bytes are the reference's. A phase ends where the CUDA kernel has a __syncthreads(); the emulation runs
- * every thread's phase 1, then every thread's phase 2, and so on, over the same functions.
+ * reference's group functions (kern_fmt.h, kern_ext.h), so the bytes are the reference's. A
+ * phase ends where the CUDA kernel has a __syncthreads(); the emulation runs every thread's
+ * phase 0, then every thread's phase 1, and so on, over the same functions. No thread reads
+ * in a phase what another writes in it.
  */
 #ifndef KVC_KERN_ENCB_H
 #define KVC_KERN_ENCB_H
@@ -74,6 +83,7 @@ struct kern_enc_smem {
         uint32_t starts[KERN_MAX_TOKENS / 2 + 2]; /* MERGE: each run's first token */
         float gram[2 * KERN_LOWRANK_MAX_N * KERN_LOWRANK_MAX_N]; /* LOWRANK: Gram, vectors */
         float rot[KERN_ENC_ROT_VALS];                            /* ROT: a round's rows */
+        float mpart[4 * KERN_ENC_THREADS];                       /* MERGE: a round's partial sums */
     } u;
     float red[KERN_ENC_THREADS];        /* fp8: each thread's amax; LOWRANK: sigma */
     float mnf[KERN_MAX_HEAD_DIM];       /* KIVI keys: each channel's fp16 min, as float */
@@ -83,7 +93,6 @@ struct kern_enc_smem {
     float lr[80];    /* LOWRANK: the orth's partial sums (0..39), the trace (48), energies (64..) */
     uint32_t nrows;  /* MERGE: rows; LOWRANK: rank */
     uint32_t mst[2]; /* MERGE: the run's first token, the next token */
-    uint8_t flag[KERN_ENC_THREADS]; /* MERGE: whether each token judged starts a run */
 };
 
 KERN_HD uint32_t kern_enc_group_bytes(uint32_t codec)
@@ -536,18 +545,22 @@ KERN_HD void kern_enc_rot_round(const struct kern_enc_args *a, const struct kern
 
 /* MERGE's plan (kern_merge_plan) across the thread block. The scan's state — the run's first
  * token s, the rows so far, the next token to judge — is in shared memory. A round judges
- * KERN_ENC_THREADS tokens from the next one against s at once, a thread each, by the
- * reference's test (kern_merge_near, K then V) (eval phase); then thread 0 takes the first
- * token that does not join: it starts a run (s, a row, its bit), and the next round starts
- * after it; with none, after the window (decide phase). The tokens judged past a new run's
+ * KERN_ENC_MERGE_WIN tokens from the next one against s at once (eval phase): 8 threads a
+ * token, thread m summing the channels c = m mod 8 in order — kern_merge_near's partial sums
+ * p[c & 7] of |x_t - x_s|^2 and |x_s|^2, K and V —; then thread 0 folds them token by token
+ * (kern_sum8_fold and the comparison of kern_merge_near, so each decision is the reference's)
+ * up to the first token that does not join: it starts a run (s, a row, its bit), and the next
+ * round starts after it; with none, after the window (decide phase). The tokens judged past a new run's
  * start are judged again against it, so every decision is the serial scan's. Once the head
  * has its ceil(T / 2) rows the map cannot change (the scan only counts tokens joined past
  * the threshold, which the device does not report), and the rounds left do nothing. Rounds:
  * at most one per row past the first, plus one per window without a new run. */
+#define KERN_ENC_MERGE_WIN (KERN_ENC_THREADS / 8)
+
 KERN_HD uint32_t kern_enc_merge_rounds(const struct kern_layout *lay)
 {
     const uint32_t T = lay->tokens;
-    return kern_merge_rows(T) - 1 + (T - 1 + KERN_ENC_THREADS - 1) / KERN_ENC_THREADS;
+    return kern_merge_rows(T) - 1 + (T - 1 + KERN_ENC_MERGE_WIN - 1) / KERN_ENC_MERGE_WIN;
 }
 
 KERN_HD uint32_t kern_enc_merge_phases(const struct kern_layout *lay)
@@ -595,17 +608,33 @@ KERN_HD void kern_enc_merge_plan(const struct kern_enc_args *a, const struct ker
     if (next >= T || sm->nrows >= R)
         return; /* the plan is complete */
     const float lim = kern_merge_lim(a->rec.merge_cos);
-    if (ph & 1) { /* eval: whether token next + tid starts a run */
-        const uint32_t t = next + tid;
-        if (tid < KERN_ENC_THREADS)
-            sm->flag[tid] = t < T && !(kern_merge_near(lay, rawk, h, t, run, lim) &&
-                                       (!rawv || kern_merge_near(lay, rawv, h, t, run, lim)));
+    float *part = sm->u.mpart; /* [token][K d, K n, V d, V n][m] */
+    if (ph & 1) {              /* eval: thread m's partial sums of token next + tid / 8 */
+        const uint32_t i = tid / 8, m = tid % 8, t = next + i;
+        if (i >= KERN_ENC_MERGE_WIN || t >= T)
+            return;
+        for (uint32_t k = 0; k < (rawv ? 2u : 1u); k++) {
+            const uint8_t *raw = k ? rawv : rawk;
+            float pd = 0.0f, pn = 0.0f;
+            for (uint32_t c = m; c < lay->head_dim; c += 8) {
+                const float x = kern_ext_value(lay, raw, t, h, c);
+                const float y = kern_ext_value(lay, raw, run, h, c);
+                const float d = KERN_SUB(x, y);
+                pd = KERN_ADD(pd, KERN_MUL(d, d));
+                pn = KERN_ADD(pn, KERN_MUL(y, y));
+            }
+            part[(4 * i + 2 * k) * 8 + m] = pd;
+            part[(4 * i + 2 * k + 1) * 8 + m] = pn;
+        }
         return;
     }
     /* decide */
-    const uint32_t n = T - next < KERN_ENC_THREADS ? T - next : KERN_ENC_THREADS;
-    for (uint32_t i = 0; i < n; i++)
-        if (sm->flag[i]) {
+    const uint32_t n = T - next < KERN_ENC_MERGE_WIN ? T - next : KERN_ENC_MERGE_WIN;
+    for (uint32_t i = 0; i < n; i++) {
+        const float *p = part + 32 * i;
+        const int join = kern_sum8_fold(p) <= KERN_MUL(lim, kern_sum8_fold(p + 8)) &&
+                         (!rawv || kern_sum8_fold(p + 16) <= KERN_MUL(lim, kern_sum8_fold(p + 24)));
+        if (!join) {
             const uint32_t t = next + i;
             sm->mst[0] = t;
             sm->mst[1] = t + 1;
@@ -613,6 +642,7 @@ KERN_HD void kern_enc_merge_plan(const struct kern_enc_args *a, const struct ker
             sm->map[t >> 5] |= 1u << (t & 31);
             return;
         }
+    }
     sm->mst[1] = next + n;
 }
 
@@ -672,12 +702,13 @@ KERN_HD void kern_enc_lr_phase1(const struct kern_enc_args *a, const struct kern
  *  - Z = g V: a thread per (column, element), each sum over j in order;
  *  - orth (modified Gram-Schmidt, twice): the sums are kern_sum8's, eight partial sums over
  *    the elements k = m mod 8. Thread m < 8 owns those elements of every column, so a column
- *    needs no other thread's elements, only the eight partials: a phase per projection, in
- *    which thread m folds the partials of the last phase (kern_sum8_fold, the reference's
+ *    needs no other thread's elements, only the eight partials: a step per projection, in
+ *    which thread m folds the partials of the last step (kern_sum8_fold, the reference's
  *    dot), subtracts its elements' projection and computes its partial of the next dot. A
- *    column e takes 2e + 1 phases (the first also loads Z's column and finishes the column
- *    before it), c^2 + 1 for the c columns; the partials of consecutive phases are in two
- *    buffers, so no thread writes what another may still read;
+ *    column e takes 2e + 1 steps (the first also loads Z's column and finishes the column
+ *    before it), c^2 + 1 for the c columns; the partials of consecutive steps are in two
+ *    buffers, so no thread writes what another may still read. The 8 threads are a warp: a
+ *    Gram-Schmidt is one phase of the block, its steps apart by __syncwarp();
  *  - pick: each energy v . Z (a thread per column), the vectors copied aside, then moved into
  *    columns (a thread per element) while thread 0 orders the c energies and takes the rank.
  * n < 2 (one token or one channel) is kern_lowrank_eig's 1 x 1 case, by thread 0. */
@@ -691,11 +722,10 @@ KERN_HD uint32_t kern_enc_lr_cols(const struct kern_layout *lay)
 KERN_HD uint32_t kern_enc_lr_phases(const struct kern_layout *lay)
 {
     const uint32_t T = lay->tokens, D = lay->head_dim, n = T <= D ? T : D;
-    const uint32_t c = kern_enc_lr_cols(lay), o = c * c + 1;
     if (n < 2)
-        return 3;                                    /* Gram, the 1 x 1 search, factors */
-    return 3 + o + KERN_LOWRANK_ITERS * (1 + o) + 4; /* Gram, start x2, orth, (gv, orth) x3,
-                                                       gv, pick x2, factors */
+        return 3; /* Gram, the 1 x 1 search, factors */
+    /* Gram, start x2, orth, (gv, orth) x3, gv, pick x2, factors */
+    return 3 + 1 + KERN_LOWRANK_ITERS * 2 + 4;
 }
 
 /* The 1 x 1 search by thread 0 (n < 2). */
@@ -771,13 +801,34 @@ KERN_HD void kern_enc_lr_orth(struct kern_enc_smem *sm, uint32_t n, uint32_t c, 
         pn[m] = kern_enc_lr_part(ve, ve, n, m);
 }
 
+/* A whole Gram-Schmidt, one phase of the block: its c^2 + 1 steps by threads 0..7, which are
+ * one warp, apart by __syncwarp() on the device; the emulation runs every thread's step q
+ * before any thread's step q + 1, as the warp does. */
+KERN_HD void kern_enc_lr_orth_all(struct kern_enc_smem *sm, uint32_t n, uint32_t c, uint32_t tid)
+{
+#ifdef __CUDA_ARCH__
+    if (tid >= 8)
+        return;
+    for (uint32_t q = 0; q <= c * c; q++) {
+        kern_enc_lr_orth(sm, n, c, q, tid);
+        __syncwarp(0xffu);
+    }
+#else
+    if (tid != 0)
+        return;
+    for (uint32_t q = 0; q <= c * c; q++)
+        for (uint32_t m = 0; m < 8; m++)
+            kern_enc_lr_orth(sm, n, c, q, m);
+#endif
+}
+
 KERN_HD void kern_enc_lr_search(const struct kern_enc_args *a, const struct kern_enc_sect *s,
                                 uint32_t h, uint8_t *dst, struct kern_enc_smem *sm, uint32_t ph,
                                 uint32_t tid, uint32_t nt)
 {
     const struct kern_layout *lay = &a->lay;
     const uint32_t T = lay->tokens, D = lay->head_dim, n = T <= D ? T : D;
-    const uint32_t c = kern_enc_lr_cols(lay), o = c * c + 1;
+    const uint32_t c = kern_enc_lr_cols(lay);
     float *g = sm->u.gram, *V = g + n * n, *Z = V + c * n;
     if (ph == 1) { /* start: the trace, the c largest diagonal entries in order */
         if (tid == 0) {
@@ -805,18 +856,12 @@ KERN_HD void kern_enc_lr_search(const struct kern_enc_args *a, const struct kern
             Z[q] = g[sm->ord[q / n] * n + q % n];
         return;
     }
-    uint32_t q = ph - 3;
-    if (q < o) {
-        kern_enc_lr_orth(sm, n, c, q, tid);
+    if (ph == 3 || (ph > 3 && ph < 4 + 2 * KERN_LOWRANK_ITERS && ph % 2 == 1)) {
+        kern_enc_lr_orth_all(sm, n, c, tid);
         return;
     }
-    q -= o;
-    if (q < KERN_LOWRANK_ITERS * (1 + o) + 1) {
-        if (q % (1 + o)) {
-            kern_enc_lr_orth(sm, n, c, q % (1 + o) - 1, tid);
-            return;
-        }
-        for (uint32_t r = tid; r < c * n; r += nt) { /* Z = g V */
+    if (ph < 5 + 2 * KERN_LOWRANK_ITERS) { /* phases 4, 6, 8, 10: Z = g V */
+        for (uint32_t r = tid; r < c * n; r += nt) {
             const uint32_t e = r / n, i = r % n;
             float acc = 0.0f;
             for (uint32_t j = 0; j < n; j++)
@@ -825,7 +870,7 @@ KERN_HD void kern_enc_lr_search(const struct kern_enc_args *a, const struct kern
         }
         return;
     }
-    q -= KERN_LOWRANK_ITERS * (1 + o) + 1;
+    const uint32_t q = ph - (5 + 2 * KERN_LOWRANK_ITERS);
     float *lam = sm->lr + 64, *vc = g;
     if (q == 0) { /* the energies; the vectors aside */
         for (uint32_t e = tid; e < c; e += nt) {

@@ -573,9 +573,9 @@ END_TEST
  * T above and below D (Gram matrix of keys or of tokens), an odd number of columns, the
  * largest search (n = 64, 16 columns), one column (n 2..3) and the 1 x 1 case; fp8 at head
  * dims that are and are not multiples of 8 with 1 and 3 heads (its codes' 8-byte stores at
- * 8-byte and other alignments); MERGE with token counts past one and two windows of
- * KERN_ENC_THREADS judged tokens, K+V and K only, 1 and 2 tokens, a window of joins
- * followed by a run that starts exactly at the next window. */
+ * 8-byte and other alignments); MERGE with token counts over many windows of
+ * KERN_ENC_MERGE_WIN (32) judged tokens, K+V and K only, 1 and 2 tokens, eight windows of
+ * joins followed by a run that starts exactly at the next window (token 257). */
 struct unit_case {
     struct shape sh;
     uint32_t codec;
@@ -636,8 +636,8 @@ START_TEST(test_encoder_units_same_bytes)
         free(raw);
     }
     if (uc->codec == KERN_CODEC_MERGE) {
-        /* tokens 0..256 alike (a whole window of joins), token 257 the first of a new run:
-         * the second window starts with a run */
+        /* tokens 0..256 alike (eight windows of joins), token 257 the first of a new run:
+         * the ninth window starts with a run */
         uint16_t *raw = make_data(&lay, DATA_OUTLIER, 300 + (uint64_t)_i);
         const uint32_t kinds = lay.k_only ? 1 : 2;
         for (uint32_t l = 0; l < lay.layers; l++)

@@ -484,6 +484,17 @@ mutation enc-lr-partial-order kernels/kern_encb.h "check_codecs" \
 '    for (uint32_t k = m * ((n + 7) / 8); k < n && k < (m + 1) * ((n + 7) / 8); k++)
         p = KERN_ADD(p, KERN_MUL(x[k], y[k]));'
 
+# The same: a Gram-Schmidt's steps without the warp barrier between them (in the emulation
+# each thread runs all its steps before the next thread starts: it folds partials the others
+# have not written yet).
+mutation enc-lr-orth-no-step-barrier kernels/kern_encb.h "check_codecs" \
+'    for (uint32_t q = 0; q <= c * c; q++)
+        for (uint32_t m = 0; m < 8; m++)
+            kern_enc_lr_orth(sm, n, c, q, m);' \
+'    for (uint32_t m = 0; m < 8; m++)
+        for (uint32_t q = 0; q <= c * c; q++)
+            kern_enc_lr_orth(sm, n, c, q, m);'
+
 # The same: the start's ranks counting ties the other way (higher index first), so ties of
 # the Gram matrix's diagonal start from other columns than the reference's.
 mutation enc-lr-start-ties kernels/kern_encb.h "check_codecs" \
