@@ -22,7 +22,7 @@
  *    code bytes, a thread per (row, byte) (phase 2).
  *  - ROT keys: one head: its channels' means, a thread per channel (phase 0; the section's
  *    first unit writes its seed), then rounds of 4096 / D token rows in shared memory: load,
- *    centre, sign and the transform's stages inside a 16-value chunk by a thread, each later
+ *    centre, sign and the transform's stages inside an 8-value chunk by a thread, each later
  *    stage a phase (a thread per pair), the KIVI value groups a thread each
  *    (kern_enc_rot_round);
  *  - MERGE: one head of the section: the plan in rounds, 256 tokens judged against the run's
@@ -462,9 +462,9 @@ KERN_HD void kern_enc_rot_phase1(const struct kern_enc_args *a, const struct ker
 
 /* ROT rows are rotated KERN_ENC_ROT_VALS values at a time (a round: KERN_ENC_ROT_VALS / D
  * whole token rows) in shared memory. A round's phases: load (1), cross stages (xs), encode
- * (1). Load: a thread takes a chunk of L = min(16, D) values of a row — centred, signed — and
- * runs the transform's stages of length 1 .. L / 2 on it in registers (kern_fwht over L: those
- * pairs lie inside the chunk); then each stage of length L, 2L, .. D / 2 is a phase, a thread
+ * (1). Load: a thread takes a chunk of L = 8 values of a row — centred, signed — and runs the
+ * transform's stages of length 1, 2, 4 on it in registers (kern_fwht over L: those pairs lie
+ * inside the chunk); then each stage of length L, 2L, .. D / 2 is a phase, a thread
  * per pair (j, j + len), in place (a pair is one thread's alone); encode: a thread per KIVI
  * value group, scaled and clamped as kern_rot_fwd does. These are kern_fwht's pairs and
  * operations, each stage complete before the next starts, so every value is the reference's. */
@@ -477,10 +477,11 @@ KERN_HD uint32_t kern_enc_log2(uint32_t x)
 }
 
 /* Phases per round: load, the cross stages, encode. */
+#define KERN_ENC_ROT_CHUNK 8 /* a thread's values in a ROT round's load (head_dim >= 8) */
+
 KERN_HD uint32_t kern_enc_rot_round_phases(uint32_t D)
 {
-    const uint32_t L = D < 16 ? D : 16;
-    return 2 + kern_enc_log2(D) - kern_enc_log2(L);
+    return 2 + kern_enc_log2(D) - kern_enc_log2(KERN_ENC_ROT_CHUNK);
 }
 
 KERN_HD uint32_t kern_enc_rot_phases(const struct kern_layout *lay)
@@ -496,7 +497,7 @@ KERN_HD void kern_enc_rot_round(const struct kern_enc_args *a, const struct kern
     const struct kern_layout *lay = &a->lay;
     const int bits = kern_rot_bits(s->codec);
     const uint32_t H = lay->heads, D = lay->head_dim, G = kern_ngroups(D), ld = kern_enc_log2(D);
-    const uint32_t L = D < 16 ? D : 16, rp = kern_enc_rot_round_phases(D);
+    const uint32_t L = KERN_ENC_ROT_CHUNK, rp = kern_enc_rot_round_phases(D);
     const uint32_t rpr = KERN_ENC_ROT_VALS / D, round = ph / rp, step = ph % rp;
     const uint32_t t0 = round * rpr, rows = lay->tokens - t0 < rpr ? lay->tokens - t0 : rpr;
     const uint32_t sseed = kern_rot_sect_seed(a->rec.seed, layer);
@@ -504,14 +505,15 @@ KERN_HD void kern_enc_rot_round(const struct kern_enc_args *a, const struct kern
     if (step == 0) { /* load: a chunk of L values a thread, stages 1 .. L / 2 */
         for (uint32_t q = tid; q < rows * D / L; q += nt) {
             const uint32_t t = t0 + q * L / D, c0 = q * L % D;
-            float y[16];
-            for (uint32_t j = 0; j < L; j += 8)
-                kern_enc_load8(a, raw, t, h, c0 + j, y + j);
+            float y[KERN_ENC_ROT_CHUNK];
+            kern_enc_load8(a, raw, t, h, c0, y);
+            KERN_UNROLL
             for (uint32_t j = 0; j < L; j++) {
                 const float x = KERN_SUB(y[j], sm->mnf[c0 + j]);
                 y[j] = kern_rot_neg(sseed, h, c0 + j) ? -x : x;
             }
             kern_fwht(y, L);
+            KERN_UNROLL
             for (uint32_t j = 0; j < L; j++)
                 buf[q * L + j] = y[j];
         }
@@ -531,9 +533,11 @@ KERN_HD void kern_enc_rot_round(const struct kern_enc_args *a, const struct kern
         for (uint32_t i = tid; i < rows * G; i += nt) {
             const uint32_t r = i / G, g = i % G;
             const int n = (int)(D - g * KERN_GROUP < KERN_GROUP ? D - g * KERN_GROUP : KERN_GROUP);
+            const float *row = buf + r * D + g * KERN_GROUP;
             float y[KERN_GROUP];
-            for (int j = 0; j < n; j++)
-                y[j] = kern_sanitize(KERN_MUL(buf[r * D + g * KERN_GROUP + (uint32_t)j], c));
+            KERN_UNROLL
+            for (int j = 0; j < KERN_GROUP; j++)
+                y[j] = j < n ? kern_sanitize(KERN_MUL(row[j], c)) : 0.0f;
             uint8_t blk[4 + 4 * 4];
             kern_kivi_v_enc(y, n, blk, bits);
             memcpy(out + (((uint64_t)(t0 + r) * H + h) * G + g) * gb, blk, gb);
