@@ -574,8 +574,9 @@ END_TEST
  * largest search (n = 64, 16 columns), one column (n 2..3) and the 1 x 1 case; fp8 at head
  * dims that are and are not multiples of 8 with 1 and 3 heads (its codes' 8-byte stores at
  * 8-byte and other alignments); MERGE with token counts over many windows of
- * KERN_ENC_MERGE_WIN (32) judged tokens, K+V and K only, 1 and 2 tokens, eight windows of
- * joins followed by a run that starts exactly at the next window (token 257). */
+ * KERN_ENC_MERGE_WIN (32) judged tokens, K+V and K only, 1 and 2 tokens, one and eight
+ * windows of joins followed by a run that starts exactly at the next window (token 33,
+ * 257). */
 struct unit_case {
     struct shape sh;
     uint32_t codec;
@@ -635,14 +636,14 @@ START_TEST(test_encoder_units_same_bytes)
         free(e1);
         free(raw);
     }
-    if (uc->codec == KERN_CODEC_MERGE) {
-        /* tokens 0..256 alike (eight windows of joins), token 257 the first of a new run:
-         * the ninth window starts with a run */
+    for (uint32_t p = 33; uc->codec == KERN_CODEC_MERGE && p <= 257; p += 224) {
+        /* tokens 0..p-1 alike (one window of joins, then eight), token p the first of a new
+         * run: the next window starts with a run */
         uint16_t *raw = make_data(&lay, DATA_OUTLIER, 300 + (uint64_t)_i);
         const uint32_t kinds = lay.k_only ? 1 : 2;
         for (uint32_t l = 0; l < lay.layers; l++)
             for (uint32_t k = 0; k < kinds; k++)
-                for (uint32_t t = 1; t < lay.tokens && t < 257; t++)
+                for (uint32_t t = 1; t < lay.tokens && t < p; t++)
                     memcpy(raw + kern_raw_index(&lay, l, k, t, 0),
                            raw + kern_raw_index(&lay, l, k, 0, 0), 2ull * lay.heads * lay.head_dim);
         free(same_bytes(&lay, &rec, raw));

@@ -510,7 +510,7 @@ mutation enc-merge-window-skip kernels/kern_encb.h "check_codecs" \
 # The same: the scan not stopped when the head's rows are full (runs past ceil(T / 2)).
 mutation enc-merge-rows-full kernels/kern_encb.h "check_codecs" \
 '    if (next >= T || sm->nrows >= R)' \
-'    if (next >= T)'
+'    if (next >= T || sm->nrows >= R + T)'
 
 # ---- machinery ------------------------------------------------------------------------------
 
