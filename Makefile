@@ -331,8 +331,8 @@ check-gpu: all tests
 # here, then `sh etc/device-check.sh OUTDIR` there, in a copy of this tree with
 # build/device-bundle carried along (etc/device-bundle.sh says what the folder holds).
 BUNDLE ?= build/device-bundle
-BUNDLE_SUITES := check_pack check_tier_gpu check_store_gpu check_kernels check_e2e_gpu check_e2e_gpu_fake \
-	check_e2e_quant check_e2e_fast
+BUNDLE_SUITES := check_pack check_tier_gpu check_store_gpu check_kernels check_codecs check_e2e_gpu \
+	check_e2e_gpu_fake check_e2e_quant check_e2e_fast
 BUNDLE_BENCHES := bench_gpu bench_kernels bench_host
 .PHONY: device-bundle
 device-bundle: $(B)/bin/kvcd $(B)/bin/kvcctl $(patsubst %,$(B)/tests/%,$(BUNDLE_SUITES)) \

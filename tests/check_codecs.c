@@ -654,6 +654,38 @@ END_TEST
 
 /* ---- CUDA: the device's bytes ------------------------------------------------------------ */
 
+/* The device encodes and decodes raw as the reference does, byte for byte. */
+static void cuda_same(const struct kern_layout *lay, const struct kern_recipe *rec,
+                      const uint16_t *raw)
+{
+    int64_t sz = kern_encoded_size(lay, rec);
+    uint64_t rs = kern_raw_size(lay);
+    uint8_t *e_ref = malloc((size_t)sz), *e_gpu = malloc((size_t)sz);
+    uint8_t *d_ref = malloc(rs), *d_gpu = malloc(rs);
+    void *g_raw, *g_enc, *g_dec;
+    ck_assert_int_eq(kern_encode_ref(lay, rec, raw, e_ref, (size_t)sz, NULL), sz);
+    ck_assert_int_eq(kern_cuda_alloc(&g_raw, rs), 0);
+    ck_assert_int_eq(kern_cuda_alloc(&g_enc, (size_t)sz), 0);
+    ck_assert_int_eq(kern_cuda_alloc(&g_dec, rs), 0);
+    ck_assert_int_eq(kern_cuda_copy(g_raw, raw, rs, KERN_CUDA_H2D, NULL), 0);
+    ck_assert_int_eq(kern_encode_cuda(lay, rec, g_raw, g_enc, (size_t)sz, NULL, NULL), sz);
+    ck_assert_int_eq(kern_decode_cuda(lay, g_enc, (size_t)sz, g_dec, rs, lay->dtype, NULL),
+                     (int64_t)rs);
+    ck_assert_int_eq(kern_cuda_copy(e_gpu, g_enc, (size_t)sz, KERN_CUDA_D2H, NULL), 0);
+    ck_assert_int_eq(kern_cuda_copy(d_gpu, g_dec, rs, KERN_CUDA_D2H, NULL), 0);
+    ck_assert_int_eq(kern_cuda_stream_sync(NULL), 0);
+    kern_cuda_free(g_raw);
+    kern_cuda_free(g_enc);
+    kern_cuda_free(g_dec);
+    ck_assert_mem_eq(e_gpu, e_ref, (size_t)sz);
+    ck_assert_int_eq(kern_decode_ref(lay, e_ref, (size_t)sz, d_ref, rs, lay->dtype), (int64_t)rs);
+    ck_assert_mem_eq(d_gpu, d_ref, rs);
+    free(e_ref);
+    free(e_gpu);
+    free(d_ref);
+    free(d_gpu);
+}
+
 START_TEST(test_cuda_same_bytes)
 {
     const struct shape *sh = &shapes[(uint32_t)_i / NCODECS];
@@ -663,33 +695,24 @@ START_TEST(test_cuda_same_bytes)
     kern_recipe_fill(&rec, codec, codec, 0);
     uint16_t *raw =
         make_data(&lay, codec == KERN_CODEC_MERGE ? DATA_RUNS : DATA_OUTLIER, 600 + (uint64_t)_i);
-    int64_t sz = kern_encoded_size(&lay, &rec);
-    uint64_t rs = kern_raw_size(&lay);
-    uint8_t *e_ref = malloc((size_t)sz), *e_gpu = malloc((size_t)sz);
-    uint8_t *d_ref = malloc(rs), *d_gpu = malloc(rs);
-    void *g_raw, *g_enc, *g_dec;
-    ck_assert_int_eq(kern_encode_ref(&lay, &rec, raw, e_ref, (size_t)sz, NULL), sz);
-    ck_assert_int_eq(kern_cuda_alloc(&g_raw, rs), 0);
-    ck_assert_int_eq(kern_cuda_alloc(&g_enc, (size_t)sz), 0);
-    ck_assert_int_eq(kern_cuda_alloc(&g_dec, rs), 0);
-    ck_assert_int_eq(kern_cuda_copy(g_raw, raw, rs, KERN_CUDA_H2D, NULL), 0);
-    ck_assert_int_eq(kern_encode_cuda(&lay, &rec, g_raw, g_enc, (size_t)sz, NULL, NULL), sz);
-    ck_assert_int_eq(kern_decode_cuda(&lay, g_enc, (size_t)sz, g_dec, rs, lay.dtype, NULL),
-                     (int64_t)rs);
-    ck_assert_int_eq(kern_cuda_copy(e_gpu, g_enc, (size_t)sz, KERN_CUDA_D2H, NULL), 0);
-    ck_assert_int_eq(kern_cuda_copy(d_gpu, g_dec, rs, KERN_CUDA_D2H, NULL), 0);
-    ck_assert_int_eq(kern_cuda_stream_sync(NULL), 0);
-    kern_cuda_free(g_raw);
-    kern_cuda_free(g_enc);
-    kern_cuda_free(g_dec);
-    ck_assert_mem_eq(e_gpu, e_ref, (size_t)sz);
-    ck_assert_int_eq(kern_decode_ref(&lay, e_ref, (size_t)sz, d_ref, rs, lay.dtype), (int64_t)rs);
-    ck_assert_mem_eq(d_gpu, d_ref, rs);
-    free(e_ref);
-    free(e_gpu);
-    free(d_ref);
-    free(d_gpu);
+    cuda_same(&lay, &rec, raw);
     free(raw);
+}
+END_TEST
+
+/* The encoder units' shapes (unit_cases) on the device, every data kind. */
+START_TEST(test_cuda_units_same_bytes)
+{
+    const struct unit_case *uc = &unit_cases[_i];
+    struct kern_layout lay = layout_of(&uc->sh);
+    struct kern_recipe rec;
+    kern_recipe_fill(&rec, uc->codec, uc->codec, 0);
+    rec.seed = 0x5150u + (uint32_t)_i;
+    for (int kind = DATA_OUTLIER; kind <= DATA_LOWRANK; kind++) {
+        uint16_t *raw = make_data(&lay, (enum data_kind)kind, 200 + (uint64_t)_i);
+        cuda_same(&lay, &rec, raw);
+        free(raw);
+    }
 }
 END_TEST
 
@@ -718,6 +741,7 @@ static Suite *codecs_suite(void)
         tc = tcase_create("cuda");
         tcase_set_timeout(tc, daemon_slow() * 120);
         tcase_add_loop_test(tc, test_cuda_same_bytes, 0, (int)(NSHAPES * NCODECS));
+        tcase_add_loop_test(tc, test_cuda_units_same_bytes, 0, (int)NUNIT_CASES);
         suite_add_tcase(s, tc);
     } else {
         printf("SKIP: check_codecs: cuda: %s\n",

@@ -2,7 +2,8 @@
 # compute-sanitizer over the GPU suites (make check-gpu, etc/device-check.sh):
 #   memcheck   check_e2e_gpu, check_e2e_gpu_fake, check_tier_gpu, and the CUDA cases of
 #              check_pack and check_kernels
-#   racecheck  the cases that launch kernels: check_pack cuda, check_kernels cuda
+#   racecheck  the cases that launch kernels: check_pack cuda, check_kernels cuda,
+#              check_codecs cuda (the encoder's transform units' shared memory, last)
 #   synccheck  the same
 # check_e2e_gpu_fake's own process never initialises CUDA (its device is the fake one; the
 # daemons it starts may): --require-cuda-init no, or the sanitizer fails the run for that.
@@ -68,6 +69,8 @@ run memcheck check_kernels cuda
 run memcheck check_tier_gpu ""
 run racecheck check_kernels cuda
 run synccheck check_kernels cuda
+run racecheck check_codecs cuda
+run synccheck check_codecs cuda
 if [ "$fail" -ne 0 ]; then
     echo "sanitizer: errors found"
 elif [ "$incomplete" -ne 0 ]; then
