@@ -29,8 +29,8 @@
  *    first at once, a thread each, then thread 0 takes the first that starts a run
  *    (kern_enc_merge_plan), each run's first token, then the map and each run's mean, a
  *    thread per (row, channel);
- *  - LOWRANK keys: one head: the Gram matrix, a thread per entry, and the head's bytes
- *    cleared, the subspace search phase by phase (kern_enc_lr_search: Z = g V a thread per
+ *  - LOWRANK keys: one head: the head's bytes cleared and its keys staged in shared memory
+ *    where they fit, the Gram matrix, a thread per entry, the subspace search phase by phase (kern_enc_lr_search: Z = g V a thread per
  *    element, Gram-Schmidt by 8 threads that own kern_sum8's partial sums), the factors, a
  *    thread per (factor, element).
  * A unit's phase count is a function of the launch's arguments (kern_enc_phases), the same
@@ -674,25 +674,60 @@ KERN_HD void kern_enc_merge_phase2(const struct kern_enc_args *a, const struct k
 
 /* ---- LOWRANK key units: one head ------------------------------------------------------------ */
 
-KERN_HD void kern_enc_lr_phase1(const struct kern_enc_args *a, const struct kern_enc_sect *s,
-                                uint32_t h, const uint8_t *raw, uint8_t *dst,
+/* LOWRANK's first phases: the head's bytes cleared and, where it fits beside the Gram matrix,
+ * the head's keys staged in shared memory as floats, rows of D + 1 (the Gram phase's threads
+ * read rows j, j + 1, .. at one channel: a stride of D + 1 floats falls in different banks);
+ * then the Gram matrix, a thread per entry, from the staged keys or from global memory. */
+KERN_HD uint32_t kern_enc_lr_staged(const struct kern_layout *lay)
+{
+    const uint32_t T = lay->tokens, D = lay->head_dim, n = T <= D ? T : D;
+    return (uint64_t)T * (D + 1) <= 2ull * KERN_LOWRANK_MAX_N * KERN_LOWRANK_MAX_N - n * n;
+}
+
+KERN_HD void kern_enc_lr_stage(const struct kern_enc_args *a, const struct kern_enc_sect *s,
+                               uint32_t h, const uint8_t *raw, uint8_t *dst,
+                               struct kern_enc_smem *sm, uint32_t tid, uint32_t nt)
+{
+    const struct kern_layout *lay = &a->lay;
+    const uint32_t T = lay->tokens, D = lay->head_dim, n = T <= D ? T : D;
+    const uint64_t hb = kern_lowrank_head_bytes(D, T);
+    uint8_t *head = dst + s->offset + (uint64_t)h * hb;
+    float *k = sm->u.gram + n * n;
+    for (uint64_t i = tid; i < hb; i += nt)
+        head[i] = 0;
+    if (!kern_enc_lr_staged(lay))
+        return;
+    if ((D & 7) == 0) {
+        for (uint32_t q = tid; q < T * D / 8; q += nt) {
+            const uint32_t t = q / (D / 8), d0 = q % (D / 8) * 8;
+            float x[8];
+            kern_enc_load8(a, raw, t, h, d0, x);
+            for (uint32_t j = 0; j < 8; j++)
+                k[t * (D + 1) + d0 + j] = x[j];
+        }
+        return;
+    }
+    for (uint32_t q = tid; q < T * D; q += nt)
+        k[q / D * (D + 1) + q % D] = kern_enc_value(lay, raw, q / D, h, q % D);
+}
+
+KERN_HD void kern_enc_lr_phase1(const struct kern_enc_args *a, uint32_t h, const uint8_t *raw,
                                 struct kern_enc_smem *sm, uint32_t tid, uint32_t nt)
 {
     const struct kern_layout *lay = &a->lay;
     const uint32_t T = lay->tokens, D = lay->head_dim, n = T <= D ? T : D, m = T <= D ? D : T;
-    const uint64_t hb = kern_lowrank_head_bytes(D, T);
-    uint8_t *head = dst + s->offset + (uint64_t)h * hb;
-    for (uint64_t i = tid; i < hb; i += nt)
-        head[i] = 0;
+    const float *k = sm->u.gram + n * n;
+    const int staged = (int)kern_enc_lr_staged(lay);
     for (uint32_t e = tid; e < n * n; e += nt) {
         const uint32_t i = e / n, j = e % n;
         float p[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (uint32_t k = 0; k < m; k++) {
-            float x =
-                T <= D ? kern_enc_value(lay, raw, i, h, k) : kern_enc_value(lay, raw, k, h, i);
-            float y =
-                T <= D ? kern_enc_value(lay, raw, j, h, k) : kern_enc_value(lay, raw, k, h, j);
-            p[k & 7] = KERN_ADD(p[k & 7], KERN_MUL(x, y));
+        for (uint32_t c = 0; c < m; c++) {
+            /* K[i][c], K[j][c] (T <= D: rows are tokens) or K[c][i], K[c][j] */
+            const uint32_t ti = T <= D ? i : c, di = T <= D ? c : i;
+            const uint32_t tj = T <= D ? j : c, dj = T <= D ? c : j;
+            const float x = staged ? k[ti * (D + 1) + di] : kern_enc_value(lay, raw, ti, h, di);
+            const float y = staged ? k[tj * (D + 1) + dj] : kern_enc_value(lay, raw, tj, h, dj);
+            p[c & 7] = KERN_ADD(p[c & 7], KERN_MUL(x, y));
         }
         sm->u.gram[e] = kern_sum8_fold(p);
     }
@@ -727,9 +762,9 @@ KERN_HD uint32_t kern_enc_lr_phases(const struct kern_layout *lay)
 {
     const uint32_t T = lay->tokens, D = lay->head_dim, n = T <= D ? T : D;
     if (n < 2)
-        return 3; /* Gram, the 1 x 1 search, factors */
-    /* Gram, start x2, orth, (gv, orth) x3, gv, pick x2, factors */
-    return 3 + 1 + KERN_LOWRANK_ITERS * 2 + 4;
+        return 4; /* stage, Gram, the 1 x 1 search, factors */
+    /* stage, Gram, start x2, orth, (gv, orth) x3, gv, pick x2, factors */
+    return 4 + 1 + KERN_LOWRANK_ITERS * 2 + 4;
 }
 
 /* The 1 x 1 search by thread 0 (n < 2). */
@@ -1036,15 +1071,17 @@ KERN_HD void kern_enc_unit(const struct kern_enc_args *a, uint32_t u, int phase,
         else
             kern_enc_merge_phase2(a, s, unit, raw, dst, sm, tid, nt);
     } else if (s->codec == KERN_CODEC_LOWRANK) {
-        const uint32_t last = kern_enc_lr_phases(&a->lay) - 1, n1 = last == 2;
+        const uint32_t last = kern_enc_lr_phases(&a->lay) - 1, n1 = last == 3;
         if (phase == 0)
-            kern_enc_lr_phase1(a, s, unit, raw, dst, sm, tid, nt);
+            kern_enc_lr_stage(a, s, unit, raw, dst, sm, tid, nt);
+        else if (phase == 1)
+            kern_enc_lr_phase1(a, unit, raw, sm, tid, nt);
         else if ((uint32_t)phase == last)
             kern_enc_lr_phase3(a, s, unit, raw, dst, sm, tid, nt);
         else if (n1)
             kern_enc_lr_eig1(a, s, unit, dst, sm, tid);
         else
-            kern_enc_lr_search(a, s, unit, dst, sm, (uint32_t)phase, tid, nt);
+            kern_enc_lr_search(a, s, unit, dst, sm, (uint32_t)phase - 1, tid, nt);
     } else if (s->codec == KERN_CODEC_RAW) {
         if (phase == 0)
             kern_enc_raw(s, unit, raw, dst, tid, nt);

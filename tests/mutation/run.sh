@@ -495,6 +495,11 @@ mutation enc-lr-orth-no-step-barrier kernels/kern_encb.h "check_codecs" \
         for (uint32_t q = 0; q <= c * c; q++)
             kern_enc_lr_orth(sm, n, c, q, m);'
 
+# The same: the keys staged in rows of D floats while the Gram phase reads rows of D + 1.
+mutation enc-lr-stage-stride kernels/kern_encb.h "check_codecs" \
+'                k[t * (D + 1) + d0 + j] = x[j];' \
+'                k[t * D + d0 + j] = x[j];'
+
 # The same: the start's ranks counting ties the other way (higher index first), so ties of
 # the Gram matrix's diagonal start from other columns than the reference's.
 mutation enc-lr-start-ties kernels/kern_encb.h "check_codecs" \
