@@ -219,6 +219,41 @@ START_TEST(test_head_profile)
 }
 END_TEST
 
+/* The profile follows the recent hints: a head that looked at the sink alone, with a mass
+ * that a sum over all time would keep for 20,000 more calls, reads as a retrieval head a few
+ * thousand calls after it starts to spread its attention (the masses halve every
+ * STORE_HEAD_AGE_BLOCKS hinted blocks). */
+START_TEST(test_head_profile_ages)
+{
+    uint32_t ns = ns_open("heads-age", Q8); /* 2 layers x 4 kv heads */
+    enum { NB = 6, LH = 8 };
+    struct kvc_wire_key k[NB];
+    float sink[NB][LH], spread[NB][LH];
+    uint8_t prof[LH];
+    for (uint32_t i = 0; i < NB; i++) {
+        put(ns, i);
+        k[i] = key(ns, i);
+        for (uint32_t j = 0; j < LH; j++)
+            sink[i][j] = spread[i][j] = 1.0f;
+        sink[i][0] = i == 0 ? 1000.0f : 0.0f;
+    }
+    for (int c = 0; c < 1000; c++)
+        ck_assert_int_eq(store_hint_heads(s, ns, KVC_HINT_H2O, k, &sink[0][0], NB, 2, 4, 100), NB);
+    ck_assert_int_eq(store_head_profile(s, ns, prof), LH - 1);
+    ck_assert_uint_eq(prof[0], STORE_HEAD_SINK);
+    /* summed for ever, head 0 would stay sink-only while 1e6 + c >= 0.9 (1e6 + 6 c) */
+    for (int c = 0; c < 3000; c++)
+        ck_assert_int_eq(store_hint_heads(s, ns, KVC_HINT_H2O, k, &spread[0][0], NB, 2, 4, 100),
+                         NB);
+    ck_assert_int_eq(store_head_profile(s, ns, prof), LH);
+    ck_assert_uint_eq(prof[0], STORE_HEAD_FULL);
+    const struct store_ns *sn = store_ns_get(s, ns);
+    ck_assert_uint_lt(sn->head_seen, STORE_HEAD_AGE_BLOCKS);
+    for (uint32_t j = 0; j < 3 * LH; j++)
+        ck_assert_float_lt(sn->head_mass[j], 2.0f * NB * STORE_HEAD_AGE_BLOCKS);
+}
+END_TEST
+
 /* Hints of pattern `full` (layer-major head indices that spread their attention; the rest
  * look at the sink only) on blocks 0..5 of a new namespace; then block 3 quantized. Returns
  * its index, the heads its encoding keeps raw in *mask. */
@@ -389,6 +424,7 @@ int main(void)
     tcase_add_test(tc, test_quantize_block);
     tcase_add_test(tc, test_vatp_value_norm);
     tcase_add_test(tc, test_head_profile);
+    tcase_add_test(tc, test_head_profile_ages);
     tcase_add_test(tc, test_per_head_recipe);
     tcase_add_test(tc, test_refusals);
     tcase_add_test(tc, test_lookup_during_encode);

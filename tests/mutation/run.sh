@@ -291,6 +291,12 @@ mutation budget-heads-even daemon/store_policy.c "check_e2e_policy" \
 '    b = nfull ? (total - spent) / nfull : cl;' \
 '    b = nfull ? (total - spent) / lh : cl;'
 
+# Head profiles: the per-head masses are halved but the count of hinted blocks is not, so
+# after the first halving every later hint halves them again (the profile forgets at once).
+mutation head-profile-age-count daemon/store_policy.c "check_quant" \
+'            ns->head_seen /= 2;' \
+'            ns->head_seen = STORE_HEAD_AGE_BLOCKS;'
+
 # The precision ladder: the namespace's fidelity budget is not applied to its rungs.
 mutation ladder-budget-ignored daemon/store_policy.c "check_ladder" \
 '                    (ns->max_error > 0 &&
