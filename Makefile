@@ -391,6 +391,10 @@ FUZZ_CONFIG_SRCS := tests/fuzz/fuzz_config.c daemon/config.c daemon/config_ns.c 
 FUZZ_PLAIN_SRCS := $(wildcard kernels/kern_avx2*.c) kernels/kern_rot.c
 FUZZ_SERVER_SRCS := tests/fuzz/fuzz_server.c $(filter-out $(FUZZ_PLAIN_SRCS),$(LIBKVCD_SRCS))
 FUZZ_SERVER_CORPUS := tests/fuzz/corpus/server
+# The decoder's seeds: a request of the counted opcodes (HINT_HEADS and LOOKUP_BUDGET among
+# them) at their edges, and the protocol's words (magic, opcodes, counts, floats).
+FUZZ_PROTO_CORPUS := tests/fuzz/corpus/proto
+FUZZ_PROTO_DICT := tests/fuzz/proto.dict
 # One object per source (clang, instrumented; FUZZ_PLAIN_SRCS with the C compiler), so that the
 # build runs on every CPU make is given and rebuilds only what changed.
 FUZZ_OBJ := build/fuzz/obj
@@ -408,7 +412,9 @@ build/fuzz/fuzz_config: $(call fuzz_obj,$(FUZZ_CONFIG_SRCS))
 -include $(shell find $(FUZZ_OBJ) -name '*.d' 2>/dev/null)
 fuzz-build: build/fuzz/fuzz_server build/fuzz/fuzz_proto build/fuzz/fuzz_config
 fuzz: fuzz-build
-	build/fuzz/fuzz_proto -max_total_time=$(FUZZ_SECONDS) -max_len=4096
+	@mkdir -p build/fuzz/corpus-proto
+	build/fuzz/fuzz_proto -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -dict=$(FUZZ_PROTO_DICT) \
+		build/fuzz/corpus-proto $(FUZZ_PROTO_CORPUS)
 	build/fuzz/fuzz_config -max_total_time=$(FUZZ_SECONDS) -max_len=4096
 	@mkdir -p build/fuzz/corpus-server
 	build/fuzz/fuzz_server -max_total_time=$(FUZZ_SECONDS) -max_len=1024 \
@@ -421,6 +427,8 @@ fuzz-smoke:
 		for f in fuzz_proto fuzz_config fuzz_server; do \
 			seeds=; [ $$f != fuzz_server ] || { mkdir -p build/fuzz/corpus-server; \
 				seeds="build/fuzz/corpus-server $(FUZZ_SERVER_CORPUS)"; }; \
+			[ $$f != fuzz_proto ] || { mkdir -p build/fuzz/corpus-proto; \
+				seeds="-dict=$(FUZZ_PROTO_DICT) build/fuzz/corpus-proto $(FUZZ_PROTO_CORPUS)"; }; \
 			build/fuzz/$$f -max_total_time=$(FUZZ_SMOKE_SECONDS) -max_len=4096 $$seeds \
 				>build/fuzz/$$f.log 2>&1 || { cat build/fuzz/$$f.log; exit 1; }; \
 			echo "== fuzz-smoke $$f: $$(grep -o 'Done [0-9]* runs' build/fuzz/$$f.log)"; \
