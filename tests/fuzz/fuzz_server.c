@@ -2,24 +2,23 @@
  *
  * DESIGN
  * Each input builds a fresh store (a small host arena, the engine attached), a server on a
- * socket in a private directory, and up to FZ_NCONN client connections, then reads itself as
- * a sequence of operations: one byte picks the connection and the request (budgeted lookups,
- * per-head or not, and per-head hints among them), the next ones its arguments (keys from a small space so hits, dedup and eviction happen; lease and
- * reservation ids of this connection, of another one, released ones or made up; counts and
- * flags), and one byte may spoil the datagram (short, long, wrong magic, version, length,
- * opcode). After each send this thread runs the loop until the connection has an answer or
- * the server closed it, the client side being registered on the same loop. At the end every
- * connection is closed and the store must hold nothing for anyone: no pin, no reservation,
- * no reserved block, each namespace's block count equal to its committed blocks in the
- * index, every committed block found under its key, its parent cached, its child count
- * right.
- * The fast path is on: FAST_ATTACH hands out hit rings (mapped here, then filled with
- * entries made of real blocks of the store, of namespaces and blocks of nobody, with
- * made-up counts and copy times, and heads moved on, backwards or far ahead) and indexes
- * (mapped read-only; a writable mapping must be refused). At the end the daemon must have
- * counted no more ring entries than it could have read, credited no more copy time than its
- * connections could have spent, and every entry of arena 0's index must name a committed
- * block at that place. Run with `make fuzz` (clang, ASan+UBSan). */
+ * socket in a private directory, and up to FZ_NCONN client connections, then reads itself as a
+ * sequence of operations: one byte picks the connection and the request (budgeted lookups,
+ * per-head or not, and per-head hints among them), the next ones its arguments (keys from a
+ * small space so hits, dedup and eviction happen; lease and reservation ids of this connection,
+ * of another one, released ones or made up; counts and flags), and one byte may spoil the
+ * datagram (short, long, wrong magic, version, length, opcode). After each send this thread
+ * runs the loop until the connection has an answer or the server closed it, the client side
+ * being registered on the same loop. At the end every connection is closed and the store must
+ * hold nothing for anyone: no pin, no reservation, no reserved block, each namespace's block
+ * count equal to its committed blocks in the index, every committed block found under its key,
+ * its parent cached, its child count right. The fast path is on: FAST_ATTACH hands out hit
+ * rings (mapped here, then filled with entries made of real blocks of the store, of namespaces
+ * and blocks of nobody, with made-up counts and copy times, and heads moved on, backwards or
+ * far ahead) and indexes (mapped read-only; a writable mapping must be refused). At the end the
+ * daemon must have counted no more ring entries than it could have read, credited no more copy
+ * time than its connections could have spent, and every entry of arena 0's index must name a
+ * committed block at that place. Run with `make fuzz` (clang, ASan+UBSan). */
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
