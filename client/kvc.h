@@ -364,7 +364,7 @@ struct kvc_budget {
  * blocks: the sinks and the recent window first, the rest by the policy's importance (H2O
  * mass, SnapKV score, Quest bound of the query against the blocks' key summaries; blocks
  * without a summary count as unbounded), and pins them under one lease: hit i of the lease
- * is the block at position pos[i] of keys (ascending; pos holds b->budget entries).
+ * is the block at position pos[i] of keys (ascending; pos holds min(b->budget, n) entries).
  * *nprefix (may be NULL) gets the cached prefix's length. Returns the number selected (0:
  * *out NULL). Errors: -EINVAL (budget 0, unknown policy, query_dim not head_dim, n above
  * KVC_PROTO's 2048 keys), -EACCES, -EMFILE, -EPIPE. */
