@@ -974,7 +974,8 @@ static int adv_budget_raw(kvc_client *c, uint32_t ns_id, const struct kvc_key *c
                                         .recent = recent};
     for (uint32_t i = 0; i < n; i++)
         k[i] = (struct kvc_wire_key){.lo = 0x7777 + i, .hi = 0xbeefu};
-    memcpy(k, cached, (ncached < n ? ncached : n) * sizeof(*k));
+    if (cached)
+        memcpy(k, cached, (ncached < n ? ncached : n) * sizeof(*k));
     memset(k + n, 0, nq * sizeof(float));
     int rc = adv_call(c, KVC_OP_LOOKUP_BUDGET, buf,
                       (uint32_t)(sizeof(*q) + n * sizeof(*k) + nq * sizeof(float)), NULL,
