@@ -1,8 +1,13 @@
 /*
- * quant.c — quantize-in-place on a worker thread.
+ * quant.c — quantize-in-place on worker threads.
  *
  * DESIGN
- * The loop thread owns the store; the worker only touches bytes. store_quantize() (loop)
+ * The loop thread owns the store; the workers (host.quantize_threads of them, one per CPU up
+ * to 4 by default, sharing one queue) only touch bytes. Results land in the order the jobs
+ * were queued (a sequence number per job; one finished before an earlier one waits in
+ * `held`), so a job placed on landing finds the slot an earlier one freed, as with one worker.
+ * More than one: a put that waits for the precision ladder's room waits for the encodes, and
+ * with several clients one thread fell behind them (docs/policies.md). store_quantize() (loop)
  * checks the block (committed, raw, unpinned, in a namespace that allows a codec),
  * allocates the encoded slot in the block's arena, pins the block (eviction, flushes and
  * quotas skip pinned blocks, so its raw slot stays put) and queues a job. The worker reads
