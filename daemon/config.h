@@ -91,7 +91,7 @@
     X(host, quantize_inflight, INT, "8", 0, 1024, 1, NULL,                                         \
       "Blocks quantized in place at once above high_watermark, before evicting, in "               \
       "namespaces whose creator allowed a codec (0: never quantize, evict).")                      \
-    X(host, quantize_threads, INT, "0", 0, 16, 0, NULL,                                            \
+    X(host, quantize_threads, INT, "1", 0, 16, 0, NULL,                                            \
       "Threads that encode quantize-in-place jobs (0: one per CPU, at most 4). Their results "     \
       "land in the order the jobs were queued. Puts that wait for the precision ladder's "         \
       "room wait for these threads.")                                                              \

@@ -2,8 +2,8 @@
  * quant.c — quantize-in-place on worker threads.
  *
  * DESIGN
- * The loop thread owns the store; the workers (host.quantize_threads of them, one per CPU up
- * to 4 by default, sharing one queue) only touch bytes. Results land in the order the jobs
+ * The loop thread owns the store; the workers (host.quantize_threads of them, one by default,
+ * 0 for one per CPU up to 4, sharing one queue) only touch bytes. Results land in the order the jobs
  * were queued (a sequence number per job; one finished before an earlier one waits in
  * `held`), so a job placed on landing finds the slot an earlier one freed, as with one worker.
  * More than one: a put that waits for the precision ladder's room waits for the encodes, and
