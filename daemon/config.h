@@ -91,6 +91,10 @@
     X(host, quantize_inflight, INT, "8", 0, 1024, 1, NULL,                                         \
       "Blocks quantized in place at once above high_watermark, before evicting, in "               \
       "namespaces whose creator allowed a codec (0: never quantize, evict).")                      \
+    X(host, quantize_threads, INT, "1", 0, 16, 0, NULL,                                            \
+      "Threads that encode quantize-in-place jobs (0: one per CPU, at most 4). Their results "     \
+      "land in the order the jobs were queued. Puts that wait for the precision ladder's "         \
+      "room wait for these threads.")                                                              \
     X(cache, policy, ENUM, "default", 0, 0, 1,                                                     \
       "lru|lfu|prefix|streaming|h2o|snapkv|keynorm|quest|default|vatp",                            \
       "Policy of the namespaces no [namespace.PATTERN] section names one for: their eviction "     \

@@ -202,6 +202,7 @@ static void kvcd_store_params(const struct config *c, struct store_params *p)
                                .recompute_tokens_per_s = (uint64_t)c->cache_recompute_tokens_per_s,
                                .ghosts = c->cache_ghosts,
                                .quantize_inflight = (uint32_t)c->host_quantize_inflight,
+                               .quantize_threads = (uint32_t)c->host_quantize_threads,
                                .fast_path = c->server_fast_path,
                                .gpu_size = c->gpu_pool_size,
                                .gpu_device = (int)c->gpu_device,

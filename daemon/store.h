@@ -79,6 +79,7 @@ struct store_params {
     uint64_t gpu_page_size;             /* 0: 2 MiB */
     const struct kern_dev_ops *gpu_ops; /* NULL: kern_dev_cuda(); tests pass a fake */
     uint32_t quantize_inflight;         /* quantize-in-place jobs the trim may queue (0: none) */
+    uint32_t quantize_threads;          /* encoding threads (0: one per CPU, quant_threads) */
     bool fast_path;                     /* each host arena gets a shared index (daemon/fast.h) */
 };
 

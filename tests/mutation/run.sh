@@ -273,6 +273,11 @@ mutation ladder-rung-bytes daemon/quant.c "check_ladder" \
     store_ladder_account(s, j->idx, +1);' \
 '    b->format = j->format;'
 
+# host.quantize_threads ignored: one encoding thread whatever the option says.
+mutation quant-one-thread daemon/quant.c "check_quant" \
+'    for (uint32_t i = 0; i < quant_threads(s->p.quantize_threads); i++) {' \
+'    for (uint32_t i = 0; i < 1; i++) {'
+
 # The precision ladder: a sink at the cold end of the raw rung is quantized instead of
 # leaving the tier.
 mutation ladder-sink-quantized daemon/engine.c "check_ladder" \
