@@ -18,7 +18,8 @@
  * until the loop thread has handled that batch's last request and asked for more
  * (SERVER_IO_REARM). So at most one batch of a connection is on its way, a later request
  * never overtakes an earlier one, a client cannot queue more than SERVER_IO_BATCH requests
- * in the daemon (the rest waits in its socket, as it does with one thread), and replies
+ * (SERVER_IO_BATCH_BYTES and one) in the daemon (the rest waits in its socket, as it does
+ * with one thread), and replies
  * leave in the order the loop thread queued them (one FIFO per thread).
  *
  * Hand-over. Two lists per thread under one mutex: `out` (loop → thread: replies, ADD,
@@ -55,8 +56,11 @@
 #include "daemon/loop.h"
 #include "daemon/server_int.h"
 
-/* Requests read from one connection a turn (as the loop thread reads them itself). */
+/* Requests read from one connection a turn (as the loop thread reads them itself), and the
+ * bytes after which a turn stops early: what one connection holds in the daemon's memory on
+ * its way to the loop thread is at most this plus one request (KVC_PROTO_MAX_MSG). */
 #define SERVER_IO_BATCH 8
+#define SERVER_IO_BATCH_BYTES (16u * 1024u)
 
 enum server_io_kind {
     SERVER_IO_REQ,   /* thread → loop: a request datagram */
@@ -189,6 +193,7 @@ static void server_io_read(struct server_io *io, struct server_ioc *ioc, uint32_
 {
     struct server_io_buf *last = NULL;
     bool drained = false;
+    size_t bytes = 0;
     int rc;
     if (ioc->dead)
         return;
@@ -196,7 +201,7 @@ static void server_io_read(struct server_io *io, struct server_ioc *ioc, uint32_
         server_io_dead(ioc, b, 0, NULL); /* EPOLLHUP, EPOLLERR */
         return;
     }
-    for (int k = 0; k < SERVER_IO_BATCH; k++) {
+    for (int k = 0; k < SERVER_IO_BATCH && bytes < SERVER_IO_BATCH_BYTES; k++) {
         union {
             char buf[CMSG_SPACE(sizeof(int) * 8)];
             struct cmsghdr align;
@@ -243,6 +248,7 @@ static void server_io_read(struct server_io *io, struct server_ioc *ioc, uint32_
         last->m.len = (uint32_t)n;
         memcpy(last->data, io->rx, (size_t)n);
         server_io_batch_add(b, &last->m);
+        bytes += (size_t)n;
     }
     if (last) /* the loop thread re-arms once it handled this one */
         last->m.flags = SERVER_IO_F_LAST | (drained ? SERVER_IO_F_DRAINED : 0);
