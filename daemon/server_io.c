@@ -14,9 +14,10 @@
  * struct server alone: the store takes no lock, and what a request sees is what it saw
  * with one thread.
  *
- * Order. A connection is watched EPOLLONESHOT: the thread reads one batch, then not again
- * until the loop thread has handled that batch's last request and asked for more
- * (SERVER_IO_REARM). So at most one batch of a connection is on its way, a later request
+ * Order. The thread reads one batch of a connection, then not again until the loop thread
+ * has handled that batch's last request and asked for more (SERVER_IO_REARM); the socket is
+ * watched edge-triggered, and an edge while the batch is away (or a batch cut short by its
+ * limits) is remembered and read on REARM — no epoll_ctl a request. So at most one batch of a connection is on its way, a later request
  * never overtakes an earlier one, a client cannot queue more than SERVER_IO_BATCH requests
  * (SERVER_IO_BATCH_BYTES and one) in the daemon (the rest waits in its socket, as it does
  * with one thread), and replies
@@ -101,6 +102,8 @@ struct server_ioc {
     struct server_io *io; /* set at creation */
     int fd;               /* set at creation; closed by the I/O thread on SHUT */
     bool dead;            /* I/O thread: CLOSE posted, nothing more is read or sent */
+    bool away;            /* I/O thread: a batch is with the loop thread (until REARM) */
+    bool more;            /* I/O thread: the socket may hold requests not read yet */
     struct server_io_msg add, rearm, shut, close, gone;
 };
 
@@ -181,26 +184,26 @@ static void server_io_dead(struct server_ioc *ioc, struct server_io_batch *b, in
     server_io_batch_add(b, &ioc->close);
 }
 
-static int server_io_arm(struct server_ioc *ioc, int op)
+static int server_io_watch(struct server_ioc *ioc)
 {
-    struct epoll_event ev = {.events = EPOLLIN | EPOLLONESHOT, .data.ptr = ioc};
-    return epoll_ctl(ioc->io->epfd, op, ioc->fd, &ev) < 0 ? -errno : 0;
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.ptr = ioc};
+    return epoll_ctl(ioc->io->epfd, EPOLL_CTL_ADD, ioc->fd, &ev) < 0 ? -errno : 0;
 }
 
-/* I/O thread: one batch of a readable connection's requests. */
-static void server_io_read(struct server_io *io, struct server_ioc *ioc, uint32_t events,
-                           struct server_io_batch *b)
+/* I/O thread: one batch of a readable (or hung up) connection's requests, unless one is
+ * away already. */
+static void server_io_read(struct server_io *io, struct server_ioc *ioc, struct server_io_batch *b)
 {
     struct server_io_buf *last = NULL;
     bool drained = false;
     size_t bytes = 0;
-    int rc;
     if (ioc->dead)
         return;
-    if (!(events & EPOLLIN)) {
-        server_io_dead(ioc, b, 0, NULL); /* EPOLLHUP, EPOLLERR */
+    if (ioc->away) {
+        ioc->more = true;
         return;
     }
+    ioc->more = false;
     for (int k = 0; k < SERVER_IO_BATCH && bytes < SERVER_IO_BATCH_BYTES; k++) {
         union {
             char buf[CMSG_SPACE(sizeof(int) * 8)];
@@ -250,10 +253,11 @@ static void server_io_read(struct server_io *io, struct server_ioc *ioc, uint32_
         server_io_batch_add(b, &last->m);
         bytes += (size_t)n;
     }
-    if (last) /* the loop thread re-arms once it handled this one */
+    if (last) { /* the loop thread asks for more once it handled this one */
         last->m.flags = SERVER_IO_F_LAST | (drained ? SERVER_IO_F_DRAINED : 0);
-    else if ((rc = server_io_arm(ioc, EPOLL_CTL_MOD)) != 0) /* woken for nothing */
-        server_io_dead(ioc, b, -rc, NULL);
+        ioc->away = true;
+        ioc->more = !drained; /* no edge comes for what is there already */
+    }
 }
 
 /* I/O thread: one message from the loop thread. Returns true on STOP. */
@@ -293,14 +297,16 @@ static bool server_io_do(struct server_io *io, struct server_io_msg *m, struct s
         return false;
     }
     case SERVER_IO_ADD:
-        rc = server_io_arm(ioc, EPOLL_CTL_ADD);
+        rc = server_io_watch(ioc);
         if (rc)
             server_io_dead(ioc, b, -rc, NULL);
+        else
+            server_io_read(io, ioc, b); /* what came before the watch gave no edge */
         return false;
     case SERVER_IO_REARM:
-        rc = ioc->dead ? 0 : server_io_arm(ioc, EPOLL_CTL_MOD);
-        if (rc)
-            server_io_dead(ioc, b, -rc, NULL);
+        ioc->away = false;
+        if (ioc->more)
+            server_io_read(io, ioc, b);
         return false;
     case SERVER_IO_SHUT:
         epoll_ctl(io->epfd, EPOLL_CTL_DEL, ioc->fd, NULL);
@@ -336,12 +342,8 @@ static void *server_io_main(void *arg)
             /* Sleep only when there was nothing to do: messages may be on their way. */
             n = epoll_wait(io->epfd, evs, 64, take ? 0 : -1);
             for (int i = 0; i < n; i++) {
-                if (!evs[i].data.ptr) {
-                    uint64_t v;
-                    (void)!read(io->wake, &v, sizeof(v));
-                    continue;
-                }
-                server_io_read(io, evs[i].data.ptr, evs[i].events, &b);
+                if (evs[i].data.ptr) /* `wake` (edge-triggered, never read) has none */
+                    server_io_read(io, evs[i].data.ptr, &b);
             }
         }
         server_io_give(io, b.head, b.tail);
@@ -401,10 +403,9 @@ static struct server_io_msg *server_io_take(struct server_io *io)
 static void server_io_on_back(struct loop *l, int fd, uint32_t events, void *arg)
 {
     struct server_io *io = arg;
-    uint64_t v;
     (void)l;
+    (void)fd;
     (void)events;
-    (void)!read(fd, &v, sizeof(v));
     for (struct server_io_msg *m = server_io_take(io), *next; m; m = next) {
         next = m->next;
         server_io_deliver(io->sv, m);
@@ -493,7 +494,9 @@ int server_io_start(struct server *sv, uint32_t n)
     sigfillset(&all);
     for (uint32_t i = 0; i < n && !rc; i++) {
         struct server_io *io = calloc(1, sizeof(*io));
-        struct epoll_event ev = {.events = EPOLLIN, .data.ptr = NULL};
+        /* Edge-triggered: every write is an edge, and the count is never read (2^64 writes
+         * would be needed to fill it). */
+        struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.ptr = NULL};
         char name[16];
         if (!io) {
             rc = -ENOMEM;
@@ -513,7 +516,7 @@ int server_io_start(struct server *sv, uint32_t n)
             rc = -errno;
             break;
         }
-        rc = loop_add(sv->loop, io->back, EPOLLIN, server_io_on_back, io);
+        rc = loop_add(sv->loop, io->back, EPOLLIN | EPOLLET, server_io_on_back, io);
         if (rc) {
             close(io->back); /* not watched: server_io_free must not loop_del it */
             io->back = -1;
