@@ -6,7 +6,8 @@
  * client processes put and get at once, each block checked byte for byte, on the socket
  * path and the fast path; requests a raw client pipelines are answered in order, one with a
  * lying length among them refused with EBADMSG on a connection that stays usable; clients
- * killed (or gone) with requests and reservations in flight give everything back; a daemon
+ * killed (or gone) with requests and reservations in flight give everything back;
+ * server.max_clients counts their connections as before; a daemon
  * stopped under busy connections exits cleanly (the ASan build's leak check and the TSan
  * build's race check included: both fail the stop's status).
  */
@@ -352,6 +353,34 @@ START_TEST(test_iothreads_stop_busy)
 }
 END_TEST
 
+/* server.max_clients counts the connections of the I/O threads as the loop's: the third of
+ * two is refused with EUSERS; once one goes, another comes in. */
+START_TEST(test_iothreads_max_clients)
+{
+    static const char *const args[] = {"-o", "host.size=32m",       "-o", "server.max_clients=2",
+                                       "-o", "server.io_threads=2", NULL};
+    kvc_client *c[3];
+    uint64_t end;
+    int rc;
+    ck_assert_int_eq(daemon_stop(&io_d), 0);
+    daemon_cleanup(&io_d);
+    memset(&io_d, 0, sizeof(io_d));
+    ck_assert_int_eq(daemon_start(&io_d, args), 0);
+    ck_assert_int_eq(kvc_connect(io_d.sock, &c[0]), 0);
+    ck_assert_int_eq(kvc_connect(io_d.sock, &c[1]), 0);
+    ck_assert_int_eq(kvc_connect(io_d.sock, &c[2]), -EUSERS);
+    kvc_disconnect(c[1]);
+    /* Its I/O thread sees the hang-up, the loop closes it: then there is room again. */
+    end = daemon_now_ms() + (uint64_t)daemon_ms(10000);
+    while ((rc = kvc_connect(io_d.sock, &c[1])) == -EUSERS && daemon_now_ms() < end)
+        usleep(10000);
+    ck_assert_int_eq(rc, 0);
+    kvc_disconnect(c[0]);
+    kvc_disconnect(c[1]);
+    ck_assert_int_ge(daemon_log_count(&io_d, "max_clients 2 reached"), 1);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("e2e_iothreads");
@@ -362,6 +391,7 @@ int main(void)
     tcase_add_test(tc, test_iothreads_pipelined_order);
     tcase_add_test(tc, test_iothreads_killed_clients);
     tcase_add_test(tc, test_iothreads_stop_busy);
+    tcase_add_test(tc, test_iothreads_max_clients);
     suite_add_tcase(s, tc);
     if (daemon_suite_init("e2e-iothreads"))
         return 1;
