@@ -17,11 +17,11 @@
  * Order. The thread reads one batch of a connection, then not again until the loop thread
  * has handled that batch's last request and asked for more (SERVER_IO_REARM); the socket is
  * watched edge-triggered, and an edge while the batch is away (or a batch cut short by its
- * limits) is remembered and read on REARM — no epoll_ctl a request. So at most one batch of a connection is on its way, a later request
- * never overtakes an earlier one, a client cannot queue more than SERVER_IO_BATCH requests
- * (SERVER_IO_BATCH_BYTES and one) in the daemon (the rest waits in its socket, as it does
- * with one thread), and replies
- * leave in the order the loop thread queued them (one FIFO per thread).
+ * limits) is remembered and read on REARM — no epoll_ctl a request. So at most one batch of
+ * a connection is on its way, a later request never overtakes an earlier one, a client
+ * cannot queue more than SERVER_IO_BATCH requests (SERVER_IO_BATCH_BYTES and one) in the
+ * daemon (the rest waits in its socket, as it does with one thread), and replies leave in
+ * the order the loop thread queued them (one FIFO per thread).
  *
  * Hand-over. Two lists per thread under one mutex: `out` (loop → thread: replies, ADD,
  * REARM, SHUT, STOP) and `in` (thread → loop: requests, CLOSE, GONE), each with an eventfd
@@ -215,7 +215,11 @@ static void server_io_read(struct server_io *io, struct server_ioc *ioc, struct 
                              .msg_control = ctl.buf,
                              .msg_controllen = sizeof(ctl.buf)};
         ssize_t n = recvmsg(ioc->fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-        if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+        if (n < 0 && errno == EINTR) { /* read again: no edge would come for it */
+            k--;
+            continue;
+        }
+        if (n < 0 && errno == EAGAIN) {
             drained = true;
             break;
         }
@@ -286,10 +290,12 @@ static bool server_io_do(struct server_io *io, struct server_io_msg *m, struct s
             memcpy(CMSG_DATA(cm), &m->fd, sizeof(int));
         }
         if (!ioc->dead && sendmsg(ioc->fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
-            rc = errno;
-            server_io_dead(ioc, b, rc,
-                           rc == EAGAIN || rc == EWOULDBLOCK ? "client does not read its replies"
-                                                             : NULL);
+            /* As server_handle: a full socket is a client that does not read, another
+             * failure (EPIPE: it went) a plain disconnect. */
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                server_io_dead(ioc, b, 0, "client does not read its replies");
+            else
+                server_io_dead(ioc, b, 0, NULL);
         }
         if (m->fd >= 0)
             close(m->fd);
@@ -373,12 +379,8 @@ static void server_io_deliver(struct server *sv, struct server_io_msg *m)
         break;
     }
     case SERVER_IO_CLOSE:
-        if (c) {
-            if (m->err == EAGAIN || m->err == EWOULDBLOCK)
-                server_conn_close(sv, c, m->why);
-            else
-                server_conn_close(sv, c, m->why ? m->why : m->err ? strerror(m->err) : NULL);
-        }
+        if (c) /* as server_on_conn would have */
+            server_conn_close(sv, c, m->why ? m->why : m->err ? strerror(m->err) : NULL);
         break;
     case SERVER_IO_GONE:
         free(ioc);
