@@ -39,6 +39,11 @@
     X(server, max_clients_per_uid, INT, "64", 1, 65536, 1, NULL,                                   \
       "Connections one user (uid) may hold at once; more are refused (EUSERS). Admins are "        \
       "exempt.")                                                                                   \
+    X(server, io_threads, INT, "0", 0, 64, 0, NULL,                                                \
+      "Threads that read the clients' requests from their sockets and send the replies, "          \
+      "connections spread over them; the requests themselves still run on the one loop "           \
+      "thread, in order. 0: the loop thread does the sockets too. Worth it with many busy "        \
+      "clients and cores to spare (docs/performance.md).")                                         \
     X(server, hello_timeout, DURATION, "5s", 100, 3600000, 1, NULL,                                \
       "A connection that sends no HELLO within this time is closed.")                              \
     X(server, idle_timeout, DURATION, "1h", 1000, 604800000, 1, NULL,                              \

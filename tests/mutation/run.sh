@@ -463,6 +463,19 @@ mutation kinds-long-no-overlap client/libkvc_lease.c "check_e2e_kinds" \
 '            end = at + w - 1;' \
 '            end = at + 0 * w;'
 
+# I/O threads: a reply that does not fit in the client's socket is dropped instead of
+# closing a client that never reads its replies.
+mutation iothreads-slow-consumer-kept daemon/server_io.c "check_e2e_garbage" \
+'        if (!ioc->dead && sendmsg(ioc->fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {' \
+'        if (!ioc->dead && sendmsg(ioc->fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL) < 0 && errno != EAGAIN) {'
+
+# I/O threads: a reply's descriptor (NS_OPEN's arena, FAST_ATTACH's index) is not passed.
+mutation iothreads-reply-no-fd daemon/server_io.c "check_e2e_iothreads" \
+'        if (m->fd >= 0) {
+            struct cmsghdr *cm;' \
+'        if (m->fd >= 0 && 0) {
+            struct cmsghdr *cm;'
+
 # ---- machinery ------------------------------------------------------------------------------
 
 key() { echo "$1" | tr -- '-.' '__'; }
