@@ -32,6 +32,14 @@
  * a step over the lanes, the lanes' exchange — is what the tests run here, on any machine,
  * against the scalar reference (kern_pack_ref, kern_decode_ref).
  *
+ * Run steps: where the engine's heads and tokens are packed (kern_pack_contiguous: vLLM's
+ * per-layer pages), a gather or scatter takes run steps instead (the header's run flag): R
+ * tokens of one (block, layer, kind) that lie on one page, so that they are one contiguous
+ * run on both sides (R divides the block's tokens, the page's and the first token's place in
+ * its page; R rows in KERN_BATCH_RUN_BYTES); the step looks its page up once and its lanes
+ * move the run's 16-byte chunks eight at a time, loads before stores, with no per-chunk
+ * division, page lookup or head split. Strided layouts keep the row steps.
+ *
  * Indexing is 32-bit: the step index, its decomposition into (block, layer, kind, first
  * token) by two 32-bit divisions (K, 1 or 2, by a shift), and the token's place in the
  * table slice, counted from off0, the offset of first_token inside the slice's first page
