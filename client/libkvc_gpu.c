@@ -863,7 +863,11 @@ KVC_API int kvc_lease_scatter_layers(kvc_lease *l, size_t first, size_t n,
         return -ENOMEM;
     /* Raw host hits into device tensors of a contiguous layout: straight into the pages. */
     struct kvc_gpu_runs runs;
-    int direct = kv->on_device ? kvc_gpu_runs_new(&runs, &sub, &e, first_token, n) : 0;
+    size_t nhost = 0;
+    for (size_t j = 0; j < n; j++)
+        nhost += l->hits[first + j].format == KVC_WIRE_FORMAT_RAW &&
+                 l->hits[first + j].tier != KVC_WIRE_TIER_GPU;
+    int direct = kv->on_device && nhost ? kvc_gpu_runs_new(&runs, &sub, &e, first_token, n) : 0;
     if (direct < 0) {
         free(p.mem);
         return direct;
@@ -1015,7 +1019,10 @@ KVC_API int kvc_resv_gather_layers(kvc_resv *r, size_t first, size_t n,
     }
     /* Device tensors of a contiguous layout into host slots: straight from the pages. */
     struct kvc_gpu_runs runs;
-    int direct = kv->on_device ? kvc_gpu_runs_new(&runs, &sub, &e, first_token, n) : 0;
+    size_t nhost = 0;
+    for (size_t j = 0; j < n; j++)
+        nhost += r->slots[first + j].data && r->slots[first + j].tier != KVC_WIRE_TIER_GPU;
+    int direct = kv->on_device && nhost ? kvc_gpu_runs_new(&runs, &sub, &e, first_token, n) : 0;
     if (direct < 0)
         return direct;
     if (!direct)

@@ -662,12 +662,16 @@ static int dev_copy_batch(void *const *dst, const void *const *src, const uint64
             free(d);
             return 0;
         }
-        if (e != cudaErrorNotSupported) {
+        if (e != cudaErrorNotSupported && e != cudaErrorInvalidValue) {
             free(d);
             return dev_fail("cudaMemcpyBatchAsync", e);
         }
+        /* not here (never again), or refused as a whole (a range the batch call does not
+         * take, nothing queued): the ranges one by one, each refused or queued as a plain
+         * copy would be */
         (void)cudaGetLastError();
-        __atomic_store_n(&dev_dma_unsup, 1, __ATOMIC_RELAXED);
+        if (e == cudaErrorNotSupported)
+            __atomic_store_n(&dev_dma_unsup, 1, __ATOMIC_RELAXED);
     }
     for (size_t i = 0; rc == 0 && i < m; i++)
         rc = dev_copy_async(d[i], s[i], l[i], kind, stream);
