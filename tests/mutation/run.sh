@@ -88,10 +88,11 @@ mutation pack-run-strided-tokens kernels/kern_pack.c "check_pack check_e2e_gpu_f
 '    return (lay->heads == 1 || eng->head_stride == row) && eng->token_stride == row * lay->heads;' \
 '    return lay->heads == 1 || eng->head_stride == row;'
 
-# The same, padded heads treated as contiguous (the vLLM test with a padded head_stride).
+# The same with strides that merely hold a row taken for packed ones: padded heads and
+# tokens treated as contiguous.
 mutation pack-run-strided-heads kernels/kern_pack.c "check_pack check_e2e_gpu_fake" \
 '    return (lay->heads == 1 || eng->head_stride == row) && eng->token_stride == row * lay->heads;' \
-'    return 1;'
+'    return (lay->heads == 1 || eng->head_stride >= row) && eng->token_stride >= row * lay->heads;'
 
 # Run steps that ignore where the prefix starts in its page: a step of a prefix starting
 # mid-page runs past the page's end into whatever page follows it in memory.
