@@ -81,6 +81,37 @@ mutation decode-wide-8-offset kernels/kern_batch.h "check_pack" \
 '            memcpy(v + 2 * i, p + 8 * i, 8);' \
 '            memcpy(v + 2 * i, p + 8 * i + 8, 8);'
 
+# The contiguity test of the paged moves (issue 25): a layout whose heads are packed but
+# whose tokens are padded (one head, a padded row) treated as contiguous: its run steps and
+# DMA pieces read and write the padding and miss the tokens after it.
+mutation pack-run-strided-tokens kernels/kern_pack.c "check_pack check_e2e_gpu_fake" \
+'    return (lay->heads == 1 || eng->head_stride == row) && eng->token_stride == row * lay->heads;' \
+'    return lay->heads == 1 || eng->head_stride == row;'
+
+# The same with strides that merely hold a row taken for packed ones: padded heads and
+# tokens treated as contiguous.
+mutation pack-run-strided-heads kernels/kern_pack.c "check_pack check_e2e_gpu_fake" \
+'    return (lay->heads == 1 || eng->head_stride == row) && eng->token_stride == row * lay->heads;' \
+'    return (lay->heads == 1 || eng->head_stride >= row) && eng->token_stride >= row * lay->heads;'
+
+# Run steps that ignore where the prefix starts in its page: a step of a prefix starting
+# mid-page runs past the page's end into whatever page follows it in memory.
+mutation pack-run-crosses-page kernels/kern_pack.c "check_pack" \
+'    const uint64_t m = (uint64_t)lay->block_tokens | eng->page_tokens | a->h.off0;' \
+'    const uint64_t m = (uint64_t)lay->block_tokens | eng->page_tokens;'
+
+# DMA pieces that are not cut at page boundaries: a block spanning two pages goes as one
+# piece into the first page and past it.
+mutation pack-runs-page-split kernels/kern_pack.c "check_pack check_e2e_gpu_fake" \
+'                    const uint64_t b = t0 + T < (pg + 1) * pt ? t0 + T : (pg + 1) * pt;' \
+'                    const uint64_t b = t0 + T;'
+
+# A layer range of host hits into packed pages by DMA read from the block's first layer, not
+# the first layer of the range.
+mutation scatter-direct-layer-offset client/libkvc_gpu.c "check_e2e_gpu_fake" \
+'            runs.host[j] = (uint8_t *)h->data + from; /* by DMA into the pages */' \
+'            runs.host[j] = (uint8_t *)h->data; /* by DMA into the pages */'
+
 # A swapped block in the store: a lookup hands out neighbouring hits' locations in pairs.
 mutation store-swapped-block daemon/store.c "check_store check_e2e_dedup check_e2e_concurrent" \
 '            store_loc_fill(b, &locs[i]);' \
