@@ -303,14 +303,16 @@ check: deps
 	sh tests/run-checks.sh $(abspath build/tsan) tsan
 
 # ThreadSanitizer (make check's last stage): the daemon and the suites whose processes run
-# threads — the daemon's quantize, disk, remote and GPU-move workers beside its loop, clients
+# threads — the daemon's quantize, disk, remote and GPU-move workers and its I/O threads
+# (check_e2e_iothreads, check_e2e_concurrent's second run) beside its loop, clients
 # sharing a connection across threads — built with -fsanitize=thread into build/tsan. A race
 # in the daemon makes it exit 66 at its stop (every suite checks the status), one in a client
 # fails its case. (check_e2e_put and the check_e2e_adversary suites pass under TSan too, by hand; they
 # add a minute and no thread the suites above do not run, so make check leaves them out.) -Wno-tsan: the fast path's fences order stores for other processes, which
 # TSan does not model (and cannot see).
 TSAN_SUITES := check_e2e_fast check_e2e_concurrent check_e2e_quant check_e2e_remote \
-	check_e2e_gpu check_e2e_gpu_fake check_e2e_pressure check_e2e_crash check_tier_disk check_tier_disk_open
+	check_e2e_gpu check_e2e_gpu_fake check_e2e_pressure check_e2e_crash check_tier_disk check_tier_disk_open \
+	check_e2e_iothreads
 .PHONY: tsan-tests
 tsan-tests: $(B)/bin/kvcd $(B)/bin/kvcctl $(patsubst %,$(B)/tests/%,$(TSAN_SUITES))
 
@@ -391,6 +393,10 @@ FUZZ_CONFIG_SRCS := tests/fuzz/fuzz_config.c daemon/config.c daemon/config_ns.c 
 FUZZ_PLAIN_SRCS := $(wildcard kernels/kern_avx2*.c) kernels/kern_rot.c
 FUZZ_SERVER_SRCS := tests/fuzz/fuzz_server.c $(filter-out $(FUZZ_PLAIN_SRCS),$(LIBKVCD_SRCS))
 FUZZ_SERVER_CORPUS := tests/fuzz/corpus/server
+# The decoder's seeds: a request of the counted opcodes (HINT_HEADS and LOOKUP_BUDGET among
+# them) at their edges, and the protocol's words (magic, opcodes, counts, floats).
+FUZZ_PROTO_CORPUS := tests/fuzz/corpus/proto
+FUZZ_PROTO_DICT := tests/fuzz/proto.dict
 # One object per source (clang, instrumented; FUZZ_PLAIN_SRCS with the C compiler), so that the
 # build runs on every CPU make is given and rebuilds only what changed.
 FUZZ_OBJ := build/fuzz/obj
@@ -408,7 +414,9 @@ build/fuzz/fuzz_config: $(call fuzz_obj,$(FUZZ_CONFIG_SRCS))
 -include $(shell find $(FUZZ_OBJ) -name '*.d' 2>/dev/null)
 fuzz-build: build/fuzz/fuzz_server build/fuzz/fuzz_proto build/fuzz/fuzz_config
 fuzz: fuzz-build
-	build/fuzz/fuzz_proto -max_total_time=$(FUZZ_SECONDS) -max_len=4096
+	@mkdir -p build/fuzz/corpus-proto
+	build/fuzz/fuzz_proto -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -dict=$(FUZZ_PROTO_DICT) \
+		build/fuzz/corpus-proto $(FUZZ_PROTO_CORPUS)
 	build/fuzz/fuzz_config -max_total_time=$(FUZZ_SECONDS) -max_len=4096
 	@mkdir -p build/fuzz/corpus-server
 	build/fuzz/fuzz_server -max_total_time=$(FUZZ_SECONDS) -max_len=1024 \
@@ -421,6 +429,8 @@ fuzz-smoke:
 		for f in fuzz_proto fuzz_config fuzz_server; do \
 			seeds=; [ $$f != fuzz_server ] || { mkdir -p build/fuzz/corpus-server; \
 				seeds="build/fuzz/corpus-server $(FUZZ_SERVER_CORPUS)"; }; \
+			[ $$f != fuzz_proto ] || { mkdir -p build/fuzz/corpus-proto; \
+				seeds="-dict=$(FUZZ_PROTO_DICT) build/fuzz/corpus-proto $(FUZZ_PROTO_CORPUS)"; }; \
 			build/fuzz/$$f -max_total_time=$(FUZZ_SMOKE_SECONDS) -max_len=4096 $$seeds \
 				>build/fuzz/$$f.log 2>&1 || { cat build/fuzz/$$f.log; exit 1; }; \
 			echo "== fuzz-smoke $$f: $$(grep -o 'Done [0-9]* runs' build/fuzz/$$f.log)"; \

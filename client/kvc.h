@@ -364,7 +364,7 @@ struct kvc_budget {
  * blocks: the sinks and the recent window first, the rest by the policy's importance (H2O
  * mass, SnapKV score, Quest bound of the query against the blocks' key summaries; blocks
  * without a summary count as unbounded), and pins them under one lease: hit i of the lease
- * is the block at position pos[i] of keys (ascending; pos holds b->budget entries).
+ * is the block at position pos[i] of keys (ascending; pos holds min(b->budget, n) entries).
  * *nprefix (may be NULL) gets the cached prefix's length. Returns the number selected (0:
  * *out NULL). Errors: -EINVAL (budget 0, unknown policy, query_dim not head_dim, n above
  * KVC_PROTO's 2048 keys), -EACCES, -EMFILE, -EPIPE. */
@@ -654,8 +654,11 @@ struct kvc_paged_kv {
 
 /* Loads hits [first, first+n) of a lease into the engine's paged KV, hit j covering
  * sequence tokens [first_token + j*block_tokens, ...). With on_device, one call queues at
- * most: one host-to-device batch (the host hits, staged in the client's device scratch),
- * one scatter kernel (every raw hit, pool hits read straight from the pool), one decode
+ * most: one host-to-device batch (the host hits: straight into the pages, a range per
+ * (block, layer, K/V, page), where the heads and tokens of a page are packed — vLLM's
+ * [num_pages, page_tokens, heads, dim] tensors — and those ranges are 4 KiB or more; else
+ * staged in the client's device scratch), one scatter kernel (every raw pool hit, read
+ * straight from the pool, and every staged host hit), one decode
  * kernel (every lossy hit — a block the daemon quantized — decoded straight into the
  * tensors), and the event records; `event` is recorded after the last of it. No call waits.
  * Without on_device: a CPU copy from host hits (pool hits are -ENOTSUP: look up without
@@ -685,9 +688,10 @@ KVC_API int kvc_reserve_gpu(kvc_ns *ns, const struct kvc_key *parent, const stru
 
 /* Stores the engine's KV of sequence tokens [first_token, first_token + n*block_tokens)
  * into the reserved slots of keys [first, first+n) (keys whose status is not RESERVED are
- * skipped). Device tensors: one gather kernel for every slot of the call, writing pool slots
- * directly and host slots through device scratch, then one device-to-host batch into the
- * host slots; `event` is recorded after it; kvc_commit() waits. Host tensors: a CPU copy into
+ * skipped). Device tensors: one gather kernel for every pool slot of the call (and every
+ * host slot of a strided layout, through device scratch), one device-to-host batch into the
+ * host slots (straight from the pages where kvc_lease_scatter() would go straight into
+ * them); `event` is recorded after it; kvc_commit() waits. Host tensors: a CPU copy into
  * host slots. Returns the number of slots written. Errors as kvc_lease_scatter(). */
 KVC_API int kvc_resv_gather(kvc_resv *r, size_t first, size_t n, const struct kvc_paged_kv *kv,
                             uint64_t first_token, void *stream, void *event);

@@ -629,12 +629,14 @@ static void kvc_gpu_piece(struct kvc_gpu_plan *p, void *dst, const void *src, ui
     p->len[p->npieces++] = len;
 }
 
-/* Queues n pieces of one kind, KERN_COPY_BATCH_MAX per operation. */
+/* Queues n pieces of one kind, KERN_COPY_BATCH_MAX (device to device) or KERN_DMA_BATCH_MAX
+ * (to or from the host) per operation. */
 static int kvc_gpu_copies(const struct kern_dev_ops *ops, void **dst, const void **src,
-                          const uint64_t *len, uint32_t n, int kind, void *stream)
+                          const uint64_t *len, uint64_t n, int kind, void *stream)
 {
-    for (uint32_t i = 0; i < n; i += KERN_COPY_BATCH_MAX) {
-        uint32_t m = n - i < KERN_COPY_BATCH_MAX ? n - i : KERN_COPY_BATCH_MAX;
+    const uint64_t max = kind == KERN_DEV_COPY_D2D ? KERN_COPY_BATCH_MAX : KERN_DMA_BATCH_MAX;
+    for (uint64_t i = 0; i < n; i += max) {
+        uint32_t m = (uint32_t)(n - i < max ? n - i : max);
         int rc = ops->copy_batch(dst + i, (const void *const *)(src + i), len + i, m, kind, stream);
         if (rc)
             return rc;
@@ -760,6 +762,55 @@ static int kvc_gpu_copy_range(kvc_lease *l, size_t first, size_t n, void *dst, v
     return rc;
 }
 
+/* Host blocks go straight to and from the engine's pages, one DMA range per (block, layer,
+ * kind) section, where the engine's layout is contiguous (kern_pack_contiguous) and the
+ * sections are at least this long; shorter ones are staged in device scratch and moved by
+ * the gather/scatter kernel (a DMA range has a fixed cost on the copy engines). */
+#define KVC_GPU_DMA_MIN 4096
+
+/* The direct host <-> engine pieces of a scatter or gather: host[j] the host block of j (NULL:
+ * not one), its pieces in r (eptr: the engine's side, bptr: the host's). */
+struct kvc_gpu_runs {
+    void **host;
+    void **eptr, **bptr;
+    uint64_t *len;
+    uint64_t cap, n;
+    void *mem;
+};
+
+/* Whether the host blocks of a move of n blocks can go direct, and room for their pieces:
+ * 1 (r ready), 0 (stage them), or -ENOMEM. */
+static int kvc_gpu_runs_new(struct kvc_gpu_runs *r, const struct kern_pack_layout *sub,
+                            const struct kern_pack_engine *e, uint64_t first_token, size_t n)
+{
+    memset(r, 0, sizeof(*r));
+    int64_t cap = kern_pack_runs(sub, e, first_token, (uint32_t)n, NULL, KVC_GPU_DMA_MIN, NULL,
+                                 NULL, NULL, 0);
+    if (cap < 0)
+        return 0;
+    r->cap = (uint64_t)cap;
+    r->mem = calloc(n + 3 * r->cap + 1, sizeof(void *));
+    if (!r->mem)
+        return -ENOMEM;
+    r->host = r->mem;
+    r->eptr = r->host + n;
+    r->bptr = r->eptr + r->cap;
+    r->len = (uint64_t *)(r->bptr + r->cap);
+    return 1;
+}
+
+/* Fills r's pieces from r->host; 0 or a negative errno. */
+static int kvc_gpu_runs_fill(struct kvc_gpu_runs *r, const struct kern_pack_layout *sub,
+                             const struct kern_pack_engine *e, uint64_t first_token, size_t n)
+{
+    int64_t m = kern_pack_runs(sub, e, first_token, (uint32_t)n, r->host, KVC_GPU_DMA_MIN, r->eptr,
+                               r->bptr, r->len, r->cap);
+    if (m < 0)
+        return (int)m;
+    r->n = (uint64_t)m;
+    return 0;
+}
+
 /* Checks shared by scatter and gather: the layout, the layer range and the engine's shape
  * against the tokens of n blocks from first_token. Fills *lay (whole blocks), *sub (the
  * layers moved) and *e (their tensors). */
@@ -810,6 +861,19 @@ KVC_API int kvc_lease_scatter_layers(kvc_lease *l, size_t first, size_t n,
         return -ENOTSUP;
     if (kvc_gpu_plan_new(&p, n))
         return -ENOMEM;
+    /* Raw host hits into device tensors of a contiguous layout: straight into the pages. */
+    struct kvc_gpu_runs runs;
+    size_t nhost = 0;
+    for (size_t j = 0; j < n; j++)
+        nhost += l->hits[first + j].format == KVC_WIRE_FORMAT_RAW &&
+                 l->hits[first + j].tier != KVC_WIRE_TIER_GPU;
+    int direct = kv->on_device && nhost ? kvc_gpu_runs_new(&runs, &sub, &e, first_token, n) : 0;
+    if (direct < 0) {
+        free(p.mem);
+        return direct;
+    }
+    if (!direct)
+        memset(&runs, 0, sizeof(runs));
     /* Everything that can be refused is, before anything is queued; the stored lengths are
      * read once (a writer of the arena may change the header after this). */
     uint64_t stage = 0;
@@ -825,14 +889,12 @@ KVC_API int kvc_lease_scatter_layers(kvc_lease *l, size_t first, size_t n,
             p.enc_len[j] = len < 0 ? 0 : (uint64_t)len;
             stage += KVC_GPU_ALIGN(p.enc_len[j]);
             nlossy++;
-        } else if (h->tier != KVC_WIRE_TIER_GPU) {
+        } else if (h->tier != KVC_WIRE_TIER_GPU && !direct) {
             stage += KVC_GPU_ALIGN(rbytes);
         }
     }
-    if (rc) {
-        free(p.mem);
-        return rc;
-    }
+    if (rc)
+        goto out;
     if (!kv->on_device) {
         /* Host tensors: a CPU copy; a lossy hit decoded on the CPU into a private block. */
         if (nlossy && !(dec = malloc(nlossy * bb))) {
@@ -863,6 +925,8 @@ KVC_API int kvc_lease_scatter_layers(kvc_lease *l, size_t first, size_t n,
         if (h->format == KVC_WIRE_FORMAT_RAW && h->tier == KVC_WIRE_TIER_GPU) {
             p.blocks[j] = (uint8_t *)h->data + from; /* straight from the pool */
             p.nraw++;
+        } else if (h->format == KVC_WIRE_FORMAT_RAW && direct) {
+            runs.host[j] = (uint8_t *)h->data + from; /* by DMA into the pages */
         } else if (h->format == KVC_WIRE_FORMAT_RAW) {
             /* the layers moved, staged: they cross once, the kernel reads them there */
             p.blocks[j] = s->dev + off;
@@ -877,6 +941,14 @@ KVC_API int kvc_lease_scatter_layers(kvc_lease *l, size_t first, size_t n,
         }
     }
     int queued = 0;
+    if (rc == 0 && direct)
+        rc = kvc_gpu_runs_fill(&runs, &sub, &e, first_token, n);
+    if (rc == 0 && runs.n) {
+        /* one batched DMA: each host section into its page */
+        rc = kvc_gpu_copies(g->ops, runs.eptr, (const void **)runs.bptr, runs.len, runs.n,
+                            KERN_DEV_COPY_H2D, stream);
+        queued = 1;
+    }
     if (rc == 0 && p.npieces) {
         rc = kvc_gpu_copies(g->ops, p.dst, p.src, p.len, p.npieces, KERN_DEV_COPY_H2D, stream);
         queued = 1;
@@ -901,6 +973,7 @@ KVC_API int kvc_lease_scatter_layers(kvc_lease *l, size_t first, size_t n,
     pthread_mutex_unlock(&c->mu);
 out:
     free(dec);
+    free(runs.mem);
     free(p.mem);
     return rc ? rc : (int)n;
 }
@@ -943,11 +1016,24 @@ KVC_API int kvc_resv_gather_layers(kvc_resv *r, size_t first, size_t n,
             continue;
         if (r->slots[first + j].tier == KVC_WIRE_TIER_GPU && !kv->on_device)
             return -ENOTSUP;
-        if (r->slots[first + j].tier != KVC_WIRE_TIER_GPU)
-            stage += KVC_GPU_ALIGN(rbytes);
     }
-    if (kvc_gpu_plan_new(&p, n))
+    /* Device tensors of a contiguous layout into host slots: straight from the pages. */
+    struct kvc_gpu_runs runs;
+    size_t nhost = 0;
+    for (size_t j = 0; j < n; j++)
+        nhost += r->slots[first + j].data && r->slots[first + j].tier != KVC_WIRE_TIER_GPU;
+    int direct = kv->on_device && nhost ? kvc_gpu_runs_new(&runs, &sub, &e, first_token, n) : 0;
+    if (direct < 0)
+        return direct;
+    if (!direct)
+        memset(&runs, 0, sizeof(runs));
+    for (size_t j = 0; j < n && !direct; j++)
+        if (r->slots[first + j].data && r->slots[first + j].tier != KVC_WIRE_TIER_GPU)
+            stage += KVC_GPU_ALIGN(rbytes);
+    if (kvc_gpu_plan_new(&p, n)) {
+        free(runs.mem);
         return -ENOMEM;
+    }
     if (!kv->on_device) {
         /* Host tensors into host slots: a CPU copy per reserved slot. */
         for (size_t j = 0; j < n && rc == 0; j++) {
@@ -972,21 +1058,33 @@ KVC_API int kvc_resv_gather_layers(kvc_resv *r, size_t first, size_t n,
             continue; /* not reserved here: NULL, the kernel leaves it */
         if (r->slots[first + j].tier == KVC_WIRE_TIER_GPU) {
             p.blocks[j] = slot + from; /* straight into the pool */
+            p.nraw++;
+        } else if (direct) {
+            runs.host[j] = slot + from; /* by DMA from the pages */
         } else {
             p.blocks[j] = s->dev + off; /* staged, then one DMA each into the host slot */
             kvc_gpu_piece(&p, slot + from, s->dev + off, rbytes);
             off += KVC_GPU_ALIGN(rbytes);
+            p.nraw++;
         }
         written++;
     }
     int queued = 0;
-    if (rc == 0 && written) {
+    if (rc == 0 && p.nraw) {
         rc = kern_pack_batches(g->args, &sub, &e, first_token, (uint32_t)n, p.blocks,
                                KERN_PACK_GATHER, kvc_gpu_run_batch, &run);
         queued = 1;
     }
     if (rc == 0 && p.npieces)
         rc = kvc_gpu_copies(g->ops, p.dst, p.src, p.len, p.npieces, KERN_DEV_COPY_D2H, stream);
+    if (rc == 0 && direct)
+        rc = kvc_gpu_runs_fill(&runs, &sub, &e, first_token, n);
+    if (rc == 0 && runs.n) {
+        /* one batched DMA: each page's section into its host slot */
+        rc = kvc_gpu_copies(g->ops, runs.bptr, (const void **)runs.eptr, runs.len, runs.n,
+                            KERN_DEV_COPY_D2H, stream);
+        queued = 1;
+    }
     if (queued || s) {
         int trc = kvc_gpu_track(c, &r->gpu, s, stream);
         rc = rc ? rc : trc;
@@ -995,6 +1093,7 @@ KVC_API int kvc_resv_gather_layers(kvc_resv *r, size_t first, size_t n,
         rc = g->ops->event_record(event, stream);
     pthread_mutex_unlock(&c->mu);
 out:
+    free(runs.mem);
     free(p.mem);
     if (rc == 0)
         rc = kvci_resv_layers_mark(r, first, n, layer_first, layer_count);

@@ -39,6 +39,11 @@
     X(server, max_clients_per_uid, INT, "64", 1, 65536, 1, NULL,                                   \
       "Connections one user (uid) may hold at once; more are refused (EUSERS). Admins are "        \
       "exempt.")                                                                                   \
+    X(server, io_threads, INT, "0", 0, 64, 0, NULL,                                                \
+      "Threads that read the clients' requests from their sockets and send the replies, "          \
+      "connections spread over them; the requests themselves still run on the one loop "           \
+      "thread, in order. 0: the loop thread does the sockets too. Worth it with many busy "        \
+      "clients and cores to spare (docs/performance.md).")                                         \
     X(server, hello_timeout, DURATION, "5s", 100, 3600000, 1, NULL,                                \
       "A connection that sends no HELLO within this time is closed.")                              \
     X(server, idle_timeout, DURATION, "1h", 1000, 604800000, 1, NULL,                              \
@@ -91,6 +96,10 @@
     X(host, quantize_inflight, INT, "8", 0, 1024, 1, NULL,                                         \
       "Blocks quantized in place at once above high_watermark, before evicting, in "               \
       "namespaces whose creator allowed a codec (0: never quantize, evict).")                      \
+    X(host, quantize_threads, INT, "1", 0, 16, 0, NULL,                                            \
+      "Threads that encode quantize-in-place jobs (0: one per CPU, at most 4). Their results "     \
+      "land in the order the jobs were queued. Puts that wait for the precision ladder's "         \
+      "room wait for these threads.")                                                              \
     X(cache, policy, ENUM, "default", 0, 0, 1,                                                     \
       "lru|lfu|prefix|streaming|h2o|snapkv|keynorm|quest|default|vatp",                            \
       "Policy of the namespaces no [namespace.PATTERN] section names one for: their eviction "     \

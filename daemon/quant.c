@@ -1,8 +1,13 @@
 /*
- * quant.c — quantize-in-place on a worker thread.
+ * quant.c — quantize-in-place on worker threads.
  *
  * DESIGN
- * The loop thread owns the store; the worker only touches bytes. store_quantize() (loop)
+ * The loop thread owns the store; the workers (host.quantize_threads of them, one by default,
+ * 0 for one per CPU up to 4, sharing one queue) only touch bytes. Results land in the order the jobs
+ * were queued (a sequence number per job; one finished before an earlier one waits in
+ * `held`), so a job placed on landing finds the slot an earlier one freed, as with one worker.
+ * More than one: a put that waits for the precision ladder's room waits for the encodes, and
+ * with several clients one thread fell behind them (docs/policies.md). store_quantize() (loop)
  * checks the block (committed, raw, unpinned, in a namespace that allows a codec),
  * allocates the encoded slot in the block's arena, pins the block (eviction, flushes and
  * quotas skip pinned blocks, so its raw slot stays put) and queues a job. The worker reads
@@ -66,6 +71,7 @@ _Static_assert(KVC_WIRE_FORMAT_Q8_0 == KERN_CODEC_Q8_0 && KVC_WIRE_FORMAT_FP8 ==
 
 struct quant_job {
     struct quant_job *next;
+    uint64_t seq; /* queue order: jobs land in it (quant_poll) */
     uint32_t idx;
     uint32_t arena;
     uint8_t format;
@@ -106,14 +112,17 @@ struct quant {
     struct store *s;
     struct loop *loop;
     int efd;
-    pthread_t th;
-    bool started;
+    pthread_t th[QUANT_THREADS_MAX];
+    uint32_t nthreads; /* started */
     pthread_mutex_t mu;
     pthread_cond_t cv;      /* todo or stop */
     pthread_cond_t done_cv; /* a result is ready */
     struct quant_job *todo, *todo_tail, *done;
     bool stop;
-    uint32_t inflight; /* loop thread only */
+    uint32_t inflight;      /* loop thread only */
+    uint64_t seq_next;      /* loop thread: the next job's seq */
+    uint64_t seq_land;      /* loop thread: the seq of the next job to land */
+    struct quant_job *held; /* loop thread: done before an earlier job, by seq */
     uint64_t pending[STORE_MAX_ARENAS];
 };
 
@@ -414,24 +423,26 @@ int quant_poll(struct quant *q)
     j = q->done;
     q->done = NULL;
     pthread_mutex_unlock(&q->mu);
-    /* In the order they were queued (the list is newest first): a job placed when it lands
-     * takes the slot an earlier one freed. */
-    struct quant_job *fifo = NULL;
+    /* In the order they were queued, whichever thread finished first: a job placed when it
+     * lands takes the slot an earlier one freed. A job done before an earlier one waits in
+     * `held` (sorted by seq) until that one is done. */
     while (j) {
-        struct quant_job *next = j->next;
-        j->next = fifo;
-        fifo = j;
+        struct quant_job *next = j->next, **at = &q->held;
+        while (*at && (*at)->seq < j->seq)
+            at = &(*at)->next;
+        j->next = *at;
+        *at = j;
         j = next;
     }
-    j = fifo;
-    while (j) {
-        struct quant_job *next = j->next;
+    while (q->held && q->held->seq == q->seq_land) {
+        j = q->held;
+        q->held = j->next;
+        q->seq_land++;
         if (!j->group)
             quant_apply(q, j);
         else if (--j->group->left == 0)
             quant_group_apply(q, j->group);
         n++;
-        j = next;
     }
     if (n && q->s->on_room)
         q->s->on_room(q->s->on_room_arg); /* puts that wait for the room the jobs freed */
@@ -597,6 +608,7 @@ static void quant_job_queue(struct quant *q, struct quant_job *j)
     b->flags |= BLOCK_F_QUANTIZING;
     q->inflight++;
     q->pending[b->arena] += b->len;
+    j->seq = q->seq_next++;
     pthread_mutex_lock(&q->mu);
     if (q->todo_tail)
         q->todo_tail->next = j;
@@ -691,6 +703,19 @@ int quant_pressure(struct quant *q, uint64_t now)
 
 /* ---- life cycle ---------------------------------------------------------------------- */
 
+uint32_t quant_nthreads(const struct quant *q)
+{
+    return q ? q->nthreads : 0;
+}
+
+uint32_t quant_threads(uint32_t want)
+{
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    if (want == 0)
+        want = cpus > QUANT_THREADS_AUTO ? QUANT_THREADS_AUTO : cpus > 1 ? (uint32_t)cpus : 1;
+    return want > QUANT_THREADS_MAX ? QUANT_THREADS_MAX : want;
+}
+
 struct quant *quant_new(struct loop *l, struct store *s, int *err)
 {
     struct quant *q = calloc(1, sizeof(*q));
@@ -713,10 +738,12 @@ struct quant *quant_new(struct loop *l, struct store *s, int *err)
         if (rc)
             goto fail;
     }
-    rc = -pthread_create(&q->th, NULL, quant_main, q);
-    if (rc)
-        goto fail;
-    q->started = true;
+    for (uint32_t i = 0; i < quant_threads(s->p.quantize_threads); i++) {
+        rc = -pthread_create(&q->th[i], NULL, quant_main, q);
+        if (rc)
+            goto fail;
+        q->nthreads++;
+    }
     s->quant = q;
     return q;
 fail:
@@ -729,13 +756,14 @@ void quant_free(struct quant *q)
 {
     if (!q)
         return;
-    if (q->started) {
+    if (q->nthreads) {
         quant_drain(q);
         pthread_mutex_lock(&q->mu);
         q->stop = true;
-        pthread_cond_signal(&q->cv);
+        pthread_cond_broadcast(&q->cv);
         pthread_mutex_unlock(&q->mu);
-        pthread_join(q->th, NULL);
+        for (uint32_t i = 0; i < q->nthreads; i++)
+            pthread_join(q->th[i], NULL);
     }
     if (q->efd >= 0) {
         if (q->loop)

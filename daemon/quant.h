@@ -9,11 +9,20 @@
 #include <stdint.h>
 
 struct loop;
+struct quant;
 struct store;
 struct store_ns;
 
 /* Jobs queued at once by the pressure trigger when the store's params do not say. */
 #define QUANT_INFLIGHT_DEFAULT 8
+/* Encoding threads: at most QUANT_THREADS_MAX; host.quantize_threads = 0 takes one per
+ * online CPU, at most QUANT_THREADS_AUTO. */
+#define QUANT_THREADS_MAX 16
+#define QUANT_THREADS_AUTO 4
+/* The threads quant_new starts for host.quantize_threads = want. */
+uint32_t quant_threads(uint32_t want);
+/* The encoding threads q runs. */
+uint32_t quant_nthreads(const struct quant *q);
 
 /* Starts the worker and attaches it to the store (s->quant). With a loop, completions come
  * back through an eventfd the loop watches; without one (tests) quant_drain() applies them.

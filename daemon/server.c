@@ -9,9 +9,11 @@
  * (a COMMIT with KVC_COMMIT_F_QUIET only when it fails: kvc_put_prefix does not wait for it).
  * The trim a commit may call for runs once the connection's queued requests are answered, so
  * the RESERVE a client sends right behind its commit does not wait for the eviction.
- * The loop thread owns everything here. A connection carries its peer credentials
- * (SO_PEERCRED, taken at accept) and a store_owner holding its leases and reservations,
- * so closing the connection — for any reason — gives all of them back.
+ * The loop thread owns everything here; with server.io_threads > 0 the connections' sockets
+ * are read, written and closed by I/O threads (server_io.c), and the rest stays here.
+ * A connection carries its peer credentials (SO_PEERCRED, taken at accept) and a store_owner
+ * holding its leases and reservations, so closing the connection — for any reason — gives all
+ * of them back.
  * Replies never block the loop: they are sent with MSG_DONTWAIT, and a client whose socket
  * buffer is full (it sends without reading) is disconnected.
  * Garbage (no readable header) closes the connection with one rate-limited log line; a bad
@@ -130,14 +132,18 @@ int server_refuse(const struct conn *c, uint64_t *counter, int rc, const char *w
 }
 
 /* Tells a client why the daemon is about to close its connection: a reply with request id 0
- * and the status (kvc_proto.h, "Notices"). Best effort. */
-static void server_notice(int fd, int status)
+ * and the status (kvc_proto.h, "Notices"). Best effort. c: the connection (behind the replies
+ * queued for it), or NULL for fd, a socket not yet a connection. */
+static void server_notice(struct conn *c, int fd, int status)
 {
     struct kvc_msg_hdr h = {.magic = KVC_PROTO_MAGIC,
                             .version = KVC_PROTO_VERSION,
                             .opcode = KVC_OP_HELLO,
                             .status = status};
-    (void)!send(fd, &h, sizeof(h), MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (c && c->ioc)
+        (void)server_io_send(c, &h, sizeof(h), -1);
+    else
+        (void)!send(c ? c->fd : fd, &h, sizeof(h), MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
 /* ---- connections ----------------------------------------------------------------------- */
@@ -167,8 +173,12 @@ void server_conn_close(struct server *sv, struct conn *c, const char *why)
                     (int)c->cred.pid, (unsigned)c->cred.uid, why);
     else
         log_debug("server: client %u (pid %d) disconnected", c->id, (int)c->cred.pid);
-    loop_del(sv->loop, c->fd);
-    close(c->fd);
+    if (c->ioc) {
+        server_io_close(c);
+    } else {
+        loop_del(sv->loop, c->fd);
+        close(c->fd);
+    }
     for (int l = 0; l < 2; l++)
         for (struct server_pending **w = l ? &sv->pending_run : &sv->pending; *w;) {
             struct server_pending *x = *w;
@@ -206,10 +216,16 @@ void server_conn_close(struct server *sv, struct conn *c, const char *why)
     free(c);
 }
 
-/* Sends the reply in sv->tx (header filled by the caller), with an optional descriptor. */
+/* Sends the reply in sv->tx (header filled by the caller), with an optional descriptor; with
+ * I/O threads, queues it for c's thread (a send that fails there closes c later). */
 int server_send(struct server *sv, struct conn *c, int fd)
 {
     struct kvc_msg_hdr *h = (struct kvc_msg_hdr *)sv->tx;
+    if (c->ioc) {
+        if (fd >= 0)
+            h->flags |= KVC_MSG_F_FD;
+        return server_io_send(c, sv->tx, sizeof(*h) + h->len, fd);
+    }
     struct iovec iov = {.iov_base = sv->tx, .iov_len = sizeof(*h) + h->len};
     union {
         char buf[CMSG_SPACE(sizeof(int))];
@@ -342,13 +358,13 @@ void server_tick(struct server *sv)
         next = c->next;
         if (!c->hello && now > c->t_connect && now - c->t_connect >= sv->lim.hello_timeout_ms) {
             sv->store->total.closed_hello_timeout++;
-            server_notice(c->fd, -ETIMEDOUT);
+            server_notice(c, -1, -ETIMEDOUT);
             server_conn_close(sv, c, "no HELLO within server.hello_timeout");
             continue;
         }
         if (now > c->t_last && now - c->t_last >= sv->lim.idle_timeout_ms) {
             sv->store->total.closed_idle++;
-            server_notice(c->fd, -ETIMEDOUT);
+            server_notice(c, -1, -ETIMEDOUT);
             server_conn_close(sv, c, "idle for server.idle_timeout");
             continue;
         }
@@ -448,7 +464,7 @@ static void server_on_accept(struct loop *l, int fd, uint32_t events, void *arg)
             sv->store->total.refused_connections++;
             log_limited(LOG_LEVEL_WARNING, "server: refusing a client (max_clients %u reached)",
                         sv->max_clients);
-            server_notice(cfd, -EUSERS);
+            server_notice(NULL, cfd, -EUSERS);
             close(cfd);
             continue;
         }
@@ -467,12 +483,13 @@ static void server_on_accept(struct loop *l, int fd, uint32_t events, void *arg)
             log_limited(LOG_LEVEL_WARNING,
                         "server: refusing a client of uid %u (max_clients_per_uid %u reached)",
                         (unsigned)c->cred.uid, sv->lim.max_clients_per_uid);
-            server_notice(cfd, -EUSERS);
+            server_notice(NULL, cfd, -EUSERS);
             close(cfd);
             free(c);
             continue;
         }
-        if (!c->u || loop_add(l, cfd, EPOLLIN, server_on_conn, c)) {
+        if (!c->u ||
+            (sv->nio ? server_io_attach(sv, c) : loop_add(l, cfd, EPOLLIN, server_on_conn, c))) {
             if (c->u && !c->u->nconns) {
                 c->u->nconns = 1; /* so that the put frees the entry made for it */
                 server_uid_put(sv, c->u);
@@ -540,6 +557,10 @@ struct server *server_new(struct loop *l, struct store *s, const struct server_p
     sv->cfg = p->cfg;
     sv->acl = p->acl;
     server_limits_set(sv, p);
+    rc = server_io_start(sv, p->io_threads);
+    if (rc)
+        goto fail;
+    rc = -ENOMEM;
     sv->ns_uid = malloc(s->nns * sizeof(*sv->ns_uid));
     if (!sv->ns_uid)
         goto fail;
@@ -647,8 +668,10 @@ fail:
     loop_after(l, NULL, NULL);
     if (sv && sv->fd >= 0)
         close(sv->fd);
-    if (sv)
+    if (sv) {
+        server_io_stop(sv);
         free(sv->ns_uid);
+    }
     free(sv);
     *err = rc;
     return NULL;
@@ -660,6 +683,7 @@ void server_free(struct server *sv)
         return;
     while (sv->conns)
         server_conn_close(sv, sv->conns, NULL);
+    server_io_stop(sv); /* after the SHUTs the closes posted */
     sv->store->on_ready = NULL;
     sv->store->on_room = NULL;
     sv->store->on_evict = NULL;

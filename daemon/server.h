@@ -24,6 +24,7 @@ struct server_params {
     uint32_t socket_mode;
     const char *socket_group; /* "" or NULL: the daemon's group */
     uint32_t max_clients;
+    uint32_t io_threads; /* threads that read and write the sockets (server_io.c); 0: the loop */
     /* Operators (issue 6). */
     bool adopt;                 /* serve adopt_fd (socket activation) instead of binding */
     int adopt_fd;               /* a listening SOCK_SEQPACKET socket, owned from now on */

@@ -5,7 +5,8 @@
  *
  * DESIGN
  * One struct server, its connections (struct conn) and the waits and pending requests that
- * hang off them, all owned by the loop thread (see server.c). The helpers declared below
+ * hang off them, all owned by the loop thread (see server.c); with server.io_threads the
+ * sockets' reads and writes run on I/O threads that touch none of them (server_io.c). The helpers declared below
  * are the ones a file calls in another; each file keeps the rest to itself.
  */
 #ifndef KVC_SERVER_INT_H
@@ -71,8 +72,14 @@ struct server_resv {
 /* Reservations the daemon aborted, remembered so that COMMIT/ABORT of them say so. */
 #define SERVER_EXPIRED_KEEP 64
 
+struct server_io;  /* an I/O thread (server_io.c) */
+struct server_ioc; /* a connection's socket there */
+
 struct conn {
     int fd;
+    /* server.io_threads > 0: the I/O thread that reads fd, sends the replies and closes it
+     * (server_io.c); NULL: the loop thread does. */
+    struct server_ioc *ioc;
     uint32_t id;
     struct ucred cred;
     bool hello;
@@ -170,6 +177,9 @@ struct server {
     struct stats fast_excl;       /* counted by drains since fast_excl_any was last cleared */
     bool fast_excl_any;
     bool trim_due; /* a commit wants engine_trim once its connection's requests are answered */
+    struct server_io **io; /* server.io_threads I/O threads (server_io.c), nio of them */
+    uint32_t nio;
+    uint32_t io_next; /* the one the next connection goes to */
 };
 
 /* server.c */
@@ -187,6 +197,18 @@ void server_load_add(struct server *sv, struct conn *c, struct store_ns *ns, uin
                      uint64_t now);
 void server_stats_delta(struct stats *st, const struct stats *before, const struct stats *after);
 bool server_handle(struct server *sv, struct conn *c, size_t n);
+/* server_io.c (loop thread side) */
+/* Starts n I/O threads (0: none, the loop thread does the sockets). 0 or -errno. */
+int server_io_start(struct server *sv, uint32_t n);
+/* After every connection closed: stops and joins them, frees what they left. */
+void server_io_stop(struct server *sv);
+/* Hands c's socket to an I/O thread (round robin). 0 or -ENOMEM. */
+int server_io_attach(struct server *sv, struct conn *c);
+/* Queues a reply of len bytes (and a copy of fd unless -1) on c's I/O thread. A failed
+ * send closes the connection later, from the loop. 0 or -ENOMEM, -EMFILE. */
+int server_io_send(struct conn *c, const void *buf, size_t len, int fd);
+/* c closes: its I/O thread closes the socket after the replies queued before. */
+void server_io_close(struct conn *c);
 /* server_fast.c */
 uint32_t server_fast_drain(struct server *sv, struct conn *c, uint64_t now, uint32_t max);
 int server_fast_after(void *arg);

@@ -79,6 +79,7 @@ struct store_params {
     uint64_t gpu_page_size;             /* 0: 2 MiB */
     const struct kern_dev_ops *gpu_ops; /* NULL: kern_dev_cuda(); tests pass a fake */
     uint32_t quantize_inflight;         /* quantize-in-place jobs the trim may queue (0: none) */
+    uint32_t quantize_threads;          /* encoding threads (0: one per CPU, quant_threads) */
     bool fast_path;                     /* each host arena gets a shared index (daemon/fast.h) */
 };
 
@@ -107,8 +108,12 @@ struct store_ns {
     struct policy_tune *tune;
     /* Per-head hint mass (HINT_HEADS, store_hint_heads): [3][layers * kv_heads] floats, the
      * mass each head put on sink blocks, on the last blocks of each hinted run and on all;
-     * NULL until the first per-head hint. store_head_profile() reads categories from it. */
+     * NULL until the first per-head hint. store_head_profile() reads categories from it.
+     * Aged as TinyLFU ages its counters: every STORE_HEAD_AGE_BLOCKS hinted blocks all of it
+     * and head_seen are halved, so the profile follows the recent hints (and the floats keep
+     * their precision) whatever the namespace's age. */
     float *head_mass;
+    uint32_t head_seen; /* blocks hinted since the last halving */
     /* Under any policy but LRU, its evictable blocks (in its arena's memory, no cached child,
      * not lost) in a binary heap by policy_key, lowest first (store_policy.c), keyed with
      * half-life heap_hl. Pinned or moving blocks stay in it and are skipped. */
@@ -569,6 +574,7 @@ enum store_head_kind {
     STORE_HEAD_FULL = 3,    /* spreads its attention: a retrieval head */
 };
 #define STORE_HEAD_RECOVER 0.9
+#define STORE_HEAD_AGE_BLOCKS 4096
 /* The namespace's head categories, out[layers * kv_heads] (layer-major). Returns the count
  * of FULL heads (UNKNOWN counted as FULL), -ENOENT for an unknown namespace. */
 int store_head_profile(const struct store *s, uint32_t ns_id, uint8_t *out);

@@ -524,6 +524,7 @@ void store_heap_free(struct store_ns *ns)
 {
     free(ns->head_mass);
     ns->head_mass = NULL;
+    ns->head_seen = 0;
     free(ns->heap.a);
     ns->heap = (struct store_heap){0};
     store_ladder_free(ns);
@@ -1262,6 +1263,11 @@ int store_hint_heads(struct store *s, uint32_t ns_id, uint32_t kind,
             else if (local)
                 ns->head_mass[lh + j] += sc[j];
             ns->head_mass[2 * (size_t)lh + j] += sc[j];
+        }
+        if (++ns->head_seen >= STORE_HEAD_AGE_BLOCKS) {
+            for (size_t j = 0; j < 3 * (size_t)lh; j++)
+                ns->head_mass[j] *= 0.5f;
+            ns->head_seen /= 2;
         }
     }
     return applied;

@@ -32,6 +32,14 @@
  * a step over the lanes, the lanes' exchange — is what the tests run here, on any machine,
  * against the scalar reference (kern_pack_ref, kern_decode_ref).
  *
+ * Run steps: where the engine's heads and tokens are packed (kern_pack_contiguous: vLLM's
+ * per-layer pages), a gather or scatter takes run steps instead (the header's run flag): R
+ * tokens of one (block, layer, kind) that lie on one page, so that they are one contiguous
+ * run on both sides (R divides the block's tokens, the page's and the first token's place in
+ * its page; R rows in KERN_BATCH_RUN_BYTES); the step looks its page up once and its lanes
+ * move the run's 16-byte chunks eight at a time, loads before stores, with no per-chunk
+ * division, page lookup or head split. Strided layouts keep the row steps.
+ *
  * Indexing is 32-bit: the step index, its decomposition into (block, layer, kind, first
  * token) by two 32-bit divisions (K, 1 or 2, by a shift), and the token's place in the
  * table slice, counted from off0, the offset of first_token inside the slice's first page
@@ -128,6 +136,9 @@ struct kern_batch {
     /* offset of first_token inside the slice's first page: token j of the batch lies at
      * slice-relative token off0 + j (fits 32 bits, the host checks) */
     uint32_t off0;
+    /* pack: 1 when every step's R rows are one contiguous run in the engine too (its heads
+     * and tokens packed, R tokens on one page: kern_batch_pack_run_step), 0 the row steps */
+    uint32_t run;
 };
 
 /* A batch as the launch takes it: the header and its words (only nwords are used). */
@@ -342,10 +353,82 @@ KERN_BATCH_PACK_STEP_FN(kern_batch_pack_step4, uint32_t)
 KERN_BATCH_PACK_STEP_FN(kern_batch_pack_step2, uint16_t)
 KERN_BATCH_PACK_STEP_FN(kern_batch_pack_step1, uint8_t)
 
-/* Step s of a gather or scatter batch, lane `lane` of nlanes. */
+/* Rows per run step: R consecutive tokens of one (block, layer, kind) that lie in one
+ * contiguous run of the engine's page, R * token bytes at most this (two rounds of a warp's
+ * 32 lanes x eight 16-byte accesses). */
+#define KERN_BATCH_RUN_BYTES 8192u
+
+/* kern_batch_run_step_<T>: step s of a gather or scatter whose R rows are one contiguous run
+ * on both sides (the batch's run flag: the engine's heads and tokens packed, the step's
+ * tokens on one page, kern_batch_pack checks): the run's address in the engine is looked up
+ * once, then lane `lane` of `nlanes` moves chunks lane, lane + nlanes, ... of it, eight in
+ * flight, all loaded before any is stored. No division and no table lookup per chunk. A NULL
+ * block is not this batch's; a run without a page is left alone. */
+#define KERN_BATCH_RUN_STEP_FN(name, T)                                                            \
+    KERN_HD void name(const struct kern_batch *b, const uint64_t *w, uint32_t s, uint32_t lane,    \
+                      uint32_t nlanes)                                                             \
+    {                                                                                              \
+        struct kern_batch_at at;                                                                   \
+        kern_batch_step_at(b, s, &at);                                                             \
+        const uint32_t K = b->kinds, L = b->layers;                                                \
+        uint8_t *blk = kern_batch_ptr(w, K * L + at.bi);                                           \
+        if (!blk)                                                                                  \
+            return;                                                                                \
+        const uint64_t tok = (uint64_t)b->heads * b->head_dim * b->elem_bytes;                     \
+        blk += (((uint64_t)at.l * K + at.k) * b->block_tokens + at.t0) * tok;                      \
+        struct kern_batch_eng e;                                                                   \
+        kern_batch_eng_at(b, w, &at, &e);                                                          \
+        uint8_t *q = kern_batch_eng_tok(b, w, &e, 0);                                              \
+        if (!q)                                                                                    \
+            return;                                                                                \
+        const int gather = b->op == KERN_BATCH_GATHER;                                             \
+        const uint8_t *from = gather ? q : blk;                                                    \
+        uint8_t *to = gather ? blk : q;                                                            \
+        const uint32_t n = b->items << b->rshift;                                                  \
+        for (uint32_t c0 = lane; c0 < n; c0 += 8 * nlanes) {                                       \
+            T v[8];                                                                                \
+            KERN_UNROLL                                                                            \
+            for (uint32_t u = 0; u < 8; u++)                                                       \
+                if (c0 + u * nlanes < n)                                                           \
+                    KERN_BATCH_LOAD(T, v[u], from + (uint64_t)(c0 + u * nlanes) * sizeof(T));      \
+            KERN_UNROLL                                                                            \
+            for (uint32_t u = 0; u < 8; u++)                                                       \
+                if (c0 + u * nlanes < n)                                                           \
+                    KERN_BATCH_STORE(T, to + (uint64_t)(c0 + u * nlanes) * sizeof(T), v[u]);       \
+        }                                                                                          \
+    }
+
+KERN_BATCH_RUN_STEP_FN(kern_batch_run_step16, kern_batch_v16)
+KERN_BATCH_RUN_STEP_FN(kern_batch_run_step8, uint64_t)
+KERN_BATCH_RUN_STEP_FN(kern_batch_run_step4, uint32_t)
+KERN_BATCH_RUN_STEP_FN(kern_batch_run_step2, uint16_t)
+KERN_BATCH_RUN_STEP_FN(kern_batch_run_step1, uint8_t)
+
+/* Step s of a gather or scatter batch, lane `lane` of nlanes: a run step where the batch's
+ * run flag says its rows are one run, else a row step. */
 KERN_HD void kern_batch_pack_step(const struct kern_batch *b, const uint64_t *w, uint32_t s,
                                   uint32_t lane, uint32_t nlanes)
 {
+    if (b->run) {
+        switch (b->vec) {
+        case 16:
+            kern_batch_run_step16(b, w, s, lane, nlanes);
+            break;
+        case 8:
+            kern_batch_run_step8(b, w, s, lane, nlanes);
+            break;
+        case 4:
+            kern_batch_run_step4(b, w, s, lane, nlanes);
+            break;
+        case 2:
+            kern_batch_run_step2(b, w, s, lane, nlanes);
+            break;
+        default:
+            kern_batch_run_step1(b, w, s, lane, nlanes);
+            break;
+        }
+        return;
+    }
     switch (b->vec) {
     case 16:
         kern_batch_pack_step16(b, w, s, lane, nlanes);

@@ -25,6 +25,7 @@
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,8 +48,7 @@ struct dev_drv {
     CUresult (*set_access)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
     CUresult (*export_handle)(void *, CUmemGenericAllocationHandle, CUmemAllocationHandleType,
                               unsigned long long);
-    CUresult (*import_handle)(CUmemGenericAllocationHandle *, void *,
-                              CUmemAllocationHandleType);
+    CUresult (*import_handle)(CUmemGenericAllocationHandle *, void *, CUmemAllocationHandleType);
     CUresult (*granularity)(size_t *, const CUmemAllocationProp *,
                             CUmemAllocationGranularity_flags);
     CUresult (*device_attr)(int *, CUdevice_attribute, CUdevice);
@@ -552,25 +552,131 @@ static int dev_batch(const struct kern_batch_args *a, void *stream)
     return kern_batch_cuda(a, stream);
 }
 
-static int dev_copy_batch(void *const *dst, const void *const *src, const uint64_t *len,
-                          uint32_t n, int kind, void *stream)
+/* ---- batched DMA ----------------------------------------------------------------------
+ * The ranges of a host-to-device or device-to-host copy batch go to the copy engines in one
+ * call, cudaMemcpyBatchAsync (CUDA 12.8; the CUDA 13 signature here), every range reading its
+ * source in stream order (cudaMemcpySrcAccessOrderStream: the sources are the engine's pages
+ * and the host arena's blocks, which earlier work on the stream may still write). Where the
+ * runtime answers cudaErrorNotSupported (or was built older) the ranges go one
+ * cudaMemcpyAsync each, as before, and the batch call is not tried again. The batch call
+ * takes no legacy default stream: a batch for it runs on a private non-blocking stream of
+ * the current device between two events (the private stream waits for what the legacy
+ * stream queued before, the legacy stream for the batch), which orders it exactly as a copy
+ * on the legacy stream would be. */
+static int dev_dma_unsup;
+
+struct dev_bridge {
+    cudaStream_t side;
+    cudaEvent_t before, after;
+};
+static struct dev_bridge dev_bridges[64];
+static pthread_mutex_t dev_bridge_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static cudaError_t dev_dma_call(void **d, const void **s, size_t *l, size_t m, cudaStream_t st)
 {
-    if (n > KERN_COPY_BATCH_MAX || (n && (!dst || !src || !len)))
+#if CUDART_VERSION >= 13000
+    struct cudaMemcpyAttributes at;
+    size_t first = 0;
+    memset(&at, 0, sizeof(at));
+    at.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    return cudaMemcpyBatchAsync(d, s, l, m, &at, &first, 1, st);
+#else
+    (void)d;
+    (void)s;
+    (void)l;
+    (void)m;
+    (void)st;
+    return cudaErrorNotSupported;
+#endif
+}
+
+/* One batch call on stream, bridged for the legacy default stream. */
+static cudaError_t dev_dma_batch(void **d, const void **s, size_t *l, size_t m, void *stream)
+{
+    cudaStream_t st = (cudaStream_t)stream;
+    if (st && st != cudaStreamLegacy)
+        return dev_dma_call(d, s, l, m, st);
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess)
+        return e;
+    if (dev < 0 || dev >= 64)
+        return cudaErrorNotSupported;
+    pthread_mutex_lock(&dev_bridge_mu);
+    struct dev_bridge *b = &dev_bridges[dev];
+    if (!b->side) {
+        e = cudaStreamCreateWithFlags(&b->side, cudaStreamNonBlocking);
+        if (e == cudaSuccess)
+            e = cudaEventCreateWithFlags(&b->before, cudaEventDisableTiming);
+        if (e == cudaSuccess)
+            e = cudaEventCreateWithFlags(&b->after, cudaEventDisableTiming);
+        if (e != cudaSuccess) {
+            if (b->before)
+                cudaEventDestroy(b->before);
+            if (b->side)
+                cudaStreamDestroy(b->side);
+            memset(b, 0, sizeof(*b));
+        }
+    }
+    if (e == cudaSuccess)
+        e = cudaEventRecord(b->before, cudaStreamLegacy);
+    if (e == cudaSuccess)
+        e = cudaStreamWaitEvent(b->side, b->before, 0);
+    if (e == cudaSuccess)
+        e = dev_dma_call(d, s, l, m, b->side);
+    if (e == cudaSuccess)
+        e = cudaEventRecord(b->after, b->side);
+    if (e == cudaSuccess)
+        e = cudaStreamWaitEvent(cudaStreamLegacy, b->after, 0);
+    pthread_mutex_unlock(&dev_bridge_mu);
+    return e;
+}
+
+static int dev_copy_batch(void *const *dst, const void *const *src, const uint64_t *len, uint32_t n,
+                          int kind, void *stream)
+{
+    if (n > (kind == KERN_DEV_COPY_D2D ? KERN_COPY_BATCH_MAX : KERN_DMA_BATCH_MAX) ||
+        (n && (!dst || !src || !len)))
         return -EINVAL;
     if (kind == KERN_DEV_COPY_D2D)
         return kern_copy_batch_cuda(dst, src, len, n, stream);
-    /* DMA: one copy per contiguous range; a piece that continues the one before joins it */
+    /* DMA: the contiguous ranges (a piece that continues the one before joins it) */
+    void **d = (void **)malloc((n ? n : 1) * (2 * sizeof(void *) + sizeof(size_t)));
+    if (!d)
+        return -ENOMEM;
+    const void **s = (const void **)(d + (n ? n : 1));
+    size_t *l = (size_t *)(s + (n ? n : 1)), m = 0;
     for (uint32_t i = 0; i < n;) {
-        uint8_t *d = (uint8_t *)dst[i];
-        const uint8_t *s = (const uint8_t *)src[i];
-        uint64_t l = len[i++];
-        while (i < n && (uint8_t *)dst[i] == d + l && (const uint8_t *)src[i] == s + l)
-            l += len[i++];
-        int rc = dev_copy_async(d, s, l, kind, stream);
-        if (rc)
-            return rc;
+        d[m] = dst[i];
+        s[m] = src[i];
+        l[m] = len[i++];
+        while (i < n && (uint8_t *)dst[i] == (uint8_t *)d[m] + l[m] &&
+               (const uint8_t *)src[i] == (const uint8_t *)s[m] + l[m])
+            l[m] += len[i++];
+        m++;
     }
-    return 0;
+    int rc = 0;
+    if (m > 1 && !__atomic_load_n(&dev_dma_unsup, __ATOMIC_RELAXED)) {
+        cudaError_t e = dev_dma_batch(d, s, l, m, stream);
+        if (e == cudaSuccess) {
+            free(d);
+            return 0;
+        }
+        if (e != cudaErrorNotSupported && e != cudaErrorInvalidValue) {
+            free(d);
+            return dev_fail("cudaMemcpyBatchAsync", e);
+        }
+        /* not here (never again), or refused as a whole (a range the batch call does not
+         * take, nothing queued): the ranges one by one, each refused or queued as a plain
+         * copy would be */
+        (void)cudaGetLastError();
+        if (e == cudaErrorNotSupported)
+            __atomic_store_n(&dev_dma_unsup, 1, __ATOMIC_RELAXED);
+    }
+    for (size_t i = 0; rc == 0 && i < m; i++)
+        rc = dev_copy_async(d[i], s[i], l[i], kind, stream);
+    free(d);
+    return rc;
 }
 
 static const struct kern_dev_ops dev_cuda_ops = {

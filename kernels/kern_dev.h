@@ -125,9 +125,10 @@ struct kern_dev_ops {
     int (*batch)(const struct kern_batch_args *a, void *stream);
     /* Queues n copies (dst[i] <- src[i], len[i] bytes; host arrays read before the call
      * returns) of one kind on stream, as one operation where the kind allows it: device to
-     * device, one kernel (kern_copy_batch_cuda); to or from host memory, one DMA per piece
-     * that does not continue the one before (the copy engines take a descriptor per
-     * contiguous range). At most KERN_COPY_BATCH_MAX pieces. */
+     * device, one kernel (kern_copy_batch_cuda), at most KERN_COPY_BATCH_MAX pieces; to or
+     * from host memory, one batched DMA call (cudaMemcpyBatchAsync, a range per piece that
+     * does not continue the one before; one cudaMemcpyAsync per range where the runtime lacks
+     * it), at most KERN_DMA_BATCH_MAX pieces. */
     int (*copy_batch)(void *const *dst, const void *const *src, const uint64_t *len, uint32_t n,
                       int kind, void *stream);
     /* An event on device dev (made current for the call only), not recorded yet: record it

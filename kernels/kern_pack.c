@@ -49,6 +49,13 @@ int kern_pack_check(const struct kern_pack_layout *lay, const struct kern_pack_e
     return 0;
 }
 
+int kern_pack_contiguous(const struct kern_pack_layout *lay, const struct kern_pack_engine *eng)
+{
+    const uint64_t row = (uint64_t)lay->head_dim * lay->elem_bytes;
+    /* the heads of a token back to back, and the tokens of a page back to back */
+    return (lay->heads == 1 || eng->head_stride == row) && eng->token_stride == row * lay->heads;
+}
+
 /* Address of (layer, kind, sequence token p, head) in the engine's tensors. */
 static char *kern_pack_engine_at(const struct kern_pack_engine *eng, uint32_t l, uint32_t k,
                                  uint64_t p, uint32_t h)
@@ -121,6 +128,58 @@ int kern_pack_cpu(const struct kern_pack_layout *lay, const struct kern_pack_eng
                 }
     }
     return 0;
+}
+
+int64_t kern_pack_runs(const struct kern_pack_layout *lay, const struct kern_pack_engine *eng,
+                       uint64_t first_token, uint32_t nblocks, void *const *blocks,
+                       uint64_t min_len, void **eptr, void **bptr, uint64_t *len, uint64_t max)
+{
+    int rc = kern_pack_check(lay, eng, first_token, nblocks, 1);
+    if (rc)
+        return rc;
+    if (!kern_pack_contiguous(lay, eng))
+        return -ENOTSUP;
+    if (eptr && (!blocks || !bptr || !len))
+        return -EINVAL;
+    const uint64_t tok = (uint64_t)lay->heads * lay->head_dim * lay->elem_bytes;
+    const uint32_t T = lay->block_tokens, pt = eng->page_tokens;
+    uint64_t n = 0;
+    for (uint32_t j = 0; j < nblocks; j++) {
+        if (blocks && !blocks[j])
+            continue; /* not this call's block */
+        const uint64_t t0 = first_token + (uint64_t)j * T;
+        for (uint32_t l = 0; l < lay->layers; l++)
+            for (uint32_t k = 0; k < lay->kinds; k++) {
+                uint8_t *base = (uint8_t *)(k ? eng->v[l] : eng->k[l]);
+                const uint64_t sect = ((uint64_t)l * lay->kinds + k) * T * tok;
+                for (uint64_t a = t0; a < t0 + T;) {
+                    const uint64_t pg = a / pt, slot = a - pg * pt;
+                    const uint64_t b = t0 + T < (pg + 1) * pt ? t0 + T : (pg + 1) * pt;
+                    const uint64_t bytes = (b - a) * tok;
+                    if (bytes < min_len)
+                        return -ENOTSUP; /* too short a DMA: the caller stages */
+                    if (eptr) {
+                        uint8_t *e = base + (uint64_t)eng->block_table[pg] * eng->page_stride +
+                                     slot * eng->token_stride;
+                        uint8_t *bl = (uint8_t *)blocks[j] + sect + (a - t0) * tok;
+                        if (n && (uint8_t *)eptr[n - 1] + len[n - 1] == e &&
+                            (uint8_t *)bptr[n - 1] + len[n - 1] == bl) {
+                            len[n - 1] += bytes; /* continues the piece before on both sides */
+                        } else {
+                            if (n == max)
+                                return -E2BIG;
+                            eptr[n] = e;
+                            bptr[n] = bl;
+                            len[n++] = bytes;
+                        }
+                    } else {
+                        n++;
+                    }
+                    a = b;
+                }
+            }
+    }
+    return (int64_t)n;
 }
 
 /* ---- batches ------------------------------------------------------------------------ */
@@ -249,7 +308,25 @@ int kern_batch_pack(struct kern_batch_args *a, const struct kern_pack_layout *la
         vec >>= 1;
     a->h.vec = vec;
     uint64_t tok = (uint64_t)lay->heads * lay->head_dim * lay->elem_bytes;
-    return kern_batch_steps_set(&a->h, tok, tok / vec);
+    rc = kern_batch_steps_set(&a->h, tok, tok / vec);
+    if (rc || !kern_pack_contiguous(lay, eng))
+        return rc;
+    /* Runs: R tokens of a step one contiguous run in the engine as in the block, R the
+     * largest power of two dividing the block's tokens, the page's and the offset of
+     * first_token in its page (so a step never crosses a page), with R rows in
+     * KERN_BATCH_RUN_BYTES. */
+    uint32_t r = 0;
+    const uint64_t m = (uint64_t)lay->block_tokens | eng->page_tokens | a->h.off0;
+    while (r < 31 && (m & ((2ull << r) - 1)) == 0 && (tok << (r + 1)) <= KERN_BATCH_RUN_BYTES)
+        r++;
+    const uint64_t steps = (uint64_t)nblocks * lay->layers * lay->kinds * (lay->block_tokens >> r);
+    if (steps > KERN_BATCH_MAX_STEPS)
+        return -E2BIG;
+    a->h.run = 1;
+    a->h.rshift = r;
+    a->h.groups = lay->block_tokens >> r;
+    a->h.steps = (uint32_t)steps;
+    return 0;
 }
 
 /* The engine side of a decode as a pack layout (2-byte elements), for kern_pack_check. */

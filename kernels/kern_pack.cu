@@ -12,7 +12,11 @@
  * multiprocessor (a persistent grid: the step count of a prefix is in the thousands). The
  * step functions are the ones the CPU emulation runs: a lane moves up to four 16-byte chunks
  * per step, loads before stores, so a warp has up to 2 KiB in flight, and its stores are one
- * coalesced run per head row (per token when the engine's heads are packed). A decode lane
+ * coalesced run per head row (per token when the engine's heads are packed). Where the
+ * engine's heads and tokens are packed (kern_pack_contiguous: vLLM's per-layer paged tensors)
+ * the batch's steps are runs instead (kern_batch.h, "run steps"): up to 8 KiB of one page,
+ * its address looked up once, each lane moving eight 16-byte chunks per round with all eight
+ * loads before the stores, no per-chunk division or table lookup. A decode lane
  * produces 8 elements of a head row and stores them as one 16-byte access; lane 0 reads the
  * block's header and section once per step and shuffles them to the warp.
  *
@@ -77,7 +81,7 @@ static_assert(KERN_BATCH_MAX_STEPS <= 0xffffffffu - (1u << 24), "step count too 
  * work (one kernel holding both would run at the occupancy of the larger). A warp walks the
  * steps grid-stride, all its lanes on the same step (the step functions' shuffles need the
  * whole warp); the host keeps steps + warps within 32 bits. */
-template <int W, int V>
+template <int W, int V, int RUN>
 __global__ void __launch_bounds__(KERN_BATCH_THREADS, 4)
     kern_pack_kernel(const __grid_constant__ batch_params<W> p)
 {
@@ -85,7 +89,17 @@ __global__ void __launch_bounds__(KERN_BATCH_THREADS, 4)
     const uint32_t nw = (gridDim.x * blockDim.x) >> 5;
     const uint32_t steps = p.h.steps;
     for (uint32_t s = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; s < steps; s += nw) {
-        if (V == 16)
+        if (RUN && V == 16)
+            kern_batch_run_step16(&p.h, p.w, s, lane, KERN_BATCH_LANES);
+        else if (RUN && V == 8)
+            kern_batch_run_step8(&p.h, p.w, s, lane, KERN_BATCH_LANES);
+        else if (RUN && V == 4)
+            kern_batch_run_step4(&p.h, p.w, s, lane, KERN_BATCH_LANES);
+        else if (RUN && V == 2)
+            kern_batch_run_step2(&p.h, p.w, s, lane, KERN_BATCH_LANES);
+        else if (RUN)
+            kern_batch_run_step1(&p.h, p.w, s, lane, KERN_BATCH_LANES);
+        else if (V == 16)
             kern_batch_pack_step16(&p.h, p.w, s, lane, KERN_BATCH_LANES);
         else if (V == 8)
             kern_batch_pack_step8(&p.h, p.w, s, lane, KERN_BATCH_LANES);
@@ -109,6 +123,22 @@ __global__ void __launch_bounds__(KERN_BATCH_THREADS, 4)
         kern_batch_decode_step(&p.h, p.w, s, lane);
 }
 
+/* A gather or scatter in the batch's access width, its run steps or its row steps. */
+template <int W, int RUN>
+static void pack_launch(const batch_params<W> &p, dim3 g, dim3 t, cudaStream_t s)
+{
+    if (p.h.vec == 16)
+        kern_pack_kernel<W, 16, RUN><<<g, t, 0, s>>>(p);
+    else if (p.h.vec == 8)
+        kern_pack_kernel<W, 8, RUN><<<g, t, 0, s>>>(p);
+    else if (p.h.vec == 4)
+        kern_pack_kernel<W, 4, RUN><<<g, t, 0, s>>>(p);
+    else if (p.h.vec == 2)
+        kern_pack_kernel<W, 2, RUN><<<g, t, 0, s>>>(p);
+    else
+        kern_pack_kernel<W, 1, RUN><<<g, t, 0, s>>>(p);
+}
+
 template <int W> static int batch_launch(const struct kern_batch_args *a, cudaStream_t s)
 {
     static batch_params<W> p; /* 30 KiB: not on the caller's stack; filled under the lock */
@@ -126,16 +156,10 @@ template <int W> static int batch_launch(const struct kern_batch_args *a, cudaSt
     const dim3 g((unsigned)grid), t(KERN_BATCH_THREADS);
     if (p.h.op == KERN_BATCH_DECODE)
         kern_decode_kernel<W><<<g, t, 0, s>>>(p);
-    else if (p.h.vec == 16)
-        kern_pack_kernel<W, 16><<<g, t, 0, s>>>(p);
-    else if (p.h.vec == 8)
-        kern_pack_kernel<W, 8><<<g, t, 0, s>>>(p);
-    else if (p.h.vec == 4)
-        kern_pack_kernel<W, 4><<<g, t, 0, s>>>(p);
-    else if (p.h.vec == 2)
-        kern_pack_kernel<W, 2><<<g, t, 0, s>>>(p);
+    else if (p.h.run)
+        pack_launch<W, 1>(p, g, t, s);
     else
-        kern_pack_kernel<W, 1><<<g, t, 0, s>>>(p);
+        pack_launch<W, 0>(p, g, t, s);
     cudaError_t e = cudaGetLastError();
     pthread_mutex_unlock(&mu);
     return e == cudaSuccess ? 0 : pack_fail("batch launch", e);

@@ -28,8 +28,13 @@ extern "C" {
 struct kern_layout;
 
 #define KERN_PACK_MAX_LAYERS 4096
-/* Pieces of one copy batch, blocks of one decode into raw blocks. */
+/* Pieces of one device-to-device copy batch (one kernel), blocks of one decode into raw
+ * blocks. */
 #define KERN_COPY_BATCH_MAX 1024
+/* Pieces of one host-to-device or device-to-host copy batch (one cudaMemcpyBatchAsync): a
+ * 16k-token prefix of 2 MiB blocks moved section by section into paged tensors is about
+ * 1,000 blocks x 64 (layer, kind) sections. */
+#define KERN_DMA_BATCH_MAX 65536
 
 struct kern_pack_layout {
     uint32_t layers;
@@ -63,6 +68,27 @@ uint64_t kern_pack_block_bytes(const struct kern_pack_layout *lay);
  * checks only what does not need the table (pass a host copy to check that too). */
 int kern_pack_check(const struct kern_pack_layout *lay, const struct kern_pack_engine *eng,
                     uint64_t first_token, uint32_t nblocks, int check_table);
+
+/* 1 when a (block, layer, kind) section's rows are contiguous in the engine as they are in
+ * the block wherever they share a page: the heads of a token packed (or one head) and the
+ * tokens of a page packed (token_stride = heads x head_dim x elem_bytes): vLLM's per-layer
+ * [num_pages, page_tokens, heads, dim] tensors and the flash-attn [2, num_pages, ...] form.
+ * Such moves go as whole runs (kern_batch.h's run steps, kern_pack_runs' pieces). */
+int kern_pack_contiguous(const struct kern_pack_layout *lay, const struct kern_pack_engine *eng);
+
+/* The pieces of a gather or scatter over a contiguous engine layout (kern_pack_contiguous):
+ * for each block j whose blocks[j] is not NULL (its bytes from the canonical offset of lay's
+ * first layer, as kern_batch_pack takes them), each layer and kind of lay and each page its
+ * tokens touch, one piece of the page's tokens: eptr[i] the engine's address, bptr[i] the
+ * block's, len[i] bytes; a piece that continues the one before on both sides joins it (pages
+ * physically next to each other). With eptr NULL (blocks may be NULL then: every block) it
+ * only counts, an upper bound of what it fills. Answers the number of pieces; -ENOTSUP when
+ * the layout is not contiguous or a piece would be shorter than min_len bytes (the caller
+ * takes the staged path), -EINVAL as kern_pack_check, -E2BIG past max pieces. Host arrays;
+ * block_table is read. */
+int64_t kern_pack_runs(const struct kern_pack_layout *lay, const struct kern_pack_engine *eng,
+                       uint64_t first_token, uint32_t nblocks, void *const *blocks,
+                       uint64_t min_len, void **eptr, void **bptr, uint64_t *len, uint64_t max);
 
 /* Scalar reference: one element at a time, the definition the others are tested against. */
 int kern_pack_ref(const struct kern_pack_layout *lay, const struct kern_pack_engine *eng,

@@ -411,14 +411,17 @@ START_TEST(test_batch_split)
 }
 END_TEST
 
-/* Rows per step (R = 1 << rshift) as the host picks them: the largest power of two dividing
- * the block's tokens with R token rows in 2 KiB. */
-static uint32_t batch_rshift(struct eng *g)
+/* Rows per step (R = 1 << rshift) as the host picks them: row steps (strided layouts) the
+ * largest power of two dividing the block's tokens with R token rows in 2 KiB; run steps
+ * (heads and tokens packed: run == 1) the largest dividing the block's tokens, the page's and
+ * the first token's place in its page, with R rows in 8 KiB. */
+static uint32_t batch_rshift(struct eng *g, uint32_t run)
 {
     struct kern_batch_args *a = malloc(sizeof(*a));
     void **b = blocks_new(g, 1);
     ck_assert_ptr_nonnull(a);
     ck_assert_int_eq(kern_batch_pack(a, &g->lay, &g->e, 0, 1, b, 0, KERN_PACK_GATHER), 0);
+    ck_assert_uint_eq(a->h.run, run);
     uint32_t r = a->h.rshift;
     ck_assert_uint_eq(a->h.groups << r, g->lay.block_tokens);
     ck_assert_uint_eq(a->h.steps, g->lay.layers * g->lay.kinds * a->h.groups);
@@ -434,24 +437,24 @@ static uint32_t batch_rshift(struct eng *g)
 START_TEST(test_batch_rows_per_step)
 {
     struct eng g;
-    eng_init(&g, 2, 2, 16, 1, 64, 2, 12, 8, 64, 11); /* 128-byte rows: R = 16, pages of 12 */
-    ck_assert_uint_eq(batch_rshift(&g), 4);
+    eng_init(&g, 2, 2, 16, 1, 64, 2, 12, 8, 64, 11); /* 128-byte rows, pages of 12: runs of 4 */
+    ck_assert_uint_eq(batch_rshift(&g, 1), 2);
     run_case(&g, 3, 5);
     eng_fini(&g);
-    eng_init(&g, 3, 2, 32, 2, 128, 2, 5, 16, 128, 12); /* 512-byte rows: R = 4, pages of 5 */
-    ck_assert_uint_eq(batch_rshift(&g), 2);
+    eng_init(&g, 3, 2, 32, 2, 128, 2, 5, 16, 128, 12); /* 512-byte rows, pages of 5: runs of 1 */
+    ck_assert_uint_eq(batch_rshift(&g, 1), 0);
     run_case(&g, 3, 2);
     eng_fini(&g);
     eng_init(&g, 2, 2, 16, 2, 32, 2, 7, 12, 40, 13); /* padded heads: R = 16, pages of 7 */
-    ck_assert_uint_eq(batch_rshift(&g), 4);
+    ck_assert_uint_eq(batch_rshift(&g, 0), 4);
     run_case(&g, 2, 3);
     eng_fini(&g);
     eng_init(&g, 2, 2, 32, 2, 20, 2, 6, 16, 21, 14); /* D = 20, heads 21 apart: R = 16 */
-    ck_assert_uint_eq(batch_rshift(&g), 4);
+    ck_assert_uint_eq(batch_rshift(&g, 0), 4);
     run_case(&g, 1, 2);
     eng_fini(&g);
-    eng_init(&g, 3, 1, 32, 1, 20, 2, 3, 24, 20, 15); /* K only, 40-byte rows: R = 32 */
-    ck_assert_uint_eq(batch_rshift(&g), 5);
+    eng_init(&g, 3, 1, 32, 1, 20, 2, 3, 24, 22, 15); /* K only, 40-byte rows 44 apart: R = 32 */
+    ck_assert_uint_eq(batch_rshift(&g, 0), 5);
     run_case(&g, 2, 2);
     eng_fini(&g);
 }
@@ -462,20 +465,20 @@ END_TEST
 START_TEST(test_batch_rows_per_step_cap)
 {
     struct eng g;
-    eng_init(&g, 2, 2, 16, 3, 128, 2, 16, 6, 128, 21);
-    ck_assert_uint_eq(batch_rshift(&g), 1);
+    eng_init(&g, 2, 2, 16, 3, 128, 2, 16, 6, 136, 21);
+    ck_assert_uint_eq(batch_rshift(&g, 0), 1);
     run_case(&g, 5, 3);
     eng_fini(&g);
-    eng_init(&g, 2, 2, 8, 8, 128, 2, 16, 3, 128, 22);
-    ck_assert_uint_eq(batch_rshift(&g), 0);
+    eng_init(&g, 2, 2, 8, 8, 128, 2, 16, 3, 136, 22);
+    ck_assert_uint_eq(batch_rshift(&g, 0), 0);
     run_case(&g, 8, 2);
     eng_fini(&g);
     eng_init(&g, 2, 1, 8, 4, 160, 4, 3, 8, 168, 23);
-    ck_assert_uint_eq(batch_rshift(&g), 0);
+    ck_assert_uint_eq(batch_rshift(&g, 0), 0);
     run_case(&g, 1, 2);
     eng_fini(&g);
-    eng_init(&g, 2, 2, 12, 1, 8, 2, 5, 10, 8, 24); /* 16-byte rows, 12 tokens: R = 4 */
-    ck_assert_uint_eq(batch_rshift(&g), 2);
+    eng_init(&g, 2, 2, 12, 1, 8, 2, 5, 10, 9, 24); /* 16-byte rows, 12 tokens: R = 4 */
+    ck_assert_uint_eq(batch_rshift(&g, 0), 2);
     run_case(&g, 7, 3);
     eng_fini(&g);
 }
@@ -516,9 +519,10 @@ START_TEST(test_batch_split_32bit)
     }
     struct kern_batch_args *a = malloc(sizeof(*a));
     ck_assert_ptr_nonnull(a);
-    /* 256 layers, K and V, 2^22-token blocks of 2 KiB rows (R = 1): 2^31 steps a block */
+    /* 256 layers, K and V, 2^22-token blocks of 2 KiB rows 4 KiB apart (row steps, R = 1):
+     * 2^31 steps a block */
     struct kern_pack_layout lay = {256, 2, 1u << 22, 1, 1024, 2};
-    struct kern_pack_engine e = {kp, vp, table, 4, 1u << 22, 1ull << 33, 2048, 2048};
+    struct kern_pack_engine e = {kp, vp, table, 4, 1u << 22, 1ull << 34, 4096, 2048};
     ck_assert_int_eq(kern_batch_pack(a, &lay, &e, 0, 2, blk, 0, KERN_PACK_GATHER), -E2BIG);
     ck_assert_int_eq(kern_batch_pack(a, &lay, &e, 0, 1, blk, 0, KERN_PACK_GATHER), 0);
     ck_assert_uint_eq(a->h.steps, 1u << 31);
@@ -540,10 +544,10 @@ START_TEST(test_batch_split_32bit)
         ck_assert_uint_eq(rec.nblocks[i], 1);
         ck_assert_uint_eq(rec.first[i], (uint64_t)i << 22);
     }
-    /* one layer, 16-byte rows (R = 128, few steps), 1024 blocks of 2^22 tokens: 2^32 tokens
+    /* one layer, 16-byte rows 32 apart (R = 128, few steps), 1024 blocks of 2^22 tokens: 2^32 tokens
      * from the slice's first page, past 32 bits; two batches of 512 fit */
     struct kern_pack_layout lay1 = {1, 1, 1u << 22, 1, 8, 2};
-    struct kern_pack_engine e1 = {kp, NULL, table, 1024, 1u << 22, 1ull << 26, 16, 16};
+    struct kern_pack_engine e1 = {kp, NULL, table, 1024, 1u << 22, 1ull << 27, 32, 16};
     ck_assert_int_eq(kern_batch_pack(a, &lay1, &e1, 0, 1024, blk, 0, KERN_PACK_GATHER), -E2BIG);
     ck_assert_int_eq(kern_batch_pack(a, &lay1, &e1, 0, 512, blk, 0, KERN_PACK_GATHER), 0);
     ck_assert_uint_eq(a->h.rshift, 7);
@@ -556,6 +560,127 @@ START_TEST(test_batch_split_32bit)
     ck_assert_uint_eq(rec.nblocks[1], 512);
     ck_assert_uint_eq(rec.first[1], 512ull << 22);
     free(a);
+}
+END_TEST
+
+/* Run steps: a contiguous layout (heads and tokens packed) takes them, a strided one the
+ * row steps; every run step's R rows lie on one page (R divides the page and the first
+ * token's place in it), and the bytes are the reference's both ways, nothing around them
+ * written (run_case), for vLLM's pages of one block, blocks of two pages, pages of three
+ * blocks (not a power of two), a prefix starting mid-page, one-byte elements of odd rows,
+ * and K only. */
+static void runs_case(uint32_t layers, uint32_t kinds, uint32_t T, uint32_t H, uint32_t D,
+                      uint32_t E, uint32_t pt, uint32_t npages, uint32_t pad, uint64_t first,
+                      uint32_t nblocks, uint32_t want_run)
+{
+    struct eng g;
+    eng_init(&g, layers, kinds, T, H, D, E, pt, npages, pad, 31 + (unsigned)first);
+    struct kern_batch_args *a = malloc(sizeof(*a));
+    void **b = blocks_new(&g, nblocks);
+    ck_assert_ptr_nonnull(a);
+    ck_assert_int_eq(kern_pack_contiguous(&g.lay, &g.e), (int)want_run);
+    ck_assert_int_eq(kern_batch_pack(a, &g.lay, &g.e, first, nblocks, b, 0, KERN_PACK_SCATTER), 0);
+    ck_assert_uint_eq(a->h.run, want_run);
+    const uint32_t R = 1u << a->h.rshift;
+    ck_assert_uint_eq(a->h.groups * R, T);
+    ck_assert_uint_eq(a->h.steps, nblocks * layers * kinds * a->h.groups);
+    if (want_run) {
+        ck_assert_uint_le((uint64_t)R * H * D * E, KERN_BATCH_RUN_BYTES);
+        for (uint32_t st = 0; st < a->h.steps; st++) {
+            struct kern_batch_at at;
+            struct kern_batch_eng e;
+            kern_batch_step_at(&a->h, st, &at);
+            kern_batch_eng_at(&a->h, a->w, &at, &e);
+            ck_assert_msg(e.slot0 + R <= pt, "step %u crosses a page", st);
+        }
+    }
+    blocks_free(b, nblocks);
+    free(a);
+    run_case(&g, first, nblocks);
+    eng_fini(&g);
+}
+
+START_TEST(test_batch_runs)
+{
+    runs_case(2, 2, 16, 2, 64, 2, 16, 8, 64, 0, 4, 1);   /* vLLM: a page a block */
+    runs_case(2, 2, 16, 2, 64, 2, 16, 8, 64, 16, 3, 1);  /* from the second page */
+    runs_case(2, 2, 32, 2, 64, 2, 16, 12, 64, 8, 3, 1);  /* two pages a block, mid-page start */
+    runs_case(3, 2, 16, 1, 128, 2, 48, 4, 128, 0, 5, 1); /* pages of 48 tokens */
+    runs_case(2, 2, 8, 3, 5, 1, 8, 6, 5, 0, 4, 1);       /* 15-byte tokens: one-byte accesses */
+    runs_case(2, 1, 16, 8, 128, 2, 16, 4, 128, 0, 3, 1); /* K only, 2 KiB rows: runs of 4 */
+    runs_case(2, 2, 16, 2, 64, 2, 16, 8, 72, 0, 4, 0);   /* padded heads: rows */
+    runs_case(2, 2, 16, 1, 64, 2, 16, 8, 72, 16, 3, 0);  /* one head, padded tokens: rows */
+}
+END_TEST
+
+/* kern_pack_runs: the pieces of a contiguous layout, one per (block, layer, kind, page),
+ * joined across pages that lie next to each other; copying them is the reference's gather
+ * and scatter; a NULL block has none; a strided layout, or a piece under min_len, is refused
+ * (-ENOTSUP), and more pieces than max -E2BIG. */
+START_TEST(test_pack_runs)
+{
+    struct eng g;
+    eng_init(&g, 2, 2, 32, 2, 64, 2, 16, 12, 64, 41); /* blocks of two pages, shuffled */
+    const uint32_t n = 4;
+    const uint64_t bb = kern_pack_block_bytes(&g.lay), first = 8;
+    void **r = blocks_new(&g, n), **c = blocks_new(&g, n);
+    void *ep[256], *bp[256];
+    uint64_t len[256];
+    ck_assert_int_eq(kern_pack_ref(&g.lay, &g.e, first, n, r, KERN_PACK_GATHER), 0);
+    /* from token 8: each block's 32 tokens touch three pages (8 + 16 + 8 tokens) */
+    ck_assert_int_eq(kern_pack_runs(&g.lay, &g.e, first, n, NULL, 0, NULL, NULL, NULL, 0),
+                     n * 2 * 2 * 3);
+    int64_t m = kern_pack_runs(&g.lay, &g.e, first, n, c, 0, ep, bp, len, 256);
+    ck_assert_int_gt(m, 0);
+    ck_assert_int_le(m, n * 2 * 2 * 3);
+    uint64_t total = 0;
+    for (int64_t i = 0; i < m; i++) {
+        memcpy(bp[i], ep[i], len[i]); /* a gather */
+        total += len[i];
+    }
+    ck_assert_uint_eq(total, n * bb);
+    for (uint32_t j = 0; j < n; j++)
+        ck_assert_mem_eq(r[j], c[j], bb);
+    ck_assert_int_eq(kern_pack_runs(&g.lay, &g.e, first, n, c, 0, ep, bp, len, 5), -E2BIG);
+    /* 8-token pieces are 2 KiB: min_len above that refuses */
+    ck_assert_int_eq(kern_pack_runs(&g.lay, &g.e, first, n, NULL, 2049, NULL, NULL, NULL, 0),
+                     -ENOTSUP);
+    ck_assert_int_eq(kern_pack_runs(&g.lay, &g.e, first, n, NULL, 2048, NULL, NULL, NULL, 0),
+                     n * 12);
+    /* a scatter of blocks 0 and 2 only, into a cleared engine: theirs land, 1 and 3 not */
+    for (uint32_t l = 0; l < 2; l++) {
+        memset(g.k[l], 0, g.tensor_bytes);
+        memset(g.v[l], 0, g.tensor_bytes);
+    }
+    void *sel[4] = {r[0], NULL, r[2], NULL};
+    m = kern_pack_runs(&g.lay, &g.e, first, n, sel, 0, ep, bp, len, 256);
+    ck_assert_int_gt(m, 0);
+    ck_assert_int_le(m, 2 * 2 * 2 * 3); /* pages next to each other joined */
+    for (int64_t i = 0; i < m; i++)
+        memcpy(ep[i], bp[i], len[i]);
+    void **back = blocks_new(&g, n);
+    ck_assert_int_eq(kern_pack_ref(&g.lay, &g.e, first, n, back, KERN_PACK_GATHER), 0);
+    ck_assert_mem_eq(back[0], r[0], bb);
+    ck_assert_mem_eq(back[2], r[2], bb);
+    ck_assert_int_ne(memcmp(back[1], r[1], bb), 0);
+    ck_assert_int_ne(memcmp(back[3], r[3], bb), 0);
+    blocks_free(back, n);
+    /* pages next to each other in order (an identity table): one piece per section */
+    for (uint32_t i = 0; i < g.npages; i++)
+        g.table[i] = (int32_t)i;
+    ck_assert_int_eq(kern_pack_runs(&g.lay, &g.e, 0, n, c, 0, ep, bp, len, 256), n * 2 * 2);
+    for (uint32_t i = 0; i < n * 4; i++)
+        ck_assert_uint_eq(len[i], bb / 4);
+    blocks_free(r, n);
+    blocks_free(c, n);
+    eng_fini(&g);
+    /* strided: padded heads, or one head with padded tokens */
+    eng_init(&g, 2, 2, 16, 2, 64, 2, 16, 4, 72, 42);
+    ck_assert_int_eq(kern_pack_runs(&g.lay, &g.e, 0, 2, NULL, 0, NULL, NULL, NULL, 0), -ENOTSUP);
+    eng_fini(&g);
+    eng_init(&g, 2, 2, 16, 1, 64, 2, 16, 4, 72, 43);
+    ck_assert_int_eq(kern_pack_runs(&g.lay, &g.e, 0, 2, NULL, 0, NULL, NULL, NULL, 0), -ENOTSUP);
+    eng_fini(&g);
 }
 END_TEST
 
@@ -1121,6 +1246,8 @@ static Suite *pack_suite(void)
     tcase_add_test(tb, test_batch_rows_per_step);
     tcase_add_test(tb, test_batch_rows_per_step_cap);
     tcase_add_test(tb, test_batch_split_32bit);
+    tcase_add_test(tb, test_batch_runs);
+    tcase_add_test(tb, test_pack_runs);
     tcase_add_loop_test(tb, test_decode_paged_every_codec, 0, 2 * KERN_CODEC_COUNT);
     tcase_add_loop_test(tb, test_decode_paged_odd_shapes, 0, (int)NODD_CODECS);
     tcase_add_loop_test(tb, test_decode_rot_lowrank_shapes, 0, (int)(3 * NROT_SHAPES));

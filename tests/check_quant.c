@@ -102,6 +102,49 @@ static struct kern_layout klay(uint32_t ns)
     return (struct kern_layout){l->layers, l->kv_heads, l->head_dim, l->block_tokens, l->dtype, 0};
 }
 
+/* Several encoding threads (host.quantize_threads): every job lands, each block decodes within
+ * q8_0's bound, and the jobs land in the order they were queued whichever thread finished
+ * first (a block placed on landing takes the slot an earlier job freed). */
+START_TEST(test_threads)
+{
+    enum { N = 24 };
+    struct store_params p = store_fixture_params();
+    uint32_t idx[N];
+    ck_assert_uint_eq(quant_threads(3), 3);
+    ck_assert_uint_eq(quant_threads(1000), QUANT_THREADS_MAX);
+    ck_assert_uint_ge(quant_threads(0), 1);
+    ck_assert_uint_le(quant_threads(0), QUANT_THREADS_AUTO);
+    teardown();
+    p.quantize_inflight = 64;
+    p.quantize_threads = 4;
+    s = store_fixture_new(&p, &q);
+    store_owner_init(&o);
+    ck_assert_uint_eq(quant_nthreads(q), 4);
+    uint32_t ns = ns_open("threads", Q8);
+    for (uint32_t i = 0; i < N; i++)
+        idx[i] = put(ns, i);
+    for (uint32_t i = 0; i < N; i++)
+        ck_assert_int_eq(store_quantize(s, idx[i]), 0);
+    ck_assert_uint_eq(quant_inflight(q), N);
+    ck_assert_int_eq(quant_drain(q), N);
+    ck_assert_uint_eq(quant_inflight(q), 0);
+    ck_assert_uint_eq(s->total.quantized_blocks, N);
+    struct kern_layout kl = klay(ns);
+    void *out = malloc(kern_raw_size(&kl));
+    for (uint32_t i = 0; i < N; i++) {
+        const struct block *b = &s->ix.blocks[idx[i]];
+        ck_assert_uint_eq(b->format, KVC_WIRE_FORMAT_Q8_0);
+        ck_assert_uint_eq(b->pins, 0);
+        const void *src = (const uint8_t *)tier_host_base(s->arenas[b->arena].tier) + b->off;
+        ck_assert_int_eq(
+            kern_decode_cpu(&kl, src, b->len, out, kern_raw_size(&kl), KERN_DTYPE_FP16),
+            (int64_t)kern_raw_size(&kl));
+        ck_assert_double_lt(rel_err(ns, i, out), 0.02);
+    }
+    free(out);
+}
+END_TEST
+
 START_TEST(test_quantize_block)
 {
     uint32_t ns = ns_open("q", Q8);
@@ -216,6 +259,41 @@ START_TEST(test_head_profile)
     ck_assert_uint_eq(s->meta_x[idx[0]].hpeak, 0x40a0);
     ck_assert_float_eq(s->meta_x[idx[2]].hint, 6.0f);
     ck_assert_uint_eq(s->meta_x[idx[2]].hpeak, 0x3faa); /* 1 / (6 / 8) = 1.333 */
+}
+END_TEST
+
+/* The profile follows the recent hints: a head that looked at the sink alone, with a mass
+ * that a sum over all time would keep for 20,000 more calls, reads as a retrieval head a few
+ * thousand calls after it starts to spread its attention (the masses halve every
+ * STORE_HEAD_AGE_BLOCKS hinted blocks). */
+START_TEST(test_head_profile_ages)
+{
+    uint32_t ns = ns_open("heads-age", Q8); /* 2 layers x 4 kv heads */
+    enum { NB = 6, LH = 8 };
+    struct kvc_wire_key k[NB];
+    float sink[NB][LH], spread[NB][LH];
+    uint8_t prof[LH];
+    for (uint32_t i = 0; i < NB; i++) {
+        put(ns, i);
+        k[i] = key(ns, i);
+        for (uint32_t j = 0; j < LH; j++)
+            sink[i][j] = spread[i][j] = 1.0f;
+        sink[i][0] = i == 0 ? 1000.0f : 0.0f;
+    }
+    for (int c = 0; c < 1000; c++)
+        ck_assert_int_eq(store_hint_heads(s, ns, KVC_HINT_H2O, k, &sink[0][0], NB, 2, 4, 100), NB);
+    ck_assert_int_eq(store_head_profile(s, ns, prof), LH - 1);
+    ck_assert_uint_eq(prof[0], STORE_HEAD_SINK);
+    /* summed for ever, head 0 would stay sink-only while 1e6 + c >= 0.9 (1e6 + 6 c) */
+    for (int c = 0; c < 3000; c++)
+        ck_assert_int_eq(store_hint_heads(s, ns, KVC_HINT_H2O, k, &spread[0][0], NB, 2, 4, 100),
+                         NB);
+    ck_assert_int_eq(store_head_profile(s, ns, prof), LH);
+    ck_assert_uint_eq(prof[0], STORE_HEAD_FULL);
+    const struct store_ns *sn = store_ns_get(s, ns);
+    ck_assert_uint_lt(sn->head_seen, STORE_HEAD_AGE_BLOCKS);
+    for (uint32_t j = 0; j < 3 * LH; j++)
+        ck_assert_float_lt(sn->head_mass[j], 2.0f * NB * STORE_HEAD_AGE_BLOCKS);
 }
 END_TEST
 
@@ -387,8 +465,10 @@ int main(void)
     TCase *tc = tcase_create("core");
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_quantize_block);
+    tcase_add_test(tc, test_threads);
     tcase_add_test(tc, test_vatp_value_norm);
     tcase_add_test(tc, test_head_profile);
+    tcase_add_test(tc, test_head_profile_ages);
     tcase_add_test(tc, test_per_head_recipe);
     tcase_add_test(tc, test_refusals);
     tcase_add_test(tc, test_lookup_during_encode);

@@ -275,9 +275,11 @@ static PyObject *ns_lookup_budget(PyObject *self, PyObject *args, PyObject *kw)
             goto fail;
         b.query = query;
     }
-    /* per head: the selection may hold every key, and the profile comes back */
+    /* per head: the selection may hold every key, and the profile comes back. Without, at
+     * most the budget and never more than the keys: a budget of 2^61 sized pos at 0 bytes
+     * (the product wraps), and libkvc wrote a position per selected block past it. */
     lh = per_head ? (size_t)ns->lay.layers * ns->lay.kv_heads : 0;
-    pos = PyMem_Malloc((per_head ? (n ? n : 1) : b.budget) * sizeof(*pos));
+    pos = PyMem_Malloc((per_head || b.budget > n ? (n ? n : 1) : b.budget) * sizeof(*pos));
     heads = per_head ? PyMem_Malloc(lh ? lh : 1) : NULL;
     if (!pos || (per_head && !heads)) {
         PyErr_NoMemory();

@@ -6,7 +6,9 @@
 # finalizer), or re-initialise a closed client; each must end in a Python exception
 # (ValueError, RuntimeError) with the process alive and the daemon serving. Under the ASan
 # build (build/asan/tests/check_python) the same processes run with libasan preloaded, so
-# an invalid read that happens not to crash fails too.
+# an invalid read that happens not to crash fails too, and every process runs with Python's
+# allocator debug hooks (PYTHONMALLOC=malloc_debug): a write past a buffer the binding took
+# from PyMem is a fatal error when it is freed.
 import os
 import subprocess
 import sys
@@ -197,6 +199,19 @@ ATTACKS = {
         else:
             raise SystemExit("the collector never ran a finalizer")
     """,
+    # A budget whose positions array overflows size_t (2^61 x 8 bytes is 0): the binding
+    # sized pos by the budget and libkvc wrote one entry per selected block past it. A budget
+    # above the keys selects them all.
+    "budget_size_overflow": """
+        for budget in (2**61, 2**61 + 1, 2**62, 2**63 - 1):
+            pos, nprefix, lease = ns.lookup_budget(keys, budget, policy="lru")
+            with lease:
+                assert pos == [0, 1, 2, 3] and nprefix == 4 and len(lease) == 4, pos
+        pos, nprefix, lease, prof = ns.lookup_budget(keys, 2**61, policy="lru", per_head=True)
+        with lease:
+            assert pos == [0, 1, 2, 3] and len(prof) == 4
+        expect(OverflowError, ns.lookup_budget, keys, 2**63)
+    """,
 }
 
 
@@ -209,6 +224,9 @@ def daemon():
 def run_attack(sock, name, body):
     code = PRELUDE + textwrap.dedent(body) + "\nprint('alive')\n"
     env = dict(os.environ)
+    # The allocator's debug hooks: a write past a PyMem buffer that happens not to crash is
+    # a fatal error at its free (malloc underneath, so that ASan sees the buffers too).
+    env["PYTHONMALLOC"] = "malloc_debug"
     p = subprocess.run([sys.executable, "-c", code, sock, name], capture_output=True,
                        text=True, timeout=120, env=env)
     return p

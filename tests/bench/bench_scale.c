@@ -33,13 +33,16 @@
  *    one-block and 64-block puts of fresh keys. Throughput against one client's times the
  *    cores the clients can use (min(N, online CPUs)); the loop thread's CPU per request
  *    (the STATS counter `requests`) for the socket operations, whose inverse is where one
- *    loop saturates.
+ *    loop saturates. Then the same again on a daemon with server.io_threads =
+ *    KVC_SCALE_IO_THREADS (default 2; 0 skips it): rows ending in _io<N>, throughput against
+ *    the same row without I/O threads, and the I/O threads' CPU per request beside the loop's.
  * Keys are random 128-bit values (the daemon never derives them), blocks are filled from
  * their key (tests/lib/daemon.c) and a sample of every get is checked byte for byte. Any
  * failed request, short hit or wrong byte fails the run (exit 1). KVC_SCALE_ONLY=ready,
  * levels or clients runs one part. KVC_BENCH_SMOKE=1: a 64 MiB ready case, one level of each
  * block size, 1 and 4 clients, short phases.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -143,6 +146,39 @@ static double sc_loop_cpu(pid_t pid)
         fclose(f);
     }
     return (double)ns * 1e-9;
+}
+
+/* CPU seconds of pid's I/O threads (server.io_threads: its threads named kvcd-io*). */
+static double sc_io_cpu(pid_t pid)
+{
+    char path[300], comm[32];
+    double sum = 0;
+    struct dirent *e;
+    snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+    DIR *d = opendir(path);
+    while (d && (e = readdir(d))) {
+        unsigned long long ns;
+        FILE *f;
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(path, sizeof(path), "/proc/%d/task/%s/comm", (int)pid, e->d_name);
+        f = fopen(path, "re");
+        if (!f)
+            continue;
+        bool io = fgets(comm, sizeof(comm), f) && strncmp(comm, "kvcd-io", 7) == 0;
+        fclose(f);
+        if (!io)
+            continue;
+        snprintf(path, sizeof(path), "/proc/%d/task/%s/schedstat", (int)pid, e->d_name);
+        f = fopen(path, "re");
+        if (f && fscanf(f, "%llu", &ns) == 1)
+            sum += (double)ns * 1e-9;
+        if (f)
+            fclose(f);
+    }
+    if (d)
+        closedir(d);
+    return sum;
 }
 
 /* VmRSS of pid, bytes. */
@@ -790,8 +826,16 @@ static void sc_hot_fill(kvc_client *c, kvc_ns *ns, struct sc_bufs *b)
     kvc_flush(c);
 }
 
-static void sc_clients(void)
+/* Throughput of each client count and op with server.io_threads = 0, the threaded pass's
+ * baseline. */
+static double sc_thr0[4][SC_OPS];
+
+/* iot: server.io_threads of the daemon; rows of iot > 0 end in _io<iot> and compare with the
+ * same row at 0 of this run. */
+static void sc_clients(int iot)
 {
+    char o_io[48], sfx[16] = "";
+    const char *extra[] = {"-o", o_io, NULL};
     const bool smoke = bench_smoke();
     const int counts_full[] = {1, 16, 128, 1024}, counts_smoke[] = {1, 4};
     const int *counts = smoke ? counts_smoke : counts_full;
@@ -810,7 +854,10 @@ static void sc_clients(void)
         bench_fail("clients: no memory");
         return;
     }
-    if (sc_start(&d, 64 * MiB, NULL) || kvc_connect(d.sock, &c) || kvc_ns_open(c, &lay, &ns)) {
+    snprintf(o_io, sizeof(o_io), "server.io_threads=%d", iot);
+    if (iot)
+        snprintf(sfx, sizeof(sfx), "_io%d", iot);
+    if (sc_start(&d, 64 * MiB, extra) || kvc_connect(d.sock, &c) || kvc_ns_open(c, &lay, &ns)) {
         bench_fail("clients: kvcd did not start");
         goto out;
     }
@@ -836,7 +883,7 @@ static void sc_clients(void)
             if (op == SC_OP_GET1)
                 sc_hot_fill(c, ns, &b);
             uint64_t req0 = sc_stat(c, "requests");
-            double cpu0 = sc_loop_cpu(d.pid);
+            double cpu0 = sc_loop_cpu(d.pid), io0 = sc_io_cpu(d.pid);
             atomic_store(&sh->ready, 0);
             sh->deadline = sc_now() + secs;
             atomic_store(&sh->phase, op + 1);
@@ -846,21 +893,37 @@ static void sc_clients(void)
             for (int p = 0; p < procs; p++)
                 total += atomic_load(&sh->ops[p]);
             double thr = (double)total / secs, cpu = sc_loop_cpu(d.pid) - cpu0;
+            double iocpu = sc_io_cpu(d.pid) - io0;
             uint64_t req = sc_stat(c, "requests") - req0;
             int cores = n < ncpu ? n : (int)ncpu;
             char name[96], bname[96];
             if (n == 1)
                 base[op] = thr;
-            snprintf(name, sizeof(name), "clients_%d_%s", n, sc_opname[op]);
-            snprintf(bname, sizeof(bname), "clients_1_%s x %d cores", sc_opname[op], cores);
-            sc_row(name, thr, "ops/s", bname, base[op] > 0 ? base[op] * cores : 1e-9);
+            snprintf(name, sizeof(name), "clients_%d_%s%s", n, sc_opname[op], sfx);
+            if (iot) { /* against the same clients on a daemon without I/O threads */
+                snprintf(bname, sizeof(bname), "clients_%d_%s", n, sc_opname[op]);
+                sc_row(name, thr, "ops/s", bname, sc_thr0[ci][op] > 0 ? sc_thr0[ci][op] : 1e-9);
+            } else {
+                sc_thr0[ci][op] = thr;
+                snprintf(bname, sizeof(bname), "clients_1_%s x %d cores", sc_opname[op], cores);
+                sc_row(name, thr, "ops/s", bname, base[op] > 0 ? base[op] * cores : 1e-9);
+            }
             printf("  %s: loop thread busy %.0f%% of the phase, %.2f us of its CPU per request "
-                   "(%llu requests: one loop saturates near %.0f requests/s)\n",
+                   "(%llu requests: one loop saturates near %.0f requests/s)",
                    name, 100.0 * cpu / secs, req ? cpu * 1e6 / (double)req : 0,
                    (unsigned long long)req, req && cpu > 0 ? (double)req / cpu : 0);
+            if (iot)
+                printf("; I/O threads %.2f us per request", req ? iocpu * 1e6 / (double)req : 0);
+            printf("\n");
             if (op == SC_OP_GET1_SOCK || op == SC_OP_PUT1) {
-                snprintf(name, sizeof(name), "loop_us_per_request_%s_clients_%d", sc_opname[op], n);
+                snprintf(name, sizeof(name), "loop_us_per_request_%s_clients_%d%s", sc_opname[op],
+                         n, sfx);
                 sc_row(name, req ? cpu * 1e6 / (double)req : 0, "us", NULL, 0);
+                if (iot) {
+                    snprintf(name, sizeof(name), "io_us_per_request_%s_clients_%d%s", sc_opname[op],
+                             n, sfx);
+                    sc_row(name, req ? iocpu * 1e6 / (double)req : 0, "us", NULL, 0);
+                }
             }
         }
         atomic_store(&sh->phase, -1);
@@ -907,8 +970,12 @@ int main(int argc, char **argv)
         sc_levels(4096, bench_smoke() ? lev4s : lev4, bench_smoke() ? 1 : 4);
         sc_levels(65536, bench_smoke() ? lev64s : lev64, bench_smoke() ? 1 : 3);
     }
-    if (!only || strcmp(only, "clients") == 0)
-        sc_clients();
+    if (!only || strcmp(only, "clients") == 0) {
+        const char *iot = getenv("KVC_SCALE_IO_THREADS");
+        sc_clients(0);
+        if (!bench_failed() && (!iot || atoi(iot) > 0))
+            sc_clients(iot ? atoi(iot) : 2);
+    }
     daemon_suite_fini();
     return bench_finish(argv[1], rows, nrows);
 }

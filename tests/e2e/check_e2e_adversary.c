@@ -2,8 +2,9 @@
  * check_e2e_adversary.c — hostile local clients of other uids against a daemon of its own
  * (docs/security.md), over the socket: duplicate keys, floods of pins and leases, of
  * connections and of namespaces, idle connections, hoarded reservations, names leaked
- * across namespaces, holes punched in the shared arena (on 4 KiB and on hugetlb pages), and
- * a restricted namespace restored from disk kept out of arena 0. The fast path's shared
+ * across namespaces, holes punched in the shared arena (on 4 KiB and on hugetlb pages),
+ * a restricted namespace restored from disk kept out of arena 0, and per-head hints and budgets
+ * sent at namespaces the attacker may not read and in hostile shapes. The fast path's shared
  * memory is check_e2e_adversary_fast's, the server in this process (the GPU pool, WAITs)
  * check_e2e_adversary_pool's; the children, the daemon and the victim are
  * tests/lib/adversary.h's. Without root, every case prints a SKIP line and none is
@@ -889,6 +890,187 @@ START_TEST(test_restored_ns_arena)
 }
 END_TEST
 
+/* ---- per-head hints and budgets ------------------------------------------------------------- */
+
+/* The victim's head profile: every head sink-only (all its mass on the first block). */
+static int adv_heads_victim(void *arg)
+{
+    struct adv_sync *s = arg;
+    struct kvc_layout lay = daemon_layout("victim-model", ADV_BT);
+    const uint32_t lh = lay.layers * lay.kv_heads;
+    struct kvc_key keys[4];
+    float sc[4 * 4] = {0};
+    unsigned char prof[4];
+    size_t pos[4], nprefix;
+    struct kvc_budget b = {.budget = 1, .sinks = 1};
+    kvc_client *c;
+    kvc_ns *ns;
+    kvc_lease *l;
+    if (lh != 4 || kvc_connect(adv_d.sock, &c) || kvc_ns_open(c, &lay, &ns))
+        return 120;
+    if (adv_roundtrip_ns(ns, 9, 4))
+        return 121;
+    adv_keys(ns, 9, 4, keys);
+    for (uint32_t j = 0; j < lh; j++)
+        sc[j] = 10.0f;
+    if (kvc_hint_heads(ns, KVC_HINT_ATTENTION, keys, sc, 4, lay.layers, lay.kv_heads) != 4)
+        return 122;
+    for (int round = 0; round < 2; round++) {
+        if (kvc_lookup_budget_heads(ns, keys, 4, &b, pos, prof, &nprefix, &l) < 1)
+            return 123;
+        kvc_release(l);
+        for (uint32_t j = 0; j < lh; j++)
+            if (prof[j] != KVC_HEAD_SINK)
+                return 124 + round; /* 125: the attacker changed it */
+        if (round == 0) {
+            adv_signal(s->up[1], 'h');
+            if (adv_await(s->down[0]) != 'g')
+                return 126;
+        }
+    }
+    kvc_disconnect(c);
+    return 0;
+}
+
+/* A HINT_HEADS request of nhints keys with the given shape and nf floats of score. */
+static int adv_hint_heads_raw(kvc_client *c, uint32_t ns_id, uint32_t nhints, uint32_t layers,
+                              uint32_t heads, uint32_t nf, float v)
+{
+    static uint8_t buf[KVC_PROTO_MAX_MSG];
+    struct kvc_hint_heads_req *q = (struct kvc_hint_heads_req *)buf;
+    struct kvc_wire_key *k = (struct kvc_wire_key *)(q + 1);
+    *q = (struct kvc_hint_heads_req){
+        .ns_id = ns_id, .kind = KVC_HINT_H2O, .nhints = nhints, .layers = layers, .heads = heads};
+    for (uint32_t i = 0; i < nhints; i++)
+        k[i] = (struct kvc_wire_key){.lo = 0x5151 + i, .hi = 0xadadu};
+    float *f = (float *)(k + nhints);
+    for (uint32_t i = 0; i < nf; i++)
+        f[i] = v;
+    return adv_call(c, KVC_OP_HINT_HEADS, buf,
+                    (uint32_t)(sizeof(*q) + nhints * sizeof(*k) + nf * sizeof(float)), NULL, NULL,
+                    NULL);
+}
+
+/* A LOOKUP_BUDGET request with KVC_BUDGET_F_HEADS (or flags) of n keys (the first of them
+ * `cached`, else made up): its status, and the reply checked to hold its selection and the
+ * profile of lh bytes, nothing more. */
+static int adv_budget_raw(kvc_client *c, uint32_t ns_id, const struct kvc_key *cached,
+                          uint32_t ncached, uint32_t flags, uint32_t n, uint32_t budget,
+                          uint32_t sinks, uint32_t recent, uint32_t qdim, uint32_t nq, uint32_t lh,
+                          uint64_t *lease)
+{
+    static uint8_t buf[KVC_PROTO_MAX_MSG];
+    struct kvc_lookup_budget_req *q = (struct kvc_lookup_budget_req *)buf;
+    struct kvc_wire_key *k = (struct kvc_wire_key *)(q + 1);
+    const struct kvc_lookup_budget_rep *p;
+    uint32_t len;
+    *q = (struct kvc_lookup_budget_req){.ns_id = ns_id,
+                                        .flags = flags,
+                                        .nkeys = n,
+                                        .budget = budget,
+                                        .policy = KVC_POLICY_NS,
+                                        .qdim = qdim,
+                                        .sinks = sinks,
+                                        .recent = recent};
+    for (uint32_t i = 0; i < n; i++)
+        k[i] = (struct kvc_wire_key){.lo = 0x7777 + i, .hi = 0xbeefu};
+    if (cached)
+        memcpy(k, cached, (ncached < n ? ncached : n) * sizeof(*k));
+    memset(k + n, 0, nq * sizeof(float));
+    int rc = adv_call(c, KVC_OP_LOOKUP_BUDGET, buf,
+                      (uint32_t)(sizeof(*q) + n * sizeof(*k) + nq * sizeof(float)), NULL,
+                      (const void **)&p, &len);
+    *lease = 0;
+    if (rc)
+        return rc;
+    if (len < sizeof(*p) || p->nsel > n ||
+        len != sizeof(*p) + p->nsel * sizeof(struct kvc_wire_sel) + lh)
+        return -EPROTO;
+    *lease = p->lease_id;
+    return 0;
+}
+
+/* The attacker (in no list of the victim's namespace) sends HINT_HEADS and per-head
+ * LOOKUP_BUDGETs at every namespace id, then hostile shapes and counts at its own. */
+static int adv_heads_attacker(void *arg)
+{
+    struct kvc_layout lay = daemon_layout("attacker-model", ADV_BT);
+    const uint32_t lh = lay.layers * lay.kv_heads;
+    kvc_client *c;
+    kvc_ns *ns;
+    uint64_t lease;
+    (void)arg;
+    if (kvc_connect(adv_d.sock, &c) || kvc_ns_open(c, &lay, &ns))
+        return 130;
+    uint32_t own = kvc_ns_id(ns);
+    for (uint32_t id = 0; id < 16; id++) {
+        if (id == own)
+            continue;
+        /* The victim's shape, all the mass far from the sinks: would make its heads full. */
+        int rc = adv_hint_heads_raw(c, id, 4, lay.layers, lay.kv_heads, 4 * lh, 100.0f);
+        if (rc != -ENOENT && rc != -EACCES)
+            return 131;
+        rc = adv_budget_raw(c, id, NULL, 0, KVC_BUDGET_F_HEADS, 4, 1, 1, 0, 0, 0, lh, &lease);
+        if (rc != -ENOENT && rc != -EACCES)
+            return 132;
+    }
+    struct kvc_key mine[4];
+    if (adv_roundtrip_ns(ns, 10, 4))
+        return 133;
+    adv_keys(ns, 10, 4, mine);
+    /* layers x heads wraps a 32-bit product to 0, and to 2^32 + 4 */
+    if (adv_hint_heads_raw(c, own, 1, 0x10000, 0x10000, 0, 1.0f) != -E2BIG ||
+        adv_hint_heads_raw(c, own, 1, 0x40000001u, 4, 4, 1.0f) != -E2BIG)
+        return 134;
+    /* the protocol's largest shape, not the layout's; and the layout's with one float short */
+    if (adv_hint_heads_raw(c, own, 1, KVC_PROTO_MAX_HINT_HEADS, 1, KVC_PROTO_MAX_HINT_HEADS,
+                           1.0f) != -EINVAL ||
+        adv_hint_heads_raw(c, own, 2, lay.layers, lay.kv_heads, 2 * lh - 1, 1.0f) != -EBADMSG)
+        return 135;
+    /* more keys than the protocol allows, scores that are not finite */
+    if (adv_hint_heads_raw(c, own, KVC_PROTO_MAX_KEYS + 1, 1, 1, 0, 1.0f) != -E2BIG ||
+        adv_hint_heads_raw(c, own, 2, lay.layers, lay.kv_heads, 2 * lh, -1.0f) != -EINVAL ||
+        adv_hint_heads_raw(c, own, 2, lay.layers, lay.kv_heads, 2 * lh, __builtin_nanf("")) !=
+            -EINVAL)
+        return 136;
+    /* per-head budgets at their edges: the profile comes back, the selection within the keys */
+    if (adv_budget_raw(c, own, mine, 4, KVC_BUDGET_F_HEADS, 8, UINT32_MAX, UINT32_MAX, UINT32_MAX,
+                       0, 0, lh, &lease) ||
+        !lease ||
+        adv_budget_raw(c, own, mine, 4, KVC_BUDGET_F_HEADS, KVC_PROTO_MAX_KEYS, 1, 0, 0, 0, 0, lh,
+                       &lease))
+        return 137;
+    /* unknown flags, a budget of 0, a query longer than the protocol's or not head_dim */
+    if (adv_budget_raw(c, own, mine, 4, 2, 4, 1, 0, 0, 0, 0, lh, &lease) != -EINVAL ||
+        adv_budget_raw(c, own, mine, 4, KVC_BUDGET_F_HEADS, 4, 0, 0, 0, 0, 0, lh, &lease) !=
+            -EINVAL ||
+        adv_budget_raw(c, own, mine, 4, KVC_BUDGET_F_HEADS, 1, 1, 0, 0, KVC_PROTO_MAX_QDIM + 1, 0,
+                       lh, &lease) != -E2BIG ||
+        adv_budget_raw(c, own, mine, 4, KVC_BUDGET_F_HEADS, 2, 1, 0, 0, 3, 2, lh, &lease) !=
+            -EBADMSG)
+        return 138;
+    if (adv_roundtrip_ns(ns, 11, 4)) /* the connection still serves */
+        return 139;
+    kvc_disconnect(c);
+    return 0;
+}
+
+START_TEST(test_head_hints)
+{
+    struct adv_sync v;
+    adv_start(NULL);
+    adv_sync_init(&v);
+    pid_t b = adv_spawn(ADV_VICTIM, adv_heads_victim, &v);
+    ck_assert_int_eq(adv_await(v.up[0]), 'h');
+    ck_assert_int_eq(adv_run(ADV_ATTACKER, adv_heads_attacker, NULL), 0);
+    adv_victim_served();
+    adv_signal(v.down[1], 'g');
+    ck_assert_int_eq(daemon_child_wait(b, 30000, NULL), 0); /* its profile is its own still */
+    adv_sync_fini(&v);
+    adv_check_clean();
+}
+END_TEST
+
 /* ---- the suite ---------------------------------------------------------------------------------- */
 
 int main(void)
@@ -903,6 +1085,7 @@ int main(void)
         {"test_names_leak", test_names_leak, false},
         {"test_hole_punch", test_hole_punch, false},
         {"test_restored_ns_arena", test_restored_ns_arena, false},
+        {"test_head_hints", test_head_hints, false},
     };
     Suite *s = suite_create("e2e_adversary");
     bool root = geteuid() == 0;

@@ -6,7 +6,8 @@
  * look up, check every byte of every hit, put what is missing, look up again. The block
  * bytes are a function of the key, so every process can check every block whoever wrote
  * it. The arena holds everything, so a prompt's hit count never goes down, and at the end
- * the cache holds each distinct block exactly once.
+ * the cache holds each distinct block exactly once. It runs twice: the loop thread on the
+ * sockets, then server.io_threads = 2 (server_io.c).
  */
 #include <check.h>
 #include <stdio.h>
@@ -156,12 +157,15 @@ out:
 
 START_TEST(test_concurrent_overlapping_prefixes)
 {
-    static const char *const args[] = {"-o", "host.size=32m", "-o", "host.page_size=64k", NULL};
+    static const char *const args[] = {"-o", "host.size=32m",       "-o", "host.page_size=64k",
+                                       "-o", "server.io_threads=0", NULL};
+    static const char *const args_io[] = {"-o", "host.size=32m",       "-o", "host.page_size=64k",
+                                          "-o", "server.io_threads=2", NULL};
     pid_t pids[CON_PROCS];
     struct con_client x;
     uint64_t v;
     memset(&con_d, 0, sizeof(con_d));
-    ck_assert_int_eq(daemon_start(&con_d, args), 0);
+    ck_assert_int_eq(daemon_start(&con_d, _i ? args_io : args), 0);
     for (int i = 0; i < CON_PROCS; i++) {
         pids[i] = daemon_child_spawn(con_child, (void *)(intptr_t)i);
         ck_assert_int_gt(pids[i], 0);
@@ -209,7 +213,7 @@ int main(void)
     Suite *s = suite_create("e2e_concurrent");
     TCase *tc = tcase_create("concurrent");
     tcase_set_timeout(tc, daemon_slow() * 120);
-    tcase_add_test(tc, test_concurrent_overlapping_prefixes);
+    tcase_add_loop_test(tc, test_concurrent_overlapping_prefixes, 0, 2);
     suite_add_tcase(s, tc);
     if (daemon_suite_init("e2e-concurrent"))
         return 1;

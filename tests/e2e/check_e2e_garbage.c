@@ -4,7 +4,9 @@
  * Each case abuses one connection; the fixture then checks the daemon is still running,
  * that a fresh client completes a put/get round trip, and that it stops cleanly (the ASan
  * build's leak check included). Unreadable headers must close the connection; readable
- * ones with a bad payload get an error reply on a connection that stays usable.
+ * ones with a bad payload get an error reply on a connection that stays usable. Every case
+ * runs twice: on the loop thread's sockets, and with server.io_threads = 2 (server_io.c reads
+ * and writes them: the same answers).
  */
 #include <check.h>
 #include <errno.h>
@@ -25,6 +27,14 @@ static uint64_t gb_rx[(KVC_PROTO_MAX_MSG + 64) / 8];
 static void gb_setup(void)
 {
     static const char *const args[] = {"-o", "host.size=32m", "-o", "host.page_size=64k", NULL};
+    memset(&gb_d, 0, sizeof(gb_d));
+    ck_assert_int_eq(daemon_start(&gb_d, args), 0);
+}
+
+static void gb_setup_io(void)
+{
+    static const char *const args[] = {"-o", "host.size=32m",       "-o", "host.page_size=64k",
+                                       "-o", "server.io_threads=2", NULL};
     memset(&gb_d, 0, sizeof(gb_d));
     ck_assert_int_eq(daemon_start(&gb_d, args), 0);
 }
@@ -340,19 +350,21 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("e2e_garbage");
-    TCase *tc = tcase_create("garbage");
-    tcase_set_timeout(tc, daemon_slow() * 60);
-    tcase_add_checked_fixture(tc, gb_setup, gb_teardown);
-    tcase_add_test(tc, test_garbage_random_bytes);
-    tcase_add_test(tc, test_garbage_truncated_header);
-    tcase_add_test(tc, test_garbage_lying_length);
-    tcase_add_test(tc, test_garbage_huge_counts);
-    tcase_add_test(tc, test_garbage_bad_opcodes);
-    tcase_add_test(tc, test_garbage_before_hello);
-    tcase_add_test(tc, test_garbage_descriptor);
-    tcase_add_test(tc, test_garbage_oversized_datagram);
-    tcase_add_test(tc, test_garbage_never_reads_replies);
-    suite_add_tcase(s, tc);
+    for (int io = 0; io < 2; io++) {
+        TCase *tc = tcase_create(io ? "garbage_io_threads" : "garbage");
+        tcase_set_timeout(tc, daemon_slow() * 60);
+        tcase_add_checked_fixture(tc, io ? gb_setup_io : gb_setup, gb_teardown);
+        tcase_add_test(tc, test_garbage_random_bytes);
+        tcase_add_test(tc, test_garbage_truncated_header);
+        tcase_add_test(tc, test_garbage_lying_length);
+        tcase_add_test(tc, test_garbage_huge_counts);
+        tcase_add_test(tc, test_garbage_bad_opcodes);
+        tcase_add_test(tc, test_garbage_before_hello);
+        tcase_add_test(tc, test_garbage_descriptor);
+        tcase_add_test(tc, test_garbage_oversized_datagram);
+        tcase_add_test(tc, test_garbage_never_reads_replies);
+        suite_add_tcase(s, tc);
+    }
     if (daemon_suite_init("e2e-garbage"))
         return 1;
     return daemon_suite_run(s);

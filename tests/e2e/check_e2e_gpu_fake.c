@@ -524,16 +524,22 @@ END_TEST
  * tests/lib/gpu_engine.h's gb_engine. */
 
 /* Issue 25: host-tier hits and slots (a daemon without a pool, the fake device) move in as
- * many device operations for 64 blocks as for one. Per call, whatever the count:
- *   kvc_resv_gather (a put into host slots): gather kernel, one device-to-host batch, record;
+ * many device operations for 64 blocks as for one. Per call, whatever the count, into
+ * vLLM's packed paged tensors (pad 0, _i == 0: contiguous sections):
+ *   kvc_resv_gather (a put into host slots): one device-to-host batch straight from the
+ *   pages (a range per (block, layer, kind, page)), record;
  *   kvc_lease_copy_range_async: one host-to-device batch, record;
- *   kvc_lease_scatter and kvc_lease_scatter_layers: one host-to-device batch (the layers
- *   moved, staged), scatter kernel, record.
- * (Before: a copy and an event record per hit for the copies, a copy per host block per
- * scatter and gather, the tables copied per call, and a kernel per 64 slots of a gather.)
- * Every byte checked. */
+ *   kvc_lease_scatter and kvc_lease_scatter_layers: one host-to-device batch straight into
+ *   the pages, record; no kernel, no staging;
+ * and with padded heads (a strided layout, _i == 1): the gather kernel into device staging
+ * and one device-to-host batch, record; the scatters one host-to-device batch into staging
+ * (the layers moved), the scatter kernel (row steps), record.
+ * (Before: every layout took the staged path, and the real device made one DMA call per
+ * contiguous range of a batch: a range per host block.) Every byte checked, pages of a
+ * shuffled block table. */
 START_TEST(test_host_hits_bounded_ops)
 {
+    const uint32_t pad = _i ? 16 : 0;
     static const uint32_t counts[] = {1, 4, GB_BLOCKS};
     kvc_client *c;
     kvc_ns *ns;
@@ -552,13 +558,15 @@ START_TEST(test_host_hits_bounded_ops)
     size_t bb = kvc_ns_block_bytes(ns);
     uint8_t *buf = NULL;
     ck_assert_int_eq(fake_dev_ops.mem_alloc((void **)&buf, GB_BLOCKS * bb), 0);
-    gb_engine_init(&src, 2, 1, 1, 1);
-    gb_engine_init(&dst, 2, 1, 0, 0);
+    gb_engine_init_pad(&src, 2, 1, 1, 1, pad);
+    gb_engine_init_pad(&dst, 2, 1, 0, 0, pad);
     uint8_t *want = gb_blocks(&src, GB_BLOCKS, bb);
+    const uint64_t packs0 = fake_dev.packs, runs0 = fake_dev.pack_runs;
+    const uint64_t ranges0 = fake_dev.dma_ranges;
     for (int i = 0; i < 3; i++) {
         uint32_t n = counts[i];
         uint64_t o;
-        gb_keys(ns, 300000 + 10000 * n, n, keys);
+        gb_keys(ns, 300000 + 10000 * n + 1000 * pad, n, keys);
         ck_assert_int_eq(kvc_reserve(ns, NULL, keys, n, &r), (int)n);
         o = gb_ops();
         ck_assert_int_eq(kvc_resv_gather(r, 0, n, &src.kv, 0, stream, NULL), (int)n);
@@ -584,23 +592,33 @@ START_TEST(test_host_hits_bounded_ops)
         ck_assert_int_eq(kvc_release(l), 0);
         ck_assert_int_eq(gb_engine_check(&dst, &src, n * GE_BT, 1, 1), 0);
     }
-    printf("e2e_gpu: host hits, device operations per call (1/4/64 blocks): gather %llu/%llu/%llu, "
-           "copy range %llu/%llu/%llu, scatter %llu/%llu/%llu, scatter of a layer "
-           "%llu/%llu/%llu\n",
-           (unsigned long long)ops[0][0], (unsigned long long)ops[1][0],
-           (unsigned long long)ops[2][0], (unsigned long long)ops[0][1],
-           (unsigned long long)ops[1][1], (unsigned long long)ops[2][1],
-           (unsigned long long)ops[0][2], (unsigned long long)ops[1][2],
-           (unsigned long long)ops[2][2], (unsigned long long)ops[0][3],
-           (unsigned long long)ops[1][3], (unsigned long long)ops[2][3]);
+    printf("e2e_gpu: host hits, %s layout, device operations per call (1/4/64 blocks): gather "
+           "%llu/%llu/%llu, copy range %llu/%llu/%llu, scatter %llu/%llu/%llu, scatter of a layer "
+           "%llu/%llu/%llu; DMA ranges in all %llu\n",
+           pad ? "strided" : "contiguous", (unsigned long long)ops[0][0],
+           (unsigned long long)ops[1][0], (unsigned long long)ops[2][0],
+           (unsigned long long)ops[0][1], (unsigned long long)ops[1][1],
+           (unsigned long long)ops[2][1], (unsigned long long)ops[0][2],
+           (unsigned long long)ops[1][2], (unsigned long long)ops[2][2],
+           (unsigned long long)ops[0][3], (unsigned long long)ops[1][3],
+           (unsigned long long)ops[2][3], (unsigned long long)(fake_dev.dma_ranges - ranges0));
     for (int k = 0; k < 4; k++) {
         ck_assert_uint_eq(ops[0][k], ops[1][k]);
         ck_assert_uint_eq(ops[0][k], ops[2][k]);
     }
-    ck_assert_uint_eq(ops[0][0], 3); /* gather kernel, device-to-host batch, record */
     ck_assert_uint_eq(ops[0][1], 2); /* host-to-device batch, record */
-    ck_assert_uint_eq(ops[0][2], 3); /* host-to-device batch, scatter kernel, record */
-    ck_assert_uint_eq(ops[0][3], 3);
+    if (pad) {
+        ck_assert_uint_eq(ops[0][0], 3); /* gather kernel, device-to-host batch, record */
+        ck_assert_uint_eq(ops[0][2], 3); /* host-to-device batch, scatter kernel, record */
+        ck_assert_uint_eq(ops[0][3], 3);
+        ck_assert_uint_eq(fake_dev.packs - packs0, 9); /* row steps */
+        ck_assert_uint_eq(fake_dev.pack_runs - runs0, 0);
+    } else {
+        ck_assert_uint_eq(ops[0][0], 2); /* device-to-host batch from the pages, record */
+        ck_assert_uint_eq(ops[0][2], 2); /* host-to-device batch into the pages, record */
+        ck_assert_uint_eq(ops[0][3], 2);
+        ck_assert_uint_eq(fake_dev.packs - packs0, 0); /* no kernel, no staging */
+    }
     ck_assert_uint_eq(fake_dev.bad_kinds + fake_dev.bad_packs, 0);
     ck_assert_int_eq(fake_dev_last_error(), 0);
     free(want);
@@ -615,10 +633,13 @@ START_TEST(test_host_hits_bounded_ops)
 END_TEST
 
 /* Issue 26: kvc_lease_scatter_layers moves only the layers asked for — into fake device
- * tensors and into host tensors (on_device 0) — and leaves the others as they were; bad
- * ranges are refused before anything moves. */
+ * tensors and into host tensors (on_device 0), packed (_i == 0: the host blocks by DMA
+ * straight into the pages) and with padded heads (_i == 1: staged, the scatter kernel) — and
+ * leaves the others as they were (the heads' padding too); bad ranges are refused before
+ * anything moves. */
 START_TEST(test_scatter_layers_only_those)
 {
+    const uint32_t pad = _i ? 16 : 0;
     kvc_client *c;
     kvc_ns *ns;
     kvc_lease *l;
@@ -633,7 +654,7 @@ START_TEST(test_scatter_layers_only_those)
     ck_assert_int_eq(kvc_gpu_attach(c), 0);
     void *stream = fake_dev_stream(0);
     size_t bb = kvc_ns_block_bytes(ns);
-    gb_engine_init(&src, 4, 0, 1, 3);
+    gb_engine_init_pad(&src, 4, 0, 1, 3, pad);
     uint8_t *blocks = gb_blocks(&src, n, bb);
     const void *bp[GB_BLOCKS];
     for (uint32_t j = 0; j < n; j++)
@@ -641,7 +662,7 @@ START_TEST(test_scatter_layers_only_those)
     gb_keys(ns, 700000, n, keys);
     ck_assert_int_eq(kvc_put_prefix(ns, NULL, keys, n, bp), (int)n);
     for (int dev = 0; dev < 2; dev++) {
-        gb_engine_init(&dst, 4, dev, 0, 0);
+        gb_engine_init_pad(&dst, 4, dev, 0, 0, pad);
         ck_assert_int_eq(kvc_lookup(ns, keys, n, 0, &l), (int)n);
         ck_assert_int_eq(kvc_lease_scatter_layers(l, 0, n, &dst.kv, 0, 1, 2, stream, NULL), (int)n);
         ck_assert_int_eq(kvc_release(l), 0);
@@ -682,6 +703,7 @@ END_TEST
  * whole gather's. A commit of fewer slots than the partial ones publishes them. */
 START_TEST(test_gather_layers_commit)
 {
+    const uint32_t pad = _i ? 16 : 0; /* packed: by DMA from the pages; padded: staged */
     kvc_client *c;
     kvc_ns *ns;
     kvc_resv *r;
@@ -698,7 +720,7 @@ START_TEST(test_gather_layers_commit)
     void *stream = fake_dev_stream(0), *other = fake_dev_stream(0);
     size_t bb = kvc_ns_block_bytes(ns);
     for (int dev = 0; dev < 2; dev++) {
-        gb_engine_init(&src, 4, dev, 1, 5 + (unsigned)dev);
+        gb_engine_init_pad(&src, 4, dev, 1, 5 + (unsigned)dev, pad);
         uint8_t *want = gb_blocks(&src, n, bb);
         gb_keys(ns, 800000 + 10000 * (uint32_t)dev, n, keys);
         ck_assert_int_eq(kvc_reserve(ns, NULL, keys, n, &r), (int)n);
@@ -886,7 +908,7 @@ static int gf_pool_bounded_ops(void *arg)
     struct kvc_key keys[GB_BLOCKS];
     struct gb_engine src, dst;
     uint64_t ops[3][4];
-    (void)arg;
+    const uint32_t pad = (uint32_t)(uintptr_t)arg;
     if (gf_client(0, &c, &ns, keys) || kvc_gpu_attach(c) != 1)
         return 90;
     void *stream = fake_dev_stream(0);
@@ -894,13 +916,14 @@ static int gf_pool_bounded_ops(void *arg)
     uint8_t *buf = NULL;
     if (!stream || fake_dev_ops.mem_alloc((void **)&buf, GB_BLOCKS * bb))
         return 91;
-    gb_engine_init(&src, GE_LAYERS, 1, 1, 2);
-    gb_engine_init(&dst, GE_LAYERS, 1, 0, 0);
+    gb_engine_init_pad(&src, GE_LAYERS, 1, 1, 2, pad);
+    gb_engine_init_pad(&dst, GE_LAYERS, 1, 0, 0, pad);
     uint8_t *want = gb_blocks(&src, GB_BLOCKS, bb);
+    const uint64_t runs0 = fake_dev.pack_runs, packs0 = fake_dev.packs;
     for (int i = 0; i < 3; i++) {
         uint32_t n = counts[i];
         uint64_t o;
-        gb_keys(ns, 500000 + 10000 * n, n, keys);
+        gb_keys(ns, 500000 + 10000 * n + 1000 * pad, n, keys);
         if (kvc_reserve_gpu(ns, NULL, keys, n, &r) != (int)n)
             return 92;
         for (uint32_t j = 0; j < n; j++)
@@ -942,21 +965,25 @@ static int gf_pool_bounded_ops(void *arg)
         if (kvc_release(l) || gb_engine_check(&dst, &src, n * GE_BT, 1, 1))
             return 104;
     }
-    printf("e2e_gpu: pool hits, device operations per call (1/4/64 blocks): gather %llu/%llu/%llu, "
-           "copy range %llu/%llu/%llu, scatter %llu/%llu/%llu, scatter of a layer "
-           "%llu/%llu/%llu\n",
-           (unsigned long long)ops[0][0], (unsigned long long)ops[1][0],
-           (unsigned long long)ops[2][0], (unsigned long long)ops[0][1],
-           (unsigned long long)ops[1][1], (unsigned long long)ops[2][1],
-           (unsigned long long)ops[0][2], (unsigned long long)ops[1][2],
-           (unsigned long long)ops[2][2], (unsigned long long)ops[0][3],
-           (unsigned long long)ops[1][3], (unsigned long long)ops[2][3]);
+    printf(
+        "e2e_gpu: pool hits, %s layout, device operations per call (1/4/64 blocks): gather "
+        "%llu/%llu/%llu, copy range %llu/%llu/%llu, scatter %llu/%llu/%llu, scatter of a layer "
+        "%llu/%llu/%llu\n",
+        pad ? "strided" : "contiguous", (unsigned long long)ops[0][0],
+        (unsigned long long)ops[1][0], (unsigned long long)ops[2][0], (unsigned long long)ops[0][1],
+        (unsigned long long)ops[1][1], (unsigned long long)ops[2][1], (unsigned long long)ops[0][2],
+        (unsigned long long)ops[1][2], (unsigned long long)ops[2][2], (unsigned long long)ops[0][3],
+        (unsigned long long)ops[1][3], (unsigned long long)ops[2][3]);
     fflush(stdout);
     for (int k = 0; k < 4; k++)
         if (ops[0][k] != ops[1][k] || ops[0][k] != ops[2][k] || ops[0][k] != 2)
             return 110 + k;
     if (fake_dev.bad_kinds || fake_dev.bad_packs || fake_dev_last_error())
         return 120;
+    /* three kernels a round (gather, scatter, scatter of a layer): run steps where the
+     * layout is contiguous, the row steps where it is strided */
+    if (fake_dev.packs - packs0 != 9 || fake_dev.pack_runs - runs0 != (pad ? 0u : 9u))
+        return 122;
     free(want);
     fake_dev_ops.mem_free(buf);
     gb_engine_fini(&src);
@@ -969,6 +996,13 @@ static int gf_pool_bounded_ops(void *arg)
 START_TEST(test_pool_bounded_ops)
 {
     ck_assert_int_eq(gf_run(gf_pool_bounded_ops, NULL), 0);
+}
+END_TEST
+
+/* The same with padded heads (a strided layout): the row steps, the same counts and bytes. */
+START_TEST(test_pool_bounded_ops_strided)
+{
+    ck_assert_int_eq(gf_run(gf_pool_bounded_ops, (void *)(uintptr_t)16), 0);
 }
 END_TEST
 
@@ -992,12 +1026,13 @@ int main(void)
     tcase_add_test(tf, test_fake_refuses_forked_child);
     tcase_add_test(tf, test_pool_moves_off_the_loop);
     TCase *tb = gf_case(s, "batch", ge_setup, ge_teardown);
-    tcase_add_test(tb, test_host_hits_bounded_ops);
-    tcase_add_test(tb, test_scatter_layers_only_those);
-    tcase_add_test(tb, test_gather_layers_commit);
+    tcase_add_loop_test(tb, test_host_hits_bounded_ops, 0, 2);
+    tcase_add_loop_test(tb, test_scatter_layers_only_those, 0, 2);
+    tcase_add_loop_test(tb, test_gather_layers_commit, 0, 2);
     tcase_add_test(tb, test_scatter_lossy_every_codec);
     TCase *tp = gf_case(s, "batch-pool", gf_setup, gf_teardown);
     tcase_add_test(tp, test_pool_bounded_ops);
+    tcase_add_test(tp, test_pool_bounded_ops_strided);
     fflush(stdout);
     if (daemon_suite_init("e2e-gpu-fake"))
         return 1;

@@ -2,24 +2,23 @@
  *
  * DESIGN
  * Each input builds a fresh store (a small host arena, the engine attached), a server on a
- * socket in a private directory, and up to FZ_NCONN client connections, then reads itself as
- * a sequence of operations: one byte picks the connection and the request, the next ones its
- * arguments (keys from a small space so hits, dedup and eviction happen; lease and
- * reservation ids of this connection, of another one, released ones or made up; counts and
- * flags), and one byte may spoil the datagram (short, long, wrong magic, version, length,
- * opcode). After each send this thread runs the loop until the connection has an answer or
- * the server closed it, the client side being registered on the same loop. At the end every
- * connection is closed and the store must hold nothing for anyone: no pin, no reservation,
- * no reserved block, each namespace's block count equal to its committed blocks in the
- * index, every committed block found under its key, its parent cached, its child count
- * right.
- * The fast path is on: FAST_ATTACH hands out hit rings (mapped here, then filled with
- * entries made of real blocks of the store, of namespaces and blocks of nobody, with
- * made-up counts and copy times, and heads moved on, backwards or far ahead) and indexes
- * (mapped read-only; a writable mapping must be refused). At the end the daemon must have
- * counted no more ring entries than it could have read, credited no more copy time than its
- * connections could have spent, and every entry of arena 0's index must name a committed
- * block at that place. Run with `make fuzz` (clang, ASan+UBSan). */
+ * socket in a private directory, and up to FZ_NCONN client connections, then reads itself as a
+ * sequence of operations: one byte picks the connection and the request (budgeted lookups,
+ * per-head or not, and per-head hints among them), the next ones its arguments (keys from a
+ * small space so hits, dedup and eviction happen; lease and reservation ids of this connection,
+ * of another one, released ones or made up; counts and flags), and one byte may spoil the
+ * datagram (short, long, wrong magic, version, length, opcode). After each send this thread
+ * runs the loop until the connection has an answer or the server closed it, the client side
+ * being registered on the same loop. At the end every connection is closed and the store must
+ * hold nothing for anyone: no pin, no reservation, no reserved block, each namespace's block
+ * count equal to its committed blocks in the index, every committed block found under its key,
+ * its parent cached, its child count right. The fast path is on: FAST_ATTACH hands out hit
+ * rings (mapped here, then filled with entries made of real blocks of the store, of namespaces
+ * and blocks of nobody, with made-up counts and copy times, and heads moved on, backwards or
+ * far ahead) and indexes (mapped read-only; a writable mapping must be refused). At the end the
+ * daemon must have counted no more ring entries than it could have read, credited no more copy
+ * time than its connections could have spent, and every entry of arena 0's index must name a
+ * committed block at that place. Run with `make fuzz` (clang, ASan+UBSan). */
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -305,7 +304,16 @@ static void fz_drain(struct fz *f, struct fz_conn *c, uint32_t layout)
             c->ns[layout] = ((const struct kvc_ns_open_rep *)pl)->ns_id;
         else if (h->opcode == KVC_OP_LOOKUP && len >= sizeof(struct kvc_lookup_rep))
             fz_remember(c->leases, &c->nleases, ((const struct kvc_lookup_rep *)pl)->lease_id);
-        else if (h->opcode == KVC_OP_RESERVE && len >= sizeof(struct kvc_reserve_rep)) {
+        else if (h->opcode == KVC_OP_LOOKUP_BUDGET && len >= sizeof(struct kvc_lookup_budget_rep)) {
+            const struct kvc_lookup_budget_rep *bp = (const struct kvc_lookup_budget_rep *)pl;
+            /* The reply holds its selection (and with F_HEADS the profile) and no more. */
+            if (len < sizeof(*bp) + (size_t)bp->nsel * sizeof(struct kvc_wire_sel) ||
+                len - sizeof(*bp) - (size_t)bp->nsel * sizeof(struct kvc_wire_sel) >
+                    KVC_PROTO_MAX_HINT_HEADS ||
+                bp->nsel > bp->nprefix || (bp->nsel > 0) != (bp->lease_id != 0))
+                fz_fail("budgeted lookup reply", len, bp->nsel);
+            fz_remember(c->leases, &c->nleases, bp->lease_id);
+        } else if (h->opcode == KVC_OP_RESERVE && len >= sizeof(struct kvc_reserve_rep)) {
             c->last_resv = ((const struct kvc_reserve_rep *)pl)->resv_id;
             fz_remember(c->resvs, &c->nresvs, c->last_resv);
         }
@@ -487,6 +495,37 @@ static void fz_ring_write(struct fz *f, struct fz_conn *c)
     __atomic_store_n(&r->head, head, __ATOMIC_RELEASE);
 }
 
+/* LOOKUP_BUDGET (the LOOKUP op with fl & 0xc0 == 0x40): with or without per-head budgets
+ * (KVC_BUDGET_F_HEADS, whose reply carries the namespace's head profile) or unknown flags, a
+ * budget of 0 or more, the namespace's policy, one by number or an unknown one, sinks and a
+ * recent window, and a query of the layout's head_dim floats (Quest) or of another length. */
+static void fz_budget(struct fz *f, struct fz_conn *c, uint8_t fl)
+{
+    struct kvc_lookup_budget_req *q =
+        (struct kvc_lookup_budget_req *)(fz_msg + sizeof(struct kvc_msg_hdr));
+    struct kvc_wire_layout w;
+    uint32_t layout, pol = fz_u8(f), shape = fz_u8(f);
+    uint32_t flags = (fl & 0x20) ? fz_u32(f) : (fl & KVC_BUDGET_F_HEADS);
+    uint32_t ns_id = fz_pick_ns(f, c, &layout), budget = fz_u8(f) % 8;
+    *q = (struct kvc_lookup_budget_req){.ns_id = ns_id,
+                                        .flags = flags,
+                                        .budget = budget,
+                                        .policy = pol == 0xff ? KVC_POLICY_NS : pol % 12,
+                                        .sinks = shape & 3,
+                                        .recent = (shape >> 2) & 3};
+    if (shape & 0x80)
+        q->sinks = q->recent = UINT32_MAX; /* more than any prefix: the policy clamps */
+    fz_layout(layout, &w);
+    q->nkeys = fz_keys(f, (struct kvc_wire_key *)(q + 1), 2 * FZ_NKEYS);
+    q->qdim = (fl & 2) ? w.head_dim : (fl & 4) ? (shape >> 4) % 5 : 0;
+    float *v = (float *)((struct kvc_wire_key *)(q + 1) + q->nkeys);
+    for (uint32_t i = 0; i < q->qdim; i++)
+        v[i] = (fl & 0x10) && i == 0 ? __builtin_inff() : (float)(int8_t)fz_u8(f) / 8.0f;
+    fz_send(f, c, KVC_OP_LOOKUP_BUDGET,
+            sizeof(*q) + q->nkeys * sizeof(struct kvc_wire_key) + q->qdim * sizeof(float),
+            FZ_NLAYOUTS);
+}
+
 static void fz_op(struct fz *f)
 {
     uint8_t b = fz_u8(f);
@@ -517,6 +556,10 @@ static void fz_op(struct fz *f)
     case FZ_OP_LOOKUP: {
         struct kvc_lookup_req *q = (struct kvc_lookup_req *)pl;
         uint8_t fl = fz_u8(f);
+        if ((fl & 0xc0) == 0x40) {
+            fz_budget(f, c, fl);
+            break;
+        }
         *q = (struct kvc_lookup_req){.ns_id = fz_pick_ns(f, c, &layout),
                                      .flags = (fl & 0x80) ? fl : (fl & KVC_LOOKUP_F_READY_ONLY)};
         q->nkeys = fz_keys(f, (struct kvc_wire_key *)(q + 1), 2 * FZ_NKEYS);

@@ -332,10 +332,17 @@ static int fake_copy_batch(void *const *dst, const void *const *src, const uint6
     int rc = fake_enter();
     if (rc)
         return rc;
-    if (n > KERN_COPY_BATCH_MAX || (n && (!dst || !src || !len)))
+    if (n > (kind == KERN_DEV_COPY_D2D ? KERN_COPY_BATCH_MAX : KERN_DMA_BATCH_MAX) ||
+        (n && (!dst || !src || !len)))
         return -EINVAL;
-    for (uint32_t i = 0; i < n && rc == 0; i++)
+    for (uint32_t i = 0; i < n && rc == 0; i++) {
         rc = fake_copy_queue(dst[i], src[i], len[i], kind, stream);
+        /* a range that does not continue the one before: a cudaMemcpyAsync of its own where
+         * the runtime has no batched DMA */
+        fake_dev.dma_ranges += kind != KERN_DEV_COPY_D2D &&
+                               (i == 0 || (const char *)dst[i - 1] + len[i - 1] != dst[i] ||
+                                (const char *)src[i - 1] + len[i - 1] != src[i]);
+    }
     fake_dev.ops++;
     fake_dev.copy_batches++;
     return rc;
@@ -661,6 +668,7 @@ static int fake_batch(const struct kern_batch_args *a, void *stream)
         fake_dev.decodes++;
     else
         fake_dev.packs++;
+    fake_dev.pack_runs += a->h.op != KERN_BATCH_DECODE && a->h.run;
     return 0;
 }
 

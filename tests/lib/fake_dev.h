@@ -26,7 +26,8 @@
  *   wait that covers it by kern_batch_run_cpu, the kernel's own row function with one lane;
  *   every tensor base and block it is given must be device memory then, else the wait
  *   reports the fault (-EIO), as a real kernel reading host or freed memory would.
- * - A copy batch (copy_batch) is one operation of n copies, each checked like copy_async.
+ * - A copy batch (copy_batch) is one operation of n copies, each checked like copy_async
+ *   (at most KERN_COPY_BATCH_MAX device to device, KERN_DMA_BATCH_MAX to or from the host).
  * - mem_free is cudaFree: it waits for the whole device first (every stream's work is
  *   performed) and counts a device-wide synchronisation.
  * - event_query never waits: when work before the event is still queued it performs that
@@ -73,7 +74,10 @@ struct fake_dev_state {
     uint64_t records;        /* events recorded: event_record, event_new_record */
     uint64_t copies;         /* copies queued (each piece of a copy batch counts) */
     uint64_t copy_batches;   /* copy_batch calls */
+    uint64_t dma_ranges;     /* contiguous ranges of host<->device copy batches (one DMA call
+                                each where the runtime has no batched DMA) */
     uint64_t packs;          /* gather/scatter kernels queued */
+    uint64_t pack_runs;      /* of them, kernels of run steps (kern_batch.h; else row steps) */
     uint64_t decodes;        /* decode kernels queued */
     uint64_t bad_packs;      /* kernels that met a pointer outside device memory */
     uint64_t bytes;          /* bytes they moved once performed */

@@ -52,12 +52,18 @@ struct gb_engine {
     void *k[GB_MAX_LAYERS], *v[GB_MAX_LAYERS];
     int32_t table[GB_PAGES];
     uint64_t bytes;
+    uint32_t pad; /* bytes after each head's row (0: heads and tokens packed) */
     struct kvc_paged_kv kv;
 };
 
 /* layers layers of tensors in fake device memory (dev) or host memory, filled with the
  * engine's bytes for salt (fill) or 0x5a. */
 void gb_engine_init(struct gb_engine *e, uint32_t layers, int dev, int fill, unsigned salt);
+/* The same with pad bytes after each head's row: a strided layout (the gather/scatter
+ * kernel's row steps, host blocks staged), where pad 0 is vLLM's packed one (run steps,
+ * host blocks by DMA straight into the pages). */
+void gb_engine_init_pad(struct gb_engine *e, uint32_t layers, int dev, int fill, unsigned salt,
+                        uint32_t pad);
 void gb_engine_fini(struct gb_engine *e);
 /* The pack layout and engine of kernels/kern_pack.h for e. */
 struct kern_pack_layout gb_pack_layout(uint32_t layers);

@@ -81,6 +81,37 @@ mutation decode-wide-8-offset kernels/kern_batch.h "check_pack" \
 '            memcpy(v + 2 * i, p + 8 * i, 8);' \
 '            memcpy(v + 2 * i, p + 8 * i + 8, 8);'
 
+# The contiguity test of the paged moves (issue 25): a layout whose heads are packed but
+# whose tokens are padded (one head, a padded row) treated as contiguous: its run steps and
+# DMA pieces read and write the padding and miss the tokens after it.
+mutation pack-run-strided-tokens kernels/kern_pack.c "check_pack check_e2e_gpu_fake" \
+'    return (lay->heads == 1 || eng->head_stride == row) && eng->token_stride == row * lay->heads;' \
+'    return lay->heads == 1 || eng->head_stride == row;'
+
+# The same with strides that merely hold a row taken for packed ones: padded heads and
+# tokens treated as contiguous.
+mutation pack-run-strided-heads kernels/kern_pack.c "check_pack check_e2e_gpu_fake" \
+'    return (lay->heads == 1 || eng->head_stride == row) && eng->token_stride == row * lay->heads;' \
+'    return (lay->heads == 1 || eng->head_stride >= row) && eng->token_stride >= row * lay->heads;'
+
+# Run steps that ignore where the prefix starts in its page: a step of a prefix starting
+# mid-page runs past the page's end into whatever page follows it in memory.
+mutation pack-run-crosses-page kernels/kern_pack.c "check_pack" \
+'    const uint64_t m = (uint64_t)lay->block_tokens | eng->page_tokens | a->h.off0;' \
+'    const uint64_t m = (uint64_t)lay->block_tokens | eng->page_tokens;'
+
+# DMA pieces that are not cut at page boundaries: a block spanning two pages goes as one
+# piece into the first page and past it.
+mutation pack-runs-page-split kernels/kern_pack.c "check_pack check_e2e_gpu_fake" \
+'                    const uint64_t b = t0 + T < (pg + 1) * pt ? t0 + T : (pg + 1) * pt;' \
+'                    const uint64_t b = t0 + T;'
+
+# A layer range of host hits into packed pages by DMA read from the block's first layer, not
+# the first layer of the range.
+mutation scatter-direct-layer-offset client/libkvc_gpu.c "check_e2e_gpu_fake" \
+'            runs.host[j] = (uint8_t *)h->data + from; /* by DMA into the pages */' \
+'            runs.host[j] = (uint8_t *)h->data; /* by DMA into the pages */'
+
 # A swapped block in the store: a lookup hands out neighbouring hits' locations in pairs.
 mutation store-swapped-block daemon/store.c "check_store check_e2e_dedup check_e2e_concurrent" \
 '            store_loc_fill(b, &locs[i]);' \
@@ -273,6 +304,11 @@ mutation ladder-rung-bytes daemon/quant.c "check_ladder" \
     store_ladder_account(s, j->idx, +1);' \
 '    b->format = j->format;'
 
+# host.quantize_threads ignored: one encoding thread whatever the option says.
+mutation quant-one-thread daemon/quant.c "check_quant" \
+'    for (uint32_t i = 0; i < quant_threads(s->p.quantize_threads); i++) {' \
+'    for (uint32_t i = 0; i < 1; i++) {'
+
 # The precision ladder: a sink at the cold end of the raw rung is quantized instead of
 # leaving the tier.
 mutation ladder-sink-quantized daemon/engine.c "check_ladder" \
@@ -290,6 +326,12 @@ mutation vatp-no-disk-norms daemon/engine_disk.c "check_e2e_policy" \
 mutation budget-heads-even daemon/store_policy.c "check_e2e_policy" \
 '    b = nfull ? (total - spent) / nfull : cl;' \
 '    b = nfull ? (total - spent) / lh : cl;'
+
+# Head profiles: the per-head masses are halved but the count of hinted blocks is not, so
+# after the first halving every later hint halves them again (the profile forgets at once).
+mutation head-profile-age-count daemon/store_policy.c "check_quant" \
+'            ns->head_seen /= 2;' \
+'            ns->head_seen = STORE_HEAD_AGE_BLOCKS;'
 
 # The precision ladder: the namespace's fidelity budget is not applied to its rungs.
 mutation ladder-budget-ignored daemon/store_policy.c "check_ladder" \
@@ -516,6 +558,19 @@ mutation enc-merge-window-skip kernels/kern_encb.h "check_codecs" \
 mutation enc-merge-rows-full kernels/kern_encb.h "check_codecs" \
 '    if (next >= T || sm->nrows >= R)' \
 '    if (next >= T || sm->nrows >= R + T)'
+
+# I/O threads: a reply that does not fit in the client's socket is dropped instead of
+# closing a client that never reads its replies.
+mutation iothreads-slow-consumer-kept daemon/server_io.c "check_e2e_garbage" \
+'        if (!ioc->dead && sendmsg(ioc->fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {' \
+'        if (!ioc->dead && sendmsg(ioc->fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL) < 0 && errno != EAGAIN) {'
+
+# I/O threads: a reply's descriptor (NS_OPEN's arena, FAST_ATTACH's index) is not passed.
+mutation iothreads-reply-no-fd daemon/server_io.c "check_e2e_iothreads" \
+'        if (m->fd >= 0) {
+            struct cmsghdr *cm;' \
+'        if (m->fd >= 0 && 0) {
+            struct cmsghdr *cm;'
 
 # ---- machinery ------------------------------------------------------------------------------
 
