@@ -661,8 +661,8 @@ START_TEST(test_fast_ring_steps)
     /* No pass of the rings pending when the entries land: the pass after a batch runs at
      * most once a millisecond and sets a timer when it skips, so a request made past that
      * millisecond has its pass run at once, finding nothing, and leaves no timer behind.
-     * With I/O threads (KVC_IO_THREADS) its reply may leave before that pass ran: the
-     * second wait lets the pass end before the entries land, or it would read them. */
+     * Its reply leaves before that pass runs (at once from an I/O thread: KVC_IO_THREADS),
+     * so the second wait lets the pass end before the entries land, or it reads them. */
     ck_assert_int_eq(daemon_client_stat(c, 0, "fast_hits", &fast0), 0);
     usleep((useconds_t)daemon_ms(20) * 1000);
     ck_assert_int_eq(daemon_client_stat(c, 0, "fast_hits", &fast0), 0);
