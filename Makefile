@@ -304,15 +304,16 @@ check: deps
 
 # ThreadSanitizer (make check's last stage): the daemon and the suites whose processes run
 # threads — the daemon's quantize, disk, remote and GPU-move workers and its I/O threads
-# (check_e2e_iothreads, check_e2e_concurrent's second run) beside its loop, clients
-# sharing a connection across threads — built with -fsanitize=thread into build/tsan. A race
-# in the daemon makes it exit 66 at its stop (every suite checks the status), one in a client
-# fails its case. (check_e2e_put and the check_e2e_adversary suites pass under TSan too, by hand; they
+# (check_e2e_iothreads, the second runs of check_e2e_concurrent and check_e2e_garbage, and
+# check_e2e_fast again with KVC_IO_THREADS=2 but its cases tagged "long": tests/run-checks.sh)
+# beside its loop, clients sharing a connection across threads — built with -fsanitize=thread
+# into build/tsan. A race in the daemon makes it exit 66 at its stop (every suite checks the
+# status), one in a client fails its case. (check_e2e_put and the check_e2e_adversary suites pass under TSan too, by hand; they
 # add a minute and no thread the suites above do not run, so make check leaves them out.) -Wno-tsan: the fast path's fences order stores for other processes, which
 # TSan does not model (and cannot see).
 TSAN_SUITES := check_e2e_fast check_e2e_concurrent check_e2e_quant check_e2e_remote \
 	check_e2e_gpu check_e2e_gpu_fake check_e2e_pressure check_e2e_crash check_tier_disk check_tier_disk_open \
-	check_e2e_iothreads
+	check_e2e_iothreads check_e2e_garbage
 .PHONY: tsan-tests
 tsan-tests: $(B)/bin/kvcd $(B)/bin/kvcctl $(patsubst %,$(B)/tests/%,$(TSAN_SUITES))
 

@@ -43,11 +43,16 @@ run_suite() {
 NOFAST_SUITES="check_e2e_adversary check_e2e_adversary_fast check_e2e_adversary_pool \
 check_e2e_concurrent check_e2e_disk check_e2e_kvcctl \
 check_e2e_lifecycle check_e2e_put check_e2e_quant check_python"
+# The TSan build runs these suites a second time with the daemon's sockets on two I/O threads
+# (KVC_IO_THREADS=2, tests/lib/daemon.c; server_io.c), leaving out the cases tagged "long"
+# (CK_EXCLUDE_TAGS): ThreadSanitizer watches the I/O threads' hand-over under the fast path's
+# traffic. check_e2e_garbage and check_e2e_concurrent run their I/O-thread pass themselves.
+IO_SUITES="check_e2e_fast"
 # The suites that take longest (a minute or more under ASan), started first so that the
 # jobs end together.
 LONG_SUITES="check_python nofast:check_python check_e2e_install check_kernels check_e2e_put \
 check_index check_e2e_remote check_e2e_disk nofast:check_e2e_disk check_e2e_lifecycle \
-nofast:check_e2e_lifecycle check_e2e_fast check_pack check_ladder"
+nofast:check_e2e_lifecycle check_e2e_fast io:check_e2e_fast check_pack check_ladder"
 
 all=""
 for t in "$b"/tests/check_*; do
@@ -56,6 +61,11 @@ done
 if [ "$label" = normal ]; then
     for n in $NOFAST_SUITES; do
         [ -x "$b/tests/$n" ] && all="$all nofast:$n"
+    done
+fi
+if [ "$label" = tsan ]; then
+    for n in $IO_SUITES; do
+        [ -x "$b/tests/$n" ] && all="$all io:$n"
     done
 fi
 # The suites that reserve huge pages (tests/lib/hugepages.sh) run last, one at a time with
@@ -106,15 +116,23 @@ next_suite() {
 job() {
     while n=$(next_suite) && [ -n "$n" ]; do
         eval "s=\$suite_$n"
-        t=${s#nofast:}
-        name=$t
-        [ "$t" = "$s" ] || name="$t (KVC_NO_FASTPATH=1)"
+        t=${s#*:}
         start=$(date +%s)
-        if [ "$t" != "$s" ]; then
+        case "$s" in
+        nofast:*)
+            name="$t (KVC_NO_FASTPATH=1)"
             (export KVC_NO_FASTPATH=1; run_suite "$b/tests/$t") >"$tmp/$n.log" 2>&1
-        else
+            ;;
+        io:*)
+            name="$t (KVC_IO_THREADS=2)"
+            (export KVC_IO_THREADS=2 CK_EXCLUDE_TAGS=long; run_suite "$b/tests/$t") \
+                >"$tmp/$n.log" 2>&1
+            ;;
+        *)
+            name=$t
             run_suite "$b/tests/$t" >"$tmp/$n.log" 2>&1
-        fi
+            ;;
+        esac
         rc=$?
         echo "$name" >"$tmp/$n.name"
         echo "$rc" >"$tmp/$n.rc"

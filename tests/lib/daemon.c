@@ -259,6 +259,19 @@ int daemon_spawn(const struct daemon *d, const char *const *args, pid_t *pid)
         argv[n++] = "-o";
         argv[n++] = "server.fast_path=no";
     }
+    /* TSan runs suites again with the sockets on I/O threads (tests/run-checks.sh): before
+     * the suite's own options, so a case that sets server.io_threads keeps its count. */
+    char ioopt[48];
+    const char *iot = getenv("KVC_IO_THREADS");
+    if (iot && *iot) {
+        char *end;
+        unsigned long v = strtoul(iot, &end, 10);
+        if (*end || v > 64) /* server.io_threads allows 64 */
+            return -EINVAL;
+        snprintf(ioopt, sizeof(ioopt), "server.io_threads=%lu", v);
+        argv[n++] = "-o";
+        argv[n++] = ioopt;
+    }
     rc = daemon_args_add(argv, &n, args);
     if (rc)
         return rc;
