@@ -379,6 +379,42 @@ void server_tick(struct server *sv)
     server_trim_due(sv);
     server_arena_faults(sv);
 }
+
+ssize_t server_recv(int fd, void *rx, const char **why)
+{
+    union {
+        char buf[CMSG_SPACE(sizeof(int) * 8)];
+        struct cmsghdr align;
+    } ctl;
+    struct iovec iov = {.iov_base = rx, .iov_len = KVC_PROTO_MAX_MSG};
+    struct msghdr msg = {.msg_iov = &iov,
+                         .msg_iovlen = 1,
+                         .msg_control = ctl.buf,
+                         .msg_controllen = sizeof(ctl.buf)};
+    ssize_t n = recvmsg(fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (n < 0)
+        return -errno;
+    if (n == 0)
+        return 0;
+    if (msg.msg_controllen) {
+        /* Clients send no descriptors: close whatever came and drop the client. */
+        for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm))
+            if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS)
+                for (size_t i = 0; i < (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++) {
+                    int pfd;
+                    memcpy(&pfd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+                    close(pfd);
+                }
+        *why = "client sent a descriptor";
+        return -EPROTO;
+    }
+    if (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
+        *why = "message larger than the protocol allows";
+        return -EPROTO;
+    }
+    return n;
+}
+
 void server_on_conn(struct loop *l, int fd, uint32_t events, void *arg)
 {
     struct conn *c = arg;
@@ -388,38 +424,14 @@ void server_on_conn(struct loop *l, int fd, uint32_t events, void *arg)
     if (events & EPOLLIN) {
         /* A few requests per wakeup, so one busy client cannot starve the others. */
         for (int k = 0; k < 8; k++) {
-            union {
-                char buf[CMSG_SPACE(sizeof(int) * 8)];
-                struct cmsghdr align;
-            } ctl;
-            struct iovec iov = {.iov_base = sv->rx, .iov_len = KVC_PROTO_MAX_MSG};
-            struct msghdr msg = {.msg_iov = &iov,
-                                 .msg_iovlen = 1,
-                                 .msg_control = ctl.buf,
-                                 .msg_controllen = sizeof(ctl.buf)};
-            ssize_t n = recvmsg(c->fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-            if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+            const char *why = NULL;
+            ssize_t n = server_recv(c->fd, sv->rx, &why);
+            if (n == -EAGAIN || n == -EINTR) {
                 server_trim_due(sv);
                 return;
             }
             if (n <= 0) {
-                server_conn_close(sv, c, n < 0 ? strerror(errno) : NULL);
-                return;
-            }
-            if (msg.msg_controllen) {
-                /* Clients send no descriptors: close whatever came and drop the client. */
-                for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm))
-                    if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS)
-                        for (size_t i = 0; i < (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++) {
-                            int pfd;
-                            memcpy(&pfd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
-                            close(pfd);
-                        }
-                server_conn_close(sv, c, "client sent a descriptor");
-                return;
-            }
-            if (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
-                server_conn_close(sv, c, "message larger than the protocol allows");
+                server_conn_close(sv, c, why ? why : n < 0 ? strerror((int)-n) : NULL);
                 return;
             }
             if (server_handle(sv, c, (size_t)n))

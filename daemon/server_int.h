@@ -187,6 +187,11 @@ void server_uid_sync(struct conn *c);
 int server_refuse(const struct conn *c, uint64_t *counter, int rc, const char *what);
 void server_trim_due(struct server *sv);
 void server_conn_close(struct server *sv, struct conn *c, const char *why);
+/* Reads one request datagram of fd into rx (KVC_PROTO_MAX_MSG bytes), without blocking:
+ * its length, 0 when the client hung up, -errno when the read failed (-EAGAIN: nothing
+ * there, -EINTR), or -EPROTO with *why set when the client must be dropped (it sent
+ * descriptors, which are closed, or more than the protocol allows). Loop and I/O threads. */
+ssize_t server_recv(int fd, void *rx, const char **why);
 int server_send(struct server *sv, struct conn *c, int fd);
 void *server_reply_init(struct server *sv, const struct kvc_msg_hdr *req, int status, uint32_t len);
 void server_on_conn(struct loop *l, int fd, uint32_t events, void *arg);

@@ -205,42 +205,18 @@ static void server_io_read(struct server_io *io, struct server_ioc *ioc, struct 
     }
     ioc->more = false;
     for (int k = 0; k < SERVER_IO_BATCH && bytes < SERVER_IO_BATCH_BYTES; k++) {
-        union {
-            char buf[CMSG_SPACE(sizeof(int) * 8)];
-            struct cmsghdr align;
-        } ctl;
-        struct iovec iov = {.iov_base = io->rx, .iov_len = KVC_PROTO_MAX_MSG};
-        struct msghdr msg = {.msg_iov = &iov,
-                             .msg_iovlen = 1,
-                             .msg_control = ctl.buf,
-                             .msg_controllen = sizeof(ctl.buf)};
-        ssize_t n = recvmsg(ioc->fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-        if (n < 0 && errno == EINTR) { /* read again: no edge would come for it */
+        const char *why = NULL;
+        ssize_t n = server_recv(ioc->fd, io->rx, &why);
+        if (n == -EINTR) { /* read again: no edge would come for it */
             k--;
             continue;
         }
-        if (n < 0 && errno == EAGAIN) {
+        if (n == -EAGAIN) {
             drained = true;
             break;
         }
         if (n <= 0) {
-            server_io_dead(ioc, b, n < 0 ? errno : 0, NULL);
-            return;
-        }
-        if (msg.msg_controllen) {
-            /* Clients send no descriptors: close whatever came and drop the client. */
-            for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm))
-                if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS)
-                    for (size_t i = 0; i < (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++) {
-                        int pfd;
-                        memcpy(&pfd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
-                        close(pfd);
-                    }
-            server_io_dead(ioc, b, 0, "client sent a descriptor");
-            return;
-        }
-        if (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
-            server_io_dead(ioc, b, 0, "message larger than the protocol allows");
+            server_io_dead(ioc, b, why || n == 0 ? 0 : (int)-n, why);
             return;
         }
         last = malloc(sizeof(*last) + (size_t)n);

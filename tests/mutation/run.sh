@@ -565,6 +565,12 @@ mutation iothreads-slow-consumer-kept daemon/server_io.c "check_e2e_garbage" \
 '        if (!ioc->dead && sendmsg(ioc->fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {' \
 '        if (!ioc->dead && sendmsg(ioc->fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL) < 0 && errno != EAGAIN) {'
 
+# A descriptor a client sends with a request is kept open by the daemon (server_recv, which
+# the loop and the I/O threads both read requests with), not closed.
+mutation recv-keeps-client-fd daemon/server.c "check_e2e_garbage" \
+'                    close(pfd);' \
+'                    (void)pfd;'
+
 # I/O threads: a reply's descriptor (NS_OPEN's arena, FAST_ATTACH's index) is not passed.
 mutation iothreads-reply-no-fd daemon/server_io.c "check_e2e_iothreads" \
 '        if (m->fd >= 0) {
