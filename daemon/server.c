@@ -226,7 +226,14 @@ int server_send(struct server *sv, struct conn *c, int fd)
             h->flags |= KVC_MSG_F_FD;
         return server_io_send(c, sv->tx, sizeof(*h) + h->len, fd);
     }
-    struct iovec iov = {.iov_base = sv->tx, .iov_len = sizeof(*h) + h->len};
+    if (fd >= 0)
+        h->flags |= KVC_MSG_F_FD;
+    return server_sendmsg(c->fd, sv->tx, sizeof(*h) + h->len, fd);
+}
+
+int server_sendmsg(int sock, const void *buf, size_t len, int fd)
+{
+    struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
     union {
         char buf[CMSG_SPACE(sizeof(int))];
         struct cmsghdr align;
@@ -242,9 +249,8 @@ int server_send(struct server *sv, struct conn *c, int fd)
         cm->cmsg_type = SCM_RIGHTS;
         cm->cmsg_len = CMSG_LEN(sizeof(int));
         memcpy(CMSG_DATA(cm), &fd, sizeof(int));
-        h->flags |= KVC_MSG_F_FD;
     }
-    if (sendmsg(c->fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
+    if (sendmsg(sock, &msg, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
         return -errno;
     return 0;
 }

@@ -193,6 +193,9 @@ void server_conn_close(struct server *sv, struct conn *c, const char *why);
  * descriptors, which are closed, or more than the protocol allows). Loop and I/O threads. */
 ssize_t server_recv(int fd, void *rx, const char **why);
 int server_send(struct server *sv, struct conn *c, int fd);
+/* Sends len bytes of buf on sock without blocking, with descriptor fd (SCM_RIGHTS) when
+ * fd >= 0: 0 or -errno (-EAGAIN: the client's socket is full). Loop and I/O threads. */
+int server_sendmsg(int sock, const void *buf, size_t len, int fd);
 void *server_reply_init(struct server *sv, const struct kvc_msg_hdr *req, int status, uint32_t len);
 void server_on_conn(struct loop *l, int fd, uint32_t events, void *arg);
 /* server_dispatch.c */

@@ -248,27 +248,11 @@ static bool server_io_do(struct server_io *io, struct server_io_msg *m, struct s
     switch (m->kind) {
     case SERVER_IO_REPLY: {
         struct server_io_buf *r = (struct server_io_buf *)m;
-        struct iovec iov = {.iov_base = r->data, .iov_len = m->len};
-        union {
-            char buf[CMSG_SPACE(sizeof(int))];
-            struct cmsghdr align;
-        } ctl;
-        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
-        if (m->fd >= 0) {
-            struct cmsghdr *cm;
-            memset(&ctl, 0, sizeof(ctl));
-            msg.msg_control = ctl.buf;
-            msg.msg_controllen = sizeof(ctl.buf);
-            cm = CMSG_FIRSTHDR(&msg);
-            cm->cmsg_level = SOL_SOCKET;
-            cm->cmsg_type = SCM_RIGHTS;
-            cm->cmsg_len = CMSG_LEN(sizeof(int));
-            memcpy(CMSG_DATA(cm), &m->fd, sizeof(int));
-        }
-        if (!ioc->dead && sendmsg(ioc->fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
+        rc = ioc->dead ? 0 : server_sendmsg(ioc->fd, r->data, m->len, m->fd);
+        if (rc) {
             /* As server_handle: a full socket is a client that does not read, another
              * failure (EPIPE: it went) a plain disconnect. */
-            if (errno == EAGAIN || errno == EWOULDBLOCK)
+            if (rc == -EAGAIN || rc == -EWOULDBLOCK)
                 server_io_dead(ioc, b, 0, "client does not read its replies");
             else
                 server_io_dead(ioc, b, 0, NULL);

@@ -562,8 +562,10 @@ mutation enc-merge-rows-full kernels/kern_encb.h "check_codecs" \
 # I/O threads: a reply that does not fit in the client's socket is dropped instead of
 # closing a client that never reads its replies.
 mutation iothreads-slow-consumer-kept daemon/server_io.c "check_e2e_garbage" \
-'        if (!ioc->dead && sendmsg(ioc->fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {' \
-'        if (!ioc->dead && sendmsg(ioc->fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL) < 0 && errno != EAGAIN) {'
+'        if (rc) {
+            /* As server_handle' \
+'        if (rc && rc != -EAGAIN) {
+            /* As server_handle'
 
 # A descriptor a client sends with a request is kept open by the daemon (server_recv, which
 # the loop and the I/O threads both read requests with), not closed.
@@ -573,10 +575,8 @@ mutation recv-keeps-client-fd daemon/server.c "check_e2e_garbage" \
 
 # I/O threads: a reply's descriptor (NS_OPEN's arena, FAST_ATTACH's index) is not passed.
 mutation iothreads-reply-no-fd daemon/server_io.c "check_e2e_iothreads" \
-'        if (m->fd >= 0) {
-            struct cmsghdr *cm;' \
-'        if (m->fd >= 0 && 0) {
-            struct cmsghdr *cm;'
+'        rc = ioc->dead ? 0 : server_sendmsg(ioc->fd, r->data, m->len, m->fd);' \
+'        rc = ioc->dead ? 0 : server_sendmsg(ioc->fd, r->data, m->len, -1);'
 
 # ---- machinery ------------------------------------------------------------------------------
 
