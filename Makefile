@@ -336,7 +336,7 @@ check-gpu: all tests
 BUNDLE ?= build/device-bundle
 BUNDLE_SUITES := check_pack check_tier_gpu check_store_gpu check_kernels check_codecs check_e2e_gpu \
 	check_e2e_gpu_fake check_e2e_quant check_e2e_fast
-BUNDLE_BENCHES := bench_gpu bench_kernels bench_host
+BUNDLE_BENCHES := bench_gpu bench_kernels bench_host bench_scale
 .PHONY: device-bundle
 device-bundle: $(B)/bin/kvcd $(B)/bin/kvcctl $(patsubst %,$(B)/tests/%,$(BUNDLE_SUITES)) \
 		$(patsubst %,$(B)/bench/%,$(BUNDLE_BENCHES))

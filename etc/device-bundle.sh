@@ -4,7 +4,7 @@
 # Debian's libraries (liburing, inih, xxhash, zstd, libsystemd, hiredis, check):
 #   bin/     kvcd, kvcctl (stripped)
 #   tests/   the GPU suites (stripped)
-#   bench/   the GPU benchmarks and bench_host (stripped)
+#   bench/   the GPU benchmarks, bench_host and bench_scale (stripped)
 #   lib/     every shared library they load that is not glibc's own (libc, libm, libdl,
 #            librt, libpthread, the loader) nor the driver's (libcuda, loaded by the CUDA
 #            runtime linked into the binaries), copied under its soname; etc/device-check.sh

@@ -30,7 +30,7 @@ cp -a "$bundle" "$jail/repo/build/device-bundle"
 # what the bundle must not find outside itself
 carried=$(ls "$bundle/lib")
 tools="sh bash env cat grep sed tail head date timeout basename dirname mkdir mktemp rm tee tr
-cut wc ls nproc sleep readlink uname ldd true false echo"
+cut wc ls nproc sleep readlink uname ldd true false echo gzip chmod cp"
 for t in $tools; do
     p=
     for d in /usr/bin /bin /usr/sbin /sbin; do

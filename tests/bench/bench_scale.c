@@ -40,7 +40,8 @@
  * their key (tests/lib/daemon.c) and a sample of every get is checked byte for byte. Any
  * failed request, short hit or wrong byte fails the run (exit 1). KVC_SCALE_ONLY=ready,
  * levels or clients runs one part. KVC_BENCH_SMOKE=1: a 64 MiB ready case, one level of each
- * block size, 1 and 4 clients, short phases.
+ * block size, 1 and 4 clients, short phases. KVC_SCALE_CLIENTS=1,16,128 and KVC_SCALE_SECS=0.5
+ * shorten the clients part (etc/device-check.sh's many-core stage).
  */
 #include <dirent.h>
 #include <errno.h>
@@ -832,15 +833,50 @@ static double sc_thr0[4][SC_OPS];
 
 /* iot: server.io_threads of the daemon; rows of iot > 0 end in _io<iot> and compare with the
  * same row at 0 of this run. */
+/* KVC_SCALE_CLIENTS: the connection counts, comma-separated, of 1, 16, 128 and 1024, in
+ * that order (the first must be 1: every row's baseline); KVC_SCALE_SECS: seconds a phase
+ * (0.1 to 10). For a short run on a host lent for minutes (etc/device-check.sh). true when
+ * the counts were given; a malformed value fails the run. */
+static bool sc_clients_env(int counts[4], int *ncounts, double *secs)
+{
+    const char *cs = getenv("KVC_SCALE_CLIENTS"), *ss = getenv("KVC_SCALE_SECS");
+    if (ss) {
+        char *end;
+        double v = strtod(ss, &end);
+        if (*end || !(v >= 0.1 && v <= 10))
+            bench_fail("KVC_SCALE_SECS=%s: not 0.1 to 10", ss);
+        else
+            *secs = v;
+    }
+    if (!cs)
+        return false;
+    int n = 0, last = 0;
+    for (const char *p = cs; *p && !bench_failed();) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || n == 4 || v <= last || (v != 1 && v != 16 && v != 128 && v != 1024) ||
+            (n == 0 && v != 1) || (*end && *end != ','))
+            bench_fail("KVC_SCALE_CLIENTS=%s: want 1 then some of 16,128,1024 in order", cs);
+        else
+            counts[n++] = last = (int)v;
+        p = *end ? end + 1 : end;
+    }
+    if (!bench_failed() && n == 0)
+        bench_fail("KVC_SCALE_CLIENTS is empty");
+    *ncounts = n;
+    return !bench_failed();
+}
+
 static void sc_clients(int iot)
 {
     char o_io[48], sfx[16] = "";
     const char *extra[] = {"-o", o_io, NULL};
     const bool smoke = bench_smoke();
     const int counts_full[] = {1, 16, 128, 1024}, counts_smoke[] = {1, 4};
+    int counts_env[4];
     const int *counts = smoke ? counts_smoke : counts_full;
-    const int ncounts = smoke ? 2 : 4;
-    const double secs = smoke ? 0.3 : 2.0;
+    int ncounts = smoke ? 2 : 4;
+    double secs = smoke ? 0.3 : 2.0;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     struct kvc_layout lay = daemon_layout("bench-scale-clients", 4);
     struct daemon d;
@@ -854,6 +890,8 @@ static void sc_clients(int iot)
         bench_fail("clients: no memory");
         return;
     }
+    if (sc_clients_env(counts_env, &ncounts, &secs))
+        counts = counts_env;
     snprintf(o_io, sizeof(o_io), "server.io_threads=%d", iot);
     if (iot)
         snprintf(sfx, sizeof(sfx), "_io%d", iot);
