@@ -18,12 +18,14 @@
 #              compiler, header or torch.cuda, or a prefill row that skips, is a failure
 #   sanitizer  tests/gpu-sanitizer.sh (memcheck, racecheck, synccheck) in the time left: a
 #              run that does not fit is listed INCOMPLETE in summary.txt, not failed
-#   scale      after the 6 minutes, under its own deadline (KVC_DEVICE_CHECK_SCALE_SECONDS,
-#              60; 0 skips it): bench_scale's clients part, 1/16/128 connections, the daemon
-#              without and with 4 I/O threads, on the host's cores
-# OUTDIR gets at most 9 files: summary.txt (device, driver, CUDA, each stage's result and
+#   scale      after the 6 minutes, two runs under deadlines of their own
+#              (KVC_DEVICE_CHECK_SCALE_SECONDS each, 60; 0 skips them): bench_scale's clients
+#              part, 1/16/128 connections, the daemon without and with 4 I/O threads, on the
+#              host's cores; then its ready part at 1, 8 and 64 GiB (as far as memory allows)
+# OUTDIR gets at most 10 files: summary.txt (device, driver, CUDA, each stage's result and
 # time), suites.log, sanitizer.log, bench.txt (the benchmarks' tables, the Python stage's
-# log and table at its end), gpu.json, kernels.json, host.json, python.json, scale.json. Exit status 0 when every stage passed; otherwise 1, with one
+# log and table at its end), gpu.json, kernels.json, host.json, python.json, scale.json,
+# ready.json. Exit status 0 when every stage passed; otherwise 1, with one
 # "device-check: FAIL: ..." line per failure on stderr and in summary.txt. Without a GPU the
 # GPU cases report SKIP and the CPU parts run (the sanitizer stage then skips).
 set -u
@@ -240,6 +242,19 @@ if [ "$scale_cap" -gt 0 ]; then
         tr -s " " | cut -c 1-150 | sed "s/^/  /" | tee -a "$sum"
     rm -f "$out/.scale"
     [ "$rc" -eq 0 ] || fail "bench_scale clients: rc $rc (bench.txt)"
+    # Time to ready and the background fault-in at 1, 8 and 64 GiB (what fits the host's
+    # memory): the sizes a development machine cannot hold.
+    t0=$(date +%s)
+    echo "==== bench_scale (ready)" >>"$out/bench.txt"
+    KVC_SCALE_ONLY=ready KVC_SCALE_READY=1,8,64 timeout -k 10 "$scale_cap" \
+        "$bundle/bench/bench_scale" "$out/ready.json" >"$out/.ready" 2>&1
+    rc=$?
+    cat "$out/.ready" >>"$out/bench.txt"
+    say "bench_scale ready: rc $rc, $(($(date +%s) - t0)) s"
+    grep -E '^(machine_fault_rate|ready_|faultin_rate)' "$out/.ready" | tr -s " " |
+        cut -c 1-150 | sed "s/^/  /" | tee -a "$sum"
+    rm -f "$out/.ready"
+    [ "$rc" -eq 0 ] || fail "bench_scale ready: rc $rc (bench.txt)"
 fi
 
 say "device-check: $(($(date +%s) - start)) s"
