@@ -100,6 +100,11 @@
       "Threads that encode quantize-in-place jobs (0: one per CPU, at most 4). Their results "     \
       "land in the order the jobs were queued. Puts that wait for the precision ladder's "         \
       "room wait for these threads.")                                                              \
+    X(host, head_step, BOOL, "yes", 0, 0, 1, NULL,                                                 \
+      "Once a namespace's per-head hints keep its retrieval heads raw in its quantized blocks, "   \
+      "a block outside the sinks leaving raw takes the precision ladder's second codec at once "   \
+      "for its other (sink-only and local) heads, which read next to nothing from it "             \
+      "(docs/policies.md). no: the first codec, as without per-head hints.")                       \
     X(cache, policy, ENUM, "default", 0, 0, 1,                                                     \
       "lru|lfu|prefix|streaming|h2o|snapkv|keynorm|quest|default|vatp",                            \
       "Policy of the namespaces no [namespace.PATTERN] section names one for: their eviction "     \

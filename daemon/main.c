@@ -203,6 +203,7 @@ static void kvcd_store_params(const struct config *c, struct store_params *p)
                                .ghosts = c->cache_ghosts,
                                .quantize_inflight = (uint32_t)c->host_quantize_inflight,
                                .quantize_threads = (uint32_t)c->host_quantize_threads,
+                               .head_step = c->host_head_step,
                                .fast_path = c->server_fast_path,
                                .gpu_size = c->gpu_pool_size,
                                .gpu_device = (int)c->gpu_device,

@@ -75,8 +75,8 @@ struct quant_job {
     uint32_t idx;
     uint32_t arena;
     uint8_t format;
-    uint8_t src_format;          /* RAW, or the lossy format the block is re-encoded from */
-    uint8_t from_rung, to_rung;  /* on its namespace's ladder (0, 0 without one) */
+    uint8_t src_format;         /* RAW, or the lossy format the block is re-encoded from */
+    uint8_t from_rung, to_rung; /* on its namespace's ladder (0, 0 without one) */
     struct tier_loc raw, enc;
     const void *src;
     void *dst;
@@ -89,7 +89,7 @@ struct quant_job {
     float key_norm, key_absmax;
     float value_norm;   /* VATP: mean value L1 norm of the raw block */
     uint8_t *raw_heads; /* rec.raw_heads: the namespace's retrieval heads (store_head_raw) */
-    float *quest; /* per channel key min then max, summed over (layer, head): 2 * head_dim */
+    float *quest;       /* per channel key min then max, summed over (layer, head): 2 * head_dim */
     /* MERGE: a block with more runs than the codec stores (kern_merge_forced) goes to the
      * rung after it instead (alt_format, alt_rec; 0: none, the step fails and the block
      * goes), smaller, so it fits the slot allocated */
@@ -292,7 +292,7 @@ static void quant_place(struct quant *q, struct quant_job *j, bool raw_freed)
     }
     store_block_unpin(s, j->idx); /* back in its heaps: its format and key norm are part */
     s->pins_now--;                /* of its key */
-    store_fast_sync(s, j->idx); /* the new slot, before the old one is freed */
+    store_fast_sync(s, j->idx);   /* the new slot, before the old one is freed */
     if (!raw_freed)
         t->ops->free(t, &j->raw);
     if (j->src_format != KVC_WIRE_FORMAT_RAW) {
@@ -381,7 +381,8 @@ static void quant_group_apply(struct quant *q, struct quant_group *g)
         quant_settle(q, g->job[i]);
         ok = ok && quant_usable(s, g->job[i]);
     }
-    ok = ok && slab_span(tier_host_slab(t), g->job[0]->raw.off, &start, &slot, &nslots, &used) == 0 &&
+    ok = ok &&
+         slab_span(tier_host_slab(t), g->job[0]->raw.off, &start, &slot, &nslots, &used) == 0 &&
          used == g->n;
     if (!ok) {
         for (uint32_t i = 0; i < g->n; i++) {
@@ -549,8 +550,17 @@ static int quant_job_make(struct store *s, uint32_t idx, uint8_t format, bool pr
      * step (its pages are planned at the format's size). */
     if (ns->head_mass && !s->disk && !private_dst) {
         j->raw_heads = malloc((size_t)ns->layout.layers * ns->layout.kv_heads);
-        if (j->raw_heads && store_head_raw(s, b->ns, j->raw_heads) > 0)
+        if (j->raw_heads && store_head_raw(s, b->ns, j->raw_heads) > 0) {
+            /* The heads kept raw are the ones attention reads from this block: the rest may
+             * take the ladder's second codec at once (store_head_step). */
+            uint8_t to = store_head_step(s, idx, format);
+            if (to != format) {
+                format = to;
+                store_ns_kern_recipe(ns, format, &j->rec);
+                s->total.head_stepped_blocks++;
+            }
             j->rec.raw_heads = j->raw_heads;
+        }
     }
     j->format = format;
     j->src_format = b->format;

@@ -59,6 +59,7 @@
     X(quantized_blocks, "raw blocks quantized in place")                                           \
     X(quant_bytes_saved, "bytes freed by quantizing in place")                                     \
     X(requantized_blocks, "lossy blocks re-encoded one rung down the precision ladder")            \
+    X(head_stepped_blocks, "blocks with raw retrieval heads put at once on the second codec")      \
     X(ladder_steps, "steps down the precision ladder started (quantize jobs it queued)")           \
     X(ladder_slab_steps, "of those, whole slabs taken down at once (their pages change size)")     \
     X(ladder_missed, "steps placed on landing that found no slot then (the block stayed)")         \

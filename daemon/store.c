@@ -370,6 +370,7 @@ void store_reload(struct store *s, const struct store_params *p)
     s->p.ghosts = p->ghosts;
     s->p.quantize_inflight = p->quantize_inflight;
     s->p.quantize_threads = p->quantize_threads;
+    s->p.head_step = p->head_step;
     s->heap_defer = true;
     for (uint32_t i = 1; i < s->nns; i++)
         if (s->ns[i] && s->ns[i]->policy_src == STORE_POLICY_SRC_DEFAULT)

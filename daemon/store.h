@@ -80,7 +80,8 @@ struct store_params {
     const struct kern_dev_ops *gpu_ops; /* NULL: kern_dev_cuda(); tests pass a fake */
     uint32_t quantize_inflight;         /* quantize-in-place jobs the trim may queue (0: none) */
     uint32_t quantize_threads;          /* encoding threads (0: one per CPU, quant_threads) */
-    bool fast_path;                     /* each host arena gets a shared index (daemon/fast.h) */
+    bool head_step; /* per-head blocks skip the ladder's first codec (store_head_step) */
+    bool fast_path; /* each host arena gets a shared index (daemon/fast.h) */
 };
 
 /* A binary heap of block indexes by policy key, lowest first (store_policy.c). */
@@ -585,6 +586,11 @@ int store_head_profile(const struct store *s, uint32_t ns_id, uint8_t *out);
  * The quantize pass applies them only without a disk tier and outside whole-slab steps
  * (both size blocks by their format). */
 int store_head_raw(const struct store *s, uint32_t ns_id, uint8_t *out);
+/* The format block idx steps into instead of `format` when it keeps retrieval heads raw
+ * (host.head_step): a raw block of a namespace whose ladder has a second codec, outside the
+ * sinks, takes that codec at once for its sink-only and local heads (which put next to no
+ * attention on such a block) while its retrieval heads stay raw; `format` otherwise. */
+uint8_t store_head_step(const struct store *s, uint32_t idx, uint8_t format);
 
 /* Per-head budgets for a budgeted lookup: *full_budget gets the blocks each full (or not yet
  * profiled) head may keep when every (layer, kv head) has `budget` on average, sink-only heads

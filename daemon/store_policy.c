@@ -1313,6 +1313,23 @@ int store_head_raw(const struct store *s, uint32_t ns_id, uint8_t *out)
     return (int)n;
 }
 
+uint8_t store_head_step(const struct store *s, uint32_t idx, uint8_t format)
+{
+    const struct block *b = &s->ix.blocks[idx];
+    const struct store_ns *ns = s->ns[b->ns];
+    uint32_t sinks = ns->pp.sinks > 1 ? ns->pp.sinks : 1;
+    if (!s->p.head_step || b->format != KVC_WIRE_FORMAT_RAW || ns->rungs < 3 ||
+        format != ns->rung_format[1] || b->depth < sinks)
+        return format;
+    uint8_t next = ns->rung_format[2];
+    /* MERGE may refuse a block (forced tokens) and then takes the rung after it: not here. */
+    if (next == KVC_WIRE_FORMAT_MERGE ||
+        !(KVC_WIRE_QUANT_ALLOWED(ns->layout.flags) & (1u << next)) ||
+        (ns->max_error > 0 && kern_codec_attn_error((enum kern_codec)next) > ns->max_error))
+        return format;
+    return next;
+}
+
 /* Per-head budgets (Ada-KV's head-wise allocation over FastGen's categories): `budget` blocks
  * per (layer, kv head) on average, budget x layers x kv_heads head-blocks in all. A sink-only
  * head keeps the sinks (max(sinks, 1) blocks), a local head the sinks and the recent window;

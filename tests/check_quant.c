@@ -20,6 +20,10 @@
 
 #define Q8                                                                                         \
     KVC_WIRE_QUANT_FLAGS(1u << KVC_WIRE_FORMAT_Q8_0, KVC_WIRE_FORMAT_Q8_0, KVC_WIRE_FORMAT_Q8_0, 0)
+/* q8_0 then q4_1: a ladder of two codecs */
+#define LADDER2                                                                                    \
+    KVC_WIRE_QUANT_FLAGS(1u << KVC_WIRE_FORMAT_Q8_0 | 1u << KVC_WIRE_FORMAT_Q4_1,                  \
+                         KVC_WIRE_FORMAT_Q8_0, KVC_WIRE_FORMAT_Q8_0, 0)
 
 static struct store *s;
 static struct quant *q;
@@ -298,17 +302,18 @@ START_TEST(test_head_profile_ages)
 END_TEST
 
 /* Hints of pattern `full` (layer-major head indices that spread their attention; the rest
- * look at the sink only) on blocks 0..5 of a new namespace; then block 3 quantized. Returns
- * its index, the heads its encoding keeps raw in *mask. */
-static uint32_t per_head_block(const char *model, const uint32_t *full, uint32_t nfull,
-                               uint8_t *mask)
+ * look at the sink only) on blocks 0..5 of a new namespace allowing `flags`' codecs; then
+ * block `which` quantized, which must land in `format`. Returns its index, the heads
+ * its encoding keeps raw in *mask. */
+static uint32_t per_head_block_in(const char *model, const uint32_t *full, uint32_t nfull,
+                                  uint8_t *mask, uint32_t flags, uint32_t which, uint8_t format)
 {
-    uint32_t ns = ns_open(model, Q8), idx = 0;
+    uint32_t ns = ns_open(model, flags), idx = 0;
     struct kvc_wire_key k[6];
     float sc[6][8];
     for (uint32_t i = 0; i < 6; i++) {
         uint32_t x = put(ns, i);
-        idx = i == 3 ? x : idx;
+        idx = i == which ? x : idx;
         k[i] = key(ns, i);
         for (uint32_t j = 0; j < 8; j++)
             sc[i][j] = i == 0 ? 5.0f : 0.0f;
@@ -321,14 +326,14 @@ static uint32_t per_head_block(const char *model, const uint32_t *full, uint32_t
     ck_assert_int_eq(quant_drain(q), 1);
     const struct block *b = &s->ix.blocks[idx];
     const uint8_t *enc = (const uint8_t *)tier_host_base(s->arenas[b->arena].tier) + b->off;
-    ck_assert_uint_eq(b->format, KVC_WIRE_FORMAT_Q8_0);
+    ck_assert_uint_eq(b->format, format);
     int n = kern_block_raw_heads(enc, b->len, mask);
     ck_assert_int_eq(n, (int)nfull);
-    /* decoded: the raw heads bit for bit, the others q8_0's (some value differs) */
+    /* decoded: the raw heads bit for bit, the others the codec's (some value differs) */
     struct kern_layout kl = klay(ns);
     uint64_t rs = kern_raw_size(&kl), row = (uint64_t)kl.heads * kl.head_dim;
     uint16_t *want = malloc(rs), *got = malloc(rs);
-    fill(want, rs / 2, 3);
+    fill(want, rs / 2, which);
     ck_assert_int_eq(kern_decode_cpu(&kl, enc, b->len, got, rs, KERN_DTYPE_FP16), (int64_t)rs);
     for (uint32_t l = 0; l < kl.layers; l++)
         for (uint32_t h = 0; h < kl.heads; h++) {
@@ -345,6 +350,12 @@ static uint32_t per_head_block(const char *model, const uint32_t *full, uint32_t
     return idx;
 }
 
+static uint32_t per_head_block(const char *model, const uint32_t *full, uint32_t nfull,
+                               uint8_t *mask)
+{
+    return per_head_block_in(model, full, nfull, mask, Q8, 3, KVC_WIRE_FORMAT_Q8_0);
+}
+
 /* Per-head recipes: the retrieval heads the hints show are kept bit-exact in the quantized
  * block, the others quantized; other hints, other heads; no per-head hint, no raw head. */
 START_TEST(test_per_head_recipe)
@@ -359,6 +370,32 @@ START_TEST(test_per_head_recipe)
     ck_assert_mem_eq(mb, wb, 8);
     for (int j = 0; j < 8; j++)
         ck_assert_uint_eq(mn[j], 0);
+}
+END_TEST
+
+/* host.head_step: with a second codec on the ladder, a block keeping its retrieval heads raw
+ * takes that codec at once for the others (and is smaller than the first codec's per-head
+ * block); not a sink block, not with the option off, not without raw heads. */
+START_TEST(test_per_head_step)
+{
+    static const uint32_t full[] = {0, 5};
+    static const uint8_t wmask[8] = {1, 0, 0, 0, 0, 1, 0, 0};
+    uint8_t m[8];
+    uint32_t a = per_head_block_in("step-on", full, 2, m, LADDER2, 3, KVC_WIRE_FORMAT_Q4_1);
+    ck_assert_mem_eq(m, wmask, 8);
+    ck_assert_uint_eq(s->total.head_stepped_blocks, 1);
+    /* the sink block (depth 0) keeps the first codec for the sink-only heads that read it */
+    per_head_block_in("step-sink", full, 2, m, LADDER2, 0, KVC_WIRE_FORMAT_Q8_0);
+    ck_assert_mem_eq(m, wmask, 8);
+    /* no per-head hints: the first codec, no raw head */
+    per_head_block_in("step-none", NULL, 0, m, LADDER2, 3, KVC_WIRE_FORMAT_Q8_0);
+    ck_assert_uint_eq(s->total.head_stepped_blocks, 1);
+    s->p.head_step = false;
+    uint32_t b = per_head_block_in("step-off", full, 2, m, LADDER2, 3, KVC_WIRE_FORMAT_Q8_0);
+    ck_assert_mem_eq(m, wmask, 8);
+    ck_assert_uint_eq(s->total.head_stepped_blocks, 1);
+    /* q4_1 with two raw heads of eight is below q8_0 with the same two */
+    ck_assert_uint_lt(s->ix.blocks[a].len, s->ix.blocks[b].len);
 }
 END_TEST
 
@@ -470,6 +507,7 @@ int main(void)
     tcase_add_test(tc, test_head_profile);
     tcase_add_test(tc, test_head_profile_ages);
     tcase_add_test(tc, test_per_head_recipe);
+    tcase_add_test(tc, test_per_head_step);
     tcase_add_test(tc, test_refusals);
     tcase_add_test(tc, test_lookup_during_encode);
     tcase_add_test(tc, test_pressure);

@@ -19,7 +19,8 @@ struct store_params store_fixture_params(void)
                                  .low_watermark = 0.5,
                                  .max_namespaces = 8,
                                  .max_handles = 64,
-                                 .policy = POLICY_LRU};
+                                 .policy = POLICY_LRU,
+                                 .head_step = true};
 }
 
 struct store *store_fixture_new(const struct store_params *p, struct quant **q)

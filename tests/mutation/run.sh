@@ -333,6 +333,16 @@ mutation head-profile-age-count daemon/store_policy.c "check_quant" \
 '            ns->head_seen /= 2;' \
 '            ns->head_seen = STORE_HEAD_AGE_BLOCKS;'
 
+# host.head_step: a sink block's sink-only heads would take the second codec too.
+mutation head-step-sinks daemon/store_policy.c "check_quant" \
+'    uint32_t sinks = ns->pp.sinks > 1 ? ns->pp.sinks : 1;' \
+'    uint32_t sinks = 0;'
+
+# host.head_step: never taken.
+mutation head-step-never daemon/quant.c "check_quant" \
+'            if (to != format) {' \
+'            if (to != format && 0) {'
+
 # The precision ladder: the namespace's fidelity budget is not applied to its rungs.
 mutation ladder-budget-ignored daemon/store_policy.c "check_ladder" \
 '                    (ns->max_error > 0 &&
