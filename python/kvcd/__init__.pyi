@@ -164,7 +164,8 @@ class Namespace:
                 gpu: bool = False) -> Reservation:
         """Reserves slots for the keys of the chain parent -> keys[0] -> ... not cached yet.
         Finish it (commit/abort, or a with block) within the daemon's
-        server.reservation_timeout. gpu: slots may be in the daemon's GPU pool (no views;
+        server.reservation_timeout. No keys (a prefix wholly hit) give an empty
+        reservation, no round trip. gpu: slots may be in the daemon's GPU pool (no views;
         write or gather)."""
     def put_prefix(self, keys: Sequence[bytes], buffers: Sequence[Buffer],
                    parent: Optional[bytes] = None, stream: Stream = None) -> int:
