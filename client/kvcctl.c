@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -22,25 +23,60 @@
 #include <string.h>
 #include <stdarg.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "client/kvc.h"
 #include "client/kvcctl.h"
 
+/* Why a connect to path failed with rc, in words a newcomer can act on, into buf. A refused
+ * connection is a stale socket only when path is a socket; a permission denied is the socket's
+ * mode only when every directory above it may be entered. */
+static const char *ctl_connect_why(const char *path, int rc, char *buf, size_t len)
+{
+    struct stat st;
+    if (rc == -ENOENT || rc == -ENOTDIR)
+        return "no socket there (kvcd not running, or -s / $KVCD_SOCKET name another path)";
+    if (rc == -ENAMETOOLONG)
+        return "the path is longer than a Unix socket's 107 bytes (use a shorter one)";
+    if (rc == -ECONNREFUSED && stat(path, &st) == 0 && !S_ISSOCK(st.st_mode)) {
+        snprintf(buf, len, "not a socket but a %s (-s / $KVCD_SOCKET name kvcd's socket file)",
+                 S_ISDIR(st.st_mode)   ? "directory"
+                 : S_ISREG(st.st_mode) ? "regular file"
+                                       : "special file");
+        return buf;
+    }
+    if (rc == -ECONNREFUSED)
+        return "nothing listens there (a stale socket: kvcd is not running)";
+    if (rc == -EACCES) {
+        char dir[PATH_MAX];
+        snprintf(dir, sizeof(dir), "%s", path);
+        for (char *slash = strchr(dir + 1, '/'); slash; slash = strchr(slash + 1, '/')) {
+            *slash = 0;
+            if (access(dir, X_OK) != 0 && errno == EACCES) {
+                snprintf(buf, len,
+                         "permission denied: this user may not enter the directory %s (its "
+                         "mode or owner)",
+                         dir);
+                return buf;
+            }
+            *slash = '/';
+        }
+        return "permission denied (the socket's group or mode: server.socket_group, "
+               "server.socket_mode)";
+    }
+    return kvc_strerror(rc);
+}
+
 int ctl_connect(struct ctl *x)
 {
     const char *path = x->socket ? x->socket : kvc_default_socket();
+    char why[PATH_MAX + 128];
     int rc = kvc_connect(x->socket, &x->c);
     if (rc) {
         fprintf(stderr, "kvcctl: cannot reach kvcd at %s: %s\n", path,
-                rc == -ENOENT ? "no socket there (kvcd not running, or -s / $KVCD_SOCKET name "
-                                "another path)"
-                : rc == -ECONNREFUSED ? "nothing listens there (a stale socket: kvcd is not "
-                                        "running)"
-                : rc == -EACCES       ? "permission denied (the socket's group or mode: "
-                                        "server.socket_group, server.socket_mode)"
-                                      : kvc_strerror(rc));
+                ctl_connect_why(path, rc, why, sizeof(why)));
         return 1;
     }
     return 0;
