@@ -258,8 +258,8 @@ def test_the_documented_configuration(setup):
     assert getattr(importlib.import_module(cfg["kv_connector_module_path"]),
                    cfg["kv_connector"]) is importlib.import_module("kvcd.vllm").KvcdConnector
     listed = re.search(r"^`kv_connector_extra_config`: (.*?)\n\n", doc, re.S | re.M).group(1)
-    names = re.findall(r"`(\w+)` \(", listed)
-    assert names and "socket" in names
+    names = re.findall(r"`(\w+)`\s\(", listed)
+    assert {"socket", "model_id", "layerwise", "async_save", "disk_wait_s"} <= set(names)
     src = open(importlib.import_module("kvcd.vllm").__file__).read()
     for name in names:
         assert 'extra.get("%s"' % name in src, "docs/engines.md lists %s, unread" % name
