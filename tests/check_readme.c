@@ -7,6 +7,7 @@
  * And the documentation's references hold: every relative link of README.md and of the pages
  * under docs/ leads to a file, and every `docs/….md` path they name exists (a page moved or
  * removed without its references fails here; a path named after `git log -- ` is history).
+ * README.md's kvcctl and kvcreplay usage blocks are what the programs print.
  * And the C examples a newcomer copies (README.md's libkvc example, libkvc(3)'s EXAMPLE)
  * compile with -Wall -Werror against this build and do what they say against a real kvcd.
  */
@@ -287,6 +288,41 @@ START_TEST(test_doc_references_check_can_fail)
 }
 END_TEST
 
+/* ---- the programs' usage as README.md shows it ------------------------------------- */
+
+/* The README.md block that starts with `start`, up to the line closing it, into out. */
+static void rm_block(const char *start, char *out, size_t len)
+{
+    const char *p = strstr(rm_readme, start), *end;
+    ck_assert_msg(p != NULL, "README.md shows no \"%s\"", start);
+    end = strstr(p, "\n```");
+    ck_assert_ptr_nonnull(end);
+    ck_assert_uint_lt((size_t)(end - p) + 1, len);
+    memcpy(out, p, (size_t)(end - p) + 1);
+    out[end - p + 1] = 0;
+}
+
+/* README.md's `kvcctl` block is what `kvcctl --help` prints (with the default socket of a
+ * user without $XDG_RUNTIME_DIR, which is root's), and its `kvcreplay` synopsis the start of
+ * `kvcreplay --help`: a new command or option changes both. */
+START_TEST(test_readme_usages_match_the_programs)
+{
+    static char want[16384], out[16384], err[4096];
+    const char *ctl[] = {"/usr/bin/env",          "-u",     "KVCD_SOCKET", "-u", "XDG_RUNTIME_DIR",
+                         KVC_BUILD_BIN "/kvcctl", "--help", NULL};
+    const char *replay[] = {KVC_BUILD_BIN "/kvcreplay", "--help", NULL};
+    rm_load();
+    rm_block("usage: kvcctl [-s SOCKET]", want, sizeof(want));
+    ck_assert_int_eq(daemon_run(ctl, out, sizeof(out), err, sizeof(err), daemon_ms(20000)), 0);
+    ck_assert_msg(strcmp(want, out) == 0, "README.md's kvcctl block:\n%s\nkvcctl --help:\n%s", want,
+                  out);
+    rm_block("usage: kvcreplay [-s SOCKET]", want, sizeof(want));
+    ck_assert_int_eq(daemon_run(replay, out, sizeof(out), err, sizeof(err), daemon_ms(20000)), 0);
+    ck_assert_msg(strncmp(want, out, strlen(want)) == 0,
+                  "README.md's kvcreplay synopsis:\n%s\nkvcreplay --help:\n%s", want, out);
+}
+END_TEST
+
 /* ---- the C examples, compiled and run ------------------------------------------------ */
 
 #define RM_PROG (1 << 16)
@@ -421,6 +457,7 @@ int main(void)
     tcase_add_test(tc, test_doc_references_resolve);
     tcase_add_test(tc, test_doc_references_check_can_fail);
     tcase_add_test(tc, test_c_examples_compile_and_run);
+    tcase_add_test(tc, test_readme_usages_match_the_programs);
     suite_add_tcase(s, tc);
     return daemon_suite_run(s);
 }
