@@ -45,7 +45,8 @@ class Client:
 
     closed: bool
     def __init__(self, socket_path: Union[str, bytes, PathLike, None] = None) -> None:
-        """Connects; raises Error (ENOENT, ECONNREFUSED, EACCES, EUSERS...). A Client
+        """Connects; raises Error (ENOENT, ECONNREFUSED, EACCES, EUSERS...; the path tried,
+        default_socket() without one, is its filename). A Client
         connects once: calling __init__ again (even after close()) raises RuntimeError;
         make a new Client instead."""
     def namespace(self, model_id: str, layers: int, kv_heads: int, head_dim: int,
