@@ -24,6 +24,7 @@
 #include <stdarg.h>
 #include <strings.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -69,11 +70,48 @@ static const char *ctl_connect_why(const char *path, int rc, char *buf, size_t l
     return kvc_strerror(rc);
 }
 
+/* The pid of the kvcd that holds path's start lock (PATH.lock, taken before the arena is made
+ * and held while kvcd runs; its socket comes last), or 0. Read from /proc/locks, so that the
+ * check takes no lock itself: a starting kvcd that met one would refuse to start. */
+static pid_t ctl_lock_holder(const char *path)
+{
+    char lock[PATH_MAX], line[256];
+    struct stat st;
+    pid_t pid = 0;
+    FILE *f;
+    snprintf(lock, sizeof(lock), "%s.lock", path);
+    if (stat(lock, &st) != 0 || !(f = fopen("/proc/locks", "re")))
+        return 0;
+    while (!pid && fgets(line, sizeof(line), f)) {
+        unsigned maj, min;
+        unsigned long ino;
+        int p;
+        if (sscanf(line, "%*d: FLOCK %*s %*s %d %x:%x:%lu", &p, &maj, &min, &ino) == 4 &&
+            ino == st.st_ino && maj == major(st.st_dev) && min == minor(st.st_dev))
+            pid = p;
+    }
+    fclose(f);
+    return pid;
+}
+
 int ctl_connect(struct ctl *x)
 {
     const char *path = x->socket ? x->socket : kvc_default_socket();
     char why[PATH_MAX + 128];
     int rc = kvc_connect(x->socket, &x->c);
+    /* A kvcd that is starting (`kvcd & kvcctl status`) is waited for, up to 10 s. */
+    for (int i = 0; (rc == -ENOENT || rc == -ECONNREFUSED) && ctl_lock_holder(path); i++) {
+        if (i == 200) {
+            snprintf(why, sizeof(why),
+                     "kvcd (pid %d) is still starting: its socket is not bound yet (its log says "
+                     "how far it got)",
+                     (int)ctl_lock_holder(path));
+            fprintf(stderr, "kvcctl: cannot reach kvcd at %s: %s\n", path, why);
+            return 1;
+        }
+        usleep(50000);
+        rc = kvc_connect(x->socket, &x->c);
+    }
     if (rc) {
         fprintf(stderr, "kvcctl: cannot reach kvcd at %s: %s\n", path,
                 ctl_connect_why(path, rc, why, sizeof(why)));

@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -278,6 +280,39 @@ START_TEST(test_kvcctl_connect_errors_named)
     ct_connect_says(ct_d.sock, 65502, "may not enter the directory");
     ck_assert_int_eq(chmod(ct_d.dir, 0711), 0);
     ct_connect_says(ct_d.sock, 65502, "permission denied (the socket's group or mode");
+}
+END_TEST
+
+/* `kvcd & kvcctl status`, as docs/getting-started.md has it: kvcctl waits for a kvcd that
+ * holds its socket's start lock but has not bound the socket yet (it said "no socket there
+ * (kvcd not running ...)"), and after 10 s says that kvcd is still starting, naming its pid. */
+START_TEST(test_kvcctl_waits_for_a_starting_kvcd)
+{
+    static const char *const args[] = {"-o", "host.size=1g", NULL};
+    struct daemon d = {0};
+    char lock[DAEMON_PATH_MAX + 8], want[64];
+    pid_t pid;
+    ck_assert_int_eq(daemon_dir_init(&d), 0);
+    snprintf(lock, sizeof(lock), "%s.lock", d.sock);
+    /* This process as a kvcd that never gets to bind. */
+    int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(flock(fd, LOCK_EX | LOCK_NB), 0);
+    uint64_t t0 = daemon_now_ms();
+    ck_assert_int_eq(daemon_kvcctl(&d, ct_out, CT_OUT, ct_err, CT_OUT, "status", NULL), 1);
+    ck_assert_uint_ge(daemon_now_ms() - t0, 9000);
+    snprintf(want, sizeof(want), "kvcd (pid %d) is still starting", (int)getpid());
+    ck_assert_msg(strstr(ct_err, want), "'%s' does not say '%s'", ct_err, want);
+    close(fd);
+    unlink(lock);
+    /* A real start: kvcctl runs once kvcd took its lock, while it makes its arena. */
+    ck_assert_int_eq(daemon_spawn(&d, args, &pid), 0);
+    while (access(lock, F_OK) != 0 && daemon_now_ms() - t0 < (uint64_t)daemon_ms(30000))
+        usleep(1000);
+    ck_assert_int_eq(daemon_kvcctl(&d, ct_out, CT_OUT, ct_err, CT_OUT, "status", NULL), 0);
+    d.pid = pid;
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_cleanup(&d);
 }
 END_TEST
 
@@ -772,6 +807,7 @@ int main(void)
     tcase_add_test(tc, test_kvcctl_ls);
     tcase_add_test(tc, test_kvcctl_exit_codes);
     tcase_add_test(tc, test_kvcctl_connect_errors_named);
+    tcase_add_test(tc, test_kvcctl_waits_for_a_starting_kvcd);
     tcase_add_test(tc, test_load_vs_recompute_counters);
     tcase_add_test(tc, test_kvcctl_show_ambiguous_prefix);
     tcase_add_test(tc, test_kvcctl_usage_errors_named);
