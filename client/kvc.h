@@ -400,7 +400,8 @@ KVC_API int kvc_lookup_budget_heads(kvc_ns *ns, const struct kvc_key *keys, size
  * tells the status of every key; finish it with kvc_commit() or kvc_abort() within the
  * daemon's server.reservation_timeout (60 s by default), after which it aborts the
  * reservation and its slots may be handed to others. Keys past what the quotas allow come
- * back NOSPACE. Errors: -EINVAL (a key repeated), -EACCES, -EPIPE, -EDQUOT (no room left under
+ * back NOSPACE. n may be 0 (every key already hit): 0 and an empty reservation, no round
+ * trip. Errors: -EINVAL (a key repeated), -EACCES, -EPIPE, -EDQUOT (no room left under
  * the quotas or the user's share of the arena), -EMFILE. */
 KVC_API int kvc_reserve(kvc_ns *ns, const struct kvc_key *parent, const struct kvc_key *keys,
                         size_t n, kvc_resv **out);

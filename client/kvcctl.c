@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -22,25 +23,98 @@
 #include <string.h>
 #include <stdarg.h>
 #include <strings.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "client/kvc.h"
 #include "client/kvcctl.h"
 
+/* Why a connect to path failed with rc, in words a newcomer can act on, into buf. A refused
+ * connection is a stale socket only when path is a socket; a permission denied is the socket's
+ * mode only when every directory above it may be entered. */
+static const char *ctl_connect_why(const char *path, int rc, char *buf, size_t len)
+{
+    struct stat st;
+    if (rc == -ENOENT || rc == -ENOTDIR)
+        return "no socket there (kvcd not running, or -s / $KVCD_SOCKET name another path)";
+    if (rc == -ENAMETOOLONG)
+        return "the path is longer than a Unix socket's 107 bytes (use a shorter one)";
+    if (rc == -ECONNREFUSED && stat(path, &st) == 0 && !S_ISSOCK(st.st_mode)) {
+        snprintf(buf, len, "not a socket but a %s (-s / $KVCD_SOCKET name kvcd's socket file)",
+                 S_ISDIR(st.st_mode)   ? "directory"
+                 : S_ISREG(st.st_mode) ? "regular file"
+                                       : "special file");
+        return buf;
+    }
+    if (rc == -ECONNREFUSED)
+        return "nothing listens there (a stale socket: kvcd is not running)";
+    if (rc == -EACCES) {
+        char dir[PATH_MAX];
+        snprintf(dir, sizeof(dir), "%s", path);
+        for (char *slash = strchr(dir + 1, '/'); slash; slash = strchr(slash + 1, '/')) {
+            *slash = 0;
+            if (access(dir, X_OK) != 0 && errno == EACCES) {
+                snprintf(buf, len,
+                         "permission denied: this user may not enter the directory %s (its "
+                         "mode or owner)",
+                         dir);
+                return buf;
+            }
+            *slash = '/';
+        }
+        return "permission denied (the socket's group or mode: server.socket_group, "
+               "server.socket_mode)";
+    }
+    return kvc_strerror(rc);
+}
+
+/* The pid of the kvcd that holds path's start lock (PATH.lock, taken before the arena is made
+ * and held while kvcd runs; its socket comes last), or 0. Read from /proc/locks, so that the
+ * check takes no lock itself: a starting kvcd that met one would refuse to start. */
+static pid_t ctl_lock_holder(const char *path)
+{
+    char lock[PATH_MAX], line[256];
+    struct stat st;
+    pid_t pid = 0;
+    FILE *f;
+    snprintf(lock, sizeof(lock), "%s.lock", path);
+    if (stat(lock, &st) != 0 || !(f = fopen("/proc/locks", "re")))
+        return 0;
+    while (!pid && fgets(line, sizeof(line), f)) {
+        unsigned maj, min;
+        unsigned long ino;
+        int p;
+        if (sscanf(line, "%*d: FLOCK %*s %*s %d %x:%x:%lu", &p, &maj, &min, &ino) == 4 &&
+            ino == st.st_ino && maj == major(st.st_dev) && min == minor(st.st_dev))
+            pid = p;
+    }
+    fclose(f);
+    return pid;
+}
+
 int ctl_connect(struct ctl *x)
 {
     const char *path = x->socket ? x->socket : kvc_default_socket();
+    char why[PATH_MAX + 128];
     int rc = kvc_connect(x->socket, &x->c);
+    /* A kvcd that is starting (`kvcd & kvcctl status`) is waited for, up to 10 s. */
+    for (int i = 0; (rc == -ENOENT || rc == -ECONNREFUSED) && ctl_lock_holder(path); i++) {
+        if (i == 200) {
+            snprintf(why, sizeof(why),
+                     "kvcd (pid %d) is still starting: its socket is not bound yet (its log says "
+                     "how far it got)",
+                     (int)ctl_lock_holder(path));
+            fprintf(stderr, "kvcctl: cannot reach kvcd at %s: %s\n", path, why);
+            return 1;
+        }
+        usleep(50000);
+        rc = kvc_connect(x->socket, &x->c);
+    }
     if (rc) {
         fprintf(stderr, "kvcctl: cannot reach kvcd at %s: %s\n", path,
-                rc == -ENOENT ? "no socket there (kvcd not running, or -s / $KVCD_SOCKET name "
-                                "another path)"
-                : rc == -ECONNREFUSED ? "nothing listens there (a stale socket: kvcd is not "
-                                        "running)"
-                : rc == -EACCES       ? "permission denied (the socket's group or mode: "
-                                        "server.socket_group, server.socket_mode)"
-                                      : kvc_strerror(rc));
+                ctl_connect_why(path, rc, why, sizeof(why)));
         return 1;
     }
     return 0;

@@ -114,9 +114,18 @@ int kvci_reserve_flags(kvc_ns *ns, const struct kvc_key *parent, const struct kv
                        size_t n, uint32_t flags, kvc_resv **out)
 {
     int rc;
-    if (!ns || !out || !keys || n == 0)
+    if (!ns || !out || (!keys && n))
         return -EINVAL;
     *out = NULL;
+    if (n == 0) {
+        /* Nothing left to write (a prefix wholly cached): an empty reservation and no round
+         * trip, as kvc_lookup of no keys, so that a caller needs no special case. */
+        *out = calloc(1, sizeof(**out));
+        if (!*out)
+            return -ENOMEM;
+        (*out)->ns = ns;
+        return 0;
+    }
     if (n > KVC_PROTO_MAX_KEYS)
         return -E2BIG;
     pthread_mutex_lock(&ns->c->mu);

@@ -214,29 +214,29 @@ static void kvcd_server_params(const struct kvcd *d, const struct config *c,
                                struct server_params *p)
 {
     struct group *g = *c->server_admin_group ? getgrnam(c->server_admin_group) : NULL;
-    *p = (struct server_params){.socket_path = c->server_socket,
-                                .socket_mode = c->server_socket_mode,
-                                .socket_group = c->server_socket_group,
-                                .max_clients = (uint32_t)c->server_max_clients,
-                                .io_threads = (uint32_t)c->server_io_threads,
-                                .adopt = d->adopt,
-                                .adopt_fd = d->adopt_fd,
-                                .has_admin_gid = g != NULL,
-                                .admin_gid = g ? g->gr_gid : 0,
-                                .cfg = c,
-                                .acl = d->acl,
-                                .max_clients_per_uid = (uint32_t)c->server_max_clients_per_uid,
-                                .hello_timeout_ms = c->server_hello_timeout,
-                                .idle_timeout_ms = c->server_idle_timeout,
-                                .reservation_timeout_ms = c->server_reservation_timeout,
-                                .max_waits = (uint32_t)c->server_max_waits,
-                                .max_namespaces_per_uid =
-                                    (uint32_t)c->server_max_namespaces_per_uid,
-                                .client_pins = (uint64_t)c->quota_client_pins,
-                                .uid_pins = (uint64_t)c->quota_uid_pins,
-                                .uid_leases = (uint64_t)c->quota_uid_leases,
-                                .uid_reserved_share = (uint32_t)c->quota_uid_reserved_share,
-                                .fast_ring_rate = (uint32_t)c->server_fast_ring_rate};
+    *p =
+        (struct server_params){.socket_path = c->server_socket,
+                               .socket_mode = c->server_socket_mode,
+                               .socket_group = c->server_socket_group,
+                               .max_clients = (uint32_t)c->server_max_clients,
+                               .io_threads = (uint32_t)c->server_io_threads,
+                               .adopt = d->adopt,
+                               .adopt_fd = d->adopt_fd,
+                               .has_admin_gid = g != NULL,
+                               .admin_gid = g ? g->gr_gid : 0,
+                               .cfg = c,
+                               .acl = d->acl,
+                               .max_clients_per_uid = (uint32_t)c->server_max_clients_per_uid,
+                               .hello_timeout_ms = c->server_hello_timeout,
+                               .idle_timeout_ms = c->server_idle_timeout,
+                               .reservation_timeout_ms = c->server_reservation_timeout,
+                               .max_waits = (uint32_t)c->server_max_waits,
+                               .max_namespaces_per_uid = (uint32_t)c->server_max_namespaces_per_uid,
+                               .client_pins = (uint64_t)c->quota_client_pins,
+                               .uid_pins = (uint64_t)c->quota_uid_pins,
+                               .uid_leases = (uint64_t)c->quota_uid_leases,
+                               .uid_reserved_share = (uint32_t)c->quota_uid_reserved_share,
+                               .fast_ring_rate = (uint32_t)c->server_fast_ring_rate};
 }
 
 /* Checks of the places kvcd will use, made before anything slow (pre-faulting the arena
@@ -305,6 +305,39 @@ static int kvcd_check_socket(const struct config *c, char *err, size_t len)
     return rc;
 }
 
+/* The directory of the socket path exists and this user may make the socket there, or an
+ * error that says what to change: a bind at the end of the start would fail, after the
+ * arena was made. 0, or -errno with the cause in err. */
+static int kvcd_check_socket_dir(const struct config *c, const char *path, char *err, size_t len)
+{
+    char dir[108];
+    char *slash;
+    snprintf(dir, sizeof(dir), "%s", path);
+    slash = strrchr(dir, '/');
+    if (!slash)
+        snprintf(dir, sizeof(dir), ".");
+    else
+        slash[slash == dir] = 0; /* "/x.sock": the root */
+    if (access(dir, W_OK | X_OK) == 0)
+        return 0;
+    int rc = -errno;
+    if (rc == -ENOENT)
+        snprintf(err, len,
+                 "cannot listen on %s: the directory %s does not exist (make it, or set "
+                 "server.socket%s)",
+                 path, dir,
+                 !c->server_socket[0] && geteuid() != 0
+                     ? "; a user's default is $XDG_RUNTIME_DIR/kvcd.sock, and XDG_RUNTIME_DIR "
+                       "is unset"
+                     : "");
+    else
+        snprintf(err, len,
+                 "cannot listen on %s: this user may not make a file in %s (%s; set "
+                 "server.socket to a directory it may write)",
+                 path, dir, strerror(-rc));
+    return rc;
+}
+
 /* Claims the socket path for this process before anything slow: a connect (a kvcd serving
  * it), then a lock on PATH.lock, held until exit (a kvcd still starting, not yet listening,
  * holds it too). 0, or -EADDRINUSE with the cause in err. Where the lock file can be neither
@@ -319,6 +352,9 @@ static int kvcd_claim_socket(struct kvcd *d, char *err, size_t len)
         return 0; /* kvcd_check_socket said so already */
     if (strncmp(path, "/run/kvcd/", 10) == 0)
         mkdir("/run/kvcd", 0755);
+    rc = kvcd_check_socket_dir(d->cfg, path, err, len);
+    if (rc)
+        return rc;
     snprintf(d->lock_path, sizeof(d->lock_path), "%s.lock", path);
     d->lock_fd = open(d->lock_path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (d->lock_fd < 0)
@@ -373,8 +409,7 @@ static int kvcd_apply(struct kvcd *d, struct config *next, char *msg, size_t len
         acl_reload(d->acl, d->cfg);
     engine_disk_reload(d->store, (uint32_t)d->cfg->disk_admit_hits);
     engine_disk_compress_set(d->store, (int)d->cfg->disk_compress);
-    engine_remote_reload(d->store, (uint32_t)d->cfg->remote_min_hits,
-                         d->cfg->remote_negative_ttl);
+    engine_remote_reload(d->store, (uint32_t)d->cfg->remote_min_hits, d->cfg->remote_negative_ttl);
     kvcd_server_params(d, d->cfg, &vp);
     server_reload(d->server, &vp);
     server_ns_policies(d->server);
@@ -594,8 +629,7 @@ static int kvcd_remote_attach(struct kvcd *d)
         .ns_seal_arg = d};
     int rc = engine_remote_attach(d->store, &rp);
     if (rc) {
-        log_err("remote: cannot start the remote tier on %s (%s)", c->remote_nodes,
-                strerror(-rc));
+        log_err("remote: cannot start the remote tier on %s (%s)", c->remote_nodes, strerror(-rc));
         return rc;
     }
     if (remote_keys_sealed(d->rkeys))
@@ -636,22 +670,23 @@ static int kvcd_disk_attach(struct kvcd *d)
                                       [CONFIG_DISK_FORMAT_FORCE] = TIER_DISK_FORMAT_FORCE};
     const struct config *c = d->cfg;
     struct engine_disk_params tp = {.size = c->disk_capacity,
-                                .page_size = c->disk_page,
-                                .queue_depth = (uint32_t)c->disk_queue_depth,
-                                .write_rate = c->disk_write_rate,
-                                .admit_hits = (uint32_t)c->disk_admit_hits,
-                                .compact_below = (uint32_t)c->disk_compact_below,
-                                .compress_level = (int)c->disk_compress,
-                                .ns_level = kvcd_disk_level,
-                                .ns_level_arg = d,
-                                .ns_open = kvcd_disk_ns_open,
-                                .ns_open_arg = d,
-                                .workers = (uint32_t)c->disk_workers,
-                                .progress = kvcd_disk_progress,
-                                .format = format[c->disk_format],
-                                .ckpt_path = !c->disk_checkpoint_interval ? ""
-                                             : *c->disk_checkpoint_path ? c->disk_checkpoint_path
-                                                                        : NULL};
+                                    .page_size = c->disk_page,
+                                    .queue_depth = (uint32_t)c->disk_queue_depth,
+                                    .write_rate = c->disk_write_rate,
+                                    .admit_hits = (uint32_t)c->disk_admit_hits,
+                                    .compact_below = (uint32_t)c->disk_compact_below,
+                                    .compress_level = (int)c->disk_compress,
+                                    .ns_level = kvcd_disk_level,
+                                    .ns_level_arg = d,
+                                    .ns_open = kvcd_disk_ns_open,
+                                    .ns_open_arg = d,
+                                    .workers = (uint32_t)c->disk_workers,
+                                    .progress = kvcd_disk_progress,
+                                    .format = format[c->disk_format],
+                                    .ckpt_path = !c->disk_checkpoint_interval ? ""
+                                                 : *c->disk_checkpoint_path
+                                                     ? c->disk_checkpoint_path
+                                                     : NULL};
     char *list = strdup(c->disk_path), *save = NULL;
     int rc = -ENOMEM;
     if (!list)
@@ -858,8 +893,8 @@ int main(int argc, char **argv)
                                                       .reload = kvcd_reload_verdict,
                                                       .config_set = kvcd_config_set_hook,
                                                       .shutdown = kvcd_shutdown_hook});
-    log_info("kvcd %s: ready on %s (pid %d%s)", KVCD_VERSION, server_path(d.server),
-             (int)getpid(), d.adopt ? ", socket from systemd" : "");
+    log_info("kvcd %s: ready on %s (pid %d%s)", KVCD_VERSION, server_path(d.server), (int)getpid(),
+             d.adopt ? ", socket from systemd" : "");
     {
         char status[160];
         uint64_t wd = notify_watchdog_period_ms();

@@ -7,6 +7,9 @@
  * And the documentation's references hold: every relative link of README.md and of the pages
  * under docs/ leads to a file, and every `docs/….md` path they name exists (a page moved or
  * removed without its references fails here; a path named after `git log -- ` is history).
+ * README.md's kvcctl and kvcreplay usage blocks are what the programs print.
+ * And the C examples a newcomer copies (README.md's libkvc example, libkvc(3)'s EXAMPLE)
+ * compile with -Wall -Werror against this build and do what they say against a real kvcd.
  */
 #include <check.h>
 #include <ctype.h>
@@ -19,6 +22,14 @@
 #include "tests/lib/daemon.h"
 
 #define RM_TEXT (1 << 20)
+/* The examples link this build's libkvc.so, instrumented as this suite is. */
+#if defined(__SANITIZE_ADDRESS__)
+#define RM_SAN "-fsanitize=address,undefined"
+#elif defined(__SANITIZE_THREAD__)
+#define RM_SAN "-fsanitize=thread"
+#else
+#define RM_SAN ""
+#endif
 
 static char rm_readme[RM_TEXT];
 static char rm_table[RM_TEXT]; /* the folder table's rows */
@@ -277,15 +288,178 @@ START_TEST(test_doc_references_check_can_fail)
 }
 END_TEST
 
+/* ---- the programs' usage as README.md shows it ------------------------------------- */
+
+/* The README.md block that starts with `start`, up to the line closing it, into out. */
+static void rm_block(const char *start, char *out, size_t len)
+{
+    const char *p = strstr(rm_readme, start), *end;
+    ck_assert_msg(p != NULL, "README.md shows no \"%s\"", start);
+    end = strstr(p, "\n```");
+    ck_assert_ptr_nonnull(end);
+    ck_assert_uint_lt((size_t)(end - p) + 1, len);
+    memcpy(out, p, (size_t)(end - p) + 1);
+    out[end - p + 1] = 0;
+}
+
+/* README.md's `kvcctl` block is what `kvcctl --help` prints (with the default socket of a
+ * user without $XDG_RUNTIME_DIR, which is root's), and its `kvcreplay` synopsis the start of
+ * `kvcreplay --help`: a new command or option changes both. */
+START_TEST(test_readme_usages_match_the_programs)
+{
+    static char want[16384], out[16384], err[4096];
+    const char *ctl[] = {"/usr/bin/env",          "-u",     "KVCD_SOCKET", "-u", "XDG_RUNTIME_DIR",
+                         KVC_BUILD_BIN "/kvcctl", "--help", NULL};
+    const char *replay[] = {KVC_BUILD_BIN "/kvcreplay", "--help", NULL};
+    rm_load();
+    rm_block("usage: kvcctl [-s SOCKET]", want, sizeof(want));
+    ck_assert_int_eq(daemon_run(ctl, out, sizeof(out), err, sizeof(err), daemon_ms(20000)), 0);
+    ck_assert_msg(strcmp(want, out) == 0, "README.md's kvcctl block:\n%s\nkvcctl --help:\n%s", want,
+                  out);
+    rm_block("usage: kvcreplay [-s SOCKET]", want, sizeof(want));
+    ck_assert_int_eq(daemon_run(replay, out, sizeof(out), err, sizeof(err), daemon_ms(20000)), 0);
+    ck_assert_msg(strncmp(want, out, strlen(want)) == 0,
+                  "README.md's kvcreplay synopsis:\n%s\nkvcreplay --help:\n%s", want, out);
+}
+END_TEST
+
+/* ---- the C examples, compiled and run ------------------------------------------------ */
+
+#define RM_PROG (1 << 16)
+
+/* The text between the line after `open` (from `from` on) and the next line starting with
+ * `close`, into out with troff's "\-" read as "-"; 0, or -1 when there is none. */
+static int rm_example(const char *text, const char *from, const char *open, const char *close,
+                      char *out, size_t len)
+{
+    const char *p = strstr(text, from), *end;
+    size_t n = 0;
+    if (!p || !(p = strstr(p, open)) || !(p = strchr(p, '\n')) || !(end = strstr(++p, close)))
+        return -1;
+    for (; p < end && n + 1 < len; p++)
+        if (!(p[0] == '\\' && p[1] == '-'))
+            out[n++] = *p;
+    out[n] = 0;
+    return 0;
+}
+
+/* Writes prog.c into dir: the example's #include lines first, then main() with the names the
+ * example leaves to the reader (decl: a prompt's tokens and an engine's cache of 2 MiB
+ * blocks), the example's other lines, and a line printing n and hit before its
+ * kvc_disconnect; compiles it against this build's libkvc.so into dir/prog. The cc exit. */
+static int rm_build_example(const char *dir, const char *example, const char *decl)
+{
+    static char prog[RM_PROG];
+    char path[512], out[4096], err[4096];
+    size_t n = (size_t)snprintf(prog, sizeof(prog),
+                                "#include <err.h>\n#include <stdint.h>\n#include <stdio.h>\n"
+                                "#include <stdlib.h>\n#include <string.h>\n");
+    for (const char *l = example; *l; l = strchr(l, '\n') + 1) {
+        if (strncmp(l, "#include", 8) == 0)
+            n += (size_t)snprintf(prog + n, sizeof(prog) - n, "%.*s\n", (int)(strchr(l, '\n') - l),
+                                  l);
+        if (!strchr(l, '\n'))
+            break;
+    }
+    n += (size_t)snprintf(prog + n, sizeof(prog) - n,
+                          "static __attribute__((unused)) void compute_kv(void **b, int n)\n{\n"
+                          "    for (int i = 0; i < n; i++) memset(b[i], 7, 2u << 20);\n}\n"
+                          "int main(void)\n{\n    static uint32_t tokens[100];\n"
+                          "    size_t ntokens = 100;\n"
+                          "    for (size_t i = 0; i < ntokens; i++) tokens[i] = (uint32_t)i;\n"
+                          "%s\n",
+                          decl);
+    for (const char *l = example; *l;) {
+        const char *e = strchr(l, '\n');
+        int ll = e ? (int)(e - l) : (int)strlen(l);
+        if (strncmp(l, "#include", 8) != 0) {
+            if (strncmp(l, "kvc_disconnect(c);", 18) == 0)
+                n += (size_t)snprintf(prog + n, sizeof(prog) - n,
+                                      "printf(\"n %%d hit %%d\\n\", n, hit);\n");
+            n += (size_t)snprintf(prog + n, sizeof(prog) - n, "%.*s\n", ll, l);
+            /* the engine's cache, as the example's comment says */
+            if (strncmp(l, "void *blocks[256];", 18) == 0)
+                n += (size_t)snprintf(prog + n, sizeof(prog) - n,
+                                      "for (int i = 0; i < 256; i++) blocks[i] = "
+                                      "calloc(1, 2u << 20);\n");
+        }
+        if (!e)
+            break;
+        l = e + 1;
+    }
+    n += (size_t)snprintf(prog + n, sizeof(prog) - n, "    return 0;\n}\n");
+    ck_assert_uint_lt(n, sizeof(prog) - 1);
+    snprintf(path, sizeof(path), "%s/prog.c", dir);
+    FILE *f = fopen(path, "we");
+    ck_assert_ptr_nonnull(f);
+    fputs(prog, f);
+    ck_assert_int_eq(fclose(f), 0);
+    const char *argv[] = {"/bin/sh", "-c",
+                          "cc -std=gnu11 -Wall -Werror " RM_SAN " -I" KVC_SRC_DIR "/client -o "
+                          "\"$0/prog\" \"$0/prog.c\" -L" KVC_BUILD_BIN "/../lib -lkvc "
+                          "-Wl,-rpath," KVC_BUILD_BIN "/../lib",
+                          dir, NULL};
+    int rc = daemon_run(argv, out, sizeof(out), err, sizeof(err), daemon_ms(120000));
+    ck_assert_msg(rc == 0, "the example does not compile (exit %d):\n%s\n%s%s", rc, prog, out, err);
+    return rc;
+}
+
+/* Runs dir/prog against d twice: the first run computes every block, the second hits all. */
+static void rm_run_example(const struct daemon *d, const char *what)
+{
+    char cmd[600], out[4096], err[4096];
+    /* (leaks off: the engine's cache the harness gives the example lives until exit) */
+    snprintf(cmd, sizeof(cmd), "ASAN_OPTIONS=detect_leaks=0 KVCD_SOCKET='%s' '%s/prog'", d->sock,
+             d->dir);
+    const char *argv[] = {"/bin/sh", "-c", cmd, NULL};
+    for (int run = 0; run < 2; run++) {
+        int rc = daemon_run(argv, out, sizeof(out), err, sizeof(err), daemon_ms(60000));
+        ck_assert_msg(rc == 0, "%s, run %d: exit %d\n%s%s", what, run, rc, out, err);
+        ck_assert_msg(strcmp(out, run ? "n 6 hit 6\n" : "n 6 hit 0\n") == 0, "%s, run %d: %s", what,
+                      run, out);
+    }
+}
+
+/* README.md's libkvc example and libkvc(3)'s EXAMPLE compile with -Wall -Werror against this
+ * build and, run twice against a real kvcd, store a 100-token prompt's 6 blocks and then
+ * load all of them. */
+START_TEST(test_c_examples_compile_and_run)
+{
+    static char text[RM_TEXT], example[RM_PROG];
+    static const char *const args[] = {"-o", "host.size=64m", NULL};
+    struct daemon d = {0};
+    ck_assert_int_eq(daemon_start(&d, args), 0);
+    rm_load();
+    ck_assert_int_eq(rm_example(rm_readme, "## libkvc", "```c", "```", example, sizeof(example)),
+                     0);
+    rm_build_example(d.dir, example,
+                     "    static void *dst[256];\n    static const void *blocks[256];\n"
+                     "    for (int i = 0; i < 256; i++) blocks[i] = dst[i] = calloc(1, 2u << 20);");
+    rm_run_example(&d, "README.md's libkvc example");
+    FILE *f = fopen(KVC_SRC_DIR "/docs/man/libkvc.3", "re");
+    ck_assert_ptr_nonnull(f);
+    text[fread(text, 1, sizeof(text) - 1, f)] = 0;
+    fclose(f);
+    ck_assert_int_eq(rm_example(text, ".SH EXAMPLE", ".nf", "\n.fi", example, sizeof(example)), 0);
+    rm_build_example(d.dir, example, "");
+    rm_run_example(&d, "libkvc(3)'s EXAMPLE");
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_cleanup(&d);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("readme");
     TCase *tc = tcase_create("readme");
+    tcase_set_timeout(tc, daemon_slow() * 300);
     tcase_add_test(tc, test_readme_names_every_folder);
     tcase_add_test(tc, test_readme_names_every_source_file);
     tcase_add_test(tc, test_readme_check_can_fail);
     tcase_add_test(tc, test_doc_references_resolve);
     tcase_add_test(tc, test_doc_references_check_can_fail);
+    tcase_add_test(tc, test_c_examples_compile_and_run);
+    tcase_add_test(tc, test_readme_usages_match_the_programs);
     suite_add_tcase(s, tc);
     return daemon_suite_run(s);
 }

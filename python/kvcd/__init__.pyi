@@ -45,7 +45,8 @@ class Client:
 
     closed: bool
     def __init__(self, socket_path: Union[str, bytes, PathLike, None] = None) -> None:
-        """Connects; raises Error (ENOENT, ECONNREFUSED, EACCES, EUSERS...). A Client
+        """Connects; raises Error (ENOENT, ECONNREFUSED, EACCES, EUSERS...; the path tried,
+        default_socket() without one, is its filename). A Client
         connects once: calling __init__ again (even after close()) raises RuntimeError;
         make a new Client instead."""
     def namespace(self, model_id: str, layers: int, kv_heads: int, head_dim: int,
@@ -164,7 +165,8 @@ class Namespace:
                 gpu: bool = False) -> Reservation:
         """Reserves slots for the keys of the chain parent -> keys[0] -> ... not cached yet.
         Finish it (commit/abort, or a with block) within the daemon's
-        server.reservation_timeout. gpu: slots may be in the daemon's GPU pool (no views;
+        server.reservation_timeout. No keys (a prefix wholly hit) give an empty
+        reservation, no round trip. gpu: slots may be in the daemon's GPU pool (no views;
         write or gather)."""
     def put_prefix(self, keys: Sequence[bytes], buffers: Sequence[Buffer],
                    parent: Optional[bytes] = None, stream: Stream = None) -> int:

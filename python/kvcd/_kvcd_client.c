@@ -226,6 +226,34 @@ PyObject *handle_get_block_bytes(PyObject *self, void *closure)
     return PyLong_FromSize_t(((struct handle *)self)->block_bytes);
 }
 
+/* kvcd.Error for a failed connect: the path tried as the error's filename, and what to do
+ * about the common causes (kvc_strerror's words cover every call, not this one). */
+static void client_raise_connect(int rc, const char *path)
+{
+    const char *why = rc == -ENOENT || rc == -ENOTDIR
+                          ? "cannot reach kvcd: no socket there (kvcd not running, or "
+                            "$KVCD_SOCKET / the path given names another)"
+                      : rc == -ECONNREFUSED
+                          ? "cannot reach kvcd: nothing listens there (a stale socket of a "
+                            "stopped kvcd, or not a socket)"
+                      : rc == -EACCES ? "cannot reach kvcd: permission denied (the socket's mode "
+                                        "and group, or a directory above it this user may "
+                                        "not enter)"
+                                      : NULL;
+    PyObject *file, *args = NULL;
+    if (!why) {
+        kvcd_raise(rc);
+        return;
+    }
+    file = PyUnicode_DecodeFSDefault(path);
+    if (file)
+        args = Py_BuildValue("(isO)", -rc, why, file);
+    if (args)
+        PyErr_SetObject(kvcd_error, args);
+    Py_XDECREF(args);
+    Py_XDECREF(file);
+}
+
 static int client_init(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"socket_path", NULL};
@@ -252,11 +280,11 @@ static int client_init(PyObject *self, PyObject *args, PyObject *kw)
     Py_BEGIN_ALLOW_THREADS;
     rc = kvc_connect(path, &kc);
     Py_END_ALLOW_THREADS;
+    if (rc < 0)
+        client_raise_connect(rc, path ? path : kvc_default_socket());
     Py_XDECREF(path_bytes);
-    if (rc < 0) {
-        kvcd_raise(rc);
+    if (rc < 0)
         return -1;
-    }
     c->c = kc;
     c->conn = ++client_serial;
     c->closed = 0;

@@ -234,6 +234,27 @@ def test_errors(daemon, client):
         ns.get_prefix(keys, [bytes(ns.block_bytes)] * 2)  # read-only buffers
 
 
+def test_connect_errors_name_the_path(daemon, monkeypatch, tmp_path):
+    """A failed connect says which path it tried (the default one too) and why, in words for
+    a connect: it was "[Errno 2] not found (no daemon at the socket path, or unknown
+    namespace)" with no path."""
+    missing = str(tmp_path / "nobody.sock")
+    with pytest.raises(kvcd.Error) as e:
+        kvcd.Client(missing)
+    assert e.value.errno == errno.ENOENT and e.value.filename == missing
+    assert "cannot reach kvcd: no socket there" in str(e.value) and missing in str(e.value)
+    monkeypatch.setenv("KVCD_SOCKET", missing)
+    with pytest.raises(kvcd.Error) as e:
+        kvcd.Client()
+    assert e.value.filename == missing == kvcd.default_socket()
+    with pytest.raises(kvcd.Error) as e:
+        kvcd.Client(str(tmp_path))  # a directory, not a socket
+    assert e.value.errno == errno.ECONNREFUSED and "not a socket" in e.value.strerror
+    monkeypatch.setenv("KVCD_SOCKET", daemon)
+    with kvcd.Client() as c:
+        assert c.stats() is not None
+
+
 def test_use_after_close_raises(daemon):
     c = kvcd.Client(daemon)
     ns = new_ns(c)

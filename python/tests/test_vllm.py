@@ -239,3 +239,35 @@ def test_two_tensor_parallel_ranks(setup, daemon):
     with kvcd.Client(daemon.socket) as c:
         assert c.evict(s.ns(c, 1).id) >= 4
     assert s.sched_conn.get_num_new_matched_tokens(Request("C", b), 0) == (0, False)
+
+
+def test_the_documented_configuration(setup):
+    """docs/engines.md's `vllm serve --kv-transfer-config` loads this connector as vLLM's
+    factory would (vllm_driver.configs uses the same module path, class and role), its extra
+    config works (the socket pointed at the test's kvcd), and every extra key the page lists
+    is one the connector reads."""
+    import importlib
+    import json
+    import os
+    import re
+    doc = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "engines.md")).read()
+    m = re.search(r"--kv-transfer-config '(.*?)'", doc, re.S)
+    cfg = json.loads(m.group(1))
+    assert (cfg["kv_connector_module_path"], cfg["kv_connector"], cfg["kv_role"]) == (
+        "kvcd.vllm", "KvcdConnector", "kv_both")
+    assert getattr(importlib.import_module(cfg["kv_connector_module_path"]),
+                   cfg["kv_connector"]) is importlib.import_module("kvcd.vllm").KvcdConnector
+    listed = re.search(r"^`kv_connector_extra_config`: (.*?)\n\n", doc, re.S | re.M).group(1)
+    names = re.findall(r"`(\w+)`\s\(", listed)
+    assert {"socket", "model_id", "layerwise", "async_save", "disk_wait_s"} <= set(names)
+    src = open(importlib.import_module("kvcd.vllm").__file__).read()
+    for name in names:
+        assert 'extra.get("%s"' % name in src, "docs/engines.md lists %s, unread" % name
+    extra = {k: v for k, v in cfg["kv_connector_extra_config"].items() if k != "socket"}
+    s = setup(**extra)
+    a = prompt(64, seed=7)
+    s.run(Request("A", a))
+    req = Request("B", prompt(80, seed=8, prefix=a))
+    assert s.sched_conn.get_num_new_matched_tokens(req, 0) == (64, False)
+    s.run(req)
+    assert s.wrong == 0

@@ -10,6 +10,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "tests/lib/daemon.h"
 
@@ -220,6 +224,95 @@ START_TEST(test_kvcctl_exit_codes)
                      2);
     ck_assert_int_eq(daemon_kvcctl(&ct_d, ct_out, CT_OUT, ct_err, CT_OUT, "help", NULL), 0);
     ck_assert_ptr_nonnull(strstr(ct_out, "usage: kvcctl"));
+}
+END_TEST
+
+/* kvcctl -s PATH status (as uid, through setpriv, when uid is not 0): exit 1 and one line
+ * on stderr holding cause. */
+static void ct_connect_says(const char *path, unsigned uid, const char *cause)
+{
+    char ids[32];
+    snprintf(ids, sizeof(ids), "%u", uid);
+    const char *plain[] = {DAEMON_KVCCTL, "-s", path, "status", NULL};
+    const char *as_uid[] = {"/usr/bin/setpriv", "--reuid", ids,  "--regid", ids, "--clear-groups",
+                            DAEMON_KVCCTL,      "-s",      path, "status",  NULL};
+    int rc = daemon_run(uid ? as_uid : plain, ct_out, CT_OUT, ct_err, CT_OUT, daemon_ms(20000));
+    ck_assert_msg(rc == 1, "kvcctl -s %s: exit %d\n%s", path, rc, ct_err);
+    ck_assert_msg(ct_count(ct_err, "\n") == 1, "not one line: '%s'", ct_err);
+    ck_assert_msg(strstr(ct_err, cause), "kvcctl -s %s: '%s' does not say '%s'", path, ct_err,
+                  cause);
+}
+
+/* kvcctl's "cannot reach kvcd" names the real cause: a directory or a plain file given as the
+ * socket was called "a stale socket", a socket directory the user may not enter was blamed
+ * on the socket's mode, a path too long for a socket address said "File name too long". */
+START_TEST(test_kvcctl_connect_errors_named)
+{
+    char path[2 * DAEMON_PATH_MAX], name[128], cmd[3 * DAEMON_PATH_MAX];
+    ct_connect_says(ct_d.dir, 0, "not a socket but a directory");
+    ck_assert_int_eq(daemon_file_write(&ct_d, "plain", "x\n", path), 0);
+    ct_connect_says(path, 0, "not a socket but a regular file");
+    snprintf(path, sizeof(path), "%s/nothing.sock", ct_d.dir);
+    ct_connect_says(path, 0, "no socket there (kvcd not running");
+    memset(name, 'x', 120);
+    name[120] = 0;
+    snprintf(path, sizeof(path), "%s/%s", ct_d.dir, name);
+    ct_connect_says(path, 0, "longer than a Unix socket's 107 bytes");
+    /* A stale socket: bound, then nobody listens. */
+    snprintf(path, sizeof(path), "%s/stale.sock", ct_d.dir);
+    snprintf(cmd, sizeof(cmd),
+             "/usr/bin/python3 -c 'import socket; socket.socket(socket.AF_UNIX, "
+             "socket.SOCK_SEQPACKET).bind(\"%s\")'",
+             path);
+    const char *sh[] = {"/bin/sh", "-c", cmd, NULL};
+    ck_assert_int_eq(daemon_run(sh, ct_out, CT_OUT, ct_err, CT_OUT, daemon_ms(20000)), 0);
+    ct_connect_says(path, 0, "nothing listens there (a stale socket");
+    if (geteuid() != 0 || access("/usr/bin/setpriv", X_OK) != 0) {
+        printf("SKIP: e2e_kvcctl: test_kvcctl_connect_errors_named: permissions need root and "
+               "setpriv\n");
+        return;
+    }
+    /* Another user: first the private directory (0700) stops it, then the socket's mode. */
+    char parent[DAEMON_PATH_MAX];
+    snprintf(parent, sizeof(parent), "%s", ct_d.dir);
+    *strrchr(parent, '/') = 0;
+    ck_assert_int_eq(chmod(parent, 0711), 0);
+    ct_connect_says(ct_d.sock, 65502, "may not enter the directory");
+    ck_assert_int_eq(chmod(ct_d.dir, 0711), 0);
+    ct_connect_says(ct_d.sock, 65502, "permission denied (the socket's group or mode");
+}
+END_TEST
+
+/* `kvcd & kvcctl status`, as docs/getting-started.md has it: kvcctl waits for a kvcd that
+ * holds its socket's start lock but has not bound the socket yet (it said "no socket there
+ * (kvcd not running ...)"), and after 10 s says that kvcd is still starting, naming its pid. */
+START_TEST(test_kvcctl_waits_for_a_starting_kvcd)
+{
+    static const char *const args[] = {"-o", "host.size=1g", NULL};
+    struct daemon d = {0};
+    char lock[DAEMON_PATH_MAX + 8], want[64];
+    pid_t pid;
+    ck_assert_int_eq(daemon_dir_init(&d), 0);
+    snprintf(lock, sizeof(lock), "%s.lock", d.sock);
+    /* This process as a kvcd that never gets to bind. */
+    int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(flock(fd, LOCK_EX | LOCK_NB), 0);
+    uint64_t t0 = daemon_now_ms();
+    ck_assert_int_eq(daemon_kvcctl(&d, ct_out, CT_OUT, ct_err, CT_OUT, "status", NULL), 1);
+    ck_assert_uint_ge(daemon_now_ms() - t0, 9000);
+    snprintf(want, sizeof(want), "kvcd (pid %d) is still starting", (int)getpid());
+    ck_assert_msg(strstr(ct_err, want), "'%s' does not say '%s'", ct_err, want);
+    close(fd);
+    unlink(lock);
+    /* A real start: kvcctl runs once kvcd took its lock, while it makes its arena. */
+    ck_assert_int_eq(daemon_spawn(&d, args, &pid), 0);
+    while (access(lock, F_OK) != 0 && daemon_now_ms() - t0 < (uint64_t)daemon_ms(30000))
+        usleep(1000);
+    ck_assert_int_eq(daemon_kvcctl(&d, ct_out, CT_OUT, ct_err, CT_OUT, "status", NULL), 0);
+    d.pid = pid;
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_cleanup(&d);
 }
 END_TEST
 
@@ -537,7 +630,8 @@ START_TEST(test_kvcctl_json_shapes)
     ct_json_shape(&ct_d, NULL,
                   "{pid:int,socket:str,uptime_s:int,clients:int,namespaces:int,blocks:int,"
                   "host_used:int,host_capacity:int,tokens_requested:int,tokens_hit:int,"
-                  "token_hit_ratio:real,load_us:int,recompute_saved_est_us:int,host_faulted:int,host_arenas_bytes:int}",
+                  "token_hit_ratio:real,load_us:int,recompute_saved_est_us:int,host_faulted:int,"
+                  "host_arenas_bytes:int}",
                   "status", NULL, NULL, NULL);
     ct_json_shape(&ct_d, NULL, "{total:{*:int},namespaces:[{id:int,model:str,stats:{*:int}}]}",
                   "stats", NULL, NULL, NULL);
@@ -712,6 +806,8 @@ int main(void)
     tcase_add_test(tc, test_kvcctl_ns);
     tcase_add_test(tc, test_kvcctl_ls);
     tcase_add_test(tc, test_kvcctl_exit_codes);
+    tcase_add_test(tc, test_kvcctl_connect_errors_named);
+    tcase_add_test(tc, test_kvcctl_waits_for_a_starting_kvcd);
     tcase_add_test(tc, test_load_vs_recompute_counters);
     tcase_add_test(tc, test_kvcctl_show_ambiguous_prefix);
     tcase_add_test(tc, test_kvcctl_usage_errors_named);

@@ -94,6 +94,27 @@ START_TEST(test_lifecycle_refuses_non_socket_path)
 }
 END_TEST
 
+/* A socket path whose directory is missing fails the start at once, before the arena is
+ * made, naming the directory and what to change (it said "cannot listen on PATH (No such
+ * file or directory)" after faulting the arena in; a user without XDG_RUNTIME_DIR met it on
+ * /run/kvcd). */
+START_TEST(test_lifecycle_socket_dir_missing_named)
+{
+    struct daemon d = {0};
+    char want[DAEMON_PATH_MAX + 64];
+    pid_t pid;
+    ck_assert_int_eq(daemon_dir_init(&d), 0);
+    ck_assert_uint_lt(strlen(d.dir), sizeof(d.sock) - 20);
+    memcpy(d.sock + strlen(d.dir), "/missing/kvcd.sock", 19);
+    ck_assert_int_eq(daemon_spawn(&d, lc_args, &pid), 0);
+    ck_assert_int_eq(daemon_child_wait(pid, daemon_ms(20000), NULL), 1);
+    snprintf(want, sizeof(want), "the directory %s/missing does not exist", d.dir);
+    ck_assert_msg(lc_log_wait(&d, want, 0), "the log does not say '%s'", want);
+    ck_assert_msg(!lc_log_wait(&d, "host: arena", 0), "the arena was made first");
+    daemon_cleanup(&d);
+}
+END_TEST
+
 START_TEST(test_lifecycle_sigterm_removes_socket)
 {
     struct daemon d = {0};
@@ -219,7 +240,7 @@ END_TEST
  * host.size says. The test holds the lock as the first kvcd would; nothing serves. */
 START_TEST(test_lifecycle_second_daemon_refused_while_first_starts)
 {
-    static const char *const big[] = {"-o", "host.size=8g", "-o", "host.prefault=yes",
+    static const char *const big[] = {"-o", "host.size=8g",       "-o", "host.prefault=yes",
                                       "-o", "host.hugepages=off", NULL};
     struct daemon d = {0};
     char lock[DAEMON_PATH_MAX + 8];
@@ -251,8 +272,7 @@ END_TEST
 static void lc_faulted(const struct daemon *d, uint64_t *faulted, uint64_t *total)
 {
     char out[4096], err[1024];
-    ck_assert_int_eq(daemon_kvcctl(d, out, sizeof(out), err, sizeof(err), "--json", "status",
-                                   NULL),
+    ck_assert_int_eq(daemon_kvcctl(d, out, sizeof(out), err, sizeof(err), "--json", "status", NULL),
                      0);
     ck_assert_int_eq(daemon_json_u64(out, "host_faulted", faulted), 0);
     ck_assert_int_eq(daemon_json_u64(out, "host_arenas_bytes", total), 0);
@@ -264,7 +284,7 @@ static void lc_faulted(const struct daemon *d, uint64_t *faulted, uint64_t *tota
  * it is done. Under ASan too. */
 START_TEST(test_lifecycle_large_arena_serves_while_faulting)
 {
-    static const char *const args[] = {"-o", "host.size=4g", "-o", "host.prefault_threads=1",
+    static const char *const args[] = {"-o", "host.size=4g",       "-o", "host.prefault_threads=1",
                                        "-o", "host.hugepages=off", NULL};
     enum { NB = 12288 }; /* 192 MiB of 16 KiB blocks: past the 64 MiB faulted before serving */
     struct daemon d = {0};
@@ -441,6 +461,7 @@ int main(void)
     tcase_add_test(tc, test_lifecycle_refuses_second_daemon);
     tcase_add_test(tc, test_lifecycle_replaces_stale_socket);
     tcase_add_test(tc, test_lifecycle_refuses_non_socket_path);
+    tcase_add_test(tc, test_lifecycle_socket_dir_missing_named);
     tcase_add_test(tc, test_lifecycle_sigterm_removes_socket);
     tcase_add_test(tc, test_lifecycle_sighup_reload);
     tcase_add_test(tc, test_lifecycle_check_config);
