@@ -229,7 +229,7 @@ START_TEST(test_ladder_walk)
         uint8_t format[CHAIN];
     } held[4] = {{0}};
     unsigned seed = 5;
-    uint32_t nss[3] = {lad, raw, bud}, checked[3] = {0};
+    uint32_t nss[3] = {lad, raw, bud}, checked[3] = {0}, raw_heads = 0;
     for (int step = 0; step < 1500; step++) {
         uint64_t now = (uint64_t)step + 1;
         uint32_t which = (uint32_t)(rand_r(&seed) % 3), ns = nss[which];
@@ -239,6 +239,17 @@ START_TEST(test_ladder_walk)
             k[i] = key(ns, c, i);
         if (rand_r(&seed) % 3) {
             put(ns, &zero, k, CHAIN, now);
+            if (ns != raw) {
+                /* per-head hints: head 0 of layer 0 spreads its attention, the rest look at
+                 * the sink; the ladder's blocks then keep that head raw on every rung, the
+                 * budgeted namespace's stay at q8_0 all the same */
+                float sc[CHAIN][2 * 4];
+                for (uint32_t i = 0; i < CHAIN; i++)
+                    for (uint32_t j = 0; j < 2 * 4; j++)
+                        sc[i][j] = j == 0 ? 1.0f : i == 0 ? 5.0f : 0.0f;
+                ck_assert_int_ge(
+                    store_hint_heads(s, ns, KVC_HINT_H2O, k, &sc[0][0], CHAIN, 2, 4, now), 0);
+            }
         } else {
             struct kvc_wire_loc locs[CHAIN];
             uint64_t lease;
@@ -305,6 +316,12 @@ START_TEST(test_ladder_walk)
                     uint32_t r = rung_of(s->ix.blocks[idx].format);
                     if (r == 0)
                         continue; /* raw hits are checked byte for byte by the e2e suites */
+                    const struct block *bl = &s->ix.blocks[idx];
+                    uint8_t mask[2 * 4];
+                    raw_heads +=
+                        kern_block_raw_heads(
+                            (const uint8_t *)tier_host_base(s->arenas[bl->arena].tier) + bl->off,
+                            bl->len, mask) > 0;
                     double e = nrmse(lad, idx, kk), bound = r == 1 ? 0.02 : 0.12;
                     ck_assert_msg(e <= bound, "rung %u: error %.4f over %.2f", r, e, bound);
                     checked[r]++;
@@ -314,6 +331,7 @@ START_TEST(test_ladder_walk)
     ck_assert_uint_gt(s->total.quantized_blocks, 0);
     ck_assert_uint_gt(s->total.ladder_steps, 0);
     ck_assert_uint_gt(checked[1] + checked[2], 0);
+    ck_assert_uint_gt(raw_heads, 0);
     teardown();
 }
 END_TEST
