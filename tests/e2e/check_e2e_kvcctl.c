@@ -293,11 +293,9 @@ START_TEST(test_kvcctl_waits_for_a_starting_kvcd)
     char lock[DAEMON_PATH_MAX + 8], want[64];
     pid_t pid;
     ck_assert_int_eq(daemon_dir_init(&d), 0);
-    snprintf(lock, sizeof(lock), "%s.lock", d.sock);
     /* This process as a kvcd that never gets to bind. */
-    int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    int fd = daemon_hold_start_lock(&d, lock);
     ck_assert_int_ge(fd, 0);
-    ck_assert_int_eq(flock(fd, LOCK_EX | LOCK_NB), 0);
     uint64_t t0 = daemon_now_ms();
     ck_assert_int_eq(daemon_kvcctl(&d, ct_out, CT_OUT, ct_err, CT_OUT, "status", NULL), 1);
     ck_assert_uint_ge(daemon_now_ms() - t0, 9000);

@@ -246,10 +246,8 @@ START_TEST(test_lifecycle_second_daemon_refused_while_first_starts)
     char lock[DAEMON_PATH_MAX + 8];
     pid_t second;
     ck_assert_int_eq(daemon_dir_init(&d), 0);
-    snprintf(lock, sizeof(lock), "%s.lock", d.sock);
-    int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    int fd = daemon_hold_start_lock(&d, lock);
     ck_assert_int_ge(fd, 0);
-    ck_assert_int_eq(flock(fd, LOCK_EX | LOCK_NB), 0);
     uint64_t t0 = daemon_now_ms();
     ck_assert_int_eq(daemon_spawn(&d, big, &second), 0);
     /* A second at most (scaled for sanitizer builds): nothing it could do takes longer. */

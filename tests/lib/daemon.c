@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -100,6 +101,20 @@ int daemon_dir_init(struct daemon *d)
     snprintf(d->sock, sizeof(d->sock), "%.180s/kvcd.sock", d->dir);
     snprintf(d->log, sizeof(d->log), "%.180s/kvcd.log", d->dir);
     return 0;
+}
+
+int daemon_hold_start_lock(const struct daemon *d, char *lock)
+{
+    snprintf(lock, DAEMON_PATH_MAX + 8, "%s.lock", d->sock);
+    int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return -errno;
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int e = errno;
+        close(fd);
+        return -e;
+    }
+    return fd;
 }
 
 int daemon_file_write(const struct daemon *d, const char *name, const char *text, char *path)

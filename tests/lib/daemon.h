@@ -76,6 +76,10 @@ int daemon_suite_run(struct Suite *s);
 
 /* Makes d->dir (if still empty) and fills sock and log. 0 or -errno. */
 int daemon_dir_init(struct daemon *d);
+/* Takes d->sock's start lock (SOCK.lock, flock) as a kvcd that has not bound its socket yet
+ * holds it (daemon_dir_init first); its path goes to lock (DAEMON_PATH_MAX + 8). The locked
+ * descriptor (close it to let go), or -errno. */
+int daemon_hold_start_lock(const struct daemon *d, char *lock);
 /* Writes `text` into d->dir/name; the full path goes to path (DAEMON_PATH_MAX). */
 int daemon_file_write(const struct daemon *d, const char *name, const char *text, char *path);
 
