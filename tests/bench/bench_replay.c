@@ -834,7 +834,7 @@ int main(int argc, char **argv)
     if (wrong_total)
         failures++;
 
-    printf("\n%-16s %12s %-16s %-16s %12s %8s %s\n", "case", "value", "unit", "baseline",
+    printf("\n%-20s %12s %-16s %-16s %12s %8s %s\n", "case", "value", "unit", "baseline",
            "base value", "ratio", "target");
     for (size_t i = 0; i < nrows; i++) {
         const struct bench_row *r = &rows[i];
@@ -846,7 +846,7 @@ int main(int argc, char **argv)
             : strncmp(r->name, "restart", 7) == 0
                 ? (strstr(r->name, "8g") || strstr(r->name, "256m") ? "<= 2 s" : "<= 1 s")
                 : "0";
-        printf("%-16s %12.4f %-16s %-16s %12.4f %8.3f %s\n", r->name, r->value, r->unit,
+        printf("%-20s %12.4f %-16s %-16s %12.4f %8.3f %s\n", r->name, r->value, r->unit,
                r->baseline ? r->baseline : "-", r->base, r->base > 0 ? r->value / r->base : 0.0,
                target);
     }
