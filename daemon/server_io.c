@@ -36,8 +36,9 @@
  * the loop thread frees the server_ioc then. A failed send (EAGAIN: a client that does not
  * read its replies) or read posts CLOSE, and the loop thread closes the connection as it
  * would have itself; after a read that saw the hang-up (a client that shut down its side)
- * the replies queued before SHUT are still sent, after a failed send none is. At stop (server_io_stop) every connection is closed first, then each
- * thread is told to STOP behind the SHUTs, joined, and what it left is freed.
+ * the replies queued before SHUT are still sent, after a failed send none is. At stop
+ * (server_io_stop) every connection is closed first, then each thread is told to STOP
+ * behind the SHUTs, joined, and what it left is freed.
  * The I/O threads never log (the loop thread logs the reasons CLOSE carries).
  */
 #include <errno.h>
