@@ -442,6 +442,11 @@ fuzz-smoke:
 				{ cat build/fuzz/crash.log; echo "fuzz-smoke: $$c fails again"; exit 1; }; \
 		done; \
 		echo "== fuzz-smoke: every input in tests/fuzz/crashes passes"; \
+		FUZZ_SERVER_IO_THREADS=2 build/fuzz/fuzz_server -max_total_time=$(FUZZ_SMOKE_SECONDS) \
+			-max_len=4096 build/fuzz/corpus-server $(FUZZ_SERVER_CORPUS) \
+			>build/fuzz/fuzz_server_io.log 2>&1 || { cat build/fuzz/fuzz_server_io.log; exit 1; }; \
+		echo "== fuzz-smoke fuzz_server (FUZZ_SERVER_IO_THREADS=2):" \
+			"$$(grep -o 'Done [0-9]* runs' build/fuzz/fuzz_server_io.log)"; \
 	fi
 
 # Deliberate bugs applied to a copy of the tree, each of which the suites must catch

@@ -255,13 +255,13 @@ static bool server_io_do(struct server_io *io, struct server_io_msg *m, struct s
          * reads the replies to what it sent before (as from the loop thread). */
         rc = ioc->mute ? 0 : server_sendmsg(ioc->fd, r->data, m->len, m->fd);
         if (rc) {
-            ioc->mute = true; /* the next one would leave a gap */
             /* As server_handle: a full socket is a client that does not read, another
              * failure (EPIPE: it went) a plain disconnect. */
             if (rc == -EAGAIN || rc == -EWOULDBLOCK)
                 server_io_dead(ioc, b, 0, "client does not read its replies");
             else
                 server_io_dead(ioc, b, 0, NULL);
+            ioc->mute = true; /* a later one would leave a gap */
         }
         if (m->fd >= 0)
             close(m->fd);
