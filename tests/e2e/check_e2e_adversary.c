@@ -1109,7 +1109,8 @@ static ssize_t adv_raw_send(int s, uint16_t op, uint32_t id, const void *body, u
     struct iovec iov = {.iov_base = buf, .iov_len = sizeof(h) + len};
     struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
     memcpy(buf, &h, sizeof(h));
-    memcpy((char *)buf + sizeof(h), body, len);
+    if (len)
+        memcpy((char *)buf + sizeof(h), body, len);
     if (op == 0) /* a datagram of no bytes */
         iov.iov_len = 0;
     if (nfd > 0) {
