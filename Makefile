@@ -438,10 +438,13 @@ fuzz-smoke:
 		done; \
 		for c in tests/fuzz/crashes/server-*; do \
 			[ -e "$$c" ] || continue; \
-			build/fuzz/fuzz_server "$$c" >build/fuzz/crash.log 2>&1 || \
-				{ cat build/fuzz/crash.log; echo "fuzz-smoke: $$c fails again"; exit 1; }; \
+			for io in 0 2; do \
+				FUZZ_SERVER_IO_THREADS=$$io build/fuzz/fuzz_server "$$c" >build/fuzz/crash.log 2>&1 || \
+					{ cat build/fuzz/crash.log; echo "fuzz-smoke: $$c fails again (io threads $$io)"; \
+					exit 1; }; \
+			done; \
 		done; \
-		echo "== fuzz-smoke: every input in tests/fuzz/crashes passes"; \
+		echo "== fuzz-smoke: every input in tests/fuzz/crashes passes (with and without I/O threads)"; \
 		FUZZ_SERVER_IO_THREADS=2 build/fuzz/fuzz_server -max_total_time=$(FUZZ_SMOKE_SECONDS) \
 			-max_len=4096 build/fuzz/corpus-server $(FUZZ_SERVER_CORPUS) \
 			>build/fuzz/fuzz_server_io.log 2>&1 || { cat build/fuzz/fuzz_server_io.log; exit 1; }; \
