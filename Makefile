@@ -308,12 +308,14 @@ check: deps
 # check_e2e_fast again with KVC_IO_THREADS=2 but its cases tagged "long": tests/run-checks.sh)
 # beside its loop, clients sharing a connection across threads — built with -fsanitize=thread
 # into build/tsan. A race in the daemon makes it exit 66 at its stop (every suite checks the
-# status), one in a client fails its case. (check_e2e_put and the check_e2e_adversary suites pass under TSan too, by hand; they
+# status), one in a client fails its case. check_e2e_adversary runs too: its I/O-thread
+# cases attack the I/O threads (descriptors, floods, half-closes, killed clients; 50 s under
+# TSan). (check_e2e_put and check_e2e_adversary_fast/_pool pass under TSan too, by hand; they
 # add a minute and no thread the suites above do not run, so make check leaves them out.) -Wno-tsan: the fast path's fences order stores for other processes, which
 # TSan does not model (and cannot see).
 TSAN_SUITES := check_e2e_fast check_e2e_concurrent check_e2e_quant check_e2e_remote \
 	check_e2e_gpu check_e2e_gpu_fake check_e2e_pressure check_e2e_crash check_tier_disk check_tier_disk_open \
-	check_e2e_iothreads check_e2e_garbage
+	check_e2e_iothreads check_e2e_garbage check_e2e_adversary
 .PHONY: tsan-tests
 tsan-tests: $(B)/bin/kvcd $(B)/bin/kvcctl $(patsubst %,$(B)/tests/%,$(TSAN_SUITES))
 
