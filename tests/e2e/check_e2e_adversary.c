@@ -1138,14 +1138,16 @@ static ssize_t adv_raw_hello(int s, uint32_t id)
 
 /* The next reply within 20 s into h (its header): its length, 0 at the end, -1 on timeout.
  * A descriptor that came with it is closed; *gotfd says whether one did. */
+static uint64_t adv_raw_rx[(KVC_PROTO_MAX_MSG + 64) / 8]; /* the last reply adv_raw_recv read */
+
 static ssize_t adv_raw_recv(int s, struct kvc_msg_hdr *h, bool *gotfd)
 {
-    static uint64_t rx[(KVC_PROTO_MAX_MSG + 64) / 8];
+    uint64_t *rx = adv_raw_rx;
     union {
         char b[CMSG_SPACE(sizeof(int) * 4)];
         struct cmsghdr align;
     } ctl;
-    struct iovec iov = {.iov_base = rx, .iov_len = sizeof(rx)};
+    struct iovec iov = {.iov_base = rx, .iov_len = sizeof(adv_raw_rx)};
     struct msghdr msg = {
         .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b, .msg_controllen = sizeof(ctl.b)};
     struct pollfd p = {.fd = s, .events = POLLIN};
@@ -1155,7 +1157,7 @@ static ssize_t adv_raw_recv(int s, struct kvc_msg_hdr *h, bool *gotfd)
     if (poll(&p, 1, 20000) != 1)
         return -1;
     n = recvmsg(s, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-    if (msg.msg_controllen) {
+    if (n >= 0 && msg.msg_controllen) {
         for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm))
             for (size_t i = 0; i < (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++) {
                 int fd;
@@ -1397,63 +1399,105 @@ END_TEST
  * between the loop thread's accept and the I/O threads' sends and closes. */
 #define ADV_X_ROUNDS 300
 #define ADV_X_CHURN 200
+/* Request k of a pipeliner's window: SYNC, STATS (a large reply) or NS_OPEN of the victim's
+ * restricted namespace (its arena's descriptor comes with the first one of the connection,
+ * read-write for the victim, read-only for the reader; the others name the same namespace). */
+static uint16_t adv_x_op(uint32_t seq)
+{
+    return seq % 4 == 3 ? KVC_OP_NS_OPEN : seq % 4 == 1 ? KVC_OP_STATS : KVC_OP_SYNC;
+}
+
 static int adv_x_pipeliner(void *arg)
 {
     struct kvc_stats_req q = {0};
-    uint32_t base = (uint32_t)getpid() << 12, seq = 0;
+    struct kvc_ns_open_req nq;
+    struct kvc_layout lay = daemon_layout("victim-model", ADV_BT);
+    uint32_t base = (uint32_t)getpid() << 12, seq = 0, ns_id = UINT32_MAX;
     struct kvc_msg_hdr h;
     bool fd;
     int c = adv_raw_connect();
     (void)arg;
+    memset(&nq, 0, sizeof(nq));
+    memcpy(nq.layout.model_id, lay.model_id, strlen(lay.model_id));
+    nq.layout.layers = lay.layers;
+    nq.layout.kv_heads = lay.kv_heads;
+    nq.layout.head_dim = lay.head_dim;
+    nq.layout.block_tokens = lay.block_tokens;
+    nq.layout.dtype = (uint8_t)lay.dtype;
+    nq.layout.kv_kind = (uint8_t)lay.kv_kind;
     if (c < 0 || adv_raw_hello(c, base) < 0 || adv_raw_recv(c, &h, NULL) <= 0 || h.req_id != base ||
         h.status)
         return 190;
     for (int r = 0; r < ADV_X_ROUNDS; r++) {
         for (uint32_t k = 0; k < 8; k++) {
             uint32_t id = base | ((seq + k) & 0xfff);
-            ssize_t n = (seq + k) % 3 ? adv_raw_send(c, KVC_OP_SYNC, id, &adv_sync_q,
-                                                     sizeof(adv_sync_q), -1, 0, 0)
-                                      : adv_raw_send(c, KVC_OP_STATS, id, &q, sizeof(q), -1, 0, 0);
+            uint16_t op = adv_x_op(seq + k);
+            ssize_t n = op == KVC_OP_SYNC
+                            ? adv_raw_send(c, op, id, &adv_sync_q, sizeof(adv_sync_q), -1, 0, 0)
+                        : op == KVC_OP_STATS ? adv_raw_send(c, op, id, &q, sizeof(q), -1, 0, 0)
+                                             : adv_raw_send(c, op, id, &nq, sizeof(nq), -1, 0, 0);
             if (n < 0)
                 return 191;
         }
         for (uint32_t k = 0; k < 8; k++, seq++) {
-            uint16_t op = seq % 3 ? KVC_OP_SYNC : KVC_OP_STATS;
+            uint16_t op = adv_x_op(seq);
             ssize_t n = adv_raw_recv(c, &h, &fd);
-            if (n < (ssize_t)sizeof(h) || fd || h.opcode != op ||
-                h.req_id != (base | (seq & 0xfff)) || h.status || (size_t)n != sizeof(h) + h.len ||
-                (op == KVC_OP_SYNC && h.len))
+            const struct kvc_ns_open_rep *p =
+                (const struct kvc_ns_open_rep *)((const char *)adv_raw_rx + sizeof(h));
+            if (n < (ssize_t)sizeof(h) || h.opcode != op || h.req_id != (base | (seq & 0xfff)) ||
+                h.status || (size_t)n != sizeof(h) + h.len || (op == KVC_OP_SYNC && h.len)) {
+                fprintf(stderr,
+                        "pipeliner: reply %u: %zd bytes, id %#x (want %#x), op %u (want %u), "
+                        "status %d\n",
+                        seq, n, h.req_id, base | (seq & 0xfff), h.opcode, op, h.status);
                 return 192; /* another connection's reply, or a lost one */
+            }
+            if (fd != (op == KVC_OP_NS_OPEN && ns_id == UINT32_MAX) ||
+                ((h.flags & KVC_MSG_F_FD) != 0) != fd)
+                return 193; /* a descriptor where none was asked for, or none where one was */
+            if (op == KVC_OP_NS_OPEN) {
+                if (h.len != sizeof(*p) || (ns_id != UINT32_MAX && p->ns_id != ns_id))
+                    return 194; /* not its namespace's answer */
+                ns_id = p->ns_id;
+            }
         }
     }
     close(c);
     return 0;
 }
 
+/* arg non-NULL: the attacker's churner, which shares its uid's connection cap with the
+ * attacker below and may be refused (a notice, then the end); never anything else. */
 static int adv_x_churner(void *arg)
 {
     uint32_t base = (uint32_t)getpid() << 12;
+    bool capped = arg != NULL;
     int p[2];
-    (void)arg;
     if (pipe2(p, O_CLOEXEC))
         return 200;
     for (int i = 0; i < ADV_X_CHURN; i++) {
         struct kvc_msg_hdr h;
-        int c = adv_raw_connect(), kind = i % 3;
+        int c = adv_raw_connect(), kind = i % 3, sent = adv_raw_hello(c, base) > 0;
         if (c < 0)
             return 201;
-        if (adv_raw_hello(c, base) < 0)
+        for (uint32_t k = 1; k <= 8 && sent; k++)
+            sent = adv_raw_send(c, KVC_OP_SYNC, base | k, &adv_sync_q, sizeof(adv_sync_q), -1, 0,
+                                0) > 0;
+        if (!sent && !capped)
             return 202;
-        for (uint32_t k = 1; k <= 8; k++)
-            if (adv_raw_send(c, KVC_OP_SYNC, base | k, &adv_sync_q, sizeof(adv_sync_q), -1, 0, 0) <
-                0)
-                return 203;
         if (kind == 1) {
-            if (shutdown(c, SHUT_WR))
+            bool refused = false;
+            if (shutdown(c, SHUT_WR) && !capped)
                 return 204;
             for (uint32_t k = 0; k <= 8; k++) {
                 bool fd;
                 ssize_t n = adv_raw_recv(c, &h, &fd);
+                if (capped && k == 0 &&
+                    (n == 0 ||
+                     (n == (ssize_t)sizeof(h) && !fd && h.req_id == 0 && h.status == -EUSERS))) {
+                    refused = true; /* its notice, or the reset of a refused socket */
+                    break;
+                }
                 if (n < (ssize_t)sizeof(h) || n != (ssize_t)(sizeof(h) + h.len) || fd ||
                     h.req_id != (base | k) || h.opcode != (k ? KVC_OP_SYNC : KVC_OP_HELLO) ||
                     h.status) {
@@ -1464,7 +1508,7 @@ static int adv_x_churner(void *arg)
                     return 205;
                 }
             }
-            if (adv_raw_recv(c, &h, NULL) != 0)
+            if (!refused && adv_raw_recv(c, &h, NULL) != 0)
                 return 206;
         } else if (kind == 2) {
             adv_raw_send(c, 0, 0, NULL, 0, p[1], 8, 0);
@@ -1507,10 +1551,11 @@ static int adv_x_killed(void *arg)
 static void adv_replies_cross(const char *io_threads)
 {
     const char *const extra[] = {"-o", io_threads, "-o", "server.max_clients_per_uid=512", NULL};
-    pid_t pl[4], ch[4], kl[2];
+    pid_t pl[4], ch[4], kl[2], ach;
     int base;
     adv_start(extra);
     ck_assert_int_eq(daemon_roundtrip(&adv_d), 0);
+    adv_victim_served(); /* its namespace exists: the pipeliners open it */
     base = adv_fds_settle(adv_fds());
     for (int k = 0; k < 2; k++)
         kl[k] = adv_spawn(ADV_ATTACKER, adv_x_killed, NULL);
@@ -1518,9 +1563,14 @@ static void adv_replies_cross(const char *io_threads)
         pl[k] = adv_spawn(k % 2 ? ADV_VICTIM : ADV_READER, adv_x_pipeliner, NULL);
         ch[k] = adv_spawn(k % 2 ? ADV_VICTIM : ADV_READER, adv_x_churner, NULL);
     }
+    ach = adv_spawn(ADV_ATTACKER, adv_x_churner, (void *)1);
     for (int k = 0; k < 4; k++) {
         ck_assert_int_eq(daemon_child_wait(pl[k], 100000, NULL), 0);
         ck_assert_int_eq(daemon_child_wait(ch[k], 100000, NULL), 0);
+    }
+    {
+        int sig = 0, rc = daemon_child_wait(ach, 100000, &sig);
+        ck_assert_msg(rc == 0, "the attacker's churner: %d (signal %d)", rc, sig);
     }
     for (int k = 0; k < 2; k++) {
         int sig = 0;
