@@ -1292,6 +1292,8 @@ static int adv_io_flooder(void *arg)
             break;
     }
     close(c);
+    if (write(s->up[1], &seq, sizeof(seq)) != (ssize_t)sizeof(seq)) /* its replies, for the log */
+        return 164;
     return seq >= 16 ? 0 : 163;
 }
 
@@ -1362,7 +1364,12 @@ START_TEST(test_io_starvation)
                                         "server.max_clients_per_uid=8", NULL};
     struct adv_sync f[2], d, i;
     pid_t fl[2], dp, ip;
+    uint64_t t0, alone_ms, flood_ms;
+    uint32_t replies[2] = {0, 0};
     adv_start(extra);
+    t0 = daemon_now_ms(); /* the victim alone first, for the log's ratio (not asserted) */
+    ck_assert_int_eq(adv_run(ADV_VICTIM, adv_io_victim, NULL), 0);
+    alone_ms = daemon_now_ms() - t0;
     for (int k = 0; k < 2; k++) {
         adv_sync_init(&f[k]);
         fl[k] = adv_spawn(ADV_ATTACKER, adv_io_flooder, &f[k]);
@@ -1375,14 +1382,21 @@ START_TEST(test_io_starvation)
     ip = adv_spawn(ADV_ATTACKER, adv_io_holder, &i);
     ck_assert_int_eq(adv_await(i.up[0]), 'i');
     /* The attacker holds its 8 connections (2 flooders, the deaf one, 5 idle). */
+    t0 = daemon_now_ms();
     ck_assert_int_eq(adv_run(ADV_VICTIM, adv_io_victim, NULL), 0);
+    flood_ms = daemon_now_ms() - t0;
     ck_assert_int_eq(daemon_child_wait(dp, 40000, NULL), 0); /* the deaf one was dropped */
     ck_assert_int_ge(daemon_log_count(&adv_d, "client does not read its replies"), 1);
     for (int k = 0; k < 2; k++) {
         adv_signal(f[k].down[1], 'g'); /* the flooders flooded all along */
         ck_assert_int_eq(daemon_child_wait(fl[k], 30000, NULL), 0);
+        ck_assert_int_eq(read(f[k].up[0], &replies[k], sizeof(replies[k])), sizeof(replies[k]));
         adv_sync_fini(&f[k]);
     }
+    printf("e2e_adversary: io starvation: the victim's 20 round trips took %llu ms alone, "
+           "%llu ms beside the flood (x%.2f); the flooders got %u and %u replies\n",
+           (unsigned long long)alone_ms, (unsigned long long)flood_ms,
+           alone_ms ? (double)flood_ms / (double)alone_ms : 0.0, replies[0], replies[1]);
     adv_signal(i.down[1], 'g');
     ck_assert_int_eq(daemon_child_wait(ip, 30000, NULL), 0);
     adv_sync_fini(&d);
