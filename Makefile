@@ -308,12 +308,14 @@ check: deps
 # check_e2e_fast again with KVC_IO_THREADS=2 but its cases tagged "long": tests/run-checks.sh)
 # beside its loop, clients sharing a connection across threads — built with -fsanitize=thread
 # into build/tsan. A race in the daemon makes it exit 66 at its stop (every suite checks the
-# status), one in a client fails its case. (check_e2e_put and the check_e2e_adversary suites pass under TSan too, by hand; they
+# status), one in a client fails its case. check_e2e_adversary runs too: its I/O-thread
+# cases attack the I/O threads (descriptors, floods, half-closes, killed clients; 50 s under
+# TSan). (check_e2e_put and check_e2e_adversary_fast/_pool pass under TSan too, by hand; they
 # add a minute and no thread the suites above do not run, so make check leaves them out.) -Wno-tsan: the fast path's fences order stores for other processes, which
 # TSan does not model (and cannot see).
 TSAN_SUITES := check_e2e_fast check_e2e_concurrent check_e2e_quant check_e2e_remote \
 	check_e2e_gpu check_e2e_gpu_fake check_e2e_pressure check_e2e_crash check_tier_disk check_tier_disk_open \
-	check_e2e_iothreads check_e2e_garbage
+	check_e2e_iothreads check_e2e_garbage check_e2e_adversary
 .PHONY: tsan-tests
 tsan-tests: $(B)/bin/kvcd $(B)/bin/kvcctl $(patsubst %,$(B)/tests/%,$(TSAN_SUITES))
 
@@ -438,10 +440,18 @@ fuzz-smoke:
 		done; \
 		for c in tests/fuzz/crashes/server-*; do \
 			[ -e "$$c" ] || continue; \
-			build/fuzz/fuzz_server "$$c" >build/fuzz/crash.log 2>&1 || \
-				{ cat build/fuzz/crash.log; echo "fuzz-smoke: $$c fails again"; exit 1; }; \
+			for io in 0 2; do \
+				FUZZ_SERVER_IO_THREADS=$$io build/fuzz/fuzz_server "$$c" >build/fuzz/crash.log 2>&1 || \
+					{ cat build/fuzz/crash.log; echo "fuzz-smoke: $$c fails again (io threads $$io)"; \
+					exit 1; }; \
+			done; \
 		done; \
-		echo "== fuzz-smoke: every input in tests/fuzz/crashes passes"; \
+		echo "== fuzz-smoke: every input in tests/fuzz/crashes passes (with and without I/O threads)"; \
+		FUZZ_SERVER_IO_THREADS=2 build/fuzz/fuzz_server -max_total_time=$(FUZZ_SMOKE_SECONDS) \
+			-max_len=4096 build/fuzz/corpus-server $(FUZZ_SERVER_CORPUS) \
+			>build/fuzz/fuzz_server_io.log 2>&1 || { cat build/fuzz/fuzz_server_io.log; exit 1; }; \
+		echo "== fuzz-smoke fuzz_server (FUZZ_SERVER_IO_THREADS=2):" \
+			"$$(grep -o 'Done [0-9]* runs' build/fuzz/fuzz_server_io.log)"; \
 	fi
 
 # Deliberate bugs applied to a copy of the tree, each of which the suites must catch

@@ -122,7 +122,10 @@ int loop_run(struct loop *l, int tick_ms, void (*tick)(void *arg), void *arg)
                 continue;
             return -errno;
         }
-        for (int i = 0; i < n && !l->stop; i++) {
+        /* Every event the wait returned is handled, even once a handler stopped the loop:
+         * an edge-triggered descriptor (server_io.c's `back`) would not report a dropped one
+         * again, and a later loop_run would wait for it forever. */
+        for (int i = 0; i < n; i++) {
             int fd = (int)(uint32_t)evs[i].data.u64;
             uint32_t gen = (uint32_t)(evs[i].data.u64 >> 32);
             struct loop_entry *e = &l->entries[fd];

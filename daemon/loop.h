@@ -19,7 +19,8 @@ void loop_free(struct loop *l);
 /* Watches fd for events (EPOLLIN, ...). The same fd is registered once. 0 or -errno. */
 int loop_add(struct loop *l, int fd, uint32_t events, loop_fn fn, void *arg);
 int loop_del(struct loop *l, int fd);
-/* Runs until loop_stop(); wakes at least every tick_ms to call tick(arg). */
+/* Runs until loop_stop(); wakes at least every tick_ms to call tick(arg). A stop takes
+ * effect after the handlers of the events the current wait returned. */
 int loop_run(struct loop *l, int tick_ms, void (*tick)(void *arg), void *arg);
 void loop_stop(struct loop *l);
 /* fn(arg) runs before every wait for events (one per batch of handlers): work the handlers

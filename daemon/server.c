@@ -400,8 +400,8 @@ ssize_t server_recv(int fd, void *rx, const char **why)
     ssize_t n = recvmsg(fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
     if (n < 0)
         return -errno;
-    if (n == 0)
-        return 0;
+    /* Descriptors first: a datagram of no bytes can carry them too (it reads as 0, like a
+     * hang-up), and what it put in the daemon's table must be closed all the same. */
     if (msg.msg_controllen) {
         /* Clients send no descriptors: close whatever came and drop the client. */
         for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm))
@@ -414,6 +414,8 @@ ssize_t server_recv(int fd, void *rx, const char **why)
         *why = "client sent a descriptor";
         return -EPROTO;
     }
+    if (n == 0)
+        return 0;
     if (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
         *why = "message larger than the protocol allows";
         return -EPROTO;

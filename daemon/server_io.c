@@ -35,8 +35,10 @@
  * a closed (or reused) descriptor. The thread answers GONE, its last word on that socket;
  * the loop thread frees the server_ioc then. A failed send (EAGAIN: a client that does not
  * read its replies) or read posts CLOSE, and the loop thread closes the connection as it
- * would have itself. At stop (server_io_stop) every connection is closed first, then each
- * thread is told to STOP behind the SHUTs, joined, and what it left is freed.
+ * would have itself; after a read that saw the hang-up (a client that shut down its side)
+ * the replies queued before SHUT are still sent, after a failed send none is. At stop
+ * (server_io_stop) every connection is closed first, then each thread is told to STOP
+ * behind the SHUTs, joined, and what it left is freed.
  * The I/O threads never log (the loop thread logs the reasons CLOSE carries).
  */
 #include <errno.h>
@@ -101,7 +103,8 @@ struct server_ioc {
     struct conn *c;       /* loop thread: the connection; NULL once it closed */
     struct server_io *io; /* set at creation */
     int fd;               /* set at creation; closed by the I/O thread on SHUT */
-    bool dead;            /* I/O thread: CLOSE posted, nothing more is read or sent */
+    bool dead;            /* I/O thread: CLOSE posted, nothing more is read */
+    bool mute;            /* I/O thread: a send failed, nothing more is sent */
     bool away;            /* I/O thread: a batch is with the loop thread (until REARM) */
     bool more;            /* I/O thread: the socket may hold requests not read yet */
     struct server_io_msg add, rearm, shut, close, gone;
@@ -248,7 +251,9 @@ static bool server_io_do(struct server_io *io, struct server_io_msg *m, struct s
     switch (m->kind) {
     case SERVER_IO_REPLY: {
         struct server_io_buf *r = (struct server_io_buf *)m;
-        rc = ioc->dead ? 0 : server_sendmsg(ioc->fd, r->data, m->len, m->fd);
+        /* Sent after a hang-up too: a client that shut down its side of the socket still
+         * reads the replies to what it sent before (as from the loop thread). */
+        rc = ioc->mute ? 0 : server_sendmsg(ioc->fd, r->data, m->len, m->fd);
         if (rc) {
             /* As server_handle: a full socket is a client that does not read, another
              * failure (EPIPE: it went) a plain disconnect. */
@@ -256,6 +261,7 @@ static bool server_io_do(struct server_io *io, struct server_io_msg *m, struct s
                 server_io_dead(ioc, b, 0, "client does not read its replies");
             else
                 server_io_dead(ioc, b, 0, NULL);
+            ioc->mute = true; /* a later one would leave a gap */
         }
         if (m->fd >= 0)
             close(m->fd);

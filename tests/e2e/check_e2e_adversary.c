@@ -4,13 +4,18 @@
  * connections and of namespaces, idle connections, hoarded reservations, names leaked
  * across namespaces, holes punched in the shared arena (on 4 KiB and on hugetlb pages),
  * a restricted namespace restored from disk kept out of arena 0, and per-head hints and budgets
- * sent at namespaces the attacker may not read and in hostile shapes. The fast path's shared
- * memory is check_e2e_adversary_fast's, the server in this process (the GPU pool, WAITs)
- * check_e2e_adversary_pool's; the children, the daemon and the victim are
+ * sent at namespaces the attacker may not read and in hostile shapes; and the sockets' I/O
+ * threads (server.io_threads) and the loop thread's: descriptors sent to the daemon (closed,
+ * none kept: its /proc fd count), a flood of pipelined requests, a client that never reads and
+ * one at its connection cap on the victim's I/O thread, replies checked to reach their own
+ * connection while others connect, half-close, send descriptors and are killed. The fast
+ * path's shared memory is check_e2e_adversary_fast's, the server in this process (the GPU
+ * pool, WAITs) check_e2e_adversary_pool's; the children, the daemon and the victim are
  * tests/lib/adversary.h's. Without root, every case prints a SKIP line and none is
  * registered.
  */
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -1071,6 +1076,539 @@ START_TEST(test_head_hints)
 }
 END_TEST
 
+/* ---- the I/O threads (server.io_threads, daemon/server_io.c) ----------------------------------- */
+
+/* A raw connection to adv_d, or -1. */
+static int adv_raw_connect(void)
+{
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    snprintf(a.sun_path, sizeof(a.sun_path), "%.107s", adv_d.sock);
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof(a)) < 0) {
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
+/* Sends a request of op with id and `len` bytes of body; with nfd copies of fd attached
+ * (SCM_RIGHTS) when nfd > 0. The send's result. */
+static ssize_t adv_raw_send(int s, uint16_t op, uint32_t id, const void *body, uint32_t len, int fd,
+                            int nfd, int flags)
+{
+    uint64_t buf[64];
+    struct kvc_msg_hdr h = {.magic = KVC_PROTO_MAGIC,
+                            .version = KVC_PROTO_VERSION,
+                            .opcode = op,
+                            .req_id = id,
+                            .len = len};
+    union {
+        char b[CMSG_SPACE(sizeof(int) * 16)];
+        struct cmsghdr align;
+    } ctl;
+    struct iovec iov = {.iov_base = buf, .iov_len = sizeof(h) + len};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+    memcpy(buf, &h, sizeof(h));
+    if (len)
+        memcpy((char *)buf + sizeof(h), body, len);
+    if (op == 0) /* a datagram of no bytes */
+        iov.iov_len = 0;
+    if (nfd > 0) {
+        struct cmsghdr *cm;
+        memset(&ctl, 0, sizeof(ctl));
+        msg.msg_control = ctl.b;
+        msg.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfd);
+        cm = CMSG_FIRSTHDR(&msg);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfd);
+        for (int i = 0; i < nfd; i++)
+            memcpy(CMSG_DATA(cm) + i * sizeof(int), &fd, sizeof(int));
+    }
+    return sendmsg(s, &msg, MSG_NOSIGNAL | flags);
+}
+
+static const struct kvc_sync_req adv_sync_q;
+
+static ssize_t adv_raw_hello(int s, uint32_t id)
+{
+    struct kvc_hello_req q = {.min_version = 1, .max_version = 1};
+    return adv_raw_send(s, KVC_OP_HELLO, id, &q, sizeof(q), -1, 0, 0);
+}
+
+/* The next reply within 20 s into h (its header): its length, 0 at the end, -1 on timeout.
+ * A descriptor that came with it is closed; *gotfd says whether one did. */
+static uint64_t adv_raw_rx[(KVC_PROTO_MAX_MSG + 64) / 8]; /* the last reply adv_raw_recv read */
+
+static ssize_t adv_raw_recv(int s, struct kvc_msg_hdr *h, bool *gotfd)
+{
+    uint64_t *rx = adv_raw_rx;
+    union {
+        char b[CMSG_SPACE(sizeof(int) * 4)];
+        struct cmsghdr align;
+    } ctl;
+    struct iovec iov = {.iov_base = rx, .iov_len = sizeof(adv_raw_rx)};
+    struct msghdr msg = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b, .msg_controllen = sizeof(ctl.b)};
+    struct pollfd p = {.fd = s, .events = POLLIN};
+    ssize_t n;
+    if (gotfd)
+        *gotfd = false;
+    if (poll(&p, 1, 20000) != 1)
+        return -1;
+    n = recvmsg(s, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (n >= 0 && msg.msg_controllen) {
+        for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm))
+            for (size_t i = 0; i < (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++) {
+                int fd;
+                memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+                close(fd);
+            }
+        if (gotfd)
+            *gotfd = true;
+    }
+    if (n >= (ssize_t)sizeof(*h))
+        memcpy(h, rx, sizeof(*h));
+    return n < 0 ? (errno == ECONNRESET ? 0 : -1) : n;
+}
+
+/* The daemon's open descriptors. */
+static int adv_fds(void)
+{
+    char path[64];
+    int n = 0;
+    struct dirent *e;
+    snprintf(path, sizeof(path), "/proc/%d/fd", (int)adv_d.pid);
+    DIR *d = opendir(path);
+    ck_assert_ptr_nonnull(d);
+    while ((e = readdir(d)))
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+/* The daemon's descriptors once its clients are gone: at most `base` within 10 s (closes on
+ * an I/O thread come a little after the client sees its end). */
+static int adv_fds_settle(int base)
+{
+    int n = adv_fds();
+    for (int i = 0; i < 1000 && n > base; i++) {
+        adv_msleep(10);
+        n = adv_fds();
+    }
+    return n;
+}
+
+/* Descriptors sent to the daemon: with a request, alone in a datagram of no bytes (which
+ * reads as 0, as a hang-up does), more than the daemon's control buffer takes, after HELLO.
+ * Every connection is dropped, and every copy the daemon got is closed: the pipe's write end,
+ * sent 8 or 16 times a connection, reads EOF once this child's own is closed. */
+#define ADV_FD_CONNS 64
+static int adv_fd_attacker(void *arg)
+{
+    int p[2];
+    char ch;
+    (void)arg;
+    if (pipe2(p, O_CLOEXEC))
+        return 150;
+    for (int i = 0; i < ADV_FD_CONNS; i++) {
+        struct kvc_hello_req q = {.min_version = 1, .max_version = 1};
+        struct kvc_msg_hdr h;
+        int s = adv_raw_connect(), kind = i % 4;
+        ssize_t n;
+        if (s < 0)
+            return 151;
+        if (kind == 3 && (adv_raw_hello(s, 1) < 0 || adv_raw_recv(s, &h, NULL) <= 0))
+            return 152;
+        if (kind == 1)
+            n = adv_raw_send(s, KVC_OP_HELLO, 2, &q, sizeof(q), p[1], 8, 0);
+        else
+            n = adv_raw_send(s, 0, 0, NULL, 0, p[1], kind == 2 ? 16 : 8, 0);
+        if (n < 0)
+            return 153;
+        while ((n = adv_raw_recv(s, &h, NULL)) > 0) /* no reply: the end */
+            ;
+        if (n != 0)
+            return 154;
+        close(s);
+    }
+    close(p[1]);
+    struct pollfd pf = {.fd = p[0], .events = POLLIN};
+    if (poll(&pf, 1, 20000) != 1 || read(p[0], &ch, 1) != 0)
+        return 155; /* the daemon holds a copy of the write end */
+    close(p[0]);
+    return 0;
+}
+
+static void adv_descriptors(const char *io_threads)
+{
+    const char *const extra[] = {"-o", io_threads, NULL};
+    int base;
+    adv_start(extra);
+    ck_assert_int_eq(daemon_roundtrip(&adv_d), 0);
+    base = adv_fds_settle(adv_fds());
+    ck_assert_int_eq(adv_run(ADV_ATTACKER, adv_fd_attacker, NULL), 0);
+    ck_assert_int_le(adv_fds_settle(base), base);
+    adv_victim_served();
+    adv_check_clean();
+    ck_assert_int_le(adv_fds_settle(base), base);
+}
+
+START_TEST(test_io_descriptors)
+{
+    adv_descriptors("server.io_threads=1");
+}
+END_TEST
+
+START_TEST(test_loop_descriptors)
+{
+    adv_descriptors("server.io_threads=0");
+}
+END_TEST
+
+/* A flooder that reads: windows of 8 pipelined SYNCs, each reply checked (its id, its
+ * opcode, in order), until the parent says stop. 0, or a code. */
+static int adv_io_flooder(void *arg)
+{
+    struct adv_sync *s = arg;
+    uint32_t base = (uint32_t)getpid() << 12, seq = 0;
+    struct kvc_msg_hdr h;
+    struct pollfd pf = {.fd = s->down[0], .events = POLLIN};
+    int c = adv_raw_connect();
+    if (c < 0 || adv_raw_hello(c, base) < 0 || adv_raw_recv(c, &h, NULL) <= 0 || h.status)
+        return 160;
+    for (uint32_t round = 0;; round++) {
+        for (uint32_t k = 0; k < 8; k++)
+            if (adv_raw_send(c, KVC_OP_SYNC, base | ((seq + k) & 0xfff), &adv_sync_q,
+                             sizeof(adv_sync_q), -1, 0, 0) < 0)
+                return 161;
+        for (uint32_t k = 0; k < 8; k++, seq++)
+            if (adv_raw_recv(c, &h, NULL) != (ssize_t)sizeof(h) || h.opcode != KVC_OP_SYNC ||
+                h.req_id != (base | (seq & 0xfff)) || h.status)
+                return 162;
+        if (round == 0)
+            adv_signal(s->up[1], 'h');
+        if (poll(&pf, 1, 0) == 1)
+            break;
+    }
+    close(c);
+    if (write(s->up[1], &seq, sizeof(seq)) != (ssize_t)sizeof(seq)) /* its replies, for the log */
+        return 164;
+    return seq >= 16 ? 0 : 163;
+}
+
+/* A client that pipelines STATS and never reads a reply: dropped once its socket is full
+ * (EPIPE or a hang-up within 30 s). */
+static int adv_io_deaf(void *arg)
+{
+    struct kvc_stats_req q = {0};
+    struct adv_sync *s = arg;
+    int c = adv_raw_connect(), sent = 0;
+    uint64_t end = daemon_now_ms() + 30000;
+    if (c < 0 || adv_raw_hello(c, 1) < 0)
+        return 170;
+    adv_signal(s->up[1], 'd');
+    while (daemon_now_ms() < end) {
+        struct pollfd pf = {.fd = c, .events = 0};
+        ssize_t n =
+            adv_raw_send(c, KVC_OP_STATS, (uint32_t)sent, &q, sizeof(q), -1, 0, MSG_DONTWAIT);
+        if (n > 0)
+            sent++;
+        else if (errno == EAGAIN)
+            adv_msleep(1);
+        else
+            return 0; /* EPIPE, ECONNRESET: dropped */
+        if (poll(&pf, 1, 0) == 1 && (pf.revents & POLLHUP))
+            return 0;
+    }
+    return 171;
+}
+
+/* Idle connections up to the per-uid cap, held until the parent says go. */
+static int adv_io_holder(void *arg)
+{
+    struct adv_sync *s = arg;
+    int fds[5];
+    struct kvc_msg_hdr h;
+    for (int i = 0; i < 5; i++) {
+        fds[i] = adv_raw_connect();
+        if (fds[i] < 0 || adv_raw_hello(fds[i], 5) < 0 || adv_raw_recv(fds[i], &h, NULL) <= 0)
+            return 180;
+    }
+    adv_signal(s->up[1], 'i');
+    if (adv_await(s->down[0]) != 'g')
+        return 181;
+    for (int i = 0; i < 5; i++)
+        close(fds[i]);
+    return 0;
+}
+
+/* The victim, 20 times over (a connection each, 8 blocks out and back byte for byte). */
+static int adv_io_victim(void *arg)
+{
+    (void)arg;
+    for (int i = 0; i < 20; i++) {
+        int rc = adv_victim(NULL);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* One I/O thread for everyone: an attacker that floods it with pipelined requests (and reads
+ * them), one that never reads its replies and one that holds idle connections up to its
+ * cap cannot keep the victim on the same thread from being served. */
+START_TEST(test_io_starvation)
+{
+    static const char *const extra[] = {"-o", "server.io_threads=1", "-o",
+                                        "server.max_clients_per_uid=8", NULL};
+    struct adv_sync f[2], d, i;
+    pid_t fl[2], dp, ip;
+    uint64_t t0, alone_ms, flood_ms;
+    uint32_t replies[2] = {0, 0};
+    adv_start(extra);
+    t0 = daemon_now_ms(); /* the victim alone first, for the log's ratio (not asserted) */
+    ck_assert_int_eq(adv_run(ADV_VICTIM, adv_io_victim, NULL), 0);
+    alone_ms = daemon_now_ms() - t0;
+    for (int k = 0; k < 2; k++) {
+        adv_sync_init(&f[k]);
+        fl[k] = adv_spawn(ADV_ATTACKER, adv_io_flooder, &f[k]);
+        ck_assert_int_eq(adv_await(f[k].up[0]), 'h');
+    }
+    adv_sync_init(&d);
+    adv_sync_init(&i);
+    dp = adv_spawn(ADV_ATTACKER, adv_io_deaf, &d);
+    ck_assert_int_eq(adv_await(d.up[0]), 'd');
+    ip = adv_spawn(ADV_ATTACKER, adv_io_holder, &i);
+    ck_assert_int_eq(adv_await(i.up[0]), 'i');
+    /* The attacker holds its 8 connections (2 flooders, the deaf one, 5 idle). */
+    t0 = daemon_now_ms();
+    ck_assert_int_eq(adv_run(ADV_VICTIM, adv_io_victim, NULL), 0);
+    flood_ms = daemon_now_ms() - t0;
+    ck_assert_int_eq(daemon_child_wait(dp, 40000, NULL), 0); /* the deaf one was dropped */
+    ck_assert_int_ge(daemon_log_count(&adv_d, "client does not read its replies"), 1);
+    for (int k = 0; k < 2; k++) {
+        adv_signal(f[k].down[1], 'g'); /* the flooders flooded all along */
+        ck_assert_int_eq(daemon_child_wait(fl[k], 30000, NULL), 0);
+        ck_assert_int_eq(read(f[k].up[0], &replies[k], sizeof(replies[k])), sizeof(replies[k]));
+        adv_sync_fini(&f[k]);
+    }
+    printf("e2e_adversary: io starvation: the victim's 20 round trips took %llu ms alone, "
+           "%llu ms beside the flood (x%.2f); the flooders got %u and %u replies\n",
+           (unsigned long long)alone_ms, (unsigned long long)flood_ms,
+           alone_ms ? (double)flood_ms / (double)alone_ms : 0.0, replies[0], replies[1]);
+    adv_signal(i.down[1], 'g');
+    ck_assert_int_eq(daemon_child_wait(ip, 30000, NULL), 0);
+    adv_sync_fini(&d);
+    adv_sync_fini(&i);
+    adv_check_clean();
+}
+END_TEST
+
+/* Replies to the right connection while others come and go: a pipeliner sends windows of 8
+ * requests (SYNC, and STATS whose reply is large) with ids unique to it (its pid) and
+ * checks that every reply is its own, in order; a churner connects, pipelines HELLO and 8
+ * SYNCs and then closes at once, half-closes (shutdown(SHUT_WR): every reply still comes,
+ * in order, then the end), or sends descriptors — descriptor numbers reused all the time
+ * between the loop thread's accept and the I/O threads' sends and closes. */
+#define ADV_X_ROUNDS 300
+#define ADV_X_CHURN 200
+/* Request k of a pipeliner's window: SYNC, STATS (a large reply) or NS_OPEN of the victim's
+ * restricted namespace (its arena's descriptor comes with the first one of the connection,
+ * read-write for the victim, read-only for the reader; the others name the same namespace). */
+static uint16_t adv_x_op(uint32_t seq)
+{
+    return seq % 4 == 3 ? KVC_OP_NS_OPEN : seq % 4 == 1 ? KVC_OP_STATS : KVC_OP_SYNC;
+}
+
+static int adv_x_pipeliner(void *arg)
+{
+    struct kvc_stats_req q = {0};
+    struct kvc_ns_open_req nq;
+    struct kvc_layout lay = daemon_layout("victim-model", ADV_BT);
+    uint32_t base = (uint32_t)getpid() << 12, seq = 0, ns_id = UINT32_MAX;
+    struct kvc_msg_hdr h;
+    bool fd;
+    int c = adv_raw_connect();
+    (void)arg;
+    memset(&nq, 0, sizeof(nq));
+    memcpy(nq.layout.model_id, lay.model_id, strlen(lay.model_id));
+    nq.layout.layers = lay.layers;
+    nq.layout.kv_heads = lay.kv_heads;
+    nq.layout.head_dim = lay.head_dim;
+    nq.layout.block_tokens = lay.block_tokens;
+    nq.layout.dtype = (uint8_t)lay.dtype;
+    nq.layout.kv_kind = (uint8_t)lay.kv_kind;
+    if (c < 0 || adv_raw_hello(c, base) < 0 || adv_raw_recv(c, &h, NULL) <= 0 || h.req_id != base ||
+        h.status)
+        return 190;
+    for (int r = 0; r < ADV_X_ROUNDS; r++) {
+        for (uint32_t k = 0; k < 8; k++) {
+            uint32_t id = base | ((seq + k) & 0xfff);
+            uint16_t op = adv_x_op(seq + k);
+            ssize_t n = op == KVC_OP_SYNC
+                            ? adv_raw_send(c, op, id, &adv_sync_q, sizeof(adv_sync_q), -1, 0, 0)
+                        : op == KVC_OP_STATS ? adv_raw_send(c, op, id, &q, sizeof(q), -1, 0, 0)
+                                             : adv_raw_send(c, op, id, &nq, sizeof(nq), -1, 0, 0);
+            if (n < 0)
+                return 191;
+        }
+        for (uint32_t k = 0; k < 8; k++, seq++) {
+            uint16_t op = adv_x_op(seq);
+            ssize_t n = adv_raw_recv(c, &h, &fd);
+            const struct kvc_ns_open_rep *p =
+                (const struct kvc_ns_open_rep *)((const char *)adv_raw_rx + sizeof(h));
+            if (n < (ssize_t)sizeof(h) || h.opcode != op || h.req_id != (base | (seq & 0xfff)) ||
+                h.status || (size_t)n != sizeof(h) + h.len || (op == KVC_OP_SYNC && h.len)) {
+                fprintf(stderr,
+                        "pipeliner: reply %u: %zd bytes, id %#x (want %#x), op %u (want %u), "
+                        "status %d\n",
+                        seq, n, h.req_id, base | (seq & 0xfff), h.opcode, op, h.status);
+                return 192; /* another connection's reply, or a lost one */
+            }
+            if (fd != (op == KVC_OP_NS_OPEN && ns_id == UINT32_MAX) ||
+                ((h.flags & KVC_MSG_F_FD) != 0) != fd)
+                return 193; /* a descriptor where none was asked for, or none where one was */
+            if (op == KVC_OP_NS_OPEN) {
+                if (h.len != sizeof(*p) || (ns_id != UINT32_MAX && p->ns_id != ns_id))
+                    return 194; /* not its namespace's answer */
+                ns_id = p->ns_id;
+            }
+        }
+    }
+    close(c);
+    return 0;
+}
+
+/* arg non-NULL: the attacker's churner, which shares its uid's connection cap with the
+ * attacker below and may be refused (a notice, then the end); never anything else. */
+static int adv_x_churner(void *arg)
+{
+    uint32_t base = (uint32_t)getpid() << 12;
+    bool capped = arg != NULL;
+    int p[2];
+    if (pipe2(p, O_CLOEXEC))
+        return 200;
+    for (int i = 0; i < ADV_X_CHURN; i++) {
+        struct kvc_msg_hdr h;
+        int c = adv_raw_connect(), kind = i % 3, sent = adv_raw_hello(c, base) > 0;
+        if (c < 0)
+            return 201;
+        for (uint32_t k = 1; k <= 8 && sent; k++)
+            sent = adv_raw_send(c, KVC_OP_SYNC, base | k, &adv_sync_q, sizeof(adv_sync_q), -1, 0,
+                                0) > 0;
+        if (!sent && !capped)
+            return 202;
+        if (kind == 1) {
+            bool refused = false;
+            if (shutdown(c, SHUT_WR) && !capped)
+                return 204;
+            for (uint32_t k = 0; k <= 8; k++) {
+                bool fd;
+                ssize_t n = adv_raw_recv(c, &h, &fd);
+                if (capped && k == 0 &&
+                    (n == 0 ||
+                     (n == (ssize_t)sizeof(h) && !fd && h.req_id == 0 && h.status == -EUSERS))) {
+                    refused = true; /* its notice, or the reset of a refused socket */
+                    break;
+                }
+                if (n < (ssize_t)sizeof(h) || n != (ssize_t)(sizeof(h) + h.len) || fd ||
+                    h.req_id != (base | k) || h.opcode != (k ? KVC_OP_SYNC : KVC_OP_HELLO) ||
+                    h.status) {
+                    fprintf(stderr,
+                            "half-closed connection %d: reply %u: %zd bytes, id %#x (want %#x), "
+                            "op %u, status %d\n",
+                            i, k, n, h.req_id, base | k, h.opcode, h.status);
+                    return 205;
+                }
+            }
+            if (!refused && adv_raw_recv(c, &h, NULL) != 0)
+                return 206;
+        } else if (kind == 2) {
+            adv_raw_send(c, 0, 0, NULL, 0, p[1], 8, 0);
+        }
+        close(c);
+    }
+    close(p[1]);
+    struct pollfd pf = {.fd = p[0], .events = POLLIN};
+    char ch;
+    if (poll(&pf, 1, 20000) != 1 || read(p[0], &ch, 1) != 0)
+        return 207;
+    close(p[0]);
+    return 0;
+}
+
+/* The attacker: connects, pipelines 8 SYNCs and closes without reading, as fast as it can
+ * (what the daemon holds of it is its uid's cap), until it is killed with requests in
+ * flight. The victim's and the reader's churners and pipeliners must never be refused. */
+static int adv_x_killed(void *arg)
+{
+    uint32_t base = (uint32_t)getpid() << 12;
+    uint64_t end = daemon_now_ms() + 120000;
+    (void)arg;
+    while (daemon_now_ms() < end) {
+        int c = adv_raw_connect();
+        if (c < 0 || adv_raw_hello(c, base) < 0) { /* refused: the cap; on until killed */
+            if (c >= 0)
+                close(c);
+            adv_msleep(1);
+            continue;
+        }
+        for (uint32_t k = 1; k <= 8; k++)
+            adv_raw_send(c, KVC_OP_SYNC, base | k, &adv_sync_q, sizeof(adv_sync_q), -1, 0,
+                         MSG_DONTWAIT);
+        close(c);
+    }
+    return 0; /* not killed: the case fails */
+}
+
+static void adv_replies_cross(const char *io_threads)
+{
+    const char *const extra[] = {"-o", io_threads, "-o", "server.max_clients_per_uid=512", NULL};
+    pid_t pl[4], ch[4], kl[2], ach;
+    int base;
+    adv_start(extra);
+    ck_assert_int_eq(daemon_roundtrip(&adv_d), 0);
+    adv_victim_served(); /* its namespace exists: the pipeliners open it */
+    base = adv_fds_settle(adv_fds());
+    for (int k = 0; k < 2; k++)
+        kl[k] = adv_spawn(ADV_ATTACKER, adv_x_killed, NULL);
+    for (int k = 0; k < 4; k++) {
+        pl[k] = adv_spawn(k % 2 ? ADV_VICTIM : ADV_READER, adv_x_pipeliner, NULL);
+        ch[k] = adv_spawn(k % 2 ? ADV_VICTIM : ADV_READER, adv_x_churner, NULL);
+    }
+    ach = adv_spawn(ADV_ATTACKER, adv_x_churner, (void *)1);
+    for (int k = 0; k < 4; k++) {
+        ck_assert_int_eq(daemon_child_wait(pl[k], 100000, NULL), 0);
+        ck_assert_int_eq(daemon_child_wait(ch[k], 100000, NULL), 0);
+    }
+    {
+        int sig = 0, rc = daemon_child_wait(ach, 100000, &sig);
+        ck_assert_msg(rc == 0, "the attacker's churner: %d (signal %d)", rc, sig);
+    }
+    for (int k = 0; k < 2; k++) {
+        int sig = 0;
+        kill(kl[k], SIGKILL);
+        daemon_child_wait(kl[k], 30000, &sig);
+        ck_assert_int_eq(sig, SIGKILL); /* killed while it still pipelined */
+    }
+    adv_victim_served();
+    adv_check_clean();
+    ck_assert_int_le(adv_fds_settle(base), base);
+}
+
+START_TEST(test_io_replies_cross)
+{
+    adv_replies_cross("server.io_threads=2");
+}
+END_TEST
+
+START_TEST(test_loop_replies_cross)
+{
+    adv_replies_cross("server.io_threads=0");
+}
+END_TEST
+
 /* ---- the suite ---------------------------------------------------------------------------------- */
 
 int main(void)
@@ -1086,6 +1624,11 @@ int main(void)
         {"test_hole_punch", test_hole_punch, false},
         {"test_restored_ns_arena", test_restored_ns_arena, false},
         {"test_head_hints", test_head_hints, false},
+        {"test_io_descriptors", test_io_descriptors, false},
+        {"test_loop_descriptors", test_loop_descriptors, false},
+        {"test_io_starvation", test_io_starvation, false},
+        {"test_io_replies_cross", test_io_replies_cross, false},
+        {"test_loop_replies_cross", test_loop_replies_cross, false},
     };
     Suite *s = suite_create("e2e_adversary");
     bool root = geteuid() == 0;

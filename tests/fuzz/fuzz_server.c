@@ -18,7 +18,9 @@
  * far ahead) and indexes (mapped read-only; a writable mapping must be refused). At the end the
  * daemon must have counted no more ring entries than it could have read, credited no more copy
  * time than its connections could have spent, and every entry of arena 0's index must name a
- * committed block at that place. Run with `make fuzz` (clang, ASan+UBSan). */
+ * committed block at that place. Run with `make fuzz` (clang, ASan+UBSan); with
+ * FUZZ_SERVER_IO_THREADS=2 the sockets are read and written by I/O threads (fuzz-smoke runs
+ * it both ways). */
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -98,6 +100,9 @@ static int fz_verbose; /* FUZZ_SERVER_VERBOSE=1: one line per reply (replaying a
 /* FUZZ_SERVER_NO_ZERO_KEY=1: no all-zero key inside a chain, so that a run goes past the
  * finding in tests/fuzz/crashes/server-zero-key-in-chain while it stands. */
 static int fz_no_zero_key;
+/* FUZZ_SERVER_IO_THREADS=N: the server's sockets on N I/O threads (server_io.c), replies
+ * reaching this thread's loop through them. */
+static uint32_t fz_io_threads;
 static char fz_sock[108];
 static uint8_t fz_msg[KVC_PROTO_MAX_MSG + 64] __attribute__((aligned(8)));
 static uint8_t fz_rep[KVC_PROTO_MAX_MSG + 64] __attribute__((aligned(8)));
@@ -802,6 +807,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     (void)argv;
     fz_verbose = getenv("FUZZ_SERVER_VERBOSE") != NULL;
     fz_no_zero_key = getenv("FUZZ_SERVER_NO_ZERO_KEY") != NULL;
+    if (getenv("FUZZ_SERVER_IO_THREADS"))
+        fz_io_threads = (uint32_t)strtoul(getenv("FUZZ_SERVER_IO_THREADS"), NULL, 10) % 65;
     log_setup(fz_verbose ? LOG_LEVEL_DEBUG : LOG_LEVEL_ERROR, 10);
     snprintf(fz_dir, sizeof(fz_dir), "/tmp/kvcd-fuzz-server.XXXXXX");
     if (!mkdtemp(fz_dir))
@@ -837,6 +844,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     struct server_params vp = {.socket_path = fz_sock,
                                .socket_mode = 0600,
                                .max_clients = 8,
+                               .io_threads = fz_io_threads,
                                .cfg = f.cfg,
                                .max_clients_per_uid = 8,
                                .hello_timeout_ms = 5000,

@@ -585,8 +585,22 @@ mutation recv-keeps-client-fd daemon/server.c "check_e2e_garbage" \
 
 # I/O threads: a reply's descriptor (NS_OPEN's arena, FAST_ATTACH's index) is not passed.
 mutation iothreads-reply-no-fd daemon/server_io.c "check_e2e_iothreads" \
-'        rc = ioc->dead ? 0 : server_sendmsg(ioc->fd, r->data, m->len, m->fd);' \
-'        rc = ioc->dead ? 0 : server_sendmsg(ioc->fd, r->data, m->len, -1);'
+'        rc = ioc->mute ? 0 : server_sendmsg(ioc->fd, r->data, m->len, m->fd);' \
+'        rc = ioc->mute ? 0 : server_sendmsg(ioc->fd, r->data, m->len, -1);'
+
+# A datagram of no bytes read as a hang-up before its descriptors are looked at: the
+# descriptors it carried stay open in the daemon (a client could fill its table).
+mutation recv-empty-keeps-fd daemon/server.c "check_e2e_adversary" \
+'    if (msg.msg_controllen) {
+        /* Clients send no descriptors' \
+'    if (n && msg.msg_controllen) {
+        /* Clients send no descriptors'
+
+# I/O threads: once a read saw the hang-up, the replies queued for the connection are
+# dropped (a client that shut down its side loses the answers to what it sent before).
+mutation iothreads-hangup-drops-replies daemon/server_io.c "check_e2e_adversary" \
+'        rc = ioc->mute ? 0 : server_sendmsg' \
+'        rc = ioc->mute || ioc->dead ? 0 : server_sendmsg'
 
 # ---- machinery ------------------------------------------------------------------------------
 
