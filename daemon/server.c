@@ -427,6 +427,9 @@ void server_on_conn(struct loop *l, int fd, uint32_t events, void *arg)
     struct server *sv = c->sv;
     (void)l;
     (void)fd;
+    /* Busy enough for the I/O threads (server_io_note): it goes there before a read. */
+    if (sv->io_on && server_io_attach(sv, c, true) == 0)
+        return;
     if (events & EPOLLIN) {
         /* A few requests per wakeup, so one busy client cannot starve the others. */
         for (int k = 0; k < 8; k++) {
@@ -440,6 +443,7 @@ void server_on_conn(struct loop *l, int fd, uint32_t events, void *arg)
                 server_conn_close(sv, c, why ? why : n < 0 ? strerror((int)-n) : NULL);
                 return;
             }
+            server_io_note(sv, c);
             if (server_handle(sv, c, (size_t)n))
                 return;
         }
@@ -507,7 +511,8 @@ static void server_on_accept(struct loop *l, int fd, uint32_t events, void *arg)
             continue;
         }
         if (!c->u ||
-            (sv->nio ? server_io_attach(sv, c) : loop_add(l, cfd, EPOLLIN, server_on_conn, c))) {
+            (sv->io_on ? server_io_attach(sv, c, false)
+                       : loop_add(l, cfd, EPOLLIN, server_on_conn, c))) {
             if (c->u && !c->u->nconns) {
                 c->u->nconns = 1; /* so that the put frees the entry made for it */
                 server_uid_put(sv, c->u);
@@ -578,6 +583,7 @@ struct server *server_new(struct loop *l, struct store *s, const struct server_p
     rc = server_io_start(sv, p->io_threads);
     if (rc)
         goto fail;
+    sv->io_on = sv->nio && sv->lim.io_threads_min_active == 1;
     rc = -ENOMEM;
     sv->ns_uid = malloc(s->nns * sizeof(*sv->ns_uid));
     if (!sv->ns_uid)
