@@ -38,6 +38,22 @@
  * would have itself. At stop (server_io_stop) every connection is closed first, then each
  * thread is told to STOP behind the SHUTs, joined, and what it left is freed.
  * The I/O threads never log (the loop thread logs the reasons CLOSE carries).
+ *
+ * Fallback (Redis 7 turns its I/O threads off the same way). With one client the threads
+ * only add two wakeups a request, so they take sockets only while the daemon is busy: the
+ * loop thread counts the connections with a request in windows of SERVER_IO_WINDOW_MS
+ * (server_io_note); from server.io_threads_min_active of them (0: twice the threads) the
+ * sockets go to the I/O threads, below half as many they come back, each at its next
+ * request. To a thread: server_on_conn, before any read, unwatches the socket (loop_del)
+ * and posts ADD — the requests read so far are handled and their replies are in the socket
+ * (datagrams are read whole: nothing is half read), and the thread reads what follows. Back:
+ * where a batch ends and the loop would post REARM, it posts RELEASE; the thread unwatches
+ * the socket, reads no more, and answers RELEASED behind every reply posted before. A reply
+ * the loop posted after RELEASE (a WAIT's answer, a notice) may not be sent yet, so then it
+ * asks again; otherwise the loop watches the socket level-triggered (what waits in it is
+ * read at once), sends its replies itself and frees the server_ioc, which the thread no
+ * longer references. A close meanwhile posts SHUT behind RELEASE as always. So each socket
+ * is read by one thread at a time, and its replies leave in order across every hand-over.
  */
 #include <errno.h>
 #include <fcntl.h>
