@@ -510,9 +510,8 @@ static void server_on_accept(struct loop *l, int fd, uint32_t events, void *arg)
             free(c);
             continue;
         }
-        if (!c->u ||
-            (sv->io_on ? server_io_attach(sv, c, false)
-                       : loop_add(l, cfd, EPOLLIN, server_on_conn, c))) {
+        if (!c->u || (sv->io_on ? server_io_attach(sv, c, false)
+                                : loop_add(l, cfd, EPOLLIN, server_on_conn, c))) {
             if (c->u && !c->u->nconns) {
                 c->u->nconns = 1; /* so that the put frees the entry made for it */
                 server_uid_put(sv, c->u);
