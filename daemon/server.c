@@ -10,7 +10,9 @@
  * The trim a commit may call for runs once the connection's queued requests are answered, so
  * the RESERVE a client sends right behind its commit does not wait for the eviction.
  * The loop thread owns everything here; with server.io_threads > 0 the connections' sockets
- * are read, written and closed by I/O threads (server_io.c), and the rest stays here.
+ * are read, written and closed by I/O threads (server_io.c) while enough connections are
+ * busy (server.io_threads_min_active; else the loop does it, as without them), and the rest
+ * stays here.
  * A connection carries its peer credentials (SO_PEERCRED, taken at accept) and a store_owner
  * holding its leases and reservations, so closing the connection — for any reason — gives all
  * of them back.
