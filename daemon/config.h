@@ -44,6 +44,11 @@
       "connections spread over them; the requests themselves still run on the one loop "           \
       "thread, in order. 0: the loop thread does the sockets too. Worth it with many busy "        \
       "clients and cores to spare (docs/performance.md).")                                         \
+    X(server, io_threads_min_active, INT, "0", 0, 65536, 1, NULL,                                  \
+      "With io_threads: the connections with a request within 100ms from which their sockets "     \
+      "go to the I/O threads; below half as many the loop thread reads and writes them itself, "   \
+      "as with io_threads 0, so few clients pay no thread hand-over. 0: twice io_threads; "        \
+      "1: always the I/O threads.")                                                                \
     X(server, hello_timeout, DURATION, "5s", 100, 3600000, 1, NULL,                                \
       "A connection that sends no HELLO within this time is closed.")                              \
     X(server, idle_timeout, DURATION, "1h", 1000, 604800000, 1, NULL,                              \

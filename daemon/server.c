@@ -10,7 +10,9 @@
  * The trim a commit may call for runs once the connection's queued requests are answered, so
  * the RESERVE a client sends right behind its commit does not wait for the eviction.
  * The loop thread owns everything here; with server.io_threads > 0 the connections' sockets
- * are read, written and closed by I/O threads (server_io.c), and the rest stays here.
+ * are read, written and closed by I/O threads (server_io.c) while enough connections are
+ * busy (server.io_threads_min_active; else the loop does it, as without them), and the rest
+ * stays here.
  * A connection carries its peer credentials (SO_PEERCRED, taken at accept) and a store_owner
  * holding its leases and reservations, so closing the connection — for any reason — gives all
  * of them back.
@@ -429,6 +431,9 @@ void server_on_conn(struct loop *l, int fd, uint32_t events, void *arg)
     struct server *sv = c->sv;
     (void)l;
     (void)fd;
+    /* Busy enough for the I/O threads (server_io_note): it goes there before a read. */
+    if (sv->io_on && server_io_attach(sv, c, true) == 0)
+        return;
     if (events & EPOLLIN) {
         /* A few requests per wakeup, so one busy client cannot starve the others. */
         for (int k = 0; k < 8; k++) {
@@ -442,6 +447,7 @@ void server_on_conn(struct loop *l, int fd, uint32_t events, void *arg)
                 server_conn_close(sv, c, why ? why : n < 0 ? strerror((int)-n) : NULL);
                 return;
             }
+            server_io_note(sv, c);
             if (server_handle(sv, c, (size_t)n))
                 return;
         }
@@ -508,8 +514,8 @@ static void server_on_accept(struct loop *l, int fd, uint32_t events, void *arg)
             free(c);
             continue;
         }
-        if (!c->u ||
-            (sv->nio ? server_io_attach(sv, c) : loop_add(l, cfd, EPOLLIN, server_on_conn, c))) {
+        if (!c->u || (sv->io_on ? server_io_attach(sv, c, false)
+                                : loop_add(l, cfd, EPOLLIN, server_on_conn, c))) {
             if (c->u && !c->u->nconns) {
                 c->u->nconns = 1; /* so that the put frees the entry made for it */
                 server_uid_put(sv, c->u);
@@ -580,6 +586,7 @@ struct server *server_new(struct loop *l, struct store *s, const struct server_p
     rc = server_io_start(sv, p->io_threads);
     if (rc)
         goto fail;
+    sv->io_on = sv->nio && sv->lim.io_threads_min_active == 1;
     rc = -ENOMEM;
     sv->ns_uid = malloc(s->nns * sizeof(*sv->ns_uid));
     if (!sv->ns_uid)

@@ -25,6 +25,9 @@ struct server_params {
     const char *socket_group; /* "" or NULL: the daemon's group */
     uint32_t max_clients;
     uint32_t io_threads; /* threads that read and write the sockets (server_io.c); 0: the loop */
+    /* Connections busy within SERVER_IO_WINDOW_MS from which the sockets go to the I/O
+     * threads (back to the loop below half); 0: 2 × io_threads, 1: always. Reloadable. */
+    uint32_t io_threads_min_active;
     /* Operators (issue 6). */
     bool adopt;                 /* serve adopt_fd (socket activation) instead of binding */
     int adopt_fd;               /* a listening SOCK_SEQPACKET socket, owned from now on */

@@ -80,6 +80,7 @@ struct conn {
     /* server.io_threads > 0: the I/O thread that reads fd, sends the replies and closes it
      * (server_io.c); NULL: the loop thread does. */
     struct server_ioc *ioc;
+    uint32_t io_epoch; /* the last window it had a request in (server_io_note) */
     uint32_t id;
     struct ucred cred;
     bool hello;
@@ -180,6 +181,11 @@ struct server {
     struct server_io **io; /* server.io_threads I/O threads (server_io.c), nio of them */
     uint32_t nio;
     uint32_t io_next; /* the one the next connection goes to */
+    /* Where sockets go (server_io_note): the I/O threads while io_on, else the loop. */
+    bool io_on;
+    uint64_t io_window_ms; /* when the current window began */
+    uint32_t io_epoch;     /* the current window's number */
+    uint32_t io_active;    /* connections with a request in it */
 };
 
 /* server.c */
@@ -210,8 +216,14 @@ bool server_handle(struct server *sv, struct conn *c, size_t n);
 int server_io_start(struct server *sv, uint32_t n);
 /* After every connection closed: stops and joins them, frees what they left. */
 void server_io_stop(struct server *sv);
-/* Hands c's socket to an I/O thread (round robin). 0 or -ENOMEM. */
-int server_io_attach(struct server *sv, struct conn *c);
+/* Windows in which the busy connections are counted (server_io_note). */
+#define SERVER_IO_WINDOW_MS 100u
+/* c has a request to handle: counts it, and decides at each window's end whether sockets go
+ * to the I/O threads (server.io_threads_min_active). */
+void server_io_note(struct server *sv, struct conn *c);
+/* Hands c's socket to an I/O thread (round robin); on_loop: the loop thread watches it now
+ * and stops. 0 or -ENOMEM (then nothing changed). */
+int server_io_attach(struct server *sv, struct conn *c, bool on_loop);
 /* Queues a reply of len bytes (and a copy of fd unless -1) on c's I/O thread. A failed
  * send closes the connection later, from the loop. 0 or -ENOMEM, -EMFILE. */
 int server_io_send(struct conn *c, const void *buf, size_t len, int fd);

@@ -40,6 +40,22 @@
  * (server_io_stop) every connection is closed first, then each thread is told to STOP
  * behind the SHUTs, joined, and what it left is freed.
  * The I/O threads never log (the loop thread logs the reasons CLOSE carries).
+ *
+ * Fallback (Redis 7 turns its I/O threads off the same way). With one client the threads
+ * only add two wakeups a request, so they take sockets only while the daemon is busy: the
+ * loop thread counts the connections with a request in windows of SERVER_IO_WINDOW_MS
+ * (server_io_note); from server.io_threads_min_active of them (0: twice the threads) the
+ * sockets go to the I/O threads, below half as many they come back, each at its next
+ * request. To a thread: server_on_conn, before any read, unwatches the socket (loop_del)
+ * and posts ADD — the requests read so far are handled and their replies are in the socket
+ * (datagrams are read whole: nothing is half read), and the thread reads what follows. Back:
+ * where a batch ends and the loop would post REARM, it posts RELEASE; the thread unwatches
+ * the socket, reads no more, and answers RELEASED behind every reply posted before. A reply
+ * the loop posted after RELEASE (a WAIT's answer, a notice) may not be sent yet, so then it
+ * asks again; otherwise the loop watches the socket level-triggered (what waits in it is
+ * read at once), sends its replies itself and frees the server_ioc, which the thread no
+ * longer references. A close meanwhile posts SHUT behind RELEASE as always. So each socket
+ * is read by one thread at a time, and its replies leave in order across every hand-over.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -66,14 +82,16 @@
 #define SERVER_IO_BATCH_BYTES (16u * 1024u)
 
 enum server_io_kind {
-    SERVER_IO_REQ,   /* thread → loop: a request datagram */
-    SERVER_IO_CLOSE, /* thread → loop: the socket ended or failed (err, why) */
-    SERVER_IO_GONE,  /* thread → loop: the descriptor is closed; the server_ioc may go */
-    SERVER_IO_REPLY, /* loop → thread: send a reply (and fd) */
-    SERVER_IO_ADD,   /* loop → thread: watch a new connection */
-    SERVER_IO_REARM, /* loop → thread: its batch is handled, read on */
-    SERVER_IO_SHUT,  /* loop → thread: close the socket */
-    SERVER_IO_STOP,  /* loop → thread: leave (after everything posted before) */
+    SERVER_IO_REQ,      /* thread → loop: a request datagram */
+    SERVER_IO_CLOSE,    /* thread → loop: the socket ended or failed (err, why) */
+    SERVER_IO_GONE,     /* thread → loop: the descriptor is closed; the server_ioc may go */
+    SERVER_IO_REPLY,    /* loop → thread: send a reply (and fd) */
+    SERVER_IO_ADD,      /* loop → thread: watch a new connection */
+    SERVER_IO_REARM,    /* loop → thread: its batch is handled, read on */
+    SERVER_IO_SHUT,     /* loop → thread: close the socket */
+    SERVER_IO_STOP,     /* loop → thread: leave (after everything posted before) */
+    SERVER_IO_RELEASE,  /* loop → thread: its batch is handled; read no more, unwatch it */
+    SERVER_IO_RELEASED, /* thread → loop: unwatched, every reply before RELEASE sent */
 };
 
 /* REQ: the last of the batch read (the loop thread re-arms after it) ... */
@@ -103,11 +121,14 @@ struct server_ioc {
     struct conn *c;       /* loop thread: the connection; NULL once it closed */
     struct server_io *io; /* set at creation */
     int fd;               /* set at creation; closed by the I/O thread on SHUT */
+    bool leaving;         /* loop thread: RELEASE posted, RELEASED not yet delivered */
+    bool resent;          /* loop thread: a reply was posted after that RELEASE */
     bool dead;            /* I/O thread: CLOSE posted, nothing more is read */
     bool mute;            /* I/O thread: a send failed, nothing more is sent */
     bool away;            /* I/O thread: a batch is with the loop thread (until REARM) */
     bool more;            /* I/O thread: the socket may hold requests not read yet */
-    struct server_io_msg add, rearm, shut, close, gone;
+    bool unwatched;       /* I/O thread: RELEASE taken, the socket is not read (until ADD) */
+    struct server_io_msg add, rearm, shut, close, gone, release, released;
 };
 
 struct server_io {
@@ -200,7 +221,7 @@ static void server_io_read(struct server_io *io, struct server_ioc *ioc, struct 
     struct server_io_buf *last = NULL;
     bool drained = false;
     size_t bytes = 0;
-    if (ioc->dead)
+    if (ioc->dead || ioc->unwatched)
         return;
     if (ioc->away) {
         ioc->more = true;
@@ -269,6 +290,7 @@ static bool server_io_do(struct server_io *io, struct server_io_msg *m, struct s
         return false;
     }
     case SERVER_IO_ADD:
+        ioc->unwatched = false; /* back after a RELEASE the loop thread could not take */
         rc = server_io_watch(ioc);
         if (rc)
             server_io_dead(ioc, b, -rc, NULL);
@@ -279,6 +301,17 @@ static bool server_io_do(struct server_io *io, struct server_io_msg *m, struct s
         ioc->away = false;
         if (ioc->more)
             server_io_read(io, ioc, b);
+        return false;
+    case SERVER_IO_RELEASE:
+        /* No batch is away (the loop thread posts RELEASE in place of a REARM) and none is
+         * read from now on: unwatched, the socket gives this thread no event after this
+         * (EPOLL_CTL_DEL takes it off the ready list too), and the replies posted before
+         * RELEASE are in the socket already. RELEASED is the thread's last word on ioc
+         * unless the loop thread posts again. */
+        ioc->away = false;
+        ioc->unwatched = true;
+        epoll_ctl(io->epfd, EPOLL_CTL_DEL, ioc->fd, NULL);
+        server_io_batch_add(b, &ioc->released);
         return false;
     case SERVER_IO_SHUT:
         epoll_ctl(io->epfd, EPOLL_CTL_DEL, ioc->fd, NULL);
@@ -334,16 +367,43 @@ static void server_io_deliver(struct server *sv, struct server_io_msg *m)
         struct server_io_buf *r = (struct server_io_buf *)m;
         uint8_t flags = m->flags;
         if (c) {
+            server_io_note(sv, c);
             memcpy(sv->rx, r->data, m->len);
             if (!server_handle(sv, c, m->len) && (flags & SERVER_IO_F_LAST)) {
                 if (flags & SERVER_IO_F_DRAINED)
                     server_trim_due(sv);
-                server_io_post(ioc->io, &ioc->rearm);
+                if (sv->io_on) {
+                    server_io_post(ioc->io, &ioc->rearm);
+                } else { /* few connections are busy: the socket goes back to the loop */
+                    ioc->leaving = true;
+                    ioc->resent = false;
+                    server_io_post(ioc->io, &ioc->release);
+                }
             }
         }
         free(r);
         break;
     }
+    case SERVER_IO_RELEASED:
+        if (!c) /* closed meanwhile: SHUT is behind RELEASE, GONE frees ioc */
+            break;
+        if (ioc->resent) { /* that reply may not be sent yet: ask again behind it */
+            ioc->resent = false;
+            server_io_post(ioc->io, &ioc->release);
+            break;
+        }
+        /* Every reply is in the socket and the thread holds no request nor any reference
+         * to ioc: the loop thread reads and writes the socket from here on, level-triggered,
+         * so what waits in it already is read at once. */
+        if (loop_add(sv->loop, ioc->fd, EPOLLIN, server_on_conn, c) == 0) {
+            c->ioc = NULL;
+            free(ioc);
+            sv->store->total.io_to_loop++;
+        } else { /* stays with its thread */
+            ioc->leaving = false;
+            server_io_post(ioc->io, &ioc->add);
+        }
+        break;
     case SERVER_IO_CLOSE:
         if (c) /* as server_on_conn would have */
             server_conn_close(sv, c, m->why ? m->why : m->err ? strerror(m->err) : NULL);
@@ -380,12 +440,43 @@ static void server_io_on_back(struct loop *l, int fd, uint32_t events, void *arg
     }
 }
 
-int server_io_attach(struct server *sv, struct conn *c)
+/* Counts c among the connections busy in this window and, when a window ends, decides from
+ * the one that ended where sockets go: to the I/O threads from io_threads_min_active busy
+ * connections on, back to the loop below half as many (a window with nothing counts 0). */
+void server_io_note(struct server *sv, struct conn *c)
+{
+    uint64_t now = loop_now_ms(sv->loop);
+    if (!sv->nio)
+        return;
+    if (now - sv->io_window_ms >= SERVER_IO_WINDOW_MS) {
+        uint32_t on = sv->lim.io_threads_min_active ? sv->lim.io_threads_min_active : 2 * sv->nio;
+        uint32_t n = now - sv->io_window_ms >= 2 * SERVER_IO_WINDOW_MS ? 0 : sv->io_active;
+        if (n >= on)
+            sv->io_on = true;
+        else if (n < on / 2)
+            sv->io_on = false;
+        sv->io_window_ms = now;
+        sv->io_epoch++;
+        sv->io_active = 0;
+    }
+    if (c->io_epoch != sv->io_epoch) {
+        c->io_epoch = sv->io_epoch;
+        sv->io_active++;
+    }
+}
+
+int server_io_attach(struct server *sv, struct conn *c, bool on_loop)
 {
     struct server_io *io = sv->io[sv->io_next++ % sv->nio];
     struct server_ioc *ioc = calloc(1, sizeof(*ioc));
     if (!ioc)
         return -ENOMEM;
+    /* The loop thread reads no more of it (nothing is half read: a datagram is read whole),
+     * its replies so far are in the socket, and the thread reads what follows. */
+    if (on_loop) {
+        loop_del(sv->loop, c->fd);
+        sv->store->total.io_to_threads++;
+    }
     ioc->c = c;
     ioc->io = io;
     ioc->fd = c->fd;
@@ -394,6 +485,8 @@ int server_io_attach(struct server *sv, struct conn *c)
     ioc->shut = (struct server_io_msg){.ioc = ioc, .kind = SERVER_IO_SHUT, .fd = -1};
     ioc->close = (struct server_io_msg){.ioc = ioc, .kind = SERVER_IO_CLOSE, .fd = -1};
     ioc->gone = (struct server_io_msg){.ioc = ioc, .kind = SERVER_IO_GONE, .fd = -1};
+    ioc->release = (struct server_io_msg){.ioc = ioc, .kind = SERVER_IO_RELEASE, .fd = -1};
+    ioc->released = (struct server_io_msg){.ioc = ioc, .kind = SERVER_IO_RELEASED, .fd = -1};
     c->ioc = ioc;
     server_io_post(io, &ioc->add);
     return 0;
@@ -416,6 +509,8 @@ int server_io_send(struct conn *c, const void *buf, size_t len, int fd)
         return rc;
     }
     memcpy(r->data, buf, len);
+    if (c->ioc->leaving)
+        c->ioc->resent = true;
     server_io_post(c->ioc->io, &r->m);
     return 0;
 }

@@ -93,6 +93,8 @@
     X(hint_blocks, "blocks that took a client hint (HINT)")                                        \
     X(ghost_hits, "blocks committed soon after their eviction, their count given back")      \
     X(budget_lookups, "budgeted lookups (LOOKUP_BUDGET)")                                          \
+    X(io_to_threads, "connections handed from the loop thread to an I/O thread")               \
+    X(io_to_loop, "connections handed from an I/O thread back to the loop thread")             \
     X(refused_connections, "connections refused: server.max_clients or max_clients_per_uid")       \
     X(closed_hello_timeout, "connections closed for sending no HELLO within server.hello_timeout") \
     X(closed_idle, "connections closed after server.idle_timeout without a request")               \

@@ -44,7 +44,8 @@ NOFAST_SUITES="check_e2e_adversary check_e2e_adversary_fast check_e2e_adversary_
 check_e2e_concurrent check_e2e_disk check_e2e_kvcctl \
 check_e2e_lifecycle check_e2e_put check_e2e_quant check_python"
 # The TSan build runs these suites a second time with the daemon's sockets on two I/O threads
-# (KVC_IO_THREADS=2, tests/lib/daemon.c; server_io.c), leaving out the cases tagged "long"
+# (KVC_IO_THREADS=2, tests/lib/daemon.c, which also keeps every socket there with
+# server.io_threads_min_active = 1; server_io.c), leaving out the cases tagged "long"
 # (CK_EXCLUDE_TAGS): ThreadSanitizer watches the I/O threads' hand-over under the fast path's
 # traffic. check_e2e_garbage and check_e2e_concurrent run their I/O-thread pass themselves.
 IO_SUITES="check_e2e_fast"

@@ -39,6 +39,8 @@
  *    loop saturates. Then the same again on a daemon with server.io_threads =
  *    KVC_SCALE_IO_THREADS (default 2; 0 skips it): rows ending in _io<N>, throughput against
  *    the same row without I/O threads, and the I/O threads' CPU per request beside the loop's.
+ *    The daemon's server.io_threads_min_active applies (few busy connections stay on the
+ *    loop thread); KVC_SCALE_IO_MIN_ACTIVE=N sets it (1: every connection on the threads).
  * Keys are random 128-bit values (the daemon never derives them), blocks are filled from
  * their key (tests/lib/daemon.c) and a sample of every get is checked byte for byte. Any
  * failed request, short hit or wrong byte fails the run (exit 1). KVC_SCALE_ONLY=ready,
@@ -903,8 +905,9 @@ static bool sc_clients_env(int counts[4], int *ncounts, double *secs)
 
 static void sc_clients(int iot)
 {
-    char o_io[48], sfx[16] = "";
-    const char *extra[] = {"-o", o_io, NULL};
+    char o_io[48], o_min[64], sfx[16] = "";
+    const char *min_active = getenv("KVC_SCALE_IO_MIN_ACTIVE");
+    const char *extra[] = {"-o", o_io, min_active ? "-o" : NULL, o_min, NULL};
     const bool smoke = bench_smoke();
     const int counts_full[] = {1, 16, 128, 1024}, counts_smoke[] = {1, 4};
     int counts_env[4];
@@ -927,6 +930,8 @@ static void sc_clients(int iot)
     if (sc_clients_env(counts_env, &ncounts, &secs))
         counts = counts_env;
     snprintf(o_io, sizeof(o_io), "server.io_threads=%d", iot);
+    snprintf(o_min, sizeof(o_min), "server.io_threads_min_active=%d",
+             min_active ? atoi(min_active) : 0);
     if (iot)
         snprintf(sfx, sizeof(sfx), "_io%d", iot);
     if (sc_start(&d, 64 * MiB, extra) || kvc_connect(d.sock, &c) || kvc_ns_open(c, &lay, &ns)) {

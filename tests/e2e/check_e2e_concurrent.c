@@ -159,8 +159,11 @@ START_TEST(test_concurrent_overlapping_prefixes)
 {
     static const char *const args[] = {"-o", "host.size=32m",       "-o", "host.page_size=64k",
                                        "-o", "server.io_threads=0", NULL};
-    static const char *const args_io[] = {"-o", "host.size=32m",       "-o", "host.page_size=64k",
-                                          "-o", "server.io_threads=2", NULL};
+    static const char *const args_io[] = {"-o", "host.size=32m",
+                                          "-o", "host.page_size=64k",
+                                          "-o", "server.io_threads=2",
+                                          "-o", "server.io_threads_min_active=1",
+                                          NULL};
     pid_t pids[CON_PROCS];
     struct con_client x;
     uint64_t v;

@@ -33,8 +33,11 @@ static void gb_setup(void)
 
 static void gb_setup_io(void)
 {
-    static const char *const args[] = {"-o", "host.size=32m",       "-o", "host.page_size=64k",
-                                       "-o", "server.io_threads=2", NULL};
+    static const char *const args[] = {"-o", "host.size=32m",
+                                       "-o", "host.page_size=64k",
+                                       "-o", "server.io_threads=2",
+                                       "-o", "server.io_threads_min_active=1",
+                                       NULL};
     memset(&gb_d, 0, sizeof(gb_d));
     ck_assert_int_eq(daemon_start(&gb_d, args), 0);
 }

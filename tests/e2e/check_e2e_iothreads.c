@@ -9,7 +9,16 @@
  * killed (or gone) with requests and reservations in flight give everything back;
  * server.max_clients counts their connections as before; a daemon
  * stopped under busy connections exits cleanly (the ASan build's leak check and the TSan
- * build's race check included: both fail the stop's status).
+ * build's race check included: both fail the stop's status). Those cases keep every socket
+ * on the I/O threads (server.io_threads_min_active = 1).
+ *
+ * The fallback (server.io_threads_min_active = 8): a lone client stays on the loop thread;
+ * then, in cycles, eight busy clients come (the sockets go to the I/O threads) and are
+ * killed, at staggered points of the hand-over (the sockets go back to the loop), while a
+ * raw client pipelines runs of requests on one connection and, on fresh ones, a NS_OPEN
+ * among them: every reply comes in the order sent, NS_OPEN's with its arena's descriptor,
+ * every block byte for byte, and both hand-overs happen in every cycle (io_to_threads,
+ * io_to_loop); at the end nothing is held.
  */
 #include <check.h>
 #include <dirent.h>
@@ -19,7 +28,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -36,8 +47,10 @@ static struct daemon io_d;
 
 static void io_setup(void)
 {
-    static const char *const args[] = {"-o", "host.size=64m",       "-o", "host.page_size=64k",
-                                       "-o", "server.io_threads=2", NULL};
+    static const char *const args[] = {
+        "-o", "host.size=64m",       "-o", "host.page_size=64k",
+        "-o", "server.io_threads=2", "-o", "server.io_threads_min_active=1",
+        NULL};
     memset(&io_d, 0, sizeof(io_d));
     ck_assert_int_eq(daemon_start(&io_d, args), 0);
 }
@@ -357,8 +370,10 @@ END_TEST
  * two is refused with EUSERS; once one goes, another comes in. */
 START_TEST(test_iothreads_max_clients)
 {
-    static const char *const args[] = {"-o", "host.size=32m",       "-o", "server.max_clients=2",
-                                       "-o", "server.io_threads=2", NULL};
+    static const char *const args[] = {
+        "-o", "host.size=32m",       "-o", "server.max_clients=2",
+        "-o", "server.io_threads=2", "-o", "server.io_threads_min_active=1",
+        NULL};
     kvc_client *c[3];
     uint64_t end;
     int rc;
@@ -388,6 +403,267 @@ START_TEST(test_iothreads_max_clients)
 }
 END_TEST
 
+/* ---- the fallback to the loop thread ------------------------------------------------------ */
+
+#define IO_FB_MIN_ACTIVE "8"
+#define IO_FB_BUSY 8   /* busy clients: the sockets go to the I/O threads */
+#define IO_FB_CYCLES 4 /* loop → threads → loop */
+#define IO_FB_PIPE 24  /* requests of a run: three of the I/O threads' batches */
+
+/* Shared with the children (MAP_SHARED). */
+struct io_fb_shared {
+    volatile int stop; /* the stream child leaves */
+    volatile int bad;  /* a child saw a wrong byte, order or descriptor: what (line) */
+};
+static struct io_fb_shared *io_fb;
+
+static void io_fb_setup(void)
+{
+    static const char *const args[] = {
+        "-o", "host.size=64m",       "-o", "host.page_size=64k",
+        "-o", "server.io_threads=2", "-o", "server.io_threads_min_active=" IO_FB_MIN_ACTIVE,
+        NULL};
+    memset(&io_d, 0, sizeof(io_d));
+    ck_assert_int_eq(daemon_start(&io_d, args), 0);
+    io_fb = mmap(NULL, sizeof(*io_fb), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    ck_assert_ptr_ne(io_fb, MAP_FAILED);
+    memset((void *)io_fb, 0, sizeof(*io_fb));
+}
+
+static void io_fb_teardown(void)
+{
+    io_teardown();
+    munmap((void *)io_fb, sizeof(*io_fb));
+}
+
+#define IO_FB_BAD()                                                                                \
+    do {                                                                                           \
+        io_fb->bad = __LINE__;                                                                     \
+        goto out;                                                                                  \
+    } while (0)
+
+/* The children's raw requests (no Check asserts in a child): 0 or -1. */
+static int io_q_connect(void)
+{
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    memcpy(a.sun_path, io_d.sock, strlen(io_d.sock) + 1);
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof(a)) < 0) {
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
+static int io_q_send(int fd, uint16_t op, uint32_t req_id, const void *body, uint32_t n)
+{
+    uint64_t tx[64];
+    struct kvc_msg_hdr *h = (struct kvc_msg_hdr *)tx;
+    *h = (struct kvc_msg_hdr){.magic = KVC_PROTO_MAGIC,
+                              .version = KVC_PROTO_VERSION,
+                              .opcode = op,
+                              .req_id = req_id,
+                              .len = n};
+    memcpy(h + 1, body, n);
+    return send(fd, tx, sizeof(*h) + n, MSG_NOSIGNAL) == (ssize_t)(sizeof(*h) + n) ? 0 : -1;
+}
+
+/* The next reply (10 s at most) into rx, and the descriptor it carried (-1 none). */
+static int io_q_reply(int fd, uint64_t *rx, size_t cap, int *rfd)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } ctl;
+    struct iovec iov = {.iov_base = rx, .iov_len = cap};
+    struct msghdr msg = {.msg_iov = &iov,
+                         .msg_iovlen = 1,
+                         .msg_control = ctl.buf,
+                         .msg_controllen = sizeof(ctl.buf)};
+    *rfd = -1;
+    if (poll(&p, 1, daemon_ms(10000)) != 1)
+        return -1;
+    ssize_t n = recvmsg(fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (n < (ssize_t)sizeof(struct kvc_msg_hdr))
+        return -1;
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm))
+        if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS)
+            memcpy(rfd, CMSG_DATA(cm), sizeof(int));
+    return 0;
+}
+
+/* Sends ops[i] with req_id first + i, all before reading a reply, then checks each reply's
+ * id, opcode, status and descriptor (an NS_OPEN's: its arena, of the size it says; no other
+ * reply carries one). 0 or -1. */
+static int io_q_run(int fd, const uint16_t *ops, int n, uint32_t first)
+{
+    static uint64_t rx[(KVC_PROTO_MAX_MSG + 64) / 8];
+    struct kvc_sync_req y = {0};
+    struct kvc_hello_req hq = {.min_version = 1, .max_version = 1};
+    struct kvc_ns_open_req oq;
+    struct kvc_layout lay = daemon_layout("e2e-iothreads", 4);
+    memset(&oq, 0, sizeof(oq));
+    memcpy(oq.layout.model_id, lay.model_id, strlen(lay.model_id));
+    oq.layout.layers = lay.layers;
+    oq.layout.kv_heads = lay.kv_heads;
+    oq.layout.head_dim = lay.head_dim;
+    oq.layout.block_tokens = lay.block_tokens;
+    oq.layout.dtype = (uint8_t)lay.dtype;
+    oq.layout.kv_kind = (uint8_t)lay.kv_kind;
+    for (int i = 0; i < n; i++) {
+        int rc = ops[i] == KVC_OP_HELLO     ? io_q_send(fd, ops[i], first + i, &hq, sizeof(hq))
+                 : ops[i] == KVC_OP_NS_OPEN ? io_q_send(fd, ops[i], first + i, &oq, sizeof(oq))
+                                            : io_q_send(fd, ops[i], first + i, &y, sizeof(y));
+        if (rc)
+            return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        const struct kvc_msg_hdr *h = (const struct kvc_msg_hdr *)rx;
+        struct stat st;
+        int rfd, ok;
+        if (io_q_reply(fd, rx, sizeof(rx), &rfd))
+            return -1;
+        ok = h->req_id == first + (uint32_t)i && h->opcode == ops[i] && h->status >= 0;
+        if (ops[i] == KVC_OP_NS_OPEN) {
+            const struct kvc_ns_open_rep *r = (const void *)(h + 1);
+            ok = ok && (h->flags & KVC_MSG_F_FD) && rfd >= 0 && fstat(rfd, &st) == 0 &&
+                 (uint64_t)st.st_size == r->arena_bytes;
+        } else {
+            ok = ok && rfd < 0;
+        }
+        if (rfd >= 0)
+            close(rfd);
+        if (!ok)
+            return -1;
+    }
+    return 0;
+}
+
+/* Pipelines runs of IO_FB_PIPE requests on one connection until told to stop, and every
+ * 150 ms a fresh connection's HELLO, ten SYNCs, NS_OPEN and ten SYNCs at once (not more
+ * often: a window of 100 ms with 4 busy connections or more keeps the I/O threads on). */
+static int io_fb_stream_child(void *arg)
+{
+    uint16_t run[IO_FB_PIPE], fresh[22];
+    uint32_t id = 2;
+    uint64_t fresh_ms = 0;
+    int fd = io_q_connect(), rc = 1;
+    (void)arg;
+    for (int i = 0; i < IO_FB_PIPE; i++)
+        run[i] = KVC_OP_SYNC;
+    for (int i = 0; i < 22; i++)
+        fresh[i] = i == 0 ? KVC_OP_HELLO : i == 11 ? KVC_OP_NS_OPEN : KVC_OP_SYNC;
+    if (fd < 0 || io_q_run(fd, fresh, 1, 1)) /* its HELLO */
+        IO_FB_BAD();
+    for (; !io_fb->stop; id += IO_FB_PIPE) {
+        if (io_q_run(fd, run, IO_FB_PIPE, id))
+            IO_FB_BAD();
+        if (daemon_now_ms() - fresh_ms >= 150) {
+            int f = io_q_connect();
+            fresh_ms = daemon_now_ms();
+            int bad = f < 0 || io_q_run(f, fresh, 22, 1);
+            if (f >= 0)
+                close(f);
+            if (bad)
+                IO_FB_BAD();
+        }
+    }
+    rc = 0;
+out:
+    if (fd >= 0)
+        close(fd);
+    return rc;
+}
+
+/* Puts and gets (each block checked) until killed; half of them on the socket alone. */
+static int io_fb_busy_child(void *arg)
+{
+    struct kvc_layout lay = daemon_layout("e2e-iothreads", 4);
+    uint64_t id = (uint64_t)(intptr_t)arg;
+    kvc_client *c;
+    kvc_ns *ns;
+    if (id % 2)
+        setenv("KVC_NO_FASTPATH", "1", 1);
+    if (kvc_connect(io_d.sock, &c) || kvc_ns_open(c, &lay, &ns))
+        return 1;
+    for (uint64_t i = 0;; i++) {
+        struct kvc_key k[IO_CHAIN];
+        for (int j = 0; j < IO_CHAIN; j++)
+            k[j] = io_key(200 + id, i * IO_CHAIN + (uint64_t)j);
+        if (io_put(ns, k, IO_CHAIN) != IO_CHAIN || io_get_check(ns, k, IO_CHAIN) != IO_CHAIN)
+            IO_FB_BAD();
+    }
+out:
+    return 2;
+}
+
+static uint64_t io_fb_stat(kvc_client *c, const char *name)
+{
+    uint64_t v = 0;
+    ck_assert_int_eq(daemon_client_stat(c, 0, name, &v), 0);
+    return v;
+}
+
+START_TEST(test_iothreads_fallback_switches)
+{
+    struct kvc_layout lay = daemon_layout("e2e-iothreads", 4);
+    struct kvc_key k[IO_CHAIN];
+    kvc_client *c;
+    kvc_ns *ns;
+    uint64_t end;
+    pid_t stream;
+    ck_assert_int_eq(kvc_connect(io_d.sock, &c), 0);
+    ck_assert_int_gt(stream = daemon_child_spawn(io_fb_stream_child, NULL), 0);
+    /* Two busy connections (and the fresh ones): the loop thread keeps every socket. */
+    usleep((useconds_t)daemon_ms(400) * 1000);
+    ck_assert_uint_eq(io_fb_stat(c, "io_to_threads"), 0);
+    for (int cycle = 0; cycle < IO_FB_CYCLES; cycle++) {
+        uint64_t t0 = io_fb_stat(c, "io_to_threads"), l0 = io_fb_stat(c, "io_to_loop");
+        pid_t pids[IO_FB_BUSY];
+        for (int i = 0; i < IO_FB_BUSY; i++)
+            ck_assert_int_gt(
+                pids[i] = daemon_child_spawn(io_fb_busy_child, (void *)(intptr_t)(cycle * 16 + i)),
+                0);
+        /* Busy: the stream's connection (and this one) go to the I/O threads... */
+        end = daemon_now_ms() + (uint64_t)daemon_ms(30000);
+        while (io_fb_stat(c, "io_to_threads") == t0 && daemon_now_ms() < end)
+            usleep(20000);
+        ck_assert_uint_gt(io_fb_stat(c, "io_to_threads"), t0);
+        /* ... and the busy ones die at a different point of that each cycle. */
+        usleep((useconds_t)(cycle * 40000));
+        for (int i = 0; i < IO_FB_BUSY; i++)
+            kill(pids[i], SIGKILL);
+        for (int i = 0; i < IO_FB_BUSY; i++)
+            daemon_child_wait(pids[i], daemon_ms(10000), NULL);
+        /* Light again: back to the loop thread. */
+        end = daemon_now_ms() + (uint64_t)daemon_ms(30000);
+        while (io_fb_stat(c, "io_to_loop") == l0 && daemon_now_ms() < end)
+            usleep(20000);
+        ck_assert_uint_gt(io_fb_stat(c, "io_to_loop"), l0);
+        ck_assert_msg(!io_fb->bad, "a client saw a wrong reply or byte (line %d)", io_fb->bad);
+    }
+    io_fb->stop = 1;
+    ck_assert_int_eq(daemon_child_wait(stream, daemon_ms(30000), NULL), 0);
+    ck_assert_msg(!io_fb->bad, "a client saw a wrong reply or byte (line %d)", io_fb->bad);
+    /* This connection, on whichever side it is now, still reads and writes blocks. */
+    ck_assert_int_eq(kvc_ns_open(c, &lay, &ns), 0);
+    for (int j = 0; j < IO_CHAIN; j++)
+        k[j] = io_key(777, (uint64_t)j);
+    ck_assert_int_eq(io_put(ns, k, IO_CHAIN), IO_CHAIN);
+    ck_assert_int_eq(io_get_check(ns, k, IO_CHAIN), IO_CHAIN);
+    /* Every killed client gave everything back. */
+    end = daemon_now_ms() + (uint64_t)daemon_ms(10000);
+    while (io_fb_stat(c, "clients_now") != 1 && daemon_now_ms() < end)
+        usleep(10000);
+    ck_assert_uint_eq(io_fb_stat(c, "clients_now"), 1);
+    ck_assert_uint_eq(io_fb_stat(c, "pins_now"), 0);
+    ck_assert_uint_eq(io_fb_stat(c, "reserved_now"), 0);
+    ck_assert_uint_eq(io_fb_stat(c, "errors"), 0);
+    kvc_disconnect(c);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("e2e_iothreads");
@@ -399,6 +675,11 @@ int main(void)
     tcase_add_test(tc, test_iothreads_killed_clients);
     tcase_add_test(tc, test_iothreads_stop_busy);
     tcase_add_test(tc, test_iothreads_max_clients);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("fallback");
+    tcase_set_timeout(tc, daemon_slow() * 240);
+    tcase_add_checked_fixture(tc, io_fb_setup, io_fb_teardown);
+    tcase_add_test(tc, test_iothreads_fallback_switches);
     suite_add_tcase(s, tc);
     if (daemon_suite_init("e2e-iothreads"))
         return 1;

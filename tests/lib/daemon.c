@@ -286,6 +286,9 @@ int daemon_spawn(const struct daemon *d, const char *const *args, pid_t *pid)
         snprintf(ioopt, sizeof(ioopt), "server.io_threads=%lu", v);
         argv[n++] = "-o";
         argv[n++] = ioopt;
+        /* every connection on them, however few are busy (no fallback to the loop) */
+        argv[n++] = "-o";
+        argv[n++] = "server.io_threads_min_active=1";
     }
     rc = daemon_args_add(argv, &n, args);
     if (rc)

@@ -602,6 +602,20 @@ mutation iothreads-hangup-drops-replies daemon/server_io.c "check_e2e_adversary"
 '        rc = ioc->mute ? 0 : server_sendmsg' \
 '        rc = ioc->mute || ioc->dead ? 0 : server_sendmsg'
 
+# I/O threads' fallback: a socket handed back to the loop thread is watched edge-triggered,
+# so the requests already waiting in it past the loop's first read of eight are never read
+# (a pipelining client stalls across the hand-over).
+mutation iofallback-loop-edge daemon/server_io.c "check_e2e_iothreads" \
+'        if (loop_add(sv->loop, ioc->fd, EPOLLIN, server_on_conn, c) == 0) {' \
+'        if (loop_add(sv->loop, ioc->fd, EPOLLIN | EPOLLET, server_on_conn, c) == 0) {'
+
+# The same, the other way: a socket handed to an I/O thread stays watched by the loop thread
+# too, so both read it.
+mutation iofallback-loop-keeps-socket daemon/server_io.c "check_e2e_iothreads" \
+'        loop_del(sv->loop, c->fd);
+        sv->store->total.io_to_threads++;' \
+'        sv->store->total.io_to_threads++;'
+
 # ---- machinery ------------------------------------------------------------------------------
 
 key() { echo "$1" | tr -- '-.' '__'; }
