@@ -245,7 +245,7 @@ def test_the_documented_configuration(setup):
     """docs/engines.md's `vllm serve --kv-transfer-config` loads this connector as vLLM's
     factory would (vllm_driver.configs uses the same module path, class and role), its extra
     config works (the socket pointed at the test's kvcd), and every extra key the page lists
-    is one the connector reads."""
+    is one the connector reads, and every key it reads is listed."""
     import importlib
     import json
     import os
@@ -263,6 +263,8 @@ def test_the_documented_configuration(setup):
     src = open(importlib.import_module("kvcd.vllm").__file__).read()
     for name in names:
         assert 'extra.get("%s"' % name in src, "docs/engines.md lists %s, unread" % name
+    read = set(re.findall(r'extra\.get\("(\w+)"', src))
+    assert read <= set(names), "read, not in docs/engines.md: %s" % sorted(read - set(names))
     extra = {k: v for k, v in cfg["kv_connector_extra_config"].items() if k != "socket"}
     s = setup(**extra)
     a = prompt(64, seed=7)
