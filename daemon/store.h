@@ -80,8 +80,8 @@ struct store_params {
     const struct kern_dev_ops *gpu_ops; /* NULL: kern_dev_cuda(); tests pass a fake */
     uint32_t quantize_inflight;         /* quantize-in-place jobs the trim may queue (0: none) */
     uint32_t quantize_threads;          /* encoding threads (0: one per CPU, quant_threads) */
-    bool head_step; /* per-head blocks skip the ladder's first codec (store_head_step) */
-    bool fast_path; /* each host arena gets a shared index (daemon/fast.h) */
+    bool head_step;                     /* host.head_step (store_head_step) */
+    bool fast_path;                     /* each host arena gets a shared index (daemon/fast.h) */
 };
 
 /* A binary heap of block indexes by policy key, lowest first (store_policy.c). */
