@@ -1432,13 +1432,7 @@ static int adv_x_pipeliner(void *arg)
     int c = adv_raw_connect();
     (void)arg;
     memset(&nq, 0, sizeof(nq));
-    memcpy(nq.layout.model_id, lay.model_id, strlen(lay.model_id));
-    nq.layout.layers = lay.layers;
-    nq.layout.kv_heads = lay.kv_heads;
-    nq.layout.head_dim = lay.head_dim;
-    nq.layout.block_tokens = lay.block_tokens;
-    nq.layout.dtype = (uint8_t)lay.dtype;
-    nq.layout.kv_kind = (uint8_t)lay.kv_kind;
+    daemon_wire_layout(&lay, &nq.layout);
     if (c < 0 || adv_raw_hello(c, base) < 0 || adv_raw_recv(c, &h, NULL) <= 0 || h.req_id != base ||
         h.status)
         return 190;

@@ -504,13 +504,7 @@ static int io_q_run(int fd, const uint16_t *ops, int n, uint32_t first)
     struct kvc_ns_open_req oq;
     struct kvc_layout lay = daemon_layout("e2e-iothreads", 4);
     memset(&oq, 0, sizeof(oq));
-    memcpy(oq.layout.model_id, lay.model_id, strlen(lay.model_id));
-    oq.layout.layers = lay.layers;
-    oq.layout.kv_heads = lay.kv_heads;
-    oq.layout.head_dim = lay.head_dim;
-    oq.layout.block_tokens = lay.block_tokens;
-    oq.layout.dtype = (uint8_t)lay.dtype;
-    oq.layout.kv_kind = (uint8_t)lay.kv_kind;
+    daemon_wire_layout(&lay, &oq.layout);
     for (int i = 0; i < n; i++) {
         int rc = ops[i] == KVC_OP_HELLO     ? io_q_send(fd, ops[i], first + i, &hq, sizeof(hq))
                  : ops[i] == KVC_OP_NS_OPEN ? io_q_send(fd, ops[i], first + i, &oq, sizeof(oq))

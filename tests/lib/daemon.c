@@ -554,6 +554,18 @@ struct kvc_layout daemon_layout(const char *model_id, uint32_t block_tokens)
                                .kv_kind = KVC_KV_KIND_KV};
 }
 
+void daemon_wire_layout(const struct kvc_layout *lay, struct kvc_wire_layout *out)
+{
+    memset(out, 0, sizeof(*out));
+    memcpy(out->model_id, lay->model_id, strnlen(lay->model_id, sizeof(out->model_id) - 1));
+    out->layers = lay->layers;
+    out->kv_heads = lay->kv_heads;
+    out->head_dim = lay->head_dim;
+    out->block_tokens = lay->block_tokens;
+    out->dtype = (uint8_t)lay->dtype;
+    out->kv_kind = (uint8_t)lay->kv_kind;
+}
+
 int daemon_chain_keys(const kvc_ns *ns, uint32_t family, uint32_t variant, uint32_t shared,
                       uint32_t n, struct kvc_key *keys)
 {

@@ -125,6 +125,10 @@ double daemon_smooth_err(const struct kvc_key *k, const uint16_t *got, size_t n)
 /* The layout the suites use: `block_tokens` tokens of 1 KiB each (2 layers, K and V, 2 heads
  * of 64 fp16) — 16 tokens make a 16 KiB block. */
 struct kvc_layout daemon_layout(const char *model_id, uint32_t block_tokens);
+/* lay as NS_OPEN carries it (what kvc_ns_open sends; no window, no flags), for the suites
+ * that speak the protocol themselves. */
+struct kvc_wire_layout;
+void daemon_wire_layout(const struct kvc_layout *lay, struct kvc_wire_layout *out);
 
 struct config;
 struct acl;
