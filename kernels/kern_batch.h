@@ -1053,55 +1053,299 @@ KERN_HD void kern_batch_piece_put(const struct kern_batch *b, const struct kern_
     }
 }
 
-/* Step s of a decode batch: tokens [t0, t0 + R) of (block, layer, kind), every head, into the
- * engine; the step's R * items pieces of 8 elements of a head row are spread over the lanes,
- * a round of 32 at a time. The block's header and section are read once per step (lane 0 on
- * the device, handed to the warp). A block that is not an encoded block of the layout (or
- * whose section lies outside its length) decodes to zeros; a NULL block is not this batch's
- * and is left alone, as is a token without a page. On the device every lane of the warp
- * calls it with its lane (the ROT exchange needs all 32); the emulation calls it once per
- * step with lane 0 and runs the 32 lanes inside, phase by phase. */
-KERN_HD void kern_batch_decode_step(const struct kern_batch *b, const uint64_t *w, uint32_t s,
-                                    uint32_t lane)
+/* ---- the fast rounds -------------------------------------------------------------------
+ * Most sections a decode meets are token-major groups with nothing per row to exchange or
+ * look up: q8_0, q4_1, q5_1, fp8, KIVI values, raw; no raw-head appendix; whole 8-element
+ * pieces (head_dim a multiple of 8) stored as 16-byte accesses (vec16). A step of such a
+ * section takes the fast rounds: its section's form, strides and load widths are worked out
+ * once for the step (kern_batch_fast_at), and each piece is a few loads, the reference's
+ * arithmetic per element and one 16-byte store — none of the generic piece's per-piece codec
+ * dispatch, width arithmetic, raw-head and ROT checks, or lane exchange. Two pieces of a lane
+ * are loaded before either is decoded and stored, so a warp has twice the loads in flight.
+ * The loads are the generic path's, field by field and width by width (the tests count
+ * them), and the output is bit for bit the same (the tests compare against the reference). */
+enum kern_batch_fast_form {
+    KERN_BATCH_FAST_NONE = 0,
+    KERN_BATCH_FAST_RAW,
+    KERN_BATCH_FAST_FP8,
+    KERN_BATCH_FAST_Q8_0,
+    KERN_BATCH_FAST_Q4_1, /* and q5_1: fast.qo says which */
+    KERN_BATCH_FAST_KIVI_V,
+};
+
+/* What the fast rounds of a step know for every piece: the section's form and load widths,
+ * and copies of the batch's and the step's fields they use, so that the rounds (a call of
+ * their own on the device) read them from registers and nothing else. */
+struct kern_batch_fast {
+    uint32_t form;
+    const uint8_t *sect;
+    uint32_t o, osh; /* pieces per head row (head_dim / 8) and its log2, or 32 */
+    uint32_t gb;     /* a group's bytes (token-major groups of 32 channels) */
+    uint32_t bits;   /* KIVI values: bits per code */
+    uint32_t qo;     /* q4_1 / q5_1: the codes' offset in a group (4 or 8) */
+    uint32_t w0, w1; /* load widths: a group's scale (or fp8's) and its codes (raw: the row) */
+    uint32_t same;   /* raw: the block's dtype is the output's (the bits themselves) */
+    /* the batch's */
+    uint32_t heads, head_dim, items, item_shift, nitems, dtype, out;
+    uint32_t page_tokens, pt_shift, tab;
+    uint64_t page_stride, token_stride, head_stride;
+    /* the step's: its first token in the block, its engine side (kern_batch_eng) */
+    uint32_t t0, rel0, slot0;
+    int32_t page0;
+    uint8_t *base;
+};
+
+/* The loaded fields of one piece: where it goes (NULL: nowhere), its scale word and codes. */
+struct kern_batch_fpiece {
+    uint8_t *to;
+    uint32_t s, e0; /* e0: the piece's first channel in its group (q4_1, q5_1) */
+    uint32_t v[4];
+};
+
+KERN_HD uint32_t kern_batch_log2_32(uint32_t x)
+{
+    if (x == 0 || (x & (x - 1)))
+        return 32;
+#ifdef __CUDA_ARCH__
+    return (uint32_t)__ffs((int)x) - 1;
+#else
+    return (uint32_t)__builtin_ctz(x);
+#endif
+}
+
+/* The fast form of a decode step's section, KERN_BATCH_FAST_NONE where the generic rounds
+ * must run it; with it, what the rounds need. */
+KERN_HD void kern_batch_fast_at(const struct kern_batch *b, const struct kern_batch_dstep *st,
+                                struct kern_batch_fast *f)
+{
+    const struct kern_layout *lay = &b->klay;
+    const uint32_t H = b->heads, D = b->head_dim;
+    f->form = KERN_BATCH_FAST_NONE;
+    if (!st->hs.ok || st->rbits || st->hs.rh || b->vec != 16 || D % 8)
+        return;
+    const uint32_t codec = kern_codec_as(st->hs.codec, st->at.k == 1 && !lay->k_only);
+    const uint32_t sa = kern_batch_dsa(st);
+    f->sect = st->src + st->hs.offset;
+    f->o = D / 8;
+    f->osh = kern_batch_log2_32(f->o);
+    f->bits = (uint32_t)kern_codec_bits(codec);
+    f->qo = 4;
+    f->gb = 0;
+    f->w0 = f->w1 = 1;
+    f->same = lay->dtype == b->out_dtype;
+    if (codec == KERN_CODEC_RAW) {
+        f->form = KERN_BATCH_FAST_RAW;
+        f->w1 = kern_batch_wd(sa | 2 * D, 16);
+    } else if (codec == KERN_CODEC_FP8) {
+        f->form = KERN_BATCH_FAST_FP8;
+        f->w0 = kern_batch_wd(sa, 4);
+        f->w1 = kern_batch_wd(sa | 4 * H | D, 8);
+    } else if (codec == KERN_CODEC_Q8_0) {
+        f->form = KERN_BATCH_FAST_Q8_0;
+        f->gb = 34;
+        f->w0 = kern_batch_wd(sa | f->gb, 2);
+        f->w1 = kern_batch_wd(sa | f->gb | 2, 8);
+    } else if (codec == KERN_CODEC_Q4_1 || codec == KERN_CODEC_Q5_1) {
+        f->form = KERN_BATCH_FAST_Q4_1;
+        f->qo = codec == KERN_CODEC_Q5_1 ? 8u : 4u;
+        f->gb = codec == KERN_CODEC_Q5_1 ? 24u : 20u;
+        f->w0 = kern_batch_wd(sa | f->gb, 4);
+        f->w1 = kern_batch_wd(sa | f->gb | f->qo, 8);
+    } else if (f->bits && st->at.k == 1 && !lay->k_only) {
+        f->form = KERN_BATCH_FAST_KIVI_V;
+        f->gb = kern_kivi_v_group_bytes((int)f->bits);
+        f->w0 = kern_batch_wd(sa | f->gb, 4);
+        f->w1 = kern_batch_wd(sa | f->gb | 4 | f->bits, f->bits);
+    }
+    f->heads = H;
+    f->head_dim = D;
+    f->items = b->items;
+    f->item_shift = b->item_shift;
+    f->nitems = b->items << b->rshift;
+    f->dtype = lay->dtype;
+    f->out = b->out_dtype;
+    f->page_tokens = b->page_tokens;
+    f->pt_shift = b->pt_shift;
+    f->tab = kern_batch_tab_word(b);
+    f->page_stride = b->page_stride;
+    f->token_stride = b->token_stride;
+    f->head_stride = b->head_stride;
+    f->t0 = st->at.t0;
+    f->rel0 = st->e.rel0;
+    f->slot0 = st->e.slot0;
+    f->page0 = st->e.page0;
+    f->base = st->e.base;
+}
+
+/* Loads item c of the step (one past the step's items, or a token without a page: a piece
+ * with no place). The engine's token as kern_batch_eng_tok finds it. */
+KERN_HD void kern_batch_fast_load(const struct kern_batch_fast *f, const uint64_t *w, uint32_t c,
+                                  struct kern_batch_fpiece *p)
+{
+    const uint32_t H = f->heads, D = f->head_dim, items = f->items;
+    p->to = 0;
+    if (c >= f->nitems)
+        return;
+    const uint32_t j = kern_batch_div(c, items, f->item_shift), cc = c - j * items;
+    uint32_t slot = f->slot0 + j;
+    int32_t page = f->page0;
+    if (slot >= f->page_tokens) { /* the step crosses into a later page */
+        const uint32_t rel = f->rel0 + j;
+        const uint32_t pg = kern_batch_div(rel, f->page_tokens, f->pt_shift);
+        slot = rel - pg * f->page_tokens;
+        memcpy(&page, (const uint8_t *)(w + f->tab) + 4ull * pg, 4);
+    }
+    if (page < 0)
+        return;
+    const uint32_t h = kern_batch_div(cc, f->o, f->osh), d0 = 8 * (cc - h * f->o);
+    const uint64_t th = (uint64_t)(f->t0 + j) * H + h;
+    p->to = f->base + (uint64_t)page * f->page_stride + (uint64_t)slot * f->token_stride +
+            (uint64_t)h * f->head_stride + 2ull * d0;
+    if (f->form == KERN_BATCH_FAST_RAW) {
+        kern_batch_ld(f->sect + 2 * (th * D + d0), 16, f->w1, p->v);
+        return;
+    }
+    if (f->form == KERN_BATCH_FAST_FP8) {
+        uint32_t s[4];
+        kern_batch_ld(f->sect + 4 * h, 4, f->w0, s);
+        p->s = s[0];
+        kern_batch_ld(f->sect + 4 * H + th * D + d0, 8, f->w1, p->v);
+        return;
+    }
+    /* token-major groups of 32 channels: the piece's 8 lie in group d0 / 32 */
+    const uint8_t *g = f->sect + (th * kern_ngroups(D) + d0 / KERN_GROUP) * f->gb;
+    const uint32_t e0 = d0 % KERN_GROUP;
+    uint32_t s[4];
+    p->e0 = e0;
+    if (f->form == KERN_BATCH_FAST_Q8_0) {
+        kern_batch_ld(g, 2, f->w0, s);
+        p->s = s[0];
+        kern_batch_ld(g + 2 + e0, 8, f->w1, p->v);
+    } else if (f->form == KERN_BATCH_FAST_Q4_1) {
+        kern_batch_ld(g, 4, f->w0, s);
+        p->s = s[0];
+        if (f->qo == 8) { /* q5_1: the high bits' word, kept in v[3] (8 bytes of codes) */
+            kern_batch_ld(g + 4, 4, f->w0, s);
+            kern_batch_ld(g + 8 + (e0 & 15), 8, f->w1, p->v);
+            p->v[3] = s[0];
+        } else {
+            kern_batch_ld(g + 4 + (e0 & 15), 8, f->w1, p->v);
+        }
+    } else {
+        kern_batch_ld(g, 4, f->w0, s);
+        p->s = s[0];
+        kern_batch_ld(g + 4 + e0 / 8 * f->bits, f->bits, f->w1, p->v);
+    }
+}
+
+/* Decodes a loaded piece (the reference's arithmetic, element by element, as
+ * kern_batch_dec8) and stores it as one 16-byte access. */
+KERN_HD void kern_batch_fast_put(const struct kern_batch_fast *f, const struct kern_batch_fpiece *p)
+{
+    if (!p->to)
+        return;
+    const uint32_t out = f->out;
+    uint32_t o[4];
+    uint16_t y[8];
+    if (f->form == KERN_BATCH_FAST_RAW && f->same) {
+        o[0] = p->v[0];
+        o[1] = p->v[1];
+        o[2] = p->v[2];
+        o[3] = p->v[3];
+    } else {
+        if (f->form == KERN_BATCH_FAST_RAW) {
+            KERN_UNROLL
+            for (uint32_t j = 0; j < 8; j++)
+                y[j] = kern_batch_cvt(kern_batch_e16(p->v, j), f->dtype, out);
+        } else if (f->form == KERN_BATCH_FAST_FP8) {
+            const float scale = kern_u2f(p->s);
+            KERN_UNROLL
+            for (uint32_t j = 0; j < 8; j++)
+                y[j] = kern_batch_out(
+                    KERN_MUL(kern_e4m3_dec((uint8_t)kern_batch_b8(p->v, j)), scale), out);
+        } else if (f->form == KERN_BATCH_FAST_Q8_0) {
+            const float d = kern_h2f((uint16_t)p->s);
+            KERN_UNROLL
+            for (uint32_t j = 0; j < 8; j++)
+                y[j] = kern_batch_out(KERN_MUL((float)(int8_t)kern_batch_b8(p->v, j), d), out);
+        } else if (f->form == KERN_BATCH_FAST_Q4_1) {
+            const float d = kern_h2f((uint16_t)p->s), m = kern_h2f((uint16_t)(p->s >> 16));
+            const uint32_t e0 = p->e0, qh = f->qo == 8 ? p->v[3] : 0;
+            KERN_UNROLL
+            for (uint32_t j = 0; j < 8; j++) {
+                const uint32_t e = e0 + j, qb = kern_batch_b8(p->v, j);
+                uint32_t q = e < 16 ? (qb & 0xfu) : (qb >> 4);
+                q |= ((qh >> e) & 1u) << 4;
+                y[j] = kern_batch_out(KERN_ADD(KERN_MUL((float)q, d), m), out);
+            }
+        } else {
+            const float d = kern_h2f((uint16_t)p->s), m = kern_h2f((uint16_t)(p->s >> 16));
+            const uint32_t bits = f->bits, c = p->v[0];
+            KERN_UNROLL
+            for (uint32_t j = 0; j < 8; j++)
+                y[j] = kern_batch_out(kern_kivi_val((c >> (bits * j)) & ((1u << bits) - 1), d, m),
+                                      out);
+        }
+        KERN_UNROLL
+        for (uint32_t j = 0; j < 4; j++)
+            o[j] = (uint32_t)y[2 * j] | (uint32_t)y[2 * j + 1] << 16;
+    }
+    kern_batch_v16 v;
+    memcpy(&v, o, 16);
+    KERN_BATCH_STORE(kern_batch_v16, p->to, v);
+}
+
+/* What a decode step knows before its rounds (kern_batch_decode_step): 0 when its block is not
+ * this batch's (a NULL block: the same for the whole warp). */
+KERN_HD int kern_batch_dstep_at(const struct kern_batch *b, const uint64_t *w, uint32_t s,
+                                uint32_t lane, struct kern_batch_dstep *st)
 {
     const struct kern_layout *lay = &b->klay;
     const uint32_t K = b->kinds, L = b->layers, D = b->head_dim;
-    struct kern_batch_dstep st;
-    kern_batch_step_at(b, s, &st.at);
-    st.src = kern_batch_ptr(w, K * L + st.at.bi);
-    if (!st.src)
-        return; /* a block this batch does not decode: the same for the whole warp */
-    const uint64_t src_len = w[K * L + b->nblocks + st.at.bi];
-    st.lg = b->layer_first + st.at.l;
+    kern_batch_step_at(b, s, &st->at);
+    st->src = kern_batch_ptr(w, K * L + st->at.bi);
+    if (!st->src)
+        return 0;
+    const uint64_t src_len = w[K * L + b->nblocks + st->at.bi];
+    st->lg = b->layer_first + st->at.l;
     struct kern_batch_src hs = {0, 0, 0, 0, 0};
     if (kern_batch_reader(lane))
-        kern_batch_src_at(lay, st.src, src_len, st.lg * K + st.at.k, &hs);
-    st.hs.ok = kern_batch_bcast(hs.ok);
-    st.hs.codec = kern_batch_bcast(hs.codec);
-    st.hs.offset = kern_batch_bcast(hs.offset);
-    st.hs.rh = kern_batch_bcast(hs.rh);
-    st.hs.rcnt = kern_batch_bcast(hs.rcnt);
-    kern_batch_eng_at(b, w, &st.at, &st.e);
-    st.rbits =
-        st.hs.ok ? (uint32_t)kern_rot_bits(kern_codec_as(st.hs.codec, st.at.k == 1 && !lay->k_only))
-                 : 0;
-    st.rseed = 0;
-    st.rscale = 0.0f;
-    st.rgroups = st.rmeans = 0;
-    if (st.rbits) {
-        const uint8_t *sect = st.src + st.hs.offset;
-        st.rseed = kern_batch_ld32(sect, kern_batch_dsa(&st)); /* kern_rot_get_seed */
-        st.rscale = kern_rot_scale(D);
-        st.rgroups = sect + kern_rot_groups_off(lay);
-        st.rmeans = kern_rot_means(sect);
+        kern_batch_src_at(lay, st->src, src_len, st->lg * K + st->at.k, &hs);
+    st->hs.ok = kern_batch_bcast(hs.ok);
+    st->hs.codec = kern_batch_bcast(hs.codec);
+    st->hs.offset = kern_batch_bcast(hs.offset);
+    st->hs.rh = kern_batch_bcast(hs.rh);
+    st->hs.rcnt = kern_batch_bcast(hs.rcnt);
+    kern_batch_eng_at(b, w, &st->at, &st->e);
+    st->rbits =
+        st->hs.ok
+            ? (uint32_t)kern_rot_bits(kern_codec_as(st->hs.codec, st->at.k == 1 && !lay->k_only))
+            : 0;
+    st->rseed = 0;
+    st->rscale = 0.0f;
+    st->rgroups = st->rmeans = 0;
+    if (st->rbits) {
+        const uint8_t *sect = st->src + st->hs.offset;
+        st->rseed = kern_batch_ld32(sect, kern_batch_dsa(st)); /* kern_rot_get_seed */
+        st->rscale = kern_rot_scale(D);
+        st->rgroups = sect + kern_rot_groups_off(lay);
+        st->rmeans = kern_rot_means(sect);
     }
+    return 1;
+}
+
+/* The generic rounds of a decode step (st from kern_batch_dstep_at): every piece through
+ * kern_batch_piece_dec, the lanes of a ROT key row exchanging its transform's stages. */
+KERN_HD void kern_batch_decode_generic(const struct kern_batch *b, const uint64_t *w,
+                                       const struct kern_batch_dstep *st, uint32_t lane)
+{
     /* lanes per ROT row, the partners of its cross-lane stages; 1: no exchange */
-    const uint32_t ro = st.rbits ? D / 8 : 1;
+    const uint32_t ro = st->rbits ? b->head_dim / 8 : 1;
     const uint32_t nit = b->items << b->rshift;
     struct kern_batch_piece p[KERN_BATCH_WARP_NL];
     for (uint32_t c0 = 0; c0 < nit; c0 += KERN_BATCH_LANES) {
         KERN_BATCH_FOR_LANES(i, l, lane)
-        kern_batch_piece_dec(b, w, &st, c0 + l, &p[i]);
+        kern_batch_piece_dec(b, w, st, c0 + l, &p[i]);
         for (uint32_t m = 1; m < ro; m <<= 1) {
             float q[KERN_BATCH_WARP_NL][8];
             kern_batch_rot_xor(p, m, q);
@@ -1109,7 +1353,44 @@ KERN_HD void kern_batch_decode_step(const struct kern_batch *b, const uint64_t *
             kern_batch_rot_pair(p[i].x, q[i], l & m);
         }
         KERN_BATCH_FOR_LANES(i, l, lane)
-        kern_batch_piece_put(b, &st, &p[i]);
+        kern_batch_piece_put(b, st, &p[i]);
+    }
+}
+
+/* Step s of a decode batch: tokens [t0, t0 + R) of (block, layer, kind), every head, into the
+ * engine; the step's R * items pieces of 8 elements of a head row are spread over the lanes,
+ * a round of 32 at a time. The block's header and section are read once per step (lane 0 on
+ * the device, handed to the warp). A block that is not an encoded block of the layout (or
+ * whose section lies outside its length) decodes to zeros; a NULL block is not this batch's
+ * and is left alone, as is a token without a page. On the device every lane of the warp
+ * calls it with its lane (the ROT exchange needs all 32); the emulation calls it once per
+ * step with lane 0 and runs the 32 lanes inside, phase by phase. A section of a fast form
+ * takes the fast rounds, two pieces per lane loaded before either is decoded and stored; any
+ * other the generic rounds. */
+KERN_HD void kern_batch_decode_step(const struct kern_batch *b, const uint64_t *w, uint32_t s,
+                                    uint32_t lane)
+{
+    struct kern_batch_dstep st;
+    struct kern_batch_fast f;
+    if (!kern_batch_dstep_at(b, w, s, lane, &st))
+        return;
+    kern_batch_fast_at(b, &st, &f);
+    if (f.form == KERN_BATCH_FAST_NONE) {
+        kern_batch_decode_generic(b, w, &st, lane);
+        return;
+    }
+    for (uint32_t c0 = 0; c0 < f.nitems; c0 += 2 * KERN_BATCH_LANES) {
+        struct kern_batch_fpiece q[2][KERN_BATCH_WARP_NL];
+        KERN_BATCH_FOR_LANES(i, l, lane)
+        {
+            kern_batch_fast_load(&f, w, c0 + l, &q[0][i]);
+            kern_batch_fast_load(&f, w, c0 + KERN_BATCH_LANES + l, &q[1][i]);
+        }
+        KERN_BATCH_FOR_LANES(i, l, lane)
+        {
+            kern_batch_fast_put(&f, &q[0][i]);
+            kern_batch_fast_put(&f, &q[1][i]);
+        }
     }
 }
 
