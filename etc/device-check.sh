@@ -8,7 +8,9 @@
 # Stages, each under a deadline, the whole within 6 minutes (KVC_DEVICE_CHECK_SECONDS, 350):
 #   suites     the GPU suites (tests/run-checks.sh over the bundle); where a GPU is present,
 #              a GPU case that skips is a failure
-#   benches    bench_gpu, bench_kernels, bench_host
+#   benches    bench_gpu, bench_kernels, bench_host; then bench_kernels' GPU decode rows with
+#              the decode kernel built for 3 and 2 resident blocks (KVC_DECODE_MINB) beside
+#              the default's 4
 #   python     the Python package built on the host for its own Python and PyTorch (cc, the
 #              interpreter's headers, the bundle's libkvc.a): python/tests/test_cuda_device.py
 #              and the engine's CUDA case (test_engine.py), then bench_python.py's rows (its
@@ -127,6 +129,22 @@ for b in gpu:60 kernels:60 host:120; do
     say "bench_$name: rc $rc, $(($(date +%s) - t0)) s"
     [ "$rc" -eq 0 ] || fail "bench_$name: rc $rc ($(tail -n 2 "$out/bench.txt" | tr '\n' ' '))"
 done
+
+# The decode kernel's register cap against its occupancy (kern_pack.cu, KVC_DECODE_MINB): the
+# GPU decode rows again with the kernel built for 3 and 2 resident blocks per multiprocessor
+# (the default is 4), beside the rows above; the CPU rows in smoke time. Informational.
+if [ "$gpu" -eq 1 ]; then
+    ktmp=$(mktemp -d /tmp/kvcd-devk.XXXXXX)
+    for m in 3 2; do
+        echo "==== bench_kernels, decode kernel at $m blocks per SM (KVC_DECODE_MINB=$m)" >>"$out/bench.txt"
+        KVC_DECODE_MINB=$m KVC_BENCH_SMOKE=1 stage 40 "$bundle/bench/bench_kernels" \
+            "$ktmp/k$m.json" >"$ktmp/k$m.txt" 2>&1
+        rc=$?
+        grep -E '^gpu/.*/decode' "$ktmp/k$m.txt" >>"$out/bench.txt"
+        say "bench_kernels decode at minb $m: rc $rc; $(grep -E '^gpu/q8_0/decode_paged' "$ktmp/k$m.txt" | sed 's/  */ /g')"
+    done
+    rm -rf "$ktmp"
+fi
 
 if [ "$gpu" -eq 1 ] && grep -qE '^SKIP: bench_(gpu|kernels).*(no CUDA device|no device)' \
     "$out/bench.txt"; then
