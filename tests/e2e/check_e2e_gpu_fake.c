@@ -1027,42 +1027,56 @@ END_TEST
 #define GF_LONG 160
 #define GF_LONG_WAIT_MS 300 /* disk.put_wait of the bounded case */
 
-/* The keys of the long prefix (tokens 500000, 500001, ...). */
-static int gf_long_client(bool pool, kvc_client **c, kvc_ns **ns, struct kvc_key *keys)
+/* A prefix of n blocks (at most GF_LONG) of tokens base, base + 1, ...; zeros: the long
+ * prefix (GF_LONG blocks from token 500000). */
+struct gf_prefix {
+    uint32_t base, n;
+};
+
+static struct gf_prefix gf_prefix_of(const struct gf_prefix *p)
+{
+    return (struct gf_prefix){.base = p && p->base ? p->base : 500000,
+                              .n = p && p->n ? p->n : GF_LONG};
+}
+
+/* A client process (the driver started here) and the keys of prefix p. */
+static int gf_long_client(bool pool, struct gf_prefix p, kvc_client **c, kvc_ns **ns,
+                          struct kvc_key *keys)
 {
     static uint32_t tokens[GF_LONG * GE_BT];
     struct kvc_layout lay = ge_layout();
     fake_dev_reset(2);
     fake_dev_current_set(0);
     kvci_gpu_ops_set(&fake_dev_ops);
-    for (uint32_t i = 0; i < GF_LONG * GE_BT; i++)
-        tokens[i] = 500000 + i;
+    for (uint32_t i = 0; i < p.n * GE_BT; i++)
+        tokens[i] = p.base + i;
     if (kvc_connect(gf.d.sock, c) || kvc_ns_open(*c, &lay, ns) ||
-        kvc_keys_from_tokens(*ns, NULL, tokens, GF_LONG * GE_BT, NULL, 0, keys, GF_LONG) != GF_LONG)
+        kvc_keys_from_tokens(*ns, NULL, tokens, p.n * GE_BT, NULL, 0, keys, p.n) != (int)p.n)
         return -1;
     return pool && kvc_gpu_attach(*c) != 1 ? -1 : 0;
 }
 
-/* Child: a pool-mapped client puts the long prefix into the pool. */
+/* Child: a pool-mapped client puts a prefix (arg: a gf_prefix, NULL: the long one) into
+ * the pool. */
 static int gf_long_put(void *arg)
 {
+    struct gf_prefix p = gf_prefix_of(arg);
     kvc_client *c;
     kvc_ns *ns;
     kvc_resv *r;
     static struct kvc_key keys[GF_LONG];
-    (void)arg;
-    if (gf_long_client(true, &c, &ns, keys))
+    if (gf_long_client(true, p, &c, &ns, keys))
         return 130;
     size_t bb = kvc_ns_block_bytes(ns);
     uint8_t *src = malloc(bb);
-    if (!src || kvc_reserve_gpu(ns, NULL, keys, GF_LONG, &r) != GF_LONG)
+    if (!src || kvc_reserve_gpu(ns, NULL, keys, p.n, &r) != (int)p.n)
         return 131;
-    for (size_t i = 0; i < GF_LONG; i++) {
+    for (size_t i = 0; i < p.n; i++) {
         daemon_block_fill(&keys[i], src, bb);
         if (kvc_resv_write(r, i, src, bb))
             return 132;
     }
-    if (kvc_commit(r, SIZE_MAX) != GF_LONG)
+    if (kvc_commit(r, SIZE_MAX) != (int)p.n)
         return 133;
     free(src);
     kvc_disconnect(c);
@@ -1073,6 +1087,7 @@ static int gf_long_put(void *arg)
  * checks every hit's bytes in its host arena. Exits 0 with `want` hits, the lookup call
  * taking least_ms..most_ms where they are set (a lookup that must have waited, bounded). */
 struct gf_long_look {
+    struct gf_prefix p; /* zeros: the long prefix */
     unsigned flags;
     int want;
     int least_ms, most_ms; /* the lookup call's time (0: not checked) */
@@ -1081,19 +1096,20 @@ struct gf_long_look {
 static int gf_long_load(void *arg)
 {
     const struct gf_long_look *lk = arg;
+    struct gf_prefix p = gf_prefix_of(&lk->p);
     kvc_client *c;
     kvc_ns *ns;
     kvc_lease *l = NULL;
     static struct kvc_key keys[GF_LONG];
     struct timespec t0, t1;
-    if (gf_long_client(false, &c, &ns, keys))
+    if (gf_long_client(false, p, &c, &ns, keys))
         return 140;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    int hits = kvc_lookup(ns, keys, GF_LONG, lk->flags, &l);
+    int hits = kvc_lookup(ns, keys, p.n, lk->flags, &l);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     long ms = (t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000;
     if (hits != lk->want) {
-        fprintf(stderr, "gf_long_load: %d hits of %d, %d wanted\n", hits, GF_LONG, lk->want);
+        fprintf(stderr, "gf_long_load: %d hits of %u, %d wanted\n", hits, p.n, lk->want);
         return 141;
     }
     if ((lk->least_ms && ms < lk->least_ms) || (lk->most_ms && ms > lk->most_ms)) {
@@ -1150,6 +1166,48 @@ START_TEST(test_host_lookup_waits_for_pool_moves)
     ck_assert_uint_eq(t->hit_blocks - before.hit_blocks, GF_LONG);
     ck_assert_uint_le(t->lookup_index_finds - before.lookup_index_finds, GF_LONG);
     ck_assert_uint_eq(t->put_waits - before.put_waits, 1); /* it waited, once */
+    ck_assert_uint_eq(gf.ip.s->pins_now, 0);
+    ck_assert_int_eq(fake_dev_last_error(), 0);
+}
+END_TEST
+
+/* Child: two clients without the pool flag at once, each looking up a pool-only prefix of
+ * its own of GF_SHARE blocks (arg: two gf_long_look), both past the pool's moves in flight. */
+#define GF_SHARE 100
+
+static int gf_two_loads(void *arg)
+{
+    struct gf_long_look *lk = arg;
+    pid_t a = daemon_child_spawn(gf_long_load, &lk[0]);
+    pid_t b = daemon_child_spawn(gf_long_load, &lk[1]);
+    int ra = daemon_child_wait(a, daemon_ms(30000), NULL);
+    int rb = daemon_child_wait(b, daemon_ms(30000), NULL);
+    if (ra || rb) {
+        fprintf(stderr, "gf_two_loads: %d, %d\n", ra, rb);
+        return 150;
+    }
+    return 0;
+}
+
+/* Two clients whose lookups both need more moves than the pool has slots take them in turn:
+ * each waits while the other's copies hold the slots and gets its whole prefix, the put's
+ * bytes; nothing is left pinned or in the pool. */
+START_TEST(test_host_lookups_share_pool_moves)
+{
+    struct gf_prefix pa = {.base = 600000, .n = GF_SHARE}, pb = {.base = 800000, .n = GF_SHARE};
+    struct gf_long_look lk[2] = {{.p = pa, .want = GF_SHARE}, {.p = pb, .want = GF_SHARE}};
+    ck_assert_int_eq(gf_run(gf_long_put, &pa), 0);
+    ck_assert_int_eq(gf_run(gf_long_put, &pb), 0);
+    ck_assert_uint_eq(store_gpu_used(gf.ip.s),
+                      2 * GF_SHARE * store_ns_get(gf.ip.s, 1)->block_bytes);
+    struct stats before = gf.ip.s->total;
+    ck_assert_int_eq(gf_run(gf_two_loads, lk), 0);
+    const struct stats *t = &gf.ip.s->total;
+    ck_assert_uint_eq(t->gpu_demoted_blocks - before.gpu_demoted_blocks, 2 * GF_SHARE);
+    ck_assert_uint_eq(t->lookups - before.lookups, 2);
+    ck_assert_uint_eq(t->hit_blocks - before.hit_blocks, 2 * GF_SHARE);
+    ck_assert_uint_ge(t->put_waits - before.put_waits, 1);
+    ck_assert_uint_eq(store_gpu_used(gf.ip.s), 0);
     ck_assert_uint_eq(gf.ip.s->pins_now, 0);
     ck_assert_int_eq(fake_dev_last_error(), 0);
 }
@@ -1239,6 +1297,7 @@ int main(void)
     tcase_add_test(tp, test_pool_bounded_ops_strided);
     TCase *tl = gf_case(s, "host-lookup-long", gf_long_setup, gf_teardown);
     tcase_add_test(tl, test_host_lookup_waits_for_pool_moves);
+    tcase_add_test(tl, test_host_lookups_share_pool_moves);
     TCase *tw = gf_case(s, "host-lookup-wait", gf_long_bounded_setup, gf_teardown);
     tcase_add_test(tw, test_host_lookup_pool_wait_bounded);
     fflush(stdout);
