@@ -5,9 +5,10 @@
  *
  * DESIGN
  * Loop thread only. A handler returns its reply's length or -errno, or SERVER_DEFERRED
- * when the reply waits (a WAIT on reads in flight, a RESERVE waiting for room: they sit on
- * the server's waits or pending list, answered from the tick or server_retry). The per-client
- * counters are the store's counters' delta over the request (server_stats_delta).
+ * when the reply waits (a WAIT on reads in flight, a RESERVE waiting for room, a LOOKUP
+ * waiting for room or for the GPU pool's move slots: they sit on the server's waits or
+ * pending list, answered from the tick or server_retry). The per-client counters are the
+ * store's counters' delta over the request (server_stats_delta).
  */
 #include <errno.h>
 #include <fcntl.h>
