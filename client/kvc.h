@@ -245,12 +245,16 @@ KVC_API int kvc_keys_from_tokens(const kvc_ns *ns, const struct kvc_key *parent,
 
 /* ---- reading ------------------------------------------------------------------------ */
 
-/* kvc_lookup flags. Blocks on disk are read back into memory by the daemon; by default
- * kvc_lookup waits for those reads, so every hit it returns is readable. */
+/* kvc_lookup flags. Blocks on disk are read back into memory by the daemon, and for a
+ * client that did not ask for GPU hits, blocks in the GPU pool are copied into its host
+ * arena; by default kvc_lookup waits for those reads and copies (and the daemon for room to
+ * start them, up to disk.put_wait), so every hit it returns is readable. */
 #define KVC_LOOKUP_READY_ONLY                                                                      \
     0x1u                       /* hits stop at the first block not in memory now (the
                                       reads of the blocks after it still start) */
 #define KVC_LOOKUP_NOWAIT 0x2u /* return hits still being read: see kvc_lease_ready() */
+/* With KVC_LOOKUP_READY_ONLY or KVC_LOOKUP_NOWAIT the daemon answers at once: it waits
+ * neither for room to read into nor for the pool's copy slots, so the hits may be fewer. */
 
 /* Finds the longest cached prefix of keys[0..n) and pins those blocks for this client.
  * Returns the number of hits (0..n). When it is above zero, *out is a lease that must be

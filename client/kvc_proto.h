@@ -232,11 +232,15 @@ struct kvc_wire_loc {
  * WAIT for it. With KVC_LOOKUP_F_READY_ONLY the hits stop at the first block not in memory
  * now (reads of the blocks after it still start, so a later lookup finds them ready); a
  * window's or a state's span is then the one in memory now. KVC_LOOKUP_F_LOCAL: no read from
- * the remote tier (libkvc's last try of a span whose reads failed). */
+ * the remote tier (libkvc's last try of a span whose reads failed). The daemon may hold a
+ * LOOKUP (up to disk.put_wait) for room to read into or for the pool's copies to a client
+ * that cannot read it; with KVC_LOOKUP_F_READY_ONLY or KVC_LOOKUP_F_NOWAIT it answers at
+ * once with what there is. */
 #define KVC_LOOKUP_F_READY_ONLY 0x1u
-#define KVC_LOOKUP_F_GPU 0x2u   /* hits may be GPU locations (the client mapped the pool) */
-#define KVC_LOOKUP_F_LOCAL 0x4u /* the local tiers only */
-#define KVC_RESERVE_F_GPU 0x1u  /* RESERVE: slots may be GPU locations */
+#define KVC_LOOKUP_F_GPU 0x2u    /* hits may be GPU locations (the client mapped the pool) */
+#define KVC_LOOKUP_F_LOCAL 0x4u  /* the local tiers only */
+#define KVC_LOOKUP_F_NOWAIT 0x8u /* answer at once (libkvc's KVC_LOOKUP_NOWAIT) */
+#define KVC_RESERVE_F_GPU 0x1u   /* RESERVE: slots may be GPU locations */
 struct kvc_lookup_req {
     uint32_t ns_id;
     uint32_t flags;

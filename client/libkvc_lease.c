@@ -167,6 +167,8 @@ again:
         q->nkeys = chunk;
         q->base = window ? (uint32_t)at : 0;
         q->flags = (flags & KVC_LOOKUP_READY_ONLY) ? KVC_LOOKUP_F_READY_ONLY : 0;
+        if (flags & KVC_LOOKUP_NOWAIT) /* the daemon holds the answer for nothing either */
+            q->flags |= KVC_LOOKUP_F_NOWAIT;
         if ((flags & KVC_LOOKUP_GPU) && c->gpu_base) /* else host locations only */
             q->flags |= KVC_LOOKUP_F_GPU;
         q->flags |= local;

@@ -153,7 +153,9 @@
       "Bytes per second written to disk at most (spares the drive); 0: unbounded.")                \
     X(disk, put_wait, DURATION, "2s", 0, 60000, 1, NULL,                                           \
       "How long a put that finds memory full of blocks still being written to disk waits for "     \
-      "room before it is refused (NOSPACE); 0: refused at once.")                                  \
+      "room before it is refused (NOSPACE), and a lookup for that room or for the GPU pool's "     \
+      "copies to a client without the pool before it is answered with what there is; 0: at "       \
+      "once.")                                                                                     \
     X(disk, admit_hits, INT, "0", 0, 1000000, 1, NULL,                                             \
       "Hits a block needs before leaving memory for disk instead of being dropped "                \
       "(docs/disk.md).")                                                                           \

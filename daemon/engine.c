@@ -886,6 +886,7 @@ static int engine_lookup_keys(struct store *s, struct store_owner *o, uint32_t n
     struct store_lookup_blocks lb;    /* each key found once, handed to every step below */
     uint32_t run, hits = 0;
     uint64_t finds0 = s->ix.finds;
+    bool moves_full = false; /* stopped at a pool block: the pool's moves all in flight */
     *lease_id = 0;
     if (!store_ns_get(s, ns_id))
         return -ENOENT;
@@ -906,9 +907,13 @@ static int engine_lookup_keys(struct store *s, struct store_owner *o, uint32_t n
         /* A client that cannot read the pool gets the block in its host arena (not ready
          * until its copy lands), or a miss if it is pinned there; one that can gets it
          * promoted while the pool has room (meanwhile it reads the host slot). */
-        if (s->gpu && s->ix.blocks[idx].tier == KVC_WIRE_TIER_GPU && !o->gpu &&
-            engine_gpu_move(s, idx, false, now))
-            break;
+        if (s->gpu && s->ix.blocks[idx].tier == KVC_WIRE_TIER_GPU && !o->gpu) {
+            int mrc = engine_gpu_move(s, idx, false, now);
+            if (mrc) {
+                moves_full = mrc == -EAGAIN;
+                break;
+            }
+        }
         tier[hits] = fetched && fetched[hits] ? 0 : s->ix.blocks[idx].tier;
         if (s->gpu && s->ix.blocks[idx].tier == KVC_WIRE_TIER_HOST && o->gpu)
             (void)engine_gpu_move(s, idx, true, now);
@@ -925,6 +930,11 @@ static int engine_lookup_keys(struct store *s, struct store_owner *o, uint32_t n
     /* Cut short for room, and the caller waits for it and asks again: nothing is pinned or
      * counted for this try, so the lookup counts once, as answered. */
     if ((flags & ENGINE_LOOKUP_F_DEFER) && o->lookup_short)
+        return -EAGAIN;
+    /* Cut short at the pool's bound of moves in flight, and the caller waits for them to
+     * land (each landing frees a slot and asks again), so the whole prefix comes to the host
+     * arena a bounded batch at a time: the same, nothing pinned or counted for this try. */
+    if ((flags & ENGINE_LOOKUP_F_DEFER_MOVES) && moves_full && engine_gpu_landing(s))
         return -EAGAIN;
     /* Past the local run, the remote tier: reads into fresh slots, not ready until they
      * land (engine_remote.h). */

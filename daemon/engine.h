@@ -69,9 +69,14 @@ void engine_stop(struct store *s);
  * into one (their locs lack KVC_LOC_F_READY); READY_ONLY stops the hits at the first such
  * block. With ENGINE_LOOKUP_F_DEFER (the caller waits for room rather than answer a lookup
  * cut short for lack of it): a lookup cut short so returns -EAGAIN before anything is pinned
- * or counted (the reads it started go on), and is asked again later. Returns hits, or
- * -ENOENT (ns), -EMFILE (too many handles), -ENOMEM, -EAGAIN (ENGINE_LOOKUP_F_DEFER). */
+ * or counted (the reads it started go on), and is asked again later. With
+ * ENGINE_LOOKUP_F_DEFER_MOVES the same for a lookup of a client that cannot read the pool cut
+ * short because the pool's moves are all in flight (engine_gpu_move's -EAGAIN) while copies
+ * are on their way to free them (engine_gpu_landing): the moves it started go on, and a
+ * later try starts the next ones as slots free. Returns hits, or -ENOENT (ns), -EMFILE (too
+ * many handles), -ENOMEM, -EAGAIN (ENGINE_LOOKUP_F_DEFER, ENGINE_LOOKUP_F_DEFER_MOVES). */
 #define ENGINE_LOOKUP_F_DEFER 0x80000000u
+#define ENGINE_LOOKUP_F_DEFER_MOVES 0x20000000u
 int engine_lookup(struct store *s, struct store_owner *o, uint32_t ns_id,
                   const struct kvc_wire_key *keys, uint32_t n, uint64_t now, uint64_t *lease_id,
                   struct kvc_wire_loc *locs);

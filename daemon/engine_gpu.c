@@ -264,6 +264,11 @@ int engine_gpu_move(struct store *s, uint32_t idx, bool to_gpu, uint64_t now)
     return rc;
 }
 
+bool engine_gpu_landing(const struct store *s)
+{
+    return s->gpu && tier_gpu_inflight(s->gpu) > 0;
+}
+
 int engine_gpu_demote(struct store *s, uint64_t now)
 {
     struct tier *g = s->gpu;

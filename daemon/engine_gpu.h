@@ -31,7 +31,9 @@
  * host page is lost under a copy (engine_arena_fault marks it LOST) is treated the same way:
  * a demotion goes back to the pool, a promotion is dropped (its source is gone).
  * At most ENGINE_GPU_INFLIGHT moves are in flight; beyond, lookups serve blocks where they
- * are and the trim waits for the next round. engine_gpu_stop waits for the copies in flight
+ * are (a client that cannot read the pool is answered the prefix up to there, or its lookup
+ * waits for moves to land, ENGINE_LOOKUP_F_DEFER_MOVES, and starts the next ones as slots
+ * free) and the trim waits for the next round. engine_gpu_stop waits for the copies in flight
  * (the one wait on the loop thread, at shutdown) and settles every move before the arenas
  * they touch go. Owned by the loop thread.
  */
@@ -56,6 +58,11 @@ int engine_gpu_alloc(struct store *s, uint64_t len, struct tier_loc *loc);
  * (ENGINE_GPU_INFLIGHT moves in flight), -ENOSPC (no room on the other side), -errno; the
  * block is unchanged on failure. */
 int engine_gpu_move(struct store *s, uint32_t idx, bool to_gpu, uint64_t now);
+
+/* Whether copies between the pool and the host arenas are in flight: their landing frees
+ * move slots and runs the loop's handler of engine_gpu_fd (where waiting requests are asked
+ * again). false without a pool. */
+bool engine_gpu_landing(const struct store *s);
 
 /* Demotes the pool's blocks in policy order towards the low watermark (counting the bytes
  * of demotions in flight as gone). A block that cannot start moving is evicted if it is a

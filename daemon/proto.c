@@ -155,7 +155,8 @@ static int proto_check_body(uint32_t op, const void *body, const char **why)
     case KVC_OP_LOOKUP: {
         const struct kvc_lookup_req *q = body;
         /* base is the namespace's to judge (server: KV_WINDOW namespaces only) */
-        if (q->flags & ~(KVC_LOOKUP_F_READY_ONLY | KVC_LOOKUP_F_GPU | KVC_LOOKUP_F_LOCAL))
+        if (q->flags & ~(KVC_LOOKUP_F_READY_ONLY | KVC_LOOKUP_F_GPU | KVC_LOOKUP_F_LOCAL |
+                         KVC_LOOKUP_F_NOWAIT))
             goto reserved;
         break;
     }

@@ -5,9 +5,10 @@
  *
  * DESIGN
  * Loop thread only. A handler returns its reply's length or -errno, or SERVER_DEFERRED
- * when the reply waits (a WAIT on reads in flight, a RESERVE waiting for room: they sit on
- * the server's waits or pending list, answered from the tick or server_retry). The per-client
- * counters are the store's counters' delta over the request (server_stats_delta).
+ * when the reply waits (a WAIT on reads in flight, a RESERVE waiting for room, a LOOKUP
+ * waiting for room or for the GPU pool's move slots: they sit on the server's waits or
+ * pending list, answered from the tick or server_retry). The per-client counters are the
+ * store's counters' delta over the request (server_stats_delta).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -182,6 +183,7 @@ static int server_ns_allowed(const struct server *sv, const struct conn *c, uint
 }
 
 static bool server_may_wait(struct server *sv, const struct conn *c, uint32_t ns_id, uint64_t now);
+static bool server_wait_left(const struct server *sv, const struct conn *c, uint64_t now);
 
 /* 0 when this connection opened namespace ns_id (NS_OPEN), else -ENOENT: a client names only
  * namespaces it opened, so an id that was dropped and reused never reaches the old one's
@@ -263,16 +265,22 @@ static int server_on_lookup(struct server *sv, struct conn *c, const struct prot
             sv->store->total.refused_quota++;
     }
     /* Cut short because memory had no room for its reads from disk while blocks are being
-     * written out: it waits for that room like a put (the reads it started go on). The engine
-     * then pins and counts nothing: a lookup's hits are counted once, when it is answered. */
-    bool defer =
-        may_wait && !(q->flags & KVC_LOOKUP_F_READY_ONLY) && server_may_wait(sv, c, q->ns_id, now);
+     * written out: it waits for that room like a put (the reads it started go on). Cut short
+     * at the pool's bound of moves in flight (a client that cannot read the pool): it waits
+     * for them to land, each landing asking again, so it is answered the whole prefix. Both
+     * within disk.put_wait, one waiting request per connection; the engine then pins and
+     * counts nothing: a lookup's hits are counted once, when it is answered. A lookup that
+     * asked not to wait (READY_ONLY, NOWAIT) never does. */
+    bool wait_ok = may_wait && !(q->flags & (KVC_LOOKUP_F_READY_ONLY | KVC_LOOKUP_F_NOWAIT));
+    bool defer = wait_ok && server_may_wait(sv, c, q->ns_id, now);
+    bool defer_moves = wait_ok && !c->owner.gpu && sv->store->gpu && server_wait_left(sv, c, now);
     c->owner.lookup_short = false;
     uint32_t first = 0;
     int hits = engine_lookup_kind(sv->store, &c->owner, q->ns_id, r->tail, n, q->base,
-                                  q->flags | (defer ? ENGINE_LOOKUP_F_DEFER : 0), now, &lease,
-                                  &first, (struct kvc_wire_loc *)(p + 1));
-    if (hits == -EAGAIN && defer)
+                                  q->flags | (defer ? ENGINE_LOOKUP_F_DEFER : 0) |
+                                      (defer_moves ? ENGINE_LOOKUP_F_DEFER_MOVES : 0),
+                                  now, &lease, &first, (struct kvc_wire_loc *)(p + 1));
+    if (hits == -EAGAIN && (defer || defer_moves))
         return SERVER_DEFERRED;
     if (hits < 0)
         return server_store_rc(sv, c, hits);
@@ -468,16 +476,20 @@ static bool server_reserve_may_wait(struct server *sv, const struct conn *c, uin
     return server_may_wait(sv, c, ns_id, now);
 }
 
+/* Whether a request of c may wait (again): disk.put_wait is set and has not run out for it. */
+static bool server_wait_left(const struct server *sv, const struct conn *c, uint64_t now)
+{
+    if (!sv->cfg || !sv->cfg->disk_put_wait)
+        return false;
+    return !(sv->retrying && sv->retrying->c == c && now >= sv->retrying->deadline_ms);
+}
+
 /* Whether a request of c that found no room in ns_id's arena may wait for it: disk.put_wait
  * has not run out for it, and the disk tier is making room there. */
 static bool server_may_wait(struct server *sv, const struct conn *c, uint32_t ns_id, uint64_t now)
 {
     const struct store_ns *ns = store_ns_get(sv->store, ns_id);
-    if (!ns || !sv->cfg || !sv->cfg->disk_put_wait)
-        return false;
-    if (sv->retrying && sv->retrying->c == c && now >= sv->retrying->deadline_ms)
-        return false; /* waited long enough */
-    return engine_room_coming(sv->store, ns->arena);
+    return ns && server_wait_left(sv, c, now) && engine_room_coming(sv->store, ns->arena);
 }
 
 /* The end of reservation id on this connection: forgets its deadline. For an id the store no

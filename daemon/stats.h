@@ -81,7 +81,7 @@
     X(demoted_blocks, "blocks written to disk (once per content: a clean block is not again)")     \
     X(demoted_clean, "blocks whose memory went while their clean copy stayed on disk (no write)")  \
     X(demote_dropped, "blocks dropped from memory without a disk write (admission, disk down)")    \
-    X(put_waits, "RESERVEs that waited for the disk tier to write blocks out (disk.put_wait)")     \
+    X(put_waits, "RESERVEs and LOOKUPs that waited for room or pool moves (disk.put_wait)")        \
     X(put_wait_timeouts, "of those, answered NOSPACE: no room within disk.put_wait")               \
     X(promoted_blocks, "blocks read back from disk into memory")                                   \
     X(disk_evicted_blocks, "blocks evicted from disk to make room")                                \

@@ -125,8 +125,9 @@ class Namespace:
                gpu: bool = False) -> Lease:
         """Pins the longest cached prefix of ``keys``; ``len(lease)`` is the number of hits
         (0: an empty lease). ready_only: stop at the first block not in memory now (the
-        reads of the rest still start); nowait: return hits still being read from disk too
-        (Lease.ready() counts the leading ones in memory, Lease.wait() waits); gpu: hits may
+        reads of the rest still start); nowait: return at once, with hits still being read
+        from disk too (Lease.ready() counts the leading ones in memory, Lease.wait() waits;
+        the daemon does not wait for room or the pool's copy slots either); gpu: hits may
         be in the daemon's GPU pool (device memory: no view; copy_into or scatter). Error
         EINVAL (a key repeated), EDQUOT, EMFILE, EPIPE."""
     def hint(self, keys: Sequence[bytes], scores: Sequence[float],

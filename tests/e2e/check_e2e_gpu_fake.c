@@ -15,10 +15,12 @@
  */
 #include <check.h>
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "client/kvc.h"
@@ -51,16 +53,19 @@ struct gf_server {
 
 static struct gf_server gf;
 
-/* What kvcd's main does with the pool's descriptor: its copies completed on the loop. */
+/* What kvcd's main does with the pool's descriptor: its copies completed on the loop, then
+ * the requests that wait for them (a lookup held for the pool's move slots) asked again. */
 static void gf_on_gpu(struct loop *l, int fd, uint32_t events, void *arg)
 {
     struct gf_server *x = arg;
     (void)fd;
     (void)events;
     engine_gpu_poll(x->ip.s, loop_now_ms(l));
+    server_retry(x->ip.sv, loop_now_ms(l));
 }
 
-static void gf_setup(void)
+/* The server over a pool of gpu_size bytes, disk.put_wait = put_wait_ms (-1: its default). */
+static void gf_setup_with(uint64_t gpu_size, int put_wait_ms)
 {
     struct store_params sp = {.host_size = 16 << 20,
                               .host_page_size = 64 << 10,
@@ -69,17 +74,26 @@ static void gf_setup(void)
                               .max_namespaces = 8,
                               .max_handles = 64,
                               .policy = POLICY_LRU,
-                              .gpu_size = 4 << 20,
+                              .gpu_size = gpu_size,
                               .gpu_device = 0,
                               .gpu_page_size = 64 << 10,
                               .gpu_ops = &fake_dev_ops};
+    struct config *cfg = config_new();
     memset(&gf, 0, sizeof(gf));
     log_setup(LOG_LEVEL_WARNING, 1000);
     ck_assert_int_eq(daemon_dir_init(&gf.d), 0);
     fake_dev_reset(2);
-    inproc_start(&gf.ip, config_new(), &sp, gf.d.sock, 0600, 16);
+    ck_assert_ptr_nonnull(cfg);
+    if (put_wait_ms >= 0)
+        cfg->disk_put_wait = (uint64_t)put_wait_ms;
+    inproc_start(&gf.ip, cfg, &sp, gf.d.sock, 0600, 16);
     ck_assert_ptr_nonnull(gf.ip.s->gpu);
     ck_assert_int_eq(loop_add(gf.ip.l, engine_gpu_fd(gf.ip.s), EPOLLIN, gf_on_gpu, &gf), 0);
+}
+
+static void gf_setup(void)
+{
+    gf_setup_with(4 << 20, -1);
 }
 
 static void gf_teardown(void)
@@ -1006,6 +1020,254 @@ START_TEST(test_pool_bounded_ops_strided)
 }
 END_TEST
 
+/* ---- a prefix longer than the pool's moves in flight, for a client without the pool ---- */
+
+/* GF_LONG blocks, past ENGINE_GPU_INFLIGHT and TIER_GPU_MAX_INFLIGHT (64): 5 MiB of 32 KiB
+ * blocks in an 8 MiB pool (under its high watermark, so every put lands there). */
+#define GF_LONG 160
+#define GF_LONG_WAIT_MS 300 /* disk.put_wait of the bounded case */
+
+/* A prefix of n blocks (at most GF_LONG) of tokens base, base + 1, ...; zeros: the long
+ * prefix (GF_LONG blocks from token 500000). */
+struct gf_prefix {
+    uint32_t base, n;
+};
+
+static struct gf_prefix gf_prefix_of(const struct gf_prefix *p)
+{
+    return (struct gf_prefix){.base = p && p->base ? p->base : 500000,
+                              .n = p && p->n ? p->n : GF_LONG};
+}
+
+/* A client process (the driver started here) and the keys of prefix p. */
+static int gf_long_client(bool pool, struct gf_prefix p, kvc_client **c, kvc_ns **ns,
+                          struct kvc_key *keys)
+{
+    static uint32_t tokens[GF_LONG * GE_BT];
+    struct kvc_layout lay = ge_layout();
+    fake_dev_reset(2);
+    fake_dev_current_set(0);
+    kvci_gpu_ops_set(&fake_dev_ops);
+    for (uint32_t i = 0; i < p.n * GE_BT; i++)
+        tokens[i] = p.base + i;
+    if (kvc_connect(gf.d.sock, c) || kvc_ns_open(*c, &lay, ns) ||
+        kvc_keys_from_tokens(*ns, NULL, tokens, p.n * GE_BT, NULL, 0, keys, p.n) != (int)p.n)
+        return -1;
+    return pool && kvc_gpu_attach(*c) != 1 ? -1 : 0;
+}
+
+/* Child: a pool-mapped client puts a prefix (arg: a gf_prefix, NULL: the long one) into
+ * the pool. */
+static int gf_long_put(void *arg)
+{
+    struct gf_prefix p = gf_prefix_of(arg);
+    kvc_client *c;
+    kvc_ns *ns;
+    kvc_resv *r;
+    static struct kvc_key keys[GF_LONG];
+    if (gf_long_client(true, p, &c, &ns, keys))
+        return 130;
+    size_t bb = kvc_ns_block_bytes(ns);
+    uint8_t *src = malloc(bb);
+    if (!src || kvc_reserve_gpu(ns, NULL, keys, p.n, &r) != (int)p.n)
+        return 131;
+    for (size_t i = 0; i < p.n; i++) {
+        daemon_block_fill(&keys[i], src, bb);
+        if (kvc_resv_write(r, i, src, bb))
+            return 132;
+    }
+    if (kvc_commit(r, SIZE_MAX) != (int)p.n)
+        return 133;
+    free(src);
+    kvc_disconnect(c);
+    return 0;
+}
+
+/* Child: a client without the pool flag looks the long prefix up (arg: a gf_long_look) and
+ * checks every hit's bytes in its host arena. Exits 0 with `want` hits, the lookup call
+ * taking least_ms..most_ms where they are set (a lookup that must have waited, bounded). */
+struct gf_long_look {
+    struct gf_prefix p; /* zeros: the long prefix */
+    unsigned flags;
+    int want;
+    int least_ms, most_ms; /* the lookup call's time (0: not checked) */
+};
+
+static int gf_long_load(void *arg)
+{
+    const struct gf_long_look *lk = arg;
+    struct gf_prefix p = gf_prefix_of(&lk->p);
+    kvc_client *c;
+    kvc_ns *ns;
+    kvc_lease *l = NULL;
+    static struct kvc_key keys[GF_LONG];
+    struct timespec t0, t1;
+    if (gf_long_client(false, p, &c, &ns, keys))
+        return 140;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int hits = kvc_lookup(ns, keys, p.n, lk->flags, &l);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    long ms = (t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000;
+    if (hits != lk->want) {
+        fprintf(stderr, "gf_long_load: %d hits of %u, %d wanted\n", hits, p.n, lk->want);
+        return 141;
+    }
+    if ((lk->least_ms && ms < lk->least_ms) || (lk->most_ms && ms > lk->most_ms)) {
+        fprintf(stderr, "gf_long_load: the lookup took %ld ms (%d..%d)\n", ms, lk->least_ms,
+                lk->most_ms);
+        return 142;
+    }
+    if (lk->flags & KVC_LOOKUP_NOWAIT) /* the copies are held: nothing to read yet */
+        hits = 0;
+    size_t bb = kvc_ns_block_bytes(ns);
+    for (int i = 0; i < hits; i++)
+        if (kvc_lease_tier(l, (size_t)i) != KVC_TIER_HOST ||
+            daemon_block_check(&keys[i], kvc_lease_data(l, (size_t)i), bb) != -1)
+            return 143;
+    if (l && kvc_release(l))
+        return 144;
+    kvc_disconnect(c);
+    return 0;
+}
+
+static void gf_long_setup(void)
+{
+    gf_setup_with(8 << 20, -1);
+}
+
+static void gf_long_bounded_setup(void)
+{
+    gf_setup_with(8 << 20, GF_LONG_WAIT_MS);
+}
+
+/* The long prefix put into the pool: every block there. */
+static void gf_long_in_pool(void)
+{
+    ck_assert_int_eq(gf_run(gf_long_put, NULL), 0);
+    ck_assert_uint_eq(store_gpu_used(gf.ip.s), GF_LONG * store_ns_get(gf.ip.s, 1)->block_bytes);
+}
+
+/* Issue 25 (bench_gpu's "256 KiB blocks" row on an H200: "host lookup: not every block"): a
+ * client without the pool flag looks up a prefix of GF_LONG blocks that live only in the
+ * pool. Its lookup waits while the pool's 64 move slots are taken and starts the next
+ * moves as they land, so it is answered every block (before: the first 64, the rest a miss
+ * it recomputes), each block's bytes the put's, and it counts once: one lookup, GF_LONG
+ * hits, each key resolved at most once, nothing pinned once it is released. */
+START_TEST(test_host_lookup_waits_for_pool_moves)
+{
+    struct gf_long_look lk = {.flags = 0, .want = GF_LONG};
+    gf_long_in_pool();
+    struct stats before = gf.ip.s->total;
+    ck_assert_int_eq(gf_run(gf_long_load, &lk), 0);
+    const struct stats *t = &gf.ip.s->total;
+    ck_assert_uint_eq(t->gpu_demoted_blocks - before.gpu_demoted_blocks, GF_LONG);
+    ck_assert_uint_eq(store_gpu_used(gf.ip.s), 0);
+    ck_assert_uint_eq(t->lookups - before.lookups, 1);
+    ck_assert_uint_eq(t->hit_blocks - before.hit_blocks, GF_LONG);
+    ck_assert_uint_le(t->lookup_index_finds - before.lookup_index_finds, GF_LONG);
+    ck_assert_uint_eq(t->put_waits - before.put_waits, 1); /* it waited, once */
+    ck_assert_uint_eq(gf.ip.s->pins_now, 0);
+    ck_assert_int_eq(fake_dev_last_error(), 0);
+}
+END_TEST
+
+/* Child: two clients without the pool flag at once, each looking up a pool-only prefix of
+ * its own of GF_SHARE blocks (arg: two gf_long_look), both past the pool's moves in flight. */
+#define GF_SHARE 100
+
+static int gf_two_loads(void *arg)
+{
+    struct gf_long_look *lk = arg;
+    pid_t a = daemon_child_spawn(gf_long_load, &lk[0]);
+    pid_t b = daemon_child_spawn(gf_long_load, &lk[1]);
+    int ra = daemon_child_wait(a, daemon_ms(30000), NULL);
+    int rb = daemon_child_wait(b, daemon_ms(30000), NULL);
+    if (ra || rb) {
+        fprintf(stderr, "gf_two_loads: %d, %d\n", ra, rb);
+        return 150;
+    }
+    return 0;
+}
+
+/* Two clients whose lookups both need more moves than the pool has slots take them in turn:
+ * each waits while the other's copies hold the slots and gets its whole prefix, the put's
+ * bytes; nothing is left pinned or in the pool. */
+START_TEST(test_host_lookups_share_pool_moves)
+{
+    struct gf_prefix pa = {.base = 600000, .n = GF_SHARE}, pb = {.base = 800000, .n = GF_SHARE};
+    struct gf_long_look lk[2] = {{.p = pa, .want = GF_SHARE}, {.p = pb, .want = GF_SHARE}};
+    ck_assert_int_eq(gf_run(gf_long_put, &pa), 0);
+    ck_assert_int_eq(gf_run(gf_long_put, &pb), 0);
+    ck_assert_uint_eq(store_gpu_used(gf.ip.s),
+                      2 * GF_SHARE * store_ns_get(gf.ip.s, 1)->block_bytes);
+    struct stats before = gf.ip.s->total;
+    ck_assert_int_eq(gf_run(gf_two_loads, lk), 0);
+    const struct stats *t = &gf.ip.s->total;
+    ck_assert_uint_eq(t->gpu_demoted_blocks - before.gpu_demoted_blocks, 2 * GF_SHARE);
+    ck_assert_uint_eq(t->lookups - before.lookups, 2);
+    ck_assert_uint_eq(t->hit_blocks - before.hit_blocks, 2 * GF_SHARE);
+    ck_assert_uint_ge(t->put_waits - before.put_waits, 1);
+    ck_assert_uint_eq(store_gpu_used(gf.ip.s), 0);
+    ck_assert_uint_eq(gf.ip.s->pins_now, 0);
+    ck_assert_int_eq(fake_dev_last_error(), 0);
+}
+END_TEST
+
+/* The tick of the bounded case: the copies are held (they cannot land) until the lookup
+ * has been answered (its hits pinned) or its client is gone, then let go so its WAIT and
+ * its release end; the
+ * loop stops once the client is gone and the copies have landed. */
+static void gf_hold_tick(void *arg)
+{
+    struct gf_server *x = arg;
+    int st;
+    server_tick(x->ip.sv);
+    if (x->ip.child > 0 && waitpid(x->ip.child, &st, WNOHANG) == x->ip.child) {
+        x->ip.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        x->ip.child = 0;
+    }
+    if (fake_dev.hold && (x->ip.s->pins_now > 0 || x->ip.child == 0))
+        fake_dev.hold = 0;
+    if (x->ip.child == 0 && server_clients(x->ip.sv) == 0 && !engine_gpu_landing(x->ip.s))
+        loop_stop(x->ip.l);
+}
+
+/* The wait is bounded: with the pool's copies held (none lands), the lookup is answered
+ * with what is there once disk.put_wait ran out (the 64 blocks whose moves started, read
+ * when they land), not later; with KVC_LOOKUP_NOWAIT it is answered at once (no wait). */
+START_TEST(test_host_lookup_pool_wait_bounded)
+{
+    struct gf_long_look nowait = {.flags = KVC_LOOKUP_NOWAIT, .want = ENGINE_GPU_INFLIGHT};
+    struct gf_long_look held = {.flags = 0,
+                                .want = ENGINE_GPU_INFLIGHT,
+                                .least_ms = GF_LONG_WAIT_MS,
+                                .most_ms = GF_LONG_WAIT_MS + daemon_ms(5000)};
+    gf_long_in_pool();
+    struct stats before = gf.ip.s->total;
+    fake_dev.hold = 1;
+    gf.ip.child = daemon_child_spawn(gf_long_load, &nowait);
+    gf.ip.status = -1;
+    loop_run(gf.ip.l, 20, gf_hold_tick, &gf);
+    ck_assert_int_eq(gf.ip.status, 0);
+    ck_assert_uint_eq(gf.ip.s->total.put_waits, before.put_waits); /* it never waited */
+    /* The NOWAIT lookup's moves landed once let go: the first 64 blocks are in the host
+     * arena now; the rest is still in the pool. */
+    ck_assert_uint_eq(store_gpu_used(gf.ip.s),
+                      (GF_LONG - ENGINE_GPU_INFLIGHT) * store_ns_get(gf.ip.s, 1)->block_bytes);
+    /* Now a lookup that waits: the next 64 moves start and are held past its wait. */
+    held.want = 2 * ENGINE_GPU_INFLIGHT;
+    fake_dev.hold = 1;
+    gf.ip.child = daemon_child_spawn(gf_long_load, &held);
+    gf.ip.status = -1;
+    loop_run(gf.ip.l, 20, gf_hold_tick, &gf);
+    ck_assert_int_eq(gf.ip.status, 0);
+    ck_assert_uint_eq(gf.ip.s->total.put_waits - before.put_waits, 1);
+    ck_assert_uint_eq(gf.ip.s->total.lookups - before.lookups, 2);
+    ck_assert_uint_eq(gf.ip.s->pins_now, 0);
+    ck_assert_int_eq(fake_dev_last_error(), 0);
+}
+END_TEST
+
 /* A case of s under a fixture, with a slow host's timeout. */
 static TCase *gf_case(Suite *s, const char *name, void (*setup)(void), void (*teardown)(void))
 {
@@ -1033,6 +1295,11 @@ int main(void)
     TCase *tp = gf_case(s, "batch-pool", gf_setup, gf_teardown);
     tcase_add_test(tp, test_pool_bounded_ops);
     tcase_add_test(tp, test_pool_bounded_ops_strided);
+    TCase *tl = gf_case(s, "host-lookup-long", gf_long_setup, gf_teardown);
+    tcase_add_test(tl, test_host_lookup_waits_for_pool_moves);
+    tcase_add_test(tl, test_host_lookups_share_pool_moves);
+    TCase *tw = gf_case(s, "host-lookup-wait", gf_long_bounded_setup, gf_teardown);
+    tcase_add_test(tw, test_host_lookup_pool_wait_bounded);
     fflush(stdout);
     if (daemon_suite_init("e2e-gpu-fake"))
         return 1;

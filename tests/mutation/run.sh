@@ -498,6 +498,17 @@ mutation kinds-pool-ready-only-no-move daemon/engine.c "check_e2e_gpu_fake" \
 '        for (uint32_t i = 0; s->gpu && !o->gpu && i < count; i++)' \
 '        for (uint32_t i = 0; s->gpu && !o->gpu && i < count && !count; i++)'
 
+# Issue 25: a lookup of a client without the pool flag stops at the pool's 64 moves in
+# flight and answers the rest of the prefix as a miss (it does not wait for slots to free).
+mutation gpu-host-lookup-no-wait daemon/engine.c "check_e2e_gpu_fake" \
+'                moves_full = mrc == -EAGAIN;' \
+'                moves_full = false;'
+
+# The same: a NOWAIT lookup held for the pool's moves like one that waits.
+mutation gpu-host-lookup-nowait-waits daemon/server_dispatch.c "check_e2e_gpu_fake" \
+'    bool wait_ok = may_wait && !(q->flags & (KVC_LOOKUP_F_READY_ONLY | KVC_LOOKUP_F_NOWAIT));' \
+'    bool wait_ok = may_wait && !(q->flags & KVC_LOOKUP_F_READY_ONLY);'
+
 # Hybrid kinds: a long window lookup whose requests do not overlap by the window (a window
 # straddling two requests is judged by neither).
 mutation kinds-long-no-overlap client/libkvc_lease.c "check_e2e_kinds" \
