@@ -69,8 +69,9 @@
     X(server, fast_ring_rate, INT, "65536", 1000, 16777216, 1, NULL,                               \
       "Hits per second the daemon reads from one connection's hit ring (the fast path's "          \
       "record of its hits, for the policies), a ring's worth (4096) banked; hits past it "         \
-      "are not counted (fast_dropped). Rings are read in bounded passes between requests "         \
-      "(docs/security.md).")                                                                       \
+      "are not counted (fast_dropped). Rings are read in bounded passes between requests, "        \
+      "at most a quarter of the loop's time; past that too, a client asking for room has its "     \
+      "unread hits skipped (fast_dropped) rather than wait (docs/security.md).")                   \
     X(server, max_namespaces_per_uid, INT, "16", 1, 65535, 1, NULL,                                \
       "Namespaces one user (uid) may create; more are refused (EDQUOT). Admins are exempt; "       \
       "kvcctl ns drop frees them.")                                                                \
