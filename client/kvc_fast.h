@@ -45,8 +45,11 @@
  *   a client can only lie about its own hits, boundedly. The daemon writes how far it has
  *   read (tail); a client whose ring is half full, or that disconnects, asks for room
  *   (FAST_ATTACH with KVC_FAST_SYNC): the daemon skips, counted (fast_dropped), the unread
- *   entries its rate does not cover and answers once it has read the rest. Entries are not
- *   requests: they keep no connection from idling out.
+ *   entries its rate does not cover and answers once it has read the rest; once its passes
+ *   over the rings have spent their share of its time, it skips the rest too and answers at
+ *   once, so that no client waits for the others' rings (the one thread reading them would
+ *   otherwise pace every client of the host). Entries are not requests: they keep no
+ *   connection from idling out.
  */
 #ifndef KVC_FAST_H
 #define KVC_FAST_H

@@ -393,6 +393,17 @@ static int config_value_parse(const struct config_option *o, const char *s,
                        s);
         break;
     case CONFIG_TYPE_INT:
+        /* An integer with words (choices): the n-th word is held as -1 - n, below every
+         * number the option allows (negative numbers are refused for it). */
+        if (o->choices && config_choice_find(o->choices, s) >= 0) {
+            v->i = -1 - (int64_t)config_choice_find(o->choices, s);
+            rc = 0;
+            break;
+        }
+        if (o->choices && *s == '-') {
+            config_err(why, whylen, "'%s' is out of range", s);
+            break;
+        }
         rc = config_parse_digits(s + (*s == '-'), &u, &end);
         if (rc == 0 && *end)
             rc = -EINVAL;
@@ -473,6 +484,12 @@ out:
     return rc;
 }
 
+/* Whether v is one of an integer option's words (held as -1 - its index in choices). */
+static bool config_int_word(const struct config_option *o, const union config_value *v)
+{
+    return o->type == CONFIG_TYPE_INT && o->choices && v->i < 0;
+}
+
 /* Numeric view of a value for the bounds check; false for types without bounds. */
 static bool config_has_bounds(const struct config_option *o)
 {
@@ -485,7 +502,7 @@ static bool config_has_bounds(const struct config_option *o)
 static bool config_value_number(const struct config_option *o, const union config_value *v,
                                 double *d)
 {
-    if (!config_has_bounds(o))
+    if (!config_has_bounds(o) || config_int_word(o, v))
         return false;
     switch (o->type) {
     case CONFIG_TYPE_INT: *d = (double)v->i; return true;
@@ -503,7 +520,12 @@ static void config_value_format(const struct config_option *o, const union confi
 {
     switch (o->type) {
     case CONFIG_TYPE_BOOL: snprintf(buf, len, "%s", v->b ? "yes" : "no"); break;
-    case CONFIG_TYPE_INT: snprintf(buf, len, "%" PRId64, v->i); break;
+    case CONFIG_TYPE_INT:
+        if (config_int_word(o, v))
+            config_choice_name(o->choices, (int)(-1 - v->i), buf, len);
+        else
+            snprintf(buf, len, "%" PRId64, v->i);
+        break;
     case CONFIG_TYPE_SIZE: config_format_size(v->u, buf, len); break;
     case CONFIG_TYPE_DURATION: config_format_duration(v->u, buf, len); break;
     case CONFIG_TYPE_DOUBLE: config_format_double(v->d, buf, len); break;
@@ -625,6 +647,11 @@ static int config_option_set(struct config *c, const struct config_option *o, co
     config_value_store(c, o, &v);
 out:
     return rc;
+}
+
+uint32_t config_io_threads_auto(long cpus)
+{
+    return cpus < 4 ? 0 : cpus >= 16 ? 4 : (uint32_t)(cpus / 4);
 }
 
 /* ---- lifetime -------------------------------------------------------------------------- */
@@ -980,7 +1007,7 @@ int config_get_json(const struct config *c, const struct config_option *o, char 
     size_t n = 0;
 
     config_value_load(c, o, &v);
-    switch (o->type) {
+    switch (config_int_word(o, &v) ? CONFIG_TYPE_ENUM : o->type) { /* a word: a string */
     case CONFIG_TYPE_BOOL: n = (size_t)snprintf(buf, len, "%s", v.b ? "true" : "false"); break;
     case CONFIG_TYPE_INT: n = (size_t)snprintf(buf, len, "%" PRId64, v.i); break;
     case CONFIG_TYPE_SIZE:
@@ -1154,6 +1181,8 @@ static void config_option_line(const struct config_option *o, char *line, size_t
     n = snprintf(line, len, "%s", type_names[o->type]);
     if (o->type == CONFIG_TYPE_ENUM)
         n += snprintf(line + n, len - (size_t)n, " %s", o->choices);
+    else if (o->choices) /* an integer with words */
+        n += snprintf(line + n, len - (size_t)n, " or %s", o->choices);
     if (config_has_bounds(o)) {
         config_bound_format(o, o->min, lo, sizeof(lo));
         config_bound_format(o, o->max, hi, sizeof(hi));

@@ -510,10 +510,12 @@ uint32_t fast_ring_take(struct fast_ring *r, struct kvc_fast_hit *out, uint32_t 
     return n;
 }
 
-uint32_t fast_ring_shed(struct fast_ring *r, bool *lied)
+uint32_t fast_ring_shed(struct fast_ring *r, uint32_t keep, bool *lied)
 {
     uint64_t head = __atomic_load_n(&r->r->head, __ATOMIC_ACQUIRE);
     uint32_t allow = fast_ring_allowance(r);
+    if (allow > keep)
+        allow = keep;
     *lied = fast_ring_clamp(r, head);
     if (head - r->tail <= allow)
         return 0;

@@ -81,8 +81,9 @@ uint32_t fast_ring_unread(const struct fast_ring *r);
  * read. Entries the client overwrote before they were read are skipped, and *lied says the
  * client's head had moved more than a ring's worth ahead or backwards. */
 uint32_t fast_ring_take(struct fast_ring *r, struct kvc_fast_hit *out, uint32_t max, bool *lied);
-/* Marks read, unseen, the unread entries the allowance does not cover (the oldest): how
- * many. The client asks for room (FAST_ATTACH SYNC) when half its ring is unread. */
-uint32_t fast_ring_shed(struct fast_ring *r, bool *lied);
+/* Marks read, unseen, the unread entries beyond the newest `keep` and beyond what the
+ * allowance covers (the oldest go): how many. The client asks for room (FAST_ATTACH SYNC)
+ * when half its ring is unread; keep = 0 empties it. */
+uint32_t fast_ring_shed(struct fast_ring *r, uint32_t keep, bool *lied);
 
 #endif

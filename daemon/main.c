@@ -18,6 +18,7 @@
 #include <getopt.h>
 #include <grp.h>
 #include <limits.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -184,6 +185,17 @@ static uint32_t kvcd_prefault_threads(const struct config *c)
     return n < 1 ? 1 : n > 8 ? 8 : (uint32_t)n;
 }
 
+/* server.io_threads, auto resolved for the CPUs the daemon may run on. */
+static uint32_t kvcd_io_threads(const struct config *c)
+{
+    cpu_set_t set;
+    if (c->server_io_threads >= 0)
+        return (uint32_t)c->server_io_threads;
+    return config_io_threads_auto(sched_getaffinity(0, sizeof(set), &set) == 0
+                                      ? CPU_COUNT(&set)
+                                      : sysconf(_SC_NPROCESSORS_ONLN));
+}
+
 static void kvcd_store_params(const struct config *c, struct store_params *p)
 {
     static const int huge[] = {[CONFIG_HUGEPAGES_AUTO] = TIER_HOST_HUGE_AUTO,
@@ -219,7 +231,7 @@ static void kvcd_server_params(const struct kvcd *d, const struct config *c,
                                .socket_mode = c->server_socket_mode,
                                .socket_group = c->server_socket_group,
                                .max_clients = (uint32_t)c->server_max_clients,
-                               .io_threads = (uint32_t)c->server_io_threads,
+                               .io_threads = kvcd_io_threads(c),
                                .io_threads_min_active = (uint32_t)c->server_io_threads_min_active,
                                .adopt = d->adopt,
                                .adopt_fd = d->adopt_fd,
@@ -879,6 +891,8 @@ int main(int argc, char **argv)
         goto out;
     }
     kvcd_server_params(&d, d.cfg, &vp);
+    if (d.cfg->server_io_threads < 0)
+        log_info("server: %u I/O threads (server.io_threads = auto)", vp.io_threads);
     d.server = server_new(d.loop, d.store, &vp, &rc);
     if (!d.server) {
         char path[108];

@@ -9,6 +9,11 @@
  * every SERVER_FAST_WINDOW_US, each connection at its own rate (server.fast_ring_rate): a
  * client flooding its ring cannot slow the daemon. Every entry is checked (a cached block of
  * a namespace the connection opened and may read); the rest are refused and counted.
+ * A client never waits for the passes beyond their share: once a window's share is spent, a
+ * SYNC (a client whose ring is half full) has its unread entries skipped, counted in
+ * fast_dropped, and is answered at once. Otherwise every client's hits would be read by this
+ * one thread at a quarter of its time, and all the clients of the host would copy their hits
+ * at that thread's pace (bench_scale: 16 processes on 16 cores at 1.2 times one).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -108,6 +113,30 @@ static uint64_t server_mono_us(void)
     return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
 }
 
+/* Whether the passes have taken their share of the loop in the current window (a new window
+ * begins when the last one is over). */
+static bool server_fast_share_spent(struct server *sv, uint64_t now_us)
+{
+    if (now_us - sv->fast_window_us >= SERVER_FAST_WINDOW_US) {
+        sv->fast_window_us = now_us;
+        sv->fast_window_busy_us = 0;
+    }
+    return sv->fast_window_busy_us >= SERVER_FAST_SHARE_US;
+}
+
+/* Skips c's unread entries, counted in fast_dropped as c's (outside its requests: kept out
+ * of the request being handled, as server_fast_drain's counts). */
+static void server_fast_shed_all(struct server *sv, struct conn *c)
+{
+    struct stats before = sv->store->total;
+    bool lied;
+    sv->store->total.fast_dropped += fast_ring_shed(c->ring, 0, &lied);
+    sv->store->total.fast_refused += lied;
+    server_stats_delta(&c->st, &before, &sv->store->total);
+    server_stats_delta(&sv->fast_excl, &before, &sv->store->total);
+    sv->fast_excl_any = true;
+}
+
 /* One pass over the connections' rings: rounds of at most SERVER_FAST_CHUNK entries of each
  * ring, round robin from where the last pass stopped, until `budget` entries are read or
  * SERVER_FAST_PASS_US went by; then, with `reply`, the SYNCs whose rings are read are
@@ -123,11 +152,8 @@ static int server_fast_pass(struct server *sv, uint32_t budget, bool reply)
     sv->fast_in_pass = true;
     /* The passes' share of the loop's time: when they took it all in this window, they read
      * nothing until the next one (the loop may sleep till then). */
-    if (t0 - sv->fast_window_us >= SERVER_FAST_WINDOW_US) {
-        sv->fast_window_us = t0;
-        sv->fast_window_busy_us = 0;
-    }
-    if (sv->fast_window_busy_us >= SERVER_FAST_SHARE_US) {
+    bool spent = server_fast_share_spent(sv, t0);
+    if (spent) {
         budget = 0;
         rest = (int)((sv->fast_window_us + SERVER_FAST_WINDOW_US - t0 + 999) / 1000);
     }
@@ -155,6 +181,10 @@ static int server_fast_pass(struct server *sv, uint32_t budget, bool reply)
     for (struct conn *c = reply ? sv->conns : NULL; c; c = c->next) {
         if (!c->ring)
             continue;
+        /* A SYNC does not wait for the next window, behind every other ring: what is
+         * left unread goes (counted), as past the rate. */
+        if (spent && c->sync_wait && fast_ring_unread(c->ring))
+            server_fast_shed_all(sv, c);
         if (fast_ring_unread(c->ring)) {
             int ms = fast_ring_allowance(c->ring)
                          ? rest
@@ -229,12 +259,14 @@ int server_on_fast_attach(struct server *sv, struct conn *c, const struct proto_
         /* The client needs room (half its ring is unread, or it is leaving). What its
          * allowance covers is read in the passes, and the answer waits for that (and for
          * the rate to allow one entry more); the rest goes unread now, counted: no more
-         * work than the rate. */
+         * work than the rate. When the passes have spent their share of this window, the
+         * rest goes too: the client waits for no other client's ring. */
         bool lied;
         if (!c->ring || c->sync_wait)
             return sizeof(*p); /* nothing to read, or one SYNC waits already */
         fast_ring_refill(c->ring, now, (uint32_t)sv->lim.fast_ring_rate);
-        sv->store->total.fast_dropped += fast_ring_shed(c->ring, &lied);
+        uint32_t keep = server_fast_share_spent(sv, server_mono_us()) ? 0 : KVC_FAST_RING_ENTS;
+        sv->store->total.fast_dropped += fast_ring_shed(c->ring, keep, &lied);
         sv->store->total.fast_refused += lied;
         if (!fast_ring_unread(c->ring) && fast_ring_allowance(c->ring))
             return sizeof(*p);

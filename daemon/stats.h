@@ -30,7 +30,7 @@
     X(hit_blocks_fp8, "blocks found stored in fp8 (e4m3)")                                    \
     X(fast_hits, "of those, blocks copied through the shared index (no round trip)")         \
     X(fast_refused, "hit-ring entries refused (not a cached block the client may read)")      \
-    X(fast_dropped, "hit-ring entries left unread past server.fast_ring_rate (not counted)")  \
+    X(fast_dropped, "hit-ring entries skipped: past fast_ring_rate or the passes' share")     \
     X(miss_blocks, "blocks asked for and not found")                                          \
     X(miss_tokens, "tokens asked for and not found")                                          \
     X(bytes_out, "bytes handed out as hits")                                                  \

@@ -321,6 +321,39 @@ START_TEST(test_remote_restricted)
 }
 END_TEST
 
+/* server.io_threads: an integer or the word auto (the default, held as -1), which the daemon
+ * resolves from its CPUs: none below 4, one per 4, at most 4. */
+START_TEST(test_io_threads_auto)
+{
+    struct config *c = config_new();
+    const struct config_option *o = config_option_find("server.io_threads");
+    char err[256], buf[64];
+    ck_assert_ptr_nonnull(c);
+    assert_get(c, "server.io_threads", "auto");
+    ck_assert_int_eq(c->server_io_threads, -1);
+    ck_assert_int_eq(config_get_json(c, o, buf, sizeof(buf)), 0);
+    ck_assert_str_eq(buf, "\"auto\"");
+    ck_assert_int_eq(config_set(c, "server.io_threads", "4", err, sizeof(err)), 0);
+    ck_assert_int_eq(c->server_io_threads, 4);
+    ck_assert_int_eq(config_get_json(c, o, buf, sizeof(buf)), 0);
+    ck_assert_str_eq(buf, "4");
+    ck_assert_int_eq(config_set(c, "server.io_threads", "AUTO", err, sizeof(err)), 0);
+    assert_get(c, "server.io_threads", "auto");
+    ck_assert_int_eq(config_set(c, "server.io_threads", "0", err, sizeof(err)), 0);
+    assert_get(c, "server.io_threads", "0");
+    /* no number below 0 (auto's -1 is not one to write), none past 64, no other word */
+    ck_assert_int_eq(config_set(c, "server.io_threads", "-1", err, sizeof(err)), -EINVAL);
+    ck_assert_int_eq(config_set(c, "server.io_threads", "65", err, sizeof(err)), -EINVAL);
+    ck_assert_int_eq(config_set(c, "server.io_threads", "automatic", err, sizeof(err)), -EINVAL);
+    assert_get(c, "server.io_threads", "0");
+    static const long cpus[] = {1, 2, 3, 4, 7, 8, 12, 15, 16, 64, 1024};
+    static const uint32_t want[] = {0, 0, 0, 1, 1, 2, 3, 3, 4, 4, 4};
+    for (size_t i = 0; i < sizeof(cpus) / sizeof(cpus[0]); i++)
+        ck_assert_uint_eq(config_io_threads_auto(cpus[i]), want[i]);
+    config_free(c);
+}
+END_TEST
+
 START_TEST(test_table)
 {
     struct config *c = config_new();
@@ -1055,6 +1088,7 @@ static Suite *config_suite(void)
     tcase_add_test(tc, test_defaults);
     tcase_add_test(tc, test_limits);
     tcase_add_test(tc, test_table);
+    tcase_add_test(tc, test_io_threads_auto);
     tcase_add_test(tc, test_secrets_never_shown);
     tcase_add_test(tc, test_remote_restricted);
     tcase_add_test(tc, test_dup);

@@ -568,7 +568,8 @@ static void *fp_thread_run(void *arg)
 START_TEST(test_fast_threads_never_fall_back)
 {
     /* Within the ring's rate every hit is counted (the default, 65536 a second, is less than
-     * these threads take: test_fast_ring_rate). */
+     * these threads take: test_fast_ring_rate), read or, once the passes over the rings have
+     * spent their share of the loop (test_fast_sync_waits_for_others), dropped. */
     static const char *const args[] = {
         "-o", "host.size=16m", "-o", "host.page_size=64k", "-o", "server.fast_ring_rate=16777216",
         NULL};
@@ -579,7 +580,7 @@ START_TEST(test_fast_threads_never_fall_back)
     struct kvc_key k[FP_BLOCKS];
     struct fp_thread t[4];
     pthread_t tid[4];
-    uint64_t fast = 0, dropped = 0, lookups0 = 0, lookups = 0;
+    uint64_t fast = 0, dropped = 0, lookups0 = 0, lookups = 0, hits = 0;
     ck_assert_int_eq(daemon_start(&d, args), 0);
     ck_assert_int_eq(kvc_connect(d.sock, &c), 0);
     ck_assert_int_eq(kvc_ns_open(c, &lay, &ns), 0);
@@ -595,10 +596,13 @@ START_TEST(test_fast_threads_never_fall_back)
         ck_assert_int_eq(t[i].hits, 1000 * FP_BLOCKS);
     }
     fp_settle(c, (uint64_t)(4 * 1000 + 1) * FP_BLOCKS, &fast, &dropped);
-    ck_assert_uint_eq(fast, (uint64_t)(4 * 1000 + 1) * FP_BLOCKS);
-    ck_assert_uint_eq(dropped, 0);
+    ck_assert_uint_eq(fast + dropped, (uint64_t)(4 * 1000 + 1) * FP_BLOCKS);
+    ck_assert_uint_gt(fast, 0);
+    /* None through the socket: every hit counted is a fast one, a lookup at most per get. */
+    ck_assert_int_eq(daemon_client_stat(c, 0, "hit_blocks", &hits), 0);
+    ck_assert_uint_eq(hits, fast);
     ck_assert_int_eq(daemon_client_stat(c, 0, "lookups", &lookups), 0);
-    ck_assert_uint_eq(lookups - lookups0, 4 * 1000); /* one per get: none through the socket */
+    ck_assert_uint_le(lookups - lookups0, 4 * 1000);
     kvc_disconnect(c);
     ck_assert_int_eq(daemon_stop(&d), 0);
     daemon_cleanup(&d);
@@ -681,6 +685,71 @@ START_TEST(test_fast_ring_steps)
     ck_assert_uint_eq(fast - fast0, 2000);
     ck_assert_uint_eq(dropped, 0);
     kvc_disconnect(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_cleanup(&d);
+}
+END_TEST
+
+/* Fills c's ring with n valid hits (its last 4 entries, from a get of 4 blocks, repeated)
+ * behind the daemon's back, as a client that takes hits faster than they are read. */
+static void fp_ring_fill(kvc_client *c, uint32_t n)
+{
+    struct kvc_fast_ring *r = c->ring;
+    struct kvc_fast_hit *e = (struct kvc_fast_hit *)(r + 1), t[4];
+    ck_assert_ptr_nonnull(r);
+    for (int i = 0; i < 4; i++)
+        t[i] = e[(r->head - 4 + i) % KVC_FAST_RING_ENTS];
+    uint64_t head = r->head;
+    for (uint32_t i = 0; i < n; i++)
+        e[(head + i) % KVC_FAST_RING_ENTS] = t[i % 4];
+    __atomic_store_n(&r->head, head + n, __ATOMIC_RELEASE);
+}
+
+/* A client that asks for room (SYNC) waits for no other client's ring: FP_SYNC_CONNS
+ * connections hold 4,000 unread hits each (under their rate), more than the loop's share
+ * for the rings (a quarter of each 100 ms) reads in a window, and a last one asks for room
+ * for its own 2,000 (the round robin, 16 entries of each ring at a time, comes to its last
+ * ones after 512,000 of the others'). Its answer came once the share was spent, its unread entries skipped
+ * and counted in fast_dropped; it did not wait, window after window, until the round robin
+ * had come to all of its entries (every client of a host then copied its hits at the pace
+ * of that quarter of one thread: bench_scale's clients_16_get1_fast at 0.08 of 16 cores).
+ * Every hit written is counted once in the end, read or dropped. */
+#define FP_SYNC_CONNS 256
+START_TEST(test_fast_sync_waits_for_others)
+{
+    static const char *const args[] = {
+        "-o", "host.size=16m", "-o", "host.page_size=64k", "-o", "server.max_clients_per_uid=512",
+        NULL};
+    struct daemon d = {0};
+    static kvc_client *c[FP_SYNC_CONNS + 1];
+    kvc_ns *ns[FP_SYNC_CONNS + 1];
+    struct kvc_layout lay = daemon_layout("e2e-fast-sync", 16);
+    struct kvc_key k[4];
+    uint64_t fast0 = 0, drop0 = 0, fast = 0, dropped = 0;
+    const uint32_t per = 2000, others = 4000, n = FP_SYNC_CONNS + 1;
+    ck_assert_int_eq(daemon_start(&d, args), 0);
+    for (uint32_t i = 0; i < n; i++) {
+        ck_assert_int_eq(kvc_connect(d.sock, &c[i]), 0);
+        ck_assert_int_eq(kvc_ns_open(c[i], &lay, &ns[i]), 0);
+        if (i == 0)
+            fp_put(ns[0], 5, 4, k);
+        ck_assert_int_eq(fp_get_check(ns[i], k, 4), 4); /* maps its ring */
+    }
+    fp_settle(c[0], (uint64_t)n * 4, &fast0, &drop0);
+    ck_assert_uint_eq(fast0, (uint64_t)n * 4);
+    for (uint32_t i = 0; i < n; i++)
+        fp_ring_fill(c[i], i < FP_SYNC_CONNS ? others : per);
+    kvci_fast_flush(c[FP_SYNC_CONNS]); /* SYNC, as libkvc sends it when half its ring is unread */
+    ck_assert_int_eq(daemon_client_stat(c[FP_SYNC_CONNS], 0, "fast_dropped", &dropped), 0);
+    printf("e2e_fast: a SYNC among %d rings of %u unread hits: %llu of its own dropped\n",
+           FP_SYNC_CONNS, per, (unsigned long long)(dropped - drop0));
+    ck_assert_uint_gt(dropped - drop0, 0);
+    ck_assert_uint_le(dropped - drop0, per);
+    uint64_t all = fast0 + drop0 + (uint64_t)FP_SYNC_CONNS * others + per;
+    fp_settle(c[0], all, &fast, &dropped);
+    ck_assert_uint_eq(fast + dropped, all);
+    for (uint32_t i = 0; i < n; i++)
+        kvc_disconnect(c[i]);
     ck_assert_int_eq(daemon_stop(&d), 0);
     daemon_cleanup(&d);
 }
@@ -1090,6 +1159,7 @@ int main(void)
     tcase_add_test(tc, test_fast_threads_never_fall_back);
     tcase_add_test(tl, test_fast_ring_rate);
     tcase_add_test(tc, test_fast_ring_steps);
+    tcase_add_test(tc, test_fast_sync_waits_for_others);
     tcase_add_test(tc, test_fast_torture);
     tcase_add_test(tl, test_fast_torture_moves);
     tcase_add_test(tc, test_fast_stopped_reader);

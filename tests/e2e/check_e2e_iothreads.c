@@ -24,6 +24,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +36,7 @@
 #include <unistd.h>
 
 #include "client/kvc_proto.h"
+#include "daemon/config.h"
 #include "tests/lib/daemon.h"
 
 #define IO_BB 4096 /* daemon_layout(.., 4): 4 tokens of 1 KiB */
@@ -655,6 +657,29 @@ START_TEST(test_iothreads_fallback_switches)
 }
 END_TEST
 
+/* server.io_threads = auto, the default: the daemon runs as many I/O threads as
+ * config_io_threads_auto gives for the CPUs it may run on (this process's: it inherits
+ * them), and says so in its log once. (Where the suites run with KVC_IO_THREADS, that count,
+ * and no word of auto.) */
+START_TEST(test_iothreads_auto)
+{
+    static const char *const args[] = {"-o", "host.size=16m", NULL};
+    const char *iot = getenv("KVC_IO_THREADS");
+    struct daemon d = {0};
+    cpu_set_t set;
+    int want;
+    ck_assert_int_eq(sched_getaffinity(0, sizeof(set), &set), 0);
+    want = iot && *iot ? atoi(iot) : (int)config_io_threads_auto(CPU_COUNT(&set));
+    ck_assert_int_eq(daemon_start(&d, args), 0);
+    ck_assert_int_eq(daemon_roundtrip(&d), 0);
+    printf("e2e_iothreads: %d CPUs: %d I/O threads\n", CPU_COUNT(&set), io_threads_running(d.pid));
+    ck_assert_int_eq(io_threads_running(d.pid), want);
+    ck_assert_int_eq(daemon_log_count(&d, "(server.io_threads = auto)"), iot && *iot ? 0 : 1);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_cleanup(&d);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("e2e_iothreads");
@@ -671,6 +696,10 @@ int main(void)
     tcase_set_timeout(tc, daemon_slow() * 240);
     tcase_add_checked_fixture(tc, io_fb_setup, io_fb_teardown);
     tcase_add_test(tc, test_iothreads_fallback_switches);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("auto");
+    tcase_set_timeout(tc, daemon_slow() * 60);
+    tcase_add_test(tc, test_iothreads_auto);
     suite_add_tcase(s, tc);
     if (daemon_suite_init("e2e-iothreads"))
         return 1;

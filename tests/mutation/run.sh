@@ -235,6 +235,12 @@ mutation fast-ring-unvalidated daemon/server_fast.c "check_e2e_fast" \
                 store_fast_hit(' \
 '            if (store_fast_hit('
 
+# A SYNC that waits for the passes over the rings whatever their share: a client asking for
+# room waits, window after window, behind every other client's ring.
+mutation fast-sync-waits-behind-others daemon/server_fast.c "check_e2e_fast" \
+'        if (spent && c->sync_wait && fast_ring_unread(c->ring))' \
+'        if (false && spent && c->sync_wait && fast_ring_unread(c->ring))'
+
 # Hits through the index reach the policy only after the batch that evicts: another
 # client's puts evict the blocks a reader keeps using.
 mutation fast-no-drain-before-evict daemon/server.c "check_e2e_fast" \
