@@ -275,10 +275,16 @@ int daemon_spawn(const struct daemon *d, const char *const *args, pid_t *pid)
         argv[n++] = "server.fast_path=no";
     }
     /* TSan runs suites again with the sockets on I/O threads (tests/run-checks.sh): before
-     * the suite's own options, so a case that sets server.io_threads keeps its count. */
+     * the suite's own options, so a case that sets server.io_threads keeps its count.
+     * Otherwise the loop alone (server.io_threads = 0), not the default's `auto`, whose
+     * count follows the host's CPUs: the suites run alike on a 2-CPU and a 64-CPU host
+     * (check_e2e_iothreads covers auto and the threads). */
     char ioopt[48];
     const char *iot = getenv("KVC_IO_THREADS");
-    if (iot && *iot) {
+    if (!iot || !*iot) {
+        argv[n++] = "-o";
+        argv[n++] = "server.io_threads=0";
+    } else {
         char *end;
         unsigned long v = strtoul(iot, &end, 10);
         if (*end || v > 64) /* server.io_threads allows 64 */
