@@ -223,6 +223,29 @@ static int kern_batch_steps_set(struct kern_batch *b, uint64_t tok_bytes, uint64
     return 0;
 }
 
+/* A decode step reads and checks its block's header and section before its rounds (lane 0,
+ * then a shuffle: a few hundred instructions of the warp's, about the cost of its pieces
+ * when a step is one 2 KiB token row). Where a batch has steps to spare — more than
+ * KERN_BATCH_DECODE_SPARE, about two per warp of a large GPU's grid (132 multiprocessors x
+ * 32 warps) — its steps take more rows, up to KERN_BATCH_DECODE_STEP_BYTES of output each,
+ * so that the read is paid for more pieces; a small batch keeps its steps, and with them its
+ * warps. R stays a power of two dividing the block's tokens. */
+#define KERN_BATCH_DECODE_SPARE 8192u
+#define KERN_BATCH_DECODE_STEP_BYTES 8192u
+
+static void kern_batch_decode_widen(struct kern_batch *b, uint64_t tok_bytes)
+{
+    uint32_t r = b->rshift;
+    while (r < 31 && (b->block_tokens & ((2u << r) - 1)) == 0 &&
+           (tok_bytes << (r + 1)) <= KERN_BATCH_DECODE_STEP_BYTES &&
+           b->steps / 2 >= KERN_BATCH_DECODE_SPARE) {
+        r++;
+        b->steps /= 2;
+    }
+    b->rshift = r;
+    b->groups = b->block_tokens >> r;
+}
+
 /* The header and the K/V, block and table words shared by both kinds of batch. blocks[j] +
  * block_off is block j's first byte; lens (decode only) its length. */
 static int kern_batch_fill(struct kern_batch_args *a, uint32_t op,
@@ -371,8 +394,11 @@ int kern_batch_decode(struct kern_batch_args *a, const struct kern_layout *klay,
     a->h.layer_first = layer_first;
     a->h.out_dtype = out_dtype;
     a->h.vec = (a->h.vec & 15) == 0 ? 16 : 2;
-    return kern_batch_steps_set(&a->h, 2ull * klay->heads * klay->head_dim,
-                                (klay->head_dim + 7) / 8 * (uint64_t)klay->heads);
+    const uint64_t tok = 2ull * klay->heads * klay->head_dim;
+    rc = kern_batch_steps_set(&a->h, tok, (klay->head_dim + 7) / 8 * (uint64_t)klay->heads);
+    if (rc == 0)
+        kern_batch_decode_widen(&a->h, tok);
+    return rc;
 }
 
 int kern_batch_decode_raw(struct kern_batch_args *a, const struct kern_layout *klay, void *dst,

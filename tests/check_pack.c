@@ -824,6 +824,36 @@ START_TEST(test_decode_rows_per_step)
 }
 END_TEST
 
+/* A batch with steps to spare (more than 2 x 8,192) takes steps of more rows, up to 8 KiB of
+ * output (kern_batch_decode_widen): 32 blocks of 8 layers x 8 heads x 128 dim x 32 tokens
+ * (2 KiB rows, one a step alone) take two rows a step, which then cross the pages of 16
+ * the prefix starts 5 tokens into; the fast rounds (q8_0, KIVI values), the generic ones
+ * (KIVI keys, ROT keys' lane exchange) and raw layers decode as the reference does. A small
+ * batch keeps its steps. */
+START_TEST(test_decode_wide_steps)
+{
+    static const uint32_t codecs[] = {KERN_CODEC_Q8_0, KERN_CODEC_KIVI4, KERN_CODEC_ROT4};
+    struct kern_layout kl = {8, 8, 128, 32, KERN_DTYPE_FP16, 0};
+    struct kern_batch_args *a = malloc(sizeof(*a));
+    ck_assert_ptr_nonnull(a);
+    uint8_t dst[64];
+    const void *src[32];
+    uint64_t len[32];
+    for (uint32_t j = 0; j < 32; j++) {
+        src[j] = dst;
+        len[j] = 1;
+    }
+    ck_assert_int_eq(kern_batch_decode_raw(a, &kl, dst, NULL, 32, src, len, KERN_DTYPE_FP16), 0);
+    ck_assert_uint_eq(a->h.rshift, 1);
+    ck_assert_uint_eq(a->h.steps, 32 * 8 * 2 * 16);
+    ck_assert_int_eq(kern_batch_decode_raw(a, &kl, dst, NULL, 8, src, len, KERN_DTYPE_FP16), 0);
+    ck_assert_uint_eq(a->h.rshift, 0);
+    free(a);
+    decode_case(8, 8, 128, 32, KERN_DTYPE_FP16, 0, codecs[_i], KERN_DTYPE_FP16, 16, 128, 0, 8, 32,
+                400 + (unsigned)_i);
+}
+END_TEST
+
 /* Odd shapes: head_dim not a multiple of 8 (or of 32), tokens not a multiple of 32 (KIVI
  * key groups with a tail), pages that do not divide blocks, K only (MLA: one 576-wide
  * latent), one layer of many. */
@@ -1250,6 +1280,7 @@ static Suite *pack_suite(void)
     tcase_add_test(tb, test_pack_runs);
     tcase_add_loop_test(tb, test_decode_paged_every_codec, 0, 2 * KERN_CODEC_COUNT);
     tcase_add_loop_test(tb, test_decode_paged_odd_shapes, 0, (int)NODD_CODECS);
+    tcase_add_loop_test(tb, test_decode_wide_steps, 0, 3);
     tcase_add_loop_test(tb, test_decode_rot_lowrank_shapes, 0, (int)(3 * NROT_SHAPES));
     tcase_add_loop_test(tb, test_decode_load_widths, 0, (int)(KERN_CODEC_COUNT * NLD_PLACES));
     tcase_add_test(tb, test_decode_raw_batch);

@@ -100,6 +100,18 @@ mutation pack-run-crosses-page kernels/kern_pack.c "check_pack" \
 '    const uint64_t m = (uint64_t)lay->block_tokens | eng->page_tokens | a->h.off0;' \
 '    const uint64_t m = (uint64_t)lay->block_tokens | eng->page_tokens;'
 
+# The decoder's fast rounds never look a later page up: a step whose tokens cross a page
+# writes its later tokens past the first page's end.
+mutation decode-fast-page-cross kernels/kern_batch.h "check_pack" \
+'    if (slot >= f->page_tokens) { /* the step crosses into a later page */' \
+'    if (0 && slot >= f->page_tokens) {'
+
+# Decode steps widened whatever the batch's size: a small batch loses its warps to steps of
+# more rows (the widening is only for batches with steps to spare).
+mutation decode-widen-any-batch kernels/kern_pack.c "check_pack" \
+'           b->steps / 2 >= KERN_BATCH_DECODE_SPARE) {' \
+'           b->steps / 2 >= 1) {'
+
 # DMA pieces that are not cut at page boundaries: a block spanning two pages goes as one
 # piece into the first page and past it.
 mutation pack-runs-page-split kernels/kern_pack.c "check_pack check_e2e_gpu_fake" \
