@@ -220,3 +220,45 @@ def test_device_operations_per_call_are_bounded(client, dev):
         got = canonical(kv, vv, list(range(n)), 0, n, BT)
         assert torch.equal(got.view(n, -1), torch.stack(blocks[:n]))
     assert ops["get", 2] == ops["get", 8] and ops["scatter", 2] == ops["scatter", 8], ops
+
+
+def test_long_dma_batches_are_queued_in_growing_calls(client, dev):
+    """A load or put of many host blocks straight into or out of packed pages (one DMA range
+    per block, layer and kind: 64 per block here) is queued in calls of 512 ranges, then 1,024
+    each, so that the copy engines start on the first ranges while the driver takes the next
+    (issue 26: one call of every range held the whole submission before the first byte
+    moved); up to 512 ranges stay one call. Every byte lands, nothing waits in a call."""
+    layers, heads, dim, bt = 32, 2, 64, 16  # a section: 4 KiB, the least that goes direct
+    ns = client.namespace("fake-dma-%d" % next(_ids), layers, heads, dim, bt)
+    pages = 32
+    keys = ns.keys_from_tokens(range(pages * bt))
+    table = torch.randperm(pages, generator=torch.Generator().manual_seed(4)).tolist()
+    kc, vc, _, kv, vv = make_cache("vllm", layers, pages, bt, heads, dim, seed=8,
+                                   alloc=dev.empty)
+    s = dev.stream()
+    calls = {}
+    for first, n in ((0, 4), (4, 28)):  # 256 ranges; 1,792 ranges
+        with ns.reserve(keys[first:first + n], parent=keys[first - 1] if first else None) as r:
+            before = dev.stats()
+            b0 = dev.stat("copy_batches")
+            assert r.gather(kc, vc, table, first_token=first * bt, stream=s) == n
+            calls["gather", n] = dev.stat("copy_batches") - b0
+            assert dev.stats()["waits"] == before["waits"]
+    want = canonical(kv, vv, table, 0, pages, bt)
+    dkc, dvc, _, dk, dv = make_cache("vllm", layers, pages, bt, heads, dim, seed=9,
+                                     alloc=dev.empty)
+    with ns.lookup(keys) as lease:
+        assert torch.equal(stored_blocks(lease, pages).view(want.shape), want)
+        for first, n in ((0, 4), (4, 28)):
+            before = dev.stats()
+            b0 = dev.stat("copy_batches")
+            assert lease.scatter(dkc, dvc, table, first=first, n=n, first_token=first * bt,
+                                 stream=s) == n
+            calls["scatter", n] = dev.stat("copy_batches") - b0
+            assert dev.stats()["waits"] == before["waits"]
+            assert dev.stats()["packs"] == before["packs"]  # straight into the pages
+    assert torch.equal(canonical(dk, dv, table, 0, pages, bt), want)
+    # 256 ranges: one call; 1,792: 512 + 1,024 + the last 256
+    assert calls == {("gather", 4): 1, ("gather", 28): 3, ("scatter", 4): 1,
+                     ("scatter", 28): 3}, calls
+    assert dev.stat("bad_kinds") == 0
