@@ -221,6 +221,7 @@ static int kvc_gpu_copy_range(kvc_lease *l, size_t first, size_t n, void *dst, v
                               int dev_only);
 static int kvc_gpu_lease_copy(kvc_lease *l, size_t i, void *dst, int kind, void *stream);
 static int kvc_gpu_lease_decode(kvc_lease *l, size_t i, void *dst, void *stream);
+static void kvc_gpu_arena_mapped(kvc_client *c, struct kvc_arena *a);
 
 static void kvc_gpu_fini(kvc_client *c)
 {
@@ -251,6 +252,7 @@ static const struct kvc_gpu_hooks kvc_gpu_hooks = {
     .copy_sync = kvc_gpu_copy_sync,
     .lease_copy = kvc_gpu_lease_copy,
     .lease_decode = kvc_gpu_lease_decode,
+    .arena_mapped = kvc_gpu_arena_mapped,
     .fini = kvc_gpu_fini,
 };
 
@@ -273,21 +275,33 @@ static int kvc_gpu_pool_here(struct kvc_gpu *g, const uint8_t uuid[KERN_DEV_UUID
     return g->ops->device_uuid(g->device, u) == 0 && memcmp(u, uuid, sizeof(u)) == 0;
 }
 
-/* Pins every mapped arena for DMA; a failure only costs speed (pageable copies). */
+/* Pins arena ar for DMA; a failure only costs speed (pageable copies: the driver stages them,
+ * and the call lasts about as long as its copy). Caller holds c->mu. */
+static void kvc_gpu_register_arena(struct kvc_gpu *g, const struct kvc_arena *ar)
+{
+    for (uint64_t off = 0; ar->base && off < ar->size && g->nreg < KVC_GPU_MAX_REG;
+         off += KVC_GPU_REG_CHUNK) {
+        uint64_t len = ar->size - off < KVC_GPU_REG_CHUNK ? ar->size - off : KVC_GPU_REG_CHUNK;
+        int rc = g->ops->host_register(ar->base + off, len, !ar->writable);
+        if (rc == 0)
+            g->reg[g->nreg++] = ar->base + off;
+        else if (rc == -ENOTSUP)
+            break; /* read-only registration unsupported: the whole arena stays pageable */
+    }
+}
+
+/* Pins every mapped arena for DMA (at the attach; kvc_gpu_arena_mapped those mapped later). */
 static void kvc_gpu_register(kvc_client *c, struct kvc_gpu *g)
 {
-    for (int a = 0; a < KVC_MAX_ARENAS; a++) {
-        struct kvc_arena *ar = &c->arenas[a];
-        for (uint64_t off = 0; ar->base && off < ar->size && g->nreg < KVC_GPU_MAX_REG;
-             off += KVC_GPU_REG_CHUNK) {
-            uint64_t len = ar->size - off < KVC_GPU_REG_CHUNK ? ar->size - off : KVC_GPU_REG_CHUNK;
-            int rc = g->ops->host_register(ar->base + off, len, !ar->writable);
-            if (rc == 0)
-                g->reg[g->nreg++] = ar->base + off;
-            else if (rc == -ENOTSUP)
-                break; /* read-only registration unsupported: the whole arena stays pageable */
-        }
-    }
+    for (int a = 0; a < KVC_MAX_ARENAS; a++)
+        kvc_gpu_register_arena(g, &c->arenas[a]);
+}
+
+/* An arena mapped after the attach (kvc_ns_open of a namespace in another arena): pinned as
+ * the attach pinned those before it, else its hits would cross from pageable memory. */
+static void kvc_gpu_arena_mapped(kvc_client *c, struct kvc_arena *a)
+{
+    kvc_gpu_register_arena(kvc_gpu_of(c), a);
 }
 
 KVC_API int kvc_gpu_attach(kvc_client *c)

@@ -262,3 +262,25 @@ def test_long_dma_batches_are_queued_in_growing_calls(client, dev):
     assert calls == {("gather", 4): 1, ("gather", 28): 3, ("scatter", 4): 1,
                      ("scatter", 28): 3}, calls
     assert dev.stat("bad_kinds") == 0
+
+
+def test_arena_mapped_after_the_attach_is_registered(daemon, dev):
+    """A client that attached to the device before it opened a namespace maps that arena
+    afterwards: it is registered for DMA then, as the attach registers the arenas mapped
+    before it (else its hits crossed from pageable memory: the driver stages them, and the C
+    path of bench_python's load_cpu rows, which attaches first, took 247 us a block of the
+    calling thread instead of 2.8), and unregistered when the client closes."""
+    before = dev.stat("registered")
+    with kvcd.Client(daemon.socket) as c:
+        assert c.gpu_attach() == 0  # the fake device, no pool: host copies
+        assert dev.stat("registered") == before  # nothing mapped yet
+        ns = c.namespace("fake-late-%d" % next(_ids), L, H, D, BT)
+        assert dev.stat("registered") > before
+        keys = ns.keys_from_tokens(range(2 * BT))
+        blocks = filled(ns, keys, seed=11)
+        kc, vc, _, kv, vv = make_cache("vllm", L, 2, BT, H, D, seed=12, alloc=dev.empty)
+        with ns.lookup(keys) as lease:
+            assert lease.scatter(kc, vc, [1, 0], stream=dev.stream()) == 2
+        got = canonical(kv, vv, [1, 0], 0, 2, BT)
+        assert torch.equal(got.view(2, -1), torch.stack(blocks))
+    assert dev.stat("registered") == before
