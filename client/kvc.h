@@ -599,7 +599,7 @@ enum kvc_tier {
 };
 
 /* Attaches to the daemon's GPU pool and registers the mapped host arenas as pinned memory
- * (in chunks, once; call it after kvc_ns_open() of the namespaces you use). Returns 1 when
+ * (in chunks, once; an arena a later kvc_ns_open() maps is registered then). Returns 1 when
  * the pool is mapped here (device-to-device loads and puts), 0 when this client works
  * from host memory (no GPU tier in the daemon, no device or CUDA here, or the pool on a
  * device this process does not see: host copies then), or -EPIPE, -EPROTO, -ENOMEM.

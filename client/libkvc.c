@@ -574,6 +574,8 @@ static int kvc_ns_open_flags(kvc_client *c, const struct kvc_layout *layout, uin
         a->base = m;
         a->size = p->arena_bytes;
         a->writable = w;
+        if (c->gpu_hooks)
+            c->gpu_hooks->arena_mapped(c, a);
     }
     if (!a->base || a->size != p->arena_bytes) {
         rc = -EPROTO; /* the daemon owes us this arena's descriptor */

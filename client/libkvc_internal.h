@@ -33,6 +33,8 @@ struct kvc_gpu_work {
 
 /* Set by kvc_gpu_attach() (libkvc_gpu.c) so that a program that never calls the GPU API
  * links no CUDA code: libkvc.c reaches it only through these. */
+struct kvc_arena;
+
 struct kvc_gpu_hooks {
     /* Waits for every event of a lease's or reservation's queued device work, gives its
      * scratch and events back to the client's pools and clears it; the work's first error
@@ -48,6 +50,9 @@ struct kvc_gpu_hooks {
      * bytes cross to a pooled device scratch and a kernel decodes them there; tracked on the
      * lease like lease_copy (no allocation, free or wait once the pool has grown). */
     int (*lease_decode)(kvc_lease *l, size_t i, void *dst, void *stream);
+    /* Registers arena a, mapped after the attach (a namespace opened since), for DMA as the
+     * attach registered the ones mapped before it. Caller holds c->mu. */
+    void (*arena_mapped)(kvc_client *c, struct kvc_arena *a);
     /* Unmaps the pool and unregisters the arenas (kvc_disconnect). */
     void (*fini)(kvc_client *c);
 };

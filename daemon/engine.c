@@ -58,17 +58,17 @@ static int engine_policy_trim_from(struct store *s, uint32_t a, uint64_t now, bo
                                    uint64_t t0, int before);
 
 /* The policy engine (engine_policy_trim): see store_policy.c's DESIGN. */
-#define ENGINE_POLICY_SAMPLE 32     /* candidates per engine round from the LRU tail */
-#define ENGINE_POLICY_WINDOW 256    /* tail entries a round looks at past the first */
-#define ENGINE_POLICY_PROBES 16     /* random probes per engine round */
-#define ENGINE_POLICY_ROUNDS 4096   /* rounds per trim of one arena */
-#define ENGINE_POLICY_WALK 65536    /* tail entries looked at for the first candidate */
-#define ENGINE_POLICY_DISK_BPS 2e9  /* bytes per second a disk read is costed at */
+#define ENGINE_POLICY_SAMPLE 32    /* candidates per engine round from the LRU tail */
+#define ENGINE_POLICY_WINDOW 256   /* tail entries a round looks at past the first */
+#define ENGINE_POLICY_PROBES 16    /* random probes per engine round */
+#define ENGINE_POLICY_ROUNDS 4096  /* rounds per trim of one arena */
+#define ENGINE_POLICY_WALK 65536   /* tail entries looked at for the first candidate */
+#define ENGINE_POLICY_DISK_BPS 2e9 /* bytes per second a disk read is costed at */
 
-#define ENGINE_STAT_ADD(s, nsp, field, v)                                                      \
-    do {                                                                                       \
-        (s)->total.field += (v);                                                               \
-        (nsp)->stats.field += (v);                                                             \
+#define ENGINE_STAT_ADD(s, nsp, field, v)                                                          \
+    do {                                                                                           \
+        (s)->total.field += (v);                                                                   \
+        (nsp)->stats.field += (v);                                                                 \
     } while (0)
 
 /* Whether b sits on its arena's clean list (store.c keeps the lists). */
@@ -113,7 +113,7 @@ static bool engine_victim_heap_ok(const struct store *s, uint32_t i, void *arg)
  * clean or the dirty list of `arena`), preferring size class `cls` (its slot serves the
  * pending allocation directly). */
 static uint32_t engine_victim_list(struct store *s, uint32_t arena, bool clean,
-                                  enum engine_victim_mode mode, int cls, uint64_t now)
+                                   enum engine_victim_mode mode, int cls, uint64_t now)
 {
     struct policy_block cand[ENGINE_EVICT_SAMPLE + ENGINE_EVICT_PROBES];
     size_t n = 0;
@@ -327,8 +327,8 @@ static enum engine_ladder_r engine_ladder_out_but(struct store *s, struct store_
     }
     if (s->disk && !engine_clean(&s->ix.blocks[v])) {
         struct policy_pressure pr = {.bytes_to_free = s->ix.blocks[v].len,
-                                     .actions = 1u << POLICY_ACTION_DROP |
-                                                1u << POLICY_ACTION_OFFLOAD,
+                                     .actions =
+                                         1u << POLICY_ACTION_DROP | 1u << POLICY_ACTION_OFFLOAD,
                                      .offload_min_hits = engine_disk_admit_hits(s),
                                      .miss_cost = 1.0,
                                      .disk_cost = 0.1};
@@ -470,8 +470,8 @@ static enum engine_ladder_r engine_ladder_room(struct store *s, struct store_ns 
     return r;
 }
 
-enum engine_ladder_r engine_ladder_evict(struct store *s, uint32_t arena, uint32_t v,
-                                         uint64_t need, uint64_t now)
+enum engine_ladder_r engine_ladder_evict(struct store *s, uint32_t arena, uint32_t v, uint64_t need,
+                                         uint64_t now)
 {
     struct store_ns *vns = s->ns[s->ix.blocks[v].ns];
     if (vns->rungs < 2 || vns->policy == POLICY_LRU || vns->arena != arena)
@@ -533,8 +533,8 @@ static int engine_alloc_put(struct store *s, struct store_ns *ns, uint64_t now,
         uint64_t limit = cap - cap / ENGINE_READ_RESERVE_DIV;
         if (dirty + ns->block_bytes > limit) {
             /* Write-back past its usual target: this put (and the ones behind it) wait. */
-            engine_disk_write_ahead(s, ns->arena, dirty + ns->block_bytes - limit +
-                                                      cap / ENGINE_READ_RESERVE_DIV, now);
+            engine_disk_write_ahead(
+                s, ns->arena, dirty + ns->block_bytes - limit + cap / ENGINE_READ_RESERVE_DIV, now);
             return -ENOSPC;
         }
     }
@@ -591,7 +591,7 @@ engine:
 }
 
 int engine_evict_where(struct store *s, uint32_t ns_id, uint32_t arena, uint64_t keep_bytes,
-                      bool flush, uint64_t now)
+                       bool flush, uint64_t now)
 {
     uint32_t lists[2 * (STORE_MAX_ARENAS + 2)][2], nl = 0, *cand = NULL, ncand, cap = 0;
     int n = 0;
@@ -746,8 +746,8 @@ static int engine_policy_round(struct store *s, uint32_t a, uint64_t to_free, ui
         if (ns->layout.layers <= POLICY_MAX_LAYERS) {
             pr.layers = ns->layout.layers;
             for (uint32_t l = 0; l < pr.layers; l++)
-                plan[l] = l < KVC_WIRE_QUANT_RAW_LAYERS(f) ? POLICY_CODEC_RAW
-                                                           : engine_policy_codec(c);
+                plan[l] =
+                    l < KVC_WIRE_QUANT_RAW_LAYERS(f) ? POLICY_CODEC_RAW : engine_policy_codec(c);
             pr.layer_codec = plan;
         }
     }
@@ -764,8 +764,8 @@ static int engine_policy_round(struct store *s, uint32_t a, uint64_t to_free, ui
      * probes of the pool for younger inner blocks. */
     if (a == ns->arena) {
         uint32_t first[ENGINE_POLICY_PROBES];
-        uint32_t nf = store_heap_first(s, ns, engine_policy_heap_ok, NULL, first,
-                                       ENGINE_POLICY_PROBES);
+        uint32_t nf =
+            store_heap_first(s, ns, engine_policy_heap_ok, NULL, first, ENGINE_POLICY_PROBES);
         for (uint32_t k = 0; k < nf; k++) {
             bool dup = false;
             for (size_t j = 0; j < n && !dup; j++)
@@ -905,8 +905,8 @@ static int engine_lookup_keys(struct store *s, struct store_owner *o, uint32_t n
         if (!index_handle_ok(&s->ix, idx, (uint16_t)ns_id, &keys[hits]))
             break;
         /* A client that cannot read the pool gets the block in its host arena (not ready
-         * until its copy lands), or a miss if it is pinned there; one that can gets it
-         * promoted while the pool has room (meanwhile it reads the host slot). */
+         * until its copy lands), or a miss if it is pinned there; one that can reads a host
+         * block where it is, promoted once its lease goes (engine_release). */
         if (s->gpu && s->ix.blocks[idx].tier == KVC_WIRE_TIER_GPU && !o->gpu) {
             int mrc = engine_gpu_move(s, idx, false, now);
             if (mrc) {
@@ -915,8 +915,6 @@ static int engine_lookup_keys(struct store *s, struct store_owner *o, uint32_t n
             }
         }
         tier[hits] = fetched && fetched[hits] ? 0 : s->ix.blocks[idx].tier;
-        if (s->gpu && s->ix.blocks[idx].tier == KVC_WIRE_TIER_HOST && o->gpu)
-            (void)engine_gpu_move(s, idx, true, now);
         if ((flags & KVC_LOOKUP_F_READY_ONLY) &&
             (s->ix.blocks[idx].flags & (BLOCK_F_GPU_MOVING | BLOCK_F_PROMOTING)) ==
                 (BLOCK_F_GPU_MOVING | BLOCK_F_PROMOTING))
@@ -949,6 +947,24 @@ static int engine_lookup_keys(struct store *s, struct store_owner *o, uint32_t n
     /* A KV lookup's resolutions, counted with it (a span's are its kind's own business). */
     if (rc >= 0 && !(flags & ENGINE_LOOKUP_F_WHOLE))
         ENGINE_STAT_ADD(s, s->ns[ns_id], lookup_index_finds, s->ix.finds - finds0);
+    return rc;
+}
+
+int engine_release(struct store *s, struct store_owner *o, uint64_t lease_id, uint64_t now)
+{
+    const struct store_handle *h = store_handle_get(o, lease_id, STORE_HANDLE_LEASE);
+    uint32_t up[ENGINE_GPU_INFLIGHT], nup = 0;
+    if (!h)
+        return -ENOENT;
+    /* The client's own copies out of these host slots are done when it releases: the pool's
+     * copies of them go now, not beside its load on the same link. */
+    for (uint32_t i = 0; s->gpu && h->gpu && i < h->n && nup < ENGINE_GPU_INFLIGHT; i++)
+        if (s->ix.blocks[h->blocks[i]].tier == KVC_WIRE_TIER_HOST)
+            up[nup++] = h->blocks[i];
+    int rc = store_release(s, o, lease_id);
+    for (uint32_t i = 0; rc == 0 && i < nup; i++)
+        if (engine_gpu_move(s, up[i], true, now) == -EAGAIN)
+            break; /* ENGINE_GPU_INFLIGHT moves in flight: a later release promotes the rest */
     return rc;
 }
 
@@ -1075,7 +1091,7 @@ void engine_attach(struct store *s)
 
 void engine_stop(struct store *s)
 {
-    engine_gpu_stop(s); /* its copies read and write the arenas */
+    engine_gpu_stop(s);   /* its copies read and write the arenas */
     quant_free(s->quant); /* its jobs hold slots of the arenas */
     s->quant = NULL;
     engine_remote_free(s); /* its reads and writes hold slots and pins */

@@ -81,8 +81,16 @@ int engine_lookup(struct store *s, struct store_owner *o, uint32_t ns_id,
                   const struct kvc_wire_key *keys, uint32_t n, uint64_t now, uint64_t *lease_id,
                   struct kvc_wire_loc *locs);
 int engine_lookup_flags(struct store *s, struct store_owner *o, uint32_t ns_id,
-                        const struct kvc_wire_key *keys, uint32_t n, uint32_t flags,
-                        uint64_t now, uint64_t *lease_id, struct kvc_wire_loc *locs);
+                        const struct kvc_wire_key *keys, uint32_t n, uint32_t flags, uint64_t now,
+                        uint64_t *lease_id, struct kvc_wire_loc *locs);
+
+/* Releases lease lease_id of o (store_release), then starts the promotions into the pool of
+ * its host-tier hits when it was looked up by an owner that reads the pool (as many as
+ * ENGINE_GPU_INFLIGHT allows; a block another lease still pins stays until a later
+ * release). A lookup starts none: its client is copying those very bytes from the host slots
+ * over the same link, and a promotion that landed would wait for the lease's pins anyway.
+ * 0 or -ENOENT (no such lease). */
+int engine_release(struct store *s, struct store_owner *o, uint64_t lease_id, uint64_t now);
 
 /* A LOOKUP of any kind: engine_lookup_flags for KV and K_ONLY (base must be 0); for
  * KV_WINDOW and STATE, over the span of keys[0..n) the kind answers with (store_lookup_span;
@@ -119,8 +127,8 @@ void engine_evict(struct store *s, uint32_t idx);
  * ladder there, its ladder steps (store_ladder_pick's rung goes one rung down, or its coldest
  * leaf out) until the room coming in the arena covers `need` bytes or a block left. NONE:
  * evict v as without a ladder. engine_alloc and the disk tier's trim both make room so. */
-enum engine_ladder_r engine_ladder_evict(struct store *s, uint32_t arena, uint32_t v,
-                                         uint64_t need, uint64_t now);
+enum engine_ladder_r engine_ladder_evict(struct store *s, uint32_t arena, uint32_t v, uint64_t need,
+                                         uint64_t now);
 /* A slot of ns's block size in its arena, evicting victims. 0, -ENOSPC (nothing can go:
  * with a disk tier, dirty blocks wait for their write), -errno. */
 int engine_alloc(struct store *s, struct store_ns *ns, uint64_t now, struct tier_loc *loc);

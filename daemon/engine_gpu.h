@@ -15,11 +15,13 @@
  * Until a move completes the block is BLOCK_F_GPU_MOVING (part of BLOCK_F_BUSY), so no path
  * frees, evicts, quantizes, writes back, flushes or drops it (store_block_idle), and its
  * source slot is never freed or reused under the copy:
- * - Promotion (host → pool; a pool-mapped client's lookup): the block stays where it is,
- *   readable and ready in its host slot, and lookups keep getting that slot. When the copy
- *   has landed and nothing pins the block, it switches to the pool slot and its host slot
- *   goes (its generation bumped: the fast path sees the move); while it is pinned it waits,
- *   the pool slot held, and switches at a later poll once the pins are gone.
+ * - Promotion (host → pool; the release of a pool-mapped client's lease that hit the block,
+ *   engine_release: not at its lookup, when that client is about to copy the same bytes over
+ *   the same link): the block stays where it is, readable and ready in its host slot, and
+ *   lookups keep getting that slot. When the copy has landed and nothing pins the block, it
+ *   switches to the pool slot and its host slot goes (its generation bumped: the fast path
+ *   sees the move); while it is pinned (another lease) it waits, the pool slot held, and
+ *   switches at a later poll once the pins are gone.
  * - Demotion (pool → host; the trim above the pool's high watermark, or the lookup of a
  *   client that cannot read the pool): the block switches at once to its new host slot,
  *   marked PROMOTING, so a lookup names that slot not ready and WAIT answers when the copy

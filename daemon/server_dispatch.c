@@ -437,7 +437,8 @@ void server_load_add(struct server *sv, struct conn *c, struct store_ns *ns, uin
         sv->store->total.load_refused_us += us - ok;
 }
 
-static int server_on_release(struct server *sv, struct conn *c, const struct proto_req *r)
+static int server_on_release(struct server *sv, struct conn *c, const struct proto_req *r,
+                             uint64_t now)
 {
     struct kvc_release_rep *p = (struct kvc_release_rep *)((struct kvc_msg_hdr *)sv->tx + 1);
     const struct kvc_release_req *q = r->body;
@@ -446,7 +447,7 @@ static int server_on_release(struct server *sv, struct conn *c, const struct pro
     int rc = 0;
     struct store_ns *ns = store_ns_get(sv->store, store_lease_ns(&c->owner, ids[0]));
     for (uint32_t i = 0; i < r->ntail; i++) {
-        if (store_release(sv->store, &c->owner, ids[i]) == 0)
+        if (engine_release(sv->store, &c->owner, ids[i], now) == 0)
             done++;
         else
             rc = -ENOENT;
@@ -551,9 +552,10 @@ static int server_reserve_room(struct server *sv, struct conn *c, const struct s
     X(reserves)                                                                                    \
     X(reserve_keys)                                                                                \
     X(reserved_blocks)                                                                             \
-    X(dedup_blocks) X(busy_blocks) X(nospace_blocks) X(skipped_parent_blocks)                      \
-        X(skipped_parent_busy_blocks) X(skipped_busy_blocks) X(skipped_nospace_blocks)             \
-            X(skipped_failed_blocks) X(aborted_blocks)
+    X(dedup_blocks)                                                                                \
+    X(busy_blocks) X(nospace_blocks) X(skipped_parent_blocks) X(skipped_parent_busy_blocks)        \
+        X(skipped_busy_blocks) X(skipped_nospace_blocks) X(skipped_failed_blocks)                  \
+            X(aborted_blocks)
 
 struct server_resv_stats {
 #define SERVER_RESV_FIELD(f) uint64_t f;
@@ -1027,7 +1029,7 @@ bool server_handle(struct server *sv, struct conn *c, size_t n)
             break;
         }
         case KVC_OP_RELEASE:
-            rc = server_on_release(sv, c, &r);
+            rc = server_on_release(sv, c, &r, now);
             break;
         case KVC_OP_RESERVE: {
             const struct kvc_reserve_req *q = r.body;

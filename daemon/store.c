@@ -896,6 +896,7 @@ int store_lease_pin(struct store *s, struct store_owner *o, uint32_t ns_id,
         if (rc)
             return rc;
         h->n = hits;
+        h->gpu = o->gpu;
         /* Last hit first, so every parent ends up more recent than its children. */
         for (uint32_t i = hits; i-- > 0;) {
             struct block *b = &s->ix.blocks[idx[i]];

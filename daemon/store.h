@@ -185,6 +185,8 @@ enum store_handle_kind { STORE_HANDLE_LEASE = 1, STORE_HANDLE_RESV = 2 };
 struct store_handle {
     uint64_t id; /* generation << 32 | slot */
     uint8_t kind;
+    bool gpu; /* LEASE: looked up by an owner that reads the pool (its host hits are promoted
+                 once it is released: engine_release) */
     uint16_t ns;
     uint32_t parent_pin; /* RESV: the pinned parent block, or INDEX_NONE */
     uint32_t n;          /* blocks[] entries */

@@ -100,8 +100,7 @@ static void moves_land(void)
 }
 
 /* Hits of a lease: how many are ready from the first, and how many are still copying. */
-static void lease_state(struct store_owner *o, uint64_t lease, uint32_t *nready,
-                        uint32_t *pending)
+static void lease_state(struct store_owner *o, uint64_t lease, uint32_t *nready, uint32_t *pending)
 {
     uint32_t nhit;
     ck_assert_int_eq(engine_disk_lease_state(s, o, lease, &nhit, nready, pending), 0);
@@ -213,10 +212,22 @@ START_TEST(test_put_gpu_load_host)
 }
 END_TEST
 
-/* A client that mapped the pool gets host blocks promoted while the pool has room: its
- * lookup reads them where they are (ready) while the copies run; they switch to the pool
- * once landed and unpinned, and the next lookup names the pool with the same bytes. */
-START_TEST(test_promote_on_gpu_lookup)
+/* 1 when every byte of the pool is zero (nothing has landed there). */
+static int pool_untouched(void)
+{
+    const struct kern_dev_pool *p = tier_gpu_pool(s->gpu);
+    for (uint64_t i = 0; i < store_gpu_capacity(s); i += 512)
+        if (((const uint8_t *)p->base)[i])
+            return 0;
+    return 1;
+}
+
+/* A client that mapped the pool gets host blocks promoted while the pool has room, once it
+ * released the lease that hit them (issue 26): while it holds it, it copies those bytes out
+ * of the host slots itself, and no copy of the daemon's shares the link with that load.
+ * They switch to the pool once landed, and the next lookup names the pool with the same
+ * bytes. */
+START_TEST(test_promote_on_gpu_release)
 {
     struct store_owner g, h;
     struct kvc_wire_key keys[8];
@@ -235,16 +246,16 @@ START_TEST(test_promote_on_gpu_lookup)
         ck_assert_uint_eq(locs[i].flags & KVC_LOC_F_READY, KVC_LOC_F_READY);
     }
     check_bytes(locs, 8);
+    /* No move while g holds the lease: nothing queued on the device, no pool slot taken. */
+    ck_assert_uint_eq(gpu_stat("gpu_moves_inflight"), 0);
+    ck_assert_uint_eq(store_gpu_used(s), 0);
+    ck_assert(pool_untouched());
+    ck_assert_uint_eq(fake_dev.queued, 0);
+    ck_assert_int_eq(engine_release(s, &g, lease, 4), 0);
     ck_assert_uint_eq(gpu_stat("gpu_moves_inflight"), 6);
     ck_assert_uint_eq(store_gpu_used(s), 6 * BLOCK); /* the destinations, held */
-    moves_land();
-    /* Landed, but g's lease reads the host slots: they stay until it goes. */
-    ck_assert_uint_eq(gpu_stat("gpu_moves_waiting"), 6);
-    ck_assert_uint_eq(s->total.gpu_promoted_blocks, 0);
     ck_assert_uint_eq(store_host_used(s), host_used);
-    check_bytes(locs, 8);
-    ck_assert_int_eq(store_release(s, &g, lease), 0);
-    engine_gpu_poll(s, 4);
+    moves_land();
     ck_assert_uint_eq(gpu_stat("gpu_moves_waiting"), 0);
     ck_assert_uint_eq(s->total.gpu_promoted_blocks, 6);
     ck_assert_uint_eq(store_host_used(s), host_used - 6 * BLOCK);
@@ -316,7 +327,11 @@ START_TEST(test_waiting_promotion_given_up_under_pressure)
     ck_assert_uint_eq(put_chain(&h, 2), 0);
     g.gpu = true;
     ck_assert_int_eq(engine_lookup(s, &g, ns, keys, 2, 3, &lease, locs), 2);
-    moves_land();
+    fake_dev.hold = 1; /* the copies have not landed when h pins the host slots */
+    ck_assert_int_eq(engine_release(s, &g, lease, 3), 0);
+    ck_assert_int_eq(engine_lookup(s, &h, ns, keys, 2, 3, &lease, locs), 2);
+    fake_dev.hold = 0;
+    moves_land(); /* landed: they wait for h's lease */
     ck_assert_uint_eq(gpu_stat("gpu_moves_waiting"), 2);
     ck_assert_uint_eq(store_gpu_used(s), 2 * BLOCK);
     struct store_params p = s->p;
@@ -373,16 +388,6 @@ START_TEST(test_waits_answered_from_the_loop)
 }
 END_TEST
 
-/* 1 when every byte of the pool is zero (nothing has landed there). */
-static int pool_untouched(void)
-{
-    const struct kern_dev_pool *p = tier_gpu_pool(s->gpu);
-    for (uint64_t i = 0; i < store_gpu_capacity(s); i += 512)
-        if (((const uint8_t *)p->base)[i])
-            return 0;
-    return 1;
-}
-
 /* While the device is busy with the moves, nothing of theirs is handed out as ready and the
  * calling thread never waits: other lookups and puts are answered, the pool slots hold
  * nothing yet, and the blocks stay readable where they were. */
@@ -401,7 +406,7 @@ START_TEST(test_moves_never_block)
     uint64_t waits = fake_dev.waits;
     fake_dev.hold = 1;
     ck_assert_int_eq(engine_lookup(s, &g, ns, keys, 4, 3, &lease, locs), 4);
-    ck_assert_int_eq(store_release(s, &g, lease), 0);
+    ck_assert_int_eq(engine_release(s, &g, lease, 3), 0);
     for (int round = 0; round < 5; round++) {
         engine_gpu_poll(s, 4);
         ck_assert_int_eq(engine_trim(s, 4), 0);
@@ -452,7 +457,7 @@ START_TEST(test_failed_promotion_keeps_block)
     ck_assert_uint_eq(put_chain(&h, 2), 0);
     g.gpu = true;
     ck_assert_int_eq(engine_lookup(s, &g, ns, keys, 2, 3, &lease, locs), 2);
-    ck_assert_int_eq(store_release(s, &g, lease), 0);
+    ck_assert_int_eq(engine_release(s, &g, lease, 3), 0);
     fake_dev.fail_wait = EIO; /* the first copy the device reports on */
     moves_land();
     (void)fake_dev_last_error();
@@ -465,7 +470,7 @@ START_TEST(test_failed_promotion_keeps_block)
     check_bytes(locs, 1);
     ck_assert_int_eq(store_release(s, &h, lease), 0);
     ck_assert_int_eq(engine_lookup(s, &g, ns, keys, 2, 5, &lease, locs), 2);
-    ck_assert_int_eq(store_release(s, &g, lease), 0);
+    ck_assert_int_eq(engine_release(s, &g, lease, 5), 0);
     moves_land();
     ck_assert_uint_eq(s->total.gpu_promoted_blocks, 2);
     ck_assert_int_eq(engine_lookup(s, &g, ns, keys, 2, 6, &lease, locs), 2);
@@ -607,7 +612,7 @@ START_TEST(test_arena_fault_while_moving)
     g.gpu = true;
     fake_dev.hold = 1;
     ck_assert_int_eq(engine_lookup(s, &g, ns, &k0, 1, 3, &lease, &loc), 1);
-    ck_assert_int_eq(store_release(s, &g, lease), 0);
+    ck_assert_int_eq(engine_release(s, &g, lease, 3), 0);
     ck_assert_uint_eq(engine_arena_fault(s, loc.arena_id, loc.offset, BLOCK), 1);
     fake_dev.hold = 0;
     moves_land();
@@ -645,14 +650,12 @@ START_TEST(test_ready_only_stops_at_demotion)
     store_owner_init(&h);
     g.gpu = true;
     ck_assert_uint_eq(put_chain(&g, 2), 2);
-    ck_assert_int_eq(engine_lookup_flags(s, &h, ns, keys, 2, KVC_LOOKUP_F_READY_ONLY, 3, &lease,
-                                         locs),
-                     0);
+    ck_assert_int_eq(
+        engine_lookup_flags(s, &h, ns, keys, 2, KVC_LOOKUP_F_READY_ONLY, 3, &lease, locs), 0);
     ck_assert_uint_eq(gpu_stat("gpu_moves_inflight"), 1);
     moves_land();
-    ck_assert_int_eq(engine_lookup_flags(s, &h, ns, keys, 2, KVC_LOOKUP_F_READY_ONLY, 4, &lease,
-                                         locs),
-                     1);
+    ck_assert_int_eq(
+        engine_lookup_flags(s, &h, ns, keys, 2, KVC_LOOKUP_F_READY_ONLY, 4, &lease, locs), 1);
     check_bytes(locs, 1);
     store_owner_fini(s, &g);
     store_owner_fini(s, &h);
@@ -675,10 +678,14 @@ START_TEST(test_stop_with_moves_in_flight)
         keys[i] = key(i);
     g.gpu = true;
     ck_assert_int_eq(engine_lookup(s, &g, ns, keys, 1, 3, &lease, locs), 1);
-    moves_land(); /* landed, waiting for g's pin */
+    fake_dev.hold = 1; /* the copy has not landed when h pins the host slot */
+    ck_assert_int_eq(engine_release(s, &g, lease, 3), 0);
+    ck_assert_int_eq(engine_lookup(s, &h, ns, keys, 1, 3, &lease, locs), 1);
+    fake_dev.hold = 0;
+    moves_land(); /* landed, waiting for h's pin */
     fake_dev.hold = 1;
     ck_assert_int_eq(engine_lookup(s, &g, ns, &keys[1], 1, 4, &lease2, locs), 1);
-    ck_assert_int_eq(store_release(s, &g, lease2), 0);
+    ck_assert_int_eq(engine_release(s, &g, lease2, 4), 0);
     ck_assert_uint_eq(gpu_stat("gpu_moves_inflight"), 1);
     ck_assert_uint_eq(gpu_stat("gpu_moves_waiting"), 1);
     uint64_t waits = fake_dev.waits;
@@ -760,7 +767,7 @@ static Suite *store_gpu_suite(void)
     tc = tcase_create("fake-device");
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_put_gpu_load_host);
-    tcase_add_test(tc, test_promote_on_gpu_lookup);
+    tcase_add_test(tc, test_promote_on_gpu_release);
     tcase_add_test(tc, test_trim_demotes);
     tcase_add_test(tc, test_abort_frees_pool);
     tcase_add_test(tc, test_moves_never_block);

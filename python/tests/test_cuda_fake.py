@@ -220,3 +220,67 @@ def test_device_operations_per_call_are_bounded(client, dev):
         got = canonical(kv, vv, list(range(n)), 0, n, BT)
         assert torch.equal(got.view(n, -1), torch.stack(blocks[:n]))
     assert ops["get", 2] == ops["get", 8] and ops["scatter", 2] == ops["scatter", 8], ops
+
+
+def test_long_dma_batches_are_queued_in_growing_calls(client, dev):
+    """A load or put of many host blocks straight into or out of packed pages (one DMA range
+    per block, layer and kind: 64 per block here) is queued in calls of 512 ranges, then 1,024
+    each, so that the copy engines start on the first ranges while the driver takes the next
+    (issue 26: one call of every range held the whole submission before the first byte
+    moved); up to 512 ranges stay one call. Every byte lands, nothing waits in a call."""
+    layers, heads, dim, bt = 32, 2, 64, 16  # a section: 4 KiB, the least that goes direct
+    ns = client.namespace("fake-dma-%d" % next(_ids), layers, heads, dim, bt)
+    pages = 32
+    keys = ns.keys_from_tokens(range(pages * bt))
+    table = torch.randperm(pages, generator=torch.Generator().manual_seed(4)).tolist()
+    kc, vc, _, kv, vv = make_cache("vllm", layers, pages, bt, heads, dim, seed=8,
+                                   alloc=dev.empty)
+    s = dev.stream()
+    calls = {}
+    for first, n in ((0, 4), (4, 28)):  # 256 ranges; 1,792 ranges
+        with ns.reserve(keys[first:first + n], parent=keys[first - 1] if first else None) as r:
+            before = dev.stats()
+            b0 = dev.stat("copy_batches")
+            assert r.gather(kc, vc, table, first_token=first * bt, stream=s) == n
+            calls["gather", n] = dev.stat("copy_batches") - b0
+            assert dev.stats()["waits"] == before["waits"]
+    want = canonical(kv, vv, table, 0, pages, bt)
+    dkc, dvc, _, dk, dv = make_cache("vllm", layers, pages, bt, heads, dim, seed=9,
+                                     alloc=dev.empty)
+    with ns.lookup(keys) as lease:
+        assert torch.equal(stored_blocks(lease, pages).view(want.shape), want)
+        for first, n in ((0, 4), (4, 28)):
+            before = dev.stats()
+            b0 = dev.stat("copy_batches")
+            assert lease.scatter(dkc, dvc, table, first=first, n=n, first_token=first * bt,
+                                 stream=s) == n
+            calls["scatter", n] = dev.stat("copy_batches") - b0
+            assert dev.stats()["waits"] == before["waits"]
+            assert dev.stats()["packs"] == before["packs"]  # straight into the pages
+    assert torch.equal(canonical(dk, dv, table, 0, pages, bt), want)
+    # 256 ranges: one call; 1,792: 512 + 1,024 + the last 256
+    assert calls == {("gather", 4): 1, ("gather", 28): 3, ("scatter", 4): 1,
+                     ("scatter", 28): 3}, calls
+    assert dev.stat("bad_kinds") == 0
+
+
+def test_arena_mapped_after_the_attach_is_registered(daemon, dev):
+    """A client that attached to the device before it opened a namespace maps that arena
+    afterwards: it is registered for DMA then, as the attach registers the arenas mapped
+    before it (else its hits crossed from pageable memory: the driver stages them, and the C
+    path of bench_python's load_cpu rows, which attaches first, took 247 us a block of the
+    calling thread instead of 2.8), and unregistered when the client closes."""
+    before = dev.stat("registered")
+    with kvcd.Client(daemon.socket) as c:
+        assert c.gpu_attach() == 0  # the fake device, no pool: host copies
+        assert dev.stat("registered") == before  # nothing mapped yet
+        ns = c.namespace("fake-late-%d" % next(_ids), L, H, D, BT)
+        assert dev.stat("registered") > before
+        keys = ns.keys_from_tokens(range(2 * BT))
+        blocks = filled(ns, keys, seed=11)
+        kc, vc, _, kv, vv = make_cache("vllm", L, 2, BT, H, D, seed=12, alloc=dev.empty)
+        with ns.lookup(keys) as lease:
+            assert lease.scatter(kc, vc, [1, 0], stream=dev.stream()) == 2
+        got = canonical(kv, vv, [1, 0], 0, 2, BT)
+        assert torch.equal(got.view(2, -1), torch.stack(blocks))
+    assert dev.stat("registered") == before

@@ -535,11 +535,12 @@ static int bm_run(struct bench_row *rows, size_t *nrows)
             bench_fail("gpu: moves: round %d: commit", r);
             goto out;
         }
-        /* Promotion: a pool-mapped client's lookup starts them; they land, then switch. */
+        /* Promotion: the release of a pool-mapped client's lease starts them; they land,
+         * then switch. */
         uint64_t promoted = s->total.gpu_promoted_blocks;
         bm_snap(&a);
         if (engine_lookup(s, &g, ns, keys, BM_BLOCKS, ++now, &lease, locs) != BM_BLOCKS ||
-            bm_check(s, locs, r, KVC_WIRE_TIER_HOST) || store_release(s, &g, lease) ||
+            bm_check(s, locs, r, KVC_WIRE_TIER_HOST) || engine_release(s, &g, lease, now) ||
             !bm_settle(s, ++now)) {
             bench_fail("gpu: moves: round %d: promotion lookup", r);
             goto out;

@@ -35,7 +35,19 @@
 #    GPU pool; each load against a copy of the same bytes in the same run (pinned host to
 #    device; device to device), target ratio <= 1.1, and each hit's prefill against no
 #    cache. Without a GPU the 8B rows print SKIP and the same path runs with a small model on
-#    256 tokens (host tier only). --cases picks parts, --append merges rows into OUT's.
+#    256 tokens (host tier only).
+#  - loadcpu (issue 26; loadcpu_case): the host CPU time per block of the CUDA load path,
+#    Python (Namespace.lookup + Lease.scatter of a PagedKV, kvcd.engine.prefill's load)
+#    against C (kvc_lookup + kvc_lease_scatter through the same libkvc image, the
+#    extension's, so both see the same device), on the 8B shape's paged tensors (32 layers,
+#    8 KV heads of 128, 16-token blocks of 2 MiB, 256 blocks: 16,384 DMA ranges of 32 KiB):
+#    the calling thread's CPU time of the two calls that queue the load, the release and the
+#    wait outside it (on a device they wait for the copies). On a GPU the device's own tensors
+#    and the host tier and the pool; without one the strict fake device ($KVC_FAKEDEV_LIB,
+#    default build/tests/libkvc_fakedev_py.so; its queueing of each range counts in both
+#    paths alike), host tier only. Alternating, best and median of the repetitions; target
+#    ratio <= 1.1.
+# --cases picks parts, --append merges rows into OUT's.
 # Exit status 1 when something broke (a short hit, wrong bytes, different tokens), 0 with
 # figures otherwise (a missed target is reported, not failed).
 import argparse
@@ -62,9 +74,10 @@ WS = (32 if SMOKE else 256) << 20
 OP = 16 << 20
 REPS = 2 if SMOKE else 11
 PROMPT = 512 if SMOKE else 4096
-CASES = ("host", "paged", "sglang", "engine", "prefill")
+CASES = ("host", "paged", "sglang", "engine", "prefill", "loadcpu")
 PREFILL_BLOCK = 16
 PREFILL_REPS = 1 if SMOKE else 3
+LOADCPU_BLOCKS = 64 if SMOKE else 256
 
 
 def gbps(nbytes, secs):
@@ -614,6 +627,8 @@ def main():
                 print("%-34s %9.3f %9.3f s     %-16s %9.3f  speed-up %.1fx (medians %.1fx)" %
                       (case, min(hit), statistics.median(hit), "no cache", min(nohit),
                        min(nohit) / min(hit), statistics.median(nohit) / statistics.median(hit)))
+    if "loadcpu" in cases:
+        loadcpu_report(rows)
     if "prefill" in cases:
         prefill_report(rows)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
@@ -669,6 +684,148 @@ def prefill_report(rows):
                     note = "speed-up %.1fx (medians %.1fx)" % (bbest / best, bmed / med)
                 print("%-34s %9.6f %9.6f s     %-16s %9.6f %9.6f  %s" %
                       (case, best, med, bname, bbest, bmed, note), flush=True)
+
+
+def fake_device():
+    """The strict fake device of python/tests (kvtensors.FakeDevice), installed into this
+    process's extension; None when its library is not built."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, os.path.join(here, "..", "..", "python", "tests"))
+    from kvtensors import FakeDevice, fakedev_path
+    if not os.path.exists(fakedev_path()):
+        return None
+    dev = FakeDevice()
+    dev.install()
+    return dev
+
+
+def loadcpu_case(n, reps):
+    """The calling thread's CPU seconds per block of lookup + scatter of n 8B-shaped blocks,
+    Python against C on the same libkvc image and device. Returns (device, {tier: {"py":
+    [...], "c": [...]}}) or (None, why)."""
+    cuda = torch.cuda.is_available()
+    dev = None if cuda else fake_device()
+    if not cuda and dev is None:
+        return None, "no CUDA device and no fake device library (make build/tests/check_python)"
+    layers, heads, dim, bt = 32, 8, 128, 16
+    bb = layers * 2 * bt * heads * dim * 2
+    arena = "%dm" % ((n * bb * 5 // 4 >> 20) + 64)
+    opts = ["host.size=" + arena, "quota.uid_reserved_share=100"] + (
+        ["gpu.pool_size=" + arena] if cuda else [])
+    lib = ctypes.CDLL(kvcd._kvcd.__file__)  # the extension's own libkvc: the same device ops
+    vp, sz = ctypes.c_void_p, ctypes.c_size_t
+    lib.kvc_connect.argtypes = [ctypes.c_char_p, vp]
+    lib.kvc_ns_open.argtypes = [vp, vp, vp]
+    lib.kvc_lookup.argtypes = [vp, vp, sz, ctypes.c_uint, vp]
+    lib.kvc_lease_scatter.argtypes = [vp, sz, sz, vp, ctypes.c_uint64, vp, vp]
+    lib.kvc_release.argtypes = [vp]
+    lib.kvc_gpu_attach.argtypes = [vp]
+    lib.kvc_disconnect.argtypes = [vp]
+    out = {}
+    try:
+        with PrivateDaemon(opts) as d, kvcd.Client(d.socket) as pc:
+            if cuda:
+                kv = torch.zeros(layers, 2, n + 1, bt, heads, dim, dtype=torch.bfloat16,
+                                 device="cuda")
+                stream = torch.cuda.current_stream().cuda_stream
+
+                def wait():
+                    torch.cuda.synchronize()
+            else:
+                kv = dev.empty((layers, 2, n + 1, bt, heads, dim), torch.bfloat16)
+                stream = dev.stream()
+
+                def wait():
+                    if dev.sync(stream):
+                        raise RuntimeError("loadcpu: the fake device's stream failed")
+            kl, vl = [kv[i][0] for i in range(layers)], [kv[i][1] for i in range(layers)]
+            table = list(range(n + 1))
+            ctable = (ctypes.c_int32 * (n + 1))(*table)
+            ck = (ctypes.c_void_p * layers)(*[t.data_ptr() for t in kl])
+            cv = (ctypes.c_void_p * layers)(*[t.data_ptr() for t in vl])
+            es = 2
+            ckv = CPath.PagedKV(ctypes.cast(ck, vp), ctypes.cast(cv, vp), ctypes.cast(ctable, vp),
+                                n + 1, bt, kl[0].stride()[0] * es, kl[0].stride()[1] * es,
+                                kl[0].stride()[2] * es, 1)
+            blk = torch.arange(bb // 2, dtype=torch.int16).view(torch.bfloat16)
+            for tier, gpu in (("host", False), ("pool", True))[:2 if cuda else 1]:
+                ns = pc.namespace("bench/loadcpu-8b-" + tier, layers, heads, dim, bt, "bf16")
+                if gpu and pc.gpu_attach() != 1:
+                    print("SKIP: load_cpu pool rows: the daemon's GPU pool is not mapped here")
+                    continue
+                paged = ns.paged_kv(kl, vl)
+                keys = ns.keys_from_tokens(range(n * bt))[:n]
+                for j in range(0, n, 32):
+                    part = keys[j:j + 32]
+                    with ns.reserve(part, parent=keys[j - 1] if j else None, gpu=gpu) as r:
+                        if gpu:  # pool slots: gathered from the (zeroed) paged tensors
+                            r.gather(paged, None, table, first_token=j * bt, stream=stream)
+                        else:
+                            for i in range(len(part)):
+                                r.write(i, blk)
+                pc.flush()
+                cc = vp()
+                if lib.kvc_connect(d.socket.encode(), ctypes.byref(cc)) < 0:
+                    raise RuntimeError("loadcpu: kvc_connect failed")
+                lay = CPath.Layout(("bench/loadcpu-8b-" + tier).encode(), layers, heads, dim, bt,
+                                   2, 1)  # bf16, K+V
+                cns = vp()
+                attach = lib.kvc_gpu_attach(cc)  # 1: the pool mapped, 0: host copies
+                if lib.kvc_ns_open(cc, ctypes.byref(lay), ctypes.byref(cns)) < 0 or attach < 0 or (
+                        gpu and attach != 1):
+                    raise RuntimeError("loadcpu: the C path's namespace or pool")
+                ckeys = (ctypes.c_char * (16 * n)).from_buffer_copy(b"".join(keys))
+                t = {"py": [], "c": []}
+                for rep in range(reps + 1):
+                    for who in (("py", "c") if rep % 2 else ("c", "py")):
+                        wait()
+                        if who == "py":
+                            t0 = time.thread_time()
+                            lease = ns.lookup(keys, gpu=gpu)
+                            got = lease.scatter(paged, None, table, stream=stream)
+                            t1 = time.thread_time()
+                            lease.release()
+                        else:
+                            lease = vp()
+                            t0 = time.thread_time()
+                            hits = lib.kvc_lookup(cns, ckeys, n, 4 if gpu else 0,
+                                                  ctypes.byref(lease))
+                            got = lib.kvc_lease_scatter(lease, 0, n, ctypes.byref(ckv), 0,
+                                                        stream, None) if hits == n else hits
+                            t1 = time.thread_time()
+                            lib.kvc_release(lease)
+                        wait()
+                        if got != n:
+                            raise RuntimeError("loadcpu: %s %s load of %d blocks: %d" %
+                                               (who, tier, n, got))
+                        if rep:
+                            t[who].append((t1 - t0) / n)
+                lib.kvc_disconnect(cc)
+                out[tier] = t
+    finally:
+        if dev is not None:
+            dev.uninstall()
+    return ("cuda" if cuda else "fake"), out
+
+
+def loadcpu_report(rows):
+    n, reps = LOADCPU_BLOCKS, 3 if SMOKE else 9
+    print("\nCPU time of the calling thread per block of a CUDA load (lookup + scatter into "
+          "paged tensors,\n8B shape: 2 MiB blocks, %d blocks, 64 DMA ranges a block), Python "
+          "against C on the same libkvc\nand device, alternating, %d repetitions; best and "
+          "median us per block (target ratio <= 1.1)" % (n, reps), flush=True)
+    device, res = loadcpu_case(n, reps)
+    if device is None:
+        print("SKIP: load_cpu_*: %s" % res)
+        return
+    for tier, t in res.items():
+        case = "load_cpu_8b_%dblk_%s_%s" % (n, tier, device)
+        py, cc = [x * 1e6 for x in t["py"]], [x * 1e6 for x in t["c"]]
+        best, med, cbest, cmed = min(py), statistics.median(py), min(cc), statistics.median(cc)
+        rows.append(dict(case=case, value=best, unit="us/block", baseline="C (libkvc)",
+                         baseline_value=cbest, ratio=best / cbest))
+        print("%-34s %9.3f %9.3f us/block  C (libkvc) %9.3f %9.3f  ratio %.3f (medians %.3f)" %
+              (case, best, med, cbest, cmed, best / cbest, med / cmed), flush=True)
 
 
 if __name__ == "__main__":

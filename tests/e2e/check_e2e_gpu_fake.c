@@ -510,6 +510,98 @@ START_TEST(test_pool_moves_off_the_loop)
 }
 END_TEST
 
+/* ---- issue 26: promotions wait for the release of the lease that hit them ---------------- */
+
+/* Child: a client that cannot read the pool puts the prefix into the host arena. */
+static int gf_put_host(void *arg)
+{
+    kvc_client *c;
+    kvc_ns *ns;
+    kvc_resv *r;
+    struct kvc_key keys[GE_BLOCKS];
+    (void)arg;
+    if (gf_client(0, &c, &ns, keys))
+        return 90;
+    size_t bb = kvc_ns_block_bytes(ns);
+    uint8_t *src = malloc(bb);
+    if (!src || kvc_reserve(ns, NULL, keys, GE_BLOCKS, &r) != GE_BLOCKS)
+        return 91;
+    for (size_t i = 0; i < GE_BLOCKS; i++) {
+        daemon_block_fill(&keys[i], src, bb);
+        if (kvc_resv_write(r, i, src, bb))
+            return 92;
+    }
+    if (kvc_commit(r, SIZE_MAX) != GE_BLOCKS)
+        return 93;
+    free(src);
+    kvc_disconnect(c);
+    return 0;
+}
+
+/* The daemon's counter `name` (0 if it has none). */
+static uint64_t gf_stat(kvc_client *c, const char *name)
+{
+    struct kvc_stat *st = NULL;
+    size_t n = 0;
+    uint64_t v = 0;
+    if (kvc_stats(c, 0, &st, &n) == 0)
+        for (size_t i = 0; i < n; i++)
+            if (strcmp(st[i].name, name) == 0)
+                v = st[i].value;
+    free(st);
+    return v;
+}
+
+/* Child: a client that mapped the pool hits the host blocks (KVC_LOOKUP_GPU): while it
+ * holds the lease the daemon starts no promotion of them (no pool slot taken, nothing
+ * copied beside the client's own load); once released they are promoted, and its next
+ * lookup names the pool, with the same bytes. */
+static int gf_promote_after_release(void *arg)
+{
+    kvc_client *c;
+    kvc_ns *ns;
+    kvc_lease *l;
+    struct kvc_key keys[GE_BLOCKS];
+    (void)arg;
+    if (gf_client(0, &c, &ns, keys) || kvc_gpu_attach(c) != 1)
+        return 80;
+    size_t bb = kvc_ns_block_bytes(ns);
+    uint8_t *back = malloc(bb);
+    if (!back || kvc_lookup(ns, keys, GE_BLOCKS, KVC_LOOKUP_GPU, &l) != GE_BLOCKS)
+        return 81;
+    for (size_t i = 0; i < GE_BLOCKS; i++)
+        if (kvc_lease_tier(l, i) != KVC_TIER_HOST ||
+            daemon_block_check(&keys[i], kvc_lease_data(l, i), bb) != -1)
+            return 82;
+    if (gf_stat(c, "gpu_used") != 0 || gf_stat(c, "gpu_promoted_blocks") != 0)
+        return 83; /* promotions started under the lease */
+    kvc_release(l);
+    for (int i = 0; i < 500 && gf_stat(c, "gpu_promoted_blocks") < GE_BLOCKS; i++)
+        usleep(10000);
+    if (gf_stat(c, "gpu_promoted_blocks") != GE_BLOCKS)
+        return 84;
+    if (kvc_lookup(ns, keys, GE_BLOCKS, KVC_LOOKUP_GPU, &l) != GE_BLOCKS)
+        return 85;
+    for (size_t i = 0; i < GE_BLOCKS; i++)
+        if (kvc_lease_tier(l, i) != KVC_TIER_GPU || kvc_lease_copy(l, i, back, bb) ||
+            daemon_block_check(&keys[i], back, bb) != -1)
+            return 86;
+    kvc_release(l);
+    free(back);
+    kvc_disconnect(c);
+    return 0;
+}
+
+START_TEST(test_promotion_after_release)
+{
+    ck_assert_int_eq(gf_run(gf_put_host, NULL), 0);
+    ck_assert_uint_eq(store_gpu_used(gf.ip.s), 0);
+    ck_assert_int_eq(gf_run(gf_promote_after_release, NULL), 0);
+    ck_assert_uint_eq(gf.ip.s->total.gpu_promoted_blocks, GE_BLOCKS);
+    ck_assert_int_eq(fake_dev_last_error(), 0);
+}
+END_TEST
+
 /* Check forks each case from main(), and these fork clients: a child of a process whose
  * driver is started is refused (CUDA is undefined there) until it starts its own. */
 static int gf_forked_without_reset(void *arg)
@@ -1287,6 +1379,7 @@ int main(void)
     tcase_add_test(tf, test_kinds_through_the_pool);
     tcase_add_test(tf, test_fake_refuses_forked_child);
     tcase_add_test(tf, test_pool_moves_off_the_loop);
+    tcase_add_test(tf, test_promotion_after_release);
     TCase *tb = gf_case(s, "batch", ge_setup, ge_teardown);
     tcase_add_loop_test(tb, test_host_hits_bounded_ops, 0, 2);
     tcase_add_loop_test(tb, test_scatter_layers_only_those, 0, 2);

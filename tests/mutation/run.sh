@@ -124,6 +124,29 @@ mutation scatter-direct-layer-offset client/libkvc_gpu.c "check_e2e_gpu_fake" \
 '            runs.host[j] = (uint8_t *)h->data + from; /* by DMA into the pages */' \
 '            runs.host[j] = (uint8_t *)h->data; /* by DMA into the pages */'
 
+# Host DMA batches in one call again (issue 26): the copies start only once the driver took
+# every range.
+mutation dma-one-call client/libkvc_gpu.c "check_python" \
+'#define KVC_GPU_DMA_FIRST 512' \
+'#define KVC_GPU_DMA_FIRST KERN_DMA_BATCH_MAX'
+
+# An arena mapped after kvc_gpu_attach left unregistered: its hits cross from pageable memory.
+mutation arena-unregistered-after-attach client/libkvc.c "check_python" \
+'        if (c->gpu_hooks)
+            c->gpu_hooks->arena_mapped(c, a);
+' \
+''
+
+# Promotions into the pool started at the lookup again (issue 26): beside the engine's own
+# load of the same bytes.
+mutation promote-at-lookup daemon/engine.c "check_store_gpu check_e2e_gpu_fake" \
+'        tier[hits] = fetched && fetched[hits] ? 0 : s->ix.blocks[idx].tier;
+' \
+'        tier[hits] = fetched && fetched[hits] ? 0 : s->ix.blocks[idx].tier;
+        if (s->gpu && s->ix.blocks[idx].tier == KVC_WIRE_TIER_HOST && o->gpu)
+            (void)engine_gpu_move(s, idx, true, now);
+'
+
 # A swapped block in the store: a lookup hands out neighbouring hits' locations in pairs.
 mutation store-swapped-block daemon/store.c "check_store check_e2e_dedup check_e2e_concurrent" \
 '            store_loc_fill(b, &locs[i]);' \
