@@ -1074,8 +1074,7 @@ enum kern_batch_fast_form {
 };
 
 /* What the fast rounds of a step know for every piece: the section's form and load widths,
- * and copies of the batch's and the step's fields they use, so that the rounds (a call of
- * their own on the device) read them from registers and nothing else. */
+ * and the batch's and the step's fields they use, gathered once per step. */
 struct kern_batch_fast {
     uint32_t form;
     const uint8_t *sect;
