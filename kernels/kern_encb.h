@@ -8,11 +8,14 @@
  * in one grid, found by a search of the section table the launch carries by value (struct
  * kern_enc_args: each section's codec, offset and first unit), plus a last unit that writes
  * the header and zeroes the sections' alignment padding. Units by codec:
- *  - token-major codecs (q8_0, q4_1, q5_1, KIVI values): KERN_ENC_GROUPS (256) consecutive groups
- *    of the section's [T][H][G] groups, so a unit's output is one contiguous run. A thread
- *    encodes a group at a time — its 32 values read as four 16-byte loads where the layout
- *    allows, the reference's group function into registers, the bytes into shared memory —
- *    and then the block writes the run out with 16-byte stores (phase 2);
+ *  - token-major codecs (q8_0, q4_1, q5_1, KIVI values): KERN_ENC_GROUPS (32) consecutive groups
+ *    of the section's [T][H][G] groups, so a unit's output is one contiguous run. A group is
+ *    KERN_ENC_LPG (8) lanes of one warp, 4 values a lane (one 8-byte load where the layout
+ *    allows): the group's min, max or amax by xor folds across the lanes, each lane's codes
+ *    by the reference's per-element arithmetic, q4_1's nibble pairs and q5_1's high bits by
+ *    shuffles, the bytes into shared memory (phase 1, kern_enc_tm_phase1); then the block
+ *    writes the run out with 16-byte stores (phase 2). A 4 MiB q8_0 block is 2,048 such
+ *    units, where a thread per group made it 256 whose threads each ran 32 values serially;
  *  - raw: KERN_ENC_RAW_BYTES of the section, copied 16 bytes a thread;
  *  - fp8: one head of the section: the amax of its T x D values (phase 0, a max per thread,
  *    8 values a load where aligned), the block's amax by a tree of halvings (phases 1..8, max
@@ -36,10 +39,12 @@
  * A unit's phase count is a function of the launch's arguments (kern_enc_phases), the same
  * for all its threads: the kernel loops over it with a barrier after each phase.
  * ROT and LOWRANK values are KIVI and q8_0 sections (kern_codec_as). The arithmetic is the
- * reference's group functions (kern_fmt.h, kern_ext.h), so the bytes are the reference's. A
- * phase ends where the CUDA kernel has a __syncthreads(); the emulation runs every thread's
- * phase 0, then every thread's phase 1, and so on, over the same functions. No thread reads
- * in a phase what another writes in it.
+ * reference's group functions (kern_fmt.h, kern_ext.h), or for token-major units their
+ * per-element arithmetic, so the bytes are the reference's. A phase ends where the CUDA
+ * kernel has a __syncthreads(); the emulation runs every thread's phase 0, then every
+ * thread's phase 1, and so on, over the same functions. No thread reads in a phase what
+ * another writes in it, except a token-major unit's lanes through their warp's shuffles,
+ * which the emulation runs a warp at a time, step by step (kern_enc_tm_phase1).
  */
 #ifndef KVC_KERN_ENCB_H
 #define KVC_KERN_ENCB_H
