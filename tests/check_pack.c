@@ -9,6 +9,7 @@
  */
 #include <check.h>
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1114,7 +1115,9 @@ START_TEST(test_decode_hostile_sections)
                 kern_batch_run_cpu(a);
                 ck_assert_msg(memcmp(d0, d1, rs) == 0, "layout %u codec %u at +%u", li, c,
                               places[pi]);
-                /* random bytes over its header and table, the payload left */
+                /* random bytes over its header and table, the payload left; every other
+                 * time a raw-head appendix (the header's reserved word: its offset and
+                 * count) anywhere in the block */
                 const uint32_t hb = kern_hdr_bytes(kl);
                 uint8_t *h0 = malloc(hb);
                 memcpy(h0, b, hb);
@@ -1124,6 +1127,12 @@ START_TEST(test_decode_hostile_sections)
                         b[sizeof(struct kern_block_hdr) +
                           hostile_rand(&seed) % (hb - sizeof(struct kern_block_hdr))] =
                             (uint8_t)hostile_rand(&seed);
+                    if (it & 1) {
+                        const uint32_t rh = hostile_rand(&seed) % (uint32_t)len;
+                        const uint32_t rcnt = hostile_rand(&seed) % 3;
+                        memcpy(b + offsetof(struct kern_block_hdr, reserved), &rh, 4);
+                        memcpy(b + offsetof(struct kern_block_hdr, reserved) + 4, &rcnt, 4);
+                    }
                     ck_assert_int_eq(
                         kern_batch_decode_raw(a, kl, d1, NULL, 1, src, &len, kl->dtype), 0);
                     kern_batch_run_cpu(a);
