@@ -1264,12 +1264,12 @@ static void gf_turn_tick(void *arg)
     }
 }
 
-/* A lookup that started moves and waits on goes behind the others waiting. One tenant's two
- * connections each look up a pool-only prefix of GF_SHARE blocks, another tenant's 8-block
- * lookup comes after them: it is the second answered, in the round after the first (100 +
- * 8 hits by then); before, the landings' slots went to the second long prefix round after
- * round and it was answered only with it (the long ones' 200 and its 8 at once). All get
- * every block, the put's bytes. */
+/* A lookup that started moves and waits on goes behind the others waiting. Two connections
+ * each look up a pool-only prefix of GF_SHARE blocks (one tenant's long prefixes), then an
+ * 8-block lookup comes on a third (another's): it is the second answered, in the round after
+ * the first (100 + 8 hits by then); before, the landings' slots went to the second long
+ * prefix round after round and it was answered only with it (200 and its 8 at once). All
+ * get every block, the put's bytes. */
 START_TEST(test_host_lookup_not_behind_long_prefix)
 {
     for (int i = 0; i < 3; i++)
