@@ -13,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "kernels/kern.h"
 #include "kernels/kern_batch.h"
@@ -1053,13 +1055,33 @@ END_TEST
  * forms and the generic ones), each section at any offset, the V section ending on the
  * block's last byte (an exact allocation: ASan sees a read one past it), decodes as the same
  * bytes do at an aligned offset; the emulation faults on an access its address does not
- * align. Then random bytes over the header and table of such blocks: no read outside. */
+ * align. Then random bytes over the header and table of such blocks: no read outside. Each
+ * block ends on a page the process may not read, so a read past it faults with or without
+ * ASan. */
 static uint32_t hostile_rand(uint32_t *x)
 {
     *x ^= *x << 13;
     *x ^= *x >> 17;
     *x ^= *x << 5;
     return *x;
+}
+
+/* len bytes ending on a page the process may not read (a read past them faults without
+ * ASan too); hostile_free gives them back. */
+static uint8_t *hostile_alloc(uint64_t len)
+{
+    const uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE), n = (len + pg - 1) / pg * pg;
+    uint8_t *m = mmap(NULL, n + pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ck_assert_ptr_ne(m, MAP_FAILED);
+    ck_assert_int_eq(mprotect(m + n, pg, PROT_NONE), 0);
+    return m + n - len;
+}
+
+static void hostile_free(uint8_t *b, uint64_t len)
+{
+    const uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE), n = (len + pg - 1) / pg * pg;
+    if (b)
+        munmap(b + len - n, n + pg);
 }
 
 /* A block of layout kl with both sections codec c at offsets hdr + place (K) and right after
@@ -1074,8 +1096,7 @@ static uint8_t *hostile_block(const struct kern_layout *kl, uint32_t c, uint32_t
         return NULL;
     kern_recipe_fill(&rec, KERN_CODEC_Q8_0, KERN_CODEC_Q8_0, 0);
     *len = hb + place + kb + vb;
-    uint8_t *b = malloc(*len);
-    ck_assert_ptr_nonnull(b);
+    uint8_t *b = hostile_alloc(*len);
     ck_assert_uint_gt(kern_hdr_build(kl, &rec, b), 0);
     struct kern_block_sect s[2] = {{hb + place, (uint32_t)kb, (uint8_t)c, {0}},
                                    {(uint32_t)(hb + place + kb), (uint32_t)vb, (uint8_t)c, {0}}};
@@ -1139,9 +1160,9 @@ START_TEST(test_decode_hostile_sections)
                     fuzzed++;
                 }
                 free(h0);
-                free(b);
+                hostile_free(b, len);
             }
-            free(b0);
+            hostile_free(b0, len0);
         }
         free(a);
         free(d0);
