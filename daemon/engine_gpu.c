@@ -50,6 +50,7 @@ struct engine_gpu {
     uint32_t copying;  /* of those, COPYING */
     uint64_t outgoing; /* pool bytes of demotions whose copies are in flight */
     bool ready;        /* a demotion settled: WAITs to answer at the end of the poll */
+    uint64_t started;  /* moves started, ever (engine_gpu_moves_started) */
 };
 
 static struct engine_gpu *engine_gpu_state(struct store *s)
@@ -233,6 +234,7 @@ int engine_gpu_move(struct store *s, uint32_t idx, bool to_gpu, uint64_t now)
         .s = s, .idx = idx, .state = ENGINE_GPU_COPYING, .to_gpu = to_gpu, .src = from, .dst = loc};
     eg->live++;
     eg->copying++;
+    eg->started++;
     if (to_gpu) {
         /* It stays readable where it is until the copy has landed. */
         b->flags |= BLOCK_F_GPU_MOVING;
@@ -267,6 +269,11 @@ int engine_gpu_move(struct store *s, uint32_t idx, bool to_gpu, uint64_t now)
 bool engine_gpu_landing(const struct store *s)
 {
     return s->gpu && tier_gpu_inflight(s->gpu) > 0;
+}
+
+uint64_t engine_gpu_moves_started(const struct store *s)
+{
+    return s->gpu_moves ? s->gpu_moves->started : 0;
 }
 
 int engine_gpu_demote(struct store *s, uint64_t now)

@@ -66,6 +66,10 @@ int engine_gpu_move(struct store *s, uint32_t idx, bool to_gpu, uint64_t now);
  * again). false without a pool. */
 bool engine_gpu_landing(const struct store *s);
 
+/* The moves started since the pool's first, out of it or into it (a running count: a
+ * caller compares two readings to learn whether moves started in between). 0 without one. */
+uint64_t engine_gpu_moves_started(const struct store *s);
+
 /* Demotes the pool's blocks in policy order towards the low watermark (counting the bytes
  * of demotions in flight as gone). A block that cannot start moving is evicted if it is a
  * leaf or clean. Returns the blocks acted on. */

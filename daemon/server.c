@@ -181,8 +181,11 @@ void server_conn_close(struct server *sv, struct conn *c, const char *why)
         loop_del(sv->loop, c->fd);
         close(c->fd);
     }
-    for (int l = 0; l < 2; l++)
-        for (struct server_pending **w = l ? &sv->pending_run : &sv->pending; *w;) {
+    for (int l = 0; l < 3; l++)
+        for (struct server_pending **w = l == 2 ? &sv->pending_took
+                                         : l   ? &sv->pending_run
+                                               : &sv->pending;
+             *w;) {
             struct server_pending *x = *w;
             if (x->c == c) {
                 *w = x->next;

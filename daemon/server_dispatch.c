@@ -939,11 +939,16 @@ void server_retry(struct server *sv, uint64_t now)
     (void)now;
     if (!sv || !sv->pending)
         return;
-    /* In arrival order; each runs once per call (a deferral goes back on the list). */
+    /* In arrival order; each runs once per call (a deferral goes back on the list). One that
+     * started moves of the pool and waits on goes behind the others that wait: the slots the
+     * next landing frees go first to a lookup that got none this time, so a long prefix (or
+     * a client's many connections) cannot take every slot, landing after landing, while
+     * another tenant's lookup waits out disk.put_wait behind it. */
     sv->pending_run = sv->pending;
     sv->pending = NULL;
     while (sv->pending_run) {
         struct server_pending *p = sv->pending_run;
+        const uint64_t moves0 = engine_gpu_moves_started(sv->store);
         bool closed;
         sv->pending_run = p->next;
         sv->retrying = p;
@@ -951,10 +956,22 @@ void server_retry(struct server *sv, uint64_t now)
         memcpy(sv->rx, p->msg, p->len);
         closed = server_handle(sv, p->c, p->len);
         sv->retrying = NULL;
-        if (!closed && p->c && sv->retry_again)
-            server_pending_push(sv, p);
-        else
+        if (closed || !p->c || !sv->retry_again) {
             free(p);
+        } else if (engine_gpu_moves_started(sv->store) != moves0) {
+            struct server_pending **w = &sv->pending_took;
+            while (*w)
+                w = &(*w)->next;
+            p->next = NULL;
+            *w = p;
+        } else {
+            server_pending_push(sv, p);
+        }
+    }
+    while (sv->pending_took) {
+        struct server_pending *p = sv->pending_took;
+        sv->pending_took = p->next;
+        server_pending_push(sv, p);
     }
 }
 

@@ -143,6 +143,7 @@ struct server {
     struct server_wait *waits;
     struct server_pending *pending;
     struct server_pending *pending_run; /* taken off `pending` by server_retry() */
+    struct server_pending *pending_took; /* of those, the ones that started pool moves */
     struct server_pending *retrying;    /* the one running again now, or NULL */
     bool retry_again;                   /* it deferred again: back on `pending` */
     uint64_t waits_deadline;            /* earliest deadline among waits (tick skips until then) */

@@ -855,7 +855,9 @@ KERN_HD void kern_batch_src_at(const struct kern_layout *lay, const uint8_t *src
     const uint64_t r = kern_batch_hdr_reserved(src);
     o->rh = (uint32_t)r;
     o->rcnt = (uint32_t)(r >> 32);
-    if (o->rh && o->rh + kern_rawh_bytes(lay, o->rcnt) > src_len)
+    /* An appendix of no heads is none (kern_rawh_bytes is 0 there: its slot table would be
+     * read from wherever the offset points, past the block's end too). */
+    if (o->rh && (o->rcnt == 0 || o->rh + kern_rawh_bytes(lay, o->rcnt) > src_len))
         o->rh = 0;
 }
 

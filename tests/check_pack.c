@@ -9,9 +9,12 @@
  */
 #include <check.h>
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "kernels/kern.h"
 #include "kernels/kern_batch.h"
@@ -1075,6 +1078,130 @@ START_TEST(test_decode_bad_section_size)
 }
 END_TEST
 
+/* A block in memory a client can write (a host arena slot, a pool slot it gathers into):
+ * whatever its section table says, past the checks of kern_batch_sect (the layout's header,
+ * the codec's exact size, inside the block's length), the decode reads nothing outside the
+ * block and writes nothing outside its rows. Every codec in both kinds (the fast rounds'
+ * forms and the generic ones), each section at any offset, the V section ending on the
+ * block's last byte (an exact allocation: ASan sees a read one past it), decodes as the same
+ * bytes do at an aligned offset; the emulation faults on an access its address does not
+ * align. Then random bytes over the header and table of such blocks: no read outside. Each
+ * block ends on a page the process may not read, so a read past it faults with or without
+ * ASan. */
+static uint32_t hostile_rand(uint32_t *x)
+{
+    *x ^= *x << 13;
+    *x ^= *x >> 17;
+    *x ^= *x << 5;
+    return *x;
+}
+
+/* len bytes ending on a page the process may not read (a read past them faults without
+ * ASan too); hostile_free gives them back. */
+static uint8_t *hostile_alloc(uint64_t len)
+{
+    const uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE), n = (len + pg - 1) / pg * pg;
+    uint8_t *m = mmap(NULL, n + pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ck_assert_ptr_ne(m, MAP_FAILED);
+    ck_assert_int_eq(mprotect(m + n, pg, PROT_NONE), 0);
+    return m + n - len;
+}
+
+static void hostile_free(uint8_t *b, uint64_t len)
+{
+    const uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE), n = (len + pg - 1) / pg * pg;
+    if (b)
+        munmap(b + len - n, n + pg);
+}
+
+/* A block of layout kl with both sections codec c at offsets hdr + place (K) and right after
+ * it (V), payload bytes from seed; *len its length. NULL where c has no size there. */
+static uint8_t *hostile_block(const struct kern_layout *kl, uint32_t c, uint32_t place,
+                              uint32_t seed, uint64_t *len)
+{
+    const uint64_t kb = kern_sect_bytes(kl, c, 0), vb = kern_sect_bytes(kl, c, 1);
+    const uint32_t hb = kern_hdr_bytes(kl);
+    struct kern_recipe rec;
+    if (!kb || !vb)
+        return NULL;
+    kern_recipe_fill(&rec, KERN_CODEC_Q8_0, KERN_CODEC_Q8_0, 0);
+    *len = hb + place + kb + vb;
+    uint8_t *b = hostile_alloc(*len);
+    ck_assert_uint_gt(kern_hdr_build(kl, &rec, b), 0);
+    struct kern_block_sect s[2] = {{hb + place, (uint32_t)kb, (uint8_t)c, {0}},
+                                   {(uint32_t)(hb + place + kb), (uint32_t)vb, (uint8_t)c, {0}}};
+    memcpy(b + sizeof(struct kern_block_hdr), s, sizeof(s));
+    memset(b + hb, 0x5a, place);
+    for (uint64_t i = 0; i < kb + vb; i++)
+        b[hb + place + i] = (uint8_t)hostile_rand(&seed);
+    return b;
+}
+
+START_TEST(test_decode_hostile_sections)
+{
+    static const struct kern_layout lays[] = {{1, 2, 40, 8, KERN_DTYPE_FP16, 0},
+                                              {1, 3, 64, 4, KERN_DTYPE_BF16, 0}};
+    static const uint32_t places[] = {0, 1, 2, 3, 4, 6, 8, 12};
+    uint32_t seed = 0x9e3779b9u, fuzzed = 0;
+    for (uint32_t li = 0; li < sizeof(lays) / sizeof(lays[0]); li++) {
+        const struct kern_layout *kl = &lays[li];
+        const uint64_t rs = kern_raw_size(kl);
+        uint8_t *d0 = malloc(rs), *d1 = malloc(rs);
+        struct kern_batch_args *a = malloc(sizeof(*a));
+        for (uint32_t c = 0; c < KERN_CODEC_COUNT; c++) {
+            uint64_t len0, len;
+            uint8_t *b0 = hostile_block(kl, c, 0, 77 + c, &len0);
+            if (!b0)
+                continue;
+            const void *src[1] = {b0};
+            memset(d0, 0x77, rs);
+            ck_assert_int_eq(kern_batch_decode_raw(a, kl, d0, NULL, 1, src, &len0, kl->dtype), 0);
+            kern_batch_run_cpu(a);
+            for (uint32_t pi = 1; pi < sizeof(places) / sizeof(places[0]); pi++) {
+                uint8_t *b = hostile_block(kl, c, places[pi], 77 + c, &len);
+                src[0] = b;
+                memset(d1, 0x33, rs);
+                ck_assert_int_eq(kern_batch_decode_raw(a, kl, d1, NULL, 1, src, &len, kl->dtype),
+                                 0);
+                kern_batch_run_cpu(a);
+                ck_assert_msg(memcmp(d0, d1, rs) == 0, "layout %u codec %u at +%u", li, c,
+                              places[pi]);
+                /* random bytes over its header and table, the payload left; every other
+                 * time a raw-head appendix (the header's reserved word: its offset and
+                 * count) anywhere in the block */
+                const uint32_t hb = kern_hdr_bytes(kl);
+                uint8_t *h0 = malloc(hb);
+                memcpy(h0, b, hb);
+                for (uint32_t it = 0; it < 64; it++) {
+                    memcpy(b, h0, hb);
+                    for (uint32_t f = 0, nf = 1 + hostile_rand(&seed) % 4; f < nf; f++)
+                        b[sizeof(struct kern_block_hdr) +
+                          hostile_rand(&seed) % (hb - sizeof(struct kern_block_hdr))] =
+                            (uint8_t)hostile_rand(&seed);
+                    if (it & 1) {
+                        const uint32_t rh = hostile_rand(&seed) % (uint32_t)len;
+                        const uint32_t rcnt = hostile_rand(&seed) % 3;
+                        memcpy(b + offsetof(struct kern_block_hdr, reserved), &rh, 4);
+                        memcpy(b + offsetof(struct kern_block_hdr, reserved) + 4, &rcnt, 4);
+                    }
+                    ck_assert_int_eq(
+                        kern_batch_decode_raw(a, kl, d1, NULL, 1, src, &len, kl->dtype), 0);
+                    kern_batch_run_cpu(a);
+                    fuzzed++;
+                }
+                free(h0);
+                hostile_free(b, len);
+            }
+            hostile_free(b0, len0);
+        }
+        free(a);
+        free(d0);
+        free(d1);
+    }
+    ck_assert_uint_gt(fuzzed, 0);
+}
+END_TEST
+
 /* Arguments the decode refuses: layer ranges, dtypes, tables. */
 START_TEST(test_decode_bad_args)
 {
@@ -1285,6 +1412,7 @@ static Suite *pack_suite(void)
     tcase_add_loop_test(tb, test_decode_load_widths, 0, (int)(KERN_CODEC_COUNT * NLD_PLACES));
     tcase_add_test(tb, test_decode_raw_batch);
     tcase_add_test(tb, test_decode_bad_section_size);
+    tcase_add_test(tb, test_decode_hostile_sections);
     tcase_add_test(tb, test_decode_rows_per_step);
     tcase_add_test(tb, test_decode_bad_args);
     suite_add_tcase(s, tb);

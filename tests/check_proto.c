@@ -110,6 +110,17 @@ START_TEST(test_bad_payload_replies)
     n = lookup_msg(1, 1);
     ((struct kvc_lookup_req *)(h + 1))->flags = 0x80; /* a flag no daemon knows */
     ck_assert_int_eq(decode(n), -EINVAL);
+    /* The lookup's flag word is the engine's too (its own bits, ENGINE_LOOKUP_F_DEFER,
+     * _WHOLE and _DEFER_MOVES, at the top): every bit past the wire's four is refused, so a
+     * client never sets the daemon's own; the four (NOWAIT among them) are taken. */
+    for (uint32_t bit = 0; bit < 32; bit++) {
+        n = lookup_msg(1, 1);
+        ((struct kvc_lookup_req *)(h + 1))->flags = 1u << bit;
+        ck_assert_int_eq(decode(n), bit < 4 ? 0 : -EINVAL);
+    }
+    ck_assert_uint_eq(KVC_LOOKUP_F_READY_ONLY | KVC_LOOKUP_F_GPU | KVC_LOOKUP_F_LOCAL |
+                          KVC_LOOKUP_F_NOWAIT,
+                      0xfu);
     n = lookup_msg(1, 1);
     h->status = -5;
     ck_assert_int_eq(decode(n), -EINVAL);

@@ -1305,6 +1305,88 @@ START_TEST(test_host_lookups_share_pool_moves)
 }
 END_TEST
 
+/* Lookups that wait for the pool's move slots, come one after the other, the copies landing
+ * one round per tick (none lands while the waiting requests are asked again, as on a device
+ * whose copies take longer than the loop's pass over them): the hits answered when two of
+ * them had been, and the children. */
+static struct {
+    struct stats since;
+    uint64_t second_hits;
+    pid_t pid[3];
+    int rc[3];
+    int open;
+} gf_turn;
+
+static struct gf_long_look gf_turn_look[3] = {
+    {.p = {.base = 600000, .n = GF_SHARE}, .want = GF_SHARE},
+    {.p = {.base = 800000, .n = GF_SHARE}, .want = GF_SHARE},
+    {.p = {.base = 700000, .n = 8}, .want = 8},
+};
+
+static void gf_turn_tick(void *arg)
+{
+    struct gf_server *x = arg;
+    int st, running = 0;
+    server_tick(x->ip.sv);
+    const uint64_t waits = x->ip.s->total.put_waits - gf_turn.since.put_waits;
+    for (int i = 0; i < 3; i++) {
+        if (gf_turn.pid[i] > 0 && waitpid(gf_turn.pid[i], &st, WNOHANG) == gf_turn.pid[i]) {
+            gf_turn.rc[i] = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+            gf_turn.pid[i] = 0;
+        }
+        /* each comes once the ones before it wait */
+        if (gf_turn.pid[i] < 0 && waits >= (uint64_t)i && (i == 0 || gf_turn.pid[i - 1] >= 0))
+            gf_turn.pid[i] = daemon_child_spawn(gf_long_load, &gf_turn_look[i]);
+        running += gf_turn.pid[i] != 0;
+    }
+    if (waits >= 3)
+        gf_turn.open = 1;
+    if (gf_turn.open) { /* one round: what is in flight lands, then the waiting ask again */
+        fake_dev.hold = 0;
+        engine_gpu_poll(x->ip.s, loop_now_ms(x->ip.l));
+        fake_dev.hold = 1;
+        server_retry(x->ip.sv, loop_now_ms(x->ip.l));
+    }
+    if (!gf_turn.second_hits && x->ip.s->total.lookups - gf_turn.since.lookups >= 2)
+        gf_turn.second_hits = x->ip.s->total.hit_blocks - gf_turn.since.hit_blocks;
+    if (!running) {
+        fake_dev.hold = 0;
+        if (server_clients(x->ip.sv) == 0 && !engine_gpu_landing(x->ip.s))
+            loop_stop(x->ip.l);
+    }
+}
+
+/* A lookup that started moves and waits on goes behind the others waiting. Two connections
+ * each look up a pool-only prefix of GF_SHARE blocks (one tenant's long prefixes), then an
+ * 8-block lookup comes on a third (another's): it is the second answered, in the round after
+ * the first (100 + 8 hits by then); before, the landings' slots went to the second long
+ * prefix round after round and it was answered only with it (200 and its 8 at once). All
+ * get every block, the put's bytes. */
+START_TEST(test_host_lookup_not_behind_long_prefix)
+{
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq(gf_run(gf_long_put, &gf_turn_look[i].p), 0);
+    ck_assert_uint_eq(store_gpu_used(gf.ip.s),
+                      (2 * GF_SHARE + 8) * store_ns_get(gf.ip.s, 1)->block_bytes);
+    memset(&gf_turn, 0, sizeof(gf_turn));
+    gf_turn.since = gf.ip.s->total;
+    for (int i = 0; i < 3; i++) {
+        gf_turn.pid[i] = -1;
+        gf_turn.rc[i] = -1;
+    }
+    fake_dev.hold = 1;
+    loop_run(gf.ip.l, 20, gf_turn_tick, &gf);
+    fake_dev.hold = 0;
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq(gf_turn.rc[i], 0);
+    ck_assert_uint_eq(gf.ip.s->total.lookups - gf_turn.since.lookups, 3);
+    ck_assert_uint_eq(gf.ip.s->total.hit_blocks - gf_turn.since.hit_blocks, 2 * GF_SHARE + 8);
+    ck_assert_uint_eq(gf_turn.second_hits, GF_SHARE + 8);
+    ck_assert_uint_eq(gf.ip.s->pins_now, 0);
+    ck_assert_int_eq(fake_dev_last_error(), 0);
+}
+END_TEST
+
 /* The tick of the bounded case: the copies are held (they cannot land) until the lookup
  * has been answered (its hits pinned) or its client is gone, then let go so its WAIT and
  * its release end; the
@@ -1391,6 +1473,7 @@ int main(void)
     TCase *tl = gf_case(s, "host-lookup-long", gf_long_setup, gf_teardown);
     tcase_add_test(tl, test_host_lookup_waits_for_pool_moves);
     tcase_add_test(tl, test_host_lookups_share_pool_moves);
+    tcase_add_test(tl, test_host_lookup_not_behind_long_prefix);
     TCase *tw = gf_case(s, "host-lookup-wait", gf_long_bounded_setup, gf_teardown);
     tcase_add_test(tw, test_host_lookup_pool_wait_bounded);
     fflush(stdout);

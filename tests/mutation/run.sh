@@ -550,6 +550,18 @@ mutation gpu-host-lookup-nowait-waits daemon/server_dispatch.c "check_e2e_gpu_fa
 '    bool wait_ok = may_wait && !(q->flags & (KVC_LOOKUP_F_READY_ONLY | KVC_LOOKUP_F_NOWAIT));' \
 '    bool wait_ok = may_wait && !(q->flags & KVC_LOOKUP_F_READY_ONLY);'
 
+# The batched decoder takes a raw-head appendix of no heads as present: its slot table is
+# read wherever the block's header says, past the block's end too.
+mutation batch-rawh-empty-kept kernels/kern_batch.h "check_pack" \
+'    if (o->rh && (o->rcnt == 0 || o->rh + kern_rawh_bytes(lay, o->rcnt) > src_len))' \
+'    if (o->rh && o->rh + kern_rawh_bytes(lay, o->rcnt) > src_len)'
+
+# A waiting lookup that started pool moves keeps its place ahead of the others waiting: a
+# long prefix takes every slot a landing frees while the short lookup behind it waits.
+mutation gpu-retry-took-keeps-place daemon/server_dispatch.c "check_e2e_gpu_fake" \
+'        } else if (engine_gpu_moves_started(sv->store) != moves0) {' \
+'        } else if (false && engine_gpu_moves_started(sv->store) != moves0) {'
+
 # Hybrid kinds: a long window lookup whose requests do not overlap by the window (a window
 # straddling two requests is judged by neither).
 mutation kinds-long-no-overlap client/libkvc_lease.c "check_e2e_kinds" \
