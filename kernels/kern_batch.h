@@ -230,21 +230,33 @@ KERN_HD void kern_batch_eng_at(const struct kern_batch *b, const uint64_t *w,
     e->page0 = kern_batch_page(b, w, pg);
 }
 
+/* Address of token j of a step whose first token is slice-relative token rel0, slot0 of
+ * physical page page0, in the engine at base (pages of page_tokens, the table slice at tab);
+ * NULL when the table has no page for it. */
+KERN_HD uint8_t *kern_batch_tok(uint8_t *base, uint32_t rel0, uint32_t slot0, int32_t page0,
+                                uint32_t page_tokens, uint32_t pt_shift, uint64_t page_stride,
+                                uint64_t token_stride, const uint8_t *tab, uint32_t j)
+{
+    uint32_t slot = slot0 + j;
+    int32_t page = page0;
+    if (slot >= page_tokens) { /* the step crosses into a later page */
+        const uint32_t rel = rel0 + j;
+        const uint32_t pg = kern_batch_div(rel, page_tokens, pt_shift);
+        slot = rel - pg * page_tokens;
+        memcpy(&page, tab + 4ull * pg, 4);
+    }
+    if (page < 0)
+        return 0;
+    return base + (uint64_t)page * page_stride + (uint64_t)slot * token_stride;
+}
+
 /* Address of token j of the step in the engine, NULL when the table has no page for it. */
 KERN_HD uint8_t *kern_batch_eng_tok(const struct kern_batch *b, const uint64_t *w,
                                     const struct kern_batch_eng *e, uint32_t j)
 {
-    uint32_t slot = e->slot0 + j;
-    int32_t page = e->page0;
-    if (slot >= b->page_tokens) { /* the step crosses into a later page */
-        const uint32_t rel = e->rel0 + j;
-        const uint32_t pg = kern_batch_div(rel, b->page_tokens, b->pt_shift);
-        slot = rel - pg * b->page_tokens;
-        page = kern_batch_page(b, w, pg);
-    }
-    if (page < 0)
-        return 0;
-    return e->base + (uint64_t)page * b->page_stride + (uint64_t)slot * b->token_stride;
+    return kern_batch_tok(e->base, e->rel0, e->slot0, e->page0, b->page_tokens, b->pt_shift,
+                          b->page_stride, b->token_stride,
+                          (const uint8_t *)(w + kern_batch_tab_word(b)), j);
 }
 
 /* ---- warp-uniform values ----------------------------------------------------------------
@@ -1188,20 +1200,14 @@ KERN_HD void kern_batch_fast_load(const struct kern_batch_fast *f, const uint64_
     if (c >= f->nitems)
         return;
     const uint32_t j = kern_batch_div(c, items, f->item_shift), cc = c - j * items;
-    uint32_t slot = f->slot0 + j;
-    int32_t page = f->page0;
-    if (slot >= f->page_tokens) { /* the step crosses into a later page */
-        const uint32_t rel = f->rel0 + j;
-        const uint32_t pg = kern_batch_div(rel, f->page_tokens, f->pt_shift);
-        slot = rel - pg * f->page_tokens;
-        memcpy(&page, (const uint8_t *)(w + f->tab) + 4ull * pg, 4);
-    }
-    if (page < 0)
+    uint8_t *eng =
+        kern_batch_tok(f->base, f->rel0, f->slot0, f->page0, f->page_tokens, f->pt_shift,
+                       f->page_stride, f->token_stride, (const uint8_t *)(w + f->tab), j);
+    if (!eng)
         return;
     const uint32_t h = kern_batch_div(cc, f->o, f->osh), d0 = 8 * (cc - h * f->o);
     const uint64_t th = (uint64_t)(f->t0 + j) * H + h;
-    p->to = f->base + (uint64_t)page * f->page_stride + (uint64_t)slot * f->token_stride +
-            (uint64_t)h * f->head_stride + 2ull * d0;
+    p->to = eng + (uint64_t)h * f->head_stride + 2ull * d0;
     if (f->form == KERN_BATCH_FAST_RAW) {
         kern_batch_ld(f->sect + 2 * (th * D + d0), 16, f->w1, p->v);
         return;

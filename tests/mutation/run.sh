@@ -103,8 +103,8 @@ mutation pack-run-crosses-page kernels/kern_pack.c "check_pack" \
 # The decoder's fast rounds never look a later page up: a step whose tokens cross a page
 # writes its later tokens past the first page's end.
 mutation decode-fast-page-cross kernels/kern_batch.h "check_pack" \
-'    if (slot >= f->page_tokens) { /* the step crosses into a later page */' \
-'    if (0 && slot >= f->page_tokens) {'
+'        kern_batch_tok(f->base, f->rel0, f->slot0, f->page0, f->page_tokens, f->pt_shift,' \
+'        kern_batch_tok(f->base, f->rel0, f->slot0, f->page0, 0xffffffffu, f->pt_shift,'
 
 # Decode steps widened whatever the batch's size: a small batch loses its warps to steps of
 # more rows (the widening is only for batches with steps to spare).
