@@ -1309,6 +1309,7 @@ KERN_HD int kern_batch_dstep_at(const struct kern_batch *b, const uint64_t *w, u
 {
     const struct kern_layout *lay = &b->klay;
     const uint32_t K = b->kinds, L = b->layers, D = b->head_dim;
+    memset(st, 0, sizeof(*st)); /* every field set, whichever way this returns */
     kern_batch_step_at(b, s, &st->at);
     st->src = kern_batch_ptr(w, K * L + st->at.bi);
     if (!st->src)
@@ -1328,9 +1329,6 @@ KERN_HD int kern_batch_dstep_at(const struct kern_batch *b, const uint64_t *w, u
         st->hs.ok
             ? (uint32_t)kern_rot_bits(kern_codec_as(st->hs.codec, st->at.k == 1 && !lay->k_only))
             : 0;
-    st->rseed = 0;
-    st->rscale = 0.0f;
-    st->rgroups = st->rmeans = 0;
     if (st->rbits) {
         const uint8_t *sect = st->src + st->hs.offset;
         st->rseed = kern_batch_ld32(sect, kern_batch_dsa(st)); /* kern_rot_get_seed */
