@@ -8,9 +8,7 @@
 # Stages, each under a deadline, the whole within 6 minutes (KVC_DEVICE_CHECK_SECONDS, 350):
 #   suites     the GPU suites (tests/run-checks.sh over the bundle); where a GPU is present,
 #              a GPU case that skips is a failure
-#   benches    bench_gpu, bench_kernels, bench_host; then bench_kernels' GPU decode rows with
-#              the decode kernel built for 3 and 2 resident blocks (KVC_DECODE_MINB) beside
-#              the default's 4
+#   benches    bench_gpu, bench_kernels, bench_host
 #   python     the Python package built on the host for its own Python and PyTorch (cc, the
 #              interpreter's headers, the bundle's libkvc.a): python/tests/test_cuda_device.py
 #              and the engine's CUDA case (test_engine.py), then bench_python.py's rows (its
@@ -23,7 +21,9 @@
 #   scale      after the 6 minutes, two runs under deadlines of their own
 #              (KVC_DEVICE_CHECK_SCALE_SECONDS each, 60; 0 skips them): bench_scale's clients
 #              part, 1/16/128 connections, the daemon without and with 4 I/O threads, on the
-#              host's cores; then its ready part at 1, 8 and 64 GiB (as far as memory allows)
+#              host's cores; then its ready part at 1, 8 and 64 GiB (as far as memory allows);
+#              before them, bench_kernels' GPU decode rows with the decode kernel built for 3
+#              and 2 resident blocks (KVC_DECODE_MINB) beside the default's 4, 40 s each
 # OUTDIR gets at most 10 files: summary.txt (device, driver, CUDA, each stage's result and
 # time), suites.log, sanitizer.log, bench.txt (the benchmarks' tables, the Python stage's
 # log and table at its end), gpu.json, kernels.json, host.json, python.json, scale.json,
@@ -130,22 +130,6 @@ for b in gpu:60 kernels:60 host:120; do
     [ "$rc" -eq 0 ] || fail "bench_$name: rc $rc ($(tail -n 2 "$out/bench.txt" | tr '\n' ' '))"
 done
 
-# The decode kernel's register cap against its occupancy (kern_pack.cu, KVC_DECODE_MINB): the
-# GPU decode rows again with the kernel built for 3 and 2 resident blocks per multiprocessor
-# (the default is 4), beside the rows above; the CPU rows in smoke time. Informational.
-if [ "$gpu" -eq 1 ]; then
-    ktmp=$(mktemp -d /tmp/kvcd-devk.XXXXXX)
-    for m in 3 2; do
-        echo "==== bench_kernels, decode kernel at $m blocks per SM (KVC_DECODE_MINB=$m)" >>"$out/bench.txt"
-        KVC_DECODE_MINB=$m KVC_BENCH_SMOKE=1 stage 40 "$bundle/bench/bench_kernels" \
-            "$ktmp/k$m.json" >"$ktmp/k$m.txt" 2>&1
-        rc=$?
-        grep -E '^gpu/.*/decode' "$ktmp/k$m.txt" >>"$out/bench.txt"
-        say "bench_kernels decode at minb $m: rc $rc; $(grep -E '^gpu/q8_0/decode_paged' "$ktmp/k$m.txt" | sed 's/  */ /g')"
-    done
-    rm -rf "$ktmp"
-fi
-
 if [ "$gpu" -eq 1 ] && grep -qE '^SKIP: bench_(gpu|kernels).*(no CUDA device|no device)' \
     "$out/bench.txt"; then
     fail "a GPU is here but the benchmarks' GPU rows skipped"
@@ -239,6 +223,24 @@ if [ "$gpu" -eq 1 ]; then
 else
     echo "SKIP: sanitizer: no GPU" >"$out/sanitizer.log"
     say "sanitizer: SKIP (no GPU)"
+fi
+
+# ---- the decode kernel's occupancy, after the 6 minutes ------------------------------------
+# Its register cap against its occupancy (kern_pack.cu, KVC_DECODE_MINB): bench_kernels' GPU
+# decode rows again with the kernel built for 3 and 2 resident blocks per multiprocessor (the
+# default is 4), beside the benches' rows; the CPU rows in smoke time; 40 s each, their own
+# deadline (KVC_DEVICE_CHECK_SCALE_SECONDS 0 skips them with the scale runs). Informational.
+if [ "$gpu" -eq 1 ] && [ "${KVC_DEVICE_CHECK_SCALE_SECONDS:-60}" -gt 0 ]; then
+    ktmp=$(mktemp -d /tmp/kvcd-devk.XXXXXX)
+    for m in 3 2; do
+        echo "==== bench_kernels, decode kernel at $m blocks per SM (KVC_DECODE_MINB=$m)" >>"$out/bench.txt"
+        KVC_DECODE_MINB=$m KVC_BENCH_SMOKE=1 timeout -k 10 40 "$bundle/bench/bench_kernels" \
+            "$ktmp/k$m.json" >"$ktmp/k$m.txt" 2>&1
+        rc=$?
+        grep -E '^gpu/.*/decode' "$ktmp/k$m.txt" >>"$out/bench.txt"
+        say "bench_kernels decode at minb $m: rc $rc; $(grep -E '^gpu/q8_0/decode_paged' "$ktmp/k$m.txt" | sed 's/  */ /g')"
+    done
+    rm -rf "$ktmp"
 fi
 
 # ---- many cores: the I/O threads against the loop alone (issue 32), after the 6 minutes ----
