@@ -7,12 +7,14 @@
 #include <check.h>
 #include <errno.h>
 #include <jansson.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "tests/lib/daemon.h"
@@ -283,6 +285,26 @@ START_TEST(test_kvcctl_connect_errors_named)
 }
 END_TEST
 
+/* Whether a process holds the flock on `lock`, as kvcctl reads it (/proc/locks: taking the
+ * lock to see would stop a starting kvcd). */
+static bool ct_lock_held(const char *lock)
+{
+    char line[256];
+    struct stat st;
+    bool held = false;
+    FILE *f;
+    if (stat(lock, &st) != 0 || !(f = fopen("/proc/locks", "re")))
+        return false;
+    while (!held && fgets(line, sizeof(line), f)) {
+        unsigned maj, min;
+        unsigned long ino;
+        held = sscanf(line, "%*d: FLOCK %*s %*s %*d %x:%x:%lu", &maj, &min, &ino) == 3 &&
+               ino == st.st_ino && maj == major(st.st_dev) && min == minor(st.st_dev);
+    }
+    fclose(f);
+    return held;
+}
+
 /* `kvcd & kvcctl status`, as docs/getting-started.md has it: kvcctl waits for a kvcd that
  * holds its socket's start lock but has not bound the socket yet (it said "no socket there
  * (kvcd not running ...)"), and after 10 s says that kvcd is still starting, naming its pid. */
@@ -303,9 +325,10 @@ START_TEST(test_kvcctl_waits_for_a_starting_kvcd)
     ck_assert_msg(strstr(ct_err, want), "'%s' does not say '%s'", ct_err, want);
     close(fd);
     unlink(lock);
-    /* A real start: kvcctl runs once kvcd took its lock, while it makes its arena. */
+    /* A real start: kvcctl runs once kvcd holds its lock (not merely created the file: kvcd
+     * opens it, then locks it), while it makes its arena. */
     ck_assert_int_eq(daemon_spawn(&d, args, &pid), 0);
-    while (access(lock, F_OK) != 0 && daemon_now_ms() - t0 < (uint64_t)daemon_ms(30000))
+    while (!ct_lock_held(lock) && daemon_now_ms() - t0 < (uint64_t)daemon_ms(30000))
         usleep(1000);
     ck_assert_int_eq(daemon_kvcctl(&d, ct_out, CT_OUT, ct_err, CT_OUT, "status", NULL), 0);
     d.pid = pid;
