@@ -180,8 +180,7 @@ template <int W> static int batch_launch(const struct kern_batch_args *a, cudaSt
             kern_decode_kernel<W, 3><<<g, t, 0, s>>>(p);
         else
             kern_decode_kernel<W, 4><<<g, t, 0, s>>>(p);
-    }
-    else if (p.h.run)
+    } else if (p.h.run)
         pack_launch<W, 1>(p, g, t, s);
     else
         pack_launch<W, 0>(p, g, t, s);
