@@ -745,11 +745,14 @@ START_TEST(test_fast_sync_waits_for_others)
            FP_SYNC_CONNS, per, (unsigned long long)(dropped - drop0));
     ck_assert_uint_gt(dropped - drop0, 0);
     ck_assert_uint_le(dropped - drop0, per);
+    /* The others leave (their unread hits read or dropped, counted, as they go: a sanitizer
+     * build reads a million entries too slowly to wait for them), c[0] stays to ask. */
     uint64_t all = fast0 + drop0 + (uint64_t)FP_SYNC_CONNS * others + per;
+    for (uint32_t i = 1; i < n; i++)
+        kvc_disconnect(c[i]);
     fp_settle(c[0], all, &fast, &dropped);
     ck_assert_uint_eq(fast + dropped, all);
-    for (uint32_t i = 0; i < n; i++)
-        kvc_disconnect(c[i]);
+    kvc_disconnect(c[0]);
     ck_assert_int_eq(daemon_stop(&d), 0);
     daemon_cleanup(&d);
 }
