@@ -21,9 +21,7 @@
 #   scale      after the 6 minutes, two runs under deadlines of their own
 #              (KVC_DEVICE_CHECK_SCALE_SECONDS each, 60; 0 skips them): bench_scale's clients
 #              part, 1/16/128 connections, the daemon without and with 4 I/O threads, on the
-#              host's cores; then its ready part at 1, 8 and 64 GiB (as far as memory allows);
-#              before them, bench_kernels' GPU decode rows with the decode kernel built for 3
-#              and 2 resident blocks (KVC_DECODE_MINB) beside the default's 4, 40 s each
+#              host's cores; then its ready part at 1, 8 and 64 GiB (as far as memory allows)
 # OUTDIR gets at most 10 files: summary.txt (device, driver, CUDA, each stage's result and
 # time), suites.log, sanitizer.log, bench.txt (the benchmarks' tables, the Python stage's
 # log and table at its end), gpu.json, kernels.json, host.json, python.json, scale.json,
@@ -223,24 +221,6 @@ if [ "$gpu" -eq 1 ]; then
 else
     echo "SKIP: sanitizer: no GPU" >"$out/sanitizer.log"
     say "sanitizer: SKIP (no GPU)"
-fi
-
-# ---- the decode kernel's occupancy, after the 6 minutes ------------------------------------
-# Its register cap against its occupancy (kern_pack.cu, KVC_DECODE_MINB): bench_kernels' GPU
-# decode rows again with the kernel built for 3 and 2 resident blocks per multiprocessor (the
-# default is 4), beside the benches' rows; the CPU rows in smoke time; 40 s each, their own
-# deadline (KVC_DEVICE_CHECK_SCALE_SECONDS 0 skips them with the scale runs). Informational.
-if [ "$gpu" -eq 1 ] && [ "${KVC_DEVICE_CHECK_SCALE_SECONDS:-60}" -gt 0 ]; then
-    ktmp=$(mktemp -d /tmp/kvcd-devk.XXXXXX)
-    for m in 3 2; do
-        echo "==== bench_kernels, decode kernel at $m blocks per SM (KVC_DECODE_MINB=$m)" >>"$out/bench.txt"
-        KVC_DECODE_MINB=$m KVC_BENCH_SMOKE=1 timeout -k 10 40 "$bundle/bench/bench_kernels" \
-            "$ktmp/k$m.json" >"$ktmp/k$m.txt" 2>&1
-        rc=$?
-        grep -E '^gpu/.*/decode' "$ktmp/k$m.txt" >>"$out/bench.txt"
-        say "bench_kernels decode at minb $m: rc $rc; $(grep -E '^gpu/q8_0/decode_paged' "$ktmp/k$m.txt" | sed 's/  */ /g')"
-    done
-    rm -rf "$ktmp"
 fi
 
 # ---- many cores: the I/O threads against the loop alone (issue 32), after the 6 minutes ----

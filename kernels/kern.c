@@ -729,8 +729,7 @@ int64_t kern_decode_cpu(const struct kern_layout *lay, const void *src, size_t s
     return decode_with(cpu_ops(), lay, src, src_len, dst, dst_cap, out_dtype);
 }
 
-/* The CUDA encoder's units and phases (kern_encb.h), every thread of a unit in turn (a
- * token-major unit's lanes a warp at a time, their shuffles emulated: kern_enc_tm_phase1). */
+/* The CUDA encoder's units and phases (kern_encb.h), every thread of a unit in turn. */
 int64_t kern_encode_batched_cpu(const struct kern_layout *lay, const struct kern_recipe *rec,
                                 const void *src, void *dst, size_t dst_cap)
 {

@@ -3,15 +3,14 @@
  * benchmarks need.
  *
  * DESIGN
- * Encode: one launch per block, one thread block per unit of kern_encb.h (a run of 32
- * groups of a token-major section, 8 lanes a group, 32 KiB of a raw one, a head of an fp8
- * one, a 32-token group of one head of KIVI keys) plus one that writes the header and the
- * sections' padding; the section table travels by value in the launch. Threads run the
- * reference's arithmetic from kern_fmt.h (compiled for the device, the float operations
- * pinned to single roundings) — a token-major group's lanes share its min, max or amax and
- * its codes by warp shuffles — read their values with 8- or 16-byte loads and write a unit's
- * output as one run of 16-byte stores out of shared memory, so the GPU writes the
- * reference's bytes. The key statistics, only when asked, are a second kernel (a thread block per layer
+ * Encode: one launch per block, one thread block per unit of kern_encb.h (a run of 256
+ * groups of a token-major section, 32 KiB of a raw one, a head of an fp8 one, a 32-token
+ * group of one head of KIVI keys) plus one that writes the header and the sections' padding;
+ * the section table travels by value in the launch. Threads run the reference's per-group
+ * functions from kern_fmt.h (compiled for the device, the float operations pinned to single
+ * roundings), read their 32 values with 16-byte loads and write a unit's output as one run of
+ * 16-byte stores out of shared memory, so the GPU writes the reference's bytes at memory
+ * speed. The key statistics, only when asked, are a second kernel (a thread block per layer
  * and head). Nothing is copied from host memory and nothing synchronises: the caller's
  * stream orders everything.
  * Decode: the batched decoder of kern_pack.cu (kern_batch.h), this block as a batch of one

@@ -8,14 +8,11 @@
  * in one grid, found by a search of the section table the launch carries by value (struct
  * kern_enc_args: each section's codec, offset and first unit), plus a last unit that writes
  * the header and zeroes the sections' alignment padding. Units by codec:
- *  - token-major codecs (q8_0, q4_1, q5_1, KIVI values): KERN_ENC_GROUPS (32) consecutive groups
- *    of the section's [T][H][G] groups, so a unit's output is one contiguous run. A group is
- *    KERN_ENC_LPG (8) lanes of one warp, 4 values a lane (one 8-byte load where the layout
- *    allows): the group's min, max or amax by xor folds across the lanes, each lane's codes
- *    by the reference's per-element arithmetic, q4_1's nibble pairs and q5_1's high bits by
- *    shuffles, the bytes into shared memory (phase 1, kern_enc_tm_phase1); then the block
- *    writes the run out with 16-byte stores (phase 2). A 4 MiB q8_0 block is 2,048 such
- *    units, where a thread per group made it 256 whose threads each ran 32 values serially;
+ *  - token-major codecs (q8_0, q4_1, q5_1, KIVI values): KERN_ENC_GROUPS (256) consecutive groups
+ *    of the section's [T][H][G] groups, so a unit's output is one contiguous run. A thread
+ *    encodes a group at a time — its 32 values read as four 16-byte loads where the layout
+ *    allows, the reference's group function into registers, the bytes into shared memory —
+ *    and then the block writes the run out with 16-byte stores (phase 2);
  *  - raw: KERN_ENC_RAW_BYTES of the section, copied 16 bytes a thread;
  *  - fp8: one head of the section: the amax of its T x D values (phase 0, a max per thread,
  *    8 values a load where aligned), the block's amax by a tree of halvings (phases 1..8, max
@@ -39,12 +36,10 @@
  * A unit's phase count is a function of the launch's arguments (kern_enc_phases), the same
  * for all its threads: the kernel loops over it with a barrier after each phase.
  * ROT and LOWRANK values are KIVI and q8_0 sections (kern_codec_as). The arithmetic is the
- * reference's group functions (kern_fmt.h, kern_ext.h), or for token-major units their
- * per-element arithmetic, so the bytes are the reference's. A phase ends where the CUDA
- * kernel has a __syncthreads(); the emulation runs every thread's phase 0, then every
- * thread's phase 1, and so on, over the same functions. No thread reads in a phase what
- * another writes in it, except a token-major unit's lanes through their warp's shuffles,
- * which the emulation runs a warp at a time, step by step (kern_enc_tm_phase1).
+ * reference's group functions (kern_fmt.h, kern_ext.h), so the bytes are the reference's. A
+ * phase ends where the CUDA kernel has a __syncthreads(); the emulation runs every thread's
+ * phase 0, then every thread's phase 1, and so on, over the same functions. No thread reads
+ * in a phase what another writes in it.
  */
 #ifndef KVC_KERN_ENCB_H
 #define KVC_KERN_ENCB_H
@@ -58,9 +53,8 @@
 #include "kernels/kern_fmt.h"
 
 #define KERN_ENC_THREADS 256
-#define KERN_ENC_LPG 8 /* token-major units: lanes (threads) per group of 32 values */
-#define KERN_ENC_GROUPS (KERN_ENC_THREADS / KERN_ENC_LPG) /* groups per token-major unit */
-#define KERN_ENC_RAW_BYTES 32768                          /* bytes per raw unit */
+#define KERN_ENC_GROUPS 256      /* groups per token-major unit: one a thread */
+#define KERN_ENC_RAW_BYTES 32768 /* bytes per raw unit */
 #define KERN_ENC_MAX_SECT (2 * KERN_MAX_LAYERS)
 #define KERN_ENC_ROT_VALS 4096 /* ROT: the values of a round (kern_enc_rot_round) */
 
@@ -182,247 +176,49 @@ KERN_HD float kern_enc_value(const struct kern_layout *lay, const uint8_t *raw, 
 
 /* ---- token-major units: groups of 32 values of one token and head ----------------------- */
 
-/* A token-major unit is KERN_ENC_GROUPS groups, KERN_ENC_LPG lanes a group: lane j of a group
- * (threads KERN_ENC_LPG * g + j of the block, inside one warp) owns the group's values
- * 4j .. 4j + 3 — one 8-byte load — and the bytes they make. A phase's steps, every lane of the
- * warp through each before any starts the next: (1) load and fold its 4 values in the
- * reference's order (kern_enc_tm_load); (2) the group's statistics by xor folds over lanes
- * 1, 2, 4 (kern_enc_tm_xor, kern_enc_tm_fold), the lower lane's partial always the left
- * operand, so each fold keeps the first of equal values as the reference's serial loop does
- * (a -0 and a +0 compare equal but store differently); every lane then holds the group's
- * statistics and computes the scale alike; (3) each lane quantizes its own values with the
- * reference's per-element arithmetic (kern_enc_tm_codes); (4) q4_1 and q5_1 only: q4_1's
- * nibble pairs (e, e + 16) join lane j's codes with lane j + 4's (an xor by 4), q5_1's high
- * bits are or-folded over the group; (5) each lane stores its bytes into the unit's run in
- * shared memory (kern_enc_tm_put). On the device a call is one lane (KERN_ENC_WARP_NL = 1)
- * and the exchanges are shuffles; in the emulation lane 0 of each warp runs its 32 lanes,
- * each step a loop over them, an exchange read from the warp's lanes before any changes. */
-#ifdef __CUDA_ARCH__
-#define KERN_ENC_WARP_NL 1u /* lanes one call runs: its own */
-#else
-#define KERN_ENC_WARP_NL 32u /* the emulation: the whole warp */
-#endif
-
-/* What a lane of a token-major unit holds. */
-struct kern_enc_lane {
-    float x[4];  /* its values, 4j .. 4j + 3 of the group; 0 past the group's n */
-    float a, b;  /* q8_0: amax (a); the others: min (a), max (b) */
-    uint32_t cq; /* its 4 codes, a byte each */
-    uint32_t qh; /* q5_1: the group's high bits known so far */
-    uint32_t n;  /* the group's values (0: a lane past the unit's groups) */
-    uint32_t g;  /* the group within the unit */
-};
-
-/* Step 1 for block thread `tid`: its group's place, its values, their fold. */
-KERN_HD void kern_enc_tm_load(const struct kern_enc_args *a, const struct kern_enc_sect *s,
-                              uint32_t unit, const uint8_t *raw, uint32_t tid,
-                              struct kern_enc_lane *p)
+KERN_HD void kern_enc_tm_phase1(const struct kern_enc_args *a, const struct kern_enc_sect *s,
+                                uint32_t unit, const uint8_t *raw, struct kern_enc_smem *sm,
+                                uint32_t tid, uint32_t nt)
 {
     const struct kern_layout *lay = &a->lay;
     const uint32_t H = lay->heads, D = lay->head_dim, G = kern_ngroups(D);
     const uint64_t total = (uint64_t)lay->tokens * H * G, u0 = (uint64_t)unit * KERN_ENC_GROUPS;
     const uint32_t ng = (uint32_t)(total - u0 < KERN_ENC_GROUPS ? total - u0 : KERN_ENC_GROUPS);
-    const uint32_t i = tid / KERN_ENC_LPG, j0 = tid % KERN_ENC_LPG * 4;
-    const int q8 = s->codec == KERN_CODEC_Q8_0;
-    p->g = i;
-    p->n = 0;
-    p->a = q8 ? 0.0f : 3.402823466e38f; /* the reference's starting values */
-    p->b = -3.402823466e38f;
-    p->cq = p->qh = 0;
-    KERN_UNROLL
-    for (int j = 0; j < 4; j++)
-        p->x[j] = 0.0f;
-    if (i >= ng)
-        return;
-    const uint64_t u = u0 + i;
-    const uint32_t t = (uint32_t)(u / ((uint64_t)H * G));
-    const uint32_t rem = (uint32_t)(u % ((uint64_t)H * G)), h = rem / G, g = rem % G;
-    const uint32_t n = D - g * KERN_GROUP < KERN_GROUP ? D - g * KERN_GROUP : KERN_GROUP;
-    const uint8_t *q = raw + 2 * (((uint64_t)t * H + h) * D + (uint64_t)g * KERN_GROUP + j0);
-    uint16_t v[4] = {0, 0, 0, 0};
-    p->n = n;
-    if (a->aligned && n == KERN_GROUP) { /* the group starts 16-byte aligned */
-        uint64_t w;
-        KERN_BATCH_LOAD(uint64_t, w, q);
-        memcpy(v, &w, sizeof(v));
-    } else {
-        KERN_UNROLL
-        for (uint32_t j = 0; j < 4; j++)
-            v[j] = j0 + j < n ? (uint16_t)kern_batch_u16(q + 2 * j) : 0;
-    }
-    KERN_UNROLL
-    for (uint32_t j = 0; j < 4; j++) {
-        if (j0 + j >= n)
-            continue;
-        uint16_t one = v[j];
-        const float x = kern_sanitize(kern_load(&one, lay->dtype, 0)), f = fabsf(x);
-        p->x[j] = x;
-        if (q8) {
-            p->a = f > p->a ? f : p->a;
-        } else {
-            p->a = x < p->a ? x : p->a;
-            p->b = x > p->b ? x : p->b;
-        }
-    }
-}
-
-/* What crosses lanes at an exchange. */
-enum kern_enc_xk { KERN_ENC_XK_STATS, KERN_ENC_XK_CODES, KERN_ENC_XK_QH };
-
-/* q[i] = the field of lane l ^ m for the call's lane l (l from lane0), as it was before the
- * exchange: a shuffle on the device; in the emulation read from the warp's lanes. */
-KERN_HD void kern_enc_tm_xor(const struct kern_enc_lane *p, uint32_t m, enum kern_enc_xk k,
-                             struct kern_enc_lane *q)
-{
-#ifdef __CUDA_ARCH__
-    if (k == KERN_ENC_XK_STATS) {
-        q[0].a = __shfl_xor_sync(0xffffffffu, p[0].a, m);
-        q[0].b = __shfl_xor_sync(0xffffffffu, p[0].b, m);
-    } else if (k == KERN_ENC_XK_CODES) {
-        q[0].cq = __shfl_xor_sync(0xffffffffu, p[0].cq, m);
-    } else {
-        q[0].qh = __shfl_xor_sync(0xffffffffu, p[0].qh, m);
-    }
-#else
-    (void)k;
-    for (uint32_t l = 0; l < KERN_ENC_WARP_NL; l++)
-        q[l] = p[l ^ m];
-#endif
-}
-
-/* Step 2's fold of lane `lane` with its partner's q at distance m: the lower lane's partial
- * on the left, so a tie keeps the lower lane's (the earlier values'), as the reference does. */
-KERN_HD void kern_enc_tm_fold(struct kern_enc_lane *p, const struct kern_enc_lane *q, uint32_t lane,
-                              uint32_t m, int q8)
-{
-    const int up = (lane & m) != 0;
-    const float la = up ? q->a : p->a, ra = up ? p->a : q->a;
-    const float lb = up ? q->b : p->b, rb = up ? p->b : q->b;
-    if (q8) {
-        p->a = ra > la ? ra : la;
-    } else {
-        p->a = ra < la ? ra : la;
-        p->b = rb > lb ? rb : lb;
-    }
-}
-
-/* Step 3: the scale from the group's statistics (every lane alike) and the lane's codes, a
- * byte each in cq; q5_1 the lane's high bits in qh. The arithmetic of kern_q8_0_enc,
- * kern_qx_1_enc and kern_kivi_v_enc, element by element. hd receives the group's header
- * (its 2 or 4 bytes). */
-KERN_HD void kern_enc_tm_codes(uint32_t codec, uint32_t lane, struct kern_enc_lane *p, uint8_t *hd)
-{
-    const uint32_t j0 = lane % KERN_ENC_LPG * 4;
-    const int bits = kern_codec_bits(codec);
-    uint32_t cq = 0, qh = 0;
-    if (bits) {
-        uint16_t mn_h, sc_h;
-        float mnf, id;
-        kern_kivi_params(p->a, p->b, bits, &mn_h, &sc_h, &mnf, &id);
-        memcpy(hd, &sc_h, 2);
-        memcpy(hd + 2, &mn_h, 2);
-        KERN_UNROLL
-        for (uint32_t j = 0; j < 4; j++)
-            if (j0 + j < p->n)
-                cq |= kern_kivi_code(p->x[j], mnf, id, bits) << (8 * j);
-    } else if (codec == KERN_CODEC_Q8_0) {
-        const float d = KERN_DIV(p->a, 127.0f), id = d != 0.0f ? KERN_DIV(1.0f, d) : 0.0f;
-        kern_put_h(hd, d);
-        KERN_UNROLL
-        for (uint32_t j = 0; j < 4; j++)
-            if (j0 + j < p->n)
-                cq |= (uint32_t)(uint8_t)(int8_t)roundf(KERN_MUL(p->x[j], id)) << (8 * j);
-    } else {
-        const int qmax = codec == KERN_CODEC_Q5_1 ? 31 : 15;
-        const float d = KERN_DIV(KERN_SUB(p->b, p->a), (float)qmax);
-        const float id = d != 0.0f ? KERN_DIV(1.0f, d) : 0.0f;
-        kern_put_h(hd, d);
-        kern_put_h(hd + 2, p->a);
-        KERN_UNROLL
-        for (uint32_t j = 0; j < 4; j++) {
-            if (j0 + j >= p->n)
-                continue;
-            const int v = (int)KERN_ADD(KERN_MUL(KERN_SUB(p->x[j], p->a), id), 0.5f);
-            const uint32_t q = (uint32_t)(v < qmax ? v : qmax);
-            cq |= q << (8 * j);
-            qh |= ((q >> 4) & 1u) << (j0 + j);
-        }
-    }
-    p->cq = cq;
-    p->qh = qh;
-}
-
-/* Step 5: lane `lane`'s bytes of its group's block blk (o: lane ^ 4's codes, q4_1 and q5_1). */
-KERN_HD void kern_enc_tm_put(uint32_t codec, uint32_t lane, const struct kern_enc_lane *p,
-                             uint32_t o, const uint8_t *hd, uint8_t *blk)
-{
-    const uint32_t j = lane % KERN_ENC_LPG;
-    const int bits = kern_codec_bits(codec);
-    if (bits) {
-        if (j == 0)
-            memcpy(blk, hd, 4);
-        if (bits == 2) {
-            uint32_t c = p->cq;
-            blk[4 + j] = (uint8_t)((c & 3u) | ((c >> 8 & 3u) << 2) | ((c >> 16 & 3u) << 4) |
-                                   ((c >> 24 & 3u) << 6));
-        } else {
-            blk[4 + 2 * j] = (uint8_t)((p->cq & 0xfu) | ((p->cq >> 8 & 0xfu) << 4));
-            blk[5 + 2 * j] = (uint8_t)((p->cq >> 16 & 0xfu) | ((p->cq >> 24 & 0xfu) << 4));
-        }
-    } else if (codec == KERN_CODEC_Q8_0) {
-        if (j == 0)
-            memcpy(blk, hd, 2);
-        KERN_UNROLL
-        for (uint32_t e = 0; e < 4; e++)
-            blk[2 + 4 * j + e] = (uint8_t)(p->cq >> (8 * e));
-    } else {
-        uint8_t *qs = blk + (codec == KERN_CODEC_Q5_1 ? 8 : 4);
-        if (j == 0) {
-            memcpy(blk, hd, 4);
-            if (codec == KERN_CODEC_Q5_1)
-                memcpy(blk + 4, &p->qh, 4);
-        }
-        if (j < 4) { /* qs[4j + e] = code 4j + e (this lane's), code 4j + e + 16 (lane j + 4's) */
-            KERN_UNROLL
-            for (uint32_t e = 0; e < 4; e++)
-                qs[4 * j + e] = (uint8_t)((p->cq >> (8 * e) & 0xfu) | ((o >> (8 * e) & 0xfu) << 4));
-        }
-    }
-}
-
-/* Phase 1 of a token-major unit: steps 1 .. 5 for the call's lanes (from tid). */
-KERN_HD void kern_enc_tm_phase1(const struct kern_enc_args *a, const struct kern_enc_sect *s,
-                                uint32_t unit, const uint8_t *raw, struct kern_enc_smem *sm,
-                                uint32_t tid, uint32_t nt)
-{
     const uint32_t codec = s->codec, gb = kern_enc_group_bytes(codec);
-    const int q8 = codec == KERN_CODEC_Q8_0, qx = !kern_codec_bits(codec) && !q8;
-    struct kern_enc_lane p[KERN_ENC_WARP_NL], q[KERN_ENC_WARP_NL];
-    uint8_t hd[KERN_ENC_WARP_NL][4];
-    (void)nt; /* KERN_ENC_THREADS: a unit's groups are one pass of the block */
-    if (tid % KERN_ENC_WARP_NL)
-        return; /* the emulation: lane 0 runs the warp */
-    for (uint32_t i = 0; i < KERN_ENC_WARP_NL; i++)
-        kern_enc_tm_load(a, s, unit, raw, tid + i, &p[i]);
-    for (uint32_t m = 1; m < KERN_ENC_LPG; m <<= 1) {
-        kern_enc_tm_xor(p, m, KERN_ENC_XK_STATS, q);
-        for (uint32_t i = 0; i < KERN_ENC_WARP_NL; i++)
-            kern_enc_tm_fold(&p[i], &q[i], tid + i, m, q8);
-    }
-    for (uint32_t i = 0; i < KERN_ENC_WARP_NL; i++)
-        kern_enc_tm_codes(codec, tid + i, &p[i], hd[i]);
-    if (codec == KERN_CODEC_Q5_1)
-        for (uint32_t m = 1; m < KERN_ENC_LPG; m <<= 1) {
-            kern_enc_tm_xor(p, m, KERN_ENC_XK_QH, q);
-            for (uint32_t i = 0; i < KERN_ENC_WARP_NL; i++)
-                p[i].qh |= q[i].qh;
+    const int bits = kern_codec_bits(codec);
+    for (uint32_t i = tid; i < ng; i += nt) {
+        const uint64_t u = u0 + i;
+        const uint32_t t = (uint32_t)(u / ((uint64_t)H * G));
+        const uint32_t rem = (uint32_t)(u % ((uint64_t)H * G)), h = rem / G, g = rem % G;
+        const int n = (int)(D - g * KERN_GROUP < KERN_GROUP ? D - g * KERN_GROUP : KERN_GROUP);
+        const uint8_t *p = raw + 2 * (((uint64_t)t * H + h) * D + (uint64_t)g * KERN_GROUP);
+        uint16_t v[KERN_GROUP];
+        float x[KERN_GROUP];
+        if (a->aligned && n == KERN_GROUP) {
+            kern_batch_v16 q[4];
+            KERN_UNROLL
+            for (int j = 0; j < 4; j++)
+                KERN_BATCH_LOAD(kern_batch_v16, q[j], p + 16 * j);
+            memcpy(v, q, sizeof(v));
+        } else {
+            KERN_UNROLL
+            for (int j = 0; j < KERN_GROUP; j++)
+                v[j] = j < n ? (uint16_t)kern_batch_u16(p + 2 * j) : 0;
         }
-    if (qx)
-        kern_enc_tm_xor(p, KERN_ENC_LPG / 2, KERN_ENC_XK_CODES, q);
-    for (uint32_t i = 0; i < KERN_ENC_WARP_NL; i++)
-        if (p[i].n)
-            kern_enc_tm_put(codec, tid + i, &p[i], qx ? q[i].cq : 0, hd[i],
-                            sm->u.out + (uint64_t)p[i].g * gb);
+        KERN_UNROLL
+        for (int j = 0; j < KERN_GROUP; j++) {
+            uint16_t one = v[j];
+            x[j] = j < n ? kern_sanitize(kern_load(&one, lay->dtype, 0)) : 0.0f;
+        }
+        uint8_t blk[34];
+        if (bits)
+            kern_kivi_v_enc(x, n, blk, bits);
+        else if (codec == KERN_CODEC_Q8_0)
+            kern_q8_0_enc(x, n, blk);
+        else
+            kern_qx_1_enc(x, n, blk, codec == KERN_CODEC_Q5_1 ? 5 : 4);
+        memcpy(sm->u.out + (uint64_t)i * gb, blk, gb);
+    }
 }
 
 /* The unit's run out of shared memory: 16 bytes a thread (the run starts 16-byte aligned:

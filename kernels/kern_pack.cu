@@ -113,11 +113,12 @@ __global__ void __launch_bounds__(KERN_BATCH_THREADS, 4)
     }
 }
 
-/* The decode kernel at MINB resident blocks of 256 threads per multiprocessor: the register
- * cap that sets (64 at 4, 80 at 3, 96 at 2) trades occupancy against the spills of the
- * generic rounds (kern_batch.h); decode_minb() picks it. */
-template <int W, int MINB>
-__global__ void __launch_bounds__(KERN_BATCH_THREADS, MINB)
+/* The decode kernel, at KERN_DECODE_MINB resident blocks of 256 threads per multiprocessor
+ * (64 registers: the generic rounds of kern_batch.h spill a little there). Measured on the
+ * H200 against 3 and 2 blocks (80 and 96 registers, less or no spill): a 32-block q8_0
+ * prefix into paged tensors at 0.49, 0.41 and 0.31 of a D2D copy (docs/design/gpu.md). */
+template <int W>
+__global__ void __launch_bounds__(KERN_BATCH_THREADS, KERN_DECODE_MINB)
     kern_decode_kernel(const __grid_constant__ batch_params<W> p)
 {
     const uint32_t lane = threadIdx.x & 31;
@@ -143,20 +144,6 @@ static void pack_launch(const batch_params<W> &p, dim3 g, dim3 t, cudaStream_t s
         kern_pack_kernel<W, 1, RUN><<<g, t, 0, s>>>(p);
 }
 
-/* Resident decode blocks per multiprocessor the decode kernel is built for: KVC_DECODE_MINB
- * (2, 3 or 4; a tuning knob for measuring one against another on a device), else the
- * default. Read once. */
-static int decode_minb(void)
-{
-    static int minb;
-    if (minb == 0) {
-        const char *e = getenv("KVC_DECODE_MINB");
-        int v = e ? atoi(e) : 0;
-        minb = v >= 2 && v <= 4 ? v : KERN_DECODE_MINB;
-    }
-    return minb;
-}
-
 template <int W> static int batch_launch(const struct kern_batch_args *a, cudaStream_t s)
 {
     static batch_params<W> p; /* 30 KiB: not on the caller's stack; filled under the lock */
@@ -172,15 +159,9 @@ template <int W> static int batch_launch(const struct kern_batch_args *a, cudaSt
     p.h = a->h;
     memcpy(p.w, a->w, (size_t)a->h.nwords * sizeof(uint64_t));
     const dim3 g((unsigned)grid), t(KERN_BATCH_THREADS);
-    if (p.h.op == KERN_BATCH_DECODE) {
-        const int minb = decode_minb();
-        if (minb == 2)
-            kern_decode_kernel<W, 2><<<g, t, 0, s>>>(p);
-        else if (minb == 3)
-            kern_decode_kernel<W, 3><<<g, t, 0, s>>>(p);
-        else
-            kern_decode_kernel<W, 4><<<g, t, 0, s>>>(p);
-    } else if (p.h.run)
+    if (p.h.op == KERN_BATCH_DECODE)
+        kern_decode_kernel<W><<<g, t, 0, s>>>(p);
+    else if (p.h.run)
         pack_launch<W, 1>(p, g, t, s);
     else
         pack_launch<W, 0>(p, g, t, s);

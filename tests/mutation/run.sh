@@ -574,17 +574,6 @@ mutation enc-fp8-tree-half kernels/kern_encb.h "check_kernels check_codecs" \
 '    const uint32_t half = KERN_ENC_THREADS >> step;' \
 '    const uint32_t half = KERN_ENC_THREADS >> (step + (step == 1));'
 
-# The encode kernel's token-major units (issue 25): the fold of a group's minimum across its
-# lanes keeps the upper lane's value on a tie, so a -0 after a +0 becomes q4_1's min.
-mutation enc-tm-fold-ties kernels/kern_encb.h "check_kernels" \
-'        p->a = ra < la ? ra : la;' \
-'        p->a = ra <= la ? ra : la;'
-
-# The same: q4_1's nibble pairs (e, e + 16) join lane j's codes with lane j + 2's, not j + 4's.
-mutation enc-tm-nibble-partner kernels/kern_encb.h "check_kernels check_codecs" \
-'        kern_enc_tm_xor(p, KERN_ENC_LPG / 2, KERN_ENC_XK_CODES, q);' \
-'        kern_enc_tm_xor(p, KERN_ENC_LPG / 4, KERN_ENC_XK_CODES, q);'
-
 # The encode kernel's ROT rows: the cross-chunk stages one length off (each pairs a value
 # with the one 2 len away, the last one with the next row's).
 mutation enc-rot-cross-stage kernels/kern_encb.h "check_codecs" \
