@@ -76,7 +76,29 @@ struct kvc_gpu {
     void *ev_idle[KVC_GPU_IDLE_EVENTS]; /* events whose last record has been waited for */
     uint32_t nev_idle;
     struct kern_batch_args *args; /* the tables of the batch being queued, under c->mu */
+    uint64_t dma_min;             /* host pieces at least this long go by DMA, not staged */
 };
+
+/* Host blocks go straight to and from the engine's pages, one DMA range per (block, layer,
+ * kind, page) piece, where the engine's layout is contiguous (kern_pack_contiguous) and the
+ * pieces are at least g->dma_min bytes; shorter ones are staged in device scratch (a block's
+ * layers cross as one range) and moved by the gather/scatter kernel. A DMA range has a fixed
+ * cost on the copy engines: on the H200 (PCIe, cudaMemcpyBatchAsync) host-tier hits into
+ * paged tensors ran at 0.98 of a pinned copy in 32 KiB pieces and 0.23 in 8 KiB ones, so the
+ * default is 32 KiB; KVC_GPU_DMA_MIN (bytes, read at kvc_gpu_attach) sets another for a
+ * device whose copy engines differ. */
+#define KVC_GPU_DMA_MIN (32u << 10)
+
+static uint64_t kvc_gpu_dma_min(void)
+{
+    const char *e = getenv("KVC_GPU_DMA_MIN");
+    char *end;
+    if (!e || !*e)
+        return KVC_GPU_DMA_MIN;
+    errno = 0;
+    unsigned long long v = strtoull(e, &end, 10);
+    return errno || *end || v == 0 || e[0] == '-' ? KVC_GPU_DMA_MIN : (uint64_t)v;
+}
 
 static const struct kern_dev_ops *kvc_gpu_ops_override;
 /* The process that last attached with this build's own CUDA table (0: none): a process that
@@ -321,6 +343,7 @@ KVC_API int kvc_gpu_attach(kvc_client *c)
         goto out;
     }
     g->ops = kvc_gpu_ops_override ? kvc_gpu_ops_override : kern_dev_cuda();
+    g->dma_min = kvc_gpu_dma_min();
     if (!kvc_gpu_ops_override) /* clients of several threads may attach at once */
         __atomic_store_n(&kvc_gpu_cuda_pid, getpid(), __ATOMIC_RELAXED);
     g->pool.fd = -1;
@@ -793,12 +816,6 @@ static int kvc_gpu_copy_range(kvc_lease *l, size_t first, size_t n, void *dst, v
     return rc;
 }
 
-/* Host blocks go straight to and from the engine's pages, one DMA range per (block, layer,
- * kind) section, where the engine's layout is contiguous (kern_pack_contiguous) and the
- * sections are at least this long; shorter ones are staged in device scratch and moved by
- * the gather/scatter kernel (a DMA range has a fixed cost on the copy engines). */
-#define KVC_GPU_DMA_MIN 4096
-
 /* The direct host <-> engine pieces of a scatter or gather: host[j] the host block of j (NULL:
  * not one), its pieces in r (eptr: the engine's side, bptr: the host's). */
 struct kvc_gpu_runs {
@@ -806,17 +823,19 @@ struct kvc_gpu_runs {
     void **eptr, **bptr;
     uint64_t *len;
     uint64_t cap, n;
+    uint64_t dma_min; /* the pieces' least length */
     void *mem;
 };
 
 /* Whether the host blocks of a move of n blocks can go direct, and room for their pieces:
  * 1 (r ready), 0 (stage them), or -ENOMEM. */
-static int kvc_gpu_runs_new(struct kvc_gpu_runs *r, const struct kern_pack_layout *sub,
-                            const struct kern_pack_engine *e, uint64_t first_token, size_t n)
+static int kvc_gpu_runs_new(struct kvc_gpu_runs *r, uint64_t dma_min,
+                            const struct kern_pack_layout *sub, const struct kern_pack_engine *e,
+                            uint64_t first_token, size_t n)
 {
     memset(r, 0, sizeof(*r));
-    int64_t cap = kern_pack_runs(sub, e, first_token, (uint32_t)n, NULL, KVC_GPU_DMA_MIN, NULL,
-                                 NULL, NULL, 0);
+    int64_t cap = kern_pack_runs(sub, e, first_token, (uint32_t)n, NULL, dma_min, NULL, NULL,
+                                 NULL, 0);
     if (cap < 0)
         return 0;
     r->cap = (uint64_t)cap;
@@ -827,6 +846,7 @@ static int kvc_gpu_runs_new(struct kvc_gpu_runs *r, const struct kern_pack_layou
     r->eptr = r->host + n;
     r->bptr = r->eptr + r->cap;
     r->len = (uint64_t *)(r->bptr + r->cap);
+    r->dma_min = dma_min;
     return 1;
 }
 
@@ -834,7 +854,7 @@ static int kvc_gpu_runs_new(struct kvc_gpu_runs *r, const struct kern_pack_layou
 static int kvc_gpu_runs_fill(struct kvc_gpu_runs *r, const struct kern_pack_layout *sub,
                              const struct kern_pack_engine *e, uint64_t first_token, size_t n)
 {
-    int64_t m = kern_pack_runs(sub, e, first_token, (uint32_t)n, r->host, KVC_GPU_DMA_MIN, r->eptr,
+    int64_t m = kern_pack_runs(sub, e, first_token, (uint32_t)n, r->host, r->dma_min, r->eptr,
                                r->bptr, r->len, r->cap);
     if (m < 0)
         return (int)m;
@@ -898,7 +918,9 @@ KVC_API int kvc_lease_scatter_layers(kvc_lease *l, size_t first, size_t n,
     for (size_t j = 0; j < n; j++)
         nhost += l->hits[first + j].format == KVC_WIRE_FORMAT_RAW &&
                  l->hits[first + j].tier != KVC_WIRE_TIER_GPU;
-    int direct = kv->on_device && nhost ? kvc_gpu_runs_new(&runs, &sub, &e, first_token, n) : 0;
+    int direct = kv->on_device && nhost
+                     ? kvc_gpu_runs_new(&runs, kvc_gpu_of(c)->dma_min, &sub, &e, first_token, n)
+                     : 0;
     if (direct < 0) {
         free(p.mem);
         return direct;
@@ -1053,7 +1075,9 @@ KVC_API int kvc_resv_gather_layers(kvc_resv *r, size_t first, size_t n,
     size_t nhost = 0;
     for (size_t j = 0; j < n; j++)
         nhost += r->slots[first + j].data && r->slots[first + j].tier != KVC_WIRE_TIER_GPU;
-    int direct = kv->on_device && nhost ? kvc_gpu_runs_new(&runs, &sub, &e, first_token, n) : 0;
+    int direct = kv->on_device && nhost
+                     ? kvc_gpu_runs_new(&runs, kvc_gpu_of(c)->dma_min, &sub, &e, first_token, n)
+                     : 0;
     if (direct < 0)
         return direct;
     if (!direct)

@@ -32,6 +32,10 @@ void ge_setup(void)
     static const char *const args[] = {"-o", "host.size=32m", "-o", "host.page_size=64k", NULL};
     memset(&ge_d, 0, sizeof(ge_d));
     ck_assert_int_eq(daemon_start(&ge_d, args), 0);
+    /* These shapes' page pieces are 4 KiB (16 tokens of 2 heads of 64): below libkvc's
+     * default least DMA piece, so the direct host <-> page path is taken here only at this
+     * setting (a case that tests the default unsets it before kvc_gpu_attach). */
+    setenv("KVC_GPU_DMA_MIN", "4096", 1);
 }
 
 void ge_teardown(void)
@@ -39,6 +43,7 @@ void ge_teardown(void)
     /* A fake case that failed half way must not leave its table to the cases after it (one
      * process runs them all when CK_FORK=no, as under compute-sanitizer). */
     kvci_gpu_ops_set(NULL);
+    unsetenv("KVC_GPU_DMA_MIN");
     ck_assert_int_eq(daemon_stop(&ge_d), 0);
     daemon_cleanup(&ge_d);
 }
