@@ -30,6 +30,9 @@
  *    kvc_lease_scatter of them into the paged tensors (one batched DMA straight into the
  *    pages), each against cudaMemcpy from a pinned buffer of the same bytes (>= 0.9; issue
  *    26's prefill rows need the paged load within 1.1 x the pinned copy);
+ *  - host put (2 MiB and 256 KiB blocks): kvc_resv_gather from the paged tensors into host
+ *    slots of fresh keys (DMA straight from the pages, or staged where the page pieces are
+ *    under libkvc's least DMA piece), against cudaMemcpy to a pinned buffer (>= 0.9);
  *  - lossy host hits (2 MiB blocks, every codec): the prefix encoded here and handed to
  *    kvc_lease_scatter as the daemon's quantized blocks would be, decoded by the kernel into
  *    the paged tensors, against cudaMemcpy of the raw bytes from pinned memory (what a raw
@@ -941,6 +944,29 @@ static void bg_block_size(struct daemon *d, kvc_client *c, struct bench_row *row
         bench_fail("gpu: %s: the host hits' bytes in the paged tensors are not the put's", tag);
         goto out;
     }
+    /* A put into host slots: the paged tensors gathered into the host arena (by DMA straight
+     * from the pages where the pieces are long enough, else staged and gathered by the
+     * kernel), against a pinned D2H copy of the same bytes. Fresh keys: the prefix above is
+     * cached; the reservation is aborted after the timing. */
+    for (size_t i = 0; i < n * lay->block_tokens; i++)
+        tokens[i] = (uint32_t)i + (1u << 30);
+    kvc_keys_from_tokens(ns, NULL, tokens, n * lay->block_tokens, NULL, 0, keys, n);
+    if (kvc_reserve(ns, NULL, keys, n, &r) != (int)n) {
+        bench_fail("gpu: %s: no host slots", tag);
+        goto unpin;
+    }
+    cx.r = r;
+    cx.kv = &src.kv;
+    cx.msrc = buf;
+    cx.mdst = pinned;
+    cx.kind = KERN_CUDA_D2H;
+    snprintf(name, sizeof(name), "host put, gather from paged tensors, %s", tag);
+    bg_time(rows, nrows, name, bytes, bg_gather, bg_memcpy, &cx, "cudaMemcpy D2H pinned");
+    kvc_abort(r);
+    r = NULL;
+    cx.msrc = pinned;
+    cx.mdst = buf;
+    cx.kind = KERN_CUDA_H2D;
     if (!(host & BG_HOST_LOSSY))
         goto unpin;
     /* Lossy host hits: the prefix encoded here in each codec (registered, as the arena is),
