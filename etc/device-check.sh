@@ -22,6 +22,9 @@
 #              (KVC_DEVICE_CHECK_SCALE_SECONDS each, 60; 0 skips them): bench_scale's clients
 #              part, 1/16/128 connections, the daemon without and with 4 I/O threads, on the
 #              host's cores; then its ready part at 1, 8 and 64 GiB (as far as memory allows)
+# KVC_DEVICE_CHECK_STAGES names the stages to run, of "suites gpu kernels host python
+# sanitizer scale" (gpu, kernels and host are the three benches; default: all), for a short
+# rerun of what a change touched: the others are listed SKIP in summary.txt.
 # OUTDIR gets at most 10 files: summary.txt (device, driver, CUDA, each stage's result and
 # time), suites.log, sanitizer.log, bench.txt (the benchmarks' tables, the Python stage's
 # log and table at its end), gpu.json, kernels.json, host.json, python.json, scale.json,
@@ -50,6 +53,24 @@ fail() {
     echo "device-check: FAIL: $*" >>"$sum"
 }
 left() { echo $((budget - ($(date +%s) - start))); }
+stages=${KVC_DEVICE_CHECK_STAGES:-suites gpu kernels host python sanitizer scale}
+for s in $stages; do
+    case "$s" in
+    suites | gpu | kernels | host | python | sanitizer | scale) ;;
+    *)
+        echo "device-check: unknown stage '$s' in KVC_DEVICE_CHECK_STAGES" >&2
+        exit 2
+        ;;
+    esac
+done
+# Whether stage $1 was asked for; says so in summary.txt when not.
+want() {
+    case " $stages " in
+    *" $1 "*) return 0 ;;
+    esac
+    say "$1: SKIP (not in KVC_DEVICE_CHECK_STAGES)"
+    return 1
+}
 # Runs a stage's command with what is left of the budget, at most $1 seconds (scaled with the
 # budget when KVC_DEVICE_CHECK_SECONDS changes it: a slower host).
 stage() {
@@ -103,16 +124,18 @@ for f in "$bundle"/bin/* "$bundle"/tests/* "$bundle"/bench/*; do
 done
 
 # ---- suites -----------------------------------------------------------------------------
-t0=$(date +%s)
-stage 150 sh "$root/tests/run-checks.sh" "$bundle" gpu >"$out/suites.log" 2>&1
-rc=$?
-line=$(grep -E '^gpu: [0-9]+ passed' "$out/suites.log" | tail -n 1)
-say "suites: ${line:-no summary} (rc $rc, $(($(date +%s) - t0)) s)"
-[ "$rc" -eq 0 ] || fail "suites: rc $rc ($(grep 'failing suites' "$out/suites.log" | tail -n 1))"
-if [ "$gpu" -eq 1 ]; then
-    skips=$(grep -E '^SKIP: .*(no CUDA device|no device|CUDA probe died|without CUDA)' \
-        "$out/suites.log" | head -n 3)
-    [ -z "$skips" ] || fail "a GPU is here but GPU cases skipped: $skips"
+if want suites; then
+    t0=$(date +%s)
+    stage 150 sh "$root/tests/run-checks.sh" "$bundle" gpu >"$out/suites.log" 2>&1
+    rc=$?
+    line=$(grep -E '^gpu: [0-9]+ passed' "$out/suites.log" | tail -n 1)
+    say "suites: ${line:-no summary} (rc $rc, $(($(date +%s) - t0)) s)"
+    [ "$rc" -eq 0 ] || fail "suites: rc $rc ($(grep 'failing suites' "$out/suites.log" | tail -n 1))"
+    if [ "$gpu" -eq 1 ]; then
+        skips=$(grep -E '^SKIP: .*(no CUDA device|no device|CUDA probe died|without CUDA)' \
+            "$out/suites.log" | head -n 3)
+        [ -z "$skips" ] || fail "a GPU is here but GPU cases skipped: $skips"
+    fi
 fi
 
 # ---- benchmarks -----------------------------------------------------------------------------
@@ -120,6 +143,7 @@ fi
 for b in gpu:60 kernels:60 host:120; do
     name=${b%%:*}
     cap=${b#*:}
+    want "$name" || continue
     t0=$(date +%s)
     echo "==== bench_$name" >>"$out/bench.txt"
     stage "$cap" "$bundle/bench/bench_$name" "$out/$name.json" >>"$out/bench.txt" 2>&1
@@ -134,83 +158,87 @@ if [ "$gpu" -eq 1 ] && grep -qE '^SKIP: bench_(gpu|kernels).*(no CUDA device|no 
 fi
 
 # ---- python: the package on the host's own Python, its CUDA paths for real ------------------
-t0=$(date +%s)
-py=${PYTHON:-python3}
-cc=$(command -v "${CC:-cc}" || command -v gcc || true)
-pytmp=$(mktemp -d /tmp/kvcd-devpy.XXXXXX)
-pyinc=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null)
-pysfx=$("$py" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))' 2>/dev/null)
-pywhy=""
-if ! "$py" -c 'import torch, numpy, pytest' 2>/dev/null; then
-    pywhy="$py cannot import torch, numpy and pytest"
-elif [ -z "$cc" ]; then
-    pywhy="no C compiler (cc, gcc)"
-elif [ ! -f "$pyinc/Python.h" ]; then
-    pywhy="no Python.h for $py (in '$pyinc')"
-elif [ "$gpu" -eq 1 ] && ! "$py" -c 'import torch, sys; sys.exit(not torch.cuda.is_available())'; then
-    pywhy="torch in $py sees no CUDA device"
-fi
-{
-    echo "==== python ($py, $("$py" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__)' 2>/dev/null))"
-} >>"$out/bench.txt"
-if [ -n "$pywhy" ]; then
-    say "python: SKIP ($pywhy)"
-    [ "$gpu" -eq 0 ] || fail "python: $pywhy"
-else
-    mkdir -p "$pytmp/kvcd" && cp -R "$root"/python/kvcd/*.py "$root"/python/kvcd/*.pyi \
-        "$root"/python/kvcd/py.typed "$root"/python/kvcd/engine "$pytmp/kvcd/" &&
-        stage 40 "$cc" -std=gnu11 -O2 -g0 -fPIC -shared -fvisibility=hidden -D_GNU_SOURCE \
-            -DKVC_CUDA=1 -pthread -I"$root" -isystem "$pyinc" -o "$pytmp/kvcd/_kvcd$pysfx" \
-            "$root"/python/kvcd/_kvcd*.c "$bundle/pylib/libkvc.a" "$bundle/lib/libxxhash.so.0" \
-            "$bundle/pylib/libcudart_static.a" "$bundle/lib/libstdc++.so.6" -ldl -lrt -lm \
-            >>"$out/bench.txt" 2>&1
-    rc=$?
-    if [ "$rc" -ne 0 ]; then
-        fail "python: the extension did not build (rc $rc; bench.txt)"
-    else
-        PYTHONPATH="$pytmp" KVCD_BIN="$bundle/bin/kvcd" PYTHONDONTWRITEBYTECODE=1 \
-            stage 90 "$py" -m pytest -p no:cacheprovider -q -rs \
-            "$root/python/tests/test_cuda_device.py" "$root/python/tests/test_engine.py" \
-            >>"$out/bench.txt" 2>&1
-        rc=$?
-        say "python: tests $(grep -E '[0-9]+ (passed|failed)' "$out/bench.txt" | tail -n 1) (rc $rc)"
-        [ "$rc" -eq 0 ] || fail "python: tests rc $rc (bench.txt)"
-        if [ "$gpu" -eq 1 ] && grep -q "SKIPPED.*no CUDA device" "$out/bench.txt"; then
-            fail "python: a GPU is here but CUDA cases skipped"
-        fi
-        mkdir -p "$pytmp/build/lib" && cp "$bundle/pylib/libkvc.so" "$pytmp/build/lib/"
-        PYTHONPATH="$pytmp" KVCD_BIN="$bundle/bin/kvcd" PYTHONDONTWRITEBYTECODE=1 \
-            KVC_BUILD="$pytmp/build" KVC_BENCH_SMOKE=${KVC_BENCH_SMOKE:-} \
-            stage 60 "$py" "$root/tests/bench/bench_python.py" \
-            --cases host,paged,sglang,engine "$out/python.json" >>"$out/bench.txt" 2>&1
-        rc=$?
-        [ "$rc" -eq 0 ] || fail "python: bench_python rc $rc (bench.txt)"
-        # The 8B-shaped prefill rows and the load's CPU time per block, Python against C
-        # (issue 26), under a deadline of their own, into the same python.json.
-        t1=$(date +%s)
-        echo "==== python: prefill (bench_python.py --cases loadcpu,prefill)" >>"$out/bench.txt"
-        PYTHONPATH="$pytmp" KVCD_BIN="$bundle/bin/kvcd" PYTHONDONTWRITEBYTECODE=1 \
-            KVC_BENCH_SMOKE=${KVC_BENCH_SMOKE:-} \
-            stage 90 "$py" "$root/tests/bench/bench_python.py" --cases loadcpu,prefill --append \
-            "$out/python.json" >"$pytmp/prefill.txt" 2>&1
-        rc=$?
-        cat "$pytmp/prefill.txt" >>"$out/bench.txt"
-        say "python: prefill rows rc $rc, $(($(date +%s) - t1)) s"
-        grep -E '^((load|prefill)_[a-z0-9]+_[0-9]+tok_|load_cpu_)' "$pytmp/prefill.txt" |
-            cut -c 1-150 | sed 's/^/  /' | tee -a "$sum"
-        [ "$rc" -eq 0 ] || fail "python: bench_python --cases loadcpu,prefill rc $rc (bench.txt)"
-        if [ "$gpu" -eq 1 ] && grep -q '^SKIP' "$pytmp/prefill.txt"; then
-            fail "python: a GPU is here but prefill rows skipped: $(grep '^SKIP' \
-                "$pytmp/prefill.txt" | head -n 2 | tr '\n' ' ')"
-        fi
+if want python; then
+    t0=$(date +%s)
+    py=${PYTHON:-python3}
+    cc=$(command -v "${CC:-cc}" || command -v gcc || true)
+    pytmp=$(mktemp -d /tmp/kvcd-devpy.XXXXXX)
+    pyinc=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null)
+    pysfx=$("$py" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))' 2>/dev/null)
+    pywhy=""
+    if ! "$py" -c 'import torch, numpy, pytest' 2>/dev/null; then
+        pywhy="$py cannot import torch, numpy and pytest"
+    elif [ -z "$cc" ]; then
+        pywhy="no C compiler (cc, gcc)"
+    elif [ ! -f "$pyinc/Python.h" ]; then
+        pywhy="no Python.h for $py (in '$pyinc')"
+    elif [ "$gpu" -eq 1 ] && ! "$py" -c 'import torch, sys; sys.exit(not torch.cuda.is_available())'; then
+        pywhy="torch in $py sees no CUDA device"
     fi
-    say "python: $(($(date +%s) - t0)) s"
+    {
+        echo "==== python ($py, $("$py" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__)' 2>/dev/null))"
+    } >>"$out/bench.txt"
+    if [ -n "$pywhy" ]; then
+        say "python: SKIP ($pywhy)"
+        [ "$gpu" -eq 0 ] || fail "python: $pywhy"
+    else
+        mkdir -p "$pytmp/kvcd" && cp -R "$root"/python/kvcd/*.py "$root"/python/kvcd/*.pyi \
+            "$root"/python/kvcd/py.typed "$root"/python/kvcd/engine "$pytmp/kvcd/" &&
+            stage 40 "$cc" -std=gnu11 -O2 -g0 -fPIC -shared -fvisibility=hidden -D_GNU_SOURCE \
+                -DKVC_CUDA=1 -pthread -I"$root" -isystem "$pyinc" -o "$pytmp/kvcd/_kvcd$pysfx" \
+                "$root"/python/kvcd/_kvcd*.c "$bundle/pylib/libkvc.a" "$bundle/lib/libxxhash.so.0" \
+                "$bundle/pylib/libcudart_static.a" "$bundle/lib/libstdc++.so.6" -ldl -lrt -lm \
+                >>"$out/bench.txt" 2>&1
+        rc=$?
+        if [ "$rc" -ne 0 ]; then
+            fail "python: the extension did not build (rc $rc; bench.txt)"
+        else
+            PYTHONPATH="$pytmp" KVCD_BIN="$bundle/bin/kvcd" PYTHONDONTWRITEBYTECODE=1 \
+                stage 90 "$py" -m pytest -p no:cacheprovider -q -rs \
+                "$root/python/tests/test_cuda_device.py" "$root/python/tests/test_engine.py" \
+                >>"$out/bench.txt" 2>&1
+            rc=$?
+            say "python: tests $(grep -E '[0-9]+ (passed|failed)' "$out/bench.txt" | tail -n 1) (rc $rc)"
+            [ "$rc" -eq 0 ] || fail "python: tests rc $rc (bench.txt)"
+            if [ "$gpu" -eq 1 ] && grep -q "SKIPPED.*no CUDA device" "$out/bench.txt"; then
+                fail "python: a GPU is here but CUDA cases skipped"
+            fi
+            mkdir -p "$pytmp/build/lib" && cp "$bundle/pylib/libkvc.so" "$pytmp/build/lib/"
+            PYTHONPATH="$pytmp" KVCD_BIN="$bundle/bin/kvcd" PYTHONDONTWRITEBYTECODE=1 \
+                KVC_BUILD="$pytmp/build" KVC_BENCH_SMOKE=${KVC_BENCH_SMOKE:-} \
+                stage 60 "$py" "$root/tests/bench/bench_python.py" \
+                --cases host,paged,sglang,engine "$out/python.json" >>"$out/bench.txt" 2>&1
+            rc=$?
+            [ "$rc" -eq 0 ] || fail "python: bench_python rc $rc (bench.txt)"
+            # The 8B-shaped prefill rows and the load's CPU time per block, Python against C
+            # (issue 26), under a deadline of their own, into the same python.json.
+            t1=$(date +%s)
+            echo "==== python: prefill (bench_python.py --cases loadcpu,prefill)" >>"$out/bench.txt"
+            PYTHONPATH="$pytmp" KVCD_BIN="$bundle/bin/kvcd" PYTHONDONTWRITEBYTECODE=1 \
+                KVC_BENCH_SMOKE=${KVC_BENCH_SMOKE:-} \
+                stage 90 "$py" "$root/tests/bench/bench_python.py" --cases loadcpu,prefill --append \
+                "$out/python.json" >"$pytmp/prefill.txt" 2>&1
+            rc=$?
+            cat "$pytmp/prefill.txt" >>"$out/bench.txt"
+            say "python: prefill rows rc $rc, $(($(date +%s) - t1)) s"
+            grep -E '^((load|prefill)_[a-z0-9]+_[0-9]+tok_|load_cpu_)' "$pytmp/prefill.txt" |
+                cut -c 1-150 | sed 's/^/  /' | tee -a "$sum"
+            [ "$rc" -eq 0 ] || fail "python: bench_python --cases loadcpu,prefill rc $rc (bench.txt)"
+            if [ "$gpu" -eq 1 ] && grep -q '^SKIP' "$pytmp/prefill.txt"; then
+                fail "python: a GPU is here but prefill rows skipped: $(grep '^SKIP' \
+                    "$pytmp/prefill.txt" | head -n 2 | tr '\n' ' ')"
+            fi
+        fi
+        say "python: $(($(date +%s) - t0)) s"
+    fi
+    rm -rf "$pytmp"
 fi
-rm -rf "$pytmp"
 
 # ---- compute-sanitizer: what the 6 minutes leave ---------------------------------------------
 t0=$(date +%s)
-if [ "$gpu" -eq 1 ]; then
+if ! want sanitizer; then
+    :
+elif [ "$gpu" -eq 1 ]; then
     KVC_SAN_DEADLINE=$((start + budget)) \
         sh "$root/tests/gpu-sanitizer.sh" "$bundle" >"$out/sanitizer.log" 2>&1
     rc=$?
@@ -229,7 +257,7 @@ fi
 # threads, which the 2-vCPU development machines are not. Its own deadline,
 # KVC_DEVICE_CHECK_SCALE_SECONDS (60; 0 skips it).
 scale_cap=${KVC_DEVICE_CHECK_SCALE_SECONDS:-60}
-if [ "$scale_cap" -gt 0 ]; then
+if [ "$scale_cap" -gt 0 ] && want scale; then
     t0=$(date +%s)
     echo "==== bench_scale (clients, io_threads 0 and 4)" >>"$out/bench.txt"
     KVC_SCALE_ONLY=clients KVC_SCALE_CLIENTS=1,16,128 KVC_SCALE_SECS=0.5 \
