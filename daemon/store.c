@@ -353,6 +353,7 @@ void store_free(struct store *s)
                 free(s->ns[i]);
             }
     store_meta_free(s);
+    free(s->tune_keys);
     free(s->rec);
     free(s->ns);
     if (s->ix.blocks)
@@ -874,6 +875,36 @@ uint32_t store_lookup_span(struct store *s, uint32_t ns_id, const struct kvc_wir
     return end - *count;
 }
 
+void store_tune_flush(struct store *s)
+{
+    uint32_t n = s->tune_n;
+    struct store_ns *ns = store_ns_get(s, s->tune_ns);
+    s->tune_n = 0;
+    if (n && ns && ns->serial == s->tune_serial && ns->policy == POLICY_DEFAULT)
+        for (uint32_t i = 0; i < n; i++)
+            store_meta_ref(s, ns, &s->tune_keys[i], i, s->tune_now);
+}
+
+/* A lookup's keys to the namespace's tuner, in prefix order: now, or kept for
+ * store_tune_flush when the server defers them past the reply (tune_defer). */
+static void store_tune_refs(struct store *s, struct store_ns *ns, const struct kvc_wire_key *keys,
+                            uint32_t n, uint64_t now)
+{
+    store_tune_flush(s); /* an earlier lookup's first */
+    if (s->tune_defer && !s->tune_keys)
+        s->tune_keys = malloc(KVC_PROTO_MAX_KEYS * sizeof(*s->tune_keys));
+    if (!s->tune_defer || !s->tune_keys || n > KVC_PROTO_MAX_KEYS) {
+        for (uint32_t i = 0; i < n; i++)
+            store_meta_ref(s, ns, &keys[i], i, now);
+        return;
+    }
+    memcpy(s->tune_keys, keys, n * sizeof(*keys));
+    s->tune_ns = ns->id;
+    s->tune_serial = ns->serial;
+    s->tune_now = now;
+    s->tune_n = n;
+}
+
 int store_lease_pin(struct store *s, struct store_owner *o, uint32_t ns_id,
                     const struct kvc_wire_key *keys, const uint32_t *idx, uint32_t n, uint32_t hits,
                     const uint8_t *tier, uint64_t now, uint64_t *lease_id,
@@ -915,8 +946,7 @@ int store_lease_pin(struct store *s, struct store_owner *o, uint32_t ns_id,
         *lease_id = h->id;
     }
     if (ns->policy == POLICY_DEFAULT)
-        for (uint32_t i = 0; i < n && i < KVC_PROTO_MAX_KEYS; i++)
-            store_meta_ref(s, ns, &keys[i], i, now);
+        store_tune_refs(s, ns, keys, n < KVC_PROTO_MAX_KEYS ? n : KVC_PROTO_MAX_KEYS, now);
     STORE_STAT_ADD(s, ns, lookups, 1);
     STORE_STAT_ADD(s, ns, lookup_blocks, n);
     STORE_STAT_ADD(s, ns, lookup_tokens, (uint64_t)n * ns->layout.block_tokens);
@@ -936,6 +966,7 @@ void store_fast_ref(struct store *s, uint32_t ns_id, const struct kvc_wire_key *
                     uint64_t now)
 {
     struct store_ns *ns = store_ns_get(s, ns_id);
+    store_tune_flush(s); /* a lookup's references come before the ring's later ones */
     if (ns && ns->policy == POLICY_DEFAULT)
         store_meta_ref(s, ns, key, pos, now);
 }

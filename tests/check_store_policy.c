@@ -653,6 +653,52 @@ START_TEST(test_ns_policy_sources)
 }
 END_TEST
 
+/* A lookup's tuner work waits for store_tune_flush when the store defers it (the server does,
+ * to send the reply first), and the flush applies exactly what the lookup would have at once:
+ * two namespaces of one arena fed the same lookups, one at once and one deferred, end with
+ * the same tuner and half-life; a deferred lookup's references go before a later lookup's. */
+START_TEST(test_tune_deferred_past_reply)
+{
+    uint32_t a = ns_open("a", 0), b = ns_open("b", 0);
+    static struct kvc_wire_key ks[300];
+    static struct kvc_wire_loc locs[300];
+    uint64_t lease;
+    for (uint32_t r = 0; r < 60; r++) {
+        uint32_t n = 50 + (r * 37) % 250;
+        uint64_t now = 100 + r * 7;
+        for (uint32_t i = 0; i < n; i++)
+            ks[i] = (struct kvc_wire_key){.lo = (r * 13 + i) % 600 + 1, .hi = 9};
+        s->tune_defer = false;
+        ck_assert_int_eq(engine_lookup(s, &o, a, ks, n, now, &lease, locs), 0);
+        ck_assert_uint_eq(s->tune_n, 0);
+        s->tune_defer = true;
+        struct policy_tune *t = store_ns_get(s, b)->tune;
+        uint64_t refs = t ? t->refs : 0;
+        ck_assert_int_eq(engine_lookup(s, &o, b, ks, n, now, &lease, locs), 0);
+        ck_assert_uint_eq(s->tune_n, n); /* kept, not applied */
+        ck_assert_ptr_eq(store_ns_get(s, b)->tune, t);
+        ck_assert_uint_eq(t ? t->refs : 0, refs);
+        if (r % 3 == 2)
+            continue; /* the next lookup applies these first */
+        store_tune_flush(s);
+        ck_assert_uint_eq(s->tune_n, 0);
+    }
+    store_tune_flush(s);
+    const struct store_ns *na = store_ns_get(s, a), *nb = store_ns_get(s, b);
+    ck_assert_ptr_nonnull(na->tune);
+    ck_assert_ptr_nonnull(nb->tune);
+    ck_assert_uint_eq(na->tune->refs, nb->tune->refs);
+    ck_assert_uint_eq(na->tune->sampled, nb->tune->sampled);
+    ck_assert(na->tune->tc == nb->tune->tc && na->tune->tc > 0);
+    ck_assert_int_eq(na->tune->best, nb->tune->best);
+    for (int c = 0; c < POLICY_TUNE_CANDIDATES; c++)
+        ck_assert(na->tune->hits[c] == nb->tune->hits[c]);
+    ck_assert(na->pp.half_life == nb->pp.half_life && na->pp.half_life > 0);
+    ck_assert_int_eq(na->pp.adapt, nb->pp.adapt);
+    s->tune_defer = false;
+}
+END_TEST
+
 int main(void)
 {
     Suite *su = suite_create("store_policy");
@@ -671,6 +717,7 @@ int main(void)
     tcase_add_test(tf, test_budget_select);
     tcase_add_test(tf, test_quest_summary);
     tcase_add_test(tf, test_ns_policy_sources);
+    tcase_add_test(tf, test_tune_deferred_past_reply);
     suite_add_tcase(su, tc);
     suite_add_tcase(su, tf);
     return daemon_suite_run(su);
