@@ -81,6 +81,9 @@
 #define BENCH_PFX_SIZES 3                               /* 1, 255 and 1023 keys */
 #define BENCH_PFX_KEYS 1023                             /* the longest prefix */
 #define BENCH_PFX_WORK (bench_smoke() ? 20000 : 400000) /* keys per repetition and size */
+/* The gap of the load model: an H200's device-to-device copy of one 2 MiB block, 0.28 ms for
+ * 255 of them (docs/performance.md, the prefill rows). */
+#define BENCH_PFX_GAP_US 1.1
 
 enum bench_step {
     BENCH_STEP_MEMCPY_PUT, /* memcpy baseline interleaved with the put repetitions */
@@ -106,10 +109,10 @@ struct bench_shared {
     double rtt_us[BENCH_RTT_REPS];
     double fast_us[BENCH_RTT_REPS];
     double resolve_us[BENCH_RTT_REPS];
-    /* prefix case: [policy][size][phase][rep], us per call; phase 0 lookup, 1 release */
-    double pfx_us[2][BENCH_PFX_SIZES][2][BENCH_RTT_REPS];
-    uint64_t got[BENCH_REPS_MAX][BENCH_MAX_PROCS + 1]; /* while_evicting: bytes the gets hit */
-    int readers_done;                                  /* while_evicting: per repetition */
+    /* prefix case: [variant][size][phase][rep], us per call; phase 0 lookup, 1 release, 2 gap */
+    double pfx_us[3][BENCH_PFX_SIZES][3][BENCH_RTT_REPS]; /* 2: the gap */
+    uint64_t got[BENCH_REPS_MAX][BENCH_MAX_PROCS + 1];    /* while_evicting: bytes the gets hit */
+    int readers_done;                                     /* while_evicting: per repetition */
 };
 
 struct bench_size {
@@ -598,18 +601,24 @@ static int bench_prefix_run(struct bench_shared *sh)
     }
     what = "lookup";
     for (int rep = -1; rep < BENCH_RTT_REPS; rep++) {
-        for (int p = 0; p < 2; p++) {
+        for (int v = 0; v < 3; v++) {
+            int p = v == 1; /* 2: the default policy's namespace, with the gap */
             for (unsigned i = 0; i < BENCH_PFX_KEYS; i++)
                 keys[i] = (struct kvc_key){.lo = 0xbe00000000ull + i, .hi = 0x5eed + (uint64_t)p};
             for (int z = 0; z < BENCH_PFX_SIZES; z++) {
                 unsigned n = bench_pfx_n[z];
                 int ops = bench_pfx_ops(n);
-                double tl = 0, tr = 0;
+                double tl = 0, tr = 0, tg = 0;
                 for (int op = 0; op < ops; op++) {
                     kvc_lease *l;
                     double t0 = bench_now();
                     rc = kvc_lookup(ns[p], keys, n, 0, &l);
-                    double t1 = bench_now();
+                    double t1 = bench_now(), tgap = t1;
+                    if (v == 2) { /* the engine's copy out of the pins */
+                        while ((tgap = bench_now()) < t1 + n * BENCH_PFX_GAP_US * 1e-6)
+                            ;
+                        tg += tgap - t1;
+                    }
                     if (rc != (int)n) {
                         if (rc >= 0)
                             kvc_release(l);
@@ -618,12 +627,13 @@ static int bench_prefix_run(struct bench_shared *sh)
                     }
                     if ((rc = kvc_release(l)) < 0)
                         goto out;
-                    tr += bench_now() - t1;
+                    tr += bench_now() - tgap;
                     tl += t1 - t0;
                 }
                 if (rep >= 0) {
-                    sh->pfx_us[p][z][0][rep] = tl * 1e6 / ops;
-                    sh->pfx_us[p][z][1][rep] = tr * 1e6 / ops;
+                    sh->pfx_us[v][z][0][rep] = tl * 1e6 / ops;
+                    sh->pfx_us[v][z][1][rep] = tr * 1e6 / ops;
+                    sh->pfx_us[v][z][2][rep] = tg * 1e6 / ops;
                 }
             }
         }
@@ -1080,14 +1090,16 @@ int main(int argc, char **argv)
                "of the same namespace in the same run\n",
                BENCH_RTT_REPS);
         static const char *const pol[2] = {"", "_lru"};
-        double best[2][BENCH_PFX_SIZES][3], med[2][BENCH_PFX_SIZES][3];
-        for (int p = 0; p < 2; p++)
+        double best[3][BENCH_PFX_SIZES][4], med[3][BENCH_PFX_SIZES][4];
+        for (int p = 0; p < 3; p++)
             for (int z = 0; z < BENCH_PFX_SIZES; z++)
-                for (int ph = 0; ph < 3; ph++) { /* lookup, release, both */
+                for (int ph = 0; ph < 4; ph++) { /* lookup, release, all three, the gap */
                     double v[BENCH_RTT_REPS];
                     for (int rep = 0; rep < BENCH_RTT_REPS; rep++)
-                        v[rep] = ph < 2 ? sh->pfx_us[p][z][ph][rep]
-                                        : sh->pfx_us[p][z][0][rep] + sh->pfx_us[p][z][1][rep];
+                        v[rep] = ph < 2    ? sh->pfx_us[p][z][ph][rep]
+                                 : ph == 3 ? sh->pfx_us[p][z][2][rep]
+                                           : sh->pfx_us[p][z][0][rep] + sh->pfx_us[p][z][1][rep] +
+                                                 sh->pfx_us[p][z][2][rep];
                     med[p][z][ph] = bench_median(v, BENCH_RTT_REPS);
                     best[p][z][ph] = v[0];
                     for (int rep = 1; rep < BENCH_RTT_REPS; rep++)
@@ -1121,6 +1133,23 @@ int main(int argc, char **argv)
                     printf("\n");
                 }
             }
+        }
+        printf("a load's model: lookup, %.1f us a key of the engine's copy out of the pins (the "
+               "client spins: an H200's\nD2D copy of 2 MiB blocks), release; ratio = against "
+               "that copy alone (the prefill rows' load_8b_*_pool_cuda / D2D)\n",
+               BENCH_PFX_GAP_US);
+        for (int z = 1; z < BENCH_PFX_SIZES; z++) {
+            char name[64];
+            snprintf(name, sizeof(name), "load_model_%ukeys", bench_pfx_n[z]);
+            struct bench_row *r =
+                bench_row_add(res, sizeof(res) / sizeof(res[0]), &nres, name, best[2][z][2], "us",
+                              "the copy alone", best[2][z][3]);
+            if (!r)
+                goto out;
+            printf("%-32s %9.2f %9.2f  ratio %6.2f  (lookup %.2f, release %.2f; medians: "
+                   "ratio %.2f)\n",
+                   r->name, r->value, med[2][z][2], r->value / r->base, best[2][z][0],
+                   best[2][z][1], med[2][z][2] / med[2][z][3]);
         }
         for (int z = 1; z < BENCH_PFX_SIZES; z++) {
             char name[64];
