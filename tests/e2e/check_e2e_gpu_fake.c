@@ -635,8 +635,8 @@ START_TEST(test_lookup_tunes_after_reply)
         ns = store_ns_get(s, i);
     ck_assert_ptr_nonnull(ns);
     ck_assert_int_eq(ns->policy, POLICY_DEFAULT);
-    ck_assert(s->tune_defer);
-    ck_assert_uint_eq(s->tune_n, 0);
+    ck_assert(s->post_defer);
+    ck_assert_uint_eq(s->post_ns, 0);
     ck_assert_ptr_nonnull(ns->tune);
     ck_assert_uint_eq(ns->tune->refs, 3 * GE_BLOCKS);
 }
