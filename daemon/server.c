@@ -183,8 +183,8 @@ void server_conn_close(struct server *sv, struct conn *c, const char *why)
     }
     for (int l = 0; l < 3; l++)
         for (struct server_pending **w = l == 2 ? &sv->pending_took
-                                         : l    ? &sv->pending_run
-                                                : &sv->pending;
+                                         : l   ? &sv->pending_run
+                                               : &sv->pending;
              *w;) {
             struct server_pending *x = *w;
             if (x->c == c) {
@@ -568,7 +568,8 @@ static int server_claim_path(const char *path)
     return rc;
 }
 
-struct server *server_new(struct loop *l, struct store *s, const struct server_params *p, int *err)
+struct server *server_new(struct loop *l, struct store *s, const struct server_params *p,
+                          int *err)
 {
     struct sockaddr_un a = {.sun_family = AF_UNIX};
     struct server *sv = calloc(1, sizeof(*sv));
@@ -602,7 +603,7 @@ struct server *server_new(struct loop *l, struct store *s, const struct server_p
     s->on_room_arg = sv;
     s->on_evict = server_fast_evict;
     s->on_evict_arg = sv;
-    s->post_defer = true; /* server_handle applies a lookup's tuner work after its reply */
+    s->post_defer = true; /* server_handle applies a lookup's policy work after its reply */
     loop_after(l, server_fast_after, sv);
     if (p->adopt) {
         struct sockaddr_un got = {0};
@@ -639,7 +640,8 @@ struct server *server_new(struct loop *l, struct store *s, const struct server_p
     {
         const char *slash = strrchr(sv->path, '/');
         int dl = slash ? (int)(slash - sv->path) : 1;
-        n = snprintf(tmpdir, sizeof(tmpdir), "%.*s/.kvcd.XXXXXX", dl, slash ? sv->path : ".");
+        n = snprintf(tmpdir, sizeof(tmpdir), "%.*s/.kvcd.XXXXXX", dl,
+                     slash ? sv->path : ".");
         if (n > 0 && (size_t)n + 3 <= sizeof(a.sun_path) - 1 && mkdtemp(tmpdir)) {
             snprintf(tmp, sizeof(tmp), "%s/s", tmpdir);
         } else {
@@ -737,8 +739,8 @@ void server_reload(struct server *sv, const struct server_params *p)
     sv->cfg = p->cfg;
     /* Who is an admin follows the new admin_group from the next request on. */
     for (struct conn *c = sv->conns; c; c = c->next)
-        c->peer.admin = acl_is_admin(c->peer.uid, c->peer.gid, c->peer.groups, c->peer.ngroups,
-                                     sv->has_admin_gid, sv->admin_gid);
+        c->peer.admin = acl_is_admin(c->peer.uid, c->peer.gid, c->peer.groups,
+                                     c->peer.ngroups, sv->has_admin_gid, sv->admin_gid);
 }
 
 void server_set_hooks(struct server *sv, const struct server_hooks *h)
@@ -817,7 +819,7 @@ int server_ns_drop(struct server *sv, uint32_t ns_id, uint64_t *dropped)
     /* Its id may name another namespace from now on: nobody has that one open yet. */
     for (struct conn *c = sv->conns; c; c = c->next)
         if (c->ns_open)
-            c->ns_open[ns_id / 8] &= (uint8_t) ~(1u << (ns_id % 8));
+            c->ns_open[ns_id / 8] &= (uint8_t)~(1u << (ns_id % 8));
     sv->ns_uid[ns_id] = UINT32_MAX;
     acl_ns_unbind(sv->acl, ns_id);
     sv->store->total.dropped_namespaces++;

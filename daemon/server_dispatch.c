@@ -553,10 +553,9 @@ static int server_reserve_room(struct server *sv, struct conn *c, const struct s
     X(reserve_keys)                                                                                \
     X(reserved_blocks)                                                                             \
     X(dedup_blocks)                                                                                \
-    X(busy_blocks)                                                                                 \
-    X(nospace_blocks)                                                                              \
-    X(skipped_parent_blocks) X(skipped_parent_busy_blocks) X(skipped_busy_blocks)                  \
-        X(skipped_nospace_blocks) X(skipped_failed_blocks) X(aborted_blocks)
+    X(busy_blocks) X(nospace_blocks) X(skipped_parent_blocks) X(skipped_parent_busy_blocks)        \
+        X(skipped_busy_blocks) X(skipped_nospace_blocks) X(skipped_failed_blocks)                  \
+            X(aborted_blocks)
 
 struct server_resv_stats {
 #define SERVER_RESV_FIELD(f) uint64_t f;
@@ -1150,7 +1149,7 @@ bool server_handle(struct server *sv, struct conn *c, size_t n)
         server_reply_init(sv, r.hdr, 0, (uint32_t)rc);
     }
     rc = quiet ? 0 : server_send(sv, c, send_fd);
-    /* A lookup's tuner work, now that its reply is on its way (struct store, post_defer). */
+    /* A lookup's policy work, now that its reply is on its way (struct store, post_defer). */
     store_post_flush(sv->store);
     if (send_fd_owned)
         close(send_fd);

@@ -71,7 +71,7 @@
 
 #define BENCH_ARENA (bench_smoke() ? "256m" : "2g")
 #define BENCH_WS_BYTES (bench_smoke() ? 32ull << 20 : 256ull << 20) /* blocks per process, case */
-#define BENCH_OP_BYTES (16ull << 20)                                /* block bytes per round trip */
+#define BENCH_OP_BYTES (16ull << 20)  /* block bytes per round trip */
 #define BENCH_WS_MAX_OPS 16 /* round trips of a working set: 256 MiB / 16 MiB */
 #define BENCH_REPS_MAX 11
 #define BENCH_REPS (bench_smoke() ? 2 : BENCH_REPS_MAX)
@@ -109,10 +109,11 @@ struct bench_shared {
     double rtt_us[BENCH_RTT_REPS];
     double fast_us[BENCH_RTT_REPS];
     double resolve_us[BENCH_RTT_REPS];
-    /* prefix case: [variant][size][phase][rep], us per call; phase 0 lookup, 1 release, 2 gap */
-    double pfx_us[3][BENCH_PFX_SIZES][3][BENCH_RTT_REPS]; /* 2: the gap */
-    uint64_t got[BENCH_REPS_MAX][BENCH_MAX_PROCS + 1];    /* while_evicting: bytes the gets hit */
-    int readers_done;                                     /* while_evicting: per repetition */
+    uint64_t got[BENCH_REPS_MAX][BENCH_MAX_PROCS + 1]; /* while_evicting: bytes the gets hit */
+    int readers_done;                                  /* while_evicting: per repetition */
+    /* The prefix case, us per call: [variant: default policy, lru, default with the gap]
+     * [size][phase: lookup, release, the gap][repetition]. */
+    double pfx_us[3][BENCH_PFX_SIZES][3][BENCH_RTT_REPS];
 };
 
 struct bench_size {
@@ -124,7 +125,8 @@ struct bench_size {
 static const struct bench_size bench_sizes[] = {
     {"256KiB", {"bench/host-8l-4h-128d", 8, 4, 128, 16, KVC_DTYPE_FP16, KVC_KV_KIND_KV}},
     {"2MiB", {"bench/host-32l-8h-128d", 32, 8, 128, 16, KVC_DTYPE_FP16, KVC_KV_KIND_KV}},
-    {"16MiB", {"bench/host-32l-8h-128d-t128", 32, 8, 128, 128, KVC_DTYPE_FP16, KVC_KV_KIND_KV}},
+    {"16MiB", {"bench/host-32l-8h-128d-t128", 32, 8, 128, 128, KVC_DTYPE_FP16,
+               KVC_KV_KIND_KV}},
 };
 
 /* The 4 KiB namespace of lookup_hit_1block: 1 layer, 1 head of 64, 16 tokens, fp16 K+V. */
@@ -233,12 +235,12 @@ static void bench_keys(struct kvc_key *k, size_t n, unsigned proc, unsigned size
 
 struct bench_client {
     kvc_ns *ns;
-    size_t bb;      /* block bytes */
-    size_t nblocks; /* blocks per repetition */
-    size_t per_op;  /* blocks per round trip */
-    uint8_t *src;   /* what puts copy from */
-    uint8_t *dst;   /* what gets copy into (BENCH_WS_BYTES and a page more) */
-    size_t doff;    /* where in dst the blocks start: 0, or 16 or 64 bytes past a page */
+    size_t bb;       /* block bytes */
+    size_t nblocks;  /* blocks per repetition */
+    size_t per_op;   /* blocks per round trip */
+    uint8_t *src;    /* what puts copy from */
+    uint8_t *dst;    /* what gets copy into (BENCH_WS_BYTES and a page more) */
+    size_t doff;     /* where in dst the blocks start: 0, or 16 or 64 bytes past a page */
     struct kvc_key *keys;
     const void **blocks;
 };
@@ -570,7 +572,8 @@ static int bench_pfx_ops(unsigned n)
 
 static int bench_prefix_run(struct bench_shared *sh)
 {
-    struct kvc_layout lay = {"bench/host-lookup", bench_smoke() ? 1 : 8, 8, 128, 16,
+    unsigned layers = bench_smoke() ? 1 : 8; /* 64 KiB a layer */
+    struct kvc_layout lay = {"bench/host-lookup", layers,        8, 128, 16,
                              KVC_DTYPE_FP16,      KVC_KV_KIND_KV};
     static struct kvc_key keys[BENCH_PFX_KEYS];
     kvc_client *c = NULL;
@@ -711,7 +714,8 @@ static int64_t bench_reader_memcpy(struct bench_client *b)
  * op until both are through. */
 static int bench_evict_phase(struct bench_shared *sh, unsigned proc, int r, int step,
                              int64_t (*reader)(struct bench_client *),
-                             int (*writer)(struct bench_client *, unsigned), struct bench_client *b)
+                             int (*writer)(struct bench_client *, unsigned),
+                             struct bench_client *b)
 {
     int rc = 0;
     pthread_barrier_wait(&sh->barrier);
@@ -763,12 +767,12 @@ static int bench_evict_run(struct bench_shared *sh, unsigned proc)
                                     bench_writer_memcpy, &b)) < 0)
             goto out;
         what = "get beside puts";
-        if ((rc = bench_evict_phase(sh, proc, r, BENCH_STEP_GET, bench_reader_get, bench_writer_put,
-                                    &b)) < 0)
+        if ((rc = bench_evict_phase(sh, proc, r, BENCH_STEP_GET, bench_reader_get,
+                                    bench_writer_put, &b)) < 0)
             goto out;
         what = "put back"; /* what was evicted (present blocks are skipped by the put) */
-        for (size_t done = 0;
-             proc < 2 && r >= 0 && sh->got[r][proc] < BENCH_WS_BYTES && done < b.nblocks;
+        for (size_t done = 0; proc < 2 && r >= 0 && sh->got[r][proc] < BENCH_WS_BYTES &&
+                              done < b.nblocks;
              done += b.per_op) {
             for (size_t i = 0; i < b.per_op; i++)
                 b.blocks[i] = b.src + (done + i) * b.bb;
@@ -833,7 +837,8 @@ static int bench_case_run(struct bench_shared *sh, unsigned nprocs, int size_idx
 
 /* Best (and, in *median, the median) over repetitions of the aggregate bandwidth of a
  * step, in GB/s. */
-static double bench_gbps(const struct bench_shared *sh, int step, unsigned nprocs, double *median)
+static double bench_gbps(const struct bench_shared *sh, int step, unsigned nprocs,
+                         double *median)
 {
     double v[BENCH_REPS_MAX];
     for (int r = 0; r < BENCH_REPS; r++) {
@@ -890,15 +895,15 @@ static pid_t bench_daemon_start(const char *dir, const char *sock)
     snprintf(log, sizeof(log), "%s/kvcd.log", dir);
     snprintf(opt_size, sizeof(opt_size), "host.size=%s", BENCH_ARENA);
     const char *kvcd = daemon_bin("kvcd"); /* before the fork: it takes a lock */
-    pid_t pid = daemon_fork();             /* dies with the benchmark */
+    pid_t pid = daemon_fork(); /* dies with the benchmark */
     if (pid < 0)
         return -1;
     if (pid == 0) {
         int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
         if (fd >= 0)
             dup2(fd, 2);
-        execl(kvcd, "kvcd", "-o", opt_sock, "-o", opt_size, "-o", "log.level=warning",
-              (char *)NULL);
+        execl(kvcd, "kvcd", "-o", opt_sock, "-o", opt_size,
+              "-o", "log.level=warning", (char *)NULL);
         _exit(127);
     }
     for (int i = 0; i < 600; i++) {
@@ -961,8 +966,8 @@ int main(int argc, char **argv)
         goto out;
     }
     printf("%-22s %8s %8s %8s %8s %6s %9s\n", "", "kvcd", "", "memcpy", "", "", "faults in");
-    printf("%-22s %8s %8s %8s %8s %6s %9s\n", "case", "best", "median", "best", "median", "ratio",
-           "timed ops");
+    printf("%-22s %8s %8s %8s %8s %6s %9s\n", "case", "best", "median", "best", "median",
+           "ratio", "timed ops");
     for (unsigned np = 1; np <= 2; np++) {
         for (unsigned s = 0; s < sizeof(bench_sizes) / sizeof(bench_sizes[0]); s++) {
             char tag[32];
@@ -992,8 +997,8 @@ int main(int argc, char **argv)
                 long faults = 0;
                 double v = bench_gbps(sh, rows[i].step, np, &med);
                 double base = bench_gbps(sh, rows[i].base, np, &base_med);
-                struct bench_row *r = bench_row_add(res, sizeof(res) / sizeof(res[0]), &nres, name,
-                                                    v, "GB/s", "memcpy", base);
+                struct bench_row *r = bench_row_add(res, sizeof(res) / sizeof(res[0]), &nres,
+                                                    name, v, "GB/s", "memcpy", base);
                 if (!r)
                     goto out; /* refused (reported): not a measurement */
                 for (unsigned p = 0; p < np; p++)
@@ -1045,11 +1050,11 @@ int main(int argc, char **argv)
                                             BENCH_STEP_MEMCPY_PUT};
                 int step = steps[st];
                 double t0 = sh->t0[step][rep][0] < sh->t0[step][rep][1] ? sh->t0[step][rep][0]
-                                                                        : sh->t0[step][rep][1];
+                                                                         : sh->t0[step][rep][1];
                 double t1 = sh->t1[step][rep][0] > sh->t1[step][rep][1] ? sh->t1[step][rep][0]
-                                                                        : sh->t1[step][rep][1];
-                double bytes =
-                    st ? 2.0 * BENCH_WS_BYTES : (double)(sh->got[rep][0] + sh->got[rep][1]);
+                                                                         : sh->t1[step][rep][1];
+                double bytes = st ? 2.0 * BENCH_WS_BYTES
+                                  : (double)(sh->got[rep][0] + sh->got[rep][1]);
                 (st == 0 ? v : st == 1 ? m : w)[rep] = bytes / (t1 - t0) / 1e9;
             }
         }
@@ -1062,13 +1067,13 @@ int main(int argc, char **argv)
         }
         med = bench_median(v, BENCH_REPS);
         base_med = bench_median(m, BENCH_REPS);
-        struct bench_row *r =
-            bench_row_add(res, sizeof(res) / sizeof(res[0]), &nres, "get_256KiB_x2_while_evicting",
-                          best, "GB/s", "memcpy", base);
+        struct bench_row *r = bench_row_add(res, sizeof(res) / sizeof(res[0]), &nres,
+                                            "get_256KiB_x2_while_evicting", best, "GB/s",
+                                            "memcpy", base);
         if (!r)
             goto out;
-        printf("%-24s %8.2f %8.2f %8.2f %8.2f %6.2f %9s%s (%.0f %% of the blocks hit)\n", r->name,
-               r->value, med, r->base, base_med, r->value / r->base, "-",
+        printf("%-24s %8.2f %8.2f %8.2f %8.2f %6.2f %9s%s (%.0f %% of the blocks hit)\n",
+               r->name, r->value, med, r->base, base_med, r->value / r->base, "-",
                r->value < 0.8 * r->base ? "  below 0.8 target" : "", 100.0 * hit / BENCH_REPS);
         double wmed = bench_median(w, BENCH_REPS);
         r = bench_row_add(res, sizeof(res) / sizeof(res[0]), &nres,
@@ -1170,17 +1175,17 @@ int main(int argc, char **argv)
         goto done;
     if (bench_case_run(sh, 1, -1) < 0)
         goto out;
-    struct bench_row *r =
-        bench_row_add(res, sizeof(res) / sizeof(res[0]), &nres, "rtt_lookup_release_1block",
-                      bench_median(sh->rtt_us, BENCH_RTT_REPS), "us", NULL, 0);
+    struct bench_row *r = bench_row_add(res, sizeof(res) / sizeof(res[0]), &nres,
+                                        "rtt_lookup_release_1block",
+                                        bench_median(sh->rtt_us, BENCH_RTT_REPS), "us", NULL, 0);
     if (!r)
         goto out;
     printf("%-24s %10.2f us per lookup+release pair (1-block prefix, one client)\n", r->name,
            r->value);
     double rtt = r->value;
     r = bench_row_add(res, sizeof(res) / sizeof(res[0]), &nres, "lookup_hit_1block",
-                      bench_median(sh->fast_us, BENCH_RTT_REPS), "us", "rtt_lookup_release_1block",
-                      rtt);
+                      bench_median(sh->fast_us, BENCH_RTT_REPS), "us",
+                      "rtt_lookup_release_1block", rtt);
     if (!r)
         goto out;
     double fast_best = sh->fast_us[0];

@@ -742,18 +742,17 @@ START_TEST(test_host_hits_bounded_ops)
         ck_assert_int_eq(kvc_release(l), 0);
         ck_assert_int_eq(gb_engine_check(&dst, &src, n * GE_BT, 1, 1), 0);
     }
-    printf(
-        "e2e_gpu: host hits, %s layout, device operations per call (1/4/64 blocks): gather "
-        "%llu/%llu/%llu, copy range %llu/%llu/%llu, scatter %llu/%llu/%llu, scatter of a layer "
-        "%llu/%llu/%llu; DMA ranges in all %llu\n",
-        _i == 1 ? "strided"
-        : _i    ? "contiguous (staged at the default)"
-                : "contiguous",
-        (unsigned long long)ops[0][0], (unsigned long long)ops[1][0], (unsigned long long)ops[2][0],
-        (unsigned long long)ops[0][1], (unsigned long long)ops[1][1], (unsigned long long)ops[2][1],
-        (unsigned long long)ops[0][2], (unsigned long long)ops[1][2], (unsigned long long)ops[2][2],
-        (unsigned long long)ops[0][3], (unsigned long long)ops[1][3], (unsigned long long)ops[2][3],
-        (unsigned long long)(fake_dev.dma_ranges - ranges0));
+    printf("e2e_gpu: host hits, %s layout, device operations per call (1/4/64 blocks): gather "
+           "%llu/%llu/%llu, copy range %llu/%llu/%llu, scatter %llu/%llu/%llu, scatter of a layer "
+           "%llu/%llu/%llu; DMA ranges in all %llu\n",
+           _i == 1 ? "strided" : _i ? "contiguous (staged at the default)" : "contiguous",
+           (unsigned long long)ops[0][0],
+           (unsigned long long)ops[1][0], (unsigned long long)ops[2][0],
+           (unsigned long long)ops[0][1], (unsigned long long)ops[1][1],
+           (unsigned long long)ops[2][1], (unsigned long long)ops[0][2],
+           (unsigned long long)ops[1][2], (unsigned long long)ops[2][2],
+           (unsigned long long)ops[0][3], (unsigned long long)ops[1][3],
+           (unsigned long long)ops[2][3], (unsigned long long)(fake_dev.dma_ranges - ranges0));
     for (int k = 0; k < 4; k++) {
         ck_assert_uint_eq(ops[0][k], ops[1][k]);
         ck_assert_uint_eq(ops[0][k], ops[2][k]);
