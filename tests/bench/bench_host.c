@@ -42,7 +42,9 @@
  * LOOKUP+RELEASE round trip in the same run, with the lookup alone (kvci_fast_resolve)
  * printed beside; and get_256KiB_x2_while_evicting, two processes getting their cached
  * chains while a third puts fresh ones as fast as it can, so the daemon evicts all along
- * (the two readers' memcpy is the baseline). Exit status: 0 with figures (a missed target is
+ * (the two readers' memcpy is the baseline); and the prefix case (bench_prefix_run: lookup and
+ * release of 1, 255 and 1023 keys, under the default policy and LRU, and a load's model).
+ * Exit status: 0 with figures (a missed target is
  * reported, not failed), 1 when something broke (no daemon, an API error, a short hit, a mismatch, a row
  * the table refuses). KVC_BENCH_SMOKE=1: a 256 MiB arena, 32 MiB per process, 2 repetitions.
  */
