@@ -942,8 +942,10 @@ static int engine_lookup_keys(struct store *s, struct store_owner *o, uint32_t n
     if ((flags & ENGINE_LOOKUP_F_WHOLE) && hits < n)
         hits = 0;
     int rc = store_lease_pin(s, o, ns_id, keys, lb.idx, n, hits, tier, now, lease_id, locs);
-    if (rc > 0 && s->remote)
+    if (rc > 0 && s->remote) {
+        store_post_flush(s); /* it reads the hits' counts */
         engine_remote_lookup_done(s, lb.idx, (uint32_t)rc, now);
+    }
     /* A KV lookup's resolutions, counted with it (a span's are its kind's own business). */
     if (rc >= 0 && !(flags & ENGINE_LOOKUP_F_WHOLE))
         ENGINE_STAT_ADD(s, s->ns[ns_id], lookup_index_finds, s->ix.finds - finds0);

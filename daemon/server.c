@@ -603,6 +603,7 @@ struct server *server_new(struct loop *l, struct store *s, const struct server_p
     s->on_room_arg = sv;
     s->on_evict = server_fast_evict;
     s->on_evict_arg = sv;
+    s->post_defer = true; /* server_handle applies a lookup's policy work after its reply */
     loop_after(l, server_fast_after, sv);
     if (p->adopt) {
         struct sockaddr_un got = {0};
@@ -695,6 +696,7 @@ fail:
     s->on_ready = NULL;
     s->on_room = NULL;
     s->on_evict = NULL;
+    s->post_defer = false;
     loop_after(l, NULL, NULL);
     if (sv && sv->fd >= 0)
         close(sv->fd);
@@ -717,6 +719,8 @@ void server_free(struct server *sv)
     sv->store->on_ready = NULL;
     sv->store->on_room = NULL;
     sv->store->on_evict = NULL;
+    store_post_flush(sv->store);
+    sv->store->post_defer = false;
     loop_after(sv->loop, NULL, NULL);
     loop_del(sv->loop, sv->fd);
     close(sv->fd);

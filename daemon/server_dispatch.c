@@ -1149,6 +1149,8 @@ bool server_handle(struct server *sv, struct conn *c, size_t n)
         server_reply_init(sv, r.hdr, 0, (uint32_t)rc);
     }
     rc = quiet ? 0 : server_send(sv, c, send_fd);
+    /* A lookup's policy work, now that its reply is on its way (struct store, post_defer). */
+    store_post_flush(sv->store);
     if (send_fd_owned)
         close(send_fd);
     if (rc == 0 && send_fd >= 0 && r.hdr->opcode == KVC_OP_NS_OPEN) {

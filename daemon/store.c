@@ -353,6 +353,8 @@ void store_free(struct store *s)
                 free(s->ns[i]);
             }
     store_meta_free(s);
+    free(s->post_keys);
+    free(s->post_idx);
     free(s->rec);
     free(s->ns);
     if (s->ix.blocks)
@@ -874,6 +876,60 @@ uint32_t store_lookup_span(struct store *s, uint32_t ns_id, const struct kvc_wir
     return end - *count;
 }
 
+/* What a lookup tells the policies: each hit's access (last first, so every parent ends up
+ * more recent than its children) and, under the default policy, every key to the tuner. */
+static void store_lookup_policy(struct store *s, struct store_ns *ns, const uint32_t *idx,
+                                uint32_t hits, const struct kvc_wire_key *keys, uint32_t n,
+                                uint64_t now)
+{
+    for (uint32_t i = hits; i-- > 0;) {
+        store_meta_hit(s, idx[i], now); /* before the touch: it reads last_access */
+        block_hit(&s->ix.blocks[idx[i]]);
+        store_touch(s, idx[i], now);
+    }
+    if (ns->policy == POLICY_DEFAULT)
+        for (uint32_t i = 0; i < n; i++)
+            store_meta_ref(s, ns, &keys[i], i, now);
+}
+
+void store_post_flush(struct store *s)
+{
+    struct store_ns *ns = store_ns_get(s, s->post_ns);
+    if (!s->post_ns)
+        return;
+    s->post_ns = 0;
+    if (ns && ns->serial == s->post_serial) /* pinned hits: still these blocks */
+        store_lookup_policy(s, ns, s->post_idx, s->post_nhit, s->post_keys, s->post_nkey,
+                            s->post_now);
+}
+
+/* store_lookup_policy now, or kept for store_post_flush when the server defers it past the
+ * reply (post_defer). */
+static void store_lookup_policy_post(struct store *s, struct store_ns *ns, const uint32_t *idx,
+                                     uint32_t hits, const struct kvc_wire_key *keys, uint32_t n,
+                                     uint64_t now)
+{
+    store_post_flush(s); /* an earlier lookup's first */
+    if (ns->policy != POLICY_DEFAULT)
+        n = 0;
+    if (s->post_defer && !s->post_keys) {
+        s->post_keys = malloc(KVC_PROTO_MAX_KEYS * sizeof(*s->post_keys));
+        s->post_idx = malloc(KVC_PROTO_MAX_KEYS * sizeof(*s->post_idx));
+    }
+    if (!s->post_defer || !s->post_keys || !s->post_idx || n > KVC_PROTO_MAX_KEYS ||
+        hits > KVC_PROTO_MAX_KEYS) {
+        store_lookup_policy(s, ns, idx, hits, keys, n, now);
+        return;
+    }
+    memcpy(s->post_idx, idx, hits * sizeof(*idx));
+    memcpy(s->post_keys, keys, n * sizeof(*keys));
+    s->post_ns = ns->id;
+    s->post_serial = ns->serial;
+    s->post_now = now;
+    s->post_nhit = hits;
+    s->post_nkey = n;
+}
+
 int store_lease_pin(struct store *s, struct store_owner *o, uint32_t ns_id,
                     const struct kvc_wire_key *keys, const uint32_t *idx, uint32_t n, uint32_t hits,
                     const uint8_t *tier, uint64_t now, uint64_t *lease_id,
@@ -897,14 +953,10 @@ int store_lease_pin(struct store *s, struct store_owner *o, uint32_t ns_id,
             return rc;
         h->n = hits;
         h->gpu = o->gpu;
-        /* Last hit first, so every parent ends up more recent than its children. */
         for (uint32_t i = hits; i-- > 0;) {
             struct block *b = &s->ix.blocks[idx[i]];
             h->blocks[i] = idx[i];
             store_block_pin(s, idx[i]);
-            store_meta_hit(s, idx[i], now); /* before the touch: it reads last_access */
-            block_hit(b);
-            store_touch(s, idx[i], now);
             store_loc_fill(b, &locs[i]);
             bytes += b->len;
             if (b->format != KVC_WIRE_FORMAT_RAW)
@@ -914,9 +966,8 @@ int store_lease_pin(struct store *s, struct store_owner *o, uint32_t ns_id,
         s->pins_now += hits;
         *lease_id = h->id;
     }
-    if (ns->policy == POLICY_DEFAULT)
-        for (uint32_t i = 0; i < n && i < KVC_PROTO_MAX_KEYS; i++)
-            store_meta_ref(s, ns, &keys[i], i, now);
+    store_lookup_policy_post(s, ns, idx, hits, keys,
+                             n < KVC_PROTO_MAX_KEYS ? n : KVC_PROTO_MAX_KEYS, now);
     STORE_STAT_ADD(s, ns, lookups, 1);
     STORE_STAT_ADD(s, ns, lookup_blocks, n);
     STORE_STAT_ADD(s, ns, lookup_tokens, (uint64_t)n * ns->layout.block_tokens);
@@ -936,6 +987,7 @@ void store_fast_ref(struct store *s, uint32_t ns_id, const struct kvc_wire_key *
                     uint64_t now)
 {
     struct store_ns *ns = store_ns_get(s, ns_id);
+    store_post_flush(s); /* a lookup's references come before the ring's later ones */
     if (ns && ns->policy == POLICY_DEFAULT)
         store_meta_ref(s, ns, key, pos, now);
 }
@@ -945,6 +997,7 @@ int store_fast_hit(struct store *s, uint32_t ns_id, uint32_t idx, const struct k
 {
     struct store_ns *ns = store_ns_get(s, ns_id);
     struct block *b;
+    store_post_flush(s); /* a lookup's accesses come before the ring's later ones */
     if (!ns)
         return -ENOENT;
     if (idx >= s->ix.nblocks || s->ix.blocks[idx].ns != ns_id ||

@@ -294,6 +294,18 @@ struct store {
      * puts that wait for room again). */
     void (*on_room)(void *arg);
     void *on_room_arg;
+    /* What the last lookup tells the policies (store_lease_pin: its hits' accesses, and its
+     * keys for the default policy's tuner), kept here when post_defer is set (the server sets
+     * it) and applied by store_post_flush once the lookup's reply has gone out: the same work
+     * in the same order, before any later request, timer or fast-ring hit reads the policy
+     * state (a newer lookup or a fast hit applies it first). The hits are pinned by the
+     * lease meanwhile; the keys are copied (the request buffer is reused). Loop thread. */
+    bool post_defer;
+    uint32_t post_ns; /* 0: nothing kept */
+    uint32_t post_nhit, post_nkey;
+    uint64_t post_now, post_serial;
+    uint32_t *post_idx;             /* KVC_PROTO_MAX_KEYS; allocated at the first deferral */
+    struct kvc_wire_key *post_keys; /* the same */
 };
 
 /* Creates the store and its host arena. On failure NULL and *err = -errno. */
@@ -544,6 +556,8 @@ const char *store_heap_check(const struct store *s);
 /* A committed block leaves the cache for good (evicted): what the policy knew of it is
  * remembered as a ghost, given back by store_meta_commit when the key comes back soon. */
 void store_ghost_note(struct store *s, uint32_t idx);
+/* Applies the policy work a lookup left (see struct store's post_defer); no-op when none. */
+void store_post_flush(struct store *s);
 /* Feeds the namespace's tuner one referenced key (lookup or commit) in prefix order. */
 void store_meta_ref(struct store *s, struct store_ns *ns, const struct kvc_wire_key *k,
                     uint32_t depth, uint64_t now);

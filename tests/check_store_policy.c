@@ -653,6 +653,79 @@ START_TEST(test_ns_policy_sources)
 }
 END_TEST
 
+/* A lookup's policy work (its hits' accesses, its keys to the default policy's tuner) waits
+ * for store_post_flush when the store defers it (the server does, to send the reply first),
+ * and the flush applies exactly what the lookup would have at once: two namespaces of one
+ * arena fed the same lookups, one at once and one deferred, end with the same tuner,
+ * half-life and block accesses; a deferred lookup's work goes before a later lookup's. */
+START_TEST(test_lookup_policy_after_reply)
+{
+    uint32_t a = ns_open("a", 0), b = ns_open("b", 0);
+    static struct kvc_wire_key ks[300];
+    static struct kvc_wire_loc locs[300];
+    uint64_t la, lb;
+    ck_assert_int_eq(put_chain(a, 0, 0, 8, 10), 8);
+    ck_assert_int_eq(put_chain(b, 0, 0, 8, 10), 8);
+    for (uint32_t r = 0; r < 60; r++) {
+        uint32_t n = 50 + (r * 37) % 250;
+        uint64_t now = 100 + r * 7;
+        bool hit = r % 4 == 1; /* the cached chain of each namespace, else the same misses */
+        uint32_t ia[8], ib[8];
+        for (uint32_t i = 0; i < n; i++)
+            ks[i] = (struct kvc_wire_key){.lo = (r * 13 + i) % 600 + 1, .hi = 9};
+        for (uint32_t i = 0; hit && i < 8; i++) {
+            ia[i] = index_find(&s->ix, (uint16_t)a, &(struct kvc_wire_key){key(a, 0, i).lo, 7});
+            ib[i] = index_find(&s->ix, (uint16_t)b, &(struct kvc_wire_key){key(b, 0, i).lo, 7});
+        }
+        s->post_defer = false;
+        for (uint32_t i = 0; hit && i < 8; i++)
+            ks[i] = key(a, 0, i);
+        ck_assert_int_eq(engine_lookup(s, &o, a, ks, n, now, &la, locs), hit ? 8 : 0);
+        ck_assert_uint_eq(s->post_ns, 0);
+        s->post_defer = true;
+        for (uint32_t i = 0; hit && i < 8; i++)
+            ks[i] = key(b, 0, i);
+        struct policy_tune *t = store_ns_get(s, b)->tune;
+        uint64_t refs = t ? t->refs : 0, last = hit ? s->ix.blocks[ib[3]].last_access : 0;
+        ck_assert_int_eq(engine_lookup(s, &o, b, ks, n, now, &lb, locs), hit ? 8 : 0);
+        ck_assert_uint_eq(s->post_ns, b); /* kept, not applied */
+        ck_assert_uint_eq(s->post_nkey, n);
+        ck_assert_ptr_eq(store_ns_get(s, b)->tune, t);
+        ck_assert_uint_eq(t ? t->refs : 0, refs);
+        if (hit) {
+            ck_assert_uint_eq(s->ix.blocks[ib[3]].last_access, last);
+            ck_assert_uint_ne(s->ix.blocks[ia[3]].last_access, last);
+        }
+        if (r % 3 != 2 || hit) {
+            store_post_flush(s); /* else the next lookup applies it first */
+            ck_assert_uint_eq(s->post_ns, 0);
+        }
+        for (uint32_t i = 0; hit && i < 8; i++) {
+            ck_assert_uint_eq(s->ix.blocks[ia[i]].hits, s->ix.blocks[ib[i]].hits);
+            ck_assert_uint_eq(s->ix.blocks[ia[i]].last_access, s->ix.blocks[ib[i]].last_access);
+            ck_assert(s->meta[ia[i]].freq == s->meta[ib[i]].freq);
+        }
+        if (hit) {
+            ck_assert_int_eq(store_release(s, &o, la), 0);
+            ck_assert_int_eq(store_release(s, &o, lb), 0);
+        }
+    }
+    store_post_flush(s);
+    const struct store_ns *na = store_ns_get(s, a), *nb = store_ns_get(s, b);
+    ck_assert_ptr_nonnull(na->tune);
+    ck_assert_ptr_nonnull(nb->tune);
+    ck_assert_uint_eq(na->tune->refs, nb->tune->refs);
+    ck_assert_uint_eq(na->tune->sampled, nb->tune->sampled);
+    ck_assert(na->tune->tc == nb->tune->tc && na->tune->tc > 0);
+    ck_assert_int_eq(na->tune->best, nb->tune->best);
+    for (int c = 0; c < POLICY_TUNE_CANDIDATES; c++)
+        ck_assert(na->tune->hits[c] == nb->tune->hits[c]);
+    ck_assert(na->pp.half_life == nb->pp.half_life && na->pp.half_life > 0);
+    ck_assert_int_eq(na->pp.adapt, nb->pp.adapt);
+    s->post_defer = false;
+}
+END_TEST
+
 int main(void)
 {
     Suite *su = suite_create("store_policy");
@@ -671,6 +744,7 @@ int main(void)
     tcase_add_test(tf, test_budget_select);
     tcase_add_test(tf, test_quest_summary);
     tcase_add_test(tf, test_ns_policy_sources);
+    tcase_add_test(tf, test_lookup_policy_after_reply);
     suite_add_tcase(su, tc);
     suite_add_tcase(su, tf);
     return daemon_suite_run(su);

@@ -42,7 +42,9 @@
  * LOOKUP+RELEASE round trip in the same run, with the lookup alone (kvci_fast_resolve)
  * printed beside; and get_256KiB_x2_while_evicting, two processes getting their cached
  * chains while a third puts fresh ones as fast as it can, so the daemon evicts all along
- * (the two readers' memcpy is the baseline). Exit status: 0 with figures (a missed target is
+ * (the two readers' memcpy is the baseline); and the prefix case (bench_prefix_run: lookup and
+ * release of 1, 255 and 1023 keys, under the default policy and LRU, and a load's model).
+ * Exit status: 0 with figures (a missed target is
  * reported, not failed), 1 when something broke (no daemon, an API error, a short hit, a mismatch, a row
  * the table refuses). KVC_BENCH_SMOKE=1: a 256 MiB arena, 32 MiB per process, 2 repetitions.
  */
@@ -78,6 +80,12 @@
 #define BENCH_MAX_PROCS 3 /* 2 for the put and get cases; 3 while evicting */
 #define BENCH_RTT_OPS (bench_smoke() ? 1000 : 20000)
 #define BENCH_RTT_REPS 5
+#define BENCH_PFX_SIZES 3                               /* 1, 255 and 1023 keys */
+#define BENCH_PFX_KEYS 1023                             /* the longest prefix */
+#define BENCH_PFX_WORK (bench_smoke() ? 20000 : 400000) /* keys per repetition and size */
+/* The gap of the load model: an H200's device-to-device copy of one 2 MiB block, 0.28 ms for
+ * 255 of them (docs/performance.md, the prefill rows). */
+#define BENCH_PFX_GAP_US 1.1
 
 enum bench_step {
     BENCH_STEP_MEMCPY_PUT, /* memcpy baseline interleaved with the put repetitions */
@@ -105,6 +113,9 @@ struct bench_shared {
     double resolve_us[BENCH_RTT_REPS];
     uint64_t got[BENCH_REPS_MAX][BENCH_MAX_PROCS + 1]; /* while_evicting: bytes the gets hit */
     int readers_done;                                  /* while_evicting: per repetition */
+    /* The prefix case, us per call: [variant: default policy, lru, default with the gap]
+     * [size][phase: lookup, release, the gap][repetition]. */
+    double pfx_us[3][BENCH_PFX_SIZES][3][BENCH_RTT_REPS];
 };
 
 struct bench_size {
@@ -547,6 +558,99 @@ out:
     return rc < 0 ? 1 : 0;
 }
 
+/* The prefix case: lookup and release of a cached prefix of 1, 255 and 1023 keys through the
+ * socket (kvc_lookup without KVC_LOOKUP_NOWAIT, kvc_release), the two calls timed apart, in two
+ * namespaces of the same layout: one under the configured policy (the default, with its
+ * half-life tuner) and one set to LRU (no tuner), interleaved repetition by repetition. A
+ * block is 1/4096 of the arena (512 KiB; 64 KiB in a smoke run), so the tuner samples every
+ * key, as it does for the 2 MiB blocks of a GPU pool of a few GiB. */
+static const unsigned bench_pfx_n[BENCH_PFX_SIZES] = {1, 255, BENCH_PFX_KEYS};
+
+static int bench_pfx_ops(unsigned n)
+{
+    int ops = (int)(BENCH_PFX_WORK / n);
+    return n == 1 ? (bench_smoke() ? 200 : 4000) : ops < 20 ? 20 : ops;
+}
+
+static int bench_prefix_run(struct bench_shared *sh)
+{
+    unsigned layers = bench_smoke() ? 1 : 8; /* 64 KiB a layer */
+    struct kvc_layout lay = {"bench/host-lookup", layers,        8, 128, 16,
+                             KVC_DTYPE_FP16,      KVC_KV_KIND_KV};
+    static struct kvc_key keys[BENCH_PFX_KEYS];
+    kvc_client *c = NULL;
+    kvc_ns *ns[2] = {NULL, NULL};
+    const char *what = "connect";
+    int rc;
+    if ((rc = kvc_connect(bench_sock, &c)) < 0)
+        goto out;
+    for (int p = 0; p < 2; p++) {
+        kvc_resv *r;
+        lay.model_id = p ? "bench/host-lookup-lru" : "bench/host-lookup";
+        what = "open";
+        if ((rc = kvc_ns_open(c, &lay, &ns[p])) < 0)
+            goto out;
+        what = "policy";
+        if (p && (rc = kvc_policy_set(c, kvc_ns_id(ns[p]), "lru")) < 0)
+            goto out;
+        for (unsigned i = 0; i < BENCH_PFX_KEYS; i++)
+            keys[i] = (struct kvc_key){.lo = 0xbe00000000ull + i, .hi = 0x5eed + (uint64_t)p};
+        what = "put";
+        if ((rc = kvc_reserve(ns[p], NULL, keys, BENCH_PFX_KEYS, &r)) < 0)
+            goto out;
+        for (unsigned i = 0; i < BENCH_PFX_KEYS; i++)
+            if (kvc_resv_status(r, i) == KVC_SLOT_RESERVED)
+                memset(kvc_resv_data(r, i), (int)i, kvc_ns_block_bytes(ns[p]));
+        if ((rc = kvc_commit(r, SIZE_MAX)) < 0)
+            goto out;
+    }
+    what = "lookup";
+    for (int rep = -1; rep < BENCH_RTT_REPS; rep++) {
+        for (int v = 0; v < 3; v++) {
+            int p = v == 1; /* 2: the default policy's namespace, with the gap */
+            for (unsigned i = 0; i < BENCH_PFX_KEYS; i++)
+                keys[i] = (struct kvc_key){.lo = 0xbe00000000ull + i, .hi = 0x5eed + (uint64_t)p};
+            for (int z = 0; z < BENCH_PFX_SIZES; z++) {
+                unsigned n = bench_pfx_n[z];
+                int ops = bench_pfx_ops(n);
+                double tl = 0, tr = 0, tg = 0;
+                for (int op = 0; op < ops; op++) {
+                    kvc_lease *l;
+                    double t0 = bench_now();
+                    rc = kvc_lookup(ns[p], keys, n, 0, &l);
+                    double t1 = bench_now(), tgap = t1;
+                    if (v == 2) { /* the engine's copy out of the pins */
+                        while ((tgap = bench_now()) < t1 + n * BENCH_PFX_GAP_US * 1e-6)
+                            ;
+                        tg += tgap - t1;
+                    }
+                    if (rc != (int)n) {
+                        if (rc >= 0)
+                            kvc_release(l);
+                        rc = rc < 0 ? rc : -ENODATA;
+                        goto out;
+                    }
+                    if ((rc = kvc_release(l)) < 0)
+                        goto out;
+                    tr += bench_now() - tgap;
+                    tl += t1 - t0;
+                }
+                if (rep >= 0) {
+                    sh->pfx_us[v][z][0][rep] = tl * 1e6 / ops;
+                    sh->pfx_us[v][z][1][rep] = tr * 1e6 / ops;
+                    sh->pfx_us[v][z][2][rep] = tg * 1e6 / ops;
+                }
+            }
+        }
+    }
+    rc = 0;
+out:
+    if (rc < 0)
+        fprintf(stderr, "bench_host: prefix case: %s: %s\n", what, kvc_strerror(rc));
+    kvc_disconnect(c);
+    return rc < 0 ? 1 : 0;
+}
+
 /* get_256KiB_x2_while_evicting: processes 0 and 1 get their cached chains (as the get
  * case), process 2 puts fresh chains until both are done with each repetition. A get that
  * finds blocks evicted counts the bytes it did copy; the missing blocks are put back
@@ -711,6 +815,7 @@ static int bench_case_run(struct bench_shared *sh, unsigned nprocs, int size_idx
         if (pids[p] == 0)
             _exit(size_idx == -1   ? bench_rtt_run(sh)
                   : size_idx == -2 ? bench_evict_run(sh, p)
+                  : size_idx == -3 ? bench_prefix_run(sh)
                                    : bench_client_run(sh, p, (unsigned)size_idx));
     }
     for (unsigned p = 0; p < nprocs; p++) {
@@ -981,6 +1086,92 @@ int main(int argc, char **argv)
         printf("%-24s %8s %8s %8.2f %8.2f %6.2f %9s  (the readers' memcpy while a third "
                "process memcpys)\n",
                "  same, vs memcpy beside", "", "", wbest, wmed, best / wbest, "-");
+    }
+    if (!only || strcmp(only, "prefix") == 0) {
+        if (bench_case_run(sh, 1, -3) < 0) {
+            fprintf(stderr, "bench_host: case prefix failed\n");
+            goto out;
+        }
+        printf("\nlookup + release of a cached prefix through the socket, us per call (best, "
+               "median of %d repetitions);\nratio = against a one-key lookup + release "
+               "of the same namespace in the same run\n",
+               BENCH_RTT_REPS);
+        static const char *const pol[2] = {"", "_lru"};
+        double best[3][BENCH_PFX_SIZES][4], med[3][BENCH_PFX_SIZES][4];
+        for (int p = 0; p < 3; p++)
+            for (int z = 0; z < BENCH_PFX_SIZES; z++)
+                for (int ph = 0; ph < 4; ph++) { /* lookup, release, all three, the gap */
+                    double v[BENCH_RTT_REPS];
+                    for (int rep = 0; rep < BENCH_RTT_REPS; rep++)
+                        v[rep] = ph < 2    ? sh->pfx_us[p][z][ph][rep]
+                                 : ph == 3 ? sh->pfx_us[p][z][2][rep]
+                                           : sh->pfx_us[p][z][0][rep] + sh->pfx_us[p][z][1][rep] +
+                                                 sh->pfx_us[p][z][2][rep];
+                    med[p][z][ph] = bench_median(v, BENCH_RTT_REPS);
+                    best[p][z][ph] = v[0];
+                    for (int rep = 1; rep < BENCH_RTT_REPS; rep++)
+                        best[p][z][ph] = v[rep] < best[p][z][ph] ? v[rep] : best[p][z][ph];
+                }
+        for (int p = 0; p < 2; p++) {
+            char base[64];
+            snprintf(base, sizeof(base), "lookup_release_1key%s", pol[p]);
+            struct bench_row *r = bench_row_add(res, sizeof(res) / sizeof(res[0]), &nres, base,
+                                                best[p][0][2], "us", NULL, 0);
+            if (!r)
+                goto out;
+            printf("%-32s %9.2f %9.2f  (lookup %.2f, release %.2f)\n", r->name, r->value,
+                   med[p][0][2], best[p][0][0], best[p][0][1]);
+            for (int z = 1; z < BENCH_PFX_SIZES; z++) {
+                static const char *const ph_name[3] = {"lookup", "release", "lookup_release"};
+                for (int ph = 2; ph >= 0; ph--) {
+                    char name[64];
+                    snprintf(name, sizeof(name), "%s_%ukeys%s", ph_name[ph], bench_pfx_n[z],
+                             pol[p]);
+                    r = bench_row_add(res, sizeof(res) / sizeof(res[0]), &nres, name,
+                                      best[p][z][ph], "us", base, best[p][0][2]);
+                    if (!r)
+                        goto out;
+                    printf("%-32s %9.2f %9.2f  ratio %6.2f", r->name, r->value, med[p][z][ph],
+                           r->value / r->base);
+                    if (ph == 2)
+                        printf("  (%.3f us a key past the one-key call; medians %.3f)",
+                               (best[p][z][2] - best[p][0][2]) / (bench_pfx_n[z] - 1),
+                               (med[p][z][2] - med[p][0][2]) / (bench_pfx_n[z] - 1));
+                    printf("\n");
+                }
+            }
+        }
+        printf("a load's model: lookup, %.1f us a key of the engine's copy out of the pins (the "
+               "client spins: an H200's\nD2D copy of 2 MiB blocks), release; ratio = against "
+               "that copy alone (the prefill rows' load_8b_*_pool_cuda / D2D)\n",
+               BENCH_PFX_GAP_US);
+        for (int z = 1; z < BENCH_PFX_SIZES; z++) {
+            char name[64];
+            snprintf(name, sizeof(name), "load_model_%ukeys", bench_pfx_n[z]);
+            struct bench_row *r =
+                bench_row_add(res, sizeof(res) / sizeof(res[0]), &nres, name, best[2][z][2], "us",
+                              "the copy alone", best[2][z][3]);
+            if (!r)
+                goto out;
+            printf("%-32s %9.2f %9.2f  ratio %6.2f  (lookup %.2f, release %.2f; medians: "
+                   "ratio %.2f)\n",
+                   r->name, r->value, med[2][z][2], r->value / r->base, best[2][z][0],
+                   best[2][z][1], med[2][z][2] / med[2][z][3]);
+        }
+        for (int z = 1; z < BENCH_PFX_SIZES; z++) {
+            char name[64];
+            snprintf(name, sizeof(name), "lookup_release_%ukeys_vs_lru", bench_pfx_n[z]);
+            struct bench_row *r =
+                bench_row_add(res, sizeof(res) / sizeof(res[0]), &nres, name, best[0][z][2], "us",
+                              "the same under lru", best[1][z][2]);
+            if (!r)
+                goto out;
+            printf("%-32s %9.2f %9.2f  ratio %6.2f  (the configured policy against lru; "
+                   "medians %.2f)\n",
+                   r->name, r->value, med[0][z][2], r->value / r->base,
+                   med[0][z][2] / med[1][z][2]);
+        }
+        fflush(stdout);
     }
     if (only && strcmp(only, "rtt") != 0)
         goto done;

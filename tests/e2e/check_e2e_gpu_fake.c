@@ -602,6 +602,46 @@ START_TEST(test_promotion_after_release)
 }
 END_TEST
 
+/* Issue 26: a lookup's half-life tuner work (the default policy) runs after its reply is
+ * sent (server_handle), and by the time a client's requests are answered none is left: each
+ * of its lookups' keys reached the tuner, none waits for a later request. */
+static int gf_lookups(void *arg)
+{
+    kvc_client *c;
+    kvc_ns *ns;
+    kvc_lease *l;
+    struct kvc_key keys[GE_BLOCKS];
+    (void)arg;
+    if (gf_client(0, &c, &ns, keys))
+        return 90;
+    for (int i = 0; i < 3; i++) {
+        if (kvc_lookup(ns, keys, GE_BLOCKS, 0, &l) != GE_BLOCKS)
+            return 91;
+        if (kvc_release(l))
+            return 92;
+    }
+    kvc_disconnect(c);
+    return 0;
+}
+
+START_TEST(test_lookup_tunes_after_reply)
+{
+    struct store *s = gf.ip.s;
+    const struct store_ns *ns = NULL;
+    s->p.policy = POLICY_DEFAULT; /* for the namespace the put opens */
+    ck_assert_int_eq(gf_run(gf_put_host, NULL), 0);
+    ck_assert_int_eq(gf_run(gf_lookups, NULL), 0);
+    for (uint32_t i = 1; i < s->nns && !ns; i++)
+        ns = store_ns_get(s, i);
+    ck_assert_ptr_nonnull(ns);
+    ck_assert_int_eq(ns->policy, POLICY_DEFAULT);
+    ck_assert(s->post_defer);
+    ck_assert_uint_eq(s->post_ns, 0);
+    ck_assert_ptr_nonnull(ns->tune);
+    ck_assert_uint_eq(ns->tune->refs, 3 * GE_BLOCKS);
+}
+END_TEST
+
 /* Check forks each case from main(), and these fork clients: a child of a process whose
  * driver is started is refused (CUDA is undefined there) until it starts its own. */
 static int gf_forked_without_reset(void *arg)
@@ -1468,6 +1508,7 @@ int main(void)
     tcase_add_test(tf, test_fake_refuses_forked_child);
     tcase_add_test(tf, test_pool_moves_off_the_loop);
     tcase_add_test(tf, test_promotion_after_release);
+    tcase_add_test(tf, test_lookup_tunes_after_reply);
     TCase *tb = gf_case(s, "batch", ge_setup, ge_teardown);
     tcase_add_loop_test(tb, test_host_hits_bounded_ops, 0, 3);
     tcase_add_loop_test(tb, test_scatter_layers_only_those, 0, 2);

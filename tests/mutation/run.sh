@@ -562,6 +562,17 @@ mutation gpu-retry-took-keeps-place daemon/server_dispatch.c "check_e2e_gpu_fake
 '        } else if (engine_gpu_moves_started(sv->store) != moves0) {' \
 '        } else if (false && engine_gpu_moves_started(sv->store) != moves0) {'
 
+# Issue 26: a lookup's policy work kept past its reply is never applied by the server (the
+# tuner and the hits' accesses wait for the next lookup).
+mutation post-flush-after-reply daemon/server_dispatch.c "check_e2e_gpu_fake" \
+'    store_post_flush(sv->store);' \
+'    (void)sv->store;'
+
+# A newer lookup drops the policy work an earlier one left instead of applying it first.
+mutation post-earlier-lookup-first daemon/store.c "check_store_policy" \
+"    store_post_flush(s); /* an earlier lookup's first */" \
+"    s->post_ns = 0; /* an earlier lookup's first */"
+
 # Hybrid kinds: a long window lookup whose requests do not overlap by the window (a window
 # straddling two requests is judged by neither).
 mutation kinds-long-no-overlap client/libkvc_lease.c "check_e2e_kinds" \
