@@ -72,6 +72,7 @@ struct kvc_gpu_scratch {
     uint64_t cap;
     uint8_t *host; /* hcap bytes */
     uint64_t hcap;
+    void *stream; /* borrowed: the stream whose queued work reads it, while borrowed */
     struct kvc_gpu_scratch *next;
 };
 
@@ -452,9 +453,13 @@ static int kvc_gpu_track(kvc_client *c, struct kvc_gpu_work *w, struct kvc_gpu_s
                          void *stream)
 {
     struct kvc_gpu *g = kvc_gpu_of(c);
+    struct kvc_gpu_scratch *t = w->scratch;
     uint32_t i = 0;
     int rc;
-    if (s) {
+    while (t && t != s)
+        t = t->next;
+    if (s && !t) { /* not w's already (kvc_gpu_stage) */
+        s->stream = stream;
         s->next = w->scratch;
         w->scratch = s;
     }
@@ -759,10 +764,19 @@ static int kvc_gpu_run_batch(const struct kern_batch_args *a, void *arg)
     return r->ops->batch(a, r->stream);
 }
 
-/* Takes a scratch of len bytes when len > 0. Caller holds c->mu. */
-static int kvc_gpu_stage(struct kvc_gpu *g, uint64_t len, struct kvc_gpu_scratch **s)
+/* A scratch of len bytes for a call on stream tracked on w, when len > 0: one w holds for
+ * earlier work on the same stream if it is large enough (stream order puts this call's
+ * copies into it after that work has read it: a lease's loads, one after another, stage
+ * through one buffer), else one of the pool's. Caller holds c->mu. */
+static int kvc_gpu_stage(struct kvc_gpu *g, struct kvc_gpu_work *w, void *stream, uint64_t len,
+                         struct kvc_gpu_scratch **s)
 {
     *s = NULL;
+    for (struct kvc_gpu_scratch *t = w->scratch; len && t; t = t->next)
+        if (t->stream == stream && t->cap >= len) {
+            *s = t;
+            return 0;
+        }
     return len ? kvc_gpu_scratch_take(g, len, 0, s) : 0;
 }
 
@@ -817,7 +831,7 @@ static int kvc_gpu_copy_range(kvc_lease *l, size_t first, size_t n, void *dst, v
         }
     }
     pthread_mutex_lock(&c->mu);
-    rc = kvc_gpu_stage(g, kvc_gpu_chunks_max(p.stage, n, g->stage_cap), &s);
+    rc = kvc_gpu_stage(g, &l->gpu, stream, kvc_gpu_chunks_max(p.stage, n, g->stage_cap), &s);
     for (size_t j = 0; rc == 0 && j < n; j++) {
         const struct kvc_hit *h = &l->hits[first + j];
         uint8_t *to = (uint8_t *)dst + j * bb;
@@ -1029,7 +1043,7 @@ KVC_API int kvc_lease_scatter_layers(kvc_lease *l, size_t first, size_t n,
     struct kvc_gpu *g = kvc_gpu_of(c);
     struct kvc_gpu_run run = {g->ops, stream};
     pthread_mutex_lock(&c->mu);
-    rc = kvc_gpu_stage(g, kvc_gpu_chunks_max(p.stage, n, g->stage_cap), &s);
+    rc = kvc_gpu_stage(g, &l->gpu, stream, kvc_gpu_chunks_max(p.stage, n, g->stage_cap), &s);
     for (size_t j = 0; rc == 0 && direct && j < n; j++) {
         const struct kvc_hit *h = &l->hits[first + j];
         if (h->format == KVC_WIRE_FORMAT_RAW && h->tier != KVC_WIRE_TIER_GPU)
@@ -1174,7 +1188,7 @@ KVC_API int kvc_resv_gather_layers(kvc_resv *r, size_t first, size_t n,
     struct kvc_gpu *g = kvc_gpu_of(c);
     struct kvc_gpu_run run = {g->ops, stream};
     pthread_mutex_lock(&c->mu);
-    rc = kvc_gpu_stage(g, kvc_gpu_chunks_max(p.stage, n, g->stage_cap), &s);
+    rc = kvc_gpu_stage(g, &r->gpu, stream, kvc_gpu_chunks_max(p.stage, n, g->stage_cap), &s);
     int queued = 0;
     /* A chunk at a time: its kernel into the scratch, then its copy out of it. */
     for (size_t j0 = 0, j1; rc == 0 && j0 < n; j0 = j1) {
