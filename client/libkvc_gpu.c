@@ -13,12 +13,15 @@
  * scatters is in flight together; kvc_release(), kvc_commit() and kvc_abort() wait for
  * those events (never the whole device), which is what keeps pins alive under copies in
  * flight and makes a fault surface there. Device scratch (pointer tables, staging for host
- * blocks) comes from a pool the client keeps: a gather or scatter borrows one buffer, the
- * wait gives it back, and it is freed at kvc_disconnect(). The pool grows only when a call
- * needs more than any idle buffer holds (cudaMalloc, rounded up so that growth is rare; the
- * buffer it replaces is freed then, the one cudaFree, which waits for the whole device,
- * outside kvc_disconnect()). Events are pooled the same way. State changes happen under the
- * client's mutex; the waits themselves run without it.
+ * blocks) comes from a pool the client keeps: a gather or scatter borrows one buffer (or
+ * reuses the one its lease holds for the same stream), the wait gives it back, and it is
+ * freed at kvc_disconnect(). A call stages at most KVC_GPU_STAGE_CAP bytes at once, in
+ * chunks, so no buffer outgrows that (but for one block larger than it). The pool grows
+ * only when a call needs more than any idle buffer holds (cudaMalloc, rounded up so that
+ * growth is rare, to at most the cap; the buffer it replaces is freed then, the one
+ * cudaFree, which waits for the whole device, outside kvc_disconnect()). Events are pooled
+ * the same way. State changes happen under the client's mutex; the waits themselves run
+ * without it.
  *
  * libkvc runs in the engine's threads and never changes their current device (no table op
  * does). The pool is used only from a thread whose current device is the pool's at attach:
