@@ -1037,7 +1037,8 @@ static uint64_t gs_chunk_ops(const uint64_t *st, const int *raw, uint32_t n, uin
 
 /* A prefix of GB_BLOCKS blocks (2 MiB) staged through a cap far smaller: raw host hits into
  * a strided engine (every block staged), a gather of the same engine into host slots, lossy
- * (q8_0) hits, and a mix of both, scattered and range-copied into device memory. Every byte
+ * (q8_0) hits, and a mix of both, scattered (all layers, and the second alone) and
+ * range-copied into device memory. Every byte
  * lands right (the CPU decoder's and the reference pack's), the calls queue the operations of
  * their chunks, and no device scratch the client allocates exceeds the cap (a block over it:
  * that block's bytes) nor does more than that stay idle after the calls. _i: a cap of 4 raw
@@ -1055,7 +1056,7 @@ START_TEST(test_staging_capped)
     kvc_lease *l;
     struct kvc_layout lay = gb_layout(2);
     struct kvc_key keys[GB_BLOCKS];
-    struct gb_engine src, dst, ref;
+    struct gb_engine src, dst, dst1, ref;
     ck_assert_int_eq(kvc_connect(ge_d.sock, &c), 0);
     ck_assert_int_eq(kvc_ns_open(c, &lay, &ns), 0);
     fake_dev_reset(1);
@@ -1072,6 +1073,7 @@ START_TEST(test_staging_capped)
             ((uint16_t *)src.v[li])[x] = kern_f2h((float)((int)(x * 13 % 301) - 150) / 32.0f);
         }
     gb_engine_init_pad(&dst, 2, 1, 0, 0, pad);
+    gb_engine_init_pad(&dst1, 2, 1, 0, 0, pad);
     gb_engine_init_pad(&ref, 2, 0, 0, 0, pad);
     uint8_t *want = gb_blocks(&src, n, bb), *buf = NULL;
     ck_assert_int_eq(fake_dev_ops.mem_alloc((void **)&buf, n * bb), 0);
@@ -1142,6 +1144,16 @@ START_TEST(test_staging_capped)
         ck_assert_uint_le(fake_dev.alloc_max, bound);
         ck_assert_uint_eq(gb_ops() - o, gs_chunk_ops(st, raw, n, cap, 0, &most));
         ck_assert_uint_le(most, bound);
+        /* the second layer alone, into another engine: a raw block stages half its bytes, a
+         * lossy one all of them */
+        for (uint32_t j = 0; j < n; j++)
+            st[j] = raw[j] ? araw / 2 : aenc;
+        gb_engine_clear(&dst1);
+        o = gb_ops();
+        ck_assert_int_eq(kvc_lease_scatter_layers(l, 0, n, &dst1.kv, 0, 1, 1, stream, NULL),
+                         (int)n);
+        ck_assert_uint_le(fake_dev.alloc_max, bound);
+        ck_assert_uint_eq(gb_ops() - o, gs_chunk_ops(st, raw, n, cap, 0, &most));
         /* into one device buffer: the raw hits straight in (with the first chunk's batch),
          * the lossy ones staged and decoded */
         for (uint32_t j = 0; j < n; j++)
@@ -1154,6 +1166,7 @@ START_TEST(test_staging_capped)
         ck_assert_uint_eq(gb_ops() - o, gs_chunk_ops(st, raw, n, cap, 1, &most));
         ck_assert_int_eq(kvc_release(l), 0);
         ck_assert_msg(gb_engine_check(&dst, &ref, n * GE_BT, 0, 2) == 0, "scatter, kind %d", kind);
+        ck_assert_msg(gb_engine_check(&dst1, &ref, n * GE_BT, 1, 1) == 0, "layer 1, kind %d", kind);
         for (uint32_t j = 0; j < n; j++)
             ck_assert_msg(memcmp(buf + j * bb, blocks + j * bb, bb) == 0, "copy, kind %d block %u",
                           kind, j);
@@ -1177,6 +1190,7 @@ START_TEST(test_staging_capped)
     fake_dev_ops.mem_free(buf);
     gb_engine_fini(&src);
     gb_engine_fini(&dst);
+    gb_engine_fini(&dst1);
     gb_engine_fini(&ref);
     fake_dev_stream_free(stream);
     kvc_disconnect(c);
