@@ -580,7 +580,11 @@ KVC_API int kvc_ns_drop(kvc_client *c, uint32_t ns_id, uint64_t *dropped);
  * their lease or reservation before they unpin or publish anything, so a lease can never
  * be reused under a copy still in flight. No call allocates or frees device memory per hit:
  * the device scratch of gathers and scatters is the client's, kept from call to call and
- * freed by kvc_disconnect(). Device work runs on the device current in the calling
+ * freed by kvc_disconnect(). A call stages at most 64 MiB through it: one whose staged
+ * blocks need more goes in chunks of blocks that fit (a larger block is a chunk of its own),
+ * each chunk's copy batch and kernels in turn on the call's stream through one scratch, and
+ * a lease's or reservation's later calls on the same stream use the scratch it holds. Device
+ * work runs on the device current in the calling
  * thread, and no call changes that device. The pool is used only by a client attached from
  * a thread whose current device is the pool's; synchronous copies (kvc_lease_copy,
  * kvc_resv_write into the pool) run on libkvc's own non-blocking stream and have landed on
@@ -627,8 +631,9 @@ KVC_API int kvc_lease_copy_async(kvc_lease *l, size_t i, void *dst, size_t len, 
  * number of device operations whatever n is: into device memory, one device-to-device copy
  * batch for the pool hits (pieces that continue each other merged; one kernel), one
  * host-to-device batch for the host hits, and one decode kernel for the quantized host hits
- * (their stored bytes cross in the same batch and are decoded straight into dst); then one
- * event record. Into host memory: raw hits as one batch, quantized hits decoded on the CPU
+ * (their stored bytes cross in the same batch and are decoded straight into dst; beyond
+ * 64 MiB of stored bytes, a batch and a decode kernel per 64 MiB chunk); then one event
+ * record. Into host memory: raw hits as one batch, quantized hits decoded on the CPU
  * before the call returns. kvc_release() waits for it. Returns n.
  * Errors: -EINVAL (NULL, len below n blocks), -ERANGE (first, n), -ENOTSUP (no
  * kvc_gpu_attach; a quantized pool hit), -EBADMSG (a quantized block that is not of the
@@ -661,11 +666,13 @@ struct kvc_paged_kv {
  * sequence tokens [first_token + j*block_tokens, ...). With on_device, one call queues at
  * most: one host-to-device batch (the host hits: straight into the pages, a range per
  * (block, layer, K/V, page), where the heads and tokens of a page are packed — vLLM's
- * [num_pages, page_tokens, heads, dim] tensors — and those ranges are 4 KiB or more; else
- * staged in the client's device scratch), one scatter kernel (every raw pool hit, read
- * straight from the pool, and every staged host hit), one decode
+ * [num_pages, page_tokens, heads, dim] tensors — and those ranges are KVC_GPU_DMA_MIN, 32 KiB
+ * by default, or more; else staged in the client's device scratch), one scatter kernel
+ * (every raw pool hit, read straight from the pool, and every staged host hit), one decode
  * kernel (every lossy hit — a block the daemon quantized — decoded straight into the
- * tensors), and the event records; `event` is recorded after the last of it. No call waits.
+ * tensors), and the event records; `event` is recorded after the last of it. Staged blocks
+ * of more than 64 MiB go in chunks of that much: a batch, a scatter and a decode kernel per
+ * chunk (libkvc.3). No call waits.
  * Without on_device: a CPU copy from host hits (pool hits are -ENOTSUP: look up without
  * KVC_LOOKUP_GPU), lossy hits decoded on the CPU first. Returns n.
  * Errors: -EINVAL (shape, strides, table), -ERANGE, -ENOTSUP (host tensors and a pool hit;
@@ -694,7 +701,8 @@ KVC_API int kvc_reserve_gpu(kvc_ns *ns, const struct kvc_key *parent, const stru
 /* Stores the engine's KV of sequence tokens [first_token, first_token + n*block_tokens)
  * into the reserved slots of keys [first, first+n) (keys whose status is not RESERVED are
  * skipped). Device tensors: one gather kernel for every pool slot of the call (and every
- * host slot of a strided layout, through device scratch), one device-to-host batch into the
+ * host slot of a strided layout or of page pieces under KVC_GPU_DMA_MIN, through device
+ * scratch; a kernel and a batch per 64 MiB chunk of them), one device-to-host batch into the
  * host slots (straight from the pages where kvc_lease_scatter() would go straight into
  * them); `event` is recorded after it; kvc_commit() waits. Host tensors: a CPU copy into
  * host slots. Returns the number of slots written. Errors as kvc_lease_scatter(). */

@@ -13,12 +13,15 @@
  * scatters is in flight together; kvc_release(), kvc_commit() and kvc_abort() wait for
  * those events (never the whole device), which is what keeps pins alive under copies in
  * flight and makes a fault surface there. Device scratch (pointer tables, staging for host
- * blocks) comes from a pool the client keeps: a gather or scatter borrows one buffer, the
- * wait gives it back, and it is freed at kvc_disconnect(). The pool grows only when a call
- * needs more than any idle buffer holds (cudaMalloc, rounded up so that growth is rare; the
- * buffer it replaces is freed then, the one cudaFree, which waits for the whole device,
- * outside kvc_disconnect()). Events are pooled the same way. State changes happen under the
- * client's mutex; the waits themselves run without it.
+ * blocks) comes from a pool the client keeps: a gather or scatter borrows one buffer (or
+ * reuses the one its lease holds for the same stream), the wait gives it back, and it is
+ * freed at kvc_disconnect(). A call stages at most KVC_GPU_STAGE_CAP bytes at once, in
+ * chunks, so no buffer outgrows that (but for one block larger than it). The pool grows
+ * only when a call needs more than any idle buffer holds (cudaMalloc, rounded up so that
+ * growth is rare, to at most the cap; the buffer it replaces is freed then, the one
+ * cudaFree, which waits for the whole device, outside kvc_disconnect()). Events are pooled
+ * the same way. State changes happen under the client's mutex; the waits themselves run
+ * without it.
  *
  * libkvc runs in the engine's threads and never changes their current device (no table op
  * does). The pool is used only from a thread whose current device is the pool's at attach:
@@ -47,6 +50,18 @@
 
 /* Scratch buffers are rounded up to a power of two below this, to multiples of it above. */
 #define KVC_GPU_SCRATCH_STEP (16ull << 20)
+/* The most device scratch one call stages through (bytes): a scatter, gather or range copy
+ * whose staged blocks need more goes in chunks of blocks that fit, each chunk's copy into
+ * the scratch and then its kernel queued on the caller's stream, the next chunk reusing the
+ * same scratch (stream order starts its copy after the kernel before it has read the
+ * scratch). Sized for the whole call, the scratch of a 16k-token prefix of an 8B model's
+ * shape was 2 GiB (256 MiB for one KV head's shard), kept in the client's pool until
+ * kvc_disconnect(): device memory an engine that sizes its KV cache from the free memory
+ * cannot plan for. 64 MiB is 32 of that shape's 2 MiB blocks and about 1.2 ms of PCIe at
+ * 54 GB/s, against the few microseconds of the two or three operations a chunk adds; a
+ * block larger than this is a chunk of its own. kvci_gpu_stage_cap_set sets another (the
+ * tests' small prefixes). */
+#define KVC_GPU_STAGE_CAP (64ull << 20)
 /* Idle events the client keeps for reuse; more are freed when given back. */
 #define KVC_GPU_IDLE_EVENTS 64
 
@@ -60,6 +75,7 @@ struct kvc_gpu_scratch {
     uint64_t cap;
     uint8_t *host; /* hcap bytes */
     uint64_t hcap;
+    void *stream; /* borrowed: the stream whose queued work reads it, while borrowed */
     struct kvc_gpu_scratch *next;
 };
 
@@ -77,6 +93,7 @@ struct kvc_gpu {
     uint32_t nev_idle;
     struct kern_batch_args *args; /* the tables of the batch being queued, under c->mu */
     uint64_t dma_min;             /* host pieces at least this long go by DMA, not staged */
+    uint64_t stage_cap;           /* a call's most staged bytes at once (KVC_GPU_STAGE_CAP) */
 };
 
 /* Host blocks go straight to and from the engine's pages, one DMA range per (block, layer,
@@ -101,6 +118,7 @@ static uint64_t kvc_gpu_dma_min(void)
 }
 
 static const struct kern_dev_ops *kvc_gpu_ops_override;
+static uint64_t kvc_gpu_stage_cap_override; /* 0: KVC_GPU_STAGE_CAP */
 /* The process that last attached with this build's own CUDA table (0: none): a process that
  * forks clients must not have started CUDA itself (tests check it, kvci_gpu_cuda_used). */
 static pid_t kvc_gpu_cuda_pid;
@@ -113,6 +131,11 @@ void kvci_gpu_ops_set(const struct kern_dev_ops *ops)
 const struct kern_dev_ops *kvci_gpu_ops_get(void)
 {
     return kvc_gpu_ops_override;
+}
+
+void kvci_gpu_stage_cap_set(uint64_t bytes)
+{
+    kvc_gpu_stage_cap_override = bytes;
 }
 
 int kvci_gpu_cuda_used(void)
@@ -133,15 +156,16 @@ static void kvc_gpu_scratch_free(struct kvc_gpu *g, struct kvc_gpu_scratch *s)
     free(s);
 }
 
-/* Rounds a scratch request up so that a pool serving similar calls stops growing at once. */
-static uint64_t kvc_gpu_scratch_cap(uint64_t need)
+/* Rounds a scratch request up so that a pool serving similar calls stops growing at once,
+ * to at most the larger of need and most (the staging cap). */
+static uint64_t kvc_gpu_scratch_cap(uint64_t need, uint64_t most)
 {
-    uint64_t cap = 1ull << 16;
+    uint64_t cap = 1ull << 16, top = need > most ? need : most;
     if (need > KVC_GPU_SCRATCH_STEP)
-        return (need + KVC_GPU_SCRATCH_STEP - 1) / KVC_GPU_SCRATCH_STEP * KVC_GPU_SCRATCH_STEP;
+        cap = (need + KVC_GPU_SCRATCH_STEP - 1) / KVC_GPU_SCRATCH_STEP * KVC_GPU_SCRATCH_STEP;
     while (cap < need)
         cap <<= 1;
-    return cap;
+    return cap < top ? cap : top;
 }
 
 /* Borrows the smallest idle scratch of at least len device and hlen host bytes, growing
@@ -164,7 +188,7 @@ static int kvc_gpu_scratch_take(struct kvc_gpu *g, uint64_t len, uint64_t hlen,
         s = calloc(1, sizeof(*s));
         if (!s)
             return -ENOMEM;
-        s->cap = kvc_gpu_scratch_cap(len);
+        s->cap = kvc_gpu_scratch_cap(len, g->stage_cap);
         int rc = g->ops->mem_alloc((void **)&s->dev, s->cap);
         if (rc) {
             free(s);
@@ -344,6 +368,7 @@ KVC_API int kvc_gpu_attach(kvc_client *c)
     }
     g->ops = kvc_gpu_ops_override ? kvc_gpu_ops_override : kern_dev_cuda();
     g->dma_min = kvc_gpu_dma_min();
+    g->stage_cap = kvc_gpu_stage_cap_override ? kvc_gpu_stage_cap_override : KVC_GPU_STAGE_CAP;
     if (!kvc_gpu_ops_override) /* clients of several threads may attach at once */
         __atomic_store_n(&kvc_gpu_cuda_pid, getpid(), __ATOMIC_RELAXED);
     g->pool.fd = -1;
@@ -431,9 +456,13 @@ static int kvc_gpu_track(kvc_client *c, struct kvc_gpu_work *w, struct kvc_gpu_s
                          void *stream)
 {
     struct kvc_gpu *g = kvc_gpu_of(c);
+    struct kvc_gpu_scratch *t = w->scratch;
     uint32_t i = 0;
     int rc;
-    if (s) {
+    while (t && t != s)
+        t = t->next;
+    if (s && !t) { /* not w's already (kvc_gpu_stage) */
+        s->stream = stream;
         s->next = w->scratch;
         w->scratch = s;
     }
@@ -632,15 +661,16 @@ struct kvc_gpu_plan {
     void **blocks;    /* raw blocks of a gather or scatter, NULL: not in that batch */
     const void **enc; /* lossy blocks staged on the device, NULL: not in the decode */
     uint64_t *enc_len;
-    uint32_t *pos; /* range copy: position of each decoded block */
+    uint32_t *pos;   /* range copy: position of each decoded block */
+    uint64_t *stage; /* device scratch block j stages through (aligned; 0: none) */
     uint32_t nraw, nenc;
     void *mem;
 };
 
 static int kvc_gpu_plan_new(struct kvc_gpu_plan *p, size_t n)
 {
-    size_t per = 3 * sizeof(void *) + 2 * sizeof(uint64_t) + 3 * sizeof(void *) + sizeof(uint64_t) +
-                 sizeof(uint32_t) + sizeof(void *);
+    size_t per = 3 * sizeof(void *) + 2 * sizeof(uint64_t) + 3 * sizeof(void *) +
+                 2 * sizeof(uint64_t) + sizeof(uint32_t) + sizeof(void *);
     memset(p, 0, sizeof(*p));
     uint8_t *m = calloc(n ? n : 1, per);
     if (!m)
@@ -655,8 +685,36 @@ static int kvc_gpu_plan_new(struct kvc_gpu_plan *p, size_t n)
     p->len = (uint64_t *)(p->enc + n);
     p->dlen = p->len + n;
     p->enc_len = p->dlen + n;
-    p->pos = (uint32_t *)(p->enc_len + n);
+    p->stage = p->enc_len + n;
+    p->pos = (uint32_t *)(p->stage + n);
     return 0;
+}
+
+/* The chunk of a staged call that starts at block j0: its end, the blocks after j0 whose
+ * staged bytes (stage[]) still fit cap together (a block over cap alone is a chunk), their
+ * bytes in *bytes (bytes NULL: not wanted). A call that stages nothing is one chunk. */
+static size_t kvc_gpu_chunk(const uint64_t *stage, size_t j0, size_t n, uint64_t cap,
+                            uint64_t *bytes)
+{
+    uint64_t sum = stage[j0];
+    size_t j = j0 + 1;
+    while (j < n && sum + stage[j] <= cap)
+        sum += stage[j++];
+    if (bytes)
+        *bytes = sum;
+    return j;
+}
+
+/* The scratch the chunks of n blocks need: the largest chunk's bytes. */
+static uint64_t kvc_gpu_chunks_max(const uint64_t *stage, size_t n, uint64_t cap)
+{
+    uint64_t most = 0;
+    for (size_t j = 0; j < n;) {
+        uint64_t b = 0;
+        j = kvc_gpu_chunk(stage, j, n, cap, &b);
+        most = b > most ? b : most;
+    }
+    return most;
 }
 
 static void kvc_gpu_piece(struct kvc_gpu_plan *p, void *dst, const void *src, uint64_t len)
@@ -709,10 +767,19 @@ static int kvc_gpu_run_batch(const struct kern_batch_args *a, void *arg)
     return r->ops->batch(a, r->stream);
 }
 
-/* Takes a scratch of len bytes when len > 0. Caller holds c->mu. */
-static int kvc_gpu_stage(struct kvc_gpu *g, uint64_t len, struct kvc_gpu_scratch **s)
+/* A scratch of len bytes for a call on stream tracked on w, when len > 0: one w holds for
+ * earlier work on the same stream if it is large enough (stream order puts this call's
+ * copies into it after that work has read it: a lease's loads, one after another, stage
+ * through one buffer), else one of the pool's. Caller holds c->mu. */
+static int kvc_gpu_stage(struct kvc_gpu *g, struct kvc_gpu_work *w, void *stream, uint64_t len,
+                         struct kvc_gpu_scratch **s)
 {
     *s = NULL;
+    for (struct kvc_gpu_scratch *t = w->scratch; len && t; t = t->next)
+        if (t->stream == stream && t->cap >= len) {
+            *s = t;
+            return 0;
+        }
     return len ? kvc_gpu_scratch_take(g, len, 0, s) : 0;
 }
 
@@ -721,8 +788,9 @@ static int kvc_gpu_stage(struct kvc_gpu *g, uint64_t len, struct kvc_gpu_scratch
  * tracked on the lease. Into device memory (or any dst when dev_only): pool hits as one
  * device-to-device batch, raw host hits as one host-to-device batch straight into dst, lossy
  * host hits crossing in their stored size to a scratch (in the same batch) and decoded by one
- * kernel. Into host memory: raw hits as one batch of the default kind, lossy hits decoded on
- * the CPU before the call returns.
+ * kernel — per chunk of g->stage_cap staged bytes: the raw hits go with the first chunk's
+ * batch, each later chunk is a batch and a kernel of its own. Into host memory: raw hits as
+ * one batch of the default kind, lossy hits decoded on the CPU before the call returns.
  */
 static int kvc_gpu_copy_range(kvc_lease *l, size_t first, size_t n, void *dst, void *stream,
                               int dev_only)
@@ -734,7 +802,6 @@ static int kvc_gpu_copy_range(kvc_lease *l, size_t first, size_t n, void *dst, v
     struct kvc_gpu_scratch *s = NULL;
     struct kvc_gpu_plan p;
     struct kern_layout kl;
-    uint64_t stage = 0;
     int rc, dev = dev_only || ops->pointer_device(dst) >= 0;
     kvc_gpu_kern_layout(l->ns, &kl);
     if (kvc_gpu_plan_new(&p, n))
@@ -752,7 +819,7 @@ static int kvc_gpu_copy_range(kvc_lease *l, size_t first, size_t n, void *dst, v
             return (int)e;
         }
         p.enc_len[j] = (uint64_t)e;
-        stage += KVC_GPU_ALIGN((uint64_t)e);
+        p.stage[j] = dev ? KVC_GPU_ALIGN((uint64_t)e) : 0;
     }
     if (!dev) {
         /* Host memory: a lossy hit is decoded right there, now. */
@@ -765,11 +832,9 @@ static int kvc_gpu_copy_range(kvc_lease *l, size_t first, size_t n, void *dst, v
                 return rc == -EINVAL ? -EBADMSG : rc;
             }
         }
-        stage = 0;
     }
     pthread_mutex_lock(&c->mu);
-    rc = kvc_gpu_stage(g, stage, &s);
-    uint64_t off = 0;
+    rc = kvc_gpu_stage(g, &l->gpu, stream, kvc_gpu_chunks_max(p.stage, n, g->stage_cap), &s);
     for (size_t j = 0; rc == 0 && j < n; j++) {
         const struct kvc_hit *h = &l->hits[first + j];
         uint8_t *to = (uint8_t *)dst + j * bb;
@@ -779,7 +844,23 @@ static int kvc_gpu_copy_range(kvc_lease *l, size_t first, size_t n, void *dst, v
             p.dlen[p.nd++] = bb;
         } else if (h->format == KVC_WIRE_FORMAT_RAW) {
             kvc_gpu_piece(&p, to, h->data, bb);
-        } else if (dev) {
+        }
+    }
+    int queued = 0;
+    if (rc == 0 && p.nd) {
+        rc = kvc_gpu_copies(ops, p.ddst, p.dsrc, p.dlen, p.nd, KERN_DEV_COPY_D2D, stream);
+        queued = 1;
+    }
+    for (size_t j0 = 0, j1; rc == 0 && j0 < n; j0 = j1) {
+        uint64_t off = 0;
+        j1 = kvc_gpu_chunk(p.stage, j0, n, g->stage_cap, NULL);
+        if (j0) /* the raw pieces went with the first chunk's batch */
+            p.npieces = 0;
+        p.nenc = 0;
+        for (size_t j = j0; dev && j < j1; j++) {
+            const struct kvc_hit *h = &l->hits[first + j];
+            if (h->format == KVC_WIRE_FORMAT_RAW)
+                continue;
             uint64_t e = p.enc_len[j]; /* j >= nenc: the packed entries trail the indices */
             uint8_t *at = s->dev + off;
             kvc_gpu_piece(&p, at, h->data, e);
@@ -788,24 +869,19 @@ static int kvc_gpu_copy_range(kvc_lease *l, size_t first, size_t n, void *dst, v
             p.pos[p.nenc++] = (uint32_t)j;
             off += KVC_GPU_ALIGN(e);
         }
-    }
-    int queued = 0;
-    if (rc == 0 && p.nd) {
-        rc = kvc_gpu_copies(ops, p.ddst, p.dsrc, p.dlen, p.nd, KERN_DEV_COPY_D2D, stream);
-        queued = 1;
-    }
-    if (rc == 0 && p.npieces) {
-        rc = kvc_gpu_copies(ops, p.dst, p.src, p.len, p.npieces,
-                            dev ? KERN_DEV_COPY_H2D : KERN_DEV_COPY_DEFAULT, stream);
-        queued = 1;
-    }
-    for (uint32_t i = 0; rc == 0 && i < p.nenc; i += KERN_COPY_BATCH_MAX) {
-        uint32_t m = p.nenc - i < KERN_COPY_BATCH_MAX ? p.nenc - i : KERN_COPY_BATCH_MAX;
-        rc = kern_batch_decode_raw(g->args, &kl, dst, p.pos + i, m, p.enc + i, p.enc_len + i,
-                                   kl.dtype);
-        if (rc == 0)
-            rc = ops->batch(g->args, stream);
-        queued = 1;
+        if (p.npieces) {
+            rc = kvc_gpu_copies(ops, p.dst, p.src, p.len, p.npieces,
+                                dev ? KERN_DEV_COPY_H2D : KERN_DEV_COPY_DEFAULT, stream);
+            queued = 1;
+        }
+        for (uint32_t i = 0; rc == 0 && i < p.nenc; i += KERN_COPY_BATCH_MAX) {
+            uint32_t m = p.nenc - i < KERN_COPY_BATCH_MAX ? p.nenc - i : KERN_COPY_BATCH_MAX;
+            rc = kern_batch_decode_raw(g->args, &kl, dst, p.pos + i, m, p.enc + i, p.enc_len + i,
+                                       kl.dtype);
+            if (rc == 0)
+                rc = ops->batch(g->args, stream);
+            queued = 1;
+        }
     }
     if (queued || s) {
         int trc = kvc_gpu_track(c, &l->gpu, s, stream);
@@ -834,8 +910,8 @@ static int kvc_gpu_runs_new(struct kvc_gpu_runs *r, uint64_t dma_min,
                             uint64_t first_token, size_t n)
 {
     memset(r, 0, sizeof(*r));
-    int64_t cap = kern_pack_runs(sub, e, first_token, (uint32_t)n, NULL, dma_min, NULL, NULL,
-                                 NULL, 0);
+    int64_t cap =
+        kern_pack_runs(sub, e, first_token, (uint32_t)n, NULL, dma_min, NULL, NULL, NULL, 0);
     if (cap < 0)
         return 0;
     r->cap = (uint64_t)cap;
@@ -929,7 +1005,6 @@ KVC_API int kvc_lease_scatter_layers(kvc_lease *l, size_t first, size_t n,
         memset(&runs, 0, sizeof(runs));
     /* Everything that can be refused is, before anything is queued; the stored lengths are
      * read once (a writer of the arena may change the header after this). */
-    uint64_t stage = 0;
     size_t nlossy = 0;
     for (size_t j = 0; j < n && rc == 0; j++) {
         const struct kvc_hit *h = &l->hits[first + j];
@@ -940,10 +1015,10 @@ KVC_API int kvc_lease_scatter_layers(kvc_lease *l, size_t first, size_t n,
             if (len < 0)
                 rc = (int)len;
             p.enc_len[j] = len < 0 ? 0 : (uint64_t)len;
-            stage += KVC_GPU_ALIGN(p.enc_len[j]);
+            p.stage[j] = KVC_GPU_ALIGN(p.enc_len[j]);
             nlossy++;
         } else if (h->tier != KVC_WIRE_TIER_GPU && !direct) {
-            stage += KVC_GPU_ALIGN(rbytes);
+            p.stage[j] = KVC_GPU_ALIGN(rbytes);
         }
     }
     if (rc)
@@ -971,27 +1046,11 @@ KVC_API int kvc_lease_scatter_layers(kvc_lease *l, size_t first, size_t n,
     struct kvc_gpu *g = kvc_gpu_of(c);
     struct kvc_gpu_run run = {g->ops, stream};
     pthread_mutex_lock(&c->mu);
-    rc = kvc_gpu_stage(g, stage, &s);
-    uint64_t off = 0;
-    for (size_t j = 0; rc == 0 && j < n; j++) {
+    rc = kvc_gpu_stage(g, &l->gpu, stream, kvc_gpu_chunks_max(p.stage, n, g->stage_cap), &s);
+    for (size_t j = 0; rc == 0 && direct && j < n; j++) {
         const struct kvc_hit *h = &l->hits[first + j];
-        if (h->format == KVC_WIRE_FORMAT_RAW && h->tier == KVC_WIRE_TIER_GPU) {
-            p.blocks[j] = (uint8_t *)h->data + from; /* straight from the pool */
-            p.nraw++;
-        } else if (h->format == KVC_WIRE_FORMAT_RAW && direct) {
+        if (h->format == KVC_WIRE_FORMAT_RAW && h->tier != KVC_WIRE_TIER_GPU)
             runs.host[j] = (uint8_t *)h->data + from; /* by DMA into the pages */
-        } else if (h->format == KVC_WIRE_FORMAT_RAW) {
-            /* the layers moved, staged: they cross once, the kernel reads them there */
-            p.blocks[j] = s->dev + off;
-            kvc_gpu_piece(&p, s->dev + off, h->data + from, rbytes);
-            off += KVC_GPU_ALIGN(rbytes);
-            p.nraw++;
-        } else {
-            p.enc[j] = s->dev + off;
-            kvc_gpu_piece(&p, s->dev + off, h->data, p.enc_len[j]);
-            off += KVC_GPU_ALIGN(p.enc_len[j]);
-            p.nenc++;
-        }
     }
     int queued = 0;
     if (rc == 0 && direct)
@@ -1002,20 +1061,48 @@ KVC_API int kvc_lease_scatter_layers(kvc_lease *l, size_t first, size_t n,
                             KERN_DEV_COPY_H2D, stream);
         queued = 1;
     }
-    if (rc == 0 && p.npieces) {
-        rc = kvc_gpu_copies(g->ops, p.dst, p.src, p.len, p.npieces, KERN_DEV_COPY_H2D, stream);
-        queued = 1;
-    }
-    if (rc == 0 && p.nraw) {
-        rc = kern_pack_batches(g->args, &sub, &e, first_token, (uint32_t)n, p.blocks,
-                               KERN_PACK_SCATTER, kvc_gpu_run_batch, &run);
-        queued = 1;
-    }
-    if (rc == 0 && p.nenc) {
-        /* lossy hits: decoded straight into the engine's tensors, one kernel */
-        rc = kern_decode_batches(g->args, &kl, layer_first, layer_count, &e, first_token,
-                                 (uint32_t)n, p.enc, p.enc_len, kl.dtype, kvc_gpu_run_batch, &run);
-        queued = 1;
+    /* The staged blocks, a chunk at a time: its copy into the scratch, then its kernels. */
+    for (size_t j0 = 0, j1; rc == 0 && j0 < n; j0 = j1) {
+        uint64_t off = 0;
+        j1 = kvc_gpu_chunk(p.stage, j0, n, g->stage_cap, NULL);
+        const uint64_t tok = first_token + (uint64_t)j0 * lay.block_tokens;
+        p.npieces = p.nraw = p.nenc = 0;
+        for (size_t j = j0; j < j1; j++) {
+            const struct kvc_hit *h = &l->hits[first + j];
+            if (h->format == KVC_WIRE_FORMAT_RAW && h->tier == KVC_WIRE_TIER_GPU) {
+                p.blocks[j] = (uint8_t *)h->data + from; /* straight from the pool */
+                p.nraw++;
+            } else if (h->format == KVC_WIRE_FORMAT_RAW && direct) {
+                continue; /* by DMA, above */
+            } else if (h->format == KVC_WIRE_FORMAT_RAW) {
+                /* the layers moved, staged: they cross once, the kernel reads them there */
+                p.blocks[j] = s->dev + off;
+                kvc_gpu_piece(&p, s->dev + off, h->data + from, rbytes);
+                off += KVC_GPU_ALIGN(rbytes);
+                p.nraw++;
+            } else {
+                p.enc[j] = s->dev + off;
+                kvc_gpu_piece(&p, s->dev + off, h->data, p.enc_len[j]);
+                off += KVC_GPU_ALIGN(p.enc_len[j]);
+                p.nenc++;
+            }
+        }
+        if (p.npieces) {
+            rc = kvc_gpu_copies(g->ops, p.dst, p.src, p.len, p.npieces, KERN_DEV_COPY_H2D, stream);
+            queued = 1;
+        }
+        if (rc == 0 && p.nraw) {
+            rc = kern_pack_batches(g->args, &sub, &e, tok, (uint32_t)(j1 - j0), p.blocks + j0,
+                                   KERN_PACK_SCATTER, kvc_gpu_run_batch, &run);
+            queued = 1;
+        }
+        if (rc == 0 && p.nenc) {
+            /* lossy hits: decoded straight into the engine's tensors, one kernel */
+            rc = kern_decode_batches(g->args, &kl, layer_first, layer_count, &e, tok,
+                                     (uint32_t)(j1 - j0), p.enc + j0, p.enc_len + j0, kl.dtype,
+                                     kvc_gpu_run_batch, &run);
+            queued = 1;
+        }
     }
     if (queued || s) {
         int trc = kvc_gpu_track(c, &l->gpu, s, stream);
@@ -1063,7 +1150,6 @@ KVC_API int kvc_resv_gather_layers(kvc_resv *r, size_t first, size_t n,
         return -ENOTSUP;
     const uint64_t bb = r->ns->block_bytes, lbytes = bb / lay.layers;
     const uint64_t from = (uint64_t)layer_first * lbytes, rbytes = (uint64_t)layer_count * lbytes;
-    uint64_t stage = 0;
     for (size_t j = 0; j < n; j++) {
         if (!r->slots[first + j].data)
             continue;
@@ -1082,13 +1168,13 @@ KVC_API int kvc_resv_gather_layers(kvc_resv *r, size_t first, size_t n,
         return direct;
     if (!direct)
         memset(&runs, 0, sizeof(runs));
-    for (size_t j = 0; j < n && !direct; j++)
-        if (r->slots[first + j].data && r->slots[first + j].tier != KVC_WIRE_TIER_GPU)
-            stage += KVC_GPU_ALIGN(rbytes);
     if (kvc_gpu_plan_new(&p, n)) {
         free(runs.mem);
         return -ENOMEM;
     }
+    for (size_t j = 0; j < n && !direct; j++)
+        if (r->slots[first + j].data && r->slots[first + j].tier != KVC_WIRE_TIER_GPU)
+            p.stage[j] = KVC_GPU_ALIGN(rbytes);
     if (!kv->on_device) {
         /* Host tensors into host slots: a CPU copy per reserved slot. */
         for (size_t j = 0; j < n && rc == 0; j++) {
@@ -1105,33 +1191,39 @@ KVC_API int kvc_resv_gather_layers(kvc_resv *r, size_t first, size_t n,
     struct kvc_gpu *g = kvc_gpu_of(c);
     struct kvc_gpu_run run = {g->ops, stream};
     pthread_mutex_lock(&c->mu);
-    rc = kvc_gpu_stage(g, stage, &s);
-    uint64_t off = 0;
-    for (size_t j = 0; rc == 0 && j < n; j++) {
-        uint8_t *slot = r->slots[first + j].data;
-        if (!slot)
-            continue; /* not reserved here: NULL, the kernel leaves it */
-        if (r->slots[first + j].tier == KVC_WIRE_TIER_GPU) {
-            p.blocks[j] = slot + from; /* straight into the pool */
-            p.nraw++;
-        } else if (direct) {
-            runs.host[j] = slot + from; /* by DMA from the pages */
-        } else {
-            p.blocks[j] = s->dev + off; /* staged, then one DMA each into the host slot */
-            kvc_gpu_piece(&p, slot + from, s->dev + off, rbytes);
-            off += KVC_GPU_ALIGN(rbytes);
-            p.nraw++;
-        }
-        written++;
-    }
+    rc = kvc_gpu_stage(g, &r->gpu, stream, kvc_gpu_chunks_max(p.stage, n, g->stage_cap), &s);
     int queued = 0;
-    if (rc == 0 && p.nraw) {
-        rc = kern_pack_batches(g->args, &sub, &e, first_token, (uint32_t)n, p.blocks,
-                               KERN_PACK_GATHER, kvc_gpu_run_batch, &run);
-        queued = 1;
+    /* A chunk at a time: its kernel into the scratch, then its copy out of it. */
+    for (size_t j0 = 0, j1; rc == 0 && j0 < n; j0 = j1) {
+        uint64_t off = 0;
+        j1 = kvc_gpu_chunk(p.stage, j0, n, g->stage_cap, NULL);
+        p.npieces = p.nraw = 0;
+        for (size_t j = j0; j < j1; j++) {
+            uint8_t *slot = r->slots[first + j].data;
+            if (!slot)
+                continue; /* not reserved here: NULL, the kernel leaves it */
+            if (r->slots[first + j].tier == KVC_WIRE_TIER_GPU) {
+                p.blocks[j] = slot + from; /* straight into the pool */
+                p.nraw++;
+            } else if (direct) {
+                runs.host[j] = slot + from; /* by DMA from the pages */
+            } else {
+                p.blocks[j] = s->dev + off; /* staged, then one DMA each into the host slot */
+                kvc_gpu_piece(&p, slot + from, s->dev + off, rbytes);
+                off += KVC_GPU_ALIGN(rbytes);
+                p.nraw++;
+            }
+            written++;
+        }
+        if (p.nraw) {
+            rc = kern_pack_batches(g->args, &sub, &e, first_token + (uint64_t)j0 * lay.block_tokens,
+                                   (uint32_t)(j1 - j0), p.blocks + j0, KERN_PACK_GATHER,
+                                   kvc_gpu_run_batch, &run);
+            queued = 1;
+        }
+        if (rc == 0 && p.npieces)
+            rc = kvc_gpu_copies(g->ops, p.dst, p.src, p.len, p.npieces, KERN_DEV_COPY_D2H, stream);
     }
-    if (rc == 0 && p.npieces)
-        rc = kvc_gpu_copies(g->ops, p.dst, p.src, p.len, p.npieces, KERN_DEV_COPY_D2H, stream);
     if (rc == 0 && direct)
         rc = kvc_gpu_runs_fill(&runs, &sub, &e, first_token, n);
     if (rc == 0 && runs.n) {

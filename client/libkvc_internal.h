@@ -210,6 +210,9 @@ int kvci_reserve_flags(kvc_ns *ns, const struct kvc_key *parent, const struct kv
 struct kern_dev_ops;
 void kvci_gpu_ops_set(const struct kern_dev_ops *ops);
 const struct kern_dev_ops *kvci_gpu_ops_get(void);
+/* Tests set the most device scratch a GPU call stages through at once (bytes; 0: the
+ * default, KVC_GPU_STAGE_CAP in libkvc_gpu.c), read at kvc_gpu_attach(). */
+void kvci_gpu_stage_cap_set(uint64_t bytes);
 /* 1 when this process attached with the build's own CUDA table (CUDA may have started in it;
  * a child it forks must not use CUDA then). */
 int kvci_gpu_cuda_used(void);

@@ -14,9 +14,9 @@
  * serialise an engine's batch). Each is a row in calls per hit with target 0 (value <= 0;
  * no baseline: a zero is no baseline). Every round's bytes are checked: a put gathered from
  * a device tensor comes back bit-exact through all three load paths.
- * Throughput (a CUDA device): starts kvcd with a 512 MiB GPU pool; for 2 MiB blocks (32
- * layers, 8 kv heads, 128 dim, fp16, 16 tokens), 32 of them, and 256 KiB blocks (2 kv heads),
- * 128 of them, with the engine's KV in vLLM-style paged device tensors (one page per block,
+ * Throughput (a CUDA device): starts kvcd with a 512 MiB GPU pool and a 1 GiB host arena;
+ * for 2 MiB blocks (32 layers, 8 kv heads, 128 dim, fp16, 16 tokens), 32 of them, and 256 KiB
+ * blocks (2 kv heads), 128 of them, with the engine's KV in vLLM-style paged device tensors (one page per block,
  * the block table reversed), it times, with CUDA events over BG_ITERS calls on the legacy
  * default stream, each call against cudaMemcpy of the same bytes, BG_RUNS runs alternating
  * with the baseline, and writes the best and the median run as two rows:
@@ -33,6 +33,9 @@
  *  - host put (2 MiB and 256 KiB blocks): kvc_resv_gather from the paged tensors into host
  *    slots of fresh keys (DMA straight from the pages, or staged where the page pieces are
  *    under libkvc's least DMA piece), against cudaMemcpy to a pinned buffer (>= 0.9);
+ *  - all of the above again for 512 blocks of 256 KiB (their own namespace): the host rows
+ *    stage 128 MiB, two chunks of libkvc's 64 MiB of device scratch a call, where the 128
+ *    blocks' 32 MiB are one (what the chunks cost: the two rows' ratios side by side);
  *  - lossy host hits (2 MiB blocks, every codec): the prefix encoded here and handed to
  *    kvc_lease_scatter as the daemon's quantized blocks would be, decoded by the kernel into
  *    the paged tensors, against cudaMemcpy of the raw bytes from pinned memory (what a raw
@@ -1030,7 +1033,7 @@ out:
  * blocks (2 kv heads) 128 of them. */
 static void bg_run(struct daemon *d, struct bench_row *rows, size_t *nrows)
 {
-    static const char *const args[] = {"-o", "host.size=512m", "-o", "gpu.pool_size=512m", NULL};
+    static const char *const args[] = {"-o", "host.size=1g", "-o", "gpu.pool_size=512m", NULL};
     struct kvc_layout big = {.model_id = "bench-gpu-2m",
                              .layers = 32,
                              .kv_heads = 8,
@@ -1038,19 +1041,25 @@ static void bg_run(struct daemon *d, struct bench_row *rows, size_t *nrows)
                              .block_tokens = 16,
                              .dtype = KVC_DTYPE_FP16,
                              .kv_kind = KVC_KV_KIND_KV};
-    struct kvc_layout small = big;
+    struct kvc_layout small = big, longer;
     small.model_id = "bench-gpu-256k";
     small.kv_heads = 2;
+    longer = small;
+    longer.model_id = "bench-gpu-256k-long";
     kvc_client *c = NULL;
     kvc_ns *ns;
     /* the namespaces first: attach registers the arenas mapped by then */
     if (daemon_start(d, args) || kvc_connect(d->sock, &c) || kvc_ns_open(c, &big, &ns) ||
-        kvc_ns_open(c, &small, &ns) || kvc_gpu_attach(c) != 1) {
+        kvc_ns_open(c, &small, &ns) || kvc_ns_open(c, &longer, &ns) || kvc_gpu_attach(c) != 1) {
         bench_fail("gpu: no daemon with a mapped pool");
         goto out;
     }
     bg_block_size(d, c, rows, nrows, &big, 32, "2 MiB blocks", BG_HOST_RAW | BG_HOST_LOSSY);
     bg_block_size(d, c, rows, nrows, &small, 128, "256 KiB blocks", BG_HOST_RAW);
+    /* the host rows of 256 KiB blocks stage them (8 KiB page pieces): 512 of them (128 MiB)
+     * go through libkvc's 64 MiB of device scratch in two chunks, where the 128 above are one */
+    bg_block_size(d, c, rows, nrows, &longer, 512, "256 KiB blocks x512 (2 staged chunks)",
+                  BG_HOST_RAW);
 out:
     kvc_disconnect(c);
 }

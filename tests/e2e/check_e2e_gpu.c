@@ -13,7 +13,9 @@
  * With a CUDA device (make check-gpu on a GPU host): one process puts from device tensors
  * into the pool, another loads into its own device tensors through the pool, every byte
  * compared; host-tier hits land in device tensors the same way; a client killed while it
- * holds pool pins leaks nothing; a prefix moves in batched device operations. The device
+ * holds pool pins leaks nothing; a prefix moves in batched device operations, and host
+ * blocks staged in chunks through a small scratch cap land right on the legacy default
+ * stream and on an engine's own (stream order between the chunks). The device
  * cases are registered only where a device is found (each prints a SKIP line otherwise), and
  * a guard and a no-fork regression case check that the host cases leave this process fit to
  * fork the device cases' clients. The pool over the fake device (the server in this
@@ -1078,6 +1080,162 @@ START_TEST(test_gpu_batched_moves)
 }
 END_TEST
 
+/* Child of test_gpu_staged_chunks: host-tier blocks staged through a scratch cap of 64 KiB
+ * (two of these 32 KiB blocks a chunk: GB_BLOCKS / 2 chunks through one scratch; the 4 KiB
+ * page pieces are under the default least DMA piece), on the legacy default stream (the
+ * batched DMA's bridge must order each chunk's copy behind the kernel before it) and on a
+ * non-blocking stream of its own (an engine's): a gather from paged device tensors into host
+ * slots, a scatter of them back into other tensors, and q8_0 hits scattered and range-copied
+ * into device memory, every byte compared with the CPU's. A chunk's copy that overtook the
+ * kernel before it would overwrite the scratch that kernel reads. */
+static int ge_staged_device(void *arg)
+{
+    kvc_client *c;
+    kvc_ns *ns;
+    kvc_resv *r;
+    kvc_lease *l;
+    struct kvc_key keys[GB_BLOCKS];
+    struct gb_engine hsrc, hdst, blank, ref;
+    const struct kern_dev_ops *ops = kern_dev_cuda();
+    void *side = NULL;
+    int dev = 0;
+    (void)arg;
+    unsetenv("KVC_GPU_DMA_MIN");
+    kvci_gpu_stage_cap_set(64 << 10);
+    if (!ops || ge_open(&c, &ns, keys) || kvc_gpu_attach(c) != 1)
+        return 80;
+    kvci_gpu_stage_cap_set(0);
+    if (ops->device_get(&dev) || ops->stream_new(dev, &side))
+        return 81;
+    const size_t bb = kvc_ns_block_bytes(ns);
+    gb_engine_init(&hsrc, GE_LAYERS, 0, 1, 6);
+    gb_engine_init(&hdst, GE_LAYERS, 0, 0, 0);
+    gb_engine_init(&blank, GE_LAYERS, 0, 0, 0);
+    gb_engine_init(&ref, GE_LAYERS, 0, 0, 0);
+    uint8_t *want = gb_blocks(&hsrc, GB_BLOCKS, bb), *back = malloc(GB_BLOCKS * bb);
+    /* the q8_0 blocks and the reference engine of the CPU decoder's bytes */
+    struct kern_layout kl = {GE_LAYERS, GE_HEADS, GE_DIM, GE_BT, KERN_DTYPE_FP16, 0};
+    struct kern_pack_layout pl = gb_pack_layout(GE_LAYERS);
+    struct kern_pack_engine re = gb_pack_engine(&ref);
+    struct kern_recipe rec;
+    kern_recipe_fill(&rec, KERN_CODEC_Q8_0, KERN_CODEC_Q8_0, 1);
+    const int64_t es = kern_encoded_size(&kl, &rec);
+    uint8_t *enc = es > 0 ? malloc(GB_BLOCKS * (size_t)es) : NULL, *dec = malloc(GB_BLOCKS * bb);
+    if (!back || !enc || !dec)
+        return 82;
+    for (uint32_t j = 0; j < GB_BLOCKS; j++) {
+        void *b = dec + j * bb;
+        if (kern_encode_cpu(&kl, &rec, want + j * bb, enc + j * es, (size_t)es, NULL) != es ||
+            kern_decode_cpu(&kl, enc + j * es, (size_t)es, b, bb, KERN_DTYPE_FP16) != (int64_t)bb ||
+            kern_pack_ref(&pl, &re, (uint64_t)j * GE_BT, 1, &b, KERN_PACK_SCATTER))
+            return 83;
+    }
+    void *dk[GE_LAYERS], *dv[GE_LAYERS], *ok[GE_LAYERS], *ov[GE_LAYERS], *buf = NULL;
+    for (uint32_t i = 0; i < GE_LAYERS; i++)
+        if (kern_cuda_alloc(&dk[i], hsrc.bytes) || kern_cuda_alloc(&dv[i], hsrc.bytes) ||
+            kern_cuda_alloc(&ok[i], hsrc.bytes) || kern_cuda_alloc(&ov[i], hsrc.bytes) ||
+            kern_cuda_copy(dk[i], hsrc.k[i], hsrc.bytes, KERN_CUDA_H2D, NULL) ||
+            kern_cuda_copy(dv[i], hsrc.v[i], hsrc.bytes, KERN_CUDA_H2D, NULL))
+            return 84;
+    if (kern_cuda_alloc(&buf, GB_BLOCKS * bb) || kern_cuda_stream_sync(NULL))
+        return 85;
+    struct kvc_paged_kv skv = hsrc.kv, dkv = hsrc.kv;
+    skv.k = dk;
+    skv.v = dv;
+    skv.on_device = 1;
+    dkv.k = ok;
+    dkv.v = ov;
+    dkv.on_device = 1;
+    for (int si = 0; si < 2; si++) {
+        void *stream = si ? side : NULL;
+        gb_keys(ns, 1300000 + 100000 * (uint32_t)si, GB_BLOCKS, keys);
+        if (kvc_reserve(ns, NULL, keys, GB_BLOCKS, &r) != GB_BLOCKS ||
+            kvc_resv_gather(r, 0, GB_BLOCKS, &skv, 0, stream, NULL) != GB_BLOCKS ||
+            kvc_commit(r, SIZE_MAX) != GB_BLOCKS)
+            return 86;
+        if (kvc_lookup(ns, keys, GB_BLOCKS, 0, &l) != GB_BLOCKS)
+            return 87;
+        for (uint32_t j = 0; j < GB_BLOCKS; j++)
+            if (kvc_lease_tier(l, j) != KVC_TIER_HOST ||
+                memcmp(kvc_lease_data(l, j), want + j * bb, bb)) {
+                fprintf(stderr, "e2e_gpu: staged gather, stream %d, block %u differs\n", si, j);
+                return 88;
+            }
+        for (uint32_t i = 0; i < GE_LAYERS; i++) /* 0x5a everywhere first */
+            if (kern_cuda_copy(ok[i], blank.k[i], hsrc.bytes, KERN_CUDA_H2D, NULL) ||
+                kern_cuda_copy(ov[i], blank.v[i], hsrc.bytes, KERN_CUDA_H2D, NULL))
+                return 89;
+        if (kern_cuda_stream_sync(NULL) ||
+            kvc_lease_scatter(l, 0, GB_BLOCKS, &dkv, 0, stream, NULL) != GB_BLOCKS ||
+            kvc_release(l))
+            return 90;
+        for (uint32_t i = 0; i < GE_LAYERS; i++)
+            if (kern_cuda_copy(hdst.k[i], ok[i], hsrc.bytes, KERN_CUDA_D2H, NULL) ||
+                kern_cuda_copy(hdst.v[i], ov[i], hsrc.bytes, KERN_CUDA_D2H, NULL))
+                return 91;
+        if (kern_cuda_stream_sync(NULL) || gb_engine_check(&hdst, &hsrc, GB_TOKENS, 0, GE_LAYERS)) {
+            fprintf(stderr, "e2e_gpu: staged scatter, stream %d, differs\n", si);
+            return 92;
+        }
+        /* the q8_0 hits: 64 of about 17 KiB, three a chunk */
+        if (kvc_lookup(ns, keys, GB_BLOCKS, 0, &l) != GB_BLOCKS)
+            return 93;
+        for (uint32_t j = 0; j < GB_BLOCKS; j++) {
+            l->hits[j].data = enc + j * es;
+            l->hits[j].len = (uint64_t)es;
+            l->hits[j].tier = KVC_WIRE_TIER_HOST;
+            l->hits[j].format = KERN_CODEC_Q8_0;
+        }
+        for (uint32_t i = 0; i < GE_LAYERS; i++)
+            if (kern_cuda_copy(ok[i], blank.k[i], hsrc.bytes, KERN_CUDA_H2D, NULL) ||
+                kern_cuda_copy(ov[i], blank.v[i], hsrc.bytes, KERN_CUDA_H2D, NULL))
+                return 94;
+        if (kern_cuda_stream_sync(NULL) ||
+            kvc_lease_scatter(l, 0, GB_BLOCKS, &dkv, 0, stream, NULL) != GB_BLOCKS ||
+            kvc_lease_copy_range_async(l, 0, GB_BLOCKS, buf, GB_BLOCKS * bb, stream) != GB_BLOCKS ||
+            kvc_release(l))
+            return 95;
+        for (uint32_t i = 0; i < GE_LAYERS; i++)
+            if (kern_cuda_copy(hdst.k[i], ok[i], hsrc.bytes, KERN_CUDA_D2H, NULL) ||
+                kern_cuda_copy(hdst.v[i], ov[i], hsrc.bytes, KERN_CUDA_D2H, NULL) ||
+                kern_cuda_stream_sync(NULL) || memcmp(hdst.k[i], ref.k[i], hsrc.bytes) ||
+                memcmp(hdst.v[i], ref.v[i], hsrc.bytes)) {
+                fprintf(stderr, "e2e_gpu: staged q8_0 scatter, stream %d, differs\n", si);
+                return 96;
+            }
+        if (kern_cuda_copy(back, buf, GB_BLOCKS * bb, KERN_CUDA_D2H, NULL) ||
+            kern_cuda_stream_sync(NULL) || memcmp(back, dec, GB_BLOCKS * bb)) {
+            fprintf(stderr, "e2e_gpu: staged q8_0 range copy, stream %d, differs\n", si);
+            return 97;
+        }
+    }
+    for (uint32_t i = 0; i < GE_LAYERS; i++) {
+        kern_cuda_free(dk[i]);
+        kern_cuda_free(dv[i]);
+        kern_cuda_free(ok[i]);
+        kern_cuda_free(ov[i]);
+    }
+    kern_cuda_free(buf);
+    ops->stream_free(side);
+    free(want);
+    free(back);
+    free(enc);
+    free(dec);
+    gb_engine_fini(&hsrc);
+    gb_engine_fini(&hdst);
+    gb_engine_fini(&blank);
+    gb_engine_fini(&ref);
+    kvc_disconnect(c);
+    return 0;
+}
+
+START_TEST(test_gpu_staged_chunks)
+{
+    pid_t a = daemon_child_spawn(ge_staged_device, NULL);
+    ck_assert_int_eq(daemon_child_wait(a, daemon_ms(60000), NULL), 0);
+}
+END_TEST
+
 START_TEST(test_gpu_two_processes_through_pool)
 {
     kvc_client *c;
@@ -1159,6 +1317,7 @@ int main(void)
         tcase_add_test(tg, test_gpu_two_processes_through_pool);
         tcase_add_test(tg, test_gpu_killed_with_pins);
         tcase_add_test(tg, test_gpu_batched_moves);
+        tcase_add_test(tg, test_gpu_staged_chunks);
         tcase_set_tags(tg, "nofork device");
         suite_add_tcase(s, tg);
     } else {

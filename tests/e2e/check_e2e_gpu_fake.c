@@ -742,17 +742,18 @@ START_TEST(test_host_hits_bounded_ops)
         ck_assert_int_eq(kvc_release(l), 0);
         ck_assert_int_eq(gb_engine_check(&dst, &src, n * GE_BT, 1, 1), 0);
     }
-    printf("e2e_gpu: host hits, %s layout, device operations per call (1/4/64 blocks): gather "
-           "%llu/%llu/%llu, copy range %llu/%llu/%llu, scatter %llu/%llu/%llu, scatter of a layer "
-           "%llu/%llu/%llu; DMA ranges in all %llu\n",
-           _i == 1 ? "strided" : _i ? "contiguous (staged at the default)" : "contiguous",
-           (unsigned long long)ops[0][0],
-           (unsigned long long)ops[1][0], (unsigned long long)ops[2][0],
-           (unsigned long long)ops[0][1], (unsigned long long)ops[1][1],
-           (unsigned long long)ops[2][1], (unsigned long long)ops[0][2],
-           (unsigned long long)ops[1][2], (unsigned long long)ops[2][2],
-           (unsigned long long)ops[0][3], (unsigned long long)ops[1][3],
-           (unsigned long long)ops[2][3], (unsigned long long)(fake_dev.dma_ranges - ranges0));
+    printf(
+        "e2e_gpu: host hits, %s layout, device operations per call (1/4/64 blocks): gather "
+        "%llu/%llu/%llu, copy range %llu/%llu/%llu, scatter %llu/%llu/%llu, scatter of a layer "
+        "%llu/%llu/%llu; DMA ranges in all %llu\n",
+        _i == 1 ? "strided"
+        : _i    ? "contiguous (staged at the default)"
+                : "contiguous",
+        (unsigned long long)ops[0][0], (unsigned long long)ops[1][0], (unsigned long long)ops[2][0],
+        (unsigned long long)ops[0][1], (unsigned long long)ops[1][1], (unsigned long long)ops[2][1],
+        (unsigned long long)ops[0][2], (unsigned long long)ops[1][2], (unsigned long long)ops[2][2],
+        (unsigned long long)ops[0][3], (unsigned long long)ops[1][3], (unsigned long long)ops[2][3],
+        (unsigned long long)(fake_dev.dma_ranges - ranges0));
     for (int k = 0; k < 4; k++) {
         ck_assert_uint_eq(ops[0][k], ops[1][k]);
         ck_assert_uint_eq(ops[0][k], ops[2][k]);
@@ -1041,6 +1042,199 @@ START_TEST(test_scatter_lossy_every_codec)
     gb_engine_fini(&src);
     fake_dev_stream_free(stream);
     kvc_disconnect(c);
+    kvci_gpu_ops_set(NULL);
+}
+END_TEST
+
+/* ---- staging bounded by the cap ----------------------------------------------------------- */
+
+/* The chunks of a staged call of n blocks under cap, as the spec of the staging reads: the
+ * blocks after a chunk's first whose staged bytes (st[j], 256-aligned; 0: nothing staged)
+ * fit cap together, a block over cap alone. Returns the device operations the call queues —
+ * per chunk one copy batch when it copies anything (first: pieces the first chunk's batch
+ * also carries) and a kernel for each kind of block in it (raw[j]: the gather or scatter
+ * kernel, else the decode kernel), then one record — and the largest chunk in *most. */
+static uint64_t gs_chunk_ops(const uint64_t *st, const int *raw, uint32_t n, uint64_t cap,
+                             int first, uint64_t *most)
+{
+    uint64_t ops = 1;
+    *most = 0;
+    for (uint32_t j0 = 0, j1; j0 < n; j0 = j1) {
+        uint64_t sum = st[j0];
+        int has_raw = raw[j0] > 0, has_enc = raw[j0] == 0, copies = st[j0] > 0 || first;
+        for (j1 = j0 + 1; j1 < n && sum + st[j1] <= cap; j1++) {
+            sum += st[j1];
+            has_raw |= raw[j1] > 0;
+            has_enc |= raw[j1] == 0;
+            copies |= st[j1] > 0;
+        }
+        first = 0;
+        *most = sum > *most ? sum : *most;
+        ops += (uint64_t)copies + (uint64_t)has_raw + (uint64_t)has_enc;
+    }
+    return ops;
+}
+
+/* A prefix of GB_BLOCKS blocks (2 MiB) staged through a cap far smaller: raw host hits into
+ * a strided engine (every block staged), a gather of the same engine into host slots, lossy
+ * (q8_0) hits, and a mix of both, scattered (all layers, and the second alone) and
+ * range-copied into device memory. Every byte
+ * lands right (the CPU decoder's and the reference pack's), the calls queue the operations of
+ * their chunks, and no device scratch the client allocates exceeds the cap (a block over it:
+ * that block's bytes) nor does more than that stay idle after the calls. _i: a cap of 4 raw
+ * blocks (128 KiB), one of 100,000 bytes (3 raw blocks, not a power of two) and 16 KiB (less
+ * than any block: a block a chunk). (Before: one scratch of the whole call's bytes, 2 MiB
+ * here, kept until the disconnect.) */
+START_TEST(test_staging_capped)
+{
+    static const uint64_t caps[] = {128 << 10, 100000, 16 << 10};
+    const uint64_t cap = caps[_i];
+    const uint32_t n = GB_BLOCKS, pad = 16;
+    kvc_client *c;
+    kvc_ns *ns;
+    kvc_resv *r;
+    kvc_lease *l;
+    struct kvc_layout lay = gb_layout(2);
+    struct kvc_key keys[GB_BLOCKS];
+    struct gb_engine src, dst, dst1, ref;
+    ck_assert_int_eq(kvc_connect(ge_d.sock, &c), 0);
+    ck_assert_int_eq(kvc_ns_open(c, &lay, &ns), 0);
+    fake_dev_reset(1);
+    kvci_gpu_ops_set(&fake_dev_ops);
+    kvci_gpu_stage_cap_set(cap);
+    ck_assert_int_eq(kvc_gpu_attach(c), 0);
+    kvci_gpu_stage_cap_set(0);
+    void *stream = fake_dev_stream(0);
+    const size_t bb = kvc_ns_block_bytes(ns);
+    gb_engine_init_pad(&src, 2, 1, 1, 4, pad);
+    for (uint32_t li = 0; li < 2; li++) /* smooth fp16 values: finite for the codec */
+        for (uint64_t x = 0; x < src.bytes / 2; x++) {
+            ((uint16_t *)src.k[li])[x] = kern_f2h((float)((int)(x * 7 % 401) - 200) / 64.0f);
+            ((uint16_t *)src.v[li])[x] = kern_f2h((float)((int)(x * 13 % 301) - 150) / 32.0f);
+        }
+    gb_engine_init_pad(&dst, 2, 1, 0, 0, pad);
+    gb_engine_init_pad(&dst1, 2, 1, 0, 0, pad);
+    gb_engine_init_pad(&ref, 2, 0, 0, 0, pad);
+    uint8_t *want = gb_blocks(&src, n, bb), *buf = NULL;
+    ck_assert_int_eq(fake_dev_ops.mem_alloc((void **)&buf, n * bb), 0);
+    /* the q8_0 blocks, the CPU decoder's bytes of them, and the mix: odd blocks lossy */
+    struct kern_layout kl = {2, GE_HEADS, GE_DIM, GE_BT, KERN_DTYPE_FP16, 0};
+    struct kern_recipe rec;
+    kern_recipe_fill(&rec, KERN_CODEC_Q8_0, KERN_CODEC_Q8_0, 1);
+    const int64_t es = kern_encoded_size(&kl, &rec);
+    ck_assert_int_gt(es, 0);
+    uint8_t *enc = malloc(n * (size_t)es), *dec = malloc(n * bb), *mix = malloc(n * bb);
+    ck_assert(enc && dec && mix);
+    for (uint32_t j = 0; j < n; j++) {
+        ck_assert_int_eq(kern_encode_cpu(&kl, &rec, want + j * bb, enc + j * es, (size_t)es, NULL),
+                         es);
+        ck_assert_int_eq(
+            kern_decode_cpu(&kl, enc + j * es, (size_t)es, dec + j * bb, bb, KERN_DTYPE_FP16),
+            (int64_t)bb);
+        memcpy(mix + j * bb, (j % 2 ? dec : want) + j * bb, bb);
+    }
+    const uint64_t araw = (bb + 255) & ~(uint64_t)255, aenc = ((uint64_t)es + 255) & ~255ull;
+    const uint64_t most_block = araw > aenc ? araw : aenc;
+    const uint64_t bound = cap > most_block ? cap : most_block; /* the most scratch, idle too */
+    const uint64_t engine_bytes = fake_dev.alloc_bytes;
+    fake_dev.alloc_max = 0; /* from here: the client's scratch alone */
+    uint64_t st[GB_BLOCKS], most, o;
+    int raw[GB_BLOCKS];
+
+    /* a gather of every block into host slots, staged */
+    gb_keys(ns, 2000000, n, keys);
+    ck_assert_int_eq(kvc_reserve(ns, NULL, keys, n, &r), (int)n);
+    for (uint32_t j = 0; j < n; j++)
+        st[j] = araw, raw[j] = 1;
+    o = gb_ops();
+    ck_assert_int_eq(kvc_resv_gather(r, 0, n, &src.kv, 0, stream, NULL), (int)n);
+    ck_assert_uint_le(fake_dev.alloc_max, bound);
+    ck_assert_uint_eq(gb_ops() - o, gs_chunk_ops(st, raw, n, cap, 0, &most));
+    ck_assert_uint_gt(gb_ops() - o, 3); /* more than one chunk */
+    ck_assert_int_eq(kvc_commit(r, SIZE_MAX), (int)n);
+    ck_assert_int_eq(kvc_lookup(ns, keys, n, 0, &l), (int)n);
+    for (uint32_t j = 0; j < n; j++)
+        ck_assert_msg(memcmp(kvc_lease_data(l, j), want + j * bb, bb) == 0, "gather block %u", j);
+
+    /* raw hits, lossy hits, the mix: scattered into the strided engine, then range-copied */
+    ck_assert_int_eq(kvc_release(l), 0);
+    for (int kind = 0; kind < 3; kind++) { /* 0 raw, 1 lossy, 2 mix */
+        const uint8_t *blocks = kind == 0 ? want : kind == 1 ? dec : mix;
+        ck_assert_int_eq(kvc_lookup(ns, keys, n, 0, &l), (int)n);
+        for (uint32_t j = 0; j < n; j++) {
+            int lossy = kind == 1 || (kind == 2 && j % 2);
+            raw[j] = !lossy;
+            st[j] = lossy ? aenc : araw;
+            if (!lossy)
+                continue;
+            l->hits[j].data = enc + j * es; /* as if the daemon had quantized them */
+            l->hits[j].len = (uint64_t)es;
+            l->hits[j].format = KERN_CODEC_Q8_0;
+        }
+        gb_engine_clear(&dst);
+        gb_engine_clear(&ref);
+        struct kern_pack_layout pl = gb_pack_layout(2);
+        struct kern_pack_engine re = gb_pack_engine(&ref);
+        void *bp[GB_BLOCKS];
+        for (uint32_t j = 0; j < n; j++)
+            bp[j] = (uint8_t *)blocks + j * bb;
+        ck_assert_int_eq(kern_pack_ref(&pl, &re, 0, n, bp, KERN_PACK_SCATTER), 0);
+        o = gb_ops();
+        ck_assert_int_eq(kvc_lease_scatter(l, 0, n, &dst.kv, 0, stream, NULL), (int)n);
+        ck_assert_uint_le(fake_dev.alloc_max, bound);
+        ck_assert_uint_eq(gb_ops() - o, gs_chunk_ops(st, raw, n, cap, 0, &most));
+        ck_assert_uint_le(most, bound);
+        /* the second layer alone, into another engine: a raw block stages half its bytes, a
+         * lossy one all of them */
+        for (uint32_t j = 0; j < n; j++)
+            st[j] = raw[j] ? araw / 2 : aenc;
+        gb_engine_clear(&dst1);
+        o = gb_ops();
+        ck_assert_int_eq(kvc_lease_scatter_layers(l, 0, n, &dst1.kv, 0, 1, 1, stream, NULL),
+                         (int)n);
+        ck_assert_uint_le(fake_dev.alloc_max, bound);
+        ck_assert_uint_eq(gb_ops() - o, gs_chunk_ops(st, raw, n, cap, 0, &most));
+        /* into one device buffer: the raw hits straight in (with the first chunk's batch),
+         * the lossy ones staged and decoded */
+        for (uint32_t j = 0; j < n; j++)
+            st[j] = raw[j] ? 0 : aenc;
+        memset(buf, 0, n * bb);
+        o = gb_ops();
+        ck_assert_int_eq(kvc_lease_copy_range_async(l, 0, n, buf, n * bb, stream), (int)n);
+        for (uint32_t j = 0; j < n; j++)
+            raw[j] = raw[j] ? -1 : 0; /* raw: no kernel here */
+        ck_assert_uint_eq(gb_ops() - o, gs_chunk_ops(st, raw, n, cap, 1, &most));
+        ck_assert_int_eq(kvc_release(l), 0);
+        ck_assert_msg(gb_engine_check(&dst, &ref, n * GE_BT, 0, 2) == 0, "scatter, kind %d", kind);
+        ck_assert_msg(gb_engine_check(&dst1, &ref, n * GE_BT, 1, 1) == 0, "layer 1, kind %d", kind);
+        for (uint32_t j = 0; j < n; j++)
+            ck_assert_msg(memcmp(buf + j * bb, blocks + j * bb, bb) == 0, "copy, kind %d block %u",
+                          kind, j);
+    }
+    /* the scratch: never more than the cap (or a block over it), at most that much idle (a
+     * lease's calls on one stream stage through one buffer) */
+    printf("e2e_gpu: staged through a cap of %llu bytes: largest scratch %llu, idle after the "
+           "calls %llu (the whole prefix stages %llu)\n",
+           (unsigned long long)cap, (unsigned long long)fake_dev.alloc_max,
+           (unsigned long long)(fake_dev.alloc_bytes - engine_bytes),
+           (unsigned long long)(n * araw));
+    ck_assert_uint_gt(fake_dev.alloc_max, 0);
+    ck_assert_uint_le(fake_dev.alloc_max, bound);
+    ck_assert_uint_le(fake_dev.alloc_bytes - engine_bytes, bound);
+    ck_assert_uint_eq(fake_dev.bad_kinds + fake_dev.bad_packs, 0);
+    ck_assert_int_eq(fake_dev_last_error(), 0);
+    free(enc);
+    free(dec);
+    free(mix);
+    free(want);
+    fake_dev_ops.mem_free(buf);
+    gb_engine_fini(&src);
+    gb_engine_fini(&dst);
+    gb_engine_fini(&dst1);
+    gb_engine_fini(&ref);
+    fake_dev_stream_free(stream);
+    kvc_disconnect(c);
+    ck_assert_int_eq(fake_dev.events_live, 0);
     kvci_gpu_ops_set(NULL);
 }
 END_TEST
@@ -1514,6 +1708,7 @@ int main(void)
     tcase_add_loop_test(tb, test_scatter_layers_only_those, 0, 2);
     tcase_add_loop_test(tb, test_gather_layers_commit, 0, 2);
     tcase_add_test(tb, test_scatter_lossy_every_codec);
+    tcase_add_loop_test(tb, test_staging_capped, 0, 3);
     TCase *tp = gf_case(s, "batch-pool", gf_setup, gf_teardown);
     tcase_add_test(tp, test_pool_bounded_ops);
     tcase_add_test(tp, test_pool_bounded_ops_strided);

@@ -615,6 +615,8 @@ static int fake_mem_alloc(void **p, uint64_t len)
         return -ENOMEM;
     }
     fake_dev.allocs++;
+    fake_dev.alloc_bytes += len ? len : 1;
+    fake_dev.alloc_max = len > fake_dev.alloc_max ? len : fake_dev.alloc_max;
     return 0;
 }
 
@@ -624,6 +626,9 @@ static void fake_mem_free(void *p)
         return;
     fake_dev.device_syncs++; /* cudaFree waits for the whole device */
     fake_drain(NULL, UINT64_MAX, 1);
+    for (int i = 0; i < fake_nranges; i++)
+        if (fake_ranges[i].base == p)
+            fake_dev.alloc_bytes -= fake_ranges[i].size;
     fake_range_del(p);
     free(p);
     fake_dev.frees++;

@@ -29,7 +29,8 @@
  * - A copy batch (copy_batch) is one operation of n copies, each checked like copy_async
  *   (at most KERN_COPY_BATCH_MAX device to device, KERN_DMA_BATCH_MAX to or from the host).
  * - mem_free is cudaFree: it waits for the whole device first (every stream's work is
- *   performed) and counts a device-wide synchronisation.
+ *   performed) and counts a device-wide synchronisation. The largest mem_alloc and the
+ *   bytes of those still live are counted (the device memory a client holds for itself).
  * - event_query never waits: when work before the event is still queued it performs that
  *   work and answers 0 (the device has caught up by the time it is asked), unless `hold`
  *   is set: then the device is still copying and the answer is -EAGAIN, as long as the test
@@ -65,6 +66,8 @@ struct fake_dev_state {
     int streams_live;        /* stream_new minus stream_free */
     uint64_t allocs;         /* mem_alloc calls */
     uint64_t frees;          /* mem_free calls */
+    uint64_t alloc_max;      /* the largest mem_alloc (bytes) */
+    uint64_t alloc_bytes;    /* bytes of mem_alloc not freed yet (live) */
     uint64_t device_syncs;   /* waits for the whole device (cudaFree does one) */
     uint64_t legacy_syncs;   /* waits on the legacy default stream (device-wide ordering) */
     uint64_t waits;          /* host waits: stream_sync, event_wait, event_wait_free */

@@ -124,6 +124,16 @@ mutation scatter-direct-layer-offset client/libkvc_gpu.c "check_e2e_gpu_fake" \
 '            runs.host[j] = (uint8_t *)h->data + from; /* by DMA into the pages */' \
 '            runs.host[j] = (uint8_t *)h->data; /* by DMA into the pages */'
 
+# A staged call in one chunk again: its scratch sized for the whole prefix, not the cap.
+mutation stage-one-chunk client/libkvc_gpu.c "check_e2e_gpu_fake" \
+'    while (j < n && sum + stage[j] <= cap)' \
+'    while (j < n && (sum + stage[j] <= cap || 1))'
+
+# A scratch rounded up (to a power of two) past the staging cap.
+mutation stage-scratch-past-cap client/libkvc_gpu.c "check_e2e_gpu_fake" \
+'    return cap < top ? cap : top;' \
+'    return cap < top ? cap : cap;'
+
 # Host DMA batches in one call again (issue 26): the copies start only once the driver took
 # every range.
 mutation dma-one-call client/libkvc_gpu.c "check_python" \
