@@ -174,8 +174,93 @@ KERN_HD float kern_enc_value(const struct kern_layout *lay, const uint8_t *raw, 
         kern_load(raw, lay->dtype, ((uint64_t)t * lay->heads + h) * lay->head_dim + c));
 }
 
+/* A raw value as a lossy codec sees it: kern_sanitize(kern_load()) of its bits. On the device
+ * fp16 by the conversion instruction, which is exact as kern_h2f is (normal, subnormal, -0,
+ * infinity) and differs only in a NaN's payload, which kern_sanitize makes 0 either way: the
+ * same float for every one of the 65,536 inputs (check_codecs test_cuda_every_half). */
+KERN_HD float kern_enc_in(uint16_t v, uint32_t dtype)
+{
+#ifdef __CUDA_ARCH__
+    if (dtype != KERN_DTYPE_BF16)
+        return kern_sanitize(__half2float(__ushort_as_half(v)));
+#endif
+    return kern_sanitize(kern_load(&v, dtype, 0));
+}
+
 /* ---- token-major units: groups of 32 values of one token and head ----------------------- */
 
+/* Bytes [b, gb) of a group's encoding blk to o: 4-byte stores from o + b (4-byte aligned), a
+ * 2-byte tail. b and gb are constants where it is called, so blk stays in registers. */
+KERN_HD void kern_enc_tm_put_from(uint8_t *o, const uint8_t *blk, uint32_t b, uint32_t gb)
+{
+    KERN_UNROLL
+    for (uint32_t k = 0; k < 9; k++)
+        if (b + 4 * k + 4 <= gb) {
+            const uint8_t *c = blk + b + 4 * k;
+            const uint32_t w =
+                c[0] | (uint32_t)c[1] << 8 | (uint32_t)c[2] << 16 | (uint32_t)c[3] << 24;
+            KERN_BATCH_STORE(uint32_t, o + b + 4 * k, w);
+        }
+    if ((gb - b) & 2) {
+        const uint16_t w = (uint16_t)(blk[gb - 2] | blk[gb - 1] << 8);
+        KERN_BATCH_STORE(uint16_t, o + gb - 2, w);
+    }
+}
+
+/* A group's encoding (gb bytes, even) into the unit's shared-memory run at o, which is 2-byte
+ * aligned (every group size is even): where o is not 4-byte aligned, its first 2 bytes by a
+ * 2-byte store; then 4-byte stores and a 2-byte tail. */
+KERN_HD void kern_enc_tm_put(uint8_t *o, const uint8_t *blk, uint32_t gb)
+{
+    if ((uintptr_t)o & 2) {
+        const uint16_t w = (uint16_t)(blk[0] | blk[1] << 8);
+        KERN_BATCH_STORE(uint16_t, o, w);
+        kern_enc_tm_put_from(o, blk, 2, gb);
+    } else {
+        kern_enc_tm_put_from(o, blk, 0, gb);
+    }
+}
+
+/* A whole group (32 values, loaded as q) encoded by the reference's group function into o:
+ * each codec a case of its own, so n, bits and the group's size are constants and the group
+ * never leaves registers. */
+KERN_HD void kern_enc_tm_whole(uint32_t codec, uint32_t dtype, const kern_batch_v16 *q, uint8_t *o)
+{
+    uint16_t v[KERN_GROUP];
+    float x[KERN_GROUP];
+    memcpy(v, q, sizeof(v));
+    KERN_UNROLL
+    for (int j = 0; j < KERN_GROUP; j++)
+        x[j] = kern_enc_in(v[j], dtype);
+    if (codec == KERN_CODEC_Q8_0) {
+        uint8_t blk[34];
+        kern_q8_0_enc(x, KERN_GROUP, blk);
+        kern_enc_tm_put(o, blk, sizeof(blk));
+    } else if (codec == KERN_CODEC_Q4_1) {
+        uint8_t blk[20];
+        kern_qx_1_enc(x, KERN_GROUP, blk, 4);
+        kern_enc_tm_put(o, blk, sizeof(blk));
+    } else if (codec == KERN_CODEC_Q5_1) {
+        uint8_t blk[24];
+        kern_qx_1_enc(x, KERN_GROUP, blk, 5);
+        kern_enc_tm_put(o, blk, sizeof(blk));
+    } else if (kern_codec_bits(codec) == 2) { /* KIVI values */
+        uint8_t blk[12];
+        kern_kivi_v_enc(x, KERN_GROUP, blk, 2);
+        kern_enc_tm_put(o, blk, sizeof(blk));
+    } else {
+        uint8_t blk[20];
+        kern_kivi_v_enc(x, KERN_GROUP, blk, 4);
+        kern_enc_tm_put(o, blk, sizeof(blk));
+    }
+}
+
+/* Phase 1 of a token-major unit: each thread encodes groups i = tid, tid + nt, ... of the
+ * unit into the shared-memory run. Where every group is whole and 16-byte aligned (head_dim a
+ * multiple of 32, a->aligned) group u of the section's [T][H][G] starts 64 u bytes into it,
+ * and a thread loads its next group before it encodes the current one (two groups' 64 bytes
+ * in flight where a unit has more groups than threads); otherwise group by group, the tail
+ * groups element by element. */
 KERN_HD void kern_enc_tm_phase1(const struct kern_enc_args *a, const struct kern_enc_sect *s,
                                 uint32_t unit, const uint8_t *raw, struct kern_enc_smem *sm,
                                 uint32_t tid, uint32_t nt)
@@ -186,6 +271,17 @@ KERN_HD void kern_enc_tm_phase1(const struct kern_enc_args *a, const struct kern
     const uint32_t ng = (uint32_t)(total - u0 < KERN_ENC_GROUPS ? total - u0 : KERN_ENC_GROUPS);
     const uint32_t codec = s->codec, gb = kern_enc_group_bytes(codec);
     const int bits = kern_codec_bits(codec);
+    if (a->aligned && D % KERN_GROUP == 0) {
+        const uint8_t *p = raw + 2 * KERN_GROUP * u0;
+        for (uint32_t i = tid; i < ng; i += nt) {
+            kern_batch_v16 cur[4];
+            KERN_UNROLL
+            for (int j = 0; j < 4; j++)
+                KERN_BATCH_LOAD(kern_batch_v16, cur[j], p + 2 * KERN_GROUP * (uint64_t)i + 16 * j);
+            kern_enc_tm_whole(codec, lay->dtype, cur, sm->u.out + i * gb);
+        }
+        return;
+    }
     for (uint32_t i = tid; i < ng; i += nt) {
         const uint64_t u = u0 + i;
         const uint32_t t = (uint32_t)(u / ((uint64_t)H * G));
@@ -291,10 +387,8 @@ KERN_HD void kern_enc_load8(const struct kern_enc_args *a, const uint8_t *raw, u
             v[j] = (uint16_t)kern_batch_u16(p + 2 * j);
     }
     KERN_UNROLL
-    for (int j = 0; j < 8; j++) {
-        uint16_t one = v[j];
-        x[j] = kern_sanitize(kern_load(&one, lay->dtype, 0));
-    }
+    for (int j = 0; j < 8; j++)
+        x[j] = kern_enc_in(v[j], lay->dtype);
 }
 
 KERN_HD void kern_enc_fp8_phase1(const struct kern_enc_args *a, uint32_t h, const uint8_t *raw,

@@ -574,6 +574,19 @@ mutation enc-fp8-tree-half kernels/kern_encb.h "check_kernels check_codecs" \
 '    const uint32_t half = KERN_ENC_THREADS >> step;' \
 '    const uint32_t half = KERN_ENC_THREADS >> (step + (step == 1));'
 
+# The encode kernel's token-major units, whole groups (head_dim a multiple of 32, aligned):
+# a unit's first group found 32 u0 bytes into the section, not 64 u0 (group u starts 64 u
+# bytes in).
+mutation enc-tm-whole-unit-offset kernels/kern_encb.h "check_kernels" \
+'        const uint8_t *p = raw + 2 * KERN_GROUP * u0;' \
+'        const uint8_t *p = raw + KERN_GROUP * u0;'
+
+# The same: a group's encoding into shared memory without its 2-byte tail (q8_0's last two
+# codes, where its 34 bytes start 4-byte aligned).
+mutation enc-tm-put-tail kernels/kern_encb.h "check_kernels" \
+'    if ((gb - b) & 2) {' \
+'    if ((gb - b) & 1) {'
+
 # The encode kernel's ROT rows: the cross-chunk stages one length off (each pairs a value
 # with the one 2 len away, the last one with the next row's).
 mutation enc-rot-cross-stage kernels/kern_encb.h "check_codecs" \
