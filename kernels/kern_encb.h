@@ -15,8 +15,8 @@
  *    and then the block writes the run out with 16-byte stores (phase 2);
  *  - raw: KERN_ENC_RAW_BYTES of the section, copied 16 bytes a thread;
  *  - fp8: one head of the section: the amax of its T x D values (phase 0, a max per thread,
- *    8 values a load where aligned), the block's amax by a tree of halvings (phases 1..8, max
- *    is order-free) whose last step stores the scale, the codes (phase 9, 8-byte stores);
+ *    8 values a load where aligned), the block's amax in two folds of 16 (phases 1, 2: max is
+ *    order-free), the second storing the scale, the codes (phase 3, 8-byte stores);
  *  - KIVI keys: one 32-token group of one head: per channel min, max and the fp16 scale and
  *    min (phase 1: a thread per channel, reads coalesced across channels), then the packed
  *    code bytes, a thread per (row, byte) (phase 2).
@@ -87,7 +87,7 @@ struct kern_enc_smem {
     } u;
     float red[KERN_ENC_THREADS];        /* fp8: each thread's amax; LOWRANK: sigma */
     float mnf[KERN_MAX_HEAD_DIM];       /* KIVI keys: each channel's fp16 min, as float */
-    float id[KERN_MAX_HEAD_DIM];        /* and 1 / scale */
+    float id[KERN_MAX_HEAD_DIM];        /* and 1 / scale; fp8: the first fold's amaxes */
     uint32_t map[KERN_MAX_TOKENS / 32]; /* MERGE: the run-start bitmap */
     uint32_t ord[KERN_LOWRANK_MAX_N];   /* LOWRANK: eigenvalues by size */
     float lr[80];    /* LOWRANK: the orth's partial sums (0..39), the trace (48), energies (64..) */
@@ -166,18 +166,10 @@ KERN_HD uint32_t kern_enc_sect_of(const struct kern_enc_args *a, uint32_t u)
     return lo;
 }
 
-/* Value (t, c) of head h of the (layer, kind) slab `raw` as a lossy codec sees it. */
-KERN_HD float kern_enc_value(const struct kern_layout *lay, const uint8_t *raw, uint32_t t,
-                             uint32_t h, uint32_t c)
-{
-    return kern_sanitize(
-        kern_load(raw, lay->dtype, ((uint64_t)t * lay->heads + h) * lay->head_dim + c));
-}
-
 /* A raw value as a lossy codec sees it: kern_sanitize(kern_load()) of its bits. On the device
  * fp16 by the conversion instruction, which is exact as kern_h2f is (normal, subnormal, -0,
  * infinity) and differs only in a NaN's payload, which kern_sanitize makes 0 either way: the
- * same float for every one of the 65,536 inputs (check_codecs test_cuda_every_half). */
+ * same float for every one of the 65,536 inputs (check_kernels test_cuda_every_half). */
 KERN_HD float kern_enc_in(uint16_t v, uint32_t dtype)
 {
 #ifdef __CUDA_ARCH__
@@ -185,6 +177,15 @@ KERN_HD float kern_enc_in(uint16_t v, uint32_t dtype)
         return kern_sanitize(__half2float(__ushort_as_half(v)));
 #endif
     return kern_sanitize(kern_load(&v, dtype, 0));
+}
+
+/* Value (t, c) of head h of the (layer, kind) slab `raw` as a lossy codec sees it. */
+KERN_HD float kern_enc_value(const struct kern_layout *lay, const uint8_t *raw, uint32_t t,
+                             uint32_t h, uint32_t c)
+{
+    uint16_t v;
+    memcpy(&v, raw + 2 * (((uint64_t)t * lay->heads + h) * lay->head_dim + c), 2);
+    return kern_enc_in(v, lay->dtype);
 }
 
 /* ---- token-major units: groups of 32 values of one token and head ----------------------- */
@@ -302,10 +303,8 @@ KERN_HD void kern_enc_tm_phase1(const struct kern_enc_args *a, const struct kern
                 v[j] = j < n ? (uint16_t)kern_batch_u16(p + 2 * j) : 0;
         }
         KERN_UNROLL
-        for (int j = 0; j < KERN_GROUP; j++) {
-            uint16_t one = v[j];
-            x[j] = j < n ? kern_sanitize(kern_load(&one, lay->dtype, 0)) : 0.0f;
-        }
+        for (int j = 0; j < KERN_GROUP; j++)
+            x[j] = j < n ? kern_enc_in(v[j], lay->dtype) : 0.0f;
         uint8_t blk[34];
         if (bits)
             kern_kivi_v_enc(x, n, blk, bits);
@@ -363,11 +362,11 @@ KERN_HD void kern_enc_raw(const struct kern_enc_sect *s, uint32_t unit, const ui
 
 /* ---- fp8 units: one head ------------------------------------------------------------------ */
 
-/* fp8 phases: the amax of each thread's values (0), the amax of the thread block by a tree of
- * KERN_ENC_FP8_TREE halvings (1..KERN_ENC_FP8_TREE; the last one's thread 0 also takes the
- * scale), the codes (KERN_ENC_FP8_TREE + 1). max is order-free on the sanitised (finite,
- * fabsf: non-negative) values, so the tree gives the reference's amax. */
-#define KERN_ENC_FP8_TREE 8 /* log2(KERN_ENC_THREADS) */
+/* fp8 phases: the amax of each thread's values (0), the amaxes of KERN_ENC_FP8_FOLD threads
+ * each by one of the first KERN_ENC_THREADS / KERN_ENC_FP8_FOLD threads (1), their amax and
+ * the scale by thread 0 (2), the codes (3). max is order-free on the sanitised (finite,
+ * fabsf: non-negative) values, so any order of folds gives the reference's amax. */
+#define KERN_ENC_FP8_FOLD 16 /* KERN_ENC_FP8_FOLD^2 == KERN_ENC_THREADS */
 
 /* The 8 values of head h at token t from channel d0 (d0 + 8 <= D), as floats: one 16-byte
  * load where the block allows (a->aligned, d0 a multiple of 8), else element by element. */
@@ -416,18 +415,23 @@ KERN_HD void kern_enc_fp8_phase1(const struct kern_enc_args *a, uint32_t h, cons
     sm->red[tid] = amax;
 }
 
-/* Tree step `step` (1..KERN_ENC_FP8_TREE): the lower half of what is left takes the max of
- * itself and its partner in the upper half; the last step's thread 0 stores the scale. */
-KERN_HD void kern_enc_fp8_tree(const struct kern_enc_sect *s, uint32_t h, uint8_t *dst,
+/* Fold phase `step` (1 or 2): in 1, thread t < KERN_ENC_FP8_FOLD takes the max of threads
+ * t * KERN_ENC_FP8_FOLD .. + KERN_ENC_FP8_FOLD - 1's amaxes (into sm->id[t]); in 2 thread 0
+ * takes the max of those and stores the scale. */
+KERN_HD void kern_enc_fp8_fold(const struct kern_enc_sect *s, uint32_t h, uint8_t *dst,
                                struct kern_enc_smem *sm, int step, uint32_t tid)
 {
-    const uint32_t half = KERN_ENC_THREADS >> step;
-    if (tid >= half)
+    if (tid >= (step == 1 ? KERN_ENC_FP8_FOLD : 1u))
         return;
-    const float o = sm->red[tid + half];
-    sm->red[tid] = o > sm->red[tid] ? o : sm->red[tid];
-    if (step == KERN_ENC_FP8_TREE) {
-        float scale = kern_fp8_scale(sm->red[0]);
+    const float *in = step == 1 ? sm->red + KERN_ENC_FP8_FOLD * tid : sm->id;
+    float amax = 0.0f;
+    KERN_UNROLL
+    for (int j = 0; j < KERN_ENC_FP8_FOLD; j++)
+        amax = in[j] > amax ? in[j] : amax;
+    if (step == 1) {
+        sm->id[tid] = amax;
+    } else {
+        float scale = kern_fp8_scale(amax);
         sm->mnf[0] = scale;
         memcpy(dst + s->offset + 4 * h, &scale, 4);
     }
@@ -715,8 +719,8 @@ KERN_HD void kern_enc_merge_plan(const struct kern_enc_args *a, const struct ker
             const uint8_t *raw = k ? rawv : rawk;
             float pd = 0.0f, pn = 0.0f;
             for (uint32_t c = m; c < lay->head_dim; c += 8) {
-                const float x = kern_ext_value(lay, raw, t, h, c);
-                const float y = kern_ext_value(lay, raw, run, h, c);
+                const float x = kern_enc_value(lay, raw, t, h, c);
+                const float y = kern_enc_value(lay, raw, run, h, c);
                 const float d = KERN_SUB(x, y);
                 pd = KERN_ADD(pd, KERN_MUL(d, d));
                 pn = KERN_ADD(pn, KERN_MUL(y, y));
@@ -1126,7 +1130,7 @@ KERN_HD uint32_t kern_enc_phases(const struct kern_enc_args *a, uint32_t u)
     if (codec == KERN_CODEC_LOWRANK)
         return kern_enc_lr_phases(&a->lay);
     if (codec == KERN_CODEC_FP8)
-        return KERN_ENC_FP8_TREE + 2;
+        return 4; /* amax, two folds, codes */
     if (codec == KERN_CODEC_RAW)
         return 1;
     if (codec == KERN_CODEC_MERGE)
@@ -1182,8 +1186,8 @@ KERN_HD void kern_enc_unit(const struct kern_enc_args *a, uint32_t u, int phase,
     } else if (s->codec == KERN_CODEC_FP8) {
         if (phase == 0)
             kern_enc_fp8_phase1(a, unit, raw, sm, tid, nt);
-        else if (phase <= KERN_ENC_FP8_TREE)
-            kern_enc_fp8_tree(s, unit, dst, sm, phase, tid);
+        else if (phase <= 2)
+            kern_enc_fp8_fold(s, unit, dst, sm, phase, tid);
         else
             kern_enc_fp8_phase3(a, s, unit, raw, dst, sm, tid, nt);
     } else if (kern_codec_bits(s->codec) && k == 0) {

@@ -568,11 +568,11 @@ mutation kinds-long-no-overlap client/libkvc_lease.c "check_e2e_kinds" \
 '            end = at + w - 1;' \
 '            end = at + 0 * w;'
 
-# The encode kernel's fp8 unit (issue 25): the amax tree's first halving pairs threads 64
-# apart, not 128, so the amax of threads 128..255's values never reaches the scale.
-mutation enc-fp8-tree-half kernels/kern_encb.h "check_kernels check_codecs" \
-'    const uint32_t half = KERN_ENC_THREADS >> step;' \
-'    const uint32_t half = KERN_ENC_THREADS >> (step + (step == 1));'
+# The encode kernel's fp8 unit (issue 25): the first fold's thread t takes threads t .. t + 15,
+# not 16 t .. 16 t + 15, so the amax of threads 31..255's values never reaches the scale.
+mutation enc-fp8-fold-stride kernels/kern_encb.h "check_kernels check_codecs" \
+'    const float *in = step == 1 ? sm->red + KERN_ENC_FP8_FOLD * tid : sm->id;' \
+'    const float *in = step == 1 ? sm->red + tid : sm->id;'
 
 # The encode kernel's token-major units, whole groups (head_dim a multiple of 32, aligned):
 # a unit's first group found 32 u0 bytes into the section, not 64 u0 (group u starts 64 u
