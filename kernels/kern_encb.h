@@ -58,6 +58,13 @@
 #define KERN_ENC_MAX_SECT (2 * KERN_MAX_LAYERS)
 #define KERN_ENC_ROT_VALS 4096 /* ROT: the values of a round (kern_enc_rot_round) */
 
+/* A function the device calls rather than inlines (its own register allocation). */
+#ifdef __CUDACC__
+#define KERN_ENC_CALLED static __host__ __device__ __noinline__
+#else
+#define KERN_ENC_CALLED static inline
+#endif
+
 struct kern_enc_sect {
     uint32_t offset; /* from the block's start */
     uint32_t bytes;  /* payload */
@@ -256,12 +263,27 @@ KERN_HD void kern_enc_tm_whole(uint32_t codec, uint32_t dtype, const kern_batch_
     }
 }
 
+/* The whole groups of a unit (head_dim a multiple of 32, a->aligned): group i of the unit
+ * (the section's group u0 + i of [T][H][G]) starts 64 i bytes after p, the unit's first, and
+ * is read as four 16-byte loads. A call on the device, not inlined: its registers are
+ * allocated apart from the rest of the kernel's (inlined, ptxas spilled the kernel at 64). */
+KERN_ENC_CALLED void kern_enc_tm_fast(uint32_t codec, uint32_t dtype, const uint8_t *p,
+                                      uint8_t *out, uint32_t gb, uint32_t ng, uint32_t tid,
+                                      uint32_t nt)
+{
+    for (uint32_t i = tid; i < ng; i += nt) {
+        kern_batch_v16 q[4];
+        KERN_UNROLL
+        for (int j = 0; j < 4; j++)
+            KERN_BATCH_LOAD(kern_batch_v16, q[j], p + 2 * KERN_GROUP * (uint64_t)i + 16 * j);
+        kern_enc_tm_whole(codec, dtype, q, out + i * gb);
+    }
+}
+
 /* Phase 1 of a token-major unit: each thread encodes groups i = tid, tid + nt, ... of the
- * unit into the shared-memory run. Where every group is whole and 16-byte aligned (head_dim a
- * multiple of 32, a->aligned) group u of the section's [T][H][G] starts 64 u bytes into it,
- * and a thread loads its next group before it encodes the current one (two groups' 64 bytes
- * in flight where a unit has more groups than threads); otherwise group by group, the tail
- * groups element by element. */
+ * unit into the shared-memory run: whole groups by kern_enc_tm_fast where head_dim is a
+ * multiple of 32 and the input aligned, else group by group, the tail groups element by
+ * element. */
 KERN_HD void kern_enc_tm_phase1(const struct kern_enc_args *a, const struct kern_enc_sect *s,
                                 uint32_t unit, const uint8_t *raw, struct kern_enc_smem *sm,
                                 uint32_t tid, uint32_t nt)
@@ -273,14 +295,7 @@ KERN_HD void kern_enc_tm_phase1(const struct kern_enc_args *a, const struct kern
     const uint32_t codec = s->codec, gb = kern_enc_group_bytes(codec);
     const int bits = kern_codec_bits(codec);
     if (a->aligned && D % KERN_GROUP == 0) {
-        const uint8_t *p = raw + 2 * KERN_GROUP * u0;
-        for (uint32_t i = tid; i < ng; i += nt) {
-            kern_batch_v16 cur[4];
-            KERN_UNROLL
-            for (int j = 0; j < 4; j++)
-                KERN_BATCH_LOAD(kern_batch_v16, cur[j], p + 2 * KERN_GROUP * (uint64_t)i + 16 * j);
-            kern_enc_tm_whole(codec, lay->dtype, cur, sm->u.out + i * gb);
-        }
+        kern_enc_tm_fast(codec, lay->dtype, raw + 2 * KERN_GROUP * u0, sm->u.out, gb, ng, tid, nt);
         return;
     }
     for (uint32_t i = tid; i < ng; i += nt) {

@@ -578,8 +578,8 @@ mutation enc-fp8-fold-stride kernels/kern_encb.h "check_kernels check_codecs" \
 # a unit's first group found 32 u0 bytes into the section, not 64 u0 (group u starts 64 u
 # bytes in).
 mutation enc-tm-whole-unit-offset kernels/kern_encb.h "check_kernels" \
-'        const uint8_t *p = raw + 2 * KERN_GROUP * u0;' \
-'        const uint8_t *p = raw + KERN_GROUP * u0;'
+'        kern_enc_tm_fast(codec, lay->dtype, raw + 2 * KERN_GROUP * u0, sm->u.out, gb, ng, tid, nt);' \
+'        kern_enc_tm_fast(codec, lay->dtype, raw + KERN_GROUP * u0, sm->u.out, gb, ng, tid, nt);'
 
 # The same: a group's encoding into shared memory without its 2-byte tail (q8_0's last two
 # codes, where its 34 bytes start 4-byte aligned).
