@@ -12,7 +12,9 @@
  *    of the section's [T][H][G] groups, so a unit's output is one contiguous run. A thread
  *    encodes a group at a time — its 32 values read as four 16-byte loads where the layout
  *    allows, the reference's group function into registers, the bytes into shared memory —
- *    and then the block writes the run out with 16-byte stores (phase 2);
+ *    and then the block writes the run out with 16-byte stores (phase 2). Whole groups (head_dim
+ *    a multiple of 32, aligned input) take kern_enc_tm_fast: each codec's function inlined with
+ *    the group's size a constant, so no byte of a group goes through local memory;
  *  - raw: KERN_ENC_RAW_BYTES of the section, copied 16 bytes a thread;
  *  - fp8: one head of the section: the amax of its T x D values (phase 0, a max per thread,
  *    8 values a load where aligned), the block's amax in two folds of 16 (phases 1, 2: max is
@@ -1118,12 +1120,43 @@ KERN_HD void kern_enc_lr_phase3(const struct kern_enc_args *a, const struct kern
 
 /* ---- the header unit ------------------------------------------------------------------------ */
 
+/* kern_hdr_build's bytes, the work spread: thread i writes section i's table entry (its
+ * offset, size and codec, which kern_enc_args_fill worked out by kern_hdr_build's own
+ * recurrence) and zeroes its padding; thread 0 the header and the table's padding. One thread
+ * walking the table took a few thousand dependent instructions for 64 sections, beside groups
+ * of about a thousand a thread. */
 KERN_HD void kern_enc_hdr(const struct kern_enc_args *a, uint8_t *dst, uint32_t tid, uint32_t nt)
 {
-    if (tid == 0)
-        kern_hdr_build(&a->lay, &a->rec, dst);
+    const struct kern_layout *lay = &a->lay;
+    const uint32_t hb = kern_hdr_bytes(lay), tbl = (uint32_t)sizeof(struct kern_block_hdr);
+    if (tid == 0) {
+        const struct kern_enc_sect *last = &a->s[a->nsect - 1];
+        struct kern_block_hdr h;
+        memset(&h, 0, sizeof(h));
+        h.magic = KERN_BLOCK_MAGIC;
+        h.version = KERN_BLOCK_VERSION;
+        h.dtype = (uint8_t)lay->dtype;
+        h.kinds = (uint8_t)kern_kinds(lay);
+        h.layers = lay->layers;
+        h.heads = lay->heads;
+        h.head_dim = lay->head_dim;
+        h.tokens = lay->tokens;
+        h.nsect = a->nsect;
+        h.hdr_bytes = hb;
+        h.total_bytes =
+            (last->offset + (uint64_t)last->bytes + KERN_ALIGN - 1) & ~(uint64_t)(KERN_ALIGN - 1);
+        memcpy(dst, &h, sizeof(h));
+        for (uint32_t b = tbl + a->nsect * (uint32_t)sizeof(struct kern_block_sect); b < hb; b++)
+            dst[b] = 0;
+    }
     for (uint32_t i = tid; i < a->nsect; i += nt) {
         const struct kern_enc_sect *s = &a->s[i];
+        struct kern_block_sect e;
+        memset(&e, 0, sizeof(e));
+        e.offset = s->offset;
+        e.bytes = s->bytes;
+        e.codec = (uint8_t)s->codec;
+        memcpy(dst + tbl + i * sizeof(e), &e, sizeof(e));
         uint32_t end = (s->offset + s->bytes + KERN_ALIGN - 1) & ~(KERN_ALIGN - 1);
         for (uint32_t b = s->offset + s->bytes; b < end; b++)
             dst[b] = 0;

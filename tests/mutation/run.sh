@@ -587,6 +587,12 @@ mutation enc-tm-put-tail kernels/kern_encb.h "check_kernels" \
 '    if ((gb - b) & 2) {' \
 '    if ((gb - b) & 1) {'
 
+# The encode kernel's header unit, its section table a thread an entry: entries 16 bytes
+# apart, not sizeof(struct kern_block_sect) (12).
+mutation enc-hdr-entry-stride kernels/kern_encb.h "check_kernels" \
+'        memcpy(dst + tbl + i * sizeof(e), &e, sizeof(e));' \
+'        memcpy(dst + tbl + i * 16, &e, sizeof(e));'
+
 # The encode kernel's ROT rows: the cross-chunk stages one length off (each pairs a value
 # with the one 2 len away, the last one with the next row's).
 mutation enc-rot-cross-stage kernels/kern_encb.h "check_codecs" \
