@@ -383,7 +383,10 @@ KERN_HD void kern_enc_raw(const struct kern_enc_sect *s, uint32_t unit, const ui
  * each by one of the first KERN_ENC_THREADS / KERN_ENC_FP8_FOLD threads (1), their amax and
  * the scale by thread 0 (2), the codes (3). max is order-free on the sanitised (finite,
  * fabsf: non-negative) values, so any order of folds gives the reference's amax. */
-#define KERN_ENC_FP8_FOLD 16 /* KERN_ENC_FP8_FOLD^2 == KERN_ENC_THREADS */
+#define KERN_ENC_FP8_FOLD 16
+#if KERN_ENC_FP8_FOLD * KERN_ENC_FP8_FOLD != KERN_ENC_THREADS
+#error "fp8's two folds take KERN_ENC_FP8_FOLD^2 == KERN_ENC_THREADS amaxes"
+#endif
 
 /* The 8 values of head h at token t from channel d0 (d0 + 8 <= D), as floats: one 16-byte
  * load where the block allows (a->aligned, d0 a multiple of 8), else element by element. */
