@@ -87,7 +87,7 @@ __global__ void kern_stats_kernel(struct kern_layout lay, const uint8_t *src,
 static_assert(sizeof(struct kern_enc_args) <= 32764, "encode tables too large");
 
 /* One unit of kern_encb.h per thread block; its phases apart by barriers. */
-__global__ void __launch_bounds__(KERN_ENC_THREADS)
+__global__ void __launch_bounds__(KERN_ENC_THREADS, 4)
     kern_enc_kernel(const __grid_constant__ struct kern_enc_args a, const uint8_t *src,
                     uint8_t *dst)
 {

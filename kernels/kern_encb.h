@@ -12,11 +12,13 @@
  *    of the section's [T][H][G] groups, so a unit's output is one contiguous run. A thread
  *    encodes a group at a time — its 32 values read as four 16-byte loads where the layout
  *    allows, the reference's group function into registers, the bytes into shared memory —
- *    and then the block writes the run out with 16-byte stores (phase 2);
+ *    and then the block writes the run out with 16-byte stores (phase 2). Whole groups (head_dim
+ *    a multiple of 32, aligned input) take kern_enc_tm_fast: each codec's function inlined with
+ *    the group's size a constant, so no byte of a group goes through local memory;
  *  - raw: KERN_ENC_RAW_BYTES of the section, copied 16 bytes a thread;
  *  - fp8: one head of the section: the amax of its T x D values (phase 0, a max per thread,
- *    8 values a load where aligned), the block's amax by a tree of halvings (phases 1..8, max
- *    is order-free) whose last step stores the scale, the codes (phase 9, 8-byte stores);
+ *    8 values a load where aligned), the block's amax in two folds of 16 (phases 1, 2: max is
+ *    order-free), the second storing the scale, the codes (phase 3, 8-byte stores);
  *  - KIVI keys: one 32-token group of one head: per channel min, max and the fp16 scale and
  *    min (phase 1: a thread per channel, reads coalesced across channels), then the packed
  *    code bytes, a thread per (row, byte) (phase 2).
@@ -58,6 +60,13 @@
 #define KERN_ENC_MAX_SECT (2 * KERN_MAX_LAYERS)
 #define KERN_ENC_ROT_VALS 4096 /* ROT: the values of a round (kern_enc_rot_round) */
 
+/* A function the device calls rather than inlines (its own register allocation). */
+#ifdef __CUDACC__
+#define KERN_ENC_CALLED static __host__ __device__ __noinline__
+#else
+#define KERN_ENC_CALLED static inline
+#endif
+
 struct kern_enc_sect {
     uint32_t offset; /* from the block's start */
     uint32_t bytes;  /* payload */
@@ -87,7 +96,7 @@ struct kern_enc_smem {
     } u;
     float red[KERN_ENC_THREADS];        /* fp8: each thread's amax; LOWRANK: sigma */
     float mnf[KERN_MAX_HEAD_DIM];       /* KIVI keys: each channel's fp16 min, as float */
-    float id[KERN_MAX_HEAD_DIM];        /* and 1 / scale */
+    float id[KERN_MAX_HEAD_DIM];        /* and 1 / scale; fp8: the first fold's amaxes */
     uint32_t map[KERN_MAX_TOKENS / 32]; /* MERGE: the run-start bitmap */
     uint32_t ord[KERN_LOWRANK_MAX_N];   /* LOWRANK: eigenvalues by size */
     float lr[80];    /* LOWRANK: the orth's partial sums (0..39), the trace (48), energies (64..) */
@@ -166,16 +175,117 @@ KERN_HD uint32_t kern_enc_sect_of(const struct kern_enc_args *a, uint32_t u)
     return lo;
 }
 
+/* A raw value as a lossy codec sees it: kern_sanitize(kern_load()) of its bits. On the device
+ * fp16 by the conversion instruction, which is exact as kern_h2f is (normal, subnormal, -0,
+ * infinity) and differs only in a NaN's payload, which kern_sanitize makes 0 either way: the
+ * same float for every one of the 65,536 inputs (check_kernels test_cuda_every_half). */
+KERN_HD float kern_enc_in(uint16_t v, uint32_t dtype)
+{
+#ifdef __CUDA_ARCH__
+    if (dtype != KERN_DTYPE_BF16)
+        return kern_sanitize(__half2float(__ushort_as_half(v)));
+#endif
+    return kern_sanitize(kern_load(&v, dtype, 0));
+}
+
 /* Value (t, c) of head h of the (layer, kind) slab `raw` as a lossy codec sees it. */
 KERN_HD float kern_enc_value(const struct kern_layout *lay, const uint8_t *raw, uint32_t t,
                              uint32_t h, uint32_t c)
 {
-    return kern_sanitize(
-        kern_load(raw, lay->dtype, ((uint64_t)t * lay->heads + h) * lay->head_dim + c));
+    uint16_t v;
+    memcpy(&v, raw + 2 * (((uint64_t)t * lay->heads + h) * lay->head_dim + c), 2);
+    return kern_enc_in(v, lay->dtype);
 }
 
 /* ---- token-major units: groups of 32 values of one token and head ----------------------- */
 
+/* Bytes [b, gb) of a group's encoding blk to o: 4-byte stores from o + b (4-byte aligned), a
+ * 2-byte tail. b and gb are constants where it is called, so blk stays in registers. */
+KERN_HD void kern_enc_tm_put_from(uint8_t *o, const uint8_t *blk, uint32_t b, uint32_t gb)
+{
+    KERN_UNROLL
+    for (uint32_t k = 0; k < 9; k++)
+        if (b + 4 * k + 4 <= gb) {
+            const uint8_t *c = blk + b + 4 * k;
+            const uint32_t w =
+                c[0] | (uint32_t)c[1] << 8 | (uint32_t)c[2] << 16 | (uint32_t)c[3] << 24;
+            KERN_BATCH_STORE(uint32_t, o + b + 4 * k, w);
+        }
+    if ((gb - b) & 2) {
+        const uint16_t w = (uint16_t)(blk[gb - 2] | blk[gb - 1] << 8);
+        KERN_BATCH_STORE(uint16_t, o + gb - 2, w);
+    }
+}
+
+/* A group's encoding (gb bytes, even) into the unit's shared-memory run at o, which is 2-byte
+ * aligned (every group size is even): where o is not 4-byte aligned, its first 2 bytes by a
+ * 2-byte store; then 4-byte stores and a 2-byte tail. */
+KERN_HD void kern_enc_tm_put(uint8_t *o, const uint8_t *blk, uint32_t gb)
+{
+    if ((uintptr_t)o & 2) {
+        const uint16_t w = (uint16_t)(blk[0] | blk[1] << 8);
+        KERN_BATCH_STORE(uint16_t, o, w);
+        kern_enc_tm_put_from(o, blk, 2, gb);
+    } else {
+        kern_enc_tm_put_from(o, blk, 0, gb);
+    }
+}
+
+/* A whole group (32 values, loaded as q) encoded by the reference's group function into o:
+ * each codec a case of its own, so n, bits and the group's size are constants and the group
+ * never leaves registers. */
+KERN_HD void kern_enc_tm_whole(uint32_t codec, uint32_t dtype, const kern_batch_v16 *q, uint8_t *o)
+{
+    uint16_t v[KERN_GROUP];
+    float x[KERN_GROUP];
+    memcpy(v, q, sizeof(v));
+    KERN_UNROLL
+    for (int j = 0; j < KERN_GROUP; j++)
+        x[j] = kern_enc_in(v[j], dtype);
+    if (codec == KERN_CODEC_Q8_0) {
+        uint8_t blk[34];
+        kern_q8_0_enc(x, KERN_GROUP, blk);
+        kern_enc_tm_put(o, blk, sizeof(blk));
+    } else if (codec == KERN_CODEC_Q4_1) {
+        uint8_t blk[20];
+        kern_qx_1_enc(x, KERN_GROUP, blk, 4);
+        kern_enc_tm_put(o, blk, sizeof(blk));
+    } else if (codec == KERN_CODEC_Q5_1) {
+        uint8_t blk[24];
+        kern_qx_1_enc(x, KERN_GROUP, blk, 5);
+        kern_enc_tm_put(o, blk, sizeof(blk));
+    } else if (kern_codec_bits(codec) == 2) { /* KIVI values */
+        uint8_t blk[12];
+        kern_kivi_v_enc(x, KERN_GROUP, blk, 2);
+        kern_enc_tm_put(o, blk, sizeof(blk));
+    } else {
+        uint8_t blk[20];
+        kern_kivi_v_enc(x, KERN_GROUP, blk, 4);
+        kern_enc_tm_put(o, blk, sizeof(blk));
+    }
+}
+
+/* The whole groups of a unit (head_dim a multiple of 32, a->aligned): group i of the unit
+ * (the section's group u0 + i of [T][H][G]) starts 64 i bytes after p, the unit's first, and
+ * is read as four 16-byte loads. A call on the device, not inlined: its registers are
+ * allocated apart from the rest of the kernel's (inlined, ptxas spilled the kernel at 64). */
+KERN_ENC_CALLED void kern_enc_tm_fast(uint32_t codec, uint32_t dtype, const uint8_t *p,
+                                      uint8_t *out, uint32_t gb, uint32_t ng, uint32_t tid,
+                                      uint32_t nt)
+{
+    for (uint32_t i = tid; i < ng; i += nt) {
+        kern_batch_v16 q[4];
+        KERN_UNROLL
+        for (int j = 0; j < 4; j++)
+            KERN_BATCH_LOAD(kern_batch_v16, q[j], p + 2 * KERN_GROUP * (uint64_t)i + 16 * j);
+        kern_enc_tm_whole(codec, dtype, q, out + i * gb);
+    }
+}
+
+/* Phase 1 of a token-major unit: each thread encodes groups i = tid, tid + nt, ... of the
+ * unit into the shared-memory run: whole groups by kern_enc_tm_fast where head_dim is a
+ * multiple of 32 and the input aligned, else group by group, the tail groups element by
+ * element. */
 KERN_HD void kern_enc_tm_phase1(const struct kern_enc_args *a, const struct kern_enc_sect *s,
                                 uint32_t unit, const uint8_t *raw, struct kern_enc_smem *sm,
                                 uint32_t tid, uint32_t nt)
@@ -186,6 +296,10 @@ KERN_HD void kern_enc_tm_phase1(const struct kern_enc_args *a, const struct kern
     const uint32_t ng = (uint32_t)(total - u0 < KERN_ENC_GROUPS ? total - u0 : KERN_ENC_GROUPS);
     const uint32_t codec = s->codec, gb = kern_enc_group_bytes(codec);
     const int bits = kern_codec_bits(codec);
+    if (a->aligned && D % KERN_GROUP == 0) {
+        kern_enc_tm_fast(codec, lay->dtype, raw + 2 * KERN_GROUP * u0, sm->u.out, gb, ng, tid, nt);
+        return;
+    }
     for (uint32_t i = tid; i < ng; i += nt) {
         const uint64_t u = u0 + i;
         const uint32_t t = (uint32_t)(u / ((uint64_t)H * G));
@@ -206,10 +320,8 @@ KERN_HD void kern_enc_tm_phase1(const struct kern_enc_args *a, const struct kern
                 v[j] = j < n ? (uint16_t)kern_batch_u16(p + 2 * j) : 0;
         }
         KERN_UNROLL
-        for (int j = 0; j < KERN_GROUP; j++) {
-            uint16_t one = v[j];
-            x[j] = j < n ? kern_sanitize(kern_load(&one, lay->dtype, 0)) : 0.0f;
-        }
+        for (int j = 0; j < KERN_GROUP; j++)
+            x[j] = j < n ? kern_enc_in(v[j], lay->dtype) : 0.0f;
         uint8_t blk[34];
         if (bits)
             kern_kivi_v_enc(x, n, blk, bits);
@@ -267,11 +379,14 @@ KERN_HD void kern_enc_raw(const struct kern_enc_sect *s, uint32_t unit, const ui
 
 /* ---- fp8 units: one head ------------------------------------------------------------------ */
 
-/* fp8 phases: the amax of each thread's values (0), the amax of the thread block by a tree of
- * KERN_ENC_FP8_TREE halvings (1..KERN_ENC_FP8_TREE; the last one's thread 0 also takes the
- * scale), the codes (KERN_ENC_FP8_TREE + 1). max is order-free on the sanitised (finite,
- * fabsf: non-negative) values, so the tree gives the reference's amax. */
-#define KERN_ENC_FP8_TREE 8 /* log2(KERN_ENC_THREADS) */
+/* fp8 phases: the amax of each thread's values (0), the amaxes of KERN_ENC_FP8_FOLD threads
+ * each by one of the first KERN_ENC_THREADS / KERN_ENC_FP8_FOLD threads (1), their amax and
+ * the scale by thread 0 (2), the codes (3). max is order-free on the sanitised (finite,
+ * fabsf: non-negative) values, so any order of folds gives the reference's amax. */
+#define KERN_ENC_FP8_FOLD 16
+#if KERN_ENC_FP8_FOLD * KERN_ENC_FP8_FOLD != KERN_ENC_THREADS
+#error "fp8's two folds take KERN_ENC_FP8_FOLD^2 == KERN_ENC_THREADS amaxes"
+#endif
 
 /* The 8 values of head h at token t from channel d0 (d0 + 8 <= D), as floats: one 16-byte
  * load where the block allows (a->aligned, d0 a multiple of 8), else element by element. */
@@ -291,10 +406,8 @@ KERN_HD void kern_enc_load8(const struct kern_enc_args *a, const uint8_t *raw, u
             v[j] = (uint16_t)kern_batch_u16(p + 2 * j);
     }
     KERN_UNROLL
-    for (int j = 0; j < 8; j++) {
-        uint16_t one = v[j];
-        x[j] = kern_sanitize(kern_load(&one, lay->dtype, 0));
-    }
+    for (int j = 0; j < 8; j++)
+        x[j] = kern_enc_in(v[j], lay->dtype);
 }
 
 KERN_HD void kern_enc_fp8_phase1(const struct kern_enc_args *a, uint32_t h, const uint8_t *raw,
@@ -322,18 +435,23 @@ KERN_HD void kern_enc_fp8_phase1(const struct kern_enc_args *a, uint32_t h, cons
     sm->red[tid] = amax;
 }
 
-/* Tree step `step` (1..KERN_ENC_FP8_TREE): the lower half of what is left takes the max of
- * itself and its partner in the upper half; the last step's thread 0 stores the scale. */
-KERN_HD void kern_enc_fp8_tree(const struct kern_enc_sect *s, uint32_t h, uint8_t *dst,
+/* Fold phase `step` (1 or 2): in 1, thread t < KERN_ENC_FP8_FOLD takes the max of threads
+ * t * KERN_ENC_FP8_FOLD .. + KERN_ENC_FP8_FOLD - 1's amaxes (into sm->id[t]); in 2 thread 0
+ * takes the max of those and stores the scale. */
+KERN_HD void kern_enc_fp8_fold(const struct kern_enc_sect *s, uint32_t h, uint8_t *dst,
                                struct kern_enc_smem *sm, int step, uint32_t tid)
 {
-    const uint32_t half = KERN_ENC_THREADS >> step;
-    if (tid >= half)
+    if (tid >= (step == 1 ? KERN_ENC_FP8_FOLD : 1u))
         return;
-    const float o = sm->red[tid + half];
-    sm->red[tid] = o > sm->red[tid] ? o : sm->red[tid];
-    if (step == KERN_ENC_FP8_TREE) {
-        float scale = kern_fp8_scale(sm->red[0]);
+    const float *in = step == 1 ? sm->red + KERN_ENC_FP8_FOLD * tid : sm->id;
+    float amax = 0.0f;
+    KERN_UNROLL
+    for (int j = 0; j < KERN_ENC_FP8_FOLD; j++)
+        amax = in[j] > amax ? in[j] : amax;
+    if (step == 1) {
+        sm->id[tid] = amax;
+    } else {
+        float scale = kern_fp8_scale(amax);
         sm->mnf[0] = scale;
         memcpy(dst + s->offset + 4 * h, &scale, 4);
     }
@@ -621,8 +739,8 @@ KERN_HD void kern_enc_merge_plan(const struct kern_enc_args *a, const struct ker
             const uint8_t *raw = k ? rawv : rawk;
             float pd = 0.0f, pn = 0.0f;
             for (uint32_t c = m; c < lay->head_dim; c += 8) {
-                const float x = kern_ext_value(lay, raw, t, h, c);
-                const float y = kern_ext_value(lay, raw, run, h, c);
+                const float x = kern_enc_value(lay, raw, t, h, c);
+                const float y = kern_enc_value(lay, raw, run, h, c);
                 const float d = KERN_SUB(x, y);
                 pd = KERN_ADD(pd, KERN_MUL(d, d));
                 pn = KERN_ADD(pn, KERN_MUL(y, y));
@@ -1005,12 +1123,43 @@ KERN_HD void kern_enc_lr_phase3(const struct kern_enc_args *a, const struct kern
 
 /* ---- the header unit ------------------------------------------------------------------------ */
 
+/* kern_hdr_build's bytes, the work spread: thread i writes section i's table entry (its
+ * offset, size and codec, which kern_enc_args_fill worked out by kern_hdr_build's own
+ * recurrence) and zeroes its padding; thread 0 the header and the table's padding. One thread
+ * walking the table took a few thousand dependent instructions for 64 sections, beside groups
+ * of about a thousand a thread. */
 KERN_HD void kern_enc_hdr(const struct kern_enc_args *a, uint8_t *dst, uint32_t tid, uint32_t nt)
 {
-    if (tid == 0)
-        kern_hdr_build(&a->lay, &a->rec, dst);
+    const struct kern_layout *lay = &a->lay;
+    const uint32_t hb = kern_hdr_bytes(lay), tbl = (uint32_t)sizeof(struct kern_block_hdr);
+    if (tid == 0) {
+        const struct kern_enc_sect *last = &a->s[a->nsect - 1];
+        struct kern_block_hdr h;
+        memset(&h, 0, sizeof(h));
+        h.magic = KERN_BLOCK_MAGIC;
+        h.version = KERN_BLOCK_VERSION;
+        h.dtype = (uint8_t)lay->dtype;
+        h.kinds = (uint8_t)kern_kinds(lay);
+        h.layers = lay->layers;
+        h.heads = lay->heads;
+        h.head_dim = lay->head_dim;
+        h.tokens = lay->tokens;
+        h.nsect = a->nsect;
+        h.hdr_bytes = hb;
+        h.total_bytes =
+            (last->offset + (uint64_t)last->bytes + KERN_ALIGN - 1) & ~(uint64_t)(KERN_ALIGN - 1);
+        memcpy(dst, &h, sizeof(h));
+        for (uint32_t b = tbl + a->nsect * (uint32_t)sizeof(struct kern_block_sect); b < hb; b++)
+            dst[b] = 0;
+    }
     for (uint32_t i = tid; i < a->nsect; i += nt) {
         const struct kern_enc_sect *s = &a->s[i];
+        struct kern_block_sect e;
+        memset(&e, 0, sizeof(e));
+        e.offset = s->offset;
+        e.bytes = s->bytes;
+        e.codec = (uint8_t)s->codec;
+        memcpy(dst + tbl + i * sizeof(e), &e, sizeof(e));
         uint32_t end = (s->offset + s->bytes + KERN_ALIGN - 1) & ~(KERN_ALIGN - 1);
         for (uint32_t b = s->offset + s->bytes; b < end; b++)
             dst[b] = 0;
@@ -1032,7 +1181,7 @@ KERN_HD uint32_t kern_enc_phases(const struct kern_enc_args *a, uint32_t u)
     if (codec == KERN_CODEC_LOWRANK)
         return kern_enc_lr_phases(&a->lay);
     if (codec == KERN_CODEC_FP8)
-        return KERN_ENC_FP8_TREE + 2;
+        return 4; /* amax, two folds, codes */
     if (codec == KERN_CODEC_RAW)
         return 1;
     if (codec == KERN_CODEC_MERGE)
@@ -1088,8 +1237,8 @@ KERN_HD void kern_enc_unit(const struct kern_enc_args *a, uint32_t u, int phase,
     } else if (s->codec == KERN_CODEC_FP8) {
         if (phase == 0)
             kern_enc_fp8_phase1(a, unit, raw, sm, tid, nt);
-        else if (phase <= KERN_ENC_FP8_TREE)
-            kern_enc_fp8_tree(s, unit, dst, sm, phase, tid);
+        else if (phase <= 2)
+            kern_enc_fp8_fold(s, unit, dst, sm, phase, tid);
         else
             kern_enc_fp8_phase3(a, s, unit, raw, dst, sm, tid, nt);
     } else if (kern_codec_bits(s->codec) && k == 0) {

@@ -589,6 +589,41 @@ START_TEST(test_cuda_indexing_matches_ref)
 }
 END_TEST
 
+/* Every 16-bit pattern, once each (a block of 65,536 values: K and V of 8 heads x 128 x 32
+ * tokens, value i = i), fp16 and bf16, through the encode kernel's units for each v1 codec:
+ * the reference's bytes. On the device the units convert fp16 by the conversion instruction
+ * (kern_enc_in), which must agree with kern_h2f on every input once sanitised: subnormals, -0,
+ * infinities and NaN payloads (test_cuda_every_half runs this block there). */
+static uint16_t *every_half(struct kern_layout *lay, uint32_t dtype)
+{
+    *lay = layout(1, 8, 128, 32, dtype, 0);
+    uint16_t *raw = malloc(kern_raw_size(lay));
+    ck_assert(raw && kern_raw_size(lay) == 2 * 65536);
+    for (uint32_t i = 0; i < 65536; i++)
+        raw[i] = (uint16_t)i;
+    return raw;
+}
+
+START_TEST(test_encode_every_half)
+{
+    const uint32_t codec = 1 + (uint32_t)_i / 2; /* q8_0 .. fp8 */
+    struct kern_layout lay;
+    uint16_t *raw = every_half(&lay, _i % 2 ? KERN_DTYPE_BF16 : KERN_DTYPE_FP16);
+    struct kern_recipe rec;
+    kern_recipe_fill(&rec, codec, codec, 0);
+    const int64_t sz = kern_encoded_size(&lay, &rec);
+    uint8_t *e_ref = malloc((size_t)sz), *e_emu = malloc((size_t)sz);
+    ck_assert(e_ref && e_emu);
+    ck_assert_int_eq(kern_encode_ref(&lay, &rec, raw, e_ref, (size_t)sz, NULL), sz);
+    memset(e_emu, 0xa5, (size_t)sz);
+    ck_assert_int_eq(kern_encode_batched_cpu(&lay, &rec, raw, e_emu, (size_t)sz), sz);
+    ck_assert_mem_eq(e_emu, e_ref, (size_t)sz);
+    free(e_ref);
+    free(e_emu);
+    free(raw);
+}
+END_TEST
+
 /* Per-head precision: heads marked raw come back bit-exact from every decoder (reference,
  * vectorised, the CUDA decoder's rows on the CPU), in both output dtypes' own dtype; the
  * others decode as the codec alone; the CPU encoders agree byte for byte; the header check
@@ -667,6 +702,36 @@ START_TEST(test_raw_heads_bit_exact)
 END_TEST
 
 /* ---- CUDA: the same bytes as the reference ------------------------------------------- */
+
+/* test_encode_every_half's blocks on the device: its fp16 conversion instruction against
+ * kern_h2f, every input. */
+START_TEST(test_cuda_every_half)
+{
+    const uint32_t codec = 1 + (uint32_t)_i / 2;
+    struct kern_layout lay;
+    uint16_t *raw = every_half(&lay, _i % 2 ? KERN_DTYPE_BF16 : KERN_DTYPE_FP16);
+    struct kern_recipe rec;
+    kern_recipe_fill(&rec, codec, codec, 0);
+    const int64_t sz = kern_encoded_size(&lay, &rec);
+    const uint64_t rs = kern_raw_size(&lay);
+    uint8_t *e_ref = malloc((size_t)sz), *e_gpu = malloc((size_t)sz);
+    void *g_raw, *g_enc;
+    ck_assert(e_ref && e_gpu);
+    ck_assert_int_eq(kern_encode_ref(&lay, &rec, raw, e_ref, (size_t)sz, NULL), sz);
+    ck_assert_int_eq(kern_cuda_alloc(&g_raw, rs), 0);
+    ck_assert_int_eq(kern_cuda_alloc(&g_enc, (size_t)sz), 0);
+    ck_assert_int_eq(kern_cuda_copy(g_raw, raw, rs, KERN_CUDA_H2D, NULL), 0);
+    ck_assert_int_eq(kern_encode_cuda(&lay, &rec, g_raw, g_enc, (size_t)sz, NULL, NULL), sz);
+    ck_assert_int_eq(kern_cuda_copy(e_gpu, g_enc, (size_t)sz, KERN_CUDA_D2H, NULL), 0);
+    ck_assert_int_eq(kern_cuda_stream_sync(NULL), 0);
+    kern_cuda_free(g_raw);
+    kern_cuda_free(g_enc);
+    ck_assert_mem_eq(e_gpu, e_ref, (size_t)sz);
+    free(e_ref);
+    free(e_gpu);
+    free(raw);
+}
+END_TEST
 
 START_TEST(test_cuda_matches_ref)
 {
@@ -1265,6 +1330,7 @@ static Suite *kernels_suite(void)
 
     tc = tcase_create("cuda-emulation");
     tcase_add_loop_test(tc, test_cuda_indexing_matches_ref, 0, (int)(NCODEC_V1 * NEMUL));
+    tcase_add_loop_test(tc, test_encode_every_half, 0, 2 * (NCODEC_V1 - 1));
     tcase_add_loop_test(tc, test_raw_heads_bit_exact, 0, 8);
     suite_add_tcase(s, tc);
     tc = tcase_create("oracle");
@@ -1281,6 +1347,7 @@ static Suite *kernels_suite(void)
         tc = tcase_create("cuda");
         tcase_set_timeout(tc, daemon_slow() * 120);
         tcase_add_loop_test(tc, test_cuda_matches_ref, 0, (int)(NCODEC_V1 * NSHAPES));
+        tcase_add_loop_test(tc, test_cuda_every_half, 0, 2 * (NCODEC_V1 - 1));
         suite_add_tcase(s, tc);
     } else {
         printf("SKIP: check_kernels: cuda: %s\n",

@@ -589,11 +589,30 @@ mutation kinds-long-no-overlap client/libkvc_lease.c "check_e2e_kinds" \
 '            end = at + w - 1;' \
 '            end = at + 0 * w;'
 
-# The encode kernel's fp8 unit (issue 25): the amax tree's first halving pairs threads 64
-# apart, not 128, so the amax of threads 128..255's values never reaches the scale.
-mutation enc-fp8-tree-half kernels/kern_encb.h "check_kernels check_codecs" \
-'    const uint32_t half = KERN_ENC_THREADS >> step;' \
-'    const uint32_t half = KERN_ENC_THREADS >> (step + (step == 1));'
+# The encode kernel's fp8 unit (issue 25): the first fold's thread t takes threads t .. t + 15,
+# not 16 t .. 16 t + 15, so the amax of threads 31..255's values never reaches the scale.
+mutation enc-fp8-fold-stride kernels/kern_encb.h "check_kernels check_codecs" \
+'    const float *in = step == 1 ? sm->red + KERN_ENC_FP8_FOLD * tid : sm->id;' \
+'    const float *in = step == 1 ? sm->red + tid : sm->id;'
+
+# The encode kernel's token-major units, whole groups (head_dim a multiple of 32, aligned):
+# a unit's first group found 32 u0 bytes into the section, not 64 u0 (group u starts 64 u
+# bytes in).
+mutation enc-tm-whole-unit-offset kernels/kern_encb.h "check_kernels" \
+'        kern_enc_tm_fast(codec, lay->dtype, raw + 2 * KERN_GROUP * u0, sm->u.out, gb, ng, tid, nt);' \
+'        kern_enc_tm_fast(codec, lay->dtype, raw + KERN_GROUP * u0, sm->u.out, gb, ng, tid, nt);'
+
+# The same: a group's encoding into shared memory without its 2-byte tail (q8_0's last two
+# codes, where its 34 bytes start 4-byte aligned).
+mutation enc-tm-put-tail kernels/kern_encb.h "check_kernels" \
+'    if ((gb - b) & 2) {' \
+'    if ((gb - b) & 1) {'
+
+# The encode kernel's header unit, its section table a thread an entry: entries 16 bytes
+# apart, not sizeof(struct kern_block_sect) (12).
+mutation enc-hdr-entry-stride kernels/kern_encb.h "check_kernels" \
+'        memcpy(dst + tbl + i * sizeof(e), &e, sizeof(e));' \
+'        memcpy(dst + tbl + i * 16, &e, sizeof(e));'
 
 # The encode kernel's ROT rows: the cross-chunk stages one length off (each pairs a value
 # with the one 2 len away, the last one with the next row's).
