@@ -70,9 +70,10 @@
  * together, the transform's stages across them by shuffles, with kern_fwht's pairs and order
  * ("a decode step, phase by phase" below); a LOWRANK element is a sum over the rank of
  * (sigma_i * u[t][i]) * w[i][d], the first factor loaded and rounded once per lane for its 8
- * elements. No lane holds a row in local memory (it was 1 KiB a thread, a ROT row per lane;
- * the decode kernel's stack frame is now 24 bytes of register spills under the 64-register
- * cap, docs/design/gpu.md). The block's header, section descriptor and raw-head appendix
+ * elements; a KIVI key step's lane keeps one column (head, 8 channels) through the step, its
+ * scales and mins loaded once ("the KIVI key rounds" below). No lane holds a row in local
+ * memory (it was 1 KiB a thread, a ROT row per lane; what the decode kernel spills under the
+ * 64-register cap: docs/design/gpu.md). The block's header, section descriptor and raw-head appendix
  * are read and checked once per step: by lane 0 and shuffled to the warp on the device, once
  * per step for the warp in the emulation.
  */
