@@ -809,7 +809,9 @@ KERN_HD void kern_batch_dec8(const struct kern_layout *lay, uint32_t codec, cons
         return;
     }
     if (bits && (k == 0 || lay->k_only)) {
-        /* KIVI keys: per channel over groups of 32 tokens, [H][groups]; a group's scales,
+        /* (no decode step reaches this branch: KIVI key steps take kern_batch_kivik_lane;
+         * kept, as ptxas spilled more without it, docs/design/gpu.md "KIVI key rounds")
+         * KIVI keys: per channel over groups of 32 tokens, [H][groups]; a group's scales,
          * mins and rows at 0, 2D and 4D + row * rb, heads and groups 4-byte multiples. The
          * piece's codes are its bits bytes from d0 * bits / 8 (d0 a multiple of 8) */
         const uint32_t rb = kern_kivi_row_bytes(D, bits);
