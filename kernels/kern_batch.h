@@ -70,9 +70,10 @@
  * together, the transform's stages across them by shuffles, with kern_fwht's pairs and order
  * ("a decode step, phase by phase" below); a LOWRANK element is a sum over the rank of
  * (sigma_i * u[t][i]) * w[i][d], the first factor loaded and rounded once per lane for its 8
- * elements. No lane holds a row in local memory (it was 1 KiB a thread, a ROT row per lane;
- * the decode kernel's stack frame is now 24 bytes of register spills under the 64-register
- * cap, docs/design/gpu.md). The block's header, section descriptor and raw-head appendix
+ * elements; a KIVI key step's lane keeps one column (head, 8 channels) through the step, its
+ * scales and mins loaded once ("the KIVI key rounds" below). No lane holds a row in local
+ * memory (it was 1 KiB a thread, a ROT row per lane; what the decode kernel spills under the
+ * 64-register cap: docs/design/gpu.md). The block's header, section descriptor and raw-head appendix
  * are read and checked once per step: by lane 0 and shuffled to the warp on the device, once
  * per step for the warp in the emulation.
  */
@@ -593,6 +594,41 @@ KERN_HD void kern_batch_ld(const uint8_t *p, uint32_t n, uint32_t w, uint32_t *v
     kern_batch_ld_as(p, n, w, v, KERN_BATCH_LD_DATA);
 }
 
+/* n <= 4 bytes at p in accesses of w bytes (kern_batch_wd: p a multiple of w, w dividing n),
+ * as one little-endian word (bytes past n 0): kern_batch_ld's accesses for a field of at most
+ * a word, without its wider paths' registers. */
+KERN_HD uint32_t kern_batch_ld_word(const uint8_t *p, uint32_t n, uint32_t w)
+{
+#ifndef __CUDACC__
+    if ((uintptr_t)p & (w - 1))
+        __builtin_trap();
+    kern_batch_ld_count[KERN_BATCH_LD_DATA][w >= 4 ? 2 : w >= 2 ? 1 : 0] += n / w;
+#endif
+    uint32_t v = 0;
+    KERN_UNROLL
+    for (uint32_t i = 0; i < 4; i++) {
+        if (i * w >= n)
+            break;
+        uint32_t x;
+#ifdef __CUDA_ARCH__
+        x = w >= 4   ? __ldg((const unsigned int *)p)
+            : w == 2 ? (uint32_t)__ldg((const unsigned short *)(p + 2 * i))
+                     : (uint32_t)__ldg(p + i);
+#else
+        if (w >= 4)
+            memcpy(&x, p, 4);
+        else if (w == 2) {
+            uint16_t x2;
+            memcpy(&x2, p + 2 * i, 2);
+            x = x2;
+        } else
+            x = p[i];
+#endif
+        v |= x << (8 * i * w);
+    }
+    return v;
+}
+
 /* Byte j and 16-bit element j of words loaded by kern_batch_ld. */
 KERN_HD uint32_t kern_batch_b8(const uint32_t *v, uint32_t j)
 {
@@ -773,7 +809,9 @@ KERN_HD void kern_batch_dec8(const struct kern_layout *lay, uint32_t codec, cons
         return;
     }
     if (bits && (k == 0 || lay->k_only)) {
-        /* KIVI keys: per channel over groups of 32 tokens, [H][groups]; a group's scales,
+        /* (no decode step reaches this branch: KIVI key steps take kern_batch_kivik_lane;
+         * kept, as ptxas spilled more without it, docs/design/gpu.md "KIVI key rounds")
+         * KIVI keys: per channel over groups of 32 tokens, [H][groups]; a group's scales,
          * mins and rows at 0, 2D and 4D + row * rb, heads and groups 4-byte multiples. The
          * piece's codes are its bits bytes from d0 * bits / 8 (d0 a multiple of 8) */
         const uint32_t rb = kern_kivi_row_bytes(D, bits);
@@ -1302,6 +1340,184 @@ KERN_HD void kern_batch_fast_put(const struct kern_batch_fast *f, const struct k
     KERN_BATCH_STORE(kern_batch_v16, p->to, v);
 }
 
+/* ---- the KIVI key rounds -----------------------------------------------------------------
+ * KIVI keys are channel-major: a head's tokens in groups of 32, each group the D channels'
+ * fp16 scales and mins, then its rows of packed codes ([H][groups], kern_kivi_k_*). A step's R
+ * tokens (R a power of two, t0 a multiple of R) lie in one group where R <= 32, in R / 32
+ * whole groups otherwise, so the pieces of one column (head h, channels d0..d0+7) share their
+ * 8 scales and mins over the step's tokens of a group. A lane of a KIVI key step keeps its
+ * columns: lane l takes column l % cpr (cpr = min(items, 32) columns side by side, then
+ * column + cpr, ...) and tokens l / cpr, + tpr, ... (tpr = 32 / cpr tokens side by side; lanes
+ * from cpr * tpr on idle), so a round's lanes still store consecutive pieces of a token row.
+ * Per column and group a lane loads the 8 scales and 8 mins once (the generic path's loads,
+ * in the same widths) and converts them once; per piece it loads its bits bytes of codes,
+ * two pieces loaded before either is decoded and stored, and computes the reference's
+ * q * scale + min per element (kern_kivi_val). Where, load widths and strides are worked out
+ * once per step and column: none of the generic piece's codec dispatch, per-piece width
+ * arithmetic and raw-head lookup. Every KIVI key section takes these rounds, whatever its
+ * shape: a raw head (the appendix) is a column whose pieces copy its rows, a last piece of
+ * fewer than 8 channels (head_dim not a multiple of 8) and engine rows not 16-byte aligned
+ * are stored element by element. The emulation runs each lane's share in turn (the lanes
+ * exchange nothing). */
+#ifndef __CUDACC__
+extern uint64_t kern_batch_kivik_pieces; /* pieces the emulation stored by these rounds */
+#endif
+
+/* fp16 to float, the value kern_h2f gives: on the device the conversion instruction (exact
+ * for every fp16 that is not a NaN) and kern_h2f for a NaN (its payload kept). */
+KERN_HD float kern_batch_h2f(uint32_t h)
+{
+#ifdef __CUDA_ARCH__
+    if ((h & 0x7c00u) != 0x7c00u || (h & 0x3ffu) == 0)
+        return __half2float(__ushort_as_half((unsigned short)h));
+#endif
+    return kern_h2f((uint16_t)h);
+}
+
+/* The code bits of the step's section when it is a KIVI key section, else 0. */
+KERN_HD uint32_t kern_batch_kivik_bits(const struct kern_batch *b,
+                                       const struct kern_batch_dstep *st)
+{
+    if (!st->hs.ok || st->rbits || (st->at.k == 1 && !b->klay.k_only))
+        return 0;
+    return (uint32_t)kern_codec_bits(st->hs.codec);
+}
+
+/* Stores a piece's 8 out-dtype values y (n of them: one 16-byte access where the batch allows,
+ * else element by element). */
+KERN_HD void kern_batch_kivik_store(const struct kern_batch *b, uint8_t *to, uint32_t n,
+                                    const uint16_t *y)
+{
+#ifndef __CUDACC__
+    kern_batch_kivik_pieces++;
+#endif
+    if (b->vec == 16 && n == 8) {
+        uint32_t o[4];
+        KERN_UNROLL
+        for (uint32_t j = 0; j < 4; j++)
+            o[j] = (uint32_t)y[2 * j] | (uint32_t)y[2 * j + 1] << 16;
+        kern_batch_v16 v;
+        memcpy(&v, o, 16);
+        KERN_BATCH_STORE(kern_batch_v16, to, v);
+    } else {
+        KERN_UNROLL
+        for (uint32_t j = 0; j < 8; j++)
+            if (j < n)
+                memcpy(to + 2 * j, &y[j], 2);
+    }
+}
+
+/* A raw head's column of a KIVI key step (lane's tokens jl, jl + tpr, ... of the step's R):
+ * its rows copied from row (the appendix's row of the step's first token, at the column's
+ * channel), rw the loads' width. */
+#ifdef __CUDA_ARCH__
+__noinline__
+#endif
+    KERN_HD void
+    kern_batch_kivik_raw(const struct kern_batch *b, const uint64_t *w, struct kern_batch_eng e,
+                         const uint8_t *row, uint32_t rw, uint64_t hoff, uint32_t n, uint32_t jl,
+                         uint32_t tpr)
+{
+    const uint32_t out = b->out_dtype, dtype = b->klay.dtype, R = 1u << b->rshift;
+    for (uint32_t j = jl; j < R; j += tpr) {
+        uint8_t *eng = kern_batch_eng_tok(b, w, &e, j);
+        if (!eng)
+            continue;
+        uint32_t v[4];
+        uint16_t y[8];
+        kern_batch_ld(row + (uint64_t)j * 2 * b->head_dim, 2 * n, rw, v);
+        KERN_UNROLL
+        for (uint32_t i = 0; i < 8; i++) {
+            const uint32_t x = kern_batch_e16(v, i);
+            y[i] = dtype == out ? (uint16_t)x
+                                : kern_batch_out(dtype == KERN_DTYPE_BF16 ? kern_bf2f((uint16_t)x)
+                                                                          : kern_h2f((uint16_t)x),
+                                                 out);
+        }
+        kern_batch_kivik_store(b, eng + hoff, n, y);
+    }
+}
+
+/* Lane l's share of a KIVI key step (bits: its codes' width; st from kern_batch_dstep_at). */
+KERN_HD void kern_batch_kivik_lane(const struct kern_batch *b, const uint64_t *w,
+                                   const struct kern_batch_dstep *st, uint32_t bits, uint32_t l)
+{
+    const uint32_t D = b->head_dim, T = b->block_tokens, items = b->items;
+    const uint32_t O = (D + 7) / 8;
+    const uint32_t cpr = items < KERN_BATCH_LANES ? items : KERN_BATCH_LANES;
+    const uint32_t tpr = KERN_BATCH_LANES / cpr;
+    if (l >= cpr * tpr)
+        return;
+    const uint32_t jl = l / cpr;
+    const uint32_t R = 1u << b->rshift; /* <= KERN_GROUP: the step's tokens are in one group */
+    /* a group's scales, mins and rows at 0, 2D and 4D + row * rb; heads (hb) and groups (gb)
+     * 4-byte multiples, a piece's codes its bits bytes from d0 / 8 * bits */
+    const uint32_t rb = kern_kivi_row_bytes(D, (int)bits);
+    const uint32_t gb = kern_kivi_k_group_bytes(D, KERN_GROUP, (int)bits);
+    const uint32_t hb = kern_kivi_k_head_bytes(D, T, (int)bits);
+    const uint32_t ga = kern_batch_dsa(st) | hb | gb;
+    for (uint32_t cc = l - jl * cpr; cc < items; cc += cpr) {
+        const uint32_t h = cc / O, d0 = 8 * (cc - h * O), n = D - d0 < 8 ? D - d0 : 8;
+        const uint64_t hoff = (uint64_t)h * b->head_stride + 2ull * d0;
+        if (st->hs.rh) {
+            /* a raw head: its rows in the appendix (the slot table and the heads 16- and
+             * 2TD-byte multiples) */
+            uint32_t v[4];
+            kern_batch_ld(st->src + st->hs.rh + 2 * ((uint64_t)st->lg * b->heads + h), 2,
+                          kern_batch_wd(kern_batch_dra(st), 2), v);
+            const uint32_t slot = v[0];
+            if (slot && slot <= st->hs.rcnt) {
+                const uint64_t rhb = kern_rawh_head_bytes(&b->klay);
+                const uint8_t *row = st->src + st->hs.rh + kern_rawh_table_bytes(&b->klay) +
+                                     (uint64_t)(slot - 1) * rhb +
+                                     ((uint64_t)st->at.k * T + st->at.t0) * 2ull * D + 2ull * d0;
+                kern_batch_kivik_raw(
+                    b, w, st->e, row,
+                    kern_batch_wd(kern_batch_dra(st) | (uint32_t)rhb | 2 * D, 2 * n), hoff, n, jl,
+                    tpr);
+                continue;
+            }
+        }
+        const uint32_t cb = (n * bits + 7) / 8, cw = kern_batch_wd(ga | 4 * D | rb | bits, cb);
+        const uint32_t t0 = st->at.t0;
+        const uint8_t *g =
+            st->src + st->hs.offset + (uint64_t)h * hb + (uint64_t)(t0 / KERN_GROUP) * gb;
+        float sc[8], mn[8];
+        uint32_t v[4];
+        kern_batch_ld(g + 2 * d0, 2 * n, kern_batch_wd(ga, 2 * n), v);
+        KERN_UNROLL
+        for (uint32_t j = 0; j < 8; j++)
+            sc[j] = kern_batch_h2f(kern_batch_e16(v, j));
+        kern_batch_ld(g + 2 * D + 2 * d0, 2 * n, kern_batch_wd(ga | 2 * D, 2 * n), v);
+        KERN_UNROLL
+        for (uint32_t j = 0; j < 8; j++)
+            mn[j] = kern_batch_h2f(kern_batch_e16(v, j));
+        const uint8_t *codes = g + 4 * D + (uint64_t)(t0 % KERN_GROUP) * rb + d0 / 8 * bits;
+        for (uint32_t j = jl; j < R; j += 2 * tpr) {
+            uint8_t *to[2];
+            uint32_t c[2];
+            KERN_UNROLL
+            for (uint32_t u = 0; u < 2; u++) {
+                const uint32_t jj = j + u * tpr;
+                to[u] = jj < R ? kern_batch_eng_tok(b, w, &st->e, jj) : 0;
+                c[u] = to[u] ? kern_batch_ld_word(codes + (uint64_t)jj * rb, cb, cw) : 0;
+            }
+            KERN_UNROLL
+            for (uint32_t u = 0; u < 2; u++) {
+                if (!to[u])
+                    continue;
+                uint16_t y[8];
+                KERN_UNROLL
+                for (uint32_t i = 0; i < 8; i++)
+                    y[i] = kern_batch_out(
+                        kern_kivi_val((c[u] >> (bits * i)) & ((1u << bits) - 1), sc[i], mn[i]),
+                        b->out_dtype);
+                kern_batch_kivik_store(b, to[u] + hoff, n, y);
+            }
+        }
+    }
+}
+
 /* What a decode step knows before its rounds (kern_batch_decode_step): 0 when its block is not
  * this batch's (a NULL block: the same for the whole warp). */
 KERN_HD int kern_batch_dstep_at(const struct kern_batch *b, const uint64_t *w, uint32_t s,
@@ -1379,6 +1595,12 @@ KERN_HD void kern_batch_decode_step(const struct kern_batch *b, const uint64_t *
     struct kern_batch_fast f;
     if (!kern_batch_dstep_at(b, w, s, lane, &st))
         return;
+    const uint32_t kbits = kern_batch_kivik_bits(b, &st);
+    if (kbits) {
+        KERN_BATCH_FOR_LANES(i, l, lane)
+        kern_batch_kivik_lane(b, w, &st, kbits, l);
+        return;
+    }
     kern_batch_fast_at(b, &st, &f);
     if (f.form == KERN_BATCH_FAST_NONE) {
         kern_batch_decode_generic(b, w, &st, lane);

@@ -14,6 +14,7 @@
 
 /* The emulated decoder's loads by what and width (kern_batch_ld_as), for the tests. */
 uint64_t kern_batch_ld_count[2][5];
+uint64_t kern_batch_kivik_pieces;
 
 uint64_t kern_pack_block_bytes(const struct kern_pack_layout *lay)
 {
@@ -223,6 +224,23 @@ static int kern_batch_steps_set(struct kern_batch *b, uint64_t tok_bytes, uint64
     return 0;
 }
 
+/* A decode step holds at most KERN_GROUP rows, so that a KIVI key step's tokens lie in one
+ * group and share its channels' scales and mins (kern_batch_kivik_lane): only rows of 64 bytes
+ * or less (head_dim x heads <= 32) made more in 2 KiB. -E2BIG when the steps do not fit. */
+static int kern_batch_decode_group(struct kern_batch *b)
+{
+    if ((1u << b->rshift) <= KERN_GROUP)
+        return 0;
+    const uint32_t r = (uint32_t)__builtin_ctz(KERN_GROUP);
+    const uint64_t steps = (uint64_t)b->steps << (b->rshift - r);
+    if (steps > KERN_BATCH_MAX_STEPS)
+        return -E2BIG;
+    b->steps = (uint32_t)steps;
+    b->rshift = r;
+    b->groups = b->block_tokens >> r;
+    return 0;
+}
+
 /* A decode step reads and checks its block's header and section before its rounds (lane 0,
  * then a shuffle: a few hundred instructions of the warp's, about the cost of its pieces
  * when a step is one 2 KiB token row). Where a batch has steps to spare — more than
@@ -236,7 +254,7 @@ static int kern_batch_steps_set(struct kern_batch *b, uint64_t tok_bytes, uint64
 static void kern_batch_decode_widen(struct kern_batch *b, uint64_t tok_bytes)
 {
     uint32_t r = b->rshift;
-    while (r < 31 && (b->block_tokens & ((2u << r) - 1)) == 0 &&
+    while ((2u << r) <= KERN_GROUP && (b->block_tokens & ((2u << r) - 1)) == 0 &&
            (tok_bytes << (r + 1)) <= KERN_BATCH_DECODE_STEP_BYTES &&
            b->steps / 2 >= KERN_BATCH_DECODE_SPARE) {
         r++;
@@ -396,6 +414,8 @@ int kern_batch_decode(struct kern_batch_args *a, const struct kern_layout *klay,
     a->h.vec = (a->h.vec & 15) == 0 ? 16 : 2;
     const uint64_t tok = 2ull * klay->heads * klay->head_dim;
     rc = kern_batch_steps_set(&a->h, tok, (klay->head_dim + 7) / 8 * (uint64_t)klay->heads);
+    if (rc == 0)
+        rc = kern_batch_decode_group(&a->h);
     if (rc == 0)
         kern_batch_decode_widen(&a->h, tok);
     return rc;

@@ -753,7 +753,17 @@ static void decode_case_at(uint32_t layers, uint32_t heads, uint32_t dim, uint32
     eb.k = kb;
     eb.v = k_only ? NULL : vb;
     ck_assert_int_eq(kern_pack_decode_ref(&kl, lf, lc, &ea, 5, nblocks, src, len, out), 0);
+    kern_batch_kivik_pieces = 0;
     ck_assert_int_eq(kern_pack_decode_cpu(&kl, lf, lc, &eb, 5, nblocks, src, len, out), 0);
+    /* every piece of a KIVI key section (raw heads too) went by the KIVI key rounds */
+    uint64_t kivik = 0;
+    if (codec == KERN_CODEC_KIVI2 || codec == KERN_CODEC_KIVI4)
+        for (uint32_t l = lf; l < lf + lc; l++)
+            if (layers == 1 || l != 0)
+                kivik += (uint64_t)nblocks * tokens * heads * ((dim + 7) / 8);
+    ck_assert_msg(kern_batch_kivik_pieces == kivik,
+                  "codec %u: %llu pieces by the KIVI key rounds, want %llu", codec,
+                  (unsigned long long)kern_batch_kivik_pieces, (unsigned long long)kivik);
     for (uint32_t l = 0; l < lc; l++) {
         ck_assert_msg(memcmp(ka[l], kb[l], tb) == 0, "codec %u layer %u K", codec, lf + l);
         if (kinds == 2)
@@ -799,17 +809,20 @@ START_TEST(test_decode_paged_every_codec)
     decode_case(3, 2, 128, 16, KERN_DTYPE_BF16, 0, codec, out, 8, 136, 0, 3, 2, 20 + _i);
     /* one head: 256-byte rows, 8 per step, crossing pages of 6 */
     decode_case(2, 1, 128, 16, KERN_DTYPE_FP16, 0, codec, out, 6, 128, 0, 2, 3, 60 + _i);
+    /* 32-byte rows: 32 a step (one KIVI key group; 64 would fit 2 KiB), four groups a block */
+    decode_case(2, 1, 16, 128, KERN_DTYPE_FP16, 0, codec, out, 48, 16, 0, 2, 2, 70 + _i);
 }
 END_TEST
 
 /* The rows per step of a decode: R token rows of 2-byte output in 2 KiB, R dividing the
- * block's tokens; items (8-element pieces) per token row. */
+ * block's tokens, at most 32 (a KIVI key group); items (8-element pieces) per token row. */
 START_TEST(test_decode_rows_per_step)
 {
     static const struct {
         uint32_t layers, heads, dim, tokens, rshift, items;
     } c[] = {{4, 2, 64, 32, 3, 16}, {32, 8, 128, 32, 0, 128}, {2, 2, 20, 32, 4, 6},
-             {2, 1, 576, 8, 0, 72}, {3, 1, 128, 24, 3, 16},   {2, 2, 128, 16, 2, 32}};
+             {2, 1, 576, 8, 0, 72}, {3, 1, 128, 24, 3, 16},   {2, 2, 128, 16, 2, 32},
+             {2, 1, 16, 128, 5, 2}, {1, 1, 8, 256, 5, 1}};
     struct kern_batch_args *a = malloc(sizeof(*a));
     ck_assert_ptr_nonnull(a);
     uint8_t dst[64];

@@ -112,6 +112,22 @@ mutation decode-widen-any-batch kernels/kern_pack.c "check_pack" \
 '           b->steps / 2 >= KERN_BATCH_DECODE_SPARE) {' \
 '           b->steps / 2 >= 1) {'
 
+# The decoder's KIVI key rounds: a code taken from its neighbour's bits (elements 2i and
+# 2i + 1 swapped), and a column's scales converted from the neighbouring channels'.
+mutation decode-kivik-swapped-code kernels/kern_batch.h "check_pack" \
+'                        kern_kivi_val((c[u] >> (bits * i)) & ((1u << bits) - 1), sc[i], mn[i]),' \
+'                        kern_kivi_val((c[u] >> (bits * (i ^ 1))) & ((1u << bits) - 1), sc[i], mn[i]),'
+
+mutation decode-kivik-wrong-channel-scale kernels/kern_batch.h "check_pack" \
+'            sc[j] = kern_batch_h2f(kern_batch_e16(v, j));' \
+'            sc[j] = kern_batch_h2f(kern_batch_e16(v, j ^ 1));'
+
+# Decode steps of more than one KIVI key group's rows: a step's later tokens decoded with the
+# first group's scales and mins, their codes read from past that group's rows.
+mutation decode-step-past-kivi-group kernels/kern_pack.c "check_pack" \
+'    if ((1u << b->rshift) <= KERN_GROUP)' \
+'    if (1)'
+
 # DMA pieces that are not cut at page boundaries: a block spanning two pages goes as one
 # piece into the first page and past it.
 mutation pack-runs-page-split kernels/kern_pack.c "check_pack check_e2e_gpu_fake" \
