@@ -20,8 +20,9 @@
 #              run that does not fit is listed INCOMPLETE in summary.txt, not failed
 #   scale      after the 6 minutes, two runs under deadlines of their own
 #              (KVC_DEVICE_CHECK_SCALE_SECONDS each, 60; 0 skips them): bench_scale's clients
-#              part, 1/16/128 connections, the daemon without and with 4 I/O threads, on the
-#              host's cores; then its ready part at 1, 8 and 64 GiB (as far as memory allows)
+#              part, 1/16/128 connections, the daemon without and with 4 and 8 I/O threads,
+#              on the host's cores; then its ready part at 1, 8 and 64 GiB (as far as memory
+#              allows)
 # KVC_DEVICE_CHECK_STAGES names the stages to run, of "suites gpu kernels host python
 # sanitizer scale" (gpu, kernels and host are the three benches; default: all), for a short
 # rerun of what a change touched: the others are listed SKIP in summary.txt.
@@ -253,20 +254,20 @@ fi
 
 # ---- many cores: the I/O threads against the loop alone (issue 32), after the 6 minutes ----
 # bench_scale's clients part, shortened (1, 16 and 128 connections, 0.5 s phases) on a daemon
-# without and with server.io_threads=4: a measurement for a host with the cores for the
+# without and with server.io_threads=4 and 8: a measurement for a host with the cores for the
 # threads, which the 2-vCPU development machines are not. Its own deadline,
 # KVC_DEVICE_CHECK_SCALE_SECONDS (60; 0 skips it).
 scale_cap=${KVC_DEVICE_CHECK_SCALE_SECONDS:-60}
 if [ "$scale_cap" -gt 0 ] && want scale; then
     t0=$(date +%s)
-    echo "==== bench_scale (clients, io_threads 0 and 4)" >>"$out/bench.txt"
+    echo "==== bench_scale (clients, io_threads 0, 4 and 8)" >>"$out/bench.txt"
     KVC_SCALE_ONLY=clients KVC_SCALE_CLIENTS=1,16,128 KVC_SCALE_SECS=0.5 \
-        KVC_SCALE_IO_THREADS=4 timeout -k 10 "$scale_cap" "$bundle/bench/bench_scale" \
+        KVC_SCALE_IO_THREADS=4,8 timeout -k 10 "$scale_cap" "$bundle/bench/bench_scale" \
         "$out/scale.json" >"$out/.scale" 2>&1
     rc=$?
     cat "$out/.scale" >>"$out/bench.txt"
     say "bench_scale clients: rc $rc, $(($(date +%s) - t0)) s"
-    grep -E '^(clients_(1|16|128)_(get1_sock|put1)(_io4)? |loop_us_per_request)' "$out/.scale" |
+    grep -E '^(clients_(1|16|128)_(get1_sock|put1)(_io[48])? |loop_us_per_request)' "$out/.scale" |
         tr -s " " | cut -c 1-150 | sed "s/^/  /" | tee -a "$sum"
     rm -f "$out/.scale"
     [ "$rc" -eq 0 ] || fail "bench_scale clients: rc $rc (bench.txt)"

@@ -37,8 +37,9 @@
  *    cores the clients can use (min(N, online CPUs)); the loop thread's CPU per request
  *    (the STATS counter `requests`) for the socket operations, whose inverse is where one
  *    loop saturates. Then the same again on a daemon with server.io_threads =
- *    KVC_SCALE_IO_THREADS (default 2; 0 skips it): rows ending in _io<N>, throughput against
- *    the same row without I/O threads, and the I/O threads' CPU per request beside the loop's.
+ *    KVC_SCALE_IO_THREADS (default 2; 0 skips it; a comma-separated list runs each count):
+ *    rows ending in _io<N>, throughput against the same row without I/O threads, and the I/O
+ *    threads' CPU per request beside the loop's.
  *    The daemon's server.io_threads_min_active applies (few busy connections stay on the
  *    loop thread); KVC_SCALE_IO_MIN_ACTIVE=N sets it (1: every connection on the threads).
  * Keys are random 128-bit values (the daemon never derives them), blocks are filled from
@@ -1061,10 +1062,21 @@ int main(int argc, char **argv)
         sc_levels(65536, bench_smoke() ? lev64s : lev64, bench_smoke() ? 1 : 3);
     }
     if (!only || strcmp(only, "clients") == 0) {
+        /* I/O thread counts, comma-separated (rising), each against the loop alone */
         const char *iot = getenv("KVC_SCALE_IO_THREADS");
         sc_clients(0);
-        if (!bench_failed() && (!iot || atoi(iot) > 0))
-            sc_clients(iot ? atoi(iot) : 2);
+        for (const char *t = iot ? iot : "2"; !bench_failed() && *t;) {
+            char *end;
+            long v = strtol(t, &end, 10);
+            if (end == t || v < 0 || v > 64 || (*end && *end != ',')) {
+                bench_fail("clients: KVC_SCALE_IO_THREADS '%s': counts 0 to 64, comma-separated",
+                           iot);
+                break;
+            }
+            if (v > 0)
+                sc_clients((int)v);
+            t = *end ? end + 1 : end;
+        }
     }
     daemon_suite_fini();
     return bench_finish(argv[1], rows, nrows);
