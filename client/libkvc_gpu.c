@@ -106,15 +106,16 @@ struct kvc_gpu {
  * device whose copy engines differ. */
 #define KVC_GPU_DMA_MIN (32u << 10)
 
+/* KVC_GPU_DMA_MIN's value: decimal digits only, 1 or more; anything else the default. */
 static uint64_t kvc_gpu_dma_min(void)
 {
     const char *e = getenv("KVC_GPU_DMA_MIN");
     char *end;
-    if (!e || !*e)
+    if (!e || *e < '0' || *e > '9')
         return KVC_GPU_DMA_MIN;
     errno = 0;
     unsigned long long v = strtoull(e, &end, 10);
-    return errno || *end || v == 0 || e[0] == '-' ? KVC_GPU_DMA_MIN : (uint64_t)v;
+    return errno || *end || v == 0 ? KVC_GPU_DMA_MIN : (uint64_t)v;
 }
 
 static const struct kern_dev_ops *kvc_gpu_ops_override;
