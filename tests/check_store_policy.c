@@ -777,6 +777,33 @@ START_TEST(test_deferred_lookup_ns_dropped)
 }
 END_TEST
 
+/* The deferral's two buffers where one allocation failed (the keys') and the other did: the
+ * next deferring lookup asks for the missing one and keeps the other (was: both asked for
+ * again, the one held leaked, a lookup at a time under memory pressure). */
+START_TEST(test_deferred_lookup_buffers_after_failed_alloc)
+{
+    uint32_t a = ns_open("a", 0);
+    struct kvc_wire_key ks[8];
+    struct kvc_wire_loc locs[8];
+    uint64_t la;
+    ck_assert_int_eq(put_chain(a, 0, 0, 8, 10), 8);
+    for (uint32_t i = 0; i < 8; i++)
+        ks[i] = key(a, 0, i);
+    ck_assert_ptr_null(s->post_keys);
+    uint32_t *held = malloc(KVC_PROTO_MAX_KEYS * sizeof(*held));
+    ck_assert_ptr_nonnull(held);
+    s->post_idx = held; /* the state a failed malloc of the keys' buffer leaves */
+    s->post_defer = true;
+    ck_assert_int_eq(engine_lookup(s, &o, a, ks, 8, 100, &la, locs), 8);
+    ck_assert_ptr_eq(s->post_idx, held);
+    ck_assert_ptr_nonnull(s->post_keys);
+    ck_assert_uint_eq(s->post_ns, a); /* deferred with both */
+    store_post_flush(s);
+    ck_assert_int_eq(store_release(s, &o, la), 0);
+    s->post_defer = false;
+}
+END_TEST
+
 int main(void)
 {
     Suite *su = suite_create("store_policy");
@@ -797,6 +824,7 @@ int main(void)
     tcase_add_test(tf, test_ns_policy_sources);
     tcase_add_test(tf, test_lookup_policy_after_reply);
     tcase_add_test(tf, test_deferred_lookup_ns_dropped);
+    tcase_add_test(tf, test_deferred_lookup_buffers_after_failed_alloc);
     suite_add_tcase(su, tc);
     suite_add_tcase(su, tf);
     return daemon_suite_run(su);
