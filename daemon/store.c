@@ -912,10 +912,11 @@ static void store_lookup_policy_post(struct store *s, struct store_ns *ns, const
     store_post_flush(s); /* an earlier lookup's first */
     if (ns->policy != POLICY_DEFAULT)
         n = 0;
-    if (s->post_defer && !s->post_keys) {
+    /* each on its own: one that failed is asked for again, the other kept (not leaked) */
+    if (s->post_defer && !s->post_keys)
         s->post_keys = malloc(KVC_PROTO_MAX_KEYS * sizeof(*s->post_keys));
+    if (s->post_defer && !s->post_idx)
         s->post_idx = malloc(KVC_PROTO_MAX_KEYS * sizeof(*s->post_idx));
-    }
     if (!s->post_defer || !s->post_keys || !s->post_idx || n > KVC_PROTO_MAX_KEYS ||
         hits > KVC_PROTO_MAX_KEYS) {
         store_lookup_policy(s, ns, idx, hits, keys, n, now);

@@ -1215,6 +1215,89 @@ START_TEST(test_decode_hostile_sections)
 }
 END_TEST
 
+/* The KIVI key rounds (kern_batch_kivik_lane) against hostile blocks with a raw-head appendix:
+ * KIVI blocks encoded with raw heads (several key groups and a partial last one, a head_dim
+ * not a multiple of 8, a K-only layout), each ending on a page the process may not read, the
+ * decoded rows too; then random slot-table entries (0, in range, past the count), appendix
+ * offsets and counts near the block's end and bytes over the header and section table: the
+ * decode reads nothing outside the block and writes nothing outside its rows. */
+START_TEST(test_decode_hostile_kivi_raw_heads)
+{
+    static const struct kern_layout lays[] = {{1, 3, 12, 48, KERN_DTYPE_FP16, 0},
+                                              {2, 2, 16, 64, KERN_DTYPE_BF16, 1},
+                                              {1, 2, 40, 8, KERN_DTYPE_FP16, 0},
+                                              {1, 1, 8, 256, KERN_DTYPE_FP16, 0}};
+    uint32_t seed = 0x2545f491u, fuzzed = 0;
+    struct kern_batch_args *a = malloc(sizeof(*a));
+    for (uint32_t li = 0; li < sizeof(lays) / sizeof(lays[0]); li++) {
+        const struct kern_layout *kl = &lays[li];
+        const uint64_t rs = kern_raw_size(kl);
+        const uint32_t lh = kl->layers * kl->heads;
+        uint8_t rh_mask[16] = {0};
+        for (uint32_t i = 0; i < lh; i += 2)
+            rh_mask[i] = 1; /* every other head raw */
+        uint16_t *raw = malloc(rs);
+        for (uint64_t i = 0; i < rs / 2; i++)
+            raw[i] = kern_f2h((float)(hostile_rand(&seed) % 2001) / 500.0f - 2.0f);
+        for (uint32_t c = KERN_CODEC_KIVI2; c <= KERN_CODEC_KIVI4; c++) {
+            struct kern_recipe rec;
+            kern_recipe_fill(&rec, c, c, 0);
+            rec.raw_heads = rh_mask;
+            const int64_t es = kern_encoded_size(kl, &rec);
+            ck_assert_int_gt(es, 0);
+            uint64_t len = (uint64_t)es;
+            uint8_t *e = malloc(len), *b = hostile_alloc(len), *d = hostile_alloc(rs);
+            ck_assert_int_eq(kern_encode_ref(kl, &rec, raw, e, len, NULL), es);
+            uint64_t r0;
+            memcpy(&r0, e + offsetof(struct kern_block_hdr, reserved), 8);
+            const uint32_t rh0 = (uint32_t)r0, rcnt0 = (uint32_t)(r0 >> 32);
+            ck_assert_uint_gt(rh0, 0);
+            ck_assert_uint_gt(rcnt0, 0);
+            const void *src[1] = {b};
+            for (uint32_t it = 0; it < 256; it++) {
+                memcpy(b, e, len);
+                const uint32_t what = it % 4;
+                if (what == 0 || what == 3) /* slot table entries: 0, in range, past it */
+                    for (uint32_t i = 0; i < lh; i++) {
+                        const uint16_t v = (uint16_t)(hostile_rand(&seed) % (rcnt0 + 3));
+                        memcpy(b + rh0 + 2 * i, &v, 2);
+                    }
+                if (what == 1 || what == 3) { /* the appendix elsewhere, more heads */
+                    const uint32_t rh = (uint32_t)(len - hostile_rand(&seed) % (len / 2 + 1));
+                    const uint32_t rcnt = 1 + hostile_rand(&seed) % (rcnt0 + 2);
+                    memcpy(b + offsetof(struct kern_block_hdr, reserved), &rh, 4);
+                    memcpy(b + offsetof(struct kern_block_hdr, reserved) + 4, &rcnt, 4);
+                }
+                if (what == 2) { /* the header and section table */
+                    const uint32_t hb = kern_hdr_bytes(kl);
+                    for (uint32_t f = 0, nf = 1 + hostile_rand(&seed) % 4; f < nf; f++)
+                        b[sizeof(struct kern_block_hdr) +
+                          hostile_rand(&seed) % (hb - sizeof(struct kern_block_hdr))] =
+                            (uint8_t)hostile_rand(&seed);
+                }
+                ck_assert_int_eq(kern_batch_decode_raw(a, kl, d, NULL, 1, src, &len, kl->dtype), 0);
+                kern_batch_run_cpu(a);
+                fuzzed++;
+            }
+            /* the block as encoded decodes as the reference does */
+            memcpy(b, e, len);
+            uint8_t *want = malloc(rs);
+            ck_assert_int_eq(kern_decode_cpu(kl, b, len, want, rs, kl->dtype), (int64_t)rs);
+            ck_assert_int_eq(kern_batch_decode_raw(a, kl, d, NULL, 1, src, &len, kl->dtype), 0);
+            kern_batch_run_cpu(a);
+            ck_assert_msg(memcmp(d, want, rs) == 0, "layout %u codec %u", li, c);
+            free(want);
+            free(e);
+            hostile_free(b, len);
+            hostile_free(d, rs);
+        }
+        free(raw);
+    }
+    free(a);
+    ck_assert_uint_gt(fuzzed, 0);
+}
+END_TEST
+
 /* Arguments the decode refuses: layer ranges, dtypes, tables. */
 START_TEST(test_decode_bad_args)
 {
@@ -1426,6 +1509,7 @@ static Suite *pack_suite(void)
     tcase_add_test(tb, test_decode_raw_batch);
     tcase_add_test(tb, test_decode_bad_section_size);
     tcase_add_test(tb, test_decode_hostile_sections);
+    tcase_add_test(tb, test_decode_hostile_kivi_raw_heads);
     tcase_add_test(tb, test_decode_rows_per_step);
     tcase_add_test(tb, test_decode_bad_args);
     suite_add_tcase(s, tb);

@@ -726,6 +726,84 @@ START_TEST(test_lookup_policy_after_reply)
 }
 END_TEST
 
+/* A deferred lookup whose namespace is dropped before the flush (an admin's drop, a tenant's
+ * own) and whose blocks' indexes another namespace's blocks take: the flush applies nothing,
+ * to that namespace's blocks least (another tenant's hit counts, recency and tuner), and the
+ * eviction heap stays consistent. */
+START_TEST(test_deferred_lookup_ns_dropped)
+{
+    uint32_t a = ns_open("a", 0), old[8], ia[8];
+    struct kvc_wire_key ks[8];
+    struct kvc_wire_loc locs[8];
+    uint64_t la, dropped = 0;
+    ck_assert_int_eq(put_chain(a, 0, 0, 8, 10), 8);
+    for (uint32_t i = 0; i < 8; i++) {
+        ks[i] = key(a, 0, i);
+        ia[i] = index_find(&s->ix, (uint16_t)a, &ks[i]);
+        ck_assert_uint_ne(ia[i], INDEX_NONE);
+    }
+    s->post_defer = true;
+    ck_assert_int_eq(engine_lookup(s, &o, a, ks, 8, 100, &la, locs), 8);
+    ck_assert_uint_eq(s->post_ns, a);
+    ck_assert_int_eq(store_release(s, &o, la), 0);
+    ck_assert_int_eq(store_ns_drop(s, a, &dropped), 0);
+    ck_assert_uint_eq(dropped, 8);
+    /* another namespace, its blocks in the indexes a's had (the same id where it is free) */
+    uint32_t b = ns_open("b", 0), reused = 0;
+    ck_assert_int_eq(put_chain(b, 0, 0, 8, 50), 8);
+    uint64_t hits[8], last[8];
+    for (uint32_t i = 0; i < 8; i++) {
+        old[i] = index_find(&s->ix, (uint16_t)b, &(struct kvc_wire_key){key(b, 0, i).lo, 7});
+        ck_assert_uint_ne(old[i], INDEX_NONE);
+        hits[i] = s->ix.blocks[old[i]].hits;
+        last[i] = s->ix.blocks[old[i]].last_access;
+        for (uint32_t j = 0; j < 8; j++)
+            reused += old[i] == ia[j];
+    }
+    ck_assert_uint_eq(b, a);
+    ck_assert_uint_gt(reused, 0);
+    const struct policy_tune *t = store_ns_get(s, b)->tune;
+    const uint64_t refs = t ? t->refs : 0;
+    store_post_flush(s);
+    ck_assert_uint_eq(s->post_ns, 0);
+    for (uint32_t i = 0; i < 8; i++) {
+        ck_assert_uint_eq(s->ix.blocks[old[i]].hits, hits[i]);
+        ck_assert_uint_eq(s->ix.blocks[old[i]].last_access, last[i]);
+    }
+    t = store_ns_get(s, b)->tune;
+    ck_assert_uint_eq(t ? t->refs : 0, refs);
+    ck_assert_ptr_null(store_heap_check(s));
+    s->post_defer = false;
+}
+END_TEST
+
+/* The deferral's two buffers where one allocation failed (the keys') and the other did: the
+ * next deferring lookup asks for the missing one and keeps the other (was: both asked for
+ * again, the one held leaked, a lookup at a time under memory pressure). */
+START_TEST(test_deferred_lookup_buffers_after_failed_alloc)
+{
+    uint32_t a = ns_open("a", 0);
+    struct kvc_wire_key ks[8];
+    struct kvc_wire_loc locs[8];
+    uint64_t la;
+    ck_assert_int_eq(put_chain(a, 0, 0, 8, 10), 8);
+    for (uint32_t i = 0; i < 8; i++)
+        ks[i] = key(a, 0, i);
+    ck_assert_ptr_null(s->post_keys);
+    uint32_t *held = malloc(KVC_PROTO_MAX_KEYS * sizeof(*held));
+    ck_assert_ptr_nonnull(held);
+    s->post_idx = held; /* the state a failed malloc of the keys' buffer leaves */
+    s->post_defer = true;
+    ck_assert_int_eq(engine_lookup(s, &o, a, ks, 8, 100, &la, locs), 8);
+    ck_assert_ptr_eq(s->post_idx, held);
+    ck_assert_ptr_nonnull(s->post_keys);
+    ck_assert_uint_eq(s->post_ns, a); /* deferred with both */
+    store_post_flush(s);
+    ck_assert_int_eq(store_release(s, &o, la), 0);
+    s->post_defer = false;
+}
+END_TEST
+
 int main(void)
 {
     Suite *su = suite_create("store_policy");
@@ -745,6 +823,8 @@ int main(void)
     tcase_add_test(tf, test_quest_summary);
     tcase_add_test(tf, test_ns_policy_sources);
     tcase_add_test(tf, test_lookup_policy_after_reply);
+    tcase_add_test(tf, test_deferred_lookup_ns_dropped);
+    tcase_add_test(tf, test_deferred_lookup_buffers_after_failed_alloc);
     suite_add_tcase(su, tc);
     suite_add_tcase(su, tf);
     return daemon_suite_run(su);

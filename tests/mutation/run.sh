@@ -599,6 +599,18 @@ mutation post-earlier-lookup-first daemon/store.c "check_store_policy" \
 "    store_post_flush(s); /* an earlier lookup's first */" \
 "    s->post_ns = 0; /* an earlier lookup's first */"
 
+# A deferred lookup's work applied to whatever namespace now has its id (dropped and opened
+# again before the flush): another tenant's blocks in the freed indexes counted as hit.
+mutation post-flush-no-serial daemon/store.c "check_store_policy" \
+"    if (ns && ns->serial == s->post_serial) /* pinned hits: still these blocks */" \
+"    if (ns) /* pinned hits: still these blocks */"
+
+# The KIVI key rounds read a raw head's rows for a slot past the appendix's count (a hostile
+# slot table: rows past the block's end).
+mutation decode-kivik-raw-slot-past-count kernels/kern_batch.h "check_pack" \
+'            if (slot && slot <= st->hs.rcnt) {' \
+'            if (slot && slot <= st->hs.rcnt + 2) {'
+
 # Hybrid kinds: a long window lookup whose requests do not overlap by the window (a window
 # straddling two requests is judged by neither).
 mutation kinds-long-no-overlap client/libkvc_lease.c "check_e2e_kinds" \
