@@ -118,6 +118,10 @@ static uint64_t kvc_gpu_dma_min(void)
     return errno || *end || v == 0 ? KVC_GPU_DMA_MIN : (uint64_t)v;
 }
 
+/* cudaStreamPerThread's handle value (CUDA's driver_types.h), which this file, built without
+ * CUDA's headers, cannot name. */
+#define KVC_GPU_STREAM_PER_THREAD ((void *)0x2)
+
 static const struct kern_dev_ops *kvc_gpu_ops_override;
 static uint64_t kvc_gpu_stage_cap_override; /* 0: KVC_GPU_STAGE_CAP */
 /* The process that last attached with this build's own CUDA table (0: none): a process that
@@ -776,7 +780,9 @@ static int kvc_gpu_stage(struct kvc_gpu *g, struct kvc_gpu_work *w, void *stream
                          struct kvc_gpu_scratch **s)
 {
     *s = NULL;
-    for (struct kvc_gpu_scratch *t = w->scratch; len && t; t = t->next)
+    /* cudaStreamPerThread's handle names another stream in each thread: never reused */
+    for (struct kvc_gpu_scratch *t = w->scratch; len && stream != KVC_GPU_STREAM_PER_THREAD && t;
+         t = t->next)
         if (t->stream == stream && t->cap >= len) {
             *s = t;
             return 0;

@@ -55,6 +55,10 @@ fail() {
 }
 left() { echo $((budget - ($(date +%s) - start))); }
 stages=${KVC_DEVICE_CHECK_STAGES:-suites gpu kernels host python sanitizer scale}
+if [ -z "$(echo $stages)" ]; then
+    echo "device-check: KVC_DEVICE_CHECK_STAGES names no stage" >&2
+    exit 2
+fi
 for s in $stages; do
     case "$s" in
     suites | gpu | kernels | host | python | sanitizer | scale) ;;

@@ -1062,7 +1062,7 @@ int main(int argc, char **argv)
         sc_levels(65536, bench_smoke() ? lev64s : lev64, bench_smoke() ? 1 : 3);
     }
     if (!only || strcmp(only, "clients") == 0) {
-        /* I/O thread counts, comma-separated (rising), each against the loop alone */
+        /* I/O thread counts, comma-separated, each against the loop alone */
         const char *iot = getenv("KVC_SCALE_IO_THREADS");
         sc_clients(0);
         for (const char *t = iot ? iot : "2"; !bench_failed() && *t;) {

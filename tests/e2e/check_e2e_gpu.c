@@ -1083,10 +1083,10 @@ END_TEST
 /* Child of test_gpu_staged_chunks: host-tier blocks staged through a scratch cap of 64 KiB
  * (two of these 32 KiB blocks a chunk: GB_BLOCKS / 2 chunks through one scratch; the 4 KiB
  * page pieces are under the default least DMA piece), on the legacy default stream (the
- * batched DMA's bridge must order each chunk's copy behind the kernel before it) and on a
- * non-blocking stream of its own (an engine's): a gather from paged device tensors into host
- * slots, a scatter of them back into other tensors, and q8_0 hits scattered and range-copied
- * into device memory, every byte compared with the CPU's. A chunk's copy that overtook the
+ * batched DMA's bridge must order each chunk's copy behind the kernel before it), on a
+ * non-blocking stream of its own (an engine's) and on cudaStreamPerThread: a gather from
+ * paged device tensors into host slots, a scatter of them back into other tensors, and q8_0
+ * hits scattered and range-copied into device memory, every byte compared with the CPU's. A chunk's copy that overtook the
  * kernel before it would overwrite the scratch that kernel reads. */
 static int ge_staged_device(void *arg)
 {
@@ -1146,8 +1146,10 @@ static int ge_staged_device(void *arg)
     dkv.k = ok;
     dkv.v = ov;
     dkv.on_device = 1;
-    for (int si = 0; si < 2; si++) {
-        void *stream = si ? side : NULL;
+    for (int si = 0; si < 3; si++) {
+        /* the legacy default stream, an engine's own, and cudaStreamPerThread (0x2: one
+         * handle, a stream per thread, on which libkvc never reuses a lease's scratch) */
+        void *stream = si == 2 ? (void *)0x2 : si ? side : NULL;
         gb_keys(ns, 1300000 + 100000 * (uint32_t)si, GB_BLOCKS, keys);
         if (kvc_reserve(ns, NULL, keys, GB_BLOCKS, &r) != GB_BLOCKS ||
             kvc_resv_gather(r, 0, GB_BLOCKS, &skv, 0, stream, NULL) != GB_BLOCKS ||
