@@ -894,9 +894,9 @@ static void store_lookup_policy(struct store *s, struct store_ns *ns, const uint
 
 void store_post_flush(struct store *s)
 {
-    struct store_ns *ns = store_ns_get(s, s->post_ns);
-    if (!s->post_ns)
+    if (!s->post_ns) /* after every request and fast-ring entry: mostly nothing kept */
         return;
+    struct store_ns *ns = store_ns_get(s, s->post_ns);
     s->post_ns = 0;
     if (ns && ns->serial == s->post_serial) /* pinned hits: still these blocks */
         store_lookup_policy(s, ns, s->post_idx, s->post_nhit, s->post_keys, s->post_nkey,

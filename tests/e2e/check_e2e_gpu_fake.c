@@ -363,19 +363,21 @@ START_TEST(test_pool_copies_land_in_order)
 }
 END_TEST
 
-/* Child: puts the prefix into the pool (a pool-mapped client, device 0). */
-static int gf_put_pool(void *arg)
+/* Puts the prefix (a child's): into the pool by a pool-mapped client (device 0) where pool,
+ * else into the host arena by a client that cannot read the pool. 0, or the step that
+ * failed. */
+static int gf_put(int pool)
 {
     kvc_client *c;
     kvc_ns *ns;
     kvc_resv *r;
     struct kvc_key keys[GE_BLOCKS];
-    (void)arg;
-    if (gf_client(0, &c, &ns, keys) || kvc_gpu_attach(c) != 1)
+    if (gf_client(0, &c, &ns, keys) || (pool && kvc_gpu_attach(c) != 1))
         return 60;
     size_t bb = kvc_ns_block_bytes(ns);
     uint8_t *src = malloc(bb);
-    if (!src || kvc_reserve_gpu(ns, NULL, keys, GE_BLOCKS, &r) != GE_BLOCKS)
+    if (!src || (pool ? kvc_reserve_gpu(ns, NULL, keys, GE_BLOCKS, &r)
+                      : kvc_reserve(ns, NULL, keys, GE_BLOCKS, &r)) != GE_BLOCKS)
         return 61;
     for (size_t i = 0; i < GE_BLOCKS; i++) {
         daemon_block_fill(&keys[i], src, bb);
@@ -387,6 +389,13 @@ static int gf_put_pool(void *arg)
     free(src);
     kvc_disconnect(c);
     return 0;
+}
+
+/* Child: puts the prefix into the pool (a pool-mapped client, device 0). */
+static int gf_put_pool(void *arg)
+{
+    (void)arg;
+    return gf_put(1);
 }
 
 /* Child: a client that cannot read the pool loads the prefix: its lookup waits until the
@@ -515,27 +524,8 @@ END_TEST
 /* Child: a client that cannot read the pool puts the prefix into the host arena. */
 static int gf_put_host(void *arg)
 {
-    kvc_client *c;
-    kvc_ns *ns;
-    kvc_resv *r;
-    struct kvc_key keys[GE_BLOCKS];
     (void)arg;
-    if (gf_client(0, &c, &ns, keys))
-        return 90;
-    size_t bb = kvc_ns_block_bytes(ns);
-    uint8_t *src = malloc(bb);
-    if (!src || kvc_reserve(ns, NULL, keys, GE_BLOCKS, &r) != GE_BLOCKS)
-        return 91;
-    for (size_t i = 0; i < GE_BLOCKS; i++) {
-        daemon_block_fill(&keys[i], src, bb);
-        if (kvc_resv_write(r, i, src, bb))
-            return 92;
-    }
-    if (kvc_commit(r, SIZE_MAX) != GE_BLOCKS)
-        return 93;
-    free(src);
-    kvc_disconnect(c);
-    return 0;
+    return gf_put(0);
 }
 
 /* The daemon's counter `name` (0 if it has none). */
