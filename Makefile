@@ -340,7 +340,7 @@ BUNDLE_SUITES := check_pack check_tier_gpu check_store_gpu check_kernels check_c
 	check_e2e_gpu_fake check_e2e_quant check_e2e_fast
 BUNDLE_BENCHES := bench_gpu bench_kernels bench_host bench_scale
 .PHONY: device-bundle
-device-bundle: $(B)/bin/kvcd $(B)/bin/kvcctl $(patsubst %,$(B)/tests/%,$(BUNDLE_SUITES)) \
+device-bundle: $(B)/bin/kvcd $(B)/bin/kvcctl $(B)/lib/libkvc.so $(patsubst %,$(B)/tests/%,$(BUNDLE_SUITES)) \
 		$(patsubst %,$(B)/bench/%,$(BUNDLE_BENCHES))
 	@test "$(CUDA)" = 1 || { echo "device-bundle: needs a CUDA build (nvcc)"; exit 1; }
 	NVCC=$(NVCC) sh etc/device-bundle.sh $(B) $(BUNDLE) "$(BUNDLE_SUITES)" "$(BUNDLE_BENCHES)"
