@@ -11,8 +11,8 @@
  *
  * Where a vector shortcut could differ from the reference only in a rare case, that case is
  * detected and redone the reference's way: a group extreme of zero (the reference keeps the
- * first of +0 and -0), a q8_0 group whose d is an fp32 subnormal, a section with a value
- * that needs sanitising (found by one unsigned max over the raw halves). Sections whose
+ * first of +0 and -0), a section with a value that needs sanitising (found by one unsigned
+ * max over the raw halves). Sections whose
  * head size is a multiple of 32 (all in use) are walked in memory order with the next
  * section prefetched into L2 (enc_sect/dec_sect); other shapes go per head.
  *

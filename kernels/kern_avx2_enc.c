@@ -169,17 +169,15 @@ enc8_groups(uint32_t codec, int bits, const uint16_t *r, uint32_t dtype, uint8_t
         _mm256_store_ps(mnv, vmn);
     }
     id = _mm256_div_ps(_mm256_set1_ps(1.0f), d);
-    id = _mm256_andnot_ps(_mm256_cmp_ps(d, zero, _CMP_EQ_OQ), id);
+    if (bits) /* KIVI: the fp16 scale is 0 or normal in fp32 */
+        id = _mm256_andnot_ps(_mm256_cmp_ps(d, zero, _CMP_EQ_OQ), id);
+    else /* kern_ggml_inv: 0 where d is 0 or an fp32 subnormal */
+        id = _mm256_and_ps(
+            _mm256_cmp_ps(d, _mm256_set1_ps(KERN_FP32_MIN_NORMAL), _CMP_GE_OQ), id);
     _mm256_store_ps(idv, id);
     __attribute__((aligned(16))) uint16_t dhs[8], mhs[8];
     _mm_store_si128((__m128i *)dhs, dh);
     _mm_store_si128((__m128i *)mhs, mh);
-    int tiny = 0;
-    uint8_t *blk0 = blk;
-    if (!bits) /* q8_0, q4_1, q5_1: see q8_0_enc32v(), and the q4_1/q5_1 codes below */
-        tiny = _mm256_movemask_ps(
-            _mm256_and_ps(_mm256_cmp_ps(d, _mm256_set1_ps(1.17549435e-38f), _CMP_LT_OQ),
-                          _mm256_cmp_ps(d, zero, _CMP_NEQ_OQ)));
     for (int g = 0; g < 8; g++, blk += gb) {
         __m256 vid = _mm256_broadcast_ss(idv + g);
         const float *x = buf + 32 * g;
@@ -208,7 +206,7 @@ enc8_groups(uint32_t codec, int bits, const uint16_t *r, uint32_t dtype, uint8_t
         memcpy(blk + 2, mhs + g, 2);
         /* No clamp to qmax: with a normal fp32 d, (x - mn) * (1 / d) + 0.5 stays below
          * qmax + 1 (a few ulps over qmax + 0.5), so the truncation never exceeds qmax, and
-         * x - mn >= 0; a group with a subnormal d takes the reference's code below. */
+         * x - mn >= 0; with a subnormal d the reciprocal is 0 (kern_ggml_inv), the codes 0. */
         KERN_UNROLL
         for (int i = 0; i < 4; i++)
             q[i] = _mm256_cvttps_epi32(
@@ -228,15 +226,6 @@ enc8_groups(uint32_t codec, int bits, const uint16_t *r, uint32_t dtype, uint8_t
         } else {
             _mm_storeu_si128((__m128i *)(blk + 4), qs);
         }
-    }
-    for (int g = 0; tiny && g < 8; g++) {
-        if (!(tiny & (1 << g)))
-            continue;
-        if (codec == KERN_CODEC_Q8_0)
-            kern_q8_0_enc(buf + 32 * g, KERN_GROUP, blk0 + g * gb);
-        else
-            kern_qx_1_enc(buf + 32 * g, KERN_GROUP, blk0 + g * gb,
-                          codec == KERN_CODEC_Q5_1 ? 5 : 4);
     }
 }
 

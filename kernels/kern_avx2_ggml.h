@@ -5,7 +5,7 @@
  * DESIGN
  * The reference's float operations of kern_fmt.h, eight lanes at a time (see kern_avx2.c):
  * scales through F16C with the reference's rounding, roundf() emulated, a group extreme of
- * zero redone the reference's way (zero_extremes_fix). The vector forms (..._enc32v,
+ * zero redone the reference's way (zero_extremes_fix), the reciprocal of kern_ggml_inv. The vector forms (..._enc32v,
  * ..._dec32v) are what the section walks inline; the array forms serve the per-slice path.
  */
 #ifndef KVC_KERN_AVX2_GGML_H
@@ -29,19 +29,7 @@ KT KERN_SOME __attribute__((noinline)) static void q8_0_enc32v(const __m256 v[4]
     __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sm, v[0]), _mm256_andnot_ps(sm, v[1])),
                              _mm256_max_ps(_mm256_andnot_ps(sm, v[2]), _mm256_andnot_ps(sm, v[3])));
     float d = v_hmax(m) / 127.0f;
-    float id = d != 0.0f ? 1.0f / d : 0.0f;
-    if (d != 0.0f && d < 1.17549435e-38f) {
-        /* an fp32-subnormal d (bf16 input below ~1.5e-36) loses the bound |x / d| <= 127,
-         * and the reference's out-of-range float-to-int8 conversions keep the low byte where
-         * the vector pack would saturate: take the reference's code for such a group (its
-         * stored d is fp16 0 either way) */
-        float x[32];
-        KERN_UNROLL
-        for (int i = 0; i < 4; i++)
-            _mm256_storeu_ps(x + 8 * i, v[i]);
-        kern_q8_0_enc(x, KERN_GROUP, blk);
-        return;
-    }
+    float id = kern_ggml_inv(d);
     v_put_h(blk, d);
     __m256 vid = _mm256_set1_ps(id);
     __m256i q[4];
@@ -109,7 +97,7 @@ KT static inline void qx_1_enc32v(const __m256 v[4], uint8_t *blk, int bits)
     }
     int qmax = (1 << bits) - 1;
     float d = (fmx - fmn) / (float)qmax;
-    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    float id = kern_ggml_inv(d);
     v_put_h(blk, d);
     v_put_h(blk + 2, fmn);
     __m256 vmn = _mm256_set1_ps(fmn), vid = _mm256_set1_ps(id), half = _mm256_set1_ps(0.5f);

@@ -182,6 +182,19 @@ KERN_HD float kern_fp8_scale(float amax)
 
 /* ---- ggml groups: x[0..n) sanitised floats, n <= 32 -------------------------------- */
 
+#define KERN_FP32_MIN_NORMAL 1.17549435e-38f
+
+/* The reciprocal a ggml group's codes are computed with: 1 / d, or 0 where d (>= 0) is 0 or
+ * an fp32 subnormal (bf16 groups whose values all lie below ~1.5e-36). Such a d is stored as
+ * fp16 0, so the group decodes to its min (q4_1, q5_1) or to zeros (q8_0) whatever the codes;
+ * the codes are then 0, as a reciprocal of a subnormal d could be infinite, and converting an
+ * infinite or NaN product to an integer is undefined (the CPU kept the low byte of INT_MIN,
+ * the device saturates). */
+KERN_HD float kern_ggml_inv(float d)
+{
+    return d >= KERN_FP32_MIN_NORMAL ? KERN_DIV(1.0f, d) : 0.0f;
+}
+
 KERN_HD void kern_q8_0_enc(const float *x, int n, uint8_t *blk)
 {
     float amax = 0.0f;
@@ -190,7 +203,7 @@ KERN_HD void kern_q8_0_enc(const float *x, int n, uint8_t *blk)
         amax = a > amax ? a : amax;
     }
     float d = KERN_DIV(amax, 127.0f);
-    float id = d != 0.0f ? KERN_DIV(1.0f, d) : 0.0f;
+    float id = kern_ggml_inv(d);
     kern_put_h(blk, d);
     for (int j = 0; j < KERN_GROUP; j++)
         blk[2 + j] = j < n ? (uint8_t)(int8_t)roundf(KERN_MUL(x[j], id)) : 0;
@@ -213,7 +226,7 @@ KERN_HD void kern_qx_1_enc(const float *x, int n, uint8_t *blk, int bits)
     }
     int qmax = (1 << bits) - 1;
     float d = KERN_DIV(KERN_SUB(mx, mn), (float)qmax);
-    float id = d != 0.0f ? KERN_DIV(1.0f, d) : 0.0f;
+    float id = kern_ggml_inv(d);
     uint8_t *qs = blk + (bits == 5 ? 8 : 4);
     uint32_t qh = 0;
     kern_put_h(blk, d);

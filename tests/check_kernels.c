@@ -901,6 +901,53 @@ END_TEST
  * reach 1.5 * qmax before the clamp; the vectorised KIVI encoders clamp the bytes after
  * the pack, and dropping that clamp went unnoticed by every other case (tried). Every codec,
  * fp16 and bf16, the whole-section and the per-head paths, with and without statistics. */
+/* A ggml group whose scale d is an fp32 subnormal (bf16 values below ~1.5e-36): d is stored
+ * as fp16 0 and every code is 0 (kern_ggml_inv), the same bytes from the reference, the
+ * batched and the AVX2 encoders; before, the reference's codes came from converting an
+ * infinite product to an integer, which the device does otherwise (test_cuda_every_half). */
+START_TEST(test_ggml_subnormal_d_codes_zero)
+{
+    float x[32];
+    for (int j = 0; j < 32; j++)
+        x[j] = ldexpf((float)(j % 7) - 3.0f, -130); /* bf16 subnormals, +-3 * 2^-130 */
+    uint8_t q8[34];
+    kern_q8_0_enc(x, 32, q8);
+    for (int j = 0; j < 34; j++)
+        ck_assert_msg(q8[j] == 0, "q8_0 byte %d is %#x", j, q8[j]);
+    for (int bits = 4; bits <= 5; bits++) {
+        uint8_t q[24];
+        kern_qx_1_enc(x, 32, q, bits);
+        uint16_t d, m;
+        memcpy(&d, q, 2);
+        memcpy(&m, q + 2, 2);
+        ck_assert_uint_eq(d, 0);
+        ck_assert_uint_eq(m, 0x8000); /* the min, -3 * 2^-130, as fp16 -0 */
+        for (int j = 4; j < (bits == 5 ? 24 : 20); j++)
+            ck_assert_msg(q[j] == 0, "q%d_1 byte %d is %#x", bits, j, q[j]);
+    }
+    /* the same group as a bf16 block through every encoder of the host */
+    struct kern_layout lay = {1, 1, 32, 1, KERN_DTYPE_BF16, 0};
+    uint16_t raw[64];
+    for (int j = 0; j < 64; j++)
+        raw[j] = kern_f2bf(x[j % 32]);
+    for (uint32_t c = KERN_CODEC_Q8_0; c <= KERN_CODEC_Q5_1; c++) {
+        struct kern_recipe rec;
+        kern_recipe_fill(&rec, c, c, 0);
+        int64_t sz = kern_encoded_size(&lay, &rec);
+        uint8_t *e1 = malloc((size_t)sz), *e2 = malloc((size_t)sz), *e3 = malloc((size_t)sz);
+        ck_assert(e1 && e2 && e3);
+        ck_assert_int_eq(kern_encode_ref(&lay, &rec, raw, e1, (size_t)sz, NULL), sz);
+        ck_assert_int_eq(kern_encode_cpu(&lay, &rec, raw, e2, (size_t)sz, NULL), sz);
+        ck_assert_int_eq(kern_encode_batched_cpu(&lay, &rec, raw, e3, (size_t)sz), sz);
+        ck_assert_mem_eq(e2, e1, (size_t)sz);
+        ck_assert_mem_eq(e3, e1, (size_t)sz);
+        free(e1);
+        free(e2);
+        free(e3);
+    }
+}
+END_TEST
+
 START_TEST(test_subnormal_scale_codes)
 {
     static const struct kern_layout lays[] = {{1, 2, 64, 32, KERN_DTYPE_FP16, 0},
@@ -1324,6 +1371,7 @@ static Suite *kernels_suite(void)
     tcase_add_test(tc, test_supports);
     tcase_add_test(tc, test_edge_inputs_match_reference);
     tcase_add_test(tc, test_subnormal_scale_codes);
+    tcase_add_test(tc, test_ggml_subnormal_d_codes_zero);
     tcase_add_loop_test(tc, test_decode_nonfinite_scalars, 0, 4);
     tcase_add_loop_test(tc, test_decode_random_payload, 0, (int)((NCODEC_V1 - 1) * NDEC_SHAPES));
     suite_add_tcase(s, tc);
