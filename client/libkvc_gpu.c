@@ -1073,6 +1073,7 @@ KVC_API int kvc_lease_scatter_layers(kvc_lease *l, size_t first, size_t n,
         uint64_t off = 0;
         j1 = kvc_gpu_chunk(p.stage, j0, n, g->stage_cap, NULL);
         const uint64_t tok = first_token + (uint64_t)j0 * lay.block_tokens;
+        uint32_t codecs = 0; /* the chunk's lossy formats: the decode kernel's hint */
         p.npieces = p.nraw = p.nenc = 0;
         for (size_t j = j0; j < j1; j++) {
             const struct kvc_hit *h = &l->hits[first + j];
@@ -1091,6 +1092,7 @@ KVC_API int kvc_lease_scatter_layers(kvc_lease *l, size_t first, size_t n,
                 p.enc[j] = s->dev + off;
                 kvc_gpu_piece(&p, s->dev + off, h->data, p.enc_len[j]);
                 off += KVC_GPU_ALIGN(p.enc_len[j]);
+                codecs |= h->format < 32 ? 1u << h->format : 0;
                 p.nenc++;
             }
         }
@@ -1107,7 +1109,7 @@ KVC_API int kvc_lease_scatter_layers(kvc_lease *l, size_t first, size_t n,
             /* lossy hits: decoded straight into the engine's tensors, one kernel */
             rc = kern_decode_batches(g->args, &kl, layer_first, layer_count, &e, tok,
                                      (uint32_t)(j1 - j0), p.enc + j0, p.enc_len + j0, kl.dtype,
-                                     kvc_gpu_run_batch, &run);
+                                     codecs, kvc_gpu_run_batch, &run);
             queued = 1;
         }
     }

@@ -140,6 +140,11 @@ struct kern_batch {
     /* pack: 1 when every step's R rows are one contiguous run in the engine too (its heads
      * and tokens packed, R tokens on one page: kern_batch_pack_run_step), 0 the row steps */
     uint32_t run;
+    /* decode: 1 when a block may hold KIVI key sections, the kernel with the KIVI key rounds;
+     * 0 when the caller knows none does (kern_decode_batches' codecs), the kernel without
+     * them, whose registers the other codecs' rounds keep (a KIVI key section there takes
+     * the generic rounds: the same bytes, slower) */
+    uint32_t kivik;
 };
 
 /* A batch as the launch takes it: the header and its words (only nwords are used). */
@@ -1589,13 +1594,13 @@ KERN_HD void kern_batch_decode_generic(const struct kern_batch *b, const uint64_
  * takes the fast rounds, two pieces per lane loaded before either is decoded and stored; any
  * other the generic rounds. */
 KERN_HD void kern_batch_decode_step(const struct kern_batch *b, const uint64_t *w, uint32_t s,
-                                    uint32_t lane)
+                                    uint32_t lane, uint32_t kivik)
 {
     struct kern_batch_dstep st;
     struct kern_batch_fast f;
     if (!kern_batch_dstep_at(b, w, s, lane, &st))
         return;
-    const uint32_t kbits = kern_batch_kivik_bits(b, &st);
+    const uint32_t kbits = kivik ? kern_batch_kivik_bits(b, &st) : 0;
     if (kbits) {
         KERN_BATCH_FOR_LANES(i, l, lane)
         kern_batch_kivik_lane(b, w, &st, kbits, l);

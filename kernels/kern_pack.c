@@ -412,6 +412,7 @@ int kern_batch_decode(struct kern_batch_args *a, const struct kern_layout *klay,
     a->h.layer_first = layer_first;
     a->h.out_dtype = out_dtype;
     a->h.vec = (a->h.vec & 15) == 0 ? 16 : 2;
+    a->h.kivik = 1;
     const uint64_t tok = 2ull * klay->heads * klay->head_dim;
     rc = kern_batch_steps_set(&a->h, tok, (klay->head_dim + 7) / 8 * (uint64_t)klay->heads);
     if (rc == 0)
@@ -460,7 +461,7 @@ void kern_batch_run_cpu(const struct kern_batch_args *a)
      * transformed across the lanes) */
     for (uint32_t s = 0; s < a->h.steps; s++) {
         if (a->h.op == KERN_BATCH_DECODE) {
-            kern_batch_decode_step(&a->h, a->w, s, 0);
+            kern_batch_decode_step(&a->h, a->w, s, 0, a->h.kivik);
             continue;
         }
         for (uint32_t lane = 0; lane < KERN_BATCH_LANES; lane++)
@@ -536,8 +537,10 @@ int kern_decode_batches(struct kern_batch_args *a, const struct kern_layout *kla
                         uint32_t layer_first, uint32_t layer_count,
                         const struct kern_pack_engine *eng, uint64_t first_token, uint32_t nblocks,
                         const void *const *src, const uint64_t *src_len, uint32_t out_dtype,
-                        int (*run)(const struct kern_batch_args *a, void *arg), void *arg)
+                        uint32_t codecs, int (*run)(const struct kern_batch_args *a, void *arg),
+                        void *arg)
 {
+    const uint32_t kivi = 1u << KERN_CODEC_KIVI2 | 1u << KERN_CODEC_KIVI4;
     int rc = 0;
     for (uint32_t j = 0; j < nblocks;) {
         uint32_t nb = nblocks - j;
@@ -546,6 +549,7 @@ int kern_decode_batches(struct kern_batch_args *a, const struct kern_layout *kla
                                        src_len + j, out_dtype)) == -E2BIG &&
                nb > 1)
             nb = (nb + 1) / 2;
+        a->h.kivik = codecs == 0 || (codecs & kivi) != 0;
         if (rc == 0)
             rc = run(a, arg);
         if (rc)
@@ -605,7 +609,7 @@ int kern_pack_decode_cpu(const struct kern_layout *klay, uint32_t layer_first, u
         rc = kern_decode_blocks_ok(klay, nblocks, src, src_len);
     if (rc == 0)
         rc = kern_decode_batches(a, klay, layer_first, layer_count, eng, first_token, nblocks, src,
-                                 src_len, out_dtype, kern_batch_run_cpu_cb, NULL);
+                                 src_len, out_dtype, 0, kern_batch_run_cpu_cb, NULL);
     free(a);
     return rc;
 }
@@ -653,10 +657,11 @@ int kern_pack_cuda(const struct kern_pack_layout *lay, const struct kern_pack_en
 int kern_pack_decode_cuda(const struct kern_layout *klay, uint32_t layer_first,
                           uint32_t layer_count, const struct kern_pack_engine *eng,
                           uint64_t first_token, uint32_t nblocks, const void *const *src,
-                          const uint64_t *src_len, uint32_t out_dtype, void *stream)
+                          const uint64_t *src_len, uint32_t out_dtype, uint32_t codecs,
+                          void *stream)
 {
     (void)klay, (void)layer_first, (void)layer_count, (void)eng, (void)first_token;
-    (void)nblocks, (void)src, (void)src_len, (void)out_dtype, (void)stream;
+    (void)nblocks, (void)src, (void)src_len, (void)out_dtype, (void)codecs, (void)stream;
     return -ENOTSUP;
 }
 

@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(KERN_BATCH_THREADS, 4)
  * (64 registers: the generic rounds of kern_batch.h spill a little there). Measured on the
  * H200 against 3 and 2 blocks (80 and 96 registers, less or no spill): a 32-block q8_0
  * prefix into paged tensors at 0.49, 0.41 and 0.31 of a D2D copy (docs/design/gpu.md). */
-template <int W>
+template <int W, int KIVIK>
 __global__ void __launch_bounds__(KERN_BATCH_THREADS, KERN_DECODE_MINB)
     kern_decode_kernel(const __grid_constant__ batch_params<W> p)
 {
@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(KERN_BATCH_THREADS, KERN_DECODE_MINB)
     const uint32_t nw = (gridDim.x * blockDim.x) >> 5;
     const uint32_t steps = p.h.steps;
     for (uint32_t s = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; s < steps; s += nw)
-        kern_batch_decode_step(&p.h, p.w, s, lane);
+        kern_batch_decode_step(&p.h, p.w, s, lane, KIVIK);
 }
 
 /* A gather or scatter in the batch's access width, its run steps or its row steps. */
@@ -159,8 +159,10 @@ template <int W> static int batch_launch(const struct kern_batch_args *a, cudaSt
     p.h = a->h;
     memcpy(p.w, a->w, (size_t)a->h.nwords * sizeof(uint64_t));
     const dim3 g((unsigned)grid), t(KERN_BATCH_THREADS);
-    if (p.h.op == KERN_BATCH_DECODE)
-        kern_decode_kernel<W><<<g, t, 0, s>>>(p);
+    if (p.h.op == KERN_BATCH_DECODE && p.h.kivik)
+        kern_decode_kernel<W, 1><<<g, t, 0, s>>>(p);
+    else if (p.h.op == KERN_BATCH_DECODE)
+        kern_decode_kernel<W, 0><<<g, t, 0, s>>>(p);
     else if (p.h.run)
         pack_launch<W, 1>(p, g, t, s);
     else
@@ -202,7 +204,8 @@ extern "C" int kern_pack_cuda(const struct kern_pack_layout *lay,
 extern "C" int kern_pack_decode_cuda(const struct kern_layout *klay, uint32_t layer_first,
                                      uint32_t layer_count, const struct kern_pack_engine *eng,
                                      uint64_t first_token, uint32_t nblocks, const void *const *src,
-                                     const uint64_t *src_len, uint32_t out_dtype, void *stream)
+                                     const uint64_t *src_len, uint32_t out_dtype,
+                                     uint32_t codecs, void *stream)
 {
     struct kern_batch_args *a = (struct kern_batch_args *)malloc(sizeof(*a));
     if (!a)
@@ -211,7 +214,7 @@ extern "C" int kern_pack_decode_cuda(const struct kern_layout *klay, uint32_t la
                                src_len, out_dtype);
     if (rc == 0)
         rc = kern_decode_batches(a, klay, layer_first, layer_count, eng, first_token, nblocks, src,
-                                 src_len, out_dtype, batch_run_cuda, stream);
+                                 src_len, out_dtype, codecs, batch_run_cuda, stream);
     free(a);
     return rc;
 }

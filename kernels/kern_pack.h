@@ -127,11 +127,13 @@ int kern_pack_decode_ref(const struct kern_layout *klay, uint32_t layer_first, u
 int kern_pack_decode_cpu(const struct kern_layout *klay, uint32_t layer_first, uint32_t layer_count,
                          const struct kern_pack_engine *eng, uint64_t first_token, uint32_t nblocks,
                          const void *const *src, const uint64_t *src_len, uint32_t out_dtype);
-/* CUDA twin: host arrays of device pointers, queued on stream, one kernel per batch. */
+/* CUDA twin: host arrays of device pointers, queued on stream, one kernel per batch; codecs
+ * as kern_decode_batches' (0: not known). */
 int kern_pack_decode_cuda(const struct kern_layout *klay, uint32_t layer_first,
                           uint32_t layer_count, const struct kern_pack_engine *eng,
                           uint64_t first_token, uint32_t nblocks, const void *const *src,
-                          const uint64_t *src_len, uint32_t out_dtype, void *stream);
+                          const uint64_t *src_len, uint32_t out_dtype, uint32_t codecs,
+                          void *stream);
 
 /* ---- batches (kern_batch.h): what one kernel launch moves ---------------------------------
  * The caller fills one with a builder and queues it (kern_batch_cuda, or the device table's
@@ -158,12 +160,16 @@ int kern_pack_batches(struct kern_batch_args *a, const struct kern_pack_layout *
 int kern_decode_check(const struct kern_layout *klay, uint32_t layer_first, uint32_t layer_count,
                       const struct kern_pack_engine *eng, uint64_t first_token, uint32_t nblocks,
                       const void *const *src, const uint64_t *src_len, uint32_t out_dtype);
-/* The same for a decode (arguments as kern_pack_decode_ref). */
+/* The same for a decode (arguments as kern_pack_decode_ref). codecs: bit 1 << c set where a
+ * block may be of codec c (a block's format is its key codec), 0 when the caller does not
+ * know; only a hint: without the KIVI codecs the batches take the decode kernel without the
+ * KIVI key rounds (struct kern_batch's kivik), which decodes every block to the same bytes. */
 int kern_decode_batches(struct kern_batch_args *a, const struct kern_layout *klay,
                         uint32_t layer_first, uint32_t layer_count,
                         const struct kern_pack_engine *eng, uint64_t first_token, uint32_t nblocks,
                         const void *const *src, const uint64_t *src_len, uint32_t out_dtype,
-                        int (*run)(const struct kern_batch_args *a, void *arg), void *arg);
+                        uint32_t codecs, int (*run)(const struct kern_batch_args *a, void *arg),
+                        void *arg);
 /* A decode, arguments as kern_pack_decode_ref. */
 int kern_batch_decode(struct kern_batch_args *a, const struct kern_layout *klay,
                       uint32_t layer_first, uint32_t layer_count,

@@ -689,6 +689,14 @@ END_TEST
 
 /* ---- decoding into the engine's tensors ------------------------------------------------ */
 
+/* kern_decode_batches' run: the batch on the CPU. */
+static int run_cpu_cb(const struct kern_batch_args *a, void *arg)
+{
+    (void)arg;
+    kern_batch_run_cpu(a);
+    return 0;
+}
+
 /* A decode case: blocks of layout kl encoded under codec (layer 0 raw where there are
  * several layers), each `place` bytes past a 64-byte boundary (0: aligned as device staging
  * and pool slots are; else the decoder's narrower loads), ending where its allocation ends,
@@ -764,10 +772,37 @@ static void decode_case_at(uint32_t layers, uint32_t heads, uint32_t dim, uint32
     ck_assert_msg(kern_batch_kivik_pieces == kivik,
                   "codec %u: %llu pieces by the KIVI key rounds, want %llu", codec,
                   (unsigned long long)kern_batch_kivik_pieces, (unsigned long long)kivik);
+    /* the batches told no block is KIVI (a q8_0 hint, as libkvc gives for q8_0 hits): the
+     * kernel without the KIVI key rounds, the same bytes for every codec */
+    void *kc[8], *vc[8];
+    for (uint32_t l = 0; l < lc; l++) {
+        kc[l] = malloc(tb);
+        vc[l] = malloc(tb);
+        memset(kc[l], 0x3c, tb);
+        memset(vc[l], 0x3c, tb);
+    }
+    struct kern_pack_engine ec = ea;
+    ec.k = kc;
+    ec.v = k_only ? NULL : vc;
+    struct kern_batch_args *ba = malloc(sizeof(*ba));
+    ck_assert_ptr_nonnull(ba);
+    kern_batch_kivik_pieces = 0;
+    ck_assert_int_eq(kern_decode_batches(ba, &kl, lf, lc, &ec, 5, nblocks, src, len, out,
+                                         1u << KERN_CODEC_Q8_0, run_cpu_cb, NULL),
+                     0);
+    ck_assert_uint_eq(kern_batch_kivik_pieces, 0);
+    free(ba);
     for (uint32_t l = 0; l < lc; l++) {
         ck_assert_msg(memcmp(ka[l], kb[l], tb) == 0, "codec %u layer %u K", codec, lf + l);
-        if (kinds == 2)
+        ck_assert_msg(memcmp(ka[l], kc[l], tb) == 0, "codec %u layer %u K (no KIVI hint)",
+                      codec, lf + l);
+        if (kinds == 2) {
             ck_assert_msg(memcmp(va[l], vb[l], tb) == 0, "codec %u layer %u V", codec, lf + l);
+            ck_assert_msg(memcmp(va[l], vc[l], tb) == 0, "codec %u layer %u V (no KIVI hint)",
+                          codec, lf + l);
+        }
+        free(kc[l]);
+        free(vc[l]);
         free(ka[l]);
         free(kb[l]);
         free(va[l]);
@@ -1435,7 +1470,11 @@ static void cuda_decode_case(uint32_t layers, uint32_t heads, uint32_t dim, uint
     de.k = dk;
     de.v = dv;
     ck_assert_int_eq(kern_pack_decode_ref(&kl, lf, lc, &he, 0, nblocks, hsrc, len, out), 0);
-    ck_assert_int_eq(kern_pack_decode_cuda(&kl, lf, lc, &de, 0, nblocks, dsrc, len, out, NULL), 0);
+    /* the format hint: the block's own (a KIVI codec's kernel with the KIVI key rounds) for
+     * fp16 out, q8_0's for bf16 (the kernel without them, whatever the blocks) */
+    const uint32_t hint = out == KERN_DTYPE_FP16 ? 1u << codec : 1u << KERN_CODEC_Q8_0;
+    ck_assert_int_eq(
+        kern_pack_decode_cuda(&kl, lf, lc, &de, 0, nblocks, dsrc, len, out, hint, NULL), 0);
     ck_assert_int_eq(kern_cuda_stream_sync(NULL), 0);
     for (uint32_t l = 0; l < lc; l++) {
         ck_assert_int_eq(kern_cuda_copy(back, dk[l], tb, KERN_CUDA_D2H, NULL), 0);

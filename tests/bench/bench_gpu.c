@@ -972,6 +972,10 @@ static void bg_block_size(struct daemon *d, kvc_client *c, struct bench_row *row
     cx.kind = KERN_CUDA_H2D;
     if (!(host & BG_HOST_LOSSY))
         goto unpin;
+    /* the cached prefix's keys again (the put above took fresh ones) */
+    for (size_t i = 0; i < n * lay->block_tokens; i++)
+        tokens[i] = (uint32_t)i;
+    kvc_keys_from_tokens(ns, NULL, tokens, n * lay->block_tokens, NULL, 0, keys, n);
     /* Lossy host hits: the prefix encoded here in each codec (registered, as the arena is),
      * the lease pointed at them as at blocks the daemon quantized; decoded into the paged
      * tensors, against the pinned copy of the raw bytes. */

@@ -153,7 +153,7 @@ static int gpu_op(struct gpu_arg *a)
         r = kern_decode_cuda(a->lay, a->enc, a->es, a->out, a->rs, KERN_DTYPE_FP16, NULL);
     else if (a->op == 3)
         r = kern_pack_decode_cuda(a->lay, 0, a->lay->layers, &a->eng, 0, GPU_PREFIX, a->srcs,
-                                  a->lens, KERN_DTYPE_FP16, NULL);
+                                  a->lens, KERN_DTYPE_FP16, 1u << a->rec->codec[0][0], NULL);
     else
         r = kern_cuda_copy(a->big_dst, a->big_src, a->rs * GPU_PREFIX, KERN_CUDA_D2D, NULL);
     if (r < 0) {
