@@ -666,7 +666,7 @@ struct kvc_paged_kv {
  * sequence tokens [first_token + j*block_tokens, ...). With on_device, one call queues at
  * most: one host-to-device batch (the host hits: straight into the pages, a range per
  * (block, layer, K/V, page), where the heads and tokens of a page are packed — vLLM's
- * [num_pages, page_tokens, heads, dim] tensors — and those ranges are KVC_GPU_DMA_MIN, 32 KiB
+ * [num_pages, page_tokens, heads, dim] tensors — and those ranges are KVC_GPU_DMA_MIN, 1 MiB
  * by default, or more; else staged in the client's device scratch), one scatter kernel
  * (every raw pool hit, read straight from the pool, and every staged host hit), one decode
  * kernel (every lossy hit — a block the daemon quantized — decoded straight into the

@@ -51,7 +51,7 @@ def dev():
 
 @pytest.fixture
 def direct_dma(monkeypatch):
-    """libkvc's least DMA piece at 4 KiB (KVC_GPU_DMA_MIN, read at the attach; 32 KiB by
+    """libkvc's least DMA piece at 4 KiB (KVC_GPU_DMA_MIN, read at the attach; 1 MiB by
     default): these small shapes' page pieces then go straight into and out of the pages."""
     monkeypatch.setenv("KVC_GPU_DMA_MIN", "4096")
 
