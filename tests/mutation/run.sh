@@ -122,6 +122,22 @@ mutation decode-kivik-wrong-channel-scale kernels/kern_batch.h "check_pack" \
 '            sc[j] = kern_batch_h2f(kern_batch_e16(v, j));' \
 '            sc[j] = kern_batch_h2f(kern_batch_e16(v, j ^ 1));'
 
+# The decode kernel's hint ignored: every batch takes the kernel with the KIVI key rounds (a
+# q8_0-hinted batch's KIVI keys must not), or none does (an unhinted KIVI batch's must).
+mutation decode-hint-always-kivik kernels/kern_pack.c "check_pack" \
+'        a->h.kivik = codecs == 0 || (codecs & kivi) != 0;' \
+'        a->h.kivik = 1;'
+
+mutation decode-hint-never-kivik kernels/kern_pack.c "check_pack" \
+'        a->h.kivik = codecs == 0 || (codecs & kivi) != 0;' \
+'        a->h.kivik = 0;'
+
+# A ggml group whose scale is an fp32 subnormal quantized with 1 / d (infinite products
+# converted to integers): the reference's codes differ from the vector encoders'.
+mutation ggml-inv-subnormal-d kernels/kern_fmt.h "check_kernels" \
+'    return d >= KERN_FP32_MIN_NORMAL ? KERN_DIV(1.0f, d) : 0.0f;' \
+'    return d != 0.0f ? KERN_DIV(1.0f, d) : 0.0f;'
+
 # Decode steps of more than one KIVI key group's rows: a step's later tokens decoded with the
 # first group's scales and mins, their codes read from past that group's rows.
 mutation decode-step-past-kivi-group kernels/kern_pack.c "check_pack" \
