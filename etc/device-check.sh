@@ -24,7 +24,8 @@
 #              on the host's cores; then its ready part at 1, 8 and 64 GiB (as far as memory
 #              allows)
 # KVC_DEVICE_CHECK_STAGES names the stages to run, of "suites gpu kernels host python
-# sanitizer scale" (gpu, kernels and host are the three benches; default: all), for a short
+# prefill sanitizer scale" (gpu, kernels and host are the three benches; prefill, not in the
+# default, is the python stage's prefill rows alone; default: all the others), for a short
 # rerun of what a change touched: the others are listed SKIP in summary.txt.
 # OUTDIR gets at most 8 files (what the device tool brings back): summary.txt (device,
 # driver, CUDA, each stage's result and time), suites.log (the suites, then the
@@ -62,7 +63,7 @@ if [ -z "$(echo $stages)" ]; then
 fi
 for s in $stages; do
     case "$s" in
-    suites | gpu | kernels | host | python | sanitizer | scale) ;;
+    suites | gpu | kernels | host | python | prefill | sanitizer | scale) ;;
     *)
         echo "device-check: unknown stage '$s' in KVC_DEVICE_CHECK_STAGES" >&2
         exit 2
@@ -75,6 +76,13 @@ want() {
     *" $1 "*) return 0 ;;
     esac
     say "$1: SKIP (not in KVC_DEVICE_CHECK_STAGES)"
+    return 1
+}
+# The same, silent.
+asked() {
+    case " $stages " in
+    *" $1 "*) return 0 ;;
+    esac
     return 1
 }
 # Runs a stage's command with what is left of the budget, at most $1 seconds (scaled with the
@@ -164,7 +172,8 @@ if [ "$gpu" -eq 1 ] && grep -qE '^SKIP: bench_(gpu|kernels).*(no CUDA device|no 
 fi
 
 # ---- python: the package on the host's own Python, its CUDA paths for real ------------------
-if want python; then
+# ("prefill" alone: the extension and the prefill rows only, a short rerun of issue 26's table)
+if asked python || asked prefill || want python; then
     t0=$(date +%s)
     py=${PYTHON:-python3}
     cc=$(command -v "${CC:-cc}" || command -v gcc || true)
@@ -195,10 +204,10 @@ if want python; then
                 "$root"/python/kvcd/_kvcd*.c "$bundle/pylib/libkvc.a" "$bundle/lib/libxxhash.so.0" \
                 "$bundle/pylib/libcudart_static.a" "$bundle/lib/libstdc++.so.6" -ldl -lrt -lm \
                 >>"$out/bench.txt" 2>&1
-        rc=$?
-        if [ "$rc" -ne 0 ]; then
-            fail "python: the extension did not build (rc $rc; bench.txt)"
-        else
+        ext_rc=$?
+        if [ "$ext_rc" -ne 0 ]; then
+            fail "python: the extension did not build (rc $ext_rc; bench.txt)"
+        elif asked python; then
             PYTHONPATH="$pytmp" KVCD_BIN="$bundle/bin/kvcd" PYTHONDONTWRITEBYTECODE=1 \
                 stage 90 "$py" -m pytest -p no:cacheprovider -q -rs \
                 "$root/python/tests/test_cuda_device.py" "$root/python/tests/test_engine.py" \
@@ -216,6 +225,8 @@ if want python; then
                 --cases host,paged,sglang,engine "$out/python.json" >>"$out/bench.txt" 2>&1
             rc=$?
             [ "$rc" -eq 0 ] || fail "python: bench_python rc $rc (bench.txt)"
+        fi
+        if [ "$ext_rc" -eq 0 ]; then
             # The 8B-shaped prefill rows and the load's CPU time per block, Python against C
             # (issue 26), under a deadline of their own, into the same python.json.
             t1=$(date +%s)
