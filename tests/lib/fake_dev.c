@@ -669,9 +669,10 @@ static int fake_batch(const struct kern_batch_args *a, void *stream)
     }
     o->batch = copy;
     fake_dev.ops++;
-    if (a->h.op == KERN_BATCH_DECODE)
+    if (a->h.op == KERN_BATCH_DECODE) {
         fake_dev.decodes++;
-    else
+        fake_dev.decodes_kivik += a->h.kivik != 0;
+    } else
         fake_dev.packs++;
     fake_dev.pack_runs += a->h.op != KERN_BATCH_DECODE && a->h.run;
     return 0;
