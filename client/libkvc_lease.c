@@ -62,7 +62,9 @@ static void kvc_lease_account(const kvc_lease *l, uint64_t t0)
 static int kvc_release_ids(kvc_client *c, const uint64_t *ids, size_t n, uint64_t load_ns)
 {
     struct kvc_release_req *q = kvci_req(c);
-    uint64_t us = load_ns / 1000;
+    /* a copy under a microsecond counts as one, as the fast path's records do (truncated, a
+     * client of small leases would never report its copies) */
+    uint64_t us = load_ns && load_ns < 1000 ? 1 : load_ns / 1000;
     memset(q, 0, sizeof(*q));
     q->nleases = (uint32_t)n;
     q->load_us = us > UINT32_MAX ? UINT32_MAX : (uint32_t)us;
