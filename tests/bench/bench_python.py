@@ -58,7 +58,7 @@
 #    cache), Python against C (the extension's libkvc, the same device), alternating; on a
 #    GPU the host tier and the pool beside the copy of the same bytes, without one the strict
 #    fake device (host tier; its wait is the fake copying on the CPU). Rows: the fixed part
-#    (all but the wait), Python against C.
+#    (all but the wait), Python against C; on a GPU also Python's wait against the copy.
 # --cases picks parts, --append merges rows into OUT's.
 # Exit status 1 when something broke (a short hit, wrong bytes, different tokens), 0 with
 # figures otherwise (a missed target is reported, not failed).
@@ -1014,8 +1014,17 @@ def loadstages_report(rows):
                   (name, stage, min(py) * 1e6, statistics.median(py) * 1e6, min(cc) * 1e6,
                    statistics.median(cc) * 1e6))
         if "copy" in t:
-            print("%-30s %-8s %10.1f %10.1f" % (name, "copy", min(t["copy"]) * 1e6,
-                                                statistics.median(t["copy"]) * 1e6))
+            cp = t["copy"]
+            print("%-30s %-8s %10.1f %10.1f" % (name, "copy", min(cp) * 1e6,
+                                                statistics.median(cp) * 1e6))
+            print("%-30s wait / copy: Python %.3f (medians %.3f), C %.3f (medians %.3f)" %
+                  (name, min(t["py_wait"]) / min(cp),
+                   statistics.median(t["py_wait"]) / statistics.median(cp),
+                   min(t["c_wait"]) / min(cp), statistics.median(t["c_wait"]) /
+                   statistics.median(cp)))
+            rows.append(dict(case=name + "_wait", value=min(t["py_wait"]) * 1e6, unit="us",
+                             baseline="copy", baseline_value=min(cp) * 1e6,
+                             ratio=min(t["py_wait"]) / min(cp)))
         py, cc = t["py_fixed"], t["c_fixed"]
         rows.append(dict(case=name + "_fixed", value=min(py) * 1e6, unit="us",
                          baseline="C (libkvc)", baseline_value=min(cc) * 1e6,
