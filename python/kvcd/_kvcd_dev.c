@@ -515,7 +515,8 @@ static int paged_table(struct paged *p, PyObject *o, uint64_t first_token, uint6
         tt = o;
         Py_INCREF(tt);
     } else {
-        if (is_tensor(o) || PyObject_HasAttrString(o, "tolist"))
+        if (is_tensor(o) ||
+            (!PyList_Check(o) && !PyTuple_Check(o) && PyObject_HasAttrString(o, "tolist")))
             t = PyObject_CallMethod(o, "tolist", NULL); /* torch or numpy: their ints */
         else
             t = seq_tuple(o, "kvcd: block_table must be a sequence of page indexes");
