@@ -225,7 +225,8 @@ class Lease:
         the caller's stream waits on it, never the host (with torch: record a
         torch.cuda.Event on the stream after the call). Every page touched is checked
         against the tensors' page count, shapes and dtype against the namespace; ValueError
-        or TypeError before anything moves. Returns n."""
+        or TypeError before anything moves. ``block_table`` is read only up to the last
+        page the call touches. Returns n."""
     def ready(self) -> int:
         """The leading hits in memory now (lookup(nowait=True) may return hits still being
         read from disk; views, copies and scatters refuse those)."""

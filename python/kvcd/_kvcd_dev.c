@@ -479,63 +479,105 @@ static int paged_dims(const struct ns_layout *lay, const struct tinfo *t, int ha
     return 0;
 }
 
+/* Entries [0, need) of a list or tuple of ints into table (need <= its length): 1 done, 0
+ * when an entry is not an exact int of a C long (the caller converts the general way, which
+ * raises for it as before). An exact int's conversion runs no Python code, so the sequence
+ * cannot change under this loop. */
+static int paged_table_ints(PyObject *o, Py_ssize_t need, int32_t *table)
+{
+    PyObject **items = PySequence_Fast_ITEMS(o);
+    for (Py_ssize_t i = 0; i < need; i++) {
+        int overflow = 0;
+        if (!PyLong_CheckExact(items[i]))
+            return 0;
+        long v = PyLong_AsLongAndOverflow(items[i], &overflow);
+        if (overflow)
+            return 0;
+        table[i] = v < INT32_MIN ? INT32_MIN : v > INT32_MAX ? INT32_MAX : (int32_t)v;
+    }
+    return 1;
+}
+
 /* The block table as int32, every page the call touches (tokens [first_token, end)) checked
- * against the tensors' page count. */
+ * against the tensors' page count. Only the entries up to the last page touched are read
+ * (table_len is theirs): an engine passes its whole table (a sequence's, or every page of
+ * its cache) to load a prefix of it, and a call's cost should be its blocks', not the
+ * table's. A list or tuple of ints is read in place; anything else (torch, numpy: their
+ * tolist(), any sequence) is converted whole first. */
 static int paged_table(struct paged *p, PyObject *o, uint64_t first_token, uint64_t end)
 {
-    PyObject *t;
-    Py_ssize_t len;
-    if (is_tensor(o) ||
-        (!PyList_Check(o) && !PyTuple_Check(o) && PyObject_HasAttrString(o, "tolist")))
-        t = PyObject_CallMethod(o, "tolist", NULL); /* torch or numpy: their ints */
-    else
-        t = seq_tuple(o, "kvcd: block_table must be a sequence of page indexes");
-    if (!t)
-        return -1;
-    PyObject *tt = seq_tuple(t, "kvcd: block_table must be a sequence of page indexes");
-    Py_DECREF(t);
-    if (!tt)
-        return -1;
-    len = PyTuple_GET_SIZE(tt);
-    p->table = PyMem_Malloc((size_t)(len ? len : 1) * sizeof(int32_t));
-    if (!p->table) {
-        Py_DECREF(tt);
-        PyErr_NoMemory();
-        return -1;
-    }
-    for (Py_ssize_t i = 0; i < len; i++) {
-        long v = PyLong_AsLong(PyTuple_GET_ITEM(tt, i));
-        if (v == -1 && PyErr_Occurred()) {
-            Py_DECREF(tt);
+    PyObject *t = NULL, *tt = NULL;
+    Py_ssize_t len, need;
+    const uint64_t pt = p->kv.page_tokens;
+    const uint64_t last = end > first_token ? (end - 1) / pt : 0;
+    int rc = -1;
+    if (PyList_CheckExact(o) || PyTuple_CheckExact(o)) {
+        tt = o;
+        Py_INCREF(tt);
+    } else {
+        if (is_tensor(o) ||
+            (!PyList_Check(o) && !PyTuple_Check(o) && PyObject_HasAttrString(o, "tolist")))
+            t = PyObject_CallMethod(o, "tolist", NULL); /* torch or numpy: their ints */
+        else
+            t = seq_tuple(o, "kvcd: block_table must be a sequence of page indexes");
+        if (!t)
             return -1;
-        }
-        p->table[i] = v < INT32_MIN ? INT32_MIN : v > INT32_MAX ? INT32_MAX : (int32_t)v;
+        tt = seq_tuple(t, "kvcd: block_table must be a sequence of page indexes");
+        Py_DECREF(t);
+        if (!tt)
+            return -1;
     }
-    Py_DECREF(tt);
+    len = PySequence_Fast_GET_SIZE(tt);
     if (len > UINT32_MAX) {
         PyErr_SetString(PyExc_ValueError, "kvcd: block_table too long");
-        return -1;
+        goto out;
+    }
+    if (end > first_token && last >= (uint64_t)len) {
+        PyErr_Format(PyExc_ValueError,
+                     "kvcd: tokens up to %llu need %llu block_table entries, it has %zd",
+                     (unsigned long long)end, (unsigned long long)last + 1, len);
+        goto out;
+    }
+    need = end > first_token ? (Py_ssize_t)last + 1 : len;
+    p->table = PyMem_Malloc((size_t)(need ? need : 1) * sizeof(int32_t));
+    if (!p->table) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    if (!paged_table_ints(tt, need, p->table)) {
+        /* Not all exact ints: a tuple of its own (an entry's __index__ may run code that
+         * changes a list), each entry converted as an index. */
+        PyObject *own = PySequence_Tuple(tt);
+        if (!own)
+            goto out;
+        Py_SETREF(tt, own);
+        if (PyTuple_GET_SIZE(tt) < need) {
+            PyErr_SetString(PyExc_ValueError, "kvcd: block_table changed while it was read");
+            goto out;
+        }
+        for (Py_ssize_t i = 0; i < need; i++) {
+            long v = PyLong_AsLong(PyTuple_GET_ITEM(tt, i));
+            if (v == -1 && PyErr_Occurred())
+                goto out;
+            p->table[i] = v < INT32_MIN ? INT32_MIN : v > INT32_MAX ? INT32_MAX : (int32_t)v;
+        }
     }
     p->kv.block_table = p->table;
-    p->kv.table_len = (uint32_t)len;
+    p->kv.table_len = (uint32_t)need;
     if (end > first_token) {
-        uint64_t pt = p->kv.page_tokens, last = (end - 1) / pt;
-        if (last >= (uint64_t)len) {
-            PyErr_Format(PyExc_ValueError,
-                         "kvcd: tokens up to %llu need %llu block_table entries, it has %zd",
-                         (unsigned long long)end, (unsigned long long)last + 1, len);
-            return -1;
-        }
         for (uint64_t pg = first_token / pt; pg <= last; pg++)
             if (p->table[pg] < 0 || p->table[pg] >= p->pages) {
                 PyErr_Format(PyExc_ValueError,
                              "kvcd: block_table[%llu] = %d is not a page of the KV cache "
                              "(%zd pages)",
                              (unsigned long long)pg, (int)p->table[pg], p->pages);
-                return -1;
+                goto out;
             }
     }
-    return 0;
+    rc = 0;
+out:
+    Py_XDECREF(tt);
+    return rc;
 }
 
 /* k_caches / v_caches (one tensor per layer; v None: K+V tensors split on kv_dim, or a K-only

@@ -63,6 +63,16 @@ def test_prefill_with_a_hit_loads_the_stored_kv():
         cache.kv.zero_()
         assert load(ns, paged, keys[:3], cache.table) == 3
         assert torch.equal(cache.pages(3), ref[:, :, :3]) and not cache.pages(m)[:, :, 3:].any()
+        # held: the lease is the caller's, pinned until it releases it (as an engine's, after
+        # its forward); without, load released it.
+        cache.kv.zero_()
+        held = []
+        assert load(ns, paged, keys, cache.table, held=held) == m
+        assert len(held) == 1 and not held[0].released and len(held[0]) == m
+        assert torch.equal(cache.pages(m), ref)
+        assert c.stats()["pins_now"] == m
+        held[0].release()
+        assert held[0].released and c.stats()["pins_now"] == 0
 
 
 def test_decoder_refuses_what_does_not_fit():
@@ -103,6 +113,31 @@ def test_bench_prefill_rows(tmp_path):
                          env=dict(env, KVC_BENCH_PREFILL_TOKENS="8"), capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 1 and "KVC_BENCH_PREFILL_TOKENS" in bad.stderr
+
+
+def test_bench_loadstages_rows(tmp_path):
+    """bench_python.py --cases loadstages on the strict fake device (the CPU smoke): each
+    stage timed for Python and C, and a row per prefix of the fixed part against C."""
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU the bench's loadstages rows are the device's (etc/device-check.sh)")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from kvtensors import fakedev_path
+    if not os.path.exists(fakedev_path()):
+        pytest.skip("no fake device library (make build/tests/check_python)")
+    out = tmp_path / "python.json"
+    env = dict(os.environ, KVC_BENCH_SMOKE="1")
+    p = subprocess.run([sys.executable, os.path.join(TOP, "tests/bench/bench_python.py"),
+                        "--cases", "loadstages", str(out)], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = {r["case"]: r for r in json.loads(out.read_text())}
+    assert set(rows) == {"load_stages_8b_64blk_host_fake_fixed",
+                         "load_stages_8b_128blk_host_fake_fixed"}
+    for r in rows.values():
+        assert r["value"] > 0 and r["baseline_value"] > 0 and r["baseline"] == "C (libkvc)"
+        assert r["ratio"] == pytest.approx(r["value"] / r["baseline_value"])
+    for stage in ("lookup", "scatter", "wait", "release", "fixed"):
+        assert "load_stages_8b_128blk_host_fake %s" % stage in p.stdout
 
 
 def sdpa_as_documented(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False):

@@ -209,6 +209,46 @@ def test_bad_paged_arguments_are_refused(client):
 
 
 
+def test_block_table_is_read_up_to_the_last_page_touched(client):
+    """An engine passes its whole table to load a prefix of it: only the entries up to the
+    last page a call touches are read (a list or tuple of ints in place, without converting
+    the rest), so what lies past them is never looked at; entries the call reads are checked
+    as before, whatever the table's type."""
+    ns = ns_of(client)
+    keys = ns.keys_from_tokens(range(2 * BT))
+    kc, vc, _, kviews, vviews = make_cache("vllm", L, 4, BT, H, D, seed=21)
+    junk = [None, 2**70, -1, 4, "page"]  # past the pages read: never converted
+    with ns.reserve(keys) as r:
+        assert r.gather(kc, vc, [3, 1] + junk) == 2
+    want = canonical(kviews, vviews, [3, 1], 0, 2, BT)
+
+    class Page(int):  # not an exact int: converted the general way
+        pass
+
+    tables = ([0, 2] + junk, tuple([0, 2] + junk), [Page(0), Page(2)] + junk,
+              np.array([0, 2, -1, 7], dtype=np.int64), torch.tensor([0, 2, -1, 7]),
+              range(0, 4, 2))
+    with ns.lookup(keys) as lease:
+        assert torch.equal(stored_blocks(lease, 2).view(want.shape), want)
+        for table in tables:
+            dk = [torch.zeros_like(t) for t in kc]
+            dv = [torch.zeros_like(t) for t in vc]
+            assert lease.scatter(dk, dv, table) == 2
+            assert torch.equal(canonical(dk, dv, [0, 2], 0, 2, BT), want)
+            assert not any(t[[1, 3]].any() for t in dk + dv)
+        # one block from token BT: entries 0 and 1 read, entry 0 not checked (not touched)
+        dk = [torch.zeros_like(t) for t in kc]
+        dv = [torch.zeros_like(t) for t in vc]
+        assert lease.scatter(dk, dv, [-5, 3, None], first=1, n=1, first_token=BT) == 1
+        assert all(torch.equal(a[3], b[1]) for a, b in zip(dk + dv, kc + vc))
+        assert not any(t[:3].any() for t in dk + dv)
+        for bad, exc in (([0, 2**70], OverflowError), ([0, None], TypeError),
+                         ([0, 4], ValueError), ((0, -1), ValueError), ([0], ValueError),
+                         ([Page(0), 2**40], ValueError)):
+            with pytest.raises(exc):
+                lease.scatter(dk, dv, bad)
+
+
 def test_layer_ranges(client):
     """A layer range moves only its layers; a reservation filled layer by layer publishes
     once every layer was written."""

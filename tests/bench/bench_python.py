@@ -34,8 +34,12 @@
 #    through kvcd (lookup + scatter into the pages) from the host tier and from the daemon's
 #    GPU pool; each load against a copy of the same bytes in the same run (pinned host to
 #    device; device to device), target ratio <= 1.1, and each hit's prefill against no
-#    cache. Without a GPU the 8B rows print SKIP and the same path runs with a small model on
-#    256 tokens (host tier only).
+#    cache. A load is timed as an engine pays it: the lookup, the scatter queued and the
+#    wait for the stream; its lease is released after the forward, outside the timings, as
+#    the vLLM connector releases a step's loads at the next step (the release's wait then
+#    finds the copies done; its unpin, one request to the daemon, is loadstages' release).
+#    Without a GPU the 8B rows print SKIP and the same path runs with a small model on 256
+#    tokens (host tier only).
 #  - loadcpu (issue 26; loadcpu_case): the host CPU time per block of the CUDA load path,
 #    Python (Namespace.lookup + Lease.scatter of a PagedKV, kvcd.engine.prefill's load)
 #    against C (kvc_lookup + kvc_lease_scatter through the same libkvc image, the
@@ -47,6 +51,14 @@
 #    default build/tests/libkvc_fakedev_py.so; its queueing of each range counts in both
 #    paths alike), host tier only. Alternating, best and median of the repetitions; target
 #    ratio <= 1.1.
+#  - loadstages (issue 26; loadstages_case): where the wall time of one load goes, stage by
+#    stage as the prefill rows run them (lookup, the scatter queued, the wait for the stream,
+#    release: the unpin, its wait finding the copies done), on prefixes of 255 and 1023
+#    8B-shaped blocks (4k and 16k tokens) with the prefill rows' table (every page of the
+#    cache), Python against C (the extension's libkvc, the same device), alternating; on a
+#    GPU the host tier and the pool beside the copy of the same bytes, without one the strict
+#    fake device (host tier; its wait is the fake copying on the CPU). Rows: the fixed part
+#    (all but the wait), Python against C; on a GPU also Python's wait against the copy.
 # --cases picks parts, --append merges rows into OUT's.
 # Exit status 1 when something broke (a short hit, wrong bytes, different tokens), 0 with
 # figures otherwise (a missed target is reported, not failed).
@@ -74,7 +86,7 @@ WS = (32 if SMOKE else 256) << 20
 OP = 16 << 20
 REPS = 2 if SMOKE else 11
 PROMPT = 512 if SMOKE else 4096
-CASES = ("host", "paged", "sglang", "engine", "prefill", "loadcpu")
+CASES = ("host", "paged", "sglang", "engine", "prefill", "loadcpu", "loadstages")
 PREFILL_BLOCK = 16
 PREFILL_REPS = 1 if SMOKE else 3
 LOADCPU_BLOCKS = 64 if SMOKE else 256
@@ -524,13 +536,17 @@ def prefill_case(device, cfg, sizes):
             def hit(name, ns, paged, keys, gpu):
                 cache.pages(m).zero_()
                 sync(device)
+                held = []  # released after the forward, as the vLLM connector does
                 t0 = time.perf_counter()
-                if load(ns, paged, keys[:m], cache.table, gpu=gpu, device=device) != m:
-                    raise RuntimeError("%s: a short hit at %d tokens" % (name, n))
+                got = load(ns, paged, keys[:m], cache.table, gpu=gpu, device=device, held=held)
                 t1 = time.perf_counter()
                 logits = model.forward(tail, m * bt, cache)
                 sync(device)
                 t2 = time.perf_counter()
+                for lease in held:
+                    lease.release()
+                if got != m:
+                    raise RuntimeError("%s: a short hit at %d tokens" % (name, n))
                 if not torch.equal(cache.pages(m).permute(2, 0, 1, 3, 4, 5), blocks[:m]):
                     raise RuntimeError("%s: the pages got other bytes than were stored" % name)
                 if not bool(torch.isfinite(logits).all()):
@@ -629,6 +645,8 @@ def main():
                        min(nohit) / min(hit), statistics.median(nohit) / statistics.median(hit)))
     if "loadcpu" in cases:
         loadcpu_report(rows)
+    if "loadstages" in cases:
+        loadstages_report(rows)
     if "prefill" in cases:
         prefill_report(rows)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
@@ -826,6 +844,194 @@ def loadcpu_report(rows):
                          baseline_value=cbest, ratio=best / cbest))
         print("%-34s %9.3f %9.3f us/block  C (libkvc) %9.3f %9.3f  ratio %.3f (medians %.3f)" %
               (case, best, med, cbest, cmed, best / cbest, med / cmed), flush=True)
+
+
+def loadstages_case(sizes, reps):
+    """Wall seconds of each stage of one load of a prefix of n 8B-shaped blocks, n in sizes
+    (prefill_case's shape and table: every page of the longest prompt's cache), one stage
+    after another as the prefill rows run them: lookup, scatter (queued), the wait for the
+    stream, release (the unpin; its wait finds the copies done). Python (Namespace.lookup,
+    Lease.scatter of a PagedKV, Lease.release) against C (kvc_lookup, kvc_lease_scatter,
+    kvc_release through the extension's libkvc, the same device), alternating. On a GPU the
+    host tier and the pool, and the copy of the same bytes (pinned host to device; device to
+    device) as the prefill rows time it; without one the strict fake device, host tier (its
+    wait is the fake performing the copies on the CPU: not a device's time). Returns
+    (device, {(tier, n): {stage: [seconds]}}) or (None, why)."""
+    cuda = torch.cuda.is_available()
+    dev = None if cuda else fake_device()
+    if not cuda and dev is None:
+        return None, "no CUDA device and no fake device library (make build/tests/check_python)"
+    layers, heads, dim, bt = 32, 8, 128, 16
+    bb = layers * 2 * bt * heads * dim * 2
+    top = max(sizes)
+    pages = top + 1
+    arena = "%dm" % ((top * bb * 5 // 4 >> 20) + 64)
+    opts = ["host.size=" + arena, "quota.uid_reserved_share=100"] + (
+        ["gpu.pool_size=" + arena] if cuda else [])
+    lib = ctypes.CDLL(kvcd._kvcd.__file__)  # the extension's own libkvc: the same device ops
+    vp, sz = ctypes.c_void_p, ctypes.c_size_t
+    lib.kvc_connect.argtypes = [ctypes.c_char_p, vp]
+    lib.kvc_ns_open.argtypes = [vp, vp, vp]
+    lib.kvc_lookup.argtypes = [vp, vp, sz, ctypes.c_uint, vp]
+    lib.kvc_lease_scatter.argtypes = [vp, sz, sz, vp, ctypes.c_uint64, vp, vp]
+    lib.kvc_release.argtypes = [vp]
+    lib.kvc_gpu_attach.argtypes = [vp]
+    lib.kvc_disconnect.argtypes = [vp]
+    out = {}
+    tt = time.perf_counter
+    try:
+        with PrivateDaemon(opts) as d, kvcd.Client(d.socket) as pc:
+            if cuda:
+                kv = torch.zeros(layers, 2, pages, bt, heads, dim, dtype=torch.bfloat16,
+                                 device="cuda")
+                stream = torch.cuda.current_stream().cuda_stream
+
+                def wait():
+                    torch.cuda.synchronize()
+            else:
+                kv = dev.empty((layers, 2, pages, bt, heads, dim), torch.bfloat16)
+                stream = dev.stream()
+
+                def wait():
+                    if dev.sync(stream):
+                        raise RuntimeError("loadstages: the fake device's stream failed")
+            kl, vl = [kv[i][0] for i in range(layers)], [kv[i][1] for i in range(layers)]
+            table = list(range(pages))
+            ctable = (ctypes.c_int32 * pages)(*table)
+            ck = (ctypes.c_void_p * layers)(*[t.data_ptr() for t in kl])
+            cv = (ctypes.c_void_p * layers)(*[t.data_ptr() for t in vl])
+            ckv = CPath.PagedKV(ctypes.cast(ck, vp), ctypes.cast(cv, vp), ctypes.cast(ctable, vp),
+                                pages, bt, kl[0].stride()[0] * 2, kl[0].stride()[1] * 2,
+                                kl[0].stride()[2] * 2, 1)
+            blk = torch.arange(bb // 2, dtype=torch.int16).view(torch.bfloat16)
+            copy = None
+            if cuda:
+                src = {"host": torch.empty(top * bb // 2, dtype=torch.bfloat16, pin_memory=True),
+                       "pool": torch.empty(top * bb // 2, dtype=torch.bfloat16, device="cuda")}
+                dst = torch.empty(top * bb // 2, dtype=torch.bfloat16, device="cuda")
+
+                def copy(tier, n):
+                    nel = n * bb // 2
+                    wait()
+                    t0 = tt()
+                    dst[:nel].copy_(src[tier][:nel], non_blocking=True)
+                    wait()
+                    return tt() - t0
+            for tier, gpu in (("host", False), ("pool", True))[:2 if cuda else 1]:
+                ns = pc.namespace("bench/loadstages-8b-" + tier, layers, heads, dim, bt, "bf16")
+                if gpu and pc.gpu_attach() != 1:
+                    print("SKIP: load_stages pool rows: the daemon's GPU pool is not mapped here")
+                    continue
+                paged = ns.paged_kv(kl, vl)
+                keys = ns.keys_from_tokens(range(top * bt))[:top]
+                for j in range(0, top, 32):
+                    part = keys[j:j + 32]
+                    with ns.reserve(part, parent=keys[j - 1] if j else None, gpu=gpu) as r:
+                        if gpu:  # pool slots: gathered from the (zeroed) paged tensors
+                            r.gather(paged, None, table, first_token=j * bt, stream=stream)
+                        else:
+                            for i in range(len(part)):
+                                r.write(i, blk)
+                pc.flush()
+                cc = vp()
+                if lib.kvc_connect(d.socket.encode(), ctypes.byref(cc)) < 0:
+                    raise RuntimeError("loadstages: kvc_connect failed")
+                lay = CPath.Layout(("bench/loadstages-8b-" + tier).encode(), layers, heads, dim,
+                                   bt, 2, 1)  # bf16, K+V
+                cns = vp()
+                attach = lib.kvc_gpu_attach(cc)  # 1: the pool mapped, 0: host copies
+                if lib.kvc_ns_open(cc, ctypes.byref(lay), ctypes.byref(cns)) < 0 or attach < 0 or (
+                        gpu and attach != 1):
+                    raise RuntimeError("loadstages: the C path's namespace or pool")
+                ckeys = (ctypes.c_char * (16 * top)).from_buffer_copy(b"".join(keys))
+                for n in sizes:
+                    t = {}
+                    for rep in range(reps + 1):
+                        for who in (("py", "c") if rep % 2 else ("c", "py")):
+                            wait()
+                            if who == "py":
+                                t0 = tt()
+                                lease = ns.lookup(keys[:n], gpu=gpu)
+                                t1 = tt()
+                                got = lease.scatter(paged, None, table, stream=stream)
+                                t2 = tt()
+                                wait()
+                                t3 = tt()
+                                lease.release()
+                                t4 = tt()
+                            else:
+                                lease = vp()
+                                t0 = tt()
+                                hits = lib.kvc_lookup(cns, ckeys, n, 4 if gpu else 0,
+                                                      ctypes.byref(lease))
+                                t1 = tt()
+                                got = lib.kvc_lease_scatter(lease, 0, n, ctypes.byref(ckv), 0,
+                                                            stream, None) if hits == n else hits
+                                t2 = tt()
+                                wait()
+                                t3 = tt()
+                                lib.kvc_release(lease)
+                                t4 = tt()
+                            if got != n:
+                                raise RuntimeError("loadstages: %s %s load of %d blocks: %d" %
+                                                   (who, tier, n, got))
+                            if rep:
+                                for stage, v in (("lookup", t1 - t0), ("scatter", t2 - t1),
+                                                 ("wait", t3 - t2), ("release", t4 - t3),
+                                                 ("fixed", t4 - t0 - (t3 - t2))):
+                                    t.setdefault(who + "_" + stage, []).append(v)
+                        if rep and copy:
+                            t.setdefault("copy", []).append(copy(tier, n))
+                    out[(tier, n)] = t
+                lib.kvc_disconnect(cc)
+    finally:
+        if dev is not None:
+            dev.uninstall()
+    return ("cuda" if cuda else "fake"), out
+
+
+def loadstages_report(rows):
+    sizes = (64, 128) if SMOKE else (255, 1023)
+    reps = 3 if SMOKE else 15
+    print("\nOne load's stages, wall us (8B shape, 2 MiB blocks; prefixes of %s blocks, the "
+          "prefill rows' 4k and 16k tokens):\nlookup, scatter (queued), wait (the stream), "
+          "release (the unpin: its wait finds the copies done);\nfixed = all but the wait. "
+          "Python against C on the same libkvc and device, alternating, %d repetitions;\nbest "
+          "and median" % (" and ".join(str(s) for s in sizes), reps), flush=True)
+    device, res = loadstages_case(sizes, reps)
+    if device is None:
+        print("SKIP: load_stages_*: %s" % res)
+        return
+    if device == "fake":
+        print("(the fake device: its wait is the fake performing the copies on the CPU)")
+    print("%-30s %-8s %10s %10s %10s %10s" % ("load", "stage", "py best", "py median",
+                                               "C best", "C median"))
+    for (tier, n), t in res.items():
+        name = "load_stages_8b_%dblk_%s_%s" % (n, tier, device)
+        for stage in ("lookup", "scatter", "wait", "release", "fixed"):
+            py, cc = t["py_" + stage], t["c_" + stage]
+            print("%-30s %-8s %10.1f %10.1f %10.1f %10.1f" %
+                  (name, stage, min(py) * 1e6, statistics.median(py) * 1e6, min(cc) * 1e6,
+                   statistics.median(cc) * 1e6))
+        if "copy" in t:
+            cp = t["copy"]
+            print("%-30s %-8s %10.1f %10.1f" % (name, "copy", min(cp) * 1e6,
+                                                statistics.median(cp) * 1e6))
+            print("%-30s wait / copy: Python %.3f (medians %.3f), C %.3f (medians %.3f)" %
+                  (name, min(t["py_wait"]) / min(cp),
+                   statistics.median(t["py_wait"]) / statistics.median(cp),
+                   min(t["c_wait"]) / min(cp), statistics.median(t["c_wait"]) /
+                   statistics.median(cp)))
+            rows.append(dict(case=name + "_wait", value=min(t["py_wait"]) * 1e6, unit="us",
+                             baseline="copy", baseline_value=min(cp) * 1e6,
+                             ratio=min(t["py_wait"]) / min(cp)))
+        py, cc = t["py_fixed"], t["c_fixed"]
+        rows.append(dict(case=name + "_fixed", value=min(py) * 1e6, unit="us",
+                         baseline="C (libkvc)", baseline_value=min(cc) * 1e6,
+                         ratio=min(py) / min(cc)))
+        print("%-30s fixed: ratio %.3f (medians %.3f)" %
+              (name, min(py) / min(cc), statistics.median(py) / statistics.median(cc)),
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -205,15 +205,27 @@ def store(ns, paged, keys, table, block_tokens, gpu=False, device="cpu", chunk=2
     return done
 
 
-def load(ns, paged, keys, table, gpu=False, device="cpu", tiers=None):
+def load(ns, paged, keys, table, gpu=False, device="cpu", tiers=None, held=None):
     """Loads the cached prefix of keys into the pages (one lookup, one scatter on the
     current stream) and waits for it; returns the hits. tiers: a list that gets each hit's
-    tier ("host", "gpu"), outside any timing."""
-    with ns.lookup(keys, gpu=gpu) as lease:
+    tier ("host", "gpu"), outside any timing. held: None releases the lease before the
+    wait (its release waits for the scatter, then unpins); a list gets the lease instead,
+    for the caller to release once its forward has run, as an engine does (the vLLM
+    connector releases a step's loads at the next step: the unpin is not on the load's
+    path, and the release's wait finds the copies done)."""
+    lease = ns.lookup(keys, gpu=gpu)
+    try:
         n = len(lease)
         if n:
             lease.scatter(paged, None, table, stream=current_stream(device))
         if tiers is not None:
             tiers.extend(lease.tier(i) for i in range(n))
+    except BaseException:
+        lease.release()
+        raise
+    if held is None:
+        lease.release()
     sync(device)
+    if held is not None:
+        held.append(lease)
     return n
