@@ -230,15 +230,16 @@ if asked python || asked prefill || want python; then
             # The 8B-shaped prefill rows and the load's CPU time per block, Python against C
             # (issue 26), under a deadline of their own, into the same python.json.
             t1=$(date +%s)
-            echo "==== python: prefill (bench_python.py --cases loadcpu,prefill)" >>"$out/bench.txt"
+            echo "==== python: prefill (bench_python.py --cases loadcpu,loadstages,prefill)" >>"$out/bench.txt"
             PYTHONPATH="$pytmp" KVCD_BIN="$bundle/bin/kvcd" PYTHONDONTWRITEBYTECODE=1 \
                 KVC_BENCH_SMOKE=${KVC_BENCH_SMOKE:-} \
-                stage 90 "$py" "$root/tests/bench/bench_python.py" --cases loadcpu,prefill --append \
+                stage 90 "$py" "$root/tests/bench/bench_python.py" --cases loadcpu,loadstages,prefill --append \
                 "$out/python.json" >"$pytmp/prefill.txt" 2>&1
             rc=$?
             cat "$pytmp/prefill.txt" >>"$out/bench.txt"
             say "python: prefill rows rc $rc, $(($(date +%s) - t1)) s"
-            grep -E '^((load|prefill)_[a-z0-9]+_[0-9]+tok_|load_cpu_)' "$pytmp/prefill.txt" |
+            grep -E '^((load|prefill)_[a-z0-9]+_[0-9]+tok_|load_cpu_|load_stages_[^ ]+ +(fixed|wait))' \
+                "$pytmp/prefill.txt" |
                 cut -c 1-150 | sed 's/^/  /' | tee -a "$sum"
             [ "$rc" -eq 0 ] || fail "python: bench_python --cases loadcpu,prefill rc $rc (bench.txt)"
             if [ "$gpu" -eq 1 ] && grep -q '^SKIP' "$pytmp/prefill.txt"; then
