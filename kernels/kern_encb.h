@@ -508,7 +508,10 @@ KERN_HD void kern_enc_fp8_phase3(const struct kern_enc_args *a, const struct ker
  *    one word (bits bytes: 4-bit columns start 4-byte aligned, 2-bit ones 2-byte aligned).
  * The reference's min is the first value, in token order, that no later one is strictly below
  * (max likewise): a slice's is its own range's, and the fold keeps the earlier slice's on a
- * tie, so the result is the reference's, -0 against +0 included. Phases 0 and 2 are calls on
+ * tie, so the result is the reference's, -0 against +0 included. A column's 8 partials, and
+ * in phase 2 its 8 mins and reciprocals, move through shared memory 16 bytes at a time where
+ * the addresses allow (the shared block starts aligned in practice; the union is not declared
+ * so: a 16-byte member made the kernel spill at 64 registers). Phases 0 and 2 are calls on
  * the device: inlined, the kernel spilled at 64 registers, and so it did where the calls held
  * the group's layout in registers of their own rather than reading it through a. */
 
@@ -589,12 +592,23 @@ KERN_ENC_CALLED void kern_enc_kk_phase0(const struct kern_enc_args *a,
                 mx[k] = x[k] > mx[k] ? x[k] : mx[k];
             }
         }
-        KERN_UNROLL
-        for (uint32_t k = 0; k < 8; k++)
-            if (k < n) {
-                pmn[sl * D + 8 * j + k] = mn[k];
-                pmx[sl * D + 8 * j + k] = mx[k];
-            }
+        float *on = pmn + sl * D + 8 * j, *ox = pmx + sl * D + 8 * j;
+        if (n == 8 && (((uintptr_t)on | (uintptr_t)ox) & 15) == 0) {
+            kern_batch_v16 q[4];
+            memcpy(q, mn, 32);
+            memcpy(q + 2, mx, 32);
+            KERN_BATCH_STORE(kern_batch_v16, on, q[0]);
+            KERN_BATCH_STORE(kern_batch_v16, on + 4, q[1]);
+            KERN_BATCH_STORE(kern_batch_v16, ox, q[2]);
+            KERN_BATCH_STORE(kern_batch_v16, ox + 4, q[3]);
+        } else {
+            KERN_UNROLL
+            for (uint32_t k = 0; k < 8; k++)
+                if (k < n) {
+                    on[k] = mn[k];
+                    ox[k] = mx[k];
+                }
+        }
     }
 }
 
@@ -637,12 +651,29 @@ KERN_ENC_CALLED void kern_enc_kk_phase2(const struct kern_enc_args *a,
         const uint32_t r = w / cols, j = w % cols;
         float x[8];
         const uint32_t n = kern_enc_kk_load(a, raw, t0 + r, h, j, x);
+        const float *cm = sm->mnf + 8 * j, *ci = sm->id + 8 * j;
+        float m8[8], i8[8];
+        if (n == 8 && (((uintptr_t)cm | (uintptr_t)ci) & 15) == 0) {
+            kern_batch_v16 q[4];
+            KERN_UNROLL
+            for (int k = 0; k < 2; k++) {
+                KERN_BATCH_LOAD(kern_batch_v16, q[k], cm + 4 * k);
+                KERN_BATCH_LOAD(kern_batch_v16, q[2 + k], ci + 4 * k);
+            }
+            memcpy(m8, q, 32);
+            memcpy(i8, q + 2, 32);
+        } else {
+            KERN_UNROLL
+            for (uint32_t k = 0; k < 8; k++) {
+                m8[k] = k < n ? cm[k] : 0.0f;
+                i8[k] = k < n ? ci[k] : 0.0f;
+            }
+        }
         uint32_t word = 0;
         KERN_UNROLL
         for (uint32_t k = 0; k < 8; k++)
             if (k < n)
-                word |= kern_kivi_code(x[k], sm->mnf[8 * j + k], sm->id[8 * j + k], bits)
-                        << (k * (uint32_t)bits);
+                word |= kern_kivi_code(x[k], m8[k], i8[k], bits) << (k * (uint32_t)bits);
         uint8_t *o = g + 4 * D + r * rb + j * (uint32_t)bits;
         if (n == 8 && bits == 4 && ((uintptr_t)o & 3) == 0) {
             KERN_BATCH_STORE(uint32_t, o, word);
