@@ -692,6 +692,15 @@ mutation enc-kk-part-column-bytes kernels/kern_encb.h "check_codecs" \
 '            for (uint32_t b = 0; b < (n * (uint32_t)bits + 7) / 8; b++)' \
 '            for (uint32_t b = 0; b < n * (uint32_t)bits / 8; b++)'
 
+# The same, the 16-byte moves through shared memory: a column's upper 4 maxima stored from
+# its lower 4, and in phase 2 its reciprocals read from its mins.
+mutation enc-kk-part-store kernels/kern_encb.h "check_kernels check_codecs" \
+'            KERN_BATCH_STORE(kern_batch_v16, ox + 4, q[3]);' \
+'            KERN_BATCH_STORE(kern_batch_v16, ox + 4, q[2]);'
+mutation enc-kk-param-load kernels/kern_encb.h "check_kernels check_codecs" \
+'            memcpy(i8, q + 2, 32);' \
+'            memcpy(i8, q, 32);'
+
 # The encode kernel's ROT rows: the cross-chunk stages one length off (each pairs a value
 # with the one 2 len away, the last one with the next row's).
 mutation enc-rot-cross-stage kernels/kern_encb.h "check_codecs" \
