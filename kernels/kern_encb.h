@@ -19,9 +19,10 @@
  *  - fp8: one head of the section: the amax of its T x D values (phase 0, a max per thread,
  *    8 values a load where aligned), the block's amax in two folds of 16 (phases 1, 2: max is
  *    order-free), the second storing the scale, the codes (phase 3, 8-byte stores);
- *  - KIVI keys: one 32-token group of one head: per channel min, max and the fp16 scale and
- *    min (phase 1: a thread per channel, reads coalesced across channels), then the packed
- *    code bytes, a thread per (row, byte) (phase 2).
+ *  - KIVI keys: one 32-token group of one head, in columns of 8 channels (a token's 16 bytes
+ *    of the head): each column's min and max over a slice of tokens in registers (phase 0),
+ *    the slices folded in token order and the fp16 scale and min a thread per channel
+ *    (phase 1), the codes a thread per (token, column), one 2- or 4-byte store (phase 2).
  *  - ROT keys: one head: its channels' means, a thread per channel (phase 0; the section's
  *    first unit writes its seed), then rounds of 4096 / D token rows in shared memory: load,
  *    centre, sign and the transform's stages inside an 8-value chunk by a thread, each later
@@ -495,6 +496,44 @@ KERN_HD void kern_enc_fp8_phase3(const struct kern_enc_args *a, const struct ker
 
 /* ---- KIVI key units: one 32-token group of one head ---------------------------------------- */
 
+/* A KIVI key group is channel-major (each channel's min and max over the group's tokens, then
+ * the codes row by row), its input token-major. The unit works in columns of 8 channels, a
+ * token's 16 bytes of the head, so a row's columns are consecutive threads and a warp's loads
+ * one run of the token's row:
+ *  - phase 0: a thread per (column, slice of consecutive tokens) takes its 8 channels' min and
+ *    max over the slice in registers, one 16-byte load a token, into shared memory;
+ *  - phase 1: a thread per channel folds the slices in token order and stores the fp16 scale
+ *    and min (kern_kivi_params) to the group, the floats it quantizes by to shared memory;
+ *  - phase 2: a thread per (token, column) loads its 8 values again and stores their codes as
+ *    one word (bits bytes: 4-bit columns start 4-byte aligned, 2-bit ones 2-byte aligned).
+ * The reference's min is the first value, in token order, that no later one is strictly below
+ * (max likewise): a slice's is its own range's, and the fold keeps the earlier slice's on a
+ * tie, so the result is the reference's, -0 against +0 included. A column's 8 partials, and
+ * in phase 2 its 8 mins and reciprocals, move through shared memory 16 bytes at a time where
+ * the addresses allow (the shared block starts aligned in practice; the union is not declared
+ * so: a 16-byte member made the kernel spill at 64 registers). Phases 0 and 2 are calls on
+ * the device: inlined, the kernel spilled at 64 registers, and so it did where the calls held
+ * the group's layout in registers of their own rather than reading it through a. */
+
+/* Columns of a head: 8 channels each, the last one D % 8 where D is not a multiple of 8. */
+KERN_HD uint32_t kern_enc_kk_cols(uint32_t D)
+{
+    return (D + 7) / 8;
+}
+
+/* Tokens per slice in phase 0 (*per) and the slices that hold any (*ns): as many slices as
+ * the threads allow beside the columns, so ns * D <= 8 * nt floats of each of min and max. */
+KERN_HD void kern_enc_kk_slices(uint32_t D, uint32_t rows, uint32_t nt, uint32_t *per, uint32_t *ns)
+{
+    const uint32_t cols = kern_enc_kk_cols(D), s = nt / cols ? nt / cols : 1;
+    *per = (rows + s - 1) / s;
+    *ns = (rows + *per - 1) / *per;
+}
+
+#if 2 * 8 * KERN_ENC_THREADS > KERN_ENC_ROT_VALS
+#error "KIVI keys' slice partials (min and max, ns * D <= 8 * threads each) live in u.rot"
+#endif
+
 KERN_HD uint8_t *kern_enc_kk_group(const struct kern_enc_args *a, const struct kern_enc_sect *s,
                                    uint32_t unit, uint8_t *dst, uint32_t *h, uint32_t *t0,
                                    uint32_t *rows)
@@ -510,47 +549,141 @@ KERN_HD uint8_t *kern_enc_kk_group(const struct kern_enc_args *a, const struct k
            (uint64_t)gi * kern_kivi_k_group_bytes(lay->head_dim, KERN_GROUP, bits);
 }
 
-KERN_HD void kern_enc_kk_phase1(const struct kern_enc_args *a, const struct kern_enc_sect *s,
-                                uint32_t unit, const uint8_t *raw, uint8_t *dst,
-                                struct kern_enc_smem *sm, uint32_t tid, uint32_t nt)
+/* Column j of head h at token t as floats (x[k] = 0 past head_dim); returns its channels.
+ * One 16-byte load where the block is aligned (then every column is whole). */
+KERN_HD uint32_t kern_enc_kk_load(const struct kern_enc_args *a, const uint8_t *raw, uint32_t t,
+                                  uint32_t h, uint32_t j, float *x)
 {
-    const struct kern_layout *lay = &a->lay;
-    const int bits = kern_codec_bits(s->codec);
-    const uint32_t D = lay->head_dim;
-    uint32_t h, t0, rows;
-    uint8_t *g = kern_enc_kk_group(a, s, unit, dst, &h, &t0, &rows);
-    for (uint32_t c = tid; c < D; c += nt) {
-        float mn = kern_enc_value(lay, raw, t0, h, c), mx = mn;
-        for (uint32_t r = 1; r < rows; r++) {
-            float v = kern_enc_value(lay, raw, t0 + r, h, c);
-            mn = v < mn ? v : mn;
-            mx = v > mx ? v : mx;
+    const uint32_t D = a->lay.head_dim, d0 = 8 * j, n = D - d0 < 8 ? D - d0 : 8;
+    if (n == 8) {
+        kern_enc_load8(a, raw, t, h, d0, x);
+        return 8;
+    }
+    KERN_UNROLL
+    for (uint32_t k = 0; k < 8; k++)
+        x[k] = k < n ? kern_enc_value(&a->lay, raw, t, h, d0 + k) : 0.0f;
+    return n;
+}
+
+KERN_ENC_CALLED void kern_enc_kk_phase0(const struct kern_enc_args *a,
+                                        const struct kern_enc_sect *s, uint32_t unit,
+                                        const uint8_t *raw, uint8_t *dst, struct kern_enc_smem *sm,
+                                        uint32_t tid, uint32_t nt)
+{
+    const uint32_t D = a->lay.head_dim, cols = kern_enc_kk_cols(D);
+    uint32_t h, t0, rows, per, ns;
+    kern_enc_kk_group(a, s, unit, dst, &h, &t0, &rows);
+    kern_enc_kk_slices(D, rows, nt, &per, &ns);
+    float *pmn = sm->u.rot, *pmx = sm->u.rot + ns * D;
+    for (uint32_t w = tid; w < cols * ns; w += nt) {
+        const uint32_t j = w % cols, sl = w / cols, r0 = sl * per;
+        const uint32_t r1 = rows < r0 + per ? rows : r0 + per;
+        float mn[8], mx[8];
+        const uint32_t n = kern_enc_kk_load(a, raw, t0 + r0, h, j, mn);
+        KERN_UNROLL
+        for (int k = 0; k < 8; k++)
+            mx[k] = mn[k];
+        for (uint32_t r = r0 + 1; r < r1; r++) {
+            float x[8];
+            kern_enc_kk_load(a, raw, t0 + r, h, j, x);
+            KERN_UNROLL
+            for (int k = 0; k < 8; k++) {
+                mn[k] = x[k] < mn[k] ? x[k] : mn[k];
+                mx[k] = x[k] > mx[k] ? x[k] : mx[k];
+            }
         }
-        uint16_t mn_h, sc_h;
-        kern_kivi_params(mn, mx, bits, &mn_h, &sc_h, &sm->mnf[c], &sm->id[c]);
-        memcpy(g + 2 * c, &sc_h, 2);
-        memcpy(g + 2 * D + 2 * c, &mn_h, 2);
+        float *on = pmn + sl * D + 8 * j, *ox = pmx + sl * D + 8 * j;
+        if (n == 8 && (((uintptr_t)on | (uintptr_t)ox) & 15) == 0) {
+            kern_batch_v16 q[4];
+            memcpy(q, mn, 32);
+            memcpy(q + 2, mx, 32);
+            KERN_BATCH_STORE(kern_batch_v16, on, q[0]);
+            KERN_BATCH_STORE(kern_batch_v16, on + 4, q[1]);
+            KERN_BATCH_STORE(kern_batch_v16, ox, q[2]);
+            KERN_BATCH_STORE(kern_batch_v16, ox + 4, q[3]);
+        } else {
+            KERN_UNROLL
+            for (uint32_t k = 0; k < 8; k++)
+                if (k < n) {
+                    on[k] = mn[k];
+                    ox[k] = mx[k];
+                }
+        }
     }
 }
 
-KERN_HD void kern_enc_kk_phase2(const struct kern_enc_args *a, const struct kern_enc_sect *s,
-                                uint32_t unit, const uint8_t *raw, uint8_t *dst,
-                                const struct kern_enc_smem *sm, uint32_t tid, uint32_t nt)
+KERN_HD void kern_enc_kk_phase1(const struct kern_enc_args *a, const struct kern_enc_sect *s,
+                                uint32_t unit, uint8_t *dst, struct kern_enc_smem *sm, uint32_t tid,
+                                uint32_t nt)
 {
-    const struct kern_layout *lay = &a->lay;
     const int bits = kern_codec_bits(s->codec);
-    const uint32_t D = lay->head_dim, rb = kern_kivi_row_bytes(D, bits), per = 8 / (uint32_t)bits;
+    const uint32_t D = a->lay.head_dim;
+    uint32_t h, t0, rows, per, ns;
+    uint8_t *g = kern_enc_kk_group(a, s, unit, dst, &h, &t0, &rows);
+    kern_enc_kk_slices(D, rows, nt, &per, &ns);
+    const float *pmn = sm->u.rot, *pmx = sm->u.rot + ns * D;
+    for (uint32_t c = tid; c < D; c += nt) {
+        float mn = pmn[c], mx = pmx[c];
+        for (uint32_t sl = 1; sl < ns; sl++) {
+            const float vn = pmn[sl * D + c], vx = pmx[sl * D + c];
+            mn = vn < mn ? vn : mn;
+            mx = vx > mx ? vx : mx;
+        }
+        uint16_t mn_h, sc_h;
+        kern_kivi_params(mn, mx, bits, &mn_h, &sc_h, &sm->mnf[c], &sm->id[c]);
+        KERN_BATCH_STORE(uint16_t, g + 2 * c, sc_h);
+        KERN_BATCH_STORE(uint16_t, g + 2 * D + 2 * c, mn_h);
+    }
+}
+
+KERN_ENC_CALLED void kern_enc_kk_phase2(const struct kern_enc_args *a,
+                                        const struct kern_enc_sect *s, uint32_t unit,
+                                        const uint8_t *raw, uint8_t *dst,
+                                        const struct kern_enc_smem *sm, uint32_t tid, uint32_t nt)
+{
+    const int bits = kern_codec_bits(s->codec);
+    const uint32_t D = a->lay.head_dim, rb = kern_kivi_row_bytes(D, bits);
+    const uint32_t cols = kern_enc_kk_cols(D);
     uint32_t h, t0, rows;
     uint8_t *g = kern_enc_kk_group(a, s, unit, dst, &h, &t0, &rows);
     const uint32_t gb = kern_kivi_k_group_bytes(D, rows, bits);
-    for (uint32_t i = tid; i < rows * rb; i += nt) {
-        uint32_t r = i / rb, cb = i % rb, byte = 0;
-        for (uint32_t j = 0; j < per && cb * per + j < D; j++) {
-            uint32_t c = cb * per + j;
-            float v = kern_enc_value(lay, raw, t0 + r, h, c);
-            byte |= kern_kivi_code(v, sm->mnf[c], sm->id[c], bits) << (j * bits);
+    for (uint32_t w = tid; w < rows * cols; w += nt) {
+        const uint32_t r = w / cols, j = w % cols;
+        float x[8];
+        const uint32_t n = kern_enc_kk_load(a, raw, t0 + r, h, j, x);
+        const float *cm = sm->mnf + 8 * j, *ci = sm->id + 8 * j;
+        float m8[8], i8[8];
+        if (n == 8 && (((uintptr_t)cm | (uintptr_t)ci) & 15) == 0) {
+            kern_batch_v16 q[4];
+            KERN_UNROLL
+            for (int k = 0; k < 2; k++) {
+                KERN_BATCH_LOAD(kern_batch_v16, q[k], cm + 4 * k);
+                KERN_BATCH_LOAD(kern_batch_v16, q[2 + k], ci + 4 * k);
+            }
+            memcpy(m8, q, 32);
+            memcpy(i8, q + 2, 32);
+        } else {
+            KERN_UNROLL
+            for (uint32_t k = 0; k < 8; k++) {
+                m8[k] = k < n ? cm[k] : 0.0f;
+                i8[k] = k < n ? ci[k] : 0.0f;
+            }
         }
-        g[4 * D + i] = (uint8_t)byte;
+        uint32_t word = 0;
+        KERN_UNROLL
+        for (uint32_t k = 0; k < 8; k++)
+            if (k < n)
+                word |= kern_kivi_code(x[k], m8[k], i8[k], bits) << (k * (uint32_t)bits);
+        uint8_t *o = g + 4 * D + r * rb + j * (uint32_t)bits;
+        if (n == 8 && bits == 4 && ((uintptr_t)o & 3) == 0) {
+            KERN_BATCH_STORE(uint32_t, o, word);
+        } else if (n == 8 && bits == 2 && ((uintptr_t)o & 1) == 0) {
+            const uint16_t w2 = (uint16_t)word;
+            KERN_BATCH_STORE(uint16_t, o, w2);
+        } else {
+            for (uint32_t b = 0; b < (n * (uint32_t)bits + 7) / 8; b++)
+                o[b] = (uint8_t)(word >> (8 * b));
+        }
     }
     for (uint32_t i = 4 * D + rows * rb + tid; i < gb; i += nt)
         g[i] = 0;
@@ -1186,7 +1319,9 @@ KERN_HD uint32_t kern_enc_phases(const struct kern_enc_args *a, uint32_t u)
         return 1;
     if (codec == KERN_CODEC_MERGE)
         return kern_enc_merge_phases(&a->lay);
-    return 2; /* token-major, KIVI keys */
+    if (kern_codec_bits(codec) && si % kinds == 0)
+        return 3; /* KIVI keys: slices, channels, codes */
+    return 2;     /* token-major */
 }
 
 /* Phase `phase` (0..kern_enc_phases(a, u) - 1) of unit u for thread tid of nt: what the kernel runs
@@ -1243,8 +1378,10 @@ KERN_HD void kern_enc_unit(const struct kern_enc_args *a, uint32_t u, int phase,
             kern_enc_fp8_phase3(a, s, unit, raw, dst, sm, tid, nt);
     } else if (kern_codec_bits(s->codec) && k == 0) {
         if (phase == 0)
-            kern_enc_kk_phase1(a, s, unit, raw, dst, sm, tid, nt);
+            kern_enc_kk_phase0(a, s, unit, raw, dst, sm, tid, nt);
         else if (phase == 1)
+            kern_enc_kk_phase1(a, s, unit, dst, sm, tid, nt);
+        else
             kern_enc_kk_phase2(a, s, unit, raw, dst, sm, tid, nt);
     } else {
         if (phase == 0)

@@ -576,7 +576,10 @@ END_TEST
  * 8-byte and other alignments); MERGE with token counts over many windows of
  * KERN_ENC_MERGE_WIN (32) judged tokens, K+V and K only, 1 and 2 tokens, one and eight
  * windows of joins followed by a run that starts exactly at the next window (token 33,
- * 257). */
+ * 257); KIVI keys (columns of 8 channels over slices of tokens) at head dims that are and are
+ * not multiples of 8 (a last column of 4 or 7 channels), rows of codes 4-byte aligned or not
+ * (head_dim 40 at 2 bits: rows of 10 bytes), 1 .. 16 tokens a slice (head_dim 8 .. 1024,
+ * slices of 1, 2, 4, 11, 16), a last group of 1, 3 or 8 tokens, K only. */
 struct unit_case {
     struct shape sh;
     uint32_t codec;
@@ -605,6 +608,17 @@ static const struct unit_case unit_cases[] = {
     {{1, 3, 32, 257, KERN_DTYPE_FP16, 0}, KERN_CODEC_MERGE},
     {{1, 2, 64, 1, KERN_DTYPE_FP16, 0}, KERN_CODEC_MERGE},
     {{1, 1, 24, 2, KERN_DTYPE_BF16, 1}, KERN_CODEC_MERGE},
+    {{1, 2, 128, 97, KERN_DTYPE_FP16, 0}, KERN_CODEC_KIVI4},
+    {{1, 2, 128, 97, KERN_DTYPE_BF16, 0}, KERN_CODEC_KIVI2},
+    {{1, 3, 20, 40, KERN_DTYPE_FP16, 0}, KERN_CODEC_KIVI2},
+    {{1, 3, 20, 40, KERN_DTYPE_BF16, 1}, KERN_CODEC_KIVI4},
+    {{1, 2, 40, 65, KERN_DTYPE_BF16, 0}, KERN_CODEC_KIVI2},
+    {{1, 1, 7, 3, KERN_DTYPE_FP16, 1}, KERN_CODEC_KIVI4},
+    {{1, 1, 7, 3, KERN_DTYPE_FP16, 0}, KERN_CODEC_KIVI2},
+    {{1, 2, 8, 1, KERN_DTYPE_FP16, 0}, KERN_CODEC_KIVI4},
+    {{1, 2, 200, 32, KERN_DTYPE_FP16, 0}, KERN_CODEC_KIVI4},
+    {{1, 1, 576, 70, KERN_DTYPE_BF16, 1}, KERN_CODEC_KIVI2},
+    {{1, 1, 1024, 33, KERN_DTYPE_FP16, 1}, KERN_CODEC_KIVI4},
 };
 #define NUNIT_CASES (sizeof(unit_cases) / sizeof(unit_cases[0]))
 
@@ -649,6 +663,43 @@ START_TEST(test_encoder_units_same_bytes)
         free(same_bytes(&lay, &rec, raw));
         free(raw);
     }
+}
+END_TEST
+
+/* KIVI keys whose channel minimum is a zero of both signs: the reference's min is the first,
+ * in token order, of the values no later one is below, so -0 or +0 by which comes first, and
+ * its fp16 min says which. The units take each slice's min in registers and fold the slices
+ * in order (kern_enc_kk_phase0, _phase1): channel 0 has -0 at token 5 and +0 at token 20
+ * (other slices at every head_dim here), channel 1 +0 at token 4 and -0 at token 5 (one slice
+ * where a slice holds 2 tokens or more: head_dim 128, 2 a slice); the other values are
+ * positive. Head dims 128 (16-byte loads) and 20 (element loads, a token a slice), KIVI-2
+ * and KIVI-4. */
+static uint16_t *kivi_zero_ties(const struct kern_layout *lay)
+{
+    uint16_t *raw = malloc(kern_raw_size(lay));
+    ck_assert_ptr_nonnull(raw);
+    for (uint64_t i = 0; i < kern_raw_size(lay) / 2; i++)
+        put(lay, raw, i, 0.25f + 0.01f * (float)(i % 97));
+    raw[kern_raw_index(lay, 0, 0, 5, 0)] = 0x8000;
+    raw[kern_raw_index(lay, 0, 0, 20, 0)] = 0x0000;
+    raw[kern_raw_index(lay, 0, 0, 4, 0) + 1] = 0x0000;
+    raw[kern_raw_index(lay, 0, 0, 5, 0) + 1] = 0x8000;
+    return raw;
+}
+
+START_TEST(test_kivi_key_zero_ties)
+{
+    const uint32_t codec = _i % 2 ? KERN_CODEC_KIVI4 : KERN_CODEC_KIVI2, D = _i / 2 ? 20 : 128;
+    struct kern_layout lay = {1, 2, D, 32, KERN_DTYPE_FP16, 0};
+    struct kern_recipe rec;
+    kern_recipe_fill(&rec, codec, codec, 0);
+    uint16_t *raw = kivi_zero_ties(&lay);
+    uint8_t *e = same_bytes(&lay, &rec, raw);
+    const uint8_t *mins = e + kern_hdr_bytes(&lay) + 2 * D; /* head 0, group 0: scales, mins */
+    ck_assert_uint_eq(mins[0] | mins[1] << 8, 0x8000);
+    ck_assert_uint_eq(mins[2] | mins[3] << 8, 0x0000);
+    free(e);
+    free(raw);
 }
 END_TEST
 
@@ -700,6 +751,19 @@ START_TEST(test_cuda_same_bytes)
 }
 END_TEST
 
+/* test_kivi_key_zero_ties on the device. */
+START_TEST(test_cuda_kivi_key_zero_ties)
+{
+    const uint32_t codec = _i % 2 ? KERN_CODEC_KIVI4 : KERN_CODEC_KIVI2, D = _i / 2 ? 20 : 128;
+    struct kern_layout lay = {1, 2, D, 32, KERN_DTYPE_FP16, 0};
+    struct kern_recipe rec;
+    kern_recipe_fill(&rec, codec, codec, 0);
+    uint16_t *raw = kivi_zero_ties(&lay);
+    cuda_same(&lay, &rec, raw);
+    free(raw);
+}
+END_TEST
+
 /* The encoder units' shapes (unit_cases) on the device, every data kind. */
 START_TEST(test_cuda_units_same_bytes)
 {
@@ -727,6 +791,7 @@ static Suite *codecs_suite(void)
     tcase_add_loop_test(tc, test_large_keys_same_bytes, 0, (int)(NSHAPES * NCODECS));
     tcase_add_loop_test(tc, test_stats_same, 0, (int)(NSHAPES * NCODECS));
     tcase_add_loop_test(tc, test_encoder_units_same_bytes, 0, (int)NUNIT_CASES);
+    tcase_add_loop_test(tc, test_kivi_key_zero_ties, 0, 4);
     tcase_add_loop_test(tc, test_error_bounds, 0, (int)NSHAPES);
     tcase_add_test(tc, test_rotation_lowers_key_error);
     tcase_add_test(tc, test_rotation_orthonormal);
@@ -742,6 +807,7 @@ static Suite *codecs_suite(void)
         tcase_set_timeout(tc, daemon_slow() * 120);
         tcase_add_loop_test(tc, test_cuda_same_bytes, 0, (int)(NSHAPES * NCODECS));
         tcase_add_loop_test(tc, test_cuda_units_same_bytes, 0, (int)NUNIT_CASES);
+        tcase_add_loop_test(tc, test_cuda_kivi_key_zero_ties, 0, 4);
         suite_add_tcase(s, tc);
     } else {
         printf("SKIP: check_codecs: cuda: %s\n",

@@ -664,6 +664,43 @@ mutation enc-hdr-entry-stride kernels/kern_encb.h "check_kernels" \
 '        memcpy(dst + tbl + i * sizeof(e), &e, sizeof(e));' \
 '        memcpy(dst + tbl + i * 16, &e, sizeof(e));'
 
+# The encode kernel's KIVI key units (columns of 8 channels over slices of tokens): the
+# slices' minima folded keeping the later slice's on a tie, so a channel whose minimum is -0
+# first and +0 later (in another slice) gets +0's fp16 min.
+mutation enc-kk-fold-ties kernels/kern_encb.h "check_codecs" \
+'            mn = vn < mn ? vn : mn;' \
+'            mn = vn <= mn ? vn : mn;'
+
+# The same within a slice: a slice's min keeps its later token's zero on a tie.
+mutation enc-kk-slice-ties kernels/kern_encb.h "check_codecs" \
+'                mn[k] = x[k] < mn[k] ? x[k] : mn[k];' \
+'                mn[k] = x[k] <= mn[k] ? x[k] : mn[k];'
+
+# The same: each slice's last token left out of its min and max.
+mutation enc-kk-slice-end kernels/kern_encb.h "check_kernels check_codecs" \
+'        const uint32_t r1 = rows < r0 + per ? rows : r0 + per;' \
+'        const uint32_t r1 = rows < r0 + per ? rows : r0 + per - 1;'
+
+# The same: a column's codes placed 4 bytes a column in its row, right for 4 bits only.
+mutation enc-kk-column-offset kernels/kern_encb.h "check_kernels check_codecs" \
+'        uint8_t *o = g + 4 * D + r * rb + j * (uint32_t)bits;' \
+'        uint8_t *o = g + 4 * D + r * rb + j * 4u;'
+
+# The same: a last column of fewer than 8 channels stores its whole bytes only (head_dim 7:
+# the 4th byte at 4 bits, the 2nd at 2 bits lost).
+mutation enc-kk-part-column-bytes kernels/kern_encb.h "check_codecs" \
+'            for (uint32_t b = 0; b < (n * (uint32_t)bits + 7) / 8; b++)' \
+'            for (uint32_t b = 0; b < n * (uint32_t)bits / 8; b++)'
+
+# The same, the 16-byte moves through shared memory: a column's upper 4 maxima stored from
+# its lower 4, and in phase 2 its reciprocals read from its mins.
+mutation enc-kk-part-store kernels/kern_encb.h "check_kernels check_codecs" \
+'            KERN_BATCH_STORE(kern_batch_v16, ox + 4, q[3]);' \
+'            KERN_BATCH_STORE(kern_batch_v16, ox + 4, q[2]);'
+mutation enc-kk-param-load kernels/kern_encb.h "check_kernels check_codecs" \
+'            memcpy(i8, q + 2, 32);' \
+'            memcpy(i8, q, 32);'
+
 # The encode kernel's ROT rows: the cross-chunk stages one length off (each pairs a value
 # with the one 2 len away, the last one with the next row's).
 mutation enc-rot-cross-stage kernels/kern_encb.h "check_codecs" \
