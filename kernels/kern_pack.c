@@ -15,6 +15,7 @@
 /* The emulated decoder's loads by what and width (kern_batch_ld_as), for the tests. */
 uint64_t kern_batch_ld_count[2][5];
 uint64_t kern_batch_kivik_pieces;
+uint64_t kern_batch_rotk_pieces;
 
 uint64_t kern_pack_block_bytes(const struct kern_pack_layout *lay)
 {
@@ -540,7 +541,9 @@ int kern_decode_batches(struct kern_batch_args *a, const struct kern_layout *kla
                         uint32_t codecs, int (*run)(const struct kern_batch_args *a, void *arg),
                         void *arg)
 {
-    const uint32_t kivi = 1u << KERN_CODEC_KIVI2 | 1u << KERN_CODEC_KIVI4;
+    /* the codecs whose key sections take the column rounds (the KIVI and ROT key rounds) */
+    const uint32_t cols = 1u << KERN_CODEC_KIVI2 | 1u << KERN_CODEC_KIVI4 |
+                          1u << KERN_CODEC_ROT2 | 1u << KERN_CODEC_ROT4;
     int rc = 0;
     for (uint32_t j = 0; j < nblocks;) {
         uint32_t nb = nblocks - j;
@@ -549,7 +552,7 @@ int kern_decode_batches(struct kern_batch_args *a, const struct kern_layout *kla
                                        src_len + j, out_dtype)) == -E2BIG &&
                nb > 1)
             nb = (nb + 1) / 2;
-        a->h.kivik = codecs == 0 || (codecs & kivi) != 0;
+        a->h.kivik = codecs == 0 || (codecs & cols) != 0;
         if (rc == 0)
             rc = run(a, arg);
         if (rc)

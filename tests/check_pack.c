@@ -761,19 +761,56 @@ static void decode_case_at(uint32_t layers, uint32_t heads, uint32_t dim, uint32
     eb.k = kb;
     eb.v = k_only ? NULL : vb;
     ck_assert_int_eq(kern_pack_decode_ref(&kl, lf, lc, &ea, 5, nblocks, src, len, out), 0);
-    kern_batch_kivik_pieces = 0;
+    kern_batch_kivik_pieces = kern_batch_rotk_pieces = 0;
     ck_assert_int_eq(kern_pack_decode_cpu(&kl, lf, lc, &eb, 5, nblocks, src, len, out), 0);
-    /* every piece of a KIVI key section (raw heads too) went by the KIVI key rounds */
-    uint64_t kivik = 0;
-    if (codec == KERN_CODEC_KIVI2 || codec == KERN_CODEC_KIVI4)
-        for (uint32_t l = lf; l < lf + lc; l++)
-            if (layers == 1 || l != 0)
-                kivik += (uint64_t)nblocks * tokens * heads * ((dim + 7) / 8);
+    /* every piece of a KIVI key section (raw heads too) went by the KIVI key rounds, every
+     * piece of a ROT key section by the ROT key rounds */
+    uint64_t kpieces = 0;
+    for (uint32_t l = lf; l < lf + lc; l++)
+        if (layers == 1 || l != 0)
+            kpieces += (uint64_t)nblocks * tokens * heads * ((dim + 7) / 8);
+    const int is_kivi = codec == KERN_CODEC_KIVI2 || codec == KERN_CODEC_KIVI4;
+    const int is_rot = codec == KERN_CODEC_ROT2 || codec == KERN_CODEC_ROT4;
+    const uint64_t kivik = is_kivi ? kpieces : 0, rotk = is_rot ? kpieces : 0;
     ck_assert_msg(kern_batch_kivik_pieces == kivik,
                   "codec %u: %llu pieces by the KIVI key rounds, want %llu", codec,
                   (unsigned long long)kern_batch_kivik_pieces, (unsigned long long)kivik);
-    /* the batches told no block is KIVI (a q8_0 hint, as libkvc gives for q8_0 hits): the
-     * kernel without the KIVI key rounds, the same bytes for every codec */
+    ck_assert_msg(kern_batch_rotk_pieces == rotk,
+                  "codec %u: %llu pieces by the ROT key rounds, want %llu", codec,
+                  (unsigned long long)kern_batch_rotk_pieces, (unsigned long long)rotk);
+    /* the batches told their blocks' own codec (libkvc passes its hits' formats): a KIVI or
+     * ROT hint alone takes the kernel with the column rounds, the same pieces that way */
+    void *kd[8], *vd[8];
+    struct kern_batch_args *ba = malloc(sizeof(*ba));
+    ck_assert_ptr_nonnull(ba);
+    if (is_kivi || is_rot) {
+        for (uint32_t l = 0; l < lc; l++) {
+            kd[l] = malloc(tb);
+            vd[l] = malloc(tb);
+            memset(kd[l], 0x3c, tb);
+            memset(vd[l], 0x3c, tb);
+        }
+        struct kern_pack_engine ed = ea;
+        ed.k = kd;
+        ed.v = k_only ? NULL : vd;
+        kern_batch_kivik_pieces = kern_batch_rotk_pieces = 0;
+        ck_assert_int_eq(kern_decode_batches(ba, &kl, lf, lc, &ed, 5, nblocks, src, len, out,
+                                             1u << codec, run_cpu_cb, NULL),
+                         0);
+        ck_assert_uint_eq(kern_batch_kivik_pieces, kivik);
+        ck_assert_uint_eq(kern_batch_rotk_pieces, rotk);
+        for (uint32_t l = 0; l < lc; l++) {
+            ck_assert_msg(memcmp(ka[l], kd[l], tb) == 0, "codec %u layer %u K (own hint)", codec,
+                          lf + l);
+            if (kinds == 2)
+                ck_assert_msg(memcmp(va[l], vd[l], tb) == 0, "codec %u layer %u V (own hint)",
+                              codec, lf + l);
+            free(kd[l]);
+            free(vd[l]);
+        }
+    }
+    /* the batches told no block is KIVI or ROT (a q8_0 hint, as libkvc gives for q8_0 hits):
+     * the kernel without the column rounds, the same bytes for every codec */
     void *kc[8], *vc[8];
     for (uint32_t l = 0; l < lc; l++) {
         kc[l] = malloc(tb);
@@ -784,21 +821,20 @@ static void decode_case_at(uint32_t layers, uint32_t heads, uint32_t dim, uint32
     struct kern_pack_engine ec = ea;
     ec.k = kc;
     ec.v = k_only ? NULL : vc;
-    struct kern_batch_args *ba = malloc(sizeof(*ba));
-    ck_assert_ptr_nonnull(ba);
-    kern_batch_kivik_pieces = 0;
+    kern_batch_kivik_pieces = kern_batch_rotk_pieces = 0;
     ck_assert_int_eq(kern_decode_batches(ba, &kl, lf, lc, &ec, 5, nblocks, src, len, out,
                                          1u << KERN_CODEC_Q8_0, run_cpu_cb, NULL),
                      0);
     ck_assert_uint_eq(kern_batch_kivik_pieces, 0);
+    ck_assert_uint_eq(kern_batch_rotk_pieces, 0);
     free(ba);
     for (uint32_t l = 0; l < lc; l++) {
         ck_assert_msg(memcmp(ka[l], kb[l], tb) == 0, "codec %u layer %u K", codec, lf + l);
-        ck_assert_msg(memcmp(ka[l], kc[l], tb) == 0, "codec %u layer %u K (no KIVI hint)",
+        ck_assert_msg(memcmp(ka[l], kc[l], tb) == 0, "codec %u layer %u K (q8_0 hint)",
                       codec, lf + l);
         if (kinds == 2) {
             ck_assert_msg(memcmp(va[l], vb[l], tb) == 0, "codec %u layer %u V", codec, lf + l);
-            ck_assert_msg(memcmp(va[l], vc[l], tb) == 0, "codec %u layer %u V (no KIVI hint)",
+            ck_assert_msg(memcmp(va[l], vc[l], tb) == 0, "codec %u layer %u V (q8_0 hint)",
                           codec, lf + l);
         }
         free(kc[l]);

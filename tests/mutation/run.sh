@@ -125,12 +125,12 @@ mutation decode-kivik-wrong-channel-scale kernels/kern_batch.h "check_pack" \
 # The decode kernel's hint ignored: every batch takes the kernel with the KIVI key rounds (a
 # q8_0-hinted batch's KIVI keys must not), or none does (an unhinted KIVI batch's must).
 mutation decode-hint-always-kivik kernels/kern_pack.c "check_pack" \
-'        a->h.kivik = codecs == 0 || (codecs & kivi) != 0;' \
-'        a->h.kivik = 1 + 0 * (codecs & kivi);'
+'        a->h.kivik = codecs == 0 || (codecs & cols) != 0;' \
+'        a->h.kivik = 1 + 0 * (codecs & cols);'
 
 mutation decode-hint-never-kivik kernels/kern_pack.c "check_pack" \
-'        a->h.kivik = codecs == 0 || (codecs & kivi) != 0;' \
-'        a->h.kivik = 0 * (codecs & kivi);'
+'        a->h.kivik = codecs == 0 || (codecs & cols) != 0;' \
+'        a->h.kivik = 0 * (codecs & cols);'
 
 # A ggml group whose scale is an fp32 subnormal quantized with 1 / d (infinite products
 # converted to integers): the reference's codes differ from the vector encoders'.
