@@ -140,12 +140,16 @@ struct kern_batch {
     /* pack: 1 when every step's R rows are one contiguous run in the engine too (its heads
      * and tokens packed, R tokens on one page: kern_batch_pack_run_step), 0 the row steps */
     uint32_t run;
-    /* decode: 1 when a block may hold KIVI key sections, the kernel with the KIVI key rounds;
-     * 0 when the caller knows none does (kern_decode_batches' codecs), the kernel without
-     * them, whose registers the other codecs' rounds keep (a KIVI key section there takes
-     * the generic rounds: the same bytes, slower) */
+    /* decode: the column rounds the kernel has (KERN_BATCH_COLS_*, from kern_decode_batches'
+     * codecs): KIVI and ROT where a block may hold ROT key sections or the caller does not
+     * know; KIVI alone where KIVI but no ROT blocks may come (the kernel as it was before the
+     * ROT key rounds, whose spills those rounds would have doubled); 0 where neither may, the
+     * kernel without them, whose registers the other codecs' rounds keep. A key section whose
+     * rounds the kernel lacks takes the generic rounds: the same bytes, slower. */
     uint32_t kivik;
 };
+#define KERN_BATCH_COLS_KIVI 1u /* the KIVI key rounds (kern_batch_kivik_lane) */
+#define KERN_BATCH_COLS_ROT 2u  /* the ROT key rounds (kern_batch_rotk_rounds) */
 
 /* A batch as the launch takes it: the header and its words (only nwords are used). */
 struct kern_batch_args {
@@ -1780,13 +1784,13 @@ KERN_HD void kern_batch_decode_step(const struct kern_batch *b, const uint64_t *
     struct kern_batch_fast f;
     if (!kern_batch_dstep_at(b, w, s, lane, &st))
         return;
-    const uint32_t kbits = kivik ? kern_batch_kivik_bits(b, &st) : 0;
+    const uint32_t kbits = (kivik & KERN_BATCH_COLS_KIVI) ? kern_batch_kivik_bits(b, &st) : 0;
     if (kbits) {
         KERN_BATCH_FOR_LANES(i, l, lane)
         kern_batch_kivik_lane(b, w, &st, kbits, l);
         return;
     }
-    if (kivik && st.rbits) {
+    if ((kivik & KERN_BATCH_COLS_ROT) && st.rbits) {
         kern_batch_rotk_rounds(b, w, &st, lane);
         return;
     }

@@ -413,7 +413,7 @@ int kern_batch_decode(struct kern_batch_args *a, const struct kern_layout *klay,
     a->h.layer_first = layer_first;
     a->h.out_dtype = out_dtype;
     a->h.vec = (a->h.vec & 15) == 0 ? 16 : 2;
-    a->h.kivik = 1;
+    a->h.kivik = KERN_BATCH_COLS_KIVI | KERN_BATCH_COLS_ROT;
     const uint64_t tok = 2ull * klay->heads * klay->head_dim;
     rc = kern_batch_steps_set(&a->h, tok, (klay->head_dim + 7) / 8 * (uint64_t)klay->heads);
     if (rc == 0)
@@ -541,9 +541,9 @@ int kern_decode_batches(struct kern_batch_args *a, const struct kern_layout *kla
                         uint32_t codecs, int (*run)(const struct kern_batch_args *a, void *arg),
                         void *arg)
 {
-    /* the codecs whose key sections take the column rounds (the KIVI and ROT key rounds) */
-    const uint32_t cols = 1u << KERN_CODEC_KIVI2 | 1u << KERN_CODEC_KIVI4 |
-                          1u << KERN_CODEC_ROT2 | 1u << KERN_CODEC_ROT4;
+    /* the codecs whose key sections take column rounds (struct kern_batch's kivik) */
+    const uint32_t kivi = 1u << KERN_CODEC_KIVI2 | 1u << KERN_CODEC_KIVI4;
+    const uint32_t rot = 1u << KERN_CODEC_ROT2 | 1u << KERN_CODEC_ROT4;
     int rc = 0;
     for (uint32_t j = 0; j < nblocks;) {
         uint32_t nb = nblocks - j;
@@ -552,7 +552,9 @@ int kern_decode_batches(struct kern_batch_args *a, const struct kern_layout *kla
                                        src_len + j, out_dtype)) == -E2BIG &&
                nb > 1)
             nb = (nb + 1) / 2;
-        a->h.kivik = codecs == 0 || (codecs & cols) != 0;
+        a->h.kivik = codecs == 0 || (codecs & rot) ? KERN_BATCH_COLS_KIVI | KERN_BATCH_COLS_ROT
+                     : codecs & kivi                ? KERN_BATCH_COLS_KIVI
+                                                    : 0;
         if (rc == 0)
             rc = run(a, arg);
         if (rc)

@@ -159,8 +159,11 @@ template <int W> static int batch_launch(const struct kern_batch_args *a, cudaSt
     p.h = a->h;
     memcpy(p.w, a->w, (size_t)a->h.nwords * sizeof(uint64_t));
     const dim3 g((unsigned)grid), t(KERN_BATCH_THREADS);
-    if (p.h.op == KERN_BATCH_DECODE && p.h.kivik)
-        kern_decode_kernel<W, 1><<<g, t, 0, s>>>(p);
+    /* three decode kernels: every column round, the KIVI key rounds alone, none */
+    if (p.h.op == KERN_BATCH_DECODE && (p.h.kivik & KERN_BATCH_COLS_ROT))
+        kern_decode_kernel<W, KERN_BATCH_COLS_KIVI | KERN_BATCH_COLS_ROT><<<g, t, 0, s>>>(p);
+    else if (p.h.op == KERN_BATCH_DECODE && p.h.kivik)
+        kern_decode_kernel<W, KERN_BATCH_COLS_KIVI><<<g, t, 0, s>>>(p);
     else if (p.h.op == KERN_BATCH_DECODE)
         kern_decode_kernel<W, 0><<<g, t, 0, s>>>(p);
     else if (p.h.run)

@@ -697,6 +697,45 @@ static int run_cpu_cb(const struct kern_batch_args *a, void *arg)
     return 0;
 }
 
+/* kern_decode_batches with a codecs hint into fresh tensors of tb bytes a layer (eng's table
+ * and strides): the reference's bytes (eng's tensors), and kivik and rotk pieces by the KIVI
+ * and ROT key rounds. */
+static void decode_hinted(const struct kern_layout *kl, uint32_t lf, uint32_t lc,
+                          const struct kern_pack_engine *eng, uint32_t nblocks,
+                          const void **src, const uint64_t *len, uint32_t out, uint64_t tb,
+                          uint32_t hint, uint64_t kivik, uint64_t rotk)
+{
+    void *k[8], *v[8];
+    for (uint32_t l = 0; l < lc; l++) {
+        k[l] = malloc(tb);
+        v[l] = malloc(tb);
+        memset(k[l], 0x3c, tb);
+        memset(v[l], 0x3c, tb);
+    }
+    struct kern_pack_engine e = *eng;
+    e.k = k;
+    e.v = eng->v ? v : NULL;
+    struct kern_batch_args *ba = malloc(sizeof(*ba));
+    ck_assert_ptr_nonnull(ba);
+    kern_batch_kivik_pieces = kern_batch_rotk_pieces = 0;
+    ck_assert_int_eq(kern_decode_batches(ba, kl, lf, lc, &e, 5, nblocks, src, len, out, hint,
+                                         run_cpu_cb, NULL),
+                     0);
+    free(ba);
+    ck_assert_msg(kern_batch_kivik_pieces == kivik && kern_batch_rotk_pieces == rotk,
+                  "hint %#x: %llu / %llu pieces by the KIVI / ROT key rounds, want %llu / %llu",
+                  hint, (unsigned long long)kern_batch_kivik_pieces,
+                  (unsigned long long)kern_batch_rotk_pieces, (unsigned long long)kivik,
+                  (unsigned long long)rotk);
+    for (uint32_t l = 0; l < lc; l++) {
+        ck_assert_msg(memcmp(eng->k[l], k[l], tb) == 0, "hint %#x layer %u K", hint, lf + l);
+        if (eng->v)
+            ck_assert_msg(memcmp(eng->v[l], v[l], tb) == 0, "hint %#x layer %u V", hint, lf + l);
+        free(k[l]);
+        free(v[l]);
+    }
+}
+
 /* A decode case: blocks of layout kl encoded under codec (layer 0 raw where there are
  * several layers), each `place` bytes past a 64-byte boundary (0: aligned as device staging
  * and pool slots are; else the decoder's narrower loads), ending where its allocation ends,
@@ -779,66 +818,18 @@ static void decode_case_at(uint32_t layers, uint32_t heads, uint32_t dim, uint32
                   "codec %u: %llu pieces by the ROT key rounds, want %llu", codec,
                   (unsigned long long)kern_batch_rotk_pieces, (unsigned long long)rotk);
     /* the batches told their blocks' own codec (libkvc passes its hits' formats): a KIVI or
-     * ROT hint alone takes the kernel with the column rounds, the same pieces that way */
-    void *kd[8], *vd[8];
-    struct kern_batch_args *ba = malloc(sizeof(*ba));
-    ck_assert_ptr_nonnull(ba);
-    if (is_kivi || is_rot) {
-        for (uint32_t l = 0; l < lc; l++) {
-            kd[l] = malloc(tb);
-            vd[l] = malloc(tb);
-            memset(kd[l], 0x3c, tb);
-            memset(vd[l], 0x3c, tb);
-        }
-        struct kern_pack_engine ed = ea;
-        ed.k = kd;
-        ed.v = k_only ? NULL : vd;
-        kern_batch_kivik_pieces = kern_batch_rotk_pieces = 0;
-        ck_assert_int_eq(kern_decode_batches(ba, &kl, lf, lc, &ed, 5, nblocks, src, len, out,
-                                             1u << codec, run_cpu_cb, NULL),
-                         0);
-        ck_assert_uint_eq(kern_batch_kivik_pieces, kivik);
-        ck_assert_uint_eq(kern_batch_rotk_pieces, rotk);
-        for (uint32_t l = 0; l < lc; l++) {
-            ck_assert_msg(memcmp(ka[l], kd[l], tb) == 0, "codec %u layer %u K (own hint)", codec,
-                          lf + l);
-            if (kinds == 2)
-                ck_assert_msg(memcmp(va[l], vd[l], tb) == 0, "codec %u layer %u V (own hint)",
-                              codec, lf + l);
-            free(kd[l]);
-            free(vd[l]);
-        }
-    }
-    /* the batches told no block is KIVI or ROT (a q8_0 hint, as libkvc gives for q8_0 hits):
-     * the kernel without the column rounds, the same bytes for every codec */
-    void *kc[8], *vc[8];
-    for (uint32_t l = 0; l < lc; l++) {
-        kc[l] = malloc(tb);
-        vc[l] = malloc(tb);
-        memset(kc[l], 0x3c, tb);
-        memset(vc[l], 0x3c, tb);
-    }
-    struct kern_pack_engine ec = ea;
-    ec.k = kc;
-    ec.v = k_only ? NULL : vc;
-    kern_batch_kivik_pieces = kern_batch_rotk_pieces = 0;
-    ck_assert_int_eq(kern_decode_batches(ba, &kl, lf, lc, &ec, 5, nblocks, src, len, out,
-                                         1u << KERN_CODEC_Q8_0, run_cpu_cb, NULL),
-                     0);
-    ck_assert_uint_eq(kern_batch_kivik_pieces, 0);
-    ck_assert_uint_eq(kern_batch_rotk_pieces, 0);
-    free(ba);
+     * ROT hint takes a kernel with their rounds, every key piece that way; a KIVI hint the
+     * kernel without the ROT key rounds (ROT keys by the generic rounds); a q8_0 hint, as
+     * libkvc gives for q8_0 hits, the kernel without either: the same bytes every time */
+    if (is_kivi || is_rot)
+        decode_hinted(&kl, lf, lc, &ea, nblocks, src, len, out, tb, 1u << codec, kivik, rotk);
+    if (is_rot)
+        decode_hinted(&kl, lf, lc, &ea, nblocks, src, len, out, tb, 1u << KERN_CODEC_KIVI4, 0, 0);
+    decode_hinted(&kl, lf, lc, &ea, nblocks, src, len, out, tb, 1u << KERN_CODEC_Q8_0, 0, 0);
     for (uint32_t l = 0; l < lc; l++) {
         ck_assert_msg(memcmp(ka[l], kb[l], tb) == 0, "codec %u layer %u K", codec, lf + l);
-        ck_assert_msg(memcmp(ka[l], kc[l], tb) == 0, "codec %u layer %u K (q8_0 hint)",
-                      codec, lf + l);
-        if (kinds == 2) {
+        if (kinds == 2)
             ck_assert_msg(memcmp(va[l], vb[l], tb) == 0, "codec %u layer %u V", codec, lf + l);
-            ck_assert_msg(memcmp(va[l], vc[l], tb) == 0, "codec %u layer %u V (q8_0 hint)",
-                          codec, lf + l);
-        }
-        free(kc[l]);
-        free(vc[l]);
         free(ka[l]);
         free(kb[l]);
         free(va[l]);
