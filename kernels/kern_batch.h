@@ -1584,10 +1584,9 @@ KERN_HD void kern_batch_rotk_col(const struct kern_batch *b, const uint64_t *w,
         const uint32_t slot = v[0];
         if (slot && slot <= st->hs.rcnt) {
             const uint64_t rhb = kern_rawh_head_bytes(&b->klay);
-            const uint8_t *row = st->src + st->hs.rh + kern_rawh_table_bytes(&b->klay) +
-                                 (uint64_t)(slot - 1) * rhb +
-                                 ((uint64_t)st->at.k * b->block_tokens + st->at.t0) * 2ull * D +
-                                 2ull * d0;
+            const uint8_t *row =
+                st->src + st->hs.rh + kern_rawh_table_bytes(&b->klay) + (uint64_t)(slot - 1) * rhb +
+                ((uint64_t)st->at.k * b->block_tokens + st->at.t0) * 2ull * D + 2ull * d0;
 #ifndef __CUDACC__
             const uint64_t k0 = kern_batch_kivik_pieces; /* its stores count as this step's */
 #endif
@@ -1604,7 +1603,8 @@ KERN_HD void kern_batch_rotk_col(const struct kern_batch *b, const uint64_t *w,
     /* the groups: [T][H][G] of gb bytes from a 16-byte multiple of the section; a piece's
      * codes bits bytes at 4 + (d0 % 32) / 8 * bits; the means fp16 [H][D] at 16 */
     const uint32_t gb = kern_kivi_v_group_bytes((int)st->rbits);
-    c->g = st->rgroups + (((uint64_t)st->at.t0 * b->heads + h) * kern_ngroups(D) + d0 / KERN_GROUP) * gb;
+    c->g = st->rgroups +
+           (((uint64_t)st->at.t0 * b->heads + h) * kern_ngroups(D) + d0 / KERN_GROUP) * gb;
     c->cbo = 4 + d0 % KERN_GROUP / 8 * st->rbits;
     uint32_t v[4];
     kern_batch_ld(st->rmeans + 2ull * ((uint64_t)h * D + d0), 16,
@@ -1674,9 +1674,10 @@ KERN_HD void kern_batch_rotk_rounds(const struct kern_batch *b, const uint64_t *
                     const float mn = kern_batch_h2f(dm[u][i] >> 16);
                     KERN_UNROLL
                     for (uint32_t e = 0; e < 8; e++)
-                        x[i][e] = to[u][i] ? kern_kivi_val((cd[u][i] >> (rb * e)) & ((1u << rb) - 1),
-                                                           sc, mn)
-                                           : 0.0f;
+                        x[i][e] =
+                            to[u][i]
+                                ? kern_kivi_val((cd[u][i] >> (rb * e)) & ((1u << rb) - 1), sc, mn)
+                                : 0.0f;
                     kern_fwht(x[i], 8);
                 }
                 for (uint32_t m = 1; m < O; m <<= 1) {

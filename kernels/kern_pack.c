@@ -534,6 +534,18 @@ int kern_pack_batches(struct kern_batch_args *a, const struct kern_pack_layout *
     return 0;
 }
 
+/* The column rounds a batch's kernel has (struct kern_batch's kivik) for blocks of the codecs
+ * in the hint: KIVI and ROT where ROT blocks may come or the caller does not know, the KIVI
+ * key rounds alone where KIVI blocks may but ROT ones may not, none else. */
+static uint32_t kern_decode_cols(uint32_t codecs)
+{
+    const uint32_t kivi = 1u << KERN_CODEC_KIVI2 | 1u << KERN_CODEC_KIVI4;
+    const uint32_t rot = 1u << KERN_CODEC_ROT2 | 1u << KERN_CODEC_ROT4;
+    if (codecs == 0 || (codecs & rot))
+        return KERN_BATCH_COLS_KIVI | KERN_BATCH_COLS_ROT;
+    return codecs & kivi ? KERN_BATCH_COLS_KIVI : 0;
+}
+
 int kern_decode_batches(struct kern_batch_args *a, const struct kern_layout *klay,
                         uint32_t layer_first, uint32_t layer_count,
                         const struct kern_pack_engine *eng, uint64_t first_token, uint32_t nblocks,
@@ -541,9 +553,6 @@ int kern_decode_batches(struct kern_batch_args *a, const struct kern_layout *kla
                         uint32_t codecs, int (*run)(const struct kern_batch_args *a, void *arg),
                         void *arg)
 {
-    /* the codecs whose key sections take column rounds (struct kern_batch's kivik) */
-    const uint32_t kivi = 1u << KERN_CODEC_KIVI2 | 1u << KERN_CODEC_KIVI4;
-    const uint32_t rot = 1u << KERN_CODEC_ROT2 | 1u << KERN_CODEC_ROT4;
     int rc = 0;
     for (uint32_t j = 0; j < nblocks;) {
         uint32_t nb = nblocks - j;
@@ -552,9 +561,7 @@ int kern_decode_batches(struct kern_batch_args *a, const struct kern_layout *kla
                                        src_len + j, out_dtype)) == -E2BIG &&
                nb > 1)
             nb = (nb + 1) / 2;
-        a->h.kivik = codecs == 0 || (codecs & rot) ? KERN_BATCH_COLS_KIVI | KERN_BATCH_COLS_ROT
-                     : codecs & kivi                ? KERN_BATCH_COLS_KIVI
-                                                    : 0;
+        a->h.kivik = kern_decode_cols(codecs);
         if (rc == 0)
             rc = run(a, arg);
         if (rc)

@@ -701,9 +701,9 @@ static int run_cpu_cb(const struct kern_batch_args *a, void *arg)
  * and strides): the reference's bytes (eng's tensors), and kivik and rotk pieces by the KIVI
  * and ROT key rounds. */
 static void decode_hinted(const struct kern_layout *kl, uint32_t lf, uint32_t lc,
-                          const struct kern_pack_engine *eng, uint32_t nblocks,
-                          const void **src, const uint64_t *len, uint32_t out, uint64_t tb,
-                          uint32_t hint, uint64_t kivik, uint64_t rotk)
+                          const struct kern_pack_engine *eng, uint32_t nblocks, const void **src,
+                          const uint64_t *len, uint32_t out, uint64_t tb, uint32_t hint,
+                          uint64_t kivik, uint64_t rotk)
 {
     void *k[8], *v[8];
     for (uint32_t l = 0; l < lc; l++) {
@@ -718,9 +718,9 @@ static void decode_hinted(const struct kern_layout *kl, uint32_t lf, uint32_t lc
     struct kern_batch_args *ba = malloc(sizeof(*ba));
     ck_assert_ptr_nonnull(ba);
     kern_batch_kivik_pieces = kern_batch_rotk_pieces = 0;
-    ck_assert_int_eq(kern_decode_batches(ba, kl, lf, lc, &e, 5, nblocks, src, len, out, hint,
-                                         run_cpu_cb, NULL),
-                     0);
+    ck_assert_int_eq(
+        kern_decode_batches(ba, kl, lf, lc, &e, 5, nblocks, src, len, out, hint, run_cpu_cb, NULL),
+        0);
     free(ba);
     ck_assert_msg(kern_batch_kivik_pieces == kivik && kern_batch_rotk_pieces == rotk,
                   "hint %#x: %llu / %llu pieces by the KIVI / ROT key rounds, want %llu / %llu",
