@@ -71,7 +71,8 @@
  * ("a decode step, phase by phase" below); a LOWRANK element is a sum over the rank of
  * (sigma_i * u[t][i]) * w[i][d], the first factor loaded and rounded once per lane for its 8
  * elements; a KIVI key step's lane keeps one column (head, 8 channels) through the step, its
- * scales and mins loaded once ("the KIVI key rounds" below). No lane holds a row in local
+ * scales and mins loaded once ("the KIVI key rounds" below), and so does a ROT key step's, its
+ * means and signs once, the row's lanes still exchanging its transform ("the ROT key rounds"). No lane holds a row in local
  * memory (it was 1 KiB a thread, a ROT row per lane; what the decode kernel spills under the
  * 64-register cap: docs/design/gpu.md). The block's header, section descriptor and raw-head appendix
  * are read and checked once per step: by lane 0 and shuffled to the warp on the device, once
@@ -1775,9 +1776,10 @@ KERN_HD void kern_batch_decode_generic(const struct kern_batch *b, const uint64_
  * whose section lies outside its length) decodes to zeros; a NULL block is not this batch's
  * and is left alone, as is a token without a page. On the device every lane of the warp
  * calls it with its lane (the ROT exchange needs all 32); the emulation calls it once per
- * step with lane 0 and runs the 32 lanes inside, phase by phase. A section of a fast form
- * takes the fast rounds, two pieces per lane loaded before either is decoded and stored; any
- * other the generic rounds. */
+ * step with lane 0 and runs the 32 lanes inside, phase by phase. A KIVI or ROT key section
+ * takes its column rounds where the kernel has them (kivik: KERN_BATCH_COLS_*); a section of
+ * a fast form the fast rounds, two pieces per lane loaded before either is decoded and
+ * stored; any other the generic rounds. */
 KERN_HD void kern_batch_decode_step(const struct kern_batch *b, const uint64_t *w, uint32_t s,
                                     uint32_t lane, uint32_t kivik)
 {

@@ -1277,8 +1277,9 @@ START_TEST(test_decode_hostile_sections)
 }
 END_TEST
 
-/* The KIVI key rounds (kern_batch_kivik_lane) against hostile blocks with a raw-head appendix:
- * KIVI blocks encoded with raw heads (several key groups and a partial last one, a head_dim
+/* The KIVI and ROT key rounds (kern_batch_kivik_lane, kern_batch_rotk_rounds) against hostile
+ * blocks with a raw-head appendix: KIVI and ROT blocks (ROT at the power-of-two head_dims)
+ * encoded with raw heads (several key groups and a partial last one, a head_dim
  * not a multiple of 8, a K-only layout), each ending on a page the process may not read, the
  * decoded rows too; then random slot-table entries (0, in range, past the count), appendix
  * offsets and counts near the block's end and bytes over the header and section table: the
@@ -1301,7 +1302,12 @@ START_TEST(test_decode_hostile_kivi_raw_heads)
         uint16_t *raw = malloc(rs);
         for (uint64_t i = 0; i < rs / 2; i++)
             raw[i] = kern_f2h((float)(hostile_rand(&seed) % 2001) / 500.0f - 2.0f);
-        for (uint32_t c = KERN_CODEC_KIVI2; c <= KERN_CODEC_KIVI4; c++) {
+        static const uint32_t codecs[] = {KERN_CODEC_KIVI2, KERN_CODEC_KIVI4, KERN_CODEC_ROT2,
+                                          KERN_CODEC_ROT4};
+        for (uint32_t ci = 0; ci < sizeof(codecs) / sizeof(codecs[0]); ci++) {
+            const uint32_t c = codecs[ci];
+            if (!kern_codec_supports(kl, c))
+                continue; /* ROT at a head_dim that is not a power of two */
             struct kern_recipe rec;
             kern_recipe_fill(&rec, c, c, 0);
             rec.raw_heads = rh_mask;
@@ -1497,8 +1503,9 @@ static void cuda_decode_case(uint32_t layers, uint32_t heads, uint32_t dim, uint
     de.k = dk;
     de.v = dv;
     ck_assert_int_eq(kern_pack_decode_ref(&kl, lf, lc, &he, 0, nblocks, hsrc, len, out), 0);
-    /* the format hint: the block's own (a KIVI codec's kernel with the KIVI key rounds) for
-     * fp16 out, q8_0's for bf16 (the kernel without them, whatever the blocks) */
+    /* the format hint: the block's own (a KIVI codec's kernel with the KIVI key rounds, a ROT
+     * codec's with the KIVI and ROT ones) for fp16 out, q8_0's for bf16 (the kernel without
+     * them, whatever the blocks) */
     const uint32_t hint = out == KERN_DTYPE_FP16 ? 1u << codec : 1u << KERN_CODEC_Q8_0;
     ck_assert_int_eq(
         kern_pack_decode_cuda(&kl, lf, lc, &de, 0, nblocks, dsrc, len, out, hint, NULL), 0);
