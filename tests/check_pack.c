@@ -697,6 +697,9 @@ static int run_cpu_cb(const struct kern_batch_args *a, void *arg)
     return 0;
 }
 
+/* decode_case's runs with the hints of KIVI and ROT blocks too (test_decode_hint_kernels) */
+static int decode_hint_runs;
+
 /* kern_decode_batches with a codecs hint into fresh tensors of tb bytes a layer (eng's table
  * and strides): the reference's bytes (eng's tensors), and kivik and rotk pieces by the KIVI
  * and ROT key rounds. */
@@ -817,13 +820,14 @@ static void decode_case_at(uint32_t layers, uint32_t heads, uint32_t dim, uint32
     ck_assert_msg(kern_batch_rotk_pieces == rotk,
                   "codec %u: %llu pieces by the ROT key rounds, want %llu", codec,
                   (unsigned long long)kern_batch_rotk_pieces, (unsigned long long)rotk);
-    /* the batches told their blocks' own codec (libkvc passes its hits' formats): a KIVI or
-     * ROT hint takes a kernel with their rounds, every key piece that way; a KIVI hint the
-     * kernel without the ROT key rounds (ROT keys by the generic rounds); a q8_0 hint, as
-     * libkvc gives for q8_0 hits, the kernel without either: the same bytes every time */
-    if (is_kivi || is_rot)
+    /* the batches told no block is KIVI or ROT (a q8_0 hint, as libkvc gives for q8_0 hits):
+     * the kernel without the column rounds, the same bytes for every codec; with
+     * decode_hint_runs (test_decode_hint_kernels) also told the blocks' own codec (libkvc
+     * passes its hits' formats: a kernel with their rounds, every key piece that way) and, for
+     * ROT blocks, KIVI4 (the kernel without the ROT key rounds: ROT keys by the generic ones) */
+    if (decode_hint_runs && (is_kivi || is_rot))
         decode_hinted(&kl, lf, lc, &ea, nblocks, src, len, out, tb, 1u << codec, kivik, rotk);
-    if (is_rot)
+    if (decode_hint_runs && is_rot)
         decode_hinted(&kl, lf, lc, &ea, nblocks, src, len, out, tb, 1u << KERN_CODEC_KIVI4, 0, 0);
     decode_hinted(&kl, lf, lc, &ea, nblocks, src, len, out, tb, 1u << KERN_CODEC_Q8_0, 0, 0);
     for (uint32_t l = 0; l < lc; l++) {
@@ -1000,6 +1004,26 @@ START_TEST(test_decode_rot_lowrank_shapes)
         decode_case_rh(2, 3, 100, 32, KERN_DTYPE_FP16, 0, codec, KERN_DTYPE_FP16, 7, 101, 0, 2, 2,
                        98 + (unsigned)_i, mask);
     }
+}
+END_TEST
+
+/* The hint (kern_decode_batches' codecs) chooses the decode kernel: a KIVI block's own codec
+ * the kernel with the KIVI key rounds, a ROT block's the one with the KIVI and ROT key rounds,
+ * every key piece by them (raw heads too); a ROT block hinted KIVI4, or any block hinted
+ * q8_0, a kernel without its rounds: the generic rounds, the same bytes. */
+static const uint32_t hint_codecs[] = {KERN_CODEC_KIVI2, KERN_CODEC_KIVI4, KERN_CODEC_ROT2,
+                                       KERN_CODEC_ROT4};
+
+START_TEST(test_decode_hint_kernels)
+{
+    const uint32_t codec = hint_codecs[_i];
+    uint8_t mask[8] = {0, 0, 0, 0, 1, 0, 0, 0}; /* layer 1, head 1 */
+    decode_hint_runs = 1;
+    decode_case_rh(2, 3, 16, 32, KERN_DTYPE_FP16, 0, codec, KERN_DTYPE_FP16, 7, 16, 0, 2, 2,
+                   500 + (unsigned)_i, mask);
+    decode_case(2, 4, 64, 32, KERN_DTYPE_BF16, 0, codec, KERN_DTYPE_FP16, 16, 72, 0, 2, 2,
+                510 + (unsigned)_i);
+    decode_hint_runs = 0;
 }
 END_TEST
 
@@ -1578,6 +1602,8 @@ static Suite *pack_suite(void)
     tcase_add_loop_test(tb, test_decode_paged_odd_shapes, 0, (int)NODD_CODECS);
     tcase_add_loop_test(tb, test_decode_wide_steps, 0, 3);
     tcase_add_loop_test(tb, test_decode_rot_lowrank_shapes, 0, (int)(3 * NROT_SHAPES));
+    tcase_add_loop_test(tb, test_decode_hint_kernels, 0,
+                        (int)(sizeof(hint_codecs) / sizeof(hint_codecs[0])));
     tcase_add_loop_test(tb, test_decode_load_widths, 0, (int)(KERN_CODEC_COUNT * NLD_PLACES));
     tcase_add_test(tb, test_decode_raw_batch);
     tcase_add_test(tb, test_decode_bad_section_size);
