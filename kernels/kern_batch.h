@@ -71,7 +71,8 @@
  * ("a decode step, phase by phase" below); a LOWRANK element is a sum over the rank of
  * (sigma_i * u[t][i]) * w[i][d], the first factor loaded and rounded once per lane for its 8
  * elements; a KIVI key step's lane keeps one column (head, 8 channels) through the step, its
- * scales and mins loaded once ("the KIVI key rounds" below). No lane holds a row in local
+ * scales and mins loaded once ("the KIVI key rounds" below), and so does a ROT key step's, its
+ * means and signs once, the row's lanes still exchanging its transform ("the ROT key rounds"). No lane holds a row in local
  * memory (it was 1 KiB a thread, a ROT row per lane; what the decode kernel spills under the
  * 64-register cap: docs/design/gpu.md). The block's header, section descriptor and raw-head appendix
  * are read and checked once per step: by lane 0 and shuffled to the warp on the device, once
@@ -140,12 +141,16 @@ struct kern_batch {
     /* pack: 1 when every step's R rows are one contiguous run in the engine too (its heads
      * and tokens packed, R tokens on one page: kern_batch_pack_run_step), 0 the row steps */
     uint32_t run;
-    /* decode: 1 when a block may hold KIVI key sections, the kernel with the KIVI key rounds;
-     * 0 when the caller knows none does (kern_decode_batches' codecs), the kernel without
-     * them, whose registers the other codecs' rounds keep (a KIVI key section there takes
-     * the generic rounds: the same bytes, slower) */
+    /* decode: the column rounds the kernel has (KERN_BATCH_COLS_*, from kern_decode_batches'
+     * codecs): KIVI and ROT where a block may hold ROT key sections or the caller does not
+     * know; KIVI alone where KIVI but no ROT blocks may come (the kernel as it was before the
+     * ROT key rounds, whose spills those rounds would have doubled); 0 where neither may, the
+     * kernel without them, whose registers the other codecs' rounds keep. A key section whose
+     * rounds the kernel lacks takes the generic rounds: the same bytes, slower. */
     uint32_t kivik;
 };
+#define KERN_BATCH_COLS_KIVI 1u /* the KIVI key rounds (kern_batch_kivik_lane) */
+#define KERN_BATCH_COLS_ROT 2u  /* the ROT key rounds (kern_batch_rotk_rounds) */
 
 /* A batch as the launch takes it: the header and its words (only nwords are used). */
 struct kern_batch_args {
@@ -1390,12 +1395,8 @@ KERN_HD uint32_t kern_batch_kivik_bits(const struct kern_batch *b,
 
 /* Stores a piece's 8 out-dtype values y (n of them: one 16-byte access where the batch allows,
  * else element by element). */
-KERN_HD void kern_batch_kivik_store(const struct kern_batch *b, uint8_t *to, uint32_t n,
-                                    const uint16_t *y)
+KERN_HD void kern_batch_put8(const struct kern_batch *b, uint8_t *to, uint32_t n, const uint16_t *y)
 {
-#ifndef __CUDACC__
-    kern_batch_kivik_pieces++;
-#endif
     if (b->vec == 16 && n == 8) {
         uint32_t o[4];
         KERN_UNROLL
@@ -1410,6 +1411,16 @@ KERN_HD void kern_batch_kivik_store(const struct kern_batch *b, uint8_t *to, uin
             if (j < n)
                 memcpy(to + 2 * j, &y[j], 2);
     }
+}
+
+/* kern_batch_put8, counted as a piece of the KIVI key rounds. */
+KERN_HD void kern_batch_kivik_store(const struct kern_batch *b, uint8_t *to, uint32_t n,
+                                    const uint16_t *y)
+{
+#ifndef __CUDACC__
+    kern_batch_kivik_pieces++;
+#endif
+    kern_batch_put8(b, to, n, y);
 }
 
 /* A raw head's column of a KIVI key step (lane's tokens jl, jl + tpr, ... of the step's R):
@@ -1523,6 +1534,181 @@ KERN_HD void kern_batch_kivik_lane(const struct kern_batch *b, const uint64_t *w
     }
 }
 
+/* ---- the ROT key rounds ------------------------------------------------------------------
+ * A ROT key step in the KIVI key rounds' column mapping: lane l takes column l % cpr (cpr =
+ * min(items, 32)), then + cpr, and tokens l / cpr, + tpr, ... (tpr = 32 / cpr; lanes from
+ * cpr * tpr on idle). A row's D / 8 pieces stay D / 8 consecutive lanes whose offsets in the
+ * row are their lane's low bits: D / 8 is a power of two dividing 32 and items = H * D / 8,
+ * so it divides cpr. The exchange of the generic rounds (lane l with l ^ m, kern_fwht's pairs
+ * and order) is thus unchanged, and so is every value. Per column and step a lane loads the
+ * column's 8 means once (the generic path's 16-byte access) and converts them once, and
+ * works the 8 channels' signs out once (kern_rot_neg: two hash rounds a channel, per piece in
+ * the generic rounds); per piece it loads the token's group scale and min (4 bytes) and its
+ * bits bytes of codes, two pieces loaded before either is decoded. The lanes exchange values,
+ * so every lane runs the same rounds: ceil(items / cpr) column rounds and ceil(R / (2 tpr))
+ * token rounds of two pieces, a lane without a column or token there (its whole row is alike:
+ * same token, same head) exchanging zeros that no row uses. A raw head's column copies its
+ * rows before the token rounds (kern_batch_kivik_raw) and then exchanges zeros. The
+ * emulation runs the rounds phase by phase across the warp, as the generic rounds. */
+#ifndef __CUDACC__
+extern uint64_t kern_batch_rotk_pieces; /* pieces the emulation stored by these rounds */
+#endif
+
+/* A lane's column of a ROT key step: where its pieces go in an engine row (hoff), its group
+ * in the step's first token (g: scale and min; codes from g + cbo), its 8 channels' means and
+ * signs (bit i: channel d0 + i negated). rot 0: nothing for the token rounds (no column, or a
+ * raw head's, already copied). */
+struct kern_batch_rcol {
+    const uint8_t *g;
+    uint64_t hoff;
+    uint32_t rot, neg, cbo;
+    float mean[8];
+};
+
+/* Lane l's column in the column round starting at column c0. */
+KERN_HD void kern_batch_rotk_col(const struct kern_batch *b, const uint64_t *w,
+                                 const struct kern_batch_dstep *st, uint32_t l, uint32_t c0,
+                                 uint32_t cpr, uint32_t tpr, struct kern_batch_rcol *c)
+{
+    const uint32_t D = b->head_dim, O = D / 8, jl = l / cpr, cc = c0 + (l - jl * cpr);
+    c->rot = 0;
+    if (l >= cpr * tpr || cc >= b->items)
+        return;
+    const uint32_t h = cc / O, d0 = 8 * (cc - h * O);
+    c->hoff = (uint64_t)h * b->head_stride + 2ull * d0;
+    if (st->hs.rh) {
+        /* a raw head: its rows in the appendix (the slot table and the heads 16- and
+         * 2TD-byte multiples), copied by the KIVI key rounds' raw column */
+        uint32_t v[4];
+        kern_batch_ld(st->src + st->hs.rh + 2 * ((uint64_t)st->lg * b->heads + h), 2,
+                      kern_batch_wd(kern_batch_dra(st), 2), v);
+        const uint32_t slot = v[0];
+        if (slot && slot <= st->hs.rcnt) {
+            const uint64_t rhb = kern_rawh_head_bytes(&b->klay);
+            const uint8_t *row =
+                st->src + st->hs.rh + kern_rawh_table_bytes(&b->klay) + (uint64_t)(slot - 1) * rhb +
+                ((uint64_t)st->at.k * b->block_tokens + st->at.t0) * 2ull * D + 2ull * d0;
+#ifndef __CUDACC__
+            const uint64_t k0 = kern_batch_kivik_pieces; /* its stores count as this step's */
+#endif
+            kern_batch_kivik_raw(b, w, st->e, row,
+                                 kern_batch_wd(kern_batch_dra(st) | (uint32_t)rhb | 2 * D, 16),
+                                 c->hoff, 8, jl, tpr);
+#ifndef __CUDACC__
+            kern_batch_rotk_pieces += kern_batch_kivik_pieces - k0;
+            kern_batch_kivik_pieces = k0;
+#endif
+            return;
+        }
+    }
+    /* the groups: [T][H][G] of gb bytes from a 16-byte multiple of the section; a piece's
+     * codes bits bytes at 4 + (d0 % 32) / 8 * bits; the means fp16 [H][D] at 16 */
+    const uint32_t gb = kern_kivi_v_group_bytes((int)st->rbits);
+    c->g = st->rgroups +
+           (((uint64_t)st->at.t0 * b->heads + h) * kern_ngroups(D) + d0 / KERN_GROUP) * gb;
+    c->cbo = 4 + d0 % KERN_GROUP / 8 * st->rbits;
+    uint32_t v[4];
+    kern_batch_ld(st->rmeans + 2ull * ((uint64_t)h * D + d0), 16,
+                  kern_batch_wd(kern_batch_dsa(st) | 2 * D, 16), v);
+    c->neg = 0;
+    KERN_UNROLL
+    for (uint32_t i = 0; i < 8; i++) {
+        c->mean[i] = kern_batch_h2f(kern_batch_e16(v, i));
+        c->neg |= kern_rot_neg(st->rseed, h, d0 + i) << i;
+    }
+    c->rot = 1;
+}
+
+/* Phase 2a of the ROT key rounds: q[i] = the x of lane l ^ m, as kern_batch_rot_xor. */
+KERN_HD void kern_batch_rotk_xor(float (*x)[8], uint32_t m, float (*q)[8])
+{
+#ifdef __CUDA_ARCH__
+    KERN_UNROLL
+    for (uint32_t i = 0; i < 8; i++)
+        q[0][i] = __shfl_xor_sync(0xffffffffu, x[0][i], m);
+#else
+    for (uint32_t l = 0; l < KERN_BATCH_LANES; l++)
+        for (uint32_t i = 0; i < 8; i++)
+            q[l][i] = x[l ^ m][i];
+#endif
+}
+
+/* The ROT key rounds of a step (st from kern_batch_dstep_at, st->rbits set). */
+KERN_HD void kern_batch_rotk_rounds(const struct kern_batch *b, const uint64_t *w,
+                                    const struct kern_batch_dstep *st, uint32_t lane)
+{
+    const uint32_t O = b->head_dim / 8, items = b->items, R = 1u << b->rshift;
+    const uint32_t cpr = items < KERN_BATCH_LANES ? items : KERN_BATCH_LANES;
+    const uint32_t tpr = KERN_BATCH_LANES / cpr;
+    const uint32_t rb = st->rbits, gb = kern_kivi_v_group_bytes((int)rb);
+    /* a token's groups; the loads' widths as the generic rounds' */
+    const uint64_t ts = (uint64_t)b->heads * kern_ngroups(b->head_dim) * gb;
+    const uint32_t dw = kern_batch_wd(kern_batch_dsa(st) | gb, 4);
+    const uint32_t cw = kern_batch_wd(kern_batch_dsa(st) | gb | 4 | rb, rb);
+    struct kern_batch_rcol col[KERN_BATCH_WARP_NL];
+    for (uint32_t c0 = 0; c0 < items; c0 += cpr) {
+        KERN_BATCH_FOR_LANES(i, l, lane)
+        kern_batch_rotk_col(b, w, st, l, c0, cpr, tpr, &col[i]);
+        for (uint32_t j0 = 0; j0 < R; j0 += 2 * tpr) {
+            uint8_t *to[2][KERN_BATCH_WARP_NL];
+            uint32_t dm[2][KERN_BATCH_WARP_NL], cd[2][KERN_BATCH_WARP_NL];
+            KERN_BATCH_FOR_LANES(i, l, lane)
+            {
+                KERN_UNROLL
+                for (uint32_t u = 0; u < 2; u++) {
+                    const uint32_t j = j0 + l / cpr + u * tpr;
+                    to[u][i] = col[i].rot && j < R ? kern_batch_eng_tok(b, w, &st->e, j) : 0;
+                    dm[u][i] = cd[u][i] = 0;
+                    if (to[u][i]) {
+                        const uint8_t *g = col[i].g + (uint64_t)j * ts;
+                        dm[u][i] = kern_batch_ld_word(g, 4, dw);
+                        cd[u][i] = kern_batch_ld_word(g + col[i].cbo, rb, cw);
+                    }
+                }
+            }
+            KERN_UNROLL
+            for (uint32_t u = 0; u < 2; u++) {
+                float x[KERN_BATCH_WARP_NL][8];
+                KERN_BATCH_FOR_LANES(i, l, lane)
+                {
+                    const float sc = kern_batch_h2f(dm[u][i] & 0xffffu);
+                    const float mn = kern_batch_h2f(dm[u][i] >> 16);
+                    KERN_UNROLL
+                    for (uint32_t e = 0; e < 8; e++)
+                        x[i][e] =
+                            to[u][i]
+                                ? kern_kivi_val((cd[u][i] >> (rb * e)) & ((1u << rb) - 1), sc, mn)
+                                : 0.0f;
+                    kern_fwht(x[i], 8);
+                }
+                for (uint32_t m = 1; m < O; m <<= 1) {
+                    float q[KERN_BATCH_WARP_NL][8];
+                    kern_batch_rotk_xor(x, m, q);
+                    KERN_BATCH_FOR_LANES(i, l, lane)
+                    kern_batch_rot_pair(x[i], q[i], l & m);
+                }
+                KERN_BATCH_FOR_LANES(i, l, lane)
+                {
+                    if (!to[u][i])
+                        continue;
+                    uint16_t y[8];
+                    KERN_UNROLL
+                    for (uint32_t e = 0; e < 8; e++) {
+                        const float v = KERN_MUL(x[i][e], st->rscale);
+                        y[e] = kern_batch_out(
+                            KERN_ADD((col[i].neg >> e) & 1u ? -v : v, col[i].mean[e]),
+                            b->out_dtype);
+                    }
+#ifndef __CUDACC__
+                    kern_batch_rotk_pieces++;
+#endif
+                    kern_batch_put8(b, to[u][i] + col[i].hoff, 8, y);
+                }
+            }
+        }
+    }
+}
+
 /* What a decode step knows before its rounds (kern_batch_decode_step): 0 when its block is not
  * this batch's (a NULL block: the same for the whole warp). */
 KERN_HD int kern_batch_dstep_at(const struct kern_batch *b, const uint64_t *w, uint32_t s,
@@ -1590,9 +1776,10 @@ KERN_HD void kern_batch_decode_generic(const struct kern_batch *b, const uint64_
  * whose section lies outside its length) decodes to zeros; a NULL block is not this batch's
  * and is left alone, as is a token without a page. On the device every lane of the warp
  * calls it with its lane (the ROT exchange needs all 32); the emulation calls it once per
- * step with lane 0 and runs the 32 lanes inside, phase by phase. A section of a fast form
- * takes the fast rounds, two pieces per lane loaded before either is decoded and stored; any
- * other the generic rounds. */
+ * step with lane 0 and runs the 32 lanes inside, phase by phase. A KIVI or ROT key section
+ * takes its column rounds where the kernel has them (kivik: KERN_BATCH_COLS_*); a section of
+ * a fast form the fast rounds, two pieces per lane loaded before either is decoded and
+ * stored; any other the generic rounds. */
 KERN_HD void kern_batch_decode_step(const struct kern_batch *b, const uint64_t *w, uint32_t s,
                                     uint32_t lane, uint32_t kivik)
 {
@@ -1600,10 +1787,14 @@ KERN_HD void kern_batch_decode_step(const struct kern_batch *b, const uint64_t *
     struct kern_batch_fast f;
     if (!kern_batch_dstep_at(b, w, s, lane, &st))
         return;
-    const uint32_t kbits = kivik ? kern_batch_kivik_bits(b, &st) : 0;
+    const uint32_t kbits = (kivik & KERN_BATCH_COLS_KIVI) ? kern_batch_kivik_bits(b, &st) : 0;
     if (kbits) {
         KERN_BATCH_FOR_LANES(i, l, lane)
         kern_batch_kivik_lane(b, w, &st, kbits, l);
+        return;
+    }
+    if ((kivik & KERN_BATCH_COLS_ROT) && st.rbits) {
+        kern_batch_rotk_rounds(b, w, &st, lane);
         return;
     }
     kern_batch_fast_at(b, &st, &f);

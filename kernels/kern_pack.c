@@ -15,6 +15,7 @@
 /* The emulated decoder's loads by what and width (kern_batch_ld_as), for the tests. */
 uint64_t kern_batch_ld_count[2][5];
 uint64_t kern_batch_kivik_pieces;
+uint64_t kern_batch_rotk_pieces;
 
 uint64_t kern_pack_block_bytes(const struct kern_pack_layout *lay)
 {
@@ -412,7 +413,7 @@ int kern_batch_decode(struct kern_batch_args *a, const struct kern_layout *klay,
     a->h.layer_first = layer_first;
     a->h.out_dtype = out_dtype;
     a->h.vec = (a->h.vec & 15) == 0 ? 16 : 2;
-    a->h.kivik = 1;
+    a->h.kivik = KERN_BATCH_COLS_KIVI | KERN_BATCH_COLS_ROT;
     const uint64_t tok = 2ull * klay->heads * klay->head_dim;
     rc = kern_batch_steps_set(&a->h, tok, (klay->head_dim + 7) / 8 * (uint64_t)klay->heads);
     if (rc == 0)
@@ -533,6 +534,18 @@ int kern_pack_batches(struct kern_batch_args *a, const struct kern_pack_layout *
     return 0;
 }
 
+/* The column rounds a batch's kernel has (struct kern_batch's kivik) for blocks of the codecs
+ * in the hint: KIVI and ROT where ROT blocks may come or the caller does not know, the KIVI
+ * key rounds alone where KIVI blocks may but ROT ones may not, none else. */
+static uint32_t kern_decode_cols(uint32_t codecs)
+{
+    const uint32_t kivi = 1u << KERN_CODEC_KIVI2 | 1u << KERN_CODEC_KIVI4;
+    const uint32_t rot = 1u << KERN_CODEC_ROT2 | 1u << KERN_CODEC_ROT4;
+    if (codecs == 0 || (codecs & rot))
+        return KERN_BATCH_COLS_KIVI | KERN_BATCH_COLS_ROT;
+    return codecs & kivi ? KERN_BATCH_COLS_KIVI : 0;
+}
+
 int kern_decode_batches(struct kern_batch_args *a, const struct kern_layout *klay,
                         uint32_t layer_first, uint32_t layer_count,
                         const struct kern_pack_engine *eng, uint64_t first_token, uint32_t nblocks,
@@ -540,7 +553,6 @@ int kern_decode_batches(struct kern_batch_args *a, const struct kern_layout *kla
                         uint32_t codecs, int (*run)(const struct kern_batch_args *a, void *arg),
                         void *arg)
 {
-    const uint32_t kivi = 1u << KERN_CODEC_KIVI2 | 1u << KERN_CODEC_KIVI4;
     int rc = 0;
     for (uint32_t j = 0; j < nblocks;) {
         uint32_t nb = nblocks - j;
@@ -549,7 +561,7 @@ int kern_decode_batches(struct kern_batch_args *a, const struct kern_layout *kla
                                        src_len + j, out_dtype)) == -E2BIG &&
                nb > 1)
             nb = (nb + 1) / 2;
-        a->h.kivik = codecs == 0 || (codecs & kivi) != 0;
+        a->h.kivik = kern_decode_cols(codecs);
         if (rc == 0)
             rc = run(a, arg);
         if (rc)

@@ -697,6 +697,48 @@ static int run_cpu_cb(const struct kern_batch_args *a, void *arg)
     return 0;
 }
 
+/* decode_case's runs with the hints of KIVI and ROT blocks too (test_decode_hint_kernels) */
+static int decode_hint_runs;
+
+/* kern_decode_batches with a codecs hint into fresh tensors of tb bytes a layer (eng's table
+ * and strides): the reference's bytes (eng's tensors), and kivik and rotk pieces by the KIVI
+ * and ROT key rounds. */
+static void decode_hinted(const struct kern_layout *kl, uint32_t lf, uint32_t lc,
+                          const struct kern_pack_engine *eng, uint32_t nblocks, const void **src,
+                          const uint64_t *len, uint32_t out, uint64_t tb, uint32_t hint,
+                          uint64_t kivik, uint64_t rotk)
+{
+    void *k[8], *v[8];
+    for (uint32_t l = 0; l < lc; l++) {
+        k[l] = malloc(tb);
+        v[l] = malloc(tb);
+        memset(k[l], 0x3c, tb);
+        memset(v[l], 0x3c, tb);
+    }
+    struct kern_pack_engine e = *eng;
+    e.k = k;
+    e.v = eng->v ? v : NULL;
+    struct kern_batch_args *ba = malloc(sizeof(*ba));
+    ck_assert_ptr_nonnull(ba);
+    kern_batch_kivik_pieces = kern_batch_rotk_pieces = 0;
+    ck_assert_int_eq(
+        kern_decode_batches(ba, kl, lf, lc, &e, 5, nblocks, src, len, out, hint, run_cpu_cb, NULL),
+        0);
+    free(ba);
+    ck_assert_msg(kern_batch_kivik_pieces == kivik && kern_batch_rotk_pieces == rotk,
+                  "hint %#x: %llu / %llu pieces by the KIVI / ROT key rounds, want %llu / %llu",
+                  hint, (unsigned long long)kern_batch_kivik_pieces,
+                  (unsigned long long)kern_batch_rotk_pieces, (unsigned long long)kivik,
+                  (unsigned long long)rotk);
+    for (uint32_t l = 0; l < lc; l++) {
+        ck_assert_msg(memcmp(eng->k[l], k[l], tb) == 0, "hint %#x layer %u K", hint, lf + l);
+        if (eng->v)
+            ck_assert_msg(memcmp(eng->v[l], v[l], tb) == 0, "hint %#x layer %u V", hint, lf + l);
+        free(k[l]);
+        free(v[l]);
+    }
+}
+
 /* A decode case: blocks of layout kl encoded under codec (layer 0 raw where there are
  * several layers), each `place` bytes past a 64-byte boundary (0: aligned as device staging
  * and pool slots are; else the decoder's narrower loads), ending where its allocation ends,
@@ -761,48 +803,37 @@ static void decode_case_at(uint32_t layers, uint32_t heads, uint32_t dim, uint32
     eb.k = kb;
     eb.v = k_only ? NULL : vb;
     ck_assert_int_eq(kern_pack_decode_ref(&kl, lf, lc, &ea, 5, nblocks, src, len, out), 0);
-    kern_batch_kivik_pieces = 0;
+    kern_batch_kivik_pieces = kern_batch_rotk_pieces = 0;
     ck_assert_int_eq(kern_pack_decode_cpu(&kl, lf, lc, &eb, 5, nblocks, src, len, out), 0);
-    /* every piece of a KIVI key section (raw heads too) went by the KIVI key rounds */
-    uint64_t kivik = 0;
-    if (codec == KERN_CODEC_KIVI2 || codec == KERN_CODEC_KIVI4)
-        for (uint32_t l = lf; l < lf + lc; l++)
-            if (layers == 1 || l != 0)
-                kivik += (uint64_t)nblocks * tokens * heads * ((dim + 7) / 8);
+    /* every piece of a KIVI key section (raw heads too) went by the KIVI key rounds, every
+     * piece of a ROT key section by the ROT key rounds */
+    uint64_t kpieces = 0;
+    for (uint32_t l = lf; l < lf + lc; l++)
+        if (layers == 1 || l != 0)
+            kpieces += (uint64_t)nblocks * tokens * heads * ((dim + 7) / 8);
+    const int is_kivi = codec == KERN_CODEC_KIVI2 || codec == KERN_CODEC_KIVI4;
+    const int is_rot = codec == KERN_CODEC_ROT2 || codec == KERN_CODEC_ROT4;
+    const uint64_t kivik = is_kivi ? kpieces : 0, rotk = is_rot ? kpieces : 0;
     ck_assert_msg(kern_batch_kivik_pieces == kivik,
                   "codec %u: %llu pieces by the KIVI key rounds, want %llu", codec,
                   (unsigned long long)kern_batch_kivik_pieces, (unsigned long long)kivik);
-    /* the batches told no block is KIVI (a q8_0 hint, as libkvc gives for q8_0 hits): the
-     * kernel without the KIVI key rounds, the same bytes for every codec */
-    void *kc[8], *vc[8];
-    for (uint32_t l = 0; l < lc; l++) {
-        kc[l] = malloc(tb);
-        vc[l] = malloc(tb);
-        memset(kc[l], 0x3c, tb);
-        memset(vc[l], 0x3c, tb);
-    }
-    struct kern_pack_engine ec = ea;
-    ec.k = kc;
-    ec.v = k_only ? NULL : vc;
-    struct kern_batch_args *ba = malloc(sizeof(*ba));
-    ck_assert_ptr_nonnull(ba);
-    kern_batch_kivik_pieces = 0;
-    ck_assert_int_eq(kern_decode_batches(ba, &kl, lf, lc, &ec, 5, nblocks, src, len, out,
-                                         1u << KERN_CODEC_Q8_0, run_cpu_cb, NULL),
-                     0);
-    ck_assert_uint_eq(kern_batch_kivik_pieces, 0);
-    free(ba);
+    ck_assert_msg(kern_batch_rotk_pieces == rotk,
+                  "codec %u: %llu pieces by the ROT key rounds, want %llu", codec,
+                  (unsigned long long)kern_batch_rotk_pieces, (unsigned long long)rotk);
+    /* the batches told no block is KIVI or ROT (a q8_0 hint, as libkvc gives for q8_0 hits):
+     * the kernel without the column rounds, the same bytes for every codec; with
+     * decode_hint_runs (test_decode_hint_kernels) also told the blocks' own codec (libkvc
+     * passes its hits' formats: a kernel with their rounds, every key piece that way) and, for
+     * ROT blocks, KIVI4 (the kernel without the ROT key rounds: ROT keys by the generic ones) */
+    if (decode_hint_runs && (is_kivi || is_rot))
+        decode_hinted(&kl, lf, lc, &ea, nblocks, src, len, out, tb, 1u << codec, kivik, rotk);
+    if (decode_hint_runs && is_rot)
+        decode_hinted(&kl, lf, lc, &ea, nblocks, src, len, out, tb, 1u << KERN_CODEC_KIVI4, 0, 0);
+    decode_hinted(&kl, lf, lc, &ea, nblocks, src, len, out, tb, 1u << KERN_CODEC_Q8_0, 0, 0);
     for (uint32_t l = 0; l < lc; l++) {
         ck_assert_msg(memcmp(ka[l], kb[l], tb) == 0, "codec %u layer %u K", codec, lf + l);
-        ck_assert_msg(memcmp(ka[l], kc[l], tb) == 0, "codec %u layer %u K (no KIVI hint)",
-                      codec, lf + l);
-        if (kinds == 2) {
+        if (kinds == 2)
             ck_assert_msg(memcmp(va[l], vb[l], tb) == 0, "codec %u layer %u V", codec, lf + l);
-            ck_assert_msg(memcmp(va[l], vc[l], tb) == 0, "codec %u layer %u V (no KIVI hint)",
-                          codec, lf + l);
-        }
-        free(kc[l]);
-        free(vc[l]);
         free(ka[l]);
         free(kb[l]);
         free(va[l]);
@@ -973,6 +1004,26 @@ START_TEST(test_decode_rot_lowrank_shapes)
         decode_case_rh(2, 3, 100, 32, KERN_DTYPE_FP16, 0, codec, KERN_DTYPE_FP16, 7, 101, 0, 2, 2,
                        98 + (unsigned)_i, mask);
     }
+}
+END_TEST
+
+/* The hint (kern_decode_batches' codecs) chooses the decode kernel: a KIVI block's own codec
+ * the kernel with the KIVI key rounds, a ROT block's the one with the KIVI and ROT key rounds,
+ * every key piece by them (raw heads too); a ROT block hinted KIVI4, or any block hinted
+ * q8_0, a kernel without its rounds: the generic rounds, the same bytes. */
+static const uint32_t hint_codecs[] = {KERN_CODEC_KIVI2, KERN_CODEC_KIVI4, KERN_CODEC_ROT2,
+                                       KERN_CODEC_ROT4};
+
+START_TEST(test_decode_hint_kernels)
+{
+    const uint32_t codec = hint_codecs[_i];
+    uint8_t mask[8] = {0, 0, 0, 0, 1, 0, 0, 0}; /* layer 1, head 1 */
+    decode_hint_runs = 1;
+    decode_case_rh(2, 3, 16, 32, KERN_DTYPE_FP16, 0, codec, KERN_DTYPE_FP16, 7, 16, 0, 2, 2,
+                   500 + (unsigned)_i, mask);
+    decode_case(2, 4, 64, 32, KERN_DTYPE_BF16, 0, codec, KERN_DTYPE_FP16, 16, 72, 0, 2, 2,
+                510 + (unsigned)_i);
+    decode_hint_runs = 0;
 }
 END_TEST
 
@@ -1250,8 +1301,9 @@ START_TEST(test_decode_hostile_sections)
 }
 END_TEST
 
-/* The KIVI key rounds (kern_batch_kivik_lane) against hostile blocks with a raw-head appendix:
- * KIVI blocks encoded with raw heads (several key groups and a partial last one, a head_dim
+/* The KIVI and ROT key rounds (kern_batch_kivik_lane, kern_batch_rotk_rounds) against hostile
+ * blocks with a raw-head appendix: KIVI and ROT blocks (ROT at the power-of-two head_dims)
+ * encoded with raw heads (several key groups and a partial last one, a head_dim
  * not a multiple of 8, a K-only layout), each ending on a page the process may not read, the
  * decoded rows too; then random slot-table entries (0, in range, past the count), appendix
  * offsets and counts near the block's end and bytes over the header and section table: the
@@ -1274,7 +1326,12 @@ START_TEST(test_decode_hostile_kivi_raw_heads)
         uint16_t *raw = malloc(rs);
         for (uint64_t i = 0; i < rs / 2; i++)
             raw[i] = kern_f2h((float)(hostile_rand(&seed) % 2001) / 500.0f - 2.0f);
-        for (uint32_t c = KERN_CODEC_KIVI2; c <= KERN_CODEC_KIVI4; c++) {
+        static const uint32_t codecs[] = {KERN_CODEC_KIVI2, KERN_CODEC_KIVI4, KERN_CODEC_ROT2,
+                                          KERN_CODEC_ROT4};
+        for (uint32_t ci = 0; ci < sizeof(codecs) / sizeof(codecs[0]); ci++) {
+            const uint32_t c = codecs[ci];
+            if (!kern_codec_supports(kl, c))
+                continue; /* ROT at a head_dim that is not a power of two */
             struct kern_recipe rec;
             kern_recipe_fill(&rec, c, c, 0);
             rec.raw_heads = rh_mask;
@@ -1470,8 +1527,9 @@ static void cuda_decode_case(uint32_t layers, uint32_t heads, uint32_t dim, uint
     de.k = dk;
     de.v = dv;
     ck_assert_int_eq(kern_pack_decode_ref(&kl, lf, lc, &he, 0, nblocks, hsrc, len, out), 0);
-    /* the format hint: the block's own (a KIVI codec's kernel with the KIVI key rounds) for
-     * fp16 out, q8_0's for bf16 (the kernel without them, whatever the blocks) */
+    /* the format hint: the block's own (a KIVI codec's kernel with the KIVI key rounds, a ROT
+     * codec's with the KIVI and ROT ones) for fp16 out, q8_0's for bf16 (the kernel without
+     * them, whatever the blocks) */
     const uint32_t hint = out == KERN_DTYPE_FP16 ? 1u << codec : 1u << KERN_CODEC_Q8_0;
     ck_assert_int_eq(
         kern_pack_decode_cuda(&kl, lf, lc, &de, 0, nblocks, dsrc, len, out, hint, NULL), 0);
@@ -1544,6 +1602,8 @@ static Suite *pack_suite(void)
     tcase_add_loop_test(tb, test_decode_paged_odd_shapes, 0, (int)NODD_CODECS);
     tcase_add_loop_test(tb, test_decode_wide_steps, 0, 3);
     tcase_add_loop_test(tb, test_decode_rot_lowrank_shapes, 0, (int)(3 * NROT_SHAPES));
+    tcase_add_loop_test(tb, test_decode_hint_kernels, 0,
+                        (int)(sizeof(hint_codecs) / sizeof(hint_codecs[0])));
     tcase_add_loop_test(tb, test_decode_load_widths, 0, (int)(KERN_CODEC_COUNT * NLD_PLACES));
     tcase_add_test(tb, test_decode_raw_batch);
     tcase_add_test(tb, test_decode_bad_section_size);

@@ -122,15 +122,51 @@ mutation decode-kivik-wrong-channel-scale kernels/kern_batch.h "check_pack" \
 '            sc[j] = kern_batch_h2f(kern_batch_e16(v, j));' \
 '            sc[j] = kern_batch_h2f(kern_batch_e16(v, j ^ 1));'
 
-# The decode kernel's hint ignored: every batch takes the kernel with the KIVI key rounds (a
+# The decode kernel's hint ignored: every batch takes the kernel with the column rounds (a
 # q8_0-hinted batch's KIVI keys must not), or none does (an unhinted KIVI batch's must).
 mutation decode-hint-always-kivik kernels/kern_pack.c "check_pack" \
-'        a->h.kivik = codecs == 0 || (codecs & kivi) != 0;' \
-'        a->h.kivik = 1 + 0 * (codecs & kivi);'
+'        a->h.kivik = kern_decode_cols(codecs);' \
+'        a->h.kivik = kern_decode_cols(0 * codecs);'
 
 mutation decode-hint-never-kivik kernels/kern_pack.c "check_pack" \
-'        a->h.kivik = codecs == 0 || (codecs & kivi) != 0;' \
-'        a->h.kivik = 0 * (codecs & kivi);'
+'        a->h.kivik = kern_decode_cols(codecs);' \
+'        a->h.kivik = 0 * kern_decode_cols(codecs);'
+
+# The hint's ROT codecs forgotten (a ROT-hinted batch takes the kernel without the ROT key
+# rounds), or a KIVI hint taken for ROT too (a KIVI-hinted batch's ROT keys must take the
+# generic rounds: that kernel has no ROT key rounds).
+mutation decode-hint-rot-forgotten kernels/kern_pack.c "check_pack" \
+'    if (codecs == 0 || (codecs & rot))' \
+'    if (codecs == 0 || (codecs & rot & 0))'
+
+mutation decode-hint-kivi-with-rot kernels/kern_pack.c "check_pack" \
+'    return codecs & kivi ? KERN_BATCH_COLS_KIVI : 0;' \
+'    return codecs & kivi ? KERN_BATCH_COLS_KIVI | KERN_BATCH_COLS_ROT : 0;'
+
+# The decoder's ROT key rounds: a code taken from its neighbour's bits (elements 2i and
+# 2i + 1 swapped), a column's means or signs from the neighbouring channels', a stage's
+# exchange and butterflies in one phase (each lane reading partners the lanes before it had
+# already changed), and a lane's second piece of a round the next token instead of tpr on
+# (tokens decoded twice, others never).
+mutation decode-rotk-swapped-code kernels/kern_batch.h "check_pack" \
+'                            ? kern_kivi_val((cd[u][i] >> (rb * e)) & ((1u << rb) - 1), sc, mn)' \
+'                            ? kern_kivi_val((cd[u][i] >> (rb * (e ^ 1))) & ((1u << rb) - 1), sc, mn)'
+
+mutation decode-rotk-wrong-channel-mean kernels/kern_batch.h "check_pack" \
+'        c->mean[i] = kern_batch_h2f(kern_batch_e16(v, i));' \
+'        c->mean[i] = kern_batch_h2f(kern_batch_e16(v, i ^ 1));'
+
+mutation decode-rotk-wrong-channel-sign kernels/kern_batch.h "check_pack" \
+'        c->neg |= kern_rot_neg(st->rseed, h, d0 + i) << i;' \
+'        c->neg |= kern_rot_neg(st->rseed, h, d0 + (i ^ 1)) << i;'
+
+mutation decode-rotk-one-phase kernels/kern_batch.h "check_pack" \
+'                    kern_batch_rot_pair(x[i], q[i], l & m);' \
+'                    kern_batch_rot_pair(x[i], x[i ^ m], l & m);'
+
+mutation decode-rotk-second-piece-next-token kernels/kern_batch.h "check_pack" \
+'                    const uint32_t j = j0 + l / cpr + u * tpr;' \
+'                    const uint32_t j = j0 + l / cpr + u;'
 
 # libkvc never tells the decode its hits' formats: every lossy scatter takes the kernel with
 # the KIVI key rounds, whose spills cost the other codecs a sixth of their speed.
