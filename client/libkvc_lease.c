@@ -592,7 +592,9 @@ KVC_API int kvc_lease_copy_cuda(const kvc_lease *l, size_t i, void *dst_dev, siz
     rc = kern_cuda_copy(scratch, l->hits[i].data, n, KERN_CUDA_H2D, stream);
     if (rc)
         goto out;
-    int64_t d = kern_decode_cuda(&kl, scratch, n, dst_dev, len, (enum kern_dtype)kl.dtype, stream);
+    const uint32_t fmt = l->hits[i].format;
+    int64_t d = kern_decode_cuda(&kl, scratch, n, dst_dev, len, (enum kern_dtype)kl.dtype,
+                                 fmt < 32 ? 1u << fmt : 0, stream);
     rc = d < 0 ? (int)d : kern_cuda_stream_sync(stream);
 out:
     kern_cuda_free(scratch);

@@ -249,9 +249,12 @@ int64_t kern_decode_cpu(const struct kern_layout *lay, const void *src, size_t s
 /* CUDA twin: device pointers, queued on `stream`. The header lives in device memory, so it
  * is checked there: a block whose header does not match `lay` or whose sections fall
  * outside src_len decodes to zeros (callers checksum blocks before they decode them).
- * -ENOTSUP: built without CUDA; -EIO: a CUDA error (one line on stderr). */
+ * -ENOTSUP: built without CUDA; -EIO: a CUDA error (one line on stderr). codecs: bit
+ * 1 << c where the block may be of codec c (its format, the key codec), 0 when not known: a
+ * hint that chooses the decode kernel (kern_decode_batches'), never the bytes. */
 int64_t kern_decode_cuda(const struct kern_layout *lay, const void *src, size_t src_len,
-                         void *dst, size_t dst_cap, enum kern_dtype out_dtype, void *stream);
+                         void *dst, size_t dst_cap, enum kern_dtype out_dtype, uint32_t codecs,
+                         void *stream);
 
 /* What this build and machine can do: KERN_SUPPORT_* bits. */
 #define KERN_SUPPORT_CPU_AVX2 0x1u   /* the CPU has AVX2+F16C: *_cpu is vectorised */

@@ -137,7 +137,8 @@ extern "C" int64_t kern_encode_cuda(const struct kern_layout *lay, const struct 
 
 extern "C" int64_t kern_decode_cuda(const struct kern_layout *lay, const void *src,
                                     size_t src_len, void *dst, size_t dst_cap,
-                                    enum kern_dtype out_dtype, void *stream)
+                                    enum kern_dtype out_dtype, uint32_t codecs,
+                                    void *stream)
 {
     if (kern_layout_check(lay) < 0 || !src || !dst ||
         (out_dtype != KERN_DTYPE_FP16 && out_dtype != KERN_DTYPE_BF16))
@@ -151,6 +152,7 @@ extern "C" int64_t kern_decode_cuda(const struct kern_layout *lay, const void *s
     const void *srcs[1] = {src};
     const uint64_t lens[1] = {src_len};
     int rc = kern_batch_decode_raw(a, lay, dst, NULL, 1, srcs, lens, out_dtype);
+    a->h.kivik = kern_decode_cols(codecs);
     if (rc == 0)
         rc = kern_batch_cuda(a, stream);
     free(a);

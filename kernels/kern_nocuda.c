@@ -16,9 +16,11 @@ int64_t kern_encode_cuda(const struct kern_layout *lay, const struct kern_recipe
 }
 
 int64_t kern_decode_cuda(const struct kern_layout *lay, const void *src, size_t src_len,
-                         void *dst, size_t dst_cap, enum kern_dtype out_dtype, void *stream)
+                         void *dst, size_t dst_cap, enum kern_dtype out_dtype, uint32_t codecs,
+                         void *stream)
 {
     (void)lay, (void)src, (void)src_len, (void)dst, (void)dst_cap, (void)out_dtype, (void)stream;
+    (void)codecs;
     return -ENOTSUP;
 }
 

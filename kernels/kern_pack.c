@@ -537,7 +537,7 @@ int kern_pack_batches(struct kern_batch_args *a, const struct kern_pack_layout *
 /* The column rounds a batch's kernel has (struct kern_batch's kivik) for blocks of the codecs
  * in the hint: KIVI and ROT where ROT blocks may come or the caller does not know, the KIVI
  * key rounds alone where KIVI blocks may but ROT ones may not, none else. */
-static uint32_t kern_decode_cols(uint32_t codecs)
+uint32_t kern_decode_cols(uint32_t codecs)
 {
     const uint32_t kivi = 1u << KERN_CODEC_KIVI2 | 1u << KERN_CODEC_KIVI4;
     const uint32_t rot = 1u << KERN_CODEC_ROT2 | 1u << KERN_CODEC_ROT4;

@@ -160,6 +160,9 @@ int kern_pack_batches(struct kern_batch_args *a, const struct kern_pack_layout *
 int kern_decode_check(const struct kern_layout *klay, uint32_t layer_first, uint32_t layer_count,
                       const struct kern_pack_engine *eng, uint64_t first_token, uint32_t nblocks,
                       const void *const *src, const uint64_t *src_len, uint32_t out_dtype);
+/* The column rounds (struct kern_batch's kivik) of the decode kernel for blocks of the codecs
+ * in a hint (kern_decode_batches' codecs). */
+uint32_t kern_decode_cols(uint32_t codecs);
 /* The same for a decode (arguments as kern_pack_decode_ref). codecs: bit 1 << c set where a
  * block may be of codec c (a block's format is its key codec), 0 when the caller does not
  * know; only a hint, it chooses the decode kernel (struct kern_batch's kivik): with the KIVI

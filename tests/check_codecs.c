@@ -720,7 +720,7 @@ static void cuda_same(const struct kern_layout *lay, const struct kern_recipe *r
     ck_assert_int_eq(kern_cuda_alloc(&g_dec, rs), 0);
     ck_assert_int_eq(kern_cuda_copy(g_raw, raw, rs, KERN_CUDA_H2D, NULL), 0);
     ck_assert_int_eq(kern_encode_cuda(lay, rec, g_raw, g_enc, (size_t)sz, NULL, NULL), sz);
-    ck_assert_int_eq(kern_decode_cuda(lay, g_enc, (size_t)sz, g_dec, rs, lay->dtype, NULL),
+    ck_assert_int_eq(kern_decode_cuda(lay, g_enc, (size_t)sz, g_dec, rs, lay->dtype, 0, NULL),
                      (int64_t)rs);
     ck_assert_int_eq(kern_cuda_copy(e_gpu, g_enc, (size_t)sz, KERN_CUDA_D2H, NULL), 0);
     ck_assert_int_eq(kern_cuda_copy(d_gpu, g_dec, rs, KERN_CUDA_D2H, NULL), 0);

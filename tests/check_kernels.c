@@ -529,7 +529,7 @@ START_TEST(test_supports)
         struct kern_recipe rec;
         kern_recipe_fill(&rec, KERN_CODEC_Q8_0, KERN_CODEC_Q8_0, 0);
         ck_assert_int_eq(kern_encode_cuda(&lay, &rec, NULL, NULL, 0, NULL, NULL), -ENOTSUP);
-        ck_assert_int_eq(kern_decode_cuda(&lay, NULL, 0, NULL, 0, KERN_DTYPE_FP16, NULL),
+        ck_assert_int_eq(kern_decode_cuda(&lay, NULL, 0, NULL, 0, KERN_DTYPE_FP16, 0, NULL),
                          -ENOTSUP);
         ck_assert_int_eq(kern_cuda_device_count(), 0);
     }
@@ -763,7 +763,9 @@ START_TEST(test_cuda_matches_ref)
         struct kern_key_stats gs = {g_st, (float *)g_st + nc, (float *)g_st + 2 * nc};
         ck_assert_int_eq(kern_cuda_copy(g_raw, raw, rs, KERN_CUDA_H2D, NULL), 0);
         ck_assert_int_eq(kern_encode_cuda(&lay, &rec, g_raw, g_enc, (size_t)sz, &gs, NULL), sz);
-        ck_assert_int_eq(kern_decode_cuda(&lay, g_enc, (size_t)sz, g_dec, rs, out, NULL),
+        /* the format hint for fp16 out (the codec's kernel), none for bf16 (every round) */
+        const uint32_t hint = out == KERN_DTYPE_FP16 ? 1u << codec : 0;
+        ck_assert_int_eq(kern_decode_cuda(&lay, g_enc, (size_t)sz, g_dec, rs, out, hint, NULL),
                          (int64_t)rs);
         ck_assert_int_eq(kern_cuda_copy(e_gpu, g_enc, (size_t)sz, KERN_CUDA_D2H, NULL), 0);
         ck_assert_int_eq(kern_cuda_copy(d_gpu, g_dec, rs, KERN_CUDA_D2H, NULL), 0);

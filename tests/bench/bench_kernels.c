@@ -150,7 +150,8 @@ static int gpu_op(struct gpu_arg *a)
     else if (a->op == 1)
         r = kern_encode_cuda(a->lay, a->rec, a->raw, a->enc, a->es, NULL, NULL);
     else if (a->op == 2)
-        r = kern_decode_cuda(a->lay, a->enc, a->es, a->out, a->rs, KERN_DTYPE_FP16, NULL);
+        r = kern_decode_cuda(a->lay, a->enc, a->es, a->out, a->rs, KERN_DTYPE_FP16,
+                             1u << a->rec->codec[0][0], NULL);
     else if (a->op == 3)
         r = kern_pack_decode_cuda(a->lay, 0, a->lay->layers, &a->eng, 0, GPU_PREFIX, a->srcs,
                                   a->lens, KERN_DTYPE_FP16, 1u << a->rec->codec[0][0], NULL);

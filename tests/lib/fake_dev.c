@@ -671,7 +671,7 @@ static int fake_batch(const struct kern_batch_args *a, void *stream)
     fake_dev.ops++;
     if (a->h.op == KERN_BATCH_DECODE) {
         fake_dev.decodes++;
-        fake_dev.decodes_kivik += a->h.kivik != 0;
+        fake_dev.decode_cols = a->h.kivik;
     } else
         fake_dev.packs++;
     fake_dev.pack_runs += a->h.op != KERN_BATCH_DECODE && a->h.run;

@@ -82,7 +82,7 @@ struct fake_dev_state {
     uint64_t packs;          /* gather/scatter kernels queued */
     uint64_t pack_runs;      /* of them, kernels of run steps (kern_batch.h; else row steps) */
     uint64_t decodes;        /* decode kernels queued */
-    uint64_t decodes_kivik;  /* of those, the kernel with the KIVI key rounds (kern_batch) */
+    uint32_t decode_cols;    /* the last one's column rounds (kern_batch's kivik): its kernel */
     uint64_t bad_packs;      /* kernels that met a pointer outside device memory */
     uint64_t bytes;          /* bytes they moved once performed */
     uint64_t queued;         /* copies and kernels queued, not yet performed nor lost */
