@@ -12,8 +12,8 @@
 #   pylib/   libkvc.a and CUDA's libcudart_static.a, which device-check.sh links the Python
 #            package's extension against on the host, for the host's own Python (its version
 #            and PyTorch are the host's: the extension cannot be built here)
-#   tests/, bench/ and pylib/libkvc.a are gzip-compressed (NAME.gz): device-check.sh unpacks
-#            them in place
+#   bin/, tests/, bench/, pylib/libkvc.a and pylib/libkvc.so are gzip-compressed (NAME.gz):
+#            device-check.sh unpacks them in place
 #   MANIFEST the commit, the toolchain, and each file's size
 # The tests find kvcd and kvcctl through $KVC_TEST_BIN_DIR (tests/lib/daemon.c), which the
 # check script points at bin/, so the folder works wherever it lands. Fails (non-zero, one
@@ -79,9 +79,10 @@ done
     (cd "$out" && find bin tests bench lib pylib -type f | sort | xargs ls -l |
         awk '{print $5, $9}')
 } >"$out/MANIFEST"
-# The suites and benchmarks each carry the CUDA kernels for every target: compressed, they
-# travel in a quarter of the space; etc/device-check.sh unpacks them before the first stage.
-for f in "$out"/tests/* "$out"/bench/* "$out"/pylib/libkvc.a; do
+# The programs, suites and benchmarks each carry the CUDA kernels for every target:
+# compressed, they travel in a third of the space; etc/device-check.sh unpacks them before the
+# first stage.
+for f in "$out"/bin/* "$out"/tests/* "$out"/bench/* "$out"/pylib/libkvc.a "$out"/pylib/libkvc.so; do
     gzip -9 "$f" || die "gzip $f failed"
 done
 size=$(du -sb "$out" | cut -f1)

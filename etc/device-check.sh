@@ -99,19 +99,19 @@ stage() {
     timeout -k 10 "$cap" "$@"
 }
 
-if [ ! -x "$bundle/bin/kvcd" ]; then
+if [ ! -x "$bundle/bin/kvcd" ] && [ ! -f "$bundle/bin/kvcd.gz" ]; then
     fail "no bundle at $bundle (run make device-bundle where the tree was built)"
     exit 1
 fi
-# make device-bundle compresses the suites, benchmarks and libkvc.a: unpack them once.
-for f in "$bundle"/tests/*.gz "$bundle"/bench/*.gz "$bundle"/pylib/*.gz; do
+# make device-bundle compresses the programs, suites, benchmarks and libkvc: unpack them once.
+for f in "$bundle"/bin/*.gz "$bundle"/tests/*.gz "$bundle"/bench/*.gz "$bundle"/pylib/*.gz; do
     [ -f "$f" ] || continue
     gzip -d -f "$f" || {
         fail "cannot unpack $f (gzip)"
         exit 1
     }
 done
-chmod +x "$bundle"/tests/* "$bundle"/bench/* 2>/dev/null
+chmod +x "$bundle"/bin/* "$bundle"/tests/* "$bundle"/bench/* 2>/dev/null
 export LD_LIBRARY_PATH="$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export KVC_TEST_BIN_DIR="$bundle/bin"
 cd "$root" || exit 2
