@@ -868,10 +868,12 @@ static int kvc_gpu_copy_range(kvc_lease *l, size_t first, size_t n, void *dst, v
         if (j0) /* the raw pieces went with the first chunk's batch */
             p.npieces = 0;
         p.nenc = 0;
+        uint32_t codecs = 0; /* the chunk's lossy formats: the decode kernel's hint */
         for (size_t j = j0; dev && j < j1; j++) {
             const struct kvc_hit *h = &l->hits[first + j];
             if (h->format == KVC_WIRE_FORMAT_RAW)
                 continue;
+            codecs |= h->format < 32 ? 1u << h->format : 0;
             uint64_t e = p.enc_len[j]; /* j >= nenc: the packed entries trail the indices */
             uint8_t *at = s->dev + off;
             kvc_gpu_piece(&p, at, h->data, e);
@@ -889,6 +891,9 @@ static int kvc_gpu_copy_range(kvc_lease *l, size_t first, size_t n, void *dst, v
             uint32_t m = p.nenc - i < KERN_COPY_BATCH_MAX ? p.nenc - i : KERN_COPY_BATCH_MAX;
             rc = kern_batch_decode_raw(g->args, &kl, dst, p.pos + i, m, p.enc + i, p.enc_len + i,
                                        kl.dtype);
+            /* whole blocks into a buffer, as kern_decode_cuda decodes one: the kernel of the
+             * hint's codecs, a ROT block's without the ROT key rounds (slower there) */
+            g->args->h.kivik = kern_decode_cols(codecs) & ~KERN_BATCH_COLS_ROT;
             if (rc == 0)
                 rc = ops->batch(g->args, stream);
             queued = 1;
