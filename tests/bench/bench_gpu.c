@@ -747,6 +747,10 @@ static void bg_time(struct bench_row *rows, size_t *nrows, const char *name, uin
                     const char *baseline)
 {
     double v[BG_RUNS], w[BG_RUNS];
+    if (bench_failed()) { /* the run is no result already: say so once a row, not why again */
+        printf("bench: gpu: %s: not timed (an earlier row failed)\n", name);
+        return;
+    }
     fn(c); /* warm-up: the first call may grow the client's scratch */
     base(c);
     if (kern_cuda_stream_sync(NULL) || bench_failed()) {
