@@ -717,6 +717,90 @@ def fake_device():
     return dev
 
 
+def load_lib():
+    """The extension's own libkvc through ctypes (the same image, so the same device ops as
+    the package's calls), its load calls typed."""
+    lib = ctypes.CDLL(kvcd._kvcd.__file__)
+    vp, sz = ctypes.c_void_p, ctypes.c_size_t
+    lib.kvc_connect.argtypes = [ctypes.c_char_p, vp]
+    lib.kvc_ns_open.argtypes = [vp, vp, vp]
+    lib.kvc_lookup.argtypes = [vp, vp, sz, ctypes.c_uint, vp]
+    lib.kvc_lease_scatter.argtypes = [vp, sz, sz, vp, ctypes.c_uint64, vp, vp]
+    lib.kvc_release.argtypes = [vp]
+    lib.kvc_gpu_attach.argtypes = [vp]
+    lib.kvc_disconnect.argtypes = [vp]
+    return lib
+
+
+def load_engine(cuda, dev, shape, pages, what):
+    """Per-layer paged K and V tensors of `pages` pages of shape (layers, heads, dim,
+    block_tokens), bf16, zeroed on the GPU or the fake device: (k tensors, v tensors, stream,
+    wait, table, ckv), table the identity block table and ckv the same engine for the C path
+    (a CPath.PagedKV; its arrays kept on it)."""
+    layers, heads, dim, bt = shape
+    if cuda:
+        kv = torch.zeros(layers, 2, pages, bt, heads, dim, dtype=torch.bfloat16, device="cuda")
+        stream = torch.cuda.current_stream().cuda_stream
+
+        def wait():
+            torch.cuda.synchronize()
+    else:
+        kv = dev.empty((layers, 2, pages, bt, heads, dim), torch.bfloat16)
+        stream = dev.stream()
+
+        def wait():
+            if dev.sync(stream):
+                raise RuntimeError("%s: the fake device's stream failed" % what)
+    kl, vl = [kv[i][0] for i in range(layers)], [kv[i][1] for i in range(layers)]
+    table = list(range(pages))
+    vp = ctypes.c_void_p
+    ctable = (ctypes.c_int32 * pages)(*table)
+    ck = (vp * layers)(*[t.data_ptr() for t in kl])
+    cv = (vp * layers)(*[t.data_ptr() for t in vl])
+    ckv = CPath.PagedKV(ctypes.cast(ck, vp), ctypes.cast(cv, vp), ctypes.cast(ctable, vp),
+                        pages, bt, kl[0].stride()[0] * 2, kl[0].stride()[1] * 2,
+                        kl[0].stride()[2] * 2, 1)
+    ckv.keep = (ctable, ck, cv)
+    return kl, vl, stream, wait, table, ckv
+
+
+def load_prefix(pc, lib, d, name, shape, n, gpu, kv, what):
+    """Namespace `name` of the daemon at d with a prefix of n blocks stored: host slots
+    written from the CPU, or (gpu) pool slots gathered from the engine kv (load_engine's);
+    and the same namespace opened by a C client on the extension's libkvc. Returns (ns,
+    paged, keys, cc, cns, ckeys), cc to disconnect, or None when the daemon's GPU pool is not
+    mapped here."""
+    layers, heads, dim, bt = shape
+    kl, vl, stream, _, table, _ = kv
+    ns = pc.namespace(name, layers, heads, dim, bt, "bf16")
+    if gpu and pc.gpu_attach() != 1:
+        return None
+    paged = ns.paged_kv(kl, vl)
+    keys = ns.keys_from_tokens(range(n * bt))[:n]
+    blk = torch.arange(layers * 2 * bt * heads * dim, dtype=torch.int16).view(torch.bfloat16)
+    for j in range(0, n, 32):
+        part = keys[j:j + 32]
+        with ns.reserve(part, parent=keys[j - 1] if j else None, gpu=gpu) as r:
+            if gpu:  # pool slots: gathered from the (zeroed) paged tensors
+                r.gather(paged, None, table, first_token=j * bt, stream=stream)
+            else:
+                for i in range(len(part)):
+                    r.write(i, blk)
+    pc.flush()
+    vp = ctypes.c_void_p
+    cc = vp()
+    if lib.kvc_connect(d.socket.encode(), ctypes.byref(cc)) < 0:
+        raise RuntimeError("%s: kvc_connect failed" % what)
+    lay = CPath.Layout(name.encode(), layers, heads, dim, bt, 2, 1)  # bf16, K+V
+    cns = vp()
+    attach = lib.kvc_gpu_attach(cc)  # 1: the pool mapped, 0: host copies
+    if lib.kvc_ns_open(cc, ctypes.byref(lay), ctypes.byref(cns)) < 0 or attach < 0 or (
+            gpu and attach != 1):
+        raise RuntimeError("%s: the C path's namespace or pool" % what)
+    ckeys = (ctypes.c_char * (16 * n)).from_buffer_copy(b"".join(keys))
+    return ns, paged, keys, cc, cns, ckeys
+
+
 def loadcpu_case(n, reps):
     """The calling thread's CPU seconds per block of lookup + scatter of n 8B-shaped blocks,
     Python against C on the same libkvc image and device. Returns (device, {tier: {"py":
@@ -730,69 +814,20 @@ def loadcpu_case(n, reps):
     arena = "%dm" % ((n * bb * 5 // 4 >> 20) + 64)
     opts = ["host.size=" + arena, "quota.uid_reserved_share=100"] + (
         ["gpu.pool_size=" + arena] if cuda else [])
-    lib = ctypes.CDLL(kvcd._kvcd.__file__)  # the extension's own libkvc: the same device ops
-    vp, sz = ctypes.c_void_p, ctypes.c_size_t
-    lib.kvc_connect.argtypes = [ctypes.c_char_p, vp]
-    lib.kvc_ns_open.argtypes = [vp, vp, vp]
-    lib.kvc_lookup.argtypes = [vp, vp, sz, ctypes.c_uint, vp]
-    lib.kvc_lease_scatter.argtypes = [vp, sz, sz, vp, ctypes.c_uint64, vp, vp]
-    lib.kvc_release.argtypes = [vp]
-    lib.kvc_gpu_attach.argtypes = [vp]
-    lib.kvc_disconnect.argtypes = [vp]
+    lib = load_lib()
+    vp = ctypes.c_void_p
     out = {}
     try:
         with PrivateDaemon(opts) as d, kvcd.Client(d.socket) as pc:
-            if cuda:
-                kv = torch.zeros(layers, 2, n + 1, bt, heads, dim, dtype=torch.bfloat16,
-                                 device="cuda")
-                stream = torch.cuda.current_stream().cuda_stream
-
-                def wait():
-                    torch.cuda.synchronize()
-            else:
-                kv = dev.empty((layers, 2, n + 1, bt, heads, dim), torch.bfloat16)
-                stream = dev.stream()
-
-                def wait():
-                    if dev.sync(stream):
-                        raise RuntimeError("loadcpu: the fake device's stream failed")
-            kl, vl = [kv[i][0] for i in range(layers)], [kv[i][1] for i in range(layers)]
-            table = list(range(n + 1))
-            ctable = (ctypes.c_int32 * (n + 1))(*table)
-            ck = (ctypes.c_void_p * layers)(*[t.data_ptr() for t in kl])
-            cv = (ctypes.c_void_p * layers)(*[t.data_ptr() for t in vl])
-            es = 2
-            ckv = CPath.PagedKV(ctypes.cast(ck, vp), ctypes.cast(cv, vp), ctypes.cast(ctable, vp),
-                                n + 1, bt, kl[0].stride()[0] * es, kl[0].stride()[1] * es,
-                                kl[0].stride()[2] * es, 1)
-            blk = torch.arange(bb // 2, dtype=torch.int16).view(torch.bfloat16)
+            kv = load_engine(cuda, dev, (layers, heads, dim, bt), n + 1, "loadcpu")
+            _, _, stream, wait, table, ckv = kv
             for tier, gpu in (("host", False), ("pool", True))[:2 if cuda else 1]:
-                ns = pc.namespace("bench/loadcpu-8b-" + tier, layers, heads, dim, bt, "bf16")
-                if gpu and pc.gpu_attach() != 1:
+                pre = load_prefix(pc, lib, d, "bench/loadcpu-8b-" + tier,
+                                  (layers, heads, dim, bt), n, gpu, kv, "loadcpu")
+                if pre is None:
                     print("SKIP: load_cpu pool rows: the daemon's GPU pool is not mapped here")
                     continue
-                paged = ns.paged_kv(kl, vl)
-                keys = ns.keys_from_tokens(range(n * bt))[:n]
-                for j in range(0, n, 32):
-                    part = keys[j:j + 32]
-                    with ns.reserve(part, parent=keys[j - 1] if j else None, gpu=gpu) as r:
-                        if gpu:  # pool slots: gathered from the (zeroed) paged tensors
-                            r.gather(paged, None, table, first_token=j * bt, stream=stream)
-                        else:
-                            for i in range(len(part)):
-                                r.write(i, blk)
-                pc.flush()
-                cc = vp()
-                if lib.kvc_connect(d.socket.encode(), ctypes.byref(cc)) < 0:
-                    raise RuntimeError("loadcpu: kvc_connect failed")
-                lay = CPath.Layout(("bench/loadcpu-8b-" + tier).encode(), layers, heads, dim, bt,
-                                   2, 1)  # bf16, K+V
-                cns = vp()
-                attach = lib.kvc_gpu_attach(cc)  # 1: the pool mapped, 0: host copies
-                if lib.kvc_ns_open(cc, ctypes.byref(lay), ctypes.byref(cns)) < 0 or attach < 0 or (
-                        gpu and attach != 1):
-                    raise RuntimeError("loadcpu: the C path's namespace or pool")
-                ckeys = (ctypes.c_char * (16 * n)).from_buffer_copy(b"".join(keys))
+                ns, paged, keys, cc, cns, ckeys = pre
                 t = {"py": [], "c": []}
                 for rep in range(reps + 1):
                     for who in (("py", "c") if rep % 2 else ("c", "py")):
@@ -868,42 +903,14 @@ def loadstages_case(sizes, reps):
     arena = "%dm" % ((top * bb * 5 // 4 >> 20) + 64)
     opts = ["host.size=" + arena, "quota.uid_reserved_share=100"] + (
         ["gpu.pool_size=" + arena] if cuda else [])
-    lib = ctypes.CDLL(kvcd._kvcd.__file__)  # the extension's own libkvc: the same device ops
-    vp, sz = ctypes.c_void_p, ctypes.c_size_t
-    lib.kvc_connect.argtypes = [ctypes.c_char_p, vp]
-    lib.kvc_ns_open.argtypes = [vp, vp, vp]
-    lib.kvc_lookup.argtypes = [vp, vp, sz, ctypes.c_uint, vp]
-    lib.kvc_lease_scatter.argtypes = [vp, sz, sz, vp, ctypes.c_uint64, vp, vp]
-    lib.kvc_release.argtypes = [vp]
-    lib.kvc_gpu_attach.argtypes = [vp]
-    lib.kvc_disconnect.argtypes = [vp]
+    lib = load_lib()
+    vp = ctypes.c_void_p
     out = {}
     tt = time.perf_counter
     try:
         with PrivateDaemon(opts) as d, kvcd.Client(d.socket) as pc:
-            if cuda:
-                kv = torch.zeros(layers, 2, pages, bt, heads, dim, dtype=torch.bfloat16,
-                                 device="cuda")
-                stream = torch.cuda.current_stream().cuda_stream
-
-                def wait():
-                    torch.cuda.synchronize()
-            else:
-                kv = dev.empty((layers, 2, pages, bt, heads, dim), torch.bfloat16)
-                stream = dev.stream()
-
-                def wait():
-                    if dev.sync(stream):
-                        raise RuntimeError("loadstages: the fake device's stream failed")
-            kl, vl = [kv[i][0] for i in range(layers)], [kv[i][1] for i in range(layers)]
-            table = list(range(pages))
-            ctable = (ctypes.c_int32 * pages)(*table)
-            ck = (ctypes.c_void_p * layers)(*[t.data_ptr() for t in kl])
-            cv = (ctypes.c_void_p * layers)(*[t.data_ptr() for t in vl])
-            ckv = CPath.PagedKV(ctypes.cast(ck, vp), ctypes.cast(cv, vp), ctypes.cast(ctable, vp),
-                                pages, bt, kl[0].stride()[0] * 2, kl[0].stride()[1] * 2,
-                                kl[0].stride()[2] * 2, 1)
-            blk = torch.arange(bb // 2, dtype=torch.int16).view(torch.bfloat16)
+            kv = load_engine(cuda, dev, (layers, heads, dim, bt), pages, "loadstages")
+            _, _, stream, wait, table, ckv = kv
             copy = None
             if cuda:
                 src = {"host": torch.empty(top * bb // 2, dtype=torch.bfloat16, pin_memory=True),
@@ -918,32 +925,12 @@ def loadstages_case(sizes, reps):
                     wait()
                     return tt() - t0
             for tier, gpu in (("host", False), ("pool", True))[:2 if cuda else 1]:
-                ns = pc.namespace("bench/loadstages-8b-" + tier, layers, heads, dim, bt, "bf16")
-                if gpu and pc.gpu_attach() != 1:
+                pre = load_prefix(pc, lib, d, "bench/loadstages-8b-" + tier,
+                                  (layers, heads, dim, bt), top, gpu, kv, "loadstages")
+                if pre is None:
                     print("SKIP: load_stages pool rows: the daemon's GPU pool is not mapped here")
                     continue
-                paged = ns.paged_kv(kl, vl)
-                keys = ns.keys_from_tokens(range(top * bt))[:top]
-                for j in range(0, top, 32):
-                    part = keys[j:j + 32]
-                    with ns.reserve(part, parent=keys[j - 1] if j else None, gpu=gpu) as r:
-                        if gpu:  # pool slots: gathered from the (zeroed) paged tensors
-                            r.gather(paged, None, table, first_token=j * bt, stream=stream)
-                        else:
-                            for i in range(len(part)):
-                                r.write(i, blk)
-                pc.flush()
-                cc = vp()
-                if lib.kvc_connect(d.socket.encode(), ctypes.byref(cc)) < 0:
-                    raise RuntimeError("loadstages: kvc_connect failed")
-                lay = CPath.Layout(("bench/loadstages-8b-" + tier).encode(), layers, heads, dim,
-                                   bt, 2, 1)  # bf16, K+V
-                cns = vp()
-                attach = lib.kvc_gpu_attach(cc)  # 1: the pool mapped, 0: host copies
-                if lib.kvc_ns_open(cc, ctypes.byref(lay), ctypes.byref(cns)) < 0 or attach < 0 or (
-                        gpu and attach != 1):
-                    raise RuntimeError("loadstages: the C path's namespace or pool")
-                ckeys = (ctypes.c_char * (16 * top)).from_buffer_copy(b"".join(keys))
+                ns, paged, keys, cc, cns, ckeys = pre
                 for n in sizes:
                     t = {}
                     for rep in range(reps + 1):
