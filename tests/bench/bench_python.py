@@ -537,8 +537,10 @@ def prefill_case(device, cfg, sizes):
                 cache.pages(m).zero_()
                 sync(device)
                 held = []  # released after the forward, as the vLLM connector does
+                st = []
                 t0 = time.perf_counter()
-                got = load(ns, paged, keys[:m], cache.table, gpu=gpu, device=device, held=held)
+                got = load(ns, paged, keys[:m], cache.table, gpu=gpu, device=device, held=held,
+                           stamps=st)
                 t1 = time.perf_counter()
                 logits = model.forward(tail, m * bt, cache)
                 sync(device)
@@ -552,6 +554,10 @@ def prefill_case(device, cfg, sizes):
                 if not bool(torch.isfinite(logits).all()):
                     raise RuntimeError("%s: logits not finite after the hit" % name)
                 t.setdefault(name + "_load", []).append(t1 - t0)
+                if len(st) == 2:  # the load's parts: lookup, scatter queued, the wait
+                    for part, dt in (("lookup", st[0] - t0), ("queue", st[1] - st[0]),
+                                     ("wait", t1 - st[1])):
+                        t.setdefault(name + "_load_" + part, []).append(dt)
                 t.setdefault(name + "_prefill", []).append(t2 - t0)
 
             def copies():
@@ -702,6 +708,15 @@ def prefill_report(rows):
                     note = "speed-up %.1fx (medians %.1fx)" % (bbest / best, bmed / med)
                 print("%-34s %9.6f %9.6f s     %-16s %9.6f %9.6f  %s" %
                       (case, best, med, bname, bbest, bmed, note), flush=True)
+                if what == "load" and tier + "_load_wait" in t:
+                    # Where the load's time goes (not rows: their sum is the load's), and the
+                    # copy beside the wait, whose part of the time the copy should be.
+                    print("  %s: lookup %.1f, scatter queued %.1f, wait %.1f us (medians; "
+                          "best %.1f, %.1f, %.1f); the copy %.1f us" % (
+                              case, *(1e6 * statistics.median(t[tier + "_load_" + p])
+                                      for p in ("lookup", "queue", "wait")),
+                              *(1e6 * min(t[tier + "_load_" + p])
+                                for p in ("lookup", "queue", "wait")), 1e6 * bmed), flush=True)
 
 
 def fake_device():

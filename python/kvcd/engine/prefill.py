@@ -19,6 +19,7 @@
 # The sequence's block table is the pool in order (one sequence at a time), so a layer's K
 # of tokens [0, end) is a view of its tensor, no gather.
 import math
+import time
 from dataclasses import dataclass
 
 import torch
@@ -205,19 +206,25 @@ def store(ns, paged, keys, table, block_tokens, gpu=False, device="cpu", chunk=2
     return done
 
 
-def load(ns, paged, keys, table, gpu=False, device="cpu", tiers=None, held=None):
+def load(ns, paged, keys, table, gpu=False, device="cpu", tiers=None, held=None, stamps=None):
     """Loads the cached prefix of keys into the pages (one lookup, one scatter on the
     current stream) and waits for it; returns the hits. tiers: a list that gets each hit's
     tier ("host", "gpu"), outside any timing. held: None releases the lease before the
     wait (its release waits for the scatter, then unpins); a list gets the lease instead,
     for the caller to release once its forward has run, as an engine does (the vLLM
     connector releases a step's loads at the next step: the unpin is not on the load's
-    path, and the release's wait finds the copies done)."""
+    path, and the release's wait finds the copies done). stamps: a list that gets
+    time.perf_counter() after the lookup and after the scatter is queued (the wait follows),
+    for a caller that splits the load's time."""
     lease = ns.lookup(keys, gpu=gpu)
+    if stamps is not None:
+        stamps.append(time.perf_counter())
     try:
         n = len(lease)
         if n:
             lease.scatter(paged, None, table, stream=current_stream(device))
+        if stamps is not None:
+            stamps.append(time.perf_counter())
         if tiers is not None:
             tiers.extend(lease.tier(i) for i in range(n))
     except BaseException:
