@@ -321,8 +321,11 @@ KVC_API int kvc_lease_copy_cuda(const kvc_lease *l, size_t i, void *dst_dev, siz
                                 void *stream);
 
 /* Waits for the device work queued on the lease (every call's, on every stream), then unpins
- * and frees it. NULL is a no-op that returns 0. -EIO: some of that work failed (the lease is
- * released all the same). */
+ * and frees it. The unpin is sent without waiting for the daemon (no round trip): the
+ * connection's next call is handled after it, and kvc_flush() makes it seen by other
+ * processes (e.g. before an admin drops the namespace). NULL is a no-op that returns 0.
+ * -EIO: some of that work failed (the lease is released all the same); -EPIPE: the
+ * connection is gone (so are its pins). */
 KVC_API int kvc_release(kvc_lease *l);
 
 /* ---- policies: hints and budgeted reads (docs/policies.md) ---------------------------- */

@@ -20,7 +20,10 @@
  * RESERVE or LOOKUP waiting for disk room, are answered later; a COMMIT never waits). So a
  * reply says every earlier COMMIT of the connection was handled, and a client may send a
  * COMMIT without waiting for its reply: libkvc sends kvc_put_prefix's quiet
- * (KVC_COMMIT_F_QUIET: no reply unless it fails) and SYNC when it must know.
+ * (KVC_COMMIT_F_QUIET: no reply unless it fails) and SYNC when it must know. A RELEASE
+ * with KVC_MSG_F_QUIET in its header is answered only when it fails, too (kvc_release does
+ * not wait for the unpin: the connection's next reply says it was done); a daemon says it
+ * takes that flag in HELLO's reply (KVC_HELLO_F_QUIET), and refuses it on any other request.
  *
  * Notices: before the daemon closes a connection on its own — refused at accept (-EUSERS:
  * server.max_clients or max_clients_per_uid), no HELLO in time or idle too long
@@ -93,7 +96,8 @@ struct kvc_msg_hdr {
     int32_t status;   /* replies: 0 or -errno; requests: 0 */
     uint32_t flags;   /* KVC_MSG_F_* */
 };
-#define KVC_MSG_F_FD 0x1u /* reply: a descriptor is attached (SCM_RIGHTS) */
+#define KVC_MSG_F_FD 0x1u    /* reply: a descriptor is attached (SCM_RIGHTS) */
+#define KVC_MSG_F_QUIET 0x2u /* request (RELEASE only): answer only a failure */
 
 struct kvc_wire_key {
     uint64_t lo, hi;
@@ -107,13 +111,16 @@ struct kvc_hello_req {
 };
 struct kvc_hello_rep {
     uint16_t version;
-    uint16_t pad;
+    uint16_t features; /* KVC_HELLO_F_*: what this daemon takes beyond version 1's first form
+                        * (0 from a daemon that predates them) */
     uint32_t daemon_pid;
     uint32_t peer_pid, peer_uid, peer_gid; /* as the daemon sees them (SO_PEERCRED) */
     uint32_t max_keys;
     uint32_t max_msg;
     uint32_t conn_id;
 };
+
+#define KVC_HELLO_F_QUIET 0x1u /* a RELEASE may carry KVC_MSG_F_QUIET */
 
 /* NS_OPEN */
 enum kvc_wire_dtype {

@@ -90,7 +90,9 @@ static bool kvc_defer_take(kvc_client *c, const struct kvc_msg_hdr *r)
             if (r->len != sizeof(*p) || p->committed != d->expect)
                 err = -EPROTO;
         }
-        if (err)
+        /* A RELEASE that failed named a lease the daemon no longer had: gone either way,
+         * and no put's failure (kvc_put_prefix reports what it finds kept here). */
+        if (err && d->op != KVC_OP_RELEASE)
             kvc_defer_fail(c, d, err);
         memmove(d, d + 1, (c->ndefer - i - 1) * sizeof(*d));
         c->ndefer--;
@@ -193,9 +195,9 @@ static ssize_t kvc_recv_one(kvc_client *c, int *fd, bool nowait)
     return n;
 }
 
-/* Sends the request in c->tx (header filled here, payload of len bytes) under a new request
- * id. 0 or a transport error. Caller holds c->mu. */
-static int kvc_send(kvc_client *c, uint16_t op, uint32_t len)
+/* Sends the request in c->tx (header filled here with flags, KVC_MSG_F_*; payload of len
+ * bytes) under a new request id. 0 or a transport error. Caller holds c->mu. */
+static int kvc_send(kvc_client *c, uint16_t op, uint32_t len, uint32_t flags)
 {
     struct kvc_msg_hdr *h = (struct kvc_msg_hdr *)c->tx;
     ssize_t n;
@@ -207,7 +209,8 @@ static int kvc_send(kvc_client *c, uint16_t op, uint32_t len)
                               .version = KVC_PROTO_VERSION,
                               .opcode = op,
                               .req_id = c->next_req,
-                              .len = len};
+                              .len = len,
+                              .flags = flags};
     do
         n = send(c->fd, c->tx, sizeof(*h) + len, MSG_NOSIGNAL);
     while (n < 0 && errno == EINTR);
@@ -241,7 +244,8 @@ int kvci_send_nowait(kvc_client *c, uint16_t op, uint32_t len, bool quiet, uint3
 {
     if (c->ndefer == KVC_DEFER_MAX)
         return -EAGAIN; /* a caller that did not make room: nothing sent */
-    int rc = kvc_send(c, op, len);
+    /* A quiet COMMIT says so in its body (KVC_COMMIT_F_QUIET), any other in the header. */
+    int rc = kvc_send(c, op, len, quiet && op != KVC_OP_COMMIT ? KVC_MSG_F_QUIET : 0);
     if (rc)
         return rc;
     c->defer[c->ndefer++] = (struct kvc_defer){
@@ -277,7 +281,7 @@ int kvci_call(kvc_client *c, uint16_t op, uint32_t len, int *fd)
     int rc;
     if (fd)
         *fd = -1;
-    rc = kvc_send(c, op, len);
+    rc = kvc_send(c, op, len, 0);
     if (rc)
         return rc;
     id = c->next_req;
@@ -387,6 +391,7 @@ KVC_API int kvc_connect(const char *path, kvc_client **out)
         goto fail;
     }
     c->daemon_pid = p->daemon_pid;
+    c->features = p->features;
     c->uid = p->peer_uid;
     c->gid = p->peer_gid;
     c->conn_id = p->conn_id;

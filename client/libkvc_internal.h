@@ -102,6 +102,7 @@ struct kvc_client {
     uint32_t next_req;
     bool dead;
     uint32_t daemon_pid, uid, gid, conn_id;
+    uint16_t features; /* the daemon's, from HELLO (KVC_HELLO_F_*) */
     struct kvc_arena arenas[KVC_MAX_ARENAS];
     struct kvc_ns *ns; /* list of open namespaces, owned */
     uint64_t *tx;      /* request buffer, KVC_PROTO_MAX_MSG bytes */

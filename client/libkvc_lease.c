@@ -59,8 +59,19 @@ static void kvc_lease_account(const kvc_lease *l, uint64_t t0)
     __atomic_fetch_add(&((kvc_lease *)l)->load_ns, kvc_mono_ns() - t0, __ATOMIC_RELAXED);
 }
 
-static int kvc_release_ids(kvc_client *c, const uint64_t *ids, size_t n, uint64_t load_ns)
+/* RELEASE of ids[0..n), waited for; or, quiet where the daemon takes it, sent without
+ * waiting (kvc_release: the connection's next reply says the pins went, its requests being
+ * handled in order; a later SYNC for another process to see it). ids must not lie in c->rx
+ * when quiet (making room may read replies). c->mu held. */
+static int kvc_release_ids(kvc_client *c, const uint64_t *ids, size_t n, uint64_t load_ns,
+                           bool quiet)
 {
+    quiet = quiet && (c->features & KVC_HELLO_F_QUIET);
+    if (quiet) {
+        int rc = kvci_defer_room(c);
+        if (rc)
+            return rc;
+    }
     struct kvc_release_req *q = kvci_req(c);
     /* a copy under a microsecond counts as one, as the fast path's records do (truncated, a
      * client of small leases would never report its copies) */
@@ -69,7 +80,9 @@ static int kvc_release_ids(kvc_client *c, const uint64_t *ids, size_t n, uint64_
     q->nleases = (uint32_t)n;
     q->load_us = us > UINT32_MAX ? UINT32_MAX : (uint32_t)us;
     memcpy(q + 1, ids, n * sizeof(uint64_t));
-    return kvci_call(c, KVC_OP_RELEASE, (uint32_t)(sizeof(*q) + n * sizeof(uint64_t)), NULL);
+    const uint32_t len = (uint32_t)(sizeof(*q) + n * sizeof(uint64_t));
+    return quiet ? kvci_send_nowait(c, KVC_OP_RELEASE, len, true, 0, 0)
+                 : kvci_call(c, KVC_OP_RELEASE, len, NULL);
 }
 
 /* WAIT on one lease; fills *rep. Caller holds c->mu. */
@@ -233,7 +246,7 @@ again:
              * again: the daemon knows those keys missing now and answers a shorter prefix;
              * the last try of the local tiers alone. */
             if (!c->dead)
-                kvc_release_ids(c, l->ids, l->nids, 0);
+                kvc_release_ids(c, l->ids, l->nids, 0, false);
             l->n = l->nids = l->first = 0;
             if (!local) {
                 local = ++tries < KVC_LOOKUP_SPAN_TRIES ? 0 : KVC_LOOKUP_F_LOCAL;
@@ -242,7 +255,7 @@ again:
         }
     }
     if ((rc || l->n == 0) && l->nids && !c->dead)
-        kvc_release_ids(c, l->ids, l->nids, 0);
+        kvc_release_ids(c, l->ids, l->nids, 0, false);
     pthread_mutex_unlock(&c->mu);
     if (rc || l->n == 0) {
         free(l);
@@ -409,7 +422,7 @@ static int kvc_lookup_budget_flags(kvc_ns *ns, const struct kvc_key *keys, size_
         goto out;
     l = calloc(1, sizeof(*l) + p->nsel * sizeof(l->hits[0]));
     if (!l) {
-        kvc_release_ids(c, &p->lease_id, 1, 0);
+        kvc_release_ids(c, &p->lease_id, 1, 0, false);
         rc = -ENOMEM;
         goto out;
     }
@@ -432,7 +445,7 @@ static int kvc_lookup_budget_flags(kvc_ns *ns, const struct kvc_key *keys, size_
             .ready = (sel[i].loc.flags & KVC_LOC_F_READY) != 0};
     }
     if (rc) {
-        kvc_release_ids(c, l->ids, l->nids, 0);
+        kvc_release_ids(c, l->ids, l->nids, 0, false);
         free(l);
         l = NULL;
         goto out;
@@ -613,7 +626,8 @@ KVC_API int kvc_release(kvc_lease *l)
         wrc = c->gpu_hooks->wait(c, &l->gpu);
     pthread_mutex_lock(&c->mu);
     rc = l->nids
-             ? kvc_release_ids(c, l->ids, l->nids, __atomic_load_n(&l->load_ns, __ATOMIC_RELAXED))
+             ? kvc_release_ids(c, l->ids, l->nids, __atomic_load_n(&l->load_ns, __ATOMIC_RELAXED),
+                               true)
              : 0;
     pthread_mutex_unlock(&c->mu);
     free(l);

@@ -292,13 +292,17 @@ int proto_decode(const void *buf, size_t n, struct proto_req *r, const char **wh
         *why = "payload length does not match the datagram";
         return -EBADMSG;
     }
-    if (h->status || h->flags) {
+    if (h->status || (h->flags & ~KVC_MSG_F_QUIET)) {
         *why = "request header status/flags not zero";
         return -EINVAL;
     }
     if (h->opcode == 0 || h->opcode >= KVC_OP_MAX || proto_shapes[h->opcode].body == 0) {
         *why = "unknown opcode";
         return -EOPNOTSUPP;
+    }
+    if ((h->flags & KVC_MSG_F_QUIET) && h->opcode != KVC_OP_RELEASE) {
+        *why = "KVC_MSG_F_QUIET on a request that is always answered";
+        return -EINVAL;
     }
     sh = &proto_shapes[h->opcode];
     if (h->len < sh->body) {

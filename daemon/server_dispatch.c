@@ -54,6 +54,7 @@ static int server_on_hello(struct server *sv, struct conn *c, const struct proto
     memcpy(c->name, q->client_name, sizeof(c->name));
     c->name[sizeof(c->name) - 1] = 0;
     *p = (struct kvc_hello_rep){.version = KVC_PROTO_VERSION,
+                                .features = KVC_HELLO_F_QUIET,
                                 .daemon_pid = (uint32_t)getpid(),
                                 .peer_pid = (uint32_t)c->cred.pid,
                                 .peer_uid = c->cred.uid,
@@ -1139,8 +1140,12 @@ bool server_handle(struct server *sv, struct conn *c, size_t n)
     server_count(sv, rc);
     server_stats_delta(&c->st, &before, &sv->store->total);
     server_fast_excl_take(sv, c);
-    bool quiet = rc >= 0 && r.hdr && r.hdr->opcode == KVC_OP_COMMIT &&
-                 (((const struct kvc_commit_req *)r.body)->flags & KVC_COMMIT_F_QUIET);
+    /* Quiet requests are answered only when they fail: a COMMIT says so in its body, a
+     * RELEASE in its header (proto_decode refuses the header flag on other requests). */
+    bool quiet = rc >= 0 && r.hdr &&
+                 ((r.hdr->opcode == KVC_OP_COMMIT &&
+                   (((const struct kvc_commit_req *)r.body)->flags & KVC_COMMIT_F_QUIET)) ||
+                  (r.hdr->flags & KVC_MSG_F_QUIET));
     if (rc < 0) {
         sv->store->total.errors++;
         c->st.errors++;

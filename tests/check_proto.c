@@ -462,6 +462,38 @@ START_TEST(test_sync_and_quiet_commit)
 }
 END_TEST
 
+/* KVC_MSG_F_QUIET in a request header: a RELEASE may carry it, no other request, and no
+ * other header flag is taken. */
+static int decode_flags(size_t n, uint32_t flags)
+{
+    memcpy((char *)buf + offsetof(struct kvc_msg_hdr, flags), &flags, sizeof(flags));
+    return decode(n);
+}
+
+START_TEST(test_quiet_release_flag)
+{
+    struct kvc_release_req rel = {.nleases = 1};
+    const uint64_t id = 5;
+    struct kvc_sync_req sq = {0};
+    struct kvc_commit_req com = {.resv_id = 9, .ncommit = 1};
+    keys_init();
+    ck_assert_int_eq(decode_flags(lookup_msg(1, 1), 0), 0);
+    ck_assert_int_eq(decode_flags(msg(KVC_OP_RELEASE, &rel, sizeof(rel), &id, 8), 0), 0);
+    ck_assert_int_eq(decode_flags(msg(KVC_OP_RELEASE, &rel, sizeof(rel), &id, 8), KVC_MSG_F_QUIET),
+                     0);
+    ck_assert_int_eq(decode_flags(msg(KVC_OP_RELEASE, &rel, sizeof(rel), &id, 8), KVC_MSG_F_FD),
+                     -EINVAL);
+    ck_assert_int_eq(
+        decode_flags(msg(KVC_OP_RELEASE, &rel, sizeof(rel), &id, 8), KVC_MSG_F_QUIET | 0x4),
+        -EINVAL);
+    ck_assert_int_eq(decode_flags(msg(KVC_OP_SYNC, &sq, sizeof(sq), NULL, 0), KVC_MSG_F_QUIET),
+                     -EINVAL);
+    ck_assert_int_eq(decode_flags(msg(KVC_OP_COMMIT, &com, sizeof(com), NULL, 0), KVC_MSG_F_QUIET),
+                     -EINVAL);
+    ck_assert_int_eq(decode_flags(lookup_msg(1, 1), KVC_MSG_F_QUIET), -EINVAL);
+}
+END_TEST
+
 START_TEST(test_mutations_never_crash)
 {
     unsigned seed = 2024;
@@ -516,6 +548,7 @@ int main(void)
     tcase_add_test(tc, test_fast_attach);
     tcase_add_test(tc, test_hint_heads);
     tcase_add_test(tc, test_sync_and_quiet_commit);
+    tcase_add_test(tc, test_quiet_release_flag);
     tcase_add_test(tc, test_mutations_never_crash);
     suite_add_tcase(s, tc);
     return daemon_suite_run(s);

@@ -531,25 +531,59 @@ END_TEST
 
 /* ---- the protocol's edge -------------------------------------------------------------- */
 
-/* One request on a raw connection after HELLO; the reply's status, its length in *len. */
-static int pt_raw(int fd, uint16_t op, const void *body, uint32_t blen, uint32_t *len)
+static uint32_t pt_raw_id;
+
+/* Sends one request with header flags on a raw connection, reads nothing. */
+static void pt_raw_send(int fd, uint16_t op, uint32_t flags, const void *body, uint32_t blen)
 {
-    static uint32_t id;
     uint64_t buf[64];
     struct kvc_msg_hdr *h = (struct kvc_msg_hdr *)buf;
+    ck_assert_uint_le(blen, sizeof(buf) - sizeof(*h));
     *h = (struct kvc_msg_hdr){.magic = KVC_PROTO_MAGIC,
                               .version = KVC_PROTO_VERSION,
                               .opcode = op,
-                              .req_id = ++id,
-                              .len = blen};
+                              .req_id = ++pt_raw_id,
+                              .len = blen,
+                              .flags = flags};
     memcpy(h + 1, body, blen);
     ck_assert_int_eq(send(fd, buf, sizeof(*h) + blen, 0), (ssize_t)(sizeof(*h) + blen));
+}
+
+/* One request with header flags on a raw connection: the next datagram must be its reply
+ * (so none came for a quiet request sent before it); its status, its payload (at most
+ * rlen bytes) into rep when not NULL, its length in *len. */
+static int pt_raw_flags(int fd, uint16_t op, uint32_t flags, const void *body, uint32_t blen,
+                        void *rep, uint32_t rlen, uint32_t *len)
+{
+    uint64_t buf[64];
+    struct kvc_msg_hdr *h = (struct kvc_msg_hdr *)buf;
+    pt_raw_send(fd, op, flags, body, blen);
     ssize_t n = recv(fd, buf, sizeof(buf), 0);
     ck_assert_int_ge(n, (ssize_t)sizeof(*h));
-    ck_assert_uint_eq(h->req_id, id);
+    ck_assert_uint_eq(h->req_id, pt_raw_id);
     ck_assert_uint_eq(h->opcode, op);
     *len = h->len;
+    if (rep)
+        memcpy(rep, h + 1, h->len < rlen ? h->len : rlen);
     return h->status;
+}
+
+/* One request on a raw connection after HELLO; the reply's status, its length in *len. */
+static int pt_raw(int fd, uint16_t op, const void *body, uint32_t blen, uint32_t *len)
+{
+    return pt_raw_flags(fd, op, 0, body, blen, NULL, 0, len);
+}
+
+/* A raw connection to pt_d, not yet greeted. */
+static int pt_raw_connect(void)
+{
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_uint_lt(strlen(pt_d.sock), sizeof(a.sun_path));
+    memcpy(a.sun_path, pt_d.sock, strlen(pt_d.sock) + 1);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    return fd;
 }
 
 START_TEST(test_put_sync_and_commit_flags_checked)
@@ -581,6 +615,125 @@ START_TEST(test_put_sync_and_commit_flags_checked)
     ck_assert_int_eq(pt_raw(fd, KVC_OP_COMMIT, &commit, sizeof(commit), &len), -ENOENT);
     close(fd);
     ck_assert_int_eq(daemon_roundtrip(&pt_d), 0);
+    pt_stop();
+}
+END_TEST
+
+/* A RELEASE with KVC_MSG_F_QUIET is answered only when it fails (the daemon says in HELLO
+ * that it takes the flag): on a raw connection, the next datagram after a quiet release is
+ * the reply to the request after it, and the lease is gone (released again: -ENOENT,
+ * answered though quiet). The flag on any other request is refused. */
+START_TEST(test_release_quiet_answers_only_failures)
+{
+    kvc_client *c;
+    kvc_ns *ns;
+    struct kvc_key k[3];
+    struct kvc_hello_req hello = {.min_version = KVC_PROTO_VERSION,
+                                  .max_version = KVC_PROTO_VERSION};
+    struct kvc_hello_rep hrep = {0};
+    struct kvc_ns_open_rep orep = {0};
+    struct kvc_sync_req sync = {0};
+    uint32_t len;
+    pt_start(pt_args);
+    pt_open(&c, &ns);
+    ck_assert_int_eq(daemon_chain_keys(ns, 1, 0, 3, 3, k), 0);
+    void **b = pt_blocks(ns, k, 3);
+    ck_assert_int_eq(kvc_put_prefix(ns, NULL, k, 3, (const void *const *)b), 3);
+    ck_assert_int_eq(kvc_flush(c), 0);
+
+    int fd = pt_raw_connect();
+    ck_assert_int_eq(pt_raw_flags(fd, KVC_OP_HELLO, 0, &hello, sizeof(hello), &hrep,
+                                  sizeof(hrep), &len),
+                     0);
+    ck_assert_uint_eq(len, sizeof(hrep));
+    ck_assert_uint_eq(hrep.features & KVC_HELLO_F_QUIET, KVC_HELLO_F_QUIET);
+    struct kvc_ns_open_req oq;
+    struct kvc_layout lay = daemon_layout("e2e-put", PT_TOKENS);
+    memset(&oq, 0, sizeof(oq));
+    snprintf(oq.layout.model_id, sizeof(oq.layout.model_id), "%s", lay.model_id);
+    oq.layout.layers = lay.layers;
+    oq.layout.kv_heads = lay.kv_heads;
+    oq.layout.head_dim = lay.head_dim;
+    oq.layout.block_tokens = lay.block_tokens;
+    oq.layout.dtype = (uint8_t)lay.dtype;
+    oq.layout.kv_kind = (uint8_t)lay.kv_kind;
+    ck_assert_int_eq(
+        pt_raw_flags(fd, KVC_OP_NS_OPEN, 0, &oq, sizeof(oq), &orep, sizeof(orep), &len), 0);
+    ck_assert_uint_eq(orep.ns_id, kvc_ns_id(ns));
+
+    struct {
+        struct kvc_lookup_req q;
+        struct kvc_key keys[3];
+    } lq = {.q = {.ns_id = orep.ns_id, .nkeys = 3}};
+    memcpy(lq.keys, k, sizeof(k));
+    struct {
+        struct kvc_lookup_rep p;
+        struct kvc_wire_loc locs[3];
+    } lp = {0};
+    /* the flag on a request that is always answered: refused, nothing pinned */
+    ck_assert_int_eq(
+        pt_raw_flags(fd, KVC_OP_LOOKUP, KVC_MSG_F_QUIET, &lq, sizeof(lq), NULL, 0, &len),
+        -EINVAL);
+    ck_assert_int_eq(pt_raw_flags(fd, KVC_OP_SYNC, 0x4, &sync, sizeof(sync), NULL, 0, &len),
+                     -EINVAL);
+    ck_assert_uint_eq(pt_stat(c, "pins_now"), 0);
+    ck_assert_int_eq(pt_raw_flags(fd, KVC_OP_LOOKUP, 0, &lq, sizeof(lq), &lp, sizeof(lp), &len),
+                     0);
+    ck_assert_uint_eq(lp.p.nhit, 3);
+    ck_assert_uint_ne(lp.p.lease_id, 0);
+    ck_assert_uint_eq(pt_stat(c, "pins_now"), 3);
+
+    struct {
+        struct kvc_release_req q;
+        uint64_t id;
+    } rq = {.q = {.nleases = 1}, .id = lp.p.lease_id};
+    pt_raw_send(fd, KVC_OP_RELEASE, KVC_MSG_F_QUIET, &rq, sizeof(rq));
+    /* the next datagram is SYNC's: the quiet release sent none */
+    ck_assert_int_eq(pt_raw(fd, KVC_OP_SYNC, &sync, sizeof(sync), &len), 0);
+    ck_assert_uint_eq(pt_stat(c, "pins_now"), 0);
+    /* failing, it answers */
+    ck_assert_int_eq(
+        pt_raw_flags(fd, KVC_OP_RELEASE, KVC_MSG_F_QUIET, &rq, sizeof(rq), NULL, 0, &len),
+        -ENOENT);
+    close(fd);
+    pt_blocks_free(b, 3);
+    kvc_disconnect(c);
+    ck_assert_int_eq(daemon_roundtrip(&pt_d), 0);
+    pt_stop();
+}
+END_TEST
+
+/* kvc_release does not wait for the daemon (it sends the RELEASE quiet): it returns while
+ * the daemon is stopped; the connection's next request, answered once the daemon runs
+ * again, sees the pins gone. */
+START_TEST(test_release_does_not_wait)
+{
+    kvc_client *c;
+    kvc_ns *ns;
+    kvc_lease *l = NULL;
+    struct kvc_key k[4];
+    pt_start(pt_args);
+    pt_open(&c, &ns);
+    ck_assert_int_eq(daemon_chain_keys(ns, 1, 0, 4, 4, k), 0);
+    void **b = pt_blocks(ns, k, 4);
+    ck_assert_int_eq(kvc_put_prefix(ns, NULL, k, 4, (const void *const *)b), 4);
+    for (int round = 0; round < 3; round++) { /* more than once: the quiet ones settle */
+        ck_assert_int_eq(kvc_lookup(ns, k, 4, 0, &l), 4);
+        ck_assert_uint_eq(pt_stat(c, "pins_now"), 4);
+        ck_assert_int_eq(kill(pt_d.pid, SIGSTOP), 0);
+        ck_assert_int_eq(kvc_release(l), 0); /* would block until SIGCONT if it waited */
+        ck_assert_int_eq(kill(pt_d.pid, SIGCONT), 0);
+        ck_assert_uint_eq(pt_stat(c, "pins_now"), 0);
+    }
+    /* many in a row (more than the requests libkvc keeps unanswered), then a flush */
+    for (int i = 0; i < 40; i++) {
+        ck_assert_int_eq(kvc_lookup(ns, k, 4, 0, &l), 4);
+        ck_assert_int_eq(kvc_release(l), 0);
+    }
+    ck_assert_int_eq(kvc_flush(c), 0);
+    pt_expect_nothing_held(c);
+    pt_blocks_free(b, 4);
+    kvc_disconnect(c);
     pt_stop();
 }
 END_TEST
@@ -759,6 +912,8 @@ int main(void)
     tcase_add_test(tc, test_put_closed_with_error_reply_unread);
     tcase_add_test(tc, test_put_closed_with_commit_unread);
     tcase_add_test(tc, test_put_sync_and_commit_flags_checked);
+    tcase_add_test(tc, test_release_quiet_answers_only_failures);
+    tcase_add_test(tc, test_release_does_not_wait);
     tcase_add_test(tc, test_put_every_key_counted);
     suite_add_tcase(s, tc);
     if (daemon_suite_init("e2e-put"))

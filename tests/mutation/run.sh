@@ -843,6 +843,22 @@ mutation iofallback-loop-keeps-socket daemon/server_io.c "check_e2e_iothreads" \
         sv->store->total.io_to_threads++;' \
 '        sv->store->total.io_to_threads++;'
 
+# A quiet RELEASE answered all the same: the client reads a reply it did not wait for where
+# the next request's should be.
+mutation release-quiet-answered daemon/server_dispatch.c "check_e2e_put" \
+'                  (r.hdr->flags & KVC_MSG_F_QUIET));' \
+'                  false);'
+
+# The quiet flag taken on every request: a LOOKUP sent quiet pins without answering.
+mutation quiet-flag-any-request daemon/proto.c "check_proto check_e2e_put" \
+'    if ((h->flags & KVC_MSG_F_QUIET) && h->opcode != KVC_OP_RELEASE) {' \
+'    if (false) {'
+
+# kvc_release waits for the daemon again (the round trip the quiet RELEASE saves).
+mutation libkvc-release-waits client/libkvc_lease.c "check_e2e_put" \
+'    quiet = quiet && (c->features & KVC_HELLO_F_QUIET);' \
+'    quiet = false;'
+
 # ---- machinery ------------------------------------------------------------------------------
 
 key() { echo "$1" | tr -- '-.' '__'; }
