@@ -239,7 +239,9 @@ class Lease:
         """How hit i is stored: "raw" (the namespace's dtype), or the codec the daemon
         quantized it to ("q8_0", "fp8", "kivi4", ...); copy_into() decodes either."""
     def release(self) -> None:
-        """Unpins the hits; views still exported keep theirs pinned until released."""
+        """Unpins the hits; views still exported keep theirs pinned until released. The
+        unpin is sent without waiting for the daemon: this client's next call is handled
+        after it, ``Client.flush()`` before another process must see it."""
     def __enter__(self) -> Lease: ...
     def __exit__(self, t: Optional[Type[BaseException]], v: Optional[BaseException],
                  tb: Optional[TracebackType]) -> bool: ...
