@@ -12,7 +12,8 @@
 # kvcd lease (pins on a connection) never leaves its process: the scheduler side asks kvcd
 # how long a prefix is cached with a non-blocking lookup (nowait: hits still being read from
 # disk are counted as not yet there, and the request is asked again while they come back)
-# and releases it at once; the worker looks the same keys up again when it loads (one more
+# and releases it at once (the release is not waited for: the lookup is the scheduler's one
+# round trip); the worker looks the same keys up again when it loads (one more
 # round trip per request and step, tens of microseconds against a prefill's milliseconds). A
 # block evicted in between is a miss in the worker: its vLLM block id is reported through
 # get_block_ids_with_load_errors and vLLM recomputes it, so nothing wrong is ever served.
