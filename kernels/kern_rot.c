@@ -513,9 +513,9 @@ rot_groups_enc8(const __m256 *x, uint8_t *const *o, int bits)
         for (int m = 0; m < 2; m++) {
             const __m128i l0 = _mm256_castsi256_si128(f[m]), l1 = _mm256_extracti128_si256(f[m], 1);
             _mm_storel_epi64((__m128i *)(o[2 * m] + 4), l0);
-            _mm_storeh_pd((double *)(o[2 * m + 1] + 4), _mm_castsi128_pd(l0));
+            _mm_storel_epi64((__m128i *)(o[2 * m + 1] + 4), _mm_unpackhi_epi64(l0, l0));
             _mm_storel_epi64((__m128i *)(o[4 + 2 * m] + 4), l1);
-            _mm_storeh_pd((double *)(o[4 + 2 * m + 1] + 4), _mm_castsi128_pd(l1));
+            _mm_storel_epi64((__m128i *)(o[4 + 2 * m + 1] + 4), _mm_unpackhi_epi64(l1, l1));
         }
     }
 #pragma GCC unroll 8
