@@ -12,8 +12,11 @@
  * decoders of the CPU path in use (the reference's or the AVX2 ones) do the quantization:
  * only the rotation is here, scalar (the reference) and AVX2 (the butterfly's
  * strides of 8 and more as whole-vector adds, the three below inside a vector; the same
- * single-rounded sums in the same pairs, so the same bits). Values are plain KIVI sections
- * (kern_codec_as) and never come here.
+ * single-rounded sums in the same pairs, so the same bits). The AVX2 encode takes eight
+ * tokens of a head at once with the tokens in the lanes, where every stage is between
+ * whole vectors and the groups' extremes and parameters are lane-wise (it does the
+ * quantization of those rows itself, the KIVI value groups' bytes). Values are plain KIVI
+ * sections (kern_codec_as) and never come here.
  */
 #include <errno.h>
 #include <immintrin.h>
@@ -394,14 +397,14 @@ rot_load_t16(const uint16_t *r, uint64_t ts, uint32_t dtype, const int clean, __
                           _mm256_unpacklo_epi64(c5, c7), _mm256_unpackhi_epi64(c5, c7)};
 #pragma GCC unroll 16
     for (int k = 0; k < 16; k++) {
-        const __m128i v = k < 8 ? _mm256_castsi256_si128(d[k]) : _mm256_extracti128_si256(d[k % 8], 1);
+        const __m128i v =
+            k < 8 ? _mm256_castsi256_si128(d[k]) : _mm256_extracti128_si256(d[k % 8], 1);
         if (clean)
             x[k] = _mm256_cvtph_ps(v);
         else
-            x[k] = rot_sanitize(
-                dtype == KERN_DTYPE_BF16
-                    ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16))
-                    : _mm256_cvtph_ps(v));
+            x[k] = rot_sanitize(dtype == KERN_DTYPE_BF16 ? _mm256_castsi256_ps(_mm256_slli_epi32(
+                                                               _mm256_cvtepu16_epi32(v), 16))
+                                                         : _mm256_cvtph_ps(v));
     }
 }
 
@@ -424,14 +427,14 @@ KT static inline __attribute__((always_inline)) void rot_fwht_lanes(__m256 *v, c
 /* The group of 32 channels x[0..31] (lane i token i) to codes as bytes, four channels a
  * vector: B(a, b, c, d) holds in lane L, byte 4k + i, the code of the k-th of channels
  * a, b, c, d for token 4L + i (the packs' order), clamped to [0, qmax] as rot_groups_enc's. */
-KT static inline __attribute__((always_inline)) __m256i rot_codes4(const __m256 *x, int a, int b,
-                                                                   int c, int d, __m256 vm,
-                                                                   __m256 vi, __m256i qb)
+KT static inline __attribute__((always_inline)) __m256i
+rot_codes4(const __m256 *x, int a, int b, int c, int d, __m256 vm, __m256 vi, __m256i qb)
 {
     const __m256 half = _mm256_set1_ps(0.5f);
 #define ROT_Q(j)                                                                                   \
     _mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(x[j], vm), vi), half))
-    const __m256i w = _mm256_packs_epi32(ROT_Q(a), ROT_Q(b)), z = _mm256_packs_epi32(ROT_Q(c), ROT_Q(d));
+    const __m256i w = _mm256_packs_epi32(ROT_Q(a), ROT_Q(b)),
+                  z = _mm256_packs_epi32(ROT_Q(c), ROT_Q(d));
 #undef ROT_Q
     return _mm256_min_epu8(_mm256_packus_epi16(w, z), qb);
 }
@@ -441,8 +444,8 @@ KT static inline __attribute__((always_inline)) __m256i rot_codes4(const __m256 
  * vector each (kern_kivi_params lane by lane, as rot_groups_enc), the codes per channel,
  * bytes transposed back to token order. A group whose minimum or maximum is zero is encoded
  * by the reference (see rot_groups_enc). */
-KT static inline __attribute__((always_inline)) void
-rot_groups_enc8(const __m256 *x, uint8_t *const *o, int bits)
+KT static inline __attribute__((always_inline)) void rot_groups_enc8(const __m256 *x,
+                                                                     uint8_t *const *o, int bits)
 {
     /* the extremes: min and max are exact, so their order is free but for the sign of a
      * zero, which is left to the reference below */
@@ -463,17 +466,17 @@ rot_groups_enc8(const __m256 *x, uint8_t *const *o, int bits)
     const __m256 vm = _mm256_cvtph_ps(hmn), sc = _mm256_cvtph_ps(hsc);
     const __m256 vi = _mm256_andnot_ps(_mm256_cmp_ps(sc, _mm256_setzero_ps(), _CMP_EQ_OQ),
                                        _mm256_div_ps(_mm256_set1_ps(1.0f), sc));
-    const int zero = _mm256_movemask_ps(
-        _mm256_or_ps(_mm256_cmp_ps(mn, _mm256_setzero_ps(), _CMP_EQ_OQ),
-                     _mm256_cmp_ps(mx, _mm256_setzero_ps(), _CMP_EQ_OQ)));
+    const int zero =
+        _mm256_movemask_ps(_mm256_or_ps(_mm256_cmp_ps(mn, _mm256_setzero_ps(), _CMP_EQ_OQ),
+                                        _mm256_cmp_ps(mx, _mm256_setzero_ps(), _CMP_EQ_OQ)));
     /* the headers, scale then min: dword i of hdr token i */
     uint32_t hdr[8];
     _mm_storeu_si128((__m128i *)hdr, _mm_unpacklo_epi16(hsc, hmn));
     _mm_storeu_si128((__m128i *)(hdr + 4), _mm_unpackhi_epi16(hsc, hmn));
     const __m256i qb = _mm256_set1_epi8((char)((1 << bits) - 1));
     /* bytes 4k + i of a lane to dword i: token 4L + i's four code bytes */
-    const __m256i tr = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, 0,
-                                        4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    const __m256i tr = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, 0, 4,
+                                        8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     __m256i p[4];
     if (bits == 4) {
         /* p[k]: the code bytes 4k .. 4k + 3 (channels 8k .. 8k + 7), low nibble the even one */
@@ -484,8 +487,10 @@ rot_groups_enc8(const __m256 *x, uint8_t *const *o, int bits)
                           hi = rot_codes4(x, c + 1, c + 3, c + 5, c + 7, vm, vi, qb);
             p[k] = _mm256_shuffle_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), tr);
         }
-        const __m256i e0 = _mm256_unpacklo_epi32(p[0], p[1]), e1 = _mm256_unpackhi_epi32(p[0], p[1]);
-        const __m256i e2 = _mm256_unpacklo_epi32(p[2], p[3]), e3 = _mm256_unpackhi_epi32(p[2], p[3]);
+        const __m256i e0 = _mm256_unpacklo_epi32(p[0], p[1]),
+                      e1 = _mm256_unpackhi_epi32(p[0], p[1]);
+        const __m256i e2 = _mm256_unpacklo_epi32(p[2], p[3]),
+                      e3 = _mm256_unpackhi_epi32(p[2], p[3]);
         const __m256i f[4] = {_mm256_unpacklo_epi64(e0, e2), _mm256_unpackhi_epi64(e0, e2),
                               _mm256_unpacklo_epi64(e1, e3), _mm256_unpackhi_epi64(e1, e3)};
 #pragma GCC unroll 4
@@ -568,8 +573,7 @@ rot_enc_tok8(const uint16_t *r, uint64_t ts, uint32_t dtype, const uint32_t *m, 
         rot_fwht_lanes(v, D / 8);
 #pragma GCC unroll 16
         for (uint32_t k = 0; k < D / 8; k++)
-            buf[i + 8 * k] =
-                small ? _mm256_mul_ps(v[k], c) : rot_sanitize(_mm256_mul_ps(v[k], c));
+            buf[i + 8 * k] = small ? _mm256_mul_ps(v[k], c) : rot_sanitize(_mm256_mul_ps(v[k], c));
     }
     for (uint32_t g = 0; g < D / 32; g++) {
         uint8_t *og[8];
@@ -595,9 +599,6 @@ KT static inline __attribute__((always_inline)) void rot_sums(const uint16_t *r,
             sum[k] = _mm256_add_ps(sum[k], rot_load8c(r + 8 * k, dtype, clean));
 }
 
-/* Fused encode of the K section: every row loaded, signed, transformed, scaled, and its
- * groups encoded while it is in registers and L1; rows in memory order. D >= 32 (a full
- * group); smaller heads take the unfused path. */
 /* The channels' means of every head (kern_rot_mean: tokens summed in order), as fp16 into
  * the section and as the float they round to into mean[H][D]. */
 KT static void rot_means_avx2(const struct kern_layout *lay, const uint8_t *rawk, uint8_t *out,
@@ -649,6 +650,11 @@ KT static void rot_means_avx2(const struct kern_layout *lay, const uint8_t *rawk
         }
 }
 
+/* Fused encode of the K section: every row loaded, signed, transformed, scaled, and its
+ * groups encoded while it is in registers and L1: whole blocks of eight tokens a head at a
+ * time with the tokens in the lanes (rot_enc_tok8; D of 32, 64 or 128), the tail of fewer
+ * than eight tokens and other head sizes a row at a time. D >= 32 (a full group); smaller
+ * heads take the unfused path. */
 KT static void rot_enc_fused(const struct kern_layout *lay, const uint8_t *rawk,
                              const uint8_t *rawv, uint32_t sseed, int bits, uint8_t *sect,
                              uint32_t *mask)
