@@ -12,8 +12,11 @@
  * decoders of the CPU path in use (the reference's or the AVX2 ones) do the quantization:
  * only the rotation is here, scalar (the reference) and AVX2 (the butterfly's
  * strides of 8 and more as whole-vector adds, the three below inside a vector; the same
- * single-rounded sums in the same pairs, so the same bits). Values are plain KIVI sections
- * (kern_codec_as) and never come here.
+ * single-rounded sums in the same pairs, so the same bits). The AVX2 encode takes eight
+ * tokens of a head at once with the tokens in the lanes, where every stage is between
+ * whole vectors and the groups' extremes and parameters are lane-wise (it does the
+ * quantization of those rows itself, the KIVI value groups' bytes). Values are plain KIVI
+ * sections (kern_codec_as) and never come here.
  */
 #include <errno.h>
 #include <immintrin.h>
@@ -367,9 +370,235 @@ rot_dec_row_regs(const uint8_t *g0, int bits, uint32_t gb, const float *cs, cons
                    out_dtype);
 }
 
-/* Fused encode of the K section: every row loaded, signed, transformed, scaled, and its
- * groups encoded while it is in registers and L1; rows in memory order. D >= 32 (a full
- * group); smaller heads take the unfused path. */
+/* ---- AVX2, eight tokens of a head at a time: tokens in the lanes ------------------------ */
+
+/* Eight tokens' 16 channels (halves at r, the tokens ts apart) as 16 vectors of floats, one
+ * per channel, lane i token i, sanitized as kern_ext_value unless clean: an 8 x 8 transpose
+ * of the halves in each 128-bit lane (channels 0-7 low, 8-15 high), then the conversion. */
+KT static inline __attribute__((always_inline)) void
+rot_load_t16(const uint16_t *r, uint64_t ts, uint32_t dtype, const int clean, __m256 *x)
+{
+    __m256i a[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++)
+        a[i] = _mm256_loadu_si256((const __m256i *)(r + i * ts));
+    /* pairs of tokens per channel, then quads, then all eight */
+    const __m256i b0 = _mm256_unpacklo_epi16(a[0], a[1]), b1 = _mm256_unpackhi_epi16(a[0], a[1]);
+    const __m256i b2 = _mm256_unpacklo_epi16(a[2], a[3]), b3 = _mm256_unpackhi_epi16(a[2], a[3]);
+    const __m256i b4 = _mm256_unpacklo_epi16(a[4], a[5]), b5 = _mm256_unpackhi_epi16(a[4], a[5]);
+    const __m256i b6 = _mm256_unpacklo_epi16(a[6], a[7]), b7 = _mm256_unpackhi_epi16(a[6], a[7]);
+    const __m256i c0 = _mm256_unpacklo_epi32(b0, b2), c1 = _mm256_unpackhi_epi32(b0, b2);
+    const __m256i c2 = _mm256_unpacklo_epi32(b4, b6), c3 = _mm256_unpackhi_epi32(b4, b6);
+    const __m256i c4 = _mm256_unpacklo_epi32(b1, b3), c5 = _mm256_unpackhi_epi32(b1, b3);
+    const __m256i c6 = _mm256_unpacklo_epi32(b5, b7), c7 = _mm256_unpackhi_epi32(b5, b7);
+    const __m256i d[8] = {_mm256_unpacklo_epi64(c0, c2), _mm256_unpackhi_epi64(c0, c2),
+                          _mm256_unpacklo_epi64(c1, c3), _mm256_unpackhi_epi64(c1, c3),
+                          _mm256_unpacklo_epi64(c4, c6), _mm256_unpackhi_epi64(c4, c6),
+                          _mm256_unpacklo_epi64(c5, c7), _mm256_unpackhi_epi64(c5, c7)};
+#pragma GCC unroll 16
+    for (int k = 0; k < 16; k++) {
+        const __m128i v =
+            k < 8 ? _mm256_castsi256_si128(d[k]) : _mm256_extracti128_si256(d[k % 8], 1);
+        if (clean)
+            x[k] = _mm256_cvtph_ps(v);
+        else
+            x[k] = rot_sanitize(dtype == KERN_DTYPE_BF16 ? _mm256_castsi256_ps(_mm256_slli_epi32(
+                                                               _mm256_cvtepu16_epi32(v), 16))
+                                                         : _mm256_cvtph_ps(v));
+    }
+}
+
+/* The butterfly's stages of strides 1 .. n / 2 on n vectors (the channels' stride), in
+ * place: the reference's pairs, a sum and a difference each. */
+KT static inline __attribute__((always_inline)) void rot_fwht_lanes(__m256 *v, const uint32_t n)
+{
+#pragma GCC unroll 4
+    for (uint32_t len = 1; len < n; len <<= 1)
+#pragma GCC unroll 8
+        for (uint32_t i = 0; i < n; i += 2 * len)
+#pragma GCC unroll 8
+            for (uint32_t j = i; j < i + len; j++) {
+                const __m256 a = v[j], b = v[j + len];
+                v[j] = _mm256_add_ps(a, b);
+                v[j + len] = _mm256_sub_ps(a, b);
+            }
+}
+
+/* The group of 32 channels x[0..31] (lane i token i) to codes as bytes, four channels a
+ * vector: B(a, b, c, d) holds in lane L, byte 4k + i, the code of the k-th of channels
+ * a, b, c, d for token 4L + i (the packs' order), clamped to [0, qmax] as rot_groups_enc's. */
+KT static inline __attribute__((always_inline)) __m256i
+rot_codes4(const __m256 *x, int a, int b, int c, int d, __m256 vm, __m256 vi, __m256i qb)
+{
+    const __m256 half = _mm256_set1_ps(0.5f);
+#define ROT_Q(j)                                                                                   \
+    _mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(x[j], vm), vi), half))
+    const __m256i w = _mm256_packs_epi32(ROT_Q(a), ROT_Q(b)),
+                  z = _mm256_packs_epi32(ROT_Q(c), ROT_Q(d));
+#undef ROT_Q
+    return _mm256_min_epu8(_mm256_packus_epi16(w, z), qb);
+}
+
+/* Eight tokens' groups g of head h (x: the group's 32 channels, lane i token i, scaled and
+ * clamped) to their blocks at o[i] + g * gb: the parameters of the eight groups in one
+ * vector each (kern_kivi_params lane by lane, as rot_groups_enc), the codes per channel,
+ * bytes transposed back to token order. A group whose minimum or maximum is zero is encoded
+ * by the reference (see rot_groups_enc). */
+KT static inline __attribute__((always_inline)) void rot_groups_enc8(const __m256 *x,
+                                                                     uint8_t *const *o, int bits)
+{
+    /* the extremes: min and max are exact, so their order is free but for the sign of a
+     * zero, which is left to the reference below */
+    __m256 mn = x[0], mx = x[0], mn1 = x[1], mx1 = x[1];
+#pragma GCC unroll 16
+    for (int j = 2; j < 32; j += 2) {
+        mn = _mm256_min_ps(mn, x[j]);
+        mx = _mm256_max_ps(mx, x[j]);
+        mn1 = _mm256_min_ps(mn1, x[j + 1]);
+        mx1 = _mm256_max_ps(mx1, x[j + 1]);
+    }
+    mn = _mm256_min_ps(mn, mn1);
+    mx = _mm256_max_ps(mx, mx1);
+    const __m256 qmax = _mm256_set1_ps((float)((1 << bits) - 1));
+    const __m128i hmn = _mm256_cvtps_ph(mn, _MM_FROUND_TO_NEAREST_INT),
+                  hsc = _mm256_cvtps_ph(_mm256_div_ps(_mm256_sub_ps(mx, mn), qmax),
+                                        _MM_FROUND_TO_NEAREST_INT);
+    const __m256 vm = _mm256_cvtph_ps(hmn), sc = _mm256_cvtph_ps(hsc);
+    const __m256 vi = _mm256_andnot_ps(_mm256_cmp_ps(sc, _mm256_setzero_ps(), _CMP_EQ_OQ),
+                                       _mm256_div_ps(_mm256_set1_ps(1.0f), sc));
+    const int zero =
+        _mm256_movemask_ps(_mm256_or_ps(_mm256_cmp_ps(mn, _mm256_setzero_ps(), _CMP_EQ_OQ),
+                                        _mm256_cmp_ps(mx, _mm256_setzero_ps(), _CMP_EQ_OQ)));
+    /* the headers, scale then min: dword i of hdr token i */
+    uint32_t hdr[8];
+    _mm_storeu_si128((__m128i *)hdr, _mm_unpacklo_epi16(hsc, hmn));
+    _mm_storeu_si128((__m128i *)(hdr + 4), _mm_unpackhi_epi16(hsc, hmn));
+    const __m256i qb = _mm256_set1_epi8((char)((1 << bits) - 1));
+    /* bytes 4k + i of a lane to dword i: token 4L + i's four code bytes */
+    const __m256i tr = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, 0, 4,
+                                        8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    __m256i p[4];
+    if (bits == 4) {
+        /* p[k]: the code bytes 4k .. 4k + 3 (channels 8k .. 8k + 7), low nibble the even one */
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            const int c = 8 * k;
+            const __m256i lo = rot_codes4(x, c, c + 2, c + 4, c + 6, vm, vi, qb),
+                          hi = rot_codes4(x, c + 1, c + 3, c + 5, c + 7, vm, vi, qb);
+            p[k] = _mm256_shuffle_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), tr);
+        }
+        const __m256i e0 = _mm256_unpacklo_epi32(p[0], p[1]),
+                      e1 = _mm256_unpackhi_epi32(p[0], p[1]);
+        const __m256i e2 = _mm256_unpacklo_epi32(p[2], p[3]),
+                      e3 = _mm256_unpackhi_epi32(p[2], p[3]);
+        const __m256i f[4] = {_mm256_unpacklo_epi64(e0, e2), _mm256_unpackhi_epi64(e0, e2),
+                              _mm256_unpacklo_epi64(e1, e3), _mm256_unpackhi_epi64(e1, e3)};
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            _mm_storeu_si128((__m128i *)(o[i] + 4), _mm256_castsi256_si128(f[i]));
+            _mm_storeu_si128((__m128i *)(o[4 + i] + 4), _mm256_extracti128_si256(f[i], 1));
+        }
+    } else {
+        /* p[k]: the code bytes 4k .. 4k + 3 (channels 16k .. 16k + 15), lowest bits first */
+#pragma GCC unroll 2
+        for (int k = 0; k < 2; k++) {
+            const int c = 16 * k;
+            const __m256i b0 = rot_codes4(x, c, c + 4, c + 8, c + 12, vm, vi, qb),
+                          b1 = rot_codes4(x, c + 1, c + 5, c + 9, c + 13, vm, vi, qb),
+                          b2 = rot_codes4(x, c + 2, c + 6, c + 10, c + 14, vm, vi, qb),
+                          b3 = rot_codes4(x, c + 3, c + 7, c + 11, c + 15, vm, vi, qb);
+            const __m256i v = _mm256_or_si256(
+                _mm256_or_si256(b0, _mm256_slli_epi16(b1, 2)),
+                _mm256_or_si256(_mm256_slli_epi16(b2, 4), _mm256_slli_epi16(b3, 6)));
+            p[k] = _mm256_shuffle_epi8(v, tr);
+        }
+        /* token 4L + 2m in the low 8 bytes of f[m], 4L + 2m + 1 in the high */
+        const __m256i f[2] = {_mm256_unpacklo_epi32(p[0], p[1]), _mm256_unpackhi_epi32(p[0], p[1])};
+#pragma GCC unroll 2
+        for (int m = 0; m < 2; m++) {
+            const __m128i l0 = _mm256_castsi256_si128(f[m]), l1 = _mm256_extracti128_si256(f[m], 1);
+            _mm_storel_epi64((__m128i *)(o[2 * m] + 4), l0);
+            _mm_storel_epi64((__m128i *)(o[2 * m + 1] + 4), _mm_unpackhi_epi64(l0, l0));
+            _mm_storel_epi64((__m128i *)(o[4 + 2 * m] + 4), l1);
+            _mm_storel_epi64((__m128i *)(o[4 + 2 * m + 1] + 4), _mm_unpackhi_epi64(l1, l1));
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++)
+        memcpy(o[i], &hdr[i], 4);
+    for (int i = 0; zero && i < 8; i++) {
+        if (!(zero >> i & 1))
+            continue;
+        float f[32], lane[8];
+        for (int j = 0; j < 32; j++) {
+            _mm256_storeu_ps(lane, x[j]);
+            f[j] = lane[i];
+        }
+        kern_kivi_v_enc(f, 32, o[i], bits);
+    }
+}
+
+/* Eight tokens (t .. t + 7) of head h of rot_enc_fused, D channels (32, 64 or 128): the
+ * tokens in the lanes, so every butterfly stage is between whole vectors and each group's
+ * extremes and parameters are lane-wise, for eight rows at once. The rows go through buf:
+ * loaded, centred, signed and the three smallest stages per 16 channels; the stages of 8 up
+ * to D / 4 per column of D / 16 vectors; the last stage, the scale and the groups' extremes;
+ * then the codes per group. Every lane does the reference's operations in its order. */
+KT static inline __attribute__((always_inline)) void
+rot_enc_tok8(const uint16_t *r, uint64_t ts, uint32_t dtype, const uint32_t *m, const float *mu,
+             __m256 c, int bits, uint8_t *const *o, uint32_t gb, const uint32_t D, const int clean,
+             const int small)
+{
+    __m256 buf[128];
+    for (uint32_t j = 0; j < D; j += 16) {
+        __m256 x[16];
+        rot_load_t16(r + j, ts, dtype, clean, x);
+#pragma GCC unroll 16
+        for (int k = 0; k < 16; k++)
+            x[k] = _mm256_xor_ps(_mm256_sub_ps(x[k], _mm256_broadcast_ss(mu + j + k)),
+                                 _mm256_broadcast_ss((const float *)m + j + k));
+        rot_fwht_lanes(x, 8);
+        rot_fwht_lanes(x + 8, 8);
+#pragma GCC unroll 16
+        for (int k = 0; k < 16; k++)
+            buf[j + k] = x[k];
+    }
+    /* the stages of strides 8 .. D / 2 per column of D / 8 vectors (channels i, i + 8, ...),
+     * then the scale */
+    for (uint32_t i = 0; i < 8; i++) {
+        __m256 v[16];
+#pragma GCC unroll 16
+        for (uint32_t k = 0; k < D / 8; k++)
+            v[k] = buf[i + 8 * k];
+        rot_fwht_lanes(v, D / 8);
+#pragma GCC unroll 16
+        for (uint32_t k = 0; k < D / 8; k++)
+            buf[i + 8 * k] = small ? _mm256_mul_ps(v[k], c) : rot_sanitize(_mm256_mul_ps(v[k], c));
+    }
+    for (uint32_t g = 0; g < D / 32; g++) {
+        uint8_t *og[8];
+        for (int i = 0; i < 8; i++)
+            og[i] = o[i] + (uint64_t)g * gb;
+        rot_groups_enc8(buf + 32 * g, og, bits);
+    }
+}
+
+/* The sums over T tokens (ts halves apart, token order) of nv * 8 channels at r, each
+ * value as kern_ext_value (clean: rot_load8c's). */
+KT static inline __attribute__((always_inline)) void rot_sums(const uint16_t *r, uint64_t ts,
+                                                              uint32_t T, uint32_t dtype,
+                                                              __m256 *sum, const uint32_t nv,
+                                                              const int clean)
+{
+#pragma GCC unroll 8
+    for (uint32_t k = 0; k < nv; k++)
+        sum[k] = _mm256_setzero_ps();
+    for (uint32_t t = 0; t < T; t++, r += ts)
+#pragma GCC unroll 8
+        for (uint32_t k = 0; k < nv; k++)
+            sum[k] = _mm256_add_ps(sum[k], rot_load8c(r + 8 * k, dtype, clean));
+}
+
 /* The channels' means of every head (kern_rot_mean: tokens summed in order), as fp16 into
  * the section and as the float they round to into mean[H][D]. */
 KT static void rot_means_avx2(const struct kern_layout *lay, const uint8_t *rawk, uint8_t *out,
@@ -399,22 +628,19 @@ KT static void rot_means_avx2(const struct kern_layout *lay, const uint8_t *rawk
      * |y_i| = c |sum_j +-x'_j| <= c D max|x'| = sqrt(D) 2 amax; the butterfly's roundings
      * (seven sums, then the scale) grow that by under 1e-6, far inside the 1.01 allowed */
     *small = *clean && (double)kern_h2f(amax_h) * 2.0 * sqrt((double)D) * 1.01 < KERN_FP16_MAX;
-    /* summed in token order per channel, eight channels at a time in registers */
+    /* summed in token order per channel, 64 channels (eight chains) at a time in registers */
     for (uint32_t h = 0; h < H; h++)
-        for (uint32_t j = 0; j < D; j += 32) {
-            __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-            const uint32_t w = D - j < 32 ? D - j : 32;
-            for (uint32_t t = 0; t < T; t++) {
-                const uint16_t *r = raw + ((uint64_t)t * H + h) * D + j;
-                s0 = _mm256_add_ps(s0, rot_load8(r, lay->dtype));
-                if (w > 8)
-                    s1 = _mm256_add_ps(s1, rot_load8(r + 8, lay->dtype));
-                if (w > 16) {
-                    s2 = _mm256_add_ps(s2, rot_load8(r + 16, lay->dtype));
-                    s3 = _mm256_add_ps(s3, rot_load8(r + 24, lay->dtype));
-                }
-            }
-            const __m256 sum[4] = {s0, s1, s2, s3};
+        for (uint32_t j = 0; j < D; j += 64) {
+            const uint32_t w = D - j < 64 ? D - j : 64; /* D >= 32, a multiple of 32 */
+            __m256 sum[8];
+            if (w == 64 && *clean)
+                rot_sums(raw + (uint64_t)h * D + j, (uint64_t)H * D, T, lay->dtype, sum, 8, 1);
+            else if (w == 64)
+                rot_sums(raw + (uint64_t)h * D + j, (uint64_t)H * D, T, lay->dtype, sum, 8, 0);
+            else if (*clean)
+                rot_sums(raw + (uint64_t)h * D + j, (uint64_t)H * D, T, lay->dtype, sum, 4, 1);
+            else
+                rot_sums(raw + (uint64_t)h * D + j, (uint64_t)H * D, T, lay->dtype, sum, 4, 0);
             for (uint32_t k = 0; k < w; k += 8) {
                 __m128i hv =
                     _mm256_cvtps_ph(_mm256_div_ps(sum[k / 8], n), _MM_FROUND_TO_NEAREST_INT);
@@ -424,6 +650,11 @@ KT static void rot_means_avx2(const struct kern_layout *lay, const uint8_t *rawk
         }
 }
 
+/* Fused encode of the K section: every row loaded, signed, transformed, scaled, and its
+ * groups encoded while it is in registers and L1: whole blocks of eight tokens a head at a
+ * time with the tokens in the lanes (rot_enc_tok8; D of 32, 64 or 128), the tail of fewer
+ * than eight tokens and other head sizes a row at a time. D >= 32 (a full group); smaller
+ * heads take the unfused path. */
 KT static void rot_enc_fused(const struct kern_layout *lay, const uint8_t *rawk,
                              const uint8_t *rawv, uint32_t sseed, int bits, uint8_t *sect,
                              uint32_t *mask)
@@ -438,7 +669,37 @@ KT static void rot_enc_fused(const struct kern_layout *lay, const uint8_t *rawk,
         rot_signs(mask + (uint64_t)h * D, sseed, h, D);
     int clean, small;
     rot_means_avx2(lay, rawk, sect + KERN_ROT_PREFIX, mean, &clean, &small);
-    for (uint32_t t = 0; t < T; t++)
+    /* whole blocks of eight tokens with the tokens in the lanes, the rest a row at a time */
+    uint32_t t0 = 0;
+    if (D == 32 || D == 64 || D == 128)
+        for (; t0 + 8 <= T; t0 += 8)
+            for (uint32_t h = 0; h < H; h++) {
+                const uint64_t ts = (uint64_t)H * D;
+                const uint16_t *r = (const uint16_t *)rawk + (uint64_t)t0 * ts + (uint64_t)h * D;
+                uint8_t *o[8];
+                for (uint32_t i = 0; i < 8; i++) {
+                    o[i] = out + (((uint64_t)t0 + i) * H + h) * G * gb;
+                    /* the V slab into L2, as below */
+                    if (rawv)
+                        for (uint32_t j = 0; j < D; j += 32)
+                            _mm_prefetch((const char *)(rawv + 2 * (((uint64_t)t0 + i) * ts +
+                                                                    (uint64_t)h * D + j)),
+                                         _MM_HINT_T1);
+                }
+                const uint32_t *m = mask + (uint64_t)h * D;
+                const float *mu = mean + (uint64_t)h * D;
+                if (D == 128 && small)
+                    rot_enc_tok8(r, ts, lay->dtype, m, mu, c, bits, o, gb, 128, 1, 1);
+                else if (D == 128 && clean)
+                    rot_enc_tok8(r, ts, lay->dtype, m, mu, c, bits, o, gb, 128, 1, 0);
+                else if (D == 128)
+                    rot_enc_tok8(r, ts, lay->dtype, m, mu, c, bits, o, gb, 128, 0, 0);
+                else if (D == 64)
+                    rot_enc_tok8(r, ts, lay->dtype, m, mu, c, bits, o, gb, 64, 0, 0);
+                else
+                    rot_enc_tok8(r, ts, lay->dtype, m, mu, c, bits, o, gb, 32, 0, 0);
+            }
+    for (uint32_t t = t0; t < T; t++)
         for (uint32_t h = 0; h < H; h++) {
             const uint16_t *r = (const uint16_t *)rawk + ((uint64_t)t * H + h) * D;
             /* the layer's V slab, which its KIVI encoder reads next, into L2 under this

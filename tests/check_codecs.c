@@ -218,6 +218,34 @@ START_TEST(test_constant_heads_same_bytes)
 }
 END_TEST
 
+/* ROT keys of signed zeros that the rotation's signs turn into -0 in every channel of head
+ * 0 (the mean +0, so each centred value is its input): the butterfly's outputs are +0 and
+ * -0 mixed, every group's minimum and maximum a zero whose sign is its first zero's, as the
+ * reference keeps it; the AVX2 encoder's extremes (eight tokens in the lanes, or a row's
+ * tree) take either, so such groups must go to the reference. Every path gives the
+ * reference's bytes, token counts with and without a tail of fewer than eight. */
+START_TEST(test_rot_signed_zero_rows_same_bytes)
+{
+    const struct shape *sh = &shapes[(uint32_t)_i / NCODECS];
+    const uint32_t codec = codecs[(uint32_t)_i % NCODECS];
+    if (codec != KERN_CODEC_ROT2 && codec != KERN_CODEC_ROT4)
+        return;
+    struct kern_layout lay = layout_of(sh);
+    struct kern_recipe rec;
+    kern_recipe_fill(&rec, codec, codec, 0);
+    uint16_t *raw = make_data(&lay, DATA_OUTLIER, 190 + (uint64_t)_i);
+    for (uint32_t l = 0; l < lay.layers; l++) {
+        const uint32_t sseed = kern_rot_sect_seed(rec.seed, l);
+        for (uint32_t t = 0; t < lay.tokens; t++)
+            for (uint32_t d = 0; d < lay.head_dim; d++)
+                raw[kern_raw_index(&lay, l, 0, t, 0) + d] =
+                    kern_rot_neg(sseed, 0, d) ? 0x0000 : 0x8000; /* +0 or -0 */
+    }
+    free(same_bytes(&lay, &rec, raw));
+    free(raw);
+}
+END_TEST
+
 /* Inputs with -0 (every third channel, on outlier data whose tokens stay apart and on runs
  * of near-identical tokens): MERGE's clean path copies a run of one row as its halves with
  * -0 made +0 (the reference's 0 + x) and sums longer runs from 0. Then runs with one NaN
@@ -788,6 +816,7 @@ static Suite *codecs_suite(void)
     tcase_add_loop_test(tc, test_paths_same_bytes, 0, (int)(NSHAPES * NCODECS));
     tcase_add_loop_test(tc, test_constant_heads_same_bytes, 0, (int)(NSHAPES * NCODECS));
     tcase_add_loop_test(tc, test_signed_zeros_same_bytes, 0, (int)(NSHAPES * NCODECS));
+    tcase_add_loop_test(tc, test_rot_signed_zero_rows_same_bytes, 0, (int)(NSHAPES * NCODECS));
     tcase_add_loop_test(tc, test_large_keys_same_bytes, 0, (int)(NSHAPES * NCODECS));
     tcase_add_loop_test(tc, test_stats_same, 0, (int)(NSHAPES * NCODECS));
     tcase_add_loop_test(tc, test_encoder_units_same_bytes, 0, (int)NUNIT_CASES);
