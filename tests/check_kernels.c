@@ -219,8 +219,11 @@ START_TEST(test_value_l1)
     } shape[] = {{2, 8, 128, 16}, {1, 1, 3, 5}, {3, 2, 7, 9}};
     for (uint32_t dt = 0; dt < 2; dt++)
         for (uint32_t k = 0; k < sizeof(shape) / sizeof(shape[0]); k++) {
-            struct kern_layout lay = {shape[k].layers, shape[k].heads, shape[k].head_dim,
-                                      shape[k].tokens, dt ? KERN_DTYPE_BF16 : KERN_DTYPE_FP16, 0};
+            struct kern_layout lay = {.layers = shape[k].layers,
+                                      .heads = shape[k].heads,
+                                      .head_dim = shape[k].head_dim,
+                                      .tokens = shape[k].tokens,
+                                      .dtype = dt ? KERN_DTYPE_BF16 : KERN_DTYPE_FP16};
             uint64_t row = (uint64_t)lay.tokens * lay.heads * lay.head_dim;
             uint64_t n = 2 * lay.layers * row;
             uint16_t *v = malloc(n * 2);
@@ -234,11 +237,12 @@ START_TEST(test_value_l1)
                 }
                 for (uint32_t l = 0; l < lay.layers; l++)
                     for (uint64_t i = 0; i < row; i++)
-                        want += fabsf(kern_sanitize(kern_load(v, lay.dtype, (2 * l + 1) * row + i)));
+                        want +=
+                            fabsf(kern_sanitize(kern_load(v, lay.dtype, (2 * l + 1) * row + i)));
                 want /= (double)lay.layers * lay.heads * lay.tokens;
                 double got = kern_value_l1(&lay, v);
-                ck_assert_msg(fabs(got - want) <= 1e-5 * want, "dtype %u shape %u pass %u: %g, want %g",
-                              dt, k, pass, got, want);
+                ck_assert_msg(fabs(got - want) <= 1e-5 * want,
+                              "dtype %u shape %u pass %u: %g, want %g", dt, k, pass, got, want);
             }
             free(v);
         }
