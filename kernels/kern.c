@@ -72,6 +72,35 @@ uint64_t kern_raw_size(const struct kern_layout *lay)
     return (uint64_t)lay->layers * kern_kinds(lay) * lay->tokens * lay->heads * lay->head_dim * 2;
 }
 
+/* |x| of n raw fp16/bf16 values as kern_sanitize sees them (NaN 0, the rest clamped to the
+ * fp16 range), summed. On the quantize worker's path for every block it encodes, so without a
+ * branch per value: the magnitude's bits moved into a float (fp16 rebiased by a multiply by
+ * 2^112, exact for subnormals too), NaN masked, infinity and bf16's larger values clamped; eight
+ * partial sums in float (the result is kept as a bf16), added in double per row. */
+static double kern_abs_sum(const uint8_t *v, uint64_t n, uint32_t dtype)
+{
+    float acc[8] = {0};
+    uint64_t i = 0;
+    uint32_t nan = dtype == KERN_DTYPE_BF16 ? 0x7f80u : 0x7c00u;
+    uint32_t sh = dtype == KERN_DTYPE_BF16 ? 16 : 13;
+    float scale = dtype == KERN_DTYPE_BF16 ? 1.0f : 0x1p112f;
+    for (; i + 8 <= n; i += 8)
+        for (uint32_t j = 0; j < 8; j++) {
+            uint16_t h;
+            memcpy(&h, v + 2 * (i + j), 2);
+            uint32_t m = h & 0x7fffu;
+            float x = kern_u2f(m << sh) * scale;
+            x = x > KERN_FP16_MAX ? KERN_FP16_MAX : x;
+            acc[j] += m > nan ? 0.0f : x;
+        }
+    double sum = 0.0;
+    for (; i < n; i++)
+        sum += fabsf(kern_sanitize(kern_load(v, dtype, i)));
+    for (uint32_t j = 0; j < 8; j++)
+        sum += acc[j];
+    return sum;
+}
+
 double kern_value_l1(const struct kern_layout *lay, const void *src)
 {
     if (!src || lay->k_only || kern_layout_check(lay) < 0)
@@ -80,8 +109,7 @@ double kern_value_l1(const struct kern_layout *lay, const void *src)
     double sum = 0.0;
     for (uint32_t l = 0; l < lay->layers; l++) {
         uint64_t base = (2 * (uint64_t)l + 1) * row; /* [layer][k/v][token][head][dim] */
-        for (uint64_t i = 0; i < row; i++)
-            sum += fabsf(kern_sanitize(kern_load(src, lay->dtype, base + i)));
+        sum += kern_abs_sum((const uint8_t *)src + 2 * base, row, lay->dtype);
     }
     return sum / ((double)lay->layers * lay->heads * lay->tokens);
 }

@@ -208,6 +208,47 @@ START_TEST(test_f16_conversion)
 }
 END_TEST
 
+/* kern_value_l1 (VATP's value norm, on the quantize worker's path) is the mean over (layer,
+ * head, token) of the sanitised |value| summed in order, for every bit pattern of both dtypes
+ * (NaN, infinity, subnormals, bf16 past the fp16 range) and a row that is no multiple of the
+ * eight partial sums. Keys are never read. */
+START_TEST(test_value_l1)
+{
+    static const struct {
+        uint32_t layers, heads, head_dim, tokens;
+    } shape[] = {{2, 8, 128, 16}, {1, 1, 3, 5}, {3, 2, 7, 9}};
+    for (uint32_t dt = 0; dt < 2; dt++)
+        for (uint32_t k = 0; k < sizeof(shape) / sizeof(shape[0]); k++) {
+            struct kern_layout lay = {.layers = shape[k].layers,
+                                      .heads = shape[k].heads,
+                                      .head_dim = shape[k].head_dim,
+                                      .tokens = shape[k].tokens,
+                                      .dtype = dt ? KERN_DTYPE_BF16 : KERN_DTYPE_FP16};
+            uint64_t row = (uint64_t)lay.tokens * lay.heads * lay.head_dim;
+            uint64_t n = 2 * lay.layers * row;
+            uint16_t *v = malloc(n * 2);
+            ck_assert_ptr_nonnull(v);
+            for (uint32_t pass = 0; pass * lay.layers * row < 0x10000u || pass < 3; pass++) {
+                double want = 0.0;
+                for (uint64_t i = 0; i < n; i++) {
+                    uint64_t l = i / (2 * row), val = (i / row) % 2;
+                    /* values: bit pattern after bit pattern; keys: NaN, never counted */
+                    v[i] = val ? (uint16_t)((pass * lay.layers + l) * row + i % row) : 0x7fff;
+                }
+                for (uint32_t l = 0; l < lay.layers; l++)
+                    for (uint64_t i = 0; i < row; i++)
+                        want +=
+                            fabsf(kern_sanitize(kern_load(v, lay.dtype, (2 * l + 1) * row + i)));
+                want /= (double)lay.layers * lay.heads * lay.tokens;
+                double got = kern_value_l1(&lay, v);
+                ck_assert_msg(fabs(got - want) <= 1e-5 * want,
+                              "dtype %u shape %u pass %u: %g, want %g", dt, k, pass, got, want);
+            }
+            free(v);
+        }
+}
+END_TEST
+
 START_TEST(test_e4m3)
 {
     /* every finite code decodes and re-encodes to itself (0x80 = -0) */
@@ -1360,6 +1401,7 @@ static Suite *kernels_suite(void)
     tcase_add_test(tc, test_ggml_hand_vectors);
     tcase_add_test(tc, test_ggml_independent);
     tcase_add_test(tc, test_f16_conversion);
+    tcase_add_test(tc, test_value_l1);
     tcase_add_test(tc, test_e4m3);
     suite_add_tcase(s, tc);
 
