@@ -6,7 +6,8 @@
  *
  * DESIGN
  * One SOCK_SEQPACKET socket; every datagram is one request and gets one reply, in order
- * (a COMMIT with KVC_COMMIT_F_QUIET only when it fails: kvc_put_prefix does not wait for it).
+ * (a COMMIT with KVC_COMMIT_F_QUIET, and a RELEASE with KVC_MSG_F_QUIET in its header, only
+ * when it fails: kvc_put_prefix and kvc_release do not wait for them).
  * The trim a commit may call for runs once the connection's queued requests are answered, so
  * the RESERVE a client sends right behind its commit does not wait for the eviction.
  * The loop thread owns everything here; with server.io_threads > 0 the connections' sockets
