@@ -303,11 +303,18 @@ static void server_on_ready(void *arg)
     server_waits_check(sv, loop_now_ms(sv->loop));
 }
 
-/* Quantize jobs landed: the puts that wait for the room they freed run again. */
+/* Quantize jobs landed: the puts that wait for the room they freed run again, in arrival
+ * order until one still does not fit. A landing frees a slot or two and the oldest put's
+ * ladder steps already asked for its whole chain's room, so the ones behind it would only
+ * take slots, give them back and wait again: a RESERVE handled on the loop's CPU each time,
+ * which the quantize worker needs to make the room. The tick and the disk's and the pool's
+ * completions still run every waiting request (deadlines, room of their own). */
 static void server_on_room(void *arg)
 {
     struct server *sv = arg;
+    sv->retry_until_deferred = true;
     server_retry(sv, loop_now_ms(sv->loop));
+    sv->retry_until_deferred = false;
 }
 
 /* Reservations of c past their deadline: aborted, remembered, counted, logged. */

@@ -944,7 +944,8 @@ void server_retry(struct server *sv, uint64_t now)
      * started moves of the pool and waits on goes behind the others that wait: the slots the
      * next landing frees go first to a lookup that got none this time, so a long prefix (or
      * a client's many connections) cannot take every slot, landing after landing, while
-     * another tenant's lookup waits out disk.put_wait behind it. */
+     * another tenant's lookup waits out disk.put_wait behind it. With retry_until_deferred
+     * (server_on_room) the run stops at the first that waits on. */
     sv->pending_run = sv->pending;
     sv->pending = NULL;
     while (sv->pending_run) {
@@ -967,6 +968,12 @@ void server_retry(struct server *sv, uint64_t now)
             *w = p;
         } else {
             server_pending_push(sv, p);
+            if (sv->retry_until_deferred)
+                while (sv->pending_run) { /* they wait on behind it, in order */
+                    struct server_pending *q = sv->pending_run;
+                    sv->pending_run = q->next;
+                    server_pending_push(sv, q);
+                }
         }
     }
     while (sv->pending_took) {

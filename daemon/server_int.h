@@ -144,6 +144,7 @@ struct server {
     struct server_pending *pending;
     struct server_pending *pending_run; /* taken off `pending` by server_retry() */
     struct server_pending *pending_took; /* of those, the ones that started pool moves */
+    bool retry_until_deferred; /* server_retry stops at the first request that waits on */
     struct server_pending *retrying;    /* the one running again now, or NULL */
     bool retry_again;                   /* it deferred again: back on `pending` */
     uint64_t waits_deadline;            /* earliest deadline among waits (tick skips until then) */
