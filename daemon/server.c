@@ -304,11 +304,13 @@ static void server_on_ready(void *arg)
 }
 
 /* Quantize jobs landed: the puts that wait for the room they freed run again, in arrival
- * order until one still does not fit. A landing frees a slot or two and the oldest put's
- * ladder steps already asked for its whole chain's room, so the ones behind it would only
- * take slots, give them back and wait again: a RESERVE handled on the loop's CPU each time,
- * which the quantize worker needs to make the room. The tick and the disk's and the pool's
- * completions still run every waiting request (deadlines, room of their own). */
+ * order, each uid's until one of its own still does not fit. A landing frees a slot or two
+ * and that oldest put's ladder steps already asked for its whole chain's room, so the same
+ * uid's ones behind it would only take slots, give them back and wait again: a RESERVE
+ * handled on the loop's CPU each time, which the quantize worker needs to make the room.
+ * Other uids' requests run as always (one tenant's waiting put never holds back another's).
+ * The tick and the disk's and the pool's completions still run every waiting request
+ * (deadlines, room of their own). */
 static void server_on_room(void *arg)
 {
     struct server *sv = arg;

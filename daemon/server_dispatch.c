@@ -945,14 +945,25 @@ void server_retry(struct server *sv, uint64_t now)
      * next landing frees go first to a lookup that got none this time, so a long prefix (or
      * a client's many connections) cannot take every slot, landing after landing, while
      * another tenant's lookup waits out disk.put_wait behind it. With retry_until_deferred
-     * (server_on_room) the run stops at the first that waits on. */
+     * (server_on_room: a quantize landing freed a slot or two) a uid's requests stop at the
+     * first of them that waits on: the later ones of that uid wait behind it, in order,
+     * without running (they would take slots, give them back and wait again); every other
+     * uid's run as before, so one tenant's waiting put never holds back another's. */
+    const struct server_uid *held[SERVER_RETRY_HELD];
+    uint32_t nheld = 0;
     sv->pending_run = sv->pending;
     sv->pending = NULL;
     while (sv->pending_run) {
         struct server_pending *p = sv->pending_run;
         const uint64_t moves0 = engine_gpu_moves_started(sv->store);
-        bool closed;
+        bool closed, behind = false;
         sv->pending_run = p->next;
+        for (uint32_t i = 0; i < nheld && !behind; i++)
+            behind = p->c && p->c->u == held[i];
+        if (behind) {
+            server_pending_push(sv, p);
+            continue;
+        }
         sv->retrying = p;
         sv->retry_again = false;
         memcpy(sv->rx, p->msg, p->len);
@@ -968,12 +979,8 @@ void server_retry(struct server *sv, uint64_t now)
             *w = p;
         } else {
             server_pending_push(sv, p);
-            if (sv->retry_until_deferred)
-                while (sv->pending_run) { /* they wait on behind it, in order */
-                    struct server_pending *q = sv->pending_run;
-                    sv->pending_run = q->next;
-                    server_pending_push(sv, q);
-                }
+            if (sv->retry_until_deferred && nheld < SERVER_RETRY_HELD)
+                held[nheld++] = p->c->u; /* (past that many uids, the rest run as before) */
         }
     }
     while (sv->pending_took) {

@@ -130,6 +130,9 @@ struct server_wait {
  * whose reads from disk found no slot for the same reason: it runs again when disk work
  * completes, until it gets its room or disk.put_wait runs out (then it is answered with
  * what there is: NOSPACE slots, fewer hits). */
+/* Uids whose waiting requests server_retry holds behind their first that waits on, at most. */
+#define SERVER_RETRY_HELD 16
+
 struct server_pending {
     struct conn *c;
     uint64_t deadline_ms;
@@ -144,7 +147,7 @@ struct server {
     struct server_pending *pending;
     struct server_pending *pending_run; /* taken off `pending` by server_retry() */
     struct server_pending *pending_took; /* of those, the ones that started pool moves */
-    bool retry_until_deferred; /* server_retry stops at the first request that waits on */
+    bool retry_until_deferred; /* server_retry stops a uid's run at its first that waits on */
     struct server_pending *retrying;    /* the one running again now, or NULL */
     bool retry_again;                   /* it deferred again: back on `pending` */
     uint64_t waits_deadline;            /* earliest deadline among waits (tick skips until then) */
