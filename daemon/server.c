@@ -314,9 +314,7 @@ static void server_on_ready(void *arg)
 static void server_on_room(void *arg)
 {
     struct server *sv = arg;
-    sv->retry_until_deferred = true;
-    server_retry(sv, loop_now_ms(sv->loop));
-    sv->retry_until_deferred = false;
+    server_retry_held(sv, loop_now_ms(sv->loop), true);
 }
 
 /* Reservations of c past their deadline: aborted, remembered, counted, logged. */

@@ -937,6 +937,11 @@ static int server_pending_add(struct server *sv, struct conn *c, size_t n, uint6
 
 void server_retry(struct server *sv, uint64_t now)
 {
+    server_retry_held(sv, now, false);
+}
+
+void server_retry_held(struct server *sv, uint64_t now, bool hold)
+{
     (void)now;
     if (!sv || !sv->pending)
         return;
@@ -944,7 +949,7 @@ void server_retry(struct server *sv, uint64_t now)
      * started moves of the pool and waits on goes behind the others that wait: the slots the
      * next landing frees go first to a lookup that got none this time, so a long prefix (or
      * a client's many connections) cannot take every slot, landing after landing, while
-     * another tenant's lookup waits out disk.put_wait behind it. With retry_until_deferred
+     * another tenant's lookup waits out disk.put_wait behind it. With hold
      * (server_on_room: a quantize landing freed a slot or two) a uid's requests stop at the
      * first of them that waits on: the later ones of that uid wait behind it, in order,
      * without running (they would take slots, give them back and wait again); every other
@@ -979,7 +984,7 @@ void server_retry(struct server *sv, uint64_t now)
             *w = p;
         } else {
             server_pending_push(sv, p);
-            if (sv->retry_until_deferred && nheld < SERVER_RETRY_HELD)
+            if (hold && nheld < SERVER_RETRY_HELD)
                 held[nheld++] = p->c->u; /* (past that many uids, the rest run as before) */
         }
     }

@@ -130,7 +130,8 @@ struct server_wait {
  * whose reads from disk found no slot for the same reason: it runs again when disk work
  * completes, until it gets its room or disk.put_wait runs out (then it is answered with
  * what there is: NOSPACE slots, fewer hits). */
-/* Uids whose waiting requests server_retry holds behind their first that waits on, at most. */
+/* Uids whose waiting requests server_retry_held holds behind their first that waits on, at
+ * most. */
 #define SERVER_RETRY_HELD 16
 
 struct server_pending {
@@ -147,7 +148,6 @@ struct server {
     struct server_pending *pending;
     struct server_pending *pending_run; /* taken off `pending` by server_retry() */
     struct server_pending *pending_took; /* of those, the ones that started pool moves */
-    bool retry_until_deferred; /* server_retry stops a uid's run at its first that waits on */
     struct server_pending *retrying;    /* the one running again now, or NULL */
     bool retry_again;                   /* it deferred again: back on `pending` */
     uint64_t waits_deadline;            /* earliest deadline among waits (tick skips until then) */
@@ -240,5 +240,9 @@ int server_fast_after(void *arg);
 void server_fast_evict(void *arg);
 int server_on_fast_attach(struct server *sv, struct conn *c, const struct proto_req *r,
                           uint64_t now, int *send_fd, bool *fd_owned);
+
+/* server_retry; with hold (a quantize landing: server_on_room), a uid's requests stop at the
+ * first of them that waits on, the later ones of that uid waiting behind it unrun. */
+void server_retry_held(struct server *sv, uint64_t now, bool hold);
 
 #endif

@@ -301,6 +301,22 @@ KT static inline __attribute__((always_inline)) void rot_group_dec(const uint8_t
         _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q1, 8))), sc), mn);
 }
 
+/* The butterfly's stages of strides 1 .. n / 2 on n vectors (the channels' stride), in
+ * place: the reference's pairs, a sum and a difference each. */
+KT static inline __attribute__((always_inline)) void rot_fwht_lanes(__m256 *v, const uint32_t n)
+{
+#pragma GCC unroll 4
+    for (uint32_t len = 1; len < n; len <<= 1)
+#pragma GCC unroll 8
+        for (uint32_t i = 0; i < n; i += 2 * len)
+#pragma GCC unroll 8
+            for (uint32_t j = i; j < i + len; j++) {
+                const __m256 a = v[j], b = v[j + len];
+                v[j] = _mm256_add_ps(a, b);
+                v[j + len] = _mm256_sub_ps(a, b);
+            }
+}
+
 /* The butterfly of rot_fwht_avx2 on a row held in nv registers (dim = 8 nv <= 128): the
  * same stages, pairs and operations, without the row's trips through memory. Inlined with a
  * constant nv, the loops unroll and r[] stays in registers. */
@@ -319,16 +335,7 @@ KT static inline __attribute__((always_inline)) void rot_fwht_regs(__m256 *r, co
         a = _mm256_add_ps(_mm256_xor_ps(a, neg2), _mm256_permute_ps(a, 0x4e));
         r[i] = _mm256_add_ps(_mm256_xor_ps(a, neg4), _mm256_permute2f128_ps(a, a, 0x01));
     }
-#pragma GCC unroll 4
-    for (uint32_t len = 1; len < nv; len <<= 1)
-#pragma GCC unroll 16
-        for (uint32_t i = 0; i < nv; i += 2 * len)
-#pragma GCC unroll 8
-            for (uint32_t j = i; j < i + len; j++) {
-                const __m256 a = r[j], b = r[j + len];
-                r[j] = _mm256_add_ps(a, b);
-                r[j + len] = _mm256_sub_ps(a, b);
-            }
+    rot_fwht_lanes(r, nv); /* strides of 8 channels and more: between the registers */
 }
 
 /* One (token, head) row of rot_enc_fused in registers: load, centre, sign, butterfly,
@@ -406,22 +413,6 @@ rot_load_t16(const uint16_t *r, uint64_t ts, uint32_t dtype, const int clean, __
                                                                _mm256_cvtepu16_epi32(v), 16))
                                                          : _mm256_cvtph_ps(v));
     }
-}
-
-/* The butterfly's stages of strides 1 .. n / 2 on n vectors (the channels' stride), in
- * place: the reference's pairs, a sum and a difference each. */
-KT static inline __attribute__((always_inline)) void rot_fwht_lanes(__m256 *v, const uint32_t n)
-{
-#pragma GCC unroll 4
-    for (uint32_t len = 1; len < n; len <<= 1)
-#pragma GCC unroll 8
-        for (uint32_t i = 0; i < n; i += 2 * len)
-#pragma GCC unroll 8
-            for (uint32_t j = i; j < i + len; j++) {
-                const __m256 a = v[j], b = v[j + len];
-                v[j] = _mm256_add_ps(a, b);
-                v[j + len] = _mm256_sub_ps(a, b);
-            }
 }
 
 /* The group of 32 channels x[0..31] (lane i token i) to codes as bytes, four channels a

@@ -588,18 +588,13 @@ static int pt_raw_connect(void)
 
 START_TEST(test_put_sync_and_commit_flags_checked)
 {
-    struct sockaddr_un a = {.sun_family = AF_UNIX};
     struct kvc_hello_req hello = {.min_version = KVC_PROTO_VERSION,
                                   .max_version = KVC_PROTO_VERSION};
     struct kvc_sync_req sync = {0};
     struct kvc_commit_req commit = {.resv_id = 12345, .ncommit = 1};
     uint32_t len;
     pt_start(pt_args);
-    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-    ck_assert_int_ge(fd, 0);
-    ck_assert_uint_lt(strlen(pt_d.sock), sizeof(a.sun_path));
-    memcpy(a.sun_path, pt_d.sock, strlen(pt_d.sock) + 1);
-    ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    int fd = pt_raw_connect();
     ck_assert_int_eq(pt_raw(fd, KVC_OP_HELLO, &hello, sizeof(hello), &len), 0);
     ck_assert_int_eq(pt_raw(fd, KVC_OP_SYNC, &sync, sizeof(sync), &len), 0);
     ck_assert_uint_eq(len, 0);
