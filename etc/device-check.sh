@@ -171,6 +171,40 @@ if [ "$gpu" -eq 1 ] && grep -qE '^SKIP: bench_(gpu|kernels).*(no CUDA device|no 
     fail "a GPU is here but the benchmarks' GPU rows skipped"
 fi
 
+# ---- the kernels' registers and spills, read from the host's toolkit (no device time) --------
+# Where a decode kernel's spills sit decides its next change; ptxas's summary at build time
+# gives counts, the SASS gives the spill instructions per kernel. Informational: never fails.
+if asked kernels; then
+    cuobj=$(command -v cuobjdump || ls /usr/local/cuda/bin/cuobjdump 2>/dev/null | head -n 1)
+    kb="$bundle/bench/bench_kernels"
+    if [ -n "$cuobj" ] && [ -f "$kb" ]; then
+        {
+            echo "==== kernels (sm_90): registers and stack per kernel (cuobjdump -res-usage),"
+            echo "     then spill stores / loads in the SASS (STL / LDL) of each kernel that has any"
+            stage 20 "$cuobj" -arch sm_90 -res-usage "$kb" 2>&1 | grep -E "Function|REG" |
+                paste - - | awk '{ sub(/:$/, "", $2); print $2, $3, $4 }'
+            # and where in the kernel they sit: per tenth of its instructions, the spills there
+            stage 40 "$cuobj" -arch sm_90 -sass "$kb" 2>/dev/null | awk '
+                function flush(   i, h, d) {
+                    if (f == "" || !ns) return
+                    for (d = 0; d < 10; d++) h[d] = 0
+                    for (i = 1; i <= ns; i++) h[int(10 * pos[i] / (n + 1))]++
+                    printf "%s STL %d LDL %d of %d instructions; by tenth:", f, st, ld, n
+                    for (d = 0; d < 10; d++) printf " %d", h[d]
+                    printf "\n"
+                }
+                /Function :/ { flush(); f = $3; st = ld = ns = n = 0; next }
+                /\/\*[0-9a-f]+\*\// { n++ }
+                /[^A-Z]STL[ .]/ { st++; pos[++ns] = n }
+                /[^A-Z]LDL[ .]/ { ld++; pos[++ns] = n }
+                END { flush() }'
+        } >>"$out/bench.txt" 2>&1
+        say "kernels' resources: cuobjdump ($cuobj)"
+    else
+        say "kernels' resources: no cuobjdump on this host (skipped)"
+    fi
+fi
+
 # ---- python: the package on the host's own Python, its CUDA paths for real ------------------
 # ("prefill" alone: the extension and the prefill rows only, a short rerun of issue 26's table)
 if asked python || asked prefill || want python; then
