@@ -13,13 +13,40 @@ _Static_assert(sizeof(struct block) <= 96, "per-block metadata budget");
 
 /* Keys may come from engines that hash blocks themselves, or from a hostile client: the
  * slot is a seeded hash with a seed drawn at start, so nobody can aim keys at one run. */
-static uint32_t index_hash(const struct index *ix, uint16_t ns, const struct kvc_wire_key *k)
+static uint64_t index_hash(const struct index *ix, uint16_t ns, const struct kvc_wire_key *k)
 {
     struct {
         uint64_t lo, hi;
         uint64_t ns;
     } in = {k->lo, k->hi, ns};
-    return (uint32_t)XXH3_64bits_withSeed(&in, sizeof(in), ix->seed);
+    return XXH3_64bits_withSeed(&in, sizeof(in), ix->seed);
+}
+
+/* The tag part of a slot for a key that hashes to h: the hash's high word (the slot's place
+ * takes the low word) in the bits above ibits. */
+static uint32_t index_tag(uint32_t ibits, uint64_t h)
+{
+    return ibits >= 32 ? 0 : (uint32_t)(h >> 32) << ibits;
+}
+
+/* The slot value of index idx whose key hashes to h. */
+static uint32_t index_slot_val(uint32_t ibits, uint64_t h, uint32_t idx)
+{
+    return index_tag(ibits, h) | (idx + 1);
+}
+
+/* The bits of a slot that hold index + 1 when the pool has cap entries. */
+static uint32_t index_ibits(uint32_t cap)
+{
+    uint32_t b = 1;
+    while (b < 32 && (uint64_t)cap >= (1ull << b)) /* index + 1 <= cap < 2^b */
+        b++;
+    return b;
+}
+
+static uint32_t index_slot_idx(const struct index *ix, uint32_t v)
+{
+    return (ix->ibits >= 32 ? v : v & ((1u << ix->ibits) - 1)) - 1;
 }
 
 static bool index_match(const struct block *b, uint16_t ns, const struct kvc_wire_key *k)
@@ -36,6 +63,7 @@ int index_init(struct index *ix, uint32_t initial)
     while (ix->nslots < ix->cap * 2)
         ix->nslots <<= 1;
     ix->slots = calloc(ix->nslots, sizeof(*ix->slots));
+    ix->ibits = index_ibits(ix->cap);
     ix->free_head = INDEX_NONE;
     if (getrandom(&ix->seed, sizeof(ix->seed), 0) != sizeof(ix->seed))
         ix->seed = (uint64_t)(uintptr_t)ix ^ 0x2545f4914f6cdd1dull;
@@ -53,6 +81,8 @@ void index_fini(struct index *ix)
     memset(ix, 0, sizeof(*ix));
 }
 
+static int index_rebuild(struct index *ix, uint32_t nslots, uint32_t ibits);
+
 int index_block_new(struct index *ix, uint32_t *idx)
 {
     uint32_t i;
@@ -64,6 +94,11 @@ int index_block_new(struct index *ix, uint32_t *idx)
             uint32_t ncap = ix->cap * 2;
             struct block *nb;
             if (ncap <= ix->cap || ncap >= INDEX_NONE)
+                return -ENOMEM;
+            /* Indices of the larger pool may need a bit more of each slot: the map is
+             * rebuilt with one bit less of tag first, so a failure changes nothing. */
+            if (index_ibits(ncap) != ix->ibits &&
+                index_rebuild(ix, ix->nslots, index_ibits(ncap)))
                 return -ENOMEM;
             nb = realloc(ix->blocks, (size_t)ncap * sizeof(*nb));
             if (!nb)
@@ -93,15 +128,22 @@ void index_block_delete(struct index *ix, uint32_t idx)
 }
 
 /* The block of (ns, key) or INDEX_NONE, uncounted: index_insert's probe for a duplicate. */
-static uint32_t index_probe(const struct index *ix, uint16_t ns, const struct kvc_wire_key *key)
+static uint32_t index_probe(struct index *ix, uint16_t ns, const struct kvc_wire_key *key)
 {
     uint32_t mask = ix->nslots - 1;
-    for (uint32_t s = index_hash(ix, ns, key) & mask;; s = (s + 1) & mask) {
+    uint64_t h = index_hash(ix, ns, key);
+    uint32_t tag = index_tag(ix->ibits, h);
+    uint32_t tmask = ix->ibits >= 32 ? 0 : ~((1u << ix->ibits) - 1);
+    for (uint32_t s = (uint32_t)h & mask;; s = (s + 1) & mask) {
         uint32_t v = ix->slots[s];
         if (v == 0)
             return INDEX_NONE;
-        if (index_match(&ix->blocks[v - 1], ns, key))
-            return v - 1;
+        if ((v & tmask) == tag) {
+            uint32_t i = index_slot_idx(ix, v);
+            ix->reads++;
+            if (index_match(&ix->blocks[i], ns, key))
+                return i;
+        }
     }
 }
 
@@ -120,23 +162,31 @@ static void index_place(uint32_t *slots, uint32_t nslots, uint32_t h, uint32_t v
     slots[s] = v;
 }
 
-static int index_grow(struct index *ix)
+/* The map again with n slots whose index part is ibits wide. -ENOMEM changes nothing. */
+static int index_rebuild(struct index *ix, uint32_t n, uint32_t ibits)
 {
-    uint32_t n = ix->nslots * 2;
     uint32_t *ns = calloc(n, sizeof(*ns));
     if (!ns)
         return -ENOMEM;
     for (uint32_t s = 0; s < ix->nslots; s++) {
         uint32_t v = ix->slots[s];
         if (v) {
-            const struct block *b = &ix->blocks[v - 1];
-            index_place(ns, n, index_hash(ix, b->ns, &b->key), v);
+            uint32_t i = index_slot_idx(ix, v);
+            const struct block *b = &ix->blocks[i];
+            uint64_t h = index_hash(ix, b->ns, &b->key);
+            index_place(ns, n, (uint32_t)h, index_slot_val(ibits, h, i));
         }
     }
     free(ix->slots);
     ix->slots = ns;
     ix->nslots = n;
+    ix->ibits = ibits;
     return 0;
+}
+
+static int index_grow(struct index *ix)
+{
+    return index_rebuild(ix, ix->nslots * 2, ix->ibits);
 }
 
 int index_insert(struct index *ix, uint32_t idx)
@@ -149,7 +199,8 @@ int index_insert(struct index *ix, uint32_t idx)
         if (rc)
             return rc;
     }
-    index_place(ix->slots, ix->nslots, index_hash(ix, b->ns, &b->key), idx + 1);
+    uint64_t h = index_hash(ix, b->ns, &b->key);
+    index_place(ix->slots, ix->nslots, (uint32_t)h, index_slot_val(ix->ibits, h, idx));
     ix->used++;
     return 0;
 }
@@ -158,8 +209,9 @@ int index_remove(struct index *ix, uint32_t idx)
 {
     const struct block *b = &ix->blocks[idx];
     uint32_t mask = ix->nslots - 1;
-    uint32_t s = index_hash(ix, b->ns, &b->key) & mask;
-    while (ix->slots[s] != idx + 1) {
+    uint64_t h = index_hash(ix, b->ns, &b->key);
+    uint32_t want = index_slot_val(ix->ibits, h, idx), s = (uint32_t)h & mask;
+    while (ix->slots[s] != want) {
         if (ix->slots[s] == 0)
             return -ENOENT;
         s = (s + 1) & mask;
@@ -168,8 +220,8 @@ int index_remove(struct index *ix, uint32_t idx)
      * does not lie cyclically in (hole, current]. */
     uint32_t hole = s;
     for (uint32_t j = (s + 1) & mask; ix->slots[j]; j = (j + 1) & mask) {
-        const struct block *o = &ix->blocks[ix->slots[j] - 1];
-        uint32_t home = index_hash(ix, o->ns, &o->key) & mask;
+        const struct block *o = &ix->blocks[index_slot_idx(ix, ix->slots[j])];
+        uint32_t home = (uint32_t)index_hash(ix, o->ns, &o->key) & mask;
         bool in_range = hole <= j ? (home > hole && home <= j) : (home > hole || home <= j);
         if (!in_range) {
             ix->slots[hole] = ix->slots[j];

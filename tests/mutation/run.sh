@@ -849,6 +849,11 @@ mutation release-quiet-answered daemon/server_dispatch.c "check_e2e_put" \
 '                  (r.hdr->flags & KVC_MSG_F_QUIET));' \
 '                  false);'
 
+# The key map's slot tags ignored: every entry a probe walks past is read again.
+mutation index-tags-ignored daemon/index.c "check_index" \
+'        if ((v & tmask) == tag) {' \
+'        if ((v & tmask) == tag || v) {'
+
 # The quiet flag taken on every request: a LOOKUP sent quiet pins without answering.
 mutation quiet-flag-any-request daemon/proto.c "check_proto check_e2e_put" \
 '    if ((h->flags & KVC_MSG_F_QUIET) && h->opcode != KVC_OP_RELEASE) {' \
