@@ -59,6 +59,9 @@ void fast_index_stats_get(const struct fast_index *fi, struct fast_index_stats *
  * slot of len bytes; its generation is the slot's now. */
 void fast_publish(struct fast_index *fi, uint16_t ns, const struct kvc_wire_key *k, uint64_t off,
                   uint64_t len, uint8_t format);
+/* Asks for the cache lines a publication or removal of (ns, k) at off will touch, so that a
+ * batch's misses overlap: in a large index each of them is a cache miss. */
+void fast_prefetch(struct fast_index *fi, uint16_t ns, const struct kvc_wire_key *k, uint64_t off);
 /* Takes (ns, k) out of the index; nothing if it is not there. */
 void fast_unpublish(struct fast_index *fi, uint16_t ns, const struct kvc_wire_key *k);
 /* Namespace id ns now holds layout l (NULL: none), so a client that opened another one under
