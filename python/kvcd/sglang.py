@@ -781,8 +781,13 @@ class KvcdHiCacheStorage(_Base):
                         extra_info=None) -> PoolTransferResult:
         """The usable KV prefix under each pool's hit policy (SGLang's batch_exists_v2):
         "all_pages" pools must hold every page of it, "trailing_pages" pools the last
-        len(transfer.keys) pages before its end; the prefix is the shortest of them."""
+        len(transfer.keys) pages before its end; the prefix is the shortest of them. A
+        sidecar riding another extra pool's indices (indices_from_pool: the draft SWA pool
+        on the SWA pool's) holds the pages its source holds, so its source's policy and
+        keys are what it must have."""
         kb = [_key(k) for k in keys]
+        sources = {_name(t.name): t for t in pool_transfers or []
+                   if getattr(t, "indices_from_pool", None) is None}
         try:
             kv = self._exists(self._pool(KV), kb) if kb else 0
             hits = {KV: kv} if kv else {}
@@ -791,16 +796,19 @@ class KvcdHiCacheStorage(_Base):
                 if final == 0:
                     break
                 m = self._pool(_name(t.name))
-                if _policy(t) == "all_pages":
+                src = getattr(t, "indices_from_pool", None)
+                ref = sources.get(_name(src), t) if src is not None and _name(src) != KV \
+                    else t
+                if _policy(ref) == "all_pages":
                     b = self._exists(m, kb[:kv])
-                elif m.state and (len(t.keys) if t.keys else 1) == 1:
+                elif m.state and (len(ref.keys) if ref.keys else 1) == 1:
                     # The state of the longest prefix of the KV hit that has one: one lookup
                     # (of the last keys a lease takes).
                     lo = max(0, kv - _LOOKUP_KEYS)
                     with self._ns(m, 0).lookup(kb[lo:kv], ready_only=True) as lease:
                         b = lo + lease.first + 1 if len(lease) else 0
                 else:
-                    w, b = max(1, len(t.keys) if t.keys else 1), 0
+                    w, b = max(1, len(ref.keys) if ref.keys else 1), 0
                     for end in range(kv, 0, -1):
                         lo = max(0, end - w)
                         if self._exists(m, kb[lo:end]) == end - lo:

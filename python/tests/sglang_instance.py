@@ -9,9 +9,11 @@
 #
 # spec: socket, model, page, layers, heads (the model's KV heads), dim, layout, ranks:
 # [{tp_rank, tp_size, attn_cp_rank, attn_cp_size, dp_rank}], mla, fp8, interface_v1,
-# metrics, tp_lcm_size, hybrid ({"swa_window": W, "indexer": bool}), allocator, and ops:
-# [{"op": "backup"|"prefetch", "tokens": [...], "state_at": [page numbers with a Mamba
-# state taken at their end], "expect_state_at": page}]
+# metrics, tp_lcm_size, hybrid ({"swa_window": W, "indexer": bool, "draft_swa": bool: a
+# draft SWA pool riding the SWA pool's indices, registered after attach}), allocator, and
+# ops: [{"op": "backup"|"prefetch", "tokens": [...], "state_at": [page numbers with a Mamba
+# state taken at their end], "expect_state_at": page, "router_hint": {...} (a prefetch's
+# router hint, which SGLang hands the backend in extra_info.extra_info)}]
 import hashlib
 import json
 import os
@@ -107,9 +109,27 @@ def run_rank(spec, r, group, out):
         if indexer is not None:
             host_pools[PoolName.INDEXER] = indexer
         cc = HybridCacheController(pool, P, host_pools=host_pools, **kw)
+        draft_swa = None
+        if hy.get("draft_swa"):  # a sidecar pool added once storage is attached
+            draft_swa = HostPool(spec["layout"], 1, nh, spec["dim"], P, pages)
+            cc.register_host_pool_entry(PoolName.DRAFT_SWA, draft_swa)
     else:
         cc = HiCacheController(pool, P, **kw)
     be = cc.storage_backend
+    seen_extra = []  # extra_info.extra_info of each batch_exists / batch_get_v1 call
+
+    def spy_exists(f):
+        def call(keys, extra_info=None):
+            seen_extra.append(getattr(extra_info, "extra_info", None))
+            return f(keys, extra_info)
+        return call
+
+    def spy_get(f):
+        def call(keys, host_indices, extra_info=None):
+            seen_extra.append(getattr(extra_info, "extra_info", None))
+            return f(keys, host_indices, extra_info)
+        return call
+    be.batch_exists, be.batch_get_v1 = spy_exists(be.batch_exists), spy_get(be.batch_get_v1)
     res = dict(rank=r, namespaces=be.namespaces(), ops=[],
                zero_copy=cc.page_get_func == cc._page_get_zero_copy)
     for op in spec["ops"]:
@@ -136,6 +156,12 @@ def run_rank(spec, r, group, out):
                     swa.fill(int(sidx[i * P]), "swa/" + cp_key(h, r), heads_total, h0)
                 extra_pools.append(PoolTransfer(name=PoolName.SWA, host_indices=sidx, keys=win,
                                                 hit_policy=PoolHitPolicy.TRAILING_PAGES))
+                if draft_swa is not None:  # its pages at the SWA pool's indices
+                    for i, h in enumerate(win):
+                        draft_swa.fill(int(sidx[i * P]), "dswa/" + cp_key(h, r), heads_total,
+                                       h0)
+                    extra_pools.append(PoolTransfer(name=PoolName.DRAFT_SWA,
+                                                    indices_from_pool=PoolName.SWA))
                 if indexer is not None:
                     for i, h in enumerate(hashes):
                         indexer.fill(int(idx[i * P]), h)
@@ -159,10 +185,15 @@ def run_rank(spec, r, group, out):
                     extra_pools.append(PoolTransfer(name=PoolName.INDEXER,
                                                     indices_from_pool=PoolName.KV,
                                                     hit_policy=PoolHitPolicy.ALL_PAGES))
+                if draft_swa is not None:
+                    extra_pools.append(PoolTransfer(name=PoolName.DRAFT_SWA,
+                                                    indices_from_pool=PoolName.SWA))
                 o, done, acks = cc.run_prefetch(op.get("rid", "r"), tokens,
                                                 extra_pools=extra_pools)
             else:
-                o, done, acks = cc.run_prefetch(op.get("rid", "r"), tokens)
+                del seen_extra[:]
+                o, done, acks = cc.run_prefetch(op.get("rid", "r"), tokens,
+                                                router_hint=op.get("router_hint"))
             npages = done // P
             good = []
             for i in range(npages):
@@ -172,7 +203,7 @@ def run_rank(spec, r, group, out):
                 good.append(bool(torch.equal(pool.read_canonical(int(o.host_indices[i * P])),
                                              want)))
             entry = dict(op="prefetch", hit_tokens=o.storage_hit_count, completed_tokens=done,
-                         pages_ok=good, acks=len(acks))
+                         pages_ok=good, acks=len(acks), extra_info_seen=list(seen_extra))
             if hy:
                 ex = o.exists_result
                 entry["exists_v2"] = dict(kv=ex.kv_hit_pages,
@@ -194,6 +225,11 @@ def run_rank(spec, r, group, out):
                     entry["swa_ok"] = [bool(torch.equal(
                         swa.read_canonical(int(st.host_indices[i * P])),
                         page_kv("swa/" + cp_key(k, r), 1, heads_total, P, spec["dim"], h0,
+                                h0 + nh))) for i, k in enumerate(st.keys)]
+                if draft_swa is not None and entry["pool_hits"].get("draft_swa"):
+                    entry["draft_swa_ok"] = [bool(torch.equal(
+                        draft_swa.read_canonical(int(st.host_indices[i * P])),
+                        page_kv("dswa/" + cp_key(k, r), 1, heads_total, P, spec["dim"], h0,
                                 h0 + nh))) for i, k in enumerate(st.keys)]
                 if indexer is not None and npages:
                     entry["indexer_ok"] = all(bool(torch.equal(

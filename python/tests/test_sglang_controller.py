@@ -221,3 +221,40 @@ def test_hybrid_v2_pools(daemon):
     assert short["mamba_keys"] == [4] and short["mamba_state_ok"]
     assert short["swa_keys"] == [2, 3, 4] and short["swa_ok"] == [True] * 3
     assert five["exists_v2"]["kv"] == 5 and five["mamba_state_ok"]
+
+
+def test_prefetch_router_hint_in_extra_info(daemon):
+    """A prefetch with a router hint: SGLang hands it to batch_exists and batch_get_v1 in
+    extra_info.extra_info ({"kvcc_router_hint": hint}) beside prefix_keys; the backend
+    loads the same pages, byte for byte, as without one."""
+    toks = tokens(6, salt=21)
+    instance(daemon, [dict(op="backup", tokens=toks)], model="ctl/hint")
+    hint = dict(worker="w1", overlap_blocks=6)
+    b = instance(daemon, [dict(op="prefetch", tokens=toks, router_hint=hint),
+                          dict(op="prefetch", tokens=toks, rid="plain")],
+                 model="ctl/hint", layout="layer_first")[0]
+    hinted, plain = b["ops"]
+    assert hinted["completed_tokens"] == 6 * P and hinted["pages_ok"] == [True] * 6
+    # one batch_exists and one batch_get_v1 (6 pages: one batch each), both with the hint
+    assert hinted["extra_info_seen"] == [dict(kvcc_router_hint=hint)] * 2
+    assert plain["pages_ok"] == [True] * 6 and plain["extra_info_seen"] == [None, None]
+
+
+def test_hybrid_sidecar_on_another_pools_indices(daemon):
+    """A draft SWA pool registered after attach (SGLang's register_host_pool_entry) rides
+    the SWA pool's indices (indices_from_pool=swa, keys and policy its source's): backed
+    up and prefetched with the SWA window, it holds exactly the window's pages. It must
+    count as present when its window is, not be asked for every page of the prefix."""
+    toks = tokens(8, salt=23)
+    hy = dict(swa_window=3, draft_swa=True)
+    a = instance(daemon, [dict(op="backup", tokens=toks, state_at=[7])],
+                 hybrid=hy, model="ctl/draft")[0]
+    assert a["ops"][0]["completed_tokens"] == 8 * P
+    assert set(a["namespaces"]) == {"kv", "mamba", "swa", "draft_swa"}
+    b = instance(daemon, [dict(op="prefetch", tokens=toks)], hybrid=hy, model="ctl/draft",
+                 layout="layer_first")[0]
+    full = b["ops"][0]
+    assert full["exists_v2"] == dict(kv=8, pools=dict(kv=8, mamba=8, swa=8, draft_swa=8))
+    assert full["completed_tokens"] == 8 * P and full["pages_ok"] == [True] * 8
+    assert full["swa_keys"] == [5, 6, 7] and full["swa_ok"] == [True] * 3
+    assert full["pool_hits"]["draft_swa"] == 3 and full["draft_swa_ok"] == [True] * 3
