@@ -9,7 +9,7 @@
 #
 # spec: socket, model, page, layers, heads (the model's KV heads), dim, layout, ranks:
 # [{tp_rank, tp_size, attn_cp_rank, attn_cp_size, dp_rank}], mla, fp8, interface_v1,
-# metrics, tp_lcm_size, hybrid ({"swa_window": W, "indexer": bool, "draft_swa": bool: a
+# metrics, tp_lcm_size, hybrid ({"swa_window": W (0: no SWA pool), "indexer": bool, "draft_swa": bool: a
 # draft SWA pool riding the SWA pool's indices, registered after attach}), allocator, and
 # ops: [{"op": "backup"|"prefetch", "tokens": [...], "state_at": [page numbers with a Mamba
 # state taken at their end], "expect_state_at": page, "router_hint": {...} (a prefetch's
@@ -77,6 +77,12 @@ def cp_key(key, r):
     return key if r.get("attn_cp_size", 1) == 1 else "%s/cp%d" % (key, r["attn_cp_rank"])
 
 
+def state_key(key, r):
+    """A Mamba state is TP-sharded (each rank its own slice), even on an MLA model."""
+    key = cp_key(key, r)
+    return key if r["tp_size"] == 1 else "%s/tp%d" % (key, r["tp_rank"])
+
+
 def run_rank(spec, r, group, out):
     P, heads_total = spec["page"], spec["heads"]
     h0, nh = rank_heads(spec, r)
@@ -103,8 +109,11 @@ def run_rank(spec, r, group, out):
     hy = spec.get("hybrid")
     if hy:
         mamba = MambaPool(slots=16)
-        swa = HostPool(spec["layout"], 1, nh, spec["dim"], P, pages)
-        host_pools = {PoolName.MAMBA: mamba, PoolName.SWA: swa}
+        host_pools = {PoolName.MAMBA: mamba}
+        swa = None
+        if hy["swa_window"]:
+            swa = HostPool(spec["layout"], 1, nh, spec["dim"], P, pages)
+            host_pools[PoolName.SWA] = swa
         indexer = IndexerPool(pool.size, P) if hy.get("indexer") else None
         if indexer is not None:
             host_pools[PoolName.INDEXER] = indexer
@@ -145,17 +154,19 @@ def run_rank(spec, r, group, out):
                 extra_pools = []
                 for at in op.get("state_at", []):
                     slot = mamba.alloc(1)
-                    mamba.fill(int(slot[0]), cp_key(hashes[at], r))
+                    mamba.fill(int(slot[0]), state_key(hashes[at], r))
                     extra_pools.append(PoolTransfer(name=PoolName.MAMBA, host_indices=slot,
                                                     keys=[hashes[at]],
                                                     hit_policy=PoolHitPolicy.TRAILING_PAGES))
                 W = hy["swa_window"]
-                win = hashes[-W:]
-                sidx = swa.alloc(len(win) * P)
-                for i, h in enumerate(win):
-                    swa.fill(int(sidx[i * P]), "swa/" + cp_key(h, r), heads_total, h0)
-                extra_pools.append(PoolTransfer(name=PoolName.SWA, host_indices=sidx, keys=win,
-                                                hit_policy=PoolHitPolicy.TRAILING_PAGES))
+                if W:
+                    win = hashes[-W:]
+                    sidx = swa.alloc(len(win) * P)
+                    for i, h in enumerate(win):
+                        swa.fill(int(sidx[i * P]), "swa/" + cp_key(h, r), heads_total, h0)
+                    extra_pools.append(PoolTransfer(name=PoolName.SWA, host_indices=sidx,
+                                                    keys=win,
+                                                    hit_policy=PoolHitPolicy.TRAILING_PAGES))
                 if draft_swa is not None:  # its pages at the SWA pool's indices
                     for i, h in enumerate(win):
                         draft_swa.fill(int(sidx[i * P]), "dswa/" + cp_key(h, r), heads_total,
@@ -178,9 +189,11 @@ def run_rank(spec, r, group, out):
             extra_pools = None
             if hy:
                 extra_pools = [PoolTransfer(name=PoolName.MAMBA, keys=[hashes[-1]],
-                                            hit_policy=PoolHitPolicy.TRAILING_PAGES),
-                               PoolTransfer(name=PoolName.SWA, keys=hashes[-hy["swa_window"]:],
                                             hit_policy=PoolHitPolicy.TRAILING_PAGES)]
+                if swa is not None:
+                    extra_pools.append(PoolTransfer(name=PoolName.SWA,
+                                                    keys=hashes[-hy["swa_window"]:],
+                                                    hit_policy=PoolHitPolicy.TRAILING_PAGES))
                 if indexer is not None:
                     extra_pools.append(PoolTransfer(name=PoolName.INDEXER,
                                                     indices_from_pool=PoolName.KV,
@@ -218,9 +231,10 @@ def run_rank(spec, r, group, out):
                     got = mamba.get_data_page(int(mt.host_indices[0]))
                     probe = MambaPool(slots=1)
                     entry["mamba_state_ok"] = bool(torch.equal(
-                        got, probe.fill(0, cp_key(mt.keys[0], r))))
-                st = next(t for t in extra_pools if t.name == PoolName.SWA)
-                entry["swa_keys"] = [hashes.index(k) for k in st.keys]
+                        got, probe.fill(0, state_key(mt.keys[0], r))))
+                st = next((t for t in extra_pools if t.name == PoolName.SWA), None)
+                if st is not None:
+                    entry["swa_keys"] = [hashes.index(k) for k in st.keys]
                 if entry["pool_hits"].get("swa"):
                     entry["swa_ok"] = [bool(torch.equal(
                         swa.read_canonical(int(st.host_indices[i * P])),

@@ -258,3 +258,28 @@ def test_hybrid_sidecar_on_another_pools_indices(daemon):
     assert full["completed_tokens"] == 8 * P and full["pages_ok"] == [True] * 8
     assert full["swa_keys"] == [5, 6, 7] and full["swa_ok"] == [True] * 3
     assert full["pool_hits"]["draft_swa"] == 3 and full["draft_swa_ok"] == [True] * 3
+
+
+def test_mla_tp2_hybrid_rank1_backs_up_its_mamba_state_only(daemon):
+    """An MLA model with TP-sharded Mamba state (SGLang's Kimi-K3 case) at TP=2: rank 0
+    stores the KV pages (rank-replicated) and its state; rank 1 skips the KV but stores
+    its own state slice with batch_set_v2, and SGLang counts its backup complete only when
+    every sidecar page answered True. A TP=2 reader gets the KV on both ranks and each
+    rank's own state."""
+    toks = tokens(8, salt=29)
+    hy = dict(swa_window=0)
+    ranks = [dict(tp_rank=0, tp_size=2), dict(tp_rank=1, tp_size=2)]
+    a = instance(daemon, [dict(op="backup", tokens=toks, state_at=[7])], hybrid=hy,
+                 mla=True, ranks=ranks, model="ctl/mla-mamba")
+    assert [x["ops"][0]["completed_tokens"] for x in a] == [8 * P, 8 * P]
+    assert [x["stats"]["set_written"] for x in a] == [8 + 1, 1]
+    assert a[0]["namespaces"]["kv"] == a[1]["namespaces"]["kv"]  # one "mla" namespace
+    assert a[0]["namespaces"]["mamba"] != a[1]["namespaces"]["mamba"]  # one per TP rank
+    nsid = ns_ids(daemon)[a[0]["namespaces"]["kv"][0]]["id"]
+    assert len(kvcctl_blocks(daemon, nsid)) == 8
+    b = instance(daemon, [dict(op="prefetch", tokens=toks)], hybrid=hy, mla=True,
+                 ranks=ranks, model="ctl/mla-mamba", layout="layer_first")
+    for x in b:
+        op = x["ops"][0]
+        assert op["completed_tokens"] == 8 * P and op["pages_ok"] == [True] * 8
+        assert op["mamba_keys"] == [7] and op["mamba_state_ok"], x["rank"]

@@ -166,6 +166,13 @@ class HybridCacheController(BaseHiCacheController):
             if t.keys is None:
                 t.keys = src.keys
 
+    def _reduce_prefetch_ack(self, ack):
+        super()._reduce_prefetch_ack(ack)
+        if ack.pool_hits is not None:  # every PoolName, in its order on every rank
+            packed = self._all_reduce_min([ack.pool_hits.get(p.value, 0) for p in PoolName])
+            for p, n in zip(PoolName, packed):
+                ack.pool_hits[p.value] = n
+
     def backup_thread_func(self):
         from queue import Empty
 
