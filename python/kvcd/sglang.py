@@ -70,9 +70,16 @@ except Exception:
         extra_pool_hit_pages: dict
 
 
-try:
-    from sglang.srt.metrics.collector import StorageMetrics
+try:  # where SGLang's collector takes it from: observability/ in newer trees
+    from sglang.srt.observability.metrics_collector import StorageMetrics
 except Exception:
+    StorageMetrics = None
+if StorageMetrics is None:
+    try:
+        from sglang.srt.metrics.collector import StorageMetrics
+    except Exception:
+        StorageMetrics = None
+if StorageMetrics is None:
 
     @dataclass
     class StorageMetrics:
