@@ -3,7 +3,8 @@
 # a page computed by any instance is a hit for all of them; each instance's GPU pool (L1)
 # and host pool (L2) stay its own.
 #
-# Interface followed (sgl-project/sglang, read at 001067fffe33, 2026):
+# Interface followed (sgl-project/sglang, read at 001067fffe33, 2026; the hybrid
+# controller at 00343773, the host pools at 0047d999):
 # python/sglang/srt/mem_cache/hicache_storage.py (HiCacheStorage, HiCacheStorageConfig,
 # HiCacheStorageExtraInfo, PoolName, PoolHitPolicy, PoolTransfer, PoolTransferResult),
 # storage/backend_factory.py (a dynamic backend is built as cls(storage_config, {}), the
@@ -12,7 +13,8 @@
 # call a backend: the zero-copy batch_get_v1/batch_set_v1 only when extra_config has
 # "interface_v1", each batch's extra_info.prefix_keys naming the pages before it, all()
 # over batch_set_v1's answers, batch_exists_v2/batch_get_v2/batch_set_v2 for hybrid
-# pools), mem_cache/pool_host/ (the host pools' layouts) and metrics/collector.py
+# pools; sidecars riding another pool's indices), mem_cache/pool_host/ (the host pools'
+# layouts) and observability/metrics_collector.py, metrics/collector.py before
 # (StorageMetrics, which get_stats must return: StorageMetricsCollector asserts it).
 #
 # Mapping: an SGLang page is one kvcd block. Each host pool maps to kvcd namespaces named

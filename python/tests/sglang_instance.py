@@ -9,9 +9,10 @@
 #
 # spec: socket, model, page, layers, heads (the model's KV heads), dim, layout, ranks:
 # [{tp_rank, tp_size, attn_cp_rank, attn_cp_size, dp_rank}], mla, fp8, interface_v1,
-# metrics, tp_lcm_size, hybrid ({"swa_window": W (0: no SWA pool), "indexer": bool, "draft_swa": bool: a
-# draft SWA pool riding the SWA pool's indices, registered after attach}), allocator, and
-# ops: [{"op": "backup"|"prefetch", "tokens": [...], "state_at": [page numbers with a Mamba
+# metrics, tp_lcm_size, extra_config (as a user gives it), hybrid ({"swa_window": W (0:
+# no SWA pool), "indexer": bool, "draft_swa": bool: a draft SWA pool riding the SWA pool's
+# indices, registered after attach}), allocator, and ops: [{"op": "backup"|"prefetch", "tokens": [...], "from_page": k (backup: the pages
+# from k on, a node under the first k), "state_at": [page numbers with a Mamba
 # state taken at their end], "expect_state_at": page, "router_hint": {...} (a prefetch's
 # router hint, which SGLang hands the backend in extra_info.extra_info)}]
 import hashlib
@@ -100,6 +101,12 @@ def run_rank(spec, r, group, out):
         extra["allocator"] = spec["allocator"]
     if "extra_config" in spec:  # as given (the socket still the test's)
         extra = dict(spec["extra_config"], socket=spec["socket"])
+    # SGLang's tree cache takes its own keys out before the controller sees the config,
+    # and passes prefix keys only when asked to
+    pass_prefix = bool(extra.pop("hicache_storage_pass_prefix_keys", False))
+    for k in ("prefetch_threshold", "prefetch_timeout_base", "prefetch_timeout_per_ki_token",
+              "prefetch_timeout_max"):
+        extra.pop(k, None)
     kw = dict(storage_backend="dynamic", model_name=spec["model"],
               storage_backend_extra_config=extra, enable_storage_metrics=spec.get("metrics"),
               tp_rank=r["tp_rank"], tp_size=r["tp_size"],
@@ -144,6 +151,11 @@ def run_rank(spec, r, group, out):
     for op in spec["ops"]:
         tokens = op["tokens"]
         hashes = get_hash_str(tokens, None, P)
+        prefix_keys = op.get("prefix_keys", []) if pass_prefix else None
+        if op.get("from_page"):  # a node under one backed up before: its pages only
+            k = op["from_page"]
+            prefix_keys = hashes[:k] if pass_prefix else None
+            hashes, tokens = hashes[k:], tokens[k * P:]
         if op["op"] == "backup":
             idx = pool.alloc(len(hashes) * P)
             for i, h in enumerate(hashes):
@@ -179,10 +191,10 @@ def run_rank(spec, r, group, out):
                     extra_pools.append(PoolTransfer(name=PoolName.INDEXER,
                                                     indices_from_pool=PoolName.KV,
                                                     hit_policy=PoolHitPolicy.ALL_PAGES))
-                done = cc.run_backup(idx, tokens, hashes, op.get("prefix_keys", []),
+                done = cc.run_backup(idx, tokens, hashes, prefix_keys,
                                      extra_pools=extra_pools)
             else:
-                done = cc.run_backup(idx, tokens, hashes, op.get("prefix_keys", []))
+                done = cc.run_backup(idx, tokens, hashes, prefix_keys)
             res["ops"].append(dict(op="backup", pages=len(hashes),
                                    completed_tokens=done.completed_tokens))
         else:

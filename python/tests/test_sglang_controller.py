@@ -8,8 +8,10 @@
 # zero-copy v1 path and the generic path, metrics on, MLA (TP=2: rank 0 writes, both
 # read), context parallelism (CP=2: each rank its own slice), SGLang's tp_lcm_size head
 # split (a TP=1 page_head instance feeds a TP=2 one), fp8 pools, the shm allocator,
-# attention-DP replicas writing one prompt at once, and the hybrid v2 pools (Mamba state,
-# SWA window, DSA indexer).
+# attention-DP replicas writing one prompt at once, the hybrid v2 pools (Mamba state,
+# SWA window, DSA indexer, a draft SWA pool on the SWA pool's indices registered after
+# attach, MLA at TP=2 with TP-sharded Mamba state), a prefetch's router hint in
+# extra_info, and prefix keys passed only with "hicache_storage_pass_prefix_keys".
 import json
 import os
 import subprocess
@@ -283,3 +285,28 @@ def test_mla_tp2_hybrid_rank1_backs_up_its_mamba_state_only(daemon):
         op = x["ops"][0]
         assert op["completed_tokens"] == 8 * P and op["pages_ok"] == [True] * 8
         assert op["mamba_keys"] == [7] and op["mamba_state_ok"], x["rank"]
+
+
+def test_prefix_keys_only_with_hicache_storage_pass_prefix_keys(daemon):
+    """SGLang passes a node's prefix_keys to the backup only when the extra config has
+    "hicache_storage_pass_prefix_keys": true (its tree cache takes the key out). With it,
+    a node backed up under another continues that node's chain in kvcd (depths go on);
+    without it the node is a root of its own: found all the same."""
+    toks = tokens(8, salt=31)
+    base = dict(backend_name="kvcd", module_path="kvcd.sglang",
+                class_name="KvcdHiCacheStorage", interface_v1=1)
+    depth = {}
+    for on in (True, False):
+        model = "ctl/prefix-%s" % ("on" if on else "off")
+        extra = dict(base, hicache_storage_pass_prefix_keys=True) if on else base
+        a = instance(daemon, [dict(op="backup", tokens=toks[:4 * P]),
+                              dict(op="backup", tokens=toks, from_page=4),
+                              dict(op="prefetch", tokens=toks)],
+                     extra_config=extra, model=model)[0]
+        assert [o.get("completed_tokens") for o in a["ops"]] == [4 * P, 4 * P, 8 * P]
+        assert a["ops"][2]["pages_ok"] == [True] * 8
+        nsid = ns_ids(daemon)[a["namespaces"]["kv"][0]]["id"]
+        depth[on] = sorted(b["depth"] for b in kvcctl_blocks(daemon, nsid))
+    d0 = depth[True][0]
+    assert depth[True] == list(range(d0, d0 + 8))
+    assert depth[False] == sorted(list(range(d0, d0 + 4)) * 2)

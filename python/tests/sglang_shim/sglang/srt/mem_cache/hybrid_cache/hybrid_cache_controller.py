@@ -1,5 +1,5 @@
 # The storage half of SGLang's HybridCacheController (mem_cache/hybrid_cache/
-# hybrid_cache_controller.py at 001067ff): extra host pools registered with
+# hybrid_cache_controller.py at 0034377, the newest stored): extra host pools registered with
 # register_mem_host_pool_v2; prefetch asks batch_exists_v2 with the request's pool
 # transfers (Mamba / SWA state "trailing_pages", a DSA indexer "all_pages" riding the KV
 # indices), loads KV and KV-derived pools batch by batch and then the other pools'
