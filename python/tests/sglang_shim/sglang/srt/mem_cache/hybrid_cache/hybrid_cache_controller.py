@@ -50,6 +50,8 @@ class HybridCacheController(BaseHiCacheController):
                                storage_backend_extra_config=None):
         super().attach_storage_backend(storage_backend, prefetch_threshold, model_name,
                                        storage_backend_extra_config)
+        # every entry of SGLang's host pool group, the KV (anchor) pool among them
+        self.storage_backend.register_mem_host_pool_v2(self.mem_pool_host, PoolName.KV)
         for name, pool in self.host_pools.items():
             self.storage_backend.register_mem_host_pool_v2(pool, name)
 
