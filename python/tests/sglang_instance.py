@@ -11,10 +11,11 @@
 # [{tp_rank, tp_size, attn_cp_rank, attn_cp_size, dp_rank}], mla, fp8, interface_v1,
 # metrics, tp_lcm_size, extra_config (as a user gives it), hybrid ({"swa_window": W (0:
 # no SWA pool), "indexer": bool, "draft_swa": bool: a draft SWA pool riding the SWA pool's
-# indices, registered after attach}), allocator, and ops: [{"op": "backup"|"prefetch", "tokens": [...], "from_page": k (backup: the pages
-# from k on, a node under the first k), "state_at": [page numbers with a Mamba
-# state taken at their end], "expect_state_at": page, "router_hint": {...} (a prefetch's
-# router hint, which SGLang hands the backend in extra_info.extra_info)}]
+# indices, registered after attach}), allocator, and ops: [{"op": "backup"|"prefetch",
+# "tokens": [...], "from_page": k (backup: the pages from k on, a node under the first
+# k), "state_at": [page numbers with a Mamba state taken at their end],
+# "expect_state_at": page, "router_hint": {...} (a prefetch's router hint, which SGLang
+# hands the backend in extra_info.extra_info)}]
 import hashlib
 import json
 import os
