@@ -3,7 +3,8 @@
 # a page computed by any instance is a hit for all of them; each instance's GPU pool (L1)
 # and host pool (L2) stay its own.
 #
-# Interface followed (sgl-project/sglang, read at 001067fffe33, 2026):
+# Interface followed (sgl-project/sglang, read at 001067fffe33, 2026; the hybrid
+# controller at 00343773, the host pools at 0047d999):
 # python/sglang/srt/mem_cache/hicache_storage.py (HiCacheStorage, HiCacheStorageConfig,
 # HiCacheStorageExtraInfo, PoolName, PoolHitPolicy, PoolTransfer, PoolTransferResult),
 # storage/backend_factory.py (a dynamic backend is built as cls(storage_config, {}), the
@@ -12,7 +13,8 @@
 # call a backend: the zero-copy batch_get_v1/batch_set_v1 only when extra_config has
 # "interface_v1", each batch's extra_info.prefix_keys naming the pages before it, all()
 # over batch_set_v1's answers, batch_exists_v2/batch_get_v2/batch_set_v2 for hybrid
-# pools), mem_cache/pool_host/ (the host pools' layouts) and metrics/collector.py
+# pools; sidecars riding another pool's indices), mem_cache/pool_host/ (the host pools'
+# layouts) and observability/metrics_collector.py, metrics/collector.py before
 # (StorageMetrics, which get_stats must return: StorageMetricsCollector asserts it).
 #
 # Mapping: an SGLang page is one kvcd block. Each host pool maps to kvcd namespaces named
@@ -70,9 +72,16 @@ except Exception:
         extra_pool_hit_pages: dict
 
 
-try:
-    from sglang.srt.metrics.collector import StorageMetrics
+try:  # where SGLang's collector takes it from: observability/ in newer trees
+    from sglang.srt.observability.metrics_collector import StorageMetrics
 except Exception:
+    StorageMetrics = None
+if StorageMetrics is None:
+    try:
+        from sglang.srt.metrics.collector import StorageMetrics
+    except Exception:
+        StorageMetrics = None
+if StorageMetrics is None:
 
     @dataclass
     class StorageMetrics:
@@ -781,8 +790,13 @@ class KvcdHiCacheStorage(_Base):
                         extra_info=None) -> PoolTransferResult:
         """The usable KV prefix under each pool's hit policy (SGLang's batch_exists_v2):
         "all_pages" pools must hold every page of it, "trailing_pages" pools the last
-        len(transfer.keys) pages before its end; the prefix is the shortest of them."""
+        len(transfer.keys) pages before its end; the prefix is the shortest of them. A
+        sidecar riding another extra pool's indices (indices_from_pool: the draft SWA pool
+        on the SWA pool's) holds the pages its source holds, so its source's policy and
+        keys are what it must have."""
         kb = [_key(k) for k in keys]
+        sources = {_name(t.name): t for t in pool_transfers or []
+                   if getattr(t, "indices_from_pool", None) is None}
         try:
             kv = self._exists(self._pool(KV), kb) if kb else 0
             hits = {KV: kv} if kv else {}
@@ -791,16 +805,19 @@ class KvcdHiCacheStorage(_Base):
                 if final == 0:
                     break
                 m = self._pool(_name(t.name))
-                if _policy(t) == "all_pages":
+                src = getattr(t, "indices_from_pool", None)
+                ref = sources.get(_name(src), t) if src is not None and _name(src) != KV \
+                    else t
+                if _policy(ref) == "all_pages":
                     b = self._exists(m, kb[:kv])
-                elif m.state and (len(t.keys) if t.keys else 1) == 1:
+                elif m.state and (len(ref.keys) if ref.keys else 1) == 1:
                     # The state of the longest prefix of the KV hit that has one: one lookup
                     # (of the last keys a lease takes).
                     lo = max(0, kv - _LOOKUP_KEYS)
                     with self._ns(m, 0).lookup(kb[lo:kv], ready_only=True) as lease:
                         b = lo + lease.first + 1 if len(lease) else 0
                 else:
-                    w, b = max(1, len(t.keys) if t.keys else 1), 0
+                    w, b = max(1, len(ref.keys) if ref.keys else 1), 0
                     for end in range(kv, 0, -1):
                         lo = max(0, end - w)
                         if self._exists(m, kb[lo:end]) == end - lo:

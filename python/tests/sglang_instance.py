@@ -9,9 +9,13 @@
 #
 # spec: socket, model, page, layers, heads (the model's KV heads), dim, layout, ranks:
 # [{tp_rank, tp_size, attn_cp_rank, attn_cp_size, dp_rank}], mla, fp8, interface_v1,
-# metrics, tp_lcm_size, hybrid ({"swa_window": W, "indexer": bool}), allocator, and ops:
-# [{"op": "backup"|"prefetch", "tokens": [...], "state_at": [page numbers with a Mamba
-# state taken at their end], "expect_state_at": page}]
+# metrics, tp_lcm_size, extra_config (as a user gives it), hybrid ({"swa_window": W (0:
+# no SWA pool), "indexer": bool, "draft_swa": bool: a draft SWA pool riding the SWA pool's
+# indices, registered after attach}), allocator, and ops: [{"op": "backup"|"prefetch",
+# "tokens": [...], "from_page": k (backup: the pages from k on, a node under the first
+# k), "state_at": [page numbers with a Mamba state taken at their end],
+# "expect_state_at": page, "router_hint": {...} (a prefetch's router hint, which SGLang
+# hands the backend in extra_info.extra_info)}]
 import hashlib
 import json
 import os
@@ -75,6 +79,12 @@ def cp_key(key, r):
     return key if r.get("attn_cp_size", 1) == 1 else "%s/cp%d" % (key, r["attn_cp_rank"])
 
 
+def state_key(key, r):
+    """A Mamba state is TP-sharded (each rank its own slice), even on an MLA model."""
+    key = cp_key(key, r)
+    return key if r["tp_size"] == 1 else "%s/tp%d" % (key, r["tp_rank"])
+
+
 def run_rank(spec, r, group, out):
     P, heads_total = spec["page"], spec["heads"]
     h0, nh = rank_heads(spec, r)
@@ -92,6 +102,12 @@ def run_rank(spec, r, group, out):
         extra["allocator"] = spec["allocator"]
     if "extra_config" in spec:  # as given (the socket still the test's)
         extra = dict(spec["extra_config"], socket=spec["socket"])
+    # SGLang's tree cache takes its own keys out before the controller sees the config,
+    # and passes prefix keys only when asked to
+    pass_prefix = bool(extra.pop("hicache_storage_pass_prefix_keys", False))
+    for k in ("prefetch_threshold", "prefetch_timeout_base", "prefetch_timeout_per_ki_token",
+              "prefetch_timeout_max"):
+        extra.pop(k, None)
     kw = dict(storage_backend="dynamic", model_name=spec["model"],
               storage_backend_extra_config=extra, enable_storage_metrics=spec.get("metrics"),
               tp_rank=r["tp_rank"], tp_size=r["tp_size"],
@@ -101,20 +117,46 @@ def run_rank(spec, r, group, out):
     hy = spec.get("hybrid")
     if hy:
         mamba = MambaPool(slots=16)
-        swa = HostPool(spec["layout"], 1, nh, spec["dim"], P, pages)
-        host_pools = {PoolName.MAMBA: mamba, PoolName.SWA: swa}
+        host_pools = {PoolName.MAMBA: mamba}
+        swa = None
+        if hy["swa_window"]:
+            swa = HostPool(spec["layout"], 1, nh, spec["dim"], P, pages)
+            host_pools[PoolName.SWA] = swa
         indexer = IndexerPool(pool.size, P) if hy.get("indexer") else None
         if indexer is not None:
             host_pools[PoolName.INDEXER] = indexer
         cc = HybridCacheController(pool, P, host_pools=host_pools, **kw)
+        draft_swa = None
+        if hy.get("draft_swa"):  # a sidecar pool added once storage is attached
+            draft_swa = HostPool(spec["layout"], 1, nh, spec["dim"], P, pages)
+            cc.register_host_pool_entry(PoolName.DRAFT_SWA, draft_swa)
     else:
         cc = HiCacheController(pool, P, **kw)
     be = cc.storage_backend
+    seen_extra = []  # extra_info.extra_info of each batch_exists / batch_get_v1 call
+
+    def spy_exists(f):
+        def call(keys, extra_info=None):
+            seen_extra.append(getattr(extra_info, "extra_info", None))
+            return f(keys, extra_info)
+        return call
+
+    def spy_get(f):
+        def call(keys, host_indices, extra_info=None):
+            seen_extra.append(getattr(extra_info, "extra_info", None))
+            return f(keys, host_indices, extra_info)
+        return call
+    be.batch_exists, be.batch_get_v1 = spy_exists(be.batch_exists), spy_get(be.batch_get_v1)
     res = dict(rank=r, namespaces=be.namespaces(), ops=[],
                zero_copy=cc.page_get_func == cc._page_get_zero_copy)
     for op in spec["ops"]:
         tokens = op["tokens"]
         hashes = get_hash_str(tokens, None, P)
+        prefix_keys = op.get("prefix_keys", []) if pass_prefix else None
+        if op.get("from_page"):  # a node under one backed up before: its pages only
+            k = op["from_page"]
+            prefix_keys = hashes[:k] if pass_prefix else None
+            hashes, tokens = hashes[k:], tokens[k * P:]
         if op["op"] == "backup":
             idx = pool.alloc(len(hashes) * P)
             for i, h in enumerate(hashes):
@@ -125,44 +167,59 @@ def run_rank(spec, r, group, out):
                 extra_pools = []
                 for at in op.get("state_at", []):
                     slot = mamba.alloc(1)
-                    mamba.fill(int(slot[0]), cp_key(hashes[at], r))
+                    mamba.fill(int(slot[0]), state_key(hashes[at], r))
                     extra_pools.append(PoolTransfer(name=PoolName.MAMBA, host_indices=slot,
                                                     keys=[hashes[at]],
                                                     hit_policy=PoolHitPolicy.TRAILING_PAGES))
                 W = hy["swa_window"]
-                win = hashes[-W:]
-                sidx = swa.alloc(len(win) * P)
-                for i, h in enumerate(win):
-                    swa.fill(int(sidx[i * P]), "swa/" + cp_key(h, r), heads_total, h0)
-                extra_pools.append(PoolTransfer(name=PoolName.SWA, host_indices=sidx, keys=win,
-                                                hit_policy=PoolHitPolicy.TRAILING_PAGES))
+                if W:
+                    win = hashes[-W:]
+                    sidx = swa.alloc(len(win) * P)
+                    for i, h in enumerate(win):
+                        swa.fill(int(sidx[i * P]), "swa/" + cp_key(h, r), heads_total, h0)
+                    extra_pools.append(PoolTransfer(name=PoolName.SWA, host_indices=sidx,
+                                                    keys=win,
+                                                    hit_policy=PoolHitPolicy.TRAILING_PAGES))
+                if draft_swa is not None:  # its pages at the SWA pool's indices
+                    for i, h in enumerate(win):
+                        draft_swa.fill(int(sidx[i * P]), "dswa/" + cp_key(h, r), heads_total,
+                                       h0)
+                    extra_pools.append(PoolTransfer(name=PoolName.DRAFT_SWA,
+                                                    indices_from_pool=PoolName.SWA))
                 if indexer is not None:
                     for i, h in enumerate(hashes):
                         indexer.fill(int(idx[i * P]), h)
                     extra_pools.append(PoolTransfer(name=PoolName.INDEXER,
                                                     indices_from_pool=PoolName.KV,
                                                     hit_policy=PoolHitPolicy.ALL_PAGES))
-                done = cc.run_backup(idx, tokens, hashes, op.get("prefix_keys", []),
+                done = cc.run_backup(idx, tokens, hashes, prefix_keys,
                                      extra_pools=extra_pools)
             else:
-                done = cc.run_backup(idx, tokens, hashes, op.get("prefix_keys", []))
+                done = cc.run_backup(idx, tokens, hashes, prefix_keys)
             res["ops"].append(dict(op="backup", pages=len(hashes),
                                    completed_tokens=done.completed_tokens))
         else:
             extra_pools = None
             if hy:
                 extra_pools = [PoolTransfer(name=PoolName.MAMBA, keys=[hashes[-1]],
-                                            hit_policy=PoolHitPolicy.TRAILING_PAGES),
-                               PoolTransfer(name=PoolName.SWA, keys=hashes[-hy["swa_window"]:],
                                             hit_policy=PoolHitPolicy.TRAILING_PAGES)]
+                if swa is not None:
+                    extra_pools.append(PoolTransfer(name=PoolName.SWA,
+                                                    keys=hashes[-hy["swa_window"]:],
+                                                    hit_policy=PoolHitPolicy.TRAILING_PAGES))
                 if indexer is not None:
                     extra_pools.append(PoolTransfer(name=PoolName.INDEXER,
                                                     indices_from_pool=PoolName.KV,
                                                     hit_policy=PoolHitPolicy.ALL_PAGES))
+                if draft_swa is not None:
+                    extra_pools.append(PoolTransfer(name=PoolName.DRAFT_SWA,
+                                                    indices_from_pool=PoolName.SWA))
                 o, done, acks = cc.run_prefetch(op.get("rid", "r"), tokens,
                                                 extra_pools=extra_pools)
             else:
-                o, done, acks = cc.run_prefetch(op.get("rid", "r"), tokens)
+                del seen_extra[:]
+                o, done, acks = cc.run_prefetch(op.get("rid", "r"), tokens,
+                                                router_hint=op.get("router_hint"))
             npages = done // P
             good = []
             for i in range(npages):
@@ -172,7 +229,7 @@ def run_rank(spec, r, group, out):
                 good.append(bool(torch.equal(pool.read_canonical(int(o.host_indices[i * P])),
                                              want)))
             entry = dict(op="prefetch", hit_tokens=o.storage_hit_count, completed_tokens=done,
-                         pages_ok=good, acks=len(acks))
+                         pages_ok=good, acks=len(acks), extra_info_seen=list(seen_extra))
             if hy:
                 ex = o.exists_result
                 entry["exists_v2"] = dict(kv=ex.kv_hit_pages,
@@ -187,13 +244,19 @@ def run_rank(spec, r, group, out):
                     got = mamba.get_data_page(int(mt.host_indices[0]))
                     probe = MambaPool(slots=1)
                     entry["mamba_state_ok"] = bool(torch.equal(
-                        got, probe.fill(0, cp_key(mt.keys[0], r))))
-                st = next(t for t in extra_pools if t.name == PoolName.SWA)
-                entry["swa_keys"] = [hashes.index(k) for k in st.keys]
+                        got, probe.fill(0, state_key(mt.keys[0], r))))
+                st = next((t for t in extra_pools if t.name == PoolName.SWA), None)
+                if st is not None:
+                    entry["swa_keys"] = [hashes.index(k) for k in st.keys]
                 if entry["pool_hits"].get("swa"):
                     entry["swa_ok"] = [bool(torch.equal(
                         swa.read_canonical(int(st.host_indices[i * P])),
                         page_kv("swa/" + cp_key(k, r), 1, heads_total, P, spec["dim"], h0,
+                                h0 + nh))) for i, k in enumerate(st.keys)]
+                if draft_swa is not None and entry["pool_hits"].get("draft_swa"):
+                    entry["draft_swa_ok"] = [bool(torch.equal(
+                        draft_swa.read_canonical(int(st.host_indices[i * P])),
+                        page_kv("dswa/" + cp_key(k, r), 1, heads_total, P, spec["dim"], h0,
                                 h0 + nh))) for i, k in enumerate(st.keys)]
                 if indexer is not None and npages:
                     entry["indexer_ok"] = all(bool(torch.equal(

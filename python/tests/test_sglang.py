@@ -454,3 +454,38 @@ def test_reconnects_after_kvcd_restarts():
         assert be.batch_exists(["r-0"]) == 1
         assert be.stats()["errors"] >= 1
         be.close()
+
+
+def test_get_stats_type_from_sglangs_observability_module(tmp_path):
+    """Newer SGLang trees keep StorageMetrics in srt/observability/metrics_collector.py
+    (its collector asserts that type): the backend returns that class when it is the one
+    SGLang has, not a look-alike of its own."""
+    pkg = tmp_path / "sglang" / "srt" / "observability"
+    pkg.mkdir(parents=True)
+    for d in (tmp_path / "sglang", tmp_path / "sglang" / "srt", pkg):
+        (d / "__init__.py").write_text("")
+    (pkg / "metrics_collector.py").write_text(
+        "from dataclasses import dataclass, field\n"
+        "@dataclass\n"
+        "class StorageMetrics:\n"
+        "    prefetch_pgs: list = field(default_factory=list)\n"
+        "    backup_pgs: list = field(default_factory=list)\n"
+        "    prefetch_bandwidth: list = field(default_factory=list)\n"
+        "    backup_bandwidth: list = field(default_factory=list)\n"
+        "    prefetch_occupied_ratios: list = field(default_factory=list)\n")
+    code = (
+        "from types import SimpleNamespace\n"
+        "import kvcd.sglang as ks\n"
+        "from sglang.srt.observability.metrics_collector import StorageMetrics\n"
+        "cfg = SimpleNamespace(tp_rank=0, tp_size=1, is_mla_model=False, model_name='m',\n"
+        "                      enable_storage_metrics=True, extra_config={})\n"
+        "be = ks.KvcdHiCacheStorage(cfg)\n"
+        "assert ks.StorageMetrics is StorageMetrics\n"
+        "assert isinstance(be.get_stats(), StorageMetrics)\n"
+        "print('ok')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(tmp_path)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                           if p]))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]

@@ -8,8 +8,10 @@
 # zero-copy v1 path and the generic path, metrics on, MLA (TP=2: rank 0 writes, both
 # read), context parallelism (CP=2: each rank its own slice), SGLang's tp_lcm_size head
 # split (a TP=1 page_head instance feeds a TP=2 one), fp8 pools, the shm allocator,
-# attention-DP replicas writing one prompt at once, and the hybrid v2 pools (Mamba state,
-# SWA window, DSA indexer).
+# attention-DP replicas writing one prompt at once, the hybrid v2 pools (Mamba state,
+# SWA window, DSA indexer, a draft SWA pool on the SWA pool's indices registered after
+# attach, MLA at TP=2 with TP-sharded Mamba state), a prefetch's router hint in
+# extra_info, and prefix keys passed only with "hicache_storage_pass_prefix_keys".
 import json
 import os
 import subprocess
@@ -221,3 +223,90 @@ def test_hybrid_v2_pools(daemon):
     assert short["mamba_keys"] == [4] and short["mamba_state_ok"]
     assert short["swa_keys"] == [2, 3, 4] and short["swa_ok"] == [True] * 3
     assert five["exists_v2"]["kv"] == 5 and five["mamba_state_ok"]
+
+
+def test_prefetch_router_hint_in_extra_info(daemon):
+    """A prefetch with a router hint: SGLang hands it to batch_exists and batch_get_v1 in
+    extra_info.extra_info ({"kvcc_router_hint": hint}) beside prefix_keys; the backend
+    loads the same pages, byte for byte, as without one."""
+    toks = tokens(6, salt=21)
+    instance(daemon, [dict(op="backup", tokens=toks)], model="ctl/hint")
+    hint = dict(worker="w1", overlap_blocks=6)
+    b = instance(daemon, [dict(op="prefetch", tokens=toks, router_hint=hint),
+                          dict(op="prefetch", tokens=toks, rid="plain")],
+                 model="ctl/hint", layout="layer_first")[0]
+    hinted, plain = b["ops"]
+    assert hinted["completed_tokens"] == 6 * P and hinted["pages_ok"] == [True] * 6
+    # one batch_exists and one batch_get_v1 (6 pages: one batch each), both with the hint
+    assert hinted["extra_info_seen"] == [dict(kvcc_router_hint=hint)] * 2
+    assert plain["pages_ok"] == [True] * 6 and plain["extra_info_seen"] == [None, None]
+
+
+def test_hybrid_sidecar_on_another_pools_indices(daemon):
+    """A draft SWA pool registered after attach (SGLang's register_host_pool_entry) rides
+    the SWA pool's indices (indices_from_pool=swa, keys and policy its source's): backed
+    up and prefetched with the SWA window, it holds exactly the window's pages. It must
+    count as present when its window is, not be asked for every page of the prefix."""
+    toks = tokens(8, salt=23)
+    hy = dict(swa_window=3, draft_swa=True)
+    a = instance(daemon, [dict(op="backup", tokens=toks, state_at=[7])],
+                 hybrid=hy, model="ctl/draft")[0]
+    assert a["ops"][0]["completed_tokens"] == 8 * P
+    assert set(a["namespaces"]) == {"kv", "mamba", "swa", "draft_swa"}
+    b = instance(daemon, [dict(op="prefetch", tokens=toks)], hybrid=hy, model="ctl/draft",
+                 layout="layer_first")[0]
+    full = b["ops"][0]
+    assert full["exists_v2"] == dict(kv=8, pools=dict(kv=8, mamba=8, swa=8, draft_swa=8))
+    assert full["completed_tokens"] == 8 * P and full["pages_ok"] == [True] * 8
+    assert full["swa_keys"] == [5, 6, 7] and full["swa_ok"] == [True] * 3
+    assert full["pool_hits"]["draft_swa"] == 3 and full["draft_swa_ok"] == [True] * 3
+
+
+def test_mla_tp2_hybrid_rank1_backs_up_its_mamba_state_only(daemon):
+    """An MLA model with TP-sharded Mamba state (SGLang's Kimi-K3 case) at TP=2: rank 0
+    stores the KV pages (rank-replicated) and its state; rank 1 skips the KV but stores
+    its own state slice with batch_set_v2, and SGLang counts its backup complete only when
+    every sidecar page answered True. A TP=2 reader gets the KV on both ranks and each
+    rank's own state."""
+    toks = tokens(8, salt=29)
+    hy = dict(swa_window=0)
+    ranks = [dict(tp_rank=0, tp_size=2), dict(tp_rank=1, tp_size=2)]
+    a = instance(daemon, [dict(op="backup", tokens=toks, state_at=[7])], hybrid=hy,
+                 mla=True, ranks=ranks, model="ctl/mla-mamba")
+    assert [x["ops"][0]["completed_tokens"] for x in a] == [8 * P, 8 * P]
+    assert [x["stats"]["set_written"] for x in a] == [8 + 1, 1]
+    assert a[0]["namespaces"]["kv"] == a[1]["namespaces"]["kv"]  # one "mla" namespace
+    assert a[0]["namespaces"]["mamba"] != a[1]["namespaces"]["mamba"]  # one per TP rank
+    nsid = ns_ids(daemon)[a[0]["namespaces"]["kv"][0]]["id"]
+    assert len(kvcctl_blocks(daemon, nsid)) == 8
+    b = instance(daemon, [dict(op="prefetch", tokens=toks)], hybrid=hy, mla=True,
+                 ranks=ranks, model="ctl/mla-mamba", layout="layer_first")
+    for x in b:
+        op = x["ops"][0]
+        assert op["completed_tokens"] == 8 * P and op["pages_ok"] == [True] * 8
+        assert op["mamba_keys"] == [7] and op["mamba_state_ok"], x["rank"]
+
+
+def test_prefix_keys_only_with_hicache_storage_pass_prefix_keys(daemon):
+    """SGLang passes a node's prefix_keys to the backup only when the extra config has
+    "hicache_storage_pass_prefix_keys": true (its tree cache takes the key out). With it,
+    a node backed up under another continues that node's chain in kvcd (depths go on);
+    without it the node is a root of its own: found all the same."""
+    toks = tokens(8, salt=31)
+    base = dict(backend_name="kvcd", module_path="kvcd.sglang",
+                class_name="KvcdHiCacheStorage", interface_v1=1)
+    depth = {}
+    for on in (True, False):
+        model = "ctl/prefix-%s" % ("on" if on else "off")
+        extra = dict(base, hicache_storage_pass_prefix_keys=True) if on else base
+        a = instance(daemon, [dict(op="backup", tokens=toks[:4 * P]),
+                              dict(op="backup", tokens=toks, from_page=4),
+                              dict(op="prefetch", tokens=toks)],
+                     extra_config=extra, model=model)[0]
+        assert [o.get("completed_tokens") for o in a["ops"]] == [4 * P, 4 * P, 8 * P]
+        assert a["ops"][2]["pages_ok"] == [True] * 8
+        nsid = ns_ids(daemon)[a["namespaces"]["kv"][0]]["id"]
+        depth[on] = sorted(b["depth"] for b in kvcctl_blocks(daemon, nsid))
+    d0 = depth[True][0]
+    assert depth[True] == list(range(d0, d0 + 8))
+    assert depth[False] == sorted(list(range(d0, d0 + 4)) * 2)

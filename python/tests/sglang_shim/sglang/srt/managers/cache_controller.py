@@ -3,7 +3,8 @@
 # the ranks and extra_config, tp_lcm_size popped and should_split_heads decided as SGLang
 # does, the dynamic backend built by the factory, the host pool registered, the zero-copy
 # page functions chosen only for "interface_v1"), and the four threads: prefetch (a
-# batch_exists per STORAGE_BATCH_SIZE pages with extra_info.prefix_keys, the hit count
+# batch_exists per STORAGE_BATCH_SIZE pages with extra_info.prefix_keys and the request's
+# router hint in extra_info.extra_info, the hit count
 # all-reduced to the minimum over ranks), prefetch-IO (batch by batch, the zero-copy
 # batch_get_v1 counted up to its first False, or the generic batch_get into dummy pages
 # then set_from_flat_data_page; KV-derived sidecar pools through batch_get_v2), prefetch-sync
@@ -50,11 +51,22 @@ class SyncGroup:
         return out
 
 
+# The extra_info.extra_info key under which a request's router hint reaches the backend
+# (SGLang keeps it a literal so the controller stays backend-agnostic).
+_ROUTER_HINT_EXTRA_INFO_KEY = "kvcc_router_hint"
+
+
+def _router_hint_extra_info(operation):
+    if operation.router_hint is None:
+        return None
+    return {_ROUTER_HINT_EXTRA_INFO_KEY: operation.router_hint}
+
+
 class StorageOperation:
     counter = 0
 
     def __init__(self, host_indices, token_ids, last_hash=None, hash_value=None,
-                 prefix_keys=None):
+                 prefix_keys=None, router_hint=None):
         self.host_indices = host_indices
         self.token_ids = token_ids
         self.last_hash = last_hash
@@ -62,17 +74,20 @@ class StorageOperation:
         self.hash_value = hash_value if hash_value is not None else []
         self.prefix_keys = prefix_keys
         self.all_hash_values = None
+        self.router_hint = router_hint
         self.id = StorageOperation.counter
         StorageOperation.counter += 1
 
 
 class PrefetchOperation(StorageOperation):
-    def __init__(self, request_id, token_ids, last_hash=None, prefix_keys=None):
+    def __init__(self, request_id, token_ids, last_hash=None, prefix_keys=None,
+                 router_hint=None):
         self.request_id = request_id
         self._lock = threading.Lock()
         self._terminated_flag = False
         self.storage_hit_count = 0
-        super().__init__(None, token_ids, last_hash, prefix_keys=prefix_keys)
+        super().__init__(None, token_ids, last_hash, prefix_keys=prefix_keys,
+                         router_hint=router_hint)
 
     def mark_terminate(self):
         with self._lock:
@@ -188,8 +203,10 @@ class HiCacheController:
 
     # ---- prefetch -----------------------------------------------------------------------
 
-    def prefetch(self, request_id, new_input_tokens, last_hash=None, prefix_keys=None):
-        op = PrefetchOperation(request_id, new_input_tokens, last_hash, prefix_keys)
+    def prefetch(self, request_id, new_input_tokens, last_hash=None, prefix_keys=None,
+                 router_hint=None):
+        op = PrefetchOperation(request_id, new_input_tokens, last_hash, prefix_keys,
+                               router_hint=router_hint)
         self.prefetch_queue.put(op)
         return op
 
@@ -228,7 +245,8 @@ class HiCacheController:
                 batch_hashes = operation.hash_value[i:i + STORAGE_BATCH_SIZE]
                 batch_host_indices = operation.host_indices[
                     i * self.page_size:(i + len(batch_hashes)) * self.page_size]
-                extra_info = HiCacheStorageExtraInfo(prefix_keys=prefix_keys)
+                extra_info = HiCacheStorageExtraInfo(
+                    prefix_keys=prefix_keys, extra_info=_router_hint_extra_info(operation))
                 hit_pages = self._page_transfer_kv_batch(operation, batch_hashes,
                                                          batch_host_indices, extra_info,
                                                          kv_derived)
@@ -273,7 +291,8 @@ class HiCacheController:
         operation.all_hash_values = page_hashes
         for start in range(0, len(page_hashes), STORAGE_BATCH_SIZE):
             batch_hashes = page_hashes[start:start + STORAGE_BATCH_SIZE]
-            extra_info = HiCacheStorageExtraInfo(prefix_keys=prefix_keys)
+            extra_info = HiCacheStorageExtraInfo(
+                prefix_keys=prefix_keys, extra_info=_router_hint_extra_info(operation))
             hit_page_num = self.storage_backend.batch_exists(batch_hashes, extra_info)
             hash_value.extend(batch_hashes[:hit_page_num])
             storage_query_count += hit_page_num * self.page_size

@@ -1,6 +1,7 @@
 # SGLang's storage interface (mem_cache/hicache_storage.py at 001067ff): the config and
-# extra-info records, the pool-transfer types of the v2 calls, and the abstract base class
-# with its defaults. A stand-in for tests (see sglang/__init__.py).
+# extra-info records, the pool-transfer types of the v2 calls (every PoolName SGLang has,
+# the sidecar pool spec), the prefetch-timeout knobs, and the abstract base class with its
+# defaults. A stand-in for tests (see sglang/__init__.py).
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from enum import Enum
@@ -34,11 +35,29 @@ class HiCacheStorageExtraInfo:
     extra_info: Optional[dict] = None
 
 
+@dataclass(frozen=True)
+class PrefetchTimeoutConfig:
+    base: float = 2.0  # seconds whatever the length
+    per_ki_token: float = 0.1  # seconds per 1024 tokens
+    max: float = 30.0  # bound of the linear timeout
+
+
 class PoolName(str, Enum):
     KV = "kv"
     MAMBA = "mamba"
     SWA = "swa"
     INDEXER = "indexer"
+    # compressed KV, indexer and their states of DeepSeek V4
+    DEEPSEEK_V4_C4 = "deepseek_v4_c4"
+    DEEPSEEK_V4_C4_INDEXER = "deepseek_v4_c4_indexer"
+    DEEPSEEK_V4_C128 = "deepseek_v4_c128"
+    DEEPSEEK_V4_C4_STATE = "deepseek_v4_c4_state"
+    DEEPSEEK_V4_C4_INDEXER_STATE = "deepseek_v4_c4_indexer_state"
+    DEEPSEEK_V4_C128_STATE = "deepseek_v4_c128_state"
+    # the draft model's pools (speculative decoding)
+    DRAFT = "draft"
+    DRAFT_INDEXER = "draft_indexer"
+    DRAFT_SWA = "draft_swa"
 
     def __str__(self):
         return self.value
@@ -58,6 +77,15 @@ class PoolTransfer:
     hit_policy: PoolHitPolicy = PoolHitPolicy.ALL_PAGES
     nodes_to_load: Optional[List[Any]] = None
     indices_from_pool: Optional[PoolName] = None
+
+
+@dataclass(frozen=True)
+class SidecarPoolSpec:
+    """A pool whose transfer indices are those of one source pool."""
+
+    pool_name: PoolName
+    indices_from_pool: PoolName
+    hit_policy: PoolHitPolicy = PoolHitPolicy.ALL_PAGES
 
 
 @dataclass

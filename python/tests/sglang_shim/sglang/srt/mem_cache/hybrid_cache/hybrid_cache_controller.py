@@ -1,12 +1,16 @@
 # The storage half of SGLang's HybridCacheController (mem_cache/hybrid_cache/
-# hybrid_cache_controller.py at 001067ff): extra host pools registered with
+# hybrid_cache_controller.py at 0034377, the newest stored): extra host pools registered with
 # register_mem_host_pool_v2; prefetch asks batch_exists_v2 with the request's pool
 # transfers (Mamba / SWA state "trailing_pages", a DSA indexer "all_pages" riding the KV
 # indices), loads KV and KV-derived pools batch by batch and then the other pools'
 # trailing pages (their keys re-aligned to the end of the KV hit) with batch_get_v2;
 # backup stores the extra pools with batch_set_v2 (every TP rank for TP-sharded Mamba
-# state, rank 0 only for rank-replicated pools) before the KV pages. A stand-in for tests
-# (see sglang/__init__.py).
+# state, rank 0 only for rank-replicated pools) before the KV pages; on a rank that skips
+# the KV backup the operation completes when every sidecar page was stored. A sidecar
+# riding another extra pool's indices (indices_from_pool, e.g. the draft SWA pool on the
+# SWA pool's) takes that pool's host indices and keys; a pool registered after attach
+# (register_host_pool_entry) reaches the backend through register_mem_host_pool_v2 at
+# once. A stand-in for tests (see sglang/__init__.py).
 from sglang.srt.managers.cache_controller import HiCacheController as BaseHiCacheController
 from sglang.srt.managers.cache_controller import PrefetchAck, PrefetchOperation
 from sglang.srt.managers.cache_controller import StorageOperation as BaseStorageOperation
@@ -46,7 +50,16 @@ class HybridCacheController(BaseHiCacheController):
                                storage_backend_extra_config=None):
         super().attach_storage_backend(storage_backend, prefetch_threshold, model_name,
                                        storage_backend_extra_config)
+        # every entry of SGLang's host pool group, the KV (anchor) pool among them
+        self.storage_backend.register_mem_host_pool_v2(self.mem_pool_host, PoolName.KV)
         for name, pool in self.host_pools.items():
+            self.storage_backend.register_mem_host_pool_v2(pool, name)
+
+    def register_host_pool_entry(self, name, pool):
+        """A pool added after attach (SGLang's dynamic sidecars): registered with the
+        backend at once."""
+        self.host_pools[name] = pool
+        if self.enable_storage and self.storage_backend is not None:
             self.storage_backend.register_mem_host_pool_v2(pool, name)
 
     def prefetch(self, request_id, new_input_tokens, last_hash=None, prefix_keys=None,
@@ -90,6 +103,7 @@ class HybridCacheController(BaseHiCacheController):
         if not operation.is_terminated() and kv_completed_pages == len(operation.hash_value):
             nonkv = [t for t in operation.pool_transfers if t.indices_from_pool != PoolName.KV]
             self._sync_trailing_keys(nonkv, operation.hash_value, kv_completed_pages)
+            self._resolve_sidecar_nonkv_derived_pool_transfers(operation)
             results = self.storage_backend.batch_get_v2(nonkv)
             pool_hits = count_pool_hits(results)
         self.prefetch_sync_queue.put(PrefetchAck(rid=operation.request_id, operation=operation,
@@ -122,10 +136,44 @@ class HybridCacheController(BaseHiCacheController):
                 if t.keys is None:
                     t.keys = operation.hash_value
         if backup:
+            self._resolve_sidecar_nonkv_derived_pool_transfers(operation)
             results = self.storage_backend.batch_set_v2(backup)
             operation.pool_storage_result.update_extra_pool_hit_pages(count_pool_hits(results))
         if not self.backup_skip:
             super()._page_backup(operation)
+            return
+        ok = bool(backup)
+        for t in backup:
+            r = results.get(t.name)
+            if r is None:
+                r = results.get(t.name.value)
+            want = len(t.keys or [])
+            if want == 0 and t.host_indices is not None:
+                want = int(t.host_indices.numel())
+            if not isinstance(r, (list, tuple)) or len(r) != want or not all(r):
+                ok = False
+                break
+        operation.completed_tokens = len(operation.hash_value) * self.page_size if ok else 0
+
+    def _resolve_sidecar_nonkv_derived_pool_transfers(self, operation):
+        for t in operation.pool_transfers:
+            if t.indices_from_pool is None or t.indices_from_pool == PoolName.KV:
+                continue
+            src = next((s for s in operation.pool_transfers
+                        if s.indices_from_pool is None and s.name == t.indices_from_pool), None)
+            if src is None:
+                raise AssertionError("Storage sidecar derived pool source missing: %s from %s"
+                                     % (t.name, t.indices_from_pool))
+            t.host_indices = src.host_indices
+            if t.keys is None:
+                t.keys = src.keys
+
+    def _reduce_prefetch_ack(self, ack):
+        super()._reduce_prefetch_ack(ack)
+        if ack.pool_hits is not None:  # every PoolName, in its order on every rank
+            packed = self._all_reduce_min([ack.pool_hits.get(p.value, 0) for p in PoolName])
+            for p, n in zip(PoolName, packed):
+                ack.pool_hits[p.value] = n
 
     def backup_thread_func(self):
         from queue import Empty
@@ -144,7 +192,7 @@ class HybridCacheController(BaseHiCacheController):
         """What the hybrid radix cache does before the IO thread runs: host slots for the
         extra pools' pages (KV-derived pools ride the KV indices)."""
         for t in op.pool_transfers or []:
-            if t.indices_from_pool == PoolName.KV:
+            if t.indices_from_pool is not None:
                 continue
             pool = self.host_pools[t.name]
             n = len(t.keys) if t.keys else 1
