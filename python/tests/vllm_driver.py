@@ -5,8 +5,9 @@
 # block allocation, update_state_after_alloc, NewRequestData.from_request, then
 # build_connector_meta into SchedulerOutput.kv_connector_metadata; update_from_output:
 # invalid blocks roll the request back to its first failed block for recompute,
-# update_connector_output, request_finished when a request is done, its blocks freed at
-# once or when the workers report it finished sending), and the model runner of a worker
+# update_connector_output, take_events, request_finished -- or request_finished_all_groups
+# for a SupportsHMA connector -- when a request is done, its blocks freed at once or when
+# the workers report it finished sending), and the model runner of a worker
 # process (vllm_worker.py) that receives the pickled SchedulerOutput as vLLM's workers do.
 # The "model" writes, for each token, KV that is a pure function of the tokens up to it
 # (kv_value), so a loaded block holds right bytes exactly when they equal that function.
@@ -25,6 +26,7 @@ SHIM = os.path.join(HERE, "vllm_shim")
 if SHIM not in sys.path:
     sys.path.insert(0, SHIM)
 
+from vllm.distributed.kv_transfer.kv_connector.v1.base import supports_hma  # noqa: E402
 from vllm.config import (CacheConfig, KVTransferConfig, ModelConfig,  # noqa: E402
                          ParallelConfig, VllmConfig)
 from vllm.v1.core.kv_cache_manager import KVCacheBlock, KVCacheBlocks  # noqa: E402
@@ -108,8 +110,8 @@ class Worker:
         send(self.proc.stdin, dict(p, rank=rank))
         assert recv(self.proc.stdout) == "ready"
 
-    def step(self, out):
-        send(self.proc.stdin, ("step", out))
+    def step(self, out, layer_hooks=True):
+        send(self.proc.stdin, ("step", out, layer_hooks))
         return recv(self.proc.stdout)
 
     def call(self, *msg):
@@ -143,6 +145,9 @@ class MiniScheduler:
         self.finished_ids = set()
         self.done = {}  # req_id -> Request
         self.asked_again = 0  # get_num_new_matched_tokens answered None
+        self.events = []  # what take_events gave
+        # A connector without SupportsHMA is given the blocks of the one KV cache group.
+        self.hma = supports_hma(connector)
 
     def add(self, req):
         self.waiting.append(req)
@@ -215,13 +220,18 @@ class MiniScheduler:
                 continue
             req.num_computed_tokens += n
         self.c.update_connector_output(kv_out)
+        # After every step's output, as vLLM publishes them: the connector's KV events.
+        self.events += list(self.c.take_events() or ())
         for req_id in kv_out.finished_sending or ():
             self.free += self.delayed.pop(req_id)
         for req in list(self.running):
             if req.num_computed_tokens >= req.num_tokens:
                 self.running.remove(req)
                 ids = self.blocks.pop(req.request_id)
-                delay, _ = self.c.request_finished(req, ids)
+                if self.hma:
+                    delay, _ = self.c.request_finished_all_groups(req, (list(ids),))
+                else:
+                    delay, _ = self.c.request_finished(req, list(ids))
                 if delay:
                     self.delayed[req.request_id] = ids
                 else:
