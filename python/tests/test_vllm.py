@@ -11,8 +11,9 @@
 # recomputed, never read wrong; LoRA, cache salt and multimodal inputs change the keys;
 # saves commit asynchronously and hold the request's blocks until get_finished says so;
 # with two ranks each keeps its own namespace shard and a hit needs both; the optional hooks
-# vLLM calls answer as vLLM expects of a cache, and a step whose layer hooks do not run (a
-# replayed CUDA graph) still saves the bytes the model wrote.
+# vLLM calls answer as vLLM expects of a cache, a step whose layer hooks do not run (a
+# replayed CUDA graph) still saves the bytes the model wrote, and a preempted request
+# resumes by loading what it saved before.
 import time
 
 import pytest
@@ -341,3 +342,40 @@ def test_saves_when_a_replayed_cuda_graph_skips_the_layer_hooks(setup, daemon):
     assert req_b.num_external_computed_tokens == 96
     assert s.stats[0]["loaded_blocks"] == 6 and s.wrong == 0
     check_kv(s, "B", 110)
+
+
+def test_preempted_request_resumes_from_what_it_saved(setup, daemon):
+    """vLLM preempts a running request: its blocks are freed at once and another request
+    writes into them; the request comes back as a resumed cached request (resumed_req_ids,
+    all its block ids anew) whose first chunk, saved before the preemption, is found by
+    get_num_new_matched_tokens and loaded into its new blocks."""
+    from kvcd.vllm import span_keys
+    s = setup(budget=40)
+    a = prompt(130, seed=14)
+    s.sched.add(Request("A", a))
+    out1, _ = s.step()
+    assert [(sp.first, sp.count) for sp in out1.kv_connector_metadata.saves] == [(0, 2)]
+    old_ids = list(s.sched.blocks["A"])
+    with kvcd.Client(daemon.socket) as c:  # the first chunk's commit lands
+        ns = s.ns(c)
+        keys = span_keys(ns, a, [(0, b"")], 2)
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            with ns.lookup(keys) as lease:
+                if len(lease) == 2:
+                    break
+            time.sleep(0.01)
+    s.sched.preempt("A")
+    s.sched.waiting.insert(0, Request("B", prompt(40, seed=15)))  # takes A's old blocks
+    outs = s.run()
+    assert outs[0][0].preempted_req_ids == {"A"}
+    resumed = [o for o, _ in outs if "A" in o.scheduled_cached_reqs.resumed_req_ids]
+    assert len(resumed) == 1
+    assert [(sp.req_id, sp.first, sp.count) for sp in resumed[0].kv_connector_metadata.loads] \
+        == [("A", 0, 2)]
+    new_ids = s.sched.done["A"][1]
+    assert not set(new_ids[:2]) & set(old_ids[:3])  # B's blocks now, written by B
+    assert s.stats[0]["loaded_blocks"] == 2 and s.wrong == 0
+    check_kv(s, "A", 130)
+    # Every block of A stored once, none refused: 8 of A, 2 of B.
+    assert s.stats[0]["saved_blocks"] == 10 and s.stats[0]["save_not_reserved"] == 0

@@ -2,7 +2,7 @@
 # (test_vllm.py, vllm_driver.py): the connector built with role WORKER as vLLM's factory
 # does, its KV caches registered as the model runner does (one flash-attn tensor
 # [2, num_blocks, block_size, heads, dim] per layer, CPU here), and each step run in the
-# model runner's order: bind_connector_metadata, start_load_kv, per layer
+# model runner's order: bind_connector_metadata, handle_preemptions, start_load_kv, per layer
 # wait_for_layer_load, the attention (which first checks that every token it reads holds
 # the KV the model would compute, kv_value, then writes the KV of the scheduled tokens) and
 # save_kv_layer, then wait_for_save, get_finished, get_block_ids_with_load_errors,
@@ -53,12 +53,16 @@ def main():
                                     blocks=list(new.block_ids[0]))
         for i, rid in enumerate(out.scheduled_cached_reqs.req_ids):
             nb = out.scheduled_cached_reqs.new_block_ids[i]
-            if nb:
+            if rid in out.scheduled_cached_reqs.resumed_req_ids:  # its block ids anew
+                reqs[rid]["blocks"] = list(nb[0])
+            elif nb:
                 reqs[rid]["blocks"] += list(nb[0])
         starts = {n.req_id: n.num_computed_tokens for n in out.scheduled_new_reqs}
         for i, rid in enumerate(out.scheduled_cached_reqs.req_ids):
             starts[rid] = out.scheduled_cached_reqs.num_computed_tokens[i]
         conn.bind_connector_metadata(out.kv_connector_metadata)
+        # Every step, before the preempted requests' blocks can be written again.
+        conn.handle_preemptions(out.kv_connector_metadata)
         conn.start_load_kv(ForwardContext())
         wrong_at = []  # blocks of tokens attention read with wrong KV
         for li, name in enumerate(names):
