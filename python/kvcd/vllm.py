@@ -35,8 +35,12 @@
 # committing thread (kvc_commit waits for the gathers, then publishes) and returns;
 # get_finished reports a finished request once its commits are done, and request_finished
 # on the scheduler side keeps its blocks until then. With "layerwise": false in the extra
-# config a load is one scatter of all layers and a save one gather at wait_for_save. CPU
-# tensors work the same, synchronously.
+# config a load is one scatter of all layers and a save one gather at wait_for_save; a
+# layer whose save_kv_layer did not run (a replayed full CUDA graph skips it) is gathered
+# there too. CPU tensors work the same, synchronously. Of vLLM's optional hooks it answers
+# three: piecewise CUDA graphs while layer-wise (the per-layer waits cannot be captured),
+# the NHD cache layout (libkvc's), and no reliable-delivery demand (a cache, not a
+# hand-off); the others keep vLLM's defaults (docs/engines.md lists them).
 import collections
 import queue
 import threading
@@ -178,6 +182,26 @@ class _Layout:
 
 class KvcdConnector(KVConnectorBase_V1):
     """vLLM KV connector over kvcd (see the DESIGN comment of kvcd/vllm.py)."""
+
+    @property
+    def requires_kv_delivery(self):
+        """False: kvcd is a cache, not a hand-off. vLLM's default (True for kv_both)
+        would recompute a request preempted while its save commits; a save that never
+        lands here is only a later miss."""
+        return False
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config):
+        """NHD: tokens before heads in each block, the layout libkvc's scatter and gather
+        take; an attention backend that would pick HND is told to allocate NHD."""
+        return "NHD"
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config):
+        """Layer-by-layer loads and saves run between the layers: a full CUDA graph's
+        replay skips wait_for_layer_load and save_kv_layer, so the forward would read
+        blocks still being scattered. vLLM then captures piecewise graphs instead."""
+        return bool((extra_config or {}).get("layerwise", True))
 
     def __init__(self, vllm_config, role, kv_cache_config=None):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
@@ -345,6 +369,8 @@ class KvcdConnector(KVConnectorBase_V1):
         self._all_event = None
         self._loads: List[Tuple[Any, KvcdSpan, int]] = []
         self._resvs: List[Tuple[Any, KvcdSpan]] = []
+        self._gathered: Set[int] = set()  # layers save_kv_layer gathered this step
+        self._reserved = False  # this step's saves are reserved (self._resvs may be empty)
         self._saved_reqs: Set[str] = set()
         self._pending = collections.Counter()  # req_id -> commits not done
         self._finishing: Set[str] = set()
@@ -464,7 +490,7 @@ class KvcdConnector(KVConnectorBase_V1):
         saves = getattr(meta, "saves", ())
         if not saves:
             return
-        if not self._resvs:
+        if not self._reserved:
             self._reserve(saves)
         if not self._layerwise:
             return  # one gather of every layer at wait_for_save
@@ -472,8 +498,10 @@ class KvcdConnector(KVConnectorBase_V1):
         for r, span in self._resvs:
             r.gather(self._paged, None, span.block_ids, first_token=span.first * self._bs,
                      layers=layer, **self._stream_args())
+        self._gathered.add(layer)
 
     def _reserve(self, saves):
+        self._reserved = True
         for span in saves:
             # A chunk hangs from the last one's blocks: the daemon reserves keys only after
             # a committed parent, so the request's earlier commits must have landed (the
@@ -498,12 +526,23 @@ class KvcdConnector(KVConnectorBase_V1):
         meta = self._get_connector_metadata() if self.has_connector_metadata() else None
         for span in getattr(meta, "saves", ()) or ():
             self._saved_reqs.add(span.req_id)
-        if self._saves_here and meta is not None and meta.saves and not self._resvs:
+        if self._saves_here and meta is not None and meta.saves and not self._reserved:
             self._reserve(meta.saves)
-        if not self._layerwise:
-            for r, span in self._resvs:
+        # Every layer save_kv_layer did not gather is gathered here: all of them without
+        # "layerwise", and those whose hooks did not run (a replayed CUDA graph skips them),
+        # so a commit never publishes a slot nobody wrote.
+        missing = [i for i in range(self._lay.layers) if i not in self._gathered]
+        for r, span in self._resvs if missing else ():
+            if len(missing) == self._lay.layers:
                 r.gather(self._paged, None, span.block_ids, first_token=span.first * self._bs,
                          **self._stream_args())
+                continue
+            for layer in missing:
+                r.gather(self._paged, None, span.block_ids, first_token=span.first * self._bs,
+                         layers=layer, **self._stream_args())
+        if self._resvs and missing and self._layerwise:
+            self.stats["save_layers_gathered_late"] += len(missing)
+        self._gathered, self._reserved = set(), False
         resvs, self._resvs = self._resvs, []
         if not self._async_save:
             for r, span in resvs:

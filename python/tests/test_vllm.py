@@ -10,7 +10,10 @@
 # between scheduling and loading comes back through get_block_ids_with_load_errors and is
 # recomputed, never read wrong; LoRA, cache salt and multimodal inputs change the keys;
 # saves commit asynchronously and hold the request's blocks until get_finished says so;
-# with two ranks each keeps its own namespace shard and a hit needs both.
+# with two ranks each keeps its own namespace shard and a hit needs both; the optional hooks
+# vLLM calls answer as vLLM expects of a cache, a step whose layer hooks do not run (a
+# replayed CUDA graph) still saves the bytes the model wrote, and a preempted request
+# resumes by loading what it saved before.
 import time
 
 import pytest
@@ -52,11 +55,11 @@ class Setup:
         self.steps = 0
         self._sending, self._recving = {}, {}  # ranks yet to report each request
 
-    def step(self, before_workers=None):
+    def step(self, before_workers=None, layer_hooks=True):
         out = self.sched.schedule()
         if before_workers:
             before_workers(out)
-        replies = [w.step(out) for w in self.workers]
+        replies = [w.step(out, layer_hooks) for w in self.workers]
         self.steps += 1
         kv_out = replies[0]["kv_out"]
         # vLLM aggregates its workers' outputs (KVOutputAggregator): each rank reports a
@@ -79,7 +82,7 @@ class Setup:
         self.sched.update_from_output(out, kv_out)
         return out, kv_out
 
-    def run(self, *reqs, limit=1000, before_workers=None, deadline_s=60):
+    def run(self, *reqs, limit=1000, before_workers=None, deadline_s=60, layer_hooks=True):
         """Steps until every request is done and its blocks are freed (a save committing in
         the background keeps them: vLLM keeps stepping meanwhile)."""
         for r in reqs:
@@ -88,7 +91,7 @@ class Setup:
         end = time.monotonic() + deadline_s
         while not self.sched.idle() and len(outs) < limit and time.monotonic() < end:
             busy = self.sched.waiting or self.sched.running
-            outs.append(self.step(before_workers))
+            outs.append(self.step(before_workers, layer_hooks))
             before_workers = None
             if not busy:
                 time.sleep(0.005)  # only commits in flight: an idle engine step
@@ -102,7 +105,7 @@ class Setup:
     def close(self):
         for w in self.workers:
             w.close()
-        self.sched_conn._client.close()
+        self.sched_conn.shutdown()  # as vLLM's Scheduler.shutdown does
 
 
 @pytest.fixture
@@ -273,3 +276,106 @@ def test_the_documented_configuration(setup):
     assert s.sched_conn.get_num_new_matched_tokens(req, 0) == (64, False)
     s.run(req)
     assert s.wrong == 0
+
+
+def test_the_optional_hooks_vllm_asks(setup):
+    """What vLLM reads from a connector beyond the abstract methods (base.py at 003df29):
+    the class-level questions its config and factory ask before any instance exists, the
+    properties the scheduler reads, and the per-step hooks the worker and the scheduler
+    call (driven every step by vllm_driver / vllm_worker)."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1,
+                                                                    supports_hma)
+    from kvcd.vllm import KvcdConnector
+    # Layer-by-layer loads and saves need piecewise CUDA graphs; without them, none.
+    assert KvcdConnector.requires_piecewise_for_cudagraph({}) is True
+    assert KvcdConnector.requires_piecewise_for_cudagraph({"layerwise": True}) is True
+    assert KvcdConnector.requires_piecewise_for_cudagraph({"layerwise": False}) is False
+    assert KVConnectorBase_V1.requires_piecewise_for_cudagraph({}) is False
+    s = setup()
+    vc, _, _ = drv.configs(s.p)
+    assert KvcdConnector.get_required_kvcache_layout(vc) == "NHD"  # libkvc's, not HND
+    assert not supports_hma(KvcdConnector)  # one KV cache group: request_finished
+    assert KvcdConnector.build_kv_connector_stats() is None
+    c = s.sched_conn
+    # kv_both is a producer role, for which vLLM's default asks for reliable delivery
+    # (recompute a request preempted while its save commits); a cache does not need it.
+    assert vc.kv_transfer_config.is_kv_producer
+    assert c.requires_kv_delivery is False
+    assert c.get_finished_count() is None and c.has_pending_push_work() is False
+    a = prompt(100, seed=11)
+    outs = s.run(Request("A", a))
+    assert s.sched.events == []  # take_events, after every step's output
+    for _, kv_out in outs:
+        assert kv_out.kv_connector_stats is None and kv_out.kv_connector_worker_meta is None
+        assert kv_out.kv_cache_events is None
+    # The last steps only wait for the commits: no tokens, no forward, no layer hook.
+    assert outs[-1][0].total_num_scheduled_tokens == 0
+    assert any(kv.finished_sending == {"A"} for _, kv in outs)
+    assert s.stats[0]["saved_blocks"] == 6
+
+
+def test_saves_when_a_replayed_cuda_graph_skips_the_layer_hooks(setup, daemon):
+    """A full CUDA graph's replay runs the attention but not save_kv_layer (vLLM's
+    requires_piecewise_for_cudagraph exists for this): the blocks reserved for the step's
+    saves must still hold the KV the model wrote when wait_for_save commits them, never
+    unwritten slots another request then loads."""
+    s = setup()
+    a = prompt(100, seed=12)
+    s.run(Request("A", a), layer_hooks=False)
+    assert s.stats[0]["saved_blocks"] == 6
+    with kvcd.Client(daemon.socket) as c:
+        from kvcd.vllm import span_keys
+        ns = s.ns(c)
+        with ns.lookup(span_keys(ns, a, [(0, b"")], 6)) as lease:
+            assert len(lease) == 6
+            for i in range(6):
+                blk = torch.frombuffer(bytearray(lease[i]), dtype=torch.float16).view(
+                    2, 2, BS, 2, 16)
+                for layer in range(2):
+                    for kind in range(2):
+                        want = drv.kv_values(tuple(a[:(i + 1) * BS]), layer, kind, 0, 2, 16)
+                        assert torch.equal(blk[layer, kind], want[i * BS:]), (i, layer, kind)
+    assert s.stats[0]["save_layers_gathered_late"] == 2  # both layers, at wait_for_save
+    b = prompt(110, seed=13, prefix=a[:96])
+    req_b = Request("B", b)
+    s.run(req_b)
+    assert req_b.num_external_computed_tokens == 96
+    assert s.stats[0]["loaded_blocks"] == 6 and s.wrong == 0
+    check_kv(s, "B", 110)
+
+
+def test_preempted_request_resumes_from_what_it_saved(setup, daemon):
+    """vLLM preempts a running request: its blocks are freed at once and another request
+    writes into them; the request comes back as a resumed cached request (resumed_req_ids,
+    all its block ids anew) whose first chunk, saved before the preemption, is found by
+    get_num_new_matched_tokens and loaded into its new blocks."""
+    from kvcd.vllm import span_keys
+    s = setup(budget=40)
+    a = prompt(130, seed=14)
+    s.sched.add(Request("A", a))
+    out1, _ = s.step()
+    assert [(sp.first, sp.count) for sp in out1.kv_connector_metadata.saves] == [(0, 2)]
+    old_ids = list(s.sched.blocks["A"])
+    with kvcd.Client(daemon.socket) as c:  # the first chunk's commit lands
+        ns = s.ns(c)
+        keys = span_keys(ns, a, [(0, b"")], 2)
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            with ns.lookup(keys) as lease:
+                if len(lease) == 2:
+                    break
+            time.sleep(0.01)
+    s.sched.preempt("A")
+    s.sched.waiting.insert(0, Request("B", prompt(40, seed=15)))  # takes A's old blocks
+    outs = s.run()
+    assert outs[0][0].preempted_req_ids == {"A"}
+    resumed = [o for o, _ in outs if "A" in o.scheduled_cached_reqs.resumed_req_ids]
+    assert len(resumed) == 1
+    assert [(sp.req_id, sp.first, sp.count) for sp in resumed[0].kv_connector_metadata.loads] \
+        == [("A", 0, 2)]
+    new_ids = s.sched.done["A"][1]
+    assert not set(new_ids[:2]) & set(old_ids[:3])  # B's blocks now, written by B
+    assert s.stats[0]["loaded_blocks"] == 2 and s.wrong == 0
+    check_kv(s, "A", 130)
+    # Every block of A stored once, none refused: 8 of A, 2 of B.
+    assert s.stats[0]["saved_blocks"] == 10 and s.stats[0]["save_not_reserved"] == 0

@@ -2,12 +2,15 @@
 # the configuration both processes build, the connector loaded as vLLM's KVConnectorFactory
 # does (kv_connector_module_path + kv_connector), a scheduler that calls the connector in
 # vLLM's v1 order (Scheduler.schedule: get_num_new_matched_tokens for a waiting request,
-# block allocation, update_state_after_alloc, NewRequestData.from_request, then
-# build_connector_meta into SchedulerOutput.kv_connector_metadata; update_from_output:
+# block allocation, update_state_after_alloc, NewRequestData.from_request -- or, for a
+# request preempted earlier, a resumed CachedRequestData entry with all its block ids --
+# then build_connector_meta into SchedulerOutput.kv_connector_metadata; update_from_output:
 # invalid blocks roll the request back to its first failed block for recompute,
-# update_connector_output, request_finished when a request is done, its blocks freed at
-# once or when the workers report it finished sending), and the model runner of a worker
-# process (vllm_worker.py) that receives the pickled SchedulerOutput as vLLM's workers do.
+# update_connector_output, take_events, request_finished -- or request_finished_all_groups
+# for a SupportsHMA connector -- when a request is done, its blocks freed at once or when
+# the workers report it finished sending; preempt as _preempt_request), and the model
+# runner of a worker process (vllm_worker.py) that receives the pickled SchedulerOutput as
+# vLLM's workers do.
 # The "model" writes, for each token, KV that is a pure function of the tokens up to it
 # (kv_value), so a loaded block holds right bytes exactly when they equal that function.
 import functools
@@ -25,6 +28,7 @@ SHIM = os.path.join(HERE, "vllm_shim")
 if SHIM not in sys.path:
     sys.path.insert(0, SHIM)
 
+from vllm.distributed.kv_transfer.kv_connector.v1.base import supports_hma  # noqa: E402
 from vllm.config import (CacheConfig, KVTransferConfig, ModelConfig,  # noqa: E402
                          ParallelConfig, VllmConfig)
 from vllm.v1.core.kv_cache_manager import KVCacheBlock, KVCacheBlocks  # noqa: E402
@@ -108,8 +112,8 @@ class Worker:
         send(self.proc.stdin, dict(p, rank=rank))
         assert recv(self.proc.stdout) == "ready"
 
-    def step(self, out):
-        send(self.proc.stdin, ("step", out))
+    def step(self, out, layer_hooks=True):
+        send(self.proc.stdin, ("step", out, layer_hooks))
         return recv(self.proc.stdout)
 
     def call(self, *msg):
@@ -143,9 +147,30 @@ class MiniScheduler:
         self.finished_ids = set()
         self.done = {}  # req_id -> Request
         self.asked_again = 0  # get_num_new_matched_tokens answered None
+        self.events = []  # what take_events gave
+        self.preempted = set()  # preempted since the last SchedulerOutput
+        self.resumable = set()  # preempted, not scheduled again yet
+        # A connector without SupportsHMA is given the blocks of the one KV cache group.
+        self.hma = supports_hma(connector)
 
     def add(self, req):
         self.waiting.append(req)
+
+    def preempt(self, req_id):
+        """As vLLM's _preempt_request: the running request's blocks are freed at once
+        (first in line for the next allocation, so another request's writes land in
+        them), it computes nothing, and goes back to the head of the waiting queue; the
+        next SchedulerOutput lists it in preempted_req_ids. No connector call: it is
+        resumed later through get_num_new_matched_tokens like a new request, then sent as
+        a resumed cached request."""
+        req = next(r for r in self.running if r.request_id == req_id)
+        self.running.remove(req)
+        self.free = self.blocks.pop(req_id) + self.free
+        req.num_computed_tokens = 0
+        req.num_preemptions = getattr(req, "num_preemptions", 0) + 1
+        self.preempted.add(req_id)
+        self.resumable.add(req_id)
+        self.waiting.insert(0, req)
 
     def _alloc(self, n):
         ids, self.free = self.free[:n], self.free[n:]
@@ -188,7 +213,17 @@ class MiniScheduler:
             n = min(req.num_tokens - ext, budget)
             budget -= n
             num_sched[req.request_id] = n
-            new_reqs.append(NewRequestData.from_request(req, (list(ids),)))
+            if req.request_id in self.resumable:  # resumed: all its block ids anew
+                self.resumable.discard(req.request_id)
+                cached.req_ids.append(req.request_id)
+                cached.resumed_req_ids.add(req.request_id)
+                cached.all_token_ids[req.request_id] = list(req.all_token_ids)
+                cached.new_block_ids.append((list(ids),))
+                cached.num_computed_tokens.append(ext)
+                cached.num_output_tokens.append(0)
+                cached.new_token_ids.append([])
+            else:
+                new_reqs.append(NewRequestData.from_request(req, (list(ids),)))
             self.running.append(req)
         self.waiting = still
         out = SchedulerOutput(
@@ -196,8 +231,8 @@ class MiniScheduler:
             num_scheduled_tokens=num_sched, total_num_scheduled_tokens=sum(num_sched.values()),
             scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={},
             num_common_prefix_blocks=[0], finished_req_ids=self.finished_ids,
-            free_encoder_mm_hashes=[])
-        self.finished_ids = set()
+            free_encoder_mm_hashes=[], preempted_req_ids=self.preempted)
+        self.finished_ids, self.preempted = set(), set()
         out.kv_connector_metadata = self.c.build_connector_meta(out)
         return out
 
@@ -215,13 +250,18 @@ class MiniScheduler:
                 continue
             req.num_computed_tokens += n
         self.c.update_connector_output(kv_out)
+        # After every step's output, as vLLM publishes them: the connector's KV events.
+        self.events += list(self.c.take_events() or ())
         for req_id in kv_out.finished_sending or ():
             self.free += self.delayed.pop(req_id)
         for req in list(self.running):
             if req.num_computed_tokens >= req.num_tokens:
                 self.running.remove(req)
                 ids = self.blocks.pop(req.request_id)
-                delay, _ = self.c.request_finished(req, ids)
+                if self.hma:
+                    delay, _ = self.c.request_finished_all_groups(req, (list(ids),))
+                else:
+                    delay, _ = self.c.request_finished(req, list(ids))
                 if delay:
                     self.delayed[req.request_id] = ids
                 else:

@@ -2,12 +2,16 @@
 # (test_vllm.py, vllm_driver.py): the connector built with role WORKER as vLLM's factory
 # does, its KV caches registered as the model runner does (one flash-attn tensor
 # [2, num_blocks, block_size, heads, dim] per layer, CPU here), and each step run in the
-# model runner's order: bind_connector_metadata, start_load_kv, per layer
+# model runner's order: bind_connector_metadata, handle_preemptions, start_load_kv, per layer
 # wait_for_layer_load, the attention (which first checks that every token it reads holds
 # the KV the model would compute, kv_value, then writes the KV of the scheduled tokens) and
 # save_kv_layer, then wait_for_save, get_finished, get_block_ids_with_load_errors,
-# clear_connector_metadata. It answers with the KVConnectorOutput and what it saw: tokens
-# read with wrong KV (which must stay 0), tokens loaded.
+# get_kv_connector_stats, get_kv_connector_kv_cache_events, build_connector_worker_meta
+# (into the KVConnectorOutput), clear_connector_metadata. A step with no tokens scheduled
+# runs no forward, so no per-layer hook (vLLM's kv_connector_no_forward); a step sent with
+# layer_hooks=False runs the attention without them, as a replayed full CUDA graph does.
+# It answers with the KVConnectorOutput and what it saw: tokens read with wrong KV (which
+# must stay 0), tokens loaded.
 import sys
 
 import torch
@@ -42,22 +46,28 @@ def main():
             _, req_id, n = msg
             send(outp, wrong_tokens(caches, names, reqs[req_id], n, rank, heads, dim, bs))
             continue
-        out = msg[1]
+        out, layer_hooks = msg[1], msg[2]
+        layer_hooks = layer_hooks and out.total_num_scheduled_tokens > 0
         for new in out.scheduled_new_reqs:
             reqs[new.req_id] = dict(tokens=list(new.prompt_token_ids),
                                     blocks=list(new.block_ids[0]))
         for i, rid in enumerate(out.scheduled_cached_reqs.req_ids):
             nb = out.scheduled_cached_reqs.new_block_ids[i]
-            if nb:
+            if rid in out.scheduled_cached_reqs.resumed_req_ids:  # its block ids anew
+                reqs[rid]["blocks"] = list(nb[0])
+            elif nb:
                 reqs[rid]["blocks"] += list(nb[0])
         starts = {n.req_id: n.num_computed_tokens for n in out.scheduled_new_reqs}
         for i, rid in enumerate(out.scheduled_cached_reqs.req_ids):
             starts[rid] = out.scheduled_cached_reqs.num_computed_tokens[i]
         conn.bind_connector_metadata(out.kv_connector_metadata)
+        # Every step, before the preempted requests' blocks can be written again.
+        conn.handle_preemptions(out.kv_connector_metadata)
         conn.start_load_kv(ForwardContext())
         wrong_at = []  # blocks of tokens attention read with wrong KV
         for li, name in enumerate(names):
-            conn.wait_for_layer_load(name)
+            if layer_hooks:
+                conn.wait_for_layer_load(name)
             for rid, n in out.num_scheduled_tokens.items():
                 r, start = reqs[rid], starts[rid]
                 pages, offs = slots(r, start + n, bs)
@@ -69,7 +79,8 @@ def main():
                     bad = (got != want[:start]).flatten(1).any(1).nonzero().flatten().tolist()
                     wrong_at += [r["blocks"][t // bs] for t in bad]
                     caches[name][kind, pages[start:], offs[start:]] = want[start:]
-            conn.save_kv_layer(name, caches[name], None)
+            if layer_hooks:
+                conn.save_kv_layer(name, caches[name], None)
         conn.wait_for_save()
         sending, recving = conn.get_finished(out.finished_req_ids)
         # Sync loads report their failures in the same step; vLLM then discards the step's
@@ -78,6 +89,9 @@ def main():
         wrong = sum(b not in failed for b in wrong_at)
         kv_out = KVConnectorOutput(finished_sending=sending, finished_recving=recving,
                                    invalid_block_ids=set(failed))
+        kv_out.kv_connector_stats = conn.get_kv_connector_stats()
+        kv_out.kv_cache_events = conn.get_kv_connector_kv_cache_events()
+        kv_out.kv_connector_worker_meta = conn.build_connector_worker_meta()
         conn.clear_connector_metadata()
         send(outp, dict(kv_out=kv_out, wrong=wrong, stats=dict(conn.stats)))
 

@@ -10,13 +10,19 @@ class KVTransferConfig:
     kv_connector_module_path: Optional[str] = None
     kv_role: str = "kv_both"
     kv_connector_extra_config: dict = field(default_factory=dict)
+    # What the scheduler does with blocks a worker failed to load: "recompute" or "fail".
+    kv_load_failure_policy: str = "recompute"
 
     def get_from_extra_config(self, key, default) -> Any:
         return self.kv_connector_extra_config.get(key, default)
 
     @property
     def is_kv_producer(self):
-        return self.kv_role in ("kv_producer", "kv_both")
+        return self.kv_connector is not None and self.kv_role in ("kv_producer", "kv_both")
+
+    @property
+    def is_kv_consumer(self):
+        return self.kv_connector is not None and self.kv_role in ("kv_consumer", "kv_both")
 
 
 @dataclass
