@@ -841,7 +841,9 @@ int kern_rot_dec(const struct kern_cpu_ops *ops, uint32_t codec, const struct ke
         uint32_t *m = malloc(2 * (size_t)H * D * sizeof(uint32_t));
         if (!m)
             return -ENOMEM;
-        rot_dec_fused(lay, sect, codec == KERN_CODEC_ROT2 ? 2 : 4, raw, out_dtype, m);
+        const int bits = codec == KERN_CODEC_ROT2 ? 2 : 4;
+        if (!kern_rot512_on() || !kern_rot512_dec(lay, sect, bits, raw, out_dtype, (float *)m))
+            rot_dec_fused(lay, sect, bits, raw, out_dtype, m);
         free(m);
         return 0;
     }

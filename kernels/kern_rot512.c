@@ -1,0 +1,214 @@
+/*
+ * kern_rot512.c — ROT2/ROT4's K-section decode with AVX-512, for CPUs that have it.
+ *
+ * DESIGN
+ * The same rows, operations and order as rot_dec_fused() of kern_rot.c (AVX2), on sixteen
+ * lanes: a (token, head) row of D channels (32 .. 256) is D / 16 registers, its groups
+ * decoded as q * scale + min, the butterfly's stages of strides 1, 2, 4 and 8 inside each
+ * register (the partner by a permute, then the sum in every lane and the difference, partner
+ * minus self, merged into the upper lane of each pair by a mask: the reference's a + b and
+ * a - b, with a the lower channel), those of 16 and more between registers, then
+ * y * (c with the channel's sign) + mean per channel, stored as fp16 or bf16. Twice the lanes
+ * and half the instructions of the AVX2 row. The target has no separate FMA flag, but
+ * AVX-512F brings the 512-bit FMA: the file is built with -ffp-contract=off (Makefile), so a
+ * product and a sum the reference rounds twice stay two roundings.
+ *
+ * Chosen at run time (kern_rot512_on): the CPU has AVX-512 F, BW, VL, DQ and F16C, and
+ * KVC_NO_AVX512 is not set in the environment (read once); the tests switch it with
+ * kern_rot_avx512() to run the AVX2 path too. Elsewhere kern_rot.c's AVX2 path runs.
+ */
+#include <immintrin.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/kern_cpu.h"
+#include "kernels/kern_ext.h"
+
+#define K5 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c")))
+#define K5I __attribute__((always_inline)) K5 static inline
+
+/* -1: not probed yet; else whether this CPU has the features (cpu) and whether the AVX-512
+ * path is in use (on: cpu, unless KVC_NO_AVX512 or the tests turned it off). */
+static int rot512_cpu = -1, rot512_use = -1;
+
+static void rot512_probe(void)
+{
+    if (__atomic_load_n(&rot512_cpu, __ATOMIC_RELAXED) >= 0)
+        return;
+    /* idempotent: racing first callers store the same answers */
+    __builtin_cpu_init();
+    const int cpu = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                    __builtin_cpu_supports("f16c");
+    const char *e = getenv("KVC_NO_AVX512");
+    const int off = e && *e && strcmp(e, "0") != 0;
+    __atomic_store_n(&rot512_use, cpu && !off, __ATOMIC_RELAXED);
+    __atomic_store_n(&rot512_cpu, cpu, __ATOMIC_RELAXED);
+}
+
+int kern_rot512_on(void)
+{
+    rot512_probe();
+    return __atomic_load_n(&rot512_use, __ATOMIC_RELAXED);
+}
+
+int kern_rot_avx512(int on)
+{
+    rot512_probe();
+    const int was = __atomic_load_n(&rot512_use, __ATOMIC_RELAXED);
+    __atomic_store_n(&rot512_use, on && __atomic_load_n(&rot512_cpu, __ATOMIC_RELAXED),
+                     __ATOMIC_RELAXED);
+    return was;
+}
+
+/* kern_rot_mix on sixteen lanes. */
+K5I __m512i rot_mix16(__m512i x)
+{
+    x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+    x = _mm512_mullo_epi32(x, _mm512_set1_epi32((int)0x85ebca6bu));
+    x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 13));
+    x = _mm512_mullo_epi32(x, _mm512_set1_epi32((int)0xc2b2ae35u));
+    return _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+}
+
+/* Channels j .. j + 15 of head h: c with the sign of kern_rot_neg. */
+K5I __m512 rot_csign16(__m512 c, uint32_t sseed, uint32_t h, uint32_t j)
+{
+    const __m512i step = _mm512_setr_epi32(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16);
+    __m512i k = _mm512_add_epi32(_mm512_set1_epi32((int)(h * 0x9e3779b1u + j)), step);
+    k = rot_mix16(_mm512_xor_si512(_mm512_set1_epi32((int)sseed), rot_mix16(k)));
+    return _mm512_xor_ps(c, _mm512_castsi512_ps(_mm512_slli_epi32(k, 31)));
+}
+
+/* kern_kivi_v_dec of a full group into two registers: q * scale + min, in that order. */
+K5I void rot_group_dec16(const uint8_t *blk, __m512 *y, int bits)
+{
+    uint32_t hdr;
+    memcpy(&hdr, blk, 4);
+    const __m128 sm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)hdr));
+    const __m512 sc = _mm512_broadcastss_ps(sm),
+                 mn = _mm512_broadcastss_ps(_mm_shuffle_ps(sm, sm, 1));
+    __m128i q0, q1; /* the 32 codes in order, as bytes */
+    if (bits == 4) {
+        const __m128i b = _mm_loadu_si128((const __m128i *)(blk + 4)), m4 = _mm_set1_epi8(0xf);
+        const __m128i lo = _mm_and_si128(b, m4), hi = _mm_and_si128(_mm_srli_epi16(b, 4), m4);
+        q0 = _mm_unpacklo_epi8(lo, hi);
+        q1 = _mm_unpackhi_epi8(lo, hi);
+    } else {
+        const __m128i b = _mm_loadl_epi64((const __m128i *)(blk + 4)), m2 = _mm_set1_epi8(3);
+        const __m128i c0 = _mm_and_si128(b, m2), c1 = _mm_and_si128(_mm_srli_epi16(b, 2), m2);
+        const __m128i c2 = _mm_and_si128(_mm_srli_epi16(b, 4), m2);
+        const __m128i c3 = _mm_and_si128(_mm_srli_epi16(b, 6), m2);
+        const __m128i p01 = _mm_unpacklo_epi8(c0, c1), p23 = _mm_unpacklo_epi8(c2, c3);
+        q0 = _mm_unpacklo_epi16(p01, p23);
+        q1 = _mm_unpackhi_epi16(p01, p23);
+    }
+    y[0] = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q0)), sc), mn);
+    y[1] = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q1)), sc), mn);
+}
+
+/* One butterfly stage inside a register: p holds each lane's partner; lanes in hi are the
+ * upper of their pair. Lower: a + p (self + partner); upper: p - a (partner - self). */
+K5I __m512 rot_stage16(__m512 a, __m512 p, __mmask16 hi)
+{
+    return _mm512_mask_sub_ps(_mm512_add_ps(a, p), hi, p, a);
+}
+
+/* The butterfly on a row held in nv registers (D = 16 nv): every stage's pairs and
+ * operations are the reference's (kern_fwht), in its order of stages. */
+K5I void rot_fwht16(__m512 *r, const uint32_t nv)
+{
+#pragma GCC unroll 16
+    for (uint32_t i = 0; i < nv; i++) {
+        __m512 a = r[i];
+        a = rot_stage16(a, _mm512_permute_ps(a, 0xb1), 0xaaaa);
+        a = rot_stage16(a, _mm512_permute_ps(a, 0x4e), 0xcccc);
+        a = rot_stage16(a, _mm512_shuffle_f32x4(a, a, 0xb1), 0xf0f0);
+        r[i] = rot_stage16(a, _mm512_shuffle_f32x4(a, a, 0x4e), 0xff00);
+    }
+#pragma GCC unroll 4
+    for (uint32_t len = 1; len < nv; len <<= 1)
+#pragma GCC unroll 8
+        for (uint32_t i = 0; i < nv; i += 2 * len)
+#pragma GCC unroll 8
+            for (uint32_t j = i; j < i + len; j++) {
+                const __m512 a = r[j], b = r[j + len];
+                r[j] = _mm512_add_ps(a, b);
+                r[j + len] = _mm512_sub_ps(a, b);
+            }
+}
+
+/* Sixteen floats to fp16 (F16C's rounding is kern_f2h's) or bf16 (round to nearest even as
+ * kern_f2bf; decoded values are never NaN). */
+K5I void rot_store16(uint16_t *p, __m512 x, uint32_t dtype)
+{
+    if (dtype == KERN_DTYPE_FP16) {
+        _mm256_storeu_si256((__m256i *)p, _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+        return;
+    }
+    __m512i u = _mm512_castps_si512(x);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    u = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), odd),
+                          16);
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(u));
+}
+
+/* One (token, head) row: groups, butterfly, y * cs + mean per channel, stored. */
+K5I void rot_dec_row16(const uint8_t *g0, int bits, uint32_t gb, const float *cs, const float *mf,
+                       uint16_t *o, uint32_t out_dtype, const uint32_t nv)
+{
+    __m512 y[16];
+#pragma GCC unroll 8
+    for (uint32_t g = 0; g < nv / 2; g++)
+        rot_group_dec16(g0 + (uint64_t)g * gb, y + 2 * g, bits);
+    rot_fwht16(y, nv);
+#pragma GCC unroll 16
+    for (uint32_t j = 0; j < nv; j++)
+        rot_store16(o + 16 * j,
+                    _mm512_add_ps(_mm512_mul_ps(y[j], _mm512_loadu_ps(cs + 16 * j)),
+                                  _mm512_loadu_ps(mf + 16 * j)),
+                    out_dtype);
+}
+
+/* Rows of D (nv = D / 16) channels, every (token, head) in memory order. */
+K5I void rot_dec_rows16(const struct kern_layout *lay, const uint8_t *in, int bits, uint16_t *raw,
+                        uint32_t out_dtype, const float *csa, const float *mfa, const uint32_t nv)
+{
+    const uint32_t T = lay->tokens, H = lay->heads, D = 16 * nv, G = D / KERN_GROUP;
+    const uint32_t gb = kern_kivi_v_group_bytes(bits);
+    for (uint32_t t = 0; t < T; t++)
+        for (uint32_t h = 0; h < H; h++) {
+            const uint64_t row = (uint64_t)t * H + h;
+            rot_dec_row16(in + row * G * gb, bits, gb, csa + (uint64_t)h * D,
+                          mfa + (uint64_t)h * D, raw + row * D, out_dtype, nv);
+        }
+}
+
+K5 int kern_rot512_dec(const struct kern_layout *lay, const uint8_t *sect, int bits, void *raw,
+                       uint32_t out_dtype, float *scratch)
+{
+    const uint32_t H = lay->heads, D = lay->head_dim;
+    if (D != 32 && D != 64 && D != 128 && D != 256)
+        return 0;
+    const uint32_t sseed = kern_rot_get_seed(sect);
+    const __m512 c = _mm512_set1_ps(kern_rot_scale(D));
+    const uint8_t *in = sect + kern_rot_groups_off(lay), *means = kern_rot_means(sect);
+    /* per head and channel: c with the channel's sign, and the mean as a float */
+    float *csa = scratch, *mfa = scratch + (uint64_t)H * D;
+    for (uint32_t h = 0; h < H; h++)
+        for (uint32_t j = 0; j < D; j += 16) {
+            const uint64_t k = (uint64_t)h * D + j;
+            _mm512_storeu_ps(csa + k, rot_csign16(c, sseed, h, j));
+            _mm512_storeu_ps(
+                mfa + k, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(means + 2 * k))));
+        }
+    if (D == 128)
+        rot_dec_rows16(lay, in, bits, raw, out_dtype, csa, mfa, 8);
+    else if (D == 64)
+        rot_dec_rows16(lay, in, bits, raw, out_dtype, csa, mfa, 4);
+    else if (D == 32)
+        rot_dec_rows16(lay, in, bits, raw, out_dtype, csa, mfa, 2);
+    else
+        rot_dec_rows16(lay, in, bits, raw, out_dtype, csa, mfa, 16);
+    return 1;
+}
