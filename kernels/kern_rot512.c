@@ -107,12 +107,17 @@ K5I void rot_group_dec16(const uint8_t *blk, __m512 *y, int bits)
     y[1] = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q1)), sc), mn);
 }
 
-/* One butterfly stage inside a register: p holds each lane's partner; lanes in hi are the
- * upper of their pair. Lower: a + p (self + partner); upper: p - a (partner - self). */
-K5I __m512 rot_stage16(__m512 a, __m512 p, __mmask16 hi)
+/* One butterfly stage inside a register: p holds each lane's partner; neg has the sign bit
+ * in the upper lane of each pair. Lower: a + p (self + partner); upper: -a + p, which is
+ * p - a exactly (negation is exact, addition commutes): the reference's a + b and a - b.
+ * One addition, where a masked subtraction would take two. */
+K5I __m512 rot_stage16(__m512 a, __m512 p, __m512 neg)
 {
-    return _mm512_mask_sub_ps(_mm512_add_ps(a, p), hi, p, a);
+    return _mm512_add_ps(_mm512_xor_ps(a, neg), p);
 }
+
+#define ROT_NEG16(m)                                                                               \
+    _mm512_castsi512_ps(_mm512_maskz_mov_epi32((m), _mm512_set1_epi32((int)0x80000000)))
 
 /* The butterfly on a row held in nv registers (D = 16 nv): every stage's pairs and
  * operations are the reference's (kern_fwht), in its order of stages. */
@@ -121,10 +126,10 @@ K5I void rot_fwht16(__m512 *r, const uint32_t nv)
 #pragma GCC unroll 16
     for (uint32_t i = 0; i < nv; i++) {
         __m512 a = r[i];
-        a = rot_stage16(a, _mm512_permute_ps(a, 0xb1), 0xaaaa);
-        a = rot_stage16(a, _mm512_permute_ps(a, 0x4e), 0xcccc);
-        a = rot_stage16(a, _mm512_shuffle_f32x4(a, a, 0xb1), 0xf0f0);
-        r[i] = rot_stage16(a, _mm512_shuffle_f32x4(a, a, 0x4e), 0xff00);
+        a = rot_stage16(a, _mm512_permute_ps(a, 0xb1), ROT_NEG16(0xaaaa));
+        a = rot_stage16(a, _mm512_permute_ps(a, 0x4e), ROT_NEG16(0xcccc));
+        a = rot_stage16(a, _mm512_shuffle_f32x4(a, a, 0xb1), ROT_NEG16(0xf0f0));
+        r[i] = rot_stage16(a, _mm512_shuffle_f32x4(a, a, 0x4e), ROT_NEG16(0xff00));
     }
 #pragma GCC unroll 4
     for (uint32_t len = 1; len < nv; len <<= 1)
