@@ -80,31 +80,38 @@ K5I __m512 rot_csign16(__m512 c, uint32_t sseed, uint32_t h, uint32_t j)
     return _mm512_xor_ps(c, _mm512_castsi512_ps(_mm512_slli_epi32(k, 31)));
 }
 
-/* kern_kivi_v_dec of a full group into two registers: q * scale + min, in that order. */
-K5I void rot_group_dec16(const uint8_t *blk, __m512 *y, int bits)
+/* kern_kivi_v_dec of a full group into two registers. A group has at most 16 distinct
+ * values, q * scale + min for q = 0 .. qmax (the reference's multiply and add, in that
+ * order): they are computed once into a register and every code looks its value up with a
+ * permute, which reads the low four bits of its lane. A code's bits are shifted down into
+ * the low bits of its lane (4-bit codes: eight a dword; 2-bit: sixteen, with a table that
+ * repeats every four entries, so the next codes' bits above them select the same value). */
+K5I void rot_group_dec16(const uint8_t *blk, __m512 *y, const int bits)
 {
     uint32_t hdr;
     memcpy(&hdr, blk, 4);
     const __m128 sm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)hdr));
     const __m512 sc = _mm512_broadcastss_ps(sm),
                  mn = _mm512_broadcastss_ps(_mm_shuffle_ps(sm, sm, 1));
-    __m128i q0, q1; /* the 32 codes in order, as bytes */
+    const __m512 q = bits == 4 ? _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+                               : _mm512_setr_ps(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
+    const __m512 tab = _mm512_add_ps(_mm512_mul_ps(q, sc), mn);
     if (bits == 4) {
-        const __m128i b = _mm_loadu_si128((const __m128i *)(blk + 4)), m4 = _mm_set1_epi8(0xf);
-        const __m128i lo = _mm_and_si128(b, m4), hi = _mm_and_si128(_mm_srli_epi16(b, 4), m4);
-        q0 = _mm_unpacklo_epi8(lo, hi);
-        q1 = _mm_unpackhi_epi8(lo, hi);
+        const __m512i b = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(blk + 4)));
+        const __m512i sh = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20,
+                                             24, 28);
+        const __m512i i0 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                      i1 = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+        y[0] = _mm512_permutexvar_ps(_mm512_srlv_epi32(_mm512_permutexvar_epi32(i0, b), sh), tab);
+        y[1] = _mm512_permutexvar_ps(_mm512_srlv_epi32(_mm512_permutexvar_epi32(i1, b), sh), tab);
     } else {
-        const __m128i b = _mm_loadl_epi64((const __m128i *)(blk + 4)), m2 = _mm_set1_epi8(3);
-        const __m128i c0 = _mm_and_si128(b, m2), c1 = _mm_and_si128(_mm_srli_epi16(b, 2), m2);
-        const __m128i c2 = _mm_and_si128(_mm_srli_epi16(b, 4), m2);
-        const __m128i c3 = _mm_and_si128(_mm_srli_epi16(b, 6), m2);
-        const __m128i p01 = _mm_unpacklo_epi8(c0, c1), p23 = _mm_unpacklo_epi8(c2, c3);
-        q0 = _mm_unpacklo_epi16(p01, p23);
-        q1 = _mm_unpackhi_epi16(p01, p23);
+        uint32_t w[2];
+        memcpy(w, blk + 4, 8);
+        const __m512i sh = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26,
+                                             28, 30);
+        y[0] = _mm512_permutexvar_ps(_mm512_srlv_epi32(_mm512_set1_epi32((int)w[0]), sh), tab);
+        y[1] = _mm512_permutexvar_ps(_mm512_srlv_epi32(_mm512_set1_epi32((int)w[1]), sh), tab);
     }
-    y[0] = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q0)), sc), mn);
-    y[1] = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q1)), sc), mn);
 }
 
 /* One butterfly stage inside a register: p holds each lane's partner; neg has the sign bit
@@ -159,7 +166,7 @@ K5I void rot_store16(uint16_t *p, __m512 x, uint32_t dtype)
 }
 
 /* One (token, head) row: groups, butterfly, y * cs + mean per channel, stored. */
-K5I void rot_dec_row16(const uint8_t *g0, int bits, uint32_t gb, const float *cs, const float *mf,
+K5I void rot_dec_row16(const uint8_t *g0, const int bits, uint32_t gb, const float *cs, const float *mf,
                        uint16_t *o, uint32_t out_dtype, const uint32_t nv)
 {
     __m512 y[16];
@@ -176,7 +183,7 @@ K5I void rot_dec_row16(const uint8_t *g0, int bits, uint32_t gb, const float *cs
 }
 
 /* Rows of D (nv = D / 16) channels, every (token, head) in memory order. */
-K5I void rot_dec_rows16(const struct kern_layout *lay, const uint8_t *in, int bits, uint16_t *raw,
+K5I void rot_dec_rows16(const struct kern_layout *lay, const uint8_t *in, const int bits, uint16_t *raw,
                         uint32_t out_dtype, const float *csa, const float *mfa, const uint32_t nv)
 {
     const uint32_t T = lay->tokens, H = lay->heads, D = 16 * nv, G = D / KERN_GROUP;
@@ -207,13 +214,25 @@ K5 int kern_rot512_dec(const struct kern_layout *lay, const uint8_t *sect, int b
             _mm512_storeu_ps(
                 mfa + k, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(means + 2 * k))));
         }
-    if (D == 128)
-        rot_dec_rows16(lay, in, bits, raw, out_dtype, csa, mfa, 8);
-    else if (D == 64)
-        rot_dec_rows16(lay, in, bits, raw, out_dtype, csa, mfa, 4);
-    else if (D == 32)
-        rot_dec_rows16(lay, in, bits, raw, out_dtype, csa, mfa, 2);
+    /* every (bits, D) its own loop: the group decode and the row unrolled for it */
+#define ROT_ROWS(b, nv) rot_dec_rows16(lay, in, (b), raw, out_dtype, csa, mfa, (nv))
+    const uint32_t nv = D / 16;
+    if (bits == 4 && nv == 8)
+        ROT_ROWS(4, 8);
+    else if (bits == 4 && nv == 4)
+        ROT_ROWS(4, 4);
+    else if (bits == 4 && nv == 2)
+        ROT_ROWS(4, 2);
+    else if (bits == 4)
+        ROT_ROWS(4, 16);
+    else if (nv == 8)
+        ROT_ROWS(2, 8);
+    else if (nv == 4)
+        ROT_ROWS(2, 4);
+    else if (nv == 2)
+        ROT_ROWS(2, 2);
     else
-        rot_dec_rows16(lay, in, bits, raw, out_dtype, csa, mfa, 16);
+        ROT_ROWS(2, 16);
+#undef ROT_ROWS
     return 1;
 }
