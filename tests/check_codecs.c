@@ -638,6 +638,8 @@ static const struct unit_case unit_cases[] = {
     {{1, 3, 64, 65, KERN_DTYPE_FP16, 1}, KERN_CODEC_ROT2},
     {{1, 2, 128, 97, KERN_DTYPE_BF16, 0}, KERN_CODEC_ROT4},
     {{1, 2, 256, 40, KERN_DTYPE_FP16, 0}, KERN_CODEC_ROT2},
+    /* AVX-512's blocks of 16 tokens, then AVX2's of 8, then a row: 57 = 3 x 16 + 8 + 1 */
+    {{1, 2, 128, 57, KERN_DTYPE_FP16, 0}, KERN_CODEC_ROT2},
     {{1, 1, 256, 1, KERN_DTYPE_FP16, 1}, KERN_CODEC_ROT4},
     {{1, 2, 20, 40, KERN_DTYPE_FP16, 0}, KERN_CODEC_LOWRANK},
     {{1, 1, 33, 70, KERN_DTYPE_BF16, 1}, KERN_CODEC_LOWRANK},
