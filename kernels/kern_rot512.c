@@ -97,13 +97,14 @@ K5I void rot_group_dec16(const uint8_t *blk, __m512 *y, const int bits)
     const __m128 sm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)hdr));
     const __m512 sc = _mm512_broadcastss_ps(sm),
                  mn = _mm512_broadcastss_ps(_mm_shuffle_ps(sm, sm, 1));
-    const __m512 q = bits == 4 ? _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
-                               : _mm512_setr_ps(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
+    const __m512 q = bits == 4
+                         ? _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+                         : _mm512_setr_ps(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
     const __m512 tab = _mm512_add_ps(_mm512_mul_ps(q, sc), mn);
     if (bits == 4) {
         const __m512i b = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(blk + 4)));
-        const __m512i sh = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20,
-                                             24, 28);
+        const __m512i sh =
+            _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
         const __m512i i0 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
                       i1 = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
         y[0] = _mm512_permutexvar_ps(_mm512_srlv_epi32(_mm512_permutexvar_epi32(i0, b), sh), tab);
@@ -111,8 +112,8 @@ K5I void rot_group_dec16(const uint8_t *blk, __m512 *y, const int bits)
     } else {
         uint32_t w[2];
         memcpy(w, blk + 4, 8);
-        const __m512i sh = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26,
-                                             28, 30);
+        const __m512i sh =
+            _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
         y[0] = _mm512_permutexvar_ps(_mm512_srlv_epi32(_mm512_set1_epi32((int)w[0]), sh), tab);
         y[1] = _mm512_permutexvar_ps(_mm512_srlv_epi32(_mm512_set1_epi32((int)w[1]), sh), tab);
     }
@@ -170,8 +171,8 @@ K5I void rot_store16(uint16_t *p, __m512 x, uint32_t dtype)
 }
 
 /* One (token, head) row: groups, butterfly, y * cs + mean per channel, stored. */
-K5I void rot_dec_row16(const uint8_t *g0, const int bits, uint32_t gb, const float *cs, const float *mf,
-                       uint16_t *o, uint32_t out_dtype, const uint32_t nv)
+K5I void rot_dec_row16(const uint8_t *g0, const int bits, uint32_t gb, const float *cs,
+                       const float *mf, uint16_t *o, uint32_t out_dtype, const uint32_t nv)
 {
     __m512 y[16];
 #pragma GCC unroll 8
@@ -187,16 +188,17 @@ K5I void rot_dec_row16(const uint8_t *g0, const int bits, uint32_t gb, const flo
 }
 
 /* Rows of D (nv = D / 16) channels, every (token, head) in memory order. */
-K5I void rot_dec_rows16(const struct kern_layout *lay, const uint8_t *in, const int bits, uint16_t *raw,
-                        uint32_t out_dtype, const float *csa, const float *mfa, const uint32_t nv)
+K5I void rot_dec_rows16(const struct kern_layout *lay, const uint8_t *in, const int bits,
+                        uint16_t *raw, uint32_t out_dtype, const float *csa, const float *mfa,
+                        const uint32_t nv)
 {
     const uint32_t T = lay->tokens, H = lay->heads, D = 16 * nv, G = D / KERN_GROUP;
     const uint32_t gb = kern_kivi_v_group_bytes(bits);
     for (uint32_t t = 0; t < T; t++)
         for (uint32_t h = 0; h < H; h++) {
             const uint64_t row = (uint64_t)t * H + h;
-            rot_dec_row16(in + row * G * gb, bits, gb, csa + (uint64_t)h * D,
-                          mfa + (uint64_t)h * D, raw + row * D, out_dtype, nv);
+            rot_dec_row16(in + row * G * gb, bits, gb, csa + (uint64_t)h * D, mfa + (uint64_t)h * D,
+                          raw + row * D, out_dtype, nv);
         }
 }
 
@@ -215,10 +217,10 @@ K5 int kern_rot512_dec(const struct kern_layout *lay, const uint8_t *sect, int b
         for (uint32_t j = 0; j < D; j += 16) {
             const uint64_t k = (uint64_t)h * D + j;
             _mm512_storeu_ps(csa + k, rot_csign16(c, sseed, h, j));
-            _mm512_storeu_ps(
-                mfa + k, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(means + 2 * k))));
+            _mm512_storeu_ps(mfa + k,
+                             _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(means + 2 * k))));
         }
-    /* every (bits, D) its own loop: the group decode and the row unrolled for it */
+        /* every (bits, D) its own loop: the group decode and the row unrolled for it */
 #define ROT_ROWS(b, nv) rot_dec_rows16(lay, in, (b), raw, out_dtype, csa, mfa, (nv))
     const uint32_t nv = D / 16;
     if (bits == 4 && nv == 8)
@@ -254,8 +256,7 @@ K5I __m512 rot_sanitize16(__m512 x)
  * one per channel, lane i token i, sanitized as kern_ext_value unless clean. Tokens i and
  * i + 8 share a register; the 8 x 8 transposes of the halves in each 128-bit lane leave
  * channel k of tokens 0-7 and 8-15 in lanes 0 and 2 (8 + k: 1 and 3) of d[k]. */
-K5I void rot_load_t16x16(const uint16_t *r, uint64_t ts, uint32_t dtype, const int clean,
-                         __m512 *x)
+K5I void rot_load_t16x16(const uint16_t *r, uint64_t ts, uint32_t dtype, const int clean, __m512 *x)
 {
     __m512i a[8];
 #pragma GCC unroll 8
@@ -277,15 +278,15 @@ K5I void rot_load_t16x16(const uint16_t *r, uint64_t ts, uint32_t dtype, const i
                           _mm512_unpacklo_epi64(c5, c7), _mm512_unpackhi_epi64(c5, c7)};
 #pragma GCC unroll 16
     for (int k = 0; k < 16; k++) {
-        const __m256i v = _mm512_castsi512_si256(
-            k < 8 ? _mm512_shuffle_i64x2(d[k], d[k], 0x08) : _mm512_shuffle_i64x2(d[k % 8], d[k % 8], 0x0d));
+        const __m256i v =
+            _mm512_castsi512_si256(k < 8 ? _mm512_shuffle_i64x2(d[k], d[k], 0x08)
+                                         : _mm512_shuffle_i64x2(d[k % 8], d[k % 8], 0x0d));
         if (clean)
             x[k] = _mm512_cvtph_ps(v);
         else
-            x[k] = rot_sanitize16(dtype == KERN_DTYPE_BF16
-                                      ? _mm512_castsi512_ps(
-                                            _mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16))
-                                      : _mm512_cvtph_ps(v));
+            x[k] = rot_sanitize16(dtype == KERN_DTYPE_BF16 ? _mm512_castsi512_ps(_mm512_slli_epi32(
+                                                                 _mm512_cvtepu16_epi32(v), 16))
+                                                           : _mm512_cvtph_ps(v));
     }
 }
 
@@ -342,17 +343,17 @@ K5I void rot_groups_enc16(const __m512 *x, uint8_t *const *o, const int bits)
                   hsc = _mm512_cvtps_ph(_mm512_div_ps(_mm512_sub_ps(mx, mn), qmax),
                                         _MM_FROUND_TO_NEAREST_INT);
     const __m512 vm = _mm512_cvtph_ps(hmn), sc = _mm512_cvtph_ps(hsc);
-    const __m512 vi = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(sc, zero, _CMP_NEQ_UQ),
-                                          _mm512_set1_ps(1.0f), sc);
-    const unsigned zm = _mm512_cmp_ps_mask(mn, zero, _CMP_EQ_OQ) |
-                        _mm512_cmp_ps_mask(mx, zero, _CMP_EQ_OQ);
+    const __m512 vi =
+        _mm512_maskz_div_ps(_mm512_cmp_ps_mask(sc, zero, _CMP_NEQ_UQ), _mm512_set1_ps(1.0f), sc);
+    const unsigned zm =
+        _mm512_cmp_ps_mask(mn, zero, _CMP_EQ_OQ) | _mm512_cmp_ps_mask(mx, zero, _CMP_EQ_OQ);
     /* the headers, scale then min: dword i of hdr token i */
     uint32_t hdr[16];
     _mm512_storeu_si512(hdr, _mm512_or_si512(_mm512_cvtepu16_epi32(hsc),
                                              _mm512_slli_epi32(_mm512_cvtepu16_epi32(hmn), 16)));
     const __m512i qb = _mm512_set1_epi8((char)((1 << bits) - 1));
-    const __m512i tr = _mm512_broadcast_i32x4(
-        _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
+    const __m512i tr =
+        _mm512_broadcast_i32x4(_mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
     if (bits == 4) {
         __m512i p[4];
 #pragma GCC unroll 4
@@ -395,8 +396,8 @@ K5I void rot_groups_enc16(const __m512 *x, uint8_t *const *o, const int bits)
         for (int m = 0; m < 2; m++)
 #pragma GCC unroll 4
             for (int L = 0; L < 4; L++) {
-                const __m128i l = L == 0 ? _mm512_castsi512_si128(f[m])
-                                         : _mm512_extracti32x4_epi32(f[m], L);
+                const __m128i l =
+                    L == 0 ? _mm512_castsi512_si128(f[m]) : _mm512_extracti32x4_epi32(f[m], L);
                 _mm_storel_epi64((__m128i *)(o[4 * L + 2 * m] + 4), l);
                 _mm_storel_epi64((__m128i *)(o[4 * L + 2 * m + 1] + 4), _mm_unpackhi_epi64(l, l));
             }
