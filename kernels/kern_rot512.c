@@ -392,15 +392,20 @@ K5I void rot_groups_enc16(const __m512 *x, uint8_t *const *o, const int bits)
         }
         /* token 4L + 2m in the low 8 bytes of lane L of f[m], 4L + 2m + 1 in the high */
         const __m512i f[2] = {_mm512_unpacklo_epi32(p[0], p[1]), _mm512_unpackhi_epi32(p[0], p[1])};
+        /* (the lanes by name: extracti32x4 takes an immediate, which an unrolled loop gives
+         * only when optimized) */
 #pragma GCC unroll 2
-        for (int m = 0; m < 2; m++)
+        for (int m = 0; m < 2; m++) {
+            const __m128i l[4] = {_mm512_castsi512_si128(f[m]), _mm512_extracti32x4_epi32(f[m], 1),
+                                  _mm512_extracti32x4_epi32(f[m], 2),
+                                  _mm512_extracti32x4_epi32(f[m], 3)};
 #pragma GCC unroll 4
             for (int L = 0; L < 4; L++) {
-                const __m128i l =
-                    L == 0 ? _mm512_castsi512_si128(f[m]) : _mm512_extracti32x4_epi32(f[m], L);
-                _mm_storel_epi64((__m128i *)(o[4 * L + 2 * m] + 4), l);
-                _mm_storel_epi64((__m128i *)(o[4 * L + 2 * m + 1] + 4), _mm_unpackhi_epi64(l, l));
+                _mm_storel_epi64((__m128i *)(o[4 * L + 2 * m] + 4), l[L]);
+                _mm_storel_epi64((__m128i *)(o[4 * L + 2 * m + 1] + 4),
+                                 _mm_unpackhi_epi64(l[L], l[L]));
             }
+        }
     }
 #pragma GCC unroll 16
     for (int i = 0; i < 16; i++)
