@@ -72,10 +72,11 @@ int kern_rot_enc(const struct kern_cpu_ops *ops, uint32_t codec, const struct ke
                  uint8_t *sect);
 int kern_rot_dec(const struct kern_cpu_ops *ops, uint32_t codec, const struct kern_layout *lay,
                  const uint8_t *sect, void *raw, uint32_t out_dtype);
-/* ROT's K-section decode with AVX-512 (kern_rot512.c): kern_rot512_on() says whether it is
+/* ROT's K sections with AVX-512 (kern_rot512.c): kern_rot512_on() says whether that path is
  * in use (the CPU has AVX-512 F, BW, VL, DQ and F16C and the environment has no
- * KVC_NO_AVX512 set to other than 0; read once); kern_rot512_dec() returns 1 when done, 0 for
- * a head size it does not take (then the AVX2 path). scratch: 2 * H * D floats. */
+ * KVC_NO_AVX512 set to other than 0; read once); kern_rot512_dec() decodes a section and
+ * returns 1, or 0 for a head size it does not take (then the AVX2 path). scratch: 2 * H * D
+ * floats. */
 int kern_rot512_on(void);
 int kern_rot512_dec(const struct kern_layout *lay, const uint8_t *sect, int bits, void *raw,
                     uint32_t out_dtype, float *scratch);
