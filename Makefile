@@ -147,9 +147,13 @@ benches: $(BENCH_BINS) $(B)/bin/kvcsim
 # deletes the test and benchmark objects after linking and the next one rebuilds them.
 .SECONDARY:
 
+# Per-file flags: AVX-512F carries the 512-bit FMA, which GCC contracts a product and a sum
+# into where the target allows it; kern_rot512.c must keep the reference's two roundings.
+file_cflags = $(if $(filter kernels/kern_rot512.c,$(1)),-ffp-contract=off)
+
 $(B)/obj/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) $(DEPFLAGS) -c $< -o $@
+	$(CC) $(ALL_CFLAGS) $(call file_cflags,$<) $(DEPFLAGS) -c $< -o $@
 
 # nvcc writes its dependency list beside the object (x.cu.d): a header change rebuilds it.
 $(CU_B)/%.cu.o: %.cu $(CU_STAMP)
@@ -172,7 +176,7 @@ ifeq ($(CUDA),1)
 KERN_NOCUDA_OBJS := $(patsubst %.c,$(B)/obj-nocuda/%.o,$(wildcard kernels/*.c))
 $(B)/obj-nocuda/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -UKVC_CUDA -DKVC_CUDA=0 $(DEPFLAGS) -c $< -o $@
+	$(CC) $(ALL_CFLAGS) $(call file_cflags,$<) -UKVC_CUDA -DKVC_CUDA=0 $(DEPFLAGS) -c $< -o $@
 $(B)/lib/libkvc-nocuda.a: $(call obj,$(LIBKVC_SRCS)) $(KERN_NOCUDA_OBJS)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
@@ -389,11 +393,11 @@ FUZZ_CONFIG_SRCS := tests/fuzz/fuzz_config.c daemon/config.c daemon/config_ns.c 
 	$(wildcard policies/*.c)
 # The server target drives a real store and server (every daemon source but main.c) through
 # client connections; its seeds are tests/fuzz/corpus/server. The CPU codecs' vector files
-# (kern_avx2*.c, kern_rot.c) are built by the C compiler, uninstrumented: clang wants an
+# (kern_avx2*.c, kern_rot*.c) are built by the C compiler, uninstrumented: clang wants an
 # immediate where kern_avx2*.c pass a const int, and kern_rot.c's unrolled AVX2 transforms
 # take clang five minutes of CPU under the fuzzer's instrumentation; the codecs' own suites
 # run them under ASan+UBSan.
-FUZZ_PLAIN_SRCS := $(wildcard kernels/kern_avx2*.c) kernels/kern_rot.c
+FUZZ_PLAIN_SRCS := $(wildcard kernels/kern_avx2*.c) kernels/kern_rot.c kernels/kern_rot512.c
 FUZZ_SERVER_SRCS := tests/fuzz/fuzz_server.c $(filter-out $(FUZZ_PLAIN_SRCS),$(LIBKVCD_SRCS))
 FUZZ_SERVER_CORPUS := tests/fuzz/corpus/server
 # The decoder's seeds: a request of the counted opcodes (HINT_HEADS and LOOKUP_BUDGET among
@@ -407,7 +411,7 @@ fuzz_obj = $(patsubst %.c,$(FUZZ_OBJ)/%.o,$(1))
 $(FUZZ_OBJ)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(if $(filter $(FUZZ_PLAIN_SRCS),$<),$(CC) -std=gnu11 -O2 -g -D_GNU_SOURCE -I$(TOP) \
-		-DKVC_CUDA=0 $(PKG_CFLAGS),clang $(FUZZ_FLAGS) -DKVC_CUDA=0 -pthread) -MMD -MP -c $< -o $@
+		-DKVC_CUDA=0 $(PKG_CFLAGS) $(call file_cflags,$<),clang $(FUZZ_FLAGS) -DKVC_CUDA=0 -pthread) -MMD -MP -c $< -o $@
 build/fuzz/fuzz_server: $(call fuzz_obj,$(FUZZ_SERVER_SRCS) $(FUZZ_PLAIN_SRCS))
 	clang $(FUZZ_FLAGS) -pthread $^ -o $@ $(PKG_LIBS) -pthread -lm
 build/fuzz/fuzz_proto: $(call fuzz_obj,$(FUZZ_PROTO_SRCS))

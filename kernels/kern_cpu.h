@@ -72,6 +72,24 @@ int kern_rot_enc(const struct kern_cpu_ops *ops, uint32_t codec, const struct ke
                  uint8_t *sect);
 int kern_rot_dec(const struct kern_cpu_ops *ops, uint32_t codec, const struct kern_layout *lay,
                  const uint8_t *sect, void *raw, uint32_t out_dtype);
+/* ROT's K sections with AVX-512 (kern_rot512.c): kern_rot512_on() says whether that path is
+ * in use (the CPU has AVX-512 F, BW, VL, DQ and F16C and the environment has no
+ * KVC_NO_AVX512 set to other than 0; read once); kern_rot512_dec() decodes a section and
+ * returns 1, or 0 for a head size it does not take (then the AVX2 path). scratch: 2 * H * D
+ * floats. */
+int kern_rot512_on(void);
+int kern_rot512_dec(const struct kern_layout *lay, const uint8_t *sect, int bits, void *raw,
+                    uint32_t out_dtype, float *scratch);
+/* ROT's K-section encode of whole blocks of 16 tokens with AVX-512 (D of 32, 64 or 128): the
+ * rows' groups into out (the section's groups), from the heads' signs (mask: sign bits,
+ * [H][D]) and means ([H][D]) kern_rot.c computed; clean and small as there. Returns the
+ * tokens done (a multiple of 16; 0 for other shapes): the caller encodes the rest. */
+uint32_t kern_rot512_enc_rows(const struct kern_layout *lay, const uint8_t *rawk,
+                              const uint8_t *rawv, const uint32_t *mask, const float *mean,
+                              int bits, uint8_t *out, int clean, int small);
+/* Tests: use the AVX-512 ROT path (on, the default where the CPU has it) or the AVX2 one (0);
+ * returns the previous setting. Not thread-safe against running codecs. */
+int kern_rot_avx512(int on);
 int kern_merge_enc(const struct kern_cpu_ops *ops, int is_v, const struct kern_ext_ctx *c,
                    uint8_t *sect);
 int kern_merge_dec(const struct kern_cpu_ops *ops, const struct kern_layout *lay,

@@ -15,8 +15,9 @@
  * single-rounded sums in the same pairs, so the same bits). The AVX2 encode takes eight
  * tokens of a head at once with the tokens in the lanes, where every stage is between
  * whole vectors and the groups' extremes and parameters are lane-wise (it does the
- * quantization of those rows itself, the KIVI value groups' bytes). Values are plain KIVI
- * sections (kern_codec_as) and never come here.
+ * quantization of those rows itself, the KIVI value groups' bytes). Where the CPU has AVX-512
+ * (kern_rot512.c) the decode and the encode's blocks of sixteen tokens go there. Values are
+ * plain KIVI sections (kern_codec_as) and never come here.
  */
 #include <errno.h>
 #include <immintrin.h>
@@ -662,6 +663,8 @@ KT static void rot_enc_fused(const struct kern_layout *lay, const uint8_t *rawk,
     rot_means_avx2(lay, rawk, sect + KERN_ROT_PREFIX, mean, &clean, &small);
     /* whole blocks of eight tokens with the tokens in the lanes, the rest a row at a time */
     uint32_t t0 = 0;
+    if (kern_rot512_on()) /* whole blocks of sixteen tokens with AVX-512, where it has them */
+        t0 = kern_rot512_enc_rows(lay, rawk, rawv, mask, mean, bits, out, clean, small);
     if (D == 32 || D == 64 || D == 128)
         for (; t0 + 8 <= T; t0 += 8)
             for (uint32_t h = 0; h < H; h++) {
@@ -841,7 +844,9 @@ int kern_rot_dec(const struct kern_cpu_ops *ops, uint32_t codec, const struct ke
         uint32_t *m = malloc(2 * (size_t)H * D * sizeof(uint32_t));
         if (!m)
             return -ENOMEM;
-        rot_dec_fused(lay, sect, codec == KERN_CODEC_ROT2 ? 2 : 4, raw, out_dtype, m);
+        const int bits = codec == KERN_CODEC_ROT2 ? 2 : 4;
+        if (!kern_rot512_on() || !kern_rot512_dec(lay, sect, bits, raw, out_dtype, (float *)m))
+            rot_dec_fused(lay, sect, bits, raw, out_dtype, m);
         free(m);
         return 0;
     }

@@ -17,6 +17,7 @@
 
 #include "kernels/kern.h"
 #include "kernels/kern_batch.h"
+#include "kernels/kern_cpu.h"
 #include "kernels/kern_ext.h"
 #include "kernels/kern_fmt.h"
 #include "kernels/kern_pack.h"
@@ -118,6 +119,16 @@ static struct kern_layout layout_of(const struct shape *sh)
     return l;
 }
 
+/* Whether this CPU has what ROT's AVX-512 path needs (kern_rot512.c): then the suite runs
+ * the CPU paths with it and without it (the AVX2 path). */
+static int have_avx512(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("f16c");
+}
+
 /* Both encoders, the encode kernel's emulation, both decoders and the batched decoder's
  * emulation: the reference's bytes; returns the encoded block. */
 static uint8_t *same_bytes(const struct kern_layout *lay, const struct kern_recipe *rec,
@@ -134,22 +145,30 @@ static uint8_t *same_bytes(const struct kern_layout *lay, const struct kern_reci
     memset(e2, 0x5a, (size_t)sz);
     memset(e3, 0x3c, (size_t)sz); /* every byte written, padding too */
     ck_assert_int_eq(kern_encode_ref(lay, rec, raw, e1, (size_t)sz, NULL), sz);
-    ck_assert_int_eq(kern_encode_cpu(lay, rec, raw, e2, (size_t)sz, NULL), sz);
     ck_assert_int_eq(kern_encode_batched_cpu(lay, rec, raw, e3, (size_t)sz), sz);
-    ck_assert_mem_eq(e2, e1, (size_t)sz);
     ck_assert_mem_eq(e3, e1, (size_t)sz);
     ck_assert_int_eq(kern_block_info(e1, (size_t)sz, NULL, NULL), sz);
     const void *srcs[1] = {e1};
     uint64_t lens[1] = {(uint64_t)sz};
-    for (uint32_t out = KERN_DTYPE_FP16; out <= KERN_DTYPE_BF16; out++) {
-        memset(d2, 0x5a, rs);
-        memset(d3, 0x3c, rs);
-        ck_assert_int_eq(kern_decode_ref(lay, e1, (size_t)sz, d1, rs, out), (int64_t)rs);
-        ck_assert_int_eq(kern_decode_cpu(lay, e1, (size_t)sz, d2, rs, out), (int64_t)rs);
-        ck_assert_int_eq(kern_batch_decode_raw(a, lay, d3, NULL, 1, srcs, lens, out), 0);
-        kern_batch_run_cpu(a);
-        ck_assert_mem_eq(d2, d1, rs);
-        ck_assert_mem_eq(d3, d1, rs);
+    /* the CPU paths: ROT's AVX-512 one where the CPU has it (wide), then the AVX2 one */
+    for (int wide = have_avx512(); wide >= 0; wide--) {
+        const int was = kern_rot_avx512(wide);
+        memset(e2, 0x5a, (size_t)sz);
+        ck_assert_int_eq(kern_encode_cpu(lay, rec, raw, e2, (size_t)sz, NULL), sz);
+        ck_assert_mem_eq(e2, e1, (size_t)sz);
+        for (uint32_t out = KERN_DTYPE_FP16; out <= KERN_DTYPE_BF16; out++) {
+            memset(d2, 0x5a, rs);
+            ck_assert_int_eq(kern_decode_ref(lay, e1, (size_t)sz, d1, rs, out), (int64_t)rs);
+            ck_assert_int_eq(kern_decode_cpu(lay, e1, (size_t)sz, d2, rs, out), (int64_t)rs);
+            ck_assert_mem_eq(d2, d1, rs);
+            if (wide)
+                continue;
+            memset(d3, 0x3c, rs);
+            ck_assert_int_eq(kern_batch_decode_raw(a, lay, d3, NULL, 1, srcs, lens, out), 0);
+            kern_batch_run_cpu(a);
+            ck_assert_mem_eq(d3, d1, rs);
+        }
+        kern_rot_avx512(was);
     }
     free(a);
     free(e2);
@@ -619,6 +638,8 @@ static const struct unit_case unit_cases[] = {
     {{1, 3, 64, 65, KERN_DTYPE_FP16, 1}, KERN_CODEC_ROT2},
     {{1, 2, 128, 97, KERN_DTYPE_BF16, 0}, KERN_CODEC_ROT4},
     {{1, 2, 256, 40, KERN_DTYPE_FP16, 0}, KERN_CODEC_ROT2},
+    /* AVX-512's blocks of 16 tokens, then AVX2's of 8, then a row: 57 = 3 x 16 + 8 + 1 */
+    {{1, 2, 128, 57, KERN_DTYPE_FP16, 0}, KERN_CODEC_ROT2},
     {{1, 1, 256, 1, KERN_DTYPE_FP16, 1}, KERN_CODEC_ROT4},
     {{1, 2, 20, 40, KERN_DTYPE_FP16, 0}, KERN_CODEC_LOWRANK},
     {{1, 1, 33, 70, KERN_DTYPE_BF16, 1}, KERN_CODEC_LOWRANK},
@@ -765,6 +786,23 @@ static void cuda_same(const struct kern_layout *lay, const struct kern_recipe *r
     free(d_gpu);
 }
 
+/* ROT's AVX-512 path is in use exactly where the CPU has AVX-512 F, BW, VL, DQ and F16C
+ * (unless KVC_NO_AVX512 says otherwise), and the tests' switch can take it off and put it
+ * back but never turn it on for a CPU without it. */
+START_TEST(test_rot_avx512_switch)
+{
+    const char *e = getenv("KVC_NO_AVX512");
+    const int off = e && *e && strcmp(e, "0") != 0;
+    ck_assert_int_eq(kern_rot512_on(), have_avx512() && !off);
+    const int was = kern_rot_avx512(0);
+    ck_assert_int_eq(kern_rot512_on(), 0);
+    kern_rot_avx512(1);
+    ck_assert_int_eq(kern_rot512_on(), have_avx512());
+    kern_rot_avx512(was);
+    ck_assert_int_eq(kern_rot512_on(), have_avx512() && !off);
+}
+END_TEST
+
 START_TEST(test_cuda_same_bytes)
 {
     const struct shape *sh = &shapes[(uint32_t)_i / NCODECS];
@@ -827,10 +865,14 @@ static Suite *codecs_suite(void)
     tcase_add_test(tc, test_merge_hand);
     tcase_add_test(tc, test_lowrank_rank);
     tcase_add_test(tc, test_sizes_and_shapes);
+    tcase_add_test(tc, test_rot_avx512_switch);
     suite_add_tcase(s, tc);
     if (!(kern_supports() & KERN_SUPPORT_CPU_AVX2))
         printf("SKIP: check_codecs: avx2: this CPU lacks AVX2+F16C, so kern_*_cpu is the "
                "reference and no vectorised code is tested\n");
+    if (!have_avx512())
+        printf("SKIP: check_codecs: avx512: this CPU lacks AVX-512 F/BW/VL/DQ, so ROT's "
+               "AVX-512 path is not tested (the AVX2 path is)\n");
     if (daemon_cuda_devices() > 0) {
         tc = tcase_create("cuda");
         tcase_set_timeout(tc, daemon_slow() * 120);

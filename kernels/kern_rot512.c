@@ -1,0 +1,523 @@
+/*
+ * kern_rot512.c — ROT2/ROT4's K sections with AVX-512, for CPUs that have it: the decode, and
+ * the encode's whole blocks of sixteen tokens.
+ *
+ * DESIGN
+ * Decode: the same rows, operations and order as rot_dec_fused() of kern_rot.c (AVX2), on
+ * sixteen lanes: a (token, head) row of D channels (32 .. 256) is D / 16 registers; a group's
+ * codes find their values (q * scale + min, computed once per group) by a permute; the
+ * butterfly's stages of strides 1, 2, 4 and 8 run inside each register (the partner by a
+ * permute, the upper lane of each pair negated, one addition: the reference's a + b and
+ * a - b), those of 16 and more between registers; then y * (c with the channel's sign) + mean
+ * per channel, stored as fp16 or bf16. Twice the lanes and half the instructions of the AVX2
+ * row. Encode: rot_enc_tok8() of kern_rot.c with sixteen tokens in the lanes instead of eight
+ * (every butterfly stage between whole registers, the groups' extremes and parameters
+ * lane-wise), for the blocks of sixteen tokens a section has; kern_rot.c computes the means
+ * and signs first and encodes the rest. The target has no separate FMA flag, but AVX-512F
+ * brings the 512-bit FMA: the file is built with -ffp-contract=off (Makefile), so a product
+ * and a sum the reference rounds twice stay two roundings (check_codecs fails without it).
+ *
+ * Chosen at run time (kern_rot512_on): the CPU has AVX-512 F, BW, VL, DQ and F16C, and
+ * KVC_NO_AVX512 is not set in the environment (read once); the tests switch it with
+ * kern_rot_avx512() to run the AVX2 path too. Elsewhere kern_rot.c's AVX2 path runs.
+ */
+#include <immintrin.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/kern_cpu.h"
+#include "kernels/kern_ext.h"
+
+#define K5 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c")))
+#define K5I __attribute__((always_inline)) K5 static inline
+
+/* -1: not probed yet; else whether this CPU has the features (cpu) and whether the AVX-512
+ * path is in use (on: cpu, unless KVC_NO_AVX512 or the tests turned it off). */
+static int rot512_cpu = -1, rot512_use = -1;
+
+static void rot512_probe(void)
+{
+    if (__atomic_load_n(&rot512_cpu, __ATOMIC_RELAXED) >= 0)
+        return;
+    /* idempotent: racing first callers store the same answers */
+    __builtin_cpu_init();
+    const int cpu = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                    __builtin_cpu_supports("f16c");
+    const char *e = getenv("KVC_NO_AVX512");
+    const int off = e && *e && strcmp(e, "0") != 0;
+    __atomic_store_n(&rot512_use, cpu && !off, __ATOMIC_RELAXED);
+    __atomic_store_n(&rot512_cpu, cpu, __ATOMIC_RELAXED);
+}
+
+int kern_rot512_on(void)
+{
+    rot512_probe();
+    return __atomic_load_n(&rot512_use, __ATOMIC_RELAXED);
+}
+
+int kern_rot_avx512(int on)
+{
+    rot512_probe();
+    const int was = __atomic_load_n(&rot512_use, __ATOMIC_RELAXED);
+    __atomic_store_n(&rot512_use, on && __atomic_load_n(&rot512_cpu, __ATOMIC_RELAXED),
+                     __ATOMIC_RELAXED);
+    return was;
+}
+
+/* kern_rot_mix on sixteen lanes. */
+K5I __m512i rot_mix16(__m512i x)
+{
+    x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+    x = _mm512_mullo_epi32(x, _mm512_set1_epi32((int)0x85ebca6bu));
+    x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 13));
+    x = _mm512_mullo_epi32(x, _mm512_set1_epi32((int)0xc2b2ae35u));
+    return _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+}
+
+/* Channels j .. j + 15 of head h: c with the sign of kern_rot_neg. */
+K5I __m512 rot_csign16(__m512 c, uint32_t sseed, uint32_t h, uint32_t j)
+{
+    const __m512i step = _mm512_setr_epi32(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16);
+    __m512i k = _mm512_add_epi32(_mm512_set1_epi32((int)(h * 0x9e3779b1u + j)), step);
+    k = rot_mix16(_mm512_xor_si512(_mm512_set1_epi32((int)sseed), rot_mix16(k)));
+    return _mm512_xor_ps(c, _mm512_castsi512_ps(_mm512_slli_epi32(k, 31)));
+}
+
+/* kern_kivi_v_dec of a full group into two registers. A group has at most 16 distinct
+ * values, q * scale + min for q = 0 .. qmax (the reference's multiply and add, in that
+ * order): they are computed once into a register and every code looks its value up with a
+ * permute, which reads the low four bits of its lane. A code's bits are shifted down into
+ * the low bits of its lane (4-bit codes: eight a dword; 2-bit: sixteen, with a table that
+ * repeats every four entries, so the next codes' bits above them select the same value). */
+K5I void rot_group_dec16(const uint8_t *blk, __m512 *y, const int bits)
+{
+    uint32_t hdr;
+    memcpy(&hdr, blk, 4);
+    const __m128 sm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)hdr));
+    const __m512 sc = _mm512_broadcastss_ps(sm),
+                 mn = _mm512_broadcastss_ps(_mm_shuffle_ps(sm, sm, 1));
+    const __m512 q = bits == 4
+                         ? _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+                         : _mm512_setr_ps(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
+    const __m512 tab = _mm512_add_ps(_mm512_mul_ps(q, sc), mn);
+    if (bits == 4) {
+        const __m512i b = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(blk + 4)));
+        const __m512i sh =
+            _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
+        const __m512i i0 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                      i1 = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+        y[0] = _mm512_permutexvar_ps(_mm512_srlv_epi32(_mm512_permutexvar_epi32(i0, b), sh), tab);
+        y[1] = _mm512_permutexvar_ps(_mm512_srlv_epi32(_mm512_permutexvar_epi32(i1, b), sh), tab);
+    } else {
+        uint32_t w[2];
+        memcpy(w, blk + 4, 8);
+        const __m512i sh =
+            _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        y[0] = _mm512_permutexvar_ps(_mm512_srlv_epi32(_mm512_set1_epi32((int)w[0]), sh), tab);
+        y[1] = _mm512_permutexvar_ps(_mm512_srlv_epi32(_mm512_set1_epi32((int)w[1]), sh), tab);
+    }
+}
+
+/* One butterfly stage inside a register: p holds each lane's partner; neg has the sign bit
+ * in the upper lane of each pair. Lower: a + p (self + partner); upper: -a + p, which is
+ * p - a exactly (negation is exact, addition commutes): the reference's a + b and a - b.
+ * One addition, where a masked subtraction would take two. */
+K5I __m512 rot_stage16(__m512 a, __m512 p, __m512 neg)
+{
+    return _mm512_add_ps(_mm512_xor_ps(a, neg), p);
+}
+
+#define ROT_NEG16(m)                                                                               \
+    _mm512_castsi512_ps(_mm512_maskz_mov_epi32((m), _mm512_set1_epi32((int)0x80000000)))
+
+/* The butterfly on a row held in nv registers (D = 16 nv): every stage's pairs and
+ * operations are the reference's (kern_fwht), in its order of stages. */
+K5I void rot_fwht16(__m512 *r, const uint32_t nv)
+{
+#pragma GCC unroll 16
+    for (uint32_t i = 0; i < nv; i++) {
+        __m512 a = r[i];
+        a = rot_stage16(a, _mm512_permute_ps(a, 0xb1), ROT_NEG16(0xaaaa));
+        a = rot_stage16(a, _mm512_permute_ps(a, 0x4e), ROT_NEG16(0xcccc));
+        a = rot_stage16(a, _mm512_shuffle_f32x4(a, a, 0xb1), ROT_NEG16(0xf0f0));
+        r[i] = rot_stage16(a, _mm512_shuffle_f32x4(a, a, 0x4e), ROT_NEG16(0xff00));
+    }
+#pragma GCC unroll 4
+    for (uint32_t len = 1; len < nv; len <<= 1)
+#pragma GCC unroll 8
+        for (uint32_t i = 0; i < nv; i += 2 * len)
+#pragma GCC unroll 8
+            for (uint32_t j = i; j < i + len; j++) {
+                const __m512 a = r[j], b = r[j + len];
+                r[j] = _mm512_add_ps(a, b);
+                r[j + len] = _mm512_sub_ps(a, b);
+            }
+}
+
+/* Sixteen floats to fp16 (F16C's rounding is kern_f2h's) or bf16 (round to nearest even as
+ * kern_f2bf; decoded values are never NaN). */
+K5I void rot_store16(uint16_t *p, __m512 x, uint32_t dtype)
+{
+    if (dtype == KERN_DTYPE_FP16) {
+        _mm256_storeu_si256((__m256i *)p, _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+        return;
+    }
+    __m512i u = _mm512_castps_si512(x);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    u = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), odd),
+                          16);
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(u));
+}
+
+/* One (token, head) row: groups, butterfly, y * cs + mean per channel, stored. */
+K5I void rot_dec_row16(const uint8_t *g0, const int bits, uint32_t gb, const float *cs,
+                       const float *mf, uint16_t *o, uint32_t out_dtype, const uint32_t nv)
+{
+    __m512 y[16];
+#pragma GCC unroll 8
+    for (uint32_t g = 0; g < nv / 2; g++)
+        rot_group_dec16(g0 + (uint64_t)g * gb, y + 2 * g, bits);
+    rot_fwht16(y, nv);
+#pragma GCC unroll 16
+    for (uint32_t j = 0; j < nv; j++)
+        rot_store16(o + 16 * j,
+                    _mm512_add_ps(_mm512_mul_ps(y[j], _mm512_loadu_ps(cs + 16 * j)),
+                                  _mm512_loadu_ps(mf + 16 * j)),
+                    out_dtype);
+}
+
+/* Rows of D (nv = D / 16) channels, every (token, head) in memory order. */
+K5I void rot_dec_rows16(const struct kern_layout *lay, const uint8_t *in, const int bits,
+                        uint16_t *raw, uint32_t out_dtype, const float *csa, const float *mfa,
+                        const uint32_t nv)
+{
+    const uint32_t T = lay->tokens, H = lay->heads, D = 16 * nv, G = D / KERN_GROUP;
+    const uint32_t gb = kern_kivi_v_group_bytes(bits);
+    for (uint32_t t = 0; t < T; t++)
+        for (uint32_t h = 0; h < H; h++) {
+            const uint64_t row = (uint64_t)t * H + h;
+            rot_dec_row16(in + row * G * gb, bits, gb, csa + (uint64_t)h * D, mfa + (uint64_t)h * D,
+                          raw + row * D, out_dtype, nv);
+        }
+}
+
+K5 int kern_rot512_dec(const struct kern_layout *lay, const uint8_t *sect, int bits, void *raw,
+                       uint32_t out_dtype, float *scratch)
+{
+    const uint32_t H = lay->heads, D = lay->head_dim;
+    if (D != 32 && D != 64 && D != 128 && D != 256)
+        return 0;
+    const uint32_t sseed = kern_rot_get_seed(sect);
+    const __m512 c = _mm512_set1_ps(kern_rot_scale(D));
+    const uint8_t *in = sect + kern_rot_groups_off(lay), *means = kern_rot_means(sect);
+    /* per head and channel: c with the channel's sign, and the mean as a float */
+    float *csa = scratch, *mfa = scratch + (uint64_t)H * D;
+    for (uint32_t h = 0; h < H; h++)
+        for (uint32_t j = 0; j < D; j += 16) {
+            const uint64_t k = (uint64_t)h * D + j;
+            _mm512_storeu_ps(csa + k, rot_csign16(c, sseed, h, j));
+            _mm512_storeu_ps(mfa + k,
+                             _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(means + 2 * k))));
+        }
+        /* every (bits, D) its own loop: the group decode and the row unrolled for it */
+#define ROT_ROWS(b, nv) rot_dec_rows16(lay, in, (b), raw, out_dtype, csa, mfa, (nv))
+    const uint32_t nv = D / 16;
+    if (bits == 4 && nv == 8)
+        ROT_ROWS(4, 8);
+    else if (bits == 4 && nv == 4)
+        ROT_ROWS(4, 4);
+    else if (bits == 4 && nv == 2)
+        ROT_ROWS(4, 2);
+    else if (bits == 4)
+        ROT_ROWS(4, 16);
+    else if (nv == 8)
+        ROT_ROWS(2, 8);
+    else if (nv == 4)
+        ROT_ROWS(2, 4);
+    else if (nv == 2)
+        ROT_ROWS(2, 2);
+    else
+        ROT_ROWS(2, 16);
+#undef ROT_ROWS
+    return 1;
+}
+
+/* ---- encode: sixteen tokens of a head at a time, the tokens in the lanes ---------------- */
+
+K5I __m512 rot_sanitize16(__m512 x)
+{
+    x = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, x, _CMP_ORD_Q), x);
+    x = _mm512_min_ps(x, _mm512_set1_ps(KERN_FP16_MAX));
+    return _mm512_max_ps(x, _mm512_set1_ps(-KERN_FP16_MAX));
+}
+
+/* Sixteen tokens' 16 channels (halves at r, the tokens ts apart) as 16 registers of floats,
+ * one per channel, lane i token i, sanitized as kern_ext_value unless clean. Tokens i and
+ * i + 8 share a register; the 8 x 8 transposes of the halves in each 128-bit lane leave
+ * channel k of tokens 0-7 and 8-15 in lanes 0 and 2 (8 + k: 1 and 3) of d[k]. */
+K5I void rot_load_t16x16(const uint16_t *r, uint64_t ts, uint32_t dtype, const int clean, __m512 *x)
+{
+    __m512i a[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++)
+        a[i] = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(r + i * ts))),
+            _mm256_loadu_si256((const __m256i *)(r + (i + 8) * ts)), 1);
+    const __m512i b0 = _mm512_unpacklo_epi16(a[0], a[1]), b1 = _mm512_unpackhi_epi16(a[0], a[1]);
+    const __m512i b2 = _mm512_unpacklo_epi16(a[2], a[3]), b3 = _mm512_unpackhi_epi16(a[2], a[3]);
+    const __m512i b4 = _mm512_unpacklo_epi16(a[4], a[5]), b5 = _mm512_unpackhi_epi16(a[4], a[5]);
+    const __m512i b6 = _mm512_unpacklo_epi16(a[6], a[7]), b7 = _mm512_unpackhi_epi16(a[6], a[7]);
+    const __m512i c0 = _mm512_unpacklo_epi32(b0, b2), c1 = _mm512_unpackhi_epi32(b0, b2);
+    const __m512i c2 = _mm512_unpacklo_epi32(b4, b6), c3 = _mm512_unpackhi_epi32(b4, b6);
+    const __m512i c4 = _mm512_unpacklo_epi32(b1, b3), c5 = _mm512_unpackhi_epi32(b1, b3);
+    const __m512i c6 = _mm512_unpacklo_epi32(b5, b7), c7 = _mm512_unpackhi_epi32(b5, b7);
+    const __m512i d[8] = {_mm512_unpacklo_epi64(c0, c2), _mm512_unpackhi_epi64(c0, c2),
+                          _mm512_unpacklo_epi64(c1, c3), _mm512_unpackhi_epi64(c1, c3),
+                          _mm512_unpacklo_epi64(c4, c6), _mm512_unpackhi_epi64(c4, c6),
+                          _mm512_unpacklo_epi64(c5, c7), _mm512_unpackhi_epi64(c5, c7)};
+#pragma GCC unroll 16
+    for (int k = 0; k < 16; k++) {
+        const __m256i v =
+            _mm512_castsi512_si256(k < 8 ? _mm512_shuffle_i64x2(d[k], d[k], 0x08)
+                                         : _mm512_shuffle_i64x2(d[k % 8], d[k % 8], 0x0d));
+        if (clean)
+            x[k] = _mm512_cvtph_ps(v);
+        else
+            x[k] = rot_sanitize16(dtype == KERN_DTYPE_BF16 ? _mm512_castsi512_ps(_mm512_slli_epi32(
+                                                                 _mm512_cvtepu16_epi32(v), 16))
+                                                           : _mm512_cvtph_ps(v));
+    }
+}
+
+/* The butterfly's stages of strides 1 .. n / 2 on n registers, the reference's pairs. */
+K5I void rot_fwht_regs16(__m512 *v, const uint32_t n)
+{
+#pragma GCC unroll 4
+    for (uint32_t len = 1; len < n; len <<= 1)
+#pragma GCC unroll 8
+        for (uint32_t i = 0; i < n; i += 2 * len)
+#pragma GCC unroll 8
+            for (uint32_t j = i; j < i + len; j++) {
+                const __m512 a = v[j], b = v[j + len];
+                v[j] = _mm512_add_ps(a, b);
+                v[j + len] = _mm512_sub_ps(a, b);
+            }
+}
+
+/* The codes of channels a, b, c, d (lane i token i) as bytes: in 128-bit lane L, byte 4k + i
+ * the code of the k-th channel for token 4L + i, clamped to [0, qmax] (as kern_rot.c's
+ * rot_codes4: the truncation of (x - min) * id + 0.5, the packs' saturation, a byte min). */
+K5I __m512i rot_codes16(const __m512 *x, int a, int b, int c, int d, __m512 vm, __m512 vi,
+                        __m512i qb)
+{
+    const __m512 half = _mm512_set1_ps(0.5f);
+#define ROT_Q(j)                                                                                   \
+    _mm512_cvttps_epi32(_mm512_add_ps(_mm512_mul_ps(_mm512_sub_ps(x[j], vm), vi), half))
+    const __m512i w = _mm512_packs_epi32(ROT_Q(a), ROT_Q(b)),
+                  z = _mm512_packs_epi32(ROT_Q(c), ROT_Q(d));
+#undef ROT_Q
+    return _mm512_min_epu8(_mm512_packus_epi16(w, z), qb);
+}
+
+/* Sixteen tokens' group (x: its 32 channels, lane i token i, scaled and clamped) to their
+ * blocks at o[i]: kern_rot.c's rot_groups_enc8 on sixteen lanes, the parameters lane-wise
+ * (kern_kivi_params: min, (max - min) / qmax to fp16 and back, 1 / scale unless 0), the
+ * codes per channel, the bytes put back in token order per 128-bit lane (tokens 4L .. 4L + 3).
+ * A group whose minimum or maximum is zero is encoded by the reference (the lanes' minimum
+ * keeps either of +0 and -0, the reference the first). */
+K5I void rot_groups_enc16(const __m512 *x, uint8_t *const *o, const int bits)
+{
+    __m512 mn = x[0], mx = x[0], mn1 = x[1], mx1 = x[1];
+#pragma GCC unroll 16
+    for (int j = 2; j < 32; j += 2) {
+        mn = _mm512_min_ps(mn, x[j]);
+        mx = _mm512_max_ps(mx, x[j]);
+        mn1 = _mm512_min_ps(mn1, x[j + 1]);
+        mx1 = _mm512_max_ps(mx1, x[j + 1]);
+    }
+    mn = _mm512_min_ps(mn, mn1);
+    mx = _mm512_max_ps(mx, mx1);
+    const __m512 qmax = _mm512_set1_ps((float)((1 << bits) - 1)), zero = _mm512_setzero_ps();
+    const __m256i hmn = _mm512_cvtps_ph(mn, _MM_FROUND_TO_NEAREST_INT),
+                  hsc = _mm512_cvtps_ph(_mm512_div_ps(_mm512_sub_ps(mx, mn), qmax),
+                                        _MM_FROUND_TO_NEAREST_INT);
+    const __m512 vm = _mm512_cvtph_ps(hmn), sc = _mm512_cvtph_ps(hsc);
+    const __m512 vi =
+        _mm512_maskz_div_ps(_mm512_cmp_ps_mask(sc, zero, _CMP_NEQ_UQ), _mm512_set1_ps(1.0f), sc);
+    const unsigned zm =
+        _mm512_cmp_ps_mask(mn, zero, _CMP_EQ_OQ) | _mm512_cmp_ps_mask(mx, zero, _CMP_EQ_OQ);
+    /* the headers, scale then min: dword i of hdr token i */
+    uint32_t hdr[16];
+    _mm512_storeu_si512(hdr, _mm512_or_si512(_mm512_cvtepu16_epi32(hsc),
+                                             _mm512_slli_epi32(_mm512_cvtepu16_epi32(hmn), 16)));
+    const __m512i qb = _mm512_set1_epi8((char)((1 << bits) - 1));
+    const __m512i tr =
+        _mm512_broadcast_i32x4(_mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
+    if (bits == 4) {
+        __m512i p[4];
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            const int c = 8 * k;
+            const __m512i lo = rot_codes16(x, c, c + 2, c + 4, c + 6, vm, vi, qb),
+                          hi = rot_codes16(x, c + 1, c + 3, c + 5, c + 7, vm, vi, qb);
+            p[k] = _mm512_shuffle_epi8(_mm512_or_si512(lo, _mm512_slli_epi16(hi, 4)), tr);
+        }
+        const __m512i e0 = _mm512_unpacklo_epi32(p[0], p[1]),
+                      e1 = _mm512_unpackhi_epi32(p[0], p[1]);
+        const __m512i e2 = _mm512_unpacklo_epi32(p[2], p[3]),
+                      e3 = _mm512_unpackhi_epi32(p[2], p[3]);
+        const __m512i f[4] = {_mm512_unpacklo_epi64(e0, e2), _mm512_unpackhi_epi64(e0, e2),
+                              _mm512_unpacklo_epi64(e1, e3), _mm512_unpackhi_epi64(e1, e3)};
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            _mm_storeu_si128((__m128i *)(o[i] + 4), _mm512_castsi512_si128(f[i]));
+            _mm_storeu_si128((__m128i *)(o[4 + i] + 4), _mm512_extracti32x4_epi32(f[i], 1));
+            _mm_storeu_si128((__m128i *)(o[8 + i] + 4), _mm512_extracti32x4_epi32(f[i], 2));
+            _mm_storeu_si128((__m128i *)(o[12 + i] + 4), _mm512_extracti32x4_epi32(f[i], 3));
+        }
+    } else {
+        __m512i p[2];
+#pragma GCC unroll 2
+        for (int k = 0; k < 2; k++) {
+            const int c = 16 * k;
+            const __m512i b0 = rot_codes16(x, c, c + 4, c + 8, c + 12, vm, vi, qb),
+                          b1 = rot_codes16(x, c + 1, c + 5, c + 9, c + 13, vm, vi, qb),
+                          b2 = rot_codes16(x, c + 2, c + 6, c + 10, c + 14, vm, vi, qb),
+                          b3 = rot_codes16(x, c + 3, c + 7, c + 11, c + 15, vm, vi, qb);
+            const __m512i v = _mm512_or_si512(
+                _mm512_or_si512(b0, _mm512_slli_epi16(b1, 2)),
+                _mm512_or_si512(_mm512_slli_epi16(b2, 4), _mm512_slli_epi16(b3, 6)));
+            p[k] = _mm512_shuffle_epi8(v, tr);
+        }
+        /* token 4L + 2m in the low 8 bytes of lane L of f[m], 4L + 2m + 1 in the high */
+        const __m512i f[2] = {_mm512_unpacklo_epi32(p[0], p[1]), _mm512_unpackhi_epi32(p[0], p[1])};
+        /* (the lanes by name: extracti32x4 takes an immediate, which an unrolled loop gives
+         * only when optimized) */
+#pragma GCC unroll 2
+        for (int m = 0; m < 2; m++) {
+            const __m128i l[4] = {_mm512_castsi512_si128(f[m]), _mm512_extracti32x4_epi32(f[m], 1),
+                                  _mm512_extracti32x4_epi32(f[m], 2),
+                                  _mm512_extracti32x4_epi32(f[m], 3)};
+#pragma GCC unroll 4
+            for (int L = 0; L < 4; L++) {
+                _mm_storel_epi64((__m128i *)(o[4 * L + 2 * m] + 4), l[L]);
+                _mm_storel_epi64((__m128i *)(o[4 * L + 2 * m + 1] + 4),
+                                 _mm_unpackhi_epi64(l[L], l[L]));
+            }
+        }
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++)
+        memcpy(o[i], &hdr[i], 4);
+    for (int i = 0; zm && i < 16; i++) {
+        if (!(zm >> i & 1))
+            continue;
+        float f[32], lane[16];
+        for (int j = 0; j < 32; j++) {
+            _mm512_storeu_ps(lane, x[j]);
+            f[j] = lane[i];
+        }
+        kern_kivi_v_enc(f, 32, o[i], bits);
+    }
+}
+
+/* Sixteen tokens of a head, D channels (32, 64 or 128): kern_rot.c's rot_enc_tok8 on
+ * sixteen lanes. The rows go through buf: loaded, centred, signed and the three smallest
+ * stages per 16 channels; the stages of 8 up to D / 2 per column of D / 8 registers with the
+ * scale; then the groups. Every lane does the reference's operations in its order. */
+K5I void rot_enc_tok16(const uint16_t *r, uint64_t ts, uint32_t dtype, const uint32_t *m,
+                       const float *mu, __m512 c, int bits, uint8_t *const *o, uint32_t gb,
+                       const uint32_t D, const int clean, const int small)
+{
+    __m512 buf[128];
+    for (uint32_t j = 0; j < D; j += 16) {
+        __m512 x[16];
+        rot_load_t16x16(r + j, ts, dtype, clean, x);
+#pragma GCC unroll 16
+        for (int k = 0; k < 16; k++)
+            x[k] = _mm512_xor_ps(_mm512_sub_ps(x[k], _mm512_set1_ps(mu[j + k])),
+                                 _mm512_castsi512_ps(_mm512_set1_epi32((int)m[j + k])));
+        rot_fwht_regs16(x, 8);
+        rot_fwht_regs16(x + 8, 8);
+#pragma GCC unroll 16
+        for (int k = 0; k < 16; k++)
+            buf[j + k] = x[k];
+    }
+    for (uint32_t i = 0; i < 8; i++) {
+        __m512 v[16];
+#pragma GCC unroll 16
+        for (uint32_t k = 0; k < D / 8; k++)
+            v[k] = buf[i + 8 * k];
+        rot_fwht_regs16(v, D / 8);
+#pragma GCC unroll 16
+        for (uint32_t k = 0; k < D / 8; k++)
+            buf[i + 8 * k] =
+                small ? _mm512_mul_ps(v[k], c) : rot_sanitize16(_mm512_mul_ps(v[k], c));
+    }
+    for (uint32_t g = 0; g < D / 32; g++) {
+        uint8_t *og[16];
+        for (int i = 0; i < 16; i++)
+            og[i] = o[i] + (uint64_t)g * gb;
+        rot_groups_enc16(buf + 32 * g, og, bits);
+    }
+}
+
+K5I void rot_enc_blocks16(const struct kern_layout *lay, const uint8_t *rawk, const uint8_t *rawv,
+                          const uint32_t *mask, const float *mean, const int bits, uint8_t *out,
+                          uint32_t T16, const uint32_t D, const int clean, const int small)
+{
+    const uint32_t H = lay->heads, G = D / KERN_GROUP;
+    const uint32_t gb = kern_kivi_v_group_bytes(bits);
+    const __m512 c = _mm512_set1_ps(kern_rot_scale(D));
+    const uint64_t ts = (uint64_t)H * D;
+    for (uint32_t t0 = 0; t0 < T16; t0 += 16)
+        for (uint32_t h = 0; h < H; h++) {
+            const uint16_t *r = (const uint16_t *)rawk + (uint64_t)t0 * ts + (uint64_t)h * D;
+            uint8_t *o[16];
+            for (uint32_t i = 0; i < 16; i++) {
+                o[i] = out + (((uint64_t)t0 + i) * H + h) * G * gb;
+                /* the V slab into L2, as kern_rot.c's encode does */
+                if (rawv)
+                    for (uint32_t j = 0; j < D; j += 32)
+                        _mm_prefetch((const char *)(rawv + 2 * (((uint64_t)t0 + i) * ts +
+                                                                (uint64_t)h * D + j)),
+                                     _MM_HINT_T1);
+            }
+            rot_enc_tok16(r, ts, lay->dtype, mask + (uint64_t)h * D, mean + (uint64_t)h * D, c,
+                          bits, o, gb, D, clean, small);
+        }
+}
+
+K5 uint32_t kern_rot512_enc_rows(const struct kern_layout *lay, const uint8_t *rawk,
+                                 const uint8_t *rawv, const uint32_t *mask, const float *mean,
+                                 int bits, uint8_t *out, int clean, int small)
+{
+    const uint32_t D = lay->head_dim, T16 = lay->tokens / 16 * 16;
+    if (T16 == 0 || (D != 32 && D != 64 && D != 128))
+        return 0;
+#define ROT_ENC(b, d, cl, sm)                                                                      \
+    rot_enc_blocks16(lay, rawk, rawv, mask, mean, (b), out, T16, (d), (cl), (sm))
+    if (bits == 4 && D == 128 && small)
+        ROT_ENC(4, 128, 1, 1);
+    else if (bits == 4 && D == 128 && clean)
+        ROT_ENC(4, 128, 1, 0);
+    else if (bits == 4 && D == 128)
+        ROT_ENC(4, 128, 0, 0);
+    else if (bits == 4 && D == 64)
+        ROT_ENC(4, 64, 0, 0);
+    else if (bits == 4)
+        ROT_ENC(4, 32, 0, 0);
+    else if (D == 128 && small)
+        ROT_ENC(2, 128, 1, 1);
+    else if (D == 128 && clean)
+        ROT_ENC(2, 128, 1, 0);
+    else if (D == 128)
+        ROT_ENC(2, 128, 0, 0);
+    else if (D == 64)
+        ROT_ENC(2, 64, 0, 0);
+    else
+        ROT_ENC(2, 32, 0, 0);
+#undef ROT_ENC
+    return T16;
+}
