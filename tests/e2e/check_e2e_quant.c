@@ -451,20 +451,17 @@ START_TEST(test_scatter_lossy)
 }
 END_TEST
 
-/* A quantize landing serves every uid's waiting puts that now fit, not only the first one's
- * (server_on_room: each uid's requests are held behind its own first that still does not
- * fit). The server runs in this process (tests/lib/inproc.h) so that the case decides when
- * the quantize jobs land, and nothing else runs the waiting requests (no tick) until one was
- * answered. An arena full of a ladder namespace's blocks; uid 65501 puts RQ_BIG blocks and
- * waits for the jobs its ladder steps queued; then uid 65502 puts one block more than the
- * room those steps left free, and waits too. The jobs land: the first landing that answers a
- * waiting request answers 65502's put alone (its keys, every block), while 65501's chain
- * still waits for room. With every uid's requests held behind the first that waits on,
- * 65502's put waits until 65501's is answered, or for the tick. */
+/* The puts that wait for the ladder's quantize jobs, served as the jobs land. The server runs
+ * in this process (tests/lib/inproc.h) so that the case decides when the jobs land, and
+ * nothing else runs the waiting requests (no tick) until one was answered. An arena full of
+ * a ladder namespace's blocks; a client puts RQ_BIG blocks and waits for the jobs its ladder
+ * steps queued; then a second client puts a chain as long as the room those steps left free
+ * (plus `extra` blocks). The jobs land; the case records which keys the first landing that
+ * answers a waiting request answers. */
 #define RQ_LEN 4  /* blocks of each filler chain */
-#define RQ_BIG 32 /* uid 65501's chain: quota.uid_reserved_share (50 %) of the arena */
-#define RQ_BIG_UID 65501u
-#define RQ_SMALL_UID 65502u
+#define RQ_BIG 20 /* the long chain: with the small one, within quota.uid_reserved_share (50 %) */
+#define RQ_UID 65501u
+#define RQ_OTHER_UID 65502u
 
 static struct {
     struct inproc ip;
@@ -476,7 +473,9 @@ static struct {
     bool at_landing;   /* ... by a landing */
     uint64_t keys;     /* the keys answered then (reserve_keys) */
     uint32_t landings; /* landings before the verdict */
+    uint32_t uid[2];   /* the clients' uids */
     int len[2];        /* their chains' lengths */
+    int extra;         /* the second's blocks past the free room */
 } rq;
 
 /* Slots for a 64 KiB block free in arena 0 now: in its class's slabs and free pages. */
@@ -522,13 +521,13 @@ static int rq_fill(void *arg)
     return 0;
 }
 
-/* A client of another uid (arg: its chain's length): puts one chain of its own namespace.
- * The small put (uid 65502) must get every block and read back their bytes; the long one is
+/* A client (arg: rq.len[i], its chain's length): puts one chain of its own namespace. The
+ * second (small) put must get every block and read back their bytes; the long one is
  * answered, with what fitted. */
 static int rq_put(void *arg)
 {
     const int len = *(const int *)arg;
-    const bool small = getuid() == RQ_SMALL_UID;
+    const bool small = arg == &rq.len[1];
     struct kvc_layout lay = daemon_layout(small ? "e2e-rq-small" : "e2e-rq-big", 64);
     struct kvc_key k[RQ_BIG];
     void *blk[RQ_BIG];
@@ -563,7 +562,6 @@ static int rq_put(void *arg)
 
 static void rq_tick(void *arg)
 {
-    static const uint32_t uids[2] = {RQ_BIG_UID, RQ_SMALL_UID};
     struct inproc *x = &rq.ip;
     const struct stats *t = &x->s->total;
     const uint64_t waits = t->put_waits - rq.since.put_waits;
@@ -574,13 +572,13 @@ static void rq_tick(void *arg)
             rq.rc[i] = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
             rq.pid[i] = 0;
         }
-        /* The small put comes once the long one waits, one block more than the room its
-         * ladder steps left free (the blocks they took out of the arena; the jobs' copies
-         * are placed when they land), so that it waits too. */
+        /* The small put comes once the long one waits, as long as the room its ladder steps
+         * left free (the blocks they took out of the arena; the jobs' copies are placed
+         * when they land) and `extra` blocks. */
         if (rq.pid[i] < 0 && waits >= (uint64_t)i) {
             if (i == 1)
-                rq.len[1] = rq_free_slots(x->s) + 1;
-            rq.pid[i] = adv_spawn(uids[i], rq_put, &rq.len[i]);
+                rq.len[1] = rq_free_slots(x->s) + rq.extra;
+            rq.pid[i] = adv_spawn(rq.uid[i], rq_put, &rq.len[i]);
         }
         running += rq.pid[i] != 0;
     }
@@ -610,7 +608,9 @@ static void rq_tick(void *arg)
         loop_stop(x->l);
 }
 
-START_TEST(test_landing_serves_other_uid)
+/* Fills the arena, then runs the two clients (uids uid0, uid1; the second's chain `extra`
+ * blocks past the free room) to the end, the verdict in rq. */
+static void rq_run(uint32_t uid0, uint32_t uid1, int extra)
 {
     struct store_params sp = {.host_size = 4 << 20,
                               .host_page_size = 64 << 10,
@@ -640,26 +640,67 @@ START_TEST(test_landing_serves_other_uid)
     rq.pid[0] = rq.pid[1] = -1;
     rq.rc[0] = rq.rc[1] = -1;
     rq.end_ms = daemon_now_ms() + (uint64_t)daemon_ms(20000);
+    rq.uid[0] = uid0;
+    rq.uid[1] = uid1;
     rq.len[0] = RQ_BIG;
+    rq.extra = extra;
     loop_run(rq.ip.l, 20, rq_tick, NULL);
     const struct stats *t = &rq.ip.s->total;
-    printf("e2e_quant: landing: %d and %d blocks; %u landings, the first answer %s with %llu "
-           "keys; put waits %llu, timed out %llu, ladder steps %llu\n",
-           rq.len[0], rq.len[1], rq.landings, rq.at_landing ? "at a landing" : "not at a landing",
-           (unsigned long long)rq.keys, (unsigned long long)(t->put_waits - rq.since.put_waits),
+    printf("e2e_quant: landing (uids %u, %u): %d and %d blocks; %u landings, the first answer "
+           "%s with %llu keys; put waits %llu (queued %llu), timed out %llu, ladder steps "
+           "%llu\n",
+           uid0, uid1, rq.len[0], rq.len[1], rq.landings,
+           rq.at_landing ? "at a landing" : "not at a landing", (unsigned long long)rq.keys,
+           (unsigned long long)(t->put_waits - rq.since.put_waits),
+           (unsigned long long)(t->put_waits_queued - rq.since.put_waits_queued),
            (unsigned long long)(t->put_wait_timeouts - rq.since.put_wait_timeouts),
            (unsigned long long)(t->ladder_steps - rq.since.ladder_steps));
     ck_assert_int_eq(rq.rc[0], 0);
     ck_assert_int_eq(rq.rc[1], 0);
-    ck_assert_uint_ge(t->put_waits - rq.since.put_waits, 2); /* both waited */
     ck_assert_int_lt(rq.len[1], RQ_BIG / 2);
+}
+
+static void rq_stop(void)
+{
+    inproc_stop(&rq.ip);
+    daemon_cleanup(&adv_d);
+}
+
+/* Another uid's put that a landing made room for is served at that landing while the long
+ * put still waits (server_on_room holds each uid's requests behind its own first that still
+ * does not fit): its keys alone are the first answered, at a landing. With every uid's
+ * requests held behind the first that waits on, it waits until the long put is answered, or
+ * for the tick. */
+START_TEST(test_landing_serves_other_uid)
+{
+    rq_run(RQ_UID, RQ_OTHER_UID, 1); /* one block past the free room: it waits too */
+    const struct stats *t = &rq.ip.s->total;
+    ck_assert_uint_ge(t->put_waits - rq.since.put_waits, 2);               /* both waited */
+    ck_assert_uint_eq(t->put_waits_queued - rq.since.put_waits_queued, 0); /* on its own */
     ck_assert_msg(rq.at_landing && rq.keys == (uint64_t)rq.len[1],
                   "the small put of another uid (%d blocks) was not served at a landing while "
                   "the long one (%d) waited (first answer %s, %llu keys)",
                   rq.len[1], RQ_BIG, rq.at_landing ? "at a landing" : "not at a landing",
                   (unsigned long long)rq.keys);
-    inproc_stop(&rq.ip);
-    daemon_cleanup(&adv_d);
+    rq_stop();
+}
+END_TEST
+
+/* A new put of the same uid goes behind the one that waits (server_reserve_behind), even
+ * though the room free now would hold it: the long put is answered first, at a landing, and
+ * the new one after it, every block. Before, the new put took the free room at once and was
+ * answered while the older one waited on. Another uid's put is never queued (above). */
+START_TEST(test_put_behind_own_uid)
+{
+    rq_run(RQ_UID, RQ_UID, 0); /* as long as the free room: it would fit now */
+    const struct stats *t = &rq.ip.s->total;
+    ck_assert_uint_eq(t->put_waits_queued - rq.since.put_waits_queued, 1);
+    ck_assert_msg(rq.at_landing && rq.keys >= RQ_BIG,
+                  "the new put (%d blocks) was answered before the one of its uid that waited "
+                  "(%d): first answer %s, %llu keys",
+                  rq.len[1], RQ_BIG, rq.at_landing ? "at a landing" : "not at a landing",
+                  (unsigned long long)rq.keys);
+    rq_stop();
 }
 END_TEST
 
@@ -677,10 +718,11 @@ int main(void)
         TCase *tl = tcase_create("landing");
         tcase_set_timeout(tl, daemon_slow() * 60);
         tcase_add_test(tl, test_landing_serves_other_uid);
+        tcase_add_test(tl, test_put_behind_own_uid);
         suite_add_tcase(s, tl);
     } else {
-        printf("SKIP: e2e_quant: test_landing_serves_other_uid: not root (clients of other "
-               "uids)\n");
+        printf("SKIP: e2e_quant: test_landing_serves_other_uid, test_put_behind_own_uid: not "
+               "root (clients of other uids)\n");
     }
     if (daemon_suite_init("e2e-quant"))
         return 1;
