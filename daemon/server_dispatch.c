@@ -578,6 +578,34 @@ static void server_resv_stats_restore(struct stats *to, const struct server_resv
 #undef SERVER_RESV_RESTORE
 }
 
+/* Whether a new RESERVE of c into ns's arena goes behind an earlier one of its uid that waits
+ * there for room coming: it joins the wait list without taking room, and runs when the
+ * waiting ones run (a landing serves a uid's waiting requests in arrival order:
+ * server_retry_held). Room that frees between landings (a reservation given back, a block a
+ * ladder step took out) so goes to the put that has waited longest, not to the newest of
+ * its tenant's clients: with several clients each newer put took it, and an older put's
+ * blocks were committed (and seen by the others' lookups) only after the newer ones. Only
+ * its own uid's requests: another tenant's never wait behind them. Not a connection that
+ * has one waiting already (it may not wait twice: it runs now). */
+static bool server_reserve_behind(struct server *sv, const struct conn *c,
+                                  const struct store_ns *ns, uint64_t now)
+{
+    bool behind = false;
+    if (!ns || !c->u || (sv->retrying && sv->retrying->c == c) || !server_wait_left(sv, c, now))
+        return false;
+    for (const struct server_pending *p = sv->pending; p; p = p->next) {
+        const struct kvc_msg_hdr *h = (const struct kvc_msg_hdr *)p->msg;
+        const struct store_ns *pn;
+        if (p->c == c)
+            return false;
+        if (behind || !p->c || p->c->u != c->u || h->opcode != KVC_OP_RESERVE)
+            continue;
+        pn = store_ns_get(sv->store, ((const struct kvc_reserve_req *)(h + 1))->ns_id);
+        behind = pn && pn->arena == ns->arena;
+    }
+    return behind && engine_room_coming(sv->store, ns->arena);
+}
+
 static int server_on_reserve(struct server *sv, struct conn *c, const struct proto_req *r,
                              uint64_t now, bool may_wait)
 {
@@ -594,6 +622,10 @@ static int server_on_reserve(struct server *sv, struct conn *c, const struct pro
         arc = server_reserve_room(sv, c, ns, &want);
     if (arc)
         return arc;
+    if (may_wait && server_reserve_behind(sv, c, ns, now)) {
+        sv->store->total.put_waits_queued++;
+        return SERVER_DEFERRED;
+    }
     if (sv->acl && ns) {
         uint32_t asked = want;
         int qrc = acl_quota_reserve(sv->acl, &c->owner, q->ns_id, &want, now);

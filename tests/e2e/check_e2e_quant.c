@@ -2,16 +2,30 @@
  * check_e2e_quant — quantize-in-place end to end: a small arena under pressure quantizes the
  * blocks of a namespace that allows q8_0, a client reads them back dequantized (within the
  * codec's error bound) and as stored, and a namespace that allows nothing never holds a lossy
- * block (its hits are raw and bit-exact); and the precision ladder through the daemon.
+ * block (its hits are raw and bit-exact); the precision ladder through the daemon; and the
+ * puts that wait for its jobs, served as they land.
  */
 #include <check.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include "daemon/config.h"
+#include "daemon/log.h"
+#include "daemon/loop.h"
+#include "daemon/quant.h"
+#include "daemon/server.h"
+#include "daemon/store.h"
+#include "tests/lib/adversary.h"
 #include "tests/lib/daemon.h"
+#include "tests/lib/inproc.h"
+#include "tiers/host.h"
+#include "tiers/slab.h"
+#include "tiers/tier.h"
 
 #define QE_BLOCKS                                                                                  \
     125 /* per namespace; the 16 MiB arena holds 256 raw 64 KiB blocks: over
@@ -437,6 +451,259 @@ START_TEST(test_scatter_lossy)
 }
 END_TEST
 
+/* The puts that wait for the ladder's quantize jobs, served as the jobs land. The server runs
+ * in this process (tests/lib/inproc.h) so that the case decides when the jobs land, and
+ * nothing else runs the waiting requests (no tick) until one was answered. An arena full of
+ * a ladder namespace's blocks; a client puts RQ_BIG blocks and waits for the jobs its ladder
+ * steps queued; then a second client puts a chain as long as the room those steps left free
+ * (plus `extra` blocks). The jobs land; the case records which keys the first landing that
+ * answers a waiting request answers. */
+#define RQ_LEN 4  /* blocks of each filler chain */
+#define RQ_BIG 20 /* the long chain: with the small one, within quota.uid_reserved_share (50 %) */
+#define RQ_UID 65501u
+#define RQ_OTHER_UID 65502u
+
+static struct {
+    struct inproc ip;
+    struct stats since;
+    pid_t pid[2]; /* 65501's client, 65502's: -1 not started, 0 exited */
+    int rc[2];
+    uint64_t end_ms;   /* the verdict by then, or none */
+    bool decided;      /* the first waiting request was answered (or nothing was) */
+    bool at_landing;   /* ... by a landing */
+    uint64_t keys;     /* the keys answered then (reserve_keys) */
+    uint32_t landings; /* landings before the verdict */
+    uint32_t uid[2];   /* the clients' uids */
+    int len[2];        /* their chains' lengths */
+    int extra;         /* the second's blocks past the free room */
+} rq;
+
+/* Slots for a 64 KiB block free in arena 0 now: in its class's slabs and free pages. */
+static int rq_free_slots(struct store *s)
+{
+    struct tier *t = s->arenas[0].tier;
+    struct slab_stats st;
+    slab_stats_get(tier_host_slab(t), &st);
+    return (int)(slab_class_free_slots(tier_host_slab(t), tier_host_class(t, 64u << 10)) +
+                 st.pages_free);
+}
+
+/* The filler (arg: how many chains): RQ_LEN-block chains of a namespace that allows q8_0
+ * (a ladder of two rungs: raw, q8_0), as many as the arena holds. */
+static int rq_fill(void *arg)
+{
+    const int chains = *(const int *)arg;
+    struct kvc_layout lay = daemon_layout("e2e-rq-fill", 64);
+    struct kvc_quant qq = {
+        .allowed = 1u << KVC_CODEC_Q8_0, .k_codec = KVC_CODEC_Q8_0, .v_codec = KVC_CODEC_Q8_0};
+    struct kvc_key k[RQ_LEN];
+    kvc_client *c;
+    kvc_ns *ns;
+    if (kvc_connect(adv_d.sock, &c) || kvc_ns_open_quant(c, &lay, &qq, &ns))
+        return 10;
+    size_t bb = kvc_ns_block_bytes(ns), n = bb / 2;
+    uint16_t *buf = malloc(bb * RQ_LEN);
+    if (!buf)
+        return 11;
+    for (int ch = 0; ch < chains; ch++) {
+        const void *blk[RQ_LEN];
+        if (daemon_chain_keys(ns, (uint32_t)ch, 0, 0, RQ_LEN, k))
+            return 12;
+        for (int i = 0; i < RQ_LEN; i++) {
+            daemon_smooth_fill(&k[i], buf + (size_t)i * n, n);
+            blk[i] = buf + (size_t)i * n;
+        }
+        if (kvc_put_prefix(ns, NULL, k, RQ_LEN, blk) != RQ_LEN)
+            return 13;
+    }
+    free(buf);
+    kvc_disconnect(c);
+    return 0;
+}
+
+/* A client (arg: rq.len[i], its chain's length): puts one chain of its own namespace. The
+ * second (small) put must get every block and read back their bytes; the long one is
+ * answered, with what fitted. */
+static int rq_put(void *arg)
+{
+    const int len = *(const int *)arg;
+    const bool small = arg == &rq.len[1];
+    struct kvc_layout lay = daemon_layout(small ? "e2e-rq-small" : "e2e-rq-big", 64);
+    struct kvc_key k[RQ_BIG];
+    void *blk[RQ_BIG];
+    kvc_client *c;
+    kvc_ns *ns;
+    int rc = 0, got;
+    if (len < 1 || len > RQ_BIG || kvc_connect(adv_d.sock, &c) || kvc_ns_open(c, &lay, &ns) ||
+        daemon_chain_keys(ns, (uint32_t)getuid(), 0, 0, (uint32_t)len, k))
+        return 20;
+    size_t bb = kvc_ns_block_bytes(ns);
+    for (int i = 0; i < len; i++) {
+        blk[i] = malloc(bb);
+        if (!blk[i])
+            return 21;
+        daemon_block_fill(&k[i], blk[i], bb);
+    }
+    got = kvc_put_prefix(ns, NULL, k, (size_t)len, (const void *const *)blk);
+    if (got < 0 || (small && got != len))
+        rc = 22;
+    for (int i = 0; i < len; i++)
+        memset(blk[i], 0, bb);
+    if (rc == 0 && small && kvc_get_prefix(ns, k, (size_t)len, blk) != len)
+        rc = 23;
+    for (int i = 0; i < len && rc == 0 && small; i++)
+        if (daemon_block_check(&k[i], blk[i], bb) != -1)
+            rc = 24;
+    for (int i = 0; i < len; i++)
+        free(blk[i]);
+    kvc_disconnect(c);
+    return rc;
+}
+
+static void rq_tick(void *arg)
+{
+    struct inproc *x = &rq.ip;
+    const struct stats *t = &x->s->total;
+    const uint64_t waits = t->put_waits - rq.since.put_waits;
+    int st, running = 0;
+    (void)arg;
+    for (int i = 0; i < 2; i++) {
+        if (rq.pid[i] > 0 && waitpid(rq.pid[i], &st, WNOHANG) == rq.pid[i]) {
+            rq.rc[i] = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+            rq.pid[i] = 0;
+        }
+        /* The small put comes once the long one waits, as long as the room its ladder steps
+         * left free (the blocks they took out of the arena; the jobs' copies are placed
+         * when they land) and `extra` blocks. */
+        if (rq.pid[i] < 0 && waits >= (uint64_t)i) {
+            if (i == 1)
+                rq.len[1] = rq_free_slots(x->s) + rq.extra;
+            rq.pid[i] = adv_spawn(rq.uid[i], rq_put, &rq.len[i]);
+        }
+        running += rq.pid[i] != 0;
+    }
+    if (!rq.decided) {
+        if (waits >= 2 && quant_inflight(x->s->quant)) {
+            /* Both wait: the jobs done so far land (server_on_room runs the waiting
+             * requests), and nothing else runs them. */
+            const uint64_t keys0 = t->reserve_keys, reserves0 = t->reserves;
+            if (quant_poll(x->s->quant) > 0) {
+                rq.landings++;
+                if (t->reserves != reserves0) {
+                    rq.decided = rq.at_landing = true;
+                    rq.keys = t->reserve_keys - keys0;
+                }
+            }
+            return;
+        }
+        if (waits < 2 && rq.pid[0] != 0 && rq.pid[1] != 0 && daemon_now_ms() < rq.end_ms)
+            return; /* the small put does not wait yet */
+        /* No job in flight with both waiting, a client gone, or out of time: the tick
+         * answers them from now on, and the verdict is that no landing did. */
+        rq.decided = true;
+    }
+    quant_poll(x->s->quant);
+    server_tick(x->sv);
+    if (!running && server_clients(x->sv) == 0 && !quant_inflight(x->s->quant))
+        loop_stop(x->l);
+}
+
+/* Fills the arena, then runs the two clients (uids uid0, uid1; the second's chain `extra`
+ * blocks past the free room) to the end, the verdict in rq. */
+static void rq_run(uint32_t uid0, uint32_t uid1, int extra)
+{
+    struct store_params sp = {.host_size = 4 << 20,
+                              .host_page_size = 64 << 10,
+                              .high_watermark = 1.0,
+                              .low_watermark = 0.99,
+                              .max_namespaces = 8,
+                              .max_handles = 64,
+                              .policy = POLICY_DEFAULT,
+                              .quantize_inflight = 8,
+                              .quantize_threads = 1};
+    struct config *cfg = config_new();
+    int rc = 0, chains;
+    memset(&rq, 0, sizeof(rq));
+    log_setup(LOG_LEVEL_WARNING, 1000);
+    adv_dir_open(); /* adv_d: the directory and the socket's path, reachable by every uid */
+    ck_assert_ptr_nonnull(cfg);
+    cfg->disk_put_wait = (uint64_t)daemon_ms(2000);
+    inproc_start(&rq.ip, cfg, &sp, adv_d.sock, 0666, 16);
+    ck_assert_ptr_nonnull(quant_new(NULL, rq.ip.s, &rc)); /* its landings: quant_poll here */
+    const struct tier *tier = rq.ip.s->arenas[0].tier;
+    chains = (int)(tier->ops->capacity(tier) / ((64u << 10) * RQ_LEN));
+    ck_assert_int_eq(inproc_run(&rq.ip, daemon_child_spawn(rq_fill, &chains)), 0);
+    ck_assert_uint_eq(quant_inflight(rq.ip.s->quant), 0);
+    ck_assert_uint_eq(tier->ops->usage(tier), tier->ops->capacity(tier)); /* full */
+
+    rq.since = rq.ip.s->total;
+    rq.pid[0] = rq.pid[1] = -1;
+    rq.rc[0] = rq.rc[1] = -1;
+    rq.end_ms = daemon_now_ms() + (uint64_t)daemon_ms(20000);
+    rq.uid[0] = uid0;
+    rq.uid[1] = uid1;
+    rq.len[0] = RQ_BIG;
+    rq.extra = extra;
+    loop_run(rq.ip.l, 20, rq_tick, NULL);
+    const struct stats *t = &rq.ip.s->total;
+    printf("e2e_quant: landing (uids %u, %u): %d and %d blocks; %u landings, the first answer "
+           "%s with %llu keys; put waits %llu (queued %llu), timed out %llu, ladder steps "
+           "%llu\n",
+           uid0, uid1, rq.len[0], rq.len[1], rq.landings,
+           rq.at_landing ? "at a landing" : "not at a landing", (unsigned long long)rq.keys,
+           (unsigned long long)(t->put_waits - rq.since.put_waits),
+           (unsigned long long)(t->put_waits_queued - rq.since.put_waits_queued),
+           (unsigned long long)(t->put_wait_timeouts - rq.since.put_wait_timeouts),
+           (unsigned long long)(t->ladder_steps - rq.since.ladder_steps));
+    ck_assert_int_eq(rq.rc[0], 0);
+    ck_assert_int_eq(rq.rc[1], 0);
+    ck_assert_int_lt(rq.len[1], RQ_BIG / 2);
+}
+
+static void rq_stop(void)
+{
+    inproc_stop(&rq.ip);
+    daemon_cleanup(&adv_d);
+}
+
+/* Another uid's put that a landing made room for is served at that landing while the long
+ * put still waits (server_on_room holds each uid's requests behind its own first that still
+ * does not fit): its keys alone are the first answered, at a landing. With every uid's
+ * requests held behind the first that waits on, it waits until the long put is answered, or
+ * for the tick. */
+START_TEST(test_landing_serves_other_uid)
+{
+    rq_run(RQ_UID, RQ_OTHER_UID, 1); /* one block past the free room: it waits too */
+    const struct stats *t = &rq.ip.s->total;
+    ck_assert_uint_ge(t->put_waits - rq.since.put_waits, 2);               /* both waited */
+    ck_assert_uint_eq(t->put_waits_queued - rq.since.put_waits_queued, 0); /* on its own */
+    ck_assert_msg(rq.at_landing && rq.keys == (uint64_t)rq.len[1],
+                  "the small put of another uid (%d blocks) was not served at a landing while "
+                  "the long one (%d) waited (first answer %s, %llu keys)",
+                  rq.len[1], RQ_BIG, rq.at_landing ? "at a landing" : "not at a landing",
+                  (unsigned long long)rq.keys);
+    rq_stop();
+}
+END_TEST
+
+/* A new put of the same uid goes behind the one that waits (server_reserve_behind), even
+ * though the room free now would hold it: the long put is answered first, at a landing, and
+ * the new one after it, every block. Before, the new put took the free room at once and was
+ * answered while the older one waited on. Another uid's put is never queued (above). */
+START_TEST(test_put_behind_own_uid)
+{
+    rq_run(RQ_UID, RQ_UID, 0); /* as long as the free room: it would fit now */
+    const struct stats *t = &rq.ip.s->total;
+    ck_assert_uint_eq(t->put_waits_queued - rq.since.put_waits_queued, 1);
+    ck_assert_msg(rq.at_landing && rq.keys >= RQ_BIG,
+                  "the new put (%d blocks) was answered before the one of its uid that waited "
+                  "(%d): first answer %s, %llu keys",
+                  rq.len[1], RQ_BIG, rq.at_landing ? "at a landing" : "not at a landing",
+                  (unsigned long long)rq.keys);
+    rq_stop();
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("e2e_quant");
@@ -447,6 +714,16 @@ int main(void)
     tcase_add_test(tc, test_ladder_with_disk);
     tcase_add_test(tc, test_scatter_lossy);
     suite_add_tcase(s, tc);
+    if (geteuid() == 0) {
+        TCase *tl = tcase_create("landing");
+        tcase_set_timeout(tl, daemon_slow() * 60);
+        tcase_add_test(tl, test_landing_serves_other_uid);
+        tcase_add_test(tl, test_put_behind_own_uid);
+        suite_add_tcase(s, tl);
+    } else {
+        printf("SKIP: e2e_quant: test_landing_serves_other_uid, test_put_behind_own_uid: not "
+               "root (clients of other uids)\n");
+    }
     if (daemon_suite_init("e2e-quant"))
         return 1;
     return daemon_suite_run(s);

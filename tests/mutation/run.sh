@@ -646,6 +646,19 @@ mutation gpu-retry-took-keeps-place daemon/server_dispatch.c "check_e2e_gpu_fake
 '        } else if (engine_gpu_moves_started(sv->store) != moves0) {' \
 '        } else if (false && engine_gpu_moves_started(sv->store) != moves0) {'
 
+# A quantize landing holds every uid's waiting puts behind the first that still does not fit,
+# not each uid's behind its own: another tenant's put that the landing made room for waits for
+# the tick.
+mutation landing-hold-every-uid daemon/server_dispatch.c "check_e2e_quant" \
+'            behind = p->c && p->c->u == held[i];' \
+'            behind = p->c && held[i];'
+
+# A new RESERVE takes the room free now while an older one of its uid waits for that arena's
+# room: the newest of a tenant's puts is served first, the waiting one after it.
+mutation put-not-behind-own-uid daemon/server_dispatch.c "check_e2e_quant" \
+'    if (may_wait && server_reserve_behind(sv, c, ns, now)) {' \
+'    if (false && may_wait && server_reserve_behind(sv, c, ns, now)) {'
+
 # Issue 26: a lookup's policy work kept past its reply is never applied by the server (the
 # tuner and the hits' accesses wait for the next lookup).
 mutation post-flush-after-reply daemon/server_dispatch.c "check_e2e_gpu_fake" \
