@@ -586,21 +586,26 @@ static void server_resv_stats_restore(struct stats *to, const struct server_resv
  * its tenant's clients: with several clients each newer put took it, and an older put's
  * blocks were committed (and seen by the others' lookups) only after the newer ones. Only
  * its own uid's requests: another tenant's never wait behind them. Not a connection that
- * has one waiting already (it may not wait twice: it runs now). */
+ * has one waiting already (it may not wait twice: it runs now). Host slots only: a
+ * reservation in the GPU pool (KVC_RESERVE_F_GPU from an attached client) takes other room,
+ * and neither waits behind the other. */
 static bool server_reserve_behind(struct server *sv, const struct conn *c,
                                   const struct store_ns *ns, uint64_t now)
 {
     bool behind = false;
-    if (!ns || !c->u || (sv->retrying && sv->retrying->c == c) || !server_wait_left(sv, c, now))
+    if (!ns || !c->u || c->owner.gpu || (sv->retrying && sv->retrying->c == c) ||
+        !server_wait_left(sv, c, now))
         return false;
     for (const struct server_pending *p = sv->pending; p; p = p->next) {
         const struct kvc_msg_hdr *h = (const struct kvc_msg_hdr *)p->msg;
+        const struct kvc_reserve_req *pq = (const struct kvc_reserve_req *)(h + 1);
         const struct store_ns *pn;
         if (p->c == c)
             return false;
-        if (behind || !p->c || p->c->u != c->u || h->opcode != KVC_OP_RESERVE)
+        if (behind || !p->c || p->c->u != c->u || h->opcode != KVC_OP_RESERVE ||
+            ((pq->flags & KVC_RESERVE_F_GPU) && p->c->gpu_mapped))
             continue;
-        pn = store_ns_get(sv->store, ((const struct kvc_reserve_req *)(h + 1))->ns_id);
+        pn = store_ns_get(sv->store, pq->ns_id);
         behind = pn && pn->arena == ns->arena;
     }
     return behind && engine_room_coming(sv->store, ns->arena);
