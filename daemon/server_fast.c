@@ -255,8 +255,9 @@ int server_on_fast_attach(struct server *sv, struct conn *c, const struct proto_
     if (q->what == KVC_FAST_SYNC) {
         /* The client needs room (half its ring is unread, or it is leaving). What its
          * allowance covers is read in the passes, and the answer waits for that; the rest
-         * goes unread now, counted: no more work than the rate, and no wait for it. When the passes have spent their share of this window, the
-         * rest goes too: the client waits for no other client's ring. */
+         * goes unread now, counted: no more work than the rate, and no wait for it. When
+         * the passes have spent their share of this window, the rest goes too: the client
+         * waits for no other client's ring. */
         bool lied;
         if (!c->ring || c->sync_wait)
             return sizeof(*p); /* nothing to read, or one SYNC waits already */
