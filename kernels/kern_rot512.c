@@ -131,6 +131,21 @@ K5I __m512 rot_stage16(__m512 a, __m512 p, __m512 neg)
 #define ROT_NEG16(m)                                                                               \
     _mm512_castsi512_ps(_mm512_maskz_mov_epi32((m), _mm512_set1_epi32((int)0x80000000)))
 
+/* The butterfly's stages of strides 1 .. n / 2 on n registers, the reference's pairs. */
+K5I void rot_fwht_regs16(__m512 *v, const uint32_t n)
+{
+#pragma GCC unroll 4
+    for (uint32_t len = 1; len < n; len <<= 1)
+#pragma GCC unroll 8
+        for (uint32_t i = 0; i < n; i += 2 * len)
+#pragma GCC unroll 8
+            for (uint32_t j = i; j < i + len; j++) {
+                const __m512 a = v[j], b = v[j + len];
+                v[j] = _mm512_add_ps(a, b);
+                v[j + len] = _mm512_sub_ps(a, b);
+            }
+}
+
 /* The butterfly on a row held in nv registers (D = 16 nv): every stage's pairs and
  * operations are the reference's (kern_fwht), in its order of stages. */
 K5I void rot_fwht16(__m512 *r, const uint32_t nv)
@@ -143,16 +158,7 @@ K5I void rot_fwht16(__m512 *r, const uint32_t nv)
         a = rot_stage16(a, _mm512_shuffle_f32x4(a, a, 0xb1), ROT_NEG16(0xf0f0));
         r[i] = rot_stage16(a, _mm512_shuffle_f32x4(a, a, 0x4e), ROT_NEG16(0xff00));
     }
-#pragma GCC unroll 4
-    for (uint32_t len = 1; len < nv; len <<= 1)
-#pragma GCC unroll 8
-        for (uint32_t i = 0; i < nv; i += 2 * len)
-#pragma GCC unroll 8
-            for (uint32_t j = i; j < i + len; j++) {
-                const __m512 a = r[j], b = r[j + len];
-                r[j] = _mm512_add_ps(a, b);
-                r[j + len] = _mm512_sub_ps(a, b);
-            }
+    rot_fwht_regs16(r, nv);
 }
 
 /* Sixteen floats to fp16 (F16C's rounding is kern_f2h's) or bf16 (round to nearest even as
@@ -288,21 +294,6 @@ K5I void rot_load_t16x16(const uint16_t *r, uint64_t ts, uint32_t dtype, const i
                                                                  _mm512_cvtepu16_epi32(v), 16))
                                                            : _mm512_cvtph_ps(v));
     }
-}
-
-/* The butterfly's stages of strides 1 .. n / 2 on n registers, the reference's pairs. */
-K5I void rot_fwht_regs16(__m512 *v, const uint32_t n)
-{
-#pragma GCC unroll 4
-    for (uint32_t len = 1; len < n; len <<= 1)
-#pragma GCC unroll 8
-        for (uint32_t i = 0; i < n; i += 2 * len)
-#pragma GCC unroll 8
-            for (uint32_t j = i; j < i + len; j++) {
-                const __m512 a = v[j], b = v[j + len];
-                v[j] = _mm512_add_ps(a, b);
-                v[j + len] = _mm512_sub_ps(a, b);
-            }
 }
 
 /* The codes of channels a, b, c, d (lane i token i) as bytes: in 128-bit lane L, byte 4k + i
