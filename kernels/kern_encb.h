@@ -28,10 +28,12 @@
  *    centre, sign and the transform's stages inside an 8-value chunk by a thread, each later
  *    stage a phase (a thread per pair), the KIVI value groups a thread each
  *    (kern_enc_rot_round);
- *  - MERGE: one head of the section: the plan in rounds, 256 tokens judged against the run's
- *    first at once, a thread each, then thread 0 takes the first that starts a run
- *    (kern_enc_merge_plan), each run's first token, then the map and each run's mean, a
- *    thread per (row, channel);
+ *  - MERGE: one head of the section: the plan (kern_enc_merge_plan) where T <= 64 and the rows
+ *    fit, by pairs: every pair s < t judged at once, a thread a pair over the head's rows
+ *    staged in shared memory, K then V, then thread 0 walks the scan on the decisions; else
+ *    in rounds, 32 tokens judged against the run's first at once, 8 threads a token, then
+ *    thread 0 takes the first that starts a run; each run's first token, then the map and
+ *    each run's mean, a thread per (row, channel);
  *  - LOWRANK keys: one head: the head's bytes cleared and its keys staged in shared memory
  *    where they fit, the Gram matrix, a thread per entry, the subspace search phase by phase (kern_enc_lr_search: Z = g V a thread per
  *    element, Gram-Schmidt by 8 threads that own kern_sum8's partial sums), the factors, a
@@ -798,19 +800,36 @@ KERN_HD void kern_enc_rot_round(const struct kern_enc_args *a, const struct kern
 
 /* ---- MERGE units: one head of a section ------------------------------------------------------ */
 
-/* MERGE's plan (kern_merge_plan) across the thread block. The scan's state — the run's first
- * token s, the rows so far, the next token to judge — is in shared memory. A round judges
- * KERN_ENC_MERGE_WIN tokens from the next one against s at once (eval phase): 8 threads a
- * token, thread m summing the channels c = m mod 8 in order — kern_merge_near's partial sums
- * p[c & 7] of |x_t - x_s|^2 and |x_s|^2, K and V —; then thread 0 folds them token by token
- * (kern_sum8_fold and the comparison of kern_merge_near, so each decision is the reference's)
- * up to the first token that does not join: it starts a run (s, a row, its bit), and the next
- * round starts after it; with none, after the window (decide phase). The tokens judged past a new run's
- * start are judged again against it, so every decision is the serial scan's. Once the head
- * has its ceil(T / 2) rows the map cannot change (the scan only counts tokens joined past
- * the threshold, which the device does not report), and the rounds left do nothing. Rounds:
- * at most one per row past the first, plus one per window without a new run. */
+/* MERGE's plan (kern_merge_plan) across the thread block, two ways.
+ *
+ * Rounds (any T). The scan's state — the run's first token s, the rows so far, the next token
+ * to judge — is in shared memory. A round judges KERN_ENC_MERGE_WIN tokens from the next one
+ * against s at once (eval phase): 8 threads a token, thread m summing the channels c = m mod 8
+ * in order — kern_merge_near's partial sums p[c & 7] of |x_t - x_s|^2 and |x_s|^2, K and V —;
+ * then thread 0 folds them token by token (kern_sum8_fold and the comparison of
+ * kern_merge_near, so each decision is the reference's) up to the first token that does not
+ * join: it starts a run (s, a row, its bit), and the next round starts after it; with none,
+ * after the window (decide phase). The tokens judged past a new run's start are judged again
+ * against it, so every decision is the serial scan's. Once the head has its ceil(T / 2) rows
+ * the map cannot change (the scan only counts tokens joined past the threshold, which the
+ * device does not report), and the rounds left do nothing. Rounds: at most one per row past
+ * the first, plus one per window without a new run.
+ *
+ * Pairs (kern_enc_merge_paired: T <= KERN_ENC_MERGE_PAIR_T and the head's rows of one kind fit
+ * in shared memory beside the T x T decisions). Where most tokens start runs, the rounds take
+ * about T / 2 of them, each judging 32 tokens to use one, with two barriers and a thread's
+ * serial fold between. Instead, every pair s < t is judged at once: the head's K rows staged
+ * as floats (rows of D | 1 floats: the pair phase's threads read rows t, t + 1, .. at one
+ * channel, an odd stride apart, so in different banks, while row s is one address, a
+ * broadcast), then a thread per pair (t, s), s-major, runs kern_merge_near's loop over the
+ * staged values — the same partial sums in the same order and kern_sum8_fold — into byte
+ * near[t][s]; the same for V, and-ed in. Then thread 0 walks the scan on the bytes (a test a
+ * token) and the runs and rows follow as after the rounds. Phases: 2 a kind, the walk, the
+ * runs, the rows: 7 for K+V against the rounds' 3 + 2 (T / 2 - 1 + ceil((T - 1) / 32)),
+ * 35 at T = 32. */
 #define KERN_ENC_MERGE_WIN (KERN_ENC_THREADS / 8)
+#define KERN_ENC_MERGE_PAIR_T 64
+#define KERN_ENC_MERGE_FLOATS (2 * KERN_LOWRANK_MAX_N * KERN_LOWRANK_MAX_N) /* u.gram's */
 
 KERN_HD uint32_t kern_enc_merge_rounds(const struct kern_layout *lay)
 {
@@ -818,8 +837,18 @@ KERN_HD uint32_t kern_enc_merge_rounds(const struct kern_layout *lay)
     return kern_merge_rows(T) - 1 + (T - 1 + KERN_ENC_MERGE_WIN - 1) / KERN_ENC_MERGE_WIN;
 }
 
+/* Whether head rows are judged by pairs (else by rounds). */
+KERN_HD int kern_enc_merge_paired(const struct kern_layout *lay)
+{
+    const uint32_t T = lay->tokens;
+    return T <= KERN_ENC_MERGE_PAIR_T &&
+           T * (lay->head_dim | 1u) + (T * T + 3) / 4 <= KERN_ENC_MERGE_FLOATS;
+}
+
 KERN_HD uint32_t kern_enc_merge_phases(const struct kern_layout *lay)
 {
+    if (kern_enc_merge_paired(lay)) /* (stage, pairs) a kind, walk, runs, rows */
+        return 2 * kern_kinds(lay) + 3;
     return 3 + 2 * kern_enc_merge_rounds(lay); /* start, (eval, decide) x rounds, runs, rows */
 }
 
@@ -828,12 +857,94 @@ KERN_HD uint32_t kern_enc_ctz(uint32_t x)
     return kern_batch_popc((x & (0u - x)) - 1u);
 }
 
+/* Pairs: the head's rows of one kind into shared memory, rows of D | 1 floats. */
+KERN_HD void kern_enc_merge_stage(const struct kern_enc_args *a, const uint8_t *raw, uint32_t h,
+                                  struct kern_enc_smem *sm, uint32_t tid, uint32_t nt)
+{
+    const struct kern_layout *lay = &a->lay;
+    const uint32_t T = lay->tokens, D = lay->head_dim, ds = D | 1u;
+    float *x = sm->u.gram;
+    if ((D & 7) == 0) {
+        for (uint32_t q = tid; q < T * D / 8; q += nt) {
+            const uint32_t t = q / (D / 8), d0 = q % (D / 8) * 8;
+            float v[8];
+            kern_enc_load8(a, raw, t, h, d0, v);
+            for (uint32_t j = 0; j < 8; j++)
+                x[t * ds + d0 + j] = v[j];
+        }
+        return;
+    }
+    for (uint32_t q = tid; q < T * D; q += nt)
+        x[q / D * ds + q % D] = kern_enc_value(lay, raw, q / D, h, q % D);
+}
+
+/* Pairs: near[t][s] for every s < t of the staged kind (kind 0 stores it, kind 1 ands it in),
+ * a thread per pair; pair q in the order (0, 1), (0, 2), .. (0, T - 1), (1, 2), .. */
+KERN_ENC_CALLED void kern_enc_merge_pairs(const struct kern_enc_args *a, struct kern_enc_smem *sm,
+                                          uint32_t kind, uint32_t tid, uint32_t nt)
+{
+    const struct kern_layout *lay = &a->lay;
+    const uint32_t T = lay->tokens, D = lay->head_dim, ds = D | 1u;
+    const float lim = kern_merge_lim(a->rec.merge_cos);
+    const float *x = sm->u.gram;
+    uint8_t *near = (uint8_t *)(sm->u.gram + T * ds);
+    uint32_t s = 0, q0 = 0; /* pairs before row s's: q0 */
+    for (uint32_t q = tid; q < T * (T - 1) / 2; q += nt) {
+        while (q >= q0 + (T - 1 - s)) {
+            q0 += T - 1 - s;
+            s++;
+        }
+        const uint32_t t = s + 1 + (q - q0);
+        const float *xt = x + t * ds, *xs = x + s * ds;
+        float pd[8] = {0, 0, 0, 0, 0, 0, 0, 0}, pn[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (uint32_t c0 = 0; c0 < D; c0 += 8) {
+            KERN_UNROLL
+            for (uint32_t j = 0; j < 8; j++) {
+                if (c0 + j < D) { /* kern_merge_near's step, c & 7 = j */
+                    const float d = KERN_SUB(xt[c0 + j], xs[c0 + j]);
+                    pd[j] = KERN_ADD(pd[j], KERN_MUL(d, d));
+                    pn[j] = KERN_ADD(pn[j], KERN_MUL(xs[c0 + j], xs[c0 + j]));
+                }
+            }
+        }
+        const uint8_t j = kern_sum8_fold(pd) <= KERN_MUL(lim, kern_sum8_fold(pn));
+        near[t * T + s] = kind ? (uint8_t)(near[t * T + s] & j) : j;
+    }
+}
+
+/* Pairs: thread 0 walks the scan on the decisions (kern_merge_plan's loop). */
+KERN_HD void kern_enc_merge_walk(const struct kern_layout *lay, struct kern_enc_smem *sm)
+{
+    const uint32_t T = lay->tokens, R = kern_merge_rows(T), ds = lay->head_dim | 1u;
+    const uint8_t *near = (const uint8_t *)(sm->u.gram + T * ds);
+    uint32_t s = 0, rows = 1;
+    for (uint32_t t = 1; t < T && rows < R; t++) {
+        if (near[t * T + s])
+            continue;
+        s = t;
+        rows++;
+        sm->map[t >> 5] |= 1u << (t & 31);
+    }
+    sm->nrows = rows;
+}
+
+/* Each run's first token, in order, from the map (thread 0). */
+KERN_HD void kern_enc_merge_runs(uint32_t T, struct kern_enc_smem *sm)
+{
+    uint32_t r = 0;
+    for (uint32_t w = 0; w < (T + 31) / 32; w++)
+        for (uint32_t b = sm->map[w]; b; b &= b - 1)
+            sm->u.starts[r++] = 32 * w + kern_enc_ctz(b);
+    sm->u.starts[r] = T;
+}
+
 KERN_HD void kern_enc_merge_plan(const struct kern_enc_args *a, const struct kern_enc_sect *s,
                                  uint32_t h, const uint8_t *rawk, const uint8_t *rawv, uint8_t *dst,
                                  struct kern_enc_smem *sm, uint32_t ph, uint32_t tid, uint32_t nt)
 {
     const struct kern_layout *lay = &a->lay;
     const uint32_t T = lay->tokens, R = kern_merge_rows(T);
+    const int paired = kern_enc_merge_paired(lay);
     if (ph == 0) { /* the head's bytes cleared; the scan at token 1, run 0 from token 0 */
         const uint64_t hb = kern_merge_head_bytes(lay->head_dim, T);
         uint8_t *head = dst + s->offset + (uint64_t)h * hb;
@@ -846,6 +957,20 @@ KERN_HD void kern_enc_merge_plan(const struct kern_enc_args *a, const struct ker
             sm->mst[0] = 0; /* s */
             sm->mst[1] = 1; /* the next token */
         }
+        if (paired)
+            kern_enc_merge_stage(a, rawk, h, sm, tid, nt);
+        return;
+    }
+    if (paired) { /* K pairs, [V stage, V pairs], walk, runs */
+        const uint32_t walk = 2 * kern_kinds(lay);
+        if (ph < walk && (ph & 1))
+            kern_enc_merge_pairs(a, sm, ph / 2, tid, nt);
+        else if (ph < walk)
+            kern_enc_merge_stage(a, rawv, h, sm, tid, nt);
+        else if (tid == 0 && ph == walk)
+            kern_enc_merge_walk(lay, sm);
+        else if (tid == 0)
+            kern_enc_merge_runs(T, sm);
         return;
     }
     const int last = ph == 2 * kern_enc_merge_rounds(lay) + 1;
@@ -853,11 +978,7 @@ KERN_HD void kern_enc_merge_plan(const struct kern_enc_args *a, const struct ker
         return; /* the decide and runs phases are thread 0's, which writes the scan's state */
     const uint32_t run = sm->mst[0], next = sm->mst[1];
     if (last) { /* each run's first token, in order */
-        uint32_t r = 0;
-        for (uint32_t w = 0; w < (T + 31) / 32; w++)
-            for (uint32_t b = sm->map[w]; b; b &= b - 1)
-                sm->u.starts[r++] = 32 * w + kern_enc_ctz(b);
-        sm->u.starts[r] = T;
+        kern_enc_merge_runs(T, sm);
         return;
     }
     if (next >= T || sm->nrows >= R)

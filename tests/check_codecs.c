@@ -623,7 +623,9 @@ END_TEST
  * 8-byte and other alignments); MERGE with token counts over many windows of
  * KERN_ENC_MERGE_WIN (32) judged tokens, K+V and K only, 1 and 2 tokens, one and eight
  * windows of joins followed by a run that starts exactly at the next window (token 33,
- * 257); KIVI keys (columns of 8 channels over slices of tokens) at head dims that are and are
+ * 257); MERGE by pairs (T <= 64 where the rows fit: 32 tokens of 128 channels, 64 of 96 K
+ * only, head dims 7, 20, 256) with half the tokens alike, in K and V or in V alone, and at 64
+ * tokens of 128 channels by rounds; KIVI keys (columns of 8 channels over slices of tokens) at head dims that are and are
  * not multiples of 8 (a last column of 4 or 7 channels), rows of codes 4-byte aligned or not
  * (head_dim 40 at 2 bits: rows of 10 bytes), 1 .. 16 tokens a slice (head_dim 8 .. 1024,
  * slices of 1, 2, 4, 11, 16), a last group of 1, 3 or 8 tokens, K only. */
@@ -657,6 +659,14 @@ static const struct unit_case unit_cases[] = {
     {{1, 3, 32, 257, KERN_DTYPE_FP16, 0}, KERN_CODEC_MERGE},
     {{1, 2, 64, 1, KERN_DTYPE_FP16, 0}, KERN_CODEC_MERGE},
     {{1, 1, 24, 2, KERN_DTYPE_BF16, 1}, KERN_CODEC_MERGE},
+    /* MERGE by pairs: the benchmark's head, 64 tokens K only, head dims not a multiple of 8
+     * (7, 20) and 256; and 64 tokens of 128 channels, past the pairs' shared memory: rounds */
+    {{1, 2, 128, 32, KERN_DTYPE_FP16, 0}, KERN_CODEC_MERGE},
+    {{1, 2, 96, 64, KERN_DTYPE_BF16, 1}, KERN_CODEC_MERGE},
+    {{1, 3, 20, 33, KERN_DTYPE_FP16, 0}, KERN_CODEC_MERGE},
+    {{1, 1, 7, 17, KERN_DTYPE_BF16, 0}, KERN_CODEC_MERGE},
+    {{1, 2, 256, 16, KERN_DTYPE_FP16, 0}, KERN_CODEC_MERGE},
+    {{1, 1, 128, 64, KERN_DTYPE_FP16, 0}, KERN_CODEC_MERGE},
     {{1, 2, 128, 97, KERN_DTYPE_FP16, 0}, KERN_CODEC_KIVI4},
     {{1, 2, 128, 97, KERN_DTYPE_BF16, 0}, KERN_CODEC_KIVI2},
     {{1, 3, 20, 40, KERN_DTYPE_FP16, 0}, KERN_CODEC_KIVI2},
@@ -699,13 +709,15 @@ START_TEST(test_encoder_units_same_bytes)
         free(e1);
         free(raw);
     }
-    for (uint32_t p = 33; uc->codec == KERN_CODEC_MERGE && p <= 257; p += 224) {
+    const uint32_t alike[3] = {33, 257, lay.tokens / 2 + 1};
+    for (uint32_t i = 0; uc->codec == KERN_CODEC_MERGE && i < 3; i++) {
         /* tokens 0..p-1 alike (one window of joins, then eight), token p the first of a new
-         * run: the next window starts with a run */
+         * run: the next window starts with a run; then half the tokens alike in V alone
+         * (K+V layouts): K's rows are far apart, so every token starts a run */
+        const uint32_t p = alike[i], kinds = lay.k_only ? 1 : 2;
         uint16_t *raw = make_data(&lay, DATA_OUTLIER, 300 + (uint64_t)_i);
-        const uint32_t kinds = lay.k_only ? 1 : 2;
         for (uint32_t l = 0; l < lay.layers; l++)
-            for (uint32_t k = 0; k < kinds; k++)
+            for (uint32_t k = i == 2 ? kinds - 1 : 0; k < kinds; k++)
                 for (uint32_t t = 1; t < lay.tokens && t < p; t++)
                     memcpy(raw + kern_raw_index(&lay, l, k, t, 0),
                            raw + kern_raw_index(&lay, l, k, 0, 0), 2ull * lay.heads * lay.head_dim);
