@@ -28,7 +28,9 @@
  *    centre, sign and the transform's stages inside an 8-value chunk by a thread, each later
  *    stage a phase (a thread per pair), the KIVI value groups a thread each
  *    (kern_enc_rot_round);
- *  - MERGE: one head of the section: the plan (kern_enc_merge_plan) where T <= 64 and the rows
+ *  - MERGE: one head of the section, and of the layer's V section where both are MERGE (the
+ *    plan, which reads K and V, once for both; kern_enc_merge_kv): the plan
+ *    (kern_enc_merge_plan) where T <= 64 and the rows
  *    fit, by pairs: every pair s < t judged at once, a thread a pair over the head's rows
  *    staged in shared memory, K then V, then thread 0 walks the scan on the decisions; else
  *    in rounds, 32 tokens judged against the run's first at once, 8 threads a token, then
@@ -132,6 +134,14 @@ KERN_HD uint32_t kern_enc_units(const struct kern_layout *lay, uint32_t codec, i
     return (uint32_t)((T * H * kern_ngroups((uint32_t)D) + KERN_ENC_GROUPS - 1) / KERN_ENC_GROUPS);
 }
 
+/* Whether section (l, k)'s units are its layer's K section's: a MERGE V section beside a MERGE
+ * K section, whose units plan each head once for both (kern_enc_merge_plan) and write both
+ * sections' rows. */
+KERN_HD int kern_enc_merge_kv(const struct kern_recipe *rec, uint32_t l, uint32_t k)
+{
+    return k == 1 && rec->codec[l][0] == KERN_CODEC_MERGE && rec->codec[l][1] == KERN_CODEC_MERGE;
+}
+
 /* Fills a from a layout and recipe that kern_encoded_size() accepted; src is the input (its
  * address decides the load width). Returns the encoded size. */
 KERN_HD uint64_t kern_enc_args_fill(struct kern_enc_args *a, const struct kern_layout *lay,
@@ -154,7 +164,8 @@ KERN_HD uint64_t kern_enc_args_fill(struct kern_enc_args *a, const struct kern_l
             s->offset = (uint32_t)off;
             s->bytes = (uint32_t)kern_sect_bytes(lay, s->codec, k == 1);
             s->unit0 = units;
-            units += kern_enc_units(lay, s->codec, k == 1);
+            if (!kern_enc_merge_kv(rec, l, k)) /* else no units: the K section's */
+                units += kern_enc_units(lay, s->codec, k == 1);
             off = (off + s->bytes + KERN_ALIGN - 1) & ~(uint64_t)(KERN_ALIGN - 1);
         }
     }
@@ -164,7 +175,9 @@ KERN_HD uint64_t kern_enc_args_fill(struct kern_enc_args *a, const struct kern_l
     return off;
 }
 
-/* The section of unit u (u < a->nunits). */
+/* The section of unit u (u < a->nunits): the last whose first unit is at most u, so a
+ * section with no units (kern_enc_merge_kv) is never one, as the next section starts at its
+ * unit0 and has units (only a MERGE V section has none, after a K section). */
 KERN_HD uint32_t kern_enc_sect_of(const struct kern_enc_args *a, uint32_t u)
 {
     uint32_t lo = 0, hi = a->nsect - 1;
@@ -878,8 +891,21 @@ KERN_HD void kern_enc_merge_stage(const struct kern_enc_args *a, const uint8_t *
         x[q / D * ds + q % D] = kern_enc_value(lay, raw, q / D, h, q % D);
 }
 
-/* Pairs: near[t][s] for every s < t of the staged kind (kind 0 stores it, kind 1 ands it in),
- * a thread per pair; pair q in the order (0, 1), (0, 2), .. (0, T - 1), (1, 2), .. */
+/* Pairs: kern_merge_near's step at channel c0 + j (j = c & 7) for rows t1 and t2 against s. */
+KERN_HD void kern_enc_merge_step(const float *x1, const float *x2, const float *xs, uint32_t c0,
+                                 uint32_t j, float *pd1, float *pd2, float *pn)
+{
+    const float y = xs[c0 + j], d1 = KERN_SUB(x1[c0 + j], y), d2 = KERN_SUB(x2[c0 + j], y);
+    pd1[j] = KERN_ADD(pd1[j], KERN_MUL(d1, d1));
+    pd2[j] = KERN_ADD(pd2[j], KERN_MUL(d2, d2));
+    pn[j] = KERN_ADD(pn[j], KERN_MUL(y, y));
+}
+
+/* Pairs: near[t][s] for every s < t of the staged kind (kind 0 stores it, kind 1 ands it in).
+ * A thread judges two tokens against one s, t1 = s + 1 + b and t2 = t1 + hs (hs = ceil((T - 1 -
+ * s) / 2); t2 = T or past: t1 alone), which share row s's loads and its |x_s|^2 sums; the
+ * threads' b consecutive for one s, so their rows t1 (and t2) are consecutive: an odd stride
+ * apart. Units in the order s = 0: b = 0 .. hs - 1, then s = 1, ..: T^2 / 4 of them. */
 KERN_ENC_CALLED void kern_enc_merge_pairs(const struct kern_enc_args *a, struct kern_enc_smem *sm,
                                           uint32_t kind, uint32_t tid, uint32_t nt)
 {
@@ -888,27 +914,32 @@ KERN_ENC_CALLED void kern_enc_merge_pairs(const struct kern_enc_args *a, struct 
     const float lim = kern_merge_lim(a->rec.merge_cos);
     const float *x = sm->u.gram;
     uint8_t *near = (uint8_t *)(sm->u.gram + T * ds);
-    uint32_t s = 0, q0 = 0; /* pairs before row s's: q0 */
-    for (uint32_t q = tid; q < T * (T - 1) / 2; q += nt) {
-        while (q >= q0 + (T - 1 - s)) {
-            q0 += T - 1 - s;
+    uint32_t s = 0, u0 = 0; /* units before row s's: u0 */
+    for (uint32_t u = tid; u < T * T / 4; u += nt) {
+        while (u >= u0 + (T - s) / 2) {
+            u0 += (T - s) / 2;
             s++;
         }
-        const uint32_t t = s + 1 + (q - q0);
-        const float *xt = x + t * ds, *xs = x + s * ds;
-        float pd[8] = {0, 0, 0, 0, 0, 0, 0, 0}, pn[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (uint32_t c0 = 0; c0 < D; c0 += 8) {
+        const uint32_t hs = (T - s) / 2, t1 = s + 1 + (u - u0), two = t1 + hs < T;
+        const uint32_t t2 = two ? t1 + hs : t1;
+        const float *x1 = x + t1 * ds, *x2 = x + t2 * ds, *xs = x + s * ds;
+        float pd1[8] = {0, 0, 0, 0, 0, 0, 0, 0}, pd2[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        float pn[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        uint32_t c0 = 0;
+        for (; c0 + 8 <= D; c0 += 8) {
             KERN_UNROLL
-            for (uint32_t j = 0; j < 8; j++) {
-                if (c0 + j < D) { /* kern_merge_near's step, c & 7 = j */
-                    const float d = KERN_SUB(xt[c0 + j], xs[c0 + j]);
-                    pd[j] = KERN_ADD(pd[j], KERN_MUL(d, d));
-                    pn[j] = KERN_ADD(pn[j], KERN_MUL(xs[c0 + j], xs[c0 + j]));
-                }
-            }
+            for (uint32_t j = 0; j < 8; j++)
+                kern_enc_merge_step(x1, x2, xs, c0, j, pd1, pd2, pn);
         }
-        const uint8_t j = kern_sum8_fold(pd) <= KERN_MUL(lim, kern_sum8_fold(pn));
-        near[t * T + s] = kind ? (uint8_t)(near[t * T + s] & j) : j;
+        KERN_UNROLL
+        for (uint32_t j = 0; j < 8; j++)
+            if (c0 + j < D)
+                kern_enc_merge_step(x1, x2, xs, c0, j, pd1, pd2, pn);
+        const float thr = KERN_MUL(lim, kern_sum8_fold(pn));
+        const uint8_t n1 = kern_sum8_fold(pd1) <= thr, n2 = kern_sum8_fold(pd2) <= thr;
+        near[t1 * T + s] = kind ? (uint8_t)(near[t1 * T + s] & n1) : n1;
+        if (two)
+            near[t2 * T + s] = kind ? (uint8_t)(near[t2 * T + s] & n2) : n2;
     }
 }
 
@@ -938,9 +969,11 @@ KERN_HD void kern_enc_merge_runs(uint32_t T, struct kern_enc_smem *sm)
     sm->u.starts[r] = T;
 }
 
+/* sv: the layer's MERGE V section where this unit writes it too (kern_enc_merge_kv), or NULL. */
 KERN_HD void kern_enc_merge_plan(const struct kern_enc_args *a, const struct kern_enc_sect *s,
-                                 uint32_t h, const uint8_t *rawk, const uint8_t *rawv, uint8_t *dst,
-                                 struct kern_enc_smem *sm, uint32_t ph, uint32_t tid, uint32_t nt)
+                                 const struct kern_enc_sect *sv, uint32_t h, const uint8_t *rawk,
+                                 const uint8_t *rawv, uint8_t *dst, struct kern_enc_smem *sm,
+                                 uint32_t ph, uint32_t tid, uint32_t nt)
 {
     const struct kern_layout *lay = &a->lay;
     const uint32_t T = lay->tokens, R = kern_merge_rows(T);
@@ -948,8 +981,12 @@ KERN_HD void kern_enc_merge_plan(const struct kern_enc_args *a, const struct ker
     if (ph == 0) { /* the head's bytes cleared; the scan at token 1, run 0 from token 0 */
         const uint64_t hb = kern_merge_head_bytes(lay->head_dim, T);
         uint8_t *head = dst + s->offset + (uint64_t)h * hb;
-        for (uint64_t i = tid; i < hb; i += nt)
+        uint8_t *headv = sv ? dst + sv->offset + (uint64_t)h * hb : NULL;
+        for (uint64_t i = tid; i < hb; i += nt) {
             head[i] = 0;
+            if (headv)
+                headv[i] = 0;
+        }
         for (uint32_t w = tid; w < (T + 31) / 32; w += nt)
             sm->map[w] = w == 0 ? 1u : 0u;
         if (tid == 0) {
@@ -1034,8 +1071,9 @@ KERN_HD void kern_enc_merge_phase2(const struct kern_enc_args *a, const struct k
         memcpy(head, &sm->nrows, 4);
     for (uint32_t i = tid; i < (T + 31) / 32; i += nt)
         memcpy(head + 16 + 4 * i, &sm->map[i], 4);
-    for (uint64_t i = tid; i < (uint64_t)sm->nrows * D; i += nt) {
-        const uint32_t r = (uint32_t)(i / D), c = (uint32_t)(i % D);
+    /* 32-bit indices: rows * D <= KERN_MAX_TOKENS / 2 * KERN_MAX_HEAD_DIM */
+    for (uint32_t i = tid; i < sm->nrows * D; i += nt) {
+        const uint32_t r = i / D, c = i % D;
         const uint32_t t0 = sm->u.starts[r], t1 = sm->u.starts[r + 1];
         float sum = 0.0f;
         for (uint32_t t = t0; t < t1; t++)
@@ -1471,10 +1509,16 @@ KERN_HD void kern_enc_unit(const struct kern_enc_args *a, uint32_t u, int phase,
     } else if (s->codec == KERN_CODEC_MERGE) {
         const uint8_t *rawk = src + 2 * kern_raw_index(&a->lay, l, 0, 0, 0);
         const uint8_t *rawv = kinds == 2 ? src + 2 * kern_raw_index(&a->lay, l, 1, 0, 0) : NULL;
-        if ((uint32_t)phase + 1 < kern_enc_merge_phases(&a->lay))
-            kern_enc_merge_plan(a, s, unit, rawk, rawv, dst, sm, (uint32_t)phase, tid, nt);
-        else
+        /* the layer's V section, where its units are this one's */
+        const struct kern_enc_sect *smv =
+            k == 0 && kinds == 2 && kern_enc_merge_kv(&a->rec, l, 1) ? &a->s[si + 1] : NULL;
+        if ((uint32_t)phase + 1 < kern_enc_merge_phases(&a->lay)) {
+            kern_enc_merge_plan(a, s, smv, unit, rawk, rawv, dst, sm, (uint32_t)phase, tid, nt);
+        } else {
             kern_enc_merge_phase2(a, s, unit, raw, dst, sm, tid, nt);
+            if (smv)
+                kern_enc_merge_phase2(a, smv, unit, rawv, dst, sm, tid, nt);
+        }
     } else if (s->codec == KERN_CODEC_LOWRANK) {
         const uint32_t last = kern_enc_lr_phases(&a->lay) - 1, n1 = last == 3;
         if (phase == 0)

@@ -181,7 +181,7 @@ static uint8_t *same_bytes(const struct kern_layout *lay, const struct kern_reci
 
 /* Every path gives the reference's bytes, for every codec and shape, on outlier data, on
  * data with NaN and +-Inf, on merge- and low-rank-shaped data; a recipe mixing the codec
- * with raw layers and plain codecs too. */
+ * with raw layers and plain codecs too, and MERGE in a layer's K or V section alone. */
 START_TEST(test_paths_same_bytes)
 {
     const struct shape *sh = &shapes[(uint32_t)_i / NCODECS];
@@ -206,6 +206,15 @@ START_TEST(test_paths_same_bytes)
         rec.codec[0][0] = KERN_CODEC_RAW;
         rec.codec[0][1] = KERN_CODEC_Q4_1;
         free(same_bytes(&lay, &rec, raw));
+        if (codec == KERN_CODEC_MERGE) {
+            /* MERGE in one section of a layer: the encoder's MERGE units cover a layer's K
+             * and V sections only where both are MERGE (kern_enc_merge_kv) */
+            rec.codec[0][0] = KERN_CODEC_MERGE;
+            rec.codec[0][1] = KERN_CODEC_Q8_0;
+            rec.codec[1][0] = KERN_CODEC_Q4_1;
+            rec.codec[1][1] = KERN_CODEC_MERGE;
+            free(same_bytes(&lay, &rec, raw));
+        }
         free(raw);
     }
 }
