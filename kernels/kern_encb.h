@@ -1458,6 +1458,28 @@ KERN_HD void kern_enc_hdr(const struct kern_enc_args *a, uint8_t *dst, uint32_t 
     }
 }
 
+/* Phase `phase` of MERGE unit `unit` (head) of section si. Called, not inlined: its
+ * pointers to two sections and two slabs are not the kernel's other units' registers. */
+KERN_ENC_CALLED void kern_enc_merge_unit(const struct kern_enc_args *a, uint32_t si, uint32_t unit,
+                                         int phase, const uint8_t *src, uint8_t *dst,
+                                         struct kern_enc_smem *sm, uint32_t tid, uint32_t nt)
+{
+    const uint32_t kinds = kern_kinds(&a->lay), l = si / kinds, k = si % kinds;
+    const struct kern_enc_sect *s = &a->s[si];
+    const uint8_t *rawk = src + 2 * kern_raw_index(&a->lay, l, 0, 0, 0);
+    const uint8_t *rawv = kinds == 2 ? src + 2 * kern_raw_index(&a->lay, l, 1, 0, 0) : NULL;
+    /* the layer's V section, where its units are this one's */
+    const struct kern_enc_sect *sv =
+        k == 0 && kinds == 2 && kern_enc_merge_kv(&a->rec, l, 1) ? &a->s[si + 1] : NULL;
+    if ((uint32_t)phase + 1 < kern_enc_merge_phases(&a->lay)) {
+        kern_enc_merge_plan(a, s, sv, unit, rawk, rawv, dst, sm, (uint32_t)phase, tid, nt);
+        return;
+    }
+    kern_enc_merge_phase2(a, s, unit, k ? rawv : rawk, dst, sm, tid, nt);
+    if (sv)
+        kern_enc_merge_phase2(a, sv, unit, rawv, dst, sm, tid, nt);
+}
+
 /* ---- one unit, one phase ------------------------------------------------------------------- */
 
 /* The phases of unit u: the same for every thread of its block (a function of the launch's
@@ -1507,18 +1529,7 @@ KERN_HD void kern_enc_unit(const struct kern_enc_args *a, uint32_t u, int phase,
         else
             kern_enc_rot_round(a, s, unit, l, raw, dst, sm, (uint32_t)phase - 1, tid, nt);
     } else if (s->codec == KERN_CODEC_MERGE) {
-        const uint8_t *rawk = src + 2 * kern_raw_index(&a->lay, l, 0, 0, 0);
-        const uint8_t *rawv = kinds == 2 ? src + 2 * kern_raw_index(&a->lay, l, 1, 0, 0) : NULL;
-        /* the layer's V section, where its units are this one's */
-        const struct kern_enc_sect *smv =
-            k == 0 && kinds == 2 && kern_enc_merge_kv(&a->rec, l, 1) ? &a->s[si + 1] : NULL;
-        if ((uint32_t)phase + 1 < kern_enc_merge_phases(&a->lay)) {
-            kern_enc_merge_plan(a, s, smv, unit, rawk, rawv, dst, sm, (uint32_t)phase, tid, nt);
-        } else {
-            kern_enc_merge_phase2(a, s, unit, raw, dst, sm, tid, nt);
-            if (smv)
-                kern_enc_merge_phase2(a, smv, unit, rawv, dst, sm, tid, nt);
-        }
+        kern_enc_merge_unit(a, si, unit, phase, src, dst, sm, tid, nt);
     } else if (s->codec == KERN_CODEC_LOWRANK) {
         const uint32_t last = kern_enc_lr_phases(&a->lay) - 1, n1 = last == 3;
         if (phase == 0)
