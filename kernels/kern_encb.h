@@ -1076,7 +1076,17 @@ KERN_HD void kern_enc_merge_phase2(const struct kern_enc_args *a, const struct k
         const uint32_t r = i / D, c = i % D;
         const uint32_t t0 = sm->u.starts[r], t1 = sm->u.starts[r + 1];
         float sum = 0.0f;
-        for (uint32_t t = t0; t < t1; t++)
+        uint32_t t = t0;
+        for (; t + 8 <= t1; t += 8) { /* 8 loads in flight, then the sum in token order */
+            float x[8];
+            KERN_UNROLL
+            for (uint32_t j = 0; j < 8; j++)
+                x[j] = kern_enc_value(lay, own, t + j, h, c);
+            KERN_UNROLL
+            for (uint32_t j = 0; j < 8; j++)
+                sum = KERN_ADD(sum, x[j]);
+        }
+        for (; t < t1; t++)
             sum = KERN_ADD(sum, kern_enc_value(lay, own, t, h, c));
         kern_store(row0 + 2ull * r * D, lay->dtype, c, KERN_DIV(sum, (float)(t1 - t0)));
     }
