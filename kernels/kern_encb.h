@@ -1104,19 +1104,21 @@ KERN_HD uint32_t kern_enc_lr_staged(const struct kern_layout *lay)
     return (uint64_t)T * (D + 1) <= 2ull * KERN_LOWRANK_MAX_N * KERN_LOWRANK_MAX_N - n * n;
 }
 
-KERN_HD void kern_enc_lr_stage(const struct kern_enc_args *a, const struct kern_enc_sect *s,
-                               uint32_t h, const uint8_t *raw, uint8_t *dst,
-                               struct kern_enc_smem *sm, uint32_t tid, uint32_t nt)
+/* The factors' keys: staged again after the search, past the vectors in columns (n x n
+ * floats from gram + n^2), where they fit. The search overwrites the first staging. */
+KERN_HD uint32_t kern_enc_lr_fstaged(const struct kern_layout *lay)
+{
+    const uint32_t T = lay->tokens, D = lay->head_dim, n = T <= D ? T : D;
+    return n >= 2 &&
+           (uint64_t)T * (D + 1) <= 2ull * KERN_LOWRANK_MAX_N * KERN_LOWRANK_MAX_N - 2ull * n * n;
+}
+
+/* The head's keys into k, rows of D + 1 floats. */
+KERN_HD void kern_enc_lr_keys(const struct kern_enc_args *a, uint32_t h, const uint8_t *raw,
+                              float *k, uint32_t tid, uint32_t nt)
 {
     const struct kern_layout *lay = &a->lay;
-    const uint32_t T = lay->tokens, D = lay->head_dim, n = T <= D ? T : D;
-    const uint64_t hb = kern_lowrank_head_bytes(D, T);
-    uint8_t *head = dst + s->offset + (uint64_t)h * hb;
-    float *k = sm->u.gram + n * n;
-    for (uint64_t i = tid; i < hb; i += nt)
-        head[i] = 0;
-    if (!kern_enc_lr_staged(lay))
-        return;
+    const uint32_t T = lay->tokens, D = lay->head_dim;
     if ((D & 7) == 0) {
         for (uint32_t q = tid; q < T * D / 8; q += nt) {
             const uint32_t t = q / (D / 8), d0 = q % (D / 8) * 8;
@@ -1131,24 +1133,52 @@ KERN_HD void kern_enc_lr_stage(const struct kern_enc_args *a, const struct kern_
         k[q / D * (D + 1) + q % D] = kern_enc_value(lay, raw, q / D, h, q % D);
 }
 
-KERN_HD void kern_enc_lr_phase1(const struct kern_enc_args *a, uint32_t h, const uint8_t *raw,
-                                struct kern_enc_smem *sm, uint32_t tid, uint32_t nt)
+KERN_HD void kern_enc_lr_stage(const struct kern_enc_args *a, const struct kern_enc_sect *s,
+                               uint32_t h, const uint8_t *raw, uint8_t *dst,
+                               struct kern_enc_smem *sm, uint32_t tid, uint32_t nt)
+{
+    const struct kern_layout *lay = &a->lay;
+    const uint32_t T = lay->tokens, D = lay->head_dim, n = T <= D ? T : D;
+    const uint64_t hb = kern_lowrank_head_bytes(D, T);
+    uint8_t *head = dst + s->offset + (uint64_t)h * hb;
+    for (uint64_t i = tid; i < hb; i += nt)
+        head[i] = 0;
+    if (kern_enc_lr_staged(lay))
+        kern_enc_lr_keys(a, h, raw, sm->u.gram + n * n, tid, nt);
+}
+
+/* Key (i, c) of the Gram sums: K[i][c] (T <= D: rows are tokens) or K[c][i]; from the staged
+ * keys k (rows of D + 1) or, with k NULL, from global memory. */
+KERN_HD float kern_enc_lr_key(const struct kern_layout *lay, const uint8_t *raw, const float *k,
+                              uint32_t h, uint32_t i, uint32_t c)
+{
+    const uint32_t T = lay->tokens, D = lay->head_dim, t = T <= D ? i : c, d = T <= D ? c : i;
+    return k ? k[t * (D + 1) + d] : kern_enc_value(lay, raw, t, h, d);
+}
+
+KERN_ENC_CALLED void kern_enc_lr_phase1(const struct kern_enc_args *a, uint32_t h,
+                                        const uint8_t *raw, struct kern_enc_smem *sm, uint32_t tid,
+                                        uint32_t nt)
 {
     const struct kern_layout *lay = &a->lay;
     const uint32_t T = lay->tokens, D = lay->head_dim, n = T <= D ? T : D, m = T <= D ? D : T;
-    const float *k = sm->u.gram + n * n;
-    const int staged = (int)kern_enc_lr_staged(lay);
+    const float *k = kern_enc_lr_staged(lay) ? sm->u.gram + n * n : NULL;
     for (uint32_t e = tid; e < n * n; e += nt) {
         const uint32_t i = e / n, j = e % n;
         float p[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (uint32_t c = 0; c < m; c++) {
-            /* K[i][c], K[j][c] (T <= D: rows are tokens) or K[c][i], K[c][j] */
-            const uint32_t ti = T <= D ? i : c, di = T <= D ? c : i;
-            const uint32_t tj = T <= D ? j : c, dj = T <= D ? c : j;
-            const float x = staged ? k[ti * (D + 1) + di] : kern_enc_value(lay, raw, ti, h, di);
-            const float y = staged ? k[tj * (D + 1) + dj] : kern_enc_value(lay, raw, tj, h, dj);
-            p[c & 7] = KERN_ADD(p[c & 7], KERN_MUL(x, y));
+        uint32_t c0 = 0;
+        /* eight channels a step, p[c & 7] by a constant index: registers, not a stack array */
+        for (; c0 + 8 <= m; c0 += 8) {
+            KERN_UNROLL
+            for (uint32_t j8 = 0; j8 < 8; j8++)
+                p[j8] = KERN_ADD(p[j8], KERN_MUL(kern_enc_lr_key(lay, raw, k, h, i, c0 + j8),
+                                                 kern_enc_lr_key(lay, raw, k, h, j, c0 + j8)));
         }
+        KERN_UNROLL
+        for (uint32_t j8 = 0; j8 < 8; j8++)
+            if (c0 + j8 < m)
+                p[j8] = KERN_ADD(p[j8], KERN_MUL(kern_enc_lr_key(lay, raw, k, h, i, c0 + j8),
+                                                 kern_enc_lr_key(lay, raw, k, h, j, c0 + j8)));
         sm->u.gram[e] = kern_sum8_fold(p);
     }
 }
@@ -1282,8 +1312,8 @@ KERN_HD void kern_enc_lr_orth_all(struct kern_enc_smem *sm, uint32_t n, uint32_t
 }
 
 KERN_HD void kern_enc_lr_search(const struct kern_enc_args *a, const struct kern_enc_sect *s,
-                                uint32_t h, uint8_t *dst, struct kern_enc_smem *sm, uint32_t ph,
-                                uint32_t tid, uint32_t nt)
+                                uint32_t h, const uint8_t *raw, uint8_t *dst,
+                                struct kern_enc_smem *sm, uint32_t ph, uint32_t tid, uint32_t nt)
 {
     const struct kern_layout *lay = &a->lay;
     const uint32_t T = lay->tokens, D = lay->head_dim, n = T <= D ? T : D;
@@ -1340,9 +1370,12 @@ KERN_HD void kern_enc_lr_search(const struct kern_enc_args *a, const struct kern
             vc[k] = V[k];
         return;
     }
-    /* q == 1: the vectors into columns; thread 0 orders the energies and takes the rank */
+    /* q == 1: the vectors into columns; thread 0 orders the energies and takes the rank; the
+     * keys staged again for the factors, past the columns (kern_enc_lr_fstaged) */
     for (uint32_t r = tid; r < c * n; r += nt)
         V[(r % n) * n + r / n] = vc[r];
+    if (kern_enc_lr_fstaged(lay))
+        kern_enc_lr_keys(a, h, raw, g + 2 * n * n, tid, nt);
     if (tid != 0)
         return;
     uint32_t *ord = sm->ord, rank = c;
@@ -1383,14 +1416,24 @@ KERN_HD void kern_enc_lr_search(const struct kern_enc_args *a, const struct kern
     }
 }
 
-KERN_HD void kern_enc_lr_phase3(const struct kern_enc_args *a, const struct kern_enc_sect *s,
-                                uint32_t h, const uint8_t *raw, uint8_t *dst,
-                                const struct kern_enc_smem *sm, uint32_t tid, uint32_t nt)
+/* Key (t, d) for the factors: from the keys staged again (kern_enc_lr_fstaged; rows of D + 1)
+ * or, with kx NULL, from global memory. */
+KERN_HD float kern_enc_lr_fkey(const struct kern_layout *lay, const uint8_t *raw, const float *kx,
+                               uint32_t h, uint32_t t, uint32_t d)
+{
+    return kx ? kx[t * (lay->head_dim + 1) + d] : kern_enc_value(lay, raw, t, h, d);
+}
+
+KERN_ENC_CALLED void kern_enc_lr_phase3(const struct kern_enc_args *a,
+                                        const struct kern_enc_sect *s, uint32_t h,
+                                        const uint8_t *raw, uint8_t *dst,
+                                        const struct kern_enc_smem *sm, uint32_t tid, uint32_t nt)
 {
     const struct kern_layout *lay = &a->lay;
     const uint32_t T = lay->tokens, D = lay->head_dim, n = T <= D ? T : D;
     const uint32_t cap = kern_lowrank_cap(D, T);
     const float *v = sm->u.gram + n * n;
+    const float *kx = kern_enc_lr_fstaged(lay) ? sm->u.gram + 2 * n * n : NULL;
     uint8_t *head = dst + s->offset + (uint64_t)h * kern_lowrank_head_bytes(D, T);
     uint8_t *uo = head + 16 + 4 * cap, *wo = uo + 2ull * T * cap;
     for (uint64_t q = tid; q < (uint64_t)sm->nrows * (T + D); q += nt) {
@@ -1405,15 +1448,34 @@ KERN_HD void kern_enc_lr_phase3(const struct kern_enc_args *a, const struct kern
         } else if (k >= T) {          /* w[d] = sum_t u[t] x[t][d] / sigma */
             const uint32_t d = k - T;
             float p[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            for (uint32_t t = 0; t < T; t++)
-                p[t & 7] =
-                    KERN_ADD(p[t & 7], KERN_MUL(v[t * n + e], kern_enc_value(lay, raw, t, h, d)));
+            uint32_t t0 = 0;
+            /* eight terms a step, p[t & 7] by a constant index (registers), 8 loads in flight */
+            for (; t0 + 8 <= T; t0 += 8) {
+                KERN_UNROLL
+                for (uint32_t j = 0; j < 8; j++)
+                    p[j] = KERN_ADD(p[j], KERN_MUL(v[(t0 + j) * n + e],
+                                                   kern_enc_lr_fkey(lay, raw, kx, h, t0 + j, d)));
+            }
+            KERN_UNROLL
+            for (uint32_t j = 0; j < 8; j++)
+                if (t0 + j < T)
+                    p[j] = KERN_ADD(p[j], KERN_MUL(v[(t0 + j) * n + e],
+                                                   kern_enc_lr_fkey(lay, raw, kx, h, t0 + j, d)));
             val = sigma > 0.0f ? KERN_DIV(kern_sum8_fold(p), sigma) : 0.0f;
         } else { /* u[t] = sum_d x[t][d] w[d] / sigma */
             float p[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            for (uint32_t d = 0; d < D; d++)
-                p[d & 7] =
-                    KERN_ADD(p[d & 7], KERN_MUL(kern_enc_value(lay, raw, k, h, d), v[d * n + e]));
+            uint32_t d0 = 0;
+            for (; d0 + 8 <= D; d0 += 8) {
+                KERN_UNROLL
+                for (uint32_t j = 0; j < 8; j++)
+                    p[j] = KERN_ADD(p[j], KERN_MUL(kern_enc_lr_fkey(lay, raw, kx, h, k, d0 + j),
+                                                   v[(d0 + j) * n + e]));
+            }
+            KERN_UNROLL
+            for (uint32_t j = 0; j < 8; j++)
+                if (d0 + j < D)
+                    p[j] = KERN_ADD(p[j], KERN_MUL(kern_enc_lr_fkey(lay, raw, kx, h, k, d0 + j),
+                                                   v[(d0 + j) * n + e]));
             val = sigma > 0.0f ? KERN_DIV(kern_sum8_fold(p), sigma) : 0.0f;
         }
         if (k < T)
@@ -1551,7 +1613,7 @@ KERN_HD void kern_enc_unit(const struct kern_enc_args *a, uint32_t u, int phase,
         else if (n1)
             kern_enc_lr_eig1(a, s, unit, dst, sm, tid);
         else
-            kern_enc_lr_search(a, s, unit, dst, sm, (uint32_t)phase - 1, tid, nt);
+            kern_enc_lr_search(a, s, unit, raw, dst, sm, (uint32_t)phase - 1, tid, nt);
     } else if (s->codec == KERN_CODEC_RAW) {
         if (phase == 0)
             kern_enc_raw(s, unit, raw, dst, tid, nt);
