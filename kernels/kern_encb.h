@@ -51,6 +51,7 @@
 #ifndef KVC_KERN_ENCB_H
 #define KVC_KERN_ENCB_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -1192,12 +1193,12 @@ KERN_ENC_CALLED void kern_enc_lr_phase1(const struct kern_enc_args *a, uint32_t 
  *  - orth (modified Gram-Schmidt, twice): the sums are kern_sum8's, eight partial sums over
  *    the elements k = m mod 8. Thread m < 8 owns those elements of every column, so a column
  *    needs no other thread's elements, only the eight partials: a step per projection, in
- *    which thread m folds the partials of the last step (kern_sum8_fold, the reference's
- *    dot), subtracts its elements' projection and computes its partial of the next dot. A
- *    column e takes 2e + 1 steps (the first also loads Z's column and finishes the column
- *    before it), c^2 + 1 for the c columns; the partials of consecutive steps are in two
- *    buffers, so no thread writes what another may still read. The 8 threads are a warp: a
- *    Gram-Schmidt is one phase of the block, its steps apart by __syncwarp();
+ *    which the 8 threads fold the partials of the last step by shuffles (in kern_sum8_fold's
+ *    order, the reference's dot), and thread m subtracts its elements' projection and
+ *    computes its partial of the next dot. The column being made is in the threads'
+ *    registers, stored into V when it is scaled. A column e takes 2e + 1 steps (the first
+ *    also loads Z's column and finishes the column before it), c^2 + 1 for the c columns.
+ *    The 8 threads are a warp: a Gram-Schmidt is one phase of the block (kern_enc_lr_orth_all);
  *  - pick: each energy v . Z (a thread per column), the vectors copied aside, then moved into
  *    columns (a thread per element) while thread 0 orders the c energies and takes the rank.
  * n < 2 (one token or one channel) is kern_lowrank_eig's 1 x 1 case, by thread 0. */
@@ -1237,77 +1238,147 @@ KERN_HD void kern_enc_lr_eig1(const struct kern_enc_args *a, const struct kern_e
     }
 }
 
-/* Thread m's partial (elements k = m mod 8, in order) of a . b. */
-KERN_HD float kern_enc_lr_part(const float *x, const float *y, uint32_t n, uint32_t m)
+/* A lane of a Gram-Schmidt (thread m < 8 of warp 0): the column's elements k = m + 8 i in
+ * registers, this lane's partial sums of the dots to come (kern_sum8's partial m), and their
+ * sums over the 8 lanes. */
+struct kern_enc_lr_lane {
+    float x[KERN_LOWRANK_MAX_N / 8];
+    float pd, pn,
+        pn0; /* partials: the next projection's dot; |v|^2 after the projections, before */
+    float fd, fn, fn0; /* their sums over the lanes: kern_sum8_fold of the 8 partials */
+};
+
+/* Lane m's partial (elements k = m mod 8, in order) of y . v, y in shared memory (or, NULL,
+ * v itself), v the lane's registers. */
+KERN_HD float kern_enc_lr_part(const float *y, const float *x, uint32_t n, uint32_t m)
 {
     float p = 0.0f;
-    for (uint32_t k = m; k < n; k += 8)
-        p = KERN_ADD(p, KERN_MUL(x[k], y[k]));
+    KERN_UNROLL
+    for (uint32_t i = 0; i < KERN_LOWRANK_MAX_N / 8; i++)
+        if (m + 8 * i < n)
+            p = KERN_ADD(p, KERN_MUL(y ? y[m + 8 * i] : x[i], x[i]));
     return p;
 }
 
-/* Orth phase q (0..c^2) of thread tid: column e = floor(sqrt(q)), step q - e^2. */
-KERN_HD void kern_enc_lr_orth(struct kern_enc_smem *sm, uint32_t n, uint32_t c, uint32_t q,
-                              uint32_t m)
+/* Step (e, st) of lane m: column e's projection st - 1 (on V_j, j = (st - 1) mod e), with the
+ * dot L->fd the step's fold gave; st = 0 loads column e from Z, after column e - 1 is scaled by
+ * its norm (L->fn, L->fn0) and stored. Each lane reads and writes only its own elements of V
+ * and Z, so lanes meet only in the folds. */
+KERN_HD void kern_enc_lr_orth_step(struct kern_enc_smem *sm, uint32_t n, uint32_t c, uint32_t e,
+                                   uint32_t st, uint32_t m, struct kern_enc_lr_lane *L)
 {
     float *V = sm->u.gram + n * n, *Z = V + c * n;
-    float *pd = sm->lr, *pn0 = sm->lr + 16, *pn = sm->lr + 32; /* pd, pn0: [2][8]; pn: [8] */
-    uint32_t e = 0;
-    if (m >= 8)
-        return;
-    while ((e + 1) * (e + 1) <= q)
-        e++;
-    const uint32_t st = q - e * e;
     if (st == 0) {
         if (e > 0) { /* column e - 1's norm and scale */
-            float *vp = V + (e - 1) * n;
-            const float nrm = kern_sum8_fold(pn), nrm0 = kern_sum8_fold(pn0 + 8 * ((e - 1) & 1));
-            const float inv = nrm > KERN_MUL(1e-12f, nrm0) ? KERN_DIV(1.0f, sqrtf(nrm)) : 0.0f;
-            for (uint32_t k = m; k < n; k += 8)
-                vp[k] = KERN_MUL(vp[k], inv);
+            const float inv =
+                L->fn > KERN_MUL(1e-12f, L->fn0) ? KERN_DIV(1.0f, sqrtf(L->fn)) : 0.0f;
+            KERN_UNROLL
+            for (uint32_t i = 0; i < KERN_LOWRANK_MAX_N / 8; i++)
+                if (m + 8 * i < n)
+                    V[(e - 1) * n + m + 8 * i] = KERN_MUL(L->x[i], inv);
         }
         if (e == c)
             return;
-        float *ve = V + e * n;
-        for (uint32_t k = m; k < n; k += 8)
-            ve[k] = Z[e * n + k];
-        pn0[8 * (e & 1) + m] = kern_enc_lr_part(ve, ve, n, m);
+        KERN_UNROLL
+        for (uint32_t i = 0; i < KERN_LOWRANK_MAX_N / 8; i++)
+            if (m + 8 * i < n)
+                L->x[i] = Z[e * n + m + 8 * i];
+        L->pn0 = kern_enc_lr_part(NULL, L->x, n, m);
         if (e == 0)
-            pn[m] = kern_enc_lr_part(ve, ve, n, m);
+            L->pn = L->pn0; /* no projections: the norm after is the norm before */
         else
-            pd[m] = kern_enc_lr_part(V, ve, n, m); /* the first projection's, on V_0 */
+            L->pd = kern_enc_lr_part(V, L->x, n, m); /* the first projection's, on V_0 */
         return;
     }
-    /* projection st - 1 of column e: on V_j, j = (st - 1) mod e */
-    float *ve = V + e * n;
     const float *vj = V + ((st - 1) % e) * n;
-    const float d = kern_sum8_fold(pd + 8 * ((st - 1) & 1));
-    for (uint32_t k = m; k < n; k += 8)
-        ve[k] = KERN_SUB(ve[k], KERN_MUL(d, vj[k]));
+    KERN_UNROLL
+    for (uint32_t i = 0; i < KERN_LOWRANK_MAX_N / 8; i++)
+        if (m + 8 * i < n)
+            L->x[i] = KERN_SUB(L->x[i], KERN_MUL(L->fd, vj[m + 8 * i]));
     if (st < 2 * e)
-        pd[8 * (st & 1) + m] = kern_enc_lr_part(V + (st % e) * n, ve, n, m);
+        L->pd = kern_enc_lr_part(V + (st % e) * n, L->x, n, m);
     else
-        pn[m] = kern_enc_lr_part(ve, ve, n, m);
+        L->pn = kern_enc_lr_part(NULL, L->x, n, m);
 }
 
-/* A whole Gram-Schmidt, one phase of the block: its c^2 + 1 steps by threads 0..7, which are
- * one warp, apart by __syncwarp() on the device; the emulation runs every thread's step q
- * before any thread's step q + 1, as the warp does. */
-KERN_HD void kern_enc_lr_orth_all(struct kern_enc_smem *sm, uint32_t n, uint32_t c, uint32_t tid)
-{
 #ifdef __CUDA_ARCH__
+/* The sum of the 8 lanes' p, as kern_sum8_fold adds them: lane m adds lane m ^ 1's, then
+ * m ^ 2's, then m ^ 4's. Lane 0 adds ((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7)); the
+ * others the same sums with operands swapped, which IEEE addition gives bit for bit. */
+static __device__ float kern_enc_lr_fold(float p)
+{
+    p = KERN_ADD(p, __shfl_xor_sync(0xffu, p, 1, 8));
+    p = KERN_ADD(p, __shfl_xor_sync(0xffu, p, 2, 8));
+    return KERN_ADD(p, __shfl_xor_sync(0xffu, p, 4, 8));
+}
+#else
+/* The emulation of the warp's fold: each round, every lane adds the value lane m ^ r had
+ * when the round began (a shuffle reads the other lane's register as it was). */
+static inline void kern_enc_lr_fold8(const struct kern_enc_lr_lane *L, size_t in, size_t out)
+{
+    float v[8], w[8];
+    for (uint32_t m = 0; m < 8; m++)
+        memcpy(&v[m], (const char *)&L[m] + in, sizeof(float));
+    for (uint32_t r = 1; r < 8; r <<= 1) {
+        for (uint32_t m = 0; m < 8; m++)
+            w[m] = KERN_ADD(v[m], v[m ^ r]);
+        memcpy(v, w, sizeof(v));
+    }
+    for (uint32_t m = 0; m < 8; m++)
+        memcpy((char *)&L[m] + out, &v[m], sizeof(float));
+}
+#endif
+
+/* A whole Gram-Schmidt, one phase of the block: its c^2 + 1 steps by threads 0..7, which are
+ * one warp. A step first folds the partials the last step left (the dot, or at a column's
+ * start its norms) by shuffles, then each lane does its part. Lanes share no shared memory in
+ * it (kern_enc_lr_orth_step), so no barrier between steps: the shuffles order them. The
+ * emulation runs each step's fold over the 8 lanes' values, then every lane's step, as the
+ * warp does. */
+KERN_ENC_CALLED void kern_enc_lr_orth_all(struct kern_enc_smem *sm, uint32_t n, uint32_t c,
+                                          uint32_t tid)
+{
+    uint32_t e = 0, st = 0;
+#ifdef __CUDA_ARCH__
+    struct kern_enc_lr_lane L;
     if (tid >= 8)
         return;
+    memset(&L, 0, sizeof(L));
     for (uint32_t q = 0; q <= c * c; q++) {
-        kern_enc_lr_orth(sm, n, c, q, tid);
-        __syncwarp(0xffu);
+        if (st == 0 && e > 0) {
+            L.fn = kern_enc_lr_fold(L.pn);
+            L.fn0 = kern_enc_lr_fold(L.pn0);
+        } else if (st > 0) {
+            L.fd = kern_enc_lr_fold(L.pd);
+        }
+        kern_enc_lr_orth_step(sm, n, c, e, st, tid, &L);
+        if (++st == 2 * e + 1) {
+            e++;
+            st = 0;
+        }
     }
 #else
+    struct kern_enc_lr_lane L[8];
     if (tid != 0)
         return;
-    for (uint32_t q = 0; q <= c * c; q++)
+    memset(L, 0, sizeof(L));
+    for (uint32_t q = 0; q <= c * c; q++) {
+        if (st == 0 && e > 0) {
+            kern_enc_lr_fold8(L, offsetof(struct kern_enc_lr_lane, pn),
+                              offsetof(struct kern_enc_lr_lane, fn));
+            kern_enc_lr_fold8(L, offsetof(struct kern_enc_lr_lane, pn0),
+                              offsetof(struct kern_enc_lr_lane, fn0));
+        } else if (st > 0) {
+            kern_enc_lr_fold8(L, offsetof(struct kern_enc_lr_lane, pd),
+                              offsetof(struct kern_enc_lr_lane, fd));
+        }
         for (uint32_t m = 0; m < 8; m++)
-            kern_enc_lr_orth(sm, n, c, q, m);
+            kern_enc_lr_orth_step(sm, n, c, e, st, m, &L[m]);
+        if (++st == 2 * e + 1) {
+            e++;
+            st = 0;
+        }
+    }
 #endif
 }
 
