@@ -761,36 +761,64 @@ mutation enc-rot-chunk-stages kernels/kern_encb.h "check_codecs" \
 '            kern_fwht(y, L);' \
 '            kern_fwht(y, L / 2);'
 
-# The encode kernel's LOWRANK search: a projection's partial sums written into the buffer
-# the same phase folds (one buffer, not two: on the device a race, here thread 0 overwrites
-# its partial before threads 1..7 fold it).
-mutation enc-lr-partials-one-buffer kernels/kern_encb.h "check_codecs" \
-'        pd[8 * (st & 1) + m] = kern_enc_lr_part(' \
-'        pd[8 * ((st - 1) & 1) + m] = kern_enc_lr_part('
+# The encode kernel's LOWRANK search: the emulation's fold of a Gram-Schmidt step adding,
+# in a round, the values other lanes already changed in that round (a shuffle reads the other
+# lane's register as the round found it; here lane 1 adds lane 0's new sum).
+mutation enc-lr-fold-in-place kernels/kern_encb.h "check_codecs" \
+'            w[m] = KERN_ADD(v[m], v[m ^ r]);
+        memcpy(v, w, sizeof(v));' \
+'            v[m] = KERN_ADD(v[m], v[m ^ r]);
+        memcpy(w, v, sizeof(v));'
 
-# The same: a thread's partial over a contiguous block of elements instead of k = m mod 8
-# (the same sum in exact arithmetic, rounded in another order than kern_sum8's).
+# The same: a lane's partial over its elements in the other order (the same sum in exact
+# arithmetic, rounded in another order than kern_sum8's).
 mutation enc-lr-partial-order kernels/kern_encb.h "check_codecs" \
-'    for (uint32_t k = m; k < n; k += 8)
-        p = KERN_ADD(p, KERN_MUL(x[k], y[k]));' \
-'    for (uint32_t k = m * ((n + 7) / 8); k < n && k < (m + 1) * ((n + 7) / 8); k++)
-        p = KERN_ADD(p, KERN_MUL(x[k], y[k]));'
+'        if (m + 8 * i < n)
+            p = KERN_ADD(p, KERN_MUL(y ? y[m + 8 * i] : x[i], x[i]));' \
+'        if (m + 8 * (7 - i) < n)
+            p = KERN_ADD(p, KERN_MUL(y ? y[m + 8 * (7 - i)] : x[7 - i], x[7 - i]));'
 
-# The same: a Gram-Schmidt's steps without the warp barrier between them (in the emulation
-# each thread runs all its steps before the next thread starts: it folds partials the others
-# have not written yet).
-mutation enc-lr-orth-no-step-barrier kernels/kern_encb.h "check_codecs" \
-'    for (uint32_t q = 0; q <= c * c; q++)
-        for (uint32_t m = 0; m < 8; m++)
-            kern_enc_lr_orth(sm, n, c, q, m);' \
-'    for (uint32_t m = 0; m < 8; m++)
-        for (uint32_t q = 0; q <= c * c; q++)
-            kern_enc_lr_orth(sm, n, c, q, m);'
+# The same: a projection reading the next lane's elements of V_j (on the device a read of
+# what another thread wrote, with no barrier between the steps).
+mutation enc-lr-orth-lane-elements kernels/kern_encb.h "check_codecs" \
+'            L->x[i] = KERN_SUB(L->x[i], KERN_MUL(L->fd, vj[m + 8 * i]));' \
+'            L->x[i] = KERN_SUB(L->x[i], KERN_MUL(L->fd, vj[(m + 1) % 8 + 8 * i]));'
+
+# The same: the emulation's steps before their fold (each step uses the dot of the step
+# before: the order of a warp's shuffles and its lanes' work not modelled).
+mutation enc-lr-fold-late kernels/kern_encb.h "check_codecs" \
+'        for (uint32_t m = 0; m < 8; m++)
+            kern_enc_lr_orth_step(sm, n, c, e, st, m, &L[m]);
+        if (++st == 2 * e + 1) {' \
+'        for (uint32_t m = 0; m < 8; m++)
+            kern_enc_lr_orth_step(sm, n, c, e, st, m, &L[m]);
+        if (st > 0)
+            kern_enc_lr_fold8(L, offsetof(struct kern_enc_lr_lane, pd),
+                              offsetof(struct kern_enc_lr_lane, fd));
+        if (++st == 2 * e + 1) {'
 
 # The same: the keys staged in rows of D floats while the Gram phase reads rows of D + 1.
 mutation enc-lr-stage-stride kernels/kern_encb.h "check_codecs" \
 '                k[t * (D + 1) + d0 + j] = x[j];' \
 '                k[t * D + d0 + j] = x[j];'
+
+# The same: the Gram sums' last partial chunk one channel short (head dims not a multiple
+# of 8).
+mutation enc-lr-gram-tail kernels/kern_encb.h "check_codecs" \
+'            if (c0 + j8 < m)' \
+'            if (c0 + j8 + 1 < m)'
+
+# The same: the keys staged again for the factors read in rows of D floats (staged in rows
+# of D + 1).
+mutation enc-lr-fkeys-stride kernels/kern_encb.h "check_codecs" \
+'    return kx ? kx[t * (lay->head_dim + 1) + d] : kern_enc_value(lay, raw, t, h, d);' \
+'    return kx ? kx[t * lay->head_dim + d] : kern_enc_value(lay, raw, t, h, d);'
+
+# The same: the keys staged again over the vectors in columns, which the same phase writes
+# (on the device a race; here the later threads' keys overwrite the earlier threads' columns).
+mutation enc-lr-fstage-at-vectors kernels/kern_encb.h "check_codecs" \
+'        kern_enc_lr_keys(a, h, raw, g + 2 * n * n, tid, nt);' \
+'        kern_enc_lr_keys(a, h, raw, g + n * n, tid, nt);'
 
 # The same: the start's ranks counting ties the other way (higher index first), so ties of
 # the Gram matrix's diagonal start from other columns than the reference's.
@@ -808,6 +836,41 @@ mutation enc-merge-window-skip kernels/kern_encb.h "check_codecs" \
 mutation enc-merge-rows-full kernels/kern_encb.h "check_codecs" \
 '    if (next >= T || sm->nrows >= R)' \
 '    if (next >= T || sm->nrows >= R + T)'
+
+# The same, by pairs (T <= 64): each token judged against the token before it, not against
+# its run's first (the two agree where every token starts a run).
+mutation enc-merge-pair-row kernels/kern_encb.h "check_codecs" \
+'        const float *x1 = x + t1 * ds, *x2 = x + t2 * ds, *xs = x + s * ds;' \
+'        const float *x1 = x + t1 * ds, *x2 = x + t2 * ds, *xs = x + (t1 - 1) * ds;'
+
+# The same: the rows staged in rows of D floats, read in rows of D | 1.
+mutation enc-merge-pair-stride kernels/kern_encb.h "check_codecs" \
+'                x[t * ds + d0 + j] = v[j];' \
+'                x[t * D + d0 + j] = v[j];'
+
+# The same: V's decisions replacing K's instead of and-ed in (a token near its run's first
+# in V alone joins it).
+mutation enc-merge-pair-v-replaces kernels/kern_encb.h "check_codecs" \
+'        near[t1 * T + s] = kind ? (uint8_t)(near[t1 * T + s] & n1) : n1;' \
+'        near[t1 * T + s] = n1;'
+
+# The same: the walk marking a new run's start a token late.
+mutation enc-merge-walk-late kernels/kern_encb.h "check_codecs" \
+'        rows++;
+        sm->map[t >> 5] |= 1u << (t & 31);' \
+'        rows++;
+        sm->map[(t + 1) >> 5] |= 1u << ((t + 1) & 31);'
+
+# The same: a layer's MERGE V section given no units of its own when its K section is not
+# MERGE (nothing writes it).
+mutation enc-merge-kv-v-alone kernels/kern_encb.h "check_codecs" \
+'    return k == 1 && rec->codec[l][0] == KERN_CODEC_MERGE && rec->codec[l][1] == KERN_CODEC_MERGE;' \
+'    return k == 1 && rec->codec[l][1] == KERN_CODEC_MERGE;'
+
+# The same: a run's mean summed in another token order (8 loads in flight, added backwards).
+mutation enc-merge-rows-sum-order kernels/kern_encb.h "check_codecs" \
+'                sum = KERN_ADD(sum, x[j]);' \
+'                sum = KERN_ADD(sum, x[7 - j]);'
 
 # I/O threads: a reply that does not fit in the client's socket is dropped instead of
 # closing a client that never reads its replies.
