@@ -634,7 +634,8 @@ END_TEST
  * windows of joins followed by a run that starts exactly at the next window (token 33,
  * 257); MERGE by pairs (T <= 64 where the rows fit: 32 tokens of 128 channels, 64 of 96 K
  * only, head dims 7, 20, 256) with half the tokens alike, in K and V or in V alone, and at 64
- * tokens of 128 channels by rounds; KIVI keys (columns of 8 channels over slices of tokens) at head dims that are and are
+ * tokens of 128 channels by rounds; every MERGE shape on a drift (runs of two tokens, each
+ * near its predecessor but not the token before that); KIVI keys (columns of 8 channels over slices of tokens) at head dims that are and are
  * not multiples of 8 (a last column of 4 or 7 channels), rows of codes 4-byte aligned or not
  * (head_dim 40 at 2 bits: rows of 10 bytes), 1 .. 16 tokens a slice (head_dim 8 .. 1024,
  * slices of 1, 2, 4, 11, 16), a last group of 1, 3 or 8 tokens, K only. */
@@ -731,6 +732,30 @@ START_TEST(test_encoder_units_same_bytes)
                     memcpy(raw + kern_raw_index(&lay, l, k, t, 0),
                            raw + kern_raw_index(&lay, l, k, 0, 0), 2ull * lay.heads * lay.head_dim);
         free(same_bytes(&lay, &rec, raw));
+        free(raw);
+    }
+    if (uc->codec == KERN_CODEC_MERGE) {
+        /* a drift: each head's rows turn 0.15 radian a token in the plane of two Gaussian rows
+         * a and b, so a token is near the one before it (cos 0.989 > 0.98) but not the one two
+         * before (cos 0.955): runs of two tokens, each token judged against its run's first,
+         * not against its predecessor, which would join them all */
+        uint16_t *raw = make_data(&lay, DATA_OUTLIER, 400 + (uint64_t)_i);
+        const uint32_t D = lay.head_dim;
+        float *a = malloc(2 * sizeof(float) * D);
+        uint64_t st = 0x5eedu + (uint64_t)_i;
+        ck_assert_ptr_nonnull(a);
+        for (uint32_t l = 0; l < lay.layers; l++)
+            for (uint32_t k = 0; k < (lay.k_only ? 1u : 2u); k++)
+                for (uint32_t h = 0; h < lay.heads; h++) {
+                    for (uint32_t d = 0; d < 2 * D; d++)
+                        a[d] = rng_gauss(&st);
+                    for (uint32_t t = 0; t < lay.tokens; t++)
+                        for (uint32_t d = 0; d < D; d++)
+                            put(&lay, raw, kern_raw_index(&lay, l, k, t, h) + d,
+                                cosf(0.15f * (float)t) * a[d] + sinf(0.15f * (float)t) * a[D + d]);
+                }
+        free(same_bytes(&lay, &rec, raw));
+        free(a);
         free(raw);
     }
 }

@@ -784,18 +784,23 @@ mutation enc-lr-orth-lane-elements kernels/kern_encb.h "check_codecs" \
 '            L->x[i] = KERN_SUB(L->x[i], KERN_MUL(L->fd, vj[m + 8 * i]));' \
 '            L->x[i] = KERN_SUB(L->x[i], KERN_MUL(L->fd, vj[(m + 1) % 8 + 8 * i]));'
 
-# The same: the emulation's steps before their fold (each step uses the dot of the step
-# before: the order of a warp's shuffles and its lanes' work not modelled).
-mutation enc-lr-fold-late kernels/kern_encb.h "check_codecs" \
-'        for (uint32_t m = 0; m < 8; m++)
-            kern_enc_lr_orth_step(sm, n, c, e, st, m, &L[m]);
-        if (++st == 2 * e + 1) {' \
-'        for (uint32_t m = 0; m < 8; m++)
-            kern_enc_lr_orth_step(sm, n, c, e, st, m, &L[m]);
-        if (st > 0)
+# The same: the emulation folding a step's dots lane by lane as each lane's step comes, so
+# the lanes after the first fold partials the lanes before them have already replaced (on the
+# device, lanes that run a step ahead of the others' shuffles).
+mutation enc-lr-fold-per-lane kernels/kern_encb.h "check_codecs" \
+'        } else if (st > 0) {
             kern_enc_lr_fold8(L, offsetof(struct kern_enc_lr_lane, pd),
                               offsetof(struct kern_enc_lr_lane, fd));
-        if (++st == 2 * e + 1) {'
+        }
+        for (uint32_t m = 0; m < 8; m++)
+            kern_enc_lr_orth_step(sm, n, c, e, st, m, &L[m]);' \
+'        }
+        for (uint32_t m = 0; m < 8; m++) {
+            if (st > 0)
+                kern_enc_lr_fold8(L, offsetof(struct kern_enc_lr_lane, pd),
+                                  offsetof(struct kern_enc_lr_lane, fd));
+            kern_enc_lr_orth_step(sm, n, c, e, st, m, &L[m]);
+        }'
 
 # The same: the keys staged in rows of D floats while the Gram phase reads rows of D + 1.
 mutation enc-lr-stage-stride kernels/kern_encb.h "check_codecs" \
@@ -867,10 +872,12 @@ mutation enc-merge-kv-v-alone kernels/kern_encb.h "check_codecs" \
 '    return k == 1 && rec->codec[l][0] == KERN_CODEC_MERGE && rec->codec[l][1] == KERN_CODEC_MERGE;' \
 '    return k == 1 && rec->codec[l][1] == KERN_CODEC_MERGE;'
 
-# The same: a run's mean summed in another token order (8 loads in flight, added backwards).
-mutation enc-merge-rows-sum-order kernels/kern_encb.h "check_codecs" \
-'                sum = KERN_ADD(sum, x[j]);' \
-'                sum = KERN_ADD(sum, x[7 - j]);'
+# The same: a run's 8 loads in flight one token late (the run's first token left out, the
+# next run's first taken in). (Summing them backwards survives: the float sum's rounding
+# rarely reaches the fp16 mean.)
+mutation enc-merge-rows-load-late kernels/kern_encb.h "check_codecs" \
+'                x[j] = kern_enc_value(lay, own, t + j, h, c);' \
+'                x[j] = kern_enc_value(lay, own, t + j + 1, h, c);'
 
 # I/O threads: a reply that does not fit in the client's socket is dropped instead of
 # closing a client that never reads its replies.
