@@ -37,9 +37,10 @@
  *    thread 0 takes the first that starts a run; each run's first token, then the map and
  *    each run's mean, a thread per (row, channel);
  *  - LOWRANK keys: one head: the head's bytes cleared and its keys staged in shared memory
- *    where they fit, the Gram matrix, a thread per entry, the subspace search phase by phase (kern_enc_lr_search: Z = g V a thread per
- *    element, Gram-Schmidt by 8 threads that own kern_sum8's partial sums), the factors, a
- *    thread per (factor, element).
+ *    where they fit, the Gram matrix, a thread per entry, the subspace search phase by phase
+ *    (kern_enc_lr_search: Z = g V a thread per element, Gram-Schmidt by the 8 lanes that own
+ *    kern_sum8's partial sums, the column in registers, the dots folded by shuffles), the
+ *    keys staged again where they fit, the factors, a thread per (factor, element).
  * A unit's phase count is a function of the launch's arguments (kern_enc_phases), the same
  * for all its threads: the kernel loops over it with a barrier after each phase.
  * ROT and LOWRANK values are KIVI and q8_0 sections (kern_codec_as). The arithmetic is the
@@ -105,9 +106,9 @@ struct kern_enc_smem {
     float id[KERN_MAX_HEAD_DIM];        /* and 1 / scale; fp8: the first fold's amaxes */
     uint32_t map[KERN_MAX_TOKENS / 32]; /* MERGE: the run-start bitmap */
     uint32_t ord[KERN_LOWRANK_MAX_N];   /* LOWRANK: eigenvalues by size */
-    float lr[80];    /* LOWRANK: the orth's partial sums (0..39), the trace (48), energies (64..) */
-    uint32_t nrows;  /* MERGE: rows; LOWRANK: rank */
-    uint32_t mst[2]; /* MERGE: the run's first token, the next token */
+    float lr[80];                       /* LOWRANK: the trace (48), energies (64..) */
+    uint32_t nrows;                     /* MERGE: rows; LOWRANK: rank */
+    uint32_t mst[2];                    /* MERGE: the run's first token, the next token */
 };
 
 KERN_HD uint32_t kern_enc_group_bytes(uint32_t codec)
