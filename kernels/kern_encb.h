@@ -30,12 +30,12 @@
  *    (kern_enc_rot_round);
  *  - MERGE: one head of the section, and of the layer's V section where both are MERGE (the
  *    plan, which reads K and V, once for both; kern_enc_merge_kv): the plan
- *    (kern_enc_merge_plan) where T <= 64 and the rows
- *    fit, by pairs: every pair s < t judged at once, a thread a pair over the head's rows
- *    staged in shared memory, K then V, then thread 0 walks the scan on the decisions; else
- *    in rounds, 32 tokens judged against the run's first at once, 8 threads a token, then
- *    thread 0 takes the first that starts a run; each run's first token, then the map and
- *    each run's mean, a thread per (row, channel);
+ *    (kern_enc_merge_plan) where T <= 64 and the rows fit by pairs: every pair s < t judged
+ *    at once, a thread two tokens against one s over the head's rows staged in shared
+ *    memory, K then V, then thread 0 walks the scan on the decisions; else in rounds, 32
+ *    tokens judged against the run's first at once, 8 threads a token, then thread 0 takes
+ *    the first that starts a run; each run's first token, then the map and each run's mean,
+ *    a thread per (row, channel);
  *  - LOWRANK keys: one head: the head's bytes cleared and its keys staged in shared memory
  *    where they fit, the Gram matrix, a thread per entry, the subspace search phase by phase
  *    (kern_enc_lr_search: Z = g V a thread per element, Gram-Schmidt by the 8 lanes that own
@@ -836,12 +836,12 @@ KERN_HD void kern_enc_rot_round(const struct kern_enc_args *a, const struct kern
  * serial fold between. Instead, every pair s < t is judged at once: the head's K rows staged
  * as floats (rows of D | 1 floats: the pair phase's threads read rows t, t + 1, .. at one
  * channel, an odd stride apart, so in different banks, while row s is one address, a
- * broadcast), then a thread per pair (t, s), s-major, runs kern_merge_near's loop over the
- * staged values — the same partial sums in the same order and kern_sum8_fold — into byte
- * near[t][s]; the same for V, and-ed in. Then thread 0 walks the scan on the bytes (a test a
- * token) and the runs and rows follow as after the rounds. Phases: 2 a kind, the walk, the
- * runs, the rows: 7 for K+V against the rounds' 3 + 2 (T / 2 - 1 + ceil((T - 1) / 32)),
- * 35 at T = 32. */
+ * broadcast), then a thread per two pairs (t1, s), (t2, s), s-major, runs kern_merge_near's
+ * loop over the staged values — the same partial sums in the same order and kern_sum8_fold —
+ * into bytes near[t][s]; the same for V, and-ed in. Then thread 0 walks the scan on the
+ * bytes (a test a token) and the runs and rows follow as after the rounds. Phases: 2 a
+ * kind, the walk, the runs, the rows: 7 for K+V against the rounds' 3 + 2 (T / 2 - 1 +
+ * ceil((T - 1) / 32)), 35 at T = 32. */
 #define KERN_ENC_MERGE_WIN (KERN_ENC_THREADS / 8)
 #define KERN_ENC_MERGE_PAIR_T 64
 #define KERN_ENC_MERGE_FLOATS (2 * KERN_LOWRANK_MAX_N * KERN_LOWRANK_MAX_N) /* u.gram's */

@@ -635,8 +635,9 @@ END_TEST
  * 257); MERGE by pairs (T <= 64 where the rows fit: 32 tokens of 128 channels, 64 of 96 K
  * only, head dims 7, 20, 256) with half the tokens alike, in K and V or in V alone, and at 64
  * tokens of 128 channels by rounds; every MERGE shape on a drift (runs of two tokens, each
- * near its predecessor but not the token before that); KIVI keys (columns of 8 channels over slices of tokens) at head dims that are and are
- * not multiples of 8 (a last column of 4 or 7 channels), rows of codes 4-byte aligned or not
+ * near its predecessor but not the token before that); KIVI keys (columns of 8 channels
+ * over slices of tokens) at head dims that are and are not multiples of 8 (a last column of
+ * 4 or 7 channels), rows of codes 4-byte aligned or not
  * (head_dim 40 at 2 bits: rows of 10 bytes), 1 .. 16 tokens a slice (head_dim 8 .. 1024,
  * slices of 1, 2, 4, 11, 16), a last group of 1, 3 or 8 tokens, K only. */
 struct unit_case {
