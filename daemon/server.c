@@ -161,6 +161,13 @@ void server_trim_due(struct server *sv)
     engine_trim(sv->store, loop_now_ms(sv->loop));
 }
 
+/* store.trim_yield: a request (or any other event of the loop) is waiting. */
+static bool server_trim_yield(void *arg)
+{
+    struct server *sv = arg;
+    return loop_input_ready(sv->loop);
+}
+
 void server_conn_close(struct server *sv, struct conn *c, const char *why)
 {
     /* The hits it took before it went, as far as one pass goes; the rest are not read
@@ -611,6 +618,8 @@ struct server *server_new(struct loop *l, struct store *s, const struct server_p
     s->on_room_arg = sv;
     s->on_evict = server_fast_evict;
     s->on_evict_arg = sv;
+    s->trim_yield = server_trim_yield;
+    s->trim_yield_arg = sv;
     s->post_defer = true; /* server_handle applies a lookup's policy work after its reply */
     loop_after(l, server_fast_after, sv);
     if (p->adopt) {
@@ -704,6 +713,7 @@ fail:
     s->on_ready = NULL;
     s->on_room = NULL;
     s->on_evict = NULL;
+    s->trim_yield = NULL;
     s->post_defer = false;
     loop_after(l, NULL, NULL);
     if (sv && sv->fd >= 0)
@@ -727,6 +737,7 @@ void server_free(struct server *sv)
     sv->store->on_ready = NULL;
     sv->store->on_room = NULL;
     sv->store->on_evict = NULL;
+    sv->store->trim_yield = NULL;
     store_post_flush(sv->store);
     sv->store->post_defer = false;
     loop_after(sv->loop, NULL, NULL);
