@@ -56,8 +56,11 @@ static uint64_t engine_mono_ns(void)
 static bool engine_trim_spent(struct store *s, uint64_t t0, int acted)
 {
     bool spent = acted >= ENGINE_TRIM_MIN_ACTIONS && engine_mono_ns() - t0 >= ENGINE_TRIM_BUDGET_NS;
-    if (!spent && acted > 0 && acted % ENGINE_TRIM_YIELD_EVERY == 0 && s->trim_yield)
-        spent = s->trim_yield(s->trim_yield_arg);
+    if (!spent && acted > 0 && acted % ENGINE_TRIM_YIELD_EVERY == 0 && s->trim_yield &&
+        s->trim_yield(s->trim_yield_arg)) {
+        s->total.trim_yields++;
+        spent = true;
+    }
     if (spent)
         s->trim_more = true;
     return spent;
