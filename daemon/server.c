@@ -9,7 +9,9 @@
  * (a COMMIT with KVC_COMMIT_F_QUIET, and a RELEASE with KVC_MSG_F_QUIET in its header, only
  * when it fails: kvc_put_prefix and kvc_release do not wait for them).
  * The trim a commit may call for runs once the connection's queued requests are answered, so
- * the RESERVE a client sends right behind its commit does not wait for the eviction.
+ * the RESERVE a client sends right behind its commit does not wait for the eviction; and a
+ * trim stops for any request that comes while it runs (store.trim_yield, every 16 actions)
+ * and goes on after it.
  * The loop thread owns everything here; with server.io_threads > 0 the connections' sockets
  * are read, written and closed by I/O threads (server_io.c) while enough connections are
  * busy (server.io_threads_min_active; else the loop does it, as without them), and the rest
