@@ -35,6 +35,13 @@
 /* Actions one trim always takes before its budget counts, so that a trim of a few blocks
  * (tests, small arenas) finishes whatever the machine's load. */
 #define ENGINE_TRIM_MIN_ACTIONS 256
+/* A request waiting for the loop stops a trim sooner: after this many actions, checked every
+ * this many (store.trim_yield, a poll of the loop's descriptors). A client that sends its next
+ * request right behind the reply of a commit (a put after a put) otherwise finds the loop in
+ * the first ENGINE_TRIM_MIN_ACTIONS of the trim that commit called for: ~300 us at a million
+ * blocks, every fourth put of 64 blocks. Sixteen keep each trim's progress, and a poll costs
+ * well under a microsecond against ~16 evictions. */
+#define ENGINE_TRIM_YIELD_EVERY 16
 
 static uint64_t engine_mono_ns(void)
 {
@@ -44,14 +51,19 @@ static uint64_t engine_mono_ns(void)
 }
 
 /* Whether this trim has spent its budget (a clock read per action: tens of nanoseconds
- * against microseconds): then the rest is left for the next one, which goes on down to the
- * low watermark. */
+ * against microseconds), or a request waits: then the rest is left for the next one, which
+ * goes on down to the low watermark. */
 static bool engine_trim_spent(struct store *s, uint64_t t0, int acted)
 {
-    if (acted < ENGINE_TRIM_MIN_ACTIONS || engine_mono_ns() - t0 < ENGINE_TRIM_BUDGET_NS)
-        return false;
-    s->trim_more = true;
-    return true;
+    bool spent = acted >= ENGINE_TRIM_MIN_ACTIONS && engine_mono_ns() - t0 >= ENGINE_TRIM_BUDGET_NS;
+    if (!spent && acted > 0 && acted % ENGINE_TRIM_YIELD_EVERY == 0 && s->trim_yield &&
+        s->trim_yield(s->trim_yield_arg)) {
+        s->total.trim_yields++;
+        spent = true;
+    }
+    if (spent)
+        s->trim_more = true;
+    return spent;
 }
 
 static int engine_policy_trim_from(struct store *s, uint32_t a, uint64_t now, bool more,

@@ -8,6 +8,7 @@
  * dropped by checking the table before each call.
  */
 #include <errno.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -153,6 +154,12 @@ void loop_after(struct loop *l, int (*fn)(void *arg), void *arg)
 {
     l->after = fn;
     l->after_arg = arg;
+}
+
+bool loop_input_ready(const struct loop *l)
+{
+    struct pollfd p = {.fd = l->epfd, .events = POLLIN};
+    return poll(&p, 1, 0) > 0;
 }
 
 void loop_stop(struct loop *l)

@@ -23,6 +23,9 @@ int loop_del(struct loop *l, int fd);
  * effect after the handlers of the events the current wait returned. */
 int loop_run(struct loop *l, int tick_ms, void (*tick)(void *arg), void *arg);
 void loop_stop(struct loop *l);
+/* Whether a registered descriptor is ready now (a poll of the epoll descriptor, nothing
+ * taken from it): work that can wait stops for the requests (engine_trim). */
+bool loop_input_ready(const struct loop *l);
 /* fn(arg) runs before every wait for events (one per batch of handlers): work the handlers
  * gathered goes out together there. NULL removes it. */
 void loop_before_wait(struct loop *l, void (*fn)(void *arg), void *arg);

@@ -9,7 +9,9 @@
  * (a COMMIT with KVC_COMMIT_F_QUIET, and a RELEASE with KVC_MSG_F_QUIET in its header, only
  * when it fails: kvc_put_prefix and kvc_release do not wait for them).
  * The trim a commit may call for runs once the connection's queued requests are answered, so
- * the RESERVE a client sends right behind its commit does not wait for the eviction.
+ * the RESERVE a client sends right behind its commit does not wait for the eviction; and a
+ * trim stops for any request that comes while it runs (store.trim_yield, every 16 actions)
+ * and goes on after it.
  * The loop thread owns everything here; with server.io_threads > 0 the connections' sockets
  * are read, written and closed by I/O threads (server_io.c) while enough connections are
  * busy (server.io_threads_min_active; else the loop does it, as without them), and the rest
@@ -159,6 +161,13 @@ void server_trim_due(struct server *sv)
         return;
     sv->trim_due = false;
     engine_trim(sv->store, loop_now_ms(sv->loop));
+}
+
+/* store.trim_yield: a request (or any other event of the loop) is waiting. */
+static bool server_trim_yield(void *arg)
+{
+    struct server *sv = arg;
+    return loop_input_ready(sv->loop);
 }
 
 void server_conn_close(struct server *sv, struct conn *c, const char *why)
@@ -611,6 +620,8 @@ struct server *server_new(struct loop *l, struct store *s, const struct server_p
     s->on_room_arg = sv;
     s->on_evict = server_fast_evict;
     s->on_evict_arg = sv;
+    s->trim_yield = server_trim_yield;
+    s->trim_yield_arg = sv;
     s->post_defer = true; /* server_handle applies a lookup's policy work after its reply */
     loop_after(l, server_fast_after, sv);
     if (p->adopt) {
@@ -704,6 +715,7 @@ fail:
     s->on_ready = NULL;
     s->on_room = NULL;
     s->on_evict = NULL;
+    s->trim_yield = NULL;
     s->post_defer = false;
     loop_after(l, NULL, NULL);
     if (sv && sv->fd >= 0)
@@ -727,6 +739,7 @@ void server_free(struct server *sv)
     sv->store->on_ready = NULL;
     sv->store->on_room = NULL;
     sv->store->on_evict = NULL;
+    sv->store->trim_yield = NULL;
     store_post_flush(sv->store);
     sv->store->post_defer = false;
     loop_after(sv->loop, NULL, NULL);

@@ -51,6 +51,7 @@
     X(aborted_blocks, "reserved slots freed unwritten (abort, partial commit, client exit)")  \
     X(evicted_blocks, "blocks evicted to make room")                                          \
     X(evicted_bytes, "bytes evicted")                                                         \
+    X(trim_yields, "trims stopped early for a waiting request (the rest goes on after it)")     \
     X(reserve_evictions, "blocks evicted (or their memory dropped) inside a RESERVE, a put waiting") \
     X(load_us, "time clients reported copying hits out of the cache (us)")                   \
     X(load_refused_us, "copy time reported past what a client could spend (us)")           \

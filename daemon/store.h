@@ -237,6 +237,10 @@ struct store {
      * reported yet are read, so the policies rank with them (set by the server). */
     void (*on_evict)(void *arg);
     void *on_evict_arg;
+    /* Whether a request waits for the loop (set by the server): a trim past its first
+     * actions stops there and goes on after it (engine.c's engine_trim_spent). */
+    bool (*trim_yield)(void *arg);
+    void *trim_yield_arg;
     struct store_ns **ns; /* by id; [0] unused */
     uint32_t nns;
     struct stats total;

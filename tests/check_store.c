@@ -329,6 +329,63 @@ START_TEST(test_trim_budget)
 }
 END_TEST
 
+/* A trim yields to a waiting request (store.trim_yield, which the server points at a poll of
+ * its loop) every 16 actions, long before its budget: the request is answered, the trim goes
+ * on after it (trim_more) down to the low watermark, and each stop is counted. */
+static int yield_calls, yield_after;
+
+static bool yield_when(void *arg)
+{
+    (void)arg;
+    return ++yield_calls >= yield_after;
+}
+
+START_TEST(test_trim_yields_to_requests)
+{
+    struct store_owner o;
+    struct store_params p = s->p;
+    struct kvc_wire_layout l = layout_fp16("m", 2, 0);
+    bool created;
+    int first, n, rounds = 0;
+    teardown();
+    p.host_size = 256u << 20; /* 4,096 blocks */
+    s = store_fixture_new(&p, NULL);
+    ck_assert_int_eq(store_ns_open(s, &l, &ns, &created), 0);
+    store_owner_init(&o);
+    for (uint32_t c = 0; c < 64; c++)
+        ck_assert_int_eq(put(&o, 1000 + c, 64, 0, c + 1), 64);
+    p.high_watermark = 0.9;
+    p.low_watermark = 0.05;
+    store_reload(s, &p);
+    s->trim_yield = yield_when;
+    yield_calls = 0;
+    yield_after = 2; /* nothing waits at the first check, a request at the second */
+    first = engine_trim(s, 100);
+    ck_assert_int_eq(first, 32);
+    ck_assert_int_eq(yield_calls, 2);
+    ck_assert(s->trim_more);
+    ck_assert_uint_eq(s->total.trim_yields, 1);
+    /* Requests keep coming: every trim still takes its 16. */
+    yield_calls = 0;
+    yield_after = 1;
+    ck_assert_int_eq(engine_trim(s, 100), 16);
+    ck_assert(s->trim_more);
+    ck_assert_uint_eq(s->total.trim_yields, 2);
+    /* None waits: the budget rules again, and the trims go down to the low watermark. */
+    yield_after = INT32_MAX;
+    n = first + 16;
+    for (; s->trim_more && rounds < 10000; rounds++)
+        n += engine_trim(s, 100);
+    ck_assert(!s->trim_more);
+    ck_assert_int_ge(n, 3800);
+    ck_assert_uint_le(store_host_used(s), store_host_capacity(s) / 20);
+    ck_assert_uint_eq(s->total.trim_yields, 2);
+    s->trim_yield = NULL;
+    check_invariants();
+    store_owner_fini(s, &o);
+}
+END_TEST
+
 START_TEST(test_namespaces_and_layouts)
 {
     struct kvc_wire_layout l = layout_fp16("m", 2, 0), other = layout_fp16("m", 3, 0), bad;
@@ -549,6 +606,7 @@ int main(void)
     tcase_add_test(tc, test_nospace_when_all_pinned);
     tcase_add_test(tc, test_watermarks_trim);
     tcase_add_test(tc, test_trim_budget);
+    tcase_add_test(tc, test_trim_yields_to_requests);
     tcase_add_test(tc, test_namespaces_and_layouts);
     tcase_add_test(tc, test_handle_limits);
     tcase_add_test(tc, test_pin_count_cannot_wrap);

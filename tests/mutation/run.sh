@@ -659,6 +659,12 @@ mutation put-not-behind-own-uid daemon/server_dispatch.c "check_e2e_quant" \
 '    if (may_wait && server_reserve_behind(sv, c, ns, now)) {' \
 '    if (false && may_wait && server_reserve_behind(sv, c, ns, now)) {'
 
+# Issue 32: a trim no longer stops for a waiting request (the loop's poll is never asked):
+# a put behind a commit's trim waits for its first 256 evictions.
+mutation trim-yield-ignored daemon/engine.c "check_store" \
+'    if (!spent && acted > 0 && acted % ENGINE_TRIM_YIELD_EVERY == 0 && s->trim_yield &&' \
+'    if (false && acted > 0 && acted % ENGINE_TRIM_YIELD_EVERY == 0 && s->trim_yield &&'
+
 # Issue 26: a lookup's policy work kept past its reply is never applied by the server (the
 # tuner and the hits' accesses wait for the next lookup).
 mutation post-flush-after-reply daemon/server_dispatch.c "check_e2e_gpu_fake" \
