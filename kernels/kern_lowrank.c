@@ -108,38 +108,60 @@ KT static __m256 lr_fold8_lanes(const __m256 *p)
                          _mm256_permute2f128_ps(q0, q1, 0x31));
 }
 
+/* g = K K^T (T <= D): tiles of two rows i by four rows j, the eight entries' sums in eight
+ * vectors (channel k in lane k % 8), so a step loads six vectors for eight products; the
+ * tiles cover the upper half and g's symmetry (a * b == b * a, the same order) the rest. */
+KT static void lr_gram_tok_avx2(const float *x, uint32_t n, uint32_t D, float *g)
+{
+    const uint32_t dv = D & ~7u;
+    float f[8];
+    for (uint32_t i0 = 0; i0 < n; i0 += 2)
+        for (uint32_t j0 = i0 & ~3u; j0 < n; j0 += 4) {
+            /* rows past n: row i0 or j0 again, their entries not stored */
+            const float *a0 = x + (uint64_t)i0 * D, *a1 = x + (uint64_t)(i0 + 1 < n ? i0 + 1 : i0) * D;
+            const float *b0 = x + (uint64_t)j0 * D;
+            const float *b1 = x + (uint64_t)(j0 + 1 < n ? j0 + 1 : j0) * D;
+            const float *b2 = x + (uint64_t)(j0 + 2 < n ? j0 + 2 : j0) * D;
+            const float *b3 = x + (uint64_t)(j0 + 3 < n ? j0 + 3 : j0) * D;
+            __m256 p0 = _mm256_setzero_ps(), p1 = p0, p2 = p0, p3 = p0, q0 = p0, q1 = p0, q2 = p0,
+                   q3 = p0;
+            uint32_t k = 0;
+#define LR_STEP(LD)                                                                                \
+    do {                                                                                           \
+        const __m256 u0 = LD(a0), u1 = LD(a1), c0 = LD(b0), c1 = LD(b1), c2 = LD(b2), c3 = LD(b3);  \
+        p0 = _mm256_add_ps(p0, _mm256_mul_ps(u0, c0));                                             \
+        p1 = _mm256_add_ps(p1, _mm256_mul_ps(u0, c1));                                             \
+        p2 = _mm256_add_ps(p2, _mm256_mul_ps(u0, c2));                                             \
+        p3 = _mm256_add_ps(p3, _mm256_mul_ps(u0, c3));                                             \
+        q0 = _mm256_add_ps(q0, _mm256_mul_ps(u1, c0));                                             \
+        q1 = _mm256_add_ps(q1, _mm256_mul_ps(u1, c1));                                             \
+        q2 = _mm256_add_ps(q2, _mm256_mul_ps(u1, c2));                                             \
+        q3 = _mm256_add_ps(q3, _mm256_mul_ps(u1, c3));                                             \
+    } while (0)
+#define LR_FULL(r) _mm256_loadu_ps((r) + k)
+#define LR_TAIL(r) lr_load((r) + k, D - k)
+            for (; k < dv; k += 8)
+                LR_STEP(LR_FULL);
+            if (k < D) /* the tail's lanes past D: 0 * 0 added to a sum that is never -0 */
+                LR_STEP(LR_TAIL);
+#undef LR_FULL
+#undef LR_TAIL
+#undef LR_STEP
+            const __m256 p[8] = {p0, p1, p2, p3, q0, q1, q2, q3};
+            _mm256_storeu_ps(f, lr_fold8_lanes(p));
+            for (uint32_t r = 0; r < 2 && i0 + r < n; r++)
+                for (uint32_t c = 0; c < 4 && j0 + c < n; c++) {
+                    const uint32_t i = i0 + r, j = j0 + c;
+                    if (j >= i)
+                        g[i * n + j] = g[j * n + i] = f[r * 4 + c];
+                }
+        }
+}
+
 KT static void lr_gram_avx2(const float *x, uint32_t T, uint32_t D, float *g)
 {
-    if (T <= D) { /* sum over channels: channel k in lane k % 8 of one vector per entry */
-        const uint32_t n = T;
-        float f[8];
-        /* g is symmetric and a * b == b * a: entries j >= i, eight at a time, mirrored */
-        for (uint32_t i = 0; i < n; i++)
-            for (uint32_t j0 = i; j0 < n; j0 += 8) {
-                const uint32_t m = n - j0 < 8 ? n - j0 : 8;
-                const float *xi = x + (uint64_t)i * D, *xj[8];
-                for (uint32_t c = 0; c < 8; c++) /* rows past n: any row, result unused */
-                    xj[c] = x + (uint64_t)(c < m ? j0 + c : i) * D;
-                __m256 p0 = _mm256_setzero_ps(), p1 = p0, p2 = p0, p3 = p0, p4 = p0, p5 = p0,
-                       p6 = p0, p7 = p0;
-                for (uint32_t k = 0; k < D; k += 8) {
-                    const __m256 a = lr_load(xi + k, D - k);
-#define LR_ACC(P, C) P = _mm256_add_ps(P, _mm256_mul_ps(a, lr_load(xj[C] + k, D - k)))
-                    LR_ACC(p0, 0);
-                    LR_ACC(p1, 1);
-                    LR_ACC(p2, 2);
-                    LR_ACC(p3, 3);
-                    LR_ACC(p4, 4);
-                    LR_ACC(p5, 5);
-                    LR_ACC(p6, 6);
-                    LR_ACC(p7, 7);
-#undef LR_ACC
-                }
-                const __m256 p[8] = {p0, p1, p2, p3, p4, p5, p6, p7};
-                _mm256_storeu_ps(f, lr_fold8_lanes(p));
-                for (uint32_t c = 0; c < m; c++)
-                    g[i * n + j0 + c] = g[(j0 + c) * n + i] = f[c];
-            }
+    if (T <= D) {
+        lr_gram_tok_avx2(x, T, D, g);
         return;
     }
     /* sum over tokens: token k into partial vector k % 8, eight entries j at a time */
@@ -202,6 +224,52 @@ KT static void lr_project_avx2(const float *x, uint32_t T, uint32_t D, const flo
             _mm256_storeu_ps(f, p);
             u[t] = sigma > 0.0f ? KERN_DIV(kern_sum8_fold(f), sigma) : 0.0f;
         }
+    }
+}
+
+/* lr_project_ref's w for factors e0 and e1 at once (T <= D; u0, u1 their columns of v):
+ * channels d in the lanes; partial c % 8 of each summed over its tokens c, c + 8, ... in
+ * order, one class after another (two live sums, not sixteen: AVX2 has 16 registers), folded
+ * as kern_sum8_fold as the classes come. A step loads one vector of x for two products. */
+KT static void lr_project_tok2_avx2(const float *x, uint32_t T, uint32_t D, const float *u0,
+                                    const float *u1, float s0, float s1, float *w0, float *w1)
+{
+    const __m256 z = _mm256_setzero_ps();
+    for (uint32_t d = 0; d < D; d += 8) {
+        const uint32_t m = D - d < 8 ? D - d : 8;
+        const float *xd = x + d;
+        __m256 p[2], q[2], pl = z, ql = z, pr = z, qr = z;
+#define LR_CLS(C, K)                                                                               \
+    do {                                                                                           \
+        p[K] = q[K] = z;                                                                           \
+        for (uint32_t t = (C); t < T; t += 8) {                                                    \
+            const __m256 xv = lr_load(xd + (uint64_t)t * D, m);                                    \
+            p[K] = _mm256_add_ps(p[K], _mm256_mul_ps(_mm256_broadcast_ss(u0 + t), xv));            \
+            q[K] = _mm256_add_ps(q[K], _mm256_mul_ps(_mm256_broadcast_ss(u1 + t), xv));            \
+        }                                                                                          \
+    } while (0)
+#define LR_PAIR(C, P, Q)                                                                           \
+    do {                                                                                           \
+        LR_CLS(C, 0);                                                                              \
+        LR_CLS(C + 1, 1);                                                                          \
+        P = _mm256_add_ps(p[0], p[1]);                                                             \
+        Q = _mm256_add_ps(q[0], q[1]);                                                             \
+    } while (0)
+        __m256 pa, qa, pb, qb;
+        LR_PAIR(0, pa, qa);
+        LR_PAIR(2, pb, qb);
+        pl = _mm256_add_ps(pa, pb);
+        ql = _mm256_add_ps(qa, qb);
+        LR_PAIR(4, pa, qa);
+        LR_PAIR(6, pb, qb);
+        pr = _mm256_add_ps(pa, pb);
+        qr = _mm256_add_ps(qa, qb);
+#undef LR_PAIR
+#undef LR_CLS
+        lr_store(w0 + d, s0 > 0.0f ? _mm256_div_ps(_mm256_add_ps(pl, pr), _mm256_set1_ps(s0)) : z,
+                 m);
+        lr_store(w1 + d, s1 > 0.0f ? _mm256_div_ps(_mm256_add_ps(ql, qr), _mm256_set1_ps(s1)) : z,
+                 m);
     }
 }
 
@@ -428,12 +496,15 @@ int kern_lowrank_enc(const struct kern_cpu_ops *ops, const struct kern_ext_ctx *
     const uint64_t hb = kern_lowrank_head_bytes(D, T);
     const float keep = kern_lowrank_keep(c->rec->lowrank_energy);
     const int vec = ops != &kern_ref_ops;
-    float *x =
-        malloc(((size_t)T * D + 2 * (size_t)n * n + T + D) * sizeof(float) + n * sizeof(uint32_t));
+    /* x, g, v; u and w: the factors' columns and rows (cap each); sigma (cap); ord (n) */
+    float *x = malloc(((size_t)T * D + 2 * (size_t)n * n + (size_t)cap * (T + D + 1)) *
+                          sizeof(float) +
+                      n * sizeof(uint32_t));
     if (!x)
         return -ENOMEM;
-    float *g = x + (size_t)T * D, *v = g + (size_t)n * n, *u = v + (size_t)n * n, *w = u + T;
-    uint32_t *ord = (uint32_t *)(w + D);
+    float *g = x + (size_t)T * D, *v = g + (size_t)n * n, *u = v + (size_t)n * n,
+          *w = u + (size_t)cap * T;
+    uint32_t *ord = (uint32_t *)(w + (size_t)cap * D + cap);
     for (uint32_t h = 0; h < H; h++) {
         uint8_t *head = sect + h * hb;
         memset(head, 0, hb);
@@ -446,10 +517,29 @@ int kern_lowrank_enc(const struct kern_cpu_ops *ops, const struct kern_ext_ctx *
             vec ? lr_eig_avx2(g, v, n, cap, keep, ord) : kern_lowrank_eig(g, v, n, cap, keep, ord);
         memcpy(head, &r, 4);
         uint8_t *uo = head + 16 + 4 * cap, *wo = uo + 2ull * T * cap;
+        float *sig = w + (size_t)cap * D;
         for (uint32_t i = 0; i < r; i++) {
             float e = g[ord[i] * n + ord[i]];
-            float sigma = sqrtf(e > 0.0f ? e : 0.0f);
-            memcpy(head + 16 + 4 * i, &sigma, 4);
+            sig[i] = sqrtf(e > 0.0f ? e : 0.0f);
+            memcpy(head + 16 + 4 * i, &sig[i], 4);
+        }
+        if (vec && T <= D) { /* every factor's u first, then their w two at a time */
+            for (uint32_t i = 0; i < r; i++)
+                for (uint32_t t = 0; t < T; t++)
+                    u[(size_t)i * T + t] = v[t * n + ord[i]];
+            for (uint32_t i = 0; i < r; i += 2) {
+                const uint32_t i1 = i + 1 < r ? i + 1 : i;
+                lr_project_tok2_avx2(x, T, D, u + (size_t)i * T, u + (size_t)i1 * T, sig[i],
+                                     sig[i1], w + (size_t)i * D, w + (size_t)i1 * D);
+            }
+            for (uint32_t i = 0; i < r; i++) {
+                lr_put_h_avx2(uo + 2ull * i, 2ull * cap, u + (size_t)i * T, T);
+                lr_put_h_avx2(wo + 2ull * i * D, 2, w + (size_t)i * D, D);
+            }
+            continue;
+        }
+        for (uint32_t i = 0; i < r; i++) {
+            const float sigma = sig[i];
             if (vec)
                 lr_project_avx2(x, T, D, v, ord[i], sigma, u, w);
             else
