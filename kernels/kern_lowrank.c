@@ -180,50 +180,19 @@ KT static void lr_gram_avx2(const float *x, uint32_t T, uint32_t D, float *g)
         }
 }
 
-KT static void lr_project_avx2(const float *x, uint32_t T, uint32_t D, const float *v, uint32_t e,
-                               float sigma, float *u, float *w)
+/* lr_project_ref's u for T > D, w the factor's row (column e of v): token t's dot with w in
+ * kern_sum8 order (channel d in lane d % 8), then the fold and the division. */
+KT static void lr_project_dim_avx2(const float *x, uint32_t T, uint32_t D, const float *w,
+                                   float sigma, float *u)
 {
-    const uint32_t n = T <= D ? T : D;
-    if (T <= D) {
-        for (uint32_t t = 0; t < T; t++)
-            u[t] = v[t * n + e];
-        for (uint32_t d = 0; d < D; d += 8) {
-            __m256 p0 = _mm256_setzero_ps(), p1 = p0, p2 = p0, p3 = p0, p4 = p0, p5 = p0, p6 = p0,
-                   p7 = p0;
-            float f[8];
-            /* token t into partial t % 8, eight tokens a step (registers, not memory) */
-#define LR_ACC(P, C)                                                                               \
-    if (t + C < T)                                                                                 \
-    P = _mm256_add_ps(                                                                             \
-        P, _mm256_mul_ps(_mm256_set1_ps(u[t + C]), lr_load(x + (uint64_t)(t + C) * D + d, D - d)))
-            for (uint32_t t = 0; t < T; t += 8) {
-                LR_ACC(p0, 0);
-                LR_ACC(p1, 1);
-                LR_ACC(p2, 2);
-                LR_ACC(p3, 3);
-                LR_ACC(p4, 4);
-                LR_ACC(p5, 5);
-                LR_ACC(p6, 6);
-                LR_ACC(p7, 7);
-            }
-#undef LR_ACC
-            const __m256 p[8] = {p0, p1, p2, p3, p4, p5, p6, p7};
-            _mm256_storeu_ps(f, sigma > 0.0f ? _mm256_div_ps(lr_fold8(p), _mm256_set1_ps(sigma))
-                                             : _mm256_setzero_ps());
-            memcpy(w + d, f, (D - d < 8 ? D - d : 8) * sizeof(float));
-        }
-    } else {
-        float f[8];
-        for (uint32_t d = 0; d < D; d++)
-            w[d] = v[d * n + e];
-        for (uint32_t t = 0; t < T; t++) {
-            __m256 p = _mm256_setzero_ps();
-            for (uint32_t d = 0; d < D; d += 8)
-                p = _mm256_add_ps(p, _mm256_mul_ps(lr_load(x + (uint64_t)t * D + d, D - d),
-                                                   lr_load(w + d, D - d)));
-            _mm256_storeu_ps(f, p);
-            u[t] = sigma > 0.0f ? KERN_DIV(kern_sum8_fold(f), sigma) : 0.0f;
-        }
+    float f[8];
+    for (uint32_t t = 0; t < T; t++) {
+        __m256 p = _mm256_setzero_ps();
+        for (uint32_t d = 0; d < D; d += 8)
+            p = _mm256_add_ps(p, _mm256_mul_ps(lr_load(x + (uint64_t)t * D + d, D - d),
+                                               lr_load(w + d, D - d)));
+        _mm256_storeu_ps(f, p);
+        u[t] = sigma > 0.0f ? KERN_DIV(kern_sum8_fold(f), sigma) : 0.0f;
     }
 }
 
@@ -273,94 +242,181 @@ KT static void lr_project_tok2_avx2(const float *x, uint32_t T, uint32_t D, cons
     }
 }
 
-/* kern_lowrank_gv, eight rows i at a time (the sum over j keeps its order). */
-KT static void lr_gv_avx2(const float *g, const float *V, float *Z, uint32_t n, uint32_t c)
+/* ---- AVX2: the subspace search, eight heads at once ---------------------------------------- */
+
+/* The search (kern_lowrank_start, _gv, _orth, _pick) is chains of dependent sums: a dot of
+ * modified Gram-Schmidt, then its update, then the next dot. One head a vector at a time
+ * waits on every chain (a dot of 32 values is four adds in a row and a fold); with eight
+ * heads in the lanes of a vector, each lane runs the reference's scalar code, every sum in its
+ * order (sqrt and division are correctly rounded in both), and the lanes' work is throughput,
+ * not latency. A matrix in lanes: element k of row e at [(e * n + k) * 8 + lane]. */
+#define LR_LANES 8
+
+KT static inline __attribute__((always_inline)) void lr_tr8x8(__m256 *r)
 {
-    for (uint32_t e = 0; e < c; e++)
-        for (uint32_t i = 0; i < n; i += 8) {
-            __m256 acc = _mm256_setzero_ps();
-            for (uint32_t j = 0; j < n; j++)
-                acc = _mm256_add_ps(acc, _mm256_mul_ps(lr_load(g + j * n + i, n - i),
-                                                       _mm256_set1_ps(V[e * n + j])));
-            lr_store(Z + e * n + i, acc, n - i);
+    const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    const __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xee);
+    const __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xee);
+    const __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xee);
+    const __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xee);
+    r[0] = _mm256_permute2f128_ps(s0, s4, 0x20);
+    r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
+    r[2] = _mm256_permute2f128_ps(s2, s6, 0x20);
+    r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
+    r[4] = _mm256_permute2f128_ps(s0, s4, 0x31);
+    r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
+    r[6] = _mm256_permute2f128_ps(s2, s6, 0x31);
+    r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+}
+
+/* Into lanes: dst[k] lane l = src[l][k], k < n. */
+KT static void lr_to_lanes(const float *const *src, uint32_t n, float *dst)
+{
+    uint32_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        __m256 r[8];
+        for (int l = 0; l < 8; l++)
+            r[l] = _mm256_loadu_ps(src[l] + k);
+        lr_tr8x8(r);
+        for (int q = 0; q < 8; q++)
+            _mm256_storeu_ps(dst + (k + q) * 8, r[q]);
+    }
+    for (; k < n; k++)
+        for (int l = 0; l < 8; l++)
+            dst[k * 8 + l] = src[l][k];
+}
+
+/* Out of lanes: dst[l][k] = src[k] lane l, k < n. */
+KT static void lr_from_lanes(const float *src, uint32_t n, float *const *dst)
+{
+    uint32_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        __m256 r[8];
+        for (int q = 0; q < 8; q++)
+            r[q] = _mm256_loadu_ps(src + (k + q) * 8);
+        lr_tr8x8(r);
+        for (int l = 0; l < 8; l++)
+            _mm256_storeu_ps(dst[l] + k, r[l]);
+    }
+    for (; k < n; k++)
+        for (int l = 0; l < 8; l++)
+            dst[l][k] = src[k * 8 + l];
+}
+
+#define LR_V(p, k) _mm256_loadu_ps((p) + (uint64_t)(k) * 8)
+
+/* kern_lowrank_dot per lane: a and b rows of n in lanes. */
+KT static __m256 lr_dot_lanes(const float *a, const float *b, uint32_t n)
+{
+    __m256 p0 = _mm256_setzero_ps(), p1 = p0, p2 = p0, p3 = p0, p4 = p0, p5 = p0, p6 = p0,
+           p7 = p0;
+    uint32_t k = 0;
+#define LR_ACC(P, C) P = _mm256_add_ps(P, _mm256_mul_ps(LR_V(a, k + C), LR_V(b, k + C)))
+    for (; k + 8 <= n; k += 8) {
+        LR_ACC(p0, 0);
+        LR_ACC(p1, 1);
+        LR_ACC(p2, 2);
+        LR_ACC(p3, 3);
+        LR_ACC(p4, 4);
+        LR_ACC(p5, 5);
+        LR_ACC(p6, 6);
+        LR_ACC(p7, 7);
+    }
+    /* the last n % 8: classes 0 .. n % 8 - 1 take one more term each */
+    if (k + 0 < n)
+        LR_ACC(p0, 0);
+    if (k + 1 < n)
+        LR_ACC(p1, 1);
+    if (k + 2 < n)
+        LR_ACC(p2, 2);
+    if (k + 3 < n)
+        LR_ACC(p3, 3);
+    if (k + 4 < n)
+        LR_ACC(p4, 4);
+    if (k + 5 < n)
+        LR_ACC(p5, 5);
+    if (k + 6 < n)
+        LR_ACC(p6, 6);
+#undef LR_ACC
+    return _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(p0, p1), _mm256_add_ps(p2, p3)),
+                         _mm256_add_ps(_mm256_add_ps(p4, p5), _mm256_add_ps(p6, p7)));
+}
+
+/* kern_lowrank_gv per lane: Z[e][i] = sum_j G[j][i] V[e][j], j in order from +0; tiles of two
+ * columns e by four rows i (six loads for eight products). */
+KT static void lr_gv_lanes(const float *G, const float *V, float *Z, uint32_t n, uint32_t c)
+{
+    for (uint32_t e = 0; e < c; e += 2) {
+        const uint32_t e1 = e + 1 < c ? e + 1 : e;
+        const float *v0 = V + (uint64_t)e * n * 8, *v1 = V + (uint64_t)e1 * n * 8;
+        float *z0 = Z + (uint64_t)e * n * 8, *z1 = Z + (uint64_t)e1 * n * 8;
+        uint32_t i = 0;
+        for (; i + 4 <= n; i += 4) {
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0,
+                   b3 = a0;
+            for (uint32_t j = 0; j < n; j++) {
+                const float *gj = G + ((uint64_t)j * n + i) * 8;
+                const __m256 x0 = LR_V(v0, j), x1 = LR_V(v1, j);
+                const __m256 g0 = LR_V(gj, 0), g1 = LR_V(gj, 1), g2 = LR_V(gj, 2),
+                             g3 = LR_V(gj, 3);
+                a0 = _mm256_add_ps(a0, _mm256_mul_ps(g0, x0));
+                a1 = _mm256_add_ps(a1, _mm256_mul_ps(g1, x0));
+                a2 = _mm256_add_ps(a2, _mm256_mul_ps(g2, x0));
+                a3 = _mm256_add_ps(a3, _mm256_mul_ps(g3, x0));
+                b0 = _mm256_add_ps(b0, _mm256_mul_ps(g0, x1));
+                b1 = _mm256_add_ps(b1, _mm256_mul_ps(g1, x1));
+                b2 = _mm256_add_ps(b2, _mm256_mul_ps(g2, x1));
+                b3 = _mm256_add_ps(b3, _mm256_mul_ps(g3, x1));
+            }
+            _mm256_storeu_ps(z0 + (i + 0) * 8, a0);
+            _mm256_storeu_ps(z0 + (i + 1) * 8, a1);
+            _mm256_storeu_ps(z0 + (i + 2) * 8, a2);
+            _mm256_storeu_ps(z0 + (i + 3) * 8, a3);
+            _mm256_storeu_ps(z1 + (i + 0) * 8, b0);
+            _mm256_storeu_ps(z1 + (i + 1) * 8, b1);
+            _mm256_storeu_ps(z1 + (i + 2) * 8, b2);
+            _mm256_storeu_ps(z1 + (i + 3) * 8, b3);
         }
+        for (; i < n; i++) {
+            __m256 a0 = _mm256_setzero_ps(), b0 = a0;
+            for (uint32_t j = 0; j < n; j++) {
+                const __m256 g0 = LR_V(G, (uint64_t)j * n + i);
+                a0 = _mm256_add_ps(a0, _mm256_mul_ps(g0, LR_V(v0, j)));
+                b0 = _mm256_add_ps(b0, _mm256_mul_ps(g0, LR_V(v1, j)));
+            }
+            _mm256_storeu_ps(z0 + i * 8, a0);
+            _mm256_storeu_ps(z1 + i * 8, b0);
+        }
+    }
 }
 
-/* a . b in kern_sum8 order: lane k % 8 sums its elements in order, then the fold. */
-KT static float lr_dot_avx2(const float *a, const float *b, uint32_t n)
+/* kern_lowrank_orth per lane. */
+KT static void lr_orth_lanes(const float *Z, float *V, uint32_t n, uint32_t c)
 {
-    __m256 p = _mm256_setzero_ps();
-    float f[8];
-    for (uint32_t k = 0; k < n; k += 8)
-        p = _mm256_add_ps(p, _mm256_mul_ps(lr_load(a + k, n - k), lr_load(b + k, n - k)));
-    _mm256_storeu_ps(f, p);
-    return kern_sum8_fold(f);
-}
-
-/* kern_lowrank_orth a vector at a time. */
-KT static void lr_orth_avx2(const float *Z, float *V, uint32_t n, uint32_t c)
-{
+    const __m256 eps = _mm256_set1_ps(1e-12f), one = _mm256_set1_ps(1.0f);
     for (uint32_t e = 0; e < c; e++) {
-        float *ve = V + e * n;
-        memcpy(ve, Z + e * n, n * sizeof(float));
-        const float nrm0 = lr_dot_avx2(ve, ve, n);
+        float *ve = V + (uint64_t)e * n * 8;
+        memcpy(ve, Z + (uint64_t)e * n * 8, (size_t)n * 8 * sizeof(float));
+        const __m256 nrm0 = lr_dot_lanes(ve, ve, n);
         for (int pass = 0; pass < 2; pass++)
             for (uint32_t j = 0; j < e; j++) {
-                const __m256 d = _mm256_set1_ps(lr_dot_avx2(V + j * n, ve, n));
-                for (uint32_t k = 0; k < n; k += 8)
-                    lr_store(ve + k,
-                             _mm256_sub_ps(lr_load(ve + k, n - k),
-                                           _mm256_mul_ps(d, lr_load(V + j * n + k, n - k))),
-                             n - k);
+                const float *vj = V + (uint64_t)j * n * 8;
+                const __m256 d = lr_dot_lanes(vj, ve, n);
+                for (uint32_t k = 0; k < n; k++)
+                    _mm256_storeu_ps(ve + k * 8,
+                                     _mm256_sub_ps(LR_V(ve, k), _mm256_mul_ps(d, LR_V(vj, k))));
             }
-        const float nrm = lr_dot_avx2(ve, ve, n);
+        const __m256 nrm = lr_dot_lanes(ve, ve, n);
+        /* nrm > 1e-12 nrm0 ? 1 / sqrt(nrm) : 0 (NaN: 0) */
         const __m256 inv =
-            _mm256_set1_ps(nrm > KERN_MUL(1e-12f, nrm0) ? KERN_DIV(1.0f, sqrtf(nrm)) : 0.0f);
-        for (uint32_t k = 0; k < n; k += 8)
-            lr_store(ve + k, _mm256_mul_ps(lr_load(ve + k, n - k), inv), n - k);
+            _mm256_and_ps(_mm256_cmp_ps(nrm, _mm256_mul_ps(eps, nrm0), _CMP_GT_OQ),
+                          _mm256_div_ps(one, _mm256_sqrt_ps(nrm)));
+        for (uint32_t k = 0; k < n; k++)
+            _mm256_storeu_ps(ve + k * 8, _mm256_mul_ps(LR_V(ve, k), inv));
     }
-}
-
-/* kern_lowrank_start with lr_orth_avx2. */
-static float lr_start_avx2(const float *g, float *V, float *Z, uint32_t n, uint32_t c,
-                           uint32_t *ord)
-{
-    float total = 0.0f;
-    for (uint32_t i = 0; i < n; i++) {
-        const float e = g[i * n + i];
-        total = KERN_ADD(total, e > 0.0f ? e : 0.0f);
-        ord[i] = i;
-    }
-    for (uint32_t i = 0; i < c; i++) {
-        uint32_t best = i;
-        for (uint32_t j = i + 1; j < n; j++) {
-            float x = g[ord[j] * n + ord[j]], y = g[ord[best] * n + ord[best]];
-            if (x > y || (x == y && ord[j] < ord[best]))
-                best = j;
-        }
-        const uint32_t tmp = ord[i];
-        ord[i] = ord[best];
-        ord[best] = tmp;
-        memcpy(Z + i * n, g + ord[i] * n, n * sizeof(float));
-    }
-    lr_orth_avx2(Z, V, n, c);
-    return total;
-}
-
-/* kern_lowrank_eig with the products g V and the orthogonalisation above. */
-static uint32_t lr_eig_avx2(float *g, float *v, uint32_t n, uint32_t cap, float keep, uint32_t *ord)
-{
-    if (n < 2)
-        return kern_lowrank_eig(g, v, n, cap, keep, ord);
-    const uint32_t c = cap < n ? cap : n;
-    float *V = v, *Z = v + c * n;
-    const float total = lr_start_avx2(g, V, Z, n, c, ord);
-    for (int it = 0; it < KERN_LOWRANK_ITERS; it++) {
-        lr_gv_avx2(g, V, Z, n, c);
-        lr_orth_avx2(Z, V, n, c);
-    }
-    lr_gv_avx2(g, V, Z, n, c);
-    return kern_lowrank_pick(g, v, n, c, keep, total, ord);
 }
 
 /* kern_put_h(o + k * stride, kern_sanitize(a[k])) for k < n, eight at a time (F16C rounds
@@ -488,6 +544,161 @@ static void lr_rows_ref(const uint8_t *head, uint32_t rank, uint32_t cap, uint32
 
 /* ---- the section ------------------------------------------------------------------------- */
 
+/* A group of up to eight heads h0 .. h0 + nh - 1 of the section (n >= 2): each head's keys
+ * and Gram matrix, the search with the heads in lanes (lanes past nh repeat head h0), then
+ * each head's rank, sigmas and factors. x: 8 heads' keys (T x D each); g: 8 Gram matrices;
+ * G, V, Z: the lanes' Gram matrix, vectors and products; vh: 8 heads' vectors (c x n each,
+ * vector e's row at e * n); w: the factors' rows (cap x D). */
+struct lr_work {
+    float *x, *g, *G, *V, *Z, *vh, *w;
+};
+
+KT static void lr_enc_group_avx2(const struct kern_cpu_ops *ops, const struct kern_ext_ctx *cx,
+                                 uint8_t *sect, uint32_t h0, uint32_t nh, const struct lr_work *ws)
+{
+    const struct kern_layout *lay = cx->lay;
+    const uint32_t T = lay->tokens, H = lay->heads, D = lay->head_dim;
+    const uint32_t n = T <= D ? T : D, cap = kern_lowrank_cap(D, T), c = cap < n ? cap : n;
+    const uint64_t hb = kern_lowrank_head_bytes(D, T), xs = (uint64_t)T * D, gs = (uint64_t)n * n;
+    const float keep = kern_lowrank_keep(cx->rec->lowrank_energy);
+    const float *src[LR_LANES];
+    float *dst[LR_LANES], total[LR_LANES], lam[16 * LR_LANES];
+    uint32_t ord[LR_LANES][64];
+    for (uint32_t l = 0; l < LR_LANES; l++) {
+        const float *g = ws->g + (l < nh ? l : 0) * gs;
+        if (l < nh) {
+            ops->load(cx->rawk + 2ull * (h0 + l) * D, lay->dtype, (uint64_t)H * D, T, D,
+                      ws->x + l * xs);
+            lr_gram_avx2(ws->x + l * xs, T, D, ws->g + l * gs);
+        }
+        /* kern_lowrank_start's trace and its c columns of g with the largest diagonal */
+        total[l] = 0.0f;
+        for (uint32_t i = 0; i < n; i++) {
+            const float e = g[i * n + i];
+            total[l] = KERN_ADD(total[l], e > 0.0f ? e : 0.0f);
+            ord[l][i] = i;
+        }
+        for (uint32_t i = 0; i < c; i++) {
+            uint32_t best = i;
+            for (uint32_t j = i + 1; j < n; j++) {
+                float a = g[ord[l][j] * n + ord[l][j]], b = g[ord[l][best] * n + ord[l][best]];
+                if (a > b || (a == b && ord[l][j] < ord[l][best]))
+                    best = j;
+            }
+            const uint32_t tmp = ord[l][i];
+            ord[l][i] = ord[l][best];
+            ord[l][best] = tmp;
+        }
+    }
+    for (uint32_t j = 0; j < n; j++) {
+        for (uint32_t l = 0; l < LR_LANES; l++)
+            src[l] = ws->g + (l < nh ? l : 0) * gs + j * n;
+        lr_to_lanes(src, n, ws->G + (uint64_t)j * n * 8);
+    }
+    for (uint32_t i = 0; i < c; i++) {
+        for (uint32_t l = 0; l < LR_LANES; l++)
+            src[l] = ws->g + (l < nh ? l : 0) * gs + ord[l][i] * n;
+        lr_to_lanes(src, n, ws->Z + (uint64_t)i * n * 8);
+    }
+    lr_orth_lanes(ws->Z, ws->V, n, c);
+    for (int it = 0; it < KERN_LOWRANK_ITERS; it++) {
+        lr_gv_lanes(ws->G, ws->V, ws->Z, n, c);
+        lr_orth_lanes(ws->Z, ws->V, n, c);
+    }
+    lr_gv_lanes(ws->G, ws->V, ws->Z, n, c);
+    /* kern_lowrank_pick: each vector's energy v . (g v), then the vectors out of the lanes */
+    for (uint32_t e = 0; e < c; e++) {
+        const __m256 l = lr_dot_lanes(ws->V + (uint64_t)e * n * 8, ws->Z + (uint64_t)e * n * 8, n);
+        _mm256_storeu_ps(lam + e * 8,
+                         _mm256_and_ps(_mm256_cmp_ps(l, _mm256_setzero_ps(), _CMP_GT_OQ), l));
+        for (uint32_t k = 0; k < LR_LANES; k++)
+            dst[k] = ws->vh + ((uint64_t)k * c + e) * n;
+        lr_from_lanes(ws->V + (uint64_t)e * n * 8, n, dst);
+    }
+    for (uint32_t l = 0; l < nh; l++) {
+        uint8_t *head = sect + (h0 + l) * hb;
+        uint32_t *o = ord[l], r = c;
+        const float *x = ws->x + l * xs, *vh = ws->vh + (uint64_t)l * c * n;
+        memset(head, 0, hb);
+        for (uint32_t e = 0; e < c; e++)
+            o[e] = e;
+        for (uint32_t i = 0; i < c; i++) {
+            uint32_t best = i;
+            for (uint32_t j = i + 1; j < c; j++) {
+                float a = lam[o[j] * 8 + l], b = lam[o[best] * 8 + l];
+                if (a > b || (a == b && o[j] < o[best]))
+                    best = j;
+            }
+            const uint32_t tmp = o[i];
+            o[i] = o[best];
+            o[best] = tmp;
+        }
+        if (!(total[l] > 0.0f))
+            r = 0;
+        else {
+            const float want = KERN_MUL(keep, total[l]);
+            float cum = 0.0f;
+            for (uint32_t i = 0; i < c; i++) {
+                cum = KERN_ADD(cum, lam[o[i] * 8 + l]);
+                if (cum >= want) {
+                    r = i + 1;
+                    break;
+                }
+            }
+        }
+        memcpy(head, &r, 4);
+        uint8_t *uo = head + 16 + 4 * cap, *wo = uo + 2ull * T * cap;
+        float sig[16];
+        for (uint32_t i = 0; i < r; i++) {
+            sig[i] = sqrtf(lam[o[i] * 8 + l]); /* lam >= +0: kern_lowrank_pick clamped it */
+            memcpy(head + 16 + 4 * i, &sig[i], 4);
+        }
+        /* the factor's vector: u (T <= D) or w (else) as it is, the other projected */
+        if (T <= D) {
+            for (uint32_t i = 0; i < r; i += 2) {
+                const uint32_t i1 = i + 1 < r ? i + 1 : i;
+                lr_project_tok2_avx2(x, T, D, vh + (uint64_t)o[i] * n, vh + (uint64_t)o[i1] * n,
+                                     sig[i], sig[i1], ws->w + (uint64_t)i * D,
+                                     ws->w + (uint64_t)i1 * D);
+            }
+            for (uint32_t i = 0; i < r; i++) {
+                lr_put_h_avx2(uo + 2ull * i, 2ull * cap, vh + (uint64_t)o[i] * n, T);
+                lr_put_h_avx2(wo + 2ull * i * D, 2, ws->w + (uint64_t)i * D, D);
+            }
+        } else
+            for (uint32_t i = 0; i < r; i++) {
+                lr_project_dim_avx2(x, T, D, vh + (uint64_t)o[i] * n, sig[i], ws->w);
+                lr_put_h_avx2(uo + 2ull * i, 2ull * cap, ws->w, T);
+                lr_put_h_avx2(wo + 2ull * i * D, 2, vh + (uint64_t)o[i] * n, D);
+            }
+    }
+}
+
+static int lr_enc_avx2(const struct kern_cpu_ops *ops, const struct kern_ext_ctx *cx,
+                       uint8_t *sect)
+{
+    const struct kern_layout *lay = cx->lay;
+    const uint32_t T = lay->tokens, D = lay->head_dim;
+    const uint32_t n = T <= D ? T : D, cap = kern_lowrank_cap(D, T), c = cap < n ? cap : n;
+    const size_t xs = (size_t)T * D, gs = (size_t)n * n, vs = (size_t)c * n;
+    const size_t ws_w = (size_t)cap * (T > D ? T : D);
+    struct lr_work ws;
+    ws.x = malloc((LR_LANES * (xs + 2 * gs + 3 * vs) + ws_w) * sizeof(float));
+    if (!ws.x)
+        return -ENOMEM;
+    ws.g = ws.x + LR_LANES * xs;
+    ws.G = ws.g + LR_LANES * gs;
+    ws.V = ws.G + LR_LANES * gs;
+    ws.Z = ws.V + LR_LANES * vs;
+    ws.vh = ws.Z + LR_LANES * vs;
+    ws.w = ws.vh + LR_LANES * vs;
+    for (uint32_t h0 = 0; h0 < lay->heads; h0 += LR_LANES)
+        lr_enc_group_avx2(ops, cx, sect, h0,
+                          lay->heads - h0 < LR_LANES ? lay->heads - h0 : LR_LANES, &ws);
+    free(ws.x);
+    return 0;
+}
+
 int kern_lowrank_enc(const struct kern_cpu_ops *ops, const struct kern_ext_ctx *c, uint8_t *sect)
 {
     const struct kern_layout *lay = c->lay;
@@ -495,60 +706,27 @@ int kern_lowrank_enc(const struct kern_cpu_ops *ops, const struct kern_ext_ctx *
     const uint32_t n = T <= D ? T : D, cap = kern_lowrank_cap(D, T);
     const uint64_t hb = kern_lowrank_head_bytes(D, T);
     const float keep = kern_lowrank_keep(c->rec->lowrank_energy);
-    const int vec = ops != &kern_ref_ops;
-    /* x, g, v; u and w: the factors' columns and rows (cap each); sigma (cap); ord (n) */
-    float *x = malloc(((size_t)T * D + 2 * (size_t)n * n + (size_t)cap * (T + D + 1)) *
-                          sizeof(float) +
+    if (ops != &kern_ref_ops && n >= 2) /* n == 1: the reference's 1 x 1 case, no search */
+        return lr_enc_avx2(ops, c, sect);
+    float *x = malloc(((size_t)T * D + 2 * (size_t)n * n + T + D) * sizeof(float) +
                       n * sizeof(uint32_t));
     if (!x)
         return -ENOMEM;
-    float *g = x + (size_t)T * D, *v = g + (size_t)n * n, *u = v + (size_t)n * n,
-          *w = u + (size_t)cap * T;
-    uint32_t *ord = (uint32_t *)(w + (size_t)cap * D + cap);
+    float *g = x + (size_t)T * D, *v = g + (size_t)n * n, *u = v + (size_t)n * n, *w = u + T;
+    uint32_t *ord = (uint32_t *)(w + D);
     for (uint32_t h = 0; h < H; h++) {
         uint8_t *head = sect + h * hb;
         memset(head, 0, hb);
         ops->load(c->rawk + 2ull * h * D, lay->dtype, (uint64_t)H * D, T, D, x);
-        if (vec)
-            lr_gram_avx2(x, T, D, g);
-        else
-            lr_gram_ref(x, T, D, g);
-        uint32_t r =
-            vec ? lr_eig_avx2(g, v, n, cap, keep, ord) : kern_lowrank_eig(g, v, n, cap, keep, ord);
+        lr_gram_ref(x, T, D, g);
+        uint32_t r = kern_lowrank_eig(g, v, n, cap, keep, ord);
         memcpy(head, &r, 4);
         uint8_t *uo = head + 16 + 4 * cap, *wo = uo + 2ull * T * cap;
-        float *sig = w + (size_t)cap * D;
         for (uint32_t i = 0; i < r; i++) {
             float e = g[ord[i] * n + ord[i]];
-            sig[i] = sqrtf(e > 0.0f ? e : 0.0f);
-            memcpy(head + 16 + 4 * i, &sig[i], 4);
-        }
-        if (vec && T <= D) { /* every factor's u first, then their w two at a time */
-            for (uint32_t i = 0; i < r; i++)
-                for (uint32_t t = 0; t < T; t++)
-                    u[(size_t)i * T + t] = v[t * n + ord[i]];
-            for (uint32_t i = 0; i < r; i += 2) {
-                const uint32_t i1 = i + 1 < r ? i + 1 : i;
-                lr_project_tok2_avx2(x, T, D, u + (size_t)i * T, u + (size_t)i1 * T, sig[i],
-                                     sig[i1], w + (size_t)i * D, w + (size_t)i1 * D);
-            }
-            for (uint32_t i = 0; i < r; i++) {
-                lr_put_h_avx2(uo + 2ull * i, 2ull * cap, u + (size_t)i * T, T);
-                lr_put_h_avx2(wo + 2ull * i * D, 2, w + (size_t)i * D, D);
-            }
-            continue;
-        }
-        for (uint32_t i = 0; i < r; i++) {
-            const float sigma = sig[i];
-            if (vec)
-                lr_project_avx2(x, T, D, v, ord[i], sigma, u, w);
-            else
-                lr_project_ref(x, T, D, v, ord[i], sigma, u, w);
-            if (vec) {
-                lr_put_h_avx2(uo + 2ull * i, 2ull * cap, u, T);
-                lr_put_h_avx2(wo + 2ull * i * D, 2, w, D);
-                continue;
-            }
+            float sigma = sqrtf(e > 0.0f ? e : 0.0f);
+            memcpy(head + 16 + 4 * i, &sigma, 4);
+            lr_project_ref(x, T, D, v, ord[i], sigma, u, w);
             for (uint32_t t = 0; t < T; t++)
                 kern_put_h(uo + 2 * ((uint64_t)t * cap + i), kern_sanitize(u[t]));
             for (uint32_t d = 0; d < D; d++)
