@@ -196,49 +196,57 @@ KT static void lr_project_dim_avx2(const float *x, uint32_t T, uint32_t D, const
     }
 }
 
-/* lr_project_ref's w for factors e0 and e1 at once (T <= D; u0, u1 their columns of v):
- * channels d in the lanes; partial c % 8 of each summed over its tokens c, c + 8, ... in
- * order, one class after another (two live sums, not sixteen: AVX2 has 16 registers), folded
- * as kern_sum8_fold as the classes come. A step loads one vector of x for two products. */
-KT static void lr_project_tok2_avx2(const float *x, uint32_t T, uint32_t D, const float *u0,
-                                    const float *u1, float s0, float s1, float *w0, float *w1)
+/* lr_project_ref's w for every factor (T <= D; u[i] factor i's column of v, sig[i] its
+ * sigma, w[i] its row out): channels d in the lanes; for four factors at once, partial c of
+ * each (tokens c, c + 8, ... in order) is summed one class after another (four live sums:
+ * AVX2 has 16 registers, eight classes of four factors would spill), kept aside, then folded
+ * as kern_sum8_fold. A step loads one vector of x for four products. */
+KT static void lr_project_tok_avx2(const float *x, uint32_t T, uint32_t D, const float *const *u,
+                                   const float *sig, uint32_t r, float *const *w)
 {
     const __m256 z = _mm256_setzero_ps();
-    for (uint32_t d = 0; d < D; d += 8) {
-        const uint32_t m = D - d < 8 ? D - d : 8;
-        const float *xd = x + d;
-        __m256 p[2], q[2], pl = z, ql = z, pr = z, qr = z;
-#define LR_CLS(C, K)                                                                               \
+    const uint64_t step = 8ull * D;
+    for (uint32_t e = 0; e < r; e += 4) {
+        /* a chunk past r repeats its first factor; those rows are not stored */
+        const uint32_t q1 = e + 1 < r ? e + 1 : e, q2 = e + 2 < r ? e + 2 : e,
+                       q3 = e + 3 < r ? e + 3 : e;
+        const float *u0 = u[e], *u1 = u[q1], *u2 = u[q2], *u3 = u[q3];
+        for (uint32_t d = 0; d < D; d += 8) {
+            const uint32_t m = D - d < 8 ? D - d : 8;
+            __m256 part[8][4];
+            for (uint32_t c = 0; c < 8; c++) {
+                __m256 a0 = z, a1 = z, a2 = z, a3 = z;
+                const float *xp = x + (uint64_t)c * D + d;
+#define LR_TERM(LD)                                                                                \
     do {                                                                                           \
-        p[K] = q[K] = z;                                                                           \
-        for (uint32_t t = (C); t < T; t += 8) {                                                    \
-            const __m256 xv = lr_load(xd + (uint64_t)t * D, m);                                    \
-            p[K] = _mm256_add_ps(p[K], _mm256_mul_ps(_mm256_broadcast_ss(u0 + t), xv));            \
-            q[K] = _mm256_add_ps(q[K], _mm256_mul_ps(_mm256_broadcast_ss(u1 + t), xv));            \
-        }                                                                                          \
+        const __m256 xv = LD;                                                                      \
+        a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_broadcast_ss(u0 + t), xv));                    \
+        a1 = _mm256_add_ps(a1, _mm256_mul_ps(_mm256_broadcast_ss(u1 + t), xv));                    \
+        a2 = _mm256_add_ps(a2, _mm256_mul_ps(_mm256_broadcast_ss(u2 + t), xv));                    \
+        a3 = _mm256_add_ps(a3, _mm256_mul_ps(_mm256_broadcast_ss(u3 + t), xv));                    \
     } while (0)
-#define LR_PAIR(C, P, Q)                                                                           \
-    do {                                                                                           \
-        LR_CLS(C, 0);                                                                              \
-        LR_CLS(C + 1, 1);                                                                          \
-        P = _mm256_add_ps(p[0], p[1]);                                                             \
-        Q = _mm256_add_ps(q[0], q[1]);                                                             \
-    } while (0)
-        __m256 pa, qa, pb, qb;
-        LR_PAIR(0, pa, qa);
-        LR_PAIR(2, pb, qb);
-        pl = _mm256_add_ps(pa, pb);
-        ql = _mm256_add_ps(qa, qb);
-        LR_PAIR(4, pa, qa);
-        LR_PAIR(6, pb, qb);
-        pr = _mm256_add_ps(pa, pb);
-        qr = _mm256_add_ps(qa, qb);
-#undef LR_PAIR
-#undef LR_CLS
-        lr_store(w0 + d, s0 > 0.0f ? _mm256_div_ps(_mm256_add_ps(pl, pr), _mm256_set1_ps(s0)) : z,
-                 m);
-        lr_store(w1 + d, s1 > 0.0f ? _mm256_div_ps(_mm256_add_ps(ql, qr), _mm256_set1_ps(s1)) : z,
-                 m);
+                if (m == 8)
+                    for (uint32_t t = c; t < T; t += 8, xp += step)
+                        LR_TERM(_mm256_loadu_ps(xp));
+                else
+                    for (uint32_t t = c; t < T; t += 8, xp += step)
+                        LR_TERM(lr_load(xp, m));
+#undef LR_TERM
+                part[c][0] = a0;
+                part[c][1] = a1;
+                part[c][2] = a2;
+                part[c][3] = a3;
+            }
+            for (uint32_t q = 0; q < 4 && e + q < r; q++) {
+                const __m256 f = _mm256_add_ps(
+                    _mm256_add_ps(_mm256_add_ps(part[0][q], part[1][q]),
+                                  _mm256_add_ps(part[2][q], part[3][q])),
+                    _mm256_add_ps(_mm256_add_ps(part[4][q], part[5][q]),
+                                  _mm256_add_ps(part[6][q], part[7][q])));
+                const float sg = sig[e + q];
+                lr_store(w[e + q] + d, sg > 0.0f ? _mm256_div_ps(f, _mm256_set1_ps(sg)) : z, m);
+            }
+        }
     }
 }
 
@@ -655,12 +663,13 @@ KT static void lr_enc_group_avx2(const struct kern_cpu_ops *ops, const struct ke
         }
         /* the factor's vector: u (T <= D) or w (else) as it is, the other projected */
         if (T <= D) {
-            for (uint32_t i = 0; i < r; i += 2) {
-                const uint32_t i1 = i + 1 < r ? i + 1 : i;
-                lr_project_tok2_avx2(x, T, D, vh + (uint64_t)o[i] * n, vh + (uint64_t)o[i1] * n,
-                                     sig[i], sig[i1], ws->w + (uint64_t)i * D,
-                                     ws->w + (uint64_t)i1 * D);
+            const float *uc[16];
+            float *wr[16];
+            for (uint32_t i = 0; i < r; i++) {
+                uc[i] = vh + (uint64_t)o[i] * n;
+                wr[i] = ws->w + (uint64_t)i * D;
             }
+            lr_project_tok_avx2(x, T, D, uc, sig, r, wr);
             for (uint32_t i = 0; i < r; i++) {
                 lr_put_h_avx2(uo + 2ull * i, 2ull * cap, vh + (uint64_t)o[i] * n, T);
                 lr_put_h_avx2(wo + 2ull * i * D, 2, ws->w + (uint64_t)i * D, D);
