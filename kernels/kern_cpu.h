@@ -96,6 +96,15 @@ int kern_merge_dec(const struct kern_cpu_ops *ops, const struct kern_layout *lay
                    const uint8_t *sect, void *raw, uint32_t out_dtype);
 /* Tokens a layer's MERGE plan joins past the threshold (UINT64_MAX: no memory). */
 uint64_t kern_merge_count_forced(const struct kern_ext_ctx *c);
+/* LOWRANK's key sections with AVX-512 (kern_lowrank512.c), where kern_rot512_on() says so and
+ * D is a multiple of 16. kern_lowrank512_rows: a head's decoded rows (T tokens at o + t *
+ * stride halves of out_dtype) from su (T x rank: sigma_i u[t][i]) and wf (rank x D: w as
+ * floats). kern_lowrank512_project: the r factors' rows w[i] (D floats) from their columns
+ * u[i] (T floats, T <= D) and sigmas, as lr_project_ref. */
+void kern_lowrank512_rows(uint32_t rank, uint32_t T, uint32_t D, uint16_t *o, uint64_t stride,
+                          uint32_t out_dtype, const float *su, const float *wf);
+void kern_lowrank512_project(const float *x, uint32_t T, uint32_t D, const float *const *u,
+                             const float *sig, uint32_t r, float *const *w);
 int kern_lowrank_enc(const struct kern_cpu_ops *ops, const struct kern_ext_ctx *c, uint8_t *sect);
 int kern_lowrank_dec(const struct kern_cpu_ops *ops, const struct kern_layout *lay,
                      const uint8_t *sect, void *raw, uint32_t out_dtype);

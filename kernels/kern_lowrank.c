@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "kernels/kern_avx2.h"
+#include "kernels/kern_cpu.h"
 #include "kernels/kern_ext.h"
 
 /* ---- reference ---------------------------------------------------------------------------- */
@@ -457,7 +458,7 @@ KT static void lr_put_h_avx2(uint8_t *o, uint64_t stride, const float *a, uint32
  * halves as kern_store. Odd widths (D not a multiple of 16) a vector or a lane at a time. */
 KT static void lr_rows_avx2(const uint8_t *head, uint32_t rank, uint32_t cap, uint32_t T,
                             uint32_t D, uint16_t *o, uint64_t stride, uint32_t out_dtype, float *su,
-                            float *wf)
+                            float *wf, int wide)
 {
     const uint8_t *u = kern_lowrank_u(head, cap), *w = kern_lowrank_w(head, cap, T);
     /* su[t][i] = sigma_i * u[t][i]: row t of u is cap halves in a row, eight at a time */
@@ -491,6 +492,10 @@ KT static void lr_rows_avx2(const uint8_t *head, uint32_t rank, uint32_t cap, ui
                              _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wr + 2 * d))));
         for (; d < D; d++)
             wf[(uint64_t)i * D + d] = kern_get_h(wr + 2 * d);
+    }
+    if (wide) { /* D a multiple of 16: kern_lowrank512.c */
+        kern_lowrank512_rows(rank, T, D, o, stride, out_dtype, su, wf);
+        return;
     }
     uint32_t t = 0;
     if (D % 16 == 0)
@@ -562,7 +567,8 @@ struct lr_work {
 };
 
 KT static void lr_enc_group_avx2(const struct kern_cpu_ops *ops, const struct kern_ext_ctx *cx,
-                                 uint8_t *sect, uint32_t h0, uint32_t nh, const struct lr_work *ws)
+                                 uint8_t *sect, uint32_t h0, uint32_t nh, const struct lr_work *ws,
+                                 int wide)
 {
     const struct kern_layout *lay = cx->lay;
     const uint32_t T = lay->tokens, H = lay->heads, D = lay->head_dim;
@@ -669,7 +675,10 @@ KT static void lr_enc_group_avx2(const struct kern_cpu_ops *ops, const struct ke
                 uc[i] = vh + (uint64_t)o[i] * n;
                 wr[i] = ws->w + (uint64_t)i * D;
             }
-            lr_project_tok_avx2(x, T, D, uc, sig, r, wr);
+            if (wide)
+                kern_lowrank512_project(x, T, D, uc, sig, r, wr);
+            else
+                lr_project_tok_avx2(x, T, D, uc, sig, r, wr);
             for (uint32_t i = 0; i < r; i++) {
                 lr_put_h_avx2(uo + 2ull * i, 2ull * cap, vh + (uint64_t)o[i] * n, T);
                 lr_put_h_avx2(wo + 2ull * i * D, 2, ws->w + (uint64_t)i * D, D);
@@ -691,6 +700,8 @@ static int lr_enc_avx2(const struct kern_cpu_ops *ops, const struct kern_ext_ctx
     const uint32_t n = T <= D ? T : D, cap = kern_lowrank_cap(D, T), c = cap < n ? cap : n;
     const size_t xs = (size_t)T * D, gs = (size_t)n * n, vs = (size_t)c * n;
     const size_t ws_w = (size_t)cap * (T > D ? T : D);
+    /* the factors' projections with AVX-512 (kern_lowrank512.c) where it is on */
+    const int wide = T <= D && D % 16 == 0 && kern_rot512_on();
     struct lr_work ws;
     ws.x = malloc((LR_LANES * (xs + 2 * gs + 3 * vs) + ws_w) * sizeof(float));
     if (!ws.x)
@@ -703,7 +714,7 @@ static int lr_enc_avx2(const struct kern_cpu_ops *ops, const struct kern_ext_ctx
     ws.w = ws.vh + LR_LANES * vs;
     for (uint32_t h0 = 0; h0 < lay->heads; h0 += LR_LANES)
         lr_enc_group_avx2(ops, cx, sect, h0,
-                          lay->heads - h0 < LR_LANES ? lay->heads - h0 : LR_LANES, &ws);
+                          lay->heads - h0 < LR_LANES ? lay->heads - h0 : LR_LANES, &ws, wide);
     free(ws.x);
     return 0;
 }
@@ -752,7 +763,7 @@ int kern_lowrank_dec(const struct kern_cpu_ops *ops, const struct kern_layout *l
     const uint32_t T = lay->tokens, H = lay->heads, D = lay->head_dim;
     const uint32_t cap = kern_lowrank_cap(D, T);
     const uint64_t hb = kern_lowrank_head_bytes(D, T);
-    const int vec = ops != &kern_ref_ops;
+    const int vec = ops != &kern_ref_ops, wide = vec && D % 16 == 0 && kern_rot512_on();
     float *y = malloc(((size_t)T * D + (size_t)cap * (T + D)) * sizeof(float));
     if (!y)
         return -ENOMEM;
@@ -762,7 +773,7 @@ int kern_lowrank_dec(const struct kern_cpu_ops *ops, const struct kern_layout *l
         uint32_t r = kern_lowrank_get_rank(head, cap);
         if (vec) {
             lr_rows_avx2(head, r, cap, T, D, (uint16_t *)raw + (uint64_t)h * D, (uint64_t)H * D,
-                         out_dtype, su, wf);
+                         out_dtype, su, wf, wide);
             continue;
         }
         lr_rows_ref(head, r, cap, T, D, y);

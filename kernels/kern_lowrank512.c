@@ -1,0 +1,136 @@
+/*
+ * kern_lowrank512.c — LOWRANK's key sections with AVX-512, for CPUs that have it: the decode's
+ * product and the encode's projections of the factors.
+ *
+ * DESIGN
+ * Both are sums with the channels d in the lanes, so sixteen lanes halve the instructions of
+ * kern_lowrank.c's AVX2 loops without touching any sum's order. Decode: x^[t][d] =
+ * sum_i (sigma_i u[t][i]) w[i][d], i in order from +0 as kern_lowrank_val, in tiles of four
+ * tokens by 64 channels (16 accumulators of AVX-512's 32 registers), from the scratch
+ * kern_lowrank.c fills (su = sigma_i u[t][i] rounded once, wf = w as floats), rounded to the
+ * output's halves as kern_store. Encode (T <= D): w_e[d] = sum_t u_e[t] x[t][d] / sigma_e
+ * with token t in partial t % 8 as lr_project_ref, four factors at once, one class of tokens
+ * after another, then kern_sum8_fold and the division. The subspace search and the Gram
+ * matrix stay in kern_lowrank.c (their lanes are heads or classes of channels, eight of them).
+ * AVX-512F brings the 512-bit FMA: the file is built with -ffp-contract=off (Makefile), so the
+ * product and the sum the reference rounds apart stay apart.
+ *
+ * Chosen at run time by kern_rot512_on() (kern_rot512.c: the CPU has AVX-512 F, BW, VL, DQ
+ * and F16C, KVC_NO_AVX512 not set; read once), which the tests switch with kern_rot_avx512()
+ * to run the AVX2 path too. Only head dims that are multiples of 16 come here.
+ */
+#include <immintrin.h>
+#include <string.h>
+
+#include "kernels/kern_cpu.h"
+#include "kernels/kern_ext.h"
+
+#define K5 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c")))
+#define K5I __attribute__((always_inline)) K5 static inline
+
+/* Sixteen floats as halves of dtype, rounded as kern_store: fp16 by F16C (kern_f2h's
+ * rounding), bf16 to nearest even with NaN kept quiet as kern_f2bf (a section's bytes are
+ * not trusted to decode to numbers). */
+K5I void lr5_store16(uint16_t *p, __m512 x, uint32_t dtype)
+{
+    if (dtype == KERN_DTYPE_FP16) {
+        _mm256_storeu_si256((__m256i *)p,
+                            _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        return;
+    }
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i hi = _mm512_srli_epi32(u, 16);
+    const __m512i odd = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+    __m512i rn = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
+    rn = _mm512_mask_mov_epi32(rn, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q),
+                               _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(rn));
+}
+
+/* Tokens t0 .. t0 + NT - 1 by channels d .. d + 16 NV - 1. */
+/* Tokens t0 .. t0 + NT - 1 by channels d .. d + 16 NV - 1 (every loop unrolled: the
+ * accumulators must stay in registers). */
+#define LR5_U _Pragma("GCC unroll 4")
+#define LR5_TILE(NT, NV)                                                                           \
+    do {                                                                                           \
+        __m512 acc[NT][NV];                                                                        \
+        LR5_U for (int a = 0; a < (NT); a++) LR5_U for (int b = 0; b < (NV); b++) acc[a][b] =     \
+            _mm512_setzero_ps();                                                                   \
+        for (uint32_t i = 0; i < rank; i++) {                                                      \
+            const float *wi = wf + (uint64_t)i * D + d, *si = su + (uint64_t)t0 * rank + i;        \
+            __m512 wv[NV];                                                                         \
+            LR5_U for (int b = 0; b < (NV); b++) wv[b] = _mm512_loadu_ps(wi + 16 * b);            \
+            LR5_U for (int a = 0; a < (NT); a++)                                                   \
+            {                                                                                      \
+                const __m512 s = _mm512_set1_ps(si[(uint64_t)a * rank]);                           \
+                LR5_U for (int b = 0; b < (NV); b++) acc[a][b] =                                   \
+                    _mm512_add_ps(acc[a][b], _mm512_mul_ps(s, wv[b]));                             \
+            }                                                                                      \
+        }                                                                                          \
+        LR5_U for (int a = 0; a < (NT); a++) LR5_U for (int b = 0; b < (NV); b++)                 \
+            lr5_store16(o + (uint64_t)(t0 + a) * stride + d + 16 * b, acc[a][b], out_dtype);       \
+    } while (0)
+
+K5 void kern_lowrank512_rows(uint32_t rank, uint32_t T, uint32_t D, uint16_t *o, uint64_t stride,
+                             uint32_t out_dtype, const float *su, const float *wf)
+{
+    uint32_t t0 = 0;
+    for (; t0 + 4 <= T; t0 += 4) {
+        uint32_t d = 0;
+        for (; d + 64 <= D; d += 64)
+            LR5_TILE(4, 4);
+        for (; d < D; d += 16)
+            LR5_TILE(4, 1);
+    }
+    for (; t0 < T; t0++) {
+        uint32_t d = 0;
+        for (; d + 64 <= D; d += 64)
+            LR5_TILE(1, 4);
+        for (; d < D; d += 16)
+            LR5_TILE(1, 1);
+    }
+}
+#undef LR5_TILE
+#undef LR5_U
+
+K5 void kern_lowrank512_project(const float *x, uint32_t T, uint32_t D, const float *const *u,
+                                const float *sig, uint32_t r, float *const *w)
+{
+    const __m512 z = _mm512_setzero_ps();
+    const uint64_t step = 8ull * D;
+    for (uint32_t e = 0; e < r; e += 4) {
+        /* a chunk past r repeats its first factor; those rows are not stored */
+        const uint32_t q1 = e + 1 < r ? e + 1 : e, q2 = e + 2 < r ? e + 2 : e,
+                       q3 = e + 3 < r ? e + 3 : e;
+        const float *u0 = u[e], *u1 = u[q1], *u2 = u[q2], *u3 = u[q3];
+        for (uint32_t d = 0; d < D; d += 16) {
+            __m512 part[8][4];
+#pragma GCC unroll 8
+            for (uint32_t c = 0; c < 8; c++) {
+                __m512 a0 = z, a1 = z, a2 = z, a3 = z;
+                const float *xp = x + (uint64_t)c * D + d;
+                for (uint32_t t = c; t < T; t += 8, xp += step) {
+                    const __m512 xv = _mm512_loadu_ps(xp);
+                    a0 = _mm512_add_ps(a0, _mm512_mul_ps(_mm512_set1_ps(u0[t]), xv));
+                    a1 = _mm512_add_ps(a1, _mm512_mul_ps(_mm512_set1_ps(u1[t]), xv));
+                    a2 = _mm512_add_ps(a2, _mm512_mul_ps(_mm512_set1_ps(u2[t]), xv));
+                    a3 = _mm512_add_ps(a3, _mm512_mul_ps(_mm512_set1_ps(u3[t]), xv));
+                }
+                part[c][0] = a0;
+                part[c][1] = a1;
+                part[c][2] = a2;
+                part[c][3] = a3;
+            }
+            for (uint32_t q = 0; q < 4 && e + q < r; q++) {
+                const __m512 f = _mm512_add_ps(
+                    _mm512_add_ps(_mm512_add_ps(part[0][q], part[1][q]),
+                                  _mm512_add_ps(part[2][q], part[3][q])),
+                    _mm512_add_ps(_mm512_add_ps(part[4][q], part[5][q]),
+                                  _mm512_add_ps(part[6][q], part[7][q])));
+                const float sg = sig[e + q];
+                _mm512_storeu_ps(w[e + q] + d,
+                                 sg > 0.0f ? _mm512_div_ps(f, _mm512_set1_ps(sg)) : z);
+            }
+        }
+    }
+}
