@@ -103,6 +103,8 @@ uint64_t kern_merge_count_forced(const struct kern_ext_ctx *c);
  * u[i] (T floats, T <= D) and sigmas, as lr_project_ref. */
 void kern_lowrank512_rows(uint32_t rank, uint32_t T, uint32_t D, uint16_t *o, uint64_t stride,
                           uint32_t out_dtype, const float *su, const float *wf);
+/* kern_lowrank512_gram: g = K K^T (n = T <= D rows of x), every sum as lr_gram_ref. */
+void kern_lowrank512_gram(const float *x, uint32_t n, uint32_t D, float *g);
 void kern_lowrank512_project(const float *x, uint32_t T, uint32_t D, const float *const *u,
                              const float *sig, uint32_t r, float *const *w);
 int kern_lowrank_enc(const struct kern_cpu_ops *ops, const struct kern_ext_ctx *c, uint8_t *sect);

@@ -566,6 +566,13 @@ struct lr_work {
     float *x, *g, *G, *V, *Z, *vh, *w;
 };
 
+/* What the AVX-512 file takes (kern_lowrank512.c), where kern_rot512_on(): the Gram matrix
+ * K K^T (T <= D) and the factors' projections (T <= D, D a multiple of 16). */
+enum lr_wide {
+    LR_WIDE_GRAM = 1,
+    LR_WIDE_PROJECT = 2,
+};
+
 KT static void lr_enc_group_avx2(const struct kern_cpu_ops *ops, const struct kern_ext_ctx *cx,
                                  uint8_t *sect, uint32_t h0, uint32_t nh, const struct lr_work *ws,
                                  int wide)
@@ -583,7 +590,10 @@ KT static void lr_enc_group_avx2(const struct kern_cpu_ops *ops, const struct ke
         if (l < nh) {
             ops->load(cx->rawk + 2ull * (h0 + l) * D, lay->dtype, (uint64_t)H * D, T, D,
                       ws->x + l * xs);
-            lr_gram_avx2(ws->x + l * xs, T, D, ws->g + l * gs);
+            if (wide & LR_WIDE_GRAM)
+                kern_lowrank512_gram(ws->x + l * xs, T, D, ws->g + l * gs);
+            else
+                lr_gram_avx2(ws->x + l * xs, T, D, ws->g + l * gs);
         }
         /* kern_lowrank_start's trace and its c columns of g with the largest diagonal */
         total[l] = 0.0f;
@@ -675,7 +685,7 @@ KT static void lr_enc_group_avx2(const struct kern_cpu_ops *ops, const struct ke
                 uc[i] = vh + (uint64_t)o[i] * n;
                 wr[i] = ws->w + (uint64_t)i * D;
             }
-            if (wide)
+            if (wide & LR_WIDE_PROJECT)
                 kern_lowrank512_project(x, T, D, uc, sig, r, wr);
             else
                 lr_project_tok_avx2(x, T, D, uc, sig, r, wr);
@@ -700,8 +710,8 @@ static int lr_enc_avx2(const struct kern_cpu_ops *ops, const struct kern_ext_ctx
     const uint32_t n = T <= D ? T : D, cap = kern_lowrank_cap(D, T), c = cap < n ? cap : n;
     const size_t xs = (size_t)T * D, gs = (size_t)n * n, vs = (size_t)c * n;
     const size_t ws_w = (size_t)cap * (T > D ? T : D);
-    /* the factors' projections with AVX-512 (kern_lowrank512.c) where it is on */
-    const int wide = T <= D && D % 16 == 0 && kern_rot512_on();
+    const int on = T <= D && kern_rot512_on();
+    const int wide = on ? LR_WIDE_GRAM | (D % 16 == 0 ? LR_WIDE_PROJECT : 0) : 0;
     struct lr_work ws;
     ws.x = malloc((LR_LANES * (xs + 2 * gs + 3 * vs) + ws_w) * sizeof(float));
     if (!ws.x)

@@ -134,3 +134,74 @@ K5 void kern_lowrank512_project(const float *x, uint32_t T, uint32_t D, const fl
         }
     }
 }
+
+/* kern_sum8_fold of eight vectors at once (lane k: p[k]'s lanes folded), as kern_lowrank.c's
+ * lr_fold8_lanes. */
+K5I __m256 lr5_fold8_lanes(const __m256 *p)
+{
+    const __m256 q0 = _mm256_hadd_ps(_mm256_hadd_ps(p[0], p[1]), _mm256_hadd_ps(p[2], p[3]));
+    const __m256 q1 = _mm256_hadd_ps(_mm256_hadd_ps(p[4], p[5]), _mm256_hadd_ps(p[6], p[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(q0, q1, 0x20),
+                         _mm256_permute2f128_ps(q0, q1, 0x31));
+}
+
+/* Eight channels of row r from k (zeros past D). */
+K5I __m256 lr5_load8(const float *r, uint32_t k, uint32_t D)
+{
+    return k + 8 <= D ? _mm256_loadu_ps(r + k)
+                      : _mm256_maskz_loadu_ps((__mmask8)((1u << (D - k)) - 1), r + k);
+}
+
+K5 void kern_lowrank512_gram(const float *x, uint32_t n, uint32_t D, float *g)
+{
+    /* tiles of four rows i by eight rows j over the upper half: entry (i, j) sums channel k
+     * in lane k % 8 of one half of a register (rows j in pairs, row i in both halves), and
+     * g's rows are stored eight entries at a time (an entry left of the diagonal is g's value
+     * too: a * b == b * a in the same order) */
+    for (uint32_t i0 = 0; i0 < n; i0 += 4)
+        for (uint32_t j0 = i0 & ~7u; j0 < n; j0 += 8) {
+            const float *ai[4], *bj[8]; /* rows past n: an earlier row, not stored */
+            for (uint32_t a = 0; a < 4; a++)
+                ai[a] = x + (uint64_t)(i0 + a < n ? i0 + a : i0) * D;
+            for (uint32_t b = 0; b < 8; b++)
+                bj[b] = x + (uint64_t)(j0 + b < n ? j0 + b : j0) * D;
+            __m512 acc[4][4];
+#pragma GCC unroll 4
+            for (int a = 0; a < 4; a++)
+#pragma GCC unroll 4
+                for (int b = 0; b < 4; b++)
+                    acc[a][b] = _mm512_setzero_ps();
+            for (uint32_t k = 0; k < D; k += 8) { /* past D: 0 * 0 into a sum never -0 */
+                __m512 bv[4];
+#pragma GCC unroll 4
+                for (int b = 0; b < 4; b++)
+                    bv[b] = _mm512_insertf32x8(_mm512_castps256_ps512(lr5_load8(bj[2 * b], k, D)),
+                                               lr5_load8(bj[2 * b + 1], k, D), 1);
+#pragma GCC unroll 4
+                for (int a = 0; a < 4; a++) {
+                    const __m512 av = _mm512_broadcast_f32x8(lr5_load8(ai[a], k, D));
+#pragma GCC unroll 4
+                    for (int b = 0; b < 4; b++)
+                        acc[a][b] = _mm512_add_ps(acc[a][b], _mm512_mul_ps(av, bv[b]));
+                }
+            }
+            const uint32_t m = n - j0 < 8 ? n - j0 : 8;
+#pragma GCC unroll 4
+            for (uint32_t a = 0; a < 4; a++) {
+                if (i0 + a >= n)
+                    break;
+                __m256 h[8];
+#pragma GCC unroll 4
+                for (int b = 0; b < 4; b++) {
+                    h[2 * b] = _mm512_castps512_ps256(acc[a][b]);
+                    h[2 * b + 1] = _mm512_extractf32x8_ps(acc[a][b], 1);
+                }
+                _mm256_mask_storeu_ps(g + (uint64_t)(i0 + a) * n + j0, (__mmask8)((1u << m) - 1),
+                                      lr5_fold8_lanes(h));
+            }
+        }
+    /* the lower half from the upper: g[i][j] = g[j][i] for j < i's first column of 8 */
+    for (uint32_t i = 8; i < n; i++)
+        for (uint32_t j = 0; j < (i & ~7u); j++)
+            g[(uint64_t)i * n + j] = g[(uint64_t)j * n + i];
+}
