@@ -105,6 +105,10 @@ void kern_lowrank512_rows(uint32_t rank, uint32_t T, uint32_t D, uint16_t *o, ui
                           uint32_t out_dtype, const float *su, const float *wf);
 /* kern_lowrank512_gram: g = K K^T (n = T <= D rows of x), every sum as lr_gram_ref. */
 void kern_lowrank512_gram(const float *x, uint32_t n, uint32_t D, float *g);
+/* The search's kern_lowrank_gv and kern_lowrank_orth with eight heads in the lanes (layout of
+ * kern_lowrank.c's lr_gv_lanes, lr_orth_lanes); orth needs n a multiple of 8. */
+void kern_lowrank512_gv(const float *G, const float *V, float *Z, uint32_t n, uint32_t c);
+void kern_lowrank512_orth(const float *Z, float *V, uint32_t n, uint32_t c);
 void kern_lowrank512_project(const float *x, uint32_t T, uint32_t D, const float *const *u,
                              const float *sig, uint32_t r, float *const *w);
 int kern_lowrank_enc(const struct kern_cpu_ops *ops, const struct kern_ext_ctx *c, uint8_t *sect);

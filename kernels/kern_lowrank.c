@@ -567,10 +567,13 @@ struct lr_work {
 };
 
 /* What the AVX-512 file takes (kern_lowrank512.c), where kern_rot512_on(): the Gram matrix
- * K K^T (T <= D) and the factors' projections (T <= D, D a multiple of 16). */
+ * K K^T (T <= D), the factors' projections (T <= D, D a multiple of 16) and parts of the
+ * search. */
 enum lr_wide {
     LR_WIDE_GRAM = 1,
     LR_WIDE_PROJECT = 2,
+    LR_WIDE_GV = 4,   /* the search's products g V */
+    LR_WIDE_ORTH = 8, /* its orthogonalisation (n a multiple of 8) */
 };
 
 KT static void lr_enc_group_avx2(const struct kern_cpu_ops *ops, const struct kern_ext_ctx *cx,
@@ -624,12 +627,16 @@ KT static void lr_enc_group_avx2(const struct kern_cpu_ops *ops, const struct ke
             src[l] = ws->g + (l < nh ? l : 0) * gs + ord[l][i] * n;
         lr_to_lanes(src, n, ws->Z + (uint64_t)i * n * 8);
     }
-    lr_orth_lanes(ws->Z, ws->V, n, c);
+#define LR_GV() (wide & LR_WIDE_GV ? kern_lowrank512_gv : lr_gv_lanes)(ws->G, ws->V, ws->Z, n, c)
+#define LR_ORTH() (wide & LR_WIDE_ORTH ? kern_lowrank512_orth : lr_orth_lanes)(ws->Z, ws->V, n, c)
+    LR_ORTH();
     for (int it = 0; it < KERN_LOWRANK_ITERS; it++) {
-        lr_gv_lanes(ws->G, ws->V, ws->Z, n, c);
-        lr_orth_lanes(ws->Z, ws->V, n, c);
+        LR_GV();
+        LR_ORTH();
     }
-    lr_gv_lanes(ws->G, ws->V, ws->Z, n, c);
+    LR_GV();
+#undef LR_GV
+#undef LR_ORTH
     /* kern_lowrank_pick: each vector's energy v . (g v), then the vectors out of the lanes */
     for (uint32_t e = 0; e < c; e++) {
         const __m256 l = lr_dot_lanes(ws->V + (uint64_t)e * n * 8, ws->Z + (uint64_t)e * n * 8, n);
@@ -710,8 +717,10 @@ static int lr_enc_avx2(const struct kern_cpu_ops *ops, const struct kern_ext_ctx
     const uint32_t n = T <= D ? T : D, cap = kern_lowrank_cap(D, T), c = cap < n ? cap : n;
     const size_t xs = (size_t)T * D, gs = (size_t)n * n, vs = (size_t)c * n;
     const size_t ws_w = (size_t)cap * (T > D ? T : D);
-    const int on = T <= D && kern_rot512_on();
-    const int wide = on ? LR_WIDE_GRAM | (D % 16 == 0 ? LR_WIDE_PROJECT : 0) : 0;
+    int wide = 0;
+    if (kern_rot512_on())
+        wide = LR_WIDE_GV | (n % 8 == 0 ? LR_WIDE_ORTH : 0) |
+               (T <= D ? LR_WIDE_GRAM | (D % 16 == 0 ? LR_WIDE_PROJECT : 0) : 0);
     struct lr_work ws;
     ws.x = malloc((LR_LANES * (xs + 2 * gs + 3 * vs) + ws_w) * sizeof(float));
     if (!ws.x)

@@ -205,3 +205,101 @@ K5 void kern_lowrank512_gram(const float *x, uint32_t n, uint32_t D, float *g)
         for (uint32_t j = 0; j < (i & ~7u); j++)
             g[(uint64_t)i * n + j] = g[(uint64_t)j * n + i];
 }
+
+/* ---- the subspace search, eight heads in the lanes (kern_lowrank.c's layout: element k of
+ * row e at [(e * n + k) * 8 + head]); a register holds two elements k, k + 1 of a row --- */
+
+#define LR5_V(p, k) _mm512_loadu_ps((p) + (uint64_t)(k) * 8)
+#define LR5_B(p, k) _mm512_broadcast_f32x8(_mm256_loadu_ps((p) + (uint64_t)(k) * 8))
+
+K5 void kern_lowrank512_gv(const float *G, const float *V, float *Z, uint32_t n, uint32_t c)
+{
+    for (uint32_t e = 0; e < c; e += 4) {
+        const float *v[4];
+        float *z[4];
+        for (uint32_t q = 0; q < 4; q++) { /* rows past c: row e again, the same values */
+            const uint32_t eq = e + q < c ? e + q : e;
+            v[q] = V + (uint64_t)eq * n * 8;
+            z[q] = Z + (uint64_t)eq * n * 8;
+        }
+        uint32_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+            __m512 acc[4][4];
+#pragma GCC unroll 4
+            for (int q = 0; q < 4; q++)
+#pragma GCC unroll 4
+                for (int b = 0; b < 4; b++)
+                    acc[q][b] = _mm512_setzero_ps();
+            for (uint32_t j = 0; j < n; j++) {
+                const float *gj = G + ((uint64_t)j * n + i) * 8;
+                __m512 gv[4];
+#pragma GCC unroll 4
+                for (int b = 0; b < 4; b++)
+                    gv[b] = LR5_V(gj, 2 * b);
+#pragma GCC unroll 4
+                for (int q = 0; q < 4; q++) {
+                    const __m512 vb = LR5_B(v[q], j);
+#pragma GCC unroll 4
+                    for (int b = 0; b < 4; b++)
+                        acc[q][b] = _mm512_add_ps(acc[q][b], _mm512_mul_ps(gv[b], vb));
+                }
+            }
+#pragma GCC unroll 4
+            for (int q = 0; q < 4; q++)
+#pragma GCC unroll 4
+                for (int b = 0; b < 4; b++)
+                    _mm512_storeu_ps(z[q] + (uint64_t)(i + 2 * b) * 8, acc[q][b]);
+        }
+        for (; i < n; i++) /* the last n % 8 rows, one at a time */
+            for (int q = 0; q < 4; q++) {
+                __m256 acc = _mm256_setzero_ps();
+                for (uint32_t j = 0; j < n; j++)
+                    acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(G + ((uint64_t)j * n + i) * 8),
+                                                           _mm256_loadu_ps(v[q] + (uint64_t)j * 8)));
+                _mm256_storeu_ps(z[q] + (uint64_t)i * 8, acc);
+            }
+    }
+}
+
+/* kern_lowrank_dot per lane, n a multiple of 8: register r holds classes 2r and 2r + 1. */
+K5I __m256 lr5_dot(const float *a, const float *b, uint32_t n)
+{
+    __m512 p0 = _mm512_setzero_ps(), p1 = p0, p2 = p0, p3 = p0;
+    for (uint32_t k = 0; k < n; k += 8) {
+        p0 = _mm512_add_ps(p0, _mm512_mul_ps(LR5_V(a, k), LR5_V(b, k)));
+        p1 = _mm512_add_ps(p1, _mm512_mul_ps(LR5_V(a, k + 2), LR5_V(b, k + 2)));
+        p2 = _mm512_add_ps(p2, _mm512_mul_ps(LR5_V(a, k + 4), LR5_V(b, k + 4)));
+        p3 = _mm512_add_ps(p3, _mm512_mul_ps(LR5_V(a, k + 6), LR5_V(b, k + 6)));
+    }
+#define LR5_PAIR(p) _mm256_add_ps(_mm512_castps512_ps256(p), _mm512_extractf32x8_ps(p, 1))
+    return _mm256_add_ps(_mm256_add_ps(LR5_PAIR(p0), LR5_PAIR(p1)),
+                         _mm256_add_ps(LR5_PAIR(p2), LR5_PAIR(p3)));
+#undef LR5_PAIR
+}
+
+K5 void kern_lowrank512_orth(const float *Z, float *V, uint32_t n, uint32_t c)
+{
+    const __m256 eps = _mm256_set1_ps(1e-12f), one = _mm256_set1_ps(1.0f);
+    for (uint32_t e = 0; e < c; e++) {
+        float *ve = V + (uint64_t)e * n * 8;
+        memcpy(ve, Z + (uint64_t)e * n * 8, (size_t)n * 8 * sizeof(float));
+        const __m256 nrm0 = lr5_dot(ve, ve, n);
+        for (int pass = 0; pass < 2; pass++)
+            for (uint32_t j = 0; j < e; j++) {
+                const float *vj = V + (uint64_t)j * n * 8;
+                const __m512 d = _mm512_broadcast_f32x8(lr5_dot(vj, ve, n));
+                for (uint32_t k = 0; k < n; k += 2)
+                    _mm512_storeu_ps(ve + k * 8,
+                                     _mm512_sub_ps(LR5_V(ve, k), _mm512_mul_ps(d, LR5_V(vj, k))));
+            }
+        const __m256 nrm = lr5_dot(ve, ve, n);
+        /* nrm > 1e-12 nrm0 ? 1 / sqrt(nrm) : 0 (NaN: 0) */
+        const __m512 inv = _mm512_broadcast_f32x8(
+            _mm256_and_ps(_mm256_cmp_ps(nrm, _mm256_mul_ps(eps, nrm0), _CMP_GT_OQ),
+                          _mm256_div_ps(one, _mm256_sqrt_ps(nrm))));
+        for (uint32_t k = 0; k < n; k += 2)
+            _mm512_storeu_ps(ve + k * 8, _mm512_mul_ps(LR5_V(ve, k), inv));
+    }
+}
+#undef LR5_V
+#undef LR5_B
