@@ -145,13 +145,6 @@ K5I __m256 lr5_fold8_lanes(const __m256 *p)
                          _mm256_permute2f128_ps(q0, q1, 0x31));
 }
 
-/* Eight channels of row r from k (zeros past D). */
-K5I __m256 lr5_load8(const float *r, uint32_t k, uint32_t D)
-{
-    return k + 8 <= D ? _mm256_loadu_ps(r + k)
-                      : _mm256_maskz_loadu_ps((__mmask8)((1u << (D - k)) - 1), r + k);
-}
-
 K5 void kern_lowrank512_gram(const float *x, uint32_t n, uint32_t D, float *g)
 {
     /* tiles of four rows i by eight rows j over the upper half: entry (i, j) sums channel k
@@ -171,20 +164,28 @@ K5 void kern_lowrank512_gram(const float *x, uint32_t n, uint32_t D, float *g)
 #pragma GCC unroll 4
                 for (int b = 0; b < 4; b++)
                     acc[a][b] = _mm512_setzero_ps();
-            for (uint32_t k = 0; k < D; k += 8) { /* past D: 0 * 0 into a sum never -0 */
-                __m512 bv[4];
-#pragma GCC unroll 4
-                for (int b = 0; b < 4; b++)
-                    bv[b] = _mm512_insertf32x8(_mm512_castps256_ps512(lr5_load8(bj[2 * b], k, D)),
-                                               lr5_load8(bj[2 * b + 1], k, D), 1);
-#pragma GCC unroll 4
-                for (int a = 0; a < 4; a++) {
-                    const __m512 av = _mm512_broadcast_f32x8(lr5_load8(ai[a], k, D));
-#pragma GCC unroll 4
-                    for (int b = 0; b < 4; b++)
-                        acc[a][b] = _mm512_add_ps(acc[a][b], _mm512_mul_ps(av, bv[b]));
-                }
-            }
+#define LR5_STEP(LD)                                                                               \
+    do {                                                                                           \
+        __m512 bv[4];                                                                              \
+        _Pragma("GCC unroll 4") for (int b = 0; b < 4; b++) bv[b] =                               \
+            _mm512_insertf32x8(_mm512_castps256_ps512(LD(bj[2 * b])), LD(bj[2 * b + 1]), 1);       \
+        _Pragma("GCC unroll 4") for (int a = 0; a < 4; a++)                                        \
+        {                                                                                          \
+            const __m512 av = _mm512_broadcast_f32x8(LD(ai[a]));                                   \
+            _Pragma("GCC unroll 4") for (int b = 0; b < 4; b++) acc[a][b] =                        \
+                _mm512_add_ps(acc[a][b], _mm512_mul_ps(av, bv[b]));                                \
+        }                                                                                          \
+    } while (0)
+#define LR5_FULL(r) _mm256_loadu_ps((r) + k)
+#define LR5_TAIL(r) _mm256_maskz_loadu_ps((__mmask8)((1u << (D - k)) - 1), (r) + k)
+            uint32_t k = 0;
+            for (; k + 8 <= D; k += 8)
+                LR5_STEP(LR5_FULL);
+            if (k < D) /* past D: 0 * 0 into a sum that is never -0 */
+                LR5_STEP(LR5_TAIL);
+#undef LR5_STEP
+#undef LR5_FULL
+#undef LR5_TAIL
             const uint32_t m = n - j0 < 8 ? n - j0 : 8;
 #pragma GCC unroll 4
             for (uint32_t a = 0; a < 4; a++) {
