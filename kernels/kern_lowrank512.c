@@ -278,8 +278,64 @@ K5I __m256 lr5_dot(const float *a, const float *b, uint32_t n)
 #undef LR5_PAIR
 }
 
+/* kern_lowrank_dot per lane of two rows held in registers (nv of them, n = 2 nv). */
+K5I __m256 lr5_dot_regs(const __m512 *a, const __m512 *b, const uint32_t nv)
+{
+    __m512 p[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                   _mm512_setzero_ps()};
+#pragma GCC unroll 32
+    for (uint32_t k = 0; k < nv; k++)
+        p[k & 3] = _mm512_add_ps(p[k & 3], _mm512_mul_ps(a[k], b[k]));
+#define LR5_PAIR(q) _mm256_add_ps(_mm512_castps512_ps256(q), _mm512_extractf32x8_ps(q, 1))
+    return _mm256_add_ps(_mm256_add_ps(LR5_PAIR(p[0]), LR5_PAIR(p[1])),
+                         _mm256_add_ps(LR5_PAIR(p[2]), LR5_PAIR(p[3])));
+#undef LR5_PAIR
+}
+
+/* kern_lowrank_orth with the column being made orthonormal held in nv registers (n = 2 nv):
+ * each step of modified Gram-Schmidt is a dot and an update of that column, one after the
+ * other, and through memory each would wait on the last one's stores. */
+K5I void lr5_orth_regs(const float *Z, float *V, uint32_t c, const uint32_t nv)
+{
+    const uint32_t n = 2 * nv;
+    const __m256 eps = _mm256_set1_ps(1e-12f), one = _mm256_set1_ps(1.0f);
+    for (uint32_t e = 0; e < c; e++) {
+        __m512 ve[16], vj[16];
+#pragma GCC unroll 16
+        for (uint32_t k = 0; k < nv; k++)
+            ve[k] = LR5_V(Z + (uint64_t)e * n * 8, 2 * k);
+        const __m256 nrm0 = lr5_dot_regs(ve, ve, nv);
+        for (int pass = 0; pass < 2; pass++)
+            for (uint32_t j = 0; j < e; j++) {
+#pragma GCC unroll 16
+                for (uint32_t k = 0; k < nv; k++)
+                    vj[k] = LR5_V(V + (uint64_t)j * n * 8, 2 * k);
+                const __m512 d = _mm512_broadcast_f32x8(lr5_dot_regs(vj, ve, nv));
+#pragma GCC unroll 16
+                for (uint32_t k = 0; k < nv; k++)
+                    ve[k] = _mm512_sub_ps(ve[k], _mm512_mul_ps(d, vj[k]));
+            }
+        const __m256 nrm = lr5_dot_regs(ve, ve, nv);
+        /* nrm > 1e-12 nrm0 ? 1 / sqrt(nrm) : 0 (NaN: 0) */
+        const __m512 inv = _mm512_broadcast_f32x8(
+            _mm256_and_ps(_mm256_cmp_ps(nrm, _mm256_mul_ps(eps, nrm0), _CMP_GT_OQ),
+                          _mm256_div_ps(one, _mm256_sqrt_ps(nrm))));
+#pragma GCC unroll 16
+        for (uint32_t k = 0; k < nv; k++)
+            _mm512_storeu_ps(V + ((uint64_t)e * n + 2 * k) * 8, _mm512_mul_ps(ve[k], inv));
+    }
+}
+
 K5 void kern_lowrank512_orth(const float *Z, float *V, uint32_t n, uint32_t c)
 {
+    if (n == 32) {
+        lr5_orth_regs(Z, V, c, 16);
+        return;
+    }
+    if (n == 16) {
+        lr5_orth_regs(Z, V, c, 8);
+        return;
+    }
     const __m256 eps = _mm256_set1_ps(1e-12f), one = _mm256_set1_ps(1.0f);
     for (uint32_t e = 0; e < c; e++) {
         float *ve = V + (uint64_t)e * n * 8;
@@ -294,7 +350,6 @@ K5 void kern_lowrank512_orth(const float *Z, float *V, uint32_t n, uint32_t c)
                                      _mm512_sub_ps(LR5_V(ve, k), _mm512_mul_ps(d, LR5_V(vj, k))));
             }
         const __m256 nrm = lr5_dot(ve, ve, n);
-        /* nrm > 1e-12 nrm0 ? 1 / sqrt(nrm) : 0 (NaN: 0) */
         const __m512 inv = _mm512_broadcast_f32x8(
             _mm256_and_ps(_mm256_cmp_ps(nrm, _mm256_mul_ps(eps, nrm0), _CMP_GT_OQ),
                           _mm256_div_ps(one, _mm256_sqrt_ps(nrm))));
