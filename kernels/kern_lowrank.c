@@ -261,26 +261,6 @@ KT static void lr_project_tok_avx2(const float *x, uint32_t T, uint32_t D, const
  * not latency. A matrix in lanes: element k of row e at [(e * n + k) * 8 + lane]. */
 #define LR_LANES 8
 
-KT static inline __attribute__((always_inline)) void lr_tr8x8(__m256 *r)
-{
-    const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
-    const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
-    const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
-    const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
-    const __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xee);
-    const __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xee);
-    const __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xee);
-    const __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xee);
-    r[0] = _mm256_permute2f128_ps(s0, s4, 0x20);
-    r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
-    r[2] = _mm256_permute2f128_ps(s2, s6, 0x20);
-    r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
-    r[4] = _mm256_permute2f128_ps(s0, s4, 0x31);
-    r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
-    r[6] = _mm256_permute2f128_ps(s2, s6, 0x31);
-    r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
-}
-
 /* Into lanes: dst[k] lane l = src[l][k], k < n. */
 KT static void lr_to_lanes(const float *const *src, uint32_t n, float *dst)
 {
@@ -289,7 +269,7 @@ KT static void lr_to_lanes(const float *const *src, uint32_t n, float *dst)
         __m256 r[8];
         for (int l = 0; l < 8; l++)
             r[l] = _mm256_loadu_ps(src[l] + k);
-        lr_tr8x8(r);
+        v_tr8x8(r);
         for (int q = 0; q < 8; q++)
             _mm256_storeu_ps(dst + (k + q) * 8, r[q]);
     }
@@ -306,7 +286,7 @@ KT static void lr_from_lanes(const float *src, uint32_t n, float *const *dst)
         __m256 r[8];
         for (int q = 0; q < 8; q++)
             r[q] = _mm256_loadu_ps(src + (k + q) * 8);
-        lr_tr8x8(r);
+        v_tr8x8(r);
         for (int l = 0; l < 8; l++)
             _mm256_storeu_ps(dst[l] + k, r[l]);
     }

@@ -22,6 +22,7 @@
 #include <immintrin.h>
 #include <string.h>
 
+#include "kernels/kern_avx2.h"
 #include "kernels/kern_cpu.h"
 #include "kernels/kern_ext.h"
 
@@ -201,8 +202,19 @@ K5 void kern_lowrank512_gram(const float *x, uint32_t n, uint32_t D, float *g)
                                       lr5_fold8_lanes(h));
             }
         }
-    /* the lower half from the upper: g[i][j] = g[j][i] for j < i's first column of 8 */
-    for (uint32_t i = 8; i < n; i++)
+    /* the lower half from the upper: g[i][j] = g[j][i] for j < i's first column of 8, blocks
+     * of 8 x 8 by a transpose, the rows of a last partial block one entry at a time */
+    const uint32_t nf = n & ~7u;
+    for (uint32_t i0 = 8; i0 < nf; i0 += 8)
+        for (uint32_t j0 = 0; j0 < i0; j0 += 8) {
+            __m256 r[8];
+            for (int q = 0; q < 8; q++)
+                r[q] = _mm256_loadu_ps(g + (uint64_t)(j0 + q) * n + i0);
+            v_tr8x8(r);
+            for (int q = 0; q < 8; q++)
+                _mm256_storeu_ps(g + (uint64_t)(i0 + q) * n + j0, r[q]);
+        }
+    for (uint32_t i = nf > 8 ? nf : 8; i < n; i++)
         for (uint32_t j = 0; j < (i & ~7u); j++)
             g[(uint64_t)i * n + j] = g[(uint64_t)j * n + i];
 }
