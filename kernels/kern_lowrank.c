@@ -119,7 +119,8 @@ KT static void lr_gram_tok_avx2(const float *x, uint32_t n, uint32_t D, float *g
     for (uint32_t i0 = 0; i0 < n; i0 += 2)
         for (uint32_t j0 = i0 & ~3u; j0 < n; j0 += 4) {
             /* rows past n: row i0 or j0 again, their entries not stored */
-            const float *a0 = x + (uint64_t)i0 * D, *a1 = x + (uint64_t)(i0 + 1 < n ? i0 + 1 : i0) * D;
+            const float *a0 = x + (uint64_t)i0 * D,
+                        *a1 = x + (uint64_t)(i0 + 1 < n ? i0 + 1 : i0) * D;
             const float *b0 = x + (uint64_t)j0 * D;
             const float *b1 = x + (uint64_t)(j0 + 1 < n ? j0 + 1 : j0) * D;
             const float *b2 = x + (uint64_t)(j0 + 2 < n ? j0 + 2 : j0) * D;
@@ -129,7 +130,7 @@ KT static void lr_gram_tok_avx2(const float *x, uint32_t n, uint32_t D, float *g
             uint32_t k = 0;
 #define LR_STEP(LD)                                                                                \
     do {                                                                                           \
-        const __m256 u0 = LD(a0), u1 = LD(a1), c0 = LD(b0), c1 = LD(b1), c2 = LD(b2), c3 = LD(b3);  \
+        const __m256 u0 = LD(a0), u1 = LD(a1), c0 = LD(b0), c1 = LD(b1), c2 = LD(b2), c3 = LD(b3); \
         p0 = _mm256_add_ps(p0, _mm256_mul_ps(u0, c0));                                             \
         p1 = _mm256_add_ps(p1, _mm256_mul_ps(u0, c1));                                             \
         p2 = _mm256_add_ps(p2, _mm256_mul_ps(u0, c2));                                             \
@@ -436,9 +437,8 @@ KT static void lr_put_h_avx2(uint8_t *o, uint64_t stride, const float *a, uint32
  * tokens by 16 channels (eight accumulators), each summed over i in order from +0 as
  * kern_lowrank_val (no FMA: the reference rounds the product and the sum apart), rounded to
  * halves as kern_store. Odd widths (D not a multiple of 16) a vector or a lane at a time. */
-KT static void lr_rows_avx2(const uint8_t *head, uint32_t rank, uint32_t cap, uint32_t T,
-                            uint32_t D, uint16_t *o, uint64_t stride, uint32_t out_dtype, float *su,
-                            float *wf, int wide)
+KT static void lr_factors_avx2(const uint8_t *head, uint32_t rank, uint32_t cap, uint32_t T,
+                               uint32_t D, float *su, float *wf)
 {
     const uint8_t *u = kern_lowrank_u(head, cap), *w = kern_lowrank_w(head, cap, T);
     /* su[t][i] = sigma_i * u[t][i]: row t of u is cap halves in a row, eight at a time */
@@ -473,10 +473,11 @@ KT static void lr_rows_avx2(const uint8_t *head, uint32_t rank, uint32_t cap, ui
         for (; d < D; d++)
             wf[(uint64_t)i * D + d] = kern_get_h(wr + 2 * d);
     }
-    if (wide) { /* D a multiple of 16: kern_lowrank512.c */
-        kern_lowrank512_rows(rank, T, D, o, stride, out_dtype, su, wf);
-        return;
-    }
+}
+
+KT static void lr_rows_avx2(uint32_t rank, uint32_t T, uint32_t D, uint16_t *o, uint64_t stride,
+                            uint32_t out_dtype, const float *su, const float *wf)
+{
     uint32_t t = 0;
     if (D % 16 == 0)
         for (; t + 4 <= T; t += 4)
@@ -761,21 +762,41 @@ int kern_lowrank_dec(const struct kern_cpu_ops *ops, const struct kern_layout *l
 {
     const uint32_t T = lay->tokens, H = lay->heads, D = lay->head_dim;
     const uint32_t cap = kern_lowrank_cap(D, T);
-    const uint64_t hb = kern_lowrank_head_bytes(D, T);
-    const int vec = ops != &kern_ref_ops, wide = vec && D % 16 == 0 && kern_rot512_on();
-    float *y = malloc(((size_t)T * D + (size_t)cap * (T + D)) * sizeof(float));
+    const uint64_t hb = kern_lowrank_head_bytes(D, T), fs = (uint64_t)cap * (T + D);
+    if (ops != &kern_ref_ops) {
+        /* every head's factors first, then the rows four tokens at a time across the heads,
+         * so the stores run through memory in order (a head at a time they are 2 D bytes
+         * every 2 H D, and each line waits on its read for ownership): +17 % out of cache */
+        const int wide = D % 16 == 0 && kern_rot512_on(); /* kern_lowrank512.c */
+        float *f = malloc((size_t)H * fs * sizeof(float) + (size_t)H * sizeof(uint32_t));
+        if (!f)
+            return -ENOMEM;
+        uint32_t *rk = (uint32_t *)(f + (size_t)H * fs);
+        for (uint32_t h = 0; h < H; h++) {
+            rk[h] = kern_lowrank_get_rank(sect + h * hb, cap);
+            lr_factors_avx2(sect + h * hb, rk[h], cap, T, D, f + h * fs,
+                            f + h * fs + (uint64_t)rk[h] * T);
+        }
+        for (uint32_t t0 = 0; t0 < T; t0 += 4)
+            for (uint32_t h = 0; h < H; h++) {
+                const float *su = f + h * fs + (uint64_t)t0 * rk[h],
+                            *wf = f + h * fs + (uint64_t)rk[h] * T;
+                uint16_t *o = (uint16_t *)raw + (uint64_t)t0 * H * D + (uint64_t)h * D;
+                const uint32_t nt = T - t0 < 4 ? T - t0 : 4;
+                if (wide)
+                    kern_lowrank512_rows(rk[h], nt, D, o, (uint64_t)H * D, out_dtype, su, wf);
+                else
+                    lr_rows_avx2(rk[h], nt, D, o, (uint64_t)H * D, out_dtype, su, wf);
+            }
+        free(f);
+        return 0;
+    }
+    float *y = malloc((size_t)T * D * sizeof(float));
     if (!y)
         return -ENOMEM;
-    float *su = y + (size_t)T * D, *wf = su + (size_t)cap * T;
     for (uint32_t h = 0; h < H; h++) {
         const uint8_t *head = sect + h * hb;
-        uint32_t r = kern_lowrank_get_rank(head, cap);
-        if (vec) {
-            lr_rows_avx2(head, r, cap, T, D, (uint16_t *)raw + (uint64_t)h * D, (uint64_t)H * D,
-                         out_dtype, su, wf, wide);
-            continue;
-        }
-        lr_rows_ref(head, r, cap, T, D, y);
+        lr_rows_ref(head, kern_lowrank_get_rank(head, cap), cap, T, D, y);
         ops->store(y, T, D, (uint8_t *)raw + 2ull * h * D, out_dtype, (uint64_t)H * D);
     }
     free(y);

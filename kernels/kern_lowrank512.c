@@ -42,7 +42,8 @@ K5I void lr5_store16(uint16_t *p, __m512 x, uint32_t dtype)
     const __m512i u = _mm512_castps_si512(x);
     const __m512i hi = _mm512_srli_epi32(u, 16);
     const __m512i odd = _mm512_and_si512(hi, _mm512_set1_epi32(1));
-    __m512i rn = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
+    __m512i rn = _mm512_srli_epi32(
+        _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
     rn = _mm512_mask_mov_epi32(rn, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q),
                                _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
     _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(rn));
@@ -267,8 +268,9 @@ K5 void kern_lowrank512_gv(const float *G, const float *V, float *Z, uint32_t n,
             for (int q = 0; q < 4; q++) {
                 __m256 acc = _mm256_setzero_ps();
                 for (uint32_t j = 0; j < n; j++)
-                    acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(G + ((uint64_t)j * n + i) * 8),
-                                                           _mm256_loadu_ps(v[q] + (uint64_t)j * 8)));
+                    acc = _mm256_add_ps(
+                        acc, _mm256_mul_ps(_mm256_loadu_ps(G + ((uint64_t)j * n + i) * 8),
+                                           _mm256_loadu_ps(v[q] + (uint64_t)j * 8)));
                 _mm256_storeu_ps(z[q] + (uint64_t)i * 8, acc);
             }
     }
