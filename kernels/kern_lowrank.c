@@ -9,11 +9,17 @@
  * leading subspace of the smaller Gram matrix (T x T or D x D, at most 64 x 64: a real block
  * has 16-32 tokens) by subspace iteration on the R vectors the format can hold
  * (kern_lowrank_eig: a full eigendecomposition by Jacobi sweeps cost O(n^3) per sweep for
- * n - R vectors nobody stores). The reference runs kern_ext.h as it is; the AVX2 version
- * forms the Gram matrix (its upper half, eight entries at a time in registers), the products
- * G V, the dots of the orthogonalisation and the projections a vector at a time, and decodes
- * as a blocked product (4 tokens x 16 channels in registers) stored straight to the raw
- * halves, every sum in the order kern_ext.h defines, so both give the same bytes.
+ * n - R vectors nobody stores). The reference runs kern_ext.h as it is. The AVX2 version
+ * takes the heads eight at a time: each head's Gram matrix (its upper half in tiles of 2 x 4
+ * rows, eight entries' sums in registers), then the search with the eight heads in the lanes
+ * of a vector (each lane the reference's scalar code: MGS's chains of dependent dots overlap
+ * across heads instead of waiting), then each head's factors (four projections at a time);
+ * it decodes every head's factors first, then the rows as a blocked product (4 tokens x 16
+ * channels in registers) four tokens at a time across the heads, stored straight to the raw
+ * halves in memory order. Every sum keeps the order kern_ext.h defines, so all give the same
+ * bytes. Where the CPU has AVX-512 (kern_rot512_on()), kern_lowrank512.c takes the Gram
+ * matrix, the search's products and orthogonalisation, the projections and the decode's
+ * product.
  */
 #include <errno.h>
 #include <immintrin.h>
