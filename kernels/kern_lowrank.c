@@ -585,23 +585,28 @@ KT static void lr_enc_group_avx2(const struct kern_cpu_ops *ops, const struct ke
             else
                 lr_gram_avx2(ws->x + l * xs, T, D, ws->g + l * gs);
         }
-        /* kern_lowrank_start's trace and its c columns of g with the largest diagonal */
+        /* kern_lowrank_start's trace and its c columns of g with the largest diagonal (the
+         * same selection, the diagonal's values kept beside ord: dv[j] = g's ord[j]-th) */
+        float dv[64];
         total[l] = 0.0f;
         for (uint32_t i = 0; i < n; i++) {
-            const float e = g[i * n + i];
+            const float e = dv[i] = g[i * n + i];
             total[l] = KERN_ADD(total[l], e > 0.0f ? e : 0.0f);
             ord[l][i] = i;
         }
         for (uint32_t i = 0; i < c; i++) {
-            uint32_t best = i;
-            for (uint32_t j = i + 1; j < n; j++) {
-                float a = g[ord[l][j] * n + ord[l][j]], b = g[ord[l][best] * n + ord[l][best]];
-                if (a > b || (a == b && ord[l][j] < ord[l][best]))
+            uint32_t best = i, bo = ord[l][i];
+            float bv = dv[i];
+            for (uint32_t j = i + 1; j < n; j++)
+                if (dv[j] > bv || (dv[j] == bv && ord[l][j] < bo)) {
                     best = j;
-            }
-            const uint32_t tmp = ord[l][i];
-            ord[l][i] = ord[l][best];
-            ord[l][best] = tmp;
+                    bv = dv[j];
+                    bo = ord[l][j];
+                }
+            ord[l][best] = ord[l][i];
+            ord[l][i] = bo;
+            dv[best] = dv[i];
+            dv[i] = bv;
         }
     }
     for (uint32_t j = 0; j < n; j++) {
