@@ -439,10 +439,11 @@ KT static void lr_put_h_avx2(uint8_t *o, uint64_t stride, const float *a, uint32
 
 /* Head h of a LOWRANK section decoded straight into its raw rows (o: row t at o + t * stride
  * halves, dtype out_dtype). su (T x rank) and wf (rank x D) scratch: sigma_i * u[t][i] and the
- * w rows as floats, found once per head; then a blocked product in registers: tiles of four
- * tokens by 16 channels (eight accumulators), each summed over i in order from +0 as
- * kern_lowrank_val (no FMA: the reference rounds the product and the sum apart), rounded to
- * halves as kern_store. Odd widths (D not a multiple of 16) a vector or a lane at a time. */
+ * w rows as floats, found once per head (lr_factors_avx2); then (lr_rows_avx2) a blocked
+ * product in registers: tiles of four tokens by 16 channels (eight accumulators), each summed
+ * over i in order from +0 as kern_lowrank_val (no FMA: the reference rounds the product and
+ * the sum apart), rounded to halves as kern_store. Odd widths (D not a multiple of 16) a
+ * vector or a lane at a time. */
 KT static void lr_factors_avx2(const uint8_t *head, uint32_t rank, uint32_t cap, uint32_t T,
                                uint32_t D, float *su, float *wf)
 {
