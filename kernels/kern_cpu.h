@@ -72,11 +72,11 @@ int kern_rot_enc(const struct kern_cpu_ops *ops, uint32_t codec, const struct ke
                  uint8_t *sect);
 int kern_rot_dec(const struct kern_cpu_ops *ops, uint32_t codec, const struct kern_layout *lay,
                  const uint8_t *sect, void *raw, uint32_t out_dtype);
-/* ROT's K sections with AVX-512 (kern_rot512.c): kern_rot512_on() says whether that path is
- * in use (the CPU has AVX-512 F, BW, VL, DQ and F16C and the environment has no
- * KVC_NO_AVX512 set to other than 0; read once); kern_rot512_dec() decodes a section and
- * returns 1, or 0 for a head size it does not take (then the AVX2 path). scratch: 2 * H * D
- * floats. */
+/* ROT's K sections with AVX-512 (kern_rot512.c): kern_rot512_on() says whether that path,
+ * and LOWRANK's (kern_lowrank512.c), is in use (the CPU has AVX-512 F, BW, VL, DQ and F16C
+ * and the environment has no KVC_NO_AVX512 set to other than 0; read once);
+ * kern_rot512_dec() decodes a section and returns 1, or 0 for a head size it does not take
+ * (then the AVX2 path). scratch: 2 * H * D floats. */
 int kern_rot512_on(void);
 int kern_rot512_dec(const struct kern_layout *lay, const uint8_t *sect, int bits, void *raw,
                     uint32_t out_dtype, float *scratch);
@@ -87,8 +87,8 @@ int kern_rot512_dec(const struct kern_layout *lay, const uint8_t *sect, int bits
 uint32_t kern_rot512_enc_rows(const struct kern_layout *lay, const uint8_t *rawk,
                               const uint8_t *rawv, const uint32_t *mask, const float *mean,
                               int bits, uint8_t *out, int clean, int small);
-/* Tests: use the AVX-512 ROT path (on, the default where the CPU has it) or the AVX2 one (0);
- * returns the previous setting. Not thread-safe against running codecs. */
+/* Tests: use the AVX-512 ROT and LOWRANK paths (on, the default where the CPU has it) or the
+ * AVX2 ones (0); returns the previous setting. Not thread-safe against running codecs. */
 int kern_rot_avx512(int on);
 int kern_merge_enc(const struct kern_cpu_ops *ops, int is_v, const struct kern_ext_ctx *c,
                    uint8_t *sect);
@@ -96,6 +96,21 @@ int kern_merge_dec(const struct kern_cpu_ops *ops, const struct kern_layout *lay
                    const uint8_t *sect, void *raw, uint32_t out_dtype);
 /* Tokens a layer's MERGE plan joins past the threshold (UINT64_MAX: no memory). */
 uint64_t kern_merge_count_forced(const struct kern_ext_ctx *c);
+/* LOWRANK's key sections with AVX-512 (kern_lowrank512.c), where kern_rot512_on() says so.
+ * kern_lowrank512_rows (D a multiple of 16): a head's decoded rows (T tokens at o + t *
+ * stride halves of out_dtype) from su (T x rank: sigma_i u[t][i]) and wf (rank x D: w as
+ * floats). kern_lowrank512_project (D a multiple of 16): the r factors' rows w[i] (D floats)
+ * from their columns u[i] (T floats, T <= D) and sigmas, as lr_project_ref. */
+void kern_lowrank512_rows(uint32_t rank, uint32_t T, uint32_t D, uint16_t *o, uint64_t stride,
+                          uint32_t out_dtype, const float *su, const float *wf);
+/* kern_lowrank512_gram: g = K K^T (n = T <= D rows of x), every sum as lr_gram_ref. */
+void kern_lowrank512_gram(const float *x, uint32_t n, uint32_t D, float *g);
+/* The search's kern_lowrank_gv and kern_lowrank_orth with eight heads in the lanes (layout of
+ * kern_lowrank.c's lr_gv_lanes, lr_orth_lanes); orth needs n a multiple of 8. */
+void kern_lowrank512_gv(const float *G, const float *V, float *Z, uint32_t n, uint32_t c);
+void kern_lowrank512_orth(const float *Z, float *V, uint32_t n, uint32_t c);
+void kern_lowrank512_project(const float *x, uint32_t T, uint32_t D, const float *const *u,
+                             const float *sig, uint32_t r, float *const *w);
 int kern_lowrank_enc(const struct kern_cpu_ops *ops, const struct kern_ext_ctx *c, uint8_t *sect);
 int kern_lowrank_dec(const struct kern_cpu_ops *ops, const struct kern_layout *lay,
                      const uint8_t *sect, void *raw, uint32_t out_dtype);

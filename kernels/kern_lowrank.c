@@ -9,11 +9,17 @@
  * leading subspace of the smaller Gram matrix (T x T or D x D, at most 64 x 64: a real block
  * has 16-32 tokens) by subspace iteration on the R vectors the format can hold
  * (kern_lowrank_eig: a full eigendecomposition by Jacobi sweeps cost O(n^3) per sweep for
- * n - R vectors nobody stores). The reference runs kern_ext.h as it is; the AVX2 version
- * forms the Gram matrix (its upper half, eight entries at a time in registers), the products
- * G V, the dots of the orthogonalisation and the projections a vector at a time, and decodes
- * as a blocked product (4 tokens x 16 channels in registers) stored straight to the raw
- * halves, every sum in the order kern_ext.h defines, so both give the same bytes.
+ * n - R vectors nobody stores). The reference runs kern_ext.h as it is. The AVX2 version
+ * takes the heads eight at a time: each head's Gram matrix (its upper half in tiles of 2 x 4
+ * rows, eight entries' sums in registers), then the search with the eight heads in the lanes
+ * of a vector (each lane the reference's scalar code: MGS's chains of dependent dots overlap
+ * across heads instead of waiting), then each head's factors (four projections at a time);
+ * it decodes every head's factors first, then the rows as a blocked product (4 tokens x 16
+ * channels in registers) four tokens at a time across the heads, stored straight to the raw
+ * halves in memory order. Every sum keeps the order kern_ext.h defines, so all give the same
+ * bytes. Where the CPU has AVX-512 (kern_rot512_on()), kern_lowrank512.c takes the Gram
+ * matrix, the search's products and orthogonalisation, the projections and the decode's
+ * product.
  */
 #include <errno.h>
 #include <immintrin.h>
@@ -21,6 +27,7 @@
 #include <string.h>
 
 #include "kernels/kern_avx2.h"
+#include "kernels/kern_cpu.h"
 #include "kernels/kern_ext.h"
 
 /* ---- reference ---------------------------------------------------------------------------- */
@@ -108,38 +115,61 @@ KT static __m256 lr_fold8_lanes(const __m256 *p)
                          _mm256_permute2f128_ps(q0, q1, 0x31));
 }
 
+/* g = K K^T (T <= D): tiles of two rows i by four rows j, the eight entries' sums in eight
+ * vectors (channel k in lane k % 8), so a step loads six vectors for eight products; the
+ * tiles cover the upper half and g's symmetry (a * b == b * a, the same order) the rest. */
+KT static void lr_gram_tok_avx2(const float *x, uint32_t n, uint32_t D, float *g)
+{
+    const uint32_t dv = D & ~7u;
+    float f[8];
+    for (uint32_t i0 = 0; i0 < n; i0 += 2)
+        for (uint32_t j0 = i0 & ~3u; j0 < n; j0 += 4) {
+            /* rows past n: row i0 or j0 again, their entries not stored */
+            const float *a0 = x + (uint64_t)i0 * D,
+                        *a1 = x + (uint64_t)(i0 + 1 < n ? i0 + 1 : i0) * D;
+            const float *b0 = x + (uint64_t)j0 * D;
+            const float *b1 = x + (uint64_t)(j0 + 1 < n ? j0 + 1 : j0) * D;
+            const float *b2 = x + (uint64_t)(j0 + 2 < n ? j0 + 2 : j0) * D;
+            const float *b3 = x + (uint64_t)(j0 + 3 < n ? j0 + 3 : j0) * D;
+            __m256 p0 = _mm256_setzero_ps(), p1 = p0, p2 = p0, p3 = p0, q0 = p0, q1 = p0, q2 = p0,
+                   q3 = p0;
+            uint32_t k = 0;
+#define LR_STEP(LD)                                                                                \
+    do {                                                                                           \
+        const __m256 u0 = LD(a0), u1 = LD(a1), c0 = LD(b0), c1 = LD(b1), c2 = LD(b2), c3 = LD(b3); \
+        p0 = _mm256_add_ps(p0, _mm256_mul_ps(u0, c0));                                             \
+        p1 = _mm256_add_ps(p1, _mm256_mul_ps(u0, c1));                                             \
+        p2 = _mm256_add_ps(p2, _mm256_mul_ps(u0, c2));                                             \
+        p3 = _mm256_add_ps(p3, _mm256_mul_ps(u0, c3));                                             \
+        q0 = _mm256_add_ps(q0, _mm256_mul_ps(u1, c0));                                             \
+        q1 = _mm256_add_ps(q1, _mm256_mul_ps(u1, c1));                                             \
+        q2 = _mm256_add_ps(q2, _mm256_mul_ps(u1, c2));                                             \
+        q3 = _mm256_add_ps(q3, _mm256_mul_ps(u1, c3));                                             \
+    } while (0)
+#define LR_FULL(r) _mm256_loadu_ps((r) + k)
+#define LR_TAIL(r) lr_load((r) + k, D - k)
+            for (; k < dv; k += 8)
+                LR_STEP(LR_FULL);
+            if (k < D) /* the tail's lanes past D: 0 * 0 added to a sum that is never -0 */
+                LR_STEP(LR_TAIL);
+#undef LR_FULL
+#undef LR_TAIL
+#undef LR_STEP
+            const __m256 p[8] = {p0, p1, p2, p3, q0, q1, q2, q3};
+            _mm256_storeu_ps(f, lr_fold8_lanes(p));
+            for (uint32_t r = 0; r < 2 && i0 + r < n; r++)
+                for (uint32_t c = 0; c < 4 && j0 + c < n; c++) {
+                    const uint32_t i = i0 + r, j = j0 + c;
+                    if (j >= i)
+                        g[i * n + j] = g[j * n + i] = f[r * 4 + c];
+                }
+        }
+}
+
 KT static void lr_gram_avx2(const float *x, uint32_t T, uint32_t D, float *g)
 {
-    if (T <= D) { /* sum over channels: channel k in lane k % 8 of one vector per entry */
-        const uint32_t n = T;
-        float f[8];
-        /* g is symmetric and a * b == b * a: entries j >= i, eight at a time, mirrored */
-        for (uint32_t i = 0; i < n; i++)
-            for (uint32_t j0 = i; j0 < n; j0 += 8) {
-                const uint32_t m = n - j0 < 8 ? n - j0 : 8;
-                const float *xi = x + (uint64_t)i * D, *xj[8];
-                for (uint32_t c = 0; c < 8; c++) /* rows past n: any row, result unused */
-                    xj[c] = x + (uint64_t)(c < m ? j0 + c : i) * D;
-                __m256 p0 = _mm256_setzero_ps(), p1 = p0, p2 = p0, p3 = p0, p4 = p0, p5 = p0,
-                       p6 = p0, p7 = p0;
-                for (uint32_t k = 0; k < D; k += 8) {
-                    const __m256 a = lr_load(xi + k, D - k);
-#define LR_ACC(P, C) P = _mm256_add_ps(P, _mm256_mul_ps(a, lr_load(xj[C] + k, D - k)))
-                    LR_ACC(p0, 0);
-                    LR_ACC(p1, 1);
-                    LR_ACC(p2, 2);
-                    LR_ACC(p3, 3);
-                    LR_ACC(p4, 4);
-                    LR_ACC(p5, 5);
-                    LR_ACC(p6, 6);
-                    LR_ACC(p7, 7);
-#undef LR_ACC
-                }
-                const __m256 p[8] = {p0, p1, p2, p3, p4, p5, p6, p7};
-                _mm256_storeu_ps(f, lr_fold8_lanes(p));
-                for (uint32_t c = 0; c < m; c++)
-                    g[i * n + j0 + c] = g[(j0 + c) * n + i] = f[c];
-            }
+    if (T <= D) {
+        lr_gram_tok_avx2(x, T, D, g);
         return;
     }
     /* sum over tokens: token k into partial vector k % 8, eight entries j at a time */
@@ -158,141 +188,231 @@ KT static void lr_gram_avx2(const float *x, uint32_t T, uint32_t D, float *g)
         }
 }
 
-KT static void lr_project_avx2(const float *x, uint32_t T, uint32_t D, const float *v, uint32_t e,
-                               float sigma, float *u, float *w)
+/* lr_project_ref's u for T > D, w the factor's row (column e of v): token t's dot with w in
+ * kern_sum8 order (channel d in lane d % 8), then the fold and the division. */
+KT static void lr_project_dim_avx2(const float *x, uint32_t T, uint32_t D, const float *w,
+                                   float sigma, float *u)
 {
-    const uint32_t n = T <= D ? T : D;
-    if (T <= D) {
-        for (uint32_t t = 0; t < T; t++)
-            u[t] = v[t * n + e];
+    float f[8];
+    for (uint32_t t = 0; t < T; t++) {
+        __m256 p = _mm256_setzero_ps();
+        for (uint32_t d = 0; d < D; d += 8)
+            p = _mm256_add_ps(p, _mm256_mul_ps(lr_load(x + (uint64_t)t * D + d, D - d),
+                                               lr_load(w + d, D - d)));
+        _mm256_storeu_ps(f, p);
+        u[t] = sigma > 0.0f ? KERN_DIV(kern_sum8_fold(f), sigma) : 0.0f;
+    }
+}
+
+/* lr_project_ref's w for every factor (T <= D; u[i] factor i's column of v, sig[i] its
+ * sigma, w[i] its row out): channels d in the lanes; for four factors at once, partial c of
+ * each (tokens c, c + 8, ... in order) is summed one class after another (four live sums:
+ * AVX2 has 16 registers, eight classes of four factors would spill), kept aside, then folded
+ * as kern_sum8_fold. A step loads one vector of x for four products. */
+KT static void lr_project_tok_avx2(const float *x, uint32_t T, uint32_t D, const float *const *u,
+                                   const float *sig, uint32_t r, float *const *w)
+{
+    const __m256 z = _mm256_setzero_ps();
+    const uint64_t step = 8ull * D;
+    for (uint32_t e = 0; e < r; e += 4) {
+        /* a chunk past r repeats its first factor; those rows are not stored */
+        const uint32_t q1 = e + 1 < r ? e + 1 : e, q2 = e + 2 < r ? e + 2 : e,
+                       q3 = e + 3 < r ? e + 3 : e;
+        const float *u0 = u[e], *u1 = u[q1], *u2 = u[q2], *u3 = u[q3];
         for (uint32_t d = 0; d < D; d += 8) {
-            __m256 p0 = _mm256_setzero_ps(), p1 = p0, p2 = p0, p3 = p0, p4 = p0, p5 = p0, p6 = p0,
-                   p7 = p0;
-            float f[8];
-            /* token t into partial t % 8, eight tokens a step (registers, not memory) */
-#define LR_ACC(P, C)                                                                               \
-    if (t + C < T)                                                                                 \
-    P = _mm256_add_ps(                                                                             \
-        P, _mm256_mul_ps(_mm256_set1_ps(u[t + C]), lr_load(x + (uint64_t)(t + C) * D + d, D - d)))
-            for (uint32_t t = 0; t < T; t += 8) {
-                LR_ACC(p0, 0);
-                LR_ACC(p1, 1);
-                LR_ACC(p2, 2);
-                LR_ACC(p3, 3);
-                LR_ACC(p4, 4);
-                LR_ACC(p5, 5);
-                LR_ACC(p6, 6);
-                LR_ACC(p7, 7);
+            const uint32_t m = D - d < 8 ? D - d : 8;
+            __m256 part[8][4];
+            for (uint32_t c = 0; c < 8; c++) {
+                __m256 a0 = z, a1 = z, a2 = z, a3 = z;
+                const float *xp = x + (uint64_t)c * D + d;
+#define LR_TERM(LD)                                                                                \
+    do {                                                                                           \
+        const __m256 xv = LD;                                                                      \
+        a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_broadcast_ss(u0 + t), xv));                    \
+        a1 = _mm256_add_ps(a1, _mm256_mul_ps(_mm256_broadcast_ss(u1 + t), xv));                    \
+        a2 = _mm256_add_ps(a2, _mm256_mul_ps(_mm256_broadcast_ss(u2 + t), xv));                    \
+        a3 = _mm256_add_ps(a3, _mm256_mul_ps(_mm256_broadcast_ss(u3 + t), xv));                    \
+    } while (0)
+                if (m == 8)
+                    for (uint32_t t = c; t < T; t += 8, xp += step)
+                        LR_TERM(_mm256_loadu_ps(xp));
+                else
+                    for (uint32_t t = c; t < T; t += 8, xp += step)
+                        LR_TERM(lr_load(xp, m));
+#undef LR_TERM
+                part[c][0] = a0;
+                part[c][1] = a1;
+                part[c][2] = a2;
+                part[c][3] = a3;
             }
-#undef LR_ACC
-            const __m256 p[8] = {p0, p1, p2, p3, p4, p5, p6, p7};
-            _mm256_storeu_ps(f, sigma > 0.0f ? _mm256_div_ps(lr_fold8(p), _mm256_set1_ps(sigma))
-                                             : _mm256_setzero_ps());
-            memcpy(w + d, f, (D - d < 8 ? D - d : 8) * sizeof(float));
-        }
-    } else {
-        float f[8];
-        for (uint32_t d = 0; d < D; d++)
-            w[d] = v[d * n + e];
-        for (uint32_t t = 0; t < T; t++) {
-            __m256 p = _mm256_setzero_ps();
-            for (uint32_t d = 0; d < D; d += 8)
-                p = _mm256_add_ps(p, _mm256_mul_ps(lr_load(x + (uint64_t)t * D + d, D - d),
-                                                   lr_load(w + d, D - d)));
-            _mm256_storeu_ps(f, p);
-            u[t] = sigma > 0.0f ? KERN_DIV(kern_sum8_fold(f), sigma) : 0.0f;
+            for (uint32_t q = 0; q < 4 && e + q < r; q++) {
+                const __m256 f = _mm256_add_ps(
+                    _mm256_add_ps(_mm256_add_ps(part[0][q], part[1][q]),
+                                  _mm256_add_ps(part[2][q], part[3][q])),
+                    _mm256_add_ps(_mm256_add_ps(part[4][q], part[5][q]),
+                                  _mm256_add_ps(part[6][q], part[7][q])));
+                const float sg = sig[e + q];
+                lr_store(w[e + q] + d, sg > 0.0f ? _mm256_div_ps(f, _mm256_set1_ps(sg)) : z, m);
+            }
         }
     }
 }
 
-/* kern_lowrank_gv, eight rows i at a time (the sum over j keeps its order). */
-KT static void lr_gv_avx2(const float *g, const float *V, float *Z, uint32_t n, uint32_t c)
+/* ---- AVX2: the subspace search, eight heads at once ---------------------------------------- */
+
+/* The search (kern_lowrank_start, _gv, _orth, _pick) is chains of dependent sums: a dot of
+ * modified Gram-Schmidt, then its update, then the next dot. One head a vector at a time
+ * waits on every chain (a dot of 32 values is four adds in a row and a fold); with eight
+ * heads in the lanes of a vector, each lane runs the reference's scalar code, every sum in its
+ * order (sqrt and division are correctly rounded in both), and the lanes' work is throughput,
+ * not latency. A matrix in lanes: element k of row e at [(e * n + k) * 8 + lane]. */
+#define LR_LANES 8
+
+/* Into lanes: dst[k] lane l = src[l][k], k < n. */
+KT static void lr_to_lanes(const float *const *src, uint32_t n, float *dst)
 {
-    for (uint32_t e = 0; e < c; e++)
-        for (uint32_t i = 0; i < n; i += 8) {
-            __m256 acc = _mm256_setzero_ps();
-            for (uint32_t j = 0; j < n; j++)
-                acc = _mm256_add_ps(acc, _mm256_mul_ps(lr_load(g + j * n + i, n - i),
-                                                       _mm256_set1_ps(V[e * n + j])));
-            lr_store(Z + e * n + i, acc, n - i);
+    uint32_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        __m256 r[8];
+        for (int l = 0; l < 8; l++)
+            r[l] = _mm256_loadu_ps(src[l] + k);
+        v_tr8x8(r);
+        for (int q = 0; q < 8; q++)
+            _mm256_storeu_ps(dst + (k + q) * 8, r[q]);
+    }
+    for (; k < n; k++)
+        for (int l = 0; l < 8; l++)
+            dst[k * 8 + l] = src[l][k];
+}
+
+/* Out of lanes: dst[l][k] = src[k] lane l, k < n. */
+KT static void lr_from_lanes(const float *src, uint32_t n, float *const *dst)
+{
+    uint32_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        __m256 r[8];
+        for (int q = 0; q < 8; q++)
+            r[q] = _mm256_loadu_ps(src + (k + q) * 8);
+        v_tr8x8(r);
+        for (int l = 0; l < 8; l++)
+            _mm256_storeu_ps(dst[l] + k, r[l]);
+    }
+    for (; k < n; k++)
+        for (int l = 0; l < 8; l++)
+            dst[l][k] = src[k * 8 + l];
+}
+
+#define LR_V(p, k) _mm256_loadu_ps((p) + (uint64_t)(k) * 8)
+
+/* kern_lowrank_dot per lane: a and b rows of n in lanes. */
+KT static __m256 lr_dot_lanes(const float *a, const float *b, uint32_t n)
+{
+    __m256 p0 = _mm256_setzero_ps(), p1 = p0, p2 = p0, p3 = p0, p4 = p0, p5 = p0, p6 = p0,
+           p7 = p0;
+    uint32_t k = 0;
+#define LR_ACC(P, C) P = _mm256_add_ps(P, _mm256_mul_ps(LR_V(a, k + C), LR_V(b, k + C)))
+    for (; k + 8 <= n; k += 8) {
+        LR_ACC(p0, 0);
+        LR_ACC(p1, 1);
+        LR_ACC(p2, 2);
+        LR_ACC(p3, 3);
+        LR_ACC(p4, 4);
+        LR_ACC(p5, 5);
+        LR_ACC(p6, 6);
+        LR_ACC(p7, 7);
+    }
+    /* the last n % 8: classes 0 .. n % 8 - 1 take one more term each */
+    if (k + 0 < n)
+        LR_ACC(p0, 0);
+    if (k + 1 < n)
+        LR_ACC(p1, 1);
+    if (k + 2 < n)
+        LR_ACC(p2, 2);
+    if (k + 3 < n)
+        LR_ACC(p3, 3);
+    if (k + 4 < n)
+        LR_ACC(p4, 4);
+    if (k + 5 < n)
+        LR_ACC(p5, 5);
+    if (k + 6 < n)
+        LR_ACC(p6, 6);
+#undef LR_ACC
+    return _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(p0, p1), _mm256_add_ps(p2, p3)),
+                         _mm256_add_ps(_mm256_add_ps(p4, p5), _mm256_add_ps(p6, p7)));
+}
+
+/* kern_lowrank_gv per lane: Z[e][i] = sum_j G[j][i] V[e][j], j in order from +0; tiles of two
+ * columns e by four rows i (six loads for eight products). */
+KT static void lr_gv_lanes(const float *G, const float *V, float *Z, uint32_t n, uint32_t c)
+{
+    for (uint32_t e = 0; e < c; e += 2) {
+        const uint32_t e1 = e + 1 < c ? e + 1 : e;
+        const float *v0 = V + (uint64_t)e * n * 8, *v1 = V + (uint64_t)e1 * n * 8;
+        float *z0 = Z + (uint64_t)e * n * 8, *z1 = Z + (uint64_t)e1 * n * 8;
+        uint32_t i = 0;
+        for (; i + 4 <= n; i += 4) {
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0,
+                   b3 = a0;
+            for (uint32_t j = 0; j < n; j++) {
+                const float *gj = G + ((uint64_t)j * n + i) * 8;
+                const __m256 x0 = LR_V(v0, j), x1 = LR_V(v1, j);
+                const __m256 g0 = LR_V(gj, 0), g1 = LR_V(gj, 1), g2 = LR_V(gj, 2),
+                             g3 = LR_V(gj, 3);
+                a0 = _mm256_add_ps(a0, _mm256_mul_ps(g0, x0));
+                a1 = _mm256_add_ps(a1, _mm256_mul_ps(g1, x0));
+                a2 = _mm256_add_ps(a2, _mm256_mul_ps(g2, x0));
+                a3 = _mm256_add_ps(a3, _mm256_mul_ps(g3, x0));
+                b0 = _mm256_add_ps(b0, _mm256_mul_ps(g0, x1));
+                b1 = _mm256_add_ps(b1, _mm256_mul_ps(g1, x1));
+                b2 = _mm256_add_ps(b2, _mm256_mul_ps(g2, x1));
+                b3 = _mm256_add_ps(b3, _mm256_mul_ps(g3, x1));
+            }
+            _mm256_storeu_ps(z0 + (i + 0) * 8, a0);
+            _mm256_storeu_ps(z0 + (i + 1) * 8, a1);
+            _mm256_storeu_ps(z0 + (i + 2) * 8, a2);
+            _mm256_storeu_ps(z0 + (i + 3) * 8, a3);
+            _mm256_storeu_ps(z1 + (i + 0) * 8, b0);
+            _mm256_storeu_ps(z1 + (i + 1) * 8, b1);
+            _mm256_storeu_ps(z1 + (i + 2) * 8, b2);
+            _mm256_storeu_ps(z1 + (i + 3) * 8, b3);
         }
+        for (; i < n; i++) {
+            __m256 a0 = _mm256_setzero_ps(), b0 = a0;
+            for (uint32_t j = 0; j < n; j++) {
+                const __m256 g0 = LR_V(G, (uint64_t)j * n + i);
+                a0 = _mm256_add_ps(a0, _mm256_mul_ps(g0, LR_V(v0, j)));
+                b0 = _mm256_add_ps(b0, _mm256_mul_ps(g0, LR_V(v1, j)));
+            }
+            _mm256_storeu_ps(z0 + i * 8, a0);
+            _mm256_storeu_ps(z1 + i * 8, b0);
+        }
+    }
 }
 
-/* a . b in kern_sum8 order: lane k % 8 sums its elements in order, then the fold. */
-KT static float lr_dot_avx2(const float *a, const float *b, uint32_t n)
+/* kern_lowrank_orth per lane. */
+KT static void lr_orth_lanes(const float *Z, float *V, uint32_t n, uint32_t c)
 {
-    __m256 p = _mm256_setzero_ps();
-    float f[8];
-    for (uint32_t k = 0; k < n; k += 8)
-        p = _mm256_add_ps(p, _mm256_mul_ps(lr_load(a + k, n - k), lr_load(b + k, n - k)));
-    _mm256_storeu_ps(f, p);
-    return kern_sum8_fold(f);
-}
-
-/* kern_lowrank_orth a vector at a time. */
-KT static void lr_orth_avx2(const float *Z, float *V, uint32_t n, uint32_t c)
-{
+    const __m256 eps = _mm256_set1_ps(1e-12f), one = _mm256_set1_ps(1.0f);
     for (uint32_t e = 0; e < c; e++) {
-        float *ve = V + e * n;
-        memcpy(ve, Z + e * n, n * sizeof(float));
-        const float nrm0 = lr_dot_avx2(ve, ve, n);
+        float *ve = V + (uint64_t)e * n * 8;
+        memcpy(ve, Z + (uint64_t)e * n * 8, (size_t)n * 8 * sizeof(float));
+        const __m256 nrm0 = lr_dot_lanes(ve, ve, n);
         for (int pass = 0; pass < 2; pass++)
             for (uint32_t j = 0; j < e; j++) {
-                const __m256 d = _mm256_set1_ps(lr_dot_avx2(V + j * n, ve, n));
-                for (uint32_t k = 0; k < n; k += 8)
-                    lr_store(ve + k,
-                             _mm256_sub_ps(lr_load(ve + k, n - k),
-                                           _mm256_mul_ps(d, lr_load(V + j * n + k, n - k))),
-                             n - k);
+                const float *vj = V + (uint64_t)j * n * 8;
+                const __m256 d = lr_dot_lanes(vj, ve, n);
+                for (uint32_t k = 0; k < n; k++)
+                    _mm256_storeu_ps(ve + k * 8,
+                                     _mm256_sub_ps(LR_V(ve, k), _mm256_mul_ps(d, LR_V(vj, k))));
             }
-        const float nrm = lr_dot_avx2(ve, ve, n);
+        const __m256 nrm = lr_dot_lanes(ve, ve, n);
+        /* nrm > 1e-12 nrm0 ? 1 / sqrt(nrm) : 0 (NaN: 0) */
         const __m256 inv =
-            _mm256_set1_ps(nrm > KERN_MUL(1e-12f, nrm0) ? KERN_DIV(1.0f, sqrtf(nrm)) : 0.0f);
-        for (uint32_t k = 0; k < n; k += 8)
-            lr_store(ve + k, _mm256_mul_ps(lr_load(ve + k, n - k), inv), n - k);
+            _mm256_and_ps(_mm256_cmp_ps(nrm, _mm256_mul_ps(eps, nrm0), _CMP_GT_OQ),
+                          _mm256_div_ps(one, _mm256_sqrt_ps(nrm)));
+        for (uint32_t k = 0; k < n; k++)
+            _mm256_storeu_ps(ve + k * 8, _mm256_mul_ps(LR_V(ve, k), inv));
     }
-}
-
-/* kern_lowrank_start with lr_orth_avx2. */
-static float lr_start_avx2(const float *g, float *V, float *Z, uint32_t n, uint32_t c,
-                           uint32_t *ord)
-{
-    float total = 0.0f;
-    for (uint32_t i = 0; i < n; i++) {
-        const float e = g[i * n + i];
-        total = KERN_ADD(total, e > 0.0f ? e : 0.0f);
-        ord[i] = i;
-    }
-    for (uint32_t i = 0; i < c; i++) {
-        uint32_t best = i;
-        for (uint32_t j = i + 1; j < n; j++) {
-            float x = g[ord[j] * n + ord[j]], y = g[ord[best] * n + ord[best]];
-            if (x > y || (x == y && ord[j] < ord[best]))
-                best = j;
-        }
-        const uint32_t tmp = ord[i];
-        ord[i] = ord[best];
-        ord[best] = tmp;
-        memcpy(Z + i * n, g + ord[i] * n, n * sizeof(float));
-    }
-    lr_orth_avx2(Z, V, n, c);
-    return total;
-}
-
-/* kern_lowrank_eig with the products g V and the orthogonalisation above. */
-static uint32_t lr_eig_avx2(float *g, float *v, uint32_t n, uint32_t cap, float keep, uint32_t *ord)
-{
-    if (n < 2)
-        return kern_lowrank_eig(g, v, n, cap, keep, ord);
-    const uint32_t c = cap < n ? cap : n;
-    float *V = v, *Z = v + c * n;
-    const float total = lr_start_avx2(g, V, Z, n, c, ord);
-    for (int it = 0; it < KERN_LOWRANK_ITERS; it++) {
-        lr_gv_avx2(g, V, Z, n, c);
-        lr_orth_avx2(Z, V, n, c);
-    }
-    lr_gv_avx2(g, V, Z, n, c);
-    return kern_lowrank_pick(g, v, n, c, keep, total, ord);
 }
 
 /* kern_put_h(o + k * stride, kern_sanitize(a[k])) for k < n, eight at a time (F16C rounds
@@ -319,13 +439,13 @@ KT static void lr_put_h_avx2(uint8_t *o, uint64_t stride, const float *a, uint32
 
 /* Head h of a LOWRANK section decoded straight into its raw rows (o: row t at o + t * stride
  * halves, dtype out_dtype). su (T x rank) and wf (rank x D) scratch: sigma_i * u[t][i] and the
- * w rows as floats, found once per head; then a blocked product in registers: tiles of four
- * tokens by 16 channels (eight accumulators), each summed over i in order from +0 as
- * kern_lowrank_val (no FMA: the reference rounds the product and the sum apart), rounded to
- * halves as kern_store. Odd widths (D not a multiple of 16) a vector or a lane at a time. */
-KT static void lr_rows_avx2(const uint8_t *head, uint32_t rank, uint32_t cap, uint32_t T,
-                            uint32_t D, uint16_t *o, uint64_t stride, uint32_t out_dtype, float *su,
-                            float *wf)
+ * w rows as floats, found once per head (lr_factors_avx2); then (lr_rows_avx2) a blocked
+ * product in registers: tiles of four tokens by 16 channels (eight accumulators), each summed
+ * over i in order from +0 as kern_lowrank_val (no FMA: the reference rounds the product and
+ * the sum apart), rounded to halves as kern_store. Odd widths (D not a multiple of 16) a
+ * vector or a lane at a time. */
+KT static void lr_factors_avx2(const uint8_t *head, uint32_t rank, uint32_t cap, uint32_t T,
+                               uint32_t D, float *su, float *wf)
 {
     const uint8_t *u = kern_lowrank_u(head, cap), *w = kern_lowrank_w(head, cap, T);
     /* su[t][i] = sigma_i * u[t][i]: row t of u is cap halves in a row, eight at a time */
@@ -360,6 +480,11 @@ KT static void lr_rows_avx2(const uint8_t *head, uint32_t rank, uint32_t cap, ui
         for (; d < D; d++)
             wf[(uint64_t)i * D + d] = kern_get_h(wr + 2 * d);
     }
+}
+
+KT static void lr_rows_avx2(uint32_t rank, uint32_t T, uint32_t D, uint16_t *o, uint64_t stride,
+                            uint32_t out_dtype, const float *su, const float *wf)
+{
     uint32_t t = 0;
     if (D % 16 == 0)
         for (; t + 4 <= T; t += 4)
@@ -420,6 +545,192 @@ static void lr_rows_ref(const uint8_t *head, uint32_t rank, uint32_t cap, uint32
 
 /* ---- the section ------------------------------------------------------------------------- */
 
+/* A group of up to eight heads h0 .. h0 + nh - 1 of the section (n >= 2): each head's keys
+ * and Gram matrix, the search with the heads in lanes (lanes past nh repeat head h0), then
+ * each head's rank, sigmas and factors. x: 8 heads' keys (T x D each); g: 8 Gram matrices;
+ * G, V, Z: the lanes' Gram matrix, vectors and products; vh: 8 heads' vectors (c x n each,
+ * vector e's row at e * n); w: the factors' rows (cap x D). */
+struct lr_work {
+    float *x, *g, *G, *V, *Z, *vh, *w;
+};
+
+/* What the AVX-512 file takes (kern_lowrank512.c), where kern_rot512_on(): the Gram matrix
+ * K K^T (T <= D), the factors' projections (T <= D, D a multiple of 16) and parts of the
+ * search. */
+enum lr_wide {
+    LR_WIDE_GRAM = 1,
+    LR_WIDE_PROJECT = 2,
+    LR_WIDE_GV = 4,   /* the search's products g V */
+    LR_WIDE_ORTH = 8, /* its orthogonalisation (n a multiple of 8) */
+};
+
+KT static void lr_enc_group_avx2(const struct kern_cpu_ops *ops, const struct kern_ext_ctx *cx,
+                                 uint8_t *sect, uint32_t h0, uint32_t nh, const struct lr_work *ws,
+                                 int wide)
+{
+    const struct kern_layout *lay = cx->lay;
+    const uint32_t T = lay->tokens, H = lay->heads, D = lay->head_dim;
+    const uint32_t n = T <= D ? T : D, cap = kern_lowrank_cap(D, T), c = cap < n ? cap : n;
+    const uint64_t hb = kern_lowrank_head_bytes(D, T), xs = (uint64_t)T * D, gs = (uint64_t)n * n;
+    const float keep = kern_lowrank_keep(cx->rec->lowrank_energy);
+    const float *src[LR_LANES];
+    float *dst[LR_LANES], total[LR_LANES], lam[16 * LR_LANES];
+    uint32_t ord[LR_LANES][64];
+    for (uint32_t l = 0; l < LR_LANES; l++) {
+        const float *g = ws->g + (l < nh ? l : 0) * gs;
+        if (l < nh) {
+            ops->load(cx->rawk + 2ull * (h0 + l) * D, lay->dtype, (uint64_t)H * D, T, D,
+                      ws->x + l * xs);
+            if (wide & LR_WIDE_GRAM)
+                kern_lowrank512_gram(ws->x + l * xs, T, D, ws->g + l * gs);
+            else
+                lr_gram_avx2(ws->x + l * xs, T, D, ws->g + l * gs);
+        }
+        /* kern_lowrank_start's trace and its c columns of g with the largest diagonal (the
+         * same selection, the diagonal's values kept beside ord: dv[j] = g's ord[j]-th) */
+        float dv[64];
+        total[l] = 0.0f;
+        for (uint32_t i = 0; i < n; i++) {
+            const float e = dv[i] = g[i * n + i];
+            total[l] = KERN_ADD(total[l], e > 0.0f ? e : 0.0f);
+            ord[l][i] = i;
+        }
+        for (uint32_t i = 0; i < c; i++) {
+            uint32_t best = i, bo = ord[l][i];
+            float bv = dv[i];
+            for (uint32_t j = i + 1; j < n; j++)
+                if (dv[j] > bv || (dv[j] == bv && ord[l][j] < bo)) {
+                    best = j;
+                    bv = dv[j];
+                    bo = ord[l][j];
+                }
+            ord[l][best] = ord[l][i];
+            ord[l][i] = bo;
+            dv[best] = dv[i];
+            dv[i] = bv;
+        }
+    }
+    for (uint32_t j = 0; j < n; j++) {
+        for (uint32_t l = 0; l < LR_LANES; l++)
+            src[l] = ws->g + (l < nh ? l : 0) * gs + j * n;
+        lr_to_lanes(src, n, ws->G + (uint64_t)j * n * 8);
+    }
+    for (uint32_t i = 0; i < c; i++) {
+        for (uint32_t l = 0; l < LR_LANES; l++)
+            src[l] = ws->g + (l < nh ? l : 0) * gs + ord[l][i] * n;
+        lr_to_lanes(src, n, ws->Z + (uint64_t)i * n * 8);
+    }
+#define LR_GV() (wide & LR_WIDE_GV ? kern_lowrank512_gv : lr_gv_lanes)(ws->G, ws->V, ws->Z, n, c)
+#define LR_ORTH() (wide & LR_WIDE_ORTH ? kern_lowrank512_orth : lr_orth_lanes)(ws->Z, ws->V, n, c)
+    LR_ORTH();
+    for (int it = 0; it < KERN_LOWRANK_ITERS; it++) {
+        LR_GV();
+        LR_ORTH();
+    }
+    LR_GV();
+#undef LR_GV
+#undef LR_ORTH
+    /* kern_lowrank_pick: each vector's energy v . (g v), then the vectors out of the lanes */
+    for (uint32_t e = 0; e < c; e++) {
+        const __m256 l = lr_dot_lanes(ws->V + (uint64_t)e * n * 8, ws->Z + (uint64_t)e * n * 8, n);
+        _mm256_storeu_ps(lam + e * 8,
+                         _mm256_and_ps(_mm256_cmp_ps(l, _mm256_setzero_ps(), _CMP_GT_OQ), l));
+        for (uint32_t k = 0; k < LR_LANES; k++)
+            dst[k] = ws->vh + ((uint64_t)k * c + e) * n;
+        lr_from_lanes(ws->V + (uint64_t)e * n * 8, n, dst);
+    }
+    for (uint32_t l = 0; l < nh; l++) {
+        uint8_t *head = sect + (h0 + l) * hb;
+        uint32_t *o = ord[l], r = c;
+        const float *x = ws->x + l * xs, *vh = ws->vh + (uint64_t)l * c * n;
+        memset(head, 0, hb);
+        for (uint32_t e = 0; e < c; e++)
+            o[e] = e;
+        for (uint32_t i = 0; i < c; i++) {
+            uint32_t best = i;
+            for (uint32_t j = i + 1; j < c; j++) {
+                float a = lam[o[j] * 8 + l], b = lam[o[best] * 8 + l];
+                if (a > b || (a == b && o[j] < o[best]))
+                    best = j;
+            }
+            const uint32_t tmp = o[i];
+            o[i] = o[best];
+            o[best] = tmp;
+        }
+        if (!(total[l] > 0.0f))
+            r = 0;
+        else {
+            const float want = KERN_MUL(keep, total[l]);
+            float cum = 0.0f;
+            for (uint32_t i = 0; i < c; i++) {
+                cum = KERN_ADD(cum, lam[o[i] * 8 + l]);
+                if (cum >= want) {
+                    r = i + 1;
+                    break;
+                }
+            }
+        }
+        memcpy(head, &r, 4);
+        uint8_t *uo = head + 16 + 4 * cap, *wo = uo + 2ull * T * cap;
+        float sig[16];
+        for (uint32_t i = 0; i < r; i++) {
+            sig[i] = sqrtf(lam[o[i] * 8 + l]); /* lam >= +0: kern_lowrank_pick clamped it */
+            memcpy(head + 16 + 4 * i, &sig[i], 4);
+        }
+        /* the factor's vector: u (T <= D) or w (else) as it is, the other projected */
+        if (T <= D) {
+            const float *uc[16];
+            float *wr[16];
+            for (uint32_t i = 0; i < r; i++) {
+                uc[i] = vh + (uint64_t)o[i] * n;
+                wr[i] = ws->w + (uint64_t)i * D;
+            }
+            if (wide & LR_WIDE_PROJECT)
+                kern_lowrank512_project(x, T, D, uc, sig, r, wr);
+            else
+                lr_project_tok_avx2(x, T, D, uc, sig, r, wr);
+            for (uint32_t i = 0; i < r; i++) {
+                lr_put_h_avx2(uo + 2ull * i, 2ull * cap, vh + (uint64_t)o[i] * n, T);
+                lr_put_h_avx2(wo + 2ull * i * D, 2, ws->w + (uint64_t)i * D, D);
+            }
+        } else
+            for (uint32_t i = 0; i < r; i++) {
+                lr_project_dim_avx2(x, T, D, vh + (uint64_t)o[i] * n, sig[i], ws->w);
+                lr_put_h_avx2(uo + 2ull * i, 2ull * cap, ws->w, T);
+                lr_put_h_avx2(wo + 2ull * i * D, 2, vh + (uint64_t)o[i] * n, D);
+            }
+    }
+}
+
+static int lr_enc_avx2(const struct kern_cpu_ops *ops, const struct kern_ext_ctx *cx,
+                       uint8_t *sect)
+{
+    const struct kern_layout *lay = cx->lay;
+    const uint32_t T = lay->tokens, D = lay->head_dim;
+    const uint32_t n = T <= D ? T : D, cap = kern_lowrank_cap(D, T), c = cap < n ? cap : n;
+    const size_t xs = (size_t)T * D, gs = (size_t)n * n, vs = (size_t)c * n;
+    const size_t ws_w = (size_t)cap * (T > D ? T : D);
+    int wide = 0;
+    if (kern_rot512_on())
+        wide = LR_WIDE_GV | (n % 8 == 0 ? LR_WIDE_ORTH : 0) |
+               (T <= D ? LR_WIDE_GRAM | (D % 16 == 0 ? LR_WIDE_PROJECT : 0) : 0);
+    struct lr_work ws;
+    ws.x = malloc((LR_LANES * (xs + 2 * gs + 3 * vs) + ws_w) * sizeof(float));
+    if (!ws.x)
+        return -ENOMEM;
+    ws.g = ws.x + LR_LANES * xs;
+    ws.G = ws.g + LR_LANES * gs;
+    ws.V = ws.G + LR_LANES * gs;
+    ws.Z = ws.V + LR_LANES * vs;
+    ws.vh = ws.Z + LR_LANES * vs;
+    ws.w = ws.vh + LR_LANES * vs;
+    for (uint32_t h0 = 0; h0 < lay->heads; h0 += LR_LANES)
+        lr_enc_group_avx2(ops, cx, sect, h0,
+                          lay->heads - h0 < LR_LANES ? lay->heads - h0 : LR_LANES, &ws, wide);
+    free(ws.x);
+    return 0;
+}
+
 int kern_lowrank_enc(const struct kern_cpu_ops *ops, const struct kern_ext_ctx *c, uint8_t *sect)
 {
     const struct kern_layout *lay = c->lay;
@@ -427,9 +738,10 @@ int kern_lowrank_enc(const struct kern_cpu_ops *ops, const struct kern_ext_ctx *
     const uint32_t n = T <= D ? T : D, cap = kern_lowrank_cap(D, T);
     const uint64_t hb = kern_lowrank_head_bytes(D, T);
     const float keep = kern_lowrank_keep(c->rec->lowrank_energy);
-    const int vec = ops != &kern_ref_ops;
-    float *x =
-        malloc(((size_t)T * D + 2 * (size_t)n * n + T + D) * sizeof(float) + n * sizeof(uint32_t));
+    if (ops != &kern_ref_ops && n >= 2) /* n == 1: the reference's 1 x 1 case, no search */
+        return lr_enc_avx2(ops, c, sect);
+    float *x = malloc(((size_t)T * D + 2 * (size_t)n * n + T + D) * sizeof(float) +
+                      n * sizeof(uint32_t));
     if (!x)
         return -ENOMEM;
     float *g = x + (size_t)T * D, *v = g + (size_t)n * n, *u = v + (size_t)n * n, *w = u + T;
@@ -438,27 +750,15 @@ int kern_lowrank_enc(const struct kern_cpu_ops *ops, const struct kern_ext_ctx *
         uint8_t *head = sect + h * hb;
         memset(head, 0, hb);
         ops->load(c->rawk + 2ull * h * D, lay->dtype, (uint64_t)H * D, T, D, x);
-        if (vec)
-            lr_gram_avx2(x, T, D, g);
-        else
-            lr_gram_ref(x, T, D, g);
-        uint32_t r =
-            vec ? lr_eig_avx2(g, v, n, cap, keep, ord) : kern_lowrank_eig(g, v, n, cap, keep, ord);
+        lr_gram_ref(x, T, D, g);
+        uint32_t r = kern_lowrank_eig(g, v, n, cap, keep, ord);
         memcpy(head, &r, 4);
         uint8_t *uo = head + 16 + 4 * cap, *wo = uo + 2ull * T * cap;
         for (uint32_t i = 0; i < r; i++) {
             float e = g[ord[i] * n + ord[i]];
             float sigma = sqrtf(e > 0.0f ? e : 0.0f);
             memcpy(head + 16 + 4 * i, &sigma, 4);
-            if (vec)
-                lr_project_avx2(x, T, D, v, ord[i], sigma, u, w);
-            else
-                lr_project_ref(x, T, D, v, ord[i], sigma, u, w);
-            if (vec) {
-                lr_put_h_avx2(uo + 2ull * i, 2ull * cap, u, T);
-                lr_put_h_avx2(wo + 2ull * i * D, 2, w, D);
-                continue;
-            }
+            lr_project_ref(x, T, D, v, ord[i], sigma, u, w);
             for (uint32_t t = 0; t < T; t++)
                 kern_put_h(uo + 2 * ((uint64_t)t * cap + i), kern_sanitize(u[t]));
             for (uint32_t d = 0; d < D; d++)
@@ -474,21 +774,41 @@ int kern_lowrank_dec(const struct kern_cpu_ops *ops, const struct kern_layout *l
 {
     const uint32_t T = lay->tokens, H = lay->heads, D = lay->head_dim;
     const uint32_t cap = kern_lowrank_cap(D, T);
-    const uint64_t hb = kern_lowrank_head_bytes(D, T);
-    const int vec = ops != &kern_ref_ops;
-    float *y = malloc(((size_t)T * D + (size_t)cap * (T + D)) * sizeof(float));
+    const uint64_t hb = kern_lowrank_head_bytes(D, T), fs = (uint64_t)cap * (T + D);
+    if (ops != &kern_ref_ops) {
+        /* every head's factors first, then the rows four tokens at a time across the heads,
+         * so the stores run through memory in order (a head at a time they are 2 D bytes
+         * every 2 H D, and each line waits on its read for ownership): +17 % out of cache */
+        const int wide = D % 16 == 0 && kern_rot512_on(); /* kern_lowrank512.c */
+        float *f = malloc((size_t)H * fs * sizeof(float) + (size_t)H * sizeof(uint32_t));
+        if (!f)
+            return -ENOMEM;
+        uint32_t *rk = (uint32_t *)(f + (size_t)H * fs);
+        for (uint32_t h = 0; h < H; h++) {
+            rk[h] = kern_lowrank_get_rank(sect + h * hb, cap);
+            lr_factors_avx2(sect + h * hb, rk[h], cap, T, D, f + h * fs,
+                            f + h * fs + (uint64_t)rk[h] * T);
+        }
+        for (uint32_t t0 = 0; t0 < T; t0 += 4)
+            for (uint32_t h = 0; h < H; h++) {
+                const float *su = f + h * fs + (uint64_t)t0 * rk[h],
+                            *wf = f + h * fs + (uint64_t)rk[h] * T;
+                uint16_t *o = (uint16_t *)raw + (uint64_t)t0 * H * D + (uint64_t)h * D;
+                const uint32_t nt = T - t0 < 4 ? T - t0 : 4;
+                if (wide)
+                    kern_lowrank512_rows(rk[h], nt, D, o, (uint64_t)H * D, out_dtype, su, wf);
+                else
+                    lr_rows_avx2(rk[h], nt, D, o, (uint64_t)H * D, out_dtype, su, wf);
+            }
+        free(f);
+        return 0;
+    }
+    float *y = malloc((size_t)T * D * sizeof(float));
     if (!y)
         return -ENOMEM;
-    float *su = y + (size_t)T * D, *wf = su + (size_t)cap * T;
     for (uint32_t h = 0; h < H; h++) {
         const uint8_t *head = sect + h * hb;
-        uint32_t r = kern_lowrank_get_rank(head, cap);
-        if (vec) {
-            lr_rows_avx2(head, r, cap, T, D, (uint16_t *)raw + (uint64_t)h * D, (uint64_t)H * D,
-                         out_dtype, su, wf);
-            continue;
-        }
-        lr_rows_ref(head, r, cap, T, D, y);
+        lr_rows_ref(head, kern_lowrank_get_rank(head, cap), cap, T, D, y);
         ops->store(y, T, D, (uint8_t *)raw + 2ull * h * D, out_dtype, (uint64_t)H * D);
     }
     free(y);

@@ -627,7 +627,8 @@ END_TEST
  * token counts crossing its rounds of KERN_ENC_ROT_VALS values (4096 / head_dim rows: one row
  * past a round, several rounds, one token); LOWRANK at odd and non-power-of-two head dims,
  * T above and below D (Gram matrix of keys or of tokens), an odd number of columns, the
- * largest search (n = 64, 16 columns), one column (n 2..3) and the 1 x 1 case; fp8 at head
+ * largest search (n = 64, 16 columns), one column (n 2..3), the 1 x 1 case and more heads
+ * than the CPU encoder's groups of eight; fp8 at head
  * dims that are and are not multiples of 8 with 1 and 3 heads (its codes' 8-byte stores at
  * 8-byte and other alignments); MERGE with token counts over many windows of
  * KERN_ENC_MERGE_WIN (32) judged tokens, K+V and K only, 1 and 2 tokens, one and eight
@@ -662,6 +663,9 @@ static const struct unit_case unit_cases[] = {
     {{1, 2, 64, 3, KERN_DTYPE_FP16, 1}, KERN_CODEC_LOWRANK},
     {{1, 1, 7, 2, KERN_DTYPE_FP16, 1}, KERN_CODEC_LOWRANK},
     {{1, 2, 24, 1, KERN_DTYPE_FP16, 1}, KERN_CODEC_LOWRANK},
+    /* more heads than the CPU encoder's groups of eight (kern_lowrank.c): 8 + 4, 2 x 8 + 1 */
+    {{1, 12, 64, 32, KERN_DTYPE_FP16, 0}, KERN_CODEC_LOWRANK},
+    {{1, 17, 48, 20, KERN_DTYPE_BF16, 1}, KERN_CODEC_LOWRANK},
     {{1, 3, 128, 33, KERN_DTYPE_FP16, 0}, KERN_CODEC_FP8},
     {{1, 1, 8, 257, KERN_DTYPE_BF16, 0}, KERN_CODEC_FP8},
     {{1, 3, 20, 9, KERN_DTYPE_FP16, 1}, KERN_CODEC_FP8},
