@@ -441,6 +441,8 @@ KT int kern_avx2_dec_sect(uint32_t codec, int is_v, const uint8_t *sect,
         return 0;
     /* a section starts 64-byte aligned relative to the block (D % 32 == 0), so every store
      * is 16-byte aligned when the section is */
+    if (bits && kern_rot512_on() && kern_kivi512_dec(bits, is_v, sect, lay, raw, out, scratch))
+        return 1; /* KIVI sections with AVX-512, where the CPU has it (kern_kivi512.c) */
     int nt = codec == KERN_CODEC_Q8_0 && kern_raw_size(lay) >= KERN_NT_MIN_BYTES &&
              ((uintptr_t)raw & 15) == 0;
     if (__atomic_load_n(&kern_avx2_have_fma, __ATOMIC_RELAXED))

@@ -87,6 +87,12 @@ int kern_rot512_dec(const struct kern_layout *lay, const uint8_t *sect, int bits
 uint32_t kern_rot512_enc_rows(const struct kern_layout *lay, const uint8_t *rawk,
                               const uint8_t *rawv, const uint32_t *mask, const float *mean,
                               int bits, uint8_t *out, int clean, int small);
+/* KIVI2/KIVI4 sections (and ROT's values, KIVI sections) decoded with AVX-512
+ * (kern_kivi512.c), where kern_rot512_on(): the same bytes as kern_avx2_dec_sect() into the
+ * raw rows; 1, or 0 for a shape it does not take (D not a multiple of 32). scratch: 2 * H * D
+ * floats. */
+int kern_kivi512_dec(int bits, int is_v, const uint8_t *sect, const struct kern_layout *lay,
+                     void *raw, uint32_t out_dtype, float *scratch);
 /* Tests: use the AVX-512 ROT path (on, the default where the CPU has it) or the AVX2 one (0);
  * returns the previous setting. Not thread-safe against running codecs. */
 int kern_rot_avx512(int on);

@@ -1,0 +1,269 @@
+/*
+ * kern_kivi512.c — the KIVI sections' decode with AVX-512, for CPUs that have it: KIVI2/KIVI4
+ * keys and values, and ROT2/ROT4's values (plain KIVI value sections, kern_codec_as).
+ *
+ * DESIGN
+ * Called from kern_avx2_dec_sect() (kern_avx2_dec.c) on the decoding thread, in place of the
+ * AVX2 section decoders, for the same sections and with the same results: the reference's
+ * q * scale + min (a multiplication, then an addition) rounded to the output dtype.
+ * Values: a group has at most 16 distinct outputs, computed once per group (2-bit: four
+ * groups' four outputs in one register) as halves; every code then picks its half by a
+ * 16-bit permute (vpermw), 32 halves, one group, a register. Keys: per 32-token group the
+ * channels' tables first, in the caller's scratch, as the AVX2 decoder has them (2-bit: each
+ * channel's four output halves, picked per row by three masked blends on the code bits;
+ * 4-bit: each channel's scale and min as floats, the even channels of each 32 before the odd
+ * ones, so the 16 code bytes of 32 channels widen to dwords and split by a mask and a shift;
+ * the two halves' results are interleaved back by one permute). The file is built with
+ * -ffp-contract=off (Makefile): AVX-512F carries the FMA, and a product and a sum the
+ * reference rounds twice must stay two roundings.
+ *
+ * In use where kern_rot512_on() (kern_rot512.c) says so: the CPU has AVX-512 F, BW, VL, DQ
+ * and F16C and KVC_NO_AVX512 is unset; the tests' kern_rot_avx512() switches this path
+ * with ROT's. Elsewhere the AVX2 decoders run.
+ */
+#include <immintrin.h>
+#include <string.h>
+
+#include "kernels/kern_cpu.h"
+#include "kernels/kern_fmt.h"
+
+#define K5 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c")))
+#define K5I __attribute__((always_inline)) K5 static inline
+
+/* Sixteen floats to halves: fp16 by F16C's rounding (kern_f2h's), bf16 as kern_f2bf (round
+ * to nearest even; a NaN keeps its top bits, made quiet), for group scalars that are Inf or
+ * NaN in a corrupt or foreign block too. */
+K5I __m256i kivi5_half16(__m512 v, uint32_t out)
+{
+    if (out == KERN_DTYPE_FP16)
+        return _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512i u = _mm512_castps_si512(v), hi = _mm512_srli_epi32(u, 16);
+    const __m512i odd = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+    __m512i rn = _mm512_srli_epi32(
+        _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
+    rn = _mm512_mask_mov_epi32(rn, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q),
+                               _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
+    return _mm512_cvtepi32_epi16(rn);
+}
+
+/* ---- values: [T][H][D / 32] groups of fp16 scale, fp16 min, 4 * bits bytes of codes ---- */
+
+/* A 4-bit group's sixteen outputs as halves (entries 0-15 of a vpermw table). */
+K5I __m512i kivi5_tab4(const uint8_t *blk, uint32_t out)
+{
+    uint32_t w;
+    memcpy(&w, blk, 4);
+    const __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128((int)w));
+    const __m512 sc = _mm512_broadcastss_ps(f), mn = _mm512_broadcastss_ps(_mm_movehdup_ps(f));
+    const __m512 q = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    return _mm512_castsi256_si512(kivi5_half16(_mm512_add_ps(_mm512_mul_ps(q, sc), mn), out));
+}
+
+/* KIVI-4 group: byte i holds element 2i (low nibble) and 2i + 1 (high nibble). Each byte
+ * widened to a dword and or-ed with itself shifted up by 12 has the element 2i code in the low
+ * word's low nibble and the 2i + 1 code in the high word's; one and leaves the 32 indices. */
+K5I void kivi5_v4_group(const uint8_t *blk, __m512i tab, uint16_t *r)
+{
+    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 4)));
+    const __m512i idx = _mm512_and_si512(_mm512_or_si512(b, _mm512_slli_epi32(b, 12)),
+                                         _mm512_set1_epi32(0x000f000f));
+    _mm512_storeu_si512(r, _mm512_permutexvar_epi16(idx, tab));
+}
+
+/* Four 2-bit groups' four outputs each as halves: entry 4g + q is group g's output q. */
+K5I __m512i kivi5_tab2x4(const uint8_t *b0, const uint8_t *b1, const uint8_t *b2, const uint8_t *b3,
+                         uint32_t out)
+{
+    uint32_t w[4];
+    memcpy(&w[0], b0, 4);
+    memcpy(&w[1], b1, 4);
+    memcpy(&w[2], b2, 4);
+    memcpy(&w[3], b3, 4);
+    /* scale, min of group 0, of group 1, ... */
+    const __m512 f = _mm512_castps256_ps512(
+        _mm256_cvtph_ps(_mm_setr_epi32((int)w[0], (int)w[1], (int)w[2], (int)w[3])));
+    const __m512 sc =
+        _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6), f);
+    const __m512 mn =
+        _mm512_permutexvar_ps(_mm512_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3, 5, 5, 5, 5, 7, 7, 7, 7), f);
+    const __m512 q = _mm512_setr_ps(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
+    return _mm512_castsi256_si512(kivi5_half16(_mm512_add_ps(_mm512_mul_ps(q, sc), mn), out));
+}
+
+/* KIVI-2 group g (0-3) of a kivi5_tab2x4() table: byte i holds elements 4i .. 4i + 3 at bits
+ * 0-1, 2-3, 4-5, 6-7. The eight code bytes in every 128-bit lane; word k of lane L (element
+ * 8L + k) takes byte 2L + k / 4 by a shuffle, shifts it down by 2 (k % 4), keeps two bits and
+ * adds the group's table offset. */
+K5I void kivi5_v2_group(const uint8_t *blk, int g, __m512i tab, uint16_t *r)
+{
+    const __m512i place =
+        _mm512_set_epi64((long long)0x8007800780078007ull, (long long)0x8006800680068006ull,
+                         (long long)0x8005800580058005ull, (long long)0x8004800480048004ull,
+                         (long long)0x8003800380038003ull, (long long)0x8002800280028002ull,
+                         (long long)0x8001800180018001ull, (long long)0x8000800080008000ull);
+    const __m512i sh = _mm512_set1_epi64((long long)0x0006000400020000ull);
+    uint64_t c;
+    memcpy(&c, blk + 4, 8);
+    __m512i v = _mm512_shuffle_epi8(_mm512_set1_epi64((long long)c), place);
+    v = _mm512_srlv_epi16(v, sh);
+    /* (v & 3) | 4g */
+    const __m512i idx =
+        _mm512_ternarylogic_epi32(v, _mm512_set1_epi16(3), _mm512_set1_epi16((short)(4 * g)), 0xea);
+    _mm512_storeu_si512(r, _mm512_permutexvar_epi16(idx, tab));
+}
+
+K5I void kivi5_v_dec(int bits, uint32_t out, const uint8_t *sect, const struct kern_layout *lay,
+                     uint16_t *r)
+{
+    const uint64_t n = (uint64_t)lay->tokens * lay->heads * (lay->head_dim / KERN_GROUP);
+    const uint32_t gb = kern_kivi_v_group_bytes(bits);
+    const uint8_t *blk = sect;
+    uint64_t i = 0;
+    if (bits == 4) {
+        for (; i < n; i++, blk += gb, r += 32)
+            kivi5_v4_group(blk, kivi5_tab4(blk, out), r);
+        return;
+    }
+    for (; i + 4 <= n; i += 4, blk += 4 * gb, r += 128) {
+        const __m512i tab = kivi5_tab2x4(blk, blk + gb, blk + 2 * gb, blk + 3 * gb, out);
+        kivi5_v2_group(blk, 0, tab, r);
+        kivi5_v2_group(blk + gb, 1, tab, r + 32);
+        kivi5_v2_group(blk + 2 * gb, 2, tab, r + 64);
+        kivi5_v2_group(blk + 3 * gb, 3, tab, r + 96);
+    }
+    for (; i < n; i++, blk += gb, r += 32)
+        kivi5_v2_group(blk, 0, kivi5_tab2x4(blk, blk, blk, blk, out), r);
+}
+
+/* ---- keys: per head, 32-token groups of scale[D], min[D] (fp16), then the packed rows ---- */
+
+/* Even lanes of (a, b), then odd ones: channels 0, 2, .., 30, 1, 3, .., 31. */
+#define KIVI5_EVEN _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
+#define KIVI5_ODD _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31)
+
+/* One row of a 4-bit key group, 32 channels at a time: sp/mp the channels' scales and mins
+ * (even channels, then odd, per 32). */
+K5I void kivi5_k4_row(const uint8_t *row, const float *sp, const float *mp, uint16_t *r, uint32_t D,
+                      uint32_t out)
+{
+    /* word 2i of the result from the even half (i), word 2i + 1 from the odd half (32 + i) */
+    const __m512i mix =
+        _mm512_setr_epi32(0x00200000, 0x00210001, 0x00220002, 0x00230003, 0x00240004, 0x00250005,
+                          0x00260006, 0x00270007, 0x00280008, 0x00290009, 0x002a000a, 0x002b000b,
+                          0x002c000c, 0x002d000d, 0x002e000e, 0x002f000f);
+    for (uint32_t c = 0; c < D; c += 32) {
+        const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(row + c / 2)));
+        const __m512 fe = _mm512_cvtepi32_ps(_mm512_and_si512(b, _mm512_set1_epi32(0xf)));
+        const __m512 fo = _mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4));
+        const __m512 ye =
+            _mm512_add_ps(_mm512_mul_ps(fe, _mm512_loadu_ps(sp + c)), _mm512_loadu_ps(mp + c));
+        const __m512 yo = _mm512_add_ps(_mm512_mul_ps(fo, _mm512_loadu_ps(sp + c + 16)),
+                                        _mm512_loadu_ps(mp + c + 16));
+        const __m512i he = _mm512_castsi256_si512(kivi5_half16(ye, out)),
+                      ho = _mm512_castsi256_si512(kivi5_half16(yo, out));
+        _mm512_storeu_si512(r + c, _mm512_permutex2var_epi16(he, mix, ho));
+    }
+}
+
+/* One row of a 2-bit key group, 32 channels at a time: tb the channels' four output halves
+ * ([4][32] per 32 channels). Word k of 128-bit lane L (channel 8L + k of the 32) reads bits
+ * 2k, 2k + 1 of the lane's code word, bytes 2L and 2L + 1; two tests make the masks. */
+K5I void kivi5_k2_row(const uint8_t *row, const uint16_t *tb, uint16_t *r, uint32_t D)
+{
+    const __m512i spread =
+        _mm512_set_epi64((long long)0x0706070607060706ull, (long long)0x0706070607060706ull,
+                         (long long)0x0504050405040504ull, (long long)0x0504050405040504ull,
+                         (long long)0x0302030203020302ull, (long long)0x0302030203020302ull,
+                         (long long)0x0100010001000100ull, (long long)0x0100010001000100ull);
+    const __m512i b0 =
+        _mm512_set4_epi64((long long)0x4000100004000100ull, (long long)0x0040001000040001ull,
+                          (long long)0x4000100004000100ull, (long long)0x0040001000040001ull);
+    const __m512i b1 = _mm512_add_epi16(b0, b0);
+    for (uint32_t c = 0; c < D; c += 32, tb += 128) {
+        uint64_t w;
+        memcpy(&w, row + c / 4, 8);
+        const __m512i v = _mm512_shuffle_epi8(_mm512_set1_epi64((long long)w), spread);
+        const __mmask32 m0 = _mm512_test_epi16_mask(v, b0), m1 = _mm512_test_epi16_mask(v, b1);
+        const __m512i lo =
+            _mm512_mask_blend_epi16(m0, _mm512_loadu_si512(tb), _mm512_loadu_si512(tb + 32));
+        const __m512i hi =
+            _mm512_mask_blend_epi16(m0, _mm512_loadu_si512(tb + 64), _mm512_loadu_si512(tb + 96));
+        _mm512_storeu_si512(r + c, _mm512_mask_blend_epi16(m1, lo, hi));
+    }
+}
+
+/* The key section in memory order of the raw rows (as the AVX2 decoder, for the same reason:
+ * front to back streams; down a channel's column strides by H * D halves a row). scratch:
+ * 2 * H * D floats, the tables of a group for every head. */
+K5I void kivi5_k_dec(int bits, uint32_t out, const uint8_t *sect, const struct kern_layout *lay,
+                     uint16_t *raw, float *scratch)
+{
+    const uint32_t D = lay->head_dim, H = lay->heads, T = lay->tokens;
+    const uint32_t rb = kern_kivi_row_bytes(D, bits);
+    const uint64_t hb = kern_kivi_k_head_bytes(D, T, bits), HD = (uint64_t)H * D;
+    const uint32_t fgb = kern_kivi_k_group_bytes(D, KERN_GROUP, bits);
+    uint16_t *tab = (uint16_t *)scratch;       /* 2-bit: [H * D / 32][4][32] halves */
+    float *scf = scratch, *mnf = scratch + HD; /* 4-bit: [H * D] each, even/odd per 32 */
+    for (uint32_t t0 = 0; t0 < T; t0 += KERN_GROUP) {
+        const uint32_t rows = T - t0 < KERN_GROUP ? T - t0 : KERN_GROUP;
+        for (uint32_t h = 0; h < H; h++) {
+            const uint8_t *g = sect + h * hb + (uint64_t)(t0 / KERN_GROUP) * fgb;
+            for (uint32_t c = 0; c < D; c += 32) {
+                const __m512 s0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(g + 2 * c)));
+                const __m512 s1 =
+                    _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(g + 2 * c + 32)));
+                const __m512 m0 =
+                    _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(g + 2 * D + 2 * c)));
+                const __m512 m1 =
+                    _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(g + 2 * D + 2 * c + 32)));
+                const uint64_t ch = (uint64_t)h * D + c;
+                if (bits == 4) {
+                    _mm512_storeu_ps(scf + ch, _mm512_permutex2var_ps(s0, KIVI5_EVEN, s1));
+                    _mm512_storeu_ps(scf + ch + 16, _mm512_permutex2var_ps(s0, KIVI5_ODD, s1));
+                    _mm512_storeu_ps(mnf + ch, _mm512_permutex2var_ps(m0, KIVI5_EVEN, m1));
+                    _mm512_storeu_ps(mnf + ch + 16, _mm512_permutex2var_ps(m0, KIVI5_ODD, m1));
+                    continue;
+                }
+                for (int q = 0; q < 4; q++) {
+                    const __m512 fq = _mm512_set1_ps((float)q);
+                    const __m256i t0h = kivi5_half16(_mm512_add_ps(_mm512_mul_ps(fq, s0), m0), out);
+                    const __m256i t1h = kivi5_half16(_mm512_add_ps(_mm512_mul_ps(fq, s1), m1), out);
+                    _mm512_storeu_si512(tab + 4 * ch + 32 * q,
+                                        _mm512_inserti64x4(_mm512_castsi256_si512(t0h), t1h, 1));
+                }
+            }
+        }
+        uint16_t *r = raw + (uint64_t)t0 * HD;
+        for (uint32_t t = 0; t < rows; t++)
+            for (uint32_t h = 0; h < H; h++, r += D) {
+                const uint8_t *row =
+                    sect + h * hb + (uint64_t)(t0 / KERN_GROUP) * fgb + 4 * D + (uint64_t)t * rb;
+                if (bits == 2)
+                    kivi5_k2_row(row, tab + 4 * (uint64_t)h * D, r, D);
+                else
+                    kivi5_k4_row(row, scf + (uint64_t)h * D, mnf + (uint64_t)h * D, r, D, out);
+            }
+    }
+}
+
+/* Every (bits, kind, output dtype) its own loop, the groups' code inlined for it. */
+K5 int kern_kivi512_dec(int bits, int is_v, const uint8_t *sect, const struct kern_layout *lay,
+                        void *raw, uint32_t out, float *scratch)
+{
+    if ((bits != 2 && bits != 4) || lay->head_dim % 32)
+        return 0;
+    const int bf = out == KERN_DTYPE_BF16;
+    if (is_v && bits == 4)
+        bf ? kivi5_v_dec(4, KERN_DTYPE_BF16, sect, lay, raw)
+           : kivi5_v_dec(4, KERN_DTYPE_FP16, sect, lay, raw);
+    else if (is_v)
+        bf ? kivi5_v_dec(2, KERN_DTYPE_BF16, sect, lay, raw)
+           : kivi5_v_dec(2, KERN_DTYPE_FP16, sect, lay, raw);
+    else if (bits == 4)
+        bf ? kivi5_k_dec(4, KERN_DTYPE_BF16, sect, lay, raw, scratch)
+           : kivi5_k_dec(4, KERN_DTYPE_FP16, sect, lay, raw, scratch);
+    else
+        bf ? kivi5_k_dec(2, KERN_DTYPE_BF16, sect, lay, raw, scratch)
+           : kivi5_k_dec(2, KERN_DTYPE_FP16, sect, lay, raw, scratch);
+    return 1;
+}
