@@ -1293,19 +1293,22 @@ START_TEST(test_decode_random_payload)
         memset(d1, 0xa5, rs);
         ck_assert_int_eq(kern_decode_ref(&lay, e, (size_t)sz, d1, rs, out), (int64_t)rs);
         static const unsigned offs[] = {0, 16, 2, 1};
-        for (unsigned o = 0; o < 8; o++) { /* each offset with the FMA build, then without */
+        /* each offset with the FMA build, then without, then both again with the AVX-512
+         * KIVI decoders off (kern_kivi512.c, where the CPU has them) */
+        for (unsigned o = 0; o < 16; o++) {
             uint8_t *base = (uint8_t *)(((uintptr_t)d2 + 31) & ~(uintptr_t)31);
             uint8_t *dst = base + offs[o % 4];
             memset(d2, 0x5a, rs + 96);
-            int was = kern_avx2_fma(o < 4);
+            int was = kern_avx2_fma(o % 8 < 4), was5 = kern_rot_avx512(o < 8);
             ck_assert_int_eq(kern_decode_cpu(&lay, e, (size_t)sz, dst, rs, out), (int64_t)rs);
             kern_avx2_fma(was);
-            ck_assert_msg(memcmp(d1, dst, rs) == 0, "%s %ux%ux%ux%u%s in %s out %s dst +%u%s: "
+            kern_rot_avx512(was5);
+            ck_assert_msg(memcmp(d1, dst, rs) == 0, "%s %ux%ux%ux%u%s in %s out %s dst +%u%s%s: "
                           "the decoded block differs from the reference's",
                           kern_codec_name(codec), lay.layers, H, D, T, lay.k_only ? " k-only" : "",
                           lay.dtype == KERN_DTYPE_BF16 ? "bf16" : "fp16",
                           out == KERN_DTYPE_BF16 ? "bf16" : "fp16", offs[o % 4],
-                          o < 4 ? "" : " no fma");
+                          o % 8 < 4 ? "" : " no fma", o < 8 ? "" : " no avx512");
             for (uint8_t *q = d2; q < dst; q++)
                 ck_assert_uint_eq(*q, 0x5a);
             for (uint8_t *q = dst + rs; q < d2 + rs + 96; q++)
@@ -1374,18 +1377,21 @@ START_TEST(test_decode_nonfinite_scalars)
                 }
         }
     }
-    for (uint32_t m = 0; m < 4; m++) { /* output dtype; the FMA build, then without */
+    /* output dtype; the FMA build, then without; then both with the AVX-512 KIVI decoders off */
+    for (uint32_t m = 0; m < 8; m++) {
         uint32_t out = m % 2 ? KERN_DTYPE_BF16 : KERN_DTYPE_FP16;
         ck_assert_int_eq(kern_decode_ref(&lay, e, (size_t)sz, d1, rs, out), (int64_t)rs);
-        int was = kern_avx2_fma(m < 2);
+        int was = kern_avx2_fma(m % 4 < 2), was5 = kern_rot_avx512(m < 4);
         ck_assert_int_eq(kern_decode_cpu(&lay, e, (size_t)sz, d2, rs, out), (int64_t)rs);
         kern_avx2_fma(was);
+        kern_rot_avx512(was5);
         const uint16_t *h1 = (const uint16_t *)d1, *h2 = (const uint16_t *)d2;
         for (uint64_t i = 0; i < rs / 2; i++)
             ck_assert_msg(h1[i] == h2[i] || (half_is_nan(h1[i], out) && half_is_nan(h2[i], out)),
-                          "%s out %s%s: element %llu is %04x, the reference's %04x",
+                          "%s out %s%s%s: element %llu is %04x, the reference's %04x",
                           kern_codec_name(codec), out == KERN_DTYPE_BF16 ? "bf16" : "fp16",
-                          m < 2 ? "" : " no fma", (unsigned long long)i, h2[i], h1[i]);
+                          m % 4 < 2 ? "" : " no fma", m < 4 ? "" : " no avx512",
+                          (unsigned long long)i, h2[i], h1[i]);
     }
     free(raw);
     free(e);
