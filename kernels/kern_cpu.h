@@ -93,6 +93,11 @@ uint32_t kern_rot512_enc_rows(const struct kern_layout *lay, const uint8_t *rawk
  * floats. */
 int kern_kivi512_dec(int bits, int is_v, const uint8_t *sect, const struct kern_layout *lay,
                      void *raw, uint32_t out_dtype, float *scratch);
+/* KIVI value groups encoded with AVX-512 (kern_kivi512.c), where kern_rot512_on(): the first
+ * n / 16 * 16 of the n groups whose raw values (dtype) are contiguous at raw, into blk, the
+ * same bytes as the AVX2 encoder; returns how many it did (the caller encodes the rest). */
+uint64_t kern_kivi512_enc_groups(int bits, const void *raw, uint32_t dtype, uint64_t n,
+                                 uint8_t *blk);
 /* Tests: use the AVX-512 ROT path (on, the default where the CPU has it) or the AVX2 one (0);
  * returns the previous setting. Not thread-safe against running codecs. */
 int kern_rot_avx512(int on);

@@ -26,9 +26,7 @@
 
 #include "kernels/kern_cpu.h"
 #include "kernels/kern_fmt.h"
-
-#define K5 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c")))
-#define K5I __attribute__((always_inline)) K5 static inline
+#include "kernels/kern_kivi512.h"
 
 /* Sixteen floats to halves: fp16 by F16C's rounding (kern_f2h's), bf16 as kern_f2bf (round
  * to nearest even; a NaN keeps its top bits, made quiet), for group scalars that are Inf or
@@ -266,4 +264,56 @@ K5 int kern_kivi512_dec(int bits, int is_v, const uint8_t *sect, const struct ke
         bf ? kivi5_k_dec(2, KERN_DTYPE_BF16, sect, lay, raw, scratch)
            : kivi5_k_dec(2, KERN_DTYPE_FP16, sect, lay, raw, scratch);
     return 1;
+}
+
+/* ---- values' encode: sixteen consecutive groups at a time, the groups in the lanes ------ */
+
+/* Whether any of the 512 raw fp16 values at r is NaN, Inf or past the fp16 range (a bf16
+ * input always takes the sanitizing load): an unsigned max of the halves without their sign. */
+K5I int kivi5_clean512(const uint16_t *r)
+{
+    __m512i acc = _mm512_setzero_si512();
+    for (int i = 0; i < 16; i++)
+        acc = _mm512_max_epu16(
+            acc, _mm512_and_si512(_mm512_loadu_si512(r + 32 * i), _mm512_set1_epi16(0x7fff)));
+    return _mm512_cmpgt_epu16_mask(acc, _mm512_set1_epi16(0x7bff)) == 0;
+}
+
+/* Groups 16 at a time (their 512 raw values at r, contiguous), prefetching the data `ahead`
+ * halves on into L2 as the AVX2 encoder does (the next section). */
+K5I void kivi5_v_enc(const int bits, const uint16_t *r, const uint32_t dtype, uint64_t n16,
+                     uint8_t *blk, uint64_t ahead)
+{
+    const uint32_t gb = kern_kivi_v_group_bytes(bits);
+    for (uint64_t i = 0; i < n16; i += 16, r += 512, blk += 16 * gb) {
+        __m512 x[32];
+        uint8_t *o[16];
+        for (int k = 0; k < 16; k++) {
+            o[k] = blk + k * gb;
+            _mm_prefetch((const char *)(r + ahead + 32 * k), _MM_HINT_T1);
+        }
+        if (dtype == KERN_DTYPE_FP16 && kivi5_clean512(r)) {
+            kivi5_load_t16x16(r, 32, dtype, 1, x);
+            kivi5_load_t16x16(r + 16, 32, dtype, 1, x + 16);
+        } else {
+            kivi5_load_t16x16(r, 32, dtype, 0, x);
+            kivi5_load_t16x16(r + 16, 32, dtype, 0, x + 16);
+        }
+        kivi5_groups_enc16(x, o, bits);
+    }
+}
+
+K5 uint64_t kern_kivi512_enc_groups(int bits, const void *raw, uint32_t dtype, uint64_t n,
+                                    uint8_t *blk)
+{
+    const uint64_t n16 = n / 16 * 16;
+    if (bits == 4 && dtype == KERN_DTYPE_BF16)
+        kivi5_v_enc(4, raw, KERN_DTYPE_BF16, n16, blk, 32 * n);
+    else if (bits == 4)
+        kivi5_v_enc(4, raw, KERN_DTYPE_FP16, n16, blk, 32 * n);
+    else if (dtype == KERN_DTYPE_BF16)
+        kivi5_v_enc(2, raw, KERN_DTYPE_BF16, n16, blk, 32 * n);
+    else
+        kivi5_v_enc(2, raw, KERN_DTYPE_FP16, n16, blk, 32 * n);
+    return n16;
 }
