@@ -89,10 +89,10 @@ uint32_t kern_rot512_enc_rows(const struct kern_layout *lay, const uint8_t *rawk
                               int bits, uint8_t *out, int clean, int small);
 /* KIVI2/KIVI4 sections (and ROT's values, KIVI sections) decoded with AVX-512
  * (kern_kivi512.c), where kern_rot512_on(): the same bytes as kern_avx2_dec_sect() into the
- * raw rows; 1, or 0 for a shape it does not take (D not a multiple of 32). scratch: 2 * H * D
- * floats. */
+ * raw rows, with non-temporal stores where `stream` and raw is 16-byte aligned; 1, or 0 for a
+ * shape it does not take (D not a multiple of 32). scratch: 2 * H * D floats. */
 int kern_kivi512_dec(int bits, int is_v, const uint8_t *sect, const struct kern_layout *lay,
-                     void *raw, uint32_t out_dtype, float *scratch);
+                     void *raw, uint32_t out_dtype, float *scratch, int stream);
 /* KIVI value groups encoded with AVX-512 (kern_kivi512.c), where kern_rot512_on(): the first
  * n / 16 * 16 of the n groups whose raw values (dtype) are contiguous at raw, into blk, the
  * same bytes as the AVX2 encoder; returns how many it did (the caller encodes the rest). */

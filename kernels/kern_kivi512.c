@@ -1,11 +1,13 @@
 /*
- * kern_kivi512.c — the KIVI sections' decode with AVX-512, for CPUs that have it: KIVI2/KIVI4
- * keys and values, and ROT2/ROT4's values (plain KIVI value sections, kern_codec_as).
+ * kern_kivi512.c — the KIVI sections with AVX-512, for CPUs that have it: the decode of
+ * KIVI2/KIVI4 keys and values and of ROT2/ROT4's values (plain KIVI value sections,
+ * kern_codec_as), and the encode of their value groups.
  *
  * DESIGN
- * Called from kern_avx2_dec_sect() (kern_avx2_dec.c) on the decoding thread, in place of the
- * AVX2 section decoders, for the same sections and with the same results: the reference's
- * q * scale + min (a multiplication, then an addition) rounded to the output dtype.
+ * Decode: called from kern_avx2_dec_sect() (kern_avx2_dec.c) on the decoding thread, in place
+ * of the AVX2 section decoders, for the same sections and with the same results: the
+ * reference's q * scale + min (a multiplication, then an addition) rounded to the output
+ * dtype.
  * Values: a group has at most 16 distinct outputs, computed once per group (2-bit: four
  * groups' four outputs in one register) as halves; every code then picks its half by a
  * 16-bit permute (vpermw), 32 halves, one group, a register. Keys: per 32-token group the
@@ -13,9 +15,16 @@
  * channel's four output halves, picked per row by three masked blends on the code bits;
  * 4-bit: each channel's scale and min as floats, the even channels of each 32 before the odd
  * ones, so the 16 code bytes of 32 channels widen to dwords and split by a mask and a shift;
- * the two halves' results are interleaved back by one permute). The file is built with
+ * the two halves' results are interleaved back by one permute). Outputs of 1 MiB or more are
+ * streamed (KERN_NT_MIN_BYTES): with the arithmetic this short the decode is bound by its
+ * memory traffic, a third of which the streaming stores save. The file is built with
  * -ffp-contract=off (Makefile): AVX-512F carries the FMA, and a product and a sum the
  * reference rounds twice must stay two roundings.
+ * Encode: called from kern_avx2_enc_sect() (kern_avx2_enc.c) for a value section, sixteen
+ * consecutive groups at a time with the groups in the lanes (kern_kivi512.h, ROT's key
+ * encoder's groups): loaded by a transpose, sanitized as the reference loads them unless fp16
+ * and clean; the last groups of a section (fewer than sixteen) and the keys stay with the
+ * AVX2 encoder.
  *
  * In use where kern_rot512_on() (kern_rot512.c) says so: the CPU has AVX-512 F, BW, VL, DQ
  * and F16C and KVC_NO_AVX512 is unset; the tests' kern_rot_avx512() switches this path
@@ -44,6 +53,23 @@ K5I __m256i kivi5_half16(__m512 v, uint32_t out)
     return _mm512_cvtepi32_epi16(rn);
 }
 
+/* A result's 64 bytes into the raw rows: stored (nt 0), or streamed (see
+ * KERN_NT_MIN_BYTES, kern_avx2_dec.c) 16 bytes at a time (nt 1, r 16-byte aligned) or whole
+ * (nt 2, r 64-byte aligned). nt is a constant in every loop that calls this. */
+K5I void kivi5_st(uint16_t *r, __m512i v, const int nt)
+{
+    if (nt == 2) {
+        _mm512_stream_si512((void *)r, v);
+    } else if (nt == 1) {
+        _mm_stream_si128((__m128i *)r, _mm512_castsi512_si128(v));
+        _mm_stream_si128((__m128i *)r + 1, _mm512_extracti32x4_epi32(v, 1));
+        _mm_stream_si128((__m128i *)r + 2, _mm512_extracti32x4_epi32(v, 2));
+        _mm_stream_si128((__m128i *)r + 3, _mm512_extracti32x4_epi32(v, 3));
+    } else {
+        _mm512_storeu_si512(r, v);
+    }
+}
+
 /* ---- values: [T][H][D / 32] groups of fp16 scale, fp16 min, 4 * bits bytes of codes ---- */
 
 /* A 4-bit group's sixteen outputs as halves (entries 0-15 of a vpermw table). */
@@ -60,12 +86,12 @@ K5I __m512i kivi5_tab4(const uint8_t *blk, uint32_t out)
 /* KIVI-4 group: byte i holds element 2i (low nibble) and 2i + 1 (high nibble). Each byte
  * widened to a dword and or-ed with itself shifted up by 12 has the element 2i code in the low
  * word's low nibble and the 2i + 1 code in the high word's; one and leaves the 32 indices. */
-K5I void kivi5_v4_group(const uint8_t *blk, __m512i tab, uint16_t *r)
+K5I void kivi5_v4_group(const uint8_t *blk, __m512i tab, uint16_t *r, const int nt)
 {
     const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 4)));
     const __m512i idx = _mm512_and_si512(_mm512_or_si512(b, _mm512_slli_epi32(b, 12)),
                                          _mm512_set1_epi32(0x000f000f));
-    _mm512_storeu_si512(r, _mm512_permutexvar_epi16(idx, tab));
+    kivi5_st(r, _mm512_permutexvar_epi16(idx, tab), nt);
 }
 
 /* Four 2-bit groups' four outputs each as halves: entry 4g + q is group g's output q. */
@@ -92,7 +118,7 @@ K5I __m512i kivi5_tab2x4(const uint8_t *b0, const uint8_t *b1, const uint8_t *b2
  * 0-1, 2-3, 4-5, 6-7. The eight code bytes in every 128-bit lane; word k of lane L (element
  * 8L + k) takes byte 2L + k / 4 by a shuffle, shifts it down by 2 (k % 4), keeps two bits and
  * adds the group's table offset. */
-K5I void kivi5_v2_group(const uint8_t *blk, int g, __m512i tab, uint16_t *r)
+K5I void kivi5_v2_group(const uint8_t *blk, int g, __m512i tab, uint16_t *r, const int nt)
 {
     const __m512i place =
         _mm512_set_epi64((long long)0x8007800780078007ull, (long long)0x8006800680068006ull,
@@ -107,11 +133,11 @@ K5I void kivi5_v2_group(const uint8_t *blk, int g, __m512i tab, uint16_t *r)
     /* (v & 3) | 4g */
     const __m512i idx =
         _mm512_ternarylogic_epi32(v, _mm512_set1_epi16(3), _mm512_set1_epi16((short)(4 * g)), 0xea);
-    _mm512_storeu_si512(r, _mm512_permutexvar_epi16(idx, tab));
+    kivi5_st(r, _mm512_permutexvar_epi16(idx, tab), nt);
 }
 
-K5I void kivi5_v_dec(int bits, uint32_t out, const uint8_t *sect, const struct kern_layout *lay,
-                     uint16_t *r)
+K5I void kivi5_v_dec(int bits, uint32_t out, const int nt, const uint8_t *sect,
+                     const struct kern_layout *lay, uint16_t *r)
 {
     const uint64_t n = (uint64_t)lay->tokens * lay->heads * (lay->head_dim / KERN_GROUP);
     const uint32_t gb = kern_kivi_v_group_bytes(bits);
@@ -119,18 +145,18 @@ K5I void kivi5_v_dec(int bits, uint32_t out, const uint8_t *sect, const struct k
     uint64_t i = 0;
     if (bits == 4) {
         for (; i < n; i++, blk += gb, r += 32)
-            kivi5_v4_group(blk, kivi5_tab4(blk, out), r);
+            kivi5_v4_group(blk, kivi5_tab4(blk, out), r, nt);
         return;
     }
     for (; i + 4 <= n; i += 4, blk += 4 * gb, r += 128) {
         const __m512i tab = kivi5_tab2x4(blk, blk + gb, blk + 2 * gb, blk + 3 * gb, out);
-        kivi5_v2_group(blk, 0, tab, r);
-        kivi5_v2_group(blk + gb, 1, tab, r + 32);
-        kivi5_v2_group(blk + 2 * gb, 2, tab, r + 64);
-        kivi5_v2_group(blk + 3 * gb, 3, tab, r + 96);
+        kivi5_v2_group(blk, 0, tab, r, nt);
+        kivi5_v2_group(blk + gb, 1, tab, r + 32, nt);
+        kivi5_v2_group(blk + 2 * gb, 2, tab, r + 64, nt);
+        kivi5_v2_group(blk + 3 * gb, 3, tab, r + 96, nt);
     }
     for (; i < n; i++, blk += gb, r += 32)
-        kivi5_v2_group(blk, 0, kivi5_tab2x4(blk, blk, blk, blk, out), r);
+        kivi5_v2_group(blk, 0, kivi5_tab2x4(blk, blk, blk, blk, out), r, nt);
 }
 
 /* ---- keys: per head, 32-token groups of scale[D], min[D] (fp16), then the packed rows ---- */
@@ -142,7 +168,7 @@ K5I void kivi5_v_dec(int bits, uint32_t out, const uint8_t *sect, const struct k
 /* One row of a 4-bit key group, 32 channels at a time: sp/mp the channels' scales and mins
  * (even channels, then odd, per 32). */
 K5I void kivi5_k4_row(const uint8_t *row, const float *sp, const float *mp, uint16_t *r, uint32_t D,
-                      uint32_t out)
+                      uint32_t out, const int nt)
 {
     /* word 2i of the result from the even half (i), word 2i + 1 from the odd half (32 + i) */
     const __m512i mix =
@@ -159,14 +185,14 @@ K5I void kivi5_k4_row(const uint8_t *row, const float *sp, const float *mp, uint
                                         _mm512_loadu_ps(mp + c + 16));
         const __m512i he = _mm512_castsi256_si512(kivi5_half16(ye, out)),
                       ho = _mm512_castsi256_si512(kivi5_half16(yo, out));
-        _mm512_storeu_si512(r + c, _mm512_permutex2var_epi16(he, mix, ho));
+        kivi5_st(r + c, _mm512_permutex2var_epi16(he, mix, ho), nt);
     }
 }
 
 /* One row of a 2-bit key group, 32 channels at a time: tb the channels' four output halves
  * ([4][32] per 32 channels). Word k of 128-bit lane L (channel 8L + k of the 32) reads bits
  * 2k, 2k + 1 of the lane's code word, bytes 2L and 2L + 1; two tests make the masks. */
-K5I void kivi5_k2_row(const uint8_t *row, const uint16_t *tb, uint16_t *r, uint32_t D)
+K5I void kivi5_k2_row(const uint8_t *row, const uint16_t *tb, uint16_t *r, uint32_t D, const int nt)
 {
     const __m512i spread =
         _mm512_set_epi64((long long)0x0706070607060706ull, (long long)0x0706070607060706ull,
@@ -186,15 +212,15 @@ K5I void kivi5_k2_row(const uint8_t *row, const uint16_t *tb, uint16_t *r, uint3
             _mm512_mask_blend_epi16(m0, _mm512_loadu_si512(tb), _mm512_loadu_si512(tb + 32));
         const __m512i hi =
             _mm512_mask_blend_epi16(m0, _mm512_loadu_si512(tb + 64), _mm512_loadu_si512(tb + 96));
-        _mm512_storeu_si512(r + c, _mm512_mask_blend_epi16(m1, lo, hi));
+        kivi5_st(r + c, _mm512_mask_blend_epi16(m1, lo, hi), nt);
     }
 }
 
 /* The key section in memory order of the raw rows (as the AVX2 decoder, for the same reason:
  * front to back streams; down a channel's column strides by H * D halves a row). scratch:
  * 2 * H * D floats, the tables of a group for every head. */
-K5I void kivi5_k_dec(int bits, uint32_t out, const uint8_t *sect, const struct kern_layout *lay,
-                     uint16_t *raw, float *scratch)
+K5I void kivi5_k_dec(int bits, uint32_t out, const int nt, const uint8_t *sect,
+                     const struct kern_layout *lay, uint16_t *raw, float *scratch)
 {
     const uint32_t D = lay->head_dim, H = lay->heads, T = lay->tokens;
     const uint32_t rb = kern_kivi_row_bytes(D, bits);
@@ -237,32 +263,61 @@ K5I void kivi5_k_dec(int bits, uint32_t out, const uint8_t *sect, const struct k
                 const uint8_t *row =
                     sect + h * hb + (uint64_t)(t0 / KERN_GROUP) * fgb + 4 * D + (uint64_t)t * rb;
                 if (bits == 2)
-                    kivi5_k2_row(row, tab + 4 * (uint64_t)h * D, r, D);
+                    kivi5_k2_row(row, tab + 4 * (uint64_t)h * D, r, D, nt);
                 else
-                    kivi5_k4_row(row, scf + (uint64_t)h * D, mnf + (uint64_t)h * D, r, D, out);
+                    kivi5_k4_row(row, scf + (uint64_t)h * D, mnf + (uint64_t)h * D, r, D, out, nt);
             }
     }
 }
 
-/* Every (bits, kind, output dtype) its own loop, the groups' code inlined for it. */
+/* One section's loop for (bits, kind, output dtype, stores), each its own code. */
+K5I void kivi5_dec(const int bits, const int is_v, const uint32_t out, const int nt,
+                   const uint8_t *sect, const struct kern_layout *lay, uint16_t *raw,
+                   float *scratch)
+{
+    if (is_v)
+        kivi5_v_dec(bits, out, nt, sect, lay, raw);
+    else
+        kivi5_k_dec(bits, out, nt, sect, lay, raw, scratch);
+}
+
+#define KIVI5_NT(b, v, o)                                                                          \
+    do {                                                                                           \
+        if (nt == 2)                                                                               \
+            kivi5_dec(b, v, o, 2, sect, lay, raw, scratch);                                        \
+        else if (nt == 1)                                                                          \
+            kivi5_dec(b, v, o, 1, sect, lay, raw, scratch);                                        \
+        else                                                                                       \
+            kivi5_dec(b, v, o, 0, sect, lay, raw, scratch);                                        \
+    } while (0)
+#define KIVI5_OUT(b, v)                                                                            \
+    do {                                                                                           \
+        if (out == KERN_DTYPE_BF16)                                                                \
+            KIVI5_NT(b, v, KERN_DTYPE_BF16);                                                       \
+        else                                                                                       \
+            KIVI5_NT(b, v, KERN_DTYPE_FP16);                                                       \
+    } while (0)
+
 K5 int kern_kivi512_dec(int bits, int is_v, const uint8_t *sect, const struct kern_layout *lay,
-                        void *raw, uint32_t out, float *scratch)
+                        void *raw, uint32_t out, float *scratch, int stream)
 {
     if ((bits != 2 && bits != 4) || lay->head_dim % 32)
         return 0;
-    const int bf = out == KERN_DTYPE_BF16;
+    /* every store is at a multiple of 64 bytes from raw (D % 32 == 0) */
+    const uintptr_t a = (uintptr_t)raw;
+    const int nt = !stream ? 0 : (a & 63) == 0 ? 2 : (a & 15) == 0 ? 1 : 0;
     if (is_v && bits == 4)
-        bf ? kivi5_v_dec(4, KERN_DTYPE_BF16, sect, lay, raw)
-           : kivi5_v_dec(4, KERN_DTYPE_FP16, sect, lay, raw);
+        KIVI5_OUT(4, 1);
     else if (is_v)
-        bf ? kivi5_v_dec(2, KERN_DTYPE_BF16, sect, lay, raw)
-           : kivi5_v_dec(2, KERN_DTYPE_FP16, sect, lay, raw);
+        KIVI5_OUT(2, 1);
     else if (bits == 4)
-        bf ? kivi5_k_dec(4, KERN_DTYPE_BF16, sect, lay, raw, scratch)
-           : kivi5_k_dec(4, KERN_DTYPE_FP16, sect, lay, raw, scratch);
+        KIVI5_OUT(4, 0);
     else
-        bf ? kivi5_k_dec(2, KERN_DTYPE_BF16, sect, lay, raw, scratch)
-           : kivi5_k_dec(2, KERN_DTYPE_FP16, sect, lay, raw, scratch);
+        KIVI5_OUT(2, 0);
+#undef KIVI5_OUT
+#undef KIVI5_NT
+    if (nt)
+        _mm_sfence(); /* the streamed lines are ordered before whatever the caller does next */
     return 1;
 }
 
