@@ -98,6 +98,12 @@ int kern_kivi512_dec(int bits, int is_v, const uint8_t *sect, const struct kern_
  * same bytes as the AVX2 encoder; returns how many it did (the caller encodes the rest). */
 uint64_t kern_kivi512_enc_groups(int bits, const void *raw, uint32_t dtype, uint64_t n,
                                  uint8_t *blk);
+/* A KIVI key section encoded with AVX-512 (kern_kivi512.c), where kern_rot512_on(): raw its
+ * [T][H][D] rows (D a multiple of 32), with the key statistics into kmin/kmax/knorm as
+ * kern_avx2_enc_sect() takes them (initialised and finished by the caller) unless kmin is
+ * NULL; the same bytes as the AVX2 encoder. 1, or 0 for a shape it does not take. */
+int kern_kivi512_enc_k(int bits, const void *raw, const struct kern_layout *lay, uint8_t *sect,
+                       float *kmin, float *kmax, float *knorm);
 /* Tests: use the AVX-512 ROT path (on, the default where the CPU has it) or the AVX2 one (0);
  * returns the previous setting. Not thread-safe against running codecs. */
 int kern_rot_avx512(int on);

@@ -1,7 +1,7 @@
 /*
  * kern_kivi512.c — the KIVI sections with AVX-512, for CPUs that have it: the decode of
  * KIVI2/KIVI4 keys and values and of ROT2/ROT4's values (plain KIVI value sections,
- * kern_codec_as), and the encode of their value groups.
+ * kern_codec_as), and the encode of KIVI2/KIVI4 keys and of their value groups.
  *
  * DESIGN
  * Decode: called from kern_avx2_dec_sect() (kern_avx2_dec.c) on the decoding thread, in place
@@ -20,17 +20,19 @@
  * memory traffic, a third of which the streaming stores save. The file is built with
  * -ffp-contract=off (Makefile): AVX-512F carries the FMA, and a product and a sum the
  * reference rounds twice must stay two roundings.
- * Encode: called from kern_avx2_enc_sect() (kern_avx2_enc.c) for a value section, sixteen
+ * Encode: called from kern_avx2_enc_sect() (kern_avx2_enc.c). A value section sixteen
  * consecutive groups at a time with the groups in the lanes (kern_kivi512.h, ROT's key
  * encoder's groups): loaded by a transpose, sanitized as the reference loads them unless fp16
- * and clean; the last groups of a section (fewer than sixteen) and the keys stay with the
- * AVX2 encoder.
+ * and clean; the last groups of a section (fewer than sixteen) stay with the AVX2 encoder. A
+ * key section as the AVX2 encoder's kivi_k_sect(), 32 channels in two registers instead of
+ * four, the codes narrowed by vpmovdb; the key statistics in the same order of sums.
  *
  * In use where kern_rot512_on() (kern_rot512.c) says so: the CPU has AVX-512 F, BW, VL, DQ
  * and F16C and KVC_NO_AVX512 is unset; the tests' kern_rot_avx512() switches this path
  * with ROT's. Elsewhere the AVX2 decoders run.
  */
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #include "kernels/kern_cpu.h"
@@ -371,4 +373,182 @@ K5 uint64_t kern_kivi512_enc_groups(int bits, const void *raw, uint32_t dtype, u
     else
         kivi5_v_enc(2, raw, KERN_DTYPE_FP16, n16, blk, 32 * n);
     return n16;
+}
+
+/* ---- keys' encode: per 32-token group and head, 32 channels at a time ------------------ */
+
+/* Whether any of the n raw values at r (n a multiple of 32) needs sanitizing: NaN or Inf
+ * (fp16), or a magnitude past the fp16 range (bf16); as the AVX2 encoder's test. */
+K5I int kivi5_needs_sanitize(const uint16_t *r, uint32_t n, uint32_t dtype)
+{
+    const __m512i lim = _mm512_set1_epi16(dtype == KERN_DTYPE_BF16 ? 0x477f : 0x7bff);
+    __m512i acc = _mm512_setzero_si512();
+    for (uint32_t i = 0; i < n; i += 32)
+        acc = _mm512_max_epu16(
+            acc, _mm512_and_si512(_mm512_loadu_si512(r + i), _mm512_set1_epi16(0x7fff)));
+    return _mm512_cmpgt_epu16_mask(acc, lim) != 0;
+}
+
+/* Sixteen raw values as floats, sanitized (kern_sanitize) where san. */
+K5I __m512 kivi5_load16(const uint16_t *p, uint32_t dtype, int san)
+{
+    const __m256i v = _mm256_loadu_si256((const __m256i *)p);
+    const __m512 f = dtype == KERN_DTYPE_BF16
+                         ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16))
+                         : _mm512_cvtph_ps(v);
+    return san ? kivi5_sanitize16(f) : f;
+}
+
+/* A row's 32 values (a: channels 0-15, b: 16-31): their squares summed into the eight lanes
+ * at ss in the AVX2 encoder's order, ((c0-7)^2 + (c8-15)^2) + ((c16-23)^2 + (c24-31)^2). */
+K5I void kivi5_k_ss(__m512 a, __m512 b, float *ss)
+{
+    const __m512 a2 = _mm512_mul_ps(a, a), b2 = _mm512_mul_ps(b, b);
+    const __m256 sa = _mm256_add_ps(_mm512_castps512_ps256(a2), _mm512_extractf32x8_ps(a2, 1));
+    const __m256 sb = _mm256_add_ps(_mm512_castps512_ps256(b2), _mm512_extractf32x8_ps(b2, 1));
+    _mm256_store_ps(ss, _mm256_add_ps(_mm256_load_ps(ss), _mm256_add_ps(sa, sb)));
+}
+
+/* v_hsum of kern_avx2.h: the same sums in the same order. */
+K5I float kivi5_hsum8(__m256 v)
+{
+    __m128 m = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_add_ss(m, _mm_shuffle_ps(m, m, 1));
+    return _mm_cvtss_f32(m);
+}
+
+/* 32 channels' codes of one row (lo: channels 0-15, hi: 16-31) packed into 4 * bits bytes:
+ * the truncation of (x - min) * id + 0.5 (at least 0 and far below 256, see v_kivi_code() of
+ * kern_avx2_kivi.h), narrowed to bytes, clamped to qmax, and neighbours merged by
+ * multiply-adds as v_kivi_pack32() does. */
+K5I void kivi5_k_codes32(__m512 x0, __m512 x1, __m512 mn0, __m512 mn1, __m512 id0, __m512 id1,
+                         int bits, uint8_t *dst)
+{
+    const __m512 half = _mm512_set1_ps(0.5f);
+    const __m512i q0 =
+        _mm512_cvttps_epi32(_mm512_add_ps(_mm512_mul_ps(_mm512_sub_ps(x0, mn0), id0), half));
+    const __m512i q1 =
+        _mm512_cvttps_epi32(_mm512_add_ps(_mm512_mul_ps(_mm512_sub_ps(x1, mn1), id1), half));
+    __m256i p = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm512_cvtepi32_epi8(q0)),
+                                        _mm512_cvtepi32_epi8(q1), 1);
+    p = _mm256_min_epu8(p, _mm256_set1_epi8((char)((1 << bits) - 1)));
+    if (bits == 4) {
+        __m256i w = _mm256_maddubs_epi16(p, _mm256_set1_epi16(0x1001));
+        _mm_storeu_si128((__m128i *)dst, _mm256_cvtepi16_epi8(w));
+    } else {
+        __m256i w = _mm256_maddubs_epi16(p, _mm256_set1_epi16(0x0401));
+        w = _mm256_madd_epi16(w, _mm256_set1_epi32(0x00100001));
+        _mm_storel_epi64((__m128i *)dst, _mm256_cvtepi32_epi8(w));
+    }
+}
+
+/* The AVX2 encoder's kivi_k_sect() (kern_avx2_enc.c) on 16 lanes: per group of 32 tokens and
+ * per head, 32 channels at a time, the rows converted once into a 4 KiB buffer while their
+ * ranges are taken in two registers, the channels' scale and min, then each row's codes from
+ * the buffer; key statistics (kmin non-NULL) as there, in the same order. */
+K5I void kivi5_k_enc(const int bits, const uint32_t dtype, const uint16_t *raw,
+                     const struct kern_layout *lay, uint8_t *sect, float *kmin, float *kmax,
+                     float *knorm)
+{
+    const uint32_t D = lay->head_dim, H = lay->heads, T = lay->tokens;
+    const uint32_t rb = kern_kivi_row_bytes(D, bits);
+    const uint64_t hb = kern_kivi_k_head_bytes(D, T, bits), HD = (uint64_t)H * D;
+    const __m512 qmax = _mm512_set1_ps((float)((1 << bits) - 1)), zero = _mm512_setzero_ps();
+    __attribute__((aligned(64))) float xb[KERN_GROUP][32];
+    for (uint32_t t0 = 0; t0 < T; t0 += KERN_GROUP) {
+        const uint32_t rows = T - t0 < KERN_GROUP ? T - t0 : KERN_GROUP;
+        const uint32_t gb = kern_kivi_k_group_bytes(D, rows, bits);
+        const uint64_t goff =
+            (uint64_t)(t0 / KERN_GROUP) * kern_kivi_k_group_bytes(D, KERN_GROUP, bits);
+        const uint16_t *rg = raw + (uint64_t)t0 * HD;
+        int san = 0;
+        for (uint32_t i = 0; i < rows * H && !san; i++)
+            san = kivi5_needs_sanitize(rg + (uint64_t)i * D, D, dtype);
+        for (uint32_t h = 0; h < H; h++) {
+            uint8_t *g = sect + h * hb + goff;
+            __attribute__((aligned(32))) float ssb[KERN_GROUP][8];
+            if (kmin)
+                for (uint32_t r = 0; r < rows; r++)
+                    _mm256_store_ps(ssb[r], _mm256_setzero_ps());
+            for (uint32_t c = 0; c < D; c += 32) {
+                const uint16_t *p = rg + (uint64_t)h * D + c;
+                /* the new value is the first operand of min/max: on a tie (+0 and -0) the
+                 * earlier row's value stays, as in the reference */
+                __m512 lo0 = kivi5_load16(p, dtype, san), lo1 = kivi5_load16(p + 16, dtype, san);
+                __m512 hi0 = lo0, hi1 = lo1;
+                _mm512_store_ps(&xb[0][0], lo0);
+                _mm512_store_ps(&xb[0][16], lo1);
+                if (kmin)
+                    kivi5_k_ss(lo0, lo1, ssb[0]);
+                for (uint32_t r = 1; r < rows; r++) {
+                    p += HD;
+                    const __m512 v0 = kivi5_load16(p, dtype, san),
+                                 v1 = kivi5_load16(p + 16, dtype, san);
+                    _mm512_store_ps(&xb[r][0], v0);
+                    _mm512_store_ps(&xb[r][16], v1);
+                    lo0 = _mm512_min_ps(v0, lo0);
+                    hi0 = _mm512_max_ps(v0, hi0);
+                    lo1 = _mm512_min_ps(v1, lo1);
+                    hi1 = _mm512_max_ps(v1, hi1);
+                    if (kmin)
+                        kivi5_k_ss(v0, v1, ssb[r]);
+                }
+                if (kmin) {
+                    /* the group's extremes fold into the block's (an earlier group's value
+                     * stays on a tie) */
+                    float *mn = kmin + (uint64_t)h * D + c, *mx = kmax + (uint64_t)h * D + c;
+                    _mm512_storeu_ps(mn, _mm512_min_ps(lo0, _mm512_loadu_ps(mn)));
+                    _mm512_storeu_ps(mn + 16, _mm512_min_ps(lo1, _mm512_loadu_ps(mn + 16)));
+                    _mm512_storeu_ps(mx, _mm512_max_ps(hi0, _mm512_loadu_ps(mx)));
+                    _mm512_storeu_ps(mx + 16, _mm512_max_ps(hi1, _mm512_loadu_ps(mx + 16)));
+                }
+                const int rne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+                const __m256i mh0 = _mm512_cvtps_ph(lo0, rne), mh1 = _mm512_cvtps_ph(lo1, rne);
+                const __m256i sh0 = _mm512_cvtps_ph(_mm512_div_ps(_mm512_sub_ps(hi0, lo0), qmax),
+                                                    rne),
+                              sh1 = _mm512_cvtps_ph(_mm512_div_ps(_mm512_sub_ps(hi1, lo1), qmax),
+                                                    rne);
+                _mm256_storeu_si256((__m256i *)(g + 2 * c), sh0);
+                _mm256_storeu_si256((__m256i *)(g + 2 * c + 32), sh1);
+                _mm256_storeu_si256((__m256i *)(g + 2 * D + 2 * c), mh0);
+                _mm256_storeu_si256((__m256i *)(g + 2 * D + 2 * c + 32), mh1);
+                const __m512 sc0 = _mm512_cvtph_ps(sh0), sc1 = _mm512_cvtph_ps(sh1);
+                const __m512 id0 = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(sc0, zero, _CMP_NEQ_UQ),
+                                                       _mm512_set1_ps(1.0f), sc0),
+                             id1 = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(sc1, zero, _CMP_NEQ_UQ),
+                                                       _mm512_set1_ps(1.0f), sc1);
+                const __m512 mf0 = _mm512_cvtph_ps(mh0), mf1 = _mm512_cvtph_ps(mh1);
+                uint8_t *out = g + 4 * D + c * bits / 8;
+                p = rg + (uint64_t)h * D + c;
+                for (uint32_t r = 0; r < rows; r++, out += rb, p += HD) {
+                    /* the next group (or section) into L2 while this one is coded */
+                    _mm_prefetch((const char *)(p + (uint64_t)rows * HD), _MM_HINT_T1);
+                    kivi5_k_codes32(_mm512_load_ps(&xb[r][0]), _mm512_load_ps(&xb[r][16]), mf0, mf1,
+                                    id0, id1, bits, out);
+                }
+            }
+            memset(g + 4 * D + (uint64_t)rows * rb, 0, gb - 4 * D - rows * rb);
+            if (kmin)
+                for (uint32_t r = 0; r < rows; r++)
+                    knorm[h] += sqrtf(kivi5_hsum8(_mm256_load_ps(ssb[r])));
+        }
+    }
+}
+
+K5 int kern_kivi512_enc_k(int bits, const void *raw, const struct kern_layout *lay, uint8_t *sect,
+                          float *kmin, float *kmax, float *knorm)
+{
+    if ((bits != 2 && bits != 4) || lay->head_dim % 32)
+        return 0;
+    const int bf = lay->dtype == KERN_DTYPE_BF16;
+    if (bits == 4 && bf)
+        kivi5_k_enc(4, KERN_DTYPE_BF16, raw, lay, sect, kmin, kmax, knorm);
+    else if (bits == 4)
+        kivi5_k_enc(4, KERN_DTYPE_FP16, raw, lay, sect, kmin, kmax, knorm);
+    else if (bf)
+        kivi5_k_enc(2, KERN_DTYPE_BF16, raw, lay, sect, kmin, kmax, knorm);
+    else
+        kivi5_k_enc(2, KERN_DTYPE_FP16, raw, lay, sect, kmin, kmax, knorm);
+    return 1;
 }
