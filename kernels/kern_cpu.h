@@ -104,8 +104,9 @@ uint64_t kern_kivi512_enc_groups(int bits, const void *raw, uint32_t dtype, uint
  * NULL; the same bytes as the AVX2 encoder. 1, or 0 for a shape it does not take. */
 int kern_kivi512_enc_k(int bits, const void *raw, const struct kern_layout *lay, uint8_t *sect,
                        float *kmin, float *kmax, float *knorm);
-/* Tests: use the AVX-512 ROT path (on, the default where the CPU has it) or the AVX2 one (0);
- * returns the previous setting. Not thread-safe against running codecs. */
+/* Tests: use the AVX-512 ROT and KIVI paths (kern_rot512.c, kern_kivi512.c; on, the default
+ * where the CPU has them) or the AVX2 ones (0); returns the previous setting. Not thread-safe
+ * against running codecs. */
 int kern_rot_avx512(int on);
 int kern_merge_enc(const struct kern_cpu_ops *ops, int is_v, const struct kern_ext_ctx *c,
                    uint8_t *sect);

@@ -12,14 +12,16 @@
  * per channel, stored as fp16 or bf16. Twice the lanes and half the instructions of the AVX2
  * row. Encode: rot_enc_tok8() of kern_rot.c with sixteen tokens in the lanes instead of eight
  * (every butterfly stage between whole registers, the groups' extremes and parameters
- * lane-wise), for the blocks of sixteen tokens a section has; kern_rot.c computes the means
- * and signs first and encodes the rest. The target has no separate FMA flag, but AVX-512F
+ * lane-wise; the groups' code in kern_kivi512.h, shared with KIVI's value encoder), for the
+ * blocks of sixteen tokens a section has; kern_rot.c computes the means and signs first and
+ * encodes the rest. The target has no separate FMA flag, but AVX-512F
  * brings the 512-bit FMA: the file is built with -ffp-contract=off (Makefile), so a product
  * and a sum the reference rounds twice stay two roundings (check_codecs fails without it).
  *
  * Chosen at run time (kern_rot512_on): the CPU has AVX-512 F, BW, VL, DQ and F16C, and
  * KVC_NO_AVX512 is not set in the environment (read once); the tests switch it with
- * kern_rot_avx512() to run the AVX2 path too. Elsewhere kern_rot.c's AVX2 path runs.
+ * kern_rot_avx512() to run the AVX2 path too. Elsewhere kern_rot.c's AVX2 path runs. The same
+ * probe and switch govern kern_kivi512.c (KIVI sections, ROT's values among them).
  */
 #include <immintrin.h>
 #include <stdlib.h>
