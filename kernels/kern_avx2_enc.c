@@ -659,7 +659,8 @@ KT int kern_avx2_enc_sect(uint32_t codec, int is_v, const void *raw, const struc
     if (kmin && bits && !is_v) {
         /* KIVI keys take the statistics in their own range pass */
         stats_init(lay, kmin, kmax, knorm);
-        if (kern_rot512_on()) /* with AVX-512 where the CPU has it (kern_kivi512.c) */
+        if (kern_rot512_on()) /* with AVX-512 where the CPU has it (kern_kivi512.c; it
+                                 takes every KIVI key section with D % 32 == 0) */
             kern_kivi512_enc_k(bits, raw, lay, sect, kmin, kmax, knorm);
         else if (bits == 4 && lay->dtype == KERN_DTYPE_BF16)
             kivi_k_sect(4, KERN_DTYPE_BF16, raw, lay, sect, kmin, kmax, knorm);
@@ -738,7 +739,8 @@ KT int kern_avx2_enc_sect(uint32_t codec, int is_v, const void *raw, const struc
         return 1;
     }
     if (bits && !is_v) {
-        if (kern_rot512_on()) /* with AVX-512 where the CPU has it (kern_kivi512.c) */
+        if (kern_rot512_on()) /* with AVX-512 where the CPU has it (kern_kivi512.c; it
+                                 takes every KIVI key section with D % 32 == 0) */
             kern_kivi512_enc_k(bits, raw, lay, sect, NULL, NULL, NULL);
         else if (bits == 4 && lay->dtype == KERN_DTYPE_BF16)
             kivi_k_sect(4, KERN_DTYPE_BF16, raw, lay, sect, NULL, NULL, NULL);
