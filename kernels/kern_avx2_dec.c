@@ -335,9 +335,10 @@ fp8_dec_sect(const uint8_t *sect, const struct kern_layout *lay, void *raw, uint
  * they cannot stay in this core's L2 anyway, and the usual reader (a copy to the GPU, another
  * process) reads them once. The stores skip the read for ownership of every destination line,
  * a third of a decode's memory traffic, and q8_0 decode, the cheapest to compute, is bound by
- * that traffic (+25% out of cache on the Zen 3 host). The other codecs are bound by their
- * arithmetic there and were no faster streaming (q4_1 a little slower), so they, and smaller
- * blocks, write through the cache. */
+ * that traffic (+25% out of cache on the Zen 3 host). The other AVX2 decoders are bound by
+ * their arithmetic there and were no faster streaming (q4_1 a little slower), so they, and
+ * smaller blocks, write through the cache. The AVX-512 KIVI decoders (kern_kivi512.c) are
+ * bound by the traffic again, and stream too (+35% kivi4 on the Zen 5 host). */
 #define KERN_NT_MIN_BYTES (1u << 20)
 
 /* One section, stores ordinary or non-temporal (nt constant after inlining). */
@@ -441,6 +442,11 @@ KT int kern_avx2_dec_sect(uint32_t codec, int is_v, const uint8_t *sect,
         return 0;
     /* a section starts 64-byte aligned relative to the block (D % 32 == 0), so every store
      * is 16-byte aligned when the section is */
+    /* KIVI sections with AVX-512, where the CPU has it (kern_kivi512.c) */
+    if (bits && kern_rot512_on() &&
+        kern_kivi512_dec(bits, is_v, sect, lay, raw, out, scratch,
+                         kern_raw_size(lay) >= KERN_NT_MIN_BYTES))
+        return 1;
     int nt = codec == KERN_CODEC_Q8_0 && kern_raw_size(lay) >= KERN_NT_MIN_BYTES &&
              ((uintptr_t)raw & 15) == 0;
     if (__atomic_load_n(&kern_avx2_have_fma, __ATOMIC_RELAXED))

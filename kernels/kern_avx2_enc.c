@@ -659,7 +659,10 @@ KT int kern_avx2_enc_sect(uint32_t codec, int is_v, const void *raw, const struc
     if (kmin && bits && !is_v) {
         /* KIVI keys take the statistics in their own range pass */
         stats_init(lay, kmin, kmax, knorm);
-        if (bits == 4 && lay->dtype == KERN_DTYPE_BF16)
+        if (kern_rot512_on()) /* with AVX-512 where the CPU has it (kern_kivi512.c; it
+                                 takes every KIVI key section with D % 32 == 0) */
+            kern_kivi512_enc_k(bits, raw, lay, sect, kmin, kmax, knorm);
+        else if (bits == 4 && lay->dtype == KERN_DTYPE_BF16)
             kivi_k_sect(4, KERN_DTYPE_BF16, raw, lay, sect, kmin, kmax, knorm);
         else if (bits == 4)
             kivi_k_sect(4, KERN_DTYPE_FP16, raw, lay, sect, kmin, kmax, knorm);
@@ -736,7 +739,10 @@ KT int kern_avx2_enc_sect(uint32_t codec, int is_v, const void *raw, const struc
         return 1;
     }
     if (bits && !is_v) {
-        if (bits == 4 && lay->dtype == KERN_DTYPE_BF16)
+        if (kern_rot512_on()) /* with AVX-512 where the CPU has it (kern_kivi512.c; it
+                                 takes every KIVI key section with D % 32 == 0) */
+            kern_kivi512_enc_k(bits, raw, lay, sect, NULL, NULL, NULL);
+        else if (bits == 4 && lay->dtype == KERN_DTYPE_BF16)
             kivi_k_sect(4, KERN_DTYPE_BF16, raw, lay, sect, NULL, NULL, NULL);
         else if (bits == 4)
             kivi_k_sect(4, KERN_DTYPE_FP16, raw, lay, sect, NULL, NULL, NULL);
@@ -746,7 +752,12 @@ KT int kern_avx2_enc_sect(uint32_t codec, int is_v, const void *raw, const struc
             kivi_k_sect(2, KERN_DTYPE_FP16, raw, lay, sect, NULL, NULL, NULL);
         return 1;
     }
-    /* row-wise codecs: groups in the same order as the rows */
-    enc_groups(codec, bits, r, lay->dtype, (uint64_t)T * H * G, sect);
+    /* row-wise codecs: groups in the same order as the rows; KIVI's sixteen at a time with
+     * AVX-512 where the CPU has it (kern_kivi512.c), the rest here */
+    uint64_t n = (uint64_t)T * H * G, done = 0;
+    if (bits && kern_rot512_on())
+        done = kern_kivi512_enc_groups(bits, r, lay->dtype, n, sect);
+    enc_groups(codec, bits, r + 32 * done, lay->dtype, n - done,
+               sect + done * block_bytes(codec, bits));
     return 1;
 }

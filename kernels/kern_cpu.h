@@ -73,7 +73,7 @@ int kern_rot_enc(const struct kern_cpu_ops *ops, uint32_t codec, const struct ke
 int kern_rot_dec(const struct kern_cpu_ops *ops, uint32_t codec, const struct kern_layout *lay,
                  const uint8_t *sect, void *raw, uint32_t out_dtype);
 /* ROT's K sections with AVX-512 (kern_rot512.c): kern_rot512_on() says whether that path,
- * and LOWRANK's (kern_lowrank512.c), is in use (the CPU has AVX-512 F, BW, VL, DQ and F16C
+ * LOWRANK's (kern_lowrank512.c) and KIVI's (kern_kivi512.c), is in use (the CPU has AVX-512 F, BW, VL, DQ and F16C
  * and the environment has no KVC_NO_AVX512 set to other than 0; read once);
  * kern_rot512_dec() decodes a section and returns 1, or 0 for a head size it does not take
  * (then the AVX2 path). scratch: 2 * H * D floats. */
@@ -87,8 +87,26 @@ int kern_rot512_dec(const struct kern_layout *lay, const uint8_t *sect, int bits
 uint32_t kern_rot512_enc_rows(const struct kern_layout *lay, const uint8_t *rawk,
                               const uint8_t *rawv, const uint32_t *mask, const float *mean,
                               int bits, uint8_t *out, int clean, int small);
-/* Tests: use the AVX-512 ROT and LOWRANK paths (on, the default where the CPU has it) or the
- * AVX2 ones (0); returns the previous setting. Not thread-safe against running codecs. */
+/* KIVI2/KIVI4 sections (and ROT's values, KIVI sections) decoded with AVX-512
+ * (kern_kivi512.c), where kern_rot512_on(): the same bytes as kern_avx2_dec_sect() into the
+ * raw rows, with non-temporal stores where `stream` and raw is 16-byte aligned; 1, or 0 for a
+ * shape it does not take (D not a multiple of 32). scratch: 2 * H * D floats. */
+int kern_kivi512_dec(int bits, int is_v, const uint8_t *sect, const struct kern_layout *lay,
+                     void *raw, uint32_t out_dtype, float *scratch, int stream);
+/* KIVI value groups encoded with AVX-512 (kern_kivi512.c), where kern_rot512_on(): the first
+ * n / 16 * 16 of the n groups whose raw values (dtype) are contiguous at raw, into blk, the
+ * same bytes as the AVX2 encoder; returns how many it did (the caller encodes the rest). */
+uint64_t kern_kivi512_enc_groups(int bits, const void *raw, uint32_t dtype, uint64_t n,
+                                 uint8_t *blk);
+/* A KIVI key section encoded with AVX-512 (kern_kivi512.c), where kern_rot512_on(): raw its
+ * [T][H][D] rows (D a multiple of 32), with the key statistics into kmin/kmax/knorm as
+ * kern_avx2_enc_sect() takes them (initialised and finished by the caller) unless kmin is
+ * NULL; the same bytes as the AVX2 encoder. 1, or 0 for a shape it does not take. */
+int kern_kivi512_enc_k(int bits, const void *raw, const struct kern_layout *lay, uint8_t *sect,
+                       float *kmin, float *kmax, float *knorm);
+/* Tests: use the AVX-512 ROT, KIVI and LOWRANK paths (kern_rot512.c, kern_kivi512.c,
+ * kern_lowrank512.c; on, the default where the CPU has them) or the AVX2 ones (0); returns the
+ * previous setting. Not thread-safe against running codecs. */
 int kern_rot_avx512(int on);
 int kern_merge_enc(const struct kern_cpu_ops *ops, int is_v, const struct kern_ext_ctx *c,
                    uint8_t *sect);

@@ -12,14 +12,16 @@
  * per channel, stored as fp16 or bf16. Twice the lanes and half the instructions of the AVX2
  * row. Encode: rot_enc_tok8() of kern_rot.c with sixteen tokens in the lanes instead of eight
  * (every butterfly stage between whole registers, the groups' extremes and parameters
- * lane-wise), for the blocks of sixteen tokens a section has; kern_rot.c computes the means
- * and signs first and encodes the rest. The target has no separate FMA flag, but AVX-512F
+ * lane-wise; the groups' code in kern_kivi512.h, shared with KIVI's value encoder), for the
+ * blocks of sixteen tokens a section has; kern_rot.c computes the means and signs first and
+ * encodes the rest. The target has no separate FMA flag, but AVX-512F
  * brings the 512-bit FMA: the file is built with -ffp-contract=off (Makefile), so a product
  * and a sum the reference rounds twice stay two roundings (check_codecs fails without it).
  *
  * Chosen at run time (kern_rot512_on): the CPU has AVX-512 F, BW, VL, DQ and F16C, and
  * KVC_NO_AVX512 is not set in the environment (read once); the tests switch it with
- * kern_rot_avx512() to run the AVX2 path too. Elsewhere kern_rot.c's AVX2 path runs.
+ * kern_rot_avx512() to run the AVX2 path too. Elsewhere kern_rot.c's AVX2 path runs. The same
+ * probe and switch govern kern_kivi512.c (KIVI sections, ROT's values among them).
  */
 #include <immintrin.h>
 #include <stdlib.h>
@@ -27,9 +29,7 @@
 
 #include "kernels/kern_cpu.h"
 #include "kernels/kern_ext.h"
-
-#define K5 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c")))
-#define K5I __attribute__((always_inline)) K5 static inline
+#include "kernels/kern_kivi512.h"
 
 /* -1: not probed yet; else whether this CPU has the features (cpu) and whether the AVX-512
  * path is in use (on: cpu, unless KVC_NO_AVX512 or the tests turned it off). */
@@ -251,168 +251,6 @@ K5 int kern_rot512_dec(const struct kern_layout *lay, const uint8_t *sect, int b
 
 /* ---- encode: sixteen tokens of a head at a time, the tokens in the lanes ---------------- */
 
-K5I __m512 rot_sanitize16(__m512 x)
-{
-    x = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, x, _CMP_ORD_Q), x);
-    x = _mm512_min_ps(x, _mm512_set1_ps(KERN_FP16_MAX));
-    return _mm512_max_ps(x, _mm512_set1_ps(-KERN_FP16_MAX));
-}
-
-/* Sixteen tokens' 16 channels (halves at r, the tokens ts apart) as 16 registers of floats,
- * one per channel, lane i token i, sanitized as kern_ext_value unless clean. Tokens i and
- * i + 8 share a register; the 8 x 8 transposes of the halves in each 128-bit lane leave
- * channel k of tokens 0-7 and 8-15 in lanes 0 and 2 (8 + k: 1 and 3) of d[k]. */
-K5I void rot_load_t16x16(const uint16_t *r, uint64_t ts, uint32_t dtype, const int clean, __m512 *x)
-{
-    __m512i a[8];
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; i++)
-        a[i] = _mm512_inserti64x4(
-            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(r + i * ts))),
-            _mm256_loadu_si256((const __m256i *)(r + (i + 8) * ts)), 1);
-    const __m512i b0 = _mm512_unpacklo_epi16(a[0], a[1]), b1 = _mm512_unpackhi_epi16(a[0], a[1]);
-    const __m512i b2 = _mm512_unpacklo_epi16(a[2], a[3]), b3 = _mm512_unpackhi_epi16(a[2], a[3]);
-    const __m512i b4 = _mm512_unpacklo_epi16(a[4], a[5]), b5 = _mm512_unpackhi_epi16(a[4], a[5]);
-    const __m512i b6 = _mm512_unpacklo_epi16(a[6], a[7]), b7 = _mm512_unpackhi_epi16(a[6], a[7]);
-    const __m512i c0 = _mm512_unpacklo_epi32(b0, b2), c1 = _mm512_unpackhi_epi32(b0, b2);
-    const __m512i c2 = _mm512_unpacklo_epi32(b4, b6), c3 = _mm512_unpackhi_epi32(b4, b6);
-    const __m512i c4 = _mm512_unpacklo_epi32(b1, b3), c5 = _mm512_unpackhi_epi32(b1, b3);
-    const __m512i c6 = _mm512_unpacklo_epi32(b5, b7), c7 = _mm512_unpackhi_epi32(b5, b7);
-    const __m512i d[8] = {_mm512_unpacklo_epi64(c0, c2), _mm512_unpackhi_epi64(c0, c2),
-                          _mm512_unpacklo_epi64(c1, c3), _mm512_unpackhi_epi64(c1, c3),
-                          _mm512_unpacklo_epi64(c4, c6), _mm512_unpackhi_epi64(c4, c6),
-                          _mm512_unpacklo_epi64(c5, c7), _mm512_unpackhi_epi64(c5, c7)};
-#pragma GCC unroll 16
-    for (int k = 0; k < 16; k++) {
-        const __m256i v =
-            _mm512_castsi512_si256(k < 8 ? _mm512_shuffle_i64x2(d[k], d[k], 0x08)
-                                         : _mm512_shuffle_i64x2(d[k % 8], d[k % 8], 0x0d));
-        if (clean)
-            x[k] = _mm512_cvtph_ps(v);
-        else
-            x[k] = rot_sanitize16(dtype == KERN_DTYPE_BF16 ? _mm512_castsi512_ps(_mm512_slli_epi32(
-                                                                 _mm512_cvtepu16_epi32(v), 16))
-                                                           : _mm512_cvtph_ps(v));
-    }
-}
-
-/* The codes of channels a, b, c, d (lane i token i) as bytes: in 128-bit lane L, byte 4k + i
- * the code of the k-th channel for token 4L + i, clamped to [0, qmax] (as kern_rot.c's
- * rot_codes4: the truncation of (x - min) * id + 0.5, the packs' saturation, a byte min). */
-K5I __m512i rot_codes16(const __m512 *x, int a, int b, int c, int d, __m512 vm, __m512 vi,
-                        __m512i qb)
-{
-    const __m512 half = _mm512_set1_ps(0.5f);
-#define ROT_Q(j)                                                                                   \
-    _mm512_cvttps_epi32(_mm512_add_ps(_mm512_mul_ps(_mm512_sub_ps(x[j], vm), vi), half))
-    const __m512i w = _mm512_packs_epi32(ROT_Q(a), ROT_Q(b)),
-                  z = _mm512_packs_epi32(ROT_Q(c), ROT_Q(d));
-#undef ROT_Q
-    return _mm512_min_epu8(_mm512_packus_epi16(w, z), qb);
-}
-
-/* Sixteen tokens' group (x: its 32 channels, lane i token i, scaled and clamped) to their
- * blocks at o[i]: kern_rot.c's rot_groups_enc8 on sixteen lanes, the parameters lane-wise
- * (kern_kivi_params: min, (max - min) / qmax to fp16 and back, 1 / scale unless 0), the
- * codes per channel, the bytes put back in token order per 128-bit lane (tokens 4L .. 4L + 3).
- * A group whose minimum or maximum is zero is encoded by the reference (the lanes' minimum
- * keeps either of +0 and -0, the reference the first). */
-K5I void rot_groups_enc16(const __m512 *x, uint8_t *const *o, const int bits)
-{
-    __m512 mn = x[0], mx = x[0], mn1 = x[1], mx1 = x[1];
-#pragma GCC unroll 16
-    for (int j = 2; j < 32; j += 2) {
-        mn = _mm512_min_ps(mn, x[j]);
-        mx = _mm512_max_ps(mx, x[j]);
-        mn1 = _mm512_min_ps(mn1, x[j + 1]);
-        mx1 = _mm512_max_ps(mx1, x[j + 1]);
-    }
-    mn = _mm512_min_ps(mn, mn1);
-    mx = _mm512_max_ps(mx, mx1);
-    const __m512 qmax = _mm512_set1_ps((float)((1 << bits) - 1)), zero = _mm512_setzero_ps();
-    const __m256i hmn = _mm512_cvtps_ph(mn, _MM_FROUND_TO_NEAREST_INT),
-                  hsc = _mm512_cvtps_ph(_mm512_div_ps(_mm512_sub_ps(mx, mn), qmax),
-                                        _MM_FROUND_TO_NEAREST_INT);
-    const __m512 vm = _mm512_cvtph_ps(hmn), sc = _mm512_cvtph_ps(hsc);
-    const __m512 vi =
-        _mm512_maskz_div_ps(_mm512_cmp_ps_mask(sc, zero, _CMP_NEQ_UQ), _mm512_set1_ps(1.0f), sc);
-    const unsigned zm =
-        _mm512_cmp_ps_mask(mn, zero, _CMP_EQ_OQ) | _mm512_cmp_ps_mask(mx, zero, _CMP_EQ_OQ);
-    /* the headers, scale then min: dword i of hdr token i */
-    uint32_t hdr[16];
-    _mm512_storeu_si512(hdr, _mm512_or_si512(_mm512_cvtepu16_epi32(hsc),
-                                             _mm512_slli_epi32(_mm512_cvtepu16_epi32(hmn), 16)));
-    const __m512i qb = _mm512_set1_epi8((char)((1 << bits) - 1));
-    const __m512i tr =
-        _mm512_broadcast_i32x4(_mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
-    if (bits == 4) {
-        __m512i p[4];
-#pragma GCC unroll 4
-        for (int k = 0; k < 4; k++) {
-            const int c = 8 * k;
-            const __m512i lo = rot_codes16(x, c, c + 2, c + 4, c + 6, vm, vi, qb),
-                          hi = rot_codes16(x, c + 1, c + 3, c + 5, c + 7, vm, vi, qb);
-            p[k] = _mm512_shuffle_epi8(_mm512_or_si512(lo, _mm512_slli_epi16(hi, 4)), tr);
-        }
-        const __m512i e0 = _mm512_unpacklo_epi32(p[0], p[1]),
-                      e1 = _mm512_unpackhi_epi32(p[0], p[1]);
-        const __m512i e2 = _mm512_unpacklo_epi32(p[2], p[3]),
-                      e3 = _mm512_unpackhi_epi32(p[2], p[3]);
-        const __m512i f[4] = {_mm512_unpacklo_epi64(e0, e2), _mm512_unpackhi_epi64(e0, e2),
-                              _mm512_unpacklo_epi64(e1, e3), _mm512_unpackhi_epi64(e1, e3)};
-#pragma GCC unroll 4
-        for (int i = 0; i < 4; i++) {
-            _mm_storeu_si128((__m128i *)(o[i] + 4), _mm512_castsi512_si128(f[i]));
-            _mm_storeu_si128((__m128i *)(o[4 + i] + 4), _mm512_extracti32x4_epi32(f[i], 1));
-            _mm_storeu_si128((__m128i *)(o[8 + i] + 4), _mm512_extracti32x4_epi32(f[i], 2));
-            _mm_storeu_si128((__m128i *)(o[12 + i] + 4), _mm512_extracti32x4_epi32(f[i], 3));
-        }
-    } else {
-        __m512i p[2];
-#pragma GCC unroll 2
-        for (int k = 0; k < 2; k++) {
-            const int c = 16 * k;
-            const __m512i b0 = rot_codes16(x, c, c + 4, c + 8, c + 12, vm, vi, qb),
-                          b1 = rot_codes16(x, c + 1, c + 5, c + 9, c + 13, vm, vi, qb),
-                          b2 = rot_codes16(x, c + 2, c + 6, c + 10, c + 14, vm, vi, qb),
-                          b3 = rot_codes16(x, c + 3, c + 7, c + 11, c + 15, vm, vi, qb);
-            const __m512i v = _mm512_or_si512(
-                _mm512_or_si512(b0, _mm512_slli_epi16(b1, 2)),
-                _mm512_or_si512(_mm512_slli_epi16(b2, 4), _mm512_slli_epi16(b3, 6)));
-            p[k] = _mm512_shuffle_epi8(v, tr);
-        }
-        /* token 4L + 2m in the low 8 bytes of lane L of f[m], 4L + 2m + 1 in the high */
-        const __m512i f[2] = {_mm512_unpacklo_epi32(p[0], p[1]), _mm512_unpackhi_epi32(p[0], p[1])};
-        /* (the lanes by name: extracti32x4 takes an immediate, which an unrolled loop gives
-         * only when optimized) */
-#pragma GCC unroll 2
-        for (int m = 0; m < 2; m++) {
-            const __m128i l[4] = {_mm512_castsi512_si128(f[m]), _mm512_extracti32x4_epi32(f[m], 1),
-                                  _mm512_extracti32x4_epi32(f[m], 2),
-                                  _mm512_extracti32x4_epi32(f[m], 3)};
-#pragma GCC unroll 4
-            for (int L = 0; L < 4; L++) {
-                _mm_storel_epi64((__m128i *)(o[4 * L + 2 * m] + 4), l[L]);
-                _mm_storel_epi64((__m128i *)(o[4 * L + 2 * m + 1] + 4),
-                                 _mm_unpackhi_epi64(l[L], l[L]));
-            }
-        }
-    }
-#pragma GCC unroll 16
-    for (int i = 0; i < 16; i++)
-        memcpy(o[i], &hdr[i], 4);
-    for (int i = 0; zm && i < 16; i++) {
-        if (!(zm >> i & 1))
-            continue;
-        float f[32], lane[16];
-        for (int j = 0; j < 32; j++) {
-            _mm512_storeu_ps(lane, x[j]);
-            f[j] = lane[i];
-        }
-        kern_kivi_v_enc(f, 32, o[i], bits);
-    }
-}
-
 /* Sixteen tokens of a head, D channels (32, 64 or 128): kern_rot.c's rot_enc_tok8 on
  * sixteen lanes. The rows go through buf: loaded, centred, signed and the three smallest
  * stages per 16 channels; the stages of 8 up to D / 2 per column of D / 8 registers with the
@@ -424,7 +262,7 @@ K5I void rot_enc_tok16(const uint16_t *r, uint64_t ts, uint32_t dtype, const uin
     __m512 buf[128];
     for (uint32_t j = 0; j < D; j += 16) {
         __m512 x[16];
-        rot_load_t16x16(r + j, ts, dtype, clean, x);
+        kivi5_load_t16x16(r + j, ts, dtype, clean, x);
 #pragma GCC unroll 16
         for (int k = 0; k < 16; k++)
             x[k] = _mm512_xor_ps(_mm512_sub_ps(x[k], _mm512_set1_ps(mu[j + k])),
@@ -444,13 +282,13 @@ K5I void rot_enc_tok16(const uint16_t *r, uint64_t ts, uint32_t dtype, const uin
 #pragma GCC unroll 16
         for (uint32_t k = 0; k < D / 8; k++)
             buf[i + 8 * k] =
-                small ? _mm512_mul_ps(v[k], c) : rot_sanitize16(_mm512_mul_ps(v[k], c));
+                small ? _mm512_mul_ps(v[k], c) : kivi5_sanitize16(_mm512_mul_ps(v[k], c));
     }
     for (uint32_t g = 0; g < D / 32; g++) {
         uint8_t *og[16];
         for (int i = 0; i < 16; i++)
             og[i] = o[i] + (uint64_t)g * gb;
-        rot_groups_enc16(buf + 32 * g, og, bits);
+        kivi5_groups_enc16(buf + 32 * g, og, bits);
     }
 }
 

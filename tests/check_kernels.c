@@ -1215,7 +1215,7 @@ END_TEST
 
 /* The vectorised decoders write each group (fp8: each row, KIVI keys: each row after a
  * per-group table) straight into the caller's buffer. Every codec, fp16 and bf16 input, both
- * output dtypes, into destinations offset by 0, 16, 2 and 1 bytes from a 32-byte boundary, with
+ * output dtypes, into destinations offset by 0, 16, 2 and 1 bytes from a 64-byte boundary, with
  * the bytes around the block untouched; the section payloads are random, so every code of
  * every table entry occurs (and scales the encoders never write: fp8 scales up to 2^115 take
  * the decoder's guarded path). Shapes: D a multiple of 32 (the whole-section decoders), T
@@ -1226,7 +1226,9 @@ static const struct kern_layout dec_shapes[] = {
     {1, 1, 576, 7, KERN_DTYPE_FP16, 1},
     {2, 2, 40, 9, KERN_DTYPE_BF16, 0},
     /* 1.25 MiB of raw output, a partial KIVI key group: q8_0 is decoded with streaming
-     * stores where the destination is 16-byte aligned (kern_avx2.c, KERN_NT_MIN_BYTES) */
+     * stores where the destination is 16-byte aligned (kern_avx2.c, KERN_NT_MIN_BYTES), and
+     * so are KIVI sections by the AVX-512 decoders (kern_kivi512.c: whole 64-byte stores at
+     * offset 0, 16-byte ones at 16) */
     {8, 8, 128, 40, KERN_DTYPE_FP16, 0},
 };
 #define NDEC_SHAPES (sizeof(dec_shapes) / sizeof(dec_shapes[0]))
@@ -1245,7 +1247,7 @@ START_TEST(test_decode_random_payload)
     kern_recipe_fill(&rec, codec, codec, 0);
     int64_t sz = kern_encoded_size(&lay, &rec);
     uint64_t rs = kern_raw_size(&lay), s = 77 + (uint64_t)_i;
-    uint8_t *e = malloc((size_t)sz), *d1 = malloc(rs + 64), *d2 = malloc(rs + 96);
+    uint8_t *e = malloc((size_t)sz), *d1 = malloc(rs + 64), *d2 = malloc(rs + 128);
     ck_assert(e && d1 && d2);
     void *raw = make_block(&lay, 5 + (uint64_t)_i);
     ck_assert_int_eq(kern_encode_ref(&lay, &rec, raw, e, (size_t)sz, NULL), sz);
@@ -1293,22 +1295,25 @@ START_TEST(test_decode_random_payload)
         memset(d1, 0xa5, rs);
         ck_assert_int_eq(kern_decode_ref(&lay, e, (size_t)sz, d1, rs, out), (int64_t)rs);
         static const unsigned offs[] = {0, 16, 2, 1};
-        for (unsigned o = 0; o < 8; o++) { /* each offset with the FMA build, then without */
-            uint8_t *base = (uint8_t *)(((uintptr_t)d2 + 31) & ~(uintptr_t)31);
+        /* each offset with the FMA build, then without, then both again with the AVX-512
+         * KIVI decoders off (kern_kivi512.c, where the CPU has them) */
+        for (unsigned o = 0; o < 16; o++) {
+            uint8_t *base = (uint8_t *)(((uintptr_t)d2 + 63) & ~(uintptr_t)63);
             uint8_t *dst = base + offs[o % 4];
-            memset(d2, 0x5a, rs + 96);
-            int was = kern_avx2_fma(o < 4);
+            memset(d2, 0x5a, rs + 128);
+            int was = kern_avx2_fma(o % 8 < 4), was5 = kern_rot_avx512(o < 8);
             ck_assert_int_eq(kern_decode_cpu(&lay, e, (size_t)sz, dst, rs, out), (int64_t)rs);
             kern_avx2_fma(was);
-            ck_assert_msg(memcmp(d1, dst, rs) == 0, "%s %ux%ux%ux%u%s in %s out %s dst +%u%s: "
+            kern_rot_avx512(was5);
+            ck_assert_msg(memcmp(d1, dst, rs) == 0, "%s %ux%ux%ux%u%s in %s out %s dst +%u%s%s: "
                           "the decoded block differs from the reference's",
                           kern_codec_name(codec), lay.layers, H, D, T, lay.k_only ? " k-only" : "",
                           lay.dtype == KERN_DTYPE_BF16 ? "bf16" : "fp16",
                           out == KERN_DTYPE_BF16 ? "bf16" : "fp16", offs[o % 4],
-                          o < 4 ? "" : " no fma");
+                          o % 8 < 4 ? "" : " no fma", o < 8 ? "" : " no avx512");
             for (uint8_t *q = d2; q < dst; q++)
                 ck_assert_uint_eq(*q, 0x5a);
-            for (uint8_t *q = dst + rs; q < d2 + rs + 96; q++)
+            for (uint8_t *q = dst + rs; q < d2 + rs + 128; q++)
                 ck_assert_uint_eq(*q, 0x5a);
         }
     }
@@ -1374,18 +1379,21 @@ START_TEST(test_decode_nonfinite_scalars)
                 }
         }
     }
-    for (uint32_t m = 0; m < 4; m++) { /* output dtype; the FMA build, then without */
+    /* output dtype; the FMA build, then without; then both with the AVX-512 KIVI decoders off */
+    for (uint32_t m = 0; m < 8; m++) {
         uint32_t out = m % 2 ? KERN_DTYPE_BF16 : KERN_DTYPE_FP16;
         ck_assert_int_eq(kern_decode_ref(&lay, e, (size_t)sz, d1, rs, out), (int64_t)rs);
-        int was = kern_avx2_fma(m < 2);
+        int was = kern_avx2_fma(m % 4 < 2), was5 = kern_rot_avx512(m < 4);
         ck_assert_int_eq(kern_decode_cpu(&lay, e, (size_t)sz, d2, rs, out), (int64_t)rs);
         kern_avx2_fma(was);
+        kern_rot_avx512(was5);
         const uint16_t *h1 = (const uint16_t *)d1, *h2 = (const uint16_t *)d2;
         for (uint64_t i = 0; i < rs / 2; i++)
             ck_assert_msg(h1[i] == h2[i] || (half_is_nan(h1[i], out) && half_is_nan(h2[i], out)),
-                          "%s out %s%s: element %llu is %04x, the reference's %04x",
+                          "%s out %s%s%s: element %llu is %04x, the reference's %04x",
                           kern_codec_name(codec), out == KERN_DTYPE_BF16 ? "bf16" : "fp16",
-                          m < 2 ? "" : " no fma", (unsigned long long)i, h2[i], h1[i]);
+                          m % 4 < 2 ? "" : " no fma", m < 4 ? "" : " no avx512",
+                          (unsigned long long)i, h2[i], h1[i]);
     }
     free(raw);
     free(e);

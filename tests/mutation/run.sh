@@ -43,6 +43,13 @@ mutation codec-fp8-ties-up kernels/kern_fmt.h "check_kernels" \
 '        uint32_t r = a + 0x7ffffu + ((a >> 20) & 1u);' \
 '        uint32_t r = a + 0x7ffffu + 1u;'
 
+# The AVX-512 KIVI decoder (issue 30): a 2-bit key's high code bit tested at the low bit's
+# place, so codes 1 and 3 (2 and 0) decode alike. Only a CPU with AVX-512 runs that decoder:
+# elsewhere this mutation survives.
+mutation kivi512-k2-high-bit kernels/kern_kivi512.c "check_kernels check_codecs" \
+'    const __m512i b1 = _mm512_add_epi16(b0, b0);' \
+'    const __m512i b1 = b0;'
+
 # The batched decoder's ROT rows, transformed across the lanes of a head row: the upper lane
 # of a cross-lane butterfly keeps b - a instead of a - b.
 mutation rot-lanes-butterfly-sign kernels/kern_batch.h "check_pack" \
