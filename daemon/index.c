@@ -97,7 +97,7 @@ int index_block_new(struct index *ix, uint32_t *idx)
                 return -ENOMEM;
             /* Indices of the larger pool may need a bit more of each slot: the map is
              * rebuilt with one bit less of tag first, so a failure changes nothing. */
-            if (index_ibits(ncap) != ix->ibits &&
+            if (index_ibits(ncap) > ix->ibits &&
                 index_rebuild(ix, ix->nslots, index_ibits(ncap)))
                 return -ENOMEM;
             nb = realloc(ix->blocks, (size_t)ncap * sizeof(*nb));
@@ -181,7 +181,21 @@ static int index_rebuild(struct index *ix, uint32_t n, uint32_t ibits)
     ix->slots = ns;
     ix->nslots = n;
     ix->ibits = ibits;
+    ix->rebuilds++;
     return 0;
+}
+
+int index_reserve(struct index *ix, uint32_t n)
+{
+    uint32_t nslots = ix->nslots, cap = ix->cap;
+    while ((uint64_t)n * 10 > (uint64_t)nslots * 7 && nslots < (1u << 31))
+        nslots <<= 1;
+    while (cap < n && cap < (1u << 31)) /* the pool doubles: the size it will have */
+        cap <<= 1;
+    uint32_t ibits = index_ibits(cap) > ix->ibits ? index_ibits(cap) : ix->ibits;
+    if (nslots == ix->nslots && ibits == ix->ibits)
+        return 0;
+    return index_rebuild(ix, nslots, ibits);
 }
 
 static int index_grow(struct index *ix)

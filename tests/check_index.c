@@ -111,6 +111,39 @@ START_TEST(test_probe_reads_matching_blocks_only)
 }
 END_TEST
 
+/* index_reserve: the map sized once for what is coming, so filling a pool of that many
+ * blocks rebuilds it no more (each rebuild is O(entries) on the daemon's loop), every block
+ * still found; without it the same fill rebuilds it at every doubling. */
+START_TEST(test_reserve_no_rebuilds)
+{
+    enum { N = 300000 };
+    struct index ix, grown;
+    ck_assert_int_eq(index_init(&ix, 4096), 0);
+    ck_assert_int_eq(index_init(&grown, 4096), 0);
+    ck_assert_int_eq(index_reserve(&ix, N), 0);
+    ck_assert_uint_eq(ix.rebuilds, 1);
+    ck_assert_int_eq(index_reserve(&ix, N / 2), 0); /* never shrinks, nothing to do */
+    ck_assert_uint_eq(ix.rebuilds, 1);
+    for (uint32_t i = 0; i < N; i++) {
+        add(&ix, 1, i);
+        add(&grown, 1, i);
+    }
+    ck_assert_uint_eq(ix.rebuilds, 1);
+    ck_assert_uint_ge(grown.rebuilds, 7); /* 8,192 slots doubled to 524,288, tags narrowed */
+    for (uint32_t i = 0; i < N; i++) {
+        struct kvc_wire_key k = key_of(i), miss = key_of(N + i);
+        ck_assert_uint_eq(index_find(&ix, 1, &k), i);
+        ck_assert_uint_eq(index_find(&ix, 1, &miss), INDEX_NONE);
+    }
+    ck_assert_uint_eq(ix.nslots, grown.nslots);
+    ck_assert_uint_eq(ix.ibits, grown.ibits);
+    printf("index: %d blocks after a reservation: %llu rebuild, %llu without one\n", N,
+           (unsigned long long)ix.rebuilds, (unsigned long long)grown.rebuilds);
+    index_fini(&ix);
+    index_fini(&grown);
+}
+END_TEST
+
 /* The budget in the design: at most 128 bytes of metadata per block at a million blocks. */
 START_TEST(test_metadata_per_block)
 {
@@ -137,6 +170,7 @@ int main(void)
     tcase_add_test(tc, test_random_against_model);
     tcase_add_test(tc, test_probe_reads_matching_blocks_only);
     tcase_add_test(tc, test_metadata_per_block);
+    tcase_add_test(tc, test_reserve_no_rebuilds);
     suite_add_tcase(s, tc);
     return daemon_suite_run(s);
 }
