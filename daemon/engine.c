@@ -56,10 +56,13 @@ static uint64_t engine_mono_ns(void)
 static bool engine_trim_spent(struct store *s, uint64_t t0, int acted)
 {
     bool spent = acted >= ENGINE_TRIM_MIN_ACTIONS && engine_mono_ns() - t0 >= ENGINE_TRIM_BUDGET_NS;
-    if (!spent && acted > 0 && acted % ENGINE_TRIM_YIELD_EVERY == 0 && s->trim_yield &&
-        s->trim_yield(s->trim_yield_arg)) {
-        s->total.trim_yields++;
-        spent = true;
+    if (!spent && s->trim_yield && acted >= s->trim_yield_next) {
+        /* A policy round may act on several blocks: the next check 16 past this one. */
+        s->trim_yield_next = acted + ENGINE_TRIM_YIELD_EVERY;
+        if (s->trim_yield(s->trim_yield_arg)) {
+            s->total.trim_yields++;
+            spent = true;
+        }
     }
     if (spent)
         s->trim_more = true;
@@ -558,6 +561,7 @@ int engine_trim(struct store *s, uint64_t now)
     int n = 0;
     uint64_t t0 = engine_mono_ns();
     bool more = s->trim_more; /* the last trim stopped above the low watermark */
+    s->trim_yield_next = ENGINE_TRIM_YIELD_EVERY;
     s->trim_more = false;
     engine_gpu_refresh(s); /* moves that landed, or waited for their pins to go */
     if (s->on_evict)
@@ -871,6 +875,7 @@ static int engine_policy_trim_from(struct store *s, uint32_t a, uint64_t now, bo
 
 int engine_policy_trim(struct store *s, uint32_t a, uint64_t now)
 {
+    s->trim_yield_next = ENGINE_TRIM_YIELD_EVERY;
     return engine_policy_trim_from(s, a, now, false, engine_mono_ns(), 0);
 }
 

@@ -241,6 +241,7 @@ struct store {
      * actions stops there and goes on after it (engine.c's engine_trim_spent). */
     bool (*trim_yield)(void *arg);
     void *trim_yield_arg;
+    int trim_yield_next; /* the trim's action count at which it asks next */
     struct store_ns **ns; /* by id; [0] unused */
     uint32_t nns;
     struct stats total;

@@ -383,6 +383,36 @@ START_TEST(test_trim_yields_to_requests)
     s->trim_yield = NULL;
     check_invariants();
     store_owner_fini(s, &o);
+    /* The policy engine's trim (rounds that may act on several blocks) stops the same way,
+     * at its first check past 16 actions. */
+    teardown();
+    p.policy = POLICY_DEFAULT;
+    p.high_watermark = 1.0;
+    p.low_watermark = 0.9;
+    s = store_fixture_new(&p, NULL);
+    ck_assert_int_eq(store_ns_open(s, &l, &ns, &created), 0);
+    store_owner_init(&o);
+    for (uint32_t c = 0; c < 64; c++)
+        ck_assert_int_eq(put(&o, 1000 + c, 64, 0, c + 1), 64);
+    p.high_watermark = 0.9;
+    p.low_watermark = 0.05;
+    store_reload(s, &p);
+    ck_assert(store_policy_engine(s));
+    s->trim_yield = yield_when;
+    yield_calls = 0;
+    yield_after = 1;
+    first = engine_trim(s, 100);
+    ck_assert_int_ge(first, 16);
+    ck_assert_int_lt(first, 256);
+    ck_assert_int_eq(yield_calls, 1);
+    ck_assert(s->trim_more);
+    ck_assert_uint_eq(s->total.trim_yields, 1);
+    s->trim_yield = NULL;
+    for (n = first, rounds = 0; s->trim_more && rounds < 10000; rounds++)
+        n += engine_trim(s, 100);
+    ck_assert_uint_le(store_host_used(s), store_host_capacity(s) / 20);
+    check_invariants();
+    store_owner_fini(s, &o);
 }
 END_TEST
 

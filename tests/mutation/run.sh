@@ -669,8 +669,8 @@ mutation put-not-behind-own-uid daemon/server_dispatch.c "check_e2e_quant" \
 # Issue 32: a trim no longer stops for a waiting request (the loop's poll is never asked):
 # a put behind a commit's trim waits for its first 256 evictions.
 mutation trim-yield-ignored daemon/engine.c "check_store" \
-'    if (!spent && acted > 0 && acted % ENGINE_TRIM_YIELD_EVERY == 0 && s->trim_yield &&' \
-'    if (false && acted > 0 && acted % ENGINE_TRIM_YIELD_EVERY == 0 && s->trim_yield &&'
+'    if (!spent && s->trim_yield && acted >= s->trim_yield_next) {' \
+'    if (false && s->trim_yield && acted >= s->trim_yield_next) {'
 
 # Issue 32: a namespace's opening no longer sizes the key map for the arena: it doubles (and
 # is rebuilt on the loop) as the blocks come.
