@@ -526,3 +526,55 @@ def test_hybrid_configs_refused_or_mapped():
     assert lay.groups[1].ns_name(3).endswith("/mla")
     # vLLM's chunked local manager keeps the chunk a prefix's next token is in.
     assert [lay.groups[2].skipped(n) for n in (2, 3, 5, 6)] == [0, 2, 5, 5]
+
+
+def test_hybrid_chunked_prefill_and_two_ranks(setup, daemon):
+    """A hybrid model over two tensor-parallel ranks with chunked prefill (40 tokens a
+    step): each chunk's blocks go into each group's namespace of each rank (a chunk hangs
+    from the last one's in the window namespace too), the scheduler frees the window
+    group's blocks no query sees any more as the prompt advances, and a second request with
+    the prefix gets it only where every group of every rank has it."""
+    s = setup(tp=2, budget=40, groups=HYBRID)
+    a = prompt(130, seed=27)
+    outs = s.run(Request("A", a))
+    saves = [[(sp.first, sp.count) for sp in o.kv_connector_metadata.saves] for o, _ in outs]
+    assert [x for x in saves if x] == [[(0, 2)], [(2, 3)], [(5, 2)], [(7, 1)]]
+    for st in s.stats:
+        assert (st["saved_blocks_g0"], st["saved_blocks_g1"]) == (8, 8)
+        assert st["save_not_reserved"] == 0
+    b = prompt(140, seed=28, prefix=a[:128])
+    req_b = Request("B", b)
+    assert s.sched_conn.get_num_new_matched_tokens(req_b, 0) == (128, False)
+    s.run(req_b)
+    assert req_b.num_external_computed_tokens == 128
+    assert [(st["loaded_blocks_g0"], st["loaded_blocks_g1"]) for st in s.stats] == [(8, 2)] * 2
+    assert s.wrong == 0
+    check_kv(s, "B", 140)
+    # Rank 1's window namespace gone: no rank's prefix is usable.
+    with kvcd.Client(daemon.socket) as c:
+        assert c.evict(s.ns(c, 1, group=1).id) >= 2
+    assert s.sched_conn.get_num_new_matched_tokens(Request("C", b), 0) == (0, False)
+
+
+def test_hybrid_window_evicted_between_scheduling_and_loading(setup, daemon):
+    """The window group's blocks evicted after the scheduler counted them: the worker's
+    lookup finds no usable prefix, every group's blocks of the load (those vLLM gave it a
+    block for) are reported through get_block_ids_with_load_errors, and the request is
+    recomputed, never reading wrong KV."""
+    s = setup(groups=HYBRID)
+    a = prompt(80, seed=29)
+    s.run(Request("A", a))
+    seen = {}
+
+    def evict(out):
+        [load] = out.kv_connector_metadata.loads
+        seen["ids"] = load.group_block_ids
+        with kvcd.Client(daemon.socket) as c:
+            assert c.evict(s.ns(c, group=1).id) >= 2
+    outs = s.run(Request("B", prompt(90, seed=30, prefix=a[:64])), before_workers=evict)
+    full_ids, win_ids = seen["ids"]
+    assert win_ids[:2] == [0, 0]  # a 64-token prefix's window: blocks 2 and 3
+    assert outs[0][1].invalid_block_ids == set(full_ids[:4]) | set(win_ids[2:4])
+    assert s.stats[0]["load_missing_blocks"] == 4 and s.stats[0].get("loaded_blocks", 0) == 0
+    assert len(outs) >= 2 and s.wrong == 0
+    check_kv(s, "B", 90)
