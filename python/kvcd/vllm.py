@@ -27,6 +27,14 @@
 # (<model_id>/tp<rank>-<size>); the scheduler counts a hit only where every rank has it. MLA
 # models keep one latent cache for all ranks: rank 0 saves, every rank loads.
 #
+# A hybrid model (vLLM's hybrid allocator: several KV cache groups, this connector being a
+# SupportsHMA one) keeps one namespace per group and rank, of the group's kind (full
+# attention kv, MLA k_only, sliding window and chunked local kv_window; Mamba state groups
+# are refused), every group under the rank's first group's keys: the scheduler settles on
+# the prefix every group of every rank gives (kvcd.hybrid_lookup), the worker loads each
+# group's part (a window's blocks only where vLLM gave the group a block, not its null
+# block) and saves each group's blocks layer by layer as with one group.
+#
 # Worker side, per step: start_load_kv looks up each load and queues its scatter into vLLM's
 # paged KV cache layer by layer on a load stream, an event after each layer;
 # wait_for_layer_load(layer) makes the compute stream wait for that layer's event (never the
