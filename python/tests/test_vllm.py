@@ -578,3 +578,38 @@ def test_hybrid_window_evicted_between_scheduling_and_loading(setup, daemon):
     assert s.stats[0]["load_missing_blocks"] == 4 and s.stats[0].get("loaded_blocks", 0) == 0
     assert len(outs) >= 2 and s.wrong == 0
     check_kv(s, "B", 90)
+
+
+def test_hybrid_preempted_request_resumes_per_group(setup, daemon):
+    """A hybrid request preempted after its first chunk was saved: its blocks of every group
+    are freed and written by another request; it resumes (resumed_req_ids, every group's
+    block ids anew) by loading that chunk into each group's new blocks."""
+    from kvcd.vllm import span_keys
+    s = setup(budget=40, groups=HYBRID)
+    a = prompt(130, seed=31)
+    s.sched.add(Request("A", a))
+    out1, _ = s.step()
+    assert [(sp.first, sp.count) for sp in out1.kv_connector_metadata.saves] == [(0, 2)]
+    old_ids = [list(g) for g in s.sched.blocks["A"]]
+    with kvcd.Client(daemon.socket) as c:  # the first chunk's commits land, in both groups
+        keys = span_keys(s.ns(c, group=0), a, [(0, b"")], 2)
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            with kvcd.hybrid_lookup([s.ns(c, group=0), s.ns(c, group=1)], keys) as hit:
+                if hit.length == 2:
+                    break
+            time.sleep(0.01)
+    s.sched.preempt("A")
+    s.sched.waiting.insert(0, Request("B", prompt(40, seed=32)))  # takes A's old blocks
+    outs = s.run()
+    resumed = [o for o, _ in outs if "A" in o.scheduled_cached_reqs.resumed_req_ids]
+    assert len(resumed) == 1
+    [load] = resumed[0].kv_connector_metadata.loads
+    assert (load.req_id, load.first, load.count) == ("A", 0, 2)
+    new_ids = s.sched.done["A"][1]
+    assert not set(new_ids[0][:2]) & set(old_ids[0][:3] + old_ids[1][:3])
+    st = s.stats[0]
+    assert (st["loaded_blocks_g0"], st["loaded_blocks_g1"]) == (2, 2) and s.wrong == 0
+    check_kv(s, "A", 130)
+    assert (st["saved_blocks_g0"], st["saved_blocks_g1"]) == (10, 10)
+    assert st["save_not_reserved"] == 0
