@@ -13,7 +13,10 @@
 # with two ranks each keeps its own namespace shard and a hit needs both; the optional hooks
 # vLLM calls answer as vLLM expects of a cache, a step whose layer hooks do not run (a
 # replayed CUDA graph) still saves the bytes the model wrote, and a preempted request
-# resumes by loading what it saved before.
+# resumes by loading what it saved before. A hybrid model (test_hybrid_*: a full-attention
+# and a sliding-window KV cache group, the stand-in scheduler drawing both groups' blocks
+# from one pool with vLLM's null block) saves and loads per group, the prefix being the one
+# every group gives.
 import time
 
 import pytest
