@@ -27,6 +27,14 @@
 # (<model_id>/tp<rank>-<size>); the scheduler counts a hit only where every rank has it. MLA
 # models keep one latent cache for all ranks: rank 0 saves, every rank loads.
 #
+# A hybrid model (vLLM's hybrid allocator: several KV cache groups, this connector being a
+# SupportsHMA one) keeps one namespace per group and rank, of the group's kind (full
+# attention kv, MLA k_only, sliding window and chunked local kv_window; Mamba state groups
+# are refused), every group under the rank's first group's keys: the scheduler settles on
+# the prefix every group of every rank gives (kvcd.hybrid_lookup), the worker loads each
+# group's part (a window's blocks only where vLLM gave the group a block, not its null
+# block) and saves each group's blocks layer by layer as with one group.
+#
 # Worker side, per step: start_load_kv looks up each load and queues its scatter into vLLM's
 # paged KV cache layer by layer on a load stream, an event after each layer;
 # wait_for_layer_load(layer) makes the compute stream wait for that layer's event (never the
@@ -45,12 +53,13 @@ import collections
 import queue
 import threading
 import time
+import zlib
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Set, Tuple
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1,
                                                                 KVConnectorMetadata,
-                                                                KVConnectorRole)
+                                                                KVConnectorRole, SupportsHMA)
 
 import kvcd
 
@@ -71,6 +80,9 @@ class KvcdSpan:
     block_ids: List[int]
     first: int  # first block of the run
     count: int  # blocks in the run
+    # A hybrid model's block ids of the request from block 0, one list per KV cache group
+    # (block_ids is the first group's); empty with one group.
+    group_block_ids: Tuple[List[int], ...] = ()
 
 
 @dataclass
@@ -130,6 +142,82 @@ def span_keys(ns, tokens, extras, nblocks):
     return keys[:nblocks]
 
 
+# The namespace kind of each KV cache spec class of vLLM's hybrid allocator (by class name:
+# a subclass with another page layout, such as a quantized or sink variant, is refused rather
+# than taken for its parent).
+_SPEC_KINDS = {"FullAttentionSpec": "kv", "MLAAttentionSpec": "k_only",
+               "SlidingWindowSpec": "kv_window", "ChunkedLocalAttentionSpec": "kv_window"}
+
+
+class _Group:
+    """One KV cache group of a hybrid model (several groups): its layers and the kvcd
+    namespace of its kind (docs/engines.md, "vLLM's hybrid allocator groups"). The
+    namespace's name carries the group's index and a hash of its layer names, so a vLLM that
+    groups the layers otherwise never reads another grouping's blocks."""
+
+    def __init__(self, index, group, model_id, tp_size):
+        spec = group.kv_cache_spec
+        cls = type(spec).__name__
+        if cls == "MambaSpec":
+            raise ValueError("kvcd.vllm: KV cache group %d is a MambaSpec group (Mamba / "
+                             "linear-attention state): not supported yet (full attention, "
+                             "MLA, sliding-window and chunked local attention groups are)"
+                             % index)
+        self.kind = _SPEC_KINDS.get(cls)
+        if self.kind is None:
+            raise ValueError("kvcd.vllm: KV cache group %d has a %s, which has no kvcd "
+                             "namespace kind" % (index, cls))
+        self.index = index
+        self.layer_names = list(group.layer_names)
+        self.layers = len(self.layer_names)
+        if not self.layers:
+            raise ValueError("kvcd.vllm: KV cache group %d has no layer" % index)
+        self.block_size = int(spec.block_size)
+        self.head_size = int(spec.head_size)
+        head_v = getattr(spec, "head_size_v", None)
+        if head_v is not None and int(head_v) != self.head_size:
+            raise ValueError("kvcd.vllm: KV cache group %d: V heads of another size than K "
+                             "(%d, %d) are not supported" % (index, head_v, self.head_size))
+        self.heads = 1 if self.kind == "k_only" else int(spec.num_kv_heads)
+        self.dtype = _dtype_name(spec.dtype)
+        # A window group: vLLM keeps (and a prefix needs) the tokens a query can still see.
+        self.window = 0
+        self.chunked = cls == "ChunkedLocalAttentionSpec"
+        if self.kind == "kv_window":
+            self.window = int(spec.attention_chunk_size if self.chunked else
+                              spec.sliding_window)
+            if self.window <= 0:
+                raise ValueError("kvcd.vllm: KV cache group %d: window of %d tokens" %
+                                 (index, self.window))
+        self.tp_size = tp_size
+        crc = zlib.crc32("\0".join(self.layer_names).encode())
+        self.base = "%s/g%d-%08x" % (model_id, index, crc)
+
+    def ns_name(self, rank):
+        if self.kind == "k_only":  # one latent cache for every rank
+            return "%s/mla" % self.base
+        return "%s/tp%d-%d" % (self.base, rank, self.tp_size)
+
+    def open(self, client, rank):
+        if self.kind == "k_only":
+            return client.namespace(self.ns_name(rank), self.layers, 1, self.head_size,
+                                    self.block_size, self.dtype, k_only=True)
+        return client.namespace_kind(self.ns_name(rank), self.layers, self.heads,
+                                     self.head_size, self.block_size, self.dtype,
+                                     kind=self.kind, window_tokens=self.window)
+
+    def skipped(self, blocks):
+        """The leading blocks of a prefix of `blocks` blocks that vLLM gives this group no
+        block for (its null block) when the prefix is computed: those no query after it can
+        see (vLLM's sliding-window and chunked-local managers, get_num_skipped_tokens)."""
+        if not self.window:
+            return 0
+        tokens = blocks * self.block_size
+        if self.chunked:
+            return tokens // self.window * self.window // self.block_size
+        return max(0, tokens - self.window + 1) // self.block_size
+
+
 class _Layout:
     """The namespace layout of one rank: from the KV cache config, checked against the
     tensors at register_kv_caches."""
@@ -145,11 +233,12 @@ class _Layout:
         self.mla = bool(getattr(model, "use_mla", False))
         spec = None
         layers = None
+        self.groups: List[_Group] = []  # a hybrid model's KV cache groups (several)
         if kv_cache_config is not None and getattr(kv_cache_config, "kv_cache_groups", None):
             group = kv_cache_config.kv_cache_groups[0]
             if len(kv_cache_config.kv_cache_groups) > 1:
-                raise ValueError("kvcd.vllm: hybrid models (several KV cache groups) are not "
-                                 "supported")
+                self._hybrid(kv_cache_config.kv_cache_groups, model, extra)
+                return
             spec = group.kv_cache_spec
             layers = len(group.layer_names)
         if spec is not None:
@@ -170,6 +259,22 @@ class _Layout:
             model.model, getattr(model, "revision", None) or "main", self.dtype)
         self.model_id = base
 
+    def _hybrid(self, groups, model, extra):
+        """One namespace per KV cache group, all under the same keys (the groups share the
+        block size: vLLM hashes one block of tokens for all of them)."""
+        self.mla = False
+        dtype = _dtype_name(groups[0].kv_cache_spec.dtype) if hasattr(
+            groups[0].kv_cache_spec, "dtype") else _dtype_name(model.dtype)
+        self.model_id = extra.get("model_id") or "vllm/%s@%s/%s" % (
+            model.model, getattr(model, "revision", None) or "main", dtype)
+        self.groups = [_Group(i, g, self.model_id, self.tp_size) for i, g in enumerate(groups)]
+        sizes = {g.block_size for g in self.groups}
+        if len(sizes) > 1:
+            raise ValueError("kvcd.vllm: KV cache groups of different block sizes (%s) are not "
+                             "supported" % sorted(sizes))
+        self.block_size = self.groups[0].block_size
+        self.layers = sum(g.layers for g in self.groups)
+
     def ns_name(self, rank):
         if self.mla:
             return "%s/mla" % self.model_id
@@ -180,7 +285,7 @@ class _Layout:
                                 self.block_size, self.dtype, k_only=self.mla)
 
 
-class KvcdConnector(KVConnectorBase_V1):
+class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
     """vLLM KV connector over kvcd (see the DESIGN comment of kvcd/vllm.py)."""
 
     @property
@@ -222,7 +327,11 @@ class KvcdConnector(KVConnectorBase_V1):
 
     def _sched_init(self):
         ranks = 1 if self._lay.mla else self._lay.tp_size
-        self._nss = [self._lay.open(self._client, r) for r in range(ranks)]
+        if self._lay.groups:  # per rank, one namespace per KV cache group
+            self._nss = [[g.open(self._client, r) for g in self._lay.groups]
+                         for r in range(self._lay.tp_size)]
+        else:
+            self._nss = [self._lay.open(self._client, r) for r in range(ranks)]
         self._asked: Dict[str, Tuple[int, List[int], list, float]] = {}
         self._loads: Dict[str, Tuple[int, int, List[int]]] = {}
         self._reqs: Dict[str, dict] = {}
@@ -242,6 +351,11 @@ class KvcdConnector(KVConnectorBase_V1):
         self._asked[request.request_id] = (num_computed_tokens, tokens, extras, since)
         if usable <= first:
             return 0, False
+        if self._lay.groups:
+            hits, pending = self._hybrid_hits(tokens, extras, usable)
+            if pending and now - since < self._disk_wait:
+                return None, False
+            return (max(0, hits - first)) * bs, False
         hits = usable
         pending = False
         for ns in self._nss:
@@ -256,6 +370,31 @@ class KvcdConnector(KVConnectorBase_V1):
             return 0, False
         return (hits - first) * bs, False
 
+    def _hybrid_hits(self, tokens, extras, usable):
+        """(blocks, pending): the longest prefix of at most `usable` blocks that every group
+        of every rank can give from memory now (kvcd.hybrid_lookup with ready_only, round the
+        ranks with a shrinking end until all of them agree), and whether blocks of some
+        group are still being read back from disk (a lookup with nowait in each). The keys
+        are each rank's first group's, in every group (as that rank's worker saves them)."""
+        keys = [span_keys(nss[0], tokens, extras, usable) for nss in self._nss]
+        pending = False
+        for nss, rank_keys in zip(self._nss, keys):
+            for ns in nss:
+                with ns.lookup(rank_keys, nowait=True) as lease:
+                    pending |= bool(len(lease)) and lease.ready() < len(lease)
+        end, agreed, r = usable, 0, 0
+        while end > 0 and agreed < len(self._nss):
+            with kvcd.hybrid_lookup(self._nss[r], keys[r][:end], ready_only=True) as hit:
+                got = hit.length
+            agreed = agreed + 1 if got == end else 1
+            end, r = got, (r + 1) % len(self._nss)
+        return end, pending
+
+    def request_finished_all_groups(self, request, block_ids):
+        """SupportsHMA: what request_finished does, with every group's block ids (a hybrid
+        model's saves are per group already, at each step's end)."""
+        return self.request_finished(request, block_ids)
+
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
         if num_external_tokens <= 0:
             return
@@ -265,7 +404,7 @@ class KvcdConnector(KVConnectorBase_V1):
         block_ids = list(blocks.get_block_ids()[0]) if blocks is not None else []
         self._loads[request.request_id] = (first, count, block_ids)
 
-    def _req_state(self, req_id, tokens=None, block_ids=None, computed=0):
+    def _req_state(self, req_id, tokens=None, block_ids=None, computed=0, groups=None):
         st = self._reqs.get(req_id)
         if st is None:
             asked = self._asked.pop(req_id, None)
@@ -274,17 +413,38 @@ class KvcdConnector(KVConnectorBase_V1):
                 extras=asked[2] if asked else [(0, b"")],
                 block_ids=list(block_ids or []),
                 saved=computed // self._bs)
+            if self._lay.groups:  # block_ids is the first group's list
+                st["groups"] = self._group_ids(groups)
+                st["block_ids"] = st["groups"][0]
         return st
+
+    def _group_ids(self, ids):
+        """A hybrid model's per-group block ids as vLLM sends them (a tuple with a list per
+        group, or None), as lists, checked against the groups."""
+        n = len(self._lay.groups)
+        if not ids:
+            return [[] for _ in range(n)]
+        if len(ids) != n:
+            raise ValueError("kvcd.vllm: block ids of %d KV cache groups, the config has %d" %
+                             (len(ids), n))
+        return [list(g) for g in ids]
+
+    def _span_groups(self, st):
+        if not self._lay.groups:
+            return {}
+        return dict(group_block_ids=tuple(list(g) for g in st["groups"]))
 
     def _save_span(self, req_id, st, end_tokens):
         """The run of full prompt blocks that become computed by end_tokens, not saved yet."""
         bs = self._bs
         full = min(end_tokens, len(st["tokens"])) // bs
         full = min(full, len(st["block_ids"]))
+        for ids in st.get("groups", ()):
+            full = min(full, len(ids))
         if full <= st["saved"]:
             return None
         span = KvcdSpan(req_id, st["tokens"][:full * bs], st["extras"], list(st["block_ids"]),
-                        st["saved"], full - st["saved"])
+                        st["saved"], full - st["saved"], **self._span_groups(st))
         st["saved"] = full
         self._saving.add(req_id)
         return span
@@ -297,11 +457,12 @@ class KvcdConnector(KVConnectorBase_V1):
             load = self._loads.pop(new.req_id, None)
             self._reqs.pop(new.req_id, None)  # a request scheduled anew starts over
             st = self._req_state(new.req_id, new.prompt_token_ids, block_ids,
-                                 new.num_computed_tokens)
+                                 new.num_computed_tokens, new.block_ids)
             if load:
                 first, count, _ = load
                 meta.loads.append(KvcdSpan(new.req_id, st["tokens"][:(first + count) * bs],
-                                           st["extras"], block_ids, first, count))
+                                           st["extras"], block_ids, first, count,
+                                           **self._span_groups(st)))
             end = new.num_computed_tokens + scheduler_output.num_scheduled_tokens.get(
                 new.req_id, 0)
             span = self._save_span(new.req_id, st, end)
@@ -314,7 +475,15 @@ class KvcdConnector(KVConnectorBase_V1):
             if st is None:
                 continue
             new_ids = cached.new_block_ids[i]
-            if req_id in resumed:
+            if self._lay.groups:  # each group's new block ids (a resumed request's all)
+                if req_id in resumed:
+                    st["groups"] = self._group_ids(new_ids)
+                    st["saved"] = min(st["saved"], cached.num_computed_tokens[i] // bs)
+                elif new_ids:
+                    for ids, more in zip(st["groups"], self._group_ids(new_ids)):
+                        ids += more
+                st["block_ids"] = st["groups"][0]
+            elif req_id in resumed:
                 st["block_ids"] = list(new_ids[0]) if new_ids else []
                 st["saved"] = min(st["saved"], cached.num_computed_tokens[i] // bs)
             elif new_ids:
@@ -323,7 +492,8 @@ class KvcdConnector(KVConnectorBase_V1):
             if load:
                 first, count, _ = load
                 meta.loads.append(KvcdSpan(req_id, st["tokens"][:(first + count) * bs],
-                                           st["extras"], list(st["block_ids"]), first, count))
+                                           st["extras"], list(st["block_ids"]), first, count,
+                                           **self._span_groups(st)))
             end = cached.num_computed_tokens[i] + scheduler_output.num_scheduled_tokens.get(
                 req_id, 0)
             span = self._save_span(req_id, st, end)
@@ -357,8 +527,16 @@ class KvcdConnector(KVConnectorBase_V1):
                 raise ValueError("kvcd.vllm: the worker's TP size differs from the config's")
         except (ImportError, AssertionError):
             self._rank = int(self._extra.get("tp_rank", 0))
-        self._ns = self._lay.open(self._client, 0 if self._lay.mla else self._rank)
-        self._saves_here = not self._lay.mla or self._rank == 0
+        if self._lay.groups:  # a namespace per KV cache group; MLA ones: rank 0 saves
+            self._gns = [g.open(self._client, self._rank) for g in self._lay.groups]
+            self._gsaves = [g.kind != "k_only" or self._rank == 0 for g in self._lay.groups]
+            # Keys carry their namespace's salt: every group's blocks go under the first
+            # group's chain, in every process, so that one hybrid_lookup asks all groups.
+            self._ns = self._gns[0]
+            self._saves_here = any(self._gsaves)
+        else:
+            self._ns = self._lay.open(self._client, 0 if self._lay.mla else self._rank)
+            self._saves_here = not self._lay.mla or self._rank == 0
         self._names: List[str] = []
         self._k = self._v = None
         self._kv_dim = 0
@@ -384,7 +562,10 @@ class KvcdConnector(KVConnectorBase_V1):
     def register_kv_caches(self, kv_caches):
         """Keeps vLLM's per-layer KV tensors (in model order) and checks them against the
         namespace: flash-attn [2, blocks, block_size, heads, dim], FlashInfer
-        [blocks, 2, ...], MLA [blocks, block_size, dim]."""
+        [blocks, 2, ...], MLA [blocks, block_size, dim]. A hybrid model's layers go to the
+        namespaces of their groups (the groups' layer_names)."""
+        if self._lay.groups:
+            return self._register_groups(kv_caches)
         self._names = list(kv_caches)
         tensors = [kv_caches[n] for n in self._names]
         t = tensors[0]
@@ -415,6 +596,43 @@ class KvcdConnector(KVConnectorBase_V1):
         # The tensors read and checked once: every scatter and gather of a step takes this.
         self._paged = self._ns.paged_kv(self._k, self._v, kv_dim=self._kv_dim)
 
+    def _register_groups(self, kv_caches):
+        self._names = list(kv_caches)
+        self._layer_of = {}  # layer name -> (group, layer in the group)
+        self._gpaged = []
+        t = None
+        for gi, g in enumerate(self._lay.groups):
+            tensors = []
+            for li, name in enumerate(g.layer_names):
+                if name not in kv_caches or name in self._layer_of:
+                    raise ValueError("kvcd.vllm: layer %s of KV cache group %d has no KV cache "
+                                     "tensor of its own" % (name, gi))
+                self._layer_of[name] = (gi, li)
+                tensors.append(kv_caches[name])
+            t = tensors[0]
+            shape = tuple(t.shape)
+            kv_dim = 0
+            if g.kind == "k_only":
+                ok = len(shape) == 3 and shape[1:] == (self._bs, g.head_size)
+            else:
+                kv_dim = 0 if shape[0] == 2 else 1
+                rest = shape[:kv_dim] + shape[kv_dim + 1:]
+                ok = len(shape) == 5 and shape[kv_dim] == 2 and rest[1:] == (
+                    self._bs, g.heads, g.head_size)
+            if not ok or any(tuple(x.shape) != shape for x in tensors):
+                raise ValueError("kvcd.vllm: a KV cache tensor of shape %s does not match KV "
+                                 "cache group %d (block_size %d, %d heads of %d)" %
+                                 (shape, gi, self._bs, g.heads, g.head_size))
+            self._gpaged.append(self._gns[gi].paged_kv(tensors, None, kv_dim=kv_dim))
+        if len(self._layer_of) != len(kv_caches):
+            raise ValueError("kvcd.vllm: %d KV cache tensors, the groups have %d layers" %
+                             (len(kv_caches), len(self._layer_of)))
+        self._cuda = getattr(getattr(t, "device", None), "type", "cpu") == "cuda"
+        if self._cuda:
+            import torch
+            self._load_stream = torch.cuda.Stream(device=t.device)
+            self._client.gpu_attach()
+
     def _event(self, stream):
         import torch
         ev = torch.cuda.Event()
@@ -433,6 +651,8 @@ class KvcdConnector(KVConnectorBase_V1):
         self._events = {}
         self._all_event = None
         self._loads = []
+        if self._lay.groups:
+            return self._load_groups(meta)
         for span in getattr(meta, "loads", ()):
             keys = span_keys(self._ns, span.tokens, span.extras, span.first + span.count)
             # Waits for blocks read back from disk; on a GPU hits may be in kvcd's pool
@@ -474,6 +694,70 @@ class KvcdConnector(KVConnectorBase_V1):
                     self._events[r.start] = ev
         self.stats["loaded_blocks"] += sum(h for _, _, h in self._loads)
 
+    def _load_groups(self, meta):
+        """A hybrid model's loads: each one looked up again in every group at once
+        (kvcd.hybrid_lookup); each group scatters what the prefix needs of it: a full
+        attention group its blocks from the span's first, a window group the window's blocks
+        vLLM gave it a block for. A shorter prefix than the scheduler's (evicted in between)
+        hands every group's blocks from its end on back to vLLM for recompute."""
+        groups = self._lay.groups
+        for span in getattr(meta, "loads", ()):
+            end = span.first + span.count
+            keys = span_keys(self._ns, span.tokens, span.extras, end)
+            hit = kvcd.hybrid_lookup(self._gns, keys, gpu=self._cuda)
+            got = hit.length
+            self.stats["load_lookups"] += 1
+            if got < end:
+                for g, ids in zip(groups, span.group_block_ids):
+                    self._errors.update(ids[max(got, span.first, g.skipped(end)):end])
+                self.stats["load_missing_blocks"] += end - max(got, span.first)
+            parts = []  # (group, lease, block ids, first hit, hits, first block)
+            for gi, (g, lease) in enumerate(zip(groups, hit.leases)):
+                start = max(lease.first, span.first, g.skipped(end))
+                if start < got:
+                    parts.append((gi, lease, span.group_block_ids[gi], start - lease.first,
+                                  got - start, start))
+            if got <= span.first or not parts:
+                hit.release()
+                continue
+            self._loads.append((hit, span, parts, got))
+            self._held.append(hit)
+        if not self._loads:
+            return
+        stream = None
+        if self._cuda:
+            import torch
+            stream = self._load_stream
+            stream.wait_stream(torch.cuda.current_stream())
+        order = [self._layer_of[n] for n in self._names] if self._layerwise else [None]
+        for at in order:
+            for item in list(self._loads):
+                hit, span, parts, _ = item
+                try:
+                    for gi, lease, ids, first, n, start in parts:
+                        if at is not None and at[0] != gi:
+                            continue
+                        lease.scatter(self._gpaged[gi], None, ids, first=first, n=n,
+                                      first_token=start * self._bs,
+                                      layers=None if at is None else at[1],
+                                      **({"stream": stream} if stream else {}))
+                except (kvcd.Error, ValueError):
+                    end = span.first + span.count
+                    for g, ids in zip(groups, span.group_block_ids):
+                        self._errors.update(ids[max(span.first, g.skipped(end)):end])
+                    self._loads.remove(item)
+                    self.stats["load_failed"] += 1
+            if stream is not None:
+                ev = self._event(stream)
+                if at is None:
+                    self._all_event = ev
+                else:
+                    self._events[at] = ev
+        for _, span, parts, got in self._loads:
+            self.stats["loaded_blocks"] += got - span.first  # blocks of the prefix loaded
+            for gi, _, _, _, n, _ in parts:
+                self.stats["loaded_blocks_g%d" % gi] += n
+
     def wait_for_layer_load(self, layer_name):
         """The compute stream waits for this layer's load; the host never does."""
         if not self._cuda:
@@ -494,6 +778,15 @@ class KvcdConnector(KVConnectorBase_V1):
             self._reserve(saves)
         if not self._layerwise:
             return  # one gather of every layer at wait_for_save
+        if self._lay.groups:
+            gi, li = self._layer_of[layer_name]
+            for r, span, g in self._resvs:
+                if g == gi:
+                    r.gather(self._gpaged[gi], None, span.group_block_ids[gi],
+                             first_token=span.first * self._bs, layers=li,
+                             **self._stream_args())
+            self._gathered.add((gi, li))
+            return
         layer = self._layer_of[layer_name]
         for r, span in self._resvs:
             r.gather(self._paged, None, span.block_ids, first_token=span.first * self._bs,
@@ -509,6 +802,11 @@ class KvcdConnector(KVConnectorBase_V1):
             with self._done:
                 self._done.wait_for(lambda: self._pending[span.req_id] <= 0, timeout=30)
             keys = span_keys(self._ns, span.tokens, span.extras, span.first + span.count)
+            if self._lay.groups:  # each group's blocks into its namespace
+                for gi, ns in enumerate(self._gns):
+                    if self._gsaves[gi]:
+                        self._reserve_one(ns, keys, span, gi)
+                continue
             r = self._ns.reserve(keys[span.first:],
                                  parent=keys[span.first - 1] if span.first else None,
                                  gpu=self._cuda)  # on a GPU, slots may be in kvcd's pool
@@ -520,10 +818,69 @@ class KvcdConnector(KVConnectorBase_V1):
             else:
                 r.abort()  # every block present (or busy in another writer)
 
+    def _reserve_one(self, ns, keys, span, gi):
+        r = ns.reserve(keys[span.first:], parent=keys[span.first - 1] if span.first else None,
+                       gpu=self._cuda)
+        self.stats["save_reserved"] += r.reserved
+        self.stats["save_not_reserved"] += sum(
+            st not in (kvcd.SLOT_RESERVED, kvcd.SLOT_PRESENT) for st in r.statuses)
+        if r.reserved:
+            self._resvs.append((r, span, gi))
+        else:
+            r.abort()
+
+    def _wait_for_save_groups(self, meta):
+        """wait_for_save of a hybrid model: every (group, layer) save_kv_layer did not
+        gather is gathered here, then the commits as with one group."""
+        if self._saves_here and meta is not None and meta.saves and not self._reserved:
+            self._reserve(meta.saves)
+        late = 0
+        for r, span, gi in self._resvs:
+            g = self._lay.groups[gi]
+            missing = [li for li in range(g.layers) if (gi, li) not in self._gathered]
+            late += len(missing)
+            if len(missing) == g.layers:
+                r.gather(self._gpaged[gi], None, span.group_block_ids[gi],
+                         first_token=span.first * self._bs, **self._stream_args())
+                continue
+            for li in missing:
+                r.gather(self._gpaged[gi], None, span.group_block_ids[gi],
+                         first_token=span.first * self._bs, layers=li, **self._stream_args())
+        if late and self._layerwise:
+            self.stats["save_layers_gathered_late"] += late
+        self._gathered, self._reserved = set(), False
+        resvs, self._resvs = self._resvs, []
+        self._commit_all(resvs)
+
+    def _commit_all(self, resvs):
+        if not self._async_save:
+            for item in resvs:
+                self._commit_one(item)
+            return
+        with self._lock:
+            for item in resvs:
+                self._pending[item[1].req_id] += 1
+        if self._committer is None and resvs:
+            self._committer = threading.Thread(target=self._commit_loop, daemon=True,
+                                               name="kvcd-commit")
+            self._committer.start()
+        for item in resvs:
+            self._commit_q.put(item)
+
+    def _commit_one(self, item):
+        n = item[0].commit()
+        self.stats["saved_blocks"] += n
+        if len(item) == 3:  # a hybrid model's: (reservation, span, group)
+            self.stats["saved_blocks_g%d" % item[2]] += n
+
     def wait_for_save(self):
         """The gathers are queued; their commits go to a thread (async_save) that waits for
         them and publishes, or run here."""
         meta = self._get_connector_metadata() if self.has_connector_metadata() else None
+        if self._lay.groups:
+            for span in getattr(meta, "saves", ()) or ():
+                self._saved_reqs.add(span.req_id)
+            return self._wait_for_save_groups(meta)
         for span in getattr(meta, "saves", ()) or ():
             self._saved_reqs.add(span.req_id)
         if self._saves_here and meta is not None and meta.saves and not self._reserved:
@@ -563,9 +920,9 @@ class KvcdConnector(KVConnectorBase_V1):
             item = self._commit_q.get()
             if item is None:
                 return
-            r, span = item
+            span = item[1]
             try:
-                self.stats["saved_blocks"] += r.commit()
+                self._commit_one(item)
             except (kvcd.Error, ValueError):
                 self.stats["save_failed"] += 1
             with self._lock:

@@ -13,7 +13,10 @@
 # with two ranks each keeps its own namespace shard and a hit needs both; the optional hooks
 # vLLM calls answer as vLLM expects of a cache, a step whose layer hooks do not run (a
 # replayed CUDA graph) still saves the bytes the model wrote, and a preempted request
-# resumes by loading what it saved before.
+# resumes by loading what it saved before. A hybrid model (test_hybrid_*: a full-attention
+# and a sliding-window KV cache group, the stand-in scheduler drawing both groups' blocks
+# from one pool with vLLM's null block) saves and loads per group, the prefix being the one
+# every group gives.
 import time
 
 import pytest
@@ -42,13 +45,17 @@ def daemon():
 class Setup:
     """A scheduler-side connector in this process, `tp` worker processes, one kvcd."""
 
-    def __init__(self, daemon, tp=1, budget=1 << 30, **extra):
+    def __init__(self, daemon, tp=1, budget=1 << 30, groups=None, **extra):
         self.p = dict(model="test/vllm-%d" % next(_models), block_size=BS, layers=2,
                       heads=2 * tp, head_size=16, num_blocks=64, tp=tp,
                       extra=dict(dict(socket=daemon.socket), **extra))
+        if groups:  # a hybrid model: [(model layer indices, window or 0), ...]
+            self.p["groups"] = [dict(layers=list(ly), window=w) for ly, w in groups]
+            self.p["layers"] = sum(len(ly) for ly, _ in groups)
         vc, kc, _ = drv.configs(self.p)
         self.sched_conn = drv.load_connector(vc, KVConnectorRole.SCHEDULER, kc)
-        self.sched = drv.MiniScheduler(self.sched_conn, self.p["num_blocks"], BS, budget)
+        self.sched = drv.MiniScheduler(self.sched_conn, self.p["num_blocks"], BS, budget,
+                                       windows=[w for _, w in groups] if groups else None)
         self.workers = [drv.Worker(self.p, r) for r in range(tp)]
         self.wrong = 0
         self.stats = [dict() for _ in self.workers]
@@ -98,8 +105,10 @@ class Setup:
         assert self.sched.idle(), "requests left after %d steps" % len(outs)
         return outs
 
-    def ns(self, client, rank=0):
+    def ns(self, client, rank=0, group=None):
         lay = self.sched_conn._lay
+        if group is not None:
+            return lay.groups[group].open(client, rank)
         return lay.open(client, rank)
 
     def close(self):
@@ -294,7 +303,9 @@ def test_the_optional_hooks_vllm_asks(setup):
     s = setup()
     vc, _, _ = drv.configs(s.p)
     assert KvcdConnector.get_required_kvcache_layout(vc) == "NHD"  # libkvc's, not HND
-    assert not supports_hma(KvcdConnector)  # one KV cache group: request_finished
+    # A hybrid-allocator connector: vLLM keeps its hybrid allocator on and calls
+    # request_finished_all_groups, with one group too (test_hybrid_* drive several).
+    assert supports_hma(KvcdConnector)
     assert KvcdConnector.build_kv_connector_stats() is None
     c = s.sched_conn
     # kv_both is a producer role, for which vLLM's default asks for reliable delivery
@@ -379,3 +390,229 @@ def test_preempted_request_resumes_from_what_it_saved(setup, daemon):
     check_kv(s, "A", 130)
     # Every block of A stored once, none refused: 8 of A, 2 of B.
     assert s.stats[0]["saved_blocks"] == 10 and s.stats[0]["save_not_reserved"] == 0
+
+
+# A hybrid model as vLLM's hybrid allocator groups it: full-attention layers 0 and 2 in
+# group 0, sliding-window layers 1 and 3 (a 32-token window: 2 blocks) in group 1.
+HYBRID = [((0, 2), 0), ((1, 3), 32)]
+
+
+def saved_kv(daemon, s, group, tokens, nblocks):
+    """{block: bytes as [layer][k/v][token][head][dim]} of a group's namespace for the
+    prefix of nblocks blocks of tokens (a window group: the window's blocks)."""
+    from kvcd.vllm import span_keys
+    with kvcd.Client(daemon.socket) as c:
+        ns = s.ns(c, group=group)
+        # Every group's blocks are under the first group's keys (one chain for hybrid_lookup).
+        keys = span_keys(s.ns(c, group=0), tokens, [(0, b"")], nblocks)
+        with ns.lookup(keys) as lease:
+            return {lease.first + i: torch.frombuffer(bytearray(lease[i]), dtype=torch.float16)
+                    .view(2, 2, BS, 2, 16).clone() for i in range(len(lease))}
+
+
+def check_saved(daemon, s, group, tokens, nblocks, want_blocks):
+    """The group's namespace holds the model's KV of each of want_blocks, element by
+    element (layers of the group in order)."""
+    got = saved_kv(daemon, s, group, tokens, nblocks)
+    assert sorted(got) == list(want_blocks)
+    layers = s.p["groups"][group]["layers"]
+    for b in want_blocks:
+        for j, layer in enumerate(layers):
+            for kind in range(2):
+                want = drv.kv_values(tuple(tokens[:(b + 1) * BS]), layer, kind, 0, 2, 16)
+                assert torch.equal(got[b][j, kind], want[b * BS:]), (group, b, layer, kind)
+
+
+def test_hybrid_groups_save_and_load_per_group(setup, daemon):
+    """Two KV cache groups (full attention, sliding window): one namespace each, of the
+    group's kind; the first request's blocks are saved into both; a second request with the
+    same prefix gets all of it as external tokens and loads the full-attention group's 6
+    blocks and the window group's last 2 (vLLM gives the 4 before them the null block),
+    which hold exactly what the first request saved; its attention reads only right KV."""
+    s = setup(groups=HYBRID)
+    a = prompt(100, seed=21)
+    s.run(Request("A", a))
+    st = s.stats[0]
+    assert (st["saved_blocks_g0"], st["saved_blocks_g1"]) == (6, 6)
+    with kvcd.Client(daemon.socket) as c:
+        kinds = {n["model_id"]: n["kv_kind"] for n in c.namespaces()}
+    lay = s.sched_conn._lay
+    assert [kinds[g.ns_name(0)] for g in lay.groups] == ["kv", "kv_window"]
+    assert lay.groups[1].window == 32 and lay.groups[0].ns_name(0).startswith(
+        lay.model_id + "/g0-")
+    check_saved(daemon, s, 0, a, 6, range(6))
+    check_saved(daemon, s, 1, a, 6, [4, 5])  # the window of the 6-block prefix
+    b = prompt(120, seed=22, prefix=a[:96])
+    req_b = Request("B", b)
+    assert s.sched_conn.get_num_new_matched_tokens(req_b, 0) == (96, False)
+    assert s.sched_conn.get_num_new_matched_tokens(req_b, 32) == (64, False)
+    outs = s.run(req_b)
+    (out, kv_out) = outs[0]
+    assert req_b.num_external_computed_tokens == 96
+    [load] = out.kv_connector_metadata.loads
+    assert (load.first, load.count) == (0, 6)
+    full_ids, win_ids = load.group_block_ids
+    assert 0 not in full_ids and win_ids[:4] == [0, 0, 0, 0] and 0 not in win_ids[4:]
+    assert not kv_out.invalid_block_ids
+    st = s.stats[0]
+    assert (st["loaded_blocks"], st["loaded_blocks_g0"], st["loaded_blocks_g1"]) == (6, 6, 2)
+    assert s.wrong == 0
+    check_kv(s, "B", 120)
+    # B saved its 7 blocks' new ones only: block 6 in each group.
+    assert (st["saved_blocks_g0"], st["saved_blocks_g1"]) == (7, 7)
+
+
+def test_hybrid_window_missing_a_block_shortens_the_match(setup, daemon):
+    """The full-attention group holds 6 blocks of a prefix, the window group only blocks
+    0-3 (its namespace evicted, then a 4-block prompt stored them again): the 6-block
+    prefix lacks its window (blocks 4 and 5), the 4-block one has it (2 and 3), so a
+    request with the 6-block prefix is given 64 tokens, not 96, and reads only right KV."""
+    s = setup(groups=HYBRID)
+    a = prompt(100, seed=23)
+    s.run(Request("A", a))
+    with kvcd.Client(daemon.socket) as c:
+        assert c.evict(s.ns(c, group=1).id) >= 2
+    req = Request("X", prompt(100, seed=24, prefix=a[:96]))
+    assert s.sched_conn.get_num_new_matched_tokens(req, 0) == (0, False)  # no window at all
+    s.run(Request("C", prompt(70, seed=25, prefix=a[:64])))
+    assert s.stats[0]["saved_blocks_g1"] == 10 and s.stats[0]["saved_blocks_g0"] == 6
+    check_saved(daemon, s, 1, a, 4, [2, 3])
+    b = prompt(110, seed=26, prefix=a[:96])
+    req_b = Request("B", b)
+    assert s.sched_conn.get_num_new_matched_tokens(req_b, 0) == (64, False)
+    outs = s.run(req_b)
+    assert req_b.num_external_computed_tokens == 64
+    [load] = outs[0][0].kv_connector_metadata.loads
+    assert (load.first, load.count) == (0, 4)
+    assert not outs[0][1].invalid_block_ids
+    st = s.stats[0]
+    assert (st["loaded_blocks_g0"], st["loaded_blocks_g1"]) == (4, 2)
+    assert s.wrong == 0
+    check_kv(s, "B", 110)
+
+
+def test_hybrid_configs_refused_or_mapped():
+    """A Mamba group is refused with an error naming it (not supported yet), as is a spec
+    class with no namespace kind and groups of different block sizes; MLA and chunked local
+    attention groups map to k_only and kv_window namespaces."""
+    from vllm.v1.kv_cache_interface import (ChunkedLocalAttentionSpec, FullAttentionSpec,
+                                            KVCacheConfig, KVCacheGroupSpec,
+                                            MLAAttentionSpec, MambaSpec)
+    from kvcd.vllm import _Layout
+
+    def layout(*specs):
+        p = dict(model="test/cfg", block_size=BS, layers=2, heads=2, head_size=16,
+                 num_blocks=8, tp=1, extra={})
+        vc, _, _ = drv.configs(p)
+        kc = KVCacheConfig(num_blocks=8, kv_cache_groups=[
+            KVCacheGroupSpec(["l%d" % i], spec) for i, spec in enumerate(specs)])
+        return _Layout(vc, kc, {})
+
+    full = FullAttentionSpec(BS, num_kv_heads=2, head_size=16, dtype=torch.float16)
+    mamba = MambaSpec(BS, shapes=((4, 8), (2, 8, 16)), dtypes=(torch.float16, torch.float32))
+    with pytest.raises(ValueError, match="MambaSpec.*not supported"):
+        layout(full, mamba)
+    with pytest.raises(ValueError, match="different block sizes"):
+        layout(full, FullAttentionSpec(2 * BS, num_kv_heads=2, head_size=16,
+                                       dtype=torch.float16))
+
+    class OtherSpec(FullAttentionSpec):
+        pass
+    with pytest.raises(ValueError, match="OtherSpec"):
+        layout(full, OtherSpec(BS, num_kv_heads=2, head_size=16, dtype=torch.float16))
+    lay = layout(full, MLAAttentionSpec(BS, num_kv_heads=1, head_size=64,
+                                        dtype=torch.float16),
+                 ChunkedLocalAttentionSpec(BS, num_kv_heads=2, head_size=16,
+                                           dtype=torch.float16, attention_chunk_size=40))
+    assert [(g.kind, g.window, g.heads) for g in lay.groups] == [
+        ("kv", 0, 2), ("k_only", 0, 1), ("kv_window", 40, 2)]
+    assert lay.groups[1].ns_name(3).endswith("/mla")
+    # vLLM's chunked local manager keeps the chunk a prefix's next token is in.
+    assert [lay.groups[2].skipped(n) for n in (2, 3, 5, 6)] == [0, 2, 5, 5]
+
+
+def test_hybrid_chunked_prefill_and_two_ranks(setup, daemon):
+    """A hybrid model over two tensor-parallel ranks with chunked prefill (40 tokens a
+    step): each chunk's blocks go into each group's namespace of each rank (a chunk hangs
+    from the last one's in the window namespace too), the scheduler frees the window
+    group's blocks no query sees any more as the prompt advances, and a second request with
+    the prefix gets it only where every group of every rank has it."""
+    s = setup(tp=2, budget=40, groups=HYBRID)
+    a = prompt(130, seed=27)
+    outs = s.run(Request("A", a))
+    saves = [[(sp.first, sp.count) for sp in o.kv_connector_metadata.saves] for o, _ in outs]
+    assert [x for x in saves if x] == [[(0, 2)], [(2, 3)], [(5, 2)], [(7, 1)]]
+    for st in s.stats:
+        assert (st["saved_blocks_g0"], st["saved_blocks_g1"]) == (8, 8)
+        assert st["save_not_reserved"] == 0
+    b = prompt(140, seed=28, prefix=a[:128])
+    req_b = Request("B", b)
+    assert s.sched_conn.get_num_new_matched_tokens(req_b, 0) == (128, False)
+    s.run(req_b)
+    assert req_b.num_external_computed_tokens == 128
+    assert [(st["loaded_blocks_g0"], st["loaded_blocks_g1"]) for st in s.stats] == [(8, 2)] * 2
+    assert s.wrong == 0
+    check_kv(s, "B", 140)
+    # Rank 1's window namespace gone: no rank's prefix is usable.
+    with kvcd.Client(daemon.socket) as c:
+        assert c.evict(s.ns(c, 1, group=1).id) >= 2
+    assert s.sched_conn.get_num_new_matched_tokens(Request("C", b), 0) == (0, False)
+
+
+def test_hybrid_window_evicted_between_scheduling_and_loading(setup, daemon):
+    """The window group's blocks evicted after the scheduler counted them: the worker's
+    lookup finds no usable prefix, every group's blocks of the load (those vLLM gave it a
+    block for) are reported through get_block_ids_with_load_errors, and the request is
+    recomputed, never reading wrong KV."""
+    s = setup(groups=HYBRID)
+    a = prompt(80, seed=29)
+    s.run(Request("A", a))
+    seen = {}
+
+    def evict(out):
+        [load] = out.kv_connector_metadata.loads
+        seen["ids"] = load.group_block_ids
+        with kvcd.Client(daemon.socket) as c:
+            assert c.evict(s.ns(c, group=1).id) >= 2
+    outs = s.run(Request("B", prompt(90, seed=30, prefix=a[:64])), before_workers=evict)
+    full_ids, win_ids = seen["ids"]
+    assert win_ids[:2] == [0, 0]  # a 64-token prefix's window: blocks 2 and 3
+    assert outs[0][1].invalid_block_ids == set(full_ids[:4]) | set(win_ids[2:4])
+    assert s.stats[0]["load_missing_blocks"] == 4 and s.stats[0].get("loaded_blocks", 0) == 0
+    assert len(outs) >= 2 and s.wrong == 0
+    check_kv(s, "B", 90)
+
+
+def test_hybrid_preempted_request_resumes_per_group(setup, daemon):
+    """A hybrid request preempted after its first chunk was saved: its blocks of every group
+    are freed and written by another request; it resumes (resumed_req_ids, every group's
+    block ids anew) by loading that chunk into each group's new blocks."""
+    from kvcd.vllm import span_keys
+    s = setup(budget=40, groups=HYBRID)
+    a = prompt(130, seed=31)
+    s.sched.add(Request("A", a))
+    out1, _ = s.step()
+    assert [(sp.first, sp.count) for sp in out1.kv_connector_metadata.saves] == [(0, 2)]
+    old_ids = [list(g) for g in s.sched.blocks["A"]]
+    with kvcd.Client(daemon.socket) as c:  # the first chunk's commits land, in both groups
+        keys = span_keys(s.ns(c, group=0), a, [(0, b"")], 2)
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            with kvcd.hybrid_lookup([s.ns(c, group=0), s.ns(c, group=1)], keys) as hit:
+                if hit.length == 2:
+                    break
+            time.sleep(0.01)
+    s.sched.preempt("A")
+    s.sched.waiting.insert(0, Request("B", prompt(40, seed=32)))  # takes A's old blocks
+    outs = s.run()
+    resumed = [o for o, _ in outs if "A" in o.scheduled_cached_reqs.resumed_req_ids]
+    assert len(resumed) == 1
+    [load] = resumed[0].kv_connector_metadata.loads
+    assert (load.req_id, load.first, load.count) == ("A", 0, 2)
+    new_ids = s.sched.done["A"][1]
+    assert not set(new_ids[0][:2]) & set(old_ids[0][:3] + old_ids[1][:3])
+    st = s.stats[0]
+    assert (st["loaded_blocks_g0"], st["loaded_blocks_g1"]) == (2, 2) and s.wrong == 0
+    check_kv(s, "A", 130)
+    assert (st["saved_blocks_g0"], st["saved_blocks_g1"]) == (10, 10)
+    assert st["save_not_reserved"] == 0

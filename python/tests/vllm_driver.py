@@ -35,7 +35,7 @@ from vllm.v1.core.kv_cache_manager import KVCacheBlock, KVCacheBlocks  # noqa: E
 from vllm.v1.core.sched.output import (CachedRequestData, NewRequestData,  # noqa: E402
                                        SchedulerOutput)
 from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,  # noqa: E402
-                                        KVCacheGroupSpec)
+                                        KVCacheGroupSpec, SlidingWindowSpec)
 
 
 def configs(p):
@@ -48,10 +48,35 @@ def configs(p):
             kv_connector="KvcdConnector", kv_connector_module_path="kvcd.vllm",
             kv_role="kv_both", kv_connector_extra_config=dict(p["extra"])))
     names = ["model.layers.%d.self_attn.attn" % i for i in range(p["layers"])]
-    kc = KVCacheConfig(num_blocks=p["num_blocks"], kv_cache_groups=[KVCacheGroupSpec(
-        names, FullAttentionSpec(p["block_size"], p["heads"] // p["tp"], p["head_size"],
-                                 torch.float16))])
-    return vc, kc, names
+    shape = dict(num_kv_heads=p["heads"] // p["tp"], head_size=p["head_size"],
+                 dtype=torch.float16)
+    if not p.get("groups"):
+        kc = KVCacheConfig(num_blocks=p["num_blocks"], kv_cache_groups=[KVCacheGroupSpec(
+            names, FullAttentionSpec(p["block_size"], **shape))])
+        return vc, kc, names
+    # A hybrid model as vLLM's hybrid allocator groups it: one group per kind of layer
+    # (p["groups"]: the model's layer indices of each and its window, 0 for full
+    # attention), the layer names in model order.
+    groups = []
+    for g in p["groups"]:
+        spec = (SlidingWindowSpec(p["block_size"], sliding_window=g["window"], **shape)
+                if g["window"] else FullAttentionSpec(p["block_size"], **shape))
+        groups.append(KVCacheGroupSpec([names[i] for i in g["layers"]], spec))
+    return vc, KVCacheConfig(num_blocks=p["num_blocks"], kv_cache_groups=groups), names
+
+
+def group_of_layers(p):
+    """{model layer index: (group, window)} of a hybrid setup p."""
+    return {i: (gi, g["window"]) for gi, g in enumerate(p.get("groups") or ())
+            for i in g["layers"]}
+
+
+def skipped_blocks(window, num_tokens, block_size):
+    """The leading blocks vLLM's sliding-window manager gives a request no block for (the
+    null block) once num_tokens are computed: those no later query can see."""
+    if not window:
+        return 0
+    return max(0, num_tokens - window + 1) // block_size
 
 
 def load_connector(vllm_config, role, kv_cache_config):
@@ -133,12 +158,18 @@ class Worker:
 class MiniScheduler:
     """vLLM's v1 scheduler, cut down to what the connector sees: no local prefix cache,
     one KV cache group, prefill only (each request ends after its prompt), a token budget per
-    step (chunked prefill)."""
+    step (chunked prefill). With `windows` (one per KV cache group, 0 for full attention) it
+    is the hybrid allocator's: the groups draw their blocks from one pool whose block 0 is
+    the null block; a sliding-window group gets the null block for the blocks a request's
+    next query cannot see, when external tokens are allocated (allocate_new_computed_blocks)
+    and as it computes (remove_skipped_blocks, which frees them); every connector call gets
+    each group's block ids."""
 
-    def __init__(self, connector, num_blocks, block_size, budget=1 << 30):
+    def __init__(self, connector, num_blocks, block_size, budget=1 << 30, windows=None):
         self.c = connector
         self.bs = block_size
-        self.free = list(range(num_blocks))
+        self.windows = windows
+        self.free = list(range(1 if windows else 0, num_blocks))
         self.budget = budget
         self.waiting, self.running = [], []
         self.blocks = {}  # req_id -> block ids
@@ -165,7 +196,10 @@ class MiniScheduler:
         a resumed cached request."""
         req = next(r for r in self.running if r.request_id == req_id)
         self.running.remove(req)
-        self.free = self.blocks.pop(req_id) + self.free
+        ids = self.blocks.pop(req_id)
+        if self.windows:
+            ids = [b for g in ids for b in g if b != 0]
+        self.free = ids + self.free
         req.num_computed_tokens = 0
         req.num_preemptions = getattr(req, "num_preemptions", 0) + 1
         self.preempted.add(req_id)
@@ -177,6 +211,31 @@ class MiniScheduler:
         assert len(ids) == n, "out of blocks"
         return ids
 
+    def _alloc_groups(self, num_tokens, computed):
+        """Each group's block ids for num_tokens, `computed` of them loaded (null blocks for
+        what a window no longer sees)."""
+        n = -(-num_tokens // self.bs)
+        out = []
+        for w in self.windows:
+            skip = skipped_blocks(w, computed, self.bs)
+            out.append([0] * skip + self._alloc(n - skip))
+        return out
+
+    def _release(self, ids):
+        """Frees a request's blocks: a list, or a hybrid request's lists (not the null
+        block)."""
+        if self.windows:
+            self.free += [b for g in ids for b in g if b != 0]
+        else:
+            self.free += ids
+
+    def _remove_skipped(self, req):
+        for w, ids in zip(self.windows, self.blocks[req.request_id]):
+            for i in range(skipped_blocks(w, req.num_computed_tokens, self.bs)):
+                if ids[i] != 0:
+                    self.free.append(ids[i])
+                    ids[i] = 0
+
     def schedule(self):
         new_reqs, num_sched = [], {}
         cached = CachedRequestData.make_empty()
@@ -185,6 +244,8 @@ class MiniScheduler:
             left = req.num_tokens - req.num_computed_tokens
             if left <= 0 or budget <= 0:
                 continue
+            if self.windows:
+                self._remove_skipped(req)
             n = min(left, budget)
             budget -= n
             num_sched[req.request_id] = n
@@ -204,10 +265,18 @@ class MiniScheduler:
                 still.append(req)
                 continue
             assert not load_async and ext % self.bs == 0
-            ids = self._alloc(-(-req.num_tokens // self.bs))
-            self.blocks[req.request_id] = ids
-            self.c.update_state_after_alloc(req, KVCacheBlocks(([KVCacheBlock(i) for i in ids],)),
-                                            ext)
+            if self.windows:
+                groups = self._alloc_groups(req.num_tokens, ext)
+                self.blocks[req.request_id] = groups
+                self.c.update_state_after_alloc(req, KVCacheBlocks(tuple(
+                    [KVCacheBlock(i) for i in g] for g in groups)), ext)
+                block_ids = tuple(list(g) for g in groups)
+            else:
+                ids = self._alloc(-(-req.num_tokens // self.bs))
+                self.blocks[req.request_id] = ids
+                self.c.update_state_after_alloc(req, KVCacheBlocks(([KVCacheBlock(i)
+                                                                     for i in ids],)), ext)
+                block_ids = (list(ids),)
             req.num_external_computed_tokens = ext
             req.num_computed_tokens = ext
             n = min(req.num_tokens - ext, budget)
@@ -218,12 +287,12 @@ class MiniScheduler:
                 cached.req_ids.append(req.request_id)
                 cached.resumed_req_ids.add(req.request_id)
                 cached.all_token_ids[req.request_id] = list(req.all_token_ids)
-                cached.new_block_ids.append((list(ids),))
+                cached.new_block_ids.append(block_ids)
                 cached.num_computed_tokens.append(ext)
                 cached.num_output_tokens.append(0)
                 cached.new_token_ids.append([])
             else:
-                new_reqs.append(NewRequestData.from_request(req, (list(ids),)))
+                new_reqs.append(NewRequestData.from_request(req, block_ids))
             self.running.append(req)
         self.waiting = still
         out = SchedulerOutput(
@@ -243,7 +312,10 @@ class MiniScheduler:
             if n is None:
                 continue
             ids = self.blocks[req.request_id]
-            bad = [i for i, b in enumerate(ids) if b in invalid]
+            if self.windows:  # the first block any group failed to load
+                bad = sorted(i for g in ids for i, b in enumerate(g) if b in invalid)
+            else:
+                bad = [i for i, b in enumerate(ids) if b in invalid]
             if bad and bad[0] * self.bs < req.num_computed_tokens + n:
                 # vLLM's recompute policy: back to the first block that failed to load.
                 req.num_computed_tokens = min(req.num_computed_tokens, bad[0] * self.bs)
@@ -253,19 +325,21 @@ class MiniScheduler:
         # After every step's output, as vLLM publishes them: the connector's KV events.
         self.events += list(self.c.take_events() or ())
         for req_id in kv_out.finished_sending or ():
-            self.free += self.delayed.pop(req_id)
+            self._release(self.delayed.pop(req_id))
         for req in list(self.running):
             if req.num_computed_tokens >= req.num_tokens:
                 self.running.remove(req)
                 ids = self.blocks.pop(req.request_id)
+                groups = tuple(list(g) for g in ids) if self.windows else (list(ids),)
                 if self.hma:
-                    delay, _ = self.c.request_finished_all_groups(req, (list(ids),))
+                    delay, _ = self.c.request_finished_all_groups(req, groups)
                 else:
+                    assert not self.windows, "vLLM runs a hybrid model only with SupportsHMA"
                     delay, _ = self.c.request_finished(req, list(ids))
                 if delay:
                     self.delayed[req.request_id] = ids
                 else:
-                    self.free += ids
+                    self._release(ids)
                 self.finished_ids.add(req.request_id)
                 self.done[req.request_id] = (req, ids)
 

@@ -11,7 +11,9 @@
 # runs no forward, so no per-layer hook (vLLM's kv_connector_no_forward); a step sent with
 # layer_hooks=False runs the attention without them, as a replayed full CUDA graph does.
 # It answers with the KVConnectorOutput and what it saw: tokens read with wrong KV (which
-# must stay 0), tokens loaded.
+# must stay 0), tokens loaded. A hybrid setup's layers each belong to one KV cache group and
+# index their paged cache with that group's block ids; a sliding-window layer's attention
+# reads only the tokens its window sees (the blocks before are vLLM's null block).
 import sys
 
 import torch
@@ -20,7 +22,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.distributed.parallel_state import set_tensor_model_parallel
 from vllm.forward_context import ForwardContext
 from vllm.v1.outputs import KVConnectorOutput
-from vllm_driver import configs, kv_values, load_connector, recv, send
+from vllm_driver import configs, group_of_layers, kv_values, load_connector, recv, send
 
 
 def main():
@@ -34,7 +36,8 @@ def main():
     caches = {n: torch.zeros(2, p["num_blocks"], bs, heads, dim, dtype=torch.float16)
               for n in names}
     conn.register_kv_caches(caches)
-    reqs = {}  # req_id -> dict(tokens, blocks)
+    reqs = {}  # req_id -> dict(tokens, blocks: a list per KV cache group)
+    layer_group = group_of_layers(p) or {i: (0, 0) for i in range(len(names))}
     send(outp, "ready")
     while True:
         msg = recv(inp)
@@ -44,19 +47,21 @@ def main():
             return
         if msg[0] == "expect":  # tokens [0, n) against kv_value: the wrong ones
             _, req_id, n = msg
-            send(outp, wrong_tokens(caches, names, reqs[req_id], n, rank, heads, dim, bs))
+            send(outp, wrong_tokens(caches, names, reqs[req_id], n, rank, heads, dim, bs,
+                                    layer_group))
             continue
         out, layer_hooks = msg[1], msg[2]
         layer_hooks = layer_hooks and out.total_num_scheduled_tokens > 0
         for new in out.scheduled_new_reqs:
             reqs[new.req_id] = dict(tokens=list(new.prompt_token_ids),
-                                    blocks=list(new.block_ids[0]))
+                                    blocks=[list(g) for g in new.block_ids])
         for i, rid in enumerate(out.scheduled_cached_reqs.req_ids):
             nb = out.scheduled_cached_reqs.new_block_ids[i]
             if rid in out.scheduled_cached_reqs.resumed_req_ids:  # its block ids anew
-                reqs[rid]["blocks"] = list(nb[0])
+                reqs[rid]["blocks"] = [list(g) for g in nb]
             elif nb:
-                reqs[rid]["blocks"] += list(nb[0])
+                for ids, more in zip(reqs[rid]["blocks"], nb):
+                    ids += list(more)
         starts = {n.req_id: n.num_computed_tokens for n in out.scheduled_new_reqs}
         for i, rid in enumerate(out.scheduled_cached_reqs.req_ids):
             starts[rid] = out.scheduled_cached_reqs.num_computed_tokens[i]
@@ -68,16 +73,19 @@ def main():
         for li, name in enumerate(names):
             if layer_hooks:
                 conn.wait_for_layer_load(name)
+            gi, window = layer_group[li]
             for rid, n in out.num_scheduled_tokens.items():
                 r, start = reqs[rid], starts[rid]
-                pages, offs = slots(r, start + n, bs)
+                ids = r["blocks"][gi]
+                pages, offs = slots(ids, start + n, bs)
+                # What attention reads: every earlier token (a window: those it sees).
+                lo = max(0, start - window + 1) if window else 0
                 for kind in (0, 1):
                     want = kv_values(tuple(r["tokens"][:start + n]), li, kind, rank, heads,
                                      dim)
-                    # What attention reads: every earlier token.
-                    got = caches[name][kind, pages[:start], offs[:start]]
-                    bad = (got != want[:start]).flatten(1).any(1).nonzero().flatten().tolist()
-                    wrong_at += [r["blocks"][t // bs] for t in bad]
+                    got = caches[name][kind, pages[lo:start], offs[lo:start]]
+                    bad = (got != want[lo:start]).flatten(1).any(1).nonzero().flatten().tolist()
+                    wrong_at += [ids[(lo + t) // bs] for t in bad]
                     caches[name][kind, pages[start:], offs[start:]] = want[start:]
             if layer_hooks:
                 conn.save_kv_layer(name, caches[name], None)
@@ -96,19 +104,24 @@ def main():
         send(outp, dict(kv_out=kv_out, wrong=wrong, stats=dict(conn.stats)))
 
 
-def slots(r, n, bs):
-    """(pages, offsets) of a request's tokens [0, n) in the paged cache."""
+def slots(ids, n, bs):
+    """(pages, offsets) of a request's tokens [0, n) in a group's paged cache."""
     pos = torch.arange(n)
-    return torch.tensor(r["blocks"], dtype=torch.long)[pos // bs], pos % bs
+    return torch.tensor(ids, dtype=torch.long)[pos // bs], pos % bs
 
 
-def wrong_tokens(caches, names, r, n, rank, heads, dim, bs):
-    pages, offs = slots(r, n, bs)
+def wrong_tokens(caches, names, r, n, rank, heads, dim, bs, layer_group):
+    """Tokens [0, n) (a window layer: the last window - 1 of them, what a next query sees)
+    whose KV is not the model's, over every layer."""
     bad = 0
     for li, name in enumerate(names):
+        gi, window = layer_group[li]
+        pages, offs = slots(r["blocks"][gi], n, bs)
+        lo = max(0, n - window + 1) if window else 0
         for kind in (0, 1):
             want = kv_values(tuple(r["tokens"][:n]), li, kind, rank, heads, dim)
-            bad += int((caches[name][kind, pages, offs] != want).flatten(1).any(1).sum())
+            got = caches[name][kind, pages[lo:], offs[lo:]]
+            bad += int((got != want[lo:]).flatten(1).any(1).sum())
     return bad
 
 
