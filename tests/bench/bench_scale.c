@@ -237,6 +237,28 @@ static uint64_t sc_stat(kvc_client *c, const char *name)
     return v;
 }
 
+/* Several counters from one STATS reply, so they describe the same moment (a trim may run
+ * between two requests: blocks_now read before it and fast_index_blocks after it made the
+ * coverage look short by what it evicted). */
+static void sc_stats(kvc_client *c, const char *const *names, uint64_t *v, size_t n)
+{
+    struct kvc_stat *st;
+    size_t ns;
+    if (kvc_stats(c, 0, &st, &ns)) {
+        bench_fail("STATS failed");
+        return;
+    }
+    for (size_t j = 0; j < n; j++) {
+        size_t i = 0;
+        while (i < ns && strcmp(st[i].name, names[j]) != 0)
+            i++;
+        if (i == ns)
+            bench_fail("STATS: no %s", names[j]);
+        v[j] = i < ns ? st[i].value : 0;
+    }
+    free(st);
+}
+
 static void sc_row(const char *name, double value, const char *unit, const char *base, double basev)
 {
     /* The row keeps the baseline's name by pointer, and callers format it on their stack:
@@ -693,8 +715,11 @@ static void sc_level(size_t bb, struct sc_level *lv, uint64_t tag)
     double cpu1 = sc_loop_cpu(d.pid);
     lv->v[SC_F_LOOP_US_PER_PUT_BLOCK] =
         put1 > put0 ? (cpu1 - cpu0) * 1e6 / (double)(put1 - put0) : 0;
-    blocks = sc_stat(c, "blocks_now");
-    uint64_t pub = sc_stat(c, "fast_index_blocks"), full = sc_stat(c, "fast_index_full");
+    static const char *const cov[] = {"blocks_now", "fast_index_blocks", "fast_index_full"};
+    uint64_t cv[3];
+    sc_stats(c, cov, cv, 3);
+    blocks = cv[0];
+    uint64_t pub = cv[1], full = cv[2];
     uint64_t rss1 = sc_rss(d.pid);
     sc_smaps(d.pid);
     char name[96], base[96];
