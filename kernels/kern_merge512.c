@@ -3,29 +3,32 @@
  * path (fp16 slabs, no Inf or NaN) on 512-bit vectors.
  *
  * DESIGN
- * kern_merge.c's AVX2 pass spent its time on instructions, not memory (a block cycled in L2
- * ran barely faster than one from DRAM): per row a separate Inf/NaN check, then the plan's
- * distance, then the running sum, each reading the row eight halves at a time. Here a row is
- * read a cache line (32 halves) at a time, the check rides on the load the distance or the
- * start already makes (the unsigned maximum of the magnitudes' bits, compared once per
- * section), and the sums and the means take sixteen channels per instruction. The plan's
- * sums keep kern_merge_near's order: channel c into partial c % 8, a 16-lane square's low
- * half added before its high half, folded by kern_sum8_fold; lim |s|^2 is folded once per run
- * (the same float each time). The means are channel-wise sums of the tokens in order, so
- * their lanes are free. The bytes are the reference's. AVX-512F brings the 512-bit FMA: the
- * file is built with -ffp-contract=off (Makefile), so products and sums stay apart.
+ * kern_merge.c's AVX2 pass spent its time on instructions more than on memory (a block cycled
+ * in L2 ran 10.5 GB/s, one from DRAM 7.9): per row a separate Inf/NaN check, then the plan's
+ * distance, then the running sum, each eight halves at a time. Here a row is read 32 halves
+ * at a time, sums and means take sixteen channels per instruction, and the rows the plan
+ * reads need no check of their own: a distance or a norm is finite exactly where its rows
+ * are (the squares of finite halves sum far below FLT_MAX), so one compare per row stands for
+ * the check; the V section's rows, which the plan does not read, are checked as before. The
+ * plan's sums keep kern_merge_near's order: channel c into partial c % 8, a 16-lane square's
+ * low half added before its high half, folded as kern_sum8_fold; lim |s|^2 is folded once
+ * per run (the same float each time). The means are channel-wise sums of the tokens in
+ * order, so their lanes are free. The bytes are the reference's. AVX-512F brings the 512-bit
+ * FMA: the file is built with -ffp-contract=off (Makefile), so products and sums stay apart.
  *
- * The pass walks the slabs in memory order (token by token, the heads of a token in turn)
- * and prefetches the rows a few tokens ahead: a token's rows of every head are 2 KiB for the
- * common 8 x 128, so a 4 KiB page holds two tokens and the hardware prefetcher, which stops
- * at a page, kept restarting. The K pass prefetches the V rows too: the V section reads them
- * next, and the K pass reads those that start runs or whose keys join.
+ * Memory: the pass walks the slabs in memory order (token by token, the heads of a token in
+ * turn) and prefetches the rows four tokens ahead: a token's rows of every head are 2 KiB for
+ * the common 8 x 128, so a 4 KiB page holds two tokens, and the hardware prefetcher stops at
+ * a page. The K pass prefetches the V rows too (the V section reads them next). A run's row
+ * of the section is prefetched for writing where the run starts: the stores of a closing run
+ * otherwise missed, filled the store queue and stalled the pass (12.2 GB/s against 10.6).
  *
  * Chosen at run time by kern_rot512_on() (kern_rot512.c: the CPU has AVX-512 F, BW, VL, DQ
  * and F16C, KVC_NO_AVX512 not set; read once), which the tests switch with kern_rot_avx512()
  * to run the AVX2 path too. Only fp16 slabs with head dims that are multiples of 32 come here.
  */
 #include <errno.h>
+#include <float.h>
 #include <immintrin.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,14 +52,12 @@ struct m5_state {
     const uint16_t *first;
 };
 
-/* 32 halves: magnitudes' bits into *bad's maximum (0x7c00 or more: Inf or NaN), the two
- * halves of channels as floats (F16C's, exact). */
-K5I void m5_load(const uint16_t *p, __m512i *bad, __m512 *lo, __m512 *hi)
+/* 32 halves as floats (F16C's, exact): channels c..c+15 and c+16..c+31. */
+K5I void m5_load(const uint16_t *p, __m512 *lo, __m512 *hi)
 {
-    const __m512i v = _mm512_loadu_si512(p);
-    *bad = _mm512_max_epu16(*bad, _mm512_and_si512(v, _mm512_set1_epi16(0x7fff)));
-    *lo = _mm512_cvtph_ps(_mm512_castsi512_si256(v));
-    *hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(v, 1));
+    const __m256i *v = (const __m256i *)p;
+    *lo = _mm512_cvtph_ps(_mm256_loadu_si256(v));
+    *hi = _mm512_cvtph_ps(_mm256_loadu_si256(v + 1));
 }
 
 /* Sixteen squares into the eight partials of channels c % 8: the low half (channels c..c+7)
@@ -76,13 +77,14 @@ K5I float m5_fold(__m256 p)
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehl_ps(s, s)));
 }
 
-/* |x - s|^2 of a row (kern_merge_near's partial sums, folded). */
-K5I float m5_dist(const uint16_t *x, const float *s, uint32_t D, __m512i *bad)
+/* |x - s|^2 of a row (kern_merge_near's partial sums, folded). Not finite exactly where x
+ * or s holds Inf or NaN: the finite squares of a head's halves sum far below FLT_MAX. */
+K5I float m5_dist(const uint16_t *x, const float *s, uint32_t D)
 {
     __m256 p = _mm256_setzero_ps();
     for (uint32_t c = 0; c < D; c += 32) {
         __m512 lo, hi;
-        m5_load(x + c, bad, &lo, &hi);
+        m5_load(x + c, &lo, &hi);
         const __m512 d0 = _mm512_sub_ps(lo, _mm512_loadu_ps(s + c));
         const __m512 d1 = _mm512_sub_ps(hi, _mm512_loadu_ps(s + c + 16));
         p = m5_acc(p, _mm512_mul_ps(d0, d0));
@@ -91,13 +93,14 @@ K5I float m5_dist(const uint16_t *x, const float *s, uint32_t D, __m512i *bad)
     return m5_fold(p);
 }
 
-/* A run's first row into s as floats; |s|^2 (the plan's partials, folded) returned. */
-K5I float m5_start(const uint16_t *x, float *s, uint32_t D, __m512i *bad)
+/* A run's first row into s as floats; |s|^2 (the plan's partials, folded) returned, not
+ * finite exactly where the row holds Inf or NaN (as m5_dist). */
+K5I float m5_start(const uint16_t *x, float *s, uint32_t D)
 {
     __m256 p = _mm256_setzero_ps();
     for (uint32_t c = 0; c < D; c += 32) {
         __m512 lo, hi;
-        m5_load(x + c, bad, &lo, &hi);
+        m5_load(x + c, &lo, &hi);
         _mm512_storeu_ps(s + c, lo);
         _mm512_storeu_ps(s + c + 16, hi);
         p = m5_acc(p, _mm512_mul_ps(lo, lo));
@@ -122,7 +125,7 @@ K5I __m512 m5_h16(const uint16_t *p)
 /* Token t of head h (t == T closes the last run), as kern_merge.c's mrg_step on a clean
  * slab: the plan's join (rows and forced tokens), the run's sum and its mean. */
 K5I void m5_step(const struct kern_ext_ctx *c, uint32_t h, uint32_t t, const uint8_t *own,
-                 uint8_t *head, struct m5_state *st, float lim, __m512i *bad)
+                 uint8_t *head, struct m5_state *st, float lim, __m512i *bad, int *nf)
 {
     const struct kern_layout *lay = c->lay;
     const uint32_t T = lay->tokens, D = lay->head_dim, R = kern_merge_rows(T);
@@ -138,9 +141,14 @@ K5I void m5_step(const struct kern_ext_ctx *c, uint32_t h, uint32_t t, const uin
         m5_check(xr, D, bad);
         join = t > 0 && !(km[t >> 5] >> (t & 31) & 1u);
     } else if (t < T && t > 0) {
-        join = m5_dist((const uint16_t *)c->rawk + at, st->sk, D, bad) <= st->lk;
-        if (join && c->rawv)
-            join = m5_dist((const uint16_t *)c->rawv + at, st->sv, D, bad) <= st->lv;
+        const float dk = m5_dist((const uint16_t *)c->rawk + at, st->sk, D);
+        *nf |= !(dk <= FLT_MAX);
+        join = dk <= st->lk;
+        if (join && c->rawv) {
+            const float dv = m5_dist((const uint16_t *)c->rawv + at, st->sv, D);
+            *nf |= !(dv <= FLT_MAX);
+            join = dv <= st->lv;
+        }
         if (!join && st->rows >= R)
             join = 1; /* forced: the head has no room for another row */
         if (own != c->rawk)
@@ -185,10 +193,19 @@ K5I void m5_step(const struct kern_ext_ctx *c, uint32_t h, uint32_t t, const uin
         map[t >> 5] |= 1u << (t & 31);
     }
     st->a = t;
+    /* the run's row of the section, written where the run closes: its lines owned by then
+     * (a store that misses waits in the store queue, and a queue full of them stalls) */
+    for (uint32_t d = 0; d < 2 * D; d += 64)
+        _mm_prefetch((const char *)(row0 + (uint64_t)st->r * D) + d, _MM_HINT_ET0);
     if (!c->kmerge) { /* the rows the next tokens are compared with */
-        st->lk = KERN_MUL(lim, m5_start((const uint16_t *)c->rawk + at, st->sk, D, bad));
-        if (c->rawv)
-            st->lv = KERN_MUL(lim, m5_start((const uint16_t *)c->rawv + at, st->sv, D, bad));
+        const float nk = m5_start((const uint16_t *)c->rawk + at, st->sk, D);
+        *nf |= !(nk <= FLT_MAX);
+        st->lk = KERN_MUL(lim, nk);
+        if (c->rawv) {
+            const float nv = m5_start((const uint16_t *)c->rawv + at, st->sv, D);
+            *nf |= !(nv <= FLT_MAX);
+            st->lv = KERN_MUL(lim, nv);
+        }
     }
     st->first = xr; /* the sum starts as 0 + x, as the reference's, if a row joins */
     st->summed = 0;
@@ -216,7 +233,8 @@ K5 static int m5_sect(const struct kern_ext_ctx *c, const uint8_t *own, uint8_t 
     }
     const uint64_t tb = 2ull * H * D; /* a token's rows of a slab, in bytes */
     const uint8_t *pv = c->kmerge ? NULL : c->rawv;
-    __m512i bad = _mm512_setzero_si512();
+    __m512i bad = _mm512_setzero_si512(); /* the checked rows' magnitudes' bits, maximum */
+    int nf = 0;                           /* a distance or a norm not finite */
     for (uint32_t t = 0; t <= T; t++) {
         if (t + M5_AHEAD < T)
             for (uint64_t o = 0; o < tb; o += 64) {
@@ -225,9 +243,9 @@ K5 static int m5_sect(const struct kern_ext_ctx *c, const uint8_t *own, uint8_t 
                     _mm_prefetch((const char *)pv + (t + M5_AHEAD) * tb + o, _MM_HINT_T0);
             }
         for (uint32_t h = 0; h < H; h++)
-            m5_step(c, h, t, own, kern_merge_head(sect, lay, h), &st[h], lim, &bad);
+            m5_step(c, h, t, own, kern_merge_head(sect, lay, h), &st[h], lim, &bad, &nf);
     }
-    if (_mm512_cmpge_epu16_mask(bad, _mm512_set1_epi16(0x7c00)))
+    if (nf || _mm512_cmpge_epu16_mask(bad, _mm512_set1_epi16(0x7c00)))
         return 0;
     for (uint32_t h = 0; h < H; h++) {
         uint8_t *head = kern_merge_head(sect, lay, h);
