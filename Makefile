@@ -148,9 +148,9 @@ benches: $(BENCH_BINS) $(B)/bin/kvcsim
 .SECONDARY:
 
 # Per-file flags: AVX-512F carries the 512-bit FMA, which GCC contracts a product and a sum
-# into where the target allows it; kern_rot512.c, kern_kivi512.c and kern_lowrank512.c must
-# keep the reference's two roundings.
-file_cflags = $(if $(filter kernels/kern_rot512.c kernels/kern_kivi512.c kernels/kern_lowrank512.c,$(1)),-ffp-contract=off)
+# into where the target allows it; kern_rot512.c, kern_kivi512.c, kern_lowrank512.c and
+# kern_merge512.c must keep the reference's two roundings.
+file_cflags = $(if $(filter kernels/kern_rot512.c kernels/kern_kivi512.c kernels/kern_lowrank512.c kernels/kern_merge512.c,$(1)),-ffp-contract=off)
 
 $(B)/obj/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
@@ -394,12 +394,12 @@ FUZZ_CONFIG_SRCS := tests/fuzz/fuzz_config.c daemon/config.c daemon/config_ns.c 
 	$(wildcard policies/*.c)
 # The server target drives a real store and server (every daemon source but main.c) through
 # client connections; its seeds are tests/fuzz/corpus/server. The CPU codecs' vector files
-# (kern_avx2*.c, kern_rot*.c, kern_kivi512.c, kern_lowrank512.c) are built by the C compiler,
+# (kern_avx2*.c, kern_rot*.c, kern_*512.c) are built by the C compiler,
 # uninstrumented: clang wants an immediate where kern_avx2*.c pass a const int, and kern_rot.c's
 # unrolled AVX2 transforms take clang five minutes of CPU under the fuzzer's instrumentation;
 # the codecs' own suites run them under ASan+UBSan.
 FUZZ_PLAIN_SRCS := $(wildcard kernels/kern_avx2*.c) kernels/kern_rot.c kernels/kern_rot512.c \
-	kernels/kern_kivi512.c kernels/kern_lowrank512.c
+	kernels/kern_kivi512.c kernels/kern_lowrank512.c kernels/kern_merge512.c
 FUZZ_SERVER_SRCS := tests/fuzz/fuzz_server.c $(filter-out $(FUZZ_PLAIN_SRCS),$(LIBKVCD_SRCS))
 FUZZ_SERVER_CORPUS := tests/fuzz/corpus/server
 # The decoder's seeds: a request of the counted opcodes (HINT_HEADS and LOOKUP_BUDGET among

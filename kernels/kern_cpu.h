@@ -112,6 +112,11 @@ int kern_merge_enc(const struct kern_cpu_ops *ops, int is_v, const struct kern_e
                    uint8_t *sect);
 int kern_merge_dec(const struct kern_cpu_ops *ops, const struct kern_layout *lay,
                    const uint8_t *sect, void *raw, uint32_t out_dtype);
+/* A MERGE section encoded with AVX-512 (kern_merge512.c), where kern_rot512_on(): own the
+ * section's slab (c->rawk or c->rawv). 1: done, the same bytes as kern_merge.c's; 0: not done,
+ * a shape it does not take (fp16 with D a multiple of 32 only) or a row it read holds Inf or
+ * NaN (the caller encodes the section its own way); -ENOMEM. */
+int kern_merge512_sect(const struct kern_ext_ctx *c, const uint8_t *own, uint8_t *sect);
 /* Tokens a layer's MERGE plan joins past the threshold (UINT64_MAX: no memory). */
 uint64_t kern_merge_count_forced(const struct kern_ext_ctx *c);
 /* LOWRANK's key sections with AVX-512 (kern_lowrank512.c), where kern_rot512_on() says so.

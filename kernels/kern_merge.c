@@ -24,6 +24,7 @@
 #include "kernels/kern_ext.h"
 
 #define KT __attribute__((target("avx2,f16c")))
+#define MRG_AHEAD 4 /* tokens prefetched ahead of the one judged (mrg_sect_pass) */
 
 KT static inline __attribute__((always_inline)) __m256 mrg_load8(const struct kern_layout *lay,
                                                                  const uint8_t *raw, uint32_t t,
@@ -391,10 +392,21 @@ KT static __attribute__((always_inline)) inline int mrg_sect_pass(const struct k
         st[h].sum = st[h].sv + Dp;
     }
     __m128i bad = _mm_setzero_si128();
-    for (uint32_t t = 0; t <= T; t++)
+    /* the rows a few tokens ahead, V's too in the K pass (the V section reads them next): a
+     * token's rows are 2 KiB for 8 heads of 128, and the hardware prefetcher stops at a page */
+    const uint64_t tb = 2ull * H * D; /* a token's rows of a slab, in bytes */
+    const uint8_t *pv = c->kmerge ? NULL : c->rawv;
+    for (uint32_t t = 0; t <= T; t++) {
+        if (t + MRG_AHEAD < T)
+            for (uint64_t o = 0; o < tb; o += 64) {
+                _mm_prefetch((const char *)own + (t + MRG_AHEAD) * tb + o, _MM_HINT_T0);
+                if (pv)
+                    _mm_prefetch((const char *)pv + (t + MRG_AHEAD) * tb + o, _MM_HINT_T0);
+            }
         for (uint32_t h = 0; h < H; h++)
             mrg_step(c, h, t, own, kern_merge_head(sect, lay, h), &st[h], xk, xv, mean, clean,
                      &bad);
+    }
     if (!_mm_testz_si128(bad, bad))
         return 0;
     for (uint32_t h = 0; h < H; h++) {
@@ -446,6 +458,11 @@ int kern_merge_enc(const struct kern_cpu_ops *ops, int is_v, const struct kern_e
 {
     const int vec = ops != &kern_ref_ops;
     const uint8_t *own = is_v ? c->rawv : c->rawk;
+    if (vec && kern_rot512_on()) { /* with AVX-512 where the CPU has it (kern_merge512.c) */
+        const int rc = kern_merge512_sect(c, own, sect);
+        if (rc != 0)
+            return rc < 0 ? rc : 0;
+    }
     if (vec) {
         const size_t H = c->lay->heads, Dp = (c->lay->head_dim + 7) & ~7u;
         struct mrg_state *st = aligned_alloc(32, H * sizeof(*st)); /* holds __m256 */

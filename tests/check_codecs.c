@@ -306,6 +306,34 @@ START_TEST(test_signed_zeros_same_bytes)
 }
 END_TEST
 
+/* MERGE on outlier data (tokens apart: every head's rows fill, the last tokens are forced into
+ * the last run) with a NaN, then an Inf, in a forced token's key row and value row: the
+ * AVX-512 pass reads a forced key row only for its distance to the run's first (NaN or Inf
+ * there: the distance is not finite) and a value row only for the sum, and must find either
+ * and start again the sanitizing way. Every path gives the reference's bytes. */
+START_TEST(test_merge_forced_bad_row_same_bytes)
+{
+    const struct shape *sh = &shapes[(uint32_t)_i / NCODECS];
+    const uint32_t codec = codecs[(uint32_t)_i % NCODECS];
+    struct kern_layout lay = layout_of(sh);
+    if (codec != KERN_CODEC_MERGE || lay.tokens < 3)
+        return;
+    struct kern_recipe rec;
+    kern_recipe_fill(&rec, codec, codec, 0);
+    const uint16_t nan = lay.dtype == KERN_DTYPE_FP16 ? 0x7e00 : 0x7fc0;
+    const uint16_t inf = lay.dtype == KERN_DTYPE_FP16 ? 0xfc00 : 0xff80;
+    for (uint32_t k = 0; k < (lay.k_only ? 1u : 2u); k++)
+        for (int bad = 0; bad < 2; bad++) {
+            uint16_t *raw = make_data(&lay, DATA_OUTLIER, 170 + (uint64_t)_i);
+            ck_assert_uint_gt(kern_merge_forced(&lay, &rec, raw), 0);
+            raw[kern_raw_index(&lay, lay.layers - 1, k, lay.tokens - 1, lay.heads - 1) +
+                lay.head_dim - 1] = bad ? inf : nan;
+            free(same_bytes(&lay, &rec, raw));
+            free(raw);
+        }
+}
+END_TEST
+
 /* Keys of large magnitude (layer 0's scaled by 250: up to ~3000), and then rows of +-60000
  * with the signs of the rotation (token 0 and 1 of head 0: rotated, one channel reaches
  * ~680000 and is clamped): ROT's AVX2 encode skips its clamp only where the largest magnitude
@@ -905,6 +933,7 @@ static Suite *codecs_suite(void)
     tcase_add_loop_test(tc, test_paths_same_bytes, 0, (int)(NSHAPES * NCODECS));
     tcase_add_loop_test(tc, test_constant_heads_same_bytes, 0, (int)(NSHAPES * NCODECS));
     tcase_add_loop_test(tc, test_signed_zeros_same_bytes, 0, (int)(NSHAPES * NCODECS));
+    tcase_add_loop_test(tc, test_merge_forced_bad_row_same_bytes, 0, (int)(NSHAPES * NCODECS));
     tcase_add_loop_test(tc, test_rot_signed_zero_rows_same_bytes, 0, (int)(NSHAPES * NCODECS));
     tcase_add_loop_test(tc, test_large_keys_same_bytes, 0, (int)(NSHAPES * NCODECS));
     tcase_add_loop_test(tc, test_stats_same, 0, (int)(NSHAPES * NCODECS));
