@@ -73,8 +73,9 @@ int kern_rot_enc(const struct kern_cpu_ops *ops, uint32_t codec, const struct ke
 int kern_rot_dec(const struct kern_cpu_ops *ops, uint32_t codec, const struct kern_layout *lay,
                  const uint8_t *sect, void *raw, uint32_t out_dtype);
 /* ROT's K sections with AVX-512 (kern_rot512.c): kern_rot512_on() says whether that path,
- * LOWRANK's (kern_lowrank512.c) and KIVI's (kern_kivi512.c), is in use (the CPU has AVX-512 F, BW, VL, DQ and F16C
- * and the environment has no KVC_NO_AVX512 set to other than 0; read once);
+ * and LOWRANK's, KIVI's and MERGE's (kern_lowrank512.c, kern_kivi512.c, kern_merge512.c), is
+ * in use (the CPU has AVX-512 F, BW, VL, DQ and F16C and the environment has no
+ * KVC_NO_AVX512 set to other than 0; read once);
  * kern_rot512_dec() decodes a section and returns 1, or 0 for a head size it does not take
  * (then the AVX2 path). scratch: 2 * H * D floats. */
 int kern_rot512_on(void);
@@ -104,9 +105,9 @@ uint64_t kern_kivi512_enc_groups(int bits, const void *raw, uint32_t dtype, uint
  * NULL; the same bytes as the AVX2 encoder. 1, or 0 for a shape it does not take. */
 int kern_kivi512_enc_k(int bits, const void *raw, const struct kern_layout *lay, uint8_t *sect,
                        float *kmin, float *kmax, float *knorm);
-/* Tests: use the AVX-512 ROT, KIVI and LOWRANK paths (kern_rot512.c, kern_kivi512.c,
- * kern_lowrank512.c; on, the default where the CPU has them) or the AVX2 ones (0); returns the
- * previous setting. Not thread-safe against running codecs. */
+/* Tests: use the AVX-512 ROT, KIVI, LOWRANK and MERGE paths (kern_rot512.c, kern_kivi512.c,
+ * kern_lowrank512.c, kern_merge512.c; on, the default where the CPU has them) or the AVX2
+ * ones (0); returns the previous setting. Not thread-safe against running codecs. */
 int kern_rot_avx512(int on);
 int kern_merge_enc(const struct kern_cpu_ops *ops, int is_v, const struct kern_ext_ctx *c,
                    uint8_t *sect);
