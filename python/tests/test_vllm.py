@@ -462,6 +462,30 @@ def test_hybrid_groups_save_and_load_per_group(setup, daemon):
     assert (st["saved_blocks_g0"], st["saved_blocks_g1"]) == (7, 7)
 
 
+def test_hybrid_window_load_skips_the_null_blocks(setup, daemon):
+    """A 33-token window over 16-token blocks: kvcd's window of a 6-block prefix is its last
+    3 blocks (ceil(33 / 16)), while vLLM keeps only the last 2 (the query after token 96
+    sees tokens 64..96) and gives blocks 0-3 the null block. The load writes blocks 4 and 5
+    only: a load from the window's first block would write block 3's KV into the null
+    block, which the worker counts as wrong."""
+    s = setup(groups=[((0, 2), 0), ((1, 3), 33)])
+    a = prompt(100, seed=31)
+    s.run(Request("A", a))
+    check_saved(daemon, s, 1, a, 6, [3, 4, 5])  # kvcd's window: 3 blocks
+    b = prompt(120, seed=32, prefix=a[:96])
+    req_b = Request("B", b)
+    outs = s.run(req_b)
+    (out, kv_out) = outs[0]
+    assert req_b.num_external_computed_tokens == 96
+    [load] = out.kv_connector_metadata.loads
+    full_ids, win_ids = load.group_block_ids
+    assert win_ids[:4] == [0, 0, 0, 0] and 0 not in win_ids[4:]
+    st = s.stats[0]
+    assert (st["loaded_blocks_g0"], st["loaded_blocks_g1"]) == (6, 2)
+    assert not kv_out.invalid_block_ids and s.wrong == 0
+    check_kv(s, "B", 120)
+
+
 def test_hybrid_window_missing_a_block_shortens_the_match(setup, daemon):
     """The full-attention group holds 6 blocks of a prefix, the window group only blocks
     0-3 (its namespace evicted, then a 4-block prompt stored them again): the 6-block

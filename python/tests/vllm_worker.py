@@ -37,6 +37,7 @@ def main():
               for n in names}
     conn.register_kv_caches(caches)
     reqs = {}  # req_id -> dict(tokens, blocks: a list per KV cache group)
+    hybrid = bool(group_of_layers(p))
     layer_group = group_of_layers(p) or {i: (0, 0) for i in range(len(names))}
     send(outp, "ready")
     while True:
@@ -70,9 +71,15 @@ def main():
         conn.handle_preemptions(out.kv_connector_metadata)
         conn.start_load_kv(ForwardContext())
         wrong_at = []  # blocks of tokens attention read with wrong KV
+        null_loaded = 0  # layers whose null block a load wrote
         for li, name in enumerate(names):
             if layer_hooks:
                 conn.wait_for_layer_load(name)
+            # A hybrid setup's block 0 is vLLM's null block (the positions a window no
+            # longer sees, never read): a load must not write it. Each layer where the
+            # step's loads did counts as wrong (the model's own writes come after this).
+            if hybrid and caches[name][:, 0].any():
+                null_loaded += 1
             gi, window = layer_group[li]
             for rid, n in out.num_scheduled_tokens.items():
                 r, start = reqs[rid], starts[rid]
@@ -94,7 +101,10 @@ def main():
         # Sync loads report their failures in the same step; vLLM then discards the step's
         # work of those requests: what attention read there does not count.
         failed = conn.get_block_ids_with_load_errors()
-        wrong = sum(b not in failed for b in wrong_at)
+        wrong = sum(b not in failed for b in wrong_at) + null_loaded
+        if hybrid:  # what the model wrote there (a recompute's early positions): cleared
+            for name in names:
+                caches[name][:, 0] = 0
         kv_out = KVConnectorOutput(finished_sending=sending, finished_recving=recving,
                                    invalid_block_ids=set(failed))
         kv_out.kv_connector_stats = conn.get_kv_connector_stats()
