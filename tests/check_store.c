@@ -292,6 +292,29 @@ START_TEST(test_watermarks_trim)
 }
 END_TEST
 
+/* A store of 4,096 blocks (256 MiB of 64 KiB) ranking with `policy`, filled by 64 chains of
+ * 64 with no trim, then its watermarks set to 0.9 / 0.05: the next trim's band is ~3,500
+ * blocks. */
+static void trim_band_setup(struct store_owner *o, enum policy_kind policy)
+{
+    struct store_params p = s->p;
+    struct kvc_wire_layout l = layout_fp16("m", 2, 0);
+    bool created;
+    teardown();
+    p.host_size = 256u << 20; /* 4,096 blocks */
+    p.policy = policy;
+    p.high_watermark = 1.0;
+    p.low_watermark = 0.9;
+    s = store_fixture_new(&p, NULL);
+    ck_assert_int_eq(store_ns_open(s, &l, &ns, &created), 0);
+    store_owner_init(o);
+    for (uint32_t c = 0; c < 64; c++)
+        ck_assert_int_eq(put(o, 1000 + c, 64, 0, c + 1), 64);
+    p.high_watermark = 0.9;
+    p.low_watermark = 0.05;
+    store_reload(s, &p);
+}
+
 /* A trim of a band larger than a few hundred blocks stops at its time budget (200 us, after
  * its first 256 actions) above the low watermark and says so (trim_more), so no request
  * waits behind the whole band; the trims after go on from there, below the high watermark,
@@ -299,20 +322,8 @@ END_TEST
 START_TEST(test_trim_budget)
 {
     struct store_owner o;
-    struct store_params p = s->p;
-    struct kvc_wire_layout l = layout_fp16("m", 2, 0);
-    bool created;
     int first, n, rounds = 0;
-    teardown();
-    p.host_size = 256u << 20; /* 4,096 blocks */
-    s = store_fixture_new(&p, NULL);
-    ck_assert_int_eq(store_ns_open(s, &l, &ns, &created), 0);
-    store_owner_init(&o);
-    for (uint32_t c = 0; c < 64; c++)
-        ck_assert_int_eq(put(&o, 1000 + c, 64, 0, c + 1), 64);
-    p.high_watermark = 0.9;
-    p.low_watermark = 0.05;
-    store_reload(s, &p);
+    trim_band_setup(&o, POLICY_LRU);
     first = engine_trim(s, 100);
     ck_assert_int_ge(first, 256);
     ck_assert_int_lt(first, 3500);
@@ -343,20 +354,8 @@ static bool yield_when(void *arg)
 START_TEST(test_trim_yields_to_requests)
 {
     struct store_owner o;
-    struct store_params p = s->p;
-    struct kvc_wire_layout l = layout_fp16("m", 2, 0);
-    bool created;
     int first, n, rounds = 0;
-    teardown();
-    p.host_size = 256u << 20; /* 4,096 blocks */
-    s = store_fixture_new(&p, NULL);
-    ck_assert_int_eq(store_ns_open(s, &l, &ns, &created), 0);
-    store_owner_init(&o);
-    for (uint32_t c = 0; c < 64; c++)
-        ck_assert_int_eq(put(&o, 1000 + c, 64, 0, c + 1), 64);
-    p.high_watermark = 0.9;
-    p.low_watermark = 0.05;
-    store_reload(s, &p);
+    trim_band_setup(&o, POLICY_LRU);
     s->trim_yield = yield_when;
     yield_calls = 0;
     yield_after = 2; /* nothing waits at the first check, a request at the second */
@@ -385,18 +384,7 @@ START_TEST(test_trim_yields_to_requests)
     store_owner_fini(s, &o);
     /* The policy engine's trim (rounds that may act on several blocks) stops the same way,
      * at its first check past 16 actions. */
-    teardown();
-    p.policy = POLICY_DEFAULT;
-    p.high_watermark = 1.0;
-    p.low_watermark = 0.9;
-    s = store_fixture_new(&p, NULL);
-    ck_assert_int_eq(store_ns_open(s, &l, &ns, &created), 0);
-    store_owner_init(&o);
-    for (uint32_t c = 0; c < 64; c++)
-        ck_assert_int_eq(put(&o, 1000 + c, 64, 0, c + 1), 64);
-    p.high_watermark = 0.9;
-    p.low_watermark = 0.05;
-    store_reload(s, &p);
+    trim_band_setup(&o, POLICY_DEFAULT);
     ck_assert(store_policy_engine(s));
     s->trim_yield = yield_when;
     yield_calls = 0;
