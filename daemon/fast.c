@@ -197,6 +197,11 @@ void fast_index_stats_get(const struct fast_index *fi, struct fast_index_stats *
     st->moves = fi->moves;
 }
 
+bool fast_index_lost_any(const struct fast_index *fi)
+{
+    return fi->full != 0;
+}
+
 static bool fast_ent_is(const struct kvc_fast_ent *e, uint16_t ns, const struct kvc_wire_key *k)
 {
     return e->klo == k->lo && e->khi == k->hi && e->ns == ns && (k->lo | k->hi);

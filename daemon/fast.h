@@ -54,6 +54,9 @@ uint32_t *fast_index_gens(struct fast_index *fi);
 int fast_index_fd_ro(const struct fast_index *fi);
 uint64_t fast_index_bytes(const struct fast_index *fi);
 void fast_index_stats_get(const struct fast_index *fi, struct fast_index_stats *st);
+/* Whether a publication ever found no room (stats' full): until then every block published
+ * has its entry, so republishing an unchanged block (a touch) would find it as it is. */
+bool fast_index_lost_any(const struct fast_index *fi);
 
 /* Publishes (or updates) the block of namespace ns under key k at off, stored in format in a
  * slot of len bytes; its generation is the slot's now. */

@@ -128,10 +128,10 @@ void index_block_delete(struct index *ix, uint32_t idx)
 }
 
 /* The block of (ns, key) or INDEX_NONE, uncounted: index_insert's probe for a duplicate. */
-static uint32_t index_probe(struct index *ix, uint16_t ns, const struct kvc_wire_key *key)
+static uint32_t index_probe_hashed(struct index *ix, uint16_t ns, const struct kvc_wire_key *key,
+                                   uint64_t h)
 {
     uint32_t mask = ix->nslots - 1;
-    uint64_t h = index_hash(ix, ns, key);
     uint32_t tag = index_tag(ix->ibits, h);
     uint32_t tmask = ix->ibits >= 32 ? 0 : ~((1u << ix->ibits) - 1);
     for (uint32_t s = (uint32_t)h & mask;; s = (s + 1) & mask) {
@@ -147,10 +147,56 @@ static uint32_t index_probe(struct index *ix, uint16_t ns, const struct kvc_wire
     }
 }
 
+static uint32_t index_probe(struct index *ix, uint16_t ns, const struct kvc_wire_key *key)
+{
+    return index_probe_hashed(ix, ns, key, index_hash(ix, ns, key));
+}
+
 uint32_t index_find(struct index *ix, uint16_t ns, const struct kvc_wire_key *key)
 {
     ix->finds++;
     return index_probe(ix, ns, key);
+}
+
+/* keys[j] hashed, and its home slot on its way into the cache. */
+static void index_ahead_hash(struct index_ahead *a, const struct index *ix, uint32_t j)
+{
+    uint64_t h = index_hash(ix, a->ns, &a->keys[j]);
+    a->h[j % INDEX_AHEAD_RING] = h;
+    __builtin_prefetch(&ix->slots[(uint32_t)h & (ix->nslots - 1)]);
+}
+
+void index_ahead_init(struct index_ahead *a, const struct index *ix, uint16_t ns,
+                      const struct kvc_wire_key *keys, uint32_t n)
+{
+    a->keys = keys;
+    a->n = n;
+    a->ns = ns;
+    a->hashed = 0;
+    while (a->hashed < n && a->hashed < 2 * INDEX_AHEAD)
+        index_ahead_hash(a, ix, a->hashed++);
+}
+
+uint32_t index_ahead_find(struct index_ahead *a, struct index *ix, uint32_t i)
+{
+    uint32_t mask = ix->nslots - 1;
+    /* Slots 2 x INDEX_AHEAD keys ahead; then, for the key INDEX_AHEAD ahead, whose slot has
+     * had that long to arrive, the block its home slot names (the first slot is where a
+     * key sits in all but a few probes at the map's load). */
+    while (a->hashed < a->n && a->hashed <= i + 2 * INDEX_AHEAD)
+        index_ahead_hash(a, ix, a->hashed++);
+    uint32_t j = i + INDEX_AHEAD;
+    if (j < a->hashed) {
+        uint64_t h = a->h[j % INDEX_AHEAD_RING];
+        uint32_t v = ix->slots[(uint32_t)h & mask];
+        uint32_t tmask = ix->ibits >= 32 ? 0 : ~((1u << ix->ibits) - 1);
+        if (v && (v & tmask) == index_tag(ix->ibits, h))
+            __builtin_prefetch(&ix->blocks[index_slot_idx(ix, v)]);
+    }
+    ix->finds++;
+    if (i >= a->hashed || i + INDEX_AHEAD_RING < a->hashed)
+        return index_probe(ix, a->ns, &a->keys[i]); /* not in the ring: asked out of order */
+    return index_probe_hashed(ix, a->ns, &a->keys[i], a->h[i % INDEX_AHEAD_RING]);
 }
 
 static void index_place(uint32_t *slots, uint32_t nslots, uint32_t h, uint32_t v)

@@ -114,6 +114,41 @@ END_TEST
 /* index_reserve: the map sized once for what is coming, so filling a pool of that many
  * blocks rebuilds it no more (each rebuild is O(entries) on the daemon's loop), every block
  * still found; without it the same fill rebuilds it at every doubling. */
+/* A lookup's probes a few keys ahead (index_ahead_find) resolve every key as index_find
+ * does — present and absent keys, runs longer than its ring of hashes, a key asked out of
+ * order — and count one find a key resolved, none for the keys only looked ahead at. */
+START_TEST(test_ahead_matches_find)
+{
+    enum { N = 4000, Q = 300 };
+    struct index ix;
+    struct kvc_wire_key q[Q];
+    unsigned seed = 777;
+    ck_assert_int_eq(index_init(&ix, 64), 0);
+    for (uint64_t k = 0; k < N; k += 2)
+        add(&ix, 1, k); /* even keys present, odd ones absent */
+    for (uint32_t n = 1; n <= Q; n = n * 3 + 1) {
+        for (uint32_t i = 0; i < n; i++)
+            q[i] = key_of((uint64_t)rand_r(&seed) % N);
+        struct index_ahead a;
+        uint64_t finds0 = ix.finds;
+        uint32_t upto = n > 5 ? n - 5 : n; /* a caller that stops early (a miss ends a run) */
+        index_ahead_init(&a, &ix, 1, q, n);
+        for (uint32_t i = 0; i < upto; i++) {
+            uint32_t want = index_find(&ix, 1, &q[i]);
+            ck_assert_uint_eq(index_ahead_find(&a, &ix, i), want);
+            ck_assert_uint_eq(want == INDEX_NONE, q[i].hi % 2 == 1);
+        }
+        ck_assert_uint_eq(ix.finds - finds0, 2ull * upto);
+        if (n > INDEX_AHEAD_RING + 2) /* long out of the ring: asked again, still right */
+            ck_assert_uint_eq(index_ahead_find(&a, &ix, 0), index_find(&ix, 1, &q[0]));
+        struct kvc_wire_key other = q[0]; /* the same key in another namespace: a miss */
+        index_ahead_init(&a, &ix, 2, &other, 1);
+        ck_assert_uint_eq(index_ahead_find(&a, &ix, 0), INDEX_NONE);
+    }
+    index_fini(&ix);
+}
+END_TEST
+
 START_TEST(test_reserve_no_rebuilds)
 {
     enum { N = 300000 };
@@ -170,6 +205,7 @@ int main(void)
     tcase_add_test(tc, test_random_against_model);
     tcase_add_test(tc, test_probe_reads_matching_blocks_only);
     tcase_add_test(tc, test_metadata_per_block);
+    tcase_add_test(tc, test_ahead_matches_find);
     tcase_add_test(tc, test_reserve_no_rebuilds);
     suite_add_tcase(s, tc);
     return daemon_suite_run(s);

@@ -678,6 +678,21 @@ mutation index-reserve-skipped daemon/store.c "check_store" \
 '    store_index_reserve(s);' \
 '    (void)store_index_reserve;'
 
+# Issue 26/32: a hit's touch republishes its unchanged entry in the shared index again (a
+# probe of the index a hit, after the reply); or never retries a block the index once had no
+# room for.
+mutation touch-republishes daemon/store.c "check_store" \
+'    if (!s->fast_keep || (fi && fast_index_lost_any(fi)))' \
+'    if (fi || !s->fast_keep)'
+mutation touch-never-retries daemon/store.c "check_store" \
+'    if (!s->fast_keep || (fi && fast_index_lost_any(fi)))' \
+'    if (!s->fast_keep || (fi && false))'
+
+# A lookup's probes ahead resolve a key with the hash of the key after it.
+mutation index-ahead-wrong-hash daemon/index.c "check_index" \
+'    return index_probe_hashed(ix, a->ns, &a->keys[i], a->h[i % INDEX_AHEAD_RING]);' \
+'    return index_probe_hashed(ix, a->ns, &a->keys[i], a->h[(i + 1) % INDEX_AHEAD_RING]);'
+
 # Issue 26: a lookup's policy work kept past its reply is never applied by the server (the
 # tuner and the hits' accesses wait for the next lookup).
 mutation post-flush-after-reply daemon/server_dispatch.c "check_e2e_gpu_fake" \
