@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/random.h>
 #include <xxhash.h>
 
@@ -54,6 +55,14 @@ static bool index_match(const struct block *b, uint16_t ns, const struct kvc_wir
     return b->ns == ns && b->key.lo == k->lo && b->key.hi == k->hi;
 }
 
+void index_huge_pages(void *p, size_t bytes)
+{
+    const uintptr_t huge = 2u << 20;
+    uintptr_t a = ((uintptr_t)p + huge - 1) & ~(huge - 1), e = ((uintptr_t)p + bytes) & ~(huge - 1);
+    if (p && e > a)
+        (void)madvise((void *)a, e - a, MADV_HUGEPAGE);
+}
+
 int index_init(struct index *ix, uint32_t initial)
 {
     memset(ix, 0, sizeof(*ix));
@@ -63,6 +72,8 @@ int index_init(struct index *ix, uint32_t initial)
     while (ix->nslots < ix->cap * 2)
         ix->nslots <<= 1;
     ix->slots = calloc(ix->nslots, sizeof(*ix->slots));
+    index_huge_pages(ix->blocks, (size_t)ix->cap * sizeof(*ix->blocks));
+    index_huge_pages(ix->slots, (size_t)ix->nslots * sizeof(*ix->slots));
     ix->ibits = index_ibits(ix->cap);
     ix->free_head = INDEX_NONE;
     if (getrandom(&ix->seed, sizeof(ix->seed), 0) != sizeof(ix->seed))
@@ -103,6 +114,7 @@ int index_block_new(struct index *ix, uint32_t *idx)
             nb = realloc(ix->blocks, (size_t)ncap * sizeof(*nb));
             if (!nb)
                 return -ENOMEM;
+            index_huge_pages(nb, (size_t)ncap * sizeof(*nb));
             ix->blocks = nb;
             ix->cap = ncap;
         }
@@ -214,6 +226,7 @@ static int index_rebuild(struct index *ix, uint32_t n, uint32_t ibits)
     uint32_t *ns = calloc(n, sizeof(*ns));
     if (!ns)
         return -ENOMEM;
+    index_huge_pages(ns, (size_t)n * sizeof(*ns));
     for (uint32_t s = 0; s < ix->nslots; s++) {
         uint32_t v = ix->slots[s];
         if (v) {
@@ -239,9 +252,23 @@ int index_reserve(struct index *ix, uint32_t n)
     while (cap < n && cap < (1u << 31)) /* the pool doubles: the size it will have */
         cap <<= 1;
     uint32_t ibits = index_ibits(cap) > ix->ibits ? index_ibits(cap) : ix->ibits;
-    if (nslots == ix->nslots && ibits == ix->ibits)
-        return 0;
-    return index_rebuild(ix, nslots, ibits);
+    if (nslots != ix->nslots || ibits != ix->ibits) {
+        int rc = index_rebuild(ix, nslots, ibits);
+        if (rc)
+            return rc;
+    }
+    /* The pool at that size too, its pages untouched until blocks come (they count in the
+     * daemon's memory as they are used), so all of it can be on huge pages: grown by
+     * doubling, the part already used stays on small ones. */
+    if (cap > ix->cap) {
+        struct block *nb = realloc(ix->blocks, (size_t)cap * sizeof(*nb));
+        if (!nb)
+            return -ENOMEM;
+        index_huge_pages(nb, (size_t)cap * sizeof(*nb));
+        ix->blocks = nb;
+        ix->cap = cap;
+    }
+    return 0;
 }
 
 static int index_grow(struct index *ix)

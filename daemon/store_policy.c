@@ -125,6 +125,7 @@ static struct store_meta *store_meta_at(struct store *s, uint32_t idx)
         struct store_meta *m = realloc(s->meta, (size_t)n * sizeof(*m));
         if (!m)
             return NULL;
+        index_huge_pages(m, (size_t)n * sizeof(*m));
         memset(m + s->nmeta, 0, (size_t)(n - s->nmeta) * sizeof(*m));
         s->meta = m;
         s->nmeta = (uint32_t)n;
@@ -142,6 +143,7 @@ static struct store_meta_x *store_meta_x_at(struct store *s, uint32_t idx)
         struct store_meta_x *m = realloc(s->meta_x, (size_t)n * sizeof(*m));
         if (!m)
             return NULL;
+        index_huge_pages(m, (size_t)n * sizeof(*m));
         memset(m + s->nmeta_x, 0, (size_t)(n - s->nmeta_x) * sizeof(*m));
         s->meta_x = m;
         s->nmeta_x = (uint32_t)n;
@@ -159,6 +161,7 @@ static uint32_t *store_rpos_at(struct store *s, uint32_t idx)
         uint32_t *r = realloc(s->rpos, (size_t)n * sizeof(*r));
         if (!r)
             return NULL;
+        index_huge_pages(r, (size_t)n * sizeof(*r));
         memset(r + s->nrpos, 0, (size_t)(n - s->nrpos) * sizeof(*r));
         s->rpos = r;
         s->nrpos = (uint32_t)n;
@@ -294,6 +297,7 @@ static int store_heap_in(struct store *s, struct store_heap *h, const struct sto
         struct store_heap_ent *a = realloc(h->a, (size_t)n * sizeof(*a));
         if (!a)
             return -ENOMEM;
+        index_huge_pages(a, (size_t)n * sizeof(*a));
         h->a = a;
         h->cap = n;
     }
