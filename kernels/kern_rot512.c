@@ -5,12 +5,14 @@
  * DESIGN
  * Decode: the same rows, operations and order as rot_dec_fused() of kern_rot.c (AVX2), on
  * sixteen lanes: a (token, head) row of D channels (32 .. 256) is D / 16 registers; a group's
- * codes find their values (q * scale + min, computed once per group) by a permute; the
- * butterfly's stages of strides 1, 2, 4 and 8 run inside each register (the partner by a
- * permute, the upper lane of each pair negated, one addition: the reference's a + b and
- * a - b), those of 16 and more between registers; then y * (c with the channel's sign) + mean
- * per channel, stored as fp16 or bf16. Twice the lanes and half the instructions of the AVX2
- * row. Encode: rot_enc_tok8() of kern_rot.c with sixteen tokens in the lanes instead of eight
+ * codes find their values (q * scale + min, computed once per group) by a permute, which also
+ * lays them out for the butterfly: the group's even channels in one register, its odd ones in
+ * the next, so the stage of stride 1 is between the two; the stages of strides 2, 4, 8 and 16
+ * each exchange a lane bit with the pair's register bit (two shuffles, an addition and a
+ * subtraction for two registers: the reference's a + b and a - b), which leaves the channels
+ * in order, and those of 32 and more are between registers; then y * (c with the channel's
+ * sign) + mean per channel, stored as fp16 or bf16. Two rows are decoded side by side: a
+ * row's steps form one long chain, and the core overlaps two. Encode: rot_enc_tok8() of kern_rot.c with sixteen tokens in the lanes instead of eight
  * (every butterfly stage between whole registers, the groups' extremes and parameters
  * lane-wise; the groups' code in kern_kivi512.h, shared with KIVI's value encoder), for the
  * blocks of sixteen tokens a section has; kern_rot.c computes the means and signs first and
@@ -165,7 +167,7 @@ K5I void rot_xstage16(__m512 *a, __m512 *b, const int lb)
  * 2g + b holds channels 32g + 2i + b (lane i). Stage 1 (channel bit 0) is between the pair's
  * two registers; the stages of channel bits 1 .. 4, in lane bits 0 .. 3, exchange each with
  * the pair's register bit (rot_xstage16), which leaves channel bit k in lane bit k: register j
- * then holds channels 16j .. 16j + 15 in order, and the stages of 16 and more are between
+ * then holds channels 16j .. 16j + 15 in order, and the stages of 32 and more are between
  * registers. Every stage's pairs and operations are the reference's (kern_fwht), in its
  * order of stages. */
 K5I void rot_fwht16(__m512 *r, const uint32_t nv, const uint32_t nr)
