@@ -12,10 +12,11 @@
  * subtraction for two registers: the reference's a + b and a - b), which leaves the channels
  * in order, and those of 32 and more are between registers; then y * (c with the channel's
  * sign) + mean per channel, stored as fp16 or bf16. Two rows are decoded side by side: a
- * row's steps form one long chain, and the core overlaps two. Encode: rot_enc_tok8() of kern_rot.c with sixteen tokens in the lanes instead of eight
- * (every butterfly stage between whole registers, the groups' extremes and parameters
- * lane-wise; the groups' code in kern_kivi512.h, shared with KIVI's value encoder), for the
- * blocks of sixteen tokens a section has; kern_rot.c computes the means and signs first and
+ * row's steps form one long chain, and the core overlaps two. Encode: rot_enc_tok8() of
+ * kern_rot.c with sixteen tokens in the lanes instead of eight (every butterfly stage between
+ * whole registers, the groups' extremes and parameters lane-wise; the groups' code in
+ * kern_kivi512.h, shared with KIVI's value encoder), for the blocks of sixteen tokens a
+ * section has; kern_rot.c computes the means and signs first and
  * encodes the rest. The target has no separate FMA flag, but AVX-512F
  * brings the 512-bit FMA: the file is built with -ffp-contract=off (Makefile), so a product
  * and a sum the reference rounds twice stay two roundings (check_codecs fails without it).
@@ -128,7 +129,8 @@ K5I void rot_group_dec16(const uint8_t *blk, __m512 *e, __m512 *o, const int bit
         uint64_t w;
         memcpy(&w, blk + 4, 8);
         const __m512i i = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-        const __m512i sh = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
+        const __m512i sh =
+            _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
         const __m512i z = _mm512_srlv_epi32(
             _mm512_permutexvar_epi32(i, _mm512_castsi128_si512(_mm_cvtsi64_si128((long long)w))),
             sh);
