@@ -50,6 +50,19 @@ mutation kivi512-k2-high-bit kernels/kern_kivi512.c "check_kernels check_codecs"
 '    const __m512i b1 = _mm512_add_epi16(b0, b0);' \
 '    const __m512i b1 = b0;'
 
+# The AVX-512 ROT key decoder (issue 30): the butterfly stage of channel bit 2, an exchange
+# between a pair's registers, takes its second half with the registers' roles swapped, so
+# each channel meets the wrong partner. Only a CPU with AVX-512 runs that decoder.
+mutation rot512-exchange-partner kernels/kern_rot512.c "check_codecs" \
+'        y = _mm512_shuffle_ps(*a, *b, 0xee);' \
+'        y = _mm512_shuffle_ps(*b, *a, 0xee);'
+
+# The same decoder's rows two at a time: the second row takes the first row's head for its
+# signs and means (rows of different heads side by side decode wrongly).
+mutation rot512-pair-head kernels/kern_rot512.c "check_codecs" \
+'            const uint32_t h = (uint32_t)((row + k) % H);' \
+'            const uint32_t h = (uint32_t)(row % H);'
+
 # The batched decoder's ROT rows, transformed across the lanes of a head row: the upper lane
 # of a cross-lane butterfly keeps b - a instead of a - b.
 mutation rot-lanes-butterfly-sign kernels/kern_batch.h "check_pack" \
