@@ -143,7 +143,6 @@ static struct store_meta_x *store_meta_x_at(struct store *s, uint32_t idx)
         struct store_meta_x *m = realloc(s->meta_x, (size_t)n * sizeof(*m));
         if (!m)
             return NULL;
-        index_huge_pages(m, (size_t)n * sizeof(*m));
         memset(m + s->nmeta_x, 0, (size_t)(n - s->nmeta_x) * sizeof(*m));
         s->meta_x = m;
         s->nmeta_x = (uint32_t)n;
@@ -161,7 +160,6 @@ static uint32_t *store_rpos_at(struct store *s, uint32_t idx)
         uint32_t *r = realloc(s->rpos, (size_t)n * sizeof(*r));
         if (!r)
             return NULL;
-        index_huge_pages(r, (size_t)n * sizeof(*r));
         memset(r + s->nrpos, 0, (size_t)(n - s->nrpos) * sizeof(*r));
         s->rpos = r;
         s->nrpos = (uint32_t)n;
