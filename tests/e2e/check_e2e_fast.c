@@ -679,6 +679,7 @@ START_TEST(test_fast_ring_steps)
     for (uint32_t i = 0; i < 2000; i++)
         e[(head + i) % KVC_FAST_RING_ENTS] = t[i % 4];
     __atomic_store_n(&r->head, head + 2000, __ATOMIC_RELEASE);
+    kvci_fast_bell(c); /* as libkvc does after it writes */
     ck_assert_int_eq(daemon_client_stat(c, 0, "fast_hits", &fast), 0);
     ck_assert_uint_le(fast - fast0, 64);
     fp_settle(c, fast0 + 2000, &fast, &dropped);
@@ -703,6 +704,7 @@ static void fp_ring_fill(kvc_client *c, uint32_t n)
     for (uint32_t i = 0; i < n; i++)
         e[(head + i) % KVC_FAST_RING_ENTS] = t[i % 4];
     __atomic_store_n(&r->head, head + n, __ATOMIC_RELEASE);
+    kvci_fast_bell(c);
 }
 
 /* A client over its rate never waits for it: 1,000 SYNCs, each after half a ring of hits
