@@ -1,6 +1,6 @@
 /*
  * fast.h — the daemon's side of the fast path (client/kvc_fast.h): the shared index of one
- * host arena, and a connection's hit ring.
+ * host arena, a connection's hit ring, and the bell of a uid's rings.
  *
  * DESIGN
  * The index lives in a memfd of mode 0600, mapped read-write by the daemon and then sealed
