@@ -53,8 +53,9 @@
  * - The bell. So that a pass costs what the rings with entries cost, not a look at every
  *   connection's ring (a cache miss each, in a page of its own: at 1,024 connections the
  *   loop's largest cost of its own), a client sets its connection's bit in its uid's bell
- *   after it advances its head (kvc_fast_bell_ring), and a pass looks only at the rings whose
- *   bits it found set (clearing them) and at those it left unread. The bell is one memfd per
+ *   after it advances its head, unless the daemon has still to read what it wrote before
+ *   (kvc_fast_bell_ring), and a pass looks only at the rings whose bits it found set
+ *   (clearing them) and at those it has not read empty. The bell is one memfd per
  *   uid (FAST_ATTACH BELL; the bit is in the ring's header), shared only by that uid's
  *   connections, which trust each other already (one can ptrace another): a client that sets
  *   bits at random costs the daemon at most a look at each of its uid's rings, as every pass
@@ -141,13 +142,21 @@ _Static_assert(sizeof(struct kvc_fast_ring) == 64, "fast ring header layout");
 #define KVC_FAST_BELL_BITS 65536u
 #define KVC_FAST_BELL_BYTES (KVC_FAST_BELL_BITS / 8u)
 
-/* After the ring's head is stored: sets the connection's bit unless it is set already. The
- * fence orders the head before the look at the bit, as the daemon's fence orders its clear
- * of the bit before its look at the head: one of the two sees the other's store. */
-static inline void kvc_fast_bell_ring(uint64_t *bell, uint32_t bit)
+/* After ring r's head moved on from `was` (stored): sets the connection's bit unless the
+ * daemon has still to read entries written before `was` (it looks at the ring until it has
+ * read it empty) or the bit is set already. Most calls of a busy client stop at the first
+ * test, without touching the bell, which the uid's other connections write too. The fence
+ * orders the head before the looks at tail and bit, as the daemon's fences order its store
+ * of tail and its clear of the bit before its look at the head: of each pair, one side sees
+ * the other's store, so a ring the daemon read empty and stopped looking at has its bit
+ * set again. */
+static inline void kvc_fast_bell_ring(const struct kvc_fast_ring *r, uint64_t was, uint64_t *bell,
+                                      uint32_t bit)
 {
     uint64_t *w = bell + bit / 64, m = 1ull << (bit % 64);
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&r->tail, __ATOMIC_RELAXED) != was)
+        return;
     if (!(__atomic_load_n(w, __ATOMIC_RELAXED) & m))
         __atomic_fetch_or(w, m, __ATOMIC_RELAXED);
 }

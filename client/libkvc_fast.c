@@ -185,10 +185,10 @@ void kvci_fast_fini(kvc_client *c)
         munmap(c->bell, KVC_FAST_BELL_BYTES);
 }
 
-void kvci_fast_bell(kvc_client *c)
+void kvci_fast_bell(kvc_client *c, uint64_t was)
 {
-    if (c->bell)
-        kvc_fast_bell_ring(c->bell, c->bell_bit);
+    if (c->bell && c->ring->head != was)
+        kvc_fast_bell_ring(c->ring, was, c->bell, c->bell_bit);
 }
 
 bool kvci_fast_unread(const kvc_client *c)
@@ -257,7 +257,7 @@ static void kvc_fast_record(kvc_client *c, struct kvc_fast_hit *rec, size_t n)
     pthread_mutex_lock(&c->mu);
     struct kvc_fast_ring *r = c->ring;
     struct kvc_fast_hit *ents = (struct kvc_fast_hit *)(r + 1);
-    uint64_t head = r->head;
+    uint64_t head = r->head, was = head;
     uint64_t tail = __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE);
     if (head - tail + n > KVC_FAST_RING_ENTS / 2 && !c->dead &&
         kvc_fast_attach_call(c, KVC_FAST_SYNC, 0, NULL, NULL) == 0)
@@ -271,7 +271,7 @@ static void kvc_fast_record(kvc_client *c, struct kvc_fast_hit *rec, size_t n)
         head++;
     }
     __atomic_store_n(&r->head, head, __ATOMIC_RELEASE);
-    kvci_fast_bell(c);
+    kvci_fast_bell(c, was);
     pthread_mutex_unlock(&c->mu);
 }
 

@@ -226,8 +226,9 @@ size_t kvci_fast_get(kvc_ns *ns, const struct kvc_key *keys, size_t n, void *con
 /* Resolves one key through the index (benchmarks): 1 with where its stored bytes are now
  * (valid until the daemon reuses the slot: copy them, then check), 0 when not there. */
 int kvci_fast_resolve(kvc_ns *ns, const struct kvc_key *k, const void **data, size_t *len);
-/* Tells the daemon the hit ring has entries (its bit in the bell), after head moved. */
-void kvci_fast_bell(kvc_client *c);
+/* Tells the daemon the hit ring has entries (kvc_fast_bell_ring), after head moved on from
+ * `was`. */
+void kvci_fast_bell(kvc_client *c, uint64_t was);
 /* Whether the hit ring holds hits the daemon has not read yet. */
 bool kvci_fast_unread(const kvc_client *c);
 /* Asks the daemon to read the ring (FAST_ATTACH SYNC, answered once it did) so that the hits

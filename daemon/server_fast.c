@@ -239,13 +239,17 @@ static int server_fast_pass(struct server *sv, uint32_t budget, bool reply, bool
     }
     /* Left unread for want of budget or time (the next pass reads on at once), or of
      * allowance (once the rate has given a chunk's worth). An eviction's pass (no `reply`)
-     * wants none of that: the pass after the batch computes it. */
+     * wants none of that: the pass after the batch computes it. A ring read empty leaves the
+     * list: the fence orders the tails stored before the heads read here, as the client's
+     * orders its head before its look at tail (kvc_fast_bell_ring), so that a client whose
+     * entries come after this look sees its ring read and sets its bit. */
     bool waiting = false;
+    fast_bell_fence();
     for (struct conn *c = sv->fast_active, *next; c; c = next) {
         next = c->fa_next;
         uint32_t unread = c->ring ? fast_ring_unread(c->ring) : 0;
-        if (!reply) {
-            if (!unread && c->belled)
+        if (!reply) { /* a SYNC waits for the pass after the batch: it stays */
+            if (!unread && c->belled && !c->sync_wait)
                 server_fast_active_del(sv, c);
             continue;
         }

@@ -372,7 +372,17 @@ mutation fast-sync-waits-behind-others daemon/server_fast.c "check_e2e_fast" \
 # the policy only at the 100 ms sweep, after the eviction that follows them.
 mutation fast-bell-never-rung daemon/fast.c "check_e2e_fast" \
 '            fn(b->owner[bit], arg);' \
-'            (void)fn, (void)bit;'
+'            (void)fn, (void)arg, (void)bit;'
+
+# An eviction's pass that stops looking at a ring it read empty while its SYNC waits: the
+# pass after the batch never comes to it, and the client waits for its answer for ever.
+mutation fast-evict-pass-drops-sync daemon/server_fast.c "check_e2e_fast" \
+'            if (!unread && c->belled && !c->sync_wait)
+                server_fast_active_del(sv, c);
+            continue;' \
+'            if (!unread && c->belled)
+                server_fast_active_del(sv, c);
+            continue;'
 
 # Bits of a bell taken as they are: a bit no connection holds (a client may set all 65,536)
 # names an owner that is not there.
