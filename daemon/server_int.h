@@ -43,9 +43,8 @@
 #define SERVER_FAST_SHARE_US 25000u
 #define SERVER_FAST_CLOSE 256u
 /* The pass after a batch of requests runs at most once per SERVER_FAST_AFTER_US unless a SYNC
- * waits or the last one left entries to read: it visits every connection, and with a
- * thousand of them visiting after each batch took 40 % of the loop's time (bench_scale's
- * clients). Hits wait that much longer to be counted; an eviction still reads every ring
+ * waits or the last one left entries to read: when it visited every connection, a thousand of
+ * them visited after each batch took 40 % of the loop's time (bench_scale's clients). Hits wait that much longer to be counted; an eviction still reads every ring
  * first (server_fast_evict), so none ranks without the hits taken before it. */
 #define SERVER_FAST_AFTER_US 1000u
 /* A pass looks only at the rings that may hold entries (client/kvc_fast.h, the bell): those of
