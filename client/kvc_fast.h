@@ -60,7 +60,7 @@
  *   connections, which trust each other already (one can ptrace another): a client that sets
  *   bits at random costs the daemon at most a look at each of its uid's rings, as every pass
  *   cost before; one that clears them delays its own uid's hits until that connection's next
- *   request, its SYNC, or the sweep that looks at every ring every SERVER_FAST_SWEEP_US. A
+ *   request, its SYNC, or the sweep that looks at every ring every 100 ms. A
  *   connection without a bell (a client that predates it) has its ring looked at every pass.
  */
 #ifndef KVC_FAST_H

@@ -632,6 +632,27 @@ struct fp_sync_put {
     bool done;
 };
 
+/* SIGSTOPs the daemon and waits until it is stopped (state T in /proc/PID/stat), so that
+ * what is sent from then on is read by it together. */
+static void fp_daemon_stop_now(pid_t pid)
+{
+    char path[64], buf[256];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    ck_assert_int_eq(kill(pid, SIGSTOP), 0);
+    for (int i = 0; i < 2000; i++) {
+        FILE *f = fopen(path, "re");
+        ck_assert_ptr_nonnull(f);
+        size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+        buf[n] = 0;
+        const char *p = strrchr(buf, ')');
+        if (p && p[1] == ' ' && p[2] == 'T')
+            return;
+        usleep(1000);
+    }
+    ck_abort_msg("the daemon did not stop");
+}
+
 static void *fp_sync_run(void *arg)
 {
     struct fp_sync_put *x = arg;
@@ -684,7 +705,7 @@ START_TEST(test_fast_sync_with_eviction)
         blk[i] = b;
     }
     struct fp_sync_put xs = {.c = c}, xp = {.ns = wns, .k = more, .blk = blk};
-    ck_assert_int_eq(kill(d.pid, SIGSTOP), 0);
+    fp_daemon_stop_now(d.pid);
     fp_ring_fill(c, 100);
     ck_assert_int_eq(pthread_create(&ts, NULL, fp_sync_run, &xs), 0);
     usleep(20000);
