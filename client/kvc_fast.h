@@ -128,9 +128,9 @@ struct kvc_fast_ring {
     uint64_t magic;
     uint32_t nents; /* a power of two */
     uint32_t bell;  /* the connection's bit in its uid's bell, once FAST_ATTACH BELL gave it */
-    uint64_t head; /* written by the client */
-    uint64_t tail; /* written by the daemon */
-    uint64_t lost; /* hits the client could not record (ring full, no drain) */
+    uint64_t head;  /* written by the client */
+    uint64_t tail;  /* written by the daemon */
+    uint64_t lost;  /* hits the client could not record (ring full, no drain) */
     uint64_t pad2[3];
     /* struct kvc_fast_hit ents[nents]; */
 };

@@ -62,8 +62,8 @@
 struct server_uid {
     uint32_t uid;
     uint32_t nconns;
-    uint64_t pins;    /* lease pins */
-    uint64_t handles; /* leases + reservations */
+    uint64_t pins;          /* lease pins */
+    uint64_t handles;       /* leases + reservations */
     struct fast_bell *bell; /* its connections' bell (FAST_ATTACH BELL), NULL until asked */
     struct server_uid *next;
 };
@@ -122,7 +122,7 @@ struct conn {
     /* On sv->fast_active: its ring may hold entries (a pass looks at it). */
     bool fa_on;
     struct conn *fa_prev, *fa_next;
-    bool belled;       /* holds bit bell_bit of u->bell */
+    bool belled; /* holds bit bell_bit of u->bell */
     uint32_t bell_bit;
 };
 
@@ -182,7 +182,7 @@ struct server {
     struct acl *acl;
     struct server_hooks hooks;
     struct kvc_fast_hit fast_hits[KVC_FAST_RING_ENTS]; /* a hit ring's entries, being read */
-    bool fast_evict_passed; /* server_fast_evict ran since the last request or batch began */
+    bool fast_evict_passed;   /* server_fast_evict ran since the last request or batch began */
     struct conn *fast_active; /* the connections whose rings a pass looks at (fa_next) */
     struct conn *fast_next;   /* the one of them server_fast_pass reads first next time */
     uint64_t fast_sweep_us;   /* when a pass last looked at every ring */

@@ -687,8 +687,11 @@ static int adv_bell_attacker(void *arg)
         __atomic_store_n(&r->bell, (uint32_t)(round * 2654435761u), __ATOMIC_RELAXED);
         uint64_t head = r->head;
         for (uint32_t i = 0; i < 16; i++)
-            e[(head + i) % KVC_FAST_RING_ENTS] = (struct kvc_fast_hit){
-                .ns = (uint32_t)round, .block = (uint32_t)i, .klo = round, .khi = ~round, .nkeys = 1};
+            e[(head + i) % KVC_FAST_RING_ENTS] = (struct kvc_fast_hit){.ns = (uint32_t)round,
+                                                                       .block = (uint32_t)i,
+                                                                       .klo = round,
+                                                                       .khi = ~round,
+                                                                       .nkeys = 1};
         __atomic_store_n(&r->head, round % 7 == 6 ? head - 3 : head + 16, __ATOMIC_RELEASE);
         usleep(200);
     }

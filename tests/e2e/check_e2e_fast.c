@@ -549,13 +549,11 @@ END_TEST
 #define FP_IDLE_CONNS 256
 START_TEST(test_fast_bell_many_idle)
 {
-    static const char *const args[] = {"-o", "host.size=16m",
-                                       "-o", "host.page_size=64k",
-                                       "-o", "cache.policy=lru",
-                                       "-o", "host.high_watermark=1.0",
-                                       "-o", "host.low_watermark=0.99",
-                                       "-o", "server.max_clients_per_uid=512",
-                                       NULL};
+    static const char *const args[] = {
+        "-o", "host.size=16m",           "-o", "host.page_size=64k",
+        "-o", "cache.policy=lru",        "-o", "host.high_watermark=1.0",
+        "-o", "host.low_watermark=0.99", "-o", "server.max_clients_per_uid=512",
+        NULL};
     struct daemon d = {0};
     static kvc_client *idle[FP_IDLE_CONNS];
     kvc_client *c, *w;
