@@ -377,8 +377,37 @@ mutation fast-ring-unvalidated daemon/server_fast.c "check_e2e_fast" \
 # A SYNC that waits for the passes over the rings whatever their share: a client asking for
 # room waits, window after window, behind every other client's ring.
 mutation fast-sync-waits-behind-others daemon/server_fast.c "check_e2e_fast" \
-'        if (spent && c->sync_wait && fast_ring_unread(c->ring))' \
-'        if (false && spent && c->sync_wait && fast_ring_unread(c->ring))'
+'        if (spent && c->sync_wait && unread) {' \
+'        if (false && spent && c->sync_wait && unread) {'
+
+# A ring whose bit in its uid's bell is never looked at (issue 32): a pass reads only the
+# rings it left unread and those of connections without a bell, so a reader's hits reach
+# the policy only at the 100 ms sweep, after the eviction that follows them.
+mutation fast-bell-never-rung daemon/fast.c "check_e2e_fast" \
+'            fn(b->owner[bit], arg);' \
+'            (void)fn, (void)arg, (void)bit;'
+
+# An eviction's pass that stops looking at a ring it read empty while its SYNC waits: the
+# pass after the batch never comes to it, and the client waits for its answer for ever.
+mutation fast-evict-pass-drops-sync daemon/server_fast.c "check_e2e_fast" \
+'            if (!unread && c->belled && !c->sync_wait)
+                server_fast_active_del(sv, c);
+            continue;' \
+'            if (!unread && c->belled)
+                server_fast_active_del(sv, c);
+            continue;'
+
+# Bits of a bell taken as they are: a bit no connection holds (a client may set all 65,536)
+# names an owner that is not there.
+mutation fast-bell-bits-trusted daemon/fast.c "check_e2e_adversary_fast" \
+'        uint64_t x = __atomic_exchange_n(&b->words[w], 0, __ATOMIC_RELAXED) & b->used[w];' \
+'        uint64_t x = __atomic_exchange_n(&b->words[w], 0, __ATOMIC_RELAXED);'
+
+# No sweep: a ring whose bit a client of its uid cleared is read only at its connection's
+# next request or SYNC.
+mutation fast-bell-no-sweep daemon/server_fast.c "check_e2e_adversary_fast" \
+'        bool sweep = t - sv->fast_sweep_us >= SERVER_FAST_SWEEP_US;' \
+'        bool sweep = t - sv->fast_sweep_us >= SERVER_FAST_SWEEP_US && false;'
 
 # Hits through the index reach the policy only after the batch that evicts: another
 # client's puts evict the blocks a reader keeps using.
