@@ -461,7 +461,7 @@ int kern_merge_enc(const struct kern_cpu_ops *ops, int is_v, const struct kern_e
     if (vec && kern_rot512_on()) { /* with AVX-512 where the CPU has it (kern_merge512.c) */
         const int rc = kern_merge512_sect(c, own, sect);
         if (rc != 0)
-            return rc < 0 ? rc : 0;
+            return rc < 0 ? rc : rc == 2; /* 2: with the key statistics */
     }
     if (vec) {
         const size_t H = c->lay->heads, Dp = (c->lay->head_dim + 7) & ~7u;

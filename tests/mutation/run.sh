@@ -902,19 +902,19 @@ mutation enc-merge-rows-load-late kernels/kern_encb.h "check_codecs" \
 # far from their run's first join it). Only a CPU with AVX-512 runs that encoder: elsewhere
 # these merge512 mutations survive.
 mutation merge512-threshold-no-lim kernels/kern_merge512.c "check_codecs" \
-'        st->lk = KERN_MUL(lim, nk);' \
-'        st->lk = nk;'
+'                s->lk = KERN_MUL(lim, nk);' \
+'                s->lk = nk;'
 
 # The same: a row of one run written as its halves with -0 kept (the reference's 0 + x is +0).
 mutation merge512-one-row-minus-zero kernels/kern_merge512.c "check_codecs" \
-'                _mm512_storeu_si512(o + d, _mm512_maskz_mov_epi16(~nz, v));' \
-'                _mm512_storeu_si512(o + d, _mm512_maskz_mov_epi16(~nz | nz, v));'
+'            _mm512_storeu_si512(o + d, _mm512_maskz_mov_epi16(~nz, v));' \
+'            _mm512_storeu_si512(o + d, _mm512_maskz_mov_epi16(~nz | nz, v));'
 
 # The same: a K distance that is not finite (the token's K row holds Inf or NaN) not taken
 # for the check, so a forced token's bad row is summed unsanitized.
 mutation merge512-dist-unchecked kernels/kern_merge512.c "check_codecs" \
-'        *nf |= !(dk <= FLT_MAX);' \
-'        *nf |= 0;'
+'                    nf |= !(dk[i] <= FLT_MAX);' \
+'                    nf |= 0;'
 
 # I/O threads: a reply that does not fit in the client's socket is dropped instead of
 # closing a client that never reads its replies.
