@@ -16,10 +16,12 @@
  * low half added before its high half, folded as kern_sum8_fold; lim |s|^2 is folded once
  * per run (the same float each time). The K distances of two heads of a token share their
  * instructions: head h's eight partials in a vector's low half, h + 1's in its high half,
- * each lane's sum in the same order, one fold for both. The means are channel-wise sums of
- * the tokens in order, so their lanes are free. The bytes are the reference's. AVX-512F
- * brings the 512-bit FMA: the file is built with -ffp-contract=off (Makefile), so products
- * and sums stay apart.
+ * each lane's sum in the same order, one fold for both. A run's first V row is read (and
+ * its norm taken) only where a K row first joins the run, as the reference compares V rows
+ * only there: where tokens stay apart the K pass reads no V row. The means are channel-wise
+ * sums of the tokens in order, so their lanes are free. The bytes are the reference's.
+ * AVX-512F brings the 512-bit FMA: the file is built with -ffp-contract=off (Makefile), so
+ * products and sums stay apart.
  *
  * Key statistics (encode with statistics, the daemon's call): the K pass takes them from
  * the registers its distances load, in the order of kern_avx2_enc.c's statistics pass, so
@@ -51,11 +53,12 @@
 #define M5_AHEAD 4 /* tokens prefetched ahead of the one judged */
 
 /* A head's state: rows started, the open run's first token a and its row r, the runs' first
- * rows (sk, sv: floats) with lim |s|^2 (lk, lv), the running sum and the open run's first
- * row in `own` (the sum is written only once a second row joins: summed). */
+ * rows (sk, sv: floats) with lim |s|^2 (lk, lv; sv and lv only once a K row of the run
+ * joins: vset), the running sum and the open run's first row in `own` (the sum is written
+ * only once a second row joins: summed). */
 struct m5_state {
     uint32_t rows, a, r;
-    int summed;
+    int summed, vset;
     float lk, lv;
     float *sk, *sv, *sum;
     const uint16_t *first;
@@ -369,6 +372,13 @@ K5I int m5_pass(const struct kern_ext_ctx *c, const uint8_t *own, uint8_t *sect,
                 if (t < T && t > 0) {
                     nf |= !(dk[i] <= FLT_MAX);
                     join = dk[i] <= s->lk;
+                    if (join && rv && !s->vset) {
+                        /* the run's first V row, read where a K row first joins it (the
+                         * reference compares V rows only there); one with Inf or NaN makes
+                         * the distance below not finite */
+                        s->lv = KERN_MUL(lim, m5_start(rv + s->a * rs + (h + i) * D, s->sv, D));
+                        s->vset = 1;
+                    }
                     if (join && rv) {
                         const float dv = m5_dist(rv + at + (h + i) * D, s->sv, D);
                         nf |= !(dv <= FLT_MAX);
@@ -390,11 +400,7 @@ K5I int m5_pass(const struct kern_ext_ctx *c, const uint8_t *own, uint8_t *sect,
                 const float nk = m5_start(rk + at + (h + i) * D, s->sk, D);
                 nf |= !(nk <= FLT_MAX);
                 s->lk = KERN_MUL(lim, nk);
-                if (rv) {
-                    const float nv = m5_start(rv + at + (h + i) * D, s->sv, D);
-                    nf |= !(nv <= FLT_MAX);
-                    s->lv = KERN_MUL(lim, nv);
-                }
+                s->vset = 0;
             }
         }
     }

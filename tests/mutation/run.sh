@@ -916,6 +916,33 @@ mutation merge512-dist-unchecked kernels/kern_merge512.c "check_codecs" \
 '                    nf |= !(dk[i] <= FLT_MAX);' \
 '                    nf |= 0;'
 
+# The same: the K pass's key statistics (taken from the rows its distances load) with each
+# row's squares summed in another order than kern_avx2_enc.c's statistics pass (the low
+# eight channels of both 16-channel halves first): key norms that differ in their last bits.
+mutation merge512-stats-norm-order kernels/kern_merge512.c "check_codecs" \
+'            const __m512 sq = _mm512_add_ps(_mm512_add_ps(m5_lo2(sa0, sb0), m5_hi2(sa0, sb0)),
+                                            _mm512_add_ps(m5_lo2(sa1, sb1), m5_hi2(sa1, sb1)));' \
+'            const __m512 sq = _mm512_add_ps(_mm512_add_ps(m5_lo2(sa0, sb0), m5_lo2(sa1, sb1)),
+                                            _mm512_add_ps(m5_hi2(sa0, sb0), m5_hi2(sa1, sb1)));'
+
+# The same: the second head of a pair compared with the first head's run (the pair's
+# distances from one head's first row).
+mutation merge512-pair-second-head kernels/kern_merge512.c "check_codecs" \
+'                m5_pair(rk + at + h * D, rk + at + hn * D, st[h].sk, st[hn].sk, h, D, 1, ks,' \
+'                m5_pair(rk + at + h * D, rk + at + hn * D, st[h].sk, st[h].sk, h, D, 1, ks,'
+
+# The same: a run's first V row, read where a K row first joins the run, kept from the run
+# before (the flag not cleared where a run opens).
+mutation merge512-vstart-stale kernels/kern_merge512.c "check_codecs" \
+'                s->vset = 0;' \
+'                s->vset = s->vset;'
+
+# The same: the V section's rows (which its plan did not read) not checked where written,
+# so a NaN or Inf in a V row reaches the section unsanitized.
+mutation merge512-v-rows-unchecked kernels/kern_merge512.c "check_codecs" \
+'    const int chk = own != c->rawk;' \
+'    const int chk = 0;'
+
 # I/O threads: a reply that does not fit in the client's socket is dropped instead of
 # closing a client that never reads its replies.
 mutation iothreads-slow-consumer-kept daemon/server_io.c "check_e2e_garbage" \
