@@ -315,10 +315,10 @@ K5I int m5_pass(const struct kern_ext_ctx *c, const uint8_t *own, uint8_t *sect,
         st[h].sv = st[h].sk + D;
         st[h].sum = st[h].sv + D;
     }
-    if (ks) { /* stats_init of kern_avx2_enc.c */
-        for (uint64_t i = 0; i < rs; i++) {
-            ks->kmin[i] = 3.402823466e38f;
-            ks->kmax[i] = -3.402823466e38f;
+    if (ks) { /* stats_init of kern_avx2_enc.c (H D a multiple of 32) */
+        for (uint64_t i = 0; i < rs; i += 16) {
+            _mm512_storeu_ps(ks->kmin + i, _mm512_set1_ps(3.402823466e38f));
+            _mm512_storeu_ps(ks->kmax + i, _mm512_set1_ps(-3.402823466e38f));
         }
         for (uint32_t h = 0; h < H; h++)
             ks->knorm[h] = 0.0f;
