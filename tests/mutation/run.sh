@@ -943,6 +943,12 @@ mutation merge512-v-rows-unchecked kernels/kern_merge512.c "check_codecs" \
 '    const int chk = own != c->rawk;' \
 '    const int chk = 0;'
 
+# MERGE's AVX2 encoder (clean path): a run's first V row, read where a K row first joins the
+# run, kept from the run before (the flag not cleared where a run opens).
+mutation merge-avx2-vstart-stale kernels/kern_merge.c "check_codecs" \
+'        st->vset = 0;' \
+'        st->vset = st->vset;'
+
 # I/O threads: a reply that does not fit in the client's socket is dropped instead of
 # closing a client that never reads its replies.
 mutation iothreads-slow-consumer-kept daemon/server_io.c "check_e2e_garbage" \
