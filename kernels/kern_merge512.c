@@ -259,9 +259,9 @@ K5I void m5_join(struct m5_state *st, const uint16_t *xr, uint32_t D)
 {
     if (!st->summed) {
         for (uint32_t d = 0; d < D; d += 16)
-            _mm512_storeu_ps(st->sum + d,
-                             _mm512_add_ps(_mm512_add_ps(_mm512_setzero_ps(), m5_h16(st->first + d)),
-                                           m5_h16(xr + d)));
+            _mm512_storeu_ps(st->sum + d, _mm512_add_ps(_mm512_add_ps(_mm512_setzero_ps(),
+                                                                      m5_h16(st->first + d)),
+                                                        m5_h16(xr + d)));
         st->summed = 1;
         return;
     }
@@ -272,8 +272,8 @@ K5I void m5_join(struct m5_state *st, const uint16_t *xr, uint32_t D)
 /* A run opens at token t (row xr of `own`) into row r of the section (row0). Its row is
  * prefetched for writing, written where the run closes: its lines owned by then (a store
  * that misses waits in the store queue, and a queue full of them stalls). */
-K5I void m5_open(struct m5_state *st, uint32_t *map, uint16_t *row0, uint32_t t,
-                 const uint16_t *xr, uint32_t D)
+K5I void m5_open(struct m5_state *st, uint32_t *map, uint16_t *row0, uint32_t t, const uint16_t *xr,
+                 uint32_t D)
 {
     if (t > 0) {
         st->rows++;
@@ -360,11 +360,11 @@ K5I int m5_pass(const struct kern_ext_ctx *c, const uint8_t *own, uint8_t *sect,
             const uint32_t n = H - h < 2 ? 1 : 2, hn = h + n - 1; /* heads h and hn */
             /* the plan's K distances of both (from token 1), the key statistics of both */
             if (t < T && t > 0)
-                m5_pair(rk + at + h * D, rk + at + hn * D, st[h].sk, st[hn].sk, h, D, 1, ks,
-                        n == 1, dk);
+                m5_pair(rk + at + h * D, rk + at + hn * D, st[h].sk, st[hn].sk, h, D, 1, ks, n == 1,
+                        dk);
             else if (t < T && ks)
-                m5_pair(rk + at + h * D, rk + at + hn * D, st[h].sk, st[hn].sk, h, D, 0, ks,
-                        n == 1, dk);
+                m5_pair(rk + at + h * D, rk + at + hn * D, st[h].sk, st[hn].sk, h, D, 0, ks, n == 1,
+                        dk);
             for (uint32_t i = 0; i < n; i++, head += hb) {
                 struct m5_state *s = &st[h + i];
                 uint16_t *row0 = (uint16_t *)(head + 16 + mb);
