@@ -959,19 +959,52 @@ mutation enc-merge-rows-load-late kernels/kern_encb.h "check_codecs" \
 # far from their run's first join it). Only a CPU with AVX-512 runs that encoder: elsewhere
 # these merge512 mutations survive.
 mutation merge512-threshold-no-lim kernels/kern_merge512.c "check_codecs" \
-'        st->lk = KERN_MUL(lim, nk);' \
-'        st->lk = nk;'
+'                s->lk = KERN_MUL(lim, nk);' \
+'                s->lk = nk;'
 
 # The same: a row of one run written as its halves with -0 kept (the reference's 0 + x is +0).
 mutation merge512-one-row-minus-zero kernels/kern_merge512.c "check_codecs" \
-'                _mm512_storeu_si512(o + d, _mm512_maskz_mov_epi16(~nz, v));' \
-'                _mm512_storeu_si512(o + d, _mm512_maskz_mov_epi16(~nz | nz, v));'
+'            _mm512_storeu_si512(o + d, _mm512_maskz_mov_epi16(~nz, v));' \
+'            _mm512_storeu_si512(o + d, _mm512_maskz_mov_epi16(~nz | nz, v));'
 
 # The same: a K distance that is not finite (the token's K row holds Inf or NaN) not taken
 # for the check, so a forced token's bad row is summed unsanitized.
 mutation merge512-dist-unchecked kernels/kern_merge512.c "check_codecs" \
-'        *nf |= !(dk <= FLT_MAX);' \
-'        *nf |= 0;'
+'                    nf |= !(dk[i] <= FLT_MAX);' \
+'                    nf |= 0;'
+
+# The same: the K pass's key statistics (taken from the rows its distances load) with each
+# row's squares summed in another order than kern_avx2_enc.c's statistics pass (the low
+# eight channels of both 16-channel halves first): key norms that differ in their last bits.
+mutation merge512-stats-norm-order kernels/kern_merge512.c "check_codecs" \
+'            const __m512 sq = _mm512_add_ps(_mm512_add_ps(m5_lo2(sa0, sb0), m5_hi2(sa0, sb0)),
+                                            _mm512_add_ps(m5_lo2(sa1, sb1), m5_hi2(sa1, sb1)));' \
+'            const __m512 sq = _mm512_add_ps(_mm512_add_ps(m5_lo2(sa0, sb0), m5_lo2(sa1, sb1)),
+                                            _mm512_add_ps(m5_hi2(sa0, sb0), m5_hi2(sa1, sb1)));'
+
+# The same: the second head of a pair compared with the first head's run (the pair's
+# distances from one head's first row).
+mutation merge512-pair-second-head kernels/kern_merge512.c "check_codecs" \
+'                m5_pair(rk + at + h * D, rk + at + hn * D, st[h].sk, st[hn].sk, h, D, 1, ks,' \
+'                m5_pair(rk + at + h * D, rk + at + hn * D, st[h].sk, st[h].sk, h, D, 1, ks,'
+
+# The same: a run's first V row, read where a K row first joins the run, kept from the run
+# before (the flag not cleared where a run opens).
+mutation merge512-vstart-stale kernels/kern_merge512.c "check_codecs" \
+'                s->vset = 0;' \
+'                s->vset = s->vset;'
+
+# The same: the V section's rows (which its plan did not read) not checked where written,
+# so a NaN or Inf in a V row reaches the section unsanitized.
+mutation merge512-v-rows-unchecked kernels/kern_merge512.c "check_codecs" \
+'    const int chk = own != c->rawk;' \
+'    const int chk = 0;'
+
+# MERGE's AVX2 encoder (clean path): a run's first V row, read where a K row first joins the
+# run, kept from the run before (the flag not cleared where a run opens).
+mutation merge-avx2-vstart-stale kernels/kern_merge.c "check_codecs" \
+'        st->vset = 0;' \
+'        st->vset = st->vset;'
 
 # I/O threads: a reply that does not fit in the client's socket is dropped instead of
 # closing a client that never reads its replies.
