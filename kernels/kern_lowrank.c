@@ -29,6 +29,7 @@
 #include "kernels/kern_avx2.h"
 #include "kernels/kern_cpu.h"
 #include "kernels/kern_ext.h"
+#include "kernels/kern_st512.h"
 
 /* ---- reference ---------------------------------------------------------------------------- */
 
@@ -769,6 +770,32 @@ int kern_lowrank_enc(const struct kern_cpu_ops *ops, const struct kern_ext_ctx *
     return 0;
 }
 
+/* The section head by head where its rows are streamed (kern_st512.h): a line written with
+ * a non-temporal store waits on no read, so the order of the rows no longer matters, and
+ * each head's factors are read where its rows are computed, the next head's bytes
+ * prefetched meanwhile (the factors are the section's first read: read all at once they
+ * waited on memory a line at a time). f: fs floats. */
+static void lr_dec_streamed(const uint8_t *sect, const struct kern_layout *lay, void *raw,
+                            uint32_t out_dtype, float *f, int nt)
+{
+    const uint32_t T = lay->tokens, H = lay->heads, D = lay->head_dim;
+    const uint32_t cap = kern_lowrank_cap(D, T);
+    const uint64_t hb = kern_lowrank_head_bytes(D, T);
+    for (uint64_t b = 0; b < hb && b < H * hb; b += 64)
+        _mm_prefetch((const char *)sect + b, _MM_HINT_T0);
+    for (uint32_t h = 0; h < H; h++) {
+        const uint8_t *head = sect + h * hb;
+        if (h + 1 < H)
+            for (uint64_t b = 0; b < hb; b += 64)
+                _mm_prefetch((const char *)head + hb + b, _MM_HINT_T0);
+        const uint32_t r = kern_lowrank_get_rank(head, cap);
+        lr_factors_avx2(head, r, cap, T, D, f, f + (uint64_t)r * T);
+        kern_lowrank512_rows(r, T, D, (uint16_t *)raw + (uint64_t)h * D, (uint64_t)H * D,
+                             out_dtype, f, f + (uint64_t)r * T, nt);
+    }
+    _mm_sfence(); /* the streamed lines are ordered before whatever the caller does next */
+}
+
 int kern_lowrank_dec(const struct kern_cpu_ops *ops, const struct kern_layout *lay,
                      const uint8_t *sect, void *raw, uint32_t out_dtype)
 {
@@ -780,10 +807,17 @@ int kern_lowrank_dec(const struct kern_cpu_ops *ops, const struct kern_layout *l
          * so the stores run through memory in order (a head at a time they are 2 D bytes
          * every 2 H D, and each line waits on its read for ownership): +17 % out of cache */
         const int wide = D % 16 == 0 && kern_rot512_on(); /* kern_lowrank512.c */
+        /* streamed where every store is at a multiple of 64 bytes from raw (kern_st512.h) */
+        const int nt = wide && D % 32 == 0 ? kern_st512_mode(raw, lay) : 0;
         float *f = malloc((size_t)H * fs * sizeof(float) + (size_t)H * sizeof(uint32_t));
         if (!f)
             return -ENOMEM;
         uint32_t *rk = (uint32_t *)(f + (size_t)H * fs);
+        if (nt) {
+            lr_dec_streamed(sect, lay, raw, out_dtype, f, nt);
+            free(f);
+            return 0;
+        }
         for (uint32_t h = 0; h < H; h++) {
             rk[h] = kern_lowrank_get_rank(sect + h * hb, cap);
             lr_factors_avx2(sect + h * hb, rk[h], cap, T, D, f + h * fs,
@@ -794,11 +828,11 @@ int kern_lowrank_dec(const struct kern_cpu_ops *ops, const struct kern_layout *l
                 const float *su = f + h * fs + (uint64_t)t0 * rk[h],
                             *wf = f + h * fs + (uint64_t)rk[h] * T;
                 uint16_t *o = (uint16_t *)raw + (uint64_t)t0 * H * D + (uint64_t)h * D;
-                const uint32_t nt = T - t0 < 4 ? T - t0 : 4;
+                const uint32_t n = T - t0 < 4 ? T - t0 : 4;
                 if (wide)
-                    kern_lowrank512_rows(rk[h], nt, D, o, (uint64_t)H * D, out_dtype, su, wf);
+                    kern_lowrank512_rows(rk[h], n, D, o, (uint64_t)H * D, out_dtype, su, wf, 0);
                 else
-                    lr_rows_avx2(rk[h], nt, D, o, (uint64_t)H * D, out_dtype, su, wf);
+                    lr_rows_avx2(rk[h], n, D, o, (uint64_t)H * D, out_dtype, su, wf);
             }
         free(f);
         return 0;

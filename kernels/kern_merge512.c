@@ -35,6 +35,7 @@
 
 #include "kernels/kern_cpu.h"
 #include "kernels/kern_ext.h"
+#include "kernels/kern_st512.h"
 
 #define K5 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c")))
 #define K5I __attribute__((always_inline)) K5 static inline
@@ -268,4 +269,48 @@ int kern_merge512_sect(const struct kern_ext_ctx *c, const uint8_t *own, uint8_t
     const int rc = m5_sect(c, own, sect, (float *)(st + H), st);
     free(st);
     return rc;
+}
+
+/* ---- decode ------------------------------------------------------------------------------ */
+
+/* The section's stored rows back into its slab, in memory order (token by token, the heads of
+ * a token in turn), each token's row its run's (kern_merge_dec's row); n: H counts of the rows
+ * a head's map has started so far. Stores by mode nt (kern_st512.h). */
+K5I void m5_dec(const struct kern_layout *lay, const uint8_t *sect, uint16_t *to, uint32_t *n,
+                const int nt)
+{
+    const uint32_t T = lay->tokens, H = lay->heads, D = lay->head_dim, R = kern_merge_rows(T);
+    const uint64_t hb = kern_merge_head_bytes(D, T), mb = kern_merge_map_bytes(T);
+    memset(n, 0, H * sizeof(*n));
+    for (uint32_t t = 0; t < T; t++) {
+        const uint8_t *head = sect;
+        for (uint32_t h = 0; h < H; h++, head += hb, to += D) {
+            uint32_t w;
+            memcpy(&w, head + 16 + 4 * (t >> 5), 4);
+            n[h] += w >> (t & 31) & 1u;
+            /* kern_merge_row_of's row, n - 1 (a damaged map that starts no row reads row 0) */
+            const uint32_t r = n[h] - 1 < R ? n[h] - 1 : 0;
+            const uint16_t *row = (const uint16_t *)(head + 16 + mb) + (uint64_t)r * D;
+            for (uint32_t d = 0; d < D; d += 32)
+                kern_st512(to + d, _mm512_loadu_si512(row + d), nt);
+        }
+    }
+}
+
+K5 int kern_merge512_dec(const struct kern_layout *lay, const uint8_t *sect, void *raw)
+{
+    if (lay->head_dim % 32 != 0)
+        return 0;
+    uint32_t n[KERN_MAX_HEADS];
+    /* every store is at a multiple of 64 bytes from raw (D % 32 == 0) */
+    const int nt = kern_st512_mode(raw, lay);
+    if (nt == 2)
+        m5_dec(lay, sect, raw, n, 2);
+    else if (nt == 1)
+        m5_dec(lay, sect, raw, n, 1);
+    else
+        m5_dec(lay, sect, raw, n, 0);
+    if (nt)
+        _mm_sfence(); /* the streamed lines are ordered before whatever the caller does next */
+    return 1;
 }
