@@ -41,6 +41,9 @@
 #define K5I __attribute__((always_inline)) K5 static inline
 
 #define M5_AHEAD 4 /* tokens prefetched ahead of the one judged */
+#ifndef M5_DEC_AHEAD
+#define M5_DEC_AHEAD 2 /* rows prefetched ahead of the one decoded */
+#endif
 
 /* A head's state: rows started, the open run's first token a and its row r, the runs' first
  * rows (sk, sv: floats) with lim |s|^2 (lk, lv), the running sum and the open run's first
@@ -291,8 +294,10 @@ K5I void m5_dec(const struct kern_layout *lay, const uint8_t *sect, uint16_t *to
             /* kern_merge_row_of's row, n - 1 (a damaged map that starts no row reads row 0) */
             const uint32_t r = n[h] - 1 < R ? n[h] - 1 : 0;
             const uint16_t *row = (const uint16_t *)(head + 16 + mb) + (uint64_t)r * D;
-            for (uint32_t d = 0; d < D; d += 32)
+            for (uint32_t d = 0; d < D; d += 32) {
+                _mm_prefetch((const char *)(row + d + M5_DEC_AHEAD * D), _MM_HINT_T0);
                 kern_st512(to + d, _mm512_loadu_si512(row + d), nt);
+            }
         }
     }
 }
