@@ -111,6 +111,9 @@ int kern_kivi512_dec(int bits, int is_v, const uint8_t *sect, const struct kern_
  * (D not a multiple of 32). */
 int kern_q8512_dec(const uint8_t *sect, const struct kern_layout *lay, void *raw,
                    uint32_t out_dtype);
+/* kern_q8512_groups: n q8_0 groups at blk into the 32 n halves at raw, stored by mode nt
+ * (kern_st512.h; raw 64-byte aligned for 2, 16-byte for 1), without the fence. */
+void kern_q8512_groups(const uint8_t *blk, uint64_t n, void *raw, uint32_t out_dtype, int nt);
 /* KIVI value groups encoded with AVX-512 (kern_kivi512.c), where kern_rot512_on(): the first
  * n / 16 * 16 of the n groups whose raw values (dtype) are contiguous at raw, into blk, the
  * same bytes as the AVX2 encoder; returns how many it did (the caller encodes the rest). */
@@ -160,6 +163,12 @@ void kern_lowrank512_project(const float *x, uint32_t T, uint32_t D, const float
 int kern_lowrank_enc(const struct kern_cpu_ops *ops, const struct kern_ext_ctx *c, uint8_t *sect);
 int kern_lowrank_dec(const struct kern_cpu_ops *ops, const struct kern_layout *lay,
                      const uint8_t *sect, void *raw, uint32_t out_dtype);
+/* A layer's LOWRANK key section and its q8_0 value section (LOWRANK's values, or a recipe's
+ * q8_0) decoded together where the rows are streamed with AVX-512 (kern_st512.h): 1, 0 where
+ * not taken (the sections then decode one at a time), -ENOMEM. */
+int kern_lowrank_dec_kv(const struct kern_cpu_ops *ops, const struct kern_layout *lay,
+                        const uint8_t *ksect, const uint8_t *vsect, void *rawk, void *rawv,
+                        uint32_t out_dtype);
 
 /* Reference pieces the AVX2 version reuses for tails. */
 void kern_ref_enc(uint32_t codec, int is_v, const float *x, const struct kern_layout *lay,

@@ -42,27 +42,33 @@ K5I void q85_dec(const uint8_t *blk, uint64_t n, uint16_t *r, uint32_t out, cons
     }
 }
 
-K5 int kern_q8512_dec(const uint8_t *sect, const struct kern_layout *lay, void *raw, uint32_t out)
+K5 void kern_q8512_groups(const uint8_t *blk, uint64_t n, void *raw, uint32_t out, int nt)
 {
-    if (lay->head_dim % 32)
-        return 0;
-    const uint64_t n = (uint64_t)lay->tokens * lay->heads * (lay->head_dim / 32);
-    /* every store is at a multiple of 64 bytes from raw (D % 32 == 0) */
-    const int nt = kern_st512_mode(raw, lay);
 #define Q85_NT(o)                                                                                  \
     do {                                                                                           \
         if (nt == 2)                                                                               \
-            q85_dec(sect, n, raw, o, 2);                                                           \
+            q85_dec(blk, n, raw, o, 2);                                                            \
         else if (nt == 1)                                                                          \
-            q85_dec(sect, n, raw, o, 1);                                                           \
+            q85_dec(blk, n, raw, o, 1);                                                            \
         else                                                                                       \
-            q85_dec(sect, n, raw, o, 0);                                                           \
+            q85_dec(blk, n, raw, o, 0);                                                            \
     } while (0)
     if (out == KERN_DTYPE_BF16)
         Q85_NT(KERN_DTYPE_BF16);
     else
         Q85_NT(KERN_DTYPE_FP16);
 #undef Q85_NT
+}
+
+K5 int kern_q8512_dec(const uint8_t *sect, const struct kern_layout *lay, void *raw,
+                      uint32_t out)
+{
+    if (lay->head_dim % 32)
+        return 0;
+    /* every store is at a multiple of 64 bytes from raw (D % 32 == 0) */
+    const int nt = kern_st512_mode(raw, lay);
+    kern_q8512_groups(sect, (uint64_t)lay->tokens * lay->heads * (lay->head_dim / 32), raw, out,
+                      nt);
     if (nt)
         _mm_sfence(); /* the streamed lines are ordered before whatever the caller does next */
     return 1;
