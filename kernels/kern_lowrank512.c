@@ -56,8 +56,8 @@
             if ((NV) == 1)                                                                         \
                 _mm256_storeu_si256((__m256i *)r, kern_half16_512(acc[a][0], out_dtype));          \
             else                                                                                   \
-                LR5_U for (int b = 0; b + 1 < (NV); b += 2) kern_st512(                            \
-                    r + 16 * b, kern_halves32_512(acc[a][b], acc[a][b + 1], out_dtype), nt);       \
+                LR5_U for (int b = 0; b + 1 < (NV); b += 2)                                        \
+                    kern_st512_halves(r + 16 * b, acc[a][b], acc[a][b + 1], out_dtype, nt);        \
         }                                                                                          \
     } while (0)
 

@@ -38,7 +38,7 @@ K5I void q85_dec(const uint8_t *blk, uint64_t n, uint16_t *r, uint32_t out, cons
             _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2))));
         const __m512 hi =
             _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 18))));
-        kern_st512(r, kern_halves32_512(_mm512_mul_ps(lo, d), _mm512_mul_ps(hi, d), out), nt);
+        kern_st512_halves(r, _mm512_mul_ps(lo, d), _mm512_mul_ps(hi, d), out, nt);
     }
 }
 
@@ -60,8 +60,7 @@ K5 void kern_q8512_groups(const uint8_t *blk, uint64_t n, void *raw, uint32_t ou
 #undef Q85_NT
 }
 
-K5 int kern_q8512_dec(const uint8_t *sect, const struct kern_layout *lay, void *raw,
-                      uint32_t out)
+K5 int kern_q8512_dec(const uint8_t *sect, const struct kern_layout *lay, void *raw, uint32_t out)
 {
     if (lay->head_dim % 32)
         return 0;

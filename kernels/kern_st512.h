@@ -21,6 +21,10 @@
 
 #include "kernels/kern_cpu.h"
 
+#define KERN_ST512_AI                                                                              \
+    __attribute__((always_inline,                                                                  \
+                   target("avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c"))) static inline
+
 /* How kern_st512() writes a section of a block of layout lay decoded at raw, every store a
  * multiple of 64 bytes from raw: 0 stored, 1 streamed 16 bytes at a time, 2 streamed whole. */
 static inline int kern_st512_mode(const void *raw, const struct kern_layout *lay)
@@ -34,9 +38,7 @@ static inline int kern_st512_mode(const void *raw, const struct kern_layout *lay
 /* Sixteen floats as halves of dtype, rounded as kern_store: fp16 by F16C (kern_f2h's
  * rounding), bf16 to nearest even with NaN kept quiet as kern_f2bf (a section's bytes are
  * not trusted to decode to numbers). */
-__attribute__((always_inline,
-               target("avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c"))) static inline __m256i
-kern_half16_512(__m512 x, uint32_t dtype)
+KERN_ST512_AI __m256i kern_half16_512(__m512 x, uint32_t dtype)
 {
     if (dtype == KERN_DTYPE_FP16)
         return _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -49,19 +51,8 @@ kern_half16_512(__m512 x, uint32_t dtype)
     return _mm512_cvtepi32_epi16(rn);
 }
 
-/* Two halves of sixteen (kern_half16_512()) as one register: lo's in the low 32 bytes. */
-__attribute__((always_inline,
-               target("avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c"))) static inline __m512i
-kern_halves32_512(__m512 lo, __m512 hi, uint32_t dtype)
-{
-    return _mm512_inserti64x4(_mm512_castsi256_si512(kern_half16_512(lo, dtype)),
-                              kern_half16_512(hi, dtype), 1);
-}
-
 /* v into the 64 bytes at r, by mode nt (kern_st512_mode()). */
-__attribute__((always_inline,
-               target("avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c"))) static inline void
-kern_st512(void *r, __m512i v, const int nt)
+KERN_ST512_AI void kern_st512(void *r, __m512i v, const int nt)
 {
     if (nt == 2) {
         _mm512_stream_si512(r, v);
@@ -76,4 +67,25 @@ kern_st512(void *r, __m512i v, const int nt)
     }
 }
 
+/* 32 floats as halves of dtype (kern_half16_512()) into the 64 bytes at r, lo's first, by
+ * mode nt: whole (mode 2), or from the two 32-byte registers as they are (mode 1: four
+ * 16-byte stores take two extracts from them, a merge and three from one 64-byte one). */
+KERN_ST512_AI void kern_st512_halves(void *r, __m512 lo, __m512 hi, uint32_t dtype, const int nt)
+{
+    const __m256i a = kern_half16_512(lo, dtype), b = kern_half16_512(hi, dtype);
+    if (nt == 2) {
+        _mm512_stream_si512(r, _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1));
+    } else if (nt == 1) {
+        __m128i *q = r;
+        _mm_stream_si128(q, _mm256_castsi256_si128(a));
+        _mm_stream_si128(q + 1, _mm256_extracti128_si256(a, 1));
+        _mm_stream_si128(q + 2, _mm256_castsi256_si128(b));
+        _mm_stream_si128(q + 3, _mm256_extracti128_si256(b, 1));
+    } else {
+        _mm256_storeu_si256((__m256i *)r, a);
+        _mm256_storeu_si256((__m256i *)r + 1, b);
+    }
+}
+
+#undef KERN_ST512_AI
 #endif
