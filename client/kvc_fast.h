@@ -50,6 +50,18 @@
  *   once, so that no client waits for the others' rings (the one thread reading them would
  *   otherwise pace every client of the host). Entries are not requests: they keep no
  *   connection from idling out.
+ * - The bell. So that a pass costs what the rings with entries cost, not a look at every
+ *   connection's ring (a cache miss each, in a page of its own: at 1,024 connections the
+ *   loop's largest cost of its own), a client sets its connection's bit in its uid's bell
+ *   after it advances its head, unless the daemon has still to read what it wrote before
+ *   (kvc_fast_bell_ring), and a pass looks only at the rings whose bits it found set
+ *   (clearing them) and at those it has not read empty. The bell is one memfd per
+ *   uid (FAST_ATTACH BELL; the bit is in the ring's header), shared only by that uid's
+ *   connections, which trust each other already (one can ptrace another): a client that sets
+ *   bits at random costs the daemon at most a look at each of its uid's rings, as every pass
+ *   cost before; one that clears them delays its own uid's hits until that connection's next
+ *   request, its SYNC, or the sweep that looks at every ring every 100 ms. A
+ *   connection without a bell (a client that predates it) has its ring looked at every pass.
  */
 #ifndef KVC_FAST_H
 #define KVC_FAST_H
@@ -115,23 +127,50 @@ _Static_assert(sizeof(struct kvc_fast_hit) == 32, "fast ring entry layout");
 struct kvc_fast_ring {
     uint64_t magic;
     uint32_t nents; /* a power of two */
-    uint32_t pad;
-    uint64_t head; /* written by the client */
-    uint64_t tail; /* written by the daemon */
-    uint64_t lost; /* hits the client could not record (ring full, no drain) */
+    uint32_t bell;  /* the connection's bit in its uid's bell, once FAST_ATTACH BELL gave it */
+    uint64_t head;  /* written by the client */
+    uint64_t tail;  /* written by the daemon */
+    uint64_t lost;  /* hits the client could not record (ring full, no drain) */
     uint64_t pad2[3];
     /* struct kvc_fast_hit ents[nents]; */
 };
 _Static_assert(sizeof(struct kvc_fast_ring) == 64, "fast ring header layout");
 #define KVC_FAST_RING_ENTS 4096u
 
+/* The bell: KVC_FAST_BELL_BITS bits, 64 to a word (bit b in word b / 64, 1 << b % 64), one per
+ * connection of the uid that maps it (server.max_clients is at most that many). */
+#define KVC_FAST_BELL_BITS 65536u
+#define KVC_FAST_BELL_BYTES (KVC_FAST_BELL_BITS / 8u)
+
+/* After ring r's head moved on from `was` (stored): sets the connection's bit unless the
+ * daemon has still to read entries written before `was` (it looks at the ring until it has
+ * read it empty) or the bit is set already. Most calls of a busy client stop at the first
+ * test, without touching the bell, which the uid's other connections write too. The fence
+ * orders the head before the looks at tail and bit, as the daemon's fences order its store
+ * of tail and its clear of the bit before its look at the head: of each pair, one side sees
+ * the other's store, so a ring the daemon read empty and stopped looking at has its bit
+ * set again. */
+static inline void kvc_fast_bell_ring(const struct kvc_fast_ring *r, uint64_t was, uint64_t *bell,
+                                      uint32_t bit)
+{
+    uint64_t *w = bell + bit / 64, m = 1ull << (bit % 64);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&r->tail, __ATOMIC_RELAXED) != was)
+        return;
+    if (!(__atomic_load_n(w, __ATOMIC_RELAXED) & m))
+        __atomic_fetch_or(w, m, __ATOMIC_RELAXED);
+}
+
 /* FAST_ATTACH: what = INDEX: arena_id's index (a read-only descriptor), for a connection
  * that holds that arena; RING: the connection's hit ring (read-write, made on the first
  * call); SYNC: answered once the connection's ring has been read, past what its rate
- * covers skipped (no descriptor). */
+ * covers skipped (no descriptor); BELL (from a daemon whose HELLO says
+ * KVC_HELLO_F_FAST_BELL, after RING): the bell of the connection's uid (read-write), its bit
+ * written in the ring's header. */
 #define KVC_FAST_INDEX 1u
 #define KVC_FAST_RING 2u
 #define KVC_FAST_SYNC 3u
+#define KVC_FAST_BELL 4u
 struct kvc_fast_attach_req {
     uint32_t what;
     uint32_t arena_id;

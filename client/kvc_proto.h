@@ -120,7 +120,8 @@ struct kvc_hello_rep {
     uint32_t conn_id;
 };
 
-#define KVC_HELLO_F_QUIET 0x1u /* a RELEASE may carry KVC_MSG_F_QUIET */
+#define KVC_HELLO_F_QUIET 0x1u     /* a RELEASE may carry KVC_MSG_F_QUIET */
+#define KVC_HELLO_F_FAST_BELL 0x2u /* FAST_ATTACH takes KVC_FAST_BELL (client/kvc_fast.h) */
 
 /* NS_OPEN */
 enum kvc_wire_dtype {

@@ -71,7 +71,33 @@ static int kvc_fast_check(const struct kvc_fast_hdr *h, uint64_t bytes, uint32_t
     return 0;
 }
 
-/* Maps the hit ring, once per client: true when it is there. c->mu held. */
+/* Maps the bell of the connection's uid, its bit in the header of ring r. false when it
+ * cannot: the daemon gave the bit, so a ring written without it would be read only at the
+ * daemon's sweeps. c->mu held. */
+static bool kvc_fast_bell_map(kvc_client *c, const struct kvc_fast_ring *r)
+{
+    int fd = -1;
+    uint64_t bytes = 0;
+    if (kvc_fast_attach_call(c, KVC_FAST_BELL, 0, &fd, &bytes)) {
+        if (fd >= 0)
+            close(fd);
+        return false;
+    }
+    uint32_t bit = __atomic_load_n(&r->bell, __ATOMIC_ACQUIRE);
+    if (bytes != KVC_FAST_BELL_BYTES || bit >= KVC_FAST_BELL_BITS) {
+        close(fd);
+        return false;
+    }
+    uint64_t *b = kvc_fast_map(fd, bytes, PROT_READ | PROT_WRITE);
+    if (!b)
+        return false;
+    c->bell = b;
+    c->bell_bit = bit;
+    return true;
+}
+
+/* Maps the hit ring (and its bell, from a daemon that has one), once per client: true when
+ * it is there. c->mu held. */
 static bool kvc_fast_ring_map(kvc_client *c)
 {
     int fd = -1;
@@ -89,7 +115,8 @@ static bool kvc_fast_ring_map(kvc_client *c)
     if (!r)
         return false;
     if (bytes != sizeof(*r) + (uint64_t)KVC_FAST_RING_ENTS * sizeof(struct kvc_fast_hit) ||
-        r->magic != KVC_FAST_RING_MAGIC || r->nents != KVC_FAST_RING_ENTS) {
+        r->magic != KVC_FAST_RING_MAGIC || r->nents != KVC_FAST_RING_ENTS ||
+        ((c->features & KVC_HELLO_F_FAST_BELL) && !kvc_fast_bell_map(c, r))) {
         munmap(r, bytes);
         __atomic_store_n(&c->fast_off, true, __ATOMIC_RELAXED);
         return false;
@@ -154,6 +181,14 @@ void kvci_fast_fini(kvc_client *c)
         }
     if (c->ring)
         munmap(c->ring, c->ring_bytes);
+    if (c->bell)
+        munmap(c->bell, KVC_FAST_BELL_BYTES);
+}
+
+void kvci_fast_bell(kvc_client *c, uint64_t was)
+{
+    if (c->bell && c->ring->head != was)
+        kvc_fast_bell_ring(c->ring, was, c->bell, c->bell_bit);
 }
 
 bool kvci_fast_unread(const kvc_client *c)
@@ -222,7 +257,7 @@ static void kvc_fast_record(kvc_client *c, struct kvc_fast_hit *rec, size_t n)
     pthread_mutex_lock(&c->mu);
     struct kvc_fast_ring *r = c->ring;
     struct kvc_fast_hit *ents = (struct kvc_fast_hit *)(r + 1);
-    uint64_t head = r->head;
+    uint64_t head = r->head, was = head;
     uint64_t tail = __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE);
     if (head - tail + n > KVC_FAST_RING_ENTS / 2 && !c->dead &&
         kvc_fast_attach_call(c, KVC_FAST_SYNC, 0, NULL, NULL) == 0)
@@ -236,6 +271,7 @@ static void kvc_fast_record(kvc_client *c, struct kvc_fast_hit *rec, size_t n)
         head++;
     }
     __atomic_store_n(&r->head, head, __ATOMIC_RELEASE);
+    kvci_fast_bell(c, was);
     pthread_mutex_unlock(&c->mu);
 }
 

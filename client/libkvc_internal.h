@@ -128,6 +128,8 @@ struct kvc_client {
     struct kvc_fastmap fast[KVC_MAX_ARENAS];
     struct kvc_fast_ring *ring; /* the hit ring, written under mu */
     uint64_t ring_bytes;
+    uint64_t *bell;    /* its uid's bell (a daemon with KVC_HELLO_F_FAST_BELL), or NULL */
+    uint32_t bell_bit; /* the ring's bit in it */
 };
 
 struct kvc_ns {
@@ -224,6 +226,9 @@ size_t kvci_fast_get(kvc_ns *ns, const struct kvc_key *keys, size_t n, void *con
 /* Resolves one key through the index (benchmarks): 1 with where its stored bytes are now
  * (valid until the daemon reuses the slot: copy them, then check), 0 when not there. */
 int kvci_fast_resolve(kvc_ns *ns, const struct kvc_key *k, const void **data, size_t *len);
+/* Tells the daemon the hit ring has entries (kvc_fast_bell_ring), after head moved on from
+ * `was`. */
+void kvci_fast_bell(kvc_client *c, uint64_t was);
 /* Whether the hit ring holds hits the daemon has not read yet. */
 bool kvci_fast_unread(const kvc_client *c);
 /* Asks the daemon to read the ring (FAST_ATTACH SYNC, answered once it did) so that the hits

@@ -49,6 +49,17 @@ struct fast_ring {
     uint64_t allow_ms;    /* when allow_milli was last refilled */
 };
 
+/* A uid's bell. The words are the clients' to write; what the daemon keeps of its own is
+ * which bits it gave out, to whom, and how far they reach. */
+struct fast_bell {
+    int fd;
+    uint64_t *words; /* shared: KVC_FAST_BELL_BITS / 64 */
+    uint64_t used[KVC_FAST_BELL_BITS / 64];
+    void **owner;    /* [cap]: the owner of each bit given out, NULL once given back */
+    uint32_t cap;    /* entries of owner */
+    uint32_t nwords; /* words up to the highest bit given out: the only ones read */
+};
+
 static uint64_t fast_round64(uint64_t x)
 {
     return (x + 63) & ~(uint64_t)63;
@@ -195,6 +206,11 @@ void fast_index_stats_get(const struct fast_index *fi, struct fast_index_stats *
     st->full = fi->full;
     st->stash = fi->stash_used;
     st->moves = fi->moves;
+}
+
+bool fast_index_lost_any(const struct fast_index *fi)
+{
+    return fi->full != 0;
 }
 
 static bool fast_ent_is(const struct kvc_fast_ent *e, uint16_t ns, const struct kvc_wire_key *k)
@@ -561,4 +577,108 @@ uint32_t fast_ring_shed(struct fast_ring *r, uint32_t keep, bool *lied)
     r->tail += n;
     __atomic_store_n(&r->r->tail, r->tail, __ATOMIC_RELEASE);
     return n;
+}
+
+void fast_ring_bell_set(struct fast_ring *r, uint32_t bit)
+{
+    __atomic_store_n(&r->r->bell, bit, __ATOMIC_RELEASE);
+}
+
+/* ---- bells ------------------------------------------------------------------------- */
+
+struct fast_bell *fast_bell_new(int *err)
+{
+    struct fast_bell *b = calloc(1, sizeof(*b));
+    void *map;
+    if (!b) {
+        *err = -ENOMEM;
+        return NULL;
+    }
+    b->fd = fast_memfd("kvcd-bell", KVC_FAST_BELL_BYTES, false, &map);
+    if (b->fd < 0) {
+        *err = b->fd;
+        free(b);
+        return NULL;
+    }
+    b->words = map;
+    return b;
+}
+
+void fast_bell_free(struct fast_bell *b)
+{
+    if (!b)
+        return;
+    munmap(b->words, KVC_FAST_BELL_BYTES);
+    close(b->fd);
+    free(b->owner);
+    free(b);
+}
+
+int fast_bell_fd(const struct fast_bell *b)
+{
+    return b->fd;
+}
+
+uint64_t fast_bell_bytes(const struct fast_bell *b)
+{
+    (void)b;
+    return KVC_FAST_BELL_BYTES;
+}
+
+int fast_bell_bit_take(struct fast_bell *b, void *owner)
+{
+    uint32_t w = 0;
+    while (w < KVC_FAST_BELL_BITS / 64 && b->used[w] == UINT64_MAX)
+        w++;
+    if (w == KVC_FAST_BELL_BITS / 64)
+        return -ENOSPC;
+    uint32_t bit = w * 64 + (uint32_t)__builtin_ctzll(~b->used[w]);
+    if (bit >= b->cap) {
+        uint32_t cap = b->cap ? b->cap * 2 : 64;
+        void **o = realloc(b->owner, cap * sizeof(*o));
+        if (!o)
+            return -ENOMEM;
+        memset(o + b->cap, 0, (cap - b->cap) * sizeof(*o));
+        b->owner = o;
+        b->cap = cap;
+    }
+    b->used[w] |= 1ull << (bit % 64);
+    b->owner[bit] = owner;
+    if (w >= b->nwords)
+        b->nwords = w + 1;
+    __atomic_fetch_and(&b->words[w], ~(1ull << (bit % 64)), __ATOMIC_RELAXED);
+    return (int)bit;
+}
+
+void fast_bell_bit_put(struct fast_bell *b, uint32_t bit)
+{
+    uint32_t w = bit / 64;
+    if (bit >= b->cap || !b->owner[bit])
+        return;
+    b->owner[bit] = NULL;
+    b->used[w] &= ~(1ull << (bit % 64));
+    __atomic_fetch_and(&b->words[w], ~(1ull << (bit % 64)), __ATOMIC_RELAXED);
+    while (b->nwords && !b->used[b->nwords - 1])
+        b->nwords--;
+}
+
+void fast_bell_collect(struct fast_bell *b, void (*fn)(void *owner, void *arg), void *arg)
+{
+    for (uint32_t w = 0; w < b->nwords; w++) {
+        /* A plain load first: a word with no bit set (most of them) is not written. */
+        if (!__atomic_load_n(&b->words[w], __ATOMIC_RELAXED))
+            continue;
+        /* Bits no connection holds (a client may set any) are cleared and ignored. */
+        uint64_t x = __atomic_exchange_n(&b->words[w], 0, __ATOMIC_RELAXED) & b->used[w];
+        while (x) {
+            uint32_t bit = w * 64 + (uint32_t)__builtin_ctzll(x);
+            x &= x - 1;
+            fn(b->owner[bit], arg);
+        }
+    }
+}
+
+void fast_bell_fence(void)
+{
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
 }

@@ -1,6 +1,6 @@
 /*
  * fast.h — the daemon's side of the fast path (client/kvc_fast.h): the shared index of one
- * host arena, and a connection's hit ring.
+ * host arena, a connection's hit ring, and the bell of a uid's rings.
  *
  * DESIGN
  * The index lives in a memfd of mode 0600, mapped read-write by the daemon and then sealed
@@ -54,6 +54,9 @@ uint32_t *fast_index_gens(struct fast_index *fi);
 int fast_index_fd_ro(const struct fast_index *fi);
 uint64_t fast_index_bytes(const struct fast_index *fi);
 void fast_index_stats_get(const struct fast_index *fi, struct fast_index_stats *st);
+/* Whether a publication ever found no room (stats' full): until then every block published
+ * has its entry, so republishing an unchanged block (a touch) would find it as it is. */
+bool fast_index_lost_any(const struct fast_index *fi);
 
 /* Publishes (or updates) the block of namespace ns under key k at off, stored in format in a
  * slot of len bytes; its generation is the slot's now. */
@@ -88,5 +91,28 @@ uint32_t fast_ring_take(struct fast_ring *r, struct kvc_fast_hit *out, uint32_t 
  * allowance covers (the oldest go): how many. The client asks for room (FAST_ATTACH SYNC)
  * when half its ring is unread; keep = 0 empties it. */
 uint32_t fast_ring_shed(struct fast_ring *r, uint32_t keep, bool *lied);
+/* Writes the connection's bit in its uid's bell into the ring's header, for the client. */
+void fast_ring_bell_set(struct fast_ring *r, uint32_t bit);
+
+/* A uid's bell (client/kvc_fast.h): KVC_FAST_BELL_BITS bits in a memfd the uid's connections
+ * map read-write, one per connection that asked for one; a client sets its bit after it
+ * writes to its ring. Nothing read from it is trusted beyond "look at this ring": a bit no
+ * connection holds is ignored, and the words past the highest bit given out are never read. */
+struct fast_bell;
+struct fast_bell *fast_bell_new(int *err); /* NULL and *err = -errno on failure */
+void fast_bell_free(struct fast_bell *b);  /* NULL is a no-op */
+/* Its read-write descriptor (it stays the bell's) and the bytes to map. */
+int fast_bell_fd(const struct fast_bell *b);
+uint64_t fast_bell_bytes(const struct fast_bell *b);
+/* The lowest free bit, now owner's (cleared), or -ENOSPC / -ENOMEM. */
+int fast_bell_bit_take(struct fast_bell *b, void *owner);
+/* Gives bit back (cleared); its owner is no longer called. */
+void fast_bell_bit_put(struct fast_bell *b, uint32_t bit);
+/* Clears every bit set since the last call and calls fn(owner, arg) for each one that has an
+ * owner. The caller reads the rings after a fence (fast_bell_fence) once all its bells are
+ * collected: a client that sets its bit after that clear wrote its head before it, or sees
+ * the bit clear and sets it again. */
+void fast_bell_collect(struct fast_bell *b, void (*fn)(void *owner, void *arg), void *arg);
+void fast_bell_fence(void);
 
 #endif

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/random.h>
 #include <xxhash.h>
 
@@ -54,6 +55,14 @@ static bool index_match(const struct block *b, uint16_t ns, const struct kvc_wir
     return b->ns == ns && b->key.lo == k->lo && b->key.hi == k->hi;
 }
 
+void index_huge_pages(void *p, size_t bytes)
+{
+    const uintptr_t huge = 2u << 20;
+    uintptr_t a = ((uintptr_t)p + huge - 1) & ~(huge - 1), e = ((uintptr_t)p + bytes) & ~(huge - 1);
+    if (p && e > a)
+        (void)madvise((void *)a, e - a, MADV_HUGEPAGE);
+}
+
 int index_init(struct index *ix, uint32_t initial)
 {
     memset(ix, 0, sizeof(*ix));
@@ -63,6 +72,8 @@ int index_init(struct index *ix, uint32_t initial)
     while (ix->nslots < ix->cap * 2)
         ix->nslots <<= 1;
     ix->slots = calloc(ix->nslots, sizeof(*ix->slots));
+    index_huge_pages(ix->blocks, (size_t)ix->cap * sizeof(*ix->blocks));
+    index_huge_pages(ix->slots, (size_t)ix->nslots * sizeof(*ix->slots));
     ix->ibits = index_ibits(ix->cap);
     ix->free_head = INDEX_NONE;
     if (getrandom(&ix->seed, sizeof(ix->seed), 0) != sizeof(ix->seed))
@@ -103,6 +114,7 @@ int index_block_new(struct index *ix, uint32_t *idx)
             nb = realloc(ix->blocks, (size_t)ncap * sizeof(*nb));
             if (!nb)
                 return -ENOMEM;
+            index_huge_pages(nb, (size_t)ncap * sizeof(*nb));
             ix->blocks = nb;
             ix->cap = ncap;
         }
@@ -128,10 +140,10 @@ void index_block_delete(struct index *ix, uint32_t idx)
 }
 
 /* The block of (ns, key) or INDEX_NONE, uncounted: index_insert's probe for a duplicate. */
-static uint32_t index_probe(struct index *ix, uint16_t ns, const struct kvc_wire_key *key)
+static uint32_t index_probe_hashed(struct index *ix, uint16_t ns, const struct kvc_wire_key *key,
+                                   uint64_t h)
 {
     uint32_t mask = ix->nslots - 1;
-    uint64_t h = index_hash(ix, ns, key);
     uint32_t tag = index_tag(ix->ibits, h);
     uint32_t tmask = ix->ibits >= 32 ? 0 : ~((1u << ix->ibits) - 1);
     for (uint32_t s = (uint32_t)h & mask;; s = (s + 1) & mask) {
@@ -147,10 +159,56 @@ static uint32_t index_probe(struct index *ix, uint16_t ns, const struct kvc_wire
     }
 }
 
+static uint32_t index_probe(struct index *ix, uint16_t ns, const struct kvc_wire_key *key)
+{
+    return index_probe_hashed(ix, ns, key, index_hash(ix, ns, key));
+}
+
 uint32_t index_find(struct index *ix, uint16_t ns, const struct kvc_wire_key *key)
 {
     ix->finds++;
     return index_probe(ix, ns, key);
+}
+
+/* keys[j] hashed, and its home slot on its way into the cache. */
+static void index_ahead_hash(struct index_ahead *a, const struct index *ix, uint32_t j)
+{
+    uint64_t h = index_hash(ix, a->ns, &a->keys[j]);
+    a->h[j % INDEX_AHEAD_RING] = h;
+    __builtin_prefetch(&ix->slots[(uint32_t)h & (ix->nslots - 1)]);
+}
+
+void index_ahead_init(struct index_ahead *a, const struct index *ix, uint16_t ns,
+                      const struct kvc_wire_key *keys, uint32_t n)
+{
+    a->keys = keys;
+    a->n = n;
+    a->ns = ns;
+    a->hashed = 0;
+    while (a->hashed < n && a->hashed < 2 * INDEX_AHEAD)
+        index_ahead_hash(a, ix, a->hashed++);
+}
+
+uint32_t index_ahead_find(struct index_ahead *a, struct index *ix, uint32_t i)
+{
+    uint32_t mask = ix->nslots - 1;
+    /* Slots 2 x INDEX_AHEAD keys ahead; then, for the key INDEX_AHEAD ahead, whose slot has
+     * had that long to arrive, the block its home slot names (the first slot is where a
+     * key sits in all but a few probes at the map's load). */
+    while (a->hashed < a->n && a->hashed <= i + 2 * INDEX_AHEAD)
+        index_ahead_hash(a, ix, a->hashed++);
+    uint32_t j = i + INDEX_AHEAD;
+    if (j < a->hashed) {
+        uint64_t h = a->h[j % INDEX_AHEAD_RING];
+        uint32_t v = ix->slots[(uint32_t)h & mask];
+        uint32_t tmask = ix->ibits >= 32 ? 0 : ~((1u << ix->ibits) - 1);
+        if (v && (v & tmask) == index_tag(ix->ibits, h))
+            __builtin_prefetch(&ix->blocks[index_slot_idx(ix, v)]);
+    }
+    ix->finds++;
+    if (i >= a->hashed || i + INDEX_AHEAD_RING < a->hashed)
+        return index_probe(ix, a->ns, &a->keys[i]); /* not in the ring: asked out of order */
+    return index_probe_hashed(ix, a->ns, &a->keys[i], a->h[i % INDEX_AHEAD_RING]);
 }
 
 static void index_place(uint32_t *slots, uint32_t nslots, uint32_t h, uint32_t v)
@@ -168,6 +226,7 @@ static int index_rebuild(struct index *ix, uint32_t n, uint32_t ibits)
     uint32_t *ns = calloc(n, sizeof(*ns));
     if (!ns)
         return -ENOMEM;
+    index_huge_pages(ns, (size_t)n * sizeof(*ns));
     for (uint32_t s = 0; s < ix->nslots; s++) {
         uint32_t v = ix->slots[s];
         if (v) {
@@ -193,9 +252,23 @@ int index_reserve(struct index *ix, uint32_t n)
     while (cap < n && cap < (1u << 31)) /* the pool doubles: the size it will have */
         cap <<= 1;
     uint32_t ibits = index_ibits(cap) > ix->ibits ? index_ibits(cap) : ix->ibits;
-    if (nslots == ix->nslots && ibits == ix->ibits)
-        return 0;
-    return index_rebuild(ix, nslots, ibits);
+    if (nslots != ix->nslots || ibits != ix->ibits) {
+        int rc = index_rebuild(ix, nslots, ibits);
+        if (rc)
+            return rc;
+    }
+    /* The pool at that size too, its pages untouched until blocks come (they count in the
+     * daemon's memory as they are used), so all of it can be on huge pages: grown by
+     * doubling, the part already used stays on small ones. */
+    if (cap > ix->cap) {
+        struct block *nb = realloc(ix->blocks, (size_t)cap * sizeof(*nb));
+        if (!nb)
+            return -ENOMEM;
+        index_huge_pages(nb, (size_t)cap * sizeof(*nb));
+        ix->blocks = nb;
+        ix->cap = cap;
+    }
+    return 0;
 }
 
 static int index_grow(struct index *ix)

@@ -102,12 +102,22 @@ struct index {
     uint64_t rebuilds;  /* times the map was rebuilt (grown, or its slots widened) */
 };
 
+/* Per-block tables (the map's two arrays, the store's side tables) on huge pages where the
+ * kernel allows them (transparent huge pages "madvise" or "always"), called on an allocation
+ * before its pages are first touched: at a million blocks an access reads a random 4 KiB
+ * page of each, so on small pages it missed the TLB as well as the cache (a page walk;
+ * under a hypervisor, two). An allocation under 2 MiB, or its parts outside whole 2 MiB
+ * pages, stays as it is; where the kernel refuses, nothing changes. */
+void index_huge_pages(void *p, size_t bytes);
+
 int index_init(struct index *ix, uint32_t initial);
 void index_fini(struct index *ix);
 /* Room for n blocks with no rebuild of the map on the way: slots for n at the map's load
- * limit, and slot values wide enough for the pool that holds n (one rebuild now, or none).
- * Rebuilding the map costs O(entries) on the loop: ~40 ms at a million blocks here, ~110 ms
- * at two. Never shrinks. -ENOMEM changes nothing. */
+ * limit, and slot values wide enough for the pool that holds n (one rebuild now, or none);
+ * the pool itself at that size (on huge pages where allowed, its pages touched as blocks
+ * come; pointers into the pool are invalidated, as by index_block_new). Rebuilding the map
+ * costs O(entries) on the loop: ~40 ms at a million blocks here, ~110 ms at two. Never
+ * shrinks. -ENOMEM: what could not grow stays as it was. */
 int index_reserve(struct index *ix, uint32_t n);
 
 /* A new pool entry (state FREE, zeroed apart from links). -ENOMEM. Pointers into the pool
@@ -119,6 +129,25 @@ void index_block_delete(struct index *ix, uint32_t idx);
 /* The block of (ns, key) or INDEX_NONE. Counts itself in ix->finds (index_insert's own probe
  * for a duplicate is part of the insert, not counted). */
 uint32_t index_find(struct index *ix, uint16_t ns, const struct kvc_wire_key *key);
+/* index_find over keys[0..n) taken in order, each probe's cache misses (its slot, then its
+ * block: one after the other, ~100 ns each in a map larger than the caches) started
+ * INDEX_AHEAD keys ahead, so a lookup of many keys waits on several at once instead of one
+ * at a time. index_ahead_init, then index_ahead_find for i = 0, 1, ... (any i < n; out of
+ * order is slower, never wrong). Counts in ix->finds as index_find does, each key it
+ * resolves; a key it only looked ahead at is not counted. */
+#define INDEX_AHEAD 8
+#define INDEX_AHEAD_RING 32 /* hashes kept: the key resolved and the 2 x INDEX_AHEAD after it */
+struct index_ahead {
+    const struct kvc_wire_key *keys;
+    uint32_t n;
+    uint32_t hashed; /* keys[0..hashed) hashed into h (by index), their slots prefetched */
+    uint16_t ns;
+    uint64_t h[INDEX_AHEAD_RING];
+};
+void index_ahead_init(struct index_ahead *a, const struct index *ix, uint16_t ns,
+                      const struct kvc_wire_key *keys, uint32_t n);
+uint32_t index_ahead_find(struct index_ahead *a, struct index *ix, uint32_t i);
+
 /* Maps blocks[idx] under its ns and key. -EEXIST if present, -ENOMEM. */
 int index_insert(struct index *ix, uint32_t idx);
 /* Unmaps blocks[idx]. -ENOENT if it is not mapped. */

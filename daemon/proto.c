@@ -194,7 +194,7 @@ static int proto_check_body(uint32_t op, const void *body, const char **why)
     }
     case KVC_OP_FAST_ATTACH: {
         const struct kvc_fast_attach_req *q = body;
-        if (q->what < KVC_FAST_INDEX || q->what > KVC_FAST_SYNC) {
+        if (q->what < KVC_FAST_INDEX || q->what > KVC_FAST_BELL) {
             *why = "unknown FAST_ATTACH kind";
             return -EINVAL;
         }

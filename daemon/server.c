@@ -114,6 +114,7 @@ static void server_uid_put(struct server *sv, struct server_uid *u)
             *p = u->next;
             break;
         }
+    fast_bell_free(u->bell);
     free(u);
 }
 
@@ -178,8 +179,7 @@ void server_conn_close(struct server *sv, struct conn *c, const char *why)
         server_fast_drain(sv, c, loop_now_ms(sv->loop), SERVER_FAST_CLOSE);
         sv->store->total.fast_dropped += fast_ring_unread(c->ring);
     }
-    if (sv->fast_next == c)
-        sv->fast_next = c->next;
+    server_fast_conn_fini(sv, c);
     if (why)
         log_limited(LOG_LEVEL_WARNING, "server: closing client %u (pid %d, uid %u): %s", c->id,
                     (int)c->cred.pid, (unsigned)c->cred.uid, why);

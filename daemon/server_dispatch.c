@@ -54,7 +54,7 @@ static int server_on_hello(struct server *sv, struct conn *c, const struct proto
     memcpy(c->name, q->client_name, sizeof(c->name));
     c->name[sizeof(c->name) - 1] = 0;
     *p = (struct kvc_hello_rep){.version = KVC_PROTO_VERSION,
-                                .features = KVC_HELLO_F_QUIET,
+                                .features = KVC_HELLO_F_QUIET | KVC_HELLO_F_FAST_BELL,
                                 .daemon_pid = (uint32_t)getpid(),
                                 .peer_pid = (uint32_t)c->cred.pid,
                                 .peer_uid = c->cred.uid,

@@ -43,11 +43,15 @@
 #define SERVER_FAST_SHARE_US 25000u
 #define SERVER_FAST_CLOSE 256u
 /* The pass after a batch of requests runs at most once per SERVER_FAST_AFTER_US unless a SYNC
- * waits or the last one left entries to read: it visits every connection, and with a
- * thousand of them visiting after each batch took 40 % of the loop's time (bench_scale's
- * clients). Hits wait that much longer to be counted; an eviction still reads every ring
+ * waits or the last one left entries to read: when it visited every connection, a thousand of
+ * them visited after each batch took 40 % of the loop's time (bench_scale's clients). Hits wait that much longer to be counted; an eviction still reads every ring
  * first (server_fast_evict), so none ranks without the hits taken before it. */
 #define SERVER_FAST_AFTER_US 1000u
+/* A pass looks only at the rings that may hold entries (client/kvc_fast.h, the bell): those of
+ * connections whose bit it found set, that it left unread, whose SYNC waits, or that have no
+ * bell. Every SERVER_FAST_SWEEP_US the pass after a batch also looks at every other ring, for
+ * the hits of a client whose bit another client of its uid cleared (or that never set it). */
+#define SERVER_FAST_SWEEP_US 100000u
 /* Copy time a connection may report (load_us): at most SERVER_LOAD_PARALLEL microseconds per
  * microsecond it has been connected (as many threads copying all the time), a minute of that
  * banked at most. */
@@ -58,8 +62,9 @@
 struct server_uid {
     uint32_t uid;
     uint32_t nconns;
-    uint64_t pins;    /* lease pins */
-    uint64_t handles; /* leases + reservations */
+    uint64_t pins;          /* lease pins */
+    uint64_t handles;       /* leases + reservations */
+    struct fast_bell *bell; /* its connections' bell (FAST_ATTACH BELL), NULL until asked */
     struct server_uid *next;
 };
 
@@ -114,6 +119,11 @@ struct conn {
     uint64_t load_ms;
     bool sync_wait;    /* a FAST_ATTACH SYNC waits until its ring is read */
     uint32_t sync_req; /* its request id */
+    /* On sv->fast_active: its ring may hold entries (a pass looks at it). */
+    bool fa_on;
+    struct conn *fa_prev, *fa_next;
+    bool belled; /* holds bit bell_bit of u->bell */
+    uint32_t bell_bit;
 };
 
 /* A WAIT answered when its lease's reads from disk end or its time runs out. */
@@ -172,8 +182,10 @@ struct server {
     struct acl *acl;
     struct server_hooks hooks;
     struct kvc_fast_hit fast_hits[KVC_FAST_RING_ENTS]; /* a hit ring's entries, being read */
-    bool fast_evict_passed; /* server_fast_evict ran since the last request or batch began */
-    struct conn *fast_next; /* the ring server_fast_pass reads first next time */
+    bool fast_evict_passed;   /* server_fast_evict ran since the last request or batch began */
+    struct conn *fast_active; /* the connections whose rings a pass looks at (fa_next) */
+    struct conn *fast_next;   /* the one of them server_fast_pass reads first next time */
+    uint64_t fast_sweep_us;   /* when a pass last looked at every ring */
     bool fast_in_pass;
     uint64_t fast_after_us;       /* when the last pass after a batch ran (server_fast_after) */
     bool fast_after_due;          /* it left entries to read: the next one runs at once */
@@ -236,6 +248,9 @@ int server_io_send(struct conn *c, const void *buf, size_t len, int fd);
 void server_io_close(struct conn *c);
 /* server_fast.c */
 uint32_t server_fast_drain(struct server *sv, struct conn *c, uint64_t now, uint32_t max);
+/* Puts c on the rings a pass looks at / takes it off (and gives its bit back). */
+void server_fast_active_add(struct server *sv, struct conn *c);
+void server_fast_conn_fini(struct server *sv, struct conn *c);
 int server_fast_after(void *arg);
 void server_fast_evict(void *arg);
 int server_on_fast_attach(struct server *sv, struct conn *c, const struct proto_req *r,

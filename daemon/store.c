@@ -127,7 +127,14 @@ void store_lru_push_head(struct store *s, uint32_t idx)
     store_ladder_account(s, idx, +1);
     store_slot_own(s, idx, true);
     store_heap_sync(s, idx);
-    store_fast_sync(s, idx);
+    /* A touch (fast_keep) moves the block in its list alone: slot, format and tier as they
+     * were, so its entry in the shared index is too, and a publish would only find it (a
+     * probe of a large index: a cache miss a hit, after the lookup's reply but before the
+     * next request). Where the index once had no room, the touch gives the block another
+     * try, as every publish does. */
+    struct fast_index *fi = b->arena < STORE_MAX_ARENAS ? s->fast[b->arena] : NULL;
+    if (!s->fast_keep || (fi && fast_index_lost_any(fi)))
+        store_fast_sync(s, idx);
 }
 
 /* A batch's publications a few blocks ahead (a large shared index misses the cache on each):
@@ -268,13 +275,12 @@ static void store_index_reserve(struct store *s)
 void store_touch(struct store *s, uint32_t idx, uint64_t now)
 {
     /* Only its place in the list moves: its index entry stays, so readers of the shared
-     * index never see it missing for the length of a touch (the push's publish is a no-op
-     * for an unchanged entry). */
+     * index never see it missing for the length of a touch, and the push leaves it alone. */
     s->fast_keep = true;
     store_lru_unlink(s, idx);
-    s->fast_keep = false;
     s->ix.blocks[idx].last_access = now; /* before the push: the heap keys with it */
     store_lru_push_head(s, idx);
+    s->fast_keep = false;
 }
 
 /* ---- creation ------------------------------------------------------------------------ */
@@ -829,10 +835,13 @@ uint32_t store_lookup_run(struct store *s, uint32_t ns_id, const struct kvc_wire
                           uint32_t n, struct store_lookup_blocks *lb)
 {
     uint32_t hits = 0;
+    struct index_ahead ahead;
     if (lb)
         lb->n = 0;
+    index_ahead_init(&ahead, &s->ix, (uint16_t)ns_id, keys,
+                     n < KVC_PROTO_MAX_KEYS ? n : KVC_PROTO_MAX_KEYS);
     while (hits < n && hits < KVC_PROTO_MAX_KEYS) {
-        uint32_t idx = index_find(&s->ix, (uint16_t)ns_id, &keys[hits]);
+        uint32_t idx = index_ahead_find(&ahead, &s->ix, hits);
         if (lb)
             lb->idx[lb->n++] = idx;
         if (!store_run_hit(s, ns_id, idx))

@@ -283,7 +283,7 @@ struct store {
      * smaller blocks comes to it). */
     struct fast_index *fast[STORE_MAX_ARENAS];
     uint64_t fast_full_before; /* fast_full of indexes replaced by larger ones */
-    bool fast_keep;            /* store_touch: the unlink leaves the block's index entry alone */
+    bool fast_keep;            /* store_touch: its unlink and push leave the index entry alone */
     /* Which block's slot starts at an offset of a host arena: per 4 KiB unit (the smallest
      * slot), 1 + the index of the committed block there, 0 none (kept by the LRU link and
      * unlink; store_slot_owner). The ladder and compaction empty a whole slab with it. NULL

@@ -416,10 +416,12 @@ const struct kern_cpu_ops kern_ref_ops = {
 
 /* ---- driver -------------------------------------------------------------------------- */
 
-/* A transform codec's section (kern_codec_ext) of layer l. */
+/* A transform codec's section (kern_codec_ext) of layer l; lst: the layer's key statistics
+ * asked of a MERGE K section's pass, or NULL. 1 where the pass took them, 0, or -errno. */
 static int kern_ext_enc(const struct kern_cpu_ops *ops, uint32_t codec, int is_v,
                         const struct kern_layout *lay, const struct kern_recipe *rec, uint32_t l,
-                        const void *src, uint8_t *sect, const uint8_t *kmerge)
+                        const void *src, uint8_t *sect, const uint8_t *kmerge,
+                        const struct kern_key_stats *lst)
 {
     const struct kern_ext_ctx c = {
         .lay = lay,
@@ -428,6 +430,9 @@ static int kern_ext_enc(const struct kern_cpu_ops *ops, uint32_t codec, int is_v
         .rawk = (const uint8_t *)src + 2 * kern_raw_index(lay, l, 0, 0, 0),
         .rawv = lay->k_only ? NULL : (const uint8_t *)src + 2 * kern_raw_index(lay, l, 1, 0, 0),
         .kmerge = kmerge,
+        .kmin = lst ? lst->kmin : NULL,
+        .kmax = lst ? lst->kmax : NULL,
+        .knorm = lst ? lst->knorm : NULL,
     };
     if (codec == KERN_CODEC_MERGE)
         return kern_merge_enc(ops, is_v, &c, sect);
@@ -552,6 +557,23 @@ int64_t kern_merge_forced(const struct kern_layout *lay, const struct kern_recip
     return (int64_t)forced;
 }
 
+/* The key statistics of a transform codec's K section (raw: its [T][H][D] rows) into the
+ * layer's lst: in one pass in memory order where the ops have it (a RAW section's statistics
+ * pass: it writes nothing to the section), else head by head. x: the driver's scratch. */
+static void ext_stats(const struct kern_cpu_ops *ops, const struct kern_layout *lay,
+                      const uint8_t *raw, uint8_t *sect, float *x, const struct kern_key_stats *lst)
+{
+    const uint32_t H = lay->heads, D = lay->head_dim;
+    if (ops->enc_sect &&
+        ops->enc_sect(KERN_CODEC_RAW, 0, raw, lay, sect, x, lst->kmin, lst->kmax, lst->knorm))
+        return;
+    for (uint32_t h = 0; h < H; h++) {
+        ops->load(raw + 2ull * h * D, lay->dtype, (uint64_t)H * D, lay->tokens, D, x);
+        ops->stats(x, lay->tokens, D, lst->kmin + (uint64_t)h * D, lst->kmax + (uint64_t)h * D,
+                   lst->knorm + h);
+    }
+}
+
 static int64_t encode_with(const struct kern_cpu_ops *ops, const struct kern_layout *lay,
                            const struct kern_recipe *rec, const void *src, void *dst,
                            size_t dst_cap, const struct kern_key_stats *st)
@@ -600,25 +622,24 @@ static int64_t encode_with(const struct kern_cpu_ops *ops, const struct kern_lay
             if (codec == KERN_CODEC_RAW && !stats_here)
                 continue;
             if (kern_codec_ext(s.codec, k == 1)) {
-                /* the statistics in one pass in memory order where the ops have it (a RAW
-                 * section's statistics pass: it writes nothing to the section) */
-                if (stats_here && ops->enc_sect &&
-                    ops->enc_sect(KERN_CODEC_RAW, 0, raw, lay, sect, x,
-                                  st->kmin + (uint64_t)l * H * D, st->kmax + (uint64_t)l * H * D,
-                                  st->knorm + (uint64_t)l * H))
-                    stats_here = 0;
-                for (uint32_t h = 0; stats_here && h < H; h++) {
-                    uint64_t lh = (uint64_t)l * H + h;
-                    ops->load(raw + 2ull * h * D, lay->dtype, stride, lay->tokens, D, x);
-                    ops->stats(x, lay->tokens, D, st->kmin + lh * D, st->kmax + lh * D,
-                               st->knorm + lh);
-                }
+                /* MERGE's K pass takes the statistics on its way where it can (the AVX-512
+                 * pass, kern_merge512.c), else they follow it; the other codecs' come first */
+                const struct kern_key_stats lst = {
+                    stats_here ? st->kmin + (uint64_t)l * H * D : NULL,
+                    stats_here ? st->kmax + (uint64_t)l * H * D : NULL,
+                    stats_here ? st->knorm + (uint64_t)l * H : NULL,
+                };
+                const int in_pass = stats_here && codec == KERN_CODEC_MERGE;
+                if (stats_here && !in_pass)
+                    ext_stats(ops, lay, raw, sect, x, &lst);
                 int rc = kern_ext_enc(ops, codec, k == 1, lay, rec, l, src, sect,
-                                      k == 1 ? kmerge : NULL);
+                                      k == 1 ? kmerge : NULL, in_pass ? &lst : NULL);
                 if (rc < 0) {
                     ret = rc;
                     goto out;
                 }
+                if (in_pass && rc == 0)
+                    ext_stats(ops, lay, raw, sect, x, &lst);
                 if (k == 0 && codec == KERN_CODEC_MERGE)
                     kmerge = sect;
                 continue;

@@ -67,6 +67,9 @@ struct kern_ext_ctx {
     const uint8_t *rawk, *rawv;
     const uint8_t *kmerge; /* MERGE's V section: the layer's MERGE K section, already written
                               (its runs are the V section's), or NULL to plan them again */
+    /* MERGE's K section: the layer's key statistics ([H][D], [H]), as kern_avx2_enc_sect()
+     * gives them, wanted from its pass, or NULL (kern_merge_enc returns 1 where it took them) */
+    float *kmin, *kmax, *knorm;
 };
 int kern_rot_enc(const struct kern_cpu_ops *ops, uint32_t codec, const struct kern_ext_ctx *c,
                  uint8_t *sect);
@@ -129,14 +132,18 @@ int kern_kivi512_enc_k(int bits, const void *raw, const struct kern_layout *lay,
  * kern_lowrank512.c, kern_merge512.c; on, the default where the CPU has them) or the AVX2
  * ones (0); returns the previous setting. Not thread-safe against running codecs. */
 int kern_rot_avx512(int on);
+/* MERGE's section: 0, or 1 where it took the key statistics c->kmin asks for (else the
+ * caller computes them), or -ENOMEM. */
 int kern_merge_enc(const struct kern_cpu_ops *ops, int is_v, const struct kern_ext_ctx *c,
                    uint8_t *sect);
 int kern_merge_dec(const struct kern_cpu_ops *ops, const struct kern_layout *lay,
                    const uint8_t *sect, void *raw, uint32_t out_dtype);
 /* A MERGE section encoded with AVX-512 (kern_merge512.c), where kern_rot512_on(): own the
- * section's slab (c->rawk or c->rawv). 1: done, the same bytes as kern_merge.c's; 0: not done,
- * a shape it does not take (fp16 with D a multiple of 32 only) or a row it read holds Inf or
- * NaN (the caller encodes the section its own way); -ENOMEM. */
+ * section's slab (c->rawk or c->rawv). 1: done, the same bytes as kern_merge.c's; 2: done,
+ * and the key statistics too (a K section, own c->rawk without c->kmerge, where c->kmin is
+ * not NULL: into c->kmin, c->kmax, c->knorm, the same floats as kern_avx2_enc_sect()); 0: not
+ * done (statistics neither), a shape it does not take (fp16 with D a multiple of 32 only) or
+ * a row it read holds Inf or NaN (the caller encodes the section its own way); -ENOMEM. */
 int kern_merge512_sect(const struct kern_ext_ctx *c, const uint8_t *own, uint8_t *sect);
 /* A MERGE section decoded with AVX-512 (kern_merge512.c), where kern_rot512_on(), into raw
  * rows of the block's own dtype: kern_merge_dec()'s bytes, streamed as kern_st512_mode() says

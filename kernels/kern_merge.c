@@ -239,9 +239,10 @@ struct mrg_state {
     __m256 nk, nv;
     float *sk, *sv, *sum;
     /* clean path: the open run's first row in `own` (borrowed from the slab for the pass);
-     * its sum is written only once a second row joins (summed) */
+     * its sum is written only once a second row joins (summed); the K pass's sv and nv only
+     * once a K row of the run joins (vset) */
     const uint16_t *first;
-    int summed;
+    int summed, vset;
 };
 
 /* Token t of head h (t == T closes the last run): kern_merge_plan's join (rows and forced
@@ -257,8 +258,8 @@ mrg_step(const struct kern_ext_ctx *c, uint32_t h, uint32_t t, const uint8_t *ow
     uint32_t *map = (uint32_t *)(head + 16);
     uint8_t *row0 = head + 16 + kern_merge_map_bytes(T);
     int join = 0;
-    /* clean: the rows are read from the slabs where used (xr: this section's), the V row only
-     * where K's test passes or a run starts */
+    /* clean: the rows are read from the slabs where used (xr: this section's), the V rows only
+     * where K's test passes (the run's first V row too, the first time) */
     const uint16_t *xr = t < T && clean ? mrg_raw_row(lay, own, t, h) : NULL;
     if (xr)
         mrg_check(xr, D, bad);
@@ -272,6 +273,14 @@ mrg_step(const struct kern_ext_ctx *c, uint32_t h, uint32_t t, const uint8_t *ow
         if (t > 0) {
             const uint16_t *xv_r = c->rawv ? mrg_raw_row(lay, c->rawv, t, h) : NULL;
             join = mrg_within_h(xr, st->sk, st->nk, D, lim);
+            if (join && xv_r && !st->vset) {
+                /* the run's first V row, read where a K row first joins it (the reference
+                 * compares V rows only there) */
+                const uint16_t *v0 = mrg_raw_row(lay, c->rawv, st->a, h);
+                mrg_check(v0, D, bad);
+                st->nv = mrg_start_h(v0, st->sv, D);
+                st->vset = 1;
+            }
             if (join && xv_r) {
                 mrg_check(xv_r, D, bad);
                 join = mrg_within_h(xv_r, st->sv, st->nv, D, lim);
@@ -341,14 +350,9 @@ mrg_step(const struct kern_ext_ctx *c, uint32_t h, uint32_t t, const uint8_t *ow
     }
     st->a = t;
     if (clean) {
-        if (!c->kmerge) { /* the rows the next tokens are compared with */
+        if (!c->kmerge) /* the K row the next tokens are compared with (V's: vset) */
             st->nk = mrg_start_h(mrg_raw_row(lay, c->rawk, t, h), st->sk, D);
-            if (c->rawv) {
-                const uint16_t *xv_r = mrg_raw_row(lay, c->rawv, t, h);
-                mrg_check(xv_r, D, bad);
-                st->nv = mrg_start_h(xv_r, st->sv, D);
-            }
-        }
+        st->vset = 0;
         st->first = xr; /* the sum starts as 0 + x, as the reference's, if a row joins */
         st->summed = 0;
         return;
@@ -387,6 +391,7 @@ KT static __attribute__((always_inline)) inline int mrg_sect_pass(const struct k
         st[h].rows = 1;
         st[h].a = st[h].r = 0;
         st[h].nk = st[h].nv = _mm256_setzero_ps();
+        st[h].vset = 0;
         st[h].sk = buf + (3 + 3 * (size_t)h) * Dp;
         st[h].sv = st[h].sk + Dp;
         st[h].sum = st[h].sv + Dp;
@@ -461,7 +466,7 @@ int kern_merge_enc(const struct kern_cpu_ops *ops, int is_v, const struct kern_e
     if (vec && kern_rot512_on()) { /* with AVX-512 where the CPU has it (kern_merge512.c) */
         const int rc = kern_merge512_sect(c, own, sect);
         if (rc != 0)
-            return rc < 0 ? rc : 0;
+            return rc < 0 ? rc : rc == 2; /* 2: with the key statistics */
     }
     if (vec) {
         const size_t H = c->lay->heads, Dp = (c->lay->head_dim + 7) & ~7u;

@@ -5,15 +5,18 @@
  * DESIGN
  * Decode: the same rows, operations and order as rot_dec_fused() of kern_rot.c (AVX2), on
  * sixteen lanes: a (token, head) row of D channels (32 .. 256) is D / 16 registers; a group's
- * codes find their values (q * scale + min, computed once per group) by a permute; the
- * butterfly's stages of strides 1, 2, 4 and 8 run inside each register (the partner by a
- * permute, the upper lane of each pair negated, one addition: the reference's a + b and
- * a - b), those of 16 and more between registers; then y * (c with the channel's sign) + mean
- * per channel, stored as fp16 or bf16. Twice the lanes and half the instructions of the AVX2
- * row. Encode: rot_enc_tok8() of kern_rot.c with sixteen tokens in the lanes instead of eight
- * (every butterfly stage between whole registers, the groups' extremes and parameters
- * lane-wise; the groups' code in kern_kivi512.h, shared with KIVI's value encoder), for the
- * blocks of sixteen tokens a section has; kern_rot.c computes the means and signs first and
+ * codes find their values (q * scale + min, computed once per group) by a permute, which also
+ * lays them out for the butterfly: the group's even channels in one register, its odd ones in
+ * the next, so the stage of stride 1 is between the two; the stages of strides 2, 4, 8 and 16
+ * each exchange a lane bit with the pair's register bit (two shuffles, an addition and a
+ * subtraction for two registers: the reference's a + b and a - b), which leaves the channels
+ * in order, and those of 32 and more are between registers; then y * (c with the channel's
+ * sign) + mean per channel, stored as fp16 or bf16. Two rows are decoded side by side: a
+ * row's steps form one long chain, and the core overlaps two. Encode: rot_enc_tok8() of
+ * kern_rot.c with sixteen tokens in the lanes instead of eight (every butterfly stage between
+ * whole registers, the groups' extremes and parameters lane-wise; the groups' code in
+ * kern_kivi512.h, shared with KIVI's value encoder), for the blocks of sixteen tokens a
+ * section has; kern_rot.c computes the means and signs first and
  * encodes the rest. The target has no separate FMA flag, but AVX-512F
  * brings the 512-bit FMA: the file is built with -ffp-contract=off (Makefile), so a product
  * and a sum the reference rounds twice stay two roundings (check_codecs fails without it).
@@ -84,53 +87,6 @@ K5I __m512 rot_csign16(__m512 c, uint32_t sseed, uint32_t h, uint32_t j)
     return _mm512_xor_ps(c, _mm512_castsi512_ps(_mm512_slli_epi32(k, 31)));
 }
 
-/* kern_kivi_v_dec of a full group into two registers. A group has at most 16 distinct
- * values, q * scale + min for q = 0 .. qmax (the reference's multiply and add, in that
- * order): they are computed once into a register and every code looks its value up with a
- * permute, which reads the low four bits of its lane. A code's bits are shifted down into
- * the low bits of its lane (4-bit codes: eight a dword; 2-bit: sixteen, with a table that
- * repeats every four entries, so the next codes' bits above them select the same value). */
-K5I void rot_group_dec16(const uint8_t *blk, __m512 *y, const int bits)
-{
-    uint32_t hdr;
-    memcpy(&hdr, blk, 4);
-    const __m128 sm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)hdr));
-    const __m512 sc = _mm512_broadcastss_ps(sm),
-                 mn = _mm512_broadcastss_ps(_mm_shuffle_ps(sm, sm, 1));
-    const __m512 q = bits == 4
-                         ? _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
-                         : _mm512_setr_ps(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
-    const __m512 tab = _mm512_add_ps(_mm512_mul_ps(q, sc), mn);
-    if (bits == 4) {
-        const __m512i b = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(blk + 4)));
-        const __m512i sh =
-            _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
-        const __m512i i0 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
-                      i1 = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-        y[0] = _mm512_permutexvar_ps(_mm512_srlv_epi32(_mm512_permutexvar_epi32(i0, b), sh), tab);
-        y[1] = _mm512_permutexvar_ps(_mm512_srlv_epi32(_mm512_permutexvar_epi32(i1, b), sh), tab);
-    } else {
-        uint32_t w[2];
-        memcpy(w, blk + 4, 8);
-        const __m512i sh =
-            _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-        y[0] = _mm512_permutexvar_ps(_mm512_srlv_epi32(_mm512_set1_epi32((int)w[0]), sh), tab);
-        y[1] = _mm512_permutexvar_ps(_mm512_srlv_epi32(_mm512_set1_epi32((int)w[1]), sh), tab);
-    }
-}
-
-/* One butterfly stage inside a register: p holds each lane's partner; neg has the sign bit
- * in the upper lane of each pair. Lower: a + p (self + partner); upper: -a + p, which is
- * p - a exactly (negation is exact, addition commutes): the reference's a + b and a - b.
- * One addition, where a masked subtraction would take two. */
-K5I __m512 rot_stage16(__m512 a, __m512 p, __m512 neg)
-{
-    return _mm512_add_ps(_mm512_xor_ps(a, neg), p);
-}
-
-#define ROT_NEG16(m)                                                                               \
-    _mm512_castsi512_ps(_mm512_maskz_mov_epi32((m), _mm512_set1_epi32((int)0x80000000)))
-
 /* The butterfly's stages of strides 1 .. n / 2 on n registers, the reference's pairs. */
 K5I void rot_fwht_regs16(__m512 *v, const uint32_t n)
 {
@@ -146,19 +102,107 @@ K5I void rot_fwht_regs16(__m512 *v, const uint32_t n)
             }
 }
 
-/* The butterfly on a row held in nv registers (D = 16 nv): every stage's pairs and
- * operations are the reference's (kern_fwht), in its order of stages. */
-K5I void rot_fwht16(__m512 *r, const uint32_t nv)
+/* kern_kivi_v_dec of a full group into two registers, the group's even channels in e (channel
+ * 2i in lane i) and its odd ones in o: the layout rot_fwht16 starts from. A group has at most
+ * 16 distinct values, q * scale + min for q = 0 .. qmax (the reference's multiply and add, in
+ * that order): they are computed once into a register and every code looks its value up with
+ * a permute, which reads the low four bits of its lane. A code's bits are shifted down into
+ * the low bits of its lane (4-bit codes: a byte a lane, the even channel's code in its low
+ * nibble; 2-bit: eight even channels' codes a dword, four bits apart, with a table that
+ * repeats every four entries, so the next codes' bits above them select the same value). */
+K5I void rot_group_dec16(const uint8_t *blk, __m512 *e, __m512 *o, const int bits)
 {
-#pragma GCC unroll 16
-    for (uint32_t i = 0; i < nv; i++) {
-        __m512 a = r[i];
-        a = rot_stage16(a, _mm512_permute_ps(a, 0xb1), ROT_NEG16(0xaaaa));
-        a = rot_stage16(a, _mm512_permute_ps(a, 0x4e), ROT_NEG16(0xcccc));
-        a = rot_stage16(a, _mm512_shuffle_f32x4(a, a, 0xb1), ROT_NEG16(0xf0f0));
-        r[i] = rot_stage16(a, _mm512_shuffle_f32x4(a, a, 0x4e), ROT_NEG16(0xff00));
+    uint32_t hdr;
+    memcpy(&hdr, blk, 4);
+    const __m128 sm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)hdr));
+    const __m512 sc = _mm512_broadcastss_ps(sm),
+                 mn = _mm512_broadcastss_ps(_mm_shuffle_ps(sm, sm, 1));
+    const __m512 q = bits == 4
+                         ? _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+                         : _mm512_setr_ps(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
+    const __m512 tab = _mm512_add_ps(_mm512_mul_ps(q, sc), mn);
+    if (bits == 4) {
+        const __m512i z = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 4)));
+        *e = _mm512_permutexvar_ps(z, tab);
+        *o = _mm512_permutexvar_ps(_mm512_srli_epi32(z, 4), tab);
+    } else {
+        uint64_t w;
+        memcpy(&w, blk + 4, 8);
+        const __m512i i = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+        const __m512i sh =
+            _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
+        const __m512i z = _mm512_srlv_epi32(
+            _mm512_permutexvar_epi32(i, _mm512_castsi128_si512(_mm_cvtsi64_si128((long long)w))),
+            sh);
+        *e = _mm512_permutexvar_ps(z, tab);
+        *o = _mm512_permutexvar_ps(_mm512_srli_epi32(z, 2), tab);
     }
-    rot_fwht_regs16(r, nv);
+}
+
+/* One butterfly stage on the channel bit in lane bit lb of a and b, the pair's other register
+ * (a: the register bit 0, b: 1), exchanging the two bits: x gathers both registers' lanes
+ * whose lane bit lb is 0, y those where it is 1, lane bit lb of x and y now the register bit;
+ * then a = x + y, b = x - y, the reference's a + b and a - b for the stage's bit, which is the
+ * pair's register bit afterwards. Two shuffles and two operations for two registers' stage. */
+K5I void rot_xstage16(__m512 *a, __m512 *b, const int lb)
+{
+    __m512 x, y;
+    if (lb == 0) { /* lanes 1 apart */
+        x = _mm512_mask_permute_ps(*a, 0xaaaa, *b, 0xa0);
+        y = _mm512_mask_permute_ps(*b, 0x5555, *a, 0xf5);
+    } else if (lb == 1) { /* 2 apart */
+        x = _mm512_shuffle_ps(*a, *b, 0x44);
+        y = _mm512_shuffle_ps(*a, *b, 0xee);
+    } else if (lb == 2) { /* 4 apart: the 128-bit lanes */
+        x = _mm512_mask_shuffle_f32x4(*a, 0xf0f0, *b, *b, 0xa0);
+        y = _mm512_mask_shuffle_f32x4(*b, 0x0f0f, *a, *a, 0xf5);
+    } else { /* 8 apart: the halves */
+        x = _mm512_shuffle_f32x4(*a, *b, 0x44);
+        y = _mm512_shuffle_f32x4(*a, *b, 0xee);
+    }
+    *a = _mm512_add_ps(x, y);
+    *b = _mm512_sub_ps(x, y);
+}
+
+/* The butterfly on nr rows of D = 16 nv channels (r[k * 16 ..], the rows side by side so
+ * that each step's independent work is together) as rot_group_dec16 leaves them: register
+ * 2g + b holds channels 32g + 2i + b (lane i). Stage 1 (channel bit 0) is between the pair's
+ * two registers; the stages of channel bits 1 .. 4, in lane bits 0 .. 3, exchange each with
+ * the pair's register bit (rot_xstage16), which leaves channel bit k in lane bit k: register j
+ * then holds channels 16j .. 16j + 15 in order, and the stages of 32 and more are between
+ * registers. Every stage's pairs and operations are the reference's (kern_fwht), in its
+ * order of stages. */
+K5I void rot_fwht16(__m512 *r, const uint32_t nv, const uint32_t nr)
+{
+#pragma GCC unroll 8
+    for (uint32_t i = 0; i < nv; i += 2) {
+#pragma GCC unroll 4
+        for (uint32_t k = 0; k < nr; k++) {
+            __m512 *v = r + 16 * k;
+            const __m512 a = v[i], b = v[i + 1];
+            v[i] = _mm512_add_ps(a, b);
+            v[i + 1] = _mm512_sub_ps(a, b);
+        }
+#pragma GCC unroll 4
+        for (int lb = 0; lb < 4; lb++)
+#pragma GCC unroll 4
+            for (uint32_t k = 0; k < nr; k++)
+                rot_xstage16(r + 16 * k + i, r + 16 * k + i + 1, lb);
+    }
+    /* the stages of 32 channels and more: registers 2, 4, ... apart */
+#pragma GCC unroll 4
+    for (uint32_t len = 2; len < nv; len <<= 1)
+#pragma GCC unroll 8
+        for (uint32_t i = 0; i < nv; i += 2 * len)
+#pragma GCC unroll 8
+            for (uint32_t j = i; j < i + len; j++)
+#pragma GCC unroll 4
+                for (uint32_t k = 0; k < nr; k++) {
+                    __m512 *v = r + 16 * k;
+                    const __m512 a = v[j], b = v[j + len];
+                    v[j] = _mm512_add_ps(a, b);
+                    v[j + len] = _mm512_sub_ps(a, b);
+                }
 }
 
 /* Sixteen floats to fp16 (F16C's rounding is kern_f2h's) or bf16 (round to nearest even as
@@ -176,36 +220,63 @@ K5I void rot_store16(uint16_t *p, __m512 x, uint32_t dtype)
     _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(u));
 }
 
-/* One (token, head) row: groups, butterfly, y * cs + mean per channel, stored. */
-K5I void rot_dec_row16(const uint8_t *g0, const int bits, uint32_t gb, const float *cs,
-                       const float *mf, uint16_t *o, uint32_t out_dtype, const uint32_t nv)
+/* nr rows side by side (rows k = 0 .. nr - 1: groups at g0[k], the head's c with signs and
+ * means at cs[k] and mf[k], out at o[k]): groups, butterfly, y * cs + mean per channel,
+ * stored. */
+K5I void rot_dec_row16(const uint8_t *const *g0, const int bits, uint32_t gb,
+                       const float *const *cs, const float *const *mf, uint16_t *const *o,
+                       uint32_t out_dtype, const uint32_t nv, const uint32_t nr)
 {
-    __m512 y[16];
+    __m512 y[4 * 16];
 #pragma GCC unroll 8
     for (uint32_t g = 0; g < nv / 2; g++)
-        rot_group_dec16(g0 + (uint64_t)g * gb, y + 2 * g, bits);
-    rot_fwht16(y, nv);
+#pragma GCC unroll 4
+        for (uint32_t k = 0; k < nr; k++)
+            rot_group_dec16(g0[k] + (uint64_t)g * gb, y + 16 * k + 2 * g, y + 16 * k + 2 * g + 1,
+                            bits);
+    rot_fwht16(y, nv, nr);
 #pragma GCC unroll 16
     for (uint32_t j = 0; j < nv; j++)
-        rot_store16(o + 16 * j,
-                    _mm512_add_ps(_mm512_mul_ps(y[j], _mm512_loadu_ps(cs + 16 * j)),
-                                  _mm512_loadu_ps(mf + 16 * j)),
-                    out_dtype);
+#pragma GCC unroll 4
+        for (uint32_t k = 0; k < nr; k++)
+            rot_store16(o[k] + 16 * j,
+                        _mm512_add_ps(_mm512_mul_ps(y[16 * k + j], _mm512_loadu_ps(cs[k] + 16 * j)),
+                                      _mm512_loadu_ps(mf[k] + 16 * j)),
+                        out_dtype);
 }
 
-/* Rows of D (nv = D / 16) channels, every (token, head) in memory order. */
+/* Rows of D (nv = D / 16) channels, every (token, head) in memory order, ROT_DEC_ROWS at a
+ * time: each row's chain of dependent steps is long (groups, seven stages, the output), and
+ * rows side by side give the core independent work to overlap with it. */
+#define ROT_DEC_ROWS 2
 K5I void rot_dec_rows16(const struct kern_layout *lay, const uint8_t *in, const int bits,
                         uint16_t *raw, uint32_t out_dtype, const float *csa, const float *mfa,
                         const uint32_t nv)
 {
     const uint32_t T = lay->tokens, H = lay->heads, D = 16 * nv, G = D / KERN_GROUP;
     const uint32_t gb = kern_kivi_v_group_bytes(bits);
-    for (uint32_t t = 0; t < T; t++)
-        for (uint32_t h = 0; h < H; h++) {
-            const uint64_t row = (uint64_t)t * H + h;
-            rot_dec_row16(in + row * G * gb, bits, gb, csa + (uint64_t)h * D, mfa + (uint64_t)h * D,
-                          raw + row * D, out_dtype, nv);
+    const uint64_t n = (uint64_t)T * H;
+    uint64_t row = 0;
+    for (; row + ROT_DEC_ROWS <= n; row += ROT_DEC_ROWS) {
+        const uint8_t *g0[ROT_DEC_ROWS];
+        const float *cs[ROT_DEC_ROWS], *mf[ROT_DEC_ROWS];
+        uint16_t *o[ROT_DEC_ROWS];
+        for (uint32_t k = 0; k < ROT_DEC_ROWS; k++) {
+            const uint32_t h = (uint32_t)((row + k) % H);
+            g0[k] = in + (row + k) * G * gb;
+            cs[k] = csa + (uint64_t)h * D;
+            mf[k] = mfa + (uint64_t)h * D;
+            o[k] = raw + (row + k) * D;
         }
+        rot_dec_row16(g0, bits, gb, cs, mf, o, out_dtype, nv, ROT_DEC_ROWS);
+    }
+    for (; row < n; row++) {
+        const uint32_t h = (uint32_t)(row % H);
+        const uint8_t *g0 = in + row * G * gb;
+        const float *cs = csa + (uint64_t)h * D, *mf = mfa + (uint64_t)h * D;
+        uint16_t *o = raw + row * D;
+        rot_dec_row16(&g0, bits, gb, &cs, &mf, &o, out_dtype, nv, 1);
+    }
 }
 
 K5 int kern_rot512_dec(const struct kern_layout *lay, const uint8_t *sect, int bits, void *raw,

@@ -409,6 +409,74 @@ START_TEST(test_stats_same)
 }
 END_TEST
 
+/* MERGE's K pass takes the key statistics on its way (the AVX-512 pass, kern_merge512.c):
+ * the same floats, bit for bit, as the statistics pass of a RAW section (kern_avx2_enc.c's
+ * stats_rows), and the reference's section bytes, on fp16 shapes it takes (D a multiple of
+ * 32; an odd head count, whose last head takes the pair's distances alone), on outlier
+ * data (every head's rows fill, the rest forced), on runs, and on runs with a NaN in a key
+ * row or an Inf in a value row (the pass gives up: the statistics come from their own pass).
+ * Both CPU paths. */
+static const struct shape merge_stats_shapes[] = {
+    {2, 2, 128, 32, KERN_DTYPE_FP16, 0},
+    {1, 2, 32, 70, KERN_DTYPE_FP16, 1},
+    {2, 3, 64, 20, KERN_DTYPE_FP16, 0},
+};
+#define NMERGE_STATS (sizeof(merge_stats_shapes) / sizeof(merge_stats_shapes[0]))
+
+START_TEST(test_merge_stats_same)
+{
+    struct kern_layout lay = layout_of(&merge_stats_shapes[_i]);
+    struct kern_recipe rec, raw_rec;
+    kern_recipe_fill(&rec, KERN_CODEC_MERGE, KERN_CODEC_MERGE, 0);
+    kern_recipe_fill(&raw_rec, KERN_CODEC_RAW, KERN_CODEC_RAW, 0);
+    const int64_t sz = kern_encoded_size(&lay, &rec), rsz = kern_encoded_size(&lay, &raw_rec);
+    const size_t n = (size_t)lay.layers * lay.heads * lay.head_dim,
+                 nh = (size_t)lay.layers * lay.heads;
+    uint8_t *e = malloc((size_t)sz), *r = malloc((size_t)sz), *er = malloc((size_t)rsz);
+    float *f[2][3];
+    ck_assert(e && r && er);
+    for (int v = 0; v < 2; v++)
+        for (int j = 0; j < 3; j++) {
+            f[v][j] = malloc(sizeof(float) * (j == 2 ? nh : n));
+            ck_assert_ptr_nonnull(f[v][j]);
+        }
+    for (int kind = 0; kind < 4; kind++) {
+        uint16_t *raw = make_data(&lay, kind == 0 ? DATA_OUTLIER : DATA_RUNS, 230 + (uint64_t)_i);
+        if (kind == 2) /* a NaN in a key row of the last layer */
+            raw[kern_raw_index(&lay, lay.layers - 1, 0, lay.tokens / 2, 0) + 3] = 0x7e00;
+        if (kind == 3 && !lay.k_only) /* an Inf in a value row */
+            raw[kern_raw_index(&lay, 0, 1, lay.tokens - 1, lay.heads - 1) + 1] = 0x7c00;
+        ck_assert_int_eq(kern_encode_ref(&lay, &rec, raw, r, (size_t)sz, NULL), sz);
+        for (int wide = have_avx512(); wide >= 0; wide--) {
+            const int was = kern_rot_avx512(wide);
+            for (int v = 0; v < 2; v++)
+                for (int j = 0; j < 3; j++)
+                    memset(f[v][j], v ? 0x5a : 0xa5, sizeof(float) * (j == 2 ? nh : n));
+            const struct kern_key_stats km = {f[0][0], f[0][1], f[0][2]},
+                                        kr = {f[1][0], f[1][1], f[1][2]};
+            memset(e, 0x3c, (size_t)sz);
+            ck_assert_int_eq(kern_encode_cpu(&lay, &rec, raw, e, (size_t)sz, &km), sz);
+            ck_assert_mem_eq(e, r, (size_t)sz);
+            memset(e, 0xc3, (size_t)sz);
+            ck_assert_int_eq(kern_encode_cpu(&lay, &rec, raw, e, (size_t)sz, NULL), sz);
+            ck_assert_mem_eq(e, r, (size_t)sz);
+            ck_assert_int_eq(kern_encode_cpu(&lay, &raw_rec, raw, er, (size_t)rsz, &kr), rsz);
+            ck_assert_mem_eq(f[0][0], f[1][0], sizeof(float) * n);
+            ck_assert_mem_eq(f[0][1], f[1][1], sizeof(float) * n);
+            ck_assert_mem_eq(f[0][2], f[1][2], sizeof(float) * nh);
+            kern_rot_avx512(was);
+        }
+        free(raw);
+    }
+    for (int v = 0; v < 2; v++)
+        for (int j = 0; j < 3; j++)
+            free(f[v][j]);
+    free(e);
+    free(r);
+    free(er);
+}
+END_TEST
+
 /* Normalised RMS error of every section of `kind` data decoded. */
 static double worst_err(const struct kern_layout *lay, const struct kern_recipe *rec,
                         const uint16_t *raw, int which_kind)
@@ -937,6 +1005,7 @@ static Suite *codecs_suite(void)
     tcase_add_loop_test(tc, test_rot_signed_zero_rows_same_bytes, 0, (int)(NSHAPES * NCODECS));
     tcase_add_loop_test(tc, test_large_keys_same_bytes, 0, (int)(NSHAPES * NCODECS));
     tcase_add_loop_test(tc, test_stats_same, 0, (int)(NSHAPES * NCODECS));
+    tcase_add_loop_test(tc, test_merge_stats_same, 0, (int)NMERGE_STATS);
     tcase_add_loop_test(tc, test_encoder_units_same_bytes, 0, (int)NUNIT_CASES);
     tcase_add_loop_test(tc, test_kivi_key_zero_ties, 0, 4);
     tcase_add_loop_test(tc, test_error_bounds, 0, (int)NSHAPES);

@@ -1,8 +1,11 @@
 /* check_index — the block pool and the (namespace, key) map. */
 #include <check.h>
 #include <errno.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "daemon/index.h"
 #include "tests/lib/daemon.h"
@@ -114,6 +117,96 @@ END_TEST
 /* index_reserve: the map sized once for what is coming, so filling a pool of that many
  * blocks rebuilds it no more (each rebuild is O(entries) on the daemon's loop), every block
  * still found; without it the same fill rebuilds it at every doubling. */
+/* A lookup's probes a few keys ahead (index_ahead_find) resolve every key as index_find
+ * does — present and absent keys, runs longer than its ring of hashes, a key asked out of
+ * order — and count one find a key resolved, none for the keys only looked ahead at. */
+START_TEST(test_ahead_matches_find)
+{
+    enum { N = 4000, Q = 300 };
+    struct index ix;
+    struct kvc_wire_key q[Q];
+    unsigned seed = 777;
+    ck_assert_int_eq(index_init(&ix, 64), 0);
+    for (uint64_t k = 0; k < N; k += 2)
+        add(&ix, 1, k); /* even keys present, odd ones absent */
+    for (uint32_t n = 1; n <= Q; n = n * 3 + 1) {
+        for (uint32_t i = 0; i < n; i++)
+            q[i] = key_of((uint64_t)rand_r(&seed) % N);
+        struct index_ahead a;
+        uint64_t finds0 = ix.finds;
+        uint32_t upto = n > 5 ? n - 5 : n; /* a caller that stops early (a miss ends a run) */
+        index_ahead_init(&a, &ix, 1, q, n);
+        for (uint32_t i = 0; i < upto; i++) {
+            uint32_t want = index_find(&ix, 1, &q[i]);
+            ck_assert_uint_eq(index_ahead_find(&a, &ix, i), want);
+            ck_assert_uint_eq(want == INDEX_NONE, q[i].hi % 2 == 1);
+        }
+        ck_assert_uint_eq(ix.finds - finds0, 2ull * upto);
+        if (n > INDEX_AHEAD_RING + 2) /* long out of the ring: asked again, still right */
+            ck_assert_uint_eq(index_ahead_find(&a, &ix, 0), index_find(&ix, 1, &q[0]));
+        struct kvc_wire_key other = q[0]; /* the same key in another namespace: a miss */
+        index_ahead_init(&a, &ix, 2, &other, 1);
+        ck_assert_uint_eq(index_ahead_find(&a, &ix, 0), INDEX_NONE);
+    }
+    index_fini(&ix);
+}
+END_TEST
+
+/* Whether the mapping holding p is marked for huge pages ("hg" in its smaps VmFlags); -1
+ * when the kernel has no transparent huge pages or the file cannot be read. */
+static int vma_huge(const void *p)
+{
+    char line[512];
+    uintptr_t at = (uintptr_t)p, lo = 0, hi = 0;
+    int in = 0, huge = -1;
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (!f)
+        return -1;
+    bool never = fgets(line, sizeof(line), f) && strstr(line, "[never]");
+    fclose(f);
+    if (never || !(f = fopen("/proc/self/smaps", "r")))
+        return -1;
+    while (fgets(line, sizeof(line), f)) {
+        unsigned long a, b;
+        if (sscanf(line, "%lx-%lx ", &a, &b) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+            lo = a;
+            hi = b;
+            in = at >= lo && at < hi;
+        } else if (in && !strncmp(line, "VmFlags:", 8)) {
+            huge = strstr(line, " hg") != NULL;
+            break;
+        }
+    }
+    fclose(f);
+    return huge;
+}
+
+/* A reservation sizes the pool of blocks too, marked for huge pages before any of it is used
+ * (so the whole of it can be on them; grown by doubling, the used part stayed on small
+ * pages), and so is the map: at a million blocks every probe reads a random page of each. */
+START_TEST(test_reserve_pool_on_huge_pages)
+{
+    enum { N = 1u << 20 };
+    struct index ix;
+    ck_assert_int_eq(index_init(&ix, 64), 0);
+    add(&ix, 1, 1);
+    ck_assert_int_eq(index_reserve(&ix, N), 0);
+    ck_assert_uint_ge(ix.cap, N);
+    struct kvc_wire_key k = key_of(1);
+    ck_assert_uint_eq(index_find(&ix, 1, &k), 0); /* the block already there, kept */
+    for (uint32_t i = 2; i < 5000; i++)
+        add(&ix, 1, i);
+    ck_assert_uint_eq(ix.cap, N); /* no doubling on the way */
+    int hb = vma_huge((const uint8_t *)ix.blocks + (4u << 20));
+    int hs = vma_huge((const uint8_t *)ix.slots + (4u << 20));
+    if (hb < 0 || hs < 0)
+        printf("index: no transparent huge pages here: their marks not checked\n");
+    else
+        ck_assert_msg(hb == 1 && hs == 1, "pool %d, map %d: not marked for huge pages", hb, hs);
+    index_fini(&ix);
+}
+END_TEST
+
 START_TEST(test_reserve_no_rebuilds)
 {
     enum { N = 300000 };
@@ -170,7 +263,9 @@ int main(void)
     tcase_add_test(tc, test_random_against_model);
     tcase_add_test(tc, test_probe_reads_matching_blocks_only);
     tcase_add_test(tc, test_metadata_per_block);
+    tcase_add_test(tc, test_ahead_matches_find);
     tcase_add_test(tc, test_reserve_no_rebuilds);
+    tcase_add_test(tc, test_reserve_pool_on_huge_pages);
     suite_add_tcase(s, tc);
     return daemon_suite_run(s);
 }

@@ -434,9 +434,13 @@ START_TEST(test_fast_attach)
     ck_assert_int_eq(decode(msg(KVC_OP_FAST_ATTACH, &q, sizeof(q), NULL, 0)), -EINVAL);
     q = (struct kvc_fast_attach_req){.what = KVC_FAST_SYNC, .arena_id = 2};
     ck_assert_int_eq(decode(msg(KVC_OP_FAST_ATTACH, &q, sizeof(q), NULL, 0)), -EINVAL);
+    q = (struct kvc_fast_attach_req){.what = KVC_FAST_BELL}; /* the ring's uid's bell */
+    ck_assert_int_eq(decode(msg(KVC_OP_FAST_ATTACH, &q, sizeof(q), NULL, 0)), 0);
+    q.arena_id = 1;
+    ck_assert_int_eq(decode(msg(KVC_OP_FAST_ATTACH, &q, sizeof(q), NULL, 0)), -EINVAL);
     q = (struct kvc_fast_attach_req){.what = 0};
     ck_assert_int_eq(decode(msg(KVC_OP_FAST_ATTACH, &q, sizeof(q), NULL, 0)), -EINVAL);
-    q.what = KVC_FAST_SYNC + 1;
+    q.what = KVC_FAST_BELL + 1;
     ck_assert_int_eq(decode(msg(KVC_OP_FAST_ATTACH, &q, sizeof(q), NULL, 0)), -EINVAL);
 }
 END_TEST

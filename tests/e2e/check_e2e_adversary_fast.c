@@ -641,6 +641,171 @@ START_TEST(test_reader_private_copy)
 }
 END_TEST
 
+/* ---- the fast path: the bell ------------------------------------------------------------ */
+
+/* Hostile bells (issue 32): a pass looks only at the rings whose bit in their uid's bell is
+ * set (client/kvc_fast.h). The attacker (another uid) sets every bit of its bell and clears
+ * them, over and over, writes garbage into its ring and the bell's number in the ring's
+ * header, and asks for a second bell and for one without a ring (refused). A client of the
+ * victim's own uid clears every bit of their bell all along (it can: one uid is one trust
+ * domain). The victim's hits through the index, its connection making no request meanwhile,
+ * are all counted, and nothing else is: the daemon's sweep reads a ring whose bit was
+ * cleared, and the attacker's bell reaches no other uid's ring. */
+#define ADV_BELL_ROUNDS 40
+
+static bool adv_bell_stop(int fd)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    return poll(&p, 1, 0) == 1;
+}
+
+static int adv_bell_attacker(void *arg)
+{
+    struct adv_sync *sy = arg;
+    struct kvc_layout lay = daemon_layout("attacker-model", ADV_BT);
+    struct kvc_fast_attach_req q = {.what = KVC_FAST_BELL};
+    kvc_client *c[3];
+    kvc_ns *ns;
+    for (int i = 0; i < 2; i++)
+        if (kvc_connect(adv_d.sock, &c[i]) || kvc_ns_open(c[i], &lay, &ns) ||
+            adv_roundtrip_ns(ns, 0x30 + (uint32_t)i, 4))
+            return 160;
+    if (!c[0]->bell || !c[1]->bell || c[0]->bell_bit == c[1]->bell_bit)
+        return 161;
+    if (adv_call(c[0], KVC_OP_FAST_ATTACH, &q, sizeof(q), NULL, NULL, NULL) != -EEXIST)
+        return 162; /* one bell per connection */
+    if (kvc_connect(adv_d.sock, &c[2]) ||
+        adv_call(c[2], KVC_OP_FAST_ATTACH, &q, sizeof(q), NULL, NULL, NULL) != -ENOENT)
+        return 163; /* a bell is for a ring */
+    adv_signal(sy->up[1], 'r');
+    uint64_t *bell = c[0]->bell;
+    struct kvc_fast_ring *r = c[0]->ring;
+    struct kvc_fast_hit *e = (struct kvc_fast_hit *)(r + 1);
+    for (uint64_t round = 0; !adv_bell_stop(sy->down[0]); round++) {
+        for (uint32_t w = 0; w < KVC_FAST_BELL_BITS / 64; w++)
+            __atomic_store_n(&bell[w], round & 1 ? 0 : ~0ull, __ATOMIC_RELAXED);
+        __atomic_store_n(&r->bell, (uint32_t)(round * 2654435761u), __ATOMIC_RELAXED);
+        uint64_t head = r->head;
+        for (uint32_t i = 0; i < 16; i++)
+            e[(head + i) % KVC_FAST_RING_ENTS] = (struct kvc_fast_hit){.ns = (uint32_t)round,
+                                                                       .block = (uint32_t)i,
+                                                                       .klo = round,
+                                                                       .khi = ~round,
+                                                                       .nkeys = 1};
+        __atomic_store_n(&r->head, round % 7 == 6 ? head - 3 : head + 16, __ATOMIC_RELEASE);
+        usleep(200);
+    }
+    for (int i = 0; i < 3; i++)
+        kvc_disconnect(c[i]);
+    return 0;
+}
+
+/* Of the victim's uid: clears every bit of the uid's bell, all along. */
+static int adv_bell_clearer(void *arg)
+{
+    struct adv_sync *sy = arg;
+    struct kvc_layout lay = daemon_layout("clearer-model", ADV_BT);
+    kvc_client *c;
+    kvc_ns *ns;
+    if (kvc_connect(adv_d.sock, &c) || kvc_ns_open(c, &lay, &ns) || adv_roundtrip_ns(ns, 0x31, 4))
+        return 170;
+    if (!c->bell)
+        return 171;
+    adv_signal(sy->up[1], 'r');
+    while (!adv_bell_stop(sy->down[0])) {
+        for (uint32_t w = 0; w < KVC_FAST_BELL_BITS / 64; w++)
+            __atomic_store_n(&c->bell[w], 0, __ATOMIC_RELAXED);
+        usleep(50);
+    }
+    kvc_disconnect(c);
+    return 0;
+}
+
+/* Its prefix out and back, then ADV_BELL_ROUNDS gets of it through the index with no other
+ * request; says how many hits its ring took, and holds its connection until told. */
+static int adv_bell_victim(void *arg)
+{
+    struct adv_sync *sy = arg;
+    struct kvc_layout lay = daemon_layout("victim-model", ADV_BT);
+    struct kvc_key keys[8];
+    void *got[8];
+    kvc_client *c;
+    kvc_ns *ns;
+    int rc = 0;
+    if (kvc_connect(adv_d.sock, &c) || kvc_ns_open(c, &lay, &ns) || adv_roundtrip_ns(ns, 0x32, 8))
+        return 180;
+    if (!c->bell || !c->ring)
+        return 181;
+    adv_keys(ns, 0x32, 8, keys);
+    for (int i = 0; i < 8; i++)
+        got[i] = malloc(kvc_ns_block_bytes(ns));
+    for (int r = 0; r < ADV_BELL_ROUNDS && !rc; r++) {
+        if (kvc_get_prefix(ns, keys, 8, got) != 8)
+            rc = 182;
+        adv_msleep(1);
+    }
+    for (int i = 0; i < 8 && !rc; i++)
+        if (daemon_block_check(&keys[i], got[i], kvc_ns_block_bytes(ns)) >= 0)
+            rc = 183;
+    uint64_t took = c->ring->head;
+    if (!rc && c->ring->lost)
+        rc = 184;
+    if ((size_t)write(sy->up[1], &took, sizeof(took)) != sizeof(took))
+        rc = 185;
+    adv_await(sy->down[0]);
+    kvc_disconnect(c);
+    for (int i = 0; i < 8; i++)
+        free(got[i]);
+    return rc;
+}
+
+START_TEST(test_bell_hostile)
+{
+    struct adv_sync a, cl, v;
+    uint64_t took = 0, fast = 0, prev = UINT64_MAX;
+    adv_start(NULL);
+    adv_sync_init(&a);
+    adv_sync_init(&cl);
+    adv_sync_init(&v);
+    pid_t pa = adv_spawn(ADV_ATTACKER, adv_bell_attacker, &a);
+    ck_assert_int_eq(adv_await(a.up[0]), 'r');
+    pid_t pc = adv_spawn(ADV_VICTIM, adv_bell_clearer, &cl);
+    ck_assert_int_eq(adv_await(cl.up[0]), 'r');
+    /* Their own round trips' hits counted, before the victim's. */
+    for (int i = 0; i < 100 && (fast = adv_stat("fast_hits")) != prev; i++) {
+        prev = fast;
+        adv_msleep(150);
+    }
+    uint64_t refused0 = adv_stat("fast_refused");
+    pid_t pv = adv_spawn(ADV_VICTIM, adv_bell_victim, &v);
+    struct pollfd p = {.fd = v.up[0], .events = POLLIN};
+    ck_assert_int_eq(poll(&p, 1, 60000), 1);
+    ck_assert_int_eq(read(v.up[0], &took, sizeof(took)), (ssize_t)sizeof(took));
+    ck_assert_uint_ge(took, 8 * (ADV_BELL_ROUNDS + 1));
+    /* Counted by the passes (the sweep's, its bit cleared), while it holds its connection. */
+    uint64_t want = prev + took;
+    for (int i = 0; i < daemon_ms(5000) / 10 && (fast = adv_stat("fast_hits")) < want; i++)
+        adv_msleep(10);
+    printf("e2e_adversary: bells set and cleared: %llu of the victim's %llu hits counted, "
+           "%llu entries refused\n",
+           (unsigned long long)(fast - prev), (unsigned long long)took,
+           (unsigned long long)(adv_stat("fast_refused") - refused0));
+    ck_assert_uint_eq(fast, want);
+    ck_assert_uint_gt(adv_stat("fast_refused"), refused0); /* the attacker's garbage */
+    adv_signal(v.down[1], 'x');
+    adv_signal(a.down[1], 'x');
+    adv_signal(cl.down[1], 'x');
+    ck_assert_int_eq(daemon_child_wait(pv, 60000, NULL), 0);
+    ck_assert_int_eq(daemon_child_wait(pa, 60000, NULL), 0);
+    ck_assert_int_eq(daemon_child_wait(pc, 60000, NULL), 0);
+    ck_assert_uint_eq(adv_stat("fast_hits"), want);
+    adv_sync_fini(&a);
+    adv_sync_fini(&cl);
+    adv_sync_fini(&v);
+    adv_check_clean();
+}
+END_TEST
+
 /* ---- the suite ---------------------------------------------------------------------------------- */
 
 int main(void)
@@ -650,6 +815,7 @@ int main(void)
         {"test_ring_idle", test_ring_idle, true},
         {"test_load_us_bounded", test_load_us_bounded, true},
         {"test_ring_flood", test_ring_flood, true},
+        {"test_bell_hostile", test_bell_hostile, true},
     };
     Suite *s = suite_create("e2e_adversary_fast");
     adv_cases_add(s, "e2e_adversary_fast", cases, sizeof(cases) / sizeof(cases[0]));

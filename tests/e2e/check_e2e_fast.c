@@ -538,6 +538,198 @@ START_TEST(test_fast_hits_before_eviction)
 }
 END_TEST
 
+/* The same among many idle connections (issue 32): a pass looks only at the rings whose bit
+ * in their uid's bell is set (client/kvc_fast.h), not at every ring. FP_IDLE_CONNS
+ * connections with rings hold nothing unread; the reader's ring was read empty (it left the
+ * rings a pass looks at), then it reads through the index and at once a put must evict: its
+ * bit has the eviction's pass read its hits first, so the blocks it just read stay, and its
+ * hits are all counted by passes alone (no request of its own reads them). A reader whose
+ * bit were never looked at would have its hits read only at the 100 ms sweep, after the
+ * eviction took them. */
+#define FP_IDLE_CONNS 256
+START_TEST(test_fast_bell_many_idle)
+{
+    static const char *const args[] = {
+        "-o", "host.size=16m",           "-o", "host.page_size=64k",
+        "-o", "cache.policy=lru",        "-o", "host.high_watermark=1.0",
+        "-o", "host.low_watermark=0.99", "-o", "server.max_clients_per_uid=512",
+        NULL};
+    struct daemon d = {0};
+    static kvc_client *idle[FP_IDLE_CONNS];
+    kvc_client *c, *w;
+    kvc_ns *ns, *wns, *ins;
+    struct kvc_layout lay = daemon_layout("e2e-fast-bell", 64); /* 64 KiB blocks */
+    struct kvc_key hot[4], fill[64], more[4];
+    uint64_t evicted = 0, room = 0, used = 0, fast0 = 0, fast = 0;
+    ck_assert_int_eq(daemon_start(&d, args), 0);
+    ck_assert_int_eq(kvc_connect(d.sock, &w), 0);
+    ck_assert_int_eq(kvc_ns_open(w, &lay, &wns), 0);
+    fp_put(wns, 13, 4, hot);
+    for (int i = 0; i < FP_IDLE_CONNS; i++) {
+        ck_assert_int_eq(kvc_connect(d.sock, &idle[i]), 0);
+        ck_assert_int_eq(kvc_ns_open(idle[i], &lay, &ins), 0);
+        ck_assert_int_eq(fp_get_check(ins, hot, 1), 1); /* maps its ring and its bell */
+        ck_assert_ptr_nonnull(idle[i]->bell);
+    }
+    ck_assert_int_eq(kvc_connect(d.sock, &c), 0);
+    ck_assert_int_eq(kvc_ns_open(c, &lay, &ns), 0);
+    ck_assert_int_eq(fp_get_check(ns, hot, 4), 4); /* maps the index, the ring and the bell */
+    ck_assert_ptr_nonnull(c->bell);
+    /* Every ring read (passes after the writer's requests), then found empty by a pass. */
+    for (int i = 0; i < 1000 && fast0 < FP_IDLE_CONNS + 4; i++) {
+        usleep(2000);
+        ck_assert_int_eq(daemon_client_stat(w, 0, "fast_hits", &fast0), 0);
+    }
+    ck_assert_uint_eq(fast0, FP_IDLE_CONNS + 4);
+    usleep(5000);
+    /* Fill the rest of the arena with newer blocks, evicting nothing. */
+    ck_assert_int_eq(daemon_client_stat(w, 0, "host_capacity", &room), 0);
+    for (uint32_t f = 0;; f++) {
+        ck_assert_int_eq(daemon_client_stat(w, 0, "host_used", &used), 0);
+        uint64_t left = (room - used) / (64u << 10);
+        if (!left)
+            break;
+        fp_put(wns, 400 + f, left < 64 ? (uint32_t)left : 64, fill);
+        ck_assert_int_eq(kvc_flush(w), 0);
+    }
+    ck_assert_int_eq(daemon_client_stat(w, 0, "evicted_blocks", &evicted), 0);
+    ck_assert_uint_eq(evicted, 0);
+    /* The read, then at once a put that must evict 4. */
+    ck_assert_int_eq(fp_get_check(ns, hot, 4), 4);
+    fp_put(wns, 500, 4, more);
+    ck_assert_int_eq(kvc_flush(w), 0);
+    ck_assert_int_eq(daemon_client_stat(w, 0, "evicted_blocks", &evicted), 0);
+    ck_assert_uint_ge(evicted, 4);
+    kvc_lease *l;
+    ck_assert_int_eq(kvc_lookup(wns, hot, 4, 0, &l), 4); /* the blocks just read stayed */
+    kvc_release(l);
+    ck_assert_int_eq(daemon_client_stat(w, 0, "fast_hits", &fast), 0);
+    ck_assert_uint_eq(fast, fast0 + 4);
+    for (int i = 0; i < FP_IDLE_CONNS; i++)
+        kvc_disconnect(idle[i]);
+    kvc_disconnect(w);
+    kvc_disconnect(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_cleanup(&d);
+}
+END_TEST
+
+/* A SYNC waiting for its ring and an eviction in the same batch of requests: the eviction's
+ * pass reads the ring empty, and the SYNC is still answered by the pass after the batch (a
+ * ring with a bell that a pass reads empty leaves the rings the passes look at, but not while
+ * its SYNC waits: the waiting client would never be answered). The daemon is stopped while
+ * the SYNC and then the put that must evict are sent, so that it reads them together. */
+static void fp_ring_fill(kvc_client *c, uint32_t n);
+
+struct fp_sync_put {
+    kvc_client *c;
+    kvc_ns *ns;
+    const struct kvc_key *k;
+    const void *const *blk;
+    int rc;
+    bool done;
+};
+
+/* SIGSTOPs the daemon and waits until it is stopped (state T in /proc/PID/stat), so that
+ * what is sent from then on is read by it together. */
+static void fp_daemon_stop_now(pid_t pid)
+{
+    char path[64], buf[256];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    ck_assert_int_eq(kill(pid, SIGSTOP), 0);
+    for (int i = 0; i < 2000; i++) {
+        FILE *f = fopen(path, "re");
+        ck_assert_ptr_nonnull(f);
+        size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+        buf[n] = 0;
+        const char *p = strrchr(buf, ')');
+        if (p && p[1] == ' ' && p[2] == 'T')
+            return;
+        usleep(1000);
+    }
+    ck_abort_msg("the daemon did not stop");
+}
+
+static void *fp_sync_run(void *arg)
+{
+    struct fp_sync_put *x = arg;
+    kvci_fast_flush(x->c); /* the SYNC libkvc sends when half its ring is unread */
+    __atomic_store_n(&x->done, true, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+static void *fp_put_run(void *arg)
+{
+    struct fp_sync_put *x = arg;
+    x->rc = kvc_put_prefix(x->ns, NULL, x->k, 4, x->blk);
+    __atomic_store_n(&x->done, true, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+START_TEST(test_fast_sync_with_eviction)
+{
+    static const char *const args[] = {
+        "-o", "host.size=16m",           "-o", "host.page_size=64k",      "-o", "cache.policy=lru",
+        "-o", "host.high_watermark=1.0", "-o", "host.low_watermark=0.99", NULL};
+    struct daemon d = {0};
+    kvc_client *c, *w;
+    kvc_ns *ns, *wns;
+    struct kvc_layout lay = daemon_layout("e2e-fast-sync-evict", 64); /* 64 KiB blocks */
+    struct kvc_key hot[4], fill[64], more[4];
+    uint64_t evicted = 0, room = 0, used = 0, fast = 0, dropped = 0;
+    const void *blk[4];
+    pthread_t ts, tp;
+    ck_assert_int_eq(daemon_start(&d, args), 0);
+    ck_assert_int_eq(kvc_connect(d.sock, &c), 0);
+    ck_assert_int_eq(kvc_ns_open(c, &lay, &ns), 0);
+    ck_assert_int_eq(kvc_connect(d.sock, &w), 0);
+    ck_assert_int_eq(kvc_ns_open(w, &lay, &wns), 0);
+    fp_put(wns, 14, 4, hot);
+    ck_assert_int_eq(fp_get_check(ns, hot, 4), 4); /* maps the index, the ring, the bell */
+    ck_assert_int_eq(daemon_client_stat(w, 0, "host_capacity", &room), 0);
+    for (uint32_t f = 0;; f++) {
+        ck_assert_int_eq(daemon_client_stat(w, 0, "host_used", &used), 0);
+        uint64_t left = (room - used) / (64u << 10);
+        if (!left)
+            break;
+        fp_put(wns, 600 + f, left < 64 ? (uint32_t)left : 64, fill);
+        ck_assert_int_eq(kvc_flush(w), 0);
+    }
+    ck_assert_int_eq(daemon_chain_keys(wns, 700, 0, 4, 4, more), 0);
+    for (int i = 0; i < 4; i++) {
+        void *b = malloc(64u << 10);
+        daemon_block_fill(&more[i], b, 64u << 10);
+        blk[i] = b;
+    }
+    struct fp_sync_put xs = {.c = c}, xp = {.ns = wns, .k = more, .blk = blk};
+    fp_daemon_stop_now(d.pid);
+    fp_ring_fill(c, 100);
+    ck_assert_int_eq(pthread_create(&ts, NULL, fp_sync_run, &xs), 0);
+    usleep(20000);
+    ck_assert_int_eq(pthread_create(&tp, NULL, fp_put_run, &xp), 0);
+    usleep(20000);
+    ck_assert_int_eq(kill(d.pid, SIGCONT), 0);
+    for (int i = 0; i < daemon_ms(5000) / 10 && !__atomic_load_n(&xs.done, __ATOMIC_ACQUIRE); i++)
+        usleep(10000);
+    ck_assert_msg(__atomic_load_n(&xs.done, __ATOMIC_ACQUIRE), "the SYNC was never answered");
+    pthread_join(ts, NULL);
+    pthread_join(tp, NULL);
+    ck_assert_int_eq(xp.rc, 4);
+    ck_assert_int_eq(kvc_flush(w), 0);
+    ck_assert_int_eq(daemon_client_stat(w, 0, "evicted_blocks", &evicted), 0);
+    ck_assert_uint_ge(evicted, 4);
+    fp_settle(w, 104, &fast, &dropped);
+    ck_assert_uint_eq(fast + dropped, 104);
+    for (int i = 0; i < 4; i++)
+        free((void *)blk[i]);
+    kvc_disconnect(w);
+    kvc_disconnect(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_cleanup(&d);
+}
+END_TEST
+
 /* Threads of one client copy a cached prefix through the index over and over while the
  * daemon reads their hits (each drain touches the blocks): no copy falls back to the socket,
  * since a touch leaves a block's index entry in place. */
@@ -679,6 +871,7 @@ START_TEST(test_fast_ring_steps)
     for (uint32_t i = 0; i < 2000; i++)
         e[(head + i) % KVC_FAST_RING_ENTS] = t[i % 4];
     __atomic_store_n(&r->head, head + 2000, __ATOMIC_RELEASE);
+    kvci_fast_bell(c, head); /* as libkvc does after it writes */
     ck_assert_int_eq(daemon_client_stat(c, 0, "fast_hits", &fast), 0);
     ck_assert_uint_le(fast - fast0, 64);
     fp_settle(c, fast0 + 2000, &fast, &dropped);
@@ -703,6 +896,7 @@ static void fp_ring_fill(kvc_client *c, uint32_t n)
     for (uint32_t i = 0; i < n; i++)
         e[(head + i) % KVC_FAST_RING_ENTS] = t[i % 4];
     __atomic_store_n(&r->head, head + n, __ATOMIC_RELEASE);
+    kvci_fast_bell(c, head);
 }
 
 /* A client over its rate never waits for it: 1,000 SYNCs, each after half a ring of hits
@@ -1224,6 +1418,8 @@ int main(void)
     tcase_add_test(tc, test_fast_off_in_daemon);
     tcase_add_test(tc, test_fast_hits_keep_blocks);
     tcase_add_test(tc, test_fast_hits_before_eviction);
+    tcase_add_test(tc, test_fast_bell_many_idle);
+    tcase_add_test(tc, test_fast_sync_with_eviction);
     tcase_add_test(tc, test_fast_threads_never_fall_back);
     tcase_add_test(tl, test_fast_ring_rate);
     tcase_add_test(tl, test_fast_sync_over_rate_no_wait);

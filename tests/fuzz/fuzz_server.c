@@ -15,7 +15,8 @@
  * its parent cached, its child count right. The fast path is on: FAST_ATTACH hands out hit
  * rings (mapped here, then filled with entries made of real blocks of the store, of namespaces
  * and blocks of nobody, with made-up counts and copy times, and heads moved on, backwards or
- * far ahead) and indexes (mapped read-only; a writable mapping must be refused). At the end the
+ * far ahead), their uid's bell (mapped here; its bits set as libkvc sets them, or any word
+ * written with anything, or all of them set or cleared) and indexes (mapped read-only; a writable mapping must be refused). At the end the
  * daemon must have counted no more ring entries than it could have read, credited no more copy
  * time than its connections could have spent, and every entry of arena 0's index must name a
  * committed block at that place. Run with `make fuzz` (clang, ASan+UBSan); with
@@ -76,6 +77,7 @@ struct fz_conn {
     uint32_t answered;        /* replies seen for the request in flight */
     uint64_t last_resv;
     struct kvc_fast_ring *ring; /* this connection's hit ring, mapped; NULL: none */
+    uint64_t *bell;             /* its uid's bell, mapped; NULL: none */
 };
 
 struct fz {
@@ -231,6 +233,9 @@ static void fz_close(struct fz_conn *c)
     if (c->ring)
         munmap(c->ring, sizeof(*c->ring) + KVC_FAST_RING_ENTS * sizeof(struct kvc_fast_hit));
     c->ring = NULL;
+    if (c->bell)
+        munmap(c->bell, KVC_FAST_BELL_BYTES);
+    c->bell = NULL;
 }
 
 /* A FAST_ATTACH reply's descriptor: the ring is kept mapped, the index mapped once (and a
@@ -243,6 +248,11 @@ static void fz_fast_fd(struct fz *f, struct fz_conn *c, const struct kvc_fast_at
         if (m == MAP_FAILED)
             fz_fail("hit ring not mappable read-write", errno, p->bytes);
         c->ring = m;
+    } else if (p->what == KVC_FAST_BELL && !c->bell && p->bytes == KVC_FAST_BELL_BYTES) {
+        void *m = mmap(NULL, p->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (m == MAP_FAILED)
+            fz_fail("bell not mappable read-write", errno, p->bytes);
+        c->bell = m;
     } else if (p->what == KVC_FAST_INDEX && p->bytes) {
         if (mmap(NULL, p->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) != MAP_FAILED)
             fz_fail("index mapped writable", p->arena_id, p->bytes);
@@ -498,6 +508,21 @@ static void fz_ring_write(struct fz *f, struct fz_conn *c)
     f->ring_heads +=
         (head > was ? (head - was < KVC_FAST_RING_ENTS ? head - was : KVC_FAST_RING_ENTS) : 0) + 1;
     __atomic_store_n(&r->head, head, __ATOMIC_RELEASE);
+    if (c->bell) {
+        uint8_t b = fz_u8(f);
+        switch (b & 3) {
+        case 0: /* as libkvc does, with the bit the daemon wrote (or a client overwrote) */
+            kvc_fast_bell_ring(r, was, c->bell,
+                               __atomic_load_n(&r->bell, __ATOMIC_RELAXED) % KVC_FAST_BELL_BITS);
+            break;
+        case 1:
+            c->bell[fz_u32(f) % (KVC_FAST_BELL_BITS / 64)] = ((uint64_t)fz_u32(f) << 32) | b;
+            break;
+        default: /* all set, or all cleared */
+            memset(c->bell, (b & 3) == 2 ? 0xff : 0, KVC_FAST_BELL_BYTES);
+            break;
+        }
+    }
 }
 
 /* LOOKUP_BUDGET (the LOOKUP op with fl & 0xc0 == 0x40): with or without per-head budgets

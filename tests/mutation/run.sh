@@ -50,6 +50,19 @@ mutation kivi512-k2-high-bit kernels/kern_kivi512.c "check_kernels check_codecs"
 '    const __m512i b1 = _mm512_add_epi16(b0, b0);' \
 '    const __m512i b1 = b0;'
 
+# The AVX-512 ROT key decoder (issue 30): the butterfly stage of channel bit 2, an exchange
+# between a pair's registers, takes its second half with the registers' roles swapped, so
+# each channel meets the wrong partner. Only a CPU with AVX-512 runs that decoder.
+mutation rot512-exchange-partner kernels/kern_rot512.c "check_codecs" \
+'        y = _mm512_shuffle_ps(*a, *b, 0xee);' \
+'        y = _mm512_shuffle_ps(*b, *a, 0xee);'
+
+# The same decoder's rows two at a time: the second row takes the first row's head for its
+# signs and means (rows of different heads side by side decode wrongly).
+mutation rot512-pair-head kernels/kern_rot512.c "check_codecs" \
+'            const uint32_t h = (uint32_t)((row + k) % H);' \
+'            const uint32_t h = (uint32_t)(row % H);'
+
 # The batched decoder's ROT rows, transformed across the lanes of a head row: the upper lane
 # of a cross-lane butterfly keeps b - a instead of a - b.
 mutation rot-lanes-butterfly-sign kernels/kern_batch.h "check_pack" \
@@ -364,8 +377,37 @@ mutation fast-ring-unvalidated daemon/server_fast.c "check_e2e_fast" \
 # A SYNC that waits for the passes over the rings whatever their share: a client asking for
 # room waits, window after window, behind every other client's ring.
 mutation fast-sync-waits-behind-others daemon/server_fast.c "check_e2e_fast" \
-'        if (spent && c->sync_wait && fast_ring_unread(c->ring))' \
-'        if (false && spent && c->sync_wait && fast_ring_unread(c->ring))'
+'        if (spent && c->sync_wait && unread) {' \
+'        if (false && spent && c->sync_wait && unread) {'
+
+# A ring whose bit in its uid's bell is never looked at (issue 32): a pass reads only the
+# rings it left unread and those of connections without a bell, so a reader's hits reach
+# the policy only at the 100 ms sweep, after the eviction that follows them.
+mutation fast-bell-never-rung daemon/fast.c "check_e2e_fast" \
+'            fn(b->owner[bit], arg);' \
+'            (void)fn, (void)arg, (void)bit;'
+
+# An eviction's pass that stops looking at a ring it read empty while its SYNC waits: the
+# pass after the batch never comes to it, and the client waits for its answer for ever.
+mutation fast-evict-pass-drops-sync daemon/server_fast.c "check_e2e_fast" \
+'            if (!unread && c->belled && !c->sync_wait)
+                server_fast_active_del(sv, c);
+            continue;' \
+'            if (!unread && c->belled)
+                server_fast_active_del(sv, c);
+            continue;'
+
+# Bits of a bell taken as they are: a bit no connection holds (a client may set all 65,536)
+# names an owner that is not there.
+mutation fast-bell-bits-trusted daemon/fast.c "check_e2e_adversary_fast" \
+'        uint64_t x = __atomic_exchange_n(&b->words[w], 0, __ATOMIC_RELAXED) & b->used[w];' \
+'        uint64_t x = __atomic_exchange_n(&b->words[w], 0, __ATOMIC_RELAXED);'
+
+# No sweep: a ring whose bit a client of its uid cleared is read only at its connection's
+# next request or SYNC.
+mutation fast-bell-no-sweep daemon/server_fast.c "check_e2e_adversary_fast" \
+'        bool sweep = t - sv->fast_sweep_us >= SERVER_FAST_SWEEP_US;' \
+'        bool sweep = t - sv->fast_sweep_us >= SERVER_FAST_SWEEP_US && false;'
 
 # Hits through the index reach the policy only after the batch that evicts: another
 # client's puts evict the blocks a reader keeps using.
@@ -678,6 +720,21 @@ mutation index-reserve-skipped daemon/store.c "check_store" \
 '    store_index_reserve(s);' \
 '    (void)store_index_reserve;'
 
+# Issue 26/32: a hit's touch republishes its unchanged entry in the shared index again (a
+# probe of the index a hit, after the reply); or never retries a block the index once had no
+# room for.
+mutation touch-republishes daemon/store.c "check_store" \
+'    if (!s->fast_keep || (fi && fast_index_lost_any(fi)))' \
+'    if (fi || !s->fast_keep)'
+mutation touch-never-retries daemon/store.c "check_store" \
+'    if (!s->fast_keep || (fi && fast_index_lost_any(fi)))' \
+'    if (!s->fast_keep || (fi && false))'
+
+# A lookup's probes ahead resolve a key with the hash of the key after it.
+mutation index-ahead-wrong-hash daemon/index.c "check_index" \
+'    return index_probe_hashed(ix, a->ns, &a->keys[i], a->h[i % INDEX_AHEAD_RING]);' \
+'    return index_probe_hashed(ix, a->ns, &a->keys[i], a->h[(i + 1) % INDEX_AHEAD_RING]);'
+
 # Issue 26: a lookup's policy work kept past its reply is never applied by the server (the
 # tuner and the hits' accesses wait for the next lookup).
 mutation post-flush-after-reply daemon/server_dispatch.c "check_e2e_gpu_fake" \
@@ -902,19 +959,52 @@ mutation enc-merge-rows-load-late kernels/kern_encb.h "check_codecs" \
 # far from their run's first join it). Only a CPU with AVX-512 runs that encoder: elsewhere
 # these merge512 mutations survive.
 mutation merge512-threshold-no-lim kernels/kern_merge512.c "check_codecs" \
-'        st->lk = KERN_MUL(lim, nk);' \
-'        st->lk = nk;'
+'                s->lk = KERN_MUL(lim, nk);' \
+'                s->lk = nk;'
 
 # The same: a row of one run written as its halves with -0 kept (the reference's 0 + x is +0).
 mutation merge512-one-row-minus-zero kernels/kern_merge512.c "check_codecs" \
-'                _mm512_storeu_si512(o + d, _mm512_maskz_mov_epi16(~nz, v));' \
-'                _mm512_storeu_si512(o + d, _mm512_maskz_mov_epi16(~nz | nz, v));'
+'            _mm512_storeu_si512(o + d, _mm512_maskz_mov_epi16(~nz, v));' \
+'            _mm512_storeu_si512(o + d, _mm512_maskz_mov_epi16(~nz | nz, v));'
 
 # The same: a K distance that is not finite (the token's K row holds Inf or NaN) not taken
 # for the check, so a forced token's bad row is summed unsanitized.
 mutation merge512-dist-unchecked kernels/kern_merge512.c "check_codecs" \
-'        *nf |= !(dk <= FLT_MAX);' \
-'        *nf |= 0;'
+'                    nf |= !(dk[i] <= FLT_MAX);' \
+'                    nf |= 0;'
+
+# The same: the K pass's key statistics (taken from the rows its distances load) with each
+# row's squares summed in another order than kern_avx2_enc.c's statistics pass (the low
+# eight channels of both 16-channel halves first): key norms that differ in their last bits.
+mutation merge512-stats-norm-order kernels/kern_merge512.c "check_codecs" \
+'            const __m512 sq = _mm512_add_ps(_mm512_add_ps(m5_lo2(sa0, sb0), m5_hi2(sa0, sb0)),
+                                            _mm512_add_ps(m5_lo2(sa1, sb1), m5_hi2(sa1, sb1)));' \
+'            const __m512 sq = _mm512_add_ps(_mm512_add_ps(m5_lo2(sa0, sb0), m5_lo2(sa1, sb1)),
+                                            _mm512_add_ps(m5_hi2(sa0, sb0), m5_hi2(sa1, sb1)));'
+
+# The same: the second head of a pair compared with the first head's run (the pair's
+# distances from one head's first row).
+mutation merge512-pair-second-head kernels/kern_merge512.c "check_codecs" \
+'                m5_pair(rk + at + h * D, rk + at + hn * D, st[h].sk, st[hn].sk, h, D, 1, ks,' \
+'                m5_pair(rk + at + h * D, rk + at + hn * D, st[h].sk, st[h].sk, h, D, 1, ks,'
+
+# The same: a run's first V row, read where a K row first joins the run, kept from the run
+# before (the flag not cleared where a run opens).
+mutation merge512-vstart-stale kernels/kern_merge512.c "check_codecs" \
+'                s->vset = 0;' \
+'                s->vset = s->vset;'
+
+# The same: the V section's rows (which its plan did not read) not checked where written,
+# so a NaN or Inf in a V row reaches the section unsanitized.
+mutation merge512-v-rows-unchecked kernels/kern_merge512.c "check_codecs" \
+'    const int chk = own != c->rawk;' \
+'    const int chk = 0;'
+
+# MERGE's AVX2 encoder (clean path): a run's first V row, read where a K row first joins the
+# run, kept from the run before (the flag not cleared where a run opens).
+mutation merge-avx2-vstart-stale kernels/kern_merge.c "check_codecs" \
+'        st->vset = 0;' \
+'        st->vset = st->vset;'
 
 # The AVX-512 decoders' streamed stores (issue 30, kern_st512.h): at a 16-byte aligned
 # destination a line's third 16 bytes taken from its second (MERGE's rows, KIVI). Outputs
