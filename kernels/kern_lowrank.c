@@ -1,7 +1,8 @@
 /*
  * kern_lowrank.c — LOWRANK: each head's keys as rank-r factors, r the smallest rank that
  * holds the recipe's share of their energy (kern_ext.h has the format and the arithmetic).
- * Values are q8_0 sections (kern_codec_as) and never come here.
+ * Values are q8_0 sections (kern_codec_as), decoded here only beside their keys
+ * (kern_lowrank_dec_kv).
  *
  * DESIGN
  * Keys of a head span few directions (their spectrum decays fast: Loki, Palu, "Eigen
@@ -19,7 +20,8 @@
  * halves in memory order. Every sum keeps the order kern_ext.h defines, so all give the same
  * bytes. Where the CPU has AVX-512 (kern_rot512_on()), kern_lowrank512.c takes the Gram
  * matrix, the search's products and orthogonalisation, the projections and the decode's
- * product.
+ * product; from 1 MiB of output its rows are streamed, and a layer whose values are q8_0 has
+ * them decoded between the key tiles (kern_lowrank_dec_kv, kern_q8512.c).
  */
 #include <errno.h>
 #include <immintrin.h>

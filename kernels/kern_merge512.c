@@ -34,9 +34,16 @@
  * of the section is prefetched for writing where the run starts: the stores of a closing run
  * otherwise missed, filled the store queue and stalled the pass (12.2 GB/s against 10.6).
  *
+ * Decode (kern_merge512_dec, any dtype the block's own): each token's row is its run's stored
+ * row, copied 64 bytes at a time in memory order and streamed from 1 MiB of output
+ * (kern_st512.h); the row index is kept per head as the map is walked, and each head's rows
+ * are prefetched two ahead (the eight heads' rows are read at once, and the loads' misses
+ * held half the decode's time).
+ *
  * Chosen at run time by kern_rot512_on() (kern_rot512.c: the CPU has AVX-512 F, BW, VL, DQ
  * and F16C, KVC_NO_AVX512 not set; read once), which the tests switch with kern_rot_avx512()
- * to run the AVX2 path too. Only fp16 slabs with head dims that are multiples of 32 come here.
+ * to run the AVX2 path too. Only fp16 slabs with head dims that are multiples of 32 come here
+ * to be encoded; decode takes head dims that are multiples of 32.
  */
 #include <errno.h>
 #include <float.h>
@@ -52,9 +59,7 @@
 #define K5I __attribute__((always_inline)) K5 static inline
 
 #define M5_AHEAD 4 /* tokens prefetched ahead of the one judged */
-#ifndef M5_DEC_AHEAD
-#define M5_DEC_AHEAD 2 /* rows prefetched ahead of the one decoded */
-#endif
+#define M5_DEC_AHEAD 2 /* rows prefetched ahead of the one decoded (kern_merge512_dec) */
 
 /* A head's state: rows started, the open run's first token a and its row r, the runs' first
  * rows (sk, sv: floats) with lim |s|^2 (lk, lv; sv and lv only once a K row of the run
