@@ -148,9 +148,9 @@ benches: $(BENCH_BINS) $(B)/bin/kvcsim
 .SECONDARY:
 
 # Per-file flags: AVX-512F carries the 512-bit FMA, which GCC contracts a product and a sum
-# into where the target allows it; kern_rot512.c, kern_kivi512.c, kern_lowrank512.c and
-# kern_merge512.c must keep the reference's two roundings.
-file_cflags = $(if $(filter kernels/kern_rot512.c kernels/kern_kivi512.c kernels/kern_lowrank512.c kernels/kern_merge512.c,$(1)),-ffp-contract=off)
+# into where the target allows it; kern_rot512.c, kern_kivi512.c, kern_lowrank512.c,
+# kern_merge512.c and kern_q8512.c must keep the reference's two roundings.
+file_cflags = $(if $(filter kernels/kern_rot512.c kernels/kern_kivi512.c kernels/kern_lowrank512.c kernels/kern_merge512.c kernels/kern_q8512.c,$(1)),-ffp-contract=off)
 
 $(B)/obj/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
@@ -399,7 +399,7 @@ FUZZ_CONFIG_SRCS := tests/fuzz/fuzz_config.c daemon/config.c daemon/config_ns.c 
 # unrolled AVX2 transforms take clang five minutes of CPU under the fuzzer's instrumentation;
 # the codecs' own suites run them under ASan+UBSan.
 FUZZ_PLAIN_SRCS := $(wildcard kernels/kern_avx2*.c) kernels/kern_rot.c kernels/kern_rot512.c \
-	kernels/kern_kivi512.c kernels/kern_lowrank512.c kernels/kern_merge512.c
+	kernels/kern_kivi512.c kernels/kern_lowrank512.c kernels/kern_merge512.c kernels/kern_q8512.c
 FUZZ_SERVER_SRCS := tests/fuzz/fuzz_server.c $(filter-out $(FUZZ_PLAIN_SRCS),$(LIBKVCD_SRCS))
 FUZZ_SERVER_CORPUS := tests/fuzz/corpus/server
 # The decoder's seeds: a request of the counted opcodes (HINT_HEADS and LOOKUP_BUDGET among

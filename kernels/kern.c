@@ -671,6 +671,38 @@ out:
     return ret;
 }
 
+/* The first bytes of section i of the encoded block `in` (its table checked by
+ * kern_block_info), asked for while the section before it decodes: a decoder's first reads
+ * of a section otherwise wait on memory a line at a time before the hardware prefetcher
+ * follows (LOWRANK's factors, MERGE's rows of eight heads at once). */
+#define KERN_DEC_PREFETCH_BYTES 4096u
+static void dec_prefetch_next(const uint8_t *in, uint32_t i)
+{
+    struct kern_block_sect s;
+    memcpy(&s, in + sizeof(struct kern_block_hdr) + i * sizeof(s), sizeof(s));
+    const uint32_t n = s.bytes < KERN_DEC_PREFETCH_BYTES ? s.bytes : KERN_DEC_PREFETCH_BYTES;
+    for (uint32_t b = 0; b < n; b += 64)
+        __builtin_prefetch(in + s.offset + b);
+}
+
+/* Layer l's sections where its keys are LOWRANK and its values q8_0 (LOWRANK's own, or a
+ * recipe's), decoded together by kern_lowrank_dec_kv(): 1 done, 0 not taken, -ENOMEM. */
+static int dec_lowrank_layer(const struct kern_cpu_ops *ops, const struct kern_layout *lay,
+                             const uint8_t *in, uint32_t l, void *dst, uint32_t out_dtype)
+{
+    struct kern_block_sect s[2];
+    if (lay->k_only)
+        return 0;
+    memcpy(s, in + sizeof(struct kern_block_hdr) + 2 * l * sizeof(s[0]), sizeof(s));
+    if (s[0].codec != KERN_CODEC_LOWRANK || kern_codec_as(s[1].codec, 1) != KERN_CODEC_Q8_0)
+        return 0;
+    if (l + 1 < lay->layers)
+        dec_prefetch_next(in, 2 * (l + 1));
+    return kern_lowrank_dec_kv(ops, lay, in + s[0].offset, in + s[1].offset,
+                               (uint8_t *)dst + 2 * kern_raw_index(lay, l, 0, 0, 0),
+                               (uint8_t *)dst + 2 * kern_raw_index(lay, l, 1, 0, 0), out_dtype);
+}
+
 static int64_t decode_with(const struct kern_cpu_ops *ops, const struct kern_layout *lay,
                            const void *src, size_t src_len, void *dst, size_t dst_cap,
                            enum kern_dtype out_dtype)
@@ -709,10 +741,17 @@ static int64_t decode_with(const struct kern_cpu_ops *ops, const struct kern_lay
     uint32_t kinds = kern_kinds(lay), H = lay->heads, D = lay->head_dim;
     uint64_t stride = (uint64_t)H * D;
     for (uint32_t l = 0; l < lay->layers; l++) {
-        for (uint32_t k = 0; k < kinds; k++) {
+        const int both = dec_lowrank_layer(ops, lay, in, l, dst, out_dtype);
+        if (both < 0) {
+            ret = both;
+            goto out;
+        }
+        for (uint32_t k = 0; k < kinds && !both; k++) {
             struct kern_block_sect s;
             memcpy(&s, in + sizeof(struct kern_block_hdr) + (l * kinds + k) * sizeof(s), sizeof(s));
             const uint8_t *sect = in + s.offset;
+            if (l * kinds + k + 1 < lay->layers * kinds)
+                dec_prefetch_next(in, l * kinds + k + 1);
             uint64_t base = kern_raw_index(lay, l, k, 0, 0);
             uint8_t *raw = (uint8_t *)dst + 2 * base;
             const uint32_t codec = kern_codec_as(s.codec, k == 1);

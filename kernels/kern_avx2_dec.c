@@ -331,16 +331,6 @@ fp8_dec_sect(const uint8_t *sect, const struct kern_layout *lay, void *raw, uint
     }
 }
 
-/* q8_0 blocks decoded into at least this many bytes are written with non-temporal stores:
- * they cannot stay in this core's L2 anyway, and the usual reader (a copy to the GPU, another
- * process) reads them once. The stores skip the read for ownership of every destination line,
- * a third of a decode's memory traffic, and q8_0 decode, the cheapest to compute, is bound by
- * that traffic (+25% out of cache on the Zen 3 host). The other AVX2 decoders are bound by
- * their arithmetic there and were no faster streaming (q4_1 a little slower), so they, and
- * smaller blocks, write through the cache. The AVX-512 KIVI decoders (kern_kivi512.c) are
- * bound by the traffic again, and stream too (+35% kivi4 on the Zen 5 host). */
-#define KERN_NT_MIN_BYTES (1u << 20)
-
 /* One section, stores ordinary or non-temporal (nt constant after inlining). */
 KT __attribute__((always_inline)) static inline void
 dec_sect_nt(uint32_t codec, int bits, int is_v, const uint8_t *sect, const struct kern_layout *lay,
@@ -442,10 +432,10 @@ KT int kern_avx2_dec_sect(uint32_t codec, int is_v, const uint8_t *sect,
         return 0;
     /* a section starts 64-byte aligned relative to the block (D % 32 == 0), so every store
      * is 16-byte aligned when the section is */
-    /* KIVI sections with AVX-512, where the CPU has it (kern_kivi512.c) */
-    if (bits && kern_rot512_on() &&
-        kern_kivi512_dec(bits, is_v, sect, lay, raw, out, scratch,
-                         kern_raw_size(lay) >= KERN_NT_MIN_BYTES))
+    /* KIVI and q8_0 sections with AVX-512, where the CPU has it (kern_kivi512.c, kern_q8512.c) */
+    if (bits && kern_rot512_on() && kern_kivi512_dec(bits, is_v, sect, lay, raw, out, scratch))
+        return 1;
+    if (codec == KERN_CODEC_Q8_0 && kern_rot512_on() && kern_q8512_dec(sect, lay, raw, out))
         return 1;
     int nt = codec == KERN_CODEC_Q8_0 && kern_raw_size(lay) >= KERN_NT_MIN_BYTES &&
              ((uintptr_t)raw & 15) == 0;

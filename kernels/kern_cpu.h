@@ -75,6 +75,17 @@ int kern_rot_enc(const struct kern_cpu_ops *ops, uint32_t codec, const struct ke
                  uint8_t *sect);
 int kern_rot_dec(const struct kern_cpu_ops *ops, uint32_t codec, const struct kern_layout *lay,
                  const uint8_t *sect, void *raw, uint32_t out_dtype);
+/* Blocks decoded into at least this many raw bytes are written with non-temporal stores by
+ * the decoders whose arithmetic is short enough for the memory traffic to bound them: the
+ * output cannot stay in this core's L2 anyway, and the usual reader (a copy to the GPU,
+ * another process) reads it once. The stores skip the read for ownership of every
+ * destination line, a third of a decode's memory traffic: q8_0 (kern_avx2_dec.c, +25% out of
+ * cache on the Zen 3 host), and with AVX-512 KIVI, MERGE and LOWRANK (kern_st512.h; +35%
+ * kivi4 on the Zen 5 host). The other AVX2 decoders are bound by their arithmetic there and
+ * were no faster streaming (q4_1 a little slower), so they, and smaller blocks, write
+ * through the cache. */
+#define KERN_NT_MIN_BYTES (1u << 20)
+
 /* ROT's K sections with AVX-512 (kern_rot512.c): kern_rot512_on() says whether that path,
  * and LOWRANK's, KIVI's and MERGE's (kern_lowrank512.c, kern_kivi512.c, kern_merge512.c), is
  * in use (the CPU has AVX-512 F, BW, VL, DQ and F16C and the environment has no
@@ -93,10 +104,19 @@ uint32_t kern_rot512_enc_rows(const struct kern_layout *lay, const uint8_t *rawk
                               int bits, uint8_t *out, int clean, int small);
 /* KIVI2/KIVI4 sections (and ROT's values, KIVI sections) decoded with AVX-512
  * (kern_kivi512.c), where kern_rot512_on(): the same bytes as kern_avx2_dec_sect() into the
- * raw rows, with non-temporal stores where `stream` and raw is 16-byte aligned; 1, or 0 for a
+ * raw rows, streamed as kern_st512_mode() says (kern_st512.h); 1, or 0 for a
  * shape it does not take (D not a multiple of 32). scratch: 2 * H * D floats. */
 int kern_kivi512_dec(int bits, int is_v, const uint8_t *sect, const struct kern_layout *lay,
-                     void *raw, uint32_t out_dtype, float *scratch, int stream);
+                     void *raw, uint32_t out_dtype, float *scratch);
+/* q8_0 sections (the codec's and LOWRANK's values) decoded with AVX-512 (kern_q8512.c), where
+ * kern_rot512_on(): the same bytes as kern_avx2_dec_sect() into the section's raw rows,
+ * streamed as kern_st512_mode() says (kern_st512.h); 1, or 0 for a shape it does not take
+ * (D not a multiple of 32). */
+int kern_q8512_dec(const uint8_t *sect, const struct kern_layout *lay, void *raw,
+                   uint32_t out_dtype);
+/* kern_q8512_groups: n q8_0 groups at blk into the 32 n halves at raw, stored by mode nt
+ * (kern_st512.h; raw 64-byte aligned for 2, 16-byte for 1), without the fence. */
+void kern_q8512_groups(const uint8_t *blk, uint64_t n, void *raw, uint32_t out_dtype, int nt);
 /* KIVI value groups encoded with AVX-512 (kern_kivi512.c), where kern_rot512_on(): the first
  * n / 16 * 16 of the n groups whose raw values (dtype) are contiguous at raw, into blk, the
  * same bytes as the AVX2 encoder; returns how many it did (the caller encodes the rest). */
@@ -125,15 +145,20 @@ int kern_merge_dec(const struct kern_cpu_ops *ops, const struct kern_layout *lay
  * done (statistics neither), a shape it does not take (fp16 with D a multiple of 32 only) or
  * a row it read holds Inf or NaN (the caller encodes the section its own way); -ENOMEM. */
 int kern_merge512_sect(const struct kern_ext_ctx *c, const uint8_t *own, uint8_t *sect);
+/* A MERGE section decoded with AVX-512 (kern_merge512.c), where kern_rot512_on(), into raw
+ * rows of the block's own dtype: kern_merge_dec()'s bytes, streamed as kern_st512_mode() says
+ * (kern_st512.h). 1, or 0 for a shape it does not take (D not a multiple of 32). */
+int kern_merge512_dec(const struct kern_layout *lay, const uint8_t *sect, void *raw);
 /* Tokens a layer's MERGE plan joins past the threshold (UINT64_MAX: no memory). */
 uint64_t kern_merge_count_forced(const struct kern_ext_ctx *c);
 /* LOWRANK's key sections with AVX-512 (kern_lowrank512.c), where kern_rot512_on() says so.
  * kern_lowrank512_rows (D a multiple of 16): a head's decoded rows (T tokens at o + t *
  * stride halves of out_dtype) from su (T x rank: sigma_i u[t][i]) and wf (rank x D: w as
- * floats). kern_lowrank512_project (D a multiple of 16): the r factors' rows w[i] (D floats)
- * from their columns u[i] (T floats, T <= D) and sigmas, as lr_project_ref. */
+ * floats), stored by mode nt (kern_st512.h; 0 where D % 32 != 0). kern_lowrank512_project
+ * (D a multiple of 16): the r factors' rows w[i] (D floats) from their columns u[i] (T
+ * floats, T <= D) and sigmas, as lr_project_ref. */
 void kern_lowrank512_rows(uint32_t rank, uint32_t T, uint32_t D, uint16_t *o, uint64_t stride,
-                          uint32_t out_dtype, const float *su, const float *wf);
+                          uint32_t out_dtype, const float *su, const float *wf, int nt);
 /* kern_lowrank512_gram: g = K K^T (n = T <= D rows of x), every sum as lr_gram_ref. */
 void kern_lowrank512_gram(const float *x, uint32_t n, uint32_t D, float *g);
 /* The search's kern_lowrank_gv and kern_lowrank_orth with eight heads in the lanes (layout of
@@ -145,6 +170,12 @@ void kern_lowrank512_project(const float *x, uint32_t T, uint32_t D, const float
 int kern_lowrank_enc(const struct kern_cpu_ops *ops, const struct kern_ext_ctx *c, uint8_t *sect);
 int kern_lowrank_dec(const struct kern_cpu_ops *ops, const struct kern_layout *lay,
                      const uint8_t *sect, void *raw, uint32_t out_dtype);
+/* A layer's LOWRANK key section and its q8_0 value section (LOWRANK's values, or a recipe's
+ * q8_0) decoded together where the rows are streamed with AVX-512 (kern_st512.h): 1, 0 where
+ * not taken (the sections then decode one at a time), -ENOMEM. */
+int kern_lowrank_dec_kv(const struct kern_cpu_ops *ops, const struct kern_layout *lay,
+                        const uint8_t *ksect, const uint8_t *vsect, void *rawk, void *rawv,
+                        uint32_t out_dtype);
 
 /* Reference pieces the AVX2 version reuses for tails. */
 void kern_ref_enc(uint32_t codec, int is_v, const float *x, const struct kern_layout *lay,

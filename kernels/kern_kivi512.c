@@ -16,8 +16,8 @@
  * 4-bit: each channel's scale and min as floats, the even channels of each 32 before the odd
  * ones, so the 16 code bytes of 32 channels widen to dwords and split by a mask and a shift;
  * the two halves' results are interleaved back by one permute). Outputs of 1 MiB or more are
- * streamed (KERN_NT_MIN_BYTES): with the arithmetic this short the decode is bound by its
- * memory traffic, a third of which the streaming stores save. The file is built with
+ * streamed (kern_st512.h): with the arithmetic this short the decode is bound by its memory
+ * traffic, a third of which the streaming stores save. The file is built with
  * -ffp-contract=off (Makefile): AVX-512F carries the FMA, and a product and a sum the
  * reference rounds twice must stay two roundings.
  * Encode: called from kern_avx2_enc_sect() (kern_avx2_enc.c). A value section sixteen
@@ -38,39 +38,7 @@
 #include "kernels/kern_cpu.h"
 #include "kernels/kern_fmt.h"
 #include "kernels/kern_kivi512.h"
-
-/* Sixteen floats to halves: fp16 by F16C's rounding (kern_f2h's), bf16 as kern_f2bf (round
- * to nearest even; a NaN keeps its top bits, made quiet), for group scalars that are Inf or
- * NaN in a corrupt or foreign block too. */
-K5I __m256i kivi5_half16(__m512 v, uint32_t out)
-{
-    if (out == KERN_DTYPE_FP16)
-        return _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512i u = _mm512_castps_si512(v), hi = _mm512_srli_epi32(u, 16);
-    const __m512i odd = _mm512_and_si512(hi, _mm512_set1_epi32(1));
-    __m512i rn = _mm512_srli_epi32(
-        _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
-    rn = _mm512_mask_mov_epi32(rn, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q),
-                               _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
-    return _mm512_cvtepi32_epi16(rn);
-}
-
-/* A result's 64 bytes into the raw rows: stored (nt 0), or streamed (see
- * KERN_NT_MIN_BYTES, kern_avx2_dec.c) 16 bytes at a time (nt 1, r 16-byte aligned) or whole
- * (nt 2, r 64-byte aligned). nt is a constant in every loop that calls this. */
-K5I void kivi5_st(uint16_t *r, __m512i v, const int nt)
-{
-    if (nt == 2) {
-        _mm512_stream_si512((void *)r, v);
-    } else if (nt == 1) {
-        _mm_stream_si128((__m128i *)r, _mm512_castsi512_si128(v));
-        _mm_stream_si128((__m128i *)r + 1, _mm512_extracti32x4_epi32(v, 1));
-        _mm_stream_si128((__m128i *)r + 2, _mm512_extracti32x4_epi32(v, 2));
-        _mm_stream_si128((__m128i *)r + 3, _mm512_extracti32x4_epi32(v, 3));
-    } else {
-        _mm512_storeu_si512(r, v);
-    }
-}
+#include "kernels/kern_st512.h"
 
 /* ---- values: [T][H][D / 32] groups of fp16 scale, fp16 min, 4 * bits bytes of codes ---- */
 
@@ -82,7 +50,7 @@ K5I __m512i kivi5_tab4(const uint8_t *blk, uint32_t out)
     const __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128((int)w));
     const __m512 sc = _mm512_broadcastss_ps(f), mn = _mm512_broadcastss_ps(_mm_movehdup_ps(f));
     const __m512 q = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    return _mm512_castsi256_si512(kivi5_half16(_mm512_add_ps(_mm512_mul_ps(q, sc), mn), out));
+    return _mm512_castsi256_si512(kern_half16_512(_mm512_add_ps(_mm512_mul_ps(q, sc), mn), out));
 }
 
 /* KIVI-4 group: byte i holds element 2i (low nibble) and 2i + 1 (high nibble). Each byte
@@ -93,7 +61,7 @@ K5I void kivi5_v4_group(const uint8_t *blk, __m512i tab, uint16_t *r, const int 
     const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 4)));
     const __m512i idx = _mm512_and_si512(_mm512_or_si512(b, _mm512_slli_epi32(b, 12)),
                                          _mm512_set1_epi32(0x000f000f));
-    kivi5_st(r, _mm512_permutexvar_epi16(idx, tab), nt);
+    kern_st512(r, _mm512_permutexvar_epi16(idx, tab), nt);
 }
 
 /* Four 2-bit groups' four outputs each as halves: entry 4g + q is group g's output q. */
@@ -113,7 +81,7 @@ K5I __m512i kivi5_tab2x4(const uint8_t *b0, const uint8_t *b1, const uint8_t *b2
     const __m512 mn =
         _mm512_permutexvar_ps(_mm512_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3, 5, 5, 5, 5, 7, 7, 7, 7), f);
     const __m512 q = _mm512_setr_ps(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
-    return _mm512_castsi256_si512(kivi5_half16(_mm512_add_ps(_mm512_mul_ps(q, sc), mn), out));
+    return _mm512_castsi256_si512(kern_half16_512(_mm512_add_ps(_mm512_mul_ps(q, sc), mn), out));
 }
 
 /* KIVI-2 group g (0-3) of a kivi5_tab2x4() table: byte i holds elements 4i .. 4i + 3 at bits
@@ -135,7 +103,7 @@ K5I void kivi5_v2_group(const uint8_t *blk, int g, __m512i tab, uint16_t *r, con
     /* (v & 3) | 4g */
     const __m512i idx =
         _mm512_ternarylogic_epi32(v, _mm512_set1_epi16(3), _mm512_set1_epi16((short)(4 * g)), 0xea);
-    kivi5_st(r, _mm512_permutexvar_epi16(idx, tab), nt);
+    kern_st512(r, _mm512_permutexvar_epi16(idx, tab), nt);
 }
 
 K5I void kivi5_v_dec(int bits, uint32_t out, const int nt, const uint8_t *sect,
@@ -185,9 +153,9 @@ K5I void kivi5_k4_row(const uint8_t *row, const float *sp, const float *mp, uint
             _mm512_add_ps(_mm512_mul_ps(fe, _mm512_loadu_ps(sp + c)), _mm512_loadu_ps(mp + c));
         const __m512 yo = _mm512_add_ps(_mm512_mul_ps(fo, _mm512_loadu_ps(sp + c + 16)),
                                         _mm512_loadu_ps(mp + c + 16));
-        const __m512i he = _mm512_castsi256_si512(kivi5_half16(ye, out)),
-                      ho = _mm512_castsi256_si512(kivi5_half16(yo, out));
-        kivi5_st(r + c, _mm512_permutex2var_epi16(he, mix, ho), nt);
+        const __m512i he = _mm512_castsi256_si512(kern_half16_512(ye, out)),
+                      ho = _mm512_castsi256_si512(kern_half16_512(yo, out));
+        kern_st512(r + c, _mm512_permutex2var_epi16(he, mix, ho), nt);
     }
 }
 
@@ -214,7 +182,7 @@ K5I void kivi5_k2_row(const uint8_t *row, const uint16_t *tb, uint16_t *r, uint3
             _mm512_mask_blend_epi16(m0, _mm512_loadu_si512(tb), _mm512_loadu_si512(tb + 32));
         const __m512i hi =
             _mm512_mask_blend_epi16(m0, _mm512_loadu_si512(tb + 64), _mm512_loadu_si512(tb + 96));
-        kivi5_st(r + c, _mm512_mask_blend_epi16(m1, lo, hi), nt);
+        kern_st512(r + c, _mm512_mask_blend_epi16(m1, lo, hi), nt);
     }
 }
 
@@ -252,8 +220,10 @@ K5I void kivi5_k_dec(int bits, uint32_t out, const int nt, const uint8_t *sect,
                 }
                 for (int q = 0; q < 4; q++) {
                     const __m512 fq = _mm512_set1_ps((float)q);
-                    const __m256i t0h = kivi5_half16(_mm512_add_ps(_mm512_mul_ps(fq, s0), m0), out);
-                    const __m256i t1h = kivi5_half16(_mm512_add_ps(_mm512_mul_ps(fq, s1), m1), out);
+                    const __m256i t0h =
+                        kern_half16_512(_mm512_add_ps(_mm512_mul_ps(fq, s0), m0), out);
+                    const __m256i t1h =
+                        kern_half16_512(_mm512_add_ps(_mm512_mul_ps(fq, s1), m1), out);
                     _mm512_storeu_si512(tab + 4 * ch + 32 * q,
                                         _mm512_inserti64x4(_mm512_castsi256_si512(t0h), t1h, 1));
                 }
@@ -301,13 +271,12 @@ K5I void kivi5_dec(const int bits, const int is_v, const uint32_t out, const int
     } while (0)
 
 K5 int kern_kivi512_dec(int bits, int is_v, const uint8_t *sect, const struct kern_layout *lay,
-                        void *raw, uint32_t out, float *scratch, int stream)
+                        void *raw, uint32_t out, float *scratch)
 {
     if ((bits != 2 && bits != 4) || lay->head_dim % 32)
         return 0;
     /* every store is at a multiple of 64 bytes from raw (D % 32 == 0) */
-    const uintptr_t a = (uintptr_t)raw;
-    const int nt = !stream ? 0 : (a & 63) == 0 ? 2 : (a & 15) == 0 ? 1 : 0;
+    const int nt = kern_st512_mode(raw, lay);
     if (is_v && bits == 4)
         KIVI5_OUT(4, 1);
     else if (is_v)

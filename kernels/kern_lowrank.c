@@ -1,7 +1,8 @@
 /*
  * kern_lowrank.c — LOWRANK: each head's keys as rank-r factors, r the smallest rank that
  * holds the recipe's share of their energy (kern_ext.h has the format and the arithmetic).
- * Values are q8_0 sections (kern_codec_as) and never come here.
+ * Values are q8_0 sections (kern_codec_as), decoded here only beside their keys
+ * (kern_lowrank_dec_kv).
  *
  * DESIGN
  * Keys of a head span few directions (their spectrum decays fast: Loki, Palu, "Eigen
@@ -19,7 +20,8 @@
  * halves in memory order. Every sum keeps the order kern_ext.h defines, so all give the same
  * bytes. Where the CPU has AVX-512 (kern_rot512_on()), kern_lowrank512.c takes the Gram
  * matrix, the search's products and orthogonalisation, the projections and the decode's
- * product.
+ * product; from 1 MiB of output its rows are streamed, and a layer whose values are q8_0 has
+ * them decoded between the key tiles (kern_lowrank_dec_kv, kern_q8512.c).
  */
 #include <errno.h>
 #include <immintrin.h>
@@ -29,6 +31,7 @@
 #include "kernels/kern_avx2.h"
 #include "kernels/kern_cpu.h"
 #include "kernels/kern_ext.h"
+#include "kernels/kern_st512.h"
 
 /* ---- reference ---------------------------------------------------------------------------- */
 
@@ -769,6 +772,80 @@ int kern_lowrank_enc(const struct kern_cpu_ops *ops, const struct kern_ext_ctx *
     return 0;
 }
 
+/* The AVX2 / AVX-512 decode: every head's factors first (each head's bytes prefetched
+ * LR_DEC_AHEAD heads ahead: the factors are the section's first read, and read one head at
+ * a time they waited on memory a line at a time), then the rows four tokens at a time across
+ * the heads, so the stores run through memory in order (a head at a time they are 2 D bytes
+ * every 2 H D: through the cache each line waits on its read for ownership, +17 % out of
+ * cache; streamed, a line split between two heads' rows is written in two pieces). Stores by
+ * mode nt (kern_st512.h) where wide (kern_lowrank512.c). With vsect, the layer's q8_0 value
+ * section is decoded into rawv in as many slices as there are tiles of keys, one after each
+ * (its bytes asked for before the tile): the keys' product keeps the vector units busy and
+ * leaves the memory idle, the values' decode the other way round, and interleaved each runs
+ * while the other waits. f: H fs floats, rk: H ranks. */
+#define LR_DEC_AHEAD 2
+static void lr_dec_rows(const uint8_t *sect, const struct kern_layout *lay, void *raw,
+                        uint32_t out_dtype, float *f, uint32_t *rk, int wide, int nt,
+                        const uint8_t *vsect, uint16_t *rawv)
+{
+    const uint32_t T = lay->tokens, H = lay->heads, D = lay->head_dim;
+    const uint32_t cap = kern_lowrank_cap(D, T), tiles = (T + 3) / 4;
+    const uint64_t hb = kern_lowrank_head_bytes(D, T), fs = (uint64_t)cap * (T + D);
+    const uint64_t stride = (uint64_t)H * D;
+    const uint64_t ng = (uint64_t)T * H * (D / 32), steps = (uint64_t)H * tiles;
+    for (uint64_t b = 0; b < hb * (H < LR_DEC_AHEAD ? H : LR_DEC_AHEAD); b += 64)
+        _mm_prefetch((const char *)sect + b, _MM_HINT_T0);
+    for (uint32_t h = 0; h < H; h++) {
+        const uint8_t *head = sect + h * hb;
+        if (h + LR_DEC_AHEAD < H)
+            for (uint64_t b = 0; b < hb; b += 64)
+                _mm_prefetch((const char *)head + LR_DEC_AHEAD * hb + b, _MM_HINT_T0);
+        rk[h] = kern_lowrank_get_rank(head, cap);
+        lr_factors_avx2(head, rk[h], cap, T, D, f + h * fs, f + h * fs + (uint64_t)rk[h] * T);
+    }
+    uint64_t g = 0; /* value groups decoded */
+    for (uint32_t i = 0; i < tiles; i++)
+        for (uint32_t h = 0; h < H; h++) {
+            const uint32_t t0 = 4 * i, n = T - t0 < 4 ? T - t0 : 4;
+            const float *su = f + h * fs + (uint64_t)t0 * rk[h],
+                        *wf = f + h * fs + (uint64_t)rk[h] * T;
+            uint16_t *o = (uint16_t *)raw + t0 * stride + (uint64_t)h * D;
+            /* the values' groups [g, e) after this tile (step i H + h of steps) */
+            const uint64_t e = vsect ? ng * ((uint64_t)i * H + h + 1) / steps : 0;
+            for (uint64_t b = 34 * g; b < 34 * e; b += 64)
+                _mm_prefetch((const char *)vsect + b, _MM_HINT_T0);
+            if (wide)
+                kern_lowrank512_rows(rk[h], n, D, o, stride, out_dtype, su, wf, nt);
+            else
+                lr_rows_avx2(rk[h], n, D, o, stride, out_dtype, su, wf);
+            if (vsect) {
+                kern_q8512_groups(vsect + 34 * g, e - g, rawv + 32 * g, out_dtype, nt);
+                g = e;
+            }
+        }
+    if (nt)
+        _mm_sfence(); /* the streamed lines are ordered before whatever the caller does next */
+}
+
+int kern_lowrank_dec_kv(const struct kern_cpu_ops *ops, const struct kern_layout *lay,
+                        const uint8_t *ksect, const uint8_t *vsect, void *rawk, void *rawv,
+                        uint32_t out_dtype)
+{
+    const uint32_t T = lay->tokens, H = lay->heads, D = lay->head_dim;
+    /* every store a multiple of 64 bytes from rawk or rawv (D % 32 == 0) */
+    const int nt = D % 32 == 0 ? kern_st512_mode(rawk, lay) : 0;
+    if (ops == &kern_ref_ops || !kern_rot512_on() || !nt || kern_st512_mode(rawv, lay) != nt)
+        return 0;
+    const uint64_t fs = (uint64_t)kern_lowrank_cap(D, T) * (T + D);
+    float *f = malloc((size_t)H * fs * sizeof(float) + (size_t)H * sizeof(uint32_t));
+    if (!f)
+        return -ENOMEM;
+    lr_dec_rows(ksect, lay, rawk, out_dtype, f, (uint32_t *)(f + (size_t)H * fs), 1, nt, vsect,
+                rawv);
+    free(f);
+    return 1;
+}
+
 int kern_lowrank_dec(const struct kern_cpu_ops *ops, const struct kern_layout *lay,
                      const uint8_t *sect, void *raw, uint32_t out_dtype)
 {
@@ -776,30 +853,14 @@ int kern_lowrank_dec(const struct kern_cpu_ops *ops, const struct kern_layout *l
     const uint32_t cap = kern_lowrank_cap(D, T);
     const uint64_t hb = kern_lowrank_head_bytes(D, T), fs = (uint64_t)cap * (T + D);
     if (ops != &kern_ref_ops) {
-        /* every head's factors first, then the rows four tokens at a time across the heads,
-         * so the stores run through memory in order (a head at a time they are 2 D bytes
-         * every 2 H D, and each line waits on its read for ownership): +17 % out of cache */
         const int wide = D % 16 == 0 && kern_rot512_on(); /* kern_lowrank512.c */
+        /* streamed where every store is at a multiple of 64 bytes from raw (kern_st512.h) */
+        const int nt = wide && D % 32 == 0 ? kern_st512_mode(raw, lay) : 0;
         float *f = malloc((size_t)H * fs * sizeof(float) + (size_t)H * sizeof(uint32_t));
         if (!f)
             return -ENOMEM;
-        uint32_t *rk = (uint32_t *)(f + (size_t)H * fs);
-        for (uint32_t h = 0; h < H; h++) {
-            rk[h] = kern_lowrank_get_rank(sect + h * hb, cap);
-            lr_factors_avx2(sect + h * hb, rk[h], cap, T, D, f + h * fs,
-                            f + h * fs + (uint64_t)rk[h] * T);
-        }
-        for (uint32_t t0 = 0; t0 < T; t0 += 4)
-            for (uint32_t h = 0; h < H; h++) {
-                const float *su = f + h * fs + (uint64_t)t0 * rk[h],
-                            *wf = f + h * fs + (uint64_t)rk[h] * T;
-                uint16_t *o = (uint16_t *)raw + (uint64_t)t0 * H * D + (uint64_t)h * D;
-                const uint32_t nt = T - t0 < 4 ? T - t0 : 4;
-                if (wide)
-                    kern_lowrank512_rows(rk[h], nt, D, o, (uint64_t)H * D, out_dtype, su, wf);
-                else
-                    lr_rows_avx2(rk[h], nt, D, o, (uint64_t)H * D, out_dtype, su, wf);
-            }
+        lr_dec_rows(sect, lay, raw, out_dtype, f, (uint32_t *)(f + (size_t)H * fs), wide, nt,
+                    NULL, NULL);
         free(f);
         return 0;
     }

@@ -8,7 +8,8 @@
  * sum_i (sigma_i u[t][i]) w[i][d], i in order from +0 as kern_lowrank_val, in tiles of four
  * tokens by 64 channels (16 accumulators of AVX-512's 32 registers), from the scratch
  * kern_lowrank.c fills (su = sigma_i u[t][i] rounded once, wf = w as floats), rounded to the
- * output's halves as kern_store. Encode (T <= D): w_e[d] = sum_t u_e[t] x[t][d] / sigma_e
+ * output's halves as kern_store, a token's 32 channels one 64-byte store, streamed from 1 MiB
+ * of output (kern_st512.h). Encode (T <= D): w_e[d] = sum_t u_e[t] x[t][d] / sigma_e
  * with token t in partial t % 8 as lr_project_ref, four factors at once, one class of tokens
  * after another, then kern_sum8_fold and the division. The subspace search and the Gram
  * matrix stay in kern_lowrank.c (their lanes are heads or classes of channels, eight of them).
@@ -25,33 +26,14 @@
 #include "kernels/kern_avx2.h"
 #include "kernels/kern_cpu.h"
 #include "kernels/kern_ext.h"
+#include "kernels/kern_st512.h"
 
 #define K5 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c")))
 #define K5I __attribute__((always_inline)) K5 static inline
 
-/* Sixteen floats as halves of dtype, rounded as kern_store: fp16 by F16C (kern_f2h's
- * rounding), bf16 to nearest even with NaN kept quiet as kern_f2bf (a section's bytes are
- * not trusted to decode to numbers). */
-K5I void lr5_store16(uint16_t *p, __m512 x, uint32_t dtype)
-{
-    if (dtype == KERN_DTYPE_FP16) {
-        _mm256_storeu_si256((__m256i *)p,
-                            _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-        return;
-    }
-    const __m512i u = _mm512_castps_si512(x);
-    const __m512i hi = _mm512_srli_epi32(u, 16);
-    const __m512i odd = _mm512_and_si512(hi, _mm512_set1_epi32(1));
-    __m512i rn = _mm512_srli_epi32(
-        _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
-    rn = _mm512_mask_mov_epi32(rn, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q),
-                               _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
-    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(rn));
-}
-
-/* Tokens t0 .. t0 + NT - 1 by channels d .. d + 16 NV - 1. */
 /* Tokens t0 .. t0 + NT - 1 by channels d .. d + 16 NV - 1 (every loop unrolled: the
- * accumulators must stay in registers). */
+ * accumulators must stay in registers). NV even: each token's 32 channels as one 64-byte
+ * store by mode nt (kern_st512.h); NV 1 (D % 32 == 16): 32 bytes, through the cache. */
 #define LR5_U _Pragma("GCC unroll 4")
 #define LR5_TILE(NT, NV)                                                                           \
     do {                                                                                           \
@@ -69,31 +51,57 @@ K5I void lr5_store16(uint16_t *p, __m512 x, uint32_t dtype)
                     _mm512_add_ps(acc[a][b], _mm512_mul_ps(s, wv[b]));                             \
             }                                                                                      \
         }                                                                                          \
-        LR5_U for (int a = 0; a < (NT); a++) LR5_U for (int b = 0; b < (NV); b++)                 \
-            lr5_store16(o + (uint64_t)(t0 + a) * stride + d + 16 * b, acc[a][b], out_dtype);       \
+        LR5_U for (int a = 0; a < (NT); a++)                                                       \
+        {                                                                                          \
+            uint16_t *r = o + (uint64_t)(t0 + a) * stride + d;                                     \
+            if ((NV) == 1)                                                                         \
+                _mm256_storeu_si256((__m256i *)r, kern_half16_512(acc[a][0], out_dtype));          \
+            else                                                                                   \
+                LR5_U for (int b = 0; b + 1 < (NV); b += 2)                                        \
+                    kern_st512_halves(r + 16 * b, acc[a][b], acc[a][b + 1], out_dtype, nt);        \
+        }                                                                                          \
     } while (0)
 
-K5 void kern_lowrank512_rows(uint32_t rank, uint32_t T, uint32_t D, uint16_t *o, uint64_t stride,
-                             uint32_t out_dtype, const float *su, const float *wf)
+K5I void lr5_rows(uint32_t rank, uint32_t T, uint32_t D, uint16_t *o, uint64_t stride,
+                  uint32_t out_dtype, const float *su, const float *wf, const int nt)
 {
     uint32_t t0 = 0;
     for (; t0 + 4 <= T; t0 += 4) {
         uint32_t d = 0;
         for (; d + 64 <= D; d += 64)
             LR5_TILE(4, 4);
-        for (; d < D; d += 16)
+        if (d + 32 <= D) {
+            LR5_TILE(4, 2);
+            d += 32;
+        }
+        if (d < D)
             LR5_TILE(4, 1);
     }
     for (; t0 < T; t0++) {
         uint32_t d = 0;
         for (; d + 64 <= D; d += 64)
             LR5_TILE(1, 4);
-        for (; d < D; d += 16)
+        if (d + 32 <= D) {
+            LR5_TILE(1, 2);
+            d += 32;
+        }
+        if (d < D)
             LR5_TILE(1, 1);
     }
 }
 #undef LR5_TILE
 #undef LR5_U
+
+K5 void kern_lowrank512_rows(uint32_t rank, uint32_t T, uint32_t D, uint16_t *o, uint64_t stride,
+                             uint32_t out_dtype, const float *su, const float *wf, int nt)
+{
+    if (nt == 2)
+        lr5_rows(rank, T, D, o, stride, out_dtype, su, wf, 2);
+    else if (nt == 1)
+        lr5_rows(rank, T, D, o, stride, out_dtype, su, wf, 1);
+    else
+        lr5_rows(rank, T, D, o, stride, out_dtype, su, wf, 0);
+}
 
 K5 void kern_lowrank512_project(const float *x, uint32_t T, uint32_t D, const float *const *u,
                                 const float *sig, uint32_t r, float *const *w)

@@ -530,6 +530,9 @@ int kern_merge_dec(const struct kern_cpu_ops *ops, const struct kern_layout *lay
                    const uint8_t *sect, void *raw, uint32_t out_dtype)
 {
     const uint32_t T = lay->tokens, H = lay->heads, D = lay->head_dim;
+    if (ops != &kern_ref_ops && out_dtype == lay->dtype && kern_rot512_on() &&
+        kern_merge512_dec(lay, sect, raw))
+        return 0;
     if (ops != &kern_ref_ops && out_dtype == lay->dtype && D % 16 == 0) {
         mrg_copy_rows_avx2(lay, sect, raw);
         return 0;

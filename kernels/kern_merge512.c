@@ -34,9 +34,16 @@
  * of the section is prefetched for writing where the run starts: the stores of a closing run
  * otherwise missed, filled the store queue and stalled the pass (12.2 GB/s against 10.6).
  *
+ * Decode (kern_merge512_dec, any dtype the block's own): each token's row is its run's stored
+ * row, copied 64 bytes at a time in memory order and streamed from 1 MiB of output
+ * (kern_st512.h); the row index is kept per head as the map is walked, and each head's rows
+ * are prefetched two ahead (the eight heads' rows are read at once, and the loads' misses
+ * held half the decode's time).
+ *
  * Chosen at run time by kern_rot512_on() (kern_rot512.c: the CPU has AVX-512 F, BW, VL, DQ
  * and F16C, KVC_NO_AVX512 not set; read once), which the tests switch with kern_rot_avx512()
- * to run the AVX2 path too. Only fp16 slabs with head dims that are multiples of 32 come here.
+ * to run the AVX2 path too. Only fp16 slabs with head dims that are multiples of 32 come here
+ * to be encoded; decode takes head dims that are multiples of 32.
  */
 #include <errno.h>
 #include <float.h>
@@ -46,11 +53,13 @@
 
 #include "kernels/kern_cpu.h"
 #include "kernels/kern_ext.h"
+#include "kernels/kern_st512.h"
 
 #define K5 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c")))
 #define K5I __attribute__((always_inline)) K5 static inline
 
 #define M5_AHEAD 4 /* tokens prefetched ahead of the one judged */
+#define M5_DEC_AHEAD 2 /* rows prefetched ahead of the one decoded (kern_merge512_dec) */
 
 /* A head's state: rows started, the open run's first token a and its row r, the runs' first
  * rows (sk, sv: floats) with lim |s|^2 (lk, lv; sv and lv only once a K row of the run
@@ -442,4 +451,50 @@ int kern_merge512_sect(const struct kern_ext_ctx *c, const uint8_t *own, uint8_t
     const int rc = m5_sect(c, own, sect, (float *)(st + H), st, stats ? &ks : NULL);
     free(st);
     return rc && stats ? 2 : rc;
+}
+
+/* ---- decode ------------------------------------------------------------------------------ */
+
+/* The section's stored rows back into its slab, in memory order (token by token, the heads of
+ * a token in turn), each token's row its run's (kern_merge_dec's row); n: H counts of the rows
+ * a head's map has started so far. Stores by mode nt (kern_st512.h). */
+K5I void m5_dec(const struct kern_layout *lay, const uint8_t *sect, uint16_t *to, uint32_t *n,
+                const int nt)
+{
+    const uint32_t T = lay->tokens, H = lay->heads, D = lay->head_dim, R = kern_merge_rows(T);
+    const uint64_t hb = kern_merge_head_bytes(D, T), mb = kern_merge_map_bytes(T);
+    memset(n, 0, H * sizeof(*n));
+    for (uint32_t t = 0; t < T; t++) {
+        const uint8_t *head = sect;
+        for (uint32_t h = 0; h < H; h++, head += hb, to += D) {
+            uint32_t w;
+            memcpy(&w, head + 16 + 4 * (t >> 5), 4);
+            n[h] += w >> (t & 31) & 1u;
+            /* kern_merge_row_of's row, n - 1 (a damaged map that starts no row reads row 0) */
+            const uint32_t r = n[h] - 1 < R ? n[h] - 1 : 0;
+            const uint16_t *row = (const uint16_t *)(head + 16 + mb) + (uint64_t)r * D;
+            for (uint32_t d = 0; d < D; d += 32) {
+                _mm_prefetch((const char *)(row + d + M5_DEC_AHEAD * D), _MM_HINT_T0);
+                kern_st512(to + d, _mm512_loadu_si512(row + d), nt);
+            }
+        }
+    }
+}
+
+K5 int kern_merge512_dec(const struct kern_layout *lay, const uint8_t *sect, void *raw)
+{
+    if (lay->head_dim % 32 != 0)
+        return 0;
+    uint32_t n[KERN_MAX_HEADS];
+    /* every store is at a multiple of 64 bytes from raw (D % 32 == 0) */
+    const int nt = kern_st512_mode(raw, lay);
+    if (nt == 2)
+        m5_dec(lay, sect, raw, n, 2);
+    else if (nt == 1)
+        m5_dec(lay, sect, raw, n, 1);
+    else
+        m5_dec(lay, sect, raw, n, 0);
+    if (nt)
+        _mm_sfence(); /* the streamed lines are ordered before whatever the caller does next */
+    return 1;
 }

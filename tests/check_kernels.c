@@ -1324,6 +1324,89 @@ START_TEST(test_decode_random_payload)
 }
 END_TEST
 
+/* MERGE and LOWRANK decodes (LOWRANK's q8_0 values decoded with its keys, a recipe's own
+ * q8_0 values too) against the reference's, into destinations offset 0, 16, 2 and 1 bytes
+ * from a 64-byte boundary, with the AVX-512 paths and without, the bytes around the block
+ * untouched: blocks just under KERN_NT_MIN_BYTES of raw output (stored through the cache)
+ * and at or past it (streamed where the destination is 16-byte aligned: 64-byte stores at
+ * offset 0, 16-byte ones at 16; kern_st512.h), head dims with a 32-channel tile
+ * (96 = 64 + 32), a last tile of two tokens (30), two words of MERGE's map (40 tokens).
+ * MERGE's layer 0 carries damaged maps (no run started, every token a run past the rows
+ * the head holds, random bits): those tokens read row 0, as the reference defines. */
+struct ext_dec_case {
+    struct kern_layout lay;
+    uint32_t kc, vc;
+};
+static const struct ext_dec_case ext_dec_cases[] = {
+    {{7, 8, 128, 32, KERN_DTYPE_FP16, 0}, KERN_CODEC_MERGE, KERN_CODEC_MERGE},   /* 896 KiB */
+    {{8, 8, 128, 32, KERN_DTYPE_FP16, 0}, KERN_CODEC_MERGE, KERN_CODEC_MERGE},   /* 1 MiB */
+    {{13, 4, 128, 40, KERN_DTYPE_BF16, 0}, KERN_CODEC_MERGE, KERN_CODEC_MERGE},  /* 1040 KiB */
+    {{7, 8, 128, 32, KERN_DTYPE_FP16, 0}, KERN_CODEC_LOWRANK, KERN_CODEC_LOWRANK},
+    {{8, 8, 128, 32, KERN_DTYPE_FP16, 0}, KERN_CODEC_LOWRANK, KERN_CODEC_LOWRANK},
+    {{12, 8, 96, 30, KERN_DTYPE_BF16, 0}, KERN_CODEC_LOWRANK, KERN_CODEC_LOWRANK}, /* 1080 KiB */
+    {{8, 8, 128, 32, KERN_DTYPE_FP16, 0}, KERN_CODEC_LOWRANK, KERN_CODEC_Q8_0},
+    {{8, 8, 128, 32, KERN_DTYPE_BF16, 0}, KERN_CODEC_LOWRANK, KERN_CODEC_KIVI4},
+    {{16, 8, 128, 32, KERN_DTYPE_FP16, 1}, KERN_CODEC_LOWRANK, KERN_CODEC_LOWRANK}, /* K only */
+    {{8, 8, 128, 32, KERN_DTYPE_FP16, 0}, KERN_CODEC_Q8_0, KERN_CODEC_Q8_0},
+};
+#define NEXT_DEC_CASES (sizeof(ext_dec_cases) / sizeof(ext_dec_cases[0]))
+
+START_TEST(test_decode_ext_offsets)
+{
+    const struct ext_dec_case *c = &ext_dec_cases[_i];
+    const struct kern_layout lay = c->lay;
+    const uint32_t T = lay.tokens, H = lay.heads, D = lay.head_dim;
+    struct kern_recipe rec;
+    kern_recipe_fill(&rec, c->kc, c->vc, 0);
+    int64_t sz = kern_encoded_size(&lay, &rec);
+    ck_assert_int_gt(sz, 0);
+    uint64_t rs = kern_raw_size(&lay), s = 901 + (uint64_t)_i;
+    uint8_t *e = malloc((size_t)sz), *d1 = malloc(rs), *d2 = malloc(rs + 128);
+    ck_assert(e && d1 && d2);
+    void *raw = make_block(&lay, 31 + (uint64_t)_i);
+    ck_assert_int_eq(kern_encode_ref(&lay, &rec, raw, e, (size_t)sz, NULL), sz);
+    if (c->kc == KERN_CODEC_MERGE) {
+        struct kern_block_sect st;
+        memcpy(&st, e + sizeof(struct kern_block_hdr), sizeof(st));
+        const uint64_t hb = kern_merge_head_bytes(D, T), mb = kern_merge_map_bytes(T);
+        for (uint32_t h = 0; h < H; h++) {
+            uint8_t *map = e + st.offset + h * hb + 16;
+            for (uint64_t b = 0; b < mb; b++)
+                map[b] = h % 3 == 0 ? 0 : h % 3 == 1 ? 0xff : (uint8_t)rng_next(&s);
+        }
+    }
+    for (uint32_t out = KERN_DTYPE_FP16; out <= KERN_DTYPE_BF16; out++) {
+        memset(d1, 0xa5, rs);
+        ck_assert_int_eq(kern_decode_ref(&lay, e, (size_t)sz, d1, rs, out), (int64_t)rs);
+        static const unsigned offs[] = {0, 16, 2, 1};
+        for (unsigned o = 0; o < 8; o++) {
+            uint8_t *base = (uint8_t *)(((uintptr_t)d2 + 63) & ~(uintptr_t)63);
+            uint8_t *dst = base + offs[o % 4];
+            memset(d2, 0x5a, rs + 128);
+            int was5 = kern_rot_avx512(o < 4);
+            ck_assert_int_eq(kern_decode_cpu(&lay, e, (size_t)sz, dst, rs, out), (int64_t)rs);
+            kern_rot_avx512(was5);
+            ck_assert_msg(memcmp(d1, dst, rs) == 0,
+                          "%s/%s %ux%ux%ux%u%s in %s out %s dst +%u%s: the decoded block "
+                          "differs from the reference's",
+                          kern_codec_name(c->kc), kern_codec_name(c->vc), lay.layers, H, D, T,
+                          lay.k_only ? " k-only" : "",
+                          lay.dtype == KERN_DTYPE_BF16 ? "bf16" : "fp16",
+                          out == KERN_DTYPE_BF16 ? "bf16" : "fp16", offs[o % 4],
+                          o < 4 ? "" : " no avx512");
+            for (uint8_t *q = d2; q < dst; q++)
+                ck_assert_uint_eq(*q, 0x5a);
+            for (uint8_t *q = dst + rs; q < d2 + rs + 128; q++)
+                ck_assert_uint_eq(*q, 0x5a);
+        }
+    }
+    free(raw);
+    free(e);
+    free(d1);
+    free(d2);
+}
+END_TEST
+
 /* Group scalars that are Inf or NaN (no encoder writes them, a corrupt or foreign block may
  * hold them): the vectorised decoder (the FMA build where the CPU has FMA) gives the
  * reference's halves, Inf, -Inf and 0 * Inf included; where a NaN scalar meets a NaN product
@@ -1426,6 +1509,7 @@ static Suite *kernels_suite(void)
     tcase_add_test(tc, test_ggml_subnormal_d_codes_zero);
     tcase_add_loop_test(tc, test_decode_nonfinite_scalars, 0, 4);
     tcase_add_loop_test(tc, test_decode_random_payload, 0, (int)((NCODEC_V1 - 1) * NDEC_SHAPES));
+    tcase_add_loop_test(tc, test_decode_ext_offsets, 0, (int)NEXT_DEC_CASES);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("cuda-emulation");

@@ -1006,6 +1006,33 @@ mutation merge-avx2-vstart-stale kernels/kern_merge.c "check_codecs" \
 '        st->vset = 0;' \
 '        st->vset = st->vset;'
 
+# The AVX-512 decoders' streamed stores (issue 30, kern_st512.h): at a 16-byte aligned
+# destination a line's third 16 bytes taken from its second (MERGE's rows, KIVI). Outputs
+# stream from 1 MiB (KERN_NT_MIN_BYTES): check_kernels' blocks of that size at offset 16
+# fail, those just under it pass. Only a CPU with AVX-512 runs these decoders: elsewhere
+# this mutation and the three below survive.
+mutation st512-stream16-lane kernels/kern_st512.h "check_kernels" \
+'        _mm_stream_si128(q + 2, _mm512_extracti32x4_epi32(v, 2));' \
+'        _mm_stream_si128(q + 2, _mm512_extracti32x4_epi32(v, 1));'
+
+# The same for two registers of halves (LOWRANK's keys, q8_0 groups): a line's last 16
+# bytes taken from the first register's upper half.
+mutation st512-halves-stream16-lane kernels/kern_st512.h "check_kernels" \
+'        _mm_stream_si128(q + 3, _mm256_extracti128_si256(b, 1));' \
+'        _mm_stream_si128(q + 3, _mm256_extracti128_si256(a, 1));'
+
+# MERGE's AVX-512 decode: a token of a damaged map past the rows its head holds (or before
+# any run) reads the head's last row instead of row 0, as the reference defines.
+mutation merge512-dec-past-rows kernels/kern_merge512.c "check_kernels" \
+'            const uint32_t r = n[h] - 1 < R ? n[h] - 1 : 0;' \
+'            const uint32_t r = n[h] - 1 < R ? n[h] - 1 : R - 1;'
+
+# LOWRANK's keys and q8_0 values decoded together (kern_lowrank_dec_kv): each slice of value
+# groups one step behind, so the last slice is never decoded.
+mutation lowrank-kv-slice-behind kernels/kern_lowrank.c "check_kernels" \
+'            const uint64_t e = vsect ? ng * ((uint64_t)i * H + h + 1) / steps : 0;' \
+'            const uint64_t e = vsect ? ng * ((uint64_t)i * H + h) / steps : 0;'
+
 # I/O threads: a reply that does not fit in the client's socket is dropped instead of
 # closing a client that never reads its replies.
 mutation iothreads-slow-consumer-kept daemon/server_io.c "check_e2e_garbage" \
