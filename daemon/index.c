@@ -72,7 +72,6 @@ int index_init(struct index *ix, uint32_t initial)
     while (ix->nslots < ix->cap * 2)
         ix->nslots <<= 1;
     ix->slots = calloc(ix->nslots, sizeof(*ix->slots));
-    index_huge_pages(ix->blocks, (size_t)ix->cap * sizeof(*ix->blocks));
     index_huge_pages(ix->slots, (size_t)ix->nslots * sizeof(*ix->slots));
     ix->ibits = index_ibits(ix->cap);
     ix->free_head = INDEX_NONE;
@@ -114,7 +113,6 @@ int index_block_new(struct index *ix, uint32_t *idx)
             nb = realloc(ix->blocks, (size_t)ncap * sizeof(*nb));
             if (!nb)
                 return -ENOMEM;
-            index_huge_pages(nb, (size_t)ncap * sizeof(*nb));
             ix->blocks = nb;
             ix->cap = ncap;
         }
@@ -258,13 +256,11 @@ int index_reserve(struct index *ix, uint32_t n)
             return rc;
     }
     /* The pool at that size too, its pages untouched until blocks come (they count in the
-     * daemon's memory as they are used), so all of it can be on huge pages: grown by
-     * doubling, the part already used stays on small ones. */
+     * daemon's memory as they are used): no copy of it on the loop as it fills. */
     if (cap > ix->cap) {
         struct block *nb = realloc(ix->blocks, (size_t)cap * sizeof(*nb));
         if (!nb)
             return -ENOMEM;
-        index_huge_pages(nb, (size_t)cap * sizeof(*nb));
         ix->blocks = nb;
         ix->cap = cap;
     }

@@ -102,20 +102,22 @@ struct index {
     uint64_t rebuilds;  /* times the map was rebuilt (grown, or its slots widened) */
 };
 
-/* Per-block tables (the map's two arrays, the store's side tables) on huge pages where the
- * kernel allows them (transparent huge pages "madvise" or "always"), called on an allocation
- * before its pages are first touched: at a million blocks an access reads a random 4 KiB
- * page of each, so on small pages it missed the TLB as well as the cache (a page walk;
- * under a hypervisor, two). An allocation under 2 MiB, or its parts outside whole 2 MiB
- * pages, stays as it is; where the kernel refuses, nothing changes. */
+/* The key map's slots on huge pages where the kernel allows them (transparent huge pages
+ * "madvise" or "always"), called on an allocation before its pages are first touched: at a
+ * million blocks a probe reads a random 4 KiB page of it, so on small pages it missed the TLB
+ * as well as the cache (a page walk; under a hypervisor, two). Only for a table every part
+ * of which is used: a huge page is resident whole once touched (the pool of blocks on them
+ * cost 1-2 B a block at a million, past the design's 128). An allocation under 2 MiB, or
+ * its parts outside whole 2 MiB pages, stays as it is; where the kernel refuses, nothing
+ * changes. */
 void index_huge_pages(void *p, size_t bytes);
 
 int index_init(struct index *ix, uint32_t initial);
 void index_fini(struct index *ix);
 /* Room for n blocks with no rebuild of the map on the way: slots for n at the map's load
  * limit, and slot values wide enough for the pool that holds n (one rebuild now, or none);
- * the pool itself at that size (on huge pages where allowed, its pages touched as blocks
- * come; pointers into the pool are invalidated, as by index_block_new). Rebuilding the map
+ * the pool itself at that size (its pages touched as blocks come; pointers into the pool are
+ * invalidated, as by index_block_new). Rebuilding the map
  * costs O(entries) on the loop: ~40 ms at a million blocks here, ~110 ms at two. Never
  * shrinks. -ENOMEM: what could not grow stays as it was. */
 int index_reserve(struct index *ix, uint32_t n);

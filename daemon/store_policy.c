@@ -125,7 +125,6 @@ static struct store_meta *store_meta_at(struct store *s, uint32_t idx)
         struct store_meta *m = realloc(s->meta, (size_t)n * sizeof(*m));
         if (!m)
             return NULL;
-        index_huge_pages(m, (size_t)n * sizeof(*m));
         memset(m + s->nmeta, 0, (size_t)(n - s->nmeta) * sizeof(*m));
         s->meta = m;
         s->nmeta = (uint32_t)n;
@@ -295,7 +294,6 @@ static int store_heap_in(struct store *s, struct store_heap *h, const struct sto
         struct store_heap_ent *a = realloc(h->a, (size_t)n * sizeof(*a));
         if (!a)
             return -ENOMEM;
-        index_huge_pages(a, (size_t)n * sizeof(*a));
         h->a = a;
         h->cap = n;
     }
