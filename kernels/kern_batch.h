@@ -1879,11 +1879,12 @@ KERN_HD void kern_batch_lowrank_col(const struct kern_batch *b, const uint64_t *
         KERN_UNROLL
         for (uint32_t e = 0; e < 8; e++)
             a[e] = 0.0f;
-        for (uint32_t i = 0; i < rank; i++) {
+        const uint8_t *pw = wr, *ps = hd + 16, *pu = ut;
+        for (uint32_t i = 0; i < rank; i++, pw += 2 * D, ps += 4, pu += 2) {
             uint32_t v[4];
-            kern_batch_ld(wr + 2ull * i * D, 2 * n, ww, v);
-            const float f = KERN_MUL(kern_u2f(kern_batch_ld32(hd + 16 + 4 * i, sa)),
-                                     kern_batch_h2f1(kern_batch_ld_word(ut + 2 * i, 2, uw)));
+            kern_batch_ld(pw, 2 * n, ww, v);
+            const float f = KERN_MUL(kern_u2f(kern_batch_ld32(ps, sa)),
+                                     kern_batch_h2f1(kern_batch_ld_word(pu, 2, uw)));
             const uint32_t nan = kern_batch_h8_nan(v);
             KERN_UNROLL
             for (uint32_t e = 0; e < 8; e++)

@@ -977,6 +977,9 @@ START_TEST(test_decode_paged_odd_shapes)
     /* head_dim 20, two heads 21 apart: 80-byte rows, 16 per step, 6 pieces a row (not a
      * power of two), crossing pages of 6 */
     decode_case(2, 2, 20, 32, KERN_DTYPE_FP16, 0, codec, KERN_DTYPE_FP16, 6, 21, 0, 2, 2, 70 + _i);
+    /* head_dim 20 in heads 24 apart: 48-byte head rows, so 16-byte stores are allowed (vec
+     * 16) while a row's last piece has 4 elements, stored one by one */
+    decode_case(2, 3, 20, 32, KERN_DTYPE_FP16, 0, codec, KERN_DTYPE_FP16, 8, 24, 0, 2, 2, 80 + _i);
 }
 END_TEST
 

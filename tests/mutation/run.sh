@@ -167,8 +167,8 @@ mutation decode-lrm-lowrank-token-factor kernels/kern_batch.h "check_pack" \
 '        const uint8_t *ut = uf + 2ull * jl * cap;'
 
 mutation decode-lrm-lowrank-w-stride kernels/kern_batch.h "check_pack" \
-'            kern_batch_ld(wr + 2ull * i * D, 2 * n, ww, v);' \
-'            kern_batch_ld(wr + 2ull * i * n, 2 * n, ww, v);'
+'        for (uint32_t i = 0; i < rank; i++, pw += 2 * D, ps += 4, pu += 2) {' \
+'        for (uint32_t i = 0; i < rank; i++, pw += 2 * n, ps += 4, pu += 2) {'
 
 mutation decode-lrm-merge-own-bit kernels/kern_batch.h "check_pack" \
 '            const uint32_t r = r0 + kern_batch_popc(e == 31 ? mw : mw & ((2u << e) - 1)) - 1;' \
