@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(KERN_BATCH_THREADS, 4)
  * KIVIK: the column rounds it has (KERN_BATCH_COLS_*, struct kern_batch's kivik): built with
  * none, with the KIVI key rounds, with the KIVI and ROT key rounds, and with the LOWRANK and
  * MERGE rounds, each rounds' registers kept from the kernels that do not need them (ptxas,
- * sm_90: 120, 136, 208 and 184 bytes of stack frame). */
+ * sm_90: 120, 136, 208 and 168 bytes of stack frame). */
 template <int W, int KIVIK>
 __global__ void __launch_bounds__(KERN_BATCH_THREADS, KERN_DECODE_MINB)
     kern_decode_kernel(const __grid_constant__ batch_params<W> p)
