@@ -73,7 +73,8 @@
  * elements; a KIVI key step's lane keeps one column (head, 8 channels) through the step, its
  * scales and mins loaded once ("the KIVI key rounds" below), and so does a ROT key step's, its
  * means and signs once, the row's lanes still exchanging its transform ("the ROT key
- * rounds"). No lane holds a row in local memory (it was 1 KiB a thread, a ROT row per lane;
+ * rounds"), and so does a LOWRANK key or MERGE step's, its head's factors or bitmap worked out
+ * once ("the LOWRANK and MERGE rounds"). No lane holds a row in local memory (it was 1 KiB a thread, a ROT row per lane;
  * what the decode kernel spills under the 64-register cap: docs/design/gpu.md). The block's
  * header, section descriptor and raw-head appendix are read and checked once per step: by
  * lane 0 and shuffled to the warp on the device, once per step for the warp in the emulation.

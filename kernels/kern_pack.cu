@@ -132,6 +132,19 @@ __global__ void __launch_bounds__(KERN_BATCH_THREADS, KERN_DECODE_MINB)
         kern_batch_decode_step(&p.h, p.w, s, lane, KIVIK);
 }
 
+/* A batch of the LOWRANK and MERGE hint: their kernel where the batch's tables fit the small
+ * parameter block, kernel 0 (those sections by the generic rounds, the same bytes) for the
+ * large one. Built for both, the fourth kernel's code took the device bundle past its 60 MiB
+ * (each binary links it: 8.8 MB of kern_pack.cu.o against 6.9). */
+template <int W>
+static void decode_lrm_launch(const batch_params<W> &p, dim3 g, dim3 t, cudaStream_t s)
+{
+    if constexpr (W == KERN_BATCH_SMALL_WORDS)
+        kern_decode_kernel<W, KERN_BATCH_COLS_LRM><<<g, t, 0, s>>>(p);
+    else
+        kern_decode_kernel<W, 0><<<g, t, 0, s>>>(p);
+}
+
 /* A gather or scatter in the batch's access width, its run steps or its row steps. */
 template <int W, int RUN>
 static void pack_launch(const batch_params<W> &p, dim3 g, dim3 t, cudaStream_t s)
@@ -170,7 +183,7 @@ template <int W> static int batch_launch(const struct kern_batch_args *a, cudaSt
     else if (p.h.op == KERN_BATCH_DECODE && (p.h.kivik & KERN_BATCH_COLS_KIVI))
         kern_decode_kernel<W, KERN_BATCH_COLS_KIVI><<<g, t, 0, s>>>(p);
     else if (p.h.op == KERN_BATCH_DECODE && (p.h.kivik & KERN_BATCH_COLS_LRM))
-        kern_decode_kernel<W, KERN_BATCH_COLS_LRM><<<g, t, 0, s>>>(p);
+        decode_lrm_launch<W>(p, g, t, s);
     else if (p.h.op == KERN_BATCH_DECODE)
         kern_decode_kernel<W, 0><<<g, t, 0, s>>>(p);
     else if (p.h.run)
