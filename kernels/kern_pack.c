@@ -560,14 +560,20 @@ int kern_decode_batches(struct kern_batch_args *a, const struct kern_layout *kla
                         void *arg)
 {
     int rc = 0;
+    /* the LOWRANK and MERGE rounds are built for the small parameter block alone
+     * (kern_pack.cu): such a batch takes fewer blocks until its tables fit it, where one
+     * block's do */
+    const uint32_t cols = kern_decode_cols(codecs);
+    const uint32_t small = cols == KERN_BATCH_COLS_LRM ? KERN_BATCH_SMALL_WORDS : UINT32_MAX;
     for (uint32_t j = 0; j < nblocks;) {
         uint32_t nb = nblocks - j;
         uint64_t tok = first_token + (uint64_t)j * (klay ? klay->tokens : 0);
-        while ((rc = kern_batch_decode(a, klay, layer_first, layer_count, eng, tok, nb, src + j,
-                                       src_len + j, out_dtype)) == -E2BIG &&
+        while (((rc = kern_batch_decode(a, klay, layer_first, layer_count, eng, tok, nb, src + j,
+                                        src_len + j, out_dtype)) == -E2BIG ||
+                (rc == 0 && a->h.nwords > small)) &&
                nb > 1)
             nb = (nb + 1) / 2;
-        a->h.kivik = kern_decode_cols(codecs);
+        a->h.kivik = cols;
         if (rc == 0)
             rc = run(a, arg);
         if (rc)

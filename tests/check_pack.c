@@ -1037,6 +1037,95 @@ START_TEST(test_decode_rot_lowrank_shapes)
 }
 END_TEST
 
+/* kern_decode_batches' run that records the batches' table words, then runs each on the CPU */
+static uint32_t words_runs, words_max;
+
+static int run_cpu_words_cb(const struct kern_batch_args *a, void *arg)
+{
+    (void)arg;
+    words_runs++;
+    words_max = a->h.nwords > words_max ? a->h.nwords : words_max;
+    kern_batch_run_cpu(a);
+    return 0;
+}
+
+/* The LOWRANK/MERGE kernel is built for the small parameter block alone (kern_pack.cu): a
+ * prefix under that hint whose tables would take more (120 blocks of 8 layers: 256 words
+ * and more) is decoded in batches that fit it, every LOWRANK key piece by their rounds, the
+ * reference's bytes; under a q8_0 hint the same prefix stays one batch. */
+START_TEST(test_decode_lrm_small_params)
+{
+    struct kern_layout kl = {8, 1, 16, 8, KERN_DTYPE_FP16, 0};
+    const uint32_t nb = 120, npages = nb + 1;
+    struct kern_recipe rec;
+    kern_recipe_fill(&rec, KERN_CODEC_LOWRANK, KERN_CODEC_LOWRANK, 0);
+    const int64_t es = kern_encoded_size(&kl, &rec);
+    ck_assert_int_gt(es, 0);
+    const uint64_t rs = kern_raw_size(&kl);
+    uint16_t *raw = malloc(rs);
+    uint8_t *e = malloc((size_t)es);
+    srand(321);
+    for (uint64_t x = 0; x < rs / 2; x++)
+        raw[x] = kern_f2h((float)(rand() % 2001 - 1000) / 250.0f);
+    ck_assert_int_eq(kern_encode_ref(&kl, &rec, raw, e, (size_t)es, NULL), es);
+    const void *src[120];
+    uint64_t len[120];
+    for (uint32_t j = 0; j < nb; j++) {
+        src[j] = e;
+        len[j] = (uint64_t)es;
+    }
+    int32_t table[121];
+    for (uint32_t i = 0; i < npages; i++)
+        table[i] = (int32_t)(npages - 1 - i);
+    const uint64_t ts = 2ull * 16, ps = ts * 8, tb = ps * npages;
+    void *ka[8], *va[8], *kb[8], *vb[8];
+    for (uint32_t l = 0; l < 8; l++) {
+        ka[l] = calloc(1, tb);
+        va[l] = calloc(1, tb);
+        kb[l] = malloc(tb);
+        vb[l] = malloc(tb);
+    }
+    struct kern_pack_engine ea = {ka, va, table, npages, 8, ps, ts, ts};
+    struct kern_pack_engine eb = {kb, vb, table, npages, 8, ps, ts, ts};
+    ck_assert_int_eq(kern_pack_decode_ref(&kl, 0, 8, &ea, 5, nb, src, len, KERN_DTYPE_FP16), 0);
+    struct kern_batch_args *ba = malloc(sizeof(*ba));
+    for (uint32_t hint = 0; hint < 2; hint++) {
+        for (uint32_t l = 0; l < 8; l++) {
+            memset(kb[l], 0, tb);
+            memset(vb[l], 0, tb);
+        }
+        words_runs = words_max = 0;
+        kern_batch_lrm_pieces = 0;
+        ck_assert_int_eq(kern_decode_batches(ba, &kl, 0, 8, &eb, 5, nb, src, len, KERN_DTYPE_FP16,
+                                             1u << (hint ? KERN_CODEC_Q8_0 : KERN_CODEC_LOWRANK),
+                                             run_cpu_words_cb, NULL),
+                         0);
+        if (hint == 0) {
+            ck_assert_uint_ge(words_runs, 2);
+            ck_assert_uint_le(words_max, KERN_BATCH_SMALL_WORDS);
+            ck_assert_uint_eq(kern_batch_lrm_pieces, (uint64_t)nb * 8 * 8 * 2);
+        } else {
+            ck_assert_uint_eq(words_runs, 1);
+            ck_assert_uint_gt(words_max, KERN_BATCH_SMALL_WORDS);
+            ck_assert_uint_eq(kern_batch_lrm_pieces, 0);
+        }
+        for (uint32_t l = 0; l < 8; l++) {
+            ck_assert_msg(memcmp(ka[l], kb[l], tb) == 0, "hint %u layer %u K", hint, l);
+            ck_assert_msg(memcmp(va[l], vb[l], tb) == 0, "hint %u layer %u V", hint, l);
+        }
+    }
+    for (uint32_t l = 0; l < 8; l++) {
+        free(ka[l]);
+        free(va[l]);
+        free(kb[l]);
+        free(vb[l]);
+    }
+    free(ba);
+    free(e);
+    free(raw);
+}
+END_TEST
+
 /* kern_batch_h8_nan, the device's test before it converts 8 fp16 values by the conversion
  * instruction (whose NaN would lose kern_h2f's payload): every fp16 bit pattern, in either
  * half of any of the four words, beside finite values, is a NaN to it exactly when kern_h2f
@@ -1669,6 +1758,7 @@ static Suite *pack_suite(void)
     tcase_add_loop_test(tb, test_decode_wide_steps, 0, 5);
     tcase_add_loop_test(tb, test_decode_rot_lowrank_shapes, 0, (int)(NROT_CODECS * NROT_SHAPES));
     tcase_add_test(tb, test_decode_h8_nan);
+    tcase_add_test(tb, test_decode_lrm_small_params);
     tcase_add_loop_test(tb, test_decode_hint_kernels, 0,
                         (int)(sizeof(hint_codecs) / sizeof(hint_codecs[0])));
     tcase_add_loop_test(tb, test_decode_load_widths, 0, (int)(KERN_CODEC_COUNT * NLD_PLACES));

@@ -132,12 +132,12 @@ mutation decode-kivik-wrong-channel-scale kernels/kern_batch.h "check_pack" \
 # The decode kernel's hint ignored: every batch takes the kernel with the column rounds (a
 # q8_0-hinted batch's KIVI keys must not), or none does (an unhinted KIVI batch's must).
 mutation decode-hint-always-kivik kernels/kern_pack.c "check_pack" \
-'        a->h.kivik = kern_decode_cols(codecs);' \
-'        a->h.kivik = kern_decode_cols(0 * codecs);'
+'    const uint32_t cols = kern_decode_cols(codecs);' \
+'    const uint32_t cols = kern_decode_cols(0 * codecs);'
 
 mutation decode-hint-never-kivik kernels/kern_pack.c "check_pack" \
-'        a->h.kivik = kern_decode_cols(codecs);' \
-'        a->h.kivik = 0 * kern_decode_cols(codecs);'
+'    const uint32_t cols = kern_decode_cols(codecs);' \
+'    const uint32_t cols = 0 * kern_decode_cols(codecs);'
 
 # The hint's ROT codecs forgotten (a ROT-hinted batch takes the kernel without the ROT key
 # rounds), or a KIVI hint taken for ROT too (a KIVI-hinted batch's ROT keys must take the
@@ -155,6 +155,12 @@ mutation decode-hint-kivi-with-rot kernels/kern_pack.c "check_pack" \
 mutation decode-hint-lrm-forgotten kernels/kern_pack.c "check_pack" \
 '    return codecs & lrm ? KERN_BATCH_COLS_LRM : 0;' \
 '    return codecs & lrm & 0 ? KERN_BATCH_COLS_LRM : 0;'
+
+# A LOWRANK/MERGE-hinted decode not cut to the small parameter block, the only one its kernel
+# is built for (its large batches would take kernel 0: the generic rounds).
+mutation decode-lrm-small-params kernels/kern_pack.c "check_pack" \
+'                (rc == 0 && a->h.nwords > small)) &&' \
+'                (rc == 0 && a->h.nwords > small && 0)) &&'
 
 # The decoder's LOWRANK and MERGE rounds: a LOWRANK token's factor u[t][i] read from the
 # lane's first token of the step (only steps of several tokens a lane differ), w's rank rows
