@@ -1683,8 +1683,8 @@ static void cuda_decode_case(uint32_t layers, uint32_t heads, uint32_t dim, uint
     de.v = dv;
     ck_assert_int_eq(kern_pack_decode_ref(&kl, lf, lc, &he, 0, nblocks, hsrc, len, out), 0);
     /* the format hint: the block's own (a KIVI codec's kernel with the KIVI key rounds, a ROT
-     * codec's with the KIVI and ROT ones) for fp16 out, q8_0's for bf16 (the kernel without
-     * them, whatever the blocks) */
+     * codec's with the KIVI and ROT ones, LOWRANK's and MERGE's with their rounds) for fp16
+     * out, q8_0's for bf16 (the kernel without them, whatever the blocks) */
     const uint32_t hint = out == KERN_DTYPE_FP16 ? 1u << codec : 1u << KERN_CODEC_Q8_0;
     ck_assert_int_eq(
         kern_pack_decode_cuda(&kl, lf, lc, &de, 0, nblocks, dsrc, len, out, hint, NULL), 0);
