@@ -73,7 +73,8 @@
  * elements; a KIVI key step's lane keeps one column (head, 8 channels) through the step, its
  * scales and mins loaded once ("the KIVI key rounds" below), and so does a ROT key step's, its
  * means and signs once, the row's lanes still exchanging its transform ("the ROT key
- * rounds"). No lane holds a row in local memory (it was 1 KiB a thread, a ROT row per lane;
+ * rounds"), and so does a LOWRANK key or MERGE step's, its head's factors or bitmap worked out
+ * once ("the LOWRANK and MERGE rounds"). No lane holds a row in local memory (it was 1 KiB a thread, a ROT row per lane;
  * what the decode kernel spills under the 64-register cap: docs/design/gpu.md). The block's
  * header, section descriptor and raw-head appendix are read and checked once per step: by
  * lane 0 and shuffled to the warp on the device, once per step for the warp in the emulation.
@@ -144,13 +145,16 @@ struct kern_batch {
     /* decode: the column rounds the kernel has (KERN_BATCH_COLS_*, from kern_decode_batches'
      * codecs): KIVI and ROT where a block may hold ROT key sections or the caller does not
      * know; KIVI alone where KIVI but no ROT blocks may come (the kernel as it was before the
-     * ROT key rounds, whose spills those rounds would have doubled); 0 where neither may, the
-     * kernel without them, whose registers the other codecs' rounds keep. A key section whose
-     * rounds the kernel lacks takes the generic rounds: the same bytes, slower. */
+     * ROT key rounds, whose spills those rounds would have doubled); the LOWRANK and MERGE
+     * rounds alone where LOWRANK or MERGE blocks may come and neither KIVI nor ROT ones; 0
+     * where none may, the kernel without them, whose registers the other codecs' rounds
+     * keep. A section whose rounds the kernel lacks takes the generic rounds: the same bytes,
+     * slower. */
     uint32_t kivik;
 };
 #define KERN_BATCH_COLS_KIVI 1u /* the KIVI key rounds (kern_batch_kivik_lane) */
 #define KERN_BATCH_COLS_ROT 2u  /* the ROT key rounds (kern_batch_rotk_rounds) */
+#define KERN_BATCH_COLS_LRM 4u  /* the LOWRANK key and MERGE rounds (kern_batch_lrm_lane) */
 
 /* A batch as the launch takes it: the header and its words (only nwords are used). */
 struct kern_batch_args {
@@ -1709,6 +1713,245 @@ KERN_HD void kern_batch_rotk_rounds(const struct kern_batch *b, const uint64_t *
     }
 }
 
+/* ---- the LOWRANK and MERGE rounds -------------------------------------------------------
+ * A LOWRANK key element is x[t][d] = sum_i (sigma_i * u[t][i]) * w[i][d] over the head's rank
+ * (kern_lowrank_val); a MERGE element is row r(t)'s, r(t) the run-start bits of the head's
+ * bitmap up to t, less one. In the generic rounds every piece paid, besides the per-piece
+ * codec dispatch and raw-head lookup, for each rank term nine software fp16 conversions
+ * (kern_h2f: three cases, a subnormal's multiply) of its u and 8 w values, and a MERGE piece
+ * for the bitmap's words again. Here a lane keeps a column (head h, channels d0..d0+7)
+ * through the step, in the KIVI key rounds' mapping (lane l: column l % cpr, then + cpr;
+ * tokens l / cpr, + tpr, ...). A LOWRANK column works out its head's rank, factor rows and
+ * load widths once per step, and per token and rank term loads sigma_i, u[t][i] and the 16
+ * bytes of w[i][d0..d0+7], converts them by the conversion instruction (one NaN test for the
+ * 8 w values, kern_batch_h8_nan; a NaN's bits as kern_h2f makes them) and adds the 8
+ * products, each element's sum taking the terms in order with the reference's roundings (no
+ * FMA: KERN_MUL, KERN_ADD); its engine row is looked up after the sums. One token at a time:
+ * two tokens sharing each w load held 8 more sums through the loop, and the kernel spilled
+ * three times as much (docs/design/gpu.md). A MERGE column reads the bitmap once per step
+ * (the step's tokens lie in one 32-token word: R <= 32 and t0 a multiple of R) and per token
+ * counts its row with one popcount, loads the row's 16 bytes (two tokens loaded before
+ * either is stored) and stores them. Raw heads (the appendix) are columns that copy their
+ * rows (kern_batch_kivik_raw). The lanes exchange nothing: the emulation runs each lane's
+ * share in turn. Only the kernel built with them (KERN_BATCH_COLS_LRM) runs them, so the
+ * other kernels keep their registers. */
+#ifndef __CUDACC__
+extern uint64_t kern_batch_lrm_pieces; /* pieces the emulation stored by these rounds */
+#endif
+
+/* Does one of the 8 fp16 values in v[0..4) have a NaN's bits? A half is a NaN when its
+ * magnitude is above 0x7c00; adding 0x3ff to the magnitude carries into bit 15 exactly then,
+ * and the low half's sum (at most 0x83fe) never carries into the high half. */
+KERN_HD uint32_t kern_batch_h8_nan(const uint32_t *v)
+{
+    uint32_t c = 0;
+    KERN_UNROLL
+    for (uint32_t j = 0; j < 4; j++)
+        c |= (v[j] & 0x7fff7fffu) + 0x03ff03ffu;
+    return c & 0x80008000u;
+}
+
+/* kern_h2f of a half whose bits are a NaN's: the sign, all exponent bits, the payload. */
+KERN_HD float kern_batch_h2f_nan(uint32_t h)
+{
+    return kern_u2f((h & 0x8000u) << 16 | 0x7f800000u | (h & 0x3ffu) << 13);
+}
+
+/* fp16 to float, kern_h2f's value: on the device the conversion instruction (exact for every
+ * fp16 but a NaN), a NaN's bits put together as kern_h2f does (no branch to its other
+ * cases, so little code inlined where registers are short). */
+KERN_HD float kern_batch_h2f1(uint32_t h)
+{
+#ifdef __CUDA_ARCH__
+    const float x = __half2float(__ushort_as_half((unsigned short)h));
+    return (h & 0x7fffu) > 0x7c00u ? kern_batch_h2f_nan(h) : x;
+#else
+    return kern_h2f((uint16_t)h);
+#endif
+}
+
+/* fp16 to float, kern_h2f's value, for a value of 8 loaded together, nan their
+ * kern_batch_h8_nan: on the device the conversion instruction alone where none of the 8 is a
+ * NaN (one test for the 8), else kern_batch_h2f1. */
+KERN_HD float kern_batch_h2f_if(uint32_t h, uint32_t nan)
+{
+#ifdef __CUDA_ARCH__
+    if (!nan)
+        return __half2float(__ushort_as_half((unsigned short)h));
+#endif
+    (void)nan;
+    return kern_batch_h2f1(h);
+}
+
+/* Which of these rounds a step's section takes: 1 LOWRANK keys, 2 MERGE, 0 neither. */
+KERN_HD uint32_t kern_batch_lrm_form(const struct kern_batch *b, const struct kern_batch_dstep *st)
+{
+    if (!st->hs.ok || st->rbits)
+        return 0;
+    const uint32_t c = kern_codec_as(st->hs.codec, st->at.k == 1 && !b->klay.k_only);
+    return c == KERN_CODEC_LOWRANK ? 1u : c == KERN_CODEC_MERGE ? 2u : 0u;
+}
+
+/* kern_batch_put8, counted as a piece of these rounds. */
+KERN_HD void kern_batch_lrm_store(const struct kern_batch *b, uint8_t *to, uint32_t n,
+                                  const uint16_t *y)
+{
+#ifndef __CUDACC__
+    kern_batch_lrm_pieces++;
+#endif
+    kern_batch_put8(b, to, n, y);
+}
+
+/* A MERGE column (head h from the section's head hd, channels d0..d0+n): the lane's tokens jl,
+ * jl + tpr, ... of the step, two loaded before either is stored. The head's rows follow its
+ * 16-byte header and bitmap; heads are 16-byte multiples, so the map's words are 4-byte
+ * aligned where the section is, and a row's 16 bytes as aligned as the section, the map's
+ * bytes and the row stride allow (a row stride of 2D: 4 bytes at T = 32). */
+KERN_HD void kern_batch_merge_col(const struct kern_batch *b, const uint64_t *w,
+                                  const struct kern_batch_dstep *st, const uint8_t *hd,
+                                  uint32_t d0, uint32_t n, uint64_t hoff, uint32_t jl, uint32_t tpr)
+{
+    const uint32_t D = b->head_dim, T = b->block_tokens, R = 1u << b->rshift;
+    const uint32_t sa = kern_batch_dsa(st), t0 = st->at.t0;
+    const uint32_t mb = kern_merge_map_bytes(T), nrows = kern_merge_rows(T);
+    const uint8_t *map = hd + 16;
+    /* rows stored before the step's map word, and that word */
+    uint32_t r0 = 0;
+    for (uint32_t i = 0; i < t0 >> 5; i++)
+        r0 += kern_batch_popc(kern_batch_ld32(map + 4 * i, sa));
+    const uint32_t mw = kern_batch_ld32(map + 4 * (t0 >> 5), sa);
+    const uint8_t *rows = map + mb + 2ull * d0;
+    const uint32_t rw = kern_batch_wd(sa | mb | 2 * D, 2 * n);
+    /* a whole piece in the output's dtype, stored by one 16-byte access */
+    const uint32_t same = b->klay.dtype == b->out_dtype && b->vec == 16 && n == 8;
+    for (uint32_t j = jl; j < R; j += 2 * tpr) {
+        uint8_t *to[2];
+        uint32_t v[2][4];
+        KERN_UNROLL
+        for (uint32_t u = 0; u < 2; u++) {
+            const uint32_t jj = j + u * tpr, e = (t0 + jj) & 31;
+            to[u] = jj < R ? kern_batch_eng_tok(b, w, &st->e, jj) : 0;
+            if (!to[u])
+                continue;
+            /* the run-start bits up to the token's, less one: its row (kern_batch_dec8's) */
+            const uint32_t r = r0 + kern_batch_popc(e == 31 ? mw : mw & ((2u << e) - 1)) - 1;
+            kern_batch_ld(rows + 2ull * (r < nrows ? r : 0) * D, 2 * n, rw, v[u]);
+        }
+        KERN_UNROLL
+        for (uint32_t u = 0; u < 2; u++) {
+            if (!to[u])
+                continue;
+            if (same) { /* the row's bits are the output's: stored as loaded */
+#ifndef __CUDACC__
+                kern_batch_lrm_pieces++;
+#endif
+                kern_batch_v16 x;
+                memcpy(&x, v[u], 16);
+                KERN_BATCH_STORE(kern_batch_v16, to[u] + hoff, x);
+                continue;
+            }
+            uint16_t y[8];
+            KERN_UNROLL
+            for (uint32_t i = 0; i < 8; i++)
+                y[i] = kern_batch_cvt(kern_batch_e16(v[u], i), b->klay.dtype, b->out_dtype);
+            kern_batch_lrm_store(b, to[u] + hoff, n, y);
+        }
+    }
+}
+
+/* A LOWRANK key column (head hd, channels d0..d0+n): the lane's tokens jl, jl + tpr, ....
+ * Heads are 16-byte multiples: sigma fp32 at 16 + 4i, u fp16 [T][cap] after it, w fp16
+ * [cap][D] after u; the loads' widths as the generic rounds' (kern_batch_dec8). */
+KERN_HD void kern_batch_lowrank_col(const struct kern_batch *b, const uint64_t *w,
+                                    const struct kern_batch_dstep *st, const uint8_t *hd,
+                                    uint32_t d0, uint32_t n, uint64_t hoff, uint32_t jl,
+                                    uint32_t tpr)
+{
+    const uint32_t D = b->head_dim, T = b->block_tokens, R = 1u << b->rshift;
+    const uint32_t sa = kern_batch_dsa(st), cap = kern_lowrank_cap(D, T);
+    const uint32_t r = kern_batch_ld32(hd, sa), rank = r < cap ? r : cap;
+    const uint8_t *uf = kern_lowrank_u(hd, cap) + 2ull * st->at.t0 * cap;
+    const uint8_t *wr = kern_lowrank_w(hd, cap, T) + 2ull * d0;
+    const uint32_t ww = kern_batch_wd(sa | 4 * cap | 2 * T * cap | 2 * D, 2 * n);
+    const uint32_t uw = kern_batch_wd(sa, 2);
+    for (uint32_t j = jl; j < R; j += tpr) {
+        const uint8_t *ut = uf + 2ull * j * cap;
+        float a[8];
+        KERN_UNROLL
+        for (uint32_t e = 0; e < 8; e++)
+            a[e] = 0.0f;
+        const uint8_t *pw = wr, *ps = hd + 16, *pu = ut;
+        for (uint32_t i = 0; i < rank; i++, pw += 2 * D, ps += 4, pu += 2) {
+            uint32_t v[4];
+            kern_batch_ld(pw, 2 * n, ww, v);
+            const float f = KERN_MUL(kern_u2f(kern_batch_ld32(ps, sa)),
+                                     kern_batch_h2f1(kern_batch_ld_word(pu, 2, uw)));
+            const uint32_t nan = kern_batch_h8_nan(v);
+            KERN_UNROLL
+            for (uint32_t e = 0; e < 8; e++)
+                a[e] = KERN_ADD(a[e], KERN_MUL(f, kern_batch_h2f_if(kern_batch_e16(v, e), nan)));
+        }
+        /* the engine row looked up after the sums (no registers held through them) */
+        uint8_t *to = kern_batch_eng_tok(b, w, &st->e, j);
+        if (to) {
+            uint16_t y[8];
+            KERN_UNROLL
+            for (uint32_t e = 0; e < 8; e++)
+                y[e] = kern_batch_out(a[e], b->out_dtype);
+            kern_batch_lrm_store(b, to + hoff, n, y);
+        }
+    }
+}
+
+/* Lane l's share of a LOWRANK key or MERGE step (form: kern_batch_lrm_form's). */
+KERN_HD void kern_batch_lrm_lane(const struct kern_batch *b, const uint64_t *w,
+                                 const struct kern_batch_dstep *st, uint32_t form, uint32_t l)
+{
+    const uint32_t D = b->head_dim, T = b->block_tokens, items = b->items;
+    const uint32_t O = (D + 7) / 8;
+    const uint32_t cpr = items < KERN_BATCH_LANES ? items : KERN_BATCH_LANES;
+    const uint32_t tpr = KERN_BATCH_LANES / cpr;
+    if (l >= cpr * tpr)
+        return;
+    const uint32_t jl = l / cpr;
+    const uint64_t hb = form == 2 ? kern_merge_head_bytes(D, T) : kern_lowrank_head_bytes(D, T);
+    for (uint32_t cc = l - jl * cpr; cc < items; cc += cpr) {
+        const uint32_t h = cc / O, d0 = 8 * (cc - h * O), n = D - d0 < 8 ? D - d0 : 8;
+        const uint64_t hoff = (uint64_t)h * b->head_stride + 2ull * d0;
+        if (st->hs.rh) {
+            /* a raw head: its rows in the appendix (the slot table and the heads 16- and
+             * 2TD-byte multiples), copied as the KIVI key rounds copy theirs */
+            uint32_t v[4];
+            kern_batch_ld(st->src + st->hs.rh + 2 * ((uint64_t)st->lg * b->heads + h), 2,
+                          kern_batch_wd(kern_batch_dra(st), 2), v);
+            const uint32_t slot = v[0];
+            if (slot && slot <= st->hs.rcnt) {
+                const uint64_t rhb = kern_rawh_head_bytes(&b->klay);
+                const uint8_t *row = st->src + st->hs.rh + kern_rawh_table_bytes(&b->klay) +
+                                     (uint64_t)(slot - 1) * rhb +
+                                     ((uint64_t)st->at.k * T + st->at.t0) * 2ull * D + 2ull * d0;
+#ifndef __CUDACC__
+                const uint64_t k0 = kern_batch_kivik_pieces; /* counted as this step's */
+#endif
+                kern_batch_kivik_raw(
+                    b, w, st->e, row,
+                    kern_batch_wd(kern_batch_dra(st) | (uint32_t)rhb | 2 * D, 2 * n), hoff, n, jl,
+                    tpr);
+#ifndef __CUDACC__
+                kern_batch_lrm_pieces += kern_batch_kivik_pieces - k0;
+                kern_batch_kivik_pieces = k0;
+#endif
+                continue;
+            }
+        }
+        const uint8_t *hd = st->src + st->hs.offset + (uint64_t)h * hb;
+        if (form == 2)
+            kern_batch_merge_col(b, w, st, hd, d0, n, hoff, jl, tpr);
+        else
+            kern_batch_lowrank_col(b, w, st, hd, d0, n, hoff, jl, tpr);
+    }
+}
+
 /* What a decode step knows before its rounds (kern_batch_decode_step): 0 when its block is not
  * this batch's (a NULL block: the same for the whole warp). */
 KERN_HD int kern_batch_dstep_at(const struct kern_batch *b, const uint64_t *w, uint32_t s,
@@ -1777,7 +2020,8 @@ KERN_HD void kern_batch_decode_generic(const struct kern_batch *b, const uint64_
  * and is left alone, as is a token without a page. On the device every lane of the warp
  * calls it with its lane (the ROT exchange needs all 32); the emulation calls it once per
  * step with lane 0 and runs the 32 lanes inside, phase by phase. A KIVI or ROT key section
- * takes its column rounds where the kernel has them (kivik: KERN_BATCH_COLS_*); a section of
+ * takes its column rounds where the kernel has them (kivik: KERN_BATCH_COLS_*), and so does a
+ * LOWRANK key or MERGE section (KERN_BATCH_COLS_LRM); a section of
  * a fast form the fast rounds, two pieces per lane loaded before either is decoded and
  * stored; any other the generic rounds. */
 KERN_HD void kern_batch_decode_step(const struct kern_batch *b, const uint64_t *w, uint32_t s,
@@ -1795,6 +2039,12 @@ KERN_HD void kern_batch_decode_step(const struct kern_batch *b, const uint64_t *
     }
     if ((kivik & KERN_BATCH_COLS_ROT) && st.rbits) {
         kern_batch_rotk_rounds(b, w, &st, lane);
+        return;
+    }
+    const uint32_t lrm = (kivik & KERN_BATCH_COLS_LRM) ? kern_batch_lrm_form(b, &st) : 0;
+    if (lrm) {
+        KERN_BATCH_FOR_LANES(i, l, lane)
+        kern_batch_lrm_lane(b, w, &st, lrm, l);
         return;
     }
     kern_batch_fast_at(b, &st, &f);

@@ -16,6 +16,7 @@
 uint64_t kern_batch_ld_count[2][5];
 uint64_t kern_batch_kivik_pieces;
 uint64_t kern_batch_rotk_pieces;
+uint64_t kern_batch_lrm_pieces;
 
 uint64_t kern_pack_block_bytes(const struct kern_pack_layout *lay)
 {
@@ -536,14 +537,19 @@ int kern_pack_batches(struct kern_batch_args *a, const struct kern_pack_layout *
 
 /* The column rounds a batch's kernel has (struct kern_batch's kivik) for blocks of the codecs
  * in the hint: KIVI and ROT where ROT blocks may come or the caller does not know, the KIVI
- * key rounds alone where KIVI blocks may but ROT ones may not, none else. */
+ * key rounds alone where KIVI blocks may but ROT ones may not, the LOWRANK and MERGE rounds
+ * where those may and neither KIVI nor ROT (a kernel of their own: the others' registers
+ * unchanged), none else. */
 uint32_t kern_decode_cols(uint32_t codecs)
 {
     const uint32_t kivi = 1u << KERN_CODEC_KIVI2 | 1u << KERN_CODEC_KIVI4;
     const uint32_t rot = 1u << KERN_CODEC_ROT2 | 1u << KERN_CODEC_ROT4;
+    const uint32_t lrm = 1u << KERN_CODEC_LOWRANK | 1u << KERN_CODEC_MERGE;
     if (codecs == 0 || (codecs & rot))
         return KERN_BATCH_COLS_KIVI | KERN_BATCH_COLS_ROT;
-    return codecs & kivi ? KERN_BATCH_COLS_KIVI : 0;
+    if (codecs & kivi)
+        return KERN_BATCH_COLS_KIVI;
+    return codecs & lrm ? KERN_BATCH_COLS_LRM : 0;
 }
 
 int kern_decode_batches(struct kern_batch_args *a, const struct kern_layout *klay,
@@ -554,14 +560,20 @@ int kern_decode_batches(struct kern_batch_args *a, const struct kern_layout *kla
                         void *arg)
 {
     int rc = 0;
+    /* the LOWRANK and MERGE rounds are built for the small parameter block alone
+     * (kern_pack.cu): such a batch takes fewer blocks until its tables fit it, where one
+     * block's do */
+    const uint32_t cols = kern_decode_cols(codecs);
+    const uint32_t small = cols == KERN_BATCH_COLS_LRM ? KERN_BATCH_SMALL_WORDS : UINT32_MAX;
     for (uint32_t j = 0; j < nblocks;) {
         uint32_t nb = nblocks - j;
         uint64_t tok = first_token + (uint64_t)j * (klay ? klay->tokens : 0);
-        while ((rc = kern_batch_decode(a, klay, layer_first, layer_count, eng, tok, nb, src + j,
-                                       src_len + j, out_dtype)) == -E2BIG &&
+        while (((rc = kern_batch_decode(a, klay, layer_first, layer_count, eng, tok, nb, src + j,
+                                        src_len + j, out_dtype)) == -E2BIG ||
+                (rc == 0 && a->h.nwords > small)) &&
                nb > 1)
             nb = (nb + 1) / 2;
-        a->h.kivik = kern_decode_cols(codecs);
+        a->h.kivik = cols;
         if (rc == 0)
             rc = run(a, arg);
         if (rc)

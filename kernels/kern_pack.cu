@@ -118,9 +118,9 @@ __global__ void __launch_bounds__(KERN_BATCH_THREADS, 4)
  * H200 against 3 and 2 blocks (80 and 96 registers, less or no spill): a 32-block q8_0
  * prefix into paged tensors at 0.49, 0.41 and 0.31 of a D2D copy (docs/design/gpu.md).
  * KIVIK: the column rounds it has (KERN_BATCH_COLS_*, struct kern_batch's kivik): built with
- * none, with the KIVI key rounds, and with the KIVI and ROT key rounds, each rounds' registers
- * kept from the kernels that do not need them (ptxas, sm_90: 120, 136 and 208 bytes of
- * stack frame). */
+ * none, with the KIVI key rounds, with the KIVI and ROT key rounds, and with the LOWRANK and
+ * MERGE rounds, each rounds' registers kept from the kernels that do not need them (ptxas,
+ * sm_90: 120, 136, 208 and 168 bytes of stack frame). */
 template <int W, int KIVIK>
 __global__ void __launch_bounds__(KERN_BATCH_THREADS, KERN_DECODE_MINB)
     kern_decode_kernel(const __grid_constant__ batch_params<W> p)
@@ -130,6 +130,19 @@ __global__ void __launch_bounds__(KERN_BATCH_THREADS, KERN_DECODE_MINB)
     const uint32_t steps = p.h.steps;
     for (uint32_t s = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; s < steps; s += nw)
         kern_batch_decode_step(&p.h, p.w, s, lane, KIVIK);
+}
+
+/* A batch of the LOWRANK and MERGE hint: their kernel where the batch's tables fit the small
+ * parameter block, kernel 0 (those sections by the generic rounds, the same bytes) for the
+ * large one. Built for both, the fourth kernel's code took the device bundle past its 60 MiB
+ * (each binary links it: 8.8 MB of kern_pack.cu.o against 6.9). */
+template <int W>
+static void decode_lrm_launch(const batch_params<W> &p, dim3 g, dim3 t, cudaStream_t s)
+{
+    if constexpr (W == KERN_BATCH_SMALL_WORDS)
+        kern_decode_kernel<W, KERN_BATCH_COLS_LRM><<<g, t, 0, s>>>(p);
+    else
+        kern_decode_kernel<W, 0><<<g, t, 0, s>>>(p);
 }
 
 /* A gather or scatter in the batch's access width, its run steps or its row steps. */
@@ -163,11 +176,14 @@ template <int W> static int batch_launch(const struct kern_batch_args *a, cudaSt
     p.h = a->h;
     memcpy(p.w, a->w, (size_t)a->h.nwords * sizeof(uint64_t));
     const dim3 g((unsigned)grid), t(KERN_BATCH_THREADS);
-    /* three decode kernels: every column round, the KIVI key rounds alone, none */
+    /* four decode kernels: the KIVI and ROT key rounds, the KIVI key rounds alone, the
+     * LOWRANK and MERGE rounds, none */
     if (p.h.op == KERN_BATCH_DECODE && (p.h.kivik & KERN_BATCH_COLS_ROT))
         kern_decode_kernel<W, KERN_BATCH_COLS_KIVI | KERN_BATCH_COLS_ROT><<<g, t, 0, s>>>(p);
-    else if (p.h.op == KERN_BATCH_DECODE && p.h.kivik)
+    else if (p.h.op == KERN_BATCH_DECODE && (p.h.kivik & KERN_BATCH_COLS_KIVI))
         kern_decode_kernel<W, KERN_BATCH_COLS_KIVI><<<g, t, 0, s>>>(p);
+    else if (p.h.op == KERN_BATCH_DECODE && (p.h.kivik & KERN_BATCH_COLS_LRM))
+        decode_lrm_launch<W>(p, g, t, s);
     else if (p.h.op == KERN_BATCH_DECODE)
         kern_decode_kernel<W, 0><<<g, t, 0, s>>>(p);
     else if (p.h.run)

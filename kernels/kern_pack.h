@@ -167,8 +167,11 @@ uint32_t kern_decode_cols(uint32_t codecs);
  * block may be of codec c (a block's format is its key codec), 0 when the caller does not
  * know; only a hint, it chooses the decode kernel (struct kern_batch's kivik): with the KIVI
  * and ROT key rounds where ROT2/ROT4 are among them or codecs is 0, with the KIVI key rounds
- * alone where KIVI2/KIVI4 are and ROT not, without either else; each decodes every block to
- * the same bytes (a key section whose rounds the kernel lacks takes the generic rounds). */
+ * alone where KIVI2/KIVI4 are and ROT not, with the LOWRANK and MERGE rounds where LOWRANK or
+ * MERGE are and neither KIVI nor ROT, without any else; each decodes every block to the same
+ * bytes (a section whose rounds the kernel lacks takes the generic rounds). A LOWRANK/MERGE
+ * hint's batches take as few blocks as their tables need to fit the small parameter block
+ * (KERN_BATCH_SMALL_WORDS), for which alone that kernel is built. */
 int kern_decode_batches(struct kern_batch_args *a, const struct kern_layout *klay,
                         uint32_t layer_first, uint32_t layer_count,
                         const struct kern_pack_engine *eng, uint64_t first_token, uint32_t nblocks,

@@ -701,12 +701,12 @@ static int run_cpu_cb(const struct kern_batch_args *a, void *arg)
 static int decode_hint_runs;
 
 /* kern_decode_batches with a codecs hint into fresh tensors of tb bytes a layer (eng's table
- * and strides): the reference's bytes (eng's tensors), and kivik and rotk pieces by the KIVI
- * and ROT key rounds. */
-static void decode_hinted(const struct kern_layout *kl, uint32_t lf, uint32_t lc,
-                          const struct kern_pack_engine *eng, uint32_t nblocks, const void **src,
-                          const uint64_t *len, uint32_t out, uint64_t tb, uint32_t hint,
-                          uint64_t kivik, uint64_t rotk)
+ * and strides): the reference's bytes (eng's tensors), and kivik, rotk and lrm pieces by the
+ * KIVI key, ROT key and LOWRANK/MERGE rounds. */
+static void decode_hinted_lrm(const struct kern_layout *kl, uint32_t lf, uint32_t lc,
+                              const struct kern_pack_engine *eng, uint32_t nblocks,
+                              const void **src, const uint64_t *len, uint32_t out, uint64_t tb,
+                              uint32_t hint, uint64_t kivik, uint64_t rotk, uint64_t lrm)
 {
     void *k[8], *v[8];
     for (uint32_t l = 0; l < lc; l++) {
@@ -720,16 +720,19 @@ static void decode_hinted(const struct kern_layout *kl, uint32_t lf, uint32_t lc
     e.v = eng->v ? v : NULL;
     struct kern_batch_args *ba = malloc(sizeof(*ba));
     ck_assert_ptr_nonnull(ba);
-    kern_batch_kivik_pieces = kern_batch_rotk_pieces = 0;
+    kern_batch_kivik_pieces = kern_batch_rotk_pieces = kern_batch_lrm_pieces = 0;
     ck_assert_int_eq(
         kern_decode_batches(ba, kl, lf, lc, &e, 5, nblocks, src, len, out, hint, run_cpu_cb, NULL),
         0);
     free(ba);
-    ck_assert_msg(kern_batch_kivik_pieces == kivik && kern_batch_rotk_pieces == rotk,
-                  "hint %#x: %llu / %llu pieces by the KIVI / ROT key rounds, want %llu / %llu",
+    ck_assert_msg(kern_batch_kivik_pieces == kivik && kern_batch_rotk_pieces == rotk &&
+                      kern_batch_lrm_pieces == lrm,
+                  "hint %#x: %llu / %llu / %llu pieces by the KIVI / ROT key and LOWRANK / MERGE "
+                  "rounds, want %llu / %llu / %llu",
                   hint, (unsigned long long)kern_batch_kivik_pieces,
-                  (unsigned long long)kern_batch_rotk_pieces, (unsigned long long)kivik,
-                  (unsigned long long)rotk);
+                  (unsigned long long)kern_batch_rotk_pieces,
+                  (unsigned long long)kern_batch_lrm_pieces, (unsigned long long)kivik,
+                  (unsigned long long)rotk, (unsigned long long)lrm);
     for (uint32_t l = 0; l < lc; l++) {
         ck_assert_msg(memcmp(eng->k[l], k[l], tb) == 0, "hint %#x layer %u K", hint, lf + l);
         if (eng->v)
@@ -737,6 +740,14 @@ static void decode_hinted(const struct kern_layout *kl, uint32_t lf, uint32_t lc
         free(k[l]);
         free(v[l]);
     }
+}
+
+static void decode_hinted(const struct kern_layout *kl, uint32_t lf, uint32_t lc,
+                          const struct kern_pack_engine *eng, uint32_t nblocks, const void **src,
+                          const uint64_t *len, uint32_t out, uint64_t tb, uint32_t hint,
+                          uint64_t kivik, uint64_t rotk)
+{
+    decode_hinted_lrm(kl, lf, lc, eng, nblocks, src, len, out, tb, hint, kivik, rotk, 0);
 }
 
 /* A decode case: blocks of layout kl encoded under codec (layer 0 raw where there are
@@ -829,6 +840,15 @@ static void decode_case_at(uint32_t layers, uint32_t heads, uint32_t dim, uint32
         decode_hinted(&kl, lf, lc, &ea, nblocks, src, len, out, tb, 1u << codec, kivik, rotk);
     if (decode_hint_runs && is_rot)
         decode_hinted(&kl, lf, lc, &ea, nblocks, src, len, out, tb, 1u << KERN_CODEC_KIVI4, 0, 0);
+    /* LOWRANK and MERGE blocks told their own codec (libkvc's hint for such hits): the kernel
+     * with their rounds, every LOWRANK key piece and every MERGE piece (both kinds) that way,
+     * raw heads too; LOWRANK's q8_0 values by the fast or generic rounds */
+    if (codec == KERN_CODEC_LOWRANK || codec == KERN_CODEC_MERGE) {
+        /* layer 0's values keep the codec where its keys are raw */
+        const uint64_t vpieces = (uint64_t)lc * nblocks * tokens * heads * ((dim + 7) / 8);
+        decode_hinted_lrm(&kl, lf, lc, &ea, nblocks, src, len, out, tb, 1u << codec, 0, 0,
+                          kpieces + (codec == KERN_CODEC_MERGE && kinds == 2 ? vpieces : 0));
+    }
     decode_hinted(&kl, lf, lc, &ea, nblocks, src, len, out, tb, 1u << KERN_CODEC_Q8_0, 0, 0);
     for (uint32_t l = 0; l < lc; l++) {
         ck_assert_msg(memcmp(ka[l], kb[l], tb) == 0, "codec %u layer %u K", codec, lf + l);
@@ -910,11 +930,13 @@ END_TEST
  * output (kern_batch_decode_widen): 32 blocks of 8 layers x 8 heads x 128 dim x 32 tokens
  * (2 KiB rows, one a step alone) take two rows a step, which then cross the pages of 16
  * the prefix starts 5 tokens into; the fast rounds (q8_0, KIVI values), the generic ones
- * (KIVI keys, ROT keys' lane exchange) and raw layers decode as the reference does. A small
- * batch keeps its steps. */
+ * (KIVI keys, ROT keys' lane exchange), the LOWRANK and MERGE rounds (two tokens a lane, the
+ * second past a page's end) and raw layers decode as the reference does. A small batch keeps
+ * its steps. */
 START_TEST(test_decode_wide_steps)
 {
-    static const uint32_t codecs[] = {KERN_CODEC_Q8_0, KERN_CODEC_KIVI4, KERN_CODEC_ROT4};
+    static const uint32_t codecs[] = {KERN_CODEC_Q8_0, KERN_CODEC_KIVI4, KERN_CODEC_ROT4,
+                                      KERN_CODEC_MERGE, KERN_CODEC_LOWRANK};
     struct kern_layout kl = {8, 8, 128, 32, KERN_DTYPE_FP16, 0};
     struct kern_batch_args *a = malloc(sizeof(*a));
     ck_assert_ptr_nonnull(a);
@@ -955,6 +977,9 @@ START_TEST(test_decode_paged_odd_shapes)
     /* head_dim 20, two heads 21 apart: 80-byte rows, 16 per step, 6 pieces a row (not a
      * power of two), crossing pages of 6 */
     decode_case(2, 2, 20, 32, KERN_DTYPE_FP16, 0, codec, KERN_DTYPE_FP16, 6, 21, 0, 2, 2, 70 + _i);
+    /* head_dim 20 in heads 24 apart: 48-byte head rows, so 16-byte stores are allowed (vec
+     * 16) while a row's last piece has 4 elements, stored one by one */
+    decode_case(2, 3, 20, 32, KERN_DTYPE_FP16, 0, codec, KERN_DTYPE_FP16, 8, 24, 0, 2, 2, 80 + _i);
 }
 END_TEST
 
@@ -965,7 +990,10 @@ END_TEST
  * several tokens (R > 1, 5 heads of 16: 10 pieces a token), tokens crossing pages inside a
  * round, padded heads (vec 16 and element stores), K only, bf16 in and out, and raw heads
  * (the appendix) beside rotated heads in one round; LOWRANK also at head_dims that are not
- * powers of two (20: a last piece of 4, 40, 96, 100). */
+ * powers of two (20: a last piece of 4, 40, 96, 100). MERGE at the same shapes: LOWRANK and
+ * MERGE go by their column rounds where hinted (decode_case_at), a lane's column through the
+ * step, from one lane a row (head_dim 8) to 32 lanes (256), several tokens a lane where the
+ * row has fewer than 32 pieces, tokens crossing pages. */
 static const struct {
     uint32_t layers, heads, dim, tokens, dtype, k_only, out, page_tokens, pad, nblocks;
 } rot_shapes[] = {
@@ -979,7 +1007,9 @@ static const struct {
     {2, 1, 256, 8, KERN_DTYPE_BF16, 1, KERN_DTYPE_BF16, 3, 264, 2},
 };
 #define NROT_SHAPES (sizeof(rot_shapes) / sizeof(rot_shapes[0]))
-static const uint32_t rot_codecs[] = {KERN_CODEC_ROT2, KERN_CODEC_ROT4, KERN_CODEC_LOWRANK};
+static const uint32_t rot_codecs[] = {KERN_CODEC_ROT2, KERN_CODEC_ROT4, KERN_CODEC_LOWRANK,
+                                      KERN_CODEC_MERGE};
+#define NROT_CODECS (sizeof(rot_codecs) / sizeof(rot_codecs[0]))
 
 START_TEST(test_decode_rot_lowrank_shapes)
 {
@@ -994,7 +1024,7 @@ START_TEST(test_decode_rot_lowrank_shapes)
                        rot_shapes[i].out, rot_shapes[i].page_tokens, rot_shapes[i].pad, 0,
                        rot_shapes[i].layers, rot_shapes[i].nblocks, 90 + (unsigned)_i,
                        rh ? mask : NULL);
-    if (codec == KERN_CODEC_LOWRANK) {
+    if (codec == KERN_CODEC_LOWRANK || codec == KERN_CODEC_MERGE) {
         decode_case(2, 3, 20, 40, KERN_DTYPE_FP16, 0, codec, KERN_DTYPE_FP16, 12, 21, 0, 2, 3,
                     95 + (unsigned)_i);
         decode_case(2, 2, 40, 32, KERN_DTYPE_BF16, 0, codec, KERN_DTYPE_FP16, 6, 40, 0, 2, 2,
@@ -1003,6 +1033,116 @@ START_TEST(test_decode_rot_lowrank_shapes)
                     97 + (unsigned)_i);
         decode_case_rh(2, 3, 100, 32, KERN_DTYPE_FP16, 0, codec, KERN_DTYPE_FP16, 7, 101, 0, 2, 2,
                        98 + (unsigned)_i, mask);
+    }
+}
+END_TEST
+
+/* kern_decode_batches' run that records the batches' table words, then runs each on the CPU */
+static uint32_t words_runs, words_max;
+
+static int run_cpu_words_cb(const struct kern_batch_args *a, void *arg)
+{
+    (void)arg;
+    words_runs++;
+    words_max = a->h.nwords > words_max ? a->h.nwords : words_max;
+    kern_batch_run_cpu(a);
+    return 0;
+}
+
+/* The LOWRANK/MERGE kernel is built for the small parameter block alone (kern_pack.cu): a
+ * prefix under that hint whose tables would take more (120 blocks of 8 layers: 256 words
+ * and more) is decoded in batches that fit it, every LOWRANK key piece by their rounds, the
+ * reference's bytes; under a q8_0 hint the same prefix stays one batch. */
+START_TEST(test_decode_lrm_small_params)
+{
+    struct kern_layout kl = {8, 1, 16, 8, KERN_DTYPE_FP16, 0};
+    const uint32_t nb = 120, npages = nb + 1;
+    struct kern_recipe rec;
+    kern_recipe_fill(&rec, KERN_CODEC_LOWRANK, KERN_CODEC_LOWRANK, 0);
+    const int64_t es = kern_encoded_size(&kl, &rec);
+    ck_assert_int_gt(es, 0);
+    const uint64_t rs = kern_raw_size(&kl);
+    uint16_t *raw = malloc(rs);
+    uint8_t *e = malloc((size_t)es);
+    srand(321);
+    for (uint64_t x = 0; x < rs / 2; x++)
+        raw[x] = kern_f2h((float)(rand() % 2001 - 1000) / 250.0f);
+    ck_assert_int_eq(kern_encode_ref(&kl, &rec, raw, e, (size_t)es, NULL), es);
+    const void *src[120];
+    uint64_t len[120];
+    for (uint32_t j = 0; j < nb; j++) {
+        src[j] = e;
+        len[j] = (uint64_t)es;
+    }
+    int32_t table[121];
+    for (uint32_t i = 0; i < npages; i++)
+        table[i] = (int32_t)(npages - 1 - i);
+    const uint64_t ts = 2ull * 16, ps = ts * 8, tb = ps * npages;
+    void *ka[8], *va[8], *kb[8], *vb[8];
+    for (uint32_t l = 0; l < 8; l++) {
+        ka[l] = calloc(1, tb);
+        va[l] = calloc(1, tb);
+        kb[l] = malloc(tb);
+        vb[l] = malloc(tb);
+    }
+    struct kern_pack_engine ea = {ka, va, table, npages, 8, ps, ts, ts};
+    struct kern_pack_engine eb = {kb, vb, table, npages, 8, ps, ts, ts};
+    ck_assert_int_eq(kern_pack_decode_ref(&kl, 0, 8, &ea, 5, nb, src, len, KERN_DTYPE_FP16), 0);
+    struct kern_batch_args *ba = malloc(sizeof(*ba));
+    for (uint32_t hint = 0; hint < 2; hint++) {
+        for (uint32_t l = 0; l < 8; l++) {
+            memset(kb[l], 0, tb);
+            memset(vb[l], 0, tb);
+        }
+        words_runs = words_max = 0;
+        kern_batch_lrm_pieces = 0;
+        ck_assert_int_eq(kern_decode_batches(ba, &kl, 0, 8, &eb, 5, nb, src, len, KERN_DTYPE_FP16,
+                                             1u << (hint ? KERN_CODEC_Q8_0 : KERN_CODEC_LOWRANK),
+                                             run_cpu_words_cb, NULL),
+                         0);
+        if (hint == 0) {
+            ck_assert_uint_ge(words_runs, 2);
+            ck_assert_uint_le(words_max, KERN_BATCH_SMALL_WORDS);
+            ck_assert_uint_eq(kern_batch_lrm_pieces, (uint64_t)nb * 8 * 8 * 2);
+        } else {
+            ck_assert_uint_eq(words_runs, 1);
+            ck_assert_uint_gt(words_max, KERN_BATCH_SMALL_WORDS);
+            ck_assert_uint_eq(kern_batch_lrm_pieces, 0);
+        }
+        for (uint32_t l = 0; l < 8; l++) {
+            ck_assert_msg(memcmp(ka[l], kb[l], tb) == 0, "hint %u layer %u K", hint, l);
+            ck_assert_msg(memcmp(va[l], vb[l], tb) == 0, "hint %u layer %u V", hint, l);
+        }
+    }
+    for (uint32_t l = 0; l < 8; l++) {
+        free(ka[l]);
+        free(va[l]);
+        free(kb[l]);
+        free(vb[l]);
+    }
+    free(ba);
+    free(e);
+    free(raw);
+}
+END_TEST
+
+/* kern_batch_h8_nan, the device's test before it converts 8 fp16 values by the conversion
+ * instruction (whose NaN would lose kern_h2f's payload): every fp16 bit pattern, in either
+ * half of any of the four words, beside finite values, is a NaN to it exactly when kern_h2f
+ * makes a NaN of it; and the device's NaN bits (kern_batch_h2f_nan) are kern_h2f's. */
+START_TEST(test_decode_h8_nan)
+{
+    for (uint32_t h = 0; h < 0x10000u; h++) {
+        const int nan = isnan(kern_h2f((uint16_t)h));
+        if (nan)
+            ck_assert_msg(kern_f2u(kern_batch_h2f_nan(h)) == kern_f2u(kern_h2f((uint16_t)h)),
+                          "NaN %#x", h);
+        for (uint32_t j = 0; j < 8; j++) {
+            uint32_t v[4] = {0x3c00bc00u, 0x7bff7c00u, 0xfc0003ffu, 0x80000001u};
+            v[j >> 1] &= j & 1 ? 0x0000ffffu : 0xffff0000u;
+            v[j >> 1] |= j & 1 ? h << 16 : h;
+            ck_assert_msg((kern_batch_h8_nan(v) != 0) == nan, "half %#x at %u", h, j);
+        }
     }
 }
 END_TEST
@@ -1213,6 +1353,14 @@ static void hostile_free(uint8_t *b, uint64_t len)
         munmap(b + len - n, n + pg);
 }
 
+/* A LOWRANK or MERGE block's batch told its codec, as libkvc tells it: the kernel with the
+ * LOWRANK and MERGE rounds (kern_batch_decode_raw's batch has the KIVI and ROT key rounds). */
+static void hostile_hint(struct kern_batch_args *a, uint32_t codec)
+{
+    if (codec == KERN_CODEC_LOWRANK || codec == KERN_CODEC_MERGE)
+        a->h.kivik = kern_decode_cols(1u << codec);
+}
+
 /* A block of layout kl with both sections codec c at offsets hdr + place (K) and right after
  * it (V), payload bytes from seed; *len its length. NULL where c has no size there. */
 static uint8_t *hostile_block(const struct kern_layout *kl, uint32_t c, uint32_t place,
@@ -1255,6 +1403,7 @@ START_TEST(test_decode_hostile_sections)
             const void *src[1] = {b0};
             memset(d0, 0x77, rs);
             ck_assert_int_eq(kern_batch_decode_raw(a, kl, d0, NULL, 1, src, &len0, kl->dtype), 0);
+            hostile_hint(a, c);
             kern_batch_run_cpu(a);
             for (uint32_t pi = 1; pi < sizeof(places) / sizeof(places[0]); pi++) {
                 uint8_t *b = hostile_block(kl, c, places[pi], 77 + c, &len);
@@ -1262,6 +1411,7 @@ START_TEST(test_decode_hostile_sections)
                 memset(d1, 0x33, rs);
                 ck_assert_int_eq(kern_batch_decode_raw(a, kl, d1, NULL, 1, src, &len, kl->dtype),
                                  0);
+                hostile_hint(a, c);
                 kern_batch_run_cpu(a);
                 ck_assert_msg(memcmp(d0, d1, rs) == 0, "layout %u codec %u at +%u", li, c,
                               places[pi]);
@@ -1285,6 +1435,7 @@ START_TEST(test_decode_hostile_sections)
                     }
                     ck_assert_int_eq(
                         kern_batch_decode_raw(a, kl, d1, NULL, 1, src, &len, kl->dtype), 0);
+                    hostile_hint(a, c);
                     kern_batch_run_cpu(a);
                     fuzzed++;
                 }
@@ -1301,8 +1452,9 @@ START_TEST(test_decode_hostile_sections)
 }
 END_TEST
 
-/* The KIVI and ROT key rounds (kern_batch_kivik_lane, kern_batch_rotk_rounds) against hostile
- * blocks with a raw-head appendix: KIVI and ROT blocks (ROT at the power-of-two head_dims)
+/* The KIVI and ROT key rounds (kern_batch_kivik_lane, kern_batch_rotk_rounds) and the LOWRANK
+ * and MERGE rounds (kern_batch_lrm_lane) against hostile blocks with a raw-head appendix: KIVI,
+ * ROT, MERGE and LOWRANK blocks (ROT at the power-of-two head_dims)
  * encoded with raw heads (several key groups and a partial last one, a head_dim
  * not a multiple of 8, a K-only layout), each ending on a page the process may not read, the
  * decoded rows too; then random slot-table entries (0, in range, past the count), appendix
@@ -1326,8 +1478,9 @@ START_TEST(test_decode_hostile_kivi_raw_heads)
         uint16_t *raw = malloc(rs);
         for (uint64_t i = 0; i < rs / 2; i++)
             raw[i] = kern_f2h((float)(hostile_rand(&seed) % 2001) / 500.0f - 2.0f);
-        static const uint32_t codecs[] = {KERN_CODEC_KIVI2, KERN_CODEC_KIVI4, KERN_CODEC_ROT2,
-                                          KERN_CODEC_ROT4};
+        static const uint32_t codecs[] = {KERN_CODEC_KIVI2, KERN_CODEC_KIVI4,
+                                          KERN_CODEC_ROT2,  KERN_CODEC_ROT4,
+                                          KERN_CODEC_MERGE, KERN_CODEC_LOWRANK};
         for (uint32_t ci = 0; ci < sizeof(codecs) / sizeof(codecs[0]); ci++) {
             const uint32_t c = codecs[ci];
             if (!kern_codec_supports(kl, c))
@@ -1368,6 +1521,7 @@ START_TEST(test_decode_hostile_kivi_raw_heads)
                             (uint8_t)hostile_rand(&seed);
                 }
                 ck_assert_int_eq(kern_batch_decode_raw(a, kl, d, NULL, 1, src, &len, kl->dtype), 0);
+                hostile_hint(a, c);
                 kern_batch_run_cpu(a);
                 fuzzed++;
             }
@@ -1376,6 +1530,7 @@ START_TEST(test_decode_hostile_kivi_raw_heads)
             uint8_t *want = malloc(rs);
             ck_assert_int_eq(kern_decode_cpu(kl, b, len, want, rs, kl->dtype), (int64_t)rs);
             ck_assert_int_eq(kern_batch_decode_raw(a, kl, d, NULL, 1, src, &len, kl->dtype), 0);
+            hostile_hint(a, c);
             kern_batch_run_cpu(a);
             ck_assert_msg(memcmp(d, want, rs) == 0, "layout %u codec %u", li, c);
             free(want);
@@ -1528,8 +1683,8 @@ static void cuda_decode_case(uint32_t layers, uint32_t heads, uint32_t dim, uint
     de.v = dv;
     ck_assert_int_eq(kern_pack_decode_ref(&kl, lf, lc, &he, 0, nblocks, hsrc, len, out), 0);
     /* the format hint: the block's own (a KIVI codec's kernel with the KIVI key rounds, a ROT
-     * codec's with the KIVI and ROT ones) for fp16 out, q8_0's for bf16 (the kernel without
-     * them, whatever the blocks) */
+     * codec's with the KIVI and ROT ones, LOWRANK's and MERGE's with their rounds) for fp16
+     * out, q8_0's for bf16 (the kernel without them, whatever the blocks) */
     const uint32_t hint = out == KERN_DTYPE_FP16 ? 1u << codec : 1u << KERN_CODEC_Q8_0;
     ck_assert_int_eq(
         kern_pack_decode_cuda(&kl, lf, lc, &de, 0, nblocks, dsrc, len, out, hint, NULL), 0);
@@ -1600,8 +1755,10 @@ static Suite *pack_suite(void)
     tcase_add_test(tb, test_pack_runs);
     tcase_add_loop_test(tb, test_decode_paged_every_codec, 0, 2 * KERN_CODEC_COUNT);
     tcase_add_loop_test(tb, test_decode_paged_odd_shapes, 0, (int)NODD_CODECS);
-    tcase_add_loop_test(tb, test_decode_wide_steps, 0, 3);
-    tcase_add_loop_test(tb, test_decode_rot_lowrank_shapes, 0, (int)(3 * NROT_SHAPES));
+    tcase_add_loop_test(tb, test_decode_wide_steps, 0, 5);
+    tcase_add_loop_test(tb, test_decode_rot_lowrank_shapes, 0, (int)(NROT_CODECS * NROT_SHAPES));
+    tcase_add_test(tb, test_decode_h8_nan);
+    tcase_add_test(tb, test_decode_lrm_small_params);
     tcase_add_loop_test(tb, test_decode_hint_kernels, 0,
                         (int)(sizeof(hint_codecs) / sizeof(hint_codecs[0])));
     tcase_add_loop_test(tb, test_decode_load_widths, 0, (int)(KERN_CODEC_COUNT * NLD_PLACES));

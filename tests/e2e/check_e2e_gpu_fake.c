@@ -982,7 +982,7 @@ START_TEST(test_scatter_lossy_every_codec)
                 l->hits[j].format = (uint8_t)codec;
             }
             uint64_t o = gb_ops(), decodes = fake_dev.decodes, packs = fake_dev.packs;
-            kern_batch_kivik_pieces = 0;
+            kern_batch_kivik_pieces = kern_batch_lrm_pieces = 0;
             ck_assert_int_eq(kvc_lease_scatter_layers(l, 0, n, &dst.kv, 0, lf, lc, stream, NULL),
                              (int)n);
             ck_assert_uint_eq(gb_ops() - o, 3);
@@ -997,14 +997,22 @@ START_TEST(test_scatter_lossy_every_codec)
             }
             /* libkvc told the decode its hits' formats (kern_decode_batches' codecs): the
              * kernel with the KIVI key rounds for KIVI hits, with the ROT ones too for ROT
-             * hits, without either for the rest; KIVI keys went by their rounds */
+             * hits, with the LOWRANK and MERGE rounds for those hits, without any for the
+             * rest; KIVI keys, LOWRANK keys and MERGE rows went by their rounds */
             const int kivi = codec == KERN_CODEC_KIVI2 || codec == KERN_CODEC_KIVI4;
             const int rot = codec == KERN_CODEC_ROT2 || codec == KERN_CODEC_ROT4;
+            const int lrm = codec == KERN_CODEC_LOWRANK || codec == KERN_CODEC_MERGE;
             const uint32_t cols = KERN_BATCH_COLS_KIVI | KERN_BATCH_COLS_ROT;
-            ck_assert_uint_eq(fake_dev.decode_cols, kivi ? KERN_BATCH_COLS_KIVI : rot ? cols : 0);
+            ck_assert_uint_eq(fake_dev.decode_cols, kivi  ? KERN_BATCH_COLS_KIVI
+                                                    : rot ? cols
+                                                    : lrm ? KERN_BATCH_COLS_LRM
+                                                          : 0);
             ck_assert_msg((kern_batch_kivik_pieces != 0) == kivi, "%s: %llu KIVI key pieces",
                           kern_codec_name((enum kern_codec)codec),
                           (unsigned long long)kern_batch_kivik_pieces);
+            ck_assert_msg((kern_batch_lrm_pieces != 0) == lrm, "%s: %llu LOWRANK/MERGE pieces",
+                          kern_codec_name((enum kern_codec)codec),
+                          (unsigned long long)kern_batch_lrm_pieces);
             gb_engine_fini(&dst);
             gb_engine_fini(&ref);
         }
@@ -1022,10 +1030,14 @@ START_TEST(test_scatter_lossy_every_codec)
         ck_assert_int_eq(kvc_lease_copy_range_async(l, 0, n, buf, n * bb, stream), (int)n);
         ck_assert_uint_eq(gb_ops() - o0, 3);
         /* the hint here too: KIVI's kernel for KIVI and ROT hits (whole blocks into a buffer
-         * take no ROT key rounds), the lean one for the rest */
+         * take no ROT key rounds), the LOWRANK and MERGE one for those, the lean one for the
+         * rest */
         const int kivi_or_rot = codec == KERN_CODEC_KIVI2 || codec == KERN_CODEC_KIVI4 ||
                                 codec == KERN_CODEC_ROT2 || codec == KERN_CODEC_ROT4;
-        ck_assert_uint_eq(fake_dev.decode_cols, kivi_or_rot ? KERN_BATCH_COLS_KIVI : 0);
+        const int lr_or_merge = codec == KERN_CODEC_LOWRANK || codec == KERN_CODEC_MERGE;
+        ck_assert_uint_eq(fake_dev.decode_cols, kivi_or_rot   ? KERN_BATCH_COLS_KIVI
+                                                : lr_or_merge ? KERN_BATCH_COLS_LRM
+                                                              : 0);
         ck_assert_int_eq(kvc_release(l), 0);
         ck_assert_msg(memcmp(buf, dec, n * bb) == 0, "%s range copy",
                       kern_codec_name((enum kern_codec)codec));

@@ -145,12 +145,12 @@ mutation decode-kivik-wrong-channel-scale kernels/kern_batch.h "check_pack" \
 # The decode kernel's hint ignored: every batch takes the kernel with the column rounds (a
 # q8_0-hinted batch's KIVI keys must not), or none does (an unhinted KIVI batch's must).
 mutation decode-hint-always-kivik kernels/kern_pack.c "check_pack" \
-'        a->h.kivik = kern_decode_cols(codecs);' \
-'        a->h.kivik = kern_decode_cols(0 * codecs);'
+'    const uint32_t cols = kern_decode_cols(codecs);' \
+'    const uint32_t cols = kern_decode_cols(0 * codecs);'
 
 mutation decode-hint-never-kivik kernels/kern_pack.c "check_pack" \
-'        a->h.kivik = kern_decode_cols(codecs);' \
-'        a->h.kivik = 0 * kern_decode_cols(codecs);'
+'    const uint32_t cols = kern_decode_cols(codecs);' \
+'    const uint32_t cols = 0 * kern_decode_cols(codecs);'
 
 # The hint's ROT codecs forgotten (a ROT-hinted batch takes the kernel without the ROT key
 # rounds), or a KIVI hint taken for ROT too (a KIVI-hinted batch's ROT keys must take the
@@ -160,8 +160,57 @@ mutation decode-hint-rot-forgotten kernels/kern_pack.c "check_pack" \
 '    if (codecs == 0 || (codecs & rot & 0))'
 
 mutation decode-hint-kivi-with-rot kernels/kern_pack.c "check_pack" \
-'    return codecs & kivi ? KERN_BATCH_COLS_KIVI : 0;' \
-'    return codecs & kivi ? KERN_BATCH_COLS_KIVI | KERN_BATCH_COLS_ROT : 0;'
+'        return KERN_BATCH_COLS_KIVI;' \
+'        return KERN_BATCH_COLS_KIVI | KERN_BATCH_COLS_ROT;'
+
+# The hint's LOWRANK and MERGE codecs forgotten: such a batch takes the kernel without their
+# rounds (check_pack counts the pieces that went by them).
+mutation decode-hint-lrm-forgotten kernels/kern_pack.c "check_pack" \
+'    return codecs & lrm ? KERN_BATCH_COLS_LRM : 0;' \
+'    return codecs & lrm & 0 ? KERN_BATCH_COLS_LRM : 0;'
+
+# A LOWRANK/MERGE-hinted decode not cut to the small parameter block, the only one its kernel
+# is built for (its large batches would take kernel 0: the generic rounds).
+mutation decode-lrm-small-params kernels/kern_pack.c "check_pack" \
+'                (rc == 0 && a->h.nwords > small)) &&' \
+'                (rc == 0 && a->h.nwords > small && 0)) &&'
+
+# The decoder's LOWRANK and MERGE rounds: a LOWRANK token's factor u[t][i] read from the
+# lane's first token of the step (only steps of several tokens a lane differ), w's rank rows
+# read n channels apart instead of head_dim, a MERGE token's own run-start bit left out of
+# its row count (so a run's first token takes the previous run's row), a MERGE piece of fewer
+# than 8 channels stored whole as its row's bits (16 bytes over the next head's), and every
+# token's map word the head's first (blocks of more than 32 tokens differ).
+mutation decode-lrm-lowrank-token-factor kernels/kern_batch.h "check_pack" \
+'        const uint8_t *ut = uf + 2ull * j * cap;' \
+'        const uint8_t *ut = uf + 2ull * jl * cap;'
+
+mutation decode-lrm-lowrank-w-stride kernels/kern_batch.h "check_pack" \
+'        for (uint32_t i = 0; i < rank; i++, pw += 2 * D, ps += 4, pu += 2) {' \
+'        for (uint32_t i = 0; i < rank; i++, pw += 2 * n, ps += 4, pu += 2) {'
+
+mutation decode-lrm-merge-own-bit kernels/kern_batch.h "check_pack" \
+'            const uint32_t r = r0 + kern_batch_popc(e == 31 ? mw : mw & ((2u << e) - 1)) - 1;' \
+'            const uint32_t r = r0 + kern_batch_popc(e == 31 ? mw : mw & ((1u << e) - 1)) - 1;'
+
+mutation decode-lrm-merge-same-partial kernels/kern_batch.h "check_pack" \
+'    const uint32_t same = b->klay.dtype == b->out_dtype && b->vec == 16 && n == 8;' \
+'    const uint32_t same = b->klay.dtype == b->out_dtype && b->vec == 16;'
+
+mutation decode-lrm-merge-first-word kernels/kern_batch.h "check_pack" \
+'    const uint32_t mw = kern_batch_ld32(map + 4 * (t0 >> 5), sa);' \
+'    const uint32_t mw = kern_batch_ld32(map, sa);'
+
+# The device's fp16 NaN test before its conversion instruction (kern_batch_h8_nan): the
+# carry that marks a NaN's magnitude one short (0x7c01, the smallest NaN, taken for a number);
+# and a NaN's bits put together quieted (kern_h2f keeps a signalling NaN's bits).
+mutation decode-h8-nan-carry kernels/kern_batch.h "check_pack" \
+'        c |= (v[j] & 0x7fff7fffu) + 0x03ff03ffu;' \
+'        c |= (v[j] & 0x7fff7fffu) + 0x03fe03feu;'
+
+mutation decode-h2f-nan-quieted kernels/kern_batch.h "check_pack" \
+'    return kern_u2f((h & 0x8000u) << 16 | 0x7f800000u | (h & 0x3ffu) << 13);' \
+'    return kern_u2f((h & 0x8000u) << 16 | 0x7fc00000u | (h & 0x3ffu) << 13);'
 
 # The decoder's ROT key rounds: a code taken from its neighbour's bits (elements 2i and
 # 2i + 1 swapped), a column's means or signs from the neighbouring channels', a stage's
