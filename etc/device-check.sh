@@ -2,8 +2,8 @@
 # device-check.sh OUTDIR — kvcd's GPU check on a GPU host, in one command, from the folder
 # `make device-bundle` made (build/device-bundle beside this tree, or $KVC_BUNDLE). The host
 # needs the NVIDIA driver (and compute-sanitizer for that stage: CUDA's own, on PATH or in
-# /usr/local/cuda/bin), a POSIX shell and coreutils; none of Debian's libraries (the bundle
-# carries them).
+# /usr/local/cuda/bin), a POSIX shell and coreutils, and xz with tar or a Python 3 to unpack
+# the bundle's archive; none of Debian's libraries (the bundle carries them).
 #
 # Stages, each under a deadline, the whole within 6 minutes (KVC_DEVICE_CHECK_SECONDS, 350):
 #   suites     the GPU suites (tests/run-checks.sh over the bundle); where a GPU is present,
@@ -99,11 +99,28 @@ stage() {
     timeout -k 10 "$cap" "$@"
 }
 
-if [ ! -x "$bundle/bin/kvcd" ] && [ ! -f "$bundle/bin/kvcd.gz" ]; then
+if [ ! -x "$bundle/bin/kvcd" ] && [ ! -f "$bundle/bin/kvcd.gz" ] &&
+    [ ! -f "$bundle/programs.tar.xz" ]; then
     fail "no bundle at $bundle (run make device-bundle where the tree was built)"
     exit 1
 fi
-# make device-bundle compresses the programs, suites, benchmarks and libkvc: unpack them once.
+# make device-bundle packs the programs, suites, benchmarks, libraries and libkvc into one
+# archive (etc/device-bundle.sh): unpacked once, with xz and tar, or Python's tarfile.
+if [ -f "$bundle/programs.tar.xz" ]; then
+    if command -v xz >/dev/null 2>&1 && command -v tar >/dev/null 2>&1; then
+        xz -dc "$bundle/programs.tar.xz" | tar -C "$bundle" -xf -
+    else
+        "${PYTHON:-python3}" -c 'import sys, tarfile
+t = tarfile.open(sys.argv[1])
+kw = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+t.extractall(sys.argv[2], **kw)' "$bundle/programs.tar.xz" "$bundle"
+    fi || {
+        fail "cannot unpack $bundle/programs.tar.xz (xz and tar, or ${PYTHON:-python3}'s tarfile)"
+        exit 1
+    }
+    rm -f "$bundle/programs.tar.xz"
+fi
+# Bundles of earlier builds compressed each program alone.
 for f in "$bundle"/bin/*.gz "$bundle"/tests/*.gz "$bundle"/bench/*.gz "$bundle"/pylib/*.gz; do
     [ -f "$f" ] || continue
     gzip -d -f "$f" || {
