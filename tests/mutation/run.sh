@@ -1118,6 +1118,17 @@ mutation merge-v-alone-v-row kernels/kern_merge.c "check_codecs" \
 '            join = mrg_within_h(xk_r, st->sk, st->nk, D, lim);' \
 '            join = mrg_within_h(xr, st->sk, st->nk, D, lim);'
 
+# The quantize worker's merge step taking kern_merge_may_force's 1 for a count of forced
+# tokens: a block whose heads hold all their rows, none forced, refused.
+mutation quant-merge-may-force-refuses daemon/quant.c "check_quant" \
+'            f = kern_merge_forced(lay, &j->rec, src);' \
+'            f = f > 0 ? 1 : f;'
+
+# The same, trusting the encode without the plan: a block with forced tokens kept as merge.
+mutation quant-merge-plan-skipped daemon/quant.c "check_quant" \
+'            f = kern_merge_forced(lay, &j->rec, src);' \
+'            f = 0;'
+
 # ---- machinery ------------------------------------------------------------------------------
 
 key() { echo "$1" | tr -- '-.' '__'; }
