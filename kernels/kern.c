@@ -585,8 +585,9 @@ int kern_merge_may_force(const struct kern_layout *lay, const struct kern_recipe
                 return -EBADMSG;
             if (er.codec[l][k] != KERN_CODEC_MERGE)
                 continue;
-            memcpy(&s, (const uint8_t *)enc + sizeof(struct kern_block_hdr) +
-                           (l * kinds + k) * sizeof(s),
+            memcpy(&s,
+                   (const uint8_t *)enc + sizeof(struct kern_block_hdr) +
+                       (l * kinds + k) * sizeof(s),
                    sizeof(s));
             /* kern_block_info: s.bytes is the heads' bytes and the section ends by len */
             for (uint32_t h = 0; h < lay->heads; h++) {

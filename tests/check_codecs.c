@@ -424,8 +424,9 @@ START_TEST(test_merge_may_force)
                         bad;
             }
             forced += may_force_check(&lay, &rec, raw, said);
-            if (r != 5) /* (the batched encoder takes no raw heads) */
-                free(same_bytes(&lay, &rec, raw)); /* the mixed recipes: every path the same */
+            /* the mixed recipes: every path the same (the batched encoder takes no raw heads) */
+            if (r != 5)
+                free(same_bytes(&lay, &rec, raw));
             free(raw);
         }
     }

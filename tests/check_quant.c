@@ -177,10 +177,9 @@ static uint32_t put_runs(uint32_t ns, uint32_t i, uint32_t run)
  * merge. Every token apart (tokens forced): refused, the rung after merge (q4_1) instead. */
 START_TEST(test_merge_step)
 {
-    uint32_t ns = ns_open("merge", KVC_WIRE_QUANT_FLAGS(1u << KVC_WIRE_FORMAT_MERGE |
-                                                            1u << KVC_WIRE_FORMAT_Q4_1,
-                                                        KVC_WIRE_FORMAT_MERGE,
-                                                        KVC_WIRE_FORMAT_MERGE, 0));
+    uint32_t ns = ns_open(
+        "merge", KVC_WIRE_QUANT_FLAGS(1u << KVC_WIRE_FORMAT_MERGE | 1u << KVC_WIRE_FORMAT_Q4_1,
+                                      KVC_WIRE_FORMAT_MERGE, KVC_WIRE_FORMAT_MERGE, 0));
     static const uint32_t run[3] = {4, 2, 1};
     static const uint8_t want[3] = {KVC_WIRE_FORMAT_MERGE, KVC_WIRE_FORMAT_MERGE,
                                     KVC_WIRE_FORMAT_Q4_1};
