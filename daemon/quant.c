@@ -150,7 +150,7 @@ static void quant_encode(struct quant_job *j)
         /* Encoded first: the plan forces a token only in a head that holds all its rows, so
          * where no head of the block does (kern_merge_may_force 0: run-structured blocks,
          * the codec's case) the encode stands without the reference plan, whose scalar pass
-         * costs ~30 encodes; anything else asks the plan itself. */
+         * cost ~10 encodes (docs/kernels.md); anything else asks the plan itself. */
         j->rc = kern_encode_cpu(lay, &j->rec, src, j->dst, j->enc.len, buf ? &ks : NULL);
         if (j->rc < 0)
             goto out;
