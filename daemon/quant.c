@@ -147,7 +147,16 @@ static void quant_encode(struct quant_job *j)
         src = raw;
     }
     if (j->format == KVC_WIRE_FORMAT_MERGE) {
-        int64_t f = kern_merge_forced(lay, &j->rec, src);
+        /* Encoded first: the plan forces a token only in a head that holds all its rows, so
+         * where no head of the block does (kern_merge_may_force 0: run-structured blocks,
+         * the codec's case) the encode stands without the reference plan, whose scalar pass
+         * cost ~10 encodes (docs/kernels.md); anything else asks the plan itself. */
+        j->rc = kern_encode_cpu(lay, &j->rec, src, j->dst, j->enc.len, buf ? &ks : NULL);
+        if (j->rc < 0)
+            goto out;
+        int64_t f = kern_merge_may_force(lay, &j->rec, j->dst, (size_t)j->rc);
+        if (f != 0)
+            f = kern_merge_forced(lay, &j->rec, src);
         if (f != 0) {
             j->refused = true;
             if (f < 0 || !j->alt_format) {
@@ -156,10 +165,10 @@ static void quant_encode(struct quant_job *j)
             }
             j->alt_used = true;
             j->rc = kern_encode_cpu(lay, &j->alt_rec, src, j->dst, j->enc.len, buf ? &ks : NULL);
-            if (j->rc < 0 || !buf)
-                goto out;
-            goto stats;
         }
+        if (j->rc < 0 || !buf)
+            goto out;
+        goto stats;
     }
     j->rc = kern_encode_cpu(lay, &j->rec, src, j->dst, j->enc.len, buf ? &ks : NULL);
     if (j->rc < 0 || !buf)

@@ -557,6 +557,53 @@ int64_t kern_merge_forced(const struct kern_layout *lay, const struct kern_recip
     return (int64_t)forced;
 }
 
+int kern_merge_may_force(const struct kern_layout *lay, const struct kern_recipe *rec,
+                         const void *enc, size_t len)
+{
+    struct kern_layout el;
+    struct kern_recipe er;
+    const int64_t n = kern_encoded_size(lay, rec);
+    if (n < 0)
+        return (int)n;
+    if (!enc)
+        return -EINVAL;
+    /* the table checked against the layout, every section inside the block (kern_block_info
+     * rebuilds it), and the block the one this layout and recipe encode to */
+    const int64_t got = kern_block_info(enc, len, &el, &er);
+    if (got < 0)
+        return (int)got;
+    if (got != n || el.layers != lay->layers || el.heads != lay->heads ||
+        el.head_dim != lay->head_dim || el.tokens != lay->tokens || el.dtype != lay->dtype ||
+        el.k_only != lay->k_only)
+        return -EBADMSG;
+    const uint32_t kinds = kern_kinds(lay), R = kern_merge_rows(lay->tokens);
+    const uint64_t hb = kern_merge_head_bytes(lay->head_dim, lay->tokens);
+    for (uint32_t l = 0; l < lay->layers; l++)
+        for (uint32_t k = 0; k < kinds; k++) {
+            struct kern_block_sect s;
+            if (er.codec[l][k] != rec->codec[l][k])
+                return -EBADMSG;
+            if (er.codec[l][k] != KERN_CODEC_MERGE)
+                continue;
+            memcpy(&s,
+                   (const uint8_t *)enc + sizeof(struct kern_block_hdr) +
+                       (l * kinds + k) * sizeof(s),
+                   sizeof(s));
+            /* kern_block_info: s.bytes is the heads' bytes and the section ends by len */
+            for (uint32_t h = 0; h < lay->heads; h++) {
+                uint32_t rows;
+                memcpy(&rows, (const uint8_t *)enc + s.offset + h * hb, 4);
+                if (rows == 0 || rows > R)
+                    return -EBADMSG;
+                /* the plan counts a token forced only while the head holds R rows: a head
+                 * whose rows end under R forced none */
+                if (rows == R)
+                    return 1;
+            }
+        }
+    return 0;
+}
+
 /* The key statistics of a transform codec's K section (raw: its [T][H][D] rows) into the
  * layer's lst: in one pass in memory order where the ops have it (a RAW section's statistics
  * pass: it writes nothing to the section), else head by head. x: the driver's scratch. */

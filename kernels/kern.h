@@ -189,6 +189,17 @@ double kern_value_l1(const struct kern_layout *lay, const void *src);
 int64_t kern_merge_forced(const struct kern_layout *lay, const struct kern_recipe *rec,
                           const void *src);
 
+/* MERGE: whether block `enc` (len bytes), which recipe rec's MERGE sections encoded from a
+ * raw block, may have forced a token (kern_merge_forced() > 0 on that raw block): 1 where a
+ * head of a MERGE section holds all the rows the codec stores (ceil(tokens / 2)), the only
+ * state in which the plan forces one; 0 where every head ends under that, and then
+ * kern_merge_forced() is 0. It reads the rows fields only, so a caller encodes first and runs
+ * the reference plan only on a 1. -EINVAL as kern_encoded_size or NULL enc; -EBADMSG: enc is
+ * not what lay and rec encode to (kern_block_info's checks, a size, layout or section codec
+ * that differs, a head's rows 0 or past the codec's). */
+int kern_merge_may_force(const struct kern_layout *lay, const struct kern_recipe *rec,
+                         const void *enc, size_t len);
+
 /* Fills a recipe: layers [0, raw_layers) raw, the others `k` for keys and `v` for values;
  * the encoder parameters 0 (their defaults). */
 void kern_recipe_fill(struct kern_recipe *rec, enum kern_codec k, enum kern_codec v,

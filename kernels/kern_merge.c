@@ -270,9 +270,14 @@ mrg_step(const struct kern_ext_ctx *c, uint32_t h, uint32_t t, const uint8_t *ow
             mrg_row_avx2(lay, own, t, h, xo, clean);
         join = t > 0 && !(km[t >> 5] >> (t & 31) & 1u);
     } else if (t < T && clean) {
+        /* the K row the plan judges: this section's own, but for a V section planned alone
+         * (the layer's keys another codec), whose K rows are checked here as they are read */
+        const uint16_t *xk_r = own == c->rawk ? xr : mrg_raw_row(lay, c->rawk, t, h);
+        if (xk_r != xr)
+            mrg_check(xk_r, D, bad);
         if (t > 0) {
             const uint16_t *xv_r = c->rawv ? mrg_raw_row(lay, c->rawv, t, h) : NULL;
-            join = mrg_within_h(xr, st->sk, st->nk, D, lim);
+            join = mrg_within_h(xk_r, st->sk, st->nk, D, lim);
             if (join && xv_r && !st->vset) {
                 /* the run's first V row, read where a K row first joins it (the reference
                  * compares V rows only there) */

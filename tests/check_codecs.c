@@ -334,6 +334,156 @@ START_TEST(test_merge_forced_bad_row_same_bytes)
 }
 END_TEST
 
+/* Whether some head of a MERGE section of rec ends its plan (kern_merge_plan, the reference)
+ * holding all its rows: what kern_merge_may_force must answer 1 for, from the encoded bytes. */
+static int plan_fills(const struct kern_layout *lay, const struct kern_recipe *rec,
+                      const uint16_t *raw)
+{
+    uint32_t *map = malloc(kern_merge_map_bytes(lay->tokens));
+    int full = 0;
+    ck_assert_ptr_nonnull(map);
+    for (uint32_t l = 0; l < lay->layers; l++) {
+        if (rec->codec[l][0] != KERN_CODEC_MERGE &&
+            (lay->k_only || rec->codec[l][1] != KERN_CODEC_MERGE))
+            continue;
+        const uint8_t *rk = (const uint8_t *)raw + 2 * kern_raw_index(lay, l, 0, 0, 0);
+        const uint8_t *rv =
+            lay->k_only ? NULL : (const uint8_t *)raw + 2 * kern_raw_index(lay, l, 1, 0, 0);
+        for (uint32_t h = 0; h < lay->heads; h++)
+            full |= kern_merge_plan(lay, rk, rv, h, rec->merge_cos, map, NULL) ==
+                    kern_merge_rows(lay->tokens);
+    }
+    free(map);
+    return full;
+}
+
+/* kern_merge_may_force on the blocks both CPU encoders write: 1 exactly where a MERGE head's
+ * plan ends with all its rows (so on every block kern_merge_forced counts a forced token in),
+ * 0 where every head ends under them. Returns kern_merge_forced. */
+static int64_t may_force_check(const struct kern_layout *lay, const struct kern_recipe *rec,
+                               const uint16_t *raw, int *said)
+{
+    int64_t sz = kern_encoded_size(lay, rec), f = kern_merge_forced(lay, rec, raw);
+    uint8_t *e = malloc((size_t)sz);
+    ck_assert_ptr_nonnull(e);
+    ck_assert_int_ge(f, 0);
+    const int full = plan_fills(lay, rec, raw);
+    ck_assert_int_eq(kern_encode_cpu(lay, rec, raw, e, (size_t)sz, NULL), sz);
+    int mf = kern_merge_may_force(lay, rec, e, (size_t)sz);
+    ck_assert_msg(mf == full, "may_force %d, plan fills %d, forced %lld, codecs %u/%u cos %g", mf,
+                  full, (long long)f, rec->codec[lay->layers - 1][0],
+                  rec->codec[lay->layers - 1][1], (double)rec->merge_cos);
+    if (f > 0)
+        ck_assert_int_eq(mf, 1);
+    ck_assert_int_eq(kern_encode_ref(lay, rec, raw, e, (size_t)sz, NULL), sz);
+    ck_assert_int_eq(kern_merge_may_force(lay, rec, e, (size_t)sz), mf);
+    said[mf]++;
+    free(e);
+    return f;
+}
+
+/* MERGE's shortcut past the reference plan: on random (outlier) blocks, run-structured blocks
+ * (default threshold: heads end under their rows; a strict one: tokens forced), run blocks
+ * with a NaN or an Inf row, with recipes of MERGE in K and V, in K only, in V only, mixed per
+ * layer, raw layers and raw heads, the answer is the plan's (may_force_check). */
+START_TEST(test_merge_may_force)
+{
+    const struct shape *sh = &shapes[(uint32_t)_i];
+    const struct kern_layout lay = layout_of(sh);
+    const uint32_t nlh = lay.layers * lay.heads;
+    uint8_t *rawh = calloc(nlh, 1);
+    int said[2] = {0, 0};
+    int64_t forced = 0;
+    ck_assert_ptr_nonnull(rawh);
+    rawh[nlh - 1] = 1;
+    for (int r = 0; r < 6; r++) {
+        struct kern_recipe rec;
+        if (lay.k_only && (r == 1 || r == 2 || r == 3))
+            continue;
+        kern_recipe_fill(&rec, r == 2 ? KERN_CODEC_Q8_0 : KERN_CODEC_MERGE,
+                         r == 1 ? KERN_CODEC_Q8_0 : KERN_CODEC_MERGE, 0);
+        if (r == 3) /* layer 0 merges keys only, the others values only */
+            for (uint32_t l = 0; l < lay.layers; l++) {
+                rec.codec[l][0] = l == 0 ? KERN_CODEC_MERGE : KERN_CODEC_KIVI4;
+                rec.codec[l][1] = l == 0 ? KERN_CODEC_Q4_1 : KERN_CODEC_MERGE;
+            }
+        if (r == 4 && lay.layers > 1)
+            rec.codec[0][0] = rec.codec[0][1] = KERN_CODEC_RAW;
+        if (r == 5)
+            rec.raw_heads = rawh;
+        for (int d = 0; d < 5; d++) {
+            uint16_t *raw = make_data(&lay, d == 0 ? DATA_OUTLIER : DATA_RUNS,
+                                      600 + 10 * (uint64_t)_i + (uint64_t)d);
+            rec.merge_cos = d == 2 ? 0.999999f : 0.0f;
+            if (d >= 3) { /* a NaN, an Inf in a K row, a V row where there is one */
+                const uint16_t bad = d == 3 ? (lay.dtype == KERN_DTYPE_FP16 ? 0x7e00 : 0x7fc0)
+                                            : (lay.dtype == KERN_DTYPE_FP16 ? 0xfc00 : 0xff80);
+                raw[kern_raw_index(&lay, lay.layers - 1, 0, lay.tokens / 2, 0)] = bad;
+                if (!lay.k_only)
+                    raw[kern_raw_index(&lay, lay.layers - 1, 1, lay.tokens - 1, lay.heads - 1)] =
+                        bad;
+            }
+            forced += may_force_check(&lay, &rec, raw, said);
+            /* the mixed recipes: every path the same (the batched encoder takes no raw heads) */
+            if (r != 5)
+                free(same_bytes(&lay, &rec, raw));
+            free(raw);
+        }
+    }
+    /* both answers given, and forced blocks among the 1s (the strict threshold's) */
+    if (lay.tokens >= 16) /* a head of a few tokens fills its rows with runs of 1-6 */
+        ck_assert_int_gt(said[0], 0);
+    ck_assert_int_gt(said[1], 0);
+    ck_assert_int_gt(forced, 0);
+    free(rawh);
+}
+END_TEST
+
+/* Hand-made heads of 6 tokens (3 rows stored): runs of three, two rows (0, no token forced);
+ * runs of two, exactly three rows and nothing forced (1: the plan alone can tell those from
+ * forced ones); four distinct runs, the last token forced (1). A block not what lay and rec
+ * encode to, or a rows field out of range, is refused. */
+START_TEST(test_merge_may_force_hand)
+{
+    struct kern_layout lay = {1, 1, 8, 6, KERN_DTYPE_FP16, 1};
+    struct kern_recipe rec, other;
+    uint16_t raw[48];
+    const float rows[3][6] = {{1, 1.01f, 0.99f, -5, -5.02f, -4.99f},
+                              {1, 1.01f, -5, -5.02f, 3, 3.02f},
+                              {1, 1.01f, -5, -5.02f, 3, -7}};
+    const int want[3] = {0, 1, 1}, forced[3] = {0, 0, 1};
+    int64_t sz;
+    uint8_t e[1024];
+    kern_recipe_fill(&rec, KERN_CODEC_MERGE, KERN_CODEC_MERGE, 0);
+    sz = kern_encoded_size(&lay, &rec);
+    ck_assert_int_le(sz, (int64_t)sizeof(e));
+    for (int c = 0; c < 3; c++) {
+        for (uint32_t t = 0; t < 6; t++)
+            for (uint32_t d = 0; d < 8; d++)
+                raw[t * 8 + d] = kern_f2h(rows[c][t] * (float)(d + 1));
+        ck_assert_int_eq(kern_merge_forced(&lay, &rec, raw), forced[c]);
+        ck_assert_int_eq(kern_encode_cpu(&lay, &rec, raw, e, sizeof(e), NULL), sz);
+        ck_assert_int_eq(kern_merge_may_force(&lay, &rec, e, (size_t)sz), want[c]);
+    }
+    uint8_t *head = e + kern_hdr_bytes(&lay);
+    uint32_t r = 4; /* past the 3 rows stored */
+    memcpy(head, &r, 4);
+    ck_assert_int_eq(kern_merge_may_force(&lay, &rec, e, (size_t)sz), -EBADMSG);
+    r = 0;
+    memcpy(head, &r, 4);
+    ck_assert_int_eq(kern_merge_may_force(&lay, &rec, e, (size_t)sz), -EBADMSG);
+    r = 2;
+    memcpy(head, &r, 4);
+    ck_assert_int_eq(kern_merge_may_force(&lay, &rec, e, (size_t)sz), 0);
+    ck_assert_int_eq(kern_merge_may_force(&lay, &rec, e, (size_t)sz - 1), -EBADMSG);
+    ck_assert_int_eq(kern_merge_may_force(&lay, &rec, NULL, (size_t)sz), -EINVAL);
+    kern_recipe_fill(&other, KERN_CODEC_Q8_0, KERN_CODEC_Q8_0, 0);
+    ck_assert_int_eq(kern_merge_may_force(&lay, &other, e, (size_t)sz), -EBADMSG);
+    lay.tokens = 5; /* another layout, the same bytes */
+    ck_assert_int_eq(kern_merge_may_force(&lay, &rec, e, (size_t)sz), -EBADMSG);
+}
+END_TEST
+
 /* Keys of large magnitude (layer 0's scaled by 250: up to ~3000), and then rows of +-60000
  * with the signs of the rotation (token 0 and 1 of head 0: rotated, one channel reaches
  * ~680000 and is clamped): ROT's AVX2 encode skips its clamp only where the largest magnitude
@@ -1012,6 +1162,8 @@ static Suite *codecs_suite(void)
     tcase_add_test(tc, test_rotation_lowers_key_error);
     tcase_add_test(tc, test_rotation_orthonormal);
     tcase_add_test(tc, test_merge_hand);
+    tcase_add_loop_test(tc, test_merge_may_force, 0, (int)NSHAPES);
+    tcase_add_test(tc, test_merge_may_force_hand);
     tcase_add_test(tc, test_lowrank_rank);
     tcase_add_test(tc, test_sizes_and_shapes);
     tcase_add_test(tc, test_rot_avx512_switch);

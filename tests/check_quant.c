@@ -12,6 +12,7 @@
 #include "daemon/quant.h"
 #include "daemon/store.h"
 #include "kernels/kern.h"
+#include "kernels/kern_fmt.h"
 #include "tests/lib/layout.h"
 #include "tiers/host.h"
 #include "tiers/tier.h"
@@ -144,6 +145,78 @@ START_TEST(test_threads)
             kern_decode_cpu(&kl, src, b->len, out, kern_raw_size(&kl), KERN_DTYPE_FP16),
             (int64_t)kern_raw_size(&kl));
         ck_assert_double_lt(rel_err(ns, i, out), 0.02);
+    }
+    free(out);
+}
+END_TEST
+
+/* Block i of namespace ns with its K and V rows alike within runs of `run` tokens (a run's
+ * rows one smooth row; `run` 1: every token apart). Returns its block index. */
+static uint32_t put_runs(uint32_t ns, uint32_t i, uint32_t run)
+{
+    struct kvc_wire_key k = key(ns, i), parent = i ? key(ns, i - 1) : (struct kvc_wire_key){0};
+    struct kvc_wire_loc loc;
+    struct kern_layout kl = klay(ns);
+    uint64_t resv;
+    uint8_t st;
+    uint32_t dropped;
+    ck_assert_int_eq(store_reserve(s, &o, ns, &parent, &k, 1, 1, &resv, &st, &loc), 1);
+    uint16_t *p = (uint16_t *)slot(&loc);
+    for (uint32_t l = 0; l < kl.layers; l++)
+        for (uint32_t kind = 0; kind < 2; kind++)
+            for (uint32_t t = 0; t < kl.tokens; t++)
+                fill(p + kern_raw_index(&kl, l, kind, t, 0), (size_t)kl.heads * kl.head_dim,
+                     1000 * i + 100 * l + 10 * kind + t / run);
+    ck_assert_int_eq(store_commit(s, &o, resv, 1, 2, &dropped), 1);
+    return index_find(&s->ix, (uint16_t)ns, &k);
+}
+
+/* A merge step (issue 30): the worker encodes first and asks the reference plan only where a
+ * head holds all its rows. Runs of four tokens (rows under the 8 a 16-token head stores):
+ * merge, not refused. Runs of two (exactly 8 rows, nothing forced: the plan asked, says 0):
+ * merge. Every token apart (tokens forced): refused, the rung after merge (q4_1) instead. */
+START_TEST(test_merge_step)
+{
+    uint32_t ns = ns_open(
+        "merge", KVC_WIRE_QUANT_FLAGS(1u << KVC_WIRE_FORMAT_MERGE | 1u << KVC_WIRE_FORMAT_Q4_1,
+                                      KVC_WIRE_FORMAT_MERGE, KVC_WIRE_FORMAT_MERGE, 0));
+    static const uint32_t run[3] = {4, 2, 1};
+    static const uint8_t want[3] = {KVC_WIRE_FORMAT_MERGE, KVC_WIRE_FORMAT_MERGE,
+                                    KVC_WIRE_FORMAT_Q4_1};
+    uint32_t idx[3];
+    ck_assert_uint_eq(klay(ns).tokens, 16);
+    for (uint32_t i = 0; i < 3; i++) {
+        idx[i] = put_runs(ns, i, run[i]);
+        ck_assert_int_eq(store_quantize(s, idx[i]), 0);
+        ck_assert_int_eq(quant_drain(q), 1);
+        ck_assert_uint_eq(s->ix.blocks[idx[i]].format, want[i]);
+        ck_assert_uint_eq(s->total.merge_refused_blocks, i == 2);
+    }
+    /* each decodes to its data: a merged block's runs are exact (their rows alike) */
+    struct kern_layout kl = klay(ns);
+    uint16_t *out = malloc(kern_raw_size(&kl));
+    for (uint32_t i = 0; i < 3; i++) {
+        const struct block *b = &s->ix.blocks[idx[i]];
+        const void *src = (const uint8_t *)tier_host_base(s->arenas[b->arena].tier) + b->off;
+        ck_assert_int_eq(
+            kern_decode_cpu(&kl, src, b->len, out, kern_raw_size(&kl), KERN_DTYPE_FP16),
+            (int64_t)kern_raw_size(&kl));
+        uint16_t *want_rows = malloc((size_t)kl.heads * kl.head_dim * 2);
+        double e = 0, r = 0;
+        for (uint32_t l = 0; l < kl.layers; l++)
+            for (uint32_t kind = 0; kind < 2; kind++)
+                for (uint32_t t = 0; t < kl.tokens; t++) {
+                    fill(want_rows, (size_t)kl.heads * kl.head_dim,
+                         1000 * i + 100 * l + 10 * kind + t / run[i]);
+                    const uint16_t *got = out + kern_raw_index(&kl, l, kind, t, 0);
+                    for (uint32_t j = 0; j < kl.heads * kl.head_dim; j++) {
+                        double a = kern_h2f(want_rows[j]), d = a - kern_h2f(got[j]);
+                        e += d * d;
+                        r += a * a;
+                    }
+                }
+        free(want_rows);
+        ck_assert_double_lt(sqrt(e / r), i < 2 ? 1e-3 : 0.2);
     }
     free(out);
 }
@@ -502,6 +575,7 @@ int main(void)
     TCase *tc = tcase_create("core");
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_quantize_block);
+    tcase_add_test(tc, test_merge_step);
     tcase_add_test(tc, test_threads);
     tcase_add_test(tc, test_vatp_value_norm);
     tcase_add_test(tc, test_head_profile);

@@ -1156,6 +1156,34 @@ mutation libkvc-release-waits client/libkvc_lease.c "check_e2e_put" \
 '    quiet = quiet && (c->features & KVC_HELLO_F_QUIET);' \
 '    quiet = false;'
 
+# MERGE's shortcut past the reference plan (issue 30): kern_merge_may_force never says "may
+# force", so the quantize worker would keep blocks whose tokens were forced into a run.
+mutation merge-may-force-never kernels/kern.c "check_codecs" \
+'                if (rows == R)' \
+'                if (rows == R + 1)'
+
+# The same, reading the K sections only: a layer merging its values alone is never asked.
+mutation merge-may-force-k-only kernels/kern.c "check_codecs" \
+'            if (er.codec[l][k] != KERN_CODEC_MERGE)' \
+'            if (er.codec[l][k] != KERN_CODEC_MERGE || k == 1)'
+
+# MERGE's AVX2 encode of a V section planned alone (its keys another codec) judging the V
+# row against the run's K row, as it once did: rows fields and bytes not the reference's.
+mutation merge-v-alone-v-row kernels/kern_merge.c "check_codecs" \
+'            join = mrg_within_h(xk_r, st->sk, st->nk, D, lim);' \
+'            join = mrg_within_h(xr, st->sk, st->nk, D, lim);'
+
+# The quantize worker's merge step taking kern_merge_may_force's 1 for a count of forced
+# tokens: a block whose heads hold all their rows, none forced, refused.
+mutation quant-merge-may-force-refuses daemon/quant.c "check_quant" \
+'            f = kern_merge_forced(lay, &j->rec, src);' \
+'            f = f > 0 ? 1 : f;'
+
+# The same, trusting the encode without the plan: a block with forced tokens kept as merge.
+mutation quant-merge-plan-skipped daemon/quant.c "check_quant" \
+'            f = kern_merge_forced(lay, &j->rec, src);' \
+'            f = 0;'
+
 # ---- machinery ------------------------------------------------------------------------------
 
 key() { echo "$1" | tr -- '-.' '__'; }
