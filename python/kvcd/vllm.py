@@ -639,6 +639,17 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
         ev.record(stream)
         return ev
 
+    def _mark_loaded(self, stream, key):
+        """The event wait_for_layer_load waits on for the layers from key (None: all of them)
+        once the loads just queued on stream have run; nothing without a stream."""
+        if stream is None:
+            return
+        ev = self._event(stream)
+        if key is None:
+            self._all_event = ev
+        else:
+            self._events[key] = ev
+
     def _stream_args(self):
         if not self._cuda:
             return {}
@@ -686,12 +697,7 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
                     self._errors.update(span.block_ids[span.first:span.first + span.count])
                     self._loads.remove((lease, span, hits))
                     self.stats["load_failed"] += 1
-            if stream is not None:
-                ev = self._event(stream)
-                if r is None:
-                    self._all_event = ev
-                else:
-                    self._events[r.start] = ev
+            self._mark_loaded(stream, None if r is None else r.start)
         self.stats["loaded_blocks"] += sum(h for _, _, h in self._loads)
 
     def _load_groups(self, meta):
@@ -747,12 +753,7 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
                         self._errors.update(ids[max(span.first, g.skipped(end)):end])
                     self._loads.remove(item)
                     self.stats["load_failed"] += 1
-            if stream is not None:
-                ev = self._event(stream)
-                if at is None:
-                    self._all_event = ev
-                else:
-                    self._events[at] = ev
+            self._mark_loaded(stream, at)
         for _, span, parts, got in self._loads:
             self.stats["loaded_blocks"] += got - span.first  # blocks of the prefix loaded
             for gi, _, _, _, n, _ in parts:

@@ -61,6 +61,22 @@ static int fp_get_check(kvc_ns *ns, const struct kvc_key *k, uint32_t n)
     return h;
 }
 
+/* Fills the rest of w's arena with newer chains of 64 KiB blocks from family `first` on
+ * (keys to fill), as far as its free room goes. */
+static void fp_fill_arena(kvc_client *w, kvc_ns *wns, uint32_t first, struct kvc_key *fill)
+{
+    uint64_t room = 0, used = 0;
+    ck_assert_int_eq(daemon_client_stat(w, 0, "host_capacity", &room), 0);
+    for (uint32_t f = 0;; f++) {
+        ck_assert_int_eq(daemon_client_stat(w, 0, "host_used", &used), 0);
+        uint64_t left = (room - used) / (64u << 10);
+        if (!left)
+            break;
+        fp_put(wns, first + f, left < 64 ? (uint32_t)left : 64, fill);
+        ck_assert_int_eq(kvc_flush(w), 0);
+    }
+}
+
 /* The client's fast_hits and fast_dropped once their sum reaches `want` (the daemon reads
  * the rings in passes after the requests, within milliseconds), or after 10 s. */
 static void fp_settle(kvc_client *c, uint64_t want, uint64_t *fast, uint64_t *dropped)
@@ -502,7 +518,7 @@ START_TEST(test_fast_hits_before_eviction)
     kvc_ns *ns, *wns;
     struct kvc_layout lay = daemon_layout("e2e-fast-evict", 64); /* 64 KiB blocks */
     struct kvc_key hot[4], fill[64], more[4];
-    uint64_t evicted = 0, room = 0, used = 0;
+    uint64_t evicted = 0;
     ck_assert_int_eq(daemon_start(&d, args), 0);
     ck_assert_int_eq(kvc_connect(d.sock, &c), 0);
     ck_assert_int_eq(kvc_ns_open(c, &lay, &ns), 0);
@@ -511,15 +527,7 @@ START_TEST(test_fast_hits_before_eviction)
     fp_put(wns, 12, 4, hot);
     ck_assert_int_eq(fp_get_check(ns, hot, 4), 4); /* maps the index */
     /* Fill the rest of the arena with newer blocks, evicting nothing. */
-    ck_assert_int_eq(daemon_client_stat(w, 0, "host_capacity", &room), 0);
-    for (uint32_t f = 0;; f++) {
-        ck_assert_int_eq(daemon_client_stat(w, 0, "host_used", &used), 0);
-        uint64_t left = (room - used) / (64u << 10);
-        if (!left)
-            break;
-        fp_put(wns, 200 + f, left < 64 ? (uint32_t)left : 64, fill);
-        ck_assert_int_eq(kvc_flush(w), 0);
-    }
+    fp_fill_arena(w, wns, 200, fill);
     ck_assert_int_eq(daemon_client_stat(w, 0, "evicted_blocks", &evicted), 0);
     ck_assert_uint_eq(evicted, 0);
     /* The read, then at once a put that must evict 4. */
@@ -560,7 +568,7 @@ START_TEST(test_fast_bell_many_idle)
     kvc_ns *ns, *wns, *ins;
     struct kvc_layout lay = daemon_layout("e2e-fast-bell", 64); /* 64 KiB blocks */
     struct kvc_key hot[4], fill[64], more[4];
-    uint64_t evicted = 0, room = 0, used = 0, fast0 = 0, fast = 0;
+    uint64_t evicted = 0, fast0 = 0, fast = 0;
     ck_assert_int_eq(daemon_start(&d, args), 0);
     ck_assert_int_eq(kvc_connect(d.sock, &w), 0);
     ck_assert_int_eq(kvc_ns_open(w, &lay, &wns), 0);
@@ -583,15 +591,7 @@ START_TEST(test_fast_bell_many_idle)
     ck_assert_uint_eq(fast0, FP_IDLE_CONNS + 4);
     usleep(5000);
     /* Fill the rest of the arena with newer blocks, evicting nothing. */
-    ck_assert_int_eq(daemon_client_stat(w, 0, "host_capacity", &room), 0);
-    for (uint32_t f = 0;; f++) {
-        ck_assert_int_eq(daemon_client_stat(w, 0, "host_used", &used), 0);
-        uint64_t left = (room - used) / (64u << 10);
-        if (!left)
-            break;
-        fp_put(wns, 400 + f, left < 64 ? (uint32_t)left : 64, fill);
-        ck_assert_int_eq(kvc_flush(w), 0);
-    }
+    fp_fill_arena(w, wns, 400, fill);
     ck_assert_int_eq(daemon_client_stat(w, 0, "evicted_blocks", &evicted), 0);
     ck_assert_uint_eq(evicted, 0);
     /* The read, then at once a put that must evict 4. */
@@ -677,7 +677,7 @@ START_TEST(test_fast_sync_with_eviction)
     kvc_ns *ns, *wns;
     struct kvc_layout lay = daemon_layout("e2e-fast-sync-evict", 64); /* 64 KiB blocks */
     struct kvc_key hot[4], fill[64], more[4];
-    uint64_t evicted = 0, room = 0, used = 0, fast = 0, dropped = 0;
+    uint64_t evicted = 0, fast = 0, dropped = 0;
     const void *blk[4];
     pthread_t ts, tp;
     ck_assert_int_eq(daemon_start(&d, args), 0);
@@ -687,15 +687,7 @@ START_TEST(test_fast_sync_with_eviction)
     ck_assert_int_eq(kvc_ns_open(w, &lay, &wns), 0);
     fp_put(wns, 14, 4, hot);
     ck_assert_int_eq(fp_get_check(ns, hot, 4), 4); /* maps the index, the ring, the bell */
-    ck_assert_int_eq(daemon_client_stat(w, 0, "host_capacity", &room), 0);
-    for (uint32_t f = 0;; f++) {
-        ck_assert_int_eq(daemon_client_stat(w, 0, "host_used", &used), 0);
-        uint64_t left = (room - used) / (64u << 10);
-        if (!left)
-            break;
-        fp_put(wns, 600 + f, left < 64 ? (uint32_t)left : 64, fill);
-        ck_assert_int_eq(kvc_flush(w), 0);
-    }
+    fp_fill_arena(w, wns, 600, fill);
     ck_assert_int_eq(daemon_chain_keys(wns, 700, 0, 4, 4, more), 0);
     for (int i = 0; i < 4; i++) {
         void *b = malloc(64u << 10);
