@@ -439,7 +439,7 @@ static uint64_t sc_fast_counted(kvc_client *c)
 struct sc_level {
     uint64_t n; /* blocks the arena holds */
     bool run;
-    double v[20]; /* figures, by SC_F_* */
+    double v[24]; /* figures, by SC_F_* */
 };
 
 enum {
@@ -461,6 +461,10 @@ enum {
     SC_F_LOOP_US_PER_HIT64_SOCK,
     SC_F_COPY1_P50,
     SC_F_COPY64_P50,
+    SC_F_HIT1_FAST_COLD_P50,
+    SC_F_HIT1_FAST_COLD_P99,
+    SC_F_HIT64_FAST_COLD_P50,
+    SC_F_HIT64_FAST_COLD_P99,
     SC_F_COUNT
 };
 _Static_assert(SC_F_COUNT <= sizeof(((struct sc_level *)0)->v) / sizeof(double),
@@ -482,7 +486,11 @@ static const char *const sc_fname[SC_F_COUNT] = {"hit1_fast_p50",
                                                  "loop_us_per_fast_block_counted",
                                                  "loop_us_per_hit64_sock",
                                                  "copy1_floor_p50",
-                                                 "copy64_floor_p50"};
+                                                 "copy64_floor_p50",
+                                                 "hit1_fast_cold_p50",
+                                                 "hit1_fast_cold_p99",
+                                                 "hit64_fast_cold_p50",
+                                                 "hit64_fast_cold_p99"};
 
 /* Blocks for one chain of 64, filled from their keys. */
 struct sc_bufs {
@@ -581,6 +589,33 @@ static void sc_floor(uint64_t arena, struct sc_bufs *b, size_t nsamp, size_t nsa
     }
     v[SC_F_COPY64_P50] = sc_pct(lat, m, 0.5);
     munmap(p, len);
+}
+
+/* Takes the bytes of k[0..n) out of this CPU's caches (every level): found through the socket
+ * client (a lease, released at once), each block's lines flushed. A fast hit timed after it
+ * copies from memory at every level, as a hit on a block no process touched lately does, so
+ * that level against level is kvcd's own cost (its index, the generations, the ring) and not
+ * a small arena's blocks left in cache by the previous sample. 0, or -1 (not all found). */
+static int sc_uncache(kvc_ns *nss, const struct kvc_key *k, uint32_t n, size_t bb)
+{
+    kvc_lease *l = NULL;
+    int h = kvc_lookup(nss, k, n, 0, &l);
+    for (int i = 0; i < h; i++) {
+        const uint8_t *p = kvc_lease_data(l, (size_t)i);
+#if defined(__x86_64__)
+        for (size_t o = 0; p && o < bb; o += 64)
+            __builtin_ia32_clflush(p + o);
+#else
+        (void)p; /* no flush here: these rows are the warm ones */
+        (void)bb;
+#endif
+    }
+#if defined(__x86_64__)
+    __builtin_ia32_mfence();
+#endif
+    if (l)
+        kvc_release(l);
+    return h == (int)n ? 0 : -1;
 }
 
 /* One level: an arena holding about lv->n blocks of bb bytes, filled past full, measured. */
@@ -688,6 +723,25 @@ static void sc_level(size_t bb, struct sc_level *lv, uint64_t tag)
             lv->v[SC_F_LOOP_US_PER_HIT64_SOCK] = (sc_loop_cpu(d.pid) - hcpu0) * 1e6 / (double)m;
         lv->v[fast ? SC_F_HIT64_FAST_P50 : SC_F_HIT64_SOCK_P50] = sc_pct(lat, m, 0.5);
         lv->v[fast ? SC_F_HIT64_FAST_P99 : SC_F_HIT64_SOCK_P99] = sc_pct(lat, m, 0.99);
+    }
+    /* The fast path again, each sample's blocks out of the caches first (sc_uncache). */
+    for (int chain = 0; chain < 2; chain++) {
+        const size_t ns_cold = chain ? nsamp64 / 2 : nsamp / 3;
+        const uint32_t kn = chain ? SC_CHAIN : 1;
+        size_t m = 0;
+        for (size_t i = 0; i < ns_cold; i++) {
+            uint64_t ch = hot[sc_rand() % nhot], pos = chain ? 0 : sc_rand() % SC_CHAIN;
+            const struct kvc_key *k = keys + ch * SC_CHAIN + pos;
+            if (sc_uncache(nss, k, kn, bb) < 0) {
+                miss++;
+                continue;
+            }
+            double t = sc_get(ns, k, kn, &b, true, false, &miss);
+            if (t >= 0)
+                lat[m++] = t * 1e6;
+        }
+        lv->v[chain ? SC_F_HIT64_FAST_COLD_P50 : SC_F_HIT1_FAST_COLD_P50] = sc_pct(lat, m, 0.5);
+        lv->v[chain ? SC_F_HIT64_FAST_COLD_P99 : SC_F_HIT1_FAST_COLD_P99] = sc_pct(lat, m, 0.99);
     }
     sc_floor(arena, &b, nsamp, nsamp64, lat, lv->v);
     /* Puts of fresh keys into the full arena: each evicts as much (after its reply). */
