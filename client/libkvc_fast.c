@@ -348,9 +348,24 @@ static const struct kvc_fastview *kvc_fast_view_of(kvc_ns *ns)
     return v;
 }
 
-/* Where k's block is, checked against the arena and its slot's generation now. */
+/* Asks for the first of k's two buckets (where a key is unless the daemon found it full),
+ * both of its lines, without waiting. */
+static void kvc_fast_prefetch_key(const struct kvc_fastview *v, uint32_t ns,
+                                  const struct kvc_key *k)
+{
+    uint32_t b1, b2;
+    kvc_fast_buckets(v->seed, v->nbuckets, ns, k->lo, k->hi, &b1, &b2);
+    const struct kvc_fast_ent *e = v->ents + (uint64_t)b1 * KVC_FAST_WAYS;
+    __builtin_prefetch(e);
+    __builtin_prefetch(e + KVC_FAST_WAYS - 1);
+}
+
+/* Where k's block is, checked against the arena and its slot's generation now. With base (the
+ * arena's mapping, for a copy to come), the block's first line is asked for before the
+ * generation is read: its page walk and miss overlap the generation's instead of following
+ * them, and the core's prefetchers take the rest of the block once the copy reads it. */
 static bool kvc_fast_entry(const kvc_ns *ns, const struct kvc_fastview *v, const struct kvc_key *k,
-                           struct kvc_fast_loc *l)
+                           struct kvc_fast_loc *l, const uint8_t *base)
 {
     uint64_t asize = ns->c->arenas[ns->arena].size;
     struct kvc_fast_ent e;
@@ -364,6 +379,8 @@ static bool kvc_fast_entry(const kvc_ns *ns, const struct kvc_fastview *v, const
     if (KVC_FAST_FMT_FORMAT(e.fmt) >= KVC_WIRE_FORMAT_COUNT || l->off > asize ||
         l->len > asize - l->off)
         return false;
+    if (base)
+        __builtin_prefetch(base + l->off);
     l->gen = e.gen;
     l->genp = &v->gens[e.unit];
     return __atomic_load_n(l->genp, __ATOMIC_ACQUIRE) == l->gen;
@@ -373,7 +390,7 @@ int kvci_fast_resolve(kvc_ns *ns, const struct kvc_key *k, const void **data, si
 {
     const struct kvc_fastview *v = kvc_fast_view_of(ns);
     struct kvc_fast_loc l;
-    if (!v || !kvc_fast_entry(ns, v, k, &l))
+    if (!v || !kvc_fast_entry(ns, v, k, &l, NULL))
         return 0;
     *data = ns->c->arenas[ns->arena].base + l.off;
     *len = l.len;
@@ -410,9 +427,23 @@ size_t kvci_fast_get(kvc_ns *ns, const struct kvc_key *keys, size_t n, void *con
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     uint64_t t0 = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-    while (hits < n) {
-        struct kvc_fast_loc l;
-        if (!kvc_fast_entry(ns, v, &keys[hits], &l) || kvc_fast_copy(ns, v, base, &l, dst[hits]))
+    /* One key ahead: the next block's entry and generation are read, and its first line asked
+     * for, before this block is copied, so the index's and the arena's misses (and the page
+     * walks of a large arena) overlap the copy instead of following it; the buckets of the
+     * key after are asked for too. Reading an entry early only widens the window its
+     * generation is checked over (read before the copy, again after it). */
+    struct kvc_fast_loc cur, nxt;
+    if (n > 1)
+        kvc_fast_prefetch_key(v, ns->id, &keys[1]);
+    bool have = kvc_fast_entry(ns, v, &keys[0], &cur, base);
+    while (hits < n && have) {
+        bool next = false;
+        if (hits + 1 < n) {
+            if (hits + 2 < n)
+                kvc_fast_prefetch_key(v, ns->id, &keys[hits + 2]);
+            next = kvc_fast_entry(ns, v, &keys[hits + 1], &nxt, base);
+        }
+        if (kvc_fast_copy(ns, v, base, &cur, dst[hits]))
             break;
         rec[nrec++] = (struct kvc_fast_hit){.ns = ns->id,
                                             .block = UINT32_MAX,
@@ -420,6 +451,8 @@ size_t kvci_fast_get(kvc_ns *ns, const struct kvc_key *keys, size_t n, void *con
                                             .khi = keys[hits].hi,
                                             .pos = (uint16_t)hits};
         hits++;
+        cur = nxt;
+        have = next;
         if (nrec == cap) { /* a request's worth: recorded as one lookup */
             rec[0].nkeys = (uint16_t)(hits - first);
             rec[0].load_us = kvc_fast_us(&t0);

@@ -715,6 +715,18 @@ mutation kinds-fast-run client/libkvc_fast.c "check_e2e_fast" \
 '    const struct kvc_fastview *v = n && run ? kvc_fast_view_of(ns) : NULL;' \
 '    const struct kvc_fastview *v = n && (run || 1) ? kvc_fast_view_of(ns) : NULL;'
 
+# The fast path's one key ahead: the entry read ahead never becomes the one copied (every
+# block of a run gets the first one's bytes).
+mutation fast-ahead-keeps-first client/libkvc_fast.c "check_e2e_fast" \
+'        cur = nxt;' \
+'        (void)nxt;'
+
+# The fast path's one key ahead: a key found missing ahead does not end the run (the block
+# after a miss is served from a stale entry).
+mutation fast-ahead-past-miss client/libkvc_fast.c "check_e2e_fast" \
+'        have = next;' \
+'        have = have || next;'
+
 # Hybrid kinds: a READY_ONLY span lookup by a client that cannot read the GPU pool never
 # starts the copies of the span's pool blocks (it answers nothing, forever).
 mutation kinds-pool-ready-only-no-move daemon/engine.c "check_e2e_gpu_fake" \
