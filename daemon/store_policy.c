@@ -39,8 +39,8 @@
  *
  * Ghosts. A block evicted (engine_evict) under a policy other than LRU leaves its decayed
  * count in a set-associative table (cache.ghosts x the namespace's capacity in blocks, at
- * most 1/1024 of host memory); committed again within that window it gets it back
- * (policy_ghost_restore), as kvcsim's ghost entries do.
+ * most 1/1024 of host memory past a floor of 512 KiB); committed again within that window it
+ * gets it back (policy_ghost_restore), as kvcsim's ghost entries do.
  *
  * Actions (engine_policy_trim). When a namespace other than LRU exists, engine_trim runs this
  * engine instead of the fixed quantize-then-demote-then-drop order: per round the coldest
