@@ -428,7 +428,7 @@ START_TEST(test_ghost_window_small_cache)
         ck_assert_int_eq(put_chain(ns, c, 0, 1, 20), 1);
         kept += s->meta[index_find(&s->ix, (uint16_t)ns, &kk)].freq > 5.5f;
     }
-    /* a 4-way set loses a ghost within the window now and then (about 1 in 20 here) */
+    /* a 4-way set loses a ghost within the window now and then (4 of these 64) */
     ck_assert_msg(kept >= 48, "%u of 64 blocks back within the window kept their count", kept);
     store_owner_fini(s, &o);
     engine_stop(s);
