@@ -119,8 +119,9 @@
       "keeps the original order: quantize, then demote to disk, then drop, coldest first.")        \
     X(cache, ghosts, DOUBLE, "8", 0.0, 64.0, 1, NULL,                                              \
       "Evicted blocks remembered, as a multiple of a namespace's capacity in blocks (at most "     \
-      "1/1024 of the host memory): one committed again soon after its eviction gets its decayed "  \
-      "access count back, as ARC's ghost lists do. 0: none. Ignored under lru.")                   \
+      "1/1024 of the host memory, 512 KiB at least): one committed again soon after its "          \
+      "eviction gets its decayed access count back, as ARC's ghost lists do. 0: none. Ignored "    \
+      "under lru.")                                                                                \
     X(cache, recompute_tokens_per_s, INT, "8000", 1, 100000000, 1, NULL,                           \
       "Prefill throughput of the engines, in tokens per second: kvcd reports the time its "        \
       "hits saved as hit tokens divided by this, beside the load time clients report.")            \

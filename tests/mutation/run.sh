@@ -572,6 +572,12 @@ mutation ladder-budget-ignored daemon/store_policy.c "check_ladder" \
                      kern_codec_attn_error((enum kern_codec)c) > ns->max_error))' \
 '                    (ns->max_error < 0))'
 
+# The ghost table's floor compared against its first size (issue 30): a 64 MiB arena of 64 KiB
+# blocks keeps 4,096 ghosts, half the window of cache.ghosts = 8, as before the floor.
+mutation ghost-floor-ignored daemon/store_policy.c "check_store_policy" \
+'        s->ghost_cap = (uint32_t)(cap < STORE_GHOST_FLOOR ? STORE_GHOST_FLOOR' \
+'        s->ghost_cap = (uint32_t)(cap < STORE_GHOST_MIN ? STORE_GHOST_FLOOR'
+
 # The precision ladder over a disk tier: the trim drops clean memory copies instead of
 # stepping the ladder (the ladder never holds its rungs where a disk tier is configured).
 mutation ladder-not-in-disk-trim daemon/engine_disk.c "check_e2e_quant" \
