@@ -18,7 +18,10 @@
  *    for 64 KiB, as far as free memory allows), filled past full with chains of 64 blocks so
  *    that it evicts, then measured: a one-block and a 64-block get through the shared index
  *    (kvc_get_prefix) and through the socket (kvc_lookup, kvc_lease_copy, kvc_release) of
- *    random cached blocks and chains, p50 and p99; a one-block and a 64-block put of fresh
+ *    random cached blocks and chains, p50 and p99; the fast-path gets again with each
+ *    sample's blocks flushed from the CPU's caches first (hit*_fast_cold: at 4,096 blocks
+ *    the whole arena fits in the caches, so the warm rows compare a cached copy with one
+ *    from DRAM; the cold ones compare kvcd's own costs); a one-block and a 64-block put of fresh
  *    keys (kvc_put_prefix: each evicts as much), p50 and p99; the daemon's loop thread's CPU
  *    per block put and evicted, per one-block socket hit and per fast-path hit it counts
  *    from the hit rings (/proc/PID/schedstat of its main thread: the daemon's own cost, apart
