@@ -226,13 +226,18 @@ static bool kvc_fast_read(const struct kvc_fast_ent *e, uint32_t ns, const struc
     return false;
 }
 
-/* The entry of (ns, k): in one of its two buckets, or in the stash when the daemon has put
- * entries there. */
+/* The entry of (ns, k): in one of its two buckets (bk, when the caller has them already), or
+ * in the stash when the daemon has put entries there. */
 static bool kvc_fast_find(const struct kvc_fastview *v, uint32_t ns, const struct kvc_key *k,
-                          struct kvc_fast_ent *out)
+                          const uint32_t *bk, struct kvc_fast_ent *out)
 {
     uint32_t b[2];
-    kvc_fast_buckets(v->seed, v->nbuckets, ns, k->lo, k->hi, &b[0], &b[1]);
+    if (bk) {
+        b[0] = bk[0];
+        b[1] = bk[1];
+    } else {
+        kvc_fast_buckets(v->seed, v->nbuckets, ns, k->lo, k->hi, &b[0], &b[1]);
+    }
     for (int i = 0; i < 2; i++) {
         const struct kvc_fast_ent *e = v->ents + (uint64_t)b[i] * KVC_FAST_WAYS;
         for (uint32_t w = 0; w < KVC_FAST_WAYS; w++)
@@ -348,28 +353,28 @@ static const struct kvc_fastview *kvc_fast_view_of(kvc_ns *ns)
     return v;
 }
 
-/* Asks for the first of k's two buckets (where a key is unless the daemon found it full),
- * both of its lines, without waiting. */
+/* k's two buckets into bk, and the first of them (where a key is unless the daemon found it
+ * full) asked for, both of its lines, without waiting. */
 static void kvc_fast_prefetch_key(const struct kvc_fastview *v, uint32_t ns,
-                                  const struct kvc_key *k)
+                                  const struct kvc_key *k, uint32_t *bk)
 {
-    uint32_t b1, b2;
-    kvc_fast_buckets(v->seed, v->nbuckets, ns, k->lo, k->hi, &b1, &b2);
-    const struct kvc_fast_ent *e = v->ents + (uint64_t)b1 * KVC_FAST_WAYS;
+    kvc_fast_buckets(v->seed, v->nbuckets, ns, k->lo, k->hi, &bk[0], &bk[1]);
+    const struct kvc_fast_ent *e = v->ents + (uint64_t)bk[0] * KVC_FAST_WAYS;
     __builtin_prefetch(e);
     __builtin_prefetch(e + KVC_FAST_WAYS - 1);
 }
 
-/* Where k's block is, checked against the arena and its slot's generation now. With base (the
+/* Where k's block is (bk: its buckets, or NULL), checked against the arena and its slot's
+ * generation now. With base (the
  * arena's mapping, for a copy to come), the block's first line is asked for before the
  * generation is read: its page walk and miss overlap the generation's instead of following
  * them, and the core's prefetchers take the rest of the block once the copy reads it. */
 static bool kvc_fast_entry(const kvc_ns *ns, const struct kvc_fastview *v, const struct kvc_key *k,
-                           struct kvc_fast_loc *l, const uint8_t *base)
+                           const uint32_t *bk, struct kvc_fast_loc *l, const uint8_t *base)
 {
     uint64_t asize = ns->c->arenas[ns->arena].size;
     struct kvc_fast_ent e;
-    if (!kvc_fast_find(v, ns->id, k, &e) || e.unit >= v->units)
+    if (!kvc_fast_find(v, ns->id, k, bk, &e) || e.unit >= v->units)
         return false;
     l->format = (uint8_t)KVC_FAST_FMT_FORMAT(e.fmt);
     l->off = (uint64_t)e.unit << KVC_FAST_UNIT_SHIFT;
@@ -390,7 +395,7 @@ int kvci_fast_resolve(kvc_ns *ns, const struct kvc_key *k, const void **data, si
 {
     const struct kvc_fastview *v = kvc_fast_view_of(ns);
     struct kvc_fast_loc l;
-    if (!v || !kvc_fast_entry(ns, v, k, &l, NULL))
+    if (!v || !kvc_fast_entry(ns, v, k, NULL, &l, NULL))
         return 0;
     *data = ns->c->arenas[ns->arena].base + l.off;
     *len = l.len;
@@ -430,18 +435,20 @@ size_t kvci_fast_get(kvc_ns *ns, const struct kvc_key *keys, size_t n, void *con
     /* One key ahead: the next block's entry and generation are read, and its first line asked
      * for, before this block is copied, so the index's and the arena's misses (and the page
      * walks of a large arena) overlap the copy instead of following it; the buckets of the
-     * key after are asked for too. Reading an entry early only widens the window its
-     * generation is checked over (read before the copy, again after it). */
+     * key after are asked for too (its buckets kept in bq[j & 1] for key j, not hashed
+     * again). Reading an entry early only widens the window its generation is checked over
+     * (read before the copy, again after it). */
     struct kvc_fast_loc cur, nxt;
+    uint32_t bq[2][2];
     if (n > 1)
-        kvc_fast_prefetch_key(v, ns->id, &keys[1]);
-    bool have = kvc_fast_entry(ns, v, &keys[0], &cur, base);
+        kvc_fast_prefetch_key(v, ns->id, &keys[1], bq[1]);
+    bool have = kvc_fast_entry(ns, v, &keys[0], NULL, &cur, base);
     while (hits < n && have) {
         bool next = false;
         if (hits + 1 < n) {
             if (hits + 2 < n)
-                kvc_fast_prefetch_key(v, ns->id, &keys[hits + 2]);
-            next = kvc_fast_entry(ns, v, &keys[hits + 1], &nxt, base);
+                kvc_fast_prefetch_key(v, ns->id, &keys[hits + 2], bq[hits & 1]);
+            next = kvc_fast_entry(ns, v, &keys[hits + 1], bq[(hits + 1) & 1], &nxt, base);
         }
         if (kvc_fast_copy(ns, v, base, &cur, dst[hits]))
             break;

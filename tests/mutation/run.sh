@@ -727,6 +727,11 @@ mutation fast-ahead-keeps-first client/libkvc_fast.c "check_e2e_fast" \
 '        cur = nxt;' \
 '        (void)nxt;'
 
+# The fast path's one key ahead: the next key looked up in the buckets of the key after it.
+mutation fast-ahead-wrong-buckets client/libkvc_fast.c "check_e2e_fast" \
+'            next = kvc_fast_entry(ns, v, &keys[hits + 1], bq[(hits + 1) & 1], &nxt, base);' \
+'            next = kvc_fast_entry(ns, v, &keys[hits + 1], bq[hits & 1], &nxt, base);'
+
 # The fast path's one key ahead: a key found missing ahead does not end the run (the block
 # after a miss is served from a stale entry).
 mutation fast-ahead-past-miss client/libkvc_fast.c "check_e2e_fast" \
