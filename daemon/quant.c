@@ -134,13 +134,20 @@ static void quant_encode(struct quant_job *j)
     size_t nlh = (size_t)lay->layers * lay->heads, n = nlh * lay->head_dim;
     float *buf = malloc((2 * n + nlh) * sizeof(float));
     struct kern_key_stats ks = {buf, buf + n, buf + 2 * n};
-    void *raw = NULL;
+    void *raw = NULL, *priv = NULL;
     const void *src = j->src;
     if (j->src_format != KVC_WIRE_FORMAT_RAW) {
-        /* One rung further down: decoded to full precision, encoded again. */
+        /* One rung further down: decoded to full precision, encoded again. Writers of the
+         * arena can change the block's bytes while we read them, and the decoder checks its
+         * header and section table and then reads them again: it decodes a private copy, as
+         * libkvc does (a table rewritten between the two reads sent it past its buffers). */
         uint64_t rb = kern_raw_size(lay);
         raw = malloc(rb ? rb : 1);
-        j->rc = raw ? kern_decode_cpu(lay, j->src, j->raw.len, raw, rb, (enum kern_dtype)lay->dtype)
+        priv = malloc(j->raw.len ? j->raw.len : 1);
+        if (priv)
+            memcpy(priv, j->src, j->raw.len);
+        j->rc = raw && priv
+                    ? kern_decode_cpu(lay, priv, j->raw.len, raw, rb, (enum kern_dtype)lay->dtype)
                     : -ENOMEM;
         if (j->rc < 0)
             goto out;
@@ -195,6 +202,7 @@ stats:;
                 j->quest[lay->head_dim + d] += ks.kmax[i * lay->head_dim + d];
             }
 out:
+    free(priv);
     free(raw);
     free(buf);
 }

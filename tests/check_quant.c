@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "daemon/engine.h"
 #include "daemon/quant.h"
@@ -543,6 +545,72 @@ START_TEST(test_pressure)
 }
 END_TEST
 
+/* A writer of the arena rewrites a q8_0 block's section table while the worker re-encodes
+ * the block one rung down (q8_0 to q4_1). The worker decoded the block where it lies: the
+ * decoder checks the header and table and then reads them again, so a table rewritten in
+ * between sent it past the arena and its buffers (a daemon crash any writer of the arena
+ * could cause). It decodes a private copy now: every step either lands, within q4_1's
+ * bound, or is refused with the block as it was. The writer is another process, as a
+ * client is; it flips the last section's offset until it is killed. */
+static pid_t race_writer(uint32_t *at, uint32_t good)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        for (;;) {
+            __atomic_store_n(at, 0xfffffff0u, __ATOMIC_RELAXED);
+            __atomic_store_n(at, good, __ATOMIC_RELAXED);
+        }
+    }
+    return pid;
+}
+
+START_TEST(test_requantize_raced)
+{
+    enum { ROUNDS = 200 };
+    uint32_t ns = ns_open("raced", LADDER2), landed = 0, refused = 0;
+    struct kern_layout kl = klay(ns);
+    void *out = malloc(kern_raw_size(&kl));
+    for (uint32_t i = 0; i < ROUNDS && (i < 40 || !refused); i++) {
+        uint32_t idx = put(ns, i);
+        ck_assert_int_eq(store_quantize(s, idx), 0);
+        ck_assert_int_eq(quant_drain(q), 1);
+        const struct block *b = &s->ix.blocks[idx];
+        ck_assert_uint_eq(b->format, KVC_WIRE_FORMAT_Q8_0);
+        uint8_t *blk = (uint8_t *)tier_host_base(s->arenas[b->arena].tier) + b->off;
+        struct kern_block_hdr h;
+        memcpy(&h, blk, sizeof(h));
+        uint32_t *at =
+            (uint32_t *)(blk + sizeof(h) + (h.nsect - 1) * sizeof(struct kern_block_sect));
+        uint32_t good = *at;
+        pid_t w = race_writer(at, good);
+        ck_assert_int_gt(w, 0);
+        ck_assert_int_eq(store_quantize_to(s, idx, KVC_WIRE_FORMAT_Q4_1), 0);
+        ck_assert_int_eq(quant_drain(q), 1);
+        kill(w, SIGKILL);
+        waitpid(w, NULL, 0);
+        b = &s->ix.blocks[idx];
+        if (b->format == KVC_WIRE_FORMAT_Q8_0) {
+            refused++;
+            *at = good; /* the block as it was, for the decode below */
+        } else {
+            ck_assert_uint_eq(b->format, KVC_WIRE_FORMAT_Q4_1);
+            landed++;
+        }
+        const void *src = (const uint8_t *)tier_host_base(s->arenas[b->arena].tier) + b->off;
+        ck_assert_int_eq(
+            kern_decode_cpu(&kl, src, b->len, out, kern_raw_size(&kl), KERN_DTYPE_FP16),
+            (int64_t)kern_raw_size(&kl));
+        ck_assert_double_lt(rel_err(ns, i, out), 0.12);
+        ck_assert_uint_eq(b->pins, 0);
+    }
+    printf("quant: re-encodes under a racing writer: %u landed, %u refused\n", landed, refused);
+    ck_assert_uint_gt(refused, 0); /* the writer did race the worker */
+    ck_assert_uint_gt(landed, 0);
+    ck_assert_uint_eq(s->pins_now, 0);
+    free(out);
+}
+END_TEST
+
 START_TEST(test_ns_flags)
 {
     uint32_t id;
@@ -586,6 +654,7 @@ int main(void)
     tcase_add_test(tc, test_lookup_during_encode);
     tcase_add_test(tc, test_pressure);
     tcase_add_test(tc, test_ns_flags);
+    tcase_add_test(tc, test_requantize_raced);
     suite_add_tcase(su, tc);
     return daemon_suite_run(su);
 }
