@@ -611,6 +611,63 @@ START_TEST(test_requantize_raced)
 }
 END_TEST
 
+/* A writer of the arena that rewrites the section table of every encoded block it finds
+ * there, over and over: the worker encodes a raw block into a slot of the arena and its
+ * encoder read the table back from that slot section by section, so a table rewritten
+ * meanwhile sent its writes 4 GiB past the slot (a daemon crash, or worse, any writer of
+ * the arena could cause). It encodes into private memory now and the bytes go to the slot
+ * once done: every job lands or is refused, whatever the writer does to the blocks after.
+ * The writer is another process, as a client is. */
+static pid_t race_scanner(uint8_t *arena, uint64_t size)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        for (;;)
+            for (uint64_t off = 0; off + 4096 <= size; off += 4096) {
+                struct kern_block_hdr h;
+                memcpy(&h, arena + off, sizeof(h));
+                if (h.magic != KERN_BLOCK_MAGIC || h.nsect == 0 || h.nsect > 256)
+                    continue;
+                uint32_t *at = (uint32_t *)(arena + off + sizeof(h) +
+                                            (h.nsect - 1) * sizeof(struct kern_block_sect));
+                __atomic_store_n(at, 0xfffffff0u, __ATOMIC_RELAXED);
+            }
+    }
+    return pid;
+}
+
+START_TEST(test_encode_into_arena_raced)
+{
+    enum { ROUNDS = 300 };
+    uint32_t ns = store_fixture_ns(s, "scanned", 8, Q8), landed = 0;
+    struct tier *t = s->arenas[store_ns_get(s, ns)->arena].tier;
+    pid_t w = race_scanner(tier_host_base(t), tier_host_size(t));
+    ck_assert_int_gt(w, 0);
+    for (uint32_t i = 0; i < ROUNDS; i++) {
+        struct kvc_wire_key k = key(ns, i), root = {0};
+        struct kvc_wire_loc loc;
+        uint64_t resv;
+        uint8_t st;
+        uint32_t dropped;
+        ck_assert_int_eq(store_reserve(s, &o, ns, &root, &k, 1, 1, &resv, &st, &loc), 1);
+        fill((uint16_t *)slot(&loc), store_ns_get(s, ns)->block_bytes / 2, i);
+        ck_assert_int_eq(store_commit(s, &o, resv, 1, 2, &dropped), 1);
+        uint32_t idx = index_find(&s->ix, (uint16_t)ns, &k);
+        ck_assert_int_eq(store_quantize(s, idx), 0);
+        ck_assert_int_eq(quant_drain(q), 1);
+        landed += s->ix.blocks[idx].format == KVC_WIRE_FORMAT_Q8_0;
+        ck_assert_uint_eq(s->ix.blocks[idx].pins, 0);
+        /* room for the next: the writer's damage is the namespace's own */
+        ck_assert_int_eq(store_block_drop(s, idx), 0);
+    }
+    kill(w, SIGKILL);
+    waitpid(w, NULL, 0);
+    printf("quant: encodes into an arena a writer scans: %u of %u landed\n", landed, ROUNDS);
+    ck_assert_uint_eq(landed, ROUNDS);
+    ck_assert_uint_eq(s->pins_now, 0);
+}
+END_TEST
+
 START_TEST(test_ns_flags)
 {
     uint32_t id;
@@ -655,6 +712,7 @@ int main(void)
     tcase_add_test(tc, test_pressure);
     tcase_add_test(tc, test_ns_flags);
     tcase_add_test(tc, test_requantize_raced);
+    tcase_add_test(tc, test_encode_into_arena_raced);
     suite_add_tcase(su, tc);
     return daemon_suite_run(su);
 }
