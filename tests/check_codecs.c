@@ -509,8 +509,13 @@ START_TEST(test_merge_may_force_raced)
                 for (uint32_t i = 0; i < lay.heads * lay.head_dim; i++)
                     raw[kern_raw_index(&lay, l, k, t, 0) + i] =
                         kern_f2h(sinf((float)(i * 0.37 + 10 * l + 5 * k + t / 4)));
-    uint8_t *e = mmap(NULL, (size_t)sz, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    /* the block shared with the writer, 4 GiB of nothing after it: a read at any offset
+     * the table can name past the block faults */
+    const size_t mapped = ((size_t)sz + 4095) & ~(size_t)4095, span = mapped + (5ull << 30);
+    uint8_t *e = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     ck_assert(e != MAP_FAILED);
+    ck_assert(mmap(e, mapped, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS | MAP_FIXED, -1,
+                   0) == e);
     ck_assert_int_eq(kern_encode_cpu(&lay, &rec, raw, e, (size_t)sz, NULL), sz);
     ck_assert_int_eq(kern_merge_may_force(&lay, &rec, e, (size_t)sz), 0);
     uint32_t *at = (uint32_t *)(e + sizeof(struct kern_block_hdr) +
@@ -535,7 +540,7 @@ START_TEST(test_merge_may_force_raced)
     printf("codecs: kern_merge_may_force under a racing writer: %u answered, %u refused\n", said[0],
            said[1]);
     ck_assert_uint_gt(said[1], 0); /* the writer did race the reader */
-    munmap(e, (size_t)sz);
+    munmap(e, span);
     free(raw);
 }
 END_TEST
