@@ -134,13 +134,31 @@ static void quant_encode(struct quant_job *j)
     size_t nlh = (size_t)lay->layers * lay->heads, n = nlh * lay->head_dim;
     float *buf = malloc((2 * n + nlh) * sizeof(float));
     struct kern_key_stats ks = {buf, buf + n, buf + 2 * n};
-    void *raw = NULL;
+    void *raw = NULL, *priv = NULL, *mine = NULL, *dst = j->dst;
     const void *src = j->src;
+    if (!j->later && !j->group) {
+        /* The encoder reads back what it wrote (the section table, MERGE's K runs for its V
+         * section), and an arena slot is mapped by every writer of the arena, who could
+         * change those in between and send it past the slot: it encodes into private
+         * memory, copied to the slot once done (a job placed on landing has its own). */
+        mine = dst = malloc(j->enc.len ? j->enc.len : 1);
+        if (!mine) {
+            j->rc = -ENOMEM;
+            goto out;
+        }
+    }
     if (j->src_format != KVC_WIRE_FORMAT_RAW) {
-        /* One rung further down: decoded to full precision, encoded again. */
+        /* One rung further down: decoded to full precision, encoded again. Writers of the
+         * arena can change the block's bytes while we read them, and the decoder checks its
+         * header and section table and then reads them again: it decodes a private copy, as
+         * libkvc does (a table rewritten between the two reads sent it past its buffers). */
         uint64_t rb = kern_raw_size(lay);
         raw = malloc(rb ? rb : 1);
-        j->rc = raw ? kern_decode_cpu(lay, j->src, j->raw.len, raw, rb, (enum kern_dtype)lay->dtype)
+        priv = malloc(j->raw.len ? j->raw.len : 1);
+        if (priv)
+            memcpy(priv, j->src, j->raw.len);
+        j->rc = raw && priv
+                    ? kern_decode_cpu(lay, priv, j->raw.len, raw, rb, (enum kern_dtype)lay->dtype)
                     : -ENOMEM;
         if (j->rc < 0)
             goto out;
@@ -151,10 +169,10 @@ static void quant_encode(struct quant_job *j)
          * where no head of the block does (kern_merge_may_force 0: run-structured blocks,
          * the codec's case) the encode stands without the reference plan, whose scalar pass
          * cost ~10 encodes (docs/kernels.md); anything else asks the plan itself. */
-        j->rc = kern_encode_cpu(lay, &j->rec, src, j->dst, j->enc.len, buf ? &ks : NULL);
+        j->rc = kern_encode_cpu(lay, &j->rec, src, dst, j->enc.len, buf ? &ks : NULL);
         if (j->rc < 0)
             goto out;
-        int64_t f = kern_merge_may_force(lay, &j->rec, j->dst, (size_t)j->rc);
+        int64_t f = kern_merge_may_force(lay, &j->rec, dst, (size_t)j->rc);
         if (f != 0)
             f = kern_merge_forced(lay, &j->rec, src);
         if (f != 0) {
@@ -164,13 +182,13 @@ static void quant_encode(struct quant_job *j)
                 goto out;
             }
             j->alt_used = true;
-            j->rc = kern_encode_cpu(lay, &j->alt_rec, src, j->dst, j->enc.len, buf ? &ks : NULL);
+            j->rc = kern_encode_cpu(lay, &j->alt_rec, src, dst, j->enc.len, buf ? &ks : NULL);
         }
         if (j->rc < 0 || !buf)
             goto out;
         goto stats;
     }
-    j->rc = kern_encode_cpu(lay, &j->rec, src, j->dst, j->enc.len, buf ? &ks : NULL);
+    j->rc = kern_encode_cpu(lay, &j->rec, src, dst, j->enc.len, buf ? &ks : NULL);
     if (j->rc < 0 || !buf)
         goto out;
 stats:;
@@ -195,6 +213,10 @@ stats:;
                 j->quest[lay->head_dim + d] += ks.kmax[i * lay->head_dim + d];
             }
 out:
+    if (mine && j->rc >= 0)
+        memcpy(j->dst, mine, (size_t)j->rc);
+    free(mine);
+    free(priv);
     free(raw);
     free(buf);
 }

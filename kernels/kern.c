@@ -589,7 +589,10 @@ int kern_merge_may_force(const struct kern_layout *lay, const struct kern_recipe
                    (const uint8_t *)enc + sizeof(struct kern_block_hdr) +
                        (l * kinds + k) * sizeof(s),
                    sizeof(s));
-            /* kern_block_info: s.bytes is the heads' bytes and the section ends by len */
+            /* kern_block_info checked the table, but enc may be memory others write (the
+             * quantize worker's arena slot): the section read again here is checked again */
+            if (s.offset > len || len - s.offset < (uint64_t)lay->heads * hb)
+                return -EBADMSG;
             for (uint32_t h = 0; h < lay->heads; h++) {
                 uint32_t rows;
                 memcpy(&rows, (const uint8_t *)enc + s.offset + h * hb, 4);

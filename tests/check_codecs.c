@@ -11,9 +11,14 @@
 #include <check.h>
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "kernels/kern.h"
 #include "kernels/kern_batch.h"
@@ -481,6 +486,62 @@ START_TEST(test_merge_may_force_hand)
     ck_assert_int_eq(kern_merge_may_force(&lay, &other, e, (size_t)sz), -EBADMSG);
     lay.tokens = 5; /* another layout, the same bytes */
     ck_assert_int_eq(kern_merge_may_force(&lay, &rec, e, (size_t)sz), -EBADMSG);
+}
+END_TEST
+
+/* The quantize worker asks kern_merge_may_force of the block it just encoded into an arena
+ * slot, which every writer of the arena maps: another process rewrites the last section's
+ * offset while it reads. kern_block_info checked the table; the section read again after
+ * that took the rewritten offset and read a rows field 4 GiB on. Every answer now is the
+ * block's (0: runs of four tokens, no head holding all its rows) or a refusal. */
+START_TEST(test_merge_may_force_raced)
+{
+    struct kern_layout lay = {4, 2, 64, 16, KERN_DTYPE_FP16, 0};
+    struct kern_recipe rec;
+    kern_recipe_fill(&rec, KERN_CODEC_MERGE, KERN_CODEC_MERGE, 0);
+    const int64_t sz = kern_encoded_size(&lay, &rec);
+    const uint64_t rb = kern_raw_size(&lay);
+    ck_assert_int_gt(sz, 0);
+    uint16_t *raw = malloc(rb);
+    for (uint32_t l = 0; l < lay.layers; l++)
+        for (uint32_t k = 0; k < 2; k++)
+            for (uint32_t t = 0; t < lay.tokens; t++)
+                for (uint32_t i = 0; i < lay.heads * lay.head_dim; i++)
+                    raw[kern_raw_index(&lay, l, k, t, 0) + i] =
+                        kern_f2h(sinf((float)(i * 0.37 + 10 * l + 5 * k + t / 4)));
+    /* the block shared with the writer, 4 GiB of nothing after it: a read at any offset
+     * the table can name past the block faults */
+    const size_t mapped = ((size_t)sz + 4095) & ~(size_t)4095, span = mapped + (5ull << 30);
+    uint8_t *e = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    ck_assert(e != MAP_FAILED);
+    ck_assert(mmap(e, mapped, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS | MAP_FIXED, -1,
+                   0) == e);
+    ck_assert_int_eq(kern_encode_cpu(&lay, &rec, raw, e, (size_t)sz, NULL), sz);
+    ck_assert_int_eq(kern_merge_may_force(&lay, &rec, e, (size_t)sz), 0);
+    uint32_t *at = (uint32_t *)(e + sizeof(struct kern_block_hdr) +
+                                (2 * lay.layers - 1) * sizeof(struct kern_block_sect));
+    const uint32_t good = *at;
+    pid_t w = fork();
+    if (w == 0)
+        for (;;) {
+            __atomic_store_n(at, 0xfffffff0u, __ATOMIC_RELAXED);
+            __atomic_store_n(at, good, __ATOMIC_RELAXED);
+        }
+    ck_assert_int_gt(w, 0);
+    uint32_t said[2] = {0, 0};
+    time_t until = time(NULL) + 20;
+    for (uint32_t i = 0; i < 200000 || (!said[1] && time(NULL) < until); i++) {
+        int rc = kern_merge_may_force(&lay, &rec, e, (size_t)sz);
+        ck_assert_msg(rc == 0 || rc == -EBADMSG, "%d", rc);
+        said[rc < 0]++;
+    }
+    kill(w, SIGKILL);
+    waitpid(w, NULL, 0);
+    printf("codecs: kern_merge_may_force under a racing writer: %u answered, %u refused\n", said[0],
+           said[1]);
+    ck_assert_uint_gt(said[1], 0); /* the writer did race the reader */
+    munmap(e, span);
+    free(raw);
 }
 END_TEST
 
@@ -1164,6 +1225,7 @@ static Suite *codecs_suite(void)
     tcase_add_test(tc, test_merge_hand);
     tcase_add_loop_test(tc, test_merge_may_force, 0, (int)NSHAPES);
     tcase_add_test(tc, test_merge_may_force_hand);
+    tcase_add_test(tc, test_merge_may_force_raced);
     tcase_add_test(tc, test_lowrank_rank);
     tcase_add_test(tc, test_sizes_and_shapes);
     tcase_add_test(tc, test_rot_avx512_switch);

@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "daemon/engine.h"
 #include "daemon/quant.h"
@@ -543,6 +545,163 @@ START_TEST(test_pressure)
 }
 END_TEST
 
+/* Puts block i of ns (fill's data for i), a root: the tests that drop each block after it. */
+static uint32_t put_root(uint32_t ns, uint32_t i)
+{
+    struct kvc_wire_key k = key(ns, i), root = {0};
+    struct kvc_wire_loc loc;
+    uint64_t resv;
+    uint8_t st;
+    uint32_t dropped;
+    ck_assert_int_eq(store_reserve(s, &o, ns, &root, &k, 1, 1, &resv, &st, &loc), 1);
+    fill((uint16_t *)slot(&loc), store_ns_get(s, ns)->block_bytes / 2, i);
+    ck_assert_int_eq(store_commit(s, &o, resv, 1, 2, &dropped), 1);
+    return index_find(&s->ix, (uint16_t)ns, &k);
+}
+
+/* Where a writer of the arena points a block's last section: at its first (in the block, so
+ * a reader that takes it reads and writes in bounds, only the wrong bytes). */
+static uint32_t *last_sect_offset(uint8_t *blk, uint32_t *first)
+{
+    struct kern_block_hdr h;
+    memcpy(&h, blk, sizeof(h));
+    memcpy(first, blk + sizeof(h), sizeof(*first));
+    return (uint32_t *)(blk + sizeof(h) + (h.nsect - 1) * sizeof(struct kern_block_sect));
+}
+
+/* A writer of the arena points a q8_0 block's last section at its first and back, over and
+ * over, while the worker re-encodes the block one rung down (q8_0 to q4_1). The worker
+ * decoded the block where it lay: the decoder checks the header and table and then reads
+ * them again, so it took the rewritten offset (with a far one, it read past the arena: a
+ * daemon crash any writer of the arena could cause; here, the first section's bytes as the
+ * last's). It decodes a private copy now: every step either lands, within q4_1's bound, or
+ * is refused (the copy's table is not the layout's) with the block as it was. The writer
+ * is another process, as a client is. */
+static pid_t race_writer(uint32_t *at, uint32_t good, uint32_t bad)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        for (;;) {
+            __atomic_store_n(at, bad, __ATOMIC_RELAXED);
+            __atomic_store_n(at, good, __ATOMIC_RELAXED);
+        }
+    }
+    return pid;
+}
+
+START_TEST(test_requantize_raced)
+{
+    enum { ROUNDS = 100 };
+    /* 32 layers: the last section's offset is read again some 64 sections after the check */
+    uint32_t ns = store_fixture_ns(s, "raced", 32, LADDER2), landed = 0, refused = 0;
+    struct kern_layout kl = klay(ns);
+    void *out = malloc(kern_raw_size(&kl));
+    for (uint32_t i = 0; i < ROUNDS; i++) {
+        uint32_t idx = put_root(ns, i), first;
+        ck_assert_int_eq(store_quantize(s, idx), 0);
+        ck_assert_int_eq(quant_drain(q), 1);
+        const struct block *b = &s->ix.blocks[idx];
+        ck_assert_uint_eq(b->format, KVC_WIRE_FORMAT_Q8_0);
+        uint32_t *at =
+            last_sect_offset((uint8_t *)tier_host_base(s->arenas[b->arena].tier) + b->off, &first);
+        uint32_t good = *at;
+        pid_t w = race_writer(at, good, first);
+        ck_assert_int_gt(w, 0);
+        ck_assert_int_eq(store_quantize_to(s, idx, KVC_WIRE_FORMAT_Q4_1), 0);
+        ck_assert_int_eq(quant_drain(q), 1);
+        kill(w, SIGKILL);
+        waitpid(w, NULL, 0);
+        b = &s->ix.blocks[idx];
+        if (b->format == KVC_WIRE_FORMAT_Q8_0) {
+            refused++;
+            *at = good; /* the block as it was, for the decode below */
+        } else {
+            ck_assert_uint_eq(b->format, KVC_WIRE_FORMAT_Q4_1);
+            landed++;
+        }
+        const void *src = (const uint8_t *)tier_host_base(s->arenas[b->arena].tier) + b->off;
+        ck_assert_int_eq(
+            kern_decode_cpu(&kl, src, b->len, out, kern_raw_size(&kl), KERN_DTYPE_FP16),
+            (int64_t)kern_raw_size(&kl));
+        ck_assert_double_lt(rel_err(ns, i, out), 0.12);
+        ck_assert_uint_eq(b->pins, 0);
+        ck_assert_int_eq(store_block_drop(s, idx), 0); /* room for the next */
+    }
+    printf("quant: re-encodes under a racing writer: %u landed, %u refused\n", landed, refused);
+    ck_assert_uint_gt(refused, 0); /* the writer did race the worker */
+    ck_assert_uint_gt(landed, 0);
+    ck_assert_uint_eq(s->pins_now, 0);
+    free(out);
+}
+END_TEST
+
+/* A writer of the arena that points the last section of every encoded block it finds there
+ * at its first, over and over: the worker encoded a raw block into its new arena slot and
+ * read the table back from there section by section, so it wrote where the rewritten table
+ * said (with a far offset, 4 GiB past the slot: a daemon crash, or worse; here, the last
+ * section's bytes over the first's). It encodes into private memory now and the bytes go to
+ * the slot once done: each block landed is, its table put right again, byte for byte the
+ * block this layout and recipe encode to. The writer is another process, as a client is. */
+static pid_t race_scanner(uint8_t *arena, uint64_t size)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        for (;;)
+            for (uint64_t off = 0; off + 4096 <= size; off += 4096) {
+                struct kern_block_hdr h;
+                uint32_t first;
+                memcpy(&h, arena + off, sizeof(h));
+                if (h.magic != KERN_BLOCK_MAGIC || h.nsect < 2 || h.nsect > 256)
+                    continue;
+                uint32_t *at = last_sect_offset(arena + off, &first);
+                __atomic_store_n(at, first, __ATOMIC_RELAXED);
+            }
+    }
+    return pid;
+}
+
+START_TEST(test_encode_into_arena_raced)
+{
+    enum { ROUNDS = 200 };
+    uint32_t ns = store_fixture_ns(s, "scanned", 8, Q8), rewritten = 0;
+    struct tier *t = s->arenas[store_ns_get(s, ns)->arena].tier;
+    struct kern_layout kl = klay(ns);
+    struct kern_recipe rec;
+    kern_recipe_fill(&rec, KERN_CODEC_Q8_0, KERN_CODEC_Q8_0, 0);
+    const int64_t n = kern_encoded_size(&kl, &rec);
+    uint16_t *raw = malloc(kern_raw_size(&kl));
+    uint8_t *want = malloc((size_t)n);
+    for (uint32_t i = 0; i < ROUNDS; i++) {
+        uint32_t idx = put_root(ns, i), first;
+        fill(raw, kern_raw_size(&kl) / 2, i);
+        pid_t w = race_scanner(tier_host_base(t), tier_host_size(t));
+        ck_assert_int_gt(w, 0);
+        ck_assert_int_eq(store_quantize(s, idx), 0);
+        ck_assert_int_eq(quant_drain(q), 1);
+        kill(w, SIGKILL);
+        waitpid(w, NULL, 0);
+        const struct block *b = &s->ix.blocks[idx];
+        ck_assert_uint_eq(b->format, KVC_WIRE_FORMAT_Q8_0);
+        ck_assert_uint_ge(b->len, (uint64_t)n);
+        ck_assert_uint_eq(b->pins, 0);
+        ck_assert_int_eq(kern_encode_cpu(&kl, &rec, raw, want, (size_t)n, NULL), n);
+        uint8_t *got = (uint8_t *)tier_host_base(t) + b->off;
+        uint32_t *at = last_sect_offset(got, &first), *want_at = last_sect_offset(want, &first);
+        rewritten += *at != *want_at;
+        *at = *want_at; /* the writer's last rewrite put right */
+        ck_assert_msg(memcmp(got, want, (size_t)n) == 0, "block %u not as encoded", i);
+        /* room for the next: the blocks are the namespace's own */
+        ck_assert_int_eq(store_block_drop(s, idx), 0);
+    }
+    printf("quant: encodes into an arena a writer scans: %u of %u blocks rewritten after\n",
+           rewritten, ROUNDS);
+    ck_assert_uint_gt(rewritten, 0); /* the writer was there */
+    ck_assert_uint_eq(s->pins_now, 0);
+    free(raw);
+    free(want);
+}
+END_TEST
+
 START_TEST(test_ns_flags)
 {
     uint32_t id;
@@ -586,6 +745,8 @@ int main(void)
     tcase_add_test(tc, test_lookup_during_encode);
     tcase_add_test(tc, test_pressure);
     tcase_add_test(tc, test_ns_flags);
+    tcase_add_test(tc, test_requantize_raced);
+    tcase_add_test(tc, test_encode_into_arena_raced);
     suite_add_tcase(su, tc);
     return daemon_suite_run(su);
 }

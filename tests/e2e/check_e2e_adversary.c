@@ -1080,6 +1080,84 @@ START_TEST(test_head_hints)
 }
 END_TEST
 
+/* ---- the quantize worker and a writer of its arena ------------------------------------- */
+
+/* The attacker writes its own namespace, which allows q8_0, and scans the arena it writes
+ * (its own mapping, shared with its child) for encoded blocks, rewriting the last section's
+ * offset of each it finds, over and over, while its puts fill the arena so the daemon
+ * quantizes its blocks. The worker encoded into the new slot and read the section table
+ * back from there, so a table rewritten meanwhile sent its writes past the slot: the daemon
+ * crashed. It encodes into private memory now: the daemon lives, quantizes, serves the
+ * victim, and the attacker's damage stays in the attacker's own blocks. */
+#define ADV_ENC_ROUNDS 24
+
+static int adv_enc_attacker(void *arg)
+{
+    struct kvc_layout lay = {.model_id = "attacker-wide",
+                             .layers = 32,
+                             .kv_heads = 8,
+                             .head_dim = 128,
+                             .block_tokens = 16,
+                             .dtype = KVC_DTYPE_FP16,
+                             .kv_kind = KVC_KV_KIND_KV};
+    struct kvc_quant qq = {
+        .allowed = 1u << KVC_CODEC_Q8_0, .k_codec = KVC_CODEC_Q8_0, .v_codec = KVC_CODEC_Q8_0};
+    struct kvc_key keys[4];
+    void *blocks[4];
+    kvc_client *c;
+    kvc_ns *ns;
+    int rc = 0;
+    (void)arg;
+    if (kvc_connect(adv_d.sock, &c) || kvc_ns_open_quant(c, &lay, &qq, &ns))
+        return 250;
+    const struct kvc_arena *a = &c->arenas[ns->arena];
+    if (!a->base || !a->writable)
+        return 251;
+    pid_t w = fork();
+    if (w == 0)
+        for (;;)
+            for (uint64_t off = 0; off + 4096 <= a->size; off += 4096) {
+                struct kern_block_hdr h;
+                memcpy(&h, a->base + off, sizeof(h));
+                if (h.magic != KERN_BLOCK_MAGIC || h.nsect == 0 || h.nsect > 256)
+                    continue;
+                __atomic_store_n((uint32_t *)(a->base + off + sizeof(h) +
+                                              (h.nsect - 1) * sizeof(struct kern_block_sect)),
+                                 0xfffffff0u, __ATOMIC_RELAXED);
+            }
+    if (w < 0)
+        return 252;
+    size_t bb = kvc_ns_block_bytes(ns);
+    for (int i = 0; i < 4; i++)
+        blocks[i] = malloc(bb);
+    for (uint32_t r = 0; r < ADV_ENC_ROUNDS && !rc; r++) {
+        adv_keys(ns, 0x600 + r, 4, keys);
+        for (int i = 0; i < 4; i++)
+            daemon_block_fill(&keys[i], blocks[i], bb);
+        if (kvc_put_prefix(ns, NULL, keys, 4, (const void *const *)blocks) < 0)
+            rc = 253; /* the daemon is gone */
+    }
+    kill(w, SIGKILL);
+    waitpid(w, NULL, 0);
+    for (int i = 0; i < 4; i++)
+        free(blocks[i]);
+    kvc_disconnect(c);
+    return rc;
+}
+
+START_TEST(test_encode_under_writer)
+{
+    adv_start(NULL);
+    uint64_t q0 = adv_stat_or0("quantized_blocks");
+    ck_assert_int_eq(adv_run(ADV_ATTACKER, adv_enc_attacker, NULL), 0);
+    printf("e2e_adversary: quantized under a writer scanning its arena: %llu blocks\n",
+           (unsigned long long)(adv_stat("quantized_blocks") - q0));
+    ck_assert_uint_gt(adv_stat("quantized_blocks"), q0);
+    adv_victim_served();
+    adv_check_clean();
+}
+END_TEST
+
 /* ---- the I/O threads (server.io_threads, daemon/server_io.c) ----------------------------------- */
 
 /* A raw connection to adv_d, or -1. */
@@ -1622,6 +1700,7 @@ int main(void)
         {"test_hole_punch", test_hole_punch, false},
         {"test_restored_ns_arena", test_restored_ns_arena, false},
         {"test_head_hints", test_head_hints, false},
+        {"test_encode_under_writer", test_encode_under_writer, false},
         {"test_io_descriptors", test_io_descriptors, false},
         {"test_loop_descriptors", test_loop_descriptors, false},
         {"test_io_starvation", test_io_starvation, false},

@@ -8,6 +8,7 @@
  * and the victim are tests/lib/adversary.h's.
  */
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -20,6 +21,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -806,6 +808,61 @@ START_TEST(test_bell_hostile)
 }
 END_TEST
 
+/* Another uid's bell and ring (the daemon's memfds, 0600, its own): while the victim holds
+ * both, the attacker reaches for every descriptor the daemon has, through /proc (reading
+ * the list, opening each read-write and read-only) and pidfd_getfd; every way is refused,
+ * so the only bell it can ring is its own uid's (test_bell_hostile). */
+static int adv_bell_reacher(void *arg)
+{
+    char path[64];
+    int got = 0;
+    (void)arg;
+    snprintf(path, sizeof(path), "/proc/%d/fd", (int)adv_d.pid);
+    DIR *d = opendir(path);
+    if (d || errno != EACCES)
+        return 190; /* the daemon's descriptor list is not another user's to read */
+    for (int fd = 0; fd < 4096; fd++) {
+        snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)adv_d.pid, fd);
+        int a = open(path, O_RDWR | O_CLOEXEC), b = open(path, O_RDONLY | O_CLOEXEC);
+        got += (a >= 0) + (b >= 0);
+        if (a >= 0)
+            close(a);
+        if (b >= 0)
+            close(b);
+    }
+    if (got)
+        return 191;
+    int pfd = (int)syscall(SYS_pidfd_open, adv_d.pid, 0);
+    for (int fd = 0; pfd >= 0 && fd < 4096; fd++) {
+        int x = (int)syscall(SYS_pidfd_getfd, pfd, fd, 0);
+        if (x >= 0) {
+            close(x);
+            got++;
+        }
+    }
+    if (pfd >= 0)
+        close(pfd);
+    return got ? 192 : 0;
+}
+
+START_TEST(test_bell_other_uid)
+{
+    struct adv_sync v;
+    uint64_t took;
+    adv_start(NULL);
+    adv_sync_init(&v);
+    pid_t pv = adv_spawn(ADV_VICTIM, adv_bell_victim, &v);
+    struct pollfd p = {.fd = v.up[0], .events = POLLIN};
+    ck_assert_int_eq(poll(&p, 1, 60000), 1);
+    ck_assert_int_eq(read(v.up[0], &took, sizeof(took)), (ssize_t)sizeof(took));
+    ck_assert_int_eq(adv_run(ADV_ATTACKER, adv_bell_reacher, NULL), 0);
+    adv_signal(v.down[1], 'x');
+    ck_assert_int_eq(daemon_child_wait(pv, 60000, NULL), 0);
+    adv_sync_fini(&v);
+    adv_check_clean();
+}
+END_TEST
+
 /* ---- the suite ---------------------------------------------------------------------------------- */
 
 int main(void)
@@ -816,6 +873,7 @@ int main(void)
         {"test_load_us_bounded", test_load_us_bounded, true},
         {"test_ring_flood", test_ring_flood, true},
         {"test_bell_hostile", test_bell_hostile, true},
+        {"test_bell_other_uid", test_bell_other_uid, true},
     };
     Suite *s = suite_create("e2e_adversary_fast");
     adv_cases_add(s, "e2e_adversary_fast", cases, sizeof(cases) / sizeof(cases[0]));

@@ -1207,6 +1207,27 @@ mutation quant-merge-plan-skipped daemon/quant.c "check_quant" \
 '            f = kern_merge_forced(lay, &j->rec, src);' \
 '            f = 0;'
 
+# The worker's re-encode one rung down decoding the lossy block where it lies in the arena,
+# as it once did: a writer of the arena rewriting its section table between the decoder's
+# check and its use sends the decoder past the arena (test_requantize_raced).
+mutation quant-requant-decodes-arena daemon/quant.c "check_quant" \
+'                    ? kern_decode_cpu(lay, priv, j->raw.len, raw, rb, (enum kern_dtype)lay->dtype)' \
+'                    ? kern_decode_cpu(lay, j->src, j->raw.len, raw, rb, (enum kern_dtype)lay->dtype)'
+
+# The worker encoding straight into the block's new arena slot, as it once did: the encoder
+# reads its section table back from there, so a writer of the arena that rewrites it sends
+# the encoder's writes past the slot (test_encode_into_arena_raced).
+mutation quant-encodes-into-arena daemon/quant.c "check_quant" \
+'    if (!j->later && !j->group) {' \
+'    if (0) {'
+
+# kern_merge_may_force trusting the section table it reads again after kern_block_info's
+# check: a writer of the arena slot the worker encoded into sends its rows read 4 GiB on
+# (test_merge_may_force_raced).
+mutation merge-may-force-table-reread kernels/kern.c "check_codecs" \
+'            if (s.offset > len || len - s.offset < (uint64_t)lay->heads * hb)' \
+'            if (0)'
+
 # ---- machinery ------------------------------------------------------------------------------
 
 key() { echo "$1" | tr -- '-.' '__'; }
