@@ -455,8 +455,12 @@ KT static void lr_factors_avx2(const uint8_t *head, uint32_t rank, uint32_t cap,
     for (uint32_t i = 0; i < rank; i += 8) {
         const uint32_t m = rank - i < 8 ? rank - i : 8;
         float sg[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        memcpy(sg, head + 16 + 4 * i, 4 * m);
-        const __m256 sv = _mm256_loadu_ps(sg);
+        if (m < 8)
+            memcpy(sg, head + 16 + 4 * i, 4 * m);
+        /* eight sigmas loaded as they are: through sg, the vector load waited on the copy's
+         * four-byte stores (no forwarding from several stores) */
+        const __m256 sv = m == 8 ? _mm256_loadu_ps((const float *)(head + 16 + 4 * i))
+                                 : _mm256_loadu_ps(sg);
         if (m == 8) { /* straight from u to su: no bounce through the stack */
             for (uint32_t t = 0; t < T; t++)
                 _mm256_storeu_ps(
