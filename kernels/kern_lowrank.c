@@ -21,7 +21,8 @@
  * bytes. Where the CPU has AVX-512 (kern_rot512_on()), kern_lowrank512.c takes the Gram
  * matrix, the search's products and orthogonalisation, the projections and the decode's
  * product; from 1 MiB of output its rows are streamed, and a layer whose values are q8_0 has
- * them decoded between the key tiles (kern_lowrank_dec_kv, kern_q8512.c).
+ * them decoded between the key tiles (kern_lowrank_dec_kv, kern_q8512.c), the next layer's
+ * sections prefetched meanwhile.
  */
 #include <errno.h>
 #include <immintrin.h>
@@ -787,9 +788,9 @@ int kern_lowrank_enc(const struct kern_cpu_ops *ops, const struct kern_ext_ctx *
  * (its bytes asked for before the tile): the keys' product keeps the vector units busy and
  * leaves the memory idle, the values' decode the other way round, and interleaved each runs
  * while the other waits. pre: pre_bytes the caller reads next (the next layer's sections),
- * asked for a share after each tile, so that layer's factors and value groups are in the
- * cache when it starts (each head's factors, read cold, waited on memory; -10 % of the
- * decode's time on the AVX-512 host, issue 30). f: H fs floats, rk: H ranks. */
+ * asked for a share after each tile, so that layer's factors and value groups are read
+ * from the cache (perf put the factors' time on their cold reads; the gain is within the
+ * shared host's noise: docs/kernels.md, issue 30). f: H fs floats, rk: H ranks. */
 #define LR_DEC_AHEAD 2
 static void lr_dec_rows(const uint8_t *sect, const struct kern_layout *lay, void *raw,
                         uint32_t out_dtype, float *f, uint32_t *rk, int wide, int nt,

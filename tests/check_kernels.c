@@ -1331,8 +1331,8 @@ START_TEST(test_decode_random_payload)
 END_TEST
 
 /* MERGE and LOWRANK decodes (LOWRANK's q8_0 values decoded with its keys, a recipe's own
- * q8_0 values too) against the reference's, into destinations offset 0, 16, 2 and 1 bytes
- * from a 64-byte boundary, with the AVX-512 paths and without, the bytes around the block
+ * q8_0 values too) against the reference's, into destinations offset 0, 16, 2, 1, 32 and 48
+ * bytes from a 64-byte boundary, with the AVX-512 paths and without, the bytes around the block
  * untouched: blocks just under KERN_NT_MIN_BYTES of raw output (stored through the cache)
  * and at or past it (streamed where the destination is 16-byte aligned: 64-byte stores at
  * offset 0, 16-byte ones at 16; kern_st512.h), head dims with a 32-channel tile
