@@ -746,11 +746,21 @@ static int dec_lowrank_layer(const struct kern_cpu_ops *ops, const struct kern_l
     memcpy(s, in + sizeof(struct kern_block_hdr) + 2 * l * sizeof(s[0]), sizeof(s));
     if (s[0].codec != KERN_CODEC_LOWRANK || kern_codec_as(s[1].codec, 1) != KERN_CODEC_Q8_0)
         return 0;
-    if (l + 1 < lay->layers)
+    /* the next layer's two sections, asked for while this one decodes: the table is the one
+     * kern_hdr_build() gives (kern_block_info), sections in order inside the block */
+    const uint8_t *next = NULL;
+    uint64_t nb = 0;
+    if (l + 1 < lay->layers) {
+        struct kern_block_sect t[2];
+        memcpy(t, in + sizeof(struct kern_block_hdr) + 2 * (l + 1) * sizeof(t[0]), sizeof(t));
         dec_prefetch_next(in, 2 * (l + 1));
+        next = in + t[0].offset;
+        nb = (uint64_t)t[1].offset + t[1].bytes - t[0].offset;
+    }
     return kern_lowrank_dec_kv(ops, lay, in + s[0].offset, in + s[1].offset,
                                (uint8_t *)dst + 2 * kern_raw_index(lay, l, 0, 0, 0),
-                               (uint8_t *)dst + 2 * kern_raw_index(lay, l, 1, 0, 0), out_dtype);
+                               (uint8_t *)dst + 2 * kern_raw_index(lay, l, 1, 0, 0), out_dtype,
+                               next, nb);
 }
 
 static int64_t decode_with(const struct kern_cpu_ops *ops, const struct kern_layout *lay,

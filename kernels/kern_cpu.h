@@ -172,10 +172,12 @@ int kern_lowrank_dec(const struct kern_cpu_ops *ops, const struct kern_layout *l
                      const uint8_t *sect, void *raw, uint32_t out_dtype);
 /* A layer's LOWRANK key section and its q8_0 value section (LOWRANK's values, or a recipe's
  * q8_0) decoded together where the rows are streamed with AVX-512 (kern_st512.h): 1, 0 where
- * not taken (the sections then decode one at a time), -ENOMEM. */
+ * not taken (the sections then decode one at a time), -ENOMEM. next, next_bytes: the bytes
+ * the caller decodes next (the next layer's sections; NULL, 0: none), prefetched a share
+ * after each tile of keys. */
 int kern_lowrank_dec_kv(const struct kern_cpu_ops *ops, const struct kern_layout *lay,
                         const uint8_t *ksect, const uint8_t *vsect, void *rawk, void *rawv,
-                        uint32_t out_dtype);
+                        uint32_t out_dtype, const uint8_t *next, uint64_t next_bytes);
 
 /* Reference pieces the AVX2 version reuses for tails. */
 void kern_ref_enc(uint32_t codec, int is_v, const float *x, const struct kern_layout *lay,

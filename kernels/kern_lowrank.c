@@ -21,7 +21,8 @@
  * bytes. Where the CPU has AVX-512 (kern_rot512_on()), kern_lowrank512.c takes the Gram
  * matrix, the search's products and orthogonalisation, the projections and the decode's
  * product; from 1 MiB of output its rows are streamed, and a layer whose values are q8_0 has
- * them decoded between the key tiles (kern_lowrank_dec_kv, kern_q8512.c).
+ * them decoded between the key tiles (kern_lowrank_dec_kv, kern_q8512.c), the next layer's
+ * sections prefetched meanwhile.
  */
 #include <errno.h>
 #include <immintrin.h>
@@ -455,8 +456,12 @@ KT static void lr_factors_avx2(const uint8_t *head, uint32_t rank, uint32_t cap,
     for (uint32_t i = 0; i < rank; i += 8) {
         const uint32_t m = rank - i < 8 ? rank - i : 8;
         float sg[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        memcpy(sg, head + 16 + 4 * i, 4 * m);
-        const __m256 sv = _mm256_loadu_ps(sg);
+        if (m < 8)
+            memcpy(sg, head + 16 + 4 * i, 4 * m);
+        /* eight sigmas loaded as they are: through sg, the vector load waited on the copy's
+         * four-byte stores (no forwarding from several stores) */
+        const __m256 sv = m == 8 ? _mm256_loadu_ps((const float *)(head + 16 + 4 * i))
+                                 : _mm256_loadu_ps(sg);
         if (m == 8) { /* straight from u to su: no bounce through the stack */
             for (uint32_t t = 0; t < T; t++)
                 _mm256_storeu_ps(
@@ -782,11 +787,15 @@ int kern_lowrank_enc(const struct kern_cpu_ops *ops, const struct kern_ext_ctx *
  * section is decoded into rawv in as many slices as there are tiles of keys, one after each
  * (its bytes asked for before the tile): the keys' product keeps the vector units busy and
  * leaves the memory idle, the values' decode the other way round, and interleaved each runs
- * while the other waits. f: H fs floats, rk: H ranks. */
+ * while the other waits. pre: pre_bytes the caller reads next (the next layer's sections),
+ * asked for a share after each tile, so that layer's factors and value groups are read
+ * from the cache (perf put the factors' time on their cold reads; the gain is within the
+ * shared host's noise: docs/kernels.md, issue 30). f: H fs floats, rk: H ranks. */
 #define LR_DEC_AHEAD 2
 static void lr_dec_rows(const uint8_t *sect, const struct kern_layout *lay, void *raw,
                         uint32_t out_dtype, float *f, uint32_t *rk, int wide, int nt,
-                        const uint8_t *vsect, uint16_t *rawv)
+                        const uint8_t *vsect, uint16_t *rawv, const uint8_t *pre,
+                        uint64_t pre_bytes)
 {
     const uint32_t T = lay->tokens, H = lay->heads, D = lay->head_dim;
     const uint32_t cap = kern_lowrank_cap(D, T), tiles = (T + 3) / 4;
@@ -803,6 +812,9 @@ static void lr_dec_rows(const uint8_t *sect, const struct kern_layout *lay, void
         rk[h] = kern_lowrank_get_rank(head, cap);
         lr_factors_avx2(head, rk[h], cap, T, D, f + h * fs, f + h * fs + (uint64_t)rk[h] * T);
     }
+    /* pre's bytes asked for a share a step, from the first tile on */
+    const uint64_t pstep = (pre_bytes + 64 * steps - 1) / (64 * steps) * 64;
+    uint64_t pb = 0;
     uint64_t g = 0; /* value groups decoded */
     for (uint32_t i = 0; i < tiles; i++)
         for (uint32_t h = 0; h < H; h++) {
@@ -814,6 +826,9 @@ static void lr_dec_rows(const uint8_t *sect, const struct kern_layout *lay, void
             const uint64_t e = vsect ? ng * ((uint64_t)i * H + h + 1) / steps : 0;
             for (uint64_t b = 34 * g; b < 34 * e; b += 64)
                 _mm_prefetch((const char *)vsect + b, _MM_HINT_T0);
+            for (const uint64_t pe = pre_bytes - pb < pstep ? pre_bytes : pb + pstep; pb < pe;
+                 pb += 64)
+                _mm_prefetch((const char *)pre + pb, _MM_HINT_T0);
             if (wide)
                 kern_lowrank512_rows(rk[h], n, D, o, stride, out_dtype, su, wf, nt);
             else
@@ -829,7 +844,7 @@ static void lr_dec_rows(const uint8_t *sect, const struct kern_layout *lay, void
 
 int kern_lowrank_dec_kv(const struct kern_cpu_ops *ops, const struct kern_layout *lay,
                         const uint8_t *ksect, const uint8_t *vsect, void *rawk, void *rawv,
-                        uint32_t out_dtype)
+                        uint32_t out_dtype, const uint8_t *next, uint64_t next_bytes)
 {
     const uint32_t T = lay->tokens, H = lay->heads, D = lay->head_dim;
     /* every store a multiple of 64 bytes from rawk or rawv (D % 32 == 0) */
@@ -841,7 +856,7 @@ int kern_lowrank_dec_kv(const struct kern_cpu_ops *ops, const struct kern_layout
     if (!f)
         return -ENOMEM;
     lr_dec_rows(ksect, lay, rawk, out_dtype, f, (uint32_t *)(f + (size_t)H * fs), 1, nt, vsect,
-                rawv);
+                rawv, next, next_bytes);
     free(f);
     return 1;
 }
@@ -860,7 +875,7 @@ int kern_lowrank_dec(const struct kern_cpu_ops *ops, const struct kern_layout *l
         if (!f)
             return -ENOMEM;
         lr_dec_rows(sect, lay, raw, out_dtype, f, (uint32_t *)(f + (size_t)H * fs), wide, nt,
-                    NULL, NULL);
+                    NULL, NULL, NULL, 0);
         free(f);
         return 0;
     }

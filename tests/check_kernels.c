@@ -1331,8 +1331,8 @@ START_TEST(test_decode_random_payload)
 END_TEST
 
 /* MERGE and LOWRANK decodes (LOWRANK's q8_0 values decoded with its keys, a recipe's own
- * q8_0 values too) against the reference's, into destinations offset 0, 16, 2 and 1 bytes
- * from a 64-byte boundary, with the AVX-512 paths and without, the bytes around the block
+ * q8_0 values too) against the reference's, into destinations offset 0, 16, 2, 1, 32 and 48
+ * bytes from a 64-byte boundary, with the AVX-512 paths and without, the bytes around the block
  * untouched: blocks just under KERN_NT_MIN_BYTES of raw output (stored through the cache)
  * and at or past it (streamed where the destination is 16-byte aligned: 64-byte stores at
  * offset 0, 16-byte ones at 16; kern_st512.h), head dims with a 32-channel tile
@@ -1384,12 +1384,12 @@ START_TEST(test_decode_ext_offsets)
     for (uint32_t out = KERN_DTYPE_FP16; out <= KERN_DTYPE_BF16; out++) {
         memset(d1, 0xa5, rs);
         ck_assert_int_eq(kern_decode_ref(&lay, e, (size_t)sz, d1, rs, out), (int64_t)rs);
-        static const unsigned offs[] = {0, 16, 2, 1};
-        for (unsigned o = 0; o < 8; o++) {
+        static const unsigned offs[] = {0, 16, 2, 1, 32, 48};
+        for (unsigned o = 0; o < 12; o++) {
             uint8_t *base = (uint8_t *)(((uintptr_t)d2 + 63) & ~(uintptr_t)63);
-            uint8_t *dst = base + offs[o % 4];
+            uint8_t *dst = base + offs[o % 6];
             memset(d2, 0x5a, rs + 128);
-            int was5 = kern_rot_avx512(o < 4);
+            int was5 = kern_rot_avx512(o < 6);
             ck_assert_int_eq(kern_decode_cpu(&lay, e, (size_t)sz, dst, rs, out), (int64_t)rs);
             kern_rot_avx512(was5);
             ck_assert_msg(memcmp(d1, dst, rs) == 0,
@@ -1398,8 +1398,8 @@ START_TEST(test_decode_ext_offsets)
                           kern_codec_name(c->kc), kern_codec_name(c->vc), lay.layers, H, D, T,
                           lay.k_only ? " k-only" : "",
                           lay.dtype == KERN_DTYPE_BF16 ? "bf16" : "fp16",
-                          out == KERN_DTYPE_BF16 ? "bf16" : "fp16", offs[o % 4],
-                          o < 4 ? "" : " no avx512");
+                          out == KERN_DTYPE_BF16 ? "bf16" : "fp16", offs[o % 6],
+                          o < 6 ? "" : " no avx512");
             guard_untouched(d2, dst, rs);
         }
     }

@@ -1111,6 +1111,13 @@ mutation lowrank-kv-slice-behind kernels/kern_lowrank.c "check_kernels" \
 '            const uint64_t e = vsect ? ng * ((uint64_t)i * H + h + 1) / steps : 0;' \
 '            const uint64_t e = vsect ? ng * ((uint64_t)i * H + h) / steps : 0;'
 
+# LOWRANK's AVX2 / AVX-512 decode (issue 30): a head's eight sigmas loaded straight from the
+# section one float late (sigma 1 to 7 and u's first four bytes in their places), so every
+# key row of a head of rank 8 or more is wrong. Both CPU paths run it.
+mutation lowrank-dec-sigma-direct kernels/kern_lowrank.c "check_codecs check_kernels" \
+'        const __m256 sv = m == 8 ? _mm256_loadu_ps((const float *)(head + 16 + 4 * i))' \
+'        const __m256 sv = m == 8 ? _mm256_loadu_ps((const float *)(head + 20 + 4 * i))'
+
 # I/O threads: a reply that does not fit in the client's socket is dropped instead of
 # closing a client that never reads its replies.
 mutation iothreads-slow-consumer-kept daemon/server_io.c "check_e2e_garbage" \
