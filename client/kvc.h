@@ -346,7 +346,8 @@ KVC_API int kvc_release(kvc_lease *l);
 KVC_API int kvc_hint(kvc_ns *ns, unsigned kind, const struct kvc_key *keys, const float *scores,
                      size_t n);
 
-/* Per-head hints: scores[n][layers * heads] (layer-major; finite, >= 0), one per (layer, kv
+/* Per-head hints: scores[n][layers * heads] (layer-major; finite, >= 0, at most
+ * KVC_HINT_SCORE_MAX: a head's attention mass over a block is bounded by its queries), one per (layer, kv
  * head) of each block, layers and heads the namespace's layers and kv_heads. A block takes
  * the sum of its scores as kvc_hint would; the daemon also learns the namespace's head
  * profiles (sink-only, local, full: docs/policies.md) and a block's head concentration.
@@ -354,6 +355,7 @@ KVC_API int kvc_hint(kvc_ns *ns, unsigned kind, const struct kvc_key *keys, cons
  * took a score. Errors: -EINVAL (kind, a score, layers or heads 0 or not the namespace's,
  * layers * heads above KVC_HINT_HEADS_MAX, n above KVC_HINT_MAX), -EACCES, -EPIPE. */
 #define KVC_HINT_HEADS_MAX 8192u
+#define KVC_HINT_SCORE_MAX 1e9f
 KVC_API int kvc_hint_heads(kvc_ns *ns, unsigned kind, const struct kvc_key *keys,
                            const float *scores, size_t n, unsigned layers, unsigned heads);
 

@@ -536,13 +536,16 @@ struct kvc_hint_rep {
 
 /*
  * HINT_HEADS: HINT with one score per (layer, head) of each block: keys[nhints], then
- * score[nhints][layers * heads] floats (layer-major), finite and >= 0. layers and heads must
+ * score[nhints][layers * heads] floats (layer-major), finite, >= 0 and at most
+ * KVC_PROTO_MAX_HINT_SCORE (a head's attention mass over a block is bounded by the queries
+ * that attended to it; the bound keeps the namespace's head masses finite). layers and heads must
  * be the namespace's layers and kv_heads (else -EINVAL), layers * heads at most
  * KVC_PROTO_MAX_HINT_HEADS. A block's H2O mass / SnapKV score takes the sum of its scores as
  * HINT would; the daemon also keeps the block's head concentration (store.h) and learns the
  * namespace's head profiles (docs/policies.md, "Per-head hints").
  */
 #define KVC_PROTO_MAX_HINT_HEADS 8192u
+#define KVC_PROTO_MAX_HINT_SCORE 1e9f
 struct kvc_hint_heads_req {
     uint32_t ns_id;
     uint32_t kind; /* KVC_HINT_H2O or KVC_HINT_SNAPKV */

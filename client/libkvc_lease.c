@@ -275,7 +275,7 @@ KVC_API int kvc_hint(kvc_ns *ns, unsigned kind, const struct kvc_key *keys, cons
         (n && (!keys || !scores)) || n > KVC_HINT_MAX)
         return -EINVAL;
     for (size_t i = 0; i < n; i++)
-        if (!(scores[i] >= 0) || scores[i] > 3.4e38f)
+        if (!(scores[i] >= 0) || scores[i] > KVC_HINT_SCORE_MAX)
             return -EINVAL;
     if (n == 0)
         return 0;
@@ -301,6 +301,7 @@ KVC_API int kvc_hint(kvc_ns *ns, unsigned kind, const struct kvc_key *keys, cons
 }
 
 _Static_assert(KVC_HINT_HEADS_MAX == KVC_PROTO_MAX_HINT_HEADS, "one bound at both ends");
+_Static_assert(KVC_HINT_SCORE_MAX == KVC_PROTO_MAX_HINT_SCORE, "one bound at both ends");
 
 KVC_API int kvc_hint_heads(kvc_ns *ns, unsigned kind, const struct kvc_key *keys,
                            const float *scores, size_t n, unsigned layers, unsigned heads)

@@ -362,9 +362,12 @@ int proto_decode(const void *buf, size_t n, struct proto_req *r, const char **wh
         r->tail2 = (const char *)r->tail + (size_t)q->nhints * sh->entry;
         r->ntail2 = (uint32_t)nf;
         v = r->tail2;
+        /* Bounded too: summed over blocks into the namespace's head masses, scores near
+         * FLT_MAX made a mass infinite, which no aging brings back (one reader fixing the
+         * namespace's head profiles for good). */
         for (uint64_t i = 0; i < nf; i++)
-            if (!isfinite(v[i]) || v[i] < 0) {
-                *why = "hint score not finite or negative";
+            if (!isfinite(v[i]) || v[i] < 0 || v[i] > KVC_PROTO_MAX_HINT_SCORE) {
+                *why = "hint score not finite, negative or above 1e9";
                 return -EINVAL;
             }
     } else if (sh->entry) {

@@ -4,6 +4,7 @@
  * check). */
 #include <check.h>
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -236,6 +237,12 @@ START_TEST(test_hint_heads)
     ck_assert_int_eq(decode(hint_heads_msg(&q, 1, 8, v)), -EINVAL);
     v[5] = __builtin_inff();
     ck_assert_int_eq(decode(hint_heads_msg(&q, 1, 8, v)), -EINVAL);
+    v[5] = 3.0e38f; /* finite, but summed into the head masses it would make them infinite */
+    ck_assert_int_eq(decode(hint_heads_msg(&q, 1, 8, v)), -EINVAL);
+    v[5] = nextafterf(KVC_PROTO_MAX_HINT_SCORE, 2e9f);
+    ck_assert_int_eq(decode(hint_heads_msg(&q, 1, 8, v)), -EINVAL);
+    v[5] = KVC_PROTO_MAX_HINT_SCORE;
+    ck_assert_int_eq(decode(hint_heads_msg(&q, 1, 8, v)), 0);
     v[5] = 1.0f;
     ck_assert_int_eq(decode(hint_heads_msg(&q, 1, 8, v)), 0);
     q.kind = 3;

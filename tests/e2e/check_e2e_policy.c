@@ -283,6 +283,12 @@ START_TEST(test_budget_heads)
         sc[i][2] = i >= PH_LEN - 2 ? 10.0f : 0.0f;             /* the last two blocks */
         sc[i][3] = i == 5 || i == 9 || i == 13 ? 50.0f : 1.0f; /* everywhere */
     }
+    /* a score past KVC_HINT_SCORE_MAX is refused whole, nothing applied (summed into the
+     * head masses, such scores once made them infinite for good) */
+    float keep = sc[3][3];
+    sc[3][3] = 3.0e38f;
+    ck_assert_int_eq(kvc_hint_heads(ns, KVC_HINT_ATTENTION, k, &sc[0][0], PH_LEN, 2, 2), -EINVAL);
+    sc[3][3] = keep;
     ck_assert_int_eq(kvc_hint_heads(ns, KVC_HINT_ATTENTION, k, &sc[0][0], PH_LEN, 2, 2), PH_LEN);
     ck_assert_int_eq(kvc_lookup_budget_heads(ns, k, PH_LEN, &bud, pos, heads, &np, &l), 11);
     ck_assert_uint_eq(kvc_lease_count(l), 11);

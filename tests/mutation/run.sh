@@ -721,6 +721,12 @@ mutation kinds-fast-run client/libkvc_fast.c "check_e2e_fast" \
 '    const struct kvc_fastview *v = n && run ? kvc_fast_view_of(ns) : NULL;' \
 '    const struct kvc_fastview *v = n && (run || 1) ? kvc_fast_view_of(ns) : NULL;'
 
+# HINT_HEADS: scores above KVC_PROTO_MAX_HINT_SCORE taken (summed into the head masses they
+# make them infinite, and the namespace's head profiles fixed for good).
+mutation hint-heads-score-unbounded daemon/proto.c "check_proto" \
+'            if (!isfinite(v[i]) || v[i] < 0 || v[i] > KVC_PROTO_MAX_HINT_SCORE) {' \
+'            if (!isfinite(v[i]) || v[i] < 0) {'
+
 # The fast path's one key ahead: the entry read ahead never becomes the one copied (every
 # block of a run gets the first one's bytes).
 mutation fast-ahead-keeps-first client/libkvc_fast.c "check_e2e_fast" \
