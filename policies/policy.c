@@ -14,6 +14,7 @@
  * the geometric one: the intervals a cache can observe are cut off by its own size, and the
  * long tail is what frequency has to bridge.
  */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,7 +97,9 @@ void policy_hint(struct policy_block *b, float mass, uint64_t now,
                  const struct policy_params *p)
 {
     double h = policy_decay(b->hint, b->hint_time, now, p);
-    b->hint = (float)(h + (mass > 0 ? mass : 0));
+    h += mass > 0 ? mass : 0;
+    /* saturated, not infinite: a mass at FLT_MAX still decays (an infinite one never would) */
+    b->hint = h < FLT_MAX ? (float)h : FLT_MAX;
     if (now > b->hint_time)
         b->hint_time = now;
 }

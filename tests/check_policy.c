@@ -4,6 +4,7 @@
  */
 #include <check.h>
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -128,6 +129,15 @@ START_TEST(test_signal_policies)
     policy_hint(&a, 18.0f, 10, &p); /* mass 20 x norm 1 against 2 x 8 */
     a.value_norm = 1.0f;
     ck_assert_double_gt(policy_key(POLICY_VATP, &a, &p), policy_key(POLICY_VATP, &b, &p));
+    /* A mass that would pass FLT_MAX saturates there, and still decays (an infinite one
+     * would keep its block first forever). */
+    struct policy_block x = blk(6, 10, 6);
+    policy_hint(&x, 3.0e38f, 10, &p);
+    policy_hint(&x, 3.0e38f, 10, &p);
+    ck_assert(isfinite(x.hint));
+    ck_assert_float_eq(x.hint, FLT_MAX);
+    policy_hint(&x, 0.0f, 10 + 20 * p.half_life, &p);
+    ck_assert_float_lt(x.hint, FLT_MAX / 1000);
 }
 END_TEST
 

@@ -721,6 +721,11 @@ mutation kinds-fast-run client/libkvc_fast.c "check_e2e_fast" \
 '    const struct kvc_fastview *v = n && run ? kvc_fast_view_of(ns) : NULL;' \
 '    const struct kvc_fastview *v = n && (run || 1) ? kvc_fast_view_of(ns) : NULL;'
 
+# A block's hint mass past FLT_MAX made infinite (it never decays: the block first forever).
+mutation policy-hint-unsaturated policies/policy.c "check_policy" \
+'    b->hint = h < FLT_MAX ? (float)h : FLT_MAX;' \
+'    b->hint = (float)h;'
+
 # HINT_HEADS: scores above KVC_PROTO_MAX_HINT_SCORE taken (summed into the head masses they
 # make them infinite, and the namespace's head profiles fixed for good).
 mutation hint-heads-score-unbounded daemon/proto.c "check_proto" \
