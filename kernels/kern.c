@@ -763,6 +763,28 @@ static int dec_lowrank_layer(const struct kern_cpu_ops *ops, const struct kern_l
                                next, nb);
 }
 
+/* Layer l's sections where its keys are ROT2/ROT4 and its values KIVI value groups of the same
+ * bits (ROT's own, or a recipe's KIVI), decoded together by kern_rot_dec_kv(): 1 done, 0 not
+ * taken, -ENOMEM. */
+static int dec_rot_layer(const struct kern_cpu_ops *ops, const struct kern_layout *lay,
+                         const uint8_t *in, uint32_t l, void *dst, uint32_t out_dtype)
+{
+    struct kern_block_sect s[2];
+    if (lay->k_only)
+        return 0;
+    memcpy(s, in + sizeof(struct kern_block_hdr) + 2 * l * sizeof(s[0]), sizeof(s));
+    const uint32_t kivi = s[0].codec == KERN_CODEC_ROT2   ? KERN_CODEC_KIVI2
+                          : s[0].codec == KERN_CODEC_ROT4 ? KERN_CODEC_KIVI4
+                                                          : KERN_CODEC_COUNT;
+    if (kivi == KERN_CODEC_COUNT || kern_codec_as(s[1].codec, 1) != kivi)
+        return 0;
+    if (l + 1 < lay->layers)
+        dec_prefetch_next(in, 2 * (l + 1));
+    return kern_rot_dec_kv(ops, s[0].codec, lay, in + s[0].offset, in + s[1].offset,
+                           (uint8_t *)dst + 2 * kern_raw_index(lay, l, 0, 0, 0),
+                           (uint8_t *)dst + 2 * kern_raw_index(lay, l, 1, 0, 0), out_dtype);
+}
+
 static int64_t decode_with(const struct kern_cpu_ops *ops, const struct kern_layout *lay,
                            const void *src, size_t src_len, void *dst, size_t dst_cap,
                            enum kern_dtype out_dtype)
@@ -801,7 +823,9 @@ static int64_t decode_with(const struct kern_cpu_ops *ops, const struct kern_lay
     uint32_t kinds = kern_kinds(lay), H = lay->heads, D = lay->head_dim;
     uint64_t stride = (uint64_t)H * D;
     for (uint32_t l = 0; l < lay->layers; l++) {
-        const int both = dec_lowrank_layer(ops, lay, in, l, dst, out_dtype);
+        int both = dec_lowrank_layer(ops, lay, in, l, dst, out_dtype);
+        if (both == 0)
+            both = dec_rot_layer(ops, lay, in, l, dst, out_dtype);
         if (both < 0) {
             ret = both;
             goto out;

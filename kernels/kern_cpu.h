@@ -91,10 +91,12 @@ int kern_rot_dec(const struct kern_cpu_ops *ops, uint32_t codec, const struct ke
  * in use (the CPU has AVX-512 F, BW, VL, DQ and F16C and the environment has no
  * KVC_NO_AVX512 set to other than 0; read once);
  * kern_rot512_dec() decodes a section and returns 1, or 0 for a head size it does not take
- * (then the AVX2 path). scratch: 2 * H * D floats. */
+ * (then the AVX2 path); with vsect (the layer's value section, KIVI value groups of the keys'
+ * bits) the values too, into rawv, between the key rows, streamed as kern_st512_mode() says.
+ * scratch: 2 * H * D floats. */
 int kern_rot512_on(void);
 int kern_rot512_dec(const struct kern_layout *lay, const uint8_t *sect, int bits, void *raw,
-                    uint32_t out_dtype, float *scratch);
+                    uint32_t out_dtype, float *scratch, const uint8_t *vsect, void *rawv);
 /* ROT's K-section encode of whole blocks of 16 tokens with AVX-512 (D of 32, 64 or 128): the
  * rows' groups into out (the section's groups), from the heads' signs (mask: sign bits,
  * [H][D]) and means ([H][D]) kern_rot.c computed; clean and small as there. Returns the
@@ -170,6 +172,12 @@ void kern_lowrank512_project(const float *x, uint32_t T, uint32_t D, const float
 int kern_lowrank_enc(const struct kern_cpu_ops *ops, const struct kern_ext_ctx *c, uint8_t *sect);
 int kern_lowrank_dec(const struct kern_cpu_ops *ops, const struct kern_layout *lay,
                      const uint8_t *sect, void *raw, uint32_t out_dtype);
+/* A layer's ROT2/ROT4 (codec) key section and its value section, KIVI value groups of the same
+ * bits (ROT's values, or a recipe's KIVI2/KIVI4), decoded together with AVX-512
+ * (kern_rot512_dec): 1, 0 where not taken (the sections then decode one at a time), -ENOMEM. */
+int kern_rot_dec_kv(const struct kern_cpu_ops *ops, uint32_t codec, const struct kern_layout *lay,
+                    const uint8_t *ksect, const uint8_t *vsect, void *rawk, void *rawv,
+                    uint32_t out_dtype);
 /* A layer's LOWRANK key section and its q8_0 value section (LOWRANK's values, or a recipe's
  * q8_0) decoded together where the rows are streamed with AVX-512 (kern_st512.h): 1, 0 where
  * not taken (the sections then decode one at a time), -ENOMEM. next, next_bytes: the bytes

@@ -40,93 +40,13 @@
 #include "kernels/kern_kivi512.h"
 #include "kernels/kern_st512.h"
 
-/* ---- values: [T][H][D / 32] groups of fp16 scale, fp16 min, 4 * bits bytes of codes ---- */
-
-/* A 4-bit group's sixteen outputs as halves (entries 0-15 of a vpermw table). */
-K5I __m512i kivi5_tab4(const uint8_t *blk, uint32_t out)
-{
-    uint32_t w;
-    memcpy(&w, blk, 4);
-    const __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128((int)w));
-    const __m512 sc = _mm512_broadcastss_ps(f), mn = _mm512_broadcastss_ps(_mm_movehdup_ps(f));
-    const __m512 q = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    return _mm512_castsi256_si512(kern_half16_512(_mm512_add_ps(_mm512_mul_ps(q, sc), mn), out));
-}
-
-/* KIVI-4 group: byte i holds element 2i (low nibble) and 2i + 1 (high nibble). Each byte
- * widened to a dword and or-ed with itself shifted up by 12 has the element 2i code in the low
- * word's low nibble and the 2i + 1 code in the high word's; one and leaves the 32 indices. */
-K5I void kivi5_v4_group(const uint8_t *blk, __m512i tab, uint16_t *r, const int nt)
-{
-    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 4)));
-    const __m512i idx = _mm512_and_si512(_mm512_or_si512(b, _mm512_slli_epi32(b, 12)),
-                                         _mm512_set1_epi32(0x000f000f));
-    kern_st512(r, _mm512_permutexvar_epi16(idx, tab), nt);
-}
-
-/* Four 2-bit groups' four outputs each as halves: entry 4g + q is group g's output q. */
-K5I __m512i kivi5_tab2x4(const uint8_t *b0, const uint8_t *b1, const uint8_t *b2, const uint8_t *b3,
-                         uint32_t out)
-{
-    uint32_t w[4];
-    memcpy(&w[0], b0, 4);
-    memcpy(&w[1], b1, 4);
-    memcpy(&w[2], b2, 4);
-    memcpy(&w[3], b3, 4);
-    /* scale, min of group 0, of group 1, ... */
-    const __m512 f = _mm512_castps256_ps512(
-        _mm256_cvtph_ps(_mm_setr_epi32((int)w[0], (int)w[1], (int)w[2], (int)w[3])));
-    const __m512 sc =
-        _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6), f);
-    const __m512 mn =
-        _mm512_permutexvar_ps(_mm512_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3, 5, 5, 5, 5, 7, 7, 7, 7), f);
-    const __m512 q = _mm512_setr_ps(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
-    return _mm512_castsi256_si512(kern_half16_512(_mm512_add_ps(_mm512_mul_ps(q, sc), mn), out));
-}
-
-/* KIVI-2 group g (0-3) of a kivi5_tab2x4() table: byte i holds elements 4i .. 4i + 3 at bits
- * 0-1, 2-3, 4-5, 6-7. The eight code bytes in every 128-bit lane; word k of lane L (element
- * 8L + k) takes byte 2L + k / 4 by a shuffle, shifts it down by 2 (k % 4), keeps two bits and
- * adds the group's table offset. */
-K5I void kivi5_v2_group(const uint8_t *blk, int g, __m512i tab, uint16_t *r, const int nt)
-{
-    const __m512i place =
-        _mm512_set_epi64((long long)0x8007800780078007ull, (long long)0x8006800680068006ull,
-                         (long long)0x8005800580058005ull, (long long)0x8004800480048004ull,
-                         (long long)0x8003800380038003ull, (long long)0x8002800280028002ull,
-                         (long long)0x8001800180018001ull, (long long)0x8000800080008000ull);
-    const __m512i sh = _mm512_set1_epi64((long long)0x0006000400020000ull);
-    uint64_t c;
-    memcpy(&c, blk + 4, 8);
-    __m512i v = _mm512_shuffle_epi8(_mm512_set1_epi64((long long)c), place);
-    v = _mm512_srlv_epi16(v, sh);
-    /* (v & 3) | 4g */
-    const __m512i idx =
-        _mm512_ternarylogic_epi32(v, _mm512_set1_epi16(3), _mm512_set1_epi16((short)(4 * g)), 0xea);
-    kern_st512(r, _mm512_permutexvar_epi16(idx, tab), nt);
-}
+/* ---- values: [T][H][D / 32] groups (kern_kivi512.h) ---- */
 
 K5I void kivi5_v_dec(int bits, uint32_t out, const int nt, const uint8_t *sect,
                      const struct kern_layout *lay, uint16_t *r)
 {
-    const uint64_t n = (uint64_t)lay->tokens * lay->heads * (lay->head_dim / KERN_GROUP);
-    const uint32_t gb = kern_kivi_v_group_bytes(bits);
-    const uint8_t *blk = sect;
-    uint64_t i = 0;
-    if (bits == 4) {
-        for (; i < n; i++, blk += gb, r += 32)
-            kivi5_v4_group(blk, kivi5_tab4(blk, out), r, nt);
-        return;
-    }
-    for (; i + 4 <= n; i += 4, blk += 4 * gb, r += 128) {
-        const __m512i tab = kivi5_tab2x4(blk, blk + gb, blk + 2 * gb, blk + 3 * gb, out);
-        kivi5_v2_group(blk, 0, tab, r, nt);
-        kivi5_v2_group(blk + gb, 1, tab, r + 32, nt);
-        kivi5_v2_group(blk + 2 * gb, 2, tab, r + 64, nt);
-        kivi5_v2_group(blk + 3 * gb, 3, tab, r + 96, nt);
-    }
-    for (; i < n; i++, blk += gb, r += 32)
-        kivi5_v2_group(blk, 0, kivi5_tab2x4(blk, blk, blk, blk, out), r, nt);
+    kivi5_v_groups(bits, out, nt, sect,
+                   (uint64_t)lay->tokens * lay->heads * (lay->head_dim / KERN_GROUP), r);
 }
 
 /* ---- keys: per head, 32-token groups of scale[D], min[D] (fp16), then the packed rows ---- */

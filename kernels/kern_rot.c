@@ -17,7 +17,8 @@
  * whole vectors and the groups' extremes and parameters are lane-wise (it does the
  * quantization of those rows itself, the KIVI value groups' bytes). Where the CPU has AVX-512
  * (kern_rot512.c) the decode and the encode's blocks of sixteen tokens go there. Values are
- * plain KIVI sections (kern_codec_as) and never come here.
+ * plain KIVI sections (kern_codec_as); with AVX-512 they are decoded with the keys, between
+ * their rows (kern_rot_dec_kv), else on their own.
  */
 #include <errno.h>
 #include <immintrin.h>
@@ -845,7 +846,8 @@ int kern_rot_dec(const struct kern_cpu_ops *ops, uint32_t codec, const struct ke
         if (!m)
             return -ENOMEM;
         const int bits = codec == KERN_CODEC_ROT2 ? 2 : 4;
-        if (!kern_rot512_on() || !kern_rot512_dec(lay, sect, bits, raw, out_dtype, (float *)m))
+        if (!kern_rot512_on() ||
+            !kern_rot512_dec(lay, sect, bits, raw, out_dtype, (float *)m, NULL, NULL))
             rot_dec_fused(lay, sect, bits, raw, out_dtype, m);
         free(m);
         return 0;
@@ -869,4 +871,20 @@ int kern_rot_dec(const struct kern_cpu_ops *ops, uint32_t codec, const struct ke
     }
     free(y);
     return 0;
+}
+
+int kern_rot_dec_kv(const struct kern_cpu_ops *ops, uint32_t codec, const struct kern_layout *lay,
+                    const uint8_t *ksect, const uint8_t *vsect, void *rawk, void *rawv,
+                    uint32_t out_dtype)
+{
+    const uint32_t H = lay->heads, D = lay->head_dim;
+    if (ops == &kern_ref_ops || !kern_rot512_on() || (D != 32 && D != 64 && D != 128 && D != 256))
+        return 0;
+    uint32_t *m = malloc(2 * (size_t)H * D * sizeof(uint32_t));
+    if (!m)
+        return -ENOMEM;
+    kern_rot512_dec(lay, ksect, codec == KERN_CODEC_ROT2 ? 2 : 4, rawk, out_dtype, (float *)m,
+                    vsect, rawv);
+    free(m);
+    return 1;
 }

@@ -12,7 +12,12 @@
  * subtraction for two registers: the reference's a + b and a - b), which leaves the channels
  * in order, and those of 32 and more are between registers; then y * (c with the channel's
  * sign) + mean per channel, stored as fp16 or bf16. Two rows are decoded side by side: a
- * row's steps form one long chain, and the core overlaps two. Encode: rot_enc_tok8() of
+ * row's steps form one long chain, and the core overlaps two. A layer whose values are KIVI
+ * groups of the keys' bits (ROT's own values, kern_rot_dec_kv) has them decoded after each
+ * pair of key rows (kern_kivi512.h's group decode, the same bytes as KIVI's value sections):
+ * the keys' decode is bound by its arithmetic, the values' by their stores, and interleaved
+ * the two overlap where one after the other they add up; there, from KERN_NT_MIN_BYTES of
+ * output, both are streamed (kern_st512.h). Encode: rot_enc_tok8() of
  * kern_rot.c with sixteen tokens in the lanes instead of eight (every butterfly stage between
  * whole registers, the groups' extremes and parameters lane-wise; the groups' code in
  * kern_kivi512.h, shared with KIVI's value encoder), for the blocks of sixteen tokens a
@@ -33,6 +38,7 @@
 #include "kernels/kern_cpu.h"
 #include "kernels/kern_ext.h"
 #include "kernels/kern_kivi512.h"
+#include "kernels/kern_st512.h"
 
 /* -1: not probed yet; else whether this CPU has the features (cpu) and whether the AVX-512
  * path is in use (on: cpu, unless KVC_NO_AVX512 or the tests turned it off). */
@@ -222,10 +228,10 @@ K5I void rot_store16(uint16_t *p, __m512 x, uint32_t dtype)
 
 /* nr rows side by side (rows k = 0 .. nr - 1: groups at g0[k], the head's c with signs and
  * means at cs[k] and mf[k], out at o[k]): groups, butterfly, y * cs + mean per channel,
- * stored. */
+ * stored, or 64 bytes at a time by mode nt (kern_st512.h). */
 K5I void rot_dec_row16(const uint8_t *const *g0, const int bits, uint32_t gb,
                        const float *const *cs, const float *const *mf, uint16_t *const *o,
-                       uint32_t out_dtype, const uint32_t nv, const uint32_t nr)
+                       uint32_t out_dtype, const uint32_t nv, const uint32_t nr, const int nt)
 {
     __m512 y[4 * 16];
 #pragma GCC unroll 8
@@ -235,6 +241,21 @@ K5I void rot_dec_row16(const uint8_t *const *g0, const int bits, uint32_t gb,
             rot_group_dec16(g0[k] + (uint64_t)g * gb, y + 16 * k + 2 * g, y + 16 * k + 2 * g + 1,
                             bits);
     rot_fwht16(y, nv, nr);
+    if (nt) {
+#pragma GCC unroll 8
+        for (uint32_t j = 0; j < nv; j += 2)
+#pragma GCC unroll 4
+            for (uint32_t k = 0; k < nr; k++) {
+                const __m512 a = _mm512_add_ps(
+                    _mm512_mul_ps(y[16 * k + j], _mm512_loadu_ps(cs[k] + 16 * j)),
+                    _mm512_loadu_ps(mf[k] + 16 * j));
+                const __m512 b = _mm512_add_ps(
+                    _mm512_mul_ps(y[16 * k + j + 1], _mm512_loadu_ps(cs[k] + 16 * j + 16)),
+                    _mm512_loadu_ps(mf[k] + 16 * j + 16));
+                kern_st512_halves(o[k] + 16 * j, a, b, out_dtype, nt);
+            }
+        return;
+    }
 #pragma GCC unroll 16
     for (uint32_t j = 0; j < nv; j++)
 #pragma GCC unroll 4
@@ -247,40 +268,49 @@ K5I void rot_dec_row16(const uint8_t *const *g0, const int bits, uint32_t gb,
 
 /* Rows of D (nv = D / 16) channels, every (token, head) in memory order, ROT_DEC_ROWS at a
  * time: each row's chain of dependent steps is long (groups, seven stages, the output), and
- * rows side by side give the core independent work to overlap with it. */
+ * rows side by side give the core independent work to overlap with it. With vin (the layer's
+ * value section, KIVI groups of the keys' bits), each pair of key rows is followed by the
+ * same rows' values into rawv. Both stored by mode nt (kern_st512.h). */
 #define ROT_DEC_ROWS 2
 K5I void rot_dec_rows16(const struct kern_layout *lay, const uint8_t *in, const int bits,
-                        uint16_t *raw, uint32_t out_dtype, const float *csa, const float *mfa,
-                        const uint32_t nv)
+                        uint16_t *raw, const uint32_t out_dtype, const float *csa,
+                        const float *mfa, const uint32_t nv, const uint8_t *vin, uint16_t *rawv,
+                        const int nt)
 {
     const uint32_t T = lay->tokens, H = lay->heads, D = 16 * nv, G = D / KERN_GROUP;
-    const uint32_t gb = kern_kivi_v_group_bytes(bits);
+    const uint32_t gb = kern_kivi_v_group_bytes(bits); /* the keys' groups and the values' */
     const uint64_t n = (uint64_t)T * H;
     uint64_t row = 0;
+    uint32_t h0 = 0; /* the head of row */
     for (; row + ROT_DEC_ROWS <= n; row += ROT_DEC_ROWS) {
         const uint8_t *g0[ROT_DEC_ROWS];
         const float *cs[ROT_DEC_ROWS], *mf[ROT_DEC_ROWS];
         uint16_t *o[ROT_DEC_ROWS];
         for (uint32_t k = 0; k < ROT_DEC_ROWS; k++) {
-            const uint32_t h = (uint32_t)((row + k) % H);
             g0[k] = in + (row + k) * G * gb;
-            cs[k] = csa + (uint64_t)h * D;
-            mf[k] = mfa + (uint64_t)h * D;
+            cs[k] = csa + (uint64_t)h0 * D;
+            mf[k] = mfa + (uint64_t)h0 * D;
             o[k] = raw + (row + k) * D;
+            h0 = h0 + 1 == H ? 0 : h0 + 1;
         }
-        rot_dec_row16(g0, bits, gb, cs, mf, o, out_dtype, nv, ROT_DEC_ROWS);
+        rot_dec_row16(g0, bits, gb, cs, mf, o, out_dtype, nv, ROT_DEC_ROWS, nt);
+        if (vin)
+            kivi5_v_groups(bits, out_dtype, nt, vin + row * G * gb, (uint64_t)ROT_DEC_ROWS * G,
+                           rawv + row * D);
     }
     for (; row < n; row++) {
-        const uint32_t h = (uint32_t)(row % H);
         const uint8_t *g0 = in + row * G * gb;
-        const float *cs = csa + (uint64_t)h * D, *mf = mfa + (uint64_t)h * D;
+        const float *cs = csa + (uint64_t)h0 * D, *mf = mfa + (uint64_t)h0 * D;
         uint16_t *o = raw + row * D;
-        rot_dec_row16(&g0, bits, gb, &cs, &mf, &o, out_dtype, nv, 1);
+        rot_dec_row16(&g0, bits, gb, &cs, &mf, &o, out_dtype, nv, 1, nt);
+        if (vin)
+            kivi5_v_groups(bits, out_dtype, nt, vin + row * G * gb, G, rawv + row * D);
+        h0 = h0 + 1 == H ? 0 : h0 + 1;
     }
 }
 
 K5 int kern_rot512_dec(const struct kern_layout *lay, const uint8_t *sect, int bits, void *raw,
-                       uint32_t out_dtype, float *scratch)
+                       uint32_t out_dtype, float *scratch, const uint8_t *vsect, void *rawv)
 {
     const uint32_t H = lay->heads, D = lay->head_dim;
     if (D != 32 && D != 64 && D != 128 && D != 256)
@@ -297,26 +327,34 @@ K5 int kern_rot512_dec(const struct kern_layout *lay, const uint8_t *sect, int b
             _mm512_storeu_ps(mfa + k,
                              _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(means + 2 * k))));
         }
-        /* every (bits, D) its own loop: the group decode and the row unrolled for it */
-#define ROT_ROWS(b, nv) rot_dec_rows16(lay, in, (b), raw, out_dtype, csa, mfa, (nv))
+    /* with the values, streamed from KERN_NT_MIN_BYTES of output (every store a multiple of 64
+     * bytes from raw and from rawv, D % 32 == 0, and the two a section's rows apart): measured,
+     * the keys' stores streamed too gain where the values' go beside them and lose alone */
+    const int nt = vsect ? kern_st512_mode(raw, lay) : 0;
+    /* every (bits, D) its own loop: the group decode, the row and the values' groups unrolled
+     * for it (the values as KIVI's of the keys' bits) */
+#define ROT_OUT(b, nv)                                                                             \
+    rot_dec_rows16(lay, in, (b), raw, out_dtype, csa, mfa, (nv), vsect, rawv, nt)
     const uint32_t nv = D / 16;
     if (bits == 4 && nv == 8)
-        ROT_ROWS(4, 8);
+        ROT_OUT(4, 8);
     else if (bits == 4 && nv == 4)
-        ROT_ROWS(4, 4);
+        ROT_OUT(4, 4);
     else if (bits == 4 && nv == 2)
-        ROT_ROWS(4, 2);
+        ROT_OUT(4, 2);
     else if (bits == 4)
-        ROT_ROWS(4, 16);
+        ROT_OUT(4, 16);
     else if (nv == 8)
-        ROT_ROWS(2, 8);
+        ROT_OUT(2, 8);
     else if (nv == 4)
-        ROT_ROWS(2, 4);
+        ROT_OUT(2, 4);
     else if (nv == 2)
-        ROT_ROWS(2, 2);
+        ROT_OUT(2, 2);
     else
-        ROT_ROWS(2, 16);
-#undef ROT_ROWS
+        ROT_OUT(2, 16);
+#undef ROT_OUT
+    if (nt)
+        _mm_sfence(); /* the streamed lines are ordered before whatever the caller does next */
     return 1;
 }
 

@@ -1330,9 +1330,11 @@ START_TEST(test_decode_random_payload)
 }
 END_TEST
 
-/* MERGE and LOWRANK decodes (LOWRANK's q8_0 values decoded with its keys, a recipe's own
- * q8_0 values too) against the reference's, into destinations offset 0, 16, 2, 1, 32 and 48
- * bytes from a 64-byte boundary, with the AVX-512 paths and without, the bytes around the block
+/* MERGE, LOWRANK and ROT decodes (LOWRANK's q8_0 values decoded with its keys, a recipe's own
+ * q8_0 values too; ROT's KIVI values with its keys, a recipe's KIVI values of the keys' bits
+ * too, and of other bits apart, layers whose rows per section are odd) against the
+ * reference's, into destinations offset 0, 16, 2, 1, 32 and 48 bytes from a 64-byte boundary,
+ * with the AVX-512 paths and without, the bytes around the block
  * untouched: blocks just under KERN_NT_MIN_BYTES of raw output (stored through the cache)
  * and at or past it (streamed where the destination is 16-byte aligned: 64-byte stores at
  * offset 0, 16-byte ones at 16; kern_st512.h), head dims with a 32-channel tile
@@ -1354,6 +1356,13 @@ static const struct ext_dec_case ext_dec_cases[] = {
     {{8, 8, 128, 32, KERN_DTYPE_BF16, 0}, KERN_CODEC_LOWRANK, KERN_CODEC_KIVI4},
     {{16, 8, 128, 32, KERN_DTYPE_FP16, 1}, KERN_CODEC_LOWRANK, KERN_CODEC_LOWRANK}, /* K only */
     {{8, 8, 128, 32, KERN_DTYPE_FP16, 0}, KERN_CODEC_Q8_0, KERN_CODEC_Q8_0},
+    /* ROT's keys with their KIVI values between the key rows (kern_rot512.c) */
+    {{8, 8, 128, 32, KERN_DTYPE_FP16, 0}, KERN_CODEC_ROT4, KERN_CODEC_ROT4},     /* 1 MiB */
+    {{7, 8, 128, 32, KERN_DTYPE_FP16, 0}, KERN_CODEC_ROT2, KERN_CODEC_ROT2},     /* 896 KiB */
+    {{12, 5, 256, 33, KERN_DTYPE_BF16, 0}, KERN_CODEC_ROT2, KERN_CODEC_KIVI2},   /* odd rows */
+    {{20, 8, 32, 63, KERN_DTYPE_FP16, 0}, KERN_CODEC_ROT4, KERN_CODEC_KIVI4},    /* 1260 KiB */
+    {{17, 3, 32, 65, KERN_DTYPE_FP16, 0}, KERN_CODEC_ROT2, KERN_CODEC_ROT2},     /* odd rows */
+    {{8, 8, 128, 32, KERN_DTYPE_BF16, 0}, KERN_CODEC_ROT4, KERN_CODEC_KIVI2},    /* apart */
 };
 #define NEXT_DEC_CASES (sizeof(ext_dec_cases) / sizeof(ext_dec_cases[0]))
 

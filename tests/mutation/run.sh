@@ -60,8 +60,14 @@ mutation rot512-exchange-partner kernels/kern_rot512.c "check_codecs" \
 # The same decoder's rows two at a time: the second row takes the first row's head for its
 # signs and means (rows of different heads side by side decode wrongly).
 mutation rot512-pair-head kernels/kern_rot512.c "check_codecs" \
-'            const uint32_t h = (uint32_t)((row + k) % H);' \
-'            const uint32_t h = (uint32_t)(row % H);'
+'            h0 = h0 + 1 == H ? 0 : h0 + 1;' \
+'            h0 = k == 0 ? h0 : h0 + 1 == H ? 0 : h0 + 1;'
+
+# The same decoder with a layer's values between its key rows: each pair of rows is followed by
+# the first row's value groups only (the second row's values never written).
+mutation rot512-kv-pair-values kernels/kern_rot512.c "check_codecs check_kernels" \
+'            kivi5_v_groups(bits, out_dtype, nt, vin + row * G * gb, (uint64_t)ROT_DEC_ROWS * G,' \
+'            kivi5_v_groups(bits, out_dtype, nt, vin + row * G * gb, (uint64_t)G,'
 
 # The batched decoder's ROT rows, transformed across the lanes of a head row: the upper lane
 # of a cross-lane butterfly keeps b - a instead of a - b.
