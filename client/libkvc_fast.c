@@ -365,10 +365,10 @@ static void kvc_fast_prefetch_key(const struct kvc_fastview *v, uint32_t ns,
 }
 
 /* Where k's block is (bk: its buckets, or NULL), checked against the arena and its slot's
- * generation now. With base (the
- * arena's mapping, for a copy to come), the block's first line is asked for before the
- * generation is read: its page walk and miss overlap the generation's instead of following
- * them, and the core's prefetchers take the rest of the block once the copy reads it. */
+ * generation now. With base (the arena's mapping, for a copy to come), the block's first line
+ * is asked for before the generation is read: its page walk and miss overlap the
+ * generation's instead of following them, and the core's prefetchers take the rest of the
+ * block once the copy reads it. */
 static bool kvc_fast_entry(const kvc_ns *ns, const struct kvc_fastview *v, const struct kvc_key *k,
                            const uint32_t *bk, struct kvc_fast_loc *l, const uint8_t *base)
 {
@@ -438,7 +438,7 @@ size_t kvci_fast_get(kvc_ns *ns, const struct kvc_key *keys, size_t n, void *con
      * key after are asked for too (its buckets kept in bq[j & 1] for key j, not hashed
      * again). Reading an entry early only widens the window its generation is checked over
      * (read before the copy, again after it). */
-    struct kvc_fast_loc cur, nxt;
+    struct kvc_fast_loc cur, nxt = {0};
     uint32_t bq[2][2];
     if (n > 1)
         kvc_fast_prefetch_key(v, ns->id, &keys[1], bq[1]);
