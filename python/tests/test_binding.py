@@ -441,6 +441,12 @@ def test_hint_heads(client):
         assert pos == [0, 3, 7]
     assert ns.hint_heads(keys[:3], [1.0] * (3 * lh), LAYOUT["layers"], LAYOUT["kv_heads"],
                          kind="snapkv") == 3
+    # a score past 1e9 (KVC_HINT_SCORE_MAX) is refused whole, as a negative one is
+    for bad in (2e9, 3e38, -1.0):
+        with pytest.raises(kvcd.Error) as e:
+            ns.hint_heads(keys[:1], [bad] + [0.0] * (lh - 1), LAYOUT["layers"],
+                          LAYOUT["kv_heads"])
+        assert e.value.errno == errno.EINVAL
     # per-head budgets: heads 0, 2 and 3 look at the sink only, head 1 spreads (block 3
     # heaviest): a budget of 3 a head is 12 head-blocks, 1 for each sink-only head, 9 for head 1
     pos, nprefix, lease, prof = ns.lookup_budget(keys, 3, policy="h2o", sinks=1, per_head=True)
