@@ -695,6 +695,66 @@ START_TEST(test_compressed_roundtrip_reopen_flip)
 }
 END_TEST
 
+/* The peek stands in for a writer of the block's arena: it rewrites the block once the
+ * encode has started (on the worker, where the tier reads it). */
+struct scribble {
+    struct enc e; /* first: the encode's callback takes the same argument */
+    uint8_t *block;
+    uint64_t len;
+};
+
+static void scribble_peek(void *arg, const void *src, uint64_t len)
+{
+    struct scribble *w = arg;
+    (void)src;
+    (void)len;
+    fill_random(w->block, w->len, 99);
+}
+
+START_TEST(test_encode_under_writer)
+{
+    char path[300];
+    const uint64_t len = 256 * KiB;
+    uint8_t *src = aligned_alloc(4096, len), *want = aligned_alloc(4096, len),
+            *dst = aligned_alloc(4096, len);
+    const int codec[3] = {TIER_DISK_CODEC_ZSTD, TIER_DISK_CODEC_ZSTD_PLANES,
+                          TIER_DISK_CODEC_ZSTD_PLANES};
+    struct tier *t;
+    disk_path(path, sizeof(path));
+    t = disk_open(path, 4 * MiB, 1 * MiB, NULL);
+    for (int i = 0; i < 3; i++) {
+        /* compressible twice, then random (stored raw: what is hashed is what is written) */
+        struct tier_disk_meta m = disk_meta(10 + (uint64_t)i, len);
+        struct scribble w = {{0, -1, NULL}, src, len};
+        struct done d = {0, -1};
+        struct tier_loc loc;
+        if (i < 2)
+            fill_fp16(src, len, 7);
+        else
+            fill_random(src, len, 7);
+        memcpy(want, src, len);
+        ck_assert_int_eq(
+            tier_disk_encode_peek(t, &m, src, codec[i], 1, scribble_peek, enc_cb, &w), 0);
+        tier_disk_drain(t);
+        ck_assert_int_eq(w.e.calls, 1);
+        ck_assert_int_eq(w.e.status, 0);
+        ck_assert_int_eq(t->ops->alloc(t, tier_disk_rec_len(w.e.r), &loc), 0);
+        ck_assert_int_eq(tier_disk_rec_put(t, &loc, w.e.r, disk_done_cb, &d), 0);
+        tier_disk_drain(t);
+        ck_assert_int_eq(d.status, 0);
+        /* the record is the block as the encode began: whole, verified, not the writer's */
+        memset(dst, 0, len);
+        ck_assert_int_eq(disk_get(t, &loc, &m, dst, len), 0);
+        ck_assert_int_eq(memcmp(dst, want, len), 0);
+    }
+    tier_destroy(t);
+    unlink(path);
+    free(src);
+    free(want);
+    free(dst);
+}
+END_TEST
+
 static Suite *disk_suite(void)
 {
     Suite *s = suite_create("tier_disk");
@@ -720,6 +780,7 @@ static Suite *disk_suite(void)
     tcase_add_test(tc, test_forged_header_in_stale_page);
     tcase_add_test(tc, test_unwritten_record_leaves_no_hole);
     tcase_add_test(tc, test_compressed_roundtrip_reopen_flip);
+    tcase_add_test(tc, test_encode_under_writer);
     tcase_add_test(tc, test_device_queue_depth);
     suite_add_tcase(s, tc);
     return s;

@@ -92,22 +92,38 @@ static void tier_disk_work_encode(struct tier_disk *d, struct disk_codec *c,
 {
     struct tier_disk_meta *m = &op->expect;
     uint64_t dlen = tier_disk_round(m->len);
+    const void *in = op->src;
+    if (op->level > 0 && c) {
+        /* A block in a host arena can change under us (every writer of the arena maps it),
+         * and zstd wants its input unchanged while it runs: it compresses a private copy,
+         * which is also what is hashed and written should it stay raw. */
+        op->data_bounce = tier_disk_aligned(dlen);
+        if (!op->data_bounce) {
+            op->status = -ENOMEM;
+            return;
+        }
+        memset((uint8_t *)op->data_bounce + m->len, 0, dlen - m->len);
+        memcpy(op->data_bounce, op->src, m->len);
+        in = op->data_bounce;
+    }
     if (op->peek)
-        op->peek(op->arg, op->src, m->len);
-    op->data = op->src;
+        op->peek(op->arg, in, m->len);
+    op->data = in;
     m->stored = m->len;
     m->codec = TIER_DISK_CODEC_RAW;
     if (op->level > 0 && c) {
         uint64_t cap = tier_disk_round(disk_codec_bound(m->len));
         op->enc = tier_disk_aligned(cap);
         if (op->enc) {
-            long n = disk_codec_compress(c, (enum tier_disk_codec)op->codec_req, op->level, op->src,
+            long n = disk_codec_compress(c, (enum tier_disk_codec)op->codec_req, op->level, in,
                                          m->len, op->enc, cap);
             if (n > 0 && tier_disk_round((uint64_t)n) < dlen) {
                 memset((uint8_t *)op->enc + n, 0, tier_disk_round((uint64_t)n) - (uint64_t)n);
                 op->data = op->enc;
                 m->stored = (uint64_t)n;
                 m->codec = op->codec_req;
+                free(op->data_bounce);
+                op->data_bounce = NULL;
             } else {
                 free(op->enc);
                 op->enc = NULL;

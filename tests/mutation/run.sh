@@ -1238,6 +1238,13 @@ mutation quant-requant-decodes-arena daemon/quant.c "check_quant" \
 '                    ? kern_decode_cpu(lay, priv, j->raw.len, raw, rb, (enum kern_dtype)lay->dtype)' \
 '                    ? kern_decode_cpu(lay, j->src, j->raw.len, raw, rb, (enum kern_dtype)lay->dtype)'
 
+# The disk tier compressing (and, when the block stays raw, hashing and writing) the block
+# where it lies, as it once did: a writer of the host arena changing it meanwhile gets its
+# bytes into the record, or a record that fails its checksum (test_encode_under_writer).
+mutation disk-encode-from-arena tiers/disk_rec.c "check_tier_disk" \
+'        in = op->data_bounce;' \
+'        in = op->src;'
+
 # The worker encoding straight into the block's new arena slot, as it once did: the encoder
 # reads its section table back from there, so a writer of the arena that rewrites it sends
 # the encoder's writes past the slot (test_encode_into_arena_raced).
