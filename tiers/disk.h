@@ -194,9 +194,10 @@ int tier_disk_put(struct tier *t, const struct tier_loc *loc, const struct tier_
  * queued), -EINVAL, -ENOMEM, -EIO (every path failed). */
 int tier_disk_encode(struct tier *t, const struct tier_disk_meta *m, const void *src,
                      int codec, int level, tier_disk_encoded_fn done, void *arg);
-/* The same, and peek(arg, src, m->len) runs on the worker before the hash: the caller reads
+/* The same, and peek(arg, bytes, m->len) runs on the worker before the hash: the caller reads
  * the block's bytes where the tier reads them anyway (kvcd measures a raw block's value norms
- * there). peek may touch src and what arg owns alone, never loop state; NULL: none. */
+ * there): src, or the private copy a compressed write encodes. peek may touch those bytes and
+ * what arg owns alone, never loop state; NULL: none. */
 typedef void (*tier_disk_peek_fn)(void *arg, const void *src, uint64_t len);
 int tier_disk_encode_peek(struct tier *t, const struct tier_disk_meta *m, const void *src,
                           int codec, int level, tier_disk_peek_fn peek, tier_disk_encoded_fn done,
