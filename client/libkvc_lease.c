@@ -275,7 +275,7 @@ KVC_API int kvc_hint(kvc_ns *ns, unsigned kind, const struct kvc_key *keys, cons
         (n && (!keys || !scores)) || n > KVC_HINT_MAX)
         return -EINVAL;
     for (size_t i = 0; i < n; i++)
-        if (!(scores[i] >= 0) || scores[i] > KVC_HINT_SCORE_MAX)
+        if (!(scores[i] >= 0) || scores[i] > 3.4e38f)
             return -EINVAL;
     if (n == 0)
         return 0;
@@ -315,7 +315,7 @@ KVC_API int kvc_hint_heads(kvc_ns *ns, unsigned kind, const struct kvc_key *keys
         lh > KVC_HINT_HEADS_MAX)
         return -EINVAL;
     for (size_t i = 0; i < n * lh; i++)
-        if (!(scores[i] >= 0) || scores[i] > 3.4e38f)
+        if (!(scores[i] >= 0) || scores[i] > KVC_HINT_SCORE_MAX)
             return -EINVAL;
     /* blocks per request: the keys and their scores within one message */
     per = (KVC_PROTO_MAX_MSG - sizeof(struct kvc_msg_hdr) - sizeof(struct kvc_hint_heads_req)) /

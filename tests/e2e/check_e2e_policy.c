@@ -289,6 +289,9 @@ START_TEST(test_budget_heads)
     sc[3][3] = 3.0e38f;
     ck_assert_int_eq(kvc_hint_heads(ns, KVC_HINT_ATTENTION, k, &sc[0][0], PH_LEN, 2, 2), -EINVAL);
     sc[3][3] = keep;
+    /* the bound is per head: a block's scalar hint (a sum over its heads) may pass it */
+    float big = 2e9f;
+    ck_assert_int_eq(kvc_hint(ns, KVC_HINT_ATTENTION, k, &big, 1), 1);
     ck_assert_int_eq(kvc_hint_heads(ns, KVC_HINT_ATTENTION, k, &sc[0][0], PH_LEN, 2, 2), PH_LEN);
     ck_assert_int_eq(kvc_lookup_budget_heads(ns, k, PH_LEN, &bud, pos, heads, &np, &l), 11);
     ck_assert_uint_eq(kvc_lease_count(l), 11);
