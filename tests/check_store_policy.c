@@ -393,22 +393,18 @@ END_TEST
  * it; half of kvcsim's ghost hits under the precision ladder on the shared trace). */
 START_TEST(test_ghost_window_small_cache)
 {
-    struct store_params p = {.host_size = 64 << 20,
-                             .host_page_size = 256 << 10,
-                             .host_huge = TIER_HOST_HUGE_OFF,
-                             .high_watermark = 0.9,
-                             .low_watermark = 0.6,
-                             .max_namespaces = 8,
-                             .max_handles = 1024,
-                             .policy = POLICY_LFU,
-                             .recompute_tokens_per_s = 8000,
-                             .quantize_inflight = 8,
-                             .ghosts = 8};
-    int err = 0;
+    struct store_params p = store_fixture_params();
+    p.host_size = 64 << 20;
+    p.host_page_size = 256 << 10;
+    p.low_watermark = 0.6;
+    p.max_handles = 1024;
+    p.policy = POLICY_LFU;
+    p.recompute_tokens_per_s = 8000;
+    p.quantize_inflight = 8;
+    p.ghosts = 8;
+    p.head_step = false;
     uint32_t kept = 0;
-    s = store_new(&p, &err);
-    ck_assert_msg(s, "store_new: %d", err);
-    engine_attach(s);
+    s = store_fixture_new(&p, NULL);
     store_owner_init(&o);
     uint32_t ns = ns_open("gw", 0);
     struct store_ns *n = store_ns_get(s, ns);
@@ -430,9 +426,7 @@ START_TEST(test_ghost_window_small_cache)
     }
     /* a 4-way set loses a ghost within the window now and then (4 of these 64) */
     ck_assert_msg(kept >= 48, "%u of 64 blocks back within the window kept their count", kept);
-    store_owner_fini(s, &o);
-    engine_stop(s);
-    store_free(s);
+    store_fixture_free(s, &o);
     s = NULL;
 }
 END_TEST

@@ -77,6 +77,27 @@ static void fp_fill_arena(kvc_client *w, kvc_ns *wns, uint32_t first, struct kvc
     }
 }
 
+/* Fills the rest of w's arena (family `first` on, evicting nothing), then reads hot[0..4)
+ * through ns's fast path and at once puts 4 new blocks (family `first` + 100) that must evict
+ * 4: the blocks just read must stay (their hits read before the eviction chose). */
+static void fp_read_then_evict(kvc_client *w, kvc_ns *wns, kvc_ns *ns, uint32_t first,
+                               const struct kvc_key *hot, struct kvc_key *fill,
+                               struct kvc_key *more)
+{
+    uint64_t evicted = 0;
+    fp_fill_arena(w, wns, first, fill);
+    ck_assert_int_eq(daemon_client_stat(w, 0, "evicted_blocks", &evicted), 0);
+    ck_assert_uint_eq(evicted, 0);
+    ck_assert_int_eq(fp_get_check(ns, hot, 4), 4);
+    fp_put(wns, first + 100, 4, more);
+    ck_assert_int_eq(kvc_flush(w), 0);
+    ck_assert_int_eq(daemon_client_stat(w, 0, "evicted_blocks", &evicted), 0);
+    ck_assert_uint_ge(evicted, 4);
+    kvc_lease *l;
+    ck_assert_int_eq(kvc_lookup(wns, hot, 4, 0, &l), 4);
+    kvc_release(l);
+}
+
 /* The client's fast_hits and fast_dropped once their sum reaches `want` (the daemon reads
  * the rings in passes after the requests, within milliseconds), or after 10 s. */
 static void fp_settle(kvc_client *c, uint64_t want, uint64_t *fast, uint64_t *dropped)
@@ -518,7 +539,6 @@ START_TEST(test_fast_hits_before_eviction)
     kvc_ns *ns, *wns;
     struct kvc_layout lay = daemon_layout("e2e-fast-evict", 64); /* 64 KiB blocks */
     struct kvc_key hot[4], fill[64], more[4];
-    uint64_t evicted = 0;
     ck_assert_int_eq(daemon_start(&d, args), 0);
     ck_assert_int_eq(kvc_connect(d.sock, &c), 0);
     ck_assert_int_eq(kvc_ns_open(c, &lay, &ns), 0);
@@ -526,19 +546,7 @@ START_TEST(test_fast_hits_before_eviction)
     ck_assert_int_eq(kvc_ns_open(w, &lay, &wns), 0);
     fp_put(wns, 12, 4, hot);
     ck_assert_int_eq(fp_get_check(ns, hot, 4), 4); /* maps the index */
-    /* Fill the rest of the arena with newer blocks, evicting nothing. */
-    fp_fill_arena(w, wns, 200, fill);
-    ck_assert_int_eq(daemon_client_stat(w, 0, "evicted_blocks", &evicted), 0);
-    ck_assert_uint_eq(evicted, 0);
-    /* The read, then at once a put that must evict 4. */
-    ck_assert_int_eq(fp_get_check(ns, hot, 4), 4);
-    fp_put(wns, 300, 4, more);
-    ck_assert_int_eq(kvc_flush(w), 0);
-    ck_assert_int_eq(daemon_client_stat(w, 0, "evicted_blocks", &evicted), 0);
-    ck_assert_uint_ge(evicted, 4);
-    kvc_lease *l;
-    ck_assert_int_eq(kvc_lookup(wns, hot, 4, 0, &l), 4); /* the blocks just read stayed */
-    kvc_release(l);
+    fp_read_then_evict(w, wns, ns, 200, hot, fill, more);
     kvc_disconnect(w);
     kvc_disconnect(c);
     ck_assert_int_eq(daemon_stop(&d), 0);
@@ -568,7 +576,7 @@ START_TEST(test_fast_bell_many_idle)
     kvc_ns *ns, *wns, *ins;
     struct kvc_layout lay = daemon_layout("e2e-fast-bell", 64); /* 64 KiB blocks */
     struct kvc_key hot[4], fill[64], more[4];
-    uint64_t evicted = 0, fast0 = 0, fast = 0;
+    uint64_t fast0 = 0, fast = 0;
     ck_assert_int_eq(daemon_start(&d, args), 0);
     ck_assert_int_eq(kvc_connect(d.sock, &w), 0);
     ck_assert_int_eq(kvc_ns_open(w, &lay, &wns), 0);
@@ -590,19 +598,7 @@ START_TEST(test_fast_bell_many_idle)
     }
     ck_assert_uint_eq(fast0, FP_IDLE_CONNS + 4);
     usleep(5000);
-    /* Fill the rest of the arena with newer blocks, evicting nothing. */
-    fp_fill_arena(w, wns, 400, fill);
-    ck_assert_int_eq(daemon_client_stat(w, 0, "evicted_blocks", &evicted), 0);
-    ck_assert_uint_eq(evicted, 0);
-    /* The read, then at once a put that must evict 4. */
-    ck_assert_int_eq(fp_get_check(ns, hot, 4), 4);
-    fp_put(wns, 500, 4, more);
-    ck_assert_int_eq(kvc_flush(w), 0);
-    ck_assert_int_eq(daemon_client_stat(w, 0, "evicted_blocks", &evicted), 0);
-    ck_assert_uint_ge(evicted, 4);
-    kvc_lease *l;
-    ck_assert_int_eq(kvc_lookup(wns, hot, 4, 0, &l), 4); /* the blocks just read stayed */
-    kvc_release(l);
+    fp_read_then_evict(w, wns, ns, 400, hot, fill, more);
     ck_assert_int_eq(daemon_client_stat(w, 0, "fast_hits", &fast), 0);
     ck_assert_uint_eq(fast, fast0 + 4);
     for (int i = 0; i < FP_IDLE_CONNS; i++)
