@@ -20,15 +20,27 @@
 #include "client/libkvc_internal.h"
 #include "kernels/kern.h"
 
-/* Maps the descriptor of a FAST_ATTACH reply; NULL on failure (the fd is closed). */
-static void *kvc_fast_map(int fd, uint64_t bytes, int prot)
+/* Maps the descriptor of a FAST_ATTACH reply; NULL on failure (the fd is closed). With huge
+ * (the index), the mapping is advised for transparent huge pages before it is populated: a
+ * hit's bucket and generation are two random reads into an index of tens of MiB at a million
+ * blocks, and on 4 KiB pages each costs a page walk that itself misses the caches. Taken
+ * where the host allows huge pages for shared memory (shmem_enabled advise, within_size or
+ * always; docs/performance.md); elsewhere the advice does nothing and the pages fault in on
+ * first use where the kernel predates MADV_POPULATE_READ (5.14). */
+static void *kvc_fast_map(int fd, uint64_t bytes, int prot, bool huge)
 {
     void *m = MAP_FAILED;
     if (fd >= 0 && bytes && bytes <= SIZE_MAX)
-        m = mmap(NULL, bytes, prot, MAP_SHARED | MAP_POPULATE, fd, 0);
+        m = mmap(NULL, bytes, prot, MAP_SHARED | (huge ? 0 : MAP_POPULATE), fd, 0);
     if (fd >= 0)
         close(fd);
-    return m == MAP_FAILED ? NULL : m;
+    if (m == MAP_FAILED)
+        return NULL;
+    if (huge) {
+        (void)madvise(m, bytes, MADV_HUGEPAGE);
+        (void)madvise(m, bytes, MADV_POPULATE_READ);
+    }
+    return m;
 }
 
 /* FAST_ATTACH what (arena for INDEX); the descriptor and size of its mapping. c->mu held. */
@@ -88,7 +100,7 @@ static bool kvc_fast_bell_map(kvc_client *c, const struct kvc_fast_ring *r)
         close(fd);
         return false;
     }
-    uint64_t *b = kvc_fast_map(fd, bytes, PROT_READ | PROT_WRITE);
+    uint64_t *b = kvc_fast_map(fd, bytes, PROT_READ | PROT_WRITE, false);
     if (!b)
         return false;
     c->bell = b;
@@ -111,7 +123,7 @@ static bool kvc_fast_ring_map(kvc_client *c)
         __atomic_store_n(&c->fast_off, true, __ATOMIC_RELAXED);
         return false;
     }
-    struct kvc_fast_ring *r = kvc_fast_map(fd, bytes, PROT_READ | PROT_WRITE);
+    struct kvc_fast_ring *r = kvc_fast_map(fd, bytes, PROT_READ | PROT_WRITE, false);
     if (!r)
         return false;
     if (bytes != sizeof(*r) + (uint64_t)KVC_FAST_RING_ENTS * sizeof(struct kvc_fast_hit) ||
@@ -141,7 +153,7 @@ static bool kvc_fast_attach_maps(kvc_client *c, uint32_t a)
             close(fd);
         return false;
     }
-    const struct kvc_fast_hdr *h = kvc_fast_map(fd, bytes, PROT_READ);
+    const struct kvc_fast_hdr *h = kvc_fast_map(fd, bytes, PROT_READ, true);
     if (!h)
         return false;
     if (kvc_fast_check(h, bytes, a, c->arenas[a].size) || !(v = calloc(1, sizeof(*v)))) {

@@ -131,6 +131,9 @@ struct fast_index *fast_index_new(uint32_t arena_id, uint64_t arena_bytes, uint3
         free(fi);
         return NULL;
     }
+    /* Before anything touches it: the pages the daemon faults in, and its readers' mappings of
+     * them, are then huge where the host allows it for shared memory (kvc_fast_map says why). */
+    (void)madvise(map, bytes, MADV_HUGEPAGE);
     if (getrandom(&fi->seed, sizeof(fi->seed), 0) != sizeof(fi->seed))
         fi->seed = (uint64_t)(uintptr_t)fi ^ 0x9e3779b97f4a7c15ull;
     fi->map = map;

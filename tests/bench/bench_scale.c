@@ -1137,8 +1137,16 @@ int main(int argc, char **argv)
             break;
     if (f)
         fclose(f);
-    printf("bench_scale: %s, %ld CPUs, %llu MiB free\n", cpu, sysconf(_SC_NPROCESSORS_ONLN),
-           (unsigned long long)(sc_mem_available() / MiB));
+    /* The host's choice for shared memory: the arena and the shared index are on huge pages
+     * (both ask for them) only where it is advise, within_size or always. */
+    char thp[128] = "?";
+    f = fopen("/sys/kernel/mm/transparent_hugepage/shmem_enabled", "re");
+    if (f && fgets(thp, sizeof(thp), f))
+        thp[strcspn(thp, "\n")] = 0;
+    if (f)
+        fclose(f);
+    printf("bench_scale: %s, %ld CPUs, %llu MiB free, shmem THP: %s\n", cpu,
+           sysconf(_SC_NPROCESSORS_ONLN), (unsigned long long)(sc_mem_available() / MiB), thp);
     signal(SIGPIPE, SIG_IGN);
     if (daemon_suite_init("bench-scale"))
         return 1;

@@ -311,6 +311,15 @@ mutation store-swapped-block daemon/store.c "check_store check_e2e_dedup check_e
 '            store_loc_fill(b, &locs[i]);' \
 '            store_loc_fill(b, &locs[(i ^ 1) < hits ? (i ^ 1) : i]);'
 
+# The shared index mapped without the huge-page advice, in the daemon and in a reader: at a
+# million blocks each hit's bucket and generation cost a page walk that misses (issue 32).
+mutation fast-index-daemon-no-huge daemon/fast.c "check_e2e_fast" \
+'    (void)madvise(map, bytes, MADV_HUGEPAGE);' \
+'    (void)map;'
+mutation fast-index-reader-no-huge client/libkvc_fast.c "check_e2e_fast" \
+'        (void)madvise(m, bytes, MADV_HUGEPAGE);' \
+'        (void)m;'
+
 # A LOOKUP that resolves its keys again: the lease finds each hit in the index a second time
 # instead of taking the block the lookup found (issue 31: one resolution per key).
 mutation lookup-resolves-twice daemon/store.c "check_e2e_fast" \
