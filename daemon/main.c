@@ -726,6 +726,20 @@ out:
     return rc;
 }
 
+/* Whether the host gives transparent huge pages to shared memory that asks for them (the
+ * arena and the shared index do): shmem_enabled is advise, within_size or always. */
+static bool kvcd_shmem_thp(void)
+{
+    char buf[128] = "";
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/shmem_enabled", "re");
+    if (!f)
+        return false;
+    bool ok = fgets(buf, sizeof(buf), f) != NULL;
+    fclose(f);
+    return ok && (strstr(buf, "[advise]") || strstr(buf, "[within_size]") ||
+                  strstr(buf, "[always]") || strstr(buf, "[force]"));
+}
+
 int main(int argc, char **argv)
 {
     static const struct option opts[] = {{"config", required_argument, NULL, 'c'},
@@ -861,7 +875,11 @@ int main(int argc, char **argv)
              "allocator's unit: %llu KiB; %llu MiB faulted in, the rest by %u threads while "
              "kvcd serves)",
              (unsigned long long)(store_host_capacity(d.store) >> 20),
-             tier_host_hugetlb(d.store->arenas[0].tier) ? "hugetlb" : "4 KiB",
+             tier_host_hugetlb(d.store->arenas[0].tier) ? "hugetlb"
+             : kvcd_shmem_thp()
+                 ? "transparent huge pages where the kernel has them free (shmem THP)"
+                 : "4 KiB: shmem THP is off here, reserve hugetlb pages or set "
+                   "transparent_hugepage/shmem_enabled to advise (docs/configuration.md)",
              (unsigned long long)(sp.host_page_size >> 10),
              (unsigned long long)(tier_host_faulted(d.store->arenas[0].tier) >> 20),
              sp.host_prefault ? sp.host_prefault_threads : 0);
