@@ -544,6 +544,9 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
             if st is None:
                 continue
             new_ids = cached.new_block_ids[i]
+            # Back where vLLM rolled the request back to (a load that failed): what was
+            # computed after it is computed, and saved, again.
+            st["saved"] = min(st["saved"], cached.num_computed_tokens[i] // bs)
             if self._lay.groups:  # each group's new block ids (a resumed request's all)
                 if req_id in resumed:
                     st["groups"] = self._group_ids(new_ids)
@@ -627,6 +630,9 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
         self._committer = None
         self._load_stream = None
         self._state_bufs: List[Any] = []  # staging of the last step's state loads
+        # Requests a load failed for this step: vLLM discards their step, and what they
+        # compute in it (from KV or a state that is not there) is not saved.
+        self._load_failed: Set[str] = set()
         self.stats = collections.Counter()
 
     def register_kv_caches(self, kv_caches):
@@ -816,6 +822,7 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
         self._all_event = None
         self._loads = []
         self._state_bufs = []
+        self._load_failed = set()
         if self._lay.groups:
             return self._load_groups(meta)
         for span in getattr(meta, "loads", ()):
@@ -827,6 +834,7 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
             self.stats["load_lookups"] += 1
             if hits < span.count:  # evicted since the scheduler looked: vLLM recomputes
                 self._errors.update(span.block_ids[span.first + hits:span.first + span.count])
+                self._load_failed.add(span.req_id)
                 self.stats["load_missing_blocks"] += span.count - hits
             if hits:
                 self._loads.append((lease, span, hits))
@@ -849,6 +857,7 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
                                   **({"stream": stream} if stream else {}))
                 except (kvcd.Error, ValueError):
                     self._errors.update(span.block_ids[span.first:span.first + span.count])
+                    self._load_failed.add(span.req_id)
                     self._loads.remove((lease, span, hits))
                     self.stats["load_failed"] += 1
             self._mark_loaded(stream, None if r is None else r.start)
@@ -876,6 +885,7 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
             if got < end:
                 for g, ids in zip(groups, span.group_block_ids):
                     self._errors.update(ids[max(got, span.first, g.skipped(end)):end])
+                    self._load_failed.add(span.req_id)
                 self.stats["load_missing_blocks"] += end - max(got, span.first)
             parts = []  # (group, lease, block ids, first hit, hits, first block)
             states = []  # (group, lease)
@@ -897,6 +907,7 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
             except (kvcd.Error, ValueError):
                 for g, ids in zip(groups, span.group_block_ids):
                     self._errors.update(ids[max(span.first, g.skipped(end)):end])
+                    self._load_failed.add(span.req_id)
                 self.stats["load_failed"] += 1
                 hit.release()
                 continue
@@ -925,6 +936,7 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
                     end = span.first + span.count
                     for g, ids in zip(groups, span.group_block_ids):
                         self._errors.update(ids[max(span.first, g.skipped(end)):end])
+                        self._load_failed.add(span.req_id)
                     self._loads.remove(item)
                     self.stats["load_failed"] += 1
             self._mark_loaded(stream, at)
@@ -973,6 +985,9 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
     def _reserve(self, saves):
         self._reserved = True
         for span in saves:
+            if span.req_id in self._load_failed:
+                self.stats["save_skipped_load_failed"] += span.count
+                continue
             # A chunk hangs from the last one's blocks: the daemon reserves keys only after
             # a committed parent, so the request's earlier commits must have landed (the
             # committing thread usually finished them during the last step).

@@ -754,8 +754,10 @@ def test_mamba_missing_state_shortens_the_match(setup, daemon):
 def test_mamba_state_evicted_between_scheduling_and_loading(setup, daemon):
     """The state evicted after the scheduler counted it: the worker loads nothing, reports
     the load's blocks of every group (the full-attention blocks and the state's block)
-    through get_block_ids_with_load_errors, and the request starts over, recomputing
-    everything: its output is the model's."""
+    through get_block_ids_with_load_errors, saves nothing of that step (its forward ran
+    from no state: its blocks 5 and 6 and the state after them would be wrong), and the
+    request starts over, recomputing everything: its output and what it saved are the
+    model's."""
     s = setup(groups=HYMAMBA)
     a = prompt(80, seed=45)
     s.run(Request("A", a))
@@ -766,15 +768,18 @@ def test_mamba_state_evicted_between_scheduling_and_loading(setup, daemon):
         seen["ids"] = load.group_block_ids
         with kvcd.Client(daemon.socket) as c:
             assert c.evict(s.ns(c, group=1).id) >= 1
-    b = prompt(90, seed=46, prefix=a)  # A's state is after its 80 tokens: block 4
+    b = prompt(120, seed=46, prefix=a)  # A's state is after its 80 tokens: block 4
     outs = s.run(Request("B", b), before_workers=evict)
     full_ids, state_ids = seen["ids"]
+    assert outs[0][0].num_scheduled_tokens["B"] == 32  # to block 6's end: a state there
     assert outs[0][1].invalid_block_ids == set(full_ids[:5]) | {state_ids[4]}
     st = s.stats[0]
     assert st["load_missing_blocks"] == 5 and st.get("loaded_states_g1", 0) == 0
-    assert st.get("loaded_blocks", 0) == 0
+    assert st.get("loaded_blocks", 0) == 0 and st["save_skipped_load_failed"] == 2
     assert len(outs) >= 2 and s.wrong == 0
-    assert s.outputs[0]["B"] == state_bytes(b, 90)
+    assert s.outputs[0]["B"] == state_bytes(b, 120)
+    assert saved_state(daemon, s, b, 7) == (6, state_bytes(b, 112))
+    check_saved(daemon, s, 0, b, 7, range(7))
 
 
 def test_mamba_chunked_prefill_and_two_ranks(setup, daemon):
