@@ -29,11 +29,26 @@
 #
 # A hybrid model (vLLM's hybrid allocator: several KV cache groups, this connector being a
 # SupportsHMA one) keeps one namespace per group and rank, of the group's kind (full
-# attention kv, MLA k_only, sliding window and chunked local kv_window; Mamba state groups
-# are refused), every group under the rank's first group's keys: the scheduler settles on
-# the prefix every group of every rank gives (kvcd.hybrid_lookup), the worker loads each
-# group's part (a window's blocks only where vLLM gave the group a block, not its null
-# block) and saves each group's blocks layer by layer as with one group.
+# attention kv, MLA k_only, sliding window and chunked local kv_window, Mamba state), every
+# group under the rank's first group's keys: the scheduler settles on the prefix every
+# group of every rank gives (kvcd.hybrid_lookup), the worker loads each group's part (a
+# window's blocks only where vLLM gave the group a block, not its null block) and saves
+# each group's blocks layer by layer as with one group.
+#
+# Mamba groups (Mamba, gated delta net, linear attention), as vLLM's "align" cache mode
+# keeps them (read in vLLM's scheduler.py at 00024d3, the worker's mamba_utils.py at
+# 00b08dc and a recent single_type_kv_cache_manager.py; docs/engines.md): a request's state
+# after (p + 1) * block_size tokens is in its Mamba block p, chunks end at block boundaries,
+# and the running state of a step is in block (computed + scheduled - 1) // block_size.
+# The worker saves the state of a chunk that ends at a block boundary under that block's
+# key, every Mamba layer's states end to end as one state block. A prefix of h blocks is
+# found only where its state is (stored under key h - 1); its state is loaded into block
+# h - 1 (where vLLM's Mamba manager keeps a prefix hit's state) and into the step's
+# running block, because vLLM's runner copies block h - 1 to the running block
+# (preprocess_mamba) before it calls start_load_kv: a load into block h - 1 alone would
+# leave the forward the stale bytes of that copy. A load that falls short loads nothing
+# and reports every group's blocks (a shorter prefix's state has no block of the request
+# to go to), and no request saves what a step with a failed load computed.
 #
 # Worker side, per step: start_load_kv looks up each load and queues its scatter into vLLM's
 # paged KV cache layer by layer on a load stream, an event after each layer;
