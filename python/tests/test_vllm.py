@@ -16,7 +16,10 @@
 # resumes by loading what it saved before. A hybrid model (test_hybrid_*: a full-attention
 # and a sliding-window KV cache group, the stand-in scheduler drawing both groups' blocks
 # from one pool with vLLM's null block) saves and loads per group, the prefix being the one
-# every group gives.
+# every group gives. A model with Mamba layers (test_mamba_*: a full-attention and a Mamba
+# group in vLLM's align mode, whose stand-in layers run a recurrence from the state they
+# find in the running block) saves the state of each block-aligned chunk end and loads the
+# state of the prefix's end where vLLM reads it, so its output equals a run without kvcd.
 import time
 
 import pytest

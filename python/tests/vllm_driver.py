@@ -12,7 +12,12 @@
 # runner of a worker process (vllm_worker.py) that receives the pickled SchedulerOutput as
 # vLLM's workers do.
 # The "model" writes, for each token, KV that is a pure function of the tokens up to it
-# (kv_value), so a loaded block holds right bytes exactly when they equal that function.
+# (kv_value), so a loaded block holds right bytes exactly when they equal that function; a
+# Mamba layer's states are a recurrence over the tokens (state_step), so a layer started
+# from a wrong or missing state gives another result than state_value, the run without a
+# cache. With a Mamba group the scheduler follows vLLM's align mode (MambaManager's block
+# lists, _mamba_block_aligned_split's chunks) and refuses external tokens, as vLLM's
+# scheduler at 00024d3 does, unless the connector says supports_mamba_external_kv.
 import functools
 import importlib
 import os

@@ -13,7 +13,11 @@
 # It answers with the KVConnectorOutput and what it saw: tokens read with wrong KV (which
 # must stay 0), tokens loaded. A hybrid setup's layers each belong to one KV cache group and
 # index their paged cache with that group's block ids; a sliding-window layer's attention
-# reads only the tokens its window sees (the blocks before are vLLM's null block).
+# reads only the tokens its window sees (the blocks before are vLLM's null block). A Mamba
+# layer's cache is a list of state tensors indexed by block id; before the connector's
+# start_load_kv the runner moves each request's state into its running block, as vLLM's
+# preprocess_mamba does, and the layer checks the state it starts from, advances it over
+# the step's tokens and reports a finished prompt's final states as its output.
 import sys
 
 import torch
