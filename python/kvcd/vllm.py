@@ -169,6 +169,22 @@ _SPEC_KINDS = {"FullAttentionSpec": "kv", "MLAAttentionSpec": "k_only",
                "SlidingWindowSpec": "kv_window", "ChunkedLocalAttentionSpec": "kv_window"}
 
 
+def vllm_takes_mamba_external(scheduler_cls=None):
+    """Whether vLLM's scheduler takes external tokens for a model with Mamba layers. The
+    scheduler read at 00024d3 asserts in _mamba_block_aligned_split that none come ("External
+    KV connector is not verified yet"), so a hit reported there would stop the engine; later
+    ones (487ecf187) take them. Read from the installed scheduler's source once; a vLLM
+    without that split (or without its source) has nothing that refuses them."""
+    try:
+        import inspect
+        if scheduler_cls is None:
+            from vllm.v1.core.sched.scheduler import Scheduler as scheduler_cls
+        src = inspect.getsource(scheduler_cls._mamba_block_aligned_split)
+    except Exception:  # no such scheduler, split or source: nothing asserts
+        return True
+    return "assert num_external_computed_tokens == 0" not in src
+
+
 def _state_shape(index, spec):
     """(dtype name, kv_heads, head_dim, [(shape, torch dtype, bytes), ...]) of a MambaSpec
     group's state namespace: one layer's states (conv, then SSM, as vLLM lists them) end to
@@ -419,6 +435,8 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
         self._loads: Dict[str, Tuple[int, int, List[int]]] = {}
         self._reqs: Dict[str, dict] = {}
         self._saving: Set[str] = set()
+        self._mamba_ok = None  # whether vLLM takes a Mamba model's hits (_mamba_refused)
+        self.stats = collections.Counter()
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
         """Tokens beyond num_computed_tokens that kvcd holds for every rank, from a lookup
@@ -435,6 +453,8 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
         if usable <= first:
             return 0, False
         if self._lay.groups:
+            if self._mamba_refused():
+                return 0, False
             hits, pending = self._hybrid_hits(tokens, extras, usable)
             if pending and now - since < self._disk_wait:
                 return None, False
@@ -452,6 +472,18 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
         if hits <= first:
             return 0, False
         return (hits - first) * bs, False
+
+    def _mamba_refused(self):
+        """A model with Mamba groups under a vLLM whose scheduler asserts that no external
+        tokens reach them (vllm_takes_mamba_external): no hit is reported, so the engine
+        keeps running and computes every prompt; its saves go on, for a vLLM that takes
+        them. Counted in stats["mamba_hits_withheld"]."""
+        if self._mamba_ok is None:
+            self._mamba_ok = not any(g.kind == "state" for g in self._lay.groups) or \
+                vllm_takes_mamba_external()
+        if not self._mamba_ok:
+            self.stats["mamba_hits_withheld"] += 1
+        return not self._mamba_ok
 
     def _hybrid_hits(self, tokens, extras, usable):
         """(blocks, pending): the longest prefix of at most `usable` blocks that every group

@@ -731,6 +731,44 @@ def test_mamba_group_saves_and_loads_the_state(setup, daemon):
     assert fresh.outputs[0]["B"] == s.outputs[0]["B"]
 
 
+def test_mamba_hits_withheld_where_vllm_asserts_none_come(setup, daemon, monkeypatch):
+    """vLLM's scheduler as read at 00024d3 asserts that no external tokens reach a model
+    with Mamba layers: under such a vLLM the connector reports no hit for it (the engine
+    would stop at the first) and says so in its stats, while a full-attention model's hits
+    and a vLLM without the assert are untouched. The detection reads the scheduler's
+    source: the assert's line, or its absence, decides."""
+    from kvcd import vllm as kv
+
+    class Asserting:
+        def _mamba_block_aligned_split(self, request, num_new_tokens,
+                                       num_new_local_computed_tokens=0,
+                                       num_external_computed_tokens=0):
+            assert num_external_computed_tokens == 0, (
+                "External KV connector is not verified yet")
+            return num_new_tokens
+
+    class Taking:
+        def _mamba_block_aligned_split(self, request, num_new_tokens,
+                                       num_new_local_computed_tokens=0,
+                                       num_external_computed_tokens=0):
+            return num_new_tokens
+
+    assert kv.vllm_takes_mamba_external(Asserting) is False
+    assert kv.vllm_takes_mamba_external(Taking) is True
+    assert kv.vllm_takes_mamba_external(object) is True  # no such split
+    s = setup(groups=HYMAMBA)
+    a = prompt(100, seed=43)
+    s.run(Request("A", a))
+    b = prompt(120, seed=44, prefix=a[:96])
+    monkeypatch.setattr(kv, "vllm_takes_mamba_external", lambda: False)
+    s.sched_conn._mamba_ok = None
+    assert s.sched_conn.get_num_new_matched_tokens(Request("B", b), 0) == (0, False)
+    assert s.sched_conn.stats["mamba_hits_withheld"] == 1
+    monkeypatch.setattr(kv, "vllm_takes_mamba_external", lambda: True)
+    s.sched_conn._mamba_ok = None
+    assert s.sched_conn.get_num_new_matched_tokens(Request("B", b), 0) == (96, False)
+
+
 def test_mamba_missing_state_shortens_the_match(setup, daemon):
     """Chunks of 40 tokens run as 32 (align mode ends them at block boundaries): states
     after blocks 1, 3 and 5 are kept. A request sharing 90 tokens has 5 blocks of KV but no
