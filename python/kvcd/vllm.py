@@ -29,11 +29,26 @@
 #
 # A hybrid model (vLLM's hybrid allocator: several KV cache groups, this connector being a
 # SupportsHMA one) keeps one namespace per group and rank, of the group's kind (full
-# attention kv, MLA k_only, sliding window and chunked local kv_window; Mamba state groups
-# are refused), every group under the rank's first group's keys: the scheduler settles on
-# the prefix every group of every rank gives (kvcd.hybrid_lookup), the worker loads each
-# group's part (a window's blocks only where vLLM gave the group a block, not its null
-# block) and saves each group's blocks layer by layer as with one group.
+# attention kv, MLA k_only, sliding window and chunked local kv_window, Mamba state), every
+# group under the rank's first group's keys: the scheduler settles on the prefix every
+# group of every rank gives (kvcd.hybrid_lookup), the worker loads each group's part (a
+# window's blocks only where vLLM gave the group a block, not its null block) and saves
+# each group's blocks layer by layer as with one group.
+#
+# Mamba groups (Mamba, gated delta net, linear attention), as vLLM's "align" cache mode
+# keeps them (read in vLLM's scheduler.py at 00024d3, the worker's mamba_utils.py at
+# 00b08dc and a recent single_type_kv_cache_manager.py; docs/engines.md): a request's state
+# after (p + 1) * block_size tokens is in its Mamba block p, chunks end at block boundaries,
+# and the running state of a step is in block (computed + scheduled - 1) // block_size.
+# The worker saves the state of a chunk that ends at a block boundary under that block's
+# key, every Mamba layer's states end to end as one state block. A prefix of h blocks is
+# found only where its state is (stored under key h - 1); its state is loaded into block
+# h - 1 (where vLLM's Mamba manager keeps a prefix hit's state) and into the step's
+# running block, because vLLM's runner copies block h - 1 to the running block
+# (preprocess_mamba) before it calls start_load_kv: a load into block h - 1 alone would
+# leave the forward the stale bytes of that copy. A load that falls short loads nothing
+# and reports every group's blocks (a shorter prefix's state has no block of the request
+# to go to), and no request saves what a step with a failed load computed.
 #
 # Worker side, per step: start_load_kv looks up each load and queues its scatter into vLLM's
 # paged KV cache layer by layer on a load stream, an event after each layer;
@@ -50,6 +65,7 @@
 # the NHD cache layout (libkvc's), and no reliable-delivery demand (a cache, not a
 # hand-off); the others keep vLLM's defaults (docs/engines.md lists them).
 import collections
+import dataclasses
 import queue
 import threading
 import time
@@ -83,6 +99,10 @@ class KvcdSpan:
     # A hybrid model's block ids of the request from block 0, one list per KV cache group
     # (block_ids is the first group's); empty with one group.
     group_block_ids: Tuple[List[int], ...] = ()
+    # Tokens the request has computed once this step's forward ran (num_computed_tokens +
+    # num_scheduled_tokens): where a Mamba group's running state is (vLLM's block
+    # (step_end - 1) // block_size), to load a state into and to save one from.
+    step_end: int = 0
 
 
 @dataclass
@@ -149,6 +169,55 @@ _SPEC_KINDS = {"FullAttentionSpec": "kv", "MLAAttentionSpec": "k_only",
                "SlidingWindowSpec": "kv_window", "ChunkedLocalAttentionSpec": "kv_window"}
 
 
+def vllm_takes_mamba_external(scheduler_cls=None):
+    """Whether vLLM's scheduler takes external tokens for a model with Mamba layers. The
+    scheduler read at 00024d3 asserts in _mamba_block_aligned_split that none come ("External
+    KV connector is not verified yet"), so a hit reported there would stop the engine; later
+    ones (487ecf187) take them. Read from the installed scheduler's source once; a vLLM
+    without that split (or without its source) has nothing that refuses them."""
+    try:
+        import inspect
+        if scheduler_cls is None:
+            from vllm.v1.core.sched.scheduler import Scheduler as scheduler_cls
+        src = inspect.getsource(scheduler_cls._mamba_block_aligned_split)
+    except Exception:  # no such scheduler, split or source: nothing asserts
+        return True
+    return "assert num_external_computed_tokens == 0" not in src
+
+
+def _state_shape(index, spec):
+    """(dtype name, kv_heads, head_dim, [(shape, torch dtype, bytes), ...]) of a MambaSpec
+    group's state namespace: one layer's states (conv, then SSM, as vLLM lists them) end to
+    end, in their common dtype, or as int8 bytes where their dtypes differ, factored into
+    kv_heads x head_dim within the namespace's bounds."""
+    import torch
+    shapes = [tuple(int(d) for d in sh) for sh in spec.shapes]
+    dtypes = list(spec.dtypes)
+    if not shapes or len(shapes) != len(dtypes):
+        raise ValueError("kvcd.vllm: KV cache group %d: MambaSpec with %d shapes and %d "
+                         "dtypes" % (index, len(shapes), len(dtypes)))
+    pieces = []
+    for sh, dt in zip(shapes, dtypes):
+        n = 1
+        for d in sh:
+            n *= d
+        if n <= 0:
+            raise ValueError("kvcd.vllm: KV cache group %d: empty state shape %s" %
+                             (index, sh))
+        pieces.append((sh, dt, n * torch.empty((), dtype=dt).element_size()))
+    total = sum(b for _, _, b in pieces)
+    name = _dtype_name(dtypes[0])
+    size = torch.empty((), dtype=dtypes[0]).element_size()
+    if any(dt != dtypes[0] for dt in dtypes) or name not in ("fp16", "bf16", "fp32", "int8"):
+        name, size = "int8", 1
+    elems = total // size
+    for heads in range(1, 4097):
+        if elems % heads == 0 and elems // heads <= 65536:
+            return name, heads, elems // heads, pieces
+    raise ValueError("kvcd.vllm: KV cache group %d: a state of %d elements does not factor "
+                     "into at most 4096 heads of at most 65536" % (index, elems))
+
+
 class _Group:
     """One KV cache group of a hybrid model (several groups): its layers and the kvcd
     namespace of its kind (docs/engines.md, "vLLM's hybrid allocator groups"). The
@@ -158,12 +227,7 @@ class _Group:
     def __init__(self, index, group, model_id, tp_size):
         spec = group.kv_cache_spec
         cls = type(spec).__name__
-        if cls == "MambaSpec":
-            raise ValueError("kvcd.vllm: KV cache group %d is a MambaSpec group (Mamba / "
-                             "linear-attention state): not supported yet (full attention, "
-                             "MLA, sliding-window and chunked local attention groups are)"
-                             % index)
-        self.kind = _SPEC_KINDS.get(cls)
+        self.kind = "state" if cls == "MambaSpec" else _SPEC_KINDS.get(cls)
         if self.kind is None:
             raise ValueError("kvcd.vllm: KV cache group %d has a %s, which has no kvcd "
                              "namespace kind" % (index, cls))
@@ -173,6 +237,14 @@ class _Group:
         if not self.layers:
             raise ValueError("kvcd.vllm: KV cache group %d has no layer" % index)
         self.block_size = int(spec.block_size)
+        self.window = 0
+        self.chunked = False
+        self.tp_size = tp_size
+        crc = zlib.crc32("\0".join(self.layer_names).encode())
+        self.base = "%s/g%d-%08x" % (model_id, index, crc)
+        if self.kind == "state":
+            self._mamba(index, spec)
+            return
         self.head_size = int(spec.head_size)
         head_v = getattr(spec, "head_size_v", None)
         if head_v is not None and int(head_v) != self.head_size:
@@ -181,7 +253,6 @@ class _Group:
         self.heads = 1 if self.kind == "k_only" else int(spec.num_kv_heads)
         self.dtype = _dtype_name(spec.dtype)
         # A window group: vLLM keeps (and a prefix needs) the tokens a query can still see.
-        self.window = 0
         self.chunked = cls == "ChunkedLocalAttentionSpec"
         if self.kind == "kv_window":
             self.window = int(spec.attention_chunk_size if self.chunked else
@@ -189,9 +260,26 @@ class _Group:
             if self.window <= 0:
                 raise ValueError("kvcd.vllm: KV cache group %d: window of %d tokens" %
                                  (index, self.window))
-        self.tp_size = tp_size
-        crc = zlib.crc32("\0".join(self.layer_names).encode())
-        self.base = "%s/g%d-%08x" % (model_id, index, crc)
+
+    def _mamba(self, index, spec):
+        """A MambaSpec group: a state namespace of the group's layers. Only vLLM's "align"
+        cache mode keeps a state at block boundaries (the state after (p + 1) * block_size
+        tokens in the request's block p), which is what a prefix is stored and found by;
+        "none" keeps the running state only and "all" keeps states this connector does not
+        map; speculative blocks shift where the running state is."""
+        mode = getattr(spec, "mamba_cache_mode", "none")
+        if mode != "align":
+            raise ValueError("kvcd.vllm: KV cache group %d: MambaSpec with mamba_cache_mode "
+                             "%r: only \"align\" is supported (vLLM keeps the states of block "
+                             "boundaries only there: --mamba-cache-mode align, with prefix "
+                             "caching)" % (index, mode))
+        spec_blocks = int(getattr(spec, "num_speculative_blocks", 0) or 0)
+        if spec_blocks:
+            raise ValueError("kvcd.vllm: KV cache group %d: MambaSpec with %d speculative "
+                             "blocks (speculative decoding) is not supported" %
+                             (index, spec_blocks))
+        self.dtype, self.heads, self.head_size, self.pieces = _state_shape(index, spec)
+        self.state_bytes = sum(b for _, _, b in self.pieces)  # of one layer
 
     def ns_name(self, rank):
         if self.kind == "k_only":  # one latent cache for every rank
@@ -210,6 +298,8 @@ class _Group:
         """The leading blocks of a prefix of `blocks` blocks that vLLM gives this group no
         block for (its null block) when the prefix is computed: those no query after it can
         see (vLLM's sliding-window and chunked-local managers, get_num_skipped_tokens)."""
+        if self.kind == "state":  # only the state at the prefix's end (block blocks - 1)
+            return max(0, blocks - 1)
         if not self.window:
             return 0
         tokens = blocks * self.block_size
@@ -236,7 +326,8 @@ class _Layout:
         self.groups: List[_Group] = []  # a hybrid model's KV cache groups (several)
         if kv_cache_config is not None and getattr(kv_cache_config, "kv_cache_groups", None):
             group = kv_cache_config.kv_cache_groups[0]
-            if len(kv_cache_config.kv_cache_groups) > 1:
+            if len(kv_cache_config.kv_cache_groups) > 1 or type(
+                    group.kv_cache_spec).__name__ == "MambaSpec":  # a state has no KV heads
                 self._hybrid(kv_cache_config.kv_cache_groups, model, extra)
                 return
             spec = group.kv_cache_spec
@@ -295,6 +386,14 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
         lands here is only a later miss."""
         return False
 
+    @property
+    def supports_mamba_external_kv(self):
+        """True: a Mamba group's state is loaded with the prefix it ends (a connector built
+        with a Mamba group it cannot map fails at construction), so vLLM's scheduler may
+        take external tokens for a model with Mamba layers in align mode. The property
+        vLLM PR #42620 proposed (default False); vLLM versions without it never ask."""
+        return True
+
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config):
         """NHD: tokens before heads in each block, the layout libkvc's scatter and gather
@@ -336,6 +435,8 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
         self._loads: Dict[str, Tuple[int, int, List[int]]] = {}
         self._reqs: Dict[str, dict] = {}
         self._saving: Set[str] = set()
+        self._mamba_ok = None  # whether vLLM takes a Mamba model's hits (_mamba_refused)
+        self.stats = collections.Counter()
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
         """Tokens beyond num_computed_tokens that kvcd holds for every rank, from a lookup
@@ -352,6 +453,8 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
         if usable <= first:
             return 0, False
         if self._lay.groups:
+            if self._mamba_refused():
+                return 0, False
             hits, pending = self._hybrid_hits(tokens, extras, usable)
             if pending and now - since < self._disk_wait:
                 return None, False
@@ -369,6 +472,18 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
         if hits <= first:
             return 0, False
         return (hits - first) * bs, False
+
+    def _mamba_refused(self):
+        """A model with Mamba groups under a vLLM whose scheduler asserts that no external
+        tokens reach them (vllm_takes_mamba_external): no hit is reported, so the engine
+        keeps running and computes every prompt; its saves go on, for a vLLM that takes
+        them. Counted in stats["mamba_hits_withheld"]."""
+        if self._mamba_ok is None:
+            self._mamba_ok = not any(g.kind == "state" for g in self._lay.groups) or \
+                vllm_takes_mamba_external()
+        if not self._mamba_ok:
+            self.stats["mamba_hits_withheld"] += 1
+        return not self._mamba_ok
 
     def _hybrid_hits(self, tokens, extras, usable):
         """(blocks, pending): the longest prefix of at most `usable` blocks that every group
@@ -444,7 +559,8 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
         if full <= st["saved"]:
             return None
         span = KvcdSpan(req_id, st["tokens"][:full * bs], st["extras"], list(st["block_ids"]),
-                        st["saved"], full - st["saved"], **self._span_groups(st))
+                        st["saved"], full - st["saved"], step_end=end_tokens,
+                        **self._span_groups(st))
         st["saved"] = full
         self._saving.add(req_id)
         return span
@@ -458,13 +574,13 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
             self._reqs.pop(new.req_id, None)  # a request scheduled anew starts over
             st = self._req_state(new.req_id, new.prompt_token_ids, block_ids,
                                  new.num_computed_tokens, new.block_ids)
+            end = new.num_computed_tokens + scheduler_output.num_scheduled_tokens.get(
+                new.req_id, 0)
             if load:
                 first, count, _ = load
                 meta.loads.append(KvcdSpan(new.req_id, st["tokens"][:(first + count) * bs],
                                            st["extras"], block_ids, first, count,
-                                           **self._span_groups(st)))
-            end = new.num_computed_tokens + scheduler_output.num_scheduled_tokens.get(
-                new.req_id, 0)
+                                           step_end=end, **self._span_groups(st)))
             span = self._save_span(new.req_id, st, end)
             if span:
                 meta.saves.append(span)
@@ -475,6 +591,9 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
             if st is None:
                 continue
             new_ids = cached.new_block_ids[i]
+            # Back where vLLM rolled the request back to (a load that failed): what was
+            # computed after it is computed, and saved, again.
+            st["saved"] = min(st["saved"], cached.num_computed_tokens[i] // bs)
             if self._lay.groups:  # each group's new block ids (a resumed request's all)
                 if req_id in resumed:
                     st["groups"] = self._group_ids(new_ids)
@@ -488,14 +607,14 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
                 st["saved"] = min(st["saved"], cached.num_computed_tokens[i] // bs)
             elif new_ids:
                 st["block_ids"] += list(new_ids[0])
+            end = cached.num_computed_tokens[i] + scheduler_output.num_scheduled_tokens.get(
+                req_id, 0)
             load = self._loads.pop(req_id, None)
             if load:
                 first, count, _ = load
                 meta.loads.append(KvcdSpan(req_id, st["tokens"][:(first + count) * bs],
                                            st["extras"], list(st["block_ids"]), first, count,
-                                           **self._span_groups(st)))
-            end = cached.num_computed_tokens[i] + scheduler_output.num_scheduled_tokens.get(
-                req_id, 0)
+                                           step_end=end, **self._span_groups(st)))
             span = self._save_span(req_id, st, end)
             if span:
                 meta.saves.append(span)
@@ -557,6 +676,10 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
         self._commit_q: "queue.Queue" = queue.Queue()
         self._committer = None
         self._load_stream = None
+        self._state_bufs: List[Any] = []  # staging of the last step's state loads
+        # Requests a load failed for this step: vLLM discards their step, and what they
+        # compute in it (from KV or a state that is not there) is not saved.
+        self._load_failed: Set[str] = set()
         self.stats = collections.Counter()
 
     def register_kv_caches(self, kv_caches):
@@ -600,8 +723,13 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
         self._names = list(kv_caches)
         self._layer_of = {}  # layer name -> (group, layer in the group)
         self._gpaged = []
+        self._gstate = {}  # a Mamba group's index -> per layer, vLLM's state tensors
         t = None
         for gi, g in enumerate(self._lay.groups):
+            if g.kind == "state":
+                t = self._register_state(gi, g, kv_caches)
+                self._gpaged.append(None)
+                continue
             tensors = []
             for li, name in enumerate(g.layer_names):
                 if name not in kv_caches or name in self._layer_of:
@@ -633,6 +761,84 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
             self._load_stream = torch.cuda.Stream(device=t.device)
             self._client.gpu_attach()
 
+    def _register_state(self, gi, g, kv_caches):
+        """A Mamba group's layers: each a list of vLLM's state tensors (conv, SSM), one
+        [num_blocks, *shape] tensor per state, indexed by block id. Returns one of them."""
+        layers = []
+        nblocks = None
+        for li, name in enumerate(g.layer_names):
+            if name not in kv_caches or name in self._layer_of:
+                raise ValueError("kvcd.vllm: layer %s of KV cache group %d has no state "
+                                 "tensors of its own" % (name, gi))
+            self._layer_of[name] = (gi, li)
+            states = kv_caches[name]
+            if not isinstance(states, (list, tuple)) or len(states) != len(g.pieces):
+                raise ValueError("kvcd.vllm: layer %s of Mamba group %d: %d state tensors "
+                                 "expected (one per MambaSpec shape)" %
+                                 (name, gi, len(g.pieces)))
+            for x, (shape, dtype, _) in zip(states, g.pieces):
+                if tuple(x.shape[1:]) != shape or x.dtype != dtype or (
+                        nblocks is not None and x.shape[0] != nblocks):
+                    raise ValueError("kvcd.vllm: a state tensor of shape %s, %s in layer %s "
+                                     "does not match Mamba group %d (blocks x %s, %s)" %
+                                     (tuple(x.shape), x.dtype, name, gi, shape, dtype))
+                nblocks = x.shape[0]
+            layers.append(list(states))
+        self._gstate[gi] = layers
+        return layers[0][0]
+
+    def _state_ids(self, gi, block):
+        """vLLM's state tensors' blocks `block` of group gi, checked against their size (a
+        block id comes from another process)."""
+        n = self._gstate[gi][0][0].shape[0]
+        if not 0 < block < n:  # block 0 is vLLM's null block, never a state's
+            raise ValueError("kvcd.vllm: state block id %d out of range 1..%d" % (block, n - 1))
+        return block
+
+    def _load_state(self, span, gi, lease, got):
+        """The state of the prefix of `got` blocks into the two blocks vLLM reads it from:
+        block got - 1, where vLLM's Mamba manager puts the state of a prefix hit (and
+        caches it under that block's hash), and the block of this step's running state,
+        (step_end - 1) // block_size, which vLLM's runner copied from block got - 1 before
+        the connector's load (preprocess_mamba runs first in the model runner's step):
+        loaded into only the first, the forward would start from that copy's stale
+        bytes."""
+        ids = span.group_block_ids[gi]
+        run = (span.step_end - 1) // self._bs
+        if lease.first != got - 1 or len(lease) != 1 or not got <= run < len(ids):
+            raise ValueError("kvcd.vllm: state of block %d for a prefix of %d blocks, running "
+                             "state in block %d of %d" % (lease.first, got, run, len(ids)))
+        blocks = [self._state_ids(gi, ids[got - 1]), self._state_ids(gi, ids[run])]
+        self._state_load(gi, lease, blocks)
+        self.stats["loaded_states_g%d" % gi] += 1
+
+    def _state_load(self, gi, lease, blocks):
+        """Copies a lease's one state into vLLM's state blocks `blocks` of group gi, on the
+        compute stream (vLLM's Mamba layers wait for no layer load), every layer at once."""
+        g = self._lay.groups[gi]
+        layers = self._gstate[gi]
+        import torch
+        dev = layers[0][0].device
+        buf = torch.empty(g.layers * g.state_bytes, dtype=torch.uint8, device=dev)
+        lease.copy_into(0, buf, **self._stream_args())
+        off = 0
+        for states in layers:
+            for x, (shape, dtype, nbytes) in zip(states, g.pieces):
+                raw = buf[off:off + nbytes]
+                if off % raw.new_empty((), dtype=dtype).element_size():
+                    raw = raw.clone()  # a state after one of an odd size: realigned
+                piece = raw.view(dtype).view(shape)
+                for b in blocks:
+                    x[b].copy_(piece)
+                off += nbytes
+        self._state_bufs.append(buf)  # until the copies ran (the next step's start)
+
+    def _state_block(self, gi, block):
+        """One state block of group gi as kvcd's layout: every layer's states end to end."""
+        import torch
+        return torch.cat([x[block].reshape(-1).view(torch.uint8)
+                          for states in self._gstate[gi] for x in states])
+
     def _event(self, stream):
         import torch
         ev = torch.cuda.Event()
@@ -662,6 +868,8 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
         self._events = {}
         self._all_event = None
         self._loads = []
+        self._state_bufs = []
+        self._load_failed = set()
         if self._lay.groups:
             return self._load_groups(meta)
         for span in getattr(meta, "loads", ()):
@@ -673,6 +881,7 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
             self.stats["load_lookups"] += 1
             if hits < span.count:  # evicted since the scheduler looked: vLLM recomputes
                 self._errors.update(span.block_ids[span.first + hits:span.first + span.count])
+                self._load_failed.add(span.req_id)
                 self.stats["load_missing_blocks"] += span.count - hits
             if hits:
                 self._loads.append((lease, span, hits))
@@ -695,6 +904,7 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
                                   **({"stream": stream} if stream else {}))
                 except (kvcd.Error, ValueError):
                     self._errors.update(span.block_ids[span.first:span.first + span.count])
+                    self._load_failed.add(span.req_id)
                     self._loads.remove((lease, span, hits))
                     self.stats["load_failed"] += 1
             self._mark_loaded(stream, None if r is None else r.start)
@@ -707,23 +917,45 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
         vLLM gave it a block for. A shorter prefix than the scheduler's (evicted in between)
         hands every group's blocks from its end on back to vLLM for recompute."""
         groups = self._lay.groups
+        stateful = any(g.kind == "state" for g in groups)
         for span in getattr(meta, "loads", ()):
             end = span.first + span.count
             keys = span_keys(self._ns, span.tokens, span.extras, end)
             hit = kvcd.hybrid_lookup(self._gns, keys, gpu=self._cuda)
             got = hit.length
             self.stats["load_lookups"] += 1
+            if got < end and stateful:
+                # A shorter prefix has its state in no block vLLM gave the request (only
+                # the scheduler's prefix end has one): nothing is loaded, vLLM recomputes
+                # from the span's first block.
+                got = span.first
             if got < end:
                 for g, ids in zip(groups, span.group_block_ids):
                     self._errors.update(ids[max(got, span.first, g.skipped(end)):end])
+                    self._load_failed.add(span.req_id)
                 self.stats["load_missing_blocks"] += end - max(got, span.first)
             parts = []  # (group, lease, block ids, first hit, hits, first block)
+            states = []  # (group, lease)
             for gi, (g, lease) in enumerate(zip(groups, hit.leases)):
+                if g.kind == "state":
+                    if got > span.first:
+                        states.append((gi, lease))
+                    continue
                 start = max(lease.first, span.first, g.skipped(end))
                 if start < got:
                     parts.append((gi, lease, span.group_block_ids[gi], start - lease.first,
                                   got - start, start))
-            if got <= span.first or not parts:
+            if got <= span.first or not (parts or states):
+                hit.release()
+                continue
+            try:
+                for gi, lease in states:
+                    self._load_state(span, gi, lease, got)
+            except (kvcd.Error, ValueError):
+                for g, ids in zip(groups, span.group_block_ids):
+                    self._errors.update(ids[max(span.first, g.skipped(end)):end])
+                    self._load_failed.add(span.req_id)
+                self.stats["load_failed"] += 1
                 hit.release()
                 continue
             self._loads.append((hit, span, parts, got))
@@ -751,6 +983,7 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
                     end = span.first + span.count
                     for g, ids in zip(groups, span.group_block_ids):
                         self._errors.update(ids[max(span.first, g.skipped(end)):end])
+                        self._load_failed.add(span.req_id)
                     self._loads.remove(item)
                     self.stats["load_failed"] += 1
             self._mark_loaded(stream, at)
@@ -781,6 +1014,8 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
             return  # one gather of every layer at wait_for_save
         if self._lay.groups:
             gi, li = self._layer_of[layer_name]
+            if self._lay.groups[gi].kind == "state":
+                return  # a state is saved whole, at wait_for_save
             for r, span, g in self._resvs:
                 if g == gi:
                     r.gather(self._gpaged[gi], None, span.group_block_ids[gi],
@@ -797,6 +1032,9 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
     def _reserve(self, saves):
         self._reserved = True
         for span in saves:
+            if span.req_id in self._load_failed:
+                self.stats["save_skipped_load_failed"] += span.count
+                continue
             # A chunk hangs from the last one's blocks: the daemon reserves keys only after
             # a committed parent, so the request's earlier commits must have landed (the
             # committing thread usually finished them during the last step).
@@ -805,8 +1043,18 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
             keys = span_keys(self._ns, span.tokens, span.extras, span.first + span.count)
             if self._lay.groups:  # each group's blocks into its namespace
                 for gi, ns in enumerate(self._gns):
-                    if self._gsaves[gi]:
+                    if not self._gsaves[gi]:
+                        continue
+                    if self._lay.groups[gi].kind != "state":
                         self._reserve_one(ns, keys, span, gi)
+                        continue
+                    # The state after the span's last block: in vLLM's running block when the
+                    # step's forward ends there (align mode ends chunks at block boundaries,
+                    # but for a prompt's last few tokens).
+                    end = span.first + span.count
+                    if span.step_end == end * self._bs:
+                        self._reserve_one(ns, keys[:end], dataclasses.replace(
+                            span, first=end - 1, count=1), gi)
                 continue
             r = self._ns.reserve(keys[span.first:],
                                  parent=keys[span.first - 1] if span.first else None,
@@ -836,8 +1084,21 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
         if self._saves_here and meta is not None and meta.saves and not self._reserved:
             self._reserve(meta.saves)
         late = 0
+        resvs = []
         for r, span, gi in self._resvs:
             g = self._lay.groups[gi]
+            if g.kind == "state":  # the state block of the span's end, written whole
+                try:
+                    blk = self._state_block(gi, self._state_ids(
+                        gi, span.group_block_ids[gi][span.first]))
+                    r.write(0, blk, **self._stream_args())
+                except (kvcd.Error, ValueError, IndexError):
+                    r.abort()
+                    self.stats["save_failed"] += 1
+                    continue
+                resvs.append((r, span, gi, blk))  # blk lives until the commit
+                continue
+            resvs.append((r, span, gi))
             missing = [li for li in range(g.layers) if (gi, li) not in self._gathered]
             late += len(missing)
             if len(missing) == g.layers:
@@ -850,7 +1111,7 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
         if late and self._layerwise:
             self.stats["save_layers_gathered_late"] += late
         self._gathered, self._reserved = set(), False
-        resvs, self._resvs = self._resvs, []
+        self._resvs = []
         self._commit_all(resvs)
 
     def _commit_all(self, resvs):
@@ -870,8 +1131,11 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
 
     def _commit_one(self, item):
         n = item[0].commit()
+        if len(item) >= 3 and self._lay.groups[item[2]].kind == "state":
+            self.stats["saved_states_g%d" % item[2]] += n
+            return
         self.stats["saved_blocks"] += n
-        if len(item) == 3:  # a hybrid model's: (reservation, span, group)
+        if len(item) >= 3:  # a hybrid model's: (reservation, span, group[, state block])
             self.stats["saved_blocks_g%d" % item[2]] += n
 
     def wait_for_save(self):

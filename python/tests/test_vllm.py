@@ -16,7 +16,10 @@
 # resumes by loading what it saved before. A hybrid model (test_hybrid_*: a full-attention
 # and a sliding-window KV cache group, the stand-in scheduler drawing both groups' blocks
 # from one pool with vLLM's null block) saves and loads per group, the prefix being the one
-# every group gives.
+# every group gives. A model with Mamba layers (test_mamba_*: a full-attention and a Mamba
+# group in vLLM's align mode, whose stand-in layers run a recurrence from the state they
+# find in the running block) saves the state of each block-aligned chunk end and loads the
+# state of the prefix's end where vLLM reads it, so its output equals a run without kvcd.
 import time
 
 import pytest
@@ -57,6 +60,7 @@ class Setup:
         self.sched = drv.MiniScheduler(self.sched_conn, self.p["num_blocks"], BS, budget,
                                        windows=[w for _, w in groups] if groups else None)
         self.workers = [drv.Worker(self.p, r) for r in range(tp)]
+        self.outputs = [dict() for _ in self.workers]  # per rank: req_id -> Mamba output
         self.wrong = 0
         self.stats = [dict() for _ in self.workers]
         self.steps = 0
@@ -86,6 +90,7 @@ class Setup:
         for i, r in enumerate(replies):
             self.wrong += r["wrong"]
             self.stats[i] = r["stats"]
+            self.outputs[i].update(r.get("outputs") or {})
         self.sched.update_from_output(out, kv_out)
         return out, kv_out
 
@@ -516,7 +521,8 @@ def test_hybrid_window_missing_a_block_shortens_the_match(setup, daemon):
 
 
 def test_hybrid_configs_refused_or_mapped():
-    """A Mamba group is refused with an error naming it (not supported yet), as is a spec
+    """A Mamba group maps to a state namespace in vLLM's align mode and is refused, with an
+    error naming why, in its other cache modes and with speculative blocks, as is a spec
     class with no namespace kind and groups of different block sizes; MLA and chunked local
     attention groups map to k_only and kv_window namespaces."""
     from vllm.v1.kv_cache_interface import (ChunkedLocalAttentionSpec, FullAttentionSpec,
@@ -534,8 +540,26 @@ def test_hybrid_configs_refused_or_mapped():
 
     full = FullAttentionSpec(BS, num_kv_heads=2, head_size=16, dtype=torch.float16)
     mamba = MambaSpec(BS, shapes=((4, 8), (2, 8, 16)), dtypes=(torch.float16, torch.float32))
-    with pytest.raises(ValueError, match="MambaSpec.*not supported"):
+    with pytest.raises(ValueError, match="mamba_cache_mode 'none'.*align"):
         layout(full, mamba)
+    with pytest.raises(ValueError, match="mamba_cache_mode 'all'"):
+        layout(full, MambaSpec(BS, shapes=((4, 8),), dtypes=(torch.float16,),
+                               mamba_cache_mode="all"))
+    with pytest.raises(ValueError, match="2 speculative blocks"):
+        layout(full, MambaSpec(BS, shapes=((4, 8),), dtypes=(torch.float16,),
+                               mamba_cache_mode="align", num_speculative_blocks=2))
+    # Mixed dtypes: int8 bytes, 4*8*2 + 2*8*16*4 = 1088 a layer; one dtype: its elements.
+    lay = layout(full, MambaSpec(BS, shapes=((4, 8), (2, 8, 16)), dtypes=(
+        torch.float16, torch.float32), mamba_cache_mode="align"),
+        MambaSpec(BS, shapes=((3, 8), (2, 4, 4)), dtypes=(torch.bfloat16, torch.bfloat16),
+                  mamba_cache_mode="align"))
+    assert [(g.kind, g.dtype, g.heads * g.head_size) for g in lay.groups[1:]] == [
+        ("state", "int8", 1088), ("state", "bf16", 56)]
+    assert lay.groups[1].ns_name(1).endswith("/tp1-1")  # a rank's shard, as KV heads
+    # A model of Mamba layers only: one state group, mapped as a hybrid model's.
+    lay = layout(MambaSpec(BS, shapes=((4, 8),), dtypes=(torch.float16,),
+                           mamba_cache_mode="align"))
+    assert [g.kind for g in lay.groups] == ["state"]
     with pytest.raises(ValueError, match="different block sizes"):
         layout(full, FullAttentionSpec(2 * BS, num_kv_heads=2, head_size=16,
                                        dtype=torch.float16))
@@ -640,3 +664,188 @@ def test_hybrid_preempted_request_resumes_per_group(setup, daemon):
     check_kv(s, "A", 130)
     assert (st["saved_blocks_g0"], st["saved_blocks_g1"]) == (10, 10)
     assert st["save_not_reserved"] == 0
+
+
+# A hybrid model with Mamba layers (Qwen3.5 / Jamba style): full-attention layers 0 and 2 in
+# group 0, Mamba layers 1 and 3 in group 1 (vLLM's align mode: a state at block boundaries).
+HYMAMBA = [((0, 2), 0), ((1, 3), drv.MAMBA)]
+
+
+def state_bytes(tokens, n, layers=(1, 3), rank=0):
+    """The state block kvcd keeps for the prefix tokens[:n]: each Mamba layer's conv then
+    SSM state, as the run without a cache has them."""
+    out = b""
+    for layer in layers:
+        conv, ssm = drv.state_value(tokens, n, layer, rank)
+        out += conv.numpy().tobytes() + ssm.numpy().tobytes()
+    return out
+
+
+def saved_state(daemon, s, tokens, nblocks, rank=0):
+    """(first, bytes) of the state group's answer for the prefix of nblocks blocks."""
+    from kvcd.vllm import span_keys
+    with kvcd.Client(daemon.socket) as c:
+        keys = span_keys(s.ns(c, rank, group=0), tokens, [(0, b"")], nblocks)
+        with s.ns(c, rank, group=1).lookup(keys) as lease:
+            return (lease.first, bytes(lease[0])) if len(lease) else (None, None)
+
+
+def test_mamba_group_saves_and_loads_the_state(setup, daemon):
+    """A full-attention and a Mamba group: the first request's prompt (100 tokens) runs as
+    vLLM's align mode splits it (96 tokens, then 4), so the state after block 5 is saved
+    with the 6 blocks of KV, byte for byte the model's; a second request with the 96-token
+    prefix gets it as external tokens, loads the KV and that state into the blocks vLLM
+    reads it from, and its Mamba layers start from exactly the state a run without a cache
+    has there: its output equals a run without kvcd's."""
+    s = setup(groups=HYMAMBA)
+    a = prompt(100, seed=41)
+    outs = s.run(Request("A", a))
+    assert [o.num_scheduled_tokens["A"] for o, _ in outs if "A" in o.num_scheduled_tokens] \
+        == [96, 4]
+    st = s.stats[0]
+    assert (st["saved_blocks_g0"], st["saved_states_g1"]) == (6, 1)
+    with kvcd.Client(daemon.socket) as c:
+        kinds = {n["model_id"]: n["kv_kind"] for n in c.namespaces()}
+    assert kinds[s.sched_conn._lay.groups[1].ns_name(0)] == "state"
+    assert saved_state(daemon, s, a, 6) == (5, state_bytes(a, 96))
+    b = prompt(120, seed=42, prefix=a[:96])
+    req_b = Request("B", b)
+    assert s.sched_conn.get_num_new_matched_tokens(req_b, 0) == (96, False)
+    outs = s.run(req_b)
+    out, kv_out = outs[0]
+    assert req_b.num_external_computed_tokens == 96
+    [load] = out.kv_connector_metadata.loads
+    assert (load.first, load.count, load.step_end) == (0, 6, 112)  # 96 + 16 (block aligned)
+    state_ids = load.group_block_ids[1]
+    assert state_ids[:5] == [0] * 5 and 0 not in (state_ids[5], state_ids[6])
+    assert not kv_out.invalid_block_ids
+    st = s.stats[0]
+    assert (st["loaded_blocks_g0"], st["loaded_states_g1"]) == (6, 1)
+    assert s.wrong == 0
+    check_kv(s, "B", 120)
+    assert s.outputs[0]["B"] == state_bytes(b, 120)
+    # The same request where kvcd has nothing (another model id): the same output.
+    fresh = setup(groups=HYMAMBA)
+    fresh.run(Request("B", b))
+    assert fresh.stats[0].get("loaded_states_g1", 0) == 0
+    assert fresh.outputs[0]["B"] == s.outputs[0]["B"]
+
+
+def test_mamba_hits_withheld_where_vllm_asserts_none_come(setup, daemon, monkeypatch):
+    """vLLM's scheduler as read at 00024d3 asserts that no external tokens reach a model
+    with Mamba layers: under such a vLLM the connector reports no hit for it (the engine
+    would stop at the first) and says so in its stats, while a full-attention model's hits
+    and a vLLM without the assert are untouched. The detection reads the scheduler's
+    source: the assert's line, or its absence, decides."""
+    from kvcd import vllm as kv
+
+    class Asserting:
+        def _mamba_block_aligned_split(self, request, num_new_tokens,
+                                       num_new_local_computed_tokens=0,
+                                       num_external_computed_tokens=0):
+            assert num_external_computed_tokens == 0, (
+                "External KV connector is not verified yet")
+            return num_new_tokens
+
+    class Taking:
+        def _mamba_block_aligned_split(self, request, num_new_tokens,
+                                       num_new_local_computed_tokens=0,
+                                       num_external_computed_tokens=0):
+            return num_new_tokens
+
+    assert kv.vllm_takes_mamba_external(Asserting) is False
+    assert kv.vllm_takes_mamba_external(Taking) is True
+    assert kv.vllm_takes_mamba_external(object) is True  # no such split
+    s = setup(groups=HYMAMBA)
+    a = prompt(100, seed=43)
+    s.run(Request("A", a))
+    b = prompt(120, seed=44, prefix=a[:96])
+    monkeypatch.setattr(kv, "vllm_takes_mamba_external", lambda: False)
+    s.sched_conn._mamba_ok = None
+    assert s.sched_conn.get_num_new_matched_tokens(Request("B", b), 0) == (0, False)
+    assert s.sched_conn.stats["mamba_hits_withheld"] == 1
+    monkeypatch.setattr(kv, "vllm_takes_mamba_external", lambda: True)
+    s.sched_conn._mamba_ok = None
+    assert s.sched_conn.get_num_new_matched_tokens(Request("B", b), 0) == (96, False)
+
+
+def test_mamba_missing_state_shortens_the_match(setup, daemon):
+    """Chunks of 40 tokens run as 32 (align mode ends them at block boundaries): states
+    after blocks 1, 3 and 5 are kept. A request sharing 90 tokens has 5 blocks of KV but no
+    state after block 4: it gets the 4-block prefix, whose state is there. With the state
+    namespace gone, nothing."""
+    s = setup(groups=HYMAMBA, budget=40)
+    a = prompt(100, seed=43)
+    s.run(Request("A", a))
+    assert s.stats[0]["saved_states_g1"] == 3
+    assert saved_state(daemon, s, a, 6)[0] == 5 and saved_state(daemon, s, a, 5)[0] == 3
+    b = prompt(110, seed=44, prefix=a[:90])
+    req_b = Request("B", b)
+    assert s.sched_conn.get_num_new_matched_tokens(req_b, 0) == (64, False)
+    outs = s.run(req_b)
+    assert req_b.num_external_computed_tokens == 64
+    [load] = outs[0][0].kv_connector_metadata.loads
+    assert (load.first, load.count) == (0, 4)
+    assert s.wrong == 0 and s.outputs[0]["B"] == state_bytes(b, 110)
+    with kvcd.Client(daemon.socket) as c:
+        assert c.evict(s.ns(c, group=1).id) >= 3
+    assert s.sched_conn.get_num_new_matched_tokens(Request("C", b), 0) == (0, False)
+
+
+def test_mamba_state_evicted_between_scheduling_and_loading(setup, daemon):
+    """The state evicted after the scheduler counted it: the worker loads nothing, reports
+    the load's blocks of every group (the full-attention blocks and the state's block)
+    through get_block_ids_with_load_errors, saves nothing of that step (its forward ran
+    from no state: its blocks 5 and 6 and the state after them would be wrong), and the
+    request starts over, recomputing everything: its output and what it saved are the
+    model's."""
+    s = setup(groups=HYMAMBA)
+    a = prompt(80, seed=45)
+    s.run(Request("A", a))
+    seen = {}
+
+    def evict(out):
+        [load] = out.kv_connector_metadata.loads
+        seen["ids"] = load.group_block_ids
+        with kvcd.Client(daemon.socket) as c:
+            assert c.evict(s.ns(c, group=1).id) >= 1
+    b = prompt(120, seed=46, prefix=a)  # A's state is after its 80 tokens: block 4
+    outs = s.run(Request("B", b), before_workers=evict)
+    full_ids, state_ids = seen["ids"]
+    assert outs[0][0].num_scheduled_tokens["B"] == 32  # to block 6's end: a state there
+    assert outs[0][1].invalid_block_ids == set(full_ids[:5]) | {state_ids[4]}
+    st = s.stats[0]
+    assert st["load_missing_blocks"] == 5 and st.get("loaded_states_g1", 0) == 0
+    assert st.get("loaded_blocks", 0) == 0 and st["save_skipped_load_failed"] == 2
+    assert len(outs) >= 2 and s.wrong == 0
+    assert s.outputs[0]["B"] == state_bytes(b, 120)
+    assert saved_state(daemon, s, b, 7) == (6, state_bytes(b, 112))
+    check_saved(daemon, s, 0, b, 7, range(7))
+
+
+def test_mamba_chunked_prefill_and_two_ranks(setup, daemon):
+    """Two tensor-parallel ranks (each its shard of the state, in a namespace of its own)
+    with chunked prefill: each chunk's KV and its end's state are saved per rank; a second
+    request with the 128-token prefix loads both ranks' states and KV, and each rank's
+    output is the model's; with rank 1's states gone, no rank's prefix is usable."""
+    s = setup(tp=2, budget=40, groups=HYMAMBA)
+    a = prompt(130, seed=47)
+    outs = s.run(Request("A", a))
+    assert [o.num_scheduled_tokens["A"] for o, _ in outs if "A" in o.num_scheduled_tokens] \
+        == [32, 32, 32, 32, 2]
+    for rank, st in enumerate(s.stats):
+        assert (st["saved_blocks_g0"], st["saved_states_g1"]) == (8, 4)
+        assert saved_state(daemon, s, a, 8, rank) == (7, state_bytes(a, 128, rank=rank))
+    b = prompt(140, seed=48, prefix=a[:128])
+    req_b = Request("B", b)
+    assert s.sched_conn.get_num_new_matched_tokens(req_b, 0) == (128, False)
+    s.run(req_b)
+    assert req_b.num_external_computed_tokens == 128
+    assert [(st["loaded_blocks_g0"], st["loaded_states_g1"]) for st in s.stats] == [(8, 1)] * 2
+    assert s.wrong == 0
+    check_kv(s, "B", 140)
+    for rank in range(2):
+        assert s.outputs[rank]["B"] == state_bytes(b, 140, rank=rank)
+    with kvcd.Client(daemon.socket) as c:
+        assert c.evict(s.ns(c, 1, group=1).id) >= 4
+    assert s.sched_conn.get_num_new_matched_tokens(Request("C", b), 0) == (0, False)

@@ -12,7 +12,12 @@
 # runner of a worker process (vllm_worker.py) that receives the pickled SchedulerOutput as
 # vLLM's workers do.
 # The "model" writes, for each token, KV that is a pure function of the tokens up to it
-# (kv_value), so a loaded block holds right bytes exactly when they equal that function.
+# (kv_value), so a loaded block holds right bytes exactly when they equal that function; a
+# Mamba layer's states are a recurrence over the tokens (state_step), so a layer started
+# from a wrong or missing state gives another result than state_value, the run without a
+# cache. With a Mamba group the scheduler follows vLLM's align mode (MambaManager's block
+# lists, _mamba_block_aligned_split's chunks) and refuses external tokens, as vLLM's
+# scheduler at 00024d3 does, unless the connector says supports_mamba_external_kv.
 import functools
 import importlib
 import os
@@ -35,7 +40,13 @@ from vllm.v1.core.kv_cache_manager import KVCacheBlock, KVCacheBlocks  # noqa: E
 from vllm.v1.core.sched.output import (CachedRequestData, NewRequestData,  # noqa: E402
                                        SchedulerOutput)
 from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,  # noqa: E402
-                                        KVCacheGroupSpec, SlidingWindowSpec)
+                                        KVCacheGroupSpec, MambaSpec, SlidingWindowSpec)
+
+# A Mamba layer's states on one rank (vLLM's MambaSpec shapes and dtypes): a conv state of
+# the last 3 tokens' 8 channels and an SSM state of 2 heads x 4 x 8, of other dtypes.
+STATE_SHAPES = ((3, 8), (2, 4, 8))
+STATE_DTYPES = (torch.float16, torch.float32)
+MAMBA = "mamba"  # a group's window in a test setup that makes it a Mamba group
 
 
 def configs(p):
@@ -59,8 +70,12 @@ def configs(p):
     # attention), the layer names in model order.
     groups = []
     for g in p["groups"]:
-        spec = (SlidingWindowSpec(p["block_size"], sliding_window=g["window"], **shape)
-                if g["window"] else FullAttentionSpec(p["block_size"], **shape))
+        if g["window"] == MAMBA:  # vLLM's align mode: the states of block boundaries kept
+            spec = MambaSpec(p["block_size"], shapes=STATE_SHAPES, dtypes=STATE_DTYPES,
+                             mamba_cache_mode="align")
+        else:
+            spec = (SlidingWindowSpec(p["block_size"], sliding_window=g["window"], **shape)
+                    if g["window"] else FullAttentionSpec(p["block_size"], **shape))
         groups.append(KVCacheGroupSpec([names[i] for i in g["layers"]], spec))
     return vc, KVCacheConfig(num_blocks=p["num_blocks"], kv_cache_groups=groups), names
 
@@ -74,9 +89,42 @@ def group_of_layers(p):
 def skipped_blocks(window, num_tokens, block_size):
     """The leading blocks vLLM's sliding-window manager gives a request no block for (the
     null block) once num_tokens are computed: those no later query can see."""
-    if not window:
+    if not window or window == MAMBA:
         return 0
     return max(0, num_tokens - window + 1) // block_size
+
+
+def _state_input(token, layer, rank, n):
+    x = token * 1e-3 + layer * 1.3 + rank * 0.7 + torch.arange(n, dtype=torch.float64) * 0.37
+    return torch.sin(x)
+
+
+def state_step(conv, ssm, token, layer, rank):
+    """One token of a Mamba layer's recurrence on `rank`: the conv state shifts the token's
+    input in, the SSM state decays and adds it (so every earlier token, and the state it
+    started from, shows in the result)."""
+    c = _state_input(token, layer, rank, conv.shape[-1]).to(conv.dtype)
+    conv = torch.cat([conv[1:], c[None]])
+    u = _state_input(token, layer, rank, ssm.numel()).to(torch.float32).view(ssm.shape)
+    ssm = ssm * 0.9 + u + conv[0].float().mean()
+    return conv, ssm
+
+
+@functools.lru_cache(maxsize=64)
+def _states(tokens, layer, rank):
+    conv = torch.zeros(STATE_SHAPES[0], dtype=STATE_DTYPES[0])
+    ssm = torch.zeros(STATE_SHAPES[1], dtype=STATE_DTYPES[1])
+    out = [(conv, ssm)]
+    for t in tokens:
+        conv, ssm = state_step(conv, ssm, t, layer, rank)
+        out.append((conv, ssm))
+    return out
+
+
+def state_value(tokens, n, layer, rank):
+    """(conv, ssm): a Mamba layer's states after tokens[:n] from zero, as a run without a
+    cache computes them."""
+    return _states(tuple(tokens), layer, rank)[n]
 
 
 def load_connector(vllm_config, role, kv_cache_config):
@@ -183,6 +231,15 @@ class MiniScheduler:
         self.resumable = set()  # preempted, not scheduled again yet
         # A connector without SupportsHMA is given the blocks of the one KV cache group.
         self.hma = supports_hma(connector)
+        # Mamba groups (align mode), as vLLM's MambaManager keeps them: a request's state
+        # block list holds only the running state (block (computed - 1) // block_size) and
+        # the one before it (freed a step later), the rest the null block; chunks end at
+        # block boundaries (_mamba_block_aligned_split).
+        self.mamba = {i for i, w in enumerate(windows or ()) if w == MAMBA}
+        self.last_state = {}  # req_id -> index of the previous running state block
+        # vLLM's scheduler at the versions read asserts that no external tokens reach its
+        # Mamba split; PR #42620 proposed letting those of a connector that says it can.
+        self.mamba_external = bool(getattr(connector, "supports_mamba_external_kv", False))
 
     def add(self, req):
         self.waiting.append(req)
@@ -200,6 +257,7 @@ class MiniScheduler:
         if self.windows:
             ids = [b for g in ids for b in g if b != 0]
         self.free = ids + self.free
+        self.last_state.pop(req_id, None)
         req.num_computed_tokens = 0
         req.num_preemptions = getattr(req, "num_preemptions", 0) + 1
         self.preempted.add(req_id)
@@ -213,13 +271,53 @@ class MiniScheduler:
 
     def _alloc_groups(self, num_tokens, computed):
         """Each group's block ids for num_tokens, `computed` of them loaded (null blocks for
-        what a window no longer sees)."""
+        what a window no longer sees; a Mamba group: one block for the state of the loaded
+        prefix, at its last block, as vLLM's allocate_new_computed_blocks gives it)."""
         n = -(-num_tokens // self.bs)
         out = []
-        for w in self.windows:
+        for gi, w in enumerate(self.windows):
+            if gi in self.mamba:
+                h = computed // self.bs
+                out.append([0] * (h - 1) + self._alloc(1) if h else [])
+                continue
             skip = skipped_blocks(w, computed, self.bs)
             out.append([0] * skip + self._alloc(n - skip))
         return out
+
+    def _mamba_split(self, req, computed, n):
+        """vLLM's _mamba_block_aligned_split: a prefill chunk ends at a block boundary, the
+        prompt's last full block's end at the latest, so that a state is kept there."""
+        if computed < max(req.num_prompt_tokens, req.num_tokens - 1):
+            last = req.num_tokens - req.num_tokens % self.bs
+            after = computed + n
+            if after < last:
+                n = n // self.bs * self.bs
+            elif computed < last < after:
+                n = last - computed
+        return n
+
+    def _mamba_grow(self, req_id, computed, n):
+        """Each Mamba group's new block ids for a step computing tokens [computed,
+        computed + n): the running state's block (computed + n - 1) // block_size, null
+        blocks up to it; the previous running block kept one more step (MambaManager's
+        allocate_new_blocks and remove_skipped_blocks in align mode)."""
+        new = {}
+        for gi in self.mamba:
+            ids = self.blocks[req_id][gi]
+            last = self.last_state.get(req_id)
+            if last is not None and last < -(-computed // self.bs) - 1 and ids[last] != 0:
+                self.free.append(ids[last])
+                ids[last] = 0
+            need = -(-(computed + n) // self.bs)
+            prev = len(ids)
+            if need <= prev:
+                new[gi] = []
+                continue
+            if prev:
+                self.last_state[req_id] = prev - 1
+            ids += [0] * (need - 1 - prev) + self._alloc(1)
+            new[gi] = ids[prev:]
+        return new
 
     def _release(self, ids):
         """Frees a request's blocks: a list, or a hybrid request's lists (not the null
@@ -244,13 +342,22 @@ class MiniScheduler:
             left = req.num_tokens - req.num_computed_tokens
             if left <= 0 or budget <= 0:
                 continue
+            n = min(left, budget)
+            if self.mamba:
+                n = self._mamba_split(req, req.num_computed_tokens, n)
+                if n <= 0:
+                    continue
             if self.windows:
                 self._remove_skipped(req)
-            n = min(left, budget)
             budget -= n
             num_sched[req.request_id] = n
             cached.req_ids.append(req.request_id)
-            cached.new_block_ids.append(None)
+            if self.mamba:  # the running state's new block
+                grown = self._mamba_grow(req.request_id, req.num_computed_tokens, n)
+                cached.new_block_ids.append(tuple(grown.get(gi, [])
+                                                  for gi in range(len(self.windows))))
+            else:
+                cached.new_block_ids.append(None)
             cached.num_computed_tokens.append(req.num_computed_tokens)
             cached.num_output_tokens.append(0)
             cached.new_token_ids.append([])
@@ -265,9 +372,17 @@ class MiniScheduler:
                 still.append(req)
                 continue
             assert not load_async and ext % self.bs == 0
+            n = min(req.num_tokens - ext, budget)
+            if self.mamba:
+                assert not ext or self.mamba_external, "External KV connector is not verified yet"
+                n = self._mamba_split(req, ext, n)
+                if n <= 0:
+                    still.append(req)
+                    continue
             if self.windows:
                 groups = self._alloc_groups(req.num_tokens, ext)
                 self.blocks[req.request_id] = groups
+                self._mamba_grow(req.request_id, ext, n)
                 self.c.update_state_after_alloc(req, KVCacheBlocks(tuple(
                     [KVCacheBlock(i) for i in g] for g in groups)), ext)
                 block_ids = tuple(list(g) for g in groups)
@@ -279,7 +394,6 @@ class MiniScheduler:
                 block_ids = (list(ids),)
             req.num_external_computed_tokens = ext
             req.num_computed_tokens = ext
-            n = min(req.num_tokens - ext, budget)
             budget -= n
             num_sched[req.request_id] = n
             if req.request_id in self.resumable:  # resumed: all its block ids anew
@@ -317,6 +431,12 @@ class MiniScheduler:
             else:
                 bad = [i for i, b in enumerate(ids) if b in invalid]
             if bad and bad[0] * self.bs < req.num_computed_tokens + n:
+                if self.mamba:
+                    # A Mamba state has no earlier boundary to go back to in the request's
+                    # blocks: the request starts over (freed and resumed, as a preemption),
+                    # asking the connector again.
+                    self.preempt(req.request_id)
+                    continue
                 # vLLM's recompute policy: back to the first block that failed to load.
                 req.num_computed_tokens = min(req.num_computed_tokens, bad[0] * self.bs)
                 continue
@@ -329,6 +449,7 @@ class MiniScheduler:
         for req in list(self.running):
             if req.num_computed_tokens >= req.num_tokens:
                 self.running.remove(req)
+                self.last_state.pop(req.request_id, None)
                 ids = self.blocks.pop(req.request_id)
                 groups = tuple(list(g) for g in ids) if self.windows else (list(ids),)
                 if self.hma:
