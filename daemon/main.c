@@ -727,7 +727,8 @@ out:
 }
 
 /* Whether the host gives transparent huge pages to shared memory that asks for them (the
- * arena and the shared index do): shmem_enabled is advise, within_size or always. */
+ * arena and the shared index do): shmem_enabled is advise, within_size, always or force
+ * (never and deny give none). */
 static bool kvcd_shmem_thp(void)
 {
     char buf[128] = "";
