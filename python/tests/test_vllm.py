@@ -607,6 +607,20 @@ def test_hybrid_chunked_prefill_and_two_ranks(setup, daemon):
     assert s.sched_conn.get_num_new_matched_tokens(Request("C", b), 0) == (0, False)
 
 
+def evict_group_before_load(daemon, s, group, at_least):
+    """(seen, hook) for s.run's before_workers: the hook records the step's one load's
+    group block ids in seen["ids"] and evicts that group's namespace (at least `at_least`
+    blocks), after the scheduler counted them and before the workers load."""
+    seen = {}
+
+    def evict(out):
+        [load] = out.kv_connector_metadata.loads
+        seen["ids"] = load.group_block_ids
+        with kvcd.Client(daemon.socket) as c:
+            assert c.evict(s.ns(c, group=group).id) >= at_least
+    return seen, evict
+
+
 def test_hybrid_window_evicted_between_scheduling_and_loading(setup, daemon):
     """The window group's blocks evicted after the scheduler counted them: the worker's
     lookup finds no usable prefix, every group's blocks of the load (those vLLM gave it a
@@ -615,13 +629,7 @@ def test_hybrid_window_evicted_between_scheduling_and_loading(setup, daemon):
     s = setup(groups=HYBRID)
     a = prompt(80, seed=29)
     s.run(Request("A", a))
-    seen = {}
-
-    def evict(out):
-        [load] = out.kv_connector_metadata.loads
-        seen["ids"] = load.group_block_ids
-        with kvcd.Client(daemon.socket) as c:
-            assert c.evict(s.ns(c, group=1).id) >= 2
+    seen, evict = evict_group_before_load(daemon, s, 1, 2)
     outs = s.run(Request("B", prompt(90, seed=30, prefix=a[:64])), before_workers=evict)
     full_ids, win_ids = seen["ids"]
     assert win_ids[:2] == [0, 0]  # a 64-token prefix's window: blocks 2 and 3
@@ -802,13 +810,7 @@ def test_mamba_state_evicted_between_scheduling_and_loading(setup, daemon):
     s = setup(groups=HYMAMBA)
     a = prompt(80, seed=45)
     s.run(Request("A", a))
-    seen = {}
-
-    def evict(out):
-        [load] = out.kv_connector_metadata.loads
-        seen["ids"] = load.group_block_ids
-        with kvcd.Client(daemon.socket) as c:
-            assert c.evict(s.ns(c, group=1).id) >= 1
+    seen, evict = evict_group_before_load(daemon, s, 1, 1)
     b = prompt(120, seed=46, prefix=a)  # A's state is after its 80 tokens: block 4
     outs = s.run(Request("B", b), before_workers=evict)
     full_ids, state_ids = seen["ids"]
