@@ -39,6 +39,7 @@
 
 #include "client/kvc.h"
 #include "client/kvc_fast.h"
+#include "client/kvc_huge.h"
 #include "client/kvc_proto.h"
 #include "client/libkvc_internal.h"
 #include "kernels/kern.h"
@@ -570,8 +571,8 @@ static int kvc_ns_open_flags(kvc_client *c, const struct kvc_layout *layout, uin
     if (fd >= 0 && !a->base) {
         bool w = p->access & KVC_ACCESS_WRITE;
         int populate = p->arena_bytes <= KVC_ARENA_POPULATE_MAX ? MAP_POPULATE : 0;
-        void *m = mmap(NULL, p->arena_bytes, PROT_READ | (w ? PROT_WRITE : 0),
-                       MAP_SHARED | populate, fd, 0);
+        /* At a 2 MiB boundary: the arena's huge pages then map as such (kvc_huge.h). */
+        void *m = kvc_huge_map(fd, p->arena_bytes, PROT_READ | (w ? PROT_WRITE : 0), populate);
         if (m == MAP_FAILED) {
             rc = -errno;
             goto out;

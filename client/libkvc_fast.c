@@ -17,21 +17,23 @@
 #include <unistd.h>
 
 #include "client/kvc_fast.h"
+#include "client/kvc_huge.h"
 #include "client/libkvc_internal.h"
 #include "kernels/kern.h"
 
-/* Maps the descriptor of a FAST_ATTACH reply; NULL on failure (the fd is closed). With huge
- * (the index), the mapping is advised for transparent huge pages before it is populated: a
- * hit's bucket and generation are two random reads into an index of tens of MiB at a million
- * blocks, and on 4 KiB pages each costs a page walk that itself misses the caches. Taken
- * where the host allows huge pages for shared memory (shmem_enabled advise, within_size or
- * always; docs/performance.md); elsewhere the advice does nothing and the pages fault in on
- * first use where the kernel predates MADV_POPULATE_READ (5.14). */
+/* Maps the descriptor of a FAST_ATTACH reply at a 2 MiB boundary; NULL on failure (the fd is
+ * closed). With huge (the index), the mapping is advised for transparent huge pages before it
+ * is populated: a hit's bucket and generation are two random reads into an index of tens of
+ * MiB at a million blocks, and on 4 KiB pages each costs a page walk that itself misses the
+ * caches. Its pages are huge where the host allows huge pages for shared memory
+ * (shmem_enabled advise, within_size or always; docs/performance.md) or the daemon collapsed
+ * them (client/kvc_huge.h); a kernel before MADV_POPULATE_READ (5.14) faults them in on first
+ * use. */
 static void *kvc_fast_map(int fd, uint64_t bytes, int prot, bool huge)
 {
     void *m = MAP_FAILED;
     if (fd >= 0 && bytes && bytes <= SIZE_MAX)
-        m = mmap(NULL, bytes, prot, MAP_SHARED | (huge ? 0 : MAP_POPULATE), fd, 0);
+        m = kvc_huge_map(fd, bytes, prot, huge ? 0 : MAP_POPULATE);
     if (fd >= 0)
         close(fd);
     if (m == MAP_FAILED)

@@ -174,6 +174,8 @@ int admin_metrics_render(const struct admin_ctx *x, char **text, size_t *len)
     store_host_faulted(s, &faulted, &arenas);
     ADMIN_GAUGE("host_faulted_bytes", "bytes of the host arenas faulted in", faulted);
     ADMIN_GAUGE("host_arenas_bytes", "bytes of every host arena together", arenas);
+    ADMIN_GAUGE("host_collapsed_bytes", "bytes of the host arenas made 2 MiB pages by collapse",
+                store_host_collapsed(s));
     uint64_t fpub, ffull;
     store_fast_stats(s, &fpub, &ffull);
     ADMIN_GAUGE("fast_index_blocks", "blocks published in the arenas' shared indexes", fpub);

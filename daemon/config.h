@@ -94,6 +94,10 @@
       "kvcd serves, the rest in the background, the pages handed out first first.")                \
     X(host, prefault_threads, INT, "0", 0, 64, 0, NULL,                                            \
       "Threads that fault the arena in while kvcd serves (0: one per CPU, at most 8).")            \
+    X(host, thp_collapse, BOOL, "yes", 0, 0, 0, NULL,                                              \
+      "Without hugetlb pages: make each 2 MiB of the arena and of the shared index one "           \
+      "transparent huge page as it is faulted in (MADV_COLLAPSE, Linux 6.1), whatever the "        \
+      "host's shmem THP setting allows; where the kernel cannot, 4 KiB pages.")                    \
     X(host, high_watermark, DOUBLE, "0.99", 0.05, 1.0, 1, NULL,                                    \
       "Fraction of the arena in use above which unpinned blocks are evicted (after a commit, "     \
       "off the client's path), down to low_watermark. A put that finds the arena full evicts "     \

@@ -13,6 +13,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "client/kvc_huge.h"
+
 /* Everything the daemon decides about an index is kept here, privately: the shared header
  * is written once for the clients (and its two running fields, stash_used and retired, are
  * only ever written) and never read back. The entries and generations are read back (to find
@@ -82,7 +84,7 @@ static int fast_memfd(const char *name, uint64_t bytes, bool ro, void **map)
         rc = -errno;
         goto out;
     }
-    *map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    *map = kvc_huge_map(fd, bytes, PROT_READ | PROT_WRITE, 0); /* at 2 MiB: kvc_huge.h */
     if (*map == MAP_FAILED) {
         rc = -errno;
         goto out;
@@ -100,7 +102,7 @@ out:
 }
 
 struct fast_index *fast_index_new(uint32_t arena_id, uint64_t arena_bytes, uint32_t nns,
-                                  uint64_t capacity, int *err)
+                                  uint64_t capacity, bool collapse, int *err)
 {
     struct fast_index *fi = calloc(1, sizeof(*fi));
     uint64_t units = (arena_bytes + (1u << KVC_FAST_UNIT_SHIFT) - 1) >> KVC_FAST_UNIT_SHIFT;
@@ -134,6 +136,10 @@ struct fast_index *fast_index_new(uint32_t arena_id, uint64_t arena_bytes, uint3
     /* Before anything touches it: the pages the daemon faults in, and its readers' mappings of
      * them, are then huge where the host allows it for shared memory (kvc_fast_map says why). */
     (void)madvise(map, bytes, MADV_HUGEPAGE);
+    /* Where the host's setting gives shared memory none: each whole 2 MiB made one huge page
+     * now (the index is still zeros), until the kernel refuses one. */
+    for (uint64_t o = 0; collapse && o + KVC_HUGE_BYTES <= bytes; o += KVC_HUGE_BYTES)
+        collapse = kvc_huge_collapse((uint8_t *)map + o) == 0;
     if (getrandom(&fi->seed, sizeof(fi->seed), 0) != sizeof(fi->seed))
         fi->seed = (uint64_t)(uintptr_t)fi ^ 0x9e3779b97f4a7c15ull;
     fi->map = map;

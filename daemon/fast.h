@@ -40,9 +40,10 @@ struct fast_index_stats {
 #define FAST_INDEX_LOAD 0.95
 
 /* An index for arena arena_id of arena_bytes, with room for namespace ids below nns and
- * `capacity` blocks (at FAST_INDEX_LOAD). NULL and *err = -errno on failure. */
+ * `capacity` blocks (at FAST_INDEX_LOAD); with collapse, on 2 MiB pages where the host gives
+ * shared memory none (client/kvc_huge.h). NULL and *err = -errno on failure. */
 struct fast_index *fast_index_new(uint32_t arena_id, uint64_t arena_bytes, uint32_t nns,
-                                  uint64_t capacity, int *err);
+                                  uint64_t capacity, bool collapse, int *err);
 /* The blocks it was sized for. */
 uint64_t fast_index_capacity(const struct fast_index *fi);
 /* Tells its readers that a newer index replaced it (they check after every copy). */

@@ -206,6 +206,7 @@ static void kvcd_store_params(const struct config *c, struct store_params *p)
                                .host_huge = huge[c->host_hugepages],
                                .host_prefault = c->host_prefault,
                                .host_prefault_threads = kvcd_prefault_threads(c),
+                               .host_collapse = c->host_thp_collapse,
                                .high_watermark = c->host_high_watermark,
                                .low_watermark = c->host_low_watermark,
                                .max_namespaces = (uint32_t)c->server_max_namespaces,
@@ -521,7 +522,7 @@ static void kvcd_on_signal(struct loop *l, int fd, uint32_t events, void *arg)
  * line with the rate, and the disk tier registers arena 0 with io_uring (pinning it). */
 static void kvcd_fault_tick(struct kvcd *d)
 {
-    uint64_t faulted, total, ns = 0;
+    uint64_t faulted, total, ns = 0, collapsed = 0;
     uint32_t threads = 0;
     bool done = true;
     char status[192];
@@ -532,6 +533,7 @@ static void kvcd_fault_tick(struct kvcd *d)
         done &= tier_host_fault_done(d->store->arenas[a].tier, &st);
         ns = st.ns > ns ? st.ns : ns;
         threads = st.threads > threads ? st.threads : threads;
+        collapsed += st.collapsed;
     }
     store_host_faulted(d->store, &faulted, &total);
     if (!done) {
@@ -545,9 +547,10 @@ static void kvcd_fault_tick(struct kvcd *d)
     d->faulted = true;
     if (d->cfg->host_prefault && threads)
         log_info("host: %llu MiB faulted in within %.1f s of the start (%.2f GB/s, %u threads "
-                 "in the background)",
+                 "in the background; %llu MiB made 2 MiB pages by collapse)",
                  (unsigned long long)(total >> 20), (double)ns / 1e9,
-                 ns ? (double)total / (double)ns : 0.0, threads);
+                 ns ? (double)total / (double)ns : 0.0, threads,
+                 (unsigned long long)(collapsed >> 20));
     engine_disk_buffers_register(d->store);
     snprintf(status, sizeof(status), "serving %s, host tier %llu MiB", server_path(d->server),
              (unsigned long long)(store_host_capacity(d->store) >> 20));
@@ -872,6 +875,8 @@ int main(int argc, char **argv)
         rc = 1;
         goto out;
     }
+    struct tier_host_fault_stats fst;
+    (void)tier_host_fault_done(d.store->arenas[0].tier, &fst);
     log_info("host: arena of %llu MiB ready (memory pages: %s; host.page_size, the "
              "allocator's unit: %llu KiB; %llu MiB faulted in, the rest by %u threads while "
              "kvcd serves)",
@@ -879,7 +884,11 @@ int main(int argc, char **argv)
              tier_host_hugetlb(d.store->arenas[0].tier) ? "hugetlb"
              : kvcd_shmem_thp()
                  ? "transparent huge pages where the kernel has them free (shmem THP)"
-                 : "4 KiB: shmem THP is off here, reserve hugetlb pages or set "
+             : fst.collapsed
+                 ? "2 MiB, transparent huge pages made by collapse (host.thp_collapse; shmem "
+                   "THP is off here)"
+                 : "4 KiB: shmem THP is off here and host.thp_collapse is off or refused "
+                   "(Linux 6.1 or later); reserve hugetlb pages or set "
                    "transparent_hugepage/shmem_enabled to advise (docs/configuration.md)",
              (unsigned long long)(sp.host_page_size >> 10),
              (unsigned long long)(tier_host_faulted(d.store->arenas[0].tier) >> 20),

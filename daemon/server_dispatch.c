@@ -782,6 +782,7 @@ static int server_on_stats(struct server *sv, struct conn *c, const struct proto
         store_host_faulted(s, &faulted, &arenas);
         server_stat_put(out, &n, "host_faulted", faulted);
         server_stat_put(out, &n, "host_arenas_bytes", arenas);
+        server_stat_put(out, &n, "host_collapsed", store_host_collapsed(s));
         server_stat_put(out, &n, "gpu_capacity", store_gpu_capacity(s));
         server_stat_put(out, &n, "gpu_used", store_gpu_used(s));
         server_stat_put(out, &n, "uptime_s", now / 1000);

@@ -124,6 +124,7 @@
     X(host_used, "bytes of the host arena in slots")                                          \
     X(host_faulted, "bytes of the host arenas faulted in (of host_arenas_bytes)")             \
     X(host_arenas_bytes, "bytes of every host arena together")                                \
+    X(host_collapsed, "bytes of the host arenas on 2 MiB pages by collapse")                  \
     X(gpu_capacity, "bytes of the GPU pool (0: no GPU tier)")                                 \
     X(gpu_used, "bytes of the GPU pool in slots")                                             \
     X(uptime_s, "seconds since start")                                                        \

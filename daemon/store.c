@@ -207,7 +207,7 @@ static int store_fast_open(struct store *s, uint32_t a)
     if (!s->p.fast_path)
         return 0;
     fi = fast_index_new(a, tier_host_size(s->arenas[a].tier), s->nns, store_fast_capacity(s, a),
-                        &rc);
+                        s->p.host_collapse, &rc);
     if (!fi)
         return rc;
     for (uint32_t i = 1; i < s->nns; i++)
@@ -344,6 +344,7 @@ struct store *store_new(const struct store_params *p, int *err)
         .prefault = p->host_prefault,
         .prefault_first = STORE_PREFAULT_FIRST,
         .prefault_threads = p->host_prefault_threads,
+        .collapse = p->host_collapse,
     };
     struct store *s = NULL;
     int rc = -EINVAL;
@@ -1359,6 +1360,14 @@ uint64_t store_host_capacity(const struct store *s)
     return t->ops->capacity(t);
 }
 
+uint64_t store_host_collapsed(const struct store *s)
+{
+    uint64_t n = 0;
+    for (uint32_t a = 0; a < s->narenas; a++)
+        n += tier_host_collapsed(s->arenas[a].tier);
+    return n;
+}
+
 void store_host_faulted(const struct store *s, uint64_t *faulted, uint64_t *total)
 {
     *faulted = *total = 0;
@@ -1383,6 +1392,7 @@ int store_arena_add(struct store *s, uint64_t size, uint32_t *id)
         .prefault = s->p.host_prefault,
         .prefault_first = STORE_PREFAULT_FIRST,
         .prefault_threads = s->p.host_prefault_threads,
+        .collapse = s->p.host_collapse,
     };
     int rc = 0;
     if (s->narenas == STORE_MAX_ARENAS)

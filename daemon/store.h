@@ -63,6 +63,8 @@ struct store_params {
     int host_huge; /* enum tier_host_huge */
     bool host_prefault;
     uint32_t host_prefault_threads; /* 0: every page before store_new returns */
+    bool host_collapse; /* host.thp_collapse: the arenas and the shared index on 2 MiB pages
+                           by collapse where the host gives shared memory none (kvc_huge.h) */
     double high_watermark;
     double low_watermark;
     uint32_t max_namespaces;
@@ -474,6 +476,8 @@ uint64_t store_host_capacity(const struct store *s);
 /* Bytes of the host arenas faulted in so far, and in all (every arena; the capacity above is
  * arena 0's). */
 void store_host_faulted(const struct store *s, uint64_t *faulted, uint64_t *total);
+/* Bytes of the host arenas made 2 MiB pages by collapse (store_params.host_collapse). */
+uint64_t store_host_collapsed(const struct store *s);
 uint64_t store_gpu_used(const struct store *s);     /* 0 without a GPU tier */
 uint64_t store_gpu_capacity(const struct store *s); /* 0 without a GPU tier */
 

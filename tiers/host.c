@@ -52,6 +52,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "client/kvc_huge.h"
 #include "tiers/host.h"
 #include "tiers/slab.h"
 
@@ -85,6 +86,7 @@ struct tier_host_held {
 
 /* The background fault-in (see "Fault-in" above). The threads write only the atomics. */
 #define TIER_HOST_FAULT_CHUNK (2u << 20)
+#define TIER_HOST_COLLAPSE_FAILS 16u
 #define TIER_HOST_FAULT_THREADS_MAX 64
 struct tier_host_fault {
     uint64_t chunk; /* bytes a thread takes at once (a multiple of the page) */
@@ -100,6 +102,12 @@ struct tier_host_fault {
     uint32_t nstarted;
     bool complete;       /* loop thread's view: every chunk done, threads joined */
     bool populate_write; /* MADV_POPULATE_WRITE works here (else a locked add of 0) */
+    /* host.thp_collapse: each 2 MiB chunk made one huge page before it is populated
+     * (client/kvc_huge.h), until the kernel says it never will or TIER_HOST_COLLAPSE_FAILS
+     * chunks failed (memory too fragmented, pages pinned: each try costs a scan). */
+    _Atomic int collapse;
+    _Atomic uint32_t collapse_fails;
+    _Atomic uint64_t collapsed; /* chunks */
 };
 
 struct tier_host {
@@ -258,6 +266,14 @@ static void tier_host_fault_chunk(struct tier_host *h, uint64_t c)
     struct tier_host_fault *f = h->fault;
     uint64_t off = c * f->chunk, len = h->size - off < f->chunk ? h->size - off : f->chunk;
     uint64_t page = h->guard ? h->guard->unit : 4096;
+    if (len == KVC_HUGE_BYTES && atomic_load_explicit(&f->collapse, memory_order_relaxed)) {
+        int rc = kvc_huge_collapse((char *)h->map + off);
+        if (rc == 0)
+            atomic_fetch_add(&f->collapsed, 1);
+        else if (rc == -EINVAL ||
+                 atomic_fetch_add(&f->collapse_fails, 1) + 1 >= TIER_HOST_COLLAPSE_FAILS)
+            atomic_store(&f->collapse, 0);
+    }
     tier_host_populate((char *)h->map + off, len, page, f->populate_write);
     atomic_fetch_or(&f->done[c / 64], UINT64_C(1) << (c % 64));
     if (atomic_fetch_add(&f->ndone, 1) + 1 == f->nchunks)
@@ -284,7 +300,8 @@ static bool tier_host_chunk_done(const struct tier_host_fault *f, uint64_t c)
 
 /* Faults in the first `first` bytes now and starts `threads` threads for the rest (none: all
  * of it now). 0 or -errno; on failure nothing is left running. */
-static int tier_host_fault_start(struct tier_host *h, uint64_t first, uint32_t threads)
+static int tier_host_fault_start(struct tier_host *h, uint64_t first, uint32_t threads,
+                                 bool collapse)
 {
     struct tier_host_fault *f = calloc(1, sizeof(*f));
     if (!f)
@@ -300,6 +317,10 @@ static int tier_host_fault_start(struct tier_host *h, uint64_t first, uint32_t t
     f->t_start_ns = tier_host_mono_ns();
     /* Probe once: a kernel before 5.14 answers EINVAL. */
     f->populate_write = madvise(h->map, 0, MADV_POPULATE_WRITE) == 0 || errno != EINVAL;
+    /* Huge pages by collapse: 2 MiB chunks of a shmem arena at 2 MiB boundaries. */
+    atomic_store(&f->collapse, collapse && !h->hugetlb && f->chunk == KVC_HUGE_BYTES &&
+                                   f->populate_write &&
+                                   ((uintptr_t)h->map & (KVC_HUGE_BYTES - 1)) == 0);
     h->fault = f;
     if (threads > TIER_HOST_FAULT_THREADS_MAX)
         threads = TIER_HOST_FAULT_THREADS_MAX;
@@ -370,7 +391,7 @@ static int tier_host_map(struct tier_host *h, const struct tier_host_config *cfg
     }
     /* Pages are faulted in after the huge-page advice (tier_host_fault_start). A hugetlb
      * mapping reserves its pages here, so populating it later cannot run out of them. */
-    map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    map = kvc_huge_map(fd, size, PROT_READ | PROT_WRITE, 0);
     if (map == MAP_FAILED) {
         ret = -errno;
         goto out;
@@ -383,7 +404,9 @@ static int tier_host_map(struct tier_host *h, const struct tier_host_config *cfg
      * them for shared memory: /sys/kernel/mm/transparent_hugepage/shmem_enabled = advise
      * or within_size). A block in physically contiguous memory is one segment of a disk
      * request instead of one per 4 KiB page: bench-disk moves a fifth to two fifths more
-     * per second from a huge-page arena on this VM (docs/design/disk.md). Best effort. */
+     * per second from a huge-page arena on this VM (docs/design/disk.md). Best effort;
+     * where the host does not allow them, the fault-in collapses each 2 MiB into one
+     * (host.thp_collapse, client/kvc_huge.h): hence the mapping at a 2 MiB boundary. */
     if (!huge)
         (void)madvise(map, size, MADV_HUGEPAGE);
 out:
@@ -591,7 +614,7 @@ struct tier *tier_host_new(const struct tier_host_config *cfg, int *err)
         h->guard = tier_host_guard_add(h->map, h->size, unit);
     }
     if (cfg->prefault) {
-        ret = tier_host_fault_start(h, cfg->prefault_first, cfg->prefault_threads);
+        ret = tier_host_fault_start(h, cfg->prefault_first, cfg->prefault_threads, cfg->collapse);
         if (ret < 0)
             goto out;
     }
@@ -729,6 +752,12 @@ uint64_t tier_host_faulted(const struct tier *t)
     return n == f->nchunks ? h->size : n * f->chunk;
 }
 
+uint64_t tier_host_collapsed(const struct tier *t)
+{
+    const struct tier_host_fault *f = tier_host_of(t)->fault;
+    return f ? atomic_load(&f->collapsed) * f->chunk : 0;
+}
+
 bool tier_host_fault_done(struct tier *t, struct tier_host_fault_stats *st)
 {
     struct tier_host *h = tier_host_of(t);
@@ -747,6 +776,7 @@ bool tier_host_fault_done(struct tier *t, struct tier_host_fault_stats *st)
         st->faulted = tier_host_faulted(t);
         st->threads = f->nstarted;
         st->ns = (end ? end : tier_host_mono_ns()) - f->t_start_ns;
+        st->collapsed = tier_host_collapsed(t);
     }
     return done;
 }

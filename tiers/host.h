@@ -34,6 +34,8 @@ struct tier_host_config {
                       prefault_threads threads in the background (0 threads: all at creation) */
     uint64_t prefault_first;
     uint32_t prefault_threads;
+    bool collapse; /* with prefault, no hugetlb: each 2 MiB made one transparent huge page as it
+                      is faulted in, whatever the host's shmem THP setting (client/kvc_huge.h) */
 };
 
 /* Creates the arena. On failure returns NULL and sets *err to a negative errno. */
@@ -59,10 +61,13 @@ void tier_host_gens_set(struct tier *t, uint32_t *gens, unsigned shift);
 
 /* Bytes of the arena faulted in so far (the whole size once done; 0 without prefault). */
 uint64_t tier_host_faulted(const struct tier *t);
+/* Bytes of the arena made 2 MiB pages by collapse so far (tier_host_config.collapse). */
+uint64_t tier_host_collapsed(const struct tier *t);
 struct tier_host_fault_stats {
-    uint64_t faulted; /* bytes */
-    uint64_t ns;      /* since the fault-in started, until it ended (or now) */
-    uint32_t threads; /* background threads it ran with */
+    uint64_t faulted;   /* bytes */
+    uint64_t ns;        /* since the fault-in started, until it ended (or now) */
+    uint32_t threads;   /* background threads it ran with */
+    uint64_t collapsed; /* bytes made huge pages by collapse (tier_host_config.collapse) */
 };
 /* Whether the fault-in is over (or was never asked for); its figures into *st (may be NULL).
  * Joins the finished threads: loop thread. */

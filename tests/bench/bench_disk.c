@@ -15,12 +15,14 @@
  * What is measured is what the daemon runs: records move between the disk and an arena made
  * by tiers/host.c exactly as the daemon makes its host arena (a memfd, host.page_size and
  * host.hugepages as configured: $KVC_BENCH_PAGE_SIZE, default 2m, and
- * $KVC_BENCH_HUGEPAGES=auto|on|off, default auto as the daemon's; prefaulted), registered
+ * $KVC_BENCH_HUGEPAGES=auto|on|off, default auto as the daemon's; prefaulted, and made huge
+ * pages by collapse as host.thp_collapse does unless $KVC_BENCH_THP_COLLAPSE=0), registered
  * with the tier as fixed buffers as the daemon registers it. The output and every case name
  * say what the arena got: hugetlb pages, transparent huge pages, or 4 KiB pages ("[4k]"),
- * which on a host with shmem THP off (Debian's default) and no reserved hugetlb pages is
- * what the daemon has. Records are written as the daemon's demotions write them (encode on
- * a worker, then place and write) from, and read into, every slot of the arena in turn;
+ * which on a host with shmem THP off (Debian's default), no reserved hugetlb pages and a
+ * kernel before 6.1 (or host.thp_collapse off) is what the daemon has. Records are written
+ * as the daemon's demotions write them (encode on a worker, then place and write) from, and
+ * read into, every slot of the arena in turn;
  * the benchmark sleeps on the tier's eventfd between completions, as the daemon's loop does.
  * Queue depth is the tier's queue_depth: the records on the device at once, as fio's
  * iodepth. kvcd and fio take turns on the same file, KVC_BENCH_ROUNDS (5) times, and each
@@ -372,6 +374,7 @@ out:
 static struct tier *arena_new(void)
 {
     const char *hp = getenv("KVC_BENCH_HUGEPAGES"), *ps = getenv("KVC_BENCH_PAGE_SIZE");
+    const char *col = getenv("KVC_BENCH_THP_COLLAPSE");
     struct tier_host_config hc = {
         .name = "kvcd-bench-arena",
         .size = ARENA,
@@ -380,6 +383,7 @@ static struct tier *arena_new(void)
                 : strcmp(hp, "on") == 0        ? TIER_HOST_HUGE_ON
                                                : TIER_HOST_HUGE_OFF,
         .prefault = true,
+        .collapse = !col || strcmp(col, "0") != 0, /* host.thp_collapse's default */
     };
     char thp[32];
     int err = 0;
