@@ -11,8 +11,10 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "client/kvc_huge.h"
 #include "tests/lib/tier_conformance.h"
 #include "tiers/host.h"
 #include "tiers/slab.h"
@@ -234,6 +236,189 @@ START_TEST(test_prefault_resident)
 }
 END_TEST
 
+/* ---- 2 MiB pages by collapse (client/kvc_huge.h, tier_host_config.collapse) ---------------- */
+
+/* ShmemPmdMapped of this process's mapping that starts at p, in bytes (0: none there). */
+static uint64_t pmd_mapped(const void *p)
+{
+    char line[512];
+    unsigned long lo, hi;
+    unsigned long long kb;
+    bool in = false;
+    uint64_t got = 0;
+    FILE *f = fopen("/proc/self/smaps", "re");
+    ck_assert_ptr_nonnull(f);
+    while (fgets(line, sizeof(line), f)) {
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2)
+            in = lo == (unsigned long)(uintptr_t)p;
+        else if (in && sscanf(line, "ShmemPmdMapped: %llu kB", &kb) == 1)
+            got = (uint64_t)kb * 1024;
+    }
+    fclose(f);
+    return got;
+}
+
+/* A memfd of bytes, mapped read-write by kvc_huge_map; the descriptor into *fd. */
+static uint8_t *huge_memfd(uint64_t bytes, int *fd)
+{
+    *fd = memfd_create("kvcd-test-huge", MFD_CLOEXEC);
+    ck_assert_int_ge(*fd, 0);
+    ck_assert_int_eq(ftruncate(*fd, (off_t)bytes), 0);
+    uint8_t *m = kvc_huge_map(*fd, bytes, PROT_READ | PROT_WRITE, 0);
+    ck_assert_ptr_ne(m, MAP_FAILED);
+    return m;
+}
+
+/* Whether this kernel and host collapse shmem here at all (Linux 6.1, shmem THP not deny,
+ * a free 2 MiB of physical memory): 0, or the collapse's -errno. */
+static int collapse_probe(void)
+{
+    int fd;
+    uint8_t *m = huge_memfd(2 * MiB, &fd);
+    int rc = kvc_huge_collapse(m);
+    munmap(m, 2 * MiB);
+    close(fd);
+    return rc;
+}
+
+/* Mappings of 2 MiB and more start at a 2 MiB boundary, and the address space taken to place
+ * them is given back (the page after the end is free again); smaller ones are plain. */
+START_TEST(test_huge_map_boundary)
+{
+    const uint64_t sizes[] = {2 * MiB, 6 * MiB + 12 * KiB, 33 * MiB};
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        int fd;
+        uint8_t *m = huge_memfd(sizes[i], &fd);
+        ck_assert_uint_eq((uintptr_t)m % (2 * MiB), 0);
+        m[0] = 1;
+        m[sizes[i] - 1] = 2;
+        uint8_t *end = m + ((sizes[i] + 4095) & ~4095ull);
+        void *next = mmap(end, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE,
+                          -1, 0);
+        ck_assert_msg(next == end, "the address space after the mapping is still taken (%s)",
+                      next == MAP_FAILED ? strerror(errno) : "moved");
+        munmap(next, 4096);
+        ck_assert_int_eq(munmap(m, sizes[i]), 0);
+        close(fd);
+    }
+    int fd = memfd_create("kvcd-test-small", MFD_CLOEXEC);
+    ck_assert_int_eq(ftruncate(fd, 64 * KiB), 0);
+    uint8_t *m = kvc_huge_map(fd, 64 * KiB, PROT_READ | PROT_WRITE, 0);
+    ck_assert_ptr_ne(m, MAP_FAILED);
+    m[0] = 3;
+    munmap(m, 64 * KiB);
+    close(fd);
+}
+END_TEST
+
+/* A collapse changes no byte (those written before it stay, the rest read zero), refuses an
+ * address off a 2 MiB boundary, and where the kernel does it the 2 MiB are mapped huge. */
+START_TEST(test_huge_collapse_keeps_bytes)
+{
+    int fd;
+    uint8_t *m = huge_memfd(4 * MiB, &fd);
+    const uint64_t at[] = {3 * 4096 + 17, MiB, 2 * MiB - 1, 2 * MiB + 5};
+    for (size_t i = 0; i < 4; i++)
+        m[at[i]] = (uint8_t)(0xa0 + i);
+    ck_assert_int_eq(kvc_huge_collapse(m + 4096), -EINVAL);
+    int rc = kvc_huge_collapse(m);
+    for (size_t i = 0; i < 4; i++)
+        ck_assert_uint_eq(m[at[i]], 0xa0 + i);
+    for (uint64_t o = 0; o < 4 * MiB; o += 4093) {
+        bool marked = false;
+        for (size_t i = 0; i < 4; i++)
+            marked |= o == at[i];
+        if (!marked)
+            ck_assert_uint_eq(m[o], 0);
+    }
+    if (rc == 0)
+        ck_assert_uint_ge(pmd_mapped(m), 2 * MiB);
+    else
+        printf("tier_host: this kernel or host does not collapse shmem (%s): bytes checked, "
+               "huge mapping not\n",
+               strerror(-rc));
+    munmap(m, 4 * MiB);
+    close(fd);
+}
+END_TEST
+
+static struct tier *host_collapse_new(uint64_t size, bool collapse, uint64_t first,
+                                      uint32_t threads)
+{
+    struct tier_host_config cfg = {.name = "kvcd-test-collapse",
+                                   .size = size,
+                                   .page_size = 64 * KiB,
+                                   .huge = TIER_HOST_HUGE_OFF,
+                                   .prefault = true,
+                                   .prefault_first = first,
+                                   .prefault_threads = threads,
+                                   .collapse = collapse};
+    int err = 1;
+    struct tier *t = tier_host_new(&cfg, &err);
+    ck_assert_msg(t != NULL, "tier_host_new: %s", strerror(-err));
+    return t;
+}
+
+/* With collapse the arena's fault-in makes its 2 MiB pages huge (counted, and mapped so in
+ * the daemon's mapping); without, none is counted (and with the host's shmem THP off, none
+ * is huge). */
+START_TEST(test_arena_collapsed)
+{
+    int probe = collapse_probe();
+    struct tier *t = host_collapse_new(64 * MiB, true, 64 * MiB, 0);
+    uint64_t got = tier_host_collapsed(t);
+    ck_assert_uint_eq((uintptr_t)tier_host_base(t) % (2 * MiB), 0);
+    if (probe == 0) {
+        ck_assert_uint_gt(got, 0);
+        ck_assert_uint_ge(pmd_mapped(tier_host_base(t)), got);
+    } else {
+        ck_assert_uint_eq(got, 0);
+        printf("tier_host: no collapse here (%s)\n", strerror(-probe));
+    }
+    printf("tier_host: %llu of 64 MiB made huge by collapse\n", (unsigned long long)(got >> 20));
+    tier_destroy(t);
+
+    t = host_collapse_new(64 * MiB, false, 64 * MiB, 0);
+    ck_assert_uint_eq(tier_host_collapsed(t), 0);
+    char thp[128] = "";
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/shmem_enabled", "re");
+    if (f) {
+        if (!fgets(thp, sizeof(thp), f))
+            thp[0] = 0;
+        fclose(f);
+    }
+    if (strstr(thp, "[never]") || strstr(thp, "[deny]"))
+        ck_assert_uint_eq(pmd_mapped(tier_host_base(t)), 0);
+    tier_destroy(t);
+}
+END_TEST
+
+/* Bytes written into the arena while the background threads fault it in and collapse it —
+ * into pages faulted before their chunk, as the allocator's first slots are — are all
+ * there once they are done. */
+START_TEST(test_arena_collapse_while_written)
+{
+    const uint64_t size = 128 * MiB, step = 256 * KiB + 4096;
+    struct tier *t = host_collapse_new(size, true, 0, 2);
+    uint8_t *base = tier_host_base(t);
+    uint32_t n = 0;
+    for (uint64_t o = 0; o + 8 <= size; o += step, n++)
+        memcpy(base + o, &o, sizeof(o));
+    struct timespec ts = {0, 2 * 1000 * 1000};
+    for (int i = 0; i < 30000 && !tier_host_fault_done(t, NULL); i++)
+        nanosleep(&ts, NULL);
+    ck_assert(tier_host_fault_done(t, NULL));
+    for (uint64_t o = 0; o + 8 <= size; o += step) {
+        uint64_t v;
+        memcpy(&v, base + o, sizeof(v));
+        ck_assert_uint_eq(v, o);
+    }
+    printf("tier_host: %u values written during the fault-in kept, %llu MiB collapsed\n", n,
+           (unsigned long long)(tier_host_collapsed(t) >> 20));
+    tier_destroy(t);
+}
+END_TEST
+
 START_TEST(test_seals)
 {
     struct tier *t = host_new(4 * MiB, 64 * KiB, TIER_HOST_HUGE_OFF, false);
@@ -419,6 +604,10 @@ static Suite *tier_host_suite(void)
     tcase_add_test(tc, test_accessors);
     tcase_add_test(tc, test_read_only_fd);
     tcase_add_test(tc, test_prefault_resident);
+    tcase_add_test(tc, test_huge_map_boundary);
+    tcase_add_test(tc, test_huge_collapse_keeps_bytes);
+    tcase_add_test(tc, test_arena_collapsed);
+    tcase_add_test(tc, test_arena_collapse_while_written);
     tcase_add_test(tc, test_seals);
     tcase_add_test(tc, test_hole_punch_sigbus);
     tcase_add_test(tc, test_huge_auto);

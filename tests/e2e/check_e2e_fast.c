@@ -256,6 +256,86 @@ START_TEST(test_fast_index_huge_advice)
 }
 END_TEST
 
+/* Process pid's mappings of memfds named `name`*: the start of the largest, its size and
+ * ShmemPmdMapped bytes; false when there is none. */
+static bool fp_mapping(pid_t pid, const char *name, uint64_t *start, uint64_t *bytes,
+                       uint64_t *pmd)
+{
+    char path[64], line[512], want[96];
+    unsigned long lo, hi;
+    unsigned long long kb;
+    bool in = false, found = false;
+    snprintf(path, sizeof(path), "/proc/%d/smaps", (int)pid);
+    snprintf(want, sizeof(want), "memfd:%s", name);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return false;
+    while (fgets(line, sizeof(line), f)) {
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2) {
+            in = strstr(line, want) != NULL && (!found || hi - lo > *bytes);
+            if (in) {
+                found = true;
+                *start = lo;
+                *bytes = hi - lo;
+                *pmd = 0;
+            }
+        } else if (in && sscanf(line, "ShmemPmdMapped: %llu kB", &kb) == 1) {
+            *pmd = (uint64_t)kb * 1024;
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+/* The arena and the shared index are mapped at 2 MiB boundaries by the daemon and by the
+ * client, so that the 2 MiB pages the daemon made by collapse (host_collapsed; the host's
+ * shmem THP setting aside) are mapped huge in both: a hit then takes no 4 KiB page walk. */
+START_TEST(test_arena_and_index_on_huge_pages)
+{
+    static const char *const args[] = {"-o", "host.size=256m", "-o", "host.page_size=64k", "-o",
+                                       "host.hugepages=off", NULL};
+    struct daemon d = {0};
+    kvc_client *c;
+    kvc_ns *ns;
+    /* 4 KiB blocks: an index of 2 MiB and more (a 32-byte entry per 4 KiB of 256 MiB) */
+    struct kvc_layout lay = daemon_layout("e2e-huge-map", 4);
+    struct kvc_key k[FP_BLOCKS];
+    uint64_t collapsed = 0, start, bytes, pmd;
+    ck_assert_int_eq(daemon_start(&d, args), 0);
+    ck_assert_int_eq(kvc_connect(d.sock, &c), 0);
+    /* The arena mapped once it is all faulted in (and collapsed): a mapping made earlier maps
+     * each 2 MiB huge only when it touches it again after its collapse. */
+    uint64_t faulted = 0, total = 1;
+    for (int i = 0; i < 3000 && faulted < total; i++) {
+        ck_assert_int_eq(daemon_client_stat(c, 0, "host_faulted", &faulted), 0);
+        ck_assert_int_eq(daemon_client_stat(c, 0, "host_arenas_bytes", &total), 0);
+        usleep(10000);
+    }
+    ck_assert_uint_eq(faulted, total);
+    ck_assert_int_eq(kvc_ns_open(c, &lay, &ns), 0);
+    fp_put(ns, 3, FP_BLOCKS, k);
+    ck_assert_int_eq(fp_get_check(ns, k, FP_BLOCKS), FP_BLOCKS);
+    ck_assert_int_eq(daemon_client_stat(c, 0, "host_collapsed", &collapsed), 0);
+    printf("e2e_fast: %llu MiB of the arena made 2 MiB pages by collapse\n",
+           (unsigned long long)(collapsed >> 20));
+    const pid_t pids[] = {getpid(), d.pid};
+    for (int i = 0; i < 2; i++) {
+        ck_assert(fp_mapping(pids[i], "kvcd-host-0", &start, &bytes, &pmd));
+        ck_assert_uint_eq(bytes, 256ull << 20);
+        ck_assert_uint_eq(start % (2u << 20), 0);
+        ck_assert_uint_ge(pmd, collapsed); /* the client maps it populated */
+        ck_assert(fp_mapping(pids[i], "kvcd-index-0", &start, &bytes, &pmd));
+        ck_assert_uint_ge(bytes, 2u << 20);
+        ck_assert_uint_eq(start % (2u << 20), 0);
+        if (collapsed)
+            ck_assert_uint_ge(pmd, 2u << 20);
+    }
+    kvc_disconnect(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_cleanup(&d);
+}
+END_TEST
+
 START_TEST(test_lookup_resolves_once)
 {
     struct daemon d = {0};
@@ -1453,6 +1533,7 @@ int main(void)
     tcase_set_tags(tl, "long");
     tcase_add_test(tc, test_fast_hits_counted);
     tcase_add_test(tc, test_fast_index_huge_advice);
+    tcase_add_test(tc, test_arena_and_index_on_huge_pages);
     tcase_add_test(tc, test_lookup_resolves_once);
     tcase_add_test(tc, test_fast_hits_counted_at_disconnect);
     tcase_add_test(tc, test_fast_off_in_daemon);

@@ -320,6 +320,22 @@ mutation fast-index-reader-no-huge client/libkvc_fast.c "check_e2e_fast" \
 '        (void)madvise(m, bytes, MADV_HUGEPAGE);' \
 '        (void)m;'
 
+# 2 MiB pages by collapse (issue 32): a client's arena mapping placed anywhere (its huge pages
+# then map as 4 KiB ones), the index's the same, the daemon's arena fault-in that never
+# collapses, the index never collapsed.
+mutation arena-client-unaligned client/libkvc.c "check_e2e_fast" \
+'        void *m = kvc_huge_map(fd, p->arena_bytes, PROT_READ | (w ? PROT_WRITE : 0), populate);' \
+'        void *m = mmap((void *)(uintptr_t)((1ull << 44) + 4096), p->arena_bytes, PROT_READ | (w ? PROT_WRITE : 0), MAP_SHARED | populate, fd, 0);'
+mutation index-client-unaligned client/libkvc_fast.c "check_e2e_fast" \
+'        m = kvc_huge_map(fd, bytes, prot, huge ? 0 : MAP_POPULATE);' \
+'        m = mmap((void *)(uintptr_t)((3ull << 43) + 4096), bytes, prot, MAP_SHARED | (huge ? 0 : MAP_POPULATE), fd, 0);'
+mutation arena-no-collapse tiers/host.c "check_tier_host check_e2e_fast" \
+'        int rc = kvc_huge_collapse((char *)h->map + off);' \
+'        int rc = -EAGAIN;'
+mutation index-no-collapse daemon/fast.c "check_e2e_fast" \
+'        collapse = kvc_huge_collapse((uint8_t *)map + o) == 0;' \
+'        collapse = false;'
+
 # A LOOKUP that resolves its keys again: the lease finds each hit in the index a second time
 # instead of taking the block the lookup found (issue 31: one resolution per key).
 mutation lookup-resolves-twice daemon/store.c "check_e2e_fast" \
