@@ -358,7 +358,7 @@ START_TEST(test_table)
 {
     struct config *c = config_new();
 
-    ck_assert_uint_eq(config_noptions, 72);
+    ck_assert_uint_eq(config_noptions, 73);
     for (size_t i = 0; i < config_noptions; i++) {
         const struct config_option *o = &config_options[i];
         char key[128];
