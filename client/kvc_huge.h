@@ -38,7 +38,8 @@
 
 /* mmap(NULL, bytes, prot, MAP_SHARED | flags, fd, 0) at a 2 MiB boundary when bytes is at
  * least 2 MiB (address space for bytes + 2 MiB taken first, the mapping placed at its first
- * boundary, the rest given back); MAP_FAILED and errno as mmap. */
+ * boundary, the rest given back; where the kernel refuses that place, wherever it puts it);
+ * MAP_FAILED and errno as mmap. */
 static inline void *kvc_huge_map(int fd, uint64_t bytes, int prot, int flags)
 {
     if (bytes < KVC_HUGE_BYTES || bytes > SIZE_MAX - KVC_HUGE_BYTES)
@@ -49,11 +50,9 @@ static inline void *kvc_huge_map(int fd, uint64_t bytes, int prot, int flags)
         return mmap(NULL, bytes, prot, MAP_SHARED | flags, fd, 0);
     uintptr_t a = ((uintptr_t)r + KVC_HUGE_BYTES - 1) & ~(uintptr_t)(KVC_HUGE_BYTES - 1);
     void *m = mmap((void *)a, bytes, prot, MAP_SHARED | MAP_FIXED | flags, fd, 0);
-    if (m == MAP_FAILED) {
-        int e = errno;
+    if (m == MAP_FAILED) { /* e.g. hugetlb pages of 1 GiB: the kernel places those itself */
         munmap(r, span);
-        errno = e;
-        return MAP_FAILED;
+        return mmap(NULL, bytes, prot, MAP_SHARED | flags, fd, 0);
     }
     long ps = sysconf(_SC_PAGESIZE);
     uintptr_t page = ps > 0 ? (uintptr_t)ps : 4096;
