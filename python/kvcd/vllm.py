@@ -1171,12 +1171,13 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
         """The gathers are queued; their commits go to a thread (async_save) that waits for
         them and publishes, or run here."""
         meta = self._get_connector_metadata() if self.has_connector_metadata() else None
-        if self._lay.groups:
-            for span in getattr(meta, "saves", ()) or ():
-                self._saved_reqs.add(span.req_id)
-            return self._wait_for_save_groups(meta)
-        for span in getattr(meta, "saves", ()) or ():
+        # Only commits on the thread are reported by get_finished: without async_save the
+        # scheduler's request_finished frees a request's blocks at once, and vLLM asserts
+        # that a request reported as sent is one it kept.
+        for span in (getattr(meta, "saves", ()) or ()) if self._async_save else ():
             self._saved_reqs.add(span.req_id)
+        if self._lay.groups:
+            return self._wait_for_save_groups(meta)
         if self._saves_here and meta is not None and meta.saves and not self._reserved:
             self._reserve(meta.saves)
         # Every layer save_kv_layer did not gather is gathered here: all of them without
