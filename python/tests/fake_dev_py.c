@@ -16,8 +16,9 @@
  * commits on a thread of its own, with the GIL released), so the table installed here
  * takes one lock around every call into the fake, as do the functions the tests call. It
  * also counts the host waits of each thread (fdp_stat("thread_waits") answers the calling
- * thread's): a test asks whether a call of its own thread waited while another thread's
- * commits wait as they should. fdp_copy queues device work of the test's own (a model's
+ * thread's, "thread_blocking_waits" those of them that found device work still queued,
+ * where a device would block the thread): a test asks whether a call of its own thread
+ * waited while another thread's commits wait as they should. fdp_copy queues device work of the test's own (a model's
  * reads and writes of its KV cache) and fdp_stream_wait_event orders a stream behind an
  * event, as the engine's framework does.
  */
@@ -50,7 +51,8 @@ FDP_API int fdp_stream_wait_event(void *stream, void *ev);
 FDP_API int fdp_copy(void *dst, const void *src, uint64_t len, int kind, void *stream);
 
 static pthread_mutex_t fdp_mu = PTHREAD_MUTEX_INITIALIZER;
-static _Thread_local long long fdp_thread_waits; /* host waits of the calling thread */
+static _Thread_local long long fdp_thread_waits;    /* host waits of the calling thread */
+static _Thread_local long long fdp_thread_blocking; /* of them, those that found work queued */
 
 #define FDP_LOCKED(type, call)                                                                     \
     do {                                                                                           \
@@ -123,20 +125,35 @@ static int fdp_event_new_record(void **ev, void *stream)
 
 static int fdp_event_wait_op(void *ev)
 {
+    pthread_mutex_lock(&fdp_mu);
+    uint64_t before = fake_dev.blocking_waits;
+    int rc = fake_dev_ops.event_wait(ev);
+    fdp_thread_blocking += (long long)(fake_dev.blocking_waits - before);
+    pthread_mutex_unlock(&fdp_mu);
     fdp_thread_waits++;
-    FDP_LOCKED(int, fake_dev_ops.event_wait(ev));
+    return rc;
 }
 
 static int fdp_event_wait_free(void *ev)
 {
+    pthread_mutex_lock(&fdp_mu);
+    uint64_t before = fake_dev.blocking_waits;
+    int rc = fake_dev_ops.event_wait_free(ev);
+    fdp_thread_blocking += (long long)(fake_dev.blocking_waits - before);
+    pthread_mutex_unlock(&fdp_mu);
     fdp_thread_waits++;
-    FDP_LOCKED(int, fake_dev_ops.event_wait_free(ev));
+    return rc;
 }
 
 static int fdp_stream_sync_op(void *stream)
 {
+    pthread_mutex_lock(&fdp_mu);
+    uint64_t before = fake_dev.blocking_waits;
+    int rc = fake_dev_ops.stream_sync(stream);
+    fdp_thread_blocking += (long long)(fake_dev.blocking_waits - before);
+    pthread_mutex_unlock(&fdp_mu);
     fdp_thread_waits++;
-    FDP_LOCKED(int, fake_dev_ops.stream_sync(stream));
+    return rc;
 }
 
 static int fdp_host_register(void *p, uint64_t len, int readonly)
@@ -286,6 +303,8 @@ long long fdp_stat(const char *name)
 {
     if (strcmp(name, "thread_waits") == 0)
         return fdp_thread_waits;
+    if (strcmp(name, "thread_blocking_waits") == 0)
+        return fdp_thread_blocking;
 #define FDP_STAT(f)                                                                                \
     if (strcmp(name, #f) == 0)                                                                     \
         return (long long)fake_dev.f;
@@ -312,6 +331,7 @@ long long fdp_stat(const char *name)
     FDP_STAT(bad_kinds)
     FDP_STAT(fork_refused)
     FDP_STAT(stream_waits)
+    FDP_STAT(blocking_waits)
 #undef FDP_STAT
     return -1;
 }

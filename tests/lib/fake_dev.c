@@ -521,6 +521,7 @@ static int fake_event_wait(void *ev)
     if (!e || e->magic != FAKE_EVENT_MAGIC)
         return -EINVAL;
     fake_dev.waits++;
+    fake_dev.blocking_waits += fake_pending(e->stream, e->seq);
     return fake_drain(e->stream, e->seq, 0);
 }
 
@@ -533,6 +534,7 @@ static int fake_event_wait_free(void *ev)
     if (!e || e->magic != FAKE_EVENT_MAGIC)
         return -EINVAL;
     fake_dev.waits++;
+    fake_dev.blocking_waits += fake_pending(e->stream, e->seq);
     rc = fake_drain(e->stream, e->seq, 0);
     e->magic = 0;
     free(e);
@@ -602,6 +604,7 @@ static int fake_stream_sync(void *stream)
     if (!stream)
         fake_dev.legacy_syncs++;
     fake_dev.waits++;
+    fake_dev.blocking_waits += fake_pending(stream, UINT64_MAX);
     return fake_drain(stream, UINT64_MAX, 0);
 }
 

@@ -74,6 +74,8 @@ struct fake_dev_state {
     uint64_t device_syncs;   /* waits for the whole device (cudaFree does one) */
     uint64_t legacy_syncs;   /* waits on the legacy default stream (device-wide ordering) */
     uint64_t waits;          /* host waits: stream_sync, event_wait, event_wait_free */
+    uint64_t blocking_waits; /* of them, those that found work still queued before their
+                                point (a device would block the host there) */
     uint64_t queries;        /* event_query calls (never a wait) */
     uint64_t events_created; /* event_new_record calls */
     uint64_t ops;            /* device operations queued: copy_async, copy_batch, batch */
