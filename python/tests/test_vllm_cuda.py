@@ -55,11 +55,16 @@ class CudaWorker:
     or FlashInfer's [num_blocks, 2, ...]. loads_first: the device runs the load stream as
     soon as start_load_kv returns (before the compute stream's earlier work, unless the
     connector ordered it after). probe: after each layer's wait the host waits for the
-    compute stream and checks that this layer's loads landed and the next one's did not."""
+    compute stream and checks that this layer's loads landed and the next one's did not.
+    ahead: the host runs a step ahead of the device (vLLM's async scheduling): it waits for
+    a step's work only after the next step's start_load_kv."""
 
-    def __init__(self, p, rank, dev, layout="flash_attn", loads_first=False, probe=False):
+    def __init__(self, p, rank, dev, layout="flash_attn", loads_first=False, probe=False,
+                 ahead=False):
         self.p, self.rank, self.dev = p, rank, dev
         self.layout, self.loads_first, self.probe = layout, loads_first, probe
+        self.ahead = ahead
+        self.unsettled = None  # ahead: the last step's reads, checked once it ran
         set_tensor_model_parallel(rank, p["tp"])
         vc, kc, self.names = drv.configs(p)
         self.heads, self.dim, self.bs = p["heads"] // p["tp"], p["head_size"], p["block_size"]
@@ -135,6 +140,7 @@ class CudaWorker:
         nrec = len(st.records)
         with self.no_host_wait("start_load_kv"):
             conn.start_load_kv(ForwardContext())
+        late = self.settle_last()  # ahead: the last step's wrong reads
         loaded = [ev for ev, s in st.records[nrec:] if s is not st.compute]
         assert len(loaded) in (0, 1, layers)
         if self.loads_first:
@@ -167,11 +173,11 @@ class CudaWorker:
                 with self.no_host_wait("save_kv_layer"):
                     conn.save_kv_layer(name, self.caches[name], None)
         conn.wait_for_save()
-        st.compute.synchronize()  # the device ran the step's forward
-        wrong_at = [b for b, buf, want, m in reads if not torch.equal(buf[:m], want)]
-        overrun = sum(not torch.equal(buf, old) for old, buf in prior)
-        assert overrun == 0, "a load overwrote %d pages before the compute stream's " \
-            "earlier reads of them ran" % overrun
+        if self.ahead:
+            self.unsettled, wrong_at = (reads, prior), []
+        else:
+            st.compute.synchronize()  # the device ran the step's forward
+            wrong_at = self.settle(reads, prior)
         if not self.p["extra"].get("async_save", True):  # committed in wait_for_save
             for rid, n in out.num_scheduled_tokens.items():
                 if starts[rid] + n == len(self.reqs[rid]["tokens"]):
@@ -186,8 +192,26 @@ class CudaWorker:
         kv_out.kv_cache_events = conn.get_kv_connector_kv_cache_events()
         kv_out.kv_connector_worker_meta = conn.build_connector_worker_meta()
         conn.clear_connector_metadata()
-        return dict(kv_out=kv_out, wrong=sum(b not in failed for b in wrong_at),
+        return dict(kv_out=kv_out, wrong=late + sum(b not in failed for b in wrong_at),
                     stats=dict(conn.stats), outputs={})
+
+    def settle(self, reads, prior):
+        """Checks a step's reads once the host waited for them: the blocks attention read
+        wrong (returned), and that no load came before the pages' earlier readers."""
+        wrong_at = [b for b, buf, want, m in reads if not torch.equal(buf[:m], want)]
+        overrun = sum(not torch.equal(buf, old) for old, buf in prior)
+        assert overrun == 0, "a load overwrote %d pages before the compute stream's " \
+            "earlier reads of them ran" % overrun
+        return wrong_at
+
+    def settle_last(self):
+        """ahead: waits for the last step's work and counts its wrong reads."""
+        if self.unsettled is None:
+            return 0
+        self.streams.compute.synchronize()
+        wrong = len(self.settle(*self.unsettled))
+        self.unsettled = None
+        return wrong
 
     def check_layer_landed(self, meta, li):
         """The host waits for the compute stream right after layer li's wait: the loads of
@@ -232,9 +256,10 @@ class CudaWorker:
     def call(self, *msg):
         assert msg[0] == "expect"
         _, rid, n = msg
+        late = self.settle_last()
         self.streams.sync_all()  # before the host reads device memory
         caches = {name: self.kv(name) for name in self.names}
-        return wrong_tokens(caches, self.names, self.reqs[rid], n, self.rank, self.heads,
+        return late + wrong_tokens(caches, self.names, self.reqs[rid], n, self.rank, self.heads,
                             self.dim, self.bs, {i: (0, 0) for i in range(len(self.names))})
 
     def close(self):
@@ -254,11 +279,11 @@ def dev():
 def setup(daemon, dev):
     made = []
 
-    def make(layout="flash_attn", loads_first=False, probe=False, **kw):
+    def make(layout="flash_attn", loads_first=False, probe=False, ahead=False, **kw):
         workers = []
 
         def worker(p, rank):
-            workers.append(CudaWorker(p, rank, dev, layout, loads_first, probe))
+            workers.append(CudaWorker(p, rank, dev, layout, loads_first, probe, ahead))
             return workers[-1]
         s = Setup(daemon, worker=worker, **kw)
         made.append(s)
@@ -316,6 +341,21 @@ def test_cuda_each_layer_waits_for_its_own_load(setup, dev, layout):
     s.run(Request("B", prompt(60, seed=8, prefix=a)))
     assert s.stats[0]["loaded_blocks"] == 3 and s.wrong == 0
     check_kv(s, "B", 60)
+
+
+def test_cuda_start_load_kv_never_waits_for_the_last_steps_loads(setup, dev):
+    """The host runs a step ahead of the device: when C's start_load_kv runs, B's loads of
+    the step before may still be queued. Their leases go once the event after them says
+    the device is done (get_finished asks, without waiting), never with a host wait in
+    start_load_kv (kvc_release would wait for their copies)."""
+    s = setup(ahead=True)
+    a = prompt(100, seed=11)
+    s.run(Request("A", a))
+    s.run(Request("B", prompt(106, seed=12, prefix=a[:96])))  # 6 blocks loaded, none saved
+    s.run(Request("C", prompt(40, seed=13)))
+    assert s.stats[0]["loaded_blocks"] == 6 and s.wrong == 0
+    check_kv(s, "B", 106)
+    check_kv(s, "C", 40)
 
 
 @pytest.mark.parametrize("async_save", [True, False])
