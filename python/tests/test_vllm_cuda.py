@@ -41,7 +41,7 @@ from vllm.v1.request import Request  # noqa: E402
 import kvcd  # noqa: E402
 import kvcd.vllm  # noqa: E402
 from kvtensors import FakeDevice, FakeStreams, fakedev_path  # noqa: E402
-from test_vllm import BS, Setup, daemon, prompt  # noqa: E402,F401  (daemon: a fixture)
+from test_vllm import BS, HYBRID, Setup, daemon, prompt  # noqa: E402,F401  (daemon: a fixture)
 from vllm_worker import wrong_tokens  # noqa: E402
 
 if not os.path.exists(fakedev_path()):
@@ -87,8 +87,19 @@ class CudaWorker:
         assert self.conn._cuda  # the device path, not the CPU one
         self.reqs = {}
         self.client = kvcd.Client(p["extra"]["socket"])  # what kvcd holds, read apart
-        self.ns = kvcd.vllm._Layout(vc, kc, p["extra"]).open(self.client, rank)
         self.checked_saves = 0
+        self.layer_group = drv.group_of_layers(p) or {i: (0, 0) for i in range(len(self.names))}
+        self.hybrid = bool(p.get("groups"))
+        assert not (self.hybrid and (probe or ahead))
+        lay = kvcd.vllm._Layout(vc, kc, p["extra"])
+        self.ns = lay.groups[0].open(self.client, rank) if self.hybrid else lay.open(
+            self.client, rank)
+        self.saved_layers = p["groups"][0]["layers"] if self.hybrid else range(len(self.names))
+
+    def span_ids(self, span, layer):
+        """A load's block ids of the group of a model layer."""
+        return span.group_block_ids[self.layer_group[layer][0]] if self.hybrid else \
+            span.block_ids
 
     # ---- the model's device work, on the compute stream --------------------------------
 
@@ -135,8 +146,9 @@ class CudaWorker:
         # The pages the loads write, read on the compute stream first: the blocks' last
         # readers (a freed block's earlier owner), which a load must come after.
         prior = [(self.page(li, kind, b).clone(), self.read(li, kind, b))
-                 for span in meta.loads for b in span.block_ids[span.first:span.first + span.count]
-                 for li in range(layers) for kind in (0, 1)]
+                 for span in meta.loads for li in range(layers)
+                 for b in self.span_ids(span, li)[span.first:span.first + span.count]
+                 if b != 0 or not self.hybrid for kind in (0, 1)]
         nrec = len(st.records)
         with self.no_host_wait("start_load_kv"):
             conn.start_load_kv(ForwardContext())
@@ -156,16 +168,22 @@ class CudaWorker:
                 assert st.compute.waited[n0:] == want_ev, "layer %d waited on another event" % li
                 if self.probe and len(loaded) == layers and li + 1 < layers:
                     self.check_layer_landed(meta, li)
+            gi, window = self.layer_group[li]
+            if self.hybrid:  # vLLM's null block: a load must not write it
+                reads += [(0, self.read(li, kind, 0), torch.zeros_like(self.page(li, kind, 0)),
+                           bs) for kind in (0, 1)]
             for rid, n in out.num_scheduled_tokens.items():
                 r, start = self.reqs[rid], starts[rid]
-                ids = r["blocks"][0]
+                ids = r["blocks"][gi]
+                # What attention reads: every earlier token (a window: those it sees).
+                first = max(0, start - window + 1) if window else 0
                 for kind in (0, 1):
                     want = drv.kv_values(tuple(r["tokens"][:start + n]), li, kind, self.rank,
                                          self.heads, self.dim)
-                    for blk in range((start + bs - 1) // bs):  # attention reads tokens < start
-                        m = min(bs, start - blk * bs)
-                        reads.append((ids[blk], self.read(li, kind, ids[blk]),
-                                      want[blk * bs:blk * bs + m], m))
+                    for blk in range(first // bs, (start + bs - 1) // bs):
+                        lo, hi = max(first, blk * bs) - blk * bs, min(bs, start - blk * bs)
+                        reads.append((ids[blk], self.read(li, kind, ids[blk])[lo:hi],
+                                      want[blk * bs + lo:blk * bs + hi], hi - lo))
                     for blk in range(start // bs, (start + n + bs - 1) // bs):
                         lo, hi = max(start, blk * bs), min(start + n, (blk + 1) * bs)
                         self.write(li, kind, ids[blk], lo - blk * bs, want[lo:hi])
@@ -178,6 +196,9 @@ class CudaWorker:
         else:
             st.compute.synchronize()  # the device ran the step's forward
             wrong_at = self.settle(reads, prior)
+            if self.hybrid:  # what the model wrote there (a recompute's early positions)
+                for name in self.names:
+                    self.kv(name)[:, 0] = 0
         if not self.p["extra"].get("async_save", True):  # committed in wait_for_save
             for rid, n in out.num_scheduled_tokens.items():
                 if starts[rid] + n == len(self.reqs[rid]["tokens"]):
@@ -199,6 +220,7 @@ class CudaWorker:
         """Checks a step's reads once the host waited for them: the blocks attention read
         wrong (returned), and that no load came before the pages' earlier readers."""
         wrong_at = [b for b, buf, want, m in reads if not torch.equal(buf[:m], want)]
+        assert 0 not in wrong_at, "a load wrote vLLM's null block"
         overrun = sum(not torch.equal(buf, old) for old, buf in prior)
         assert overrun == 0, "a load overwrote %d pages before the compute stream's " \
             "earlier reads of them ran" % overrun
@@ -238,18 +260,18 @@ class CudaWorker:
         toks = self.reqs[rid]["tokens"]
         full = len(toks) // self.bs
         keys = kvcd.vllm.span_keys(self.ns, toks, [(0, b"")], full)
-        layers = len(self.names)
+        layers = len(self.saved_layers)  # a hybrid model's first group (full attention)
         with self.ns.lookup(keys) as lease:
             assert len(lease) == full, "%s reported with %d of %d blocks in kvcd" % (
                 rid, len(lease), full)
             for i in range(full):
                 blk = torch.frombuffer(bytearray(lease[i]), dtype=torch.float16).view(
                     layers, 2, self.bs, self.heads, self.dim)
-                for li in range(layers):
+                for j, li in enumerate(self.saved_layers):
                     for kind in (0, 1):
                         want = drv.kv_values(tuple(toks[:(i + 1) * self.bs]), li, kind,
                                              self.rank, self.heads, self.dim)[i * self.bs:]
-                        assert torch.equal(blk[li, kind], want), \
+                        assert torch.equal(blk[j, kind], want), \
                             "%s block %d layer %d saved wrong" % (rid, i, li)
         self.checked_saves += 1
 
@@ -259,8 +281,8 @@ class CudaWorker:
         late = self.settle_last()
         self.streams.sync_all()  # before the host reads device memory
         caches = {name: self.kv(name) for name in self.names}
-        return late + wrong_tokens(caches, self.names, self.reqs[rid], n, self.rank, self.heads,
-                            self.dim, self.bs, {i: (0, 0) for i in range(len(self.names))})
+        return late + wrong_tokens(caches, self.names, self.reqs[rid], n, self.rank,
+                                   self.heads, self.dim, self.bs, self.layer_group)
 
     def close(self):
         self.conn.shutdown()
@@ -392,3 +414,23 @@ def test_cuda_block_evicted_between_scheduling_and_loading(setup, daemon, dev):
     assert s.stats[0]["load_missing_blocks"] == 4 and s.stats[0].get("loaded_blocks", 0) == 0
     assert len(outs) >= 2 and s.wrong == 0
     check_kv(s, "B", 90)
+
+
+def test_cuda_hybrid_groups_load_per_group(setup, dev):
+    """A full-attention and a sliding-window KV cache group (test_vllm's HYBRID) on the
+    device: each layer waits for its own event whatever its group, the window group's
+    load skips vLLM's null block (the worker reads it after each layer's wait), and the
+    second request reads what the first saved in both groups."""
+    s = setup(groups=HYBRID)
+    a = prompt(100, seed=21)
+    s.run(Request("A", a))
+    st = s.stats[0]
+    assert (st["saved_blocks_g0"], st["saved_blocks_g1"]) == (6, 6)
+    b = prompt(120, seed=22, prefix=a[:96])
+    outs = s.run(Request("B", b))
+    [load] = outs[0][0].kv_connector_metadata.loads
+    assert load.group_block_ids[1][:4] == [0, 0, 0, 0]
+    st = s.stats[0]
+    assert (st["loaded_blocks_g0"], st["loaded_blocks_g1"]) == (6, 2)
+    assert not outs[0][1].invalid_block_ids and s.wrong == 0
+    check_kv(s, "B", 120)
