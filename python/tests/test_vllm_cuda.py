@@ -416,12 +416,14 @@ def test_cuda_block_evicted_between_scheduling_and_loading(setup, daemon, dev):
     check_kv(s, "B", 90)
 
 
-def test_cuda_hybrid_groups_load_per_group(setup, dev):
+@pytest.mark.parametrize("window", [32, 33])
+def test_cuda_hybrid_groups_load_per_group(setup, dev, window):
     """A full-attention and a sliding-window KV cache group (test_vllm's HYBRID) on the
     device: each layer waits for its own event whatever its group, the window group's
-    load skips vLLM's null block (the worker reads it after each layer's wait), and the
-    second request reads what the first saved in both groups."""
-    s = setup(groups=HYBRID)
+    load skips vLLM's null block (the worker reads it after each layer's wait; with a
+    33-token window kvcd holds 3 blocks of the window, vLLM keeps 2), and the second
+    request reads what the first saved in both groups."""
+    s = setup(groups=[(HYBRID[0][0], 0), (HYBRID[1][0], window)])
     a = prompt(100, seed=21)
     s.run(Request("A", a))
     st = s.stats[0]
