@@ -60,13 +60,14 @@
 # on the scheduler side keeps its blocks until then (without async_save the commits run in
 # wait_for_save and nothing is reported). A load's leases go once the event after its copies
 # says the device is done (get_finished asks, never waiting): start_load_kv never waits for
-# the device on the host. Streams and events come from kvcd.vllm.streams (torch.cuda's). With "layerwise": false in the extra
-# config a load is one scatter of all layers and a save one gather at wait_for_save; a
-# layer whose save_kv_layer did not run (a replayed full CUDA graph skips it) is gathered
-# there too. CPU tensors work the same, synchronously. Of vLLM's optional hooks it answers
-# three: piecewise CUDA graphs while layer-wise (the per-layer waits cannot be captured),
-# the NHD cache layout (libkvc's), and no reliable-delivery demand (a cache, not a
-# hand-off); the others keep vLLM's defaults (docs/engines.md lists them).
+# the device on the host. Streams and events come from kvcd.vllm.streams (torch.cuda's).
+# With "layerwise": false in the extra config a load is one scatter of all layers and a save
+# one gather at wait_for_save; a layer whose save_kv_layer did not run (a replayed full
+# CUDA graph skips it) is gathered there too. CPU tensors work the same, synchronously. Of
+# vLLM's optional hooks it answers three: piecewise CUDA graphs while layer-wise (the
+# per-layer waits cannot be captured), the NHD cache layout (libkvc's), and no
+# reliable-delivery demand (a cache, not a hand-off); the others keep vLLM's defaults
+# (docs/engines.md lists them).
 import collections
 import dataclasses
 import queue

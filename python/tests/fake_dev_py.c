@@ -18,9 +18,9 @@
  * also counts the host waits of each thread (fdp_stat("thread_waits") answers the calling
  * thread's, "thread_blocking_waits" those of them that found device work still queued,
  * where a device would block the thread): a test asks whether a call of its own thread
- * waited while another thread's commits wait as they should. fdp_copy queues device work of the test's own (a model's
- * reads and writes of its KV cache) and fdp_stream_wait_event orders a stream behind an
- * event, as the engine's framework does.
+ * waited while another thread's commits wait as they should. fdp_copy queues device work
+ * of the test's own (a model's reads and writes of its KV cache) and fdp_stream_wait_event
+ * orders a stream behind an event, as the engine's framework does.
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -187,8 +187,8 @@ static int fdp_batch(const struct kern_batch_args *a, void *stream)
     FDP_LOCKED(int, fake_dev_ops.batch(a, stream));
 }
 
-static int fdp_copy_batch(void *const *dst, const void *const *src, const uint64_t *len,
-                          uint32_t n, int kind, void *stream)
+static int fdp_copy_batch(void *const *dst, const void *const *src, const uint64_t *len, uint32_t n,
+                          int kind, void *stream)
 {
     FDP_LOCKED(int, fake_dev_ops.copy_batch(dst, src, len, n, kind, stream));
 }

@@ -41,7 +41,7 @@ struct fake_op {
     struct kern_batch_args *batch; /* owned: a kernel's arguments */
     void *after;                   /* a stream wait: this stream's work up to after_seq first */
     uint64_t after_seq;
-    int barrier;                   /* a stream wait (fake_dev_stream_wait_event) */
+    int barrier; /* a stream wait (fake_dev_stream_wait_event) */
     struct fake_op *next;
 };
 
