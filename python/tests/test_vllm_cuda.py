@@ -10,8 +10,10 @@
 # KV and writes the step's tokens there with copies of the fake, checked once the host
 # waited for the step), and a missing or wrong stream wait in the connector shows as bytes
 # read or saved in the wrong order. Checked, on every step of every test:
-# - start_load_kv, wait_for_layer_load and save_kv_layer never wait for the device on the
-#   host (the fake's host waits of this thread, device and legacy syncs, unchanged);
+# - start_load_kv, wait_for_layer_load and save_kv_layer never block the host on the
+#   device: no host wait of this thread finds device work still queued before its point,
+#   no device or legacy sync (a wait on work already done may run there: a lease released
+#   while the committing thread was inside libkvc is freed at the client's next call);
 # - wait_for_layer_load(layer i) makes the compute stream wait for the event recorded after
 #   layer i's load and for no other (the whole load's one event without "layerwise");
 # - what attention reads (every earlier token of the request, queued after the wait) holds
@@ -22,7 +24,8 @@
 # device runs the load stream first; after layer i's wait the next layer's blocks are not
 # loaded yet (the loads are layer by layer); commits publish the bytes the step wrote; a
 # block evicted between scheduling and loading is reported through
-# get_block_ids_with_load_errors and recomputed.
+# get_block_ids_with_load_errors and recomputed; the host a step ahead of the device
+# (the last step's loads still queued at start_load_kv); a hybrid model's groups.
 import contextlib
 import os
 import pickle
