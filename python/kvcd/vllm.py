@@ -57,13 +57,17 @@
 # new full prompt blocks, on the compute stream; wait_for_save hands the reservations to a
 # committing thread (kvc_commit waits for the gathers, then publishes) and returns;
 # get_finished reports a finished request once its commits are done, and request_finished
-# on the scheduler side keeps its blocks until then. With "layerwise": false in the extra
-# config a load is one scatter of all layers and a save one gather at wait_for_save; a
-# layer whose save_kv_layer did not run (a replayed full CUDA graph skips it) is gathered
-# there too. CPU tensors work the same, synchronously. Of vLLM's optional hooks it answers
-# three: piecewise CUDA graphs while layer-wise (the per-layer waits cannot be captured),
-# the NHD cache layout (libkvc's), and no reliable-delivery demand (a cache, not a
-# hand-off); the others keep vLLM's defaults (docs/engines.md lists them).
+# on the scheduler side keeps its blocks until then (without async_save the commits run in
+# wait_for_save and nothing is reported). A load's leases go once the event after its copies
+# says the device is done (get_finished asks, never waiting): start_load_kv never waits for
+# the device on the host. Streams and events come from kvcd.vllm.streams (torch.cuda's).
+# With "layerwise": false in the extra config a load is one scatter of all layers and a save
+# one gather at wait_for_save; a layer whose save_kv_layer did not run (a replayed full
+# CUDA graph skips it) is gathered there too. CPU tensors work the same, synchronously. Of
+# vLLM's optional hooks it answers three: piecewise CUDA graphs while layer-wise (the
+# per-layer waits cannot be captured), the NHD cache layout (libkvc's), and no
+# reliable-delivery demand (a cache, not a hand-off); the others keep vLLM's defaults
+# (docs/engines.md lists them).
 import collections
 import dataclasses
 import queue
@@ -216,6 +220,29 @@ def _state_shape(index, spec):
             return name, heads, elems // heads, pieces
     raise ValueError("kvcd.vllm: KV cache group %d: a state of %d elements does not factor "
                      "into at most 4096 heads of at most 65536" % (index, elems))
+
+
+class TorchStreams:
+    """Where the worker's device path takes its streams and events: torch.cuda's (imported
+    at the first call, so the module loads with a CPU-only torch). The connector uses of a
+    stream .cuda_stream (what libkvc is handed), wait_stream and wait_event, and of an event
+    record(stream) and query(). A test puts the strict fake device's in its place
+    (kvcd.vllm.streams) before it builds a worker."""
+
+    def stream(self, device):
+        import torch
+        return torch.cuda.Stream(device=device)
+
+    def event(self):
+        import torch
+        return torch.cuda.Event()
+
+    def current_stream(self):
+        import torch
+        return torch.cuda.current_stream()
+
+
+streams = TorchStreams()
 
 
 class _Group:
@@ -661,9 +688,13 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
         self._kv_dim = 0
         self._cuda = False
         self._errors: Set[int] = set()
-        self._held: List[Any] = []  # leases of the previous step, released at the next
+        self._held: List[Any] = []  # leases of this step's loads
+        # Device loads' leases with the event after their copies: released once the event
+        # says the device is done (get_finished asks, never waiting).
+        self._inflight: List[Tuple[Any, List[Any]]] = []
+        self._dev = streams
         self._events: Dict[int, Any] = {}
-        self._all_event = None
+        self._all_event = self._last_event = None
         self._loads: List[Tuple[Any, KvcdSpan, int]] = []
         self._resvs: List[Tuple[Any, KvcdSpan]] = []
         self._gathered: Set[int] = set()  # layers save_kv_layer gathered this step
@@ -712,8 +743,7 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
                              (shape, self._bs, self._lay.heads, self._lay.head_size))
         self._cuda = getattr(getattr(t, "device", None), "type", "cpu") == "cuda"
         if self._cuda:
-            import torch
-            self._load_stream = torch.cuda.Stream(device=t.device)
+            self._load_stream = self._dev.stream(t.device)
             self._client.gpu_attach()  # this thread's current device is the worker's
         self._layer_of = {n: i for i, n in enumerate(self._names)}
         # The tensors read and checked once: every scatter and gather of a step takes this.
@@ -757,8 +787,7 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
                              (len(kv_caches), len(self._layer_of)))
         self._cuda = getattr(getattr(t, "device", None), "type", "cpu") == "cuda"
         if self._cuda:
-            import torch
-            self._load_stream = torch.cuda.Stream(device=t.device)
+            self._load_stream = self._dev.stream(t.device)
             self._client.gpu_attach()
 
     def _register_state(self, gi, g, kv_caches):
@@ -840,8 +869,7 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
                           for states in self._gstate[gi] for x in states])
 
     def _event(self, stream):
-        import torch
-        ev = torch.cuda.Event()
+        ev = self._dev.event()
         ev.record(stream)
         return ev
 
@@ -850,7 +878,7 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
         once the loads just queued on stream have run; nothing without a stream."""
         if stream is None:
             return
-        ev = self._event(stream)
+        ev = self._last_event = self._event(stream)
         if key is None:
             self._all_event = ev
         else:
@@ -859,19 +887,25 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
     def _stream_args(self):
         if not self._cuda:
             return {}
-        import torch
-        return dict(stream=torch.cuda.current_stream())
+        return dict(stream=self._dev.current_stream())
 
     def start_load_kv(self, forward_context, **kwargs):
         meta = self._get_connector_metadata()
-        self._release_held()  # the last step's loads were consumed by its forward
+        if not self._cuda:
+            self._release_held()  # the last step's loads were consumed by its forward
         self._events = {}
-        self._all_event = None
+        self._all_event = self._last_event = None
         self._loads = []
         self._state_bufs = []
         self._load_failed = set()
-        if self._lay.groups:
-            return self._load_groups(meta)
+        try:
+            if self._lay.groups:
+                return self._load_groups(meta)
+            return self._load(meta)
+        finally:
+            self._track_held()
+
+    def _load(self, meta):
         for span in getattr(meta, "loads", ()):
             keys = span_keys(self._ns, span.tokens, span.extras, span.first + span.count)
             # Waits for blocks read back from disk; on a GPU hits may be in kvcd's pool
@@ -892,9 +926,8 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
             return
         stream = None
         if self._cuda:
-            import torch
             stream = self._load_stream
-            stream.wait_stream(torch.cuda.current_stream())  # the blocks' last readers first
+            stream.wait_stream(self._dev.current_stream())  # the blocks' last readers first
         ranges = [range(i, i + 1) for i in range(self._lay.layers)] if self._layerwise else [None]
         for r in ranges:
             for lease, span, hits in list(self._loads):
@@ -964,9 +997,10 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
             return
         stream = None
         if self._cuda:
-            import torch
             stream = self._load_stream
-            stream.wait_stream(torch.cuda.current_stream())
+            # The blocks' last readers first, and the state loads just queued there: the
+            # last layer's event then covers every copy out of this step's leases.
+            stream.wait_stream(self._dev.current_stream())
         order = [self._layer_of[n] for n in self._names] if self._layerwise else [None]
         for at in order:
             for item in list(self._loads):
@@ -996,10 +1030,9 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
         """The compute stream waits for this layer's load; the host never does."""
         if not self._cuda:
             return
-        import torch
         ev = self._events.get(self._layer_of.get(layer_name, -1), self._all_event)
         if ev is not None:
-            torch.cuda.current_stream().wait_event(ev)
+            self._dev.current_stream().wait_event(ev)
 
     def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
         if not self._saves_here:
@@ -1142,12 +1175,13 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
         """The gathers are queued; their commits go to a thread (async_save) that waits for
         them and publishes, or run here."""
         meta = self._get_connector_metadata() if self.has_connector_metadata() else None
-        if self._lay.groups:
-            for span in getattr(meta, "saves", ()) or ():
-                self._saved_reqs.add(span.req_id)
-            return self._wait_for_save_groups(meta)
-        for span in getattr(meta, "saves", ()) or ():
+        # Only commits on the thread are reported by get_finished: without async_save the
+        # scheduler's request_finished frees a request's blocks at once, and vLLM asserts
+        # that a request reported as sent is one it kept.
+        for span in (getattr(meta, "saves", ()) or ()) if self._async_save else ():
             self._saved_reqs.add(span.req_id)
+        if self._lay.groups:
+            return self._wait_for_save_groups(meta)
         if self._saves_here and meta is not None and meta.saves and not self._reserved:
             self._reserve(meta.saves)
         # Every layer save_kv_layer did not gather is gathered here: all of them without
@@ -1199,12 +1233,42 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
             lease.release()
         self._held = []
 
+    def _track_held(self):
+        """A device step's leases wait, with the event after the last copy its loads queued
+        (the load stream's last one, which also covers the state loads queued on the
+        compute stream before it waited for them), until the device is done with them:
+        kvc_release waits for a lease's copies on the host, which start_load_kv must never
+        do (the host may run a step ahead of the device)."""
+        if not self._cuda or not self._held:
+            return
+        ev = self._last_event
+        if ev is None:  # nothing queued from them
+            self._release_held()
+            return
+        self._inflight.append((ev, self._held))
+        self._held = []
+
+    def _release_landed(self):
+        """Releases the leases of device loads the device is done with (asked without
+        waiting); the others wait for a later step."""
+        left = []
+        for ev, leases in self._inflight:
+            if left or not ev.query():  # one load stream: later events are later
+                left.append((ev, leases))
+                continue
+            for lease in leases:
+                lease.release()
+        self._inflight = left
+
     def get_finished(self, finished_req_ids):
         """Requests whose saves are all committed, among those vLLM said finished (every
         rank reports them: the scheduler waits for all). Loads into host tensors are done by
-        now: their pins go here; loads into device tensors keep theirs until the next step's
-        start_load_kv, where their copies have long landed (kvc_release waits for them)."""
-        if not self._cuda:
+        now: their pins go here; loads into device tensors keep theirs until the event after
+        their copies says the device is done, asked here without waiting (kvc_release
+        would wait for them on the host)."""
+        if self._cuda:
+            self._release_landed()
+        else:
             self._release_held()
         with self._lock:
             self._finishing |= {r for r in finished_req_ids if r in self._saved_reqs}
@@ -1225,6 +1289,9 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
             self._committer.join(timeout=30)
             self._committer = None
         if hasattr(self, "_held"):
+            for _, leases in self._inflight:  # kvc_release waits for their copies
+                self._held += leases
+            self._inflight = []
             self._release_held()
         self._client.close()
 

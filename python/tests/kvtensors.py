@@ -1,8 +1,10 @@
-# DESIGN: helpers of the tensor tests (test_tensors.py, test_cuda_fake.py, test_vllm.py):
+# DESIGN: helpers of the tensor tests (test_tensors.py, test_cuda_fake.py, test_vllm.py,
+# test_vllm_cuda.py):
 # engines' paged KV caches in their published layouts, the canonical kvcd block of a run of
 # their tokens computed independently in torch (so a test compares what kvcd stored with
 # what the engine holds, element by element), and the strict fake CUDA device of
-# python/tests/fake_dev_py.c with tensors on it.
+# python/tests/fake_dev_py.c with tensors, streams and events on it (FakeStreams: torch.cuda's
+# streams and events as kvcd.vllm takes them).
 import ctypes
 import os
 from types import SimpleNamespace
@@ -167,7 +169,10 @@ class FakeDevice:
                                 ("fdp_event_free", None, [vp]),
                                 ("fdp_stat", c.c_longlong, [c.c_char_p]),
                                 ("fdp_set", c.c_int, [c.c_char_p, c.c_int]),
-                                ("fdp_last_error", c.c_int, [])):
+                                ("fdp_last_error", c.c_int, []),
+                                ("fdp_event_record", c.c_int, [vp, vp]),
+                                ("fdp_stream_wait_event", c.c_int, [vp, vp]),
+                                ("fdp_copy", c.c_int, [vp, vp, c.c_uint64, c.c_int, vp])):
             f = getattr(lib, name)
             f.restype, f.argtypes = res, args
         self.lib = lib
@@ -204,6 +209,11 @@ class FakeDevice:
     def event(self):
         return self.lib.fdp_event()
 
+    def copy(self, dst, src, nbytes, stream):
+        """Queues a copy of the test's own on stream (a pointer each way: host or device,
+        the fake checks which)."""
+        assert self.lib.fdp_copy(dst, src, nbytes, 0, stream.cuda_stream) == 0
+
     def empty(self, shape, dtype=torch.float16):
         n = 1
         for d in shape:
@@ -215,3 +225,80 @@ class FakeDevice:
         buf = (ctypes.c_char * nbytes).from_address(p)
         alias = torch.frombuffer(buf, dtype=dtype).view(*shape)
         return FakeCudaTensor(alias)
+
+
+class FakeEvent:
+    """A torch.cuda.Event on the fake device: record(stream), query() (never waits; with
+    the fake's `hold` set, False while the work before it is queued), synchronize() (a host
+    wait). Events are never freed: a test's handful live until the process ends."""
+
+    def __init__(self, streams):
+        self.streams = streams
+        self.handle = streams.dev.event()
+        assert self.handle
+        self.stream = None
+
+    def record(self, stream=None):
+        stream = stream or self.streams.current_stream()
+        assert self.streams.dev.lib.fdp_event_record(self.handle, stream.cuda_stream) == 0
+        self.stream = stream
+        self.streams.records.append((self, stream))
+
+    def query(self):
+        rc = self.streams.dev.lib.fdp_event_query(self.handle)
+        assert rc in (0, -11), rc  # -EAGAIN: not yet
+        return rc == 0
+
+    def synchronize(self):
+        assert self.streams.dev.lib.fdp_event_wait(self.handle) == 0
+
+
+class FakeStream:
+    """A torch.cuda.Stream on the fake device: .cuda_stream is the fake's handle;
+    wait_event and wait_stream queue cudaStreamWaitEvent's order (the waits are logged)."""
+
+    def __init__(self, streams):
+        self.streams = streams
+        self.cuda_stream = streams.dev.stream()
+        assert self.cuda_stream
+        self.waited = []  # events this stream was made to wait for, in order
+
+    def wait_event(self, ev):
+        assert self.streams.dev.lib.fdp_stream_wait_event(self.cuda_stream, ev.handle) == 0
+        self.waited.append(ev)
+
+    def wait_stream(self, other):
+        ev = FakeEvent(self.streams)
+        ev.record(other)
+        self.wait_event(ev)
+
+    def synchronize(self):
+        assert self.streams.dev.sync(self.cuda_stream) == 0
+
+
+class FakeStreams:
+    """kvcd.vllm.streams on the fake device: the streams the connector makes, its events,
+    and `compute`, the stream torch.cuda.current_stream() would answer (the model runner's).
+    records: every event recorded, with its stream, in order."""
+
+    def __init__(self, dev):
+        self.dev = dev
+        self.records = []
+        self.made = []
+        self.compute = FakeStream(self)
+
+    def stream(self, device):
+        s = FakeStream(self)
+        self.made.append(s)
+        return s
+
+    def event(self):
+        return FakeEvent(self)
+
+    def current_stream(self):
+        return self.compute
+
+    def sync_all(self):
+        """The host waits for every stream (the test's, before it reads device memory)."""
+        for s in [self.compute] + self.made:
+            s.synchronize()

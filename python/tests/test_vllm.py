@@ -46,9 +46,11 @@ def daemon():
 
 
 class Setup:
-    """A scheduler-side connector in this process, `tp` worker processes, one kvcd."""
+    """A scheduler-side connector in this process, `tp` worker processes, one kvcd. `worker`
+    makes a rank's worker (vllm_driver.Worker: a process of vllm_worker.py; test_vllm_cuda.py
+    passes one with its KV caches on the fake device)."""
 
-    def __init__(self, daemon, tp=1, budget=1 << 30, groups=None, **extra):
+    def __init__(self, daemon, tp=1, budget=1 << 30, groups=None, worker=None, **extra):
         self.p = dict(model="test/vllm-%d" % next(_models), block_size=BS, layers=2,
                       heads=2 * tp, head_size=16, num_blocks=64, tp=tp,
                       extra=dict(dict(socket=daemon.socket), **extra))
@@ -59,7 +61,7 @@ class Setup:
         self.sched_conn = drv.load_connector(vc, KVConnectorRole.SCHEDULER, kc)
         self.sched = drv.MiniScheduler(self.sched_conn, self.p["num_blocks"], BS, budget,
                                        windows=[w for _, w in groups] if groups else None)
-        self.workers = [drv.Worker(self.p, r) for r in range(tp)]
+        self.workers = [(worker or drv.Worker)(self.p, r) for r in range(tp)]
         self.outputs = [dict() for _ in self.workers]  # per rank: req_id -> Mamba output
         self.wrong = 0
         self.stats = [dict() for _ in self.workers]
@@ -851,3 +853,17 @@ def test_mamba_chunked_prefill_and_two_ranks(setup, daemon):
     with kvcd.Client(daemon.socket) as c:
         assert c.evict(s.ns(c, 1, group=1).id) >= 4
     assert s.sched_conn.get_num_new_matched_tokens(Request("C", b), 0) == (0, False)
+
+
+def test_sync_save_reports_no_request_as_sent(setup, daemon):
+    """Without async_save the commits run in wait_for_save and request_finished frees a
+    request's blocks at once: get_finished must not report it as sent later (vLLM's
+    scheduler asserts that a request reported so is one whose blocks it kept; the stand-in
+    scheduler fails on it)."""
+    s = setup(budget=48, async_save=False)
+    a = prompt(150, seed=9)
+    s.run(Request("A", a))
+    s.run(Request("B", prompt(160, seed=10, prefix=a[:144])))
+    assert s.stats[0]["saved_blocks"] == 10 and s.stats[0]["loaded_blocks"] == 9
+    assert s.wrong == 0
+    check_kv(s, "B", 160)

@@ -156,6 +156,27 @@ def kv_value(tokens, pos, layer, kind, rank, heads, dim):
     return kv_values(tuple(tokens[:pos + 1]), layer, kind, rank, heads, dim)[pos]
 
 
+def track_requests(out, reqs):
+    """A model runner's requests after SchedulerOutput out (reqs: req_id -> dict(tokens,
+    blocks: a list of block ids per KV cache group), updated); returns each scheduled
+    request's first token of the step (its num_computed_tokens)."""
+    for new in out.scheduled_new_reqs:
+        reqs[new.req_id] = dict(tokens=list(new.prompt_token_ids),
+                                blocks=[list(g) for g in new.block_ids])
+    cached = out.scheduled_cached_reqs
+    for i, rid in enumerate(cached.req_ids):
+        nb = cached.new_block_ids[i]
+        if rid in cached.resumed_req_ids:  # its block ids anew
+            reqs[rid]["blocks"] = [list(g) for g in nb]
+        elif nb:
+            for ids, more in zip(reqs[rid]["blocks"], nb):
+                ids += list(more)
+    starts = {n.req_id: n.num_computed_tokens for n in out.scheduled_new_reqs}
+    for i, rid in enumerate(cached.req_ids):
+        starts[rid] = cached.num_computed_tokens[i]
+    return starts
+
+
 # ---- pickled messages over a pipe, as vLLM sends SchedulerOutput to its workers ----------
 
 

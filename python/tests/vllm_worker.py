@@ -27,7 +27,8 @@ from vllm.distributed.parallel_state import set_tensor_model_parallel
 from vllm.forward_context import ForwardContext
 from vllm.v1.outputs import KVConnectorOutput
 from vllm_driver import (MAMBA, STATE_DTYPES, STATE_SHAPES, configs, group_of_layers,
-                         kv_values, load_connector, recv, send, state_step, state_value)
+                         kv_values, load_connector, recv, send, state_step, state_value,
+                         track_requests)
 
 
 def main():
@@ -65,19 +66,7 @@ def main():
             continue
         out, layer_hooks = msg[1], msg[2]
         layer_hooks = layer_hooks and out.total_num_scheduled_tokens > 0
-        for new in out.scheduled_new_reqs:
-            reqs[new.req_id] = dict(tokens=list(new.prompt_token_ids),
-                                    blocks=[list(g) for g in new.block_ids])
-        for i, rid in enumerate(out.scheduled_cached_reqs.req_ids):
-            nb = out.scheduled_cached_reqs.new_block_ids[i]
-            if rid in out.scheduled_cached_reqs.resumed_req_ids:  # its block ids anew
-                reqs[rid]["blocks"] = [list(g) for g in nb]
-            elif nb:
-                for ids, more in zip(reqs[rid]["blocks"], nb):
-                    ids += list(more)
-        starts = {n.req_id: n.num_computed_tokens for n in out.scheduled_new_reqs}
-        for i, rid in enumerate(out.scheduled_cached_reqs.req_ids):
-            starts[rid] = out.scheduled_cached_reqs.num_computed_tokens[i]
+        starts = track_requests(out, reqs)
         if mamba_layers:
             premamba(out, reqs, starts, state_idx, caches, names, mamba_layers,
                      mamba_groups, bs)

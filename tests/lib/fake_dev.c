@@ -39,6 +39,9 @@ struct fake_op {
     uint64_t seq;
     void *staged;                  /* owned: a pageable source, copied when the copy was queued */
     struct kern_batch_args *batch; /* owned: a kernel's arguments */
+    void *after;                   /* a stream wait: this stream's work up to after_seq first */
+    uint64_t after_seq;
+    int barrier; /* a stream wait (fake_dev_stream_wait_event) */
     struct fake_op *next;
 };
 
@@ -57,6 +60,8 @@ static int fake_npinned;
 static struct fake_op *fake_ops_head, **fake_ops_tail = &fake_ops_head;
 static uint64_t fake_seq;
 static _Thread_local int fake_cur;
+
+static int fake_pending(void *stream, uint64_t upto);
 
 void fake_dev_reset(int devices)
 {
@@ -350,7 +355,8 @@ static int fake_copy_batch(void *const *dst, const void *const *src, const uint6
 
 /* Performs (or, with fail_wait set, loses) stream's work up to seq; every stream's with
  * all set. A kernel that meets host memory faults: the wait answers -EIO and what follows
- * on the stream is lost. */
+ * on the stream is lost. A stream wait met on the way performs the other stream's work it
+ * names first (the list is walked again from its head after that: the drain took ops out). */
 static int fake_drain(void *stream, uint64_t upto, int all)
 {
     int rc = fake_dev.fail_wait ? -fake_dev.fail_wait : 0;
@@ -359,6 +365,22 @@ static int fake_drain(void *stream, uint64_t upto, int all)
         struct fake_op *o = *pp;
         if (!all && (o->stream != stream || o->seq > upto)) {
             pp = &o->next;
+            continue;
+        }
+        *pp = o->next;
+        fake_dev.queued -= !o->barrier;
+        if (o->barrier) {
+            void *after = o->after;
+            uint64_t after_seq = o->after_seq;
+            free(o);
+            fake_ops_tail = &fake_ops_head;
+            while (*fake_ops_tail)
+                fake_ops_tail = &(*fake_ops_tail)->next;
+            if (!all) {
+                int wrc = fake_drain(after, after_seq, 0);
+                rc = rc ? rc : wrc;
+            }
+            pp = &fake_ops_head;
             continue;
         }
         if (rc == 0 && o->batch && !fake_batch_ok(o->batch)) {
@@ -370,8 +392,6 @@ static int fake_drain(void *stream, uint64_t upto, int all)
             memmove(o->dst, o->src, o->len);
             fake_dev.bytes += o->len;
         }
-        fake_dev.queued--;
-        *pp = o->next;
         free(o->staged);
         free(o->batch);
         free(o);
@@ -419,6 +439,30 @@ void *fake_dev_stream(int dev)
 void fake_dev_stream_free(void *stream)
 {
     fake_stream_free(stream);
+}
+
+int fake_dev_stream_wait_event(void *stream, void *ev)
+{
+    struct fake_event *e = ev;
+    int rc = fake_enter();
+    if (rc)
+        return rc;
+    if (!stream || !fake_stream_ok(stream) || !e || e->magic != FAKE_EVENT_MAGIC)
+        return -EINVAL;
+    if (e->stream == stream || !fake_pending(e->stream, e->seq))
+        return 0; /* in order already, or nothing left to wait for */
+    struct fake_op *o = calloc(1, sizeof(*o));
+    if (!o)
+        return -ENOMEM;
+    o->stream = stream;
+    o->seq = ++fake_seq;
+    o->barrier = 1;
+    o->after = e->stream;
+    o->after_seq = e->seq;
+    *fake_ops_tail = o;
+    fake_ops_tail = &o->next;
+    fake_dev.stream_waits++;
+    return 0;
 }
 
 static int fake_device_get(int *dev)
@@ -477,6 +521,7 @@ static int fake_event_wait(void *ev)
     if (!e || e->magic != FAKE_EVENT_MAGIC)
         return -EINVAL;
     fake_dev.waits++;
+    fake_dev.blocking_waits += fake_pending(e->stream, e->seq);
     return fake_drain(e->stream, e->seq, 0);
 }
 
@@ -489,6 +534,7 @@ static int fake_event_wait_free(void *ev)
     if (!e || e->magic != FAKE_EVENT_MAGIC)
         return -EINVAL;
     fake_dev.waits++;
+    fake_dev.blocking_waits += fake_pending(e->stream, e->seq);
     rc = fake_drain(e->stream, e->seq, 0);
     e->magic = 0;
     free(e);
@@ -558,6 +604,7 @@ static int fake_stream_sync(void *stream)
     if (!stream)
         fake_dev.legacy_syncs++;
     fake_dev.waits++;
+    fake_dev.blocking_waits += fake_pending(stream, UINT64_MAX);
     return fake_drain(stream, UINT64_MAX, 0);
 }
 

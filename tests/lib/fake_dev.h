@@ -38,6 +38,9 @@
  *   the device is done). An event from event_new belongs to a device and may only be
  *   recorded on a stream of that device.
  * - host_register can be refused (fail_register), as it is where memory cannot be locked.
+ * - fake_dev_stream_wait_event orders one stream behind another's event, as the engine's
+ *   cudaStreamWaitEvent does: a wait on the first stream performs the second's work up to
+ *   the event first (a stream wait the engine forgot lets the streams run in either order).
  * Counters let a test check that everything it caused was given back, that a hit costs
  * no allocation, no free, no device-wide synchronisation and no wait before the release, and
  * how many device operations a call queued (ops: copies, copy batches and kernels, each one;
@@ -71,6 +74,8 @@ struct fake_dev_state {
     uint64_t device_syncs;   /* waits for the whole device (cudaFree does one) */
     uint64_t legacy_syncs;   /* waits on the legacy default stream (device-wide ordering) */
     uint64_t waits;          /* host waits: stream_sync, event_wait, event_wait_free */
+    uint64_t blocking_waits; /* of them, those that found work still queued before their
+                                point (a device would block the host there) */
     uint64_t queries;        /* event_query calls (never a wait) */
     uint64_t events_created; /* event_new_record calls */
     uint64_t ops;            /* device operations queued: copy_async, copy_batch, batch */
@@ -87,6 +92,7 @@ struct fake_dev_state {
     uint64_t bytes;          /* bytes they moved once performed */
     uint64_t queued;         /* copies and kernels queued, not yet performed nor lost */
     uint64_t bad_kinds;      /* copies refused for a wrong kind */
+    uint64_t stream_waits;   /* stream waits queued (fake_dev_stream_wait_event) */
     uint64_t fork_refused;   /* calls refused in a forked child */
     int last_error;          /* pending error (negative errno), 0 if none */
     pid_t init_pid;          /* process whose first call initialised the fake; 0: none yet */
@@ -110,5 +116,10 @@ int fake_dev_last_error(void);
 /* An engine's stream on dev (a cudaStreamNonBlocking stream of its own). */
 void *fake_dev_stream(int dev);
 void fake_dev_stream_free(void *stream);
+
+/* cudaStreamWaitEvent, as an engine's framework calls it (libkvc never does): the work queued
+ * on stream after this call is performed only after the work before ev's latest record, so
+ * a wait that performs it performs that work first, whatever stream it is on. */
+int fake_dev_stream_wait_event(void *stream, void *ev);
 
 #endif
