@@ -38,14 +38,13 @@ import vllm_driver as drv  # noqa: E402  (puts the vLLM stand-in on sys.path)
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
 from vllm.distributed.parallel_state import set_tensor_model_parallel  # noqa: E402
 from vllm.forward_context import ForwardContext  # noqa: E402
-from vllm.v1.outputs import KVConnectorOutput  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 
 import kvcd  # noqa: E402
 import kvcd.vllm  # noqa: E402
 from kvtensors import FakeDevice, FakeStreams, fakedev_path  # noqa: E402
 from test_vllm import BS, HYBRID, Setup, daemon, prompt  # noqa: E402,F401  (daemon: a fixture)
-from vllm_worker import wrong_tokens  # noqa: E402
+from vllm_worker import step_output, wrong_tokens  # noqa: E402
 
 if not os.path.exists(fakedev_path()):
     pytest.skip("the fake device library is not built (make build/tests/check_python)",
@@ -210,12 +209,7 @@ class CudaWorker:
         for rid in sending or ():
             self.check_saved(rid)
         failed = conn.get_block_ids_with_load_errors()
-        kv_out = KVConnectorOutput(finished_sending=sending, finished_recving=recving,
-                                   invalid_block_ids=set(failed))
-        kv_out.kv_connector_stats = conn.get_kv_connector_stats()
-        kv_out.kv_cache_events = conn.get_kv_connector_kv_cache_events()
-        kv_out.kv_connector_worker_meta = conn.build_connector_worker_meta()
-        conn.clear_connector_metadata()
+        kv_out = step_output(conn, sending, recving, failed)
         return dict(kv_out=kv_out, wrong=late + sum(b not in failed for b in wrong_at),
                     stats=dict(conn.stats), outputs={})
 

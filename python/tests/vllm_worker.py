@@ -129,12 +129,7 @@ def main():
                         t[0] = 0
                 else:
                     caches[name][:, 0] = 0
-        kv_out = KVConnectorOutput(finished_sending=sending, finished_recving=recving,
-                                   invalid_block_ids=set(failed))
-        kv_out.kv_connector_stats = conn.get_kv_connector_stats()
-        kv_out.kv_cache_events = conn.get_kv_connector_kv_cache_events()
-        kv_out.kv_connector_worker_meta = conn.build_connector_worker_meta()
-        conn.clear_connector_metadata()
+        kv_out = step_output(conn, sending, recving, failed)
         send(outp, dict(kv_out=kv_out, wrong=wrong, stats=dict(conn.stats),
                         outputs={r: o for r, o in outputs.items() if o is not None}))
 
@@ -192,6 +187,18 @@ def slots(ids, n, bs):
     """(pages, offsets) of a request's tokens [0, n) in a group's paged cache."""
     pos = torch.arange(n)
     return torch.tensor(ids, dtype=torch.long)[pos // bs], pos % bs
+
+
+def step_output(conn, sending, recving, failed):
+    """The step's KVConnectorOutput, built as vLLM's runner builds it, and the connector's
+    metadata cleared (the end of a step on a worker)."""
+    kv_out = KVConnectorOutput(finished_sending=sending, finished_recving=recving,
+                               invalid_block_ids=set(failed))
+    kv_out.kv_connector_stats = conn.get_kv_connector_stats()
+    kv_out.kv_cache_events = conn.get_kv_connector_kv_cache_events()
+    kv_out.kv_connector_worker_meta = conn.build_connector_worker_meta()
+    conn.clear_connector_metadata()
+    return kv_out
 
 
 def wrong_tokens(caches, names, r, n, rank, heads, dim, bs, layer_group):
