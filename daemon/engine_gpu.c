@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "daemon/engine_core.h"
+#include "daemon/gpu_reg.h"
 #include "daemon/index.h"
 #include "daemon/log.h"
 #include "daemon/store.h"
@@ -392,5 +393,9 @@ void engine_gpu_stats(const struct store *s, void (*put)(void *arg, const char *
     put(arg, "gpu_moves_waiting", eg ? eg->live - eg->copying : 0);
     put(arg, "gpu_move_waits", st.waits);
     put(arg, "gpu_move_queries", st.queries);
-    put(arg, "gpu_arenas_registered", st.registered);
+    struct gpu_reg_stats rs;
+    gpu_reg_stats_get(s, &rs);
+    put(arg, "gpu_arenas_registered", rs.arenas);
+    put(arg, "gpu_host_registered_bytes", rs.bytes);
+    put(arg, "gpu_host_register_pending_bytes", rs.pending);
 }

@@ -90,7 +90,9 @@ void engine_gpu_stop(struct store *s);
 
 /* Calls put(name, value) for the pool moves' gauges and counters: gpu_moves_inflight,
  * gpu_moves_waiting (landed, waiting for pins), gpu_move_waits (waits for a copy on the loop
- * thread), gpu_move_queries, gpu_arenas_registered. Nothing without a pool. */
+ * thread), gpu_move_queries, gpu_arenas_registered (host arenas registered whole),
+ * gpu_host_registered_bytes, gpu_host_register_pending_bytes (waiting for the fault-in:
+ * daemon/gpu_reg.h). Nothing without a pool. */
 void engine_gpu_stats(const struct store *s, void (*put)(void *arg, const char *name, uint64_t v),
                       void *arg);
 

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "daemon/fast.h"
+#include "daemon/gpu_reg.h"
 #include "daemon/log.h"
 #include "daemon/store.h"
 #include "kernels/kern_dev.h"
@@ -285,19 +286,6 @@ void store_touch(struct store *s, uint32_t idx, uint64_t now)
 
 /* ---- creation ------------------------------------------------------------------------ */
 
-/* Host arena a registered with the device once (page-locked), so the pool's moves copy by
- * DMA without holding the loop thread; refused, the moves copy through pageable memory
- * (said once). */
-static void store_gpu_register(struct store *s, uint32_t a)
-{
-    struct tier *t = s->arenas[a].tier;
-    int rc = tier_gpu_host_register(s->gpu, tier_host_base(t), tier_host_size(t));
-    if (rc && s->gpu_unregistered++ == 0)
-        log_warn("gpu: host arena %u not registered with the device (%s); moves to and from "
-                 "the pool copy through pageable memory, holding the loop for each copy",
-                 a, strerror(-rc));
-}
-
 /* The GPU tier, when configured. A missing device or driver is not an error: the daemon
  * runs without the tier and says so in one line. */
 static void store_gpu_open(struct store *s)
@@ -327,7 +315,7 @@ static void store_gpu_open(struct store *s)
     s->arenas[STORE_ARENA_GPU].tier = g;
     s->gpu = g;
     for (uint32_t a = 0; a < s->narenas; a++)
-        store_gpu_register(s, a);
+        gpu_reg_arena(s, a); /* each part once the fault-in is over it (gpu_reg.h) */
     log_info("gpu: pool of %.1f MiB on device %d (%s handles)",
              (double)g->ops->capacity(g) / 1048576.0, s->p.gpu_device,
              kern_dev_handle_name(tier_gpu_pool(g)->handle));
@@ -385,7 +373,9 @@ void store_free(struct store *s)
     if (!s)
         return;
     /* The pool first: it gives back the arenas' registrations while they are mapped (and
-     * waits for copies still in flight, whose moves engine_stop settles when it is called). */
+     * waits for copies still in flight, whose moves engine_stop settles when it is called),
+     * once the thread registering them has stopped. */
+    gpu_reg_stop(s);
     tier_destroy(s->gpu);
     free(s->gpu_moves);
     for (uint32_t a = 0; a < s->narenas; a++) {
@@ -1411,7 +1401,7 @@ int store_arena_add(struct store *s, uint64_t size, uint32_t *id)
     }
     *id = s->narenas++;
     if (s->gpu)
-        store_gpu_register(s, *id);
+        gpu_reg_arena(s, *id);
     return 0;
 }
 

@@ -39,6 +39,7 @@ struct engine_core;
 struct engine_disk;
 struct engine_remote;
 struct engine_gpu;
+struct gpu_reg;
 struct kern_dev_ops;
 struct kern_layout;
 struct kern_recipe;
@@ -80,6 +81,8 @@ struct store_params {
     int gpu_device;
     uint64_t gpu_page_size;             /* 0: 2 MiB */
     const struct kern_dev_ops *gpu_ops; /* NULL: kern_dev_cuda(); tests pass a fake */
+    uint64_t gpu_reg_chunk; /* host bytes registered with the device at once (0:
+                               STORE_GPU_REG_CHUNK, daemon/gpu_reg.h; tests set less) */
     uint32_t quantize_inflight;         /* quantize-in-place jobs the trim may queue (0: none) */
     uint32_t quantize_threads;          /* encoding threads (0: one per CPU, quant_threads) */
     bool head_step;                     /* host.head_step (store_head_step) */
@@ -252,6 +255,7 @@ struct store {
     struct tier *gpu;             /* arenas[STORE_ARENA_GPU].tier, or NULL: no GPU tier */
     struct engine_gpu *gpu_moves; /* the pool's moves in flight (daemon/engine_gpu.h) */
     uint32_t gpu_unregistered;    /* host arenas the device could not register (pageable) */
+    struct gpu_reg *gpu_reg;      /* their registration (daemon/gpu_reg.h); NULL: none yet */
     struct quant *quant;          /* quantize-in-place worker (daemon/quant.h), or NULL */
     uint32_t *keysum;             /* by block index: bf16 key L2 norm << 16 | bf16 key absmax of a
                             quantized block (written by quant.c, read by the policies) */

@@ -14,10 +14,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "daemon/engine.h"
 #include "daemon/engine_disk.h"
 #include "daemon/engine_gpu.h"
+#include "daemon/gpu_reg.h"
 #include "daemon/store.h"
 #include "tests/lib/daemon.h"
 #include "tests/lib/fake_dev.h"
@@ -738,6 +740,64 @@ START_TEST(test_arenas_registered)
 }
 END_TEST
 
+/* A host arena larger than what the start faults in is registered with the device part by
+ * part, each part once the fault-in has been over all of it: the registration never faults
+ * a page in itself (the driver's pinning would, at 4 KiB, ahead of the fault-in and of its
+ * collapse into 2 MiB pages; and a whole arena registered at the pool's opening made the
+ * start wait for all of it). Moves work before, during and after. */
+START_TEST(test_arena_registered_as_faulted)
+{
+    const uint64_t size = 256ull << 20, chunk = 16ull << 20;
+    struct store_params p = store_fixture_params();
+    struct gpu_reg_stats rs;
+    struct store_owner g, h;
+    struct kvc_wire_key keys[4];
+    struct kvc_wire_loc locs[4];
+    uint64_t lease;
+    store_fixture_free(s, NULL);
+    p.host_size = size;
+    p.host_prefault = true;
+    p.host_prefault_threads = 1;
+    p.host_collapse = true;
+    p.high_watermark = 0.75;
+    p.gpu_size = 8 * BLOCK;
+    p.gpu_page_size = 64 << 10;
+    p.gpu_ops = &fake_dev_ops;
+    p.gpu_reg_chunk = chunk;
+    fake_dev_reset(1);
+    s = store_fixture_new(&p, NULL);
+    ns = store_fixture_ns(s, "m", 2, 0);
+    /* At the opening: no more than the start faulted in itself (STORE_PREFAULT_FIRST). */
+    gpu_reg_stats_get(s, &rs);
+    ck_assert_uint_le(rs.bytes, STORE_PREFAULT_FIRST);
+    ck_assert_uint_eq(rs.bytes + rs.pending, size);
+    ck_assert_uint_eq(rs.bytes % chunk, 0);
+    store_owner_init(&g);
+    store_owner_init(&h);
+    g.gpu = true;
+    ck_assert_uint_eq(put_chain(&g, 4), 4); /* into the pool while the rest is faulted in */
+    for (int i = 0; i < daemon_ms(20000) && (gpu_reg_stats_get(s, &rs), rs.pending); i++)
+        usleep(1000);
+    ck_assert_uint_eq(rs.pending, 0);
+    ck_assert_uint_eq(rs.bytes, size);
+    ck_assert_uint_eq(rs.arenas, 1);
+    ck_assert_uint_eq(rs.refused, 0);
+    ck_assert_int_eq(fake_dev.registered, (int)(size / chunk));
+    ck_assert_uint_eq(fake_dev.register_unresident, 0);
+    ck_assert_uint_eq(gpu_stat("gpu_host_registered_bytes"), size);
+    ck_assert_uint_eq(gpu_stat("gpu_host_register_pending_bytes"), 0);
+    ck_assert_uint_eq(gpu_stat("gpu_arenas_registered"), 1);
+    /* a client that cannot read the pool gets the blocks moved back to registered memory */
+    for (uint32_t i = 0; i < 4; i++)
+        keys[i] = key(i);
+    ck_assert_int_eq(engine_lookup(s, &h, ns, keys, 4, 3, &lease, locs), 4);
+    moves_land();
+    check_bytes(locs, 4);
+    store_owner_fini(s, &g);
+    store_owner_fini(s, &h);
+}
+END_TEST
+
 /* A client that dies mid-put into the pool leaks no slot. */
 START_TEST(test_abort_frees_pool)
 {
@@ -779,6 +839,7 @@ static Suite *store_gpu_suite(void)
     tcase_add_test(tc, test_ready_only_stops_at_demotion);
     tcase_add_test(tc, test_stop_with_moves_in_flight);
     tcase_add_test(tc, test_arenas_registered);
+    tcase_add_test(tc, test_arena_registered_as_faulted);
     tcase_add_test(tc, test_waiting_promotion_given_up_under_pressure);
     tcase_add_test(tc, test_waits_answered_from_the_loop);
     suite_add_tcase(su, tc);

@@ -29,6 +29,7 @@
  * blocks for about the copy's duration, which is correct but not what the loop wants.
  */
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/timerfd.h>
@@ -44,7 +45,6 @@
 #define TIER_GPU_EST_BPS 20e9
 #define TIER_GPU_POLL_MIN_NS 20000ull
 #define TIER_GPU_POLL_MAX_NS 2000000ull
-#define TIER_GPU_MAX_REGISTERED 64
 
 /* One asynchronous copy: queued on the stream, its event recorded after it. */
 struct tier_gpu_op {
@@ -69,8 +69,11 @@ struct tier_gpu {
     uint32_t head, n;    /* copies in flight, from ring[head] in stream order */
     uint64_t backoff_ns; /* interval before the next check of the head copy */
     int armed;           /* the timer is set */
-    void *registered[TIER_GPU_MAX_REGISTERED]; /* host ranges registered by the tier */
-    uint32_t nregistered;
+    /* Host ranges registered by the tier: appended by one thread at a time (the loop's, or
+     * the store's registration thread), the count read by the loop for its stats. */
+    void **registered;
+    uint32_t capregistered;
+    _Atomic uint32_t nregistered;
     struct tier_gpu_stats st;
 };
 
@@ -290,20 +293,29 @@ void tier_gpu_stats_get(const struct tier *t, struct tier_gpu_stats *st)
     const struct tier_gpu *g = tier_gpu_of(t);
     *st = g->st;
     st->inflight = g->n;
-    st->registered = g->nregistered;
+    st->registered = atomic_load_explicit(&g->nregistered, memory_order_relaxed);
 }
 
 int tier_gpu_host_register(struct tier *t, void *p, uint64_t len)
 {
     struct tier_gpu *g = tier_gpu_of(t);
+    uint32_t n = atomic_load_explicit(&g->nregistered, memory_order_relaxed);
     int rc;
     if (!p || !len)
         return -EINVAL;
-    if (g->nregistered == TIER_GPU_MAX_REGISTERED)
-        return -ENOSPC;
+    if (n == g->capregistered) {
+        uint32_t ncap = n ? 2 * n : 16;
+        void **nv = ncap > n ? realloc(g->registered, ncap * sizeof(*nv)) : NULL;
+        if (!nv)
+            return -ENOMEM;
+        g->registered = nv;
+        g->capregistered = ncap;
+    }
     rc = g->ops->host_register(p, len, 0);
-    if (rc == 0)
-        g->registered[g->nregistered++] = p;
+    if (rc == 0) {
+        g->registered[n] = p;
+        atomic_store_explicit(&g->nregistered, n + 1, memory_order_relaxed);
+    }
     return rc;
 }
 
@@ -328,8 +340,9 @@ static void tier_gpu_destroy(struct tier *t)
         (void)g->ops->stream_sync(g->stream);
     for (uint32_t i = 0; i < TIER_GPU_MAX_INFLIGHT; i++)
         g->ops->event_free(g->ring[i].event);
-    for (uint32_t i = 0; i < g->nregistered; i++)
+    for (uint32_t i = 0; i < atomic_load(&g->nregistered); i++)
         (void)g->ops->host_unregister(g->registered[i]);
+    free(g->registered);
     if (g->tfd >= 0)
         close(g->tfd);
     if (g->stream)

@@ -77,9 +77,11 @@ struct tier_gpu_stats {
 void tier_gpu_stats_get(const struct tier *t, struct tier_gpu_stats *st);
 
 /* Registers host memory the tier will copy from and into (page-locked, read-write) with the
- * device, until the tier is destroyed: its copies are DMA, asynchronous for the host. 0,
- * -ENOSPC (too many ranges), or the ops table's error (then the memory stays pageable: the
- * copies still work, the driver staging them). */
+ * device, until the tier is destroyed: its copies are DMA, asynchronous for the host (a
+ * copy must lie within one registered range to be; one across two is staged). One caller
+ * thread at a time, which may be another than the loop's (a registration takes as long as
+ * pinning the range). 0, -ENOMEM, or the ops table's error (then the memory stays pageable:
+ * the copies still work, the driver staging them). */
 int tier_gpu_host_register(struct tier *t, void *p, uint64_t len);
 
 #endif

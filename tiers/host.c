@@ -752,6 +752,20 @@ uint64_t tier_host_faulted(const struct tier *t)
     return n == f->nchunks ? h->size : n * f->chunk;
 }
 
+bool tier_host_range_faulted(const struct tier *t, uint64_t off, uint64_t len)
+{
+    const struct tier_host *h = tier_host_of(t);
+    const struct tier_host_fault *f = h->fault;
+    if (!f || !len)
+        return true;
+    if (off >= h->size || len > h->size - off)
+        return false;
+    for (uint64_t c = off / f->chunk; c <= (off + len - 1) / f->chunk; c++)
+        if (!tier_host_chunk_done(f, c))
+            return false;
+    return true;
+}
+
 uint64_t tier_host_collapsed(const struct tier *t)
 {
     const struct tier_host_fault *f = tier_host_of(t)->fault;

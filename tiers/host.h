@@ -61,6 +61,11 @@ void tier_host_gens_set(struct tier *t, uint32_t *gens, unsigned shift);
 
 /* Bytes of the arena faulted in so far (the whole size once done; 0 without prefault). */
 uint64_t tier_host_faulted(const struct tier *t);
+/* Whether every page of [off, off + len) has been faulted in (true without prefault: nothing
+ * is faulted on the daemon's behalf then). Any thread: what registers the arena with a
+ * device (pinning it) waits for this, so that the pinning never faults a page in itself,
+ * ahead of the fault-in and of its collapse into 2 MiB pages. */
+bool tier_host_range_faulted(const struct tier *t, uint64_t off, uint64_t len);
 /* Bytes of the arena made 2 MiB pages by collapse so far (tier_host_config.collapse). */
 uint64_t tier_host_collapsed(const struct tier *t);
 struct tier_host_fault_stats {

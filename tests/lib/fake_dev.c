@@ -608,6 +608,25 @@ static int fake_stream_sync(void *stream)
     return fake_drain(stream, UINT64_MAX, 0);
 }
 
+/* Pages of [p, p + len) not resident now (mincore). */
+static uint64_t fake_unresident(const void *p, uint64_t len)
+{
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), n = 0;
+    uintptr_t a = (uintptr_t)p & ~(uintptr_t)(page - 1), e = (uintptr_t)p + len;
+    unsigned char vec[1024];
+    while (a < e) {
+        uint64_t pages = (e - a + page - 1) / page;
+        if (pages > sizeof(vec))
+            pages = sizeof(vec);
+        if (mincore((void *)a, pages * page, vec) != 0)
+            return 0; /* not a mapping mincore answers for: nothing to tell */
+        for (uint64_t i = 0; i < pages; i++)
+            n += !(vec[i] & 1);
+        a += pages * page;
+    }
+    return n;
+}
+
 static int fake_host_register(void *p, uint64_t len, int readonly)
 {
     int rc = fake_enter();
@@ -623,6 +642,7 @@ static int fake_host_register(void *p, uint64_t len, int readonly)
         return -ENOMEM;
     fake_pinned[fake_npinned++] = (struct fake_range){p, len, -1};
     fake_dev.registered++;
+    fake_dev.register_unresident += fake_unresident(p, len);
     return 0;
 }
 

@@ -38,6 +38,8 @@
  *   the device is done). An event from event_new belongs to a device and may only be
  *   recorded on a stream of that device.
  * - host_register can be refused (fail_register), as it is where memory cannot be locked.
+ *   It counts the pages of its range not resident yet (register_unresident): the driver
+ *   pins a range by faulting in what is not, at the caller's cost and at 4 KiB.
  * - fake_dev_stream_wait_event orders one stream behind another's event, as the engine's
  *   cudaStreamWaitEvent does: a wait on the first stream performs the second's work up to
  *   the event first (a stream wait the engine forgot lets the streams run in either order).
@@ -65,6 +67,8 @@ struct fake_dev_state {
     int fail_register;       /* host_register answers -fail_register when non-zero */
     int pools_live;          /* created or imported, not destroyed */
     int registered;          /* host_register minus host_unregister */
+    uint64_t register_unresident; /* pages host_register found not yet faulted in (the
+                                     driver's pinning would fault them itself) */
     int events_live;         /* event_new_record and event_new, minus their frees */
     int streams_live;        /* stream_new minus stream_free */
     uint64_t allocs;         /* mem_alloc calls */

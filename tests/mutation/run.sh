@@ -335,6 +335,14 @@ mutation arena-no-collapse tiers/host.c "check_tier_host check_e2e_fast" \
 mutation index-no-collapse daemon/fast.c "check_e2e_fast" \
 '        collapse = kvc_huge_collapse((uint8_t *)map + o) == 0;' \
 '        collapse = false;'
+# The host arenas registered with the device (pinned) ahead of their fault-in: the whole
+# arena at the pool's opening, or each part without waiting for the fault-in to be over it.
+mutation gpu-reg-at-open daemon/gpu_reg.c "check_store_gpu" \
+'    while (idle && ra->next < ra->size && ra->next < STORE_PREFAULT_FIRST) {' \
+'    while (idle && ra->next < ra->size && gpu_reg_chunk(s, r, a) == 0) {} while (0) {'
+mutation gpu-reg-unfaulted daemon/gpu_reg.c "check_store_gpu" \
+'            if (!tier_host_range_faulted(t, ra->next, gpu_reg_len(s, ra))) {' \
+'            if (!t) {'
 
 # A LOOKUP that resolves its keys again: the lease finds each hit in the index a second time
 # instead of taking the block the lookup found (issue 31: one resolution per key).

@@ -1,0 +1,52 @@
+/*
+ * gpu_reg.h — the host arenas registered with the device (page-locked), chunk by chunk as
+ * their fault-in reaches them.
+ *
+ * The pool's moves copy between a host arena and device memory; from registered memory the
+ * copy is DMA and does not hold the loop. Registering pins every page of the range, and
+ * pins the ones not yet faulted in by faulting them itself: done for a whole arena when the
+ * pool opens, it made the start wait for all of it (a 256 GiB host tier: minutes before the
+ * first client), and it pinned the pages at 4 KiB before the fault-in could make them 2 MiB
+ * pages by collapse (a pinned page cannot be collapsed), so every hit then walked 4 KiB page
+ * tables. Now each arena is registered in chunks (STORE_GPU_REG_CHUNK), each once the
+ * fault-in has been over all of it: at the pool's opening (or the arena's addition) for the
+ * chunks already faulted, up to STORE_PREFAULT_FIRST bytes, and the others from a thread of
+ * this module as the fault-in threads finish them, in order. Until its chunk is registered a
+ * move copies through pageable memory (the driver stages it: correct, slower). A block across
+ * two chunks stays so (one copy may not span two registrations); slab pages do not cross a
+ * chunk boundary, so only a block larger than its arena's page size can.
+ * The thread calls nothing but the device's registration (tier_gpu_host_register) and the
+ * fault-in's progress (tier_host_range_faulted); what it did is read by the loop through
+ * atomics, and gpu_reg_tick logs its refusals and its end from the loop.
+ */
+#ifndef KVCD_GPU_REG_H
+#define KVCD_GPU_REG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct store;
+
+/* Bytes registered at once (the driver's pinning of one range holds its caller for about
+ * its length in page-table walks). */
+#define STORE_GPU_REG_CHUNK (1ull << 30)
+
+/* Hands arena a (s->arenas[a], a host arena whose tier is set) to the registration: the
+ * chunks already faulted now, the rest from the thread (started at the first arena that
+ * needs it). Loop thread. */
+void gpu_reg_arena(struct store *s, uint32_t a);
+/* From the loop's tick: logs what the thread refused or finished since the last call. */
+void gpu_reg_tick(struct store *s);
+/* Stops the thread (after the registration it is in) and joins it; before the pool or an
+ * arena goes. */
+void gpu_reg_stop(struct store *s);
+
+struct gpu_reg_stats {
+    uint64_t bytes;   /* of the host arenas registered so far */
+    uint64_t pending; /* handed to the registration and not registered yet (nor refused) */
+    uint32_t arenas;  /* host arenas registered whole */
+    uint32_t refused; /* host arenas the device refused (the rest of each stays pageable) */
+};
+void gpu_reg_stats_get(const struct store *s, struct gpu_reg_stats *st);
+
+#endif
