@@ -97,7 +97,15 @@ struct kvc_fast_hdr {
     /* Written by the daemon as it goes (read by clients, never by the daemon): */
     uint32_t stash_used; /* nonzero: the stash may hold entries (look there after a miss) */
     uint32_t retired;    /* nonzero: a newer index replaced this one (see Growth above) */
+    /* Bytes from the arena's start the daemon has faulted in (all of it once its fault-in is
+     * over, or without one), updated about once a second: a client pins (registers with a
+     * device) only that part, so the pinning neither faults pages in at 4 KiB ahead of the
+     * daemon's collapse nor makes the client's call wait for the rest. 0: not said (an index
+     * from before the field: the bytes up to ns_off were zeros), pin the whole arena. */
+    uint64_t faulted;
 };
+/* The field above came into bytes every index already had, zeroed: same version. */
+_Static_assert(sizeof(struct kvc_fast_hdr) <= 128, "fast index header within its first 128 B");
 
 /* One published block. klo = khi = 0: empty (no key is all zero). */
 struct kvc_fast_ent {

@@ -46,6 +46,13 @@
 #include "kernels/kern_dev.h"
 
 #define KVC_ARENA_POPULATE_MAX (2ull << 30)
+/* kvci_arena_populate_max_set's: 0 the default, else 1 + the most bytes mapped populated. */
+static uint64_t kvc_arena_populate_max;
+
+void kvci_arena_populate_max_set(uint64_t bytes)
+{
+    kvc_arena_populate_max = bytes == UINT64_MAX ? 0 : bytes + 1;
+}
 /* How long kvc_disconnect waits for the commits in flight. */
 #define KVC_DISCONNECT_WAIT_MS 2000
 
@@ -532,6 +539,7 @@ static int kvc_ns_open_flags(kvc_client *c, const struct kvc_layout *layout, uin
     struct kvc_wire_layout wl;
     kvc_ns *ns = NULL;
     int fd = -1, rc;
+    struct kvc_arena *mapped = NULL; /* mapped by this call */
     bool dtype_ok = false;
     if (!c || !layout || !out || !layout->model_id)
         return -EINVAL;
@@ -570,7 +578,8 @@ static int kvc_ns_open_flags(kvc_client *c, const struct kvc_layout *layout, uin
     struct kvc_arena *a = &c->arenas[p->arena_id];
     if (fd >= 0 && !a->base) {
         bool w = p->access & KVC_ACCESS_WRITE;
-        int populate = p->arena_bytes <= KVC_ARENA_POPULATE_MAX ? MAP_POPULATE : 0;
+        uint64_t most = kvc_arena_populate_max ? kvc_arena_populate_max - 1 : KVC_ARENA_POPULATE_MAX;
+        int populate = p->arena_bytes <= most ? MAP_POPULATE : 0;
         /* At a 2 MiB boundary: the arena's huge pages then map as such (kvc_huge.h). */
         void *m = kvc_huge_map(fd, p->arena_bytes, PROT_READ | (w ? PROT_WRITE : 0), populate);
         if (m == MAP_FAILED) {
@@ -580,8 +589,7 @@ static int kvc_ns_open_flags(kvc_client *c, const struct kvc_layout *layout, uin
         a->base = m;
         a->size = p->arena_bytes;
         a->writable = w;
-        if (c->gpu_hooks)
-            c->gpu_hooks->arena_mapped(c, a);
+        mapped = a; /* registered with the device once the reply is read (it asks the daemon) */
     }
     if (!a->base || a->size != p->arena_bytes) {
         rc = -EPROTO; /* the daemon owes us this arena's descriptor */
@@ -610,6 +618,8 @@ static int kvc_ns_open_flags(kvc_client *c, const struct kvc_layout *layout, uin
 out:
     if (fd >= 0)
         close(fd); /* the mapping keeps the arena */
+    if (mapped && c->gpu_hooks)
+        c->gpu_hooks->arena_mapped(c, mapped);
     pthread_mutex_unlock(&c->mu);
     return rc;
 }

@@ -185,6 +185,20 @@ static void kvc_fast_attach(kvc_client *c, uint32_t a)
     __atomic_store_n(&c->fast[a].state, ok ? 1 : -1, __ATOMIC_RELEASE);
 }
 
+uint64_t kvci_fast_faulted(kvc_client *c, uint32_t a)
+{
+    struct kvc_fastmap *m = &c->fast[a];
+    if (__atomic_load_n(&c->fast_off, __ATOMIC_RELAXED))
+        return UINT64_MAX;
+    if (m->state == 0 ||
+        (m->state == 1 && __atomic_load_n(&m->view->hdr->retired, __ATOMIC_ACQUIRE)))
+        kvc_fast_attach(c, a);
+    if (m->state != 1 || !m->view)
+        return UINT64_MAX;
+    uint64_t f = __atomic_load_n(&m->view->hdr->faulted, __ATOMIC_ACQUIRE);
+    return f ? f : UINT64_MAX;
+}
+
 void kvci_fast_fini(kvc_client *c)
 {
     for (int a = 0; a < KVC_MAX_ARENAS; a++)

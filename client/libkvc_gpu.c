@@ -44,9 +44,17 @@
 #include "kernels/kern_pack.h"
 
 /* Host arenas are registered in chunks: one cudaHostRegister of many GiB can fail where
- * smaller ones succeed, and chunks keep each call's pinning time short. */
+ * smaller ones succeed, and chunks keep each call's pinning time short. A chunk is
+ * registered only once the daemon has faulted all of it in (its shared index says how far
+ * it is: kvc_fast_hdr.faulted): registering pins, and pins what is not resident by faulting
+ * it in, at 4 KiB and at the caller's cost — an attach during the daemon's start would wait
+ * for the whole host tier and leave the daemon nothing to collapse into 2 MiB pages. The
+ * chunks faulted later are registered by the GPU calls that come after (one chunk a call,
+ * at most every KVC_GPU_REG_RETRY_NS); until then their copies are pageable (staged by the
+ * driver: correct, slower). */
 #define KVC_GPU_REG_CHUNK (1ull << 30)
 #define KVC_GPU_MAX_REG 256
+#define KVC_GPU_REG_RETRY_NS 100000000ull
 
 /* Scratch buffers are rounded up to a power of two below this, to multiples of it above. */
 #define KVC_GPU_SCRATCH_STEP (16ull << 20)
@@ -88,6 +96,10 @@ struct kvc_gpu {
     struct kern_dev_pool pool;
     void *reg[KVC_GPU_MAX_REG]; /* registered chunks */
     uint32_t nreg;
+    uint64_t reg_chunk;                 /* KVC_GPU_REG_CHUNK, or the tests' */
+    uint64_t reg_next[KVC_MAX_ARENAS];  /* arena a registered (or given up) below this */
+    bool reg_pending;                   /* some mapped arena is not yet */
+    uint64_t reg_retry_ns;              /* CLOCK_MONOTONIC of the next look (kvc_gpu_reg_more) */
     struct kvc_gpu_scratch *idle;       /* scratch no queued work reads; freed at disconnect */
     void *ev_idle[KVC_GPU_IDLE_EVENTS]; /* events whose last record has been waited for */
     uint32_t nev_idle;
@@ -128,6 +140,7 @@ static uint64_t kvc_gpu_dma_min(void)
 
 static const struct kern_dev_ops *kvc_gpu_ops_override;
 static uint64_t kvc_gpu_stage_cap_override; /* 0: KVC_GPU_STAGE_CAP */
+static uint64_t kvc_gpu_reg_chunk_override;  /* 0: KVC_GPU_REG_CHUNK */
 /* The process that last attached with this build's own CUDA table (0: none): a process that
  * forks clients must not have started CUDA itself (tests check it, kvci_gpu_cuda_used). */
 static pid_t kvc_gpu_cuda_pid;
@@ -145,6 +158,11 @@ const struct kern_dev_ops *kvci_gpu_ops_get(void)
 void kvci_gpu_stage_cap_set(uint64_t bytes)
 {
     kvc_gpu_stage_cap_override = bytes;
+}
+
+void kvci_gpu_reg_chunk_set(uint64_t bytes)
+{
+    kvc_gpu_reg_chunk_override = bytes;
 }
 
 int kvci_gpu_cuda_used(void)
@@ -330,33 +348,67 @@ static int kvc_gpu_pool_here(struct kvc_gpu *g, const uint8_t uuid[KERN_DEV_UUID
     return g->ops->device_uuid(g->device, u) == 0 && memcmp(u, uuid, sizeof(u)) == 0;
 }
 
-/* Pins arena ar for DMA; a failure only costs speed (pageable copies: the driver stages them,
- * and the call lasts about as long as its copy). Caller holds c->mu. */
-static void kvc_gpu_register_arena(struct kvc_gpu *g, const struct kvc_arena *ar)
+/* Pins arena a for DMA, the chunks the daemon has faulted in that are not yet, at most `max`
+ * of them; a failure only costs speed (pageable copies: the driver stages them, and the call
+ * lasts about as long as its copy). Caller holds c->mu. */
+static void kvc_gpu_register_arena(kvc_client *c, struct kvc_gpu *g, uint32_t a, uint32_t max)
 {
-    for (uint64_t off = 0; ar->base && off < ar->size && g->nreg < KVC_GPU_MAX_REG;
-         off += KVC_GPU_REG_CHUNK) {
-        uint64_t len = ar->size - off < KVC_GPU_REG_CHUNK ? ar->size - off : KVC_GPU_REG_CHUNK;
+    const struct kvc_arena *ar = &c->arenas[a];
+    if (!ar->base || g->reg_next[a] >= ar->size)
+        return;
+    uint64_t faulted = kvci_fast_faulted(c, a);
+    for (uint32_t n = 0; n < max && g->reg_next[a] < ar->size && g->nreg < KVC_GPU_MAX_REG; n++) {
+        uint64_t off = g->reg_next[a];
+        uint64_t len = ar->size - off < g->reg_chunk ? ar->size - off : g->reg_chunk;
+        if (len > faulted || off > faulted - len)
+            break; /* the daemon has not faulted it all in yet: a later call */
         int rc = g->ops->host_register(ar->base + off, len, !ar->writable);
+        g->reg_next[a] = off + len;
         if (rc == 0)
             g->reg[g->nreg++] = ar->base + off;
         else if (rc == -ENOTSUP)
-            break; /* read-only registration unsupported: the whole arena stays pageable */
+            g->reg_next[a] = ar->size; /* read-only registration unsupported: all pageable */
     }
+    if (g->reg_next[a] < ar->size && g->nreg < KVC_GPU_MAX_REG)
+        g->reg_pending = true;
+}
+
+static uint64_t kvc_gpu_mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* From a GPU call: one more chunk of the arenas the daemon was still faulting in when they
+ * were registered, if it has faulted it in since (looked at every KVC_GPU_REG_RETRY_NS at
+ * most). Caller holds c->mu. */
+static void kvc_gpu_reg_more(kvc_client *c, struct kvc_gpu *g)
+{
+    if (!g || !g->reg_pending)
+        return;
+    uint64_t now = kvc_gpu_mono_ns();
+    if (now < g->reg_retry_ns)
+        return;
+    g->reg_retry_ns = now + KVC_GPU_REG_RETRY_NS;
+    g->reg_pending = false;
+    uint32_t before = g->nreg;
+    for (uint32_t a = 0; a < KVC_MAX_ARENAS; a++)
+        kvc_gpu_register_arena(c, g, a, g->nreg == before ? 1 : 0);
 }
 
 /* Pins every mapped arena for DMA (at the attach; kvc_gpu_arena_mapped those mapped later). */
 static void kvc_gpu_register(kvc_client *c, struct kvc_gpu *g)
 {
-    for (int a = 0; a < KVC_MAX_ARENAS; a++)
-        kvc_gpu_register_arena(g, &c->arenas[a]);
+    for (uint32_t a = 0; a < KVC_MAX_ARENAS; a++)
+        kvc_gpu_register_arena(c, g, a, UINT32_MAX);
 }
 
 /* An arena mapped after the attach (kvc_ns_open of a namespace in another arena): pinned as
  * the attach pinned those before it, else its hits would cross from pageable memory. */
 static void kvc_gpu_arena_mapped(kvc_client *c, struct kvc_arena *a)
 {
-    kvc_gpu_register_arena(kvc_gpu_of(c), a);
+    kvc_gpu_register_arena(c, kvc_gpu_of(c), (uint32_t)(a - c->arenas), UINT32_MAX);
 }
 
 KVC_API int kvc_gpu_attach(kvc_client *c)
@@ -378,6 +430,7 @@ KVC_API int kvc_gpu_attach(kvc_client *c)
     g->ops = kvc_gpu_ops_override ? kvc_gpu_ops_override : kern_dev_cuda();
     g->dma_min = kvc_gpu_dma_min();
     g->stage_cap = kvc_gpu_stage_cap_override ? kvc_gpu_stage_cap_override : KVC_GPU_STAGE_CAP;
+    g->reg_chunk = kvc_gpu_reg_chunk_override ? kvc_gpu_reg_chunk_override : KVC_GPU_REG_CHUNK;
     if (!kvc_gpu_ops_override) /* clients of several threads may attach at once */
         __atomic_store_n(&kvc_gpu_cuda_pid, getpid(), __ATOMIC_RELAXED);
     g->pool.fd = -1;
@@ -514,6 +567,7 @@ static int kvc_gpu_lease_copy(kvc_lease *l, size_t i, void *dst, int kind, void 
 {
     kvc_client *c = l->ns->c;
     pthread_mutex_lock(&c->mu);
+    kvc_gpu_reg_more(c, kvc_gpu_of(c));
     int rc = kvc_gpu_lease_copy_locked(l, i, dst, kind, stream);
     pthread_mutex_unlock(&c->mu);
     return rc;
@@ -574,6 +628,7 @@ KVC_API int kvc_resv_write_async(kvc_resv *r, size_t i, const void *src, size_t 
     if (!c->gpu)
         return -ENOTSUP;
     pthread_mutex_lock(&c->mu);
+    kvc_gpu_reg_more(c, kvc_gpu_of(c));
     rc = kvc_gpu_of(c)->ops->copy_async(r->slots[i].data, src, len, KERN_DEV_COPY_DEFAULT, stream);
     if (rc == 0)
         rc = kvc_gpu_track(c, &r->gpu, NULL, stream);
@@ -845,6 +900,7 @@ static int kvc_gpu_copy_range(kvc_lease *l, size_t first, size_t n, void *dst, v
         }
     }
     pthread_mutex_lock(&c->mu);
+    kvc_gpu_reg_more(c, g);
     rc = kvc_gpu_stage(g, &l->gpu, stream, kvc_gpu_chunks_max(p.stage, n, g->stage_cap), &s);
     for (size_t j = 0; rc == 0 && j < n; j++) {
         const struct kvc_hit *h = &l->hits[first + j];
@@ -1062,6 +1118,7 @@ KVC_API int kvc_lease_scatter_layers(kvc_lease *l, size_t first, size_t n,
     struct kvc_gpu *g = kvc_gpu_of(c);
     struct kvc_gpu_run run = {g->ops, stream};
     pthread_mutex_lock(&c->mu);
+    kvc_gpu_reg_more(c, g);
     rc = kvc_gpu_stage(g, &l->gpu, stream, kvc_gpu_chunks_max(p.stage, n, g->stage_cap), &s);
     for (size_t j = 0; rc == 0 && direct && j < n; j++) {
         const struct kvc_hit *h = &l->hits[first + j];
@@ -1209,6 +1266,7 @@ KVC_API int kvc_resv_gather_layers(kvc_resv *r, size_t first, size_t n,
     struct kvc_gpu *g = kvc_gpu_of(c);
     struct kvc_gpu_run run = {g->ops, stream};
     pthread_mutex_lock(&c->mu);
+    kvc_gpu_reg_more(c, g);
     rc = kvc_gpu_stage(g, &r->gpu, stream, kvc_gpu_chunks_max(p.stage, n, g->stage_cap), &s);
     int queued = 0;
     /* A chunk at a time: its kernel into the scratch, then its copy out of it. */

@@ -216,6 +216,12 @@ const struct kern_dev_ops *kvci_gpu_ops_get(void);
 /* Tests set the most device scratch a GPU call stages through at once (bytes; 0: the
  * default, KVC_GPU_STAGE_CAP in libkvc_gpu.c), read at kvc_gpu_attach(). */
 void kvci_gpu_stage_cap_set(uint64_t bytes);
+/* Tests set the largest arena mapped with MAP_POPULATE (UINT64_MAX: the default,
+ * KVC_ARENA_POPULATE_MAX in libkvc.c; 0: none), read at each arena's mapping. */
+void kvci_arena_populate_max_set(uint64_t bytes);
+/* Tests set the bytes of host arena registered with the device at once (0: the default,
+ * KVC_GPU_REG_CHUNK in libkvc_gpu.c), read at kvc_gpu_attach(). */
+void kvci_gpu_reg_chunk_set(uint64_t bytes);
 /* 1 when this process attached with the build's own CUDA table (CUDA may have started in it;
  * a child it forks must not use CUDA then). */
 int kvci_gpu_cuda_used(void);
@@ -236,6 +242,10 @@ bool kvci_fast_unread(const kvc_client *c);
 void kvci_fast_flush(kvc_client *c);
 /* Unmaps the indexes and the hit ring (kvc_disconnect). */
 void kvci_fast_fini(kvc_client *c);
+/* Bytes from arena a's start the daemon has faulted in (kvc_fast_hdr.faulted; its index
+ * mapped now if it was not), or UINT64_MAX where nothing says (no index: pin it all). c->mu
+ * held. */
+uint64_t kvci_fast_faulted(kvc_client *c, uint32_t a);
 
 /* Copies a block into an arena slot for a put (libkvc_copy.c): of KVCI_STREAM_MIN bytes or
  * more with non-temporal stores, fenced, so the bytes are in memory before the commit that

@@ -184,6 +184,12 @@ uint64_t fast_index_capacity(const struct fast_index *fi)
     return fi->capacity;
 }
 
+void fast_index_faulted_set(struct fast_index *fi, uint64_t bytes)
+{
+    if (fi)
+        __atomic_store_n(&fi->hdr->faulted, bytes, __ATOMIC_RELEASE);
+}
+
 void fast_index_retire(struct fast_index *fi)
 {
     /* Before any slot it names is freed without its generation moving (the host tier bumps

@@ -46,6 +46,8 @@ struct fast_index *fast_index_new(uint32_t arena_id, uint64_t arena_bytes, uint3
                                   uint64_t capacity, bool collapse, int *err);
 /* The blocks it was sized for. */
 uint64_t fast_index_capacity(const struct fast_index *fi);
+/* Tells its readers how many bytes from the arena's start are faulted in (kvc_fast_hdr). */
+void fast_index_faulted_set(struct fast_index *fi, uint64_t bytes);
 /* Tells its readers that a newer index replaced it (they check after every copy). */
 void fast_index_retire(struct fast_index *fi);
 void fast_index_free(struct fast_index *fi); /* NULL is a no-op */

@@ -562,6 +562,7 @@ static void kvcd_tick(void *arg)
 {
     struct kvcd *d = arg;
     kvcd_fault_tick(d);
+    store_fast_faulted_publish(d->store); /* arenas added later are faulted in after the rest */
     gpu_reg_tick(d->store);
     engine_trim(d->store, loop_now_ms(d->loop));
     notify_watchdog(loop_now_ms(d->loop));

@@ -220,6 +220,7 @@ static int store_fast_open(struct store *s, uint32_t a)
         fast_index_retire(old);
     }
     tier_host_gens_set(s->arenas[a].tier, fast_index_gens(fi), KVC_FAST_UNIT_SHIFT);
+    fast_index_faulted_set(fi, tier_host_faulted_prefix(s->arenas[a].tier));
     s->fast[a] = fi;
     for (int clean = 0; clean < 2; clean++)
         for (uint32_t i = clean ? s->arenas[a].clean_head : s->arenas[a].lru_head; i != INDEX_NONE;
@@ -1356,6 +1357,12 @@ uint64_t store_host_collapsed(const struct store *s)
     for (uint32_t a = 0; a < s->narenas; a++)
         n += tier_host_collapsed(s->arenas[a].tier);
     return n;
+}
+
+void store_fast_faulted_publish(struct store *s)
+{
+    for (uint32_t a = 0; a < s->narenas; a++)
+        fast_index_faulted_set(s->fast[a], tier_host_faulted_prefix(s->arenas[a].tier));
 }
 
 void store_host_faulted(const struct store *s, uint64_t *faulted, uint64_t *total)

@@ -481,6 +481,9 @@ uint64_t store_host_capacity(const struct store *s);
  * arena 0's). */
 void store_host_faulted(const struct store *s, uint64_t *faulted, uint64_t *total);
 /* Bytes of the host arenas made 2 MiB pages by collapse (store_params.host_collapse). */
+/* Tells the clients, in each arena's shared index, how much of it is faulted in (so they
+ * pin only that part: kvc_fast_hdr.faulted). Loop thread, from its tick. */
+void store_fast_faulted_publish(struct store *s);
 uint64_t store_host_collapsed(const struct store *s);
 uint64_t store_gpu_used(const struct store *s);     /* 0 without a GPU tier */
 uint64_t store_gpu_capacity(const struct store *s); /* 0 without a GPU tier */

@@ -101,6 +101,7 @@ struct tier_host_fault {
     uint32_t nthreads; /* not joined yet */
     uint32_t nstarted;
     bool complete;       /* loop thread's view: every chunk done, threads joined */
+    uint64_t prefix;     /* loop thread's view: chunks [0, prefix) are done */
     bool populate_write; /* MADV_POPULATE_WRITE works here (else a locked add of 0) */
     /* host.thp_collapse: each 2 MiB chunk made one huge page before it is populated
      * (client/kvc_huge.h), until the kernel says it never will or TIER_HOST_COLLAPSE_FAILS
@@ -764,6 +765,17 @@ bool tier_host_range_faulted(const struct tier *t, uint64_t off, uint64_t len)
         if (!tier_host_chunk_done(f, c))
             return false;
     return true;
+}
+
+uint64_t tier_host_faulted_prefix(struct tier *t)
+{
+    struct tier_host *h = tier_host_of(t);
+    struct tier_host_fault *f = h->fault;
+    if (!f)
+        return h->size;
+    while (f->prefix < f->nchunks && tier_host_chunk_done(f, f->prefix))
+        f->prefix++;
+    return f->prefix == f->nchunks ? h->size : f->prefix * f->chunk;
 }
 
 uint64_t tier_host_collapsed(const struct tier *t)

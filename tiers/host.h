@@ -66,6 +66,9 @@ uint64_t tier_host_faulted(const struct tier *t);
  * device (pinning it) waits for this, so that the pinning never faults a page in itself,
  * ahead of the fault-in and of its collapse into 2 MiB pages. */
 bool tier_host_range_faulted(const struct tier *t, uint64_t off, uint64_t len);
+/* Bytes from the arena's start every page of which has been faulted in (the whole size
+ * without prefault, as tier_host_range_faulted says). Loop thread. */
+uint64_t tier_host_faulted_prefix(struct tier *t);
 /* Bytes of the arena made 2 MiB pages by collapse so far (tier_host_config.collapse). */
 uint64_t tier_host_collapsed(const struct tier *t);
 struct tier_host_fault_stats {

@@ -1703,6 +1703,86 @@ START_TEST(test_host_lookup_pool_wait_bounded)
 END_TEST
 
 /* A case of s under a fixture, with a slow host's timeout. */
+/* A client that attaches its GPU while kvcd still faults its arena in registers (pins) only
+ * what kvcd has faulted (its shared index says how far: kvc_fast_hdr.faulted), and the rest
+ * from the GPU calls after, once faulted: the pinning never faults a page in itself (at
+ * 4 KiB, ahead of the daemon's collapse, and at the attach's cost: a 256 GiB host tier would
+ * hold the attach for all of it). Hits copy right before, during and after. */
+START_TEST(test_attach_registers_what_is_faulted)
+{
+    static const char *const args[] = {"-o", "host.size=512m", "-o", "host.page_size=64k", "-o",
+                                       "host.prefault_threads=1", NULL};
+    const uint64_t chunk = 32ull << 20, size = 512ull << 20;
+    const uint32_t n = 4;
+    struct daemon d = {0};
+    kvc_client *c;
+    kvc_ns *ns;
+    kvc_resv *r;
+    kvc_lease *l;
+    struct kvc_layout lay = gb_layout(2);
+    struct kvc_key keys[4];
+    struct gb_engine src;
+    uint64_t faulted = 0;
+    /* mapped as touched (as arenas above 2 GiB are): populated, the mapping itself would
+     * fault in what kvcd has not yet */
+    kvci_arena_populate_max_set(0);
+    ck_assert_int_eq(daemon_start(&d, args), 0);
+    ck_assert_int_eq(kvc_connect(d.sock, &c), 0);
+    ck_assert_int_eq(kvc_ns_open(c, &lay, &ns), 0);
+    kvci_arena_populate_max_set(UINT64_MAX);
+    fake_dev_reset(1);
+    kvci_gpu_ops_set(&fake_dev_ops);
+    kvci_gpu_reg_chunk_set(chunk);
+    ck_assert_int_eq(kvc_gpu_attach(c), 0);
+    const int at_attach = fake_dev.registered;
+    uint64_t faulted_at_attach = 0;
+    ck_assert_int_eq(daemon_client_stat(c, 0, "host_faulted", &faulted_at_attach), 0);
+    ck_assert_uint_eq(fake_dev.register_unresident, 0);
+    /* no more than was faulted in (the daemon says so about once a second, behind the truth) */
+    ck_assert_uint_le((uint64_t)at_attach * chunk, faulted_at_attach);
+    void *stream = fake_dev_stream(0);
+    size_t bb = kvc_ns_block_bytes(ns);
+    uint8_t *buf = NULL;
+    ck_assert_int_eq(fake_dev_ops.mem_alloc((void **)&buf, n * bb), 0);
+    gb_engine_init(&src, 2, 1, 1, 3);
+    uint8_t *want = gb_blocks(&src, n, bb);
+    gb_keys(ns, 700000, n, keys);
+    ck_assert_int_eq(kvc_reserve(ns, NULL, keys, n, &r), (int)n);
+    ck_assert_int_eq(kvc_resv_gather(r, 0, n, &src.kv, 0, stream, NULL), (int)n);
+    ck_assert_int_eq(kvc_commit(r, SIZE_MAX), (int)n);
+    /* Hits while the rest is faulted in and after: the calls register what has been since. */
+    for (int i = 0; i < daemon_ms(30000) / 20 && fake_dev.registered < (int)(size / chunk); i++) {
+        ck_assert_int_eq(kvc_lookup(ns, keys, n, 0, &l), (int)n);
+        memset(buf, 0, n * bb);
+        ck_assert_int_eq(kvc_lease_copy_range_async(l, 0, n, buf, n * bb, stream), (int)n);
+        ck_assert_int_eq(fake_dev_ops.stream_sync(stream), 0);
+        ck_assert_int_eq(kvc_release(l), 0);
+        ck_assert(memcmp(buf, want, n * bb) == 0);
+        usleep(20000);
+    }
+    ck_assert_int_eq(daemon_client_stat(c, 0, "host_faulted", &faulted), 0);
+    printf("e2e_gpu: a %llu MiB arena registered in %llu MiB chunks: %d at the attach (%llu MiB "
+           "faulted in then), %d once faulted in (%llu MiB now)\n",
+           (unsigned long long)(size >> 20), (unsigned long long)(chunk >> 20), at_attach,
+           (unsigned long long)(faulted_at_attach >> 20), fake_dev.registered,
+           (unsigned long long)(faulted >> 20));
+    ck_assert_uint_eq(faulted, size);
+    ck_assert_int_eq(fake_dev.registered, (int)(size / chunk));
+    ck_assert_uint_eq(fake_dev.register_unresident, 0);
+    ck_assert_uint_eq(fake_dev.bad_kinds, 0);
+    free(want);
+    fake_dev_ops.mem_free(buf);
+    gb_engine_fini(&src);
+    fake_dev_stream_free(stream);
+    kvc_disconnect(c);
+    ck_assert_int_eq(fake_dev.registered, 0);
+    kvci_gpu_ops_set(NULL);
+    kvci_gpu_reg_chunk_set(0);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_cleanup(&d);
+}
+END_TEST
+
 static TCase *gf_case(Suite *s, const char *name, void (*setup)(void), void (*teardown)(void))
 {
     TCase *tc = tcase_create(name);
@@ -1738,6 +1818,8 @@ int main(void)
     tcase_add_test(tl, test_host_lookup_not_behind_long_prefix);
     TCase *tw = gf_case(s, "host-lookup-wait", gf_long_bounded_setup, gf_teardown);
     tcase_add_test(tw, test_host_lookup_pool_wait_bounded);
+    TCase *tr = gf_case(s, "register", NULL, NULL);
+    tcase_add_test(tr, test_attach_registers_what_is_faulted);
     fflush(stdout);
     if (daemon_suite_init("e2e-gpu-fake"))
         return 1;

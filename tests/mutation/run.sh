@@ -343,6 +343,14 @@ mutation gpu-reg-at-open daemon/gpu_reg.c "check_store_gpu" \
 mutation gpu-reg-unfaulted daemon/gpu_reg.c "check_store_gpu" \
 '            if (!tier_host_range_faulted(t, ra->next, gpu_reg_len(s, ra))) {' \
 '            if (!t) {'
+# A client that pins its whole mapping of the arena at its GPU attach, whatever the daemon has
+# faulted in (or never pins the rest: the calls after the attach do not catch up).
+mutation client-reg-unfaulted client/libkvc_gpu.c "check_e2e_gpu_fake" \
+'    uint64_t faulted = kvci_fast_faulted(c, a);' \
+'    uint64_t faulted = UINT64_MAX;'
+mutation client-reg-no-catch-up client/libkvc_gpu.c "check_e2e_gpu_fake" \
+'    if (!g || !g->reg_pending)' \
+'    if (g)'
 
 # A LOOKUP that resolves its keys again: the lease finds each hit in the index a second time
 # instead of taking the block the lookup found (issue 31: one resolution per key).
