@@ -12,7 +12,9 @@
  *    1 GiB and 8 GiB (the largest the machine's free memory allows; KVC_SCALE_READY=SIZES
  *    overrides): the time from its start until it answers a HELLO, and until its arena is
  *    faulted in (host_faulted, polled), as a rate against the machine's. Sizes the machine
- *    cannot hold are projected from that rate, said so in the output, and get no row.
+ *    cannot hold are projected from that rate, said so in the output, and get no row. With
+ *    KVC_SCALE_READY_GPU=POOL (a device there), each size up to 8 GiB again with a GPU pool:
+ *    ready, and the arena registered with the device whole, against the same without one.
  *  - levels: for 4 KiB and 64 KiB blocks, one daemon per level with an arena that holds N
  *    blocks (N = 4,096 [the smallest arena, 16 MiB], 10^4, 10^5, 10^6 for 4 KiB; 10^3 .. 10^5
  *    for 64 KiB, as far as free memory allows), filled past full with chains of 64 blocks so
@@ -378,6 +380,58 @@ out:
     return rate;
 }
 
+/* With a GPU tier (KVC_SCALE_READY_GPU=POOL, e.g. 1g, where a device is; arenas up to 8 GiB):
+ * the same start with a pool of that size, whose arena registration (pinning) must not hold
+ * the start (daemon/gpu_reg.h): ready against the start without a pool in the same run, and
+ * the time until the arena is registered whole against the fault-in's. */
+static void sc_ready_gpu(uint64_t size, const char *tag, double ready0, double full0)
+{
+    const char *pool = getenv("KVC_SCALE_READY_GPU");
+    char o_pool[64], name[96];
+    const char *extra[] = {"-o", o_pool, NULL};
+    struct daemon d;
+    kvc_client *c = NULL;
+    uint64_t cap = 0, reg = 0;
+    if (!pool || !*pool || size > 8 * GiB)
+        return;
+    snprintf(o_pool, sizeof(o_pool), "gpu.pool_size=%s", pool);
+    double t0 = sc_now();
+    if (sc_start(&d, size, extra) || kvc_connect(d.sock, &c)) {
+        bench_fail("ready: kvcd with host.size %s and gpu.pool_size %s did not start", tag, pool);
+        daemon_cleanup(&d);
+        return;
+    }
+    double ready = sc_now() - t0, registered = -1;
+    if (daemon_client_stat(c, 0, "gpu_capacity", &cap) || cap == 0) {
+        printf("ready_%s_gpu: not run: kvcd has no GPU tier here\n", tag);
+    } else {
+        for (;;) {
+            double now = sc_now();
+            if (daemon_client_stat(c, 0, "gpu_host_registered_bytes", &reg) == 0 && reg >= size) {
+                registered = now - t0;
+                break;
+            }
+            if (now - t0 > (double)size / 20e6 + 60 || bench_failed())
+                break;
+            usleep(2000);
+        }
+    }
+    kvc_disconnect(c);
+    daemon_stop(&d);
+    daemon_cleanup(&d);
+    if (!cap)
+        return;
+    if (registered < 0) {
+        bench_fail("ready: the %s arena was not registered with the device in time (%llu MiB)",
+                   tag, (unsigned long long)(reg / MiB));
+        return;
+    }
+    snprintf(name, sizeof(name), "ready_%s_gpu", tag);
+    sc_row(name, ready, "s", "ready without a pool, same run", ready0);
+    snprintf(name, sizeof(name), "registered_%s_gpu", tag);
+    sc_row(name, registered, "s", "fault-in without a pool, same run", full0);
+}
+
 static void sc_ready(void)
 {
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
@@ -450,6 +504,7 @@ static void sc_ready(void)
                (double)GiB / machine);
         snprintf(name, sizeof(name), "faultin_rate_%s", tag);
         sc_row(name, rate / 1e9, "GB/s", "machine fault rate", machine / 1e9);
+        sc_ready_gpu(size, tag, ready, full);
     }
 }
 
