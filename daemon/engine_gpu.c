@@ -394,7 +394,7 @@ void engine_gpu_stats(const struct store *s, void (*put)(void *arg, const char *
     put(arg, "gpu_move_waits", st.waits);
     put(arg, "gpu_move_queries", st.queries);
     struct gpu_reg_stats rs;
-    gpu_reg_stats_get(s, &rs);
+    gpu_reg_stats_get(s->gpu_reg, &rs);
     put(arg, "gpu_arenas_registered", rs.arenas);
     put(arg, "gpu_host_registered_bytes", rs.bytes);
     put(arg, "gpu_host_register_pending_bytes", rs.pending);

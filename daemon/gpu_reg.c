@@ -12,7 +12,6 @@
 #include <time.h>
 
 #include "daemon/log.h"
-#include "daemon/store.h"
 #include "tiers/gpu.h"
 #include "tiers/host.h"
 
@@ -22,6 +21,7 @@
 enum { GPU_REG_PENDING = 0, GPU_REG_DONE, GPU_REG_REFUSED };
 
 struct gpu_reg_arena {
+    struct tier *host;   /* NULL: not handed over */
     uint64_t next;       /* registered below this offset; the thread's once handed to it */
     uint64_t size;       /* the arena's */
     _Atomic int state;   /* GPU_REG_* */
@@ -30,19 +30,23 @@ struct gpu_reg_arena {
 };
 
 struct gpu_reg {
+    struct tier *gpu;
+    uint64_t chunk;
+    uint64_t now_bytes; /* registered when handed over, if faulted (gpu_reg_new) */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     pthread_t thread;
     bool started;
     bool stop;                            /* under mu */
-    uint32_t queue[STORE_MAX_ARENAS + 2]; /* arenas handed to the thread, in order (under mu) */
-    uint32_t nqueued, nfinished;          /* under mu */
-    struct gpu_reg_arena a[STORE_MAX_ARENAS + 2];
+    uint32_t queue[GPU_REG_MAX_ARENAS]; /* arenas handed to the thread, in order (under mu) */
+    uint32_t nqueued, nfinished;        /* under mu */
+    struct gpu_reg_arena a[GPU_REG_MAX_ARENAS];
     _Atomic uint64_t bytes;   /* registered */
     _Atomic uint64_t pending; /* handed and neither registered nor refused */
     uint64_t t_start_ns;
     _Atomic uint64_t t_end_ns; /* when the thread finished the last arena it was handed */
     bool logged_end;
+    uint32_t refused_logged; /* refusals said (the first is logged) */
 };
 
 static uint64_t gpu_reg_mono_ns(void)
@@ -53,19 +57,16 @@ static uint64_t gpu_reg_mono_ns(void)
 }
 
 /* The bytes of the arena's next chunk. */
-static uint64_t gpu_reg_len(const struct store *s, const struct gpu_reg_arena *ra)
+static uint64_t gpu_reg_len(const struct gpu_reg *r, const struct gpu_reg_arena *ra)
 {
-    uint64_t chunk = s->p.gpu_reg_chunk ? s->p.gpu_reg_chunk : STORE_GPU_REG_CHUNK;
-    return ra->size - ra->next < chunk ? ra->size - ra->next : chunk;
+    return ra->size - ra->next < r->chunk ? ra->size - ra->next : r->chunk;
 }
 
-/* Registers arena a's chunk at ra->next; 0 or the device's refusal (recorded). */
-static int gpu_reg_chunk(struct store *s, struct gpu_reg *r, uint32_t a)
+/* Registers the arena's chunk at ra->next; 0 or the device's refusal (recorded). */
+static int gpu_reg_chunk(struct gpu_reg *r, struct gpu_reg_arena *ra)
 {
-    struct gpu_reg_arena *ra = &r->a[a];
-    struct tier *t = s->arenas[a].tier;
-    uint64_t len = gpu_reg_len(s, ra);
-    int rc = tier_gpu_host_register(s->gpu, (char *)tier_host_base(t) + ra->next, len);
+    uint64_t len = gpu_reg_len(r, ra);
+    int rc = tier_gpu_host_register(r->gpu, (char *)tier_host_base(ra->host) + ra->next, len);
     if (rc) {
         atomic_store(&ra->err, rc);
         atomic_fetch_sub(&r->pending, ra->size - ra->next);
@@ -98,25 +99,22 @@ static bool gpu_reg_nap(struct gpu_reg *r)
 
 static void *gpu_reg_main(void *arg)
 {
-    struct store *s = arg;
-    struct gpu_reg *r = s->gpu_reg;
+    struct gpu_reg *r = arg;
     pthread_mutex_lock(&r->mu);
     for (;;) {
         while (!r->stop && r->nfinished == r->nqueued)
             pthread_cond_wait(&r->cv, &r->mu);
         if (r->stop)
             break;
-        uint32_t a = r->queue[r->nfinished];
-        struct gpu_reg_arena *ra = &r->a[a];
-        struct tier *t = s->arenas[a].tier;
+        struct gpu_reg_arena *ra = &r->a[r->queue[r->nfinished]];
         while (ra->next < ra->size) {
-            if (!tier_host_range_faulted(t, ra->next, gpu_reg_len(s, ra))) {
+            if (!tier_host_range_faulted(ra->host, ra->next, gpu_reg_len(r, ra))) {
                 if (gpu_reg_nap(r))
                     goto out;
                 continue;
             }
             pthread_mutex_unlock(&r->mu); /* the pinning lasts; a stop waits for it */
-            int rc = gpu_reg_chunk(s, r, a);
+            int rc = gpu_reg_chunk(r, ra);
             pthread_mutex_lock(&r->mu);
             if (rc)
                 break;
@@ -130,12 +128,9 @@ out:
     return NULL;
 }
 
-static struct gpu_reg *gpu_reg_get(struct store *s)
+struct gpu_reg *gpu_reg_new(struct tier *gpu, uint64_t chunk, uint64_t now_bytes)
 {
-    struct gpu_reg *r = s->gpu_reg;
-    if (r)
-        return r;
-    r = calloc(1, sizeof(*r));
+    struct gpu_reg *r = calloc(1, sizeof(*r));
     if (!r)
         return NULL;
     if (pthread_mutex_init(&r->mu, NULL)) {
@@ -147,68 +142,64 @@ static struct gpu_reg *gpu_reg_get(struct store *s)
         free(r);
         return NULL;
     }
+    r->gpu = gpu;
+    r->chunk = chunk ? chunk : GPU_REG_CHUNK;
+    r->now_bytes = now_bytes;
     r->t_start_ns = gpu_reg_mono_ns();
-    s->gpu_reg = r;
     return r;
 }
 
-void gpu_reg_arena(struct store *s, uint32_t a)
+uint32_t gpu_reg_arena(struct gpu_reg *r, uint32_t a, struct tier *host)
 {
-    struct gpu_reg *r = gpu_reg_get(s);
-    struct tier *t = s->arenas[a].tier;
-    if (!r) { /* no memory for the bookkeeping: the arena stays pageable */
-        s->gpu_unregistered++;
-        log_warn("gpu: host arena %u not registered with the device (%s); moves to and from "
-                 "the pool copy through pageable memory, holding the loop for each copy",
-                 a, strerror(ENOMEM));
-        return;
-    }
+    if (a >= GPU_REG_MAX_ARENAS || r->a[a].host)
+        return gpu_reg_tick(r);
     struct gpu_reg_arena *ra = &r->a[a];
-    ra->size = tier_host_size(t);
+    ra->host = host;
+    ra->size = tier_host_size(host);
     atomic_fetch_add(&r->pending, ra->size);
     /* The chunks the fault-in has already been over, now (what the start faulted in itself),
      * unless the thread is registering: one caller of the device's registration at a time. */
     pthread_mutex_lock(&r->mu);
     bool idle = r->nfinished == r->nqueued;
     pthread_mutex_unlock(&r->mu);
-    while (idle && ra->next < ra->size && ra->next < STORE_PREFAULT_FIRST) {
-        if (!tier_host_range_faulted(t, ra->next, gpu_reg_len(s, ra)) || gpu_reg_chunk(s, r, a))
+    while (idle && ra->next < ra->size && ra->next < r->now_bytes) {
+        if (!tier_host_range_faulted(host, ra->next, gpu_reg_len(r, ra)) || gpu_reg_chunk(r, ra))
             break;
     }
-    if (atomic_load(&ra->state) != GPU_REG_PENDING) {
-        gpu_reg_tick(s); /* said now: the start's log tells where the arena stands */
-        return;
-    }
+    if (atomic_load(&ra->state) != GPU_REG_PENDING)
+        return gpu_reg_tick(r); /* said now: the start's log tells where the arena stands */
     pthread_mutex_lock(&r->mu);
     r->queue[r->nqueued++] = a;
     if (!r->started) {
-        if (pthread_create(&r->thread, NULL, gpu_reg_main, s) == 0) {
+        if (pthread_create(&r->thread, NULL, gpu_reg_main, r) == 0) {
             r->started = true;
         } else { /* no thread: the rest now, as the pool's opening always did */
             r->nqueued--;
             pthread_mutex_unlock(&r->mu);
-            while (ra->next < ra->size && gpu_reg_chunk(s, r, a) == 0)
+            while (ra->next < ra->size && gpu_reg_chunk(r, ra) == 0)
                 ;
-            gpu_reg_tick(s);
-            return;
+            return gpu_reg_tick(r);
         }
     }
     pthread_cond_signal(&r->cv);
     pthread_mutex_unlock(&r->mu);
+    return gpu_reg_tick(r);
 }
 
-void gpu_reg_tick(struct store *s)
+uint32_t gpu_reg_tick(struct gpu_reg *r)
 {
-    struct gpu_reg *r = s->gpu_reg;
+    uint32_t refused = 0;
     if (!r)
-        return;
-    for (uint32_t a = 0; a < STORE_MAX_ARENAS + 2; a++) {
+        return 0;
+    for (uint32_t a = 0; a < GPU_REG_MAX_ARENAS; a++) {
         struct gpu_reg_arena *ra = &r->a[a];
-        int state = atomic_load(&ra->state);
-        if (ra->logged || state != GPU_REG_REFUSED)
+        if (atomic_load(&ra->state) != GPU_REG_REFUSED)
+            continue;
+        refused++;
+        if (ra->logged)
             continue;
         ra->logged = true;
-        if (s->gpu_unregistered++ == 0)
+        if (r->refused_logged++ == 0)
             log_warn("gpu: host arena %u not registered with the device beyond %llu MiB (%s); "
                      "moves to and from the pool copy through pageable memory there, holding "
                      "the loop for each copy",
@@ -222,11 +213,11 @@ void gpu_reg_tick(struct store *s)
                  (unsigned long long)(atomic_load(&r->bytes) >> 20),
                  (double)(end - r->t_start_ns) / 1e9);
     }
+    return refused;
 }
 
-void gpu_reg_stop(struct store *s)
+void gpu_reg_free(struct gpu_reg *r)
 {
-    struct gpu_reg *r = s->gpu_reg;
     if (!r)
         return;
     pthread_mutex_lock(&r->mu);
@@ -235,22 +226,19 @@ void gpu_reg_stop(struct store *s)
     pthread_mutex_unlock(&r->mu);
     if (r->started)
         pthread_join(r->thread, NULL);
-    r->started = false;
     pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->mu);
     free(r);
-    s->gpu_reg = NULL;
 }
 
-void gpu_reg_stats_get(const struct store *s, struct gpu_reg_stats *st)
+void gpu_reg_stats_get(const struct gpu_reg *r, struct gpu_reg_stats *st)
 {
-    const struct gpu_reg *r = s->gpu_reg;
     *st = (struct gpu_reg_stats){0};
     if (!r)
         return;
     st->bytes = atomic_load(&r->bytes);
     st->pending = atomic_load(&r->pending);
-    for (uint32_t a = 0; a < STORE_MAX_ARENAS + 2; a++) {
+    for (uint32_t a = 0; a < GPU_REG_MAX_ARENAS; a++) {
         int state = atomic_load(&r->a[a].state);
         st->arenas += state == GPU_REG_DONE && r->a[a].size;
         st->refused += state == GPU_REG_REFUSED;

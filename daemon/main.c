@@ -38,7 +38,6 @@
 #include "daemon/engine_disk.h"
 #include "daemon/engine_gpu.h"
 #include "daemon/engine_remote.h"
-#include "daemon/gpu_reg.h"
 #include "daemon/remote_keys.h"
 #include "daemon/log.h"
 #include "daemon/loop.h"
@@ -563,7 +562,7 @@ static void kvcd_tick(void *arg)
     struct kvcd *d = arg;
     kvcd_fault_tick(d);
     store_fast_faulted_publish(d->store); /* arenas added later are faulted in after the rest */
-    gpu_reg_tick(d->store);
+    store_gpu_reg_tick(d->store);
     engine_trim(d->store, loop_now_ms(d->loop));
     notify_watchdog(loop_now_ms(d->loop));
     server_tick(d->server);

@@ -287,6 +287,21 @@ void store_touch(struct store *s, uint32_t idx, uint64_t now)
 
 /* ---- creation ------------------------------------------------------------------------ */
 
+_Static_assert(STORE_MAX_ARENAS <= GPU_REG_MAX_ARENAS, "host arenas within the registration's");
+
+/* Host arena a handed to the registration with the device (gpu_reg.h). */
+static void store_gpu_register(struct store *s, uint32_t a)
+{
+    if (s->gpu_reg)
+        s->gpu_unregistered = gpu_reg_arena(s->gpu_reg, a, s->arenas[a].tier);
+}
+
+void store_gpu_reg_tick(struct store *s)
+{
+    if (s->gpu_reg)
+        s->gpu_unregistered = gpu_reg_tick(s->gpu_reg);
+}
+
 /* The GPU tier, when configured. A missing device or driver is not an error: the daemon
  * runs without the tier and says so in one line. */
 static void store_gpu_open(struct store *s)
@@ -315,8 +330,14 @@ static void store_gpu_open(struct store *s)
     }
     s->arenas[STORE_ARENA_GPU].tier = g;
     s->gpu = g;
+    /* Each arena registered part by part as its fault-in is over it (gpu_reg.h). */
+    s->gpu_reg = gpu_reg_new(g, s->p.gpu_reg_chunk, STORE_PREFAULT_FIRST);
+    if (!s->gpu_reg)
+        log_warn("gpu: host arenas not registered with the device (%s); moves to and from "
+                 "the pool copy through pageable memory, holding the loop for each copy",
+                 strerror(ENOMEM));
     for (uint32_t a = 0; a < s->narenas; a++)
-        gpu_reg_arena(s, a); /* each part once the fault-in is over it (gpu_reg.h) */
+        store_gpu_register(s, a);
     log_info("gpu: pool of %.1f MiB on device %d (%s handles)",
              (double)g->ops->capacity(g) / 1048576.0, s->p.gpu_device,
              kern_dev_handle_name(tier_gpu_pool(g)->handle));
@@ -376,7 +397,7 @@ void store_free(struct store *s)
     /* The pool first: it gives back the arenas' registrations while they are mapped (and
      * waits for copies still in flight, whose moves engine_stop settles when it is called),
      * once the thread registering them has stopped. */
-    gpu_reg_stop(s);
+    gpu_reg_free(s->gpu_reg);
     tier_destroy(s->gpu);
     free(s->gpu_moves);
     for (uint32_t a = 0; a < s->narenas; a++) {
@@ -1408,7 +1429,7 @@ int store_arena_add(struct store *s, uint64_t size, uint32_t *id)
     }
     *id = s->narenas++;
     if (s->gpu)
-        gpu_reg_arena(s, *id);
+        store_gpu_register(s, *id);
     return 0;
 }
 

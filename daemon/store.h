@@ -82,7 +82,7 @@ struct store_params {
     uint64_t gpu_page_size;             /* 0: 2 MiB */
     const struct kern_dev_ops *gpu_ops; /* NULL: kern_dev_cuda(); tests pass a fake */
     uint64_t gpu_reg_chunk; /* host bytes registered with the device at once (0:
-                               STORE_GPU_REG_CHUNK, daemon/gpu_reg.h; tests set less) */
+                               GPU_REG_CHUNK, daemon/gpu_reg.h; tests set less) */
     uint32_t quantize_inflight;         /* quantize-in-place jobs the trim may queue (0: none) */
     uint32_t quantize_threads;          /* encoding threads (0: one per CPU, quant_threads) */
     bool head_step;                     /* host.head_step (store_head_step) */
@@ -484,6 +484,9 @@ void store_host_faulted(const struct store *s, uint64_t *faulted, uint64_t *tota
 /* Tells the clients, in each arena's shared index, how much of it is faulted in (so they
  * pin only that part: kvc_fast_hdr.faulted). Loop thread, from its tick. */
 void store_fast_faulted_publish(struct store *s);
+/* Logs what the registration of the host arenas with the device refused or finished since
+ * the last call (daemon/gpu_reg.h). Loop thread, from its tick. */
+void store_gpu_reg_tick(struct store *s);
 uint64_t store_host_collapsed(const struct store *s);
 uint64_t store_gpu_used(const struct store *s);     /* 0 without a GPU tier */
 uint64_t store_gpu_capacity(const struct store *s); /* 0 without a GPU tier */

@@ -768,7 +768,7 @@ START_TEST(test_arena_registered_as_faulted)
     s = store_fixture_new(&p, NULL);
     ns = store_fixture_ns(s, "m", 2, 0);
     /* At the opening: no more than the start faulted in itself (STORE_PREFAULT_FIRST). */
-    gpu_reg_stats_get(s, &rs);
+    gpu_reg_stats_get(s->gpu_reg, &rs);
     ck_assert_uint_le(rs.bytes, STORE_PREFAULT_FIRST);
     ck_assert_uint_eq(rs.bytes + rs.pending, size);
     ck_assert_uint_eq(rs.bytes % chunk, 0);
@@ -776,7 +776,7 @@ START_TEST(test_arena_registered_as_faulted)
     store_owner_init(&h);
     g.gpu = true;
     ck_assert_uint_eq(put_chain(&g, 4), 4); /* into the pool while the rest is faulted in */
-    for (int i = 0; i < daemon_ms(20000) && (gpu_reg_stats_get(s, &rs), rs.pending); i++)
+    for (int i = 0; i < daemon_ms(20000) && (gpu_reg_stats_get(s->gpu_reg, &rs), rs.pending); i++)
         usleep(1000);
     ck_assert_uint_eq(rs.pending, 0);
     ck_assert_uint_eq(rs.bytes, size);

@@ -338,11 +338,11 @@ mutation index-no-collapse daemon/fast.c "check_e2e_fast" \
 # The host arenas registered with the device (pinned) ahead of their fault-in: the whole
 # arena at the pool's opening, or each part without waiting for the fault-in to be over it.
 mutation gpu-reg-at-open daemon/gpu_reg.c "check_store_gpu" \
-'    while (idle && ra->next < ra->size && ra->next < STORE_PREFAULT_FIRST) {' \
-'    while (idle && ra->next < ra->size && gpu_reg_chunk(s, r, a) == 0) {} while (0) {'
+'    while (idle && ra->next < ra->size && ra->next < r->now_bytes) {' \
+'    while (idle && ra->next < ra->size && gpu_reg_chunk(r, ra) == 0) {} while (0) {'
 mutation gpu-reg-unfaulted daemon/gpu_reg.c "check_store_gpu" \
-'            if (!tier_host_range_faulted(t, ra->next, gpu_reg_len(s, ra))) {' \
-'            if (!t) {'
+'            if (!tier_host_range_faulted(ra->host, ra->next, gpu_reg_len(r, ra))) {' \
+'            if (!ra->host) {'
 # A client that pins its whole mapping of the arena at its GPU attach, whatever the daemon has
 # faulted in (or never pins the rest: the calls after the attach do not catch up).
 mutation client-reg-unfaulted client/libkvc_gpu.c "check_e2e_gpu_fake" \
