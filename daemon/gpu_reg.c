@@ -108,6 +108,8 @@ static void *gpu_reg_main(void *arg)
             break;
         struct gpu_reg_arena *ra = &r->a[r->queue[r->nfinished]];
         while (ra->next < ra->size) {
+            if (r->stop) /* a stop waits for one registration at most */
+                goto out;
             if (!tier_host_range_faulted(ra->host, ra->next, gpu_reg_len(r, ra))) {
                 if (gpu_reg_nap(r))
                     goto out;
