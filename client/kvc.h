@@ -477,9 +477,9 @@ KVC_API int kvc_get_prefix(kvc_ns *ns, const struct kvc_key *keys, size_t n, voi
  *    server.reservation_timeout; -EAGAIN: the parent was a block of a kvc_reserve() of this
  *    client not committed yet, and the daemon aborted the put's reservation;
  *    -EPIPE/-ECONNRESET: the connection ended before its reply) did not store the blocks it
- *    counted; its error is kept, never dropped, and returned by
- *    the next kvc_put_prefix() on this client (which then stores nothing, so the same call
- *    may be repeated) or kvc_flush(), whichever comes first. Other calls leave it kept.
+ *    counted; its error is kept, never dropped, and returned by the next kvc_put_prefix()
+ *    on this client (which then stores nothing, so the same call may be repeated) or
+ *    kvc_flush(), whichever comes first. Other calls leave it kept.
  * Errors: -EINVAL, -EACCES, -EDQUOT, -EMFILE, -EPIPE, and a kept commit error as above. */
 KVC_API int kvc_put_prefix(kvc_ns *ns, const struct kvc_key *parent, const struct kvc_key *keys,
                            size_t n, const void *const *blocks);

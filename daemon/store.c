@@ -1141,7 +1141,10 @@ static void store_resv_slot_drop(struct store *s, struct store_owner *o, uint32_
 /* Drops the slots of o's orphaned reservations, and of those hanging from them in turn (a
  * pass per level of such chains): none of them can be committed under a committed parent
  * any more, and their keys go back to whoever writes them next. Each keeps its id, empty
- * (counted in its dropped), until o commits it (nothing committed) or aborts it. */
+ * (counted in its dropped), until o commits it (nothing committed) or aborts it. At worst
+ * (a chain of one-block reservations in reverse handle order) quadratic in o's
+ * reservations, each of which took a RESERVE: measured, 1,024 (quota.client_reservations'
+ * default) ~1 ms, 4,000 ~16 ms. */
 static void store_resv_orphans_end(struct store *s, struct store_owner *o)
 {
     while (o->orphans)
