@@ -717,8 +717,8 @@ END_TEST
 
 /* Keys [first, first + n) of chain c reserved by o under parent key(c, first - 1) (none
  * when first is 0), each slot written; returns what store_reserve did. */
-static int reserve_at(struct store_owner *o, uint32_t c, uint32_t first, uint32_t n,
-                      uint64_t now, uint64_t *resv, uint8_t *st)
+static int reserve_at(struct store_owner *o, uint32_t c, uint32_t first, uint32_t n, uint64_t now,
+                      uint64_t *resv, uint8_t *st)
 {
     struct kvc_wire_key k[64], parent = {0, 0};
     struct kvc_wire_loc locs[64];
@@ -902,7 +902,8 @@ START_TEST(test_chain_short_commit_and_client_death)
     store_owner_init(&a);
     ck_assert_int_eq(reserve_at(&a, 1, 0, 4, 1, &r1, st), 4);
     ck_assert_int_eq(reserve_at(&a, 1, 4, 4, 2, &r2, st), 4); /* under block 3 */
-    chain(k, 2, 4, 0); /* another prompt, under block 1 */
+    /* Another prompt, under block 1. */
+    chain(k, 2, 4, 0);
     ck_assert_int_eq(store_reserve(s, &a, ns, &parent, k, 4, 3, &r3, st, locs), 4);
     fill(k, st, locs, 4);
     ck_assert_int_eq(store_commit(s, &a, r1, 2, 4, &dropped), 2);
