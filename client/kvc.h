@@ -139,8 +139,8 @@ enum kvc_slot {
     KVC_SLOT_RESERVED = 2, /* a slot is yours: write it, then commit */
     KVC_SLOT_BUSY = 3,     /* another client is writing this block now */
     KVC_SLOT_SKIPPED = 4,  /* not reserved: its parent is not cached (evicted) or still being
-                              written, or it follows a key that was busy or found no room; try
-                              again once that one is committed */
+                              written by another client, or it follows a key that was busy or
+                              found no room; try again once that one is committed */
     KVC_SLOT_NOSPACE = 5,  /* no room could be made (everything else pinned) */
 };
 
@@ -405,7 +405,14 @@ KVC_API int kvc_lookup_budget_heads(kvc_ns *ns, const struct kvc_key *keys, size
 /* ---- writing ------------------------------------------------------------------------ */
 
 /* Reserves slots for the keys of the chain parent → keys[0] → ... → keys[n-1] that are not
- * cached yet. Returns the number of slots reserved; *out is always set (even at zero) and
+ * cached yet. The parent is a cached block, or a block this client has reserved and not
+ * committed yet (a prompt's next chunk reserved while the last one's commit is on its way:
+ * commit that reservation first, kvc_commit() answers -EAGAIN till then); under a parent
+ * that is neither (not cached, or being written by another client) every key is
+ * KVC_SLOT_SKIPPED. If the parent's reservation ends without committing the parent (abort,
+ * a shorter commit, its timeout, a lost connection), the slots hanging from it are freed
+ * with it, and committing this reservation then commits nothing (0).
+ * Returns the number of slots reserved; *out is always set (even at zero) and
  * tells the status of every key; finish it with kvc_commit() or kvc_abort() within the
  * daemon's server.reservation_timeout (60 s by default), after which it aborts the
  * reservation and its slots may be handed to others. Keys past what the quotas allow come
@@ -434,7 +441,9 @@ KVC_API int kvc_resv_write(kvc_resv *r, size_t i, const void *src, size_t len);
  * work queued on the reservation (kvc_resv_write_async, kvc_resv_gather) failed; the
  * reservation is aborted and nothing was committed. -EBUSY: one of those n slots was written
  * layer by layer (kvc_resv_gather_layers) and not all its layers yet; nothing was done, r is
- * still yours (write the rest, or kvc_abort()). */
+ * still yours (write the rest, or kvc_abort()). -EAGAIN: r hangs from a block of another
+ * reservation of this client that is not committed yet (kvc_reserve()); nothing was done, r
+ * is still yours (commit that one, then r again; or kvc_abort()). */
 KVC_API int kvc_commit(kvc_resv *r, size_t n);
 
 /* Frees every slot of r unseen, and r itself. NULL is a no-op. -ETIMEDOUT as kvc_commit. */
@@ -465,10 +474,12 @@ KVC_API int kvc_get_prefix(kvc_ns *ns, const struct kvc_key *keys, size_t n, voi
  *    counted is visible to every client. Call it before telling another process to look.
  *  - errors: the commit's reply is read by the next call on this client that reads from
  *    the socket. A commit that failed (-ETIMEDOUT: the reservation outlived
- *    server.reservation_timeout; -EPIPE/-ECONNRESET: the connection ended before its reply)
- *    did not store the blocks it counted; its error is kept, never dropped, and returned by
- *    the next kvc_put_prefix() on this client (which then stores nothing, so the same call
- *    may be repeated) or kvc_flush(), whichever comes first. Other calls leave it kept.
+ *    server.reservation_timeout; -EAGAIN: the parent was a block of a kvc_reserve() of this
+ *    client not committed yet, and the daemon aborted the put's reservation;
+ *    -EPIPE/-ECONNRESET: the connection ended before its reply) did not store the blocks it
+ *    counted; its error is kept, never dropped, and returned by the next kvc_put_prefix()
+ *    on this client (which then stores nothing, so the same call may be repeated) or
+ *    kvc_flush(), whichever comes first. Other calls leave it kept.
  * Errors: -EINVAL, -EACCES, -EDQUOT, -EMFILE, -EPIPE, and a kept commit error as above. */
 KVC_API int kvc_put_prefix(kvc_ns *ns, const struct kvc_key *parent, const struct kvc_key *keys,
                            size_t n, const void *const *blocks);

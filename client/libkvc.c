@@ -496,6 +496,8 @@ KVC_API const char *kvc_strerror(int err)
         return "the option cannot change while kvcd runs (restart kvcd to apply it)";
     case -EBUSY:
         return "in use (pinned, reserved or moving blocks, or a WAIT already pending)";
+    case -EAGAIN:
+        return "not yet (a commit whose parent block, reserved by this client, is not committed)";
     default:
         return err < 0 ? strerror(-err) : "unknown error";
     }

@@ -246,6 +246,8 @@ KVC_API int kvc_commit(kvc_resv *r, size_t n)
         rc = len == sizeof(*p) ? (int)p->committed : -EPROTO;
     }
     pthread_mutex_unlock(&c->mu);
+    if (rc == -EAGAIN)
+        return rc; /* its parent's reservation commits first: the daemon kept it, r is ours */
     free(r->layer_bits);
     free(r);
     return rc;

@@ -49,8 +49,9 @@ struct block {
     uint32_t hits : 24;        /* saturates at BLOCK_HITS_MAX */
     uint32_t cls : 8;
     uint32_t len;      /* slot bytes there */
-    uint32_t lru_prev; /* FREE: unused */
-    uint32_t lru_next; /* FREE: the next free entry (index.free_head) */
+    uint32_t lru_prev; /* FREE: unused; RESERVED: the handle slot of its reservation */
+    uint32_t lru_next; /* FREE: the next free entry (index.free_head); RESERVED: its place
+                          in that reservation's blocks[] (store_resv_holding) */
     uint32_t pins;
     uint32_t children; /* committed blocks whose parent this is */
     uint32_t depth;

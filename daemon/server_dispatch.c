@@ -704,8 +704,15 @@ static int server_on_commit(struct server *sv, struct conn *c, const struct prot
     const struct kvc_commit_req *q = r->body;
     struct kvc_commit_rep *p = (struct kvc_commit_rep *)((struct kvc_msg_hdr *)sv->tx + 1);
     uint32_t dropped = 0;
-    int n = server_resv_end(
-        c, q->resv_id, store_commit(sv->store, &c->owner, q->resv_id, q->ncommit, now, &dropped));
+    int n = store_commit(sv->store, &c->owner, q->resv_id, q->ncommit, now, &dropped);
+    /* Its parent is a slot of another of the client's reservations, not committed yet: the
+     * reservation stays, deadline and all, for a COMMIT once that one is; a quiet COMMIT's
+     * sender does not wait for the answer, so nobody would send that one: it is aborted. */
+    if (n == -EAGAIN && !(q->flags & KVC_COMMIT_F_QUIET))
+        return n;
+    if (n == -EAGAIN)
+        store_abort(sv->store, &c->owner, q->resv_id);
+    n = server_resv_end(c, q->resv_id, n);
     if (n < 0)
         return n;
     *p = (struct kvc_commit_rep){.committed = (uint32_t)n, .dropped = dropped};

@@ -38,6 +38,7 @@
     X(reserves, "RESERVE requests")                                                           \
     X(reserve_keys, "keys in RESERVE requests")                                               \
     X(reserved_blocks, "slots handed out")                                                    \
+    X(reserved_chained_blocks, "of those, under a slot the same client had not committed yet") \
     X(dedup_blocks, "keys already cached at RESERVE (no write needed)")                       \
     X(busy_blocks, "keys being written by another client at RESERVE")                         \
     X(nospace_blocks, "keys refused for lack of room")                                        \
@@ -48,6 +49,7 @@
     X(skipped_failed_blocks, "keys skipped at RESERVE behind a slot that could not be made")   \
     X(quota_cut_blocks, "keys answered NOSPACE because a quota cut their RESERVE short")       \
     X(committed_blocks, "blocks made visible")                                                \
+    X(commit_parent_busy, "COMMITs refused (EAGAIN): the slot they hang from is not committed") \
     X(aborted_blocks, "reserved slots freed unwritten (abort, partial commit, client exit)")  \
     X(evicted_blocks, "blocks evicted to make room")                                          \
     X(evicted_bytes, "bytes evicted")                                                         \

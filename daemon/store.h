@@ -13,8 +13,15 @@
  *   parent while it is cached.
  * - Reserved blocks are in the map (so a second writer sees "busy") but never visible to
  *   lookups, never in the LRU list, and belong to exactly one reservation of one owner.
- *   A reservation pins the committed parent of its first slot, so the chain it will
- *   attach to cannot be evicted before it commits.
+ *   A reservation pins the parent of its first slot, so the chain it will attach to cannot
+ *   be evicted before it commits. That parent is committed, or a slot another reservation
+ *   of the same owner holds (a chunk reserved while the chunk before it still commits);
+ *   never another owner's slot (that RESERVE skips every key, as under an absent parent).
+ *   A reservation whose parent is still reserved cannot commit (-EAGAIN, nothing done), so
+ *   the first invariant holds; when the parent's slot is dropped instead (its reservation
+ *   aborted, committed short, expired, or its owner gone) every slot hanging from it is
+ *   dropped with it (store_resv_orphans_end), and the reservation stays empty until its
+ *   owner commits it (nothing committed, every slot dropped) or aborts it.
  * - Everything an owner holds (leases with their pins, reservations with their slots) is
  *   reachable from the owner and given back by store_owner_fini(): a client that dies
  *   leaks nothing and its uncommitted blocks are never seen.
@@ -193,8 +200,13 @@ struct store_handle {
     bool gpu; /* LEASE: looked up by an owner that reads the pool (its host hits are promoted
                  once it is released: engine_release) */
     uint16_t ns;
-    uint32_t parent_pin; /* RESV: the pinned parent block, or INDEX_NONE */
+    uint32_t parent_pin; /* RESV: the pinned parent block (committed, or reserved by another
+                            reservation of the same owner), or INDEX_NONE */
     uint32_t n;          /* blocks[] entries */
+    uint32_t dropped;    /* RESV: slots dropped before its end: the reservation its parent
+                            belonged to ended without committing that parent */
+    bool orphan;         /* RESV: its parent's slot was just dropped; its own slots go next
+                            (store_resv_orphans_end) */
     uint32_t blocks[];   /* LEASE: pinned hits in order; RESV: reserved slots in order */
 };
 
@@ -205,6 +217,7 @@ struct store_owner {
     uint32_t live;
     uint32_t gen;
     uint64_t pins;     /* block pins held through leases */
+    uint32_t orphans;  /* reservations marked orphan whose slots are not dropped yet */
     bool gpu;          /* this request may get GPU locations (set by the server per request) */
     bool lookup_short; /* the last lookup stopped at a block that found no room to be read
                           into (set by the engine) */
@@ -414,16 +427,21 @@ uint32_t store_lease_ns(struct store_owner *o, uint64_t lease_id);
 /* Drops a lease. 0 or -ENOENT. */
 int store_release(struct store *s, struct store_owner *o, uint64_t lease_id);
 
-/* Reserves slots for the absent keys of the chain parent → keys[0..n). Fills st[i] (enum
- * kvc_wire_slot) and locs[i] (for RESERVED), *resv_id (0 if none). Returns the number
- * reserved, or -ENOENT (ns), -EMFILE, -ENOMEM. */
+/* Reserves slots for the absent keys of the chain parent → keys[0..n). The parent is
+ * committed, or a slot o holds in another reservation (the new one then commits after it:
+ * store_commit); under any other parent (absent, another owner's slot) every key is
+ * SKIPPED. Fills st[i] (enum kvc_wire_slot) and locs[i] (for RESERVED), *resv_id (0 if
+ * none). Returns the number reserved, or -ENOENT (ns), -EMFILE, -ENOMEM. */
 int store_reserve(struct store *s, struct store_owner *o, uint32_t ns_id,
                   const struct kvc_wire_key *parent, const struct kvc_wire_key *keys, uint32_t n,
                   uint64_t now, uint64_t *resv_id, uint8_t *st, struct kvc_wire_loc *locs);
 
 /* Commits the first ncommit slots of a reservation and frees the rest. Returns the number
- * committed (and *dropped), or -ENOENT. Evicts nothing: the caller runs engine_trim() once
- * the client has its reply, so eviction is not on the client's path. */
+ * committed (and *dropped: the rest, with the slots an orphaned reservation lost before),
+ * -ENOENT, or -EAGAIN when ncommit > 0 and the chain's parent is a slot of another of o's
+ * reservations not committed yet: nothing is done, the reservation stays o's (commit that
+ * one first). Evicts nothing: the caller runs engine_trim() once the client has its reply,
+ * so eviction is not on the client's path. */
 int store_commit(struct store *s, struct store_owner *o, uint64_t resv_id, uint32_t ncommit,
                  uint64_t now, uint32_t *dropped);
 int store_abort(struct store *s, struct store_owner *o, uint64_t resv_id);

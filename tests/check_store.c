@@ -67,9 +67,9 @@ static void check_invariants(void)
     for (uint32_t i = 0; i < ix->nblocks; i++) {
         const struct block *b = &ix->blocks[i];
         uint32_t children = 0;
+        pins += b->pins; /* a reserved block's: the reservations hanging from it */
         if (b->state != BLOCK_STATE_COMMITTED)
             continue;
-        pins += b->pins;
         if (b->parent != INDEX_NONE) {
             uint32_t p = b->parent;
             ck_assert_msg(p < ix->nblocks && ix->blocks[p].state == BLOCK_STATE_COMMITTED &&
@@ -713,6 +713,235 @@ START_TEST(test_arena_fault)
 }
 END_TEST
 
+/* ---- a chain under a slot its client has not committed yet (issue 26) ---------------- */
+
+/* Keys [first, first + n) of chain c reserved by o under parent key(c, first - 1) (none
+ * when first is 0), each slot written; returns what store_reserve did. */
+static int reserve_at(struct store_owner *o, uint32_t c, uint32_t first, uint32_t n, uint64_t now,
+                      uint64_t *resv, uint8_t *st)
+{
+    struct kvc_wire_key k[64], parent = {0, 0};
+    struct kvc_wire_loc locs[64];
+    for (uint32_t i = 0; i < n; i++)
+        k[i] = key(c, first + i, 0);
+    if (first)
+        parent = key(c, first - 1, 0);
+    int r = store_reserve(s, o, ns, &parent, k, n, now, resv, st, locs);
+    fill(k, st, locs, n);
+    return r;
+}
+
+static uint32_t block_of(uint32_t c, uint32_t i)
+{
+    struct kvc_wire_key k = key(c, i, 0);
+    return index_find(&s->ix, (uint16_t)ns, &k);
+}
+
+/* Reserved slots, by the gauge and by the counters: what is reserved is neither committed
+ * nor aborted. */
+static void check_reserved(uint64_t want)
+{
+    const struct stats *t = &s->total;
+    ck_assert_uint_eq(s->reserved_now, want);
+    ck_assert_uint_eq(t->reserved_blocks - t->committed_blocks - t->aborted_blocks, want);
+}
+
+/* A prompt's second chunk reserves under the last block of its first while that one's
+ * commit is still to come; it commits after it (EAGAIN before, the reservation intact),
+ * and the whole prefix is then a hit, byte for byte, with the tree whole. */
+START_TEST(test_chain_under_own_reserved_parent)
+{
+    struct store_owner a, b;
+    uint8_t st[16];
+    uint64_t r1, r2, lease;
+    uint32_t dropped;
+    store_owner_init(&a);
+    store_owner_init(&b);
+    ck_assert_int_eq(reserve_at(&a, 1, 0, 4, 1, &r1, st), 4);
+    ck_assert_int_eq(reserve_at(&a, 1, 4, 4, 2, &r2, st), 4);
+    ck_assert_uint_ne(r2, 0);
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_eq(st[i], KVC_WIRE_SLOT_RESERVED);
+    ck_assert_uint_eq(s->total.reserved_chained_blocks, 4);
+    ck_assert_uint_eq(s->total.skipped_parent_busy_blocks, 0);
+    uint32_t p = block_of(1, 3), c = block_of(1, 4);
+    ck_assert_uint_eq(s->ix.blocks[p].pins, 1); /* the chunk after it holds it */
+    ck_assert_uint_eq(s->ix.blocks[c].parent, p);
+    ck_assert_uint_eq(s->ix.blocks[c].depth, 4);
+    check_invariants();
+    /* Before its parent: refused, nothing done, still a's. */
+    ck_assert_int_eq(store_commit(s, &a, r2, UINT32_MAX, 3, &dropped), -EAGAIN);
+    ck_assert_uint_eq(s->total.commit_parent_busy, 1);
+    ck_assert_int_eq(store_commit(s, &a, r2, 2, 3, &dropped), -EAGAIN);
+    check_reserved(8);
+    ck_assert_int_eq(lookup(&b, 1, 8, 0, 4, &lease), 0);
+    ck_assert_int_eq(store_commit(s, &a, r1, UINT32_MAX, 5, &dropped), 4);
+    ck_assert_uint_eq(s->ix.blocks[p].state, BLOCK_STATE_COMMITTED);
+    ck_assert_uint_eq(s->ix.blocks[p].pins, 1); /* still: eviction cannot take it */
+    ck_assert_uint_eq(s->ix.blocks[p].children, 0);
+    ck_assert_int_eq(lookup(&b, 1, 8, 0, 6, &lease), 4); /* the second chunk: not yet */
+    ck_assert_int_eq(store_release(s, &b, lease), 0);
+    check_invariants();
+    ck_assert_int_eq(store_commit(s, &a, r2, UINT32_MAX, 7, &dropped), 4);
+    ck_assert_uint_eq(dropped, 0);
+    ck_assert_uint_eq(s->ix.blocks[p].pins, 0);
+    ck_assert_uint_eq(s->ix.blocks[p].children, 1); /* the second chunk's first block */
+    ck_assert_int_eq(lookup(&b, 1, 8, 0, 8, &lease), 8);
+    ck_assert_int_eq(store_release(s, &b, lease), 0);
+    check_reserved(0);
+    check_invariants();
+    ck_assert_uint_eq(s->pins_now, 0);
+    ck_assert_ptr_null(store_heap_check(s));
+    store_owner_fini(s, &a);
+    store_owner_fini(s, &b);
+}
+END_TEST
+
+/* Another client's slot is never a parent: its RESERVE skips every key as before (counted as
+ * under a busy parent), takes no pin, and learns nothing more, even when it holds a
+ * reservation in the handle slot the writer's reservation has (a block names its handle by
+ * slot). Once the writer commits, the same RESERVE gets its slots. */
+START_TEST(test_chain_under_other_clients_slot_refused)
+{
+    struct store_owner a, b;
+    uint8_t st[16];
+    uint64_t ra, rb0, rb;
+    uint32_t dropped;
+    store_owner_init(&a);
+    store_owner_init(&b);
+    ck_assert_int_eq(reserve_at(&b, 2, 0, 8, 1, &rb0, st), 8); /* b's handle slot 0 */
+    ck_assert_int_eq(reserve_at(&a, 1, 0, 4, 2, &ra, st), 4);  /* a's handle slot 0 */
+    ck_assert_uint_eq((uint32_t)ra, (uint32_t)rb0);
+    ck_assert_int_eq(reserve_at(&b, 1, 4, 4, 3, &rb, st), 0);
+    ck_assert_uint_eq(rb, 0);
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_eq(st[i], KVC_WIRE_SLOT_SKIPPED);
+    ck_assert_uint_eq(s->total.skipped_parent_busy_blocks, 4);
+    ck_assert_uint_eq(s->total.reserved_chained_blocks, 0);
+    ck_assert_uint_eq(s->ix.blocks[block_of(1, 3)].pins, 0);
+    ck_assert_uint_eq(block_of(1, 4), INDEX_NONE);
+    ck_assert_uint_eq(b.live, 1);
+    check_reserved(12);
+    /* a's commit is a's own: b's end cannot touch it, nor a's abort b's. */
+    ck_assert_int_eq(store_abort(s, &b, rb0), 0);
+    ck_assert_int_eq(store_commit(s, &a, ra, UINT32_MAX, 4, &dropped), 4);
+    ck_assert_int_eq(reserve_at(&b, 1, 4, 4, 5, &rb, st), 4);
+    ck_assert_uint_eq(s->total.reserved_chained_blocks, 0); /* under a committed parent */
+    ck_assert_int_eq(store_commit(s, &b, rb, UINT32_MAX, 6, &dropped), 4);
+    check_reserved(0);
+    check_invariants();
+    store_owner_fini(s, &a);
+    store_owner_fini(s, &b);
+    ck_assert_uint_eq(s->pins_now, 0);
+}
+END_TEST
+
+/* The reservation a chain hangs from is aborted: every slot below it goes with it, down a
+ * chain of three chunks whose reservations sit in handle slots in the reverse order (so the
+ * slots go level by level), and nothing is left reserved, pinned or in the map. The
+ * orphaned reservations stay their owner's, empty: a commit commits nothing and says every
+ * slot was dropped. Their keys are free for any writer. */
+START_TEST(test_chain_parent_abort_drops_children)
+{
+    struct store_owner a, b;
+    uint8_t st[16];
+    uint64_t d0, d1, r1, r2, r3, lease;
+    uint32_t dropped;
+    uint64_t used = store_host_used(s);
+    store_owner_init(&a);
+    store_owner_init(&b);
+    ck_assert_int_eq(reserve_at(&a, 7, 0, 1, 1, &d0, st), 1); /* handle slot 0 */
+    ck_assert_int_eq(reserve_at(&a, 8, 0, 1, 1, &d1, st), 1); /* slot 1 */
+    ck_assert_int_eq(reserve_at(&a, 1, 0, 4, 1, &r1, st), 4); /* slot 2 */
+    ck_assert_int_eq(store_abort(s, &a, d1), 0);
+    ck_assert_int_eq(reserve_at(&a, 1, 4, 4, 2, &r2, st), 4); /* slot 1, under r1 */
+    ck_assert_int_eq(store_abort(s, &a, d0), 0);
+    ck_assert_int_eq(reserve_at(&a, 1, 8, 4, 3, &r3, st), 4); /* slot 0, under r2 */
+    ck_assert_uint_eq((uint32_t)r3, 0);
+    ck_assert_uint_eq((uint32_t)r2, 1);
+    ck_assert_uint_eq(s->total.reserved_chained_blocks, 8);
+    ck_assert_uint_eq(s->pins_now, 2);
+    check_reserved(12);
+    check_invariants();
+    ck_assert_int_eq(store_abort(s, &a, r1), 0);
+    check_reserved(0);
+    ck_assert_uint_eq(s->pins_now, 0);
+    ck_assert_uint_eq(store_host_used(s), used);
+    for (uint32_t i = 0; i < 12; i++)
+        ck_assert_uint_eq(block_of(1, i), INDEX_NONE);
+    ck_assert_uint_eq(a.live, 2); /* r2 and r3, empty */
+    ck_assert_uint_eq(a.orphans, 0);
+    /* Their keys are anyone's now. */
+    ck_assert_int_eq(reserve_at(&b, 1, 0, 12, 4, &lease, st), 12);
+    ck_assert_int_eq(store_abort(s, &b, lease), 0);
+    ck_assert_int_eq(store_commit(s, &a, r2, UINT32_MAX, 5, &dropped), 0);
+    ck_assert_uint_eq(dropped, 4);
+    ck_assert_int_eq(store_abort(s, &a, r3), 0);
+    ck_assert_uint_eq(a.live, 0);
+    ck_assert_int_eq(lookup(&b, 1, 12, 0, 6, &lease), 0);
+    check_reserved(0);
+    check_invariants();
+    store_owner_fini(s, &a);
+    store_owner_fini(s, &b);
+}
+END_TEST
+
+/* A commit of the parent's reservation cut short drops the slots after its cut, and with
+ * them the chunk that hangs from its last one; a chain hanging from a slot it committed
+ * stays, and commits. A client that dies holding chains (parents before or after their
+ * children among its handles) leaves nothing reserved or pinned. */
+START_TEST(test_chain_short_commit_and_client_death)
+{
+    struct store_owner a;
+    struct kvc_wire_key k[4], parent = key(1, 1, 0);
+    struct kvc_wire_loc locs[4];
+    uint8_t st[16];
+    uint64_t r1, r2, r3, d0, lease;
+    uint32_t dropped;
+    uint64_t used = store_host_used(s);
+    store_owner_init(&a);
+    ck_assert_int_eq(reserve_at(&a, 1, 0, 4, 1, &r1, st), 4);
+    ck_assert_int_eq(reserve_at(&a, 1, 4, 4, 2, &r2, st), 4); /* under block 3 */
+    /* Another prompt, under block 1. */
+    chain(k, 2, 4, 0);
+    ck_assert_int_eq(store_reserve(s, &a, ns, &parent, k, 4, 3, &r3, st, locs), 4);
+    fill(k, st, locs, 4);
+    ck_assert_int_eq(store_commit(s, &a, r1, 2, 4, &dropped), 2);
+    ck_assert_uint_eq(dropped, 2);
+    check_reserved(4); /* r3's */
+    ck_assert_int_eq(store_commit(s, &a, r2, UINT32_MAX, 5, &dropped), 0);
+    ck_assert_uint_eq(dropped, 4);
+    ck_assert_int_eq(store_commit(s, &a, r3, UINT32_MAX, 6, &dropped), 4);
+    ck_assert_uint_eq(s->ix.blocks[block_of(1, 1)].children, 1); /* r3's first, not block 2 */
+    ck_assert_uint_eq(block_of(1, 2), INDEX_NONE);
+    check_reserved(0);
+    check_invariants();
+    ck_assert_uint_eq(s->pins_now, 0);
+    store_owner_fini(s, &a);
+
+    /* Death: parent in handle slot 0, its child in slot 1 ... */
+    store_owner_init(&a);
+    ck_assert_int_eq(reserve_at(&a, 3, 0, 2, 7, &r1, st), 2);
+    ck_assert_int_eq(reserve_at(&a, 3, 2, 2, 8, &r2, st), 2);
+    /* ... and a child in slot 2 whose parent reservation sits in slot 3. */
+    ck_assert_int_eq(reserve_at(&a, 9, 0, 1, 9, &d0, st), 1);
+    ck_assert_int_eq(reserve_at(&a, 4, 0, 2, 9, &r3, st), 2);
+    ck_assert_int_eq(store_abort(s, &a, d0), 0);
+    ck_assert_int_eq(reserve_at(&a, 4, 2, 2, 10, &r1, st), 2);
+    ck_assert_uint_eq((uint32_t)r1, 2);
+    ck_assert_uint_eq(s->pins_now, 2);
+    store_owner_fini(s, &a);
+    check_reserved(0);
+    ck_assert_uint_eq(s->pins_now, 0);
+    ck_assert_uint_eq(store_host_used(s) - used, 6 * (uint64_t)BLOCK); /* the 6 committed */
+    store_owner_init(&a);
+    ck_assert_int_eq(lookup(&a, 3, 4, 0, 11, &lease), 0);
+    ck_assert_int_eq(lookup(&a, 4, 4, 0, 11, &lease), 0);
+    check_invariants();
+    store_owner_fini(s, &a);
+}
+END_TEST
+
 int main(void)
 {
     Suite *su = suite_create("store");
@@ -736,6 +965,10 @@ int main(void)
     tcase_add_test(tc, test_ns_drop);
     tcase_add_test(tc, test_arena_fault);
     tcase_add_test(tc, test_touch_and_the_shared_index);
+    tcase_add_test(tc, test_chain_under_own_reserved_parent);
+    tcase_add_test(tc, test_chain_under_other_clients_slot_refused);
+    tcase_add_test(tc, test_chain_parent_abort_drops_children);
+    tcase_add_test(tc, test_chain_short_commit_and_client_death);
     suite_add_tcase(su, tc);
     return daemon_suite_run(su);
 }

@@ -165,7 +165,8 @@ class Namespace:
     def reserve(self, keys: Sequence[bytes], parent: Optional[bytes] = None,
                 gpu: bool = False) -> Reservation:
         """Reserves slots for the keys of the chain parent -> keys[0] -> ... not cached yet.
-        Finish it (commit/abort, or a with block) within the daemon's
+        The parent may be a slot this client reserved and has not committed yet (commit
+        that reservation first). Finish it (commit/abort, or a with block) within the daemon's
         server.reservation_timeout. No keys (a prefix wholly hit) give an empty
         reservation, no round trip. gpu: slots may be in the daemon's GPU pool (no views;
         write or gather)."""
@@ -278,8 +279,10 @@ class Reservation:
         """Publishes the first n reserved slots (None: all), frees the rest; returns the
         number committed. Error ETIMEDOUT when the daemon had aborted the reservation; EIO
         when device work queued on it failed (nothing published); EBUSY while a slot
-        gathered layer by layer lacks layers (nothing done, the reservation is still
-        yours)."""
+        gathered layer by layer lacks layers, EAGAIN while the reservation of this client
+        that it hangs from (Namespace.reserve's parent) is not committed (nothing done
+        either way, the reservation is still yours); 0 when that one ended without
+        committing its parent (its slots went with it)."""
     def abort(self) -> None:
         """Frees every slot unseen (once no view of a slot is left)."""
     def __enter__(self) -> Reservation: ...

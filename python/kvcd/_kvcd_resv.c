@@ -94,13 +94,14 @@ static int resv_commit_n(struct handle *h, PyObject *nobj, int *committed)
     if (client_enter(h->client) < 0)
         return -1;
     r = h->h;
-    h->h = NULL; /* kvc_commit frees it, whatever it returns but -EBUSY */
+    h->h = NULL; /* kvc_commit frees it, whatever it returns but -EBUSY and -EAGAIN */
     h->finished = 1;
     handle_unlink(h);
     Py_BEGIN_ALLOW_THREADS;
     rc = kvc_commit(r, n);
     Py_END_ALLOW_THREADS;
-    if (rc == -EBUSY) { /* a slot gathered layer by layer is not whole: still ours */
+    if (rc == -EBUSY || rc == -EAGAIN) { /* a slot gathered layer by layer is not whole, or
+                                            the parent's reservation commits first: ours */
         h->finished = 0;
         handle_link(h, r);
     }
@@ -191,7 +192,8 @@ static PyMethodDef resv_methods[] = {
     {"commit", resv_commit, METH_VARARGS,
      "commit(n=None): publishes the first n reserved slots (None: all); returns the count. "
      "kvcd.Error EBUSY (nothing done, still yours) while a slot gathered layer by layer lacks "
-     "layers."},
+     "layers; EAGAIN (nothing done, still yours) while the reservation it hangs from is not "
+     "committed."},
     {"abort", resv_abort, METH_NOARGS, "Frees every slot unseen."},
     {"__enter__", handle_enter, METH_NOARGS, NULL},
     {"__exit__", resv_exit, METH_VARARGS, NULL},

@@ -54,8 +54,10 @@
 # paged KV cache layer by layer on a load stream, an event after each layer;
 # wait_for_layer_load(layer) makes the compute stream wait for that layer's event (never the
 # host). save_kv_layer gathers the layer vLLM just wrote into a reservation of the request's
-# new full prompt blocks, on the compute stream; wait_for_save hands the reservations to a
-# committing thread (kvc_commit waits for the gathers, then publishes) and returns;
+# new full prompt blocks, on the compute stream (a chunk's reservation hangs from the last
+# chunk's, which may still be committing: kvcd takes such a parent, the commits go in
+# order); wait_for_save hands the reservations to a committing thread (kvc_commit waits
+# for the gathers, then publishes) and returns;
 # get_finished reports a finished request once its commits are done, and request_finished
 # on the scheduler side keeps its blocks until then (without async_save the commits run in
 # wait_for_save and nothing is reported). A load's leases go once the event after its copies
@@ -1068,11 +1070,6 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
             if span.req_id in self._load_failed:
                 self.stats["save_skipped_load_failed"] += span.count
                 continue
-            # A chunk hangs from the last one's blocks: the daemon reserves keys only after
-            # a committed parent, so the request's earlier commits must have landed (the
-            # committing thread usually finished them during the last step).
-            with self._done:
-                self._done.wait_for(lambda: self._pending[span.req_id] <= 0, timeout=30)
             keys = span_keys(self._ns, span.tokens, span.extras, span.first + span.count)
             if self._lay.groups:  # each group's blocks into its namespace
                 for gi, ns in enumerate(self._gns):
@@ -1089,9 +1086,7 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
                         self._reserve_one(ns, keys[:end], dataclasses.replace(
                             span, first=end - 1, count=1), gi)
                 continue
-            r = self._ns.reserve(keys[span.first:],
-                                 parent=keys[span.first - 1] if span.first else None,
-                                 gpu=self._cuda)  # on a GPU, slots may be in kvcd's pool
+            r = self._reserve_chunk(self._ns, keys, span)
             self.stats["save_reserved"] += r.reserved
             self.stats["save_not_reserved"] += sum(
                 st not in (kvcd.SLOT_RESERVED, kvcd.SLOT_PRESENT) for st in r.statuses)
@@ -1100,9 +1095,30 @@ class KvcdConnector(KVConnectorBase_V1, SupportsHMA):
             else:
                 r.abort()  # every block present (or busy in another writer)
 
+    def _reserve_chunk(self, ns, keys, span):
+        """A reservation of the span's keys under the block before them. A chunk hangs from
+        the last one's blocks, whose commit may still be queued for the committing thread:
+        kvcd takes a parent this client has reserved and not committed yet, and the thread
+        commits in order (the last chunk first), so nothing waits here. A daemon that takes
+        only committed parents (one older than that) skips every key: then the request's
+        commits are waited for (the thread usually finished them during the last step) and
+        the chunk reserved again. On a GPU, slots may be in kvcd's pool."""
+        parent = keys[span.first - 1] if span.first else None
+        r = ns.reserve(keys[span.first:], parent=parent, gpu=self._cuda)
+        if r.reserved or not span.first or not r.statuses or \
+                r.statuses[0] != kvcd.SLOT_SKIPPED:
+            return r
+        with self._done:
+            if self._pending[span.req_id] <= 0:
+                return r  # the parent is not cached (evicted) or another client's
+        r.abort()
+        self.stats["save_waited_for_commits"] += 1
+        with self._done:
+            self._done.wait_for(lambda: self._pending[span.req_id] <= 0, timeout=30)
+        return ns.reserve(keys[span.first:], parent=parent, gpu=self._cuda)
+
     def _reserve_one(self, ns, keys, span, gi):
-        r = ns.reserve(keys[span.first:], parent=keys[span.first - 1] if span.first else None,
-                       gpu=self._cuda)
+        r = self._reserve_chunk(ns, keys, span)
         self.stats["save_reserved"] += r.reserved
         self.stats["save_not_reserved"] += sum(
             st not in (kvcd.SLOT_RESERVED, kvcd.SLOT_PRESENT) for st in r.statuses)

@@ -245,6 +245,41 @@ def test_chunked_prefill_saves_each_chunk_and_async_commit_holds_blocks(setup):
     check_kv(s, "B", 140)
 
 
+def test_chunk_reserves_while_the_last_chunk_commits(setup, daemon):
+    """Chunked prefill with the worker's committing thread held: each chunk's save reserves
+    under the last chunk's blocks while that chunk's commit is still queued (kvcd takes a
+    parent the same client reserved and has not committed), so no step waits for the
+    thread; once it runs, the commits land in order and a second request loads every block,
+    byte for byte."""
+    from kvcd.vllm import span_keys
+    s = setup(budget=40)
+    a = prompt(130, seed=16)
+    s.workers[0].call("hold_commits")
+    s.sched.add(Request("A", a))
+    for _ in range(4):  # the prompt's four chunks
+        t0 = time.monotonic()
+        s.step()
+        assert time.monotonic() - t0 < 10  # not the connector's wait for the commits
+    st = s.stats[0]
+    assert st["save_reserved"] == 8 and st.get("save_not_reserved", 0) == 0
+    assert st.get("saved_blocks", 0) == 0 and st.get("save_waited_for_commits", 0) == 0
+    with kvcd.Client(daemon.socket) as c:
+        ns = s.ns(c)
+        assert c.stats(ns.id)["reserved_chained_blocks"] == 6  # chunks 2, 3 and 4
+        with ns.lookup(span_keys(ns, a, [(0, b"")], 8)) as lease:
+            assert len(lease) == 0  # nothing committed yet
+    s.workers[0].call("release_commits")
+    outs = s.run()
+    assert any(kv.finished_sending == {"A"} for _, kv in outs)
+    assert s.stats[0]["saved_blocks"] == 8 and s.stats[0].get("save_failed", 0) == 0
+    with kvcd.Client(daemon.socket) as c:
+        assert c.stats(s.ns(c).id)["commit_parent_busy"] == 0
+    b = prompt(140, seed=17, prefix=a[:128])
+    s.run(Request("B", b))
+    assert s.stats[0]["loaded_blocks"] == 8 and s.wrong == 0
+    check_kv(s, "B", 140)
+
+
 def test_two_tensor_parallel_ranks(setup, daemon):
     s = setup(tp=2)
     a = prompt(70, seed=8)

@@ -19,6 +19,7 @@
 # preprocess_mamba does, and the layer checks the state it starts from, advances it over
 # the step's tokens and reports a finished prompt's final states as its output.
 import sys
+import threading
 
 import torch
 
@@ -39,6 +40,17 @@ def main():
     vc, kc, names = configs(p)
     heads, dim, bs = p["heads"] // tp, p["head_size"], p["block_size"]
     conn = load_connector(vc, KVConnectorRole.WORKER, kc)
+    # "hold_commits" makes the committing thread wait before each commit until
+    # "release_commits": commits still queued while later steps save.
+    gate = threading.Event()
+    gate.set()
+    commit_one = conn._commit_one
+
+    def gated_commit(item):
+        gate.wait()
+        return commit_one(item)
+
+    conn._commit_one = gated_commit
     hybrid = bool(group_of_layers(p))
     layer_group = group_of_layers(p) or {i: (0, 0) for i in range(len(names))}
     # A Mamba layer's cache is vLLM's list of state tensors, [num_blocks, *shape] each.
@@ -59,6 +71,10 @@ def main():
             conn.shutdown()
             send(outp, "bye")
             return
+        if msg[0] in ("hold_commits", "release_commits"):
+            (gate.clear if msg[0] == "hold_commits" else gate.set)()
+            send(outp, "ok")
+            continue
         if msg[0] == "expect":  # tokens [0, n) against kv_value: the wrong ones
             _, req_id, n = msg
             send(outp, wrong_tokens(caches, names, reqs[req_id], n, rank, heads, dim, bs,

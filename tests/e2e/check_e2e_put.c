@@ -14,7 +14,12 @@
  *   sent before it closed, and drops a reservation nobody committed;
  * - blocks large enough to be copied with non-temporal stores read back the same elsewhere;
  * - SYNC and the COMMIT flags are checked like every other field;
- * - every key of a RESERVE is counted once by its fate, a skipped key by why it was skipped.
+ * - every key of a RESERVE is counted once by its fate, a skipped key by why it was skipped;
+ * - a reservation may hang from a block its own client reserved and has not committed (a
+ *   prompt's next chunk, issue 26): it commits after that block (EAGAIN before, still the
+ *   client's), goes with it when that one is aborted or its client dies, and a put whose
+ *   quiet commit comes too early is aborted and reported; another process never hangs from
+ *   it (every key skipped) and reads the chain, byte for byte, once both are committed.
  *
  * A put is made to take longer than the reservation timeout by a source block in a page
  * that is not readable yet: the copy faults, and the SIGSEGV handler sleeps (or stops the
@@ -891,6 +896,164 @@ START_TEST(test_put_every_key_counted)
 }
 END_TEST
 
+/* ---- a chain under the client's own reservation (issue 26) --------------------------- */
+
+#define PT_CHAIN_FAMILY 40
+
+struct pt_other {
+    int done[2], go[2];
+    bool die; /* reserve a chain under its own reservation and exit without committing */
+};
+
+/* Hits of keys[0..n) on ns checked byte for byte, or -1 (a child cannot ck_assert). */
+static int pt_child_hits(kvc_ns *ns, const struct kvc_key *keys, size_t n)
+{
+    kvc_lease *l = NULL;
+    int h = kvc_lookup(ns, keys, n, 0, &l);
+    for (int i = 0; i < h; i++)
+        if (daemon_block_check(&keys[i], kvc_lease_data(l, (size_t)i), kvc_ns_block_bytes(ns)) !=
+            -1)
+            h = -1;
+    kvc_release(l);
+    return h;
+}
+
+/* The other process: under the first process's reserved block it gets no slot (every key
+ * skipped) and sees nothing; once told both reservations are committed, it reads the chain.
+ * With `die`, it holds a chain of its own (a chunk under its first chunk) and exits. */
+static int pt_other_run(void *arg)
+{
+    struct pt_other *p = arg;
+    kvc_client *c;
+    kvc_ns *ns;
+    kvc_resv *r = NULL, *r2 = NULL;
+    struct kvc_layout lay = daemon_layout("e2e-put", PT_TOKENS);
+    struct kvc_key k[8];
+    char byte = 'x';
+    if (kvc_connect(pt_d.sock, &c) || kvc_ns_open(c, &lay, &ns) ||
+        daemon_chain_keys(ns, PT_CHAIN_FAMILY + (p->die ? 3 : 0), 0, 8, 8, k))
+        return 10;
+    if (p->die) {
+        if (kvc_reserve(ns, NULL, k, 4, &r) != 4 || kvc_reserve(ns, &k[3], k + 4, 4, &r2) != 4)
+            return 11;
+        if (write(p->done[1], &byte, 1) != 1 || read(p->go[0], &byte, 1) != 1)
+            return 12;
+        _exit(0); /* holding both: the daemon sees the connection end */
+    }
+    if (read(p->go[0], &byte, 1) != 1)
+        return 13;
+    if (kvc_reserve(ns, &k[3], k + 4, 4, &r) != 0)
+        return 14;
+    for (int i = 0; i < 4; i++)
+        if (kvc_resv_status(r, (size_t)i) != KVC_SLOT_SKIPPED)
+            return 15;
+    kvc_abort(r);
+    if (pt_child_hits(ns, k, 8) != 0)
+        return 16;
+    if (write(p->done[1], &byte, 1) != 1 || read(p->go[0], &byte, 1) != 1)
+        return 17;
+    if (pt_child_hits(ns, k, 8) != 8)
+        return 18;
+    kvc_disconnect(c);
+    return 0;
+}
+
+START_TEST(test_chunk_reserved_under_own_uncommitted_chunk)
+{
+    struct pt_other p = {0};
+    kvc_client *c;
+    kvc_ns *ns;
+    kvc_resv *r1, *r2;
+    struct kvc_key k[8];
+    char byte;
+    pt_start(pt_args);
+    pt_open(&c, &ns);
+    size_t bb = kvc_ns_block_bytes(ns);
+    ck_assert_int_eq(daemon_chain_keys(ns, PT_CHAIN_FAMILY, 0, 8, 8, k), 0);
+    void **b = pt_blocks(ns, k, 8);
+    ck_assert_int_eq(pipe(p.done), 0);
+    ck_assert_int_eq(pipe(p.go), 0);
+    pid_t pid = daemon_child_spawn(pt_other_run, &p);
+    ck_assert_int_gt(pid, 0);
+    ck_assert_int_eq(kvc_reserve(ns, NULL, k, 4, &r1), 4);
+    ck_assert_int_eq(kvc_reserve(ns, &k[3], k + 4, 4, &r2), 4); /* under r1's last slot */
+    for (int i = 0; i < 4; i++) {
+        ck_assert_int_eq(kvc_resv_write(r1, (size_t)i, b[i], bb), 0);
+        ck_assert_int_eq(kvc_resv_write(r2, (size_t)i, b[4 + i], bb), 0);
+    }
+    ck_assert_uint_eq(pt_stat(c, "reserved_chained_blocks"), 4);
+    ck_assert_int_eq(kvc_commit(r2, SIZE_MAX), -EAGAIN); /* before its parent: still ours */
+    ck_assert_uint_eq(pt_stat(c, "commit_parent_busy"), 1);
+    ck_assert_uint_eq(pt_stat(c, "reserved_now"), 8);
+    ck_assert_int_eq(write(p.go[1], "g", 1), 1);
+    ck_assert_int_eq(read(p.done[0], &byte, 1), 1); /* the other was refused */
+    ck_assert_uint_eq(pt_stat(c, "skipped_parent_busy_blocks"), 4);
+    ck_assert_uint_eq(pt_stat(c, "reserved_chained_blocks"), 4);
+    ck_assert_int_eq(kvc_commit(r1, SIZE_MAX), 4);
+    ck_assert_int_eq(kvc_commit(r2, SIZE_MAX), 4);
+    ck_assert_int_eq(write(p.go[1], "g", 1), 1);
+    ck_assert_int_eq(daemon_child_wait(pid, daemon_ms(20000), NULL), 0);
+    ck_assert(pt_wait_clients(c, 1));
+    pt_expect_nothing_held(c);
+
+    /* The parent's reservation aborted: its child's slots go with it, and committing the
+     * child commits nothing. */
+    struct kvc_key k2[8];
+    ck_assert_int_eq(daemon_chain_keys(ns, PT_CHAIN_FAMILY + 1, 0, 8, 8, k2), 0);
+    ck_assert_int_eq(kvc_reserve(ns, NULL, k2, 4, &r1), 4);
+    ck_assert_int_eq(kvc_reserve(ns, &k2[3], k2 + 4, 4, &r2), 4);
+    ck_assert_int_eq(kvc_abort(r1), 0);
+    pt_expect_nothing_held(c);
+    ck_assert_int_eq(kvc_commit(r2, SIZE_MAX), 0);
+    ck_assert_int_eq(pt_hits(ns, k2, 8), 0);
+
+    /* A put under a block of a reservation not committed yet: its quiet commit comes first,
+     * so the daemon aborts it; the put reports EAGAIN and stored nothing. */
+    struct kvc_key k3[8];
+    ck_assert_int_eq(daemon_chain_keys(ns, PT_CHAIN_FAMILY + 2, 0, 8, 8, k3), 0);
+    void **b3 = pt_blocks(ns, k3, 8);
+    ck_assert_int_eq(kvc_reserve(ns, NULL, k3, 4, &r1), 4);
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_eq(kvc_resv_write(r1, (size_t)i, b3[i], bb), 0);
+    ck_assert_int_eq(kvc_put_prefix(ns, &k3[3], k3 + 4, 4, (const void *const *)(b3 + 4)), 4);
+    ck_assert_int_eq(kvc_flush(c), -EAGAIN);
+    ck_assert_uint_eq(pt_stat(c, "reserved_now"), 4); /* r1's */
+    ck_assert_int_eq(kvc_commit(r1, SIZE_MAX), 4);
+    ck_assert_int_eq(pt_hits(ns, k3, 8), 4);
+    ck_assert_int_eq(kvc_put_prefix(ns, &k3[3], k3 + 4, 4, (const void *const *)(b3 + 4)), 4);
+    ck_assert_int_eq(kvc_flush(c), 0);
+    ck_assert_int_eq(pt_hits(ns, k3, 8), 8);
+    pt_blocks_free(b3, 8);
+
+    /* A client dies holding a chain: nothing stays reserved or pinned, its keys are free. */
+    struct pt_other d = {.die = true};
+    struct kvc_key k4[8];
+    ck_assert_int_eq(daemon_chain_keys(ns, PT_CHAIN_FAMILY + 3, 0, 8, 8, k4), 0);
+    ck_assert_int_eq(pipe(d.done), 0);
+    ck_assert_int_eq(pipe(d.go), 0);
+    pid = daemon_child_spawn(pt_other_run, &d);
+    ck_assert_int_gt(pid, 0);
+    ck_assert_int_eq(read(d.done[0], &byte, 1), 1);
+    ck_assert_uint_eq(pt_stat(c, "reserved_now"), 8);
+    ck_assert_uint_eq(pt_stat(c, "pins_now"), 1); /* its first chunk's last block */
+    ck_assert_int_eq(write(d.go[1], "g", 1), 1);
+    ck_assert_int_eq(daemon_child_wait(pid, daemon_ms(20000), NULL), 0);
+    ck_assert(pt_wait_clients(c, 1));
+    pt_expect_nothing_held(c);
+    ck_assert_int_eq(kvc_reserve(ns, NULL, k4, 8, &r1), 8);
+    ck_assert_int_eq(kvc_abort(r1), 0);
+    for (int i = 0; i < 2; i++) {
+        close(p.done[i]);
+        close(p.go[i]);
+        close(d.done[i]);
+        close(d.go[i]);
+    }
+    pt_blocks_free(b, 8);
+    kvc_disconnect(c);
+    pt_stop();
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("e2e_put");
@@ -910,6 +1073,7 @@ int main(void)
     tcase_add_test(tc, test_release_quiet_answers_only_failures);
     tcase_add_test(tc, test_release_does_not_wait);
     tcase_add_test(tc, test_put_every_key_counted);
+    tcase_add_test(tc, test_chunk_reserved_under_own_uncommitted_chunk);
     suite_add_tcase(s, tc);
     if (daemon_suite_init("e2e-put"))
         return 1;

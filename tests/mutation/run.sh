@@ -681,11 +681,37 @@ mutation put-skip-uncounted daemon/store.c "check_e2e_put" \
 '            if (prev == INDEX_NONE)
                 (void)0;'
 
-# A chain reserved under a parent that is still being written (not committed): the keys hang
-# from a block that may never be.
-mutation put-parent-unwritten-reserved daemon/store.c "check_e2e_put" \
-'        } else if (prev == INDEX_NONE || s->ix.blocks[prev].state != BLOCK_STATE_COMMITTED) {' \
-'        } else if (prev == INDEX_NONE) {'
+# A chain reserved under a parent that another client is still writing (not committed): the
+# keys hang from a block that may never be, and one tenant's put from another's.
+mutation put-parent-unwritten-reserved daemon/store.c "check_store check_e2e_put" \
+'        } else if (!cached && (prev == INDEX_NONE || !store_resv_holding(s, o, prev))) {' \
+'        } else if (!cached && (prev == INDEX_NONE || (!store_resv_holding(s, o, prev) && 0))) {'
+
+# A chunk refused under its own client's uncommitted chunk (issue 26): the next chunk of a
+# prompt waits for the last one's commit again.
+mutation chain-own-parent-refused daemon/store.c "check_store check_e2e_put" \
+'        } else if (!cached && (prev == INDEX_NONE || !store_resv_holding(s, o, prev))) {' \
+'        } else if (!cached && (prev == INDEX_NONE || !store_resv_holding(s, o, prev) || 1)) {'
+
+# A chain committed before the reserved block it hangs from: a committed block whose parent
+# is invisible (and may never be).
+mutation chain-commit-before-parent daemon/store.c "check_store check_e2e_put" \
+'    if (ncommit && h->n && h->parent_pin != INDEX_NONE &&' \
+'    if (0 && ncommit && h->n && h->parent_pin != INDEX_NONE &&'
+
+# The reservations hanging from an aborted one keep their slots: keys reserved (busy for
+# every other writer) under a block that is gone.
+mutation chain-orphan-kept daemon/store.c "check_store check_e2e_put" \
+'    if (s->ix.blocks[idx].pins)
+        store_resv_orphan(s, o, idx);' \
+'    if (0 && s->ix.blocks[idx].pins)
+        store_resv_orphan(s, o, idx);'
+
+# A quiet COMMIT refused before its parent is kept: nobody commits it, its keys stay busy
+# until the reservation times out.
+mutation chain-quiet-commit-kept daemon/server_dispatch.c "check_e2e_put" \
+'    if (n == -EAGAIN && !(q->flags & KVC_COMMIT_F_QUIET))' \
+'    if (n == -EAGAIN)'
 
 # A RESERVE that waits for room is counted at every try (reserve_keys many times the keys put).
 mutation put-wait-counted-twice daemon/server_dispatch.c "check_e2e_disk" \
