@@ -128,6 +128,14 @@ struct quant {
 
 /* ---- worker -------------------------------------------------------------------------- */
 
+/* A job's scratch for a block, on 64-byte lines: malloc puts one this large 16 bytes past a
+ * page, which splits every line the decoder and encoder stream out across two (13 % of a
+ * LOWRANK decode: docs/kernels.md). NULL: no memory. */
+static void *quant_buf(uint64_t len)
+{
+    return aligned_alloc(64, len ? (len + 63) & ~(uint64_t)63 : 64);
+}
+
 static void quant_encode(struct quant_job *j)
 {
     const struct kern_layout *lay = &j->lay;
@@ -141,7 +149,7 @@ static void quant_encode(struct quant_job *j)
          * section), and an arena slot is mapped by every writer of the arena, who could
          * change those in between and send it past the slot: it encodes into private
          * memory, copied to the slot once done (a job placed on landing has its own). */
-        mine = dst = malloc(j->enc.len ? j->enc.len : 1);
+        mine = dst = quant_buf(j->enc.len);
         if (!mine) {
             j->rc = -ENOMEM;
             goto out;
@@ -153,8 +161,8 @@ static void quant_encode(struct quant_job *j)
          * header and section table and then reads them again: it decodes a private copy, as
          * libkvc does (a table rewritten between the two reads sent it past its buffers). */
         uint64_t rb = kern_raw_size(lay);
-        raw = malloc(rb ? rb : 1);
-        priv = malloc(j->raw.len ? j->raw.len : 1);
+        raw = quant_buf(rb);
+        priv = quant_buf(j->raw.len);
         if (priv)
             memcpy(priv, j->src, j->raw.len);
         j->rc = raw && priv
@@ -607,7 +615,7 @@ static int quant_job_make(struct store *s, uint32_t idx, uint8_t format, bool pr
     }
     if (private_dst) {
         j->enc = (struct tier_loc){.arena = b->arena, .len = (uint64_t)eb};
-        j->dst = malloc((size_t)eb);
+        j->dst = quant_buf(eb);
         rc = j->dst ? 0 : -ENOMEM;
     } else {
         rc = t->ops->alloc(t, (uint64_t)eb, &j->enc);

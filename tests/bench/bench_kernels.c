@@ -354,10 +354,15 @@ static void bench_throughput(void)
     struct kern_layout lay = {32, 8, 128, 32, KERN_DTYPE_FP16, 0};
     uint64_t rs = kern_raw_size(&lay), es = rs + 65536;
     uint8_t *raw[NBLOCKS], *encb[NBLOCKS], *out[NBLOCKS];
+    /* On 64-byte lines, as the codecs' real sources and destinations are (kvcd's slots start
+     * on pages, an engine's tensors on 64 bytes or more): malloc puts a block this large 16
+     * bytes past a page (its mmap'd chunk's header), which splits every line a decode
+     * streams out across two and cost LOWRANK's decode 13 % (docs/kernels.md). memcpy, the
+     * baseline, copies between the same buffers. */
     for (int i = 0; i < NBLOCKS; i++) {
-        raw[i] = malloc(rs);
-        encb[i] = malloc(es);
-        out[i] = malloc(rs);
+        raw[i] = aligned_alloc(64, (rs + 63) & ~(uint64_t)63);
+        encb[i] = aligned_alloc(64, (es + 63) & ~(uint64_t)63);
+        out[i] = aligned_alloc(64, (rs + 63) & ~(uint64_t)63);
         if (!raw[i] || !encb[i] || !out[i]) {
             fprintf(stderr, "bench_kernels: out of memory\n");
             exit(1);
