@@ -34,6 +34,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "client/kvc.h"
@@ -46,7 +47,8 @@
 /* Host arenas are registered in chunks: one cudaHostRegister of many GiB can fail where
  * smaller ones succeed, and chunks keep each call's pinning time short. A chunk is
  * registered only once the daemon has faulted all of it in (its shared index says how far
- * it is: kvc_fast_hdr.faulted): registering pins, and pins what is not resident by faulting
+ * it is, kvc_fast_hdr.faulted, about once a second; meanwhile a chunk whose every page is
+ * resident counts as faulted): registering pins, and pins what is not resident by faulting
  * it in, at 4 KiB and at the caller's cost — an attach during the daemon's start would wait
  * for the whole host tier and leave the daemon nothing to collapse into 2 MiB pages. The
  * chunks faulted later are registered by the GPU calls that come after (one chunk a call,
@@ -351,6 +353,25 @@ static int kvc_gpu_pool_here(struct kvc_gpu *g, const uint8_t uuid[KERN_DEV_UUID
 /* Pins arena a for DMA, the chunks the daemon has faulted in that are not yet, at most `max`
  * of them; a failure only costs speed (pageable copies: the driver stages them, and the call
  * lasts about as long as its copy). Caller holds c->mu. */
+/* Whether every page of [p, p + len) is resident (the daemon's fault-in has been there):
+ * what kvcd says in its index lags by up to a second. */
+static bool kvc_gpu_resident(const uint8_t *p, uint64_t len)
+{
+    const uint64_t page = 4096;
+    unsigned char vec[4096];
+    for (uint64_t off = 0; off < len;) {
+        uint64_t n = (len - off + page - 1) / page;
+        n = n > sizeof(vec) ? sizeof(vec) : n;
+        if (mincore((void *)(p + off), n * page, vec) != 0)
+            return false;
+        for (uint64_t i = 0; i < n; i++)
+            if (!(vec[i] & 1))
+                return false;
+        off += n * page;
+    }
+    return true;
+}
+
 static void kvc_gpu_register_arena(kvc_client *c, struct kvc_gpu *g, uint32_t a, uint32_t max)
 {
     const struct kvc_arena *ar = &c->arenas[a];
@@ -360,7 +381,7 @@ static void kvc_gpu_register_arena(kvc_client *c, struct kvc_gpu *g, uint32_t a,
     for (uint32_t n = 0; n < max && g->reg_next[a] < ar->size && g->nreg < KVC_GPU_MAX_REG; n++) {
         uint64_t off = g->reg_next[a];
         uint64_t len = ar->size - off < g->reg_chunk ? ar->size - off : g->reg_chunk;
-        if (len > faulted || off > faulted - len)
+        if ((len > faulted || off > faulted - len) && !kvc_gpu_resident(ar->base + off, len))
             break; /* the daemon has not faulted it all in yet: a later call */
         int rc = g->ops->host_register(ar->base + off, len, !ar->writable);
         g->reg_next[a] = off + len;
