@@ -9,9 +9,11 @@
  * Decode: a group has at most 16 distinct outputs, computed once per group as halves; every
  * code picks its half by a 16-bit permute (kern_kivi512.c has the whole story).
  * Encode:
- * Sixteen groups' 32 values are 32 registers, lane i group i: every group's extremes,
- * parameters and codes are lane-wise, with no reduction across lanes; the reference's
- * operations per lane, in its order (the including file is built with -ffp-contract=off).
+ * Sixteen groups' 32 values are 32 registers, lane i group i (clean fp16: 16 registers of
+ * halves, each value converted where it is used, so the floats do not spill): every group's
+ * extremes, parameters and codes are lane-wise, with no reduction across lanes; the
+ * reference's operations per lane, in its order (the including file is built with
+ * -ffp-contract=off).
  * The codes go back to each group's bytes by packs and in-lane shuffles.
  */
 #ifndef KVC_KERN_KIVI512_H
@@ -196,8 +198,8 @@ K5I __m512 kivi5_x(const __m512 *x, const __m512i *h, const int j)
 /* The codes of channels a, b, c, d (lane i token i) as bytes: in 128-bit lane L, byte 4k + i
  * the code of the k-th channel for token 4L + i, clamped to [0, qmax] (as kern_rot.c's
  * rot_codes4: the truncation of (x - min) * id + 0.5, the packs' saturation, a byte min). */
-K5I __m512i kivi5_codes16(const __m512 *x, const __m512i *h, int a, int b, int c, int d,
-                          __m512 vm, __m512 vi, __m512i qb)
+K5I __m512i kivi5_codes16(const __m512 *x, const __m512i *h, int a, int b, int c, int d, __m512 vm,
+                          __m512 vi, __m512i qb)
 {
     const __m512 half = _mm512_set1_ps(0.5f);
 #define KIVI5_Q(j)                                                                                 \
@@ -232,8 +234,10 @@ K5I void kivi5_groups_enc16(const __m512 *x, const __m512i *h, uint8_t *const *o
             hmn = _mm512_min_ps(hmn, hi);
             hmx = _mm512_max_ps(hmx, hi);
         }
-        mn = _mm512_min_ps(_mm512_shuffle_f32x4(lmn, hmn, 0x44), _mm512_shuffle_f32x4(lmn, hmn, 0xee));
-        mx = _mm512_max_ps(_mm512_shuffle_f32x4(lmx, hmx, 0x44), _mm512_shuffle_f32x4(lmx, hmx, 0xee));
+        mn = _mm512_min_ps(_mm512_shuffle_f32x4(lmn, hmn, 0x44),
+                           _mm512_shuffle_f32x4(lmn, hmn, 0xee));
+        mx = _mm512_max_ps(_mm512_shuffle_f32x4(lmx, hmx, 0x44),
+                           _mm512_shuffle_f32x4(lmx, hmx, 0xee));
     } else {
         __m512 mn1 = x[1], mx1 = x[1];
         mn = x[0];
