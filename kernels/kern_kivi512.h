@@ -9,9 +9,11 @@
  * Decode: a group has at most 16 distinct outputs, computed once per group as halves; every
  * code picks its half by a 16-bit permute (kern_kivi512.c has the whole story).
  * Encode:
- * Sixteen groups' 32 values are 32 registers, lane i group i: every group's extremes,
- * parameters and codes are lane-wise, with no reduction across lanes; the reference's
- * operations per lane, in its order (the including file is built with -ffp-contract=off).
+ * Sixteen groups' 32 values are 32 registers, lane i group i (clean fp16: 16 registers of
+ * halves, each value converted where it is used, so the floats do not spill): every group's
+ * extremes, parameters and codes are lane-wise, with no reduction across lanes; the
+ * reference's operations per lane, in its order (the including file is built with
+ * -ffp-contract=off).
  * The codes go back to each group's bytes by packs and in-lane shuffles.
  */
 #ifndef KVC_KERN_KIVI512_H
@@ -128,13 +130,11 @@ K5I void kivi5_v_groups(const int bits, const uint32_t out, const int nt, const 
 
 /* ---- value groups' encode ---- */
 
-/* Sixteen rows' 16 values (ROT: tokens' channels; KIVI values: groups' elements; halves at r,
- * the rows ts apart) as 16 registers of floats, one per channel, lane i token i, sanitized as
- * kern_ext_value unless clean (fp16 input with no NaN, Inf or value past the range). Tokens i and
- * i + 8 share a register; the 8 x 8 transposes of the halves in each 128-bit lane leave
- * channel k of tokens 0-7 and 8-15 in lanes 0 and 2 (8 + k: 1 and 3) of d[k]. */
-K5I void kivi5_load_t16x16(const uint16_t *r, uint64_t ts, uint32_t dtype, const int clean,
-                           __m512 *x)
+/* Sixteen rows' 16 halves (ROT: tokens' channels; KIVI values: groups' elements; at r, the
+ * rows ts apart) transposed into 8 registers: tokens i and i + 8 share a register; the 8 x 8
+ * transposes of the halves in each 128-bit lane leave channel k of tokens 0-7 and 8-15 in
+ * lanes 0 and 2 (8 + k: 1 and 3) of d[k]. */
+K5I void kivi5_t16x16_halves(const uint16_t *r, uint64_t ts, __m512i *d)
 {
     __m512i a[8];
 #pragma GCC unroll 8
@@ -150,15 +150,33 @@ K5I void kivi5_load_t16x16(const uint16_t *r, uint64_t ts, uint32_t dtype, const
     const __m512i c2 = _mm512_unpacklo_epi32(b4, b6), c3 = _mm512_unpackhi_epi32(b4, b6);
     const __m512i c4 = _mm512_unpacklo_epi32(b1, b3), c5 = _mm512_unpackhi_epi32(b1, b3);
     const __m512i c6 = _mm512_unpacklo_epi32(b5, b7), c7 = _mm512_unpackhi_epi32(b5, b7);
-    const __m512i d[8] = {_mm512_unpacklo_epi64(c0, c2), _mm512_unpackhi_epi64(c0, c2),
-                          _mm512_unpacklo_epi64(c1, c3), _mm512_unpackhi_epi64(c1, c3),
-                          _mm512_unpacklo_epi64(c4, c6), _mm512_unpackhi_epi64(c4, c6),
-                          _mm512_unpacklo_epi64(c5, c7), _mm512_unpackhi_epi64(c5, c7)};
+    d[0] = _mm512_unpacklo_epi64(c0, c2);
+    d[1] = _mm512_unpackhi_epi64(c0, c2);
+    d[2] = _mm512_unpacklo_epi64(c1, c3);
+    d[3] = _mm512_unpackhi_epi64(c1, c3);
+    d[4] = _mm512_unpacklo_epi64(c4, c6);
+    d[5] = _mm512_unpackhi_epi64(c4, c6);
+    d[6] = _mm512_unpacklo_epi64(c5, c7);
+    d[7] = _mm512_unpackhi_epi64(c5, c7);
+}
+
+/* Channel k (0-15) of kivi5_t16x16_halves()'s registers: its sixteen tokens' halves. */
+K5I __m256i kivi5_t16_chan(const __m512i *d, const int k)
+{
+    return _mm512_castsi512_si256(k < 8 ? _mm512_shuffle_i64x2(d[k], d[k], 0x08)
+                                        : _mm512_shuffle_i64x2(d[k % 8], d[k % 8], 0x0d));
+}
+
+/* The same rows as 16 registers of floats, one per channel, lane i token i, sanitized as
+ * kern_ext_value unless clean (fp16 input with no NaN, Inf or value past the range). */
+K5I void kivi5_load_t16x16(const uint16_t *r, uint64_t ts, uint32_t dtype, const int clean,
+                           __m512 *x)
+{
+    __m512i d[8];
+    kivi5_t16x16_halves(r, ts, d);
 #pragma GCC unroll 16
     for (int k = 0; k < 16; k++) {
-        const __m256i v =
-            _mm512_castsi512_si256(k < 8 ? _mm512_shuffle_i64x2(d[k], d[k], 0x08)
-                                         : _mm512_shuffle_i64x2(d[k % 8], d[k % 8], 0x0d));
+        const __m256i v = kivi5_t16_chan(d, k);
         if (clean)
             x[k] = _mm512_cvtph_ps(v);
         else
@@ -169,39 +187,71 @@ K5I void kivi5_load_t16x16(const uint16_t *r, uint64_t ts, uint32_t dtype, const
     }
 }
 
+/* Value j (0-31) of sixteen groups: x[j], or with h (clean fp16 halves, the 2 x 8 registers
+ * of kivi5_t16x16_halves() for values 0-15 and 16-31) converted where it is used, which
+ * keeps 16 registers live instead of 32 (the 32 floats and the constants spilled). */
+K5I __m512 kivi5_x(const __m512 *x, const __m512i *h, const int j)
+{
+    return h ? _mm512_cvtph_ps(kivi5_t16_chan(h + 8 * (j / 16), j % 16)) : x[j];
+}
+
 /* The codes of channels a, b, c, d (lane i token i) as bytes: in 128-bit lane L, byte 4k + i
  * the code of the k-th channel for token 4L + i, clamped to [0, qmax] (as kern_rot.c's
  * rot_codes4: the truncation of (x - min) * id + 0.5, the packs' saturation, a byte min). */
-K5I __m512i kivi5_codes16(const __m512 *x, int a, int b, int c, int d, __m512 vm, __m512 vi,
-                          __m512i qb)
+K5I __m512i kivi5_codes16(const __m512 *x, const __m512i *h, int a, int b, int c, int d, __m512 vm,
+                          __m512 vi, __m512i qb)
 {
     const __m512 half = _mm512_set1_ps(0.5f);
 #define KIVI5_Q(j)                                                                                 \
-    _mm512_cvttps_epi32(_mm512_add_ps(_mm512_mul_ps(_mm512_sub_ps(x[j], vm), vi), half))
+    _mm512_cvttps_epi32(_mm512_add_ps(_mm512_mul_ps(_mm512_sub_ps(kivi5_x(x, h, j), vm), vi), half))
     const __m512i w = _mm512_packs_epi32(KIVI5_Q(a), KIVI5_Q(b)),
                   z = _mm512_packs_epi32(KIVI5_Q(c), KIVI5_Q(d));
 #undef KIVI5_Q
     return _mm512_min_epu8(_mm512_packus_epi16(w, z), qb);
 }
 
-/* Sixteen tokens' group (x: its 32 channels, lane i token i, scaled and clamped) to their
- * blocks at o[i]: kern_rot.c's rot_groups_enc8 on sixteen lanes, the parameters lane-wise
+/* Sixteen tokens' group (x: its 32 channels, lane i token i, scaled and clamped; or h, as
+ * kivi5_x) to their blocks at o[i]: kern_rot.c's rot_groups_enc8 on sixteen lanes, the parameters lane-wise
  * (kern_kivi_params: min, (max - min) / qmax to fp16 and back, 1 / scale unless 0), the
  * codes per channel, the bytes put back in token order per 128-bit lane (tokens 4L .. 4L + 3).
  * A group whose minimum or maximum is zero is encoded by the reference (the lanes' minimum
  * keeps either of +0 and -0, the reference the first). */
-K5I void kivi5_groups_enc16(const __m512 *x, uint8_t *const *o, const int bits)
+K5I void kivi5_groups_enc16(const __m512 *x, const __m512i *h, uint8_t *const *o, const int bits)
 {
-    __m512 mn = x[0], mx = x[0], mn1 = x[1], mx1 = x[1];
+    __m512 mn, mx;
+    if (h) {
+        /* each register's halves as they lie: lo lanes 0-7 value k, 8-15 value 8 + k of
+         * tokens 0-7, hi the same of tokens 8-15; folded into token order at the end (the
+         * extremes of exact values in any order; a zero extreme goes to the reference) */
+        __m512 lmn = _mm512_cvtph_ps(_mm512_castsi512_si256(h[0])), lmx = lmn;
+        __m512 hmn = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h[0], 1)), hmx = hmn;
 #pragma GCC unroll 16
-    for (int j = 2; j < 32; j += 2) {
-        mn = _mm512_min_ps(mn, x[j]);
-        mx = _mm512_max_ps(mx, x[j]);
-        mn1 = _mm512_min_ps(mn1, x[j + 1]);
-        mx1 = _mm512_max_ps(mx1, x[j + 1]);
+        for (int k = 1; k < 16; k++) {
+            const __m512 lo = _mm512_cvtph_ps(_mm512_castsi512_si256(h[k])),
+                         hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h[k], 1));
+            lmn = _mm512_min_ps(lmn, lo);
+            lmx = _mm512_max_ps(lmx, lo);
+            hmn = _mm512_min_ps(hmn, hi);
+            hmx = _mm512_max_ps(hmx, hi);
+        }
+        mn = _mm512_min_ps(_mm512_shuffle_f32x4(lmn, hmn, 0x44),
+                           _mm512_shuffle_f32x4(lmn, hmn, 0xee));
+        mx = _mm512_max_ps(_mm512_shuffle_f32x4(lmx, hmx, 0x44),
+                           _mm512_shuffle_f32x4(lmx, hmx, 0xee));
+    } else {
+        __m512 mn1 = x[1], mx1 = x[1];
+        mn = x[0];
+        mx = x[0];
+#pragma GCC unroll 16
+        for (int j = 2; j < 32; j += 2) {
+            mn = _mm512_min_ps(mn, x[j]);
+            mx = _mm512_max_ps(mx, x[j]);
+            mn1 = _mm512_min_ps(mn1, x[j + 1]);
+            mx1 = _mm512_max_ps(mx1, x[j + 1]);
+        }
+        mn = _mm512_min_ps(mn, mn1);
+        mx = _mm512_max_ps(mx, mx1);
     }
-    mn = _mm512_min_ps(mn, mn1);
-    mx = _mm512_max_ps(mx, mx1);
     const __m512 qmax = _mm512_set1_ps((float)((1 << bits) - 1)), zero = _mm512_setzero_ps();
     const __m256i hmn = _mm512_cvtps_ph(mn, _MM_FROUND_TO_NEAREST_INT),
                   hsc = _mm512_cvtps_ph(_mm512_div_ps(_mm512_sub_ps(mx, mn), qmax),
@@ -223,8 +273,8 @@ K5I void kivi5_groups_enc16(const __m512 *x, uint8_t *const *o, const int bits)
 #pragma GCC unroll 4
         for (int k = 0; k < 4; k++) {
             const int c = 8 * k;
-            const __m512i lo = kivi5_codes16(x, c, c + 2, c + 4, c + 6, vm, vi, qb),
-                          hi = kivi5_codes16(x, c + 1, c + 3, c + 5, c + 7, vm, vi, qb);
+            const __m512i lo = kivi5_codes16(x, h, c, c + 2, c + 4, c + 6, vm, vi, qb),
+                          hi = kivi5_codes16(x, h, c + 1, c + 3, c + 5, c + 7, vm, vi, qb);
             p[k] = _mm512_shuffle_epi8(_mm512_or_si512(lo, _mm512_slli_epi16(hi, 4)), tr);
         }
         const __m512i e0 = _mm512_unpacklo_epi32(p[0], p[1]),
@@ -245,10 +295,10 @@ K5I void kivi5_groups_enc16(const __m512 *x, uint8_t *const *o, const int bits)
 #pragma GCC unroll 2
         for (int k = 0; k < 2; k++) {
             const int c = 16 * k;
-            const __m512i b0 = kivi5_codes16(x, c, c + 4, c + 8, c + 12, vm, vi, qb),
-                          b1 = kivi5_codes16(x, c + 1, c + 5, c + 9, c + 13, vm, vi, qb),
-                          b2 = kivi5_codes16(x, c + 2, c + 6, c + 10, c + 14, vm, vi, qb),
-                          b3 = kivi5_codes16(x, c + 3, c + 7, c + 11, c + 15, vm, vi, qb);
+            const __m512i b0 = kivi5_codes16(x, h, c, c + 4, c + 8, c + 12, vm, vi, qb),
+                          b1 = kivi5_codes16(x, h, c + 1, c + 5, c + 9, c + 13, vm, vi, qb),
+                          b2 = kivi5_codes16(x, h, c + 2, c + 6, c + 10, c + 14, vm, vi, qb),
+                          b3 = kivi5_codes16(x, h, c + 3, c + 7, c + 11, c + 15, vm, vi, qb);
             const __m512i v = _mm512_or_si512(
                 _mm512_or_si512(b0, _mm512_slli_epi16(b1, 2)),
                 _mm512_or_si512(_mm512_slli_epi16(b2, 4), _mm512_slli_epi16(b3, 6)));
@@ -279,7 +329,7 @@ K5I void kivi5_groups_enc16(const __m512 *x, uint8_t *const *o, const int bits)
             continue;
         float f[32], lane[16];
         for (int j = 0; j < 32; j++) {
-            _mm512_storeu_ps(lane, x[j]);
+            _mm512_storeu_ps(lane, kivi5_x(x, h, j));
             f[j] = lane[i];
         }
         kern_kivi_v_enc(f, 32, o[i], bits);

@@ -397,7 +397,7 @@ K5I void rot_enc_tok16(const uint16_t *r, uint64_t ts, uint32_t dtype, const uin
         uint8_t *og[16];
         for (int i = 0; i < 16; i++)
             og[i] = o[i] + (uint64_t)g * gb;
-        kivi5_groups_enc16(buf + 32 * g, og, bits);
+        kivi5_groups_enc16(buf + 32 * g, NULL, og, bits);
     }
 }
 
