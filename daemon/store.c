@@ -294,6 +294,8 @@ static void store_gpu_register(struct store *s, uint32_t a)
 {
     if (s->gpu_reg)
         s->gpu_unregistered = gpu_reg_arena(s->gpu_reg, a, s->arenas[a].tier);
+    else
+        s->gpu_unregistered++; /* no memory for the registration's bookkeeping (said once) */
 }
 
 void store_gpu_reg_tick(struct store *s)
