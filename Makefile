@@ -308,7 +308,8 @@ check: deps
 	sh tests/run-checks.sh $(abspath build/tsan) tsan
 
 # ThreadSanitizer (make check's last stage): the daemon and the suites whose processes run
-# threads — the daemon's quantize, disk, remote and GPU-move workers and its I/O threads
+# threads — the daemon's quantize, disk, remote and GPU-move workers, its registration of
+# the host arenas with the device (check_store_gpu, over the fake device) and its I/O threads
 # (check_e2e_iothreads, the second runs of check_e2e_concurrent and check_e2e_garbage, and
 # check_e2e_fast again with KVC_IO_THREADS=2 but its cases tagged "long": tests/run-checks.sh)
 # beside its loop, clients sharing a connection across threads — built with -fsanitize=thread
@@ -320,7 +321,7 @@ check: deps
 # TSan does not model (and cannot see).
 TSAN_SUITES := check_e2e_fast check_e2e_concurrent check_e2e_quant check_e2e_remote \
 	check_e2e_gpu check_e2e_gpu_fake check_e2e_pressure check_e2e_crash check_tier_disk check_tier_disk_open \
-	check_e2e_iothreads check_e2e_garbage check_e2e_adversary
+	check_e2e_iothreads check_e2e_garbage check_e2e_adversary check_store_gpu
 .PHONY: tsan-tests
 tsan-tests: $(B)/bin/kvcd $(B)/bin/kvcctl $(patsubst %,$(B)/tests/%,$(TSAN_SUITES))
 

@@ -67,17 +67,19 @@ static int gpu_reg_chunk(struct gpu_reg *r, struct gpu_reg_arena *ra)
 {
     uint64_t len = gpu_reg_len(r, ra);
     int rc = tier_gpu_host_register(r->gpu, (char *)tier_host_base(ra->host) + ra->next, len);
+    /* The arena's state before what is pending: a reader that finds nothing pending finds
+     * every arena's verdict. */
     if (rc) {
         atomic_store(&ra->err, rc);
-        atomic_fetch_sub(&r->pending, ra->size - ra->next);
         atomic_store(&ra->state, GPU_REG_REFUSED);
+        atomic_fetch_sub(&r->pending, ra->size - ra->next);
         return rc;
     }
     ra->next += len;
     atomic_fetch_add(&r->bytes, len);
-    atomic_fetch_sub(&r->pending, len);
     if (ra->next == ra->size)
         atomic_store(&ra->state, GPU_REG_DONE);
+    atomic_fetch_sub(&r->pending, len);
     return 0;
 }
 

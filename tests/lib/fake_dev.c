@@ -2,6 +2,7 @@
  * fake_dev.c — see fake_dev.h.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -57,6 +58,9 @@ static struct fake_range fake_ranges[FAKE_MAX_RANGES];
 static int fake_nranges;
 static struct fake_range fake_pinned[FAKE_MAX_RANGES]; /* host_register'ed host memory */
 static int fake_npinned;
+/* The pinned table and its counters: host_register may come from another thread than the
+ * test's (kvcd's registration thread, daemon/gpu_reg.h) while the test's copies ask it. */
+static pthread_mutex_t fake_pin_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct fake_op *fake_ops_head, **fake_ops_tail = &fake_ops_head;
 static uint64_t fake_seq;
 static _Thread_local int fake_cur;
@@ -161,11 +165,13 @@ static int fake_batch_ok(const struct kern_batch_args *a)
 static int fake_pinned_has(const void *p, uint64_t len)
 {
     const char *c = p;
-    for (int i = 0; i < fake_npinned; i++)
-        if (c >= fake_pinned[i].base && len <= fake_pinned[i].size &&
-            (uint64_t)(c - fake_pinned[i].base) <= fake_pinned[i].size - len)
-            return 1;
-    return 0;
+    int has = 0;
+    pthread_mutex_lock(&fake_pin_mu);
+    for (int i = 0; i < fake_npinned && !has; i++)
+        has = c >= fake_pinned[i].base && len <= fake_pinned[i].size &&
+              (uint64_t)(c - fake_pinned[i].base) <= fake_pinned[i].size - len;
+    pthread_mutex_unlock(&fake_pin_mu);
+    return has;
 }
 
 static int fake_device_count(void)
@@ -638,12 +644,16 @@ static int fake_host_register(void *p, uint64_t len, int readonly)
         return -ENOTSUP;
     if (fake_dev.fail_register)
         return -fake_dev.fail_register;
-    if (fake_npinned == FAKE_MAX_RANGES)
-        return -ENOMEM;
-    fake_pinned[fake_npinned++] = (struct fake_range){p, len, -1};
-    fake_dev.registered++;
-    fake_dev.register_unresident += fake_unresident(p, len);
-    return 0;
+    uint64_t unresident = fake_unresident(p, len);
+    pthread_mutex_lock(&fake_pin_mu);
+    rc = fake_npinned == FAKE_MAX_RANGES ? -ENOMEM : 0;
+    if (rc == 0) {
+        fake_pinned[fake_npinned++] = (struct fake_range){p, len, -1};
+        fake_dev.registered++;
+        fake_dev.register_unresident += unresident;
+    }
+    pthread_mutex_unlock(&fake_pin_mu);
+    return rc;
 }
 
 static int fake_host_unregister(void *p)
@@ -651,13 +661,16 @@ static int fake_host_unregister(void *p)
     int rc = fake_enter();
     if (rc)
         return rc;
-    for (int i = 0; i < fake_npinned; i++)
+    rc = -EINVAL;
+    pthread_mutex_lock(&fake_pin_mu);
+    for (int i = 0; i < fake_npinned && rc; i++)
         if (fake_pinned[i].base == p) {
             fake_pinned[i] = fake_pinned[--fake_npinned];
             fake_dev.registered--;
-            return 0;
+            rc = 0;
         }
-    return -EINVAL;
+    pthread_mutex_unlock(&fake_pin_mu);
+    return rc;
 }
 
 static int fake_pointer_device(const void *p)

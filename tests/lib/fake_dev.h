@@ -39,7 +39,9 @@
  *   recorded on a stream of that device.
  * - host_register can be refused (fail_register), as it is where memory cannot be locked.
  *   It counts the pages of its range not resident yet (register_unresident): the driver
- *   pins a range by faulting in what is not, at the caller's cost and at 4 KiB.
+ *   pins a range by faulting in what is not, at the caller's cost and at 4 KiB. It may be
+ *   called from another thread than the test's (kvcd's registration thread): the pinned
+ *   table is locked.
  * - fake_dev_stream_wait_event orders one stream behind another's event, as the engine's
  *   cudaStreamWaitEvent does: a wait on the first stream performs the second's work up to
  *   the event first (a stream wait the engine forgot lets the streams run in either order).
