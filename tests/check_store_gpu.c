@@ -153,6 +153,20 @@ static void check_bytes(const struct kvc_wire_loc *locs, uint32_t n)
     }
 }
 
+/* The 4 blocks put_chain put, looked up by h, a client that cannot read the pool: moved back
+ * to the host arena and byte-exact there once the moves landed (the lease goes with h). */
+static void lookup_moved_back(struct store_owner *h)
+{
+    struct kvc_wire_key keys[4];
+    struct kvc_wire_loc locs[4];
+    uint64_t lease;
+    for (uint32_t i = 0; i < 4; i++)
+        keys[i] = key(i);
+    ck_assert_int_eq(engine_lookup(s, h, ns, keys, 4, 3, &lease, locs), 4);
+    moves_land();
+    check_bytes(locs, 4);
+}
+
 START_TEST(test_no_device)
 {
     struct store *st = store_with_gpu(0, 8 * BLOCK);
@@ -723,18 +737,11 @@ START_TEST(test_arenas_registered)
     ck_assert_int_eq(fake_dev.registered, 0);
     ck_assert_uint_eq(s->gpu_unregistered, 1);
     struct store_owner g, h;
-    struct kvc_wire_key keys[4];
-    struct kvc_wire_loc locs[4];
-    uint64_t lease;
     store_owner_init(&g);
     store_owner_init(&h);
     g.gpu = true;
     ck_assert_uint_eq(put_chain(&g, 4), 4);
-    for (uint32_t i = 0; i < 4; i++)
-        keys[i] = key(i);
-    ck_assert_int_eq(engine_lookup(s, &h, ns, keys, 4, 3, &lease, locs), 4);
-    moves_land();
-    check_bytes(locs, 4);
+    lookup_moved_back(&h);
     store_owner_fini(s, &g);
     store_owner_fini(s, &h);
 }
@@ -751,9 +758,6 @@ START_TEST(test_arena_registered_as_faulted)
     struct store_params p = store_fixture_params();
     struct gpu_reg_stats rs;
     struct store_owner g, h;
-    struct kvc_wire_key keys[4];
-    struct kvc_wire_loc locs[4];
-    uint64_t lease;
     store_fixture_free(s, NULL);
     p.host_size = size;
     p.host_prefault = true;
@@ -788,11 +792,7 @@ START_TEST(test_arena_registered_as_faulted)
     ck_assert_uint_eq(gpu_stat("gpu_host_register_pending_bytes"), 0);
     ck_assert_uint_eq(gpu_stat("gpu_arenas_registered"), 1);
     /* a client that cannot read the pool gets the blocks moved back to registered memory */
-    for (uint32_t i = 0; i < 4; i++)
-        keys[i] = key(i);
-    ck_assert_int_eq(engine_lookup(s, &h, ns, keys, 4, 3, &lease, locs), 4);
-    moves_land();
-    check_bytes(locs, 4);
+    lookup_moved_back(&h);
     store_owner_fini(s, &g);
     store_owner_fini(s, &h);
 }
