@@ -1230,9 +1230,13 @@ int store_reserve(struct store *s, struct store_owner *o, uint32_t ns_id,
             depth = s->ix.blocks[prev].depth + 1;
         }
     }
-    /* Cached prefix first. */
+    /* Cached prefix first. Every key is probed in order below, fresh ones too: their map
+     * slots asked for ahead (index_ahead_find), so a put of many keys into a map past the
+     * caches waits on several misses at once instead of one a key. */
+    struct index_ahead ahead;
+    index_ahead_init(&ahead, &s->ix, (uint16_t)ns_id, keys, n);
     for (; i < n; i++) {
-        uint32_t idx = index_find(&s->ix, (uint16_t)ns_id, &keys[i]);
+        uint32_t idx = index_ahead_find(&ahead, &s->ix, i);
         if (idx == INDEX_NONE || s->ix.blocks[idx].state != BLOCK_STATE_COMMITTED ||
             (s->ix.blocks[idx].flags & BLOCK_F_LOST))
             break;
@@ -1241,7 +1245,7 @@ int store_reserve(struct store *s, struct store_owner *o, uint32_t ns_id,
         depth = s->ix.blocks[idx].depth + 1;
         STORE_STAT_ADD(s, ns, dedup_blocks, 1);
     }
-    if (i < n && index_find(&s->ix, (uint16_t)ns_id, &keys[i]) == INDEX_NONE) {
+    if (i < n && index_ahead_find(&ahead, &s->ix, i) == INDEX_NONE) {
         rc = store_handle_new(s, o, STORE_HANDLE_RESV, (uint16_t)ns_id, n - i, &h);
         if (rc)
             return rc;
@@ -1260,7 +1264,7 @@ int store_reserve(struct store *s, struct store_owner *o, uint32_t ns_id,
         struct tier *t = s->arenas[ns->arena].tier;
         struct tier_loc loc;
         uint32_t idx;
-        if (index_find(&s->ix, (uint16_t)ns_id, &keys[i]) != INDEX_NONE)
+        if (index_ahead_find(&ahead, &s->ix, i) != INDEX_NONE)
             break;
         s->room_want = (uint64_t)(n - i) * ns->block_bytes;
         rc = s->room ? s->room(s, ns, o->gpu, now, &loc)
@@ -1319,7 +1323,7 @@ int store_reserve(struct store *s, struct store_owner *o, uint32_t ns_id,
     s->room_want = 0;
     /* A key in the map but not committed is being written by another reservation (or is
      * repeated in this request); the keys after it have no cached parent yet. */
-    if (i < n && index_find(&s->ix, (uint16_t)ns_id, &keys[i]) != INDEX_NONE) {
+    if (i < n && index_ahead_find(&ahead, &s->ix, i) != INDEX_NONE) {
         st[i++] = KVC_WIRE_SLOT_BUSY;
         STORE_STAT_ADD(s, ns, busy_blocks, 1);
         after_busy = true;
