@@ -143,6 +143,22 @@ static uint32_t engine_victim_list(struct store *s, uint32_t arena, bool clean,
         if (n == 0) {
             limit = walked + ENGINE_EVICT_WINDOW;
             ns = s->ns[b->ns];
+            if (ns->policy != POLICY_LRU && mode != ENGINE_VICTIM_CLEAN && arena == ns->arena) {
+                /* The namespace's heap: its first evictable leaf in policy order, exactly.
+                 * Asked before the sample is walked, which only a heap with nothing to give
+                 * needs (on chains, most of the list's cold end is parents: the walk to 16
+                 * leaves read up to ENGINE_EVICT_WINDOW blocks a victim). */
+                struct engine_victim_ctx ctx = {.clean = clean, .mode = mode};
+                uint32_t v = store_heap_victim(s, ns, engine_victim_heap_ok, &ctx, cls);
+                if (v != INDEX_NONE) {
+                    /* The next call's reads on their way: the heap's next blocks and the
+                     * list's next-coldest (where v is this one, the next call starts there). */
+                    store_heap_ahead(s, ns);
+                    if (b->lru_prev < s->ix.nblocks)
+                        __builtin_prefetch(&s->ix.blocks[b->lru_prev]);
+                    return v;
+                }
+            }
         }
         /* Under LRU the sample spans namespaces (the original order); under another
          * policy the coldest candidate's namespace ranks its own blocks with its policy. */
@@ -152,13 +168,6 @@ static uint32_t engine_victim_list(struct store *s, uint32_t arena, bool clean,
     }
     if (n == 0)
         return INDEX_NONE;
-    if (ns->policy != POLICY_LRU && mode != ENGINE_VICTIM_CLEAN && arena == ns->arena) {
-        /* The namespace's heap: its first evictable leaf in policy order, exactly. */
-        struct engine_victim_ctx ctx = {.clean = clean, .mode = mode};
-        uint32_t v = store_heap_victim(s, ns, engine_victim_heap_ok, &ctx, cls);
-        if (v != INDEX_NONE)
-            return v;
-    }
     if (ns->policy == POLICY_LRU) {
         policy_rank(POLICY_LRU, cand, n, now);
     } else {
@@ -211,6 +220,7 @@ void engine_evict(struct store *s, uint32_t idx)
     struct store_ns *ns = s->ns[b->ns];
     if (!store_block_idle(s, idx))
         return;
+    store_drop_prefetch(s, idx);
     if (s->disk && b->tier != KVC_WIRE_TIER_DISK && (b->flags & BLOCK_F_DISK)) {
         engine_disk_memory_drop(s, idx);
         return;

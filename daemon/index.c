@@ -288,6 +288,12 @@ int index_insert(struct index *ix, uint32_t idx)
     return 0;
 }
 
+void index_prefetch_slot(const struct index *ix, uint32_t idx)
+{
+    const struct block *b = &ix->blocks[idx];
+    __builtin_prefetch(&ix->slots[(uint32_t)index_hash(ix, b->ns, &b->key) & (ix->nslots - 1)]);
+}
+
 int index_remove(struct index *ix, uint32_t idx)
 {
     const struct block *b = &ix->blocks[idx];
@@ -300,7 +306,12 @@ int index_remove(struct index *ix, uint32_t idx)
         s = (s + 1) & mask;
     }
     /* Backward shift: pull later entries of the run into the hole when their home slot
-     * does not lie cyclically in (hole, current]. */
+     * does not lie cyclically in (hole, current]. Each entry's home is its block's key
+     * hashed: the run's blocks (random places in a pool past the caches) asked for at once
+     * first, not one miss after another. */
+    for (uint32_t j = (s + 1) & mask, k = 0; ix->slots[j] && k < INDEX_AHEAD;
+         j = (j + 1) & mask, k++)
+        __builtin_prefetch(&ix->blocks[index_slot_idx(ix, ix->slots[j])]);
     uint32_t hole = s;
     for (uint32_t j = (s + 1) & mask; ix->slots[j]; j = (j + 1) & mask) {
         const struct block *o = &ix->blocks[index_slot_idx(ix, ix->slots[j])];

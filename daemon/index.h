@@ -155,6 +155,9 @@ uint32_t index_ahead_find(struct index_ahead *a, struct index *ix, uint32_t i);
 int index_insert(struct index *ix, uint32_t idx);
 /* Unmaps blocks[idx]. -ENOENT if it is not mapped. */
 int index_remove(struct index *ix, uint32_t idx);
+/* Block idx's home slot on its way into the cache, for an index_remove to come (blocks[idx]
+ * is read: best where it is in the cache already). */
+void index_prefetch_slot(const struct index *ix, uint32_t idx);
 
 /* A hit counted on b: the count stops at BLOCK_HITS_MAX instead of wrapping to 0. */
 static inline void block_hit(struct block *b)

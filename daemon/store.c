@@ -749,6 +749,20 @@ bool store_block_idle(const struct store *s, uint32_t idx)
            !(b->flags & (BLOCK_F_BUSY | BLOCK_F_LOST));
 }
 
+void store_drop_prefetch(struct store *s, uint32_t idx)
+{
+    const struct block *b = &s->ix.blocks[idx];
+    const uint32_t near[3] = {b->lru_prev, b->lru_next, b->parent};
+    if (b->state != BLOCK_STATE_COMMITTED)
+        return; /* a reservation's links name its handle, not blocks */
+    index_prefetch_slot(&s->ix, idx);
+    store_fast_prefetch(s, idx);
+    for (int k = 0; k < 3; k++)
+        if (near[k] < s->ix.nblocks)
+            __builtin_prefetch(&s->ix.blocks[near[k]]);
+    store_meta_prefetch(s, idx);
+}
+
 int store_block_drop(struct store *s, uint32_t idx)
 {
     struct block *b = &s->ix.blocks[idx];

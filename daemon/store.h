@@ -457,6 +457,11 @@ bool store_block_idle(const struct store *s, uint32_t idx);
 /* Removes a block from map, list and pool and frees every copy (memory slot, disk record).
  * -EBUSY (nothing done) for a committed block in motion (BLOCK_F_BUSY). */
 int store_block_drop(struct store *s, uint32_t idx);
+/* What a drop of committed block idx touches besides the block (its map slot, shared-index
+ * bucket, list neighbours, parent, policy entry and ghost set), asked for at once: in a tier
+ * past the caches each is a miss of its own, and a drop would wait on them one by one. A
+ * hint: nothing changes. */
+void store_drop_prefetch(struct store *s, uint32_t idx);
 /* A block's disk record (BLOCK_F_DISK): its location, and freeing it (clears the flag; the
  * block must be unlinked, or on a list that does not depend on the flag). */
 void store_record_loc(const struct store *s, const struct block *b, struct tier_loc *l);
@@ -525,6 +530,8 @@ void store_stat_lossy_hit(struct store *s, struct store_ns *ns, uint32_t format)
 void store_meta_commit(struct store *s, uint32_t idx, uint64_t now);
 void store_meta_hit(struct store *s, uint32_t idx, uint64_t now);
 void store_meta_drop(struct store *s, uint32_t idx);
+/* store_drop_prefetch's part here: idx's policy entry and rung position, its ghost's set. */
+void store_meta_prefetch(const struct store *s, uint32_t idx);
 /* The namespace heap: store_heap_sync puts idx in its namespace's heap, moves it or takes it
  * out, as its state asks (called wherever a block's list, children, flags, format, hits or
  * hints change); store_heap_remove takes it out. */
@@ -541,6 +548,10 @@ uint32_t store_heap_first(struct store *s, struct store_ns *ns,
 uint32_t store_heap_victim(struct store *s, struct store_ns *ns,
                            bool (*ok)(const struct store *s, uint32_t idx, void *arg), void *arg,
                            int cls);
+/* The blocks ns's heap gives next (the root's children and theirs) on their way into the
+ * cache: a trim takes victim after victim from the heap's top, each a random block of the
+ * pool. A hint: nothing changes. */
+void store_heap_ahead(const struct store *s, const struct store_ns *ns);
 /* Rebuilds the heaps of the namespaces marked heap_stale (their policy changed; emptied
  * under LRU), in one pass over the blocks. store_ns_policy_set calls it unless heap_defer
  * is set (store_reload sets every namespace's policy first, then rebuilds once). */

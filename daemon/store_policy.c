@@ -473,10 +473,12 @@ static void store_heap_rekey(struct store *s, struct store_ns *ns)
 }
 
 /* Best-first walk of h's tree (a small heap of positions) without changing it: blocks that
- * may not go now (pinned, moving) are passed over. */
+ * may not go now (pinned, moving) are passed over. Stops at max blocks, or at the first of
+ * size class cls (cls < 0: none stops it): what follows it cannot change store_heap_victim's
+ * choice, and each block passed is a read of memory a large tier has out of the caches. */
 static uint32_t store_heap_walk(struct store *s, struct store_ns *ns, struct store_heap *h,
                                 bool (*ok)(const struct store *s, uint32_t idx, void *arg),
-                                void *arg, uint32_t *out, uint32_t max)
+                                void *arg, uint32_t *out, uint32_t max, int cls)
 {
     uint32_t open[2 * STORE_HEAP_SCAN + 2], nopen = 0, n = 0;
     if (!h->n || !max)
@@ -492,7 +494,7 @@ static uint32_t store_heap_walk(struct store *s, struct store_ns *ns, struct sto
         open[best] = open[--nopen];
         if (ok(s, h->a[pos].idx, arg)) {
             out[n++] = h->a[pos].idx;
-            if (n == max)
+            if (n == max || (cls >= 0 && s->ix.blocks[h->a[pos].idx].cls == cls))
                 break;
         }
         for (uint32_t c = 2 * pos + 1; c <= 2 * pos + 2; c++)
@@ -506,18 +508,26 @@ uint32_t store_heap_first(struct store *s, struct store_ns *ns,
                           bool (*ok)(const struct store *s, uint32_t idx, void *arg), void *arg,
                           uint32_t *out, uint32_t max)
 {
-    return store_heap_walk(s, ns, &ns->heap, ok, arg, out, max);
+    return store_heap_walk(s, ns, &ns->heap, ok, arg, out, max, -1);
 }
 
 uint32_t store_heap_victim(struct store *s, struct store_ns *ns,
                            bool (*ok)(const struct store *s, uint32_t idx, void *arg), void *arg,
                            int cls)
 {
-    uint32_t first[16], n = store_heap_first(s, ns, ok, arg, first, cls < 0 ? 1 : 16);
+    uint32_t first[16],
+        n = store_heap_walk(s, ns, &ns->heap, ok, arg, first, cls < 0 ? 1 : 16, cls);
     for (uint32_t k = 0; k < n; k++)
         if (cls < 0 || s->ix.blocks[first[k]].cls == cls)
             return first[k];
     return n ? first[0] : INDEX_NONE;
+}
+
+void store_heap_ahead(const struct store *s, const struct store_ns *ns)
+{
+    const struct store_heap *h = &ns->heap;
+    for (uint32_t p = 1; p < 7 && p < h->n; p++)
+        __builtin_prefetch(&s->ix.blocks[h->a[p].idx]);
 }
 
 void store_heap_free(struct store_ns *ns)
@@ -816,7 +826,8 @@ uint32_t store_ladder_first(struct store *s, struct store_ns *ns, uint32_t rung)
     uint32_t v;
     if (rung + 1 >= ns->rungs)
         return INDEX_NONE;
-    return store_heap_walk(s, ns, &ns->rheap[rung], store_ladder_ok, NULL, &v, 1) ? v : INDEX_NONE;
+    return store_heap_walk(s, ns, &ns->rheap[rung], store_ladder_ok, NULL, &v, 1, -1) ? v
+                                                                                        : INDEX_NONE;
 }
 
 /* ---- ghosts ---------------------------------------------------------------------------- */
@@ -1013,6 +1024,18 @@ void store_meta_commit(struct store *s, uint32_t idx, uint64_t now)
         if (ns->rungs >= 2)
             policy_ladder_ghost_hit(&ns->ladder);
     }
+}
+
+void store_meta_prefetch(const struct store *s, uint32_t idx)
+{
+    const struct block *b = &s->ix.blocks[idx];
+    const struct store_ns *ns = b->ns < s->nns ? s->ns[b->ns] : NULL;
+    if (idx < s->nmeta)
+        __builtin_prefetch(&s->meta[idx]);
+    if (idx < s->nrpos)
+        __builtin_prefetch(&s->rpos[idx]);
+    if (s->nghost && ns && ns->policy != POLICY_LRU && s->p.ghosts > 0)
+        __builtin_prefetch(store_ghost_set(s, store_ghost_tag(s, b->ns, &b->key)));
 }
 
 void store_meta_drop(struct store *s, uint32_t idx)
