@@ -545,6 +545,7 @@ enum {
     SC_F_HIT1_FAST_COLD_P99,
     SC_F_HIT64_FAST_COLD_P50,
     SC_F_HIT64_FAST_COLD_P99,
+    SC_F_COPY64_WRITE_P50,
     SC_F_COUNT
 };
 _Static_assert(SC_F_COUNT <= sizeof(((struct sc_level *)0)->v) / sizeof(double),
@@ -570,7 +571,8 @@ static const char *const sc_fname[SC_F_COUNT] = {"hit1_fast_p50",
                                                  "hit1_fast_cold_p50",
                                                  "hit1_fast_cold_p99",
                                                  "hit64_fast_cold_p50",
-                                                 "hit64_fast_cold_p99"};
+                                                 "hit64_fast_cold_p99",
+                                                 "copy64_write_floor_p50"};
 
 /* Blocks for one chain of 64, filled from their keys. */
 struct sc_bufs {
@@ -643,8 +645,9 @@ static double sc_get(kvc_ns *ns, const struct kvc_key *k, uint32_t n, struct sc_
 
 /* The machine's floor for a hit at this level: memcpy of one block, and of 64 blocks each
  * at its own place, from random places in memory as large as the arena (1 GiB at most:
- * past any cache either way), into the same buffers; p50 in us into v[SC_F_COPY*]. A hit
- * that grows with the level as this does grows with the memory, not the daemon. */
+ * past any cache either way), into the same buffers; and for a put, of the 64 blocks into
+ * random places; p50 in us into v[SC_F_COPY*]. A hit or put that grows with the level as
+ * this does grows with the memory, not the daemon. */
 static void sc_floor(uint64_t arena, struct sc_bufs *b, size_t nsamp, size_t nsamp64, double *lat,
                      double *v)
 {
@@ -668,6 +671,16 @@ static void sc_floor(uint64_t arena, struct sc_bufs *b, size_t nsamp, size_t nsa
         lat[m++] = (sc_now() - t) * 1e6;
     }
     v[SC_F_COPY64_P50] = sc_pct(lat, m, 0.5);
+    /* A put's floor: the same 64 blocks copied into random places (a put's client writes its
+     * blocks into slots eviction just freed, out of the caches at a large level). */
+    m = 0;
+    for (size_t i = 0; i < nsamp64; i++) {
+        double t = sc_now();
+        for (int j = 0; j < SC_CHAIN; j++)
+            memcpy(p + (sc_rand() % nb) * b->bb, b->blk[j], b->bb);
+        lat[m++] = (sc_now() - t) * 1e6;
+    }
+    v[SC_F_COPY64_WRITE_P50] = sc_pct(lat, m, 0.5);
     munmap(p, len);
 }
 
