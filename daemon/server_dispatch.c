@@ -1232,8 +1232,11 @@ bool server_handle(struct server *sv, struct conn *c, size_t n)
     /* A commit can take the arena over its high watermark. Evicting down to the low one
      * frees hundreds of blocks at once: done once the connection's queued requests are
      * answered (server_on_conn), it runs while the client copies its next blocks, and a
-     * RESERVE sent right behind a commit that needs no reply is not kept waiting for it. */
-    if (r.hdr && r.hdr->opcode == KVC_OP_COMMIT)
+     * RESERVE sent right behind a commit that needs no reply is not kept waiting for it. A
+     * reservation takes its slots at once: the trim after it runs while the client writes
+     * them (yielding to its COMMIT), so that the next RESERVE of a stream of puts into a full
+     * arena finds room made instead of evicting for it while the client waits. */
+    if (r.hdr && (r.hdr->opcode == KVC_OP_COMMIT || r.hdr->opcode == KVC_OP_RESERVE))
         sv->trim_due = true;
     if (rc == -EAGAIN || rc == -EWOULDBLOCK)
         server_conn_close(sv, c, "client does not read its replies");
