@@ -958,6 +958,66 @@ static int pt_other_run(void *arg)
     return 0;
 }
 
+/* A reservation takes its slots at once: the trim it calls for runs while the client writes
+ * them, before anything is committed. A stream of puts into a full arena otherwise finds it
+ * full at every RESERVE and evicts for it while the client waits. */
+static const char *const pt_args_trim[] = {"-o", "host.size=32m",          "-o",
+                                           "host.page_size=64k",       "-o",
+                                           "host.high_watermark=0.9", "-o",
+                                           "host.low_watermark=0.5",  NULL};
+
+START_TEST(test_put_trim_while_writing)
+{
+    kvc_client *c;
+    kvc_ns *ns;
+    kvc_resv *r;
+    struct kvc_key k[PT_N];
+    pt_start(pt_args_trim);
+    pt_open(&c, &ns);
+    size_t bb = kvc_ns_block_bytes(ns);
+    uint64_t cap = pt_stat(c, "host_capacity");
+    void **b = NULL;
+    /* Up to 80 % of the arena, below the high watermark: nothing evicted. */
+    uint32_t family = 0;
+    while (pt_stat(c, "host_used") + PT_N * bb < cap * 8 / 10) {
+        ck_assert_int_eq(daemon_chain_keys(ns, 9000 + family++, 0, 0, PT_N, k), 0);
+        b = pt_blocks(ns, k, PT_N);
+        ck_assert_int_eq(kvc_put_prefix(ns, NULL, k, PT_N, (const void *const *)b), PT_N);
+        pt_blocks_free(b, PT_N);
+    }
+    ck_assert_int_eq(kvc_flush(c), 0);
+    ck_assert_uint_eq(pt_stat(c, "evicted_blocks"), 0);
+    uint64_t used = pt_stat(c, "host_used"), slot = used / pt_stat(c, "blocks_now");
+    /* Slots past the high watermark, held open: the trim evicts down to the low one. */
+    uint32_t n = (uint32_t)((cap * 9 / 10 - used) / slot) + 4;
+    ck_assert_uint_le(n, KVC_PROTO_MAX_KEYS);
+    struct kvc_key *rk = calloc(n, sizeof(*rk));
+    ck_assert_int_eq(daemon_chain_keys(ns, 8999, 0, 0, n, rk), 0);
+    ck_assert_int_eq(kvc_reserve(ns, NULL, rk, n, &r), (int)n);
+    ck_assert_uint_gt(used + n * slot, cap * 9 / 10); /* past it, by the arithmetic */
+    /* No request, no commit: the trim runs now (waiting for the once-a-second tick's own
+     * trim instead, 50 ms would see nothing evicted 19 times in 20). */
+    usleep((useconds_t)daemon_ms(50) * 1000);
+    ck_assert_uint_gt(pt_stat(c, "evicted_blocks"), 0);
+    uint64_t end = daemon_now_ms() + (uint64_t)daemon_ms(5000);
+    while (pt_stat(c, "host_used") > cap / 2 + (64 << 10) && daemon_now_ms() < end)
+        usleep(10000);
+    ck_assert_uint_le(pt_stat(c, "host_used"), cap / 2 + (64 << 10));
+    ck_assert_uint_eq(pt_stat(c, "reserve_evictions"), 0);
+    /* The slots held through it are the reservation's still. */
+    b = pt_blocks(ns, rk, n);
+    for (uint32_t i = 0; i < n; i++)
+        ck_assert_int_eq(kvc_resv_write(r, i, b[i], bb), 0);
+    ck_assert_int_eq(kvc_commit(r, SIZE_MAX), (int)n);
+    ck_assert_int_eq(pt_hits(ns, rk, n), (int)n);
+    pt_blocks_free(b, n);
+    free(rk);
+    pt_expect_nothing_held(c);
+    kvc_disconnect(c);
+    pt_stop();
+}
+END_TEST
+
 START_TEST(test_chunk_reserved_under_own_uncommitted_chunk)
 {
     struct pt_other p = {0};
@@ -1074,6 +1134,7 @@ int main(void)
     tcase_add_test(tc, test_release_does_not_wait);
     tcase_add_test(tc, test_put_every_key_counted);
     tcase_add_test(tc, test_chunk_reserved_under_own_uncommitted_chunk);
+    tcase_add_test(tc, test_put_trim_while_writing);
     suite_add_tcase(s, tc);
     if (daemon_suite_init("e2e-put"))
         return 1;

@@ -713,6 +713,12 @@ mutation chain-quiet-commit-kept daemon/server_dispatch.c "check_e2e_put" \
 '    if (n == -EAGAIN && !(q->flags & KVC_COMMIT_F_QUIET))' \
 '    if (n == -EAGAIN)'
 
+# The trim a RESERVE calls for waits for its COMMIT (or the tick): a stream of puts into a full
+# arena evicts at every RESERVE while the client waits.
+mutation trim-after-commit-only daemon/server_dispatch.c "check_e2e_put" \
+'    if (r.hdr && (r.hdr->opcode == KVC_OP_COMMIT || r.hdr->opcode == KVC_OP_RESERVE))' \
+'    if (r.hdr && r.hdr->opcode == KVC_OP_COMMIT)'
+
 # A RESERVE that waits for room is counted at every try (reserve_keys many times the keys put).
 mutation put-wait-counted-twice daemon/server_dispatch.c "check_e2e_disk" \
 '        server_resv_stats_restore(&sv->store->total, &tot0);' \
