@@ -24,7 +24,10 @@
  *    sample's blocks flushed from the CPU's caches first (hit*_fast_cold: at 4,096 blocks
  *    the whole arena fits in the caches, so the warm rows compare a cached copy with one
  *    from DRAM; the cold ones compare kvcd's own costs); a one-block and a 64-block put of fresh
- *    keys (kvc_put_prefix: each evicts as much), p50 and p99; the daemon's loop thread's CPU
+ *    keys (kvc_put_prefix: each evicts as much), p50 and p99; the machine's floors beside them
+ *    (memcpy of the same blocks from and to random places of memory as large as the arena,
+ *    copy*_floor: what a hit or a put copies grows with the memory, not the daemon); the
+ *    daemon's loop thread's CPU
  *    per block put and evicted, per one-block socket hit and per fast-path hit it counts
  *    from the hit rings (/proc/PID/schedstat of its main thread: the daemon's own cost, apart
  *    from the wake-ups a latency counts; the socket's gets are timed once the rings of the
