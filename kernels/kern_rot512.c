@@ -159,12 +159,9 @@ K5I void rot_xstage16(__m512 *a, __m512 *b, const int lb)
     } else if (lb == 1) { /* 2 apart */
         x = _mm512_shuffle_ps(*a, *b, 0x44);
         y = _mm512_shuffle_ps(*a, *b, 0xee);
-    } else if (lb == 2) { /* 4 apart: the 128-bit lanes */
-        x = _mm512_mask_shuffle_f32x4(*a, 0xf0f0, *b, *b, 0xa0);
-        y = _mm512_mask_shuffle_f32x4(*b, 0x0f0f, *a, *a, 0xf5);
-    } else { /* 8 apart: the halves */
-        x = _mm512_shuffle_f32x4(*a, *b, 0x44);
-        y = _mm512_shuffle_f32x4(*a, *b, 0xee);
+    } else { /* 4 or 8 apart: the 128-bit lanes, lane bits 2 and 3 (rot_fwht16) */
+        x = _mm512_shuffle_f32x4(*a, *b, 0x88);
+        y = _mm512_shuffle_f32x4(*a, *b, 0xdd);
     }
     *a = _mm512_add_ps(x, y);
     *b = _mm512_sub_ps(x, y);
@@ -211,6 +208,13 @@ K5I void rot_fwht16(__m512 *r, const uint32_t nv, const uint32_t nr)
                 }
 }
 
+/* p + m on the FMA pipes as p * 1 + m: the product is exact, so one rounding of p + m, the
+ * reference's addition, which leaves the two add pipes to the butterfly. */
+K5I __m512 rot_add_on_fma(__m512 p, __m512 m)
+{
+    return _mm512_fmadd_ps(p, _mm512_set1_ps(1.0f), m);
+}
+
 /* Sixteen floats to fp16 (F16C's rounding is kern_f2h's) or bf16 (round to nearest even as
  * kern_f2bf; decoded values are never NaN). */
 K5I void rot_store16(uint16_t *p, __m512 x, uint32_t dtype)
@@ -246,10 +250,10 @@ K5I void rot_dec_row16(const uint8_t *const *g0, const int bits, uint32_t gb,
         for (uint32_t j = 0; j < nv; j += 2)
 #pragma GCC unroll 4
             for (uint32_t k = 0; k < nr; k++) {
-                const __m512 a = _mm512_add_ps(
+                const __m512 a = rot_add_on_fma(
                     _mm512_mul_ps(y[16 * k + j], _mm512_loadu_ps(cs[k] + 16 * j)),
                     _mm512_loadu_ps(mf[k] + 16 * j));
-                const __m512 b = _mm512_add_ps(
+                const __m512 b = rot_add_on_fma(
                     _mm512_mul_ps(y[16 * k + j + 1], _mm512_loadu_ps(cs[k] + 16 * j + 16)),
                     _mm512_loadu_ps(mf[k] + 16 * j + 16));
                 kern_st512_halves(o[k] + 16 * j, a, b, out_dtype, nt);
@@ -261,8 +265,8 @@ K5I void rot_dec_row16(const uint8_t *const *g0, const int bits, uint32_t gb,
 #pragma GCC unroll 4
         for (uint32_t k = 0; k < nr; k++)
             rot_store16(o[k] + 16 * j,
-                        _mm512_add_ps(_mm512_mul_ps(y[16 * k + j], _mm512_loadu_ps(cs[k] + 16 * j)),
-                                      _mm512_loadu_ps(mf[k] + 16 * j)),
+                        rot_add_on_fma(_mm512_mul_ps(y[16 * k + j], _mm512_loadu_ps(cs[k] + 16 * j)),
+                                       _mm512_loadu_ps(mf[k] + 16 * j)),
                         out_dtype);
 }
 
