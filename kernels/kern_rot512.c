@@ -40,6 +40,9 @@
 #include "kernels/kern_kivi512.h"
 #include "kernels/kern_st512.h"
 
+#define K5V __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,avx2,f16c")))
+#define K5VI __attribute__((always_inline)) K5V static inline
+
 /* -1: not probed yet; else whether this CPU has the features (cpu) and whether the AVX-512
  * path is in use (on: cpu, unless KVC_NO_AVX512 or the tests turned it off). */
 static int rot512_cpu = -1, rot512_use = -1;
@@ -116,7 +119,7 @@ K5I void rot_fwht_regs16(__m512 *v, const uint32_t n)
  * the low bits of its lane (4-bit codes: a byte a lane, the even channel's code in its low
  * nibble; 2-bit: eight even channels' codes a dword, four bits apart, with a table that
  * repeats every four entries, so the next codes' bits above them select the same value). */
-K5I void rot_group_dec16(const uint8_t *blk, __m512 *e, __m512 *o, const int bits)
+K5VI void rot_group_dec16(const uint8_t *blk, __m512 *e, __m512 *o, const int bits)
 {
     uint32_t hdr;
     memcpy(&hdr, blk, 4);
@@ -129,19 +132,21 @@ K5I void rot_group_dec16(const uint8_t *blk, __m512 *e, __m512 *o, const int bit
     const __m512 tab = _mm512_add_ps(_mm512_mul_ps(q, sc), mn);
     if (bits == 4) {
         const __m512i z = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 4)));
+        /* the odd channel's code, bits 4 .. 7 of each lane, moved to bits 0 .. 3 */
+        const __m512i hi = _mm512_set1_epi64(0x0000002400000004ll);
         *e = _mm512_permutexvar_ps(z, tab);
-        *o = _mm512_permutexvar_ps(_mm512_srli_epi32(z, 4), tab);
+        *o = _mm512_permutexvar_ps(_mm512_multishift_epi64_epi8(hi, z), tab);
     } else {
-        uint64_t w;
-        memcpy(&w, blk + 4, 8);
-        const __m512i i = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-        const __m512i sh =
-            _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
-        const __m512i z = _mm512_srlv_epi32(
-            _mm512_permutexvar_epi32(i, _mm512_castsi128_si512(_mm_cvtsi64_si128((long long)w))),
-            sh);
-        *e = _mm512_permutexvar_ps(z, tab);
-        *o = _mm512_permutexvar_ps(_mm512_srli_epi32(z, 2), tab);
+        /* the group's eight code bytes in every qword; lane i takes bits 4i .. 4i + 7 (even
+         * channel 2i) or 4i + 2 .. 4i + 9 (odd channel 2i + 1), rotated within the qword */
+        const __m512i w = _mm512_broadcastq_epi64(_mm_loadl_epi64((const __m128i *)(blk + 4)));
+        const __m512i ce = _mm512_setr_epi64(0x0000000400000000ll, 0x0000000c00000008ll,
+                                             0x0000001400000010ll, 0x0000001c00000018ll,
+                                             0x0000002400000020ll, 0x0000002c00000028ll,
+                                             0x0000003400000030ll, 0x0000003c00000038ll);
+        *e = _mm512_permutexvar_ps(_mm512_multishift_epi64_epi8(ce, w), tab);
+        *o = _mm512_permutexvar_ps(
+            _mm512_multishift_epi64_epi8(_mm512_add_epi8(ce, _mm512_set1_epi8(2)), w), tab);
     }
 }
 
@@ -233,7 +238,7 @@ K5I void rot_store16(uint16_t *p, __m512 x, uint32_t dtype)
 /* nr rows side by side (rows k = 0 .. nr - 1: groups at g0[k], the head's c with signs and
  * means at cs[k] and mf[k], out at o[k]): groups, butterfly, y * cs + mean per channel,
  * stored, or 64 bytes at a time by mode nt (kern_st512.h). */
-K5I void rot_dec_row16(const uint8_t *const *g0, const int bits, uint32_t gb,
+K5VI void rot_dec_row16(const uint8_t *const *g0, const int bits, uint32_t gb,
                        const float *const *cs, const float *const *mf, uint16_t *const *o,
                        uint32_t out_dtype, const uint32_t nv, const uint32_t nr, const int nt)
 {
@@ -276,7 +281,7 @@ K5I void rot_dec_row16(const uint8_t *const *g0, const int bits, uint32_t gb,
  * value section, KIVI groups of the keys' bits), each pair of key rows is followed by the
  * same rows' values into rawv. Both stored by mode nt (kern_st512.h). */
 #define ROT_DEC_ROWS 2
-K5I void rot_dec_rows16(const struct kern_layout *lay, const uint8_t *in, const int bits,
+K5VI void rot_dec_rows16(const struct kern_layout *lay, const uint8_t *in, const int bits,
                         uint16_t *raw, const uint32_t out_dtype, const float *csa,
                         const float *mfa, const uint32_t nv, const uint8_t *vin, uint16_t *rawv,
                         const int nt)
@@ -313,7 +318,7 @@ K5I void rot_dec_rows16(const struct kern_layout *lay, const uint8_t *in, const 
     }
 }
 
-K5 int kern_rot512_dec(const struct kern_layout *lay, const uint8_t *sect, int bits, void *raw,
+K5V int kern_rot512_dec(const struct kern_layout *lay, const uint8_t *sect, int bits, void *raw,
                        uint32_t out_dtype, float *scratch, const uint8_t *vsect, void *rawv)
 {
     const uint32_t H = lay->heads, D = lay->head_dim;
