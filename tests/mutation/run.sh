@@ -63,11 +63,23 @@ mutation rot512-pair-head kernels/kern_rot512.c "check_codecs" \
 '            h0 = h0 + 1 == H ? 0 : h0 + 1;' \
 '            h0 = k == 0 ? h0 : h0 + 1 == H ? 0 : h0 + 1;'
 
-# The same decoder with a layer's values between its key rows: each pair of rows is followed by
-# the first row's value groups only (the second row's values never written).
+# The same decoder with a layer's values between its key rows: each pair of rows decodes the
+# first row's value groups only (the second row's values never written).
 mutation rot512-kv-pair-values kernels/kern_rot512.c "check_codecs check_kernels" \
-'            kivi5_v_groups(bits, out_dtype, nt, vin + row * G * gb, (uint64_t)ROT_DEC_ROWS * G,' \
-'            kivi5_v_groups(bits, out_dtype, nt, vin + row * G * gb, (uint64_t)G,'
+'                                      ROT_DEC_ROWS * G, out_dtype, bits, nt};' \
+'                                      G, out_dtype, bits, nt};'
+
+# The same: the values' slices between the key rows' stages with one slice left out (its
+# groups never written; for D = 128 the fourth 4-bit group, or the first four 2-bit ones).
+mutation rot512-kv-slice-skipped kernels/kern_rot512.c "check_codecs check_kernels" \
+'    if (hi > lo)' \
+'    if (hi > lo && slice != 3)'
+
+# The same decoder's exchanges of the 128-bit lanes (lane bits 2 and 3): the second half taken
+# with the registers' roles swapped, so channels meet the wrong partners.
+mutation rot512-lane-exchange kernels/kern_rot512.c "check_codecs" \
+'        y = _mm512_shuffle_f32x4(*a, *b, 0xdd);' \
+'        y = _mm512_shuffle_f32x4(*b, *a, 0xdd);'
 
 # The batched decoder's ROT rows, transformed across the lanes of a head row: the upper lane
 # of a cross-lane butterfly keeps b - a instead of a - b.
