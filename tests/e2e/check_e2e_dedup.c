@@ -23,7 +23,10 @@ static void *dd_buf;
 
 static void dd_setup(void)
 {
-    static const char *const args[] = {"-o", "host.size=32m", "-o", "host.page_size=64k", NULL};
+    /* disk.put_wait = 0: a second writer is answered BUSY at once (with a wait, it waits for
+     * the first writer's commit: test_dedup_second_writer_waits). */
+    static const char *const args[] = {"-o", "host.size=32m", "-o", "host.page_size=64k",
+                                       "-o", "disk.put_wait=0", NULL};
     struct kvc_layout lay = daemon_layout("e2e-dedup", 16);
     memset(&dd_d, 0, sizeof(dd_d));
     ck_assert_int_eq(daemon_start(&dd_d, args), 0);
