@@ -622,6 +622,8 @@ static bool server_reserve_behind(struct server *sv, const struct conn *c,
  * and finds the key PRESENT (or free to reserve). Only a writer of its own uid: another
  * tenant's reservation never holds a put back, and a client's own (a chained reservation) is
  * answered BUSY as before. Bounded by disk.put_wait, after which it is answered as before. */
+/* Asked only once store_reserve answered BUSY, so a RESERVE that finds no key being written
+ * pays nothing for it. */
 static bool server_reserve_writing(struct server *sv, const struct conn *c,
                                    const struct kvc_reserve_req *q, const struct proto_req *r,
                                    uint32_t want, uint64_t now)
@@ -654,13 +656,6 @@ static int server_on_reserve(struct server *sv, struct conn *c, const struct pro
         arc = server_reserve_room(sv, c, ns, &want);
     if (arc)
         return arc;
-    sv->defer_writing = false;
-    if (may_wait && ns && server_reserve_writing(sv, c, q, r, want, now)) {
-        if (!(sv->retrying && sv->retrying->c == c))
-            sv->store->total.put_waits_writing++; /* once a request, however often it waits */
-        sv->defer_writing = true;
-        return SERVER_DEFERRED;
-    }
     if (may_wait && server_reserve_behind(sv, c, ns, now)) {
         sv->store->total.put_waits_queued++;
         return SERVER_DEFERRED;
@@ -705,6 +700,20 @@ static int server_on_reserve(struct server *sv, struct conn *c, const struct pro
         server_resv_stats_restore(&sv->store->total, &tot0);
         if (ns)
             server_resv_stats_restore(&store_ns_get(sv->store, q->ns_id)->stats, &ns0);
+        return SERVER_DEFERRED;
+    }
+    if (may_wait && memchr(sv->st, KVC_WIRE_SLOT_BUSY, want) &&
+        server_reserve_writing(sv, c, q, r, want, now)) {
+        /* What it reserved before the BUSY key goes back (in a chain nothing: the writer's
+         * reservation holds every key up to it), and the request runs again. */
+        if (resv)
+            store_abort(sv->store, &c->owner, resv);
+        server_resv_stats_restore(&sv->store->total, &tot0);
+        if (ns)
+            server_resv_stats_restore(&store_ns_get(sv->store, q->ns_id)->stats, &ns0);
+        if (!(sv->retrying && sv->retrying->c == c))
+            sv->store->total.put_waits_writing++; /* once a request, however often it waits */
+        sv->defer_writing = true;
         return SERVER_DEFERRED;
     }
     if (sv->retrying && sv->retrying->c == c && (uint32_t)n < want &&

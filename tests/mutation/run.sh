@@ -867,8 +867,8 @@ mutation put-not-behind-own-uid daemon/server_dispatch.c "check_e2e_quant" \
 # Issue 30: a RESERVE whose first key not committed another client of its uid is writing is
 # answered BUSY at once again, not made to wait for that commit: the chain's tail is skipped.
 mutation put-writing-not-waited daemon/server_dispatch.c "check_e2e_dedup" \
-'    if (may_wait && ns && server_reserve_writing(sv, c, q, r, want, now)) {' \
-'    if (false && may_wait && ns && server_reserve_writing(sv, c, q, r, want, now)) {'
+'    if (may_wait && memchr(sv->st, KVC_WIRE_SLOT_BUSY, want) &&' \
+'    if (false && may_wait && memchr(sv->st, KVC_WIRE_SLOT_BUSY, want) &&'
 
 # Issue 30: the key a waiting RESERVE waits for is looked for at the chain's first key only,
 # not past the committed ones: a chain whose writer holds a later key is answered BUSY.
