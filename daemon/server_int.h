@@ -162,7 +162,7 @@ struct server {
     struct server_pending *retrying;    /* the one running again now, or NULL */
     bool retry_again;                   /* it deferred again: back on `pending` */
     bool defer_writing;                 /* the RESERVE just deferred waits for a commit */
-    bool writing_due; /* a COMMIT or ABORT came while RESERVEs wait for one: run them */
+    bool writing_due;                   /* a COMMIT or ABORT came: run the ones waiting */
     uint64_t waits_deadline;            /* earliest deadline among waits (tick skips until then) */
     struct store *store;
     int fd;

@@ -42,7 +42,7 @@ static void dd_setup(void)
 {
     /* disk.put_wait = 0: a second writer is answered BUSY at once (with a wait, it waits for
      * the first writer's commit: test_dedup_second_writer_waits). */
-    static const char *const args[] = {"-o", "host.size=32m", "-o", "host.page_size=64k",
+    static const char *const args[] = {"-o", "host.size=32m",   "-o", "host.page_size=64k",
                                        "-o", "disk.put_wait=0", NULL};
     dd_start(args);
 }
@@ -50,7 +50,7 @@ static void dd_setup(void)
 /* A wait longer than any run of the test takes to commit, however slow the build. */
 static void dd_setup_wait(void)
 {
-    static const char *const args[] = {"-o", "host.size=32m", "-o", "host.page_size=64k",
+    static const char *const args[] = {"-o", "host.size=32m",     "-o", "host.page_size=64k",
                                        "-o", "disk.put_wait=60s", NULL};
     dd_start(args);
 }
