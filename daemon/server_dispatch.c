@@ -635,8 +635,12 @@ static bool server_reserve_writing(struct server *sv, const struct conn *c,
     if (idx == INDEX_NONE)
         return false;
     for (struct conn *w = sv->conns; w; w = w->next)
-        if (w != c && w->u == c->u && store_resv_holds(sv->store, &w->owner, idx))
+        if (w != c && w->u == c->u && store_resv_holds(sv->store, &w->owner, idx)) {
+            /* what server_retry_writing checks before running it again */
+            sv->defer_writing_idx = idx;
+            sv->defer_writing_ns = q->ns_id;
             return true;
+        }
     return false;
 }
 
@@ -1017,6 +1021,8 @@ static int server_pending_add(struct server *sv, struct conn *c, size_t n, uint6
     if (sv->retrying && sv->retrying->c == c) {
         sv->retry_again = true; /* waits on, with its first deadline */
         sv->retrying->writing = writing;
+        sv->retrying->writing_idx = sv->defer_writing_idx;
+        sv->retrying->writing_ns = sv->defer_writing_ns;
         return 0;
     }
     /* One waiting request per connection (a client that pipelines more is answered at
@@ -1031,6 +1037,8 @@ static int server_pending_add(struct server *sv, struct conn *c, size_t n, uint6
     p->deadline_ms = now + sv->cfg->disk_put_wait;
     p->len = n;
     p->writing = writing;
+    p->writing_idx = sv->defer_writing_idx;
+    p->writing_ns = sv->defer_writing_ns;
     memcpy(p->msg, sv->rx, n);
     server_pending_push(sv, p);
     sv->store->total.put_waits++;
@@ -1111,7 +1119,10 @@ void server_retry_writing(struct server *sv, uint64_t now)
         struct server_pending *p = sv->pending_run;
         bool closed;
         sv->pending_run = p->next;
-        if (!p->writing) {
+        /* Still reserved: another client's COMMIT or ABORT. Runs again once that slot is
+         * committed or gone, so a COMMIT costs each waiting RESERVE one look, not a run (and
+         * the tick still answers one whose disk.put_wait ran out). */
+        if (!p->writing || store_block_reserved(sv->store, p->writing_idx, p->writing_ns)) {
             server_pending_push(sv, p);
             continue;
         }

@@ -149,6 +149,8 @@ struct server_pending {
     uint64_t deadline_ms;
     size_t len;
     bool writing; /* a RESERVE that waits for another client's commit (server_reserve_writing) */
+    uint32_t writing_idx; /* the reserved block it waits for, in namespace writing_ns */
+    uint32_t writing_ns;
     struct server_pending *next;
     uint64_t msg[]; /* the request as received */
 };
@@ -162,6 +164,8 @@ struct server {
     struct server_pending *retrying;    /* the one running again now, or NULL */
     bool retry_again;                   /* it deferred again: back on `pending` */
     bool defer_writing;                 /* the RESERVE just deferred waits for a commit */
+    uint32_t defer_writing_idx;         /* the block it waits for (server_pending's) */
+    uint32_t defer_writing_ns;
     bool writing_due;                   /* a COMMIT or ABORT came: run the ones waiting */
     uint64_t waits_deadline;            /* earliest deadline among waits (tick skips until then) */
     struct store *store;

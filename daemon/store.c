@@ -1142,6 +1142,12 @@ bool store_resv_holds(const struct store *s, struct store_owner *o, uint32_t idx
     return idx < s->ix.nblocks && store_resv_holding(s, o, idx) != NULL;
 }
 
+bool store_block_reserved(const struct store *s, uint32_t idx, uint32_t ns_id)
+{
+    return idx < s->ix.nblocks && s->ix.blocks[idx].state == BLOCK_STATE_RESERVED &&
+           s->ix.blocks[idx].ns == ns_id;
+}
+
 uint32_t store_reserve_writing(struct store *s, uint32_t ns_id, const struct kvc_wire_key *keys,
                                uint32_t n)
 {

@@ -444,6 +444,10 @@ int store_reserve(struct store *s, struct store_owner *o, uint32_t ns_id,
 uint32_t store_reserve_writing(struct store *s, uint32_t ns_id, const struct kvc_wire_key *keys,
                                uint32_t n);
 bool store_resv_holds(const struct store *s, struct store_owner *o, uint32_t idx);
+/* Whether block idx is a reserved slot of namespace ns_id (any owner's): a block entry reused
+ * since for another reservation of that namespace answers true as well, which only delays
+ * whoever asks until that one ends. */
+bool store_block_reserved(const struct store *s, uint32_t idx, uint32_t ns_id);
 
 /* Commits the first ncommit slots of a reservation and frees the rest. Returns the number
  * committed (and *dropped: the rest, with the slots an orphaned reservation lost before),

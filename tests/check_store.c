@@ -209,6 +209,8 @@ START_TEST(test_reserve_writing)
     ck_assert_uint_eq(w, index_find(&s->ix, (uint16_t)ns, &k[0]));
     ck_assert(store_resv_holds(s, &a, w));
     ck_assert(!store_resv_holds(s, &b, w));
+    ck_assert(store_block_reserved(s, w, ns));
+    ck_assert(!store_block_reserved(s, w, ns + 1));
     fill(k, st, locs, 4);
     ck_assert_int_eq(store_commit(s, &a, ra, 2, 2, &dropped), 2);
     ck_assert_uint_eq(store_reserve_writing(s, ns, k, 4), INDEX_NONE); /* k[2] dropped */
@@ -221,6 +223,7 @@ START_TEST(test_reserve_writing)
     ck_assert_int_eq(store_commit(s, &a, ra, UINT32_MAX, 4, &dropped), 2);
     ck_assert_uint_eq(store_reserve_writing(s, ns, k, 4), INDEX_NONE);
     ck_assert(!store_resv_holds(s, &a, w));
+    ck_assert(!store_block_reserved(s, w, ns)); /* committed */
     check_invariants();
     store_owner_fini(s, &a);
     store_owner_fini(s, &b);
