@@ -411,7 +411,10 @@ KVC_API int kvc_lookup_budget_heads(kvc_ns *ns, const struct kvc_key *keys, size
  * that is neither (not cached, or being written by another client) every key is
  * KVC_SLOT_SKIPPED. If the parent's reservation ends without committing the parent (abort,
  * a shorter commit, its timeout, a lost connection), the slots hanging from it are freed
- * with it, and committing this reservation then commits nothing (0).
+ * with it, and committing this reservation then commits nothing (0). A key another client
+ * is writing is KVC_SLOT_BUSY and every key after it KVC_SLOT_SKIPPED; when that client runs
+ * as the same user, the daemon first waits for its commit or abort (then the key is PRESENT,
+ * or reserved here, and the chain goes on), up to its disk.put_wait (2 s by default).
  * Returns the number of slots reserved; *out is always set (even at zero) and
  * tells the status of every key; finish it with kvc_commit() or kvc_abort() within the
  * daemon's server.reservation_timeout (60 s by default), after which it aborts the

@@ -158,6 +158,8 @@ static void server_notice(struct conn *c, int fd, int status)
  * for an answer (or on the tick). */
 void server_trim_due(struct server *sv)
 {
+    if (sv->writing_due)
+        server_retry_writing(sv, loop_now_ms(sv->loop));
     if (!sv->trim_due)
         return;
     sv->trim_due = false;

@@ -602,13 +602,46 @@ static bool server_reserve_behind(struct server *sv, const struct conn *c,
         const struct store_ns *pn;
         if (p->c == c)
             return false;
-        if (behind || !p->c || p->c->u != c->u || h->opcode != KVC_OP_RESERVE ||
+        if (behind || !p->c || p->c->u != c->u || h->opcode != KVC_OP_RESERVE || p->writing ||
             ((pq->flags & KVC_RESERVE_F_GPU) && p->c->gpu_mapped))
             continue;
         pn = store_ns_get(sv->store, pq->ns_id);
         behind = pn && pn->arena == ns->arena;
     }
     return behind && engine_room_coming(sv->store, ns->arena);
+}
+
+/* Whether a RESERVE of c waits for another client of its uid to commit a key of the chain: the
+ * first key not committed is a slot that client's reservation holds (store_reserve would
+ * answer BUSY there and SKIPPED for the rest). Answered now, the chain's tail past that key
+ * is never stored, though c has the bytes: with several clients starting on one prefix (a
+ * shared system prompt, the first requests after a start) every one but the writer lost its
+ * own continuation so, and got through its requests while the writer wrote, so that more
+ * requests than clients overlapped one put. It waits (holding nothing, as a RESERVE that
+ * waits for room) until that client commits or aborts (server_retry_writing), then runs again
+ * and finds the key PRESENT (or free to reserve). Only a writer of its own uid: another
+ * tenant's reservation never holds a put back, and a client's own (a chained reservation) is
+ * answered BUSY as before. Bounded by disk.put_wait, after which it is answered as before. */
+/* Asked only once store_reserve answered BUSY, so a RESERVE that finds no key being written
+ * pays nothing for it. */
+static bool server_reserve_writing(struct server *sv, const struct conn *c,
+                                   const struct kvc_reserve_req *q, const struct proto_req *r,
+                                   uint32_t want, uint64_t now)
+{
+    uint32_t idx;
+    if (!c->u || !server_wait_left(sv, c, now))
+        return false;
+    idx = store_reserve_writing(sv->store, q->ns_id, r->tail, want);
+    if (idx == INDEX_NONE)
+        return false;
+    for (struct conn *w = sv->conns; w; w = w->next)
+        if (w != c && w->u == c->u && store_resv_holds(sv->store, &w->owner, idx)) {
+            /* what server_retry_writing checks before running it again */
+            sv->defer_writing_idx = idx;
+            sv->defer_writing_ns = q->ns_id;
+            return true;
+        }
+    return false;
 }
 
 static int server_on_reserve(struct server *sv, struct conn *c, const struct proto_req *r,
@@ -673,7 +706,22 @@ static int server_on_reserve(struct server *sv, struct conn *c, const struct pro
             server_resv_stats_restore(&store_ns_get(sv->store, q->ns_id)->stats, &ns0);
         return SERVER_DEFERRED;
     }
-    if (sv->retrying && sv->retrying->c == c && (uint32_t)n < want)
+    if (may_wait && memchr(sv->st, KVC_WIRE_SLOT_BUSY, want) &&
+        server_reserve_writing(sv, c, q, r, want, now)) {
+        /* What it reserved before the BUSY key goes back (in a chain nothing: the writer's
+         * reservation holds every key up to it), and the request runs again. */
+        if (resv)
+            store_abort(sv->store, &c->owner, resv);
+        server_resv_stats_restore(&sv->store->total, &tot0);
+        if (ns)
+            server_resv_stats_restore(&store_ns_get(sv->store, q->ns_id)->stats, &ns0);
+        if (!(sv->retrying && sv->retrying->c == c))
+            sv->store->total.put_waits_writing++; /* once a request, however often it waits */
+        sv->defer_writing = true;
+        return SERVER_DEFERRED;
+    }
+    if (sv->retrying && sv->retrying->c == c && (uint32_t)n < want &&
+        memchr(sv->st, KVC_WIRE_SLOT_NOSPACE, want)) /* not a key found PRESENT after the wait */
         sv->store->total.put_wait_timeouts++;
     if (resv)
         c->resv[c->nresv++] =
@@ -946,6 +994,15 @@ void server_stats_delta(struct stats *st, const struct stats *before, const stru
 #undef SERVER_STAT_DELTA
 }
 
+/* Whether a RESERVE waits for another client's commit. */
+static bool server_pending_writing(const struct server *sv)
+{
+    for (const struct server_pending *p = sv->pending; p; p = p->next)
+        if (p->writing)
+            return true;
+    return false;
+}
+
 static void server_pending_push(struct server *sv, struct server_pending *p)
 {
     struct server_pending **w = &sv->pending;
@@ -959,8 +1016,13 @@ static void server_pending_push(struct server *sv, struct server_pending *p)
 static int server_pending_add(struct server *sv, struct conn *c, size_t n, uint64_t now)
 {
     struct server_pending *p;
+    bool writing = sv->defer_writing; /* what it waits for: a commit, or room */
+    sv->defer_writing = false;
     if (sv->retrying && sv->retrying->c == c) {
         sv->retry_again = true; /* waits on, with its first deadline */
+        sv->retrying->writing = writing;
+        sv->retrying->writing_idx = sv->defer_writing_idx;
+        sv->retrying->writing_ns = sv->defer_writing_ns;
         return 0;
     }
     /* One waiting request per connection (a client that pipelines more is answered at
@@ -974,6 +1036,9 @@ static int server_pending_add(struct server *sv, struct conn *c, size_t n, uint6
     p->c = c;
     p->deadline_ms = now + sv->cfg->disk_put_wait;
     p->len = n;
+    p->writing = writing;
+    p->writing_idx = sv->defer_writing_idx;
+    p->writing_ns = sv->defer_writing_ns;
     memcpy(p->msg, sv->rx, n);
     server_pending_push(sv, p);
     sv->store->total.put_waits++;
@@ -1029,8 +1094,52 @@ void server_retry_held(struct server *sv, uint64_t now, bool hold)
             *w = p;
         } else {
             server_pending_push(sv, p);
-            if (hold && nheld < SERVER_RETRY_HELD)
-                held[nheld++] = p->c->u; /* (past that many uids, the rest run as before) */
+            /* (past that many uids, the rest run as before; one that waits for a commit
+             * holds back nothing) */
+            if (hold && !p->writing && nheld < SERVER_RETRY_HELD)
+                held[nheld++] = p->c->u;
+        }
+    }
+    while (sv->pending_took) {
+        struct server_pending *p = sv->pending_took;
+        sv->pending_took = p->next;
+        server_pending_push(sv, p);
+    }
+}
+
+void server_retry_writing(struct server *sv, uint64_t now)
+{
+    (void)now;
+    sv->writing_due = false;
+    if (!sv->pending)
+        return;
+    sv->pending_run = sv->pending;
+    sv->pending = NULL;
+    while (sv->pending_run) {
+        struct server_pending *p = sv->pending_run;
+        bool closed;
+        sv->pending_run = p->next;
+        /* Still reserved: another client's COMMIT or ABORT. Runs again once that slot is
+         * committed or gone, so a COMMIT costs each waiting RESERVE one look, not a run (and
+         * the tick still answers one whose disk.put_wait ran out). */
+        if (!p->writing || store_block_reserved(sv->store, p->writing_idx, p->writing_ns)) {
+            server_pending_push(sv, p);
+            continue;
+        }
+        sv->retrying = p;
+        sv->retry_again = false;
+        memcpy(sv->rx, p->msg, p->len);
+        closed = server_handle(sv, p->c, p->len);
+        sv->retrying = NULL;
+        if (closed || !p->c || !sv->retry_again) {
+            free(p);
+        } else { /* waits on, behind the ones that were not run (pending_took: a close finds
+                  * it there) */
+            struct server_pending **w = &sv->pending_took;
+            while (*w)
+                w = &(*w)->next;
+            p->next = NULL;
+            *w = p;
         }
     }
     while (sv->pending_took) {
@@ -1238,6 +1347,11 @@ bool server_handle(struct server *sv, struct conn *c, size_t n)
      * arena finds room made instead of evicting for it while the client waits. */
     if (r.hdr && (r.hdr->opcode == KVC_OP_COMMIT || r.hdr->opcode == KVC_OP_RESERVE))
         sv->trim_due = true;
+    /* Its keys are committed (or free) now: the RESERVEs that wait for them run again, with
+     * the trim, once the connection's requests are answered. */
+    if (r.hdr && (r.hdr->opcode == KVC_OP_COMMIT || r.hdr->opcode == KVC_OP_ABORT) &&
+        server_pending_writing(sv))
+        sv->writing_due = true;
     if (rc == -EAGAIN || rc == -EWOULDBLOCK)
         server_conn_close(sv, c, "client does not read its replies");
     else if (rc)

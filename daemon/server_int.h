@@ -148,6 +148,9 @@ struct server_pending {
     struct conn *c;
     uint64_t deadline_ms;
     size_t len;
+    bool writing; /* a RESERVE that waits for another client's commit (server_reserve_writing) */
+    uint32_t writing_idx; /* the reserved block it waits for, in namespace writing_ns */
+    uint32_t writing_ns;
     struct server_pending *next;
     uint64_t msg[]; /* the request as received */
 };
@@ -160,6 +163,10 @@ struct server {
     struct server_pending *pending_took; /* of those, the ones that started pool moves */
     struct server_pending *retrying;    /* the one running again now, or NULL */
     bool retry_again;                   /* it deferred again: back on `pending` */
+    bool defer_writing;                 /* the RESERVE just deferred waits for a commit */
+    uint32_t defer_writing_idx;         /* the block it waits for (server_pending's) */
+    uint32_t defer_writing_ns;
+    bool writing_due;                   /* a COMMIT or ABORT came: run the ones waiting */
     uint64_t waits_deadline;            /* earliest deadline among waits (tick skips until then) */
     struct store *store;
     int fd;
@@ -259,5 +266,8 @@ int server_on_fast_attach(struct server *sv, struct conn *c, const struct proto_
 /* server_retry; with hold (a quantize landing: server_on_room), a uid's requests stop at the
  * first of them that waits on, the later ones of that uid waiting behind it unrun. */
 void server_retry_held(struct server *sv, uint64_t now, bool hold);
+/* The RESERVEs that wait for another client's commit (server_reserve_writing) run again, in
+ * arrival order; the others wait on untouched. */
+void server_retry_writing(struct server *sv, uint64_t now);
 
 #endif

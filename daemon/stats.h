@@ -87,6 +87,7 @@
     X(put_waits, "RESERVEs and LOOKUPs that waited for room or pool moves (disk.put_wait)")        \
     X(put_wait_timeouts, "of those, answered NOSPACE: no room within disk.put_wait")               \
     X(put_waits_queued, "of those, RESERVEs that went behind their uid's waiting one untried")     \
+    X(put_waits_writing, "of those, RESERVEs that waited for a key their uid was writing")         \
     X(promoted_blocks, "blocks read back from disk into memory")                                   \
     X(disk_evicted_blocks, "blocks evicted from disk to make room")                                \
     X(checksum_failures, "disk blocks that failed verification (dropped, served as misses)")       \

@@ -1151,6 +1151,37 @@ static struct store_handle *store_resv_holding(const struct store *s, struct sto
                : NULL;
 }
 
+bool store_resv_holds(const struct store *s, struct store_owner *o, uint32_t idx)
+{
+    return idx < s->ix.nblocks && store_resv_holding(s, o, idx) != NULL;
+}
+
+bool store_block_reserved(const struct store *s, uint32_t idx, uint32_t ns_id)
+{
+    return idx < s->ix.nblocks && s->ix.blocks[idx].state == BLOCK_STATE_RESERVED &&
+           s->ix.blocks[idx].ns == ns_id;
+}
+
+uint32_t store_reserve_writing(struct store *s, uint32_t ns_id, const struct kvc_wire_key *keys,
+                               uint32_t n)
+{
+    struct index_ahead ahead;
+    if (!store_ns_get(s, ns_id))
+        return INDEX_NONE;
+    index_ahead_init(&ahead, &s->ix, (uint16_t)ns_id, keys, n);
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t idx = index_ahead_find(&ahead, &s->ix, i);
+        if (idx == INDEX_NONE)
+            return INDEX_NONE;
+        const struct block *b = &s->ix.blocks[idx];
+        if (b->state == BLOCK_STATE_RESERVED)
+            return idx;
+        if (b->state != BLOCK_STATE_COMMITTED || (b->flags & BLOCK_F_LOST))
+            return INDEX_NONE;
+    }
+    return INDEX_NONE;
+}
+
 /* Reserved block idx of o is about to be dropped: the reservations of o hanging from it give
  * up their pin on it and are marked orphan (their slots go in store_resv_orphans_end). Only
  * o's reservations can hang from it (store_reserve), and a reserved block's pins are theirs. */

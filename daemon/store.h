@@ -436,6 +436,19 @@ int store_reserve(struct store *s, struct store_owner *o, uint32_t ns_id,
                   const struct kvc_wire_key *parent, const struct kvc_wire_key *keys, uint32_t n,
                   uint64_t now, uint64_t *resv_id, uint8_t *st, struct kvc_wire_loc *locs);
 
+/* The block of the first key of keys[0..n) in ns_id that is not committed, when a reservation
+ * holds it (another's: store_reserve would answer BUSY there and skip the rest of the chain);
+ * INDEX_NONE when the first such key is absent or the chain is all committed. Looks at map
+ * entries only, up to that key; takes nothing. store_resv_holds: whether a reservation of o
+ * holds block idx. */
+uint32_t store_reserve_writing(struct store *s, uint32_t ns_id, const struct kvc_wire_key *keys,
+                               uint32_t n);
+bool store_resv_holds(const struct store *s, struct store_owner *o, uint32_t idx);
+/* Whether block idx is a reserved slot of namespace ns_id (any owner's): a block entry reused
+ * since for another reservation of that namespace answers true as well, which only delays
+ * whoever asks until that one ends. */
+bool store_block_reserved(const struct store *s, uint32_t idx, uint32_t ns_id);
+
 /* Commits the first ncommit slots of a reservation and frees the rest. Returns the number
  * committed (and *dropped: the rest, with the slots an orphaned reservation lost before),
  * -ENOENT, or -EAGAIN when ncommit > 0 and the chain's parent is a slot of another of o's

@@ -189,6 +189,47 @@ START_TEST(test_reserved_invisible_busy_and_dedup)
 }
 END_TEST
 
+/* What a RESERVE that waits for a writer asks (server_reserve_writing): the first key of a
+ * chain not committed, when a reservation holds it, and whose reservation that is. Nothing
+ * while the chain's first missing key is absent or the chain is all committed. */
+START_TEST(test_reserve_writing)
+{
+    struct store_owner a, b;
+    struct kvc_wire_key k[4], zero = {0, 0};
+    uint8_t st[4];
+    struct kvc_wire_loc locs[4];
+    uint64_t ra;
+    uint32_t dropped, w;
+    store_owner_init(&a);
+    store_owner_init(&b);
+    chain(k, 7, 4, 0);
+    ck_assert_uint_eq(store_reserve_writing(s, ns, k, 4), INDEX_NONE); /* absent */
+    ck_assert_int_eq(store_reserve(s, &a, ns, &zero, k, 4, 1, &ra, st, locs), 4);
+    w = store_reserve_writing(s, ns, k, 4);
+    ck_assert_uint_eq(w, index_find(&s->ix, (uint16_t)ns, &k[0]));
+    ck_assert(store_resv_holds(s, &a, w));
+    ck_assert(!store_resv_holds(s, &b, w));
+    ck_assert(store_block_reserved(s, w, ns));
+    ck_assert(!store_block_reserved(s, w, ns + 1));
+    fill(k, st, locs, 4);
+    ck_assert_int_eq(store_commit(s, &a, ra, 2, 2, &dropped), 2);
+    ck_assert_uint_eq(store_reserve_writing(s, ns, k, 4), INDEX_NONE); /* k[2] dropped */
+    ck_assert_int_eq(store_reserve(s, &a, ns, &k[1], k + 2, 2, 3, &ra, st, locs), 2);
+    w = store_reserve_writing(s, ns, k, 4); /* past the two committed */
+    ck_assert_uint_eq(w, index_find(&s->ix, (uint16_t)ns, &k[2]));
+    ck_assert(store_resv_holds(s, &a, w));
+    ck_assert_uint_eq(store_reserve_writing(s, ns, k, 2), INDEX_NONE); /* all committed */
+    fill(k + 2, st, locs, 2);
+    ck_assert_int_eq(store_commit(s, &a, ra, UINT32_MAX, 4, &dropped), 2);
+    ck_assert_uint_eq(store_reserve_writing(s, ns, k, 4), INDEX_NONE);
+    ck_assert(!store_resv_holds(s, &a, w));
+    ck_assert(!store_block_reserved(s, w, ns)); /* committed */
+    check_invariants();
+    store_owner_fini(s, &a);
+    store_owner_fini(s, &b);
+}
+END_TEST
+
 START_TEST(test_orphan_parent_and_abort)
 {
     struct store_owner o;
@@ -949,6 +990,7 @@ int main(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_put_lookup_release);
     tcase_add_test(tc, test_reserved_invisible_busy_and_dedup);
+    tcase_add_test(tc, test_reserve_writing);
     tcase_add_test(tc, test_orphan_parent_and_abort);
     tcase_add_test(tc, test_eviction_keeps_prefix_tree);
     tcase_add_test(tc, test_nospace_when_all_pinned);

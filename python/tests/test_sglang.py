@@ -213,17 +213,16 @@ def test_parents_from_prefix_keys_and_orphans(daemon):
     be.close()
 
 
-def test_page_another_client_writes_is_waited_for(daemon):
-    """A page of the chain is being written by another instance (kvcd: BUSY, the pages
-    after it SKIPPED): batch_set_v1 waits for that commit and stores the rest after it;
-    SGLang sees every page stored (its all() would otherwise stop the backup)."""
+def _busy_page_set(sock, model):
+    """batch_set_v1 of four pages while another client holds the second one reserved and
+    commits it 0.2 s later: the backend's statistics."""
     pool = HostPool("page_first", LAYERS, HEADS, DIM, PAGE, 8)
-    be = KvcdHiCacheStorage(config(daemon.socket, model="busy"), pool)
+    be = KvcdHiCacheStorage(config(sock, model=model), pool)
     keys = ["b-%d" % i for i in range(4)]
     for i, k in enumerate(keys):
         pool.fill(i * PAGE, k)
     assert be.batch_set_v1(keys[:1], torch.arange(PAGE)) == [True]
-    c, ns = ns_of(be, daemon.socket)
+    c, ns = ns_of(be, sock)
     r = ns.reserve([_key(keys[1])], parent=_key(keys[0]))
     assert r.statuses == [kvcd.SLOT_RESERVED]
     r.write(0, pool.read_canonical(PAGE).contiguous().view(torch.uint8).numpy())
@@ -237,11 +236,28 @@ def test_page_another_client_writes_is_waited_for(daemon):
     t.join(10)
     assert out["ok"] == [True] * 4
     st = be.stats()
-    assert st["set_busy"] == 1 and st["set_busy_late"] == 0 and st["set_written"] == 3
-    bl = blocks(daemon.socket, ns.id)
+    bl = blocks(sock, ns.id)
     assert [bl[kvkey_hex(k)]["depth"] for k in keys] == [0, 1, 2, 3]
     c.close()
     be.close()
+    return st
+
+
+def test_page_another_client_writes_is_waited_for():
+    """A page of the chain is being written by another instance (kvcd: BUSY, the pages
+    after it SKIPPED, as it answers for a writer of another user, here with disk.put_wait
+    = 0): batch_set_v1 waits for that commit and stores the rest after it; SGLang sees every
+    page stored (its all() would otherwise stop the backup)."""
+    with PrivateDaemon(["host.size=64m", "disk.put_wait=0"]) as d:
+        st = _busy_page_set(d.socket, "busy")
+    assert st["set_busy"] == 1 and st["set_busy_late"] == 0 and st["set_written"] == 3
+
+
+def test_page_same_user_writes_is_waited_for_by_kvcd(daemon):
+    """The same with a writer of the same user: kvcd itself holds the RESERVE until that
+    commit (disk.put_wait), so the backend never sees BUSY and stores the rest."""
+    st = _busy_page_set(daemon.socket, "busy-same")
+    assert st["set_busy"] == 0 and st["set_busy_late"] == 0 and st["set_written"] == 3
 
 
 def test_page_written_too_long_counts_stored_and_the_chain_goes_on(daemon):

@@ -1,15 +1,19 @@
 /*
  * check_e2e_dedup.c — the reservation rules seen by two clients of one daemon.
  *
- * - A second writer of a chain sees BUSY for the first key and SKIPPED after it; once the
- *   first writer commits, lookups hit and a new RESERVE sees PRESENT.
+ * - A second writer of a chain sees BUSY for the first key and SKIPPED after it (with
+ *   disk.put_wait = 0); once the first writer commits, lookups hit and a new RESERVE sees
+ *   PRESENT. With a wait, the second writer's RESERVE waits for the first one's commit (or
+ *   abort) and then stores the rest of its chain.
  * - A chain hanging from an uncached parent is SKIPPED whole.
  * - ABORT gives every slot back (host_used and reserved_now return to before).
  * - COMMIT of the first n keeps exactly n, the rest are freed and can be reserved again.
  */
 #include <check.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "tests/lib/daemon.h"
 
@@ -21,9 +25,8 @@ static kvc_ns *dd_ns[2];
 static size_t dd_bb;
 static void *dd_buf;
 
-static void dd_setup(void)
+static void dd_start(const char *const *args)
 {
-    static const char *const args[] = {"-o", "host.size=32m", "-o", "host.page_size=64k", NULL};
     struct kvc_layout lay = daemon_layout("e2e-dedup", 16);
     memset(&dd_d, 0, sizeof(dd_d));
     ck_assert_int_eq(daemon_start(&dd_d, args), 0);
@@ -33,6 +36,23 @@ static void dd_setup(void)
     }
     dd_bb = kvc_ns_block_bytes(dd_ns[0]);
     dd_buf = malloc(dd_bb);
+}
+
+static void dd_setup(void)
+{
+    /* disk.put_wait = 0: a second writer is answered BUSY at once (with a wait, it waits for
+     * the first writer's commit: test_dedup_second_writer_waits). */
+    static const char *const args[] = {"-o", "host.size=32m",   "-o", "host.page_size=64k",
+                                       "-o", "disk.put_wait=0", NULL};
+    dd_start(args);
+}
+
+/* A wait longer than any run of the test takes to commit, however slow the build. */
+static void dd_setup_wait(void)
+{
+    static const char *const args[] = {"-o", "host.size=32m",     "-o", "host.page_size=64k",
+                                       "-o", "disk.put_wait=60s", NULL};
+    dd_start(args);
 }
 
 static void dd_teardown(void)
@@ -180,6 +200,74 @@ START_TEST(test_dedup_commit_first_n)
 }
 END_TEST
 
+/* The second writer's RESERVE, sent from a thread of its own: it waits in the daemon. */
+struct dd_waiter {
+    const struct kvc_key *keys;
+    int rc;
+    kvc_resv *r;
+};
+
+static void *dd_waiter_run(void *arg)
+{
+    struct dd_waiter *w = arg;
+    w->rc = kvc_reserve(dd_ns[1], NULL, w->keys, DD_N, &w->r);
+    return NULL;
+}
+
+/* Until the daemon counts `want` RESERVEs waiting for a writer (the thread's one arrived). */
+static void dd_wait_waiting(uint64_t want)
+{
+    uint64_t end = daemon_now_ms() + (uint64_t)daemon_ms(20000);
+    while (dd_stat("put_waits_writing") < want && daemon_now_ms() < end)
+        usleep(1000);
+    ck_assert_uint_eq(dd_stat("put_waits_writing"), want);
+}
+
+/* Two clients of one uid start on the same chain: the second one's RESERVE, whose first key
+ * the first one is writing, waits for that commit and then reserves the rest of its chain
+ * (PRESENT, PRESENT, RESERVED, RESERVED) instead of BUSY and SKIPPED, which left the tail it
+ * had computed unstored. Holding nothing while it waits. A writer that aborts frees its keys:
+ * the waiting RESERVE then takes the whole chain. Counted in put_waits_writing; nothing BUSY. */
+START_TEST(test_dedup_second_writer_waits)
+{
+    struct kvc_key k[DD_N], k2[DD_N];
+    kvc_resv *a;
+    pthread_t th;
+    struct dd_waiter w = {.keys = k};
+    ck_assert_int_eq(daemon_chain_keys(dd_ns[0], 6, 0, 0, DD_N, k), 0);
+    ck_assert_int_eq(kvc_reserve(dd_ns[0], NULL, k, 2, &a), 2);
+    ck_assert_int_eq(pthread_create(&th, NULL, dd_waiter_run, &w), 0);
+    dd_wait_waiting(1);
+    ck_assert_uint_eq(dd_stat("reserved_now"), 2); /* the waiting one holds nothing */
+    dd_write_all(a, k, 2);
+    ck_assert_int_eq(kvc_commit(a, SIZE_MAX), 2);
+    ck_assert_int_eq(pthread_join(th, NULL), 0);
+    ck_assert_int_eq(w.rc, DD_N - 2);
+    ck_assert_int_eq(kvc_resv_status(w.r, 0), KVC_SLOT_PRESENT);
+    ck_assert_int_eq(kvc_resv_status(w.r, 1), KVC_SLOT_PRESENT);
+    ck_assert_int_eq(kvc_resv_status(w.r, 2), KVC_SLOT_RESERVED);
+    ck_assert_int_eq(kvc_resv_status(w.r, 3), KVC_SLOT_RESERVED);
+    dd_write_all(w.r, k, DD_N);
+    ck_assert_int_eq(kvc_commit(w.r, SIZE_MAX), DD_N - 2);
+    dd_expect_hits(dd_ns[0], k, DD_N, DD_N);
+    /* The writer aborts instead: the waiting RESERVE gets every key. */
+    ck_assert_int_eq(daemon_chain_keys(dd_ns[0], 7, 0, 0, DD_N, k2), 0);
+    w = (struct dd_waiter){.keys = k2};
+    ck_assert_int_eq(kvc_reserve(dd_ns[0], NULL, k2, DD_N, &a), DD_N);
+    ck_assert_int_eq(pthread_create(&th, NULL, dd_waiter_run, &w), 0);
+    dd_wait_waiting(2);
+    ck_assert_int_eq(kvc_abort(a), 0);
+    ck_assert_int_eq(pthread_join(th, NULL), 0);
+    ck_assert_int_eq(w.rc, DD_N);
+    dd_write_all(w.r, k2, DD_N);
+    ck_assert_int_eq(kvc_commit(w.r, SIZE_MAX), DD_N);
+    dd_expect_hits(dd_ns[0], k2, DD_N, DD_N);
+    ck_assert_uint_eq(dd_stat("busy_blocks"), 0);
+    ck_assert_uint_eq(dd_stat("skipped_busy_blocks"), 0);
+    ck_assert_uint_eq(dd_stat("put_wait_timeouts"), 0);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("e2e_dedup");
@@ -191,6 +279,11 @@ int main(void)
     tcase_add_test(tc, test_dedup_uncached_parent_skips_all);
     tcase_add_test(tc, test_dedup_abort_frees_slots);
     tcase_add_test(tc, test_dedup_commit_first_n);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("wait");
+    tcase_set_timeout(tc, daemon_slow() * 60);
+    tcase_add_checked_fixture(tc, dd_setup_wait, dd_teardown);
+    tcase_add_test(tc, test_dedup_second_writer_waits);
     suite_add_tcase(s, tc);
     if (daemon_suite_init("e2e-dedup"))
         return 1;

@@ -882,6 +882,23 @@ mutation put-not-behind-own-uid daemon/server_dispatch.c "check_e2e_quant" \
 '    if (may_wait && server_reserve_behind(sv, c, ns, now)) {' \
 '    if (false && may_wait && server_reserve_behind(sv, c, ns, now)) {'
 
+# Issue 30: a RESERVE whose first key not committed another client of its uid is writing is
+# answered BUSY at once again, not made to wait for that commit: the chain's tail is skipped.
+mutation put-writing-not-waited daemon/server_dispatch.c "check_e2e_dedup" \
+'    if (may_wait && memchr(sv->st, KVC_WIRE_SLOT_BUSY, want) &&' \
+'    if (false && may_wait && memchr(sv->st, KVC_WIRE_SLOT_BUSY, want) &&'
+
+# Issue 30: the key a waiting RESERVE waits for is looked for at the chain's first key only,
+# not past the committed ones: a chain whose writer holds a later key is answered BUSY.
+mutation reserve-writing-first-key daemon/store.c "check_store check_e2e_dedup" \
+'        if (b->state != BLOCK_STATE_COMMITTED || (b->flags & BLOCK_F_LOST))
+            return INDEX_NONE;
+    }
+    return INDEX_NONE;' \
+'        return INDEX_NONE;
+    }
+    return INDEX_NONE;'
+
 # Issue 32: a trim no longer stops for a waiting request (the loop's poll is never asked):
 # a put behind a commit's trim waits for its first 256 evictions.
 mutation trim-yield-ignored daemon/engine.c "check_store" \
