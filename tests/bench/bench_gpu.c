@@ -56,9 +56,12 @@
  * A pool load's fixed part (issue 26; bp_run): the stages of a load of 255 and 1,023 blocks of
  * the 8B shape from a pool on the fake device (lookup, scatter queued, wait, release), wall,
  * client CPU and daemon CPU, where no CUDA device is found or KVC_BENCH_ONLY=poolload asks
- * for it alone (KVC_BENCH_REPS: loads per size).
+ * for it alone (KVC_BENCH_REPS: loads per size; KVC_BENCH_HEAD_DIM: a smaller head for a
+ * profile, the fake's copies then smaller, the requests and tables the same;
+ * KVC_BENCH_SERVER_CPU and KVC_BENCH_CLIENT_CPU: the CPU each process is bound to).
  * Usage: bench_gpu OUT.json
  */
+#include <sched.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -656,6 +659,8 @@ static const char *const bp_clock_name[BP_CLOCKS] = {"wall", "client cpu", "daem
 /* What the client process measured, in memory shared with this one. */
 struct bp_shared {
     uint32_t sizes[BP_SIZES];
+    uint32_t head_dim; /* 128; KVC_BENCH_HEAD_DIM: smaller, for a profile (the fake's copies
+                          shrink, the requests and tables stay) */
     int reps;
     double us[BP_SIZES][BP_STAGES][BP_CLOCKS][BP_REPS_MAX];
 };
@@ -682,7 +687,7 @@ static int bp_client(void *argp)
     struct kvc_layout lay = {.model_id = "bench-gpu-poolload",
                              .layers = BP_LAYERS,
                              .kv_heads = 8,
-                             .head_dim = 128,
+                             .head_dim = out->head_dim,
                              .block_tokens = 16,
                              .dtype = KVC_DTYPE_BF16,
                              .kv_kind = KVC_KV_KIND_KV};
@@ -690,13 +695,20 @@ static int bp_client(void *argp)
     static struct kvc_key keys[BP_TABLE];
     static int32_t table[BP_TABLE];
     void *src_k[BP_LAYERS], *src_v[BP_LAYERS], *dst_k[BP_LAYERS], *dst_v[BP_LAYERS];
-    const uint64_t row = 8 * 128 * 2, page = 16 * row, tbytes = BP_PAGES * page;
+    const uint64_t row = 8 * (uint64_t)out->head_dim * 2, page = 16 * row, tbytes = BP_PAGES * page;
     const uint32_t top = out->sizes[BP_SIZES - 1];
     kvc_client *c = NULL;
     kvc_ns *ns = NULL;
     clockid_t dclk;
     fake_dev_reset(1);
     kvci_gpu_ops_set(&fake_dev_ops);
+    if (getenv("KVC_BENCH_CLIENT_CPU")) { /* the engine on a CPU of its own, or the daemon's */
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(atoi(getenv("KVC_BENCH_CLIENT_CPU")), &set);
+        if (sched_setaffinity(0, sizeof(set), &set))
+            return 9;
+    }
     if (clock_getcpuclockid(a->server, &dclk))
         return 10;
     for (uint32_t i = 0; i < BP_TABLE * 16; i++)
@@ -726,7 +738,7 @@ static int bp_client(void *argp)
                                .page_tokens = 16,
                                .page_stride = page,
                                .token_stride = row,
-                               .head_stride = 128 * 2,
+                               .head_stride = (uint64_t)out->head_dim * 2,
                                .on_device = 1},
                         dst = src;
     dst.k = dst_k;
@@ -761,6 +773,12 @@ static int bp_client(void *argp)
                 if (k == 3 && kvc_release(l))
                     return 19;
             }
+            /* Another process's CPU clock is brought up to date when it sleeps: read where the
+             * daemon has nothing left to do (after the wait, and 2 ms after the release), the
+             * lookup's share holding its work after the reply, the release's all of its own. */
+            usleep(2000);
+            t[4][BP_DCPU] = bp_clock_us(dclk);
+            t[1][BP_DCPU] = t[2][BP_DCPU] = t[3][BP_DCPU];
             if (got != (int)n)
                 return 20;
             if (rep < 0 && si == BP_SIZES - 1) { /* every page the load wrote, once */
@@ -874,6 +892,8 @@ static void bp_run(struct bench_row *rows, size_t *nrows)
     sh->reps = smoke ? 2 : 15;
     if (getenv("KVC_BENCH_REPS"))
         sh->reps = atoi(getenv("KVC_BENCH_REPS"));
+    sh->head_dim = getenv("KVC_BENCH_HEAD_DIM") ? (uint32_t)atoi(getenv("KVC_BENCH_HEAD_DIM")) : 128;
+    sh->head_dim = sh->head_dim >= 8 && sh->head_dim <= 128 ? sh->head_dim & ~7u : 128;
     sh->reps = sh->reps < 1 ? 1 : sh->reps > BP_REPS_MAX ? BP_REPS_MAX : sh->reps;
     log_setup(LOG_LEVEL_WARNING, 100);
     fake_dev_reset(1);
@@ -883,6 +903,13 @@ static void bp_run(struct bench_row *rows, size_t *nrows)
         daemon_cleanup(&d);
         munmap(sh, sizeof(*sh));
         return;
+    }
+    if (getenv("KVC_BENCH_SERVER_CPU")) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(atoi(getenv("KVC_BENCH_SERVER_CPU")), &set);
+        if (sched_setaffinity(0, sizeof(set), &set))
+            bench_fail("gpu: poolload: KVC_BENCH_SERVER_CPU refused");
     }
     struct bp_arg arg = {.sock = d.sock, .server = getpid(), .out = sh};
     x.child = daemon_child_spawn(bp_client, &arg);
@@ -900,8 +927,8 @@ static void bp_run(struct bench_row *rows, size_t *nrows)
         return;
     }
     printf("\none pool load's stages, us (fake device: its wait is the CPU copying; 8B shape, "
-           "2 MiB blocks; %d loads each), best (median)\n",
-           sh->reps);
+           "head_dim %u, %u KiB blocks; %d loads each), best (median)\n",
+           sh->head_dim, 32 * 2 * 16 * 8 * sh->head_dim * 2 / 1024, sh->reps);
     printf("%-28s %-8s %20s %20s %20s\n", "load", "stage", bp_clock_name[0], bp_clock_name[1],
            bp_clock_name[2]);
     for (int si = 0; si < BP_SIZES; si++)
