@@ -757,41 +757,39 @@ static int bp_client(void *argp)
     for (int rep = -1; rep < out->reps; rep++)
         for (int si = 0; si < BP_SIZES; si++) {
             const uint32_t n = out->sizes[si];
-            double t[5][BP_CLOCKS], lk[2][BP_CLOCKS];
+            double t[BP_STAGES - 1][BP_CLOCKS];
             kvc_lease *l = NULL;
             int got = -1;
             if (fake_dev_ops.stream_sync(stream))
                 return 16;
-            /* Another process's CPU clock is brought up to date when it sleeps: the daemon's is
-             * read where it has nothing left to do (after 2 ms: the lookup's share holds its
-             * work after the reply, the release's all of its own); the sleep after the lookup
-             * is outside the timed stages. The scatter and the wait ask nothing of it. */
-            for (int k = 0; k < 2; k++) {
-                lk[k][BP_WALL] = bp_clock_us(CLOCK_MONOTONIC);
-                lk[k][BP_CPU] = bp_clock_us(CLOCK_THREAD_CPUTIME_ID);
-                if (k == 0 && kvc_lookup(ns, keys, n, KVC_LOOKUP_GPU, &l) != (int)n)
-                    return 17;
-            }
-            usleep(2000);
-            for (int k = 1; k < 5; k++) {
-                t[k][BP_WALL] = bp_clock_us(CLOCK_MONOTONIC);
-                t[k][BP_CPU] = bp_clock_us(CLOCK_THREAD_CPUTIME_ID);
-                t[k][BP_DCPU] = bp_clock_us(dclk);
-                if (k == 1)
+            /* Each stage timed alone (wall, this thread's CPU); another process's CPU clock is
+             * brought up to date when it sleeps, so the daemon's is read 2 ms after the lookup,
+             * the wait and the release, outside the timed stages: the lookup's share holds its
+             * work after the reply, the wait's the loop's ticks in it (the scatter asks nothing
+             * of the daemon: its share is 0), the release's all of its own. */
+            for (int sg = 0; sg < BP_FIXED; sg++) {
+                double w0 = bp_clock_us(CLOCK_MONOTONIC), c0 = bp_clock_us(CLOCK_THREAD_CPUTIME_ID);
+                int rc = 0;
+                if (sg == BP_LOOKUP)
+                    rc = kvc_lookup(ns, keys, n, KVC_LOOKUP_GPU, &l) == (int)n ? 0 : 17;
+                else if (sg == BP_SCATTER)
                     got = kvc_lease_scatter(l, 0, n, &dst, 0, stream, NULL);
-                if (k == 2 && fake_dev_ops.stream_sync(stream))
-                    return 18;
-                if (k == 3 && kvc_release(l))
-                    return 19;
+                else if (sg == BP_WAIT)
+                    rc = fake_dev_ops.stream_sync(stream) ? 18 : 0;
+                else
+                    rc = kvc_release(l) ? 19 : 0;
+                t[sg][BP_WALL] = bp_clock_us(CLOCK_MONOTONIC) - w0;
+                t[sg][BP_CPU] = bp_clock_us(CLOCK_THREAD_CPUTIME_ID) - c0;
+                if (rc)
+                    return rc;
+                t[sg][BP_DCPU] = 0;
+                if (sg != BP_SCATTER) {
+                    usleep(2000);
+                    double d1 = bp_clock_us(dclk);
+                    t[sg][BP_DCPU] = d1 - d0;
+                    d0 = d1;
+                }
             }
-            usleep(2000);
-            t[4][BP_DCPU] = bp_clock_us(dclk);
-            t[2][BP_DCPU] = t[3][BP_DCPU] = t[1][BP_DCPU];
-            /* the lookup's stage as if it ended where the scatter starts */
-            for (int cl = BP_WALL; cl <= BP_CPU; cl++)
-                t[0][cl] = t[1][cl] - (lk[1][cl] - lk[0][cl]);
-            t[0][BP_DCPU] = d0;
-            d0 = t[4][BP_DCPU];
             if (got != (int)n)
                 return 20;
             if (rep < 0 && si == BP_SIZES - 1) { /* every page the load wrote, once */
@@ -800,10 +798,10 @@ static int bp_client(void *argp)
                         return 21;
             }
             for (int cl = 0; rep >= 0 && cl < BP_CLOCKS; cl++) {
-                for (int sg = 0; sg < 4; sg++)
-                    out->us[si][sg][cl][rep] = t[sg + 1][cl] - t[sg][cl];
+                for (int sg = 0; sg < BP_FIXED; sg++)
+                    out->us[si][sg][cl][rep] = t[sg][cl];
                 out->us[si][BP_FIXED][cl][rep] =
-                    t[4][cl] - t[0][cl] - out->us[si][BP_WAIT][cl][rep];
+                    t[BP_LOOKUP][cl] + t[BP_SCATTER][cl] + t[BP_RELEASE][cl];
             }
         }
     if (fake_dev.bad_kinds || fake_dev.bad_packs || fake_dev_last_error())
