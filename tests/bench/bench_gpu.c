@@ -878,7 +878,10 @@ static void bp_run(struct bench_row *rows, size_t *nrows)
 {
     const bool smoke = bench_smoke();
     const uint32_t top = smoke ? 64 : 1023;
-    struct store_params sp = {.host_size = 64 << 20,
+    /* host arena and pool of one size, as bench_python's loadstages rows have them: the
+     * default policy's tuner sizes its miniature caches by the arena's blocks */
+    const uint64_t arena = ((uint64_t)top * 2 * 10 / 9 + 8) << 20;
+    struct store_params sp = {.host_size = arena,
                               .host_page_size = 2 << 20,
                               .high_watermark = 0.95,
                               .low_watermark = 0.9,
@@ -886,7 +889,7 @@ static void bp_run(struct bench_row *rows, size_t *nrows)
                               .max_handles = 64,
                               .policy = POLICY_DEFAULT,
                               /* the prefix under the low watermark: every put in the pool */
-                              .gpu_size = ((uint64_t)top * 2 * 10 / 9 + 8) << 20,
+                              .gpu_size = arena,
                               .gpu_device = 0,
                               .gpu_page_size = 2 << 20,
                               .gpu_ops = &fake_dev_ops};
