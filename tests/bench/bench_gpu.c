@@ -58,7 +58,8 @@
  * client CPU and daemon CPU, where no CUDA device is found or KVC_BENCH_ONLY=poolload asks
  * for it alone (KVC_BENCH_REPS: loads per size; KVC_BENCH_HEAD_DIM: a smaller head for a
  * profile, the fake's copies then smaller, the requests and tables the same;
- * KVC_BENCH_SERVER_CPU and KVC_BENCH_CLIENT_CPU: the CPU each process is bound to).
+ * KVC_BENCH_SERVER_CPU and KVC_BENCH_CLIENT_CPU: the CPU each process is bound to;
+ * KVC_BENCH_POLICY=lru: the namespaces' policy LRU, not the default's tuner).
  * Usage: bench_gpu OUT.json
  */
 #include <sched.h>
@@ -887,7 +888,11 @@ static void bp_run(struct bench_row *rows, size_t *nrows)
                               .low_watermark = 0.9,
                               .max_namespaces = 4,
                               .max_handles = 64,
-                              .policy = POLICY_DEFAULT,
+                              /* KVC_BENCH_POLICY=lru: no tuner after the lookups' replies */
+                              .policy = getenv("KVC_BENCH_POLICY") &&
+                                                strcmp(getenv("KVC_BENCH_POLICY"), "lru") == 0
+                                            ? POLICY_LRU
+                                            : POLICY_DEFAULT,
                               /* the prefix under the low watermark: every put in the pool */
                               .gpu_size = arena,
                               .gpu_device = 0,
