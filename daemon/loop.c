@@ -33,6 +33,11 @@ struct loop {
     void *before_wait_arg;
     int (*after)(void *arg);
     void *after_arg;
+    void (*pause_fn)(void *arg); /* loop_pause: runs after the next wait, before the rest */
+    void *pause_arg;
+    uint32_t pause_us;
+    bool no_pwait2; /* epoll_pwait2 missing (ENOSYS): the pause is a millisecond */
+    uint64_t pauses;
 };
 
 static uint64_t loop_mono_ms(void)
@@ -117,11 +122,31 @@ int loop_run(struct loop *l, int tick_ms, void (*tick)(void *arg), void *arg)
             timeout = again;
         if (l->before_wait)
             l->before_wait(l->before_wait_arg);
-        n = epoll_wait(l->epfd, evs, 64, timeout);
+        if (l->pause_fn && timeout > 0) {
+            /* Asleep for a moment whatever is due: a process this loop just woke may have
+             * this CPU first (loop_pause). */
+            struct timespec ts = {.tv_nsec = (long)l->pause_us * 1000};
+            if ((uint64_t)timeout * 1000 < l->pause_us)
+                ts.tv_nsec = (long)timeout * 1000000;
+            l->pauses++;
+            n = l->no_pwait2 ? -1 : epoll_pwait2(l->epfd, evs, 64, &ts, NULL);
+            if (n < 0 && (l->no_pwait2 || errno == ENOSYS)) {
+                l->no_pwait2 = true;
+                n = epoll_wait(l->epfd, evs, 64, 1);
+            }
+        } else {
+            n = epoll_wait(l->epfd, evs, 64, timeout);
+        }
+        int werr = n < 0 ? errno : 0;
+        if (l->pause_fn) { /* before any handler, `after` or tick */
+            void (*fn)(void *) = l->pause_fn;
+            l->pause_fn = NULL;
+            fn(l->pause_arg);
+        }
         if (n < 0) {
-            if (errno == EINTR)
+            if (werr == EINTR)
                 continue;
-            return -errno;
+            return -werr;
         }
         /* Every event the wait returned is handled, even once a handler stopped the loop:
          * an edge-triggered descriptor (server_io.c's `back`) would not report a dropped one
@@ -137,11 +162,28 @@ int loop_run(struct loop *l, int tick_ms, void (*tick)(void *arg), void *arg)
         if (l->after && !l->stop)
             again = l->after(l->after_arg);
         if (tick && loop_mono_ms() >= next_tick) {
+            if (l->pause_fn) { /* asked by a handler of this batch: before the tick too */
+                void (*fn)(void *) = l->pause_fn;
+                l->pause_fn = NULL;
+                fn(l->pause_arg);
+            }
             tick(arg);
             next_tick = loop_mono_ms() + (uint64_t)tick_ms;
         }
     }
     return 0;
+}
+
+void loop_pause(struct loop *l, uint32_t pause_us, void (*fn)(void *arg), void *arg)
+{
+    l->pause_fn = fn;
+    l->pause_arg = arg;
+    l->pause_us = pause_us < 1000 ? (pause_us ? pause_us : 1) : 999;
+}
+
+uint64_t loop_pauses(const struct loop *l)
+{
+    return l->pauses;
 }
 
 void loop_before_wait(struct loop *l, void (*fn)(void *arg), void *arg)
