@@ -37,7 +37,7 @@ struct loop {
     void *pause_arg;
     uint32_t pause_us;
     bool no_pwait2; /* epoll_pwait2 missing (ENOSYS): the pause is a millisecond */
-    uint64_t pauses;
+    uint64_t pauses; /* loop_pause calls */
 };
 
 static uint64_t loop_mono_ms(void)
@@ -108,6 +108,14 @@ int loop_del(struct loop *l, int fd)
     return 0;
 }
 
+/* Runs what loop_pause asked for, once. */
+static void loop_pause_end(struct loop *l)
+{
+    void (*fn)(void *) = l->pause_fn;
+    l->pause_fn = NULL;
+    fn(l->pause_arg);
+}
+
 int loop_run(struct loop *l, int tick_ms, void (*tick)(void *arg), void *arg)
 {
     struct epoll_event evs[64];
@@ -123,12 +131,9 @@ int loop_run(struct loop *l, int tick_ms, void (*tick)(void *arg), void *arg)
         if (l->before_wait)
             l->before_wait(l->before_wait_arg);
         if (l->pause_fn && timeout > 0) {
-            /* Asleep for a moment whatever is due: a process this loop just woke may have
-             * this CPU first (loop_pause). */
-            struct timespec ts = {.tv_nsec = (long)l->pause_us * 1000};
-            if ((uint64_t)timeout * 1000 < l->pause_us)
-                ts.tv_nsec = (long)timeout * 1000000;
-            l->pauses++;
+            /* pause_us at most (under the millisecond the timeout is at least): a process
+             * this loop just woke may have this CPU first (loop_pause). */
+            const struct timespec ts = {.tv_nsec = (long)l->pause_us * 1000};
             n = l->no_pwait2 ? -1 : epoll_pwait2(l->epfd, evs, 64, &ts, NULL);
             if (n < 0 && (l->no_pwait2 || errno == ENOSYS)) {
                 l->no_pwait2 = true;
@@ -138,11 +143,8 @@ int loop_run(struct loop *l, int tick_ms, void (*tick)(void *arg), void *arg)
             n = epoll_wait(l->epfd, evs, 64, timeout);
         }
         int werr = n < 0 ? errno : 0;
-        if (l->pause_fn) { /* before any handler, `after` or tick */
-            void (*fn)(void *) = l->pause_fn;
-            l->pause_fn = NULL;
-            fn(l->pause_arg);
-        }
+        if (l->pause_fn) /* before any handler, `after` or tick */
+            loop_pause_end(l);
         if (n < 0) {
             if (werr == EINTR)
                 continue;
@@ -162,11 +164,8 @@ int loop_run(struct loop *l, int tick_ms, void (*tick)(void *arg), void *arg)
         if (l->after && !l->stop)
             again = l->after(l->after_arg);
         if (tick && loop_mono_ms() >= next_tick) {
-            if (l->pause_fn) { /* asked by a handler of this batch: before the tick too */
-                void (*fn)(void *) = l->pause_fn;
-                l->pause_fn = NULL;
-                fn(l->pause_arg);
-            }
+            if (l->pause_fn) /* asked by a handler of this batch: before the tick too */
+                loop_pause_end(l);
             tick(arg);
             next_tick = loop_mono_ms() + (uint64_t)tick_ms;
         }
@@ -178,6 +177,7 @@ void loop_pause(struct loop *l, uint32_t pause_us, void (*fn)(void *arg), void *
 {
     l->pause_fn = fn;
     l->pause_arg = arg;
+    l->pauses++;
     l->pause_us = pause_us < 1000 ? (pause_us ? pause_us : 1) : 999;
 }
 

@@ -42,7 +42,7 @@ void loop_after(struct loop *l, int (*fn)(void *arg), void *arg);
  * hooks between, must not need fn's work; a later call replaces an earlier one not run yet.
  * A kernel without epoll_pwait2 sleeps a millisecond. */
 void loop_pause(struct loop *l, uint32_t pause_us, void (*fn)(void *arg), void *arg);
-/* Waits that loop_pause made sleep (tests). */
+/* loop_pause calls so far (tests). */
 uint64_t loop_pauses(const struct loop *l);
 /* Monotonic milliseconds since the loop was created. */
 uint64_t loop_now_ms(const struct loop *l);

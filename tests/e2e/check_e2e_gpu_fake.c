@@ -594,8 +594,10 @@ START_TEST(test_promotion_after_release)
 END_TEST
 
 /* Issue 26: a lookup's half-life tuner work (the default policy) runs after its reply is
- * sent (server_handle), and by the time a client's requests are answered none is left: each
- * of its lookups' keys reached the tuner, none waits for a later request. */
+ * sent, once the loop has paused (server_handle, loop_pause), and by the time a client's
+ * requests are answered none is left: each of its lookups' keys reached the tuner, none waits
+ * for a later request. The last lookup is the client's last request (its connection ends
+ * with the process: no release, no SYNC after it), so only the pause applies its work. */
 static int gf_lookups(void *arg)
 {
     kvc_client *c;
@@ -611,8 +613,11 @@ static int gf_lookups(void *arg)
         if (kvc_release(l))
             return 92;
     }
-    kvc_disconnect(c);
-    return 0;
+    if (kvc_flush(c)) /* the releases answered: nothing is sent after the last lookup */
+        return 93;
+    if (kvc_lookup(ns, keys, GE_BLOCKS, 0, &l) != GE_BLOCKS)
+        return 94;
+    return 0; /* its pins die with the connection */
 }
 
 START_TEST(test_lookup_tunes_after_reply)
@@ -621,7 +626,11 @@ START_TEST(test_lookup_tunes_after_reply)
     const struct store_ns *ns = NULL;
     s->p.policy = POLICY_DEFAULT; /* for the namespace the put opens */
     ck_assert_int_eq(gf_run(gf_put_host, NULL), 0);
+    const uint64_t pauses = loop_pauses(gf.ip.l);
     ck_assert_int_eq(gf_run(gf_lookups, NULL), 0);
+    /* one pause a lookup's reply, each lookup's work applied by it or before the request
+     * after it (the releases) */
+    ck_assert_uint_eq(loop_pauses(gf.ip.l) - pauses, 4);
     for (uint32_t i = 1; i < s->nns && !ns; i++)
         ns = store_ns_get(s, i);
     ck_assert_ptr_nonnull(ns);
@@ -629,7 +638,7 @@ START_TEST(test_lookup_tunes_after_reply)
     ck_assert(s->post_defer);
     ck_assert_uint_eq(s->post_ns, 0);
     ck_assert_ptr_nonnull(ns->tune);
-    ck_assert_uint_eq(ns->tune->refs, 3 * GE_BLOCKS);
+    ck_assert_uint_eq(ns->tune->refs, 4 * GE_BLOCKS);
 }
 END_TEST
 
