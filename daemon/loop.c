@@ -6,6 +6,11 @@
  * closes another descriptor (a connection dying while others are ready in the same batch)
  * cannot leave a dangling pointer: events for a descriptor deleted during the batch are
  * dropped by checking the table before each call.
+ * A pause (loop_pause) is work a handler left for after the next wait, which sleeps then
+ * (unless an event is ready or a tick or `after` is due at once) for pause_us at most, not
+ * until the tick (epoll_pwait2's timeout in nanoseconds): the one way a single-threaded
+ * daemon lets a process it has just woken on its own CPU run before its deferred work. The
+ * work runs first thing after that wait, or before a tick due earlier.
  */
 #include <errno.h>
 #include <poll.h>

@@ -907,7 +907,7 @@ mutation post-flush-after-reply daemon/server_dispatch.c "check_e2e_gpu_fake" \
 # first (a reply's reader on the daemon's CPU waits for the tuner).
 mutation post-pause-skipped daemon/server_dispatch.c "check_e2e_gpu_fake" \
 '        loop_pause(sv->loop, SERVER_POST_PAUSE_US, server_post_flush, sv->store);' \
-'        store_post_flush(sv->store);'
+'        server_post_flush(sv->store);'
 
 # The loop's paused work run after the handlers of the events its wait returned, not before.
 mutation loop-pause-after-handlers daemon/loop.c "check_loop" \
