@@ -1230,7 +1230,7 @@ bool server_handle(struct server *sv, struct conn *c, size_t n)
      * socket often is, runs first instead of waiting for the work (the default policy's
      * tuner: hundreds of microseconds for a long prefix). Everything that reads the policy
      * state in between applies it first: the next request (above), a fast-ring hit, a trim. */
-    if (rc == 0 && !quiet && sv->store->post_ns)
+    if (rc == 0 && !quiet && sv->store->post_ns && sv->store->post_nkey >= SERVER_POST_PAUSE_KEYS)
         loop_pause(sv->loop, SERVER_POST_PAUSE_US, server_post_flush, sv->store);
     else
         store_post_flush(sv->store);

@@ -909,6 +909,11 @@ mutation post-pause-skipped daemon/server_dispatch.c "check_e2e_gpu_fake" \
 '        loop_pause(sv->loop, SERVER_POST_PAUSE_US, server_post_flush, sv->store);' \
 '        server_post_flush(sv->store);'
 
+# Every lookup pauses the loop, however short (its sleep and wake cost more than its work).
+mutation post-pause-short-lookups daemon/server_dispatch.c "check_e2e_gpu_fake" \
+'sv->store->post_nkey >= SERVER_POST_PAUSE_KEYS)' \
+'sv->store->post_nkey >= 1)'
+
 # The loop's paused work run after the handlers of the events its wait returned, not before.
 mutation loop-pause-after-handlers daemon/loop.c "check_loop" \
 '        if (l->pause_fn) /* before any handler, `after` or tick */' \
