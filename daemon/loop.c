@@ -41,7 +41,7 @@ struct loop {
     void (*pause_fn)(void *arg); /* loop_pause: runs after the next wait, before the rest */
     void *pause_arg;
     uint32_t pause_us;
-    bool no_pwait2; /* epoll_pwait2 missing (ENOSYS): the pause is a millisecond */
+    bool no_pwait2;  /* epoll_pwait2 missing (ENOSYS): the pause is a millisecond */
     uint64_t pauses; /* loop_pause calls */
 };
 

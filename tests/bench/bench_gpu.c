@@ -722,7 +722,8 @@ static int bp_client(void *argp)
         return 12;
     void *stream = fake_dev_stream(0);
     for (int l = 0; l < BP_LAYERS; l++) {
-        if (fake_dev_ops.mem_alloc(&src_k[l], tbytes) || fake_dev_ops.mem_alloc(&src_v[l], tbytes) ||
+        if (fake_dev_ops.mem_alloc(&src_k[l], tbytes) ||
+            fake_dev_ops.mem_alloc(&src_v[l], tbytes) ||
             fake_dev_ops.mem_alloc(&dst_k[l], tbytes) || fake_dev_ops.mem_alloc(&dst_v[l], tbytes))
             return 13;
         for (uint64_t x = 0; x < tbytes; x++) { /* the fake's device memory is the host's */
@@ -795,7 +796,8 @@ static int bp_client(void *argp)
                 return 20;
             if (rep < 0 && si == BP_SIZES - 1) { /* every page the load wrote, once */
                 for (int ly = 0; ly < BP_LAYERS; ly++)
-                    if (memcmp(dst_k[ly], src_k[ly], tbytes) || memcmp(dst_v[ly], src_v[ly], tbytes))
+                    if (memcmp(dst_k[ly], src_k[ly], tbytes) ||
+                        memcmp(dst_v[ly], src_v[ly], tbytes))
                         return 21;
             }
             for (int cl = 0; rep >= 0 && cl < BP_CLOCKS; cl++) {
@@ -900,8 +902,8 @@ static void bp_run(struct bench_row *rows, size_t *nrows)
                               .gpu_ops = &fake_dev_ops};
     struct daemon d = {0};
     struct bp_server x;
-    struct bp_shared *sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE,
-                                MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    struct bp_shared *sh =
+        mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (sh == MAP_FAILED || daemon_dir_init(&d)) {
         bench_fail("gpu: poolload: no shared memory or directory");
         return;
@@ -911,7 +913,8 @@ static void bp_run(struct bench_row *rows, size_t *nrows)
     sh->reps = smoke ? 2 : 15;
     if (getenv("KVC_BENCH_REPS"))
         sh->reps = atoi(getenv("KVC_BENCH_REPS"));
-    sh->head_dim = getenv("KVC_BENCH_HEAD_DIM") ? (uint32_t)atoi(getenv("KVC_BENCH_HEAD_DIM")) : 128;
+    sh->head_dim =
+        getenv("KVC_BENCH_HEAD_DIM") ? (uint32_t)atoi(getenv("KVC_BENCH_HEAD_DIM")) : 128;
     sh->head_dim = sh->head_dim >= 8 && sh->head_dim <= 128 ? sh->head_dim & ~7u : 128;
     sh->reps = sh->reps < 1 ? 1 : sh->reps > BP_REPS_MAX ? BP_REPS_MAX : sh->reps;
     log_setup(LOG_LEVEL_WARNING, 100);
@@ -963,7 +966,9 @@ static void bp_run(struct bench_row *rows, size_t *nrows)
                 if (sg == BP_FIXED || sg == BP_LOOKUP || sg == BP_SCATTER || sg == BP_RELEASE) {
                     char rn[160];
                     snprintf(rn, sizeof(rn), "%s_%s_%s_us", name, bp_stage_name[sg],
-                             cl == BP_WALL ? "wall" : cl == BP_CPU ? "cpu" : "daemon_cpu");
+                             cl == BP_WALL  ? "wall"
+                             : cl == BP_CPU ? "cpu"
+                                            : "daemon_cpu");
                     bench_row_add(rows, BG_ROWS, nrows, rn, v[0], "us", NULL, 0);
                 }
             }
