@@ -571,6 +571,7 @@ int engine_trim(struct store *s, uint64_t now)
     int n = 0;
     uint64_t t0 = engine_mono_ns();
     bool more = s->trim_more; /* the last trim stopped above the low watermark */
+    store_post_flush(s); /* a lookup's policy work before the evictions read it */
     s->trim_yield_next = ENGINE_TRIM_YIELD_EVERY;
     s->trim_more = false;
     engine_gpu_refresh(s); /* moves that landed, or waited for their pins to go */

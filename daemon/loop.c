@@ -6,6 +6,11 @@
  * closes another descriptor (a connection dying while others are ready in the same batch)
  * cannot leave a dangling pointer: events for a descriptor deleted during the batch are
  * dropped by checking the table before each call.
+ * A pause (loop_pause) is work a handler left for after the next wait, which sleeps then
+ * (unless an event is ready or a tick or `after` is due at once) for pause_us at most, not
+ * until the tick (epoll_pwait2's timeout in nanoseconds): the one way a single-threaded
+ * daemon lets a process it has just woken on its own CPU run before its deferred work. The
+ * work runs first thing after that wait, or before a tick due earlier.
  */
 #include <errno.h>
 #include <poll.h>
@@ -33,6 +38,11 @@ struct loop {
     void *before_wait_arg;
     int (*after)(void *arg);
     void *after_arg;
+    void (*pause_fn)(void *arg); /* loop_pause: runs after the next wait, before the rest */
+    void *pause_arg;
+    uint32_t pause_us;
+    bool no_pwait2;  /* epoll_pwait2 missing (ENOSYS): the pause is a millisecond */
+    uint64_t pauses; /* loop_pause calls */
 };
 
 static uint64_t loop_mono_ms(void)
@@ -103,6 +113,14 @@ int loop_del(struct loop *l, int fd)
     return 0;
 }
 
+/* Runs what loop_pause asked for, once. */
+static void loop_pause_end(struct loop *l)
+{
+    void (*fn)(void *) = l->pause_fn;
+    l->pause_fn = NULL;
+    fn(l->pause_arg);
+}
+
 int loop_run(struct loop *l, int tick_ms, void (*tick)(void *arg), void *arg)
 {
     struct epoll_event evs[64];
@@ -117,11 +135,25 @@ int loop_run(struct loop *l, int tick_ms, void (*tick)(void *arg), void *arg)
             timeout = again;
         if (l->before_wait)
             l->before_wait(l->before_wait_arg);
-        n = epoll_wait(l->epfd, evs, 64, timeout);
+        if (l->pause_fn && timeout > 0) {
+            /* pause_us at most (under the millisecond the timeout is at least): a process
+             * this loop just woke may have this CPU first (loop_pause). */
+            const struct timespec ts = {.tv_nsec = (long)l->pause_us * 1000};
+            n = l->no_pwait2 ? -1 : epoll_pwait2(l->epfd, evs, 64, &ts, NULL);
+            if (n < 0 && (l->no_pwait2 || errno == ENOSYS)) {
+                l->no_pwait2 = true;
+                n = epoll_wait(l->epfd, evs, 64, 1);
+            }
+        } else {
+            n = epoll_wait(l->epfd, evs, 64, timeout);
+        }
+        int werr = n < 0 ? errno : 0;
+        if (l->pause_fn) /* before any handler, `after` or tick */
+            loop_pause_end(l);
         if (n < 0) {
-            if (errno == EINTR)
+            if (werr == EINTR)
                 continue;
-            return -errno;
+            return -werr;
         }
         /* Every event the wait returned is handled, even once a handler stopped the loop:
          * an edge-triggered descriptor (server_io.c's `back`) would not report a dropped one
@@ -137,11 +169,26 @@ int loop_run(struct loop *l, int tick_ms, void (*tick)(void *arg), void *arg)
         if (l->after && !l->stop)
             again = l->after(l->after_arg);
         if (tick && loop_mono_ms() >= next_tick) {
+            if (l->pause_fn) /* asked by a handler of this batch: before the tick too */
+                loop_pause_end(l);
             tick(arg);
             next_tick = loop_mono_ms() + (uint64_t)tick_ms;
         }
     }
     return 0;
+}
+
+void loop_pause(struct loop *l, uint32_t pause_us, void (*fn)(void *arg), void *arg)
+{
+    l->pause_fn = fn;
+    l->pause_arg = arg;
+    l->pauses++;
+    l->pause_us = pause_us < 1000 ? (pause_us ? pause_us : 1) : 999;
+}
+
+uint64_t loop_pauses(const struct loop *l)
+{
+    return l->pauses;
 }
 
 void loop_before_wait(struct loop *l, void (*fn)(void *arg), void *arg)

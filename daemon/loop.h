@@ -34,6 +34,16 @@ void loop_before_wait(struct loop *l, void (*fn)(void *arg), void *arg);
  * to run again at the latest (0: at once, the next wait does not sleep), or -1 for no
  * sooner than events or the tick bring it. NULL removes it. */
 void loop_after(struct loop *l, int (*fn)(void *arg), void *arg);
+/* fn(arg) runs once, after the loop's next wait returns (events or not) and before anything
+ * else the loop runs then — handlers, `after`, the tick — or before a tick due first. When
+ * no event is ready and nothing is due at once, that wait sleeps pause_us at most (under
+ * 1,000), not until the tick: the loop thread gives up its CPU, so a process it has just
+ * woken (a reply's reader) runs first where both share a CPU. What asks for it, and the `after` and `before_wait`
+ * hooks between, must not need fn's work; a later call replaces an earlier one not run yet.
+ * A kernel without epoll_pwait2 sleeps a millisecond. */
+void loop_pause(struct loop *l, uint32_t pause_us, void (*fn)(void *arg), void *arg);
+/* loop_pause calls so far (tests). */
+uint64_t loop_pauses(const struct loop *l);
 /* Monotonic milliseconds since the loop was created. */
 uint64_t loop_now_ms(const struct loop *l);
 

@@ -1163,6 +1163,12 @@ static void server_fast_excl_take(struct server *sv, struct conn *c)
 }
 
 /* Handles one request; returns true if the connection was closed (c is gone). */
+/* The loop's pause after a lookup's reply (server_handle): its policy work. */
+static void server_post_flush(void *arg)
+{
+    store_post_flush(arg);
+}
+
 bool server_handle(struct server *sv, struct conn *c, size_t n)
 {
     struct proto_req r;
@@ -1171,6 +1177,7 @@ bool server_handle(struct server *sv, struct conn *c, size_t n)
     int send_fd = -1;
     bool send_fd_owned = false;
     struct stats before = sv->store->total;
+    store_post_flush(sv->store); /* an earlier request's lookup, whose pause has not come */
     if (sv->fast_excl_any) { /* drains outside a request (tick, close) */
         memset(&sv->fast_excl, 0, sizeof(sv->fast_excl));
         sv->fast_excl_any = false;
@@ -1327,8 +1334,15 @@ bool server_handle(struct server *sv, struct conn *c, size_t n)
         server_reply_init(sv, r.hdr, 0, (uint32_t)rc);
     }
     rc = quiet ? 0 : server_send(sv, c, send_fd);
-    /* A lookup's policy work, now that its reply is on its way (struct store, post_defer). */
-    store_post_flush(sv->store);
+    /* A lookup's policy work (struct store, post_defer), once its reply is on its way and the
+     * loop has slept a moment: the reply's reader, woken onto this CPU as a reader of a Unix
+     * socket often is, runs first instead of waiting for the work (the default policy's
+     * tuner: hundreds of microseconds for a long prefix). Everything that reads the policy
+     * state in between applies it first: the next request (above), a fast-ring hit, a trim. */
+    if (rc == 0 && !quiet && sv->store->post_ns && sv->store->post_nkey >= SERVER_POST_PAUSE_KEYS)
+        loop_pause(sv->loop, SERVER_POST_PAUSE_US, server_post_flush, sv->store);
+    else
+        store_post_flush(sv->store);
     if (send_fd_owned)
         close(send_fd);
     if (rc == 0 && send_fd >= 0 && r.hdr->opcode == KVC_OP_NS_OPEN) {

@@ -53,19 +53,35 @@
  * made (printed). Every round's bytes are checked in the pool and back in the host arena.
  * Without a CUDA device the throughput part prints one SKIP line. Every call is checked
  * (the timed copies too): a failure fails the run, with no row.
+ * A pool load's fixed part (issue 26; bp_run): the stages of a load of 255 and 1,023 blocks of
+ * the 8B shape from a pool on the fake device (lookup, scatter queued, wait, release), wall,
+ * client CPU and daemon CPU, where no CUDA device is found or KVC_BENCH_ONLY=poolload asks
+ * for it alone (KVC_BENCH_REPS: loads per size; KVC_BENCH_HEAD_DIM: a smaller head for a
+ * profile, the fake's copies then smaller, the requests and tables the same;
+ * KVC_BENCH_SERVER_CPU and KVC_BENCH_CLIENT_CPU: the CPU each process is bound to;
+ * KVC_BENCH_POLICY=lru: the namespaces' policy LRU, not the default's tuner).
  * Usage: bench_gpu OUT.json
  */
+#include <sched.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "client/kvc.h"
 #include "client/libkvc_internal.h"
+#include "daemon/acl.h"
+#include "daemon/config.h"
 #include "daemon/engine.h"
 #include "daemon/engine_disk.h"
 #include "daemon/engine_gpu.h"
 #include "daemon/log.h"
+#include "daemon/loop.h"
+#include "daemon/server.h"
 #include "daemon/store.h"
 #include "kernels/kern.h"
 #include "kernels/kern_dev.h"
@@ -613,6 +629,354 @@ out:
     return rc;
 }
 
+/* ---- a pool load's fixed part, on the fake device --------------------------------------- */
+
+/* A load of a prefix from kvcd's pool into paged tensors as an engine pays it (issue 26):
+ * kvc_lookup with KVC_LOOKUP_GPU, kvc_lease_scatter queued, the stream's wait, kvc_release;
+ * everything but the wait is the load's fixed part. The store and server run in this process
+ * with a pool on the fake device (kvcd's own code, its loop on this process's CPU); the client
+ * is a forked process, as an engine is. The fake's wait is the CPU performing the copies, not
+ * a device's time; the daemon's round trips, its lookup and release work, libkvc's tables and
+ * the release are the real CPU code. The 8B shape: 32 layers, 8 KV heads of 128, 16-token
+ * blocks of 2 MiB, vLLM's per-layer pages; the engine's tensors hold BP_PAGES pages, the block
+ * table's BP_TABLE entries naming them in turn (the table's size is the engine's, its pages
+ * are shared to keep the fake's memory small). Per prefix length, BP_REPS loads after a
+ * warm-up: wall, client CPU and daemon CPU (the server process's clock, read by the client)
+ * of each stage; best and median. KVC_BENCH_ONLY=poolload runs this case alone (on any
+ * host); the full run takes it where there is no CUDA device. */
+#define BP_LAYERS 32
+#define BP_PAGES 64
+#define BP_TABLE 1024
+#define BP_SIZES 2
+#define BP_REPS_MAX 31
+#define BP_PUT 64 /* blocks per reservation of the put */
+
+enum bp_stage { BP_LOOKUP, BP_SCATTER, BP_WAIT, BP_RELEASE, BP_FIXED, BP_STAGES };
+static const char *const bp_stage_name[BP_STAGES] = {"lookup", "scatter", "wait", "release",
+                                                     "fixed"};
+enum bp_clock { BP_WALL, BP_CPU, BP_DCPU, BP_CLOCKS };
+static const char *const bp_clock_name[BP_CLOCKS] = {"wall", "client cpu", "daemon cpu"};
+
+/* What the client process measured, in memory shared with this one. */
+struct bp_shared {
+    uint32_t sizes[BP_SIZES];
+    uint32_t head_dim; /* 128; KVC_BENCH_HEAD_DIM: smaller, for a profile (the fake's copies
+                          shrink, the requests and tables stay) */
+    int reps;
+    double us[BP_SIZES][BP_STAGES][BP_CLOCKS][BP_REPS_MAX];
+};
+
+struct bp_arg {
+    const char *sock;
+    pid_t server; /* the process whose CPU clock is the daemon's */
+    struct bp_shared *out;
+};
+
+static double bp_clock_us(clockid_t id)
+{
+    struct timespec ts;
+    clock_gettime(id, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+/* The client: the prefix put into the pool (gathered from the engine's tensors), checked
+ * once, then the timed loads. Its exit status says which step failed. */
+static int bp_client(void *argp)
+{
+    const struct bp_arg *a = argp;
+    struct bp_shared *out = a->out;
+    struct kvc_layout lay = {.model_id = "bench-gpu-poolload",
+                             .layers = BP_LAYERS,
+                             .kv_heads = 8,
+                             .head_dim = out->head_dim,
+                             .block_tokens = 16,
+                             .dtype = KVC_DTYPE_BF16,
+                             .kv_kind = KVC_KV_KIND_KV};
+    static uint32_t tokens[BP_TABLE * 16];
+    static struct kvc_key keys[BP_TABLE];
+    static int32_t table[BP_TABLE];
+    void *src_k[BP_LAYERS], *src_v[BP_LAYERS], *dst_k[BP_LAYERS], *dst_v[BP_LAYERS];
+    const uint64_t row = 8 * (uint64_t)out->head_dim * 2, page = 16 * row, tbytes = BP_PAGES * page;
+    const uint32_t top = out->sizes[BP_SIZES - 1];
+    kvc_client *c = NULL;
+    kvc_ns *ns = NULL;
+    clockid_t dclk;
+    fake_dev_reset(1);
+    kvci_gpu_ops_set(&fake_dev_ops);
+    if (getenv("KVC_BENCH_CLIENT_CPU")) { /* the engine on a CPU of its own, or the daemon's */
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(atoi(getenv("KVC_BENCH_CLIENT_CPU")), &set);
+        if (sched_setaffinity(0, sizeof(set), &set))
+            return 9;
+    }
+    if (clock_getcpuclockid(a->server, &dclk))
+        return 10;
+    for (uint32_t i = 0; i < BP_TABLE * 16; i++)
+        tokens[i] = 7000 + i;
+    for (uint32_t i = 0; i < BP_TABLE; i++)
+        table[i] = (int32_t)((BP_PAGES - 1) - i % BP_PAGES);
+    if (kvc_connect(a->sock, &c) || kvc_ns_open(c, &lay, &ns) || kvc_gpu_attach(c) != 1)
+        return 11;
+    if (kvc_keys_from_tokens(ns, NULL, tokens, (size_t)top * 16, NULL, 0, keys, top) != (int)top)
+        return 12;
+    void *stream = fake_dev_stream(0);
+    for (int l = 0; l < BP_LAYERS; l++) {
+        if (fake_dev_ops.mem_alloc(&src_k[l], tbytes) ||
+            fake_dev_ops.mem_alloc(&src_v[l], tbytes) ||
+            fake_dev_ops.mem_alloc(&dst_k[l], tbytes) || fake_dev_ops.mem_alloc(&dst_v[l], tbytes))
+            return 13;
+        for (uint64_t x = 0; x < tbytes; x++) { /* the fake's device memory is the host's */
+            ((uint8_t *)src_k[l])[x] = (uint8_t)(x * 131 + (uint64_t)l * 7 + 1);
+            ((uint8_t *)src_v[l])[x] = (uint8_t)(x * 37 + (uint64_t)l * 5 + 2);
+        }
+        memset(dst_k[l], 0, tbytes);
+        memset(dst_v[l], 0, tbytes);
+    }
+    struct kvc_paged_kv src = {.k = src_k,
+                               .v = src_v,
+                               .block_table = table,
+                               .table_len = BP_TABLE,
+                               .page_tokens = 16,
+                               .page_stride = page,
+                               .token_stride = row,
+                               .head_stride = (uint64_t)out->head_dim * 2,
+                               .on_device = 1},
+                        dst = src;
+    dst.k = dst_k;
+    dst.v = dst_v;
+    for (uint32_t j = 0; j < top; j += BP_PUT) {
+        uint32_t m = top - j < BP_PUT ? top - j : BP_PUT;
+        kvc_resv *r;
+        if (kvc_reserve_gpu(ns, j ? &keys[j - 1] : NULL, keys + j, m, &r) != (int)m)
+            return 14;
+        if (kvc_resv_gather(r, 0, m, &src, (uint64_t)j * 16, stream, NULL) != (int)m ||
+            kvc_commit(r, SIZE_MAX) != (int)m)
+            return 15;
+    }
+    usleep(2000);
+    double d0 = bp_clock_us(dclk); /* the daemon's clock where the next load starts */
+    for (int rep = -1; rep < out->reps; rep++)
+        for (int si = 0; si < BP_SIZES; si++) {
+            const uint32_t n = out->sizes[si];
+            double t[BP_STAGES - 1][BP_CLOCKS];
+            kvc_lease *l = NULL;
+            int got = -1;
+            if (fake_dev_ops.stream_sync(stream))
+                return 16;
+            /* Each stage timed alone (wall, this thread's CPU); another process's CPU clock is
+             * brought up to date when it sleeps, so the daemon's is read 2 ms after the lookup,
+             * the wait and the release, outside the timed stages: the lookup's share holds its
+             * work after the reply, the wait's the loop's ticks in it (the scatter asks nothing
+             * of the daemon: its share is 0), the release's all of its own. */
+            for (int sg = 0; sg < BP_FIXED; sg++) {
+                double w0 = bp_clock_us(CLOCK_MONOTONIC), c0 = bp_clock_us(CLOCK_THREAD_CPUTIME_ID);
+                int rc = 0;
+                if (sg == BP_LOOKUP)
+                    rc = kvc_lookup(ns, keys, n, KVC_LOOKUP_GPU, &l) == (int)n ? 0 : 17;
+                else if (sg == BP_SCATTER)
+                    got = kvc_lease_scatter(l, 0, n, &dst, 0, stream, NULL);
+                else if (sg == BP_WAIT)
+                    rc = fake_dev_ops.stream_sync(stream) ? 18 : 0;
+                else
+                    rc = kvc_release(l) ? 19 : 0;
+                t[sg][BP_WALL] = bp_clock_us(CLOCK_MONOTONIC) - w0;
+                t[sg][BP_CPU] = bp_clock_us(CLOCK_THREAD_CPUTIME_ID) - c0;
+                if (rc)
+                    return rc;
+                t[sg][BP_DCPU] = 0;
+                if (sg != BP_SCATTER) {
+                    usleep(2000);
+                    double d1 = bp_clock_us(dclk);
+                    t[sg][BP_DCPU] = d1 - d0;
+                    d0 = d1;
+                }
+            }
+            if (got != (int)n)
+                return 20;
+            if (rep < 0 && si == BP_SIZES - 1) { /* every page the load wrote, once */
+                for (int ly = 0; ly < BP_LAYERS; ly++)
+                    if (memcmp(dst_k[ly], src_k[ly], tbytes) ||
+                        memcmp(dst_v[ly], src_v[ly], tbytes))
+                        return 21;
+            }
+            for (int cl = 0; rep >= 0 && cl < BP_CLOCKS; cl++) {
+                for (int sg = 0; sg < BP_FIXED; sg++)
+                    out->us[si][sg][cl][rep] = t[sg][cl];
+                out->us[si][BP_FIXED][cl][rep] =
+                    t[BP_LOOKUP][cl] + t[BP_SCATTER][cl] + t[BP_RELEASE][cl];
+            }
+        }
+    if (fake_dev.bad_kinds || fake_dev.bad_packs || fake_dev_last_error())
+        return 22;
+    for (int l = 0; l < BP_LAYERS; l++) {
+        fake_dev_ops.mem_free(src_k[l]);
+        fake_dev_ops.mem_free(src_v[l]);
+        fake_dev_ops.mem_free(dst_k[l]);
+        fake_dev_ops.mem_free(dst_v[l]);
+    }
+    fake_dev_stream_free(stream);
+    kvc_disconnect(c);
+    return 0;
+}
+
+static int bp_cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* kvcd's store, engine, ACL, loop and server in this process, as tests/lib/inproc.c sets
+ * them up (whose Check assertions want a test runner), serving until the client exited. */
+struct bp_server {
+    struct config *cfg;
+    struct store *s;
+    struct acl *acl;
+    struct loop *l;
+    struct server *sv;
+    pid_t child;
+    int status;
+};
+
+static void bp_tick(void *arg)
+{
+    struct bp_server *x = arg;
+    int st;
+    server_tick(x->sv);
+    if (x->child > 0 && waitpid(x->child, &st, WNOHANG) == x->child) {
+        x->status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        x->child = 0;
+    }
+    if (x->child <= 0 && server_clients(x->sv) == 0)
+        loop_stop(x->l);
+}
+
+static void bp_server_free(struct bp_server *x)
+{
+    server_free(x->sv);
+    acl_free(x->acl);
+    if (x->s)
+        engine_stop(x->s);
+    store_free(x->s);
+    loop_free(x->l);
+    config_free(x->cfg);
+}
+
+static int bp_server_new(struct bp_server *x, const struct store_params *sp, const char *sock)
+{
+    struct server_params vp;
+    int rc = 0;
+    memset(x, 0, sizeof(*x));
+    if (!(x->cfg = config_new()) || !(x->s = store_new(sp, &rc)) || !x->s->gpu)
+        return -1;
+    engine_attach(x->s);
+    if (!(x->acl = acl_new(x->s, x->cfg, &rc)) || !(x->l = loop_new(&rc)))
+        return -1;
+    daemon_server_params(&vp, sock, 0600, 16, x->cfg, x->acl);
+    return (x->sv = server_new(x->l, x->s, &vp, &rc)) ? 0 : -1;
+}
+
+/* The store and server here, a pool on the fake device, the client forked. */
+static void bp_run(struct bench_row *rows, size_t *nrows)
+{
+    const bool smoke = bench_smoke();
+    const uint32_t top = smoke ? 64 : 1023;
+    /* host arena and pool of one size, as bench_python's loadstages rows have them: the
+     * default policy's tuner sizes its miniature caches by the arena's blocks */
+    const uint64_t arena = ((uint64_t)top * 2 * 10 / 9 + 8) << 20;
+    struct store_params sp = {.host_size = arena,
+                              .host_page_size = 2 << 20,
+                              .high_watermark = 0.95,
+                              .low_watermark = 0.9,
+                              .max_namespaces = 4,
+                              .max_handles = 64,
+                              /* KVC_BENCH_POLICY=lru: no tuner after the lookups' replies */
+                              .policy = getenv("KVC_BENCH_POLICY") &&
+                                                strcmp(getenv("KVC_BENCH_POLICY"), "lru") == 0
+                                            ? POLICY_LRU
+                                            : POLICY_DEFAULT,
+                              /* the prefix under the low watermark: every put in the pool */
+                              .gpu_size = arena,
+                              .gpu_device = 0,
+                              .gpu_page_size = 2 << 20,
+                              .gpu_ops = &fake_dev_ops};
+    struct daemon d = {0};
+    struct bp_server x;
+    struct bp_shared *sh =
+        mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (sh == MAP_FAILED || daemon_dir_init(&d)) {
+        bench_fail("gpu: poolload: no shared memory or directory");
+        return;
+    }
+    sh->sizes[0] = smoke ? 16 : 255;
+    sh->sizes[1] = top;
+    sh->reps = smoke ? 2 : 15;
+    if (getenv("KVC_BENCH_REPS"))
+        sh->reps = atoi(getenv("KVC_BENCH_REPS"));
+    sh->head_dim =
+        getenv("KVC_BENCH_HEAD_DIM") ? (uint32_t)atoi(getenv("KVC_BENCH_HEAD_DIM")) : 128;
+    sh->head_dim = sh->head_dim >= 8 && sh->head_dim <= 128 ? sh->head_dim & ~7u : 128;
+    sh->reps = sh->reps < 1 ? 1 : sh->reps > BP_REPS_MAX ? BP_REPS_MAX : sh->reps;
+    log_setup(LOG_LEVEL_WARNING, 100);
+    fake_dev_reset(1);
+    if (bp_server_new(&x, &sp, d.sock)) {
+        bench_fail("gpu: poolload: no store with a pool on the fake device");
+        bp_server_free(&x);
+        daemon_cleanup(&d);
+        munmap(sh, sizeof(*sh));
+        return;
+    }
+    if (getenv("KVC_BENCH_SERVER_CPU")) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(atoi(getenv("KVC_BENCH_SERVER_CPU")), &set);
+        if (sched_setaffinity(0, sizeof(set), &set))
+            bench_fail("gpu: poolload: KVC_BENCH_SERVER_CPU refused");
+    }
+    struct bp_arg arg = {.sock = d.sock, .server = getpid(), .out = sh};
+    x.child = daemon_child_spawn(bp_client, &arg);
+    x.status = -1;
+    if (x.child > 0)
+        loop_run(x.l, 20, bp_tick, &x);
+    int st = x.status;
+    if (x.s->pins_now || x.s->reserved_now)
+        st = 99; /* the client's leases and reservations all went */
+    bp_server_free(&x);
+    daemon_cleanup(&d);
+    if (st != 0) {
+        bench_fail("gpu: poolload: the client failed (status %d)", st);
+        munmap(sh, sizeof(*sh));
+        return;
+    }
+    printf("\none pool load's stages, us (fake device: its wait is the CPU copying; 8B shape, "
+           "head_dim %u, %u KiB blocks; %d loads each), best (median)\n",
+           sh->head_dim, 32 * 2 * 16 * 8 * sh->head_dim * 2 / 1024, sh->reps);
+    printf("%-28s %-8s %20s %20s %20s\n", "load", "stage", bp_clock_name[0], bp_clock_name[1],
+           bp_clock_name[2]);
+    for (int si = 0; si < BP_SIZES; si++)
+        for (int sg = 0; sg < BP_STAGES; sg++) {
+            char name[96];
+            snprintf(name, sizeof(name), "pool_load_%ublk_fake", sh->sizes[si]);
+            printf("%-28s %-8s", name, bp_stage_name[sg]);
+            for (int cl = 0; cl < BP_CLOCKS; cl++) {
+                double v[BP_REPS_MAX];
+                memcpy(v, sh->us[si][sg][cl], (size_t)sh->reps * sizeof(double));
+                qsort(v, (size_t)sh->reps, sizeof(double), bp_cmp);
+                printf(" %9.1f (%8.1f)", v[0], v[sh->reps / 2]);
+                if (sg == BP_FIXED || sg == BP_LOOKUP || sg == BP_SCATTER || sg == BP_RELEASE) {
+                    char rn[160];
+                    snprintf(rn, sizeof(rn), "%s_%s_%s_us", name, bp_stage_name[sg],
+                             cl == BP_WALL  ? "wall"
+                             : cl == BP_CPU ? "cpu"
+                                            : "daemon_cpu");
+                    bench_row_add(rows, BG_ROWS, nrows, rn, v[0], "us", NULL, 0);
+                }
+            }
+            printf("\n");
+        }
+    munmap(sh, sizeof(*sh));
+}
+
 /* ---- throughput, on a CUDA device ------------------------------------------------------- */
 
 /* One engine's KV on the device, vLLM-style: per layer a K and a V tensor of `pages` pages of
@@ -1086,6 +1450,12 @@ int main(int argc, char **argv)
     }
     if (daemon_suite_init("bench-gpu"))
         return 1;
+    if (getenv("KVC_BENCH_ONLY") && strcmp(getenv("KVC_BENCH_ONLY"), "poolload") == 0) {
+        bp_run(rows, &nrows);
+        rc = bench_finish(argv[1], rows, nrows);
+        daemon_suite_fini();
+        return rc;
+    }
     if (daemon_start(&dc, cargs))
         bench_fail("gpu: calls: kvcd did not start");
     else
@@ -1118,6 +1488,8 @@ int main(int argc, char **argv)
     for (size_t i = ncalls; i < nrows; i++)
         printf("%-66s %9.1f %9.1f %7.3f\n", rows[i].name, rows[i].value, rows[i].base,
                rows[i].value / rows[i].base);
+    if (kern_cuda_device_count() <= 0) /* on a device, bench_python's loadstages rows */
+        bp_run(rows, &nrows);
     rc = bench_finish(argv[1], rows, nrows);
     if (d.pid) {
         daemon_stop(&d);

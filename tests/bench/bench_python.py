@@ -59,6 +59,10 @@
 #    GPU the host tier and the pool beside the copy of the same bytes, without one the strict
 #    fake device (host tier; its wait is the fake copying on the CPU). Rows: the fixed part
 #    (all but the wait), Python against C; on a GPU also Python's wait against the copy.
+#    Where the daemon's work after a lookup's reply (the default policy's tuner) lands:
+#    KVC_BENCH_DAEMON_CPU and KVC_BENCH_CLIENT_CPU bind kvcd's loop thread and this thread to
+#    one CPU each (the same CPU: the reply's reader waits for the CPU the daemon keeps),
+#    KVC_BENCH_POLICY sets the daemon's cache.policy (lru: no tuner).
 # --cases picks parts, --append merges rows into OUT's.
 # Exit status 1 when something broke (a short hit, wrong bytes, different tokens), 0 with
 # figures otherwise (a missed target is reported, not failed).
@@ -918,12 +922,18 @@ def loadstages_case(sizes, reps):
     arena = "%dm" % ((top * bb * 5 // 4 >> 20) + 64)
     opts = ["host.size=" + arena, "quota.uid_reserved_share=100"] + (
         ["gpu.pool_size=" + arena] if cuda else [])
+    if os.environ.get("KVC_BENCH_POLICY"):
+        opts.append("cache.policy=" + os.environ["KVC_BENCH_POLICY"])
     lib = load_lib()
     vp = ctypes.c_void_p
     out = {}
     tt = time.perf_counter
     try:
         with PrivateDaemon(opts) as d, kvcd.Client(d.socket) as pc:
+            if os.environ.get("KVC_BENCH_DAEMON_CPU"):  # kvcd's loop thread (its main thread)
+                os.sched_setaffinity(d.proc.pid, {int(os.environ["KVC_BENCH_DAEMON_CPU"])})
+            if os.environ.get("KVC_BENCH_CLIENT_CPU"):  # this thread, the lookups' caller
+                os.sched_setaffinity(0, {int(os.environ["KVC_BENCH_CLIENT_CPU"])})
             kv = load_engine(cuda, dev, (layers, heads, dim, bt), pages, "loadstages")
             _, _, stream, wait, table, ckv = kv
             copy = None
@@ -1006,6 +1016,10 @@ def loadstages_report(rows):
         return
     if device == "fake":
         print("(the fake device: its wait is the fake performing the copies on the CPU)")
+    bound = ["%s=%s" % (k, os.environ[k]) for k in ("KVC_BENCH_DAEMON_CPU",
+             "KVC_BENCH_CLIENT_CPU", "KVC_BENCH_POLICY") if os.environ.get(k)]
+    if bound:
+        print("(%s)" % ", ".join(bound))
     print("%-30s %-8s %10s %10s %10s %10s" % ("load", "stage", "py best", "py median",
                                                "C best", "C median"))
     for (tier, n), t in res.items():

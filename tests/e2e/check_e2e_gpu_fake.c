@@ -594,25 +594,42 @@ START_TEST(test_promotion_after_release)
 END_TEST
 
 /* Issue 26: a lookup's half-life tuner work (the default policy) runs after its reply is
- * sent (server_handle), and by the time a client's requests are answered none is left: each
- * of its lookups' keys reached the tuner, none waits for a later request. */
+ * sent, once the loop has paused (server_handle, loop_pause), and by the time a client's
+ * requests are answered none is left: each of its lookups' keys reached the tuner, none waits
+ * for a later request. The last lookup is the client's last request (its connection ends
+ * with the process: no release, no SYNC after it), so only the pause applies its work. */
+#define GF_LOOKUP_KEYS 64 /* SERVER_POST_PAUSE_KEYS: the put's prefix and misses after it */
 static int gf_lookups(void *arg)
 {
+    static uint32_t tokens[GF_LOOKUP_KEYS * GE_BT];
     kvc_client *c;
     kvc_ns *ns;
     kvc_lease *l;
-    struct kvc_key keys[GE_BLOCKS];
+    struct kvc_key keys[GF_LOOKUP_KEYS];
     (void)arg;
     if (gf_client(0, &c, &ns, keys))
         return 90;
+    for (uint32_t i = 0; i < GF_LOOKUP_KEYS * GE_BT; i++)
+        tokens[i] = 2000 + i; /* gf_client's tokens, longer */
+    if (kvc_keys_from_tokens(ns, NULL, tokens, GF_LOOKUP_KEYS * GE_BT, NULL, 0, keys,
+                             GF_LOOKUP_KEYS) != GF_LOOKUP_KEYS)
+        return 95;
     for (int i = 0; i < 3; i++) {
-        if (kvc_lookup(ns, keys, GE_BLOCKS, 0, &l) != GE_BLOCKS)
+        if (kvc_lookup(ns, keys, GF_LOOKUP_KEYS, 0, &l) != GE_BLOCKS)
             return 91;
         if (kvc_release(l))
             return 92;
     }
-    kvc_disconnect(c);
-    return 0;
+    /* a lookup shorter than SERVER_POST_PAUSE_KEYS: its work right after its reply */
+    if (kvc_lookup(ns, keys, GE_BLOCKS, 0, &l) != GE_BLOCKS)
+        return 96;
+    if (kvc_release(l))
+        return 97;
+    if (kvc_flush(c)) /* the releases answered: nothing is sent after the last lookup */
+        return 93;
+    if (kvc_lookup(ns, keys, GF_LOOKUP_KEYS, 0, &l) != GE_BLOCKS)
+        return 94;
+    return 0; /* its pins die with the connection */
 }
 
 START_TEST(test_lookup_tunes_after_reply)
@@ -621,7 +638,12 @@ START_TEST(test_lookup_tunes_after_reply)
     const struct store_ns *ns = NULL;
     s->p.policy = POLICY_DEFAULT; /* for the namespace the put opens */
     ck_assert_int_eq(gf_run(gf_put_host, NULL), 0);
+    const uint64_t pauses = loop_pauses(gf.ip.l);
     ck_assert_int_eq(gf_run(gf_lookups, NULL), 0);
+    /* one pause a reply of a lookup of 64 keys, none for the short one; each lookup's work
+     * applied by its pause or before the request after it, the short one's at once, the last
+     * one's by its pause alone */
+    ck_assert_uint_eq(loop_pauses(gf.ip.l) - pauses, 4);
     for (uint32_t i = 1; i < s->nns && !ns; i++)
         ns = store_ns_get(s, i);
     ck_assert_ptr_nonnull(ns);
@@ -629,7 +651,7 @@ START_TEST(test_lookup_tunes_after_reply)
     ck_assert(s->post_defer);
     ck_assert_uint_eq(s->post_ns, 0);
     ck_assert_ptr_nonnull(ns->tune);
-    ck_assert_uint_eq(ns->tune->refs, 3 * GE_BLOCKS);
+    ck_assert_uint_eq(ns->tune->refs, 4 * GF_LOOKUP_KEYS + GE_BLOCKS);
 }
 END_TEST
 

@@ -932,11 +932,37 @@ mutation index-huge-pages-skipped daemon/index.c "check_index" \
 '        (void)madvise((void *)a, e - a, MADV_HUGEPAGE);' \
 '        (void)a;'
 
-# Issue 26: a lookup's policy work kept past its reply is never applied by the server (the
-# tuner and the hits' accesses wait for the next lookup).
+# Issue 26: a lookup's policy work kept past its reply is never applied by the loop's pause
+# after it (the tuner and the hits' accesses wait for the next request).
 mutation post-flush-after-reply daemon/server_dispatch.c "check_e2e_gpu_fake" \
-'    store_post_flush(sv->store);' \
-'    (void)sv->store;'
+'    store_post_flush(arg);' \
+'    (void)arg;'
+
+# Issue 26: a lookup's policy work applied right after its reply, with no pause of the loop
+# first (a reply's reader on the daemon's CPU waits for the tuner).
+mutation post-pause-skipped daemon/server_dispatch.c "check_e2e_gpu_fake" \
+'        loop_pause(sv->loop, SERVER_POST_PAUSE_US, server_post_flush, sv->store);' \
+'        server_post_flush(sv->store);'
+
+# Every lookup pauses the loop, however short (its sleep and wake cost more than its work).
+mutation post-pause-short-lookups daemon/server_dispatch.c "check_e2e_gpu_fake" \
+'sv->store->post_nkey >= SERVER_POST_PAUSE_KEYS)' \
+'sv->store->post_nkey >= 1)'
+
+# The loop's paused work run after the handlers of the events its wait returned, not before.
+mutation loop-pause-after-handlers daemon/loop.c "check_loop" \
+'        if (l->pause_fn) /* before any handler, `after` or tick */' \
+'        if (l->pause_fn && n <= 0) /* before any handler, `after` or tick */'
+
+# The paused work asked by a handler left for after a tick due in the same iteration.
+mutation loop-pause-not-before-tick daemon/loop.c "check_loop" \
+'            if (l->pause_fn) /* asked by a handler of this batch: before the tick too */' \
+'            if (!l) /* asked by a handler of this batch: before the tick too */'
+
+# The pause sleeps until the tick (or an event), not a moment.
+mutation loop-pause-until-tick daemon/loop.c "check_loop" \
+'        if (l->pause_fn && timeout > 0) {' \
+'        if (l->pause_fn && timeout < 0) {'
 
 # A newer lookup drops the policy work an earlier one left instead of applying it first.
 mutation post-earlier-lookup-first daemon/store.c "check_store_policy" \
