@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -113,6 +114,20 @@ int loop_del(struct loop *l, int fd)
     return 0;
 }
 
+/* epoll_pwait2 as the system call itself: glibc has its wrapper from 2.35 on, and kvcd's
+ * binaries also run on hosts with an older one (a device bundle); -1 and ENOSYS where the
+ * kernel (before 5.11) or its headers have none. */
+static int loop_pwait2(int epfd, struct epoll_event *evs, int max, const struct timespec *ts)
+{
+#ifdef SYS_epoll_pwait2
+    return (int)syscall(SYS_epoll_pwait2, epfd, evs, max, ts, NULL, (size_t)0);
+#else
+    (void)epfd, (void)evs, (void)max, (void)ts;
+    errno = ENOSYS;
+    return -1;
+#endif
+}
+
 /* Runs what loop_pause asked for, once. */
 static void loop_pause_end(struct loop *l)
 {
@@ -139,7 +154,7 @@ int loop_run(struct loop *l, int tick_ms, void (*tick)(void *arg), void *arg)
             /* pause_us at most (under the millisecond the timeout is at least): a process
              * this loop just woke may have this CPU first (loop_pause). */
             const struct timespec ts = {.tv_nsec = (long)l->pause_us * 1000};
-            n = l->no_pwait2 ? -1 : epoll_pwait2(l->epfd, evs, 64, &ts, NULL);
+            n = l->no_pwait2 ? -1 : loop_pwait2(l->epfd, evs, 64, &ts);
             if (n < 0 && (l->no_pwait2 || errno == ENOSYS)) {
                 l->no_pwait2 = true;
                 n = epoll_wait(l->epfd, evs, 64, 1);

@@ -1162,13 +1162,13 @@ static void server_fast_excl_take(struct server *sv, struct conn *c)
     sv->fast_excl_any = false;
 }
 
-/* Handles one request; returns true if the connection was closed (c is gone). */
 /* The loop's pause after a lookup's reply (server_handle): its policy work. */
 static void server_post_flush(void *arg)
 {
     store_post_flush(arg);
 }
 
+/* Handles one request; returns true if the connection was closed (c is gone). */
 bool server_handle(struct server *sv, struct conn *c, size_t n)
 {
     struct proto_req r;
