@@ -303,10 +303,10 @@ mutation dma-one-call client/libkvc_gpu.c "check_python" \
 
 # An arena mapped after kvc_gpu_attach left unregistered: its hits cross from pageable memory.
 mutation arena-unregistered-after-attach client/libkvc.c "check_python" \
-'        if (c->gpu_hooks)
-            c->gpu_hooks->arena_mapped(c, a);
-' \
-''
+'    if (mapped && c->gpu_hooks)
+        c->gpu_hooks->arena_mapped(c, mapped);' \
+'    if (mapped && c->gpu_hooks)
+        (void)c->gpu_hooks->arena_mapped;'
 
 # Promotions into the pool started at the lookup again (issue 26): beside the engine's own
 # load of the same bytes.
@@ -733,8 +733,14 @@ mutation trim-after-commit-only daemon/server_dispatch.c "check_e2e_put" \
 
 # A RESERVE that waits for room is counted at every try (reserve_keys many times the keys put).
 mutation put-wait-counted-twice daemon/server_dispatch.c "check_e2e_disk" \
-'        server_resv_stats_restore(&sv->store->total, &tot0);' \
-'        (void)tot0;'
+'         * one piece (a chain cut at NOSPACE loses its tail for good). */
+        if (resv)
+            store_abort(sv->store, &c->owner, resv);
+        server_resv_stats_restore(&sv->store->total, &tot0);' \
+'         * one piece (a chain cut at NOSPACE loses its tail for good). */
+        if (resv)
+            store_abort(sv->store, &c->owner, resv);
+        (void)tot0;'
 
 # Two daemons on one disk file: the lock is not taken.
 mutation disk-lock-not-taken tiers/disk.c "check_tier_disk_open check_e2e_disk" \
@@ -978,8 +984,18 @@ mutation post-flush-no-serial daemon/store.c "check_store_policy" \
 # The KIVI key rounds read a raw head's rows for a slot past the appendix's count (a hostile
 # slot table: rows past the block's end).
 mutation decode-kivik-raw-slot-past-count kernels/kern_batch.h "check_pack" \
-'            if (slot && slot <= st->hs.rcnt) {' \
-'            if (slot && slot <= st->hs.rcnt + 2) {'
+'             * 2TD-byte multiples) */
+            uint32_t v[4];
+            kern_batch_ld(st->src + st->hs.rh + 2 * ((uint64_t)st->lg * b->heads + h), 2,
+                          kern_batch_wd(kern_batch_dra(st), 2), v);
+            const uint32_t slot = v[0];
+            if (slot && slot <= st->hs.rcnt) {' \
+'             * 2TD-byte multiples) */
+            uint32_t v[4];
+            kern_batch_ld(st->src + st->hs.rh + 2 * ((uint64_t)st->lg * b->heads + h), 2,
+                          kern_batch_wd(kern_batch_dra(st), 2), v);
+            const uint32_t slot = v[0];
+            if (slot && slot <= st->hs.rcnt + 2) {'
 
 # Hybrid kinds: a long window lookup whose requests do not overlap by the window (a window
 # straddling two requests is judged by neither).
