@@ -621,8 +621,8 @@ static bool server_reserve_behind(struct server *sv, const struct conn *c,
  * waits for room) until that client commits or aborts (server_retry_writing), then runs again
  * and finds the key PRESENT (or free to reserve). Only a writer of its own uid: another
  * tenant's reservation never holds a put back, and a client's own (a chained reservation) is
- * answered BUSY as before. Bounded by disk.put_wait, after which it is answered as before. */
-/* Asked only once store_reserve answered BUSY, so a RESERVE that finds no key being written
+ * answered BUSY as before. Bounded by disk.put_wait, after which it is answered as before.
+ * Asked only once store_reserve answered BUSY, so a RESERVE that finds no key being written
  * pays nothing for it. */
 static bool server_reserve_writing(struct server *sv, const struct conn *c,
                                    const struct kvc_reserve_req *q, const struct proto_req *r,
