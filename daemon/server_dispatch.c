@@ -1050,6 +1050,43 @@ void server_retry(struct server *sv, uint64_t now)
     server_retry_held(sv, now, false);
 }
 
+/* Runs waiting request p again (sv->retrying while it runs): true when it waits on (p is
+ * the caller's still), false when it was answered or its connection closed (p freed). */
+static bool server_pending_rerun(struct server *sv, struct server_pending *p)
+{
+    bool closed;
+    sv->retrying = p;
+    sv->retry_again = false;
+    memcpy(sv->rx, p->msg, p->len);
+    closed = server_handle(sv, p->c, p->len);
+    sv->retrying = NULL;
+    if (closed || !p->c || !sv->retry_again) {
+        free(p);
+        return false;
+    }
+    return true;
+}
+
+/* p waits on behind the requests of this pass (pending_took, where a close finds it). */
+static void server_pending_took_add(struct server *sv, struct server_pending *p)
+{
+    struct server_pending **w = &sv->pending_took;
+    while (*w)
+        w = &(*w)->next;
+    p->next = NULL;
+    *w = p;
+}
+
+/* The end of a pass: what pending_took holds back on the list, in order. */
+static void server_pending_took_end(struct server *sv)
+{
+    while (sv->pending_took) {
+        struct server_pending *p = sv->pending_took;
+        sv->pending_took = p->next;
+        server_pending_push(sv, p);
+    }
+}
+
 void server_retry_held(struct server *sv, uint64_t now, bool hold)
 {
     (void)now;
@@ -1071,7 +1108,7 @@ void server_retry_held(struct server *sv, uint64_t now, bool hold)
     while (sv->pending_run) {
         struct server_pending *p = sv->pending_run;
         const uint64_t moves0 = engine_gpu_moves_started(sv->store);
-        bool closed, behind = false;
+        bool behind = false;
         sv->pending_run = p->next;
         for (uint32_t i = 0; i < nheld && !behind; i++)
             behind = p->c && p->c->u == held[i];
@@ -1079,19 +1116,10 @@ void server_retry_held(struct server *sv, uint64_t now, bool hold)
             server_pending_push(sv, p);
             continue;
         }
-        sv->retrying = p;
-        sv->retry_again = false;
-        memcpy(sv->rx, p->msg, p->len);
-        closed = server_handle(sv, p->c, p->len);
-        sv->retrying = NULL;
-        if (closed || !p->c || !sv->retry_again) {
-            free(p);
-        } else if (engine_gpu_moves_started(sv->store) != moves0) {
-            struct server_pending **w = &sv->pending_took;
-            while (*w)
-                w = &(*w)->next;
-            p->next = NULL;
-            *w = p;
+        if (!server_pending_rerun(sv, p))
+            continue;
+        if (engine_gpu_moves_started(sv->store) != moves0) {
+            server_pending_took_add(sv, p);
         } else {
             server_pending_push(sv, p);
             /* (past that many uids, the rest run as before; one that waits for a commit
@@ -1100,11 +1128,7 @@ void server_retry_held(struct server *sv, uint64_t now, bool hold)
                 held[nheld++] = p->c->u;
         }
     }
-    while (sv->pending_took) {
-        struct server_pending *p = sv->pending_took;
-        sv->pending_took = p->next;
-        server_pending_push(sv, p);
-    }
+    server_pending_took_end(sv);
 }
 
 void server_retry_writing(struct server *sv, uint64_t now)
@@ -1117,7 +1141,6 @@ void server_retry_writing(struct server *sv, uint64_t now)
     sv->pending = NULL;
     while (sv->pending_run) {
         struct server_pending *p = sv->pending_run;
-        bool closed;
         sv->pending_run = p->next;
         /* Still reserved: another client's COMMIT or ABORT. Runs again once that slot is
          * committed or gone, so a COMMIT costs each waiting RESERVE one look, not a run (and
@@ -1126,27 +1149,10 @@ void server_retry_writing(struct server *sv, uint64_t now)
             server_pending_push(sv, p);
             continue;
         }
-        sv->retrying = p;
-        sv->retry_again = false;
-        memcpy(sv->rx, p->msg, p->len);
-        closed = server_handle(sv, p->c, p->len);
-        sv->retrying = NULL;
-        if (closed || !p->c || !sv->retry_again) {
-            free(p);
-        } else { /* waits on, behind the ones that were not run (pending_took: a close finds
-                  * it there) */
-            struct server_pending **w = &sv->pending_took;
-            while (*w)
-                w = &(*w)->next;
-            p->next = NULL;
-            *w = p;
-        }
+        if (server_pending_rerun(sv, p)) /* waits on, behind the ones not run */
+            server_pending_took_add(sv, p);
     }
-    while (sv->pending_took) {
-        struct server_pending *p = sv->pending_took;
-        sv->pending_took = p->next;
-        server_pending_push(sv, p);
-    }
+    server_pending_took_end(sv);
 }
 
 /* Takes out of c's counters what ring reads during its request added (each drain counted

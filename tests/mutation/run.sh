@@ -872,8 +872,8 @@ mutation batch-rawh-empty-kept kernels/kern_batch.h "check_pack" \
 # A waiting lookup that started pool moves keeps its place ahead of the others waiting: a
 # long prefix takes every slot a landing frees while the short lookup behind it waits.
 mutation gpu-retry-took-keeps-place daemon/server_dispatch.c "check_e2e_gpu_fake" \
-'        } else if (engine_gpu_moves_started(sv->store) != moves0) {' \
-'        } else if (false && engine_gpu_moves_started(sv->store) != moves0) {'
+'        if (engine_gpu_moves_started(sv->store) != moves0) {' \
+'        if (false && engine_gpu_moves_started(sv->store) != moves0) {'
 
 # A quantize landing holds every uid's waiting puts behind the first that still does not fit,
 # not each uid's behind its own: another tenant's put that the landing made room for waits for
