@@ -406,6 +406,73 @@ START_TEST(test_reservation_hoarding)
 }
 END_TEST
 
+/* A RESERVE that meets a slot of another client of its uid waits for that client's COMMIT
+ * (disk.put_wait); one that meets another user's slot never waits on that user: answered BUSY
+ * at once, its chain SKIPPED, nothing counted in put_waits_writing. Otherwise an attacker
+ * holding reservations of a shared namespace's hot prefix would stall every other tenant's
+ * puts of it for disk.put_wait each. */
+static int adv_writer_holder(void *arg)
+{
+    struct adv_sync *s = arg;
+    struct kvc_layout lay = daemon_layout("shared-writer-model", ADV_BT);
+    struct kvc_key keys[8];
+    kvc_client *c;
+    kvc_ns *ns;
+    kvc_resv *r;
+    if (kvc_connect(adv_d.sock, &c) || kvc_ns_open(c, &lay, &ns))
+        return 70;
+    adv_keys_shared(ns, 7, 8, keys);
+    if (kvc_reserve(ns, NULL, keys, 8, &r) != 8)
+        return 71;
+    adv_signal(s->up[1], 'h');
+    if (adv_await(s->down[0]) != 'g')
+        return 72;
+    kvc_abort(r);
+    kvc_disconnect(c);
+    return 0;
+}
+
+static int adv_writer_other(void *arg)
+{
+    struct kvc_layout lay = daemon_layout("shared-writer-model", ADV_BT);
+    struct kvc_key keys[8];
+    kvc_client *c;
+    kvc_ns *ns;
+    kvc_resv *r;
+    (void)arg;
+    if (kvc_connect(adv_d.sock, &c) || kvc_ns_open(c, &lay, &ns))
+        return 80;
+    adv_keys_shared(ns, 7, 8, keys);
+    uint64_t t0 = daemon_now_ms();
+    int n = kvc_reserve(ns, NULL, keys, 8, &r);
+    uint64_t took = daemon_now_ms() - t0;
+    if (n != 0 || kvc_resv_status(r, 0) != KVC_SLOT_BUSY || kvc_resv_status(r, 7) != KVC_SLOT_SKIPPED)
+        return 81;
+    if (took > 10000) /* disk.put_wait is 20 s */
+        return 82;
+    kvc_abort(r);
+    kvc_disconnect(c);
+    return 0;
+}
+
+START_TEST(test_writer_wait_own_uid_only)
+{
+    static const char *const extra[] = {"-o", "disk.put_wait=20s", NULL};
+    struct adv_sync s;
+    adv_start(extra);
+    adv_sync_init(&s);
+    pid_t a = adv_spawn(ADV_ATTACKER, adv_writer_holder, &s);
+    ck_assert_int_eq(adv_await(s.up[0]), 'h');
+    ck_assert_int_eq(adv_run(ADV_READER, adv_writer_other, NULL), 0);
+    ck_assert_uint_eq(adv_stat("put_waits_writing"), 0);
+    adv_signal(s.down[1], 'g');
+    ck_assert_int_eq(daemon_child_wait(a, 30000, NULL), 0);
+    adv_sync_fini(&s);
+    adv_victim_served();
+    adv_check_clean();
+}
+END_TEST
+
 /* ---- namespaces ------------------------------------------------------------------------------ */
 
 static int adv_ns_attacker(void *arg)
@@ -1695,6 +1762,7 @@ int main(void)
         {"test_connection_flood", test_connection_flood, false},
         {"test_idle_connections", test_idle_connections, false},
         {"test_reservation_hoarding", test_reservation_hoarding, false},
+        {"test_writer_wait_own_uid_only", test_writer_wait_own_uid_only, false},
         {"test_namespace_flood", test_namespace_flood, false},
         {"test_names_leak", test_names_leak, false},
         {"test_hole_punch", test_hole_punch, false},

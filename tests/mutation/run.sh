@@ -731,6 +731,12 @@ mutation trim-after-commit-only daemon/server_dispatch.c "check_e2e_put" \
 '    if (r.hdr && (r.hdr->opcode == KVC_OP_COMMIT || r.hdr->opcode == KVC_OP_RESERVE))' \
 '    if (r.hdr && r.hdr->opcode == KVC_OP_COMMIT)'
 
+# The wait for a writer taken for any user's reservation: another tenant's held slots stall a
+# user's puts of the same prefix for disk.put_wait each.
+mutation writer-wait-any-uid daemon/server_dispatch.c "check_e2e_adversary" \
+'        if (w != c && w->u == c->u && store_resv_holds(sv->store, &w->owner, idx)) {' \
+'        if (w != c && store_resv_holds(sv->store, &w->owner, idx)) {'
+
 # A RESERVE that waits for room is counted at every try (reserve_keys many times the keys put).
 mutation put-wait-counted-twice daemon/server_dispatch.c "check_e2e_disk" \
 '         * one piece (a chain cut at NOSPACE loses its tail for good). */
