@@ -26,14 +26,21 @@
  *   index is never used; it then maps the new one (FAST_ATTACH INDEX again). Its old mapping
  *   stays valid (the reader unmaps it when it disconnects), so other threads reading through
  *   it never fault.
- * - Slot generations. After the entries, one 32-bit generation per 4 KiB of the arena
- *   (every slot starts on its own 4 KiB unit: tiers/slab.h). The host tier bumps the
- *   generation of a slot's first unit before the slot is freed, so before it can be
- *   reused, and every move or quantization of a block frees its old slot. A reader checks
- *   that the unit's generation equals the entry's before and after it copies; any change
- *   means the bytes it copied may belong to another block, and the copy is a miss (the
- *   client falls back to the socket). The daemon publishes an entry only once its bytes
- *   are complete (committed, not being read from disk).
+ * - Slot generations. After the entries, one 32-bit generation per granule of the arena:
+ *   gen_units 4 KiB units, the smallest slot the arena's namespaces can take (a block's raw
+ *   size or its smallest codec's, rounded to 4 KiB). Slots never overlap and none is
+ *   smaller than a granule, so no two start in the same one: the generation of slot at
+ *   unit u is gens[u / gen_units], and it costs a block of the smallest slot 4 bytes
+ *   whatever its size (one per 4 KiB made a 64 KiB block pay 64). The host tier bumps the
+ *   generation of a slot's granule before the slot is freed, so before it can be reused,
+ *   and every move or quantization of a block frees its old slot. A reader checks that the
+ *   generation equals the entry's before and after it copies; any change means the bytes
+ *   it copied may belong to another block, and the copy is a miss (the client falls back
+ *   to the socket). Generations only grow, so a granule shared by two slots after all (a
+ *   slot smaller than the granule: the daemon then makes a new index of smaller granules
+ *   before it publishes one) can only turn a reader's copy into a miss, never a stale copy
+ *   into a hit. The daemon publishes an entry only once its bytes are complete (committed,
+ *   not being read from disk).
  * - The hit ring. Hits taken through the index are written by the client into a ring in a
  *   memfd the daemon made for its connection (sealed against resizing) and read by the
  *   daemon a bounded step at a time: a few dozen entries before each request of that
@@ -74,10 +81,10 @@
 
 #define KVC_FAST_MAGIC 0x5844494641564b43ull /* "CKVAFIDX" */
 #define KVC_FAST_RING_MAGIC 0x474e495241564b43ull
-#define KVC_FAST_VERSION 2u
+#define KVC_FAST_VERSION 3u /* 3: generations per granule (gen_units), not per 4 KiB */
 #define KVC_FAST_WAYS 4u       /* entries per bucket */
 #define KVC_FAST_STASH 64u     /* entries behind the buckets, for keys whose buckets are full */
-#define KVC_FAST_UNIT_SHIFT 12 /* a generation per 4 KiB of the arena */
+#define KVC_FAST_UNIT_SHIFT 12 /* entries name slots in 4 KiB units of the arena */
 
 /* At offset 0 of an index mapping. Every offset is from the start of the mapping. */
 struct kvc_fast_hdr {
@@ -87,7 +94,7 @@ struct kvc_fast_hdr {
     uint64_t seed;        /* of the bucket hash */
     uint64_t arena_bytes; /* the arena this indexes */
     uint64_t ents_off;    /* struct kvc_fast_ent[nbuckets * KVC_FAST_WAYS + nstash] */
-    uint64_t gens_off;    /* uint32_t[arena_bytes >> KVC_FAST_UNIT_SHIFT] */
+    uint64_t gens_off;    /* uint32_t[kvc_fast_ngens(arena_bytes, gen_units)] */
     uint64_t total;       /* bytes of the mapping */
     uint64_t ns_off;      /* uint64_t[nns]: kvc_fast_layout_id of namespace id i, 0 none */
     uint32_t nns;
@@ -103,9 +110,19 @@ struct kvc_fast_hdr {
      * daemon's collapse nor makes the client's call wait for the rest. 0: not said (an index
      * from before the field: the bytes up to ns_off were zeros), pin the whole arena. */
     uint64_t faulted;
+    uint32_t gen_units; /* 4 KiB units per generation (>= 1): slot at unit u has gens[u / it] */
+    uint32_t pad0;
 };
-/* The field above came into bytes every index already had, zeroed: same version. */
+/* faulted came into bytes every index already had, zeroed (same version); gen_units changed
+ * what gens_off holds: version 3. */
 _Static_assert(sizeof(struct kvc_fast_hdr) <= 128, "fast index header within its first 128 B");
+
+/* Generations an index of an arena of arena_bytes keeps at gen_units units each. */
+static inline uint64_t kvc_fast_ngens(uint64_t arena_bytes, uint32_t gen_units)
+{
+    uint64_t units = (arena_bytes + (1u << KVC_FAST_UNIT_SHIFT) - 1) >> KVC_FAST_UNIT_SHIFT;
+    return gen_units ? (units + gen_units - 1) / gen_units : 0;
+}
 
 /* One published block. klo = khi = 0: empty (no key is all zero). */
 struct kvc_fast_ent {

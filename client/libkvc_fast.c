@@ -69,7 +69,7 @@ static int kvc_fast_attach_call(kvc_client *c, uint32_t what, uint32_t arena, in
 static int kvc_fast_check(const struct kvc_fast_hdr *h, uint64_t bytes, uint32_t arena,
                           uint64_t arena_bytes)
 {
-    uint64_t units = (arena_bytes + (1u << KVC_FAST_UNIT_SHIFT) - 1) >> KVC_FAST_UNIT_SHIFT;
+    uint64_t ngens = kvc_fast_ngens(arena_bytes, h->gen_units);
     const uint64_t esz = sizeof(struct kvc_fast_ent);
     if (bytes < sizeof(*h) || h->magic != KVC_FAST_MAGIC || h->version != KVC_FAST_VERSION ||
         h->arena_id != arena || h->arena_bytes != arena_bytes || h->total != bytes ||
@@ -79,7 +79,8 @@ static int kvc_fast_check(const struct kvc_fast_hdr *h, uint64_t bytes, uint32_t
         (uint64_t)h->nbuckets * KVC_FAST_WAYS + KVC_FAST_STASH > (bytes - h->ents_off) / esz ||
         h->gens_off <
             h->ents_off + ((uint64_t)h->nbuckets * KVC_FAST_WAYS + KVC_FAST_STASH) * esz ||
-        h->gens_off > bytes || units > (bytes - h->gens_off) / sizeof(uint32_t) ||
+        h->gen_units == 0 || h->gens_off > bytes ||
+        ngens > (bytes - h->gens_off) / sizeof(uint32_t) ||
         (h->ns_off | h->ents_off | h->gens_off) % 8)
         return -EPROTO;
     return 0;
@@ -169,6 +170,7 @@ static bool kvc_fast_attach_maps(kvc_client *c, uint32_t a)
     v->nbuckets = h->nbuckets;
     v->nns = h->nns;
     v->units = (h->arena_bytes + (1u << KVC_FAST_UNIT_SHIFT) - 1) >> KVC_FAST_UNIT_SHIFT;
+    v->gen_units = h->gen_units;
     v->nslay = (const uint64_t *)(v->map + h->ns_off);
     v->ents = (const struct kvc_fast_ent *)(v->map + h->ents_off);
     v->stash = v->ents + (uint64_t)v->nbuckets * KVC_FAST_WAYS;
@@ -415,7 +417,7 @@ static bool kvc_fast_entry(const kvc_ns *ns, const struct kvc_fastview *v, const
     if (base)
         __builtin_prefetch(base + l->off);
     l->gen = e.gen;
-    l->genp = &v->gens[e.unit];
+    l->genp = &v->gens[e.unit / v->gen_units];
     return __atomic_load_n(l->genp, __ATOMIC_ACQUIRE) == l->gen;
 }
 

@@ -75,6 +75,7 @@ struct kvc_fastview {
     uint64_t seed;
     uint32_t nbuckets, nns;
     uint64_t units;
+    uint32_t gen_units; /* the header's, checked nonzero and its gens within the mapping */
     const uint64_t *nslay;
     const struct kvc_fast_ent *ents;  /* the buckets */
     const struct kvc_fast_ent *stash; /* KVC_FAST_STASH entries */

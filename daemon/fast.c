@@ -25,7 +25,8 @@ struct fast_index {
     uint8_t *map;
     uint64_t bytes;
     uint64_t arena_bytes;
-    uint64_t units; /* arena_bytes >> KVC_FAST_UNIT_SHIFT */
+    uint64_t units;     /* 4 KiB units of the arena */
+    uint32_t gen_units; /* units a generation covers (kvc_fast_hdr.gen_units) */
     uint64_t capacity;
     struct kvc_fast_hdr *hdr;
     struct kvc_fast_ent *ents;  /* nbuckets * KVC_FAST_WAYS, then the stash */
@@ -102,7 +103,7 @@ out:
 }
 
 struct fast_index *fast_index_new(uint32_t arena_id, uint64_t arena_bytes, uint32_t nns,
-                                  uint64_t capacity, bool collapse, int *err)
+                                  uint64_t capacity, uint32_t gen_units, bool collapse, int *err)
 {
     struct fast_index *fi = calloc(1, sizeof(*fi));
     uint64_t units = (arena_bytes + (1u << KVC_FAST_UNIT_SHIFT) - 1) >> KVC_FAST_UNIT_SHIFT;
@@ -110,6 +111,11 @@ struct fast_index *fast_index_new(uint32_t arena_id, uint64_t arena_bytes, uint3
     char name[32];
     if (!fi) {
         *err = -ENOMEM;
+        return NULL;
+    }
+    if (gen_units == 0) {
+        free(fi);
+        *err = -EINVAL;
         return NULL;
     }
     /* Every block there can be: no more than one per unit. */
@@ -125,7 +131,8 @@ struct fast_index *fast_index_new(uint32_t arena_id, uint64_t arena_bytes, uint3
     uint64_t ents_off = fast_round64(ns_off + (uint64_t)nns * sizeof(uint64_t));
     uint64_t nents = nb * KVC_FAST_WAYS + KVC_FAST_STASH;
     uint64_t gens_off = fast_round64(ents_off + nents * sizeof(struct kvc_fast_ent));
-    uint64_t bytes = (gens_off + units * sizeof(uint32_t) + 4095) & ~(uint64_t)4095;
+    uint64_t ngens = kvc_fast_ngens(arena_bytes, gen_units);
+    uint64_t bytes = (gens_off + ngens * sizeof(uint32_t) + 4095) & ~(uint64_t)4095;
     snprintf(name, sizeof(name), "kvcd-index-%u", arena_id);
     fi->fd = fast_memfd(name, bytes, true, &map);
     if (fi->fd < 0) {
@@ -146,6 +153,7 @@ struct fast_index *fast_index_new(uint32_t arena_id, uint64_t arena_bytes, uint3
     fi->bytes = bytes;
     fi->arena_bytes = arena_bytes;
     fi->units = arena_bytes >> KVC_FAST_UNIT_SHIFT;
+    fi->gen_units = gen_units;
     fi->capacity = capacity;
     fi->nns = nns;
     fi->nbuckets = (uint32_t)nb;
@@ -165,7 +173,8 @@ struct fast_index *fast_index_new(uint32_t arena_id, uint64_t arena_bytes, uint3
                                      .nns = nns,
                                      .nbuckets = (uint32_t)nb,
                                      .ways = KVC_FAST_WAYS,
-                                     .nstash = KVC_FAST_STASH};
+                                     .nstash = KVC_FAST_STASH,
+                                     .gen_units = gen_units};
     __atomic_store_n(&fi->hdr->magic, KVC_FAST_MAGIC, __ATOMIC_RELEASE);
     return fi;
 }
@@ -200,6 +209,11 @@ void fast_index_retire(struct fast_index *fi)
 uint32_t *fast_index_gens(struct fast_index *fi)
 {
     return fi->gens;
+}
+
+uint32_t fast_index_gen_units(const struct fast_index *fi)
+{
+    return fi->gen_units;
 }
 
 int fast_index_fd_ro(const struct fast_index *fi)
@@ -428,7 +442,7 @@ void fast_prefetch(struct fast_index *fi, uint16_t ns, const struct kvc_wire_key
         __builtin_prefetch(a + KVC_FAST_WAYS * sizeof(struct kvc_fast_ent) - 1, 1);
     }
     if (unit < fi->units)
-        __builtin_prefetch(&fi->gens[unit]);
+        __builtin_prefetch(&fi->gens[unit / fi->gen_units]);
 }
 
 void fast_publish(struct fast_index *fi, uint16_t ns, const struct kvc_wire_key *k, uint64_t off,
@@ -442,7 +456,7 @@ void fast_publish(struct fast_index *fi, uint16_t ns, const struct kvc_wire_key 
         return; /* not a slot of this arena: never published */
     struct kvc_fast_ent want = {
         .ns = ns,
-        .gen = __atomic_load_n(&fi->gens[unit], __ATOMIC_RELAXED),
+        .gen = __atomic_load_n(&fi->gens[unit / fi->gen_units], __ATOMIC_RELAXED),
         .klo = k->lo,
         .khi = k->hi,
         .unit = (uint32_t)unit,

@@ -8,8 +8,9 @@
  * the daemon relies on is read back from its header (fast.c keeps its own copies).
  * The store keeps it in step with its blocks (store_fast_sync): a block is published when
  * it is committed and ready in a host arena, taken out when it leaves. The slot
- * generations after the entries are bumped by the host tier when it frees a slot
- * (tier_host_gens_set), which is what makes a stale entry harmless: a reader checks them
+ * generations after the entries (one per granule of the arena's smallest slot) are bumped by
+ * the host tier when it frees a slot (tier_host_gens_set), which is what makes a stale entry
+ * harmless: a reader checks them
  * around its copy. The table is a cuckoo hash with a stash (client/kvc_fast.h), sized by
  * the store for every block its arena can hold (fast_index_capacity); a key that finds no
  * room even so (keys chosen to collide) is left unpublished, counted: its hits take the
@@ -40,10 +41,12 @@ struct fast_index_stats {
 #define FAST_INDEX_LOAD 0.95
 
 /* An index for arena arena_id of arena_bytes, with room for namespace ids below nns and
- * `capacity` blocks (at FAST_INDEX_LOAD); with collapse, on 2 MiB pages where the host gives
- * shared memory none (client/kvc_huge.h). NULL and *err = -errno on failure. */
+ * `capacity` blocks (at FAST_INDEX_LOAD), a slot generation per gen_units 4 KiB units (>= 1:
+ * the smallest slot the arena can hand out, so that no two slots share one); with collapse,
+ * on 2 MiB pages where the host gives shared memory none (client/kvc_huge.h). NULL and
+ * *err = -errno on failure. */
 struct fast_index *fast_index_new(uint32_t arena_id, uint64_t arena_bytes, uint32_t nns,
-                                  uint64_t capacity, bool collapse, int *err);
+                                  uint64_t capacity, uint32_t gen_units, bool collapse, int *err);
 /* The blocks it was sized for. */
 uint64_t fast_index_capacity(const struct fast_index *fi);
 /* Tells its readers how many bytes from the arena's start are faulted in (kvc_fast_hdr). */
@@ -51,8 +54,10 @@ void fast_index_faulted_set(struct fast_index *fi, uint64_t bytes);
 /* Tells its readers that a newer index replaced it (they check after every copy). */
 void fast_index_retire(struct fast_index *fi);
 void fast_index_free(struct fast_index *fi); /* NULL is a no-op */
-/* The slot generations, for the host tier to bump. */
+/* The slot generations, for the host tier to bump (a slot at unit u has gens[u / gen_units]),
+ * and the units each covers. */
 uint32_t *fast_index_gens(struct fast_index *fi);
+uint32_t fast_index_gen_units(const struct fast_index *fi);
 /* A new read-only descriptor of the index (the caller closes it), or -errno. */
 int fast_index_fd_ro(const struct fast_index *fi);
 uint64_t fast_index_bytes(const struct fast_index *fi);

@@ -43,15 +43,22 @@ static bool store_lru_clean(const struct block *b)
     return (b->flags & BLOCK_F_DISK) && b->arena != STORE_ARENA_DISK;
 }
 
-#define STORE_OWNER_SHIFT 12 /* SLAB_MIN_SLOT */
+static void store_gran_check(struct store *s, const struct block *b);
 
+/* The slot-owner map: which block's slot starts in each granule of a host arena (its `gran`
+ * bytes, the smallest slot it hands out: no two slots start in one). */
 void store_slot_own(struct store *s, uint32_t idx, bool on)
 {
     const struct block *b = &s->ix.blocks[idx];
-    uint64_t u = b->off >> STORE_OWNER_SHIFT;
-    if (b->arena >= s->narenas || b->tier != KVC_WIRE_TIER_HOST || !s->owner[b->arena] ||
-        u >= tier_host_size(s->arenas[b->arena].tier) >> STORE_OWNER_SHIFT)
+    if (b->arena >= s->narenas || b->tier != KVC_WIRE_TIER_HOST)
+        return;
+    if (on)
+        store_gran_check(s, b);
+    if (!s->owner[b->arena])
         return; /* no map yet: store_slot_owner makes it from the lists when first asked */
+    uint64_t u = b->off / s->arenas[b->arena].gran;
+    if (u >= s->arenas[b->arena].owner_n)
+        return;
     if (on)
         s->owner[b->arena][u] = idx + 1;
     else if (s->owner[b->arena][u] == idx + 1)
@@ -63,11 +70,11 @@ void store_slot_own(struct store *s, uint32_t idx, bool on)
  * size, no codecs) spends nothing on it. 0 or -ENOMEM. */
 static int store_slot_map(struct store *s, uint32_t a)
 {
-    struct tier *t = s->arenas[a].tier;
-    uint64_t n = tier_host_size(t) >> STORE_OWNER_SHIFT;
+    uint64_t g = s->arenas[a].gran, n = (tier_host_size(s->arenas[a].tier) + g - 1) / g;
     s->owner[a] = calloc(n, sizeof(uint32_t));
     if (!s->owner[a])
         return -ENOMEM; /* the ladder steps one block at a time */
+    s->arenas[a].owner_n = n;
     for (int list = 0; list < 2; list++)
         for (uint32_t i = list ? s->arenas[a].clean_head : s->arenas[a].lru_head; i != INDEX_NONE;
              i = s->ix.blocks[i].lru_next)
@@ -77,11 +84,16 @@ static int store_slot_map(struct store *s, uint32_t a)
 
 uint32_t store_slot_owner(struct store *s, uint32_t arena, uint64_t off)
 {
-    uint64_t u = off >> STORE_OWNER_SHIFT;
-    if (arena >= s->narenas || (!s->owner[arena] && store_slot_map(s, arena)) ||
-        u >= tier_host_size(s->arenas[arena].tier) >> STORE_OWNER_SHIFT || !s->owner[arena][u])
+    if (arena >= s->narenas || (!s->owner[arena] && store_slot_map(s, arena)))
         return INDEX_NONE;
-    return s->owner[arena][u] - 1;
+    uint64_t u = off / s->arenas[arena].gran;
+    uint32_t x = u < s->arenas[arena].owner_n ? s->owner[arena][u] : 0;
+    if (!x)
+        return INDEX_NONE;
+    /* The granule's owner starts its slot there, not merely in that granule (a slot smaller
+     * than the granule would have to be cut first: store_gran_check). */
+    const struct block *b = &s->ix.blocks[x - 1];
+    return b->arena == arena && b->tier == KVC_WIRE_TIER_HOST && b->off == off ? x - 1 : INDEX_NONE;
 }
 
 void store_lru_unlink(struct store *s, uint32_t idx)
@@ -158,8 +170,13 @@ void store_fast_sync(struct store *s, uint32_t idx)
     const struct store_ns *ns = b->ns < s->nns ? s->ns[b->ns] : NULL;
     if (!fi || !ns)
         return;
-    if (b->state == BLOCK_STATE_COMMITTED && b->tier == KVC_WIRE_TIER_HOST &&
-        !(b->flags & (BLOCK_F_PROMOTING | BLOCK_F_LOST)))
+    bool publish = b->state == BLOCK_STATE_COMMITTED && b->tier == KVC_WIRE_TIER_HOST &&
+                   !(b->flags & (BLOCK_F_PROMOTING | BLOCK_F_LOST));
+    if (publish) {
+        store_gran_check(s, b);
+        fi = s->fast[b->arena]; /* a new one, where the granule was lowered */
+    }
+    if (publish)
         fast_publish(fi, b->ns, &b->key, b->off, b->len, b->format);
     else
         fast_unpublish(fi, b->ns, &b->key);
@@ -183,17 +200,31 @@ static uint64_t store_ns_min_slot(const struct store_ns *ns)
     return m;
 }
 
-/* The blocks host arena a can hold at the smallest slot its namespaces use (64 KiB while it
- * has none): what its shared index is sized for. */
-static uint64_t store_fast_capacity(const struct store *s, uint32_t a)
+/* The granule of host arena a: the smallest slot it can hand out, its namespaces'
+ * (store_ns_min_slot) and any its allocator has cut already (64 KiB while it has neither).
+ * Slots never overlap and none is smaller, so no two start in one granule: the shared
+ * index keeps a slot generation per granule and the slot-owner map an entry, which makes
+ * them 4 bytes a block of the smallest slot whatever its size. */
+static uint64_t store_arena_gran(const struct store *s, uint32_t a)
 {
+    const struct slab *sl = tier_host_slab(s->arenas[a].tier);
     uint64_t slot = 0;
     for (uint32_t i = 1; i < s->nns; i++)
         if (s->ns[i] && s->ns[i]->arena == a) {
             uint64_t m = store_ns_min_slot(s->ns[i]);
             slot = !slot || m < slot ? m : slot;
         }
-    return tier_host_size(s->arenas[a].tier) / (slot ? slot : 64u << 10);
+    for (uint32_t c = 0; sl && c < slab_class_count(sl); c++) {
+        uint64_t m = slab_class_slot(sl, (int)c);
+        slot = !slot || m < slot ? m : slot;
+    }
+    return slot ? slot : 64u << 10;
+}
+
+/* The blocks host arena a can hold at its granule: what its shared index is sized for. */
+static uint64_t store_fast_capacity(const struct store *s, uint32_t a)
+{
+    return tier_host_size(s->arenas[a].tier) / s->arenas[a].gran;
 }
 
 /* A new shared index for host arena a, sized by store_fast_capacity, in place of the one
@@ -205,10 +236,13 @@ static int store_fast_open(struct store *s, uint32_t a)
     struct fast_index *old = s->fast[a], *fi;
     struct fast_index_stats st;
     int rc = 0;
+    if (!s->arenas[a].gran)
+        s->arenas[a].gran = store_arena_gran(s, a);
     if (!s->p.fast_path)
         return 0;
     fi = fast_index_new(a, tier_host_size(s->arenas[a].tier), s->nns, store_fast_capacity(s, a),
-                        s->p.host_collapse, &rc);
+                        (uint32_t)(s->arenas[a].gran >> KVC_FAST_UNIT_SHIFT), s->p.host_collapse,
+                        &rc);
     if (!fi)
         return rc;
     for (uint32_t i = 1; i < s->nns; i++)
@@ -219,7 +253,7 @@ static int store_fast_open(struct store *s, uint32_t a)
         s->fast_full_before += st.full;
         fast_index_retire(old);
     }
-    tier_host_gens_set(s->arenas[a].tier, fast_index_gens(fi), KVC_FAST_UNIT_SHIFT);
+    tier_host_gens_set(s->arenas[a].tier, fast_index_gens(fi), s->arenas[a].gran);
     fast_index_faulted_set(fi, tier_host_faulted_prefix(s->arenas[a].tier));
     s->fast[a] = fi;
     for (int clean = 0; clean < 2; clean++)
@@ -230,18 +264,36 @@ static int store_fast_open(struct store *s, uint32_t a)
     return 0;
 }
 
-/* A namespace came to host arena a: its index grows when the arena can now hold more blocks
- * than it was sized for. */
+/* A namespace came to host arena a, or its allocator cut a smaller slot: where that lowers
+ * the arena's granule, the slot-owner map is made again at the new one when next asked and
+ * the shared index replaced by one of more blocks and finer generations. */
 static void store_fast_grow(struct store *s, uint32_t a)
 {
+    uint64_t g = store_arena_gran(s, a);
     int rc;
-    if (!s->fast[a] || store_fast_capacity(s, a) <= fast_index_capacity(s->fast[a]))
+    if (g >= s->arenas[a].gran)
+        return;
+    s->arenas[a].gran = g;
+    free(s->owner[a]);
+    s->owner[a] = NULL;
+    s->arenas[a].owner_n = 0;
+    if (!s->fast[a])
         return;
     rc = store_fast_open(s, a);
     if (rc)
         log_warn("fast: the shared index of arena %u stays at %llu blocks (%s): blocks past "
                  "that take the socket",
                  a, (unsigned long long)fast_index_capacity(s->fast[a]), strerror(-rc));
+}
+
+/* A block in a slot smaller than its arena's granule (a size no namespace of the arena
+ * announced: a block read back from disk in a codec its namespace no longer allows) lowers
+ * the granule before the block is published or owns a granule: until then the slot would
+ * share a generation with the one before it, whose readers it would send to the socket. */
+static void store_gran_check(struct store *s, const struct block *b)
+{
+    if (b->arena < s->narenas && b->len && store_round_unit(b->len) < s->arenas[b->arena].gran)
+        store_fast_grow(s, b->arena);
 }
 
 /* The blocks the key map is sized for ahead (index_reserve): what the host arenas can hold at

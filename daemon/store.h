@@ -232,6 +232,10 @@ struct store_arena {
     uint32_t lru_head, lru_tail;
     uint32_t clean_head, clean_tail;
     uint64_t clean_bytes; /* memory held by the clean list */
+    /* Host arenas: the bytes a slot generation and a slot-owner map entry cover, the
+     * smallest slot the arena hands out (store.c store_arena_gran); the map's entries. */
+    uint64_t gran;
+    uint64_t owner_n;
 };
 
 struct store {
@@ -298,15 +302,17 @@ struct store {
     uint64_t ghost_salt;
     bool heap_defer; /* store_ns_policy_set leaves the heap rebuild to its caller */
     /* The fast path's shared index of each host arena (NULL: off), kept in step by
-     * store_fast_sync, sized for every block the arena can hold (grown when a namespace with
-     * smaller blocks comes to it). */
+     * store_fast_sync, sized for every block the arena can hold, with a slot generation per
+     * granule (replaced when a namespace with smaller blocks comes to it, or a smaller slot
+     * is cut: store_arena.gran). */
     struct fast_index *fast[STORE_MAX_ARENAS];
     uint64_t fast_full_before; /* fast_full of indexes replaced by larger ones */
     bool fast_keep;            /* store_touch: its unlink and push leave the index entry alone */
-    /* Which block's slot starts at an offset of a host arena: per 4 KiB unit (the smallest
-     * slot), 1 + the index of the committed block there, 0 none (kept by the LRU link and
-     * unlink; store_slot_owner). The ladder and compaction empty a whole slab with it. NULL
-     * until the first of them asks (a cache with one slot size and no codecs never does). */
+    /* Which block's slot starts in each granule of a host arena (store_arena.gran: the
+     * smallest slot it hands out, so no two start in one), 1 + the index of the committed
+     * block there, 0 none (kept by the LRU link and unlink; store_slot_owner). The ladder and
+     * compaction empty a whole slab with it. NULL until the first of them asks (a cache with
+     * one slot size and no codecs never does), and again when the granule is lowered. */
     uint32_t *owner[STORE_MAX_ARENAS];
     /* Bytes the reservation being made still wants (store_reserve): the room a ladder makes
      * at once when a put finds its arena full, so a chain waits for its room once. */

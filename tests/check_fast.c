@@ -81,7 +81,7 @@ START_TEST(test_fast_full_arena_4k)
 {
     const uint64_t arena = 256 * MiB, units = arena >> KVC_FAST_UNIT_SHIFT;
     int err;
-    struct fast_index *fi = fast_index_new(0, arena, 4, units, false, &err);
+    struct fast_index *fi = fast_index_new(0, arena, 4, units, 1, false, &err);
     ck_assert_ptr_nonnull(fi);
     struct fx_view v = fx_map(fi);
     struct kvc_wire_key *keys = calloc(units, sizeof(*keys));
@@ -127,7 +127,7 @@ END_TEST
 START_TEST(test_fast_update_remove)
 {
     int err;
-    struct fast_index *fi = fast_index_new(3, 16 * MiB, 4, 64, false, &err);
+    struct fast_index *fi = fast_index_new(3, 16 * MiB, 4, 64, 1, false, &err);
     ck_assert_ptr_nonnull(fi);
     struct fx_view v = fx_map(fi);
     struct kvc_wire_key k = {.lo = 11, .hi = 12}, zero = {0, 0};
@@ -167,7 +167,7 @@ END_TEST
 START_TEST(test_fast_overflow_stash)
 {
     int err;
-    struct fast_index *fi = fast_index_new(0, 64 * MiB, 4, 1, false, &err);
+    struct fast_index *fi = fast_index_new(0, 64 * MiB, 4, 1, 1, false, &err);
     ck_assert_ptr_nonnull(fi);
     struct fx_view v = fx_map(fi);
     const uint32_t room = v.h->nbuckets * KVC_FAST_WAYS + v.h->nstash, n = room + 100;
@@ -205,7 +205,7 @@ START_TEST(test_fast_churn)
 {
     const uint64_t cap = 20000;
     int err;
-    struct fast_index *fi = fast_index_new(0, 1024 * MiB, 4, cap, true, &err);
+    struct fast_index *fi = fast_index_new(0, 1024 * MiB, 4, cap, 1, true, &err);
     ck_assert_ptr_nonnull(fi);
     struct fx_view v = fx_map(fi);
     struct kvc_wire_key *keys = calloc(cap, sizeof(*keys));

@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "client/kvc_fast.h"
 #include "daemon/engine.h"
@@ -546,6 +548,102 @@ START_TEST(test_touch_and_the_shared_index)
 }
 END_TEST
 
+/* A reader's check of block idx through index fi, mapped read-only as a client maps it: its
+ * entry names its slot and the generation of the slot's granule is the entry's. */
+static bool granule_entry_ok(const struct fast_index *fi, uint32_t idx)
+{
+    const struct block *b = &s->ix.blocks[idx];
+    int fd = fast_index_fd_ro(fi);
+    ck_assert_int_ge(fd, 0);
+    uint64_t bytes = fast_index_bytes(fi);
+    const uint8_t *map = mmap(NULL, bytes, PROT_READ, MAP_SHARED, fd, 0);
+    ck_assert_ptr_ne(map, MAP_FAILED);
+    close(fd);
+    const struct kvc_fast_hdr *h = (const struct kvc_fast_hdr *)map;
+    const struct kvc_fast_ent *ents = (const struct kvc_fast_ent *)(map + h->ents_off);
+    const uint32_t *gens = (const uint32_t *)(map + h->gens_off);
+    uint64_t n = (uint64_t)h->nbuckets * KVC_FAST_WAYS + h->nstash;
+    bool ok = false;
+    ck_assert_uint_ge(h->gen_units, 1);
+    ck_assert_uint_le(h->gens_off + kvc_fast_ngens(h->arena_bytes, h->gen_units) * 4, bytes);
+    for (uint64_t i = 0; i < n; i++)
+        if (ents[i].klo == b->key.lo && ents[i].khi == b->key.hi && ents[i].ns == b->ns)
+            ok = (uint64_t)ents[i].unit << KVC_FAST_UNIT_SHIFT == b->off &&
+                 gens[ents[i].unit / h->gen_units] == ents[i].gen;
+    munmap((void *)map, bytes);
+    return ok;
+}
+
+/* The arena's granule: the smallest slot it hands out, so the index keeps a generation (and
+ * the owner map an entry) per block of that size, never two slots in one; a freed slot moves
+ * its own granule's generation alone; a slot cut smaller than the granule (a size no
+ * namespace announced) lowers it before that block is published: a new index of finer
+ * generations, every block in it found with its generation. */
+START_TEST(test_slot_granule)
+{
+    struct store_owner o;
+    struct store_params p = s->p;
+    uint64_t lease;
+    teardown();
+    p.fast_path = true;
+    p.high_watermark = 1.0;
+    p.low_watermark = 0.9;
+    setup_with(&p);
+    struct tier *t = s->arenas[0].tier;
+    struct fast_index *fi = s->fast[0];
+    ck_assert_uint_eq(s->arenas[0].gran, BLOCK);
+    ck_assert_uint_eq(fast_index_gen_units(fi), BLOCK >> KVC_FAST_UNIT_SHIFT);
+    store_owner_init(&o);
+    ck_assert_int_eq(put(&o, 1, 8, 0, 1), 8);
+    uint32_t idx[8];
+    for (uint32_t i = 0; i < 8; i++) {
+        struct kvc_wire_key k = key(1, i, 0);
+        idx[i] = index_find(&s->ix, (uint16_t)ns, &k);
+        ck_assert_uint_ne(idx[i], INDEX_NONE);
+        ck_assert(granule_entry_ok(fi, idx[i]));
+        /* The owner map answers a slot's start, not another offset in its granule. */
+        ck_assert_uint_eq(store_slot_owner(s, 0, s->ix.blocks[idx[i]].off), idx[i]);
+        ck_assert_uint_eq(store_slot_owner(s, 0, s->ix.blocks[idx[i]].off + 4096), INDEX_NONE);
+    }
+    /* A slot freed moves its granule's generation and no other block's. */
+    uint32_t *gens = fast_index_gens(fi);
+    uint64_t g0 = s->ix.blocks[idx[7]].off / BLOCK;
+    uint32_t before = gens[g0];
+    ck_assert_int_eq(store_block_drop(s, idx[7]), 0);
+    ck_assert_uint_eq(gens[g0], before + 1);
+    for (uint32_t i = 0; i < 7; i++)
+        ck_assert(granule_entry_ok(fi, idx[i]));
+    /* Block 6 moved by hand into a quarter-size slot, as a block read back from disk in a
+     * codec its namespace does not announce would be: the arena's granule falls to it before
+     * the block is published there, the index is replaced, and every block is found in the
+     * new one with its generation. */
+    struct block *b = &s->ix.blocks[idx[6]];
+    struct tier_loc from = {.arena = 0, .cls = b->cls, .off = b->off, .len = b->len}, to;
+    ck_assert_int_eq(t->ops->alloc(t, BLOCK / 4, &to), 0);
+    store_lru_unlink(s, idx[6]);
+    memcpy((uint8_t *)tier_host_base(t) + to.off, (uint8_t *)tier_host_base(t) + b->off,
+           BLOCK / 4);
+    t->ops->free(t, &from);
+    b->off = to.off;
+    b->len = (uint32_t)to.len;
+    b->cls = to.cls;
+    store_lru_push_head(s, idx[6]);
+    ck_assert_uint_eq(s->arenas[0].gran, BLOCK / 4);
+    ck_assert_ptr_ne(s->fast[0], fi); /* replaced (the old one retired and freed) */
+    fi = s->fast[0];
+    ck_assert_uint_eq(fast_index_gen_units(fi), (BLOCK / 4) >> KVC_FAST_UNIT_SHIFT);
+    for (uint32_t i = 0; i < 7; i++) {
+        ck_assert(granule_entry_ok(fi, idx[i]));
+        ck_assert_uint_eq(store_slot_owner(s, 0, s->ix.blocks[idx[i]].off), idx[i]);
+    }
+    /* Data and hits as before. */
+    ck_assert_int_eq(lookup(&o, 1, 7, 0, 2, &lease), 7);
+    ck_assert_int_eq(store_release(s, &o, lease), 0);
+    check_invariants();
+    store_owner_fini(s, &o);
+}
+END_TEST
+
 START_TEST(test_namespaces_and_layouts)
 {
     struct kvc_wire_layout l = layout_fp16("m", 2, 0), other = layout_fp16("m", 3, 0), bad;
@@ -1007,6 +1105,7 @@ int main(void)
     tcase_add_test(tc, test_ns_drop);
     tcase_add_test(tc, test_arena_fault);
     tcase_add_test(tc, test_touch_and_the_shared_index);
+    tcase_add_test(tc, test_slot_granule);
     tcase_add_test(tc, test_chain_under_own_reserved_parent);
     tcase_add_test(tc, test_chain_under_other_clients_slot_refused);
     tcase_add_test(tc, test_chain_parent_abort_drops_children);

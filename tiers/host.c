@@ -125,7 +125,7 @@ struct tier_host {
     struct tier_host_held *held;   /* slots kept from the allocator because they touch one */
     uint32_t nheld, capheld;
     uint32_t *gens; /* slot generations (tier_host_gens_set), or NULL */
-    unsigned gen_shift;
+    uint64_t gen_bytes; /* the arena's bytes a generation covers */
     struct tier_host_fault *fault; /* background fault-in in progress or done; NULL: none */
 };
 
@@ -466,15 +466,15 @@ static void tier_host_free(struct tier *t, const struct tier_loc *loc)
     /* Before the slot can be handed out again: a reader that copied from it sees the
      * generation change and discards the copy (client/kvc_fast.h). */
     if (h->gens && loc->off < h->size)
-        __atomic_fetch_add(&h->gens[loc->off >> h->gen_shift], 1, __ATOMIC_RELEASE);
+        __atomic_fetch_add(&h->gens[loc->off / h->gen_bytes], 1, __ATOMIC_RELEASE);
     slab_release(h->slab, loc->off);
 }
 
-void tier_host_gens_set(struct tier *t, uint32_t *gens, unsigned shift)
+void tier_host_gens_set(struct tier *t, uint32_t *gens, uint64_t gen_bytes)
 {
     struct tier_host *h = tier_host_of(t);
-    h->gens = gens;
-    h->gen_shift = shift;
+    h->gens = gen_bytes ? gens : NULL;
+    h->gen_bytes = gen_bytes;
 }
 
 /* Pointer to [off, off+len) inside loc, or NULL if any part is outside loc or the arena. */

@@ -54,10 +54,10 @@ bool tier_host_hugetlb(const struct tier *t);
 int tier_host_class(struct tier *t, uint64_t len);
 /* The allocator, for stats and for eviction that needs room in one class. */
 struct slab *tier_host_slab(const struct tier *t);
-/* Slot generations: from now on, freeing a slot first adds one to gens[off >> shift] (a
- * slot starts on its own 1 << shift unit), so readers outside the daemon can tell that
- * bytes they copied may have been reused. NULL: none. */
-void tier_host_gens_set(struct tier *t, uint32_t *gens, unsigned shift);
+/* Slot generations: from now on, freeing a slot first adds one to gens[off / gen_bytes] (no
+ * slot smaller than gen_bytes, so no two slots share a generation), so readers outside the
+ * daemon can tell that bytes they copied may have been reused. NULL (or gen_bytes 0): none. */
+void tier_host_gens_set(struct tier *t, uint32_t *gens, uint64_t gen_bytes);
 
 /* Bytes of the arena faulted in so far (the whole size once done; 0 without prefault). */
 uint64_t tier_host_faulted(const struct tier *t);

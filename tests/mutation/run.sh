@@ -473,8 +473,25 @@ mutation policy-ignores-pins policies/policy_decide.c "check_policy check_store_
 # The fast path without slot generations: a freed slot keeps its generation, so a reader of
 # the shared index can copy another block's bytes and keep them.
 mutation fast-no-generation-bump tiers/host.c "check_e2e_fast" \
-'        __atomic_fetch_add(&h->gens[loc->off >> h->gen_shift], 1, __ATOMIC_RELEASE);' \
+'        __atomic_fetch_add(&h->gens[loc->off / h->gen_bytes], 1, __ATOMIC_RELEASE);' \
 '        (void)h->gens;'
+
+# A reader that looks up a slot's generation per 4 KiB unit in an index that keeps one per
+# granule (the arena's smallest slot): it reads another granule's (or past the table).
+mutation fast-gen-per-unit client/libkvc_fast.c "check_e2e_fast" \
+'    l->genp = &v->gens[e.unit / v->gen_units];' \
+'    l->genp = &v->gens[e.unit];'
+
+# A slot cut smaller than its arena's granule left sharing a generation with the slot before
+# it: the index is not replaced, so that block and its neighbour's readers go to the socket.
+mutation granule-not-lowered daemon/store.c "check_store" \
+'    if (b->arena < s->narenas && b->len && store_round_unit(b->len) < s->arenas[b->arena].gran)' \
+'    if (0 && b->arena < s->narenas && b->len && store_round_unit(b->len) < s->arenas[b->arena].gran)'
+
+# The owner map answering for any offset in a granule, not only a slot's start.
+mutation slot-owner-any-offset daemon/store.c "check_store" \
+'    return b->arena == arena && b->tier == KVC_WIRE_TIER_HOST && b->off == off ? x - 1 : INDEX_NONE;' \
+'    return b->arena == arena && b->tier == KVC_WIRE_TIER_HOST ? x - 1 : INDEX_NONE;'
 
 # A hit ring taken on trust: entries naming namespaces the client may not read are counted.
 mutation fast-ring-unvalidated daemon/server_fast.c "check_e2e_fast" \
