@@ -47,13 +47,8 @@ static void store_gran_check(struct store *s, const struct block *b);
 
 /* The slot-owner map: which block's slot starts in each granule of a host arena (its `gran`
  * bytes, the smallest slot it hands out: no two slots start in one). */
-void store_slot_own(struct store *s, uint32_t idx, bool on)
+static void store_slot_set(struct store *s, const struct block *b, uint32_t idx, bool on)
 {
-    const struct block *b = &s->ix.blocks[idx];
-    if (b->arena >= s->narenas || b->tier != KVC_WIRE_TIER_HOST)
-        return;
-    if (on)
-        store_gran_check(s, b);
     if (!s->owner[b->arena])
         return; /* no map yet: store_slot_owner makes it from the lists when first asked */
     uint64_t u = b->off / s->arenas[b->arena].gran;
@@ -63,6 +58,16 @@ void store_slot_own(struct store *s, uint32_t idx, bool on)
         s->owner[b->arena][u] = idx + 1;
     else if (s->owner[b->arena][u] == idx + 1)
         s->owner[b->arena][u] = 0;
+}
+
+void store_slot_own(struct store *s, uint32_t idx, bool on)
+{
+    const struct block *b = &s->ix.blocks[idx];
+    if (b->arena >= s->narenas || b->tier != KVC_WIRE_TIER_HOST)
+        return;
+    if (on)
+        store_gran_check(s, b); /* may lower the granule: the map is then made again */
+    store_slot_set(s, b, idx, on);
 }
 
 /* Arena a's map, made from the blocks its lists hold (what store_slot_own would have set):
@@ -75,10 +80,13 @@ static int store_slot_map(struct store *s, uint32_t a)
     if (!s->owner[a])
         return -ENOMEM; /* the ladder steps one block at a time */
     s->arenas[a].owner_n = n;
+    /* Every linked block passed store_gran_check when it was linked: none is below the
+     * granule, so the map is filled as it is. */
     for (int list = 0; list < 2; list++)
         for (uint32_t i = list ? s->arenas[a].clean_head : s->arenas[a].lru_head; i != INDEX_NONE;
              i = s->ix.blocks[i].lru_next)
-            store_slot_own(s, i, true);
+            if (s->ix.blocks[i].tier == KVC_WIRE_TIER_HOST)
+                store_slot_set(s, &s->ix.blocks[i], i, true);
     return 0;
 }
 
