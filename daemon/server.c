@@ -154,12 +154,18 @@ static void server_notice(struct conn *c, int fd, int status)
 
 /* ---- connections ----------------------------------------------------------------------- */
 
+static bool server_trim_yield(void *arg);
+
 /* The trim a commit asked for (server_handle), now that no request of the connection waits
  * for an answer (or on the tick). */
 void server_trim_due(struct server *sv)
 {
     if (sv->writing_due)
         server_retry_writing(sv, loop_now_ms(sv->loop));
+    /* The commits' publications first (struct store's pub_defer), stopping for a request as
+     * the trim does: what is left goes before the next request but a RESERVE, or here. */
+    if (!store_pub_flush(sv->store, server_trim_yield, sv))
+        return;
     if (!sv->trim_due)
         return;
     sv->trim_due = false;
@@ -406,6 +412,7 @@ void server_tick(struct server *sv)
     /* After the checks above: a request run again here is newer than their `now`. */
     if (sv->pending)
         server_retry(sv, now); /* answers the ones whose time ran out */
+    store_pub_flush(sv->store, NULL, NULL); /* all of them, however busy the loop */
     server_trim_due(sv);
     server_arena_faults(sv);
 }
@@ -625,6 +632,7 @@ struct server *server_new(struct loop *l, struct store *s, const struct server_p
     s->trim_yield = server_trim_yield;
     s->trim_yield_arg = sv;
     s->post_defer = true; /* server_handle applies a lookup's policy work after its reply */
+    s->pub_defer = true;  /* and a commit's publications after the RESERVE behind it */
     loop_after(l, server_fast_after, sv);
     if (p->adopt) {
         struct sockaddr_un got = {0};
@@ -719,6 +727,7 @@ fail:
     s->on_evict = NULL;
     s->trim_yield = NULL;
     s->post_defer = false;
+    s->pub_defer = false;
     loop_after(l, NULL, NULL);
     if (sv && sv->fd >= 0)
         close(sv->fd);
@@ -744,6 +753,8 @@ void server_free(struct server *sv)
     sv->store->trim_yield = NULL;
     store_post_flush(sv->store);
     sv->store->post_defer = false;
+    store_pub_flush(sv->store, NULL, NULL);
+    sv->store->pub_defer = false;
     loop_after(sv->loop, NULL, NULL);
     loop_del(sv->loop, sv->fd);
     close(sv->fd);

@@ -1194,6 +1194,10 @@ bool server_handle(struct server *sv, struct conn *c, size_t n)
         server_conn_close(sv, c, why);
         return true;
     }
+    /* A commit's publications before any request but the RESERVE of a stream of puts (which
+     * reads nothing of the index; struct store's pub_defer). */
+    if (rc || r.hdr->opcode != KVC_OP_RESERVE)
+        store_pub_flush(sv->store, NULL, NULL);
     c->t_last = now;
     /* Its latest hits through the index before this request; the passes read the rest (a
      * SYNC's answer waits for them anyway). */

@@ -154,9 +154,12 @@ void store_lru_push_head(struct store *s, uint32_t idx)
      * next request). Where the index once had no room, the touch gives the block another
      * try, as every publish does. */
     struct fast_index *fi = b->arena < STORE_MAX_ARENAS ? s->fast[b->arena] : NULL;
-    if (!s->fast_keep || (fi && fast_index_lost_any(fi)))
+    if (s->pub_queue)
+        s->pub_q[s->pub_n++] = idx; /* store_resv_end made room */
+    else if (!s->fast_keep || (fi && fast_index_lost_any(fi)))
         store_fast_sync(s, idx);
 }
+
 
 /* A batch's publications a few blocks ahead (a large shared index misses the cache on each):
  * measured on an index of a million blocks, 64 publications at a time, 4 ahead took them
@@ -181,13 +184,64 @@ void store_fast_sync(struct store *s, uint32_t idx)
     bool publish = b->state == BLOCK_STATE_COMMITTED && b->tier == KVC_WIRE_TIER_HOST &&
                    !(b->flags & (BLOCK_F_PROMOTING | BLOCK_F_LOST));
     if (publish) {
-        store_gran_check(s, b);
-        fi = s->fast[b->arena]; /* a new one, where the granule was lowered */
-    }
-    if (publish)
-        fast_publish(fi, b->ns, &b->key, b->off, b->len, b->format);
-    else
+        store_gran_check(s, b); /* then s->fast[] is a new index, where it lowered the granule */
+        fast_publish(s->fast[b->arena], b->ns, &b->key, b->off, b->len, b->format);
+    } else {
         fast_unpublish(fi, b->ns, &b->key);
+    }
+}
+
+/* Room in the publication queue for n more; false when it cannot grow (publish at once). */
+static bool store_pub_room(struct store *s, uint32_t n)
+{
+    if (s->pub_n + (uint64_t)n <= s->pub_cap)
+        return true;
+    if (s->pub_head) { /* what a flush that yielded left, to the front */
+        memmove(s->pub_q, s->pub_q + s->pub_head, (s->pub_n - s->pub_head) * sizeof(*s->pub_q));
+        s->pub_n -= s->pub_head;
+        s->pub_head = 0;
+        if (s->pub_n + (uint64_t)n <= s->pub_cap)
+            return true;
+    }
+    uint64_t cap = s->pub_cap ? s->pub_cap : 256;
+    while (cap < s->pub_n + (uint64_t)n)
+        cap *= 2;
+    if (cap > (1u << 24))
+        return false;
+    uint32_t *q = realloc(s->pub_q, cap * sizeof(*q));
+    if (!q)
+        return false;
+    s->pub_q = q;
+    s->pub_cap = (uint32_t)cap;
+    return true;
+}
+
+/* Block idx published if it is committed and ready in a host arena now (a queued block may
+ * have left, moved, or its index been given to another block since: that one is published as
+ * it is, and nothing is ever taken out here — another block of the same key has its own). */
+static void store_pub_one(struct store *s, uint32_t idx)
+{
+    const struct block *b = idx < s->ix.nblocks ? &s->ix.blocks[idx] : NULL;
+    if (b && b->state == BLOCK_STATE_COMMITTED && b->tier == KVC_WIRE_TIER_HOST &&
+        !(b->flags & (BLOCK_F_PROMOTING | BLOCK_F_LOST)))
+        store_fast_sync(s, idx);
+}
+
+bool store_pub_flush(struct store *s, bool (*yield)(void *arg), void *arg)
+{
+    for (uint32_t j = s->pub_head; j < s->pub_head + STORE_FAST_AHEAD && j < s->pub_n; j++)
+        if (s->pub_q[j] < s->ix.nblocks)
+            store_fast_prefetch(s, s->pub_q[j]);
+    while (s->pub_head < s->pub_n) {
+        uint32_t i = s->pub_head++, j = i + STORE_FAST_AHEAD;
+        if (j < s->pub_n && s->pub_q[j] < s->ix.nblocks)
+            store_fast_prefetch(s, s->pub_q[j]);
+        store_pub_one(s, s->pub_q[i]);
+        if (yield && s->pub_head % 16 == 0 && s->pub_head < s->pub_n && yield(arg))
+            return false;
+    }
+    s->pub_head = s->pub_n = 0;
+    return true;
 }
 
 static uint64_t store_round_unit(uint64_t n)
@@ -479,6 +533,7 @@ void store_free(struct store *s)
     store_meta_free(s);
     free(s->post_keys);
     free(s->post_idx);
+    free(s->pub_q);
     free(s->rec);
     free(s->ns);
     if (s->ix.blocks)
@@ -1492,8 +1547,14 @@ static uint32_t store_resv_end(struct store *s, struct store_owner *o, struct st
         }
     }
     /* Into the LRU list deepest first, so the parents end up more recent; each block's
-     * shared-index lines asked for STORE_FAST_AHEAD blocks before its publication. */
+     * shared-index lines asked for STORE_FAST_AHEAD blocks before its publication, or the
+     * publications queued for store_pub_flush (pub_defer). */
+    s->pub_queue = s->pub_defer && committed && store_pub_room(s, committed);
     for (uint32_t i = committed; i-- > 0;) {
+        if (s->pub_queue) {
+            store_lru_push_head(s, h->blocks[i]);
+            continue;
+        }
         if (i == committed - 1)
             for (uint32_t j = 1; j <= STORE_FAST_AHEAD && j <= committed; j++)
                 store_fast_prefetch(s, h->blocks[committed - j]);
@@ -1501,6 +1562,7 @@ static uint32_t store_resv_end(struct store *s, struct store_owner *o, struct st
             store_fast_prefetch(s, h->blocks[i - STORE_FAST_AHEAD]);
         store_lru_push_head(s, h->blocks[i]);
     }
+    s->pub_queue = false;
     STORE_STAT_ADD(s, ns, committed_blocks, committed);
     if (h->parent_pin != INDEX_NONE) {
         store_block_unpin(s, h->parent_pin);

@@ -336,6 +336,18 @@ struct store {
     uint64_t post_now, post_serial;
     uint32_t *post_idx;             /* KVC_PROTO_MAX_KEYS; allocated at the first deferral */
     struct kvc_wire_key *post_keys; /* the same */
+    /* The shared-index entries a commit left for later, when pub_defer is set (the server
+     * sets it): block indexes, published by store_pub_flush — before any request but a
+     * RESERVE, and when the loop has nothing to read (before the trim, yielding to requests)
+     * — so that the RESERVE a client sends right behind its quiet COMMIT is answered before
+     * the commit's publications (at a million blocks each is a few cache misses: ~20 us for
+     * 64). A block not yet published is a hit through the socket for a moment, never a wrong
+     * one; each is checked when it is published (only a block still committed and ready in a
+     * host arena is, whatever it became meanwhile). Loop thread. */
+    bool pub_defer;
+    bool pub_queue; /* store_resv_end: store_lru_push_head queues instead of publishing */
+    uint32_t *pub_q;
+    uint32_t pub_head, pub_n, pub_cap;
 };
 
 /* Creates the store and its host arena. On failure NULL and *err = -errno. */
@@ -623,6 +635,10 @@ const char *store_heap_check(const struct store *s);
 /* A committed block leaves the cache for good (evicted): what the policy knew of it is
  * remembered as a ghost, given back by store_meta_commit when the key comes back soon. */
 void store_ghost_note(struct store *s, uint32_t idx);
+/* Publishes what commits left for later (struct store's pub_defer), in order; with yield, asks
+ * it every few blocks and stops when it says so (a request is waiting). True when none is
+ * left. */
+bool store_pub_flush(struct store *s, bool (*yield)(void *arg), void *arg);
 /* Applies the policy work a lookup left (see struct store's post_defer); no-op when none. */
 void store_post_flush(struct store *s);
 /* Feeds the namespace's tuner one referenced key (lookup or commit) in prefix order. */

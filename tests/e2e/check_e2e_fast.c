@@ -167,6 +167,32 @@ static uint32_t fp_index_count(kvc_ns *ns, const struct kvc_key *keys, uint32_t 
     return found;
 }
 
+/* A commit's entries in the shared index are in place once any later request but a RESERVE
+ * is answered: the daemon publishes them after the RESERVE a client sends behind its quiet
+ * COMMIT (struct store's pub_defer), but before anything else it handles. A put of 64 blocks,
+ * kvc_flush (its SYNC handled in the same wake-up as the COMMIT), and every block is found
+ * through the index at once, round after round. */
+START_TEST(test_fast_published_before_next_answer)
+{
+    struct daemon d = {0};
+    kvc_client *c;
+    kvc_ns *ns;
+    struct kvc_layout lay = daemon_layout("e2e-fast-pub", 16);
+    struct kvc_key k[FP_BLOCKS * 4];
+    ck_assert_int_eq(daemon_start(&d, fp_args), 0);
+    ck_assert_int_eq(kvc_connect(d.sock, &c), 0);
+    ck_assert_int_eq(kvc_ns_open(c, &lay, &ns), 0);
+    for (uint32_t r = 0; r < 40; r++) {
+        fp_put(ns, 200 + r, FP_BLOCKS * 4, k);
+        ck_assert_int_eq(kvc_flush(c), 0);
+        ck_assert_uint_eq(fp_index_count(ns, k, FP_BLOCKS * 4), FP_BLOCKS * 4);
+    }
+    kvc_disconnect(c);
+    ck_assert_int_eq(daemon_stop(&d), 0);
+    daemon_cleanup(&d);
+}
+END_TEST
+
 /* The cached prefix of keys[0..n), through the socket (a lookup, released at once). */
 static uint32_t fp_cached(kvc_ns *ns, const struct kvc_key *keys, uint32_t n)
 {
@@ -1532,6 +1558,7 @@ int main(void)
     tcase_set_timeout(tl, daemon_slow() * 120);
     tcase_set_tags(tl, "long");
     tcase_add_test(tc, test_fast_hits_counted);
+    tcase_add_test(tc, test_fast_published_before_next_answer);
     tcase_add_test(tc, test_fast_index_huge_advice);
     tcase_add_test(tc, test_arena_and_index_on_huge_pages);
     tcase_add_test(tc, test_lookup_resolves_once);

@@ -493,6 +493,14 @@ mutation slot-owner-any-offset daemon/store.c "check_store" \
 '    return b->arena == arena && b->tier == KVC_WIRE_TIER_HOST && b->off == off ? x - 1 : INDEX_NONE;' \
 '    return b->arena == arena && b->tier == KVC_WIRE_TIER_HOST ? x - 1 : INDEX_NONE;'
 
+# A commit's publications left for the idle loop alone: a SYNC handled in the same wake-up is
+# answered before them, and the client's next read through the index misses its own put.
+mutation pub-not-before-next-request daemon/server_dispatch.c "check_e2e_fast" \
+'    if (rc || r.hdr->opcode != KVC_OP_RESERVE)
+        store_pub_flush(sv->store, NULL, NULL);' \
+'    if (0)
+        store_pub_flush(sv->store, NULL, NULL);'
+
 # A hit ring taken on trust: entries naming namespaces the client may not read are counted.
 mutation fast-ring-unvalidated daemon/server_fast.c "check_e2e_fast" \
 '            if (server_ns_use(sv, c, h[i].ns, KVC_ACCESS_READ) ||
