@@ -40,7 +40,10 @@
  *   slot smaller than the granule: the daemon then makes a new index of smaller granules
  *   before it publishes one) can only turn a reader's copy into a miss, never a stale copy
  *   into a hit. The daemon publishes an entry only once its bytes are complete (committed,
- *   not being read from disk).
+ *   not being read from disk): a commit's entries after the RESERVE a client sends right
+ *   behind it, but before the daemon answers any other request (so after kvc_flush, or any
+ *   call with a reply, a client finds its puts through the index); until then those blocks
+ *   are hits through the socket.
  * - The hit ring. Hits taken through the index are written by the client into a ring in a
  *   memfd the daemon made for its connection (sealed against resizing) and read by the
  *   daemon a bounded step at a time: a few dozen entries before each request of that
