@@ -160,7 +160,6 @@ void store_lru_push_head(struct store *s, uint32_t idx)
         store_fast_sync(s, idx);
 }
 
-
 /* A batch's publications a few blocks ahead (a large shared index misses the cache on each):
  * measured on an index of a million blocks, 64 publications at a time, 4 ahead took them
  * from ~850 to ~620 ns each, 8 no better. */
