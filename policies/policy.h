@@ -146,6 +146,9 @@ void policy_ladder_ghost_hit(struct policy_ladder *l);
 #define POLICY_TUNE_MINI 4096  /* mini cache capacity at most (sampling rate = mini / cap) */
 #define POLICY_TUNE_HISTORY 16 /* key history kept, as a multiple of the mini capacity */
 #define POLICY_TUNE_TC_MOVE 0.10 /* relative change of the turnover time that rekeys */
+/* Hysteresis: a candidate replaces the current one when its hits lead by more than this many
+ * standard errors of the lead (the square root of the references only one of the two hit). */
+#define POLICY_TUNE_MARGIN 2.0
 
 struct policy_tune_rec;
 struct policy_tune {
@@ -156,6 +159,8 @@ struct policy_tune {
     uint64_t t0, refs, sampled;
     double h[POLICY_TUNE_CANDIDATES];    /* candidate half-lives */
     double hits[POLICY_TUNE_CANDIDATES]; /* decayed hit counts of each mini cache */
+    /* decayed count of the references that mini c hit and mini d missed, or the reverse */
+    double split[POLICY_TUNE_CANDIDATES][POLICY_TUNE_CANDIDATES];
     int best;
     struct policy_tune_rec *rec;         /* key history */
     uint32_t rcap, nrec, hand;

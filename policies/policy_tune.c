@@ -19,10 +19,15 @@
  * when it moves by more than 10 %): 1/4096 (LRU: one turnover outweighs any count), then
  * 1/4, 1, 4, 16 and 64 turnovers (towards LFU), so no time constant of a trace or clock unit
  * is built in. Hit counts halve every 16 x m sampled references so the choice follows phase
- * changes; the best candidate wins, ties to the shorter half-life (closer to LRU), and the
- * half-life used sits at the vertex of the parabola through the best and its neighbours
- * (hits against log2 h, at most half a step), so near-tied neighbours a factor 4 apart do
- * not swing it from one to the other.
+ * changes. The current candidate stays until another's hits lead its own by more than
+ * POLICY_TUNE_MARGIN standard errors of that lead: the lead is a sum over the references only
+ * one of the two hit (the rest cancel), so its standard error is the square root of their
+ * count, kept decayed alike per pair. Without the margin the choice flipped whenever two
+ * near-tied counts crossed, which the order of a few lookups decides. The half-life used
+ * sits at the vertex of the parabola through the current candidate and its neighbours (hits
+ * against log2 h, at most half a step; at either end of the grid the parabola of the last
+ * three), so near-tied neighbours a factor 4 apart give the half-life between them whichever
+ * is ahead: the half-life is a continuous function of the hit counts.
  *
  * Keys only: one record per sampled key (count and last access per candidate), a history
  * of POLICY_TUNE_HISTORY x m records so a count survives eviction from the mini caches (the
@@ -261,6 +266,10 @@ void policy_tune_access(struct policy_tune *t, uint64_t key, uint32_t depth, uin
     }
     struct policy_tune_rec *x = &t->rec[r];
     x->depth = depth;
+    for (int c = 0; c < POLICY_TUNE_CANDIDATES; c++)
+        for (int d = c + 1; d < POLICY_TUNE_CANDIDATES; d++)
+            if ((x->pos[c] == POLICY_TUNE_NONE) != (x->pos[d] == POLICY_TUNE_NONE))
+                t->split[c][d] += 1.0;
     for (int c = 0; c < POLICY_TUNE_CANDIDATES; c++) {
         double f = x->freq[c] > 0 ? x->freq[c] * exp2(-(double)(now - x->last) / t->h[c]) : 0;
         x->freq[c] = (float)(f + 1.0);
@@ -283,13 +292,22 @@ void policy_tune_access(struct policy_tune *t, uint64_t key, uint32_t depth, uin
     }
     /* Forget old hit counts so the choice follows the workload. */
     if (++t->sampled % (16ull * t->m) == 0)
-        for (int c = 0; c < POLICY_TUNE_CANDIDATES; c++)
+        for (int c = 0; c < POLICY_TUNE_CANDIDATES; c++) {
             t->hits[c] *= 0.5;
-    int best = 0;
+            for (int d = c + 1; d < POLICY_TUNE_CANDIDATES; d++)
+                t->split[c][d] *= 0.5;
+        }
+    /* The leader (ties to the shorter half-life) replaces the current candidate only by a
+     * margin. */
+    int top = 0;
     for (int c = 1; c < POLICY_TUNE_CANDIDATES; c++)
-        if (t->hits[c] > t->hits[best] * (1.0 + 1e-9))
-            best = c;
-    t->best = best;
+        if (t->hits[c] > t->hits[top] * (1.0 + 1e-9))
+            top = c;
+    if (top != t->best) {
+        int a = top < t->best ? top : t->best, b = top ^ t->best ^ a;
+        if (t->hits[top] - t->hits[t->best] > POLICY_TUNE_MARGIN * sqrt(t->split[a][b]))
+            t->best = top;
+    }
 }
 
 double policy_tune_half_life(const struct policy_tune *t)
@@ -297,18 +315,23 @@ double policy_tune_half_life(const struct policy_tune *t)
     int b = t->best;
     if (!t->rec || t->tc == 0)
         return 0;
-    /* Between grid points: the vertex of the parabola through the best candidate and its
-     * two neighbours (hits against log2 of the half-life, a factor 4 apart), moved at most
-     * half a step. Two candidates nearly tied put it between them, wherever the tie falls,
-     * so noise in the hit counts no longer swings the half-life by a factor of 4. The LRU
-     * candidate (c = 0) is off the grid: no interpolation next to it. */
-    if (b >= 2 && b + 1 < POLICY_TUNE_CANDIDATES) {
-        double l = t->hits[b - 1], m = t->hits[b], r = t->hits[b + 1];
+    /* Between grid points: the vertex of the parabola through three neighbouring candidates
+     * (hits against log2 of the half-life, a factor 4 apart), centred on the current one or,
+     * at an end of the grid, on its neighbour, and kept within half a step of the current
+     * one and inside the grid. Two candidates nearly tied put it between them, whichever is
+     * ahead, so noise in the hit counts does not swing the half-life by a factor of 4; at the
+     * last candidate too (there it jumped from twice the one before to four times it). The
+     * LRU candidate (c = 0) is off the grid: not interpolated, nor a point of a parabola. */
+    if (b >= 1) {
+        int k = b < 2 ? 2 : b > POLICY_TUNE_CANDIDATES - 2 ? POLICY_TUNE_CANDIDATES - 2 : b;
+        double l = t->hits[k - 1], m = t->hits[k], r = t->hits[k + 1];
         double den = l - 2.0 * m + r;
         if (den < 0) {
-            double d = (l - r) / (2.0 * den);
-            d = d < -0.5 ? -0.5 : d > 0.5 ? 0.5 : d;
-            return t->h[b] * exp2(2.0 * d);
+            double d = (l - r) / (2.0 * den), lo = b - k - 0.5, hi = b - k + 0.5;
+            lo = lo < 1 - k ? 1 - k : lo;
+            hi = hi > POLICY_TUNE_CANDIDATES - 1 - k ? POLICY_TUNE_CANDIDATES - 1 - k : hi;
+            d = d < lo ? lo : d > hi ? hi : d;
+            return t->h[k] * exp2(2.0 * d);
         }
     }
     return t->h[b];

@@ -269,8 +269,10 @@ END_TEST
  * between unique scan keys) makes a frequency-leaning half-life win; a pure one-reuse
  * stream gives every candidate the same hits, and the tie goes to the LRU end. */
 /* The tuner's half-life between grid points: two candidates tied give their geometric mean
- * whichever is "best", a clear winner moves less than half a step, edges and the LRU
- * candidate are not interpolated. */
+ * whichever is "best", a clear winner moves less than half a step; at either end of the grid
+ * the parabola of the last three candidates, so two tied there give their geometric mean
+ * too (it was the last candidate's own half-life, twice that); the LRU candidate is not
+ * interpolated. */
 START_TEST(test_tune_interpolates)
 {
     struct policy_tune t;
@@ -289,14 +291,86 @@ START_TEST(test_tune_interpolates)
     t.best = 2;
     double h = policy_tune_half_life(&t);
     ck_assert(h > 100.0 && h < 200.0);
-    t.best = 1; /* next to the LRU candidate */
-    ck_assert_double_eq(policy_tune_half_life(&t), t.h[1]);
-    t.best = POLICY_TUNE_CANDIDATES - 1; /* the last */
+    const double last[POLICY_TUNE_CANDIDATES] = {0, 0, 10, 50, 80, 80};
+    memcpy(t.hits, last, sizeof(last));
+    t.best = POLICY_TUNE_CANDIDATES - 1; /* the last two tied */
+    ck_assert_double_eq_tol(policy_tune_half_life(&t), 3200.0, 1e-9);
+    t.best = POLICY_TUNE_CANDIDATES - 2;
+    ck_assert_double_eq_tol(policy_tune_half_life(&t), 3200.0, 1e-9);
+    const double first[POLICY_TUNE_CANDIDATES] = {0, 80, 80, 50, 10, 0};
+    memcpy(t.hits, first, sizeof(first));
+    t.best = 1; /* next to the LRU candidate, tied with the next */
+    ck_assert_double_eq_tol(policy_tune_half_life(&t), 50.0, 1e-9);
+    t.best = 2;
+    ck_assert_double_eq_tol(policy_tune_half_life(&t), 50.0, 1e-9);
+    t.best = 0; /* the LRU candidate */
+    ck_assert_double_eq(policy_tune_half_life(&t), t.h[0]);
+    const double rising[POLICY_TUNE_CANDIDATES] = {0, 0, 10, 20, 40, 80};
+    memcpy(t.hits, rising, sizeof(rising));
+    t.best = POLICY_TUNE_CANDIDATES - 1; /* a clear winner at the end: its own */
     ck_assert_double_eq(policy_tune_half_life(&t), t.h[POLICY_TUNE_CANDIDATES - 1]);
+    const double peaked[POLICY_TUNE_CANDIDATES] = {0, 0, 10, 60, 74, 75};
+    memcpy(t.hits, peaked, sizeof(peaked));
+    double hl = policy_tune_half_life(&t); /* vertex past 4.5: between the last two */
+    ck_assert(hl > 3200.0 && hl < 6400.0);
     const double flat[POLICY_TUNE_CANDIDATES] = {0, 50, 50, 50, 50, 50};
     memcpy(t.hits, flat, sizeof(flat));
     t.best = 2; /* no curvature: the grid point */
     ck_assert_double_eq(policy_tune_half_life(&t), t.h[2]);
+    policy_tune_free(&t);
+}
+END_TEST
+
+/* One sampled reference of a new key to t: no mini cache hits it, so the hit counts stay as
+ * the test set them and only the choice between candidates runs. */
+static void tune_touch(struct policy_tune *t, uint64_t *key, uint64_t now)
+{
+    uint64_t sampled = t->sampled;
+    while (t->sampled == sampled)
+        policy_tune_access(t, (*key)++, 0, now);
+}
+
+/* Hysteresis: two candidates alternately ahead by less than POLICY_TUNE_MARGIN standard
+ * errors of the lead (the square root of the references only one of them hit) leave the
+ * current one chosen; a clear lead moves the choice, and moving back takes the same margin. */
+START_TEST(test_tune_hysteresis)
+{
+    struct policy_tune t;
+    uint64_t key = 1u << 30, now = 1000;
+    ck_assert_int_eq(policy_tune_init(&t, 10000), 0);
+    t.tc = 100;
+    for (int c = 0; c < POLICY_TUNE_CANDIDATES; c++)
+        t.h[c] = t.tc * (c == 0 ? 1.0 / 4096.0 : exp2(2.0 * (c - 2)));
+    const double base[POLICY_TUNE_CANDIDATES] = {100, 200, 500, 1000, 1000, 600};
+    memcpy(t.hits, base, sizeof(base));
+    t.split[3][4] = 400; /* standard error of the lead 20 */
+    t.best = 3;
+    double margin = POLICY_TUNE_MARGIN * 20.0;
+    for (int round = 0; round < 6; round++) {
+        double lead = (round % 2 ? -0.9 : 0.9) * margin; /* 4 ahead, then 3, then 4, ... */
+        t.hits[3] = 1000;
+        t.hits[4] = 1000 + lead;
+        tune_touch(&t, &key, ++now);
+        ck_assert_int_eq(t.best, 3);
+    }
+    t.hits[4] = 1000 + 1.1 * margin; /* a clear lead */
+    tune_touch(&t, &key, ++now);
+    ck_assert_int_eq(t.best, 4);
+    for (int round = 0; round < 6; round++) {
+        t.hits[3] = t.hits[4] + (round % 2 ? -0.9 : 0.9) * margin;
+        tune_touch(&t, &key, ++now);
+        ck_assert_int_eq(t.best, 4);
+    }
+    /* Near-tied, either choice gives about the same half-life (the parabola's vertex). */
+    t.hits[3] = t.hits[4] = 1000;
+    double h4 = policy_tune_half_life(&t);
+    t.best = 3;
+    ck_assert_double_eq_tol(policy_tune_half_life(&t), h4, 1e-9 * h4);
+    ck_assert_double_eq_tol(h4, 2.0 * t.h[3], 1e-9 * h4);
+    t.hits[3] = 1000 + 1.1 * margin;
+    t.best = 4;
+    tune_touch(&t, &key, ++now);
+    ck_assert_int_eq(t.best, 3);
     policy_tune_free(&t);
 }
 END_TEST
@@ -423,6 +497,7 @@ int main(void)
     tcase_add_test(tc, test_quantized_bytes);
     tcase_add_test(tc, test_tune);
     tcase_add_test(tc, test_tune_interpolates);
+    tcase_add_test(tc, test_tune_hysteresis);
     tcase_add_test(tc, test_tune_follows_load);
     tcase_add_test(tc, test_ladder);
     suite_add_tcase(s, tc);

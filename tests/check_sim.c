@@ -316,10 +316,11 @@ START_TEST(test_ladder_trace)
     ck_assert_uint_eq(q84.hits_lossy,
                       q84.hits_codec[POLICY_CODEC_Q8] + q84.hits_codec[POLICY_CODEC_Q4]);
     ck_assert_uint_gt(q84.hits_codec[POLICY_CODEC_Q4], 0);
-    /* a lossy hit worth 1000 misses: most of the tier stays raw */
+    /* a lossy hit worth 1000 misses: most of the tier stays raw (0.89 at the end of this run,
+     * 0.92 before the tuner's hysteresis: the share follows the half-life's path) */
     ck_assert_uint_lt(heavy.hits_lossy * 4, q84.hits_lossy);
     ck_assert_uint_gt(heavy.hits_full, q84.hits_full);
-    ck_assert(heavy.raw_share > 0.9);
+    ck_assert(heavy.raw_share > 0.85);
     ck_assert(q84.raw_share < 0.1);
     sim_trace_free(&tr);
     free(text);

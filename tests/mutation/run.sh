@@ -854,6 +854,21 @@ mutation policy-hint-unsaturated policies/policy.c "check_policy" \
 '    b->hint = h < FLT_MAX ? (float)h : FLT_MAX;' \
 '    b->hint = (float)h;'
 
+# Issue 30: the half-life tuner's hysteresis gone: any lead, however small against the
+# standard error of the two candidates' difference, moves the choice (near-tied counts that
+# cross flip it, as the order of a few lookups decides).
+mutation tune-no-margin policies/policy_tune.c "check_policy" \
+'        if (t->hits[top] - t->hits[t->best] > POLICY_TUNE_MARGIN * sqrt(t->split[a][b]))' \
+'        if (t->hits[top] - t->hits[t->best] > 0 * sqrt(t->split[a][b]))'
+
+# Issue 30: the tuner's ends of the grid not interpolated (the last candidate's own half-life,
+# twice what the one before it gives when the two are tied).
+mutation tune-edge-not-interpolated policies/policy_tune.c "check_policy" \
+'        int k = b < 2 ? 2 : b > POLICY_TUNE_CANDIDATES - 2 ? POLICY_TUNE_CANDIDATES - 2 : b;' \
+'        int k = b < 2 ? 2 : b > POLICY_TUNE_CANDIDATES - 2 ? POLICY_TUNE_CANDIDATES - 2 : b;
+        if (k != b)
+            return t->h[b];'
+
 # HINT_HEADS: scores above KVC_PROTO_MAX_HINT_SCORE taken (summed into the head masses they
 # make them infinite, and the namespace's head profiles fixed for good).
 mutation hint-heads-score-unbounded daemon/proto.c "check_proto" \
