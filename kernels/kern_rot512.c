@@ -396,6 +396,83 @@ K5 int kern_rot512_dec(const struct kern_layout *lay, const uint8_t *sect, int b
     return 1;
 }
 
+/* ---- encode: the channels' means ------------------------------------------------------ */
+
+K5 uint16_t kern_rot512_amax(const uint16_t *raw, uint64_t n)
+{
+    const __m512i mag = _mm512_set1_epi16(0x7fff);
+    __m512i mx = _mm512_setzero_si512();
+    uint64_t i = 0;
+    for (; i + 32 <= n; i += 32)
+        mx = _mm512_max_epu16(mx, _mm512_and_si512(_mm512_loadu_si512(raw + i), mag));
+    __m256i m = _mm256_max_epu16(_mm512_castsi512_si256(mx), _mm512_extracti64x4_epi64(mx, 1));
+    if (i + 16 <= n)
+        m = _mm256_max_epu16(m, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(raw + i)),
+                                                 _mm512_castsi512_si256(mag)));
+    __m128i m8 = _mm_max_epu16(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+    m8 = _mm_max_epu16(m8, _mm_srli_si128(m8, 8));
+    m8 = _mm_max_epu16(m8, _mm_srli_si128(m8, 4));
+    m8 = _mm_max_epu16(m8, _mm_srli_si128(m8, 2));
+    return (uint16_t)_mm_extract_epi16(m8, 0);
+}
+
+/* The sums over T tokens (ts halves apart, token order) of 16 nv channels at r, each value as
+ * kern_ext_value (clean: fp16 known finite, nothing to sanitize). */
+K5I void rot_sums16(const uint16_t *r, uint64_t ts, uint32_t T, uint32_t dtype, __m512 *sum,
+                    const uint32_t nv, const int clean)
+{
+#pragma GCC unroll 8
+    for (uint32_t k = 0; k < nv; k++)
+        sum[k] = _mm512_setzero_ps();
+    for (uint32_t t = 0; t < T; t++, r += ts)
+#pragma GCC unroll 8
+        for (uint32_t k = 0; k < nv; k++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(r + 16 * k));
+            __m512 x;
+            if (clean)
+                x = _mm512_cvtph_ps(v);
+            else
+                x = kivi5_sanitize16(
+                    dtype == KERN_DTYPE_BF16
+                        ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16))
+                        : _mm512_cvtph_ps(v));
+            sum[k] = _mm512_add_ps(sum[k], x);
+        }
+}
+
+K5 void kern_rot512_means(const struct kern_layout *lay, const uint8_t *rawk, uint8_t *out,
+                          float *mean, int clean)
+{
+    const uint32_t T = lay->tokens, H = lay->heads, D = lay->head_dim;
+    const __m512 n = _mm512_set1_ps((float)T);
+    const uint16_t *raw = (const uint16_t *)rawk;
+    const uint64_t ts = (uint64_t)H * D;
+    for (uint32_t h = 0; h < H; h++)
+        for (uint32_t j = 0; j < D; j += 128) {
+            const uint32_t w = D - j < 128 ? D - j : 128; /* D a multiple of 32 */
+            const uint16_t *r = raw + (uint64_t)h * D + j;
+            __m512 sum[8];
+            if (w == 128 && clean)
+                rot_sums16(r, ts, T, lay->dtype, sum, 8, 1);
+            else if (w == 128)
+                rot_sums16(r, ts, T, lay->dtype, sum, 8, 0);
+            else if (w == 64 && clean)
+                rot_sums16(r, ts, T, lay->dtype, sum, 4, 1);
+            else if (w == 64)
+                rot_sums16(r, ts, T, lay->dtype, sum, 4, 0);
+            else if (clean)
+                rot_sums16(r, ts, T, lay->dtype, sum, 2, 1);
+            else
+                rot_sums16(r, ts, T, lay->dtype, sum, 2, 0);
+            for (uint32_t k = 0; k < w; k += 16) {
+                const __m256i hv =
+                    _mm512_cvtps_ph(_mm512_div_ps(sum[k / 16], n), _MM_FROUND_TO_NEAREST_INT);
+                _mm256_storeu_si256((__m256i *)(out + 2 * ((uint64_t)h * D + j + k)), hv);
+                _mm512_storeu_ps(mean + (uint64_t)h * D + j + k, _mm512_cvtph_ps(hv));
+            }
+        }
+}
+
 /* ---- encode: sixteen tokens of a head at a time, the tokens in the lanes ---------------- */
 
 /* Sixteen tokens of a head, D channels (32, 64 or 128): kern_rot.c's rot_enc_tok8 on
