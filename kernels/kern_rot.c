@@ -669,7 +669,10 @@ KT static void rot_enc_fused(const struct kern_layout *lay, const uint8_t *rawk,
     float *mean = (float *)(mask + (uint64_t)H * D);
     uint8_t *out = sect + kern_rot_groups_off(lay);
     for (uint32_t h = 0; h < H; h++)
-        rot_signs(mask + (uint64_t)h * D, sseed, h, D);
+        if (kern_rot512_on() && D % 16 == 0)
+            kern_rot512_signs(mask + (uint64_t)h * D, sseed, h, D);
+        else
+            rot_signs(mask + (uint64_t)h * D, sseed, h, D);
     int clean, small;
     rot_means_avx2(lay, rawk, sect + KERN_ROT_PREFIX, mean, &clean, &small);
     /* whole blocks of eight tokens with the tokens in the lanes, the rest a row at a time */

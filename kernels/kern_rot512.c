@@ -398,11 +398,29 @@ K5 int kern_rot512_dec(const struct kern_layout *lay, const uint8_t *sect, int b
 
 /* ---- encode: the channels' means ------------------------------------------------------ */
 
+K5 void kern_rot512_signs(uint32_t *mask, uint32_t sseed, uint32_t h, uint32_t dim)
+{
+    const __m512i step = _mm512_setr_epi32(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16),
+                  seed = _mm512_set1_epi32((int)sseed);
+    for (uint32_t j = 0; j < dim; j += 16) {
+        __m512i k = _mm512_add_epi32(_mm512_set1_epi32((int)(h * 0x9e3779b1u + j)), step);
+        k = rot_mix16(_mm512_xor_si512(seed, rot_mix16(k)));
+        _mm512_storeu_si512(mask + j, _mm512_slli_epi32(k, 31));
+    }
+}
+
 K5 uint16_t kern_rot512_amax(const uint16_t *raw, uint64_t n)
 {
     const __m512i mag = _mm512_set1_epi16(0x7fff);
-    __m512i mx = _mm512_setzero_si512();
+    __m512i mx = _mm512_setzero_si512(), m1 = mx, m2 = mx, m3 = mx; /* four chains */
     uint64_t i = 0;
+    for (; i + 128 <= n; i += 128) {
+        mx = _mm512_max_epu16(mx, _mm512_and_si512(_mm512_loadu_si512(raw + i), mag));
+        m1 = _mm512_max_epu16(m1, _mm512_and_si512(_mm512_loadu_si512(raw + i + 32), mag));
+        m2 = _mm512_max_epu16(m2, _mm512_and_si512(_mm512_loadu_si512(raw + i + 64), mag));
+        m3 = _mm512_max_epu16(m3, _mm512_and_si512(_mm512_loadu_si512(raw + i + 96), mag));
+    }
+    mx = _mm512_max_epu16(_mm512_max_epu16(mx, m1), _mm512_max_epu16(m2, m3));
     for (; i + 32 <= n; i += 32)
         mx = _mm512_max_epu16(mx, _mm512_and_si512(_mm512_loadu_si512(raw + i), mag));
     __m256i m = _mm256_max_epu16(_mm512_castsi512_si256(mx), _mm512_extracti64x4_epi64(mx, 1));
