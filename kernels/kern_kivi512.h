@@ -211,13 +211,18 @@ K5I __m512i kivi5_codes16(const __m512 *x, const __m512i *h, int a, int b, int c
 }
 
 /* Sixteen tokens' group (x: its 32 channels, lane i token i, scaled and clamped; or h, as
- * kivi5_x) to their blocks at o[i]: kern_rot.c's rot_groups_enc8 on sixteen lanes, the parameters lane-wise
+ * kivi5_x) to their blocks at o0 + i * os: kern_rot.c's rot_groups_enc8 on sixteen lanes, the
+ * parameters lane-wise
  * (kern_kivi_params: min, (max - min) / qmax to fp16 and back, 1 / scale unless 0), the
  * codes per channel, the bytes put back in token order per 128-bit lane (tokens 4L .. 4L + 3).
  * A group whose minimum or maximum is zero is encoded by the reference (the lanes' minimum
  * keeps either of +0 and -0, the reference the first). */
-K5I void kivi5_groups_enc16(const __m512 *x, const __m512i *h, uint8_t *const *o, const int bits)
+K5I void kivi5_groups_enc16(const __m512 *x, const __m512i *h, uint8_t *o0, const uint64_t os,
+                            const int bits)
 {
+    /* lane i's block: o0 + i * os (a base and a stride: an array of sixteen pointers went
+     * through the stack, two memory operations a store) */
+#define KIVI5_O(i) (o0 + (uint64_t)(i) * os)
     __m512 mn, mx;
     if (h) {
         /* each register's halves as they lie: lo lanes 0-7 value k, 8-15 value 8 + k of
@@ -285,10 +290,10 @@ K5I void kivi5_groups_enc16(const __m512 *x, const __m512i *h, uint8_t *const *o
                               _mm512_unpacklo_epi64(e1, e3), _mm512_unpackhi_epi64(e1, e3)};
 #pragma GCC unroll 4
         for (int i = 0; i < 4; i++) {
-            _mm_storeu_si128((__m128i *)(o[i] + 4), _mm512_castsi512_si128(f[i]));
-            _mm_storeu_si128((__m128i *)(o[4 + i] + 4), _mm512_extracti32x4_epi32(f[i], 1));
-            _mm_storeu_si128((__m128i *)(o[8 + i] + 4), _mm512_extracti32x4_epi32(f[i], 2));
-            _mm_storeu_si128((__m128i *)(o[12 + i] + 4), _mm512_extracti32x4_epi32(f[i], 3));
+            _mm_storeu_si128((__m128i *)(KIVI5_O(i) + 4), _mm512_castsi512_si128(f[i]));
+            _mm_storeu_si128((__m128i *)(KIVI5_O(4 + i) + 4), _mm512_extracti32x4_epi32(f[i], 1));
+            _mm_storeu_si128((__m128i *)(KIVI5_O(8 + i) + 4), _mm512_extracti32x4_epi32(f[i], 2));
+            _mm_storeu_si128((__m128i *)(KIVI5_O(12 + i) + 4), _mm512_extracti32x4_epi32(f[i], 3));
         }
     } else {
         __m512i p[2];
@@ -315,15 +320,15 @@ K5I void kivi5_groups_enc16(const __m512 *x, const __m512i *h, uint8_t *const *o
                                   _mm512_extracti32x4_epi32(f[m], 3)};
 #pragma GCC unroll 4
             for (int L = 0; L < 4; L++) {
-                _mm_storel_epi64((__m128i *)(o[4 * L + 2 * m] + 4), l[L]);
-                _mm_storel_epi64((__m128i *)(o[4 * L + 2 * m + 1] + 4),
+                _mm_storel_epi64((__m128i *)(KIVI5_O(4 * L + 2 * m) + 4), l[L]);
+                _mm_storel_epi64((__m128i *)(KIVI5_O(4 * L + 2 * m + 1) + 4),
                                  _mm_unpackhi_epi64(l[L], l[L]));
             }
         }
     }
 #pragma GCC unroll 16
     for (int i = 0; i < 16; i++)
-        memcpy(o[i], &hdr[i], 4);
+        memcpy(KIVI5_O(i), &hdr[i], 4);
     for (int i = 0; zm && i < 16; i++) {
         if (!(zm >> i & 1))
             continue;
@@ -332,8 +337,10 @@ K5I void kivi5_groups_enc16(const __m512 *x, const __m512i *h, uint8_t *const *o
             _mm512_storeu_ps(lane, kivi5_x(x, h, j));
             f[j] = lane[i];
         }
-        kern_kivi_v_enc(f, 32, o[i], bits);
+        kern_kivi_v_enc(f, 32, KIVI5_O(i), bits);
     }
 }
+#undef KIVI5_O
+
 
 #endif

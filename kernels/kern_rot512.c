@@ -22,8 +22,9 @@
  * butterfly stage between
  * whole registers, the groups' extremes and parameters lane-wise; the groups' code in
  * kern_kivi512.h, shared with KIVI's value encoder), for the blocks of sixteen tokens a
- * section has; kern_rot.c computes the means and signs first and
- * encodes the rest. The target has no separate FMA flag, but AVX-512F
+ * section has; kern_rot.c computes the means and signs first (with the Inf/NaN scan, here on
+ * 512-bit registers: kern_rot512_amax, kern_rot512_signs, kern_rot512_means, the same sums in
+ * token order as its AVX2 pass) and encodes the rest. The target has no separate FMA flag, but AVX-512F
  * brings the 512-bit FMA: the file is built with -ffp-contract=off (Makefile), so a product
  * and a sum the reference rounds twice stay two roundings (check_codecs fails without it).
  *
@@ -396,7 +397,7 @@ K5 int kern_rot512_dec(const struct kern_layout *lay, const uint8_t *sect, int b
     return 1;
 }
 
-/* ---- encode: the channels' means ------------------------------------------------------ */
+/* ---- encode: the first pass (the scan, the signs, the channels' means) ----------------- */
 
 K5 void kern_rot512_signs(uint32_t *mask, uint32_t sseed, uint32_t h, uint32_t dim)
 {
@@ -498,7 +499,7 @@ K5 void kern_rot512_means(const struct kern_layout *lay, const uint8_t *rawk, ui
  * stages per 16 channels; the stages of 8 up to D / 2 per column of D / 8 registers with the
  * scale; then the groups. Every lane does the reference's operations in its order. */
 K5I void rot_enc_tok16(const uint16_t *r, uint64_t ts, uint32_t dtype, const uint32_t *m,
-                       const float *mu, __m512 c, int bits, uint8_t *const *o, uint32_t gb,
+                       const float *mu, __m512 c, int bits, uint8_t *o, uint64_t os, uint32_t gb,
                        const uint32_t D, const int clean, const int small)
 {
     __m512 buf[128];
@@ -526,12 +527,8 @@ K5I void rot_enc_tok16(const uint16_t *r, uint64_t ts, uint32_t dtype, const uin
             buf[i + 8 * k] =
                 small ? _mm512_mul_ps(v[k], c) : kivi5_sanitize16(_mm512_mul_ps(v[k], c));
     }
-    for (uint32_t g = 0; g < D / 32; g++) {
-        uint8_t *og[16];
-        for (int i = 0; i < 16; i++)
-            og[i] = o[i] + (uint64_t)g * gb;
-        kivi5_groups_enc16(buf + 32 * g, NULL, og, bits);
-    }
+    for (uint32_t g = 0; g < D / 32; g++)
+        kivi5_groups_enc16(buf + 32 * g, NULL, o + (uint64_t)g * gb, os, bits);
 }
 
 K5I void rot_enc_blocks16(const struct kern_layout *lay, const uint8_t *rawk, const uint8_t *rawv,
@@ -545,9 +542,7 @@ K5I void rot_enc_blocks16(const struct kern_layout *lay, const uint8_t *rawk, co
     for (uint32_t t0 = 0; t0 < T16; t0 += 16)
         for (uint32_t h = 0; h < H; h++) {
             const uint16_t *r = (const uint16_t *)rawk + (uint64_t)t0 * ts + (uint64_t)h * D;
-            uint8_t *o[16];
             for (uint32_t i = 0; i < 16; i++) {
-                o[i] = out + (((uint64_t)t0 + i) * H + h) * G * gb;
                 /* the V slab into L2, as kern_rot.c's encode does */
                 if (rawv)
                     for (uint32_t j = 0; j < D; j += 32)
@@ -555,8 +550,10 @@ K5I void rot_enc_blocks16(const struct kern_layout *lay, const uint8_t *rawk, co
                                                                 (uint64_t)h * D + j)),
                                      _MM_HINT_T1);
             }
+            /* token t0 + i's groups of head h: o + i * H * G * gb */
+            uint8_t *o = out + ((uint64_t)t0 * H + h) * G * gb;
             rot_enc_tok16(r, ts, lay->dtype, mask + (uint64_t)h * D, mean + (uint64_t)h * D, c,
-                          bits, o, gb, D, clean, small);
+                          bits, o, (uint64_t)H * G * gb, gb, D, clean, small);
         }
 }
 
