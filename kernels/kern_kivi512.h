@@ -195,6 +195,14 @@ K5I __m512 kivi5_x(const __m512 *x, const __m512i *h, const int j)
     return h ? _mm512_cvtph_ps(kivi5_t16_chan(h + 8 * (j / 16), j % 16)) : x[j];
 }
 
+/* Finite halves as 16-bit integers in the order of their values (the magnitude's bits
+ * inverted where the sign is set: -0 below +0), and back: its own inverse. */
+K5I __m512i kivi5_hkey(__m512i h)
+{
+    /* h ^ (sign ? 0x7fff : 0) */
+    return _mm512_ternarylogic_epi32(h, _mm512_srai_epi16(h, 15), _mm512_set1_epi16(0x7fff), 0x78);
+}
+
 /* The codes of channels a, b, c, d (lane i token i) as bytes: in 128-bit lane L, byte 4k + i
  * the code of the k-th channel for token 4L + i, clamped to [0, qmax] (as kern_rot.c's
  * rot_codes4: the truncation of (x - min) * id + 0.5, the packs' saturation, a byte min). */
@@ -225,24 +233,22 @@ K5I void kivi5_groups_enc16(const __m512 *x, const __m512i *h, uint8_t *o0, cons
 #define KIVI5_O(i) (o0 + (uint64_t)(i) * os)
     __m512 mn, mx;
     if (h) {
-        /* each register's halves as they lie: lo lanes 0-7 value k, 8-15 value 8 + k of
-         * tokens 0-7, hi the same of tokens 8-15; folded into token order at the end (the
-         * extremes of exact values in any order; a zero extreme goes to the reference) */
-        __m512 lmn = _mm512_cvtph_ps(_mm512_castsi512_si256(h[0])), lmx = lmn;
-        __m512 hmn = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h[0], 1)), hmx = hmn;
+        /* the extremes of the halves as 16-bit integers, each register's halves as they lie
+         * (lanes 0-7 value k, 8-15 value 8 + k of tokens 0-7, 16-31 the same of tokens 8-15),
+         * folded into token order at the end: kivi5_hkey orders finite halves as their values
+         * (the extremes of exact values in any order; -0 below +0, and a zero extreme goes to
+         * the reference), with no conversion to floats and on the integer pipes */
+        __m512i kn = kivi5_hkey(h[0]), kx = kn;
 #pragma GCC unroll 16
         for (int k = 1; k < 16; k++) {
-            const __m512 lo = _mm512_cvtph_ps(_mm512_castsi512_si256(h[k])),
-                         hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h[k], 1));
-            lmn = _mm512_min_ps(lmn, lo);
-            lmx = _mm512_max_ps(lmx, lo);
-            hmn = _mm512_min_ps(hmn, hi);
-            hmx = _mm512_max_ps(hmx, hi);
+            const __m512i y = kivi5_hkey(h[k]);
+            kn = _mm512_min_epi16(kn, y);
+            kx = _mm512_max_epi16(kx, y);
         }
-        mn = _mm512_min_ps(_mm512_shuffle_f32x4(lmn, hmn, 0x44),
-                           _mm512_shuffle_f32x4(lmn, hmn, 0xee));
-        mx = _mm512_max_ps(_mm512_shuffle_f32x4(lmx, hmx, 0x44),
-                           _mm512_shuffle_f32x4(lmx, hmx, 0xee));
+        kn = _mm512_min_epi16(kn, _mm512_shuffle_i64x2(kn, kn, 0xb1));
+        kx = _mm512_max_epi16(kx, _mm512_shuffle_i64x2(kx, kx, 0xb1));
+        mn = _mm512_cvtph_ps(_mm512_castsi512_si256(kivi5_hkey(_mm512_shuffle_i64x2(kn, kn, 0x08))));
+        mx = _mm512_cvtph_ps(_mm512_castsi512_si256(kivi5_hkey(_mm512_shuffle_i64x2(kx, kx, 0x08))));
     } else {
         __m512 mn1 = x[1], mx1 = x[1];
         mn = x[0];

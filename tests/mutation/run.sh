@@ -99,6 +99,19 @@ mutation rot512-scan-chain kernels/kern_rot512.c "check_codecs" \
 '        m3 = _mm512_max_epu16(m3, _mm512_and_si512(_mm512_loadu_si512(raw + i + 96), mag));' \
 '        m3 = _mm512_max_epu16(m3, _mm512_and_si512(_mm512_loadu_si512(raw + i + 64), mag));'
 
+# The AVX-512 value groups' encoder (kern_kivi512.h, KIVI's values and ROT's): the halves'
+# integer keys without the inversion of the negative ones, so a group's extremes among
+# negative values are the wrong ones. Only a CPU with AVX-512 runs it.
+mutation kivi512-hkey-unsigned kernels/kern_kivi512.h "check_codecs check_kernels" \
+'    return _mm512_ternarylogic_epi32(h, _mm512_srai_epi16(h, 15), _mm512_set1_epi16(0x7fff), 0x78);' \
+'    return _mm512_ternarylogic_epi32(h, _mm512_srai_epi16(h, 15), _mm512_set1_epi16(0), 0x78);'
+
+# The same: the minima's fold pairs tokens 0-7 with tokens 8-15 instead of a token's two
+# halves of values.
+mutation kivi512-hkey-fold kernels/kern_kivi512.h "check_codecs check_kernels" \
+'        kn = _mm512_min_epi16(kn, _mm512_shuffle_i64x2(kn, kn, 0xb1));' \
+'        kn = _mm512_min_epi16(kn, _mm512_shuffle_i64x2(kn, kn, 0x4e));'
+
 # The batched decoder's ROT rows, transformed across the lanes of a head row: the upper lane
 # of a cross-lane butterfly keeps b - a instead of a - b.
 mutation rot-lanes-butterfly-sign kernels/kern_batch.h "check_pack" \
