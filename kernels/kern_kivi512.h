@@ -10,7 +10,8 @@
  * code picks its half by a 16-bit permute (kern_kivi512.c has the whole story).
  * Encode:
  * Sixteen groups' 32 values are 32 registers, lane i group i (clean fp16: 16 registers of
- * halves, each value converted where it is used, so the floats do not spill): every group's
+ * halves, each value converted where it is used, so the floats do not spill, and the
+ * extremes taken on the halves as integers ordered as their values): every group's
  * extremes, parameters and codes are lane-wise, with no reduction across lanes; the
  * reference's operations per lane, in its order (the including file is built with
  * -ffp-contract=off).
