@@ -103,11 +103,11 @@ int kern_rot512_dec(const struct kern_layout *lay, const uint8_t *sect, int bits
  * fp16 into out and as the float they round to into mean[H][D] (D a multiple of 32; clean:
  * fp16 known finite), the same bytes as kern_rot.c's AVX2 pass. */
 uint16_t kern_rot512_amax(const uint16_t *raw, uint64_t n);
+void kern_rot512_means(const struct kern_layout *lay, const uint8_t *rawk, uint8_t *out,
+                       float *mean, int clean);
 /* kern_rot.c's rot_signs sixteen channels at a time (dim a multiple of 16): head h's signs as
  * a float mask of sign bits, 0x80000000 where kern_rot_neg says -1. */
 void kern_rot512_signs(uint32_t *mask, uint32_t sseed, uint32_t h, uint32_t dim);
-void kern_rot512_means(const struct kern_layout *lay, const uint8_t *rawk, uint8_t *out,
-                       float *mean, int clean);
 /* ROT's K-section encode of whole blocks of 16 tokens with AVX-512 (D of 32, 64 or 128): the
  * rows' groups into out (the section's groups), from the heads' signs (mask: sign bits,
  * [H][D]) and means ([H][D]) kern_rot.c computed; clean and small as there. Returns the
