@@ -97,6 +97,17 @@ int kern_rot_dec(const struct kern_cpu_ops *ops, uint32_t codec, const struct ke
 int kern_rot512_on(void);
 int kern_rot512_dec(const struct kern_layout *lay, const uint8_t *sect, int bits, void *raw,
                     uint32_t out_dtype, float *scratch, const uint8_t *vsect, void *rawv);
+/* ROT's K-section encode's first pass with AVX-512: kern_rot512_amax, the unsigned maximum of
+ * the magnitudes' halves of raw[0 .. n) (fp16; n rounded down to a multiple of 16), and
+ * kern_rot512_means, every head's channels' means (kern_rot_mean: tokens summed in order) as
+ * fp16 into out and as the float they round to into mean[H][D] (D a multiple of 32; clean:
+ * fp16 known finite), the same bytes as kern_rot.c's AVX2 pass. */
+uint16_t kern_rot512_amax(const uint16_t *raw, uint64_t n);
+void kern_rot512_means(const struct kern_layout *lay, const uint8_t *rawk, uint8_t *out,
+                       float *mean, int clean);
+/* kern_rot.c's rot_signs sixteen channels at a time (dim a multiple of 16): head h's signs as
+ * a float mask of sign bits, 0x80000000 where kern_rot_neg says -1. */
+void kern_rot512_signs(uint32_t *mask, uint32_t sseed, uint32_t h, uint32_t dim);
 /* ROT's K-section encode of whole blocks of 16 tokens with AVX-512 (D of 32, 64 or 128): the
  * rows' groups into out (the section's groups), from the heads' signs (mask: sign bits,
  * [H][D]) and means ([H][D]) kern_rot.c computed; clean and small as there. Returns the

@@ -234,19 +234,16 @@ K5I void kivi5_v_enc(const int bits, const uint16_t *r, const uint32_t dtype, ui
     for (uint64_t i = 0; i < n16; i += 16, r += 512, blk += 16 * gb) {
         __m512 x[32];
         __m512i h[16];
-        uint8_t *o[16];
-        for (int k = 0; k < 16; k++) {
-            o[k] = blk + k * gb;
+        for (int k = 0; k < 16; k++)
             _mm_prefetch((const char *)(r + ahead + 32 * k), _MM_HINT_T1);
-        }
         if (dtype == KERN_DTYPE_FP16 && kivi5_clean512(r)) {
             kivi5_t16x16_halves(r, 32, h);
             kivi5_t16x16_halves(r + 16, 32, h + 8);
-            kivi5_groups_enc16(NULL, h, o, bits);
+            kivi5_groups_enc16(NULL, h, blk, gb, bits);
         } else {
             kivi5_load_t16x16(r, 32, dtype, 0, x);
             kivi5_load_t16x16(r + 16, 32, dtype, 0, x + 16);
-            kivi5_groups_enc16(x, NULL, o, bits);
+            kivi5_groups_enc16(x, NULL, blk, gb, bits);
         }
     }
 }

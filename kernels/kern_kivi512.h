@@ -10,7 +10,8 @@
  * code picks its half by a 16-bit permute (kern_kivi512.c has the whole story).
  * Encode:
  * Sixteen groups' 32 values are 32 registers, lane i group i (clean fp16: 16 registers of
- * halves, each value converted where it is used, so the floats do not spill): every group's
+ * halves, each value converted where it is used, so the floats do not spill, and the
+ * extremes taken on the halves as integers ordered as their values): every group's
  * extremes, parameters and codes are lane-wise, with no reduction across lanes; the
  * reference's operations per lane, in its order (the including file is built with
  * -ffp-contract=off).
@@ -195,6 +196,14 @@ K5I __m512 kivi5_x(const __m512 *x, const __m512i *h, const int j)
     return h ? _mm512_cvtph_ps(kivi5_t16_chan(h + 8 * (j / 16), j % 16)) : x[j];
 }
 
+/* Finite halves as 16-bit integers in the order of their values (the magnitude's bits
+ * inverted where the sign is set: -0 below +0), and back: its own inverse. */
+K5I __m512i kivi5_hkey(__m512i h)
+{
+    /* h ^ (sign ? 0x7fff : 0) */
+    return _mm512_ternarylogic_epi32(h, _mm512_srai_epi16(h, 15), _mm512_set1_epi16(0x7fff), 0x78);
+}
+
 /* The codes of channels a, b, c, d (lane i token i) as bytes: in 128-bit lane L, byte 4k + i
  * the code of the k-th channel for token 4L + i, clamped to [0, qmax] (as kern_rot.c's
  * rot_codes4: the truncation of (x - min) * id + 0.5, the packs' saturation, a byte min). */
@@ -211,33 +220,36 @@ K5I __m512i kivi5_codes16(const __m512 *x, const __m512i *h, int a, int b, int c
 }
 
 /* Sixteen tokens' group (x: its 32 channels, lane i token i, scaled and clamped; or h, as
- * kivi5_x) to their blocks at o[i]: kern_rot.c's rot_groups_enc8 on sixteen lanes, the parameters lane-wise
+ * kivi5_x) to their blocks at o0 + i * os: kern_rot.c's rot_groups_enc8 on sixteen lanes, the
+ * parameters lane-wise
  * (kern_kivi_params: min, (max - min) / qmax to fp16 and back, 1 / scale unless 0), the
  * codes per channel, the bytes put back in token order per 128-bit lane (tokens 4L .. 4L + 3).
  * A group whose minimum or maximum is zero is encoded by the reference (the lanes' minimum
  * keeps either of +0 and -0, the reference the first). */
-K5I void kivi5_groups_enc16(const __m512 *x, const __m512i *h, uint8_t *const *o, const int bits)
+K5I void kivi5_groups_enc16(const __m512 *x, const __m512i *h, uint8_t *o0, const uint64_t os,
+                            const int bits)
 {
+    /* lane i's block: o0 + i * os (a base and a stride: an array of sixteen pointers went
+     * through the stack, two memory operations a store) */
+#define KIVI5_O(i) (o0 + (uint64_t)(i) * os)
     __m512 mn, mx;
     if (h) {
-        /* each register's halves as they lie: lo lanes 0-7 value k, 8-15 value 8 + k of
-         * tokens 0-7, hi the same of tokens 8-15; folded into token order at the end (the
-         * extremes of exact values in any order; a zero extreme goes to the reference) */
-        __m512 lmn = _mm512_cvtph_ps(_mm512_castsi512_si256(h[0])), lmx = lmn;
-        __m512 hmn = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h[0], 1)), hmx = hmn;
+        /* the extremes of the halves as 16-bit integers, each register's halves as they lie
+         * (lanes 0-7 value k, 8-15 value 8 + k of tokens 0-7, 16-31 the same of tokens 8-15),
+         * folded into token order at the end: kivi5_hkey orders finite halves as their values
+         * (the extremes of exact values in any order; -0 below +0, and a zero extreme goes to
+         * the reference), with no conversion to floats and on the integer pipes */
+        __m512i kn = kivi5_hkey(h[0]), kx = kn;
 #pragma GCC unroll 16
         for (int k = 1; k < 16; k++) {
-            const __m512 lo = _mm512_cvtph_ps(_mm512_castsi512_si256(h[k])),
-                         hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h[k], 1));
-            lmn = _mm512_min_ps(lmn, lo);
-            lmx = _mm512_max_ps(lmx, lo);
-            hmn = _mm512_min_ps(hmn, hi);
-            hmx = _mm512_max_ps(hmx, hi);
+            const __m512i y = kivi5_hkey(h[k]);
+            kn = _mm512_min_epi16(kn, y);
+            kx = _mm512_max_epi16(kx, y);
         }
-        mn = _mm512_min_ps(_mm512_shuffle_f32x4(lmn, hmn, 0x44),
-                           _mm512_shuffle_f32x4(lmn, hmn, 0xee));
-        mx = _mm512_max_ps(_mm512_shuffle_f32x4(lmx, hmx, 0x44),
-                           _mm512_shuffle_f32x4(lmx, hmx, 0xee));
+        kn = _mm512_min_epi16(kn, _mm512_shuffle_i64x2(kn, kn, 0xb1));
+        kx = _mm512_max_epi16(kx, _mm512_shuffle_i64x2(kx, kx, 0xb1));
+        mn = _mm512_cvtph_ps(_mm512_castsi512_si256(kivi5_hkey(_mm512_shuffle_i64x2(kn, kn, 0x08))));
+        mx = _mm512_cvtph_ps(_mm512_castsi512_si256(kivi5_hkey(_mm512_shuffle_i64x2(kx, kx, 0x08))));
     } else {
         __m512 mn1 = x[1], mx1 = x[1];
         mn = x[0];
@@ -285,10 +297,10 @@ K5I void kivi5_groups_enc16(const __m512 *x, const __m512i *h, uint8_t *const *o
                               _mm512_unpacklo_epi64(e1, e3), _mm512_unpackhi_epi64(e1, e3)};
 #pragma GCC unroll 4
         for (int i = 0; i < 4; i++) {
-            _mm_storeu_si128((__m128i *)(o[i] + 4), _mm512_castsi512_si128(f[i]));
-            _mm_storeu_si128((__m128i *)(o[4 + i] + 4), _mm512_extracti32x4_epi32(f[i], 1));
-            _mm_storeu_si128((__m128i *)(o[8 + i] + 4), _mm512_extracti32x4_epi32(f[i], 2));
-            _mm_storeu_si128((__m128i *)(o[12 + i] + 4), _mm512_extracti32x4_epi32(f[i], 3));
+            _mm_storeu_si128((__m128i *)(KIVI5_O(i) + 4), _mm512_castsi512_si128(f[i]));
+            _mm_storeu_si128((__m128i *)(KIVI5_O(4 + i) + 4), _mm512_extracti32x4_epi32(f[i], 1));
+            _mm_storeu_si128((__m128i *)(KIVI5_O(8 + i) + 4), _mm512_extracti32x4_epi32(f[i], 2));
+            _mm_storeu_si128((__m128i *)(KIVI5_O(12 + i) + 4), _mm512_extracti32x4_epi32(f[i], 3));
         }
     } else {
         __m512i p[2];
@@ -315,15 +327,15 @@ K5I void kivi5_groups_enc16(const __m512 *x, const __m512i *h, uint8_t *const *o
                                   _mm512_extracti32x4_epi32(f[m], 3)};
 #pragma GCC unroll 4
             for (int L = 0; L < 4; L++) {
-                _mm_storel_epi64((__m128i *)(o[4 * L + 2 * m] + 4), l[L]);
-                _mm_storel_epi64((__m128i *)(o[4 * L + 2 * m + 1] + 4),
+                _mm_storel_epi64((__m128i *)(KIVI5_O(4 * L + 2 * m) + 4), l[L]);
+                _mm_storel_epi64((__m128i *)(KIVI5_O(4 * L + 2 * m + 1) + 4),
                                  _mm_unpackhi_epi64(l[L], l[L]));
             }
         }
     }
 #pragma GCC unroll 16
     for (int i = 0; i < 16; i++)
-        memcpy(o[i], &hdr[i], 4);
+        memcpy(KIVI5_O(i), &hdr[i], 4);
     for (int i = 0; zm && i < 16; i++) {
         if (!(zm >> i & 1))
             continue;
@@ -332,8 +344,10 @@ K5I void kivi5_groups_enc16(const __m512 *x, const __m512i *h, uint8_t *const *o
             _mm512_storeu_ps(lane, kivi5_x(x, h, j));
             f[j] = lane[i];
         }
-        kern_kivi_v_enc(f, 32, o[i], bits);
+        kern_kivi_v_enc(f, 32, KIVI5_O(i), bits);
     }
 }
+#undef KIVI5_O
+
 
 #endif

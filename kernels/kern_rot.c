@@ -603,17 +603,22 @@ KT static void rot_means_avx2(const struct kern_layout *lay, const uint8_t *rawk
     /* fp16 rows with no Inf or NaN (exponent all ones) need no sanitizing: the unsigned
      * maximum of the magnitudes' halves (ordered as the magnitudes, Inf and NaN above every
      * finite one) says it, and gives amax, the largest magnitude */
-    __m256i mx = _mm256_setzero_si256();
-    const __m256i mag = _mm256_set1_epi16(0x7fff);
-    if (lay->dtype == KERN_DTYPE_FP16)
+    const int on512 = kern_rot512_on();
+    uint16_t amax_h = 0;
+    if (lay->dtype == KERN_DTYPE_FP16 && on512)
+        amax_h = kern_rot512_amax(raw, (uint64_t)T * H * D);
+    else if (lay->dtype == KERN_DTYPE_FP16) {
+        __m256i mx = _mm256_setzero_si256();
+        const __m256i mag = _mm256_set1_epi16(0x7fff);
         for (uint64_t i = 0; i + 16 <= (uint64_t)T * H * D; i += 16)
             mx = _mm256_max_epu16(
                 mx, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(raw + i)), mag));
-    __m128i m8 = _mm_max_epu16(_mm256_castsi256_si128(mx), _mm256_extracti128_si256(mx, 1));
-    m8 = _mm_max_epu16(m8, _mm_srli_si128(m8, 8));
-    m8 = _mm_max_epu16(m8, _mm_srli_si128(m8, 4));
-    m8 = _mm_max_epu16(m8, _mm_srli_si128(m8, 2));
-    const uint16_t amax_h = (uint16_t)_mm_extract_epi16(m8, 0);
+        __m128i m8 = _mm_max_epu16(_mm256_castsi256_si128(mx), _mm256_extracti128_si256(mx, 1));
+        m8 = _mm_max_epu16(m8, _mm_srli_si128(m8, 8));
+        m8 = _mm_max_epu16(m8, _mm_srli_si128(m8, 4));
+        m8 = _mm_max_epu16(m8, _mm_srli_si128(m8, 2));
+        amax_h = (uint16_t)_mm_extract_epi16(m8, 0);
+    }
     *clean = lay->dtype == KERN_DTYPE_FP16 && (T * H * D) % 16 == 0 && amax_h < 0x7c00;
     /* small: no rotated value of a clean section reaches the fp16 range, so the sanitizing
      * after the scale changes nothing and is skipped. Centred values are at most 2 amax in
@@ -621,7 +626,12 @@ KT static void rot_means_avx2(const struct kern_layout *lay, const uint8_t *rawk
      * |y_i| = c |sum_j +-x'_j| <= c D max|x'| = sqrt(D) 2 amax; the butterfly's roundings
      * (seven sums, then the scale) grow that by under 1e-6, far inside the 1.01 allowed */
     *small = *clean && (double)kern_h2f(amax_h) * 2.0 * sqrt((double)D) * 1.01 < KERN_FP16_MAX;
-    /* summed in token order per channel, 64 channels (eight chains) at a time in registers */
+    /* summed in token order per channel, 64 channels (eight chains) at a time in registers;
+     * 128 (eight chains of sixteen) with AVX-512 */
+    if (on512) {
+        kern_rot512_means(lay, rawk, out, mean, *clean);
+        return;
+    }
     for (uint32_t h = 0; h < H; h++)
         for (uint32_t j = 0; j < D; j += 64) {
             const uint32_t w = D - j < 64 ? D - j : 64; /* D >= 32, a multiple of 32 */
@@ -659,7 +669,10 @@ KT static void rot_enc_fused(const struct kern_layout *lay, const uint8_t *rawk,
     float *mean = (float *)(mask + (uint64_t)H * D);
     uint8_t *out = sect + kern_rot_groups_off(lay);
     for (uint32_t h = 0; h < H; h++)
-        rot_signs(mask + (uint64_t)h * D, sseed, h, D);
+        if (kern_rot512_on() && D % 16 == 0)
+            kern_rot512_signs(mask + (uint64_t)h * D, sseed, h, D);
+        else
+            rot_signs(mask + (uint64_t)h * D, sseed, h, D);
     int clean, small;
     rot_means_avx2(lay, rawk, sect + KERN_ROT_PREFIX, mean, &clean, &small);
     /* whole blocks of eight tokens with the tokens in the lanes, the rest a row at a time */

@@ -22,8 +22,9 @@
  * butterfly stage between
  * whole registers, the groups' extremes and parameters lane-wise; the groups' code in
  * kern_kivi512.h, shared with KIVI's value encoder), for the blocks of sixteen tokens a
- * section has; kern_rot.c computes the means and signs first and
- * encodes the rest. The target has no separate FMA flag, but AVX-512F
+ * section has; kern_rot.c computes the means and signs first (with the Inf/NaN scan, here on
+ * 512-bit registers: kern_rot512_amax, kern_rot512_signs, kern_rot512_means, the same sums in
+ * token order as its AVX2 pass) and encodes the rest. The target has no separate FMA flag, but AVX-512F
  * brings the 512-bit FMA: the file is built with -ffp-contract=off (Makefile), so a product
  * and a sum the reference rounds twice stay two roundings (check_codecs fails without it).
  *
@@ -396,6 +397,101 @@ K5 int kern_rot512_dec(const struct kern_layout *lay, const uint8_t *sect, int b
     return 1;
 }
 
+/* ---- encode: the first pass (the scan, the signs, the channels' means) ----------------- */
+
+K5 void kern_rot512_signs(uint32_t *mask, uint32_t sseed, uint32_t h, uint32_t dim)
+{
+    const __m512i step = _mm512_setr_epi32(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16),
+                  seed = _mm512_set1_epi32((int)sseed);
+    for (uint32_t j = 0; j < dim; j += 16) {
+        __m512i k = _mm512_add_epi32(_mm512_set1_epi32((int)(h * 0x9e3779b1u + j)), step);
+        k = rot_mix16(_mm512_xor_si512(seed, rot_mix16(k)));
+        _mm512_storeu_si512(mask + j, _mm512_slli_epi32(k, 31));
+    }
+}
+
+K5 uint16_t kern_rot512_amax(const uint16_t *raw, uint64_t n)
+{
+    const __m512i mag = _mm512_set1_epi16(0x7fff);
+    __m512i mx = _mm512_setzero_si512(), m1 = mx, m2 = mx, m3 = mx; /* four chains */
+    uint64_t i = 0;
+    for (; i + 128 <= n; i += 128) {
+        mx = _mm512_max_epu16(mx, _mm512_and_si512(_mm512_loadu_si512(raw + i), mag));
+        m1 = _mm512_max_epu16(m1, _mm512_and_si512(_mm512_loadu_si512(raw + i + 32), mag));
+        m2 = _mm512_max_epu16(m2, _mm512_and_si512(_mm512_loadu_si512(raw + i + 64), mag));
+        m3 = _mm512_max_epu16(m3, _mm512_and_si512(_mm512_loadu_si512(raw + i + 96), mag));
+    }
+    mx = _mm512_max_epu16(_mm512_max_epu16(mx, m1), _mm512_max_epu16(m2, m3));
+    for (; i + 32 <= n; i += 32)
+        mx = _mm512_max_epu16(mx, _mm512_and_si512(_mm512_loadu_si512(raw + i), mag));
+    __m256i m = _mm256_max_epu16(_mm512_castsi512_si256(mx), _mm512_extracti64x4_epi64(mx, 1));
+    if (i + 16 <= n)
+        m = _mm256_max_epu16(m, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(raw + i)),
+                                                 _mm512_castsi512_si256(mag)));
+    __m128i m8 = _mm_max_epu16(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+    m8 = _mm_max_epu16(m8, _mm_srli_si128(m8, 8));
+    m8 = _mm_max_epu16(m8, _mm_srli_si128(m8, 4));
+    m8 = _mm_max_epu16(m8, _mm_srli_si128(m8, 2));
+    return (uint16_t)_mm_extract_epi16(m8, 0);
+}
+
+/* The sums over T tokens (ts halves apart, token order) of 16 nv channels at r, each value as
+ * kern_ext_value (clean: fp16 known finite, nothing to sanitize). */
+K5I void rot_sums16(const uint16_t *r, uint64_t ts, uint32_t T, uint32_t dtype, __m512 *sum,
+                    const uint32_t nv, const int clean)
+{
+#pragma GCC unroll 8
+    for (uint32_t k = 0; k < nv; k++)
+        sum[k] = _mm512_setzero_ps();
+    for (uint32_t t = 0; t < T; t++, r += ts)
+#pragma GCC unroll 8
+        for (uint32_t k = 0; k < nv; k++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(r + 16 * k));
+            __m512 x;
+            if (clean)
+                x = _mm512_cvtph_ps(v);
+            else
+                x = kivi5_sanitize16(
+                    dtype == KERN_DTYPE_BF16
+                        ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16))
+                        : _mm512_cvtph_ps(v));
+            sum[k] = _mm512_add_ps(sum[k], x);
+        }
+}
+
+K5 void kern_rot512_means(const struct kern_layout *lay, const uint8_t *rawk, uint8_t *out,
+                          float *mean, int clean)
+{
+    const uint32_t T = lay->tokens, H = lay->heads, D = lay->head_dim;
+    const __m512 n = _mm512_set1_ps((float)T);
+    const uint16_t *raw = (const uint16_t *)rawk;
+    const uint64_t ts = (uint64_t)H * D;
+    for (uint32_t h = 0; h < H; h++)
+        for (uint32_t j = 0; j < D; j += 128) {
+            const uint32_t w = D - j < 128 ? D - j : 128; /* D a multiple of 32 */
+            const uint16_t *r = raw + (uint64_t)h * D + j;
+            __m512 sum[8];
+            if (w == 128 && clean)
+                rot_sums16(r, ts, T, lay->dtype, sum, 8, 1);
+            else if (w == 128)
+                rot_sums16(r, ts, T, lay->dtype, sum, 8, 0);
+            else if (w == 64 && clean)
+                rot_sums16(r, ts, T, lay->dtype, sum, 4, 1);
+            else if (w == 64)
+                rot_sums16(r, ts, T, lay->dtype, sum, 4, 0);
+            else if (clean)
+                rot_sums16(r, ts, T, lay->dtype, sum, 2, 1);
+            else
+                rot_sums16(r, ts, T, lay->dtype, sum, 2, 0);
+            for (uint32_t k = 0; k < w; k += 16) {
+                const __m256i hv =
+                    _mm512_cvtps_ph(_mm512_div_ps(sum[k / 16], n), _MM_FROUND_TO_NEAREST_INT);
+                _mm256_storeu_si256((__m256i *)(out + 2 * ((uint64_t)h * D + j + k)), hv);
+                _mm512_storeu_ps(mean + (uint64_t)h * D + j + k, _mm512_cvtph_ps(hv));
+            }
+        }
+}
+
 /* ---- encode: sixteen tokens of a head at a time, the tokens in the lanes ---------------- */
 
 /* Sixteen tokens of a head, D channels (32, 64 or 128): kern_rot.c's rot_enc_tok8 on
@@ -403,7 +499,7 @@ K5 int kern_rot512_dec(const struct kern_layout *lay, const uint8_t *sect, int b
  * stages per 16 channels; the stages of 8 up to D / 2 per column of D / 8 registers with the
  * scale; then the groups. Every lane does the reference's operations in its order. */
 K5I void rot_enc_tok16(const uint16_t *r, uint64_t ts, uint32_t dtype, const uint32_t *m,
-                       const float *mu, __m512 c, int bits, uint8_t *const *o, uint32_t gb,
+                       const float *mu, __m512 c, int bits, uint8_t *o, uint64_t os, uint32_t gb,
                        const uint32_t D, const int clean, const int small)
 {
     __m512 buf[128];
@@ -431,12 +527,8 @@ K5I void rot_enc_tok16(const uint16_t *r, uint64_t ts, uint32_t dtype, const uin
             buf[i + 8 * k] =
                 small ? _mm512_mul_ps(v[k], c) : kivi5_sanitize16(_mm512_mul_ps(v[k], c));
     }
-    for (uint32_t g = 0; g < D / 32; g++) {
-        uint8_t *og[16];
-        for (int i = 0; i < 16; i++)
-            og[i] = o[i] + (uint64_t)g * gb;
-        kivi5_groups_enc16(buf + 32 * g, NULL, og, bits);
-    }
+    for (uint32_t g = 0; g < D / 32; g++)
+        kivi5_groups_enc16(buf + 32 * g, NULL, o + (uint64_t)g * gb, os, bits);
 }
 
 K5I void rot_enc_blocks16(const struct kern_layout *lay, const uint8_t *rawk, const uint8_t *rawv,
@@ -450,9 +542,7 @@ K5I void rot_enc_blocks16(const struct kern_layout *lay, const uint8_t *rawk, co
     for (uint32_t t0 = 0; t0 < T16; t0 += 16)
         for (uint32_t h = 0; h < H; h++) {
             const uint16_t *r = (const uint16_t *)rawk + (uint64_t)t0 * ts + (uint64_t)h * D;
-            uint8_t *o[16];
             for (uint32_t i = 0; i < 16; i++) {
-                o[i] = out + (((uint64_t)t0 + i) * H + h) * G * gb;
                 /* the V slab into L2, as kern_rot.c's encode does */
                 if (rawv)
                     for (uint32_t j = 0; j < D; j += 32)
@@ -460,8 +550,10 @@ K5I void rot_enc_blocks16(const struct kern_layout *lay, const uint8_t *rawk, co
                                                                 (uint64_t)h * D + j)),
                                      _MM_HINT_T1);
             }
+            /* token t0 + i's groups of head h: o + i * H * G * gb */
+            uint8_t *o = out + ((uint64_t)t0 * H + h) * G * gb;
             rot_enc_tok16(r, ts, lay->dtype, mask + (uint64_t)h * D, mean + (uint64_t)h * D, c,
-                          bits, o, gb, D, clean, small);
+                          bits, o, (uint64_t)H * G * gb, gb, D, clean, small);
         }
 }
 

@@ -279,6 +279,33 @@ START_TEST(test_rot_signed_zero_rows_same_bytes)
 }
 END_TEST
 
+/* ROT keys with one Inf or NaN at one of several places of the last layer's K slab (each
+ * 64-byte line of a 256-byte stretch, and the slab's last half): the encode's first pass
+ * scans the slab for them in chains of lines, and a missed one takes the clean path (no
+ * sanitizing, so Inf or NaN reach the means and rows where the reference clamps or zeroes
+ * them). Every path gives the reference's bytes. */
+START_TEST(test_rot_scan_bad_anywhere_same_bytes)
+{
+    const struct shape *sh = &shapes[(uint32_t)_i / NCODECS];
+    const uint32_t codec = codecs[(uint32_t)_i % NCODECS];
+    struct kern_layout lay = layout_of(sh);
+    if ((codec != KERN_CODEC_ROT2 && codec != KERN_CODEC_ROT4) || lay.dtype != KERN_DTYPE_FP16)
+        return;
+    struct kern_recipe rec;
+    kern_recipe_fill(&rec, codec, codec, 0);
+    const uint64_t n = (uint64_t)lay.tokens * lay.heads * lay.head_dim,
+                   at[] = {5, 37, 70, 101, n - 1};
+    for (uint32_t i = 0; i < sizeof(at) / sizeof(at[0]); i++) {
+        if (at[i] >= n)
+            continue;
+        uint16_t *raw = make_data(&lay, DATA_OUTLIER, 210 + (uint64_t)_i);
+        raw[kern_raw_index(&lay, lay.layers - 1, 0, 0, 0) + at[i]] = i % 2 ? 0x7e00 : 0xfc00;
+        free(same_bytes(&lay, &rec, raw));
+        free(raw);
+    }
+}
+END_TEST
+
 /* Inputs with -0 (every third channel, on outlier data whose tokens stay apart and on runs
  * of near-identical tokens): MERGE's clean path copies a run of one row as its halves with
  * -0 made +0 (the reference's 0 + x) and sums longer runs from 0. Then runs with one NaN
@@ -1214,6 +1241,7 @@ static Suite *codecs_suite(void)
     tcase_add_loop_test(tc, test_signed_zeros_same_bytes, 0, (int)(NSHAPES * NCODECS));
     tcase_add_loop_test(tc, test_merge_forced_bad_row_same_bytes, 0, (int)(NSHAPES * NCODECS));
     tcase_add_loop_test(tc, test_rot_signed_zero_rows_same_bytes, 0, (int)(NSHAPES * NCODECS));
+    tcase_add_loop_test(tc, test_rot_scan_bad_anywhere_same_bytes, 0, (int)(NSHAPES * NCODECS));
     tcase_add_loop_test(tc, test_large_keys_same_bytes, 0, (int)(NSHAPES * NCODECS));
     tcase_add_loop_test(tc, test_stats_same, 0, (int)(NSHAPES * NCODECS));
     tcase_add_loop_test(tc, test_merge_stats_same, 0, (int)NMERGE_STATS);

@@ -81,6 +81,37 @@ mutation rot512-lane-exchange kernels/kern_rot512.c "check_codecs" \
 '        y = _mm512_shuffle_f32x4(*a, *b, 0xdd);' \
 '        y = _mm512_shuffle_f32x4(*b, *a, 0xdd);'
 
+# ROT's encode's first pass with AVX-512 (kern_rot512.c): the channels' means summed over
+# every token but the last (clean sections of D >= 128). Only a CPU with AVX-512 runs it.
+mutation rot512-means-token-dropped kernels/kern_rot512.c "check_codecs" \
+'                rot_sums16(r, ts, T, lay->dtype, sum, 8, 1);' \
+'                rot_sums16(r, ts, T - 1, lay->dtype, sum, 8, 1);'
+
+# The same pass's signs: the seed mixed into the channel index unmixed (kern_rot_neg mixes
+# the index, then the seed with it).
+mutation rot512-signs-unmixed kernels/kern_rot512.c "check_codecs" \
+'        k = rot_mix16(_mm512_xor_si512(seed, rot_mix16(k)));' \
+'        k = rot_mix16(_mm512_xor_si512(seed, k));'
+
+# The same pass's Inf/NaN scan: the fourth chain reads the third's halves, so an Inf or NaN
+# in every fourth 64-byte line is missed and the section is encoded as clean.
+mutation rot512-scan-chain kernels/kern_rot512.c "check_codecs" \
+'        m3 = _mm512_max_epu16(m3, _mm512_and_si512(_mm512_loadu_si512(raw + i + 96), mag));' \
+'        m3 = _mm512_max_epu16(m3, _mm512_and_si512(_mm512_loadu_si512(raw + i + 64), mag));'
+
+# The AVX-512 value groups' encoder (kern_kivi512.h, KIVI's values and ROT's): the halves'
+# integer keys without the inversion of the negative ones, so a group's extremes among
+# negative values are the wrong ones. Only a CPU with AVX-512 runs it.
+mutation kivi512-hkey-unsigned kernels/kern_kivi512.h "check_codecs check_kernels" \
+'    return _mm512_ternarylogic_epi32(h, _mm512_srai_epi16(h, 15), _mm512_set1_epi16(0x7fff), 0x78);' \
+'    return _mm512_ternarylogic_epi32(h, _mm512_srai_epi16(h, 15), _mm512_set1_epi16(0), 0x78);'
+
+# The same: the minima's fold pairs tokens 0-7 with tokens 8-15 instead of a token's two
+# halves of values.
+mutation kivi512-hkey-fold kernels/kern_kivi512.h "check_codecs check_kernels" \
+'        kn = _mm512_min_epi16(kn, _mm512_shuffle_i64x2(kn, kn, 0xb1));' \
+'        kn = _mm512_min_epi16(kn, _mm512_shuffle_i64x2(kn, kn, 0x4e));'
+
 # The batched decoder's ROT rows, transformed across the lanes of a head row: the upper lane
 # of a cross-lane butterfly keeps b - a instead of a - b.
 mutation rot-lanes-butterfly-sign kernels/kern_batch.h "check_pack" \
