@@ -998,11 +998,11 @@ mutation index-reserve-skipped daemon/store.c "check_store" \
 # probe of the index a hit, after the reply); or never retries a block the index once had no
 # room for.
 mutation touch-republishes daemon/store.c "check_store" \
-'    if (!s->fast_keep || (fi && fast_index_lost_any(fi)))' \
-'    if (fi || !s->fast_keep)'
+'    else if (!s->fast_keep || (fi && fast_index_lost_any(fi)))' \
+'    else if (fi || !s->fast_keep)'
 mutation touch-never-retries daemon/store.c "check_store" \
-'    if (!s->fast_keep || (fi && fast_index_lost_any(fi)))' \
-'    if (!s->fast_keep || (fi && false))'
+'    else if (!s->fast_keep || (fi && fast_index_lost_any(fi)))' \
+'    else if (!s->fast_keep || (fi && false))'
 
 # A lookup's probes ahead resolve a key with the hash of the key after it.
 mutation index-ahead-wrong-hash daemon/index.c "check_index" \
