@@ -173,6 +173,13 @@ static void store_fast_prefetch(struct store *s, uint32_t idx)
         fast_prefetch(fi, b->ns, &b->key, b->off);
 }
 
+/* Whether b belongs in its arena's shared index: committed and ready in a host arena. */
+static bool store_fast_ready(const struct block *b)
+{
+    return b->state == BLOCK_STATE_COMMITTED && b->tier == KVC_WIRE_TIER_HOST &&
+           !(b->flags & (BLOCK_F_PROMOTING | BLOCK_F_LOST));
+}
+
 void store_fast_sync(struct store *s, uint32_t idx)
 {
     const struct block *b = &s->ix.blocks[idx];
@@ -180,9 +187,7 @@ void store_fast_sync(struct store *s, uint32_t idx)
     const struct store_ns *ns = b->ns < s->nns ? s->ns[b->ns] : NULL;
     if (!fi || !ns)
         return;
-    bool publish = b->state == BLOCK_STATE_COMMITTED && b->tier == KVC_WIRE_TIER_HOST &&
-                   !(b->flags & (BLOCK_F_PROMOTING | BLOCK_F_LOST));
-    if (publish) {
+    if (store_fast_ready(b)) {
         store_gran_check(s, b); /* then s->fast[] is a new index, where it lowered the granule */
         fast_publish(s->fast[b->arena], b->ns, &b->key, b->off, b->len, b->format);
     } else {
@@ -220,9 +225,7 @@ static bool store_pub_room(struct store *s, uint32_t n)
  * it is, and nothing is ever taken out here — another block of the same key has its own). */
 static void store_pub_one(struct store *s, uint32_t idx)
 {
-    const struct block *b = idx < s->ix.nblocks ? &s->ix.blocks[idx] : NULL;
-    if (b && b->state == BLOCK_STATE_COMMITTED && b->tier == KVC_WIRE_TIER_HOST &&
-        !(b->flags & (BLOCK_F_PROMOTING | BLOCK_F_LOST)))
+    if (idx < s->ix.nblocks && store_fast_ready(&s->ix.blocks[idx]))
         store_fast_sync(s, idx);
 }
 

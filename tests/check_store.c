@@ -490,17 +490,23 @@ END_TEST
  * (its slot, format and tier are unchanged): republishing it cost a probe of the index, a
  * cache miss a hit at a million blocks. Where the index once had no room for a block, the
  * touch gives it another try, as every publish does. */
-START_TEST(test_touch_and_the_shared_index)
+/* The suite's store again, with the fast path's shared index. */
+static void setup_fast_path(void)
 {
-    struct store_owner o;
     struct store_params p = s->p;
-    struct fast_index_stats st;
-    uint64_t lease;
     teardown();
     p.fast_path = true;
     p.high_watermark = 1.0;
     p.low_watermark = 0.9;
     setup_with(&p);
+}
+
+START_TEST(test_touch_and_the_shared_index)
+{
+    struct store_owner o;
+    struct fast_index_stats st;
+    uint64_t lease;
+    setup_fast_path();
     struct fast_index *fi = s->fast[0];
     ck_assert_ptr_nonnull(fi);
     store_owner_init(&o);
@@ -582,13 +588,8 @@ static bool granule_entry_ok(const struct fast_index *fi, uint32_t idx)
 START_TEST(test_slot_granule)
 {
     struct store_owner o;
-    struct store_params p = s->p;
     uint64_t lease;
-    teardown();
-    p.fast_path = true;
-    p.high_watermark = 1.0;
-    p.low_watermark = 0.9;
-    setup_with(&p);
+    setup_fast_path();
     struct tier *t = s->arenas[0].tier;
     struct fast_index *fi = s->fast[0];
     ck_assert_uint_eq(s->arenas[0].gran, BLOCK);

@@ -960,6 +960,53 @@ static int pt_other_run(void *arg)
     return 0;
 }
 
+/* Wakes the stopped daemon once the caller's next request is queued behind its commit. */
+static int pt_cont_later(void *arg)
+{
+    (void)arg;
+    usleep((useconds_t)daemon_ms(100) * 1000);
+    return kill(pt_d.pid, SIGCONT) ? 1 : 0;
+}
+
+/* A commit's shared-index entries are published after the RESERVE behind it but before any
+ * other request is answered. The daemon stopped during the put's copy, so that its quiet
+ * COMMIT and the STATS after it wait in the socket together and are handled in one wake-up:
+ * the STATS answer counts the commit's blocks in the index. */
+START_TEST(test_put_published_before_next_answer)
+{
+    kvc_client *c;
+    kvc_ns *ns;
+    struct kvc_key k[PT_N];
+    int sig;
+    pt_start(pt_args);
+    pt_open(&c, &ns);
+    size_t bb = kvc_ns_block_bytes(ns);
+    ck_assert_int_eq(daemon_chain_keys(ns, 9500, 0, PT_N, PT_N, k), 0);
+    const void *b[PT_N];
+    for (int i = 1; i < PT_N; i++) {
+        void *m = malloc(bb);
+        daemon_block_fill(&k[i], m, bb);
+        b[i] = m;
+    }
+    b[0] = pt_slow_block(&k[0], bb);
+    pt_slow_stop = pt_d.pid;
+    uint64_t before = pt_stat(c, "fast_index_blocks");
+    ck_assert_int_eq(kvc_put_prefix(ns, NULL, k, PT_N, b), PT_N);
+    ck_assert_int_eq(pt_slow_hits, 1); /* the daemon is stopped, the COMMIT queued */
+    pid_t pid = daemon_child_spawn(pt_cont_later, NULL);
+    ck_assert_int_gt(pid, 0);
+    ck_assert_uint_eq(pt_stat(c, "fast_index_blocks"), before + PT_N);
+    ck_assert_int_eq(daemon_child_wait(pid, daemon_ms(30000), &sig), 0);
+    pt_slow_stop = 0;
+    pt_slow_done();
+    for (int i = 1; i < PT_N; i++)
+        free((void *)b[i]);
+    ck_assert_int_eq(pt_hits(ns, k, PT_N), PT_N);
+    kvc_disconnect(c);
+    pt_stop();
+}
+END_TEST
+
 /* A reservation takes its slots at once: the trim it calls for runs while the client writes
  * them, before anything is committed. A stream of puts into a full arena otherwise finds it
  * full at every RESERVE and evicts for it while the client waits. */
@@ -1137,6 +1184,7 @@ int main(void)
     tcase_add_test(tc, test_put_every_key_counted);
     tcase_add_test(tc, test_chunk_reserved_under_own_uncommitted_chunk);
     tcase_add_test(tc, test_put_trim_while_writing);
+    tcase_add_test(tc, test_put_published_before_next_answer);
     suite_add_tcase(s, tc);
     if (daemon_suite_init("e2e-put"))
         return 1;

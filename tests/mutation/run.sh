@@ -524,9 +524,9 @@ mutation slot-owner-any-offset daemon/store.c "check_store" \
 '    return b->arena == arena && b->tier == KVC_WIRE_TIER_HOST && b->off == off ? x - 1 : INDEX_NONE;' \
 '    return b->arena == arena && b->tier == KVC_WIRE_TIER_HOST ? x - 1 : INDEX_NONE;'
 
-# A commit's publications left for the idle loop alone: a SYNC handled in the same wake-up is
-# answered before them, and the client's next read through the index misses its own put.
-mutation pub-not-before-next-request daemon/server_dispatch.c "check_e2e_fast" \
+# A commit's publications left for the idle loop alone: a request handled in the same wake-up
+# is answered before them, and the client's next read through the index misses its own put.
+mutation pub-not-before-next-request daemon/server_dispatch.c "check_e2e_put" \
 '    if (rc || r.hdr->opcode != KVC_OP_RESERVE)
         store_pub_flush(sv->store, NULL, NULL);' \
 '    if (0)
