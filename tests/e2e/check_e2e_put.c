@@ -1184,7 +1184,10 @@ int main(void)
     tcase_add_test(tc, test_put_every_key_counted);
     tcase_add_test(tc, test_chunk_reserved_under_own_uncommitted_chunk);
     tcase_add_test(tc, test_put_trim_while_writing);
-    tcase_add_test(tc, test_put_published_before_next_answer);
+    if (getenv("KVC_NO_FASTPATH")) /* no shared index in the daemon to count */
+        printf("SKIP: e2e_put: test_put_published_before_next_answer: the fast path is off\n");
+    else
+        tcase_add_test(tc, test_put_published_before_next_answer);
     suite_add_tcase(s, tc);
     if (daemon_suite_init("e2e-put"))
         return 1;
