@@ -383,15 +383,18 @@ static const struct kvc_fastview *kvc_fast_view_of(kvc_ns *ns)
     return v;
 }
 
-/* k's two buckets into bk, and the first of them (where a key is unless the daemon found it
- * full) asked for, both of its lines, without waiting. */
+/* k's two buckets into bk, both asked for (each bucket's two lines) without waiting: a key
+ * the daemon moved to its second bucket (a good share of them at the index's load) then
+ * costs one wait on memory for its entry, not two in turn. */
 static void kvc_fast_prefetch_key(const struct kvc_fastview *v, uint32_t ns,
                                   const struct kvc_key *k, uint32_t *bk)
 {
     kvc_fast_buckets(v->seed, v->nbuckets, ns, k->lo, k->hi, &bk[0], &bk[1]);
-    const struct kvc_fast_ent *e = v->ents + (uint64_t)bk[0] * KVC_FAST_WAYS;
-    __builtin_prefetch(e);
-    __builtin_prefetch(e + KVC_FAST_WAYS - 1);
+    for (int i = 0; i < 2; i++) {
+        const struct kvc_fast_ent *e = v->ents + (uint64_t)bk[i] * KVC_FAST_WAYS;
+        __builtin_prefetch(e);
+        __builtin_prefetch(e + KVC_FAST_WAYS - 1);
+    }
 }
 
 /* Where k's block is (bk: its buckets, or NULL), checked against the arena and its slot's
@@ -470,9 +473,10 @@ size_t kvci_fast_get(kvc_ns *ns, const struct kvc_key *keys, size_t n, void *con
      * (read before the copy, again after it). */
     struct kvc_fast_loc cur, nxt = {0};
     uint32_t bq[2][2];
+    kvc_fast_prefetch_key(v, ns->id, &keys[0], bq[0]);
     if (n > 1)
         kvc_fast_prefetch_key(v, ns->id, &keys[1], bq[1]);
-    bool have = kvc_fast_entry(ns, v, &keys[0], NULL, &cur, base);
+    bool have = kvc_fast_entry(ns, v, &keys[0], bq[0], &cur, base);
     while (hits < n && have) {
         bool next = false;
         if (hits + 1 < n) {
