@@ -443,14 +443,14 @@ KT static void lr_put_h_avx2(uint8_t *o, uint64_t stride, const float *a, uint32
 
 /* Head h of a LOWRANK section decoded straight into its raw rows (o: row t at o + t * stride
  * halves, dtype out_dtype). su (T x rank) and wf (rank x D) scratch: sigma_i * u[t][i] and the
- * w rows as floats, found once per head (lr_factors_avx2); then (lr_rows_avx2) a blocked
+ * w rows as floats, found once per head (lr_factors_avx2; wide: wf by AVX-512); then (lr_rows_avx2) a blocked
  * product in registers: tiles of four tokens by 16 channels (eight accumulators), each summed
  * over i in order from +0 by fused multiply-adds as kern_lowrank_val, rounded to halves as
  * kern_store. Odd widths (D not a multiple of 16) a vector or a lane at a time. The product
  * needs the FMA instruction (KTF); a CPU without it (kern_avx2_have_fma clear: the tests
  * clear it too) takes lr_rows_nofma, the reference's element by element. */
 KT static void lr_factors_avx2(const uint8_t *head, uint32_t rank, uint32_t cap, uint32_t T,
-                               uint32_t D, float *su, float *wf)
+                               uint32_t D, float *su, float *wf, int wide)
 {
     const uint8_t *u = kern_lowrank_u(head, cap), *w = kern_lowrank_w(head, cap, T);
     /* su[t][i] = sigma_i * u[t][i]: row t of u is cap halves in a row, eight at a time */
@@ -479,6 +479,10 @@ KT static void lr_factors_avx2(const uint8_t *head, uint32_t rank, uint32_t cap,
                 f, _mm256_mul_ps(sv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)hv))));
             memcpy(su + (uint64_t)t * rank + i, f, 4 * m);
         }
+    }
+    if (wide) { /* D a multiple of 16: kern_lowrank512.c, sixteen at a time */
+        kern_lowrank512_wf(w, rank, D, wf);
+        return;
     }
     for (uint32_t i = 0; i < rank; i++) {
         const uint8_t *wr = w + 2ull * i * D;
@@ -824,7 +828,8 @@ static void lr_dec_rows(const uint8_t *sect, const struct kern_layout *lay, void
             for (uint64_t b = 0; b < hb; b += 64)
                 _mm_prefetch((const char *)head + LR_DEC_AHEAD * hb + b, _MM_HINT_T0);
         rk[h] = kern_lowrank_get_rank(head, cap);
-        lr_factors_avx2(head, rk[h], cap, T, D, f + h * fs, f + h * fs + (uint64_t)rk[h] * T);
+        lr_factors_avx2(head, rk[h], cap, T, D, f + h * fs, f + h * fs + (uint64_t)rk[h] * T,
+                        wide);
     }
     /* pre's bytes asked for a share a step, from the first tile on */
     const uint64_t pstep = (pre_bytes + 64 * steps - 1) / (64 * steps) * 64;

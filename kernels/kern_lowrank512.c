@@ -10,7 +10,8 @@
  * multiply-add (_mm512_fmadd_ps, KERN_FMA), from the scratch
  * kern_lowrank.c fills (su = sigma_i u[t][i] rounded once, wf = w as floats), rounded to the
  * output's halves as kern_store, a token's 32 channels one 64-byte store, streamed from 1 MiB
- * of output (kern_st512.h). Encode (T <= D): w_e[d] = sum_t u_e[t] x[t][d] / sigma_e
+ * of output (kern_st512.h); wf's rows converted sixteen halves at a time (kern_lowrank512_wf:
+ * exact, 3 % of the decode against kern_lowrank.c's eight). Encode (T <= D): w_e[d] = sum_t u_e[t] x[t][d] / sigma_e
  * with token t in partial t % 8 as lr_project_ref, four factors at once, one class of tokens
  * after another, then kern_sum8_fold and the division. The subspace search and the Gram
  * matrix stay in kern_lowrank.c (their lanes are heads or classes of channels, eight of them).
@@ -103,6 +104,13 @@ K5 void kern_lowrank512_rows(uint32_t rank, uint32_t T, uint32_t D, uint16_t *o,
         lr5_rows(rank, T, D, o, stride, out_dtype, su, wf, 1);
     else
         lr5_rows(rank, T, D, o, stride, out_dtype, su, wf, 0);
+}
+
+K5 void kern_lowrank512_wf(const uint8_t *w, uint32_t rank, uint32_t D, float *wf)
+{
+    for (uint64_t k = 0; k < (uint64_t)rank * D; k += 16)
+        _mm512_storeu_ps(wf + k,
+                         _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + 2 * k))));
 }
 
 K5 void kern_lowrank512_project(const float *x, uint32_t T, uint32_t D, const float *const *u,

@@ -1392,6 +1392,12 @@ mutation kern-fma-host-unfused kernels/kern_fmt.h "check_codecs" \
 '#define KERN_FMA(a, b, c) fmaf((a), (b), (c))' \
 '#define KERN_FMA(a, b, c) ((a) * (b) + (c))'
 
+# LOWRANK's AVX-512 decode: a head's factor rows w converted sixteen at a time from the wrong
+# place (an element's offset taken in bytes, not halves), so each row reads the wrong halves.
+mutation lowrank512-wf-offset kernels/kern_lowrank512.c "check_codecs check_kernels" \
+'                         _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + 2 * k))));' \
+'                         _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + k))));'
+
 # I/O threads: a reply that does not fit in the client's socket is dropped instead of
 # closing a client that never reads its replies.
 mutation iothreads-slow-consumer-kept daemon/server_io.c "check_e2e_garbage" \
