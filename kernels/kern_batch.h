@@ -1727,8 +1727,8 @@ KERN_HD void kern_batch_rotk_rounds(const struct kern_batch *b, const uint64_t *
  * products, each element's sum taking the terms in order with the reference's roundings (a
  * fused multiply-add a term, KERN_FMA); its engine row is looked up after the sums. One token
  * at a time: two tokens sharing each w load held 8 more sums through the loop, and the kernel
- * spilled three times as much (docs/design/gpu.md). A MERGE column reads the bitmap once per step
- * (the step's tokens lie in one 32-token word: R <= 32 and t0 a multiple of R) and per token
+ * spilled three times as much (docs/design/gpu.md). A MERGE column reads the bitmap once per
+ * step (the step's tokens lie in one 32-token word: R <= 32 and t0 a multiple of R) and per token
  * counts its row with one popcount, loads the row's 16 bytes (two tokens loaded before
  * either is stored) and stores them. Raw heads (the appendix) are columns that copy their
  * rows (kern_batch_kivik_raw). The lanes exchange nothing: the emulation runs each lane's

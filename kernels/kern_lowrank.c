@@ -443,12 +443,13 @@ KT static void lr_put_h_avx2(uint8_t *o, uint64_t stride, const float *a, uint32
 
 /* Head h of a LOWRANK section decoded straight into its raw rows (o: row t at o + t * stride
  * halves, dtype out_dtype). su (T x rank) and wf (rank x D) scratch: sigma_i * u[t][i] and the
- * w rows as floats, found once per head (lr_factors_avx2; wide: wf by AVX-512); then (lr_rows_avx2) a blocked
- * product in registers: tiles of four tokens by 16 channels (eight accumulators), each summed
- * over i in order from +0 by fused multiply-adds as kern_lowrank_val, rounded to halves as
- * kern_store. Odd widths (D not a multiple of 16) a vector or a lane at a time. The product
- * needs the FMA instruction (KTF); a CPU without it (kern_avx2_have_fma clear: the tests
- * clear it too) takes lr_rows_nofma, the reference's element by element. */
+ * w rows as floats, found once per head (lr_factors_avx2; wide: wf by kern_lowrank512_wf);
+ * then (lr_rows_avx2) a blocked product in registers: tiles of four tokens by 16 channels
+ * (eight accumulators), each summed over i in order from +0 by fused multiply-adds as
+ * kern_lowrank_val, rounded to halves as kern_store. Odd widths (D not a multiple of 16) a
+ * vector or a lane at a time. The product needs the FMA instruction (KTF); a CPU without it
+ * (kern_avx2_have_fma clear: the tests clear it too) takes lr_rows_nofma, the reference's
+ * element by element. */
 KT static void lr_factors_avx2(const uint8_t *head, uint32_t rank, uint32_t cap, uint32_t T,
                                uint32_t D, float *su, float *wf, int wide)
 {
@@ -551,13 +552,15 @@ KTF static void lr_rows_avx2(uint32_t rank, uint32_t T, uint32_t D, uint16_t *o,
 static void lr_rows_nofma(uint32_t rank, uint32_t T, uint32_t D, uint16_t *o, uint64_t stride,
                           uint32_t out_dtype, const float *su, const float *wf)
 {
-    for (uint32_t t = 0; t < T; t++)
+    for (uint32_t t = 0; t < T; t++) {
+        const float *st = su + (uint64_t)t * rank;
         for (uint32_t d = 0; d < D; d++) {
             float acc = 0.0f;
             for (uint32_t i = 0; i < rank; i++)
-                acc = KERN_FMA(su[(uint64_t)t * rank + i], wf[(uint64_t)i * D + d], acc);
+                acc = KERN_FMA(st[i], wf[(uint64_t)i * D + d], acc);
             kern_store(o + (uint64_t)t * stride, out_dtype, d, acc);
         }
+    }
 }
 
 static void lr_rows_ref(const uint8_t *head, uint32_t rank, uint32_t cap, uint32_t T, uint32_t D,

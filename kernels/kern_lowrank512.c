@@ -7,14 +7,14 @@
  * kern_lowrank.c's AVX2 loops without touching any sum's order. Decode: x^[t][d] =
  * sum_i (sigma_i u[t][i]) w[i][d], i in order from +0 as kern_lowrank_val, in tiles of four
  * tokens by 64 channels (16 accumulators of AVX-512's 32 registers), each term one fused
- * multiply-add (_mm512_fmadd_ps, KERN_FMA), from the scratch
- * kern_lowrank.c fills (su = sigma_i u[t][i] rounded once, wf = w as floats), rounded to the
- * output's halves as kern_store, a token's 32 channels one 64-byte store, streamed from 1 MiB
- * of output (kern_st512.h); wf's rows converted sixteen halves at a time (kern_lowrank512_wf:
- * exact, 3 % of the decode against kern_lowrank.c's eight). Encode (T <= D): w_e[d] = sum_t u_e[t] x[t][d] / sigma_e
- * with token t in partial t % 8 as lr_project_ref, four factors at once, one class of tokens
- * after another, then kern_sum8_fold and the division. The subspace search and the Gram
- * matrix stay in kern_lowrank.c (their lanes are heads or classes of channels, eight of them).
+ * multiply-add (_mm512_fmadd_ps, KERN_FMA), from the scratch kern_lowrank.c fills (su =
+ * sigma_i u[t][i] rounded once, wf = w as floats: its rows converted here, sixteen halves at
+ * a time, kern_lowrank512_wf, 1-3 % of the decode against eight), rounded to the output's
+ * halves as kern_store, a token's 32 channels one 64-byte store, streamed from 1 MiB of
+ * output (kern_st512.h). Encode (T <= D): w_e[d] = sum_t u_e[t] x[t][d] / sigma_e with token
+ * t in partial t % 8 as lr_project_ref, four factors at once, one class of tokens after
+ * another, then kern_sum8_fold and the division. The subspace search and the Gram matrix
+ * stay in kern_lowrank.c (their lanes are heads or classes of channels, eight of them).
  * AVX-512F brings the 512-bit FMA: the file is built with -ffp-contract=off (Makefile), so the
  * products and sums the reference rounds apart (the encode's) stay apart; the decode's fused
  * ones are written as such.

@@ -1335,8 +1335,8 @@ END_TEST
  * too, and of other bits apart, layers whose rows per section are odd) against the
  * reference's, into destinations offset 0, 16, 2, 1, 32 and 48 bytes from a 64-byte boundary,
  * with the AVX-512 paths and without (the AVX2 ones with FMA and without), the bytes around
- * the block untouched: blocks just under KERN_NT_MIN_BYTES of raw output (stored through the cache)
- * and at or past it (streamed where the destination is 16-byte aligned: 64-byte stores at
+ * the block untouched: blocks just under KERN_NT_MIN_BYTES of raw output (stored through the
+ * cache) and at or past it (streamed where the destination is 16-byte aligned: 64-byte stores at
  * offset 0, 16-byte ones at 16; kern_st512.h), head dims with a 32-channel tile
  * (96 = 64 + 32), a last tile of two tokens (30), two words of MERGE's map (40 tokens).
  * MERGE's layer 0 carries damaged maps (no run started, every token a run past the rows
