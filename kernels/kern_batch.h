@@ -776,8 +776,8 @@ KERN_HD void kern_batch_dec8(const struct kern_layout *lay, uint32_t codec, cons
         /* x^[t][d] = sum_i (sigma_i * u[t][i]) * w[i][d] (kern_lowrank_val): the factor
          * sigma_i * u[t][i] is the same for the lane's 8 elements, so it is loaded and
          * rounded once per i, and each element's sum still adds the rank's terms in order,
-         * the same roundings as the reference's. Heads are 16-byte multiples; sigma is
-         * fp32 at 16 + 4i, u fp16, w's rows 2D bytes after 16 + 4 cap + 2 T cap. */
+         * each by one fused multiply-add as the reference's. Heads are 16-byte multiples;
+         * sigma is fp32 at 16 + 4i, u fp16, w's rows 2D bytes after 16 + 4 cap + 2 T cap. */
         const uint32_t cap = kern_lowrank_cap(D, T);
         const uint8_t *head = sect + (uint64_t)h * kern_lowrank_head_bytes(D, T);
         const uint32_t r = kern_batch_ld32(head, sa);
@@ -793,8 +793,7 @@ KERN_HD void kern_batch_dec8(const struct kern_layout *lay, uint32_t codec, cons
             KERN_UNROLL
             for (uint32_t j = 0; j < 8; j++)
                 if (j < n)
-                    acc[j] =
-                        KERN_ADD(acc[j], KERN_MUL(f, kern_h2f((uint16_t)kern_batch_e16(v, j))));
+                    acc[j] = KERN_FMA(f, kern_h2f((uint16_t)kern_batch_e16(v, j)), acc[j]);
         }
         KERN_UNROLL
         for (uint32_t j = 0; j < 8; j++)
@@ -1725,11 +1724,11 @@ KERN_HD void kern_batch_rotk_rounds(const struct kern_batch *b, const uint64_t *
  * load widths once per step, and per token and rank term loads sigma_i, u[t][i] and the 16
  * bytes of w[i][d0..d0+7], converts them by the conversion instruction (one NaN test for the
  * 8 w values, kern_batch_h8_nan; a NaN's bits as kern_h2f makes them) and adds the 8
- * products, each element's sum taking the terms in order with the reference's roundings (no
- * FMA: KERN_MUL, KERN_ADD); its engine row is looked up after the sums. One token at a time:
- * two tokens sharing each w load held 8 more sums through the loop, and the kernel spilled
- * three times as much (docs/design/gpu.md). A MERGE column reads the bitmap once per step
- * (the step's tokens lie in one 32-token word: R <= 32 and t0 a multiple of R) and per token
+ * products, each element's sum taking the terms in order with the reference's roundings (a
+ * fused multiply-add a term, KERN_FMA); its engine row is looked up after the sums. One token
+ * at a time: two tokens sharing each w load held 8 more sums through the loop, and the kernel
+ * spilled three times as much (docs/design/gpu.md). A MERGE column reads the bitmap once per
+ * step (the step's tokens lie in one 32-token word: R <= 32 and t0 a multiple of R) and per token
  * counts its row with one popcount, loads the row's 16 bytes (two tokens loaded before
  * either is stored) and stores them. Raw heads (the appendix) are columns that copy their
  * rows (kern_batch_kivik_raw). The lanes exchange nothing: the emulation runs each lane's
@@ -1889,7 +1888,7 @@ KERN_HD void kern_batch_lowrank_col(const struct kern_batch *b, const uint64_t *
             const uint32_t nan = kern_batch_h8_nan(v);
             KERN_UNROLL
             for (uint32_t e = 0; e < 8; e++)
-                a[e] = KERN_ADD(a[e], KERN_MUL(f, kern_batch_h2f_if(kern_batch_e16(v, e), nan)));
+                a[e] = KERN_FMA(f, kern_batch_h2f_if(kern_batch_e16(v, e), nan), a[e]);
         }
         /* the engine row looked up after the sums (no registers held through them) */
         uint8_t *to = kern_batch_eng_tok(b, w, &st->e, j);

@@ -172,6 +172,9 @@ uint64_t kern_merge_count_forced(const struct kern_ext_ctx *c);
  * floats, T <= D) and sigmas, as lr_project_ref. */
 void kern_lowrank512_rows(uint32_t rank, uint32_t T, uint32_t D, uint16_t *o, uint64_t stride,
                           uint32_t out_dtype, const float *su, const float *wf, int nt);
+/* kern_lowrank512_wf (D a multiple of 16): a head's factor rows w (rank x D halves) as the
+ * floats wf that kern_lowrank512_rows reads. */
+void kern_lowrank512_wf(const uint8_t *w, uint32_t rank, uint32_t D, float *wf);
 /* kern_lowrank512_gram: g = K K^T (n = T <= D rows of x), every sum as lr_gram_ref. */
 void kern_lowrank512_gram(const float *x, uint32_t n, uint32_t D, float *g);
 /* The search's kern_lowrank_gv and kern_lowrank_orth with eight heads in the lanes (layout of

@@ -34,7 +34,10 @@
  * matrix (K K^T when T <= D, else K^T K), Jacobi's method with a fixed order of rotations;
  * the rank r is the smallest whose eigenvalues hold `energy` of their sum, at most the room
  * R = ceil(min(T, D) / 4). Stored: sigma (fp32), u (fp16, unit columns), w (fp16, unit rows);
- * x^[t][d] = sum_i (sigma_i * u[t][i]) * w[i][d], summed over i in order.
+ * x^[t][d] = sum_i (sigma_i * u[t][i]) * w[i][d], summed over i in order from +0, each term
+ * added by one fused multiply-add (KERN_FMA: acc = f_i * w[i][d] + acc rounded once, f_i =
+ * sigma_i * u[t][i] rounded). The FMA is the decode's inner loop in every version (AVX2's
+ * FMA build, AVX-512, the device); the encode never decodes, so only the decode has it.
  */
 #ifndef KVC_KERN_EXT_H
 #define KVC_KERN_EXT_H
@@ -489,16 +492,16 @@ KERN_HD const uint8_t *kern_lowrank_w(const uint8_t *head, uint32_t cap, uint32_
     return head + 16 + 4 * cap + 2ull * tokens * cap;
 }
 
-/* x^[t][d] of a LOWRANK head. */
+/* x^[t][d] of a LOWRANK head: each term fused into the sum (KERN_FMA). */
 KERN_HD float kern_lowrank_val(const uint8_t *head, uint32_t rank, uint32_t cap, uint32_t tokens,
                                uint32_t dim, uint32_t t, uint32_t d)
 {
     const uint8_t *u = kern_lowrank_u(head, cap), *w = kern_lowrank_w(head, cap, tokens);
     float acc = 0.0f;
     for (uint32_t i = 0; i < rank; i++)
-        acc = KERN_ADD(acc, KERN_MUL(KERN_MUL(kern_lowrank_sigma(head, i),
-                                              kern_get_h(u + 2 * ((uint64_t)t * cap + i))),
-                                     kern_get_h(w + 2 * ((uint64_t)i * dim + d))));
+        acc = KERN_FMA(KERN_MUL(kern_lowrank_sigma(head, i),
+                                kern_get_h(u + 2 * ((uint64_t)t * cap + i))),
+                       kern_get_h(w + 2 * ((uint64_t)i * dim + d)), acc);
     return acc;
 }
 

@@ -7,8 +7,12 @@
  * function here compiles as C on the host and as __host__ __device__ C++ under nvcc. The
  * float operations go through KERN_MUL/ADD/SUB/DIV, which are correctly rounded single
  * operations on the device (__fmul_rn and friends cannot be fused into an FMA) and plain
- * operators on the host, where the reference is built without FMA. fp16 and bf16
- * conversions round to nearest even exactly as F16C's vcvtps2ph does.
+ * operators on the host, where the reference is built without FMA. Where the format
+ * defines a product and a sum as one fused operation (LOWRANK's decode, kern_ext.h), it is
+ * KERN_FMA(a, b, c) = a * b + c rounded once: __fmaf_rn on the device, C99's fmaf on the
+ * host, correctly rounded whatever the flags (the FMA instruction where the target has it,
+ * else libm's, which glibc computes exactly in software). fp16 and bf16 conversions round to
+ * nearest even exactly as F16C's vcvtps2ph does.
  */
 #ifndef KVC_KERN_FMT_H
 #define KVC_KERN_FMT_H
@@ -30,11 +34,13 @@
 #define KERN_ADD(a, b) __fadd_rn((a), (b))
 #define KERN_SUB(a, b) __fsub_rn((a), (b))
 #define KERN_DIV(a, b) __fdiv_rn((a), (b))
+#define KERN_FMA(a, b, c) __fmaf_rn((a), (b), (c))
 #else
 #define KERN_MUL(a, b) ((a) * (b))
 #define KERN_ADD(a, b) ((a) + (b))
 #define KERN_SUB(a, b) ((a) - (b))
 #define KERN_DIV(a, b) ((a) / (b))
+#define KERN_FMA(a, b, c) fmaf((a), (b), (c))
 #endif
 
 #define KERN_GROUP 32         /* values per ggml / KIVI-V group, tokens per KIVI-K group */

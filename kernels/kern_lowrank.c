@@ -443,13 +443,15 @@ KT static void lr_put_h_avx2(uint8_t *o, uint64_t stride, const float *a, uint32
 
 /* Head h of a LOWRANK section decoded straight into its raw rows (o: row t at o + t * stride
  * halves, dtype out_dtype). su (T x rank) and wf (rank x D) scratch: sigma_i * u[t][i] and the
- * w rows as floats, found once per head (lr_factors_avx2); then (lr_rows_avx2) a blocked
- * product in registers: tiles of four tokens by 16 channels (eight accumulators), each summed
- * over i in order from +0 as kern_lowrank_val (no FMA: the reference rounds the product and
- * the sum apart), rounded to halves as kern_store. Odd widths (D not a multiple of 16) a
- * vector or a lane at a time. */
+ * w rows as floats, found once per head (lr_factors_avx2; wide: wf by kern_lowrank512_wf);
+ * then (lr_rows_avx2) a blocked product in registers: tiles of four tokens by 16 channels
+ * (eight accumulators), each summed over i in order from +0 by fused multiply-adds as
+ * kern_lowrank_val, rounded to halves as kern_store. Odd widths (D not a multiple of 16) a
+ * vector or a lane at a time. The product needs the FMA instruction (KTF); a CPU without it
+ * (kern_avx2_have_fma clear: the tests clear it too) takes lr_rows_nofma, the reference's
+ * element by element. */
 KT static void lr_factors_avx2(const uint8_t *head, uint32_t rank, uint32_t cap, uint32_t T,
-                               uint32_t D, float *su, float *wf)
+                               uint32_t D, float *su, float *wf, int wide)
 {
     const uint8_t *u = kern_lowrank_u(head, cap), *w = kern_lowrank_w(head, cap, T);
     /* su[t][i] = sigma_i * u[t][i]: row t of u is cap halves in a row, eight at a time */
@@ -479,6 +481,10 @@ KT static void lr_factors_avx2(const uint8_t *head, uint32_t rank, uint32_t cap,
             memcpy(su + (uint64_t)t * rank + i, f, 4 * m);
         }
     }
+    if (wide) { /* D a multiple of 16: kern_lowrank512.c, sixteen at a time */
+        kern_lowrank512_wf(w, rank, D, wf);
+        return;
+    }
     for (uint32_t i = 0; i < rank; i++) {
         const uint8_t *wr = w + 2ull * i * D;
         uint32_t d = 0;
@@ -490,8 +496,8 @@ KT static void lr_factors_avx2(const uint8_t *head, uint32_t rank, uint32_t cap,
     }
 }
 
-KT static void lr_rows_avx2(uint32_t rank, uint32_t T, uint32_t D, uint16_t *o, uint64_t stride,
-                            uint32_t out_dtype, const float *su, const float *wf)
+KTF static void lr_rows_avx2(uint32_t rank, uint32_t T, uint32_t D, uint16_t *o, uint64_t stride,
+                             uint32_t out_dtype, const float *su, const float *wf)
 {
     uint32_t t = 0;
     if (D % 16 == 0)
@@ -503,17 +509,17 @@ KT static void lr_rows_avx2(uint32_t rank, uint32_t T, uint32_t D, uint16_t *o, 
                     const float *wi = wf + (uint64_t)i * D + d, *si = su + (uint64_t)t * rank + i;
                     const __m256 w0 = _mm256_loadu_ps(wi), w1 = _mm256_loadu_ps(wi + 8);
                     __m256 s = _mm256_broadcast_ss(si);
-                    a0 = _mm256_add_ps(a0, _mm256_mul_ps(s, w0));
-                    a1 = _mm256_add_ps(a1, _mm256_mul_ps(s, w1));
+                    a0 = _mm256_fmadd_ps(s, w0, a0);
+                    a1 = _mm256_fmadd_ps(s, w1, a1);
                     s = _mm256_broadcast_ss(si + rank);
-                    b0 = _mm256_add_ps(b0, _mm256_mul_ps(s, w0));
-                    b1 = _mm256_add_ps(b1, _mm256_mul_ps(s, w1));
+                    b0 = _mm256_fmadd_ps(s, w0, b0);
+                    b1 = _mm256_fmadd_ps(s, w1, b1);
                     s = _mm256_broadcast_ss(si + 2 * rank);
-                    c0 = _mm256_add_ps(c0, _mm256_mul_ps(s, w0));
-                    c1 = _mm256_add_ps(c1, _mm256_mul_ps(s, w1));
+                    c0 = _mm256_fmadd_ps(s, w0, c0);
+                    c1 = _mm256_fmadd_ps(s, w1, c1);
                     s = _mm256_broadcast_ss(si + 3 * rank);
-                    e0 = _mm256_add_ps(e0, _mm256_mul_ps(s, w0));
-                    e1 = _mm256_add_ps(e1, _mm256_mul_ps(s, w1));
+                    e0 = _mm256_fmadd_ps(s, w0, e0);
+                    e1 = _mm256_fmadd_ps(s, w1, e1);
                 }
                 uint16_t *r = o + (uint64_t)t * stride + d;
                 v_store8(r, a0, out_dtype);
@@ -530,14 +536,28 @@ KT static void lr_rows_avx2(uint32_t rank, uint32_t T, uint32_t D, uint16_t *o, 
         for (; d + 8 <= D; d += 8) {
             __m256 acc = _mm256_setzero_ps();
             for (uint32_t i = 0; i < rank; i++)
-                acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(su[(uint64_t)t * rank + i]),
-                                                       _mm256_loadu_ps(wf + (uint64_t)i * D + d)));
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(su[(uint64_t)t * rank + i]),
+                                      _mm256_loadu_ps(wf + (uint64_t)i * D + d), acc);
             v_store8(o + (uint64_t)t * stride + d, acc, out_dtype);
         }
         for (; d < D; d++) {
             float acc = 0.0f;
             for (uint32_t i = 0; i < rank; i++)
-                acc = KERN_ADD(acc, KERN_MUL(su[(uint64_t)t * rank + i], wf[(uint64_t)i * D + d]));
+                acc = KERN_FMA(su[(uint64_t)t * rank + i], wf[(uint64_t)i * D + d], acc);
+            kern_store(o + (uint64_t)t * stride, out_dtype, d, acc);
+        }
+    }
+}
+
+static void lr_rows_nofma(uint32_t rank, uint32_t T, uint32_t D, uint16_t *o, uint64_t stride,
+                          uint32_t out_dtype, const float *su, const float *wf)
+{
+    for (uint32_t t = 0; t < T; t++) {
+        const float *st = su + (uint64_t)t * rank;
+        for (uint32_t d = 0; d < D; d++) {
+            float acc = 0.0f;
+            for (uint32_t i = 0; i < rank; i++)
+                acc = KERN_FMA(st[i], wf[(uint64_t)i * D + d], acc);
             kern_store(o + (uint64_t)t * stride, out_dtype, d, acc);
         }
     }
@@ -802,6 +822,7 @@ static void lr_dec_rows(const uint8_t *sect, const struct kern_layout *lay, void
     const uint64_t hb = kern_lowrank_head_bytes(D, T), fs = (uint64_t)cap * (T + D);
     const uint64_t stride = (uint64_t)H * D;
     const uint64_t ng = (uint64_t)T * H * (D / 32), steps = (uint64_t)H * tiles;
+    const int fma = __atomic_load_n(&kern_avx2_have_fma, __ATOMIC_RELAXED);
     for (uint64_t b = 0; b < hb * (H < LR_DEC_AHEAD ? H : LR_DEC_AHEAD); b += 64)
         _mm_prefetch((const char *)sect + b, _MM_HINT_T0);
     for (uint32_t h = 0; h < H; h++) {
@@ -810,7 +831,8 @@ static void lr_dec_rows(const uint8_t *sect, const struct kern_layout *lay, void
             for (uint64_t b = 0; b < hb; b += 64)
                 _mm_prefetch((const char *)head + LR_DEC_AHEAD * hb + b, _MM_HINT_T0);
         rk[h] = kern_lowrank_get_rank(head, cap);
-        lr_factors_avx2(head, rk[h], cap, T, D, f + h * fs, f + h * fs + (uint64_t)rk[h] * T);
+        lr_factors_avx2(head, rk[h], cap, T, D, f + h * fs, f + h * fs + (uint64_t)rk[h] * T,
+                        wide);
     }
     /* pre's bytes asked for a share a step, from the first tile on */
     const uint64_t pstep = (pre_bytes + 64 * steps - 1) / (64 * steps) * 64;
@@ -831,8 +853,10 @@ static void lr_dec_rows(const uint8_t *sect, const struct kern_layout *lay, void
                 _mm_prefetch((const char *)pre + pb, _MM_HINT_T0);
             if (wide)
                 kern_lowrank512_rows(rk[h], n, D, o, stride, out_dtype, su, wf, nt);
-            else
+            else if (fma)
                 lr_rows_avx2(rk[h], n, D, o, stride, out_dtype, su, wf);
+            else
+                lr_rows_nofma(rk[h], n, D, o, stride, out_dtype, su, wf);
             if (vsect) {
                 kern_q8512_groups(vsect + 34 * g, e - g, rawv + 32 * g, out_dtype, nt);
                 g = e;

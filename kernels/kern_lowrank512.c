@@ -6,15 +6,18 @@
  * Both are sums with the channels d in the lanes, so sixteen lanes halve the instructions of
  * kern_lowrank.c's AVX2 loops without touching any sum's order. Decode: x^[t][d] =
  * sum_i (sigma_i u[t][i]) w[i][d], i in order from +0 as kern_lowrank_val, in tiles of four
- * tokens by 64 channels (16 accumulators of AVX-512's 32 registers), from the scratch
- * kern_lowrank.c fills (su = sigma_i u[t][i] rounded once, wf = w as floats), rounded to the
- * output's halves as kern_store, a token's 32 channels one 64-byte store, streamed from 1 MiB
- * of output (kern_st512.h). Encode (T <= D): w_e[d] = sum_t u_e[t] x[t][d] / sigma_e
- * with token t in partial t % 8 as lr_project_ref, four factors at once, one class of tokens
- * after another, then kern_sum8_fold and the division. The subspace search and the Gram
- * matrix stay in kern_lowrank.c (their lanes are heads or classes of channels, eight of them).
+ * tokens by 64 channels (16 accumulators of AVX-512's 32 registers), each term one fused
+ * multiply-add (_mm512_fmadd_ps, KERN_FMA), from the scratch kern_lowrank.c fills (su =
+ * sigma_i u[t][i] rounded once, wf = w as floats: its rows converted here, sixteen halves at
+ * a time, kern_lowrank512_wf, 1-3 % of the decode against eight), rounded to the output's
+ * halves as kern_store, a token's 32 channels one 64-byte store, streamed from 1 MiB of
+ * output (kern_st512.h). Encode (T <= D): w_e[d] = sum_t u_e[t] x[t][d] / sigma_e with token
+ * t in partial t % 8 as lr_project_ref, four factors at once, one class of tokens after
+ * another, then kern_sum8_fold and the division. The subspace search and the Gram matrix
+ * stay in kern_lowrank.c (their lanes are heads or classes of channels, eight of them).
  * AVX-512F brings the 512-bit FMA: the file is built with -ffp-contract=off (Makefile), so the
- * product and the sum the reference rounds apart stay apart.
+ * products and sums the reference rounds apart (the encode's) stay apart; the decode's fused
+ * ones are written as such.
  *
  * Chosen at run time by kern_rot512_on() (kern_rot512.c: the CPU has AVX-512 F, BW, VL, DQ
  * and F16C, KVC_NO_AVX512 not set; read once), which the tests switch with kern_rot_avx512()
@@ -48,7 +51,7 @@
             {                                                                                      \
                 const __m512 s = _mm512_set1_ps(si[(uint64_t)a * rank]);                           \
                 LR5_U for (int b = 0; b < (NV); b++) acc[a][b] =                                   \
-                    _mm512_add_ps(acc[a][b], _mm512_mul_ps(s, wv[b]));                             \
+                    _mm512_fmadd_ps(s, wv[b], acc[a][b]);                                          \
             }                                                                                      \
         }                                                                                          \
         LR5_U for (int a = 0; a < (NT); a++)                                                       \
@@ -101,6 +104,13 @@ K5 void kern_lowrank512_rows(uint32_t rank, uint32_t T, uint32_t D, uint16_t *o,
         lr5_rows(rank, T, D, o, stride, out_dtype, su, wf, 1);
     else
         lr5_rows(rank, T, D, o, stride, out_dtype, su, wf, 0);
+}
+
+K5 void kern_lowrank512_wf(const uint8_t *w, uint32_t rank, uint32_t D, float *wf)
+{
+    for (uint64_t k = 0; k < (uint64_t)rank * D; k += 16)
+        _mm512_storeu_ps(wf + k,
+                         _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + 2 * k))));
 }
 
 K5 void kern_lowrank512_project(const float *x, uint32_t T, uint32_t D, const float *const *u,

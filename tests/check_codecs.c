@@ -134,8 +134,9 @@ static int have_avx512(void)
            __builtin_cpu_supports("f16c");
 }
 
-/* Both encoders, the encode kernel's emulation, both decoders and the batched decoder's
- * emulation: the reference's bytes; returns the encoded block. */
+/* Both encoders, the encode kernel's emulation, both decoders (the AVX2 one with and without
+ * its FMA build) and the batched decoder's emulation: the reference's bytes; returns the
+ * encoded block. */
 static uint8_t *same_bytes(const struct kern_layout *lay, const struct kern_recipe *rec,
                            const uint16_t *raw)
 {
@@ -168,6 +169,12 @@ static uint8_t *same_bytes(const struct kern_layout *lay, const struct kern_reci
             ck_assert_mem_eq(d2, d1, rs);
             if (wide)
                 continue;
+            /* the AVX2 path as on a CPU without FMA (LOWRANK's product: lr_rows_nofma) */
+            const int fma = kern_avx2_fma(0);
+            memset(d2, 0x5a, rs);
+            ck_assert_int_eq(kern_decode_cpu(lay, e1, (size_t)sz, d2, rs, out), (int64_t)rs);
+            kern_avx2_fma(fma);
+            ck_assert_mem_eq(d2, d1, rs);
             memset(d3, 0x3c, rs);
             ck_assert_int_eq(kern_batch_decode_raw(a, lay, d3, NULL, 1, srcs, lens, out), 0);
             kern_batch_run_cpu(a);

@@ -1334,9 +1334,9 @@ END_TEST
  * q8_0 values too; ROT's KIVI values with its keys, a recipe's KIVI values of the keys' bits
  * too, and of other bits apart, layers whose rows per section are odd) against the
  * reference's, into destinations offset 0, 16, 2, 1, 32 and 48 bytes from a 64-byte boundary,
- * with the AVX-512 paths and without, the bytes around the block
- * untouched: blocks just under KERN_NT_MIN_BYTES of raw output (stored through the cache)
- * and at or past it (streamed where the destination is 16-byte aligned: 64-byte stores at
+ * with the AVX-512 paths and without (the AVX2 ones with FMA and without), the bytes around
+ * the block untouched: blocks just under KERN_NT_MIN_BYTES of raw output (stored through the
+ * cache) and at or past it (streamed where the destination is 16-byte aligned: 64-byte stores at
  * offset 0, 16-byte ones at 16; kern_st512.h), head dims with a 32-channel tile
  * (96 = 64 + 32), a last tile of two tokens (30), two words of MERGE's map (40 tokens).
  * MERGE's layer 0 carries damaged maps (no run started, every token a run past the rows
@@ -1394,21 +1394,23 @@ START_TEST(test_decode_ext_offsets)
         memset(d1, 0xa5, rs);
         ck_assert_int_eq(kern_decode_ref(&lay, e, (size_t)sz, d1, rs, out), (int64_t)rs);
         static const unsigned offs[] = {0, 16, 2, 1, 32, 48};
-        for (unsigned o = 0; o < 12; o++) {
+        /* each offset with the AVX-512 paths, then the AVX2 ones with FMA, then without */
+        for (unsigned o = 0; o < 18; o++) {
             uint8_t *base = (uint8_t *)(((uintptr_t)d2 + 63) & ~(uintptr_t)63);
             uint8_t *dst = base + offs[o % 6];
             memset(d2, 0x5a, rs + 128);
-            int was5 = kern_rot_avx512(o < 6);
+            int was = kern_avx2_fma(o < 12), was5 = kern_rot_avx512(o < 6);
             ck_assert_int_eq(kern_decode_cpu(&lay, e, (size_t)sz, dst, rs, out), (int64_t)rs);
+            kern_avx2_fma(was);
             kern_rot_avx512(was5);
             ck_assert_msg(memcmp(d1, dst, rs) == 0,
-                          "%s/%s %ux%ux%ux%u%s in %s out %s dst +%u%s: the decoded block "
+                          "%s/%s %ux%ux%ux%u%s in %s out %s dst +%u%s%s: the decoded block "
                           "differs from the reference's",
                           kern_codec_name(c->kc), kern_codec_name(c->vc), lay.layers, H, D, T,
                           lay.k_only ? " k-only" : "",
                           lay.dtype == KERN_DTYPE_BF16 ? "bf16" : "fp16",
                           out == KERN_DTYPE_BF16 ? "bf16" : "fp16", offs[o % 6],
-                          o < 6 ? "" : " no avx512");
+                          o < 6 ? "" : " no avx512", o < 12 ? "" : " no fma");
             guard_untouched(d2, dst, rs);
         }
     }

@@ -1356,6 +1356,48 @@ mutation lowrank-dec-sigma-direct kernels/kern_lowrank.c "check_codecs check_ker
 '        const __m256 sv = m == 8 ? _mm256_loadu_ps((const float *)(head + 16 + 4 * i))' \
 '        const __m256 sv = m == 8 ? _mm256_loadu_ps((const float *)(head + 20 + 4 * i))'
 
+# LOWRANK's decode (issue 30): each rank term is one fused multiply-add (KERN_FMA), rounded
+# once. Each version taken back to a product and a sum rounded apart: the reference
+# (kern_lowrank_val), the AVX-512 tiles (built with -ffp-contract=off: not fused back), the
+# AVX2 decode on a CPU without FMA (lr_rows_nofma, which the tests run with the FMA build
+# off), the batched decoder's LOWRANK rounds and its generic pieces (the device's code, run by
+# the emulation), and KERN_FMA itself on the host. The AVX-512 one is only run by a CPU with
+# AVX-512 (elsewhere it survives); the AVX2 FMA build's own tiles are left out: GCC contracts
+# a product and a sum there into the same FMA.
+mutation lowrank-ref-unfused kernels/kern_ext.h "check_codecs" \
+'        acc = KERN_FMA(KERN_MUL(kern_lowrank_sigma(head, i),
+                                kern_get_h(u + 2 * ((uint64_t)t * cap + i))),
+                       kern_get_h(w + 2 * ((uint64_t)i * dim + d)), acc);' \
+'        acc = KERN_ADD(acc, KERN_MUL(KERN_MUL(kern_lowrank_sigma(head, i),
+                                kern_get_h(u + 2 * ((uint64_t)t * cap + i))),
+                       kern_get_h(w + 2 * ((uint64_t)i * dim + d))));'
+
+mutation lowrank512-dec-unfused kernels/kern_lowrank512.c "check_codecs check_kernels" \
+'                    _mm512_fmadd_ps(s, wv[b], acc[a][b]);' \
+'                    _mm512_add_ps(acc[a][b], _mm512_mul_ps(s, wv[b]));'
+
+mutation lowrank-nofma-unfused kernels/kern_lowrank.c "check_codecs check_kernels" \
+'                acc = KERN_FMA(st[i], wf[(uint64_t)i * D + d], acc);' \
+'                acc = KERN_ADD(acc, KERN_MUL(st[i], wf[(uint64_t)i * D + d]));'
+
+mutation lowrank-batch-lane-unfused kernels/kern_batch.h "check_pack" \
+'                a[e] = KERN_FMA(f, kern_batch_h2f_if(kern_batch_e16(v, e), nan), a[e]);' \
+'                a[e] = KERN_ADD(a[e], KERN_MUL(f, kern_batch_h2f_if(kern_batch_e16(v, e), nan)));'
+
+mutation lowrank-batch-piece-unfused kernels/kern_batch.h "check_codecs check_pack" \
+'                    acc[j] = KERN_FMA(f, kern_h2f((uint16_t)kern_batch_e16(v, j)), acc[j]);' \
+'                    acc[j] = KERN_ADD(acc[j], KERN_MUL(f, kern_h2f((uint16_t)kern_batch_e16(v, j))));'
+
+mutation kern-fma-host-unfused kernels/kern_fmt.h "check_codecs" \
+'#define KERN_FMA(a, b, c) fmaf((a), (b), (c))' \
+'#define KERN_FMA(a, b, c) ((a) * (b) + (c))'
+
+# LOWRANK's AVX-512 decode: a head's factor rows w converted sixteen at a time from the wrong
+# place (an element's offset taken in bytes, not halves), so each row reads the wrong halves.
+mutation lowrank512-wf-offset kernels/kern_lowrank512.c "check_codecs check_kernels" \
+'                         _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + 2 * k))));' \
+'                         _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + k))));'
+
 # I/O threads: a reply that does not fit in the client's socket is dropped instead of
 # closing a client that never reads its replies.
 mutation iothreads-slow-consumer-kept daemon/server_io.c "check_e2e_garbage" \
