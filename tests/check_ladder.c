@@ -102,15 +102,18 @@ static void settle(uint64_t now)
 
 /* Puts keys[0..n) under parent (zero: a root), waiting for room the way a RESERVE does in the
  * daemon (the ladder's jobs land, then again). Returns the blocks committed. */
+#define PUT_MAX 2048 /* kvcreplay's RESERVE batch */
 static int put(uint32_t ns, const struct kvc_wire_key *parent, const struct kvc_wire_key *k,
                uint32_t n, uint64_t now)
 {
-    struct kvc_wire_loc loc[64];
-    uint8_t st[64];
+    static struct kvc_wire_loc loc[PUT_MAX];
+    static uint8_t st[PUT_MAX];
     uint64_t resv = 0;
     uint32_t dropped;
     int r = 0;
-    for (int tries = 0; tries < 16; tries++) {
+    ck_assert_uint_le(n, PUT_MAX);
+    /* a round of the ladder's room a try (host.quantize_inflight jobs): a long chain's many */
+    for (uint32_t tries = 0; tries < 16 + (n > 64 ? n / 4 : 0); tries++) {
         r = store_reserve(s, &o, ns, parent, k, n, now, &resv, st, loc);
         ck_assert_int_ge(r, 0);
         bool nospace = false;
@@ -430,6 +433,95 @@ static void ladder_vs_sim(uint32_t flags, uint32_t codecs, uint32_t cap)
     teardown();
 }
 
+/* A trace through the store and through kvcsim, as make bench-replay's ladder rows through the
+ * daemon, but without the daemon's clock, sockets or worker timing: KVC_LADDER_TRACE=FILE (else
+ * nothing is run), KVC_LADDER_BLOCKS (64 KiB blocks of the host tier, default 1024),
+ * KVC_LADDER_CHUNK (keys a RESERVE, default kvcreplay's 2048), KVC_LADDER_LOG=FILE (a line a
+ * request: its index, hits and blocks, as the store found them). One tick a request, q8_0 and
+ * q4_1 allowed, cache.ghosts 8, the trim after each request's puts as the daemon runs it after
+ * a commit. Deterministic: what differs from kvcsim here is the store's, not the replay's timing
+ * (docs/policies.md, "The one-process row through the store"). */
+START_TEST(test_ladder_trace)
+{
+    const char *path = getenv("KVC_LADDER_TRACE"), *log = getenv("KVC_LADDER_LOG");
+    const char *e_blocks = getenv("KVC_LADDER_BLOCKS"), *e_chunk = getenv("KVC_LADDER_CHUNK");
+    uint32_t cap = e_blocks ? (uint32_t)strtoul(e_blocks, NULL, 10) : 1024;
+    uint32_t chunk = e_chunk ? (uint32_t)strtoul(e_chunk, NULL, 10) : PUT_MAX;
+    static struct kvc_wire_key k[KVC_PROTO_MAX_KEYS];
+    static struct kvc_wire_loc locs[KVC_PROTO_MAX_KEYS];
+    struct sim_trace tr;
+    struct sim_config c;
+    struct sim_result r;
+    uint64_t refs = 0, hits = 0;
+    FILE *out = NULL;
+    if (!path)
+        return;
+    ck_assert_uint_ge(cap, 64);
+    ck_assert(chunk >= 1 && chunk <= PUT_MAX);
+    ck_assert_int_eq(sim_trace_load(&tr, path), 0);
+    {
+        struct store_params p = store_fixture_params();
+        p.host_size = (uint64_t)cap * (64 << 10);
+        p.host_page_size = 256 << 10;
+        p.high_watermark = 0.99;
+        p.low_watermark = 0.98;
+        p.max_handles = 1u << 20;
+        p.policy = POLICY_DEFAULT;
+        p.recompute_tokens_per_s = 8000;
+        p.ghosts = 8.0;
+        p.quantize_inflight = 8;
+        s = store_fixture_new(&p, &q);
+        store_owner_init(&o);
+    }
+    uint32_t ns = ns_open("trace", LADDER2);
+    sim_config_init(&c);
+    c.policy = POLICY_DEFAULT;
+    c.capacity = cap;
+    c.ladder = 1u << POLICY_CODEC_Q8 | 1u << POLICY_CODEC_Q4;
+    c.codec_room[POLICY_CODEC_Q8] = room_of(ns, KVC_WIRE_FORMAT_Q8_0);
+    c.codec_room[POLICY_CODEC_Q4] = room_of(ns, KVC_WIRE_FORMAT_Q4_1);
+    ck_assert_int_eq(sim_run(&tr, &c, &r), 0);
+    if (log)
+        ck_assert_ptr_nonnull(out = fopen(log, "w"));
+    for (size_t qi = 0; qi < tr.nreq; qi++) {
+        const struct sim_req *rq = &tr.req[qi];
+        struct kvc_wire_key zero = {0};
+        uint64_t lease = 0, now = qi + 1;
+        uint32_t n = rq->len < KVC_PROTO_MAX_KEYS ? rq->len : KVC_PROTO_MAX_KEYS;
+        for (uint32_t j = 0; j < n; j++)
+            k[j] = (struct kvc_wire_key){.lo = tr.ids[rq->off + j] + 1, .hi = 5};
+        int h = engine_lookup(s, &o, ns, k, n, now, &lease, locs);
+        ck_assert_int_ge(h, 0);
+        refs += n;
+        hits += (uint64_t)h;
+        if (out)
+            fprintf(out, "%zu %d %u\n", qi, h, n);
+        if (lease)
+            ck_assert_int_eq(store_release(s, &o, lease), 0);
+        for (uint32_t from = (uint32_t)h; from < n;) {
+            uint32_t m = n - from < chunk ? n - from : chunk;
+            if ((uint32_t)put(ns, from ? &k[from - 1] : &zero, k + from, m, now) < m)
+                break;
+            from += m;
+        }
+        engine_trim(s, now);
+    }
+    if (out)
+        fclose(out);
+    printf("ladder_trace: store %.4f, kvcsim %.4f (ratio %.3f) at %u blocks, RESERVEs of %u keys; "
+           "ghost hits %llu / %llu, evictions %llu / %llu, slot outs %llu, slab steps %llu\n",
+           (double)hits / (double)refs, sim_ratio(r.hits_full + r.hits_lossy, r.refs),
+           (double)hits / (double)refs / sim_ratio(r.hits_full + r.hits_lossy, r.refs), cap, chunk,
+           (unsigned long long)s->total.ghost_hits, (unsigned long long)r.ghost_hits,
+           (unsigned long long)s->total.evicted_blocks, (unsigned long long)r.evictions,
+           (unsigned long long)s->total.ladder_slot_outs,
+           (unsigned long long)s->total.ladder_slab_steps);
+    ck_assert_ptr_null(store_heap_check(s));
+    sim_trace_free(&tr);
+    teardown();
+}
+END_TEST
+
 START_TEST(test_ladder_vs_sim)
 {
     ladder_vs_sim(LADDER1, 1u << POLICY_CODEC_Q8, 96);
@@ -517,6 +609,7 @@ int main(void)
     tcase_add_test(tc, test_ladder_vs_sim);
     tcase_add_test(tc, test_ladder_vs_sim_two);
     tcase_add_test(tc, test_ladder_direct);
+    tcase_add_test(tc, test_ladder_trace);
     tcase_add_test(tc, test_ladder_keeps_its_block);
     suite_add_tcase(su, tc);
     return daemon_suite_run(su);

@@ -69,6 +69,29 @@ START_TEST(test_lru_min_inf)
 }
 END_TEST
 
+/* The counts kvcsim --counts prints beside the daemon's: on trace_a under LRU at 3 blocks, r2
+ * evicts 3 and r3 evicts 4, then finds 3 evicted one eviction ago (within 8 x 3): one ghost
+ * hit; with no ghost window, none, and the same evictions. */
+START_TEST(test_counts)
+{
+    struct sim_trace t;
+    struct sim_config c;
+    struct sim_result r;
+    ck_assert_int_eq(sim_trace_parse(&t, trace_a, strlen(trace_a)), 0);
+    sim_config_init(&c);
+    c.policy = POLICY_LRU;
+    c.capacity = 3;
+    ck_assert_int_eq(sim_run(&t, &c, &r), 0);
+    ck_assert_uint_eq(r.evictions, 2);
+    ck_assert_uint_eq(r.ghost_hits, 1);
+    c.ghost_factor = 0;
+    ck_assert_int_eq(sim_run(&t, &c, &r), 0);
+    ck_assert_uint_eq(r.evictions, 2);
+    ck_assert_uint_eq(r.ghost_hits, 0);
+    sim_trace_free(&t);
+}
+END_TEST
+
 /* Token ratio: a partial last block (188 tokens). */
 START_TEST(test_tokens)
 {
@@ -360,6 +383,7 @@ int main(void)
     tcase_add_test(tc, test_ladder_trace);
     tcase_add_test(tc, test_codec_room);
     tcase_add_test(tc, test_procs);
+    tcase_add_test(tc, test_counts);
     suite_add_tcase(s, tc);
     return daemon_suite_run(s);
 }

@@ -5,7 +5,7 @@
  *          [--victim-quant CODEC] [--layout LxHxDxT] [--page-size N] [--procs P]
  *          [--disk BLOCKS]
  *          [--admit-hits N] [--ghost F] [--fixed-half-life] [--half-life H] [--tune 0|1]
- *          [--csv FILE]
+ *          [--csv FILE] [--counts]
  *          [--plot FILE.png] TRACE
  *
  * CAPS: comma list of capacities in blocks, or in bytes (suffix k/m/g/t) with --block-bytes.
@@ -29,10 +29,13 @@
  * new blocks take their room (raw, pinned) at its lookup and are committed — visible to
  * lookups, rankable, quantizable — once the next P - 1 requests have looked up; a lookup that
  * meets one is a miss (busy) and puts nothing below it.
+ * --counts: each row's counts on stderr (hits by kind, ghost hits, evictions, ladder steps,
+ * busy references), to set beside the daemon's kvcctl stats.
  * Prints one CSV row per (policy, capacity); --plot draws hit ratio vs capacity with gnuplot.
  */
 #include <errno.h>
 #include <getopt.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -111,7 +114,7 @@ static void kvcsim_usage(void)
             "              [--layout LxHxDxT] [--page-size N] [--procs P]\n"
             "              [--disk BLOCKS] [--admit-hits N] [--ghost F] [--fixed-half-life]\n"
             "              [--half-life H] [--tune 0|1]\n"
-            "              [--csv FILE] [--plot FILE.png] TRACE\n");
+            "              [--csv FILE] [--counts] [--plot FILE.png] TRACE\n");
 }
 
 static int kvcsim_plot(const char *csv, const char *png, char **pols, int npol)
@@ -157,7 +160,8 @@ int main(int argc, char **argv)
         {"half-life", required_argument, 0, 'H'},    {"tune", required_argument, 0, 'T'},
         {"csv", required_argument, 0, 'o'},          {"plot", required_argument, 0, 'P'},
         {"layout", required_argument, 0, 'L'},       {"page-size", required_argument, 0, 'S'},
-        {"procs", required_argument, 0, 'R'},        {0, 0, 0, 0},
+        {"procs", required_argument, 0, 'R'},        {"counts", no_argument, 0, 'C'},
+        {0, 0, 0, 0},
     };
     char capbuf[1024] = "1000,10000,50000,100000", polbuf[1024] = "lru,lfu,prefix,default,min,inf";
     char *caps[KVCSIM_MAX], *pols[KVCSIM_MAX];
@@ -167,7 +171,7 @@ int main(int argc, char **argv)
     struct sim_config base;
     struct sim_trace t;
     FILE *csv = NULL;
-    int rc = 1, o;
+    int rc = 1, o, counts = 0;
 
     sim_config_init(&base);
     while ((o = getopt_long(argc, argv, "c:p:h", opts, NULL)) != -1) {
@@ -241,6 +245,9 @@ int main(int argc, char **argv)
         case 'R':
             base.procs = (uint32_t)strtoul(optarg, NULL, 0);
             break;
+        case 'C':
+            counts = 1;
+            break;
         default:
             kvcsim_usage();
             return 2;
@@ -313,6 +320,13 @@ int main(int argc, char **argv)
                      (double)res.disk_writes * (block_bytes > 0 ? block_bytes : 1.0), res.half_life,
                      res.raw_share, by);
             fputs(line, stdout);
+            if (counts)
+                fprintf(stderr,
+                        "%s,%.0f: refs %" PRIu64 ", raw hits %" PRIu64 ", lossy hits %" PRIu64
+                        ", disk hits %" PRIu64 ", ghost hits %" PRIu64 ", evictions %" PRIu64
+                        ", ladder steps %" PRIu64 ", busy %" PRIu64 "\n",
+                        pols[pi], c.capacity, res.refs, res.hits_full, res.hits_lossy,
+                        res.hits_disk, res.ghost_hits, res.evictions, res.ladder_steps, res.busy);
             fflush(stdout);
             if (csv)
                 fputs(line, csv);

@@ -658,6 +658,7 @@ static int sim_policy_run(struct sim_state *s)
                 if (j == 0)
                     s->blk[x].flags |= POLICY_BLOCK_SINK;
                 if (s->ghost_seq[x] && s->evictions - s->ghost_seq[x] < ghost_window) {
+                    s->r->ghost_hits++;
                     if (s->c->ladder)
                         policy_ladder_ghost_hit(&s->ladder);
                     policy_params_observe_reuse(&s->p, now - s->ghost_time[x]);
@@ -724,6 +725,7 @@ static int sim_policy_run(struct sim_state *s)
         sim_maybe_rebuild(s);
     }
     s->r->half_life = s->p.half_life;
+    s->r->evictions = s->evictions;
     s->r->raw_share = s->c->ladder ? s->ladder.below[0] : 1.0;
     return 0;
 }

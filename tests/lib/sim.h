@@ -83,6 +83,8 @@ struct sim_result {
     uint64_t ladder_steps;  /* steps down the ladder (quantizations, raw to a codec or down) */
     double raw_share;       /* the ladder's final raw share (1 without one) */
     uint64_t busy;          /* references to a block another request was still writing */
+    uint64_t evictions;     /* blocks that left the cache (the fast tier, or disk with one) */
+    uint64_t ghost_hits;    /* misses on a block evicted within the ghost window */
     uint32_t rungs;         /* the ladder's rungs (raw included), their codecs by rung */
     uint8_t rung_codec[POLICY_LADDER_RUNGS];
 };

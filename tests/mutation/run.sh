@@ -1522,6 +1522,12 @@ mutation merge-may-force-table-reread kernels/kern.c "check_codecs" \
 '            if (s.offset > len || len - s.offset < (uint64_t)lay->heads * hb)' \
 '            if (0)'
 
+# kvcsim's ghost hits not counted (kvcsim --counts, set beside the daemon's ghost_hits): the
+# simulator still restores the counts, only the figure goes (check_sim test_counts).
+mutation sim-ghost-hits-uncounted tests/lib/sim.c "check_sim" \
+'                    s->r->ghost_hits++;' \
+'                    (void)0;'
+
 # ---- machinery ------------------------------------------------------------------------------
 
 key() { echo "$1" | tr -- '-.' '__'; }
