@@ -264,29 +264,33 @@ START_TEST(test_codec_room)
 END_TEST
 
 /* Clients replaying in turn (procs): r1 writes [1,2]; with 2 clients r2 [1,2,3] looks up
- * while r1's put is not committed: 1 and 2 are busy misses and nothing is put below them
- * (3 neither); r3 [1,2] comes after r1's commit and hits both. With one client r2 hits 1
- * and 2 too. */
+ * while r1's put is not committed: 1 and 2 are busy misses, and 3 is put below them (the
+ * daemon holds r2's put until r1's commits, then goes on); r3 [1,2] comes after r1's commit
+ * and hits both, r4 [1,2,3] after r2's and hits all three. With one client every block but
+ * the first request's hits. */
+static const char procs_trace[] =
+    "{\"timestamp\": 0, \"input_length\": 1024, \"hash_ids\": [1, 2]}\n"
+    "{\"timestamp\": 1, \"input_length\": 1536, \"hash_ids\": [1, 2, 3]}\n"
+    "{\"timestamp\": 2, \"input_length\": 1024, \"hash_ids\": [1, 2]}\n"
+    "{\"timestamp\": 3, \"input_length\": 1536, \"hash_ids\": [1, 2, 3]}\n";
+
 START_TEST(test_procs)
 {
-    const char *t = "{\"timestamp\": 0, \"input_length\": 1024, \"hash_ids\": [1, 2]}\n"
-                    "{\"timestamp\": 1, \"input_length\": 1536, \"hash_ids\": [1, 2, 3]}\n"
-                    "{\"timestamp\": 2, \"input_length\": 1024, \"hash_ids\": [1, 2]}\n";
     struct sim_trace tr;
     struct sim_config c;
     struct sim_result r;
-    ck_assert_int_eq(sim_trace_parse(&tr, t, strlen(t)), 0);
+    ck_assert_int_eq(sim_trace_parse(&tr, procs_trace, strlen(procs_trace)), 0);
     sim_config_init(&c);
     c.policy = POLICY_LRU;
     c.capacity = 10;
     ck_assert_int_eq(sim_run(&tr, &c, &r), 0);
-    ck_assert_uint_eq(r.hits_full, 4);
+    ck_assert_uint_eq(r.hits_full, 7);
     ck_assert_uint_eq(r.busy, 0);
     c.procs = 2;
     ck_assert_int_eq(sim_run(&tr, &c, &r), 0);
     ck_assert_uint_eq(r.busy, 2);
-    ck_assert_uint_eq(r.hits_full, 2);
-    ck_assert_uint_eq(r.prefix_hits, 2);
+    ck_assert_uint_eq(r.hits_full, 5);
+    ck_assert_uint_eq(r.prefix_hits, 5);
     sim_trace_free(&tr);
 }
 END_TEST

@@ -28,7 +28,8 @@
  * --procs P: P clients replay the requests in turn, as kvcreplay -p P runs them: a request's
  * new blocks take their room (raw, pinned) at its lookup and are committed — visible to
  * lookups, rankable, quantizable — once the next P - 1 requests have looked up; a lookup that
- * meets one is a miss (busy) and puts nothing below it.
+ * meets one is a miss (busy), and the request's blocks below it are put (the daemon holds a
+ * put behind another client's of the same user until that one commits).
  * --counts: each row's counts on stderr (hits by kind, ghost hits, evictions, ladder steps,
  * busy references), to set beside the daemon's kvcctl stats.
  * Prints one CSV row per (policy, capacity); --plot draws hit ratio vs capacity with gnuplot.

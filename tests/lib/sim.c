@@ -629,11 +629,13 @@ static int sim_policy_run(struct sim_state *s)
             if (s->tuning)
                 policy_tune_access(&s->tune, x, j, now);
             if (s->writer && s->writer[x] != UINT32_MAX && s->writer[x] != qi) {
-                /* Another client's put of it is not committed yet: a miss, and nothing hangs
-                 * from it in this request (the daemon answers BUSY and skips the rest). */
+                /* Another client's put of it is not committed yet: a miss. The rest of this
+                 * request hangs from it: the daemon holds this client's RESERVE until that
+                 * put commits, then the key is PRESENT and the chain goes on below it
+                 * (server_reserve_writing: clients of one user, as kvcreplay's are). */
                 s->r->busy++;
                 prefix = 0;
-                parent = UINT32_MAX;
+                parent = x;
                 continue;
             }
             if (s->where[x] == SIM_NONE) {

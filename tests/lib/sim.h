@@ -61,7 +61,8 @@ struct sim_config {
     double lossy_weight;  /* the ladder's cost of a lossy hit against a miss */
     uint32_t procs;       /* clients replaying in turn (kvcreplay -p): a request's new blocks
                              hold their room raw and pinned, and are nobody's hit, until the
-                             next procs - 1 requests have looked up (0 or 1: at once) */
+                             next procs - 1 requests have looked up (0 or 1: at once); a
+                             request that meets one misses it and goes on below it */
     double codec_room[POLICY_CODEC_COUNT]; /* room a block in codec c takes, in raw blocks
                                               (what the store's slots cost, kvcsim --layout);
                                               0: policy_codec_ratio(c) */

@@ -1528,6 +1528,14 @@ mutation sim-ghost-hits-uncounted tests/lib/sim.c "check_sim" \
 '                    s->r->ghost_hits++;' \
 '                    (void)0;'
 
+# Issue 30: kvcsim's clients meeting a put in progress skip the rest of their request again,
+# where the daemon holds their RESERVE until the writer commits and then goes on.
+mutation sim-busy-skips-chain tests/lib/sim.c "check_sim" \
+'                parent = x;
+                continue;' \
+'                parent = UINT32_MAX;
+                continue;'
+
 # ---- machinery ------------------------------------------------------------------------------
 
 key() { echo "$1" | tr -- '-.' '__'; }
