@@ -231,7 +231,6 @@ void engine_evict(struct store *s, uint32_t idx)
     (void)store_block_drop(s, idx);
 }
 
-unsigned long hack_ctr[8]; /* HACK */
 /* ---- compaction ------------------------------------------------------------------------ */
 
 /* Blocks one slab step may take down at once, or a compaction move (a slab of more slots is
@@ -350,7 +349,6 @@ static enum engine_ladder_r engine_ladder_out_but(struct store *s, struct store_
         c.any = true;
         if (!store_heap_first(s, ns, engine_ladder_out_ok, &c, &v, 1))
             return ENGINE_LADDER_NONE;
-        hack_ctr[7]++;
     }
     if (s->disk && !engine_clean(&s->ix.blocks[v])) {
         struct policy_pressure pr = {.bytes_to_free = s->ix.blocks[v].len,
@@ -389,10 +387,7 @@ static bool engine_ladder_slab_ok(const struct store *s, uint32_t idx, const voi
 {
     const struct engine_ladder_ctx *c = arg;
     const struct block *b = &s->ix.blocks[idx];
-    if (b->depth == 0) hack_ctr[3]++;
-    else if (!store_block_idle(s, idx)) hack_ctr[4]++;
-    else if (store_ladder_rung(c->ns, b->format) != c->rung) hack_ctr[5]++;
-    return b->ns == c->ns->id && store_block_idle(s, idx) && (b->depth != 0 || getenv("HACK_SINKSTEP")) &&
+    return b->ns == c->ns->id && store_block_idle(s, idx) && b->depth != 0 &&
            store_ladder_rung(c->ns, b->format) == c->rung;
 }
 
@@ -405,7 +400,6 @@ static enum engine_ladder_r engine_ladder_slab(struct store *s, struct store_ns 
     uint32_t idx[ENGINE_LADDER_SLAB_MAX], nslots, used;
     uint64_t start, slot;
     int64_t enc = store_format_bytes(ns, ns->rung_format[d]);
-    hack_ctr[6]++;
     /* Only a slab whose pages hold every block of it at the smaller size. */
     if (enc > 0 && slab_span(sl, b->off, &start, &slot, &nslots, &used) == 0 &&
         used <= ENGINE_LADDER_SLAB_MAX && slab_fit(sl, b->off, (uint64_t)enc) >= used &&
@@ -438,31 +432,8 @@ static enum engine_ladder_r engine_ladder_down(struct store *s, struct store_ns 
     d = store_ladder_dest(s, ns, v, k);
     to = ns->rung_format[d];
     rc = store_quantize_to(s, v, to);
-    if (rc == -ENOSPC && getenv("HACK_COMPACT")) {
-        struct tier *ht = s->arenas[ns->arena].tier;
-        int64_t enc = store_format_bytes(ns, to);
-        if (enc > 0 && engine_compact(s, ns->arena, tier_host_class(ht, (uint64_t)enc))) {
-            hack_ctr[0]++;
-            rc = store_quantize_to(s, v, to);
-        }
-    }
     if (rc == -ENOSPC && engine_ladder_slab(s, ns, v, k, d) == ENGINE_LADDER_QUEUED)
         return ENGINE_LADDER_QUEUED;
-    if (rc == -ENOSPC && getenv("HACK_SLABSCAN")) {
-        extern uint32_t store_ladder_firstn(struct store *, struct store_ns *, uint32_t, uint32_t *, uint32_t);
-        uint32_t cand[64], nc = store_ladder_firstn(s, ns, k, cand, (uint32_t)atoi(getenv("HACK_SLABSCAN")));
-        hack_ctr[1]++;
-        for (uint32_t i = 0; i < nc; i++)
-            if (cand[i] != v && engine_ladder_slab(s, ns, cand[i], k, d) == ENGINE_LADDER_QUEUED) {
-                hack_ctr[2]++;
-                rc = store_quantize_later(s, v, to);
-                if (rc == 0) {
-                    ENGINE_STAT_ADD(s, ns, ladder_steps, d - k);
-                    return ENGINE_LADDER_QUEUED;
-                }
-                break;
-            }
-    }
     if (rc == -ENOSPC && d < ns->rungs && depth < POLICY_LADDER_RUNGS) {
         /* A slot of rung d's size first, then this block's job behind it. */
         uint32_t w = d + 1 < ns->rungs ? store_ladder_first(s, ns, d) : INDEX_NONE;

@@ -1429,10 +1429,6 @@ int store_reserve(struct store *s, struct store_owner *o, uint32_t ns_id,
         if (index_ahead_find(&ahead, &s->ix, i) != INDEX_NONE)
             break;
         s->room_want = (uint64_t)(n - i) * ns->block_bytes;
-        {
-            extern unsigned slab_hack_group;
-            slab_hack_group = depth == 0 && ns->layout.kv_kind != KVC_WIRE_KV_KIND_KV_WINDOW;
-        }
         rc = s->room ? s->room(s, ns, o->gpu, now, &loc)
                      : s->arenas[ns->arena].tier->ops->alloc(s->arenas[ns->arena].tier,
                                                              ns->block_bytes, &loc);
@@ -1487,10 +1483,6 @@ int store_reserve(struct store *s, struct store_owner *o, uint32_t ns_id,
             STORE_STAT_ADD(s, ns, reserved_chained_blocks, 1);
     }
     s->room_want = 0;
-    {
-        extern unsigned slab_hack_group;
-        slab_hack_group = 0;
-    }
     /* A key in the map but not committed is being written by another reservation (or is
      * repeated in this request); the keys after it have no cached parent yet. */
     if (i < n && index_ahead_find(&ahead, &s->ix, i) != INDEX_NONE) {

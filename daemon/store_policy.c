@@ -767,8 +767,6 @@ int store_ladder_pick(struct store *s, struct store_ns *ns, int *out)
     for (uint32_t k = 0; k < ns->rungs; k++) {
         double b =
             (double)ns->rung_bytes[k] - (double)ns->rung_moving[k] + (double)ns->rung_coming[k];
-        if (k == 0 && getenv("HACK_RESV"))
-            b += (double)s->reserved_bytes_now;
         bytes[k] = b > 0 ? b : 0;
         cap += bytes[k];
         /* A rung whose blocks are all pinned or in motion is passed over, as kvcsim's rung
@@ -785,13 +783,9 @@ uint32_t store_ladder_dest(struct store *s, struct store_ns *ns, uint32_t v, uin
     uint32_t j = k + 1;
     if (ns->rungs < 2 || k + 1 >= ns->rungs)
         return k;
-    if (getenv("HACK_NODIRECT"))
-        return k + 1;
     for (uint32_t r = 0; r < ns->rungs; r++) {
         double b =
             (double)ns->rung_bytes[r] - (double)ns->rung_moving[r] + (double)ns->rung_coming[r];
-        if (r == 0 && getenv("HACK_RESV"))
-            b += (double)s->reserved_bytes_now;
         bytes[r] = b > 0 ? b : 0;
         cap += bytes[r];
     }
@@ -834,14 +828,6 @@ uint32_t store_ladder_first(struct store *s, struct store_ns *ns, uint32_t rung)
         return INDEX_NONE;
     return store_heap_walk(s, ns, &ns->rheap[rung], store_ladder_ok, NULL, &v, 1, -1) ? v
                                                                                         : INDEX_NONE;
-}
-
-uint32_t store_ladder_firstn(struct store *s, struct store_ns *ns, uint32_t rung, uint32_t *out, uint32_t max);
-uint32_t store_ladder_firstn(struct store *s, struct store_ns *ns, uint32_t rung, uint32_t *out, uint32_t max)
-{
-    if (rung + 1 >= ns->rungs)
-        return 0;
-    return store_heap_walk(s, ns, &ns->rheap[rung], store_ladder_ok, NULL, out, max, -1);
 }
 
 /* ---- ghosts ---------------------------------------------------------------------------- */
@@ -937,7 +923,7 @@ static int store_ghost_fit(struct store *s, const struct store_ns *ns)
 {
     uint64_t want = STORE_GHOST_MIN, w = store_ghost_window(s, ns);
     /* Called on every eviction: the table mostly fits already, or is at its largest. */
-    if ((s->nghost && s->nghost >= w + w / 2 && !getenv("HACK_GHOST")) || (s->ghost_cap && s->nghost == s->ghost_cap))
+    if ((s->nghost && s->nghost >= w + w / 2) || (s->ghost_cap && s->nghost == s->ghost_cap))
         return 0;
     if (!s->ghost_cap) { /* the host arenas are fixed at start: their size once */
         uint64_t mem = 0, cap;
@@ -949,10 +935,7 @@ static int store_ghost_fit(struct store *s, const struct store_ns *ns)
                                   : cap > (1u << 30)      ? 1u << 30
                                                           : cap);
     }
-    if (getenv("HACK_GHOST") && !s->nghost)
-        s->ghost_cap = (uint32_t)atoi(getenv("HACK_GHOST"));
-    uint64_t goal = getenv("HACK_GHOST") ? s->ghost_cap : w + w / 2;
-    while (want < goal && want < s->ghost_cap)
+    while (want < w + w / 2 && want < s->ghost_cap)
         want *= 2;
     if (want > s->ghost_cap)
         want = s->ghost_cap;

@@ -113,8 +113,7 @@ static int put(uint32_t ns, const struct kvc_wire_key *parent, const struct kvc_
     int r = 0;
     ck_assert_uint_le(n, PUT_MAX);
     /* a round of the ladder's room a try (host.quantize_inflight jobs): a long chain's many */
-    uint32_t max_tries = getenv("HACK_TRIES") ? 16 + n * (uint32_t)atoi(getenv("HACK_TRIES")) : 16 + (n > 64 ? n / 4 : 0);
-    for (uint32_t tries = 0; tries < max_tries; tries++) {
+    for (uint32_t tries = 0; tries < 16 + (n > 64 ? n / 4 : 0); tries++) {
         r = store_reserve(s, &o, ns, parent, k, n, now, &resv, st, loc);
         ck_assert_int_ge(r, 0);
         bool nospace = false;
@@ -416,33 +415,12 @@ static void ladder_vs_sim(uint32_t flags, uint32_t codecs, uint32_t cap)
         if ((uint32_t)h < rq->len)
             put(ns, h ? &k[h - 1] : &zero, k + h, rq->len - (uint32_t)h, now);
         settle(now);
-        if (getenv("ST_DUMP")) { /* HACK */
-            static FILE *df;
-            const struct store_ns *sn = store_ns_get(s, ns);
-            if (!df) { char fn[256]; snprintf(fn, sizeof fn, "%s.%u", getenv("ST_DUMP"), sn->rungs); df = fopen(fn, "w"); }
-            fprintf(df, "%zu b%.4f,%.4f r%.2f,%.2f,%.2f:", qi, sn->ladder.below[0], sn->ladder.below[1], sn->rung_bytes[0]/65536.0, sn->rung_bytes[1]/65536.0, sn->rung_bytes[2]/65536.0);
-            for (uint32_t x = 0; x < tr.nblocks; x++) {
-                struct kvc_wire_key kk = {.lo = x + 1, .hi = 5};
-                uint32_t idx;
-                if (committed(ns, kk, &idx))
-                    fprintf(df, " %u:%u", x, store_ladder_rung(sn, s->ix.blocks[idx].format));
-            }
-            fprintf(df, "\n");
-            fflush(df);
-        }
     }
     double hit = (double)hits / (double)refs;
     printf("ladder_vs_sim: store %.4f (%llu lossy), kvcsim %.4f (%llu lossy) with the store's "
            "slots, %.4f with the codecs' ratios, at %u blocks; q8_0 room %.4f, q4_1 %.4f\n",
            hit, (unsigned long long)lossy, sim_hit, (unsigned long long)r.hits_lossy, nominal, cap,
            c.codec_room[POLICY_CODEC_Q8], c.codec_room[POLICY_CODEC_Q4]);
-    extern unsigned long hack_ctr[8];
-    printf("HACK c0 %lu c1 %lu c2 %lu sink %lu busy %lu rung %lu tries %lu any-rung outs %lu\n", hack_ctr[0], hack_ctr[1], hack_ctr[2], hack_ctr[3], hack_ctr[4], hack_ctr[5], hack_ctr[6], hack_ctr[7]);
-    printf("HACK store steps %llu evict %llu slot_outs %llu slab_steps %llu compacted %llu missed %llu | sim steps %llu evict %llu\n",
-           (unsigned long long)s->total.ladder_steps, (unsigned long long)s->total.evicted_blocks,
-           (unsigned long long)s->total.ladder_slot_outs, (unsigned long long)s->total.ladder_slab_steps,
-           (unsigned long long)s->total.compacted_slabs, (unsigned long long)s->total.ladder_missed,
-           (unsigned long long)r.ladder_steps, (unsigned long long)r.evictions);
     /* 36 KiB slots, seven to a 256 KiB page */
     ck_assert_double_eq_tol(c.codec_room[POLICY_CODEC_Q8], 256.0 / 7.0 / 64.0, 1e-9);
     ck_assert_uint_gt(lossy, 0);
@@ -475,7 +453,6 @@ START_TEST(test_ladder_trace)
     struct sim_config c;
     struct sim_result r;
     uint64_t refs = 0, hits = 0;
-    double hk[8] = {0}, hkb[4] = {0}, hb[6][9] = {{0}}, hhl[2] = {0}, hshort[2] = {0};
     FILE *out = NULL;
     ck_assert_uint_ge(cap, 64);
     ck_assert(chunk >= 1 && chunk <= PUT_MAX);
@@ -511,19 +488,6 @@ START_TEST(test_ladder_trace)
         uint32_t n = rq->len < KVC_PROTO_MAX_KEYS ? rq->len : KVC_PROTO_MAX_KEYS;
         for (uint32_t j = 0; j < n; j++)
             k[j] = (struct kvc_wire_key){.lo = tr.ids[rq->off + j] + 1, .hi = 5};
-        {
-            const struct store_ns *sn = store_ns_get(s, ns);
-            hk[0] += sn->rung_bytes[0] / 65536.0; hk[1] += sn->rung_moving[0] / 65536.0;
-            hk[2] += sn->rung_bytes[1] / 65536.0; hk[3] += sn->rung_bytes[2] / 65536.0;
-            hk[4] += sn->rung_coming[2] / 65536.0; hk[5] += 1;
-            hk[6] += quant_pending_bytes(q, sn->arena) / 65536.0;
-            hk[7] += sn->ladder.below[0];
-            for (uint32_t kk = 0; kk < sn->rungs; kk++)
-                hkb[0] += (double)sn->rung_bytes[kk] / 65536.0;
-            hkb[1] += sn->ladder.below[1];
-        }
-        double raw_before = store_ns_get(s, ns)->rung_bytes[0] / 65536.0;
-        uint64_t ev_before = s->total.evicted_blocks, so_before = s->total.ladder_slot_outs, sl_before = s->total.ladder_slab_steps, rs_before = s->total.reserved_blocks, st_before = s->total.ladder_steps;
         int h = engine_lookup(s, &o, ns, k, n, now, &lease, locs);
         ck_assert_int_ge(h, 0);
         refs += n;
@@ -534,42 +498,12 @@ START_TEST(test_ladder_trace)
             ck_assert_int_eq(store_release(s, &o, lease), 0);
         for (uint32_t from = (uint32_t)h; from < n;) {
             uint32_t m = n - from < chunk ? n - from : chunk;
-            uint32_t cm = (uint32_t)put(ns, from ? &k[from - 1] : &zero, k + from, m, now);
-            if (cm < m) {
-                hshort[0] += n - from - cm; hshort[1] += 1;
+            if ((uint32_t)put(ns, from ? &k[from - 1] : &zero, k + from, m, now) < m)
                 break;
-            }
             from += m;
         }
-        if (!getenv("HACK_NOTRIM"))
-            engine_trim(s, now);
-        hhl[0] += store_ns_get(s, ns)->pp.half_life; hhl[1] += 1;
-        if (getenv("HACK_DRAIN")) {
-            struct store_ns *sn = store_ns_get(s, ns);
-            double keep = (double)(n - (uint32_t)h + (uint32_t)atoi(getenv("HACK_DRAIN"))) * 65536.0;
-            for (int it = 0; it < 8; it++) {
-                double ex = (double)sn->rung_bytes[0] - keep;
-                uint32_t v = store_ladder_first(s, sn, 0);
-                if (ex <= 0 || v == INDEX_NONE)
-                    break;
-                engine_ladder_evict(s, sn->arena, v, (uint64_t)ex, now);
-                quant_drain(q);
-            }
-        }
-        {
-            uint64_t m = n - (uint32_t)h;
-            int bk = m == 0 ? 0 : m <= 4 ? 1 : m <= 16 ? 2 : m <= 64 ? 3 : m <= 256 ? 4 : 5;
-            double raw_after = store_ns_get(s, ns)->rung_bytes[0] / 65536.0;
-            hb[bk][0] += 1; hb[bk][1] += (double)m; hb[bk][2] += raw_after - raw_before - (double)m;
-            hb[bk][3] += (double)(s->total.evicted_blocks - ev_before); hb[bk][4] += (double)(s->total.ladder_steps - st_before);
-            hb[bk][5] += raw_before; hb[bk][6] += (double)(s->total.ladder_slot_outs - so_before); hb[bk][7] += (double)(s->total.ladder_slab_steps - sl_before);
-            hb[bk][8] += (double)(s->total.reserved_blocks - rs_before);
-        }
+        engine_trim(s, now);
     }
-    printf("HACK short puts: %.0f requests, %.0f keys not committed\n", hshort[1], hshort[0]);
-    printf("HACK store mean half-life %.1f, end %.1f; sim end %.1f\n", hhl[0] / hhl[1], store_ns_get(s, ns)->pp.half_life, r.half_life);
-    for (int bk = 0; bk < 6; bk++)
-        printf("HACK store bucket %d: reqs %.0f new/req %.2f old-raw-delta/req %.2f evict/req %.2f steps/req %.2f raw-before %.2f slot-outs/req %.2f slab-steps/req %.2f reserved/req %.2f\n", bk, hb[bk][0], hb[bk][1]/hb[bk][0], hb[bk][2]/hb[bk][0], hb[bk][3]/hb[bk][0], hb[bk][4]/hb[bk][0], hb[bk][5]/hb[bk][0], hb[bk][6]/hb[bk][0], hb[bk][7]/hb[bk][0], hb[bk][8]/hb[bk][0]);
     if (out)
         fclose(out);
     printf("ladder_trace: store %.4f, kvcsim %.4f (ratio %.3f) at %u blocks, RESERVEs of %u keys; "
@@ -580,17 +514,6 @@ START_TEST(test_ladder_trace)
            (unsigned long long)s->total.evicted_blocks, (unsigned long long)r.evictions,
            (unsigned long long)s->total.ladder_slot_outs,
            (unsigned long long)s->total.ladder_slab_steps);
-    {
-        extern unsigned long hack_ctr[8];
-        printf("HACK store below0 %.4f below1 %.4f cap(sum rung bytes) %.2f\n", hk[7]/hk[5], hkb[1]/hk[5], hkb[0]/hk[5]);
-        printf("HACK at lookup: raw %.2f raw moving %.2f q8 %.2f q4 %.2f (units of 64K) q4 coming %.2f pending %.2f\n", hk[0]/hk[5], hk[1]/hk[5], hk[2]/hk[5], hk[3]/hk[5], hk[4]/hk[5], hk[6]/hk[5]);
-        printf("HACK c0 %lu c1 %lu c2 %lu sink %lu busy %lu rung %lu tries %lu any-rung outs %lu\n", hack_ctr[0], hack_ctr[1], hack_ctr[2], hack_ctr[3], hack_ctr[4], hack_ctr[5], hack_ctr[6], hack_ctr[7]);
-        printf("HACK store steps %llu evict %llu slot_outs %llu slab_steps %llu compacted %llu missed %llu | sim steps %llu evict %llu\n",
-           (unsigned long long)s->total.ladder_steps, (unsigned long long)s->total.evicted_blocks,
-           (unsigned long long)s->total.ladder_slot_outs, (unsigned long long)s->total.ladder_slab_steps,
-           (unsigned long long)s->total.compacted_slabs, (unsigned long long)s->total.ladder_missed,
-           (unsigned long long)r.ladder_steps, (unsigned long long)r.evictions);
-    }
     ck_assert_ptr_null(store_heap_check(s));
     sim_trace_free(&tr);
     teardown();

@@ -38,9 +38,7 @@ struct slab_desc {
     uint32_t prev; /* partial list of the class, by first page */
     uint32_t next;
     uint32_t draining; /* off the partial list until it empties (slab_drain) */
-    uint32_t group;
 };
-unsigned slab_hack_group; /* HACK */
 
 struct slab_class {
     uint64_t slot;
@@ -386,7 +384,6 @@ static uint32_t slab_create(struct slab *s, uint32_t ci)
     d->nslots = c->per_slab;
     d->nfree = c->per_slab;
     d->hint = 0;
-    d->group = 0;
     memset(slab_bits(s, first), 0, ((c->per_slab + 63) / 64) * sizeof(uint64_t));
     c->free_slots += c->per_slab;
     slab_partial_push(s, c, first);
@@ -417,18 +414,6 @@ int slab_alloc(struct slab *s, uint64_t len, uint64_t *off, uint64_t *slot_len, 
         return ci;
     struct slab_class *c = &s->cls[ci];
     uint32_t first = c->partial;
-    if (getenv("HACK_GROUP")) {
-        uint32_t n = 0, f;
-        for (f = c->partial; f != SLAB_NONE && n < 64 && s->desc[f].group != slab_hack_group; f = s->desc[f].next, n++)
-            ;
-        if (f == SLAB_NONE || s->desc[f].group != slab_hack_group) {
-            f = slab_create(s, (uint32_t)ci);
-            if (f != SLAB_NONE)
-                s->desc[f].group = slab_hack_group;
-        }
-        if (f != SLAB_NONE)
-            first = f;
-    }
     if (first == SLAB_NONE)
         first = slab_create(s, (uint32_t)ci);
     if (first == SLAB_NONE)

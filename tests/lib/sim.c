@@ -374,9 +374,6 @@ struct sim_state {
     struct policy_ladder ladder;
     struct policy_tune tune;
     int tuning;
-    double hk[8];
-    double hb[6][6];
-    uint64_t hk_ins;
 };
 
 #define SIM_BLOCK_BYTES (1u << 20)
@@ -624,11 +621,6 @@ static int sim_policy_run(struct sim_state *s)
         uint64_t now = qi + 1;
         uint32_t j = 0, parent = UINT32_MAX;
         int prefix = 1;
-        double raw_before = s->room[0]; uint64_t ev_before = s->evictions, st_before = s->r->ladder_steps, ins_before = s->hk_ins;
-        if (s->c->ladder) { /* HACK */
-            s->hk[0] += s->ladder.below[0]; s->hk[1] += s->ladder.below[1];
-            s->hk[2] += s->room[0]; s->hk[3] += s->room[1]; s->hk[4] += s->room[2]; s->hk[5] += 1;
-        }
 
         for (j = 0; j < rq->len; j++) {
             uint32_t x = ids[j], tok = sim_block_tokens(rq, j);
@@ -676,7 +668,6 @@ static int sim_policy_run(struct sim_state *s)
                                          &s->p);
                 }
                 sim_enter_fast(s, x, POLICY_CODEC_RAW);
-                s->hk_ins++;
                 if (s->writer)
                     s->writer[x] = (uint32_t)qi;
                 s->parent[x] = j > 0 ? parent : UINT32_MAX;
@@ -734,30 +725,7 @@ static int sim_policy_run(struct sim_state *s)
         if (s->tuning && policy_tune_half_life(&s->tune) > 0)
             s->p.half_life = policy_tune_half_life(&s->tune);
         sim_maybe_rebuild(s);
-        if (s->c->ladder) {
-            uint64_t m = s->hk_ins - ins_before;
-            int bk = m == 0 ? 0 : m <= 4 ? 1 : m <= 16 ? 2 : m <= 64 ? 3 : m <= 256 ? 4 : 5;
-            s->hb[bk][0] += 1; s->hb[bk][1] += (double)m; s->hb[bk][2] += s->room[0] - raw_before - (double)m;
-            s->hb[bk][3] += (double)(s->evictions - ev_before); s->hb[bk][4] += (double)(s->r->ladder_steps - st_before);
-            s->hb[bk][5] += raw_before;
-        }
-        if (s->c->ladder && getenv("SIM_DUMP")) { /* HACK */
-            static FILE *df;
-            static const struct sim_config *dc;
-            if (dc != s->c || !df || qi == 0) { char fn[256]; if (df) fclose(df); snprintf(fn, sizeof fn, "%s.%u", getenv("SIM_DUMP"), s->ladder.rungs); df = fopen(fn, "w"); dc = s->c; }
-            fprintf(df, "%zu b%.4f,%.4f r%.2f,%.2f,%.2f:", qi, s->ladder.below[0], s->ladder.below[1], s->room[0], s->room[1], s->room[2]);
-            for (uint32_t x = 0; x < t->nblocks; x++)
-                if (s->where[x] == SIM_FULL || s->where[x] == SIM_QUANT)
-                    fprintf(df, " %u:%u", x, sim_rung(s, x));
-            fprintf(df, "\n");
-            fflush(df);
-        }
     }
-    if (s->c->ladder && getenv("SIM_HDR"))
-        for (int bk = 0; bk < 6; bk++)
-            printf("HACK sim bucket %d: reqs %.0f new/req %.2f old-raw-delta/req %.2f evict/req %.2f steps/req %.2f raw-before %.2f\n", bk, s->hb[bk][0], s->hb[bk][1]/s->hb[bk][0], s->hb[bk][2]/s->hb[bk][0], s->hb[bk][3]/s->hb[bk][0], s->hb[bk][4]/s->hb[bk][0], s->hb[bk][5]/s->hb[bk][0]);
-    if (s->c->ladder && getenv("SIM_HDR"))
-        printf("HACK sim at lookup: below0 %.4f below1 %.4f raw %.2f q8 %.2f q4 %.2f (room)\n", s->hk[0]/s->hk[5], s->hk[1]/s->hk[5], s->hk[2]/s->hk[5], s->hk[3]/s->hk[5], s->hk[4]/s->hk[5]);
     s->r->half_life = s->p.half_life;
     s->r->evictions = s->evictions;
     s->r->raw_share = s->c->ladder ? s->ladder.below[0] : 1.0;
