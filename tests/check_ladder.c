@@ -490,9 +490,11 @@ START_TEST(test_ladder_trace)
         for (uint32_t j = 0; j < n; j++)
             k[j] = (struct kvc_wire_key){.lo = tr.ids[rq->off + j] + 1, .hi = 5};
         const struct store_ns *sn = store_ns_get(s, ns);
-        for (uint32_t g = 0; g < sn->rungs; g++)
+        for (uint32_t g = 0; g < sn->rungs; g++) /* a block's len is its slot's */
             held[g] += (double)sn->rung_bytes[g] /
-                       (double)store_format_bytes(sn, sn->rung_format[g]);
+                       (double)(((uint64_t)store_format_bytes(sn, sn->rung_format[g]) +
+                                 SLAB_MIN_SLOT - 1) &
+                                ~(uint64_t)(SLAB_MIN_SLOT - 1));
         int h = engine_lookup(s, &o, ns, k, n, now, &lease, locs);
         ck_assert_int_ge(h, 0);
         refs += n;
