@@ -39,7 +39,8 @@ static struct store *s;
 static struct quant *q;
 static struct store_owner o;
 
-static void setup_size(uint64_t host, uint64_t page, double high, double low)
+/* The suite's store parameters for a host tier of host bytes on pages of page bytes. */
+static struct store_params ladder_params(uint64_t host, uint64_t page, double high, double low)
 {
     struct store_params p = store_fixture_params();
     p.host_size = host;
@@ -51,8 +52,19 @@ static void setup_size(uint64_t host, uint64_t page, double high, double low)
     p.recompute_tokens_per_s = 8000;
     p.ghosts = 2.0;
     p.quantize_inflight = 8;
-    s = store_fixture_new(&p, &q);
+    return p;
+}
+
+static void setup_params(const struct store_params *p)
+{
+    s = store_fixture_new(p, &q);
     store_owner_init(&o);
+}
+
+static void setup_size(uint64_t host, uint64_t page, double high, double low)
+{
+    struct store_params p = ladder_params(host, page, high, low);
+    setup_params(&p);
 }
 
 static void teardown(void)
@@ -459,18 +471,10 @@ START_TEST(test_ladder_trace)
     ck_assert(chunk >= 1 && chunk <= PUT_MAX);
     ck_assert_int_eq(sim_trace_load(&tr, path), 0);
     {
-        struct store_params p = store_fixture_params();
-        p.host_size = (uint64_t)cap * (64 << 10);
-        p.host_page_size = 256 << 10;
-        p.high_watermark = 0.99;
-        p.low_watermark = 0.98;
+        struct store_params p = ladder_params((uint64_t)cap * (64 << 10), 256 << 10, 0.99, 0.98);
         p.max_handles = 1u << 20;
-        p.policy = POLICY_DEFAULT;
-        p.recompute_tokens_per_s = 8000;
         p.ghosts = 8.0;
-        p.quantize_inflight = 8;
-        s = store_fixture_new(&p, &q);
-        store_owner_init(&o);
+        setup_params(&p);
     }
     uint32_t ns = ns_open("trace", LADDER2);
     sim_config_init(&c);

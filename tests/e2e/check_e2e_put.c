@@ -980,27 +980,22 @@ START_TEST(test_put_published_before_next_answer)
     int sig;
     pt_start(pt_args);
     pt_open(&c, &ns);
-    size_t bb = kvc_ns_block_bytes(ns);
     ck_assert_int_eq(daemon_chain_keys(ns, 9500, 0, PT_N, PT_N, k), 0);
-    const void *b[PT_N];
-    for (int i = 1; i < PT_N; i++) {
-        void *m = malloc(bb);
-        daemon_block_fill(&k[i], m, bb);
-        b[i] = m;
-    }
-    b[0] = pt_slow_block(&k[0], bb);
+    void **b = pt_blocks(ns, k, PT_N);
+    free(b[0]);
+    b[0] = pt_slow_block(&k[0], kvc_ns_block_bytes(ns));
     pt_slow_stop = pt_d.pid;
     uint64_t before = pt_stat(c, "fast_index_blocks");
-    ck_assert_int_eq(kvc_put_prefix(ns, NULL, k, PT_N, b), PT_N);
+    ck_assert_int_eq(kvc_put_prefix(ns, NULL, k, PT_N, (const void *const *)b), PT_N);
     ck_assert_int_eq(pt_slow_hits, 1); /* the daemon is stopped, the COMMIT queued */
     pid_t pid = daemon_child_spawn(pt_cont_later, NULL);
     ck_assert_int_gt(pid, 0);
     ck_assert_uint_eq(pt_stat(c, "fast_index_blocks"), before + PT_N);
     ck_assert_int_eq(daemon_child_wait(pid, daemon_ms(30000), &sig), 0);
     pt_slow_stop = 0;
+    b[0] = NULL;
     pt_slow_done();
-    for (int i = 1; i < PT_N; i++)
-        free((void *)b[i]);
+    pt_blocks_free(b, PT_N);
     ck_assert_int_eq(pt_hits(ns, k, PT_N), PT_N);
     kvc_disconnect(c);
     pt_stop();
