@@ -487,11 +487,12 @@ def test_hint_heads_keep_retrieval_heads_raw():
     """Per-head hints pick the heads a quantized block keeps bit-exact: the daemon quantizes
     the blocks under pressure and the one head the hints show attending everywhere (a
     retrieval head) comes back bit for bit, the sink-only heads as q8_0 gives them."""
-    from quantfill import QUANT_OPTIONS, fill_until_quantizing
+    from quantfill import QUANT_OPTIONS, fill_first, fill_until_quantizing
     shape = (2, 2, 32, 2, 32)  # layers, K/V, tokens, kv heads, dim
     with PrivateDaemon(QUANT_OPTIONS) as d, kvcd.Client(d.socket) as c:
         ns = c.namespace("python-test-per-head", layers=2, kv_heads=2, head_dim=32,
                          block_tokens=32, k_codec="q8_0", v_codec="q8_0")
+        fill_first(c, 1 << 20)  # colder than the test's blocks (quantfill.py)
         keys = ns.keys_from_tokens(tokens(6 * 32))
         data = blocks_for(ns, 6, seed=5)
         assert ns.put_prefix(keys, data) == 6
@@ -640,10 +641,11 @@ def test_lossy_hit_view_is_the_stored_bytes():
     kvc_lease_stored bytes (not block_bytes over a smaller slot, which would cover the
     slots after it), and the view says so (its .obj's codec and encoded); copy_into still
     gives the decoded block."""
-    from quantfill import QUANT_OPTIONS, fill_until_quantizing
+    from quantfill import QUANT_OPTIONS, fill_first, fill_until_quantizing
     with PrivateDaemon(QUANT_OPTIONS, binary=KVCD_BIN) as d, kvcd.Client(d.socket) as c:
         ns = c.namespace("python-lossy-view", 2, 2, 32, 32, k_codec="q8_0", v_codec="q8_0")
         bb = ns.block_bytes  # 16 KiB
+        fill_first(c, 1 << 20)  # colder than the test's blocks (quantfill.py)
         keys = ns.keys_from_tokens(tokens(4 * 32))
         blocks = blocks_for(ns, 4, seed=13)
         assert ns.put_prefix(keys, blocks) == 4

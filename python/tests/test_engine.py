@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(bool(os.environ.get("KVC_PY_SANITIZER")),
 import kvcd  # noqa: E402
 from kvcd.engine.daemon import PrivateDaemon  # noqa: E402
 from kvcd.engine.prompts import chat_prompt, encode  # noqa: E402
-from quantfill import QUANT_OPTIONS, fill_until_quantizing  # noqa: E402
+from quantfill import QUANT_OPTIONS, fill_first, fill_until_quantizing  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NEW = 12
@@ -91,15 +91,16 @@ def quant_measure(codecs, block_tokens=32, nprompts=3, model=QUANT_MODEL, system
     prompts = [chat_prompt(system, 0, q, 160) for q in range(nprompts)]
     engines = [dict(block_tokens=block_tokens, codec=c, model_id="kvcd-ref/test-quant-%s" % c)
                for c in codecs]
-    # The test blocks are the LRU's oldest: the trim quantizes them under pressure and evicts
-    # filler while their jobs are in flight, but a trim step that runs after they land takes
-    # them first (LRU drops a quantized block next, by design). That race is the fill's, not
-    # what is measured, so a run that lost a codec's blocks is run again once, and said. So
-    # is one whose fill ended before every test block was quantized (its deadline, or a job
-    # whose block was pinned when it landed: the block stays raw until the next trim), which
-    # shows as raw hits of a lossy codec.
+    # Filler goes in before the test blocks and after them (quantfill.py), so a trim that
+    # evicts after the quantization takes the older filler, not them. A run that still lost
+    # a codec's blocks, or whose fill ended before every test block was quantized (its
+    # deadline, or a job landing on a block a lease had pinned meanwhile: that block stays
+    # raw until the next trim), which shows as raw hits of a lossy codec, is run again once,
+    # and said: the fill's race, not the fidelity measured.
     for attempt in range(2):
         with PrivateDaemon(QUANT_OPTIONS) as d:
+            with kvcd.Client(d.socket) as c:
+                fill_first(c, 2 << 20)  # the test blocks: 36 of 16 KiB in the largest call
             put = run_worker(d.socket, prompts, engines, model=model)
             blocks = sum(r["put_blocks"] for r in put)
             with kvcd.Client(d.socket) as c:
