@@ -413,6 +413,44 @@ static enum engine_ladder_r engine_ladder_slab(struct store *s, struct store_ns 
     return ENGINE_LADDER_NONE;
 }
 
+/* LRU's trigger found no slot of the encoded size for raw block v (quant_pressure): every
+ * page of the arena is cut for other sizes, as in an arena full of raw blocks, where evicting
+ * raw blocks frees raw slots only and a quantization would never find room. v's slab steps
+ * down whole as a ladder's does (engine_ladder_slab): every block of it idle, raw, of a
+ * namespace that allows v's codec, and the slab's pages holding them all at the smaller size;
+ * when their jobs land the slab empties and its pages take the encoded blocks. Returns the
+ * jobs queued (0: the slab holds a block that cannot go now). */
+static bool engine_lru_slab_ok(const struct store *s, uint32_t idx, const void *arg)
+{
+    const struct block *b = &s->ix.blocks[idx];
+    const uint8_t to = *(const uint8_t *)arg;
+    return store_block_idle(s, idx) && b->format == KVC_WIRE_FORMAT_RAW &&
+           (KVC_WIRE_QUANT_ALLOWED(s->ns[b->ns]->layout.flags) & (1u << to)) &&
+           s->ns[b->ns]->policy == POLICY_LRU;
+}
+
+static int engine_lru_quant_slab(struct store *s, uint32_t v)
+{
+    const struct block *b = &s->ix.blocks[v];
+    struct store_ns *ns = s->ns[b->ns];
+    struct slab *sl = tier_host_slab(s->arenas[b->arena].tier);
+    uint32_t idx[ENGINE_LADDER_SLAB_MAX], nslots, used;
+    uint64_t start, slot;
+    uint8_t to = store_ns_first_format(ns);
+    int64_t enc = store_format_bytes(ns, to);
+    if (b->tier != KVC_WIRE_TIER_HOST || quant_inflight(s->quant) >= s->p.quantize_inflight)
+        return 0;
+    if (enc > 0 && slab_span(sl, b->off, &start, &slot, &nslots, &used) == 0 &&
+        used <= ENGINE_LADDER_SLAB_MAX && slab_fit(sl, b->off, (uint64_t)enc) >= used &&
+        engine_slab_blocks(s, b->arena, start, slot, nslots, used, engine_lru_slab_ok, &to,
+                           idx) &&
+        store_quantize_slab(s, idx, used, to) == 0) {
+        ENGINE_STAT_ADD(s, ns, quant_slab_steps, 1);
+        return (int)used;
+    }
+    return 0;
+}
+
 /* Block v of rung k goes down to the rung it comes to rest on (store_ladder_dest), its smaller
  * copy made room for as it must: a slot of that size now; else its slab steps down whole
  * (engine_ladder_slab); else the copy is placed when its job lands, and a slot of that size is
@@ -592,7 +630,7 @@ int engine_trim(struct store *s, uint64_t now)
         goto engine;
     /* Quantize first where a namespace allows it; the raw slots its jobs will free count
      * as free already, so eviction takes only the rest. */
-    quant_pressure(s->quant, now);
+    quant_pressure(s->quant, now, engine_lru_quant_slab);
     for (uint32_t a = 0; a < s->narenas; a++) {
         struct tier *t = s->arenas[a].tier;
         double cap = (double)t->ops->capacity(t);

@@ -525,7 +525,7 @@ int engine_disk_trim(struct store *s, uint64_t now)
     engine_disk_compact(s);
     /* Quantize first where a namespace allows it (the raw slots its jobs will free count as
      * free already). */
-    quant_pressure(s->quant, now);
+    quant_pressure(s->quant, now, NULL);
     for (uint32_t a = 0; a < s->narenas; a++) {
         struct tier *t = s->arenas[a].tier;
         double cap = (double)t->ops->capacity(t);

@@ -64,6 +64,7 @@
 #include "tiers/tier.h"
 
 #define QUANT_WALK 4096 /* LRU entries the trigger looks at per arena */
+#define QUANT_NO_ROOM_TRIES 16 /* blocks with no room for their encoded slot, per walk */
 
 _Static_assert(KVC_WIRE_FORMAT_Q8_0 == KERN_CODEC_Q8_0 && KVC_WIRE_FORMAT_FP8 == KERN_CODEC_FP8 &&
                    KVC_WIRE_FORMAT_COUNT == KERN_CODEC_COUNT,
@@ -716,7 +717,7 @@ int store_quantize_slab(struct store *s, const uint32_t *idx, uint32_t n, uint8_
     return 0;
 }
 
-int quant_pressure(struct quant *q, uint64_t now)
+int quant_pressure(struct quant *q, uint64_t now, int (*no_room)(struct store *s, uint32_t idx))
 {
     struct store *s;
     int n = 0;
@@ -727,7 +728,7 @@ int quant_pressure(struct quant *q, uint64_t now)
     for (uint32_t a = 0; a < s->narenas; a++) {
         struct tier *t = s->arenas[a].tier;
         double cap = (double)t->ops->capacity(t);
-        uint32_t walked = 0;
+        uint32_t walked = 0, full = 0;
         if ((double)(t->ops->usage(t) - q->pending[a]) <= s->p.high_watermark * cap)
             continue;
         for (uint32_t i = s->arenas[a].lru_tail;
@@ -742,8 +743,21 @@ int quant_pressure(struct quant *q, uint64_t now)
              * its order, its rungs, its sinks raw), not by this walk of the LRU's tail. */
             bool ladder = ns->rungs >= 2 && ns->policy != POLICY_LRU;
             if (!b->pins && b->format == KVC_WIRE_FORMAT_RAW && !ladder &&
-                KVC_WIRE_QUANT_ALLOWED(ns->layout.flags) && store_quantize(s, i) == 0)
-                n++;
+                KVC_WIRE_QUANT_ALLOWED(ns->layout.flags)) {
+                int rc = store_quantize(s, i);
+                if (rc == 0) {
+                    n++;
+                } else if (rc == -ENOSPC) {
+                    /* no slot of the encoded size: its slab whole, or none (prev may be one
+                     * of the slab's blocks now: each is pinned, and skipped) */
+                    s->total.quant_no_room++;
+                    s->ns[b->ns]->stats.quant_no_room++;
+                    int m = no_room ? no_room(s, i) : 0;
+                    n += m;
+                    if (m <= 0 && ++full >= QUANT_NO_ROOM_TRIES)
+                        break;
+                }
+            }
             i = prev;
         }
     }

@@ -61,6 +61,8 @@
     X(unpins, "block pins dropped (release or client exit)")                                  \
     X(quantized_blocks, "raw blocks quantized in place")                                           \
     X(quant_bytes_saved, "bytes freed by quantizing in place")                                     \
+    X(quant_no_room, "blocks the lru trigger found no slot of the encoded size for")               \
+    X(quant_slab_steps, "of those, slabs it quantized whole (their pages change size)")            \
     X(requantized_blocks, "lossy blocks re-encoded one rung down the precision ladder")            \
     X(head_stepped_blocks, "blocks with raw retrieval heads put at once on the second codec")      \
     X(ladder_steps, "steps down the precision ladder started (quantize jobs it queued)")           \
