@@ -416,17 +416,15 @@ static enum engine_ladder_r engine_ladder_slab(struct store *s, struct store_ns 
 /* LRU's trigger found no slot of the encoded size for raw block v (quant_pressure): every
  * page of the arena is cut for other sizes, as in an arena full of raw blocks, where evicting
  * raw blocks frees raw slots only and a quantization would never find room. v's slab steps
- * down whole as a ladder's does (engine_ladder_slab): every block of it idle, raw, of a
- * namespace that allows v's codec, and the slab's pages holding them all at the smaller size;
+ * down whole as a ladder's does (engine_ladder_slab): every block of it idle, raw and of v's
+ * namespace (one recipe, one encoded size), and the slab's pages holding them all at it;
  * when their jobs land the slab empties and its pages take the encoded blocks. Returns the
  * jobs queued (0: the slab holds a block that cannot go now). */
 static bool engine_lru_slab_ok(const struct store *s, uint32_t idx, const void *arg)
 {
     const struct block *b = &s->ix.blocks[idx];
-    const uint8_t to = *(const uint8_t *)arg;
-    return store_block_idle(s, idx) && b->format == KVC_WIRE_FORMAT_RAW &&
-           (KVC_WIRE_QUANT_ALLOWED(s->ns[b->ns]->layout.flags) & (1u << to)) &&
-           s->ns[b->ns]->policy == POLICY_LRU;
+    return b->ns == *(const uint32_t *)arg && store_block_idle(s, idx) &&
+           b->format == KVC_WIRE_FORMAT_RAW;
 }
 
 static int engine_lru_quant_slab(struct store *s, uint32_t v)
@@ -437,12 +435,13 @@ static int engine_lru_quant_slab(struct store *s, uint32_t v)
     uint32_t idx[ENGINE_LADDER_SLAB_MAX], nslots, used;
     uint64_t start, slot;
     uint8_t to = store_ns_first_format(ns);
+    uint32_t nsid = b->ns;
     int64_t enc = store_format_bytes(ns, to);
     if (b->tier != KVC_WIRE_TIER_HOST || quant_inflight(s->quant) >= s->p.quantize_inflight)
         return 0;
     if (enc > 0 && slab_span(sl, b->off, &start, &slot, &nslots, &used) == 0 &&
         used <= ENGINE_LADDER_SLAB_MAX && slab_fit(sl, b->off, (uint64_t)enc) >= used &&
-        engine_slab_blocks(s, b->arena, start, slot, nslots, used, engine_lru_slab_ok, &to,
+        engine_slab_blocks(s, b->arena, start, slot, nslots, used, engine_lru_slab_ok, &nsid,
                            idx) &&
         store_quantize_slab(s, idx, used, to) == 0) {
         ENGINE_STAT_ADD(s, ns, quant_slab_steps, 1);
