@@ -379,10 +379,33 @@ static enum engine_ladder_r engine_ladder_out(struct store *s, struct store_ns *
     return engine_ladder_out_but(s, ns, rung, v, INDEX_NONE, now);
 }
 
+/* Block v's slab quantized whole into `format` (store_quantize_slab) when every block of it
+ * passes ok and the slab's pages hold them all at the format's size (ns's recipe): once the
+ * jobs land the slab is empty and its pages serve the smaller size, as a slab allocator's
+ * rebalancing moves a page between sizes. Returns the blocks queued, 0 when that slab may
+ * not. */
+static uint32_t engine_slab_quantize(struct store *s, const struct store_ns *ns, uint32_t v,
+                                     uint8_t format,
+                                     bool (*ok)(const struct store *s, uint32_t idx,
+                                                const void *arg),
+                                     const void *arg)
+{
+    const struct block *b = &s->ix.blocks[v];
+    struct slab *sl = tier_host_slab(s->arenas[b->arena].tier);
+    uint32_t idx[ENGINE_LADDER_SLAB_MAX], nslots, used;
+    uint64_t start, slot;
+    int64_t enc = store_format_bytes(ns, format);
+    if (enc > 0 && slab_span(sl, b->off, &start, &slot, &nslots, &used) == 0 &&
+        used <= ENGINE_LADDER_SLAB_MAX && slab_fit(sl, b->off, (uint64_t)enc) >= used &&
+        engine_slab_blocks(s, b->arena, start, slot, nslots, used, ok, arg, idx) &&
+        store_quantize_slab(s, idx, used, format) == 0)
+        return used;
+    return 0;
+}
+
 /* A step down from rung k to rung d found no free slot of the smaller size: the slab of block
- * v steps down whole when every block in it may (of ns, idle, on rung k, not a sink), so its
- * pages serve the smaller size once it is empty, as a slab allocator's rebalancing moves a
- * page between sizes. QUEUED, or NONE when that slab may not. */
+ * v steps down whole when every block in it may (of ns, idle, on rung k, not a sink).
+ * QUEUED, or NONE when that slab may not. */
 static bool engine_ladder_slab_ok(const struct store *s, uint32_t idx, const void *arg)
 {
     const struct engine_ladder_ctx *c = arg;
@@ -394,32 +417,21 @@ static bool engine_ladder_slab_ok(const struct store *s, uint32_t idx, const voi
 static enum engine_ladder_r engine_ladder_slab(struct store *s, struct store_ns *ns, uint32_t v,
                                                uint32_t k, uint32_t d)
 {
-    const struct block *b = &s->ix.blocks[v];
-    struct slab *sl = tier_host_slab(s->arenas[b->arena].tier);
     struct engine_ladder_ctx c = {.ns = ns, .rung = k, .keep = INDEX_NONE};
-    uint32_t idx[ENGINE_LADDER_SLAB_MAX], nslots, used;
-    uint64_t start, slot;
-    int64_t enc = store_format_bytes(ns, ns->rung_format[d]);
-    /* Only a slab whose pages hold every block of it at the smaller size. */
-    if (enc > 0 && slab_span(sl, b->off, &start, &slot, &nslots, &used) == 0 &&
-        used <= ENGINE_LADDER_SLAB_MAX && slab_fit(sl, b->off, (uint64_t)enc) >= used &&
-        engine_slab_blocks(s, b->arena, start, slot, nslots, used, engine_ladder_slab_ok, &c,
-                           idx) &&
-        store_quantize_slab(s, idx, used, ns->rung_format[d]) == 0) {
-        ENGINE_STAT_ADD(s, ns, ladder_steps, (uint64_t)used * (d - k));
-        ENGINE_STAT_ADD(s, ns, ladder_slab_steps, 1);
-        return ENGINE_LADDER_QUEUED;
-    }
-    return ENGINE_LADDER_NONE;
+    uint32_t used = engine_slab_quantize(s, ns, v, ns->rung_format[d], engine_ladder_slab_ok, &c);
+    if (!used)
+        return ENGINE_LADDER_NONE;
+    ENGINE_STAT_ADD(s, ns, ladder_steps, (uint64_t)used * (d - k));
+    ENGINE_STAT_ADD(s, ns, ladder_slab_steps, 1);
+    return ENGINE_LADDER_QUEUED;
 }
 
 /* LRU's trigger found no slot of the encoded size for raw block v (quant_pressure): every
  * page of the arena is cut for other sizes, as in an arena full of raw blocks, where evicting
  * raw blocks frees raw slots only and a quantization would never find room. v's slab steps
- * down whole as a ladder's does (engine_ladder_slab): every block of it idle, raw and of v's
- * namespace (one recipe, one encoded size), and the slab's pages holding them all at it;
- * when their jobs land the slab empties and its pages take the encoded blocks. Returns the
- * jobs queued (0: the slab holds a block that cannot go now). */
+ * down whole as a ladder's does: every block of it idle, raw and of v's namespace (one
+ * recipe, one encoded size). Returns the jobs queued (0: the slab holds a block that cannot
+ * go now, or the worker is full). */
 static bool engine_lru_slab_ok(const struct store *s, uint32_t idx, const void *arg)
 {
     const struct block *b = &s->ix.blocks[idx];
@@ -431,23 +443,13 @@ static int engine_lru_quant_slab(struct store *s, uint32_t v)
 {
     const struct block *b = &s->ix.blocks[v];
     struct store_ns *ns = s->ns[b->ns];
-    struct slab *sl = tier_host_slab(s->arenas[b->arena].tier);
-    uint32_t idx[ENGINE_LADDER_SLAB_MAX], nslots, used;
-    uint64_t start, slot;
-    uint8_t to = store_ns_first_format(ns);
-    uint32_t nsid = b->ns;
-    int64_t enc = store_format_bytes(ns, to);
+    uint32_t nsid = b->ns, used;
     if (b->tier != KVC_WIRE_TIER_HOST || quant_inflight(s->quant) >= s->p.quantize_inflight)
         return 0;
-    if (enc > 0 && slab_span(sl, b->off, &start, &slot, &nslots, &used) == 0 &&
-        used <= ENGINE_LADDER_SLAB_MAX && slab_fit(sl, b->off, (uint64_t)enc) >= used &&
-        engine_slab_blocks(s, b->arena, start, slot, nslots, used, engine_lru_slab_ok, &nsid,
-                           idx) &&
-        store_quantize_slab(s, idx, used, to) == 0) {
+    used = engine_slab_quantize(s, ns, v, store_ns_first_format(ns), engine_lru_slab_ok, &nsid);
+    if (used)
         ENGINE_STAT_ADD(s, ns, quant_slab_steps, 1);
-        return (int)used;
-    }
-    return 0;
+    return (int)used;
 }
 
 /* Block v of rung k goes down to the rung it comes to rest on (store_ladder_dest), its smaller
