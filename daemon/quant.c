@@ -747,9 +747,11 @@ int quant_pressure(struct quant *q, uint64_t now, int (*no_room)(struct store *s
                 int rc = store_quantize(s, i);
                 if (rc == 0) {
                     n++;
-                } else if (rc == -ENOSPC) {
-                    /* no slot of the encoded size: its slab whole, or none (prev may be one
-                     * of the slab's blocks now: each is pinned, and skipped) */
+                } else if (rc == -ENOSPC &&
+                           store_format_bytes(ns, store_ns_first_format(ns)) < (int64_t)b->len) {
+                    /* no slot of the encoded size (not a codec that saves nothing): its slab
+                     * whole, or none (prev may be one of the slab's blocks now: each is
+                     * pinned, and skipped) */
                     s->total.quant_no_room++;
                     s->ns[b->ns]->stats.quant_no_room++;
                     int m = no_room ? no_room(s, i) : 0;
