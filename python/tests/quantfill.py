@@ -54,7 +54,6 @@ def fill_until_quantizing(c, blocks, block_bytes, deadline_s=20):
     """Puts raw filler blocks until the daemon has quantized the `blocks` test blocks (of
     block_bytes each), for deadline_s x SLOW at most; returns the count it reached.
     block_bytes is for the caller's record: the filler's amount follows the arena's use."""
-    del block_bytes
     ns = _filler(c)
     st = c.stats()
     room = int(st["host_capacity"] * 0.9) - st["host_used"]

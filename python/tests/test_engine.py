@@ -94,7 +94,8 @@ def quant_measure(codecs, block_tokens=32, nprompts=3, model=QUANT_MODEL, system
     # Filler goes in before the test blocks and after them (quantfill.py), so a trim that
     # evicts after the quantization takes the older filler, not them. A run that still lost
     # a codec's blocks, or whose fill ended before every test block was quantized (its
-    # deadline, or a job landing on a block a lease had pinned meanwhile: that block stays
+    # deadline, a block that found no slot of its encoded size and whose slab could not step
+    # down whole, or a job landing on a block a lease had pinned meanwhile: such a block stays
     # raw until the next trim), which shows as raw hits of a lossy codec, is run again once,
     # and said: the fill's race, not the fidelity measured.
     for attempt in range(2):
