@@ -1760,8 +1760,12 @@ START_TEST(test_attach_registers_what_is_faulted)
     uint64_t faulted_at_attach = 0;
     ck_assert_int_eq(daemon_client_stat(c, 0, "host_faulted", &faulted_at_attach), 0);
     ck_assert_uint_eq(fake_dev.register_unresident, 0);
-    /* no more than was faulted in (the daemon says so about once a second, behind the truth) */
-    ck_assert_uint_le((uint64_t)at_attach * chunk, faulted_at_attach);
+    /* no more than was faulted in (the daemon says so about once a second, behind the truth).
+     * A chunk whose every page is resident counts as faulted for the client (the check above
+     * that nothing unresident was pinned is the strict one), and the fault thread counts its
+     * chunk in host_faulted only after its pages are in: the one chunk (2 MiB) that thread
+     * may be between the two is allowed (CI saw 96 MiB registered against 94 counted). */
+    ck_assert_uint_le((uint64_t)at_attach * chunk, faulted_at_attach + (2ull << 20));
     void *stream = fake_dev_stream(0);
     size_t bb = kvc_ns_block_bytes(ns);
     uint8_t *buf = NULL;
