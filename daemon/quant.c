@@ -64,7 +64,8 @@
 #include "tiers/tier.h"
 
 #define QUANT_WALK 4096 /* LRU entries the trigger looks at per arena */
-#define QUANT_NO_ROOM_TRIES 16 /* blocks with no room for their encoded slot, per walk */
+#define QUANT_NO_ROOM_TRIES 16 /* blocks of a namespace with no room for their encoded slot */
+#define QUANT_NO_ROOM_NS 8     /* namespaces a walk keeps that count for */
 
 _Static_assert(KVC_WIRE_FORMAT_Q8_0 == KERN_CODEC_Q8_0 && KVC_WIRE_FORMAT_FP8 == KERN_CODEC_FP8 &&
                    KVC_WIRE_FORMAT_COUNT == KERN_CODEC_COUNT,
@@ -717,6 +718,29 @@ int store_quantize_slab(struct store *s, const uint32_t *idx, uint32_t n, uint8_
     return 0;
 }
 
+/* The namespaces a walk found no room for (QUANT_NO_ROOM_TRIES blocks each): the rest of
+ * their blocks are passed over, the others' still tried (another slot size may have room). */
+struct quant_full {
+    uint32_t ns[QUANT_NO_ROOM_NS], fails[QUANT_NO_ROOM_NS], n;
+};
+
+/* Whether ns is one of them; with `fail`, one more of its blocks found no room. */
+static bool quant_full_ns(struct quant_full *f, uint32_t ns, bool fail)
+{
+    uint32_t k = 0;
+    while (k < f->n && f->ns[k] != ns)
+        k++;
+    if (k == f->n) {
+        if (!fail || f->n == QUANT_NO_ROOM_NS)
+            return false; /* not seen, or no room to track it: tried as before */
+        f->ns[f->n] = ns;
+        f->fails[f->n++] = 0;
+    }
+    if (fail)
+        f->fails[k]++;
+    return f->fails[k] >= QUANT_NO_ROOM_TRIES;
+}
+
 int quant_pressure(struct quant *q, uint64_t now, int (*no_room)(struct store *s, uint32_t idx))
 {
     struct store *s;
@@ -728,7 +752,8 @@ int quant_pressure(struct quant *q, uint64_t now, int (*no_room)(struct store *s
     for (uint32_t a = 0; a < s->narenas; a++) {
         struct tier *t = s->arenas[a].tier;
         double cap = (double)t->ops->capacity(t);
-        uint32_t walked = 0, full = 0;
+        uint32_t walked = 0;
+        struct quant_full full = {.n = 0};
         if ((double)(t->ops->usage(t) - q->pending[a]) <= s->p.high_watermark * cap)
             continue;
         for (uint32_t i = s->arenas[a].lru_tail;
@@ -743,7 +768,7 @@ int quant_pressure(struct quant *q, uint64_t now, int (*no_room)(struct store *s
              * its order, its rungs, its sinks raw), not by this walk of the LRU's tail. */
             bool ladder = ns->rungs >= 2 && ns->policy != POLICY_LRU;
             if (!b->pins && b->format == KVC_WIRE_FORMAT_RAW && !ladder &&
-                KVC_WIRE_QUANT_ALLOWED(ns->layout.flags)) {
+                KVC_WIRE_QUANT_ALLOWED(ns->layout.flags) && !quant_full_ns(&full, b->ns, false)) {
                 int rc = store_quantize(s, i);
                 if (rc == 0) {
                     n++;
@@ -756,8 +781,8 @@ int quant_pressure(struct quant *q, uint64_t now, int (*no_room)(struct store *s
                     s->ns[b->ns]->stats.quant_no_room++;
                     int m = no_room ? no_room(s, i) : 0;
                     n += m;
-                    if (m <= 0 && ++full >= QUANT_NO_ROOM_TRIES)
-                        break;
+                    if (m <= 0)
+                        (void)quant_full_ns(&full, b->ns, true);
                 }
             }
             i = prev;

@@ -64,8 +64,9 @@ int store_quantize_slab(struct store *s, const uint32_t *idx, uint32_t n, uint8_
  * A block whose encoded slot finds no room (every page of the arena cut for other sizes, as
  * a full arena of raw blocks has them) is handed to no_room when given, which may step its
  * whole slab down (engine.c: the slab empties and its pages take the smaller slots) and
- * returns the jobs it queued; after QUANT_NO_ROOM_TRIES such blocks in a walk the arena's
- * walk ends (the rest would find no room either). Returns the number queued. */
+ * returns the jobs it queued; after QUANT_NO_ROOM_TRIES such blocks of a namespace the walk
+ * passes over that namespace's other blocks (they would find no room either; another
+ * namespace's slot size may). Returns the number queued. */
 int quant_pressure(struct quant *q, uint64_t now, int (*no_room)(struct store *s, uint32_t idx));
 
 /* Bytes the queued jobs will free in arena a (their raw slots). */
