@@ -411,7 +411,7 @@ static bool engine_ladder_slab_ok(const struct store *s, uint32_t idx, const voi
     const struct engine_ladder_ctx *c = arg;
     const struct block *b = &s->ix.blocks[idx];
     return b->ns == c->ns->id && store_block_idle(s, idx) && b->depth != 0 &&
-           store_ladder_rung(c->ns, b->format) == c->rung;
+           !b->merge_refused && store_ladder_rung(c->ns, b->format) == c->rung;
 }
 
 static enum engine_ladder_r engine_ladder_slab(struct store *s, struct store_ns *ns, uint32_t v,
@@ -436,7 +436,7 @@ static bool engine_lru_slab_ok(const struct store *s, uint32_t idx, const void *
 {
     const struct block *b = &s->ix.blocks[idx];
     return b->ns == *(const uint32_t *)arg && store_block_idle(s, idx) &&
-           b->format == KVC_WIRE_FORMAT_RAW;
+           b->format == KVC_WIRE_FORMAT_RAW && !b->merge_refused;
 }
 
 static int engine_lru_quant_slab(struct store *s, uint32_t v)
@@ -728,14 +728,14 @@ out:
 
 /* ---- tier engine ----------------------------------------------------------------------- */
 
-/* enum policy_codec of a wire format (q5_1 has no policy codec: costed like q4_1). */
+/* enum policy_codec of a wire format. */
 static uint8_t engine_policy_codec(uint32_t f)
 {
     static const uint8_t map[KVC_WIRE_FORMAT_COUNT] = {
         [KVC_WIRE_FORMAT_RAW] = POLICY_CODEC_RAW,
         [KVC_WIRE_FORMAT_Q8_0] = POLICY_CODEC_Q8,
         [KVC_WIRE_FORMAT_Q4_1] = POLICY_CODEC_Q4,
-        [KVC_WIRE_FORMAT_Q5_1] = POLICY_CODEC_Q4,
+        [KVC_WIRE_FORMAT_Q5_1] = POLICY_CODEC_Q5,
         [KVC_WIRE_FORMAT_KIVI2] = POLICY_CODEC_KIVI2,
         [KVC_WIRE_FORMAT_KIVI4] = POLICY_CODEC_KIVI4,
         [KVC_WIRE_FORMAT_FP8] = POLICY_CODEC_FP8,

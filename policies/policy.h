@@ -193,6 +193,7 @@ enum policy_codec {
     POLICY_CODEC_RAW = 0,
     POLICY_CODEC_Q8,      /* q8_0: 34 B / 32 values */
     POLICY_CODEC_FP8,     /* e4m3 */
+    POLICY_CODEC_Q5,      /* q5_1: 24 B / 32 values */
     POLICY_CODEC_ROT4,    /* rotated keys, KIVI 4 bit */
     POLICY_CODEC_KIVI4,   /* keys per channel, values per token, 4 bit */
     POLICY_CODEC_MERGE,   /* adjacent similar tokens stored once: half a block */
@@ -208,7 +209,7 @@ enum policy_codec {
 double policy_codec_ratio(enum policy_codec c);
 /* The next rung below cur among the codecs mask allows (1u << POLICY_CODEC_*), smaller than
  * cur, largest first, the more precise of equal sizes first: q8_0, fp8, merge, lowrank,
- * rot4, kivi4, q4_1, rot2, kivi2; RAW when none is left (the
+ * q5_1, rot4, kivi4, q4_1, rot2, kivi2; RAW when none is left (the
  * next step is out of the tier). From RAW: the first allowed. */
 enum policy_codec policy_ladder_next(uint32_t codecs, enum policy_codec cur);
 const char *policy_codec_name(enum policy_codec c);

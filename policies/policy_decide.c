@@ -28,6 +28,7 @@ static const double policy_codec_ratios[POLICY_CODEC_COUNT] = {
     [POLICY_CODEC_RAW] = 1.0,
     [POLICY_CODEC_Q8] = 34.0 / 64.0,
     [POLICY_CODEC_FP8] = 0.5,
+    [POLICY_CODEC_Q5] = 24.0 / 64.0,
     [POLICY_CODEC_ROT4] = 0.25 + 0.0625,
     [POLICY_CODEC_KIVI4] = 0.25 + 0.0625,
     [POLICY_CODEC_MERGE] = 0.5,
@@ -42,6 +43,7 @@ static const char *const policy_codec_names[POLICY_CODEC_COUNT] = {
     [POLICY_CODEC_KIVI4] = "kivi4",     [POLICY_CODEC_MERGE] = "merge",
     [POLICY_CODEC_LOWRANK] = "lowrank", [POLICY_CODEC_Q4] = "q4_1",
     [POLICY_CODEC_ROT2] = "rot2",       [POLICY_CODEC_KIVI2] = "kivi2",
+    [POLICY_CODEC_Q5] = "q5_1",
 };
 
 double policy_codec_ratio(enum policy_codec c)

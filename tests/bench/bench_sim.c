@@ -29,7 +29,7 @@ static int bench_rungs(const struct sim_trace *t, struct bench_row *rows, size_t
 {
     static const double budgets[] = {0.3, 0.7}, bcaps[] = {1000, 10000};
     const uint32_t old = 1u << POLICY_CODEC_Q8 | 1u << POLICY_CODEC_FP8 | 1u << POLICY_CODEC_KIVI4 |
-                         1u << POLICY_CODEC_Q4 | 1u << POLICY_CODEC_KIVI2;
+                         1u << POLICY_CODEC_Q4 | 1u << POLICY_CODEC_KIVI2 | 1u << POLICY_CODEC_Q5;
     struct kern_layout lay = {32, 8, 128, 16, KERN_DTYPE_FP16, 0};
     struct sim_config c;
     sim_config_init(&c);

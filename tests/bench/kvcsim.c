@@ -13,7 +13,7 @@
  * quest, default, vatp) plus min (Belady, offline) and inf (infinite cache).
  * --half-life: the initial (with --fixed-half-life, the fixed) half-life in requests;
  * --tune 0|1: policy_tune's half-life off/on (default: on for `default` only).
- * --quant CODECS: comma list of codecs (q8_0, fp8, merge, lowrank, rot4, kivi4, q4_1, rot2,
+ * --quant CODECS: comma list of codecs (q8_0, fp8, merge, lowrank, q5_1, rot4, kivi4, q4_1, rot2,
  * kivi2): the precision ladder
  * (policies/policy_ladder.c), a block stepping down one codec at a time before it leaves;
  * --lossy-weight W: what a lossy hit costs against a miss (default 0: the most hits);

@@ -962,6 +962,7 @@ int sim_kern_codec(enum policy_codec c)
         [POLICY_CODEC_Q4] = KERN_CODEC_Q4_1,     [POLICY_CODEC_KIVI2] = KERN_CODEC_KIVI2,
         [POLICY_CODEC_ROT4] = KERN_CODEC_ROT4,   [POLICY_CODEC_ROT2] = KERN_CODEC_ROT2,
         [POLICY_CODEC_MERGE] = KERN_CODEC_MERGE, [POLICY_CODEC_LOWRANK] = KERN_CODEC_LOWRANK,
+        [POLICY_CODEC_Q5] = KERN_CODEC_Q5_1,
     };
     return (unsigned)c < POLICY_CODEC_COUNT ? map[c] : -1;
 }
