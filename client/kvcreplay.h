@@ -10,7 +10,7 @@
 #include <stdio.h>
 
 #define REPLAY_MAX_PROCS 256
-#define REPLAY_NCODECS 7
+#define REPLAY_NCODECS 11
 
 /* Run-wide settings, fixed before the processes fork. */
 struct replay_opts {

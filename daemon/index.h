@@ -41,7 +41,10 @@ struct block {
     uint64_t off : 48;         /* location in its fastest tier (host, GPU, or disk) */
     uint64_t ns : 16;          /* namespace id */
     uint64_t last_access : 39; /* ms since start */
-    uint64_t format : 8;       /* KVC_WIRE_FORMAT_* */
+    uint64_t format : 7;       /* KVC_WIRE_FORMAT_* */
+    uint64_t merge_refused : 1; /* a step to merge with no rung after it was refused (more
+                                   runs than merge stores): off the ladder while it has
+                                   children, then it leaves (daemon/quant.c) */
     uint64_t flags : 8;        /* BLOCK_F_* */
     uint64_t state : 2;        /* enum block_state */
     uint64_t tier : 2;         /* fastest tier holding it (KVC_WIRE_TIER_*) */

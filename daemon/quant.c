@@ -370,18 +370,38 @@ static void quant_job_free(struct quant_job *j)
     free(j);
 }
 
+/* A merge step the plan refused (more runs than merge stores): counted; where the rung after
+ * merge was encoded instead, the job carries that format and size; where none is, the block
+ * is marked (merge_refused: no step, slab step or trigger takes it to merge again). */
+static void quant_refused(struct store *s, struct quant_job *j)
+{
+    if (j->refused)
+        s->total.merge_refused_blocks++;
+    if (j->refused && j->rc == -ERANGE) /* marked before it is unpinned (its heaps) */
+        s->ix.blocks[j->idx].merge_refused = 1;
+    if (j->alt_used && j->rc >= 0) {
+        j->format = j->alt_format;
+        j->enc.len = (uint64_t)j->rc;
+    }
+}
+
+/* After a refused merge with no rung after it, unpinned: merge, the last rung, cannot take
+ * the block, so it leaves, as past the last rung (else the ladder picks it again at once,
+ * and again, while the arena stays full). */
+static void quant_refused_leave(struct store *s, const struct quant_job *j)
+{
+    if (j->rc == -ERANGE && j->refused && !s->ix.blocks[j->idx].children &&
+        store_block_idle(s, j->idx))
+        (void)store_block_drop(s, j->idx);
+}
+
 static void quant_apply(struct quant *q, struct quant_job *j)
 {
     struct store *s = q->s;
     struct tier *t = s->arenas[j->arena].tier;
     bool usable;
     quant_settle(q, j);
-    if (j->refused)
-        s->total.merge_refused_blocks++;
-    if (j->alt_used && j->rc >= 0) { /* the rung after merge: its format and size */
-        j->format = j->alt_format;
-        j->enc.len = (uint64_t)j->rc;
-    }
+    quant_refused(s, j);
     usable = quant_usable(s, j);
     if (usable && !j->later) {
         quant_place(q, j, false);
@@ -397,11 +417,7 @@ static void quant_apply(struct quant *q, struct quant_job *j)
                         strerror((int)-j->rc));
         if (!j->later)
             t->ops->free(t, &j->enc);
-        /* merge, the last rung, cannot take it: it leaves, as past the last rung (else the
-         * ladder would pick it again at once) */
-        if (j->rc == -ERANGE && j->refused && !s->ix.blocks[j->idx].children &&
-            store_block_idle(s, j->idx))
-            (void)store_block_drop(s, j->idx);
+        quant_refused_leave(s, j);
     }
     quant_job_free(j);
 }
@@ -420,6 +436,7 @@ static void quant_group_apply(struct quant *q, struct quant_group *g)
     bool ok = true;
     for (uint32_t i = 0; i < g->n; i++) {
         quant_settle(q, g->job[i]);
+        quant_refused(s, g->job[i]);
         ok = ok && quant_usable(s, g->job[i]);
     }
     ok = ok &&
@@ -430,6 +447,8 @@ static void quant_group_apply(struct quant *q, struct quant_group *g)
             store_block_unpin(s, g->job[i]->idx);
             s->pins_now--;
         }
+        for (uint32_t i = 0; i < g->n; i++)
+            quant_refused_leave(s, g->job[i]);
         goto out;
     }
     for (uint32_t i = 0; i < g->n; i++)
@@ -767,7 +786,7 @@ int quant_pressure(struct quant *q, uint64_t now, int (*no_room)(struct store *s
             /* A namespace that keeps a precision ladder steps by it (engine_ladder_evict:
              * its order, its rungs, its sinks raw), not by this walk of the LRU's tail. */
             bool ladder = ns->rungs >= 2 && ns->policy != POLICY_LRU;
-            if (!b->pins && b->format == KVC_WIRE_FORMAT_RAW && !ladder &&
+            if (!b->pins && b->format == KVC_WIRE_FORMAT_RAW && !ladder && !b->merge_refused &&
                 KVC_WIRE_QUANT_ALLOWED(ns->layout.flags) && !quant_full_ns(&full, b->ns, false)) {
                 int rc = store_quantize(s, i);
                 if (rc == 0) {

@@ -317,14 +317,16 @@ static struct store_ns *store_heap_owner(const struct store *s, uint32_t idx)
  * in its arena's memory, not pinned, not lost, not clean (its disk record holds it raw) and
  * not on the last rung. Blocks in motion stay in and are passed over. A sink that is a leaf is
  * in rung 0's heap although it never steps down: at the cold end it leaves the tier; one with
- * children is out until its last child goes (kvcsim parks it so). */
+ * children is out until its last child goes (kvcsim parks it so). So is a block merge refused
+ * (merge_refused: a leaf then leaves when the ladder takes it to merge again). */
 static struct store_ns *store_rung_owner(const struct store *s, uint32_t idx, uint32_t *rung)
 {
     const struct block *b = &s->ix.blocks[idx];
     struct store_ns *ns = b->ns < s->nns ? s->ns[b->ns] : NULL;
     if (!ns || ns->rungs < 2 || ns->policy == POLICY_LRU || b->state != BLOCK_STATE_COMMITTED ||
         b->arena != ns->arena || b->tier != KVC_WIRE_TIER_HOST || b->pins ||
-        (b->depth == 0 && b->children) || (b->flags & (BLOCK_F_LOST | BLOCK_F_DISK)))
+        ((b->depth == 0 || b->merge_refused) && b->children) ||
+        (b->flags & (BLOCK_F_LOST | BLOCK_F_DISK)))
         return NULL;
     *rung = store_ladder_rung(ns, b->format);
     return *rung + 1 < ns->rungs ? ns : NULL;
@@ -726,9 +728,13 @@ void store_ladder_setup(struct store *s, struct store_ns *ns)
     if (old || ns->rungs) {
         /* Its blocks counted again by the new rungs; the rung heaps rebuilt. */
         memset(ns->rung_bytes, 0, sizeof(ns->rung_bytes));
-        for (uint32_t i = 0; ns->rungs && i < s->ix.nblocks; i++)
-            if (s->ix.blocks[i].ns == ns->id) /* a committed block is on its arena's list */
+        for (uint32_t i = 0; i < s->ix.nblocks; i++) {
+            if (s->ix.blocks[i].ns != ns->id)
+                continue;
+            s->ix.blocks[i].merge_refused = 0; /* new rungs: merge may have one after it */
+            if (ns->rungs) /* a committed block is on its arena's list */
                 store_ladder_account(s, i, +1);
+        }
         ns->heap_stale = true;
         if (!s->heap_defer)
             store_heap_rebuild_stale(s);

@@ -13,6 +13,7 @@
  * with its line number before anything reaches the daemon.
  */
 #include <check.h>
+#include <inttypes.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -364,6 +365,50 @@ START_TEST(test_replay_policies_follow_kvcsim)
 }
 END_TEST
 
+/* A ladder whose last rung is merge, on blocks merge refuses (kvcreplay's smooth fill has no
+ * runs of alike tokens): each refused block leaves, or, holding children, stays raw off the
+ * ladder until its last child goes; it is never taken to merge again and again. Regression:
+ * a slab step whose group held a refused block changed nothing and was tried again at once
+ * (millions of refusals in a minute, both CPUs busy), the arena stayed full and every put
+ * waited out its timeout. Counts, not time: refusals at most one a block put. */
+START_TEST(test_replay_merge_refused_blocks_leave)
+{
+    static char out[REPLAY_OUT], err[REPLAY_OUT];
+    static const char *const args[] = {"-o", "host.size=16m",      "-o", "host.page_size=256k",
+                                       "-o", "host.hugepages=off", "-o", "host.prefault=no",
+                                       NULL};
+    static const char *const mixes[] = {"merge", "q8_0,merge"};
+    char trace[DAEMON_PATH_MAX];
+    policy_trace_write(rep_d.dir, trace, sizeof(trace));
+    for (size_t m = 0; m < sizeof(mixes) / sizeof(mixes[0]); m++) {
+        struct daemon d = {0};
+        uint64_t refused = 0, committed = 0, timeouts = 0, evicted = 0;
+        ck_assert_int_eq(daemon_start(&d, args), 0);
+        const char *argv[] = {KVCREPLAY, "-s",      d.sock,      "--json",        "--no-sim",
+                              "-n",      "1500",    "--quant",   mixes[m],        "--block-bytes",
+                              "64k",     trace,     NULL};
+        int rc = daemon_run(argv, out, REPLAY_OUT, err, REPLAY_OUT, 60000);
+        ck_assert_msg(rc == 0, "%s: kvcreplay exit %d: %s %s", mixes[m], rc, out, err);
+        ck_assert_uint_eq(rep_u64(out, "wrong_bytes"), 0);
+        ck_assert_uint_eq(rep_u64(out, "errors"), 0);
+        ck_assert_int_eq(daemon_stat(&d, "merge_refused_blocks", &refused), 0);
+        ck_assert_int_eq(daemon_stat(&d, "committed_blocks", &committed), 0);
+        ck_assert_int_eq(daemon_stat(&d, "put_wait_timeouts", &timeouts), 0);
+        ck_assert_int_eq(daemon_stat(&d, "evicted_blocks", &evicted), 0);
+        printf("e2e_replay: %s: %" PRIu64 " committed, %" PRIu64 " merge refusals, %" PRIu64
+               " evicted, %" PRIu64 " put timeouts, hit ratio %.4f\n",
+               mixes[m], committed, refused, evicted, timeouts,
+               (double)rep_u64(out, "blocks_hit") / (double)rep_u64(out, "blocks_looked_up"));
+        ck_assert_uint_gt(refused, 0); /* the case: merge refuses these blocks */
+        ck_assert_uint_le(refused, committed);
+        ck_assert_uint_eq(timeouts, 0);
+        ck_assert_uint_gt(evicted, 0);
+        ck_assert_int_eq(daemon_stop(&d), 0);
+        daemon_cleanup(&d);
+    }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("e2e_replay");
@@ -376,6 +421,7 @@ int main(void)
     tcase_add_test(tc, test_replay_malformed_line_stops_before_the_daemon);
     tcase_add_test(tc, test_replay_quant_lossy_hits_checked);
     tcase_add_test(tc, test_replay_policies_follow_kvcsim);
+    tcase_add_test(tc, test_replay_merge_refused_blocks_leave);
     tcase_add_test(tc, test_replay_chain_kvcsim_predicts);
     suite_add_tcase(s, tc);
     if (daemon_suite_init("e2e-replay"))

@@ -1542,6 +1542,12 @@ mutation quant-no-room-no-slab daemon/quant.c "check_e2e_quant" \
 '                    int m = no_room ? no_room(s, i) : 0;' \
 '                    int m = ((void)no_room, 0);'
 
+# A merge step refused with no rung after it does not mark its block: one with children goes
+# back to the ladder and is taken to merge again and again while the arena stays full.
+mutation merge-refused-not-marked daemon/quant.c "check_e2e_replay" \
+'        s->ix.blocks[j->idx].merge_refused = 1;' \
+'        (void)s->ix.blocks[j->idx].merge_refused;'
+
 # ---- machinery ------------------------------------------------------------------------------
 
 key() { echo "$1" | tr -- '-.' '__'; }
