@@ -1542,6 +1542,13 @@ mutation quant-no-room-no-slab daemon/quant.c "check_e2e_quant" \
 '                    int m = no_room ? no_room(s, i) : 0;' \
 '                    int m = ((void)no_room, 0);'
 
+# The quantize worker's bound counted every arena's jobs together: a tenant whose own arena's
+# ladder steps kept the worker at host.quantize_inflight made another tenant's ladder step
+# wait for room that no job of its arena was bringing, and its put was answered NOSPACE.
+mutation quant-inflight-all-arenas daemon/engine.c "check_e2e_adversary_pool" \
+'    if (quant_inflight_in(s->quant, s->ix.blocks[v].arena) >= s->p.quantize_inflight)' \
+'    if (quant_inflight(s->quant) >= s->p.quantize_inflight)'
+
 # ---- machinery ------------------------------------------------------------------------------
 
 key() { echo "$1" | tr -- '-.' '__'; }
