@@ -1549,6 +1549,12 @@ mutation quant-inflight-all-arenas daemon/engine.c "check_e2e_adversary_pool" \
 '    if (quant_inflight_in(s->quant, s->ix.blocks[v].arena) >= s->p.quantize_inflight)' \
 '    if (quant_inflight(s->quant) >= s->p.quantize_inflight)'
 
+# BLOCK_LIST walks the whole index again, not SERVER_BLOCK_LIST_WALK entries: one tenant's
+# listings of an empty namespace stall every other tenant's requests.
+mutation block-list-walk-unbounded daemon/server_dispatch.c "check_e2e_adversary" \
+'    if (end > ix->nblocks || end < q->cursor)' \
+'    if (end > ix->nblocks || end >= q->cursor)'
+
 # ---- machinery ------------------------------------------------------------------------------
 
 key() { echo "$1" | tr -- '-.' '__'; }
