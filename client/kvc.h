@@ -505,7 +505,9 @@ KVC_API int kvc_ns_list(kvc_client *c, struct kvc_ns_info **out, size_t *n);
 KVC_API uint32_t kvc_ns_id(const kvc_ns *ns);
 
 /* Up to `max` blocks of namespace `ns_id` from *cursor (0 to start); sets *cursor to the next
- * position, 0 at the end. *out is malloc'd (free() it). */
+ * position, 0 at the end. A page may hold fewer than `max` before the end (kvcd walks a
+ * bounded share of its index per request, and this call asks again while a page holds none):
+ * go on until *cursor is 0. *out is malloc'd (free() it). */
 KVC_API int kvc_block_list(kvc_client *c, uint32_t ns_id, uint64_t *cursor, uint32_t max,
                            struct kvc_block_info **out, size_t *n);
 

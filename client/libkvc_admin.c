@@ -388,12 +388,23 @@ KVC_API int kvc_block_list(kvc_client *c, uint32_t ns_id, uint64_t *cursor, uint
     *out = NULL;
     *n = 0;
     pthread_mutex_lock(&c->mu);
-    struct kvc_block_list_req *q = kvci_req(c);
-    memset(q, 0, sizeof(*q));
-    q->ns_id = ns_id;
-    q->max = max;
-    q->cursor = *cursor;
-    rc = kvci_call(c, KVC_OP_BLOCK_LIST, sizeof(*q), NULL);
+    /* kvcd walks a bounded part of its index per request: a page may end with none of the
+     * namespace's blocks and more to come. Those are asked past here, so that a caller sees
+     * an empty page only at the end. */
+    for (;;) {
+        struct kvc_block_list_req *q = kvci_req(c);
+        memset(q, 0, sizeof(*q));
+        q->ns_id = ns_id;
+        q->max = max;
+        q->cursor = *cursor;
+        rc = kvci_call(c, KVC_OP_BLOCK_LIST, sizeof(*q), NULL);
+        if (rc)
+            break;
+        const struct kvc_block_list_rep *p = kvci_rep(c, &len);
+        if (len != sizeof(*p) || p->nblocks || !p->next_cursor || p->next_cursor <= *cursor)
+            break; /* blocks, the end, or what the checks below refuse */
+        *cursor = p->next_cursor;
+    }
     if (rc == 0) {
         const struct kvc_block_list_rep *p = kvci_rep(c, &len);
         const struct kvc_wire_block *w = (const struct kvc_wire_block *)(p + 1);

@@ -105,9 +105,10 @@
     X(host, low_watermark, DOUBLE, "0.98", 0.0, 1.0, 1, NULL,                                      \
       "Fraction of the arena in use at which eviction stops. Must be below high_watermark.")       \
     X(host, quantize_inflight, INT, "8", 0, 1024, 1, NULL,                                         \
-      "Blocks quantized in place at once above high_watermark, before evicting, in "               \
-      "namespaces whose creator allowed a codec (0: never quantize, evict). A slab quantized "     \
-      "whole to make room for the smaller size starts below it and may pass it once.")             \
+      "Blocks of one host arena quantized in place at once above high_watermark, before "          \
+      "evicting, in namespaces whose creator allowed a codec (0: never quantize, evict). Each "    \
+      "arena has its own count, so the jobs of one arena never hold back another's. A slab "       \
+      "quantized whole to make room for the smaller size starts below it and may pass it once.")   \
     X(host, quantize_threads, INT, "1", 0, 16, 0, NULL,                                            \
       "Threads that encode quantize-in-place jobs (0: one per CPU, at most 4). Their results "     \
       "land in the order the jobs were queued. Puts that wait for the precision ladder's "         \

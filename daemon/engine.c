@@ -444,7 +444,8 @@ static int engine_lru_quant_slab(struct store *s, uint32_t v)
     const struct block *b = &s->ix.blocks[v];
     struct store_ns *ns = s->ns[b->ns];
     uint32_t nsid = b->ns, used;
-    if (b->tier != KVC_WIRE_TIER_HOST || quant_inflight(s->quant) >= s->p.quantize_inflight)
+    if (b->tier != KVC_WIRE_TIER_HOST ||
+        quant_inflight_in(s->quant, b->arena) >= s->p.quantize_inflight)
         return 0;
     used = engine_slab_quantize(s, ns, v, store_ns_first_format(ns), engine_lru_slab_ok, &nsid);
     if (used)
@@ -466,8 +467,8 @@ static enum engine_ladder_r engine_ladder_down(struct store *s, struct store_ns 
     int rc;
     if (!s->quant || !s->p.quantize_inflight)
         return engine_ladder_out(s, ns, k, INDEX_NONE, now);
-    if (quant_inflight(s->quant) >= s->p.quantize_inflight)
-        return ENGINE_LADDER_WAIT;
+    if (quant_inflight_in(s->quant, s->ix.blocks[v].arena) >= s->p.quantize_inflight)
+        return ENGINE_LADDER_WAIT; /* this arena's jobs at the bound: room is coming */
     d = store_ladder_dest(s, ns, v, k);
     to = ns->rung_format[d];
     rc = store_quantize_to(s, v, to);
@@ -803,7 +804,7 @@ static int engine_policy_round(struct store *s, uint32_t a, uint64_t to_free, ui
                                  .actions = 1u << POLICY_ACTION_DROP,
                                  .codecs = 1u << POLICY_CODEC_RAW};
     if (s->quant && KVC_WIRE_QUANT_ALLOWED(f) &&
-        quant_inflight(s->quant) < s->p.quantize_inflight) {
+        quant_inflight_in(s->quant, a) < s->p.quantize_inflight) {
         uint32_t c = KVC_WIRE_QUANT_K(f) ? KVC_WIRE_QUANT_K(f) : KVC_WIRE_QUANT_V(f);
         pr.actions |= 1u << POLICY_ACTION_QUANTIZE;
         for (uint32_t k = 1; k < KVC_WIRE_FORMAT_COUNT; k++)
@@ -863,7 +864,8 @@ static int engine_policy_round(struct store *s, uint32_t a, uint64_t to_free, ui
             continue;
         switch (act[k].action) {
         case POLICY_ACTION_QUANTIZE:
-            if (quant_inflight(s->quant) < s->p.quantize_inflight && store_quantize(s, idx) == 0)
+            if (quant_inflight_in(s->quant, a) < s->p.quantize_inflight &&
+                store_quantize(s, idx) == 0)
                 acted++;
             break;
         case POLICY_ACTION_OFFLOAD:

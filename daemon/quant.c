@@ -35,8 +35,8 @@
  * precision ladder, the ladder's steps (engine.c) choose them. quant_pressure() runs
  * first. For each arena above its high watermark it queues the coldest unpinned raw blocks
  * of namespaces that allow a codec, counting each queued raw slot as freed already, until
- * the arena would be at its low watermark or store_params.quantize_inflight jobs are in
- * flight; engine_trim() then evicts only what quantization does not cover. Namespaces allow
+ * the arena would be at its low watermark or store_params.quantize_inflight jobs of that
+ * arena are in flight; engine_trim() then evicts only what quantization does not cover. Namespaces allow
  * no codec unless their creator asked (layout.flags at NS_OPEN), so by default nothing is
  * ever lossy.
  *
@@ -126,6 +126,9 @@ struct quant {
     uint64_t seq_land;      /* loop thread: the seq of the next job to land */
     struct quant_job *held; /* loop thread: done before an earlier job, by seq */
     uint64_t pending[STORE_MAX_ARENAS];
+    /* Jobs of each arena in flight: store_params.quantize_inflight bounds each arena's, not
+     * all together (one tenant's jobs at the cap held every other arena's ladder) */
+    uint32_t inflight_arena[STORE_MAX_ARENAS];
 };
 
 /* ---- worker -------------------------------------------------------------------------- */
@@ -277,6 +280,7 @@ static void quant_settle(struct quant *q, struct quant_job *j)
     struct store_ns *ns = s->ns[b->ns];
     b->flags &= (uint8_t)~BLOCK_F_QUANTIZING;
     q->inflight--;
+    q->inflight_arena[j->arena]--;
     q->pending[j->arena] -= j->raw.len;
     if (ns->rung_moving[j->from_rung] >= j->raw.len)
         ns->rung_moving[j->from_rung] -= j->raw.len;
@@ -559,6 +563,11 @@ uint32_t quant_inflight(const struct quant *q)
     return q ? q->inflight : 0;
 }
 
+uint32_t quant_inflight_in(const struct quant *q, uint32_t arena)
+{
+    return q && arena < STORE_MAX_ARENAS ? q->inflight_arena[arena] : 0;
+}
+
 uint64_t quant_pending_bytes(const struct quant *q, uint32_t arena)
 {
     return q && arena < STORE_MAX_ARENAS ? q->pending[arena] : 0;
@@ -677,6 +686,7 @@ static void quant_job_queue(struct quant *q, struct quant_job *j)
     s->pins_now++;
     b->flags |= BLOCK_F_QUANTIZING;
     q->inflight++;
+    q->inflight_arena[b->arena]++;
     q->pending[b->arena] += b->len;
     j->seq = q->seq_next++;
     pthread_mutex_lock(&q->mu);
@@ -776,7 +786,7 @@ int quant_pressure(struct quant *q, uint64_t now, int (*no_room)(struct store *s
         if ((double)(t->ops->usage(t) - q->pending[a]) <= s->p.high_watermark * cap)
             continue;
         for (uint32_t i = s->arenas[a].lru_tail;
-             i != INDEX_NONE && walked < QUANT_WALK && q->inflight < s->p.quantize_inflight;
+             i != INDEX_NONE && walked < QUANT_WALK && q->inflight_arena[a] < s->p.quantize_inflight;
              walked++) {
             uint32_t prev = s->ix.blocks[i].lru_prev;
             if ((double)(t->ops->usage(t) - q->pending[a]) <= s->p.low_watermark * cap)

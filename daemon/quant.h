@@ -60,7 +60,8 @@ int store_quantize_slab(struct store *s, const uint32_t *idx, uint32_t n, uint8_
 
 /* Pressure trigger, called by engine_trim() before it evicts: for every arena above its high
  * watermark, queues the coldest unpinned raw blocks of namespaces that allow a codec until
- * the arena would be at its low watermark once they are done, or `inflight` jobs are queued.
+ * the arena would be at its low watermark once they are done, or `inflight` jobs of that arena
+ * are queued.
  * A block whose encoded slot finds no room (every page of the arena cut for other sizes, as
  * a full arena of raw blocks has them) is handed to no_room when given, which may step its
  * whole slab down (engine.c: the slab empties and its pages take the smaller slots) and
@@ -84,5 +85,10 @@ int quant_key_summary(const struct quant *q, uint32_t idx, float *norm, float *a
 
 /* Jobs queued and not yet applied. */
 uint32_t quant_inflight(const struct quant *q);
+/* Those of host arena `arena`: what store_params.quantize_inflight bounds. The worker serves
+ * every arena, and arenas are the tenants' (daemon/acl.c): with one bound for all of them, a
+ * tenant that kept its own arena's jobs at the bound kept every other arena's precision
+ * ladder from stepping (its puts answered NOSPACE). */
+uint32_t quant_inflight_in(const struct quant *q, uint32_t arena);
 
 #endif

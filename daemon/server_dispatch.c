@@ -879,6 +879,13 @@ static int server_on_ns_list(struct server *sv, struct conn *c, const struct pro
     return (int)(sizeof(*p) + n * sizeof(*out));
 }
 
+/* Index entries one BLOCK_LIST walks at most (64 KiB of them, about what a LOOKUP of 8 keys
+ * costs): a page ends there with the blocks it found, none maybe, and the cursor to go on
+ * from. Walking until `max` blocks of the namespace were found walked the whole index for a
+ * namespace with few blocks, every tenant's entries (8 connections listing an empty
+ * namespace over 256 K entries took another tenant's LOOKUP p99 from 0.7 to 17.5 ms). */
+#define SERVER_BLOCK_LIST_WALK 1024u
+
 static int server_on_block_list(struct server *sv, struct conn *c, const struct proto_req *r)
 {
     const struct kvc_block_list_req *q = r->body;
@@ -888,13 +895,15 @@ static int server_on_block_list(struct server *sv, struct conn *c, const struct 
         (KVC_PROTO_MAX_MSG - sizeof(struct kvc_msg_hdr) - sizeof(*p)) / sizeof(*out);
     uint32_t max = q->max < fit ? q->max : fit;
     const struct index *ix = &sv->store->ix;
-    uint64_t i = q->cursor;
+    uint64_t i = q->cursor, end = q->cursor + SERVER_BLOCK_LIST_WALK;
     uint32_t n = 0;
     if (!store_ns_get(sv->store, q->ns_id))
         return -ENOENT;
     if (!(acl_access(sv->acl, &c->peer, q->ns_id) & KVC_ACCESS_READ))
         return -EACCES;
-    for (; i < ix->nblocks && n < max; i++) {
+    if (end > ix->nblocks || end < q->cursor)
+        end = ix->nblocks;
+    for (; i < end && n < max; i++) {
         const struct block *b = &ix->blocks[i];
         if (b->state != BLOCK_STATE_COMMITTED || b->ns != q->ns_id)
             continue;

@@ -4,7 +4,8 @@
  * connections and of namespaces, idle connections, hoarded reservations, names leaked
  * across namespaces, holes punched in the shared arena (on 4 KiB and on hugetlb pages),
  * a restricted namespace restored from disk kept out of arena 0, and per-head hints and budgets
- * sent at namespaces the attacker may not read and in hostile shapes; and the sockets' I/O
+ * sent at namespaces the attacker may not read and in hostile shapes, listings of an empty
+ * namespace over a large index (BLOCK_LIST); and the sockets' I/O
  * threads (server.io_threads) and the loop thread's: descriptors sent to the daemon (closed,
  * none kept: its /proc fd count), a flood of pipelined requests, a client that never reads and
  * one at its connection cap on the victim's I/O thread, replies checked to reach their own
@@ -1225,6 +1226,199 @@ START_TEST(test_encode_under_writer)
 }
 END_TEST
 
+/* ---- listings: BLOCK_LIST over a large index ----------------------------------------------- */
+
+/* BLOCK_LIST pages through the index from its cursor until it has `max` blocks of the
+ * namespace, and it walked the whole index for a namespace with few blocks: a request whose
+ * cost grows with every tenant's blocks (at 10^7 blocks, 640 MB of entries). The attacker
+ * fills arena 0 with 4 KiB blocks of its own (a 262,144-entry index), then ADV_BL_CONNS of
+ * its connections list an empty namespace over and over while the victim times LOOKUPs of
+ * its restricted prefix; in the rounds between, the same connections send LOOKUPs of 8
+ * blocks instead. As test_ring_flood: rounds alternate, the same number of samples of each,
+ * and the victim's p99 under the listings stays within 2x of its p99 under the lookups. */
+#define ADV_BL_CONNS 8
+#define ADV_BL_ROUNDS 6
+#define ADV_BL_SAMPLES 1500 /* per round, at most */
+#define ADV_BL_ROUND_MS 2500
+#define ADV_BL_CHAIN 2048 /* blocks a filler put */
+
+struct adv_bl {
+    int ready, round, round_done; /* as adv_rf's (check_e2e_adversary_fast) */
+    uint64_t msgs[ADV_BL_ROUNDS][ADV_BL_CONNS];
+    uint32_t n[ADV_BL_ROUNDS];
+    uint32_t lat_ns[ADV_BL_ROUNDS][ADV_BL_SAMPLES];
+};
+
+static struct adv_bl *adv_bl;
+static int adv_bl_idx;
+
+/* 4 KiB blocks: the most index entries an arena's bytes can make. */
+static struct kvc_layout adv_bl_layout(const char *model)
+{
+    struct kvc_layout lay = daemon_layout(model, 16);
+    lay.layers = 1;
+    lay.kv_heads = 1;
+    return lay;
+}
+
+/* Fills arena 0 with its own blocks (their bytes do not matter). */
+static int adv_bl_filler(void *arg)
+{
+    struct kvc_layout lay = adv_bl_layout("attacker-tiny");
+    static struct kvc_key keys[ADV_BL_CHAIN];
+    static const void *blk[ADV_BL_CHAIN];
+    static uint8_t zero[4096];
+    kvc_client *c;
+    kvc_ns *ns;
+    const uint64_t chains = *(const uint64_t *)arg;
+    if (kvc_connect(adv_d.sock, &c) || kvc_ns_open(c, &lay, &ns) || kvc_ns_block_bytes(ns) != 4096)
+        return 60;
+    for (uint32_t i = 0; i < ADV_BL_CHAIN; i++)
+        blk[i] = zero;
+    for (uint64_t ch = 0; ch < chains; ch++) {
+        if (daemon_chain_keys(ns, 0x6b000000u + (uint32_t)ch, 0, 0, ADV_BL_CHAIN, keys))
+            return 61;
+        if (kvc_put_prefix(ns, NULL, keys, ADV_BL_CHAIN, blk) < 0)
+            return 62;
+    }
+    kvc_disconnect(c);
+    return 0;
+}
+
+static int adv_bl_wait_round(int after)
+{
+    int r;
+    while ((r = __atomic_load_n(&adv_bl->round, __ATOMIC_ACQUIRE)) >= 0 && r <= after)
+        adv_msleep(1);
+    return r;
+}
+
+static int adv_bl_attacker(void *arg)
+{
+    struct adv_bl *bl = adv_bl;
+    struct kvc_layout lay = daemon_layout("attacker-model", ADV_BT),
+                      empty = adv_bl_layout("attacker-empty");
+    struct kvc_key keys[8];
+    kvc_client *c;
+    kvc_ns *ns, *ens;
+    int idx = adv_bl_idx, r = 0;
+    (void)arg;
+    if (kvc_connect(adv_d.sock, &c) || kvc_ns_open(c, &lay, &ns) || kvc_ns_open(c, &empty, &ens))
+        return 63;
+    if (adv_roundtrip_ns(ns, 0x6c00 + (uint32_t)idx, 8))
+        return 64;
+    adv_keys(ns, 0x6c00 + (uint32_t)idx, 8, keys);
+    __atomic_fetch_add(&bl->ready, 1, __ATOMIC_ACQ_REL);
+    while ((r = adv_bl_wait_round(r)) > 0) {
+        bool flood = (r & 1) == 0;
+        while (__atomic_load_n(&bl->round_done, __ATOMIC_ACQUIRE) < r) {
+            if (flood) {
+                struct kvc_block_info *b = NULL;
+                uint64_t cursor = 0;
+                size_t n;
+                if (kvc_block_list(c, kvc_ns_id(ens), &cursor, 1, &b, &n) || n)
+                    return 65;
+                free(b);
+            } else {
+                kvc_lease *l;
+                if (kvc_lookup(ns, keys, 8, 0, &l) != 8 || kvc_release(l))
+                    return 66;
+            }
+            bl->msgs[r - 1][idx]++;
+        }
+    }
+    kvc_disconnect(c);
+    return 0;
+}
+
+static int adv_bl_victim(void *arg)
+{
+    struct adv_bl *bl = adv_bl;
+    struct kvc_layout lay = daemon_layout("victim-model", ADV_BT);
+    struct kvc_key keys[8];
+    kvc_client *c;
+    kvc_ns *ns;
+    (void)arg;
+    if (kvc_connect(adv_d.sock, &c) || kvc_ns_open(c, &lay, &ns) || adv_roundtrip_ns(ns, 0x7400, 8))
+        return 67;
+    adv_keys(ns, 0x7400, 8, keys);
+    for (int i = 0; i < 60000 && __atomic_load_n(&bl->ready, __ATOMIC_ACQUIRE) < ADV_BL_CONNS; i++)
+        adv_msleep(1);
+    if (bl->ready < ADV_BL_CONNS)
+        return 68;
+    for (int r = 1; r <= ADV_BL_ROUNDS; r++) {
+        __atomic_store_n(&bl->round, r, __ATOMIC_RELEASE);
+        adv_msleep(100); /* the attackers under way */
+        uint64_t end = daemon_now_ms() + ADV_BL_ROUND_MS;
+        uint32_t n = 0;
+        while (n < ADV_BL_SAMPLES && daemon_now_ms() < end) {
+            kvc_lease *l;
+            uint64_t t0 = adv_mono_ns();
+            int h = kvc_lookup(ns, keys, 8, 0, &l);
+            uint64_t t1 = adv_mono_ns();
+            if (h != 8 || kvc_release(l))
+                return 69;
+            bl->lat_ns[r - 1][n++] = (uint32_t)(t1 - t0 > UINT32_MAX ? UINT32_MAX : t1 - t0);
+        }
+        bl->n[r - 1] = n;
+        __atomic_store_n(&bl->round_done, r, __ATOMIC_RELEASE);
+    }
+    __atomic_store_n(&bl->round, -1, __ATOMIC_RELEASE);
+    kvc_disconnect(c);
+    return 0;
+}
+
+START_TEST(test_block_list_flood)
+{
+    static const char *const extra[] = {"-o", "host.size=1g", NULL};
+    pid_t att[ADV_BL_CONNS], vic;
+    uint64_t chains = (1ull << 30) / (ADV_BL_CHAIN * 4096ull);
+    adv_bl = mmap(NULL, sizeof(*adv_bl), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    ck_assert_ptr_ne(adv_bl, MAP_FAILED);
+    memset(adv_bl, 0, sizeof(*adv_bl));
+    adv_start(extra);
+    ck_assert_int_eq(adv_run(ADV_ATTACKER, adv_bl_filler, &chains), 0);
+    uint64_t blocks = adv_stat("blocks_now");
+    for (int i = 0; i < ADV_BL_CONNS; i++) {
+        adv_bl_idx = i;
+        att[i] = adv_spawn(ADV_ATTACKER, adv_bl_attacker, NULL);
+    }
+    vic = adv_spawn(ADV_VICTIM, adv_bl_victim, NULL);
+    ck_assert_int_eq(daemon_child_wait(vic, 120000, NULL), 0);
+    for (int i = 0; i < ADV_BL_CONNS; i++)
+        ck_assert_int_eq(daemon_child_wait(att[i], 30000, NULL), 0);
+    uint32_t n = ADV_BL_SAMPLES;
+    for (int r = 0; r < ADV_BL_ROUNDS; r++)
+        n = adv_bl->n[r] < n ? adv_bl->n[r] : n;
+    static uint32_t plain[ADV_BL_ROUNDS / 2 * ADV_BL_SAMPLES],
+        flood[ADV_BL_ROUNDS / 2 * ADV_BL_SAMPLES];
+    const uint32_t kinds = ADV_BL_ROUNDS / 2;
+    uint64_t mplain = 0, mflood = 0;
+    for (int r = 0; r < ADV_BL_ROUNDS; r++) {
+        memcpy((r & 1 ? flood : plain) + (r / 2) * n, adv_bl->lat_ns[r], n * sizeof(uint32_t));
+        for (int i = 0; i < ADV_BL_CONNS; i++)
+            *(r & 1 ? &mflood : &mplain) += adv_bl->msgs[r][i];
+    }
+    double p50p = adv_quantile_ms(plain, kinds * n, 0.5),
+           p99p = adv_quantile_ms(plain, kinds * n, 0.99);
+    double p50f = adv_quantile_ms(flood, kinds * n, 0.5),
+           p99f = adv_quantile_ms(flood, kinds * n, 0.99);
+    printf("e2e_adversary: block list flood over %llu blocks: victim LOOKUP p50 %.3f ms, p99 "
+           "%.3f ms under %llu lookups; p50 %.3f ms, p99 %.3f ms under %llu BLOCK_LISTs (%u "
+           "samples each)\n",
+           (unsigned long long)blocks, p50p, p99p, (unsigned long long)mplain, p50f, p99f,
+           (unsigned long long)mflood, kinds * n);
+    fflush(stdout);
+    ck_assert_uint_ge(blocks, 200000);
+    ck_assert_uint_ge(n, 200);
+    ck_assert_msg(p99f <= 2 * p99p,
+                  "victim p99 %.3f ms under the BLOCK_LIST flood, %.3f ms under plain lookups",
+                  p99f, p99p);
+    munmap(adv_bl, sizeof(*adv_bl));
+    adv_check_clean();
+}
+END_TEST
+
 /* ---- the I/O threads (server.io_threads, daemon/server_io.c) ----------------------------------- */
 
 /* A raw connection to adv_d, or -1. */
@@ -1769,6 +1963,7 @@ int main(void)
         {"test_restored_ns_arena", test_restored_ns_arena, false},
         {"test_head_hints", test_head_hints, false},
         {"test_encode_under_writer", test_encode_under_writer, false},
+        {"test_block_list_flood", test_block_list_flood, false},
         {"test_io_descriptors", test_io_descriptors, false},
         {"test_loop_descriptors", test_loop_descriptors, false},
         {"test_io_starvation", test_io_starvation, false},

@@ -391,13 +391,6 @@ struct adv_rf {
 static struct adv_rf *adv_rf;
 static int adv_rf_idx; /* the attacker's number, set before each spawn */
 
-static uint64_t adv_mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* Until round r is announced (or the end). */
 static int adv_rf_wait_round(int after)
 {
@@ -491,20 +484,6 @@ static int adv_rf_victim(void *arg)
     __atomic_store_n(&rf->round, -1, __ATOMIC_RELEASE);
     kvc_disconnect(c);
     return 0;
-}
-
-static int adv_u32_cmp(const void *a, const void *b)
-{
-    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* The q-quantile of v[0..n) (sorted in place), in ms. */
-static double adv_quantile_ms(uint32_t *v, uint32_t n, double q)
-{
-    qsort(v, n, sizeof(*v), adv_u32_cmp);
-    uint32_t i = (uint32_t)(q * n + 0.999999);
-    return v[i ? i - 1 : 0] / 1e6;
 }
 
 START_TEST(test_ring_flood)

@@ -3,8 +3,10 @@
  * this process (docs/security.md): the GPU pool (the fake device of tests/lib stands in for
  * the GPU) attached, reserved and looked up by a client the namespace's access lists do not
  * name, and a flood of WAITs on disk reads that never finish (made by flagging blocks as
- * being read). The victim and the other uids' children are tests/lib/adversary.h's. Without
- * root, every case prints a SKIP line and none is registered.
+ * being read), and the quantize worker kept at its bound by the attacker's jobs while the
+ * victim's precision ladder needs a step. The victim and the other uids' children are
+ * tests/lib/adversary.h's. Without root, every case prints a SKIP line and none is
+ * registered.
  */
 #include <check.h>
 #include <errno.h>
@@ -35,6 +37,7 @@
 #include "daemon/config_ns.h"
 #include "daemon/log.h"
 #include "daemon/loop.h"
+#include "daemon/quant.h"
 #include "daemon/server.h"
 #include "daemon/store.h"
 #include "kernels/kern.h"
@@ -389,6 +392,163 @@ START_TEST(test_wait_flood)
 }
 END_TEST
 
+/* ---- the quantize worker: another tenant's jobs and the victim's ladder ------------------------ */
+
+/* The worker and its cap (host.quantize_inflight) serve every arena. The cap counted every
+ * arena's jobs together, and a precision ladder's step waits while the cap is reached, its
+ * put answered NOSPACE when no job of its own arena is coming: the attacker, filling its own
+ * arena and putting on, kept the victim's ladder (in its private arena) from ever making
+ * room. Here the attacker's jobs are held in flight (this process lands them, quant_poll,
+ * only once the victim's put waits): the victim's put into its full arena must queue steps
+ * of its own ladder, wait for them, and be served. */
+#define QW_LEN 4  /* blocks of a filler chain */
+#define QW_BIG 20 /* the attacker's last chain: more steps than the cap */
+#define QW_INFLIGHT 8
+
+static struct {
+    uint64_t waits0; /* put_waits before the victim's put */
+    pid_t victim;
+    int rc;
+} qw;
+
+/* Fills the arena of model's namespace (one allowing q8_0: under the default policy a
+ * ladder raw, q8_0) with `chains` chains of raw blocks; then puts one chain of `last` blocks
+ * (fill with daemon_block_fill), which must all be served (with `check`) and read back. */
+struct qw_put {
+    const char *model;
+    int chains, last;
+    bool check;
+};
+
+static int qw_put(void *arg)
+{
+    const struct qw_put *a = arg;
+    struct kvc_layout lay = daemon_layout(a->model, 64);
+    struct kvc_quant qq = {
+        .allowed = 1u << KVC_CODEC_Q8_0, .k_codec = KVC_CODEC_Q8_0, .v_codec = KVC_CODEC_Q8_0};
+    struct kvc_key k[QW_BIG];
+    void *blk[QW_BIG];
+    kvc_client *c;
+    kvc_ns *ns;
+    int rc = 0, got;
+    if (kvc_connect(adv_d.sock, &c) || kvc_ns_open_quant(c, &lay, &qq, &ns))
+        return 160;
+    size_t bb = kvc_ns_block_bytes(ns);
+    for (int i = 0; i < QW_BIG; i++)
+        if (!(blk[i] = malloc(bb)))
+            return 161;
+    for (int ch = 0; ch < a->chains; ch++) {
+        if (daemon_chain_keys(ns, (uint32_t)ch, 0, 0, QW_LEN, k))
+            return 162;
+        for (int i = 0; i < QW_LEN; i++)
+            daemon_smooth_fill(&k[i], blk[i], bb / 2);
+        if (kvc_put_prefix(ns, NULL, k, QW_LEN, (const void *const *)blk) != QW_LEN)
+            return 163;
+    }
+    if (a->last && daemon_chain_keys(ns, 100000u, 0, 0, (uint32_t)a->last, k))
+        return 164;
+    for (int i = 0; i < a->last; i++)
+        daemon_block_fill(&k[i], blk[i], bb);
+    if (a->last) {
+        got = kvc_put_prefix(ns, NULL, k, (size_t)a->last, (const void *const *)blk);
+        if (a->check && got != a->last)
+            rc = 165; /* NOSPACE: its ladder made no room */
+    }
+    for (int i = 0; i < a->last && rc == 0 && a->check; i++)
+        memset(blk[i], 0, bb);
+    if (rc == 0 && a->check && kvc_get_prefix(ns, k, (size_t)a->last, blk) != a->last)
+        rc = 166;
+    for (int i = 0; i < a->last && rc == 0 && a->check; i++)
+        if (daemon_block_check(&k[i], blk[i], bb) != -1)
+            rc = 167;
+    for (int i = 0; i < QW_BIG; i++)
+        free(blk[i]);
+    kvc_disconnect(c);
+    return rc;
+}
+
+/* The victim's phase: the jobs land (all of them, the attacker's first) only once its put
+ * waits. */
+static void qw_tick(void *arg)
+{
+    struct inproc *x = arg;
+    int st;
+    if (qw.victim > 0 && waitpid(qw.victim, &st, WNOHANG) == qw.victim) {
+        qw.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        qw.victim = 0;
+    }
+    if (x->s->total.put_waits > qw.waits0)
+        quant_poll(x->s->quant);
+    server_tick(x->sv);
+    if (qw.victim == 0 && server_clients(x->sv) == 0) {
+        quant_drain(x->s->quant);
+        loop_stop(x->l);
+    }
+}
+
+START_TEST(test_quant_worker_other_arena)
+{
+    struct store_params sp = {.host_size = 4 << 20,
+                              .host_page_size = 64 << 10,
+                              .high_watermark = 1.0,
+                              .low_watermark = 0.99,
+                              .max_namespaces = 16,
+                              .max_handles = 64,
+                              .policy = POLICY_DEFAULT,
+                              .quantize_inflight = QW_INFLIGHT,
+                              .quantize_threads = 1};
+    struct config *cfg = config_new();
+    char err[256];
+    int rc = 0;
+    memset(&ip, 0, sizeof(ip));
+    memset(&qw, 0, sizeof(qw));
+    log_setup(LOG_LEVEL_WARNING, 1000);
+    adv_dir_open();
+    ck_assert_ptr_nonnull(cfg);
+    ck_assert_int_eq(config_ns_set(&cfg->ns, "victim*", "read", "65503", err, sizeof(err)), 0);
+    ck_assert_int_eq(config_ns_set(&cfg->ns, "victim*", "write", "65501", err, sizeof(err)), 0);
+    ck_assert_int_eq(config_ns_set(&cfg->ns, "victim*", "host_size", "4m", err, sizeof(err)), 0);
+    cfg->disk_put_wait = (uint64_t)daemon_ms(2000);
+    inproc_start(&ip.srv, cfg, &sp, adv_d.sock, 0666, 64);
+    ck_assert_ptr_nonnull(quant_new(NULL, ip.srv.s, &rc)); /* landings: quant_poll here */
+    struct store *s = ip.srv.s;
+    const uint32_t va = acl_ns_arena(ip.srv.acl, "victim-ladder");
+    ck_assert_uint_ne(va, 0);
+    const struct tier *vt = s->arenas[va].tier, *at = s->arenas[0].tier;
+    const uint64_t chunk = (uint64_t)QW_LEN << 16; /* QW_LEN blocks of 64 KiB */
+
+    /* The victim fills its private arena, raw; nothing quantized yet. */
+    struct qw_put v = {"victim-ladder", (int)(vt->ops->capacity(vt) / chunk), 0, true};
+    ck_assert_int_eq(adv_ip_run(ADV_VICTIM, qw_put, &v), 0);
+    ck_assert_uint_eq(vt->ops->usage(vt), vt->ops->capacity(vt));
+    ck_assert_uint_eq(quant_inflight(s->quant), 0);
+
+    /* The attacker fills arena 0 and puts on: its ladder's steps fill the worker's cap, and
+     * its put waits for them (they do not land in this phase). */
+    struct qw_put a = {"attacker-ladder", (int)(at->ops->capacity(at) / chunk), QW_BIG, false};
+    ck_assert_int_eq(adv_ip_run(ADV_ATTACKER, qw_put, &a), 0);
+    ck_assert_uint_ge(quant_inflight(s->quant), QW_INFLIGHT);
+    ck_assert_uint_eq(quant_pending_bytes(s->quant, va), 0);
+
+    /* The victim puts one more chain into its full arena: its own ladder makes the room. */
+    struct qw_put v2 = {"victim-ladder", 0, QW_LEN, true};
+    qw.waits0 = s->total.put_waits;
+    qw.rc = -1;
+    qw.victim = adv_spawn(ADV_VICTIM, qw_put, &v2);
+    loop_run(ip.srv.l, 20, qw_tick, &ip.srv);
+    printf("e2e_adversary_pool: the victim's put behind %u of the attacker's quantize jobs: "
+           "exit %d; put waits %llu, ladder steps %llu\n",
+           QW_INFLIGHT, qw.rc, (unsigned long long)(s->total.put_waits - qw.waits0),
+           (unsigned long long)s->total.ladder_steps);
+    ck_assert_msg(qw.rc == 0,
+                  "the victim's put was not served while another arena's jobs filled the "
+                  "quantize worker (exit %d: 165 NOSPACE)",
+                  qw.rc);
+    inproc_stop(&ip.srv);
+    daemon_cleanup(&adv_d);
+}
+END_TEST
+
 /* ---- the suite ---------------------------------------------------------------------------------- */
 
 int main(void)
@@ -396,6 +556,7 @@ int main(void)
     const struct adv_case cases[] = {
         {"test_gpu_pool_access", test_gpu_pool_access, false},
         {"test_wait_flood", test_wait_flood, false},
+        {"test_quant_worker_other_arena", test_quant_worker_other_arena, false},
     };
     Suite *s = suite_create("e2e_adversary_pool");
     adv_cases_add(s, "e2e_adversary_pool", cases, sizeof(cases) / sizeof(cases[0]));

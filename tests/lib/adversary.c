@@ -27,6 +27,26 @@ void adv_msleep(int ms)
         ;
 }
 
+uint64_t adv_mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static int adv_u32_cmp(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+double adv_quantile_ms(uint32_t *v, uint32_t n, double q)
+{
+    qsort(v, n, sizeof(*v), adv_u32_cmp);
+    uint32_t i = (uint32_t)(q * n + 0.999999);
+    return v[i ? i - 1 : 0] / 1e6;
+}
+
 /* ---- children as other users ------------------------------------------------------------ */
 
 struct adv_as {

@@ -38,6 +38,10 @@
 extern struct daemon adv_d;
 
 void adv_msleep(int ms);
+/* CLOCK_MONOTONIC in ns. */
+uint64_t adv_mono_ns(void);
+/* The q-quantile of v[0..n) (sorted in place: latencies in ns), in ms. */
+double adv_quantile_ms(uint32_t *v, uint32_t n, double q);
 
 /* ---- children as other users */
 /* fn(arg) in a child (daemon_child_spawn) that first drops to uid (group uid, no groups). */

@@ -1548,6 +1548,19 @@ mutation merge-refused-not-marked daemon/quant.c "check_e2e_replay" \
 '        s->ix.blocks[j->idx].merge_refused = 1;' \
 '        (void)s->ix.blocks[j->idx].merge_refused;'
 
+# The quantize worker's bound counted every arena's jobs together: a tenant whose own arena's
+# ladder steps kept the worker at host.quantize_inflight made another tenant's ladder step
+# wait for room that no job of its arena was bringing, and its put was answered NOSPACE.
+mutation quant-inflight-all-arenas daemon/engine.c "check_e2e_adversary_pool" \
+'    if (quant_inflight_in(s->quant, s->ix.blocks[v].arena) >= s->p.quantize_inflight)' \
+'    if (quant_inflight(s->quant) >= s->p.quantize_inflight)'
+
+# BLOCK_LIST walks the whole index again, not SERVER_BLOCK_LIST_WALK entries: one tenant's
+# listings of an empty namespace stall every other tenant's requests.
+mutation block-list-walk-unbounded daemon/server_dispatch.c "check_e2e_adversary" \
+'    if (end > ix->nblocks || end < q->cursor)' \
+'    if (end > ix->nblocks || end >= q->cursor)'
+
 # ---- machinery ------------------------------------------------------------------------------
 
 key() { echo "$1" | tr -- '-.' '__'; }
