@@ -410,8 +410,8 @@ static bool engine_ladder_slab_ok(const struct store *s, uint32_t idx, const voi
 {
     const struct engine_ladder_ctx *c = arg;
     const struct block *b = &s->ix.blocks[idx];
-    return b->ns == c->ns->id && store_block_idle(s, idx) && b->depth != 0 &&
-           !b->merge_refused && store_ladder_rung(c->ns, b->format) == c->rung;
+    return b->ns == c->ns->id && store_block_idle(s, idx) && b->depth != 0 && !b->merge_refused &&
+           store_ladder_rung(c->ns, b->format) == c->rung;
 }
 
 static enum engine_ladder_r engine_ladder_slab(struct store *s, struct store_ns *ns, uint32_t v,

@@ -785,8 +785,8 @@ int quant_pressure(struct quant *q, uint64_t now, int (*no_room)(struct store *s
         struct quant_full full = {.n = 0};
         if ((double)(t->ops->usage(t) - q->pending[a]) <= s->p.high_watermark * cap)
             continue;
-        for (uint32_t i = s->arenas[a].lru_tail;
-             i != INDEX_NONE && walked < QUANT_WALK && q->inflight_arena[a] < s->p.quantize_inflight;
+        for (uint32_t i = s->arenas[a].lru_tail; i != INDEX_NONE && walked < QUANT_WALK &&
+                                                 q->inflight_arena[a] < s->p.quantize_inflight;
              walked++) {
             uint32_t prev = s->ix.blocks[i].lru_prev;
             if ((double)(t->ops->usage(t) - q->pending[a]) <= s->p.low_watermark * cap)

@@ -731,7 +731,8 @@ void store_ladder_setup(struct store *s, struct store_ns *ns)
         for (uint32_t i = 0; i < s->ix.nblocks; i++) {
             if (s->ix.blocks[i].ns != ns->id)
                 continue;
-            s->ix.blocks[i].merge_refused = 0; /* new rungs: merge may have one after it */
+            /* new rungs: merge may have one after it */
+            s->ix.blocks[i].merge_refused = 0;
             if (ns->rungs) /* a committed block is on its arena's list */
                 store_ladder_account(s, i, +1);
         }

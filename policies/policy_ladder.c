@@ -71,8 +71,8 @@ enum policy_codec policy_ladder_next(uint32_t codecs, enum policy_codec cur)
     /* Rungs by size, largest first: what a step down costs least in fidelity; of equal
      * sizes the more precise (a rotated 4-bit key before a plain one). */
     static const enum policy_codec order[] = {
-        POLICY_CODEC_Q8,   POLICY_CODEC_FP8,   POLICY_CODEC_MERGE, POLICY_CODEC_LOWRANK,
-        POLICY_CODEC_Q5,   POLICY_CODEC_ROT4,  POLICY_CODEC_KIVI4, POLICY_CODEC_Q4,
+        POLICY_CODEC_Q8,   POLICY_CODEC_FP8,  POLICY_CODEC_MERGE, POLICY_CODEC_LOWRANK,
+        POLICY_CODEC_Q5,   POLICY_CODEC_ROT4, POLICY_CODEC_KIVI4, POLICY_CODEC_Q4,
         POLICY_CODEC_ROT2, POLICY_CODEC_KIVI2};
     for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++)
         if ((codecs & (1u << order[i])) && policy_codec_ratio(order[i]) < policy_codec_ratio(cur))

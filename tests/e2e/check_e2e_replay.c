@@ -384,9 +384,9 @@ START_TEST(test_replay_merge_refused_blocks_leave)
         struct daemon d = {0};
         uint64_t refused = 0, committed = 0, timeouts = 0, evicted = 0;
         ck_assert_int_eq(daemon_start(&d, args), 0);
-        const char *argv[] = {KVCREPLAY, "-s",      d.sock,      "--json",        "--no-sim",
-                              "-n",      "1500",    "--quant",   mixes[m],        "--block-bytes",
-                              "64k",     trace,     NULL};
+        const char *argv[] = {KVCREPLAY, "-s",   d.sock,    "--json", "--no-sim",
+                              "-n",      "1500", "--quant", mixes[m], "--block-bytes",
+                              "64k",     trace,  NULL};
         int rc = daemon_run(argv, out, REPLAY_OUT, err, REPLAY_OUT, 60000);
         ck_assert_msg(rc == 0, "%s: kvcreplay exit %d: %s %s", mixes[m], rc, out, err);
         ck_assert_uint_eq(rep_u64(out, "wrong_bytes"), 0);

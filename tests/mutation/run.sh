@@ -1583,6 +1583,9 @@ run_suites() {
 targets() {
     t="build/bin/kvcd build/bin/kvcctl"
     for s in $1; do t="$t build/tests/$s"; done
+    case " $1 " in
+    *" check_e2e_replay "*) t="$t build/bin/kvcreplay build/bin/kvcsim" ;; # the client it runs
+    esac
     echo "$t"
 }
 
