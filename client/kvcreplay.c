@@ -830,6 +830,7 @@ static void replay_sim_run(const struct replay_opts *o, const struct replay_scan
                            unsigned admit_hits, struct replay_sim *sim)
 {
     char path[PATH_MAX], cap[32], disk[32], admit[16], trace[64], layout[64], procs[16];
+    char quant[128] = "";
     char *out = NULL;
     const char *argv[28];
     int pfd[2] = {-1, -1}, st, n = 0;
@@ -862,10 +863,17 @@ static void replay_sim_run(const struct replay_opts *o, const struct replay_scan
         argv[n++] = "--admit-hits";
         argv[n++] = admit;
     }
-    if (o->quant_allowed && strcmp(sim->policy, "lru") != 0) {
+    /* The smooth fill has no runs of alike tokens: merge refuses every block, and the daemon
+     * takes merge off the ladder (STORE_MERGE_WINDOW). kvcsim, which sees no bytes, counts a
+     * merge step as done: it is given the codecs but merge. */
+    for (int k = 1; k < REPLAY_NCODECS; k++)
+        if ((o->quant_allowed & (1u << k)) && k != KVC_CODEC_MERGE)
+            snprintf(quant + strlen(quant), sizeof(quant) - strlen(quant), "%s%s",
+                     quant[0] ? "," : "", replay_codec_names[k]);
+    if (quant[0] && strcmp(sim->policy, "lru") != 0) {
         /* The daemon's namespace climbs down the same precision ladder. */
         argv[n++] = "--quant";
-        argv[n++] = o->quant;
+        argv[n++] = quant;
         /* What the daemon spends on a block of each codec: its slot (kvcsim --layout), not
          * the codec's nominal ratio (a q4_1 copy of a 64 KiB block takes a 24 KiB slot). */
         struct kvc_layout lay;
@@ -879,7 +887,8 @@ static void replay_sim_run(const struct replay_opts *o, const struct replay_scan
                 argv[n++] = sim->page_size;
             }
         }
-    } else if (o->quant_allowed) { /* under lru the fixed order quantizes the coldest */
+    } else if (quant[0] && o->quant_codec != KVC_CODEC_MERGE) {
+        /* under lru the fixed order quantizes the coldest */
         argv[n++] = "--victim-quant";
         argv[n++] = replay_codec_names[o->quant_codec];
     }

@@ -379,8 +379,15 @@ static void quant_job_free(struct quant_job *j)
  * is marked (merge_refused: no step, slab step or trigger takes it to merge again). */
 static void quant_refused(struct store *s, struct quant_job *j)
 {
-    if (j->refused)
+    struct store_ns *ns = s->ns[s->ix.blocks[j->idx].ns];
+    if (j->format == KVC_WIRE_FORMAT_MERGE && j->to_rung && ns->rungs >= 2 && !ns->merge_off) {
+        ns->merge_steps++;
+        ns->merge_refusals += j->refused;
+    }
+    if (j->refused) {
         s->total.merge_refused_blocks++;
+        ns->stats.merge_refused_blocks++;
+    }
     if (j->refused && j->rc == -ERANGE) /* marked before it is unpinned (its heaps) */
         s->ix.blocks[j->idx].merge_refused = 1;
     if (j->alt_used && j->rc >= 0) {
@@ -399,10 +406,35 @@ static void quant_refused_leave(struct store *s, const struct quant_job *j)
         (void)store_block_drop(s, j->idx);
 }
 
+/* After STORE_MERGE_WINDOW merge steps of ns's ladder, nearly all refused: merge goes off its
+ * ladder (the rungs set up again without it) for the next STORE_MERGE_RETRY blocks committed.
+ * Called once the job that counted the last step is applied (the rungs change between jobs,
+ * as kvcctl's ladder settings change them). */
+static void quant_merge_verdict(struct store *s, struct store_ns *ns)
+{
+    if (ns->merge_steps < STORE_MERGE_WINDOW)
+        return;
+    bool off = (uint64_t)ns->merge_refusals * 100u >=
+               (uint64_t)ns->merge_steps * STORE_MERGE_REFUSED_PCT;
+    ns->merge_steps = ns->merge_refusals = 0;
+    if (!off)
+        return;
+    ns->merge_off = true;
+    ns->merge_off_at = ns->stats.committed_blocks;
+    s->total.merge_off++;
+    ns->stats.merge_off++;
+    log_limited(LOG_LEVEL_INFO,
+                "quant: namespace %u: merge refused at least %u %% of %u steps (no runs of alike "
+                "tokens): off its ladder for the next %u blocks",
+                ns->id, STORE_MERGE_REFUSED_PCT, STORE_MERGE_WINDOW, STORE_MERGE_RETRY);
+    store_ladder_setup(s, ns);
+}
+
 static void quant_apply(struct quant *q, struct quant_job *j)
 {
     struct store *s = q->s;
     struct tier *t = s->arenas[j->arena].tier;
+    uint32_t ns_id = s->ix.blocks[j->idx].ns;
     bool usable;
     quant_settle(q, j);
     quant_refused(s, j);
@@ -424,6 +456,8 @@ static void quant_apply(struct quant *q, struct quant_job *j)
         quant_refused_leave(s, j);
     }
     quant_job_free(j);
+    if (store_ns_get(s, ns_id))
+        quant_merge_verdict(s, store_ns_get(s, ns_id));
 }
 
 /* The last job of a slab's group is done. If every block is still the job's alone and the
@@ -436,7 +470,7 @@ static void quant_group_apply(struct quant *q, struct quant_group *g)
     uint32_t arena = g->job[0]->arena;
     struct tier *t = s->arenas[arena].tier;
     uint64_t start, slot;
-    uint32_t nslots, used;
+    uint32_t nslots, used, ns_id = s->ix.blocks[g->job[0]->idx].ns;
     bool ok = true;
     for (uint32_t i = 0; i < g->n; i++) {
         quant_settle(q, g->job[i]);
@@ -478,6 +512,8 @@ out:
     for (uint32_t i = 0; i < g->n; i++)
         quant_job_free(g->job[i]);
     free(g);
+    if (store_ns_get(s, ns_id)) /* a group's blocks are of one namespace */
+        quant_merge_verdict(s, store_ns_get(s, ns_id));
 }
 
 int quant_poll(struct quant *q)

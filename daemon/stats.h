@@ -70,6 +70,7 @@
     X(ladder_missed, "steps placed on landing that found no slot then (the block stayed)")         \
     X(ladder_slot_outs, "blocks taken out of the last rung to make a step down its slot")          \
     X(merge_refused_blocks, "merge steps whose block had more runs than merge stores (sent past)") \
+    X(merge_off, "times merge left a ladder that it refused nearly every block of (for a while)")   \
     X(compacted_slabs, "slabs emptied by moving their blocks to free slots of their size")         \
     X(compacted_blocks, "blocks moved by those compactions")                                       \
     X(errors, "requests answered with an error")                                                   \

@@ -1566,6 +1566,10 @@ static uint32_t store_resv_end(struct store *s, struct store_owner *o, struct st
     }
     s->pub_queue = false;
     STORE_STAT_ADD(s, ns, committed_blocks, committed);
+    if (ns->merge_off && ns->stats.committed_blocks - ns->merge_off_at >= STORE_MERGE_RETRY) {
+        ns->merge_off = false; /* another try: the namespace's KV may have runs now */
+        store_ladder_setup(s, ns);
+    }
     if (h->parent_pin != INDEX_NONE) {
         store_block_unpin(s, h->parent_pin);
         s->pins_now--;

@@ -149,7 +149,20 @@ struct store_ns {
     struct policy_ladder ladder;
     double lossy_weight; /* the ladder's (0: the most hits the codecs give) */
     double max_error;    /* codecs whose error bound exceeds it are off the ladder (0: none) */
+    /* Merge steps of the ladder since the last verdict and how many merge refused (its KV
+     * had more runs than merge stores). After STORE_MERGE_WINDOW steps with at least
+     * STORE_MERGE_REFUSED_PCT % refused, merge is off the ladder (merge_off: the rungs are
+     * set up again without it, so the rung before it is what blocks leave from, or where
+     * steps past it go) until STORE_MERGE_RETRY more blocks were committed in the namespace
+     * (merge_off_at: its committed_blocks then): KV with no runs of alike tokens, on which
+     * every merge step is an encode and the plan's pass spent for nothing. */
+    uint32_t merge_steps, merge_refusals;
+    bool merge_off;
+    uint64_t merge_off_at;
 };
+#define STORE_MERGE_WINDOW 256u
+#define STORE_MERGE_REFUSED_PCT 90u
+#define STORE_MERGE_RETRY 65536u
 
 /* Where a namespace's policy comes from. */
 enum store_policy_src {

@@ -681,6 +681,8 @@ void store_ladder_setup(struct store *s, struct store_ns *ns)
     uint32_t allowed = KVC_WIRE_QUANT_ALLOWED(ns->layout.flags);
     uint32_t f = ns->layout.flags;
     int64_t last = (int64_t)ns->block_bytes;
+    if (ns->merge_off)
+        allowed &= ~(1u << KVC_WIRE_FORMAT_MERGE);
     struct tier *t = s->arenas[ns->arena].tier;
     uint8_t old = ns->rungs;
     for (uint32_t k = 0; k < POLICY_LADDER_RUNGS; k++)
@@ -691,6 +693,8 @@ void store_ladder_setup(struct store *s, struct store_ns *ns)
         /* Rung 1: the creator's recipe; then each allowed codec smaller than the rung above,
          * largest first, within the fidelity budget; the smallest always last. */
         uint32_t first = KVC_WIRE_QUANT_K(f) ? KVC_WIRE_QUANT_K(f) : KVC_WIRE_QUANT_V(f);
+        if (!(allowed & (1u << first)))
+            first = 0; /* the recipe, merge, is off: the largest allowed codec is rung 1 */
         ns->rung_format[0] = KVC_WIRE_FORMAT_RAW;
         ns->rungs = 1;
         for (;;) {
@@ -698,7 +702,7 @@ void store_ladder_setup(struct store *s, struct store_ns *ns)
             uint32_t pick = 0;
             for (uint32_t c = 1; c < KVC_WIRE_FORMAT_COUNT; c++) {
                 int64_t n;
-                if (!(allowed & (1u << c)) || (ns->rungs == 1 && c != first) ||
+                if (!(allowed & (1u << c)) || (ns->rungs == 1 && first && c != first) ||
                     (ns->max_error > 0 &&
                      kern_codec_attn_error((enum kern_codec)c) > ns->max_error))
                     continue;

@@ -370,7 +370,9 @@ END_TEST
  * ladder until its last child goes; it is never taken to merge again and again. Regression:
  * a slab step whose group held a refused block changed nothing and was tried again at once
  * (millions of refusals in a minute, both CPUs busy), the arena stayed full and every put
- * waited out its timeout. Counts, not time: refusals at most one a block put. */
+ * waited out its timeout. And after a window of steps nearly all refused, merge is off the
+ * ladder: q8_0 before it then holds blocks and serves hits (before: every q8_0 block was
+ * stepped on to merge and left, no lossy hit at all). Counts, not time. */
 START_TEST(test_replay_merge_refused_blocks_leave)
 {
     static char out[REPLAY_OUT], err[REPLAY_OUT];
@@ -382,7 +384,7 @@ START_TEST(test_replay_merge_refused_blocks_leave)
     policy_trace_write(rep_d.dir, trace, sizeof(trace));
     for (size_t m = 0; m < sizeof(mixes) / sizeof(mixes[0]); m++) {
         struct daemon d = {0};
-        uint64_t refused = 0, committed = 0, timeouts = 0, evicted = 0;
+        uint64_t refused = 0, committed = 0, timeouts = 0, evicted = 0, off = 0, q8 = 0;
         ck_assert_int_eq(daemon_start(&d, args), 0);
         const char *argv[] = {KVCREPLAY, "-s",   d.sock,    "--json", "--no-sim",
                               "-n",      "1500", "--quant", mixes[m], "--block-bytes",
@@ -395,12 +397,20 @@ START_TEST(test_replay_merge_refused_blocks_leave)
         ck_assert_int_eq(daemon_stat(&d, "committed_blocks", &committed), 0);
         ck_assert_int_eq(daemon_stat(&d, "put_wait_timeouts", &timeouts), 0);
         ck_assert_int_eq(daemon_stat(&d, "evicted_blocks", &evicted), 0);
+        ck_assert_int_eq(daemon_stat(&d, "merge_off", &off), 0);
+        ck_assert_int_eq(daemon_stat(&d, "hit_blocks_q8_0", &q8), 0);
         printf("e2e_replay: %s: %" PRIu64 " committed, %" PRIu64 " merge refusals, %" PRIu64
                " evicted, %" PRIu64 " put timeouts, hit ratio %.4f\n",
                mixes[m], committed, refused, evicted, timeouts,
                (double)rep_u64(out, "blocks_hit") / (double)rep_u64(out, "blocks_looked_up"));
         ck_assert_uint_gt(refused, 0); /* the case: merge refuses these blocks */
         ck_assert_uint_le(refused, committed);
+        /* one window of refusals (and jobs in flight then), fewer blocks than a retry takes */
+        ck_assert_uint_lt(committed, 65536);
+        ck_assert_uint_eq(off, 1);
+        ck_assert_uint_le(refused, 2 * 256);
+        if (m == 1)
+            ck_assert_uint_gt(q8, 0);
         ck_assert_uint_eq(timeouts, 0);
         ck_assert_uint_gt(evicted, 0);
         ck_assert_int_eq(daemon_stop(&d), 0);

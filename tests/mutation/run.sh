@@ -1548,6 +1548,12 @@ mutation merge-refused-not-marked daemon/quant.c "check_e2e_replay" \
 '        s->ix.blocks[j->idx].merge_refused = 1;' \
 '        (void)s->ix.blocks[j->idx].merge_refused;'
 
+# Merge stays on a ladder that it refuses nearly every block of: each block of the rung above
+# it is stepped on to merge and leaves, so that rung never holds one.
+mutation merge-never-off daemon/quant.c "check_e2e_replay" \
+'    ns->merge_off = true;' \
+'    ns->merge_off = false;'
+
 # The quantize worker's bound counted every arena's jobs together: a tenant whose own arena's
 # ladder steps kept the worker at host.quantize_inflight made another tenant's ladder step
 # wait for room that no job of its arena was bringing, and its put was answered NOSPACE.
