@@ -46,6 +46,7 @@
  * size budget), read with quant_key_summary() by the policies.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -417,16 +418,22 @@ static void quant_merge_verdict(struct store *s, struct store_ns *ns)
     bool off = (uint64_t)ns->merge_refusals * 100u >=
                (uint64_t)ns->merge_steps * STORE_MERGE_REFUSED_PCT;
     ns->merge_steps = ns->merge_refusals = 0;
-    if (!off)
+    if (!off) {
+        ns->merge_retry = 0; /* merge takes this KV: a later verdict waits the least again */
         return;
+    }
+    /* the first time, or each try that goes off again waits twice as long */
+    ns->merge_retry = !ns->merge_retry                      ? STORE_MERGE_RETRY
+                      : ns->merge_retry < STORE_MERGE_RETRY_MAX ? 2 * ns->merge_retry
+                                                                : STORE_MERGE_RETRY_MAX;
     ns->merge_off = true;
     ns->merge_off_at = ns->stats.committed_blocks;
     s->total.merge_off++;
     ns->stats.merge_off++;
     log_limited(LOG_LEVEL_INFO,
                 "quant: namespace %u: merge refused at least %u %% of %u steps (no runs of alike "
-                "tokens): off its ladder for the next %u blocks",
-                ns->id, STORE_MERGE_REFUSED_PCT, STORE_MERGE_WINDOW, STORE_MERGE_RETRY);
+                "tokens): off its ladder for the next %" PRIu64 " blocks",
+                ns->id, STORE_MERGE_REFUSED_PCT, STORE_MERGE_WINDOW, ns->merge_retry);
     store_ladder_setup(s, ns);
 }
 

@@ -1566,7 +1566,7 @@ static uint32_t store_resv_end(struct store *s, struct store_owner *o, struct st
     }
     s->pub_queue = false;
     STORE_STAT_ADD(s, ns, committed_blocks, committed);
-    if (ns->merge_off && ns->stats.committed_blocks - ns->merge_off_at >= STORE_MERGE_RETRY) {
+    if (ns->merge_off && ns->stats.committed_blocks - ns->merge_off_at >= ns->merge_retry) {
         ns->merge_off = false; /* another try: the namespace's KV may have runs now */
         store_ladder_setup(s, ns);
     }

@@ -153,16 +153,20 @@ struct store_ns {
      * had more runs than merge stores). After STORE_MERGE_WINDOW steps with at least
      * STORE_MERGE_REFUSED_PCT % refused, merge is off the ladder (merge_off: the rungs are
      * set up again without it, so the rung before it is what blocks leave from, or where
-     * steps past it go) until STORE_MERGE_RETRY more blocks were committed in the namespace
+     * steps past it go) until merge_retry more blocks were committed in the namespace
      * (merge_off_at: its committed_blocks then): KV with no runs of alike tokens, on which
-     * every merge step is an encode and the plan's pass spent for nothing. */
+     * every merge step is an encode and the plan's pass spent for nothing. merge_retry
+     * starts at STORE_MERGE_RETRY and doubles with each try that goes off again (up to
+     * STORE_MERGE_RETRY_MAX), back to the start after a window merge took. */
     uint32_t merge_steps, merge_refusals;
     bool merge_off;
     uint64_t merge_off_at;
+    uint64_t merge_retry;
 };
 #define STORE_MERGE_WINDOW 256u
 #define STORE_MERGE_REFUSED_PCT 90u
 #define STORE_MERGE_RETRY 65536u
+#define STORE_MERGE_RETRY_MAX (1ull << 24)
 
 /* Where a namespace's policy comes from. */
 enum store_policy_src {
