@@ -1087,7 +1087,10 @@ static int engine_disk_adopt(struct store *s, const struct engine_disk_params *p
     if (rc)
         return rc;
     ns = s->ns[ns_id];
-    int64_t want = store_format_bytes(ns, (uint8_t)f->m.format);
+    /* (a 32-bit field: checked whole, not as the byte struct block keeps) */
+    int64_t want = f->m.format < KVC_WIRE_FORMAT_COUNT
+                       ? store_format_bytes(ns, (uint8_t)f->m.format)
+                       : -EINVAL;
     if (want <= 0 || f->m.len != (uint64_t)want)
         return -EINVAL; /* not a block this namespace holds (its recipe changed?) */
     if (f->loc.len > UINT32_MAX || f->loc.off / TIER_DISK_ALIGN > UINT32_MAX)
