@@ -285,6 +285,24 @@ START_TEST(test_replay_quant_lossy_hits_checked)
     ck_assert_int_eq(daemon_run(bad, out, REPLAY_OUT, err, REPLAY_OUT, 60000), 1);
     ck_assert_uint_gt(rep_u64(out, "blocks_hit"), 0);
     ck_assert_uint_eq(rep_u64(out, "wrong_blocks"), rep_u64(out, "blocks_hit"));
+    /* the transform codecs too, each within its bound (kvcreplay's replay_codec_bound) */
+    static const struct {
+        const char *codec;
+        double bound;
+    } more[] = {{"rot4", 0.12}, {"lowrank", 0.5}};
+    for (size_t k = 0; k < sizeof(more) / sizeof(more[0]); k++) {
+        const char *tv[] = {KVCREPLAY, "-s",          q.sock, "--json",       "--no-sim",
+                            "--model", more[k].codec, /* a namespace of its own recipe */
+                            "--quant", more[k].codec, "--block-bytes", "64k", rep_trace.path, NULL};
+        rc = daemon_run(tv, out, REPLAY_OUT, err, REPLAY_OUT, 60000);
+        ck_assert_msg(rc == 0, "%s: kvcreplay exit %d: %s %s", more[k].codec, rc, out, err);
+        ck_assert_uint_eq(rep_u64(out, "wrong_bytes"), 0);
+        ck_assert_uint_gt(rep_u64(out, "hits_lossy"), 0);
+        const char *ep = strstr(out, "\"lossy_err_max\": ");
+        ck_assert_ptr_nonnull(ep);
+        double e = strtod(ep + strlen("\"lossy_err_max\": "), NULL);
+        ck_assert_msg(e > 0 && e <= more[k].bound, "%s: largest error %g", more[k].codec, e);
+    }
     const char *small[] = {KVCREPLAY, "-s", q.sock, "--quant", "q8_0", rep_trace.path, NULL};
     ck_assert_int_eq(daemon_run(small, out, REPLAY_OUT, err, REPLAY_OUT, 60000), 2);
     ck_assert_msg(strstr(err, "--block-bytes 64k") != NULL, "stderr: %s", err);
