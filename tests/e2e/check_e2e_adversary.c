@@ -1411,7 +1411,9 @@ START_TEST(test_block_list_flood)
     fflush(stdout);
     ck_assert_uint_ge(blocks, 200000);
     ck_assert_uint_ge(n, 200);
-    ck_assert_msg(p99f <= 2 * p99p,
+    /* 4x: the whole-index walk measured 25-43x here, the bounded one 0.3-1.4x; the room
+     * between is this host's noise under every other suite of make check */
+    ck_assert_msg(p99f <= 4 * p99p,
                   "victim p99 %.3f ms under the BLOCK_LIST flood, %.3f ms under plain lookups",
                   p99f, p99p);
     munmap(adv_bl, sizeof(*adv_bl));
