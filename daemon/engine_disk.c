@@ -62,6 +62,12 @@ struct engine_disk {
      * every hit at once; WAIT answers when all are read), oldest first. */
     struct engine_disk_move *rq_head, *rq_tail;
     uint64_t reads_queued;
+    /* Puts that wait for write-back (engine_disk_write_ahead): by host arena, the bytes its
+     * puts asked to be written that no write of it has started yet; how many arenas have
+     * some; the one whose turn it is to start the next write while any has. */
+    uint64_t need[STORE_MAX_ARENAS];
+    uint32_t needy, turn;
+    uint32_t trim_from; /* the arena engine_disk_trim starts at, the next one each pass */
 };
 
 static void engine_disk_compact(struct store *s);
@@ -319,6 +325,51 @@ static void engine_disk_write_encoded(void *arg, struct tier_disk_rec *r, int st
     }
 }
 
+/* ---- the write queue's turns ------------------------------------------------------------ */
+
+/* The disk's write queue (disk.queue_depth) and write budget (disk.write_rate) are one for
+ * every host arena. While a put waits for write-back in some arena they go to the arenas
+ * whose puts wait, a write at a time in turn; the write-back of other arenas (ahead of need,
+ * or demotion over the high watermark) waits meanwhile. Taken by whoever asked first, one
+ * arena whose puts come as fast as the disk writes (arena 0, shared by every tenant) kept
+ * every write, and a private arena's puts waited out disk.put_wait, one after another. */
+
+static void engine_disk_need_set(struct engine_disk *ed, uint32_t a, uint64_t bytes)
+{
+    if (!ed->need[a] && bytes)
+        ed->needy++;
+    else if (ed->need[a] && !bytes)
+        ed->needy--;
+    ed->need[a] = bytes;
+}
+
+/* Whether a write of arena a waits for the turn of an arena whose puts wait. */
+static bool engine_disk_yields(const struct engine_disk *ed, uint32_t a)
+{
+    if (!ed->needy)
+        return false;
+    if (a >= STORE_MAX_ARENAS || !ed->need[a])
+        return true;
+    return ed->turn != a && ed->need[ed->turn];
+}
+
+/* A write of arena a started, len bytes: its puts wait for that much less, and the turn goes
+ * to the next arena whose puts wait. */
+static void engine_disk_need_started(struct store *s, uint32_t a, uint64_t len)
+{
+    struct engine_disk *ed = s->disk;
+    if (!ed->needy || a >= STORE_MAX_ARENAS)
+        return;
+    engine_disk_need_set(ed, a, ed->need[a] > len ? ed->need[a] - len : 0);
+    for (uint32_t k = 1; k <= s->narenas; k++) {
+        uint32_t n = (a + k) % s->narenas;
+        if (ed->need[n]) {
+            ed->turn = n;
+            break;
+        }
+    }
+}
+
 /* Starts writing block idx (in a host arena, dirty) to disk; with `demote` its memory goes
  * once the write completed. 0, -EAGAIN (rate or queue limit: later), -ENOSPC (nothing on
  * disk can make room), -EBUSY, -errno. */
@@ -333,6 +384,8 @@ static int engine_disk_write_one(struct store *s, uint32_t idx, bool demote, uin
     if (b->state != BLOCK_STATE_COMMITTED || b->tier != KVC_WIRE_TIER_HOST ||
         (b->flags & (BLOCK_F_DISK | BLOCK_F_BUSY | BLOCK_F_LOST)))
         return -EBUSY;
+    if (engine_disk_yields(ed, b->arena))
+        return -EAGAIN; /* another arena's turn */
     engine_disk_meta(s, b, &m);
     rc = tier_disk_put_ready(ed->disk, m.len);
     if (rc)
@@ -378,6 +431,7 @@ static int engine_disk_write_one(struct store *s, uint32_t idx, bool demote, uin
     ed->writing[mv->arena] += mv->host.len;
     if (demote)
         ed->freeing[mv->arena] += mv->host.len;
+    engine_disk_need_started(s, mv->arena, mv->host.len);
     return 0;
 }
 
@@ -410,15 +464,19 @@ static int engine_disk_write_ancestors(struct store *s, uint32_t idx, uint64_t n
 }
 
 /* Writes dirty blocks of arena a from its cold end until `bytes` are on their way (or the
- * disk's queue or rate says wait). With `demote` (the arena is over its high watermark and
- * has no clean block left) their memory goes once written, and a leaf the disk would not
- * take is dropped. Returns the blocks acted on. */
+ * disk's queue, rate or turns say wait). With `demote` (the arena is over its high watermark
+ * and has no clean block left) their memory goes once written, and a leaf the disk would not
+ * take is dropped. An arena that runs out of blocks it can write before the disk said wait
+ * has no more turns to ask for: what its puts asked for is forgotten (a put that still
+ * waits asks again when it runs again). Returns the blocks acted on. */
 static int engine_disk_write_back(struct store *s, uint32_t a, uint64_t bytes, bool demote,
                                   uint64_t now)
 {
+    struct engine_disk *ed = s->disk;
     uint32_t walked = 0, i = s->arenas[a].lru_tail;
     uint64_t started = 0;
     int acted = 0;
+    bool wait = false;
     while (i != INDEX_NONE && walked++ < ENGINE_DISK_WALK && started < bytes) {
         struct block *b = &s->ix.blocks[i];
         uint32_t prev = b->lru_prev;
@@ -445,21 +503,30 @@ static int engine_disk_write_back(struct store *s, uint32_t a, uint64_t bytes, b
         rc = engine_disk_write_ancestors(s, i, now, &started);
         if (rc == 0)
             rc = engine_disk_write_one(s, i, demote, now);
-        if (rc == -EAGAIN || rc == -ENOSPC)
+        if (rc == -EAGAIN || rc == -ENOSPC) {
+            wait = true;
             break; /* the next poll or tick goes on */
+        }
         if (rc == 0) {
             started += len;
             acted++;
         }
         i = prev;
     }
+    if (!wait && started < bytes && a < STORE_MAX_ARENAS && ed->need[a])
+        engine_disk_need_set(ed, a, 0);
     return acted;
 }
 
 void engine_disk_write_ahead(struct store *s, uint32_t arena, uint64_t bytes, uint64_t now)
 {
-    if (s->disk && arena < s->narenas && bytes > s->disk->writing[arena])
-        engine_disk_write_back(s, arena, bytes - s->disk->writing[arena], false, now);
+    struct engine_disk *ed = s->disk;
+    if (!ed || arena >= s->narenas || bytes <= ed->writing[arena])
+        return;
+    /* A put waits for these writes: its arena has turns until they started. */
+    if (bytes - ed->writing[arena] > ed->need[arena])
+        engine_disk_need_set(ed, arena, bytes - ed->writing[arena]);
+    engine_disk_write_back(s, arena, bytes - ed->writing[arena], false, now);
 }
 
 /* Smoothed put and disk write rates, from the totals. */
@@ -526,7 +593,10 @@ int engine_disk_trim(struct store *s, uint64_t now)
     /* Quantize first where a namespace allows it (the raw slots its jobs will free count as
      * free already). */
     quant_pressure(s->quant, now, NULL);
-    for (uint32_t a = 0; a < s->narenas; a++) {
+    /* Each pass starts at the next arena, so that none is always the first to ask the disk. */
+    ed->trim_from = ed->trim_from + 1 < s->narenas ? ed->trim_from + 1 : 0;
+    for (uint32_t k = 0; k < s->narenas; k++) {
+        uint32_t a = (ed->trim_from + k) % s->narenas;
         struct tier *t = s->arenas[a].tier;
         double cap = (double)t->ops->capacity(t);
         uint64_t pend = quant_pending_bytes(s->quant, a) + ed->freeing[a];
@@ -569,6 +639,10 @@ int engine_disk_trim(struct store *s, uint64_t now)
         want = engine_disk_room_target(s, a);
         if (room < want)
             acted += engine_disk_write_back(s, a, want - room, false, now);
+        /* What puts of the arena wait for, in its turns (even once they gave up: written
+         * ahead, it stays in memory, clean). */
+        if (ed->need[a])
+            acted += engine_disk_write_back(s, a, ed->need[a], false, now);
     }
     return acted;
 }
