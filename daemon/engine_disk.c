@@ -666,11 +666,15 @@ bool engine_disk_room_coming(struct store *s, uint32_t arena)
     return false;
 }
 
-/* For the policy engine (engine_policy_trim): a block chosen to go to disk. */
+/* For the policy engine (engine_policy_trim) and a precision ladder's step out of memory: a
+ * block chosen to go to disk. Refused for now (-EAGAIN), the arena's room waits for a write:
+ * it has turns (engine_disk_yields) until one of that size started, as a put's does. */
 int engine_disk_offload(struct store *s, uint32_t idx, uint64_t now)
 {
+    struct engine_disk *ed = s->disk;
     const struct block *b = &s->ix.blocks[idx];
-    if (!s->disk)
+    int rc;
+    if (!ed)
         return -ENODEV;
     if (!store_block_idle(s, idx) || b->tier != KVC_WIRE_TIER_HOST)
         return -EBUSY;
@@ -678,7 +682,10 @@ int engine_disk_offload(struct store *s, uint32_t idx, uint64_t now)
         engine_disk_memory_drop(s, idx);
         return 0;
     }
-    return engine_disk_write_one(s, idx, true, now);
+    rc = engine_disk_write_one(s, idx, true, now);
+    if (rc == -EAGAIN && b->arena < s->narenas && ed->need[b->arena] < b->len)
+        engine_disk_need_set(ed, b->arena, b->len);
+    return rc;
 }
 
 uint64_t engine_disk_pending_bytes(const struct store *s)
