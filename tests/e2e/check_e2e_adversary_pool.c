@@ -3,8 +3,10 @@
  * this process (docs/security.md): the GPU pool (the fake device of tests/lib stands in for
  * the GPU) attached, reserved and looked up by a client the namespace's access lists do not
  * name, and a flood of WAITs on disk reads that never finish (made by flagging blocks as
- * being read), and the quantize worker kept at its bound by the attacker's jobs while the
- * victim's precision ladder needs a step. The victim and the other uids' children are
+ * being read), the quantize worker kept at its bound by the attacker's jobs while the
+ * victim's precision ladder needs a step, and the disk's writes taken by the attacker's puts
+ * into arena 0 while the victim's puts wait for write-back of its own arena (a kvcd of the
+ * suite's, adv_start, with a disk tier). The victim and the other uids' children are
  * tests/lib/adversary.h's. Without root, every case prints a SKIP line and none is
  * registered.
  */
