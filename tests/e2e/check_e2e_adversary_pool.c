@@ -645,7 +645,7 @@ static int df_victim(void *arg)
 
 START_TEST(test_disk_writes_other_arena)
 {
-    char o_disk[DAEMON_PATH_MAX + 32];
+    char o_disk[DAEMON_PATH_MAX + 32], o_wait[48];
     /* One write on the device (two admitted) and 8 MiB/s: the disk, not the clients, is what
      * the arenas share. Arena 0 (32 MiB) keeps a fifth of itself free or clean
      * (low_watermark), more than the eighth a put may not fill with blocks only in memory,
@@ -655,13 +655,14 @@ START_TEST(test_disk_writes_other_arena)
                                  "-o", "disk.page=1m",
                                  "-o", "disk.queue_depth=1",
                                  "-o", "disk.write_rate=8m",
-                                 "-o", "disk.put_wait=2s",
+                                 "-o", o_wait,
                                  "-o", "host.low_watermark=0.8",
                                  "-o", "cache.policy=lru",
                                  NULL};
     struct adv_sync y;
     ck_assert_int_eq(daemon_dir_init(&adv_d), 0);
     snprintf(o_disk, sizeof(o_disk), "disk.path=%s/disk", adv_d.dir);
+    snprintf(o_wait, sizeof(o_wait), "disk.put_wait=%dms", daemon_ms(2000)); /* bounded */
     adv_start(extra);
     adv_sync_init(&y);
     pid_t a = adv_spawn(ADV_ATTACKER, df_attacker, &y);
