@@ -353,21 +353,30 @@ static bool engine_disk_yields(const struct engine_disk *ed, uint32_t a)
     return ed->turn != a && ed->need[ed->turn];
 }
 
+/* The turn goes to the next arena after a whose puts wait (a itself when it is the only
+ * one). false when there is none. */
+static bool engine_disk_turn_next(struct store *s, uint32_t a)
+{
+    struct engine_disk *ed = s->disk;
+    for (uint32_t k = 1; k <= s->narenas; k++) {
+        uint32_t n = (a + k) % s->narenas;
+        if (ed->need[n]) {
+            ed->turn = n;
+            return true;
+        }
+    }
+    return false;
+}
+
 /* A write of arena a started, len bytes: its puts wait for that much less, and the turn goes
- * to the next arena whose puts wait. */
+ * on. */
 static void engine_disk_need_started(struct store *s, uint32_t a, uint64_t len)
 {
     struct engine_disk *ed = s->disk;
     if (!ed->needy || a >= STORE_MAX_ARENAS)
         return;
     engine_disk_need_set(ed, a, ed->need[a] > len ? ed->need[a] - len : 0);
-    for (uint32_t k = 1; k <= s->narenas; k++) {
-        uint32_t n = (a + k) % s->narenas;
-        if (ed->need[n]) {
-            ed->turn = n;
-            break;
-        }
-    }
+    engine_disk_turn_next(s, a);
 }
 
 /* Starts writing block idx (in a host arena, dirty) to disk; with `demote` its memory goes
@@ -529,6 +538,28 @@ void engine_disk_write_ahead(struct store *s, uint32_t arena, uint64_t bytes, ui
     engine_disk_write_back(s, arena, bytes - ed->writing[arena], false, now);
 }
 
+/* The writes that puts wait for, a block at a time in turn between their arenas, until the
+ * disk says wait (even for puts that gave up meanwhile: written ahead, the blocks stay in
+ * memory, clean). Returns the blocks acted on. */
+static int engine_disk_write_turns(struct store *s, uint64_t now)
+{
+    struct engine_disk *ed = s->disk;
+    int acted = 0;
+    while (ed->needy) {
+        uint32_t a = ed->turn;
+        uint64_t moves = ed->moves;
+        if (!ed->need[a]) {
+            if (!engine_disk_turn_next(s, a))
+                break;
+            continue;
+        }
+        acted += engine_disk_write_back(s, a, 1, false, now);
+        if (ed->moves == moves && ed->need[a])
+            break; /* the disk says wait */
+    }
+    return acted;
+}
+
 /* Smoothed put and disk write rates, from the totals. */
 static void engine_disk_rates(struct store *s, uint64_t now)
 {
@@ -593,7 +624,9 @@ int engine_disk_trim(struct store *s, uint64_t now)
     /* Quantize first where a namespace allows it (the raw slots its jobs will free count as
      * free already). */
     quant_pressure(s->quant, now, NULL);
-    /* Each pass starts at the next arena, so that none is always the first to ask the disk. */
+    /* What puts wait for first; then each pass starts at the next arena, so that none is
+     * always the first to ask the disk. */
+    acted += engine_disk_write_turns(s, now);
     ed->trim_from = ed->trim_from + 1 < s->narenas ? ed->trim_from + 1 : 0;
     for (uint32_t k = 0; k < s->narenas; k++) {
         uint32_t a = (ed->trim_from + k) % s->narenas;
@@ -639,10 +672,6 @@ int engine_disk_trim(struct store *s, uint64_t now)
         want = engine_disk_room_target(s, a);
         if (room < want)
             acted += engine_disk_write_back(s, a, want - room, false, now);
-        /* What puts of the arena wait for, in its turns (even once they gave up: written
-         * ahead, it stays in memory, clean). */
-        if (ed->need[a])
-            acted += engine_disk_write_back(s, a, ed->need[a], false, now);
     }
     return acted;
 }
