@@ -67,7 +67,6 @@ struct engine_disk {
      * some; the one whose turn it is to start the next write while any has. */
     uint64_t need[STORE_MAX_ARENAS];
     uint32_t needy, turn;
-    uint32_t trim_from; /* the arena engine_disk_trim starts at, the next one each pass */
 };
 
 static void engine_disk_compact(struct store *s);
@@ -624,12 +623,9 @@ int engine_disk_trim(struct store *s, uint64_t now)
     /* Quantize first where a namespace allows it (the raw slots its jobs will free count as
      * free already). */
     quant_pressure(s->quant, now, NULL);
-    /* What puts wait for first; then each pass starts at the next arena, so that none is
-     * always the first to ask the disk. */
+    /* What puts wait for first. */
     acted += engine_disk_write_turns(s, now);
-    ed->trim_from = ed->trim_from + 1 < s->narenas ? ed->trim_from + 1 : 0;
-    for (uint32_t k = 0; k < s->narenas; k++) {
-        uint32_t a = (ed->trim_from + k) % s->narenas;
+    for (uint32_t a = 0; a < s->narenas; a++) {
         struct tier *t = s->arenas[a].tier;
         double cap = (double)t->ops->capacity(t);
         uint64_t pend = quant_pending_bytes(s->quant, a) + ed->freeing[a];
