@@ -157,14 +157,17 @@
       "are gone (docs/disk.md).")                                                                  \
     X(disk, queue_depth, INT, "32", 1, 4096, 0, NULL,                                              \
       "Disk reads, and disk writes, on the device at once (as fio's iodepth); as many again may "  \
-      "be hashing or waiting for a slot.")                                                         \
+      "be hashing or waiting for a slot. Every host arena shares them: while puts wait for "       \
+      "write-back, writes go in turn to the arenas they wait in.")                                 \
     X(disk, write_rate, SIZE, "1g", 0, 1ull << 40, 0, NULL,                                        \
-      "Bytes per second written to disk at most (spares the drive); 0: unbounded.")                \
+      "Bytes per second written to disk at most (spares the drive); 0: unbounded. Shared by "      \
+      "every host arena as disk.queue_depth is.")                                                  \
     X(disk, put_wait, DURATION, "2s", 0, 60000, 1, NULL,                                           \
       "How long a put that finds memory full of blocks still being written to disk waits for "     \
       "room before it is refused (NOSPACE), and a lookup for that room or for the GPU pool's "     \
       "copies to a client without the pool before it is answered with what there is; 0: at "       \
-      "once.")                                                                                     \
+      "once. Meanwhile its arena's writes take turns with those of other arenas whose puts wait, " \
+      "ahead of any other write-back.")                                                            \
     X(disk, admit_hits, INT, "0", 0, 1000000, 1, NULL,                                             \
       "Hits a block needs before leaving memory for disk instead of being dropped "                \
       "(docs/disk.md).")                                                                           \

@@ -62,6 +62,11 @@ struct engine_disk {
      * every hit at once; WAIT answers when all are read), oldest first. */
     struct engine_disk_move *rq_head, *rq_tail;
     uint64_t reads_queued;
+    /* Puts that wait for write-back (engine_disk_write_ahead): by host arena, the bytes its
+     * puts asked to be written that no write of it has started yet; how many arenas have
+     * some; the one whose turn it is to start the next write while any has. */
+    uint64_t need[STORE_MAX_ARENAS];
+    uint32_t needy, turn;
 };
 
 static void engine_disk_compact(struct store *s);
@@ -319,6 +324,60 @@ static void engine_disk_write_encoded(void *arg, struct tier_disk_rec *r, int st
     }
 }
 
+/* ---- the write queue's turns ------------------------------------------------------------ */
+
+/* The disk's write queue (disk.queue_depth) and write budget (disk.write_rate) are one for
+ * every host arena. While a put waits for write-back in some arena they go to the arenas
+ * whose puts wait, a write at a time in turn; the write-back of other arenas (ahead of need,
+ * or demotion over the high watermark) waits meanwhile. Taken by whoever asked first, one
+ * arena whose puts come as fast as the disk writes (arena 0, shared by every tenant) kept
+ * every write, and a private arena's puts waited out disk.put_wait, one after another. */
+
+static void engine_disk_need_set(struct engine_disk *ed, uint32_t a, uint64_t bytes)
+{
+    if (!ed->need[a] && bytes)
+        ed->needy++;
+    else if (ed->need[a] && !bytes)
+        ed->needy--;
+    ed->need[a] = bytes;
+}
+
+/* Whether a write of arena a waits for the turn of an arena whose puts wait. */
+static bool engine_disk_yields(const struct engine_disk *ed, uint32_t a)
+{
+    if (!ed->needy)
+        return false;
+    if (a >= STORE_MAX_ARENAS || !ed->need[a])
+        return true;
+    return ed->turn != a && ed->need[ed->turn];
+}
+
+/* The turn goes to the next arena after a whose puts wait (a itself when it is the only
+ * one). false when there is none. */
+static bool engine_disk_turn_next(struct store *s, uint32_t a)
+{
+    struct engine_disk *ed = s->disk;
+    for (uint32_t k = 1; k <= s->narenas; k++) {
+        uint32_t n = (a + k) % s->narenas;
+        if (ed->need[n]) {
+            ed->turn = n;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* A write of arena a started, len bytes: its puts wait for that much less, and the turn goes
+ * on. */
+static void engine_disk_need_started(struct store *s, uint32_t a, uint64_t len)
+{
+    struct engine_disk *ed = s->disk;
+    if (!ed->needy || a >= STORE_MAX_ARENAS)
+        return;
+    engine_disk_need_set(ed, a, ed->need[a] > len ? ed->need[a] - len : 0);
+    engine_disk_turn_next(s, a);
+}
+
 /* Starts writing block idx (in a host arena, dirty) to disk; with `demote` its memory goes
  * once the write completed. 0, -EAGAIN (rate or queue limit: later), -ENOSPC (nothing on
  * disk can make room), -EBUSY, -errno. */
@@ -333,6 +392,8 @@ static int engine_disk_write_one(struct store *s, uint32_t idx, bool demote, uin
     if (b->state != BLOCK_STATE_COMMITTED || b->tier != KVC_WIRE_TIER_HOST ||
         (b->flags & (BLOCK_F_DISK | BLOCK_F_BUSY | BLOCK_F_LOST)))
         return -EBUSY;
+    if (engine_disk_yields(ed, b->arena))
+        return -EAGAIN; /* another arena's turn */
     engine_disk_meta(s, b, &m);
     rc = tier_disk_put_ready(ed->disk, m.len);
     if (rc)
@@ -378,6 +439,7 @@ static int engine_disk_write_one(struct store *s, uint32_t idx, bool demote, uin
     ed->writing[mv->arena] += mv->host.len;
     if (demote)
         ed->freeing[mv->arena] += mv->host.len;
+    engine_disk_need_started(s, mv->arena, mv->host.len);
     return 0;
 }
 
@@ -410,15 +472,19 @@ static int engine_disk_write_ancestors(struct store *s, uint32_t idx, uint64_t n
 }
 
 /* Writes dirty blocks of arena a from its cold end until `bytes` are on their way (or the
- * disk's queue or rate says wait). With `demote` (the arena is over its high watermark and
- * has no clean block left) their memory goes once written, and a leaf the disk would not
- * take is dropped. Returns the blocks acted on. */
+ * disk's queue, rate or turns say wait). With `demote` (the arena is over its high watermark
+ * and has no clean block left) their memory goes once written, and a leaf the disk would not
+ * take is dropped. An arena that runs out of blocks it can write before the disk said wait
+ * has no more turns to ask for: what its puts asked for is forgotten (a put that still
+ * waits asks again when it runs again). Returns the blocks acted on. */
 static int engine_disk_write_back(struct store *s, uint32_t a, uint64_t bytes, bool demote,
                                   uint64_t now)
 {
+    struct engine_disk *ed = s->disk;
     uint32_t walked = 0, i = s->arenas[a].lru_tail;
     uint64_t started = 0;
     int acted = 0;
+    bool wait = false;
     while (i != INDEX_NONE && walked++ < ENGINE_DISK_WALK && started < bytes) {
         struct block *b = &s->ix.blocks[i];
         uint32_t prev = b->lru_prev;
@@ -445,21 +511,52 @@ static int engine_disk_write_back(struct store *s, uint32_t a, uint64_t bytes, b
         rc = engine_disk_write_ancestors(s, i, now, &started);
         if (rc == 0)
             rc = engine_disk_write_one(s, i, demote, now);
-        if (rc == -EAGAIN || rc == -ENOSPC)
+        if (rc == -EAGAIN || rc == -ENOSPC) {
+            wait = true;
             break; /* the next poll or tick goes on */
+        }
         if (rc == 0) {
             started += len;
             acted++;
         }
         i = prev;
     }
+    if (!wait && started < bytes && a < STORE_MAX_ARENAS && ed->need[a])
+        engine_disk_need_set(ed, a, 0);
     return acted;
 }
 
 void engine_disk_write_ahead(struct store *s, uint32_t arena, uint64_t bytes, uint64_t now)
 {
-    if (s->disk && arena < s->narenas && bytes > s->disk->writing[arena])
-        engine_disk_write_back(s, arena, bytes - s->disk->writing[arena], false, now);
+    struct engine_disk *ed = s->disk;
+    if (!ed || arena >= s->narenas || bytes <= ed->writing[arena])
+        return;
+    /* A put waits for these writes: its arena has turns until they started. */
+    if (bytes - ed->writing[arena] > ed->need[arena])
+        engine_disk_need_set(ed, arena, bytes - ed->writing[arena]);
+    engine_disk_write_back(s, arena, bytes - ed->writing[arena], false, now);
+}
+
+/* The writes that puts wait for, a block at a time in turn between their arenas, until the
+ * disk says wait (even for puts that gave up meanwhile: written ahead, the blocks stay in
+ * memory, clean). Returns the blocks acted on. */
+static int engine_disk_write_turns(struct store *s, uint64_t now)
+{
+    struct engine_disk *ed = s->disk;
+    int acted = 0;
+    while (ed->needy) {
+        uint32_t a = ed->turn;
+        uint64_t moves = ed->moves;
+        if (!ed->need[a]) {
+            if (!engine_disk_turn_next(s, a))
+                break;
+            continue;
+        }
+        acted += engine_disk_write_back(s, a, 1, false, now);
+        if (ed->moves == moves && ed->need[a])
+            break; /* the disk says wait */
+    }
+    return acted;
 }
 
 /* Smoothed put and disk write rates, from the totals. */
@@ -526,6 +623,8 @@ int engine_disk_trim(struct store *s, uint64_t now)
     /* Quantize first where a namespace allows it (the raw slots its jobs will free count as
      * free already). */
     quant_pressure(s->quant, now, NULL);
+    /* What puts wait for first. */
+    acted += engine_disk_write_turns(s, now);
     for (uint32_t a = 0; a < s->narenas; a++) {
         struct tier *t = s->arenas[a].tier;
         double cap = (double)t->ops->capacity(t);
@@ -592,11 +691,15 @@ bool engine_disk_room_coming(struct store *s, uint32_t arena)
     return false;
 }
 
-/* For the policy engine (engine_policy_trim): a block chosen to go to disk. */
+/* For the policy engine (engine_policy_trim) and a precision ladder's step out of memory: a
+ * block chosen to go to disk. Refused for now (-EAGAIN), the arena's room waits for a write:
+ * it has turns (engine_disk_yields) until one of that size started, as a put's does. */
 int engine_disk_offload(struct store *s, uint32_t idx, uint64_t now)
 {
+    struct engine_disk *ed = s->disk;
     const struct block *b = &s->ix.blocks[idx];
-    if (!s->disk)
+    int rc;
+    if (!ed)
         return -ENODEV;
     if (!store_block_idle(s, idx) || b->tier != KVC_WIRE_TIER_HOST)
         return -EBUSY;
@@ -604,7 +707,10 @@ int engine_disk_offload(struct store *s, uint32_t idx, uint64_t now)
         engine_disk_memory_drop(s, idx);
         return 0;
     }
-    return engine_disk_write_one(s, idx, true, now);
+    rc = engine_disk_write_one(s, idx, true, now);
+    if (rc == -EAGAIN && b->arena < s->narenas && ed->need[b->arena] < b->len)
+        engine_disk_need_set(ed, b->arena, b->len);
+    return rc;
 }
 
 uint64_t engine_disk_pending_bytes(const struct store *s)

@@ -3,8 +3,10 @@
  * this process (docs/security.md): the GPU pool (the fake device of tests/lib stands in for
  * the GPU) attached, reserved and looked up by a client the namespace's access lists do not
  * name, and a flood of WAITs on disk reads that never finish (made by flagging blocks as
- * being read), and the quantize worker kept at its bound by the attacker's jobs while the
- * victim's precision ladder needs a step. The victim and the other uids' children are
+ * being read), the quantize worker kept at its bound by the attacker's jobs while the
+ * victim's precision ladder needs a step, and the disk's writes taken by the attacker's puts
+ * into arena 0 while the victim's puts wait for write-back of its own arena (a kvcd of the
+ * suite's, adv_start, with a disk tier). The victim and the other uids' children are
  * tests/lib/adversary.h's. Without root, every case prints a SKIP line and none is
  * registered.
  */
@@ -549,6 +551,140 @@ START_TEST(test_quant_worker_other_arena)
 }
 END_TEST
 
+/* ---- the disk's write queue: another arena's flood and the victim's write-back ------------------ */
+
+/* The disk's write queue (disk.queue_depth) and write budget (disk.write_rate) serve every
+ * host arena. Write-back took them arena by arena, arena 0 first, each until the disk said
+ * wait: the attacker, putting on into arena 0 (the shared one) as fast as the disk writes,
+ * kept arena 0 short of its room target, so arena 0 took every write the disk would start
+ * and the victim's private arena got none. The victim's puts into its arena, full of blocks
+ * only in memory, waited out disk.put_wait and were answered NOSPACE, one after another, for
+ * as long as the attacker put. Here the victim puts 1.25 times its arena while the attacker
+ * floods: every put must be served, and its first and last chains read back byte for byte. */
+#define DF_LEN 16    /* blocks of a chain: 256 KiB */
+#define DF_CHAINS 80 /* the victim's: 20 MiB into its 16 MiB arena */
+#define DF_FLOOD 140 /* the attacker's chains before the victim starts: past arena 0's room */
+
+/* The attacker: chains of fresh keys into arena 0 until told to stop (or 120 s). */
+static int df_attacker(void *arg)
+{
+    struct adv_sync *y = arg;
+    struct kvc_layout lay = daemon_layout("attacker-model", ADV_BT);
+    struct kvc_key k[DF_LEN];
+    const void *blk[DF_LEN];
+    kvc_client *c;
+    kvc_ns *ns;
+    uint64_t t0 = adv_mono_ns();
+    if (kvc_connect(adv_d.sock, &c) || kvc_ns_open(c, &lay, &ns))
+        return 180;
+    void *buf = malloc(kvc_ns_block_bytes(ns));
+    if (!buf)
+        return 181;
+    memset(buf, 0xa5, kvc_ns_block_bytes(ns));
+    for (int i = 0; i < DF_LEN; i++)
+        blk[i] = buf;
+    for (uint32_t ch = 0; adv_mono_ns() - t0 < 120ull * 1000000000ull; ch++) {
+        struct pollfd p = {.fd = y->down[0], .events = POLLIN};
+        if (ch == DF_FLOOD)
+            adv_signal(y->up[1], 'f');
+        if (ch > DF_FLOOD && poll(&p, 1, 0) == 1)
+            break;
+        adv_keys(ns, 0x7300 + ch, DF_LEN, k);
+        (void)kvc_put_prefix(ns, NULL, k, DF_LEN, blk); /* NOSPACE or not: it puts on */
+    }
+    free(buf);
+    kvc_disconnect(c);
+    return 0;
+}
+
+/* The victim: DF_CHAINS chains into its private arena, each served whole; then its first
+ * chain (written back to disk by then) and its last read back. */
+static int df_victim(void *arg)
+{
+    struct kvc_layout lay = daemon_layout("victim-model", ADV_BT);
+    struct kvc_key k[DF_LEN];
+    void *blk[DF_LEN];
+    kvc_client *c;
+    kvc_ns *ns;
+    int rc = 0, served = 0;
+    (void)arg;
+    if (kvc_connect(adv_d.sock, &c) || kvc_ns_open(c, &lay, &ns))
+        return 190;
+    size_t bb = kvc_ns_block_bytes(ns);
+    for (int i = 0; i < DF_LEN; i++)
+        if (!(blk[i] = malloc(bb)))
+            return 191;
+    for (int ch = 0; ch < DF_CHAINS && rc == 0; ch++) {
+        adv_keys(ns, 0x7200 + (uint32_t)ch, DF_LEN, k);
+        for (int i = 0; i < DF_LEN; i++)
+            daemon_block_fill(&k[i], blk[i], bb);
+        if (kvc_put_prefix(ns, NULL, k, DF_LEN, (const void *const *)blk) != DF_LEN)
+            rc = 192; /* NOSPACE: no write-back of its arena within disk.put_wait */
+        else
+            served++;
+    }
+    printf("e2e_adversary_pool: the victim's puts while arena 0 floods the disk: %d of %d "
+           "chains served\n",
+           served, DF_CHAINS);
+    fflush(stdout);
+    for (int pass = 0; pass < 2 && rc == 0; pass++) {
+        adv_keys(ns, 0x7200 + (pass ? DF_CHAINS - 1u : 0u), DF_LEN, k);
+        for (int i = 0; i < DF_LEN; i++)
+            memset(blk[i], 0, bb);
+        if (kvc_get_prefix(ns, k, DF_LEN, blk) != DF_LEN)
+            rc = 193;
+        for (int i = 0; i < DF_LEN && rc == 0; i++)
+            if (daemon_block_check(&k[i], blk[i], bb) != -1)
+                rc = 194;
+    }
+    for (int i = 0; i < DF_LEN; i++)
+        free(blk[i]);
+    kvc_disconnect(c);
+    return rc;
+}
+
+START_TEST(test_disk_writes_other_arena)
+{
+    char o_disk[DAEMON_PATH_MAX + 32], o_wait[48];
+    /* One write on the device (two admitted) and 8 MiB/s: the disk, not the clients, is what
+     * the arenas share. Arena 0 (32 MiB) keeps a fifth of itself free or clean
+     * (low_watermark), more than the eighth a put may not fill with blocks only in memory,
+     * so the attacker putting on keeps it short of room, always. */
+    const char *const extra[] = {"-o", o_disk,
+                                 "-o", "disk.capacity=256m",
+                                 "-o", "disk.page=1m",
+                                 "-o", "disk.queue_depth=1",
+                                 "-o", "disk.write_rate=8m",
+                                 "-o", o_wait,
+                                 "-o", "host.low_watermark=0.8",
+                                 "-o", "cache.policy=lru",
+                                 NULL};
+    struct adv_sync y;
+    ck_assert_int_eq(daemon_dir_init(&adv_d), 0);
+    snprintf(o_disk, sizeof(o_disk), "disk.path=%s/disk", adv_d.dir);
+    snprintf(o_wait, sizeof(o_wait), "disk.put_wait=%dms", daemon_ms(2000)); /* bounded */
+    adv_start(extra);
+    adv_sync_init(&y);
+    pid_t a = adv_spawn(ADV_ATTACKER, df_attacker, &y);
+    ck_assert_int_gt(a, 0);
+    ck_assert_int_eq(adv_await(y.up[0]), 'f');
+    const uint64_t timeouts0 = adv_stat("put_wait_timeouts");
+    int vrc = adv_run(ADV_VICTIM, df_victim, NULL);
+    const uint64_t timeouts = adv_stat("put_wait_timeouts") - timeouts0;
+    adv_signal(y.down[1], 'g');
+    ck_assert_int_eq(daemon_child_wait(a, daemon_ms(30000), NULL), 0);
+    adv_sync_fini(&y);
+    printf("e2e_adversary_pool: the victim's write-back behind arena 0's flood: exit %d; put "
+           "wait timeouts meanwhile %llu, blocks written to disk %llu\n",
+           vrc, (unsigned long long)timeouts, (unsigned long long)adv_stat("demoted_blocks"));
+    ck_assert_msg(vrc == 0,
+                  "the victim's puts were not served while arena 0 took the disk's writes "
+                  "(exit %d: 192 NOSPACE, 193/194 read back)",
+                  vrc);
+    adv_check_clean();
+}
+END_TEST
+
 /* ---- the suite ---------------------------------------------------------------------------------- */
 
 int main(void)
@@ -557,6 +693,7 @@ int main(void)
         {"test_gpu_pool_access", test_gpu_pool_access, false},
         {"test_wait_flood", test_wait_flood, false},
         {"test_quant_worker_other_arena", test_quant_worker_other_arena, false},
+        {"test_disk_writes_other_arena", test_disk_writes_other_arena, false},
     };
     Suite *s = suite_create("e2e_adversary_pool");
     adv_cases_add(s, "e2e_adversary_pool", cases, sizeof(cases) / sizeof(cases[0]));

@@ -1561,6 +1561,15 @@ mutation quant-inflight-all-arenas daemon/engine.c "check_e2e_adversary_pool" \
 '    if (quant_inflight_in(s->quant, s->ix.blocks[v].arena) >= s->p.quantize_inflight)' \
 '    if (quant_inflight(s->quant) >= s->p.quantize_inflight)'
 
+# A put that waits for write-back no longer records what it waits for, so its arena gets no
+# turns: write-back takes the disk's write queue and write budget arena by arena again, and
+# a tenant putting into arena 0 as fast as the disk writes keeps every write while another
+# tenant's puts into its private arena, full of blocks only in memory, wait out
+# disk.put_wait and are answered NOSPACE.
+mutation disk-put-need-unrecorded daemon/engine_disk.c "check_e2e_adversary_pool" \
+'    if (bytes - ed->writing[arena] > ed->need[arena])' \
+'    if (false && bytes - ed->writing[arena] > ed->need[arena])'
+
 # BLOCK_LIST walks the whole index again, not SERVER_BLOCK_LIST_WALK entries: one tenant's
 # listings of an empty namespace stall every other tenant's requests.
 mutation block-list-walk-unbounded daemon/server_dispatch.c "check_e2e_adversary" \
