@@ -36,9 +36,9 @@
  * first. For each arena above its high watermark it queues the coldest unpinned raw blocks
  * of namespaces that allow a codec, counting each queued raw slot as freed already, until
  * the arena would be at its low watermark or store_params.quantize_inflight jobs of that
- * arena are in flight; engine_trim() then evicts only what quantization does not cover. Namespaces allow
- * no codec unless their creator asked (layout.flags at NS_OPEN), so by default nothing is
- * ever lossy.
+ * arena are in flight; engine_trim() then evicts only what quantization does not cover.
+ * Namespaces allow no codec unless their creator asked (layout.flags at NS_OPEN), so by
+ * default nothing is ever lossy.
  *
  * Key statistics: the encode pass computes per-(layer, head) key min/max per channel and
  * mean key norm; a summary per quantized block (mean key norm over layers and heads,
@@ -408,8 +408,8 @@ static void quant_refused_leave(struct store *s, const struct quant_job *j)
 }
 
 /* After STORE_MERGE_WINDOW merge steps of ns's ladder, nearly all refused: merge goes off its
- * ladder (the rungs set up again without it) for the next STORE_MERGE_RETRY blocks committed.
- * Called once the job that counted the last step is applied (the rungs change between jobs,
+ * ladder (the rungs set up again without it) for the next merge_retry blocks committed
+ * (store.h: STORE_MERGE_RETRY, doubling with each try that goes off again). Called once the job that counted the last step is applied (the rungs change between jobs,
  * as kvcctl's ladder settings change them). */
 static void quant_merge_verdict(struct store *s, struct store_ns *ns)
 {
