@@ -58,8 +58,8 @@ void replay_usage(FILE *f)
            "      --sim-disk N      kvcsim disk capacity in blocks (default: disk tier / block)\n"
            "      --quant CODECS    the namespace allows these codecs (q8_0,q4_1,q5_1,kivi2,\n"
            "                        kivi4,fp8,rot2,rot4,merge,lowrank; the first is its\n"
-           "                        recipe): blocks are smooth fp16,\n"
-           "                        a raw hit must be exact, a lossy one within its codec's bound\n"
+           "                        recipe): blocks are smooth fp16, a raw hit must be exact,\n"
+           "                        a lossy one within its codec's bound\n"
            "                        (needs --block-bytes 64k or more)\n"
            "exit status: 0 ok; 1 wrong bytes, an error from kvcd or a failed process; 2 usage or\n"
            "a malformed trace\n");
