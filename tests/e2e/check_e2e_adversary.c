@@ -1242,14 +1242,7 @@ END_TEST
 #define ADV_BL_ROUND_MS 2500
 #define ADV_BL_CHAIN 2048 /* blocks a filler put */
 
-struct adv_bl {
-    int ready, round, round_done; /* as adv_rf's (check_e2e_adversary_fast) */
-    uint64_t msgs[ADV_BL_ROUNDS][ADV_BL_CONNS];
-    uint32_t n[ADV_BL_ROUNDS];
-    uint32_t lat_ns[ADV_BL_ROUNDS][ADV_BL_SAMPLES];
-};
-
-static struct adv_bl *adv_bl;
+static struct adv_rounds *adv_bl; /* the rounds (tests/lib/adversary.h) */
 static int adv_bl_idx;
 
 /* 4 KiB blocks: the most index entries an arena's bytes can make. */
@@ -1285,17 +1278,9 @@ static int adv_bl_filler(void *arg)
     return 0;
 }
 
-static int adv_bl_wait_round(int after)
-{
-    int r;
-    while ((r = __atomic_load_n(&adv_bl->round, __ATOMIC_ACQUIRE)) >= 0 && r <= after)
-        adv_msleep(1);
-    return r;
-}
-
 static int adv_bl_attacker(void *arg)
 {
-    struct adv_bl *bl = adv_bl;
+    struct adv_rounds *bl = adv_bl;
     struct kvc_layout lay = daemon_layout("attacker-model", ADV_BT),
                       empty = adv_bl_layout("attacker-empty");
     struct kvc_key keys[8];
@@ -1309,7 +1294,7 @@ static int adv_bl_attacker(void *arg)
         return 64;
     adv_keys(ns, 0x6c00 + (uint32_t)idx, 8, keys);
     __atomic_fetch_add(&bl->ready, 1, __ATOMIC_ACQ_REL);
-    while ((r = adv_bl_wait_round(r)) > 0) {
+    while ((r = adv_rounds_wait(bl, r)) > 0) {
         bool flood = (r & 1) == 0;
         while (__atomic_load_n(&bl->round_done, __ATOMIC_ACQUIRE) < r) {
             if (flood) {
@@ -1333,7 +1318,6 @@ static int adv_bl_attacker(void *arg)
 
 static int adv_bl_victim(void *arg)
 {
-    struct adv_bl *bl = adv_bl;
     struct kvc_layout lay = daemon_layout("victim-model", ADV_BT);
     struct kvc_key keys[8];
     kvc_client *c;
@@ -1342,28 +1326,9 @@ static int adv_bl_victim(void *arg)
     if (kvc_connect(adv_d.sock, &c) || kvc_ns_open(c, &lay, &ns) || adv_roundtrip_ns(ns, 0x7400, 8))
         return 67;
     adv_keys(ns, 0x7400, 8, keys);
-    for (int i = 0; i < 60000 && __atomic_load_n(&bl->ready, __ATOMIC_ACQUIRE) < ADV_BL_CONNS; i++)
-        adv_msleep(1);
-    if (bl->ready < ADV_BL_CONNS)
-        return 68;
-    for (int r = 1; r <= ADV_BL_ROUNDS; r++) {
-        __atomic_store_n(&bl->round, r, __ATOMIC_RELEASE);
-        adv_msleep(100); /* the attackers under way */
-        uint64_t end = daemon_now_ms() + ADV_BL_ROUND_MS;
-        uint32_t n = 0;
-        while (n < ADV_BL_SAMPLES && daemon_now_ms() < end) {
-            kvc_lease *l;
-            uint64_t t0 = adv_mono_ns();
-            int h = kvc_lookup(ns, keys, 8, 0, &l);
-            uint64_t t1 = adv_mono_ns();
-            if (h != 8 || kvc_release(l))
-                return 69;
-            bl->lat_ns[r - 1][n++] = (uint32_t)(t1 - t0 > UINT32_MAX ? UINT32_MAX : t1 - t0);
-        }
-        bl->n[r - 1] = n;
-        __atomic_store_n(&bl->round_done, r, __ATOMIC_RELEASE);
-    }
-    __atomic_store_n(&bl->round, -1, __ATOMIC_RELEASE);
+    int rc = adv_rounds_victim(adv_bl, ns, keys, 8);
+    if (rc)
+        return 67 + rc; /* 68: the attackers not ready, 69: a lookup failed */
     kvc_disconnect(c);
     return 0;
 }
@@ -1373,9 +1338,8 @@ START_TEST(test_block_list_flood)
     static const char *const extra[] = {"-o", "host.size=1g", NULL};
     pid_t att[ADV_BL_CONNS], vic;
     uint64_t chains = (1ull << 30) / (ADV_BL_CHAIN * 4096ull);
-    adv_bl = mmap(NULL, sizeof(*adv_bl), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    ck_assert_ptr_ne(adv_bl, MAP_FAILED);
-    memset(adv_bl, 0, sizeof(*adv_bl));
+    struct adv_rounds_sum sum;
+    adv_bl = adv_rounds_new(ADV_BL_ROUNDS, ADV_BL_SAMPLES, ADV_BL_CONNS, ADV_BL_ROUND_MS);
     adv_start(extra);
     ck_assert_int_eq(adv_run(ADV_ATTACKER, adv_bl_filler, &chains), 0);
     uint64_t blocks = adv_stat("blocks_now");
@@ -1387,36 +1351,21 @@ START_TEST(test_block_list_flood)
     ck_assert_int_eq(daemon_child_wait(vic, 120000, NULL), 0);
     for (int i = 0; i < ADV_BL_CONNS; i++)
         ck_assert_int_eq(daemon_child_wait(att[i], 30000, NULL), 0);
-    uint32_t n = ADV_BL_SAMPLES;
-    for (int r = 0; r < ADV_BL_ROUNDS; r++)
-        n = adv_bl->n[r] < n ? adv_bl->n[r] : n;
-    static uint32_t plain[ADV_BL_ROUNDS / 2 * ADV_BL_SAMPLES],
-        flood[ADV_BL_ROUNDS / 2 * ADV_BL_SAMPLES];
-    const uint32_t kinds = ADV_BL_ROUNDS / 2;
-    uint64_t mplain = 0, mflood = 0;
-    for (int r = 0; r < ADV_BL_ROUNDS; r++) {
-        memcpy((r & 1 ? flood : plain) + (r / 2) * n, adv_bl->lat_ns[r], n * sizeof(uint32_t));
-        for (int i = 0; i < ADV_BL_CONNS; i++)
-            *(r & 1 ? &mflood : &mplain) += adv_bl->msgs[r][i];
-    }
-    double p50p = adv_quantile_ms(plain, kinds * n, 0.5),
-           p99p = adv_quantile_ms(plain, kinds * n, 0.99);
-    double p50f = adv_quantile_ms(flood, kinds * n, 0.5),
-           p99f = adv_quantile_ms(flood, kinds * n, 0.99);
+    adv_rounds_sum(adv_bl, &sum);
     printf("e2e_adversary: block list flood over %llu blocks: victim LOOKUP p50 %.3f ms, p99 "
            "%.3f ms under %llu lookups; p50 %.3f ms, p99 %.3f ms under %llu BLOCK_LISTs (%u "
            "samples each)\n",
-           (unsigned long long)blocks, p50p, p99p, (unsigned long long)mplain, p50f, p99f,
-           (unsigned long long)mflood, kinds * n);
+           (unsigned long long)blocks, sum.p50p, sum.p99p, (unsigned long long)sum.mplain,
+           sum.p50f, sum.p99f, (unsigned long long)sum.mflood, sum.samples);
     fflush(stdout);
     ck_assert_uint_ge(blocks, 200000);
-    ck_assert_uint_ge(n, 200);
+    ck_assert_uint_ge(sum.n, 200);
     /* 4x: the whole-index walk measured 25-43x here, the bounded one 0.3-1.4x; the room
      * between is this host's noise under every other suite of make check */
-    ck_assert_msg(p99f <= 4 * p99p,
+    ck_assert_msg(sum.p99f <= 4 * sum.p99p,
                   "victim p99 %.3f ms under the BLOCK_LIST flood, %.3f ms under plain lookups",
-                  p99f, p99p);
-    munmap(adv_bl, sizeof(*adv_bl));
+                  sum.p99f, sum.p99p);
+    adv_rounds_free(adv_bl);
     adv_check_clean();
 }
 END_TEST

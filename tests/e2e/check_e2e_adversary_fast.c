@@ -378,31 +378,12 @@ END_TEST
 #define ADV_RF_ROUND_MS 4000
 #define ADV_RF_KEYS 16
 
-struct adv_rf {
-    int ready;      /* children set up */
-    int round;      /* running: 1..ADV_RF_ROUNDS (odd: plain, even: flood); -1: the end */
-    int round_done; /* the last round the victim finished */
-    int failed;     /* a child's step that went wrong */
-    uint64_t msgs[ADV_RF_ROUNDS][ADV_RF_CONNS];
-    uint32_t n[ADV_RF_ROUNDS];
-    uint32_t lat_ns[ADV_RF_ROUNDS][ADV_RF_SAMPLES];
-};
-
-static struct adv_rf *adv_rf;
-static int adv_rf_idx; /* the attacker's number, set before each spawn */
-
-/* Until round r is announced (or the end). */
-static int adv_rf_wait_round(int after)
-{
-    int r;
-    while ((r = __atomic_load_n(&adv_rf->round, __ATOMIC_ACQUIRE)) >= 0 && r <= after)
-        adv_msleep(1);
-    return r;
-}
+static struct adv_rounds *adv_rf; /* the rounds (tests/lib/adversary.h) */
+static int adv_rf_idx;            /* the attacker's number, set before each spawn */
 
 static int adv_rf_attacker(void *arg)
 {
-    struct adv_rf *rf = adv_rf;
+    struct adv_rounds *rf = adv_rf;
     struct kvc_layout lay = daemon_layout("attacker-model", ADV_BT);
     struct kvc_key keys[ADV_RF_KEYS];
     struct kvc_fast_hit tmpl[ADV_RF_KEYS];
@@ -425,7 +406,7 @@ static int adv_rf_attacker(void *arg)
     if (tmpl[0].nkeys != ADV_RF_KEYS)
         return 203;
     __atomic_fetch_add(&rf->ready, 1, __ATOMIC_ACQ_REL);
-    while ((r = adv_rf_wait_round(r)) > 0) {
+    while ((r = adv_rounds_wait(rf, r)) > 0) {
         bool flood = (r & 1) == 0;
         while (__atomic_load_n(&rf->round_done, __ATOMIC_ACQUIRE) < r) {
             if (flood) {
@@ -451,7 +432,6 @@ static int adv_rf_attacker(void *arg)
 /* Times LOOKUPs of its 8-block prefix in each round, and runs the rounds. */
 static int adv_rf_victim(void *arg)
 {
-    struct adv_rf *rf = adv_rf;
     struct kvc_layout lay = daemon_layout("victim-model", ADV_BT);
     struct kvc_key keys[8];
     kvc_client *c;
@@ -460,28 +440,9 @@ static int adv_rf_victim(void *arg)
     if (kvc_connect(adv_d.sock, &c) || kvc_ns_open(c, &lay, &ns) || adv_roundtrip_ns(ns, 0x7300, 8))
         return 210;
     adv_keys(ns, 0x7300, 8, keys);
-    for (int i = 0; i < 60000 && __atomic_load_n(&rf->ready, __ATOMIC_ACQUIRE) < ADV_RF_CONNS; i++)
-        adv_msleep(1);
-    if (rf->ready < ADV_RF_CONNS)
-        return 211;
-    for (int r = 1; r <= ADV_RF_ROUNDS; r++) {
-        __atomic_store_n(&rf->round, r, __ATOMIC_RELEASE);
-        adv_msleep(100); /* the attackers under way */
-        uint64_t end = daemon_now_ms() + ADV_RF_ROUND_MS;
-        uint32_t n = 0;
-        while (n < ADV_RF_SAMPLES && daemon_now_ms() < end) {
-            kvc_lease *l;
-            uint64_t t0 = adv_mono_ns();
-            int h = kvc_lookup(ns, keys, 8, 0, &l);
-            uint64_t t1 = adv_mono_ns();
-            if (h != 8 || kvc_release(l))
-                return 212;
-            rf->lat_ns[r - 1][n++] = (uint32_t)(t1 - t0 > UINT32_MAX ? UINT32_MAX : t1 - t0);
-        }
-        rf->n[r - 1] = n;
-        __atomic_store_n(&rf->round_done, r, __ATOMIC_RELEASE);
-    }
-    __atomic_store_n(&rf->round, -1, __ATOMIC_RELEASE);
+    int rc = adv_rounds_victim(adv_rf, ns, keys, 8);
+    if (rc)
+        return 210 + rc; /* 211: the attackers not ready, 212: a lookup failed */
     kvc_disconnect(c);
     return 0;
 }
@@ -489,9 +450,8 @@ static int adv_rf_victim(void *arg)
 START_TEST(test_ring_flood)
 {
     pid_t att[ADV_RF_CONNS], vic;
-    adv_rf = mmap(NULL, sizeof(*adv_rf), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    ck_assert_ptr_ne(adv_rf, MAP_FAILED);
-    memset(adv_rf, 0, sizeof(*adv_rf));
+    struct adv_rounds_sum sum;
+    adv_rf = adv_rounds_new(ADV_RF_ROUNDS, ADV_RF_SAMPLES, ADV_RF_CONNS, ADV_RF_ROUND_MS);
     adv_start(NULL);
     for (int i = 0; i < ADV_RF_CONNS; i++) {
         adv_rf_idx = i;
@@ -502,35 +462,21 @@ START_TEST(test_ring_flood)
     for (int i = 0; i < ADV_RF_CONNS; i++)
         ck_assert_int_eq(daemon_child_wait(att[i], 30000, NULL), 0);
     /* The same number of samples of each kind: the fewest any round took, from every one. */
-    uint32_t n = ADV_RF_SAMPLES;
-    for (int r = 0; r < ADV_RF_ROUNDS; r++)
-        n = adv_rf->n[r] < n ? adv_rf->n[r] : n;
-    static uint32_t plain[ADV_RF_ROUNDS / 2 * ADV_RF_SAMPLES],
-        flood[ADV_RF_ROUNDS / 2 * ADV_RF_SAMPLES];
-    const uint32_t kinds = ADV_RF_ROUNDS / 2;
-    uint64_t mplain = 0, mflood = 0;
-    for (int r = 0; r < ADV_RF_ROUNDS; r++) {
-        memcpy((r & 1 ? flood : plain) + (r / 2) * n, adv_rf->lat_ns[r], n * sizeof(uint32_t));
-        for (int i = 0; i < ADV_RF_CONNS; i++)
-            *(r & 1 ? &mflood : &mplain) += adv_rf->msgs[r][i];
-    }
-    double p50p = adv_quantile_ms(plain, kinds * n, 0.5),
-           p99p = adv_quantile_ms(plain, kinds * n, 0.99);
-    double p50f = adv_quantile_ms(flood, kinds * n, 0.5),
-           p99f = adv_quantile_ms(flood, kinds * n, 0.99);
+    adv_rounds_sum(adv_rf, &sum);
     printf("e2e_adversary: ring flood: victim LOOKUP p50 %.3f ms, p99 %.3f ms under %llu plain "
            "lookups; p50 %.3f ms, p99 %.3f ms under %llu ring floods of %u hits (%u samples "
            "each); fast_hits %llu, fast_dropped %llu\n",
-           p50p, p99p, (unsigned long long)mplain, p50f, p99f, (unsigned long long)mflood,
-           KVC_FAST_RING_ENTS, kinds * n, (unsigned long long)adv_stat("fast_hits"),
+           sum.p50p, sum.p99p, (unsigned long long)sum.mplain, sum.p50f, sum.p99f,
+           (unsigned long long)sum.mflood, KVC_FAST_RING_ENTS, sum.samples,
+           (unsigned long long)adv_stat("fast_hits"),
            (unsigned long long)adv_stat_or0("fast_dropped"));
     fflush(stdout);
-    ck_assert_uint_ge(n, 200);
-    ck_assert_msg(p99f <= 2 * p99p,
+    ck_assert_uint_ge(sum.n, 200);
+    ck_assert_msg(sum.p99f <= 2 * sum.p99p,
                   "victim p99 %.3f ms under the ring flood, %.3f ms under plain "
                   "lookups",
-                  p99f, p99p);
-    munmap(adv_rf, sizeof(*adv_rf));
+                  sum.p99f, sum.p99p);
+    adv_rounds_free(adv_rf);
     adv_check_clean();
 }
 END_TEST

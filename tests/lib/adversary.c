@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -308,4 +309,84 @@ int adv_suite_run(Suite *s, const char *dir)
     srunner_free(sr);
     daemon_suite_fini();
     return failed ? 1 : 0;
+}
+
+/* ---- alternating rounds ------------------------------------------------------------------ */
+
+struct adv_rounds *adv_rounds_new(uint32_t rounds, uint32_t samples, uint32_t conns,
+                                  uint32_t round_ms)
+{
+    ck_assert(rounds % 2 == 0 && rounds <= ADV_ROUNDS_MAX);
+    ck_assert(samples <= ADV_ROUNDS_SAMPLES_MAX && conns <= ADV_ROUNDS_CONNS_MAX);
+    struct adv_rounds *rr =
+        mmap(NULL, sizeof(*rr), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    ck_assert_ptr_ne(rr, MAP_FAILED);
+    memset(rr, 0, sizeof(*rr));
+    rr->rounds = rounds;
+    rr->samples = samples;
+    rr->conns = conns;
+    rr->round_ms = round_ms;
+    return rr;
+}
+
+void adv_rounds_free(struct adv_rounds *rr)
+{
+    munmap(rr, sizeof(*rr));
+}
+
+int adv_rounds_wait(const struct adv_rounds *rr, int after)
+{
+    int r;
+    while ((r = __atomic_load_n(&rr->round, __ATOMIC_ACQUIRE)) >= 0 && r <= after)
+        adv_msleep(1);
+    return r;
+}
+
+int adv_rounds_victim(struct adv_rounds *rr, kvc_ns *ns, const struct kvc_key *keys, size_t n)
+{
+    for (int i = 0; i < 60000 && __atomic_load_n(&rr->ready, __ATOMIC_ACQUIRE) < (int)rr->conns;
+         i++)
+        adv_msleep(1);
+    if (rr->ready < (int)rr->conns)
+        return 1;
+    for (int r = 1; r <= (int)rr->rounds; r++) {
+        __atomic_store_n(&rr->round, r, __ATOMIC_RELEASE);
+        adv_msleep(100); /* the attackers under way */
+        uint64_t end = daemon_now_ms() + rr->round_ms;
+        uint32_t k = 0;
+        while (k < rr->samples && daemon_now_ms() < end) {
+            kvc_lease *l;
+            uint64_t t0 = adv_mono_ns();
+            int h = kvc_lookup(ns, keys, n, 0, &l);
+            uint64_t t1 = adv_mono_ns();
+            if (h != (int)n || kvc_release(l))
+                return 2;
+            rr->lat_ns[r - 1][k++] = (uint32_t)(t1 - t0 > UINT32_MAX ? UINT32_MAX : t1 - t0);
+        }
+        rr->n[r - 1] = k;
+        __atomic_store_n(&rr->round_done, r, __ATOMIC_RELEASE);
+    }
+    __atomic_store_n(&rr->round, -1, __ATOMIC_RELEASE);
+    return 0;
+}
+
+void adv_rounds_sum(struct adv_rounds *rr, struct adv_rounds_sum *out)
+{
+    static uint32_t plain[ADV_ROUNDS_MAX / 2 * ADV_ROUNDS_SAMPLES_MAX],
+        flood[ADV_ROUNDS_MAX / 2 * ADV_ROUNDS_SAMPLES_MAX];
+    uint32_t n = rr->samples, kinds = rr->rounds / 2;
+    memset(out, 0, sizeof(*out));
+    for (uint32_t r = 0; r < rr->rounds; r++)
+        n = rr->n[r] < n ? rr->n[r] : n;
+    for (uint32_t r = 0; r < rr->rounds; r++) {
+        memcpy((r & 1 ? flood : plain) + (r / 2) * n, rr->lat_ns[r], n * sizeof(uint32_t));
+        for (uint32_t i = 0; i < rr->conns; i++)
+            *(r & 1 ? &out->mflood : &out->mplain) += rr->msgs[r][i];
+    }
+    out->n = n;
+    out->samples = kinds * n;
+    out->p50p = adv_quantile_ms(plain, kinds * n, 0.5);
+    out->p99p = adv_quantile_ms(plain, kinds * n, 0.99);
+    out->p50f = adv_quantile_ms(flood, kinds * n, 0.5);
+    out->p99f = adv_quantile_ms(flood, kinds * n, 0.99);
 }

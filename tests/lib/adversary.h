@@ -110,4 +110,37 @@ void adv_cases_add(Suite *s, const char *suite, const struct adv_case *cases, si
 /* Runs the suite between daemon_suite_init(dir) and daemon_suite_fini(): main()'s status. */
 int adv_suite_run(Suite *s, const char *dir);
 
+/* ---- a victim's LOOKUPs timed in alternating rounds: odd rounds the attackers send plain
+ * lookups, even ones the flood under test; the same number of samples of each kind is
+ * compared (test_ring_flood, test_block_list_flood). In shared memory, for the children. */
+#define ADV_ROUNDS_MAX 10
+#define ADV_ROUNDS_SAMPLES_MAX 1500
+#define ADV_ROUNDS_CONNS_MAX 8
+struct adv_rounds {
+    int ready;      /* attackers set up */
+    int round;      /* running: 1..rounds (odd: plain, even: flood); -1: the end */
+    int round_done; /* the last round the victim finished */
+    uint32_t rounds, samples, conns, round_ms;
+    uint64_t msgs[ADV_ROUNDS_MAX][ADV_ROUNDS_CONNS_MAX]; /* each attacker's, by round */
+    uint32_t n[ADV_ROUNDS_MAX];
+    uint32_t lat_ns[ADV_ROUNDS_MAX][ADV_ROUNDS_SAMPLES_MAX];
+};
+/* rounds (even), samples at most a round, attacker connections, a round's length. */
+struct adv_rounds *adv_rounds_new(uint32_t rounds, uint32_t samples, uint32_t conns,
+                                  uint32_t round_ms);
+void adv_rounds_free(struct adv_rounds *rr);
+/* An attacker: until a round after `after` is announced; -1 at the end. */
+int adv_rounds_wait(const struct adv_rounds *rr, int after);
+/* The victim: once every attacker is ready, runs the rounds, timing LOOKUPs of keys[0..n) on
+ * ns. 0, 1 when the attackers were not ready in 60 s, 2 when a lookup did not hit them all. */
+int adv_rounds_victim(struct adv_rounds *rr, kvc_ns *ns, const struct kvc_key *keys, size_t n);
+/* The victim's latencies: the fewest samples any round took (n), from each round; p50 and
+ * p99 in ms and the attackers' messages, plain rounds and flood rounds apart. */
+struct adv_rounds_sum {
+    uint32_t n, samples; /* samples: n times the rounds of one kind */
+    uint64_t mplain, mflood;
+    double p50p, p99p, p50f, p99f;
+};
+void adv_rounds_sum(struct adv_rounds *rr, struct adv_rounds_sum *out);
+
 #endif
